@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with the test extra (CPU Paddle, CPU torch, transformers) and run the whole suite.
+# Usage: scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import paddle, torch, transformers, pretrain_cli" >/dev/null
+# tests/gpu needs a GPU build of Paddle and a GPU; run it there with `pytest tests/gpu`.
+exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu "$@"

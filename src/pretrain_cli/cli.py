@@ -1,0 +1,100 @@
+"""`pretrain-cli` entry point: routes a subcommand to its module; no logic of its own.
+
+Subcommand modules are imported only when chosen, and none imports Paddle at module level,
+so `--help` and errors about the argument file answer without Paddle's ~2.5 s import.
+User errors (`UserError`) become one line on stderr and exit code 2; `--debug` shows the
+traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+
+from pretrain_cli.errors import UserError
+
+# name -> (module, one-line help, takes an argument file + --key value overrides)
+COMMANDS = {
+    "train": ("pretrain_cli.train", "train from a PaddleNLP-style JSON argument file", True),
+    "check": ("pretrain_cli.check", "validate an argument file and print the resolved run, without training", True),
+    "plan": ("pretrain_cli.plan", "memory, FLOPs and time estimate for an argument file, before any GPU time", True),
+    "train-tokenizer": ("pretrain_cli.tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
+    "preprocess": ("pretrain_cli.data.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
+    "inspect-data": ("pretrain_cli.inspect_data", "validate and summarise a .bin/.idx token file pair", False),
+    "eval": ("pretrain_cli.evaluate", "loss and perplexity of a model on a token file", False),
+    "generate": ("pretrain_cli.generate", "generate text from a checkpoint or HF model directory", False),
+}
+
+USAGE = """usage: pretrain-cli [--debug] <command> [options]
+
+commands:
+{commands}
+
+Run `pretrain-cli <command> --help` for a command's options; `--debug` shows tracebacks.
+"""
+
+
+def _top_help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, help_, _) in COMMANDS.items()]
+    return USAGE.format(commands="\n".join(lines))
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object, bool]:
+    module_name, help_, takes_config = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    usage = f"pretrain-cli {name} [config.json] [--key value ...]" if takes_config else None
+    parser = argparse.ArgumentParser(prog=f"pretrain-cli {name}", description=help_, usage=usage,
+                                     allow_abbrev=False)
+    module.add_arguments(parser)
+    return parser, module, takes_config
+
+
+def _run(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_top_help())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from pretrain_cli import __version__
+
+        print(f"pretrain-cli {__version__}")
+        return 0
+    name, tail = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else f"; commands: {', '.join(COMMANDS)}"
+        raise UserError(f"unknown command {name!r}{hint}")
+    parser, module, takes_config = build_parser(name)
+    if takes_config:
+        config = tail[0] if tail and not tail[0].startswith("-") else None
+        rest = tail[1:] if config is not None else tail
+        ns, overrides = parser.parse_known_args(rest)
+        ns.config, ns.overrides = config, overrides
+    else:
+        ns = parser.parse_args(tail)
+    return int(module.main(ns) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _run(argv)
+    except UserError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

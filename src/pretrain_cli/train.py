@@ -1,0 +1,170 @@
+"""`pretrain-cli train` / `scripts/run_pretrain.py`: a straight line of `build_*` calls.
+
+`prepare()` does every step that needs no Paddle (arguments, resolution, model config,
+tokenizer, token files, batch arithmetic), so `check` shares it and bad input fails in well
+under a second. `run()` then builds the model, optimizer, data and Trainer, and trains.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pretrain_cli.arg_parser import Arguments, parse_config
+from pretrain_cli.config import ParallelConfig, derive_parallel
+from pretrain_cli.errors import UserError
+from pretrain_cli.resolve import Resolved, resolve
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--help-keys", action="store_true", help="list every argument-file key with its meaning")
+
+
+@dataclass
+class RunSpec:
+    """Everything decided before Paddle is imported."""
+
+    args: Arguments
+    resolved: Resolved
+    parallel: ParallelConfig
+    model_dir: Path
+    model_cfg: object  # models.config.ModelConfig
+    tokenizer_dir: Path | None
+    tokenizer: object | None = None
+    data_lines: list = field(default_factory=list)
+
+    @property
+    def global_batch_size(self) -> int:
+        t = self.args.training
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * self.parallel.data_world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.args.data.max_seq_length
+
+    def summary(self) -> dict:
+        return {
+            "arguments": self.args.to_dict(),
+            "resolved": self.resolved.to_dict(),
+            "notes": list(self.resolved.notes),
+            "model_dir": str(self.model_dir),
+            "tokenizer_dir": str(self.tokenizer_dir) if self.tokenizer_dir else None,
+            "global_batch_size": self.global_batch_size,
+            "tokens_per_step": self.tokens_per_step,
+            "total_tokens": self.tokens_per_step * max(self.args.training.max_steps, 0),
+            "data": list(self.data_lines),
+        }
+
+    def describe(self) -> list[str]:
+        a, r, p = self.args, self.resolved, self.parallel
+        t = a.training
+        changed = {k: v for k, v in a.to_dict().items() if k in a.explicit}
+        lines = [f"arguments ({a.config_path or 'command line'}):"]
+        lines += [f"  {k} = {json.dumps(v)}" for k, v in changed.items()]
+        lines.append("resolved:")
+        lines += [f"  note: {n}" for n in r.notes]
+        cfg = self.model_cfg
+        lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers, hidden "
+                     f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
+                     f"{cfg.vocab_size}) {'pretrained weights' if a.model.continue_training else 'random init'}")
+        lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
+        lines.append(f"  device {r.device}, precision {r.amp_dtype or 'float32'}, world {p.world_size} "
+                     f"(dp {p.dp_degree}, sharding {p.sharding_degree} stage {p.sharding_stage})")
+        lines.append(f"  batch: {t.per_device_train_batch_size} x acc {t.gradient_accumulation_steps} x "
+                     f"{p.data_world_size} data ranks = {self.global_batch_size} sequences = "
+                     f"{self.tokens_per_step:,} tokens/step; {t.max_steps} steps = "
+                     f"{self.tokens_per_step * max(t.max_steps, 0):,} tokens")
+        lines.append(f"  schedule: {t.lr_scheduler_type}, warmup {r.warmup_steps}, decay to "
+                     f"{t.min_learning_rate} by step {r.decay_steps}; eval every {r.eval_steps} steps"
+                     if t.do_eval else f"  schedule: {t.lr_scheduler_type}, warmup {r.warmup_steps}, decay to "
+                     f"{t.min_learning_rate} by step {r.decay_steps}")
+        lines += [f"  data: {line}" for line in self.data_lines]
+        return lines
+
+
+def build_args(config: str | None, overrides: list[str]) -> tuple[Arguments, Resolved]:
+    if config is not None and not config.endswith(".json"):
+        raise UserError(f"{config}: the argument file must be a .json file")
+    args = parse_config(config, overrides)
+    return args, resolve(args)
+
+
+def build_model_config(args: Arguments):
+    from pretrain_cli.models.config import ModelConfig, check_seq_len
+    from pretrain_cli.presets import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model.model_name_or_path)
+    path = model_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON model config ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: must hold a JSON object")
+    if args.model.num_hidden_layers is not None:
+        raw["num_hidden_layers"] = args.model.num_hidden_layers
+    cfg = ModelConfig.from_dict(raw, source=str(path))
+    cfg.validate()
+    check_seq_len(cfg, args.data.max_seq_length)
+    return model_dir, cfg
+
+
+def build_tokenizer(args: Arguments, model_cfg):
+    from pretrain_cli.presets import resolve_tokenizer_dir
+
+    tok_dir = resolve_tokenizer_dir(args.model.tokenizer_name_or_path, args.model.model_name_or_path)
+    if tok_dir is None:
+        if args.data.sample_mode == "padded":
+            raise UserError("tokenizer_name_or_path: sample_mode 'padded' needs a tokenizer for [BOT]/[EOT]/[PAD]; "
+                            "set tokenizer_name_or_path to a tokenizer directory")
+        return None, None
+    from pretrain_cli.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_dir)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
+                        f"model's vocab_size is {model_cfg.vocab_size}; use a model config with vocab_size >= "
+                        f"{tok.vocab_size} or a smaller tokenizer")
+    return tok_dir, tok
+
+
+def build_data(args: Arguments, resolved: Resolved, model_cfg, tokenizer):
+    from pretrain_cli.data import build_datasets
+
+    t = args.training
+    need = tuple(name for name, flag in (("train", t.do_train), ("valid", t.do_eval), ("test", t.do_predict)) if flag)
+    return build_datasets(
+        input_dir=args.data.input_dir, split=args.data.split, max_seq_length=args.data.max_seq_length,
+        seed=t.seed, sample_mode=args.data.sample_mode, tokenizer=tokenizer, data_cache=args.data.data_cache,
+        need=need, vocab_size=model_cfg.vocab_size,
+    )
+
+
+def prepare(config: str | None, overrides: list[str], check_only: bool = False) -> RunSpec:
+    args, resolved = build_args(config, overrides)
+    parallel = derive_parallel(resolved, args.training)
+    model_dir, model_cfg = build_model_config(args)
+    if args.model.continue_training:
+        from pretrain_cli.convert import find_weights
+
+        find_weights(model_dir)  # raises a UserError naming the directory when there are no weights
+    tok_dir, tok = build_tokenizer(args, model_cfg)
+    spec = RunSpec(args, resolved, parallel, model_dir, model_cfg, tok_dir, tok)
+    splits = build_data(args, resolved, model_cfg, tok)
+    spec.data_lines = splits.describe()
+    spec.splits = splits
+    return spec
+
+
+def main(ns: argparse.Namespace) -> int:
+    if ns.help_keys:
+        from pretrain_cli.arg_parser import KEYS
+
+        for key, s in KEYS.items():
+            print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
+        return 0
+    spec = prepare(ns.config, ns.overrides)
+    from pretrain_cli.runner import run
+
+    return run(spec)

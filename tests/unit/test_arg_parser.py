@@ -1,0 +1,152 @@
+"""Argument file parsing: precedence, types, strictness, and the resolution rules."""
+import json
+
+import pytest
+
+from pretrain_cli.arg_parser import KEYS, parse_config
+from pretrain_cli.errors import UserError
+from pretrain_cli.resolve import parse_sharding, parse_split, resolve
+
+BASE = {"output_dir": "out", "input_dir": "data", "do_train": True, "max_steps": 10}
+
+
+def write(tmp_path, obj, name="cfg.json"):
+    p = tmp_path / name
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(p)
+
+
+def test_precedence_default_file_command_line(tmp_path):
+    cfg = write(tmp_path, {**BASE, "learning_rate": 3e-4, "max_seq_length": 128})
+    a = parse_config(cfg, ["--max_seq_length", "64"])
+    assert a.training.learning_rate == 3e-4  # file over default
+    assert a.data.max_seq_length == 64  # command line over file
+    assert a.training.adam_beta2 == 0.999  # default
+    assert a.explicit["max_seq_length"] == "command line" and a.explicit["learning_rate"] == "file"
+
+
+@pytest.mark.parametrize("raw,expected", [(True, True), (False, False), (1, True), (0, False), ("true", True),
+                                          ("False", False), ("yes", True), ("n", False), ("1", True)])
+def test_bool_forms_in_json(tmp_path, raw, expected):
+    a = parse_config(write(tmp_path, {**BASE, "recompute": raw}))
+    assert a.training.recompute is expected
+
+
+def test_bool_forms_on_command_line():
+    a = parse_config(None, ["--recompute", "--do_eval", "0", "--no_unified_checkpoint", "--bf16=true"])
+    assert a.training.recompute is True and a.training.do_eval is False
+    assert a.training.unified_checkpoint is False and a.training.bf16 is True
+
+
+def test_null_means_default_or_none(tmp_path):
+    a = parse_config(write(tmp_path, {**BASE, "eval_steps": None, "max_seq_length": None, "tokenizer_name_or_path": None}))
+    assert a.training.eval_steps is None  # optional -> None, never the string "None"
+    assert a.data.max_seq_length == 1024  # non-optional -> field default
+    assert a.model.tokenizer_name_or_path is None
+
+
+def test_lists_and_list_on_command_line(tmp_path):
+    a = parse_config(write(tmp_path, {**BASE, "report_to": "visualdl", "no_recompute_layers": [0, 2]}))
+    assert a.training.report_to == ["visualdl"] and a.training.no_recompute_layers == [0, 2]
+    a = parse_config(None, ["--no_recompute_layers", "1", "3"])
+    assert a.training.no_recompute_layers == [1, 3]
+
+
+def test_unknown_key_suggests_closest(tmp_path):
+    with pytest.raises(UserError, match=r"unknown key `max_seq_len`; did you mean `max_seq_length`\?"):
+        parse_config(write(tmp_path, {**BASE, "max_seq_len": 5}))
+
+
+def test_no_prefix_abbreviations():
+    with pytest.raises(UserError, match="unknown key `max_seq`"):
+        parse_config(None, ["--max_seq", "5"])
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("max_steps", "ten", "`max_steps` expects int, got 'ten'"),
+    ("max_steps", 1.5, "`max_steps` expects int"),
+    ("learning_rate", True, "`learning_rate` expects float"),
+    ("recompute", "maybe", "`recompute` expects bool"),
+    ("max_seq_length", {"a": 1}, "got an object"),
+    ("split", [1, 2], "got a list"),
+    ("lr_scheduler_type", "polynomial", "must be one of linear, cosine"),
+])
+def test_wrong_type_names_key_value_and_type(tmp_path, key, value, fragment):
+    with pytest.raises(UserError) as e:
+        parse_config(write(tmp_path, {**BASE, key: value}))
+    assert fragment in str(e.value) and "cfg.json" in str(e.value)
+
+
+def test_json_syntax_error_has_line_and_column(tmp_path):
+    cfg = write(tmp_path, '{\n  "max_steps": 5\n  "seed": 1\n}')
+    with pytest.raises(UserError, match=r"cfg\.json:3:3: invalid JSON"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize("text,fragment", [("", "is empty"), ("[1, 2]", "must hold a JSON object")])
+def test_empty_and_non_object_files(tmp_path, text, fragment):
+    with pytest.raises(UserError, match=fragment):
+        parse_config(write(tmp_path, text))
+
+
+def test_missing_file():
+    with pytest.raises(UserError, match="argument file not found"):
+        parse_config("/nonexistent/cfg.json")
+
+
+@pytest.mark.parametrize("override,fragment", [
+    (["--fp16", "--bf16"], "fp16, bf16: both are true"),
+    (["--warmup_ratio", "1.5"], "warmup_ratio: must be in [0, 1]"),
+    (["--max_steps", "0"], "max_steps: must be > 0"),
+    (["--per_device_train_batch_size", "-1"], "per_device_train_batch_size: must be >= 1"),
+    (["--max_seq_length", "99999999999999"], "out of range"),
+    (["--split", "100,0,0", "--do_eval"], "gives the valid split a share of 0"),
+    (["--sharding", "stage4"], "unknown option 'stage4'"),
+    (["--min_learning_rate", "1", "--learning_rate", "0.1"], "min_learning_rate"),
+])
+def test_impossible_combinations(override, fragment):
+    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5", *override])
+    with pytest.raises(UserError) as e:
+        resolve(a, world_size=1, gpu_available=False)
+    assert fragment in str(e.value)
+
+
+def test_resolution_notes_and_values():
+    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "100",
+                            "--warmup_steps", "30", "--warmup_ratio", "0.01", "--sharding", "stage2",
+                            "--tensor_parallel_degree", "2", "--fp16", "--do_eval", "--logging_steps", "7"])
+    r = resolve(a, world_size=1, gpu_available=False)
+    assert r.warmup_steps == 30 and r.decay_steps == 100 and r.eval_steps == 7
+    assert r.device == "cpu" and r.amp_dtype is None and r.sharding_stage == 0
+    text = "\n".join(r.notes)
+    for fragment in ("warmup_steps=30 wins over warmup_ratio=0.01", "gpu requested but this Paddle has no GPU build",
+                     "fp16 is not applicable on cpu", "tensor_parallel_degree=2", "sharding='stage2' has no effect",
+                     "evaluating every logging_steps = 7"):
+        assert fragment in text
+    r = resolve(parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "10",
+                                    "--warmup_ratio", "0.25"]), world_size=1, gpu_available=True)
+    assert r.warmup_steps == 3 and r.device == "gpu"
+
+
+def test_multi_process_rejects_tensor_parallel():
+    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5",
+                            "--tensor_parallel_degree", "2"])
+    with pytest.raises(UserError, match="tensor_parallel_degree: 2 is not supported yet"):
+        resolve(a, world_size=2, gpu_available=False)
+
+
+def test_split_and_sharding_parsers():
+    assert parse_split("949,50,1") == (949.0, 50.0, 1.0)
+    assert parse_split("98/2") == (98.0, 2.0, 0.0)
+    assert parse_sharding("stage2 offload") == (2, True)
+    with pytest.raises(UserError):
+        parse_split("a,b")
+    with pytest.raises(UserError):
+        parse_sharding("stage1 offload")
+
+
+def test_every_field_is_documented():
+    assert len(KEYS) > 90
+    for key, spec in KEYS.items():
+        assert spec.help, key
+        assert spec.support in ("supported", "ignored", "extension"), key
