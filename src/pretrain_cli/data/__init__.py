@@ -1,0 +1,100 @@
+"""Token files -> train/valid/test sample datasets (numpy only; no Paddle here).
+
+`build_datasets()` is the one entry point for `train.run()`; batches come from
+`data.loader.BatchIterator` / `micro_batch` over the returned datasets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
+from pretrain_cli.data.indexed import IndexedDataset, open_token_file
+from pretrain_cli.data.samples import SPLIT_NAMES, special_ids, split_datasets
+from pretrain_cli.errors import UserError
+
+__all__ = ["DataSplits", "build_datasets", "open_token_file", "IndexedDataset", "BlendedDataset"]
+
+_RATIO_WINDOW = 10_000
+
+
+@dataclass
+class DataSplits:
+    train: object = None
+    valid: object = None
+    test: object = None
+    sources: list = field(default_factory=list)  # one dict per source: prefix, weight, dataset, splits
+
+    def get(self, name: str):
+        return getattr(self, name)
+
+    def describe(self, train_samples: int | None = None) -> list[str]:
+        """Start-up log lines: per source documents/tokens/epochs; requested vs realised ratios."""
+        lines = []
+        total_w = sum(s["weight"] for s in self.sources)
+        for s in self.sources:
+            src = s["dataset"]
+            share = s["weight"] / total_w
+            line = (f"data: {source_name(src.prefix)} weight {share:.3f}: {src.num_documents} documents, "
+                    f"{src.num_tokens} tokens ({src.dtype.name})")
+            for name in SPLIT_NAMES:
+                ds = s["splits"].get(name)
+                if ds is not None:
+                    line += f"; {name} {ds.num_docs} docs / {ds.samples_per_epoch} samples per epoch"
+            train = s["splits"].get("train")
+            if train_samples and train is not None:
+                line += f"; {train.epochs_for(train_samples * share):.2f} epochs"
+            lines.append(line)
+        for name in SPLIT_NAMES:
+            ds = getattr(self, name)
+            if isinstance(ds, BlendedDataset):
+                req = "/".join(f"{w:.3f}" for w in ds.weights)
+                real = "/".join(f"{r:.3f}" for r in ds.realized_ratios(_RATIO_WINDOW))
+                lines.append(f"data: {name} blend requested {req}, realised {real} over the first {_RATIO_WINDOW} samples")
+        return lines
+
+
+def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
+    max_id = src.max_token_id()
+    if max_id >= vocab_size:
+        raise UserError(f"{src.prefix}.bin: max token id {max_id} >= vocab_size {vocab_size}; "
+                        "re-run preprocess with the model's tokenizer or use a model with a larger vocabulary")
+
+
+def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample_mode: str = "packed",
+                   tokenizer=None, data_cache: str | None = None, need=("train", "valid", "test"),
+                   vocab_size: int | None = None) -> DataSplits:
+    """Open every source, check ids against vocab_size, split, sample and blend.
+
+    `tokenizer` (a `pretrain_cli.tokenizer.Tokenizer` or a directory) is needed only for
+    sample_mode 'padded'. `need` names the splits the run uses; an empty one is an error.
+    `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
+    """
+    need = tuple(need)
+    unknown = [n for n in need if n not in SPLIT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown split names {unknown}")
+    special = None
+    if sample_mode == "padded":
+        if isinstance(tokenizer, str):
+            from pretrain_cli.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        special = special_ids(tokenizer, getattr(tokenizer, "path", "tokenizer"))
+    sources = []
+    for weight, prefix in parse_input_dir(input_dir):
+        src = open_token_file(prefix)
+        if vocab_size is not None:
+            _check_vocab(src, vocab_size)
+        splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache)
+        sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
+    out = DataSplits(sources=sources)
+    for name in SPLIT_NAMES:
+        present = [(s["weight"], s["splits"][name], s["prefix"]) for s in sources if s["splits"][name] is not None]
+        if not present:
+            continue
+        if len(present) == 1:
+            setattr(out, name, present[0][1])
+        else:
+            ws, dss, names = zip(*present)
+            setattr(out, name, BlendedDataset(list(dss), list(ws), [source_name(p) for p in names]))
+    return out

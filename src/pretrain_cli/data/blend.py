@@ -1,0 +1,113 @@
+"""Weighted blending of several sources into one infinite, deterministic sample stream.
+
+The interleave is Megatron's greedy rule in closed form: source k's j-th sample gets the
+key (j + 0.5) / w_k and positions follow the keys in order (ties: lower source first).
+That keeps every prefix within about one sample per source of the requested ratios, and
+position p can be computed without walking 0..p, so resume is O(1) like the samplers.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli.data.indexed import token_prefixes
+from pretrain_cli.errors import UserError
+
+_CHUNK = 1 << 14
+_CHUNKS_IN_MEMORY = 8
+
+
+def parse_input_dir(input_dir: str) -> list[tuple[float, str]]:
+    """A directory (every token prefix, weight 1) or "w1 prefix1 w2 prefix2 ..."."""
+    text = str(input_dir).strip()
+    parts = text.split()
+    if len(parts) == 1:
+        p = Path(text)
+        if p.is_dir():
+            prefixes = token_prefixes(p)
+            if not prefixes:
+                raise UserError(f"input_dir: {p} holds no .idx or _idx.npz token files; "
+                                "create them with `pretrain-cli preprocess` or point input_dir at a prefix")
+            return [(1.0, q) for q in prefixes]
+        return [(1.0, text)]
+    if len(parts) % 2:
+        raise UserError(f"input_dir: {text!r} is not weight/prefix pairs; use \"0.7 ./data/a 0.3 ./data/b\"")
+    out = []
+    for w, prefix in zip(parts[::2], parts[1::2]):
+        try:
+            weight = float(w)
+        except ValueError:
+            raise UserError(f"input_dir: weight {w!r} is not a number; use \"0.7 ./data/a 0.3 ./data/b\"") from None
+        if not weight > 0 or not math.isfinite(weight):
+            raise UserError(f"input_dir: weight {w} for {prefix} must be positive; drop the source instead")
+        out.append((weight, prefix))
+    return out
+
+
+class BlendedDataset:
+    """Position i -> (source k, that source's sample j) -> datasets[k][j]."""
+
+    def __init__(self, datasets: list, weights: list[float], names: list[str] | None = None):
+        if not datasets or len(datasets) != len(weights):
+            raise ValueError("need one weight per dataset")
+        w = np.asarray(weights, dtype=np.float64)
+        self.weights = w / w.sum()
+        self.datasets = datasets
+        self.names = names or [str(k) for k in range(len(datasets))]
+        self.seq_len = getattr(datasets[0], "seq_len", None)
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        """Sum of the sources' samples per epoch (indexing beyond it is valid)."""
+        return sum(len(d) for d in self.datasets)
+
+    def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._chunks.get(c)
+        if hit is not None:
+            return hit
+        K, w = len(self.datasets), self.weights
+        p0, p1 = c * _CHUNK, (c + 1) * _CHUNK
+        # Every source's count at position p lies within 1.5K+1.5 of p*w_k, so these
+        # windows hold every key that can land in [p0, p1) and all keys before it.
+        lo = np.maximum(0, np.floor(p0 * w).astype(np.int64) - 2 * K - 2)
+        hi = np.ceil(p1 * w).astype(np.int64) + 2 * K + 2
+        js = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi)])
+        ks = np.concatenate([np.full(b - a, k, dtype=np.int32) for k, (a, b) in enumerate(zip(lo, hi))])
+        keys = (js + 0.5) / w[ks]
+        order = np.lexsort((ks, keys))  # by key, then source index
+        start = p0 - int(lo.sum())
+        sel = order[start : start + _CHUNK]
+        hit = (ks[sel], js[sel])
+        if len(self._chunks) >= _CHUNKS_IN_MEMORY:
+            self._chunks.pop(next(iter(self._chunks)))
+        self._chunks[c] = hit
+        return hit
+
+    def locate(self, i: int) -> tuple[int, int]:
+        ks, js = self._chunk(i // _CHUNK)
+        r = i % _CHUNK
+        return int(ks[r]), int(js[r])
+
+    def __getitem__(self, i: int) -> dict:
+        if i < 0:
+            raise IndexError(i)
+        k, j = self.locate(int(i))
+        return self.datasets[k][j]
+
+    def source_counts(self, n: int) -> np.ndarray:
+        counts = np.zeros(len(self.datasets), np.int64)
+        for c in range(0, (n + _CHUNK - 1) // _CHUNK):
+            ks = self._chunk(c)[0][: n - c * _CHUNK]
+            counts += np.bincount(ks, minlength=len(self.datasets))
+        return counts
+
+    def realized_ratios(self, n: int) -> list[float]:
+        """Fraction of the first n samples drawn from each source."""
+        return (self.source_counts(n) / max(n, 1)).tolist()
+
+
+def source_name(prefix: str) -> str:
+    return os.path.basename(prefix) or prefix

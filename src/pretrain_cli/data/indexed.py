@@ -1,0 +1,323 @@
+"""Token files: the MMIDIDX `.bin`/`.idx` pair (Megatron-LM and PaddleNLP), the legacy
+`_ids.npy`/`_idx.npz` pair and the optional `.lsm` loss mask.
+
+Everything is memory-mapped: corpora are often larger than RAM, and every rank opens the
+same files. Validation happens on open so a truncated or foreign file fails with one line
+naming the file, instead of an IndexError or a silent garbage batch hours into a run.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli.errors import UserError
+
+MAGIC = b"MMIDIDX\x00\x00"
+HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + N 8 + D 8
+DTYPE_CODES = {
+    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+    6: np.float64, 7: np.float32, 8: np.uint16, 9: np.uint32, 10: np.uint64,
+}
+CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
+SIDECAR_FORMAT = "pretrain-cli-tokens/1"
+_CHUNK = 1 << 22  # elements per chunk when scanning whole files
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """Megatron's and PaddleNLP's best-fit rule: uint16 below 65,500 ids, else int32."""
+    return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
+
+
+def strip_prefix(path: str | os.PathLike) -> str:
+    """Users pass `foo`, `foo.bin` or `foo.idx` interchangeably; normalise to `foo`."""
+    p = str(path)
+    for ext in (".bin", ".idx", "_ids.npy", "_idx.npz"):
+        if p.endswith(ext):
+            return p[: -len(ext)]
+    return p
+
+
+def read_sidecar(prefix: str) -> dict | None:
+    """Our `<prefix>.json` statistics, or None if absent or not ours (a user's input file)."""
+    path = prefix + ".json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == SIDECAR_FORMAT else None
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class IndexedDataset:
+    """Read-only view of one token file pair; sequence i is `get(i)`."""
+
+    def __init__(self, prefix: str, sizes, pointers, doc_idx, data, lsm=None, fmt="mmidx"):
+        self.prefix, self.format = prefix, fmt
+        self.sizes, self.pointers, self.doc_idx = sizes, pointers, doc_idx
+        self.data, self.loss_mask = data, lsm
+        self.dtype = data.dtype
+        self._max_id = None
+
+    def __len__(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.doc_idx.shape[0]) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.data.shape[0])
+
+    def element_offset(self, i: int) -> int:
+        return int(self.pointers[i]) // self.dtype.itemsize
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens of sequence i (a view into the memmap; copy before mutating)."""
+        size = int(self.sizes[i])
+        if length is None:
+            length = size - offset
+        start = self.element_offset(i) + offset
+        return self.data[start : start + length]
+
+    def get_loss_mask(self, i: int, offset: int = 0, length: int | None = None):
+        if self.loss_mask is None:
+            return None
+        size = int(self.sizes[i])
+        length = size - offset if length is None else length
+        start = self.element_offset(i) + offset
+        return self.loss_mask[start : start + length]
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Flat slice of the whole token stream (sequences are stored back to back)."""
+        return self.data[start:stop]
+
+    def max_token_id(self) -> int:
+        """Largest id in the file: from our sidecar if it matches, else one chunked scan."""
+        if self._max_id is not None:
+            return self._max_id
+        meta = read_sidecar(self.prefix)
+        if meta and meta.get("tokens") == self.num_tokens and "max_token_id" in meta:
+            self._max_id = int(meta["max_token_id"])
+            return self._max_id
+        best = -1
+        for s in range(0, self.num_tokens, _CHUNK):
+            best = max(best, int(self.data[s : s + _CHUNK].max()))
+        self._max_id = best
+        if meta is not None and meta.get("tokens") == self.num_tokens:
+            try:
+                write_json_atomic(self.prefix + ".json", {**meta, "max_token_id": best})
+            except OSError:  # read-only data directory: the in-memory value is enough
+                pass
+        return best
+
+
+def _fail(path: str, problem: str, fix: str = "re-create it with `pretrain-cli preprocess`"):
+    raise UserError(f"{path}: {problem}; {fix}")
+
+
+def _check_pointers(idx_path: str, sizes, pointers, itemsize: int) -> None:
+    """p[0] = 0 and p[i+1] = p[i] + sizes[i]*itemsize, checked in chunks to bound memory."""
+    n = sizes.shape[0]
+    expected_next = 0
+    for s in range(0, n, _CHUNK):
+        sz = np.asarray(sizes[s : s + _CHUNK], dtype=np.int64)
+        p = np.asarray(pointers[s : s + _CHUNK], dtype=np.int64)
+        if (sz < 0).any():
+            _fail(idx_path, f"negative sequence size at sequence {s + int(np.argmax(sz < 0))}")
+        want = expected_next + np.concatenate(([0], np.cumsum(sz[:-1] * itemsize)))
+        bad = np.nonzero(p != want)[0]
+        if bad.size:
+            j = s + int(bad[0])
+            kind = "decreasing" if j and int(pointers[j]) < int(pointers[j - 1]) else "inconsistent"
+            _fail(idx_path, f"{kind} pointer at sequence {j} ({int(pointers[j])}, expected {int(want[bad[0]])})")
+        expected_next = int(want[-1] + sz[-1] * itemsize)
+
+
+def _check_doc_idx(idx_path: str, doc_idx, n: int) -> None:
+    d = np.asarray(doc_idx)
+    if d.shape[0] < 2:
+        _fail(idx_path, "contains zero documents", "preprocess a non-empty corpus")
+    if int(d[0]) != 0 or int(d[-1]) != n:
+        _fail(idx_path, f"doc_idx runs {int(d[0])}..{int(d[-1])} but there are {n} sequences")
+    if (np.diff(d) < 0).any():
+        _fail(idx_path, "doc_idx is not non-decreasing")
+
+
+def _open_mmidx(prefix: str) -> IndexedDataset:
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    size = os.path.getsize(idx_path)
+    if size < HEADER_BYTES:
+        _fail(idx_path, f"truncated: {size} bytes, shorter than the 34-byte header")
+    with open(idx_path, "rb") as f:
+        header = f.read(HEADER_BYTES)
+    if header[:9] != MAGIC:
+        _fail(idx_path, f"wrong magic {header[:9]!r} (expected {MAGIC!r}); not an MMIDIDX index",
+              "pass the prefix of a .bin/.idx pair made by `pretrain-cli preprocess`, Megatron or PaddleNLP")
+    (version,) = struct.unpack("<Q", header[9:17])
+    if version != 1:
+        _fail(idx_path, f"unsupported version {version} (only version 1 exists)")
+    code = header[17]
+    if code not in DTYPE_CODES:
+        _fail(idx_path, f"unknown dtype code {code} (valid: 1-10)")
+    n, d = struct.unpack("<QQ", header[18:34])
+    want = HEADER_BYTES + 12 * n + 8 * d
+    if size not in (want, want + n):  # Megatron-core may append int8 sequence_modes[N]
+        _fail(idx_path, f"truncated or corrupt: {size} bytes, expected {want} for {n} sequences and {d} doc_idx entries")
+    dtype = np.dtype(DTYPE_CODES[code])
+    sizes = np.memmap(idx_path, np.int32, "r", HEADER_BYTES, (n,)) if n else np.zeros(0, np.int32)
+    pointers = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + 4 * n, (n,)) if n else np.zeros(0, np.int64)
+    doc_idx = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + 12 * n, (d,)) if d else np.zeros(0, np.int64)
+    _check_doc_idx(idx_path, doc_idx, n)
+    _check_pointers(idx_path, sizes, pointers, dtype.itemsize)
+    total = int(np.sum(sizes, dtype=np.int64))
+    if not os.path.exists(bin_path):
+        _fail(bin_path, "missing (the .idx exists)", "copy the .bin next to the .idx or re-run preprocess")
+    bin_size = os.path.getsize(bin_path)
+    if bin_size != total * dtype.itemsize:
+        _fail(bin_path, f"{bin_size} bytes, but the .idx describes {total} {dtype.name} tokens "
+              f"({total * dtype.itemsize} bytes); the pair is truncated or mismatched")
+    if total == 0:
+        _fail(bin_path, "contains zero tokens", "preprocess a non-empty corpus")
+    data = np.memmap(bin_path, dtype, "r", 0, (total,))
+    return IndexedDataset(prefix, sizes, pointers, doc_idx, data, _open_lsm(prefix, total))
+
+
+def _open_lsm(prefix: str, total: int):
+    path = prefix + ".lsm"
+    if not os.path.exists(path):
+        return None
+    if os.path.getsize(path) != total:
+        _fail(path, f"{os.path.getsize(path)} bytes, expected one byte per token ({total})",
+              "delete it or re-create it with the .bin")
+    return np.memmap(path, np.uint8, "r", 0, (total,))
+
+
+def _open_legacy(prefix: str) -> IndexedDataset:
+    ids_path, idx_path = prefix + "_ids.npy", prefix + "_idx.npz"
+    try:
+        data = np.load(ids_path, mmap_mode="r", allow_pickle=False)
+        with np.load(idx_path, allow_pickle=False) as z:
+            lens, docs = np.asarray(z["lens"], np.int32), np.asarray(z["docs"], np.int64)
+    except (ValueError, KeyError, OSError) as e:
+        _fail(idx_path, f"unreadable legacy token pair ({e})")
+    if data.ndim != 1:
+        _fail(ids_path, f"expected a 1-D token array, got shape {data.shape}")
+    itemsize = data.dtype.itemsize
+    pointers = np.concatenate(([0], np.cumsum(lens[:-1], dtype=np.int64) * itemsize)) if lens.size else np.zeros(0, np.int64)
+    _check_doc_idx(idx_path, docs, lens.shape[0])
+    total = int(lens.sum(dtype=np.int64))
+    if total != data.shape[0]:
+        _fail(ids_path, f"{data.shape[0]} tokens, but {idx_path} lens sum to {total}")
+    if total == 0:
+        _fail(ids_path, "contains zero tokens", "preprocess a non-empty corpus")
+    return IndexedDataset(prefix, lens, pointers.astype(np.int64), docs, data, _open_lsm(prefix, total), "legacy")
+
+
+def open_token_file(path: str | os.PathLike) -> IndexedDataset:
+    """Open `<prefix>` (legacy pair first, as PaddleNLP does, then MMIDIDX)."""
+    prefix = strip_prefix(path)
+    if os.path.exists(prefix + "_ids.npy") and os.path.exists(prefix + "_idx.npz"):
+        return _open_legacy(prefix)
+    if os.path.exists(prefix + ".idx"):
+        return _open_mmidx(prefix)
+    _fail(prefix, "no token files (.bin/.idx or _ids.npy/_idx.npz) with this prefix",
+          "check the path, or create them with `pretrain-cli preprocess --output_prefix PREFIX`")
+
+
+def token_prefixes(directory: str | os.PathLike) -> list[str]:
+    """Every token-file prefix in a directory (not recursive), sorted."""
+    d = Path(directory)
+    found = {strip_prefix(p) for p in map(str, d.glob("*.idx"))}
+    found |= {strip_prefix(p) for p in map(str, d.glob("*_idx.npz"))}
+    return sorted(found)
+
+
+class IndexedDatasetWriter:
+    """Appends sequences to `<prefix>.bin.tmp`; `finalize()` writes the index and renames
+    both into place, so a crash never leaves a file under the final names."""
+
+    def __init__(self, prefix: str | os.PathLike, dtype=np.uint16):
+        self.prefix = strip_prefix(prefix)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in CODE_OF:
+            raise ValueError(f"dtype {self.dtype} has no MMIDIDX code")
+        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        self._bin_tmp = self.prefix + ".bin.tmp"
+        self._idx_tmp = self.prefix + ".idx.tmp"
+        self._bin = open(self._bin_tmp, "wb")
+        self._sizes = array.array("q")  # compact: a Python list costs ~36 bytes per entry
+        self._doc_idx = array.array("q", [0])
+        self.num_tokens = 0
+
+    def add_item(self, tokens) -> None:
+        arr = np.asarray(tokens, dtype=self.dtype)
+        self._bin.write(arr.tobytes(order="C"))
+        self._sizes.append(arr.size)
+        self.num_tokens += arr.size
+
+    def end_document(self) -> None:
+        self._doc_idx.append(len(self._sizes))
+
+    def add_documents(self, flat, lengths) -> None:
+        """Many one-sequence documents at once (the preprocess fast path)."""
+        flat = np.asarray(flat, dtype=self.dtype)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        self._bin.write(flat.tobytes(order="C"))
+        base = len(self._sizes)
+        self._sizes.extend(lengths.tolist())
+        self._doc_idx.extend(range(base + 1, base + 1 + lengths.size))
+        self.num_tokens += int(flat.size)
+
+    def finalize(self) -> None:
+        if self._doc_idx[-1] != len(self._sizes):
+            self.end_document()  # sequences added after the last end_document form one document
+        self._bin.close()
+        sizes = np.frombuffer(self._sizes, dtype=np.int64)
+        if sizes.size and sizes.max() > np.iinfo(np.int32).max:
+            self.abort()
+            raise UserError(f"{self.prefix}: a sequence exceeds 2^31 tokens; split the document")
+        pointers = np.zeros(sizes.size, np.int64)
+        np.cumsum(sizes[:-1] * self.dtype.itemsize, out=pointers[1:])
+        doc_idx = np.frombuffer(self._doc_idx, dtype=np.int64)
+        with open(self._idx_tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<Q", 1))
+            f.write(struct.pack("<B", CODE_OF[self.dtype]))
+            f.write(struct.pack("<Q", sizes.size))
+            f.write(struct.pack("<Q", doc_idx.size))
+            f.write(sizes.astype("<i4").tobytes())
+            f.write(pointers.astype("<i8").tobytes())
+            f.write(doc_idx.astype("<i8").tobytes())
+        if os.path.exists(self.prefix + ".idx"):
+            os.remove(self.prefix + ".idx")  # never pair a stale .idx with the new .bin
+        os.replace(self._bin_tmp, self.prefix + ".bin")
+        os.replace(self._idx_tmp, self.prefix + ".idx")
+
+    def abort(self) -> None:
+        if not self._bin.closed:
+            self._bin.close()
+        for p in (self._bin_tmp, self._idx_tmp):
+            if os.path.exists(p):
+                os.remove(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        return False

@@ -1,0 +1,251 @@
+"""Training samples from a token file: `packed` (PaddleNLP/Megatron GPT semantics) and
+`padded` (one document per sample, the seed tutorial).
+
+Unlike PaddleNLP, sample i is a pure function of (corpus, split, seq_len, seed, i):
+the number of samples never enters the index, so changing max_steps, batch size or world
+size (or resuming) never reorders data. Epoch e = i // N1 has its own document and sample
+permutations drawn from (seed, e, split); epochs are built lazily, so i is unbounded.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli.data.indexed import IndexedDataset
+from pretrain_cli.errors import UserError
+
+SPLIT_NAMES = ("train", "valid", "test")
+PHASE_OF = {"train": "do_train", "valid": "do_eval", "test": "do_predict"}
+_EPOCHS_IN_MEMORY = 2
+
+
+def parse_split(split: str) -> list[float]:
+    """'949,50,1' or '949/50/1' -> three fractions summing to 1 (missing parts are 0)."""
+    parts = [p for p in re.split(r"[,/]", str(split).strip()) if p.strip()]
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        raise UserError(f"split: {split!r} is not numbers separated by ',' or '/'; use e.g. \"949,50,1\"") from None
+    if not vals or len(vals) > 3 or any(v < 0 for v in vals) or sum(vals) <= 0:
+        raise UserError(f"split: {split!r} needs 1-3 non-negative shares with a positive sum; use e.g. \"949,50,1\"")
+    vals += [0.0] * (3 - len(vals))
+    return [v / sum(vals) for v in vals]
+
+
+def split_bounds(split: str, size: int) -> list[int]:
+    """PaddleNLP's boundaries: b[i+1] = b[i] + round(f_i*size), excess taken off every later boundary."""
+    b = [0]
+    for f in parse_split(split):
+        b.append(b[-1] + int(round(f * float(size))))
+    diff = b[-1] - size
+    return [b[0]] + [min(max(x - diff, 0), size) for x in b[1:]]
+
+
+def _rng(seed: int, epoch: int, name: str) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, zlib.crc32(name.encode())])))
+
+
+def _source_stamp(src: IndexedDataset) -> str:
+    """Cheap content stamp for the disk cache: file sizes and mtimes of the index pair."""
+    parts = []
+    for ext in (".idx", ".bin", "_idx.npz", "_ids.npy"):
+        p = src.prefix + ext
+        if os.path.exists(p):
+            st = os.stat(p)
+            parts.append(f"{ext}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+class _SplitBase:
+    """Documents [lo, hi) of one source, with lazily built, cached per-epoch permutations."""
+
+    mode = "?"
+
+    def __init__(self, source: IndexedDataset, lo: int, hi: int, seq_len: int, seed: int, name: str,
+                 cache_dir: str | None = None):
+        if seq_len < 1:
+            raise UserError(f"max_seq_length: {seq_len} must be >= 1")
+        if seed < 0:
+            raise UserError(f"seed: {seed} must be >= 0")
+        self.source, self.lo, self.hi = source, lo, hi
+        self.seq_len, self.seed, self.name = seq_len, seed, name
+        self.doc_sizes = np.asarray(source.sizes[lo:hi], dtype=np.int64)
+        itemsize = source.dtype.itemsize
+        self.doc_starts = np.asarray(source.pointers[lo:hi], dtype=np.int64) // itemsize
+        self.num_docs = hi - lo
+        self.num_tokens = int(self.doc_sizes.sum())
+        self.cache_dir = cache_dir
+        self._epochs: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        """Samples per epoch; indices beyond it are valid and fall in later epochs."""
+        return self.samples_per_epoch
+
+    def epochs_for(self, num_samples: int) -> float:
+        return num_samples / self.samples_per_epoch
+
+    def _build_epoch(self, epoch: int) -> tuple:
+        raise NotImplementedError
+
+    def _epoch(self, epoch: int) -> tuple:
+        hit = self._epochs.get(epoch)
+        if hit is None:
+            hit = self._load_or_build(epoch)
+            if len(self._epochs) >= _EPOCHS_IN_MEMORY:
+                self._epochs.pop(next(iter(self._epochs)))
+            self._epochs[epoch] = hit
+        return hit
+
+    def _load_or_build(self, epoch: int) -> tuple:
+        if not self.cache_dir:
+            return self._build_epoch(epoch)
+        key = hashlib.sha1(
+            f"{self.mode}|{_source_stamp(self.source)}|{self.lo}:{self.hi}|{self.seq_len}|{self.seed}|{self.name}|{epoch}".encode()
+        ).hexdigest()[:20]
+        d = Path(self.cache_dir)
+        files = [d / f"{key}_{k}.npy" for k in range(3)]
+        if all(f.exists() for f in files):
+            try:
+                return tuple(np.load(f, mmap_mode="r") for f in files)
+            except (OSError, ValueError):
+                pass  # a damaged cache entry is rebuilt below
+        arrays = self._build_epoch(epoch)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for f, a in zip(files, arrays):
+                tmp = f.with_name(f"{f.stem}.tmp{os.getpid()}.npy")
+                np.save(tmp, a)
+                os.replace(tmp, f)  # atomic: concurrent ranks write identical content
+        except OSError:
+            pass  # a read-only cache directory only costs a rebuild
+        return arrays
+
+    def describe(self) -> dict:
+        return {"split": self.name, "mode": self.mode, "documents": self.num_docs, "tokens": self.num_tokens,
+                "samples_per_epoch": self.samples_per_epoch}
+
+
+class PackedDataset(_SplitBase):
+    """Shuffled documents concatenated per epoch; sample j spans tokens [j*L, j*L + L + 1)."""
+
+    mode = "packed"
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.samples_per_epoch = max(0, (self.num_tokens - 1) // self.seq_len)
+        if self.samples_per_epoch == 0:
+            raise UserError(f"{self.source.prefix}: the {self.name} split has {self.num_tokens} tokens, fewer than one "
+                            f"sample of max_seq_length+1 = {self.seq_len + 1}; use more data or a shorter max_seq_length")
+
+    def _build_epoch(self, epoch: int) -> tuple:
+        rng = _rng(self.seed, epoch, self.name)
+        order = rng.permutation(self.num_docs).astype(np.int64)
+        cum = np.zeros(self.num_docs + 1, np.int64)
+        np.cumsum(self.doc_sizes[order], out=cum[1:])  # [docs+1] token offset of each doc in the epoch stream
+        positions = rng.permutation(self.samples_per_epoch).astype(np.int64)
+        return order, cum, positions
+
+    def tokens(self, i: int) -> np.ndarray:
+        """The L+1 tokens of sample i as int64 (consecutive positions share one token)."""
+        if i < 0:
+            raise IndexError(i)
+        order, cum, positions = self._epoch(i // self.samples_per_epoch)
+        start = int(positions[i % self.samples_per_epoch]) * self.seq_len
+        k = int(np.searchsorted(cum, start, side="right")) - 1
+        off, need, out = start - int(cum[k]), self.seq_len + 1, []
+        while need:
+            d = int(order[k])
+            take = min(int(self.doc_sizes[d]) - off, need)
+            if take > 0:
+                s = int(self.doc_starts[d]) + off
+                out.append(self.source.data[s : s + take])
+                need -= take
+            k, off = k + 1, 0
+        return np.concatenate(out).astype(np.int64)
+
+    def __getitem__(self, i: int) -> dict:
+        t = self.tokens(int(i))
+        return {"input_ids": t[:-1], "labels": t[1:].copy()}
+
+
+class PaddedDataset(_SplitBase):
+    """One document per sample: [BOS] + doc + [EOS], clipped/padded to L+1; pad targets are -100."""
+
+    mode = "padded"
+
+    def __init__(self, *args, bos: int, eos: int, pad: int, **kw):
+        super().__init__(*args, **kw)
+        self.bos, self.eos, self.pad = bos, eos, pad
+        self.samples_per_epoch = self.num_docs
+        if self.num_docs == 0:
+            raise UserError(f"{self.source.prefix}: the {self.name} split has no documents; use more data")
+
+    def _build_epoch(self, epoch: int) -> tuple:
+        order = _rng(self.seed, epoch, self.name).permutation(self.num_docs).astype(np.int64)
+        return order, np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def __getitem__(self, i: int) -> dict:
+        i = int(i)
+        if i < 0:
+            raise IndexError(i)
+        order = self._epoch(i // self.samples_per_epoch)[0]
+        d = int(order[i % self.samples_per_epoch])
+        L = self.seq_len
+        s, n = int(self.doc_starts[d]), int(self.doc_sizes[d])
+        doc = np.asarray(self.source.data[s : s + min(n, L + 1)], dtype=np.int64)
+        if n <= L + 1 and doc.size and doc[-1] == self.eos:
+            doc = doc[:-1]  # preprocessed with --append_eos: do not add a second EOS
+        seq = np.full(L + 1, self.pad, np.int64)
+        real = np.concatenate(([self.bos], doc, [self.eos]))[: L + 1]
+        seq[: real.size] = real
+        labels = seq[1:].copy()
+        labels[real.size - 1 :] = -100  # targets past the real tokens are padding
+        return {"input_ids": seq[:-1], "labels": labels}
+
+
+def special_ids(tokenizer, tokenizer_name: str) -> dict:
+    """bos/eos/pad ids for padded mode, or a UserError naming the missing role."""
+    if tokenizer is None:
+        raise UserError("sample_mode: 'padded' needs a tokenizer (bos/eos/pad ids); set tokenizer_name_or_path")
+    ids = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
+    for role, v in ids.items():
+        if v is None:
+            raise UserError(f"{tokenizer_name}: tokenizer has no {role} token (needed by sample_mode 'padded'); "
+                            f"set {role}_token in tokenizer_config.json or use sample_mode 'packed'")
+    return ids
+
+
+def split_datasets(source: IndexedDataset, split: str, seq_len: int, seed: int, mode: str = "packed",
+                   need=SPLIT_NAMES, special: dict | None = None, cache_dir: str | None = None) -> dict:
+    """name -> dataset (None when the split is empty and not needed)."""
+    if mode not in ("packed", "padded"):
+        raise UserError(f"sample_mode: unknown {mode!r}; use 'packed' or 'padded'")
+    b = split_bounds(split, len(source))
+    fractions = parse_split(split)
+    out = {}
+    for k, name in enumerate(SPLIT_NAMES):
+        lo, hi = b[k], b[k + 1]
+        if hi <= lo:
+            if name in need:
+                fix = (f"give {name} a non-zero share (e.g. \"949,50,1\")" if fractions[k] == 0
+                       else f"its share rounds to 0 documents: raise it or use more documents")
+                raise UserError(f"split: {split!r} leaves the {name} split empty (0 of {len(source)} documents in "
+                                f"{source.prefix}) but {PHASE_OF[name]} needs it; {fix}, or turn off {PHASE_OF[name]}")
+            out[name] = None
+            continue
+        args = (source, lo, hi, seq_len, seed, name)
+        try:
+            if mode == "packed":
+                out[name] = PackedDataset(*args, cache_dir=cache_dir)
+            else:
+                out[name] = PaddedDataset(*args, cache_dir=cache_dir, **special)
+        except UserError:
+            if name in need:
+                raise
+            out[name] = None  # too small to use, but nobody asked for it
+    return out

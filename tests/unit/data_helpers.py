@@ -1,0 +1,48 @@
+"""Tiny corpora and tokenizers built in tmp dirs (no downloads), shared by the data tests."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+         "sigma tau upsilon phi chi psi omega the quick brown fox jumps over lazy dog").split()
+
+
+def make_texts(n: int, seed: int = 0, min_words: int = 3, max_words: int = 40) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(min_words, max_words)))) + "." for _ in range(n)]
+
+
+def write_jsonl(path: Path, texts, key: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({key: t}) + "\n")
+    return path
+
+
+def make_tokenizer(directory: Path, texts=None, vocab_size: int = 300) -> Path:
+    """Train and save a tiny byte-level BPE with the tutorial's special tokens."""
+    from pretrain_cli.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, train_bpe
+
+    tok = train_bpe(texts or make_texts(200), vocab_size, DEFAULT_SPECIALS, min_frequency=1)
+    Tokenizer(tok, str(directory), _roles_for(DEFAULT_SPECIALS), "").save(directory)
+    return directory
+
+
+def write_mmidx_reference(prefix: str, docs, dtype=np.uint16) -> None:
+    """An independent numpy implementation of the MMIDIDX layout (REFERENCE §2.2)."""
+    codes = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
+    dt = np.dtype(dtype)
+    sizes = np.array([len(d) for d in docs], "<i4")
+    pointers = np.concatenate(([0], np.cumsum(sizes[:-1].astype(np.int64)) * dt.itemsize)).astype("<i8")
+    doc_idx = np.arange(len(docs) + 1, dtype="<i8")
+    with open(prefix + ".bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dt.newbyteorder("<")).tobytes())
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, codes[dt.type], len(docs), len(docs) + 1))
+        f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())

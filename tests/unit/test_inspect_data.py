@@ -1,0 +1,85 @@
+"""inspect-data: summary, JSON, decode, step view, errors (in-process, no Paddle)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+
+from data_helpers import make_texts, make_tokenizer, write_jsonl
+from pretrain_cli import inspect_data
+from pretrain_cli.data import preprocess
+from pretrain_cli.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inspect")
+    tok = make_tokenizer(d / "tok")
+    texts = make_texts(80, seed=9)
+    write_jsonl(d / "a.jsonl", texts)
+    p = argparse.ArgumentParser()
+    preprocess.add_arguments(p)
+    preprocess.main(p.parse_args(["--input_path", str(d / "a.jsonl"), "--output_prefix", str(d / "c"),
+                                  "--tokenizer", str(tok), "--append_eos"]))
+    return d, tok, texts
+
+
+def _run(*argv):
+    p = argparse.ArgumentParser()
+    inspect_data.add_arguments(p)
+    return inspect_data.main(p.parse_args([str(a) for a in argv]))
+
+
+def test_summary_text_and_json(corpus, capsys):
+    d, tok, _ = corpus
+    assert _run(d / "c", "--tokenizer", tok) == 0
+    out = capsys.readouterr().out
+    assert "OK (mmidx, uint16)" in out and "documents 80" in out and "documents ending in EOS: 100.0%" in out
+    assert _run(str(d / "c") + ".bin", "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["documents"] == 80 and info["dtype"] == "uint16" and info["tokens"] > 80
+    assert info["max_token_id"] < 300 and sum(info["length_histogram"].values()) == 80
+
+
+def test_decode(corpus, capsys):
+    d, tok, texts = corpus
+    assert _run(d / "c", "--tokenizer", tok, "--decode", 3) == 0
+    assert capsys.readouterr().out.rstrip("\n") == texts[3] + "[EOT]"
+    with pytest.raises(UserError, match="--decode: needs --tokenizer"):
+        _run(d / "c", "--decode", 3)
+    with pytest.raises(UserError, match="document 80 out of range"):
+        _run(d / "c", "--tokenizer", tok, "--decode", 80)
+
+
+def test_step_view_matches_loader(corpus, capsys):
+    d, tok, _ = corpus
+    assert _run(d / "c", "--step", 2, "--max_seq_length", 16, "--split", "1", "--batch_size", 2, "--dp_size", 2,
+                "--gradient_accumulation_steps", 2, "--tokenizer", tok) == 0
+    out = capsys.readouterr().out
+    assert "step 2: global samples [8, 16)" in out and "rank 1: samples [14, 16)" in out
+    from pretrain_cli.data import build_datasets
+    from pretrain_cli.data.loader import batch_hash, micro_batch
+
+    ds = build_datasets(str(d / "c"), "1", 16, 42, need=("train",)).train
+    assert f"hash {batch_hash(micro_batch(ds, 12, 2, 1, 2))}" in out
+
+
+def test_out_of_vocab_and_bad_file(corpus, tmp_path):
+    d, _, _ = corpus
+    small = make_tokenizer(tmp_path / "small", make_texts(50, seed=1), vocab_size=270)
+    with pytest.raises(UserError, match=r"max token id \d+ >= vocab size 270"):
+        _run(d / "c", "--tokenizer", small)
+    (tmp_path / "bad.idx").write_bytes(b"garbage!!" + bytes(40))
+    (tmp_path / "bad.bin").write_bytes(b"")
+    with pytest.raises(UserError, match="bad.idx: wrong magic"):
+        _run(tmp_path / "bad")
+
+
+def test_no_paddle_import():
+    import subprocess
+
+    code = ("import sys, pretrain_cli.inspect_data, pretrain_cli.tokenizer, pretrain_cli.data.preprocess, "
+            "pretrain_cli.data.loader, pretrain_cli.data; print('paddle' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
