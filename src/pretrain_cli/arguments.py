@@ -71,7 +71,7 @@ class DataArguments:
     share_folder: bool = _f(
         False, "PaddleNLP builds index caches on one rank; here every rank builds its cheap index itself.", "ignored"
     )
-    data_cache: Optional[str] = _f(None, "Extra directory for sample-index caches (default: next to the data).")
+    data_cache: Optional[str] = _f(None, "Directory for on-disk sample-index caches (default: built in memory; it takes milliseconds).")
     sample_mode: str = _f(
         "packed",
         "packed: documents concatenated into max_seq_length+1 token samples (PaddleNLP/Megatron); "

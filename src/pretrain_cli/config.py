@@ -27,6 +27,7 @@ class ParallelConfig:
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
+    data_rank: int = 0  # which slice of each global batch this process reads
     dp_degree: int = 1
     sharding_degree: int = 1
     sharding_stage: int = 0  # 0 = off, 1, 2, 3
@@ -39,17 +40,26 @@ class ParallelConfig:
         return self.dp_degree * self.sharding_degree
 
 
-def derive_kernels(training) -> KernelConfig:
+def derive_kernels(training, device: str = "cpu") -> KernelConfig:
     """Kernel requests from the PaddleNLP `use_*` booleans (never copied onto the model config)."""
     return KernelConfig(
         attention="flash" if training.use_flash_attention else "sdpa",
         rms_norm="fused" if training.use_fused_rms_norm else "reference",
         rope="fused" if training.use_fused_rope else "reference",
-        swiglu="fused",  # Paddle's swiglu is exact and runs on every device; kernels.select may still decline
+        swiglu="fused" if device == "gpu" else "reference",
     )
 
 
 def derive_parallel(resolved, training, rank: int = 0, local_rank: int = 0) -> ParallelConfig:
+    """Degrees from the resolved world size; ranks default to this process's launcher rank."""
+    import os
+
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", rank) or rank)
+    local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", local_rank)) or 0)
+    return _derive(resolved, training, rank, local_rank)
+
+
+def _derive(resolved, training, rank: int, local_rank: int) -> ParallelConfig:
     """PaddleNLP degree arithmetic: world = dp × sharding × tp × pp (REFERENCE §7.3)."""
     from pretrain_cli.errors import UserError
 
@@ -64,6 +74,9 @@ def derive_parallel(resolved, training, rank: int = 0, local_rank: int = 0) -> P
         if sharding < 1 or rest % sharding:
             raise UserError(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel "
                             f"processes (world {world} / tp {tp} / pp {pp}); use a divisor or -1")
-    return ParallelConfig(world_size=world, rank=rank, local_rank=local_rank, dp_degree=rest // sharding,
+    # TP/PP ranks share data; with tp = pp = 1 every rank is its own data rank (dp-major, sharding-minor).
+    data_rank = rank // (tp * pp)
+    return ParallelConfig(world_size=world, rank=rank, local_rank=local_rank, data_rank=data_rank,
+                          dp_degree=rest // sharding,
                           sharding_degree=sharding, sharding_stage=resolved.sharding_stage, tp_degree=tp,
                           pp_degree=pp)

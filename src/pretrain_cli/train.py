@@ -79,7 +79,7 @@ class RunSpec:
                      f"{t.min_learning_rate} by step {r.decay_steps}; eval every {r.eval_steps} steps"
                      if t.do_eval else f"  schedule: {t.lr_scheduler_type}, warmup {r.warmup_steps}, decay to "
                      f"{t.min_learning_rate} by step {r.decay_steps}")
-        lines += [f"  data: {line}" for line in self.data_lines]
+        lines += [f"  {line}" for line in self.data_lines]
         return lines
 
 
@@ -165,6 +165,148 @@ def main(ns: argparse.Namespace) -> int:
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
     spec = prepare(ns.config, ns.overrides)
-    from pretrain_cli.runner import run
-
     return run(spec)
+
+
+# ---------------------------------------------------------------------------------------- run
+def run_args_json(spec: RunSpec) -> dict:
+    from pretrain_cli import __version__
+
+    return {"version": __version__, "arguments": spec.args.to_dict(), "resolved": spec.resolved.to_dict(),
+            "notes": list(spec.resolved.notes), "parallel": vars(spec.parallel).copy()}
+
+
+def build_model(spec: RunSpec):
+    import paddle
+
+    from pretrain_cli import kernels
+    from pretrain_cli.config import derive_kernels
+    from pretrain_cli.models import build_model as build
+
+    paddle.seed(spec.args.training.seed)
+    chosen = kernels.select(derive_kernels(spec.args.training, spec.resolved.device), spec.resolved.device)
+    model = build(spec.model_cfg, chosen)
+    if spec.args.model.continue_training:
+        from pretrain_cli.convert import load_weights
+
+        load_weights(model, spec.model_cfg, str(spec.model_dir))
+    return model, chosen
+
+
+def find_resume(spec: RunSpec) -> Path | None:
+    from pretrain_cli import checkpoint
+
+    t = spec.args.training
+    if t.resume_from_checkpoint:
+        path = Path(t.resume_from_checkpoint)
+        if not path.is_dir():
+            raise UserError(f"resume_from_checkpoint: {path} is not a directory")
+        return path
+    if t.overwrite_output_dir or not t.do_train:
+        return None
+    return checkpoint.latest_checkpoint(t.output_dir)
+
+
+def run(spec: RunSpec) -> int:
+    """Build everything, train, evaluate, predict, save. Returns the process exit code."""
+    from pretrain_cli.runtime import import_paddle
+
+    paddle = import_paddle()
+    from pretrain_cli import checkpoint, metrics, parallel
+    from pretrain_cli.models.flops import flops_per_token
+    from pretrain_cli.models.recompute import apply_recompute
+    from pretrain_cli.optim import build_optimizer, build_schedule
+    from pretrain_cli.precision import build_amp
+    from pretrain_cli.trainer import NonFiniteError, Trainer
+
+    a, t, r, p = spec.args, spec.args.training, spec.resolved, spec.parallel
+    rank0 = parallel.is_rank0(p)
+    metrics.setup_logging(p.rank)
+    paddle.set_device(r.device)
+    parallel.init_distributed(p)
+    out = Path(t.output_dir)
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.clean_leftovers(out)
+        checkpoint.write_json(out / "args.json", run_args_json(spec))
+    for line in spec.describe():
+        metrics.log.info(line)
+
+    model, chosen = build_model(spec)
+    metrics.log.info(f"kernels: {chosen.describe()}")
+    resume = find_resume(spec)
+    if resume is not None:
+        checkpoint.check_compatible(resume, spec.model_cfg, a.data.max_seq_length)
+        state = checkpoint.read_state(resume)
+        from pretrain_cli.convert import load_weights
+
+        load_weights(model, spec.model_cfg, str(resume))
+    if t.recompute:
+        apply_recompute(model, t.recompute_granularity)
+    schedule = build_schedule(t, r)
+    optimizer = build_optimizer(model, t, schedule, multi_precision=r.amp_level == "O2" and r.amp_dtype is not None)
+    if resume is not None:
+        checkpoint.load_optimizer(model, optimizer, resume / checkpoint.OPTIMIZER_FILE)
+    raw_model = model
+    model, optimizer, amp = build_amp(model, optimizer, r, t)
+    model = parallel.wrap_model(model, p, recompute=t.recompute)
+
+    cfg, seq = spec.model_cfg, a.data.max_seq_length
+    peak, peak_source = metrics.resolve_peak(r.device, r.amp_dtype, t.peak_tflops) if t.do_train else (None, "")
+    recompute = t.recompute_granularity if t.recompute else None
+    throughput = metrics.Throughput(seq, spec.global_batch_size, p.world_size, p.data_world_size,
+                                    flops_per_token(cfg, seq), flops_per_token(cfg, seq, recompute=recompute), peak)
+    if t.do_train:
+        metrics.log.info(f"flops: {flops_per_token(cfg, seq):.4g} model FLOPs/token (6N + 12·L·H·d·S), "
+                         f"mfu against {peak_source}" if peak else f"flops: mfu unknown ({peak_source})")
+    writer = metrics.MetricsWriter(str(out), t.logging_dir, t.report_to, resume is not None) if rank0 else None
+    dtype = r.amp_dtype if r.amp_level == "O2" and r.amp_dtype else "float32"
+
+    def save(trainer):
+        step = trainer.state.global_step
+        if rank0:
+            path = checkpoint.save_checkpoint(out, step, raw_model, cfg, optimizer, trainer.state_dict(),
+                                              run_args_json(spec), spec.tokenizer_dir, dtype=dtype)
+            removed = checkpoint.rotate(out, t.save_total_limit)
+            metrics.log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))
+
+    trainer = Trainer(model, optimizer, schedule, spec.splits, a, r, p, throughput, writer, save, amp,
+                      parallel.build_comm(p))
+    if resume is not None:
+        trainer.load_state_dict(state)
+        metrics.log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
+                         f"{trainer.state.consumed_samples} samples consumed")
+    results = {}
+    try:
+        if t.do_train and trainer.state.global_step < t.max_steps:
+            outcome = trainer.train()
+            if outcome["stopped_by_signal"]:
+                metrics.log.warning(f"stopped at step {trainer.state.global_step} and saved; re-run the same "
+                                    f"command to resume")
+                return 0
+        if t.do_train:
+            results.update(_train_results(trainer, spec))
+        if t.do_eval:
+            results.update(trainer.evaluate("valid"))
+        if t.do_predict:
+            results.update(trainer.evaluate("test"))
+    except NonFiniteError as e:
+        raise UserError(str(e)) from None
+    finally:
+        if writer is not None:
+            writer.close()
+    if rank0:
+        from pretrain_cli import outputs
+
+        outputs.write_final(out, raw_model, cfg, spec, trainer, results, dtype)
+    return 0
+
+
+def _train_results(trainer, spec: RunSpec) -> dict:
+    s = trainer.state
+    runtime = max(s.train_seconds, 1e-9)
+    steps = max(s.global_step, 1)
+    return {"train_runtime": round(runtime, 4), "train_loss": s.loss_sum / steps, "global_step": s.global_step,
+            "train_samples_per_second": round(s.consumed_samples / runtime, 4),
+            "train_tokens_per_second": round(s.tokens_seen / runtime, 4), "tokens_seen": s.tokens_seen,
+            "skipped_steps": s.skipped_steps}

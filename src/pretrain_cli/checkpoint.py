@@ -1,0 +1,232 @@
+"""`output_dir/checkpoint-N/`: written atomically, self-describing, no pickle.
+
+Layout: HF-loadable weights (`model.safetensors`, `config.json`, `generation_config.json`,
+tokenizer files) + `optimizer.safetensors` (AdamW moments keyed `<hf name>/moment1` etc., HF
+layout, so any topology can read them) + `trainer_state.json` + `args.json`.
+
+A save goes to `checkpoint-N.tmp/`, every file is fsynced, then one `rename` publishes it, so
+a crash at any point leaves either the complete new checkpoint or none. A directory named
+`checkpoint-N` is complete by construction; rotation renames before deleting for the same
+reason, and never removes the newest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli.errors import UserError
+
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+# Paddle AdamW accumulator suffixes → our names.
+_ACCUMULATORS = {"moment1_0": "moment1", "moment2_0": "moment2", "beta1_pow_acc_0": "beta1_pow",
+                 "beta2_pow_acc_0": "beta2_pow"}
+
+
+def write_json(path, obj) -> None:
+    """Atomic JSON write (tmp + fsync + rename)."""
+    path = str(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first (by step number, not mtime)."""
+    out = []
+    root = Path(output_dir)
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        m = _CKPT.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(output_dir) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def rotate(output_dir, limit: int | None) -> list[Path]:
+    """Delete the oldest checkpoints beyond `limit`; the newest complete one always survives."""
+    if not limit:
+        return []
+    removed = []
+    ckpts = list_checkpoints(output_dir)
+    for _, path in ckpts[: max(0, len(ckpts) - max(limit, 1))]:
+        doomed = path.with_name(path.name + ".deleting")
+        os.replace(path, doomed)  # atomic: a crash mid-delete never leaves a half checkpoint-N
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def clean_leftovers(output_dir) -> None:
+    """Remove `*.tmp` / `*.deleting` directories left by a killed process."""
+    root = Path(output_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and (p.name.endswith(".deleting") or re.match(r"^checkpoint-\d+\.tmp", p.name)):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
+    """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy)."""
+    from pretrain_cli.convert import hf_param_names
+
+    names = hf_param_names(model)
+    by_internal = {p.name: n for n, p in model.named_parameters()}
+    state = optimizer.state_dict()
+    out = {}
+    for key, value in state.items():
+        if key == "master_weights":
+            for internal, t in value.items():
+                hf, transpose = names[by_internal[internal]]
+                arr = t.numpy()
+                out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
+            continue
+        if key == "LR_Scheduler" or not hasattr(value, "numpy"):
+            continue
+        for suffix, short in _ACCUMULATORS.items():
+            if key.endswith("_" + suffix):
+                internal = key[: -len(suffix) - 1]
+                hf, transpose = names[by_internal[internal]]
+                arr = value.numpy()
+                if transpose and arr.ndim == 2:
+                    arr = arr.T
+                out[f"{hf}/{short}"] = np.ascontiguousarray(arr)
+                break
+    return out
+
+
+def load_optimizer(model, optimizer, path: Path) -> None:
+    """Inverse of `optimizer_tensors`: rebuild Paddle's accumulator names for this process."""
+    import paddle
+    from safetensors.numpy import load_file
+
+    from pretrain_cli.convert import hf_param_names
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise UserError(f"{path}: unreadable optimizer state ({e}); resume from another checkpoint") from None
+    state, master = {}, {}
+    params = dict(model.named_parameters())
+    for ours, (hf, transpose) in hf_param_names(model).items():
+        p = params[ours]
+        for suffix, short in _ACCUMULATORS.items():
+            arr = tensors.get(f"{hf}/{short}")
+            if arr is None:
+                raise UserError(f"{path}: no {short} for {hf}; the optimizer state does not match the model")
+            if transpose and arr.ndim == 2:
+                arr = arr.T
+            if short.startswith("moment") and list(arr.shape) != list(p.shape):
+                raise UserError(f"{path}: {hf}/{short} has shape {list(arr.shape)}, the model needs {list(p.shape)}")
+            state[f"{p.name}_{suffix}"] = paddle.to_tensor(np.ascontiguousarray(arr))
+        if f"{hf}/master" in tensors:
+            arr = tensors[f"{hf}/master"]
+            master[p.name] = paddle.to_tensor(np.ascontiguousarray(arr.T if transpose else arr))
+    if master:
+        state["master_weights"] = master
+    optimizer.set_state_dict(state)
+
+
+def save_checkpoint(output_dir, step: int, model, model_cfg, optimizer, trainer_state: dict, run_args: dict,
+                    tokenizer_dir=None, dtype: str = "float32") -> Path:
+    from safetensors.numpy import save_file
+
+    from pretrain_cli.convert import save_hf
+
+    root = Path(output_dir)
+    final = root / f"checkpoint-{step}"
+    tmp = root / f"checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_hf(model, model_cfg, str(tmp), dtype=dtype)
+    save_file(optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
+    copy_tokenizer(tokenizer_dir, tmp)
+    write_json(tmp / "args.json", run_args)
+    write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
+        old = final.with_name(final.name + ".deleting")
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return final
+
+
+def copy_tokenizer(tokenizer_dir, dest) -> None:
+    if tokenizer_dir is None:
+        return
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.is_file():
+            shutil.copyfile(src, Path(dest) / name)
+
+
+def read_state(ckpt: Path) -> dict:
+    path = Path(ckpt) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
+                        f"checkpoint-N or remove resume_from_checkpoint")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
+    for key in ("global_step", "consumed_samples"):
+        if not isinstance(state.get(key), int):
+            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    return state
+
+
+def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
+    """Refuse a resume whose model shape or sequence length differs from the checkpoint's."""
+    from pretrain_cli.models.config import ModelConfig
+
+    saved = ModelConfig.from_file(str(ckpt))
+    for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
+        a, b = getattr(saved, key), getattr(model_cfg, key)
+        if a != b:
+            raise UserError(f"{ckpt}: checkpoint has {key}={a} but this run's model has {key}={b}; resume with the "
+                            f"same model, or set overwrite_output_dir: true to start over")
+    args_path = Path(ckpt) / "args.json"
+    if args_path.is_file():
+        saved_len = json.loads(args_path.read_text(encoding="utf-8")).get("arguments", {}).get("max_seq_length")
+        if saved_len is not None and saved_len != max_seq_length:
+            raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
+                            f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")

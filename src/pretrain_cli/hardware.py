@@ -1,0 +1,74 @@
+"""Known accelerators: dense peak TFLOPS and memory, shared by the trainer's MFU and the planner.
+
+Versioned table (peaks are the vendor's dense, non-sparse figures). MFU against a wrong peak is
+the most common silent error in the field (torchtitan #668: TF32 peak, 2x off; nanoGPT #464:
+A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TABLE_VERSION = "2026-11"
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gib: float
+    bf16_tflops: float | None  # dense bf16/fp16 tensor-core peak
+    fp32_tflops: float | None  # non-tensor-core fp32 peak (what a plain fp32 run can reach)
+    fp16_tflops: float | None = None  # when different from bf16 (V100, T4 have no bf16)
+
+
+DEVICES = {
+    d.name.lower(): d
+    for d in (
+        Device("V100-16GB", 16, None, 15.7, 125.0),
+        Device("V100-32GB", 32, None, 15.7, 125.0),
+        Device("T4", 16, None, 8.1, 65.0),
+        Device("A10", 24, 125.0, 31.2),
+        Device("A100-40GB", 40, 312.0, 19.5),
+        Device("A100-80GB", 80, 312.0, 19.5),
+        Device("A800-80GB", 80, 312.0, 19.5),
+        Device("L4", 24, 121.0, 30.3),
+        Device("L40S", 48, 362.0, 91.6),
+        Device("RTX3090", 24, 71.0, 35.6),
+        Device("RTX4090", 24, 165.2, 82.6),
+        Device("H100-SXM", 80, 989.0, 67.0),
+        Device("H100-PCIe", 80, 756.0, 51.0),
+        Device("H800", 80, 989.0, 67.0),
+        Device("H20", 96, 148.0, 44.0),
+        Device("H200", 141, 989.0, 67.0),
+    )
+}
+ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800": "a800-80gb",
+           "16gb": "v100-16gb", "3090": "rtx3090", "4090": "rtx4090"}
+
+
+def lookup(name: str) -> Device | None:
+    """Match a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB") to a table entry."""
+    key = name.lower().replace("nvidia", "").replace("tesla", "").strip().replace(" ", "-")
+    if key in DEVICES:
+        return DEVICES[key]
+    if key in ALIASES:
+        return DEVICES[ALIASES[key]]
+    stems = {k.split("-")[0] for k in DEVICES}
+    for stem in sorted(stems, key=len, reverse=True):
+        if stem not in key and stem not in key.replace("-", ""):
+            continue
+        options = [d for k, d in DEVICES.items() if k.split("-")[0] == stem]
+        for d in options:  # the memory size or form factor in the name decides between variants
+            tail = d.name.lower().split("-")[1:]
+            if tail and all(part.replace("gb", "") in key for part in tail):
+                return d
+        default = ALIASES.get(stem)
+        return DEVICES[default] if default else options[0]
+    return None
+
+
+def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:
+    if amp_dtype == "float16":
+        return device.fp16_tflops or device.bf16_tflops
+    if amp_dtype == "bfloat16":
+        return device.bf16_tflops
+    return device.fp32_tflops
