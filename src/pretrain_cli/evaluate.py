@@ -1,0 +1,125 @@
+"""`pretrain-cli eval`: loss and perplexity of a model over a token file.
+
+Windows are consecutive and unshuffled so the number is reproducible and comparable across
+runs and tools: window k holds tokens k·L … k·L+L (L+1 tokens, neighbours share one boundary
+token), so every token after the first is predicted exactly once. The loss is the mean over
+every predicted token (not a mean of per-batch means, which would overweight a short last batch).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+
+from pretrain_cli.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True,
+                        help="model directory (HF safetensors or one of our checkpoints) or a preset name "
+                             "(random init, seeded by --seed)")
+    parser.add_argument("--data", required=True, help="token file prefix (<prefix>.bin/.idx)")
+    parser.add_argument("--max_seq_length", type=int, required=True, help="window length L")
+    parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass")
+    parser.add_argument("--max_batches", type=int, default=None, help="stop after this many batches")
+    parser.add_argument("--seed", type=int, default=42, help="init seed when --model has no weights")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a text line")
+
+
+def read_tokens(prefix: str) -> np.ndarray:
+    """The whole token stream as a flat array view (memmap; nothing is loaded up front)."""
+    from pretrain_cli.data.indexed import open_token_file
+
+    ds = open_token_file(prefix)
+    return ds.tokens(0, ds.num_tokens)
+
+
+def windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None):
+    """Yield int64 batches `[b, L+1]` of consecutive windows sharing one boundary token."""
+    n_windows = (len(tokens) - 1) // seq_len
+    n_batches = math.ceil(n_windows / batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    for b in range(n_batches):
+        first = b * batch_size
+        last = min(first + batch_size, n_windows)
+        yield np.stack([np.asarray(tokens[k * seq_len: k * seq_len + seq_len + 1], dtype=np.int64)
+                        for k in range(first, last)])  # [b, seq_len+1]
+
+
+def _load_model(name: str, seed: int):
+    """(model, cfg, source): weights when the directory has them, else a seeded random init."""
+    from pretrain_cli import runtime
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.presets import resolve_model_dir
+
+    paddle = runtime.import_paddle()
+    model_dir = str(resolve_model_dir(name, key="--model"))
+    cfg = ModelConfig.from_file(model_dir)
+    from pretrain_cli import convert
+    from pretrain_cli.models import build_model
+
+    try:
+        convert.find_weights(model_dir)
+        has_weights = True
+    except UserError:  # a preset or bare config.json: evaluate a seeded random init
+        has_weights = False
+    paddle.seed(seed)
+    model = build_model(cfg)
+    if has_weights:
+        convert.load_weights(model, cfg, model_dir)
+    return model, cfg, ("weights" if has_weights else f"random init (seed {seed})")
+
+
+def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None) -> dict:
+    """Token-weighted mean loss over the windows; returns loss, ppl, tokens, windows."""
+    import paddle
+
+    from pretrain_cli.loss import causal_lm_loss_sum
+
+    model.eval()
+    total, count, n_windows = 0.0, 0, 0
+    with paddle.no_grad():
+        for batch in windows(tokens, seq_len, batch_size, max_batches):
+            ids = paddle.to_tensor(batch)  # [b, seq_len+1] int64
+            logits = model(ids[:, :-1])  # [b, seq_len, vocab]
+            loss_sum, n = causal_lm_loss_sum(logits, ids[:, 1:])
+            total += float(loss_sum)
+            count += int(n)
+            n_windows += batch.shape[0]
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "windows": n_windows}
+
+
+def main(ns: argparse.Namespace) -> int:
+    if ns.max_seq_length < 1:
+        raise UserError(f"--max_seq_length: must be >= 1, got {ns.max_seq_length}")
+    if ns.batch_size < 1:
+        raise UserError(f"--batch_size: must be >= 1, got {ns.batch_size}")
+    if ns.max_batches is not None and ns.max_batches < 1:
+        raise UserError(f"--max_batches: must be >= 1, got {ns.max_batches}")
+    tokens = read_tokens(ns.data)
+    if (len(tokens) - 1) // ns.max_seq_length < 1:
+        raise UserError(f"--data: {ns.data} has {len(tokens)} tokens, fewer than one window of "
+                        f"{ns.max_seq_length + 1}; lower --max_seq_length")
+    model, cfg, source = _load_model(ns.model, ns.seed)
+    from pretrain_cli.models.config import check_seq_len
+
+    check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
+    top = int(np.max(tokens)) if len(tokens) <= 50_000_000 else None
+    if top is not None and top >= cfg.vocab_size:
+        raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
+                        f"the data was tokenized for another model")
+    t0 = time.perf_counter()
+    result = evaluate(model, tokens, ns.max_seq_length, ns.batch_size, ns.max_batches)
+    result.update(model=ns.model, data=ns.data, max_seq_length=ns.max_seq_length, weights=source,
+                  seconds=round(time.perf_counter() - t0, 3))
+    if ns.json:
+        print(json.dumps(result))
+    else:
+        print(f"eval: loss {result['loss']:.4f} ppl {result['ppl']:.2f} over {result['tokens']} tokens "
+              f"({result['windows']} windows of {ns.max_seq_length}; {source}; {result['seconds']:.1f}s)")
+    return 0

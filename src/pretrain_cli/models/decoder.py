@@ -1,0 +1,73 @@
+"""Pre-norm decoder stack and the causal-LM head shared by every family.
+
+Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`),
+so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Families differ
+only in which biases exist; subclasses set `qkv_bias` / `o_bias` / `mlp_bias` (llama.py, qwen2.py).
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.nn as nn
+
+from pretrain_cli.kernels import Kernels
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding, linear, normal_attr
+
+
+class DecoderLayer(nn.Layer):
+    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`."""
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.mlp = MLP(cfg, kernels, mlp_bias)
+
+    def forward(self, x, cos, sin):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Layer):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         weight_attr=normal_attr(cfg.initializer_range))
+        self.layers = nn.LayerList(
+            [DecoderLayer(cfg, kernels, qkv_bias, o_bias, mlp_bias) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.rotary_emb = RotaryEmbedding(cfg)
+
+    def forward(self, input_ids):
+        seq_len = input_ids.shape[1]
+        cos, sin = self.rotary_emb(seq_len)  # [seq_len, head_dim] each
+        x = self.embed_tokens(input_ids)  # [bsz, seq_len, hidden]
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+
+class CausalLM(nn.Layer):
+    """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; no loss inside."""
+
+    qkv_bias = False
+    o_bias = False
+    mlp_bias = False
+
+    @classmethod
+    def biases(cls, cfg: ModelConfig) -> tuple[bool, bool, bool]:
+        return cls.qkv_bias, cls.o_bias, cls.mlp_bias
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+        super().__init__()
+        self.config = cfg
+        self.kernels = kernels
+        self.model = DecoderModel(cfg, kernels, *self.biases(cfg))
+        self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
+
+    def forward(self, input_ids):
+        h = self.model(input_ids)  # [bsz, seq_len, hidden]
+        if self.lm_head is None:
+            return paddle.matmul(h, self.model.embed_tokens.weight, transpose_y=True)  # [bsz, seq_len, vocab]
+        return self.lm_head(h)  # [bsz, seq_len, vocab]

@@ -1,0 +1,131 @@
+"""Building blocks shared by Llama and Qwen2: RMSNorm, RoPE tables, GQA attention, SwiGLU MLP.
+
+Every op that has a fused variant goes through `kernels` so the layer code is the same on
+CPU and GPU. Init follows PaddleNLP `_init_weights` (REFERENCE §4.3) and is drawn from
+Paddle's global generator in construction order, so `paddle.seed(s)` fixes the weights.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+
+from pretrain_cli.kernels import Kernels
+from pretrain_cli.models.config import ModelConfig
+
+
+def normal_attr(std: float) -> paddle.ParamAttr:
+    return paddle.ParamAttr(initializer=nn.initializer.Normal(mean=0.0, std=std))
+
+
+def linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, residual: bool = False) -> nn.Linear:
+    """Linear with PaddleNLP init; residual projections are scaled by 1/sqrt(2·layers)."""
+    std = cfg.initializer_range / (math.sqrt(2 * cfg.num_hidden_layers) if residual else 1.0)
+    bias_attr = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)) if bias else False
+    return nn.Linear(n_in, n_out, weight_attr=normal_attr(std), bias_attr=bias_attr)
+
+
+class RMSNorm(nn.Layer):
+    def __init__(self, hidden_size: int, eps: float, kernels: Kernels):
+        super().__init__()
+        self.eps = eps
+        self.kernels = kernels
+        self.weight = self.create_parameter(
+            [hidden_size], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x):
+        return self.kernels.rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse frequencies as transformers computes them (fp32), incl. linear and llama3 scaling."""
+    dim = cfg.head_dim
+    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)  # [head_dim/2]
+    sc = cfg.rope_scaling or {}
+    rope_type = sc.get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / np.float32(sc["factor"])
+    elif rope_type == "llama3":
+        factor = sc["factor"]
+        low, high = sc["low_freq_factor"], sc["high_freq_factor"]
+        old_ctx = sc.get("original_max_position_embeddings", cfg.max_position_embeddings)
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv_freq
+
+
+class RotaryEmbedding(nn.Layer):
+    """cos/sin tables `[seq_len, head_dim]`, computed once per length and not saved in state_dict."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inv_freq = rope_inv_freq(cfg)
+        self._cache: dict = {}
+
+    def forward(self, seq_len: int, offset: int = 0):
+        key = (seq_len, offset)
+        if key not in self._cache:
+            pos = np.arange(offset, offset + seq_len, dtype=np.float32)
+            angles = np.outer(pos, self.inv_freq).astype(np.float32)  # [seq_len, head_dim/2]
+            emb = np.concatenate([angles, angles], axis=-1)  # [seq_len, head_dim]
+            self._cache[key] = (paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb)))
+            if len(self._cache) > 8:  # generation walks offsets; keep the table small
+                self._cache.pop(next(iter(self._cache)))
+        return self._cache[key]
+
+
+class CoreAttention(nn.Layer):
+    """Softmax(QKᵀ)V only, as its own layer so `core_attn` recompute can wrap exactly this."""
+
+    def __init__(self, kernels: Kernels):
+        super().__init__()
+        self.kernels = kernels
+
+    def forward(self, q, k, v):
+        return self.kernels.attention(q, k, v)
+
+
+class Attention(nn.Layer):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.kernels = kernels
+        h, q_out, kv_out = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = linear(cfg, h, q_out, qkv_bias)
+        self.k_proj = linear(cfg, h, kv_out, qkv_bias)
+        self.v_proj = linear(cfg, h, kv_out, qkv_bias)
+        self.o_proj = linear(cfg, q_out, h, o_bias, residual=True)
+        self.core = CoreAttention(kernels)
+
+    def forward(self, x, cos, sin):
+        bsz, seq_len, _ = x.shape
+        q = self.q_proj(x).reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
+        k = self.k_proj(x).reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        v = self.v_proj(x).reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        q, k = self.kernels.rope(q, k, cos, sin)
+        out = self.core(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
+        out = out.reshape([bsz, seq_len, self.n_heads * self.head_dim])  # [bsz, seq_len, n_heads*head_dim]
+        return self.o_proj(out)
+
+
+class MLP(nn.Layer):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, bias: bool = False):
+        super().__init__()
+        self.kernels = kernels
+        h, inter = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = linear(cfg, h, inter, bias)
+        self.up_proj = linear(cfg, h, inter, bias)
+        self.down_proj = linear(cfg, inter, h, bias, residual=True)
+
+    def forward(self, x):
+        return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))

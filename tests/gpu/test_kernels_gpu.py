@@ -1,0 +1,51 @@
+"""Fused/flash kernels vs their reference paths; needs a GPU build of Paddle and a GPU (not in CI)."""
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from pretrain_cli import kernels  # noqa: E402
+from pretrain_cli.config import KernelConfig  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not paddle.is_compiled_with_cuda():  # pragma: no cover
+    pytest.skip("needs a GPU build of Paddle", allow_module_level=True)
+
+
+def _rand(*shape, dtype="float32"):
+    return paddle.to_tensor(np.random.default_rng(0).standard_normal(shape).astype("float32")).astype(dtype)
+
+
+def test_select_on_gpu_uses_fused():
+    k = kernels.select(KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
+    assert k.rms_norm is kernels.rms_norm_fused and k.attention is kernels.attention_sdpa_causal
+
+
+@pytest.mark.parametrize("dtype,atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_flash_attention_vs_math(dtype, atol):
+    q, k, v = _rand(2, 128, 8, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype)
+    got = kernels.attention_sdpa_causal(q, k, v).astype("float32").numpy()
+    ref = kernels.attention_math(q.astype("float32"), k.astype("float32"), v.astype("float32")).numpy()
+    np.testing.assert_allclose(got, ref, atol=atol)
+
+
+def test_fused_rms_norm_vs_reference():
+    x, w = _rand(2, 16, 64), _rand(64)
+    np.testing.assert_allclose(kernels.rms_norm_fused(x, w, 1e-6).numpy(),
+                               kernels.rms_norm_reference(x, w, 1e-6).numpy(), atol=1e-5)
+
+
+def test_fused_rope_vs_reference():
+    q, k = _rand(2, 16, 4, 32), _rand(2, 16, 2, 32)
+    ang = np.outer(np.arange(16), 1.0 / (10000 ** (np.arange(0, 32, 2) / 32)))
+    emb = np.concatenate([ang, ang], -1).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
+    for a, b in zip(kernels.rope_fused(q, k, cos, sin), kernels.rope_reference(q, k, cos, sin)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
+def test_fused_swiglu_vs_reference():
+    g, u = _rand(2, 16, 64), _rand(2, 16, 64)
+    np.testing.assert_allclose(kernels.swiglu_fused(g, u).numpy(), kernels.swiglu_reference(g, u).numpy(), atol=1e-6)

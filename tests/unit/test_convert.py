@@ -1,0 +1,133 @@
+"""HF/PaddleNLP safetensors round trips, sharding, atomic writes and mismatch errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from safetensors import safe_open  # noqa: E402
+from safetensors.numpy import load_file as np_load, save_file as np_save  # noqa: E402
+
+from pretrain_cli import convert  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
+from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+
+
+def cfg_for(model_type="qwen2", tied=True):
+    return ModelConfig(model_type=model_type, vocab_size=51, hidden_size=16, intermediate_size=24,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=32, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
+
+
+def _params(m):
+    return {n: p.numpy().copy() for n, p in m.named_parameters()}
+
+
+def _fresh(cfg, seed):
+    paddle.seed(seed)
+    return build_model(cfg)
+
+
+@pytest.mark.parametrize("model_type,tied", [("qwen2", True), ("llama", False)])
+def test_save_hf_then_load_is_exact(tmp_path, model_type, tied):
+    cfg = cfg_for(model_type, tied)
+    src = _fresh(cfg, 1)
+    convert.save_hf(src, cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "generation_config.json", "model.safetensors"]
+    with safe_open(str(tmp_path / "model.safetensors"), framework="np") as f:
+        assert f.metadata() == {"format": "pt"}
+        keys = set(f.keys())
+        assert f.get_tensor("model.layers.0.self_attn.k_proj.weight").shape == (8, 16)  # HF [out, in]
+    assert ("lm_head.weight" in keys) == (not tied)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    assert conf["model_type"] == model_type and conf["torch_dtype"] == "float32" and conf["architectures"]
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == 2
+    dst = _fresh(cfg, 2)
+    assert convert.load_weights(dst, cfg, str(tmp_path)) == "hf"
+    a, b = _params(src), _params(dst)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    model, cfg2 = convert.load_pretrained(str(tmp_path))
+    assert cfg2 == cfg and np.array_equal(_params(model)["model.norm.weight"], a["model.norm.weight"])
+
+
+def test_bf16_save_and_sharding(tmp_path):
+    cfg = cfg_for("llama", tied=False)
+    src = _fresh(cfg, 1)
+    files = convert.save_hf(src, cfg, str(tmp_path), dtype="bfloat16", max_shard_bytes=2000)
+    assert len(files) > 1 and all((tmp_path / f).exists() for f in files)
+    index = json.loads((tmp_path / convert.INDEX_FILE).read_text())
+    assert set(index["weight_map"].values()) == set(files)
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    dst = _fresh(cfg, 2)
+    convert.load_weights(dst, cfg, str(tmp_path))
+    a, b = _params(src), _params(dst)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-2, atol=1e-3)
+    # a later unsharded save removes the stale shards and the index
+    convert.save_hf(src, cfg, str(tmp_path))
+    assert sorted(p for p in os.listdir(tmp_path) if "safetensors" in p) == ["model.safetensors"]
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_paddlenlp_layout_is_detected(tmp_path):
+    cfg = cfg_for("qwen2", tied=False)
+    src = _fresh(cfg, 1)
+    pnlp = {n.replace("model.", "qwen2.", 1): v for n, v in _params(src).items()}  # [in, out] kept
+    np_save(pnlp, str(tmp_path / "model.safetensors"))
+    dst = _fresh(cfg, 2)
+    assert convert.load_weights(dst, cfg, str(tmp_path)) == "paddlenlp"
+    a, b = _params(src), _params(dst)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_shape_mismatch_names_tensor_and_shapes(tmp_path):
+    cfg = cfg_for("qwen2")
+    convert.save_hf(_fresh(cfg, 1), cfg, str(tmp_path))
+    bigger = cfg_for("qwen2")
+    bigger.intermediate_size = 32
+    with pytest.raises(UserError) as e:
+        convert.load_weights(_fresh(bigger, 1), bigger, str(tmp_path))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "model.layers.0.mlp.gate_proj.weight" in msg and "[24, 16]" in msg and "[32, 16]" in msg
+
+
+def test_missing_and_unexpected_tensors(tmp_path):
+    cfg = cfg_for("llama", tied=False)
+    convert.save_hf(_fresh(cfg, 1), cfg, str(tmp_path))
+    tensors = np_load(str(tmp_path / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    np_save(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="'model.norm.weight' is missing"):
+        convert.load_weights(_fresh(cfg, 1), cfg, str(tmp_path))
+    tensors["model.norm.weight"] = np.ones(16, "float32")
+    tensors["model.layers.9.mlp.up_proj.weight"] = np.ones((24, 16), "float32")
+    np_save(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UserError, match="unexpected tensor 'model.layers.9.mlp.up_proj.weight'"):
+        convert.load_weights(_fresh(cfg, 1), cfg, str(tmp_path))
+
+
+def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
+    cfg = cfg_for("qwen2", tied=True)
+    src = _fresh(cfg, 1)
+    tensors = {k: v.numpy() for k, v in convert.hf_state_dict(src).items()}
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    np_save(tensors, str(tmp_path / "model.safetensors"))
+    convert.load_weights(_fresh(cfg, 2), cfg, str(tmp_path))
+
+
+def test_no_weights_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no model.safetensors"):
+        convert.find_weights(str(tmp_path))
+
+
+def test_hf_param_names_marks_linear_weights():
+    names = convert.hf_param_names(_fresh(cfg_for("qwen2"), 0))
+    assert names["model.layers.0.self_attn.q_proj.weight"] == ("model.layers.0.self_attn.q_proj.weight", True)
+    assert names["model.layers.0.self_attn.q_proj.bias"][1] is False
+    assert names["model.embed_tokens.weight"][1] is False

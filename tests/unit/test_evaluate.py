@@ -1,0 +1,118 @@
+"""`pretrain-cli eval`: window arithmetic, token-weighted loss, JSON output, errors."""
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from pretrain_cli import convert, evaluate  # noqa: E402
+from pretrain_cli.data.indexed import IndexedDatasetWriter  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
+from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+
+CFG = dict(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, 45)
+    with IndexedDatasetWriter(str(tmp_path / "c"), dtype=np.uint16) as w:
+        w.add_item(tokens[:20])
+        w.end_document()
+        w.add_item(tokens[20:])
+        w.end_document()
+        w.finalize()
+    return str(tmp_path / "c"), tokens
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    cfg = ModelConfig(**CFG)
+    paddle.seed(0)
+    m = build_model(cfg)
+    convert.save_hf(m, cfg, str(tmp_path / "m"))
+    return str(tmp_path / "m"), m
+
+
+def _ns(**kw):
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    argv = []
+    for k, v in kw.items():
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return parser.parse_args(argv)
+
+
+def test_windows_share_one_boundary_token():
+    toks = np.arange(23)
+    batches = list(evaluate.windows(toks, 5, 3))
+    assert [b.shape for b in batches] == [(3, 6), (1, 6)]  # (23-1)//5 = 4 windows
+    assert batches[0][1].tolist() == [5, 6, 7, 8, 9, 10] and batches[1][0].tolist() == [15, 16, 17, 18, 19, 20]
+    assert batches[0].dtype == np.int64
+    assert len(list(evaluate.windows(toks, 5, 3, max_batches=1))) == 1
+
+
+def test_loss_is_mean_over_every_predicted_token(corpus, model_dir, capsys):
+    prefix, tokens = corpus
+    path, model = model_dir
+    assert evaluate.main(_ns(model=path, data=prefix, max_seq_length=8, batch_size=4, json=True)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == 5 * 8 and out["windows"] == 5  # (45-1)//8 = 5; the last batch is short
+    model.eval()
+    losses = []
+    for k in range(5):
+        w = tokens[k * 8: k * 8 + 9]
+        logits = model(paddle.to_tensor(w[None, :-1].astype("int64"))).numpy()[0].astype("float64")
+        lse = np.log(np.exp(logits).sum(-1))
+        losses += list(lse - logits[np.arange(8), w[1:]])
+    assert out["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
+    assert out["ppl"] == pytest.approx(math.exp(out["loss"]), rel=1e-9)
+    assert out["weights"] == "weights"
+
+
+def test_text_output_and_max_batches(corpus, model_dir, capsys):
+    prefix, _ = corpus
+    evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, batch_size=2, max_batches=1))
+    line = capsys.readouterr().out
+    assert line.startswith("eval: loss ") and "over 16 tokens" in line
+
+
+def test_preset_random_init_is_seeded(corpus, capsys):
+    prefix, _ = corpus
+    tiny_vocab = "micro-llama"
+    runs = []
+    for _ in range(2):
+        evaluate.main(_ns(model=tiny_vocab, data=prefix, max_seq_length=8, json=True, seed=3))
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0]["loss"] == runs[1]["loss"] and runs[0]["weights"].startswith("random init")
+
+
+def test_errors(corpus, model_dir):
+    prefix, _ = corpus
+    with pytest.raises(UserError, match="fewer than one window"):
+        evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=64))
+    with pytest.raises(UserError, match="max_position_embeddings"):
+        evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=40))
+
+
+def test_cli_subcommand_json(corpus, model_dir):
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from conftest import run_cli
+
+    prefix, _ = corpus
+    r = run_cli("eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {"loss", "ppl", "tokens"} <= set(out) and out["tokens"] == 40
+    r = run_cli("eval", "--model", model_dir[0], "--data", prefix + "x", "--max_seq_length", "8", timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr

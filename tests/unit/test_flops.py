@@ -1,0 +1,56 @@
+"""Parameter counts and FLOPs/token against REFERENCE §4.2 and §5.5–5.6; no Paddle needed."""
+import sys
+
+import pytest
+
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
+from pretrain_cli.presets import PRESET_DIR
+
+QWEN = ModelConfig.from_file(str(PRESET_DIR / "qwen2.5-0.5b"))
+LLAMA = ModelConfig.from_file(str(PRESET_DIR / "llama-3-8b"))
+
+
+def test_qwen25_05b_params():
+    c = param_counts(QWEN)
+    assert round(c["total"] / 1e6, 1) == 494.0
+    assert round(c["embedding"] / 1e6, 1) == 136.1
+    assert round(c["non_embedding"] / 1e6, 1) == 357.9
+
+
+def test_llama3_8b_params():
+    c = param_counts(LLAMA)
+    assert round(c["total"] / 1e9, 2) == 8.03
+    assert round(c["non_embedding"] / 1e9, 2) == 7.50
+
+
+def test_flops_per_token_palm_form():
+    assert flops_per_token(QWEN, 1024) == pytest.approx(3.228e9, rel=5e-4)
+    assert flops_per_token(LLAMA, 4096) == pytest.approx(5.147e10, rel=5e-4)
+    assert flops_per_token(LLAMA, 8192) == pytest.approx(5.79e10, rel=5e-3)
+
+
+def test_paddlenlp_formula():
+    assert paddlenlp_flops_per_token(QWEN, 1024) == pytest.approx(3.427e9, rel=5e-4)
+    assert paddlenlp_flops_per_token(LLAMA, 4096) == pytest.approx(5.630e10, rel=5e-4)
+
+
+def test_recompute_only_counts_as_hardware_flops():
+    model = flops_per_token(QWEN, 1024)
+    assert flops_per_token(QWEN, 1024, recompute="full") == model
+    full = flops_per_token(QWEN, 1024, recompute="full", hardware=True)
+    attn = flops_per_token(QWEN, 1024, recompute="full_attn", hardware=True)
+    core = flops_per_token(QWEN, 1024, recompute="core_attn", hardware=True)
+    assert model < core < attn < full < model * 4 / 3 + 1
+    p = [paddlenlp_flops_per_token(QWEN, 1024, r) for r in (None, "core_attn", "full_attn", "full")]
+    assert p == sorted(p)
+    with pytest.raises(ValueError):
+        flops_per_token(QWEN, 1024, recompute="all")
+
+
+def test_flops_module_does_not_import_paddle():
+    import subprocess
+
+    code = ("import sys; import pretrain_cli.models.flops, pretrain_cli.models; "
+            "assert 'paddle' not in sys.modules, 'paddle imported'")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
