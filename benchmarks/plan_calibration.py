@@ -1,0 +1,137 @@
+"""Check `pretrain-cli plan`'s memory model against real training steps on this CPU.
+
+For each config, the planner predicts the peak of one steady-state training step in its
+"cpu" mode (fp32, the math attention our CPU kernel runs, no GPU framework constant but the
+measured allocator baseline), and a fresh subprocess measures it: build the model
+(`pretrain_cli.models.build_model`), `paddle.optimizer.AdamW`, `causal_lm_loss`; one warm-up
+step creates gradients and AdamW moments, then the peak of Paddle's host allocator
+(`paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`) over the second step is
+read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
+it adds the ~300 MB import and allocator caching that the planner does not model.
+
+    python benchmarks/plan_calibration.py            # table (markdown)
+    python benchmarks/plan_calibration.py --json     # rows as JSON
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = REPO / "configs" / "models"
+
+# name, preset, model overrides, micro-batch, seq, recompute granularity (None = off)
+CONFIGS = [
+    ("micro-llama b2 s128", "micro-llama", {}, 2, 128, None),
+    ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None),
+    ("tiny-llama b4 s512 full", "tiny-llama", {}, 4, 512, "full"),
+    ("tiny-llama b8 s128 full_attn", "tiny-llama", {}, 8, 128, "full_attn"),
+    ("llama-52m b2 s256", "tiny-llama", {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
+                                         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000},
+     2, 256, None),
+    ("llama-52m b2 s256 core_attn", "tiny-llama", {"hidden_size": 512, "intermediate_size": 1408,
+                                                   "num_hidden_layers": 6, "num_attention_heads": 8,
+                                                   "num_key_value_heads": 4, "vocab_size": 32000},
+     2, 256, "core_attn"),
+]
+
+_CHILD = r"""
+import json, resource, sys
+from pretrain_cli import runtime
+paddle = runtime.import_paddle()
+from pretrain_cli.loss import causal_lm_loss
+from pretrain_cli.models import ModelConfig, build_model
+from pretrain_cli.models.recompute import apply_recompute
+core = paddle.base.core
+spec = json.loads(sys.argv[1])
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+rss0 = rss()
+base = core.host_memory_stat_current_value("Allocated", 0)
+paddle.seed(0)
+cfg = ModelConfig.from_file(spec["model_dir"])
+model = build_model(cfg)
+model.train()
+apply_recompute(model, spec["recompute"])
+opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
+ids = paddle.randint(0, cfg.vocab_size, [spec["b"], spec["s"] + 1], dtype="int64")
+x, y = ids[:, :-1], ids[:, 1:]
+def step():
+    loss = causal_lm_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.clear_grad()
+step()
+core.host_memory_stat_reset_peak_value("Allocated", 0)
+step()
+peak = core.host_memory_stat_peak_value("Allocated", 0)
+print(json.dumps({"baseline": base, "peak": peak - base,
+                  "rss_delta": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0}))
+"""
+
+
+def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc) -> tuple[Path, Path]:
+    model_dir = tmp / name.replace(" ", "_")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((PRESETS / preset / "config.json").read_text())
+    cfg.update(over)
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    args = {"model_name_or_path": str(model_dir), "input_dir": str(tmp / "data"), "output_dir": str(tmp / "out"),
+            "do_train": True, "max_steps": 1, "device": "cpu", "per_device_train_batch_size": b,
+            "max_seq_length": s, "recompute": rc is not None, "recompute_granularity": rc or "full"}
+    path = model_dir / "args.json"
+    path.write_text(json.dumps(args))
+    return model_dir, path
+
+
+def measure(model_dir: Path, b: int, s: int, rc) -> dict:
+    spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc})
+    out = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise RuntimeError(f"measurement failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def calibrate(configs=CONFIGS) -> list[dict]:
+    from pretrain_cli.plan import plan
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, preset, over, b, s, rc in configs:
+            model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc)
+            m = measure(model_dir, b, s, rc)
+            r = plan(str(args_path), [], device="cpu", suggest=False, baseline_bytes=m["baseline"])
+            pred = r["memory_gib"] * 2**30
+            rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,
+                         "recompute": rc or "off", "predicted_mib": pred / 2**20,
+                         "measured_mib": m["peak"] / 2**20, "error": pred / m["peak"] - 1,
+                         "rss_delta_mib": m["rss_delta"] / 2**20,
+                         "breakdown_mib": {k: v * 1024 for k, v in r["memory_breakdown_gib"].items()}})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| config | params | recompute | predicted MiB | measured MiB | error | max-RSS delta MiB |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['config']} | {r['params'] / 1e6:.2f}M | {r['recompute']} | {r['predicted_mib']:.1f} | "
+                   f"{r['measured_mib']:.1f} | {r['error'] * 100:+.1f}% | {r['rss_delta_mib']:.0f} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args()
+    rows = calibrate()
+    print(json.dumps(rows, indent=2) if ns.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

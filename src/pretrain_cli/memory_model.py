@@ -1,0 +1,163 @@
+"""Per-device training memory as a sum of named parts, from the architecture and run shape alone.
+
+No Paddle: `plan` must answer before any GPU time and before data exists. The activation
+terms count the tensors *our* model code keeps for backward (models/layers.py, kernels.py,
+loss.py), not a textbook formula, because the CPU calibration (docs/PLAN.md) checks them
+against the allocator of a real step. Steady state is modelled: gradients persist across
+steps (`clear_grad` zeroes them in place), so weights, gradients, optimizer state and the
+step's activations coexist at the start of backward, and the peak is their sum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pretrain_cli.models.flops import param_counts
+
+GIB = float(2**30)
+# CUDA context + cuBLAS/cuDNN workspaces (~0.75 GiB on A100/H100 with CUDA 12), plus the caching
+# allocator's fragmentation, ~5 % of what it hands out. CPU mode uses a measured baseline instead.
+FRAMEWORK_GIB = 0.75
+FRAGMENTATION = 0.05
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One device's share of a run; every field a plan suggestion may change."""
+
+    model: object  # models.config.ModelConfig
+    micro_batch: int
+    seq_len: int
+    compute_bytes: int = 4  # 2 under fp16/bf16 autocast or O2, 4 for fp32
+    amp_level: str | None = None  # None (fp32), "O1", "O2"
+    master_grad: bool = False  # O2 + amp_master_grad: fp32 gradients
+    sharding_stage: int = 0
+    sharding_degree: int = 1
+    tp: int = 1
+    recompute: str | None = None  # None, "full", "full_attn", "core_attn"
+    attention: str = "math"  # "math" materialises [b, heads, s, s]; "flash" does not
+    fused_rms_norm: bool = False
+    fused_rope: bool = False
+    device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
+    baseline_bytes: float = 0.0
+
+    def with_(self, **kw) -> "Setup":
+        return replace(self, **kw)
+
+
+def _norm_bytes(s: Setup, width: int) -> float:
+    """RMSNorm keeps its input, the fp32 normalised copy and its output (fp32 stats either way)."""
+    c, h = s.compute_bytes, width
+    if s.fused_rms_norm:
+        return 2 * c * h + 4  # input, output, rstd per token
+    half = c != 4  # fp32 casts are aliases; half runs keep x32 and the cast-back copy
+    return c * h + 4 * h + c * h + (4 * h + c * h if half else 0)
+
+
+def _parts_per_token(s: Setup) -> dict[str, float]:
+    """Bytes kept per token per layer, by the part of the layer that a recompute granularity drops.
+
+    Tensor-parallel ranks hold 1/tp of the projections' outputs; norms and residuals stay whole
+    (no sequence parallelism is modelled).
+    """
+    cfg, c, tp = s.model, s.compute_bytes, s.tp
+    h = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    kv_rep = h if cfg.num_key_value_heads != cfg.num_attention_heads else kv  # GQA repeats K/V
+    half = c != 4
+    norm = _norm_bytes(s, cfg.hidden_size)
+    qkv = c * (h + 2 * kv) / tp
+    rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
+    if s.attention == "flash":
+        core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
+        scores = 0.0
+    else:
+        core = c * (2 * h + 2 * kv_rep) / tp  # qᵀ, q·scale, repeated kᵀ and vᵀ
+        # [b, heads, s, s]: fp32 softmax output kept for backward, plus the probs cast to half.
+        scores = (4 + (c if half else 0)) * cfg.num_attention_heads * s.seq_len / tp
+    return {
+        "input": c * cfg.hidden_size,  # the layer input, also the only thing `full` recompute keeps
+        "attn_pre": norm - c * cfg.hidden_size + qkv + rope,
+        "core": core + scores,
+        "core_inputs": c * (h + kv) / tp,  # q, k after RoPE: kept instead of `core` under core_attn
+        "attn_out": c * h / tp,
+        "mlp": _norm_bytes(s, cfg.hidden_size) + 4 * c * cfg.intermediate_size / tp,
+    }
+
+
+def activation_parts(s: Setup) -> tuple[float, float]:
+    """(kept through the forward, working set recomputed per layer in backward) for one micro-batch."""
+    p = _parts_per_token(s)
+    tokens, L = s.micro_batch * s.seq_len, s.model.num_hidden_layers
+    full_layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
+    if s.recompute is None:
+        kept, redo = full_layer, 0.0
+    elif s.recompute == "full":
+        kept, redo = p["input"], full_layer
+    elif s.recompute == "full_attn":
+        kept, redo = p["input"] + p["mlp"], p["attn_pre"] + p["core"] + p["attn_out"]
+    elif s.recompute == "core_attn":
+        kept = full_layer - p["core"] + p["core_inputs"]
+        redo = p["core"]
+    else:
+        raise ValueError(f"unknown recompute granularity {s.recompute!r}")
+    final_norm = _norm_bytes(s, s.model.hidden_size)
+    return tokens * (L * kept + final_norm), tokens * redo
+
+
+def activation_bytes(s: Setup) -> float:
+    kept, redo = activation_parts(s)
+    return kept + redo
+
+
+def logits_bytes(s: Setup) -> float:
+    """[b, s, V] logits in the compute dtype, the fp32 copy for the loss, the fp32 softmax/grad
+    cross-entropy keeps, and (half runs) the gradient cast back; vocab-parallel under TP."""
+    c = s.compute_bytes
+    per = c + 4 + (4 + c if c != 4 else 0)
+    return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.tp
+
+
+def logits_live_bytes(s: Setup) -> float:
+    """Logits/loss memory at the step's peak. Without recompute the peak is the end of the forward
+    (all logits buffers live). With recompute, the first layer's re-forward runs after the logits are
+    freed but while their gradient (fp32, plus the half cast) still is, so the working set reuses the
+    rest; calibrated on CPU (docs/PLAN.md)."""
+    c = s.compute_bytes
+    grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.tp
+    _, redo = activation_parts(s)
+    return max(logits_bytes(s) - redo, grad)
+
+
+def estimate(s: Setup) -> dict[str, float]:
+    """Name → bytes on one device; the values sum to the predicted peak."""
+    counts = param_counts(s.model)
+    n = counts["total"] / s.tp
+    o2 = s.amp_level == "O2"
+    weight_b = s.compute_bytes if o2 else 4
+    grad_b = 4 if (not o2 or s.master_grad) else s.compute_bytes
+    deg = max(s.sharding_degree, 1) if s.sharding_stage else 1
+    weights = n * weight_b / (deg if s.sharding_stage >= 3 else 1)
+    if s.amp_level == "O1":  # autocast casts each matmul weight to half and keeps it for backward
+        head = counts["embedding"] if s.model.tie_word_embeddings else 0
+        weights += (counts["non_embedding"] + head) / s.tp * s.compute_bytes
+    out = {
+        "weights": weights,
+        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 else 1),
+        "optimizer_state": n * 8 / (deg if s.sharding_stage >= 1 else 1),  # AdamW m and v, fp32
+        "master_weights": (n * 4 / (deg if s.sharding_stage >= 1 else 1)) if o2 else 0.0,
+        "activations": activation_bytes(s),
+        "logits_loss": logits_live_bytes(s),
+    }
+    if s.device == "cpu":
+        out["framework"] = s.baseline_bytes
+    else:
+        out["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(out.values())
+    return out
+
+
+def checkpoint_bytes(s: Setup) -> dict[str, float]:
+    """One checkpoint-N on disk: weights in the training dtype, fp32 AdamW moments, fp32 master (O2)."""
+    n = param_counts(s.model)["total"]
+    o2 = s.amp_level == "O2"
+    weights = n * (s.compute_bytes if o2 else 4)
+    return {"weights": weights, "optimizer": 8.0 * n, "master_weights": 4.0 * n if o2 else 0.0}

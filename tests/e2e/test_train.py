@@ -1,0 +1,180 @@
+"""Training runs end to end (in-process through the real CLI entry, tiny model, CPU)."""
+import json
+import math
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import train_losses, write_config
+
+
+def weights(d):
+    return load_file(str(d / "model.safetensors"))
+
+
+def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=24, do_eval=True, do_predict=True, eval_steps=12,
+                       logging_steps=4, save_steps=12, report_to=["visualdl"], learning_rate=0.01)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "train_results.json", "all_results.json",
+                 "trainer_state.json", "args.json", "metrics.jsonl", "loss_curve.png", "checkpoint-12",
+                 "checkpoint-24", "runs"):
+        assert (out / name).exists(), name
+    for name in ("model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json", "args.json",
+                 "tokenizer.json", "generation_config.json"):
+        assert (out / "checkpoint-12" / name).exists(), name
+    assert not list(out.glob("**/*.pdparams")) and not list(out.glob("**/*.pdopt"))  # no pickle
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "runs").iterdir())
+    results = json.loads((out / "all_results.json").read_text())
+    assert math.isfinite(results["eval_loss"]) and math.isfinite(results["test_loss"])
+    assert results["eval_ppl"] == pytest.approx(math.exp(results["eval_loss"]), rel=1e-3)
+    losses = train_losses(out)
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5  # starts near ln(512) = 6.24
+    assert abs(losses[0] - math.log(512)) < 0.5
+    kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert kinds.count("eval") == 3 and kinds.count("test") == 1
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 24 and state["consumed_samples"] == 96 and state["tokens_seen"] == 96 * 32
+    args = json.loads((out / "checkpoint-12" / "args.json").read_text())
+    assert args["arguments"]["max_seq_length"] == 32 and "resolved" in args
+
+
+def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    common = dict(max_steps=10, save_steps=5, decay_steps=10)
+    assert cli_main(["train", write_config(a, corpus, **common)]) == 0
+    cfg_b = write_config(b, corpus, **common)
+    assert cli_main(["train", cfg_b, "--max_steps", "5"]) == 0  # stops at 5 (a checkpoint)
+    assert cli_main(["train", cfg_b]) == 0  # auto-resumes from checkpoint-5
+    la, lb = train_losses(a / "out"), train_losses(b / "out")
+    assert la == lb  # same losses at every step, bit for bit
+    wa, wb = weights(a / "out"), weights(b / "out")
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)
+    hashes = [json.loads(x)["batch_hash"] for x in (a / "out" / "metrics.jsonl").read_text().splitlines()]
+    hashes_b = [json.loads(x)["batch_hash"] for x in (b / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert hashes == hashes_b
+
+
+def test_gradient_accumulation_matches_bigger_batch(corpus, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert cli_main(["train", write_config(a, corpus, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                                          max_steps=4)]) == 0
+    assert cli_main(["train", write_config(b, corpus, per_device_train_batch_size=8, max_steps=4)]) == 0
+    np.testing.assert_allclose(train_losses(a / "out"), train_losses(b / "out"), atol=1e-6)
+    wa, wb = weights(a / "out"), weights(b / "out")
+    assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-5
+
+
+def test_rotation_keeps_newest(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=2, save_total_limit=2)
+    assert cli_main(["train", cfg]) == 0
+    kept = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
+    assert kept == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_leftover_tmp_checkpoint_is_ignored_on_resume(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    junk = out / "checkpoint-6.tmp"
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"half a file")
+    assert cli_main(["train", cfg, "--max_steps", "6", "--save_steps", "2"]) == 0
+    assert not junk.exists() and (out / "checkpoint-6" / "trainer_state.json").is_file()
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+
+
+def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    assert cli_main(["train", cfg, "--max_steps", "8", "--max_seq_length", "48"]) == 2
+    assert "max_seq_length=32" in capsys.readouterr().err
+    assert cli_main(["train", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama"]) == 2
+    assert "model_type=qwen2" in capsys.readouterr().err
+
+
+def _poison_step(monkeypatch, bad_steps):
+    """Make the loss NaN on the given (1-based) micro-batch calls."""
+    import pretrain_cli.trainer as trainer_mod
+
+    real = trainer_mod.causal_lm_loss
+    calls = {"n": 0}
+
+    def loss(logits, labels):
+        calls["n"] += 1
+        value = real(logits, labels)
+        return value * float("nan") if calls["n"] in bad_steps else value
+
+    monkeypatch.setattr(trainer_mod, "causal_lm_loss", loss)
+
+
+def test_nan_policy_stop_saves_nothing_corrupt(corpus, tmp_path, monkeypatch, capsys):
+    _poison_step(monkeypatch, {3})
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=2)
+    assert cli_main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "step 3" in err and "not finite" in err
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (out / "model.safetensors").exists()
+
+
+def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys):
+    _poison_step(monkeypatch, {3, 4})
+    cfg = write_config(tmp_path, corpus, max_steps=5, nan_policy="skip")
+    assert cli_main(["train", cfg]) == 0
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == 5 and state["skipped_steps"] == 2
+    assert state["consumed_samples"] == 7 * 4  # skipped batches are consumed, not replayed
+    monkeypatch.undo()
+    _poison_step(monkeypatch, set(range(3, 100)))
+    cfg = write_config(tmp_path, corpus, max_steps=9, nan_policy="skip", nan_skip_limit=3,
+                       output_dir=str(tmp_path / "out2"))
+    assert cli_main(["train", cfg]) == 2
+    assert "3 consecutive non-finite steps" in capsys.readouterr().err
+
+
+def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from pretrain_cli.data.indexed import open_token_file
+    from pretrain_cli.evaluate import _load_model, evaluate, read_tokens
+
+    cfg = write_config(tmp_path, corpus, max_steps=6)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    prefix = str(corpus / "data" / "docs")
+    ours = evaluate(_load_model(str(out), 0)[0], read_tokens(prefix), 32, 4, max_batches=3)
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    tokens = open_token_file(prefix)
+    flat = np.asarray(tokens.tokens(0, 3 * 4 * 32 + 1), dtype=np.int64)
+    windows = np.stack([flat[k * 32:k * 32 + 33] for k in range(12)])
+    with torch.no_grad():
+        logits = hf(torch.from_numpy(windows[:, :-1])).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(windows[:, 1:]).reshape(-1))
+    assert ours["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "out")
+    runs = []
+    for extra in ([], [], ["--temperature", "1.0", "--seed", "5"], ["--temperature", "1.0", "--seed", "5"],
+                  ["--temperature", "1.0", "--seed", "6", "--top_k", "50", "--top_p", "0.9"]):
+        assert cli_main(["generate", "--model", out, "--prompt", "The", "--max_new_tokens", "12", "--json",
+                         *extra]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    assert len(runs[2]) <= 12 and all(0 <= t < 512 for r in runs for t in r)

@@ -1,0 +1,51 @@
+"""The LR schedule against closed forms, and AdamW's weight-decay exclusions."""
+import math
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.optim import Schedule, no_decay
+
+
+def test_paddlenlp_shipped_schedule_values():
+    # REFERENCE §5.4: lr 3e-5, min 3e-6, warmup 30, linear decay to step 10,000.
+    s = Schedule("linear", 3e-5, 3e-6, 30, 10_000)
+    assert s.lr_at(1) == pytest.approx(1e-6)
+    assert s.lr_at(30) == pytest.approx(3e-5)
+    assert s.lr_at(10_000) == pytest.approx(3e-6)
+    assert s.lr_at(20_000) == pytest.approx(3e-6)
+    mid = 30 + (10_000 - 30) // 2
+    assert s.lr_at(mid) == pytest.approx(3e-6 + (1 - (mid - 30) / 9970) * 2.7e-5)
+
+
+def test_cosine_constant_and_no_warmup():
+    c = Schedule("cosine", 1e-3, 1e-4, 10, 110)
+    assert c.lr_at(5) == pytest.approx(5e-4)
+    assert c.lr_at(60) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * 0.5)) * 9e-4)
+    assert c.lr_at(110) == pytest.approx(1e-4)
+    assert c.lr_at(111) == pytest.approx(1e-4)
+    k = Schedule("constant_with_warmup", 1e-3, 1e-4, 4, 100)
+    assert [k.lr_at(t) for t in (1, 4, 50, 500)] == pytest.approx([2.5e-4, 1e-3, 1e-3, 1e-3])
+    n = Schedule("linear", 1e-3, 0.0, 0, 10)
+    assert n.lr_at(1) == pytest.approx(1e-3 * 0.9)
+
+
+def test_decay_exclusions_follow_structured_names():
+    from pretrain_cli import runtime
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.optim import build_optimizer
+    from pretrain_cli.arg_parser import parse_config
+
+    runtime.import_paddle()
+    cfg = ModelConfig.from_file(str(Path(__file__).resolve().parents[2] / "configs/models/micro-qwen2"))
+    model = build_model(cfg)
+    args = parse_config(None, ["--weight_decay", "0.1"])
+    opt = build_optimizer(model, args.training, Schedule("constant", 1e-3, 0, 0, 1))
+    decided = {n: opt._apply_decay_param_fun(p.name) for n, p in model.named_parameters()}
+    assert decided["model.layers.0.self_attn.q_proj.bias"] is False
+    assert decided["model.layers.0.input_layernorm.weight"] is False
+    assert decided["model.norm.weight"] is False
+    assert decided["model.layers.0.self_attn.q_proj.weight"] is True
+    assert decided["model.embed_tokens.weight"] is True
+    assert no_decay("lm_head.weight") is False

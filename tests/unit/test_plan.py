@@ -1,0 +1,165 @@
+"""`pretrain-cli plan`: counts, JSON shape, and that every memory lever moves the estimate the right way."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+from pretrain_cli.errors import UserError
+from pretrain_cli.plan import plan
+
+QWEN_FILE = {  # PaddleNLP llm/config/qwen/pretrain_argument_0p5b.json, memory-relevant keys
+    "model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+    "sharding": "stage2", "use_flash_attention": False, "max_seq_length": 1024, "max_steps": 10000,
+    "save_steps": 5000, "save_total_limit": 2, "fp16": True, "fp16_opt_level": "O2", "recompute": False,
+    "do_train": True,
+}
+
+
+@pytest.fixture
+def write_args(tmp_path):
+    def write(**kw):
+        args = dict(QWEN_FILE, input_dir=str(tmp_path / "no-data-yet"), output_dir=str(tmp_path / "out"))
+        args.update(kw)
+        path = tmp_path / f"args{len(list(tmp_path.glob('args*.json')))}.json"
+        path.write_text(json.dumps(args))
+        return str(path)
+    return write
+
+
+def test_qwen_param_counts_and_flops(write_args):
+    r = plan(write_args(), device="V100-16GB")
+    assert round(r["params"]["total"] / 1e6, 1) == 494.0
+    assert round(r["params"]["embedding"] / 1e6, 1) == 136.1
+    assert r["params"]["total"] == r["params"]["embedding"] + r["params"]["non_embedding"]
+    assert r["flops_per_token"]["model"] == pytest.approx(3.228e9, rel=1e-3)
+    assert r["tokens_per_step"] == 1024 and r["total_tokens"] == 10_240_000
+    assert r["precision"] == {"amp_dtype": "float16", "amp_level": "O2"}
+    b = r["memory_breakdown_gib"]
+    n = r["params"]["total"] / 2**30
+    assert b["weights"] == pytest.approx(2 * n) and b["master_weights"] == pytest.approx(4 * n)
+    assert b["optimizer_state"] == pytest.approx(8 * n) and b["gradients"] == pytest.approx(2 * n)
+    assert r["memory_gib"] == pytest.approx(sum(b.values()))
+    assert r["fits"] and r["suggestions"] == []
+    assert r["checkpoint"]["kept"] == 2
+    assert r["checkpoint"]["per_checkpoint_gib"] == pytest.approx(14 * n)
+
+
+def test_json_output_fields(write_args, capsys):
+    assert cli_main(["plan", write_args(), "--device", "A100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("params", "flops_per_token", "memory_gib", "memory_breakdown_gib", "fits", "suggestions",
+                "eta_hours", "device"):
+        assert key in out
+    assert set(out["memory_breakdown_gib"]) >= {"weights", "gradients", "optimizer_state", "master_weights",
+                                                "activations", "logits_loss", "framework"}
+    assert out["device"]["peak_tflops"] == 312.0 and "hardware" in out["device"]["peak_source"]
+    assert out["eta_hours"] == pytest.approx(10_240_000 * out["flops_per_token"]["model"] / (312e12 * 0.4) / 3600)
+
+
+def test_text_report_and_overrides(write_args, capsys):
+    assert cli_main(["plan", write_args(), "--device", "H100", "--max_seq_length", "2048"]) == 0
+    text = capsys.readouterr().out
+    assert "2,048 tokens/step" in text and "optimizer_state" in text and "TFLOPS" in text
+
+
+def test_suggestions_ranked_and_each_reduces(write_args):
+    cfg = write_args(per_device_train_batch_size=8, sharding="")
+    r = plan(cfg, device="T4", gpus=2)
+    assert not r["fits"]
+    sugg = r["suggestions"]
+    assert len(sugg) >= 3
+    saves = [s["saves_gib"] for s in sugg if "all of the above" not in s["why"]]
+    assert saves == sorted(saves, reverse=True)
+    keys = {k for s in sugg for k in s["change"]}
+    assert {"recompute", "per_device_train_batch_size", "sharding", "max_seq_length"} <= keys
+    for s in sugg:
+        extra = [tok for k, v in s["change"].items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
+        again = plan(cfg, extra, device="T4", gpus=2, suggest=False)
+        assert again["memory_gib"] == pytest.approx(s["memory_gib"])
+        assert again["memory_gib"] < r["memory_gib"]
+    mb = next(s for s in sugg if "per_device_train_batch_size" in s["change"])["change"]
+    assert mb["per_device_train_batch_size"] * mb["gradient_accumulation_steps"] == 8  # global batch kept
+
+
+def test_flash_suggested_on_ampere_only(write_args):
+    cfg = write_args(per_device_train_batch_size=16, max_seq_length=4096)
+    on_a10 = plan(cfg, device="A10")
+    assert any("use_flash_attention" in s["change"] for s in on_a10["suggestions"])
+    on_t4 = plan(cfg, device="T4")
+    assert not any("use_flash_attention" in s["change"] for s in on_t4["suggestions"])
+
+
+def test_sharding_divides_optimizer_state(write_args):
+    plain = plan(write_args(sharding=""), device="A100-80GB", gpus=4)["memory_breakdown_gib"]
+    s1 = plan(write_args(sharding="stage1"), device="A100-80GB", gpus=4)["memory_breakdown_gib"]
+    s3 = plan(write_args(sharding="stage3"), device="A100-80GB", gpus=4)["memory_breakdown_gib"]
+    assert s1["optimizer_state"] == pytest.approx(plain["optimizer_state"] / 4)
+    assert s1["master_weights"] == pytest.approx(plain["master_weights"] / 4)
+    assert s1["gradients"] == pytest.approx(plain["gradients"])
+    assert s3["gradients"] == pytest.approx(plain["gradients"] / 4)
+    assert s3["weights"] == pytest.approx(plain["weights"] / 4)
+    one_gpu = plan(write_args(sharding="stage1"), device="A100-80GB", gpus=1)["memory_breakdown_gib"]
+    assert one_gpu["optimizer_state"] == pytest.approx(plain["optimizer_state"])  # dropped on one process
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+def test_recompute_lowers_activations(write_args, granularity):
+    off = plan(write_args(), device="A100-80GB")
+    on = plan(write_args(recompute=True, recompute_granularity=granularity), device="A100-80GB")
+    assert on["memory_breakdown_gib"]["activations"] < off["memory_breakdown_gib"]["activations"]
+    assert on["memory_gib"] < off["memory_gib"]
+    assert on["flops_per_token"]["hardware"] > on["flops_per_token"]["model"] == off["flops_per_token"]["model"]
+
+
+def test_flash_and_precision_levers(write_args):
+    math = plan(write_args(bf16=True, fp16=False), device="A100-80GB")
+    flash = plan(write_args(bf16=True, fp16=False, use_flash_attention=True), device="A100-80GB")
+    assert flash["memory_breakdown_gib"]["activations"] < math["memory_breakdown_gib"]["activations"]
+    fp32 = plan(write_args(fp16=False), device="A100-80GB")
+    assert fp32["precision"]["amp_dtype"] == "float32" and fp32["memory_breakdown_gib"]["master_weights"] == 0
+    assert fp32["mfu"] == 0.30 and fp32["device"]["peak_tflops"] == 19.5
+
+
+def test_llama_8gpu_tensor_parallel(tmp_path):
+    args = {"model_name_or_path": "meta-llama/Meta-Llama-3-8B", "input_dir": str(tmp_path / "d"),
+            "output_dir": str(tmp_path / "o"), "do_train": True, "max_steps": 10000,
+            "per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "tensor_parallel_degree": 2,
+            "sharding": "stage2", "bf16": True, "fp16_opt_level": "O2", "use_flash_attention": True,
+            "use_fused_rms_norm": True, "use_fused_rope": True, "max_seq_length": 4096}
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(args))
+    r = plan(str(path), device="A100-80GB", gpus=8)
+    assert r["parallel"] == {"world": 8, "dp": 1, "sharding_stage": 2, "sharding_degree": 4, "tp": 2,
+                             "data_ranks": 4}
+    assert r["tokens_per_step"] == 262_144
+    assert r["flops_per_token"]["model"] == pytest.approx(5.147e10, rel=1e-3)
+    assert any("tensor_parallel_degree" in n for n in r["notes"])
+    n = r["params"]["total"] / 2 / 2**30
+    assert r["memory_breakdown_gib"]["weights"] == pytest.approx(2 * n)
+    assert r["fits"]
+
+
+def test_user_errors(write_args):
+    with pytest.raises(UserError, match="unknown device"):
+        plan(write_args(), device="Z80")
+    with pytest.raises(UserError, match="--gpus"):
+        plan(write_args(), gpus=0)
+    with pytest.raises(UserError, match="pipeline"):
+        plan(write_args(pipeline_parallel_degree=2), gpus=2)
+
+
+def test_cpu_mode_is_fp32_without_framework_constant(write_args):
+    r = plan(write_args(model_name_or_path="tiny-llama", max_seq_length=256), device="cpu", baseline_bytes=2**20)
+    assert r["precision"]["amp_dtype"] == "float32"
+    assert r["memory_breakdown_gib"]["framework"] == pytest.approx(1 / 1024)
+    assert r["attention"] == "math"
+
+
+def test_plan_does_not_import_paddle(write_args):
+    code = ("import sys; from pretrain_cli.cli import main; rc = main(['plan', sys.argv[1], '--json']); "
+            "assert 'paddle' not in sys.modules, 'paddle imported'; sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, write_args()], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["params"]["total"] > 0
