@@ -37,6 +37,8 @@ def setup_env(threads: int | None = None) -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     os.environ.setdefault("GLOG_v", "0")
     warnings.filterwarnings("ignore", message=".*OMP_NUM_THREADS.*")
+    # Paddle's C++-extension helper warns about a missing compiler cache when fleet utilities load.
+    warnings.filterwarnings("ignore", message="No ccache found")
     _DONE = True
 
 

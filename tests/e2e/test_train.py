@@ -143,7 +143,7 @@ def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys
 
 
 def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers import AutoModelForCausalLM
 
     from pretrain_cli.data.indexed import open_token_file

@@ -1,0 +1,110 @@
+"""The command line as users meet it: help, check, PaddleNLP's own files, the script entry, SIGTERM."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import write_config
+
+REPO = Path(__file__).resolve().parents[2]
+PADDLENLP = Path(__file__).with_name("paddlenlp_configs")
+
+
+def run(*argv, cwd=None, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    return subprocess.run([sys.executable, "-m", "pretrain_cli", *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_commands_without_importing_paddle():
+    code = ("import sys; from pretrain_cli.cli import main; rc = main(['--help']); "
+            "rc2 = main(['check', '/nonexistent.json']); print(rc, rc2, 'paddle' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert out.stdout.strip().splitlines()[-1] == "0 2 False"
+    for name in ("train", "check", "plan", "train-tokenizer", "preprocess", "inspect-data", "eval", "generate"):
+        assert name in out.stdout
+    for sub in ("train", "preprocess", "eval", "generate", "plan"):
+        r = run(sub, "--help")
+        assert r.returncode == 0 and "usage: pretrain-cli " + sub in r.stdout
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ('{"max_seq_lenght": 5}', "did you mean `max_seq_length`?"),
+    ('{"max_steps": "many"}', "`max_steps` expects int, got 'many'"),
+    ('{"max_steps": 5,,}', "cfg.json:1:17: invalid JSON"),
+    ('{"do_train": true, "max_steps": 5, "output_dir": "o", "input_dir": "/no/such/dir"}', "/no/such/dir"),
+])
+def test_check_failures_are_one_line_exit_2(tmp_path, content, fragment):
+    (tmp_path / "cfg.json").write_text(content)
+    r = run("check", tmp_path / "cfg.json")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and lines[0].startswith("error: ")
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def _big_corpus(root: Path) -> None:
+    """1,000 documents of 4,200 tokens: every split of '949,50,1' holds a 4,097-token sample."""
+    from pretrain_cli.data.indexed import IndexedDatasetWriter
+
+    rng = np.random.default_rng(0)
+    (root / "data").mkdir(parents=True)
+    with IndexedDatasetWriter(str(root / "data" / "corpus"), dtype=np.uint16) as w:
+        for _ in range(1000):
+            w.add_item(rng.integers(4, 500, size=4200))
+            w.end_document()
+        w.finalize()
+
+
+@pytest.mark.parametrize("name", ["qwen_pretrain_argument_0p5b.json", "llama_pretrain_argument.json"])
+def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsys, name):
+    _big_corpus(tmp_path)
+    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
+    cfg = json.loads((PADDLENLP / name).read_text())
+    cfg["tokenizer_name_or_path"] = "./tokenizer"  # the only change: local paths (model names are presets)
+    (tmp_path / name).write_text(json.dumps(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["check", name]) == 0
+    out = capsys.readouterr().out
+    assert "check: OK" in out and "warmup_steps=30 wins over warmup_ratio=0.01" in out
+    assert "sharding='stage2' has no effect" in out
+    assert ("distributed_dataloader: accepted but has no effect" in out)
+    assert cli_main(["check", name, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["resolved"]["warmup_steps"] == 30 and summary["resolved"]["decay_steps"] == 10000
+    assert summary["tokens_per_step"] == cfg["per_device_train_batch_size"] * cfg["gradient_accumulation_steps"] \
+        * cfg["max_seq_length"]
+
+
+def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=400, save_steps=1000, logging_steps=1)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "run_pretrain.py"), cfg],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen = []
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        seen.append(line)
+        if "global_step: 3," in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+        assert time.time() < deadline
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(seen) + rest
+    assert proc.returncode == 0, text
+    assert "re-run the same command to resume" in text
+    ckpts = sorted((tmp_path / "out").glob("checkpoint-*"))
+    assert len(ckpts) == 1
+    step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
+    assert 3 <= step < 400
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # not a finished run
