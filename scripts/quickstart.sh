@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The embedded end-to-end demo, on a fresh machine, with no downloads:
+#   corpus from Python's own documentation -> tokenizer -> .bin/.idx -> train a tiny Qwen2 on CPU
+#   (with eval, a falling loss and checkpoints) -> evaluate -> generate a sample.
+# Usage: scripts/quickstart.sh [--key value ...]   (overrides for configs/demo_cpu.json)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e . 2>&1 | grep -v "^WARNING: Location" || true
+CLI=.venv/bin/pretrain-cli
+mkdir -p demo
+echo "== 1/6 corpus: pydoc topics + standard-library docstrings"
+.venv/bin/python scripts/make_demo_corpus.py demo/corpus.jsonl --max_mb 4
+echo "== 2/6 tokenizer: byte-level BPE, 2048 tokens"
+$CLI train-tokenizer --input_path demo/corpus.jsonl --output_dir demo/tokenizer --vocab_size 2048
+echo "== 3/6 preprocess: jsonl -> demo/data/pydoc.bin/.idx"
+$CLI preprocess --input_path demo/corpus.jsonl --output_prefix demo/data/pydoc --tokenizer demo/tokenizer --append_eos
+$CLI inspect-data demo/data/pydoc --tokenizer demo/tokenizer
+echo "== 4/6 train (configs/demo_cpu.json): tiny-qwen2 on CPU, eval every 100 steps"
+$CLI check configs/demo_cpu.json --overwrite_output_dir true "$@" >/dev/null
+python_args=(configs/demo_cpu.json --overwrite_output_dir true "$@")
+$CLI train "${python_args[@]}"
+echo "== 5/6 evaluate the trained model on the token file"
+$CLI eval --model demo/output --data demo/data/pydoc --max_seq_length 256 --max_batches 20
+echo "== 6/6 generate"
+$CLI generate --model demo/output --prompt "The with statement" --max_new_tokens 60
+echo
+echo "Done. Outputs in demo/output: model.safetensors (loads in transformers), checkpoint-*/, metrics.jsonl,"
+echo "loss_curve.png, runs/ (VisualDL: .venv/bin/visualdl --logdir demo/output/runs)."
