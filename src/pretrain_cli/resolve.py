@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from pretrain_cli.arg_parser import KEYS, Arguments
+from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import UserError
 
 _LIMIT = 2**40  # beyond any sane run; catches typos like 1e20 before they reach numpy sizes
@@ -33,22 +34,11 @@ class Resolved:
     pp_degree: int = 1
     sharding_stage: int = 0
     sharding_offload: bool = False
-    split: tuple = (949.0, 50.0, 1.0)
+    split: tuple = (0.949, 0.05, 0.001)  # train/valid/test fractions
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
-
-
-def parse_split(text: str) -> tuple:
-    parts = [p for p in text.replace("/", ",").split(",") if p.strip() != ""]
-    try:
-        vals = [float(p) for p in parts]
-    except ValueError:
-        raise UserError(f"split: {text!r} must be up to three numbers like '949,50,1'") from None
-    if not 1 <= len(vals) <= 3 or any(v < 0 or not math.isfinite(v) for v in vals) or sum(vals) <= 0:
-        raise UserError(f"split: {text!r} must be up to three non-negative numbers with a positive sum, like '949,50,1'")
-    return tuple(vals + [0.0] * (3 - len(vals)))
 
 
 def parse_sharding(text: str) -> tuple[int, bool]:
@@ -147,7 +137,7 @@ def resolve(args: Arguments, world_size: int | None = None, gpu_available: bool 
     if d.input_dir is None and (t.do_train or t.do_eval or t.do_predict):
         raise UserError("input_dir: required; point it at a directory of .bin/.idx token files "
                         "(make them with `pretrain-cli preprocess`)")
-    r.split = parse_split(d.split)
+    r.split = tuple(parse_split(d.split))
     for phase, flag, share in (("train", t.do_train, r.split[0]), ("valid", t.do_eval, r.split[1]),
                                ("test", t.do_predict, r.split[2])):
         if flag and share == 0:
