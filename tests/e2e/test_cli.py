@@ -108,3 +108,17 @@ def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
     step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
     assert 3 <= step < 400
     assert not (tmp_path / "out" / "model.safetensors").exists()  # not a finished run
+
+
+def test_fresh_clone_check_and_shipped_configs_parse():
+    r = run("check", "configs/tiny_cpu.json", cwd=REPO)
+    assert r.returncode == 0 and "check: OK" in r.stdout, r.stderr
+    from pretrain_cli.arg_parser import parse_config
+    from pretrain_cli.resolve import resolve
+
+    for name in ("qwen2.5-0.5b_pretrain.json", "llama-3-8b_pretrain.json", "llama-171m_pretrain.json",
+                 "demo_cpu.json", "tiny_cpu.json"):
+        resolved = resolve(parse_config(str(REPO / "configs" / name)), world_size=1, gpu_available=True)
+        assert resolved.decay_steps > resolved.warmup_steps >= 1
+    qwen = parse_config(str(REPO / "configs" / "qwen2.5-0.5b_pretrain.json"))
+    assert qwen.training.bf16 and not qwen.training.fp16  # Qwen2 overflows in fp16
