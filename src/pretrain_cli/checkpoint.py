@@ -127,8 +127,24 @@ def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
     return out
 
 
+def gather_optimizer_state(model, optimizer, comm) -> dict | None:
+    """The full optimizer state (HF names) on rank 0, None on the other ranks; a collective under sharding.
+
+    Call it on every rank BEFORE rank 0 starts writing: the gather is short, the write is not.
+    """
+    if comm is None:
+        return optimizer_tensors(model, optimizer)
+    if not comm.sharded:  # data parallel: every rank holds the same full state
+        return optimizer_tensors(model, optimizer) if comm.rank == 0 else None
+    return comm.gather_state(model, optimizer_tensors(model, optimizer))
+
+
 def load_optimizer(model, optimizer, path: Path) -> None:
-    """Inverse of `optimizer_tensors`: rebuild Paddle's accumulator names for this process."""
+    """Inverse of `optimizer_tensors`: rebuild Paddle's accumulator names for this process.
+
+    Every rank reads the full (topology-free) state before its optimizer is sharded; Paddle creates
+    accumulators lazily, so a ZeRO-1 rank materialises only the ones for the parameters it owns.
+    """
     import paddle
     from safetensors.numpy import load_file
 
@@ -160,7 +176,9 @@ def load_optimizer(model, optimizer, path: Path) -> None:
 
 
 def save_checkpoint(output_dir, step: int, model, model_cfg, optimizer, trainer_state: dict, run_args: dict,
-                    tokenizer_dir=None, dtype: str = "float32") -> Path:
+                    tokenizer_dir=None, dtype: str = "float32", optimizer_state: dict | None = None) -> Path:
+    """Publish `checkpoint-N/`. `optimizer_state` is the full state already gathered from the sharding
+    ranks (`gather_optimizer_state`); without it the (unsharded) optimizer is read here."""
     from safetensors.numpy import save_file
 
     from pretrain_cli.convert import save_hf
@@ -171,7 +189,9 @@ def save_checkpoint(output_dir, step: int, model, model_cfg, optimizer, trainer_
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_hf(model, model_cfg, str(tmp), dtype=dtype)
-    save_file(optimizer_tensors(model, optimizer), str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
+    if optimizer_state is None:
+        optimizer_state = optimizer_tensors(model, optimizer)
+    save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
     copy_tokenizer(tokenizer_dir, tmp)
     write_json(tmp / "args.json", run_args)
     write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write

@@ -74,6 +74,9 @@ def _derive(resolved, training, rank: int, local_rank: int) -> ParallelConfig:
         if sharding < 1 or rest % sharding:
             raise UserError(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel "
                             f"processes (world {world} / tp {tp} / pp {pp}); use a divisor or -1")
+    if sharding > 1 and resolved.sharding_stage in (2, 3) and getattr(resolved, "device", "gpu") == "cpu":
+        raise UserError(f"sharding: stage{resolved.sharding_stage} needs GPUs (Paddle's group_sharded_parallel "
+                        f"supports gpu/xpu only); on cpu use sharding: stage1 or plain data parallel (sharding: '')")
     # TP/PP ranks share data; with tp = pp = 1 every rank is its own data rank (dp-major, sharding-minor).
     data_rank = rank // (tp * pp)
     return ParallelConfig(world_size=world, rank=rank, local_rank=local_rank, data_rank=data_rank,

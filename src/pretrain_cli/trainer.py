@@ -72,12 +72,18 @@ class Trainer:
             logits = self.model(ids)
         return causal_lm_loss(logits, labels)
 
+    def _grad_params(self):
+        return self.comm.grad_params(self.model) if self.comm else self.model.parameters()
+
     def _grad_norm(self):
         import paddle
 
         squares = [paddle.sum(paddle.square(p.grad.astype("float32")))
-                   for p in self.model.parameters() if p.grad is not None]
-        return paddle.sqrt(paddle.add_n(squares)) if squares else paddle.zeros([])
+                   for p in self._grad_params() if p.grad is not None]
+        if self.comm is None:
+            return paddle.sqrt(paddle.add_n(squares)) if squares else paddle.zeros([])
+        sq = paddle.add_n(squares) if squares else paddle.zeros([], dtype="float32")
+        return paddle.sqrt(self.comm.reduce_norm_sq(sq))  # ZeRO-1: owners' parts summed over sharding ranks
 
     def train_step(self, batches) -> tuple[float, float, bool]:
         """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied)."""
@@ -95,6 +101,8 @@ class Trainer:
                     loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
         self.state.last_batch_hash = batch_hash(batch)
+        if self.comm is not None:
+            self.comm.sync_grads(self.optimizer)
         if self.amp and self.amp.scaler is not None:
             self.amp.scaler.unscale_(self.optimizer)
         norm = self._grad_norm()
@@ -110,12 +118,14 @@ class Trainer:
 
             coef = self.t.max_grad_norm / (norm_v + 1e-6)
             with paddle.no_grad():
-                for p in self.model.parameters():
+                for p in self._grad_params():
                     if p.grad is not None:
                         p.grad.scale_(coef)
         if self.amp and self.amp.scaler is not None:
             self.amp.scaler.step(self.optimizer)
             self.amp.scaler.update()
+        elif self.comm is not None:
+            self.comm.step(self.optimizer)
         else:
             self.optimizer.step()
         self.optimizer.clear_grad()

@@ -65,9 +65,12 @@ def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_p
 def test_gradient_accumulation_matches_bigger_batch(corpus, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
+    # AdamW divides by sqrt(v): near-zero gradients turn summation-order noise into visible weight
+    # differences at high learning rates, so compare weights at a moderate one.
     assert cli_main(["train", write_config(a, corpus, per_device_train_batch_size=2, gradient_accumulation_steps=4,
-                                          max_steps=4)]) == 0
-    assert cli_main(["train", write_config(b, corpus, per_device_train_batch_size=8, max_steps=4)]) == 0
+                                          max_steps=4, learning_rate=1e-3, min_learning_rate=1e-4)]) == 0
+    assert cli_main(["train", write_config(b, corpus, per_device_train_batch_size=8, max_steps=4,
+                                          learning_rate=1e-3, min_learning_rate=1e-4)]) == 0
     np.testing.assert_allclose(train_losses(a / "out"), train_losses(b / "out"), atol=1e-6)
     wa, wb = weights(a / "out"), weights(b / "out")
     assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-5

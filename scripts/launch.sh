@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Launch `scripts/run_pretrain.py` on this node with the right launcher flags for CPU or GPU.
+#
+#   scripts/launch.sh cfg.json [--key value ...]                 # one node: every GPU, or NPROC CPU processes
+#   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=0 scripts/launch.sh cfg.json   # on the master node
+#   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=1 scripts/launch.sh cfg.json   # on the other node
+#
+# Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes, default 2), MASTER, NNODES,
+#      NODE_RANK (0 on the node that hosts MASTER: its port must be free), LOG_DIR (default ./log), PYTHON.
+# Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
+# (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PY=${PYTHON:-python}
+LOG_DIR=${LOG_DIR:-log}
+args=(--log_dir "$LOG_DIR")
+
+if [ -n "${MASTER:-}" ]; then
+  args+=(--master "$MASTER" --nnodes "${NNODES:-2}")
+  if [ "${NODE_RANK:-}" = "0" ]; then
+    host=${MASTER%:*}; port=${MASTER##*:}
+    if "$PY" - "$host" "$port" <<'PYEOF'
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("" if sys.argv[1] not in ("127.0.0.1", "localhost") else sys.argv[1], int(sys.argv[2])))
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+PYEOF
+    then
+      echo "launch.sh: --master port ${port} is already in use on this node (${MASTER}); stop the process that holds it or pick another MASTER port" >&2
+      exit 2
+    fi
+  fi
+fi
+
+if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else 1)" 2>/dev/null; then
+  if [ -z "${DEVICES:-}" ]; then
+    n=$("$PY" -c "import paddle; print(paddle.device.cuda.device_count())" 2>/dev/null)
+    DEVICES=$(seq -s, 0 $((n - 1)))
+  fi
+  args+=(--devices "$DEVICES")
+else
+  # CPU: `--devices` fails on CPU; one thread per process beats two threads in one process on 2 cores.
+  args+=(--nproc_per_node "${NPROC:-2}")
+  export MKL_DEBUG_CPU_TYPE=${MKL_DEBUG_CPU_TYPE:-5}
+fi
+exec "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@"
