@@ -352,7 +352,10 @@ def _train_results(trainer, spec: RunSpec) -> dict:
     s = trainer.state
     runtime = max(s.train_seconds, 1e-9)
     steps = max(s.global_step, 1)
+    here = trainer.throughput.tokens_this_process
     return {"train_runtime": round(runtime, 4), "train_loss": s.loss_sum / steps, "global_step": s.global_step,
             "train_samples_per_second": round(s.consumed_samples / runtime, 4),
+            # goodput: all tokens over all restarts' training time; and this process alone
             "train_tokens_per_second": round(s.tokens_seen / runtime, 4), "tokens_seen": s.tokens_seen,
-            "skipped_steps": s.skipped_steps}
+            "effective_tokens_per_second_this_process": round(here / max(trainer.process_seconds, 1e-9), 4),
+            "tokens_this_process": here, "skipped_steps": s.skipped_steps}

@@ -46,6 +46,7 @@ class Trainer:
         self.amp = amp  # AmpContext or None (fp32)
         self.comm = comm  # parallel.Comm: all-reduce helpers; None for one process
         self.state = TrainerState()
+        self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self.stop_requested = False
         self._interval_loss = 0.0
         self._interval_steps = 0
@@ -150,6 +151,7 @@ class Trainer:
         self.model.train()
         start = time.perf_counter()
         stopped_by_signal = False
+        bar = self._progress_bar()
         try:
             while self.state.global_step < t.max_steps:
                 loss, norm, applied = self.train_step(batches)
@@ -165,8 +167,12 @@ class Trainer:
                 self._interval_loss += loss
                 self._interval_steps += 1
                 self.throughput.step()
+                if bar is not None:
+                    bar.update(1)
                 if step % t.logging_steps == 0 or (t.logging_first_step and step == 1) or step == t.max_steps:
                     self._log(norm)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{self.state.log_history[-1]['loss']:.4f}", refresh=False)
                 if t.do_eval and step % self.resolved.eval_steps == 0:
                     self.evaluate("valid")
                     self.model.train()
@@ -177,10 +183,22 @@ class Trainer:
                     stopped_by_signal = step < t.max_steps
                     break
         finally:
-            self.state.train_seconds += time.perf_counter() - start
+            self.process_seconds = time.perf_counter() - start
+            self.state.train_seconds += self.process_seconds
             batches.close()
             restore()
+            if bar is not None:
+                bar.close()
         return {"stopped_by_signal": stopped_by_signal}
+
+    def _progress_bar(self):
+        """tqdm with ETA on rank 0 unless `disable_tqdm` (PaddleNLP's default shows one)."""
+        if self.t.disable_tqdm or self.parallel.rank != 0:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.t.max_steps, initial=self.state.global_step, desc="train", unit="step",
+                    dynamic_ncols=True, mininterval=1.0)
 
     def _agree(self, flag: bool) -> bool:
         """All ranks stop at the same step, or none does (a stop on one rank alone would hang the rest)."""

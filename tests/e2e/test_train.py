@@ -15,10 +15,13 @@ def weights(d):
     return load_file(str(d / "model.safetensors"))
 
 
-def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path):
+def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=24, do_eval=True, do_predict=True, eval_steps=12,
                        logging_steps=4, save_steps=12, report_to=["visualdl"], learning_rate=0.01)
     assert cli_main(["train", cfg]) == 0
+    captured = capsys.readouterr()
+    assert "train: 100%" in captured.err and "24/24" in captured.err  # progress bar (disable_tqdm unset)
+    assert "mfu: " in captured.out and "interval_tokens_per_second_per_device" in captured.out
     out = tmp_path / "out"
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "train_results.json", "all_results.json",
@@ -39,6 +42,8 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path):
     assert abs(losses[0] - math.log(512)) < 0.5
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds.count("eval") == 3 and kinds.count("test") == 1
+    train_results = json.loads((out / "train_results.json").read_text())
+    assert train_results["tokens_this_process"] == 96 * 32 and train_results["effective_tokens_per_second_this_process"] > 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 24 and state["consumed_samples"] == 96 and state["tokens_seen"] == 96 * 32
     args = json.loads((out / "checkpoint-12" / "args.json").read_text())
