@@ -295,8 +295,9 @@ def run(spec: RunSpec) -> int:
                 return 0
         if t.do_train:
             results.update(_train_results(trainer, spec))
-        if t.do_eval:
-            results.update(trainer.evaluate("valid"))
+        if t.do_eval:  # the loop may have just evaluated this very step: reuse it
+            fresh = trainer.last_eval.get("global_step") == trainer.state.global_step
+            results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
         if t.do_predict:
             results.update(trainer.evaluate("test"))
     except NonFiniteError as e:

@@ -46,6 +46,7 @@ class Trainer:
         self.amp = amp  # AmpContext or None (fp32)
         self.comm = comm  # parallel.Comm: all-reduce helpers; None for one process
         self.state = TrainerState()
+        self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self.stop_requested = False
         self._interval_loss = 0.0
@@ -279,4 +280,6 @@ class Trainer:
                   f"{prefix}_tokens": int(count), "global_step": self.state.global_step}
         log.info(format_line(values))
         self._record(prefix, values)
+        if split == "valid":
+            self.last_eval = values
         return values
