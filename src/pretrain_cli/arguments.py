@@ -173,7 +173,9 @@ class TrainingArguments:
     logging_first_step: bool = _f(False, "Also log after the first step.")
     logging_dir: Optional[str] = _f(None, "VisualDL directory (None = output_dir/runs).")
     report_to: Optional[List[str]] = _f(None, "Loggers: visualdl (default), none.")
-    disable_tqdm: Optional[bool] = _f(None, "True: plain log lines only; False: also a progress bar with ETA.")
+    disable_tqdm: Optional[bool] = _f(
+        None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a terminal."
+    )
     skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line.")
     log_on_each_node: bool = _f(True, "Only global rank 0 logs here.", "ignored")
     # --- extensions

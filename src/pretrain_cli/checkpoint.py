@@ -187,15 +187,21 @@ def save_checkpoint(output_dir, step: int, model, model_cfg, optimizer, trainer_
     final = root / f"checkpoint-{step}"
     tmp = root / f"checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_hf(model, model_cfg, str(tmp), dtype=dtype)
-    if optimizer_state is None:
-        optimizer_state = optimizer_tensors(model, optimizer)
-    save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
-    copy_tokenizer(tokenizer_dir, tmp)
-    write_json(tmp / "args.json", run_args)
-    write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        save_hf(model, model_cfg, str(tmp), dtype=dtype)
+        if optimizer_state is None:
+            optimizer_state = optimizer_tensors(model, optimizer)
+        save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
+        copy_tokenizer(tokenizer_dir, tmp)
+        write_json(tmp / "args.json", run_args)
+        write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
+        _fsync_tree(tmp)
+    except BaseException:
+        # disk full, permissions, Ctrl-C: drop the partial directory (frees the space it took) and let the
+        # CLI report the OSError as one line; the previous checkpoint-M is untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # re-saving the same step (e.g. SIGTERM right after a periodic save)
         old = final.with_name(final.name + ".deleting")
         os.replace(final, old)

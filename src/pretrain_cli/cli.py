@@ -2,12 +2,14 @@
 
 Subcommand modules are imported only when chosen, and none imports Paddle at module level,
 so `--help` and errors about the argument file answer without Paddle's ~2.5 s import.
-User errors (`UserError`) become one line on stderr and exit code 2; `--debug` shows the
-traceback instead.
+User errors (`UserError`) become one line on stderr and exit code 2; an `OSError` the system
+raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
+the traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 import traceback
@@ -94,6 +96,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # the system refused (disk full, permissions, ...): not a bug, not the user's input
+        if debug:
+            traceback.print_exc()
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return OS_ERROR_EXIT_CODE
+
+
+OS_ERROR_EXIT_CODE = 1
+_OS_HINTS = {
+    errno.ENOSPC: "free disk space (or point output_dir elsewhere) and re-run the same command; "
+                  "training resumes from the last complete checkpoint",
+    errno.EDQUOT: "free space within your quota and re-run the same command",
+    errno.EACCES: "check the permissions, or choose another path",
+    errno.EPERM: "check the permissions, or choose another path",
+    errno.EROFS: "the file system is read-only; choose another path",
+    errno.EMFILE: "too many open files; raise `ulimit -n` and re-run",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """`<file>: <strerror>; <what to do>` on one line."""
+    where = e.filename if e.filename is not None else "system"
+    if e.filename2 is not None:
+        where = f"{e.filename} -> {e.filename2}"
+    what = e.strerror or str(e) or type(e).__name__
+    hint = _OS_HINTS.get(e.errno, "fix the cause and re-run the same command (--debug shows the traceback)")
+    return " ".join(f"{where}: {what}; {hint}".split())
 
 
 if __name__ == "__main__":

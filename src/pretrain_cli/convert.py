@@ -79,6 +79,10 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict:
         transpose = names[ours][1]
         want = list(reversed(p.shape)) if transpose else list(p.shape)
         t = tensors[hf_name]
+        kind = str(t.dtype).split(".")[-1]
+        if not any(f in kind for f in ("float", "bfloat")):
+            raise UserError(f"{source}: tensor {hf_name!r} has dtype {kind}, weights must be floating point; "
+                            f"the file is not a model checkpoint (or is damaged)")
         found = list(t.shape)
         if found != want:
             raise UserError(f"{source}: tensor {hf_name!r} has shape {found} but config.json implies {want}; "
@@ -96,8 +100,16 @@ def find_weights(src_dir) -> list[str]:
     src_dir = str(src_dir)
     index = os.path.join(src_dir, INDEX_FILE)
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map")
+        except (OSError, ValueError, AttributeError) as e:
+            raise UserError(f"{index}: unreadable shard index ({e}); re-create it or point to another "
+                            f"checkpoint") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v and os.path.basename(v) == v
+                                                       for v in weight_map.values()):
+            raise UserError(f"{index}: `weight_map` must map tensor names to shard file names in this directory; "
+                            f"re-create it or point to another checkpoint")
         files = sorted(set(weight_map.values()))
         return [os.path.join(src_dir, f) for f in files]
     single = os.path.join(src_dir, SINGLE_FILE)
@@ -116,8 +128,14 @@ def read_safetensors(src_dir: str) -> dict:
     tensors = {}
     for path in find_weights(src_dir):
         if not os.path.isfile(path):
-            raise UserError(f"{path}: shard listed in {INDEX_FILE} is missing")
-        tensors.update(load_file(path))
+            raise UserError(f"{path}: shard listed in {INDEX_FILE} is missing; copy it back or point to another "
+                            f"checkpoint")
+        try:
+            tensors.update(load_file(path))
+        except Exception as e:  # safetensors raises SafetensorError / OSError for damaged or truncated files
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"{path}: not a readable safetensors file ({reason}); it is damaged or truncated: "
+                            f"re-create it, or resume from another checkpoint") from None
     return tensors
 
 
@@ -164,9 +182,14 @@ def load_pretrained(path: str, kernels=None):
 # ---------------------------------------------------------------- saving
 def _write_json(path: str, obj) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
 
 
@@ -194,7 +217,12 @@ def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
     for fname, shard in zip(files, shards):
         path = os.path.join(out_dir, fname)
         tmp = f"{path}.tmp{os.getpid()}"
-        save_file(shard, tmp, metadata={"format": "pt"})
+        try:
+            save_file(shard, tmp, metadata={"format": "pt"})
+        except BaseException:  # disk full etc.: no partial file left behind (the caller reports the error)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
         os.replace(tmp, path)
     index_path = os.path.join(out_dir, INDEX_FILE)
     if n > 1:

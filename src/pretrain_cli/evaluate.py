@@ -8,8 +8,10 @@ every predicted token (not a mean of per-batch means, which would overweight a s
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -50,28 +52,48 @@ def windows(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int 
                         for k in range(first, last)])  # [b, seq_len+1]
 
 
-def _load_model(name: str, seed: int):
-    """(model, cfg, source): weights when the directory has them, else a seeded random init."""
-    from pretrain_cli import runtime
+def _has_weights(model_dir: str) -> bool:
+    """Whether a directory holds weights at all (a preset or bare config.json does not)."""
+    from pretrain_cli import convert
+
+    return os.path.isfile(os.path.join(model_dir, convert.INDEX_FILE)) or bool(
+        glob.glob(os.path.join(model_dir, "*.safetensors")))
+
+
+def _model_config(name: str):
+    """(model_dir, cfg) without Paddle, so a bad --model fails in well under a second."""
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.presets import resolve_model_dir
 
-    paddle = runtime.import_paddle()
     model_dir = str(resolve_model_dir(name, key="--model"))
-    cfg = ModelConfig.from_file(model_dir)
+    return model_dir, ModelConfig.from_file(model_dir)
+
+
+def _load_model(name: str, seed: int):
+    """(model, cfg, source) for `--model` NAME (a directory or a preset); used by eval and generate."""
+    model_dir, cfg = _model_config(name)
+    model, source = _build_and_load(model_dir, cfg, seed)
+    return model, cfg, source
+
+
+def _build_and_load(model_dir: str, cfg, seed: int):
+    """(model, source): weights when the directory has them, else a seeded random init.
+
+    A directory with weights that cannot be read is an error, never a silent random init."""
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
     from pretrain_cli import convert
     from pretrain_cli.models import build_model
 
-    try:
-        convert.find_weights(model_dir)
-        has_weights = True
-    except UserError:  # a preset or bare config.json: evaluate a seeded random init
-        has_weights = False
+    has_weights = _has_weights(model_dir)
+    if has_weights:
+        convert.find_weights(model_dir)  # a damaged index fails here, before the model is built
     paddle.seed(seed)
     model = build_model(cfg)
     if has_weights:
         convert.load_weights(model, cfg, model_dir)
-    return model, cfg, ("weights" if has_weights else f"random init (seed {seed})")
+    return model, ("weights" if has_weights else f"random init (seed {seed})")
 
 
 def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None) -> dict:
@@ -105,14 +127,16 @@ def main(ns: argparse.Namespace) -> int:
     if (len(tokens) - 1) // ns.max_seq_length < 1:
         raise UserError(f"--data: {ns.data} has {len(tokens)} tokens, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
-    model, cfg, source = _load_model(ns.model, ns.seed)
+    model_dir, cfg = _model_config(ns.model)
+    from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import check_seq_len
 
     check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
-    top = int(np.max(tokens)) if len(tokens) <= 50_000_000 else None
-    if top is not None and top >= cfg.vocab_size:
+    top = open_token_file(ns.data).max_token_id()  # sidecar value, else one chunked scan
+    if top >= cfg.vocab_size:
         raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
                         f"the data was tokenized for another model")
+    model, source = _build_and_load(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
     result = evaluate(model, tokens, ns.max_seq_length, ns.batch_size, ns.max_batches)
     result.update(model=ns.model, data=ns.data, max_seq_length=ns.max_seq_length, weights=source,

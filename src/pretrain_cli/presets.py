@@ -19,6 +19,13 @@ ALIASES = {
 }
 
 
+def _literal_hint(name: str) -> str:
+    """Paths are used literally; say so when a path looks like it expected a shell to expand it."""
+    if name.startswith("~") or "$" in name or "`" in name:
+        return " (paths are used as written, not shell-expanded: write the full path)"
+    return ""
+
+
 def preset_names() -> list[str]:
     if not PRESET_DIR.is_dir():
         return []
@@ -33,7 +40,7 @@ def _preset(name: str) -> Path | None:
 
 def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     """A directory holding an HF `config.json`."""
-    local = Path(name).expanduser() if name.startswith("~") else Path(name)
+    local = Path(name)  # used as given: never `~`/`$VAR` expanded (a config must not depend on the shell)
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise UserError(f"{key}: {name} has no config.json; point it at an HF-format model directory or a preset "
@@ -45,7 +52,7 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     if local.exists():
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
     raise UserError(
-        f"{key}: {name!r} is neither a local directory nor a preset ({', '.join(preset_names())}); nothing is "
+        f"{key}: {name!r} is neither a local directory nor a preset ({', '.join(preset_names())}){_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "
         f"and set {key} to that directory"
     )
@@ -69,5 +76,5 @@ def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokeniz
     preset = _preset(name)
     if preset is not None:
         return preset if has_tokenizer(preset) else None
-    raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset; nothing is downloaded: "
+    raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset{_literal_hint(name)}; nothing is downloaded: "
                     f"place the tokenizer files in a directory or train one with `pretrain-cli train-tokenizer`")

@@ -227,10 +227,6 @@ def run(spec: RunSpec) -> int:
     parallel.init_distributed(p, t.seed)
     parallel.start_watchdog(p)
     out = Path(t.output_dir)
-    if rank0:
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoint.clean_leftovers(out)
-        checkpoint.write_json(out / "args.json", run_args_json(spec))
     for line in spec.describe():
         metrics.log.info(line)
 
@@ -249,6 +245,10 @@ def run(spec: RunSpec) -> int:
     optimizer = build_optimizer(model, t, schedule, multi_precision=r.amp_level == "O2" and r.amp_dtype is not None)
     if resume is not None:
         checkpoint.load_optimizer(model, optimizer, resume / checkpoint.OPTIMIZER_FILE)
+    if rank0:  # only now that the resume checkpoint has fully loaded: a bad one leaves output_dir untouched
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.clean_leftovers(out)
+        checkpoint.write_json(out / "args.json", run_args_json(spec))
     raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, r, t)
     model = parallel.wrap_model(model, p, recompute=t.recompute)

@@ -193,8 +193,12 @@ class Trainer:
         return {"stopped_by_signal": stopped_by_signal}
 
     def _progress_bar(self):
-        """tqdm with ETA on rank 0 unless `disable_tqdm` (PaddleNLP's default shows one)."""
-        if self.t.disable_tqdm or self.parallel.rank != 0:
+        """tqdm with ETA on rank 0: `disable_tqdm` false shows it, true hides it, unset shows it on a terminal only
+        (a bar redrawn into a log file or a launcher's workerlog is noise)."""
+        import sys
+
+        hidden = self.t.disable_tqdm if self.t.disable_tqdm is not None else not sys.stderr.isatty()
+        if hidden or self.parallel.rank != 0:
             return None
         from tqdm import tqdm
 

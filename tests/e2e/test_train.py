@@ -16,11 +16,11 @@ def weights(d):
 
 
 def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
-    cfg = write_config(tmp_path, corpus, max_steps=24, do_eval=True, do_predict=True, eval_steps=12,
+    cfg = write_config(tmp_path, corpus, max_steps=24, do_eval=True, do_predict=True, eval_steps=12, disable_tqdm=False,
                        logging_steps=4, save_steps=12, report_to=["visualdl"], learning_rate=0.01)
     assert cli_main(["train", cfg]) == 0
     captured = capsys.readouterr()
-    assert "train: 100%" in captured.err and "24/24" in captured.err  # progress bar (disable_tqdm unset)
+    assert "train: 100%" in captured.err and "24/24" in captured.err  # progress bar (disable_tqdm false)
     assert "mfu: " in captured.out and "interval_tokens_per_second_per_device" in captured.out
     out = tmp_path / "out"
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",

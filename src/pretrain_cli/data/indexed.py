@@ -234,7 +234,8 @@ def open_token_file(path: str | os.PathLike) -> IndexedDataset:
         return _open_legacy(prefix)
     if os.path.exists(prefix + ".idx"):
         return _open_mmidx(prefix)
-    _fail(prefix, "no token files (.bin/.idx or _ids.npy/_idx.npz) with this prefix",
+    literal = " (paths are used as written, not shell-expanded)" if prefix.startswith("~") or "$" in prefix else ""
+    _fail(prefix, f"no token files (.bin/.idx or _ids.npy/_idx.npz) with this prefix{literal}",
           "check the path, or create them with `pretrain-cli preprocess --output_prefix PREFIX`")
 
 
@@ -255,7 +256,10 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_OF:
             raise ValueError(f"dtype {self.dtype} has no MMIDIDX code")
-        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        parent = Path(self.prefix).parent
+        # the outermost directory we create, so abort() leaves the tree as it found it
+        self._created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+        parent.mkdir(parents=True, exist_ok=True)
         self._bin_tmp = self.prefix + ".bin.tmp"
         self._idx_tmp = self.prefix + ".idx.tmp"
         self._bin = open(self._bin_tmp, "wb")
@@ -313,6 +317,16 @@ class IndexedDatasetWriter:
         for p in (self._bin_tmp, self._idx_tmp):
             if os.path.exists(p):
                 os.remove(p)
+        if self._created is not None:  # remove the directories we made, if still empty
+            d = Path(self.prefix).parent
+            while True:
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+                if d == self._created:
+                    break
+                d = d.parent
 
     def __enter__(self):
         return self

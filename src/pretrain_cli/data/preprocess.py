@@ -22,6 +22,7 @@ from pretrain_cli.errors import UserError
 
 SUFFIXES = (".jsonl", ".json", ".txt")
 BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
+_REPORTED_BAD_LINES = 10
 
 
 def list_input_files(paths) -> tuple[list[Path], list[Path]]:
@@ -66,6 +67,9 @@ class DocumentReader:
         if not self.skip_bad_lines:
             raise UserError(f"{where}: {problem}; {fix} or pass --skip_bad_lines")
         self.bad_lines += 1
+        if self.bad_lines <= _REPORTED_BAD_LINES:  # never silent: name the first few, count all
+            more = " (further skipped lines are only counted)" if self.bad_lines == _REPORTED_BAD_LINES else ""
+            print(f"warning: skipped {where}: {problem}{more}", file=sys.stderr)
 
     def _jsonl(self, path: Path):
         with open(path, encoding="utf-8", errors="strict") as f:

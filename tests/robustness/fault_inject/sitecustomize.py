@@ -1,0 +1,162 @@
+"""Test-only fault injection, active only when PCLI_FAULT is set (the robustness tests put this
+directory on PYTHONPATH). No product code knows about it.
+
+PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process reaches <point>:
+
+  forward            CausalLM.forward is entered                          -> SIGKILL
+  opt_step           paddle.optimizer.AdamW.step has updated the weights  -> SIGKILL
+  save_weights       safetensors.paddle.save_file has written half a file -> SIGKILL
+  save_optimizer     safetensors.numpy.save_file has written half a file  -> SIGKILL
+  enospc             safetensors.numpy.save_file has written half a file  -> raise OSError(ENOSPC)
+  enospc_weights     safetensors.paddle.save_file has written half a file -> raise OSError(ENOSPC)
+  publish            os.replace(... -> checkpoint-N) is about to run       -> SIGKILL
+  rotate             shutil.rmtree(*.deleting) has removed one file        -> SIGKILL
+  preprocess_batch   IndexedDatasetWriter.add_documents has written a batch -> SIGKILL
+  preprocess_rename  os.replace(... -> *.idx) is about to run              -> SIGKILL
+
+Modules are patched right after they are first imported (a meta-path finder wraps their
+loader), so the product imports them exactly as usual.
+"""
+import errno
+import importlib.abc
+import importlib.util
+import os
+import re
+import signal
+import sys
+
+_SPEC = os.environ.get("PCLI_FAULT", "")
+_TARGETS = dict(item.split(":") for item in _SPEC.split(",") if item)
+_COUNTS = {}
+
+
+def _hit(point: str) -> bool:
+    if point not in _TARGETS:
+        return False
+    _COUNTS[point] = _COUNTS.get(point, 0) + 1
+    return _COUNTS[point] == int(_TARGETS[point])
+
+
+def _die():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _half_write(path, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _patch_safetensors(mod, kill_point, enospc_point):
+    original = mod.save_file
+
+    def save_file(tensors, filename, metadata=None, *a, **kw):
+        kill, full = _hit(kill_point), _hit(enospc_point)
+        if kill or full:
+            _half_write(filename, mod.save(tensors, metadata=metadata))
+            if kill:
+                _die()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(filename))
+        return original(tensors, filename, metadata, *a, **kw)
+
+    mod.save_file = save_file
+
+
+def _patch_decoder(mod):
+    original = mod.CausalLM.forward
+
+    def forward(self, *a, **kw):
+        if _hit("forward"):
+            _die()
+        return original(self, *a, **kw)
+
+    mod.CausalLM.forward = forward
+
+
+def _patch_optimizer(mod):
+    original = mod.AdamW.step
+
+    def step(self, *a, **kw):
+        out = original(self, *a, **kw)
+        if _hit("opt_step"):
+            _die()
+        return out
+
+    mod.AdamW.step = step
+
+
+def _patch_indexed(mod):
+    original = mod.IndexedDatasetWriter.add_documents
+
+    def add_documents(self, *a, **kw):
+        out = original(self, *a, **kw)
+        if _hit("preprocess_batch"):
+            self._bin.flush()
+            _die()
+        return out
+
+    mod.IndexedDatasetWriter.add_documents = add_documents
+
+
+_PATCHES = {
+    "pretrain_cli.models.decoder": _patch_decoder,
+    "paddle.optimizer": _patch_optimizer,
+    "safetensors.paddle": lambda m: _patch_safetensors(m, "save_weights", "enospc_weights"),
+    "safetensors.numpy": lambda m: _patch_safetensors(m, "save_optimizer", "enospc"),
+    "pretrain_cli.data.indexed": _patch_indexed,
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _PATCHES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _PATCHES[name](module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _install_os_patches():
+    import shutil
+
+    replace, rmtree = os.replace, shutil.rmtree
+
+    def patched_replace(src, dst, *a, **kw):
+        name = os.path.basename(os.fspath(dst))
+        if re.fullmatch(r"checkpoint-\d+", name) and not os.fspath(src).endswith(".deleting") and _hit("publish"):
+            _die()
+        if name.endswith(".idx") and _hit("preprocess_rename"):
+            _die()
+        return replace(src, dst, *a, **kw)
+
+    def patched_rmtree(path, *a, **kw):
+        if os.fspath(path).endswith(".deleting") and _hit("rotate"):
+            for dirpath, _, files in os.walk(path):
+                if files:
+                    os.remove(os.path.join(dirpath, files[0]))
+                    break
+            _die()
+        return rmtree(path, *a, **kw)
+
+    os.replace = patched_replace
+    shutil.rmtree = patched_rmtree
+
+
+if _TARGETS:
+    sys.meta_path.insert(0, _Finder())
+    _install_os_patches()
