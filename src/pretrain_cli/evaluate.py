@@ -20,11 +20,15 @@ from pretrain_cli.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
+    parser.add_argument("--model", default=None,
                         help="model directory (HF safetensors or one of our checkpoints) or a preset name "
-                             "(random init, seeded by --seed)")
-    parser.add_argument("--data", required=True, help="token file prefix (<prefix>.bin/.idx)")
-    parser.add_argument("--max_seq_length", type=int, required=True, help="window length L")
+                             "(random init, seeded by --seed); with --config defaults to its output_dir")
+    parser.add_argument("--data", default=None, help="token file prefix (<prefix>.bin/.idx)")
+    parser.add_argument("--max_seq_length", type=int, default=None, help="window length L")
+    parser.add_argument("--config", default=None,
+                        help="a training argument file: evaluate its --split (valid/test) on the same eval_iters "
+                             "batches the trainer uses, instead of --data windows")
+    parser.add_argument("--split", default="valid", choices=("valid", "test"), help="split of --config to use")
     parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass")
     parser.add_argument("--max_batches", type=int, default=None, help="stop after this many batches")
     parser.add_argument("--seed", type=int, default=42, help="init seed when --model has no weights")
@@ -116,7 +120,61 @@ def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batch
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "windows": n_windows}
 
 
+def evaluate_split(model, dataset, batch_size: int, batches: int) -> dict:
+    """Token-weighted loss over the first `batches` micro-batches of a split: the trainer's eval batches."""
+    import paddle
+
+    from pretrain_cli.data.loader import micro_batch
+    from pretrain_cli.loss import causal_lm_loss_sum
+
+    model.eval()
+    total, count = 0.0, 0.0
+    with paddle.no_grad():
+        for k in range(batches):
+            batch = micro_batch(dataset, k * batch_size, batch_size)
+            s, c = causal_lm_loss_sum(model(paddle.to_tensor(batch["input_ids"])), paddle.to_tensor(batch["labels"]))
+            total, count = total + float(s), count + float(c)
+    loss = total / max(count, 1.0)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": int(count), "batches": batches}
+
+
+def _main_config(ns: argparse.Namespace) -> int:
+    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
+    from pretrain_cli import checkpoint, train
+
+    flag = "--do_eval" if ns.split == "valid" else "--do_predict"
+    spec = train.prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false",
+                                     flag, "true"])
+    t = spec.args.training
+    model_name = ns.model
+    if model_name is None:
+        out = t.output_dir
+        model_name = out if _has_weights(out) else str(checkpoint.latest_checkpoint(out) or "")
+        if not model_name:
+            raise UserError(f"{ns.config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    model_dir, cfg = _model_config(model_name)
+    if cfg.vocab_size != spec.model_cfg.vocab_size:
+        raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
+                        f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
+    model, source = _build_and_load(model_dir, cfg, ns.seed)
+    t0 = time.perf_counter()
+    batches = ns.max_batches or t.eval_iters
+    result = evaluate_split(model, spec.splits.get(ns.split), t.per_device_eval_batch_size, batches)
+    result.update(model=model_name, config=ns.config, split=ns.split, weights=source,
+                  seconds=round(time.perf_counter() - t0, 3))
+    if ns.json:
+        print(json.dumps(result))
+    else:
+        print(f"eval: {ns.split} loss {result['loss']:.4f} ppl {result['ppl']:.2f} over {result['tokens']} tokens "
+              f"({batches} batches of {t.per_device_eval_batch_size}; {source}; {result['seconds']:.1f}s)")
+    return 0
+
+
 def main(ns: argparse.Namespace) -> int:
+    if ns.config is not None:
+        return _main_config(ns)
+    if ns.model is None or ns.data is None or ns.max_seq_length is None:
+        raise UserError("eval: pass --model, --data and --max_seq_length (or --config CFG.json)")
     if ns.max_seq_length < 1:
         raise UserError(f"--max_seq_length: must be >= 1, got {ns.max_seq_length}")
     if ns.batch_size < 1:

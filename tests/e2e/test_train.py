@@ -40,6 +40,11 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     losses = train_losses(out)
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.5  # starts near ln(512) = 6.24
     assert abs(losses[0] - math.log(512)) < 0.5
+    assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
+    again = json.loads(capsys.readouterr().out)
+    assert again["loss"] == pytest.approx(results["eval_loss"], abs=1e-5) and again["split"] == "valid"
+    assert cli_main(["eval", "--config", cfg, "--split", "test", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds.count("eval") == 2 and kinds.count("test") == 1  # steps 12 and 24; the final eval reuses step 24
     train_results = json.loads((out / "train_results.json").read_text())
