@@ -25,3 +25,9 @@ def run_cli(*argv, cwd=None, env=None, timeout=600):
 @pytest.fixture
 def repo():
     return REPO
+
+
+@pytest.fixture(name="run_cli")
+def run_cli_fixture():
+    """`run_cli(*argv, cwd=None, env=None, timeout=600)` → CompletedProcess of `python -m pretrain_cli`."""
+    return run_cli

@@ -103,12 +103,7 @@ def test_errors(corpus, model_dir):
         evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=40))
 
 
-def test_cli_subcommand_json(corpus, model_dir):
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-    from conftest import run_cli
-
+def test_cli_subcommand_json(corpus, model_dir, run_cli):
     prefix, _ = corpus
     r = run_cli("eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
