@@ -32,8 +32,10 @@ def build_amp(model, optimizer, resolved, training):
     import paddle
 
     if resolved.amp_level == "O2":
+        # fp32 master weights always; fp32 master gradients when asked (clip/decay/update in fp32)
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
-                                               dtype=resolved.amp_dtype, master_weight=True)
+                                               dtype=resolved.amp_dtype, master_weight=True,
+                                               master_grad=bool(training.amp_master_grad))
     scaler = None
     if resolved.amp_dtype == "float16":
         scaler = paddle.amp.GradScaler(init_loss_scaling=training.scale_loss)
