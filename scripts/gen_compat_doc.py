@@ -34,7 +34,9 @@ REJECTED = [
     ("`tensor_parallel_degree` / `pipeline_parallel_degree` / `sep_parallel_degree` / "
      "`context_parallel_degree` > 1 with more than one process", "not supported yet: data parallel and sharding are; "
      "with one process they are reported as having no effect"),
-    ("`sharding: stage2` / `stage3` on CPU with more than one process", "Paddle's group_sharded_parallel runs on GPU only"),
+    ("`sharding: stage2` / `stage3` with more than one process", "not supported yet: clipping and topology-free "
+     "checkpoints need the sharded gradients/optimizer state gathered; stage1 (ZeRO-1) is supported"),
+    ("`fp16` with sharding", "loss scaling with sharded optimizers is not supported yet; use bf16"),
     ("`lr_scheduler_type`: polynomial, cosine_with_restarts, …", "PaddleNLP silently drops `min_learning_rate` for "
      "these; we implement linear, cosine, constant, constant_with_warmup exactly"),
     ("`optim` other than adamw", "only AdamW is implemented"),

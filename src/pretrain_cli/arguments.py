@@ -136,7 +136,8 @@ class TrainingArguments:
     pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off; > 1 not supported yet).")
     virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks; only with pipeline parallelism.")
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism; only with tensor parallelism.")
-    sharding: str = _f("", "Sharded data parallel: '', 'stage1', 'stage2', 'stage3' (optionally ' offload').")
+    sharding: str = _f("", "Sharded data parallel: '' or 'stage1' (ZeRO-1); 'stage2'/'stage3' are refused with more "
+                           "than one process for now (no effect with one).")
     sharding_parallel_degree: int = _f(-1, "Sharding degree (-1 = world / (tp·pp) when sharding is set).")
     sep_parallel_degree: int = _f(-1, "Segment parallel degree (> 1 not supported).")
     context_parallel_degree: int = _f(-1, "Context parallel degree (> 1 not supported).")

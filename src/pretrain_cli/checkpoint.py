@@ -25,9 +25,8 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
-# Paddle AdamW accumulator suffixes → our names.
-_ACCUMULATORS = {"moment1_0": "moment1", "moment2_0": "moment2", "beta1_pow_acc_0": "beta1_pow",
-                 "beta2_pow_acc_0": "beta2_pow"}
+# Paddle AdamW accumulator tables → our names.
+_ACCUMULATORS = {"moment1": "moment1", "moment2": "moment2", "beta1_pow_acc": "beta1_pow", "beta2_pow_acc": "beta2_pow"}
 
 
 def write_json(path, obj) -> None:
@@ -98,32 +97,39 @@ def clean_leftovers(output_dir) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def _inner(optimizer):
+    """The Paddle AdamW under fleet / sharding wrappers (they keep it as `_inner_opt`)."""
+    while hasattr(optimizer, "_inner_opt"):
+        optimizer = optimizer._inner_opt
+    return optimizer
+
+
 def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
-    """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy)."""
+    """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy).
+
+    Read from the accumulator tables by parameter rather than by parsing Paddle's generated
+    names: under O2 (`multi_precision`) the moments belong to the fp32 master copy
+    (`<param>_fp32_master_0_moment1_0`), not to the parameter. Parameters this rank does not own
+    (ZeRO-1) or that have no state yet are simply absent.
+    """
     from pretrain_cli.convert import hf_param_names
 
-    names = hf_param_names(model)
-    by_internal = {p.name: n for n, p in model.named_parameters()}
-    state = optimizer.state_dict()
+    inner = _inner(optimizer)
+    master = getattr(inner, "_master_weights", None) or {}
+    params = dict(model.named_parameters())
     out = {}
-    for key, value in state.items():
-        if key == "master_weights":
-            for internal, t in value.items():
-                hf, transpose = names[by_internal[internal]]
-                arr = t.numpy()
-                out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
-            continue
-        if key == "LR_Scheduler" or not hasattr(value, "numpy"):
-            continue
-        for suffix, short in _ACCUMULATORS.items():
-            if key.endswith("_" + suffix):
-                internal = key[: -len(suffix) - 1]
-                hf, transpose = names[by_internal[internal]]
-                arr = value.numpy()
-                if transpose and arr.ndim == 2:
-                    arr = arr.T
-                out[f"{hf}/{short}"] = np.ascontiguousarray(arr)
-                break
+    for ours, (hf, transpose) in hf_param_names(model).items():
+        p = params[ours]
+        target = master.get(p.name, p)
+        for key, short in _ACCUMULATORS.items():
+            t = inner._accumulators.get(key, {}).get(target.name)
+            if t is None:
+                continue
+            arr = t.numpy()
+            out[f"{hf}/{short}"] = np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
+        if p.name in master:
+            arr = master[p.name].numpy()
+            out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
     return out
 
 
@@ -140,10 +146,11 @@ def gather_optimizer_state(model, optimizer, comm) -> dict | None:
 
 
 def load_optimizer(model, optimizer, path: Path) -> None:
-    """Inverse of `optimizer_tensors`: rebuild Paddle's accumulator names for this process.
+    """Inverse of `optimizer_tensors`, into an optimizer that is already AMP-decorated and sharded.
 
-    Every rank reads the full (topology-free) state before its optimizer is sharded; Paddle creates
-    accumulators lazily, so a ZeRO-1 rank materialises only the ones for the parameters it owns.
+    The accumulators (and O2 master weights) of the parameters this optimizer manages — under
+    ZeRO-1 only its own shard — are created now and overwritten with the saved values, so a
+    checkpoint from any topology loads into any other.
     """
     import paddle
     from safetensors.numpy import load_file
@@ -154,25 +161,33 @@ def load_optimizer(model, optimizer, path: Path) -> None:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a damaged file
         raise UserError(f"{path}: unreadable optimizer state ({e}); resume from another checkpoint") from None
-    state, master = {}, {}
+    inner = _inner(optimizer)
+    managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
-    for ours, (hf, transpose) in hf_param_names(model).items():
+    names = {ours: v for ours, v in hf_param_names(model).items() if params[ours].name in managed}
+    inner._create_accumulators(paddle.static.default_main_program().global_block(),
+                               [params[ours] for ours in names])
+    master = getattr(inner, "_master_weights", None) or {}
+    for ours, (hf, transpose) in names.items():
         p = params[ours]
-        for suffix, short in _ACCUMULATORS.items():
+        target = master.get(p.name, p)
+        for key, short in _ACCUMULATORS.items():
             arr = tensors.get(f"{hf}/{short}")
             if arr is None:
                 raise UserError(f"{path}: no {short} for {hf}; the optimizer state does not match the model")
             if transpose and arr.ndim == 2:
                 arr = arr.T
-            if short.startswith("moment") and list(arr.shape) != list(p.shape):
-                raise UserError(f"{path}: {hf}/{short} has shape {list(arr.shape)}, the model needs {list(p.shape)}")
-            state[f"{p.name}_{suffix}"] = paddle.to_tensor(np.ascontiguousarray(arr))
-        if f"{hf}/master" in tensors:
-            arr = tensors[f"{hf}/master"]
-            master[p.name] = paddle.to_tensor(np.ascontiguousarray(arr.T if transpose else arr))
-    if master:
-        state["master_weights"] = master
-    optimizer.set_state_dict(state)
+            acc = inner._accumulators[key][target.name]
+            if list(arr.shape) != list(acc.shape):
+                raise UserError(f"{path}: {hf}/{short} has shape {list(arr.shape)}, the model needs {list(acc.shape)}")
+            if arr.dtype.kind != "f":
+                raise UserError(f"{path}: {hf}/{short} is {arr.dtype}, expected floating point; the file is not ours")
+            acc.set_value(np.ascontiguousarray(arr, dtype=np.float32))
+        if p.name in master:
+            arr = tensors.get(f"{hf}/master")
+            if arr is None:  # saved without O2: the fp32 weights themselves are the master copy
+                continue
+            master[p.name].set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
 
 
 def save_checkpoint(output_dir, step: int, model, model_cfg, optimizer, trainer_state: dict, run_args: dict,

@@ -50,16 +50,16 @@ def derive_kernels(training, device: str = "cpu") -> KernelConfig:
     )
 
 
-def derive_parallel(resolved, training, rank: int = 0, local_rank: int = 0) -> ParallelConfig:
+def derive_parallel(resolved, training, rank: int = 0, local_rank: int = 0, supported_only: bool = True) -> ParallelConfig:
     """Degrees from the resolved world size; ranks default to this process's launcher rank."""
     import os
 
     rank = int(os.environ.get("PADDLE_TRAINER_ID", rank) or rank)
     local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", local_rank)) or 0)
-    return _derive(resolved, training, rank, local_rank)
+    return _derive(resolved, training, rank, local_rank, supported_only)
 
 
-def _derive(resolved, training, rank: int, local_rank: int) -> ParallelConfig:
+def _derive(resolved, training, rank: int, local_rank: int, supported_only: bool = True) -> ParallelConfig:
     """PaddleNLP degree arithmetic: world = dp × sharding × tp × pp (REFERENCE §7.3)."""
     from pretrain_cli.errors import UserError
 
@@ -74,9 +74,15 @@ def _derive(resolved, training, rank: int, local_rank: int) -> ParallelConfig:
         if sharding < 1 or rest % sharding:
             raise UserError(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel "
                             f"processes (world {world} / tp {tp} / pp {pp}); use a divisor or -1")
-    if sharding > 1 and resolved.sharding_stage in (2, 3) and getattr(resolved, "device", "gpu") == "cpu":
-        raise UserError(f"sharding: stage{resolved.sharding_stage} needs GPUs (Paddle's group_sharded_parallel "
-                        f"supports gpu/xpu only); on cpu use sharding: stage1 or plain data parallel (sharding: '')")
+    if supported_only and sharding > 1 and resolved.sharding_stage in (2, 3):
+        # Paddle's group_sharded_parallel releases non-owned gradients, so the global norm, clipping
+        # and a topology-free checkpoint each need a gather that is not written yet.
+        raise UserError(f"sharding: stage{resolved.sharding_stage} is not supported yet (clipping and checkpoints "
+                        f"need the sharded gradients and optimizer state gathered); use sharding: stage1, which "
+                        f"shards the optimizer state and saves topology-free checkpoints")
+    if supported_only and sharding > 1 and resolved.amp_dtype == "float16":
+        raise UserError("fp16: loss scaling together with sharding is not supported yet; use bf16 (no loss scaler "
+                        "needed) or plain data parallel (sharding: '')")
     # TP/PP ranks share data; with tp = pp = 1 every rank is its own data rank (dp-major, sharding-minor).
     data_rank = rank // (tp * pp)
     return ParallelConfig(world_size=world, rank=rank, local_rank=local_rank, data_rank=data_rank,

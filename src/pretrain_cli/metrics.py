@@ -77,10 +77,23 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
 class MetricsWriter:
     """metrics.jsonl + VisualDL scalars; rank 0 only (the caller guarantees it)."""
 
-    def __init__(self, output_dir: str, logging_dir: str | None, report_to: list | None, resume: bool):
+    def __init__(self, output_dir: str, logging_dir: str | None, report_to: list | None, keep_until: float | None):
+        """`keep_until`: None starts a new file; a step number keeps the records up to it and appends
+        (a resume drops what the interrupted run logged after its checkpoint, so no step appears twice)."""
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.path, "a" if resume else "w", encoding="utf-8")
+        if keep_until is not None and self.path.is_file():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= keep_until:
+                        kept.append(line + "\n")
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+            tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
         self._vdl = None
         targets = [t.lower() for t in (report_to or ["visualdl"])]
         if any(t in ("visualdl", "all") for t in targets) and "none" not in targets:

@@ -33,11 +33,15 @@ def write_final(out: Path, model, cfg, spec, trainer, results: dict, dtype: str)
     from pretrain_cli.plot import line_plot
     from pretrain_cli.train import run_args_json
 
-    if spec.args.training.do_train:
-        save_hf(model, cfg, str(out), dtype=dtype)
-        copy_tokenizer(spec.tokenizer_dir, out)
-        write_json(out / "trainer_state.json", trainer.state_dict())
-        write_json(out / "train_results.json", {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
+    if not spec.args.training.do_train:  # eval/predict only: add to the run's record, rewrite nothing else
+        previous = out / "all_results.json"
+        merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+        write_json(previous, {**merged, **results})
+        return
+    save_hf(model, cfg, str(out), dtype=dtype)
+    copy_tokenizer(spec.tokenizer_dir, out)
+    write_json(out / "trainer_state.json", trainer.state_dict())
+    write_json(out / "train_results.json", {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
     write_json(out / "all_results.json", results)
     write_json(out / "args.json", run_args_json(spec))
     png = line_plot(loss_series(out / "metrics.jsonl"))

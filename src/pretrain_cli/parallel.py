@@ -160,7 +160,7 @@ def _sharded(parallel: ParallelConfig) -> bool:
     return parallel.world_size > 1 and parallel.sharding_stage >= 1 and parallel.sharding_degree > 1
 
 
-def wrap_model(model, parallel: ParallelConfig, recompute: bool = False):
+def wrap_model(model, parallel: ParallelConfig):
     """`paddle.DataParallel` for more than one data rank; fleet's wrapper for stage1; the model itself for one process.
 
     Stage2/3 wrap model and optimizer together in `wrap_optimizer`.

@@ -84,7 +84,10 @@ def _load(config, overrides, gpus: int, is_gpu: bool):
                      f"no sequence parallel)")
     resolved = resolve(args, world_size=gpus, gpu_available=is_gpu)
     resolved.tp_degree = tp
-    parallel = derive_parallel(resolved, t)
+    parallel = derive_parallel(resolved, t, supported_only=False)
+    if parallel.sharding_degree > 1 and parallel.sharding_stage in (2, 3):
+        notes.append(f"sharding: stage{parallel.sharding_stage} is modelled here, but `train` supports only stage1 "
+                     f"so far")
     _, cfg = build_model_config(args)
     return args, resolved, parallel, cfg, notes + list(resolved.notes)
 
@@ -212,7 +215,8 @@ def _suggestions(config, overrides, device, gpus, mfu, args, setup: Setup, base:
         groups.append(([{"use_flash_attention": True}], "no [b, heads, s, s] scores (needs Ampere+ and fp16/bf16)"))
     if base["parallel"]["data_ranks"] > 1 and setup.sharding_stage < 3:
         stages = [{"sharding": f"stage{k}"} for k in range(setup.sharding_stage + 1, 4)]
-        groups.append((stages, "shards optimizer state (stage1), + gradients (stage2), + weights (stage3)"))
+        groups.append((stages, "shards optimizer state (stage1), + gradients (stage2), + weights (stage3); "
+                               "train supports stage1 so far"))
     if b > 1:
         mbs = [m for m in (b // 2 ** i for i in range(1, b.bit_length())) if m >= 1 and b % m == 0]
         groups.append(([{"per_device_train_batch_size": m, "gradient_accumulation_steps": acc * b // m}

@@ -240,20 +240,21 @@ def run(spec: RunSpec) -> int:
 
         load_weights(model, spec.model_cfg, str(resume))
     if t.recompute:
-        apply_recompute(model, t.recompute_granularity)
+        apply_recompute(model, t.recompute_granularity, t.recompute_use_reentrant, t.no_recompute_layers)
     schedule = build_schedule(t, r)
     optimizer = build_optimizer(model, t, schedule, multi_precision=r.amp_level == "O2" and r.amp_dtype is not None)
-    if resume is not None:
-        checkpoint.load_optimizer(model, optimizer, resume / checkpoint.OPTIMIZER_FILE)
+    raw_model = model
+    model, optimizer, amp = build_amp(model, optimizer, r, t)
+    model = parallel.wrap_model(model, p)
+    model, optimizer = parallel.wrap_optimizer(model, optimizer, p, offload=r.sharding_offload)
+    comm = parallel.build_comm(p, optimizer, raw_model)
+    if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
+        checkpoint.load_optimizer(raw_model, optimizer, resume / checkpoint.OPTIMIZER_FILE)
     if rank0:  # only now that the resume checkpoint has fully loaded: a bad one leaves output_dir untouched
         out.mkdir(parents=True, exist_ok=True)
         checkpoint.clean_leftovers(out)
-        checkpoint.write_json(out / "args.json", run_args_json(spec))
-    raw_model = model
-    model, optimizer, amp = build_amp(model, optimizer, r, t)
-    model = parallel.wrap_model(model, p, recompute=t.recompute)
-    model, optimizer = parallel.wrap_optimizer(model, optimizer, p, offload=r.sharding_offload)
-    comm = parallel.build_comm(p, optimizer, raw_model)
+        if t.do_train:  # an eval-only run must not overwrite the training run's record
+            checkpoint.write_json(out / "args.json", run_args_json(spec))
 
     cfg, seq = spec.model_cfg, a.data.max_seq_length
     peak, peak_source = metrics.resolve_peak(r.device, r.amp_dtype, t.peak_tflops) if t.do_train else (None, "")
@@ -263,7 +264,8 @@ def run(spec: RunSpec) -> int:
     if t.do_train:
         metrics.log.info(f"flops: {flops_per_token(cfg, seq):.4g} model FLOPs/token (6N + 12·L·H·d·S), "
                          f"mfu against {peak_source}" if peak else f"flops: mfu unknown ({peak_source})")
-    writer = metrics.MetricsWriter(str(out), t.logging_dir, t.report_to, resume is not None) if rank0 else None
+    keep_until = state["global_step"] if resume is not None else (None if t.do_train else float("inf"))
+    writer = metrics.MetricsWriter(str(out), t.logging_dir, t.report_to, keep_until) if rank0 else None
     dtype = r.amp_dtype if r.amp_level == "O2" and r.amp_dtype else "float32"
 
     def save(trainer):

@@ -110,6 +110,14 @@ class Trainer:
         norm = self._grad_norm()
         stats = np.array([float(total), float(norm)], dtype=np.float64)  # the one host sync of the step
         loss_v, norm_v = float(stats[0]), float(stats[1])
+        if not math.isfinite(norm_v) and math.isfinite(loss_v) and self.amp and self.amp.scaler is not None:
+            # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
+            # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
+            self.amp.scaler.step(self.optimizer)
+            self.amp.scaler.update()
+            self.optimizer.clear_grad()
+            log.warning(f"step {self.state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
+            return loss_v, norm_v, True
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self.optimizer.clear_grad()
             if self.amp and self.amp.scaler is not None:

@@ -191,3 +191,20 @@ def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys
         runs.append(json.loads(capsys.readouterr().out)["tokens"])
     assert runs[0] == runs[1] and runs[2] == runs[3]
     assert len(runs[2]) <= 12 and all(0 <= t < 512 for r in runs for t in r)
+
+
+def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):
+    import shutil
+
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=3, split="90,5,5")
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    shutil.rmtree(out / "checkpoint-6")  # as if killed after step 6 was logged but before it was saved
+    assert cli_main(["train", cfg]) == 0  # resumes from checkpoint-3 and re-logs steps 4..6
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert cli_main(["train", cfg, "--do_train", "false", "--do_eval", "true"]) == 0
+    kinds = [json.loads(x)["kind"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert kinds == ["train"] * 6 + ["eval"]
+    results = json.loads((out / "all_results.json").read_text())
+    assert "train_loss" in results and "eval_loss" in results

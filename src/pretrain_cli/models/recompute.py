@@ -12,7 +12,7 @@ import functools
 GRANULARITIES = ("full", "full_attn", "core_attn")
 
 
-def _wrap(layer) -> None:
+def _wrap(layer, use_reentrant: bool) -> None:
     from paddle.distributed.fleet.utils import recompute
 
     plain = layer.forward
@@ -20,19 +20,27 @@ def _wrap(layer) -> None:
     @functools.wraps(plain)
     def forward(*args, **kwargs):
         if layer.training:
-            return recompute(plain, *args, **kwargs)
+            return recompute(plain, *args, use_reentrant=use_reentrant, **kwargs)
         return plain(*args, **kwargs)
 
     layer.forward = forward
 
 
-def apply_recompute(model, granularity: str | None):
-    """Wrap every decoder layer's chosen part in `fleet.utils.recompute`; returns `model`."""
+def apply_recompute(model, granularity: str | None, use_reentrant: bool = False, skip_layers=()):
+    """Wrap every decoder layer's chosen part in `fleet.utils.recompute`; returns `model`.
+
+    The default is the non-reentrant implementation: the reentrant one re-runs backward hooks, which
+    `paddle.DataParallel` rejects ("parameter has been ready before") with more than one process.
+    `skip_layers` (PaddleNLP's `no_recompute_layers`) leaves those layer indices un-wrapped.
+    """
     if granularity in (None, "", "none"):
         return model
     if granularity not in GRANULARITIES:
         raise ValueError(f"recompute_granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    for layer in model.model.layers:
+    skip = set(skip_layers or ())
+    for i, layer in enumerate(model.model.layers):
+        if i in skip:
+            continue
         target = {"full": layer, "full_attn": layer.self_attn, "core_attn": layer.self_attn.core}[granularity]
-        _wrap(target)
+        _wrap(target, use_reentrant)
     return model
