@@ -112,7 +112,7 @@ def _scalar(spec: KeySpec, value, where: str, from_text: bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        if isinstance(value, str) and from_text:
+        if isinstance(value, str):  # PaddleNLP passes every JSON value through argv, so "100" works there too
             try:
                 return int(value.strip())
             except ValueError:

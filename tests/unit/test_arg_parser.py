@@ -38,6 +38,11 @@ def test_bool_forms_on_command_line():
     assert a.training.unified_checkpoint is False and a.training.bf16 is True
 
 
+def test_quoted_numbers_are_accepted_like_paddlenlp(tmp_path):
+    a = parse_config(write(tmp_path, {**BASE, "max_steps": "100", "learning_rate": "3e-4", "warmup_steps": "1e1"}))
+    assert a.training.max_steps == 100 and a.training.learning_rate == 3e-4 and a.training.warmup_steps == 10
+
+
 def test_null_means_default_or_none(tmp_path):
     a = parse_config(write(tmp_path, {**BASE, "eval_steps": None, "max_seq_length": None, "tokenizer_name_or_path": None}))
     assert a.training.eval_steps is None  # optional -> None, never the string "None"
