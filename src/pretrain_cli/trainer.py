@@ -34,6 +34,8 @@ class TrainerState:
     train_seconds: float = 0.0  # summed over restarts (goodput)
     last_batch_hash: str = ""
     loss_sum: float = 0.0  # sum of per-step losses, for the run's mean train_loss
+    interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
+    interval_steps: int = 0
     log_history: list = field(default_factory=list)
 
 
@@ -49,8 +51,6 @@ class Trainer:
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self.stop_requested = False
-        self._interval_loss = 0.0
-        self._interval_steps = 0
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -173,8 +173,8 @@ class Trainer:
                 step = self.state.global_step
                 self.state.tokens_seen += global_batch * self.args.data.max_seq_length
                 self.state.loss_sum += loss
-                self._interval_loss += loss
-                self._interval_steps += 1
+                self.state.interval_loss += loss
+                self.state.interval_steps += 1
                 self.throughput.step()
                 if bar is not None:
                     bar.update(1)
@@ -232,7 +232,7 @@ class Trainer:
                                  f"(nan_skip_limit {self.t.nan_skip_limit}); stopped")
 
     def _log(self, grad_norm: float) -> None:
-        loss = self._interval_loss / max(1, self._interval_steps)
+        loss = self.state.interval_loss / max(1, self.state.interval_steps)
         if self.comm:
             loss = self.comm.mean(loss)
         values = {"loss": loss, "learning_rate": self.schedule.lr_at(self.state.global_step),
@@ -249,7 +249,7 @@ class Trainer:
         values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": self.state.tokens_seen,
                        "consumed_samples": self.state.consumed_samples, "batch_hash": self.state.last_batch_hash,
                        "progress_or_epoch": round(self.state.global_step / self.t.max_steps, 4)})
-        self._interval_loss, self._interval_steps = 0.0, 0
+        self.state.interval_loss, self.state.interval_steps = 0.0, 0
         log.info(format_line(values))
         self._record("train", values)
 

@@ -55,10 +55,11 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert args["arguments"]["max_seq_length"] == 32 and "resolved" in args
 
 
-def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_path):
+@pytest.mark.parametrize("logging_steps", [1, 3])  # 3: a log interval straddles the checkpoint
+def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_path, logging_steps):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    common = dict(max_steps=10, save_steps=5, decay_steps=10)
+    common = dict(max_steps=10, save_steps=5, decay_steps=10, logging_steps=logging_steps)
     assert cli_main(["train", write_config(a, corpus, **common)]) == 0
     cfg_b = write_config(b, corpus, **common)
     assert cli_main(["train", cfg_b, "--max_steps", "5"]) == 0  # stops at 5 (a checkpoint)
