@@ -18,7 +18,7 @@ from typing import Callable
 
 from pretrain_cli.config import KernelConfig
 
-_MASKS: dict = {}  # (seq_len, place) -> bool causal mask, reused across layers and steps
+_MASKS: dict = {}  # (q_len, k_len, place) -> bool causal mask, reused across layers and steps
 
 
 # ---------------------------------------------------------------- reference paths (any device)
@@ -31,21 +31,55 @@ def rms_norm_reference(x, weight, eps: float):
     return (x32 * paddle.rsqrt(var + eps)).astype(weight.dtype) * weight
 
 
-def _rotate_half(x):
+_ROTATIONS: dict = {}  # (head_dim, dtype, place) -> [head_dim, head_dim] rotate-half matrix
+
+
+def _rotation(head_dim: int, dtype, place):
+    """R with `x @ R == concat([-x2, x1])` (HF rotate_half), exact: one ±1 per column.
+
+    Folded into the per-position RoPE matrix (`rope_reference`), it replaces slice+neg+concat,
+    whose backward (SliceGrad: a zero-filled full tensor per slice) was the single largest
+    non-matmul cost of a CPU step (docs/PERFORMANCE.md).
+    """
+    import numpy as np
     import paddle
 
-    half = x.shape[-1] // 2
-    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+    key = (head_dim, str(dtype), str(place))
+    if key not in _ROTATIONS:
+        half = head_dim // 2
+        r = np.zeros([head_dim, head_dim], dtype=np.float32)
+        r[np.arange(half) + half, np.arange(half)] = -1.0  # out[:half] = -x[half:]
+        r[np.arange(half), np.arange(half) + half] = 1.0  # out[half:] = x[:half]
+        _ROTATIONS[key] = paddle.to_tensor(r, place=place).astype(dtype)
+    return _ROTATIONS[key]
+
+
+def _rope_one(x, mats):
+    """`x[b, p] @ M[p]` for every position p: one batched GEMM over positions."""
+    import paddle
+
+    bsz, seq_len, heads, head_dim = x.shape
+    xt = x.transpose([1, 0, 2, 3]).reshape([seq_len, bsz * heads, head_dim])  # [seq_len, bsz*heads, head_dim]
+    out = paddle.matmul(xt, mats).reshape([seq_len, bsz, heads, head_dim])  # [seq_len, bsz, heads, head_dim]
+    return out.transpose([1, 0, 2, 3])  # [bsz, seq_len, heads, head_dim]
 
 
 def rope_reference(q, k, cos, sin):
-    """HF rotate-half RoPE; no permutation of q/k weights is ever needed."""
+    """HF rotate-half RoPE in fp32 as one per-position GEMM: `x·cos + rotate_half(x)·sin = x @ M[p]`.
+
+    M[p] = diag(cos_p) + R·diag(sin_p) (R = the rotate-half matrix) is built once per call and
+    shared by q and k. Two broadcast multiplies, an add and slice/concat per tensor (and their
+    backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
+    equal to the elementwise form to ~5e-7 (docs/PERFORMANCE.md).
+    """
+    import paddle
+
     seq_len, head_dim = cos.shape
-    cos = cos.reshape([1, seq_len, 1, head_dim])  # [1, seq_len, 1, head_dim]
-    sin = sin.reshape([1, seq_len, 1, head_dim])  # [1, seq_len, 1, head_dim]
-    q32, k32 = q.astype("float32"), k.astype("float32")
-    q_out = q32 * cos + _rotate_half(q32) * sin
-    k_out = k32 * cos + _rotate_half(k32) * sin
+    rot = _rotation(head_dim, "float32", cos.place)
+    cos32, sin32 = cos.astype("float32"), sin.astype("float32")
+    mats = paddle.diag_embed(cos32) + rot.unsqueeze(0) * sin32.unsqueeze(1)  # [seq_len, head_dim, head_dim]
+    q_out = _rope_one(q.astype("float32"), mats)
+    k_out = _rope_one(k.astype("float32"), mats)
     return q_out.astype(q.dtype), k_out.astype(k.dtype)
 
 
@@ -53,6 +87,17 @@ def swiglu_reference(gate, up):
     import paddle.nn.functional as F
 
     return F.silu(gate) * up
+
+
+def swiglu_packed(gate_up):
+    """silu(gate)·up from one `[..., 2·inter]` tensor laid out [gate | up] (one GEMM, one kernel).
+
+    `paddle.incubate.nn.functional.swiglu` is a plain elementwise kernel that runs on CPU too
+    (PADDLE_CPU §3); with the packed GEMM it cut the MLP fwd+bwd ~1.6× on CPU.
+    """
+    import paddle.nn.functional as F
+
+    return F.swiglu(gate_up)
 
 
 def repeat_kv(x, n_rep: int):
@@ -70,36 +115,65 @@ def attention_math(q, k, v):
     import paddle.nn.functional as F
 
     bsz, seq_len, n_heads, head_dim = q.shape
+    k_len = k.shape[1]
     n_rep = n_heads // k.shape[2]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
     kt = k.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
     vt = v.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
     scores = paddle.matmul(qt, kt, transpose_y=True).astype("float32") / math.sqrt(head_dim)
-    mask = paddle.triu(paddle.full([seq_len, seq_len], float("-inf"), dtype="float32"), 1)
+    # bottom-right aligned: query i sits at position k_len − seq_len + i (a KV cache has k_len > seq_len)
+    mask = paddle.triu(paddle.full([seq_len, k_len], float("-inf"), dtype="float32"), 1 + k_len - seq_len)
     probs = F.softmax(scores + mask, axis=-1).astype(q.dtype)  # [bsz, n_heads, seq_len, seq_len]
     out = paddle.matmul(probs, vt)  # [bsz, n_heads, seq_len, head_dim]
     return out.transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
 
 
-def _causal_bool_mask(seq_len: int, place):
+def _causal_bool_mask(q_len: int, k_len: int, place):
+    """`[q_len, k_len]` bool, True = visible; query row i sits at position k_len − q_len + i.
+
+    Built once per shape and reused across layers and steps (sdpa's CPU path rebuilds a float
+    triangle on every call).
+    """
     import paddle
 
-    key = (seq_len, str(place))
+    key = (q_len, k_len, str(place))
     if key not in _MASKS:
-        _MASKS[key] = paddle.tril(paddle.ones([seq_len, seq_len], dtype="bool"))  # [seq_len, seq_len]
+        rows = paddle.arange(q_len).reshape([q_len, 1]) + (k_len - q_len)  # [q_len, 1]
+        _MASKS[key] = paddle.arange(k_len).reshape([1, k_len]) <= rows  # [q_len, k_len]
     return _MASKS[key]
 
 
 def attention_sdpa_mask(q, k, v):
-    """CPU default: sdpa with a cached boolean mask measured fastest on CPU (docs/MODELS.md).
+    """CPU default: the math of Paddle's CPU sdpa with a cached bool mask applied by `where`.
 
-    sdpa repeats GQA KV heads itself, so no repeat_interleave here.
+    On CPU `F.scaled_dot_product_attention` is Python matmul+softmax anyway; writing it out
+    keeps the mask cached, lets `q_len < k_len` (a KV cache) align the mask bottom-right, skips
+    the mask for one-token decode steps, and broadcasts GQA K/V instead of materialising
+    `repeat_kv` (sdpa's expand + ExpandGrad: 1.5–6 % of a CPU step, depending on load).
     """
+    import paddle
     import paddle.nn.functional as F
 
-    mask = _causal_bool_mask(q.shape[1], q.place)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    bsz, q_len, n_heads, head_dim = q.shape
+    k_len, n_kv = k.shape[1], k.shape[2]
+    n_rep = n_heads // n_kv
+    qt = (q * (1.0 / math.sqrt(head_dim))).transpose([0, 2, 1, 3])  # [bsz, n_heads, q_len, head_dim]
+    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
+    vt = v.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
+    # GQA by batch broadcasting: query heads [j·n_rep, (j+1)·n_rep) share KV head j; no K/V copy,
+    # and the broadcast grad sums per head exactly as expand's grad does (bit-identical dK/dV).
+    qt = qt.reshape([bsz, n_kv, n_rep, q_len, head_dim])  # [bsz, n_kv, n_rep, q_len, head_dim]
+    kt = kt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    vt = vt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
+    if q_len > 1:
+        mask = _causal_bool_mask(q_len, k_len, q.place)
+        scores = paddle.where(mask, scores, paddle.full([1], float("-inf"), dtype=scores.dtype))
+    probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
+    out = paddle.matmul(probs, vt)  # [bsz, n_kv, n_rep, q_len, head_dim]
+    out = out.reshape([bsz, n_heads, q_len, head_dim])  # [bsz, n_heads, q_len, head_dim]
+    return out.transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, head_dim]
 
 
 def attention_sdpa_causal(q, k, v):
@@ -147,10 +221,16 @@ class Kernels:
     rms_norm: Callable = rms_norm_reference
     rope: Callable = rope_reference
     swiglu: Callable = swiglu_reference
+    # MLP runs one GEMM on [gate | up] weights concatenated at forward time (names unchanged)
+    pack_mlp: bool = True
+    pack_qkv: bool = False  # q/k/v as one GEMM on concatenated weights (measured: see PERFORMANCE.md)
+    swiglu_packed: Callable = swiglu_packed
+    # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
+    attention_cached: Callable = attention_sdpa_mask
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} rms_norm={self.rms_norm_name} "
-                f"rope={self.rope_name} swiglu={self.swiglu_name}")
+                f"rope={self.rope_name} swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''}")
 
 
 _ATTN = {"math": attention_math, "sdpa_mask": attention_sdpa_mask, "sdpa_causal": attention_sdpa_causal}
@@ -203,3 +283,16 @@ def select(kernel_cfg: KernelConfig | None = None, device: str = "cpu") -> Kerne
         rope=(_FUSED if chosen["rope"] == "fused" else _REF)["rope"],
         swiglu=(_FUSED if chosen["swiglu"] == "fused" else _REF)["swiglu"],
     )
+
+
+# ---------------------------------------------------------------- compiled forward
+def compile_forward(model):
+    """Opt-in `paddle.jit.to_static` (SOT) of the model's forward; same parameters, same losses.
+
+    SOT traces Python bytecode and falls back to eager on what it cannot capture, so the
+    model code needs no changes; on CPU the captured graph runs ~1.4× faster (PADDLE_CPU §9).
+    Backward, clipping and the optimizer stay eager. Returns the same Layer object.
+    """
+    import paddle
+
+    return paddle.jit.to_static(model, full_graph=False)

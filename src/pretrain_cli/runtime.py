@@ -2,7 +2,8 @@
 
 Paddle reads its math-library environment once, at import or at the first matmul
 (see docs/PERFORMANCE.md): MKL 2019 takes a slow generic path on AMD CPUs unless
-`MKL_DEBUG_CPU_TYPE=5`, and `import paddle` pins `OMP_NUM_THREADS=1` when it is unset.
+`MKL_DEBUG_CPU_TYPE=5` (on Intel with AVX-512 the same setting halves matmul speed, so it is
+set on AMD only), and `import paddle` pins `OMP_NUM_THREADS=1` when it is unset.
 Every entry point calls `setup_env()` first and imports Paddle through `import_paddle()`,
 so no module sets environment variables at import time.
 """
@@ -24,13 +25,22 @@ def default_threads() -> int:
     return max(1, cores // max(1, local))
 
 
+def _is_amd() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return "AuthenticAMD" in f.read(4096)
+    except OSError:
+        return False
+
+
 def setup_env(threads: int | None = None) -> None:
     """Set the CPU math environment and quiet Paddle's import noise, unless the user set them."""
     global _DONE
     if _DONE:
         return
     n = str(threads or default_threads())
-    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    if _is_amd():  # MKL 2019 takes its slow generic path on AMD; on AVX-512 Intel type 5 would force AVX2
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     os.environ.setdefault("OMP_NUM_THREADS", n)
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
     # glog INFO/WARNING lines and the "Modified FLAGS" banner say nothing a user can act on.

@@ -245,6 +245,10 @@ def run(spec: RunSpec) -> int:
     optimizer = build_optimizer(model, t, schedule, multi_precision=r.amp_level == "O2" and r.amp_dtype is not None)
     raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, r, t)
+    if t.to_static:
+        from pretrain_cli import kernels
+
+        model = kernels.compile_forward(model)  # same object: raw_model and checkpoints are unaffected
     model = parallel.wrap_model(model, p)
     model, optimizer = parallel.wrap_optimizer(model, optimizer, p, offload=r.sharding_offload)
     comm = parallel.build_comm(p, optimizer, raw_model)

@@ -11,7 +11,7 @@ import paddle.nn as nn
 
 from pretrain_cli.kernels import Kernels
 from pretrain_cli.models.config import ModelConfig
-from pretrain_cli.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding, linear, normal_attr
+from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
 
 
 class DecoderLayer(nn.Layer):
@@ -24,8 +24,8 @@ class DecoderLayer(nn.Layer):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.mlp = MLP(cfg, kernels, mlp_bias)
 
-    def forward(self, x, cos, sin):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, kv=None):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -39,12 +39,18 @@ class DecoderModel(nn.Layer):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, cache: KVCache | None = None):
         seq_len = input_ids.shape[1]
-        cos, sin = self.rotary_emb(seq_len)  # [seq_len, head_dim] each
+        offset = cache.offset if cache is not None else 0
+        cos, sin = self.rotary_emb(seq_len, offset)  # [seq_len, head_dim] each
         x = self.embed_tokens(input_ids)  # [bsz, seq_len, hidden]
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        if cache is None:  # training/eval: the plain path, nothing cache-related traced
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+        else:
+            for layer, kv in zip(self.layers, cache.layers):
+                x = layer(x, cos, sin, kv)
+            cache.offset += seq_len
         return self.norm(x)
 
 
@@ -66,8 +72,13 @@ class CausalLM(nn.Layer):
         self.model = DecoderModel(cfg, kernels, *self.biases(cfg))
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
-    def forward(self, input_ids):
-        h = self.model(input_ids)  # [bsz, seq_len, hidden]
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for `forward(ids, cache)` (generation)."""
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(self, input_ids, cache: KVCache | None = None):
+        """`cache` (generation only) feeds just the new tokens and appends their K/V."""
+        h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if self.lm_head is None:
             return paddle.matmul(h, self.model.embed_tokens.weight, transpose_y=True)  # [bsz, seq_len, vocab]
         return self.lm_head(h)  # [bsz, seq_len, vocab]

@@ -82,6 +82,30 @@ class RotaryEmbedding(nn.Layer):
         return self._cache[key]
 
 
+class LayerKV:
+    """One layer's cached keys/values `[bsz, cached_len, n_kv_heads, head_dim]` (generation only)."""
+
+    def __init__(self):
+        self.k = None
+        self.v = None
+
+    def append(self, k, v):
+        """Concatenate the new positions and return the full K/V to attend over."""
+        if self.k is not None:
+            k = paddle.concat([self.k, k], axis=1)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
+            v = paddle.concat([self.v, v], axis=1)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """Per-layer K/V plus the number of positions already cached (the RoPE offset of new tokens)."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [LayerKV() for _ in range(num_layers)]
+        self.offset = 0
+
+
 class CoreAttention(nn.Layer):
     """Softmax(QKᵀ)V only, as its own layer so `core_attn` recompute can wrap exactly this."""
 
@@ -107,15 +131,33 @@ class Attention(nn.Layer):
         self.o_proj = linear(cfg, q_out, h, o_bias, residual=True)
         self.core = CoreAttention(kernels)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, kv: LayerKV | None = None):
+        """Training passes no `kv` (unchanged path); generation passes the layer's cache."""
         bsz, seq_len, _ = x.shape
-        q = self.q_proj(x).reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
-        k = self.k_proj(x).reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
-        v = self.v_proj(x).reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        if self.kernels.pack_qkv:
+            q, k, v = self._packed_qkv(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
+        k = k.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        v = v.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
         q, k = self.kernels.rope(q, k, cos, sin)
-        out = self.core(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
+        if kv is None:
+            out = self.core(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
+        else:
+            k, v = kv.append(k, v)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
+            out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
         out = out.reshape([bsz, seq_len, self.n_heads * self.head_dim])  # [bsz, seq_len, n_heads*head_dim]
         return self.o_proj(out)
+
+    def _packed_qkv(self, x):
+        """One GEMM over [q | k | v] weights concatenated at forward time; parameter names unchanged."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        w = paddle.concat([p.weight for p in projs], axis=1)  # [hidden, q_out+2*kv_out]
+        qkv = paddle.matmul(x, w)  # [bsz, seq_len, q_out+2*kv_out]
+        if self.q_proj.bias is not None:
+            qkv = qkv + paddle.concat([p.bias for p in projs])  # [q_out+2*kv_out]
+        return paddle.split(qkv, [p.weight.shape[1] for p in projs], axis=-1)
 
 
 class MLP(nn.Layer):
@@ -128,4 +170,12 @@ class MLP(nn.Layer):
         self.down_proj = linear(cfg, inter, h, bias, residual=True)
 
     def forward(self, x):
-        return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
+        if not self.kernels.pack_mlp:
+            return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
+        # One GEMM over [gate | up]: the concat of two [hidden, inter] weights costs far less than
+        # the second GEMM's fixed overhead and a separate silu/multiply pair (docs/PERFORMANCE.md).
+        w = paddle.concat([self.gate_proj.weight, self.up_proj.weight], axis=1)  # [hidden, 2*inter]
+        gate_up = paddle.matmul(x, w)  # [bsz, seq_len, 2*inter]
+        if self.gate_proj.bias is not None:
+            gate_up = gate_up + paddle.concat([self.gate_proj.bias, self.up_proj.bias])  # [2*inter]
+        return self.down_proj(self.kernels.swiglu_packed(gate_up))
