@@ -18,7 +18,16 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.resolve import Resolved, resolve
 
 
+EPILOG = """Every key of the argument file (docs/COMPATIBILITY.md, or --help-keys) can follow the file as
+--key value; later values win (default < file < command line). Bools take true/false/1/0, --flag alone
+means true and --no_flag false. Examples:
+  pretrain-cli train configs/demo_cpu.json --max_steps 100 --learning_rate 1e-3
+  python -m paddle.distributed.launch --nproc_per_node 2 scripts/run_pretrain.py configs/demo_cpu.json"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--help-keys", action="store_true", help="list every argument-file key with its meaning")
 
 

@@ -122,3 +122,12 @@ def test_fresh_clone_check_and_shipped_configs_parse():
         assert resolved.decay_steps > resolved.warmup_steps >= 1
     qwen = parse_config(str(REPO / "configs" / "qwen2.5-0.5b_pretrain.json"))
     assert qwen.training.bf16 and not qwen.training.fp16  # Qwen2 overflows in fp16
+
+
+def test_debug_shows_the_traceback_that_is_hidden_otherwise(tmp_path):
+    (tmp_path / "cfg.json").write_text('{"max_stepz": 1}')
+    plain = run("check", tmp_path / "cfg.json")
+    debug = run("--debug", "check", tmp_path / "cfg.json")
+    assert plain.returncode == debug.returncode == 2
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
