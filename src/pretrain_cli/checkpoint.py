@@ -271,3 +271,31 @@ def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
         if saved_len is not None and saved_len != max_seq_length:
             raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
                             f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
+
+
+class Saver:
+    """The trainer's `save_fn`: gather (every rank), then rank 0 writes while the others wait.
+
+    The others wait on the launcher's TCP store, not in a gloo collective, whose hard 30 s timeout a
+    slow save would trip (docs/DISTRIBUTED.md).
+    """
+
+    def __init__(self, out: Path, model, model_cfg, optimizer, comm, rank0: bool, run_args, tokenizer_dir,
+                 dtype: str, limit: int | None):
+        self.out, self.model, self.cfg, self.optimizer, self.comm = Path(out), model, model_cfg, optimizer, comm
+        self.rank0, self.run_args, self.tokenizer_dir, self.dtype, self.limit = rank0, run_args, tokenizer_dir, dtype, limit
+
+    def __call__(self, trainer) -> None:
+        from pretrain_cli.metrics import log
+        from pretrain_cli.parallel import rank0_round
+
+        step = trainer.state.global_step
+        opt_state = gather_optimizer_state(self.model, self.optimizer, self.comm)  # short collective
+        if not self.rank0:
+            self.comm.wait_for_rank0(f"saving checkpoint-{step}")
+            return
+        with rank0_round(self.comm):
+            path = save_checkpoint(self.out, step, self.model, self.cfg, self.optimizer, trainer.state_dict(),
+                                   self.run_args(), self.tokenizer_dir, dtype=self.dtype, optimizer_state=opt_state)
+            removed = rotate(self.out, self.limit)
+        log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))

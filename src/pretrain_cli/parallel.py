@@ -19,6 +19,8 @@ import contextlib
 import os
 import time
 
+from pathlib import Path
+
 from pretrain_cli.config import ParallelConfig
 from pretrain_cli.errors import UserError
 
@@ -344,3 +346,33 @@ class Comm:
 
 def build_comm(parallel: ParallelConfig, optimizer=None, model=None) -> Comm | None:
     return Comm(parallel, optimizer, model) if parallel.world_size > 1 else None
+
+
+@contextlib.contextmanager
+def rank0_round(comm):
+    """Rank 0's side of `Comm.wait_for_rank0`: tell the waiting ranks it finished, or that it failed."""
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if comm is not None:
+            comm.rank0_done(ok)
+
+
+def agree_on_resume(p: ParallelConfig, mine: Path | None) -> Path | None:
+    """Rank 0 picks the checkpoint to resume from; the others take the same one (or fail clearly)."""
+    if p.world_size <= 1:
+        return mine
+    comm = Comm(p)
+    if p.rank == 0:
+        comm.publish("resume", str(mine) if mine is not None else "")
+        return mine
+    chosen = comm.fetch("resume")
+    if not chosen:
+        return None
+    path = Path(chosen)
+    if not path.is_dir():
+        raise UserError(f"rank {p.rank}: rank 0 resumes from {path}, which this node cannot see; put output_dir "
+                        f"on a file system shared by all nodes")
+    return path

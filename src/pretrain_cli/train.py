@@ -7,7 +7,6 @@ under a second. `run()` then builds the model, optimizer, data and Trainer, and 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,7 +240,7 @@ def run(spec: RunSpec) -> int:
 
     model, chosen = build_model(spec)
     metrics.log.info(f"kernels: {chosen.describe()}")
-    resume = _agree_resume(spec, find_resume(spec) if rank0 else None)
+    resume = parallel.agree_on_resume(p, find_resume(spec) if rank0 else None)
     if resume is not None:
         checkpoint.check_compatible(resume, spec.model_cfg, a.data.max_seq_length)
         state = checkpoint.read_state(resume)
@@ -281,19 +280,8 @@ def run(spec: RunSpec) -> int:
     writer = metrics.MetricsWriter(str(out), t.logging_dir, t.report_to, keep_until) if rank0 else None
     dtype = r.amp_dtype if r.amp_level == "O2" and r.amp_dtype else "float32"
 
-    def save(trainer):
-        step = trainer.state.global_step
-        # Every rank: the (sharded) optimizer state is gathered to rank 0 first, a short collective.
-        opt_state = checkpoint.gather_optimizer_state(raw_model, optimizer, comm)
-        if not rank0:  # wait on the TCP store, not in a gloo collective (30 s limit), while rank 0 writes
-            comm.wait_for_rank0(f"saving checkpoint-{step}")
-            return
-        with _rank0_round(comm):
-            path = checkpoint.save_checkpoint(out, step, raw_model, cfg, optimizer, trainer.state_dict(),
-                                              run_args_json(spec), spec.tokenizer_dir, dtype=dtype,
-                                              optimizer_state=opt_state)
-            removed = checkpoint.rotate(out, t.save_total_limit)
-            metrics.log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))
+    save = checkpoint.Saver(out, raw_model, cfg, optimizer, comm, rank0, lambda: run_args_json(spec),
+                            spec.tokenizer_dir, dtype, t.save_total_limit)
 
     trainer = Trainer(model, optimizer, schedule, spec.splits, a, r, p, throughput, writer, save, amp, comm)
     if resume is not None:
@@ -324,44 +312,11 @@ def run(spec: RunSpec) -> int:
     if rank0:
         from pretrain_cli import outputs
 
-        with _rank0_round(comm):
+        with parallel.rank0_round(comm):
             outputs.write_final(out, raw_model, cfg, spec, trainer, results, dtype)
     else:
         comm.wait_for_rank0("writing the final model")
     return 0
-
-
-@contextlib.contextmanager
-def _rank0_round(comm):
-    """Rank 0's side of `Comm.wait_for_rank0`: tell the waiting ranks it finished, or that it failed."""
-    ok = False
-    try:
-        yield
-        ok = True
-    finally:
-        if comm is not None:
-            comm.rank0_done(ok)
-
-
-def _agree_resume(spec: RunSpec, mine: Path | None) -> Path | None:
-    """Rank 0 picks the checkpoint to resume from; the others take the same one (or fail clearly)."""
-    p = spec.parallel
-    if p.world_size <= 1:
-        return mine
-    from pretrain_cli.parallel import Comm
-
-    comm = Comm(p)
-    if p.rank == 0:
-        comm.publish("resume", str(mine) if mine is not None else "")
-        return mine
-    chosen = comm.fetch("resume")
-    if not chosen:
-        return None
-    path = Path(chosen)
-    if not path.is_dir():
-        raise UserError(f"rank {p.rank}: rank 0 resumes from {path}, which this node cannot see; put output_dir "
-                        f"on a file system shared by all nodes")
-    return path
 
 
 def _train_results(trainer, spec: RunSpec) -> dict:
