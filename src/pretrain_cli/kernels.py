@@ -64,20 +64,55 @@ def _rope_one(x, mats):
     return out.transpose([1, 0, 2, 3])  # [bsz, seq_len, heads, head_dim]
 
 
-def rope_reference(q, k, cos, sin):
-    """HF rotate-half RoPE in fp32 as one per-position GEMM: `x·cos + rotate_half(x)·sin = x @ M[p]`.
+_ROPE_MATS: dict = {}  # (id(cos), id(sin)) -> (cos, sin, M): M per cached cos/sin table pair
 
-    M[p] = diag(cos_p) + R·diag(sin_p) (R = the rotate-half matrix) is built once per call and
-    shared by q and k. Two broadcast multiplies, an add and slice/concat per tensor (and their
-    backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
-    equal to the elementwise form to ~5e-7 (docs/PERFORMANCE.md).
-    """
+
+def _build_rope_mats(cos, sin):
     import paddle
 
     seq_len, head_dim = cos.shape
     rot = _rotation(head_dim, "float32", cos.place)
     cos32, sin32 = cos.astype("float32"), sin.astype("float32")
-    mats = paddle.diag_embed(cos32) + rot.unsqueeze(0) * sin32.unsqueeze(1)  # [seq_len, head_dim, head_dim]
+    return paddle.diag_embed(cos32) + rot.unsqueeze(0) * sin32.unsqueeze(1)  # [seq_len, head_dim, head_dim]
+
+
+def _rope_mats(cos, sin):
+    """M[p] for a cos/sin pair, built once per table and shared by every layer and step.
+
+    `RotaryEmbedding` caches its (cos, sin) tensors per length, so the same objects come back each
+    call; tables that need no gradient (all of them in this project) are keyed by identity (the
+    entry keeps the tensors alive, so ids cannot be reused). Anything else is built per call.
+    """
+    if not (cos.stop_gradient and sin.stop_gradient):
+        return _build_rope_mats(cos, sin)
+    key = (id(cos), id(sin))
+    hit = _ROPE_MATS.get(key)
+    if hit is None or hit[0] is not cos or hit[1] is not sin:
+        mats = _build_rope_mats(cos, sin)
+        mats.stop_gradient = True
+        hit = _ROPE_MATS[key] = (cos, sin, mats)
+        if len(_ROPE_MATS) > 16:  # generation walks offsets: keep the cache small
+            _ROPE_MATS.pop(next(iter(_ROPE_MATS)))
+    return hit[2]
+
+
+def rope_reference_uncached(q, k, cos, sin):
+    """Round-1 form (M built on every call), kept for A/B benchmarks."""
+    mats = _build_rope_mats(cos, sin)
+    q_out = _rope_one(q.astype("float32"), mats)
+    k_out = _rope_one(k.astype("float32"), mats)
+    return q_out.astype(q.dtype), k_out.astype(k.dtype)
+
+
+def rope_reference(q, k, cos, sin):
+    """HF rotate-half RoPE in fp32 as one per-position GEMM: `x·cos + rotate_half(x)·sin = x @ M[p]`.
+
+    M[p] = diag(cos_p) + R·diag(sin_p) (R = the rotate-half matrix) is built once per cos/sin table
+    (`_rope_mats`) and shared by q, k, every layer and every step. Two broadcast multiplies, an add and slice/concat per tensor (and their
+    backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
+    equal to the elementwise form to ~5e-7 (docs/PERFORMANCE.md).
+    """
+    mats = _rope_mats(cos, sin)  # [seq_len, head_dim, head_dim]
     q_out = _rope_one(q.astype("float32"), mats)
     k_out = _rope_one(k.astype("float32"), mats)
     return q_out.astype(q.dtype), k_out.astype(k.dtype)
@@ -144,6 +179,42 @@ def _causal_bool_mask(q_len: int, k_len: int, place):
     return _MASKS[key]
 
 
+_ADD_MASKS: dict = {}  # (q_len, k_len, dtype, place) -> additive causal mask (0 visible, −inf hidden)
+
+
+def _causal_add_mask(q_len: int, k_len: int, dtype, place):
+    """`[q_len, k_len]` float: 0 where `_causal_bool_mask` is True, −inf elsewhere; cached per shape."""
+    import paddle
+
+    key = (q_len, k_len, str(dtype), str(place))
+    if key not in _ADD_MASKS:
+        visible = _causal_bool_mask(q_len, k_len, place)
+        m = paddle.where(visible, paddle.zeros([1], dtype=dtype), paddle.full([1], float("-inf"), dtype=dtype))
+        m.stop_gradient = True
+        _ADD_MASKS[key] = m
+    return _ADD_MASKS[key]
+
+
+def attention_sdpa_mask_where(q, k, v):
+    """Round-1 form (mask applied by `where`), kept for A/B benchmarks and the equivalence test."""
+    import paddle
+    import paddle.nn.functional as F
+
+    bsz, q_len, n_heads, head_dim = q.shape
+    k_len, n_kv = k.shape[1], k.shape[2]
+    n_rep = n_heads // n_kv
+    qt = (q * (1.0 / math.sqrt(head_dim))).transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep, q_len, head_dim])
+    kt = k.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    vt = v.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
+    if q_len > 1:
+        mask = _causal_bool_mask(q_len, k_len, q.place)
+        scores = paddle.where(mask, scores, paddle.full([1], float("-inf"), dtype=scores.dtype))
+    probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
+    out = paddle.matmul(probs, vt).reshape([bsz, n_heads, q_len, head_dim])
+    return out.transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, head_dim]
+
+
 def attention_sdpa_mask(q, k, v):
     """CPU default: the math of Paddle's CPU sdpa with a cached bool mask applied by `where`.
 
@@ -168,8 +239,9 @@ def attention_sdpa_mask(q, k, v):
     vt = vt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
     scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
     if q_len > 1:
-        mask = _causal_bool_mask(q_len, k_len, q.place)
-        scores = paddle.where(mask, scores, paddle.full([1], float("-inf"), dtype=scores.dtype))
+        # + 0 / + (−inf): same output, dK and dV as `where(mask, scores, −inf)` (dQ to ~1e-26), but a
+        # broadcast add needs no expand of mask and fill (where's CPU path materialises both)
+        scores = scores + _causal_add_mask(q_len, k_len, scores.dtype, q.place)
     probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
     out = paddle.matmul(probs, vt)  # [bsz, n_kv, n_rep, q_len, head_dim]
     out = out.reshape([bsz, n_heads, q_len, head_dim])  # [bsz, n_heads, q_len, head_dim]

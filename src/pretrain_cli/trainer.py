@@ -80,11 +80,14 @@ class Trainer:
     def _grad_norm(self):
         import paddle
 
-        squares = [paddle.sum(paddle.square(p.grad.astype("float32")))
-                   for p in self._grad_params() if p.grad is not None]
+        # one `squared_l2_norm` kernel per parameter (what Paddle's ClipGradByGlobalNorm uses) instead
+        # of square + sum and a full-size temporary; [1] each, reshaped to a 0-D total
+        sq_l2 = paddle._C_ops.squared_l2_norm
+        squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32"))
+                   for g in (p.grad for p in self._grad_params()) if g is not None]
         if self.comm is None:
-            return paddle.sqrt(paddle.add_n(squares)) if squares else paddle.zeros([])
-        sq = paddle.add_n(squares) if squares else paddle.zeros([], dtype="float32")
+            return paddle.sqrt(paddle.add_n(squares)).reshape([]) if squares else paddle.zeros([])
+        sq = paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
         return paddle.sqrt(self.comm.reduce_norm_sq(sq))  # ZeRO-1: owners' parts summed over sharding ranks
 
     def train_step(self, batches) -> tuple[float, float, bool]:

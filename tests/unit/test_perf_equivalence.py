@@ -87,3 +87,35 @@ def test_gemm_rope_matches_slice_rope():
     cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
     for a, b in zip(kernels.rope_reference(q, k, cos, sin), _slice_rope(q, k, cos, sin)):
         np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, rtol=0)
+
+
+
+def _fwd_bwd(fn, *arrays):
+    ts = [paddle.to_tensor(a) for a in arrays]
+    for t in ts:
+        t.stop_gradient = False
+    outs = fn(*ts)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    sum((o * o).sum() for o in outs).backward()
+    return [o.numpy() for o in outs] + [t.grad.numpy() for t in ts]
+
+
+def test_round2_kernels_are_bit_identical_to_round1_forms():
+    """Cached RoPE matrix == per-call matrix (exactly); additive mask == `where` mask (dQ to ~1e-26)."""
+    rng = np.random.default_rng(3)
+    ang = rng.standard_normal((6, 8)).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
+    q = rng.standard_normal((2, 6, 4, 8)).astype("float32")
+    k = rng.standard_normal((2, 6, 2, 8)).astype("float32")
+    v = rng.standard_normal((2, 6, 2, 8)).astype("float32")
+    for _ in range(2):  # second pass hits the RoPE matrix cache
+        old = _fwd_bwd(lambda a, b: kernels.rope_reference_uncached(a, b, cos, sin), q, k)
+        new = _fwd_bwd(lambda a, b: kernels.rope_reference(a, b, cos, sin), q, k)
+        for a, b in zip(old, new):
+            np.testing.assert_array_equal(a, b)
+    for q_len in (6, 2):  # full causal, and a KV-cache-style bottom-right mask
+        old = _fwd_bwd(kernels.attention_sdpa_mask_where, q[:, :q_len], k, v)
+        new = _fwd_bwd(kernels.attention_sdpa_mask, q[:, :q_len], k, v)
+        for a, b in zip(old[:1] + old[2:], new[:1] + new[2:]):  # output, dK, dV: exactly equal
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(old[1], new[1], atol=1e-20, rtol=0)  # dQ: equal up to ~1e-26 residues
