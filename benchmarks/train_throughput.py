@@ -114,26 +114,15 @@ def _merge(results: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ workers
-def _is_amd() -> bool:
-    """MKL 2019 needs MKL_DEBUG_CPU_TYPE=5 only on AMD; on AVX-512 Intel it forces the slower AVX2 path."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return "AuthenticAMD" in f.read(4096)
-    except OSError:
-        return False
-
-
 def worker_paddle(cfg: dict, a) -> dict:
     """Build model/optimizer/schedule exactly as train.run() does and time `Trainer.train_step`."""
     from pretrain_cli import runtime
 
-    runtime.setup_env(a.threads)
-    if a.mkl_cpu_type == "auto" and not _is_amd():
-        os.environ.pop("MKL_DEBUG_CPU_TYPE", None)  # AVX2-only path: halves MKL speed on AVX-512 Intel
-    elif a.mkl_cpu_type not in ("auto", "unset"):
+    runtime.setup_env(a.threads)  # "auto": exactly the product's environment (type 5 on AMD only)
+    if a.mkl_cpu_type == "unset":
+        os.environ.pop("MKL_DEBUG_CPU_TYPE", None)
+    elif a.mkl_cpu_type != "auto":
         os.environ["MKL_DEBUG_CPU_TYPE"] = a.mkl_cpu_type
-    else:
-        os.environ.pop("MKL_DEBUG_CPU_TYPE", None) if a.mkl_cpu_type == "unset" else None
     paddle = runtime.import_paddle()
     from pretrain_cli import kernels, parallel
     from pretrain_cli.arg_parser import parse_config

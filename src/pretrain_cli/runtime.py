@@ -25,7 +25,7 @@ def default_threads() -> int:
     return max(1, cores // max(1, local))
 
 
-def _is_amd() -> bool:
+def is_amd() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             return "AuthenticAMD" in f.read(4096)
@@ -39,7 +39,7 @@ def setup_env(threads: int | None = None) -> None:
     if _DONE:
         return
     n = str(threads or default_threads())
-    if _is_amd():  # MKL 2019 takes its slow generic path on AMD; on AVX-512 Intel type 5 would force AVX2
+    if is_amd():  # MKL 2019 takes its slow generic path on AMD; on AVX-512 Intel type 5 would force AVX2
         os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     os.environ.setdefault("OMP_NUM_THREADS", n)
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
