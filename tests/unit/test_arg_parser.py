@@ -155,3 +155,12 @@ def test_every_field_is_documented():
     for key, spec in KEYS.items():
         assert spec.help, key
         assert spec.support in ("supported", "ignored", "extension"), key
+
+
+def test_cpu_layout_hint(monkeypatch):
+    import pretrain_cli.resolve as resolve_mod
+
+    monkeypatch.setattr(resolve_mod.os, "cpu_count", lambda: 4)
+    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5"])
+    assert any("--nproc_per_node 4" in n for n in resolve(args, world_size=1, gpu_available=False).notes)
+    assert not any("nproc_per_node" in n for n in resolve(args, world_size=2, gpu_available=False).notes)
