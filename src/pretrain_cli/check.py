@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    run = train.prepare(ns.config, ns.overrides, check_only=True)
+    run = train.prepare(ns.config, ns.overrides)
     if ns.json:
         print(json.dumps(run.summary(), indent=2, default=str))
         return 0

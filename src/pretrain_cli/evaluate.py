@@ -120,22 +120,11 @@ def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batch
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "windows": n_windows}
 
 
-def evaluate_split(model, dataset, batch_size: int, batches: int) -> dict:
-    """Token-weighted loss over the first `batches` micro-batches of a split: the trainer's eval batches."""
-    import paddle
-
-    from pretrain_cli.data.loader import micro_batch
-    from pretrain_cli.loss import causal_lm_loss_sum
-
-    model.eval()
-    total, count = 0.0, 0.0
-    with paddle.no_grad():
-        for k in range(batches):
-            batch = micro_batch(dataset, k * batch_size, batch_size)
-            s, c = causal_lm_loss_sum(model(paddle.to_tensor(batch["input_ids"])), paddle.to_tensor(batch["labels"]))
-            total, count = total + float(s), count + float(c)
-    loss = total / max(count, 1.0)
-    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": int(count), "batches": batches}
+def _report(ns: argparse.Namespace, result: dict, t0: float, text: str) -> int:
+    """Print one JSON object (`--json`) or one human line, with the elapsed time added."""
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(result) if ns.json else text.format(**result))
+    return 0
 
 
 def _main_config(ns: argparse.Namespace) -> int:
@@ -156,18 +145,17 @@ def _main_config(ns: argparse.Namespace) -> int:
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
+    from pretrain_cli.trainer import split_loss
+
     model, source = _build_and_load(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
-    batches = ns.max_batches or t.eval_iters
-    result = evaluate_split(model, spec.splits.get(ns.split), t.per_device_eval_batch_size, batches)
-    result.update(model=model_name, config=ns.config, split=ns.split, weights=source,
-                  seconds=round(time.perf_counter() - t0, 3))
-    if ns.json:
-        print(json.dumps(result))
-    else:
-        print(f"eval: {ns.split} loss {result['loss']:.4f} ppl {result['ppl']:.2f} over {result['tokens']} tokens "
-              f"({batches} batches of {t.per_device_eval_batch_size}; {source}; {result['seconds']:.1f}s)")
-    return 0
+    batches, bs = ns.max_batches or t.eval_iters, t.per_device_eval_batch_size
+    total, count = split_loss(model, spec.splits.get(ns.split), bs, batches)
+    loss = total / max(count, 1.0)
+    result = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": int(count), "batches": batches,
+              "model": model_name, "config": ns.config, "split": ns.split, "weights": source}
+    return _report(ns, result, t0, "eval: {split} loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
+                   f"({batches} batches of {bs}; {{weights}}; {{seconds:.1f}}s)")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -197,11 +185,6 @@ def main(ns: argparse.Namespace) -> int:
     model, source = _build_and_load(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
     result = evaluate(model, tokens, ns.max_seq_length, ns.batch_size, ns.max_batches)
-    result.update(model=ns.model, data=ns.data, max_seq_length=ns.max_seq_length, weights=source,
-                  seconds=round(time.perf_counter() - t0, 3))
-    if ns.json:
-        print(json.dumps(result))
-    else:
-        print(f"eval: loss {result['loss']:.4f} ppl {result['ppl']:.2f} over {result['tokens']} tokens "
-              f"({result['windows']} windows of {ns.max_seq_length}; {source}; {result['seconds']:.1f}s)")
-    return 0
+    result.update(model=ns.model, data=ns.data, max_seq_length=ns.max_seq_length, weights=source)
+    return _report(ns, result, t0, "eval: loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
+                   "({windows} windows of {max_seq_length}; {weights}; {seconds:.1f}s)")

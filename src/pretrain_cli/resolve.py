@@ -208,7 +208,7 @@ def resolve(args: Arguments, world_size: int | None = None, gpu_available: bool 
         note("sequence_parallel / virtual_pp_degree: only meaningful with tensor / pipeline parallelism; ignored")
 
     # Keys accepted for compatibility but without effect here.
-    for key, origin in args.explicit.items():
+    for key in args.explicit:
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
             note(f"{key}: accepted but has no effect here: {spec.help}")

@@ -39,6 +39,25 @@ class TrainerState:
     log_history: list = field(default_factory=list)
 
 
+def split_loss(model, dataset, batch_size: int, batches: int, data_rank: int = 0, data_world: int = 1,
+               autocast=None) -> tuple[float, float]:
+    """(sum of token losses, counted tokens) over this rank's slice of the first `batches` global eval
+    batches: the same batches every time, for the trainer's evaluation and `pretrain-cli eval --config`."""
+    import paddle
+
+    model.eval()
+    total, count = 0.0, 0.0
+    with paddle.no_grad():
+        for k in range(batches):
+            batch = micro_batch(dataset, k * batch_size * data_world, batch_size, data_rank, data_world)
+            ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
+            with autocast() if autocast else contextlib.nullcontext():
+                logits = model(ids)
+            s, c = causal_lm_loss_sum(logits, labels)
+            total, count = total + float(s), count + float(c)
+    return total, count
+
+
 class Trainer:
     def __init__(self, model, optimizer, schedule, splits, args, resolved, parallel, throughput, writer=None,
                  save_fn=None, amp=None, comm=None):
@@ -271,19 +290,10 @@ class Trainer:
         """Loss over the same `eval_iters` batches every time, so curves are comparable."""
         import paddle
 
-        dataset = self.splits.get(split)
         bs, p = self.t.per_device_eval_batch_size, self.parallel
-        self.model.eval()
         start = time.perf_counter()
-        total, count = 0.0, 0.0
-        with paddle.no_grad():
-            for k in range(self.t.eval_iters):
-                batch = micro_batch(dataset, k * bs * p.data_world_size, bs, p.data_rank, p.data_world_size)
-                ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
-                with self.amp.autocast() if self.amp else contextlib.nullcontext():
-                    logits = self.model(ids)
-                s, c = causal_lm_loss_sum(logits, labels)
-                total, count = total + float(s), count + float(c)
+        total, count = split_loss(self.model, self.splits.get(split), bs, self.t.eval_iters, p.data_rank,
+                                  p.data_world_size, self.amp.autocast if self.amp else None)
         if self.comm:
             total, count = self.comm.sum(total), self.comm.sum(count)
         loss = total / max(count, 1.0)
