@@ -99,9 +99,11 @@ class TrainingArguments:
     per_device_eval_batch_size: int = _f(8, "Eval micro-batch per data-parallel rank.")
     gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
     eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None = logging_steps).")
-    evaluation_strategy: str = _f("no", "'steps' is implied by do_eval.", choices=("no", "steps"))
+    evaluation_strategy: str = _f("no", "PaddleNLP sets 'steps' from do_eval; here do_eval alone decides.", "ignored",
+                                  choices=("no", "steps"))
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
-    dataloader_num_workers: int = _f(0, "Background batch-prefetch threads (0 = prefetch in the main thread).")
+    dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
+                                        "a micro-batch takes ~0.1 ms, so this rarely matters).")
     dataloader_drop_last: bool = _f(False, "Samples are drawn from an endless index; there is never a partial batch.", "ignored")
     distributed_dataloader: bool = _f(False, "Only meaningful with TP/PP (each data rank reads its own slice here).", "ignored")
     ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it stopped.")

@@ -62,8 +62,9 @@ def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_p
     common = dict(max_steps=10, save_steps=5, decay_steps=10, logging_steps=logging_steps)
     assert cli_main(["train", write_config(a, corpus, **common)]) == 0
     cfg_b = write_config(b, corpus, **common)
-    assert cli_main(["train", cfg_b, "--max_steps", "5"]) == 0  # stops at 5 (a checkpoint)
-    assert cli_main(["train", cfg_b]) == 0  # auto-resumes from checkpoint-5
+    # run b also reads batches ahead in a background thread: the order must not change
+    assert cli_main(["train", cfg_b, "--max_steps", "5", "--dataloader_num_workers", "2"]) == 0  # stops at 5
+    assert cli_main(["train", cfg_b, "--dataloader_num_workers", "2"]) == 0  # auto-resumes from checkpoint-5
     wa, wb = weights(a / "out"), weights(b / "out")
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)
 
