@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import SCRIPT, child_env, launch, launch_cmd, parse_losses, read_weights, single, write_config
+from launch_helpers import SCRIPT, child_env, launch, launch_cmd, parse_losses, read_weights, single, write_config
 
 TOL = 1e-5
 STEPS = 10
@@ -154,7 +154,11 @@ def test_killed_rank_is_named_and_job_ends(corpus, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, out
     assert elapsed < 30, elapsed
-    assert f"rank 0: rank 1 (pid {victim}) died" in _read(log_dir / "workerlog.0")
+    # the watcher runs in its own session and may finish writing just after the launcher has exited
+    message, deadline = f"rank 0: rank 1 (pid {victim}) died", time.monotonic() + 5
+    while message not in _read(log_dir / "workerlog.0") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert message in _read(log_dir / "workerlog.0")
 
 
 def test_tensor_parallel_exits_cleanly(corpus, tmp_path):

@@ -1,6 +1,5 @@
 """Session fixtures: the tiny assets (tokenizer, token files, run.json) and one uninterrupted
 reference training run whose checkpoints and final weights the other tests compare against."""
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,8 +28,3 @@ def reference(assets, tmp_path_factory) -> Path:
 @pytest.fixture
 def workdir(assets, tmp_path) -> Path:
     return clone(assets, tmp_path / "case")
-
-
-def with_checkpoint(d: Path, reference: Path) -> Path:
-    shutil.copytree(reference / "out" / "checkpoint-9", d / "ckpt")
-    return d

@@ -129,3 +129,9 @@ def check_one_line_error(rc: int, stdout: str, stderr: str, expect, code: int = 
 
 def safetensors_bytes_equal(a: Path, b: Path) -> bool:
     return a.read_bytes() == b.read_bytes()
+
+
+def with_checkpoint(d: Path, reference: Path) -> Path:
+    """Copy the reference run's complete checkpoint-9 into case directory `d` as `ckpt/`."""
+    shutil.copytree(reference / "out" / "checkpoint-9", d / "ckpt")
+    return d

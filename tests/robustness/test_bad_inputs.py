@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import with_checkpoint
+from harness import with_checkpoint
 from harness import HERE, check_one_line_error, clone, diff, make_tokenizer, run_cli, snapshot
 import cases
 

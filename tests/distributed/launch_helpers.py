@@ -1,0 +1,137 @@
+"""Multi-process tests through the real launcher: `python -m paddle.distributed.launch --nproc_per_node 2`.
+
+One tiny corpus per session (random-walk token ids written straight to MMIDIDX, no tokenizer), the
+`micro-qwen2` preset at seq 32, every run wrapped in a subprocess timeout, every rank's
+`workerlog.N` read back.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "run_pretrain.py"
+LOSS = re.compile(r"global_step: (\d+).*?\bloss: ([0-9.eE+-]+)|\bloss: ([0-9.eE+-]+),.*?global_step: (\d+)")
+
+BASE = {
+    "model_name_or_path": "micro-qwen2", "device": "cpu", "split": "98,2,0", "max_seq_length": 32,
+    "per_device_train_batch_size": 4, "per_device_eval_batch_size": 2, "gradient_accumulation_steps": 1,
+    "learning_rate": 0.002, "min_learning_rate": 0.0002, "lr_scheduler_type": "cosine", "warmup_steps": 2,
+    "weight_decay": 0.01, "max_grad_norm": 1.0, "max_steps": 10, "logging_steps": 1, "save_steps": 1000,
+    "do_train": True, "do_eval": False, "do_predict": False, "report_to": ["none"], "seed": 7,
+    "overwrite_output_dir": True,
+}
+
+
+def write_corpus(prefix: Path, n_docs: int = 400, vocab: int = 512, seed: int = 0) -> None:
+    """Learnable random-walk documents in the MMIDIDX layout (uint16, REFERENCE §2.2)."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        n = int(rng.integers(20, 120))
+        steps = rng.choice([1, 2, 3], size=n)
+        docs.append(((int(rng.integers(3, vocab)) + np.cumsum(steps)) % (vocab - 3) + 3).astype(np.uint16))
+    sizes = np.array([len(d) for d in docs], "<i4")
+    pointers = np.concatenate(([0], np.cumsum(sizes[:-1].astype(np.int64)) * 2)).astype("<i8")
+    doc_idx = np.arange(len(docs) + 1, dtype="<i8")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(prefix) + ".bin", "wb") as f:
+        for d in docs:
+            f.write(d.astype("<u2").tobytes())
+    with open(str(prefix) + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+        f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PADDLE_TRAINER_ID", None)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DEBUG_CPU_TYPE": "5",
+                "PYTHONPATH": str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")})
+    return env
+
+
+def write_config(path: Path, corpus: Path, output_dir: Path, **over) -> Path:
+    cfg = dict(BASE, input_dir=str(corpus), output_dir=str(output_dir))
+    cfg.update(over)
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=()) -> list[str]:
+    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
+            str(log_dir), *launcher, str(SCRIPT), str(cfg), *map(str, extra)]
+
+
+class Run:
+    def __init__(self, proc, log_dir: Path, seconds: float):
+        self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
+        self.log_dir, self.seconds = log_dir, seconds
+
+    def log(self, n: int) -> str:
+        p = self.log_dir / f"workerlog.{n}"
+        return p.read_text(errors="replace") if p.is_file() else ""
+
+    def losses(self, n: int = 0) -> dict[int, float]:
+        return parse_losses(self.log(n))
+
+    def explain(self) -> str:
+        return (f"rc={self.returncode}\n--- launcher stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}\n"
+                + "".join(f"--- workerlog.{n}\n{self.log(n)[-3000:]}\n" for n in range(4) if self.log(n)))
+
+
+def parse_losses(text: str) -> dict[int, float]:
+    out = {}
+    for line in text.splitlines():
+        if "interval_runtime" not in line:
+            continue
+        step = re.search(r"global_step: (\d+)", line)
+        loss = re.search(r"(?<![a-z_])loss: ([0-9.eE+-]+)", line)
+        if step and loss:
+            out[int(step.group(1))] = float(loss.group(1))
+    return out
+
+
+def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120) -> Run:
+    start = time.perf_counter()
+    proc = subprocess.run(launch_cmd(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent),
+                          env=child_env(), capture_output=True, text=True, timeout=timeout)
+    return Run(proc, log_dir, time.perf_counter() - start)
+
+
+def single(cfg: Path, log_dir: Path, extra=(), timeout: float = 120) -> Run:
+    """One process without the launcher (the reference run), its output saved as workerlog.0."""
+    start = time.perf_counter()
+    env = child_env()
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "2"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *map(str, extra)], cwd=str(log_dir.parent),
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "workerlog.0").write_text(proc.stdout + proc.stderr)
+    return Run(proc, log_dir, time.perf_counter() - start)
+
+
+def read_weights(directory: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    out = {}
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        if f.name.startswith("optimizer"):
+            continue
+        out.update(load_file(str(f)))
+    return out
