@@ -94,6 +94,7 @@ def start_watchdog(parallel: ParallelConfig, grace: float = 15.0) -> None:
         _WATCHER = child
         return
     try:  # the watcher: plain os calls only
+        os.setsid()  # its own session: a launcher tearing down the job's process group must not kill it first
         os.closerange(3, 4096)
         _watch(parallel.rank, parent, peers, grace)
     finally:
@@ -150,8 +151,9 @@ def _watch(rank: int, parent: int, peers: dict, grace: float) -> None:
             return
         time.sleep(0.1)
     if dead_since is None:  # this rank went first (gloo aborts it the moment a peer's socket closes)
-        time.sleep(0.2)
-        report()
+        deadline = time.monotonic() + 2.0  # the peer may still be exiting: report as soon as it is gone
+        while not report() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def is_rank0(parallel: ParallelConfig) -> bool:

@@ -150,7 +150,7 @@ def build_data(args: Arguments, resolved: Resolved, model_cfg, tokenizer):
     )
 
 
-def prepare(config: str | None, overrides: list[str], check_only: bool = False) -> RunSpec:
+def prepare(config: str | None, overrides: list[str]) -> RunSpec:
     args, resolved = build_args(config, overrides)
     parallel = derive_parallel(resolved, args.training)
     model_dir, model_cfg = build_model_config(args)
@@ -295,6 +295,7 @@ def run(spec: RunSpec) -> int:
             if outcome["stopped_by_signal"]:
                 metrics.log.warning(f"stopped at step {trainer.state.global_step} and saved; re-run the same "
                                     f"command to resume")
+                parallel.stop_watchdog()
                 return 0
         if t.do_train:
             results.update(_train_results(trainer, spec))
@@ -303,12 +304,13 @@ def run(spec: RunSpec) -> int:
             results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
         if t.do_predict:
             results.update(trainer.evaluate("test"))
-    except NonFiniteError as e:
+    except (NonFiniteError, UserError) as e:  # every rank stops here together: not a death
+        parallel.stop_watchdog()
         raise UserError(str(e)) from None
-    finally:
-        parallel.stop_watchdog()  # past the last collective: a rank exiting from here on is not a death
+    finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         if writer is not None:
             writer.close()
+    parallel.stop_watchdog()  # past the last collective: a rank exiting from here on is not a death
     if rank0:
         from pretrain_cli import outputs
 
