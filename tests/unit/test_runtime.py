@@ -1,0 +1,48 @@
+"""runtime.keep_freed_memory: big tensors must come from the heap, not a fresh mmap per allocation.
+
+mallopt is process-wide, so each case runs in its own interpreter (no Paddle import: ~0.1 s each).
+"""
+import json
+import os
+import subprocess
+import sys
+
+PROBE = r"""
+import ctypes, json, sys
+from pretrain_cli import runtime
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+tuned = runtime.keep_freed_memory()
+before = libc.mallinfo2()
+p = libc.malloc(64 << 20)  # a 64 MiB activation-sized block
+live = libc.mallinfo2()
+libc.free(p)
+after = libc.mallinfo2()
+print(json.dumps({"tuned": tuned, "mmapped_live": live.hblkhd - before.hblkhd, "heap_free_after": after.fordblks}))
+"""
+
+
+def _probe(env_extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PRETRAIN_CLI_MALLOC"} | env_extra
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_large_blocks_stay_in_the_heap():
+    r = _probe({})
+    assert r["tuned"] is True
+    assert r["mmapped_live"] == 0  # served from the heap, not a fresh mmap
+    assert r["heap_free_after"] >= 64 << 20  # and kept for the next step after free
+
+
+def test_system_malloc_opt_out_keeps_glibc_defaults():
+    r = _probe({"PRETRAIN_CLI_MALLOC": "system"})
+    assert r["tuned"] is False
+    assert r["mmapped_live"] >= 64 << 20  # glibc's default: one mmap per big block
