@@ -8,6 +8,7 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
 
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf] [--json] [--steps N]
         [--warmup W] [--rounds R] [--to-static] [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5]
+        [--cpu-ops on|off]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). tokens_per_s is the
@@ -126,7 +127,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     paddle = runtime.import_paddle()
     from pretrain_cli import kernels, parallel
     from pretrain_cli.arg_parser import parse_config
-    from pretrain_cli.config import ParallelConfig
+    from pretrain_cli.config import ParallelConfig, derive_kernels
     from pretrain_cli.models import ModelConfig, build_model
     from pretrain_cli.models.flops import flops_per_token
     from pretrain_cli.optim import build_optimizer, build_schedule
@@ -141,6 +142,8 @@ def worker_paddle(cfg: dict, a) -> dict:
     t = args.training
     if a.to_static:
         t.to_static = True
+    if a.cpu_ops == "off":
+        t.cpu_fused_ops = False
     if world > 1:  # same global batch as one process: compare layouts, not batch sizes
         t.per_device_train_batch_size = max(1, t.per_device_train_batch_size // world)
     mcfg = ModelConfig.from_dict(cfg["model"])
@@ -148,7 +151,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     par = ParallelConfig(world_size=world, rank=rank, data_rank=rank, dp_degree=world)
     parallel.init_distributed(par)
     paddle.seed(t.seed)
-    model = build_model(mcfg, kernels.select(None, "cpu"))
+    model = build_model(mcfg, kernels.select(derive_kernels(t, "cpu"), "cpu"))
     schedule = build_schedule(t, Resolved(warmup_steps=t.warmup_steps, decay_steps=t.max_steps))
     optimizer = build_optimizer(model, t, schedule)
     if t.to_static:
@@ -221,7 +224,7 @@ def _run_worker(kind: str, name: str, a) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--config", name,
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
     cmd += ["--to-static"] if a.to_static else []
-    cmd += ["--mkl-cpu-type", a.mkl_cpu_type]
+    cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops]
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env.pop("MKL_NUM_THREADS", None)
@@ -292,6 +295,8 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=1, help="data-parallel processes for OUR step")
     ap.add_argument("--mkl-cpu-type", default="auto",
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (5 on AMD only), unset, or a value")
+    ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
+                    help="our fused CPU kernels (csrc/cpu_ops.cc); off = Paddle's ops only (cpu_fused_ops: false)")
     ap.add_argument("--worker", choices=("paddle", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

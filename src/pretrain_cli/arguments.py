@@ -191,6 +191,10 @@ class TrainingArguments:
         None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU a measured matmul peak).",
         "extension",
     )
+    cpu_fused_ops: bool = _f(
+        True, "On CPU: pretrain-cli's fused multi-threaded kernels (RMSNorm, RoPE, causal softmax, SwiGLU, "
+        "cross-entropy), compiled with g++ on first use; false = Paddle's own ops.", "extension",
+    )
     to_static: bool = _f(False, "Compile the forward with paddle.jit.to_static (SOT); same losses, faster on CPU.", "extension")
 
 

@@ -18,6 +18,7 @@ class KernelConfig:
     rms_norm: str = "reference"  # "fused" | "reference"
     rope: str = "reference"  # "fused" | "reference"
     swiglu: str = "reference"  # "fused" | "reference"
+    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (csrc/cpu_ops.cc) when they build
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ def derive_kernels(training, device: str = "cpu") -> KernelConfig:
         rms_norm="fused" if training.use_fused_rms_norm else "reference",
         rope="fused" if training.use_fused_rope else "reference",
         swiglu="fused" if device == "gpu" else "reference",
+        cpu_ops=training.cpu_fused_ops,
     )
 
 

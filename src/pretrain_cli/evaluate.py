@@ -104,7 +104,7 @@ def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batch
     """Token-weighted mean loss over the windows; returns loss, ppl, tokens, windows."""
     import paddle
 
-    from pretrain_cli.loss import causal_lm_loss_sum
+    from pretrain_cli.loss import causal_lm_loss_sum, loss_kernel
 
     model.eval()
     total, count, n_windows = 0.0, 0, 0
@@ -112,7 +112,7 @@ def evaluate(model, tokens: np.ndarray, seq_len: int, batch_size: int, max_batch
         for batch in windows(tokens, seq_len, batch_size, max_batches):
             ids = paddle.to_tensor(batch)  # [b, seq_len+1] int64
             logits = model(ids[:, :-1])  # [b, seq_len, vocab]
-            loss_sum, n = causal_lm_loss_sum(logits, ids[:, 1:])
+            loss_sum, n = causal_lm_loss_sum(logits, ids[:, 1:], loss_kernel(model))
             total += float(loss_sum)
             count += int(n)
             n_windows += batch.shape[0]

@@ -16,7 +16,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from pretrain_cli import cpu_ops
 from pretrain_cli.config import KernelConfig
+from pretrain_cli.cpu_ops import (attention_cpu, cross_entropy_cpu, rms_norm_cpu, rope_cpu,
+                                  swiglu_packed_cpu)
 
 _MASKS: dict = {}  # (q_len, k_len, place) -> bool causal mask, reused across layers and steps
 
@@ -94,14 +97,6 @@ def _rope_mats(cos, sin):
         if len(_ROPE_MATS) > 16:  # generation walks offsets: keep the cache small
             _ROPE_MATS.pop(next(iter(_ROPE_MATS)))
     return hit[2]
-
-
-def rope_reference_uncached(q, k, cos, sin):
-    """Round-1 form (M built on every call), kept for A/B benchmarks."""
-    mats = _build_rope_mats(cos, sin)
-    q_out = _rope_one(q.astype("float32"), mats)
-    k_out = _rope_one(k.astype("float32"), mats)
-    return q_out.astype(q.dtype), k_out.astype(k.dtype)
 
 
 def rope_reference(q, k, cos, sin):
@@ -195,26 +190,6 @@ def _causal_add_mask(q_len: int, k_len: int, dtype, place):
     return _ADD_MASKS[key]
 
 
-def attention_sdpa_mask_where(q, k, v):
-    """Round-1 form (mask applied by `where`), kept for A/B benchmarks and the equivalence test."""
-    import paddle
-    import paddle.nn.functional as F
-
-    bsz, q_len, n_heads, head_dim = q.shape
-    k_len, n_kv = k.shape[1], k.shape[2]
-    n_rep = n_heads // n_kv
-    qt = (q * (1.0 / math.sqrt(head_dim))).transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep, q_len, head_dim])
-    kt = k.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    vt = v.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
-    if q_len > 1:
-        mask = _causal_bool_mask(q_len, k_len, q.place)
-        scores = paddle.where(mask, scores, paddle.full([1], float("-inf"), dtype=scores.dtype))
-    probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
-    out = paddle.matmul(probs, vt).reshape([bsz, n_heads, q_len, head_dim])
-    return out.transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, head_dim]
-
-
 def attention_sdpa_mask(q, k, v):
     """CPU default: the math of Paddle's CPU sdpa with a cached bool mask applied by `where`.
 
@@ -280,6 +255,14 @@ def swiglu_fused(gate, up):  # pragma: no cover - GPU only
     return swiglu(gate, up)
 
 
+# ---------------------------------------------------------------- loss
+def cross_entropy_reference(logits, labels, ignore_index: int):
+    """Per-row loss `[N]` from logits `[N, V]`; 0 for rows whose label is `ignore_index`."""
+    import paddle.nn.functional as F
+
+    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none").reshape([-1])  # [N]
+
+
 # ---------------------------------------------------------------- selection
 @dataclass(frozen=True)
 class Kernels:
@@ -299,15 +282,19 @@ class Kernels:
     swiglu_packed: Callable = swiglu_packed
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
+    cross_entropy: Callable = cross_entropy_reference  # (logits [N, V], labels [N], ignore_index) -> [N]
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} rms_norm={self.rms_norm_name} "
                 f"rope={self.rope_name} swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''}")
 
 
-_ATTN = {"math": attention_math, "sdpa_mask": attention_sdpa_mask, "sdpa_causal": attention_sdpa_causal}
+_ATTN = {"math": attention_math, "sdpa_mask": attention_sdpa_mask, "sdpa_causal": attention_sdpa_causal,
+         "cpu": attention_cpu}
 _FUSED = {"rms_norm": rms_norm_fused, "rope": rope_fused, "swiglu": swiglu_fused}
 _REF = {"rms_norm": rms_norm_reference, "rope": rope_reference, "swiglu": swiglu_reference}
+# swiglu on two tensors has no CPU kernel: the packed MLP path (the default) uses `swiglu_packed_cpu`
+_CPU = {"rms_norm": rms_norm_cpu, "rope": rope_cpu, "swiglu": swiglu_reference}
 
 
 def _gpu_available(device: str) -> bool:
@@ -319,41 +306,54 @@ def _gpu_available(device: str) -> bool:
 
 
 def select(kernel_cfg: KernelConfig | None = None, device: str = "cpu") -> Kernels:
-    """Resolve the requested kernels for `device`; warn once listing every fallback."""
+    """Resolve the requested kernels for `device`; warn once listing every fallback.
+
+    On CPU the fused kernels of `cpu_ops` serve every op (and any `fused` request) when they build;
+    `cpu_ops=False` (`cpu_fused_ops: false`) or a failed build leaves Paddle's own ops.
+    """
     kc = kernel_cfg or KernelConfig()
     gpu = _gpu_available(device)
-    fallbacks = []
     if kc.attention not in ("flash", "sdpa", "math"):
         raise ValueError(f"unknown attention kernel {kc.attention!r}")
+    for op in ("rms_norm", "rope", "swiglu"):
+        if getattr(kc, op) not in ("fused", "reference"):
+            raise ValueError(f"unknown {op} kernel {getattr(kc, op)!r}")
+    fallbacks: list[str] = []
+    cpu = not gpu and kc.cpu_ops and cpu_ops.load() is not None
+    if not gpu and kc.cpu_ops and not cpu:
+        fallbacks.append(f"fused CPU kernels unavailable ({cpu_ops.load_error()}) → Paddle's ops")
     if kc.attention == "math":
         attn = "math"
     elif gpu:
         attn = "sdpa_causal"
     else:
-        attn = "sdpa_mask"
+        attn = "cpu" if cpu else "sdpa_mask"
         if kc.attention == "flash":
-            fallbacks.append("flash attention → sdpa")
-    chosen = {"attention": attn}
+            fallbacks.append(f"flash attention → {attn} (no flash kernel on CPU)")
+    chosen = {}
     for op in ("rms_norm", "rope", "swiglu"):
         want = getattr(kc, op)
-        if want not in ("fused", "reference"):
-            raise ValueError(f"unknown {op} kernel {want!r}")
-        if want == "fused" and not gpu:
+        if cpu:
+            want = "cpu"
+        elif want == "fused" and not gpu:
             fallbacks.append(f"fused {op} → reference")
             want = "reference"
         chosen[op] = want
     if fallbacks:
         warnings.warn(
-            f"kernels: {', '.join(fallbacks)} (fused/flash kernels need a GPU build of Paddle and a GPU; "
+            f"kernels: {', '.join(fallbacks)} (fused/flash GPU kernels need a GPU build of Paddle and a GPU; "
             f"device is {device!r}); results are identical, only speed differs",
             RuntimeWarning, stacklevel=2,
         )
+    table = {"fused": _FUSED, "reference": _REF, "cpu": _CPU}
     return Kernels(
         attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
         swiglu_name=chosen["swiglu"], attention=_ATTN[attn],
-        rms_norm=(_FUSED if chosen["rms_norm"] == "fused" else _REF)["rms_norm"],
-        rope=(_FUSED if chosen["rope"] == "fused" else _REF)["rope"],
-        swiglu=(_FUSED if chosen["swiglu"] == "fused" else _REF)["swiglu"],
+        rms_norm=table[chosen["rms_norm"]]["rms_norm"], rope=table[chosen["rope"]]["rope"],
+        swiglu=table[chosen["swiglu"]]["swiglu"],
+        swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
+        cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
+        attention_cached=attention_cpu if cpu else attention_sdpa_mask,
     )
 
 

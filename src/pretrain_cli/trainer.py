@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pretrain_cli.data.loader import BatchIterator, batch_hash, micro_batch
-from pretrain_cli.loss import causal_lm_loss, causal_lm_loss_sum
+from pretrain_cli.loss import causal_lm_loss, causal_lm_loss_sum, loss_kernel
 from pretrain_cli.metrics import format_line, host_memory_gib, log
 
 
@@ -53,7 +53,7 @@ def split_loss(model, dataset, batch_size: int, batches: int, data_rank: int = 0
             ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
             with autocast() if autocast else contextlib.nullcontext():
                 logits = model(ids)
-            s, c = causal_lm_loss_sum(logits, labels)
+            s, c = causal_lm_loss_sum(logits, labels, loss_kernel(model))
             total, count = total + float(s), count + float(c)
     return total, count
 
@@ -91,7 +91,7 @@ class Trainer:
         labels = paddle.to_tensor(batch["labels"])
         with self.amp.autocast() if self.amp else contextlib.nullcontext():
             logits = self.model(ids)
-        return causal_lm_loss(logits, labels)
+        return causal_lm_loss(logits, labels, loss_kernel(self.model))
 
     def _grad_params(self):
         return self.comm.grad_params(self.model) if self.comm else self.model.parameters()

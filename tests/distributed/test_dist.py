@@ -27,11 +27,17 @@ def assert_close_losses(got: dict, want: dict, steps) -> None:
         assert abs(got[s] - want[s]) <= TOL, f"step {s}: {got[s]} vs {want[s]}"
 
 
+# The exact gradient of a key bias is 0 (q·b_k shifts every score of a query row equally; softmax ignores
+# that), so AdamW applies normalised rounding noise to it, whose sign depends on the summation order, and
+# that order differs between one process at batch 8 and two at batch 4 by design. Compared loosely.
+NOISE_ONLY, NOISE_TOL = ("self_attn.k_proj.bias",), 1e-3
+
+
 def assert_close_tensors(a: dict, b: dict) -> None:
     assert sorted(a) == sorted(b)
     for k in a:
         diff = float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) if a[k].size else 0.0
-        assert diff <= TOL, f"{k}: max diff {diff}"
+        assert diff <= (NOISE_TOL if any(n in k for n in NOISE_ONLY) else TOL), f"{k}: max diff {diff}"
 
 
 @pytest.fixture(scope="module")

@@ -129,9 +129,9 @@ def _poison_step(monkeypatch, bad_steps):
     real = trainer_mod.causal_lm_loss
     calls = {"n": 0}
 
-    def loss(logits, labels):
+    def loss(logits, labels, *kernel):
         calls["n"] += 1
-        value = real(logits, labels)
+        value = real(logits, labels, *kernel)
         return value * float("nan") if calls["n"] in bad_steps else value
 
     monkeypatch.setattr(trainer_mod, "causal_lm_loss", loss)

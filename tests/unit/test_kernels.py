@@ -98,16 +98,17 @@ def test_swiglu_reference_matches_numpy():
     np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
 
 
-def test_cpu_default_selection_is_silent():
+def test_paddle_only_cpu_selection_is_silent():
+    """`cpu_fused_ops: false` (the fused CPU kernels are tested in test_cpu_ops.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(KernelConfig(), "cpu")
+        k = kernels.select(KernelConfig(cpu_ops=False), "cpu")
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
     assert kernels.select(KernelConfig(attention="math"), "cpu").attention is kernels.attention_math
 
 
 def test_fused_requests_on_cpu_fall_back_with_one_warning():
-    cfg = KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused")
+    cfg = KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False)
     with pytest.warns(RuntimeWarning) as rec:
         k = kernels.select(cfg, "cpu")
     msgs = [str(w.message) for w in rec if "kernels:" in str(w.message)]
@@ -124,8 +125,9 @@ def test_gpu_device_falls_back_only_without_a_cuda_build():
         assert kernels.select(KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_fused
         return
     with pytest.warns(RuntimeWarning):
-        k = kernels.select(KernelConfig(rms_norm="fused"), "gpu:0")
+        k = kernels.select(KernelConfig(rms_norm="fused", cpu_ops=False), "gpu:0")
     assert k.rms_norm is kernels.rms_norm_reference
+    assert kernels.select(KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_cpu  # CPU kernel
 
 
 def test_unknown_kernel_name_raises():

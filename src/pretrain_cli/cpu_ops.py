@@ -1,0 +1,191 @@
+"""Builds, caches and loads the fused CPU kernels in `csrc/cpu_ops.cc`; the Python face of each op.
+
+Paddle's CPU element-wise kernels are single-threaded and unfused (docs/PERFORMANCE.md), so the
+CPU path compiles its own: g++ with OpenMP, linked against the Intel OpenMP runtime Paddle ships
+for MKL so GEMMs and these kernels share one thread pool (two runtimes would spin against each
+other on a 2-core machine). The library is built once per (source, Paddle, compiler, CPU) into
+the user cache, atomically and under a file lock so data-parallel ranks starting together build
+it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` returns None and
+`kernels.select` keeps the reference path, with one warning that says why.
+`PRETRAIN_CLI_CPU_OPS=off` skips them.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import math
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cc"
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-w",
+            "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
+_STATE: dict = {}  # "ops": the loaded namespace, or "error": why not
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "pretrain-cli"
+
+
+def _cpu_signature() -> str:
+    """-march=native code is only valid on the CPU it was built for: key the cache by its flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f.read(65536).splitlines() if ln.startswith(("model name", "flags"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def _build_command(paddle, out: Path) -> list[str]:
+    root = Path(paddle.__file__).parent
+    libs, base = root / "libs", root / "base"
+    inc = root / "include"
+    return [_compiler(), *CXXFLAGS, f"-I{inc}", f"-I{inc / 'third_party'}",
+            f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(out),
+            f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
+            "-Wl,--no-as-needed", "-l:libpaddle.so", "-l:libiomp5.so", "-Wl,--as-needed"]
+
+
+def library_path(paddle) -> Path:
+    """Where the library for this source, Paddle build, compiler and CPU lives (built or not)."""
+    try:
+        cxx = subprocess.run([_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        cxx = ""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CXXFLAGS).encode(), paddle.__version__.encode(),
+                 str(Path(paddle.__file__).parent).encode(), cxx.encode(), _cpu_signature().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return cache_dir() / f"cpu_ops-{h.hexdigest()[:16]}.so"
+
+
+def _build(paddle, so: Path) -> None:
+    so.parent.mkdir(parents=True, exist_ok=True)
+    with open(so.parent / "cpu_ops.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together: one builds, the others wait
+        if so.is_file():
+            return
+        tmp = so.with_suffix(f".tmp{os.getpid()}")
+        try:
+            proc = subprocess.run(_build_command(paddle, tmp), capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
+                raise RuntimeError(f"compiler failed: {first}")
+            os.replace(tmp, so)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class _Ops:
+    """Thin wrappers; each returns what the matching reference function in kernels.py returns."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def rms_norm(self, x, weight, eps: float):
+        return self._run("pcl_rms_norm", x, weight, float(eps))[0]
+
+    def causal_softmax(self, scores, scale: float):
+        return self._run("pcl_causal_softmax", scores, float(scale))[0]
+
+    def swiglu_packed(self, gate_up):
+        return self._run("pcl_swiglu", gate_up)[0]
+
+    def rope_heads_first(self, x, cos, sin):
+        """x `[bsz, seq_len, heads, head_dim]` -> rotated `[bsz, heads, seq_len, head_dim]`."""
+        return self._run("pcl_rope", x, cos, sin)[0]
+
+    def swap12(self, x):
+        """`[A, B, C, D]` -> contiguous `[A, C, B, D]` (a strided copy in Paddle is ~30x slower)."""
+        return self._run("pcl_swap12", x)[0]
+
+    def cross_entropy(self, logits, labels, ignore_index: int):
+        """Per-row loss `[N]` (0 for ignored rows) from logits `[N, V]` and int64 labels `[N]`."""
+        return self._run("pcl_cross_entropy", logits, labels, int(ignore_index))[0]
+
+
+def load():
+    """The fused CPU ops, or None (reason in `load_error()`); built on first use, then cached."""
+    if "ops" in _STATE or "error" in _STATE:
+        return _STATE.get("ops")
+    if os.environ.get("PRETRAIN_CLI_CPU_OPS", "").lower() in ("off", "0", "false", "no"):
+        _STATE["error"] = "PRETRAIN_CLI_CPU_OPS=off"
+        return None
+    if not sys.platform.startswith("linux"):
+        _STATE["error"] = f"fused CPU ops are built on Linux only (this is {sys.platform})"
+        return None
+    import paddle
+    from paddle import _C_ops
+
+    try:
+        so = library_path(paddle)
+        if not so.is_file():
+            _build(paddle, so)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            paddle.utils.cpp_extension.load_op_meta_info_and_register_op(str(so))
+    except Exception as e:  # noqa: BLE001 - any build/load problem means: use the reference kernels
+        _STATE["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return None
+    _STATE["ops"] = _Ops(_C_ops._run_custom_op)
+    return _STATE["ops"]
+
+
+def load_error() -> str | None:
+    return _STATE.get("error")
+
+
+# ------------------------------------------------------------------ kernels.py's CPU entries
+# Selected by `kernels.select` only after `load()` succeeded; layouts as in kernels.py.
+def cross_entropy_cpu(logits, labels, ignore_index: int):
+    """One threaded pass for max/log-sum-exp, one for the gradient; no [N, V] softmax kept (3.4x)."""
+    return load().cross_entropy(logits, labels, ignore_index)
+
+
+def rms_norm_cpu(x, weight, eps: float):
+    return load().rms_norm(x, weight, eps)
+
+
+def swiglu_packed_cpu(gate_up):
+    return load().swiglu_packed(gate_up)
+
+
+def rope_cpu(q, k, cos, sin):
+    """The kernel writes head-major `[bsz, heads, seq_len, head_dim]` (what attention's GEMMs read);
+    the returned `[bsz, seq_len, heads, head_dim]` are views of it, so `attention_cpu`'s transpose back
+    is free and the rotation, transpose and copy are one pass."""
+    ops = load()
+    q_out = ops.rope_heads_first(q, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim] view
+    k_out = ops.rope_heads_first(k, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv_heads, head_dim] view
+    return q_out, k_out
+
+
+def attention_cpu(q, k, v):
+    """`attention_sdpa_mask` with scale, causal mask and softmax (and their grads) in one threaded kernel
+    that only touches the visible keys; bottom-right aligned, so it serves KV-cache decoding too."""
+    import paddle
+
+    ops = load()
+    bsz, q_len, n_heads, head_dim = q.shape
+    k_len, n_kv = k.shape[1], k.shape[2]
+    n_rep = n_heads // n_kv
+    # q, k from `rope_cpu` are views of head-major buffers: these transposes give them back for free
+    qt = q.transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep, q_len, head_dim])  # [bsz, n_kv, n_rep, q_len, head_dim]
+    kt = k.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    vt = ops.swap12(v).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
+    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
+    probs = ops.causal_softmax(scores, 1.0 / math.sqrt(head_dim))
+    out = paddle.matmul(probs, vt).reshape([bsz, n_heads, q_len, head_dim])  # [bsz, n_heads, q_len, head_dim]
+    return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view

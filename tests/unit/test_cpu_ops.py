@@ -1,0 +1,190 @@
+"""The fused CPU kernels (csrc/cpu_ops.cc) against the reference ops they replace, forward and backward.
+
+Shapes are deliberately odd (hidden 40, head_dim 10, vocab 37) so vector tails and thread splits are
+exercised; GQA, KV-cache-style q_len < k_len and strided (transposed) inputs are included.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+import paddle.nn.functional as F  # noqa: E402
+
+from pretrain_cli import cpu_ops, kernels  # noqa: E402
+from pretrain_cli.config import KernelConfig  # noqa: E402
+
+OPS = cpu_ops.load()
+
+
+def _t(a, grad=True):
+    t = paddle.to_tensor(a)
+    t.stop_gradient = not grad
+    return t
+
+
+def _check(fast, ref, arrays, atol=2e-6, grad_mask=None):
+    """Same outputs and same input gradients for a random upstream gradient."""
+    grad_mask = grad_mask or [True] * len(arrays)
+    outs = []
+    for fn in (fast, ref):
+        ts = [_t(a, g) for a, g in zip(arrays, grad_mask)]
+        y = fn(*ts)
+        g = paddle.to_tensor(np.random.default_rng(9).standard_normal(y.shape).astype("float32"))
+        grads = paddle.grad([y], [t for t, m in zip(ts, grad_mask) if m], [g])
+        outs.append([y.numpy()] + [x.numpy() for x in grads])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, atol=atol, rtol=1e-5)
+
+
+RNG = np.random.default_rng(0)
+
+
+def test_the_library_builds_here():
+    assert OPS is not None, cpu_ops.load_error()
+
+
+def test_rms_norm_matches_reference():
+    x, w = RNG.standard_normal((3, 7, 40)).astype("float32"), (RNG.random(40) + 0.5).astype("float32")
+    _check(lambda a, b: kernels.rms_norm_cpu(a, b, 1e-6), lambda a, b: kernels.rms_norm_reference(a, b, 1e-6), [x, w])
+
+
+@pytest.mark.parametrize("q_len,k_len", [(9, 9), (4, 9), (1, 6)])
+def test_causal_softmax_matches_masked_softmax(q_len, k_len):
+    s = (RNG.standard_normal((2, 3, 2, q_len, k_len)) * 3).astype("float32")
+
+    def ref(x):
+        return F.softmax(x * 0.3 + kernels._causal_add_mask(q_len, k_len, x.dtype, x.place), axis=-1)
+
+    _check(lambda x: OPS.causal_softmax(x, 0.3), ref, [s], atol=1e-7)
+
+
+def test_swiglu_packed_matches_reference():
+    gu = (RNG.standard_normal((3, 5, 2 * 21)) * 3).astype("float32")
+    _check(kernels.swiglu_packed_cpu, kernels.swiglu_packed, [gu], atol=1e-5)
+
+
+def test_rope_matches_gemm_rope_for_q_and_k():
+    q = RNG.standard_normal((2, 7, 4, 10)).astype("float32")
+    k = RNG.standard_normal((2, 7, 2, 10)).astype("float32")
+    ang = RNG.standard_normal((7, 10)).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
+    for i in (0, 1):
+        _check(lambda a, b: kernels.rope_cpu(a, b, cos, sin)[i], lambda a, b: kernels.rope_reference(a, b, cos, sin)[i],
+               [q, k], grad_mask=[i == 0, i == 1])
+
+
+@pytest.mark.parametrize("q_len", [6, 2])
+def test_attention_matches_naive_attention_with_gqa(q_len):
+    q = RNG.standard_normal((2, q_len, 4, 10)).astype("float32")
+    k = RNG.standard_normal((2, 6, 2, 10)).astype("float32")
+    v = RNG.standard_normal((2, 6, 2, 10)).astype("float32")
+    _check(kernels.attention_cpu, kernels.attention_math, [q, k, v], atol=1e-5)
+
+
+def test_cross_entropy_matches_paddle_and_ignores_minus_100():
+    logits = (RNG.standard_normal((13, 37)) * 4).astype("float32")
+    labels = RNG.integers(0, 37, 13).astype("int64")
+    labels[[3, 8]] = -100
+    lab = paddle.to_tensor(labels)
+    _check(lambda x: kernels.cross_entropy_cpu(x, lab, -100), lambda x: kernels.cross_entropy_reference(x, lab, -100),
+           [logits], atol=1e-5)
+    rows = kernels.cross_entropy_cpu(paddle.to_tensor(logits), lab, -100).numpy()
+    assert rows[3] == 0.0 and rows[8] == 0.0
+
+
+def test_strided_inputs_are_read_correctly():
+    x = RNG.standard_normal((3, 40, 7)).astype("float32")
+    w = (RNG.random(40) + 0.5).astype("float32")
+    view = paddle.to_tensor(x).transpose([0, 2, 1])  # [3, 7, 40], not contiguous
+    got = kernels.rms_norm_cpu(view, paddle.to_tensor(w), 1e-6).numpy()
+    want = kernels.rms_norm_reference(paddle.to_tensor(np.ascontiguousarray(x.transpose(0, 2, 1))),
+                                      paddle.to_tensor(w), 1e-6).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    a = RNG.standard_normal((2, 3, 4, 5)).astype("float32")
+    np.testing.assert_array_equal(OPS.swap12(paddle.to_tensor(a)).numpy(), a.transpose(0, 2, 1, 3))
+
+
+def test_nan_propagates_so_the_nan_policy_still_fires():
+    logits = RNG.standard_normal((2, 37)).astype("float32")
+    logits[0, 5] = np.nan
+    rows = kernels.cross_entropy_cpu(paddle.to_tensor(logits), paddle.to_tensor(np.array([1, 2])), -100).numpy()
+    assert np.isnan(rows[0]) and np.isfinite(rows[1])
+    y = kernels.rms_norm_cpu(paddle.full([1, 8], float("nan")), paddle.ones([8]), 1e-6).numpy()
+    assert np.isnan(y).all()
+    s = np.zeros((1, 1, 1, 3, 3), dtype="float32")
+    s[..., 2, 0] = np.inf
+    p = OPS.causal_softmax(paddle.to_tensor(s), 1.0).numpy()
+    assert np.isnan(p[..., 2, :]).any() and np.isfinite(p[..., :2, :]).all()
+
+
+def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        kernels.cross_entropy_cpu(paddle.randn([2, 5]), paddle.to_tensor(np.array([1, 7])), -100)
+
+
+# ------------------------------------------------------------------------------ selection
+def test_cpu_selection_uses_the_fused_kernels_silently():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k = kernels.select(KernelConfig(), "cpu")
+        fused_requests = kernels.select(KernelConfig(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
+    assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
+        kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
+        kernels.swiglu_packed_cpu)
+    assert k.attention_cached is kernels.attention_cpu
+    assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
+    assert "attention=cpu" in k.describe()
+
+
+def test_cpu_ops_off_is_the_paddle_only_path():
+    k = kernels.select(KernelConfig(cpu_ops=False), "cpu")
+    assert (k.attention, k.rms_norm, k.cross_entropy) == (
+        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
+
+
+def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):
+    monkeypatch.setattr(cpu_ops, "_STATE", {"error": "compiler failed: g++ not found"})
+    with pytest.warns(RuntimeWarning) as rec:
+        k = kernels.select(KernelConfig(), "cpu")
+    msgs = [str(w.message) for w in rec if "kernels:" in str(w.message)]
+    assert len(msgs) == 1 and "g++ not found" in msgs[0]
+    assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
+
+
+BUILD_PROBE = r"""
+import json, os
+from pretrain_cli import runtime
+paddle = runtime.import_paddle()
+from pretrain_cli import cpu_ops
+ops = cpu_ops.load()
+print(json.dumps({"ok": ops is not None, "error": cpu_ops.load_error(),
+                  "files": sorted(os.listdir(cpu_ops.cache_dir())) if cpu_ops.cache_dir().is_dir() else []}))
+"""
+
+
+def _probe(tmp_path, **env):
+    e = {k: v for k, v in os.environ.items() if k != "PRETRAIN_CLI_CPU_OPS"} | {"XDG_CACHE_HOME": str(tmp_path)} | env
+    out = subprocess.run([sys.executable, "-c", BUILD_PROBE], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_build_from_an_empty_cache_is_atomic_and_reused(tmp_path):
+    first = _probe(tmp_path)
+    assert first["ok"], first["error"]
+    libs = [f for f in first["files"] if f.endswith(".so")]
+    assert len(libs) == 1 and not [f for f in first["files"] if ".tmp" in f]  # no half-written library
+    lib = tmp_path / "pretrain-cli" / libs[0]
+    mtime = lib.stat().st_mtime_ns
+    assert _probe(tmp_path)["ok"] and lib.stat().st_mtime_ns == mtime  # second process reuses it
+    broken = _probe(tmp_path / "other", CXX="/nonexistent/g++")
+    assert not broken["ok"] and "nonexistent" in broken["error"]
+    assert _probe(tmp_path, PRETRAIN_CLI_CPU_OPS="off")["error"] == "PRETRAIN_CLI_CPU_OPS=off"
