@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mkl-cpu-type", default="auto",
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (5 on AMD only), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
-                    help="our fused CPU kernels (csrc/cpu_ops.cc); off = Paddle's ops only (cpu_fused_ops: false)")
+                    help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
     ap.add_argument("--worker", choices=("paddle", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

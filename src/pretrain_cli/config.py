@@ -18,7 +18,7 @@ class KernelConfig:
     rms_norm: str = "reference"  # "fused" | "reference"
     rope: str = "reference"  # "fused" | "reference"
     swiglu: str = "reference"  # "fused" | "reference"
-    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (csrc/cpu_ops.cc) when they build
+    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (csrc/) when they build
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The fused CPU kernels (csrc/cpu_ops.cc) against the reference ops they replace, forward and backward.
+"""The fused CPU kernels (csrc/) against the reference ops they replace, forward and backward.
 
 Shapes are deliberately odd (hidden 40, head_dim 10, vocab 37) so vector tails and thread splits are
 exercised; GQA, KV-cache-style q_len < k_len and strided (transposed) inputs are included.
@@ -56,16 +56,6 @@ def test_rms_norm_matches_reference():
     _check(lambda a, b: kernels.rms_norm_cpu(a, b, 1e-6), lambda a, b: kernels.rms_norm_reference(a, b, 1e-6), [x, w])
 
 
-@pytest.mark.parametrize("q_len,k_len", [(9, 9), (4, 9), (1, 6)])
-def test_causal_softmax_matches_masked_softmax(q_len, k_len):
-    s = (RNG.standard_normal((2, 3, 2, q_len, k_len)) * 3).astype("float32")
-
-    def ref(x):
-        return F.softmax(x * 0.3 + kernels._causal_add_mask(q_len, k_len, x.dtype, x.place), axis=-1)
-
-    _check(lambda x: OPS.causal_softmax(x, 0.3), ref, [s], atol=1e-7)
-
-
 def test_swiglu_packed_matches_reference():
     gu = (RNG.standard_normal((3, 5, 2 * 21)) * 3).astype("float32")
     _check(kernels.swiglu_packed_cpu, kernels.swiglu_packed, [gu], atol=1e-5)
@@ -81,12 +71,35 @@ def test_rope_matches_gemm_rope_for_q_and_k():
                [q, k], grad_mask=[i == 0, i == 1])
 
 
-@pytest.mark.parametrize("q_len", [6, 2])
-def test_attention_matches_naive_attention_with_gqa(q_len):
-    q = RNG.standard_normal((2, q_len, 4, 10)).astype("float32")
-    k = RNG.standard_normal((2, 6, 2, 10)).astype("float32")
-    v = RNG.standard_normal((2, 6, 2, 10)).astype("float32")
+@pytest.mark.parametrize("q_len,k_len,heads,kv_heads", [
+    (6, 6, 4, 2),  # one block, GQA
+    (70, 70, 4, 2),  # two query blocks (64 + 6): the second multiplies all 70 keys, the first only 64
+    (130, 130, 2, 1),  # three blocks, MQA
+    (67, 75, 4, 4),  # KV-cache prefill over cached keys: bottom-right aligned, blocks straddle the shift
+    (1, 9, 4, 2),  # one-token decode step
+])
+def test_attention_matches_naive_attention(q_len, k_len, heads, kv_heads):
+    q = RNG.standard_normal((2, q_len, heads, 10)).astype("float32")
+    k = RNG.standard_normal((2, k_len, kv_heads, 10)).astype("float32")
+    v = RNG.standard_normal((2, k_len, kv_heads, 10)).astype("float32")
     _check(kernels.attention_cpu, kernels.attention_math, [q, k, v], atol=1e-5)
+
+
+def test_attention_after_rope_views_matches_reference_path():
+    """The production pairing: `rope_cpu` hands attention views of its head-major buffers."""
+    q = RNG.standard_normal((2, 70, 4, 8)).astype("float32")
+    k = RNG.standard_normal((2, 70, 2, 8)).astype("float32")
+    v = RNG.standard_normal((2, 70, 2, 8)).astype("float32")
+    ang = RNG.standard_normal((70, 8)).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
+
+    def fast(a, b, c):
+        return kernels.attention_cpu(*kernels.rope_cpu(a, b, cos, sin), c)
+
+    def ref(a, b, c):
+        return kernels.attention_math(*kernels.rope_reference(a, b, cos, sin), c)
+
+    _check(fast, ref, [q, k, v], atol=1e-5)
 
 
 def test_cross_entropy_matches_paddle_and_ignores_minus_100():
@@ -119,10 +132,11 @@ def test_nan_propagates_so_the_nan_policy_still_fires():
     assert np.isnan(rows[0]) and np.isfinite(rows[1])
     y = kernels.rms_norm_cpu(paddle.full([1, 8], float("nan")), paddle.ones([8]), 1e-6).numpy()
     assert np.isnan(y).all()
-    s = np.zeros((1, 1, 1, 3, 3), dtype="float32")
-    s[..., 2, 0] = np.inf
-    p = OPS.causal_softmax(paddle.to_tensor(s), 1.0).numpy()
-    assert np.isnan(p[..., 2, :]).any() and np.isfinite(p[..., :2, :]).all()
+    k = RNG.standard_normal((1, 5, 1, 4)).astype("float32")
+    k[0, 3, 0, 0] = np.nan  # key 3 is seen by queries 3 and 4 only
+    v = np.ones((1, 5, 1, 4), "float32")
+    out = kernels.attention_cpu(*(paddle.to_tensor(a) for a in (np.ones((1, 5, 1, 4), "float32"), k, v))).numpy()
+    assert np.isfinite(out[0, :3]).all() and np.isnan(out[0, 3:]).all()
 
 
 def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():

@@ -2,7 +2,7 @@
 
 Reference: Paddle's ops only (`cpu_fused_ops: false`): naive attention (`attention_math`), separate gate/up
 GEMMs, slice/concat RoPE, Paddle's RMSNorm ops and cross-entropy, eager.
-Fast: the default CPU selection (the fused kernels of csrc/cpu_ops.cc for attention softmax, RoPE, RMSNorm,
+Fast: the default CPU selection (the fused kernels of csrc/ for attention, RoPE, RMSNorm,
 SwiGLU and the loss; packed gate|up GEMM), with and without `kernels.compile_forward` (to_static SOT).
 All run `Trainer.train_step`.
 """

@@ -1,0 +1,59 @@
+// Shared by the fused CPU kernels (see cpu_ops.py for how they are built and loaded).
+//
+// Why they exist: Paddle 3.3.1's CPU element-wise kernels run on one thread with no fusion, and its strided
+// copies are element by element, so RMSNorm, attention's scale + mask + softmax, SwiGLU, RoPE, head
+// transposes and the 32k-vocab cross-entropy cost ~40% of a CPU step (docs/PERFORMANCE.md). Each kernel
+// is one or two passes over memory, threaded with OpenMP (linked to the Intel runtime MKL uses, so GEMMs
+// and these kernels share one thread pool) and vectorised by the compiler. Every kernel has a reference
+// path in kernels.py that tests/unit/test_cpu_ops.py compares against, forward and backward.
+// NaN/Inf propagate through arithmetic (no -ffast-math), so the trainer's NaN policy still sees them.
+// OpenMP loops use schedule(static) only: GCC-compiled dynamic schedules on Intel's runtime gave wrong
+// results here (the GOMP_loop_dynamic compatibility path).
+#pragma once
+
+#include "paddle/extension.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+namespace pcl {
+
+// exp for the softmax/CE/SiLU inner loops: Cephes expf (range reduction + degree-6 polynomial),
+// ~1 ulp, written so GCC vectorises it (libm's expf does not vectorise without -ffast-math).
+inline float vexp(float x) {
+  x = x > 88.3762626647949f ? 88.3762626647949f : x;
+  x = x < -87.3365447505531f ? -87.3365447505531f : x;
+  // round to nearest by adding 1.5 * 2^23 (|x * log2 e| <= 128 here): plain arithmetic vectorises,
+  // std::floor becomes a libm call unless -fno-trapping-math (6x slower on 32k-vocab rows)
+  const float magic = 12582912.f;
+  const float fx = (x * 1.44269504088896341f + magic) - magic;
+  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(float));
+  return p * scale;
+}
+
+inline void check_f32(const paddle::Tensor& t, const char* op, const char* name) {
+  PD_CHECK(t.is_cpu(), op, ": ", name, " must be a CPU tensor");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " must be float32");
+}
+
+inline int64_t last_dim(const paddle::Tensor& t) { return t.shape().back(); }
+
+// Kernels index raw memory: a strided view (e.g. a transposed gradient) is copied first.
+inline paddle::Tensor contig(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+}  // namespace pcl

@@ -1,0 +1,161 @@
+// RMSNorm and packed SwiGLU (see common.h for why these kernels exist).
+#include "common.h"
+
+using pcl::check_f32;
+using pcl::contig;
+using pcl::last_dim;
+using pcl::vexp;
+
+// ------------------------------------------------------------------------------------ RMSNorm
+// y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) per row; rstd is kept for the backward.
+std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg, float eps) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor w = contig(w_arg);
+  check_f32(x, "rms_norm", "x");
+  check_f32(w, "rms_norm", "weight");
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  PD_CHECK(w.numel() == h, "rms_norm: weight size ", w.numel(), " != hidden ", h);
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto rstd = paddle::empty({rows}, x.dtype(), x.place());
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = xp + i * h;
+    float* yr = yp + i * h;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < h; ++j) ss += xr[j] * xr[j];
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+    rp[i] = r;
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) yr[j] = (xr[j] * r) * wp[j];
+  }
+  return {y, rstd};
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
+std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
+                                            const paddle::Tensor& rstd_arg, const paddle::Tensor& dy_arg) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor w = contig(w_arg);
+  const paddle::Tensor rstd = contig(rstd_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  const int nthreads = omp_get_max_threads();
+  std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  const float* rp = rstd.data<float>();
+  const float* gp = dy.data<float>();
+  float* dxp = dx.data<float>();
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = xp + i * h;
+      const float* gr = gp + i * h;
+      float* dxr = dxp + i * h;
+      const float r = rp[i];
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < h; ++j) {
+        const float xh = xr[j] * r;
+        dot += gr[j] * wp[j] * xh;
+        acc[j] += gr[j] * xh;
+      }
+      const float m = dot / static_cast<float>(h);
+#pragma omp simd
+      for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
+    }
+  }
+  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  float* dwp = dw.data<float>();
+  for (int64_t j = 0; j < h; ++j) dwp[j] = 0.f;
+  for (int t = 0; t < nthreads; ++t) {
+    const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
+    for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
+  }
+  return {dx, dw};
+}
+
+std::vector<std::vector<int64_t>> RmsNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+  return {x, {rows}};
+}
+
+std::vector<paddle::DataType> RmsNormDtype(const paddle::DataType& x, const paddle::DataType& w) { return {x, x}; }
+
+PD_BUILD_OP(pcl_rms_norm)
+    .Inputs({"X", "W"})
+    .Outputs({"Y", "Rstd"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(RmsNormForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(RmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RmsNormDtype));
+
+PD_BUILD_GRAD_OP(pcl_rms_norm)
+    .Inputs({"X", "W", "Rstd", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("W")})
+    .SetKernelFn(PD_KERNEL(RmsNormBackward));
+
+// ------------------------------------------------------------------------ packed SwiGLU
+// [..., 2I] laid out [gate | up] -> silu(gate) * up  [..., I]
+std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& gu_arg) {
+  const paddle::Tensor gu = contig(gu_arg);
+  check_f32(gu, "swiglu", "gate_up");
+  const int64_t two_i = last_dim(gu), inter = two_i / 2, rows = gu.numel() / two_i;
+  PD_CHECK(two_i % 2 == 0, "swiglu: last dim must be even");
+  auto shape = gu.shape();
+  shape.back() = inter;
+  auto out = paddle::empty(shape, gu.dtype(), gu.place());
+  const float* in = gu.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = in + r * two_i;
+    const float* u = g + inter;
+    float* o = op + r * inter;
+#pragma omp simd
+    for (int64_t j = 0; j < inter; ++j) o[j] = g[j] / (1.f + vexp(-g[j])) * u[j];
+  }
+  return {out};
+}
+
+// d gate = dy * up * sig * (1 + g * (1 - sig)),  d up = dy * silu(g)
+std::vector<paddle::Tensor> SwigluBackward(const paddle::Tensor& gu_arg, const paddle::Tensor& dy_arg) {
+  const paddle::Tensor gu = contig(gu_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const int64_t two_i = last_dim(gu), inter = two_i / 2, rows = gu.numel() / two_i;
+  auto dgu = paddle::empty(gu.shape(), gu.dtype(), gu.place());
+  const float* in = gu.data<float>();
+  const float* gp = dy.data<float>();
+  float* dp = dgu.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = in + r * two_i;
+    const float* u = g + inter;
+    const float* d = gp + r * inter;
+    float* dg = dp + r * two_i;
+    float* du = dg + inter;
+#pragma omp simd
+    for (int64_t j = 0; j < inter; ++j) {
+      const float sig = 1.f / (1.f + vexp(-g[j]));
+      du[j] = d[j] * g[j] * sig;
+      dg[j] = d[j] * u[j] * sig * (1.f + g[j] * (1.f - sig));
+    }
+  }
+  return {dgu};
+}
+
+PD_BUILD_OP(pcl_swiglu).Inputs({"GU"}).Outputs({"Out"}).SetKernelFn(PD_KERNEL(SwigluForward));
+
+PD_BUILD_GRAD_OP(pcl_swiglu)
+    .Inputs({"GU", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("GU")})
+    .SetKernelFn(PD_KERNEL(SwigluBackward));
