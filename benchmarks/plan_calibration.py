@@ -1,9 +1,10 @@
 """Check `pretrain-cli plan`'s memory model against real training steps on this CPU.
 
 For each config, the planner predicts the peak of one steady-state training step in its
-"cpu" mode (fp32, the math attention our CPU kernel runs, no GPU framework constant but the
-measured allocator baseline), and a fresh subprocess measures it: build the model
-(`pretrain_cli.models.build_model`), `paddle.optimizer.AdamW`, `causal_lm_loss`; one warm-up
+"cpu" mode (fp32, math attention, no GPU framework constant but the measured allocator
+baseline), and a fresh subprocess measures it: build the model with Paddle's own ops
+(`pretrain_cli.models.build_model`, `cpu_fused_ops: false`: what the model describes; the fused CPU
+kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, `causal_lm_loss`; one warm-up
 step creates gradients and AdamW moments, then the peak of Paddle's host allocator
 (`paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`) over the second step is
 read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
@@ -43,6 +44,8 @@ _CHILD = r"""
 import json, resource, sys
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
+from pretrain_cli import kernels
+from pretrain_cli.config import KernelConfig
 from pretrain_cli.loss import causal_lm_loss
 from pretrain_cli.models import ModelConfig, build_model
 from pretrain_cli.models.recompute import apply_recompute
@@ -55,7 +58,9 @@ rss0 = rss()
 base = core.host_memory_stat_current_value("Allocated", 0)
 paddle.seed(0)
 cfg = ModelConfig.from_file(spec["model_dir"])
-model = build_model(cfg)
+# Paddle's own ops: the path the memory model describes (the GPU's non-flash kernels). The fused CPU
+# kernels keep less (no [N, V] softmax, one probability tensor per layer): the plan is an upper bound there.
+model = build_model(cfg, kernels.select(KernelConfig(cpu_ops=False), "cpu"))
 model.train()
 apply_recompute(model, spec["recompute"])
 opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)

@@ -8,7 +8,7 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
 
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf] [--json] [--steps N]
         [--warmup W] [--rounds R] [--to-static] [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5]
-        [--cpu-ops on|off]
+        [--cpu-ops on|off] [--hf-malloc default|keep]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). tokens_per_s is the
@@ -182,6 +182,10 @@ def worker_torch(cfg: dict, a) -> dict:
 
     threads = a.threads or (len(os.sched_getaffinity(0)))
     torch.set_num_threads(threads)
+    if a.hf_malloc == "keep":  # the same glibc setting our runtime applies, to show what it is worth to torch
+        from pretrain_cli import runtime
+
+        runtime.keep_freed_memory()
     peak = matmul_peak_gflops("torch")
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.models.flops import flops_per_token
@@ -211,7 +215,7 @@ def worker_torch(cfg: dict, a) -> dict:
     fpt = flops_per_token(mcfg, seq)
     achieved = out["tokens_per_s"] * fpt / 1e9
     out.update({"framework": "torch", "torch": torch.__version__, "transformers": transformers.__version__,
-                "threads": threads, "attn_implementation": model.config._attn_implementation,
+                "threads": threads, "attn_implementation": model.config._attn_implementation, "hf_malloc": a.hf_malloc,
                 "flops_per_token": fpt,
                 "achieved_gflops": round(achieved, 1), "matmul_peak_gflops": round(peak, 1),
                 "mfu": round(achieved / peak, 4), "losses": [round(x, 6) for x in losses]})
@@ -224,7 +228,7 @@ def _run_worker(kind: str, name: str, a) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--config", name,
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
     cmd += ["--to-static"] if a.to_static else []
-    cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops]
+    cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops, "--hf-malloc", a.hf_malloc]
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env.pop("MKL_NUM_THREADS", None)
@@ -297,6 +301,8 @@ def main(argv=None) -> int:
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (5 on AMD only), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
                     help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
+    ap.add_argument("--hf-malloc", choices=("default", "keep"), default="default",
+                    help="keep: give the HF/torch worker the same glibc no-mmap/no-trim setting as ours")
     ap.add_argument("--worker", choices=("paddle", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

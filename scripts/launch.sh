@@ -5,7 +5,8 @@
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=0 scripts/launch.sh cfg.json   # on the master node
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=1 scripts/launch.sh cfg.json   # on the other node
 #
-# Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes, default: one per core), MASTER, NNODES,
+# Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
+#      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), LOG_DIR (default ./log), PYTHON.
 # Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
 # (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
@@ -43,7 +44,7 @@ if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() an
   args+=(--devices "$DEVICES")
 else
   # CPU: `--devices` fails on CPU; one thread per process beats two threads in one process on 2 cores.
-  args+=(--nproc_per_node "${NPROC:-$(nproc)}")
+  args+=(--nproc_per_node "${NPROC:-1}")
   export MKL_DEBUG_CPU_TYPE=${MKL_DEBUG_CPU_TYPE:-5}
 fi
 exec "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import math
 import os
 import platform
@@ -91,6 +92,7 @@ def _build(paddle, so: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together: one builds, the others wait
         if so.is_file():
             return
+        logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~15 s): {so}")
         tmp = so.with_suffix(f".tmp{os.getpid()}")
         objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
         try:

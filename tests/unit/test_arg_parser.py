@@ -161,6 +161,11 @@ def test_cpu_layout_hint(monkeypatch):
     import pretrain_cli.resolve as resolve_mod
 
     monkeypatch.setattr(resolve_mod.os, "cpu_count", lambda: 4)
-    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5"])
+    base = ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5"]
+    # the fused CPU kernels use every core from one process: no launcher hint (docs/PERFORMANCE.md §3.5)
+    assert not any("nproc_per_node" in n for n in resolve(parse_config(None, base), world_size=1,
+                                                             gpu_available=False).notes)
+    # Paddle's single-threaded ops: one process per core is faster, and the note says how
+    args = parse_config(None, base + ["--cpu_fused_ops", "false"])
     assert any("--nproc_per_node 4" in n for n in resolve(args, world_size=1, gpu_available=False).notes)
     assert not any("nproc_per_node" in n for n in resolve(args, world_size=2, gpu_available=False).notes)
