@@ -43,8 +43,8 @@ if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() an
   fi
   args+=(--devices "$DEVICES")
 else
-  # CPU: `--devices` fails on CPU; one thread per process beats two threads in one process on 2 cores.
+  # CPU: `--devices` fails on CPU. One process per node: with the fused CPU kernels it uses every core and
+  # beats one process per core; the math environment (threads, MKL on AMD) is set by runtime.setup_env.
   args+=(--nproc_per_node "${NPROC:-1}")
-  export MKL_DEBUG_CPU_TYPE=${MKL_DEBUG_CPU_TYPE:-5}
 fi
 exec "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@"

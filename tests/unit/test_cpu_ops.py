@@ -159,7 +159,13 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
 
 
 def test_cpu_ops_off_is_the_paddle_only_path():
-    k = kernels.select(KernelConfig(cpu_ops=False), "cpu")
+    from pretrain_cli.arg_parser import parse_config
+    from pretrain_cli.config import derive_kernels
+
+    assert derive_kernels(parse_config(None, []).training).cpu_ops is True
+    off = derive_kernels(parse_config(None, ["--cpu_fused_ops", "false"]).training)
+    assert off.cpu_ops is False
+    k = kernels.select(off, "cpu")
     assert (k.attention, k.rms_norm, k.cross_entropy) == (
         kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
 

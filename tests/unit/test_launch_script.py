@@ -1,0 +1,46 @@
+"""scripts/launch.sh on a CPU machine: the launcher command it builds (a stand-in PYTHON records it)."""
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch.sh"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# '-c' probes (is this a GPU build?) answer "no"; the launcher call is recorded instead of run.
+if [ "$1" = "-c" ]; then exit 1; fi
+echo "$@" > "$RECORD"
+"""
+
+
+def _launch(tmp_path, **env):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    record = tmp_path / "cmd.txt"
+    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "MKL_DEBUG_CPU_TYPE")}
+    e.update(PYTHON=str(fake), RECORD=str(record), **env)
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json", "--max_steps", "3"], env=e, capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    return record.read_text().split()
+
+
+def test_cpu_defaults_to_one_process_per_node(tmp_path):
+    cmd = _launch(tmp_path)
+    assert cmd[:2] == ["-m", "paddle.distributed.launch"]
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "1"
+    assert "--devices" not in cmd
+    assert cmd[-3:] == ["cfg.json", "--max_steps", "3"]
+
+
+def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):
+    cmd = _launch(tmp_path, NPROC="2")
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
+    # MKL_DEBUG_CPU_TYPE is runtime.setup_env's decision (AMD only); the wrapper must not export it
+    fake_env = tmp_path / "python"
+    fake_env.write_text(FAKE_PYTHON.replace('echo "$@" > "$RECORD"', 'echo "${MKL_DEBUG_CPU_TYPE:-unset}" > "$RECORD"'))
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "MKL_DEBUG_CPU_TYPE"}
+                         | {"PYTHON": str(fake_env), "RECORD": str(tmp_path / "env.txt")})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "env.txt").read_text().strip() == "unset"
