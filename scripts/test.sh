@@ -8,6 +8,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import paddle, torch, transformers, pretrain_cli" >/dev/null
+.venv/bin/python -W "ignore:No ccache found" -c "import paddle, torch, transformers, pretrain_cli" >/dev/null
 # tests/gpu needs a GPU build of Paddle and a GPU; run it there with `pytest tests/gpu`.
 exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu "$@"
