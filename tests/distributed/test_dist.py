@@ -5,6 +5,7 @@ subprocess with a timeout; the reference is one process without the launcher at 
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -165,6 +166,36 @@ def test_killed_rank_is_named_and_job_ends(corpus, tmp_path):
     while message not in _read(log_dir / "workerlog.0") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert message in _read(log_dir / "workerlog.0")
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path):
+    """Only rank 1 gets SIGTERM (as when a scheduler signals one process); the ranks agree on the step
+    (`Trainer._agree`), rank 0 saves that checkpoint, and the job ends cleanly with exit 0."""
+    cfg = write_config(tmp_path / "t.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=1,
+                       save_steps=100000)
+    log_dir = tmp_path / "log"
+    proc = subprocess.Popen(launch_cmd(cfg, log_dir), cwd=str(tmp_path), env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while "global_step: 5," not in _read(log_dir / "workerlog.0"):
+            assert proc.poll() is None and time.monotonic() < deadline, _read(log_dir / "workerlog.0")
+            time.sleep(0.2)
+        os.kill(_worker_pid(proc.pid, log_dir, rank=1), signal.SIGTERM)
+        out = _communicate(proc, 90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log0, log1 = _read(log_dir / "workerlog.0"), _read(log_dir / "workerlog.1")
+    assert proc.returncode == 0, out + log0 + log1
+    assert "received SIGTERM" in log1 and "received SIGTERM" not in log0
+    ckpts = sorted((tmp_path / "out").glob("checkpoint-*"))
+    assert len(ckpts) == 1, ckpts
+    step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
+    assert 5 <= step < 100000
+    assert f"stopped at step {step} and saved" in log0  # rank 0 stopped at the step it saved
+    assert max(parse_losses(log0)) == step  # and trained no step beyond it
+    assert "Traceback" not in log0 + log1
 
 
 def test_tensor_parallel_exits_cleanly(corpus, tmp_path):
