@@ -11,7 +11,6 @@ it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` re
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import math
@@ -62,9 +61,15 @@ def _commands(paddle, out: Path, objs: list[Path]) -> tuple[list[list[str]], lis
     return compiles, link
 
 
-def _run_all(commands: list[list[str]]) -> None:
+def _run_all(commands: list[list[str]], timeout: float = 600) -> None:
     procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
-    errors = [p.communicate(timeout=600)[1] for p in procs]
+    try:
+        errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:  # a timeout or an interrupt: no compiler outlives the build
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p, err in zip(procs, errors):
         if p.returncode != 0:
             first = next((ln for ln in err.splitlines() if "error" in ln), err.strip()[:200])
@@ -87,11 +92,15 @@ def library_path(paddle) -> Path:
 
 
 def _build(paddle, so: Path) -> None:
+    import fcntl
+
     so.parent.mkdir(parents=True, exist_ok=True)
     with open(so.parent / "cpu_ops.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together: one builds, the others wait
         if so.is_file():
             return
+        for stale in so.parent.glob("cpu_ops-*.tmp*"):  # left by a build that was killed (we hold the lock)
+            stale.unlink(missing_ok=True)
         logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~15 s): {so}")
         tmp = so.with_suffix(f".tmp{os.getpid()}")
         objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
@@ -99,10 +108,21 @@ def _build(paddle, so: Path) -> None:
             compiles, link = _commands(paddle, tmp, objs)
             _run_all(compiles)
             _run_all([link])
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # the rename must never publish a library that is not on disk
             os.replace(tmp, so)
+        except RuntimeError as e:  # the compiler or linker refused: the same key would fail the same way
+            _failed(so).write_text(str(e).splitlines()[0][:300])
+            raise
         finally:
             for f in (tmp, *objs):
                 f.unlink(missing_ok=True)
+
+
+def _failed(so: Path) -> Path:
+    """Marker of a failed build for exactly this key: later processes do not retry it (a new compiler,
+    Paddle or source changes the key, so they would)."""
+    return so.with_suffix(".failed")
 
 
 class _Ops:
@@ -149,6 +169,8 @@ def load():
 
     try:
         so = library_path(paddle)
+        if _failed(so).is_file():
+            raise RuntimeError(f"{_failed(so).read_text().strip()} (cached in {_failed(so)}; delete it to retry)")
         if not so.is_file():
             _build(paddle, so)
         with warnings.catch_warnings():
@@ -200,5 +222,6 @@ def attention_cpu(q, k, v):
     qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, q_len, head_dim]
     kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
     vt = ops.swap12(v)  # [bsz, n_kv, k_len, head_dim]
-    out = ops.causal_attention(qt, kt, vt, 1.0 / math.sqrt(head_dim))  # [bsz, n_heads, q_len, head_dim]
+    scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0  # 0: the kernel reports the empty head_dim
+    out = ops.causal_attention(qt, kt, vt, scale)  # [bsz, n_heads, q_len, head_dim]
     return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view

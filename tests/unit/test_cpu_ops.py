@@ -139,6 +139,24 @@ def test_nan_propagates_so_the_nan_policy_still_fires():
     assert np.isfinite(out[0, :3]).all() and np.isnan(out[0, 3:]).all()
 
 
+def test_degenerate_shapes_are_errors_not_crashes():
+    with pytest.raises(Exception, match="last dimension must be > 0"):  # was a SIGFPE (numel / 0)
+        kernels.rms_norm_cpu(paddle.zeros([3, 0]), paddle.zeros([0]), 1e-6)
+    with pytest.raises(Exception, match="last dimension must be > 0"):
+        kernels.cross_entropy_cpu(paddle.zeros([3, 0]), paddle.to_tensor(np.array([0, 0, 0])), -100)
+    with pytest.raises(Exception, match="head_dim must be even"):  # would leave a column unwritten
+        OPS.rope_heads_first(paddle.zeros([1, 2, 1, 5]), paddle.zeros([2, 5]), paddle.zeros([2, 5]))
+
+
+def test_silu_of_huge_gates_saturates():
+    gu = np.array([[-1e38, 1e38, 3.0, 2.0]], dtype="float32")  # gates [-1e38, 1e38], ups [3, 2]
+    x = _t(gu)
+    out = kernels.swiglu_packed_cpu(x)
+    np.testing.assert_allclose(out.numpy(), [[0.0, 2e38]], rtol=1e-6)
+    (g,) = paddle.grad([out], [x], [paddle.ones_like(out)])
+    np.testing.assert_allclose(g.numpy()[0, [0, 2]], [0.0, 0.0])  # d gate and d up of the dead unit
+
+
 def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():
     with pytest.raises(Exception, match="outside the vocabulary"):
         kernels.cross_entropy_cpu(paddle.randn([2, 5]), paddle.to_tensor(np.array([1, 7])), -100)
@@ -208,3 +226,19 @@ def test_build_from_an_empty_cache_is_atomic_and_reused(tmp_path):
     broken = _probe(tmp_path / "other", CXX="/nonexistent/g++")
     assert not broken["ok"] and "nonexistent" in broken["error"]
     assert _probe(tmp_path, PRETRAIN_CLI_CPU_OPS="off")["error"] == "PRETRAIN_CLI_CPU_OPS=off"
+
+
+def test_a_refusing_compiler_is_remembered_and_stale_temporaries_are_swept(tmp_path):
+    cxx = tmp_path / "cxx"
+    cxx.write_text("#!/bin/sh\necho 'csrc/loss.cc:1: error: no such header' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    cache = tmp_path / "cache" / "pretrain-cli"
+    cache.mkdir(parents=True)
+    stale = cache / "cpu_ops-0123456789abcdef.loss.tmp999.o"  # a killed build's leftover
+    stale.write_bytes(b"x")
+    first = _probe(tmp_path / "cache", CXX=str(cxx))
+    assert not first["ok"] and "compiler failed: csrc/loss.cc:1: error: no such header" in first["error"]
+    assert not stale.exists()
+    assert [f for f in first["files"] if f.endswith(".failed")]  # remembered for this key...
+    again = _probe(tmp_path / "cache", CXX=str(cxx))
+    assert not again["ok"] and "delete it to retry" in again["error"]  # ...so the next process does not rebuild

@@ -21,6 +21,7 @@ std::vector<paddle::Tensor> RopeForward(const paddle::Tensor& x_arg, const paddl
   const auto& sh = x.shape();
   PD_CHECK(sh.size() == 4, "rope: x must be [bsz, seq_len, heads, head_dim]");
   const int64_t b = sh[0], s = sh[1], h = sh[2], d = sh[3], half = d / 2;
+  PD_CHECK(d > 0 && d % 2 == 0, "rope: head_dim must be even, got ", d);
   PD_CHECK(cos.numel() == s * d && sin.numel() == s * d, "rope: cos/sin must be [seq_len, head_dim]");
   auto y = paddle::empty({b, h, s, d}, x.dtype(), x.place());
   const float* xp = x.data<float>();
@@ -152,6 +153,7 @@ void check_attention_shapes(const paddle::Tensor& q, const paddle::Tensor& k, co
   PD_CHECK(q.shape()[0] == k.shape()[0] && q.shape()[3] == k.shape()[3] && q.shape()[1] % k.shape()[1] == 0 &&
                q.shape()[2] <= k.shape()[2],
            "causal_attention: mismatched q/k shapes");
+  PD_CHECK(q.shape()[3] > 0 && q.shape()[2] > 0, "causal_attention: empty head_dim or sequence");
 }
 }  // namespace
 

@@ -25,8 +25,8 @@ namespace pcl {
 
 // exp for the softmax/CE/SiLU inner loops: Cephes expf (range reduction + degree-6 polynomial),
 // ~1 ulp, written so GCC vectorises it (libm's expf does not vectorise without -ffast-math).
-inline float vexp(float x) {
-  x = x > 88.3762626647949f ? 88.3762626647949f : x;
+inline float vexp(float x_in) {
+  float x = x_in > 88.3762626647949f ? 88.3762626647949f : x_in;
   x = x < -87.3365447505531f ? -87.3365447505531f : x;
   // round to nearest by adding 1.5 * 2^23 (|x * log2 e| <= 128 here): plain arithmetic vectorises,
   // std::floor becomes a libm call unless -fno-trapping-math (6x slower on 32k-vocab rows)
@@ -43,7 +43,8 @@ inline float vexp(float x) {
   int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(float));
-  return p * scale;
+  // above the float range: +inf (SiLU of a huge negative gate is then -0, not a finite garbage value)
+  return x_in > 88.3762626647949f ? INFINITY : p * scale;
 }
 
 inline void check_f32(const paddle::Tensor& t, const char* op, const char* name) {
@@ -51,7 +52,11 @@ inline void check_f32(const paddle::Tensor& t, const char* op, const char* name)
   PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " must be float32");
 }
 
-inline int64_t last_dim(const paddle::Tensor& t) { return t.shape().back(); }
+// The size rows are divided by; 0 would be a SIGFPE in `numel / last_dim`, so it is an error instead.
+inline int64_t last_dim(const paddle::Tensor& t) {
+  PD_CHECK(!t.shape().empty() && t.shape().back() > 0, "fused CPU op: the last dimension must be > 0");
+  return t.shape().back();
+}
 
 // Kernels index raw memory: a strided view (e.g. a transposed gradient) is copied first.
 inline paddle::Tensor contig(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }

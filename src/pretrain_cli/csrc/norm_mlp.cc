@@ -153,7 +153,17 @@ std::vector<paddle::Tensor> SwigluBackward(const paddle::Tensor& gu_arg, const p
   return {dgu};
 }
 
-PD_BUILD_OP(pcl_swiglu).Inputs({"GU"}).Outputs({"Out"}).SetKernelFn(PD_KERNEL(SwigluForward));
+std::vector<std::vector<int64_t>> SwigluShape(const std::vector<int64_t>& gu) {
+  std::vector<int64_t> out = gu;
+  out.back() /= 2;
+  return {out};
+}
+
+PD_BUILD_OP(pcl_swiglu)
+    .Inputs({"GU"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(SwigluForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(SwigluShape));
 
 PD_BUILD_GRAD_OP(pcl_swiglu)
     .Inputs({"GU", paddle::Grad("Out")})

@@ -24,12 +24,15 @@ def model_class(model_type: str):
 def build_model(cfg: ModelConfig, kernels=None):
     """A freshly initialised single-device CausalLM; call `paddle.seed(s)` first for reproducible weights.
 
-    `kernels=None` means the CPU reference selection (`kernels.select(None, "cpu")`).
+    `kernels=None` means the default selection for the device Paddle will place the tensors on
+    (`paddle.device.get_device()`): on a GPU build that is the GPU path, never the CPU-only kernels.
     """
+    import paddle
+
     from pretrain_cli import kernels as kernels_mod
 
     cfg.validate()
-    return model_class(cfg.model_type)(cfg, kernels or kernels_mod.select(None, "cpu"))
+    return model_class(cfg.model_type)(cfg, kernels or kernels_mod.select(None, paddle.device.get_device()))
 
 
 __all__ = ["MODEL_REGISTRY", "ModelConfig", "build_model", "check_seq_len", "model_class"]
