@@ -4,7 +4,8 @@ Model code calls `kernels.attention(...)` etc. and never knows whether a fused o
 `select()` decides once: a fused or flash kernel asked for on a device that cannot run it
 falls back to the reference path with ONE warning, instead of an ImportError mid-run
 (PaddleNLP's `fused_ln`) or a SIGILL (Paddle's CPU `fused_rms_norm`, PADDLE_CPU.md §3).
-Fused ops are therefore never called on CPU.
+Paddle's fused GPU ops are therefore never called on CPU; there the fused kernels are our own
+(`cpu_ops`, csrc/), with Paddle's plain ops as the fallback.
 
 Layouts: q `[bsz, seq_len, n_heads, head_dim]`, k/v `[bsz, seq_len, n_kv_heads, head_dim]`,
 cos/sin `[seq_len, head_dim]` (HF rotate-half layout).

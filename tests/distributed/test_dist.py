@@ -5,6 +5,7 @@ subprocess with a timeout; the reference is one process without the launcher at 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,25 +141,32 @@ def test_resume_one_to_two(corpus, tmp_path, ref, sharding):
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout))
 
 
+@contextlib.contextmanager
+def _job_at_step(cfg, log_dir, step: int):
+    """A 2-rank launch, yielded once rank 0 has logged `step`; killed as a group if still alive afterwards."""
+    proc = subprocess.Popen(launch_cmd(cfg, log_dir), cwd=str(log_dir.parent), env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while f"global_step: {step}," not in _read(log_dir / "workerlog.0"):
+            assert proc.poll() is None and time.monotonic() < deadline, _read(log_dir / "workerlog.0")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_killed_rank_is_named_and_job_ends(corpus, tmp_path):
     cfg = write_config(tmp_path / "k.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=20,
                        save_steps=100000)
     log_dir = tmp_path / "log"
-    proc = subprocess.Popen(launch_cmd(cfg, log_dir), cwd=str(tmp_path), env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while "global_step: 40," not in _read(log_dir / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _read(log_dir / "workerlog.0")
-            time.sleep(0.2)
+    with _job_at_step(cfg, log_dir, 40) as proc:
         victim = _worker_pid(proc.pid, log_dir, rank=1)
         os.kill(victim, signal.SIGKILL)  # a real kill: no Python code of the victim runs
         killed = time.monotonic()
         out = _communicate(proc, 60)
         elapsed = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, out
     assert elapsed < 30, elapsed
     # the watcher runs in its own session and may finish writing just after the launcher has exited
@@ -174,18 +182,9 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path)
     cfg = write_config(tmp_path / "t.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=1,
                        save_steps=100000)
     log_dir = tmp_path / "log"
-    proc = subprocess.Popen(launch_cmd(cfg, log_dir), cwd=str(tmp_path), env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while "global_step: 5," not in _read(log_dir / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _read(log_dir / "workerlog.0")
-            time.sleep(0.2)
+    with _job_at_step(cfg, log_dir, 5) as proc:
         os.kill(_worker_pid(proc.pid, log_dir, rank=1), signal.SIGTERM)
         out = _communicate(proc, 90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     log0, log1 = _read(log_dir / "workerlog.0"), _read(log_dir / "workerlog.1")
     assert proc.returncode == 0, out + log0 + log1
     assert "received SIGTERM" in log1 and "received SIGTERM" not in log0
