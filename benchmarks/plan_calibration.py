@@ -22,8 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PRESETS = REPO / "configs" / "models"
+from pretrain_cli.config.presets import PRESET_DIR as PRESETS
 
 # name, preset, model overrides, micro-batch, seq, recompute granularity (None = off)
 CONFIGS = [
@@ -44,9 +43,9 @@ _CHILD = r"""
 import json, resource, sys
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
-from pretrain_cli import kernels
-from pretrain_cli.config import KernelConfig
-from pretrain_cli.loss import causal_lm_loss
+from pretrain_cli.ops import kernels
+from pretrain_cli.config.run_config import Recompute
+from pretrain_cli.ops.loss import causal_lm_loss
 from pretrain_cli.models import ModelConfig, build_model
 from pretrain_cli.models.recompute import apply_recompute
 core = paddle.base.core
@@ -60,9 +59,10 @@ paddle.seed(0)
 cfg = ModelConfig.from_file(spec["model_dir"])
 # Paddle's own ops: the path the memory model describes (the GPU's non-flash kernels). The fused CPU
 # kernels keep less (no [N, V] softmax, one probability tensor per layer): the plan is an upper bound there.
-model = build_model(cfg, kernels.select(KernelConfig(cpu_ops=False), "cpu"))
+# use_flash_attention false (the plan's "math" path): the scores are materialised, as the model assumes
+model = build_model(cfg, kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu"))
 model.train()
-apply_recompute(model, spec["recompute"])
+apply_recompute(model, Recompute(spec["recompute"]) if spec["recompute"] else None)
 opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
 ids = paddle.randint(0, cfg.vocab_size, [spec["b"], spec["s"] + 1], dtype="int64")
 x, y = ids[:, :-1], ids[:, 1:]
@@ -103,14 +103,14 @@ def measure(model_dir: Path, b: int, s: int, rc) -> dict:
 
 
 def calibrate(configs=CONFIGS) -> list[dict]:
-    from pretrain_cli.plan import plan
+    from pretrain_cli.commands.plan import plan
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for name, preset, over, b, s, rc in configs:
             model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc)
             m = measure(model_dir, b, s, rc)
-            r = plan(str(args_path), [], device="cpu", suggest=False, baseline_bytes=m["baseline"])
+            r = plan(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"])
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,
                          "recompute": rc or "off", "predicted_mib": pred / 2**20,

@@ -32,7 +32,7 @@ def main() -> None:
 
     from pretrain_cli.data import build_datasets, preprocess
     from pretrain_cli.data.loader import micro_batch
-    from pretrain_cli.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, load_tokenizer, train_bpe
+    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, load_tokenizer, train_bpe
 
     docs = corpus(a.repeat)
     mb = sum(len(d.encode()) for d in docs) / 1e6

@@ -125,40 +125,32 @@ def worker_paddle(cfg: dict, a) -> dict:
     elif a.mkl_cpu_type != "auto":
         os.environ["MKL_DEBUG_CPU_TYPE"] = a.mkl_cpu_type
     paddle = runtime.import_paddle()
-    from pretrain_cli import kernels, parallel
-    from pretrain_cli.arg_parser import parse_config
-    from pretrain_cli.config import ParallelConfig, derive_kernels
-    from pretrain_cli.models import ModelConfig, build_model
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.distributed.comm import build_comm
+    from pretrain_cli.distributed.strategy import init_process_group
+    from pretrain_cli.models import ModelConfig
     from pretrain_cli.models.flops import flops_per_token
-    from pretrain_cli.optim import build_optimizer, build_schedule
-    from pretrain_cli.resolve import Resolved
-    from pretrain_cli.trainer import Trainer
+    from pretrain_cli.training.run import assemble, build_model
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     peak = matmul_peak_gflops("paddle")
-    overrides = [tok for k, v in cfg["arguments"].items() for tok in (f"--{k}", json.dumps(v).strip('"'))]
-    args = parse_config(None, overrides)
-    t = args.training
+    arguments = dict(cfg["arguments"], do_train=True, device="cpu", output_dir="unused", input_dir="unused")
     if a.to_static:
-        t.to_static = True
+        arguments["to_static"] = True
     if a.cpu_ops == "off":
-        t.cpu_fused_ops = False
+        arguments["cpu_fused_ops"] = False
     if world > 1:  # same global batch as one process: compare layouts, not batch sizes
-        t.per_device_train_batch_size = max(1, t.per_device_train_batch_size // world)
+        arguments["per_device_train_batch_size"] = max(1, arguments["per_device_train_batch_size"] // world)
+    overrides = [tok for k, v in arguments.items() for tok in (f"--{k}", json.dumps(v).strip('"'))]
     mcfg = ModelConfig.from_dict(cfg["model"])
-    seq, bs = args.data.max_seq_length, t.per_device_train_batch_size
-    par = ParallelConfig(world_size=world, rank=rank, data_rank=rank, dp_degree=world)
-    parallel.init_distributed(par)
-    paddle.seed(t.seed)
-    model = build_model(mcfg, kernels.select(derive_kernels(t, "cpu"), "cpu"))
-    schedule = build_schedule(t, Resolved(warmup_steps=t.warmup_steps, decay_steps=t.max_steps))
-    optimizer = build_optimizer(model, t, schedule)
-    if t.to_static:
-        model = kernels.compile_forward(model)
-    model = parallel.wrap_model(model, par)
-    trainer = Trainer(model, optimizer, schedule, None, args, Resolved(), par, throughput=None,
-                      comm=parallel.build_comm(par))
+    run = resolve(parse_config(None, overrides), mcfg, Target("cpu", world, rank))
+    seq, bs = run.data.max_seq_length, run.loop.micro_batch
+    init_process_group(run.parallel)
+    trainer = assemble(run, build_model(run, mcfg), build_comm(run.parallel))
+    model = trainer.model
     model.train()
     batches = _batches(SyntheticDataset(mcfg.vocab_size, seq), bs, rank, world)
     losses, times = _timed(lambda: trainer.train_step(batches)[0], a.warmup, a.steps)
@@ -167,8 +159,8 @@ def worker_paddle(cfg: dict, a) -> dict:
     achieved = out["tokens_per_s"] * fpt / 1e9
     out.update({"framework": "paddle", "paddle": paddle.__version__, "processes": world,
                 "threads": int(os.environ["OMP_NUM_THREADS"]),
-                "mkl_debug_cpu_type": os.environ.get("MKL_DEBUG_CPU_TYPE", "unset"), "to_static": bool(t.to_static),
-                "kernels": model._layers.kernels.describe() if world > 1 else model.kernels.describe(),
+                "mkl_debug_cpu_type": os.environ.get("MKL_DEBUG_CPU_TYPE", "unset"), "to_static": run.kernels.to_static,
+                "kernels": trainer.raw_model.kernels.describe(),
                 "flops_per_token": fpt, "achieved_gflops": round(achieved, 1), "matmul_peak_gflops": round(peak, 1),
                 "mfu": round(achieved / (peak * world), 4), "losses": [round(x, 6) for x in losses]})
     return out

@@ -2,7 +2,7 @@
 
 Subcommand modules are imported only when chosen, and none imports Paddle at module level,
 so `--help` and errors about the argument file answer without Paddle's ~2.5 s import.
-User errors (`UserError`) become one line on stderr and exit code 2; an `OSError` the system
+User errors (`UserError`) become one line per problem on stderr and exit code 2; an `OSError` the system
 raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
 the traceback.
 """
@@ -18,14 +18,14 @@ from pretrain_cli.errors import UserError
 
 # name -> (module, one-line help, takes an argument file + --key value overrides)
 COMMANDS = {
-    "train": ("pretrain_cli.train", "train from a PaddleNLP-style JSON argument file", True),
-    "check": ("pretrain_cli.check", "validate an argument file and print the resolved run, without training", True),
-    "plan": ("pretrain_cli.plan", "memory, FLOPs and time estimate for an argument file, before any GPU time", True),
-    "train-tokenizer": ("pretrain_cli.tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
-    "preprocess": ("pretrain_cli.data.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
-    "inspect-data": ("pretrain_cli.inspect_data", "validate and summarise a .bin/.idx token file pair", False),
-    "eval": ("pretrain_cli.evaluate", "loss and perplexity of a model on a token file", False),
-    "generate": ("pretrain_cli.generate", "generate text from a checkpoint or HF model directory", False),
+    "train": ("pretrain_cli.commands.train", "train from a PaddleNLP-style JSON argument file", True),
+    "check": ("pretrain_cli.commands.check", "validate an argument file and print the resolved run, without training", True),
+    "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time estimate for an argument file, before any GPU time", True),
+    "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
+    "preprocess": ("pretrain_cli.commands.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
+    "inspect-data": ("pretrain_cli.commands.inspect_data", "validate and summarise a .bin/.idx token file pair", False),
+    "eval": ("pretrain_cli.commands.eval", "loss and perplexity of a model on a token file", False),
+    "generate": ("pretrain_cli.commands.generate", "generate text from a checkpoint or HF model directory", False),
 }
 
 USAGE = """usage: pretrain-cli [--debug] <command> [options]
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        for line in e.lines:  # one line per problem (`check` reports every problem at once)
+            print(f"error: {line}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -1,11 +1,44 @@
-"""The one exception type that means "the user can fix this".
+"""The one exception type that means "the user can fix this", and a collector for several.
 
-The CLI turns a `UserError` into one line on stderr and exit code 2; anything else
-is a bug and keeps its traceback (shown in full with `--debug`).
+The CLI turns a `UserError` into one line per problem on stderr and exit code 2; anything else
+is a bug and keeps its traceback (shown in full with `--debug`). Validation that can find more
+than one problem (an argument file with a bad key *and* a missing tokenizer) collects them in
+`Problems` and raises them together, so the user fixes everything in one round.
 """
+from __future__ import annotations
 
 
 class UserError(Exception):
-    """Bad input: a file, key or value the user controls. The message says what to do."""
+    """Bad input: a file, key or value the user controls. The message says what to do.
+
+    Several problems travel as one `UserError` whose message has one problem per line.
+    """
 
     exit_code = 2
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for line in str(self).splitlines() if line.strip()] or [str(self)]
+
+
+class Problems:
+    """Collects `UserError`s from independent checks; `raise_if_any()` reports them all at once."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, message: str) -> None:
+        self.items.append(message)
+
+    def run(self, check, *args, **kwargs):
+        """`check(*args)`'s result, or None after recording the UserError it raised."""
+        try:
+            return check(*args, **kwargs)
+        except UserError as e:
+            self.items.extend(e.lines)
+            return None
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            seen = list(dict.fromkeys(self.items))
+            raise UserError("\n".join(seen))

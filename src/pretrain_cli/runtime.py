@@ -17,14 +17,26 @@ import warnings
 _DONE = False
 
 
-def default_threads() -> int:
-    """Threads per process: the cores this process may use, divided among local ranks."""
+def default_threads(local_processes: int = 1) -> int:
+    """Threads per process: the cores this process may use, divided among the processes on this node."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    local = int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1)
-    return max(1, cores // max(1, local))
+    return max(1, cores // max(1, local_processes))
+
+
+def gpu_build_installed() -> bool:
+    """Whether a GPU build of Paddle is installed, without paying for `import paddle`."""
+    import importlib.metadata
+
+    for dist in ("paddlepaddle-gpu", "paddlepaddle_gpu"):
+        try:
+            importlib.metadata.distribution(dist)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
 
 
 def is_amd() -> bool:

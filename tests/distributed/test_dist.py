@@ -89,7 +89,7 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
     cfg = write_config(tmp_path / "s1.json", corpus, tmp_path / "out", sharding="stage1", save_steps=5)
     run = launch(cfg, tmp_path / "log")
     assert run.returncode == 0, run.explain()
-    assert "sharding 2 stage 1" in run.log(0)
+    assert "sharding stage1 x2" in run.log(0)
     assert_close_losses(run.losses(0), d.losses(0), range(1, STEPS + 1))
     from safetensors.numpy import load_file
 

@@ -24,6 +24,7 @@ def write_config(path: Path, corpus: Path, **overrides) -> str:
         "do_train": True,
         "report_to": ["none"],
         "seed": 7,
+        "use_flash_attention": True,
     }
     cfg.update(overrides)
     p = path / "cfg.json"

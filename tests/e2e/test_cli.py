@@ -81,7 +81,7 @@ def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsy
     assert ("distributed_dataloader: accepted but has no effect" in out)
     assert cli_main(["check", name, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["resolved"]["warmup_steps"] == 30 and summary["resolved"]["decay_steps"] == 10000
+    assert summary["run"]["schedule"]["warmup_steps"] == 30 and summary["run"]["schedule"]["decay_steps"] == 10000
     assert summary["tokens_per_step"] == cfg["per_device_train_batch_size"] * cfg["gradient_accumulation_steps"] \
         * cfg["max_seq_length"]
 
@@ -113,13 +113,16 @@ def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
 def test_fresh_clone_check_and_shipped_configs_parse():
     r = run("check", "configs/tiny_cpu.json", cwd=REPO)
     assert r.returncode == 0 and "check: OK" in r.stdout, r.stderr
-    from pretrain_cli.arg_parser import parse_config
-    from pretrain_cli.resolve import resolve
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.prepare import build_model_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.config.run_config import Target
 
     for name in ("qwen2.5-0.5b_pretrain.json", "llama-3-8b_pretrain.json", "llama-171m_pretrain.json",
                  "demo_cpu.json", "tiny_cpu.json"):
-        resolved = resolve(parse_config(str(REPO / "configs" / name)), world_size=1, gpu_available=True)
-        assert resolved.decay_steps > resolved.warmup_steps >= 1
+        args = parse_config(str(REPO / "configs" / name))
+        resolved = resolve(args, build_model_config(args)[1], Target("gpu"))
+        assert resolved.schedule.decay_steps > resolved.schedule.warmup_steps >= 1
     qwen = parse_config(str(REPO / "configs" / "qwen2.5-0.5b_pretrain.json"))
     assert qwen.training.bf16 and not qwen.training.fp16  # Qwen2 overflows in fp16
 

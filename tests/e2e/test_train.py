@@ -52,7 +52,7 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 24 and state["consumed_samples"] == 96 and state["tokens_seen"] == 96 * 32
     args = json.loads((out / "checkpoint-12" / "args.json").read_text())
-    assert args["arguments"]["max_seq_length"] == 32 and "resolved" in args
+    assert args["arguments"]["max_seq_length"] == 32 and args["run"]["data"]["max_seq_length"] == 32
 
 
 @pytest.mark.parametrize("logging_steps", [1, 3])  # 3: a log interval straddles the checkpoint
@@ -124,7 +124,7 @@ def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
 
 def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
-    import pretrain_cli.trainer as trainer_mod
+    import pretrain_cli.training.trainer as trainer_mod
 
     real = trainer_mod.causal_lm_loss
     calls = {"n": 0}
@@ -155,6 +155,16 @@ def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == 5 and state["skipped_steps"] == 2
     assert state["consumed_samples"] == 7 * 4  # skipped batches are consumed, not replayed
+    assert state["skipped_batches"] == [8, 12]
+    # inspect-data --config --step K shows the batch step K really trained on, skips included
+    logged = {r["step"]: r["batch_hash"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").open())
+              if r["kind"] == "train"}
+    capsys.readouterr()
+    for step in (2, 3, 5):
+        assert cli_main(["inspect-data", "--config", cfg, "--step", str(step)]) == 0
+        out = capsys.readouterr().out
+        assert f"rank 0: samples [{4 * (step + 1 if step >= 3 else step - 1)}," in out, out
+        assert f"hash {logged[step]}" in out, (step, out)
     monkeypatch.undo()
     _poison_step(monkeypatch, set(range(3, 100)))
     cfg = write_config(tmp_path, corpus, max_steps=9, nan_policy="skip", nan_skip_limit=3,
@@ -168,13 +178,17 @@ def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from pretrain_cli.data.indexed import open_token_file
-    from pretrain_cli.evaluate import _load_model, evaluate, read_tokens
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.evaluation import loss_sum, read_tokens, window_batches
 
     cfg = write_config(tmp_path, corpus, max_steps=6)
     assert cli_main(["train", cfg]) == 0
     out = tmp_path / "out"
     prefix = str(corpus / "data" / "docs")
-    ours = evaluate(_load_model(str(out), 0)[0], read_tokens(prefix), 32, 4, max_batches=3)
+    model, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)
+    total, count, _ = loss_sum(model, window_batches(read_tokens(prefix)[0], 32, 4, max_batches=3))
+    ours = {"loss": total / count}
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     tokens = open_token_file(prefix)
     flat = np.asarray(tokens.tokens(0, 3 * 4 * 32 + 1), dtype=np.int64)

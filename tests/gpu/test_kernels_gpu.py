@@ -6,8 +6,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli import kernels  # noqa: E402
-from pretrain_cli.config import KernelConfig  # noqa: E402
+from pretrain_cli.ops import kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not paddle.is_compiled_with_cuda():  # pragma: no cover - a collection error, not a silent skip
@@ -19,7 +18,7 @@ def _rand(*shape, dtype="float32"):
 
 
 def test_select_on_gpu_uses_fused():
-    k = kernels.select(KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
+    k = kernels.select(kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
     assert k.rms_norm is kernels.rms_norm_fused and k.attention is kernels.attention_sdpa_causal
 
 

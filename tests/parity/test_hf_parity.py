@@ -14,8 +14,8 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402  (the test extra installs CPU torch; these tests always run)
 import transformers  # noqa: E402
 
-from pretrain_cli import convert  # noqa: E402
-from pretrain_cli.loss import causal_lm_loss  # noqa: E402
+from pretrain_cli.models import convert  # noqa: E402
+from pretrain_cli.ops.loss import causal_lm_loss  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 

@@ -160,7 +160,7 @@ def a_model_type(d):
     (d / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 512}))
     return cfg(d, model_name_or_path="m"), ["model_type 'gpt2'", "llama, qwen2"]
 def a_model_heads(d):
-    c = json.loads((Path(__file__).parents[2] / "configs/models/micro-qwen2/config.json").read_text())
+    c = json.loads((Path(__file__).parents[2] / "src/pretrain_cli/config/presets/micro-qwen2/config.json").read_text())
     c["num_key_value_heads"] = 3
     (d / "m").mkdir()
     (d / "m" / "config.json").write_text(json.dumps(c))

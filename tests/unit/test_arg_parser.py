@@ -3,9 +3,11 @@ import json
 
 import pytest
 
-from pretrain_cli.arg_parser import KEYS, parse_config
+from pretrain_cli.config.parser import KEYS, parse_config
 from pretrain_cli.errors import UserError
-from pretrain_cli.resolve import parse_sharding, parse_split, resolve
+from pretrain_cli.config.resolve import parse_sharding
+from pretrain_cli.data.samples import parse_split
+from run_helpers import resolve_run
 
 BASE = {"output_dir": "out", "input_dir": "data", "do_train": True, "max_steps": 10}
 
@@ -110,34 +112,44 @@ def test_missing_file():
     (["--min_learning_rate", "1", "--learning_rate", "0.1"], "min_learning_rate"),
 ])
 def test_impossible_combinations(override, fragment):
-    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5", *override])
     with pytest.raises(UserError) as e:
-        resolve(a, world_size=1, gpu_available=False)
+        resolve_run(*override)
     assert fragment in str(e.value)
 
 
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(UserError) as e:
+        resolve_run("--fp16", "--bf16", "--warmup_ratio", "1.5", "--per_device_train_batch_size", "0")
+    text = "\n".join(e.value.lines)
+    for fragment in ("fp16, bf16: both are true", "warmup_ratio: must be in [0, 1]",
+                     "per_device_train_batch_size: must be >= 1"):
+        assert fragment in text
+    assert len(e.value.lines) == 3  # a bad input is not reported again through its consequences
+
+
 def test_resolution_notes_and_values():
-    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "100",
-                            "--warmup_steps", "30", "--warmup_ratio", "0.01", "--sharding", "stage2",
-                            "--tensor_parallel_degree", "2", "--fp16", "--do_eval", "--logging_steps", "7"])
-    r = resolve(a, world_size=1, gpu_available=False)
-    assert r.warmup_steps == 30 and r.decay_steps == 100 and r.eval_steps == 7
-    assert r.device == "cpu" and r.amp_dtype is None and r.sharding_stage == 0
+    r = resolve_run("--max_steps", "100", "--warmup_steps", "30", "--warmup_ratio", "0.01", "--sharding", "stage2",
+                    "--tensor_parallel_degree", "2", "--fp16", "--do_eval", "--logging_steps", "7", "--device", "gpu")
+    assert r.schedule.warmup_steps == 30 and r.schedule.decay_steps == 100 and r.loop.eval_steps == 7
+    assert r.device == "cpu" and r.precision.amp_dtype is None and r.parallel.zero_stage == 0
     text = "\n".join(r.notes)
     for fragment in ("warmup_steps=30 wins over warmup_ratio=0.01", "gpu requested but this Paddle has no GPU build",
                      "fp16 is not applicable on cpu", "tensor_parallel_degree=2", "sharding='stage2' has no effect",
                      "evaluating every logging_steps = 7"):
         assert fragment in text
-    r = resolve(parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "10",
-                                    "--warmup_ratio", "0.25"]), world_size=1, gpu_available=True)
-    assert r.warmup_steps == 3 and r.device == "gpu"
+    r = resolve_run("--max_steps", "10", "--warmup_ratio", "0.25", "--device", "gpu", device="gpu")
+    assert r.schedule.warmup_steps == 3 and r.device == "gpu"
 
 
-def test_multi_process_rejects_tensor_parallel():
-    a = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5",
-                            "--tensor_parallel_degree", "2"])
-    with pytest.raises(UserError, match="tensor_parallel_degree: 2 is not supported yet"):
-        resolve(a, world_size=2, gpu_available=False)
+def test_multi_process_tensor_parallel_must_divide_the_model():
+    # micro-qwen2: 4 heads, 2 KV heads, intermediate 128
+    assert resolve_run("--tensor_parallel_degree", "2", world=4).parallel.tp_degree == 2
+    with pytest.raises(UserError, match="tensor_parallel_degree: 4 does not divide the model's num_key_value_heads"):
+        resolve_run("--tensor_parallel_degree", "4", world=4)
+    with pytest.raises(UserError, match="does not divide the world size 2"):
+        resolve_run("--tensor_parallel_degree", "4", world=2)
+    with pytest.raises(UserError, match="pipeline_parallel_degree: 2 is not supported"):
+        resolve_run("--pipeline_parallel_degree", "2", world=2)
 
 
 def test_split_and_sharding_parsers():
@@ -158,14 +170,12 @@ def test_every_field_is_documented():
 
 
 def test_cpu_layout_hint(monkeypatch):
-    import pretrain_cli.resolve as resolve_mod
+    import pretrain_cli.config.resolve as resolve_mod
 
     monkeypatch.setattr(resolve_mod.os, "cpu_count", lambda: 4)
     base = ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5"]
     # the fused CPU kernels use every core from one process: no launcher hint (docs/PERFORMANCE.md §3.5)
-    assert not any("nproc_per_node" in n for n in resolve(parse_config(None, base), world_size=1,
-                                                             gpu_available=False).notes)
+    assert not any("nproc_per_node" in n for n in resolve_run(base=base).notes)
     # Paddle's single-threaded ops: one process per core is faster, and the note says how
-    args = parse_config(None, base + ["--cpu_fused_ops", "false"])
-    assert any("--nproc_per_node 4" in n for n in resolve(args, world_size=1, gpu_available=False).notes)
-    assert not any("nproc_per_node" in n for n in resolve(args, world_size=2, gpu_available=False).notes)
+    assert any("--nproc_per_node 4" in n for n in resolve_run("--cpu_fused_ops", "false", base=base).notes)
+    assert not any("nproc_per_node" in n for n in resolve_run("--cpu_fused_ops", "false", base=base, world=2).notes)

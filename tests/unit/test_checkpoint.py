@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pretrain_cli import checkpoint, runtime
+from pretrain_cli.training import checkpoint
+from pretrain_cli import runtime
 from pretrain_cli.errors import UserError
 
-PRESET = Path(__file__).resolve().parents[2] / "configs" / "models" / "micro-llama"
+PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
 
 
 def _build(dtype: str):

@@ -18,8 +18,7 @@ paddle = runtime.import_paddle()
 
 import paddle.nn.functional as F  # noqa: E402
 
-from pretrain_cli import cpu_ops, kernels  # noqa: E402
-from pretrain_cli.config import KernelConfig  # noqa: E402
+from pretrain_cli.ops import cpu_ops, kernels  # noqa: E402
 
 OPS = cpu_ops.load()
 
@@ -166,8 +165,8 @@ def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():
 def test_cpu_selection_uses_the_fused_kernels_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(KernelConfig(), "cpu")
-        fused_requests = kernels.select(KernelConfig(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
+        k = kernels.select(kernels.Request(), "cpu")
+        fused_requests = kernels.select(kernels.Request(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
@@ -177,11 +176,10 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
 
 
 def test_cpu_ops_off_is_the_paddle_only_path():
-    from pretrain_cli.arg_parser import parse_config
-    from pretrain_cli.config import derive_kernels
+    from run_helpers import resolve_run
 
-    assert derive_kernels(parse_config(None, []).training).cpu_ops is True
-    off = derive_kernels(parse_config(None, ["--cpu_fused_ops", "false"]).training)
+    assert resolve_run("--use_flash_attention").kernels.cpu_ops is True
+    off = resolve_run("--use_flash_attention", "--cpu_fused_ops", "false").kernels
     assert off.cpu_ops is False
     k = kernels.select(off, "cpu")
     assert (k.attention, k.rms_norm, k.cross_entropy) == (
@@ -191,8 +189,8 @@ def test_cpu_ops_off_is_the_paddle_only_path():
 def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):
     monkeypatch.setattr(cpu_ops, "_STATE", {"error": "compiler failed: g++ not found"})
     with pytest.warns(RuntimeWarning) as rec:
-        k = kernels.select(KernelConfig(), "cpu")
-    msgs = [str(w.message) for w in rec if "kernels:" in str(w.message)]
+        k = kernels.select(kernels.Request(), "cpu")
+    msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
     assert len(msgs) == 1 and "g++ not found" in msgs[0]
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
 
@@ -201,7 +199,7 @@ BUILD_PROBE = r"""
 import json, os
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
-from pretrain_cli import cpu_ops
+from pretrain_cli.ops import cpu_ops
 ops = cpu_ops.load()
 print(json.dumps({"ok": ops is not None, "error": cpu_ops.load_error(),
                   "files": sorted(os.listdir(cpu_ops.cache_dir())) if cpu_ops.cache_dir().is_dir() else []}))

@@ -10,7 +10,9 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli import convert, evaluate  # noqa: E402
+from pretrain_cli.models import convert  # noqa: E402
+from pretrain_cli.commands import eval as evaluate  # noqa: E402
+from pretrain_cli.training import evaluation  # noqa: E402
 from pretrain_cli.data.indexed import IndexedDatasetWriter  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
@@ -53,11 +55,13 @@ def _ns(**kw):
 
 def test_windows_share_one_boundary_token():
     toks = np.arange(23)
-    batches = list(evaluate.windows(toks, 5, 3))
-    assert [b.shape for b in batches] == [(3, 6), (1, 6)]  # (23-1)//5 = 4 windows
-    assert batches[0][1].tolist() == [5, 6, 7, 8, 9, 10] and batches[1][0].tolist() == [15, 16, 17, 18, 19, 20]
-    assert batches[0].dtype == np.int64
-    assert len(list(evaluate.windows(toks, 5, 3, max_batches=1))) == 1
+    batches = list(evaluation.window_batches(toks, 5, 3))
+    assert [b["input_ids"].shape for b in batches] == [(3, 5), (1, 5)]  # (23-1)//5 = 4 windows
+    assert batches[0]["input_ids"][1].tolist() == [5, 6, 7, 8, 9] and batches[0]["labels"][1].tolist() == [6, 7, 8, 9, 10]
+    assert batches[1]["input_ids"][0].tolist() == [15, 16, 17, 18, 19]
+    assert batches[0]["input_ids"].dtype == np.int64
+    assert len(list(evaluation.window_batches(toks, 5, 3, max_batches=1))) == 1
+    assert evaluation.window_count(23, 5, 3, max_batches=1) == (3, 1)
 
 
 def test_loss_is_mean_over_every_predicted_token(corpus, model_dir, capsys):
@@ -75,7 +79,7 @@ def test_loss_is_mean_over_every_predicted_token(corpus, model_dir, capsys):
         losses += list(lse - logits[np.arange(8), w[1:]])
     assert out["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
     assert out["ppl"] == pytest.approx(math.exp(out["loss"]), rel=1e-9)
-    assert out["weights"] == "weights"
+    assert out["weights"] == "trained weights"
 
 
 def test_text_output_and_max_batches(corpus, model_dir, capsys):

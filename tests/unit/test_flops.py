@@ -5,7 +5,7 @@ import pytest
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
-from pretrain_cli.presets import PRESET_DIR
+from pretrain_cli.config.presets import PRESET_DIR
 
 QWEN = ModelConfig.from_file(str(PRESET_DIR / "qwen2.5-0.5b"))
 LLAMA = ModelConfig.from_file(str(PRESET_DIR / "llama-3-8b"))

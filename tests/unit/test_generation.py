@@ -81,7 +81,7 @@ def test_seeded_sampling_is_reproducible():
 def test_greedy_matches_hf_generate(model_type, tmp_path):
     import torch
     import transformers
-    from pretrain_cli import convert
+    from pretrain_cli.models import convert
 
     model, cfg = _model(model_type, rope_theta=5e4)
     convert.save_hf(model, cfg, str(tmp_path))

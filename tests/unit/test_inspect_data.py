@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from data_helpers import make_texts, make_tokenizer, write_jsonl
-from pretrain_cli import inspect_data
-from pretrain_cli.data import preprocess
+from pretrain_cli.commands import inspect_data
+from pretrain_cli.commands import preprocess
 from pretrain_cli.errors import UserError
 
 
@@ -80,6 +80,6 @@ def test_out_of_vocab_and_bad_file(corpus, tmp_path):
 def test_no_paddle_import():
     import subprocess
 
-    code = ("import sys, pretrain_cli.inspect_data, pretrain_cli.tokenizer, pretrain_cli.data.preprocess, "
+    code = ("import sys, pretrain_cli.data.inspect, pretrain_cli.data.tokenizer, pretrain_cli.data.preprocess, "
             "pretrain_cli.data.loader, pretrain_cli.data; print('paddle' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

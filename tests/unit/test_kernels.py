@@ -9,8 +9,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli import kernels  # noqa: E402
-from pretrain_cli.config import KernelConfig  # noqa: E402
+from pretrain_cli.ops import kernels  # noqa: E402
 
 
 def _np_attention(q, k, v):
@@ -102,18 +101,19 @@ def test_paddle_only_cpu_selection_is_silent():
     """`cpu_fused_ops: false` (the fused CPU kernels are tested in test_cpu_ops.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(KernelConfig(cpu_ops=False), "cpu")
+        k = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
-    assert kernels.select(KernelConfig(attention="math"), "cpu").attention is kernels.attention_math
+    # "math" materialises the scores on every device, with or without the fused CPU kernels
+    assert kernels.select(kernels.Request(attention="math"), "cpu").attention is kernels.attention_sdpa_mask
 
 
 def test_fused_requests_on_cpu_fall_back_with_one_warning():
-    cfg = KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False)
+    cfg = kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False)
     with pytest.warns(RuntimeWarning) as rec:
         k = kernels.select(cfg, "cpu")
-    msgs = [str(w.message) for w in rec if "kernels:" in str(w.message)]
+    msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
     assert len(msgs) == 1
-    for word in ("flash attention", "fused rms_norm", "fused rope", "fused swiglu"):
+    for word in ("memory-light attention", "fused rms_norm", "fused rope", "fused swiglu"):
         assert word in msgs[0]
     assert (k.attention, k.rms_norm, k.rope, k.swiglu) == (
         kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.rope_reference, kernels.swiglu_reference)
@@ -122,14 +122,14 @@ def test_fused_requests_on_cpu_fall_back_with_one_warning():
 
 def test_gpu_device_falls_back_only_without_a_cuda_build():
     if paddle.is_compiled_with_cuda():  # pragma: no cover - GPU builds (tests/gpu covers the fused path)
-        assert kernels.select(KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_fused
+        assert kernels.select(kernels.Request(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_fused
         return
     with pytest.warns(RuntimeWarning):
-        k = kernels.select(KernelConfig(rms_norm="fused", cpu_ops=False), "gpu:0")
+        k = kernels.select(kernels.Request(rms_norm="fused", cpu_ops=False), "gpu:0")
     assert k.rms_norm is kernels.rms_norm_reference
-    assert kernels.select(KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_cpu  # CPU kernel
+    assert kernels.select(kernels.Request(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_cpu  # CPU kernel
 
 
 def test_unknown_kernel_name_raises():
     with pytest.raises(ValueError):
-        kernels.select(KernelConfig(attention="xformers"), "cpu")
+        kernels.select(kernels.Request(attention="xformers"), "cpu")

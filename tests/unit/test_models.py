@@ -10,11 +10,12 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 
 from pretrain_cli.errors import UserError  # noqa: E402
-from pretrain_cli.loss import causal_lm_loss  # noqa: E402
+from pretrain_cli.ops.loss import causal_lm_loss  # noqa: E402
 from pretrain_cli.models import build_model, check_seq_len  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.models.layers import rope_inv_freq  # noqa: E402
 from pretrain_cli.models.recompute import apply_recompute  # noqa: E402
+from pretrain_cli.config.run_config import Recompute  # noqa: E402
 
 
 def tiny(model_type="qwen2", **kw):
@@ -128,7 +129,7 @@ def test_causal_lm_loss_ignores_minus_100_and_averages_counted_tokens():
 def _loss_and_grads(cfg, granularity, ids):
     paddle.seed(3)
     m = build_model(cfg)
-    apply_recompute(m, granularity)
+    apply_recompute(m, Recompute(granularity) if granularity else None)
     m.train()
     loss = causal_lm_loss(m(ids[:, :-1]), ids[:, 1:])
     loss.backward()
@@ -156,7 +157,7 @@ def test_recompute_lowers_peak_memory_and_keeps_names():
     peaks = {}
     for g in (None, "full", "full_attn", "core_attn"):
         paddle.seed(3)
-        m = apply_recompute(build_model(cfg), g)
+        m = apply_recompute(build_model(cfg), Recompute(g) if g else None)
         gc.collect()  # a previous model freed by the cycle collector mid-measurement would lower the peak
         core.host_memory_stat_reset_peak_value("Allocated", 0)
         base = core.host_memory_stat_current_value("Allocated", 0)
@@ -171,7 +172,7 @@ def test_recompute_lowers_peak_memory_and_keeps_names():
 
 def test_recompute_rejects_unknown_granularity():
     with pytest.raises(ValueError):
-        apply_recompute(build_model(tiny()), "everything")
+        apply_recompute(build_model(tiny()), Recompute("everything"))
 
 
 def test_generation_greedy_matches_argmax_and_sampling_is_seeded():

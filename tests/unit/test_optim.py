@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_cli.optim import Schedule, no_decay
+from pretrain_cli.config.run_config import OptimizerConfig, Schedule
+from pretrain_cli.training.optim import no_decay
 
 
 def test_paddlenlp_shipped_schedule_values():
@@ -34,14 +35,12 @@ def test_decay_exclusions_follow_structured_names():
     from pretrain_cli import runtime
     from pretrain_cli.models import build_model
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.optim import build_optimizer
-    from pretrain_cli.arg_parser import parse_config
+    from pretrain_cli.training.optim import build_optimizer
 
     runtime.import_paddle()
-    cfg = ModelConfig.from_file(str(Path(__file__).resolve().parents[2] / "configs/models/micro-qwen2"))
+    cfg = ModelConfig.from_file(str(Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-qwen2"))
     model = build_model(cfg)
-    args = parse_config(None, ["--weight_decay", "0.1"])
-    opt = build_optimizer(model, args.training, Schedule("constant", 1e-3, 0, 0, 1))
+    opt = build_optimizer(model, OptimizerConfig(weight_decay=0.1), Schedule("constant", 1e-3, 0, 0, 1))
     decided = {n: opt._apply_decay_param_fun(p.name) for n, p in model.named_parameters()}
     assert decided["model.layers.0.self_attn.q_proj.bias"] is False
     assert decided["model.layers.0.input_layernorm.weight"] is False

@@ -14,14 +14,13 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli import kernels  # noqa: E402
-from pretrain_cli.arg_parser import parse_config  # noqa: E402
-from pretrain_cli.config import KernelConfig, ParallelConfig  # noqa: E402
+from run_helpers import resolve_run  # noqa: E402
+
+from pretrain_cli.distributed.comm import NoComm  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.optim import build_optimizer, build_schedule  # noqa: E402
-from pretrain_cli.resolve import Resolved  # noqa: E402
-from pretrain_cli.trainer import Trainer  # noqa: E402
+from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.training.run import assemble  # noqa: E402
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -48,17 +47,11 @@ def _batches():
 
 
 def _losses(chosen, compile_forward):
-    args = parse_config(None, ["--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
-                               "--max_grad_norm", "1.0", "--weight_decay", "0.01"])
-    t = args.training
+    run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
+                      "--max_grad_norm", "1.0", "--weight_decay", "0.01", "--to_static", str(compile_forward))
     paddle.seed(1)
-    model = build_model(CFG, chosen)
-    schedule = build_schedule(t, Resolved(warmup_steps=2, decay_steps=STEPS))
-    opt = build_optimizer(model, t, schedule)
-    if compile_forward:
-        model = kernels.compile_forward(model)
-    trainer = Trainer(model, opt, schedule, None, args, Resolved(), ParallelConfig(), throughput=None)
-    model.train()
+    trainer = assemble(run, build_model(CFG, chosen), NoComm())  # what `train` builds around the model
+    trainer.model.train()
     batches = _batches()
     return np.array([trainer.train_step(batches)[0] for _ in range(STEPS)])
 
@@ -66,7 +59,7 @@ def _losses(chosen, compile_forward):
 def test_fast_cpu_step_matches_reference_step():
     fast = kernels.select(None, "cpu")
     assert fast.attention is kernels.attention_cpu  # the fused kernels are what is being compared
-    paddle_only = kernels.select(KernelConfig(cpu_ops=False), "cpu")
+    paddle_only = kernels.select(kernels.Request(cpu_ops=False), "cpu")
     ref = dataclasses.replace(paddle_only, attention=kernels.attention_math, rope=_slice_rope, pack_mlp=False)
     want = _losses(ref, compile_forward=False)
     assert want[-1] < want[0] - 0.1  # it actually trains

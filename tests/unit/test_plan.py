@@ -7,7 +7,7 @@ import pytest
 
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.errors import UserError
-from pretrain_cli.plan import plan
+from pretrain_cli.commands.plan import plan
 
 QWEN_FILE = {  # PaddleNLP llm/config/qwen/pretrain_argument_0p5b.json, memory-relevant keys
     "model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
@@ -76,7 +76,7 @@ def test_suggestions_ranked_and_each_reduces(write_args):
     assert {"recompute", "per_device_train_batch_size", "sharding", "max_seq_length"} <= keys
     for s in sugg:
         extra = [tok for k, v in s["change"].items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
-        again = plan(cfg, extra, device="T4", gpus=2, suggest=False)
+        again = plan(cfg, extra, device="T4", gpus=2, suggest_changes=False)
         assert again["memory_gib"] == pytest.approx(s["memory_gib"])
         assert again["memory_gib"] < r["memory_gib"]
     mb = next(s for s in sugg if "per_device_train_batch_size" in s["change"])["change"]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from data_helpers import make_texts, make_tokenizer, write_jsonl
-from pretrain_cli.data import preprocess
+from pretrain_cli.commands import preprocess
 from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
 from pretrain_cli.errors import UserError
-from pretrain_cli.tokenizer import load_tokenizer
+from pretrain_cli.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

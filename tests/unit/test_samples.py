@@ -162,3 +162,68 @@ def test_build_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no .idx"):
         build_datasets(str(tmp_path / "empty"), "1", 8, 0)
+
+
+def test_loss_mask_keeps_masked_targets_out_of_packed_and_padded_samples(tmp_path):
+    """`.lsm` (one byte per token): a 0 removes that token from the loss as a target (label -100)."""
+    prefix, docs = _corpus(tmp_path / "m", n_docs=30)
+    stream = np.concatenate(docs)
+    mask = (np.random.default_rng(5).random(stream.size) > 0.3).astype(np.uint8)
+    mask.tofile(prefix + ".lsm")
+    src = open_token_file(prefix)
+    ds = PackedDataset(src, 0, len(docs), 16, 7, "train")
+    order, _, positions = ds._epoch(0)
+    starts = np.concatenate(([0], np.cumsum([len(d) for d in docs])))
+    epoch_tokens = np.concatenate([docs[d] for d in order])
+    epoch_mask = np.concatenate([mask[starts[d]:starts[d + 1]] for d in order])
+    inverse = np.argsort(positions)
+    for j in range(len(ds)):
+        s = ds[int(inverse[j])]
+        want = epoch_tokens[j * 16 + 1: j * 16 + 17].astype(np.int64)
+        want[epoch_mask[j * 16 + 1: j * 16 + 17] == 0] = -100
+        np.testing.assert_array_equal(s["labels"], want)
+        np.testing.assert_array_equal(s["input_ids"], epoch_tokens[j * 16: j * 16 + 16])  # inputs unchanged
+    from pretrain_cli.data.samples import PaddedDataset
+
+    padded = PaddedDataset(src, 0, len(docs), 64, 7, "train", bos=1, eos=2, pad=0)
+    d = int(padded._epoch(0)[0][0])
+    s = padded[0]
+    n = len(docs[d])
+    want = np.concatenate((docs[d], [2])).astype(np.int64)  # targets: the document, then EOS
+    want[:n][mask[starts[d]:starts[d + 1]] == 0] = -100
+    np.testing.assert_array_equal(s["labels"][: n + 1], want)
+    assert (s["labels"][n + 1:] == -100).all()
+
+
+def test_loss_mask_changes_the_loss_to_the_hand_computed_one(tmp_path):
+    """The trainer's loss over a masked sample equals the mean over the unmasked targets, computed by hand."""
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
+    from pretrain_cli.ops.loss import causal_lm_loss
+
+    prefix, docs = _corpus(tmp_path / "h", n_docs=20)
+    total = sum(map(len, docs))
+    mask = np.ones(total, np.uint8)
+    mask[::3] = 0
+    mask.tofile(prefix + ".lsm")
+    sample = PackedDataset(open_token_file(prefix), 0, len(docs), 12, 3, "train")[4]
+    logits = np.random.default_rng(1).standard_normal((1, 12, 500)).astype("float32")
+    got = float(causal_lm_loss(paddle.to_tensor(logits), paddle.to_tensor(sample["labels"][None])))
+    lse = np.log(np.exp(logits[0].astype("float64")).sum(-1))
+    kept = [t for t in range(12) if sample["labels"][t] != -100]
+    assert 0 < len(kept) < 12
+    want = np.mean([lse[t] - logits[0, t, sample["labels"][t]] for t in kept])
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_eval_windows_apply_the_loss_mask():
+    from pretrain_cli.training.evaluation import window_batches
+
+    tokens = np.arange(21)
+    mask = np.ones(21, np.uint8)
+    mask[[3, 12]] = 0
+    b = next(window_batches(tokens, 5, 4, loss_mask=mask))
+    assert b["labels"][0].tolist() == [1, 2, -100, 4, 5]  # token 3 is window 0's third target
+    assert b["labels"][2].tolist() == [11, -100, 13, 14, 15]
+    assert b["input_ids"][0].tolist() == [0, 1, 2, 3, 4]

@@ -7,14 +7,15 @@ import json
 import pytest
 
 from data_helpers import make_texts, make_tokenizer, write_jsonl
-from pretrain_cli import tokenizer as tk
+from pretrain_cli.commands import train_tokenizer as cmd
+from pretrain_cli.data import tokenizer as tk
 from pretrain_cli.errors import UserError
 
 
 def _train(argv):
     p = argparse.ArgumentParser()
-    tk.add_arguments(p)
-    return tk.main(p.parse_args(argv))
+    cmd.add_arguments(p)
+    return cmd.main(p.parse_args(argv))
 
 
 def test_train_tokenizer_subcommand(tmp_path, capsys):

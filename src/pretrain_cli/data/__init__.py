@@ -65,7 +65,7 @@ def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample
                    vocab_size: int | None = None) -> DataSplits:
     """Open every source, check ids against vocab_size, split, sample and blend.
 
-    `tokenizer` (a `pretrain_cli.tokenizer.Tokenizer` or a directory) is needed only for
+    `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed only for
     sample_mode 'padded'. `need` names the splits the run uses; an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     """
@@ -76,7 +76,7 @@ def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample
     special = None
     if sample_mode == "padded":
         if isinstance(tokenizer, str):
-            from pretrain_cli.tokenizer import load_tokenizer
+            from pretrain_cli.data.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         special = special_ids(tokenizer, getattr(tokenizer, "path", "tokenizer"))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -51,14 +52,6 @@ def read_sidecar(prefix: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == SIDECAR_FORMAT else None
-
-
-def write_json_atomic(path: str, obj: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 class IndexedDataset:
@@ -119,7 +112,7 @@ class IndexedDataset:
         self._max_id = best
         if meta is not None and meta.get("tokens") == self.num_tokens:
             try:
-                write_json_atomic(self.prefix + ".json", {**meta, "max_token_id": best})
+                atomic.write_json(self.prefix + ".json", {**meta, "max_token_id": best}, sort_keys=True)
             except OSError:  # read-only data directory: the in-memory value is enough
                 pass
         return best
@@ -308,8 +301,8 @@ class IndexedDatasetWriter:
             f.write(doc_idx.astype("<i8").tobytes())
         if os.path.exists(self.prefix + ".idx"):
             os.remove(self.prefix + ".idx")  # never pair a stale .idx with the new .bin
-        os.replace(self._bin_tmp, self.prefix + ".bin")
-        os.replace(self._idx_tmp, self.prefix + ".idx")
+        atomic.publish_file(self._bin_tmp, self.prefix + ".bin")
+        atomic.publish_file(self._idx_tmp, self.prefix + ".idx")
 
     def abort(self) -> None:
         if not self._bin.closed:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain_cli import atomic
 from pretrain_cli.data.indexed import IndexedDataset
 from pretrain_cli.errors import UserError
+from pretrain_cli.ops.loss import IGNORE_INDEX
 
 SPLIT_NAMES = ("train", "valid", "test")
 PHASE_OF = {"train": "do_train", "valid": "do_eval", "test": "do_predict"}
@@ -118,16 +120,11 @@ class _SplitBase:
         try:
             d.mkdir(parents=True, exist_ok=True)
             for f, a in zip(files, arrays):
-                tmp = f.with_name(f"{f.stem}.tmp{os.getpid()}.npy")
-                np.save(tmp, a)
-                os.replace(tmp, f)  # atomic: concurrent ranks write identical content
+                with atomic.publishing(f) as fh:  # concurrent ranks write identical content
+                    np.save(fh, a)
         except OSError:
             pass  # a read-only cache directory only costs a rebuild
         return arrays
-
-    def describe(self) -> dict:
-        return {"split": self.name, "mode": self.mode, "documents": self.num_docs, "tokens": self.num_tokens,
-                "samples_per_epoch": self.samples_per_epoch}
 
 
 class PackedDataset(_SplitBase):
@@ -150,8 +147,8 @@ class PackedDataset(_SplitBase):
         positions = rng.permutation(self.samples_per_epoch).astype(np.int64)
         return order, cum, positions
 
-    def tokens(self, i: int) -> np.ndarray:
-        """The L+1 tokens of sample i as int64 (consecutive positions share one token)."""
+    def _gather(self, i: int, array) -> np.ndarray:
+        """The L+1 elements of `array` (the token stream, or its loss mask) that sample i covers."""
         if i < 0:
             raise IndexError(i)
         order, cum, positions = self._epoch(i // self.samples_per_epoch)
@@ -163,14 +160,21 @@ class PackedDataset(_SplitBase):
             take = min(int(self.doc_sizes[d]) - off, need)
             if take > 0:
                 s = int(self.doc_starts[d]) + off
-                out.append(self.source.data[s : s + take])
+                out.append(array[s : s + take])
                 need -= take
             k, off = k + 1, 0
-        return np.concatenate(out).astype(np.int64)
+        return np.concatenate(out)
+
+    def tokens(self, i: int) -> np.ndarray:
+        """The L+1 tokens of sample i as int64 (consecutive positions share one token)."""
+        return self._gather(i, self.source.data).astype(np.int64)
 
     def __getitem__(self, i: int) -> dict:
         t = self.tokens(int(i))
-        return {"input_ids": t[:-1], "labels": t[1:].copy()}
+        labels = t[1:].copy()
+        if self.source.loss_mask is not None:  # `.lsm`: a 0 byte keeps that token out of the loss as a target
+            labels[self._gather(int(i), self.source.loss_mask)[1:] == 0] = IGNORE_INDEX
+        return {"input_ids": t[:-1], "labels": labels}
 
 
 class PaddedDataset(_SplitBase):
@@ -204,7 +208,10 @@ class PaddedDataset(_SplitBase):
         real = np.concatenate(([self.bos], doc, [self.eos]))[: L + 1]
         seq[: real.size] = real
         labels = seq[1:].copy()
-        labels[real.size - 1 :] = -100  # targets past the real tokens are padding
+        labels[real.size - 1 :] = IGNORE_INDEX  # targets past the real tokens are padding
+        if self.source.loss_mask is not None:  # `.lsm`: a 0 byte keeps that document token out of the loss
+            keep = np.asarray(self.source.loss_mask[s : s + doc.size]) != 0  # doc token t is label t (after BOS)
+            labels[: doc.size][~keep[: min(doc.size, L)]] = IGNORE_INDEX
         return {"input_ids": seq[:-1], "labels": labels}
 
 

@@ -1,24 +1,12 @@
-"""Model registry: `model_type` from config.json → CausalLM class.
+"""Single-device causal LMs (Llama, Qwen2) built from an HF config.json; `build_model` is the entry point.
 
-Importing the package does not import Paddle, so `models.config` and `models.flops` stay
-cheap for `check` and `plan`; the classes load on first use (after `runtime.setup_env()`).
+Importing the package does not import Paddle, so `models.config`, `models.families` and
+`models.flops` stay cheap for `check` and `plan`; the layers load on first use (after
+`runtime.setup_env()`).
 """
 from __future__ import annotations
 
-import importlib
-
 from pretrain_cli.models.config import ModelConfig, check_seq_len
-
-# model_type → "module:Class"; resolved lazily so this file never imports Paddle.
-MODEL_REGISTRY = {
-    "llama": "pretrain_cli.models.llama:LlamaForCausalLM",
-    "qwen2": "pretrain_cli.models.qwen2:Qwen2ForCausalLM",
-}
-
-
-def model_class(model_type: str):
-    module, name = MODEL_REGISTRY[model_type].split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def build_model(cfg: ModelConfig, kernels=None):
@@ -29,10 +17,11 @@ def build_model(cfg: ModelConfig, kernels=None):
     """
     import paddle
 
-    from pretrain_cli import kernels as kernels_mod
+    from pretrain_cli.models.decoder import CausalLM
+    from pretrain_cli.ops import kernels as kernels_mod
 
     cfg.validate()
-    return model_class(cfg.model_type)(cfg, kernels or kernels_mod.select(None, paddle.device.get_device()))
+    return CausalLM(cfg, kernels or kernels_mod.select(None, paddle.device.get_device()))
 
 
-__all__ = ["MODEL_REGISTRY", "ModelConfig", "build_model", "check_seq_len", "model_class"]
+__all__ = ["ModelConfig", "build_model", "check_seq_len"]

@@ -1,7 +1,7 @@
 """Architecture-only model configuration, read from and written to an HF `config.json`.
 
 Field names are HF's so a `config.json` round-trips without a mapping table, and
-kernel/parallel flags never land here (see `pretrain_cli.config`). No Paddle import:
+kernel/parallel flags never land here (see `pretrain_cli.config.run_config`). No Paddle import:
 `check`, `plan` and `flops` use this module without paying for one.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
+from pretrain_cli.models.families import family
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -111,7 +111,7 @@ class ModelConfig:
         d = asdict(self)
         extra = d.pop("extra")
         out = {
-            "architectures": [ARCHITECTURES[self.model_type]],
+            "architectures": [family(self.model_type).architecture],
             **{k: v for k, v in extra.items() if k not in ("architectures", "torch_dtype", "dtype")},
             **d,
         }

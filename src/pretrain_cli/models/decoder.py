@@ -1,16 +1,17 @@
 """Pre-norm decoder stack and the causal-LM head shared by every family.
 
 Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`),
-so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Families differ
-only in which biases exist; subclasses set `qkv_bias` / `o_bias` / `mlp_bias` (llama.py, qwen2.py).
+so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Llama and Qwen2 differ
+only in which biases exist (`families.FAMILIES`).
 """
 from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
 
-from pretrain_cli.kernels import Kernels
+from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
 
 
@@ -57,19 +58,11 @@ class DecoderModel(nn.Layer):
 class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; no loss inside."""
 
-    qkv_bias = False
-    o_bias = False
-    mlp_bias = False
-
-    @classmethod
-    def biases(cls, cfg: ModelConfig) -> tuple[bool, bool, bool]:
-        return cls.qkv_bias, cls.o_bias, cls.mlp_bias
-
     def __init__(self, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
-        self.model = DecoderModel(cfg, kernels, *self.biases(cfg))
+        self.model = DecoderModel(cfg, kernels, *family(cfg.model_type).biases(cfg))
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
     def new_cache(self) -> KVCache:

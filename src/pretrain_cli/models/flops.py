@@ -9,21 +9,20 @@ its `4sh²` term assumes MHA, which over-counts GQA models by 6–9 %.
 from __future__ import annotations
 
 from pretrain_cli.models.config import ModelConfig
-
-RECOMPUTE_GRANULARITIES = (None, "full", "full_attn", "core_attn")
+from pretrain_cli.models.families import family
+from pretrain_cli.models.recompute import GRANULARITIES
 
 
 def _attn_params(cfg: ModelConfig) -> int:
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    qkv_bias = cfg.model_type == "qwen2" or cfg.attention_bias
-    o_bias = cfg.model_type == "llama" and cfg.attention_bias
+    qkv_bias, o_bias, _ = family(cfg.model_type).biases(cfg)
     return h * q + 2 * h * kv + q * h + (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0)
 
 
 def _layer_params(cfg: ModelConfig) -> int:
     h, i = cfg.hidden_size, cfg.intermediate_size
-    mlp = 3 * h * i + ((2 * i + h) if (cfg.model_type == "llama" and cfg.mlp_bias) else 0)
+    mlp = 3 * h * i + ((2 * i + h) if family(cfg.model_type).biases(cfg)[2] else 0)
     return _attn_params(cfg) + mlp + 2 * h  # two RMSNorm weights
 
 
@@ -36,8 +35,8 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
 
 
 def _check_recompute(recompute: str | None) -> None:
-    if recompute not in RECOMPUTE_GRANULARITIES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_GRANULARITIES}, got {recompute!r}")
+    if recompute is not None and recompute not in GRANULARITIES:
+        raise ValueError(f"recompute must be None or one of {GRANULARITIES}, got {recompute!r}")
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None,

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
-from pretrain_cli.kernels import Kernels
+from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.models.config import ModelConfig
 
 
@@ -134,10 +134,7 @@ class Attention(nn.Layer):
     def forward(self, x, cos, sin, kv: LayerKV | None = None):
         """Training passes no `kv` (unchanged path); generation passes the layer's cache."""
         bsz, seq_len, _ = x.shape
-        if self.kernels.pack_qkv:
-            q, k, v = self._packed_qkv(x)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
         k = k.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
         v = v.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
@@ -149,15 +146,6 @@ class Attention(nn.Layer):
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
         out = out.reshape([bsz, seq_len, self.n_heads * self.head_dim])  # [bsz, seq_len, n_heads*head_dim]
         return self.o_proj(out)
-
-    def _packed_qkv(self, x):
-        """One GEMM over [q | k | v] weights concatenated at forward time; parameter names unchanged."""
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        w = paddle.concat([p.weight for p in projs], axis=1)  # [hidden, q_out+2*kv_out]
-        qkv = paddle.matmul(x, w)  # [bsz, seq_len, q_out+2*kv_out]
-        if self.q_proj.bias is not None:
-            qkv = qkv + paddle.concat([p.bias for p in projs])  # [q_out+2*kv_out]
-        return paddle.split(qkv, [p.weight.shape[1] for p in projs], axis=-1)
 
 
 class MLP(nn.Layer):

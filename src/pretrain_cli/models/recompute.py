@@ -26,21 +26,22 @@ def _wrap(layer, use_reentrant: bool) -> None:
     layer.forward = forward
 
 
-def apply_recompute(model, granularity: str | None, use_reentrant: bool = False, skip_layers=()):
-    """Wrap every decoder layer's chosen part in `fleet.utils.recompute`; returns `model`.
+def apply_recompute(model, recompute):
+    """Wrap every decoder layer's chosen part in `fleet.utils.recompute`; `recompute` is None (off) or has
+    `granularity`, `use_reentrant` and `skip_layers` (`config.run_config.Recompute`). Returns `model`.
 
     The default is the non-reentrant implementation: the reentrant one re-runs backward hooks, which
     `paddle.DataParallel` rejects ("parameter has been ready before") with more than one process.
     `skip_layers` (PaddleNLP's `no_recompute_layers`) leaves those layer indices un-wrapped.
     """
-    if granularity in (None, "", "none"):
+    if recompute is None:
         return model
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"recompute_granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    skip = set(skip_layers or ())
+    if recompute.granularity not in GRANULARITIES:
+        raise ValueError(f"recompute granularity must be one of {GRANULARITIES}, got {recompute.granularity!r}")
+    skip = set(recompute.skip_layers or ())
     for i, layer in enumerate(model.model.layers):
         if i in skip:
             continue
-        target = {"full": layer, "full_attn": layer.self_attn, "core_attn": layer.self_attn.core}[granularity]
-        _wrap(target, use_reentrant)
+        target = {"full": layer, "full_attn": layer.self_attn, "core_attn": layer.self_attn.core}[recompute.granularity]
+        _wrap(target, recompute.use_reentrant)
     return model

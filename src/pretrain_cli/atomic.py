@@ -1,0 +1,104 @@
+"""Publishing files and directories atomically: the one way anything in pretrain-cli is written.
+
+Every file goes to a temporary name next to its destination, is flushed and fsynced, and is
+renamed into place, so a reader (or a resumed run after kill -9 or a full disk) sees the old
+file or the complete new one, never half of one; on any error the temporary is removed and the
+error propagates. Directories (checkpoints) are built under a temporary name, fsynced file by
+file, and published with one rename.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+
+def tmp_path(path) -> Path:
+    """`<path>.tmp<pid>`: unique per process, so concurrent writers never share a temporary."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.tmp{os.getpid()}")
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def publishing(path, mode: str = "wb", encoding: str | None = None):
+    """`with publishing(p) as f: f.write(...)` -> `p` appears complete, or not at all."""
+    path = Path(path)
+    tmp = tmp_path(path)
+    try:
+        with open(tmp, mode, encoding=encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def publish_file(tmp, path) -> None:
+    """Publish a file that another library wrote to `tmp` (safetensors, numpy, a compiler)."""
+    try:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def write_bytes(path, data: bytes) -> None:
+    with publishing(path, "wb") as f:
+        f.write(data)
+
+
+def write_text(path, text: str) -> None:
+    with publishing(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json(path, obj, sort_keys: bool = False) -> None:
+    with publishing(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, default=str, sort_keys=sort_keys)
+        f.write("\n")
+
+
+def fsync_tree(root) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def remove_tree(path) -> None:
+    """Delete a directory so that a crash midway never leaves it half-deleted under its own name."""
+    path = Path(path)
+    doomed = path.with_name(path.name + ".deleting")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def publish_dir(tmp, final) -> Path:
+    """fsync every file under `tmp`, then make it `final` with one rename (replacing an older `final`)."""
+    tmp, final = Path(tmp), Path(final)
+    fsync_tree(tmp)
+    if final.exists():
+        remove_tree(final)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return final

@@ -1,0 +1,114 @@
+"""`pretrain-cli eval`: loss and perplexity of a model over a token file, or over a run's own eval batches."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from pretrain_cli.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="model directory (HF safetensors or one of our checkpoints) or a preset name "
+                             "(random init, seeded by --seed); with --config defaults to its output_dir")
+    parser.add_argument("--data", default=None, help="token file prefix (<prefix>.bin/.idx)")
+    parser.add_argument("--max_seq_length", type=int, default=None, help="window length L")
+    parser.add_argument("--config", default=None,
+                        help="a training argument file: evaluate its --split (valid/test) on the same eval_iters "
+                             "batches the trainer uses, instead of --data windows")
+    parser.add_argument("--split", default="valid", choices=("valid", "test"), help="split of --config to use")
+    parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass")
+    parser.add_argument("--max_batches", type=int, default=None, help="stop after this many batches")
+    parser.add_argument("--seed", type=int, default=42, help="init seed when --model has no weights")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a text line")
+
+
+def _model_config(name: str):
+    """(model_dir, cfg) without Paddle, so a bad --model fails in well under a second."""
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models.config import ModelConfig
+
+    model_dir = str(resolve_model_dir(name, key="--model"))
+    return model_dir, ModelConfig.from_file(model_dir)
+
+
+def _report(ns: argparse.Namespace, result: dict, t0: float, text: str) -> int:
+    """Print one JSON object (`--json`) or one human line, with the elapsed time added."""
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(result) if ns.json else text.format(**result))
+    return 0
+
+
+def _main_config(ns: argparse.Namespace) -> int:
+    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
+    from pretrain_cli import run_dir
+    from pretrain_cli.config.prepare import prepare
+    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.models.convert import has_weights, load_for_inference
+    from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+
+    flag = "--do_eval" if ns.split == "valid" else "--do_predict"
+    spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true"],
+                   Target())
+    lp = spec.run.loop
+    model_name = ns.model
+    if model_name is None:
+        out = spec.run.output.output_dir
+        model_name = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
+        if not model_name:
+            raise UserError(f"{ns.config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    model_dir, cfg = _model_config(model_name)
+    if cfg.vocab_size != spec.model_cfg.vocab_size:
+        raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
+                        f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
+    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    t0 = time.perf_counter()
+    batches, bs = ns.max_batches or lp.eval_iters, lp.eval_batch
+    total, count, _ = loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches))
+    loss = total / max(count, 1.0)
+    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
+              "model": model_name, "config": ns.config, "split": ns.split, "weights": source}
+    return _report(ns, result, t0, "eval: {split} loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
+                   f"({batches} batches of {bs}; {{weights}}; {{seconds:.1f}}s)")
+
+
+def main(ns: argparse.Namespace) -> int:
+    if ns.config is not None:
+        return _main_config(ns)
+    if ns.model is None or ns.data is None or ns.max_seq_length is None:
+        raise UserError("eval: pass --model, --data and --max_seq_length (or --config CFG.json)")
+    if ns.max_seq_length < 1:
+        raise UserError(f"--max_seq_length: must be >= 1, got {ns.max_seq_length}")
+    if ns.batch_size < 1:
+        raise UserError(f"--batch_size: must be >= 1, got {ns.batch_size}")
+    if ns.max_batches is not None and ns.max_batches < 1:
+        raise UserError(f"--max_batches: must be >= 1, got {ns.max_batches}")
+    from pretrain_cli.data.indexed import open_token_file
+    from pretrain_cli.models.config import check_seq_len
+    from pretrain_cli.training.evaluation import loss_sum, perplexity, read_tokens, window_batches, window_count
+
+    tokens, loss_mask = read_tokens(ns.data)
+    if (len(tokens) - 1) // ns.max_seq_length < 1:
+        raise UserError(f"--data: {ns.data} has {len(tokens)} tokens, fewer than one window of "
+                        f"{ns.max_seq_length + 1}; lower --max_seq_length")
+    model_dir, cfg = _model_config(ns.model)
+    check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
+    top = open_token_file(ns.data).max_token_id()  # sidecar value, else one chunked scan
+    if top >= cfg.vocab_size:
+        raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
+                        f"the data was tokenized for another model")
+    from pretrain_cli.models.convert import load_for_inference
+
+    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    t0 = time.perf_counter()
+    n_windows, _ = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
+    batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask)
+    total, count, _ = loss_sum(model, batches)
+    if count == 0:
+        raise UserError(f"--data: {ns.data}.lsm masks every target token of these windows; nothing to evaluate")
+    loss = total / count
+    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "windows": n_windows,
+              "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "weights": source}
+    return _report(ns, result, t0, "eval: loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
+                   "({windows} windows of {max_seq_length}; {weights}; {seconds:.1f}s)")

@@ -1,0 +1,61 @@
+"""`pretrain-cli generate`: prompt → text from a checkpoint, an HF model directory or a preset.
+
+Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
+comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pretrain_cli.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="checkpoint / HF model directory, or a preset (random init)")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    parser.add_argument("--top_k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (and init seed for a preset)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def main(ns: argparse.Namespace) -> int:
+    if ns.max_new_tokens < 1:
+        raise UserError(f"--max_new_tokens: must be >= 1, got {ns.max_new_tokens}")
+    if ns.temperature < 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0:
+        raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
+    from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
+    from pretrain_cli.data.tokenizer import load_tokenizer
+    from pretrain_cli.models.config import ModelConfig
+
+    model_dir = resolve_model_dir(ns.model, key="--model")
+    tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
+    if tok_dir is None:
+        raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")
+    tok = load_tokenizer(tok_dir)
+    ids = tok.encode(ns.prompt)
+    if not ids:
+        raise UserError("--prompt: encodes to no tokens; give some text")
+    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.models.generation import generate
+
+    cfg = ModelConfig.from_file(str(model_dir))
+    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    if tok.vocab_size > cfg.vocab_size:
+        raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
+    out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
+                   eos_token_id=tok.eos_token_id, seed=ns.seed)
+    new = [int(t) for t in out[0][len(ids):]]
+    if tok.eos_token_id is not None and tok.eos_token_id in new:
+        new = new[: new.index(tok.eos_token_id)]
+    text = tok.decode(new)
+    if ns.json:
+        print(json.dumps({"prompt": ns.prompt, "completion": text, "tokens": new, "model": str(model_dir),
+                          "weights": source}))
+    else:
+        print(ns.prompt + text)
+    return 0

@@ -1,0 +1,114 @@
+"""`pretrain-cli inspect-data`: validate and summarise a token file pair, decode a document,
+or show exactly which samples (and batch hashes) training sees at a given step."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from pretrain_cli.data.inspect import check_vocab, describe_step, summarize
+from pretrain_cli.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prefix", nargs="?", help="token file prefix (PREFIX.bin/.idx; .bin/.idx suffix accepted)")
+    parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode")
+    parser.add_argument("--decode", type=int, metavar="N", help="print document N as text")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--step", type=int, help="show the samples and batch hashes of optimizer step K")
+    parser.add_argument("--config", help="training config (JSON): data keys and batch sizes for --step")
+    parser.add_argument("--max_seq_length", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--split", default="949,50,1")
+    parser.add_argument("--sample_mode", default="packed", choices=("packed", "padded"))
+    parser.add_argument("--batch_size", type=int, default=8, help="per-device micro-batch")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    parser.add_argument("--dp_size", type=int, default=1, help="data-parallel ranks (dp x sharding)")
+
+
+def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
+    """The batches a run skipped (non-finite steps), from its newest trainer state: the final one or a checkpoint's."""
+    from pathlib import Path
+
+    from pretrain_cli import run_dir
+
+    candidates = [Path(output_dir) / run_dir.STATE_FILE] + [p / run_dir.STATE_FILE for _, p in
+                                                             run_dir.list_checkpoints(output_dir)]
+    best, where = None, None
+    for path in candidates:
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if best is None or state.get("global_step", 0) > best.get("global_step", 0):
+            best, where = state, str(path)
+    return (list(best.get("skipped_batches", [])) if best else []), where
+
+
+def _step_view(ns, tok) -> list[str]:
+    """--step K: from the run's own configuration, data and trainer state (--config), or from the flags."""
+    if ns.config:
+        from pretrain_cli.config.prepare import prepare
+        from pretrain_cli.config.run_config import Target
+
+        spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], Target())
+        splits, lp = spec.splits, spec.run.loop
+        tok = tok or spec.tokenizer
+        skipped, where = _skipped_batches(spec.run.output.output_dir)
+        lines = splits.describe()
+        if where:
+            lines.append(f"trainer state: {where} ({len(skipped)} skipped batches; steps after it assume none)")
+        return lines + describe_step(splits.train, ns.step, lp.micro_batch, lp.grad_accum, ns.dp_size, tok,
+                                     skipped_batches=skipped)
+    if not ns.prefix:
+        raise UserError("inspect-data: no data; pass a PREFIX or a --config with input_dir")
+    from pretrain_cli.data import build_datasets
+
+    splits = build_datasets(ns.prefix, ns.split, ns.max_seq_length, ns.seed, ns.sample_mode, tokenizer=tok,
+                            need=("train",), vocab_size=tok.vocab_size if tok else None)
+    return splits.describe() + describe_step(splits.train, ns.step, ns.batch_size, ns.gradient_accumulation_steps,
+                                             ns.dp_size, tok)
+
+
+def main(ns: argparse.Namespace) -> int:
+    tok = None
+    if ns.tokenizer:
+        from pretrain_cli.data.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(ns.tokenizer)
+    if ns.step is not None:
+        for line in _step_view(ns, tok):
+            print(line)
+        return 0
+    if not ns.prefix:
+        raise UserError("inspect-data: PREFIX is required (the token files' path without .bin/.idx)")
+    from pretrain_cli.data.indexed import open_token_file
+
+    ds = open_token_file(ns.prefix)
+    if tok is not None:
+        check_vocab(ds, tok, ns.tokenizer)
+    if ns.decode is not None:
+        if tok is None:
+            raise UserError("--decode: needs --tokenizer DIR to turn ids back into text")
+        if not 0 <= ns.decode < ds.num_documents:
+            raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has {ds.num_documents} documents")
+        a, b = int(ds.doc_idx[ns.decode]), int(ds.doc_idx[ns.decode + 1])
+        ids = np.concatenate([ds.get(i) for i in range(a, b)]) if b > a else np.zeros(0, np.int64)
+        print(tok.decode(ids))
+        return 0
+    info = summarize(ds, tok)
+    if ns.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    dl = info["doc_length"]
+    print(f"{info['prefix']}: OK ({info['format']}, {info['dtype']})")
+    print(f"documents {info['documents']}  sequences {info['sequences']}  tokens {info['tokens']}  "
+          f"max token id {info['max_token_id']}" + (f" (vocab {info['vocab_size']})" if "vocab_size" in info else ""))
+    print(f"document length: min {dl['min']}  mean {dl['mean']:.1f}  max {dl['max']}")
+    if "eos_rate" in info:
+        print(f"documents ending in EOS: {100 * info['eos_rate']:.1f}%")
+    width = max(info["length_histogram"].values(), default=1)
+    for bucket, count in info["length_histogram"].items():
+        print(f"  {bucket:>15} {count:>9} {'#' * max(1, round(40 * count / width))}")
+    return 0

@@ -1,0 +1,35 @@
+"""`pretrain-cli train` / `scripts/run_pretrain.py`: prepare the run (no Paddle), then train it."""
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """Every key of the argument file (docs/COMPATIBILITY.md, or --help-keys) can follow the file as
+--key value; later values win (default < file < command line). Bools take true/false/1/0, --flag alone
+means true and --no_flag false. Examples:
+  pretrain-cli train configs/demo_cpu.json --max_steps 100 --learning_rate 1e-3
+  python -m paddle.distributed.launch --nproc_per_node 2 scripts/run_pretrain.py configs/demo_cpu.json"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--help-keys", action="store_true", help="list every argument-file key with its meaning")
+
+
+def main(ns: argparse.Namespace) -> int:
+    if ns.help_keys:
+        from pretrain_cli.config.parser import KEYS
+
+        for key, s in KEYS.items():
+            print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
+        return 0
+    from pretrain_cli import runtime
+    from pretrain_cli.config.prepare import launcher_target, prepare
+    from pretrain_cli.distributed import launch
+
+    runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
+    spec = prepare(ns.config, ns.overrides, launcher_target())
+    from pretrain_cli.training.run import run
+
+    return run(spec)

@@ -1,0 +1,206 @@
+"""The three argument dataclasses behind the flat, PaddleNLP-compatible argument file.
+
+Key names, types and defaults follow PaddleNLP's `llm/run_pretrain.py` and
+`paddlenlp/trainer/training_args.py` so that its shipped JSON files parse unchanged.
+Every field carries a `help` text (shown by `pretrain-cli train --help-keys` and used to
+build docs/COMPATIBILITY.md) and a `support` tag:
+
+- ``supported`` — implemented with PaddleNLP's meaning (or a documented, better one);
+- ``ignored`` — accepted so PaddleNLP files run, but has no effect here (the reason says why);
+- ``extension`` — a key PaddleNLP does not have.
+
+Fields marked ``ignored`` are reported by `resolve.py` when a file sets them to a
+non-default value, so nothing is silently dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from pretrain_cli.models.recompute import GRANULARITIES
+
+
+def _f(default, help: str, support: str = "supported", choices=None):
+    meta = {"help": help, "support": support}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = _f(
+        "tiny-qwen2",
+        "Model source: a local directory with an HF config.json (and weights when continue_training), "
+        "or a shipped preset (qwen2.5-0.5b, llama-171m, llama-3-8b, tiny-qwen2, tiny-llama; "
+        "'Qwen/Qwen2.5-0.5B' and 'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
+    )
+    tokenizer_name_or_path: Optional[str] = _f(
+        None, "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt); None = model_name_or_path."
+    )
+    continue_training: bool = _f(
+        False, "True: start from the weights in model_name_or_path. False: random init from its config.json."
+    )
+    num_hidden_layers: Optional[int] = _f(None, "Override config.num_hidden_layers.")
+    fuse_attention_qkv: Optional[bool] = _f(
+        None, "PaddleNLP fuses q/k/v into one Linear (renaming parameters); we keep HF names and layout.", "ignored"
+    )
+    fuse_attention_ffn: Optional[bool] = _f(
+        None, "PaddleNLP fuses gate/up into one Linear; we keep HF names and layout.", "ignored"
+    )
+    use_fast_layer_norm: bool = _f(
+        False, "Selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
+    )
+    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored")
+    attention_probs_dropout_prob: float = _f(
+        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored"
+    )
+
+
+@dataclass
+class DataArguments:
+    input_dir: Optional[str] = _f(
+        None,
+        "Token data: a directory (every *.idx / *_idx.npz prefix, weight 1.0 each) or "
+        "'w1 prefix1 w2 prefix2 ...' for a weighted blend.",
+    )
+    split: str = _f("949,50,1", "Train/valid/test document shares, separated by ',' or '/'.")
+    max_seq_length: int = _f(1024, "Tokens per training sequence (each sample holds one more token for the labels).")
+    data_impl: str = _f("mmap", "Token file format: mmap (MMIDIDX .bin/.idx).", choices=("mmap",))
+    skip_warmup: bool = _f(True, "PaddleNLP pre-reads mmap files when False; pages load on demand here.", "ignored")
+    share_folder: bool = _f(
+        False, "PaddleNLP builds index caches on one rank; here every rank builds its cheap index itself.", "ignored"
+    )
+    data_cache: Optional[str] = _f(None, "Directory for on-disk sample-index caches (default: built in memory; it takes milliseconds).")
+    sample_mode: str = _f(
+        "packed",
+        "packed: documents concatenated into max_seq_length+1 token samples (PaddleNLP/Megatron); "
+        "padded: one document per sample, [BOT] doc [EOT] padded with [PAD], pads excluded from the loss.",
+        "extension",
+        choices=("packed", "padded"),
+    )
+
+
+@dataclass
+class TrainingArguments:
+    # --- run and output
+    output_dir: Optional[str] = _f(None, "Where checkpoints, the final model, metrics and runs/ go. Required.")
+    overwrite_output_dir: bool = _f(False, "True disables auto-resume from output_dir/checkpoint-N (deletes nothing).")
+    resume_from_checkpoint: Optional[str] = _f(None, "Resume from this checkpoint directory (wins over auto-resume).")
+    do_train: bool = _f(False, "Train.")
+    do_eval: bool = _f(False, "Evaluate on the valid split every eval_steps.")
+    do_predict: bool = _f(False, "Evaluate once on the test split at the end.")
+    max_steps: int = _f(-1, "Optimizer steps to train; must be > 0.")
+    num_train_epochs: float = _f(1.0, "Ignored when max_steps > 0 (which is required here).", "ignored")
+    seed: int = _f(42, "Seed for model init and data order.")
+    device: str = _f("gpu", "cpu, gpu (falls back to cpu with a note when Paddle has no GPU build).", choices=("cpu", "gpu"))
+    # --- batches
+    per_device_train_batch_size: int = _f(8, "Micro-batch per data-parallel rank.")
+    per_device_eval_batch_size: int = _f(8, "Eval micro-batch per data-parallel rank.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
+    eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None = logging_steps).")
+    evaluation_strategy: str = _f("no", "PaddleNLP sets 'steps' from do_eval; here do_eval alone decides.", "ignored",
+                                  choices=("no", "steps"))
+    eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
+    dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
+                                        "a micro-batch takes ~0.1 ms, so this rarely matters).")
+    dataloader_drop_last: bool = _f(False, "Samples are drawn from an endless index; there is never a partial batch.", "ignored")
+    distributed_dataloader: bool = _f(False, "Only meaningful with TP/PP (each data rank reads its own slice here).", "ignored")
+    ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it stopped.")
+    # --- optimizer and schedule
+    learning_rate: float = _f(5e-5, "Peak learning rate.")
+    min_learning_rate: float = _f(1e-5, "Learning rate at and after decay_steps (linear and cosine).")
+    lr_scheduler_type: str = _f(
+        "linear", "Warmup then decay to min_learning_rate.", choices=("linear", "cosine", "constant", "constant_with_warmup")
+    )
+    warmup_steps: int = _f(0, "Warmup steps; wins over warmup_ratio when > 0.")
+    warmup_ratio: float = _f(0.0, "Warmup as a fraction of max_steps, used when warmup_steps is 0.")
+    decay_steps: Optional[int] = _f(None, "Step at which decay ends (None = max_steps).")
+    num_cycles: float = _f(0.5, "Only for PaddleNLP's own cosine scheduler, not the pretraining one.", "ignored")
+    lr_end: float = _f(1e-7, "Only for PaddleNLP's polynomial scheduler.", "ignored")
+    power: float = _f(1.0, "Only for PaddleNLP's polynomial scheduler.", "ignored")
+    weight_decay: float = _f(0.0, "Decoupled AdamW weight decay; never applied to biases and norm weights.")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = _f(1.0, "Global-norm gradient clipping; <= 0 disables.")
+    optim: str = _f("adamw", "Optimizer.", choices=("adamw",))
+    # --- precision
+    bf16: bool = _f(False, "bfloat16 mixed precision (GPU; not applicable on CPU, where the run stays fp32).")
+    fp16: bool = _f(False, "float16 mixed precision with loss scaling (GPU only).")
+    fp16_opt_level: str = _f("O1", "O1: autocast over fp32 weights; O2: half weights + fp32 master weights.", choices=("O1", "O2"))
+    amp_master_grad: bool = _f(False, "O2: keep fp32 gradients for clipping and the update.")
+    scale_loss: float = _f(32768.0, "Initial fp16 loss scale.")
+    amp_custom_black_list: Optional[List[str]] = _f(None, "Extra ops kept in fp32 under AMP.")
+    amp_custom_white_list: Optional[List[str]] = _f(None, "Extra ops forced to half precision under AMP.")
+    # --- parallelism
+    tensor_parallel_degree: int = _f(-1, "Tensor parallel degree (-1 or 1 = off; > 1 not supported yet).")
+    pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off; > 1 not supported yet).")
+    virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks; only with pipeline parallelism.")
+    sequence_parallel: bool = _f(False, "Megatron sequence parallelism; only with tensor parallelism.")
+    sharding: str = _f("", "Sharded data parallel: '' or 'stage1' (ZeRO-1); 'stage2'/'stage3' are refused with more "
+                           "than one process for now (no effect with one).")
+    sharding_parallel_degree: int = _f(-1, "Sharding degree (-1 = world / (tp·pp) when sharding is set).")
+    sep_parallel_degree: int = _f(-1, "Segment parallel degree (> 1 not supported).")
+    context_parallel_degree: int = _f(-1, "Context parallel degree (> 1 not supported).")
+    tensor_parallel_config: str = _f("", "TP feature flags (TP is not supported yet).", "ignored")
+    pipeline_parallel_config: str = _f("", "PP feature flags (PP is not supported yet).", "ignored")
+    sharding_parallel_config: str = _f("", "Sharding feature flags (fusion/overlap tuning).", "ignored")
+    data_parallel_config: str = _f("", "DP feature flags.", "ignored")
+    hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology.", "ignored")
+    tensor_parallel_output: bool = _f(True, "Vocab-parallel logits; only with tensor parallelism.", "ignored")
+    # --- memory and kernels
+    recompute: bool = _f(False, "Activation recomputation (checkpointing).")
+    recompute_granularity: str = _f(
+        "full", "full: whole decoder layer; full_attn: attention block; core_attn: attention core only.",
+        choices=GRANULARITIES,
+    )
+    recompute_use_reentrant: bool = _f(False, "Use the reentrant recompute implementation.")
+    no_recompute_layers: Optional[List[int]] = _f(None, "Layer indices to leave out of recompute.")
+    refined_recompute: str = _f("", "PaddleNLP's per-op refined recompute.", "ignored")
+    use_flash_attention: bool = _f(
+        False, "true: memory-light attention that never holds the [batch, heads, seq, seq] scores (flash-attn on GPU "
+        "with fp16/bf16 on Ampere or newer; pretrain-cli's fused block-causal kernel on CPU). false: the math path "
+        "that materialises the scores, on every device.")
+    use_fused_rms_norm: bool = _f(False, "Paddle's fused RMSNorm (GPU; reference path elsewhere). No custom op to build.")
+    use_fused_rope: bool = _f(False, "Paddle's fused rotary embedding (GPU; reference path elsewhere).")
+    use_fused_linear_cross_entropy: bool = _f(False, "PaddleNLP's Triton fused LM head + loss.", "ignored")
+    enable_linear_fused_grad_add: bool = _f(False, "PaddleNLP fused linear-grad-add layers.", "ignored")
+    offload_optim: bool = _f(False, "Optimizer state offloaded to host memory between steps.", "ignored")
+    autotuner_benchmark: bool = _f(False, "PaddleNLP autotuner mode.", "ignored")
+    # --- checkpoints
+    save_steps: int = _f(500, "Save output_dir/checkpoint-N every N optimizer steps.")
+    save_total_limit: Optional[int] = _f(None, "Keep at most this many checkpoint-N directories (newest kept).")
+    unified_checkpoint: bool = _f(True, "Checkpoints are always unified (topology-free safetensors) here.", "ignored")
+    unified_checkpoint_config: str = _f("", "PaddleNLP unified-checkpoint options.", "ignored")
+    save_on_each_node: bool = _f(False, "Multi-node saving is done once, by global rank 0.", "ignored")
+    # --- logging
+    logging_steps: int = _f(500, "Log every N optimizer steps.")
+    logging_first_step: bool = _f(False, "Also log after the first step.")
+    logging_dir: Optional[str] = _f(None, "VisualDL directory (None = output_dir/runs).")
+    report_to: Optional[List[str]] = _f(None, "Loggers: visualdl (default), none.")
+    disable_tqdm: Optional[bool] = _f(
+        None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a terminal."
+    )
+    skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line.")
+    log_on_each_node: bool = _f(True, "Only global rank 0 logs here.", "ignored")
+    # --- extensions
+    nan_policy: str = _f(
+        "stop", "Non-finite loss or gradient: stop (save nothing corrupt, report the step) or skip the update.",
+        "extension", choices=("stop", "skip"),
+    )
+    nan_skip_limit: int = _f(5, "With nan_policy skip: stop after this many consecutive skipped steps.", "extension")
+    peak_tflops: Optional[float] = _f(
+        None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU a measured matmul peak).",
+        "extension",
+    )
+    cpu_fused_ops: bool = _f(
+        True, "On CPU: pretrain-cli's fused multi-threaded kernels (RMSNorm, RoPE, causal softmax, SwiGLU, "
+        "cross-entropy), compiled with g++ on first use; false = Paddle's own ops.", "extension",
+    )
+    to_static: bool = _f(False, "Compile the forward with paddle.jit.to_static (SOT); same losses, faster on CPU.", "extension")
+
+
+SECTIONS = (("model", ModelArguments), ("data", DataArguments), ("training", TrainingArguments))

@@ -1,0 +1,231 @@
+"""Flat JSON argument file + `--key value` overrides → the three argument dataclasses.
+
+Precedence: dataclass default < JSON file < command line. Unlike PaddleNLP's JSON → argv →
+argparse round trip, values are typed directly: JSON `null` means None (never the string
+"None"), dicts are rejected for scalar keys, and there are no prefix abbreviations
+(`--max_seq 5` is an unknown key with a did-you-mean suggestion, not `max_seq_length=5`).
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import typing
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
+from pretrain_cli.errors import UserError
+
+_TRUE = {"true", "t", "yes", "y", "1"}
+_FALSE = {"false", "f", "no", "n", "0"}
+
+
+@dataclass
+class KeySpec:
+    name: str
+    section: str
+    base: type  # bool, int, float, str
+    is_list: bool
+    optional: bool
+    default: object
+    help: str
+    support: str
+    choices: tuple | None
+
+
+def _spec_for(section: str, cls) -> list[KeySpec]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        tp = hints[f.name]
+        optional = False
+        if typing.get_origin(tp) is typing.Union:
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            optional, tp = True, args[0]
+        is_list = typing.get_origin(tp) in (list, typing.List)
+        base = typing.get_args(tp)[0] if is_list else tp
+        default = f.default if f.default is not MISSING else f.default_factory()
+        out.append(KeySpec(f.name, section, base, is_list, optional, default,
+                           f.metadata.get("help", ""), f.metadata.get("support", "supported"),
+                           f.metadata.get("choices")))
+    return out
+
+
+KEYS: dict[str, KeySpec] = {s.name: s for sec, cls in SECTIONS for s in _spec_for(sec, cls)}
+
+
+@dataclass
+class Arguments:
+    """The parsed run: three sections plus where each value came from."""
+
+    model: ModelArguments
+    data: DataArguments
+    training: TrainingArguments
+    config_path: str | None
+    explicit: dict  # key -> "file" | "command line"
+
+    def to_dict(self) -> dict:
+        """Flat {key: value}, the same shape as the user's file (written as args.json)."""
+        out = {}
+        for sec, _ in SECTIONS:
+            obj = getattr(self, sec)
+            for f in fields(obj):
+                out[f.name] = getattr(obj, f.name)
+        return out
+
+    def get(self, key: str):
+        return getattr(getattr(self, KEYS[key].section), key)
+
+    def set(self, key: str, value) -> None:
+        setattr(getattr(self, KEYS[key].section), key, value)
+
+
+def _type_name(spec: KeySpec) -> str:
+    name = {bool: "bool (true/false/1/0)", int: "int", float: "float", str: "string"}[spec.base]
+    if spec.is_list:
+        name = f"list of {name}"
+    return f"{name} or null" if spec.optional else name
+
+
+def _unknown(key: str, where: str) -> UserError:
+    close = difflib.get_close_matches(key, KEYS.keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean `{close[0]}`?" if close else "; see docs/COMPATIBILITY.md for the accepted keys"
+    return UserError(f"{where}: unknown key `{key}`{hint}")
+
+
+def _scalar(spec: KeySpec, value, where: str, from_text: bool):
+    """Coerce one scalar (JSON value, or a command-line string when from_text)."""
+    bad = UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {value!r}")
+    base = spec.base
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad
+    if base is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):  # PaddleNLP passes every JSON value through argv, so "100" works there too
+            try:
+                return int(value.strip())
+            except ValueError:
+                try:
+                    f = float(value)
+                except ValueError:
+                    raise bad from None
+                if f.is_integer():
+                    return int(f)
+        raise bad
+    if base is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise bad from None
+        raise bad
+    # str
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # e.g. "split": 949 — PaddleNLP str()s every value
+    raise bad
+
+
+def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
+    if value is None or (from_text and isinstance(value, str) and value == "null"):
+        return None if spec.optional else spec.default
+    if spec.is_list:
+        if isinstance(value, str) and not from_text:
+            value = value.split() if spec.base is not str or " " in value else [value]
+        if not isinstance(value, list):
+            value = [value]
+        return [_scalar(spec, v, where, from_text) for v in value]
+    if isinstance(value, (list, dict)):
+        kind = "a list" if isinstance(value, list) else "an object"
+        raise UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {kind}")
+    out = _scalar(spec, value, where, from_text)
+    if spec.choices and out not in spec.choices:
+        raise UserError(f"{where}: key `{spec.name}` must be one of {', '.join(spec.choices)}; got {out!r}")
+    return out
+
+
+def load_json(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: argument file not found")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the argument file ({e})") from None
+    if not text.strip():
+        raise UserError(f"{path}: the argument file is empty; it must hold one JSON object of keys")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got {type(obj).__name__}")
+    return obj
+
+
+def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """`--k v`, `--k=v`, `--flag`, `--no_flag`, `--k v1 v2` → [(key, [values])]."""
+    out: list[tuple[str, list[str]]] = []
+    for tok in tokens:
+        if tok.startswith("--") and len(tok) > 2:
+            key, eq, val = tok[2:].partition("=")
+            out.append((key.replace("-", "_") if key.replace("-", "_") in KEYS else key, [val] if eq else []))
+        elif out:
+            out[-1][1].append(tok)
+        else:
+            raise UserError(f"command line: unexpected argument {tok!r}; overrides look like --key value")
+    return out
+
+
+def parse_config(config_path: str | None, overrides: list[str] | None = None) -> Arguments:
+    """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file."""
+    values: dict[str, object] = {}
+    explicit: dict[str, str] = {}
+    if config_path is not None:
+        for key, raw in load_json(config_path).items():
+            if key not in KEYS:
+                raise _unknown(key, config_path)
+            values[key] = coerce(KEYS[key], raw, config_path)
+            explicit[key] = "file"
+    for key, raw in split_overrides(overrides or []):
+        where = "command line"
+        if key not in KEYS:
+            if key.startswith("no_") and key[3:] in KEYS and KEYS[key[3:]].base is bool and not raw:
+                values[key[3:]] = False
+                explicit[key[3:]] = where
+                continue
+            raise _unknown(key, where)
+        spec = KEYS[key]
+        if not raw:
+            if spec.base is not bool or spec.is_list:
+                raise UserError(f"{where}: --{key} needs a value ({_type_name(spec)})")
+            value = True
+        elif spec.is_list:
+            value = coerce(spec, raw, where, from_text=True)
+        elif len(raw) > 1:
+            raise UserError(f"{where}: --{key} takes one value, got {len(raw)}: {' '.join(raw)}")
+        else:
+            value = coerce(spec, raw[0], where, from_text=True)
+        values[key] = value
+        explicit[key] = where
+    sections = {}
+    for sec, cls in SECTIONS:
+        kw = {f.name: values[f.name] for f in fields(cls) if f.name in values}
+        sections[sec] = cls(**kw)
+    return Arguments(config_path=config_path, explicit=explicit, **sections)

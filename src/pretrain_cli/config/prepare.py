@@ -1,0 +1,194 @@
+"""Everything decided before Paddle is imported: arguments, run configuration, model, tokenizer, data, resume.
+
+`check` runs exactly this and stops; `train` runs it and hands the `RunSpec` to `training.run`,
+so bad input fails in well under a second and both commands validate the same things. Independent
+checks (the model config, the tokenizer, the token files) all run, and every problem they find is
+reported at once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pretrain_cli import run_dir
+from pretrain_cli.config.parser import Arguments, parse_config
+from pretrain_cli.config.resolve import not_yet_supported, resolve
+from pretrain_cli.config.run_config import RunConfig, Target
+from pretrain_cli.errors import Problems, UserError
+
+
+@dataclass
+class RunSpec:
+    """A prepared run: the resolved configuration plus what it points at, opened and validated."""
+
+    args: Arguments  # kept for the record (args.json) and the list of keys the user set
+    run: RunConfig
+    model_dir: Path
+    model_cfg: object  # models.config.ModelConfig
+    tokenizer_dir: Path | None = None
+    tokenizer: object | None = None
+    splits: object | None = None  # data.DataSplits
+    data_lines: list = field(default_factory=list)
+    resume: Path | None = None  # the checkpoint this run continues from (rank 0's view; ranks agree in training)
+
+    def record(self) -> dict:
+        """What args.json holds: the arguments as written and as resolved."""
+        from pretrain_cli import __version__
+
+        return {"version": __version__, "arguments": self.args.to_dict(), "run": self.run.to_dict(),
+                "notes": list(self.run.notes)}
+
+    def summary(self) -> dict:
+        """`check --json`."""
+        return {**self.record(), "model_dir": str(self.model_dir),
+                "tokenizer_dir": str(self.tokenizer_dir) if self.tokenizer_dir else None,
+                "global_batch_size": self.run.global_batch_size, "tokens_per_step": self.run.tokens_per_step,
+                "total_tokens": self.run.tokens_per_step * max(self.run.loop.max_steps, 0),
+                "resume": str(self.resume) if self.resume else None, "data": list(self.data_lines)}
+
+    def describe(self) -> list[str]:
+        a, r = self.args, self.run
+        lp, cfg = r.loop, self.model_cfg
+        lines = [f"arguments ({a.config_path or 'command line'}):"]
+        lines += [f"  {k} = {json.dumps(v)}" for k, v in a.to_dict().items() if k in a.explicit]
+        lines.append("resolved:")
+        lines += [f"  note: {n}" for n in r.notes]
+        if self.resume is not None:
+            start = f"resumes from {self.resume}"
+        else:
+            start = "pretrained weights" if r.model.continue_training else "random init"
+        lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers, hidden "
+                     f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
+                     f"{cfg.vocab_size}); {start}")
+        lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
+        lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
+                     f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
+                     f"attention {r.kernels.attention}; recompute {r.recompute_granularity or 'off'}")
+        lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {r.parallel.data_world_size} data ranks = "
+                     f"{r.global_batch_size} sequences = {r.tokens_per_step:,} tokens/step; {lp.max_steps} steps = "
+                     f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
+        s = r.schedule
+        sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
+        lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
+        lines += [f"  {line}" for line in self.data_lines]
+        return lines
+
+
+def build_model_config(args: Arguments):
+    """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models.config import ModelConfig
+
+    model_dir = resolve_model_dir(args.model.model_name_or_path)
+    path = model_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON model config ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: must hold a JSON object")
+    if args.model.num_hidden_layers is not None and args.model.num_hidden_layers >= 1:
+        raw["num_hidden_layers"] = args.model.num_hidden_layers
+    cfg = ModelConfig.from_dict(raw, source=str(path))
+    cfg.validate()
+    return model_dir, cfg
+
+
+def _tokenizer(run: RunConfig, model_cfg):
+    from pretrain_cli.config.presets import resolve_tokenizer_dir
+
+    tok_dir = resolve_tokenizer_dir(run.model.tokenizer, run.model.name_or_path)
+    if tok_dir is None:
+        if run.data.sample_mode == "padded":
+            raise UserError("tokenizer_name_or_path: sample_mode 'padded' needs a tokenizer for [BOT]/[EOT]/[PAD]; "
+                            "set tokenizer_name_or_path to a tokenizer directory")
+        return None, None
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_dir)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
+                        f"model's vocab_size is {model_cfg.vocab_size}; use a model config with vocab_size >= "
+                        f"{tok.vocab_size} or a smaller tokenizer")
+    return tok_dir, tok
+
+
+def _data(run: RunConfig, model_cfg, tokenizer):
+    from pretrain_cli.data import build_datasets
+
+    lp, d = run.loop, run.data
+    need = tuple(name for name, flag in (("train", lp.do_train), ("valid", lp.do_eval), ("test", lp.do_predict))
+                 if flag)
+    return build_datasets(input_dir=d.input_dir, split=d.split_text, max_seq_length=d.max_seq_length, seed=lp.seed,
+                          sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
+                          vocab_size=model_cfg.vocab_size)
+
+
+def find_resume(run: RunConfig) -> Path | None:
+    """`resume_from_checkpoint`, else the newest complete `checkpoint-N` of a training run (unless overwritten)."""
+    out = run.output
+    if out.resume_from:
+        path = Path(out.resume_from)
+        if not path.is_dir():
+            raise UserError(f"resume_from_checkpoint: {path} is not a directory")
+        return path
+    if out.overwrite or not run.loop.do_train:
+        return None
+    return run_dir.latest_checkpoint(out.output_dir)
+
+
+def launcher_target() -> Target:
+    """This process as `paddle.distributed.launch` started it, on the device kind this Paddle build runs."""
+    from pretrain_cli import runtime
+    from pretrain_cli.distributed import launch
+
+    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
+                  rank=launch.rank(), local_rank=launch.local_rank())
+
+
+def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments:
+    if config is not None and not config.endswith(".json"):
+        raise UserError(f"{config}: the argument file must be a .json file")
+    return parse_config(config, overrides)
+
+
+def prepare(config: str | None, overrides: list[str] | None, target: Target, open_data: bool = True) -> RunSpec:
+    """Parse, resolve and validate a run for `target`; every problem found is raised together."""
+    from pretrain_cli.models.config import check_seq_len
+
+    args = load_arguments(config, overrides)
+    problems = Problems()
+    built = problems.run(build_model_config, args)
+    if built is None:  # the other checks need the model's shape
+        problems.run(resolve, args, _placeholder_config(), target)
+        problems.raise_if_any()
+    model_dir, model_cfg = built
+    problems.run(check_seq_len, model_cfg, args.data.max_seq_length)
+    run = problems.run(resolve, args, model_cfg, target)
+    if run is None:
+        problems.raise_if_any()
+    for message in not_yet_supported(run):
+        problems.add(message)
+    spec = RunSpec(args, run, model_dir, model_cfg)
+    if run.model.continue_training:
+        from pretrain_cli.models.convert import find_weights
+
+        problems.run(find_weights, model_dir)  # names the directory when there are no weights
+    tok = problems.run(_tokenizer, run, model_cfg)
+    if tok is not None:
+        spec.tokenizer_dir, spec.tokenizer = tok
+    if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
+        spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
+    spec.resume = problems.run(find_resume, run)
+    problems.raise_if_any()
+    if spec.splits is not None:
+        spec.data_lines = spec.splits.describe()
+    return spec
+
+
+def _placeholder_config():
+    """A model shape that passes every check, so argument problems are still found when config.json is broken."""
+    from pretrain_cli.models.config import ModelConfig
+
+    return ModelConfig(num_attention_heads=1, num_key_value_heads=1, intermediate_size=1)

@@ -1,0 +1,294 @@
+"""The only reader of the user's `*Arguments`: every cross-key rule, every derived value, one `RunConfig`.
+
+PaddleNLP spreads these rules over `run_pretrain.py`, `TrainingArguments.__post_init__` and the
+Trainer, and applies several silently (a single-GPU run quietly drops `sharding: stage2`). Here
+every rule runs before any heavy work, every problem is reported (all of them, not the first), and
+every value that differs from what the user wrote comes back as a note that `train` and `check`
+print. `plan` resolves the same file for the devices it is asked about (`Target`), so the
+attention, recompute and sharding decisions it models are the ones `train` makes.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+from pretrain_cli.config.parser import KEYS, Arguments
+from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
+                                            OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
+                                            RunConfig, Schedule, Target)
+from pretrain_cli.data.samples import parse_split
+from pretrain_cli.errors import Problems, UserError
+
+_LIMIT = 2**40  # beyond any sane run; catches typos like 1e20 before they reach numpy sizes
+
+
+def parse_sharding(text: str) -> tuple[int, bool]:
+    stage, offload = 0, False
+    for tok in text.replace(",", " ").split():
+        if tok in ("stage1", "stage2", "stage3"):
+            if stage:
+                raise UserError(f"sharding: {text!r} names more than one stage; pick one of stage1, stage2, stage3")
+            stage = int(tok[-1])
+        elif tok == "offload":
+            offload = True
+        else:
+            raise UserError(f"sharding: unknown option {tok!r}; use stage1, stage2 or stage3, optionally with offload")
+    if offload and stage not in (2, 3):
+        raise UserError(f"sharding: 'offload' needs stage2 or stage3, got {text!r}")
+    return stage, offload
+
+
+def _check_ranges(args: Arguments, problems: Problems) -> None:
+    t, d, m = args.training, args.data, args.model
+    positive = {
+        "per_device_train_batch_size": t.per_device_train_batch_size,
+        "per_device_eval_batch_size": t.per_device_eval_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "max_seq_length": d.max_seq_length,
+        "logging_steps": t.logging_steps,
+        "save_steps": t.save_steps,
+        "eval_iters": t.eval_iters,
+        "nan_skip_limit": t.nan_skip_limit,
+    }
+    for opt in ("eval_steps", "save_total_limit", "decay_steps"):
+        if getattr(t, opt) is not None:
+            positive[opt] = getattr(t, opt)
+    if m.num_hidden_layers is not None:
+        positive["num_hidden_layers"] = m.num_hidden_layers
+    for key, val in positive.items():
+        if val < 1:
+            problems.add(f"{key}: must be >= 1, got {val}")
+        elif val > _LIMIT:
+            problems.add(f"{key}: {val} is out of range (must be <= 2^40)")
+    if d.max_seq_length == 1:
+        problems.add(f"max_seq_length: must be >= 2 tokens, got {d.max_seq_length}")
+    if t.max_steps > _LIMIT:
+        problems.add(f"max_steps: {t.max_steps} is out of range (must be <= 2^40)")
+    for key in ("learning_rate", "min_learning_rate", "weight_decay", "adam_epsilon", "scale_loss"):
+        val = getattr(t, key)
+        if not math.isfinite(val) or val < 0:
+            problems.add(f"{key}: must be a finite number >= 0, got {val}")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(t, key) < 1.0:
+            problems.add(f"{key}: must be in [0, 1), got {getattr(t, key)}")
+    if not 0.0 <= t.warmup_ratio <= 1.0:
+        problems.add(f"warmup_ratio: must be in [0, 1], got {t.warmup_ratio}")
+    if t.warmup_steps < 0:
+        problems.add(f"warmup_steps: must be >= 0, got {t.warmup_steps}")
+    if t.seed < 0 or t.seed >= 2**32:
+        problems.add(f"seed: must be in [0, 2^32), got {t.seed}")
+    if t.dataloader_num_workers < 0:
+        problems.add(f"dataloader_num_workers: must be >= 0, got {t.dataloader_num_workers}")
+    if t.peak_tflops is not None and not (t.peak_tflops > 0 and math.isfinite(t.peak_tflops)):
+        problems.add(f"peak_tflops: must be > 0, got {t.peak_tflops}")
+    if math.isfinite(t.min_learning_rate) and t.min_learning_rate > t.learning_rate:
+        problems.add(f"min_learning_rate: {t.min_learning_rate} is above learning_rate {t.learning_rate}; "
+                     f"lower it or raise learning_rate")
+
+
+def _phases(args: Arguments, problems: Problems) -> tuple:
+    t, d = args.training, args.data
+    if not (t.do_train or t.do_eval or t.do_predict):
+        problems.add("do_train, do_eval, do_predict: all false, so there is nothing to do; set do_train: true")
+    if t.output_dir is None or not str(t.output_dir).strip():
+        problems.add("output_dir: required; set it to the directory for checkpoints and logs")
+    if t.do_train and t.max_steps <= 0:
+        problems.add(f"max_steps: must be > 0 (it sets the length of the run), got {t.max_steps}")
+    if d.input_dir is None and (t.do_train or t.do_eval or t.do_predict):
+        problems.add("input_dir: required; point it at a directory of .bin/.idx token files "
+                     "(make them with `pretrain-cli preprocess`)")
+    split = problems.run(parse_split, d.split)
+    if split is None:
+        return (1.0, 0.0, 0.0)
+    for phase, flag, share, want in (("train", t.do_train, split[0], "do_train"),
+                                     ("valid", t.do_eval, split[1], "do_eval"),
+                                     ("test", t.do_predict, split[2], "do_predict")):
+        if flag and share == 0:
+            problems.add(f"split: {d.split!r} gives the {phase} split a share of 0 but {want} is true; "
+                         f"give it a share or set {want}: false")
+    return tuple(split)
+
+
+def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
+    t = args.training
+    max_steps = max(t.max_steps, 1)
+    if t.warmup_steps > 0:
+        warmup = t.warmup_steps
+        if t.warmup_ratio > 0:
+            notes.append(f"warmup: warmup_steps={t.warmup_steps} wins over warmup_ratio={t.warmup_ratio}")
+    else:
+        warmup = math.ceil(t.warmup_ratio * max_steps)
+        if t.warmup_ratio > 0:
+            notes.append(f"warmup: {warmup} steps = ceil(warmup_ratio {t.warmup_ratio} x max_steps {max_steps})")
+    decay = t.decay_steps if t.decay_steps is not None else max_steps
+    inputs_valid = t.max_steps > 0 and 0 <= t.warmup_ratio <= 1 and (t.decay_steps is None or t.decay_steps >= 1)
+    if inputs_valid and decay < warmup:  # (a bad input is reported once, not again as this consequence)
+        problems.add(f"decay_steps: {decay} ends before warmup ({warmup} steps) is over; "
+                     f"raise decay_steps/max_steps or shorten warmup")
+    if t.lr_scheduler_type == "constant":
+        warmup = 0
+    return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
+
+
+def _precision(args: Arguments, device: str, notes: list, problems: Problems) -> Precision:
+    t = args.training
+    if t.fp16 and t.bf16:
+        problems.add("fp16, bf16: both are true; choose one precision")
+    want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
+    if want and device == "cpu":
+        notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
+                     f"matmul kernels); the run stays fp32")
+        want = None
+    if t.amp_master_grad and want is None:
+        notes.append("amp_master_grad: ignored without fp16/bf16 mixed precision")
+    return Precision(want, t.fp16_opt_level if want else "O1", bool(t.amp_master_grad and want), t.scale_loss,
+                     tuple(t.amp_custom_black_list or ()), tuple(t.amp_custom_white_list or ()))
+
+
+def _kernels(args: Arguments, target: Target, precision: Precision, notes: list) -> KernelConfig:
+    """`use_flash_attention` decides memory-light vs materialised attention on every device."""
+    t, gpu = args.training, target.device == "gpu"
+    attention = "flash" if t.use_flash_attention else "math"
+    if attention == "flash" and gpu and not precision.enabled:
+        notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
+        attention = "math"
+    if attention == "flash" and gpu and target.gpu_name:
+        from pretrain_cli.planning.hardware import lookup
+
+        dev = lookup(target.gpu_name)
+        if dev is not None and dev.bf16_tflops is None:
+            notes.append(f"use_flash_attention: {dev.name} predates Ampere (no flash-attn-2); the math path runs")
+            attention = "math"
+    assert attention in ATTENTION_PATHS
+    return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
+                        rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
+                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static)
+
+
+def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,
+              problems: Problems) -> ParallelConfig:
+    t, world = args.training, target.world_size
+    stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
+    tp, pp = max(t.tensor_parallel_degree, 1), max(t.pipeline_parallel_degree, 1)
+    sep, cp = max(t.sep_parallel_degree, 1), max(t.context_parallel_degree, 1)
+    if world == 1:
+        dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
+                                           ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
+        if stage:
+            dropped.append(f"sharding={t.sharding!r}")
+        if dropped:
+            notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
+        return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
+    for key, val, instead in (("pipeline_parallel_degree", pp, "sharding: stage3 or tensor_parallel_degree"),
+                              ("sep_parallel_degree", sep, "tensor_parallel_degree"),
+                              ("context_parallel_degree", cp, "tensor_parallel_degree")):
+        if val > 1:
+            problems.add(f"{key}: {val} is not supported; set it to 1 and use {instead} to split a large model")
+    if (t.sequence_parallel or t.virtual_pp_degree > 1) and tp == 1:
+        notes.append("sequence_parallel / virtual_pp_degree: only meaningful with tensor / pipeline parallelism; "
+                     "ignored")
+    if world % tp:
+        problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
+        tp = 1
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if tp > 1 and getattr(model_cfg, name) % tp:
+            problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
+                         f"({getattr(model_cfg, name)}); use a divisor of it")
+    rest = world // tp
+    sharding = 1
+    if stage:
+        sharding = rest if t.sharding_parallel_degree in (-1, 0) else t.sharding_parallel_degree
+        if sharding < 1 or rest % sharding:
+            problems.add(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel processes "
+                         f"(world {world} / tp {tp}); use a divisor or -1")
+            sharding = 1
+        elif sharding == 1:
+            notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
+    if offload and target.device == "cpu":
+        notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
+                     "no effect")
+        offload = False
+    return ParallelConfig(world_size=world, rank=target.rank, local_rank=target.local_rank,
+                          dp_degree=rest // sharding, sharding_degree=sharding,
+                          sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
+                          tp_degree=tp, pp_degree=1)
+
+
+def not_yet_supported(run: RunConfig) -> list[str]:
+    """Layouts `plan` can model but `train` cannot run yet (one message each)."""
+    p, out = run.parallel, []
+    if p.tp_degree > 1:
+        out.append(f"tensor_parallel_degree: {p.tp_degree} is not supported yet; use sharding: stage1 "
+                   f"or set it to 1")
+    if p.zero_stage in (2, 3):
+        out.append(f"sharding: stage{p.zero_stage} is not supported yet (clipping and checkpoints need the sharded "
+                   f"gradients and optimizer state gathered); use sharding: stage1")
+    if p.zero_stage and run.precision.loss_scaling:
+        out.append("fp16: loss scaling together with sharding is not supported yet; use bf16 (no loss scaler "
+                   "needed) or plain data parallel (sharding: '')")
+    return out
+
+
+def _cpu_layout_note(args: Arguments, device: str, world: int, notes: list) -> None:
+    cores = os.cpu_count() or 1
+    t = args.training
+    if device == "cpu" and world == 1 and cores > 1 and t.do_train and not t.cpu_fused_ops:
+        # Paddle's own CPU element-wise ops use one thread: only more processes use the other cores.
+        # With the fused kernels (the default) one process with every core is the faster layout.
+        notes.append(f"cpu: with cpu_fused_ops false, one process per core trains ~1.3-1.5x faster than one "
+                     f"process with {cores} threads (docs/PERFORMANCE.md): python -m paddle.distributed.launch "
+                     f"--nproc_per_node {cores} scripts/run_pretrain.py <cfg> (divide per_device_train_batch_size "
+                     f"by {cores} to keep the global batch)")
+
+
+def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
+    """Validate every cross-key rule and decide every derived value; all problems raise together."""
+    problems, notes = Problems(), []
+    t, d, m = args.training, args.data, args.model
+    _check_ranges(args, problems)
+    split = _phases(args, problems)
+    schedule = _schedule(args, notes, problems)
+    device = t.device
+    if target.planned:
+        if t.device != target.device:
+            notes.append(f"device: the file says {t.device!r}; planning for {target.device} as --device asks")
+        device = target.device
+    elif t.device == "gpu" and target.device != "gpu":
+        device = "cpu"
+        notes.append("device: gpu requested but this Paddle has no GPU build; running on cpu "
+                     "(install paddlepaddle-gpu for GPUs, or set device: cpu to silence this)")
+    precision = _precision(args, device, notes, problems)
+    here = replace(target, device=device)
+    kernels = _kernels(args, here, precision, notes)
+    parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
+                          tuple(t.no_recompute_layers or ())) if t.recompute else None
+    eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps
+    if t.do_eval and t.eval_steps is None:
+        notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
+    _cpu_layout_note(args, device, target.world_size, notes)
+    for key in args.explicit:  # accepted for compatibility but without effect here
+        spec = KEYS[key]
+        if spec.support == "ignored" and args.get(key) != spec.default:
+            notes.append(f"{key}: accepted but has no effect here: {spec.help}")
+    problems.raise_if_any()
+    loop = Loop(do_train=t.do_train, do_eval=t.do_eval, do_predict=t.do_predict, max_steps=t.max_steps,
+                micro_batch=t.per_device_train_batch_size, grad_accum=t.gradient_accumulation_steps,
+                eval_batch=t.per_device_eval_batch_size, eval_iters=t.eval_iters, eval_steps=eval_steps,
+                logging_steps=t.logging_steps, logging_first_step=t.logging_first_step, save_steps=t.save_steps,
+                save_total_limit=t.save_total_limit, seed=t.seed, nan_policy=t.nan_policy,
+                nan_skip_limit=t.nan_skip_limit, prefetch=t.dataloader_num_workers,
+                ignore_data_skip=t.ignore_data_skip,
+                progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
+                memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops)
+    return RunConfig(
+        device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
+        schedule=schedule,
+        optimizer=OptimizerConfig(t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay, t.max_grad_norm),
+        loop=loop,
+        data=DataConfig(d.input_dir, split, str(d.split), d.max_seq_length, d.sample_mode, d.data_cache),
+        model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
+        output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
+                      tuple(t.report_to or ("visualdl",))),
+        notes=tuple(notes))

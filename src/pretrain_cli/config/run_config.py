@@ -1,0 +1,272 @@
+"""The resolved run configuration: every decision about a run, made once, by `config.resolve`.
+
+Everything below the config layer (training, planning, distributed, models, ops, data) reads
+these frozen objects, never the user's `*Arguments`. `plan`, `check` and `train` all build the
+same `RunConfig` from the same file, so what `plan` models (attention path, recompute, sharding)
+is by construction what `train` runs. Kernel and parallel choices live here, never on the model's
+architecture config (PaddleNLP's `LlmMetaConfig` copies 19 such flags onto it).
+No Paddle import: `check` and `plan` use this module without paying for one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+ATTENTION_PATHS = ("flash", "math")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the run executes: this process's launcher world, or the devices `plan` is asked about.
+
+    `gpu_name` names a hardware-table entry when it is known before Paddle starts (always for
+    `plan`, never for `train`, which learns its GPU only after import). `planned`: the devices are
+    the ones `plan` was asked about, so they win over the file's `device` key.
+    """
+
+    device: str = "cpu"  # "cpu" | "gpu"
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    gpu_name: str | None = None
+    planned: bool = False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Warmup, then linear/cosine decay to `min_lr` at `decay_steps`; a pure function of the step.
+
+    Step t is the optimizer step about to run, counted from 1 (PaddleNLP steps its scheduler once at
+    construction, so its first step uses `learning_rate / warmup`, not 0). A resumed run recomputes the
+    rate from the step alone: there is no scheduler state to save.
+    """
+
+    kind: str = "linear"  # linear | cosine | constant | constant_with_warmup
+    max_lr: float = 5e-5
+    min_lr: float = 1e-5
+    warmup_steps: int = 0
+    decay_steps: int = 1
+
+    def lr_at(self, t: int) -> float:
+        w, s = self.warmup_steps, self.decay_steps
+        if w > 0 and t <= w:
+            return self.max_lr * t / w
+        if self.kind in ("constant", "constant_with_warmup"):
+            return self.max_lr
+        if t > s:
+            return self.min_lr
+        r = (t - w) / max(1, s - w)
+        if self.kind == "linear":
+            return self.min_lr + (1.0 - r) * (self.max_lr - self.min_lr)
+        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * r)) * (self.max_lr - self.min_lr)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # <= 0: no clipping
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Mixed precision as it will run (fp32 on CPU whatever the file asked; the notes say so)."""
+
+    amp_dtype: str | None = None  # "bfloat16" | "float16" | None = fp32
+    level: str = "O1"  # O1: autocast over fp32 weights; O2: half weights + fp32 master weights
+    master_grad: bool = False
+    loss_scale: float = 32768.0
+    black_list: tuple = ()
+    white_list: tuple = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.amp_dtype is not None
+
+    @property
+    def loss_scaling(self) -> bool:
+        """fp16 needs a loss scaler; bf16 has fp32's range and does not."""
+        return self.amp_dtype == "float16"
+
+    @property
+    def master_weights(self) -> bool:
+        return self.enabled and self.level == "O2"
+
+    @property
+    def param_dtype(self) -> str:
+        """The dtype the weights are held (and saved) in."""
+        return self.amp_dtype if self.master_weights else "float32"
+
+    @property
+    def compute_bytes(self) -> int:
+        return 2 if self.enabled else 4
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What the run asks of the kernels; `ops.kernels.select` maps it to what the device can run.
+
+    `attention`: "flash" is the memory-light path that never holds the `[b, heads, s, s]` scores
+    (flash-attn on GPU, the fused block-causal kernel on CPU); "math" materialises them on every
+    device. That is the meaning PaddleNLP users rely on when memory runs out.
+    """
+
+    attention: str = "flash"  # one of ATTENTION_PATHS
+    rms_norm: str = "reference"  # "fused" | "reference"
+    rope: str = "reference"
+    swiglu: str = "reference"
+    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
+    to_static: bool = False
+
+
+@dataclass(frozen=True)
+class Recompute:
+    granularity: str = "full"  # one of models.recompute.GRANULARITIES
+    use_reentrant: bool = False
+    skip_layers: tuple = ()
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic, REFERENCE §7.3).
+
+    Ranks are laid out data-major, tensor-parallel-minor: rank = data_rank × tp + tp_rank, so the
+    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r.
+    """
+
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    dp_degree: int = 1
+    sharding_degree: int = 1
+    sharding_stage: int = 0  # 0 = off, 1, 2, 3 (only set when sharding_degree > 1)
+    offload: bool = False
+    tp_degree: int = 1
+    pp_degree: int = 1
+
+    @property
+    def data_world_size(self) -> int:
+        """Ranks that read different data: dp × sharding (tensor-parallel ranks share batches)."""
+        return self.dp_degree * self.sharding_degree
+
+    @property
+    def data_rank(self) -> int:
+        return self.rank // (self.tp_degree * self.pp_degree)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_degree
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage that actually shards something (0 when there is nothing to shard over)."""
+        return self.sharding_stage if self.sharding_degree > 1 else 0
+
+    def describe(self) -> str:
+        parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
+        if self.zero_stage:
+            parts.append(f"sharding stage{self.zero_stage} x{self.sharding_degree}"
+                         f"{' offload' if self.offload else ''}")
+        if self.tp_degree > 1:
+            parts.append(f"tp {self.tp_degree}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The training loop's own settings."""
+
+    do_train: bool = True
+    do_eval: bool = False
+    do_predict: bool = False
+    max_steps: int = 1
+    micro_batch: int = 8
+    grad_accum: int = 1
+    eval_batch: int = 8
+    eval_iters: int = 10
+    eval_steps: int = 1
+    logging_steps: int = 1
+    logging_first_step: bool = False
+    save_steps: int = 500
+    save_total_limit: int | None = None
+    seed: int = 42
+    nan_policy: str = "stop"  # stop | skip
+    nan_skip_limit: int = 5
+    prefetch: int = 0  # batches read ahead by a thread (dataloader_num_workers)
+    ignore_data_skip: bool = False
+    progress_bar: bool | None = None  # None: on a terminal only
+    memory_metrics: bool = False
+    peak_tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    input_dir: str | None = None
+    split: tuple = (0.949, 0.05, 0.001)  # train/valid/test fractions
+    split_text: str = "949,50,1"  # as written (shown in messages)
+    max_seq_length: int = 1024
+    sample_mode: str = "packed"  # packed | padded
+    data_cache: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name_or_path: str = "tiny-qwen2"
+    tokenizer: str | None = None
+    continue_training: bool = False
+    num_hidden_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    output_dir: str = "output"
+    overwrite: bool = False
+    resume_from: str | None = None
+    logging_dir: str | None = None
+    report_to: tuple = ("visualdl",)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run, resolved: the only object the layers below `config/` read."""
+
+    device: str
+    precision: Precision
+    kernels: KernelConfig
+    parallel: ParallelConfig
+    recompute: Recompute | None
+    schedule: Schedule
+    optimizer: OptimizerConfig
+    loop: Loop
+    data: DataConfig
+    model: ModelSource
+    output: Output
+    notes: tuple = field(default=(), compare=False)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.loop.micro_batch * self.loop.grad_accum * self.parallel.data_world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.data.max_seq_length
+
+    @property
+    def recompute_granularity(self) -> str | None:
+        return self.recompute.granularity if self.recompute else None
+
+    def to_dict(self) -> dict:
+        """JSON-ready (args.json, `check --json`); the notes are listed separately."""
+        d = asdict(self)
+        d.pop("notes")
+        return d

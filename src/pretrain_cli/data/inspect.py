@@ -1,0 +1,88 @@
+"""What is in a token file pair, and which samples training sees at a given step (behind `inspect-data`).
+
+Opening the pair runs every structural check (magic, version, dtype, sizes vs file
+length, pointer monotonicity), so "it opens" already means "it is well-formed".
+"""
+from __future__ import annotations
+
+
+import numpy as np
+
+from pretrain_cli.errors import UserError
+
+_CHUNK = 1 << 20
+
+
+def summarize(ds, tokenizer=None) -> dict:
+    """Counts, document length statistics and a log2 length histogram."""
+    doc_idx = np.asarray(ds.doc_idx, dtype=np.int64)
+    sizes = np.asarray(ds.sizes, dtype=np.int64)
+    seq_start = np.concatenate(([0], np.cumsum(sizes)))  # [N+1] element offset of each sequence
+    doc_len = seq_start[doc_idx[1:]] - seq_start[doc_idx[:-1]]  # [documents] tokens per document
+    hist: dict[str, int] = {}
+    if doc_len.size:
+        buckets = np.floor(np.log2(np.maximum(doc_len, 1))).astype(np.int64)
+        for b, c in zip(*np.unique(buckets, return_counts=True)):
+            hist[f"{2 ** int(b)}-{2 ** (int(b) + 1) - 1}"] = int(c)
+    out = {
+        "prefix": ds.prefix, "format": ds.format, "dtype": ds.dtype.name,
+        "documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens,
+        "max_token_id": ds.max_token_id(),
+        "doc_length": {"min": int(doc_len.min()), "mean": float(doc_len.mean()), "max": int(doc_len.max())},
+        "length_histogram": hist, "loss_mask": ds.loss_mask is not None,
+    }
+    if tokenizer is not None:
+        out["vocab_size"] = tokenizer.vocab_size
+        eos = tokenizer.eos_token_id
+        if eos is not None:
+            nonempty = doc_len > 0
+            last = seq_start[doc_idx[1:]][nonempty] - 1  # element index of each document's last token
+            ends = sum(int((np.asarray(ds.data[last[s : s + _CHUNK]]) == eos).sum()) for s in range(0, last.size, _CHUNK))
+            out["eos_rate"] = ends / max(1, int(nonempty.sum()))
+    return out
+
+
+def check_vocab(ds, tokenizer, tokenizer_dir: str) -> None:
+    max_id = ds.max_token_id()
+    if max_id >= tokenizer.vocab_size:
+        raise UserError(f"{ds.prefix}.bin: max token id {max_id} >= vocab size {tokenizer.vocab_size} of {tokenizer_dir}; "
+                        "the file was made with another tokenizer: re-run preprocess with this one")
+
+
+def first_sample(step: int, batch: int, skipped_batches=()) -> int:
+    """The first global sample of optimizer step `step` (1-based): step k takes the k-th batch of `batch`
+    samples that was not skipped (a non-finite step consumes its batch without counting as a step)."""
+    first = (step - 1) * batch
+    for s in sorted(skipped_batches):
+        if s <= first:
+            first += batch
+    return first
+
+
+def describe_step(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
+                  decode_chars: int = 120, skipped_batches=()) -> list[str]:
+    """Samples and hashes of optimizer step `step` (1-based, as logged): step k consumes the global
+    samples [first, first + B), B = micro_bs*dp_size*acc (`first_sample`); micro-step m on rank r
+    takes its slice."""
+    from pretrain_cli.data.loader import batch_hash, micro_batch
+
+    if step < 1:
+        raise UserError(f"--step: {step} must be >= 1 (steps are counted from 1, as in the training log)")
+    g = micro_bs * dp_size
+    first = first_sample(step, g * acc, skipped_batches)
+    lines = [f"step {step}: global samples [{first}, {first + g * acc}) (micro_bs {micro_bs} x dp {dp_size} x acc {acc}"
+             f"{f'; after {len(skipped_batches)} skipped batches' if skipped_batches else ''})"]
+    for m in range(acc):
+        consumed = first + m * g
+        whole = micro_batch(dataset, consumed, g, 0, 1)
+        lines.append(f"  micro-step {m}: samples [{consumed}, {consumed + g}) global hash {batch_hash(whole)}")
+        for r in range(dp_size):
+            part = micro_batch(dataset, consumed, micro_bs, r, dp_size)
+            lines.append(f"    rank {r}: samples [{consumed + r * micro_bs}, {consumed + (r + 1) * micro_bs}) "
+                         f"hash {batch_hash(part)}")
+            if tokenizer is not None:
+                text = tokenizer.decode(part["input_ids"][0])[:decode_chars]
+                lines.append(f"      first sample: {text!r}")
+    return lines
+
+

@@ -1,0 +1,130 @@
+"""Scalar collectives and rank-0 rounds: what the loop needs to agree across processes.
+
+`Comm` for several processes, `NoComm` for one, with the same methods, so the trainer has one code
+path. Scalars are all-reduced as float64 with SUM then divided (gloo has no AVG). Rank-0-only work
+(a save) never keeps the other ranks inside a gloo collective, whose hard 30 s timeout a slow save
+would trip: they wait on the launcher's TCP store instead (`wait_for_rank0`, docs/DISTRIBUTED.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from pretrain_cli.errors import UserError
+
+_KEY = "pretrain_cli"
+
+
+class NoComm:
+    """One process: every agreement is with itself."""
+
+    rank, world = 0, 1
+
+    def sum(self, value: float) -> float:
+        return value
+
+    def mean(self, value: float) -> float:
+        return value
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def agree_on_resume(self, mine: Path | None) -> Path | None:
+        return mine
+
+    def rank0_done(self, ok: bool = True) -> None:
+        pass
+
+    def wait_for_rank0(self, what: str, timeout: float | None = None) -> None:
+        pass
+
+
+class Comm(NoComm):
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self._rounds = 0
+
+    def _reduce(self, value: float, op) -> float:
+        import paddle
+        import paddle.distributed as dist
+
+        t = paddle.to_tensor([float(value)], dtype="float64")
+        dist.all_reduce(t, op=op)
+        return float(t.numpy()[0])
+
+    def sum(self, value: float) -> float:
+        import paddle.distributed as dist
+
+        return self._reduce(value, dist.ReduceOp.SUM)
+
+    def mean(self, value: float) -> float:
+        return self.sum(value) / self.world
+
+    def any(self, flag: bool) -> bool:
+        """All ranks stop at the same step, or none does (a stop on one rank alone would hang the rest)."""
+        import paddle.distributed as dist
+
+        return self._reduce(1.0 if flag else 0.0, dist.ReduceOp.MAX) > 0
+
+    # ------------------------------------------------------------------ through the launcher's TCP store
+    def _store(self):
+        from paddle.base import core
+
+        return core.create_or_get_global_tcp_store()
+
+    def agree_on_resume(self, mine: Path | None) -> Path | None:
+        """Rank 0 picks the checkpoint to resume from; the others take the same one (or fail clearly)."""
+        if self.rank == 0:
+            self._store().set(f"{_KEY}/resume", (str(mine) if mine is not None else "").encode())
+            return mine
+        chosen = bytes(self._store().get(f"{_KEY}/resume")).decode()
+        if not chosen:
+            return None
+        path = Path(chosen)
+        if not path.is_dir():
+            raise UserError(f"rank {self.rank}: rank 0 resumes from {path}, which this node cannot see; put "
+                            f"output_dir on a file system shared by all nodes")
+        return path
+
+    def rank0_done(self, ok: bool = True) -> None:
+        """Rank 0: the rank-0-only work of this round (a save) is over."""
+        self._rounds += 1
+        self._store().add(f"{_KEY}/save/{self._rounds}", 1 if ok else -(10**6))
+
+    def wait_for_rank0(self, what: str, timeout: float | None = None) -> None:
+        """Other ranks: poll the TCP store (not a gloo collective: no 30 s limit) until rank 0 is done."""
+        self._rounds += 1
+        key = f"{_KEY}/save/{self._rounds}"
+        timeout = timeout or float(os.environ.get("PRETRAIN_CLI_RANK0_TIMEOUT", "3600"))
+        store, start, delay = self._store(), time.monotonic(), 0.05
+        while True:
+            try:
+                value = store.add(key, 0)
+            except Exception as e:  # the store lives in rank 0's process: rank 0 is gone
+                raise UserError(f"rank {self.rank}: lost rank 0 while it was {what} ({e}); see workerlog.0") from None
+            if value > 0:
+                return
+            if value < 0:
+                raise UserError(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
+            if time.monotonic() - start > timeout:
+                raise UserError(f"rank {self.rank}: rank 0 has been {what} for more than {timeout:.0f} s; "
+                                f"raise PRETRAIN_CLI_RANK0_TIMEOUT if that is expected")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def build_comm(parallel) -> NoComm:
+    return Comm(parallel.rank, parallel.world_size) if parallel.distributed else NoComm()
+
+
+@contextlib.contextmanager
+def rank0_round(comm: NoComm):
+    """Rank 0's side of `wait_for_rank0`: tell the waiting ranks it finished, or that it failed."""
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        comm.rank0_done(ok)

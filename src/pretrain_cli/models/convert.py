@@ -1,0 +1,255 @@
+"""The only module that knows HF/PaddleNLP checkpoint names and layouts.
+
+Our parameter names already equal HF's, so HF ⇄ ours is a transpose of every 2-D Linear
+weight (Paddle `[in, out]`, HF `[out, in]`) plus dropping/ignoring `lm_head.weight` when tied.
+PaddleNLP checkpoints use `llama.`/`qwen2.` instead of `model.` and keep Paddle's `[in, out]`.
+Never a RoPE permutation: both sides use the rotate-half layout.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.families import FAMILIES
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+PADDLENLP_PREFIXES = tuple(f.paddlenlp_prefix for f in FAMILIES.values())
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old HF Llama checkpoints store this buffer
+
+
+def linear_weight_names(model) -> set[str]:
+    """Structured names of Linear weights: the tensors whose HF layout is transposed."""
+    import paddle.nn as nn
+
+    return {f"{name}.weight" for name, layer in model.named_sublayers() if isinstance(layer, nn.Linear)}
+
+
+def hf_param_names(model) -> dict[str, tuple[str, bool]]:
+    """Structured parameter name → (HF tensor name, transposed in HF layout?).
+
+    The checkpoint module keys optimizer state by these names so it survives a rebuild.
+    """
+    linear = linear_weight_names(model)
+    return {name: (name, name in linear) for name, _ in model.named_parameters()}
+
+
+def hf_state_dict(model, dtype: str | None = None) -> dict:
+    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied."""
+    import paddle
+
+    out = {}
+    params = dict(model.named_parameters())
+    for name, (hf_name, transpose) in hf_param_names(model).items():
+        t = params[name].detach()
+        if transpose:
+            t = paddle.transpose(t, [1, 0])  # [out, in]
+        if dtype is not None and str(t.dtype).split(".")[-1] != dtype:
+            t = t.astype(dtype)
+        out[hf_name] = t.contiguous() if hasattr(t, "contiguous") else t
+    return out
+
+
+def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict: bool = True) -> None:
+    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
+    import paddle
+
+    params = dict(model.named_parameters())
+    names = hf_param_names(model)
+    tied = model.lm_head is None
+    tensors = {k: v for k, v in tensors.items()
+               if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
+    expected = {hf: ours for ours, (hf, _) in names.items()}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if strict and missing:
+        raise UserError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); "
+                        f"the checkpoint does not match config.json")
+    if strict and unexpected:
+        raise UserError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
+                        f"total); the checkpoint does not match config.json")
+    for hf_name, ours in expected.items():
+        if hf_name not in tensors:
+            continue
+        p = params[ours]
+        transpose = names[ours][1]
+        want = list(reversed(p.shape)) if transpose else list(p.shape)
+        t = tensors[hf_name]
+        kind = str(t.dtype).split(".")[-1]
+        if not any(f in kind for f in ("float", "bfloat")):
+            raise UserError(f"{source}: tensor {hf_name!r} has dtype {kind}, weights must be floating point; "
+                            f"the file is not a model checkpoint (or is damaged)")
+        found = list(t.shape)
+        if found != want:
+            raise UserError(f"{source}: tensor {hf_name!r} has shape {found} but config.json implies {want}; "
+                            f"use the config.json that belongs to these weights")
+        if not isinstance(t, paddle.Tensor):
+            t = paddle.to_tensor(np.ascontiguousarray(t))
+        if transpose:
+            t = paddle.transpose(t, [1, 0])  # [in, out]
+        p.set_value(t.astype(p.dtype))
+
+
+# ---------------------------------------------------------------- files
+def find_weights(src_dir) -> list[str]:
+    """The safetensors files of a model directory; UserError naming the directory if there are none."""
+    src_dir = str(src_dir)
+    index = os.path.join(src_dir, INDEX_FILE)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map")
+        except (OSError, ValueError, AttributeError) as e:
+            raise UserError(f"{index}: unreadable shard index ({e}); re-create it or point to another "
+                            f"checkpoint") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v and os.path.basename(v) == v
+                                                       for v in weight_map.values()):
+            raise UserError(f"{index}: `weight_map` must map tensor names to shard file names in this directory; "
+                            f"re-create it or point to another checkpoint")
+        files = sorted(set(weight_map.values()))
+        return [os.path.join(src_dir, f) for f in files]
+    single = os.path.join(src_dir, SINGLE_FILE)
+    if os.path.isfile(single):
+        return [single]
+    found = sorted(glob.glob(os.path.join(src_dir, "*.safetensors")))
+    if found:
+        return found
+    raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
+
+
+def read_safetensors(src_dir: str) -> dict:
+    """All tensors of a (possibly sharded) checkpoint as Paddle tensors (lazy mmap; bf16 fine)."""
+    from safetensors.paddle import load_file
+
+    tensors = {}
+    for path in find_weights(src_dir):
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: shard listed in {INDEX_FILE} is missing; copy it back or point to another "
+                            f"checkpoint")
+        try:
+            tensors.update(load_file(path))
+        except Exception as e:  # safetensors raises SafetensorError / OSError for damaged or truncated files
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"{path}: not a readable safetensors file ({reason}); it is damaged or truncated: "
+                            f"re-create it, or resume from another checkpoint") from None
+    return tensors
+
+
+def _from_paddlenlp(tensors: dict, model) -> dict:
+    """PaddleNLP names/layout → HF names/layout, so one loader checks everything."""
+    linear = linear_weight_names(model)
+    out = {}
+    for k, v in tensors.items():
+        for prefix in PADDLENLP_PREFIXES:
+            if k.startswith(prefix):
+                k = "model." + k[len(prefix):]
+                break
+        if k in linear and len(v.shape) == 2:
+            v = v.transpose([1, 0])  # [out, in]
+        out[k] = v
+    return out
+
+
+def detect_layout(tensors: dict) -> str:
+    """"paddlenlp" if any name carries PaddleNLP's family prefix, else "hf"."""
+    return "paddlenlp" if any(k.startswith(PADDLENLP_PREFIXES) for k in tensors) else "hf"
+
+
+def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
+    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
+    tensors = read_safetensors(src_dir)
+    layout = detect_layout(tensors)
+    if layout == "paddlenlp":
+        tensors = _from_paddlenlp(tensors, model)
+    load_hf_state_dict(model, tensors, source=src_dir)
+    return layout
+
+
+def load_pretrained(path: str, kernels=None):
+    """(model, cfg) from a directory with config.json + safetensors."""
+    from pretrain_cli.models import build_model
+
+    cfg = ModelConfig.from_file(path)
+    model = build_model(cfg, kernels)
+    load_weights(model, cfg, path)
+    return model, cfg
+
+
+def has_weights(model_dir) -> bool:
+    """Whether a directory holds weights at all (a preset or a bare config.json does not)."""
+    model_dir = str(model_dir)
+    return os.path.isfile(os.path.join(model_dir, INDEX_FILE)) or bool(glob.glob(os.path.join(model_dir, "*.safetensors")))
+
+
+def load_for_inference(model_dir, cfg: ModelConfig, seed: int):
+    """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when
+    it has none (a preset). A directory with weights that cannot be read is an error, never a random init."""
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import build_model
+
+    weights = has_weights(model_dir)
+    if weights:
+        find_weights(model_dir)  # a damaged index fails here, before the model is built
+    paddle.seed(seed)
+    model = build_model(cfg)
+    if weights:
+        load_weights(model, cfg, str(model_dir))
+    return model, ("trained weights" if weights else f"random init (seed {seed})")
+
+
+# ---------------------------------------------------------------- saving
+def _nbytes(t) -> int:
+    return int(np.prod(t.shape)) * (2 if "16" in str(t.dtype) else 4 if "32" in str(t.dtype) else 8)
+
+
+def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write an HF-loadable directory: safetensors (sharded above `max_shard_bytes`), config, generation config."""
+    from safetensors.paddle import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = hf_state_dict(model, dtype=dtype)
+    shards, cur, cur_bytes = [], {}, 0
+    for name, t in tensors.items():
+        if cur and cur_bytes + _nbytes(t) > max_shard_bytes:
+            shards.append(cur)
+            cur, cur_bytes = {}, 0
+        cur[name] = t
+        cur_bytes += _nbytes(t)
+    shards.append(cur)
+    n = len(shards)
+    files = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    for fname, shard in zip(files, shards):
+        path = os.path.join(out_dir, fname)
+        tmp = atomic.tmp_path(path)
+        try:
+            save_file(shard, str(tmp), metadata={"format": "pt"})
+        except BaseException:  # disk full etc.: no partial file left behind (the caller reports the error)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        atomic.publish_file(tmp, path)
+    index_path = os.path.join(out_dir, INDEX_FILE)
+    if n > 1:
+        weight_map = {name: fname for fname, shard in zip(files, shards) for name in shard}
+        atomic.write_json(index_path, {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
+                                 "weight_map": weight_map})
+    # stale weights from an earlier save with different sharding would be picked up by loaders
+    for old in glob.glob(os.path.join(out_dir, "model*.safetensors*")):
+        if os.path.basename(old) not in files and not (n > 1 and old == index_path):
+            os.remove(old)
+    atomic.write_json(os.path.join(out_dir, "config.json"), cfg.to_hf_dict(dtype=dtype))
+    gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
+    if cfg.pad_token_id is not None:
+        gen["pad_token_id"] = cfg.pad_token_id
+    atomic.write_json(os.path.join(out_dir, "generation_config.json"), gen)
+    return files

@@ -1,0 +1,31 @@
+"""Model-family facts in one table: which biases exist, the HF class name, PaddleNLP's parameter prefix.
+
+The model code (`decoder.CausalLM`), the FLOP/parameter counts (`flops`), the config reader
+(`config`) and checkpoint conversion (`convert`) all read this table, so adding a family is one
+entry here plus whatever new layer it needs. No Paddle import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str  # HF config.json `model_type`
+    architecture: str  # HF class written to config.json `architectures`
+    paddlenlp_prefix: str  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
+    biases: Callable  # cfg -> (q/k/v bias, o_proj bias, MLP bias)
+
+
+FAMILIES = {f.model_type: f for f in (
+    # HF `attention_bias` puts a bias on q/k/v *and* o; `mlp_bias` on gate/up/down
+    Family("llama", "LlamaForCausalLM", "llama.", lambda cfg: (cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias)),
+    # q/k/v always carry a bias, o_proj and the MLP never do (HF Qwen2Attention)
+    Family("qwen2", "Qwen2ForCausalLM", "qwen2.", lambda cfg: (True, False, False)),
+)}
+MODEL_TYPES = tuple(FAMILIES)
+
+
+def family(model_type: str) -> Family:
+    return FAMILIES[model_type]

@@ -1,0 +1,227 @@
+"""Builds, caches and loads the fused CPU kernels in `csrc/`; the Python face of each op.
+
+Paddle's CPU element-wise kernels are single-threaded and unfused (docs/PERFORMANCE.md), so the
+CPU path compiles its own: g++ with OpenMP, linked against the Intel OpenMP runtime Paddle ships
+for MKL so GEMMs and these kernels share one thread pool (two runtimes would spin against each
+other on a 2-core machine). The library is built once per (source, Paddle, compiler, CPU) into
+the user cache, atomically and under a file lock so data-parallel ranks starting together build
+it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` returns None and
+`kernels.select` keeps the reference path, with one warning that says why.
+`PRETRAIN_CLI_CPU_OPS=off` skips them.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+from pretrain_cli import atomic
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("norm_mlp.cc", "attention.cc", "loss.cc")  # + common.h, which all of them include
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w",
+            "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
+_STATE: dict = {}  # "ops": the loaded namespace, or "error": why not
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "pretrain-cli"
+
+
+def _cpu_signature() -> str:
+    """-march=native code is only valid on the CPU it was built for: key the cache by its flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f.read(65536).splitlines() if ln.startswith(("model name", "flags"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def _commands(paddle, out: Path, objs: list[Path]) -> tuple[list[list[str]], list[str]]:
+    """One compile per source (run in parallel: each parses Paddle's headers, ~7 s), then the link."""
+    root = Path(paddle.__file__).parent
+    libs, base, inc = root / "libs", root / "base", root / "include"
+    includes = [f"-I{inc}", f"-I{inc / 'third_party'}", f"-I{sysconfig.get_paths()['include']}"]
+    compiles = [[_compiler(), *CXXFLAGS, "-c", *includes, str(CSRC / src), "-o", str(obj)]
+                for src, obj in zip(SOURCES, objs)]
+    link = [_compiler(), "-shared", "-fPIC", *map(str, objs), "-o", str(out),
+            f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
+            "-Wl,--no-as-needed", "-l:libpaddle.so", "-l:libiomp5.so", "-l:libmklml_intel.so", "-Wl,--as-needed"]
+    return compiles, link
+
+
+def _run_all(commands: list[list[str]], timeout: float = 600) -> None:
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    try:
+        errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:  # a timeout or an interrupt: no compiler outlives the build
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, err in zip(procs, errors):
+        if p.returncode != 0:
+            first = next((ln for ln in err.splitlines() if "error" in ln), err.strip()[:200])
+            raise RuntimeError(f"compiler failed: {first}")
+
+
+def library_path(paddle) -> Path:
+    """Where the library for this source, Paddle build, compiler and CPU lives (built or not)."""
+    try:
+        cxx = subprocess.run([_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        cxx = ""
+    h = hashlib.sha256()
+    sources = [(CSRC / f).read_bytes() for f in (*SOURCES, "common.h")]
+    for part in (*sources, " ".join(CXXFLAGS).encode(), paddle.__version__.encode(),
+                 str(Path(paddle.__file__).parent).encode(), cxx.encode(), _cpu_signature().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return cache_dir() / f"cpu_ops-{h.hexdigest()[:16]}.so"
+
+
+def _build(paddle, so: Path) -> None:
+    import fcntl
+
+    so.parent.mkdir(parents=True, exist_ok=True)
+    with open(so.parent / "cpu_ops.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together: one builds, the others wait
+        if so.is_file():
+            return
+        for stale in so.parent.glob("cpu_ops-*.tmp*"):  # left by a build that was killed (we hold the lock)
+            stale.unlink(missing_ok=True)
+        logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~15 s): {so}")
+        tmp = so.with_suffix(f".tmp{os.getpid()}")
+        objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
+        try:
+            compiles, link = _commands(paddle, tmp, objs)
+            _run_all(compiles)
+            _run_all([link])
+            atomic.publish_file(tmp, so)  # fsync first: never publish a library that is not on disk
+        except RuntimeError as e:  # the compiler or linker refused: the same key would fail the same way
+            _failed(so).write_text(str(e).splitlines()[0][:300])
+            raise
+        finally:
+            for f in (tmp, *objs):
+                f.unlink(missing_ok=True)
+
+
+def _failed(so: Path) -> Path:
+    """Marker of a failed build for exactly this key: later processes do not retry it (a new compiler,
+    Paddle or source changes the key, so they would)."""
+    return so.with_suffix(".failed")
+
+
+class _Ops:
+    """Thin wrappers; each returns what the matching reference function in kernels.py returns."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def rms_norm(self, x, weight, eps: float):
+        return self._run("pcl_rms_norm", x, weight, float(eps))[0]
+
+    def swiglu_packed(self, gate_up):
+        return self._run("pcl_swiglu", gate_up)[0]
+
+    def rope_heads_first(self, x, cos, sin):
+        """x `[bsz, seq_len, heads, head_dim]` -> rotated `[bsz, heads, seq_len, head_dim]`."""
+        return self._run("pcl_rope", x, cos, sin)[0]
+
+    def causal_attention(self, q, k, v, scale: float):
+        """q `[B, H, S, D]`, k/v `[B, G, SK, D]` -> out `[B, H, S, D]` (block-causal GEMMs, GQA by index)."""
+        return self._run("pcl_causal_attention", q, k, v, float(scale))[0]
+
+    def swap12(self, x):
+        """`[A, B, C, D]` -> contiguous `[A, C, B, D]` (a strided copy in Paddle is ~30x slower)."""
+        return self._run("pcl_swap12", x)[0]
+
+    def cross_entropy(self, logits, labels, ignore_index: int):
+        """Per-row loss `[N]` (0 for ignored rows) from logits `[N, V]` and int64 labels `[N]`."""
+        return self._run("pcl_cross_entropy", logits, labels, int(ignore_index))[0]
+
+
+def load():
+    """The fused CPU ops, or None (reason in `load_error()`); built on first use, then cached."""
+    if "ops" in _STATE or "error" in _STATE:
+        return _STATE.get("ops")
+    if os.environ.get("PRETRAIN_CLI_CPU_OPS", "").lower() in ("off", "0", "false", "no"):
+        _STATE["error"] = "PRETRAIN_CLI_CPU_OPS=off"
+        return None
+    if not sys.platform.startswith("linux"):
+        _STATE["error"] = f"fused CPU ops are built on Linux only (this is {sys.platform})"
+        return None
+    import paddle
+    from paddle import _C_ops
+
+    try:
+        so = library_path(paddle)
+        if _failed(so).is_file():
+            raise RuntimeError(f"{_failed(so).read_text().strip()} (cached in {_failed(so)}; delete it to retry)")
+        if not so.is_file():
+            _build(paddle, so)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            paddle.utils.cpp_extension.load_op_meta_info_and_register_op(str(so))
+    except Exception as e:  # noqa: BLE001 - any build/load problem means: use the reference kernels
+        _STATE["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return None
+    _STATE["ops"] = _Ops(_C_ops._run_custom_op)
+    return _STATE["ops"]
+
+
+def load_error() -> str | None:
+    return _STATE.get("error")
+
+
+# ------------------------------------------------------------------ kernels.py's CPU entries
+# Selected by `kernels.select` only after `load()` succeeded; layouts as in kernels.py.
+def cross_entropy_cpu(logits, labels, ignore_index: int):
+    """One threaded pass for max/log-sum-exp, one for the gradient; no [N, V] softmax kept (3.4x)."""
+    return load().cross_entropy(logits, labels, ignore_index)
+
+
+def rms_norm_cpu(x, weight, eps: float):
+    return load().rms_norm(x, weight, eps)
+
+
+def swiglu_packed_cpu(gate_up):
+    return load().swiglu_packed(gate_up)
+
+
+def rope_cpu(q, k, cos, sin):
+    """The kernel writes head-major `[bsz, heads, seq_len, head_dim]` (what attention's GEMMs read);
+    the returned `[bsz, seq_len, heads, head_dim]` are views of it, so `attention_cpu`'s transpose back
+    is free and the rotation, transpose and copy are one pass."""
+    ops = load()
+    q_out = ops.rope_heads_first(q, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim] view
+    k_out = ops.rope_heads_first(k, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv_heads, head_dim] view
+    return q_out, k_out
+
+
+def attention_cpu(q, k, v):
+    """Causal GQA attention in one kernel pair: block-causal GEMMs (the masked upper triangle is never
+    multiplied), scale + mask + softmax fused, K/V shared by index (no repeat); bottom-right aligned,
+    so it serves KV-cache decoding too. 1.4x the stacked-GEMM form at 4 x 512 (docs/PERFORMANCE.md)."""
+    ops = load()
+    head_dim = q.shape[-1]
+    # q, k from `rope_cpu` are views of head-major buffers: these transposes give them back for free
+    qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, q_len, head_dim]
+    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
+    vt = ops.swap12(v)  # [bsz, n_kv, k_len, head_dim]
+    scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0  # 0: the kernel reports the empty head_dim
+    out = ops.causal_attention(qt, kt, vt, scale)  # [bsz, n_heads, q_len, head_dim]
+    return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view

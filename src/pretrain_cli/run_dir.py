@@ -1,0 +1,38 @@
+"""The names inside a run's `output_dir`, and which checkpoint a run resumes from.
+
+`config` (deciding a resume before Paddle starts), `training` (writing) and `eval --config`
+(finding the newest model) all read the same layout, so it lives here, below all of them.
+A directory named `checkpoint-N` is complete by construction (see `training.checkpoint`).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+ARGS_FILE = "args.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def checkpoint_dir(output_dir, step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{step}"
+
+
+def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first (by step number, not mtime)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = CHECKPOINT.match(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(output_dir) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1][1] if ckpts else None

@@ -1,0 +1,226 @@
+"""`output_dir/checkpoint-N/`: written atomically, self-describing, no pickle.
+
+Layout: HF-loadable weights (`model.safetensors`, `config.json`, `generation_config.json`,
+tokenizer files) + `optimizer.safetensors` (AdamW moments keyed `<hf name>/moment1` etc., HF
+layout, so any topology can read them) + `trainer_state.json` + `args.json`.
+
+A save goes to `checkpoint-N.tmp/`, every file is fsynced, then one `rename` publishes it, so
+a crash at any point leaves either the complete new checkpoint or none. A directory named
+`checkpoint-N` is complete by construction; rotation renames before deleting for the same
+reason, and never removes the newest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+# Paddle AdamW accumulator tables → our names.
+_ACCUMULATORS = {"moment1": "moment1", "moment2": "moment2", "beta1_pow_acc": "beta1_pow", "beta2_pow_acc": "beta2_pow"}
+
+
+def rotate(output_dir, limit: int | None) -> list[Path]:
+    """Delete the oldest checkpoints beyond `limit`; the newest complete one always survives."""
+    if not limit:
+        return []
+    removed = []
+    ckpts = list_checkpoints(output_dir)
+    for _, path in ckpts[: max(0, len(ckpts) - max(limit, 1))]:
+        atomic.remove_tree(path)  # renamed first: a crash mid-delete never leaves a half checkpoint-N
+        removed.append(path)
+    return removed
+
+
+def clean_leftovers(output_dir) -> None:
+    """Remove `*.tmp` / `*.deleting` directories left by a killed process."""
+    root = Path(output_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and (p.name.endswith(".deleting") or re.match(r"^checkpoint-\d+\.tmp", p.name)):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _inner(optimizer):
+    """The Paddle AdamW under fleet / sharding wrappers (they keep it as `_inner_opt`)."""
+    while hasattr(optimizer, "_inner_opt"):
+        optimizer = optimizer._inner_opt
+    return optimizer
+
+
+def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
+    """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy).
+
+    Read from the accumulator tables by parameter rather than by parsing Paddle's generated
+    names: under O2 (`multi_precision`) the moments belong to the fp32 master copy
+    (`<param>_fp32_master_0_moment1_0`), not to the parameter. Parameters this rank does not own
+    (ZeRO-1) or that have no state yet are simply absent.
+    """
+    from pretrain_cli.models.convert import hf_param_names
+
+    inner = _inner(optimizer)
+    master = getattr(inner, "_master_weights", None) or {}
+    params = dict(model.named_parameters())
+    out = {}
+    for ours, (hf, transpose) in hf_param_names(model).items():
+        p = params[ours]
+        target = master.get(p.name, p)
+        for key, short in _ACCUMULATORS.items():
+            t = inner._accumulators.get(key, {}).get(target.name)
+            if t is None:
+                continue
+            arr = t.numpy()
+            out[f"{hf}/{short}"] = np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
+        if p.name in master:
+            arr = master[p.name].numpy()
+            out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
+    return out
+
+
+def load_optimizer(model, optimizer, path: Path) -> None:
+    """Inverse of `optimizer_tensors`, into an optimizer that is already AMP-decorated and sharded.
+
+    The accumulators (and O2 master weights) of the parameters this optimizer manages — under
+    ZeRO-1 only its own shard — are created now and overwritten with the saved values, so a
+    checkpoint from any topology loads into any other.
+    """
+    import paddle
+    from safetensors.numpy import load_file
+
+    from pretrain_cli.models.convert import hf_param_names
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise UserError(f"{path}: unreadable optimizer state ({e}); resume from another checkpoint") from None
+    inner = _inner(optimizer)
+    managed = {p.name for p in inner._parameter_list}
+    params = dict(model.named_parameters())
+    names = {ours: v for ours, v in hf_param_names(model).items() if params[ours].name in managed}
+    inner._create_accumulators(paddle.static.default_main_program().global_block(),
+                               [params[ours] for ours in names])
+    master = getattr(inner, "_master_weights", None) or {}
+    for ours, (hf, transpose) in names.items():
+        p = params[ours]
+        target = master.get(p.name, p)
+        for key, short in _ACCUMULATORS.items():
+            arr = tensors.get(f"{hf}/{short}")
+            if arr is None:
+                raise UserError(f"{path}: no {short} for {hf}; the optimizer state does not match the model")
+            if transpose and arr.ndim == 2:
+                arr = arr.T
+            acc = inner._accumulators[key][target.name]
+            if list(arr.shape) != list(acc.shape):
+                raise UserError(f"{path}: {hf}/{short} has shape {list(arr.shape)}, the model needs {list(acc.shape)}")
+            if arr.dtype.kind != "f":
+                raise UserError(f"{path}: {hf}/{short} is {arr.dtype}, expected floating point; the file is not ours")
+            acc.set_value(np.ascontiguousarray(arr, dtype=np.float32))
+        if p.name in master:
+            arr = tensors.get(f"{hf}/master")
+            if arr is None:  # saved without O2: the fp32 weights themselves are the master copy
+                continue
+            master[p.name].set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
+
+
+def save_checkpoint(output_dir, step: int, model, model_cfg, trainer_state: dict, run_args: dict,
+                    optimizer_state: dict, tokenizer_dir=None, dtype: str = "float32") -> Path:
+    """Publish `checkpoint-N/` with the full optimizer state already gathered from the sharding ranks."""
+    from safetensors.numpy import save_file
+
+    from pretrain_cli.models.convert import save_hf
+
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        save_hf(model, model_cfg, str(tmp), dtype=dtype)
+        save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
+        copy_tokenizer(tokenizer_dir, tmp)
+        atomic.write_json(tmp / ARGS_FILE, run_args)
+        atomic.write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
+        return atomic.publish_dir(tmp, final)
+    except BaseException:
+        # disk full, permissions, Ctrl-C: drop the partial directory (frees the space it took) and let the
+        # CLI report the OSError as one line; the previous checkpoint-M is untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def copy_tokenizer(tokenizer_dir, dest) -> None:
+    if tokenizer_dir is None:
+        return
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.is_file():
+            atomic.write_bytes(Path(dest) / name, src.read_bytes())
+
+
+def read_state(ckpt: Path) -> dict:
+    path = Path(ckpt) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
+                        f"checkpoint-N or remove resume_from_checkpoint")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
+    for key in ("global_step", "consumed_samples"):
+        if not isinstance(state.get(key), int):
+            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    return state
+
+
+def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
+    """Refuse a resume whose model shape or sequence length differs from the checkpoint's."""
+    from pretrain_cli.models.config import ModelConfig
+
+    saved = ModelConfig.from_file(str(ckpt))
+    for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
+        a, b = getattr(saved, key), getattr(model_cfg, key)
+        if a != b:
+            raise UserError(f"{ckpt}: checkpoint has {key}={a} but this run's model has {key}={b}; resume with the "
+                            f"same model, or set overwrite_output_dir: true to start over")
+    args_path = Path(ckpt) / ARGS_FILE
+    if args_path.is_file():
+        saved_len = json.loads(args_path.read_text(encoding="utf-8")).get("arguments", {}).get("max_seq_length")
+        if saved_len is not None and saved_len != max_seq_length:
+            raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
+                            f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
+
+
+class Saver:
+    """The trainer's `save_fn`: gather (every rank), then rank 0 writes while the others wait.
+
+    The others wait on the launcher's TCP store, not in a gloo collective, whose hard 30 s timeout a
+    slow save would trip (docs/DISTRIBUTED.md).
+    """
+
+    def __init__(self, out: Path, model, model_cfg, optimizer, strategy, comm, run_args, tokenizer_dir,
+                 dtype: str, limit: int | None):
+        self.out, self.model, self.cfg, self.optimizer = Path(out), model, model_cfg, optimizer
+        self.strategy, self.comm, self.run_args = strategy, comm, run_args
+        self.tokenizer_dir, self.dtype, self.limit = tokenizer_dir, dtype, limit
+
+    def __call__(self, trainer) -> None:
+        from pretrain_cli.distributed.comm import rank0_round
+        from pretrain_cli.training.metrics import log
+
+        step = trainer.state.global_step
+        opt_state = self.strategy.gather_optimizer_state(  # a short collective where the state is sharded
+            self.model, lambda: optimizer_tensors(self.model, self.optimizer))
+        if opt_state is None:
+            self.comm.wait_for_rank0(f"saving checkpoint-{step}")
+            return
+        with rank0_round(self.comm):
+            path = save_checkpoint(self.out, step, self.model, self.cfg, trainer.state_dict(), self.run_args,
+                                   opt_state, self.tokenizer_dir, dtype=self.dtype)
+            removed = rotate(self.out, self.limit)
+        log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))

@@ -1,0 +1,84 @@
+"""Loss and perplexity over fixed batches: the one evaluation loop.
+
+The trainer's periodic evaluation, `pretrain-cli eval --config` (a run's own valid/test batches) and
+`pretrain-cli eval --data` (consecutive windows of a token file) all feed batches to `loss_sum` and
+report `perplexity(loss)`, so the three numbers mean the same thing. The loss is the mean over
+every counted token (not a mean of per-batch means, which would overweight a short last batch).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+PPL_CAP_LOSS = 700.0  # exp(700) is near float64's limit: larger losses report exp(700), never inf
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, PPL_CAP_LOSS))
+
+
+def loss_sum(model, batches, autocast=None, progress=None) -> tuple[float, float, int]:
+    """(sum of token losses, counted tokens, samples) over `batches` of {input_ids, labels} (int64 numpy)."""
+    import paddle
+
+    from pretrain_cli.ops.loss import causal_lm_loss_sum, loss_kernel
+
+    model.eval()
+    total, count, samples = 0.0, 0.0, 0
+    with paddle.no_grad():
+        for batch in batches:
+            ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
+            with autocast() if autocast else contextlib.nullcontext():
+                logits = model(ids)  # [b, seq_len, vocab]
+            s, c = causal_lm_loss_sum(logits, labels, loss_kernel(model))
+            total, count, samples = total + float(s), count + float(c), samples + int(ids.shape[0])
+            if progress is not None:
+                progress.update(1)
+    return total, count, samples
+
+
+def split_batches(dataset, batch_size: int, batches: int, data_rank: int = 0, data_world: int = 1):
+    """This rank's slice of the first `batches` global eval batches: the same batches every time."""
+    from pretrain_cli.data.loader import micro_batch
+
+    for k in range(batches):
+        yield micro_batch(dataset, k * batch_size * data_world, batch_size, data_rank, data_world)
+
+
+def read_tokens(prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the whole token stream, its `.lsm` loss mask or None) as flat memmap views (nothing loaded up front)."""
+    from pretrain_cli.data.indexed import open_token_file
+
+    ds = open_token_file(prefix)
+    return ds.tokens(0, ds.num_tokens), ds.loss_mask
+
+
+def window_count(n_tokens: int, seq_len: int, batch_size: int, max_batches: int | None = None) -> tuple[int, int]:
+    """(windows, batches) that `window_batches` yields."""
+    n_windows = max(0, (n_tokens - 1) // seq_len)
+    n_batches = math.ceil(n_windows / batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+        n_windows = min(n_windows, n_batches * batch_size)
+    return n_windows, n_batches
+
+
+def window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None,
+                   loss_mask: np.ndarray | None = None):
+    """Consecutive, unshuffled windows: window k holds tokens k·L … k·L+L (neighbours share one boundary
+    token), so every token after the first is predicted exactly once (unless `loss_mask` is 0 there)."""
+    from pretrain_cli.ops.loss import IGNORE_INDEX
+
+    n_windows, n_batches = window_count(len(tokens), seq_len, batch_size, max_batches)
+    for b in range(n_batches):
+        first, last = b * batch_size, min(b * batch_size + batch_size, n_windows)
+        window = np.stack([np.asarray(tokens[k * seq_len: k * seq_len + seq_len + 1], dtype=np.int64)
+                           for k in range(first, last)])  # [b, seq_len+1]
+        labels = window[:, 1:].copy()
+        if loss_mask is not None:
+            mask = np.stack([np.asarray(loss_mask[k * seq_len + 1: k * seq_len + seq_len + 1])
+                             for k in range(first, last)])  # [b, seq_len]
+            labels[mask == 0] = IGNORE_INDEX
+        yield {"input_ids": window[:, :-1], "labels": labels}

@@ -1,0 +1,48 @@
+"""The final output directory, as PaddleNLP lays it out, plus a loss-curve PNG.
+
+`output_dir/` gets the HF-loadable model (weights, config.json, generation_config.json,
+tokenizer files), `train_results.json`, `all_results.json`, `trainer_state.json`,
+`loss_curve.png`; the kept `checkpoint-N/`, `metrics.jsonl` and `runs/` are already there.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretrain_cli import atomic, run_dir
+from pretrain_cli.training.checkpoint import copy_tokenizer
+
+
+def loss_series(metrics_path: Path) -> list[list[tuple[float, float]]]:
+    train, evals = [], []
+    if metrics_path.is_file():
+        for line in metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("kind") == "train" and "loss" in rec:
+                train.append((rec["step"], rec["loss"]))
+            elif rec.get("kind") == "eval" and "eval_loss" in rec:
+                evals.append((rec["step"], rec["eval_loss"]))
+    return [train, evals]
+
+
+def write_final(spec, model, trainer, results: dict) -> None:
+    from pretrain_cli.models.convert import save_hf
+    from pretrain_cli.training.plot import line_plot
+
+    out = Path(spec.run.output.output_dir)
+    if not spec.run.loop.do_train:  # eval/predict only: add to the run's record, rewrite nothing else
+        previous = out / "all_results.json"
+        merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+        atomic.write_json(previous, {**merged, **results})
+        return
+    save_hf(model, spec.model_cfg, str(out), dtype=spec.run.precision.param_dtype)
+    copy_tokenizer(spec.tokenizer_dir, out)
+    atomic.write_json(out / run_dir.STATE_FILE, trainer.state_dict())
+    atomic.write_json(out / "train_results.json",
+                      {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
+    atomic.write_json(out / "all_results.json", results)
+    atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
+    atomic.write_bytes(out / "loss_curve.png", line_plot(loss_series(out / run_dir.METRICS_FILE)))

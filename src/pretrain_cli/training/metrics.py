@@ -1,0 +1,176 @@
+"""What a run reports: the PaddleNLP log line plus honest throughput, FLOPs and MFU.
+
+Names keep PaddleNLP's meaning where it is the same (`interval_tokens_per_second_per_device`)
+and get new names where we change it: TFLOPs are 1e12 FLOP/s (PaddleNLP divides by 2^40 and
+under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is printed with its peak and
+the peak's source, or as "unknown" rather than a wrong number.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from pretrain_cli import atomic
+from pretrain_cli.run_dir import METRICS_FILE
+
+log = logging.getLogger("pretrain_cli")
+
+
+def setup_logging(rank: int = 0) -> None:
+    """PaddleNLP's line format: `[2025-01-01 12:00:00,123] [    INFO] - message`. Only rank 0 logs INFO."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)8s] - %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+
+
+def host_memory_gib() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in GiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    try:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        current = peak
+    return current, peak
+
+
+def measure_cpu_peak_tflops(seconds: float = 0.5) -> float:
+    """Achievable fp32 matmul FLOP/s of this process (same threads and MKL settings as training)."""
+    import paddle
+
+    n = 1024
+    a, b = paddle.randn([n, n]), paddle.randn([n, n])
+    paddle.matmul(a, b).numpy()  # warm-up: MKL reads its environment at the first call
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or count < 3:
+        c = paddle.matmul(a, b)
+        count += 1
+    c.numpy()
+    return 2 * n**3 * count / (time.perf_counter() - start) / 1e12
+
+
+def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) -> tuple[float | None, str]:
+    """(peak TFLOPS per device, where it came from) for MFU."""
+    if user_peak:
+        return user_peak, "peak_tflops from the argument file"
+    if device == "cpu":
+        peak = measure_cpu_peak_tflops()
+        return peak, f"measured fp32 matmul peak of this process ({peak * 1e3:.1f} GFLOP/s)"
+    from pretrain_cli.planning.hardware import TABLE_VERSION, lookup, peak_tflops
+
+    import paddle
+
+    name = paddle.device.cuda.get_device_name() if paddle.is_compiled_with_cuda() else device
+    dev = lookup(name)
+    if dev is None:
+        return None, f"unknown device {name!r}: no MFU (set peak_tflops to report one)"
+    peak = peak_tflops(dev, amp_dtype)
+    if peak is None:
+        return None, f"{dev.name} has no {amp_dtype or 'fp32'} peak in the table: no MFU"
+    return peak, f"{dev.name} dense {amp_dtype or 'fp32'} peak, table {TABLE_VERSION}"
+
+
+class MetricsWriter:
+    """metrics.jsonl + VisualDL scalars; rank 0 only (the caller guarantees it)."""
+
+    def __init__(self, output_dir: str, logging_dir: str | None, report_to: list | None, keep_until: float | None):
+        """`keep_until`: None starts a new file; a step number keeps the records up to it and appends
+        (a resume drops what the interrupted run logged after its checkpoint, so no step appears twice)."""
+        self.path = Path(output_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_until is not None and self.path.is_file():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= keep_until:
+                        kept.append(line + "\n")
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+            atomic.write_text(self.path, "".join(kept))
+        self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
+        self._vdl = None
+        targets = [t.lower() for t in (report_to or ["visualdl"])]
+        if any(t in ("visualdl", "all") for t in targets) and "none" not in targets:
+            from visualdl import LogWriter
+
+            self.logging_dir = logging_dir or str(Path(output_dir) / "runs")
+            self._vdl = LogWriter(logdir=self.logging_dir)
+
+    def write(self, kind: str, step: int, values: dict) -> None:
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        self._jsonl.write(json.dumps(record, default=float) + "\n")
+        self._jsonl.flush()
+        if self._vdl is not None:
+            for key, val in values.items():
+                if isinstance(val, (int, float)) and not isinstance(val, bool):
+                    self._vdl.add_scalar(f"{kind}/{key}", float(val), step)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._vdl is not None:
+            self._vdl.close()
+
+
+def format_line(values: dict) -> str:
+    """`key: value, key: value` with PaddleNLP's number formats."""
+    parts = []
+    for key, val in values.items():
+        if key == "learning_rate":
+            parts.append(f"{key}: {val:.3e}")
+        elif isinstance(val, float):
+            parts.append(f"{key}: {round(val, 8) if key.endswith('loss') else round(val, 4)}")
+        else:
+            parts.append(f"{key}: {val}")
+    return ", ".join(parts)
+
+
+class Throughput:
+    """Interval and run totals for the log line (PaddleNLP keys + ours)."""
+
+    def __init__(self, seq_len: int, global_batch: int, world_size: int, dp_size: int, flops_per_token: float,
+                 hw_flops_per_token: float, peak_tflops: float | None):
+        self.seq_len, self.global_batch, self.world, self.dp = seq_len, global_batch, world_size, dp_size
+        self.flops, self.hw_flops, self.peak = flops_per_token, hw_flops_per_token, peak_tflops
+        self.start = self.last = time.perf_counter()
+        self.steps_since = 0
+        self.tokens_this_process = 0
+
+    @classmethod
+    def for_run(cls, run, model_cfg, peak_tflops: float | None) -> "Throughput":
+        """Model FLOPs exclude recompute (comparable MFU); hardware FLOPs count the recomputed forward too."""
+        from pretrain_cli.models.flops import flops_per_token
+
+        seq, p = run.data.max_seq_length, run.parallel
+        return cls(seq, run.global_batch_size, p.world_size, p.data_world_size, flops_per_token(model_cfg, seq),
+                   flops_per_token(model_cfg, seq, recompute=run.recompute_granularity, hardware=True), peak_tflops)
+
+    def step(self) -> None:
+        self.steps_since += 1
+        self.tokens_this_process += self.global_batch * self.seq_len
+
+    def interval(self) -> dict:
+        now = time.perf_counter()
+        runtime = max(now - self.last, 1e-9)
+        samples_s = self.global_batch * self.steps_since / runtime
+        tokens_s = samples_s * self.seq_len
+        per_device = tokens_s / self.world
+        out = {
+            "interval_runtime": round(runtime, 4),
+            "interval_samples_per_second": round(samples_s, 4),
+            "interval_tokens_per_second_per_device": round(per_device, 4),
+            "interval_hardware_tflops_per_device": round(per_device * self.hw_flops / 1e12, 4),
+            "interval_steps_per_second": round(self.steps_since / runtime, 4),
+            "tokens_per_sec": round(tokens_s, 2),
+            "tokens_per_sec_per_replica": round(tokens_s / self.dp, 2),
+            "model_tflops_per_device": round(per_device * self.flops / 1e12, 6),
+            "mfu": round(per_device * self.flops / (self.peak * 1e12), 6) if self.peak else "unknown",
+        }
+        self.last, self.steps_since = now, 0
+        return out

@@ -1,0 +1,181 @@
+"""`train` after `config.prepare`: the build order, then the loop, then the final output directory.
+
+`run()` reads as the order things are built in; each step is a function that reads the resolved
+`RunConfig` (`spec.run`), never the user's arguments.
+"""
+from __future__ import annotations
+
+from pretrain_cli import run_dir, runtime
+from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed.comm import build_comm, rank0_round
+from pretrain_cli.distributed.strategy import build_strategy, init_process_group
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.recompute import apply_recompute
+from pretrain_cli.training import checkpoint, metrics
+from pretrain_cli.training.metrics import log
+from pretrain_cli.training.optim import build_optimizer
+from pretrain_cli.training.precision import build_amp
+from pretrain_cli.training.trainer import NonFiniteError, Trainer
+
+
+def run(spec) -> int:
+    """Build everything, train, evaluate, predict, save. Returns the process exit code."""
+    paddle = runtime.import_paddle()
+    r = spec.run
+    metrics.setup_logging(r.parallel.rank)
+    paddle.set_device(r.device)
+    init_process_group(r.parallel, r.loop.seed)
+    comm = build_comm(r.parallel)
+    watchdog.start(r.parallel)
+    for line in spec.describe():
+        log.info(line)
+    model = build_model(r, spec.model_cfg, spec.model_dir)
+    resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
+    state = restore_weights(model, spec, resume)
+    trainer = assemble(r, model, comm, spec.splits, resume)
+    trainer.writer = open_output_dir(spec, state)
+    trainer.throughput = build_throughput(spec)
+    trainer.save_fn = checkpoint.Saver(r.output.output_dir, trainer.raw_model, spec.model_cfg, trainer.optimizer,
+                                       trainer.strategy, comm, spec.record(), spec.tokenizer_dir,
+                                       r.precision.param_dtype, r.loop.save_total_limit)
+    if state is not None:
+        trainer.load_state_dict(state)
+        log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
+                 f"{trainer.state.consumed_samples} samples consumed")
+    return finish(spec, trainer, comm)
+
+
+def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
+    """Recompute, optimizer, precision, compilation and the parallel layout around a built model, in that
+    order, and the Trainer that steps them (the benchmark harness times exactly this)."""
+    apply_recompute(model, run.recompute)
+    optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights)
+    raw_model = model
+    model, optimizer, amp = build_amp(model, optimizer, run.precision)
+    if run.kernels.to_static:
+        from pretrain_cli.ops.kernels import compile_forward
+
+        model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
+    strategy = build_strategy(run.parallel)
+    model, optimizer = strategy.wrap(model, optimizer)
+    if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
+        checkpoint.load_optimizer(raw_model, optimizer, resume / run_dir.OPTIMIZER_FILE)
+    trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
+                      max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
+                      parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp)
+    trainer.raw_model = raw_model
+    return trainer
+
+
+def build_model(run, model_cfg, model_dir=None):
+    """Seeded single-device model with the kernels the run asked for (and pretrained weights if asked)."""
+    import paddle
+
+    from pretrain_cli.models import build_model as build_causal_lm
+    from pretrain_cli.ops import kernels
+
+    paddle.seed(run.loop.seed)
+    chosen = kernels.select(run.kernels, run.device)
+    log.info(f"kernels: {chosen.describe()}")
+    model = build_causal_lm(model_cfg, chosen)
+    if run.model.continue_training:
+        from pretrain_cli.models.convert import load_weights
+
+        load_weights(model, model_cfg, str(model_dir))
+    return model
+
+
+def restore_weights(model, spec, resume) -> dict | None:
+    """The checkpoint's trainer state, after loading its weights (None when starting fresh)."""
+    if resume is None:
+        return None
+    from pretrain_cli.models.convert import load_weights
+
+    checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
+    state = checkpoint.read_state(resume)
+    load_weights(model, spec.model_cfg, str(resume))
+    return state
+
+
+def open_output_dir(spec, state: dict | None):
+    """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
+    untouched): the directory, args.json, and the metrics writer (None on other ranks)."""
+    r = spec.run
+    if not r.parallel.is_rank0:
+        return None
+    from pathlib import Path
+
+    from pretrain_cli import atomic
+
+    out = Path(r.output.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.clean_leftovers(out)
+    if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
+        atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
+    keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
+    return metrics.MetricsWriter(str(out), r.output.logging_dir, list(r.output.report_to), keep_until)
+
+
+def build_throughput(spec) -> metrics.Throughput:
+    r = spec.run
+    peak, source = (metrics.resolve_peak(r.device, r.precision.amp_dtype, r.loop.peak_tflops)
+                    if r.loop.do_train else (None, ""))
+    tp = metrics.Throughput.for_run(r, spec.model_cfg, peak)
+    if r.loop.do_train:
+        log.info(f"flops: {tp.flops:.4g} model FLOPs/token (6N + 12·L·H·d·S), mfu against {source}" if peak
+                 else f"flops: mfu unknown ({source})")
+    return tp
+
+
+def finish(spec, trainer, comm) -> int:
+    """Train, evaluate, predict; then rank 0 writes the final directory while the others wait."""
+    r = spec.run
+    results = {}
+    try:
+        if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
+            if trainer.train()["stopped_by_signal"]:
+                log.warning(stop_message(spec, trainer.state.global_step))
+                watchdog.stop()
+                return 0
+        if r.loop.do_train:
+            results.update(train_results(trainer))
+        if r.loop.do_eval:  # the loop may have just evaluated this very step: reuse it
+            fresh = trainer.last_eval.get("global_step") == trainer.state.global_step
+            results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
+        if r.loop.do_predict:
+            results.update(trainer.evaluate("test"))
+    except (NonFiniteError, UserError) as e:  # every rank stops here together: not a death
+        watchdog.stop()
+        raise UserError(str(e)) from None
+    finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
+        if trainer.writer is not None:
+            trainer.writer.close()
+    watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
+    if not r.parallel.is_rank0:
+        comm.wait_for_rank0("writing the final model")
+        return 0
+    from pretrain_cli.training import export
+
+    with rank0_round(comm):
+        export.write_final(spec, trainer.raw_model, trainer, results)
+    return 0
+
+
+def stop_message(spec, step: int) -> str:
+    if spec.run.output.overwrite:
+        return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
+                f"command starts again from step 0: to continue, set resume_from_checkpoint to "
+                f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
+    return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
+
+
+def train_results(trainer) -> dict:
+    s = trainer.state
+    runtime_s = max(s.train_seconds, 1e-9)
+    here = trainer.throughput.tokens_this_process
+    return {"train_runtime": round(runtime_s, 4), "train_loss": s.loss_sum / max(s.global_step, 1),
+            "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
+            # goodput: all tokens over all restarts' training time; and this process alone
+            "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,
+            "effective_tokens_per_second_this_process": round(here / max(trainer.process_seconds, 1e-9), 4),
+            "tokens_this_process": here, "skipped_steps": s.skipped_steps}

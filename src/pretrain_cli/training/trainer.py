@@ -1,0 +1,279 @@
+"""The training loop: receives built objects and the run configuration's loop settings, and runs them.
+
+`train_step` is one optimizer step: `acc` micro-batches of forward/backward, the global gradient
+norm (used for clipping, logging and the non-finite policy), the update. It has one code path
+for every layout and precision: the distributed `Strategy`, the `Comm` and the precision object
+are no-ops where there is nothing to do. Nothing else syncs with the host inside a step. Data
+position is the only state besides weights and optimizer moments, so `state_dict()` is small
+JSON and a resumed run is bitwise identical on CPU.
+"""
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pretrain_cli.data.loader import BatchIterator, batch_hash
+from pretrain_cli.ops.loss import causal_lm_loss, loss_kernel
+from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+from pretrain_cli.training.metrics import format_line, host_memory_gib, log
+
+
+class NonFiniteError(Exception):
+    """Loss or gradient became NaN/inf under `nan_policy: stop` (or too many consecutive skips)."""
+
+
+@dataclass
+class TrainerState:
+    global_step: int = 0
+    consumed_samples: int = 0  # global training samples consumed (all data ranks)
+    tokens_seen: int = 0
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    skipped_batches: list = field(default_factory=list)  # consumed_samples where a skipped step's batch began
+    train_seconds: float = 0.0  # summed over restarts (goodput)
+    last_batch_hash: str = ""
+    loss_sum: float = 0.0  # sum of per-step losses, for the run's mean train_loss
+    interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
+    interval_steps: int = 0
+    log_history: list = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, model, optimizer, splits, *, loop, schedule, max_grad_norm: float, seq_len: int, parallel,
+                 device: str, strategy, comm, amp, throughput=None, writer=None, save_fn=None):
+        self.model, self.optimizer, self.splits = model, optimizer, splits
+        self.loop, self.schedule, self.max_grad_norm, self.seq_len = loop, schedule, max_grad_norm, seq_len
+        self.parallel, self.device = parallel, device
+        self.strategy, self.comm, self.amp = strategy, comm, amp
+        self.throughput, self.writer, self.save_fn = throughput, writer, save_fn
+        self.raw_model = model  # the unwrapped model (checkpoints read it); `assemble` sets it
+        self.state = TrainerState()
+        self.last_eval: dict = {}
+        self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
+        self.stop_requested = False
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        d = asdict(self.state)
+        d["max_steps"] = self.loop.max_steps
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        known = {k: d[k] for k in asdict(self.state) if k in d}
+        self.state = TrainerState(**known)
+        if self.loop.ignore_data_skip:
+            self.state.consumed_samples = 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.loop.micro_batch * self.loop.grad_accum * self.parallel.data_world_size
+
+    # ------------------------------------------------------------------ steps
+    def _forward_loss(self, batch):
+        import paddle
+
+        ids = paddle.to_tensor(batch["input_ids"])  # int64 [bsz, seq_len]
+        labels = paddle.to_tensor(batch["labels"])
+        with self.amp.autocast():
+            logits = self.model(ids)
+        return causal_lm_loss(logits, labels, loss_kernel(self.model))
+
+    def _grad_norm(self):
+        import paddle
+
+        # one `squared_l2_norm` kernel per parameter (what Paddle's ClipGradByGlobalNorm uses) instead
+        # of square + sum and a full-size temporary; [1] each, summed to a 0-D total
+        sq_l2 = paddle._C_ops.squared_l2_norm
+        squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32"))
+                   for g in (p.grad for p in self.strategy.grad_params(self.model)) if g is not None]
+        sq = paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
+        return paddle.sqrt(self.strategy.global_norm_sq(sq))
+
+    def _clip(self, norm: float) -> None:
+        if 0 < self.max_grad_norm < norm:
+            import paddle
+
+            coef = self.max_grad_norm / (norm + 1e-6)
+            with paddle.no_grad():
+                for p in self.strategy.grad_params(self.model):
+                    if p.grad is not None:
+                        p.grad.scale_(coef)
+
+    def train_step(self, batches) -> tuple[float, float, bool]:
+        """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied)."""
+        acc = self.loop.grad_accum
+        self.optimizer.set_lr(self.schedule.lr_at(self.state.global_step + 1))
+        total = None
+        for i in range(acc):
+            batch = next(batches)
+            with self.strategy.no_sync(self.model, last_micro_batch=i == acc - 1):
+                loss = self._forward_loss(batch) / acc
+                self.amp.backward(loss)
+            total = loss.detach() if total is None else total + loss.detach()
+        self.state.last_batch_hash = batch_hash(batch)
+        self.strategy.sync_grads()
+        self.amp.unscale(self.optimizer)
+        norm = self._grad_norm()
+        stats = np.array([float(total), float(norm)], dtype=np.float64)  # the one host sync of the step
+        loss_v, norm_v = float(stats[0]), float(stats[1])
+        if self.amp.overflowed(loss_v, norm_v):
+            # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
+            # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
+            self.amp.step(self.optimizer, self.strategy.step)
+            self.optimizer.clear_grad()
+            log.warning(f"step {self.state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
+            return loss_v, norm_v, True
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            self.optimizer.clear_grad()
+            self.amp.skip(self.optimizer)
+            return loss_v, norm_v, False
+        self._clip(norm_v)
+        self.amp.step(self.optimizer, self.strategy.step)
+        self.optimizer.clear_grad()
+        return loss_v, norm_v, True
+
+    # ------------------------------------------------------------------ loop
+    def _install_signal_handlers(self):
+        def handler(signum, frame):
+            self.stop_requested = True
+            log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+    def train(self) -> dict:
+        lp, p = self.loop, self.parallel
+        restore = self._install_signal_handlers()
+        batches = BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, p.data_rank,
+                                p.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
+        self.model.train()
+        start = time.perf_counter()
+        stopped_by_signal = False
+        bar = self._progress_bar()
+        try:
+            while self.state.global_step < lp.max_steps:
+                first_sample = self.state.consumed_samples
+                loss, norm, applied = self.train_step(batches)
+                self.state.consumed_samples += self.global_batch
+                if not applied:
+                    self._non_finite(loss, norm, first_sample)
+                    continue
+                self._account(loss)
+                step = self.state.global_step
+                if bar is not None:
+                    bar.update(1)
+                if step % lp.logging_steps == 0 or (lp.logging_first_step and step == 1) or step == lp.max_steps:
+                    self._log(norm)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{self.state.log_history[-1]['loss']:.4f}", refresh=False)
+                if lp.do_eval and step % lp.eval_steps == 0:
+                    self.evaluate("valid")
+                    self.model.train()
+                stop = self.comm.any(self.stop_requested)
+                if step % lp.save_steps == 0 or stop:
+                    self._save()
+                if stop:
+                    stopped_by_signal = step < lp.max_steps
+                    break
+        finally:
+            self.process_seconds = time.perf_counter() - start
+            self.state.train_seconds += self.process_seconds
+            batches.close()
+            restore()
+            if bar is not None:
+                bar.close()
+        return {"stopped_by_signal": stopped_by_signal}
+
+    def _account(self, loss: float) -> None:
+        s = self.state
+        s.consecutive_skips = 0
+        s.global_step += 1
+        s.tokens_seen += self.global_batch * self.seq_len
+        s.loss_sum += loss
+        s.interval_loss += loss
+        s.interval_steps += 1
+        if self.throughput is not None:
+            self.throughput.step()
+
+    def _progress_bar(self):
+        """tqdm with ETA on rank 0: shown when asked, or by default only on a terminal (a bar redrawn into a
+        log file or a launcher's workerlog is noise)."""
+        shown = self.loop.progress_bar if self.loop.progress_bar is not None else sys.stderr.isatty()
+        if not shown or not self.parallel.is_rank0:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.loop.max_steps, initial=self.state.global_step, desc="train", unit="step",
+                    dynamic_ncols=True, mininterval=1.0)
+
+    def _non_finite(self, loss: float, norm: float, first_sample: int) -> None:
+        step = self.state.global_step + 1
+        if self.loop.nan_policy == "stop":
+            raise NonFiniteError(f"step {step}: loss {loss} / gradient norm {norm} is not finite; stopped without "
+                                 f"saving (the last checkpoint is intact). Lower learning_rate, check the data, "
+                                 f"or set nan_policy: skip")
+        s = self.state
+        s.skipped_steps += 1
+        s.consecutive_skips += 1
+        s.skipped_batches.append(first_sample)
+        log.warning(f"step {step}: non-finite loss {loss} / grad norm {norm}; update skipped "
+                    f"({s.consecutive_skips} in a row, {s.skipped_steps} in total)")
+        if s.consecutive_skips >= self.loop.nan_skip_limit:
+            raise NonFiniteError(f"step {step}: {s.consecutive_skips} consecutive non-finite steps "
+                                 f"(nan_skip_limit {self.loop.nan_skip_limit}); stopped")
+
+    def _log(self, grad_norm: float) -> None:
+        s = self.state
+        values = {"loss": self.comm.mean(s.interval_loss / max(1, s.interval_steps)),
+                  "learning_rate": self.schedule.lr_at(s.global_step), "global_step": s.global_step}
+        values.update(self.throughput.interval())
+        if self.loop.memory_metrics:
+            cur, peak = host_memory_gib()
+            values.update({"host_memory_gib": round(cur, 4), "host_memory_peak_gib": round(peak, 4)})
+        if self.device == "gpu":
+            import paddle
+
+            values.update({"max_memory_allocated": round(paddle.device.cuda.max_memory_allocated() / 2**30, 4),
+                           "max_memory_reserved": round(paddle.device.cuda.max_memory_reserved() / 2**30, 4)})
+        values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": s.tokens_seen,
+                       "consumed_samples": s.consumed_samples, "batch_hash": s.last_batch_hash,
+                       "progress_or_epoch": round(s.global_step / self.loop.max_steps, 4)})
+        s.interval_loss, s.interval_steps = 0.0, 0
+        log.info(format_line(values))
+        self._record("train", values)
+
+    def _record(self, kind: str, values: dict) -> None:
+        self.state.log_history.append({"kind": kind, "step": self.state.global_step, **values})
+        del self.state.log_history[:-200]
+        if self.writer is not None:
+            self.writer.write(kind, self.state.global_step, values)
+
+    def _save(self) -> None:
+        if self.save_fn is not None:
+            self.save_fn(self)
+
+    # ------------------------------------------------------------------ eval
+    def evaluate(self, split: str = "valid") -> dict:
+        """Loss over the same `eval_iters` batches every time, so curves are comparable."""
+        bs, p, iters = self.loop.eval_batch, self.parallel, self.loop.eval_iters
+        start = time.perf_counter()
+        batches = split_batches(self.splits.get(split), bs, iters, p.data_rank, p.data_world_size)
+        total, count, _ = loss_sum(self.model, batches, self.amp.autocast)
+        total, count = self.comm.sum(total), self.comm.sum(count)
+        loss = total / max(count, 1.0)
+        runtime = time.perf_counter() - start
+        prefix = "eval" if split == "valid" else "test"
+        values = {f"{prefix}_loss": loss, f"{prefix}_ppl": round(perplexity(loss), 4),
+                  f"{prefix}_runtime": round(runtime, 4),
+                  f"{prefix}_samples_per_second": round(iters * bs * p.data_world_size / runtime, 4),
+                  f"{prefix}_tokens": int(count), "global_step": self.state.global_step}
+        log.info(format_line(values))
+        self._record(prefix, values)
+        if split == "valid":
+            self.last_eval = values
+        return values

@@ -1,0 +1,48 @@
+"""Every file pretrain-cli writes is published atomically: old or complete new, never half, no temporaries left."""
+import os
+
+import pytest
+
+from pretrain_cli import atomic
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "state.json"
+    atomic.write_json(target, {"step": 1})
+    with pytest.raises(RuntimeError):
+        with atomic.publishing(target, "w", encoding="utf-8") as f:
+            f.write('{"step": ')
+            raise RuntimeError("killed mid-write")
+    assert target.read_text() == '{\n  "step": 1\n}\n'
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_publish_file_removes_the_temporary_when_the_rename_fails(tmp_path):
+    tmp = atomic.tmp_path(tmp_path / "x.bin")
+    tmp.write_bytes(b"data")
+    with pytest.raises(OSError):
+        atomic.publish_file(tmp, tmp_path / "missing-dir" / "x.bin")
+    assert not tmp.exists()
+
+
+def test_publish_dir_replaces_a_complete_directory_in_one_rename(tmp_path):
+    final = tmp_path / "checkpoint-5"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    tmp = tmp_path / "checkpoint-5.tmp"
+    tmp.mkdir()
+    (tmp / "new.txt").write_text("new")
+    assert atomic.publish_dir(tmp, final) == final
+    assert sorted(os.listdir(final)) == ["new.txt"] and sorted(os.listdir(tmp_path)) == ["checkpoint-5"]
+
+
+def test_no_module_renames_by_hand():
+    """`atomic` is the one place that renames a temporary into place."""
+    from pathlib import Path
+
+    import pretrain_cli
+
+    root = Path(pretrain_cli.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "atomic.py" and "os.replace(" in p.read_text(encoding="utf-8")]
+    assert not offenders, offenders

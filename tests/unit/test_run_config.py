@@ -1,0 +1,117 @@
+"""One resolved run configuration: the decisions `plan`, `check` and `train` share, made once."""
+import math
+
+import pytest
+from run_helpers import model_config, resolve_run
+
+from pretrain_cli.commands.plan import plan
+from pretrain_cli.errors import UserError
+
+
+@pytest.mark.parametrize("flash,device,precision,gpu_name,want", [
+    (True, "cpu", [], None, "flash"),  # the fused block-causal kernel
+    (False, "cpu", [], None, "math"),
+    (True, "gpu", ["--bf16"], "A100-80GB", "flash"),
+    (False, "gpu", ["--bf16"], "A100-80GB", "math"),  # the key now means what PaddleNLP users rely on
+    (True, "gpu", [], "A100-80GB", "math"),  # flash-attn needs fp16/bf16
+    (True, "gpu", ["--fp16"], "V100-16GB", "math"),  # no flash-attn-2 before Ampere
+])
+def test_use_flash_attention_decides_the_attention_path(flash, device, precision, gpu_name, want):
+    run = resolve_run("--use_flash_attention", str(flash).lower(), "--device", device, *precision,
+                      device=device, gpu_name=gpu_name)
+    assert run.kernels.attention == want
+    if flash and want == "math":
+        assert any("use_flash_attention" in n for n in run.notes)  # never silently
+
+
+def test_kernels_run_what_the_run_config_asked_for():
+    from pretrain_cli import runtime
+
+    runtime.import_paddle()
+    from pretrain_cli.ops import kernels
+
+    math_path = kernels.select(resolve_run("--use_flash_attention", "false").kernels, "cpu")
+    flash_path = kernels.select(resolve_run("--use_flash_attention", "true").kernels, "cpu")
+    assert math_path.attention is kernels.attention_sdpa_mask  # materialises [b, heads, s, s]
+    assert flash_path.attention is kernels.attention_cpu  # block-causal, never holds the scores
+
+
+def test_plan_models_the_attention_and_recompute_that_train_runs(tmp_path):
+    import json
+
+    cfg = tmp_path / "a.json"
+    cfg.write_text(json.dumps({"model_name_or_path": "qwen2.5-0.5b", "output_dir": "o", "input_dir": "d",
+                               "do_train": True, "max_steps": 10, "bf16": True, "max_seq_length": 2048,
+                               "per_device_train_batch_size": 4}))
+    reports = {}
+    for flash in ("true", "false"):
+        for recompute in ("true", "false"):
+            over = ["--use_flash_attention", flash, "--recompute", recompute]
+            r = plan(str(cfg), over, device="A100-80GB", suggest_changes=False)
+            run = resolve_run(*over, "--bf16", "--max_seq_length", "2048", "--per_device_train_batch_size", "4",
+                              device="gpu", gpu_name="A100-80GB", model="qwen2.5-0.5b")
+            assert r["attention"] == run.kernels.attention
+            assert r["recompute"] == run.recompute_granularity
+            reports[flash, recompute] = r["memory_breakdown_gib"]["activations"]
+    assert reports["true", "false"] < reports["false", "false"]  # flash drops the scores
+    assert reports["false", "true"] < reports["false", "false"]
+    # the flash suggestion exists because the run would materialise the scores
+    r = plan(str(cfg), ["--use_flash_attention", "false", "--per_device_train_batch_size", "64"],
+             device="A100-80GB")
+    assert any(s["change"] == {"use_flash_attention": True} for s in r["suggestions"])
+
+
+def test_hardware_flops_count_the_recomputed_forward():
+    from pretrain_cli.models.flops import flops_per_token
+    from pretrain_cli.training.metrics import Throughput
+
+    cfg = model_config()
+    plain = Throughput.for_run(resolve_run("--max_seq_length", "32"), cfg, None)
+    full = Throughput.for_run(resolve_run("--max_seq_length", "32", "--recompute"), cfg, None)
+    assert plain.hw_flops == plain.flops == full.flops
+    assert full.hw_flops == flops_per_token(cfg, 32, recompute="full", hardware=True) > full.flops
+
+
+def test_parallel_degrees_follow_paddlenlp_arithmetic():
+    p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
+    assert (p.dp_degree, p.sharding_degree, p.zero_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
+    p = resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "2", world=8).parallel
+    assert (p.dp_degree, p.sharding_degree) == (4, 2)
+    p = resolve_run("--tensor_parallel_degree", "2", world=4, rank=3).parallel
+    assert (p.dp_degree, p.tp_degree, p.data_rank, p.tp_rank, p.data_world_size) == (2, 2, 1, 1, 2)
+    with pytest.raises(UserError, match="sharding_parallel_degree: 3 does not divide"):
+        resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "3", world=8)
+
+
+def test_one_perplexity_rule_for_every_evaluation():
+    """The trainer capped perplexity at exp(50) and `eval` at exp(700): one rule now."""
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
+    import numpy as np
+
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.models import build_model
+    from pretrain_cli.training.evaluation import perplexity
+    from pretrain_cli.training.run import assemble
+
+    assert perplexity(60.0) == math.exp(60.0) and perplexity(800.0) == math.exp(700.0)
+    cfg = model_config("micro-llama")
+    paddle.seed(0)
+    model = build_model(cfg)
+    with paddle.no_grad():
+        model.lm_head.weight.set_value(model.lm_head.weight * 400.0)  # a confidently wrong model: loss > 50
+
+    class Split:
+        def __getitem__(self, i):
+            t = np.random.default_rng(i).integers(0, cfg.vocab_size, 9)
+            return {"input_ids": t[:-1], "labels": t[1:]}
+
+    class Splits:
+        def get(self, name):
+            return Split()
+
+    trainer = assemble(resolve_run("--eval_iters", "1", "--per_device_eval_batch_size", "2"), model, NoComm(), Splits())
+    values = trainer.evaluate("valid")
+    assert values["eval_loss"] > 50
+    assert values["eval_ppl"] == pytest.approx(math.exp(values["eval_loss"]), rel=1e-6)
