@@ -1,4 +1,4 @@
-"""The only reader of the user's `*Arguments`: every cross-key rule, every derived value, one `RunConfig`.
+"""The user's `*Arguments` -> one `RunConfig`: every cross-key rule and every derived value, decided once.
 
 PaddleNLP spreads these rules over `run_pretrain.py`, `TrainingArguments.__post_init__` and the
 Trainer, and applies several silently (a single-GPU run quietly drops `sharding: stage2`). Here

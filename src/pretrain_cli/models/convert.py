@@ -1,4 +1,4 @@
-"""The only module that knows HF/PaddleNLP checkpoint names and layouts.
+"""The only module that maps our parameters to HF/PaddleNLP checkpoint names and layouts (and back).
 
 Our parameter names already equal HF's, so HF ⇄ ours is a transpose of every 2-D Linear
 weight (Paddle `[in, out]`, HF `[out, in]`) plus dropping/ignoring `lm_head.weight` when tied.
