@@ -161,9 +161,9 @@ class TrainingArguments:
     no_recompute_layers: Optional[List[int]] = _f(None, "Layer indices to leave out of recompute.")
     refined_recompute: str = _f("", "PaddleNLP's per-op refined recompute.", "ignored")
     use_flash_attention: bool = _f(
-        False, "true: memory-light attention that never holds the [batch, heads, seq, seq] scores (flash-attn on GPU "
-        "with fp16/bf16 on Ampere or newer; pretrain-cli's fused block-causal kernel on CPU). false: the math path "
-        "that materialises the scores, on every device.")
+        False, "true: the fused attention path: flash-attn on GPU (fp16/bf16, Ampere or newer), which never holds the "
+        "[batch, heads, seq, seq] scores; on CPU pretrain-cli's block-causal kernel (faster; it keeps fp32 "
+        "probabilities for backward). false: the math path that materialises the scores, on every device.")
     use_fused_rms_norm: bool = _f(False, "Paddle's fused RMSNorm (GPU; reference path elsewhere). No custom op to build.")
     use_fused_rope: bool = _f(False, "Paddle's fused rotary embedding (GPU; reference path elsewhere).")
     use_fused_linear_cross_entropy: bool = _f(False, "PaddleNLP's Triton fused LM head + loss.", "ignored")

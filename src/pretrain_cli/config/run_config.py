@@ -108,9 +108,10 @@ class Precision:
 class KernelConfig:
     """What the run asks of the kernels; `ops.kernels.select` maps it to what the device can run.
 
-    `attention`: "flash" is the memory-light path that never holds the `[b, heads, s, s]` scores
-    (flash-attn on GPU, the fused block-causal kernel on CPU); "math" materialises them on every
-    device. That is the meaning PaddleNLP users rely on when memory runs out.
+    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]`
+    scores (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it
+    keeps fp32 probabilities for backward); "math" materialises the scores on every device.
+    `planning.memory` models each of the three.
     """
 
     attention: str = "flash"  # one of ATTENTION_PATHS

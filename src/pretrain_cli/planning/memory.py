@@ -34,7 +34,7 @@ class Setup:
     sharding_degree: int = 1
     tp: int = 1
     recompute: str | None = None  # None, "full", "full_attn", "core_attn"
-    attention: str = "math"  # "math" materialises [b, heads, s, s]; "flash" does not
+    attention: str = "math"  # "math" materialises [b, heads, s, s]; "flash" does not on GPU (on CPU: fp32 probs)
     fused_rms_norm: bool = False
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
@@ -67,9 +67,14 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     norm = _norm_bytes(s, cfg.hidden_size)
     qkv = c * (h + 2 * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
-    if s.attention == "flash":
+    if s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
         scores = 0.0
+    elif s.attention == "flash":
+        # the CPU block-causal kernel: head-major q, k, v, and its fp32 probabilities [b, heads, s, s] for
+        # backward (it skips the masked half in its GEMMs, which saves time, not this memory)
+        core = c * (h + 2 * kv) / tp
+        scores = 4 * cfg.num_attention_heads * s.seq_len / tp
     else:
         core = c * (2 * h + 2 * kv_rep) / tp  # qᵀ, q·scale, repeated kᵀ and vᵀ
         # [b, heads, s, s]: fp32 softmax output kept for backward, plus the probs cast to half.
