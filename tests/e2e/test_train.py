@@ -230,3 +230,32 @@ def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):
     assert kinds == ["train"] * 6 + ["eval"]
     results = json.loads((out / "all_results.json").read_text())
     assert "train_loss" in results and "eval_loss" in results
+
+
+def test_finished_run_saves_its_last_step_and_extends_from_there(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    capsys.readouterr()
+    assert cli_main(["check", cfg, "--max_steps", "8"]) == 0  # the resolved run says where it starts
+    text = capsys.readouterr().out
+    assert f"resumes from {out / 'checkpoint-6'}" in text and "random init" not in text
+    assert cli_main(["train", cfg, "--max_steps", "8"]) == 0
+    assert f"resumed from {out / 'checkpoint-6'} at step 6" in capsys.readouterr().out
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))  # steps 5 and 6 were not trained twice
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_stop_message_says_how_to_continue():
+    from types import SimpleNamespace
+
+    from pretrain_cli.training.run import stop_message
+
+    def spec(overwrite):
+        return SimpleNamespace(run=SimpleNamespace(output=SimpleNamespace(overwrite=overwrite, output_dir="o")))
+
+    assert "re-run the same command to resume from checkpoint-7" in stop_message(spec(False), 7)
+    text = stop_message(spec(True), 7)
+    assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text

@@ -75,7 +75,7 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
     eta = None if peak_tflops is None else total_tokens * model_fpt / (par.world_size * peak_tflops * 1e12 * mfu) / 3600
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
-    n_saves = max(lp.max_steps, 0) // lp.save_steps
+    n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
     kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
     return {
         "config": config, "device": {"name": device.name, "memory_gib": device.memory_gib,

@@ -175,7 +175,7 @@ class Trainer:
                     self.evaluate("valid")
                     self.model.train()
                 stop = self.comm.any(self.stop_requested)
-                if step % lp.save_steps == 0 or stop:
+                if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
                     self._save()
                 if stop:
                     stopped_by_signal = step < lp.max_steps
