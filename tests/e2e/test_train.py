@@ -38,8 +38,10 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert math.isfinite(results["eval_loss"]) and math.isfinite(results["test_loss"])
     assert results["eval_ppl"] == pytest.approx(math.exp(results["eval_loss"]), rel=1e-3)
     losses = train_losses(out)
-    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5  # starts near ln(512) = 6.24
+    assert len(losses) == 7 and losses[-1] < losses[0] - 0.5  # steps 1, 4, ..., 24; starts near ln(512) = 6.24
     assert abs(losses[0] - math.log(512)) < 0.5
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 4, 8, 12, 16, 20, 24]  # step 1 is visible
     assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
     again = json.loads(capsys.readouterr().out)
     assert again["loss"] == pytest.approx(results["eval_loss"], abs=1e-5) and again["split"] == "valid"
@@ -76,8 +78,8 @@ def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_p
     if logging_steps == 1:
         assert ra == rb  # same loss and batch at every step, bit for bit
     else:  # the stopped run logged its last step 5 (max_steps); lines after the next log agree exactly
-        assert sorted(ra) == [3, 6, 9, 10] and sorted(rb) == [3, 5, 6, 9, 10]
-        assert ra[3] == rb[3] and ra[9] == rb[9] and ra[10] == rb[10]
+        assert sorted(ra) == [1, 3, 6, 9, 10] and sorted(rb) == [1, 3, 5, 6, 9, 10]
+        assert ra[1] == rb[1] and ra[3] == rb[3] and ra[9] == rb[9] and ra[10] == rb[10]
 
 
 def test_gradient_accumulation_matches_bigger_batch(corpus, tmp_path):
