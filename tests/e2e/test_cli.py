@@ -26,11 +26,12 @@ def run(*argv, cwd=None, timeout=300):
 
 
 def test_help_lists_commands_without_importing_paddle():
-    code = ("import sys; from pretrain_cli.cli import main; rc = main(['--help']); "
-            "rc2 = main(['check', '/nonexistent.json']); print(rc, rc2, 'paddle' in sys.modules)")
+    code = ("import sys; from pretrain_cli.cli import COMMANDS, build_parser, main; rc = main(['--help']); "
+            "rc2 = main(['check', '/nonexistent.json']); [build_parser(name) for name in COMMANDS]; "
+            "print(rc, rc2, 'paddle' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
-    assert out.stdout.strip().splitlines()[-1] == "0 2 False"
+    assert out.stdout.strip().splitlines()[-1] == "0 2 False False"
     for name in ("train", "check", "plan", "train-tokenizer", "preprocess", "inspect-data", "eval", "generate"):
         assert name in out.stdout
     for sub in ("train", "preprocess", "eval", "generate", "plan"):
@@ -108,6 +109,7 @@ def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
     step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
     assert 3 <= step < 400
     assert not (tmp_path / "out" / "model.safetensors").exists()  # not a finished run
+    assert (tmp_path / "out" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"  # drawn at the checkpoint
 
 
 def test_fresh_clone_check_and_shipped_configs_parse():

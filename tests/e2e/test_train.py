@@ -261,3 +261,25 @@ def test_stop_message_says_how_to_continue():
     assert "re-run the same command to resume from checkpoint-7" in stop_message(spec(False), 7)
     text = stop_message(spec(True), 7)
     assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
+
+
+def test_visualdl_keeps_the_whole_run_across_resumes(corpus, tmp_path):
+    from visualdl import LogReader
+
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to=["visualdl"], do_eval=True,
+                       eval_steps=2)
+    runs = tmp_path / "out" / "runs"
+    assert cli_main(["train", cfg]) == 0
+    first = sorted(runs.iterdir())
+    assert cli_main(["train", cfg, "--max_steps", "6"]) == 0  # resumes from checkpoint-4
+    (tmp_path / "out" / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
+    assert cli_main(["train", cfg, "--max_steps", "9"]) == 0  # resumes from checkpoint-6
+    files = sorted(runs.iterdir())
+    assert len(files) == 1 and files[0].name > first[-1].name  # VisualDL shows the newest file: the only one
+    reader = LogReader(file_path=str(files[0]))
+    steps = [r.id for r in reader.get_data("scalar", "train/loss")]
+    assert steps == list(range(1, 10))  # one continuous curve: no gap at a resume, no step twice
+    assert [r.id for r in reader.get_data("scalar", "eval/eval_loss")] == [2, 4, 6, 8, 9]
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").open())
+              if r["kind"] == "train"}
+    assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx([losses[s] for s in steps])

@@ -256,6 +256,8 @@ class Trainer:
     def _save(self) -> None:
         if self.save_fn is not None:
             self.save_fn(self)
+        if self.writer is not None:  # rank 0: the loss curve up to this checkpoint
+            self.writer.plot()
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, split: str = "valid") -> dict:
