@@ -39,6 +39,26 @@ def test_help_lists_commands_without_importing_paddle():
         assert r.returncode == 0 and "usage: pretrain-cli " + sub in r.stdout
 
 
+def test_every_option_has_help_with_its_default():
+    import argparse
+
+    from pretrain_cli.cli import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        parser, _, _ = build_parser(name)
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"pretrain-cli {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, where
+            text = parser._get_formatter()._expand_help(action)
+            if action.option_strings and not action.required and action.nargs != 0:  # a value with a default
+                assert "default" in text or "required" in text, where
+            if action.default not in (None, False):
+                shown = action.default if isinstance(action.default, list) else [action.default]
+                assert all(str(v) in text for v in shown), where
+
+
 @pytest.mark.parametrize("content,fragment", [
     ('{"max_seq_lenght": 5}', "did you mean `max_seq_length`?"),
     ('{"max_steps": "many"}', "`max_steps` expects int, got 'many'"),

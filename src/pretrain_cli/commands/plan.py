@@ -18,11 +18,11 @@ DEFAULT_DEVICE = "A100-80GB"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE,
-                        help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (default {DEFAULT_DEVICE}; "
-                             f"known: {', '.join(d.name for d in hardware.DEVICES.values())})")
-    parser.add_argument("--gpus", type=int, default=1, help="devices (processes) in the run (default 1)")
+                        help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
+                             f"{', '.join(d.name for d in hardware.DEVICES.values())}; default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=1, help="devices (processes) in the run (default: %(default)s)")
     parser.add_argument("--mfu", type=float, default=None,
-                        help=f"assumed model-FLOPs utilisation for the ETA (default {MFU_HALF} with fp16/bf16, "
+                        help=f"assumed model-FLOPs utilisation for the ETA (default: {MFU_HALF} with fp16/bf16, "
                              f"{MFU_FP32} in fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
