@@ -24,7 +24,8 @@ def run(spec) -> int:
     r = spec.run
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
-    init_process_group(r.parallel, r.loop.seed)
+    with runtime.without_flags_banner():
+        init_process_group(r.parallel, r.loop.seed)
     comm = build_comm(r.parallel)
     watchdog.start(r.parallel)
     for line in spec.describe():
