@@ -74,6 +74,22 @@ def test_check_failures_are_one_line_exit_2(tmp_path, content, fragment):
     assert "Traceback" not in r.stderr + r.stdout
 
 
+def test_check_lists_every_problem_in_one_run(tmp_path):
+    """The issue's example: no tokenizer directory, no input_dir, and a split that gives the needed valid
+    split a 0 share: one `check` names all three, one line each, exit 2."""
+    cfg = {"model_name_or_path": "micro-qwen2", "tokenizer_name_or_path": "./tok", "input_dir": "./data",
+           "output_dir": "./out", "split": "100,0,0", "do_train": True, "do_eval": True, "max_steps": 10,
+           "max_seq_length": 32}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    r = run("check", "cfg.json", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), lines
+    assert lines[0].startswith("error: split: '100,0,0' gives the valid split a share of 0")
+    assert lines[1].startswith("error: tokenizer_name_or_path: './tok'") and "train-tokenizer" in lines[1]
+    assert lines[2].startswith("error: ./data: no token files") and "pretrain-cli preprocess" in lines[2]
+
+
 def _big_corpus(root: Path) -> None:
     """1,000 documents of 4,200 tokens: every split of '949,50,1' holds a 4,097-token sample."""
     from pretrain_cli.data.indexed import IndexedDatasetWriter
