@@ -1,5 +1,6 @@
 """The loss curve: what the figure shows, the PNG it becomes, and that nothing imports matplotlib early."""
 import json
+import logging
 import subprocess
 import sys
 
@@ -43,6 +44,31 @@ def test_png_bytes_and_atomic_write(tmp_path):
     assert image.shape[:2] == (480, 800) and float(np.std(image)) > 0.05  # drawn, not blank
     assert sorted(p.name for p in run.iterdir()) == ["loss_curve.png", "metrics.jsonl"]  # no temporaries left
     assert render_png([], "empty")[:4] == b"\x89PNG"  # nothing logged yet: still a valid picture
+
+
+def test_any_run_name_is_drawn_literally(tmp_path):
+    name = "o $HOME ~x `touch pwned` $(touch pwned2)"
+    assert loss_figure(_records(), name).axes[0].get_title() == f"{name}: loss and learning rate"
+    run = tmp_path / name
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    assert write_loss_curve(run).read_bytes()[:4] == b"\x89PNG"  # (mathtext would refuse the "$")
+
+
+def test_a_curve_that_cannot_be_drawn_is_a_warning(tmp_path, monkeypatch, caplog):
+    import pretrain_cli.training.plot as plot
+
+    def broken(records, name):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(plot, "render_png", broken)
+    logger = logging.getLogger("pretrain_cli")  # (it may not propagate to the root once training set it up)
+    logger.addHandler(caplog.handler)
+    try:
+        assert plot.write_loss_curve(tmp_path) is None and not (tmp_path / "loss_curve.png").exists()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "loss_curve.png: not drawn (RuntimeError: no fonts)" in caplog.text
 
 
 def test_matplotlib_is_imported_only_to_draw():

@@ -61,7 +61,7 @@ def loss_figure(records: list[dict], run_name: str):
         fig.legend(lines, [line.get_label() for line in lines], loc="outside lower center", ncols=len(lines))
     else:
         ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(f"{run_name}: loss and learning rate")
+    ax.set_title(f"{run_name}: loss and learning rate", parse_math=False)  # a "$" in a path is not TeX
     return fig
 
 
@@ -71,9 +71,20 @@ def render_png(records: list[dict], run_name: str) -> bytes:
     return buf.getvalue()
 
 
-def write_loss_curve(output_dir) -> Path:
-    """Draw metrics.jsonl into output_dir/loss_curve.png (atomically: rendered to bytes, then published)."""
+def write_loss_curve(output_dir) -> Path | None:
+    """Draw metrics.jsonl into output_dir/loss_curve.png (atomically: rendered to bytes, then published).
+
+    A picture that cannot be drawn is a warning, never the end of a training run; a file that cannot be
+    written is the OSError every other write raises."""
+    import logging
+
     out = Path(output_dir)
+    try:
+        png = render_png(read_records(out / run_dir.METRICS_FILE), out.resolve().name)
+    except Exception as e:  # matplotlib raises many types (fonts, backends, layout)
+        logging.getLogger("pretrain_cli").warning(f"{out / CURVE_FILE}: not drawn ({type(e).__name__}: {e}); "
+                                                  f"metrics.jsonl holds the same numbers")
+        return None
     path = out / CURVE_FILE
-    atomic.write_bytes(path, render_png(read_records(out / run_dir.METRICS_FILE), out.resolve().name))
+    atomic.write_bytes(path, png)
     return path
