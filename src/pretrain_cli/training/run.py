@@ -137,6 +137,7 @@ def finish(spec, trainer, comm) -> int:
             if trainer.train()["stopped_by_signal"]:
                 log.warning(stop_message(spec, trainer.state.global_step))
                 watchdog.stop()
+                comm.wait_until_seen()
                 return 0
         if r.loop.do_train:
             results.update(train_results(trainer))
@@ -159,6 +160,7 @@ def finish(spec, trainer, comm) -> int:
 
     with rank0_round(comm):
         export.write_final(spec, trainer.raw_model, trainer, results)
+    comm.wait_until_seen()
     return 0
 
 
