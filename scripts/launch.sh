@@ -7,14 +7,29 @@
 #
 # Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
 #      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
-#      NODE_RANK (0 on the node that hosts MASTER: its port must be free), LOG_DIR (default ./log), PYTHON.
+#      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
+#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file).
 # Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
 # (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=${PYTHON:-python}
-LOG_DIR=${LOG_DIR:-log}
+if [ -z "${LOG_DIR:-}" ]; then  # the run's own output_dir/log, not a stray ./log
+  out=""
+  prev=""
+  for a in "$@"; do
+    if [ "$prev" = "--output_dir" ]; then out=$a; fi
+    prev=$a
+  done
+  if [ -z "$out" ]; then
+    out=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("output_dir") or "")' "${1:-}" \
+          2>/dev/null || true)
+  fi
+  LOG_DIR=${out:+${out%/}/}log
+fi
 args=(--log_dir "$LOG_DIR")
+# The launcher imports Paddle itself, which warns about a missing compiler cache it never uses.
+export PYTHONWARNINGS="ignore:No ccache found${PYTHONWARNINGS:+,$PYTHONWARNINGS}"
 
 if [ -n "${MASTER:-}" ]; then
   args+=(--master "$MASTER" --nnodes "${NNODES:-2}")

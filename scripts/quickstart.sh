@@ -7,8 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "== set-up: creating the virtual environment .venv/"
   "$PY" -m venv .venv
 fi
+echo "== set-up: pip install -e . into .venv/ (CPU Paddle, tokenizers, VisualDL, matplotlib):" \
+     "~35 s the first time, ~5 s after"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . 2>&1 | grep -v "^WARNING: Location" || true
 CLI=.venv/bin/pretrain-cli
 mkdir -p demo
@@ -29,4 +32,7 @@ echo "== 6/6 generate"
 $CLI generate --model demo/output --prompt "The with statement" --max_new_tokens 60
 echo
 echo "Done. Outputs in demo/output: model.safetensors (loads in transformers), checkpoint-*/, metrics.jsonl,"
-echo "loss_curve.png, runs/ (VisualDL: .venv/bin/visualdl --logdir demo/output/runs)."
+echo "loss_curve.png, runs/. To use pretrain-cli (and python -m paddle...) in this shell, enter the environment:"
+echo "  source .venv/bin/activate"
+echo "then e.g.: pretrain-cli eval --model demo/output --data demo/data/pydoc --max_seq_length 256"
+echo "           visualdl --logdir demo/output/runs --language en     (dashboard at http://localhost:8040)"

@@ -9,8 +9,11 @@ so no module sets environment variables at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import os
+import re
 import sys
 import warnings
 
@@ -89,12 +92,30 @@ def setup_env(threads: int | None = None) -> None:
     _DONE = True
 
 
+_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+\n(?:FLAGS\(.*\)\n)*=+\n")
+
+
+@contextlib.contextmanager
+def without_flags_banner():
+    """Drop the "Modified FLAGS detected" banner that Paddle's `init_parallel_env` / `fleet.init` print.
+
+    It lists the flags that differ from their defaults, which in Paddle 3.3 is always the case
+    (`import paddle` itself turns on FLAGS_enable_pir_in_executor): nothing a user can act on, printed by
+    every rank into its workerlog. Everything else written to stderr meanwhile passes through.
+    """
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            yield
+    finally:
+        rest = _FLAGS_BANNER.sub("", buf.getvalue())
+        if rest:
+            sys.stderr.write(rest)
+
+
 def import_paddle():
     """Import Paddle after `setup_env()`; the only sanctioned way to get the module."""
     setup_env()
-    import io
-    import contextlib
-
     # Paddle prints an OMP_NUM_THREADS advisory on stderr at import when threads > 1.
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf):

@@ -26,16 +26,37 @@ def run(*argv, cwd=None, timeout=300):
 
 
 def test_help_lists_commands_without_importing_paddle():
-    code = ("import sys; from pretrain_cli.cli import main; rc = main(['--help']); "
-            "rc2 = main(['check', '/nonexistent.json']); print(rc, rc2, 'paddle' in sys.modules)")
+    code = ("import sys; from pretrain_cli.cli import COMMANDS, build_parser, main; rc = main(['--help']); "
+            "rc2 = main(['check', '/nonexistent.json']); [build_parser(name) for name in COMMANDS]; "
+            "print(rc, rc2, 'paddle' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
-    assert out.stdout.strip().splitlines()[-1] == "0 2 False"
+    assert out.stdout.strip().splitlines()[-1] == "0 2 False False"
     for name in ("train", "check", "plan", "train-tokenizer", "preprocess", "inspect-data", "eval", "generate"):
         assert name in out.stdout
     for sub in ("train", "preprocess", "eval", "generate", "plan"):
         r = run(sub, "--help")
         assert r.returncode == 0 and "usage: pretrain-cli " + sub in r.stdout
+
+
+def test_every_option_has_help_with_its_default():
+    import argparse
+
+    from pretrain_cli.cli import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        parser, _, _ = build_parser(name)
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"pretrain-cli {name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, where
+            text = parser._get_formatter()._expand_help(action)
+            if action.option_strings and not action.required and action.nargs != 0:  # a value with a default
+                assert "default" in text or "required" in text, where
+            if action.default not in (None, False):
+                shown = action.default if isinstance(action.default, list) else [action.default]
+                assert all(str(v) in text for v in shown), where
 
 
 @pytest.mark.parametrize("content,fragment", [
@@ -51,6 +72,22 @@ def test_check_failures_are_one_line_exit_2(tmp_path, content, fragment):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and lines[0].startswith("error: ")
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_check_lists_every_problem_in_one_run(tmp_path):
+    """The issue's example: no tokenizer directory, no input_dir, and a split that gives the needed valid
+    split a 0 share: one `check` names all three, one line each, exit 2."""
+    cfg = {"model_name_or_path": "micro-qwen2", "tokenizer_name_or_path": "./tok", "input_dir": "./data",
+           "output_dir": "./out", "split": "100,0,0", "do_train": True, "do_eval": True, "max_steps": 10,
+           "max_seq_length": 32}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    r = run("check", "cfg.json", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), lines
+    assert lines[0].startswith("error: split: '100,0,0' gives the valid split a share of 0")
+    assert lines[1].startswith("error: tokenizer_name_or_path: './tok'") and "train-tokenizer" in lines[1]
+    assert lines[2].startswith("error: ./data: no token files") and "pretrain-cli preprocess" in lines[2]
 
 
 def _big_corpus(root: Path) -> None:
@@ -103,11 +140,13 @@ def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
     text = "".join(seen) + rest
     assert proc.returncode == 0, text
     assert "re-run the same command to resume" in text
+    assert "No ccache found" not in text and "Modified FLAGS" not in text  # Paddle's import noise stays out
     ckpts = sorted((tmp_path / "out").glob("checkpoint-*"))
     assert len(ckpts) == 1
     step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
     assert 3 <= step < 400
     assert not (tmp_path / "out" / "model.safetensors").exists()  # not a finished run
+    assert (tmp_path / "out" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"  # drawn at the checkpoint
 
 
 def test_fresh_clone_check_and_shipped_configs_parse():

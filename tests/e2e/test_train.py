@@ -38,8 +38,10 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert math.isfinite(results["eval_loss"]) and math.isfinite(results["test_loss"])
     assert results["eval_ppl"] == pytest.approx(math.exp(results["eval_loss"]), rel=1e-3)
     losses = train_losses(out)
-    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5  # starts near ln(512) = 6.24
+    assert len(losses) == 7 and losses[-1] < losses[0] - 0.5  # steps 1, 4, ..., 24; starts near ln(512) = 6.24
     assert abs(losses[0] - math.log(512)) < 0.5
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 4, 8, 12, 16, 20, 24]  # step 1 is visible
     assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
     again = json.loads(capsys.readouterr().out)
     assert again["loss"] == pytest.approx(results["eval_loss"], abs=1e-5) and again["split"] == "valid"
@@ -76,8 +78,8 @@ def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_p
     if logging_steps == 1:
         assert ra == rb  # same loss and batch at every step, bit for bit
     else:  # the stopped run logged its last step 5 (max_steps); lines after the next log agree exactly
-        assert sorted(ra) == [3, 6, 9, 10] and sorted(rb) == [3, 5, 6, 9, 10]
-        assert ra[3] == rb[3] and ra[9] == rb[9] and ra[10] == rb[10]
+        assert sorted(ra) == [1, 3, 6, 9, 10] and sorted(rb) == [1, 3, 5, 6, 9, 10]
+        assert ra[1] == rb[1] and ra[3] == rb[3] and ra[9] == rb[9] and ra[10] == rb[10]
 
 
 def test_gradient_accumulation_matches_bigger_batch(corpus, tmp_path):
@@ -230,3 +232,54 @@ def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):
     assert kinds == ["train"] * 6 + ["eval"]
     results = json.loads((out / "all_results.json").read_text())
     assert "train_loss" in results and "eval_loss" in results
+
+
+def test_finished_run_saves_its_last_step_and_extends_from_there(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    capsys.readouterr()
+    assert cli_main(["check", cfg, "--max_steps", "8"]) == 0  # the resolved run says where it starts
+    text = capsys.readouterr().out
+    assert f"resumes from {out / 'checkpoint-6'}" in text and "random init" not in text
+    assert cli_main(["train", cfg, "--max_steps", "8"]) == 0
+    assert f"resumed from {out / 'checkpoint-6'} at step 6" in capsys.readouterr().out
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))  # steps 5 and 6 were not trained twice
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_stop_message_says_how_to_continue():
+    from types import SimpleNamespace
+
+    from pretrain_cli.training.run import stop_message
+
+    def spec(overwrite):
+        return SimpleNamespace(run=SimpleNamespace(output=SimpleNamespace(overwrite=overwrite, output_dir="o")))
+
+    assert "re-run the same command to resume from checkpoint-7" in stop_message(spec(False), 7)
+    text = stop_message(spec(True), 7)
+    assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
+
+
+def test_visualdl_keeps_the_whole_run_across_resumes(corpus, tmp_path):
+    from visualdl import LogReader
+
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to=["visualdl"], do_eval=True,
+                       eval_steps=2)
+    runs = tmp_path / "out" / "runs"
+    assert cli_main(["train", cfg]) == 0
+    first = sorted(runs.iterdir())
+    assert cli_main(["train", cfg, "--max_steps", "6"]) == 0  # resumes from checkpoint-4
+    (tmp_path / "out" / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
+    assert cli_main(["train", cfg, "--max_steps", "9"]) == 0  # resumes from checkpoint-6
+    files = sorted(runs.iterdir())
+    assert len(files) == 1 and files[0].name > first[-1].name  # VisualDL shows the newest file: the only one
+    reader = LogReader(file_path=str(files[0]))
+    steps = [r.id for r in reader.get_data("scalar", "train/loss")]
+    assert steps == list(range(1, 10))  # one continuous curve: no gap at a resume, no step twice
+    assert [r.id for r in reader.get_data("scalar", "eval/eval_loss")] == [2, 4, 6, 8, 9]
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").open())
+              if r["kind"] == "train"}
+    assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx([losses[s] for s in steps])

@@ -17,11 +17,11 @@ def assets(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference(assets, tmp_path_factory) -> Path:
-    """An uninterrupted run: out/checkpoint-{6,9} and the final out/model.safetensors."""
+    """An uninterrupted run: out/checkpoint-{9,10} (10 is the last step) and the final out/model.safetensors."""
     d = clone(assets, tmp_path_factory.mktemp("reference") / "run")
     p = run_cli(["train", "run.json"], cwd=d)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert sorted(x.name for x in (d / "out").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-9"]
+    assert sorted(x.name for x in (d / "out").glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-9"]
     return d
 
 

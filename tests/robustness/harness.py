@@ -24,7 +24,7 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 TOK_VOCAB = 300  # micro-qwen2 has vocab_size 512
 
 # The training run every fault test repeats: micro-qwen2, seq 32, 10 steps, a checkpoint every 3
-# steps (3, 6, 9), two kept, so step 9's save also rotates checkpoint-3 away.
+# steps (3, 6, 9) and at the last step (10), two kept, so step 9's save also rotates checkpoint-3 away.
 RUN_CONFIG = {
     "model_name_or_path": "micro-qwen2", "tokenizer_name_or_path": "tok", "input_dir": "data",
     "output_dir": "out", "device": "cpu", "split": "98,2,0", "max_seq_length": 32,

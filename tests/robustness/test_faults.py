@@ -1,7 +1,7 @@
 """kill -9 at many points, a full disk during a save, and a killed preprocess.
 
-Each training scenario kills the reference run (micro-qwen2, 10 steps, checkpoints at 3/6/9,
-two kept) at one precise point via fault_inject/sitecustomize.py, then re-runs the very same
+Each training scenario kills the reference run (micro-qwen2, 10 steps, checkpoints at 3/6/9 and at
+the last step 10, two kept) at one precise point via fault_inject/sitecustomize.py, then re-runs the very same
 command: it must resume from the newest complete checkpoint and finish with final weights
 byte-identical to the uninterrupted reference run.
 """
@@ -22,7 +22,9 @@ SCENARIOS = {
     "writing_optimizer_state": ("save_optimizer:3", [3, 6], 6),
     "before_publish_rename": ("publish:2", [3], 3),
     "during_rotation": ("rotate:1", [6, 9], 9),
-    "writing_final_weights": ("save_weights:4", [6, 9], 9),
+    "writing_last_checkpoint": ("save_weights:4", [6, 9], 9),
+    # killed after checkpoint-10 (the last step's) while writing the final model: the re-run trains no step
+    "writing_final_weights": ("save_weights:5", [9, 10], 10),
 }
 
 
@@ -47,7 +49,7 @@ def _finish_and_compare(d, reference, resumed_from):
         assert f"resumed from out/checkpoint-{resumed_from} at step {resumed_from}" in p.stdout
     out, ref = d / "out", reference / "out"
     assert (out / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
-    for step in (6, 9):
+    for step in (9, 10):
         for f in ("model.safetensors", "optimizer.safetensors"):
             assert (out / f"checkpoint-{step}" / f).read_bytes() == (ref / f"checkpoint-{step}" / f).read_bytes()
     assert not [x.name for x in out.iterdir() if x.name.endswith((".tmp", ".deleting")) or ".tmp" in x.name]

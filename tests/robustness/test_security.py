@@ -56,7 +56,7 @@ def test_no_unpickling_on_resume_or_eval(workdir, reference):
     p = run_cli(["eval", "--model", "ckpt", "--data", "data/c", "--max_seq_length", "32", "--max_batches", "2",
                  "--json"], cwd=workdir)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert json.loads(p.stdout.strip().splitlines()[-1])["weights"] == "trained weights"
+    assert json.loads(p.stdout)["model_weights"] == "trained weights"
     assert not marker.exists()
     assert not (workdir / "pwned").exists() and not (workdir / "pwned2").exists()
     assert sorted(os.listdir(os.path.expanduser("~"))) == home_before

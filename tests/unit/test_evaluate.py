@@ -79,14 +79,26 @@ def test_loss_is_mean_over_every_predicted_token(corpus, model_dir, capsys):
         losses += list(lse - logits[np.arange(8), w[1:]])
     assert out["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
     assert out["ppl"] == pytest.approx(math.exp(out["loss"]), rel=1e-9)
-    assert out["weights"] == "trained weights"
+    assert out["model_weights"] == "trained weights"
 
 
-def test_text_output_and_max_batches(corpus, model_dir, capsys):
+def test_text_output_says_what_was_measured(corpus, model_dir, capsys):
     prefix, _ = corpus
     evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, batch_size=2, max_batches=1))
-    line = capsys.readouterr().out
-    assert line.startswith("eval: loss ") and "over 16 tokens" in line
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"eval: 2 windows of 8 tokens from {prefix}; loss ")
+    assert "; perplexity " in captured.out and "(16 predicted tokens; " in captured.out
+    assert "trained weights" in captured.out and captured.out.count("\n") == 1
+    assert "eval" not in captured.err  # no progress bar when stderr is not a terminal
+
+
+def test_progress_bar_on_a_terminal_keeps_json_clean(corpus, model_dir, capsys, monkeypatch):
+    prefix, _ = corpus
+    monkeypatch.setattr(evaluate.sys.stderr, "isatty", lambda: True)
+    assert evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, batch_size=2, json=True)) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["windows"] == 5  # stdout is the JSON object and nothing else
+    assert "eval:   0%" in captured.err and "0/3 " in captured.err  # ceil(5 / 2) batches; erased when done
 
 
 def test_preset_random_init_is_seeded(corpus, capsys):
@@ -96,7 +108,7 @@ def test_preset_random_init_is_seeded(corpus, capsys):
     for _ in range(2):
         evaluate.main(_ns(model=tiny_vocab, data=prefix, max_seq_length=8, json=True, seed=3))
         runs.append(json.loads(capsys.readouterr().out))
-    assert runs[0]["loss"] == runs[1]["loss"] and runs[0]["weights"].startswith("random init")
+    assert runs[0]["loss"] == runs[1]["loss"] and runs[0]["model_weights"] == "random init (seed 3)"
 
 
 def test_errors(corpus, model_dir):
@@ -111,7 +123,7 @@ def test_cli_subcommand_json(corpus, model_dir, run_cli):
     prefix, _ = corpus
     r = run_cli("eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert {"loss", "ppl", "tokens"} <= set(out) and out["tokens"] == 40
+    out = json.loads(r.stdout)  # the whole of stdout: nothing else is printed there
+    assert {"loss", "ppl", "tokens", "model_weights"} <= set(out) and out["tokens"] == 40
     r = run_cli("eval", "--model", model_dir[0], "--data", prefix + "x", "--max_seq_length", "8", timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr

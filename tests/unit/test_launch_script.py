@@ -6,20 +6,21 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch.sh"
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# '-c' probes (is this a GPU build?) answer "no"; the launcher call is recorded instead of run.
-if [ "$1" = "-c" ]; then exit 1; fi
+# '-c' probes (is this a GPU build?) answer "no", the output_dir probe runs; the launcher call is recorded.
+if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
 echo "$@" > "$RECORD"
+echo "$PYTHONWARNINGS" > "$RECORD.warnings"
 """
 
 
-def _launch(tmp_path, **env):
+def _launch(tmp_path, *extra, **env):
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     record = tmp_path / "cmd.txt"
-    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "MKL_DEBUG_CPU_TYPE")}
+    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "MKL_DEBUG_CPU_TYPE", "LOG_DIR")}
     e.update(PYTHON=str(fake), RECORD=str(record), **env)
-    out = subprocess.run(["bash", str(SCRIPT), "cfg.json", "--max_steps", "3"], env=e, capture_output=True,
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json", "--max_steps", "3", *extra], env=e, capture_output=True,
                          text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     return record.read_text().split()
@@ -31,6 +32,18 @@ def test_cpu_defaults_to_one_process_per_node(tmp_path):
     assert cmd[cmd.index("--nproc_per_node") + 1] == "1"
     assert "--devices" not in cmd
     assert cmd[-3:] == ["cfg.json", "--max_steps", "3"]
+    assert cmd[cmd.index("--log_dir") + 1] == "log"  # no readable cfg.json: no output_dir to put it in
+
+
+def test_launcher_logs_go_to_the_runs_output_dir_and_its_warning_is_quiet(tmp_path):
+    (tmp_path / "cfg.json").write_text('{"output_dir": "./runs/a/"}')
+    cmd = _launch(tmp_path)
+    assert cmd[cmd.index("--log_dir") + 1] == "./runs/a/log"
+    assert "ignore:No ccache found" in (tmp_path / "cmd.txt.warnings").read_text()
+    cmd = _launch(tmp_path, "--output_dir", "elsewhere")  # the command line wins, as in training
+    assert cmd[cmd.index("--log_dir") + 1] == "elsewhere/log"
+    cmd = _launch(tmp_path, LOG_DIR="/tmp/x")
+    assert cmd[cmd.index("--log_dir") + 1] == "/tmp/x"
 
 
 def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):

@@ -163,3 +163,57 @@ def test_plan_does_not_import_paddle(write_args):
     out = subprocess.run([sys.executable, "-c", code, write_args()], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["params"]["total"] > 0
+
+
+def test_bf16_without_bf16_hardware_is_a_warning_with_the_fix(write_args, capsys):
+    cfg = write_args(bf16=True, fp16=False)
+    for device in ("V100-16GB", "T4"):
+        notes = [n for n in plan(cfg, device=device)["notes"] if n.startswith("bf16:")]
+        assert len(notes) == 1 and device in notes[0] and "fp16: true" in notes[0], notes
+    assert not [n for n in plan(cfg, device="A100-80GB")["notes"] if n.startswith("bf16:")]
+    assert cli_main(["plan", cfg, "--device", "V100-16GB"]) == 0
+    assert "note: bf16: WARNING: V100-16GB has no bf16" in capsys.readouterr().out
+
+
+def test_peak_tflops_flag_wins_and_the_source_is_named(write_args, capsys):
+    cfg = write_args(bf16=True, fp16=False, peak_tflops=50.0)
+    assert plan(write_args(bf16=True, fp16=False), device="A100-80GB")["device"]["peak_tflops"] == 312.0
+    from_file = plan(cfg, device="A100-80GB")["device"]
+    assert from_file["peak_tflops"] == 50.0 and from_file["peak_source"] == "peak_tflops in the argument file"
+    flag = plan(cfg, device="A100-80GB", peak_tflops=123.0)
+    assert flag["device"]["peak_tflops"] == 123.0 and flag["device"]["peak_source"] == "--peak_tflops on the command line"
+    assert flag["eta_hours"] == pytest.approx(10_240_000 * flag["flops_per_token"]["model"] / (123e12 * 0.4) / 3600)
+    assert cli_main(["plan", write_args(), "--device", "cpu"]) == 0  # no peak known: the report says how to give one
+    assert "ETA: unknown: no peak for this device and precision; pass --peak_tflops N" in capsys.readouterr().out
+    assert cli_main(["plan", cfg, "--device", "cpu", "--peak_tflops", "2.5"]) == 0
+    text = capsys.readouterr().out
+    assert "peak: 2.5 TFLOPS per device, from --peak_tflops on the command line" in text and "ETA: unknown" not in text
+    with pytest.raises(UserError, match="--peak_tflops"):
+        plan(cfg, peak_tflops=0)
+
+
+def test_hardware_flops_only_with_recompute(write_args, capsys):
+    assert cli_main(["plan", write_args()]) == 0
+    assert "hardware (with recompute)" not in capsys.readouterr().out
+    assert cli_main(["plan", write_args(recompute=True)]) == 0
+    assert "hardware (with recompute)" in capsys.readouterr().out
+
+
+def test_a_model_no_single_device_holds_gets_more_devices_first(write_args, capsys):
+    cfg = write_args(model_name_or_path="meta-llama/Meta-Llama-3-8B", bf16=True, fp16=False, sharding="",
+                     max_seq_length=2048, use_flash_attention=True)
+    r = plan(cfg, device="A100-80GB")
+    assert not r["fits"] and not any(s["fits"] for s in r["suggestions"][1:])
+    first = r["suggestions"][0]
+    assert first["fits"] and first["gpus"] >= 2 and first["change"]["sharding"].startswith("stage")
+    extra = [tok for k, v in first["change"].items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else v)]
+    assert plan(cfg, extra, device="A100-80GB", gpus=first["gpus"], suggest_changes=False)["fits"]
+    fewer = plan(cfg, ["--sharding", "stage3"], device="A100-80GB", gpus=first["gpus"] // 2, suggest_changes=False)
+    assert first["gpus"] == 2 or not fewer["fits"]  # the fewest devices (powers of two) that fit
+    if first["change"]["sharding"] != "stage1":  # and the lowest stage that fits at that size
+        lower = f"stage{int(first['change']['sharding'][-1]) - 1}"
+        assert not plan(cfg, ["--sharding", lower], device="A100-80GB", gpus=first["gpus"], suggest_changes=False)["fits"]
+    assert cli_main(["plan", cfg]) == 0
+    assert f"  1. --gpus {first['gpus']} with \"sharding\": \"{first['change']['sharding']}\"" in capsys.readouterr().out
+    assert "--peak_tflops" in subprocess.run([sys.executable, "-m", "pretrain_cli", "plan", "--help"],
+                                             capture_output=True, text=True, timeout=60).stdout

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROBE = r"""
 import ctypes, json, sys
 from pretrain_cli import runtime
@@ -46,3 +48,19 @@ def test_system_malloc_opt_out_keeps_glibc_defaults():
     r = _probe({"PRETRAIN_CLI_MALLOC": "system"})
     assert r["tuned"] is False
     assert r["mmapped_live"] >= 64 << 20  # glibc's default: one mmap per big block
+
+
+@pytest.mark.filterwarnings("ignore:Currently not a parallel execution environment")
+def test_flags_banner_is_dropped_and_everything_else_passes(capsys):
+    from pretrain_cli import runtime
+
+    runtime.import_paddle()
+    import paddle.distributed as dist
+
+    dist.init_parallel_env()  # one process: Paddle prints its banner, warns and returns
+    assert "Modified FLAGS detected" in capsys.readouterr().err  # (what the wrapper is for)
+    with runtime.without_flags_banner():
+        dist.init_parallel_env()
+        sys.stderr.write("a real problem\n")
+    err = capsys.readouterr().err
+    assert "Modified FLAGS" not in err and "FLAGS_enable_pir_in_executor" not in err and "a real problem\n" in err

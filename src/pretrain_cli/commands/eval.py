@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from pretrain_cli.errors import UserError
@@ -11,17 +12,21 @@ from pretrain_cli.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="model directory (HF safetensors or one of our checkpoints) or a preset name "
-                             "(random init, seeded by --seed); with --config defaults to its output_dir")
-    parser.add_argument("--data", default=None, help="token file prefix (<prefix>.bin/.idx)")
-    parser.add_argument("--max_seq_length", type=int, default=None, help="window length L")
+                             "(random init, seeded by --seed); with --config defaults to its output_dir "
+                             "(or its newest checkpoint)")
+    parser.add_argument("--data", default=None, help="token file prefix (<prefix>.bin/.idx) to cut into windows; required without --config")
+    parser.add_argument("--max_seq_length", type=int, default=None, help="window length L in tokens; required with --data")
     parser.add_argument("--config", default=None,
                         help="a training argument file: evaluate its --split (valid/test) on the same eval_iters "
-                             "batches the trainer uses, instead of --data windows")
-    parser.add_argument("--split", default="valid", choices=("valid", "test"), help="split of --config to use")
-    parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass")
-    parser.add_argument("--max_batches", type=int, default=None, help="stop after this many batches")
-    parser.add_argument("--seed", type=int, default=42, help="init seed when --model has no weights")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a text line")
+                             "batches the trainer uses, instead of --data windows (default: none)")
+    parser.add_argument("--split", default="valid", choices=("valid", "test"),
+                        help="split of --config to use (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass (default: %(default)s)")
+    parser.add_argument("--max_batches", type=int, default=None,
+                        help="stop after this many batches (default: the whole file; with --config, eval_iters)")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="init seed when --model has no weights (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary line")
 
 
 def _model_config(name: str):
@@ -33,11 +38,32 @@ def _model_config(name: str):
     return model_dir, ModelConfig.from_file(model_dir)
 
 
-def _report(ns: argparse.Namespace, result: dict, t0: float, text: str) -> int:
-    """Print one JSON object (`--json`) or one human line, with the elapsed time added."""
+def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
+    """Print one JSON object (`--json`) or one line that says in words what was measured."""
     result["seconds"] = round(time.perf_counter() - t0, 3)
-    print(json.dumps(result) if ns.json else text.format(**result))
+    if ns.json:
+        print(json.dumps(result))
+    else:
+        print(f"eval: {what}; loss {result['loss']:.4f}; perplexity {result['ppl']:.2f} ({result['tokens']:,} "
+              f"predicted tokens; {result['model']}, {result['model_weights']}; {result['seconds']:.1f} s)")
     return 0
+
+
+def _loss_sum(model, batches, total: int):
+    """`evaluation.loss_sum` with a progress bar on stderr when it is a terminal (as `train` shows one);
+    never in a pipe or a log file, and never on stdout, which holds only the result."""
+    from pretrain_cli.training.evaluation import loss_sum
+
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="eval", unit="batch", dynamic_ncols=True, mininterval=0.5, leave=False)
+    try:
+        return loss_sum(model, batches, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _main_config(ns: argparse.Namespace) -> int:
@@ -46,7 +72,7 @@ def _main_config(ns: argparse.Namespace) -> int:
     from pretrain_cli.config.prepare import prepare
     from pretrain_cli.config.run_config import Target
     from pretrain_cli.models.convert import has_weights, load_for_inference
-    from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+    from pretrain_cli.training.evaluation import perplexity, split_batches
 
     flag = "--do_eval" if ns.split == "valid" else "--do_predict"
     spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true"],
@@ -65,12 +91,12 @@ def _main_config(ns: argparse.Namespace) -> int:
     model, source = load_for_inference(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
     batches, bs = ns.max_batches or lp.eval_iters, lp.eval_batch
-    total, count, _ = loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches))
+    total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
-              "model": model_name, "config": ns.config, "split": ns.split, "weights": source}
-    return _report(ns, result, t0, "eval: {split} loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
-                   f"({batches} batches of {bs}; {{weights}}; {{seconds:.1f}}s)")
+              "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source}
+    return _report(ns, result, t0, f"{samples} samples of {spec.run.data.max_seq_length} tokens from the {ns.split} "
+                   f"split of {ns.config} ({batches} batches of {bs})")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -86,7 +112,7 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--max_batches: must be >= 1, got {ns.max_batches}")
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import check_seq_len
-    from pretrain_cli.training.evaluation import loss_sum, perplexity, read_tokens, window_batches, window_count
+    from pretrain_cli.training.evaluation import perplexity, read_tokens, window_batches, window_count
 
     tokens, loss_mask = read_tokens(ns.data)
     if (len(tokens) - 1) // ns.max_seq_length < 1:
@@ -102,13 +128,12 @@ def main(ns: argparse.Namespace) -> int:
 
     model, source = load_for_inference(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
-    n_windows, _ = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
+    n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
     batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask)
-    total, count, _ = loss_sum(model, batches)
+    total, count, _ = _loss_sum(model, batches, n_batches)
     if count == 0:
         raise UserError(f"--data: {ns.data}.lsm masks every target token of these windows; nothing to evaluate")
     loss = total / count
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "windows": n_windows,
-              "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "weights": source}
-    return _report(ns, result, t0, "eval: loss {loss:.4f} ppl {ppl:.2f} over {tokens} tokens "
-                   "({windows} windows of {max_seq_length}; {weights}; {seconds:.1f}s)")
+              "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "model_weights": source}
+    return _report(ns, result, t0, f"{n_windows:,} windows of {ns.max_seq_length} tokens from {ns.data}")

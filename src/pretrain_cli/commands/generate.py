@@ -15,12 +15,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint / HF model directory, or a preset (random init)")
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
-    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    parser.add_argument("--top_k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
-    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (and init seed for a preset)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 = greedy; > 0 samples (default: %(default)s)")
+    parser.add_argument("--top_k", type=int, default=0,
+                        help="sample from the k most likely tokens; 0 = all (default: %(default)s)")
+    parser.add_argument("--top_p", type=float, default=1.0,
+                        help="nucleus sampling: the smallest set of tokens with this probability mass "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="sampling seed, and init seed for a preset (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -55,7 +60,7 @@ def main(ns: argparse.Namespace) -> int:
     text = tok.decode(new)
     if ns.json:
         print(json.dumps({"prompt": ns.prompt, "completion": text, "tokens": new, "model": str(model_dir),
-                          "weights": source}))
+                          "model_weights": source}))
     else:
         print(ns.prompt + text)
     return 0

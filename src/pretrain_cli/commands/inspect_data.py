@@ -13,18 +13,24 @@ from pretrain_cli.errors import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prefix", nargs="?", help="token file prefix (PREFIX.bin/.idx; .bin/.idx suffix accepted)")
-    parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode")
-    parser.add_argument("--decode", type=int, metavar="N", help="print document N as text")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--step", type=int, help="show the samples and batch hashes of optimizer step K")
-    parser.add_argument("--config", help="training config (JSON): data keys and batch sizes for --step")
-    parser.add_argument("--max_seq_length", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--split", default="949,50,1")
-    parser.add_argument("--sample_mode", default="packed", choices=("packed", "padded"))
-    parser.add_argument("--batch_size", type=int, default=8, help="per-device micro-batch")
-    parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    parser.add_argument("--dp_size", type=int, default=1, help="data-parallel ranks (dp x sharding)")
+    parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode "
+                                            "(default: none; ids are checked against the file alone)")
+    parser.add_argument("--decode", type=int, metavar="N", help="print document N as text (default: statistics)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    parser.add_argument("--step", type=int, metavar="K",
+                        help="show the samples and batch hashes of optimizer step K (default: statistics)")
+    parser.add_argument("--config", help="training argument file: its data keys and batch sizes for --step "
+                                         "(default: the flags below)")
+    parser.add_argument("--max_seq_length", type=int, default=1024, help="for --step (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42, help="for --step (default: %(default)s)")
+    parser.add_argument("--split", default="949,50,1", help="for --step (default: %(default)s)")
+    parser.add_argument("--sample_mode", default="packed", choices=("packed", "padded"),
+                        help="for --step (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=8,
+                        help="per-device micro-batch, for --step (default: %(default)s)")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="for --step (default: %(default)s)")
+    parser.add_argument("--dp_size", type=int, default=1,
+                        help="data-parallel ranks (dp x sharding), for --step (default: %(default)s)")
 
 
 def _skipped_batches(output_dir: str) -> tuple[list, str | None]:

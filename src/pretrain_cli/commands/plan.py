@@ -11,19 +11,22 @@ import json
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, Device, format_report, report, suggest
+from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, Device, format_report, more_devices, report, suggest
 
 DEFAULT_DEVICE = "A100-80GB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE,
-                        help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (default {DEFAULT_DEVICE}; "
-                             f"known: {', '.join(d.name for d in hardware.DEVICES.values())})")
-    parser.add_argument("--gpus", type=int, default=1, help="devices (processes) in the run (default 1)")
+                        help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
+                             f"{', '.join(d.name for d in hardware.DEVICES.values())}; default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=1, help="devices (processes) in the run (default: %(default)s)")
     parser.add_argument("--mfu", type=float, default=None,
-                        help=f"assumed model-FLOPs utilisation for the ETA (default {MFU_HALF} with fp16/bf16, "
+                        help=f"assumed model-FLOPs utilisation for the ETA (default: {MFU_HALF} with fp16/bf16, "
                              f"{MFU_FP32} in fp32)")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
+                             "hardware table (default: the table's peak for --device and the run's precision)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
 
@@ -62,30 +65,36 @@ def _resolve(config, overrides: list[str], device: Device, gpus: int):
 
 
 def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-         mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0) -> dict:
+         mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
+         peak_tflops: float | None = None) -> dict:
     """The report `plan --json` prints, with suggestions when the run does not fit."""
     if gpus < 1:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
     if mfu is not None and not 0 < mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
+    if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
+        raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
     overrides = list(overrides or [])
     dev = target_device(device)
     run, cfg, notes = _resolve(config, overrides, dev, gpus)
-    out = report(run, cfg, dev, mfu, baseline_bytes, config)
+    out = report(run, cfg, dev, mfu, baseline_bytes, config, peak_tflops)
     out["notes"] = notes + out["notes"]
     if suggest_changes and not out["fits"]:
-        def replan(change: dict):
+        def replan(change: dict, world: int = gpus):
             extra = [tok for k, v in change.items() for tok in (f"--{k}", _fmt(v))]
             try:
-                return plan(config, overrides + extra, device, gpus, mfu, False, baseline_bytes)
+                return plan(config, overrides + extra, device, world, mfu, False, baseline_bytes, peak_tflops)
             except UserError:
                 return None
 
         out["suggestions"] = suggest(run, out, replan)
+        if not any(s["fits"] for s in out["suggestions"]):  # nothing fits these devices: more of them, first
+            scale = more_devices(out, out["suggestions"], replan)
+            out["suggestions"][:0] = [scale] if scale else []
     return out
 
 
 def main(ns: argparse.Namespace) -> int:
-    r = plan(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu)
+    r = plan(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
     print(json.dumps(r, indent=2) if ns.json else format_report(r))
     return 0

@@ -8,13 +8,15 @@ from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_path", nargs="+", required=True, help="jsonl/json/txt files or directories")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--vocab_size", type=int, required=True)
-    parser.add_argument("--min_frequency", type=int, default=2)
+    parser.add_argument("--output_dir", required=True, help="directory for tokenizer.json and its config files")
+    parser.add_argument("--vocab_size", type=int, required=True, help="tokens in the vocabulary, special tokens included")
+    parser.add_argument("--min_frequency", type=int, default=2,
+                        help="merges seen fewer times than this are not learned (default: %(default)s)")
     parser.add_argument("--special_tokens", nargs="+", default=DEFAULT_SPECIALS,
-                        help="default: [PAD] [BOT] [EOT] [UNK] (pad, bos, eos, unk)")
-    parser.add_argument("--json_key", default="text")
-    parser.add_argument("--skip_bad_lines", action="store_true")
+                        help=f"special tokens, in the roles pad, bos, eos, unk (default: {' '.join(DEFAULT_SPECIALS)})")
+    parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
+    parser.add_argument("--skip_bad_lines", action="store_true", help="skip and count bad lines (default: a bad line "
+                                                                       "is an error)")
 
 
 def main(ns: argparse.Namespace) -> int:

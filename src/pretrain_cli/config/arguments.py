@@ -178,7 +178,8 @@ class TrainingArguments:
     save_on_each_node: bool = _f(False, "Multi-node saving is done once, by global rank 0.", "ignored")
     # --- logging
     logging_steps: int = _f(500, "Log every N optimizer steps.")
-    logging_first_step: bool = _f(False, "Also log after the first step.")
+    logging_first_step: bool = _f(True, "Also log after the first step, so the starting loss is visible (PaddleNLP's "
+                                        "default is false: first line at step logging_steps).")
     logging_dir: Optional[str] = _f(None, "VisualDL directory (None = output_dir/runs).")
     report_to: Optional[List[str]] = _f(None, "Loggers: visualdl (default), none.")
     disable_tqdm: Optional[bool] = _f(

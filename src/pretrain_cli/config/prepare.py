@@ -95,19 +95,20 @@ def build_model_config(args: Arguments):
     return model_dir, cfg
 
 
-def _tokenizer(run: RunConfig, model_cfg):
+def _tokenizer(args: Arguments, model_cfg):
+    """(directory, tokenizer) or (None, None); checked against the model's vocabulary when it is known."""
     from pretrain_cli.config.presets import resolve_tokenizer_dir
 
-    tok_dir = resolve_tokenizer_dir(run.model.tokenizer, run.model.name_or_path)
+    tok_dir = resolve_tokenizer_dir(args.model.tokenizer_name_or_path, args.model.model_name_or_path)
     if tok_dir is None:
-        if run.data.sample_mode == "padded":
+        if args.data.sample_mode == "padded":
             raise UserError("tokenizer_name_or_path: sample_mode 'padded' needs a tokenizer for [BOT]/[EOT]/[PAD]; "
                             "set tokenizer_name_or_path to a tokenizer directory")
         return None, None
     from pretrain_cli.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tok_dir)
-    if tok.vocab_size > model_cfg.vocab_size:
+    if model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
                         f"model's vocab_size is {model_cfg.vocab_size}; use a model config with vocab_size >= "
                         f"{tok.vocab_size} or a smaller tokenizer")
@@ -123,6 +124,15 @@ def _data(run: RunConfig, model_cfg, tokenizer):
     return build_datasets(input_dir=d.input_dir, split=d.split_text, max_seq_length=d.max_seq_length, seed=lp.seed,
                           sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
                           vocab_size=model_cfg.vocab_size)
+
+
+def _open_token_files(input_dir: str) -> None:
+    """Every source of `input_dir` opens as a token file (what `_data` needs first, whatever the split)."""
+    from pretrain_cli.data import open_token_file
+    from pretrain_cli.data.blend import parse_input_dir
+
+    for _, prefix in parse_input_dir(input_dir):
+        open_token_file(prefix)
 
 
 def find_resume(run: RunConfig) -> Path | None:
@@ -160,14 +170,16 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
     args = load_arguments(config, overrides)
     problems = Problems()
     built = problems.run(build_model_config, args)
-    if built is None:  # the other checks need the model's shape
-        problems.run(resolve, args, _placeholder_config(), target)
+    if built is not None:
+        problems.run(check_seq_len, built[1], args.data.max_seq_length)
+    # without the model's shape, a placeholder that passes every check still finds the argument problems
+    run = problems.run(resolve, args, built[1] if built else _placeholder_config(), target)
+    if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too
+        problems.run(_tokenizer, args, built[1] if built else None)
+        if open_data and args.data.input_dir is not None:
+            problems.run(_open_token_files, args.data.input_dir)
         problems.raise_if_any()
     model_dir, model_cfg = built
-    problems.run(check_seq_len, model_cfg, args.data.max_seq_length)
-    run = problems.run(resolve, args, model_cfg, target)
-    if run is None:
-        problems.raise_if_any()
     for message in not_yet_supported(run):
         problems.add(message)
     spec = RunSpec(args, run, model_dir, model_cfg)
@@ -175,7 +187,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
         from pretrain_cli.models.convert import find_weights
 
         problems.run(find_weights, model_dir)  # names the directory when there are no weights
-    tok = problems.run(_tokenizer, run, model_cfg)
+    tok = problems.run(_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok
     if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)

@@ -131,11 +131,19 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
     return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
 
 
-def _precision(args: Arguments, device: str, notes: list, problems: Problems) -> Precision:
+def _precision(args: Arguments, device: str, notes: list, problems: Problems, gpu_name: str | None = None) -> Precision:
     t = args.training
     if t.fp16 and t.bf16:
         problems.add("fp16, bf16: both are true; choose one precision")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
+    if want == "bfloat16" and device == "gpu" and gpu_name:
+        from pretrain_cli.planning.hardware import lookup
+
+        dev = lookup(gpu_name)
+        if dev is not None and dev.bf16_tflops is None:
+            notes.append(f"bf16: WARNING: {dev.name} has no bf16 tensor cores (they came with Ampere: A10, A100, "
+                         f"L4, H100), so bf16 runs emulated and slow, if at all; set bf16: false and fp16: true "
+                         f"(loss scaling keeps fp16 stable), or use an Ampere-or-newer GPU")
     if want and device == "cpu":
         notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
                      f"matmul kernels); the run stays fp32")
@@ -258,7 +266,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         device = "cpu"
         notes.append("device: gpu requested but this Paddle has no GPU build; running on cpu "
                      "(install paddlepaddle-gpu for GPUs, or set device: cpu to silence this)")
-    precision = _precision(args, device, notes, problems)
+    precision = _precision(args, device, notes, problems, target.gpu_name)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, precision, notes, problems)

@@ -197,7 +197,7 @@ class Loop:
     eval_iters: int = 10
     eval_steps: int = 1
     logging_steps: int = 1
-    logging_first_step: bool = False
+    logging_first_step: bool = True
     save_steps: int = 500
     save_total_limit: int | None = None
     seed: int = 42

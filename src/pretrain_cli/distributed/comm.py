@@ -40,6 +40,9 @@ class NoComm:
     def wait_for_rank0(self, what: str, timeout: float | None = None) -> None:
         pass
 
+    def wait_until_seen(self, timeout: float = 30.0) -> None:
+        pass
+
 
 class Comm(NoComm):
     def __init__(self, rank: int, world: int):
@@ -105,6 +108,10 @@ class Comm(NoComm):
             except Exception as e:  # the store lives in rank 0's process: rank 0 is gone
                 raise UserError(f"rank {self.rank}: lost rank 0 while it was {what} ({e}); see workerlog.0") from None
             if value > 0:
+                try:
+                    store.add(f"{key}/seen", 1)  # rank 0 stays until every rank has seen its last round
+                except Exception:  # rank 0 gave up waiting: it is done either way
+                    pass
                 return
             if value < 0:
                 raise UserError(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
@@ -113,6 +120,18 @@ class Comm(NoComm):
                                 f"raise PRETRAIN_CLI_RANK0_TIMEOUT if that is expected")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+    def wait_until_seen(self, timeout: float = 30.0) -> None:
+        """Rank 0, before it exits: wait until every other rank has seen its last round end. The TCP store
+        lives in rank 0's process, so leaving sooner cuts off a rank still sleeping between polls, which
+        would then report a false 'lost rank 0'. Other ranks, and rank 0 without rounds: nothing to do."""
+        if self.rank != 0 or not self._rounds:
+            return
+        key = f"{_KEY}/save/{self._rounds}/seen"
+        store, deadline = self._store(), time.monotonic() + timeout
+        while store.add(key, 0) < self.world - 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def build_comm(parallel) -> NoComm:

@@ -45,21 +45,24 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes)
 
 
-def peak(run, device: Device) -> tuple[float | None, str]:
-    """(peak TFLOPS per device, where it came from) for the ETA."""
+def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
+    """(peak TFLOPS per device, where it came from) for the ETA: --peak_tflops, else the file's
+    peak_tflops, else the hardware table."""
+    if peak_tflops is not None:
+        return peak_tflops, "--peak_tflops on the command line"
     if run.loop.peak_tflops is not None:
         return run.loop.peak_tflops, "peak_tflops in the argument file"
     if device.entry is None:
-        return None, "none: cpu has no table entry; set peak_tflops (measure a matmul) for an ETA"
+        return None, "cpu has no table entry"
     value = hardware.peak_tflops(device.entry, run.precision.amp_dtype)
     kind = {"float16": "fp16", "bfloat16": "bf16"}.get(run.precision.amp_dtype, "fp32 (non-tensor-core)")
     if value is None:
-        return None, f"none: {device.name} has no {kind} peak in pretrain_cli.planning.hardware"
+        return None, f"{device.name} has no {kind} peak in pretrain_cli.planning.hardware"
     return value, f"pretrain_cli.planning.hardware table {hardware.TABLE_VERSION}: {device.name} dense {kind}"
 
 
 def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
-           config: str | None = None) -> dict:
+           config: str | None = None, peak_tflops: float | None = None) -> dict:
     """The whole plan as a JSON-ready dict (what `plan --json` prints)."""
     from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
 
@@ -69,13 +72,13 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
     total = sum(parts.values()) / GIB
     model_fpt = flops_per_token(cfg, s)
     total_tokens = run.tokens_per_step * max(lp.max_steps, 0)
-    peak_tflops, peak_source = peak(run, device)
+    peak_tflops, peak_source = peak(run, device, peak_tflops)
     if mfu is None:
         mfu = MFU_HALF if run.precision.enabled else MFU_FP32
     eta = None if peak_tflops is None else total_tokens * model_fpt / (par.world_size * peak_tflops * 1e12 * mfu) / 3600
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
-    n_saves = max(lp.max_steps, 0) // lp.save_steps
+    n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
     kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
     return {
         "config": config, "device": {"name": device.name, "memory_gib": device.memory_gib,
@@ -158,6 +161,34 @@ def suggest(run, base: dict, replan) -> list[dict]:
     return out
 
 
+MAX_DEVICES = 4096
+
+
+def more_devices(base: dict, singles: list[dict], replan) -> dict | None:
+    """When no setting fits on the devices asked for: the fewest devices (powers of two) and the lowest
+    sharding stage at which the run fits, re-planned with `replan(change, gpus)`; at each size stage3
+    is also tried with the single-device savings (recompute, smaller micro-batch) added."""
+    extra = {k: v for s in singles for k, v in s["change"].items() if k not in ("max_seq_length", "sharding")}
+    world = 2
+    while world <= base["gpus"]:
+        world *= 2
+    while world <= MAX_DEVICES:
+        changes = [{"sharding": f"stage{k}"} for k in (1, 2, 3)] + ([{"sharding": "stage3", **extra}] if extra else [])
+        for change in changes:
+            r = replan(change, world)
+            if r is None or not r["fits"]:
+                continue
+            why = (f"fewest devices that fit: the model's state does not fit {base['gpus']} x {base['device']['name']} "
+                   f"at any setting; sharding spreads it over {world}")
+            later = [n.split(":")[0] for n in r["notes"] if n.endswith("(plan models it anyway)")]
+            if later:
+                why += f"; plan models it, but train cannot run this {' + '.join(later)} yet"
+            return {"gpus": world, "change": change, "memory_gib": r["memory_gib"],
+                    "saves_gib": base["memory_gib"] - r["memory_gib"], "fits": True, "why": why}
+        world *= 2
+    return None
+
+
 def _si(n: float) -> str:
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= div:
@@ -167,7 +198,7 @@ def _si(n: float) -> str:
 
 def format_report(r: dict) -> str:
     d, p, par, m = r["device"], r["params"], r["parallel"], r["model"]
-    peak_text = f"{d['peak_tflops']:g} TFLOPS" if d["peak_tflops"] else "no peak"
+    peak_text = f"{d['peak_tflops']:g} TFLOPS" if d["peak_tflops"] else "unknown"
     lines = [f"plan: {r['config'] or 'command line'} on {r['gpus']} x {d['name']} ({d['memory_gib']:.1f} GiB each)"]
     lines += [f"  note: {n}" for n in r["notes"]]
     lines.append(f"model: {m['model_type']}, {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}/"
@@ -175,8 +206,9 @@ def format_report(r: dict) -> str:
     lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
                  f"non-embedding{' (tied LM head counted once)' if r['tied'] else ''} [{p['total']:,}]")
     f = r["flops_per_token"]
-    lines.append(f"FLOPs/token: {f['model']:.4g} model (6N + 12·L·H·d·S, GQA-aware), {f['hardware']:.4g} hardware "
-                 f"(with recompute), PaddleNLP formula {f['paddlenlp']:.4g}")
+    hardware_flops = f", {f['hardware']:.4g} hardware (with recompute)" if r["recompute"] else ""
+    lines.append(f"FLOPs/token: {f['model']:.4g} model (6N + 12·L·H·d·S, GQA-aware){hardware_flops}, "
+                 f"PaddleNLP formula {f['paddlenlp']:.4g}")
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
                  f"(dp {par['dp']}, sharding stage {par['sharding_stage']} x{par['sharding_degree']}, tp {par['tp']}); "
                  f"recompute {r['recompute'] or 'off'}; attention {r['attention']}")
@@ -192,16 +224,21 @@ def format_report(r: dict) -> str:
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c["parts_gib"].items() if v)
     lines.append(f"checkpoints: {c['per_checkpoint_gib']:.2f} GiB each ({parts}) x {c['kept']} kept + final weights "
                  f"{c['final_weights_gib']:.2f} = {c['total_gib']:.2f} GiB on disk")
-    lines.append(f"peak: {peak_text} per device, from {d['peak_source']}")
+    lines.append(f"peak: {peak_text} per device, from {d['peak_source']}" if d["peak_tflops"]
+                 else f"peak: unknown ({d['peak_source']})")
     if r["eta_hours"] is not None:
         lines.append(f"ETA: {r['total_tokens'] * f['model']:.3g} FLOPs / ({r['gpus']} x {peak_text} x MFU "
                      f"{r['mfu']:.2f}) = {r['eta_hours']:.2f} h")
     else:
-        lines.append("ETA: unknown (no peak; set peak_tflops)")
+        lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
+                     "device) or set peak_tflops in the argument file")
     if r["suggestions"]:
-        lines.append("suggestions (each re-estimated; ranked by memory saved):")
+        lines.append("suggestions (each re-estimated; more devices first when no setting fits on these; then "
+                     "ranked by memory saved):")
         for i, sg in enumerate(r["suggestions"], 1):
             change = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sg["change"].items())
+            if "gpus" in sg:
+                change = f"--gpus {sg['gpus']} with {change}"
             lines.append(f"  {i}. {change}  -> {sg['memory_gib']:.2f} GiB (saves {sg['saves_gib']:.2f})"
                          f"{'  fits' if sg['fits'] else ''}; {sg['why']}")
     elif not r["fits"]:

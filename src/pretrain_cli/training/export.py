@@ -1,4 +1,4 @@
-"""The final output directory, as PaddleNLP lays it out, plus a loss-curve PNG.
+"""The final output directory, as PaddleNLP lays it out, plus the loss curve (`training.plot`).
 
 `output_dir/` gets the HF-loadable model (weights, config.json, generation_config.json,
 tokenizer files), `train_results.json`, `all_results.json`, `trainer_state.json`,
@@ -13,24 +13,9 @@ from pretrain_cli import atomic, run_dir
 from pretrain_cli.training.checkpoint import copy_tokenizer
 
 
-def loss_series(metrics_path: Path) -> list[list[tuple[float, float]]]:
-    train, evals = [], []
-    if metrics_path.is_file():
-        for line in metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("kind") == "train" and "loss" in rec:
-                train.append((rec["step"], rec["loss"]))
-            elif rec.get("kind") == "eval" and "eval_loss" in rec:
-                evals.append((rec["step"], rec["eval_loss"]))
-    return [train, evals]
-
-
 def write_final(spec, model, trainer, results: dict) -> None:
     from pretrain_cli.models.convert import save_hf
-    from pretrain_cli.training.plot import line_plot
+    from pretrain_cli.training.plot import write_loss_curve
 
     out = Path(spec.run.output.output_dir)
     if not spec.run.loop.do_train:  # eval/predict only: add to the run's record, rewrite nothing else
@@ -45,4 +30,4 @@ def write_final(spec, model, trainer, results: dict) -> None:
                       {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
     atomic.write_json(out / "all_results.json", results)
     atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
-    atomic.write_bytes(out / "loss_curve.png", line_plot(loss_series(out / run_dir.METRICS_FILE)))
+    write_loss_curve(out)

@@ -1,53 +1,90 @@
-"""A dependency-free PNG line plot for the loss curve (no matplotlib in the runtime deps)."""
+"""`output_dir/loss_curve.png`: training loss, eval/test loss and the learning rate against the step.
+
+Drawn with matplotlib's Agg renderer straight onto a `Figure` (no pyplot, no display, no global
+state), from `metrics.jsonl` (the one record of the run), at every checkpoint and at the end.
+matplotlib is imported only when a curve is drawn, so commands and `--help` never pay for it.
+"""
 from __future__ import annotations
 
-import struct
-import zlib
+import io
+import json
+from pathlib import Path
 
-_COLORS = [(31, 119, 180), (214, 39, 40), (44, 160, 44)]
+from pretrain_cli import atomic, run_dir
 
-
-def _png(width: int, height: int, rows: list[bytearray]) -> bytes:
-    raw = b"".join(b"\x00" + bytes(r) for r in rows)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+CURVE_FILE = "loss_curve.png"
 
 
-def line_plot(series: list[list[tuple[float, float]]], width: int = 640, height: int = 400) -> bytes:
-    """Each series is [(x, y), ...]; axes box, no labels (the numbers live in metrics.jsonl)."""
-    pts = [p for s in series for p in s]
-    rows = [bytearray(b"\xff" * (3 * width)) for _ in range(height)]
-    if not pts:
-        return _png(width, height, rows)
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    m = 30
+def read_records(metrics_path: Path) -> list[dict]:
+    """The JSON records of metrics.jsonl (a line cut short by a kill is skipped)."""
+    records = []
+    if Path(metrics_path).is_file():
+        for line in Path(metrics_path).read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
-    def put(x: int, y: int, c) -> None:
-        if 0 <= x < width and 0 <= y < height:
-            rows[y][3 * x:3 * x + 3] = bytes(c)
 
-    for x in range(m, width - m):  # axes
-        put(x, height - m, (0, 0, 0))
-    for y in range(m, height - m + 1):
-        put(m, y, (0, 0, 0))
+def _series(records: list[dict], kind: str, key: str) -> tuple[list, list]:
+    pts = [(r["step"], r[key]) for r in records if r.get("kind") == kind and isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
 
-    def to_px(p):
-        return (m + (p[0] - x0) / (x1 - x0) * (width - 2 * m), height - m - (p[1] - y0) / (y1 - y0) * (height - 2 * m))
 
-    for i, s in enumerate(series):
-        c = _COLORS[i % len(_COLORS)]
-        px = [to_px(p) for p in s]
-        for (ax, ay), (bx, by) in zip(px, px[1:] or px):
-            n = int(max(abs(bx - ax), abs(by - ay), 1))
-            for k in range(n + 1):
-                x, y = round(ax + (bx - ax) * k / n), round(ay + (by - ay) * k / n)
-                for dx in (0, 1):
-                    for dy in (0, 1):
-                        put(x + dx, y + dy, c)
-    return _png(width, height, rows)
+def loss_figure(records: list[dict], run_name: str):
+    """The figure: loss (left axis) and learning rate (right axis) against the optimizer step."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    lines = []
+    steps, loss = _series(records, "train", "loss")
+    if steps:
+        lines += ax.plot(steps, loss, color="C0", linewidth=1.5, label="training loss")
+    steps, loss = _series(records, "eval", "eval_loss")
+    if steps:
+        lines += ax.plot(steps, loss, color="C3", marker="o", linestyle=":", label="eval loss")
+    steps, loss = _series(records, "test", "test_loss")
+    if steps:
+        lines += ax.plot(steps, loss, color="C1", marker="s", linestyle="none", label="test loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(True, alpha=0.3)
+    steps, lr = _series(records, "train", "learning_rate")
+    if steps:
+        lr_ax = ax.twinx()
+        lines += lr_ax.plot(steps, lr, color="C2", linestyle="--", linewidth=1, label="learning rate")
+        lr_ax.set_ylabel("learning rate")
+        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    if lines:  # below the axes: it never hides a curve
+        fig.legend(lines, [line.get_label() for line in lines], loc="outside lower center", ncols=len(lines))
+    else:
+        ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(f"{run_name}: loss and learning rate", parse_math=False)  # a "$" in a path is not TeX
+    return fig
+
+
+def render_png(records: list[dict], run_name: str) -> bytes:
+    buf = io.BytesIO()
+    loss_figure(records, run_name).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def write_loss_curve(output_dir) -> Path | None:
+    """Draw metrics.jsonl into output_dir/loss_curve.png (atomically: rendered to bytes, then published).
+
+    A picture that cannot be drawn is a warning, never the end of a training run; a file that cannot be
+    written is the OSError every other write raises."""
+    import logging
+
+    out = Path(output_dir)
+    try:
+        png = render_png(read_records(out / run_dir.METRICS_FILE), out.resolve().name)
+    except Exception as e:  # matplotlib raises many types (fonts, backends, layout)
+        logging.getLogger("pretrain_cli").warning(f"{out / CURVE_FILE}: not drawn ({type(e).__name__}: {e}); "
+                                                  f"metrics.jsonl holds the same numbers")
+        return None
+    path = out / CURVE_FILE
+    atomic.write_bytes(path, png)
+    return path

@@ -24,7 +24,8 @@ def run(spec) -> int:
     r = spec.run
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
-    init_process_group(r.parallel, r.loop.seed)
+    with runtime.without_flags_banner():
+        init_process_group(r.parallel, r.loop.seed)
     comm = build_comm(r.parallel)
     watchdog.start(r.parallel)
     for line in spec.describe():
@@ -136,6 +137,7 @@ def finish(spec, trainer, comm) -> int:
             if trainer.train()["stopped_by_signal"]:
                 log.warning(stop_message(spec, trainer.state.global_step))
                 watchdog.stop()
+                comm.wait_until_seen()
                 return 0
         if r.loop.do_train:
             results.update(train_results(trainer))
@@ -158,6 +160,7 @@ def finish(spec, trainer, comm) -> int:
 
     with rank0_round(comm):
         export.write_final(spec, trainer.raw_model, trainer, results)
+    comm.wait_until_seen()
     return 0
 
 

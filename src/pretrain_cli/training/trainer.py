@@ -175,7 +175,7 @@ class Trainer:
                     self.evaluate("valid")
                     self.model.train()
                 stop = self.comm.any(self.stop_requested)
-                if step % lp.save_steps == 0 or stop:
+                if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
                     self._save()
                 if stop:
                     stopped_by_signal = step < lp.max_steps
@@ -256,6 +256,8 @@ class Trainer:
     def _save(self) -> None:
         if self.save_fn is not None:
             self.save_fn(self)
+        if self.writer is not None:  # rank 0: the loss curve up to this checkpoint
+            self.writer.plot()
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, split: str = "valid") -> dict:

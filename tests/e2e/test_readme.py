@@ -1,0 +1,101 @@
+"""Every command in the README's code blocks, as written, in a directory laid out like the demo's
+(`scripts/quickstart.sh`'s outputs, built small): the cheap ones run, `train` and launcher commands run
+`check` with the same arguments (what training would validate first), set-up commands are checked to
+exist. A command this test does not know fails it, so the README cannot grow an untested command."""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def readme_commands() -> list[list[str]]:
+    """argv of every command in the README's ```bash blocks (continuations joined, comments dropped)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+    out = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv:
+                out.append(argv)
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """configs/, scripts/ and demo/{corpus.jsonl, tokenizer, data/pydoc.*, output} as quickstart.sh leaves them."""
+    root = tmp_path_factory.mktemp("readme")
+    for name in ("configs", "scripts"):
+        (root / name).symlink_to(REPO / name)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_demo_corpus.py"), str(root / "demo" / "corpus.jsonl"),
+                    "--max_mb", "4"], check=True, capture_output=True)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert cli_main(["train-tokenizer", "--input_path", "demo/corpus.jsonl", "--output_dir", "demo/tokenizer",
+                         "--vocab_size", "2048"]) == 0
+        assert cli_main(["preprocess", "--input_path", "demo/corpus.jsonl", "--output_prefix", "demo/data/pydoc",
+                         "--tokenizer", "demo/tokenizer", "--append_eos"]) == 0
+        assert cli_main(["train", "configs/demo_cpu.json", "--overwrite_output_dir", "true", "--max_steps", "2",
+                         "--warmup_steps", "1", "--save_steps", "2", "--eval_steps", "2", "--eval_iters", "1",
+                         "--logging_steps", "1"]) == 0
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def _output_dir(argv: list[str], root: Path) -> str:
+    """output_dir as training would take it: the last --output_dir on the command line, else the file's."""
+    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output_dir"]
+    return given[-1] if given else json.loads((root / argv[0]).read_text())["output_dir"]
+
+
+def _check_training(args: list[str], root: Path) -> None:
+    assert args and args[0].endswith(".json") and (root / args[0]).is_file(), args
+    assert cli_main(["check", *args]) == 0, args
+
+
+def test_every_readme_command_runs_after_the_quickstart(demo, monkeypatch, capsys):
+    monkeypatch.chdir(demo)
+    quickstart = (REPO / "scripts" / "quickstart.sh").read_text()
+    kinds = []
+    for argv in readme_commands():
+        capsys.readouterr()
+        if argv[0] in ("scripts/quickstart.sh", "scripts/test.sh"):
+            assert os.access(REPO / argv[0], os.X_OK), argv
+            kinds.append("set-up")
+        elif argv[:2] == ["source", ".venv/bin/activate"]:
+            assert "-m venv .venv" in quickstart and "-m venv .venv" in (REPO / "scripts" / "test.sh").read_text()
+            kinds.append("set-up")
+        elif argv[:2] == ["pretrain-cli", "train"]:
+            _check_training(argv[2:], demo)
+            kinds.append("train")
+        elif argv[:2] == ["python", "scripts/run_pretrain.py"]:
+            _check_training(argv[2:], demo)
+            kinds.append("train")
+        elif argv[:3] == ["python", "-m", "paddle.distributed.launch"]:
+            at = argv.index("scripts/run_pretrain.py")
+            launcher, args = argv[3:at], argv[at + 1:]
+            assert launcher[launcher.index("--log_dir") + 1] == f"{_output_dir(args, demo).removeprefix('./')}/log"
+            _check_training(args, demo)
+            kinds.append("launch")
+        elif argv[0] == "pretrain-cli":
+            assert cli_main(argv[1:]) == 0, argv
+            kinds.append(argv[1])
+        elif argv[0] == "visualdl":
+            logdir = demo / argv[argv.index("--logdir") + 1]
+            assert any(p.name.startswith("vdlrecords.") for p in logdir.iterdir()) and "--language" in argv
+            kinds.append("visualdl")
+        else:
+            raise AssertionError(f"README command this test does not know how to check: {shlex.join(argv)}")
+    for kind in ("set-up", "train", "launch", "check", "plan", "train-tokenizer", "preprocess", "inspect-data",
+                 "eval", "generate", "--help", "visualdl"):
+        assert kind in kinds, kind  # the README still shows (and this test still runs) each kind
