@@ -160,10 +160,6 @@ class MLP(nn.Layer):
     def forward(self, x):
         if not self.kernels.pack_mlp:
             return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
-        # One GEMM over [gate | up]: the concat of two [hidden, inter] weights costs far less than
-        # the second GEMM's fixed overhead and a separate silu/multiply pair (docs/PERFORMANCE.md).
-        w = paddle.concat([self.gate_proj.weight, self.up_proj.weight], axis=1)  # [hidden, 2*inter]
-        gate_up = paddle.matmul(x, w)  # [bsz, seq_len, 2*inter]
-        if self.gate_proj.bias is not None:
-            gate_up = gate_up + paddle.concat([self.gate_proj.bias, self.up_proj.bias])  # [2*inter]
+        g, u = self.gate_proj, self.up_proj
+        gate_up = self.kernels.gate_up(x, g.weight, u.weight, g.bias, u.bias)  # [bsz, seq_len, 2*inter]
         return self.down_proj(self.kernels.swiglu_packed(gate_up))

@@ -119,6 +119,22 @@ def swiglu_reference(gate, up):
     return F.silu(gate) * up
 
 
+def gate_up_packed(x, gate_w, up_w, gate_b=None, up_b=None):
+    """`x @ [gate_w | up_w]` (+ biases) as one GEMM: `[..., 2·inter]` laid out [gate | up].
+
+    The concat of two `[hidden, inter]` weights costs far less than a second GEMM's fixed overhead
+    (docs/PERFORMANCE.md). A kernel, not model code, so a parallel layout can supply its own (each rank
+    concatenates its own pieces).
+    """
+    import paddle
+
+    w = paddle.concat([gate_w, up_w], axis=1)  # [hidden, 2*inter]
+    out = paddle.matmul(x, w)  # [..., 2*inter]
+    if gate_b is not None:
+        out = out + paddle.concat([gate_b, up_b])  # [2*inter]
+    return out
+
+
 def swiglu_packed(gate_up):
     """silu(gate)·up from one `[..., 2·inter]` tensor laid out [gate | up] (one GEMM, one kernel).
 
@@ -278,6 +294,7 @@ class Kernels:
     swiglu: Callable = swiglu_reference
     # MLP runs one GEMM on [gate | up] weights concatenated at forward time (names unchanged)
     pack_mlp: bool = True
+    gate_up: Callable = gate_up_packed
     swiglu_packed: Callable = swiglu_packed
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
