@@ -129,7 +129,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.config.run_config import Target
     from pretrain_cli.distributed.comm import build_comm
-    from pretrain_cli.distributed.strategy import init_process_group
+    from pretrain_cli.distributed.setup import init_process_group
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.models.flops import flops_per_token
     from pretrain_cli.training.run import assemble, build_model

@@ -135,7 +135,7 @@ def test_llama_8gpu_tensor_parallel(tmp_path):
                              "data_ranks": 4}
     assert r["tokens_per_step"] == 262_144
     assert r["flops_per_token"]["model"] == pytest.approx(5.147e10, rel=1e-3)
-    assert any("tensor_parallel_degree" in n for n in r["notes"])
+    assert not any("not supported" in n for n in r["notes"])  # train runs this layout: nothing to warn about
     n = r["params"]["total"] / 2 / 2**30
     assert r["memory_breakdown_gib"]["weights"] == pytest.approx(2 * n)
     assert r["fits"]

@@ -136,21 +136,30 @@ class TrainingArguments:
     amp_custom_black_list: Optional[List[str]] = _f(None, "Extra ops kept in fp32 under AMP.")
     amp_custom_white_list: Optional[List[str]] = _f(None, "Extra ops forced to half precision under AMP.")
     # --- parallelism
-    tensor_parallel_degree: int = _f(-1, "Tensor parallel degree (-1 or 1 = off; > 1 not supported yet).")
-    pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off; > 1 not supported yet).")
+    tensor_parallel_degree: int = _f(
+        -1, "Tensor parallel degree (-1 or 1 = off): q/k/v and gate/up column-parallel, o/down row-parallel, embedding "
+        "and LM head split over the vocabulary when the degree divides it; must divide the heads, KV heads, "
+        "intermediate size and world size (docs/DISTRIBUTED.md).")
+    pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off; > 1 is refused: use sharding: "
+                                           "stage3 or tensor_parallel_degree).")
     virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks; only with pipeline parallelism.")
-    sequence_parallel: bool = _f(False, "Megatron sequence parallelism; only with tensor parallelism.")
-    sharding: str = _f("", "Sharded data parallel: '' or 'stage1' (ZeRO-1); 'stage2'/'stage3' are refused with more "
-                           "than one process for now (no effect with one).")
-    sharding_parallel_degree: int = _f(-1, "Sharding degree (-1 = world / (tp·pp) when sharding is set).")
+    sequence_parallel: bool = _f(False, "Megatron sequence parallelism with tensor parallelism: refused (Paddle's "
+                                        "plans need collectives its CPU build lacks, so it is unverified here).")
+    sharding: str = _f("", "Sharded data parallel (ZeRO): 'stage1' shards the optimizer state, 'stage2' also the "
+                           "gradients, 'stage3' also the parameters; 'offload' is reported and ignored. No effect "
+                           "with one process.")
+    sharding_parallel_degree: int = _f(-1, "Sharding degree (-1 = every data-parallel rank, world / tp); a smaller "
+                                           "degree (dp x sharding) works with stage1 without tensor parallelism.")
     sep_parallel_degree: int = _f(-1, "Segment parallel degree (> 1 not supported).")
     context_parallel_degree: int = _f(-1, "Context parallel degree (> 1 not supported).")
-    tensor_parallel_config: str = _f("", "TP feature flags (TP is not supported yet).", "ignored")
+    tensor_parallel_config: str = _f("", "PaddleNLP's TP fusion/overlap flags; Paddle's semi-auto engine places the "
+                                         "collectives here.", "ignored")
     pipeline_parallel_config: str = _f("", "PP feature flags (PP is not supported yet).", "ignored")
     sharding_parallel_config: str = _f("", "Sharding feature flags (fusion/overlap tuning).", "ignored")
     data_parallel_config: str = _f("", "DP feature flags.", "ignored")
     hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology.", "ignored")
-    tensor_parallel_output: bool = _f(True, "Vocab-parallel logits; only with tensor parallelism.", "ignored")
+    tensor_parallel_output: bool = _f(True, "Vocab-parallel logits: with tensor parallelism the LM head is split over "
+                                          "the vocabulary whenever the degree divides it.", "ignored")
     # --- memory and kernels
     recompute: bool = _f(False, "Activation recomputation (checkpointing).")
     recompute_granularity: str = _f(

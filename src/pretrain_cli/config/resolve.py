@@ -213,9 +213,21 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             sharding = 1
         elif sharding == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
+    semi_auto = tp > 1 or stage in (2, 3)  # distributed.semi_auto: the sharding axis is every data rank
+    if semi_auto and 1 < sharding < rest:
+        problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
+                     f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
+    if t.sequence_parallel and tp > 1:
+        problems.add("sequence_parallel: not supported: Paddle's sequence-parallel plans reshard activations with "
+                     "reduce-scatter and all-to-all, which its CPU build lacks, so it could not be verified here; set "
+                     "it to false (norms and residuals stay replicated on the tensor-parallel ranks)")
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
+        offload = False
+    elif offload:
+        notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
+                     "fleet); ignored, and plan does not count it")
         offload = False
     return ParallelConfig(world_size=world, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
@@ -224,18 +236,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
 
 
 def not_yet_supported(run: RunConfig) -> list[str]:
-    """Layouts `plan` can model but `train` cannot run yet (one message each)."""
-    p, out = run.parallel, []
-    if p.tp_degree > 1:
-        out.append(f"tensor_parallel_degree: {p.tp_degree} is not supported yet; use sharding: stage1 "
-                   f"or set it to 1")
-    if p.zero_stage in (2, 3):
-        out.append(f"sharding: stage{p.zero_stage} is not supported yet (clipping and checkpoints need the sharded "
-                   f"gradients and optimizer state gathered); use sharding: stage1")
-    if p.zero_stage and run.precision.loss_scaling:
-        out.append("fp16: loss scaling together with sharding is not supported yet; use bf16 (no loss scaler "
-                   "needed) or plain data parallel (sharding: '')")
-    return out
+    """Layouts `plan` can model but `train` cannot run (one message each; none today)."""
+    return []
 
 
 def _cpu_layout_note(args: Arguments, device: str, world: int, notes: list) -> None:

@@ -31,6 +31,10 @@ class NoComm:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def gather_object(self, obj) -> list:
+        """[every rank's `obj`] in rank order (small, picklable-free values: numbers, strings, dicts)."""
+        return [obj]
+
     def agree_on_resume(self, mine: Path | None) -> Path | None:
         return mine
 
@@ -70,6 +74,13 @@ class Comm(NoComm):
         import paddle.distributed as dist
 
         return self._reduce(1.0 if flag else 0.0, dist.ReduceOp.MAX) > 0
+
+    def gather_object(self, obj) -> list:
+        import paddle.distributed as dist
+
+        out: list = []
+        dist.all_gather_object(out, obj)
+        return out
 
     # ------------------------------------------------------------------ through the launcher's TCP store
     def _store(self):

@@ -1,58 +1,58 @@
 """How a finished single-device model is spread over processes: one `Strategy` per layout.
 
 Model code is single-device; parallelism is applied here from outside, like torchtitan's
-`parallelize_fn` or nanoGPT's `DDP(model)`. The trainer calls the same methods whatever the layout
-(`wrap`, `no_sync`, `sync_grads`, `grad_params`, `global_norm_sq`, `step`, `gather_optimizer_state`):
+`parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
+methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
+step `shard_batch`, `no_sync`, `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
+`gather_weights` / `gather_optimizer_state` (full tensors on rank 0, whatever the layout).
 
 - `Strategy` (one process): every method is the identity;
-- `DataParallel`: `dist.init_parallel_env()` + `paddle.DataParallel` (gradients all-reduced in backward);
-- `FleetZero1` (`sharding: stage1`): fleet's `DygraphShardingOptimizer`, each rank owning and
-  updating a slice of the parameters and their AdamW state.
+- `DataParallel`: `paddle.DataParallel` (gradients all-reduced in backward, once per accumulated step);
+- `FleetZero1` (`sharding: stage1`): fleet's `DygraphShardingOptimizer`: each rank owns, updates and
+  keeps the AdamW state of a slice of the parameters. Kept over the semi-auto engine's stage 1 because
+  it is faster here (docs/DISTRIBUTED.md) and supports a sharding degree below the data-parallel world;
+- `SemiAuto` (`distributed/semi_auto.py`: ZeRO-2/3 and tensor parallelism): Paddle's semi-auto engine.
+
+`distributed.setup` picks the strategy for a resolved `ParallelConfig` and joins the process group.
 """
 from __future__ import annotations
 
 import contextlib
 
-from pretrain_cli.distributed import launch
-from pretrain_cli.errors import UserError
 
 
-def init_process_group(parallel, seed: int = 0) -> None:
-    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU)."""
-    if not parallel.distributed:
-        return
-    import paddle.distributed as dist
-
-    try:
-        if parallel.zero_stage == 1:
-            from paddle.distributed import fleet
-
-            strategy = fleet.DistributedStrategy()
-            strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": parallel.tp_degree,
-                                       "pp_degree": parallel.pp_degree, "sharding_degree": parallel.sharding_degree,
-                                       "order": ["dp", "pp", "sharding", "sep", "mp"]}
-            strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-            fleet.init(is_collective=True, strategy=strategy)
-        else:
-            dist.init_parallel_env()
-    except (RuntimeError, OSError) as e:
-        last = str(e).strip().splitlines()[-1] if str(e).strip() else e
-        raise UserError(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
-                        f"processes (master {launch.master()}): {last}; check that every node runs the same "
-                        f"command, that --master is reachable and its port is free") from None
-    if dist.get_world_size() != parallel.world_size:
-        raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
-                        f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
+def _nbytes(t) -> int:
+    if t is None:
+        return 0
+    v = t._local_value() if getattr(t, "is_dist", lambda: False)() else t
+    return int(v.numel()) * v.element_size()
 
 
 class Strategy:
     """One process: the model and optimizer as they are."""
 
-    def __init__(self, parallel):
-        self.parallel = parallel
+    name = "single process"
+    global_batch = False  # True: each rank's batch is declared a piece of one global batch (semi-auto)
+
+    def __init__(self, parallel, device: str = "cpu"):
+        self.parallel, self.device = parallel, device
+
+    # ------------------------------------------------------------------ building
+    def place(self, model):
+        """Lay the parameters out over the processes; before the optimizer is created."""
+        return model
 
     def wrap(self, model, optimizer):
         return model, optimizer
+
+    def wrap_scaler(self, scaler):
+        """fp16's loss scaler, made to agree across ranks on whether a step overflowed (GPU only)."""
+        return scaler
+
+    # ------------------------------------------------------------------ a step
+    def shard_batch(self, tensor):
+        """This rank's micro-batch as the model's input."""
+        return tensor
 
     def no_sync(self, model, last_micro_batch: bool):
         """Skip the gradient all-reduce for all but the last micro-batch of an accumulated step."""
@@ -65,22 +65,63 @@ class Strategy:
         """Parameters whose gradients this rank holds fully reduced (its share of the global norm)."""
         return list(model.parameters())
 
+    def grad_norm(self, model):
+        """The global gradient L2 norm as a 0-D dense tensor (fp32), the same on every rank.
+
+        One `squared_l2_norm` kernel per parameter (what Paddle's ClipGradByGlobalNorm uses) instead of
+        square + sum and a full-size temporary."""
+        import paddle
+
+        sq_l2 = paddle._C_ops.squared_l2_norm
+        squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32"))
+                   for g in (p.grad for p in self.grad_params(model)) if g is not None]
+        sq = paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
+        return paddle.sqrt(self.global_norm_sq(sq))
+
     def global_norm_sq(self, sq):
-        """The global squared gradient norm from this rank's share."""
         return sq
+
+    def clip(self, model, coef: float) -> None:
+        import paddle
+
+        with paddle.no_grad():
+            for p in self.grad_params(model):
+                if p.grad is not None:
+                    p.grad.scale_(coef)
 
     def step(self, optimizer) -> None:
         optimizer.step()
 
-    def gather_optimizer_state(self, model, read_local) -> dict | None:
+    def to_host(self, tensor):
+        """A scalar the step computed, as a dense tensor whose value is the global one."""
+        return tensor
+
+    # ------------------------------------------------------------------ checkpoints and reports
+    def gather_weights(self, model) -> dict | None:
+        """{parameter name: full numpy} on rank 0 where the parameters are sharded; None where rank 0's own
+        parameters are already whole (the save reads them directly). A collective where it gathers."""
+        return None
+
+    def gather_optimizer_state(self, model, read) -> dict | None:
         """The full optimizer state (HF names) on rank 0, None elsewhere; a collective where it is sharded.
 
-        `read_local()` reads this rank's state as {"<hf name>/<slot>": numpy array}.
-        """
-        return read_local() if self.parallel.is_rank0 else None
+        `read(to_numpy)` reads this rank's state as {"<hf name>/<slot>": numpy array}; `to_numpy` None means
+        `tensor.numpy()`."""
+        return read(None) if self.parallel.is_rank0 else None
+
+    def local_bytes(self, model, optimizer) -> dict:
+        """What this rank physically holds: parameters and optimizer state (AdamW moments, O2 master copies)."""
+        inner = optimizer
+        while hasattr(inner, "_inner_opt"):
+            inner = inner._inner_opt
+        state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())
+        state += sum(_nbytes(t) for t in (getattr(inner, "_master_weights", None) or {}).values())
+        return {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
 
 
 class DataParallel(Strategy):
+    name = "data parallel (paddle.DataParallel)"
+
     def wrap(self, model, optimizer):
         import paddle
 
@@ -90,8 +131,10 @@ class DataParallel(Strategy):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-class FleetZero1(Strategy):
+class FleetZero1(DataParallel):
     """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
+
+    name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -106,8 +149,10 @@ class FleetZero1(Strategy):
         self._owner = {name: self._group.ranks[r] for name, r in self._dso._param2rank.items()}
         return model, self._hpo
 
-    def no_sync(self, model, last_micro_batch: bool):
-        return contextlib.nullcontext() if last_micro_batch else model.no_sync()
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
 
     def sync_grads(self) -> None:
         self._hpo._hybrid_sync_grad(self._params)  # reduce to the owning sharding rank (+ dp all-reduce)
@@ -124,7 +169,7 @@ class FleetZero1(Strategy):
     def step(self, optimizer) -> None:
         self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
 
-    def gather_optimizer_state(self, model, read_local) -> dict | None:
+    def gather_optimizer_state(self, model, read) -> dict | None:
         """One `all_gather_object` of {key: (shape, dtype)} (small), then one broadcast per tensor from its
         owner, so no rank ever holds more than its shard plus one tensor (rank 0: the full state)."""
         import numpy as np
@@ -133,7 +178,7 @@ class FleetZero1(Strategy):
 
         from pretrain_cli.models.convert import hf_param_names
 
-        local = read_local()
+        local = read(None)
         metas: list = []
         dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()}, group=self._group)
         params = dict(model.named_parameters())
@@ -150,11 +195,3 @@ class FleetZero1(Strategy):
                 if out is not None:
                     out[key] = t.numpy()
         return out
-
-
-def build_strategy(parallel) -> Strategy:
-    if not parallel.distributed:
-        return Strategy(parallel)
-    if parallel.zero_stage == 1:
-        return FleetZero1(parallel)
-    return DataParallel(parallel)

@@ -41,14 +41,17 @@ def hf_param_names(model) -> dict[str, tuple[str, bool]]:
     return {name: (name, name in linear) for name, _ in model.named_parameters()}
 
 
-def hf_state_dict(model, dtype: str | None = None) -> dict:
-    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied."""
+def hf_state_dict(model, dtype: str | None = None, values: dict | None = None) -> dict:
+    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied.
+
+    `values` ({parameter name: full numpy}, gathered from a sharded layout) replaces the model's own
+    (possibly sharded) parameter values; the model still supplies the names and which are transposed."""
     import paddle
 
     out = {}
     params = dict(model.named_parameters())
     for name, (hf_name, transpose) in hf_param_names(model).items():
-        t = params[name].detach()
+        t = paddle.to_tensor(values[name]) if values is not None else params[name].detach()
         if transpose:
             t = paddle.transpose(t, [1, 0])  # [out, in]
         if dtype is not None and str(t.dtype).split(".")[-1] != dtype:
@@ -212,12 +215,13 @@ def _nbytes(t) -> int:
 
 
 def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
-            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
-    """Write an HF-loadable directory: safetensors (sharded above `max_shard_bytes`), config, generation config."""
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, values: dict | None = None) -> list[str]:
+    """Write an HF-loadable directory: safetensors (sharded above `max_shard_bytes`), config, generation config.
+    `values`: the full parameters gathered from a sharded layout (see `hf_state_dict`)."""
     from safetensors.paddle import save_file
 
     os.makedirs(out_dir, exist_ok=True)
-    tensors = hf_state_dict(model, dtype=dtype)
+    tensors = hf_state_dict(model, dtype=dtype, values=values)
     shards, cur, cur_bytes = [], {}, 0
     for name, t in tensors.items():
         if cur and cur_bytes + _nbytes(t) > max_shard_bytes:

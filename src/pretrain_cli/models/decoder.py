@@ -72,6 +72,10 @@ class CausalLM(nn.Layer):
     def forward(self, input_ids, cache: KVCache | None = None):
         """`cache` (generation only) feeds just the new tokens and appends their K/V."""
         h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
+        return self.logits(h)
+
+    def logits(self, h):
+        """The LM head: `[bsz, seq_len, hidden]` -> `[bsz, seq_len, vocab]`, the embedding's transpose when tied."""
         if self.lm_head is None:
             return paddle.matmul(h, self.model.embed_tokens.weight, transpose_y=True)  # [bsz, seq_len, vocab]
         return self.lm_head(h)  # [bsz, seq_len, vocab]

@@ -54,14 +54,16 @@ def _inner(optimizer):
     return optimizer
 
 
-def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
+def optimizer_tensors(model, optimizer, to_numpy=None) -> dict[str, np.ndarray]:
     """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy).
 
     Read from the accumulator tables by parameter rather than by parsing Paddle's generated
     names: under O2 (`multi_precision`) the moments belong to the fp32 master copy
     (`<param>_fp32_master_0_moment1_0`), not to the parameter. Parameters this rank does not own
-    (ZeRO-1) or that have no state yet are simply absent.
+    (fleet's ZeRO-1) or that have no state yet are simply absent. `to_numpy` (a layout's full-tensor
+    gather, the same tensors in the same order on every rank) replaces `tensor.numpy()`.
     """
+    to_numpy = to_numpy or (lambda t: t.numpy())
     from pretrain_cli.models.convert import hf_param_names
 
     inner = _inner(optimizer)
@@ -75,10 +77,10 @@ def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
             t = inner._accumulators.get(key, {}).get(target.name)
             if t is None:
                 continue
-            arr = t.numpy()
+            arr = to_numpy(t)
             out[f"{hf}/{short}"] = np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
         if p.name in master:
-            arr = master[p.name].numpy()
+            arr = to_numpy(master[p.name])
             out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
     return out
 
@@ -103,8 +105,11 @@ def load_optimizer(model, optimizer, path: Path) -> None:
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
     names = {ours: v for ours, v in hf_param_names(model).items() if params[ours].name in managed}
-    inner._create_accumulators(paddle.static.default_main_program().global_block(),
-                               [params[ours] for ours in names])
+    # `dist.shard_optimizer`'s wrapper creates each accumulator and shards it; the others create them whole
+    # (fleet's ZeRO-1 only those of its own parameters, filtered by `managed`)
+    creator = optimizer if type(optimizer).__name__ == "_ShardOptimizer" else inner
+    creator._create_accumulators(paddle.static.default_main_program().global_block(),
+                                 [params[ours] for ours in names])
     master = getattr(inner, "_master_weights", None) or {}
     for ours, (hf, transpose) in names.items():
         p = params[ours]
@@ -129,8 +134,9 @@ def load_optimizer(model, optimizer, path: Path) -> None:
 
 
 def save_checkpoint(output_dir, step: int, model, model_cfg, trainer_state: dict, run_args: dict,
-                    optimizer_state: dict, tokenizer_dir=None, dtype: str = "float32") -> Path:
-    """Publish `checkpoint-N/` with the full optimizer state already gathered from the sharding ranks."""
+                    optimizer_state: dict, tokenizer_dir=None, dtype: str = "float32", weights=None) -> Path:
+    """Publish `checkpoint-N/` with the full optimizer state (and, from a sharded layout, the full weights)
+    already gathered from the other ranks."""
     from safetensors.numpy import save_file
 
     from pretrain_cli.models.convert import save_hf
@@ -140,7 +146,7 @@ def save_checkpoint(output_dir, step: int, model, model_cfg, trainer_state: dict
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        save_hf(model, model_cfg, str(tmp), dtype=dtype)
+        save_hf(model, model_cfg, str(tmp), dtype=dtype, values=weights)
         save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
         copy_tokenizer(tokenizer_dir, tmp)
         atomic.write_json(tmp / ARGS_FILE, run_args)
@@ -214,13 +220,15 @@ class Saver:
         from pretrain_cli.training.metrics import log
 
         step = trainer.state.global_step
-        opt_state = self.strategy.gather_optimizer_state(  # a short collective where the state is sharded
-            self.model, lambda: optimizer_tensors(self.model, self.optimizer))
-        if opt_state is None:
+        # short collectives where the layout shards them: every rank takes part before rank 0 writes
+        weights = self.strategy.gather_weights(self.model)
+        opt_state = self.strategy.gather_optimizer_state(
+            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy))
+        if not self.strategy.parallel.is_rank0:
             self.comm.wait_for_rank0(f"saving checkpoint-{step}")
             return
         with rank0_round(self.comm):
             path = save_checkpoint(self.out, step, self.model, self.cfg, trainer.state_dict(), self.run_args,
-                                   opt_state, self.tokenizer_dir, dtype=self.dtype)
+                                   opt_state, self.tokenizer_dir, dtype=self.dtype, weights=weights)
             removed = rotate(self.out, self.limit)
         log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))

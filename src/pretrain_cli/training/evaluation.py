@@ -19,8 +19,11 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, PPL_CAP_LOSS))
 
 
-def loss_sum(model, batches, autocast=None, progress=None) -> tuple[float, float, int]:
-    """(sum of token losses, counted tokens, samples) over `batches` of {input_ids, labels} (int64 numpy)."""
+def loss_sum(model, batches, autocast=None, progress=None, shard=None, to_host=None) -> tuple[float, float, int]:
+    """(sum of token losses, counted tokens, samples) over `batches` of {input_ids, labels} (int64 numpy).
+
+    `shard`/`to_host` (a distributed strategy's) declare each batch a piece of a global batch and read the
+    global sums back; without them the sums are this process's own."""
     import paddle
 
     from pretrain_cli.ops.loss import causal_lm_loss_sum, loss_kernel
@@ -30,9 +33,13 @@ def loss_sum(model, batches, autocast=None, progress=None) -> tuple[float, float
     with paddle.no_grad():
         for batch in batches:
             ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
+            if shard is not None:
+                ids, labels = shard(ids), shard(labels)
             with autocast() if autocast else contextlib.nullcontext():
                 logits = model(ids)  # [b, seq_len, vocab]
             s, c = causal_lm_loss_sum(logits, labels, loss_kernel(model))
+            if to_host is not None:
+                s, c = to_host(s), to_host(c)
             total, count, samples = total + float(s), count + float(c), samples + int(ids.shape[0])
             if progress is not None:
                 progress.update(1)

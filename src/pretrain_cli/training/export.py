@@ -13,7 +13,8 @@ from pretrain_cli import atomic, run_dir
 from pretrain_cli.training.checkpoint import copy_tokenizer
 
 
-def write_final(spec, model, trainer, results: dict) -> None:
+def write_final(spec, model, trainer, results: dict, weights: dict | None = None) -> None:
+    """`weights`: full parameters gathered from a sharded layout (None: read `model` itself)."""
     from pretrain_cli.models.convert import save_hf
     from pretrain_cli.training.plot import write_loss_curve
 
@@ -23,7 +24,7 @@ def write_final(spec, model, trainer, results: dict) -> None:
         merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
         atomic.write_json(previous, {**merged, **results})
         return
-    save_hf(model, spec.model_cfg, str(out), dtype=spec.run.precision.param_dtype)
+    save_hf(model, spec.model_cfg, str(out), dtype=spec.run.precision.param_dtype, values=weights)
     copy_tokenizer(spec.tokenizer_dir, out)
     atomic.write_json(out / run_dir.STATE_FILE, trainer.state_dict())
     atomic.write_json(out / "train_results.json",

@@ -33,6 +33,9 @@ class Fp32:
     def step(self, optimizer, step_fn) -> None:
         step_fn(optimizer)
 
+    def wrap_scaler(self, wrap) -> None:
+        """Let the parallel layout wrap the loss scaler (ranks must agree on an overflow)."""
+
 
 class Amp(Fp32):
     def __init__(self, precision, scaler=None):
@@ -62,6 +65,10 @@ class Amp(Fp32):
     def skip(self, optimizer) -> None:
         if self.scaler:
             self.scaler.update()
+
+    def wrap_scaler(self, wrap) -> None:
+        if self.scaler is not None:
+            self.scaler = wrap(self.scaler)
 
     def step(self, optimizer, step_fn) -> None:
         if self.scaler:

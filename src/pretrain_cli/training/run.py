@@ -8,7 +8,7 @@ from __future__ import annotations
 from pretrain_cli import run_dir, runtime
 from pretrain_cli.distributed import watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
-from pretrain_cli.distributed.strategy import build_strategy, init_process_group
+from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.recompute import apply_recompute
 from pretrain_cli.training import checkpoint, metrics
@@ -47,9 +47,12 @@ def run(spec) -> int:
 
 
 def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
-    """Recompute, optimizer, precision, compilation and the parallel layout around a built model, in that
-    order, and the Trainer that steps them (the benchmark harness times exactly this)."""
+    """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
+    model and optimizer wrapped for the layout, in that order, and the Trainer that steps them (the
+    benchmark harness times exactly this)."""
     apply_recompute(model, run.recompute)
+    strategy = build_strategy(run.parallel, run.device)
+    model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
     optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights)
     raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, run.precision)
@@ -57,8 +60,8 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
         from pretrain_cli.ops.kernels import compile_forward
 
         model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
-    strategy = build_strategy(run.parallel)
     model, optimizer = strategy.wrap(model, optimizer)
+    amp.wrap_scaler(strategy.wrap_scaler)
     if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
         checkpoint.load_optimizer(raw_model, optimizer, resume / run_dir.OPTIMIZER_FILE)
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
@@ -152,6 +155,7 @@ def finish(spec, trainer, comm) -> int:
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         if trainer.writer is not None:
             trainer.writer.close()
+    weights = trainer.strategy.gather_weights(trainer.raw_model) if r.loop.do_train else None  # every rank
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
@@ -159,7 +163,7 @@ def finish(spec, trainer, comm) -> int:
     from pretrain_cli.training import export
 
     with rank0_round(comm):
-        export.write_final(spec, trainer.raw_model, trainer, results)
+        export.write_final(spec, trainer.raw_model, trainer, results, weights)
     comm.wait_until_seen()
     return 0
 

@@ -77,32 +77,15 @@ class Trainer:
     def _forward_loss(self, batch):
         import paddle
 
-        ids = paddle.to_tensor(batch["input_ids"])  # int64 [bsz, seq_len]
-        labels = paddle.to_tensor(batch["labels"])
+        ids = self.strategy.shard_batch(paddle.to_tensor(batch["input_ids"]))  # int64 [bsz, seq_len]
+        labels = self.strategy.shard_batch(paddle.to_tensor(batch["labels"]))
         with self.amp.autocast():
             logits = self.model(ids)
         return causal_lm_loss(logits, labels, loss_kernel(self.model))
 
-    def _grad_norm(self):
-        import paddle
-
-        # one `squared_l2_norm` kernel per parameter (what Paddle's ClipGradByGlobalNorm uses) instead
-        # of square + sum and a full-size temporary; [1] each, summed to a 0-D total
-        sq_l2 = paddle._C_ops.squared_l2_norm
-        squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32"))
-                   for g in (p.grad for p in self.strategy.grad_params(self.model)) if g is not None]
-        sq = paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
-        return paddle.sqrt(self.strategy.global_norm_sq(sq))
-
     def _clip(self, norm: float) -> None:
         if 0 < self.max_grad_norm < norm:
-            import paddle
-
-            coef = self.max_grad_norm / (norm + 1e-6)
-            with paddle.no_grad():
-                for p in self.strategy.grad_params(self.model):
-                    if p.grad is not None:
-                        p.grad.scale_(coef)
+            self.strategy.clip(self.model, self.max_grad_norm / (norm + 1e-6))
 
     def train_step(self, batches) -> tuple[float, float, bool]:
         """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied)."""
@@ -118,8 +101,9 @@ class Trainer:
         self.state.last_batch_hash = batch_hash(batch)
         self.strategy.sync_grads()
         self.amp.unscale(self.optimizer)
-        norm = self._grad_norm()
-        stats = np.array([float(total), float(norm)], dtype=np.float64)  # the one host sync of the step
+        norm = self.strategy.grad_norm(self.model)
+        # the one host sync of the step
+        stats = np.array([float(self.strategy.to_host(total)), float(norm)], dtype=np.float64)
         loss_v, norm_v = float(stats[0]), float(stats[1])
         if self.amp.overflowed(loss_v, norm_v):
             # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
@@ -153,7 +137,7 @@ class Trainer:
                                 p.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
         self.model.train()
         start = time.perf_counter()
-        stopped_by_signal = False
+        stopped_by_signal, reported = False, False
         bar = self._progress_bar()
         try:
             while self.state.global_step < lp.max_steps:
@@ -164,6 +148,9 @@ class Trainer:
                     self._non_finite(loss, norm, first_sample)
                     continue
                 self._account(loss)
+                if not reported:  # the optimizer state exists from the first update on
+                    self._report_layout()
+                    reported = True
                 step = self.state.global_step
                 if bar is not None:
                     bar.update(1)
@@ -199,6 +186,18 @@ class Trainer:
         s.interval_steps += 1
         if self.throughput is not None:
             self.throughput.step()
+
+    def _report_layout(self) -> None:
+        """What each rank holds (parameters, optimizer state): one log line, and with several processes a
+        `layout` record in metrics.jsonl."""
+        mine = self.strategy.local_bytes(self.model, self.optimizer)
+        ranks = self.comm.gather_object(mine)
+        mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
+        held = "; ".join(f"rank {r} parameters {mib(x['parameters'])}, optimizer state {mib(x['optimizer_state'])}"
+                         for r, x in enumerate(ranks))
+        log.info(f"layout: {self.strategy.name}; {held}")
+        if self.writer is not None and self.parallel.distributed:
+            self.writer.write("layout", self.state.global_step, {"strategy": self.strategy.name, "per_rank": ranks})
 
     def _progress_bar(self):
         """tqdm with ETA on rank 0: shown when asked, or by default only on a terminal (a bar redrawn into a
@@ -265,8 +264,10 @@ class Trainer:
         bs, p, iters = self.loop.eval_batch, self.parallel, self.loop.eval_iters
         start = time.perf_counter()
         batches = split_batches(self.splits.get(split), bs, iters, p.data_rank, p.data_world_size)
-        total, count, _ = loss_sum(self.model, batches, self.amp.autocast)
-        total, count = self.comm.sum(total), self.comm.sum(count)
+        total, count, _ = loss_sum(self.model, batches, self.amp.autocast, shard=self.strategy.shard_batch,
+                                   to_host=self.strategy.to_host)
+        if not self.strategy.global_batch:  # each rank summed its own slice
+            total, count = self.comm.sum(total), self.comm.sum(count)
         loss = total / max(count, 1.0)
         runtime = time.perf_counter() - start
         prefix = "eval" if split == "valid" else "test"

@@ -1,0 +1,165 @@
+"""ZeRO-2/3 and tensor parallelism on Paddle's semi-auto engine (`dist.shard_layer`, `dist.shard_optimizer`).
+
+The ranks form a 2-D mesh `[dp, mp]` (data-major: rank = data_rank × tp + tp_rank). On "mp" the
+decoder is split Megatron-style: q/k/v and gate/up column-parallel (weight `Shard(1)`, bias
+`Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
+vocabulary when tp divides it; RMSNorm and RoPE stay replicated. On "dp" each rank reads its slice of
+the global batch (`Shard(0)`), and `dist.shard_optimizer(ShardingStage{1,2,3}("dp"))` shards the
+AdamW state (stage 1), the gradients the update uses (2) and the parameters themselves (3).
+Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
+
+On CPU, two workarounds (PADDLE_PARALLEL_CPU.md): the `to_replicated` gradient hook (gloo has no
+reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
+happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pretrain_cli.distributed.local_kernels import gather_zero, to_replicated, use_local_kernels
+from pretrain_cli.distributed.strategy import Strategy
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW = ("o_proj", "down_proj")
+
+
+def vocab_parallel(parallel, model_cfg) -> bool:
+    """Split the embedding and LM head over the vocabulary (else they are replicated on the TP ranks)."""
+    return parallel.tp_degree > 1 and model_cfg.vocab_size % parallel.tp_degree == 0
+
+
+class SemiAuto(Strategy):
+    global_batch = True
+
+    def __init__(self, parallel, device: str = "cpu"):
+        super().__init__(parallel, device)
+        self.hook = device == "cpu"
+        stage = f"ZeRO-{parallel.zero_stage}" if parallel.zero_stage else "no sharding"
+        self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"
+        self.mesh = None
+
+    # ------------------------------------------------------------------ building
+    def place(self, model):
+        import paddle.distributed as dist
+
+        p = self.parallel
+        ranks = np.arange(p.world_size).reshape(p.data_world_size, p.tp_degree)  # [dp, mp]
+        self.mesh = dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
+        self.vocab = vocab_parallel(p, model.config)
+        use_local_kernels(model, self.hook)
+        dist.shard_layer(model, self.mesh, self._shard_fn)
+        if self.hook:
+            for param in model.parameters():
+                param.register_hook(to_replicated)  # before shard_optimizer registers its own
+        if p.zero_stage == 3 and self.vocab:
+            self._gather_embedding_on_use(model)
+        return model
+
+    def _placements(self, tp_dim=None) -> list:
+        import paddle.distributed as dist
+
+        mp = dist.Shard(tp_dim) if tp_dim is not None and self.parallel.tp_degree > 1 else dist.Replicate()
+        return [dist.Replicate(), mp]
+
+    def _shard_fn(self, name: str, layer, mesh) -> None:
+        """Megatron layout on "mp" (Paddle Linear weights are [in, out]); every other parameter replicated
+        with one placement per mesh axis (shard_layer's own default gives a 1-D weight one placement,
+        which a 2-D mesh rejects)."""
+        import paddle.distributed as dist
+
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in COLUMN:
+            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+            if layer.bias is not None:
+                layer.bias = dist.shard_tensor(layer.bias, mesh, self._placements(0))
+        elif leaf in ROW:
+            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+        elif self.vocab and name == "model.embed_tokens":  # [vocab, hidden]
+            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+        elif self.vocab and name == "lm_head":  # [hidden, vocab]
+            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+        for key, param in list(layer._parameters.items()):
+            if param is not None and not param.is_dist():
+                layer.add_parameter(key, dist.shard_tensor(param, mesh, self._placements()))
+
+    def _gather_embedding_on_use(self, model) -> None:
+        """ZeRO-3 keeps the vocab-split embedding as [Shard on dp, Shard(0) on mp], which the lookup's SPMD
+        rule refuses next to batch-sharded ids, and which a tied LM head's implicit gather would give a
+        reduce-scatter backward (no CPU kernel): both read the dp-gathered weight instead. Replaced on the
+        instances, like recompute's wrappers; the model code is unchanged."""
+        import paddle
+        import paddle.nn.functional as F
+
+        emb, hook = model.model.embed_tokens, self.hook
+
+        def embed(ids):
+            return F.embedding(ids, gather_zero(emb.weight, hook), padding_idx=emb._padding_idx, sparse=emb._sparse)
+
+        emb.forward = embed
+        if model.lm_head is None:
+            def logits(h):  # [bsz, seq_len, hidden] -> [bsz, seq_len, vocab]
+                return paddle.matmul(h, gather_zero(emb.weight, hook), transpose_y=True)
+
+            model.logits = logits
+
+    def wrap(self, model, optimizer):
+        import paddle.distributed as dist
+
+        stage = self.parallel.zero_stage
+        if stage:
+            sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[stage]
+            optimizer = dist.shard_optimizer(optimizer, sharding("dp", self.mesh))
+        return model, optimizer
+
+    def wrap_scaler(self, scaler):
+        import paddle.distributed as dist
+
+        return dist.shard_scaler(scaler)
+
+    # ------------------------------------------------------------------ a step
+    def shard_batch(self, tensor):
+        """This rank's rows as its piece of the global batch: `Shard(0)` on "dp", the same rows on every "mp" rank."""
+        import paddle.distributed as dist
+        from paddle.distributed.auto_parallel.api import dtensor_from_local
+
+        return dtensor_from_local(tensor, self.mesh, [dist.Shard(0), dist.Replicate()])
+
+    def grad_norm(self, model):
+        """`squared_l2_norm` of a sharded gradient is Partial (each rank's part): the parts are summed per
+        placement kind and made Replicate once each (a few scalar all-reduces), then added."""
+        import paddle
+        import paddle.distributed as dist
+
+        groups: dict = {}
+        for p in model.parameters():
+            if p.grad is not None:
+                g = p.grad if p.grad.dtype == paddle.float32 else p.grad.astype("float32")
+                s = paddle._C_ops.squared_l2_norm(g)  # [1]
+                groups.setdefault(str(s.placements), []).append(s)
+        total = paddle.zeros([1], dtype="float32")
+        for items in groups.values():
+            s = paddle.add_n(items) if len(items) > 1 else items[0]
+            total = total + self.to_host(s)
+        return paddle.sqrt(total).reshape([])
+
+    def to_host(self, tensor):
+        import paddle.distributed as dist
+
+        if not tensor.is_dist():
+            return tensor
+        if not all(p.is_replicated() for p in tensor.placements):
+            tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() for _ in tensor.placements])
+        return tensor._local_value()
+
+    # ------------------------------------------------------------------ checkpoints and reports
+    def full_numpy(self, tensor) -> np.ndarray:
+        """The whole tensor on this rank (a collective for a sharded one: every rank must call it)."""
+        return self.to_host(tensor).numpy()
+
+    def gather_weights(self, model) -> dict | None:
+        out = {name: self.full_numpy(p) for name, p in model.named_parameters()}
+        return out if self.parallel.is_rank0 else None
+
+    def gather_optimizer_state(self, model, read) -> dict | None:
+        state = read(self.full_numpy)  # every rank takes part in each tensor's gather, in the same order
+        return state if self.parallel.is_rank0 else None

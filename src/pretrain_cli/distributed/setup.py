@@ -1,0 +1,53 @@
+"""Joining the process group and choosing the `Strategy` for a resolved `ParallelConfig`.
+
+| layout | strategy | engine |
+|---|---|---|
+| one process | `Strategy` | none |
+| data parallel | `DataParallel` | `paddle.DataParallel` |
+| `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
+| `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
+"""
+from __future__ import annotations
+
+from pretrain_cli.distributed import launch
+from pretrain_cli.distributed.semi_auto import SemiAuto
+from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
+from pretrain_cli.errors import UserError
+
+
+def init_process_group(parallel, seed: int = 0) -> None:
+    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU)."""
+    if not parallel.distributed:
+        return
+    import paddle.distributed as dist
+
+    try:
+        if parallel.zero_stage == 1 and parallel.tp_degree == 1:
+            from paddle.distributed import fleet
+
+            strategy = fleet.DistributedStrategy()
+            strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": 1,
+                                       "sharding_degree": parallel.sharding_degree,
+                                       "order": ["dp", "pp", "sharding", "sep", "mp"]}
+            strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+            fleet.init(is_collective=True, strategy=strategy)
+        else:
+            dist.init_parallel_env()
+    except (RuntimeError, OSError) as e:
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else e
+        raise UserError(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
+                        f"processes (master {launch.master()}): {last}; check that every node runs the same "
+                        f"command, that --master is reachable and its port is free") from None
+    if dist.get_world_size() != parallel.world_size:
+        raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
+                        f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
+
+
+def build_strategy(parallel, device: str = "cpu") -> Strategy:
+    if not parallel.distributed:
+        return Strategy(parallel, device)
+    if parallel.tp_degree > 1 or parallel.zero_stage in (2, 3):
+        return SemiAuto(parallel, device)
+    if parallel.zero_stage == 1:
+        return FleetZero1(parallel, device)
+    return DataParallel(parallel, device)
