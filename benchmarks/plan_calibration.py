@@ -10,7 +10,13 @@ step creates gradients and AdamW moments, then the peak of Paddle's host allocat
 read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
 it adds the ~300 MB import and allocator caching that the planner does not model.
 
+Parallel layouts (`--layouts`): the same model trained by the product's own build order
+(`training.run.assemble` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
+parallel, fleet's ZeRO-1, ZeRO-2/3 and tensor parallelism on 2 processes; the largest rank's
+allocator peak over the second step against `plan --device cpu --gpus 2`.
+
     python benchmarks/plan_calibration.py            # table (markdown)
+    python benchmarks/plan_calibration.py --layouts  # the parallel layouts
     python benchmarks/plan_calibration.py --json     # rows as JSON
 """
 from __future__ import annotations
@@ -120,6 +126,88 @@ def calibrate(configs=CONFIGS) -> list[dict]:
     return rows
 
 
+# name, processes, argument-file keys: the llama-52m shape above, fp32, Paddle's ops, math attention
+LAYOUTS = [
+    ("data parallel b2", 2, {}),
+    ("ZeRO-1 (fleet) b2", 2, {"sharding": "stage1"}),
+    ("ZeRO-2 b2", 2, {"sharding": "stage2"}),
+    ("ZeRO-3 b2", 2, {"sharding": "stage3"}),
+    ("TP2 b2", 2, {"tensor_parallel_degree": 2}),
+    ("TP2 b8", 2, {"tensor_parallel_degree": 2, "per_device_train_batch_size": 8}),
+]
+LLAMA_52M = CONFIGS[4][2]
+
+_LAYOUT_CHILD = r"""
+import json, sys
+import numpy as np
+from pretrain_cli import runtime
+paddle = runtime.import_paddle()
+from pretrain_cli.config.parser import parse_config
+from pretrain_cli.config.prepare import build_model_config, launcher_target
+from pretrain_cli.config.resolve import resolve
+from pretrain_cli.distributed.comm import build_comm
+from pretrain_cli.distributed.setup import init_process_group
+from pretrain_cli.training.run import assemble, build_model
+args = parse_config(sys.argv[1], [])
+_, cfg = build_model_config(args)
+run = resolve(args, cfg, launcher_target())
+core = paddle.base.core
+base = core.host_memory_stat_current_value("Allocated", 0)
+init_process_group(run.parallel)
+trainer = assemble(run, build_model(run, cfg), build_comm(run.parallel))
+trainer.model.train()
+rng = np.random.default_rng(run.parallel.data_rank)
+def batches():
+    while True:
+        t = rng.integers(0, cfg.vocab_size, (run.loop.micro_batch, run.data.max_seq_length + 1))
+        yield {"input_ids": t[:, :-1], "labels": t[:, 1:]}
+it = batches()
+trainer.train_step(it)
+core.host_memory_stat_reset_peak_value("Allocated", 0)
+trainer.train_step(it)
+print("RESULT " + json.dumps({"baseline": base, "peak": core.host_memory_stat_peak_value("Allocated", 0) - base}),
+      flush=True)
+"""
+
+
+def measure_layout(args_path: Path, nproc: int, log_dir: Path) -> dict:
+    """{baseline, peak} of the rank with the largest peak."""
+    import os
+
+    child = log_dir.parent / "layout_child.py"
+    child.write_text(_LAYOUT_CHILD)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir),
+           str(child), str(args_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for f in sorted(log_dir.glob("workerlog.*"))
+               for line in f.read_text(errors="replace").splitlines() if line.startswith("RESULT ")]
+    if out.returncode or len(results) != nproc:
+        logs = "".join(f.read_text(errors="replace")[-1500:] for f in log_dir.glob("workerlog.*"))
+        raise RuntimeError(f"layout measurement failed ({out.returncode}): {out.stderr[-1500:]}{logs}")
+    return max(results, key=lambda r: r["peak"])
+
+
+def calibrate_layouts(layouts=LAYOUTS) -> list[dict]:
+    from pretrain_cli.commands.plan import plan
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for i, (name, nproc, keys) in enumerate(layouts):
+            model_dir, args_path = _write(Path(d), f"layout{i}", "tiny-llama", LLAMA_52M, 2, 256, None)
+            args = json.loads(args_path.read_text())
+            args.update(keys, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
+            args_path.write_text(json.dumps(args))
+            m = measure_layout(args_path, nproc, Path(d) / f"log{i}")
+            r = plan(str(args_path), [], device="cpu", gpus=nproc, suggest_changes=False, baseline_bytes=m["baseline"])
+            pred = r["memory_gib"] * 2**30
+            rows.append({"config": name, "params": r["params"]["total"], "micro_batch": args["per_device_train_batch_size"],
+                         "seq": 256, "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,
+                         "error": pred / m["peak"] - 1, "rss_delta_mib": float("nan"),
+                         "breakdown_mib": {k: v * 1024 for k, v in r["memory_breakdown_gib"].items()}})
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     out = ["| config | params | recompute | predicted MiB | measured MiB | error | max-RSS delta MiB |",
            "|---|---|---|---|---|---|---|"]
@@ -132,8 +220,9 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--layouts", action="store_true", help="the parallel layouts (2 processes each)")
     ns = ap.parse_args()
-    rows = calibrate()
+    rows = calibrate_layouts() if ns.layouts else calibrate()
     print(json.dumps(rows, indent=2) if ns.json else table(rows))
     return 0
 

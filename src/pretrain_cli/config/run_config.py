@@ -173,6 +173,17 @@ class ParallelConfig:
         """The ZeRO stage that actually shards something (0 when there is nothing to shard over)."""
         return self.sharding_stage if self.sharding_degree > 1 else 0
 
+    @property
+    def engine(self) -> str:
+        """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it):
+        "single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
+        (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism)."""
+        if not self.distributed:
+            return "single"
+        if self.tp_degree > 1 or self.zero_stage in (2, 3):
+            return "semi_auto"
+        return "fleet_zero1" if self.zero_stage == 1 else "data_parallel"
+
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
         if self.zero_stage:

@@ -109,6 +109,10 @@ class SemiAuto(Strategy):
         if stage:
             sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[stage]
             optimizer = dist.shard_optimizer(optimizer, sharding("dp", self.mesh))
+        else:
+            # AdamW's own accumulator creation keeps a whole dense copy of every moment next to the sharded
+            # one (2x the optimizer state, measured); the wrapper creates them with the parameters' placements
+            optimizer = dist.shard_optimizer(optimizer)
         return model, optimizer
 
     def wrap_scaler(self, scaler):

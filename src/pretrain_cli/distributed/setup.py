@@ -22,7 +22,7 @@ def init_process_group(parallel, seed: int = 0) -> None:
     import paddle.distributed as dist
 
     try:
-        if parallel.zero_stage == 1 and parallel.tp_degree == 1:
+        if parallel.engine == "fleet_zero1":
             from paddle.distributed import fleet
 
             strategy = fleet.DistributedStrategy()
@@ -44,10 +44,6 @@ def init_process_group(parallel, seed: int = 0) -> None:
 
 
 def build_strategy(parallel, device: str = "cpu") -> Strategy:
-    if not parallel.distributed:
-        return Strategy(parallel, device)
-    if parallel.tp_degree > 1 or parallel.zero_stage in (2, 3):
-        return SemiAuto(parallel, device)
-    if parallel.zero_stage == 1:
-        return FleetZero1(parallel, device)
-    return DataParallel(parallel, device)
+    """The strategy for `parallel.engine` (decided in config, modelled by planning.memory)."""
+    engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto}
+    return engines[parallel.engine](parallel, device)

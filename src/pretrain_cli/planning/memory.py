@@ -39,6 +39,7 @@ class Setup:
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
+    engine: str = "single"  # config.run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
 
     def with_(self, **kw) -> "Setup":
         return replace(self, **kw)
@@ -133,8 +134,19 @@ def logits_live_bytes(s: Setup) -> float:
     return max(logits_bytes(s) - redo, grad)
 
 
+def _largest_weight(s: Setup) -> float:
+    """Elements of the largest single weight one rank gathers whole for use under ZeRO-3."""
+    cfg = s.model
+    return max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size) / s.tp
+
+
 def estimate(s: Setup) -> dict[str, float]:
-    """Name → bytes on one device; the values sum to the predicted peak."""
+    """Name → bytes on one device; the values sum to the predicted peak.
+
+    Engine facts measured on CPU (docs/PLAN.md): `paddle.DataParallel` keeps its fused all-reduce buffers
+    (one more gradient-sized copy); the semi-auto engine's CPU gradient hook all-reduces whole gradients,
+    so ZeRO-2/3 shard them only on GPU; ZeRO-3 gathers each weight whole while it is used (the largest
+    one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
     counts = param_counts(s.model)
     n = counts["total"] / s.tp
     o2 = s.amp_level == "O2"
@@ -147,12 +159,18 @@ def estimate(s: Setup) -> dict[str, float]:
         weights += (counts["non_embedding"] + head) / s.tp * s.compute_bytes
     out = {
         "weights": weights,
-        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 else 1),
+        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" else 1),
         "optimizer_state": n * 8 / (deg if s.sharding_stage >= 1 else 1),  # AdamW m and v, fp32
         "master_weights": (n * 4 / (deg if s.sharding_stage >= 1 else 1)) if o2 else 0.0,
         "activations": activation_bytes(s),
         "logits_loss": logits_live_bytes(s),
     }
+    if s.engine == "data_parallel":
+        out["gradient_buffers"] = n * grad_b
+    if s.engine == "semi_auto" and s.sharding_stage == 3 and deg > 1:
+        out["gathered_weights"] = _largest_weight(s) * weight_b
+    if s.engine == "semi_auto" and s.tp > 1 and s.device == "cpu":
+        out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.device == "cpu":
         out["framework"] = s.baseline_bytes
     else:

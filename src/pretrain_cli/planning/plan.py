@@ -42,7 +42,7 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         master_grad=prec.master_grad, sharding_stage=p.zero_stage, sharding_degree=p.sharding_degree,
         tp=p.tp_degree, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
-        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes)
+        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine)
 
 
 def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
