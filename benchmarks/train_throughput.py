@@ -138,12 +138,14 @@ def worker_paddle(cfg: dict, a) -> dict:
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     peak = matmul_peak_gflops("paddle")
     arguments = dict(cfg["arguments"], do_train=True, device="cpu", output_dir="unused", input_dir="unused")
+    arguments.update(json.loads(a.set_json or "{}"))  # --set key=value: the layout under test (sharding, tp, ...)
     if a.to_static:
         arguments["to_static"] = True
     if a.cpu_ops == "off":
         arguments["cpu_fused_ops"] = False
     if world > 1:  # same global batch as one process: compare layouts, not batch sizes
-        arguments["per_device_train_batch_size"] = max(1, arguments["per_device_train_batch_size"] // world)
+        data_ranks = world // max(1, int(arguments.get("tensor_parallel_degree", 1)))
+        arguments["per_device_train_batch_size"] = max(1, arguments["per_device_train_batch_size"] // data_ranks)
     overrides = [tok for k, v in arguments.items() for tok in (f"--{k}", json.dumps(v).strip('"'))]
     mcfg = ModelConfig.from_dict(cfg["model"])
     run = resolve(parse_config(None, overrides), mcfg, Target("cpu", world, rank))
@@ -221,6 +223,7 @@ def _run_worker(kind: str, name: str, a) -> dict:
            "--steps", str(a.steps), "--warmup", str(a.warmup)]
     cmd += ["--to-static"] if a.to_static else []
     cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops, "--hf-malloc", a.hf_malloc]
+    cmd += ["--set-json", a.set_json] if a.set_json else []
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env.pop("MKL_NUM_THREADS", None)
@@ -295,9 +298,15 @@ def main(argv=None) -> int:
                     help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
     ap.add_argument("--hf-malloc", choices=("default", "keep"), default="default",
                     help="keep: give the HF/torch worker the same glibc no-mmap/no-trim setting as ours")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="argument-file key for OUR run, e.g. --set sharding=stage2 --set tensor_parallel_degree=2")
+    ap.add_argument("--set-json", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=("paddle", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.set and not a.set_json:
+        a.set_json = json.dumps({k: json.loads(v) if v[:1] in "-0123456789tfn[{\"" else v
+                                 for k, v in (item.split("=", 1) for item in a.set)})
     if a.worker:
         result = (worker_paddle if a.worker == "paddle" else worker_torch)(load_config(a.config), a)
         if int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 0 and a.out:
