@@ -126,7 +126,7 @@ def _job_at_step(cfg, log_dir, step: int):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("layout", [{}, {"tensor_parallel_degree": 2}], ids=["dp", "tp2"])
+@pytest.mark.parametrize("layout", [{}, {"sharding": "stage2"}, {"tensor_parallel_degree": 2}], ids=["dp", "stage2", "tp2"])
 def test_killed_rank_is_named_and_job_ends(corpus, tmp_path, layout):
     cfg = write_config(tmp_path / "k.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=20,
                        save_steps=100000, **layout)
@@ -146,7 +146,7 @@ def test_killed_rank_is_named_and_job_ends(corpus, tmp_path, layout):
     assert message in _read(log_dir / "workerlog.0")
 
 
-@pytest.mark.parametrize("layout", [{}, {"sharding": "stage3"}], ids=["dp", "stage3"])
+@pytest.mark.parametrize("layout", [{}, {"sharding": "stage1"}, {"sharding": "stage3"}], ids=["dp", "stage1", "stage3"])
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path, layout):
     """Only rank 1 gets SIGTERM (as when a scheduler signals one process); the ranks agree on the step
     (`comm.any` after every step), rank 0 saves that checkpoint (ZeRO-3: gathered from both ranks), and the

@@ -122,8 +122,15 @@ def a_sharding_option(d):
     return cfg(d, sharding="stage9"), ["sharding", "stage9"]
 def a_sharding_offload_stage1(d):
     return cfg(d, sharding="stage1 offload"), ["sharding", "offload"]
-def a_tp_multi_process(d):
-    return cfg(d, tensor_parallel_degree=2), ["tensor_parallel_degree", "not supported"], {"PADDLE_TRAINERS_NUM": "2"}
+def a_tp_not_dividing_kv_heads(d):  # micro-qwen2: 4 heads, 2 KV heads
+    return cfg(d, tensor_parallel_degree=4), ["tensor_parallel_degree: 4", "num_key_value_heads"], {"PADDLE_TRAINERS_NUM": "4"}
+def a_tp_not_dividing_world(d):
+    return cfg(d, tensor_parallel_degree=2), ["tensor_parallel_degree: 2", "world size 3"], {"PADDLE_TRAINERS_NUM": "3"}
+def a_sequence_parallel_with_tp(d):
+    return cfg(d, tensor_parallel_degree=2, sequence_parallel=True), ["sequence_parallel", "not supported"], {"PADDLE_TRAINERS_NUM": "2"}
+def a_partial_sharding_degree_stage3(d):
+    return (cfg(d, sharding="stage3", sharding_parallel_degree=2), ["sharding_parallel_degree: 2", "stage1"],
+            {"PADDLE_TRAINERS_NUM": "4"})
 def a_pp_multi_process(d):
     return cfg(d, pipeline_parallel_degree=4), ["pipeline_parallel_degree", "not supported"], {"PADDLE_TRAINERS_NUM": "4"}
 def a_override_unknown(d):
