@@ -34,8 +34,9 @@ class ModelArguments:
     model_name_or_path: str = _f(
         "tiny-qwen2",
         "Model source: a local directory with an HF config.json (and weights when continue_training), "
-        "or a shipped preset (qwen2.5-0.5b, llama-171m, llama-3-8b, tiny-qwen2, tiny-llama; "
-        "'Qwen/Qwen2.5-0.5B' and 'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
+        "or a shipped preset (qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, llama-171m, tiny-qwen2, "
+        "tiny-llama; 'Qwen/Qwen3-0.6B', 'Qwen/Qwen2.5-0.5B', 'meta-llama/Llama-3.2-1B' and "
+        "'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
     )
     tokenizer_name_or_path: Optional[str] = _f(
         None, "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt); None = model_name_or_path."
@@ -53,9 +54,9 @@ class ModelArguments:
     use_fast_layer_norm: bool = _f(
         False, "Selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
     )
-    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored")
+    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
     attention_probs_dropout_prob: float = _f(
-        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored"
+        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"
     )
 
 
