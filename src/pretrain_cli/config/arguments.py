@@ -82,6 +82,19 @@ class DataArguments:
         "extension",
         choices=("packed", "padded"),
     )
+    attention_mask_type: str = _f(
+        "causal",
+        "causal: a token attends to every earlier token of its packed sample, across document boundaries "
+        "(PaddleNLP/Megatron pretraining). document: only to earlier tokens of its own document (boundaries from "
+        "the token files' document index; as torchtitan, Megatron-LM, OLMo-core, MaxText offer): flashmask on GPU, "
+        "a CPU kernel that skips the cross-document blocks (faster on short documents). No effect on padded samples.",
+        "extension",
+        choices=("causal", "document"),
+    )
+    reset_position_ids: Optional[bool] = _f(
+        None, "With attention_mask_type document: RoPE positions restart at 0 at each document (None = true); "
+        "false keeps them running across the packed sample.", "extension",
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ import numpy as np
 
 from pretrain_cli.data.loader import BatchIterator, batch_hash
 from pretrain_cli.ops.loss import causal_lm_loss, loss_kernel
-from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
 
 
@@ -77,10 +77,10 @@ class Trainer:
     def _forward_loss(self, batch):
         import paddle
 
-        ids = paddle.to_tensor(batch["input_ids"])  # int64 [bsz, seq_len]
+        ids, extra = model_inputs(batch)  # int64 [bsz, seq_len] (+ doc_start, position_ids: document masking)
         labels = paddle.to_tensor(batch["labels"])
         with self.amp.autocast():
-            logits = self.model(ids)
+            logits = self.model(ids, **extra)
         return causal_lm_loss(logits, labels, loss_kernel(self.model))
 
     def _grad_norm(self):
