@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 
 GIB = float(2**30)
@@ -39,6 +40,8 @@ class Setup:
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
+    document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
+    reset_positions: bool = False  # ... and position_ids that restart per document
 
     def with_(self, **kw) -> "Setup":
         return replace(self, **kw)
@@ -66,6 +69,8 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     half = c != 4
     norm = _norm_bytes(s, cfg.hidden_size)
     qkv = c * (h + 2 * kv) / tp
+    if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
+        qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
     if s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
@@ -133,6 +138,24 @@ def logits_live_bytes(s: Setup) -> float:
     return max(logits_bytes(s) - redo, grad)
 
 
+def document_mask_bytes(s: Setup) -> float:
+    """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
+    per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32
+    `[b, 1, s, s]` additive mask every layer shares; under flashmask int32 column bounds. The CPU kernel keeps
+    the same fp32 probabilities as the causal one (it skips cross-document blocks: time, not memory)."""
+    if not s.document_mask:
+        return 0.0
+    tokens = s.micro_batch * s.seq_len
+    out = tokens * 8 * (2 if s.reset_positions else 1)
+    if s.reset_positions and not s.fused_rope:
+        out += tokens * 2 * 4 * s.model.head_dim
+    if s.attention == "math":
+        out += 4 * s.micro_batch * s.seq_len * s.seq_len
+    elif s.device == "gpu":
+        out += 4 * tokens
+    return float(out)
+
+
 def estimate(s: Setup) -> dict[str, float]:
     """Name → bytes on one device; the values sum to the predicted peak."""
     counts = param_counts(s.model)
@@ -153,6 +176,8 @@ def estimate(s: Setup) -> dict[str, float]:
         "activations": activation_bytes(s),
         "logits_loss": logits_live_bytes(s),
     }
+    if s.document_mask:
+        out["document_mask"] = document_mask_bytes(s)
     if s.device == "cpu":
         out["framework"] = s.baseline_bytes
     else:
