@@ -300,9 +300,15 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
           const float inv = 1.f / sum;
 #pragma omp simd
           for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
-          // the backward and any reader see exact zeros outside the visible keys
-          std::fill(full, row, 0.f);
-          std::fill(row + vis, full + SK, 0.f);
+          // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
+          // be exact zeros. The causal path zeroes the whole rest of the row (any reader sees exact zeros); with
+          // documents that rest is most of the [S, SK] buffer, and writing it would cost more than the skipped
+          // GEMMs save, so it is left unwritten (the probabilities are internal to this op pair).
+          if (start == nullptr) {
+            std::fill(row + vis, full + SK, 0.f);
+          } else {
+            std::fill(row + vis, row + w, 0.f);
+          }
         }
         cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, P + i0 * SK + k0, SK, V + k0 * D, D, 0.f, O + i0 * D,
                     D);
