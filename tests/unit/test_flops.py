@@ -74,3 +74,16 @@ def test_hub_names_resolve_to_the_new_presets():
     assert resolve_model_dir("Qwen/Qwen3-0.6B") == PRESET_DIR / "qwen3-0.6b"
     assert resolve_model_dir("Qwen/Qwen3-0.6B-Base") == PRESET_DIR / "qwen3-0.6b"
     assert resolve_model_dir("meta-llama/Llama-3.2-1B") == PRESET_DIR / "llama-3.2-1b"
+
+
+def test_models_doc_lists_every_preset_with_its_plan_count():
+    from pathlib import Path
+
+    from pretrain_cli.config.presets import preset_names
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "MODELS.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if line.startswith("| `")}
+    for name in preset_names():
+        c = param_counts(ModelConfig.from_file(str(PRESET_DIR / name)))
+        assert name in rows, f"docs/MODELS.md has no row for preset {name}"
+        assert f"| {c['total']:,} | {c['embedding']:,} | {c['non_embedding']:,} |" in rows[name], name
