@@ -42,7 +42,7 @@ def attention_math(q, k, v, doc_start=None):
         # bottom-right aligned: query i sits at position k_len − seq_len + i (a KV cache has k_len > seq_len)
         mask = paddle.triu(paddle.full([seq_len, k_len], float("-inf"), dtype="float32"), 1 + k_len - seq_len)
     else:
-        mask = _document_add_mask(doc_start, "float32").squeeze(2)  # [bsz, 1, seq_len, seq_len]
+        mask = paddle.stack(_document_add_masks(doc_start, "float32")).unsqueeze(1)  # [bsz, 1, seq_len, seq_len]
     probs = F.softmax(scores + mask, axis=-1).astype(q.dtype)  # [bsz, n_heads, seq_len, seq_len]
     out = paddle.matmul(probs, vt)  # [bsz, n_heads, seq_len, head_dim]
     return out.transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
@@ -59,25 +59,28 @@ def document_visible(doc_start):
     return paddle.logical_and(causal, in_doc)
 
 
-_DOC_MASKS: dict = {}  # (id(doc_start), dtype) -> (doc_start, additive mask): one forward's mask for every layer
+_DOC_MASKS: dict = {}  # (id(doc_start), dtype) -> (doc_start, masks): one forward's masks for every layer
 
 
-def _document_add_mask(doc_start, dtype):
-    """`[bsz, 1, 1, seq_len, seq_len]` additive mask (0 visible, −inf hidden) for `doc_start`.
+def _document_add_masks(doc_start, dtype) -> list:
+    """One `[seq_len, seq_len]` additive mask (0 visible, −inf hidden) per sample of `doc_start`.
 
-    Built once per forward and shared by every layer: the model passes the same `doc_start` tensor to all
-    of them, so it is keyed by identity (the entry keeps the tensor alive, so the id cannot be reused).
+    Per sample, so each is added with a trailing-dimension broadcast: adding one `[bsz, 1, 1, s, s]` mask to
+    the `[bsz, kv, rep, s, s]` scores broadcasts over middle dimensions, which Paddle's CPU kernel does 2–3×
+    slower than the whole causal add. Built once per forward and shared by every layer: the model passes
+    the same `doc_start` tensor to all of them, so it is keyed by identity (the entry keeps the tensor
+    alive, so the id cannot be reused).
     """
     import paddle
 
     key = (id(doc_start), str(dtype))
     hit = _DOC_MASKS.get(key)
     if hit is None or hit[0] is not doc_start:
-        visible = document_visible(doc_start).unsqueeze(1).unsqueeze(1)  # [bsz, 1, 1, seq_len, seq_len]
+        visible = document_visible(doc_start)  # [bsz, seq_len, seq_len]
         m = paddle.where(visible, paddle.zeros([1], dtype=dtype), paddle.full([1], float("-inf"), dtype=dtype))
         m.stop_gradient = True
-        _DOC_MASKS.clear()  # one forward at a time: the previous step's mask is not needed again
-        hit = _DOC_MASKS[key] = (doc_start, m)
+        _DOC_MASKS.clear()  # one forward at a time: the previous step's masks are not needed again
+        hit = _DOC_MASKS[key] = (doc_start, paddle.unbind(m, axis=0))  # bsz x [seq_len, seq_len]
     return hit[1]
 
 
@@ -119,7 +122,7 @@ def attention_sdpa_mask(q, k, v, doc_start=None):
     keeps the mask cached, lets `q_len < k_len` (a KV cache) align the mask bottom-right, skips
     the mask for one-token decode steps, and broadcasts GQA K/V instead of materialising
     `repeat_kv` (sdpa's expand + ExpandGrad: 1.5–6 % of a CPU step, depending on load).
-    With `doc_start` the mask is the per-sample document mask (built once per forward).
+    With `doc_start` each sample gets its own document mask (built once per forward).
     """
     import paddle
     import paddle.nn.functional as F
@@ -136,8 +139,9 @@ def attention_sdpa_mask(q, k, v, doc_start=None):
     kt = kt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
     vt = vt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
     scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
-    if doc_start is not None:
-        scores = scores + _document_add_mask(doc_start, scores.dtype)  # [bsz, 1, 1, q_len, k_len] broadcast
+    if doc_start is not None:  # per sample: [1, n_kv, n_rep, q_len, k_len] + [q_len, k_len]
+        parts = paddle.split(scores, bsz, axis=0)
+        scores = paddle.concat([p + m for p, m in zip(parts, _document_add_masks(doc_start, scores.dtype))], axis=0)
     elif q_len > 1:
         # + 0 / + (−inf): same output, dK and dV as `where(mask, scores, −inf)` (dQ to ~1e-26), but a
         # broadcast add needs no expand of mask and fill (where's CPU path materialises both)
