@@ -101,7 +101,8 @@ def run(a) -> dict:
     cfg = dict(MODEL, max_position_embeddings=max(MODEL["max_position_embeddings"], a.seq))
     mcfg = ModelConfig.from_dict(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        sizes = write_corpus(Path(tmp) / "short", a.mean_doc, a.seq * a.batch * (a.steps + a.warmup + 2), mcfg.vocab_size)
+        n_tokens = a.seq * a.batch * (a.steps + a.warmup + 2)
+        sizes = write_corpus(Path(tmp) / "short", a.mean_doc, n_tokens, mcfg.vocab_size)
         src = open_token_file(str(Path(tmp) / "short"))
         ds = PackedDataset(src, 0, len(src), a.seq, 1, "train", document_mask=True)
         batches = [micro_batch(ds, k * a.batch, a.batch) for k in range(a.steps + a.warmup)]

@@ -1,8 +1,9 @@
 """Full-logit, loss and gradient parity with HF transformers (torch, CPU fp32) through convert.py.
 
 Tiny random configs cover GQA, qkv biases, tied and untied heads, rope_theta != 1e4, an odd
-vocabulary, llama3 RoPE scaling, and Qwen3's per-head q/k RMSNorm with a head_dim that is not hidden / heads. Weights are perturbed after HF init so biases and norm
-weights are not trivially zero/one.
+vocabulary, llama3 RoPE scaling, and Qwen3's per-head q/k RMSNorm with a head_dim that is not
+hidden / heads. Weights are perturbed after HF init so biases and norm weights are not trivially
+zero/one.
 """
 import numpy as np
 import pytest

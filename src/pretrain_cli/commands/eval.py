@@ -107,8 +107,9 @@ def _main_config(ns: argparse.Namespace) -> int:
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
               "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source,
               "attention_mask_type": mask}
+    masked = ", document-masked" if mask == "document" else ""
     return _report(ns, result, t0, f"{samples} samples of {spec.run.data.max_seq_length} tokens from the {ns.split} "
-                   f"split of {ns.config} ({batches} batches of {bs}{', document-masked' if mask == 'document' else ''})")
+                   f"split of {ns.config} ({batches} batches of {bs}{masked})")
 
 
 def main(ns: argparse.Namespace) -> int:

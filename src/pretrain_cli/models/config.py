@@ -83,7 +83,7 @@ class ModelConfig:
             if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
                 raise UserError(f"{source}: layer_types {layer_types!r}: only full_attention layers are supported "
                                 f"(no sliding window); remove layer_types or set every entry to \"full_attention\"")
-            del d["layer_types"]  # all full attention, the default: nothing to keep (and a layer-count override stays valid)
+            del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
         names = {f.name for f in fields(cls)} - {"extra"}

@@ -156,7 +156,8 @@ class Attention(nn.Layer):
         else:
             q, k = self.kernels.rope(q, k, cos, sin, position_ids)
         if kv is None:
-            out = self.core(q, k, v) if doc_start is None else self.core(q, k, v, doc_start)  # [bsz, seq_len, n_heads, head_dim]
+            # [bsz, seq_len, n_heads, head_dim]; the plain call when causal (core_attn recompute wraps `core`)
+            out = self.core(q, k, v) if doc_start is None else self.core(q, k, v, doc_start)
         else:
             k, v = kv.append(k, v)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]

@@ -215,8 +215,8 @@ def rope_cpu(q, k, cos, sin, position_ids=None):
     is free and the rotation, transpose and copy are one pass. `position_ids` `[bsz, seq_len]` picks each
     token's row of the cos/sin table (packed documents restart at 0) in the same pass."""
     ops = load()
-    q_out = ops.rope_heads_first(q, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim] view
-    k_out = ops.rope_heads_first(k, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv_heads, head_dim] view
+    q_out = ops.rope_heads_first(q, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
+    k_out = ops.rope_heads_first(k, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv, head_dim]
     return q_out, k_out
 
 

@@ -341,13 +341,14 @@ def select(request=None, device: str = "cpu") -> Kernels:
     table = {"fused": _FUSED, "reference": _REF, "cpu": _CPU}
     doc_name, doc_attn = _DOC_ATTN[attn]
     return Kernels(
-        attention_document_name=doc_name, attention_document=doc_attn, attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
+        attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
         swiglu_name=chosen["swiglu"], attention=_ATTN[attn],
         rms_norm=table[chosen["rms_norm"]]["rms_norm"], rope=table[chosen["rope"]]["rope"],
         swiglu=table[chosen["swiglu"]]["swiglu"],
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
+        attention_document_name=doc_name, attention_document=doc_attn,
     )
 
 

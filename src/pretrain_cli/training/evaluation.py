@@ -113,6 +113,7 @@ def window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_batche
             labels[mask == 0] = IGNORE_INDEX
         batch = {"input_ids": window[:, :-1], "labels": labels}
         if doc_starts is not None:
-            fields = [_window_documents(doc_starts, k * seq_len, seq_len, reset_position_ids) for k in range(first, last)]
+            fields = [_window_documents(doc_starts, k * seq_len, seq_len, reset_position_ids)
+                      for k in range(first, last)]
             batch.update({key: np.stack([f[key] for f in fields]) for key in fields[0]})  # [b, seq_len] each
         yield batch
