@@ -30,7 +30,8 @@ from pathlib import Path
 
 from pretrain_cli.config.presets import PRESET_DIR as PRESETS
 
-# name, preset, model overrides, micro-batch, seq, recompute granularity (None = off)
+QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 64}  # q/k norms, head_dim 64 != 128/4
+# name, preset, model overrides, micro-batch, seq, recompute granularity (None = off)[, argument-file overrides]
 CONFIGS = [
     ("micro-llama b2 s128", "micro-llama", {}, 2, 128, None),
     ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None),
@@ -43,6 +44,9 @@ CONFIGS = [
                                                    "num_hidden_layers": 6, "num_attention_heads": 8,
                                                    "num_key_value_heads": 4, "vocab_size": 32000},
      2, 256, "core_attn"),
+    ("qwen3 b4 s256", "tiny-qwen2", QWEN3, 4, 256, None),
+    # document masking on the math path: the [b, 1, s, s] mask, doc_start and position_ids, gathered RoPE rows
+    ("qwen3 b4 s256 document", "tiny-qwen2", QWEN3, 4, 256, None, {"attention_mask_type": "document"}),
 ]
 
 _CHILD = r"""
@@ -72,8 +76,12 @@ apply_recompute(model, Recompute(spec["recompute"]) if spec["recompute"] else No
 opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
 ids = paddle.randint(0, cfg.vocab_size, [spec["b"], spec["s"] + 1], dtype="int64")
 x, y = ids[:, :-1], ids[:, 1:]
+doc = {}
+if spec["document"]:  # documents of 37 tokens, positions restarting at each
+    pos = paddle.arange(spec["s"], dtype="int64").reshape([1, -1]).expand([spec["b"], spec["s"]])
+    doc = {"doc_start": pos - pos % 37, "position_ids": pos % 37}
 def step():
-    loss = causal_lm_loss(model(x), y)
+    loss = causal_lm_loss(model(x, **doc), y)
     loss.backward()
     opt.step()
     opt.clear_grad()
@@ -86,7 +94,7 @@ print(json.dumps({"baseline": base, "peak": peak - base,
 """
 
 
-def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc) -> tuple[Path, Path]:
+def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc, extra: dict) -> tuple[Path, Path]:
     model_dir = tmp / name.replace(" ", "_")
     model_dir.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((PRESETS / preset / "config.json").read_text())
@@ -94,14 +102,14 @@ def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc) ->
     (model_dir / "config.json").write_text(json.dumps(cfg))
     args = {"model_name_or_path": str(model_dir), "input_dir": str(tmp / "data"), "output_dir": str(tmp / "out"),
             "do_train": True, "max_steps": 1, "device": "cpu", "per_device_train_batch_size": b,
-            "max_seq_length": s, "recompute": rc is not None, "recompute_granularity": rc or "full"}
+            "max_seq_length": s, "recompute": rc is not None, "recompute_granularity": rc or "full", **extra}
     path = model_dir / "args.json"
     path.write_text(json.dumps(args))
     return model_dir, path
 
 
-def measure(model_dir: Path, b: int, s: int, rc) -> dict:
-    spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc})
+def measure(model_dir: Path, b: int, s: int, rc, document: bool = False) -> dict:
+    spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc, "document": document})
     out = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=300)
     if out.returncode:
         raise RuntimeError(f"measurement failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -113,9 +121,10 @@ def calibrate(configs=CONFIGS) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for name, preset, over, b, s, rc in configs:
-            model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc)
-            m = measure(model_dir, b, s, rc)
+        for name, preset, over, b, s, rc, *rest in configs:
+            extra = rest[0] if rest else {}
+            model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc, extra)
+            m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document")
             r = plan(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"])
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,

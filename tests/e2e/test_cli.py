@@ -157,11 +157,16 @@ def test_fresh_clone_check_and_shipped_configs_parse():
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.config.run_config import Target
 
-    for name in ("qwen2.5-0.5b_pretrain.json", "llama-3-8b_pretrain.json", "llama-171m_pretrain.json",
-                 "demo_cpu.json", "tiny_cpu.json"):
+    names = sorted(p.name for p in (REPO / "configs").glob("*.json"))
+    assert {"qwen3-0.6b_pretrain.json", "llama-3.2-1b_pretrain.json", "qwen2.5-0.5b_pretrain.json"} <= set(names)
+    for name in names:
         args = parse_config(str(REPO / "configs" / name))
         resolved = resolve(args, build_model_config(args)[1], Target("gpu"))
         assert resolved.schedule.decay_steps > resolved.schedule.warmup_steps >= 1
+    for name, family in (("qwen3-0.6b_pretrain.json", "qwen3"), ("llama-3.2-1b_pretrain.json", "llama")):
+        args = parse_config(str(REPO / "configs" / name))
+        assert build_model_config(args)[1].model_type == family and args.training.bf16
+        assert resolve(args, build_model_config(args)[1], Target("gpu")).data.attention_mask_type == "document"
     qwen = parse_config(str(REPO / "configs" / "qwen2.5-0.5b_pretrain.json"))
     assert qwen.training.bf16 and not qwen.training.fp16  # Qwen2 overflows in fp16
 

@@ -82,6 +82,56 @@ def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_p
         assert ra[1] == rb[1] and ra[3] == rb[3] and ra[9] == rb[9] and ra[10] == rb[10]
 
 
+def _micro_qwen3(path):
+    """micro-qwen2's shape as a Qwen3 (q/k norms, head_dim 32 != 64 / 4 heads) in a local model directory."""
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    cfg = json.loads((PRESET_DIR / "micro-qwen2" / "config.json").read_text())
+    cfg.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32)
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _short_documents(corpus, path):
+    """The demo corpus cut into ~40-token documents (tokenized), so most 32-token samples hold a boundary."""
+    texts = [json.loads(line)["text"] for line in (corpus / "corpus.jsonl").read_text().splitlines()]
+    with open(path / "short.jsonl", "w", encoding="utf-8") as f:
+        for t in texts[:20]:
+            for i in range(0, len(t), 150):
+                f.write(json.dumps({"text": t[i:i + 150]}) + "\n")
+    assert cli_main(["preprocess", "--input_path", str(path / "short.jsonl"), "--output_prefix",
+                     str(path / "data" / "short"), "--tokenizer", str(corpus / "tokenizer"), "--append_eos"]) == 0
+    return str(path / "data")
+
+
+def test_document_masked_qwen3_trains_resumes_bitwise_and_evaluates_as_trained(corpus, tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    common = dict(model_name_or_path=_micro_qwen3(tmp_path / "qwen3"), attention_mask_type="document",
+                  input_dir=_short_documents(corpus, tmp_path), max_steps=6, save_steps=3, decay_steps=6,
+                  do_eval=True, eval_steps=6)
+    assert cli_main(["train", write_config(a, corpus, **common)]) == 0
+    cfg_b = write_config(b, corpus, **common)
+    assert cli_main(["train", cfg_b, "--max_steps", "3"]) == 0
+    assert cli_main(["train", cfg_b]) == 0  # resumes from checkpoint-3
+    wa, wb = weights(a / "out"), weights(b / "out")
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa) and "model.layers.0.self_attn.q_norm.weight" in wa
+    assert json.loads((a / "out" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    args = json.loads((a / "out" / "args.json").read_text())
+    assert args["run"]["data"]["attention_mask_type"] == "document" and args["run"]["data"]["reset_position_ids"]
+    capsys.readouterr()
+    cfg_a = str(a / "cfg.json")
+    results = json.loads((a / "out" / "all_results.json").read_text())
+    assert cli_main(["eval", "--config", cfg_a, "--json"]) == 0  # follows the run's document masking
+    again = json.loads(capsys.readouterr().out)
+    assert again["attention_mask_type"] == "document" and again["loss"] == pytest.approx(results["eval_loss"], abs=1e-5)
+    assert cli_main(["eval", "--config", cfg_a, "--json", "--attention_mask_type", "causal"]) == 0
+    causal = json.loads(capsys.readouterr().out)
+    assert causal["attention_mask_type"] == "causal" and causal["tokens"] == again["tokens"]
+    assert abs(causal["loss"] - again["loss"]) > 1e-4  # the neighbours' tokens change the predictions
+
+
 def test_gradient_accumulation_matches_bigger_batch(corpus, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

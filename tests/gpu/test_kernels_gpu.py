@@ -20,6 +20,7 @@ def _rand(*shape, dtype="float32"):
 def test_select_on_gpu_uses_fused():
     k = kernels.select(kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
     assert k.rms_norm is kernels.rms_norm_fused and k.attention is kernels.attention_sdpa_causal
+    assert k.attention_document is kernels.attention_flashmask
 
 
 @pytest.mark.parametrize("dtype,atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
@@ -28,6 +29,29 @@ def test_flash_attention_vs_math(dtype, atol):
     got = kernels.attention_sdpa_causal(q, k, v).astype("float32").numpy()
     ref = kernels.attention_math(q.astype("float32"), k.astype("float32"), v.astype("float32")).numpy()
     np.testing.assert_allclose(got, ref, atol=atol)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_flashmask_document_attention_vs_math(dtype, atol):
+    starts = np.zeros((2, 128), np.int64)
+    for b, cuts in enumerate(([0, 5, 64, 100], [0, 1, 127])):
+        for c in cuts:
+            starts[b, c:] = c
+    doc_start = paddle.to_tensor(starts)
+    q, k, v = _rand(2, 128, 8, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype)
+    got = kernels.attention_flashmask(q, k, v, doc_start).astype("float32").numpy()
+    ref = kernels.attention_math(q.astype("float32"), k.astype("float32"), v.astype("float32"), doc_start).numpy()
+    np.testing.assert_allclose(got, ref, atol=atol)
+
+
+def test_fused_rope_with_position_ids_vs_reference():
+    q, k = _rand(2, 16, 4, 32), _rand(2, 16, 2, 32)
+    ang = np.outer(np.arange(16), 1.0 / (10000 ** (np.arange(0, 32, 2) / 32)))
+    emb = np.concatenate([ang, ang], -1).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
+    pos = paddle.to_tensor(np.array([list(range(5)) + list(range(11)), list(range(16))], np.int64))
+    for a, b in zip(kernels.rope_fused(q, k, cos, sin, pos), kernels.rope_reference(q, k, cos, sin, pos)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
 
 
 def test_fused_rms_norm_vs_reference():

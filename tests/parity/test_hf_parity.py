@@ -1,8 +1,9 @@
 """Full-logit, loss and gradient parity with HF transformers (torch, CPU fp32) through convert.py.
 
 Tiny random configs cover GQA, qkv biases, tied and untied heads, rope_theta != 1e4, an odd
-vocabulary and llama3 RoPE scaling. Weights are perturbed after HF init so biases and norm
-weights are not trivially zero/one.
+vocabulary, llama3 RoPE scaling, and Qwen3's per-head q/k RMSNorm with a head_dim that is not
+hidden / heads. Weights are perturbed after HF init so biases and norm weights are not trivially
+zero/one.
 """
 import numpy as np
 import pytest
@@ -30,13 +31,18 @@ CASES = {
         "original_max_position_embeddings": 8})),
     "llama-tied-bias": ("llama", dict(tie_word_embeddings=True, rope_theta=2e4, attention_bias=True,
                                       num_key_value_heads=1)),
+    # head_dim 16 with hidden 32 and 4 heads: q/o projections are 32 -> 64 -> 32, not square
+    "qwen3-tied": ("qwen3", dict(tie_word_embeddings=True, rope_theta=1e6, head_dim=16)),
+    "qwen3-untied-bias": ("qwen3", dict(tie_word_embeddings=False, rope_theta=5e4, head_dim=6, attention_bias=True,
+                                        num_key_value_heads=1)),
 }
+HF_CONFIGS = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "llama": "LlamaConfig"}
 SEQ = 24
 
 
 def _hf_model(model_type, kw, seed=0):
     torch.manual_seed(seed)
-    cls = transformers.Qwen2Config if model_type == "qwen2" else transformers.LlamaConfig
+    cls = getattr(transformers, HF_CONFIGS[model_type])
     conf_kw = {**COMMON, **kw}
     scaling = conf_kw.pop("rope_scaling", None)
     theta = conf_kw.pop("rope_theta")
@@ -87,6 +93,9 @@ def test_hf_to_ours_logits_loss_grads(case, tmp_path):
     for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight",
                  "model.layers.0.self_attn.k_proj.weight", "model.embed_tokens.weight", "model.norm.weight"] + (
             ["model.layers.0.self_attn.v_proj.bias"] if model_type == "qwen2" or kw.get("attention_bias") else []) + (
+            ["model.layers.0.self_attn.o_proj.bias"] if kw.get("attention_bias") else []) + (
+            ["model.layers.1.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight"]
+            if model_type == "qwen3" else []) + (
             [] if kw["tie_word_embeddings"] else ["lm_head.weight"]):
         g_hf = h_params[name].grad.numpy()
         g = o_grads[name]
@@ -94,7 +103,7 @@ def test_hf_to_ours_logits_loss_grads(case, tmp_path):
         np.testing.assert_allclose(g, g_hf, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied-llama3rope"])
+@pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied-llama3rope", "qwen3-tied", "qwen3-untied-bias"])
 def test_ours_to_hf_from_pretrained(case, tmp_path):
     model_type, kw = CASES[case]
     hf_src = _hf_model(model_type, kw, seed=3)
@@ -112,6 +121,8 @@ def test_ours_to_hf_from_pretrained(case, tmp_path):
     o_logits = ours(paddle.to_tensor(ids[:, :-1])).numpy()
     assert np.abs(o_logits - h_logits).max() <= 1e-4
     assert hf.config.tie_word_embeddings == kw["tie_word_embeddings"]
+    assert type(hf).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                 "llama": "LlamaForCausalLM"}[model_type]
 
 
 def test_random_init_statistics_match_hf_scale():
@@ -120,3 +131,18 @@ def test_random_init_statistics_match_hf_scale():
     paddle.seed(0)
     p = dict(build_model(cfg).named_parameters())
     assert abs(float(p["model.layers.0.mlp.up_proj.weight"].std()) - 0.02) < 1e-3
+
+
+def test_every_preset_reads_in_transformers_with_our_parameter_count():
+    """Each shipped config.json builds the HF model (on the meta device: no memory), whose unique parameter
+    count equals `flops.param_counts` (tied heads counted once)."""
+    from pretrain_cli.config.presets import PRESET_DIR, preset_names
+    from pretrain_cli.models.flops import param_counts
+
+    for name in preset_names():
+        conf = transformers.AutoConfig.from_pretrained(str(PRESET_DIR / name))
+        with torch.device("meta"):
+            hf = transformers.AutoModelForCausalLM.from_config(conf)
+        cfg = ModelConfig.from_file(str(PRESET_DIR / name))
+        assert type(hf).__name__ == convert.FAMILIES[cfg.model_type].architecture, name
+        assert hf.num_parameters() == param_counts(cfg)["total"], name

@@ -33,7 +33,7 @@ def _fresh(cfg, seed):
     return build_model(cfg)
 
 
-@pytest.mark.parametrize("model_type,tied", [("qwen2", True), ("llama", False)])
+@pytest.mark.parametrize("model_type,tied", [("qwen2", True), ("llama", False), ("qwen3", True)])
 def test_save_hf_then_load_is_exact(tmp_path, model_type, tied):
     cfg = cfg_for(model_type, tied)
     src = _fresh(cfg, 1)
@@ -83,6 +83,14 @@ def test_paddlenlp_layout_is_detected(tmp_path):
     assert convert.load_weights(dst, cfg, str(tmp_path)) == "paddlenlp"
     a, b = _params(src), _params(dst)
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_paddlenlp_qwen3_layout_is_not_mistaken_for_hf(tmp_path):
+    """PaddleNLP's Qwen3 keeps HF's `model.` names but Paddle's [in, out] layout: it stops with a shape error."""
+    cfg = cfg_for("qwen3")
+    np_save(_params(_fresh(cfg, 1)), str(tmp_path / "model.safetensors"))  # [in, out], model.* names
+    with pytest.raises(UserError, match="has shape"):
+        convert.load_weights(_fresh(cfg, 2), cfg, str(tmp_path))
 
 
 def test_shape_mismatch_names_tensor_and_shapes(tmp_path):

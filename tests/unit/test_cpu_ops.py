@@ -101,6 +101,61 @@ def test_attention_after_rope_views_matches_reference_path():
     _check(fast, ref, [q, k, v], atol=1e-5)
 
 
+def _doc_start(seq_len, *cuts_per_row):
+    """int64 [rows, seq_len]: for each row, the latest document start (from `cuts`, which include 0) <= i."""
+    out = np.zeros((len(cuts_per_row), seq_len), np.int64)
+    for b, cuts in enumerate(cuts_per_row):
+        for c in sorted(cuts):
+            out[b, c:] = c
+    return out
+
+
+@pytest.mark.parametrize("seq_len,heads,kv_heads,cuts", [
+    (70, 4, 2, ([0, 5, 64, 66], [0, 1, 2, 40])),  # a document starting at the block edge 64; 1-token documents
+    (130, 2, 1, ([0, 60, 129], [0, 63, 65, 127])),  # documents spanning two block edges, MQA, odd tails
+    (67, 3, 3, ([0, 33], [0, 1, 2, 3, 4, 5, 66])),  # odd sizes, MHA, a run of 1-token documents
+    (9, 4, 2, ([0], [0, 8])),  # one block; a row with one document (= causal) next to two
+])
+def test_document_attention_matches_masked_math_forward_and_backward(seq_len, heads, kv_heads, cuts):
+    q = RNG.standard_normal((2, seq_len, heads, 10)).astype("float32")
+    k = RNG.standard_normal((2, seq_len, kv_heads, 10)).astype("float32")
+    v = RNG.standard_normal((2, seq_len, kv_heads, 10)).astype("float32")
+    start = paddle.to_tensor(_doc_start(seq_len, *cuts))
+    _check(lambda a, b, c: kernels.attention_cpu_document(a, b, c, start),
+           lambda a, b, c: kernels.attention_math(a, b, c, start), [q, k, v], atol=1e-5)
+
+
+def test_document_attention_rows_at_document_starts_and_single_documents():
+    q, k, v = (RNG.standard_normal((1, 70, 2, 8)).astype("float32") for _ in range(3))
+    every_row = paddle.to_tensor(np.arange(70, dtype=np.int64)[None])  # each token its own document
+    out = kernels.attention_cpu_document(*(paddle.to_tensor(a) for a in (q, k, v)), every_row).numpy()
+    np.testing.assert_array_equal(out, v)  # a row that sees only itself returns its own value exactly
+    one_doc = paddle.to_tensor(np.zeros((1, 70), np.int64))
+    same = kernels.attention_cpu_document(*(paddle.to_tensor(a) for a in (q, k, v)), one_doc).numpy()
+    np.testing.assert_array_equal(same, kernels.attention_cpu(*(paddle.to_tensor(a) for a in (q, k, v))).numpy())
+
+
+def test_document_attention_rejects_inconsistent_starts():
+    q = paddle.zeros([1, 6, 1, 4])
+    with pytest.raises(Exception, match="neither continues the previous document"):
+        kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[0, 0, 1, 1, 1, 1]], np.int64)))
+    with pytest.raises(Exception, match="must be 0"):
+        kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[2, 2, 2, 3, 3, 3]], np.int64)))
+
+
+def test_rope_with_position_ids_matches_reference_forward_and_backward():
+    q = RNG.standard_normal((2, 9, 4, 10)).astype("float32")
+    k = RNG.standard_normal((2, 9, 2, 10)).astype("float32")
+    ang = RNG.standard_normal((9, 10)).astype("float32")
+    cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
+    pos = paddle.to_tensor(np.array([[0, 1, 2, 0, 1, 0, 1, 2, 3], [5, 6, 7, 8, 0, 1, 2, 3, 4]], np.int64))
+    for i in (0, 1):
+        _check(lambda a, b: kernels.rope_cpu(a, b, cos, sin, pos)[i],
+               lambda a, b: kernels.rope_reference(a, b, cos, sin, pos)[i], [q, k], grad_mask=[i == 0, i == 1])
+    with pytest.raises(Exception, match="outside the cos/sin table"):
+        kernels.rope_cpu(paddle.to_tensor(q), paddle.to_tensor(k), cos, sin, pos + 1)
+
+
 def test_cross_entropy_matches_paddle_and_ignores_minus_100():
     logits = (RNG.standard_normal((13, 37)) * 4).astype("float32")
     labels = RNG.integers(0, 37, 13).astype("int64")
@@ -171,6 +226,7 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
     assert k.attention_cached is kernels.attention_cpu
+    assert k.attention_document is kernels.attention_cpu_document and "documents: cpu_document" in k.describe()
     assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
     assert "attention=cpu" in k.describe()
 
@@ -184,6 +240,7 @@ def test_cpu_ops_off_is_the_paddle_only_path():
     k = kernels.select(off, "cpu")
     assert (k.attention, k.rms_norm, k.cross_entropy) == (
         kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
+    assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
 
 
 def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):

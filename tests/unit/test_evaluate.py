@@ -127,3 +127,35 @@ def test_cli_subcommand_json(corpus, model_dir, run_cli):
     assert {"loss", "ppl", "tokens", "model_weights"} <= set(out) and out["tokens"] == 40
     r = run_cli("eval", "--model", model_dir[0], "--data", prefix + "x", "--max_seq_length", "8", timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_document_windows_equal_evaluating_each_document_piece_alone(corpus, model_dir, capsys):
+    """Documents of 20 and 25 tokens: window 2 (tokens 16..24) holds the boundary at 20. With
+    --attention_mask_type document every prediction equals the model run on its document piece alone
+    (positions from 0), including the last token of a document predicting the next document's first."""
+    prefix, tokens = corpus
+    path, model = model_dir
+    assert evaluate.main(_ns(model=path, data=prefix, max_seq_length=8, batch_size=2, json=True,
+                             attention_mask_type="document")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["attention_mask_type"] == "document" and doc["tokens"] == 40
+    assert evaluate.main(_ns(model=path, data=prefix, max_seq_length=8, batch_size=2, json=True)) == 0
+    causal = json.loads(capsys.readouterr().out)
+    assert causal["attention_mask_type"] == "causal" and causal["loss"] != doc["loss"]
+    model.eval()
+    losses = []
+    for k in range(5):
+        lo, hi = k * 8, k * 8 + 8  # the window's inputs; targets are tokens lo+1 .. hi
+        for a, b in ((lo, min(hi, 20)), (max(lo, 20), hi)):
+            if a >= b:
+                continue
+            logits = model(paddle.to_tensor(tokens[None, a:b].astype("int64"))).numpy()[0].astype("float64")
+            lse = np.log(np.exp(logits).sum(-1))
+            losses += list(lse - logits[np.arange(b - a), tokens[a + 1:b + 1]])
+    assert doc["loss"] == pytest.approx(np.mean(losses), abs=1e-5)
+    batches = list(evaluation.window_batches(tokens, 8, 5, doc_starts=evaluation.document_starts(prefix)))
+    assert batches[0]["doc_start"][2].tolist() == [0, 0, 0, 0, 4, 4, 4, 4]  # window 2: document 2 starts at 20
+    assert batches[0]["position_ids"][2].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    kept = list(evaluation.window_batches(tokens, 8, 5, doc_starts=evaluation.document_starts(prefix),
+                                          reset_position_ids=False))
+    assert set(kept[0]) == {"input_ids", "labels", "doc_start"}

@@ -54,3 +54,36 @@ def test_flops_module_does_not_import_paddle():
     code = ("import sys; import pretrain_cli.models.flops, pretrain_cli.models; "
             "assert 'paddle' not in sys.modules, 'paddle imported'")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_qwen3_and_llama32_presets_match_their_published_sizes():
+    qwen3 = ModelConfig.from_file(str(PRESET_DIR / "qwen3-0.6b"))
+    c = param_counts(qwen3)  # Qwen3-0.6B: "0.6B, 0.44B non-embedding", tied
+    assert (round(c["total"] / 1e9, 2), round(c["non_embedding"] / 1e9, 2)) == (0.60, 0.44)
+    # q_norm and k_norm ([head_dim] each, every layer) are counted
+    assert c["total"] - param_counts(ModelConfig(**{**qwen3.__dict__, "model_type": "llama", "extra": {}}))["total"] \
+        == 2 * 128 * 28
+    llama = ModelConfig.from_file(str(PRESET_DIR / "llama-3.2-1b"))
+    assert round(param_counts(llama)["total"] / 1e9, 2) == 1.24  # Llama 3.2 1B: 1.23B, tied
+    assert llama.tie_word_embeddings and llama.rope_scaling["rope_type"] == "llama3"
+
+
+def test_hub_names_resolve_to_the_new_presets():
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    assert resolve_model_dir("Qwen/Qwen3-0.6B") == PRESET_DIR / "qwen3-0.6b"
+    assert resolve_model_dir("Qwen/Qwen3-0.6B-Base") == PRESET_DIR / "qwen3-0.6b"
+    assert resolve_model_dir("meta-llama/Llama-3.2-1B") == PRESET_DIR / "llama-3.2-1b"
+
+
+def test_models_doc_lists_every_preset_with_its_plan_count():
+    from pathlib import Path
+
+    from pretrain_cli.config.presets import preset_names
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "MODELS.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if line.startswith("| `")}
+    for name in preset_names():
+        c = param_counts(ModelConfig.from_file(str(PRESET_DIR / name)))
+        assert name in rows, f"docs/MODELS.md has no row for preset {name}"
+        assert f"| {c['total']:,} | {c['embedding']:,} | {c['non_embedding']:,} |" in rows[name], name

@@ -20,10 +20,9 @@ def _model(model_type="llama", **kw):
                       max_position_embeddings=64, initializer_range=0.2, **kw)
     paddle.seed(0)
     model = build_model(cfg)
-    if model_type == "qwen2":  # non-zero q/k/v biases so the cached path is exercised with them
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.set_value(paddle.randn(p.shape) * 0.2)
+    for name, p in model.named_parameters():  # non-zero biases and q/k norms exercise the cached path with them
+        if name.endswith("bias") or "_norm." in name:
+            p.set_value(p + paddle.randn(p.shape) * 0.2)
     return model, cfg
 
 
@@ -31,9 +30,10 @@ def _prompt(bsz=2, n=5, seed=1):
     return np.random.default_rng(seed).integers(0, 97, (bsz, n)).astype("int64")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_cached_greedy_equals_uncached(model_type):
-    model, _ = _model(model_type, tie_word_embeddings=model_type == "qwen2")
+    model, _ = _model(model_type, tie_word_embeddings=model_type != "llama",
+                      **({"head_dim": 12} if model_type == "qwen3" else {}))
     ids = _prompt()
     cached = generate(model, ids, 12)
     uncached = generate(model, ids, 12, use_cache=False)
@@ -77,13 +77,13 @@ def test_seeded_sampling_is_reproducible():
     assert not np.array_equal(a, generate(model, ids, 10, seed=8, **kw))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_greedy_matches_hf_generate(model_type, tmp_path):
     import torch
     import transformers
     from pretrain_cli.models import convert
 
-    model, cfg = _model(model_type, rope_theta=5e4)
+    model, cfg = _model(model_type, rope_theta=5e4, **({"head_dim": 12} if model_type == "qwen3" else {}))
     convert.save_hf(model, cfg, str(tmp_path))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), torch_dtype=torch.float32).eval()
     ids = _prompt()

@@ -12,13 +12,17 @@ paddle = runtime.import_paddle()
 from pretrain_cli.ops import kernels  # noqa: E402
 
 
-def _np_attention(q, k, v):
-    """Causal attention in float64 with KV head j serving query heads j*rep … (j+1)*rep-1."""
+def _np_attention(q, k, v, doc_start=None):
+    """Causal attention in float64 with KV head j serving query heads j*rep … (j+1)*rep-1; with `doc_start`
+    [b, s], query i also sees only keys from doc_start[b, i] on."""
     b, s, h, d = q.shape
     rep = h // k.shape[2]
     k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
     scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-    scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    visible = np.tril(np.ones((s, s), bool))[None]  # [1, s, s]
+    if doc_start is not None:
+        visible = visible & (np.arange(s)[None, None, :] >= doc_start[:, :, None])  # [b, s, s]
+    scores = np.where(visible[:, None], scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return np.einsum("bhqk,bkhd->bqhd", p, v)
@@ -50,6 +54,35 @@ def test_sdpa_gqa_gradients_match_repeated_kv_math(qkv):
         return [t.grad.numpy() for t in ts]
 
     for a, b in zip(grads(kernels.attention_sdpa_mask, False), grads(kernels.attention_math, True)):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+DOC_START = np.array([[0, 0, 0, 3, 3, 3, 3, 3, 8, 9, 9, 9, 9, 9, 9, 9],
+                      [0] * 11 + [11] * 5], np.int64)  # documents of 3, 5, 1 and 7 tokens; of 11 and 5
+
+
+@pytest.mark.parametrize("fn", [kernels.attention_math, kernels.attention_sdpa_mask])
+def test_document_masked_paths_match_numpy(fn, qkv):
+    out = fn(*(paddle.to_tensor(x) for x in qkv), paddle.to_tensor(DOC_START)).numpy()
+    np.testing.assert_allclose(out, _np_attention(*(x.astype("float64") for x in qkv), DOC_START), atol=2e-6)
+
+
+def test_document_mask_equals_attending_each_document_alone(qkv):
+    """The property packing relies on: a document's outputs do not depend on its neighbours in the sample."""
+    q, k, v = (paddle.to_tensor(x) for x in qkv)
+    packed = kernels.attention_sdpa_mask(q, k, v, paddle.to_tensor(DOC_START)).numpy()
+    for lo, hi in ((0, 3), (3, 8), (8, 9), (9, 16)):
+        alone = kernels.attention_math(q[:1, lo:hi], k[:1, lo:hi], v[:1, lo:hi]).numpy()
+        np.testing.assert_allclose(packed[:1, lo:hi], alone, atol=2e-6)
+
+
+def test_sdpa_document_gradients_match_math(qkv):
+    def grads(fn):
+        ts = [paddle.to_tensor(x, stop_gradient=False) for x in qkv]
+        (fn(*ts, paddle.to_tensor(DOC_START)) * paddle.arange(8, dtype="float32")).sum().backward()
+        return [t.grad.numpy() for t in ts]
+
+    for a, b in zip(grads(kernels.attention_sdpa_mask), grads(kernels.attention_math)):
         np.testing.assert_allclose(a, b, atol=2e-6)
 
 
@@ -88,6 +121,14 @@ def test_rope_reference_matches_pairwise_rotation():
 
     np.testing.assert_allclose(qo.numpy(), rot(q), atol=1e-5)
     np.testing.assert_allclose(ko.numpy(), rot(k), atol=1e-5)
+    # per-token positions (packed documents restart at 0): token p of the sample uses table row pos[p]
+    pos = np.array([[0, 1, 0, 1, 2]], np.int64)
+    qp, kp = kernels.rope_reference(paddle.to_tensor(q), paddle.to_tensor(k),
+                                    paddle.to_tensor(np.cos(emb).astype("float32")),
+                                    paddle.to_tensor(np.sin(emb).astype("float32")), paddle.to_tensor(pos))
+    ang = ang[pos[0]]
+    np.testing.assert_allclose(qp.numpy(), rot(q), atol=1e-5)
+    np.testing.assert_allclose(kp.numpy(), rot(k), atol=1e-5)
 
 
 def test_swiglu_reference_matches_numpy():

@@ -43,6 +43,30 @@ def test_forward_shape_and_names():
     assert "model.layers.0.self_attn.o_proj.bias" in set(_params(m3))
 
 
+def test_qwen3_has_per_head_qk_norms_an_explicit_head_dim_and_no_biases():
+    cfg = tiny("qwen3", head_dim=12)  # 4 heads x 12 = 48 != hidden 32
+    m = build_model(cfg)
+    p = _params(m)
+    assert p["model.layers.0.self_attn.q_norm.weight"].shape == (12,) and (p["model.layers.1.self_attn.k_norm.weight"] == 1).all()
+    assert p["model.layers.0.self_attn.q_proj.weight"].shape == (32, 48)  # Paddle [in, out]
+    assert not any(n.endswith(".bias") for n in p)
+    assert m(paddle.randint(0, 97, [2, 5])).shape == [2, 5, 97]
+    assert any(n.endswith("o_proj.bias") for n in _params(build_model(tiny("qwen3", attention_bias=True))))
+    d = cfg.to_hf_dict()
+    assert d["architectures"] == ["Qwen3ForCausalLM"] and d["head_dim"] == 12 and "mlp_bias" not in d
+    assert ModelConfig.from_dict(d) == cfg
+
+
+def test_sliding_window_layer_types_are_refused_full_attention_ones_accepted():
+    d = tiny("qwen3").to_hf_dict()
+    with pytest.raises(UserError, match="only full_attention layers"):
+        ModelConfig.from_dict({**d, "layer_types": ["full_attention", "sliding_attention"]})
+    with pytest.raises(UserError, match="use_sliding_window=true"):
+        ModelConfig.from_dict({**d, "use_sliding_window": True})
+    cfg = ModelConfig.from_dict({**d, "layer_types": ["full_attention"] * 2})
+    assert "layer_types" not in cfg.to_hf_dict()  # derivable, so a num_hidden_layers override stays consistent
+
+
 def test_same_seed_same_weights_different_seed_differs():
     paddle.seed(7)
     a = _params(build_model(tiny()))
@@ -126,12 +150,12 @@ def test_causal_lm_loss_ignores_minus_100_and_averages_counted_tokens():
     assert float(none) == 0.0
 
 
-def _loss_and_grads(cfg, granularity, ids):
+def _loss_and_grads(cfg, granularity, ids, **doc):
     paddle.seed(3)
     m = build_model(cfg)
     apply_recompute(m, Recompute(granularity) if granularity else None)
     m.train()
-    loss = causal_lm_loss(m(ids[:, :-1]), ids[:, 1:])
+    loss = causal_lm_loss(m(ids[:, :-1], **doc), ids[:, 1:])
     loss.backward()
     return float(loss), {n: p.grad.numpy() for n, p in m.named_parameters()}
 
@@ -145,6 +169,21 @@ def test_recompute_same_loss_and_gradients(granularity):
     loss1, g1 = _loss_and_grads(cfg, granularity, ids)
     assert loss0 == loss1
     assert set(g0) == set(g1)
+    for n in g0:
+        assert np.abs(g0[n] - g1[n]).max() <= 1e-7, n
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+def test_recompute_passes_document_inputs_through(granularity):
+    cfg = tiny("qwen3", tie_word_embeddings=False)
+    paddle.seed(0)
+    ids = paddle.randint(0, 97, [2, 17])
+    starts = np.zeros((2, 16), np.int64)
+    starts[0, 5:], starts[1, 9:] = 5, 9
+    doc = {"doc_start": paddle.to_tensor(starts), "position_ids": paddle.to_tensor(np.arange(16) - starts)}
+    loss0, g0 = _loss_and_grads(cfg, None, ids, **doc)
+    loss1, g1 = _loss_and_grads(cfg, granularity, ids, **doc)
+    assert loss0 == loss1 and loss0 != _loss_and_grads(cfg, None, ids)[0]  # the mask changes the loss
     for n in g0:
         assert np.abs(g0[n] - g1[n]).max() <= 1e-7, n
 

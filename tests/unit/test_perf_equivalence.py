@@ -37,22 +37,27 @@ def _slice_rope(q, k, cos, sin):
     return q * c + rot(q) * s, k * c + rot(k) * s
 
 
-def _batches():
-    """Two fixed batches in turn, so 20 steps visibly lower the loss (memorisation)."""
+def _batches(documents=False):
+    """Two fixed batches in turn, so 20 steps visibly lower the loss (memorisation); `documents`: packed
+    documents of 5-13 tokens, with doc_start and restarting position_ids (document masking)."""
+    from pretrain_cli.data.samples import document_fields
+
     rng = np.random.default_rng(0)
     fixed = [rng.integers(0, CFG.vocab_size, (BS, SEQ + 1)).astype("int64") for _ in range(2)]
+    fields = [document_fields(np.concatenate(([0], np.cumsum(rng.integers(5, 14, 6)))), SEQ) for _ in range(BS)]
+    doc = {k: np.stack([f[k] for f in fields]) for k in fields[0]} if documents else {}
     for i in range(10**6):
         toks = fixed[i % 2]
-        yield {"input_ids": toks[:, :-1], "labels": toks[:, 1:]}
+        yield {"input_ids": toks[:, :-1], "labels": toks[:, 1:], **doc}
 
 
-def _losses(chosen, compile_forward):
+def _losses(chosen, compile_forward, documents=False):
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "1.0", "--weight_decay", "0.01", "--to_static", str(compile_forward))
     paddle.seed(1)
     trainer = assemble(run, build_model(CFG, chosen), NoComm())  # what `train` builds around the model
     trainer.model.train()
-    batches = _batches()
+    batches = _batches(documents)
     return np.array([trainer.train_step(batches)[0] for _ in range(STEPS)])
 
 
@@ -66,6 +71,20 @@ def test_fast_cpu_step_matches_reference_step():
     for compiled in (False, True):
         got = _losses(fast, compile_forward=compiled)
         print(f"max |Δloss| over 20 steps (to_static={compiled}):", float(np.abs(got - want).max()))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_document_masked_fast_cpu_step_matches_reference_step():
+    """Document masking through the fused CPU kernels (cpu_document attention, RoPE with position ids)
+    trains like Paddle's ops with `attention_math`'s document mask, eager and compiled."""
+    fast = kernels.select(None, "cpu")
+    paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")
+    ref = dataclasses.replace(paddle_only, attention_document=kernels.attention_math, pack_mlp=False)
+    want = _losses(ref, compile_forward=False, documents=True)
+    assert want[-1] < want[0] - 0.1
+    assert abs(want[0] - _losses(ref, compile_forward=False)[0]) > 1e-4  # the mask is applied
+    for compiled in (False, True):
+        got = _losses(fast, compile_forward=compiled, documents=True)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 

@@ -217,3 +217,40 @@ def test_a_model_no_single_device_holds_gets_more_devices_first(write_args, caps
     assert f"  1. --gpus {first['gpus']} with \"sharding\": \"{first['change']['sharding']}\"" in capsys.readouterr().out
     assert "--peak_tflops" in subprocess.run([sys.executable, "-m", "pretrain_cli", "plan", "--help"],
                                              capture_output=True, text=True, timeout=60).stdout
+
+
+def test_document_masking_is_planned_per_attention_path(write_args, capsys):
+    """The math path adds the shared [b, 1, s, s] mask (growing with s²); the CPU kernel keeps the same
+    probabilities as causal; flashmask adds only per-token inputs. FLOPs (and so MFU) stay those of causal."""
+    def parts(mask, target="A100-80GB", **kw):
+        r = plan(write_args(attention_mask_type=mask, fp16=False, bf16=True, **kw), device=target,
+                 suggest_changes=False)
+        return r, r["memory_breakdown_gib"]
+
+    causal, c = parts("causal", use_flash_attention=False)
+    doc, d = parts("document", use_flash_attention=False)
+    assert "document_mask" not in c and doc["attention_mask_type"] == "document"
+    assert d["document_mask"] * 2**30 >= 4 * 1024 * 1024  # the fp32 mask of one 1024-token sample
+    assert doc["memory_gib"] - causal["memory_gib"] == pytest.approx(d["document_mask"] * 1.05)  # + fragmentation
+    assert doc["flops_per_token"] == causal["flops_per_token"]
+    _, flash = parts("document", use_flash_attention=True, use_fused_rope=True)
+    assert flash["document_mask"] * 2**30 < 64 * 1024  # int64 doc_start/position_ids, int32 bounds
+    _, cpu_doc = parts("document", "cpu", use_flash_attention=True)
+    _, cpu_causal = parts("causal", "cpu", use_flash_attention=True)
+    assert cpu_doc["activations"] == cpu_causal["activations"]  # the CPU kernel saves time, not memory
+    assert cpu_doc["document_mask"] * 2**30 < 1024 * 1024  # no s² term: doc_start, position_ids, RoPE rows
+    assert cli_main(["plan", write_args(attention_mask_type="document"), "--device", "A100-80GB"]) == 0
+    text = capsys.readouterr().out
+    assert "document mask" in text and "document masking does less attention than counted" in text
+
+
+def test_qwen3_q_k_norms_add_parameters_and_activations(write_args):
+    qwen3 = plan(write_args(model_name_or_path="Qwen/Qwen3-0.6B"), device="A100-80GB", suggest_changes=False)
+    assert qwen3["model"]["model_type"] == "qwen3" and qwen3["params"]["total"] == 596_049_920
+    from pretrain_cli.config.presets import PRESET_DIR
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.planning.memory import Setup, activation_bytes
+
+    cfg = ModelConfig.from_file(str(PRESET_DIR / "qwen3-0.6b"))
+    as_llama = ModelConfig(**{**cfg.__dict__, "model_type": "llama", "extra": {}})  # same shape, no q/k norms
+    assert activation_bytes(Setup(cfg, 1, 1024)) > activation_bytes(Setup(as_llama, 1, 1024))

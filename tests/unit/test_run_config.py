@@ -115,3 +115,22 @@ def test_one_perplexity_rule_for_every_evaluation():
     values = trainer.evaluate("valid")
     assert values["eval_loss"] > 50
     assert values["eval_ppl"] == pytest.approx(math.exp(values["eval_loss"]), rel=1e-6)
+
+
+def test_attention_mask_type_and_reset_position_ids_are_resolved_once():
+    plain = resolve_run()
+    assert (plain.data.attention_mask_type, plain.data.reset_position_ids, plain.data.document_mask) == (
+        "causal", False, False)
+    doc = resolve_run("--attention_mask_type", "document")
+    assert (doc.data.attention_mask_type, doc.data.reset_position_ids, doc.data.document_mask) == (
+        "document", True, True)
+    assert resolve_run("--attention_mask_type", "document", "--reset_position_ids", "false").data.reset_position_ids \
+        is False
+    padded = resolve_run("--attention_mask_type", "document", "--sample_mode", "padded")
+    assert padded.data.attention_mask_type == "causal"
+    assert any("sample_mode padded" in n for n in padded.notes)  # never silently
+    ignored = resolve_run("--reset_position_ids", "true")
+    assert not ignored.data.reset_position_ids and any("reset_position_ids" in n for n in ignored.notes)
+    with pytest.raises(UserError, match="attention_mask_type"):
+        resolve_run("--attention_mask_type", "segment")
+    assert doc.to_dict()["data"]["attention_mask_type"] == "document"  # recorded in args.json

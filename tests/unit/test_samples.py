@@ -227,3 +227,41 @@ def test_eval_windows_apply_the_loss_mask():
     assert b["labels"][0].tolist() == [1, 2, -100, 4, 5]  # token 3 is window 0's third target
     assert b["labels"][2].tolist() == [11, -100, 13, 14, 15]
     assert b["input_ids"][0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_document_fields_from_starts():
+    from pretrain_cli.data.samples import document_fields
+
+    f = document_fields([0, 3, 4, 8], 8)  # the document starting at 8 holds only the last label
+    assert f["doc_start"].tolist() == [0, 0, 0, 3, 4, 4, 4, 4]
+    assert f["position_ids"].tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert set(document_fields([0], 4, reset_position_ids=False)) == {"doc_start"}
+
+
+def test_document_mask_samples_carry_where_each_document_begins(tmp_path):
+    """Document d is the token 10 + d repeated, so boundaries in a sample are where the token changes."""
+    rng = np.random.default_rng(3)
+    docs = [np.full(int(n), 10 + d) for d, n in enumerate(rng.integers(1, 30, size=50))]
+    with IndexedDatasetWriter(tmp_path / "c", np.uint16) as w:
+        w.add_documents(np.concatenate(docs), [len(d) for d in docs])
+        w.finalize()
+    src = open_token_file(str(tmp_path / "c"))
+    plain = PackedDataset(src, 0, 50, 16, 7, "train")
+    masked = PackedDataset(src, 0, 50, 16, 7, "train", document_mask=True)
+    kept = PackedDataset(src, 0, 50, 16, 7, "train", document_mask=True, reset_position_ids=False)
+    for i in range(len(plain)):
+        a, b = plain[i], masked[i]
+        assert set(a) == {"input_ids", "labels"} and set(kept[i]) == {"input_ids", "labels", "doc_start"}
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])  # same tokens, same order
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        t = b["input_ids"]
+        want = [min(j for j in range(p + 1) if (t[j:p + 1] == t[p]).all()) for p in range(16)]
+        assert b["doc_start"].tolist() == want
+        assert b["position_ids"].tolist() == [p - s for p, s in enumerate(want)]
+        np.testing.assert_array_equal(kept[i]["doc_start"], b["doc_start"])
+    batch = micro_batch(masked, 4, 3)
+    assert batch["doc_start"].shape == batch["position_ids"].shape == (3, 16)
+    assert batch["doc_start"].dtype == np.int64
+    assert set(micro_batch(plain, 4, 3)) == {"input_ids", "labels"}
+    splits = build_datasets(str(tmp_path / "c"), "1", 16, 7, document_mask=True, need=("train",))
+    np.testing.assert_array_equal(splits.train[5]["doc_start"], masked[5]["doc_start"])

@@ -24,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass (default: %(default)s)")
     parser.add_argument("--max_batches", type=int, default=None,
                         help="stop after this many batches (default: the whole file; with --config, eval_iters)")
+    parser.add_argument("--attention_mask_type", default=None, choices=("causal", "document"),
+                        help="document: a token attends only to earlier tokens of its own document (boundaries "
+                             "from the token file's index), as a run with attention_mask_type: document trains "
+                             "(default: causal for --data; with --config the run's own setting, which this "
+                             "overrides)")
+    parser.add_argument("--reset_position_ids", default=None, choices=("true", "false"),
+                        help="with document masking: RoPE positions restart at each document (default: true for "
+                             "--data; with --config the run's own setting, which this overrides)")
     parser.add_argument("--seed", type=int, default=42,
                         help="init seed when --model has no weights (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary line")
@@ -75,8 +83,10 @@ def _main_config(ns: argparse.Namespace) -> int:
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     flag = "--do_eval" if ns.split == "valid" else "--do_predict"
-    spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true"],
-                   Target())
+    overrides = [tok for key in ("attention_mask_type", "reset_position_ids") if getattr(ns, key) is not None
+                 for tok in (f"--{key}", getattr(ns, key))]
+    spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true",
+                               *overrides], Target())
     lp = spec.run.loop
     model_name = ns.model
     if model_name is None:
@@ -93,10 +103,13 @@ def _main_config(ns: argparse.Namespace) -> int:
     batches, bs = ns.max_batches or lp.eval_iters, lp.eval_batch
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
+    mask = spec.run.data.attention_mask_type
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
-              "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source}
+              "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source,
+              "attention_mask_type": mask}
+    masked = ", document-masked" if mask == "document" else ""
     return _report(ns, result, t0, f"{samples} samples of {spec.run.data.max_seq_length} tokens from the {ns.split} "
-                   f"split of {ns.config} ({batches} batches of {bs})")
+                   f"split of {ns.config} ({batches} batches of {bs}{masked})")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -112,7 +125,8 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--max_batches: must be >= 1, got {ns.max_batches}")
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import check_seq_len
-    from pretrain_cli.training.evaluation import perplexity, read_tokens, window_batches, window_count
+    from pretrain_cli.training.evaluation import (document_starts, perplexity, read_tokens, window_batches,
+                                                  window_count)
 
     tokens, loss_mask = read_tokens(ns.data)
     if (len(tokens) - 1) // ns.max_seq_length < 1:
@@ -129,11 +143,16 @@ def main(ns: argparse.Namespace) -> int:
     model, source = load_for_inference(model_dir, cfg, ns.seed)
     t0 = time.perf_counter()
     n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
-    batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask)
+    mask = ns.attention_mask_type or "causal"
+    documents = document_starts(ns.data) if mask == "document" else None
+    batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask, documents,
+                             ns.reset_position_ids != "false")
     total, count, _ = _loss_sum(model, batches, n_batches)
     if count == 0:
         raise UserError(f"--data: {ns.data}.lsm masks every target token of these windows; nothing to evaluate")
     loss = total / count
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "windows": n_windows,
-              "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "model_weights": source}
-    return _report(ns, result, t0, f"{n_windows:,} windows of {ns.max_seq_length} tokens from {ns.data}")
+              "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "model_weights": source,
+              "attention_mask_type": mask}
+    masked = ", document-masked" if documents is not None else ""
+    return _report(ns, result, t0, f"{n_windows:,} windows of {ns.max_seq_length} tokens from {ns.data}{masked}")

@@ -34,8 +34,9 @@ class ModelArguments:
     model_name_or_path: str = _f(
         "tiny-qwen2",
         "Model source: a local directory with an HF config.json (and weights when continue_training), "
-        "or a shipped preset (qwen2.5-0.5b, llama-171m, llama-3-8b, tiny-qwen2, tiny-llama; "
-        "'Qwen/Qwen2.5-0.5B' and 'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
+        "or a shipped preset (qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, llama-171m, tiny-qwen2, "
+        "tiny-llama; 'Qwen/Qwen3-0.6B', 'Qwen/Qwen2.5-0.5B', 'meta-llama/Llama-3.2-1B' and "
+        "'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
     )
     tokenizer_name_or_path: Optional[str] = _f(
         None, "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt); None = model_name_or_path."
@@ -53,9 +54,9 @@ class ModelArguments:
     use_fast_layer_norm: bool = _f(
         False, "Selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
     )
-    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored")
+    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
     attention_probs_dropout_prob: float = _f(
-        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen2 have no dropout.", "ignored"
+        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"
     )
 
 
@@ -80,6 +81,19 @@ class DataArguments:
         "padded: one document per sample, [BOT] doc [EOT] padded with [PAD], pads excluded from the loss.",
         "extension",
         choices=("packed", "padded"),
+    )
+    attention_mask_type: str = _f(
+        "causal",
+        "causal: a token attends to every earlier token of its packed sample, across document boundaries "
+        "(PaddleNLP/Megatron pretraining). document: only to earlier tokens of its own document (boundaries from "
+        "the token files' document index; as torchtitan, Megatron-LM, OLMo-core, MaxText offer): flashmask on GPU, "
+        "a CPU kernel that skips the cross-document blocks (faster on short documents). No effect on padded samples.",
+        "extension",
+        choices=("causal", "document"),
+    )
+    reset_position_ids: Optional[bool] = _f(
+        None, "With attention_mask_type document: RoPE positions restart at 0 at each document (None = true); "
+        "false keeps them running across the packed sample.", "extension",
     )
 
 

@@ -64,7 +64,9 @@ class RunSpec:
         lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
-                     f"attention {r.kernels.attention}; recompute {r.recompute_granularity or 'off'}")
+                     f"attention {r.kernels.attention}, {r.data.attention_mask_type} mask"
+                     f"{' (positions restart per document)' if r.data.reset_position_ids else ''}; "
+                     f"recompute {r.recompute_granularity or 'off'}")
         lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {r.parallel.data_world_size} data ranks = "
                      f"{r.global_batch_size} sequences = {r.tokens_per_step:,} tokens/step; {lp.max_steps} steps = "
                      f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
@@ -123,7 +125,8 @@ def _data(run: RunConfig, model_cfg, tokenizer):
                  if flag)
     return build_datasets(input_dir=d.input_dir, split=d.split_text, max_seq_length=d.max_seq_length, seed=lp.seed,
                           sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
-                          vocab_size=model_cfg.vocab_size)
+                          vocab_size=model_cfg.vocab_size, document_mask=d.document_mask,
+                          reset_position_ids=d.reset_position_ids)
 
 
 def _open_token_files(input_dir: str) -> None:

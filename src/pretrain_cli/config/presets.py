@@ -14,7 +14,10 @@ PRESET_DIR = Path(__file__).resolve().with_name("presets")
 # Hub names that PaddleNLP's shipped argument files use, mapped to our presets.
 ALIASES = {
     "qwen/qwen2.5-0.5b": "qwen2.5-0.5b",
+    "qwen/qwen3-0.6b": "qwen3-0.6b",
+    "qwen/qwen3-0.6b-base": "qwen3-0.6b",  # same architecture as the post-trained model
     "meta-llama/meta-llama-3-8b": "llama-3-8b",
+    "meta-llama/llama-3.2-1b": "llama-3.2-1b",
     "__internal_testing__/tiny-random-llama": "tiny-llama",
 }
 

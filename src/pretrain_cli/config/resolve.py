@@ -240,6 +240,19 @@ def not_yet_supported(run: RunConfig) -> list[str]:
     return []
 
 
+def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
+    """(attention_mask_type, reset_position_ids) as they will run: a padded sample is one document already."""
+    d = args.data
+    mask, reset = d.attention_mask_type, d.reset_position_ids
+    if mask == "document" and d.sample_mode == "padded":
+        notes.append("attention_mask_type: document changes nothing with sample_mode padded (one document per "
+                     "sample); the run is causal")
+        mask = "causal"
+    if mask == "causal" and reset is not None:
+        notes.append("reset_position_ids: only applies with attention_mask_type: document; ignored")
+    return mask, mask == "document" and reset is not False
+
+
 def _cpu_layout_note(args: Arguments, device: str, world: int, notes: list) -> None:
     cores = os.cpu_count() or 1
     t = args.training
@@ -278,6 +291,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     if t.do_eval and t.eval_steps is None:
         notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
     _cpu_layout_note(args, device, target.world_size, notes)
+    mask_type, reset_positions = _document_mask(args, notes)
     for key in args.explicit:  # accepted for compatibility but without effect here
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
@@ -297,7 +311,8 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         schedule=schedule,
         optimizer=OptimizerConfig(t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay, t.max_grad_norm),
         loop=loop,
-        data=DataConfig(d.input_dir, split, str(d.split), d.max_seq_length, d.sample_mode, d.data_cache),
+        data=DataConfig(d.input_dir, split, str(d.split), d.max_seq_length, d.sample_mode, d.data_cache,
+                        mask_type, reset_positions),
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
                       tuple(t.report_to or ("visualdl",))),

@@ -229,6 +229,12 @@ class DataConfig:
     max_seq_length: int = 1024
     sample_mode: str = "packed"  # packed | padded
     data_cache: str | None = None
+    attention_mask_type: str = "causal"  # causal | document (packed samples carry doc_start, position_ids)
+    reset_position_ids: bool = False  # document only: RoPE positions restart at each document
+
+    @property
+    def document_mask(self) -> bool:
+        return self.attention_mask_type == "document"
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,14 @@ def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
 
 def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample_mode: str = "packed",
                    tokenizer=None, data_cache: str | None = None, need=("train", "valid", "test"),
-                   vocab_size: int | None = None) -> DataSplits:
+                   vocab_size: int | None = None, document_mask: bool = False,
+                   reset_position_ids: bool = True) -> DataSplits:
     """Open every source, check ids against vocab_size, split, sample and blend.
 
     `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed only for
     sample_mode 'padded'. `need` names the splits the run uses; an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
+    `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
     need = tuple(need)
     unknown = [n for n in need if n not in SPLIT_NAMES]
@@ -85,7 +87,8 @@ def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample
         src = open_token_file(prefix)
         if vocab_size is not None:
             _check_vocab(src, vocab_size)
-        splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache)
+        splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
+                                document_mask, reset_position_ids)
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     out = DataSplits(sources=sources)
     for name in SPLIT_NAMES:

@@ -15,13 +15,19 @@ import threading
 import numpy as np
 
 
+# per-token fields a sample may carry beyond input_ids/labels (packed documents; data.samples.document_fields)
+DOCUMENT_FIELDS = ("position_ids", "doc_start")
+
+
 def micro_batch(dataset, consumed_samples: int, micro_bs: int, dp_rank: int = 0, dp_size: int = 1) -> dict:
-    """This rank's samples [consumed + r*bs, consumed + (r+1)*bs) stacked to int64 [bs, L]."""
+    """This rank's samples [consumed + r*bs, consumed + (r+1)*bs) stacked to int64 [bs, L] (input_ids, labels,
+    and the document fields when the samples carry them)."""
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
     first = consumed_samples + dp_rank * micro_bs
     items = [dataset[i] for i in range(first, first + micro_bs)]
-    return {key: np.stack([it[key] for it in items]).astype(np.int64, copy=False) for key in ("input_ids", "labels")}
+    keys = ("input_ids", "labels") + tuple(k for k in DOCUMENT_FIELDS if k in items[0])
+    return {key: np.stack([it[key] for it in items]).astype(np.int64, copy=False) for key in keys}
 
 
 def batch_hash(batch: dict) -> str:

@@ -5,6 +5,11 @@ Unlike PaddleNLP, sample i is a pure function of (corpus, split, seq_len, seed, 
 the number of samples never enters the index, so changing max_steps, batch size or world
 size (or resuming) never reorders data. Epoch e = i // N1 has its own document and sample
 permutations drawn from (seed, e, split); epochs are built lazily, so i is unbounded.
+
+Document masking (`attention_mask_type: document`): a packed sample also carries where each of its
+tokens' document begins (`doc_start`) and, unless positions keep running, RoPE positions that restart
+there (`position_ids`); both come from the document index the sample was cut from (a "document" is one
+sequence of the `.idx`, what `preprocess` writes per input document), so no EOS token is needed.
 """
 from __future__ import annotations
 
@@ -46,6 +51,25 @@ def split_bounds(split: str, size: int) -> list[int]:
         b.append(b[-1] + int(round(f * float(size))))
     diff = b[-1] - size
     return [b[0]] + [min(max(x - diff, 0), size) for x in b[1:]]
+
+
+def document_fields(starts, seq_len: int, reset_position_ids: bool = True) -> dict:
+    """Per-token document info for the `seq_len` inputs of a sample whose documents begin at `starts`.
+
+    `starts`: sorted offsets within the sample of the documents it holds (the first is 0, where the
+    sample's first, possibly cut, document begins). Returns int64 `[seq_len]` arrays: `doc_start` (the
+    first position of each token's document: attention sees keys doc_start[i] … i) and, with
+    `reset_position_ids`, `position_ids` = i − doc_start[i] (Megatron's reset_position_ids: a cut document
+    at the start of the sample counts from 0, as it would if it were the whole document).
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    starts = starts[starts < seq_len]
+    pos = np.arange(seq_len, dtype=np.int64)
+    doc_start = starts[np.searchsorted(starts, pos, side="right") - 1]  # [seq_len]
+    out = {"doc_start": doc_start}
+    if reset_position_ids:
+        out["position_ids"] = pos - doc_start  # [seq_len]
+    return out
 
 
 def _rng(seed: int, epoch: int, name: str) -> np.random.Generator:
@@ -128,12 +152,17 @@ class _SplitBase:
 
 
 class PackedDataset(_SplitBase):
-    """Shuffled documents concatenated per epoch; sample j spans tokens [j*L, j*L + L + 1)."""
+    """Shuffled documents concatenated per epoch; sample j spans tokens [j*L, j*L + L + 1).
+
+    `document_mask`: each sample also carries `document_fields` (doc_start, and position_ids when
+    `reset_position_ids`); the token order is the same either way.
+    """
 
     mode = "packed"
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args, document_mask: bool = False, reset_position_ids: bool = True, **kw):
         super().__init__(*args, **kw)
+        self.document_mask, self.reset_position_ids = document_mask, reset_position_ids
         self.samples_per_epoch = max(0, (self.num_tokens - 1) // self.seq_len)
         if self.samples_per_epoch == 0:
             raise UserError(f"{self.source.prefix}: the {self.name} split has {self.num_tokens} tokens, fewer than one "
@@ -147,8 +176,8 @@ class PackedDataset(_SplitBase):
         positions = rng.permutation(self.samples_per_epoch).astype(np.int64)
         return order, cum, positions
 
-    def _gather(self, i: int, array) -> np.ndarray:
-        """The L+1 elements of `array` (the token stream, or its loss mask) that sample i covers."""
+    def _spans(self, i: int) -> list[tuple[int, int]]:
+        """(first token in the source, length) of each document piece sample i covers, L+1 tokens in all."""
         if i < 0:
             raise IndexError(i)
         order, cum, positions = self._epoch(i // self.samples_per_epoch)
@@ -159,22 +188,30 @@ class PackedDataset(_SplitBase):
             d = int(order[k])
             take = min(int(self.doc_sizes[d]) - off, need)
             if take > 0:
-                s = int(self.doc_starts[d]) + off
-                out.append(array[s : s + take])
+                out.append((int(self.doc_starts[d]) + off, take))
                 need -= take
             k, off = k + 1, 0
-        return np.concatenate(out)
+        return out
+
+    def _gather(self, i: int, array, spans=None) -> np.ndarray:
+        """The L+1 elements of `array` (the token stream, or its loss mask) that sample i covers."""
+        return np.concatenate([array[s : s + n] for s, n in (spans or self._spans(i))])
 
     def tokens(self, i: int) -> np.ndarray:
         """The L+1 tokens of sample i as int64 (consecutive positions share one token)."""
         return self._gather(i, self.source.data).astype(np.int64)
 
     def __getitem__(self, i: int) -> dict:
-        t = self.tokens(int(i))
+        spans = self._spans(int(i))
+        t = self._gather(int(i), self.source.data, spans).astype(np.int64)
         labels = t[1:].copy()
         if self.source.loss_mask is not None:  # `.lsm`: a 0 byte keeps that token out of the loss as a target
-            labels[self._gather(int(i), self.source.loss_mask)[1:] == 0] = IGNORE_INDEX
-        return {"input_ids": t[:-1], "labels": labels}
+            labels[self._gather(int(i), self.source.loss_mask, spans)[1:] == 0] = IGNORE_INDEX
+        item = {"input_ids": t[:-1], "labels": labels}
+        if self.document_mask:
+            starts = np.cumsum([0] + [n for _, n in spans[:-1]])  # where each piece begins in the sample
+            item.update(document_fields(starts, self.seq_len, self.reset_position_ids))
+        return item
 
 
 class PaddedDataset(_SplitBase):
@@ -228,8 +265,10 @@ def special_ids(tokenizer, tokenizer_name: str) -> dict:
 
 
 def split_datasets(source: IndexedDataset, split: str, seq_len: int, seed: int, mode: str = "packed",
-                   need=SPLIT_NAMES, special: dict | None = None, cache_dir: str | None = None) -> dict:
-    """name -> dataset (None when the split is empty and not needed)."""
+                   need=SPLIT_NAMES, special: dict | None = None, cache_dir: str | None = None,
+                   document_mask: bool = False, reset_position_ids: bool = True) -> dict:
+    """name -> dataset (None when the split is empty and not needed); `document_mask` applies to packed
+    samples only (a padded sample holds one document)."""
     if mode not in ("packed", "padded"):
         raise UserError(f"sample_mode: unknown {mode!r}; use 'packed' or 'padded'")
     b = split_bounds(split, len(source))
@@ -248,7 +287,8 @@ def split_datasets(source: IndexedDataset, split: str, seq_len: int, seed: int, 
         args = (source, lo, hi, seq_len, seed, name)
         try:
             if mode == "packed":
-                out[name] = PackedDataset(*args, cache_dir=cache_dir)
+                out[name] = PackedDataset(*args, cache_dir=cache_dir, document_mask=document_mask,
+                                          reset_position_ids=reset_position_ids)
             else:
                 out[name] = PaddedDataset(*args, cache_dir=cache_dir, **special)
         except UserError:

@@ -86,7 +86,7 @@ def localize(k, hook: bool):
 
     Dense inputs go to the original op unchanged (generation, evaluation after gathering).
     """
-    rms, rope, attn, attn_cached = k.rms_norm, k.rope, k.attention, k.attention_cached
+    rms, rope, attn, attn_cached, attn_doc = k.rms_norm, k.rope, k.attention, k.attention_cached, k.attention_document
     swiglu, swiglu_packed, ce = k.swiglu, k.swiglu_packed, k.cross_entropy
 
     def rms_norm(x, w, eps):
@@ -95,14 +95,17 @@ def localize(k, hook: bool):
         x = _no_partial(x)
         return _dist(rms(_local(x), _weight_for(w, x, hook), eps), x)
 
-    def rope_(q, kk, cos, sin):
+    def rope_(q, kk, cos, sin, position_ids=None):
         # also for Paddle's reference RoPE: its [s, b*h, d] merge would co-shard batch and heads
         if not q.is_dist():
-            return rope(q, kk, cos, sin)
+            return rope(q, kk, cos, sin, position_ids) if position_ids is not None else rope(q, kk, cos, sin)
         q, kk = _no_partial(q), _no_partial(kk)
         cos = cos._local_value() if cos.is_dist() else cos  # tables, not parameters: no gradient
         sin = sin._local_value() if sin.is_dist() else sin
-        qo, ko = rope(_local(q), _local(kk), cos, sin)
+        if position_ids is None:
+            qo, ko = rope(_local(q), _local(kk), cos, sin)
+        else:  # [bsz, seq_len] rows of this rank's samples
+            qo, ko = rope(_local(q), _local(kk), cos, sin, _local(position_ids))
         return _dist(qo, q), _dist(ko, kk)
 
     def attention(q, kk, v, _op=attn):
@@ -110,6 +113,12 @@ def localize(k, hook: bool):
             return _op(q, kk, v)
         q, kk, v = _no_partial(q), _no_partial(kk), _no_partial(v)
         return _dist(_op(_local(q), _local(kk), _local(v)), q)
+
+    def attention_document(q, kk, v, doc_start):
+        if not q.is_dist():
+            return attn_doc(q, kk, v, doc_start)
+        q, kk, v = _no_partial(q), _no_partial(kk), _no_partial(v)
+        return _dist(attn_doc(_local(q), _local(kk), _local(v), _local(doc_start)), q)
 
     def swiglu_(g, u):
         if not g.is_dist():
@@ -150,7 +159,8 @@ def localize(k, hook: bool):
         return _dist(ce(_local(logits), _local(labels), ignore_index), labels)
 
     return dataclasses.replace(
-        k, rms_norm=rms_norm, rope=rope_, attention=attention, swiglu=swiglu_, gate_up=gate_up,
+        k, rms_norm=rms_norm, rope=rope_, attention=attention, attention_document=attention_document,
+        swiglu=swiglu_, gate_up=gate_up,
         swiglu_packed=swiglu_packed_, cross_entropy=cross_entropy,
         attention_cached=lambda q, kk, v: attention(q, kk, v, attn_cached))
 

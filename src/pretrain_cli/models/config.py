@@ -20,7 +20,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 @dataclass
 class ModelConfig:
-    """A decoder-only Llama/Qwen2 architecture; `head_dim` defaults to hidden / heads."""
+    """A decoder-only Llama/Qwen2/Qwen3 architecture; `head_dim` defaults to hidden / heads."""
 
     model_type: str = "llama"
     vocab_size: int = 32000
@@ -36,7 +36,7 @@ class ModelConfig:
     rope_scaling: dict | None = None
     initializer_range: float = 0.02
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # llama: bias on q/k/v/o; qwen2 always has q/k/v bias
+    attention_bias: bool = False  # llama, qwen3: bias on q/k/v/o; qwen2 always has q/k/v bias
     mlp_bias: bool = False
     hidden_act: str = "silu"
     bos_token_id: int | None = None
@@ -78,6 +78,12 @@ class ModelConfig:
             d["torch_dtype"] = d["dtype"]
         if d.get("use_sliding_window"):
             raise UserError(f"{source}: use_sliding_window=true is not supported; set it to false")
+        layer_types = d.get("layer_types")
+        if layer_types is not None:  # transformers 5 (Qwen2/Qwen3): one attention kind per layer
+            if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+                raise UserError(f"{source}: layer_types {layer_types!r}: only full_attention layers are supported "
+                                f"(no sliding window); remove layer_types or set every entry to \"full_attention\"")
+            del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -120,6 +126,8 @@ class ModelConfig:
             del out["rope_scaling"]
         if self.model_type == "qwen2":  # Qwen2 has fixed biases; these keys mean nothing there
             del out["attention_bias"], out["mlp_bias"]
+        if self.model_type == "qwen3":  # attention_bias is Qwen3's; its MLP never has a bias
+            del out["mlp_bias"]
         out.setdefault("use_cache", True)
         return out
 

@@ -21,7 +21,7 @@ from pretrain_cli.models.families import FAMILIES
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
-PADDLENLP_PREFIXES = tuple(f.paddlenlp_prefix for f in FAMILIES.values())
+PADDLENLP_PREFIXES = tuple(f.paddlenlp_prefix for f in FAMILIES.values() if f.paddlenlp_prefix)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old HF Llama checkpoints store this buffer
 
 

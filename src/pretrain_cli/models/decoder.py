@@ -1,8 +1,12 @@
 """Pre-norm decoder stack and the causal-LM head shared by every family.
 
 Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`),
-so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Llama and Qwen2 differ
-only in which biases exist (`families.FAMILIES`).
+so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Families differ only in which
+biases exist and whether q/k heads are RMS-normalised (`families.FAMILIES`).
+
+Packed samples under `attention_mask_type: document` also carry `position_ids` (RoPE positions that
+restart at each document) and `doc_start` (where each token's document begins); without them the
+forward is the plain causal one, unchanged.
 """
 from __future__ import annotations
 
@@ -18,34 +22,39 @@ from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryE
 class DecoderLayer(nn.Layer):
     """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool,
+                 qk_norm: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias)
+        self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.mlp = MLP(cfg, kernels, mlp_bias)
 
-    def forward(self, x, cos, sin, kv=None):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+    def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderModel(nn.Layer):
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
+        fam = family(cfg.model_type)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        self.layers = nn.LayerList(
-            [DecoderLayer(cfg, kernels, qkv_bias, o_bias, mlp_bias) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm)
+                                    for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
 
-    def forward(self, input_ids, cache: KVCache | None = None):
+    def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None):
         seq_len = input_ids.shape[1]
         offset = cache.offset if cache is not None else 0
         cos, sin = self.rotary_emb(seq_len, offset)  # [seq_len, head_dim] each
         x = self.embed_tokens(input_ids)  # [bsz, seq_len, hidden]
-        if cache is None:  # training/eval: the plain path, nothing cache-related traced
+        if position_ids is not None or doc_start is not None:  # packed documents (positions < seq_len)
+            for layer in self.layers:
+                x = layer(x, cos, sin, None, position_ids, doc_start)
+        elif cache is None:  # training/eval: the plain path, nothing cache-related traced
             for layer in self.layers:
                 x = layer(x, cos, sin)
         else:
@@ -62,16 +71,22 @@ class CausalLM(nn.Layer):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
-        self.model = DecoderModel(cfg, kernels, *family(cfg.model_type).biases(cfg))
+        self.model = DecoderModel(cfg, kernels)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for `forward(ids, cache)` (generation)."""
         return KVCache(self.config.num_hidden_layers)
 
-    def forward(self, input_ids, cache: KVCache | None = None):
-        """`cache` (generation only) feeds just the new tokens and appends their K/V."""
-        h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
+    def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None):
+        """`cache` (generation only) feeds just the new tokens and appends their K/V. Packed documents pass
+        `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache)."""
+        if position_ids is not None or doc_start is not None:
+            if cache is not None:
+                raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
+            h = self.model(input_ids, None, position_ids, doc_start)  # [bsz, seq_len, hidden]
+        else:
+            h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         return self.logits(h)
 
     def logits(self, h):

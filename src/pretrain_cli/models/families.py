@@ -1,4 +1,5 @@
-"""Model-family facts in one table: which biases exist, the HF class name, PaddleNLP's parameter prefix.
+"""Model-family facts in one table: which biases exist, per-head q/k norms, the HF class name, PaddleNLP's
+parameter prefix.
 
 The model code (`decoder.CausalLM`), the FLOP/parameter counts (`flops`), the config reader
 (`config`) and checkpoint conversion (`convert`) all read this table, so adding a family is one
@@ -14,8 +15,9 @@ from typing import Callable
 class Family:
     model_type: str  # HF config.json `model_type`
     architecture: str  # HF class written to config.json `architectures`
-    paddlenlp_prefix: str  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
+    paddlenlp_prefix: str | None  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
     biases: Callable  # cfg -> (q/k/v bias, o_proj bias, MLP bias)
+    qk_norm: bool = False  # RMSNorm over head_dim on every q and k head before RoPE (HF q_norm / k_norm)
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -23,6 +25,11 @@ FAMILIES = {f.model_type: f for f in (
     Family("llama", "LlamaForCausalLM", "llama.", lambda cfg: (cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias)),
     # q/k/v always carry a bias, o_proj and the MLP never do (HF Qwen2Attention)
     Family("qwen2", "Qwen2ForCausalLM", "qwen2.", lambda cfg: (True, False, False)),
+    # HF Qwen3Attention: `attention_bias` (false in every released model) on q/k/v and o, no MLP bias;
+    # q_norm / k_norm per head; head_dim explicit (128 with hidden 1024 and 16 heads in Qwen3-0.6B).
+    # PaddleNLP's Qwen3 uses HF's `model.` prefix (with Paddle's [in, out] Linear layout): no prefix tells it apart
+    Family("qwen3", "Qwen3ForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

@@ -16,8 +16,10 @@ from pretrain_cli.models.recompute import GRANULARITIES
 def _attn_params(cfg: ModelConfig) -> int:
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    qkv_bias, o_bias, _ = family(cfg.model_type).biases(cfg)
-    return h * q + 2 * h * kv + q * h + (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0)
+    fam = family(cfg.model_type)
+    qkv_bias, o_bias, _ = fam.biases(cfg)
+    qk_norm = 2 * d if fam.qk_norm else 0  # Qwen3: one [head_dim] weight each for q_norm and k_norm
+    return h * q + 2 * h * kv + q * h + (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0) + qk_norm
 
 
 def _layer_params(cfg: ModelConfig) -> int:
@@ -44,8 +46,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
     """Training FLOPs per token: `6·N + 12·L·H·d_head·S` (fwd + bwd).
 
     N = every parameter except the input embedding, plus the LM-head matmul when tied.
-    Causal attention is counted in full (as PaLM and torchtitan do). With `hardware=True`
-    the forward recomputed under `recompute` is added.
+    Causal attention is counted in full (as PaLM and torchtitan do), and so is document-masked
+    attention (`attention_mask_type: document`, which does less of it): MFU stays comparable across
+    mask types, and the time a document mask saves shows as higher MFU. With `hardware=True` the forward
+    recomputed under `recompute` is added.
     """
     _check_recompute(recompute)
     counts = param_counts(cfg)

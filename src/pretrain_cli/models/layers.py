@@ -1,4 +1,5 @@
-"""Building blocks shared by Llama and Qwen2: RMSNorm, RoPE tables, GQA attention, SwiGLU MLP.
+"""Building blocks shared by every family: RMSNorm, RoPE tables, GQA attention (with Qwen3's per-head
+q/k RMSNorm when the family has it), SwiGLU MLP.
 
 Every op that has a fused variant goes through `kernels` so the layer code is the same on
 CPU and GPU. Init follows PaddleNLP `_init_weights` (REFERENCE §4.3) and is drawn from
@@ -113,12 +114,17 @@ class CoreAttention(nn.Layer):
         super().__init__()
         self.kernels = kernels
 
-    def forward(self, q, k, v):
-        return self.kernels.attention(q, k, v)
+    def forward(self, q, k, v, doc_start=None):
+        """`doc_start` (int64 `[bsz, seq_len]`, packed documents): query i sees keys doc_start[b, i] … i only."""
+        if doc_start is None:
+            return self.kernels.attention(q, k, v)
+        return self.kernels.attention_document(q, k, v, doc_start)
 
 
 class Attention(nn.Layer):
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool):
+    """GQA self-attention; `qk_norm` (Qwen3) RMS-normalises every q and k head over head_dim before RoPE."""
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, qk_norm: bool = False):
         super().__init__()
         self.n_heads = cfg.num_attention_heads
         self.n_kv_heads = cfg.num_key_value_heads
@@ -129,18 +135,29 @@ class Attention(nn.Layer):
         self.k_proj = linear(cfg, h, kv_out, qkv_bias)
         self.v_proj = linear(cfg, h, kv_out, qkv_bias)
         self.o_proj = linear(cfg, q_out, h, o_bias, residual=True)
+        if qk_norm:  # HF names self_attn.q_norm.weight / k_norm.weight, [head_dim] each
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, kernels)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, kernels)
+        self.qk_norm = qk_norm
         self.core = CoreAttention(kernels)
 
-    def forward(self, x, cos, sin, kv: LayerKV | None = None):
-        """Training passes no `kv` (unchanged path); generation passes the layer's cache."""
+    def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None):
+        """Training passes no `kv` (unchanged path); generation passes the layer's cache. Packed documents
+        pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins)."""
         bsz, seq_len, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
         k = k.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
         v = v.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
-        q, k = self.kernels.rope(q, k, cos, sin)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if position_ids is None:
+            q, k = self.kernels.rope(q, k, cos, sin)
+        else:
+            q, k = self.kernels.rope(q, k, cos, sin, position_ids)
         if kv is None:
-            out = self.core(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
+            # [bsz, seq_len, n_heads, head_dim]; the plain call when causal (core_attn recompute wraps `core`)
+            out = self.core(q, k, v) if doc_start is None else self.core(q, k, v, doc_start)
         else:
             k, v = kv.append(k, v)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]

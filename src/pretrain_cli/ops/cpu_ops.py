@@ -137,13 +137,20 @@ class _Ops:
     def swiglu_packed(self, gate_up):
         return self._run("pcl_swiglu", gate_up)[0]
 
-    def rope_heads_first(self, x, cos, sin):
-        """x `[bsz, seq_len, heads, head_dim]` -> rotated `[bsz, heads, seq_len, head_dim]`."""
-        return self._run("pcl_rope", x, cos, sin)[0]
+    def rope_heads_first(self, x, cos, sin, position_ids=None):
+        """x `[bsz, seq_len, heads, head_dim]` -> rotated `[bsz, heads, seq_len, head_dim]`; token (b, p) uses
+        table row p, or row `position_ids[b, p]` (int64) when given."""
+        if position_ids is None:
+            return self._run("pcl_rope", x, cos, sin)[0]
+        return self._run("pcl_rope_pos", x, cos, sin, position_ids)[0]
 
     def causal_attention(self, q, k, v, scale: float):
         """q `[B, H, S, D]`, k/v `[B, G, SK, D]` -> out `[B, H, S, D]` (block-causal GEMMs, GQA by index)."""
         return self._run("pcl_causal_attention", q, k, v, float(scale))[0]
+
+    def document_attention(self, q, k, v, doc_start, scale: float):
+        """As `causal_attention` (S == SK), query i seeing only keys `doc_start[b, i]` … i (int64 `[B, S]`)."""
+        return self._run("pcl_document_attention", q, k, v, doc_start, float(scale))[0]
 
     def swap12(self, x):
         """`[A, B, C, D]` -> contiguous `[A, C, B, D]` (a strided copy in Paddle is ~30x slower)."""
@@ -202,13 +209,14 @@ def swiglu_packed_cpu(gate_up):
     return load().swiglu_packed(gate_up)
 
 
-def rope_cpu(q, k, cos, sin):
+def rope_cpu(q, k, cos, sin, position_ids=None):
     """The kernel writes head-major `[bsz, heads, seq_len, head_dim]` (what attention's GEMMs read);
     the returned `[bsz, seq_len, heads, head_dim]` are views of it, so `attention_cpu`'s transpose back
-    is free and the rotation, transpose and copy are one pass."""
+    is free and the rotation, transpose and copy are one pass. `position_ids` `[bsz, seq_len]` picks each
+    token's row of the cos/sin table (packed documents restart at 0) in the same pass."""
     ops = load()
-    q_out = ops.rope_heads_first(q, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim] view
-    k_out = ops.rope_heads_first(k, cos, sin).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv_heads, head_dim] view
+    q_out = ops.rope_heads_first(q, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
+    k_out = ops.rope_heads_first(k, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv, head_dim]
     return q_out, k_out
 
 
@@ -225,3 +233,18 @@ def attention_cpu(q, k, v):
     scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0  # 0: the kernel reports the empty head_dim
     out = ops.causal_attention(qt, kt, vt, scale)  # [bsz, n_heads, q_len, head_dim]
     return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view
+
+
+def attention_cpu_document(q, k, v, doc_start):
+    """`attention_cpu` for packed samples: query i sees keys `doc_start[b, i]` … i only (int64 `[bsz, seq_len]`,
+    the first position of its document). Row blocks are cut at document starts and their GEMMs begin at the
+    document's first key, so every block before it is skipped, forward and backward: faster than causal on
+    short documents; the fp32 probabilities kept for backward are the same size."""
+    ops = load()
+    head_dim = q.shape[-1]
+    qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
+    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, seq_len, head_dim]
+    vt = ops.swap12(v)  # [bsz, n_kv, seq_len, head_dim]
+    scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0
+    out = ops.document_attention(qt, kt, vt, doc_start, scale)  # [bsz, n_heads, seq_len, head_dim]
+    return ops.swap12(out)  # [bsz, seq_len, n_heads, head_dim]

@@ -8,7 +8,10 @@ Paddle's fused GPU ops are therefore never called on CPU; there the fused kernel
 (`cpu_ops`, csrc/), with Paddle's plain ops as the fallback.
 
 Layouts: q `[bsz, seq_len, n_heads, head_dim]`, k/v `[bsz, seq_len, n_kv_heads, head_dim]`,
-cos/sin `[seq_len, head_dim]` (HF rotate-half layout).
+cos/sin `[seq_len, head_dim]` (HF rotate-half layout). Packed documents (`attention_mask_type: document`)
+add `position_ids` (int64 `[bsz, seq_len]`: each token's row of the cos/sin table) to `rope` and
+`doc_start` (int64 `[bsz, seq_len]`: the first position of each token's document) to `attention_document`;
+the attention paths on Paddle's ops live in `ops.attention`.
 """
 from __future__ import annotations
 
@@ -18,10 +21,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
-from pretrain_cli.ops.cpu_ops import (attention_cpu, cross_entropy_cpu, rms_norm_cpu, rope_cpu,
-                                  swiglu_packed_cpu)
-
-_MASKS: dict = {}  # (q_len, k_len, place) -> bool causal mask, reused across layers and steps
+from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask, repeat_kv  # noqa: F401 (re-exported)
+from pretrain_cli.ops.cpu_ops import (attention_cpu, attention_cpu_document, cross_entropy_cpu, rms_norm_cpu,
+                                      rope_cpu, swiglu_packed_cpu)
 
 
 # ---------------------------------------------------------------- reference paths (any device)
@@ -99,14 +101,43 @@ def _rope_mats(cos, sin):
     return hit[2]
 
 
-def rope_reference(q, k, cos, sin):
+_ROPE_ROWS: dict = {}  # (id(cos), id(position_ids)) -> (cos, sin, position_ids, cos rows, sin rows)
+
+
+def _rope_rows(cos, sin, position_ids):
+    """Each token's cos/sin rows `[bsz, seq_len, 1, head_dim]` (fp32), gathered once per forward: every layer
+    gets the same table and `position_ids` objects, so they are keyed by identity (kept alive by the entry)."""
+    import paddle
+
+    key = (id(cos), id(position_ids))
+    hit = _ROPE_ROWS.get(key)
+    if hit is None or hit[0] is not cos or hit[1] is not sin or hit[2] is not position_ids:
+        rows = [paddle.gather(t.astype("float32"), position_ids.reshape([-1]), axis=0)  # [bsz*seq_len, head_dim]
+                .reshape([*position_ids.shape, 1, t.shape[-1]]) for t in (cos, sin)]  # [bsz, seq_len, 1, head_dim]
+        _ROPE_ROWS.clear()  # one forward at a time
+        hit = _ROPE_ROWS[key] = (cos, sin, position_ids, *rows)
+    return hit[3], hit[4]
+
+
+def rope_reference(q, k, cos, sin, position_ids=None):
     """HF rotate-half RoPE in fp32 as one per-position GEMM: `x·cos + rotate_half(x)·sin = x @ M[p]`.
 
     M[p] = diag(cos_p) + R·diag(sin_p) (R = the rotate-half matrix) is built once per cos/sin table
     (`_rope_mats`) and shared by q, k, every layer and every step. Two broadcast multiplies, an add and slice/concat per tensor (and their
     backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
     equal to the elementwise form to ~5e-7 (docs/PERFORMANCE.md).
+    With `position_ids` (positions restarting per packed document) the rows differ per sample, so the
+    elementwise form runs, with `rotate_half(x) = x @ R` (no slice/concat either).
     """
+    if position_ids is not None:
+        import paddle
+
+        c, s = _rope_rows(cos, sin, position_ids)  # [bsz, seq_len, 1, head_dim] each
+        rot = _rotation(cos.shape[-1], "float32", cos.place)
+        q32, k32 = q.astype("float32"), k.astype("float32")
+        q_out = q32 * c + paddle.matmul(q32, rot) * s  # [bsz, seq_len, n_heads, head_dim]
+        k_out = k32 * c + paddle.matmul(k32, rot) * s  # [bsz, seq_len, n_kv_heads, head_dim]
+        return q_out.astype(q.dtype), k_out.astype(k.dtype)
     mats = _rope_mats(cos, sin)  # [seq_len, head_dim, head_dim]
     q_out = _rope_one(q.astype("float32"), mats)
     k_out = _rope_one(k.astype("float32"), mats)
@@ -146,99 +177,6 @@ def swiglu_packed(gate_up):
     return F.swiglu(gate_up)
 
 
-def repeat_kv(x, n_rep: int):
-    """KV head j serves query heads j·n_rep … j·n_rep+n_rep−1 (HF `repeat_kv` order)."""
-    if n_rep == 1:
-        return x
-    import paddle
-
-    return paddle.repeat_interleave(x, n_rep, axis=2)  # [bsz, seq_len, n_kv_heads*n_rep, head_dim]
-
-
-def attention_math(q, k, v):
-    """Naive causal attention with an fp32 softmax: the ground truth the other paths are tested against."""
-    import paddle
-    import paddle.nn.functional as F
-
-    bsz, seq_len, n_heads, head_dim = q.shape
-    k_len = k.shape[1]
-    n_rep = n_heads // k.shape[2]
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
-    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
-    vt = v.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
-    scores = paddle.matmul(qt, kt, transpose_y=True).astype("float32") / math.sqrt(head_dim)
-    # bottom-right aligned: query i sits at position k_len − seq_len + i (a KV cache has k_len > seq_len)
-    mask = paddle.triu(paddle.full([seq_len, k_len], float("-inf"), dtype="float32"), 1 + k_len - seq_len)
-    probs = F.softmax(scores + mask, axis=-1).astype(q.dtype)  # [bsz, n_heads, seq_len, seq_len]
-    out = paddle.matmul(probs, vt)  # [bsz, n_heads, seq_len, head_dim]
-    return out.transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
-
-
-def _causal_bool_mask(q_len: int, k_len: int, place):
-    """`[q_len, k_len]` bool, True = visible; query row i sits at position k_len − q_len + i.
-
-    Built once per shape and reused across layers and steps (sdpa's CPU path rebuilds a float
-    triangle on every call).
-    """
-    import paddle
-
-    key = (q_len, k_len, str(place))
-    if key not in _MASKS:
-        rows = paddle.arange(q_len).reshape([q_len, 1]) + (k_len - q_len)  # [q_len, 1]
-        _MASKS[key] = paddle.arange(k_len).reshape([1, k_len]) <= rows  # [q_len, k_len]
-    return _MASKS[key]
-
-
-_ADD_MASKS: dict = {}  # (q_len, k_len, dtype, place) -> additive causal mask (0 visible, −inf hidden)
-
-
-def _causal_add_mask(q_len: int, k_len: int, dtype, place):
-    """`[q_len, k_len]` float: 0 where `_causal_bool_mask` is True, −inf elsewhere; cached per shape."""
-    import paddle
-
-    key = (q_len, k_len, str(dtype), str(place))
-    if key not in _ADD_MASKS:
-        visible = _causal_bool_mask(q_len, k_len, place)
-        m = paddle.where(visible, paddle.zeros([1], dtype=dtype), paddle.full([1], float("-inf"), dtype=dtype))
-        m.stop_gradient = True
-        _ADD_MASKS[key] = m
-    return _ADD_MASKS[key]
-
-
-def attention_sdpa_mask(q, k, v):
-    """CPU default: the math of Paddle's CPU sdpa with a cached bool mask applied by `where`.
-
-    On CPU `F.scaled_dot_product_attention` is Python matmul+softmax anyway; writing it out
-    keeps the mask cached, lets `q_len < k_len` (a KV cache) align the mask bottom-right, skips
-    the mask for one-token decode steps, and broadcasts GQA K/V instead of materialising
-    `repeat_kv` (sdpa's expand + ExpandGrad: 1.5–6 % of a CPU step, depending on load).
-    """
-    import paddle
-    import paddle.nn.functional as F
-
-    bsz, q_len, n_heads, head_dim = q.shape
-    k_len, n_kv = k.shape[1], k.shape[2]
-    n_rep = n_heads // n_kv
-    qt = (q * (1.0 / math.sqrt(head_dim))).transpose([0, 2, 1, 3])  # [bsz, n_heads, q_len, head_dim]
-    kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
-    vt = v.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
-    # GQA by batch broadcasting: query heads [j·n_rep, (j+1)·n_rep) share KV head j; no K/V copy,
-    # and the broadcast grad sums per head exactly as expand's grad does (bit-identical dK/dV).
-    qt = qt.reshape([bsz, n_kv, n_rep, q_len, head_dim])  # [bsz, n_kv, n_rep, q_len, head_dim]
-    kt = kt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    vt = vt.unsqueeze(2)  # [bsz, n_kv, 1, k_len, head_dim]
-    scores = paddle.matmul(qt, kt, transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]
-    if q_len > 1:
-        # + 0 / + (−inf): same output, dK and dV as `where(mask, scores, −inf)` (dQ to ~1e-26), but a
-        # broadcast add needs no expand of mask and fill (where's CPU path materialises both)
-        scores = scores + _causal_add_mask(q_len, k_len, scores.dtype, q.place)
-    probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
-    out = paddle.matmul(probs, vt)  # [bsz, n_kv, n_rep, q_len, head_dim]
-    out = out.reshape([bsz, n_heads, q_len, head_dim])  # [bsz, n_heads, q_len, head_dim]
-    return out.transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, head_dim]
-
-
 def attention_sdpa_causal(q, k, v):
     """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16."""
     import paddle.nn.functional as F
@@ -253,16 +191,33 @@ def rms_norm_fused(x, weight, eps: float):  # pragma: no cover - GPU only
     return fused_rms_norm(x, weight, None, eps, x.ndim - 1)[0]
 
 
-def rope_fused(q, k, cos, sin):  # pragma: no cover - GPU only
+def rope_fused(q, k, cos, sin, position_ids=None):  # pragma: no cover - GPU only
     from paddle.incubate.nn.functional import fused_rotary_position_embedding
 
     seq_len, head_dim = cos.shape
     cos = cos.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
     sin = sin.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
-    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half (REFERENCE §4.6)
-    q_out, k_out, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos,
+    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half (REFERENCE §4.6);
+    # position_ids [bsz, seq_len] picks each token's table row (packed documents restart at 0)
+    q_out, k_out, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,
                                                       use_neox_rotary_style=False)
     return q_out, k_out
+
+
+def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
+    """Document-masked flash attention (fp16/bf16): `flashmask_attention` with one column-wise bound.
+
+    With `causal=True` and `startend_row_indices` `[bsz, 1, seq_len, 1]`, rows at and below index r of key
+    column j are masked; r = the end of key j's document, which is the number of rows whose document starts
+    at or before j (starts are sorted). GQA is handled by the op.
+    """
+    import paddle
+    from paddle.nn.functional import flashmask_attention
+
+    bsz, seq_len = doc_start.shape
+    cols = paddle.arange(seq_len, dtype="int64").unsqueeze(0).expand([bsz, seq_len])  # [bsz, seq_len]
+    ends = paddle.searchsorted(doc_start, cols, right=True, out_int32=True)  # [bsz, seq_len]
+    return flashmask_attention(q, k, v, ends.reshape([bsz, 1, seq_len, 1]), causal=True)
 
 
 def swiglu_fused(gate, up):  # pragma: no cover - GPU only
@@ -299,14 +254,21 @@ class Kernels:
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
     cross_entropy: Callable = cross_entropy_reference  # (logits [N, V], labels [N], ignore_index) -> [N]
+    # packed samples under `attention_mask_type: document`: (q, k, v, doc_start) -> out
+    attention_document_name: str = "sdpa_mask"
+    attention_document: Callable = attention_sdpa_mask
 
     def describe(self) -> str:
-        return (f"attention={self.attention_name} rms_norm={self.rms_norm_name} "
-                f"rope={self.rope_name} swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''}")
+        return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
+                f"rms_norm={self.rms_norm_name} rope={self.rope_name} "
+                f"swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''}")
 
 
 _ATTN = {"math": attention_math, "sdpa_mask": attention_sdpa_mask, "sdpa_causal": attention_sdpa_causal,
          "cpu": attention_cpu}
+# the document-masked path that goes with each causal one
+_DOC_ATTN = {"sdpa_mask": ("sdpa_mask", attention_sdpa_mask), "sdpa_causal": ("flashmask", attention_flashmask),
+             "cpu": ("cpu_document", attention_cpu_document)}
 _FUSED = {"rms_norm": rms_norm_fused, "rope": rope_fused, "swiglu": swiglu_fused}
 _REF = {"rms_norm": rms_norm_reference, "rope": rope_reference, "swiglu": swiglu_reference}
 # swiglu on two tensors has no CPU kernel: the packed MLP path (the default) uses `swiglu_packed_cpu`
@@ -337,6 +299,8 @@ def select(request=None, device: str = "cpu") -> Kernels:
 
     attention "flash": flash-attn through Paddle's SDPA on GPU, the fused block-causal kernel on CPU;
     attention "math": the `[b, heads, s, s]` scores materialised, on every device (`attention_sdpa_mask`).
+    Each has a document-masked partner (`attention_document`): flashmask on GPU, the same CPU kernel skipping
+    every block before a document's start, and `attention_sdpa_mask` with a per-sample mask.
     On CPU the fused kernels of `cpu_ops` serve every other op (and any `fused` request) when they build;
     `cpu_ops=False` (`cpu_fused_ops: false`) or a failed build leaves Paddle's own ops.
     """
@@ -375,6 +339,7 @@ def select(request=None, device: str = "cpu") -> Kernels:
             RuntimeWarning, stacklevel=2,
         )
     table = {"fused": _FUSED, "reference": _REF, "cpu": _CPU}
+    doc_name, doc_attn = _DOC_ATTN[attn]
     return Kernels(
         attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
         swiglu_name=chosen["swiglu"], attention=_ATTN[attn],
@@ -383,6 +348,7 @@ def select(request=None, device: str = "cpu") -> Kernels:
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
+        attention_document_name=doc_name, attention_document=doc_attn,
     )
 
 

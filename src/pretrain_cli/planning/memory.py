@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 
 GIB = float(2**30)
@@ -40,6 +41,8 @@ class Setup:
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
     engine: str = "single"  # config.run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
+    document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
+    reset_positions: bool = False  # ... and position_ids that restart per document
 
     def with_(self, **kw) -> "Setup":
         return replace(self, **kw)
@@ -67,6 +70,8 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     half = c != 4
     norm = _norm_bytes(s, cfg.hidden_size)
     qkv = c * (h + 2 * kv) / tp
+    if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
+        qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
     if s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
@@ -138,6 +143,22 @@ def _largest_weight(s: Setup) -> float:
     """Elements of the largest single weight one rank gathers whole for use under ZeRO-3."""
     cfg = s.model
     return max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size) / s.tp
+def document_mask_bytes(s: Setup) -> float:
+    """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
+    per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32
+    `[b, 1, s, s]` additive mask every layer shares; under flashmask int32 column bounds. The CPU kernel keeps
+    the same fp32 probabilities as the causal one (it skips cross-document blocks: time, not memory)."""
+    if not s.document_mask:
+        return 0.0
+    tokens = s.micro_batch * s.seq_len
+    out = tokens * 8 * (2 if s.reset_positions else 1)
+    if s.reset_positions and not s.fused_rope:
+        out += tokens * 2 * 4 * s.model.head_dim
+    if s.attention == "math":
+        out += 4 * s.micro_batch * s.seq_len * s.seq_len
+    elif s.device == "gpu":
+        out += 4 * tokens
+    return float(out)
 
 
 def estimate(s: Setup) -> dict[str, float]:
@@ -171,6 +192,8 @@ def estimate(s: Setup) -> dict[str, float]:
         out["gathered_weights"] = _largest_weight(s) * weight_b
     if s.engine == "semi_auto" and s.tp > 1 and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
+    if s.document_mask:
+        out["document_mask"] = document_mask_bytes(s)
     if s.device == "cpu":
         out["framework"] = s.baseline_bytes
     else:

@@ -42,7 +42,8 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         master_grad=prec.master_grad, sharding_stage=p.zero_stage, sharding_degree=p.sharding_degree,
         tp=p.tp_degree, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
-        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine)
+        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
+        document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids)
 
 
 def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -95,6 +96,7 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
                      "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size},
         "micro_batch": lp.micro_batch, "gradient_accumulation_steps": lp.grad_accum,
         "max_seq_length": s, "recompute": setup.recompute, "attention": setup.attention,
+        "attention_mask_type": run.data.attention_mask_type,
         "tokens_per_step": run.tokens_per_step, "total_tokens": total_tokens, "max_steps": lp.max_steps,
         "memory_breakdown_gib": {k: v / GIB for k, v in parts.items()},
         "memory_gib": total, "fits": bool(total <= device.memory_gib),
@@ -208,10 +210,12 @@ def format_report(r: dict) -> str:
     f = r["flops_per_token"]
     hardware_flops = f", {f['hardware']:.4g} hardware (with recompute)" if r["recompute"] else ""
     lines.append(f"FLOPs/token: {f['model']:.4g} model (6N + 12·L·H·d·S, GQA-aware){hardware_flops}, "
-                 f"PaddleNLP formula {f['paddlenlp']:.4g}")
+                 f"PaddleNLP formula {f['paddlenlp']:.4g}"
+                 + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
+                    if r["attention_mask_type"] == "document" else ""))
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
                  f"(dp {par['dp']}, sharding stage {par['sharding_stage']} x{par['sharding_degree']}, tp {par['tp']}); "
-                 f"recompute {r['recompute'] or 'off'}; attention {r['attention']}")
+                 f"recompute {r['recompute'] or 'off'}; attention {r['attention']}, {r['attention_mask_type']} mask")
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "
                  f"{r['total_tokens']:,} tokens")

@@ -19,8 +19,22 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, PPL_CAP_LOSS))
 
 
+def model_inputs(batch: dict, shard=None) -> tuple:
+    """(input_ids, {name: tensor} of the packed-document fields the batch carries, labels) as tensors for
+    `model(ids, **kw)`; a causal batch carries no fields, so the call is the plain `model(ids)`. `shard` (a
+    distributed strategy's `shard_batch`) declares each one this rank's piece of the global batch."""
+    import paddle
+
+    from pretrain_cli.data.loader import DOCUMENT_FIELDS
+
+    shard = shard or (lambda tensor: tensor)
+    extra = {k: shard(paddle.to_tensor(batch[k])) for k in DOCUMENT_FIELDS if k in batch}  # int64 [b, seq_len] each
+    return shard(paddle.to_tensor(batch["input_ids"])), extra, shard(paddle.to_tensor(batch["labels"]))
+
+
 def loss_sum(model, batches, autocast=None, progress=None, shard=None, to_host=None) -> tuple[float, float, int]:
-    """(sum of token losses, counted tokens, samples) over `batches` of {input_ids, labels} (int64 numpy).
+    """(sum of token losses, counted tokens, samples) over `batches` of {input_ids, labels} (int64 numpy),
+    plus doc_start/position_ids when the run masks documents.
 
     `shard`/`to_host` (a distributed strategy's) declare each batch a piece of a global batch and read the
     global sums back; without them the sums are this process's own."""
@@ -32,11 +46,9 @@ def loss_sum(model, batches, autocast=None, progress=None, shard=None, to_host=N
     total, count, samples = 0.0, 0.0, 0
     with paddle.no_grad():
         for batch in batches:
-            ids, labels = paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["labels"])
-            if shard is not None:
-                ids, labels = shard(ids), shard(labels)
+            ids, extra, labels = model_inputs(batch, shard)
             with autocast() if autocast else contextlib.nullcontext():
-                logits = model(ids)  # [b, seq_len, vocab]
+                logits = model(ids, **extra)  # [b, seq_len, vocab]
             s, c = causal_lm_loss_sum(logits, labels, loss_kernel(model))
             if to_host is not None:
                 s, c = to_host(s), to_host(c)
@@ -62,6 +74,22 @@ def read_tokens(prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
     return ds.tokens(0, ds.num_tokens), ds.loss_mask
 
 
+def document_starts(prefix: str) -> np.ndarray:
+    """Token offset in the stream where each document (sequence of the `.idx`) begins, sorted, int64."""
+    from pretrain_cli.data.indexed import open_token_file
+
+    ds = open_token_file(prefix)
+    return np.asarray(ds.pointers, dtype=np.int64) // ds.dtype.itemsize
+
+
+def _window_documents(doc_starts: np.ndarray, first: int, seq_len: int, reset_position_ids: bool) -> dict:
+    """`document_fields` of the window whose inputs are stream tokens first … first + seq_len − 1."""
+    from pretrain_cli.data.samples import document_fields
+
+    lo, hi = np.searchsorted(doc_starts, [first + 1, first + seq_len])
+    return document_fields(np.concatenate(([0], doc_starts[lo:hi] - first)), seq_len, reset_position_ids)
+
+
 def window_count(n_tokens: int, seq_len: int, batch_size: int, max_batches: int | None = None) -> tuple[int, int]:
     """(windows, batches) that `window_batches` yields."""
     n_windows = max(0, (n_tokens - 1) // seq_len)
@@ -73,9 +101,11 @@ def window_count(n_tokens: int, seq_len: int, batch_size: int, max_batches: int 
 
 
 def window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None,
-                   loss_mask: np.ndarray | None = None):
+                   loss_mask: np.ndarray | None = None, doc_starts: np.ndarray | None = None,
+                   reset_position_ids: bool = True):
     """Consecutive, unshuffled windows: window k holds tokens k·L … k·L+L (neighbours share one boundary
-    token), so every token after the first is predicted exactly once (unless `loss_mask` is 0 there)."""
+    token), so every token after the first is predicted exactly once (unless `loss_mask` is 0 there).
+    `doc_starts` (`document_starts`): document masking, each window carrying doc_start (and position_ids)."""
     from pretrain_cli.ops.loss import IGNORE_INDEX
 
     n_windows, n_batches = window_count(len(tokens), seq_len, batch_size, max_batches)
@@ -88,4 +118,9 @@ def window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_batche
             mask = np.stack([np.asarray(loss_mask[k * seq_len + 1: k * seq_len + seq_len + 1])
                              for k in range(first, last)])  # [b, seq_len]
             labels[mask == 0] = IGNORE_INDEX
-        yield {"input_ids": window[:, :-1], "labels": labels}
+        batch = {"input_ids": window[:, :-1], "labels": labels}
+        if doc_starts is not None:
+            fields = [_window_documents(doc_starts, k * seq_len, seq_len, reset_position_ids)
+                      for k in range(first, last)]
+            batch.update({key: np.stack([f[key] for f in fields]) for key in fields[0]})  # [b, seq_len] each
+        yield batch

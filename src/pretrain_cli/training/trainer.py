@@ -19,7 +19,7 @@ import numpy as np
 
 from pretrain_cli.data.loader import BatchIterator, batch_hash
 from pretrain_cli.ops.loss import causal_lm_loss, loss_kernel
-from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
 
 
@@ -75,12 +75,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _forward_loss(self, batch):
-        import paddle
-
-        ids = self.strategy.shard_batch(paddle.to_tensor(batch["input_ids"]))  # int64 [bsz, seq_len]
-        labels = self.strategy.shard_batch(paddle.to_tensor(batch["labels"]))
+        # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
+        ids, extra, labels = model_inputs(batch, self.strategy.shard_batch)
         with self.amp.autocast():
-            logits = self.model(ids)
+            logits = self.model(ids, **extra)
         return causal_lm_loss(logits, labels, loss_kernel(self.model))
 
     def _clip(self, norm: float) -> None:

@@ -7,22 +7,26 @@ using pcl::last_dim;
 using pcl::vexp;
 
 // ------------------------------------------------------------------------------ RoPE
-// x [b, s, h, d] -> y [b, h, s, d] = x*cos + rotate_half(x)*sin (HF layout, cos/sin [s, d]),
-// written straight into the head-major layout attention's GEMMs read, so the rotation, the
-// transpose and its copy are one pass.
-std::vector<paddle::Tensor> RopeForward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg,
-                                        const paddle::Tensor& sin_arg) {
-  const paddle::Tensor x = contig(x_arg);
-  const paddle::Tensor cos = contig(cos_arg);
-  const paddle::Tensor sin = contig(sin_arg);
-  check_f32(x, "rope", "x");
-  check_f32(cos, "rope", "cos");
-  check_f32(sin, "rope", "sin");
+// x [b, s, h, d] -> y [b, h, s, d] = x*cos + rotate_half(x)*sin (HF layout), written straight into the
+// head-major layout attention's GEMMs read, so the rotation, the transpose and its copy are one pass.
+// cos/sin are a table [T, d]: row p of it rotates position p (pcl_rope, T = s), or row pos[b, p]
+// (pcl_rope_pos: positions that restart at each packed document).
+namespace {
+// The table row of token (bi, p): p itself, or its position id (checked against the table by the caller).
+inline int64_t table_row(const int64_t* pos, int64_t bi, int64_t s, int64_t p) { return pos ? pos[bi * s + p] : p; }
+
+void check_positions(const paddle::Tensor& pos, int64_t b, int64_t s, int64_t rows) {
+  PD_CHECK(pos.is_cpu() && pos.dtype() == paddle::DataType::INT64, "rope: position_ids must be a CPU int64 tensor");
+  PD_CHECK(pos.numel() == b * s, "rope: position_ids must be [bsz, seq_len]");
+  const int64_t* pp = pos.data<int64_t>();
+  for (int64_t i = 0; i < b * s; ++i)
+    PD_CHECK(pp[i] >= 0 && pp[i] < rows, "rope: position id ", pp[i], " outside the cos/sin table of ", rows, " rows");
+}
+
+paddle::Tensor rope_forward(const paddle::Tensor& x, const paddle::Tensor& cos, const paddle::Tensor& sin,
+                            const int64_t* pos) {
   const auto& sh = x.shape();
-  PD_CHECK(sh.size() == 4, "rope: x must be [bsz, seq_len, heads, head_dim]");
   const int64_t b = sh[0], s = sh[1], h = sh[2], d = sh[3], half = d / 2;
-  PD_CHECK(d > 0 && d % 2 == 0, "rope: head_dim must be even, got ", d);
-  PD_CHECK(cos.numel() == s * d && sin.numel() == s * d, "rope: cos/sin must be [seq_len, head_dim]");
   auto y = paddle::empty({b, h, s, d}, x.dtype(), x.place());
   const float* xp = x.data<float>();
   const float* cp = cos.data<float>();
@@ -33,8 +37,8 @@ std::vector<paddle::Tensor> RopeForward(const paddle::Tensor& x_arg, const paddl
     for (int64_t hi = 0; hi < h; ++hi) {
       for (int64_t p = 0; p < s; ++p) {
         const float* xr = xp + ((bi * s + p) * h + hi) * d;
-        const float* c = cp + p * d;
-        const float* sn = snp + p * d;
+        const float* c = cp + table_row(pos, bi, s, p) * d;
+        const float* sn = snp + table_row(pos, bi, s, p) * d;
         float* yr = yp + ((bi * h + hi) * s + p) * d;
 #pragma omp simd
         for (int64_t j = 0; j < half; ++j) {
@@ -44,16 +48,12 @@ std::vector<paddle::Tensor> RopeForward(const paddle::Tensor& x_arg, const paddl
       }
     }
   }
-  return {y};
+  return y;
 }
 
 // dx[b, s, h, d] from dy[b, h, s, d]: the transpose of the rotation.
-std::vector<paddle::Tensor> RopeBackward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg, const paddle::Tensor& sin_arg,
-                                         const paddle::Tensor& dy_arg) {
-  const paddle::Tensor x = contig(x_arg);
-  const paddle::Tensor cos = contig(cos_arg);
-  const paddle::Tensor sin = contig(sin_arg);
-  const paddle::Tensor dy = contig(dy_arg);
+paddle::Tensor rope_backward(const paddle::Tensor& x, const paddle::Tensor& cos, const paddle::Tensor& sin,
+                             const paddle::Tensor& dy, const int64_t* pos) {
   const auto& sh = x.shape();
   const int64_t b = sh[0], s = sh[1], h = sh[2], d = sh[3], half = d / 2;
   auto dx = paddle::empty(sh, x.dtype(), x.place());
@@ -66,8 +66,8 @@ std::vector<paddle::Tensor> RopeBackward(const paddle::Tensor& x_arg, const padd
     for (int64_t hi = 0; hi < h; ++hi) {
       for (int64_t p = 0; p < s; ++p) {
         const float* g = gp + ((bi * h + hi) * s + p) * d;
-        const float* c = cp + p * d;
-        const float* sn = snp + p * d;
+        const float* c = cp + table_row(pos, bi, s, p) * d;
+        const float* sn = snp + table_row(pos, bi, s, p) * d;
         float* o = dxp + ((bi * s + p) * h + hi) * d;
 #pragma omp simd
         for (int64_t j = 0; j < half; ++j) {
@@ -77,12 +77,67 @@ std::vector<paddle::Tensor> RopeBackward(const paddle::Tensor& x_arg, const padd
       }
     }
   }
-  return {dx};
+  return dx;
+}
+
+// Shapes and dtypes of x and the table; returns the table's rows.
+int64_t check_rope(const paddle::Tensor& x, const paddle::Tensor& cos, const paddle::Tensor& sin, bool table) {
+  check_f32(x, "rope", "x");
+  check_f32(cos, "rope", "cos");
+  check_f32(sin, "rope", "sin");
+  const auto& sh = x.shape();
+  PD_CHECK(sh.size() == 4, "rope: x must be [bsz, seq_len, heads, head_dim]");
+  const int64_t s = sh[1], d = sh[3];
+  PD_CHECK(d > 0 && d % 2 == 0, "rope: head_dim must be even, got ", d);
+  if (!table) {
+    PD_CHECK(cos.numel() == s * d && sin.numel() == s * d, "rope: cos/sin must be [seq_len, head_dim]");
+    return s;
+  }
+  PD_CHECK(cos.numel() % d == 0 && sin.numel() == cos.numel(), "rope: cos/sin must be [rows, head_dim]");
+  return cos.numel() / d;
+}
+}  // namespace
+
+std::vector<paddle::Tensor> RopeForward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg,
+                                        const paddle::Tensor& sin_arg) {
+  const paddle::Tensor x = contig(x_arg), cos = contig(cos_arg), sin = contig(sin_arg);
+  check_rope(x, cos, sin, false);
+  return {rope_forward(x, cos, sin, nullptr)};
+}
+
+std::vector<paddle::Tensor> RopeBackward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg,
+                                         const paddle::Tensor& sin_arg, const paddle::Tensor& dy_arg) {
+  return {rope_backward(contig(x_arg), contig(cos_arg), contig(sin_arg), contig(dy_arg), nullptr)};
+}
+
+std::vector<paddle::Tensor> RopePosForward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg,
+                                           const paddle::Tensor& sin_arg, const paddle::Tensor& pos_arg) {
+  const paddle::Tensor x = contig(x_arg), cos = contig(cos_arg), sin = contig(sin_arg), pos = contig(pos_arg);
+  const int64_t rows = check_rope(x, cos, sin, true);
+  check_positions(pos, x.shape()[0], x.shape()[1], rows);
+  return {rope_forward(x, cos, sin, pos.data<int64_t>())};
+}
+
+std::vector<paddle::Tensor> RopePosBackward(const paddle::Tensor& x_arg, const paddle::Tensor& cos_arg,
+                                            const paddle::Tensor& sin_arg, const paddle::Tensor& pos_arg,
+                                            const paddle::Tensor& dy_arg) {
+  const paddle::Tensor pos = contig(pos_arg);  // checked by the forward
+  return {rope_backward(contig(x_arg), contig(cos_arg), contig(sin_arg), contig(dy_arg), pos.data<int64_t>())};
 }
 
 std::vector<std::vector<int64_t>> RopeShape(const std::vector<int64_t>& x, const std::vector<int64_t>& c,
                                             const std::vector<int64_t>& s) {
   return {{x[0], x[2], x[1], x[3]}};
+}
+
+std::vector<std::vector<int64_t>> RopePosShape(const std::vector<int64_t>& x, const std::vector<int64_t>& c,
+                                               const std::vector<int64_t>& s, const std::vector<int64_t>& p) {
+  return {{x[0], x[2], x[1], x[3]}};
+}
+
+std::vector<paddle::DataType> RopePosDtype(const paddle::DataType& x, const paddle::DataType& c,
+                                           const paddle::DataType& s, const paddle::DataType& p) {
+  return {x};
 }
 
 PD_BUILD_OP(pcl_rope)
@@ -95,6 +150,18 @@ PD_BUILD_GRAD_OP(pcl_rope)
     .Inputs({"X", "Cos", "Sin", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X")})
     .SetKernelFn(PD_KERNEL(RopeBackward));
+
+PD_BUILD_OP(pcl_rope_pos)
+    .Inputs({"X", "Cos", "Sin", "Pos"})
+    .Outputs({"Y"})
+    .SetKernelFn(PD_KERNEL(RopePosForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(RopePosShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RopePosDtype));
+
+PD_BUILD_GRAD_OP(pcl_rope_pos)
+    .Inputs({"X", "Cos", "Sin", "Pos", paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X")})
+    .SetKernelFn(PD_KERNEL(RopePosBackward));
 
 // ------------------------------------------------------------------------ swap axes 1, 2
 // [A, B, C, D] -> [A, C, B, D] contiguous: attention's head split/merge. Paddle 3.3.1 copies strided
@@ -140,6 +207,11 @@ PD_BUILD_GRAD_OP(pcl_swap12)
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
 // its last row can see, so the GEMMs skip the masked upper triangle (~40% of attention FLOPs at S = 512,
 // approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop.
+//
+// Document masking (pcl_document_attention, packed samples, S == SK): start[b, i] is the first key of query
+// i's document, so query i sees keys start[i] <= j <= i. Row blocks are also cut at document starts, so all
+// rows of a block share one start k0 and its GEMMs begin at key k0: every key block before the document is
+// skipped, forward and backward. On short documents most of the causal triangle is skipped.
 extern "C" void cblas_sgemm(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a,
                             int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
@@ -155,17 +227,38 @@ void check_attention_shapes(const paddle::Tensor& q, const paddle::Tensor& k, co
            "causal_attention: mismatched q/k shapes");
   PD_CHECK(q.shape()[3] > 0 && q.shape()[2] > 0, "causal_attention: empty head_dim or sequence");
 }
-}  // namespace
 
-std::vector<paddle::Tensor> CausalAttentionForward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
-                                                   const paddle::Tensor& v_arg, float scale) {
-  const paddle::Tensor q = contig(q_arg);
-  const paddle::Tensor k = contig(k_arg);
-  const paddle::Tensor v = contig(v_arg);
-  check_f32(q, "causal_attention", "q");
-  check_f32(k, "causal_attention", "k");
-  check_f32(v, "causal_attention", "v");
-  check_attention_shapes(q, k, v);
+// Documents are contiguous runs: row 0 starts one (at 0) and every later row continues its predecessor's
+// document or starts a new one at itself. Anything else would make the kernel read a wrong key range.
+void check_starts(const paddle::Tensor& start, int64_t B, int64_t S) {
+  PD_CHECK(start.is_cpu() && start.dtype() == paddle::DataType::INT64, "document_attention: doc_start must be a CPU int64 tensor");
+  PD_CHECK(start.numel() == B * S, "document_attention: doc_start must be [bsz, seq_len]");
+  const int64_t* st = start.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* r = st + b * S;
+    PD_CHECK(r[0] == 0, "document_attention: doc_start[", b, ", 0] must be 0, got ", r[0]);
+    for (int64_t i = 1; i < S; ++i)
+      PD_CHECK(r[i] == r[i - 1] || r[i] == i, "document_attention: doc_start[", b, ", ", i, "] = ", r[i],
+               " neither continues the previous document nor starts one there");
+  }
+}
+
+// Rows [i0, i0 + m) of one block: all of one document when `st` (its row of starts) is given, whose first
+// key k0 is where the block's GEMMs begin; without `st`, a plain kBlock-row block that starts at key 0.
+inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int64_t* k0) {
+  if (st == nullptr) {
+    *m = std::min(kBlock, S - i0);
+    *k0 = 0;
+    return;
+  }
+  int64_t n = 1;
+  while (n < kBlock && i0 + n < S && st[i0 + n] == st[i0]) ++n;
+  *m = n;
+  *k0 = st[i0];
+}
+
+std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                                              const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
   const int64_t G = k.shape()[1], SK = k.shape()[2], rep = H / G, shift = SK - S;
   auto out = paddle::empty({B, H, S, D}, q.dtype(), q.place());
@@ -179,17 +272,21 @@ std::vector<paddle::Tensor> CausalAttentionForward(const paddle::Tensor& q_arg, 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / rep;
+      const int64_t* st = start ? start + b * S : nullptr;
       const float* Q = qp + (b * H + h) * S * D;
       const float* K = kp + (b * G + g) * SK * D;
       const float* V = vp + (b * G + g) * SK * D;
       float* P = pp + (b * H + h) * S * SK;
       float* O = op + (b * H + h) * S * D;
-      for (int64_t i0 = 0; i0 < S; i0 += kBlock) {
-        const int64_t m = std::min(kBlock, S - i0), n = shift + i0 + m;  // keys the block's last row sees
-        cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, n, D, scale, Q + i0 * D, D, K, D, 0.f, P + i0 * SK, SK);
+      for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
+        block_rows(st, i0, S, &m, &k0);
+        const int64_t n = shift + i0 + m, w = n - k0;  // the block's keys: [k0, n), what its last row sees
+        cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f,
+                    P + i0 * SK + k0, SK);
         for (int64_t r = 0; r < m; ++r) {
-          float* row = P + (i0 + r) * SK;
-          const int64_t vis = shift + i0 + r + 1;
+          float* full = P + (i0 + r) * SK;
+          float* row = full + k0;
+          const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
           float mx = row[0];
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 1; j < vis; ++j) mx = row[j] > mx ? row[j] : mx;
@@ -203,9 +300,18 @@ std::vector<paddle::Tensor> CausalAttentionForward(const paddle::Tensor& q_arg, 
           const float inv = 1.f / sum;
 #pragma omp simd
           for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
-          for (int64_t j = vis; j < SK; ++j) row[j] = 0.f;  // the backward and any reader see exact zeros
+          // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
+          // be exact zeros. The causal path zeroes the whole rest of the row (any reader sees exact zeros); with
+          // documents that rest is most of the [S, SK] buffer, and writing it would cost more than the skipped
+          // GEMMs save, so it is left unwritten (the probabilities are internal to this op pair).
+          if (start == nullptr) {
+            std::fill(row + vis, full + SK, 0.f);
+          } else {
+            std::fill(row + vis, row + w, 0.f);
+          }
         }
-        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, n, 1.f, P + i0 * SK, SK, V, D, 0.f, O + i0 * D, D);
+        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, P + i0 * SK + k0, SK, V + k0 * D, D, 0.f, O + i0 * D,
+                    D);
       }
     }
   }
@@ -213,15 +319,10 @@ std::vector<paddle::Tensor> CausalAttentionForward(const paddle::Tensor& q_arg, 
 }
 
 // Per KV head (so dK/dV accumulate without races): dP = dO V^T, dS = scale * P * (dP - rowsum(P * dP)),
-// dQ = dS K, dK += dS^T Q, dV += P^T dO, each over the block's visible keys only.
-std::vector<paddle::Tensor> CausalAttentionBackward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
-                                                    const paddle::Tensor& v_arg, const paddle::Tensor& p_arg,
-                                                    const paddle::Tensor& dout_arg, float scale) {
-  const paddle::Tensor q = contig(q_arg);
-  const paddle::Tensor k = contig(k_arg);
-  const paddle::Tensor v = contig(v_arg);
-  const paddle::Tensor p = contig(p_arg);
-  const paddle::Tensor dout = contig(dout_arg);
+// dQ = dS K, dK += dS^T Q, dV += P^T dO, each over the block's keys [k0, n) only.
+std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                                               const paddle::Tensor& p, const paddle::Tensor& dout,
+                                               const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
   const int64_t G = k.shape()[1], SK = k.shape()[2], rep = H / G, shift = SK - S;
   auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
@@ -241,6 +342,7 @@ std::vector<paddle::Tensor> CausalAttentionBackward(const paddle::Tensor& q_arg,
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t g = 0; g < G; ++g) {
+        const int64_t* st = start ? start + b * S : nullptr;
         const float* K = kp + (b * G + g) * SK * D;
         const float* V = vp + (b * G + g) * SK * D;
         float* dK = dkp + (b * G + g) * SK * D;
@@ -252,28 +354,70 @@ std::vector<paddle::Tensor> CausalAttentionBackward(const paddle::Tensor& q_arg,
           const float* P = pp + (b * H + h) * S * SK;
           const float* dO = gp + (b * H + h) * S * D;
           float* dQ = dqp + (b * H + h) * S * D;
-          for (int64_t i0 = 0; i0 < S; i0 += kBlock) {
-            const int64_t m = std::min(kBlock, S - i0), n = shift + i0 + m;
-            float* dS = ds.data();  // [m, n]
-            cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, n, D, 1.f, dO + i0 * D, D, V, D, 0.f, dS, n);
+          for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
+            block_rows(st, i0, S, &m, &k0);
+            const int64_t n = shift + i0 + m, w = n - k0;
+            float* dS = ds.data();  // [m, w]
+            cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * D, D, V + k0 * D, D, 0.f, dS, w);
             for (int64_t r = 0; r < m; ++r) {
-              const float* pr = P + (i0 + r) * SK;
-              float* dr = dS + r * n;
+              const float* pr = P + (i0 + r) * SK + k0;
+              float* dr = dS + r * w;
               float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-              for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
+              for (int64_t j = 0; j < w; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-              for (int64_t j = 0; j < n; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+              for (int64_t j = 0; j < w; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
             }
-            cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, n, 1.f, dS, n, K, D, 0.f, dQ + i0 * D, D);
-            cblas_sgemm(kRowMajor, kTrans, kNoTrans, n, D, m, 1.f, dS, n, Q + i0 * D, D, 1.f, dK, D);
-            cblas_sgemm(kRowMajor, kTrans, kNoTrans, n, D, m, 1.f, P + i0 * SK, SK, dO + i0 * D, D, 1.f, dV, D);
+            cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
+            cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
+            cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * D, D, 1.f,
+                        dV + k0 * D, D);
           }
         }
       }
     }
   }
   return {dq, dk, dv};
+}
+}  // namespace
+
+std::vector<paddle::Tensor> CausalAttentionForward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
+                                                   const paddle::Tensor& v_arg, float scale) {
+  const paddle::Tensor q = contig(q_arg), k = contig(k_arg), v = contig(v_arg);
+  check_f32(q, "causal_attention", "q");
+  check_f32(k, "causal_attention", "k");
+  check_f32(v, "causal_attention", "v");
+  check_attention_shapes(q, k, v);
+  return attention_forward(q, k, v, nullptr, scale);
+}
+
+std::vector<paddle::Tensor> CausalAttentionBackward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
+                                                    const paddle::Tensor& v_arg, const paddle::Tensor& p_arg,
+                                                    const paddle::Tensor& dout_arg, float scale) {
+  return attention_backward(contig(q_arg), contig(k_arg), contig(v_arg), contig(p_arg), contig(dout_arg), nullptr,
+                            scale);
+}
+
+std::vector<paddle::Tensor> DocumentAttentionForward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
+                                                     const paddle::Tensor& v_arg, const paddle::Tensor& start_arg,
+                                                     float scale) {
+  const paddle::Tensor q = contig(q_arg), k = contig(k_arg), v = contig(v_arg), start = contig(start_arg);
+  check_f32(q, "document_attention", "q");
+  check_f32(k, "document_attention", "k");
+  check_f32(v, "document_attention", "v");
+  check_attention_shapes(q, k, v);
+  PD_CHECK(q.shape()[2] == k.shape()[2], "document_attention: q and k must have the same length (no KV cache)");
+  check_starts(start, q.shape()[0], q.shape()[2]);
+  return attention_forward(q, k, v, start.data<int64_t>(), scale);
+}
+
+std::vector<paddle::Tensor> DocumentAttentionBackward(const paddle::Tensor& q_arg, const paddle::Tensor& k_arg,
+                                                      const paddle::Tensor& v_arg, const paddle::Tensor& start_arg,
+                                                      const paddle::Tensor& p_arg, const paddle::Tensor& dout_arg,
+                                                      float scale) {
+  const paddle::Tensor start = contig(start_arg);  // checked by the forward
+  return attention_backward(contig(q_arg), contig(k_arg), contig(v_arg), contig(p_arg), contig(dout_arg),
+                            start.data<int64_t>(), scale);
 }
 
 std::vector<std::vector<int64_t>> CausalAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
@@ -283,6 +427,17 @@ std::vector<std::vector<int64_t>> CausalAttentionShape(const std::vector<int64_t
 
 std::vector<paddle::DataType> CausalAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,
                                                    const paddle::DataType& v) {
+  return {q, q};
+}
+
+std::vector<std::vector<int64_t>> DocumentAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                                                         const std::vector<int64_t>& v, const std::vector<int64_t>& st,
+                                                         const float& scale) {
+  return {q, {q[0], q[1], q[2], k[2]}};
+}
+
+std::vector<paddle::DataType> DocumentAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,
+                                                     const paddle::DataType& v, const paddle::DataType& st) {
   return {q, q};
 }
 
@@ -299,3 +454,17 @@ PD_BUILD_GRAD_OP(pcl_causal_attention)
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
     .Attrs({"scale: float"})
     .SetKernelFn(PD_KERNEL(CausalAttentionBackward));
+
+PD_BUILD_OP(pcl_document_attention)
+    .Inputs({"Q", "K", "V", "Start"})
+    .Outputs({"Out", "Probs"})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(DocumentAttentionForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(DocumentAttentionShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DocumentAttentionDtype));
+
+PD_BUILD_GRAD_OP(pcl_document_attention)
+    .Inputs({"Q", "K", "V", "Start", "Probs", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(DocumentAttentionBackward));
