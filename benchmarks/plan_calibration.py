@@ -203,7 +203,7 @@ def calibrate_layouts(layouts=LAYOUTS) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for i, (name, nproc, keys) in enumerate(layouts):
-            model_dir, args_path = _write(Path(d), f"layout{i}", "tiny-llama", LLAMA_52M, 2, 256, None)
+            model_dir, args_path = _write(Path(d), f"layout{i}", "tiny-llama", LLAMA_52M, 2, 256, None, {})
             args = json.loads(args_path.read_text())
             args.update(keys, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
             args_path.write_text(json.dumps(args))
