@@ -146,3 +146,28 @@ def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model,
         assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage1' over 1 process shards nothing" in log
     assert (tmp_path / "out" / "checkpoint-3" / "optimizer.safetensors").is_file()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "Traceback" not in log + run.log(1)
+
+
+@pytest.fixture(scope="module")
+def document_reference(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("docref")
+    cfg = write_config(root / "ref.json", corpus, root / "out", per_device_train_batch_size=8,
+                       attention_mask_type="document", report_to=["none"])
+    run = single(cfg, root / "log")
+    assert run.returncode == 0, run.explain()
+    return run, root / "out"
+
+
+@pytest.mark.parametrize("name", ["tp2", "stage3"])
+def test_document_masking_under_a_layout(document_reference, corpus, tmp_path, name):
+    """Packed documents that do not see each other: doc_start and position_ids are sharded like the batch and
+    the document-masked kernels run on local pieces."""
+    nproc, keys = LAYOUTS[name]
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", attention_mask_type="document",
+                       report_to=["none"], **keys)
+    run = launch(cfg, tmp_path / "log", nproc=nproc, timeout=240)
+    assert run.returncode == 0, run.explain()
+    ref, rout = document_reference
+    assert "attention_mask_type = \"document\"" in run.log(0)
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), 2e-5)
