@@ -42,3 +42,22 @@ class Problems:
         if self.items:
             seen = list(dict.fromkeys(self.items))
             raise UserError("\n".join(seen))
+
+
+class DeviceOutOfMemory(UserError):
+    """The device ran out of memory while training: the run's layout is too big for it (exit 1, not 2: the
+    file is valid, the hardware is not enough). `step` is the step being run (0: before the first one)."""
+
+    exit_code = 1
+
+    def __init__(self, step: int, message: str = ""):
+        self.step = step
+        super().__init__(message or f"out of memory at step {step}")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Paddle raises MemoryError for an allocation it cannot make (CPU and GPU: its ResourceExhausted error);
+    some GPU paths surface it as a RuntimeError naming it."""
+    text = str(e)
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and
+                                          ("out of memory" in text.lower() or "ResourceExhausted" in text))

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, Device, format_report, more_devices, report, suggest
 
@@ -28,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
                              "hardware table (default: the table's peak for --device and the run's precision)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    parser.add_argument("--fit", action="store_true",
+                        help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
+                             "sharding stage and tensor-parallel degree for the fastest layout that fits --device")
+    parser.add_argument("--margin", type=float, default=fit_search.DEFAULT_MARGIN,
+                        help="with --fit: fraction of device memory kept free (default: %(default)s)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="with --fit: write the fitted argument file here (the file with the changed keys; "
+                             "default: none, only print)")
 
 
 def target_device(name: str) -> Device:
@@ -94,7 +103,87 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
     return out
 
 
+SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
+            "use_flash_attention", "sharding", "tensor_parallel_degree")
+
+
+def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
+        mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
+        budget_gib: float | None = None, baseline_bytes: float = 0.0) -> dict:
+    """The fastest layout that fits (`planning.fit.search`), every candidate re-resolved by `train`'s rules.
+
+    `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
+    """
+    from pretrain_cli.config.prepare import load_arguments
+
+    if not 0 <= margin < 1:
+        raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
+    overrides = list(overrides or [])
+    base = plan(config, overrides, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+    args = load_arguments(config, overrides)
+    current = {k: args.get(k) for k in SEARCHED}
+    current["tensor_parallel_degree"] = max(current["tensor_parallel_degree"], 1)
+
+    def replan(change: dict, world: int = gpus):
+        extra = [tok for k, v in change.items() for tok in (f"--{k}", _fmt(v))]
+        try:
+            return plan(config, overrides + extra, device, world, mfu, False, baseline_bytes, peak_tflops)
+        except UserError:
+            return None
+
+    dev = base["device"]
+    budget = dev["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
+    found = fit_search.search(current, base, replan, budget)
+    best, small = found["best"], found["smallest"]
+    out = {"config": config, "device": dev, "gpus": gpus, "margin": margin, "budget_gib": budget, "mfu": base["mfu"],
+           "link_gbps": fit_search.LINK_GBPS, "global_batch": base["tokens_per_step"] // base["max_seq_length"],
+           "tried": found["tried"], "valid": found["valid"],
+           "before": {"memory_gib": base["memory_gib"], "speed": fit_search.speed(base)},
+           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None}
+    if best is not None:
+        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]},
+                   change=best["change"], diff=fit_search.diff(current, best["change"]))
+    else:
+        if small is not None:
+            out["smallest"] = {"change": small["change"], "diff": fit_search.diff(current, small["change"]),
+                               "memory_gib": small["report"]["memory_gib"]}
+        def within_budget(change: dict, world: int):
+            r = replan(change, world)
+            return None if r is None else {**r, "fits": r["memory_gib"] <= budget}
+
+        out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
+    return out
+
+
+def write_fitted(config: str | None, overrides: list[str], change: dict, path: str) -> None:
+    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically."""
+    from pretrain_cli import atomic
+    from pretrain_cli.config.parser import load_json
+    from pretrain_cli.config.prepare import load_arguments
+
+    args = load_arguments(config, overrides)
+    raw = load_json(config) if config is not None else {}
+    for key, where in args.explicit.items():
+        if where != "file":
+            raw[key] = args.get(key)
+    raw.update(change)
+    try:
+        atomic.write_text(path, json.dumps(raw, indent=4) + "\n")
+    except OSError as e:
+        raise UserError(f"-o: cannot write {path} ({e.strerror or e}); choose another path") from None
+
+
 def main(ns: argparse.Namespace) -> int:
+    if ns.output and not ns.fit:
+        raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
+    if ns.fit:
+        f = fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+        if ns.output and f["after"] is not None:
+            write_fitted(ns.config, ns.overrides, f["change"], ns.output)
+        print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
+        if ns.output and f["after"] is not None and not ns.json:
+            print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
+        return 0 if f["after"] is not None else 1
     r = plan(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
     print(json.dumps(r, indent=2) if ns.json else format_report(r))
     return 0

@@ -30,6 +30,56 @@ def main(ns: argparse.Namespace) -> int:
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target())
+    from pretrain_cli.errors import DeviceOutOfMemory, is_out_of_memory
     from pretrain_cli.training.run import run
 
-    return run(spec)
+    try:
+        return run(spec)
+    except DeviceOutOfMemory as e:
+        raise DeviceOutOfMemory(e.step, out_of_memory_line(ns, spec, e.step)) from e
+    except (MemoryError, RuntimeError) as e:  # building the model or the optimizer, before the first step
+        if not is_out_of_memory(e):
+            raise
+        raise DeviceOutOfMemory(0, out_of_memory_line(ns, spec, 0)) from e
+
+
+def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
+    """One line: where it ran out, and `plan --fit`'s layout for this run under a budget below what failed.
+
+    The layout that failed needed more than the device has, whatever the estimate said, so the budget is 90 %
+    of the smaller of the device's memory and the failed layout's estimate."""
+    from pretrain_cli.commands import plan
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning import fit as fit_search
+
+    r = spec.run
+    where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
+    device = "cpu" if r.device == "cpu" else _gpu_name()
+    world = r.parallel.world_size
+    how = f"pretrain-cli plan {ns.config or '<args.json>'} --device {device or '<your GPU>'} --gpus {world} --fit"
+    if device is None:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    try:
+        predicted = plan.plan(ns.config, ns.overrides, device, world, suggest_changes=False)["memory_gib"]
+        budget = min(predicted, plan.target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
+        f = plan.fit(ns.config, ns.overrides, device, world, budget_gib=budget)
+    except UserError:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    if f["after"] is None or not f["diff"]:
+        return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
+                f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
+                f"checkpoints are untouched")
+    change = ", ".join(f"{k} {fit_search.json_value(old)} -> {fit_search.json_value(new)}" for k, old, new in f["diff"])
+    return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
+            f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
+            f"checkpoints are untouched, re-run to resume from the last one")
+
+
+def _gpu_name() -> str | None:
+    """This GPU as a hardware-table name, or None when the table does not know it."""
+    import paddle
+
+    from pretrain_cli.planning.hardware import lookup
+
+    dev = lookup(paddle.device.cuda.get_device_name())
+    return dev.name if dev is not None else None

@@ -70,6 +70,11 @@ class RunSpec:
         lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {r.parallel.data_world_size} data ranks = "
                      f"{r.global_batch_size} sequences = {r.tokens_per_step:,} tokens/step; {lp.max_steps} steps = "
                      f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
+        if r.parallel.distributed:
+            p = r.parallel
+            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks x tp {p.tp_degree}; each "
+                         f"data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
+                         f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
         s = r.schedule
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
         lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
@@ -158,6 +163,14 @@ def launcher_target() -> Target:
 
     return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
                   rank=launch.rank(), local_rank=launch.local_rank())
+
+
+def simulated_target(world_size: int) -> Target:
+    """Rank 0 of a `world_size`-process launch, without a launcher (`check --world_size`): the file's `device`
+    is kept (a GPU run is checked as one on any machine), so every rule `train` applies to that world runs."""
+    if world_size < 1:
+        raise UserError(f"--world_size: must be >= 1, got {world_size}")
+    return Target(device="gpu", world_size=world_size)
 
 
 def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments:

@@ -9,7 +9,7 @@ from pretrain_cli import run_dir, runtime
 from pretrain_cli.distributed import watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
 from pretrain_cli.training import checkpoint, metrics
 from pretrain_cli.training.metrics import log
@@ -152,6 +152,11 @@ def finish(spec, trainer, comm) -> int:
     except (NonFiniteError, UserError) as e:  # every rank stops here together: not a death
         watchdog.stop()
         raise UserError(str(e)) from None
+    except (MemoryError, RuntimeError) as e:  # the step being run; no checkpoint is half-written (atomic.py)
+        if not is_out_of_memory(e):
+            raise
+        watchdog.stop()
+        raise DeviceOutOfMemory(trainer.state.global_step + 1) from e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         if trainer.writer is not None:
             trainer.writer.close()

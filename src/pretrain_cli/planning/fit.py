@@ -1,0 +1,166 @@
+"""`plan --fit`: the fastest layout of a run that fits the device, found by re-planning every candidate.
+
+A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
+batch, recompute granularity, flash attention, sharding stage, tensor-parallel degree). This module only
+proposes and ranks them: the caller re-resolves the file with each one (`replan(change) -> report | None`,
+None when `config.resolve` refuses the layout), so every candidate is a layout `train` runs and its memory
+is the memory model's, never a rule re-derived here. No Paddle, no config import.
+
+Speed model (docs/PLAN.md), per optimizer step on one device:
+  compute = tokens per data rank × hardware FLOPs/token (with the recomputed forward) / tp / (peak × MFU)
+  ZeRO-3  = accumulation steps × 3 × weight bytes × (S−1)/S / link     (gather for forward and for backward,
+            reduce-scatter of the gradients, per micro-batch: the weights travel whole each time)
+  TP      = accumulation steps × layers × n × 2(t−1)/t × b·s·hidden·c / link   (n = 4 all-reduces per layer:
+            attention and MLP outputs, forward and backward; + 2 with `full`, + 1 with `full_attn` recompute)
+Data-parallel gradient traffic is the same for every candidate with the same data ranks and is left out.
+Flash and math attention count the same FLOPs; among equally fast candidates the one running flash wins
+(it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
+larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
+"""
+from __future__ import annotations
+
+import itertools
+
+LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
+NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
+DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
+GRANULARITIES = (None, "core_attn", "full_attn", "full")  # least to most recompute
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
+    """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout."""
+    par, m = r["parallel"], r["model"]
+    tp, stage, deg = par["tp"], par["sharding_stage"], par["sharding_degree"]
+    b, acc, s = r["micro_batch"], r["gradient_accumulation_steps"], r["max_seq_length"]
+    peak = r["device"]["peak_tflops"] or NOMINAL_TFLOPS
+    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / (peak * 1e12 * r["mfu"])
+    half = r["precision"]["amp_dtype"] != "float32"
+    link = link_gbps * 1e9
+    comm = 0.0
+    if stage == 3 and deg > 1:
+        weight_bytes = r["params"]["total"] / tp * (2 if r["precision"]["amp_level"] == "O2" else 4)
+        comm += acc * 3 * weight_bytes * (deg - 1) / deg / link
+    if tp > 1:
+        n = 4 + {"full": 2, "full_attn": 1}.get(r["recompute"], 0)
+        comm += acc * m["layers"] * n * 2 * (tp - 1) / tp * b * s * m["hidden"] * (2 if half else 4) / link
+    step = compute + comm
+    known = r["device"]["peak_tflops"] is not None
+    return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
+            "comm_seconds": comm if known else None, "tokens_per_sec": r["tokens_per_step"] / step if known else None,
+            "rank_seconds": step}
+
+
+def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
+    """Every layout to try, as key changes against `current` (the file's values of the searched keys).
+
+    Tensor-parallel degrees are the divisors of `gpus` (resolve refuses those that do not divide the heads, KV
+    heads or intermediate size); for each, micro-batch × accumulation = global batch / data ranks, so a degree
+    that leaves a fraction is skipped. Sharding stages are tried only when there are data ranks to shard over.
+    """
+    out = []
+    flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
+    for tp in _divisors(gpus):
+        data_ranks = gpus // tp
+        if global_batch % data_ranks:
+            continue
+        per_rank = global_batch // data_ranks
+        stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
+        for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
+            want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
+                    "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
+                    "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"]}
+            if gran is not None:
+                want["recompute_granularity"] = gran
+            out.append({k: v for k, v in want.items() if current.get(k) != v})
+    return out
+
+
+def _layout(r: dict) -> tuple:
+    """What a resolved candidate runs: candidates that resolve alike are one layout."""
+    p = r["parallel"]
+    return (r["micro_batch"], r["gradient_accumulation_steps"], r["recompute"], r["attention"], p["tp"],
+            p["sharding_stage"], p["sharding_degree"])
+
+
+def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS) -> dict:
+    """The fastest candidate whose predicted memory is within `budget_gib`, and the smallest candidate.
+
+    Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n}; an entry is
+    {"change", "report", "speed"}.
+    """
+    seen: dict[tuple, dict] = {}
+    tried = 0
+    for change in [{}] + candidates(current, base["tokens_per_step"] // base["max_seq_length"], base["gpus"]):
+        tried += 1
+        r = base if not change else replan(change)
+        if r is None:
+            continue
+        key = _layout(r)
+        if key in seen and len(seen[key]["change"]) <= len(change):
+            continue
+        seen[key] = {"change": change, "report": r, "speed": speed(r, link_gbps)}
+    entries = list(seen.values())
+    fitting = [e for e in entries if e["report"]["memory_gib"] <= budget_gib]
+    best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9), e["report"]["attention"] != "flash",
+                                       len(e["change"]), -e["report"]["micro_batch"], e["report"]["memory_gib"]),
+               default=None)
+    smallest = min(entries, key=lambda e: (e["report"]["memory_gib"], len(e["change"])), default=None)
+    return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries)}
+
+
+def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
+    """(key, old, new) for every key the change sets to a new value, in a stable order."""
+    order = ("tensor_parallel_degree", "sharding", "per_device_train_batch_size", "gradient_accumulation_steps",
+             "recompute", "recompute_granularity", "use_flash_attention")
+    return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
+
+
+def _gib(x: float) -> str:
+    return f"{x:.2f} GiB"
+
+
+def _tok(sp: dict) -> str:
+    return f"{sp['tokens_per_sec']:,.0f} tokens/s" if sp["tokens_per_sec"] is not None else "tokens/s unknown (no peak)"
+
+
+def format_fit(f: dict) -> str:
+    """The `plan --fit` section: budget, the key diff, memory and tokens/s before and after."""
+    dev = f["device"]
+    lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
+             f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
+             f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
+             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel degree)"]
+    before = f"{_gib(f['before']['memory_gib'])}, {_tok(f['before']['speed'])}"
+    if f["after"] is None:
+        need = f["smallest"]
+        lines.append(f"  nothing fits: the current layout needs {before}")
+        if need is not None:
+            change = ", ".join(f"{k} {json_value(v)}" for k, _, v in need["diff"]) or "no change"
+            lines.append(f"  the smallest layout ({change}) needs {_gib(need['memory_gib'])} per device: a device "
+                         f"with at least {_gib(need['memory_gib'] / (1 - f['margin']))} (with the margin)")
+        if f.get("more_devices"):
+            m = f["more_devices"]
+            change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items())
+            lines.append(f"  or more devices: --gpus {m['gpus']} with {change} -> {_gib(m['memory_gib'])} per device "
+                         f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
+        return "\n".join(lines)
+    if not f["diff"]:
+        lines.append(f"  no change: the file is already the fastest layout that fits ({before})")
+        return "\n".join(lines)
+    lines.append("  changes (old -> new):")
+    lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]]
+    lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
+                 f"(budget {_gib(f['budget_gib'])})")
+    lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
+                 f"recompute / (peak x MFU {f['mfu']:.2f}) + ZeRO-3/TP traffic at {f['link_gbps']:g} GB/s)")
+    return "\n".join(lines)
+
+
+def json_value(v) -> str:
+    import json
+
+    return json.dumps(v)
