@@ -178,3 +178,64 @@ def test_debug_shows_the_traceback_that_is_hidden_otherwise(tmp_path):
     assert plain.returncode == debug.returncode == 2
     assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
+
+
+def test_check_world_size_simulates_a_launch_on_any_machine(corpus, tmp_path, capsys):
+    """A 4-process file checked here, by the resolve a launch runs: tp 2 x 2 data ranks passes; the same file with
+    degrees the model and world cannot take lists every problem, one line each, exit 2."""
+    cfg = write_config(tmp_path, corpus, tensor_parallel_degree=2, sharding="stage1", gradient_accumulation_steps=2)
+    assert cli_main(["check", cfg, "--world_size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "check: OK — training would start on 4 processes (simulated)" in out
+    assert "world 4, dp 1, sharding stage1 x2, tp 2" in out
+    assert "ranks: 4 processes = 2 data ranks x tp 2; each data rank reads 8 sequences (4 per micro-step)" in out
+    assert "batch: 4 x acc 2 x 2 data ranks = 16 sequences" in out
+    assert cli_main(["check", cfg]) == 0 and "check: OK — training would start\n" in capsys.readouterr().out
+    bad = ["--tensor_parallel_degree", "4", "--sharding_parallel_degree", "3"]
+    assert cli_main(["check", cfg, "--world_size", "8", *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: tensor_parallel_degree: 4 does not divide the model's num_key_value_heads (2); use a "
+                   "divisor of it",
+                   "error: sharding_parallel_degree: 3 does not divide the 2 data-parallel processes (world 8 / tp 4); "
+                   "use a divisor or -1"]
+    assert cli_main(["check", cfg, "--world_size", "6", "--tensor_parallel_degree", "4"]) == 2
+    assert "tensor_parallel_degree: 4 does not divide the world size 6" in capsys.readouterr().err
+    assert cli_main(["check", cfg, "--world_size", "0"]) == 2
+    assert "--world_size: must be >= 1" in capsys.readouterr().err
+
+
+OOM_CHILD = """
+import resource, sys
+from pretrain_cli import runtime
+runtime.import_paddle()
+vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, resource.RLIM_INFINITY))  # 1 GiB more than after the import
+from pretrain_cli.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_out_of_memory_is_one_line_with_the_step_and_the_fitted_layout(corpus, tmp_path):
+    """A real MemoryError: a resumed run with a micro-batch that needs ~8 GiB under a 1 GiB address-space limit.
+    One line naming the step and plan's fitted layout, exit 1, no traceback, the checkpoint untouched."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    r = subprocess.run([sys.executable, "-c", OOM_CHILD, "train", cfg, "--per_device_train_batch_size", "16384",
+                        "--max_steps", "4"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    line = errors[0]
+    assert line.startswith("error: out of memory at step 3 on 1 x cpu: top plan suggestion for this run: "
+                           "per_device_train_batch_size 16384 -> "), line
+    assert "gradient_accumulation_steps 1 -> " in line and f"pretrain-cli plan {cfg} --device cpu --gpus 1 --fit" in line
+    micro = int(line.split("per_device_train_batch_size 16384 -> ")[1].split(",")[0])
+    acc = int(line.split("gradient_accumulation_steps 1 -> ")[1].split(" ")[0])
+    assert micro * acc == 16384 and micro < 16384  # the global batch kept
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+    assert not [p for p in (tmp_path / "out").iterdir() if "tmp" in p.name]

@@ -1,0 +1,118 @@
+"""`plan --fit`: the fastest layout that fits, each candidate re-resolved by `train`'s rules, and the fitted file."""
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+from pretrain_cli.commands.plan import fit, plan
+from pretrain_cli.errors import UserError
+from pretrain_cli.planning import fit as fit_search
+
+QWEN = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "qwen_pretrain_argument_0p5b.json"
+AT_4096 = ["--max_seq_length", "4096"]
+
+
+def _tokens(change: dict) -> list[str]:
+    return [tok for k, v in change.items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
+
+
+def test_fitted_layout_fits_keeps_the_global_batch_and_is_what_plan_predicts():
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    assert f["before"]["memory_gib"] > 16 and f["after"] is not None
+    assert f["budget_gib"] == pytest.approx(16 * 0.9) and f["after"]["memory_gib"] <= f["budget_gib"]
+    again = plan(str(QWEN), AT_4096 + _tokens(f["change"]), device="V100-16GB", gpus=8, suggest_changes=False)
+    assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"])
+    assert again["tokens_per_step"] // 4096 == f["global_batch"] == 8  # micro x acc x data ranks unchanged
+    assert again["parallel"]["tp"] in (1, 2)  # 14 heads and 2 KV heads: tp 4 and 8 are refused by resolve
+    assert [k for k, _, _ in f["diff"]] and all(old != new for _, old, new in f["diff"])
+    assert f["tried"] > f["valid"] > 1
+
+
+def test_no_fitting_candidate_is_faster_than_the_chosen_one():
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    base = plan(str(QWEN), AT_4096, device="V100-16GB", gpus=8, suggest_changes=False)
+    current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "recompute": False,
+               "recompute_granularity": "full", "use_flash_attention": False, "sharding": "stage2",
+               "tensor_parallel_degree": 1}
+    best = f["after"]["speed"]["step_seconds"]
+    faster_fitting = []
+    for change in fit_search.candidates(current, 8, 8):
+        try:
+            r = plan(str(QWEN), AT_4096 + _tokens(change), device="V100-16GB", gpus=8, suggest_changes=False)
+        except UserError:
+            continue
+        if r["memory_gib"] <= f["budget_gib"] and fit_search.speed(r)["step_seconds"] < best * (1 - 1e-9):
+            faster_fitting.append(change)
+    assert not faster_fitting
+    assert base["memory_gib"] > f["budget_gib"]
+
+
+def test_a_file_that_fits_keeps_its_layout_unless_something_is_faster(tmp_path):
+    cfg = tmp_path / "small.json"
+    cfg.write_text(json.dumps({"model_name_or_path": "tiny-llama", "output_dir": "o", "input_dir": "d", "max_steps": 10,
+                               "do_train": True, "bf16": True, "per_device_train_batch_size": 4,
+                               "use_flash_attention": True, "max_seq_length": 512}))
+    f = fit(str(cfg), [], device="A100-80GB", gpus=1)
+    assert f["diff"] == [] and f["after"]["memory_gib"] == pytest.approx(f["before"]["memory_gib"])
+    # recompute on: dropping it is faster and still fits, so the fit turns it off
+    f = fit(str(cfg), ["--recompute", "true"], device="A100-80GB", gpus=1)
+    assert ("recompute", True, False) in f["diff"]
+    assert f["after"]["speed"]["tokens_per_sec"] > f["before"]["speed"]["tokens_per_sec"]
+
+
+def test_nothing_fits_names_what_the_smallest_layout_needs(capsys):
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--fit"]) == 1
+    text = capsys.readouterr().out
+    assert "nothing fits: the current layout needs" in text
+    assert "the smallest layout (recompute true) needs" in text and "a device with at least" in text
+    assert "or more devices: --gpus 2" in text
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=1)
+    assert f["after"] is None and f["smallest"]["memory_gib"] > f["budget_gib"]
+    assert f["more_devices"]["memory_gib"] <= f["budget_gib"]
+
+
+def test_output_file_is_the_users_file_with_the_changed_keys(tmp_path, capsys):
+    out = tmp_path / "fitted.json"
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "-o",
+                     str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "changes (old -> new):" in text and "predicted speed:" in text and f"wrote {out}" in text
+    original, fitted = json.loads(QWEN.read_text()), json.loads(out.read_text())
+    assert list(fitted)[:len(original)] == list(original)  # same keys, same order, same names
+    changed = {k for k in fitted if fitted[k] != original.get(k)}
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    assert changed == {k for k, _, _ in f["diff"]} | {"max_seq_length"}  # the fit, and the command-line override
+    again = plan(str(out), [], device="V100-16GB", gpus=8, suggest_changes=False)
+    assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["max_seq_length"] == 4096
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_margin_flag_and_errors(capsys):
+    loose = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8, margin=0.0)
+    tight = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8, margin=0.5)
+    assert loose["budget_gib"] == 16 and tight["budget_gib"] == 8
+    assert tight["after"] is None or tight["after"]["memory_gib"] <= 8
+    assert loose["after"]["speed"]["tokens_per_sec"] >= (tight["after"] or loose["after"])["speed"]["tokens_per_sec"]
+    assert cli_main(["plan", str(QWEN), "--fit", "--margin", "1.5"]) == 2
+    assert "--margin: must be in [0, 1)" in capsys.readouterr().err
+    assert cli_main(["plan", str(QWEN), "-o", "x.json"]) == 2
+    assert "needs --fit" in capsys.readouterr().err
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["after"]["memory_gib"] <= 16 * 0.9
+
+
+def test_speed_model_terms():
+    r = plan(str(QWEN), [], device="A100-80GB", gpus=4, suggest_changes=False)
+    plain = fit_search.speed(r)
+    assert plain["comm_seconds"] == 0 and plain["tokens_per_sec"] == pytest.approx(
+        r["tokens_per_step"] / plain["step_seconds"])
+    z3 = fit_search.speed(plan(str(QWEN), ["--sharding", "stage3"], device="A100-80GB", gpus=4, suggest_changes=False))
+    tp = fit_search.speed(plan(str(QWEN), ["--tensor_parallel_degree", "2", "--gradient_accumulation_steps", "2"],
+                               device="A100-80GB", gpus=4, suggest_changes=False))
+    rc = fit_search.speed(plan(str(QWEN), ["--recompute", "true"], device="A100-80GB", gpus=4, suggest_changes=False))
+    assert z3["comm_seconds"] > 0 and z3["compute_seconds"] == pytest.approx(plain["compute_seconds"])
+    assert tp["comm_seconds"] > 0 and tp["compute_seconds"] == pytest.approx(plain["compute_seconds"])
+    assert rc["compute_seconds"] > plain["compute_seconds"] and rc["comm_seconds"] == 0
+    cpu = fit_search.speed(plan(str(QWEN), [], device="cpu", suggest_changes=False))
+    assert cpu["tokens_per_sec"] is None and cpu["rank_seconds"] > 0  # no peak: ranked, not shown
