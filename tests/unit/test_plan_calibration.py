@@ -27,11 +27,12 @@ def test_prediction_within_20_percent_of_measured_peak():
 
 
 def test_parallel_layouts_within_20_percent_of_measured_peak():
-    """DP, ZeRO-3 and TP on 2 processes (the whole table: benchmarks/plan_calibration.py --layouts): the largest
+    """DP, ZeRO-2, ZeRO-3 and TP on 2 processes (the whole table: benchmarks/plan_calibration.py --layouts): the largest
     rank's allocator peak over a real `train_step` of the product's own build order."""
     bench = _bench()
-    rows = bench.calibrate_layouts([x for x in bench.LAYOUTS if x[0] in ("data parallel b2", "ZeRO-3 b2", "TP2 b8")])
-    assert len(rows) == 3
+    rows = bench.calibrate_layouts([x for x in bench.LAYOUTS if x[0] in ("data parallel b2", "ZeRO-2 b2", "ZeRO-3 b2",
+                                                                         "TP2 b8")])
+    assert len(rows) == 4
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
     assert not bad, "\n" + bench.table(rows)
