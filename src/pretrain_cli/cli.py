@@ -20,7 +20,7 @@ from pretrain_cli.errors import UserError
 COMMANDS = {
     "train": ("pretrain_cli.commands.train", "train from a PaddleNLP-style JSON argument file", True),
     "check": ("pretrain_cli.commands.check", "validate an argument file and print the resolved run, without training", True),
-    "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time estimate for an argument file, before any GPU time", True),
+    "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time before any GPU time; --fit: the fastest layout that fits", True),
     "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
     "preprocess": ("pretrain_cli.commands.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
     "inspect-data": ("pretrain_cli.commands.inspect_data", "validate and summarise a .bin/.idx token file pair", False),

@@ -232,7 +232,8 @@ def test_out_of_memory_is_one_line_with_the_step_and_the_fitted_layout(corpus, t
     line = errors[0]
     assert line.startswith("error: out of memory at step 3 on 1 x cpu: top plan suggestion for this run: "
                            "per_device_train_batch_size 16384 -> "), line
-    assert "gradient_accumulation_steps 1 -> " in line and f"pretrain-cli plan {cfg} --device cpu --gpus 1 --fit" in line
+    assert "gradient_accumulation_steps 1 -> " in line
+    assert f"pretrain-cli plan {cfg} --device cpu --gpus 1 --fit -o fitted.json" in line
     micro = int(line.split("per_device_train_batch_size 16384 -> ")[1].split(",")[0])
     acc = int(line.split("gradient_accumulation_steps 1 -> ")[1].split(" ")[0])
     assert micro * acc == 16384 and micro < 16384  # the global batch kept

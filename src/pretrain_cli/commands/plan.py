@@ -2,7 +2,8 @@
 
 Resolves the file exactly as `train` does, but for a target (`--device`, `--gpus`) instead of this
 machine, so GPU precision (fp16/bf16, O1/O2), flash attention and sharding apply even when planning
-on a laptop. Never imports Paddle, never opens the data or the tokenizer.
+on a laptop. Never imports Paddle, never opens the data or the tokenizer. `--fit` (`fit`) re-resolves
+every candidate layout of `planning.fit` the same way and keeps the fastest that fits; `-o` writes it.
 """
 from __future__ import annotations
 
