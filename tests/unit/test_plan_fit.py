@@ -116,3 +116,17 @@ def test_speed_model_terms():
     assert rc["compute_seconds"] > plain["compute_seconds"] and rc["comm_seconds"] == 0
     cpu = fit_search.speed(plan(str(QWEN), [], device="cpu", suggest_changes=False))
     assert cpu["tokens_per_sec"] is None and cpu["rank_seconds"] > 0  # no peak: ranked, not shown
+
+
+def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
+    """Candidates go through the same refusals as `train`: here tensor parallelism is made one `train` cannot run
+    yet (as `config.resolve.not_yet_supported` reports layouts), so the fit finds another way or none."""
+    import pretrain_cli.config.resolve as resolve_module
+
+    free = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    assert ("tensor_parallel_degree", 1, 2) in free["diff"]
+    monkeypatch.setattr(resolve_module, "not_yet_supported",
+                        lambda run: ["tensor_parallel_degree: not yet"] if run.parallel.tp_degree > 1 else [])
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    assert f["valid"] < free["valid"]
+    assert f["after"] is None or "tensor_parallel_degree" not in f["change"]

@@ -60,6 +60,9 @@ def _fmt(v) -> str:
     return "true" if v is True else "false" if v is False else str(v)
 
 
+PLANNED_ONLY = " (plan models it anyway)"  # the note on a layout `train` cannot run yet
+
+
 def _resolve(config, overrides: list[str], device: Device, gpus: int):
     """(RunConfig, ModelConfig, notes) for the planned devices, by `train`'s own rules."""
     from pretrain_cli.config.prepare import build_model_config, load_arguments
@@ -71,7 +74,7 @@ def _resolve(config, overrides: list[str], device: Device, gpus: int):
     target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
                     gpu_name=device.entry.name if device.entry else None, planned=True)
     run = resolve(args, cfg, target)
-    return run, cfg, [f"{m} (plan models it anyway)" for m in not_yet_supported(run)]
+    return run, cfg, [f"{m}{PLANNED_ONLY}" for m in not_yet_supported(run)]
 
 
 def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
@@ -126,11 +129,13 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
     current["tensor_parallel_degree"] = max(current["tensor_parallel_degree"], 1)
 
     def replan(change: dict, world: int = gpus):
+        """The candidate's plan, or None when `train` would refuse it (resolve, or a layout it cannot run yet)."""
         extra = [tok for k, v in change.items() for tok in (f"--{k}", _fmt(v))]
         try:
-            return plan(config, overrides + extra, device, world, mfu, False, baseline_bytes, peak_tflops)
+            r = plan(config, overrides + extra, device, world, mfu, False, baseline_bytes, peak_tflops)
         except UserError:
             return None
+        return None if any(n.endswith(PLANNED_ONLY) for n in r["notes"]) else r
 
     dev = base["device"]
     budget = dev["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
