@@ -86,6 +86,9 @@ def test_output_file_is_the_users_file_with_the_changed_keys(tmp_path, capsys):
     again = plan(str(out), [], device="V100-16GB", gpus=8, suggest_changes=False)
     assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["max_seq_length"] == 4096
     assert not list(tmp_path.glob("*.tmp*"))
+    assert cli_main(["plan", str(QWEN), "--device", "V100-16GB", "--gpus", "8", "--fit", "-o",
+                     str(tmp_path / "missing" / "f.json")]) == 1  # the system refused: one line, exit 1
+    assert "error: " in capsys.readouterr().err and not (tmp_path / "missing").exists()
 
 
 def test_margin_flag_and_errors(capsys):
