@@ -245,6 +245,7 @@ def format_report(r: dict) -> str:
                 change = f"--gpus {sg['gpus']} with {change}"
             lines.append(f"  {i}. {change}  -> {sg['memory_gib']:.2f} GiB (saves {sg['saves_gib']:.2f})"
                          f"{'  fits' if sg['fits'] else ''}; {sg['why']}")
+        lines.append("  --fit searches these together for the fastest layout that fits (same global batch); -o writes it")
     elif not r["fits"]:
         lines.append("suggestions: none of recompute, flash attention, sharding, smaller micro-batch or shorter "
                      "sequence reduces the estimate; use more or larger devices")
