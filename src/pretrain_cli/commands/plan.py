@@ -153,6 +153,7 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
         if small is not None:
             out["smallest"] = {"change": small["change"], "diff": fit_search.diff(current, small["change"]),
                                "memory_gib": small["report"]["memory_gib"]}
+
         def within_budget(change: dict, world: int):
             r = replan(change, world)
             return None if r is None else {**r, "fits": r["memory_gib"] <= budget}
