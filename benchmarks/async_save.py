@@ -62,9 +62,10 @@ def run(root: Path, name: str, async_save: bool, a) -> dict:
         sys.exit(f"{name} run failed:\n{p.stderr[-3000:]}")
     recs = [json.loads(x) for x in (out / "metrics.jsonl").open()]
     stalls = {r["step"]: r["stall_seconds"] for r in recs if r["kind"] == "checkpoint"}
+    waited = {r["step"]: r.get("waited_seconds", 0.0) for r in recs if r["kind"] == "checkpoint"}
     results = json.loads((out / "train_results.json").read_text())
     size = sum(f.stat().st_size for f in (out / f"checkpoint-{a.steps}").iterdir())
-    return {"stalls": stalls, "train_runtime": results["train_runtime"], "checkpoint_mib": round(size / 2**20, 1)}
+    return {"stalls": stalls, "waited": waited, "train_runtime": results["train_runtime"], "checkpoint_mib": round(size / 2**20, 1)}
 
 
 def main() -> None:
@@ -98,7 +99,8 @@ def main() -> None:
     print(f"checkpoint size {report['checkpoint_mib']} MiB; saves compared at steps {mid}")
     for step in sorted(sync["stalls"]):
         print(f"  checkpoint-{step}: sync stall {sync['stalls'][step]:.3f} s, async stall "
-              f"{asyn['stalls'].get(step, float('nan')):.3f} s")
+              f"{asyn['stalls'].get(step, float('nan')):.3f} s (of it waiting for the previous write: "
+              f"{asyn['waited'].get(step, 0.0):.3f} s)")
     print(f"mean stall: sync {report['mean_sync_stall_s']:.3f} s, async {report['mean_async_stall_s']:.3f} s, "
           f"ratio {report['async_over_sync']:.3f} (target <= 0.20)")
     print(f"train_runtime: sync {sync['train_runtime']:.2f} s, async {asyn['train_runtime']:.2f} s")
