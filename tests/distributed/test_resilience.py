@@ -3,7 +3,8 @@
 Automatic restart: `MAX_RESTART=1 NPROC=2 scripts/launch.sh cfg.json`, one rank killed with SIGKILL from
 here once a checkpoint exists. The job must come back by itself, resume from the newest checkpoint (not
 step 0, not refuse the non-empty output_dir), finish at max_steps, and log the same losses and end with
-the same weights as an uninterrupted 2-process run.
+the same weights as an uninterrupted 2-process run (which saves synchronously: the restarted job uses
+`async_save`, so its data-parallel checkpoints come from rank 0's background writer).
 
 Paddle 3.3.1's own `--max_restart` only acts with an etcd master (`CollectiveElasticController`); with the
 default master a failed rank stops the pod and the launcher exits, so `launch.sh` is the restart loop.
@@ -48,8 +49,9 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
     ref = launch(ref_cfg, tmp_path / "ref_log", timeout=300)
     assert ref.returncode == 0, ref.explain()
 
-    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS,
-                       save_steps=SAVE)  # overwrite_output_dir: true, as in every distributed test here
+    # overwrite_output_dir: true, as in every distributed test here; checkpoints written in the background
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE,
+                       async_save=True)
     marker = uuid.uuid4().hex
     env = child_env()
     env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
