@@ -219,12 +219,13 @@ class Saver:
 
     def __init__(self, out: Path, model, model_cfg, optimizer, strategy, comm, run_args, tokenizer_dir,
                  dtype: str, limit: int | None, async_save: bool = False):
-        from pretrain_cli.training.async_save import AsyncWriter
+        from pretrain_cli.training.async_save import AsyncWriter, HostStaging
 
         self.out, self.model, self.cfg, self.optimizer = Path(out), model, model_cfg, optimizer
         self.strategy, self.comm, self.run_args = strategy, comm, run_args
         self.tokenizer_dir, self.dtype, self.limit = tokenizer_dir, dtype, limit
         self.writer = AsyncWriter() if async_save else None
+        self.staging = HostStaging() if async_save else None
 
     def __call__(self, trainer) -> None:
         import time
@@ -234,17 +235,22 @@ class Saver:
         start = time.perf_counter()
         step = trainer.state.global_step
         # short collectives where the layout shards them: every rank takes part before rank 0 writes
-        waited = 0.0
+        waited, stage = 0.0, None
+        if self.writer is not None:  # one save in flight: its host buffers are reused below
+            self.writer.wait()
+            waited = time.perf_counter() - start
+            stage = lambda t: self.staging.copy(t.name, t)  # noqa: E731
         weights = self.strategy.gather_weights(self.model)
         opt_state = self.strategy.gather_optimizer_state(
-            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy, contiguous=False))
+            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy or stage,
+                                                           contiguous=False))
         if self.writer is None:
             self._write_sync(step, weights, opt_state, trainer.state_dict())
         elif self.strategy.parallel.is_rank0:
             if weights is None:  # whole parameters on rank 0: copied now, since training goes on changing them
-                weights = {name: p.numpy() for name, p in self.model.named_parameters()}
+                weights = {name: self.staging.copy(name, p) for name, p in self.model.named_parameters()}
             state = trainer.state_dict()  # (a deep copy)
-            waited = self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, weights, opt_state, state))
+            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, weights, opt_state, state))
         stall = time.perf_counter() - start
         kind = "async" if self.writer is not None else "sync"
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
