@@ -85,7 +85,7 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
 
 
 def _poisoned_corpus(prefix) -> None:
-    """tests/e2e/test_spike.py's corpus: one repeating pattern, and one document of ids seen nowhere else,
+    """tests/e2e/test_train_spikes.py's corpus: one repeating pattern, and one document of ids seen nowhere else,
     which lands in step 17 at a global batch of 4."""
     from pretrain_cli.data.indexed import IndexedDatasetWriter
 
