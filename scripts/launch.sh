@@ -8,7 +8,9 @@
 # Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
 #      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
-#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file).
+#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file),
+#      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
+#      checkpoint of output_dir).
 # Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
 # (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
 set -euo pipefail
@@ -62,4 +64,27 @@ else
   # beats one process per core; the math environment (threads, MKL on AMD) is set by runtime.setup_env.
   args+=(--nproc_per_node "${NPROC:-1}")
 fi
-exec "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@"
+cmd=("$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@")
+max_restart=${MAX_RESTART:-0}
+if [ "$max_restart" = "0" ]; then
+  exec "${cmd[@]}"
+fi
+# Restart the whole job when it fails (a killed or crashed rank makes Paddle's launcher stop the other ranks
+# and exit non-zero; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
+# resumes from the newest complete checkpoint: `--overwrite_output_dir false` makes sure a run started with
+# overwrite_output_dir: true continues rather than starting over. Exit 2 is a usage error (bad argument
+# file, spike or NaN stop): restarting would only repeat it.
+attempt=0
+while true; do
+  if [ "$attempt" -eq 0 ]; then
+    "${cmd[@]}" && exit 0 || rc=$?
+  else
+    "${cmd[@]}" --overwrite_output_dir false && exit 0 || rc=$?
+  fi
+  if [ "$rc" -eq 2 ] || [ "$attempt" -ge "$max_restart" ]; then
+    [ "$rc" -ne 2 ] && echo "launch.sh: the job failed (exit $rc) after $attempt restart(s); giving up (MAX_RESTART=$max_restart)" >&2
+    exit "$rc"
+  fi
+  attempt=$((attempt + 1))
+  echo "launch.sh: the job failed (exit $rc); restart $attempt of $max_restart, resuming from the newest checkpoint" >&2
+done

@@ -123,8 +123,11 @@ def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsy
         * cfg["max_seq_length"]
 
 
-def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
-    cfg = write_config(tmp_path, corpus, max_steps=400, save_steps=1000, logging_steps=1)
+@pytest.mark.parametrize("async_save", [False, True])
+def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path, async_save):
+    """SIGTERM: the step finishes, a checkpoint is saved (with async_save the exit waits for the background
+    writer, so the checkpoint is there, complete, when the process has gone)."""
+    cfg = write_config(tmp_path, corpus, max_steps=400, save_steps=1000, logging_steps=1, async_save=async_save)
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "run_pretrain.py"), cfg],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -145,6 +148,8 @@ def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path):
     assert len(ckpts) == 1
     step = json.loads((ckpts[0] / "trainer_state.json").read_text())["global_step"]
     assert 3 <= step < 400
+    assert (ckpts[0] / "optimizer.safetensors").is_file() and not list((tmp_path / "out").glob("*.tmp"))
+    assert f"checkpoint-{step}: stalled" in text and ("(async)" if async_save else "(sync)") in text
     assert not (tmp_path / "out" / "model.safetensors").exists()  # not a finished run
     assert (tmp_path / "out" / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"  # drawn at the checkpoint
 

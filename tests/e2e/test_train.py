@@ -275,11 +275,12 @@ def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):
     out = tmp_path / "out"
     shutil.rmtree(out / "checkpoint-6")  # as if killed after step 6 was logged but before it was saved
     assert cli_main(["train", cfg]) == 0  # resumes from checkpoint-3 and re-logs steps 4..6
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in recs] == [("train", 1), ("train", 2), ("train", 3), ("checkpoint", 3),
+                                                      ("train", 4), ("train", 5), ("train", 6), ("checkpoint", 6)]
     assert cli_main(["train", cfg, "--do_train", "false", "--do_eval", "true"]) == 0
     kinds = [json.loads(x)["kind"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert kinds == ["train"] * 6 + ["eval"]
+    assert kinds == ["train"] * 3 + ["checkpoint"] + ["train"] * 3 + ["checkpoint", "eval"]
     results = json.loads((out / "all_results.json").read_text())
     assert "train_loss" in results and "eval_loss" in results
 
@@ -295,7 +296,7 @@ def test_finished_run_saves_its_last_step_and_extends_from_there(corpus, tmp_pat
     assert f"resumes from {out / 'checkpoint-6'}" in text and "random init" not in text
     assert cli_main(["train", cfg, "--max_steps", "8"]) == 0
     assert f"resumed from {out / 'checkpoint-6'} at step 6" in capsys.readouterr().out
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
     assert steps == list(range(1, 9))  # steps 5 and 6 were not trained twice
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
 

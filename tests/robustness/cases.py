@@ -87,6 +87,12 @@ def a_decay_before_warmup(d):
     return cfg(d, warmup_steps=8, decay_steps=4), ["decay_steps", "warmup"]
 def a_beta_range(d):
     return cfg(d, adam_beta1=1.5), ["adam_beta1", "[0, 1)"]
+def a_spike_policy_choice(d):
+    return cfg(d, spike_policy="retry"), ["spike_policy", "retry"]
+def a_spike_factor_at_most_one(d):
+    return cfg(d, spike_loss_factor=1.0), ["spike_loss_factor", "0 (off) or a finite factor > 1"]
+def a_spike_window_zero(d):
+    return cfg(d, spike_policy="skip", spike_window=0), ["spike_window", ">= 1"]
 def a_warmup_ratio(d):
     return cfg(d, warmup_ratio=2.0), ["warmup_ratio", "[0, 1]"]
 def a_seed_negative(d):

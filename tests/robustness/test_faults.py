@@ -26,6 +26,15 @@ SCENARIOS = {
     # killed after checkpoint-10 (the last step's) while writing the final model: the re-run trains no step
     "writing_final_weights": ("save_weights:5", [9, 10], 10),
 }
+# async_save: true (both runs): killed while the background writer writes checkpoint-6 (training has gone on
+# meanwhile); the re-run resumes from the previous complete checkpoint and ends byte-identical to the
+# synchronous reference
+ASYNC = ("--async_save", "true")
+ASYNC_SCENARIOS = {
+    "async_writing_weights": ("save_weights:2", [3], 3),
+    "async_writing_optimizer_state": ("save_optimizer:2", [3], 3),
+    "async_before_publish_rename": ("publish:3", [3, 6], 6),
+}
 
 
 def _complete(out):
@@ -39,8 +48,8 @@ def _complete(out):
     return sorted(steps)
 
 
-def _finish_and_compare(d, reference, resumed_from):
-    p = run_cli(["train", "run.json"], cwd=d)
+def _finish_and_compare(d, reference, resumed_from, extra=()):
+    p = run_cli(["train", "run.json", *extra], cwd=d)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     if resumed_from is None:
@@ -56,13 +65,16 @@ def _finish_and_compare(d, reference, resumed_from):
 
 
 def _kill_and_resume(name, d, reference):
-    fault, present, resumed_from = SCENARIOS[name]
-    p = run_cli(["train", "run.json"], cwd=d, faults=fault)
+    fault, present, resumed_from = SCENARIOS.get(name) or ASYNC_SCENARIOS[name]
+    extra = ASYNC if name in ASYNC_SCENARIOS else ()
+    p = run_cli(["train", "run.json", *extra], cwd=d, faults=fault)
     assert p.returncode == -9, f"fault {fault} did not fire: rc {p.returncode}\n{p.stderr[-2000:]}"
     assert _complete(d / "out") == present
     if name == "writing_final_weights":
         assert not (d / "out" / "model.safetensors").exists()  # never half a file under the final name
-    _finish_and_compare(d, reference, resumed_from)
+    if extra:
+        assert "(async)" in p.stdout
+    _finish_and_compare(d, reference, resumed_from, extra)
 
 
 def _killed_twice(d, reference):
@@ -80,7 +92,8 @@ def outcomes(assets, reference, tmp_path_factory):
     """Every scenario (kill, then re-run) two at a time: most of a run is interpreter and Paddle start-up,
     which overlaps well. name -> None or the AssertionError the scenario raised."""
     root = tmp_path_factory.mktemp("faults")
-    jobs = {name: (lambda n=name: _kill_and_resume(n, clone(assets, root / n), reference)) for name in SCENARIOS}
+    jobs = {name: (lambda n=name: _kill_and_resume(n, clone(assets, root / n), reference))
+            for name in [*SCENARIOS, *ASYNC_SCENARIOS]}
     jobs["killed_twice"] = lambda: _killed_twice(clone(assets, root / "twice"), reference)
 
     def guard(fn):
@@ -95,7 +108,7 @@ def outcomes(assets, reference, tmp_path_factory):
         return {n: f.result() for n, f in futures.items()}
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS) + ["killed_twice"])
+@pytest.mark.parametrize("name", sorted(SCENARIOS) + sorted(ASYNC_SCENARIOS) + ["killed_twice"])
 def test_kill_and_resume(name, outcomes):
     if outcomes[name] is not None:
         raise outcomes[name]
@@ -111,6 +124,19 @@ def test_disk_full_during_save(workdir, reference):
     assert not list(out.glob("checkpoint-*.tmp"))  # the partial directory is gone, and the space it took
     assert not (out / "model.safetensors").exists()  # the run did not go on as if the save had worked
     _finish_and_compare(workdir, reference, 3)  # resumes from checkpoint-3 and ends byte-identical
+
+
+def test_disk_full_in_the_async_writer_surfaces_at_the_next_save(workdir, reference):
+    """ENOSPC in the background writer of checkpoint-6: training went on, and the next save (step 9) reports
+    it as the same one line, exit 1; checkpoint-3 intact, no partial directory; a re-run ends identical."""
+    out = workdir / "out"
+    p = run_cli(["train", "run.json", *ASYNC], cwd=workdir, faults="enospc:2")
+    check_one_line_error(p.returncode, p.stdout, p.stderr,
+                         ["checkpoint-6.tmp/optimizer.safetensors", "No space left on device", "re-run"], code=1)
+    assert "checkpoint-9: stalled" not in p.stdout  # the failed write is reported before step 9's is queued
+    assert _complete(out) == [3] and not list(out.glob("checkpoint-*.tmp"))
+    assert not (out / "model.safetensors").exists()
+    _finish_and_compare(workdir, reference, 3, ASYNC)
 
 
 def test_disk_full_leaves_no_tmp_dir(workdir):

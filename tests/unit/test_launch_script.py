@@ -57,3 +57,40 @@ def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):
                          | {"PYTHON": str(fake_env), "RECORD": str(tmp_path / "env.txt")})
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "env.txt").read_text().strip() == "unset"
+
+
+# A launcher that fails with the exit codes listed in $CODES (one per call, then 0), recording each call.
+FLAKY_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
+echo "$@" >> "$RECORD"
+n=$(wc -l < "$RECORD")
+code=$(echo "$CODES" | cut -d, -f"$n")
+exit "${code:-0}"
+"""
+
+
+def _flaky(tmp_path, codes: str, max_restart: str):
+    fake = tmp_path / "python"
+    fake.write_text(FLAKY_PYTHON)
+    fake.chmod(0o755)
+    record = tmp_path / "calls.txt"
+    record.unlink(missing_ok=True)
+    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "LOG_DIR", "MAX_RESTART")}
+    e.update(PYTHON=str(fake), RECORD=str(record), CODES=codes, MAX_RESTART=max_restart)
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], env=e, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    return out, record.read_text().splitlines()
+
+
+def test_max_restart_reruns_a_failed_job_resuming_never_overwriting(tmp_path):
+    out, calls = _flaky(tmp_path, "1,137", "3")
+    assert out.returncode == 0 and len(calls) == 3
+    assert not calls[0].endswith("--overwrite_output_dir false")  # the first attempt runs as written
+    assert all(c.endswith("cfg.json --overwrite_output_dir false") for c in calls[1:])
+    assert "restart 1 of 3" in out.stderr and "restart 2 of 3" in out.stderr
+    out, calls = _flaky(tmp_path, "1,1,1", "2")  # gives up, with the last exit code
+    assert out.returncode == 1 and len(calls) == 3 and "giving up (MAX_RESTART=2)" in out.stderr
+    out, calls = _flaky(tmp_path, "2", "3")  # a usage error is not retried
+    assert out.returncode == 2 and len(calls) == 1
+    out, calls = _flaky(tmp_path, "1", "0")  # default: no restart
+    assert out.returncode == 1 and len(calls) == 1

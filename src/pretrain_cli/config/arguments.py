@@ -215,7 +215,28 @@ class TrainingArguments:
         "stop", "Non-finite loss or gradient: stop (save nothing corrupt, report the step) or skip the update.",
         "extension", choices=("stop", "skip"),
     )
-    nan_skip_limit: int = _f(5, "With nan_policy skip: stop after this many consecutive skipped steps.", "extension")
+    nan_skip_limit: int = _f(5, "With nan_policy skip (or spike_policy skip): stop after this many consecutive "
+                                "skipped steps.", "extension")
+    spike_policy: str = _f(
+        "none", "A finite loss or gradient norm far above its running mean (a spike): none (not watched), skip the "
+        "update (the batch is consumed), rollback to the newest checkpoint and skip the batches that produced it, or "
+        "stop without saving. docs/TRAINING.md#loss-spikes.", "extension",
+        choices=("none", "skip", "rollback", "stop"),
+    )
+    spike_loss_factor: float = _f(2.0, "A step is a spike when its loss exceeds this factor times the running mean "
+                                        "loss (0: the loss is not checked).", "extension")
+    spike_grad_norm_factor: float = _f(10.0, "... or its gradient norm exceeds this factor times the running mean "
+                                             "gradient norm (0: not checked).", "extension")
+    spike_warmup_steps: int = _f(100, "Accepted steps whose statistics are gathered before spikes are judged "
+                                      "(the first steps of a run are noisy by nature).", "extension")
+    spike_window: int = _f(50, "Span in steps of the running means (an exponential moving average with weight "
+                               "1/spike_window; the plain mean of the steps so far until there are that many).",
+                           "extension")
+    spike_rollback_steps: int = _f(1, "With spike_policy rollback: batches skipped, counted back from the spike's "
+                                      "own (never before the checkpoint rolled back to).", "extension")
+    async_save: bool = _f(False, "Copy weights and optimizer state to host memory at a save and write "
+                                 "checkpoint-N/ in a background thread while training continues (one save in "
+                                 "flight; the end of training and SIGTERM wait for it).", "extension")
     peak_tflops: Optional[float] = _f(
         None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU a measured matmul peak).",
         "extension",

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, Target)
+                                            RunConfig, Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 
@@ -235,6 +235,26 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
                           tp_degree=tp, pp_degree=1)
 
 
+def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:
+    """The loss-spike guard's bounds. A factor of 0 turns its check off; one at or below 1 would call every
+    ordinary step a spike."""
+    t = args.training
+    for key in ("spike_loss_factor", "spike_grad_norm_factor"):
+        val = getattr(t, key)
+        if not math.isfinite(val) or (val != 0 and val <= 1):
+            problems.add(f"{key}: must be 0 (off) or a finite factor > 1, got {val}")
+    for key, low in (("spike_warmup_steps", 0), ("spike_window", 1), ("spike_rollback_steps", 1)):
+        if not low <= getattr(t, key) <= _LIMIT:
+            problems.add(f"{key}: must be >= {low}, got {getattr(t, key)}")
+    if t.spike_policy == "rollback" and parallel.engine == "semi_auto":
+        problems.add("spike_policy: rollback reloads weights into a finished layout, which tensor parallelism and "
+                     "sharding stage2/stage3 do not support; use skip or stop")
+    if t.spike_policy != "none" and t.spike_loss_factor == 0 and t.spike_grad_norm_factor == 0:
+        notes.append(f"spike_policy: {t.spike_policy} with both spike factors 0 checks nothing")
+    return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
+                            t.spike_window, t.spike_rollback_steps)
+
+
 def not_yet_supported(run: RunConfig) -> list[str]:
     """Layouts `plan` can model but `train` cannot run (one message each; none today)."""
     return []
@@ -292,6 +312,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
+    spike = _spike_guard(args, parallel, problems, notes)
     for key in args.explicit:  # accepted for compatibility but without effect here
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
@@ -305,7 +326,8 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 nan_skip_limit=t.nan_skip_limit, prefetch=t.dataloader_num_workers,
                 ignore_data_skip=t.ignore_data_skip,
                 progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
-                memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops)
+                memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops,
+                async_save=t.async_save)
     return RunConfig(
         device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
         schedule=schedule,
@@ -316,4 +338,4 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
                       tuple(t.report_to or ("visualdl",))),
-        notes=tuple(notes))
+        spike=spike, notes=tuple(notes))

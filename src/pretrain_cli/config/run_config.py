@@ -219,6 +219,23 @@ class Loop:
     progress_bar: bool | None = None  # None: on a terminal only
     memory_metrics: bool = False
     peak_tflops: float | None = None
+    async_save: bool = False  # checkpoint-N/ written by a background thread (`training.async_save`)
+
+
+@dataclass(frozen=True)
+class SpikeGuardConfig:
+    """What counts as a loss spike and what happens then (`training.spike`); policy "none" watches nothing."""
+
+    policy: str = "none"  # none | skip | rollback | stop
+    loss_factor: float = 2.0  # 0: the loss is not checked
+    grad_norm_factor: float = 10.0  # 0: the gradient norm is not checked
+    warmup_steps: int = 100
+    window: int = 50
+    rollback_steps: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "none"
 
 
 @dataclass(frozen=True)
@@ -269,6 +286,7 @@ class RunConfig:
     data: DataConfig
     model: ModelSource
     output: Output
+    spike: SpikeGuardConfig = SpikeGuardConfig()
     notes: tuple = field(default=(), compare=False)
 
     @property

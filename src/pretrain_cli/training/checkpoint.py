@@ -54,15 +54,18 @@ def _inner(optimizer):
     return optimizer
 
 
-def optimizer_tensors(model, optimizer, to_numpy=None) -> dict[str, np.ndarray]:
+def optimizer_tensors(model, optimizer, to_numpy=None, contiguous: bool = True) -> dict[str, np.ndarray]:
     """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy).
 
     Read from the accumulator tables by parameter rather than by parsing Paddle's generated
     names: under O2 (`multi_precision`) the moments belong to the fp32 master copy
     (`<param>_fp32_master_0_moment1_0`), not to the parameter. Parameters this rank does not own
     (fleet's ZeRO-1) or that have no state yet are simply absent. `to_numpy` (a layout's full-tensor
-    gather, the same tensors in the same order on every rank) replaces `tensor.numpy()`.
+    gather, the same tensors in the same order on every rank) replaces `tensor.numpy()`. `contiguous=False`
+    leaves the transposed ones as views, laid out by `save_checkpoint` (in the background writer, for
+    `async_save`, rather than in the training step).
     """
+    lay_out = np.ascontiguousarray if contiguous else (lambda a: a)
     to_numpy = to_numpy or (lambda t: t.numpy())
     from pretrain_cli.models.convert import hf_param_names
 
@@ -78,10 +81,10 @@ def optimizer_tensors(model, optimizer, to_numpy=None) -> dict[str, np.ndarray]:
             if t is None:
                 continue
             arr = to_numpy(t)
-            out[f"{hf}/{short}"] = np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
+            out[f"{hf}/{short}"] = lay_out(arr.T if transpose and arr.ndim == 2 else arr)
         if p.name in master:
             arr = to_numpy(master[p.name])
-            out[f"{hf}/master"] = np.ascontiguousarray(arr.T if transpose else arr)
+            out[f"{hf}/master"] = lay_out(arr.T if transpose else arr)
     return out
 
 
@@ -147,7 +150,9 @@ def save_checkpoint(output_dir, step: int, model, model_cfg, trainer_state: dict
     try:
         tmp.mkdir(parents=True)
         save_hf(model, model_cfg, str(tmp), dtype=dtype, values=weights)
-        save_file(optimizer_state, str(tmp / OPTIMIZER_FILE), metadata={"format": "np"})
+        # transposed moments are laid out here, in the (possibly background) writer, not in the training step
+        save_file({k: np.ascontiguousarray(v) for k, v in optimizer_state.items()}, str(tmp / OPTIMIZER_FILE),
+                  metadata={"format": "np"})
         copy_tokenizer(tokenizer_dir, tmp)
         atomic.write_json(tmp / ARGS_FILE, run_args)
         atomic.write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
@@ -206,29 +211,93 @@ class Saver:
     """The trainer's `save_fn`: gather (every rank), then rank 0 writes while the others wait.
 
     The others wait on the launcher's TCP store, not in a gloo collective, whose hard 30 s timeout a
-    slow save would trip (docs/DISTRIBUTED.md).
+    slow save would trip (docs/DISTRIBUTED.md). With `async_save` the gather stays collective (every
+    rank at the same step) but rank 0 hands the host copies to a background writer
+    (`training.async_save`) and nobody waits for the write. Either way the log and metrics.jsonl say
+    how long training stood still for the save.
     """
 
     def __init__(self, out: Path, model, model_cfg, optimizer, strategy, comm, run_args, tokenizer_dir,
-                 dtype: str, limit: int | None):
+                 dtype: str, limit: int | None, async_save: bool = False):
+        from pretrain_cli.training.async_save import AsyncWriter, HostStaging
+
         self.out, self.model, self.cfg, self.optimizer = Path(out), model, model_cfg, optimizer
         self.strategy, self.comm, self.run_args = strategy, comm, run_args
         self.tokenizer_dir, self.dtype, self.limit = tokenizer_dir, dtype, limit
+        self.writer = AsyncWriter() if async_save else None
+        self.staging = HostStaging() if async_save else None
 
     def __call__(self, trainer) -> None:
-        from pretrain_cli.distributed.comm import rank0_round
+        import time
+
         from pretrain_cli.training.metrics import log
 
+        start = time.perf_counter()
         step = trainer.state.global_step
         # short collectives where the layout shards them: every rank takes part before rank 0 writes
+        waited, stage = 0.0, None
+        if self.writer is not None:  # one save in flight: its host buffers are reused below
+            self.writer.wait()
+            waited = time.perf_counter() - start
+            stage = lambda t: self.staging.copy(t.name, t)  # noqa: E731
         weights = self.strategy.gather_weights(self.model)
         opt_state = self.strategy.gather_optimizer_state(
-            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy))
+            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy or stage,
+                                                           contiguous=False))
+        if self.writer is None:
+            self._write_sync(step, weights, opt_state, trainer.state_dict())
+        elif self.strategy.parallel.is_rank0:
+            if weights is None:  # whole parameters on rank 0: copied now, since training goes on changing them
+                weights = {name: self.staging.copy(name, p) for name, p in self.model.named_parameters()}
+            state = trainer.state_dict()  # (a deep copy)
+            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, weights, opt_state, state))
+        stall = time.perf_counter() - start
+        kind = "async" if self.writer is not None else "sync"
+        extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
+        log.info(f"checkpoint-{step}: stalled {stall:.3f} s ({kind}{extra})")
+        trainer.record_event("checkpoint", {"stall_seconds": round(stall, 6), "async": self.writer is not None,
+                                            "waited_seconds": round(waited, 6)})
+
+    def _write_sync(self, step: int, weights, opt_state, state: dict) -> None:
+        from pretrain_cli.distributed.comm import rank0_round
+
         if not self.strategy.parallel.is_rank0:
             self.comm.wait_for_rank0(f"saving checkpoint-{step}")
             return
         with rank0_round(self.comm):
-            path = save_checkpoint(self.out, step, self.model, self.cfg, trainer.state_dict(), self.run_args,
-                                   opt_state, self.tokenizer_dir, dtype=self.dtype, weights=weights)
-            removed = rotate(self.out, self.limit)
+            self._write(step, weights, opt_state, state)
+
+    def _write(self, step: int, weights, opt_state, state: dict) -> None:
+        from pretrain_cli.training.metrics import log
+
+        path = save_checkpoint(self.out, step, self.model, self.cfg, state, self.run_args, opt_state,
+                               self.tokenizer_dir, dtype=self.dtype, weights=weights)
+        removed = rotate(self.out, self.limit)
         log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))
+
+    def wait(self) -> None:
+        """The end of training and a signal stop: the write in flight is published (or its error raised)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def reload_newest(self) -> tuple[Path | None, dict | None]:
+        """Every rank: weights and optimizer state of the newest complete checkpoint (a rollback); returns
+        (its path, its trainer state), or (None, None) when there is none. Rank 0 finishes the write in
+        flight first and names the checkpoint; the others take the same one."""
+        from pretrain_cli.distributed.comm import rank0_round
+        from pretrain_cli.models.convert import load_weights
+        from pretrain_cli.run_dir import latest_checkpoint
+
+        if self.strategy.parallel.is_rank0:
+            with rank0_round(self.comm):
+                self.wait()
+                path = self.comm.agree_on_resume(latest_checkpoint(self.out))
+        else:
+            self.comm.wait_for_rank0("finishing the checkpoint to roll back to")
+            path = self.comm.agree_on_resume(None)
+        if path is None:
+            return None, None
+        state = read_state(path)
+        load_weights(self.model, self.cfg, str(path))
+        load_optimizer(self.model, self.optimizer, path / OPTIMIZER_FILE)
+        return path, state

@@ -15,6 +15,7 @@ from pretrain_cli.training import checkpoint, metrics
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
+from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.trainer import NonFiniteError, Trainer
 
 
@@ -38,7 +39,7 @@ def run(spec) -> int:
     trainer.throughput = build_throughput(spec)
     trainer.save_fn = checkpoint.Saver(r.output.output_dir, trainer.raw_model, spec.model_cfg, trainer.optimizer,
                                        trainer.strategy, comm, spec.record(), spec.tokenizer_dir,
-                                       r.precision.param_dtype, r.loop.save_total_limit)
+                                       r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save)
     if state is not None:
         trainer.load_state_dict(state)
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
@@ -66,7 +67,8 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
         checkpoint.load_optimizer(raw_model, optimizer, resume / run_dir.OPTIMIZER_FILE)
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
                       max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
-                      parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp)
+                      parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp,
+                      spike=run.spike)
     trainer.raw_model = raw_model
     return trainer
 
@@ -137,7 +139,9 @@ def finish(spec, trainer, comm) -> int:
     results = {}
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
-            if trainer.train()["stopped_by_signal"]:
+            stopped = trainer.train()["stopped_by_signal"]
+            _wait_for_saves(trainer)  # the last checkpoint is on disk before anything else happens
+            if stopped:
                 log.warning(stop_message(spec, trainer.state.global_step))
                 watchdog.stop()
                 comm.wait_until_seen()
@@ -149,8 +153,9 @@ def finish(spec, trainer, comm) -> int:
             results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
         if r.loop.do_predict:
             results.update(trainer.evaluate("test"))
-    except (NonFiniteError, UserError) as e:  # every rank stops here together: not a death
+    except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
         watchdog.stop()
+        _wait_for_saves(trainer, quiet=True)
         raise UserError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
@@ -171,6 +176,20 @@ def finish(spec, trainer, comm) -> int:
         export.write_final(spec, trainer.raw_model, trainer, results, weights)
     comm.wait_until_seen()
     return 0
+
+
+def _wait_for_saves(trainer, quiet: bool = False) -> None:
+    """An asynchronous save in flight is published before the run moves on or ends (its error raised,
+    unless the run is already failing for another reason)."""
+    wait = getattr(trainer.save_fn, "wait", None)
+    if wait is None:
+        return
+    try:
+        wait()
+    except Exception as e:
+        if not quiet:
+            raise
+        log.warning(f"the checkpoint being written in the background failed too: {e}")
 
 
 def stop_message(spec, step: int) -> str:

@@ -21,6 +21,7 @@ from pretrain_cli.data.loader import BatchIterator, batch_hash
 from pretrain_cli.ops.loss import causal_lm_loss, loss_kernel
 from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
+from pretrain_cli.training.spike import SpikeGuard, handle_spike
 
 
 class NonFiniteError(Exception):
@@ -35,6 +36,9 @@ class TrainerState:
     skipped_steps: int = 0
     consecutive_skips: int = 0
     skipped_batches: list = field(default_factory=list)  # consumed_samples where a skipped step's batch began
+    # (non-finite and spike skips behind; rollback windows possibly ahead: the loop jumps over them)
+    spike_stats: dict = field(default_factory=dict)  # running means of the spike guard (training.spike)
+    rollbacks: list = field(default_factory=list)  # {"spike_step", "checkpoint_step", "window": [start, end)}
     train_seconds: float = 0.0  # summed over restarts (goodput)
     last_batch_hash: str = ""
     loss_sum: float = 0.0  # sum of per-step losses, for the run's mean train_loss
@@ -45,12 +49,14 @@ class TrainerState:
 
 class Trainer:
     def __init__(self, model, optimizer, splits, *, loop, schedule, max_grad_norm: float, seq_len: int, parallel,
-                 device: str, strategy, comm, amp, throughput=None, writer=None, save_fn=None):
+                 device: str, strategy, comm, amp, throughput=None, writer=None, save_fn=None, spike=None):
         self.model, self.optimizer, self.splits = model, optimizer, splits
         self.loop, self.schedule, self.max_grad_norm, self.seq_len = loop, schedule, max_grad_norm, seq_len
         self.parallel, self.device = parallel, device
         self.strategy, self.comm, self.amp = strategy, comm, amp
         self.throughput, self.writer, self.save_fn = throughput, writer, save_fn
+        self.spike = SpikeGuard(spike) if spike is not None and spike.enabled else None
+        self.spike_reason = None  # why train_step's update was withheld as a spike
         self.raw_model = model  # the unwrapped model (checkpoints read it); `assemble` sets it
         self.state = TrainerState()
         self.last_eval: dict = {}
@@ -86,7 +92,8 @@ class Trainer:
             self.strategy.clip(self.model, self.max_grad_norm / (norm + 1e-6))
 
     def train_step(self, batches) -> tuple[float, float, bool]:
-        """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied)."""
+        """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied). Not applied: a
+        non-finite step, or a spike (`spike_reason` says why)."""
         acc = self.loop.grad_accum
         self.optimizer.set_lr(self.schedule.lr_at(self.state.global_step + 1))
         total = None
@@ -114,6 +121,14 @@ class Trainer:
             self.optimizer.clear_grad()
             self.amp.skip(self.optimizer)
             return loss_v, norm_v, False
+        if self.spike is not None:
+            global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
+            self.spike_reason = self.spike.check(self.state.spike_stats, global_loss, norm_v)
+            if self.spike_reason is not None:
+                self.optimizer.clear_grad()
+                self.amp.skip(self.optimizer)
+                return loss_v, norm_v, False
+            self.spike.accept(self.state.spike_stats, global_loss, norm_v)
         self._clip(norm_v)
         self.amp.step(self.optimizer, self.strategy.step)
         self.optimizer.clear_grad()
@@ -129,19 +144,27 @@ class Trainer:
         return lambda: [signal.signal(s, h) for s, h in old.items()]
 
     def train(self) -> dict:
-        lp, p = self.loop, self.parallel
+        lp = self.loop
         restore = self._install_signal_handlers()
-        batches = BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, p.data_rank,
-                                p.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
+        batches = self._open_batches()
         self.model.train()
         start = time.perf_counter()
         stopped_by_signal, reported = False, False
         bar = self._progress_bar()
         try:
             while self.state.global_step < lp.max_steps:
+                if self._skip_ahead():  # a rolled-back window starts here: jump over it
+                    batches.close()
+                    batches = self._open_batches()
                 first_sample = self.state.consumed_samples
                 loss, norm, applied = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
+                if not applied and self.spike_reason is not None:
+                    if handle_spike(self, self.spike_reason, loss, norm, first_sample):
+                        batches.close()
+                        batches = self._open_batches()
+                    self.spike_reason = None
+                    continue
                 if not applied:
                     self._non_finite(loss, norm, first_sample)
                     continue
@@ -173,6 +196,21 @@ class Trainer:
             if bar is not None:
                 bar.close()
         return {"stopped_by_signal": stopped_by_signal}
+
+    def _open_batches(self) -> BatchIterator:
+        lp, p = self.loop, self.parallel
+        return BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, p.data_rank,
+                             p.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
+
+    def _skip_ahead(self) -> bool:
+        """Move past recorded batches that must not be trained (rollback windows); True if it moved."""
+        s, moved = self.state, False
+        if s.rollbacks and s.skipped_batches and max(s.skipped_batches) >= s.consumed_samples:
+            pending = set(s.skipped_batches)
+            while s.consumed_samples in pending:
+                s.consumed_samples += self.global_batch
+                moved = True
+        return moved
 
     def _account(self, loss: float) -> None:
         s = self.state
@@ -243,6 +281,11 @@ class Trainer:
         s.interval_loss, s.interval_steps = 0.0, 0
         log.info(format_line(values))
         self._record("train", values)
+
+    def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
+        """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""
+        if self.writer is not None:
+            self.writer.write(kind, self.state.global_step if step is None else step, values)
 
     def _record(self, kind: str, values: dict) -> None:
         self.state.log_history.append({"kind": kind, "step": self.state.global_step, **values})

@@ -1,0 +1,83 @@
+"""The background checkpoint writer behind `async_save: true`.
+
+A save stalls training only for the gather and the copy of weights and optimizer state to host
+memory (numpy, owned by the snapshot); one thread then writes `checkpoint-N/` through the same
+`checkpoint.save_checkpoint` (temporary directory, fsync, one rename) as a synchronous save, so a
+directory named `checkpoint-N` is complete by construction whichever thread wrote it, and a kill -9
+mid-write leaves only `checkpoint-N.tmp/`, which the next start removes.
+
+At most one save is in flight: the next `submit` first waits for the previous one (torchtitan and
+Megatron do the same; two would double the host memory). A writer's error is kept and raised in the
+training thread at the next `submit` or `wait`, so it surfaces as the CLI's one line (an `OSError`
+naming the file) rather than as a dead thread.
+"""
+from __future__ import annotations
+
+import threading
+
+
+class AsyncWriter:
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.pending: str | None = None  # what the thread in flight writes (for messages)
+
+    def submit(self, what: str, fn) -> float:
+        """Start `fn()` in the background once the previous write is done; returns the seconds spent waiting."""
+        import time
+
+        start = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - start
+        self.pending = what
+
+        def work():
+            try:
+                fn()
+            except BaseException as e:  # raised in the training thread by the next submit / wait
+                self._error = e
+
+        self._thread = threading.Thread(target=work, name=f"save {what}", daemon=True)
+        self._thread.start()
+        return waited
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is published; raise its error, if it had one."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        self.pending = None
+        if error is not None:
+            raise error
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+class HostStaging:
+    """Host buffers for the snapshot, allocated at the first save and reused by every later one.
+
+    Copying into an existing buffer (`paddle.assign`) is ~4x faster than `Tensor.numpy()`, which allocates
+    (and page-faults) fresh memory at every save: 0.2 s against 0.8 s for 450 MiB on the 2-core CI
+    machine. The numpy arrays handed to the writer are views of these buffers (DLPack, no copy); reusing
+    them is safe because a save first waits for the previous write. Tensors not on the CPU or not fp32
+    (bf16 has no numpy dtype) are copied with `.numpy()`.
+    """
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def copy(self, key: str, tensor):
+        import numpy as np
+        import paddle
+
+        if not (tensor.place.is_cpu_place() and tensor.dtype == paddle.float32):
+            return tensor.numpy()
+        held = self._bufs.get(key)
+        if held is None or list(held[0].shape) != list(tensor.shape):
+            buf = paddle.empty(tensor.shape, dtype=tensor.dtype)
+            held = self._bufs[key] = (buf, np.from_dlpack(buf))
+        paddle.assign(tensor, output=held[0])
+        return held[1]

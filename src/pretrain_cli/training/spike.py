@@ -1,0 +1,112 @@
+"""The loss-spike guard: running means of the loss and gradient norm, and what a spike does.
+
+A spike is a finite step whose loss (or gradient norm) exceeds a factor times its running mean,
+once `warmup_steps` accepted steps have been seen. The means are exponential moving averages of the
+accepted steps only (weight 1/window; the plain mean until `window` steps exist), so a spike never
+raises the bar for the next one. They live in `TrainerState.spike_stats` (JSON floats round-trip
+exactly), so a resumed run judges the next step exactly as the uninterrupted run would.
+
+The values judged are global: the gradient norm already is (`Strategy.grad_norm`), the loss is
+averaged over the ranks (`Comm.mean`, a no-op in one process), so every rank reaches the same
+verdict at the same step and takes the same branch (a skip on one rank alone would desynchronise
+the replicas).
+
+Policies: `skip` drops the update and consumes the batch (like `nan_policy: skip`); `rollback`
+reloads the newest checkpoint and marks the batches that produced the spike as skipped, so a replay
+(and any later resume, which reads `skipped_batches` from the checkpoint) jumps over them; `stop`
+ends the run without saving anything new. Megatron and OLMo-core detect spikes; PaLM (§5.1)
+recovers from them by exactly this rollback-and-skip.
+"""
+from __future__ import annotations
+
+from pretrain_cli.training.metrics import log
+
+
+class SpikeError(Exception):
+    """A spike under `spike_policy: stop`, or a second rollback at the same step."""
+
+
+class SpikeGuard:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def check(self, stats: dict, loss: float, norm: float) -> str | None:
+        """Why this step is a spike (one phrase), or None."""
+        c = self.cfg
+        if stats.get("n", 0) < max(c.warmup_steps, 1):
+            return None
+        reasons = []
+        if c.loss_factor and loss > c.loss_factor * stats["loss"]:
+            reasons.append(f"loss {loss:.4g} > {c.loss_factor:g} x mean {stats['loss']:.4g}")
+        if c.grad_norm_factor and norm > c.grad_norm_factor * stats["grad_norm"]:
+            reasons.append(f"grad norm {norm:.4g} > {c.grad_norm_factor:g} x mean {stats['grad_norm']:.4g}")
+        return " and ".join(reasons) or None
+
+    def accept(self, stats: dict, loss: float, norm: float) -> None:
+        """Fold an applied step into the running means."""
+        n = stats.get("n", 0) + 1
+        w = min(n, self.cfg.window)
+        stats["loss"] = stats.get("loss", 0.0) + (loss - stats.get("loss", 0.0)) / w
+        stats["grad_norm"] = stats.get("grad_norm", 0.0) + (norm - stats.get("grad_norm", 0.0)) / w
+        stats["n"] = n
+
+
+def handle_spike(trainer, reason: str, loss: float, norm: float, first_sample: int) -> bool:
+    """Apply the policy to the spike of step `global_step + 1` whose batch began at `first_sample`.
+    Returns True when the trainer's state was reloaded (the caller reopens its data iterator)."""
+    s, cfg = trainer.state, trainer.spike.cfg
+    step = s.global_step + 1
+    event = {"policy": cfg.policy, "reason": reason, "loss": loss, "grad_norm": norm,
+             "loss_mean": s.spike_stats.get("loss"), "grad_norm_mean": s.spike_stats.get("grad_norm"),
+             "first_sample": first_sample}
+    if cfg.policy == "stop":
+        trainer.record_event("spike", {**event, "action": "stop"}, step)
+        raise SpikeError(f"step {step}: loss spike ({reason}); stopped without saving (the last checkpoint is "
+                         f"intact). Lower learning_rate, check the data at this step (inspect-data --step {step}), "
+                         f"or set spike_policy: skip or rollback")
+    if cfg.policy == "skip":
+        s.skipped_steps += 1
+        s.consecutive_skips += 1
+        s.skipped_batches.append(first_sample)
+        trainer.record_event("spike", {**event, "action": "skip"}, step)
+        log.warning(f"step {step}: loss spike ({reason}); update skipped, batch consumed "
+                    f"({s.consecutive_skips} in a row, {s.skipped_steps} skipped in total)")
+        if s.consecutive_skips >= trainer.loop.nan_skip_limit:
+            raise SpikeError(f"step {step}: {s.consecutive_skips} consecutive skipped steps (nan_skip_limit "
+                             f"{trainer.loop.nan_skip_limit}); the loss level has moved, not spiked: stopped")
+        return False
+    return _rollback(trainer, reason, event, first_sample, step)
+
+
+def _rollback(trainer, reason: str, event: dict, first_sample: int, step: int) -> bool:
+    s = trainer.state
+    earlier = list(s.rollbacks)
+    if any(r["spike_step"] == step for r in earlier):
+        trainer.record_event("spike", {**event, "action": "stop"}, step)
+        raise SpikeError(f"step {step}: loss spike ({reason}) again after a rollback to the same step; the "
+                         f"cause is not the skipped data: stopped. Lower learning_rate or resume from an earlier "
+                         f"checkpoint with a larger spike_rollback_steps")
+    path, state = trainer.save_fn.reload_newest() if trainer.save_fn is not None else (None, None)
+    if path is None:
+        trainer.record_event("spike", {**event, "action": "stop"}, step)
+        raise SpikeError(f"step {step}: loss spike ({reason}) but there is no checkpoint to roll back to; "
+                         f"stopped. Save more often (save_steps) or set spike_policy: skip")
+    gb = trainer.global_batch
+    start = max(state["consumed_samples"], first_sample - (trainer.spike.cfg.rollback_steps - 1) * gb)
+    window = list(range(start, first_sample + gb, gb))
+    record = {"spike_step": step, "checkpoint_step": state["global_step"], "window": [start, first_sample + gb]}
+    seconds, history = s.train_seconds, s.log_history  # this process's time and log are not undone
+    trainer.load_state_dict(state)
+    s = trainer.state
+    s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
+    # every window rolled back over so far stays skipped: an earlier one may lie past this checkpoint too
+    skipped = set(s.skipped_batches) | set(window)
+    for r in earlier:
+        skipped |= set(range(r["window"][0], r["window"][1], gb))
+    s.skipped_batches = sorted(skipped)
+    s.rollbacks = earlier + [record]
+    trainer.record_event("spike", {**event, "action": "rollback", "checkpoint_step": state["global_step"],
+                                   "skipped_samples": record["window"]}, step)
+    log.warning(f"step {step}: loss spike ({reason}); rolled back to {path.name}, skipping global samples "
+                f"[{start}, {first_sample + gb}) ({len(window)} batch{'es' if len(window) > 1 else ''})")
+    return True

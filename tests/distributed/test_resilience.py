@@ -1,0 +1,118 @@
+"""Resilience with several processes: automatic restart, and the loss-spike guard's rollback.
+
+Automatic restart: `MAX_RESTART=1 NPROC=2 scripts/launch.sh cfg.json`, one rank killed with SIGKILL from
+here once a checkpoint exists. The job must come back by itself, resume from the newest checkpoint (not
+step 0, not refuse the non-empty output_dir), finish at max_steps, and log the same losses and end with
+the same weights as an uninterrupted 2-process run (which saves synchronously: the restarted job uses
+`async_save`, so its data-parallel checkpoints come from rank 0's background writer).
+
+Paddle 3.3.1's own `--max_restart` only acts with an etcd master (`CollectiveElasticController`); with the
+default master a failed rank stops the pod and the launcher exits, so `launch.sh` is the restart loop.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+
+from launch_helpers import REPO, TOL, assert_close_tensors, child_env, launch, read_weights, write_config
+
+STEPS, SAVE = 40, 10
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of training rank `rank` of the job whose environment carries `marker`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if (f"PCLI_RESTART_TEST={marker}".encode() in env and f"PADDLE_TRAINER_ID={rank}".encode() in env
+                and b"run_pretrain.py" in cmd):
+            return int(pid)
+    return None
+
+
+def _losses(out) -> dict:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").open()) if r["kind"] == "train"}
+
+
+def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp_path):
+    ref_cfg = write_config(tmp_path / "ref.json", corpus, tmp_path / "ref",
+                           max_steps=STEPS, save_steps=SAVE)
+    ref = launch(ref_cfg, tmp_path / "ref_log", timeout=300)
+    assert ref.returncode == 0, ref.explain()
+
+    # overwrite_output_dir: true, as in every distributed test here; checkpoints written in the background
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE,
+                       async_save=True)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
+               PCLI_RESTART_TEST=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the job ended"
+            time.sleep(0.05)
+        pid = _rank_pid(marker, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log0 = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
+    assert proc.returncode == 0, f"{err[-3000:]}\n{log0[-3000:]}"
+    assert "launch.sh: the job failed" in err and "restart 1 of 1" in err
+    m = re.search(r"resumed from \S+/checkpoint-(\d+) at step (\d+)", log0)
+    assert m and m.group(1) == m.group(2) and SAVE <= int(m.group(1)) < STEPS, log0[-3000:]
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS
+    got, want = _losses(tmp_path / "out"), _losses(tmp_path / "ref")
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for s in want:
+        assert abs(got[s] - want[s]) <= TOL, (s, got[s], want[s])
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(tmp_path / "ref"))
+
+
+def _poisoned_corpus(prefix) -> None:
+    """tests/e2e/test_train_spikes.py's corpus: one repeating pattern, and one document of ids seen nowhere else,
+    which lands in step 17 at a global batch of 4."""
+    from pretrain_cli.data.indexed import IndexedDatasetWriter
+
+    rng = np.random.default_rng(5)
+    w = IndexedDatasetWriter(str(prefix))
+    for _ in range(300):
+        start, n = int(rng.integers(3, 40)), int(rng.integers(40, 90))
+        w.add_item(((start + np.arange(n)) % 37 + 3).astype(np.uint16))
+        w.end_document()
+    w.add_item(rng.integers(300, 500, size=100).astype(np.uint16))
+    w.end_document()
+    w.finalize()
+
+
+def test_spike_rollback_is_the_same_decision_on_every_rank(tmp_path):
+    """Data parallel, 2 ranks x batch 2: both judge the global loss, both roll back at step 17 to checkpoint-15
+    (rank 0 names it, the other takes the same one) and finish."""
+    _poisoned_corpus(tmp_path / "data" / "c")
+    cfg = write_config(tmp_path / "cfg.json", tmp_path / "data" / "c", tmp_path / "out", max_steps=20,
+                       save_steps=5, per_device_train_batch_size=2, learning_rate=0.02, split="100,0,0",
+                       lr_scheduler_type="constant", spike_policy="rollback", spike_loss_factor=1.5,
+                       spike_warmup_steps=8, spike_window=5)
+    run = launch(cfg, tmp_path / "log", timeout=300)
+    assert run.returncode == 0, run.explain()
+    for rank in (0, 1):
+        assert "step 17: loss spike (loss" in run.log(rank), run.explain()
+        assert "rolled back to checkpoint-15, skipping global samples [64, 68)" in run.log(rank)
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == 20 and state["skipped_batches"] == [64]
+    assert state["rollbacks"] == [{"spike_step": 17, "checkpoint_step": 15, "window": [64, 68]}]
