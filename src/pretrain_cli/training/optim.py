@@ -46,6 +46,12 @@ class FusedAdamW:
     def __getattr__(self, name):
         return getattr(self._inner_opt, name)
 
+    def clear_grad(self, set_to_zero: bool = False) -> None:
+        """Drop the gradients instead of zero-filling them: Paddle's next backward replaces a zero-filled
+        gradient with a new tensor anyway, so the fill was a wasted pass over every gradient. (A parameter
+        that then gets no gradient is skipped by `step`; every parameter of our models gets one each step.)"""
+        self._inner_opt.clear_grad(set_to_zero=set_to_zero)
+
     def step(self, grad_scale: float = 1.0) -> None:
         import paddle
 
