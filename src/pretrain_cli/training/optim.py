@@ -35,9 +35,9 @@ def build_optimizer(model, optimizer_cfg, schedule, multi_precision: bool = Fals
 
 class FusedAdamW:
     """Paddle's AdamW stepped by one multi-tensor kernel: its accumulators, their names and the checkpoint
-    code stay Paddle's (the AdamW is `_inner_opt`, as under fleet's wrappers); only `step` differs, bit for bit
-    the same arithmetic, with the clipping coefficient applied inside (`grad_scale`) instead of a pass of
-    its own. Everything else (`set_lr`, `clear_grad`, state) is the inner optimizer's."""
+    code stay Paddle's (the AdamW is `_inner_opt`, as under fleet's wrappers); `step` is the same arithmetic
+    with the clipping coefficient applied inside (`grad_scale`) instead of a pass of its own, and
+    `clear_grad` drops the gradients. Everything else (`set_lr`, state) is the inner optimizer's."""
 
     def __init__(self, inner, kernel):
         self._inner_opt, self._kernel = inner, kernel
