@@ -217,6 +217,92 @@ def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():
 
 
 # ------------------------------------------------------------------------------ selection
+def _threads(n: int) -> None:
+    paddle.base.core.set_num_threads(n)  # the OpenMP runtime the kernels share with MKL
+
+
+def test_attention_backward_with_one_kv_head_is_parallel_and_the_same_on_any_thread_count():
+    """Batch 1 with one KV head is one (batch, KV head) item: its query blocks are sliced over the threads
+    (each slice with its own dK/dV, added in a fixed order), so 1, 2 and 3 threads give the same bits."""
+    q = RNG.standard_normal((1, 300, 4, 10)).astype("float32")  # 5 query blocks, GQA 4:1
+    k = RNG.standard_normal((1, 300, 1, 10)).astype("float32")
+    v = RNG.standard_normal((1, 300, 1, 10)).astype("float32")
+    start = paddle.to_tensor(_doc_start(300, [0, 3, 64, 200]))
+    paths = {"causal": kernels.attention_cpu, "document": lambda a, b, c: kernels.attention_cpu_document(a, b, c, start)}
+    before = int(os.environ.get("OMP_NUM_THREADS", "1"))  # what `runtime` set before the import
+    try:
+        for name, fn in paths.items():
+            grads = []
+            for n in (1, 2, 3):
+                _threads(n)
+                ts = [_t(a) for a in (q, k, v)]
+                y = fn(*ts)
+                g = paddle.to_tensor(np.random.default_rng(9).standard_normal(y.shape).astype("float32"))
+                grads.append([x.numpy() for x in paddle.grad([y], ts, [g])])
+            for other in grads[1:]:
+                assert all(np.array_equal(a, b) for a, b in zip(grads[0], other)), name
+    finally:
+        _threads(before)
+    ref = lambda a, b, c: kernels.attention_math(a, b, c, start)  # noqa: E731
+    _check(paths["document"], ref, [q, k, v], atol=1e-5)
+    _check(paths["causal"], kernels.attention_math, [q, k, v], atol=1e-5)
+
+
+def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
+    """`adamw_cpu` with decay exclusions and a clipping coefficient against Paddle's AdamW after `scale_`
+    (bit for bit where the code paths agree, as on the AVX-512 and reference paths checked here), and the
+    global norm against float64; 1 and 3 threads give the same bits."""
+    shapes = [(40, 37), (37,), (300, 70), (5,), (20000,)]  # odd sizes: vector tails; > one 16Ki chunk
+    decay = [True, False, True, False, True]
+
+    def params():
+        return [paddle.create_parameter(list(s), "float32") for s in shapes]
+
+    def run(threads):
+        _threads(threads)
+        ref, fused = params(), params()
+        for a, b, s in zip(ref, fused, shapes):
+            init = np.random.default_rng(s[0]).standard_normal(s).astype("float32")
+            a.set_value(init)
+            b.set_value(init)
+        names = {p.name: d for p, d in zip(ref, decay)}
+        opt_ref = paddle.optimizer.AdamW(learning_rate=0.0, parameters=ref, beta1=0.9, beta2=0.95, weight_decay=0.1,
+                                         apply_decay_param_fun=lambda n: names[n])
+        opt = paddle.optimizer.AdamW(learning_rate=0.0, parameters=fused, beta1=0.9, beta2=0.95, weight_decay=0.1)
+        opt._create_accumulators(paddle.static.default_main_program().global_block(), fused)
+        norms = []
+        for step in range(6):
+            lr, coef = 3e-3 * (step + 1), (0.37 if step % 2 else 1.0)
+            grads = [np.random.default_rng(100 + 10 * step + i).standard_normal(s).astype("float32")
+                     for i, s in enumerate(shapes)]
+            for a, b, g in zip(ref, fused, grads):
+                a.grad, b.grad = paddle.to_tensor(g), paddle.to_tensor(g)
+            norms.append((float(kernels.global_sq_norm_cpu([b.grad for b in fused])),
+                          sum(float(np.square(g.astype(np.float64)).sum()) for g in grads)))
+            opt_ref.set_lr(lr)
+            with paddle.no_grad():
+                for a in ref:
+                    a.grad.scale_(coef)
+            opt_ref.step()
+            state = [[opt._get_accumulator_master(key, p) for p in fused]
+                     for key in ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc")]
+            kernels.adamw_cpu(fused, [p.grad for p in fused], *state, decay, lr, 0.9, 0.95, 1e-8, 0.1, coef)
+        return [p.numpy() for p in ref], [p.numpy() for p in fused], norms
+
+    before = int(os.environ.get("OMP_NUM_THREADS", "1"))  # what `runtime` set before the import
+    try:
+        want, got, norms = run(1)
+        _, got3, norms3 = run(3)
+    finally:
+        _threads(before)
+    for a, b, c in zip(want, got, got3):
+        np.testing.assert_allclose(b, a, atol=1e-7, rtol=1e-6)
+        assert np.array_equal(b, c)
+    assert norms == norms3
+    for mine, exact in norms:
+        assert mine == pytest.approx(exact, rel=1e-6)
+
+
 def test_cpu_selection_uses_the_fused_kernels_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -250,6 +336,20 @@ def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):
     msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
     assert len(msgs) == 1 and "g++ not found" in msgs[0]
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
+    with pytest.warns(RuntimeWarning, match="fused AdamW step needs the fused CPU kernels.*g\\+\\+ not found"):
+        step = kernels.select_step(kernels.Request(), "cpu")
+    assert step.adamw is None and step.global_sq_norm is kernels.global_sq_norm_reference
+
+
+def test_step_selection_follows_the_run_configuration():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused = kernels.select_step(kernels.Request(), "cpu")
+        paddle_step = kernels.select_step(kernels.Request(optimizer="paddle"), "cpu")
+        no_cpu_ops = kernels.select_step(kernels.Request(cpu_ops=False), "cpu")
+    assert (fused.name, fused.adamw, fused.global_sq_norm) == ("fused_cpu", kernels.adamw_cpu,
+                                                               kernels.global_sq_norm_cpu)
+    assert paddle_step.adamw is None and no_cpu_ops.adamw is None
 
 
 BUILD_PROBE = r"""

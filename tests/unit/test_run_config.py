@@ -36,6 +36,22 @@ def test_kernels_run_what_the_run_config_asked_for():
     assert flash_path.attention is kernels.attention_cpu  # block-causal, never holds the scores
 
 
+@pytest.mark.parametrize("flags,world,device,want", [
+    ([], 1, "cpu", "fused"),  # one process, fp32, CPU: the multi-tensor AdamW
+    ([], 2, "cpu", "fused"),  # plain data parallel: every rank holds whole gradients after the all-reduce
+    (["--cpu_fused_optimizer", "false"], 1, "cpu", "paddle"),
+    (["--cpu_fused_ops", "false"], 1, "cpu", "paddle"),  # the kernel is one of the fused CPU kernels
+    (["--sharding", "stage1"], 2, "cpu", "paddle"),  # fleet's ZeRO-1 updates its own shard
+    (["--sharding", "stage2"], 2, "cpu", "paddle"),  # semi-auto's shard_optimizer
+    (["--tensor_parallel_degree", "2"], 2, "cpu", "paddle"),
+    (["--bf16"], 1, "gpu", "paddle"),  # the GPU keeps Paddle's optimizer
+    ([], 1, "gpu", "paddle"),
+])
+def test_the_fused_optimizer_runs_only_where_it_is_paddles_adamw(flags, world, device, want):
+    run = resolve_run("--device", device, *flags, world=world, device=device, gpu_name="A100-80GB")
+    assert run.kernels.optimizer == want
+
+
 def test_plan_models_the_attention_and_recompute_that_train_runs(tmp_path):
     import json
 

@@ -246,6 +246,11 @@ class TrainingArguments:
         "cross-entropy), compiled with g++ on first use; false = Paddle's own ops.", "extension",
     )
     to_static: bool = _f(False, "Compile the forward with paddle.jit.to_static (SOT); same losses, faster on CPU.", "extension")
+    cpu_fused_optimizer: bool = _f(
+        True, "On CPU, fp32, one process or plain data parallel, with cpu_fused_ops: the gradient norm, clipping and "
+        "AdamW as one threaded pass over all parameters (Paddle's AdamW arithmetic, its optimizer state); "
+        "false = Paddle's per-parameter AdamW kernels.", "extension",
+    )
 
 
 SECTIONS = (("model", ModelArguments), ("data", DataArguments), ("training", TrainingArguments))

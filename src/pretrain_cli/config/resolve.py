@@ -174,6 +174,16 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
                         cpu_ops=t.cpu_fused_ops, to_static=t.to_static)
 
 
+def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
+    """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
+    scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
+    tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
+    t = args.training
+    fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
+             and parallel.engine in ("single", "data_parallel"))
+    return "fused" if fused else "paddle"
+
+
 def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,
               problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
@@ -305,6 +315,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps

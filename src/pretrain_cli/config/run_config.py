@@ -120,6 +120,9 @@ class KernelConfig:
     swiglu: str = "reference"
     cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
     to_static: bool = False
+    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
+    # parallel); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, tensor parallel)
+    optimizer: str = "paddle"
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ def vocab_parallel(parallel, model_cfg) -> bool:
 class SemiAuto(Strategy):
     global_batch = True
 
-    def __init__(self, parallel, device: str = "cpu"):
-        super().__init__(parallel, device)
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        super().__init__(parallel, device, step_kernels)
         self.hook = device == "cpu"
         stage = f"ZeRO-{parallel.zero_stage}" if parallel.zero_stage else "no sharding"
         self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"

@@ -43,7 +43,8 @@ def init_process_group(parallel, seed: int = 0) -> None:
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
 
 
-def build_strategy(parallel, device: str = "cpu") -> Strategy:
-    """The strategy for `parallel.engine` (decided in config, modelled by planning.memory)."""
+def build_strategy(parallel, device: str = "cpu", step_kernels=None) -> Strategy:
+    """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
+    (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto}
-    return engines[parallel.engine](parallel, device)
+    return engines[parallel.engine](parallel, device, step_kernels)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 
+from pretrain_cli.ops.kernels import StepKernels
 
 
 def _nbytes(t) -> int:
@@ -34,8 +35,12 @@ class Strategy:
     name = "single process"
     global_batch = False  # True: each rank's batch is declared a piece of one global batch (semi-auto)
 
-    def __init__(self, parallel, device: str = "cpu"):
+    def __init__(self, parallel, device: str = "cpu", step_kernels: StepKernels | None = None):
+        """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
+        only records the coefficient and `step` hands it to the update."""
         self.parallel, self.device = parallel, device
+        self.step_kernels = step_kernels or StepKernels()
+        self._clip_coef = 1.0
 
     # ------------------------------------------------------------------ building
     def place(self, model):
@@ -66,22 +71,20 @@ class Strategy:
         return list(model.parameters())
 
     def grad_norm(self, model):
-        """The global gradient L2 norm as a 0-D dense tensor (fp32), the same on every rank.
-
-        One `squared_l2_norm` kernel per parameter (what Paddle's ClipGradByGlobalNorm uses) instead of
-        square + sum and a full-size temporary."""
+        """The global gradient L2 norm as a 0-D dense tensor (fp32), the same on every rank: a `squared_l2_norm`
+        per parameter (what Paddle's ClipGradByGlobalNorm uses), or the fused step's one pass over all."""
         import paddle
 
-        sq_l2 = paddle._C_ops.squared_l2_norm
-        squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32"))
-                   for g in (p.grad for p in self.grad_params(model)) if g is not None]
-        sq = paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
-        return paddle.sqrt(self.global_norm_sq(sq))
+        grads = [p.grad for p in self.grad_params(model) if p.grad is not None]
+        return paddle.sqrt(self.global_norm_sq(self.step_kernels.global_sq_norm(grads)))
 
     def global_norm_sq(self, sq):
         return sq
 
     def clip(self, model, coef: float) -> None:
+        if self.step_kernels.adamw is not None:  # the fused update scales the gradients as it reads them
+            self._clip_coef = coef
+            return
         import paddle
 
         with paddle.no_grad():
@@ -90,7 +93,11 @@ class Strategy:
                     p.grad.scale_(coef)
 
     def step(self, optimizer) -> None:
-        optimizer.step()
+        if self.step_kernels.adamw is None:
+            optimizer.step()
+            return
+        optimizer.step(grad_scale=self._clip_coef)
+        self._clip_coef = 1.0
 
     def to_host(self, tensor):
         """A scalar the step computed, as a dense tensor whose value is the global one."""

@@ -25,8 +25,9 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm_mlp.cc", "attention.cc", "loss.cc")  # + common.h, which all of them include
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-w",
+SOURCES = ("norm_mlp.cc", "attention.cc", "loss.cc", "optim.cc")  # + common.h, which all of them include
+# -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
+CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
             "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
 _STATE: dict = {}  # "ops": the loaded namespace, or "error": why not
 
@@ -160,6 +161,17 @@ class _Ops:
         """Per-row loss `[N]` (0 for ignored rows) from logits `[N, V]` and int64 labels `[N]`."""
         return self._run("pcl_cross_entropy", logits, labels, int(ignore_index))[0]
 
+    def global_sq_norm(self, tensors):
+        """Σ of squares over every (fp32, contiguous) tensor of the list: `[1]` fp32."""
+        return self._run("pcl_global_sq_norm", list(tensors))[0]
+
+    def adamw(self, params, grads, moment1, moment2, beta1_pow, beta2_pow, decay, lr, beta1, beta2, epsilon, coeff,
+              grad_scale):
+        """In-place AdamW over all parameters (lists, one entry per parameter; `decay` 0/1 per parameter)."""
+        self._run("pcl_adamw", list(params), list(grads), list(moment1), list(moment2), list(beta1_pow),
+                  list(beta2_pow), [int(d) for d in decay], float(lr), float(beta1), float(beta2), float(epsilon),
+                  float(coeff), float(grad_scale))
+
 
 def load():
     """The fused CPU ops, or None (reason in `load_error()`); built on first use, then cached."""
@@ -199,6 +211,21 @@ def load_error() -> str | None:
 def cross_entropy_cpu(logits, labels, ignore_index: int):
     """One threaded pass for max/log-sum-exp, one for the gradient; no [N, V] softmax kept (3.4x)."""
     return load().cross_entropy(logits, labels, ignore_index)
+
+
+def global_sq_norm_cpu(grads):
+    """Σ‖g‖² over all gradients as a 0-D fp32 tensor: one threaded pass, double partial sums per fixed chunk
+    added in order (the same bits on any thread count)."""
+    return load().global_sq_norm(grads).reshape([])
+
+
+def adamw_cpu(params, grads, moment1, moment2, beta1_pow, beta2_pow, decay, lr, beta1, beta2, epsilon, coeff,
+              grad_scale=1.0):
+    """Paddle's AdamW update (`adamw_`/`adam_` arithmetic, bit for bit on this CPU's code path) over every
+    parameter in one threaded pass, the clipping coefficient `grad_scale` folded into the gradient read.
+    Parameters go in detached (the same storage): Paddle refuses in-place custom ops on trainable leaves."""
+    load().adamw([p.detach() for p in params], grads, moment1, moment2, beta1_pow, beta2_pow, decay, lr, beta1,
+                 beta2, epsilon, coeff, grad_scale)
 
 
 def rms_norm_cpu(x, weight, eps: float):

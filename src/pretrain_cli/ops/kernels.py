@@ -22,8 +22,8 @@ from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask, repeat_kv  # noqa: F401 (re-exported)
-from pretrain_cli.ops.cpu_ops import (attention_cpu, attention_cpu_document, cross_entropy_cpu, rms_norm_cpu,
-                                      rope_cpu, swiglu_packed_cpu)
+from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
+                                      global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 
 
 # ---------------------------------------------------------------- reference paths (any device)
@@ -234,6 +234,38 @@ def cross_entropy_reference(logits, labels, ignore_index: int):
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none").reshape([-1])  # [N]
 
 
+# ---------------------------------------------------------------- optimizer step
+def global_sq_norm_reference(grads):
+    """Σ‖g‖² as a 0-D fp32 tensor: one `squared_l2_norm` per gradient (what ClipGradByGlobalNorm runs)."""
+    import paddle
+
+    sq_l2 = paddle._C_ops.squared_l2_norm
+    squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32")) for g in grads]
+    return paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """`adamw` None: Paddle's AdamW (a kernel per parameter); else `cpu_ops.adamw_cpu` (clipping folded in)."""
+
+    name: str = "paddle"
+    global_sq_norm: Callable = global_sq_norm_reference
+    adamw: Callable | None = None
+
+
+def select_step(request=None, device: str = "cpu") -> StepKernels:
+    """`optimizer: fused` (`config.resolve`: CPU, fp32, whole parameters on every rank) → the multi-tensor CPU
+    step if the fused CPU kernels built, else Paddle's with one warning; the GPU keeps Paddle's optimizer."""
+    kc = request or Request()
+    if kc.optimizer != "fused" or _gpu_available(device) or not kc.cpu_ops:
+        return StepKernels()
+    if cpu_ops.load() is None:
+        warnings.warn(f"optimizer on {device!r}: the fused AdamW step needs the fused CPU kernels "
+                      f"({cpu_ops.load_error()}) → Paddle's AdamW; results are identical", RuntimeWarning, stacklevel=2)
+        return StepKernels()
+    return StepKernels("fused_cpu", global_sq_norm_cpu, adamw_cpu)
+
+
 # ---------------------------------------------------------------- selection
 @dataclass(frozen=True)
 class Kernels:
@@ -292,6 +324,7 @@ class Request:
     rope: str = "reference"
     swiglu: str = "reference"
     cpu_ops: bool = True
+    optimizer: str = "fused"  # see `select_step`
 
 
 def select(request=None, device: str = "cpu") -> Kernels:

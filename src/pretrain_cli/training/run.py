@@ -51,10 +51,14 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order, and the Trainer that steps them (the
     benchmark harness times exactly this)."""
+    from pretrain_cli.ops.kernels import select_step
+
     apply_recompute(model, run.recompute)
-    strategy = build_strategy(run.parallel, run.device)
+    step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
+    strategy = build_strategy(run.parallel, run.device, step_kernels)
     model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
-    optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights)
+    optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
+                                adamw=step_kernels.adamw)
     raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, run.precision)
     if run.kernels.to_static:

@@ -318,60 +318,109 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
   return {out, probs};
 }
 
-// Per KV head (so dK/dV accumulate without races): dP = dO V^T, dS = scale * P * (dP - rowsum(P * dP)),
-// dQ = dS K, dK += dS^T Q, dV += P^T dO, each over the block's keys [k0, n) only.
+// Query blocks are dealt round-robin (block j to slice j % ns) into `ns` slices per (batch, KV head), so even
+// batch 1 with one KV head keeps every thread busy; the causal triangle makes late blocks dearer, and dealing
+// them out evens the slices. `ns` depends on the shapes only, never on the thread count: with several slices
+// each accumulates its own dK/dV and the slices are added in order, so the bits are the same on any number
+// of threads. With B * G >= kMinTasks, ns = 1 and dK/dV accumulate in place, as before slicing existed.
+constexpr int64_t kMinTasks = 16;
+
+int64_t query_slices(int64_t B, int64_t G, int64_t S) {
+  const int64_t items = B * G, blocks = (S + kBlock - 1) / kBlock;
+  return items >= kMinTasks ? 1 : std::max<int64_t>(1, std::min(blocks, (kMinTasks + items - 1) / items));
+}
+
+struct BackwardArgs {
+  const float *q, *k, *v, *p, *dout;
+  float* dq;
+  const int64_t* start;
+  int64_t B, H, S, D, G, SK, rep, shift;
+  float scale;
+};
+
+// One slice of (b, g): dP = dO V^T, dS = scale * P * (dP - rowsum(P * dP)), dQ = dS K, dK += dS^T Q,
+// dV += P^T dO over the slice's query blocks of every query head of KV head g, each over the block's keys
+// [k0, n) only. `ds` is this thread's [kBlock, SK] scratch.
+void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, int64_t ns, float* dK, float* dV,
+                    float* ds) {
+  const int64_t S = a.S, D = a.D, SK = a.SK;
+  const int64_t* st = a.start ? a.start + b * S : nullptr;
+  const float* K = a.k + (b * a.G + g) * SK * D;
+  const float* V = a.v + (b * a.G + g) * SK * D;
+  for (int64_t h = g * a.rep; h < (g + 1) * a.rep; ++h) {
+    const float* Q = a.q + (b * a.H + h) * S * D;
+    const float* P = a.p + (b * a.H + h) * S * SK;
+    const float* dO = a.dout + (b * a.H + h) * S * D;
+    float* dQ = a.dq + (b * a.H + h) * S * D;
+    for (int64_t i0 = 0, m = 0, k0 = 0, ordinal = 0; i0 < S; i0 += m, ++ordinal) {
+      block_rows(st, i0, S, &m, &k0);
+      if (ordinal % ns != slice) continue;
+      const int64_t n = a.shift + i0 + m, w = n - k0;
+      float* dS = ds;  // [m, w]
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * D, D, V + k0 * D, D, 0.f, dS, w);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* pr = P + (i0 + r) * SK + k0;
+        float* dr = dS + r * w;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < w; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) dr[j] = a.scale * pr[j] * (dr[j] - dot);
+      }
+      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * D, D, 1.f, dV + k0 * D,
+                  D);
+    }
+  }
+}
+
 std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
                                                const paddle::Tensor& p, const paddle::Tensor& dout,
                                                const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
-  const int64_t G = k.shape()[1], SK = k.shape()[2], rep = H / G, shift = SK - S;
+  const int64_t G = k.shape()[1], SK = k.shape()[2];
   auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
   auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
   auto dv = paddle::empty(v.shape(), v.dtype(), v.place());
-  const float* qp = q.data<float>();
-  const float* kp = k.data<float>();
-  const float* vp = v.data<float>();
-  const float* pp = p.data<float>();
-  const float* gp = dout.data<float>();
-  float* dqp = dq.data<float>();
+  const BackwardArgs a{q.data<float>(), k.data<float>(), v.data<float>(), p.data<float>(), dout.data<float>(),
+                       dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, scale};
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
+  const int64_t ns = query_slices(B, G, S), head = SK * D;
+  std::vector<float> partial(ns > 1 ? static_cast<size_t>(B * G * ns * 2 * head) : 0);  // [B*G, ns, dK|dV, SK, D]
 #pragma omp parallel
   {
     std::vector<float> ds(static_cast<size_t>(kBlock) * SK);
-#pragma omp for collapse(2) schedule(static)
+#pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t g = 0; g < G; ++g) {
-        const int64_t* st = start ? start + b * S : nullptr;
-        const float* K = kp + (b * G + g) * SK * D;
-        const float* V = vp + (b * G + g) * SK * D;
-        float* dK = dkp + (b * G + g) * SK * D;
-        float* dV = dvp + (b * G + g) * SK * D;
-        std::fill(dK, dK + SK * D, 0.f);
-        std::fill(dV, dV + SK * D, 0.f);
-        for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-          const float* Q = qp + (b * H + h) * S * D;
-          const float* P = pp + (b * H + h) * S * SK;
-          const float* dO = gp + (b * H + h) * S * D;
-          float* dQ = dqp + (b * H + h) * S * D;
-          for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
-            block_rows(st, i0, S, &m, &k0);
-            const int64_t n = shift + i0 + m, w = n - k0;
-            float* dS = ds.data();  // [m, w]
-            cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * D, D, V + k0 * D, D, 0.f, dS, w);
-            for (int64_t r = 0; r < m; ++r) {
-              const float* pr = P + (i0 + r) * SK + k0;
-              float* dr = dS + r * w;
-              float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-              for (int64_t j = 0; j < w; ++j) dot += pr[j] * dr[j];
+        for (int64_t s = 0; s < ns; ++s) {
+          const int64_t bg = b * G + g;
+          float* dK = ns == 1 ? dkp + bg * head : partial.data() + ((bg * ns + s) * 2) * head;
+          float* dV = ns == 1 ? dvp + bg * head : partial.data() + ((bg * ns + s) * 2 + 1) * head;
+          std::fill(dK, dK + head, 0.f);
+          std::fill(dV, dV + head, 0.f);
+          backward_slice(a, b, g, s, ns, dK, dV, ds.data());
+        }
+      }
+    }
+    if (ns > 1) {  // after the loop's barrier: every slice is complete; add them in slice order
+      constexpr int64_t kPiece = 4096;
+      const int64_t pieces = (head + kPiece - 1) / kPiece;
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t bg = 0; bg < B * G; ++bg) {
+        for (int64_t c = 0; c < pieces; ++c) {
+          const int64_t lo = c * kPiece, hi = std::min(head, lo + kPiece);
+          for (int64_t which = 0; which < 2; ++which) {
+            float* out = (which == 0 ? dkp : dvp) + bg * head;
+            const float* first = partial.data() + (bg * ns * 2 + which) * head;
+            std::copy(first + lo, first + hi, out + lo);
+            for (int64_t s = 1; s < ns; ++s) {
+              const float* part = partial.data() + ((bg * ns + s) * 2 + which) * head;
 #pragma omp simd
-              for (int64_t j = 0; j < w; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+              for (int64_t j = lo; j < hi; ++j) out[j] += part[j];
             }
-            cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
-            cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
-            cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * D, D, 1.f,
-                        dV + k0 * D, D);
           }
         }
       }
