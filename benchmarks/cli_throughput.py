@@ -38,29 +38,40 @@ def write_token_file(prefix: Path, vocab: int, tokens: int, doc_len: int = 4096,
         w.finalize()
 
 
+def write_run(tmp: Path, cfg: dict, steps: int, overrides: dict) -> Path:
+    """Model directory, token file and argument file for a `train` run of the benchmark's shape under `tmp`."""
+    ar = cfg["arguments"]
+    seq, bs = ar["max_seq_length"], ar["per_device_train_batch_size"]
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "model" / "config.json").write_text(json.dumps(cfg["model"]))
+    write_token_file(tmp / "data" / "corpus", cfg["model"]["vocab_size"], (steps + 4) * bs * (seq + 1) * 2)
+    args = dict(ar, model_name_or_path=str(tmp / "model"), input_dir=str(tmp / "data"), output_dir=str(tmp / "out"),
+                device="cpu", do_train=True, split="100,0,0", max_steps=steps, logging_steps=1,
+                save_steps=10 * steps, disable_tqdm=False)
+    args.update(overrides)
+    (tmp / "cfg.json").write_text(json.dumps(args))
+    return tmp / "cfg.json"
+
+
+def overrides_of(a) -> dict:
+    """The harness options that change OUR run, as argument-file keys."""
+    out = {"to_static": True} if a.to_static else {}
+    if a.cpu_ops == "off":
+        out["cpu_fused_ops"] = False
+    out.update(json.loads(a.set_json or "{}"))
+    return out
+
+
 def run_train(cfg: dict, a) -> dict:
     """One `train` run of `a.cli_steps` steps; returns the harness's summary of its steady-state steps."""
     ar = cfg["arguments"]
-    seq, bs, steps = ar["max_seq_length"], ar["per_device_train_batch_size"], a.cli_steps
     tmp = Path(tempfile.mkdtemp(prefix="through_cli_"))
     try:
-        (tmp / "model").mkdir()
-        (tmp / "model" / "config.json").write_text(json.dumps(cfg["model"]))
-        (tmp / "data").mkdir()
-        write_token_file(tmp / "data" / "corpus", cfg["model"]["vocab_size"], (steps + 4) * bs * (seq + 1) * 2)
-        args = dict(ar, model_name_or_path=str(tmp / "model"), input_dir=str(tmp / "data"),
-                    output_dir=str(tmp / "out"), device="cpu", do_train=True, split="100,0,0", max_steps=steps,
-                    logging_steps=1, save_steps=10 * steps, disable_tqdm=False)
-        if a.to_static:
-            args["to_static"] = True
-        if a.cpu_ops == "off":
-            args["cpu_fused_ops"] = False
-        args.update(json.loads(a.set_json or "{}"))
-        (tmp / "cfg.json").write_text(json.dumps(args))
+        cfg_path = write_run(tmp, cfg, a.cli_steps, overrides_of(a))
         env = dict(os.environ)
         env.pop("OMP_NUM_THREADS", None)
         env.pop("MKL_NUM_THREADS", None)
-        proc = subprocess.run([*_cli(), "train", str(tmp / "cfg.json")], env=env, capture_output=True, text=True,
+        proc = subprocess.run([*_cli(), "train", str(cfg_path)], env=env, capture_output=True, text=True,
                               timeout=3600)
         if proc.returncode != 0:
             raise SystemExit(f"pretrain-cli train failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}"
@@ -68,7 +79,7 @@ def run_train(cfg: dict, a) -> dict:
         records = [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in records if r.get("kind") == "train" and r["step"] > a.warmup]
         times = [r["interval_runtime"] for r in train]
-        out = summary(times, bs * seq)
+        out = summary(times, ar["per_device_train_batch_size"] * ar["max_seq_length"])
         out.update({"framework": "cli", "steps_measured": len(times), "losses": [r["loss"] for r in train],
                     "flops_per_token": 0.0, "matmul_peak_gflops": 0.0})
         return out
