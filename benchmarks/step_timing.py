@@ -57,14 +57,22 @@ def batches(ds, bs: int, rank: int = 0, world: int = 1):
         k += 1
 
 
+CPU_TIMES: list[float] = []  # process CPU seconds of each timed step of the last `timed` call
+
+
 def timed(step, warmup: int, steps: int) -> tuple[list[float], list[float]]:
-    """Run `warmup + steps` steps; only the last `steps` are timed (compilation happens in warm-up)."""
+    """Run `warmup + steps` steps; only the last `steps` are timed (compilation happens in warm-up).
+
+    Also records each timed step's process CPU time (`CPU_TIMES`): with one thread per worker it is the
+    work done whatever else runs on the machine, where wall time is not (see `summary`)."""
     losses, times = [], []
+    CPU_TIMES.clear()
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step())
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            CPU_TIMES.append(time.process_time() - c0)
     return losses, times
 
 
@@ -77,9 +85,13 @@ def _median(xs: list[float]) -> float:
 def summary(times: list[float], tokens_per_step: int) -> dict:
     """Median step → tokens_per_s; the fastest step too (least disturbed by other load on the VM)."""
     med = _median(times)
-    return {"step_s_median": round(med, 4), "tokens_per_s": round(tokens_per_step / med, 1),
-            "tokens_per_s_best": round(tokens_per_step / min(times), 1), "step_times": [round(x, 4) for x in times],
-            "tokens_per_step": tokens_per_step}
+    out = {"step_s_median": round(med, 4), "tokens_per_s": round(tokens_per_step / med, 1),
+           "tokens_per_s_best": round(tokens_per_step / min(times), 1), "step_times": [round(x, 4) for x in times],
+           "tokens_per_step": tokens_per_step}
+    if len(CPU_TIMES) == len(times):  # tokens per CPU-second: the load-robust figure with --threads 1
+        out["cpu_s_median"] = round(_median(CPU_TIMES), 4)
+        out["tokens_per_cpu_s"] = round(tokens_per_step / out["cpu_s_median"], 1)
+    return out
 
 
 def merge(results: list[dict]) -> dict:
@@ -91,6 +103,8 @@ def merge(results: list[dict]) -> dict:
     out.update({"step_s_median": round(med, 4), "tokens_per_s": round(tps / med, 1),
                 "tokens_per_s_best": round(tps / min(t for r in results for t in r["step_times"]), 1),
                 "round_tokens_per_s": [r["tokens_per_s"] for r in results],
+                **({"tokens_per_cpu_s": round(tps / _median([r["cpu_s_median"] for r in results]), 1)}
+                   if all("cpu_s_median" in r for r in results) else {}),
                 "step_times": [t for r in results for t in r["step_times"]]})
     out["matmul_peak_gflops"] = max(r["matmul_peak_gflops"] for r in results)
     if out["matmul_peak_gflops"]:  # the `train` run reports its own MFU in metrics.jsonl, not here

@@ -143,6 +143,9 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
                     f"ratio_vs_{key}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3),
                     "hf_matmul_peak_gflops": hf["matmul_peak_gflops"], "hf_attn": hf["attn_implementation"],
                     "torch": hf["torch"], "transformers": hf["transformers"]})
+        if "tokens_per_cpu_s" in ours and "tokens_per_cpu_s" in hf:
+            row.update({"tokens_per_cpu_s": ours["tokens_per_cpu_s"], f"{key}_tokens_per_cpu_s": hf["tokens_per_cpu_s"],
+                        f"ratio_vs_{key}_cpu": round(ours["tokens_per_cpu_s"] / hf["tokens_per_cpu_s"], 3)})
     if "cli" in runs:
         cli = runs["cli"]
         row.update({"cli_tokens_per_s": cli["tokens_per_s"], "cli_round_tokens_per_s": cli["round_tokens_per_s"],
@@ -170,6 +173,10 @@ def _table(rows: list[dict]) -> str:
     if "torch" in r0:
         lines.append(f"HF: transformers {r0['transformers']}, torch {r0['torch']}, attn {r0['hf_attn']}; "
                      f"HFc = torch.compile(inductor, fullgraph) + fused AdamW + glibc keep")
+    if any("ratio_vs_hf_compile_cpu" in r or "ratio_vs_hf_cpu" in r for r in rows):
+        lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
+            f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"
+            for r in rows))
     lines.append("median of per-round median steps; load avg (1m) at the end: "
                  + ", ".join(str(r["loadavg_1m"]) for r in rows))
     lines.append("targets: ratio >= 1.25x vs HF compiled on both configs; train within 5% of the harness step")
