@@ -1,0 +1,87 @@
+"""`--through-cli`: the real `pretrain-cli train` on a token file of the benchmark's shape.
+
+Why: the harness times `Trainer.train_step` alone; a user's run also reads token files, logs, writes
+metrics.jsonl and VisualDL scalars, draws a progress bar and checks for saves and signals. This runs
+`train` in a fresh process with the config's model (its `config.json` in a local directory) and flat
+arguments, logging every step, and reads each step's `interval_runtime` from metrics.jsonl: the whole
+loop between two log lines. The first `--warmup` steps are dropped, as in the harness.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from step_timing import summary
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("pretrain-cli")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "pretrain_cli"]
+
+
+def write_token_file(prefix: Path, vocab: int, tokens: int, doc_len: int = 4096, seed: int = 0) -> None:
+    """Random token ids in documents of `doc_len`, through the product's own writer (no tokenizer needed)."""
+    import numpy as np
+
+    from pretrain_cli.data.indexed import IndexedDatasetWriter, dtype_for_vocab
+
+    rng = np.random.default_rng(seed)
+    flat = rng.integers(0, vocab, tokens, dtype=np.int64).astype(dtype_for_vocab(vocab))
+    lengths = [doc_len] * (tokens // doc_len) + ([tokens % doc_len] if tokens % doc_len else [])
+    with IndexedDatasetWriter(prefix, dtype=dtype_for_vocab(vocab)) as w:
+        w.add_documents(flat, lengths)
+        w.finalize()
+
+
+def write_run(tmp: Path, cfg: dict, steps: int, overrides: dict) -> Path:
+    """Model directory, token file and argument file for a `train` run of the benchmark's shape under `tmp`."""
+    ar = cfg["arguments"]
+    seq, bs = ar["max_seq_length"], ar["per_device_train_batch_size"]
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "model" / "config.json").write_text(json.dumps(cfg["model"]))
+    write_token_file(tmp / "data" / "corpus", cfg["model"]["vocab_size"], (steps + 4) * bs * (seq + 1) * 2)
+    args = dict(ar, model_name_or_path=str(tmp / "model"), input_dir=str(tmp / "data"), output_dir=str(tmp / "out"),
+                device="cpu", do_train=True, split="100,0,0", max_steps=steps, logging_steps=1,
+                save_steps=10 * steps, disable_tqdm=False)
+    args.update(overrides)
+    (tmp / "cfg.json").write_text(json.dumps(args))
+    return tmp / "cfg.json"
+
+
+def overrides_of(a) -> dict:
+    """The harness options that change OUR run, as argument-file keys."""
+    out = {"to_static": True} if a.to_static else {}
+    if a.cpu_ops == "off":
+        out["cpu_fused_ops"] = False
+    out.update(json.loads(a.set_json or "{}"))
+    return out
+
+
+def run_train(cfg: dict, a) -> dict:
+    """One `train` run of `a.cli_steps` steps; returns the harness's summary of its steady-state steps."""
+    ar = cfg["arguments"]
+    tmp = Path(tempfile.mkdtemp(prefix="through_cli_"))
+    try:
+        cfg_path = write_run(tmp, cfg, a.cli_steps, overrides_of(a))
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop("MKL_NUM_THREADS", None)
+        proc = subprocess.run([*_cli(), "train", str(cfg_path)], env=env, capture_output=True, text=True,
+                              timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"pretrain-cli train failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}"
+                             f"{proc.stderr[-3000:]}")
+        records = [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if r.get("kind") == "train" and r["step"] > a.warmup]
+        times = [r["interval_runtime"] for r in train]
+        out = summary(times, ar["per_device_train_batch_size"] * ar["max_seq_length"])
+        out.update({"framework": "cli", "steps_measured": len(times), "losses": [r["loss"] for r in train],
+                    "flops_per_token": 0.0, "matmul_peak_gflops": 0.0})
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
