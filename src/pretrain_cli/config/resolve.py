@@ -171,7 +171,8 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
     assert attention in ATTENTION_PATHS
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
                         rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
-                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static)
+                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static,
+                        fused_loss=t.use_fused_linear_cross_entropy)
 
 
 def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,

@@ -120,6 +120,7 @@ class KernelConfig:
     swiglu: str = "reference"
     cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
     to_static: bool = False
+    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask, repeat_kv  # noqa: F401 (re-exported)
 from pretrain_cli.ops.cpu_ops import (attention_cpu, attention_cpu_document, cross_entropy_cpu, rms_norm_cpu,
                                       rope_cpu, swiglu_packed_cpu)
+from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 
 
 # ---------------------------------------------------------------- reference paths (any device)
@@ -257,11 +258,15 @@ class Kernels:
     # packed samples under `attention_mask_type: document`: (q, k, v, doc_start) -> out
     attention_document_name: str = "sdpa_mask"
     attention_document: Callable = attention_sdpa_mask
+    # the LM head + loss without [tokens, vocab] logits (ops.linear_loss); None: logits + `cross_entropy`
+    linear_cross_entropy_name: str = "off"
+    linear_cross_entropy: Callable | None = None  # (h [N, hidden], weight, labels [N], ignore_index, vocab_major)
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
                 f"rms_norm={self.rms_norm_name} rope={self.rope_name} "
-                f"swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''}")
+                f"swiglu={self.swiglu_name}{' (packed gate|up GEMM)' if self.pack_mlp else ''} "
+                f"head+loss={self.linear_cross_entropy_name}")
 
 
 _ATTN = {"math": attention_math, "sdpa_mask": attention_sdpa_mask, "sdpa_causal": attention_sdpa_causal,
@@ -292,6 +297,7 @@ class Request:
     rope: str = "reference"
     swiglu: str = "reference"
     cpu_ops: bool = True
+    fused_loss: bool = True  # the LM head + cross-entropy in chunks, never the [tokens, vocab] logits
 
 
 def select(request=None, device: str = "cpu") -> Kernels:
@@ -303,6 +309,8 @@ def select(request=None, device: str = "cpu") -> Kernels:
     every block before a document's start, and `attention_sdpa_mask` with a per-sample mask.
     On CPU the fused kernels of `cpu_ops` serve every other op (and any `fused` request) when they build;
     `cpu_ops=False` (`cpu_fused_ops: false`) or a failed build leaves Paddle's own ops.
+    `fused_loss` (`use_fused_linear_cross_entropy`): the chunked LM head + loss, the C++ kernel on CPU and
+    Paddle's ops elsewhere (also on CPU without the kernels: the memory saving does not depend on them).
     """
     kc = request or Request()
     gpu = _gpu_available(device)
@@ -349,6 +357,9 @@ def select(request=None, device: str = "cpu") -> Kernels:
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,
+        linear_cross_entropy_name=("cpu" if cpu else "chunked") if kc.fused_loss else "off",
+        linear_cross_entropy=(linear_cross_entropy_cpu if cpu else linear_cross_entropy_chunked)
+        if kc.fused_loss else None,
     )
 
 
