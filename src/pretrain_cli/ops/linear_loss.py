@@ -24,8 +24,8 @@ from __future__ import annotations
 from pretrain_cli.ops import cpu_ops
 
 # logits held per chunk: 8 Mi fp32 values (32 MiB) on CPU, where a chunk of ≥ 16 rows keeps sgemm efficient;
-# 64 Mi (256 MiB) on GPU, where fewer, larger chunks keep the kernel launches few
-CHUNK_ELEMENTS = {"cpu": 1 << 23, "gpu": 1 << 26}
+# 32 Mi (128 MiB) on GPU, where fewer, larger chunks keep the kernel launches few
+CHUNK_ELEMENTS = {"cpu": 1 << 23, "gpu": 1 << 25}
 
 
 def chunk_rows(vocab: int, device: str = "cpu") -> int:
@@ -70,8 +70,8 @@ def _layers():
             ops = cpu_ops.load() if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
             if ops is not None:  # threaded (Paddle's CPU multiply runs on one thread)
                 dh, dw = ops.scale_by(dh, g), ops.scale_by(dw, g)
-            else:
-                dh, dw = dh * g.astype(dh.dtype), dw * g.astype(dw.dtype)
+            else:  # in place: no second weight-sized buffer at the start of the backward
+                dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
             return (dh if ctx.needs[0] else None), (dw if ctx.needs[1] else None)
 
     _LAYERS["fused"] = _Fused
@@ -104,7 +104,6 @@ def linear_cross_entropy_cpu(h, w, labels, ignore_index: int, vocab_major: bool)
 def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
     """(loss sum, dh or None, dW fp32 or None), one chunk of rows at a time."""
     import paddle
-    import paddle.nn.functional as F
 
     n, vocab = int(h.shape[0]), _vocab(w, vocab_major)
     rows = chunk_rows(vocab, "gpu" if h.place.is_gpu_place() else "cpu")
@@ -114,7 +113,7 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
     for c0 in range(0, n, rows):
         hc, lc = h[c0:c0 + rows], labels[c0:c0 + rows]  # [m, hidden], [m]
         logits = paddle.matmul(hc, wc, transpose_y=vocab_major)  # [m, V] in the compute dtype
-        x = logits.astype("float32")  # [m, V]: the softmax in fp32
+        x = logits if logits.dtype == paddle.float32 else logits.astype("float32")  # [m, V]: the softmax in fp32
         valid = lc != ignore_index
         safe = paddle.where(valid, lc, paddle.zeros_like(lc))  # [m]
         lse = paddle.logsumexp(x, axis=-1)  # [m]
@@ -123,12 +122,14 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
         total = total + paddle.sum((lse - target) * vf)
         if not grad:
             continue
-        p = (paddle.exp(x - lse.unsqueeze(-1)) - F.one_hot(safe, vocab)) * vf.unsqueeze(-1)  # [m, V]
+        # softmax − onehot, zero rows for ignored labels: in place on the chunk (no further [m, V] buffers)
+        p = x.subtract_(lse.unsqueeze(-1)).exp_()  # [m, V]
+        p = p.put_along_axis_(safe.unsqueeze(-1), -1.0, 1, reduce="add").multiply_(vf.unsqueeze(-1))
         p = p.astype(logits.dtype)
         dhs.append(paddle.matmul(p, wc, transpose_y=not vocab_major))  # [m, hidden]
         part = paddle.matmul(p, hc, transpose_x=True) if vocab_major else paddle.matmul(hc, p, transpose_x=True)
         part = part.astype("float32")  # [V, hidden] or [hidden, V]
-        dw = part if dw is None else dw + part
+        dw = part if dw is None else dw.add_(part)
     if not grad:
         return total, None, None
     dh = paddle.concat(dhs, axis=0).astype(h.dtype) if dhs else paddle.zeros_like(h)  # [N, hidden]
