@@ -28,7 +28,9 @@ PATHS = [linear_loss.linear_cross_entropy_cpu, linear_loss.linear_cross_entropy_
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     monkeypatch.setattr(linear_loss, "CHUNK_ELEMENTS", {"cpu": 16 * V, "gpu": 16 * V})
+    monkeypatch.setattr(linear_loss, "KERNEL_CHUNK_ELEMENTS", 16 * V)
     assert linear_loss.chunk_rows(V) == 16  # 37 rows = 16 + 16 + 5
+    assert linear_loss.chunk_rows(V, budget=linear_loss.KERNEL_CHUNK_ELEMENTS) == 16
 
 
 def _inputs(vocab_major, seed=0, ignored=(3, 17, 36)):

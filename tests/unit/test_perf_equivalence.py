@@ -98,7 +98,9 @@ def test_fused_head_loss_step_matches_logits_step(monkeypatch):
     from pretrain_cli.ops import linear_loss
 
     monkeypatch.setattr(linear_loss, "CHUNK_ELEMENTS", {"cpu": 259 * 20, "gpu": 259 * 20})  # 64 rows = 3 x 20 + 4
+    monkeypatch.setattr(linear_loss, "KERNEL_CHUNK_ELEMENTS", 259 * 20)
     assert linear_loss.chunk_rows(259) == 20
+    assert linear_loss.chunk_rows(259, budget=linear_loss.KERNEL_CHUNK_ELEMENTS) == 20
     for tied in (False, True):
         cfg = dataclasses.replace(CFG, vocab_size=259, tie_word_embeddings=tied)
         base = kernels.select(kernels.Request(fused_loss=False), "cpu")
