@@ -4,7 +4,8 @@ For each config, the planner predicts the peak of one steady-state training step
 "cpu" mode (fp32, math attention, no GPU framework constant but the measured allocator
 baseline), and a fresh subprocess measures it: build the model with Paddle's own ops
 (`pretrain_cli.models.build_model`, `cpu_fused_ops: false`: what the model describes; the fused CPU
-kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, `causal_lm_loss`; one warm-up
+kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, `causal_lm_loss` (the rows
+with the fused LM head + loss, the default: `model(x, labels=y)` on Paddle's ops, the GPU path); one warm-up
 step creates gradients and AdamW moments, then the peak of Paddle's host allocator
 (`paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`) over the second step is
 read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
@@ -31,22 +32,23 @@ from pathlib import Path
 from pretrain_cli.config.presets import PRESET_DIR as PRESETS
 
 QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 64}  # q/k norms, head_dim 64 != 128/4
+UNFUSED = {"use_fused_linear_cross_entropy": False}  # the [b, s, V] logits and Paddle's cross-entropy
+LLAMA_52M = {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6, "num_attention_heads": 8,
+             "num_key_value_heads": 4, "vocab_size": 32000}
 # name, preset, model overrides, micro-batch, seq, recompute granularity (None = off)[, argument-file overrides]
 CONFIGS = [
-    ("micro-llama b2 s128", "micro-llama", {}, 2, 128, None),
-    ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None),
-    ("tiny-llama b4 s512 full", "tiny-llama", {}, 4, 512, "full"),
-    ("tiny-llama b8 s128 full_attn", "tiny-llama", {}, 8, 128, "full_attn"),
-    ("llama-52m b2 s256", "tiny-llama", {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
-                                         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000},
-     2, 256, None),
-    ("llama-52m b2 s256 core_attn", "tiny-llama", {"hidden_size": 512, "intermediate_size": 1408,
-                                                   "num_hidden_layers": 6, "num_attention_heads": 8,
-                                                   "num_key_value_heads": 4, "vocab_size": 32000},
-     2, 256, "core_attn"),
-    ("qwen3 b4 s256", "tiny-qwen2", QWEN3, 4, 256, None),
+    ("micro-llama b2 s128", "micro-llama", {}, 2, 128, None, UNFUSED),
+    ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None, UNFUSED),
+    ("tiny-llama b4 s512 full", "tiny-llama", {}, 4, 512, "full", UNFUSED),
+    ("tiny-llama b8 s128 full_attn", "tiny-llama", {}, 8, 128, "full_attn", UNFUSED),
+    ("llama-52m b2 s256", "tiny-llama", LLAMA_52M, 2, 256, None, UNFUSED),
+    ("llama-52m b2 s256 core_attn", "tiny-llama", LLAMA_52M, 2, 256, "core_attn", UNFUSED),
+    ("qwen3 b4 s256", "tiny-qwen2", QWEN3, 4, 256, None, UNFUSED),
     # document masking on the math path: the [b, 1, s, s] mask, doc_start and position_ids, gathered RoPE rows
-    ("qwen3 b4 s256 document", "tiny-qwen2", QWEN3, 4, 256, None, {"attention_mask_type": "document"}),
+    ("qwen3 b4 s256 document", "tiny-qwen2", QWEN3, 4, 256, None, {"attention_mask_type": "document", **UNFUSED}),
+    # the fused LM head + loss (the default): no [b, s, V] logits, dh and dW kept from forward to backward
+    ("llama-52m b4 s256 fused loss", "tiny-llama", LLAMA_52M, 4, 256, None),
+    ("qwen vocab 151,936 b2 s256 fused loss", "tiny-qwen2", {"vocab_size": 151936}, 2, 256, None),
 ]
 
 _CHILD = r"""
@@ -55,7 +57,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 from pretrain_cli.ops import kernels
 from pretrain_cli.config.run_config import Recompute
-from pretrain_cli.ops.loss import causal_lm_loss
+from pretrain_cli.ops.loss import causal_lm_loss, mean_loss
 from pretrain_cli.models import ModelConfig, build_model
 from pretrain_cli.models.recompute import apply_recompute
 core = paddle.base.core
@@ -70,7 +72,8 @@ cfg = ModelConfig.from_file(spec["model_dir"])
 # Paddle's own ops: the path the memory model describes (the GPU's non-flash kernels). The fused CPU
 # kernels keep less (no [N, V] softmax, one probability tensor per layer): the plan is an upper bound there.
 # use_flash_attention false (the plan's "math" path): the scores are materialised, as the model assumes
-model = build_model(cfg, kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu"))
+model = build_model(cfg, kernels.select(kernels.Request(attention="math", cpu_ops=False, fused_loss=spec["fused"]),
+                                        "cpu"))
 model.train()
 apply_recompute(model, Recompute(spec["recompute"]) if spec["recompute"] else None)
 opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
@@ -81,7 +84,7 @@ if spec["document"]:  # documents of 37 tokens, positions restarting at each
     pos = paddle.arange(spec["s"], dtype="int64").reshape([1, -1]).expand([spec["b"], spec["s"]])
     doc = {"doc_start": pos - pos % 37, "position_ids": pos % 37}
 def step():
-    loss = causal_lm_loss(model(x, **doc), y)
+    loss = mean_loss(*model(x, labels=y, **doc)) if spec["fused"] else causal_lm_loss(model(x, **doc), y)
     loss.backward()
     opt.step()
     opt.clear_grad()
@@ -108,8 +111,9 @@ def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc, ex
     return model_dir, path
 
 
-def measure(model_dir: Path, b: int, s: int, rc, document: bool = False) -> dict:
-    spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc, "document": document})
+def measure(model_dir: Path, b: int, s: int, rc, document: bool = False, fused: bool = True) -> dict:
+    spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc, "document": document,
+                       "fused": fused})
     out = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=300)
     if out.returncode:
         raise RuntimeError(f"measurement failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -124,7 +128,8 @@ def calibrate(configs=CONFIGS) -> list[dict]:
         for name, preset, over, b, s, rc, *rest in configs:
             extra = rest[0] if rest else {}
             model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc, extra)
-            m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document")
+            m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document",
+                        extra.get("use_fused_linear_cross_entropy", True))
             r = plan(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"])
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,
@@ -144,7 +149,6 @@ LAYOUTS = [
     ("TP2 b2", 2, {"tensor_parallel_degree": 2}),
     ("TP2 b8", 2, {"tensor_parallel_degree": 2, "per_device_train_batch_size": 8}),
 ]
-LLAMA_52M = CONFIGS[4][2]
 
 _LAYOUT_CHILD = r"""
 import json, sys

@@ -178,15 +178,15 @@ def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
     import pretrain_cli.training.trainer as trainer_mod
 
-    real = trainer_mod.causal_lm_loss
+    real = trainer_mod.mean_loss
     calls = {"n": 0}
 
-    def loss(logits, labels, *kernel):
+    def loss(total, count):
         calls["n"] += 1
-        value = real(logits, labels, *kernel)
+        value = real(total, count)
         return value * float("nan") if calls["n"] in bad_steps else value
 
-    monkeypatch.setattr(trainer_mod, "causal_lm_loss", loss)
+    monkeypatch.setattr(trainer_mod, "mean_loss", loss)
 
 
 def test_nan_policy_stop_saves_nothing_corrupt(corpus, tmp_path, monkeypatch, capsys):

@@ -3,8 +3,9 @@
 Reference: Paddle's ops only (`cpu_fused_ops: false`): naive attention (`attention_math`), separate gate/up
 GEMMs, slice/concat RoPE, Paddle's RMSNorm ops and cross-entropy, eager.
 Fast: the default CPU selection (the fused kernels of csrc/ for attention, RoPE, RMSNorm,
-SwiGLU and the loss; packed gate|up GEMM), with and without `kernels.compile_forward` (to_static SOT).
-All run `Trainer.train_step`.
+SwiGLU and the fused LM head + loss; packed gate|up GEMM), with and without `kernels.compile_forward`
+(to_static SOT). The fused head + loss alone (C++ kernel and the chunked Paddle-op path) against the logits
+and Paddle's cross-entropy, tied and untied. All run `Trainer.train_step`.
 """
 import dataclasses
 
@@ -51,11 +52,11 @@ def _batches(documents=False):
         yield {"input_ids": toks[:, :-1], "labels": toks[:, 1:], **doc}
 
 
-def _losses(chosen, compile_forward, documents=False):
+def _losses(chosen, compile_forward, documents=False, cfg=CFG):
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "1.0", "--weight_decay", "0.01", "--to_static", str(compile_forward))
     paddle.seed(1)
-    trainer = assemble(run, build_model(CFG, chosen), NoComm())  # what `train` builds around the model
+    trainer = assemble(run, build_model(cfg, chosen), NoComm())  # what `train` builds around the model
     trainer.model.train()
     batches = _batches(documents)
     return np.array([trainer.train_step(batches)[0] for _ in range(STEPS)])
@@ -64,7 +65,9 @@ def _losses(chosen, compile_forward, documents=False):
 def test_fast_cpu_step_matches_reference_step():
     fast = kernels.select(None, "cpu")
     assert fast.attention is kernels.attention_cpu  # the fused kernels are what is being compared
-    paddle_only = kernels.select(kernels.Request(cpu_ops=False), "cpu")
+    assert fast.linear_cross_entropy is kernels.linear_cross_entropy_cpu
+    paddle_only = kernels.select(kernels.Request(cpu_ops=False, fused_loss=False), "cpu")
+    assert paddle_only.linear_cross_entropy is None
     ref = dataclasses.replace(paddle_only, attention=kernels.attention_math, rope=_slice_rope, pack_mlp=False)
     want = _losses(ref, compile_forward=False)
     assert want[-1] < want[0] - 0.1  # it actually trains
@@ -78,7 +81,7 @@ def test_document_masked_fast_cpu_step_matches_reference_step():
     """Document masking through the fused CPU kernels (cpu_document attention, RoPE with position ids)
     trains like Paddle's ops with `attention_math`'s document mask, eager and compiled."""
     fast = kernels.select(None, "cpu")
-    paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")
+    paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False, fused_loss=False), "cpu")
     ref = dataclasses.replace(paddle_only, attention_document=kernels.attention_math, pack_mlp=False)
     want = _losses(ref, compile_forward=False, documents=True)
     assert want[-1] < want[0] - 0.1
@@ -86,6 +89,27 @@ def test_document_masked_fast_cpu_step_matches_reference_step():
     for compiled in (False, True):
         got = _losses(fast, compile_forward=compiled, documents=True)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_fused_head_loss_step_matches_logits_step(monkeypatch):
+    """20 steps with the fused LM head + loss (the C++ kernel, and the chunked Paddle-op path that is the GPU
+    code) equal the logits + cross-entropy steps, untied and tied (the head's gradient lands in the embedding);
+    the vocabulary 259 is not a multiple of 16, and the 64 tokens per batch are not a multiple of the chunk (20)."""
+    from pretrain_cli.ops import linear_loss
+
+    monkeypatch.setattr(linear_loss, "CHUNK_ELEMENTS", {"cpu": 259 * 20, "gpu": 259 * 20})  # 64 rows = 3 x 20 + 4
+    monkeypatch.setattr(linear_loss, "KERNEL_CHUNK_ELEMENTS", 259 * 20)
+    assert linear_loss.chunk_rows(259) == 20
+    assert linear_loss.chunk_rows(259, budget=linear_loss.KERNEL_CHUNK_ELEMENTS) == 20
+    for tied in (False, True):
+        cfg = dataclasses.replace(CFG, vocab_size=259, tie_word_embeddings=tied)
+        base = kernels.select(kernels.Request(fused_loss=False), "cpu")
+        want = _losses(base, compile_forward=False, cfg=cfg)
+        assert want[-1] < want[0] - 0.1
+        for fused in (linear_loss.linear_cross_entropy_cpu, linear_loss.linear_cross_entropy_chunked):
+            got = _losses(dataclasses.replace(base, linear_cross_entropy=fused), compile_forward=False, cfg=cfg)
+            print(f"max |Δloss| tied={tied} {fused.__name__}:", float(np.abs(got - want).max()))
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_compile_forward_keeps_the_layer_and_its_names():

@@ -65,7 +65,9 @@ def test_text_report_and_overrides(write_args, capsys):
 
 
 def test_suggestions_ranked_and_each_reduces(write_args):
-    cfg = write_args(per_device_train_batch_size=8, sharding="")
+    # the logits path: ZeRO-2/3 run on the semi-auto engine, which keeps the logits, so with the fused loss in the
+    # base plan, sharding would trade its saving for the logits here and is rightly not suggested
+    cfg = write_args(per_device_train_batch_size=8, sharding="", use_fused_linear_cross_entropy=False)
     r = plan(cfg, device="T4", gpus=2)
     assert not r["fits"]
     sugg = r["suggestions"]
@@ -254,3 +256,18 @@ def test_qwen3_q_k_norms_add_parameters_and_activations(write_args):
     cfg = ModelConfig.from_file(str(PRESET_DIR / "qwen3-0.6b"))
     as_llama = ModelConfig(**{**cfg.__dict__, "model_type": "llama", "extra": {}})  # same shape, no q/k norms
     assert activation_bytes(Setup(cfg, 1, 1024)) > activation_bytes(Setup(as_llama, 1, 1024))
+
+
+def test_fused_loss_replaces_the_logits_term_except_on_the_semi_auto_engine(write_args):
+    """Qwen's 151,936-token vocabulary at 4 x 2048 tokens: the [b, s, V] logits (fp16 + fp32 copy + fp32 grad +
+    fp16 grad) are ~11.6 GiB; the fused head + loss keeps dh, the fp32 dW buffers and one chunk instead. A
+    tensor-parallel layout (semi-auto engine, vocabulary-split head) keeps the logits."""
+    shape = dict(per_device_train_batch_size=4, max_seq_length=2048)
+    fused = plan(write_args(**shape), device="A100-80GB")["memory_breakdown_gib"]["logits_loss"]
+    unfused = plan(write_args(**shape, use_fused_linear_cross_entropy=False),
+                   device="A100-80GB")["memory_breakdown_gib"]["logits_loss"]
+    assert unfused == pytest.approx(8192 * 151936 * (2 + 4 + 4 + 2) / 2**30, rel=1e-3)
+    assert fused < 2.0 < 11.0 < unfused
+    tp = [plan(write_args(**shape, tensor_parallel_degree=2, use_fused_linear_cross_entropy=f), device="A100-80GB",
+               gpus=2)["memory_breakdown_gib"]["logits_loss"] for f in (True, False)]
+    assert tp[0] == tp[1] == pytest.approx(unfused / 2, rel=1e-3)

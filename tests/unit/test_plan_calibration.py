@@ -36,3 +36,26 @@ def test_parallel_layouts_within_20_percent_of_measured_peak():
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
     assert not bad, "\n" + bench.table(rows)
+
+
+def test_fused_loss_saves_the_logits_memory_the_plan_says():
+    """At Qwen's vocabulary (151,936) one step's allocator peak with the fused LM head + loss is lower than with
+    the logits by roughly the logits' size, and by what the memory model predicts (±20 %)."""
+    import tempfile
+
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.planning.memory import Setup, logits_live_bytes
+
+    bench = _bench()
+    name, preset, over, b, s, rc = next(c for c in bench.CONFIGS if "151,936" in c[0])[:6]
+    with tempfile.TemporaryDirectory() as d:
+        model_dir, _ = bench._write(Path(d), "qwen_vocab", preset, over, b, s, rc, {})
+        fused, unfused = (bench.measure(model_dir, b, s, rc, fused=f)["peak"] for f in (True, False))
+        cfg = ModelConfig.from_file(str(model_dir))
+    setup = Setup(model=cfg, micro_batch=b, seq_len=s, device="cpu", attention="math")
+    predicted = logits_live_bytes(setup) - logits_live_bytes(setup.with_(fused_loss=True))
+    logits = b * s * cfg.vocab_size * 4  # one fp32 [b, s, V] tensor
+    saved = unfused - fused
+    print(f"saved {saved / 2**20:.0f} MiB, predicted {predicted / 2**20:.0f} MiB, fp32 logits {logits / 2**20:.0f} MiB")
+    assert saved > logits
+    assert abs(saved / predicted - 1) <= 0.20

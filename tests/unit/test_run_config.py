@@ -150,3 +150,11 @@ def test_attention_mask_type_and_reset_position_ids_are_resolved_once():
     with pytest.raises(UserError, match="attention_mask_type"):
         resolve_run("--attention_mask_type", "segment")
     assert doc.to_dict()["data"]["attention_mask_type"] == "document"  # recorded in args.json
+
+
+def test_fused_loss_is_the_default_and_off_on_the_semi_auto_engine():
+    assert resolve_run().kernels.fused_loss
+    assert not resolve_run("--use_fused_linear_cross_entropy", "false").kernels.fused_loss
+    tp = resolve_run("--tensor_parallel_degree", "2", "--use_fused_linear_cross_entropy", "true", world=2)
+    assert tp.parallel.engine == "semi_auto" and not tp.kernels.fused_loss
+    assert any(n.startswith("use_fused_linear_cross_entropy:") for n in tp.notes)

@@ -171,7 +171,8 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
     assert attention in ATTENTION_PATHS
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
                         rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
-                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static)
+                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static,
+                        fused_loss=t.use_fused_linear_cross_entropy)
 
 
 def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
@@ -315,6 +316,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    if kernels.fused_loss and parallel.engine == "semi_auto":  # distributed.local_kernels: no sharded-head kernel
+        kernels = replace(kernels, fused_loss=False)
+        if "use_fused_linear_cross_entropy" in args.explicit:
+            notes.append("use_fused_linear_cross_entropy: tensor parallelism and ZeRO-2/3 (the semi-auto engine) "
+                         "keep the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None

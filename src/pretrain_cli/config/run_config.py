@@ -123,6 +123,7 @@ class KernelConfig:
     # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
     # parallel); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, tensor parallel)
     optimizer: str = "paddle"
+    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ Weights a kernel reads whole (RMSNorm, and ZeRO-3's sharded pieces of any weight
 with `dist.reshard` and handed over "Partial" on the axes where the activation is sharded, so the
 local gradient the kernel returns is summed across ranks by Paddle, not dropped. Measured exact
 (≤ 1e-6) against one process for DP, ZeRO-1/2/3, TP and dp × tp on CPU (docs/DISTRIBUTED.md).
+
+The fused LM head + loss (`ops.linear_loss`) is not localized: under a vocabulary-split head each rank
+would need the whole head weight, so these layouts keep the logits and the localized cross-entropy.
 """
 from __future__ import annotations
 
@@ -162,6 +165,7 @@ def localize(k, hook: bool):
         k, rms_norm=rms_norm, rope=rope_, attention=attention, attention_document=attention_document,
         swiglu=swiglu_, gate_up=gate_up,
         swiglu_packed=swiglu_packed_, cross_entropy=cross_entropy,
+        linear_cross_entropy=None, linear_cross_entropy_name="off",
         attention_cached=lambda q, kk, v: attention(q, kk, v, attn_cached))
 
 

@@ -132,7 +132,6 @@ class SemiAuto(Strategy):
         """`squared_l2_norm` of a sharded gradient is Partial (each rank's part): the parts are summed per
         placement kind and made Replicate once each (a few scalar all-reduces), then added."""
         import paddle
-        import paddle.distributed as dist
 
         groups: dict = {}
         for p in model.parameters():

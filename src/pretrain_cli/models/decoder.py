@@ -14,6 +14,7 @@ import paddle
 import paddle.nn as nn
 
 from pretrain_cli.ops.kernels import Kernels
+from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
@@ -65,7 +66,8 @@ class DecoderModel(nn.Layer):
 
 
 class CausalLM(nn.Layer):
-    """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; no loss inside."""
+    """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
+    terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
     def __init__(self, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
@@ -78,16 +80,29 @@ class CausalLM(nn.Layer):
         """An empty KV cache for `forward(ids, cache)` (generation)."""
         return KVCache(self.config.num_hidden_layers)
 
-    def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None):
+    def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None, labels=None):
         """`cache` (generation only) feeds just the new tokens and appends their K/V. Packed documents pass
-        `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache)."""
+        `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache). `labels` (int64 `[bsz, seq_len]`,
+        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits."""
         if position_ids is not None or doc_start is not None:
             if cache is not None:
                 raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
             h = self.model(input_ids, None, position_ids, doc_start)  # [bsz, seq_len, hidden]
         else:
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
+        if labels is not None:
+            return self.loss_sum(h, labels)
         return self.logits(h)
+
+    def loss_sum(self, h, labels):
+        """(sum of token losses, counted tokens) from the final hidden states: the fused head + loss kernel when
+        the kernels have one (the head weight is the embedding's when tied), else the logits and cross-entropy."""
+        fused = self.kernels.linear_cross_entropy
+        if fused is None:
+            return causal_lm_loss_sum(self.logits(h), labels, self.kernels.cross_entropy)
+        if self.lm_head is None:
+            return head_loss_sum(h, self.model.embed_tokens.weight, labels, fused, vocab_major=True)
+        return head_loss_sum(h, self.lm_head.weight, labels, fused, vocab_major=False)
 
     def logits(self, h):
         """The LM head: `[bsz, seq_len, hidden]` -> `[bsz, seq_len, vocab]`, the embedding's transpose when tied."""

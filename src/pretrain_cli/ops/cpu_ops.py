@@ -172,6 +172,21 @@ class _Ops:
                   list(beta2_pow), [int(d) for d in decay], float(lr), float(beta1), float(beta2), float(epsilon),
                   float(coeff), float(grad_scale))
 
+    def linear_cross_entropy(self, h, w, labels, ignore_index: int, vocab_major: bool, chunk: int):
+        """Loss sum `[1]` of `h [N, D] · w` + cross-entropy (`w` `[D, V]`, or `[V, D]` when `vocab_major`),
+        `chunk` rows of logits at a time (ops/linear_loss.py)."""
+        return self._run("pcl_linear_cross_entropy", h, w, labels, int(ignore_index), bool(vocab_major),
+                         int(chunk))[0]
+
+    def linear_cross_entropy_grad(self, h, w, labels, ignore_index: int, vocab_major: bool, chunk: int):
+        """(loss sum `[1]`, d(sum)/dh, d(sum)/dw) in the same pass over the chunks."""
+        return self._run("pcl_linear_cross_entropy_grad", h, w, labels, int(ignore_index), bool(vocab_major),
+                         int(chunk))
+
+    def scale_by(self, x, g):
+        """`x * g[0]` (fp32, threaded)."""
+        return self._run("pcl_scale_by", x, g)[0]
+
 
 def load():
     """The fused CPU ops, or None (reason in `load_error()`); built on first use, then cached."""

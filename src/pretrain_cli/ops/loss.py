@@ -22,19 +22,33 @@ def causal_lm_loss_sum(logits, labels, cross_entropy=None):
     flat_logits = logits.astype("float32").reshape([-1, vocab])  # [bsz*seq_len, vocab]
     flat_labels = labels.astype("int64").reshape([-1])  # [bsz*seq_len]
     losses = (cross_entropy or cross_entropy_reference)(flat_logits, flat_labels, IGNORE_INDEX)  # [bsz*seq_len]
-    count = paddle.sum((flat_labels != IGNORE_INDEX).astype("float32"))
-    return paddle.sum(losses), count
+    return paddle.sum(losses), count_tokens(flat_labels)
+
+
+def head_loss_sum(h, weight, labels, linear_cross_entropy, vocab_major: bool):
+    """`causal_lm_loss_sum` of the logits `h · weight` (`weight.T` when `vocab_major`, the tied embedding)
+    through a fused head + loss kernel (`ops.linear_loss`), which never holds those logits."""
+    flat_h = h.reshape([-1, h.shape[-1]])  # [bsz*seq_len, hidden]
+    flat_labels = labels.astype("int64").reshape([-1])  # [bsz*seq_len]
+    total = linear_cross_entropy(flat_h, weight, flat_labels, IGNORE_INDEX, vocab_major)
+    return total, count_tokens(flat_labels)
+
+
+def count_tokens(labels):
+    """fp32 number of labels that count (not IGNORE_INDEX)."""
+    import paddle
+
+    return paddle.sum((labels != IGNORE_INDEX).astype("float32"))
+
+
+def mean_loss(total, count):
+    """Scalar fp32 mean over counted tokens; 0 (not NaN) when every label is ignored."""
+    import paddle
+
+    return total / paddle.clip(count, min=1.0)
 
 
 def causal_lm_loss(logits, labels, cross_entropy=None):
     """Scalar fp32 mean over counted tokens; 0 (not NaN) when every label is ignored."""
-    import paddle
+    return mean_loss(*causal_lm_loss_sum(logits, labels, cross_entropy))
 
-    total, count = causal_lm_loss_sum(logits, labels, cross_entropy)
-    return total / paddle.clip(count, min=1.0)
-
-
-def loss_kernel(model):
-    """The cross-entropy kernel `kernels.select` chose for this model (DataParallel/fleet wrap it in `_layers`)."""
-    kernels = getattr(getattr(model, "_layers", model), "kernels", None)
-    return getattr(kernels, "cross_entropy", None)

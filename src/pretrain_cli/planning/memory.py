@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
+from pretrain_cli.ops.linear_loss import chunk_rows
 
 GIB = float(2**30)
 # CUDA context + cuBLAS/cuDNN workspaces (~0.75 GiB on A100/H100 with CUDA 12), plus the caching
@@ -43,6 +44,7 @@ class Setup:
     engine: str = "single"  # config.run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
+    fused_loss: bool = False  # the fused LM head + loss (never under the semi-auto engine: it keeps the logits)
 
     def with_(self, **kw) -> "Setup":
         return replace(self, **kw)
@@ -128,11 +130,24 @@ def logits_bytes(s: Setup) -> float:
     return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.tp
 
 
+def fused_loss_bytes(s: Setup) -> float:
+    """The fused LM head + loss (ops.linear_loss): no `[b, s, V]` logits. Kept from forward to backward: dh
+    `[b·s, hidden]` and the head's fp32 dW; at the end of the forward also one chunk's dW product and a
+    copy Paddle makes (a third dW-sized buffer, measured), and one chunk of fp32 logits `[rows, V]` (+ its
+    half-precision original). Calibrated on CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
+    c, cfg = s.compute_bytes, s.model
+    rows = min(chunk_rows(cfg.vocab_size, s.device), s.micro_batch * s.seq_len)
+    chunk = rows * cfg.vocab_size * (4 + (c if c != 4 else 0))
+    return 3 * 4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * c + chunk
+
+
 def logits_live_bytes(s: Setup) -> float:
     """Logits/loss memory at the step's peak. Without recompute the peak is the end of the forward
     (all logits buffers live). With recompute, the first layer's re-forward runs after the logits are
     freed but while their gradient (fp32, plus the half cast) still is, so the working set reuses the
-    rest; calibrated on CPU (docs/PLAN.md)."""
+    rest; calibrated on CPU (docs/PLAN.md). The fused head + loss: `fused_loss_bytes`."""
+    if s.fused_loss:
+        return fused_loss_bytes(s)
     c = s.compute_bytes
     grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.tp
     _, redo = activation_parts(s)

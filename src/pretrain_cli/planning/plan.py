@@ -43,7 +43,8 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         tp=p.tp_degree, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
-        document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids)
+        document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
+        fused_loss=k.fused_loss)
 
 
 def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:

@@ -40,16 +40,13 @@ def loss_sum(model, batches, autocast=None, progress=None, shard=None, to_host=N
     global sums back; without them the sums are this process's own."""
     import paddle
 
-    from pretrain_cli.ops.loss import causal_lm_loss_sum, loss_kernel
-
     model.eval()
     total, count, samples = 0.0, 0.0, 0
     with paddle.no_grad():
         for batch in batches:
             ids, extra, labels = model_inputs(batch, shard)
-            with autocast() if autocast else contextlib.nullcontext():
-                logits = model(ids, **extra)  # [b, seq_len, vocab]
-            s, c = causal_lm_loss_sum(logits, labels, loss_kernel(model))
+            with autocast() if autocast else contextlib.nullcontext():  # the training step's loss path
+                s, c = model(ids, labels=labels, **extra)
             if to_host is not None:
                 s, c = to_host(s), to_host(c)
             total, count, samples = total + float(s), count + float(c), samples + int(ids.shape[0])

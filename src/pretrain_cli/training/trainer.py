@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pretrain_cli.data.loader import BatchIterator, batch_hash
-from pretrain_cli.ops.loss import causal_lm_loss, loss_kernel
+from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikeGuard, handle_spike
@@ -83,9 +83,9 @@ class Trainer:
     def _forward_loss(self, batch):
         # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
         ids, extra, labels = model_inputs(batch, self.strategy.shard_batch)
-        with self.amp.autocast():
-            logits = self.model(ids, **extra)
-        return causal_lm_loss(logits, labels, loss_kernel(self.model))
+        with self.amp.autocast():  # labels: the loss terms, not logits (the fused head + loss never holds them)
+            total, count = self.model(ids, labels=labels, **extra)
+        return mean_loss(total, count)
 
     def _clip(self, norm: float) -> None:
         if 0 < self.max_grad_norm < norm:

@@ -1,0 +1,153 @@
+"""The fused LM head + cross-entropy: the loss of `h · W` without ever holding the `[tokens, vocab]` logits.
+
+At Qwen's 151,936-token vocabulary and 4 × 2048 tokens the fp32 logits alone are ~5 GB, their gradient as
+much again: the largest activation of a small model. Both paths here go over the tokens in chunks of rows,
+and for each chunk compute its logits, log-sum-exp and target logit and, when a gradient is wanted, turn the
+chunk into `softmax − onehot` and accumulate `dh = P·Wᵀ` and `dW += hᵀ·P` right away. The gradients of the
+loss SUM thus come out of the forward pass, and the backward only scales them by d(loss): three GEMMs of
+tokens · hidden · vocab, as many as the unfused head + loss (a backward that recomputes the chunk logits
+would need a fourth). What stays alive from forward to backward is dh (`[tokens, hidden]`) and dW
+(the weight's size, fp32), instead of the logits.
+
+- `linear_cross_entropy_cpu`: one C++ kernel (ops/csrc/loss.cc: MKL sgemm per chunk, threaded row passes).
+- `linear_cross_entropy_chunked`: the same algorithm on Paddle's ops: the GPU path (fp16/bf16 chunk logits
+  are cast to fp32 for the softmax), and the CPU reference the tests compare the kernel against.
+
+Both take `h [N, hidden]`, the head weight (`[hidden, V]` as a Linear stores it, or the tied embedding
+`[V, hidden]` with `vocab_major`), int64 labels `[N]` and return the fp32 sum of the token losses (rows whose
+label is `ignore_index` count 0), a 0-d tensor. A gradient flows to h and to the weight, so a tied head's
+gradient accumulates into the embedding like any second use of a parameter. There is no bias (Llama and
+Qwen heads have none).
+"""
+from __future__ import annotations
+
+from pretrain_cli.ops import cpu_ops
+
+# logits held per chunk on the Paddle-op path: 8 Mi fp32 values (32 MiB) on CPU, 32 Mi (128 MiB) on GPU, where
+# fewer chunks keep the kernel launches few. The C++ kernel holds one 128 MiB chunk: smaller ones were slower
+# (2048 tokens at V = 32,000, head + loss forward and backward: 7.1 s at 8 Mi, 5.8 s at 16 Mi, 5.5 s at 32 Mi,
+# unfused 6.0 s: dW is read and written once per chunk)
+CHUNK_ELEMENTS = {"cpu": 1 << 23, "gpu": 1 << 25}
+KERNEL_CHUNK_ELEMENTS = 1 << 25
+
+
+def chunk_rows(vocab: int, device: str = "cpu", budget: int | None = None) -> int:
+    """Rows per chunk for a vocabulary: the chunk's logits `[rows, vocab]` are the only ones held."""
+    if budget is None:
+        budget = CHUNK_ELEMENTS["gpu" if str(device).startswith(("gpu", "cuda")) else "cpu"]
+    return max(16, min(4096, budget // max(int(vocab), 1)))
+
+
+def _vocab(w, vocab_major: bool) -> int:
+    return int(w.shape[0] if vocab_major else w.shape[1])
+
+
+def _wants_grad(h, w) -> bool:
+    import paddle
+
+    return paddle.is_grad_enabled() and not (h.stop_gradient and w.stop_gradient)
+
+
+_LAYERS: dict = {}  # the PyLayer classes, defined on first use (this module imports no Paddle at import)
+
+
+def _layers():
+    if _LAYERS:
+        return _LAYERS
+    import paddle
+    from paddle.autograd import PyLayer
+
+    class _Fused(PyLayer):
+        """Forward returns the loss sum; the gradients it produced are scaled by d(loss) in backward."""
+
+        @staticmethod
+        def forward(ctx, h, w, labels, run):
+            total, dh, dw = run(h, w, labels)
+            ctx.save_for_backward(dh, dw)
+            ctx.needs = (not h.stop_gradient, not w.stop_gradient)
+            return total
+
+        @staticmethod
+        def backward(ctx, dloss):
+            dh, dw = ctx.saved_tensor()
+            g = dloss.astype("float32").reshape([1])
+            ops = cpu_ops.load() if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
+            if ops is not None:  # threaded (Paddle's CPU multiply runs on one thread)
+                dh, dw = ops.scale_by(dh, g), ops.scale_by(dw, g)
+            else:  # in place: no second weight-sized buffer at the start of the backward
+                dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
+            return (dh if ctx.needs[0] else None), (dw if ctx.needs[1] else None)
+
+    _LAYERS["fused"] = _Fused
+    return _LAYERS
+
+
+def _apply(h, w, labels, loss_only, with_grad):
+    if not _wants_grad(h, w):
+        return loss_only(h, w, labels)
+    return _layers()["fused"].apply(h, w, labels, with_grad)
+
+
+# ---------------------------------------------------------------- CPU: the C++ kernel
+def linear_cross_entropy_cpu(h, w, labels, ignore_index: int, vocab_major: bool):
+    """fp32 only (CPU runs are fp32); one kernel call per pass, chunks of `chunk_rows(V)` rows inside."""
+    ops = cpu_ops.load()
+    chunk = chunk_rows(_vocab(w, vocab_major), budget=KERNEL_CHUNK_ELEMENTS)
+
+    def loss_only(h, w, labels):
+        return ops.linear_cross_entropy(h, w, labels, ignore_index, vocab_major, chunk).reshape([])
+
+    def with_grad(h, w, labels):
+        total, dh, dw = ops.linear_cross_entropy_grad(h, w, labels, ignore_index, vocab_major, chunk)
+        return total.reshape([]), dh, dw
+
+    return _apply(h, w, labels, loss_only, with_grad)
+
+
+# ---------------------------------------------------------------- GPU (and its CPU reference): Paddle's ops
+def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
+    """(loss sum, dh or None, dW fp32 or None), one chunk of rows at a time."""
+    import paddle
+
+    n, vocab = int(h.shape[0]), _vocab(w, vocab_major)
+    rows = chunk_rows(vocab, "gpu" if h.place.is_gpu_place() else "cpu")
+    wc = w if w.dtype == h.dtype else w.astype(h.dtype)  # one cast of the weight, not one per chunk
+    total = paddle.zeros([], dtype="float32")
+    dhs, dw = [], None
+    for c0 in range(0, n, rows):
+        hc, lc = h[c0:c0 + rows], labels[c0:c0 + rows]  # [m, hidden], [m]
+        logits = paddle.matmul(hc, wc, transpose_y=vocab_major)  # [m, V] in the compute dtype
+        x = logits if logits.dtype == paddle.float32 else logits.astype("float32")  # [m, V]: the softmax in fp32
+        valid = lc != ignore_index
+        safe = paddle.where(valid, lc, paddle.zeros_like(lc))  # [m]
+        lse = paddle.logsumexp(x, axis=-1)  # [m]
+        target = paddle.take_along_axis(x, safe.unsqueeze(-1), axis=-1).squeeze(-1)  # [m]
+        vf = valid.astype("float32")
+        total = total + paddle.sum((lse - target) * vf)
+        if not grad:
+            continue
+        # softmax − onehot, zero rows for ignored labels: in place on the chunk (no further [m, V] buffers)
+        p = x.subtract_(lse.unsqueeze(-1)).exp_()  # [m, V]
+        p = p.put_along_axis_(safe.unsqueeze(-1), -1.0, 1, reduce="add").multiply_(vf.unsqueeze(-1))
+        p = p.astype(logits.dtype)
+        dhs.append(paddle.matmul(p, wc, transpose_y=not vocab_major))  # [m, hidden]
+        part = paddle.matmul(p, hc, transpose_x=True) if vocab_major else paddle.matmul(hc, p, transpose_x=True)
+        part = part.astype("float32")  # [V, hidden] or [hidden, V]
+        dw = part if dw is None else dw.add_(part)
+    if not grad:
+        return total, None, None
+    dh = paddle.concat(dhs, axis=0).astype(h.dtype) if dhs else paddle.zeros_like(h)  # [N, hidden]
+    dw = (dw if dw is not None else paddle.zeros(w.shape, dtype="float32")).astype(w.dtype)
+    return total, dh, dw
+
+
+def linear_cross_entropy_chunked(h, w, labels, ignore_index: int, vocab_major: bool):
+    """Chunks of `chunk_rows(V, device)` rows; fp16/bf16 matmuls where the run computes in them."""
+
+    def loss_only(h, w, labels):
+        return _chunks(h, w, labels, ignore_index, vocab_major, False)[0]
+
+    def with_grad(h, w, labels):
+        return _chunks(h, w, labels, ignore_index, vocab_major, True)
+
+    return _apply(h, w, labels, loss_only, with_grad)
