@@ -76,3 +76,37 @@ def test_matplotlib_is_imported_only_to_draw():
             "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_checkpoint_curves_are_drawn_off_the_training_thread(tmp_path, monkeypatch):
+    """`MetricsWriter.plot` returns before the drawing ends, drops a request while one runs, `close` waits
+    for it, and a write the system refuses is raised on the training thread at the next request."""
+    import threading
+
+    import pretrain_cli.training.plot as plot
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    release, drawn = threading.Event(), []
+
+    def slow(output_dir):
+        release.wait(30)
+        drawn.append(threading.current_thread().name)
+        if len(drawn) == 2:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plot, "write_loss_curve", slow)
+    writer = MetricsWriter(str(tmp_path), None, ["none"], None)
+    writer.plot()
+    writer.plot()  # dropped: one drawing at a time
+    assert drawn == []  # returned while the drawing waits
+    release.set()
+    writer._plotter.join()
+    writer.plot()  # the second drawing fails ...
+    writer._plotter.join()
+    try:
+        writer.plot()  # ... and its error surfaces here
+        raise AssertionError("the write error was swallowed")
+    except OSError as e:
+        assert e.errno == 28
+    writer.close()
+    assert drawn == ["loss-curve", "loss-curve"]

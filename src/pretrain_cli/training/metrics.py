@@ -101,6 +101,7 @@ class MetricsWriter:
             atomic.write_text(self.path, "".join(kept))
         self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
         self._vdl = None
+        self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
         targets = [t.lower() for t in (report_to or ["visualdl"])]
         if any(t in ("visualdl", "all") for t in targets) and "none" not in targets:
             self.logging_dir = logging_dir or str(self.output_dir / "runs")
@@ -114,12 +115,39 @@ class MetricsWriter:
             add_scalars(self._vdl, record)
 
     def plot(self) -> None:
-        """Redraw `loss_curve.png` from what metrics.jsonl holds now (at each checkpoint and at the end)."""
+        """Redraw `loss_curve.png` from what metrics.jsonl holds now, at each checkpoint.
+
+        On a background thread: matplotlib takes seconds (3–9 s on a busy 2-core machine, the first import
+        included), which would otherwise stall training at every save, async saves too. One drawing at a
+        time; a request while one runs is dropped (the next checkpoint or the final export redraws), and
+        `close` waits, so the final export's curve is the last one written."""
+        import threading
+
         from pretrain_cli.training.plot import write_loss_curve
 
-        write_loss_curve(self.output_dir)
+        self._raise_plot_error()
+        if self._plotter is not None and self._plotter.is_alive():
+            return
+
+        def draw():
+            try:
+                write_loss_curve(self.output_dir)
+            except OSError as e:  # disk full, read-only: raised on the training thread, like any write
+                self._plot_error = e
+
+        self._plotter = threading.Thread(target=draw, daemon=True, name="loss-curve")
+        self._plotter.start()
+
+    def _raise_plot_error(self) -> None:
+        if self._plot_error is not None:
+            error, self._plot_error = self._plot_error, None
+            raise error
 
     def close(self) -> None:
+        """Waits for a drawing in flight; its write error, if any, is left to the final export's redraw
+        (close runs in `finally`, where raising would hide the error the run is already stopping for)."""
+        if self._plotter is not None:
+            self._plotter.join()
         self._jsonl.close()
         if self._vdl is not None:
             self._vdl.close()
