@@ -11,6 +11,7 @@ from pretrain_cli.planning import fit as fit_search
 
 QWEN = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "qwen_pretrain_argument_0p5b.json"
 AT_4096 = ["--max_seq_length", "4096"]
+UNFUSED = ["--use_fused_linear_cross_entropy", "false"]
 
 
 def _tokens(change: dict) -> list[str]:
@@ -62,12 +63,15 @@ def test_a_file_that_fits_keeps_its_layout_unless_something_is_faster(tmp_path):
 
 
 def test_nothing_fits_names_what_the_smallest_layout_needs(capsys):
-    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--fit"]) == 1
+    # the fused head + loss (our default) makes it fit one card with recompute; unfused (PaddleNLP's way) it does not
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--fit"]) == 0
+    assert "recompute: false -> true" in capsys.readouterr().out
+    assert cli_main(["plan", str(QWEN), *AT_4096, *UNFUSED, "--device", "V100-16GB", "--fit"]) == 1
     text = capsys.readouterr().out
     assert "nothing fits: the current layout needs" in text
     assert "the smallest layout (recompute true) needs" in text and "a device with at least" in text
     assert "or more devices: --gpus 2" in text
-    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=1)
+    f = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=1)
     assert f["after"] is None and f["smallest"]["memory_gib"] > f["budget_gib"]
     assert f["more_devices"]["memory_gib"] <= f["budget_gib"]
 
@@ -126,10 +130,10 @@ def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
     yet (as `config.resolve.not_yet_supported` reports layouts), so the fit finds another way or none."""
     import pretrain_cli.config.resolve as resolve_module
 
-    free = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    free = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert ("tensor_parallel_degree", 1, 2) in free["diff"]
     monkeypatch.setattr(resolve_module, "not_yet_supported",
                         lambda run: ["tensor_parallel_degree: not yet"] if run.parallel.tp_degree > 1 else [])
-    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    f = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert f["valid"] < free["valid"]
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]

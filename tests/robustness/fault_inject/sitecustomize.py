@@ -4,7 +4,8 @@ directory on PYTHONPATH). No product code knows about it.
 PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process reaches <point>:
 
   forward            CausalLM.forward is entered                          -> SIGKILL
-  opt_step           paddle.optimizer.AdamW.step has updated the weights  -> SIGKILL
+  opt_step           the optimizer step has updated the weights           -> SIGKILL
+                     (paddle.optimizer.AdamW.step, or the fused CPU AdamW of pretrain_cli.training.optim)
   save_weights       safetensors.paddle.save_file has written half a file -> SIGKILL
   save_optimizer     safetensors.numpy.save_file has written half a file  -> SIGKILL
   enospc             safetensors.numpy.save_file has written half a file  -> raise OSError(ENOSPC)
@@ -88,6 +89,10 @@ def _patch_optimizer(mod):
     mod.AdamW.step = step
 
 
+def _patch_fused_optimizer(mod):
+    _patch_optimizer(type("Mod", (), {"AdamW": mod.FusedAdamW}))
+
+
 def _patch_indexed(mod):
     original = mod.IndexedDatasetWriter.add_documents
 
@@ -104,6 +109,7 @@ def _patch_indexed(mod):
 _PATCHES = {
     "pretrain_cli.models.decoder": _patch_decoder,
     "paddle.optimizer": _patch_optimizer,
+    "pretrain_cli.training.optim": _patch_fused_optimizer,
     "safetensors.paddle": lambda m: _patch_safetensors(m, "save_weights", "enospc_weights"),
     "safetensors.numpy": lambda m: _patch_safetensors(m, "save_optimizer", "enospc"),
     "pretrain_cli.data.indexed": _patch_indexed,
