@@ -258,10 +258,10 @@ def test_qwen3_q_k_norms_add_parameters_and_activations(write_args):
     assert activation_bytes(Setup(cfg, 1, 1024)) > activation_bytes(Setup(as_llama, 1, 1024))
 
 
-def test_fused_loss_replaces_the_logits_term_except_on_the_semi_auto_engine(write_args):
+def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(write_args):
     """Qwen's 151,936-token vocabulary at 4 x 2048 tokens: the [b, s, V] logits (fp16 + fp32 copy + fp32 grad +
-    fp16 grad) are ~11.6 GiB; the fused head + loss keeps dh, the fp32 dW buffers and one chunk instead. A
-    tensor-parallel layout (semi-auto engine, vocabulary-split head) keeps the logits."""
+    fp16 grad) are ~11.6 GiB; the fused head + loss keeps dh, the fp32 dW buffers and one chunk instead, on one
+    device and under ZeRO-2/3 alike. A tensor-parallel layout (vocabulary-split head) keeps the logits."""
     shape = dict(per_device_train_batch_size=4, max_seq_length=2048)
     fused = plan(write_args(**shape), device="A100-80GB")["memory_breakdown_gib"]["logits_loss"]
     unfused = plan(write_args(**shape, use_fused_linear_cross_entropy=False),
@@ -271,3 +271,5 @@ def test_fused_loss_replaces_the_logits_term_except_on_the_semi_auto_engine(writ
     tp = [plan(write_args(**shape, tensor_parallel_degree=2, use_fused_linear_cross_entropy=f), device="A100-80GB",
                gpus=2)["memory_breakdown_gib"]["logits_loss"] for f in (True, False)]
     assert tp[0] == tp[1] == pytest.approx(unfused / 2, rel=1e-3)
+    zero3 = plan(write_args(**shape, sharding="stage3"), device="A100-80GB", gpus=2)["memory_breakdown_gib"]
+    assert zero3["logits_loss"] == pytest.approx(fused, rel=1e-3)  # the same per-device term as one device

@@ -152,9 +152,13 @@ def test_attention_mask_type_and_reset_position_ids_are_resolved_once():
     assert doc.to_dict()["data"]["attention_mask_type"] == "document"  # recorded in args.json
 
 
-def test_fused_loss_is_the_default_and_off_on_the_semi_auto_engine():
+def test_fused_loss_is_the_default_and_off_only_under_tensor_parallelism():
     assert resolve_run().kernels.fused_loss
     assert not resolve_run("--use_fused_linear_cross_entropy", "false").kernels.fused_loss
     tp = resolve_run("--tensor_parallel_degree", "2", "--use_fused_linear_cross_entropy", "true", world=2)
     assert tp.parallel.engine == "semi_auto" and not tp.kernels.fused_loss
     assert any(n.startswith("use_fused_linear_cross_entropy:") for n in tp.notes)
+    for stage in ("stage2", "stage3"):  # the semi-auto engine without TP: each rank's rows, the whole head
+        zero = resolve_run("--sharding", stage, "--use_fused_linear_cross_entropy", "true", world=2)
+        assert zero.parallel.engine == "semi_auto" and zero.kernels.fused_loss
+        assert not any(n.startswith("use_fused_linear_cross_entropy:") for n in zero.notes)

@@ -194,7 +194,7 @@ class TrainingArguments:
         "[tokens, vocab] logits or their gradient (~5 GB fp32 at 151,936 x 8192 tokens); a C++ kernel on CPU, "
         "Paddle's ops on GPU; same loss. false: the logits, then the loss. PaddleNLP's default is false (its "
         "version is a Triton GPU kernel); here it is true because it saves memory at no cost in speed. "
-        "Tensor-parallel (semi-auto) layouts keep the unfused loss.")
+        "Tensor-parallel layouts (a vocabulary-split head) keep the unfused loss; ZeRO-1/2/3 run it.")
     enable_linear_fused_grad_add: bool = _f(False, "PaddleNLP fused linear-grad-add layers.", "ignored")
     offload_optim: bool = _f(False, "Optimizer state offloaded to host memory between steps.", "ignored")
     autotuner_benchmark: bool = _f(False, "PaddleNLP autotuner mode.", "ignored")

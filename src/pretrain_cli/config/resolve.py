@@ -316,11 +316,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, precision, notes, problems)
-    if kernels.fused_loss and parallel.engine == "semi_auto":  # distributed.local_kernels: no sharded-head kernel
+    if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:
-            notes.append("use_fused_linear_cross_entropy: tensor parallelism and ZeRO-2/3 (the semi-auto engine) "
-                         "keep the logits and the unfused loss")
+            notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
+                         "it keeps the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None

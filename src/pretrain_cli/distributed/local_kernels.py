@@ -14,8 +14,10 @@ with `dist.reshard` and handed over "Partial" on the axes where the activation i
 local gradient the kernel returns is summed across ranks by Paddle, not dropped. Measured exact
 (≤ 1e-6) against one process for DP, ZeRO-1/2/3, TP and dp × tp on CPU (docs/DISTRIBUTED.md).
 
-The fused LM head + loss (`ops.linear_loss`) is not localized: under a vocabulary-split head each rank
-would need the whole head weight, so these layouts keep the logits and the localized cross-entropy.
+The fused LM head + loss (`ops.linear_loss`) runs on each rank's rows against the whole head weight
+(gathered under ZeRO-3, Partial like RMSNorm's); the ranks' loss sums are added by Paddle.
+Under tensor parallelism the head is split over the vocabulary and each rank would need all of it, so
+`config.resolve` keeps the logits and the localized cross-entropy there (`linear_cross_entropy` is None).
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def localize(k, hook: bool):
     Dense inputs go to the original op unchanged (generation, evaluation after gathering).
     """
     rms, rope, attn, attn_cached, attn_doc = k.rms_norm, k.rope, k.attention, k.attention_cached, k.attention_document
-    swiglu, swiglu_packed, ce = k.swiglu, k.swiglu_packed, k.cross_entropy
+    swiglu, swiglu_packed, ce, lce = k.swiglu, k.swiglu_packed, k.cross_entropy, k.linear_cross_entropy
 
     def rms_norm(x, w, eps):
         if not x.is_dist():
@@ -161,11 +163,24 @@ def localize(k, hook: bool):
                 dist.Replicate() if (p.is_shard() and p.get_dim() == 1) else p for p in logits.placements])
         return _dist(ce(_local(logits), _local(labels), ignore_index), labels)
 
+    def linear_cross_entropy(h, w, labels, ignore_index, vocab_major):
+        """This rank's rows `[n, hidden]` against the whole head. Each rank's loss sum becomes its piece of a
+        `[ranks]` tensor sharded like the rows, summed by Paddle: declaring the local sum Partial instead would
+        send the gradient to one rank only (Replicate -> Partial keeps the value on rank 0, zeros elsewhere)."""
+        if not h.is_dist():
+            return lce(h, w, labels, ignore_index, vocab_major)
+        h = _no_partial(h)
+        total = lce(_local(h), _weight_for(w, h, hook), _local(labels), ignore_index, vocab_major)
+        pieces = _dist(total.reshape([1]), h)  # [1] per rank -> [data ranks]
+        if hook and not pieces.stop_gradient:  # the sum's gradient arrives Partial: no reduce-scatter on CPU
+            pieces.register_hook(to_replicated)
+        return pieces.sum()
+
     return dataclasses.replace(
         k, rms_norm=rms_norm, rope=rope_, attention=attention, attention_document=attention_document,
         swiglu=swiglu_, gate_up=gate_up,
         swiglu_packed=swiglu_packed_, cross_entropy=cross_entropy,
-        linear_cross_entropy=None, linear_cross_entropy_name="off",
+        linear_cross_entropy=linear_cross_entropy if lce is not None else None,
         attention_cached=lambda q, kk, v: attention(q, kk, v, attn_cached))
 
 

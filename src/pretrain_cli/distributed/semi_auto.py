@@ -51,7 +51,7 @@ class SemiAuto(Strategy):
         if self.hook:
             for param in model.parameters():
                 param.register_hook(to_replicated)  # before shard_optimizer registers its own
-        if p.zero_stage == 3 and self.vocab:
+        if p.zero_stage == 3:
             self._gather_embedding_on_use(model)
         return model
 
@@ -83,9 +83,10 @@ class SemiAuto(Strategy):
                 layer.add_parameter(key, dist.shard_tensor(param, mesh, self._placements()))
 
     def _gather_embedding_on_use(self, model) -> None:
-        """ZeRO-3 keeps the vocab-split embedding as [Shard on dp, Shard(0) on mp], which the lookup's SPMD
+        """ZeRO-3 keeps the embedding as [Shard on dp, Shard(0) on mp when vocab-split], which the lookup's SPMD
         rule refuses next to batch-sharded ids, and which a tied LM head's implicit gather would give a
-        reduce-scatter backward (no CPU kernel): both read the dp-gathered weight instead. Replaced on the
+        reduce-scatter backward (no CPU kernel): both read the dp-gathered weight instead, as the fused head +
+        loss does (`local_kernels`), so a tied weight's gradients arrive with one placement. Replaced on the
         instances, like recompute's wrappers; the model code is unchanged."""
         import paddle
         import paddle.nn.functional as F

@@ -44,7 +44,7 @@ class Setup:
     engine: str = "single"  # config.run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
-    fused_loss: bool = False  # the fused LM head + loss (never under the semi-auto engine: it keeps the logits)
+    fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
 
     def with_(self, **kw) -> "Setup":
         return replace(self, **kw)
