@@ -85,10 +85,27 @@ def test_paddlenlp_layout_is_detected(tmp_path):
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_paddlenlp_qwen3_layout_is_not_mistaken_for_hf(tmp_path):
-    """PaddleNLP's Qwen3 keeps HF's `model.` names but Paddle's [in, out] layout: it stops with a shape error."""
+def test_paddlenlp_qwen3_layout_is_recognised_by_its_shapes(tmp_path):
+    """PaddleNLP's Qwen3 keeps HF's `model.` names but Paddle's [in, out] layout: the non-square Linear weights'
+    shapes say which, and the weights load exactly (tied and untied)."""
+    for tied in (True, False):
+        cfg = cfg_for("qwen3", tied=tied)
+        src = _fresh(cfg, 1)
+        np_save(_params(src), str(tmp_path / "model.safetensors"))  # [in, out], model.* names
+        dst = _fresh(cfg, 2)
+        assert convert.load_weights(dst, cfg, str(tmp_path)) == "paddlenlp"
+        a, b = _params(src), _params(dst)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+        convert.save_hf(src, cfg, str(tmp_path))  # the HF layout of the same weights is still read as HF
+        assert convert.load_weights(_fresh(cfg, 3), cfg, str(tmp_path)) == "hf"
+
+
+def test_a_file_mixing_both_layouts_stops_with_a_shape_error(tmp_path):
     cfg = cfg_for("qwen3")
-    np_save(_params(_fresh(cfg, 1)), str(tmp_path / "model.safetensors"))  # [in, out], model.* names
+    tensors = _params(_fresh(cfg, 1))  # [in, out]
+    name = "model.layers.0.mlp.gate_proj.weight"
+    tensors[name] = np.ascontiguousarray(tensors[name].T)  # this one in HF's [out, in]
+    np_save(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match="has shape"):
         convert.load_weights(_fresh(cfg, 2), cfg, str(tmp_path))
 

@@ -2,7 +2,8 @@
 
 Our parameter names already equal HF's, so HF ⇄ ours is a transpose of every 2-D Linear
 weight (Paddle `[in, out]`, HF `[out, in]`) plus dropping/ignoring `lm_head.weight` when tied.
-PaddleNLP checkpoints use `llama.`/`qwen2.` instead of `model.` and keep Paddle's `[in, out]`.
+PaddleNLP checkpoints use `llama.`/`qwen2.` instead of `model.` and keep Paddle's `[in, out]`; its Qwen3
+keeps `model.` and Paddle's layout, recognised by the Linear weights' shapes (`detect_layout`).
 Never a RoPE permutation: both sides use the rotate-half layout.
 """
 from __future__ import annotations
@@ -160,15 +161,28 @@ def _from_paddlenlp(tensors: dict, model) -> dict:
     return out
 
 
-def detect_layout(tensors: dict) -> str:
-    """"paddlenlp" if any name carries PaddleNLP's family prefix, else "hf"."""
-    return "paddlenlp" if any(k.startswith(PADDLENLP_PREFIXES) for k in tensors) else "hf"
+def detect_layout(tensors: dict, model=None) -> str:
+    """"paddlenlp" if any name carries PaddleNLP's family prefix, or (`model` given) if every non-square Linear
+    weight in the file has Paddle's `[in, out]` shape: PaddleNLP's Qwen3 keeps HF's `model.` names, so only the
+    shapes tell it apart. Else "hf" (a file whose shapes fit neither fails in the loader, naming the tensor)."""
+    if any(k.startswith(PADDLENLP_PREFIXES) for k in tensors):
+        return "paddlenlp"
+    if model is None:
+        return "hf"
+    params = dict(model.named_parameters())
+    votes = set()
+    for name in linear_weight_names(model):
+        ours, theirs = tuple(params[name].shape), tuple(tensors[name].shape) if name in tensors else None
+        if theirs is None or len(ours) != 2 or ours[0] == ours[1]:
+            continue  # absent, or square: both layouts have the same shape
+        votes.add("paddlenlp" if theirs == ours else "hf" if theirs == ours[::-1] else "neither")
+    return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
 def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
     """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
     tensors = read_safetensors(src_dir)
-    layout = detect_layout(tensors)
+    layout = detect_layout(tensors, model)
     if layout == "paddlenlp":
         tensors = _from_paddlenlp(tensors, model)
     load_hf_state_dict(model, tensors, source=src_dir)

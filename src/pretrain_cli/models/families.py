@@ -27,7 +27,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen2", "Qwen2ForCausalLM", "qwen2.", lambda cfg: (True, False, False)),
     # HF Qwen3Attention: `attention_bias` (false in every released model) on q/k/v and o, no MLP bias;
     # q_norm / k_norm per head; head_dim explicit (128 with hidden 1024 and 16 heads in Qwen3-0.6B).
-    # PaddleNLP's Qwen3 uses HF's `model.` prefix (with Paddle's [in, out] Linear layout): no prefix tells it apart
+    # PaddleNLP's Qwen3 uses HF's `model.` prefix with Paddle's [in, out] Linear layout: `convert` tells it by shape
     Family("qwen3", "Qwen3ForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True),
 )}
