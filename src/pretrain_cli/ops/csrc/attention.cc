@@ -284,8 +284,7 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
         cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f,
                     P + i0 * SK + k0, SK);
         for (int64_t r = 0; r < m; ++r) {
-          float* full = P + (i0 + r) * SK;
-          float* row = full + k0;
+          float* row = P + (i0 + r) * SK + k0;
           const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
           float mx = row[0];
 #pragma omp simd reduction(max : mx)
@@ -301,14 +300,10 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
 #pragma omp simd
           for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
           // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
-          // be exact zeros. The causal path zeroes the whole rest of the row (any reader sees exact zeros); with
-          // documents that rest is most of the [S, SK] buffer, and writing it would cost more than the skipped
-          // GEMMs save, so it is left unwritten (the probabilities are internal to this op pair).
-          if (start == nullptr) {
-            std::fill(row + vis, full + SK, 0.f);
-          } else {
-            std::fill(row + vis, row + w, 0.f);
-          }
+          // be exact zeros. The rest of the row is never read (the probabilities are internal to this op pair),
+          // so it is left unwritten: for causal rows that is half the [S, SK] buffer of memory writes saved,
+          // with documents most of it.
+          std::fill(row + vis, row + w, 0.f);
         }
         cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, P + i0 * SK + k0, SK, V + k0 * D, D, 0.f, O + i0 * D,
                     D);
