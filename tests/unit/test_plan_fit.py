@@ -137,3 +137,27 @@ def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
     f = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert f["valid"] < free["valid"]
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]
+
+
+def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkeypatch):
+    """The GPU path of `train`'s out-of-memory line (CPU is tested end to end in tests/e2e/test_cli.py): the device
+    is named from the hardware table, and the suggestion is `--fit`'s layout under 90 % of the smaller of the
+    device and the failed layout's estimate."""
+    import argparse
+
+    from pretrain_cli.commands import train
+    from pretrain_cli.config.prepare import prepare
+    from pretrain_cli.config.run_config import Target
+
+    monkeypatch.setattr(train, "_gpu_name", lambda: "V100-16GB")
+    ns = argparse.Namespace(config=str(QWEN), overrides=list(AT_4096))
+    spec = prepare(str(QWEN), list(AT_4096), Target(device="gpu", world_size=1), open_data=False)
+    line = train.out_of_memory_line(ns, spec, 7)
+    assert line.startswith("out of memory at step 7 on 1 x V100-16GB: top plan suggestion for this run: "), line
+    assert "recompute false -> true" in line
+    assert f"`pretrain-cli plan {QWEN} --device V100-16GB --gpus 1 --fit -o fitted.json` writes it" in line
+    assert "\n" not in line and line.endswith("re-run to resume from the last one")
+    monkeypatch.setattr(train, "_gpu_name", lambda: None)  # a GPU the table does not know: the command to run
+    line = train.out_of_memory_line(ns, spec, 7)
+    assert line == (f"out of memory at step 7; `pretrain-cli plan {QWEN} --device <your GPU> --gpus 1 --fit` finds a "
+                    "layout that fits (checkpoints are untouched)")
