@@ -49,6 +49,8 @@ def test_layout_matches_one_process(runs, ref, name):
     want = load_file(str(rout / "checkpoint-5" / "optimizer.safetensors"))
     assert sorted(saved) == sorted(want) and all(saved[k].shape == want[k].shape for k in saved)
     assert "Traceback" not in run.log(0) + run.log(1)
+    # ZeRO-2/3 run the fused LM head + loss on each rank's rows; a vocabulary-split (TP) head keeps the logits
+    assert ("head+loss=off" if "tp2" in name else "head+loss=cpu") in run.log(0)
 
 
 def _held(out) -> list[dict]:
