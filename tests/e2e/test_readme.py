@@ -36,7 +36,7 @@ def demo(tmp_path_factory):
     for name in ("configs", "scripts"):
         (root / name).symlink_to(REPO / name)
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_demo_corpus.py"), str(root / "demo" / "corpus.jsonl"),
-                    "--max_mb", "4"], check=True, capture_output=True)
+                    "--max_mb", "1"], check=True, capture_output=True)
     cwd = os.getcwd()
     os.chdir(root)
     try:
