@@ -28,6 +28,8 @@ def test_fitted_layout_fits_keeps_the_global_batch_and_is_what_plan_predicts():
     assert again["parallel"]["tp"] in (1, 2)  # 14 heads and 2 KV heads: tp 4 and 8 are refused by resolve
     assert [k for k, _, _ in f["diff"]] and all(old != new for _, old, new in f["diff"])
     assert f["tried"] > f["valid"] > 1
+    # docs/PLAN.md's worked example: ZeRO-2 runs the fused head + loss, so the file keeps its stage2
+    assert f["diff"] == [("recompute", False, True), ("recompute_granularity", "full", "core_attn")]
 
 
 def test_no_fitting_candidate_is_faster_than_the_chosen_one():

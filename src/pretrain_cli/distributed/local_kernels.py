@@ -39,6 +39,13 @@ def to_replicated(grad):
     return grad
 
 
+def _replicate_grad(x, hook: bool):
+    """`x` with the CPU gradient hook when its gradient would arrive Partial (see `to_replicated`)."""
+    if hook and not x.stop_gradient:
+        x.register_hook(to_replicated)
+    return x
+
+
 def _no_partial(x):
     import paddle.distributed as dist
 
@@ -67,10 +74,7 @@ def gather_zero(w, hook: bool):
 
     if not (w.is_dist() and w.placements[0].is_shard()):
         return w
-    w = dist.reshard(w, w.process_mesh, [dist.Replicate(), *w.placements[1:]])
-    if hook and not w.stop_gradient:
-        w.register_hook(to_replicated)
-    return w
+    return _replicate_grad(dist.reshard(w, w.process_mesh, [dist.Replicate(), *w.placements[1:]]), hook)
 
 
 def _weight_for(w, like, hook: bool):
@@ -79,9 +83,7 @@ def _weight_for(w, like, hook: bool):
     from paddle.distributed.auto_parallel.api import dtensor_to_local
 
     if any(p.is_shard() for p in w.placements):
-        w = dist.reshard(w, w.process_mesh, [dist.Replicate() for _ in w.placements])
-        if hook and not w.stop_gradient:
-            w.register_hook(to_replicated)
+        w = _replicate_grad(dist.reshard(w, w.process_mesh, [dist.Replicate() for _ in w.placements]), hook)
     placements = [dist.Partial() if p.is_shard() else dist.Replicate() for p in like.placements]
     return dtensor_to_local(w, w.process_mesh, placements)
 
@@ -172,9 +174,7 @@ def localize(k, hook: bool):
         h = _no_partial(h)
         total = lce(_local(h), _weight_for(w, h, hook), _local(labels), ignore_index, vocab_major)
         pieces = _dist(total.reshape([1]), h)  # [1] per rank -> [data ranks]
-        if hook and not pieces.stop_gradient:  # the sum's gradient arrives Partial: no reduce-scatter on CPU
-            pieces.register_hook(to_replicated)
-        return pieces.sum()
+        return _replicate_grad(pieces, hook).sum()  # the sum's gradient arrives Partial
 
     return dataclasses.replace(
         k, rms_norm=rms_norm, rope=rope_, attention=attention, attention_document=attention_document,

@@ -49,6 +49,5 @@ def mean_loss(total, count):
 
 
 def causal_lm_loss(logits, labels, cross_entropy=None):
-    """Scalar fp32 mean over counted tokens; 0 (not NaN) when every label is ignored."""
+    """`mean_loss` of `causal_lm_loss_sum`: the loss from logits in one call."""
     return mean_loss(*causal_lm_loss_sum(logits, labels, cross_entropy))
-

@@ -4,7 +4,7 @@
 using pcl::check_f32;
 using pcl::contig;
 using pcl::last_dim;
-using pcl::vexp;
+using pcl::exp_from_max;
 
 // ------------------------------------------------------------------------------ RoPE
 // x [b, s, h, d] -> y [b, h, s, d] = x*cos + rotate_half(x)*sin (HF layout), written straight into the
@@ -286,17 +286,8 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
         for (int64_t r = 0; r < m; ++r) {
           float* row = P + (i0 + r) * SK + k0;
           const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
-          float mx = row[0];
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 1; j < vis; ++j) mx = row[j] > mx ? row[j] : mx;
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < vis; ++j) {
-            const float e = vexp(row[j] - mx);
-            row[j] = e;
-            sum += e;
-          }
-          const float inv = 1.f / sum;
+          float mx;
+          const float inv = 1.f / exp_from_max(row, vis, &mx);
 #pragma omp simd
           for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
           // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must

@@ -47,6 +47,23 @@ inline float vexp(float x_in) {
   return x_in > 88.3762626647949f ? INFINITY : p * scale;
 }
 
+// One softmax row in place, up to the normalisation: row[j] = exp(row[j] - max), returns the sum and writes
+// the max (attention and the fused LM head + loss both need them: the loss is max + log(sum) - target).
+inline float exp_from_max(float* row, int64_t n, float* max_out) {
+  float mx = row[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 1; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = vexp(row[j] - mx);
+    row[j] = e;
+    sum += e;
+  }
+  *max_out = mx;
+  return sum;
+}
+
 inline void check_f32(const paddle::Tensor& t, const char* op, const char* name) {
   PD_CHECK(t.is_cpu(), op, ": ", name, " must be a CPU tensor");
   PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " must be float32");

@@ -6,6 +6,7 @@
 using pcl::check_f32;
 using pcl::contig;
 using pcl::last_dim;
+using pcl::exp_from_max;
 using pcl::vexp;
 
 // -------------------------------------------------------------------------- cross-entropy
@@ -162,15 +163,8 @@ float head_pass(const float* h, const float* w, const int64_t* lp, HeadShape s, 
         continue;
       }
       const float target = r[label];
-      float mx = r[0];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 1; j < v; ++j) mx = r[j] > mx ? r[j] : mx;
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < v; ++j) {
-        r[j] = vexp(r[j] - mx);
-        sum += r[j];
-      }
+      float mx;
+      const float sum = exp_from_max(r, v, &mx);
       row_loss[c0 + i] = mx + std::log(sum) - target;
       if (grad) {
         const float inv = 1.f / sum;
@@ -195,28 +189,37 @@ float head_pass(const float* h, const float* w, const int64_t* lp, HeadShape s, 
 }
 }  // namespace
 
-std::vector<paddle::Tensor> LinearCrossEntropy(const paddle::Tensor& h_arg, const paddle::Tensor& w_arg,
-                                               const paddle::Tensor& labels_arg, int64_t ignore_index,
-                                               bool vocab_major, int64_t chunk) {
+namespace {
+// {loss sum [1]} or, with `grad`, {loss sum, d(sum)/dh, d(sum)/dw}: both ops are one pass over the chunks.
+std::vector<paddle::Tensor> head_op(const paddle::Tensor& h_arg, const paddle::Tensor& w_arg,
+                                    const paddle::Tensor& labels_arg, int64_t ignore_index, bool vocab_major,
+                                    int64_t chunk, bool grad) {
   const paddle::Tensor h = contig(h_arg), w = contig(w_arg), labels = contig(labels_arg);
   const HeadShape s = check_head(h, w, labels, vocab_major, ignore_index, chunk);
   auto loss = paddle::empty({1}, h.dtype(), h.place());
-  loss.data<float>()[0] = head_pass(h.data<float>(), w.data<float>(), labels.data<int64_t>(), s, vocab_major,
-                                    ignore_index, chunk, nullptr, nullptr);
-  return {loss};
-}
-
-std::vector<paddle::Tensor> LinearCrossEntropyGrad(const paddle::Tensor& h_arg, const paddle::Tensor& w_arg,
-                                                   const paddle::Tensor& labels_arg, int64_t ignore_index,
-                                                   bool vocab_major, int64_t chunk) {
-  const paddle::Tensor h = contig(h_arg), w = contig(w_arg), labels = contig(labels_arg);
-  const HeadShape s = check_head(h, w, labels, vocab_major, ignore_index, chunk);
-  auto loss = paddle::empty({1}, h.dtype(), h.place());
+  if (!grad) {
+    loss.data<float>()[0] = head_pass(h.data<float>(), w.data<float>(), labels.data<int64_t>(), s, vocab_major,
+                                      ignore_index, chunk, nullptr, nullptr);
+    return {loss};
+  }
   auto dh = paddle::empty(h.shape(), h.dtype(), h.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   loss.data<float>()[0] = head_pass(h.data<float>(), w.data<float>(), labels.data<int64_t>(), s, vocab_major,
                                     ignore_index, chunk, dh.data<float>(), dw.data<float>());
   return {loss, dh, dw};
+}
+}  // namespace
+
+std::vector<paddle::Tensor> LinearCrossEntropy(const paddle::Tensor& h, const paddle::Tensor& w,
+                                               const paddle::Tensor& labels, int64_t ignore_index,
+                                               bool vocab_major, int64_t chunk) {
+  return head_op(h, w, labels, ignore_index, vocab_major, chunk, false);
+}
+
+std::vector<paddle::Tensor> LinearCrossEntropyGrad(const paddle::Tensor& h, const paddle::Tensor& w,
+                                                   const paddle::Tensor& labels, int64_t ignore_index,
+                                                   bool vocab_major, int64_t chunk) {
+  return head_op(h, w, labels, ignore_index, vocab_major, chunk, true);
 }
 
 std::vector<std::vector<int64_t>> LinearCrossEntropyShape(const std::vector<int64_t>& h,
