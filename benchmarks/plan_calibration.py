@@ -111,16 +111,23 @@ def _write(tmp: Path, name: str, preset: str, over: dict, b: int, s: int, rc, ex
     return model_dir, path
 
 
-def measure(model_dir: Path, b: int, s: int, rc, document: bool = False, fused: bool = True) -> dict:
+def _fresh_interpreter(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
+
+
+def measure(model_dir: Path, b: int, s: int, rc, document: bool = False, fused: bool = True,
+            python=_fresh_interpreter) -> dict:
+    """One config's allocator peak in a process of its own. `python(args)` runs `python ARGS` and returns the
+    CompletedProcess (the tests fork it from a process that has already imported Paddle)."""
     spec = json.dumps({"model_dir": str(model_dir), "b": b, "s": s, "recompute": rc, "document": document,
                        "fused": fused})
-    out = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=300)
+    out = python(["-c", _CHILD, spec])
     if out.returncode:
         raise RuntimeError(f"measurement failed ({out.returncode}): {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def calibrate(configs=CONFIGS) -> list[dict]:
+def calibrate(configs=CONFIGS, python=_fresh_interpreter) -> list[dict]:
     from pretrain_cli.commands.plan import plan
 
     rows = []
@@ -129,7 +136,7 @@ def calibrate(configs=CONFIGS) -> list[dict]:
             extra = rest[0] if rest else {}
             model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc, extra)
             m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document",
-                        extra.get("use_fused_linear_cross_entropy", True))
+                        extra.get("use_fused_linear_cross_entropy", True), python)
             r = plan(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"])
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,

@@ -13,13 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*argv, cwd=None, env=None, timeout=600):
-    """Run `pretrain-cli` in a subprocess; returns CompletedProcess with text stdout/stderr."""
-    import subprocess
+    """`python -m pretrain_cli ARGV` (forked from a process that has imported Paddle: tests/forkserver.py);
+    returns CompletedProcess with text stdout/stderr."""
+    import forkserver
 
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "pretrain_cli", *map(str, argv)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return forkserver.run(["-m", "pretrain_cli", *argv], cwd=cwd, env=full_env, timeout=timeout)
 
 
 @pytest.fixture
@@ -40,11 +40,21 @@ def run_cli_fixture():
 # too, as they share one reference training run (a session fixture, built per worker). The units are set
 # here rather than by xdist_group marks: pytest 9 ignores the test-id suffix that `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
+# The longest units start first (measured seconds on 2 busy cores: ~570, ~190, ~140, ~85, ~60, ~60), so the
+# other worker works through the many short modules meanwhile and both finish together; xdist's own order
+# (most tests first) started the 3-test calibration module last.
+_LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "robustness", "e2e/test_train.py",
+                  "e2e/test_readme.py", "unit/test_cpu_ops.py")
 
 
 def _work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0].removeprefix("tests/")
     return _GROUPS.get(path.split("/", 1)[0], path)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {unit: i for i, unit in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -55,4 +65,5 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
 
+    config.option.loadscopereorder = False  # the units in collection order: _LONGEST_FIRST
     return ByWorkUnit(config, log)

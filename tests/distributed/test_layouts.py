@@ -125,8 +125,10 @@ def _long_documents(prefix) -> None:
 @pytest.mark.parametrize("name,model,extra", [
     # PaddleNLP's own Qwen2.5-0.5B file: sharding stage2, fp16 O2 (not applicable on CPU: fp32 with a note)
     ("e2e/paddlenlp_configs/qwen_pretrain_argument_0p5b.json", "tiny-qwen2", []),
-    # our 8B file: tensor_parallel_degree 2 + stage1 (over 1 data rank: a note); 4,096 > tiny-llama's positions
-    ("../configs/llama-3-8b_pretrain.json", "tiny-llama", ["--max_seq_length", "1024"]),
+    # our 8B file: tensor_parallel_degree 2 + stage1 (over 1 data rank: a note); 4,096 > tiny-llama's positions;
+    # 2 of its 16 micro-batches per step (accumulation is what it exercises, not how many)
+    ("../configs/llama-3-8b_pretrain.json", "tiny-llama", ["--max_seq_length", "1024",
+                                                          "--gradient_accumulation_steps", "2"]),
 ], ids=["paddlenlp_qwen_stage2_fp16", "shipped_llama8b_tp2"])
 def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model, extra):
     from pathlib import Path

@@ -78,16 +78,23 @@ def clone(src: Path, dst: Path) -> Path:
     return dst
 
 
-def run_cli(argv, cwd, env=None, timeout=300, faults: str | None = None) -> subprocess.CompletedProcess:
-    """`python -m pretrain_cli ARGV` in `cwd`. `faults` sets PCLI_FAULT and puts the injector on PYTHONPATH."""
+def run_cli(argv, cwd, env=None, timeout=300, faults: str | None = None, fork: bool = True) -> subprocess.CompletedProcess:
+    """`python -m pretrain_cli ARGV` in `cwd`: forked from a process that has imported Paddle
+    (tests/forkserver.py), or a fresh interpreter with `fork=False`. `faults` sets PCLI_FAULT and runs the
+    injector first."""
+    import forkserver
+
     full = dict(os.environ)
     full.pop("PCLI_FAULT", None)
     full.update(env or {})
+    args = ["-m", "pretrain_cli", *map(str, argv)]
+    if not fork:
+        return subprocess.run([sys.executable, *args], cwd=str(cwd), env=full, capture_output=True, text=True,
+                              timeout=timeout)
     if faults:
         full["PCLI_FAULT"] = faults
-        full["PYTHONPATH"] = os.pathsep.join([str(FAULT_DIR), full.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "pretrain_cli", *map(str, argv)], cwd=str(cwd), env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    return forkserver.run(args, cwd=cwd, env=full, timeout=timeout,
+                          inject=str(FAULT_DIR / "sitecustomize.py") if faults else None)
 
 
 def snapshot(root: Path) -> dict:

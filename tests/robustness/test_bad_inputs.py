@@ -21,8 +21,9 @@ def _unpack(result):
 
 @pytest.fixture(scope="module")
 def fast_results(assets, tmp_path_factory):
-    """Build every fast case, then run them as real subprocesses, a few at a time (each is ~0.3 s of
-    interpreter start-up, so this is what makes ~100 cases cheap): name -> (proc, expect, dir, before)."""
+    """Build every fast case, then run them through the CLI a few at a time, each forked from a process that has
+    imported Paddle (tests/forkserver.py; tests/e2e/test_cli.py holds the error contract in fresh interpreters):
+    name -> (proc, expect, dir, before)."""
     root = tmp_path_factory.mktemp("fast_cases")
     prepared = {}
     for name, build in sorted(cases.FAST.items()):

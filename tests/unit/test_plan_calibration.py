@@ -1,10 +1,12 @@
 """The planner's CPU memory model against measured training steps (benchmarks/plan_calibration.py).
 
-One fresh subprocess per config keeps each allocator peak isolated (~4 s each).
+One process per config keeps each allocator peak isolated: forked from a process that has already imported
+Paddle (tests/forkserver.py), so each costs its two training steps, not an interpreter start-up.
 """
 import importlib.util
 from pathlib import Path
 
+import forkserver
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_calibration.py"
@@ -20,7 +22,7 @@ def _bench():
 @pytest.fixture(scope="module")
 def rows():
     """Every config's row (the fused-loss test below reads the measured peak of its config from here)."""
-    return _bench().calibrate()
+    return _bench().calibrate(python=forkserver.run)
 
 
 def test_prediction_within_20_percent_of_measured_peak(rows):
@@ -59,7 +61,7 @@ def test_fused_loss_saves_the_logits_memory_the_plan_says(rows):
     fused = next(r for r in rows if r["config"] == name)["measured_mib"] * 2**20
     with tempfile.TemporaryDirectory() as d:
         model_dir, _ = bench._write(Path(d), "qwen_vocab", preset, over, b, s, rc, {})
-        unfused = bench.measure(model_dir, b, s, rc, fused=False)["peak"]
+        unfused = bench.measure(model_dir, b, s, rc, fused=False, python=forkserver.run)["peak"]
         cfg = ModelConfig.from_file(str(model_dir))
     setup = Setup(model=cfg, micro_batch=b, seq_len=s, device="cpu", attention="math")
     predicted = logits_live_bytes(setup) - logits_live_bytes(setup.with_(fused_loss=True))

@@ -16,7 +16,9 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   preprocess_rename  os.replace(... -> *.idx) is about to run              -> SIGKILL
 
 Modules are patched right after they are first imported (a meta-path finder wraps their
-loader), so the product imports them exactly as usual.
+loader), so the product imports them exactly as usual; a module already imported (a run forked from
+tests/forkserver.py, which runs this file before the CLI) is patched on the spot. Every patch replaces a
+module or class attribute, which the product looks up at call time.
 """
 import errno
 import importlib.abc
@@ -164,5 +166,8 @@ def _install_os_patches():
 
 
 if _TARGETS:
+    for _name, _patch in _PATCHES.items():
+        if _name in sys.modules:
+            _patch(sys.modules[_name])
     sys.meta_path.insert(0, _Finder())
     _install_os_patches()
