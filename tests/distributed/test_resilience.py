@@ -19,8 +19,10 @@ import time
 import uuid
 
 import numpy as np
+import pytest
 
-from launch_helpers import REPO, TOL, assert_close_tensors, child_env, launch, read_weights, write_config
+from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, launch, parse_losses, read_weights,
+                            write_config)
 
 STEPS, SAVE = 40, 10
 
@@ -100,19 +102,46 @@ def _poisoned_corpus(prefix) -> None:
     w.finalize()
 
 
-def test_spike_rollback_is_the_same_decision_on_every_rank(tmp_path):
-    """Data parallel, 2 ranks x batch 2: both judge the global loss, both roll back at step 17 to checkpoint-15
-    (rank 0 names it, the other takes the same one) and finish."""
-    _poisoned_corpus(tmp_path / "data" / "c")
-    cfg = write_config(tmp_path / "cfg.json", tmp_path / "data" / "c", tmp_path / "out", max_steps=20,
-                       save_steps=5, per_device_train_batch_size=2, learning_rate=0.02, split="100,0,0",
-                       lr_scheduler_type="constant", spike_policy="rollback", spike_loss_factor=1.5,
-                       spike_warmup_steps=8, spike_window=5)
-    run = launch(cfg, tmp_path / "log", timeout=300)
+# global batch 4 in each: the same samples per step, so the same spike at the same step
+ROLLBACK_LAYOUTS = {"dp": {"per_device_train_batch_size": 2}, "stage2": {"per_device_train_batch_size": 2,
+                                                                         "sharding": "stage2"},
+                    "stage3": {"per_device_train_batch_size": 2, "sharding": "stage3"},
+                    "tp2": {"per_device_train_batch_size": 4, "tensor_parallel_degree": 2}}
+
+
+def _rollback_run(root, keys):
+    _poisoned_corpus(root / "data" / "c")
+    cfg = write_config(root / "cfg.json", root / "data" / "c", root / "out", max_steps=20, save_steps=5,
+                       learning_rate=0.02, split="100,0,0", lr_scheduler_type="constant", spike_policy="rollback",
+                       spike_loss_factor=1.5, spike_warmup_steps=8, spike_window=5, **keys)
+    run = launch(cfg, root / "log", timeout=300)
     assert run.returncode == 0, run.explain()
+    return run, root / "out"
+
+
+@pytest.fixture(scope="module")
+def dp_rollback(tmp_path_factory):
+    return _rollback_run(tmp_path_factory.mktemp("rollback_dp"), ROLLBACK_LAYOUTS["dp"])
+
+
+@pytest.mark.parametrize("name", sorted(ROLLBACK_LAYOUTS))
+def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path, name):
+    """2 ranks at a global batch of 4: both judge the global loss, both roll back at step 17 to checkpoint-15
+    (rank 0 names it, the other takes the same one) and finish. Data parallelism reloads into its model;
+    ZeRO-2/3 and TP (placed pieces) build the model and layout again from the checkpoint, and end with the data
+    parallel run's losses and weights."""
+    run, out = dp_rollback if name == "dp" else _rollback_run(tmp_path, ROLLBACK_LAYOUTS[name])
     for rank in (0, 1):
         assert "step 17: loss spike (loss" in run.log(rank), run.explain()
         assert "rolled back to checkpoint-15, skipping global samples [64, 68)" in run.log(rank)
-    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 20 and state["skipped_batches"] == [64]
     assert state["rollbacks"] == [{"spike_step": 17, "checkpoint_step": 15, "window": [64, 68]}]
+    # step 16 is trained again from checkpoint-15's weights and optimizer state: the same loss to the last digit
+    step16 = re.findall(r"\bloss: ([0-9.]+), learning_rate: \S+ global_step: 16,", run.log(0))
+    assert len(step16) == 2 and step16[0] == step16[1], step16
+    if name != "dp":  # at learning rate 0.02 the layouts' rounding differences grow to ~3e-4 in 20 steps
+        assert sorted(parse_losses(run.log(0))) == list(range(1, 21))
+        # (the key biases, whose exact gradient is 0, move by AdamW-normalised noise: ~1e-3 at this rate)
+        weights = [{k: v for k, v in read_weights(d).items() if "k_proj.bias" not in k} for d in (out, dp_rollback[1])]
+        assert_close_tensors(*weights, 2e-3)

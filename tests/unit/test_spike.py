@@ -53,5 +53,9 @@ def test_resolved_keys_and_their_checks():
         resolve_run("--spike_grad_norm_factor", "0.5", "--spike_window", "0")
     assert "spike_grad_norm_factor: must be 0 (off) or a finite factor > 1" in str(e.value)
     assert "spike_window: must be >= 1" in str(e.value)
-    with pytest.raises(UserError, match="spike_policy: rollback reloads weights"):
-        resolve_run("--spike_policy", "rollback", "--tensor_parallel_degree", "2", world=2)
+    # the semi-auto engine (TP, ZeRO-2/3) rebuilds the model and its layout from the checkpoint; the others reload
+    assert resolve_run("--spike_policy", "rollback", "--tensor_parallel_degree", "2", world=2).spike.rollback_rebuilds
+    assert resolve_run("--spike_policy", "rollback", "--sharding", "stage2", world=2).spike.rollback_rebuilds
+    assert not resolve_run("--spike_policy", "rollback", "--sharding", "stage1", world=2).spike.rollback_rebuilds
+    assert not resolve_run("--spike_policy", "rollback", world=2).spike.rollback_rebuilds
+    assert not resolve_run("--spike_policy", "skip", "--sharding", "stage3", world=2).spike.rollback_rebuilds

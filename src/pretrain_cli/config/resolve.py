@@ -257,13 +257,11 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
     for key, low in (("spike_warmup_steps", 0), ("spike_window", 1), ("spike_rollback_steps", 1)):
         if not low <= getattr(t, key) <= _LIMIT:
             problems.add(f"{key}: must be >= {low}, got {getattr(t, key)}")
-    if t.spike_policy == "rollback" and parallel.engine == "semi_auto":
-        problems.add("spike_policy: rollback reloads weights into a finished layout, which tensor parallelism and "
-                     "sharding stage2/stage3 do not support; use skip or stop")
     if t.spike_policy != "none" and t.spike_loss_factor == 0 and t.spike_grad_norm_factor == 0:
         notes.append(f"spike_policy: {t.spike_policy} with both spike factors 0 checks nothing")
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
-                            t.spike_window, t.spike_rollback_steps)
+                            t.spike_window, t.spike_rollback_steps,
+                            rollback_rebuilds=t.spike_policy == "rollback" and parallel.engine == "semi_auto")
 
 
 def not_yet_supported(run: RunConfig) -> list[str]:

@@ -236,6 +236,9 @@ class SpikeGuardConfig:
     warmup_steps: int = 100
     window: int = 50
     rollback_steps: int = 1
+    # a rollback builds the model and its layout again from the checkpoint, as a restart does (the semi-auto
+    # engine: its parameters and optimizer state are placed pieces that whole tensors cannot be written into)
+    rollback_rebuilds: bool = False
 
     @property
     def enabled(self) -> bool:

@@ -280,10 +280,11 @@ class Saver:
         if self.writer is not None:
             self.writer.wait()
 
-    def reload_newest(self) -> tuple[Path | None, dict | None]:
+    def reload_newest(self, rebuild=None) -> tuple[Path | None, dict | None]:
         """Every rank: weights and optimizer state of the newest complete checkpoint (a rollback); returns
         (its path, its trainer state), or (None, None) when there is none. Rank 0 finishes the write in
-        flight first and names the checkpoint; the others take the same one."""
+        flight first and names the checkpoint; the others take the same one. `rebuild(path)`, when given,
+        replaces the model and optimizer with ones built from the checkpoint instead of writing into them."""
         from pretrain_cli.distributed.comm import rank0_round
         from pretrain_cli.models.convert import load_weights
         from pretrain_cli.run_dir import latest_checkpoint
@@ -298,6 +299,9 @@ class Saver:
         if path is None:
             return None, None
         state = read_state(path)
-        load_weights(self.model, self.cfg, str(path))
-        load_optimizer(self.model, self.optimizer, path / OPTIMIZER_FILE)
+        if rebuild is not None:
+            rebuild(path)
+        else:
+            load_weights(self.model, self.cfg, str(path))
+            load_optimizer(self.model, self.optimizer, path / OPTIMIZER_FILE)
         return path, state

@@ -44,7 +44,23 @@ def run(spec) -> int:
         trainer.load_state_dict(state)
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
+    if r.spike.rollback_rebuilds:
+        trainer.rebuild = lambda path: rebuild(spec, trainer, comm, path)
     return finish(spec, trainer, comm)
+
+
+def rebuild(spec, trainer, comm, path) -> None:
+    """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
+    tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
+    parameters are pieces). So the model and its layout are built again from the checkpoint, in the order
+    and with the seed of a restart that resumes from it; the old ones are released first."""
+    import gc
+
+    trainer.release()
+    gc.collect()
+    model = build_model(spec.run, spec.model_cfg)
+    restore_weights(model, spec, path)
+    trainer.adopt(assemble(spec.run, model, comm, trainer.splits, path))
 
 
 def assemble(run, model, comm, splits=None, resume=None) -> Trainer:

@@ -86,7 +86,7 @@ def _rollback(trainer, reason: str, event: dict, first_sample: int, step: int) -
         raise SpikeError(f"step {step}: loss spike ({reason}) again after a rollback to the same step; the "
                          f"cause is not the skipped data: stopped. Lower learning_rate or resume from an earlier "
                          f"checkpoint with a larger spike_rollback_steps")
-    path, state = trainer.save_fn.reload_newest() if trainer.save_fn is not None else (None, None)
+    path, state = trainer.save_fn.reload_newest(trainer.rebuild) if trainer.save_fn is not None else (None, None)
     if path is None:
         trainer.record_event("spike", {**event, "action": "stop"}, step)
         raise SpikeError(f"step {step}: loss spike ({reason}) but there is no checkpoint to roll back to; "

@@ -58,6 +58,7 @@ class Trainer:
         self.spike = SpikeGuard(spike) if spike is not None and spike.enabled else None
         self.spike_reason = None  # why train_step's update was withheld as a spike
         self.raw_model = model  # the unwrapped model (checkpoints read it); `assemble` sets it
+        self.rebuild = None  # path -> None: a rollback's rebuild from a checkpoint (`training.run`), if needed
         self.state = TrainerState()
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
@@ -74,6 +75,21 @@ class Trainer:
         self.state = TrainerState(**known)
         if self.loop.ignore_data_skip:
             self.state.consumed_samples = 0
+
+    def release(self) -> None:
+        """Let go of the model and optimizer (and the saver's references to them) before a rebuild, so the
+        old and the new never hold memory at once."""
+        self.model = self.optimizer = self.raw_model = self.amp = None
+        if self.save_fn is not None:
+            self.save_fn.model = self.save_fn.optimizer = None
+
+    def adopt(self, built: "Trainer") -> None:
+        """Take over the model, optimizer, precision and layout of a freshly assembled Trainer."""
+        self.model, self.optimizer, self.amp = built.model, built.optimizer, built.amp
+        self.strategy, self.raw_model = built.strategy, built.raw_model
+        if self.save_fn is not None:
+            self.save_fn.model, self.save_fn.optimizer = built.raw_model, built.optimizer
+            self.save_fn.strategy = built.strategy
 
     @property
     def global_batch(self) -> int:
