@@ -3,9 +3,9 @@
 Most of a short CLI run in the suite is interpreter start-up: `import paddle` (~2.5 CPU-s) and
 matplotlib's first drawing (~1 s) against ~1 s of training. A fork server does that once per pytest
 worker: it imports them, then forks one child per run. The child swaps in the run's working directory,
-environment, `sys.argv` and standard streams and runs `-m MODULE`, `-c CODE` or a script as the interpreter would
-(`runpy`; an uncaught exception prints its traceback and exits 1; `_exit` says how it ends), so the test sees the same exit code
-(`-9` for a SIGKILL), stdout and stderr as from `subprocess.run`.
+environment, `sys.argv` and standard streams and runs `-m MODULE`, `-c CODE` or a script as the
+interpreter would (`runpy`; an uncaught exception prints its traceback and exits 1; `_exit` says how it
+ends), so the test sees the same exit code (`-9` for a SIGKILL), stdout and stderr as from `subprocess.run`.
 
 What a fork cannot change is what was read when Paddle was imported: a run whose environment differs in
 `FLAGS_*`, thread, allocator or interpreter variables, or that starts another interpreter, goes through

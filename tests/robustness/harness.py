@@ -1,4 +1,4 @@
-"""Shared helpers for the robustness suite: tiny assets, CLI subprocesses, tree snapshots.
+"""Shared helpers for the robustness suite: tiny assets, CLI runs, tree snapshots.
 
 Everything here is numpy/tokenizers only (no Paddle), so building the assets costs well under
 a second; only the tests that train or evaluate pay for Paddle's import.
@@ -78,22 +78,17 @@ def clone(src: Path, dst: Path) -> Path:
     return dst
 
 
-def run_cli(argv, cwd, env=None, timeout=300, faults: str | None = None, fork: bool = True) -> subprocess.CompletedProcess:
-    """`python -m pretrain_cli ARGV` in `cwd`: forked from a process that has imported Paddle
-    (tests/forkserver.py), or a fresh interpreter with `fork=False`. `faults` sets PCLI_FAULT and runs the
-    injector first."""
+def run_cli(argv, cwd, env=None, timeout=300, faults: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m pretrain_cli ARGV` in `cwd`, forked from a process that has imported Paddle
+    (tests/forkserver.py). `faults` sets PCLI_FAULT and runs the injector first."""
     import forkserver
 
     full = dict(os.environ)
     full.pop("PCLI_FAULT", None)
     full.update(env or {})
-    args = ["-m", "pretrain_cli", *map(str, argv)]
-    if not fork:
-        return subprocess.run([sys.executable, *args], cwd=str(cwd), env=full, capture_output=True, text=True,
-                              timeout=timeout)
     if faults:
         full["PCLI_FAULT"] = faults
-    return forkserver.run(args, cwd=cwd, env=full, timeout=timeout,
+    return forkserver.run(["-m", "pretrain_cli", *map(str, argv)], cwd=cwd, env=full, timeout=timeout,
                           inject=str(FAULT_DIR / "sitecustomize.py") if faults else None)
 
 
