@@ -35,23 +35,22 @@ def run_cli_fixture():
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers (`-n 2`): one work unit per test module, so
-# module fixtures are built once. The launcher tests of tests/distributed are one unit, run in order on one
-# worker (their ranks need both cores; at most the other worker's own launches run beside them); the
-# resilience module (restart, rollback) is a second one. The robustness tests are one unit too, as they share
-# one reference training run (a session fixture, built per worker). The units are set here rather than by
-# xdist_group marks: pytest 9 ignores the test-id suffix that `--dist loadgroup` relies on.
+# module fixtures are built once. Every test that starts several processes of its own (the real launcher,
+# whose ranks need both cores) is one unit, run in order on one worker (splitting it measured slower: two
+# launches at once slow each other more than they overlap); the robustness tests are one unit too, as they
+# share one reference training run (a session fixture, built per worker). The units are set here rather than
+# by xdist_group marks: pytest 9 ignores the test-id suffix that `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
-_OWN_UNIT = ("distributed/test_resilience.py",)
-# The longest units start first (measured seconds on 2 busy cores: ~500, ~275, ~150, ~115, ~60, ~60), so the
-# other worker works through the many short modules meanwhile and both finish together; xdist's own order
-# (most tests first) started the 3-test calibration module last.
-_LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "distributed/test_resilience.py", "robustness",
-                  "e2e/test_readme.py", "unit/test_cpu_ops.py")
+# The longest units start first (measured seconds on 2 busy cores: ~650, ~275, ~115, ~60, ~60), so the other
+# worker works through the many short modules meanwhile and both finish together; xdist's own order (most
+# tests first) started the 3-test calibration module last.
+_LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "robustness", "e2e/test_readme.py",
+                  "unit/test_cpu_ops.py")
 
 
 def _work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0].removeprefix("tests/")
-    return path if path in _OWN_UNIT else _GROUPS.get(path.split("/", 1)[0], path)
+    return _GROUPS.get(path.split("/", 1)[0], path)
 
 
 def pytest_collection_modifyitems(items):
