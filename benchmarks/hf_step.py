@@ -2,7 +2,8 @@
 
 Eager is HF as it ships (`LlamaForCausalLM`, sdpa attention, `torch.optim.AdamW`, `clip_grad_norm_`).
 Compiled is what a performance-minded PyTorch user runs on CPU: the forward + loss compiled as one
-graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd), the fused
+graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd; with
+`--hf-compile-mode max-autotune` inductor also benchmarks its own C++ GEMM templates against MKL), the fused
 C++ AdamW kernel, foreach gradient clipping, and glibc told to keep freed memory (the setting our
 runtime applies, `runtime.keep_freed_memory`). Compilation happens in the warm-up steps, never timed.
 """
@@ -43,7 +44,8 @@ def worker_torch(cfg: dict, a, compiled: bool = False) -> dict:
         logits = model(input_ids=ids).logits  # [bs, seq_len, vocab]
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
-    fwd = torch.compile(forward_loss, fullgraph=True) if compiled else forward_loss
+    mode = None if a.hf_compile_mode == "default" else a.hf_compile_mode  # max-autotune: inductor's own GEMMs too
+    fwd = torch.compile(forward_loss, fullgraph=True, mode=mode) if compiled else forward_loss
     params = list(model.parameters())
 
     def step() -> float:
@@ -62,6 +64,7 @@ def worker_torch(cfg: dict, a, compiled: bool = False) -> dict:
     out.update({"framework": "torch_compile" if compiled else "torch", "torch": torch.__version__,
                 "transformers": transformers.__version__, "threads": threads,
                 "attn_implementation": model.config._attn_implementation, "hf_malloc": malloc,
+                "compile_mode": a.hf_compile_mode if compiled else None,
                 "flops_per_token": fpt, "achieved_gflops": round(achieved, 1), "matmul_peak_gflops": round(peak, 1),
                 "mfu": round(achieved / peak, 4), "losses": [round(x, 6) for x in losses]})
     return out

@@ -8,7 +8,8 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
 
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf [--no-compile]]
         [--through-cli [--cli-steps N]] [--json] [--steps N] [--warmup W] [--rounds R] [--to-static]
-        [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5] [--cpu-ops on|off] [--hf-malloc default|keep]
+        [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5|7] [--cpu-ops on|off] [--hf-malloc default|keep]
+        [--hf-compile-mode default|max-autotune]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). `--compare-hf` times
@@ -43,7 +44,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     """Build model/optimizer/schedule exactly as train.run() does and time `Trainer.train_step`."""
     from pretrain_cli import runtime
 
-    runtime.setup_env(a.threads)  # "auto": exactly the product's environment (type 5 on AMD only)
+    runtime.setup_env(a.threads)  # "auto": exactly the product's environment (runtime.mkl_cpu_type)
     if a.mkl_cpu_type == "unset":
         os.environ.pop("MKL_DEBUG_CPU_TYPE", None)
     elif a.mkl_cpu_type != "auto":
@@ -99,7 +100,8 @@ def _run_worker(kind: str, name: str, a) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--config", name,
            "--steps", str(a.steps), "--warmup", str(warmup)]
     cmd += ["--to-static"] if a.to_static else []
-    cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops, "--hf-malloc", a.hf_malloc]
+    cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops, "--hf-malloc", a.hf_malloc,
+            "--hf-compile-mode", a.hf_compile_mode]
     cmd += ["--set-json", a.set_json] if a.set_json else []
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
@@ -130,7 +132,8 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
            "achieved_gflops": ours["achieved_gflops"], "mfu": ours["mfu"],
            "matmul_peak_gflops": ours["matmul_peak_gflops"], "processes": ours["processes"],
            "threads": ours["threads"], "to_static": ours["to_static"], "step_s_median": ours["step_s_median"],
-           "paddle": ours["paddle"], "kernels": ours["kernels"], "losses": ours["losses"],
+           "paddle": ours["paddle"], "kernels": ours["kernels"], "mkl_debug_cpu_type": ours["mkl_debug_cpu_type"],
+           "losses": ours["losses"],
            "loadavg_1m": round(os.getloadavg()[0], 2)}
     for kind, key in (("torch", "hf"), ("torch_compile", "hf_compile")):
         hf = runs.get(kind)
@@ -139,6 +142,7 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
         row.update({f"{key}_tokens_per_s": hf["tokens_per_s"], f"{key}_tokens_per_s_best": hf["tokens_per_s_best"],
                     f"{key}_round_tokens_per_s": hf["round_tokens_per_s"], f"{key}_mfu": hf["mfu"],
                     f"{key}_malloc": hf["hf_malloc"], f"{key}_losses": hf["losses"],
+                    f"{key}_mode": hf.get("compile_mode"),
                     f"ratio_vs_{key}_best": round(ours["tokens_per_s_best"] / hf["tokens_per_s_best"], 3),
                     f"ratio_vs_{key}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3),
                     "hf_matmul_peak_gflops": hf["matmul_peak_gflops"], "hf_attn": hf["attn_implementation"],
@@ -172,7 +176,8 @@ def _table(rows: list[dict]) -> str:
                  f"paddle {r0['paddle']}, {r0['kernels']}")
     if "torch" in r0:
         lines.append(f"HF: transformers {r0['transformers']}, torch {r0['torch']}, attn {r0['hf_attn']}; "
-                     f"HFc = torch.compile(inductor, fullgraph) + fused AdamW + glibc keep")
+                     f"HFc = torch.compile(inductor, fullgraph, mode {r0.get('hf_compile_mode') or 'default'}) + fused AdamW "
+                     f"+ glibc keep")
     if any("ratio_vs_hf_compile_cpu" in r or "ratio_vs_hf_cpu" in r for r in rows):
         lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
             f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"
@@ -200,9 +205,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads per process (default cores/procs)")
     ap.add_argument("--procs", type=int, default=1, help="data-parallel processes for OUR step")
     ap.add_argument("--mkl-cpu-type", default="auto",
-                    help="MKL_DEBUG_CPU_TYPE for our worker: auto (5 on AMD only), unset, or a value")
+                    help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; Intel unset), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
                     help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
+    ap.add_argument("--hf-compile-mode", choices=("default", "max-autotune", "max-autotune-no-cudagraphs"),
+                    default="default", help="torch.compile mode of the compiled HF worker (max-autotune: inductor "
+                                            "also tries its own C++ GEMM templates; compiles for minutes)")
     ap.add_argument("--hf-malloc", choices=("default", "keep"), default="default",
                     help="keep: give the eager HF worker the same glibc no-mmap/no-trim setting as ours "
                          "(the compiled worker always has it)")

@@ -61,7 +61,7 @@ if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() an
   args+=(--devices "$DEVICES")
 else
   # CPU: `--devices` fails on CPU. One process per node: with the fused CPU kernels it uses every core and
-  # beats one process per core; the math environment (threads, MKL on AMD) is set by runtime.setup_env.
+  # beats one process per core; the math environment (threads, MKL's code path on AMD) is set by runtime.setup_env.
   args+=(--nproc_per_node "${NPROC:-1}")
 fi
 cmd=("$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@")

@@ -1,9 +1,9 @@
 """Process-wide setup that must happen before `import paddle`.
 
 Paddle reads its math-library environment once, at import or at the first matmul
-(see docs/PERFORMANCE.md): MKL 2019 takes a slow generic path on AMD CPUs unless
-`MKL_DEBUG_CPU_TYPE=5` (on Intel with AVX-512 the same setting halves matmul speed, so it is
-set on AMD only), and `import paddle` pins `OMP_NUM_THREADS=1` when it is unset.
+(see docs/PERFORMANCE.md): MKL 2019 picks its code path by CPU vendor and takes a slow generic one
+on AMD unless `MKL_DEBUG_CPU_TYPE` names a path (`mkl_cpu_type`), and `import paddle` pins
+`OMP_NUM_THREADS=1` when it is unset.
 Every entry point calls `setup_env()` first and imports Paddle through `import_paddle()`,
 so no module sets environment variables at import time.
 """
@@ -42,12 +42,39 @@ def gpu_build_installed() -> bool:
     return False
 
 
-def is_amd() -> bool:
+def _cpuinfo_head() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return "AuthenticAMD" in f.read(4096)
+            return f.read(8192)
     except OSError:
-        return False
+        return ""
+
+
+# MKL's AVX-512 kernels are its Skylake-server ones: they need these five extensions, no more
+_AVX512_CORE = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def mkl_cpu_type(cpuinfo: str | None = None) -> str | None:
+    """The `MKL_DEBUG_CPU_TYPE` this CPU wants, or None to leave MKL's own choice.
+
+    MKL 2019 (Paddle's) trusts its dispatch only on Intel: there it picks AVX-512 itself, and forcing a
+    path would only lose (type 5 halved matmul speed on an AVX-512 Xeon). On AMD it runs a generic path,
+    4x slower per thread, unless told: 5 is its AVX2 path, 7 its AVX-512 one, which on an AVX-512 AMD
+    CPU (Zen 4) ran the training step's GEMMs 6-9 % faster than 5 (docs/PERFORMANCE.md). Type 7 on a
+    CPU without AVX-512 would die on an illegal instruction, so it is chosen only when every extension
+    those kernels use is in the CPU's flags.
+    """
+    text = _cpuinfo_head() if cpuinfo is None else cpuinfo
+    if "AuthenticAMD" not in text:
+        return None
+    return "7" if has_avx512_core(text) else "5"
+
+
+def has_avx512_core(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has every AVX-512 extension MKL's AVX-512 kernels use."""
+    text = _cpuinfo_head() if cpuinfo is None else cpuinfo
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+    return _AVX512_CORE <= set(flags)
 
 
 def keep_freed_memory() -> bool:
@@ -78,8 +105,9 @@ def setup_env(threads: int | None = None) -> None:
     if _DONE:
         return
     n = str(threads or default_threads())
-    if is_amd():  # MKL 2019 takes its slow generic path on AMD; on AVX-512 Intel type 5 would force AVX2
-        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    cpu_type = mkl_cpu_type()
+    if cpu_type is not None:
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
     os.environ.setdefault("OMP_NUM_THREADS", n)
     os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
     keep_freed_memory()

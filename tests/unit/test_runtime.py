@@ -1,6 +1,7 @@
-"""runtime.keep_freed_memory: big tensors must come from the heap, not a fresh mmap per allocation.
+"""runtime: big tensors must come from the heap, not a fresh mmap per allocation (keep_freed_memory), and
+MKL is told the code path an AMD CPU can run (mkl_cpu_type).
 
-mallopt is process-wide, so each case runs in its own interpreter (no Paddle import: ~0.1 s each).
+mallopt is process-wide, so each malloc case runs in its own interpreter (no Paddle import: ~0.1 s each).
 """
 import json
 import os
@@ -64,3 +65,30 @@ def test_flags_banner_is_dropped_and_everything_else_passes(capsys):
         sys.stderr.write("a real problem\n")
     err = capsys.readouterr().err
     assert "Modified FLAGS" not in err and "FLAGS_enable_pir_in_executor" not in err and "a real problem\n" in err
+
+
+def _cpuinfo(vendor: str, flags: str) -> str:
+    return f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: test CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+
+
+ZEN4_FLAGS = "fpu sse sse2 avx avx2 fma avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi"
+
+
+@pytest.mark.parametrize("vendor, flags, expected", [
+    ("AuthenticAMD", ZEN4_FLAGS, "7"),  # AVX-512 AMD (Zen 4): MKL's AVX-512 kernels
+    ("AuthenticAMD", "fpu sse sse2 avx avx2 fma", "5"),  # AVX2 AMD (Zen 2/3): the AVX2 kernels
+    ("AuthenticAMD", "avx2 fma avx512f avx512dq avx512cd avx512vl", "5"),  # no avx512bw: type 7 would SIGILL
+    ("GenuineIntel", ZEN4_FLAGS, None),  # Intel: MKL's own dispatch (forcing 5 halves an AVX-512 Xeon)
+    ("GenuineIntel", "avx2 fma", None),
+])
+def test_mkl_cpu_type_follows_vendor_and_avx512(vendor, flags, expected):
+    from pretrain_cli import runtime
+
+    assert runtime.mkl_cpu_type(_cpuinfo(vendor, flags)) == expected
+
+
+def test_a_users_mkl_cpu_type_is_kept():
+    env = dict(os.environ, MKL_DEBUG_CPU_TYPE="4")
+    code = "import os; from pretrain_cli import runtime; runtime.setup_env(); print(os.environ['MKL_DEBUG_CPU_TYPE'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "4"

@@ -1,0 +1,144 @@
+"""The training step's GEMMs under each MKL code path Paddle's MKL can take here, next to torch's.
+
+Why: `runtime.mkl_cpu_type` decides `MKL_DEBUG_CPU_TYPE` per CPU (MKL 2019 reads it once, at its first
+call, so each path needs its own process). This times the forward, input-gradient and weight-gradient GEMM
+of every Linear of one decoder layer plus the LM head of a benchmark config (`benchmarks/configs/`), in
+Paddle's own MKL (`libmklml_intel.so`, row-major `cblas_sgemm`, the layouts `paddle.matmul` uses) and in
+torch's `matmul`, each in a fresh process, the processes alternated `--rounds` times, and prints GFLOP/s
+per path, the median over rounds, and each path's ratio to the one the runtime picks.
+
+    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch] [--rounds 3] [--threads T]
+
+A path this CPU cannot run (type 7 = AVX-512 kernels on a CPU without AVX-512) is skipped, not tried:
+it would die on an illegal instruction.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+
+def gemm_set(cfg: dict) -> list[tuple[int, int, int, int, int]]:
+    """(trans_a, trans_b, m, n, k) of one layer's Linears and the head: y = x·W, dx = dy·Wᵀ, dW = xᵀ·dy."""
+    m, a = cfg["model"], cfg["arguments"]
+    tokens = a["per_device_train_batch_size"] * a["max_seq_length"]
+    hidden, inter, vocab = m["hidden_size"], m["intermediate_size"], m["vocab_size"]
+    head_dim = hidden // m["num_attention_heads"]
+    q, kv = m["num_attention_heads"] * head_dim, m["num_key_value_heads"] * head_dim
+    linears = [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden), (hidden, 2 * inter), (inter, hidden),
+               (hidden, vocab)]
+    calls = []
+    for k_in, n_out in linears:
+        calls += [(0, 0, tokens, n_out, k_in), (0, 1, tokens, k_in, n_out), (1, 0, k_in, n_out, tokens)]
+    return calls
+
+
+def _time(run, reps: int = 7) -> float:
+    run()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def worker(cfg: dict, path: str, threads: int) -> dict:
+    import numpy as np
+
+    from pretrain_cli import runtime
+
+    runtime.keep_freed_memory()  # as in training (and in the harness's compiled HF worker)
+    calls = gemm_set(cfg)
+    flops = sum(2 * m * n * k for _, _, m, n, k in calls)
+    rng = np.random.default_rng(0)
+    mats = [(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32),
+             rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)) for ta, tb, m, n, k in calls]
+    if path == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        ops = [((torch.from_numpy(x).t() if ta else torch.from_numpy(x)),
+                (torch.from_numpy(w).t() if tb else torch.from_numpy(w)), torch.empty(m, n))
+               for (ta, tb, m, n, _), (x, w) in zip(calls, mats)]
+
+        def run():
+            for x, w, c in ops:  # transposed operands are views: BLAS reads them with its trans flags
+                torch.matmul(x, w, out=c)
+    else:
+        import paddle
+
+        libs = Path(paddle.__file__).parent / "libs"
+        ctypes.CDLL(str(libs / "libiomp5.so"), mode=ctypes.RTLD_GLOBAL).omp_set_num_threads(threads)
+        mkl = ctypes.CDLL(str(libs / "libmklml_intel.so"), mode=ctypes.RTLD_GLOBAL)
+        fp = ctypes.POINTER(ctypes.c_float)
+        outs = [np.empty((m, n), np.float32) for _, _, m, n, _ in calls]
+
+        def run():
+            for (ta, tb, m, n, k), (x, w), c in zip(calls, mats, outs):
+                mkl.cblas_sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(1.0),
+                                x.ctypes.data_as(fp), m if ta else k, w.ctypes.data_as(fp), k if tb else n,
+                                ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
+    seconds = _time(run)
+    return {"path": path, "mkl_debug_cpu_type": os.environ.get("MKL_DEBUG_CPU_TYPE", "unset"),
+            "gflops": round(flops / seconds / 1e9, 1), "ms": round(seconds * 1e3, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="bench", help="bench | small | path/to/config.json")
+    ap.add_argument("--paths", default="auto,5,7,torch",
+                    help="auto = runtime.mkl_cpu_type's choice, a number = that MKL_DEBUG_CPU_TYPE, unset, torch")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    cfg_path = Path(a.config) if a.config.endswith(".json") else HERE / "configs" / f"{a.config}.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    threads = a.threads or len(os.sched_getaffinity(0))
+    if a.worker:
+        print(json.dumps(worker(cfg, a.worker, threads)))
+        return 0
+    from pretrain_cli import runtime
+
+    chosen = runtime.mkl_cpu_type() or "unset"
+    paths = []
+    for p in a.paths.split(","):
+        p = chosen if p == "auto" else p
+        if p == "7" and not runtime.has_avx512_core():
+            print("skipping MKL type 7: this CPU has no AVX-512 (it would die on an illegal instruction)")
+            continue
+        if p not in paths:
+            paths.append(p)
+    results: dict[str, list[float]] = {p: [] for p in paths}
+    for _ in range(a.rounds):
+        for p in paths:
+            env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")}
+            if p not in ("torch", "unset"):
+                env["MKL_DEBUG_CPU_TYPE"] = p
+            out = subprocess.run([sys.executable, __file__, "--config", a.config, "--threads", str(threads),
+                                  "--worker", p], env=env, capture_output=True, text=True, check=True)
+            results[p].append(json.loads(out.stdout.strip().splitlines()[-1])["gflops"])
+    base = statistics.median(results[chosen]) if chosen in results else None
+    print(f"{a.config}: one layer's Linears + the LM head, forward and both gradients, {threads} threads; "
+          f"runtime.mkl_cpu_type() here = {chosen}")
+    for p, vals in results.items():
+        med = statistics.median(vals)
+        name = "torch matmul" if p == "torch" else f"paddle MKL type {p}"
+        ratio = f"  {med / base:.3f}x the runtime's choice" if base else ""
+        print(f"  {name:22} {med:7.1f} GFLOP/s (rounds: {', '.join(f'{v:.1f}' for v in vals)}){ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
