@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
 # variables read at interpreter start or at `import paddle`: a run that sets one of these starts afresh
 _STARTUP_VARS = ("FLAGS_", "OMP_", "MKL_", "KMP_", "GLOG_", "PYTHON", "LD_", "MALLOC_", "CUDA_", "PADDLE_")
@@ -36,15 +35,15 @@ def run(args, cwd=None, env=None, timeout=None, inject: str | None = None) -> su
     """`subprocess.run([sys.executable, *args], cwd, env, capture_output=True, text=True, timeout)`, forked from
     the server when `args` is `-m MODULE ...`, `-c CODE ...` or `SCRIPT ...` and `env` changes nothing read at
     start-up.
-    `inject`: a Python file executed in the child before the run (the fault injector, which a real process
-    gets as `sitecustomize` on PYTHONPATH)."""
+    `inject`: a Python file executed in the forked child before the run (the fault injector); a run that would
+    need a fresh interpreter cannot take one."""
     args = [str(a) for a in args]
     full = dict(os.environ if env is None else env)
     server = _server() if args and (args[0] in ("-m", "-c") or not args[0].startswith("-")) else None
     if server is None or not _forkable(full, server.env):
-        if inject:
-            full["PYTHONPATH"] = os.pathsep.join([str(Path(inject).parent), full.get("PYTHONPATH", "")]).rstrip(
-                os.pathsep)
+        if inject:  # no caller needs it (the fault runs change no start-up variable), so it is not offered
+            raise ValueError(f"forkserver.run: `inject` needs a forked run, but {args[:2]} with this environment "
+                             f"starts a fresh interpreter")
         return subprocess.run([sys.executable, *args], cwd=cwd, env=full, capture_output=True, text=True,
                               timeout=timeout)
     return server.run(args, str(cwd or os.getcwd()), full, timeout, inject)

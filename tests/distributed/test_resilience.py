@@ -140,8 +140,19 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
     # step 16 is trained again from checkpoint-15's weights and optimizer state: the same loss to the last digit
     step16 = re.findall(r"\bloss: ([0-9.]+), learning_rate: \S+ global_step: 16,", run.log(0))
     assert len(step16) == 2 and step16[0] == step16[1], step16
-    if name != "dp":  # at learning rate 0.02 the layouts' rounding differences grow to ~3e-4 in 20 steps
+    # the semi-auto engine rebuilds, saying so (rank 0 logs INFO lines); the kernels line stays the run's only one
+    assert ("rebuilding the model and its layout from checkpoint-15" in run.log(0)) == (name != "dp")
+    assert run.log(0).count("kernels: ") == 1
+    if name != "dp":
         assert sorted(parse_losses(run.log(0))) == list(range(1, 21))
+        # At learning rate 0.02 the layouts' rounding differences grow fast: ~3e-4 by checkpoint-15, then
+        # 3e-4 to 4e-3 by step 20 depending on the machine's GEMM kernels. So the whole model is held to 1e-2,
+        # and the poisoned document's embedding rows to 1e-4: their ids are input in no other step, so after a
+        # rollback that restored weights and optimizer state only the (tied) head's small gradients move them
+        # (~5e-6 apart across layouts), where one that kept step 17's moments would move them by ~learning_rate
+        # per step.
         # (the key biases, whose exact gradient is 0, move by AdamW-normalised noise: ~1e-3 at this rate)
         weights = [{k: v for k, v in read_weights(d).items() if "k_proj.bias" not in k} for d in (out, dp_rollback[1])]
-        assert_close_tensors(*weights, 2e-3)
+        assert_close_tensors(*weights, 1e-2)
+        poisoned = [w["model.embed_tokens.weight"][300:500].astype(np.float64) for w in weights]
+        assert np.abs(poisoned[0] - poisoned[1]).max() <= 1e-4

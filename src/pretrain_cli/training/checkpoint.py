@@ -217,12 +217,12 @@ class Saver:
     how long training stood still for the save.
     """
 
-    def __init__(self, out: Path, model, model_cfg, optimizer, strategy, comm, run_args, tokenizer_dir,
-                 dtype: str, limit: int | None, async_save: bool = False):
+    def __init__(self, out: Path, model_cfg, comm, run_args, tokenizer_dir, dtype: str, limit: int | None,
+                 async_save: bool = False):
         from pretrain_cli.training.async_save import AsyncWriter, HostStaging
 
-        self.out, self.model, self.cfg, self.optimizer = Path(out), model, model_cfg, optimizer
-        self.strategy, self.comm, self.run_args = strategy, comm, run_args
+        # the model, optimizer and layout are the trainer's, read at each call: a rollback may replace them
+        self.out, self.cfg, self.comm, self.run_args = Path(out), model_cfg, comm, run_args
         self.tokenizer_dir, self.dtype, self.limit = tokenizer_dir, dtype, limit
         self.writer = AsyncWriter() if async_save else None
         self.staging = HostStaging() if async_save else None
@@ -240,17 +240,17 @@ class Saver:
             self.writer.wait()
             waited = time.perf_counter() - start
             stage = lambda t: self.staging.copy(t.name, t)  # noqa: E731
-        weights = self.strategy.gather_weights(self.model)
-        opt_state = self.strategy.gather_optimizer_state(
-            self.model, lambda to_numpy: optimizer_tensors(self.model, self.optimizer, to_numpy or stage,
-                                                           contiguous=False))
+        model, strategy = trainer.raw_model, trainer.strategy
+        weights = strategy.gather_weights(model)
+        opt_state = strategy.gather_optimizer_state(
+            model, lambda to_numpy: optimizer_tensors(model, trainer.optimizer, to_numpy or stage, contiguous=False))
         if self.writer is None:
-            self._write_sync(step, weights, opt_state, trainer.state_dict())
-        elif self.strategy.parallel.is_rank0:
+            self._write_sync(trainer, weights, opt_state)
+        elif strategy.parallel.is_rank0:
             if weights is None:  # whole parameters on rank 0: copied now, since training goes on changing them
-                weights = {name: self.staging.copy(name, p) for name, p in self.model.named_parameters()}
+                weights = {name: self.staging.copy(name, p) for name, p in model.named_parameters()}
             state = trainer.state_dict()  # (a deep copy)
-            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, weights, opt_state, state))
+            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, model, weights, opt_state, state))
         stall = time.perf_counter() - start
         kind = "async" if self.writer is not None else "sync"
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
@@ -258,19 +258,20 @@ class Saver:
         trainer.record_event("checkpoint", {"stall_seconds": round(stall, 6), "async": self.writer is not None,
                                             "waited_seconds": round(waited, 6)})
 
-    def _write_sync(self, step: int, weights, opt_state, state: dict) -> None:
+    def _write_sync(self, trainer, weights, opt_state) -> None:
         from pretrain_cli.distributed.comm import rank0_round
 
-        if not self.strategy.parallel.is_rank0:
+        step = trainer.state.global_step
+        if not trainer.strategy.parallel.is_rank0:
             self.comm.wait_for_rank0(f"saving checkpoint-{step}")
             return
         with rank0_round(self.comm):
-            self._write(step, weights, opt_state, state)
+            self._write(step, trainer.raw_model, weights, opt_state, trainer.state_dict())
 
-    def _write(self, step: int, weights, opt_state, state: dict) -> None:
+    def _write(self, step: int, model, weights, opt_state, state: dict) -> None:
         from pretrain_cli.training.metrics import log
 
-        path = save_checkpoint(self.out, step, self.model, self.cfg, state, self.run_args, opt_state,
+        path = save_checkpoint(self.out, step, model, self.cfg, state, self.run_args, opt_state,
                                self.tokenizer_dir, dtype=self.dtype, weights=weights)
         removed = rotate(self.out, self.limit)
         log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))
@@ -280,28 +281,22 @@ class Saver:
         if self.writer is not None:
             self.writer.wait()
 
-    def reload_newest(self, rebuild=None) -> tuple[Path | None, dict | None]:
-        """Every rank: weights and optimizer state of the newest complete checkpoint (a rollback); returns
-        (its path, its trainer state), or (None, None) when there is none. Rank 0 finishes the write in
-        flight first and names the checkpoint; the others take the same one. `rebuild(path)`, when given,
-        replaces the model and optimizer with ones built from the checkpoint instead of writing into them."""
+    def newest(self, is_rank0: bool) -> Path | None:
+        """Every rank: the newest complete checkpoint, the same one on all of them (a rollback's target), or
+        None. Rank 0 finishes the write in flight first and names it; the others take the same one."""
         from pretrain_cli.distributed.comm import rank0_round
-        from pretrain_cli.models.convert import load_weights
         from pretrain_cli.run_dir import latest_checkpoint
 
-        if self.strategy.parallel.is_rank0:
+        if is_rank0:
             with rank0_round(self.comm):
                 self.wait()
-                path = self.comm.agree_on_resume(latest_checkpoint(self.out))
-        else:
-            self.comm.wait_for_rank0("finishing the checkpoint to roll back to")
-            path = self.comm.agree_on_resume(None)
-        if path is None:
-            return None, None
-        state = read_state(path)
-        if rebuild is not None:
-            rebuild(path)
-        else:
-            load_weights(self.model, self.cfg, str(path))
-            load_optimizer(self.model, self.optimizer, path / OPTIMIZER_FILE)
-        return path, state
+                return self.comm.agree_on_resume(latest_checkpoint(self.out))
+        self.comm.wait_for_rank0("finishing the checkpoint to roll back to")
+        return self.comm.agree_on_resume(None)
+
+    def load_into(self, trainer, path: Path) -> None:
+        """The checkpoint's weights and optimizer state written into the trainer's own (whole) tensors."""
+        from pretrain_cli.models.convert import load_weights
+
+        load_weights(trainer.raw_model, self.cfg, str(path))
+        load_optimizer(trainer.raw_model, trainer.optimizer, path / OPTIMIZER_FILE)

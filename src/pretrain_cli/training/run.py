@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from pretrain_cli import run_dir, runtime
 from pretrain_cli.distributed import watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
@@ -32,13 +34,13 @@ def run(spec) -> int:
     for line in spec.describe():
         log.info(line)
     model = build_model(r, spec.model_cfg, spec.model_dir)
+    log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     state = restore_weights(model, spec, resume)
     trainer = assemble(r, model, comm, spec.splits, resume)
     trainer.writer = open_output_dir(spec, state)
     trainer.throughput = build_throughput(spec)
-    trainer.save_fn = checkpoint.Saver(r.output.output_dir, trainer.raw_model, spec.model_cfg, trainer.optimizer,
-                                       trainer.strategy, comm, spec.record(), spec.tokenizer_dir,
+    trainer.save_fn = checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
                                        r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save)
     if state is not None:
         trainer.load_state_dict(state)
@@ -56,6 +58,8 @@ def rebuild(spec, trainer, comm, path) -> None:
     and with the seed of a restart that resumes from it; the old ones are released first."""
     import gc
 
+    log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
+             f"cannot be written into mid-run)")
     trainer.release()
     gc.collect()
     model = build_model(spec.run, spec.model_cfg)
@@ -101,9 +105,7 @@ def build_model(run, model_cfg, model_dir=None):
     from pretrain_cli.ops import kernels
 
     paddle.seed(run.loop.seed)
-    chosen = kernels.select(run.kernels, run.device)
-    log.info(f"kernels: {chosen.describe()}")
-    model = build_causal_lm(model_cfg, chosen)
+    model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
     if run.model.continue_training:
         from pretrain_cli.models.convert import load_weights
 
@@ -129,8 +131,6 @@ def open_output_dir(spec, state: dict | None):
     r = spec.run
     if not r.parallel.is_rank0:
         return None
-    from pathlib import Path
-
     from pretrain_cli import atomic
 
     out = Path(r.output.output_dir)

@@ -19,6 +19,7 @@ recovers from them by exactly this rollback-and-skip.
 """
 from __future__ import annotations
 
+from pretrain_cli.training.checkpoint import read_state
 from pretrain_cli.training.metrics import log
 
 
@@ -86,11 +87,16 @@ def _rollback(trainer, reason: str, event: dict, first_sample: int, step: int) -
         raise SpikeError(f"step {step}: loss spike ({reason}) again after a rollback to the same step; the "
                          f"cause is not the skipped data: stopped. Lower learning_rate or resume from an earlier "
                          f"checkpoint with a larger spike_rollback_steps")
-    path, state = trainer.save_fn.reload_newest(trainer.rebuild) if trainer.save_fn is not None else (None, None)
+    path = trainer.save_fn.newest(trainer.parallel.is_rank0) if trainer.save_fn is not None else None
     if path is None:
         trainer.record_event("spike", {**event, "action": "stop"}, step)
         raise SpikeError(f"step {step}: loss spike ({reason}) but there is no checkpoint to roll back to; "
                          f"stopped. Save more often (save_steps) or set spike_policy: skip")
+    state = read_state(path)
+    if trainer.rebuild is not None:  # the semi-auto engine's placed pieces: built again from the checkpoint
+        trainer.rebuild(path)
+    else:
+        trainer.save_fn.load_into(trainer, path)
     gb = trainer.global_batch
     start = max(state["consumed_samples"], first_sample - (trainer.spike.cfg.rollback_steps - 1) * gb)
     window = list(range(start, first_sample + gb, gb))

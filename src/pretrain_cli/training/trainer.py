@@ -77,19 +77,14 @@ class Trainer:
             self.state.consumed_samples = 0
 
     def release(self) -> None:
-        """Let go of the model and optimizer (and the saver's references to them) before a rebuild, so the
-        old and the new never hold memory at once."""
+        """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
+        once (the saver holds no references of its own: it reads the trainer's at each save)."""
         self.model = self.optimizer = self.raw_model = self.amp = None
-        if self.save_fn is not None:
-            self.save_fn.model = self.save_fn.optimizer = None
 
     def adopt(self, built: "Trainer") -> None:
         """Take over the model, optimizer, precision and layout of a freshly assembled Trainer."""
         self.model, self.optimizer, self.amp = built.model, built.optimizer, built.amp
         self.strategy, self.raw_model = built.strategy, built.raw_model
-        if self.save_fn is not None:
-            self.save_fn.model, self.save_fn.optimizer = built.raw_model, built.optimizer
-            self.save_fn.strategy = built.strategy
 
     @property
     def global_batch(self) -> int:
