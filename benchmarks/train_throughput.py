@@ -9,7 +9,7 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf [--no-compile]]
         [--through-cli [--cli-steps N]] [--json] [--steps N] [--warmup W] [--rounds R] [--to-static]
         [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5|7] [--cpu-ops on|off] [--hf-malloc default|keep]
-        [--hf-compile-mode default|max-autotune]
+        [--hf-compile-mode max-autotune|default]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). `--compare-hf` times
@@ -208,9 +208,9 @@ def main(argv=None) -> int:
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; Intel unset), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
                     help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
-    ap.add_argument("--hf-compile-mode", choices=("default", "max-autotune", "max-autotune-no-cudagraphs"),
-                    default="default", help="torch.compile mode of the compiled HF worker (max-autotune: inductor "
-                                            "also tries its own C++ GEMM templates; compiles for minutes)")
+    ap.add_argument("--hf-compile-mode", choices=("max-autotune", "default"), default="max-autotune",
+                    help="torch.compile mode of the compiled HF worker: max-autotune (the strongest: inductor also "
+                         "tries its own C++ GEMM templates; ~2 min more compile per worker, untimed) or default")
     ap.add_argument("--hf-malloc", choices=("default", "keep"), default="default",
                     help="keep: give the eager HF worker the same glibc no-mmap/no-trim setting as ours "
                          "(the compiled worker always has it)")
