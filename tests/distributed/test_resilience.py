@@ -21,8 +21,8 @@ import uuid
 import numpy as np
 import pytest
 
-from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, launch, parse_losses, read_weights,
-                            write_config)
+from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, launch, parse_losses,
+                            read_weights, write_config)
 
 STEPS, SAVE = 40, 10
 
@@ -45,11 +45,17 @@ def _losses(out) -> dict:
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").open()) if r["kind"] == "train"}
 
 
-def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp_path):
-    ref_cfg = write_config(tmp_path / "ref.json", corpus, tmp_path / "ref",
-                           max_steps=STEPS, save_steps=SAVE)
-    ref = launch(ref_cfg, tmp_path / "ref_log", timeout=300)
+@pytest.fixture(scope="module")
+def restart_ref(corpus, tmp_path_factory):
+    """The uninterrupted 2-rank run both restart tests must end like: its output directory."""
+    root = tmp_path_factory.mktemp("restart_ref")
+    ref = launch(write_config(root / "ref.json", corpus, root / "ref", max_steps=STEPS, save_steps=SAVE),
+                 root / "ref_log", timeout=300)
     assert ref.returncode == 0, ref.explain()
+    return root / "ref"
+
+
+def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp_path, restart_ref):
 
     # overwrite_output_dir: true, as in every distributed test here; checkpoints written in the background
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE,
@@ -79,11 +85,53 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
     assert m and m.group(1) == m.group(2) and SAVE <= int(m.group(1)) < STEPS, log0[-3000:]
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == STEPS
-    got, want = _losses(tmp_path / "out"), _losses(tmp_path / "ref")
+    got, want = _losses(tmp_path / "out"), _losses(restart_ref)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for s in want:
         assert abs(got[s] - want[s]) <= TOL, (s, got[s], want[s])
-    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(tmp_path / "ref"))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(restart_ref))
+
+
+def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(corpus, tmp_path, restart_ref):
+    """Two nodes (two launchers on this machine, one process each, MASTER on loopback), each under launch.sh with
+    MAX_RESTART=1: a rank killed on one node fails the job on both; each node restarts its launcher, they meet at
+    the master again and resume from the same newest checkpoint, ending with the one-node job's losses."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE)
+    marker, port = uuid.uuid4().hex, free_port()
+    procs = []
+    for node in (0, 1):
+        env = child_env()
+        env.update(NPROC="1", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / f"log{node}"),
+                   MASTER=f"127.0.0.1:{port}", NNODES="2", NODE_RANK=str(node), PCLI_RESTART_TEST=marker)
+        procs.append(subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.05)
+        pid = _rank_pid(marker, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = {node: "".join(f.read_text(errors="replace") for f in sorted((tmp_path / f"log{node}").glob("workerlog.*")))
+            for node in (0, 1)}
+    for node, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"node {node}: {err[-3000:]}\n{logs[node][-3000:]}"
+        assert "launch.sh: the job failed" in err and "restart 1 of 1" in err, err[-2000:]
+    # ranks are dealt out at each rendezvous in arrival order, so rank 0 may be on the other node after the restart
+    resumed = [m for text in logs.values() for m in re.finditer(r"resumed from \S+/checkpoint-(\d+) at step (\d+)", text)]
+    assert len(resumed) == 1, logs
+    assert resumed[0].group(1) == resumed[0].group(2) and SAVE <= int(resumed[0].group(1)) < STEPS
+    got, want = _losses(tmp_path / "out"), _losses(restart_ref)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for s in want:
+        assert abs(got[s] - want[s]) <= TOL, (s, got[s], want[s])
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(restart_ref))
 
 
 def _poisoned_corpus(prefix) -> None:
