@@ -73,9 +73,11 @@ def write_config(path: Path, corpus: Path, output_dir: Path, **over) -> Path:
     return path
 
 
-def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=()) -> list[str]:
-    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
-            str(log_dir), *launcher, str(SCRIPT), str(cfg), *map(str, extra)]
+def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), devices: str | None = None) -> list[str]:
+    """The launcher over `nproc` CPU processes, or over the GPUs `devices` ("0,1") when given (tests/gpu)."""
+    procs = ["--devices", devices] if devices else ["--nproc_per_node", str(nproc)]
+    return [sys.executable, "-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher,
+            str(SCRIPT), str(cfg), *map(str, extra)]
 
 
 class Run:

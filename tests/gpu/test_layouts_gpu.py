@@ -25,9 +25,8 @@ if not paddle.is_compiled_with_cuda():  # pragma: no cover - a collection error,
     raise RuntimeError("tests/gpu needs a GPU build of Paddle and GPUs; scripts/test.sh leaves this directory out")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from launch_helpers import parse_losses, read_weights, write_config, write_corpus  # noqa: E402
+from launch_helpers import launch_cmd, parse_losses, read_weights, write_config, write_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 GPUS = paddle.device.cuda.device_count()
 LAYOUTS = {
     "dp2": (2, {}),
@@ -40,9 +39,7 @@ LAYOUTS = {
 
 
 def _run(cfg: Path, gpus: int, log_dir: Path, extra=()) -> str:
-    devices = ",".join(str(i) for i in range(gpus))
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--devices", devices, "--log_dir", str(log_dir),
-           str(REPO / "scripts" / "run_pretrain.py"), str(cfg), *extra]
+    cmd = launch_cmd(cfg, log_dir, extra=extra, devices=",".join(str(i) for i in range(gpus)))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     log = (log_dir / "workerlog.0").read_text(errors="replace") if (log_dir / "workerlog.0").is_file() else ""
     assert proc.returncode == 0, proc.stderr[-3000:] + log[-3000:]
