@@ -193,14 +193,15 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
     assert run.log(0).count("kernels: ") == 1
     if name != "dp":
         assert sorted(parse_losses(run.log(0))) == list(range(1, 21))
-        # At learning rate 0.02 the layouts' rounding differences grow fast: ~3e-4 by checkpoint-15, then
-        # 3e-4 to 4e-3 by step 20 depending on the machine's GEMM kernels. So the whole model is held to 1e-2,
-        # and the poisoned document's embedding rows to 1e-4: their ids are input in no other step, so after a
-        # rollback that restored weights and optimizer state only the (tied) head's small gradients move them
-        # (~5e-6 apart across layouts), where one that kept step 17's moments would move them by ~learning_rate
-        # per step.
+        # At learning rate 0.02 the layouts' rounding differences grow fast after checkpoint-15 (~3e-4 there).
+        # ZeRO-2/3 compute what one process computes, split by rows: 2e-3 at step 20 (measured 9e-4). TP2 also
+        # computes differently (the vocabulary-split head keeps the logits and the unfused loss, docs/DISTRIBUTED.md):
+        # 1e-2 (measured 4.3e-3 on an AMD Zen 4 VM, under 2e-3 on an Intel one). The poisoned document's embedding
+        # rows are held to 1e-4 on every layout: their ids are input in no other step, so after a rollback that
+        # restored weights and optimizer state only the (tied) head's small gradients move them (~5e-6 apart
+        # across layouts), where one that kept step 17's moments would move them by ~learning_rate per step.
         # (the key biases, whose exact gradient is 0, move by AdamW-normalised noise: ~1e-3 at this rate)
         weights = [{k: v for k, v in read_weights(d).items() if "k_proj.bias" not in k} for d in (out, dp_rollback[1])]
-        assert_close_tensors(*weights, 1e-2)
+        assert_close_tensors(*weights, 1e-2 if name == "tp2" else 2e-3)
         poisoned = [w["model.embed_tokens.weight"][300:500].astype(np.float64) for w in weights]
         assert np.abs(poisoned[0] - poisoned[1]).max() <= 1e-4

@@ -1,0 +1,45 @@
+"""benchmarks/gemm_paths.py: the GEMM set it times is the step's, and a run names and times the runtime's MKL path."""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_paths.py"
+TINY = {"model": {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "vocab_size": 160},
+        "arguments": {"per_device_train_batch_size": 2, "max_seq_length": 16}}
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gemm_paths", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gemm_set_is_every_linear_forward_and_both_gradients():
+    calls = _module().gemm_set(TINY)
+    tokens, h, i, v, kv = 32, 64, 96, 160, 2 * 16  # kv heads × head_dim
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, 2 * i), (i, h), (h, v)]  # q k v o gate|up down head
+    assert len(calls) == 3 * len(linears)
+    assert sum(m * n * k for _, _, m, n, k in calls) == 3 * sum(tokens * a * b for a, b in linears)
+    # per Linear: y = x·W, dx = dy·Wᵀ, dW = xᵀ·dy
+    assert calls[:3] == [(0, 0, tokens, h, h), (0, 1, tokens, h, h), (1, 0, h, h, tokens)]
+
+
+def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):
+    """The MKL worker only (its torch twin differs in the two lines that call `torch.matmul`; importing torch would
+    double the test's time)."""
+    from pretrain_cli import runtime
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    out = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--paths", "auto", "--rounds", "1",
+                          "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    chosen = runtime.mkl_cpu_type() or "unset"
+    assert f"runtime.mkl_cpu_type() here = {chosen}" in out.stdout
+    mine = re.search(rf"paddle MKL type {chosen} +([0-9.]+) GFLOP/s .*1\.000x the runtime's choice", out.stdout)
+    assert mine and float(mine.group(1)) > 0, out.stdout
