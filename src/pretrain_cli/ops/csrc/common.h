@@ -47,18 +47,57 @@ inline float vexp(float x_in) {
   return x_in > 88.3762626647949f ? INFINITY : p * scale;
 }
 
+// exp(x) for x <= 0 (a softmax term x - max, always <= 0): vexp without the upper clamp and its +inf case,
+// the same value for every x <= 0 in ~25 % fewer vector instructions. NaN propagates; below -87.3 it clamps
+// (~1e-38, where the true value underflows anyway).
+inline float vexp_nonpos(float x_in) {
+  const float x = x_in < -87.3365447505531f ? -87.3365447505531f : x_in;
+  const float magic = 12582912.f;
+  const float fx = (x * 1.44269504088896341f + magic) - magic;
+  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(float));
+  return p * scale;
+}
+
 // One softmax row in place, up to the normalisation: row[j] = exp(row[j] - max), returns the sum and writes
 // the max (attention and the fused LM head + loss both need them: the loss is max + log(sum) - target).
+// The last n % 16 elements go through a padded 16-lane block instead of the compiler's scalar remainder
+// loop: attention's causal rows have every length 1..S, and the scalar tail was ~40 % of their exp time.
 inline float exp_from_max(float* row, int64_t n, float* max_out) {
-  float mx = row[0];
+  constexpr int64_t kLanes = 16;
+  const int64_t body = n - n % kLanes, rest = n - body;
+  float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 1; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+  for (int64_t j = 0; j < body; ++j) mx = row[j] > mx ? row[j] : mx;
+  for (int64_t j = body; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    const float e = vexp(row[j] - mx);
+  for (int64_t j = 0; j < body; ++j) {
+    const float e = vexp_nonpos(row[j] - mx);
     row[j] = e;
     sum += e;
+  }
+  if (rest > 0) {
+    alignas(64) float t[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) t[j] = j < rest ? row[body + j] : -INFINITY;
+    float tail = 0.f;
+#pragma omp simd reduction(+ : tail)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const float e = j < rest ? vexp_nonpos(t[j] - mx) : 0.f;
+      t[j] = e;
+      tail += e;
+    }
+    std::memcpy(row + body, t, sizeof(float) * rest);
+    sum += tail;
   }
   *max_out = mx;
   return sum;

@@ -7,7 +7,7 @@ using pcl::check_f32;
 using pcl::contig;
 using pcl::last_dim;
 using pcl::exp_from_max;
-using pcl::vexp;
+using pcl::vexp_nonpos;
 
 // -------------------------------------------------------------------------- cross-entropy
 // logits [N, V], labels [N] int64 -> loss [N] (0 where label == ignore_index), lse [N] kept for
@@ -37,7 +37,7 @@ std::vector<paddle::Tensor> CrossEntropyForward(const paddle::Tensor& logits_arg
     for (int64_t j = 1; j < v; ++j) m = x[j] > m ? x[j] : m;
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += vexp(x[j] - m);
+    for (int64_t j = 0; j < v; ++j) sum += vexp_nonpos(x[j] - m);
     const float l = m + std::log(sum);
     lsep[i] = l;
     lossp[i] = lp[i] == ignore_index ? 0.f : l - x[lp[i]];
@@ -70,7 +70,7 @@ std::vector<paddle::Tensor> CrossEntropyBackward(const paddle::Tensor& logits_ar
     const float* x = xp + i * v;
     const float l = lsep[i], g = gp[i];
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) o[j] = g * vexp(x[j] - l);
+    for (int64_t j = 0; j < v; ++j) o[j] = g * vexp_nonpos(x[j] - l);
     o[lp[i]] -= g;
   }
   return {dx};
