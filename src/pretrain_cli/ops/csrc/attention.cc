@@ -1,6 +1,8 @@
 // RoPE, head transposes and block-causal attention (see common.h for why these kernels exist).
 #include "common.h"
 
+#include <immintrin.h>
+
 using pcl::check_f32;
 using pcl::contig;
 using pcl::last_dim;
@@ -257,6 +259,19 @@ inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int
   *k0 = st[i0];
 }
 
+// Copies one probability row into the [S, SK] buffer the backward reads. Where the row is 64-byte aligned the
+// full 16-float pieces go with non-temporal stores: the buffer (16 MiB per layer at bench's shape) is not read
+// again until the backward, so a normal store would first read every line into the cache only to evict it;
+// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.3). The values are the same.
+inline void store_probs(float* dst, const float* src, int64_t w) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (reinterpret_cast<uintptr_t>(dst) % 64 == 0)
+    for (; j + 16 <= w; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
+#endif
+  std::memcpy(dst + j, src + j, sizeof(float) * (w - j));
+}
+
 std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
                                               const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
@@ -268,38 +283,46 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
   const float* vp = v.data<float>();
   float* op = out.data<float>();
   float* pp = probs.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / rep;
-      const int64_t* st = start ? start + b * S : nullptr;
-      const float* Q = qp + (b * H + h) * S * D;
-      const float* K = kp + (b * G + g) * SK * D;
-      const float* V = vp + (b * G + g) * SK * D;
-      float* P = pp + (b * H + h) * S * SK;
-      float* O = op + (b * H + h) * S * D;
-      for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
-        block_rows(st, i0, S, &m, &k0);
-        const int64_t n = shift + i0 + m, w = n - k0;  // the block's keys: [k0, n), what its last row sees
-        cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f,
-                    P + i0 * SK + k0, SK);
-        for (int64_t r = 0; r < m; ++r) {
-          float* row = P + (i0 + r) * SK + k0;
-          const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
-          float mx;
-          const float inv = 1.f / exp_from_max(row, vis, &mx);
+#pragma omp parallel
+  {
+    // one block's scores [m, w] in this thread's cache; the softmax and the P·V GEMM read them from here
+    std::vector<float> scratch(static_cast<size_t>(kBlock) * SK);
+    float* Sc = scratch.data();
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / rep;
+        const int64_t* st = start ? start + b * S : nullptr;
+        const float* Q = qp + (b * H + h) * S * D;
+        const float* K = kp + (b * G + g) * SK * D;
+        const float* V = vp + (b * G + g) * SK * D;
+        float* P = pp + (b * H + h) * S * SK;
+        float* O = op + (b * H + h) * S * D;
+        for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
+          block_rows(st, i0, S, &m, &k0);
+          const int64_t n = shift + i0 + m, w = n - k0;  // the block's keys: [k0, n), what its last row sees
+          cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f, Sc, w);
+          for (int64_t r = 0; r < m; ++r) {
+            float* row = Sc + r * w;
+            const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
+            float mx;
+            const float inv = 1.f / exp_from_max(row, vis, &mx);
 #pragma omp simd
-          for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
-          // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
-          // be exact zeros. The rest of the row is never read (the probabilities are internal to this op pair),
-          // so it is left unwritten: for causal rows that is half the [S, SK] buffer of memory writes saved,
-          // with documents most of it.
-          std::fill(row + vis, row + w, 0.f);
+            for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
+            // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
+            // be exact zeros. The rest of the row is never read (the probabilities are internal to this op pair),
+            // so it is left unwritten: for causal rows that is half the [S, SK] buffer of memory writes saved,
+            // with documents most of it.
+            std::fill(row + vis, row + w, 0.f);
+            store_probs(P + (i0 + r) * SK + k0, row, w);
+          }
+          cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * D, D, 0.f, O + i0 * D, D);
         }
-        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, P + i0 * SK + k0, SK, V + k0 * D, D, 0.f, O + i0 * D,
-                    D);
       }
     }
+#if defined(__AVX512F__)
+    _mm_sfence();  // this thread's streamed rows are visible before the backward (maybe on another thread) reads
+#endif
   }
   return {out, probs};
 }
