@@ -74,6 +74,7 @@ def test_rope_matches_gemm_rope_for_q_and_k():
     (6, 6, 4, 2),  # one block, GQA
     (70, 70, 4, 2),  # two query blocks (64 + 6): the second multiplies all 70 keys, the first only 64
     (130, 130, 2, 1),  # three blocks, MQA
+    (128, 128, 4, 2),  # rows of 128 keys are 64-byte aligned: the probabilities go out with non-temporal stores
     (67, 75, 4, 4),  # KV-cache prefill over cached keys: bottom-right aligned, blocks straddle the shift
     (1, 9, 4, 2),  # one-token decode step
 ])
@@ -115,6 +116,7 @@ def _doc_start(seq_len, *cuts_per_row):
     (130, 2, 1, ([0, 60, 129], [0, 63, 65, 127])),  # documents spanning two block edges, MQA, odd tails
     (67, 3, 3, ([0, 33], [0, 1, 2, 3, 4, 5, 66])),  # odd sizes, MHA, a run of 1-token documents
     (9, 4, 2, ([0], [0, 8])),  # one block; a row with one document (= causal) next to two
+    (128, 4, 2, ([0, 16, 64, 100], [0, 3])),  # aligned rows: blocks starting at keys 16 and 64 stream, 3 and 100 copy
 ])
 def test_document_attention_matches_masked_math_forward_and_backward(seq_len, heads, kv_heads, cuts):
     q = RNG.standard_normal((2, seq_len, heads, 10)).astype("float32")

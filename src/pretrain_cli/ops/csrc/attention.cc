@@ -1,7 +1,9 @@
 // RoPE, head transposes and block-causal attention (see common.h for why these kernels exist).
 #include "common.h"
 
-#include <immintrin.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>  // the probability rows' non-temporal stores
+#endif
 
 using pcl::check_f32;
 using pcl::contig;
