@@ -2,8 +2,9 @@
 
 Eager is HF as it ships (`LlamaForCausalLM`, sdpa attention, `torch.optim.AdamW`, `clip_grad_norm_`).
 Compiled is what a performance-minded PyTorch user runs on CPU: the forward + loss compiled as one
-graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd; by default
-(`--hf-compile-mode max-autotune`) inductor also benchmarks its own C++ GEMM templates against MKL), the fused
+graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd; in the
+`max-autotune` mode inductor also benchmarks its own C++ GEMM templates against MKL; the driver times the
+default mode and `max-autotune` and compares against the faster, `--hf-compile-mode both`), the fused
 C++ AdamW kernel, foreach gradient clipping, and glibc told to keep freed memory (the setting our
 runtime applies, `runtime.keep_freed_memory`). Compilation happens in the warm-up steps, never timed.
 """

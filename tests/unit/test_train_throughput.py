@@ -1,0 +1,71 @@
+"""benchmarks/train_throughput.py: which compile modes a run times, and that the ratio is taken against the faster.
+
+The workers themselves (Paddle, HF eager, HF under torch.compile) take minutes to compile and are run by hand
+(docs/PERFORMANCE.md §2); this checks the driver's bookkeeping on synthetic worker results.
+"""
+import contextlib
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _module():
+    sys.path.insert(0, str(BENCH))  # the script imports its sibling step_timing
+    try:
+        spec = importlib.util.spec_from_file_location("train_throughput", BENCH / "train_throughput.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _worker(step_s: float, **extra) -> dict:
+    """What a worker writes, for two rounds of 4 steps of 2048 tokens around `step_s` seconds."""
+    rounds = []
+    for r in range(2):
+        times = [step_s * (1 + 0.01 * (i + r)) for i in range(4)]
+        out = {"step_s_median": sorted(times)[2], "tokens_per_s": round(2048 / sorted(times)[2], 1),
+               "tokens_per_s_best": round(2048 / min(times), 1), "step_times": times, "tokens_per_step": 2048,
+               "matmul_peak_gflops": 200.0, "flops_per_token": 1e6, "losses": [9.0, 8.9], **extra}
+        rounds.append(out)
+    return rounds
+
+
+def test_both_is_the_default_and_times_each_mode():
+    tt = _module()
+    assert tt.compile_modes("both") == ("default", "max-autotune")
+    assert tt.compile_modes("max-autotune") == ("max-autotune",)
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        tt.main(["--help"])
+    assert "{both,max-autotune,default}" in out.getvalue()
+
+
+def test_the_ratio_is_against_the_faster_compile_mode_and_both_are_reported():
+    tt = _module()
+    merge = tt.merge
+    hf = {"hf_malloc": "keep", "attn_implementation": "sdpa", "torch": "2.13.0", "transformers": "5.24.0"}
+    ours = {"processes": 1, "threads": 2, "to_static": False, "paddle": "3.3.1", "kernels": "cpu",
+            "mkl_debug_cpu_type": "7"}
+    runs = {"paddle": merge(_worker(0.40, **ours)),
+            "torch": merge(_worker(0.70, compile_mode=None, **hf)),
+            "torch_compile/default": merge(_worker(0.55, compile_mode="default", **hf)),
+            "torch_compile/max-autotune": merge(_worker(0.60, compile_mode="max-autotune", **hf))}
+    cfg = {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}}
+    row = tt._row("bench", cfg, runs)
+    assert row["hf_compile_mode"] == "default"  # the faster of the two
+    assert row["ratio_vs_hf_compile"] == round(runs["paddle"]["tokens_per_s"] / runs["torch_compile/default"]["tokens_per_s"], 3)
+    assert row["ratio_vs_hf_compile"] < row["ratio_vs_hf_compile_max_autotune"]
+    assert row["hf_compile_max_autotune_round_tokens_per_s"] == runs["torch_compile/max-autotune"]["round_tokens_per_s"]
+    table = tt._table([row])
+    fast, slow = (runs[f"torch_compile/{m}"]["tokens_per_s"] for m in ("default", "max-autotune"))
+    assert f"the faster mode of: bench default {fast:.0f} tok/s (used), max-autotune {slow:.0f} tok/s" in table
+
+    # a run with one mode names it and marks nothing
+    one = {k: v for k, v in runs.items() if k != "torch_compile/default"}
+    row = tt._row("bench", cfg, one)
+    assert row["hf_compile_mode"] == "max-autotune" and "hf_compile_default_tokens_per_s" not in row
+    assert "(used)" not in tt._table([row])
