@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,32 @@ def tmp_path(path) -> Path:
     """`<path>.tmp<pid>`: unique per process, so concurrent writers never share a temporary."""
     path = Path(path)
     return path.with_name(f"{path.name}.tmp{os.getpid()}")
+
+
+_TMP_SUFFIX = re.compile(r"\.tmp(\d+)$")  # what `tmp_path` appends
+
+
+def stale_temporaries(directory) -> list[Path]:
+    """The files in `directory` that `tmp_path` named for a process that is gone: a writer killed between
+    opening its temporary and the rename (kill -9 while the loss curve was being drawn, say). A temporary of a
+    live process (this one, or an `eval` running next to training) is kept: its rename is still to come."""
+    found = []
+    root = Path(directory)
+    for p in root.iterdir() if root.is_dir() else ():
+        m = _TMP_SUFFIX.search(p.name)
+        if m and p.is_file() and not _alive(int(m.group(1))):
+            found.append(p)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def fsync_dir(path) -> None:

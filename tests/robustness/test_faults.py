@@ -25,6 +25,9 @@ SCENARIOS = {
     "writing_last_checkpoint": ("save_weights:4", [6, 9], 9),
     # killed after checkpoint-10 (the last step's) while writing the final model: the re-run trains no step
     "writing_final_weights": ("save_weights:5", [9, 10], 10),
+    # killed drawing the final loss curve, its temporary `loss_curve.png.tmp<pid>` written: the re-run removes
+    # it (`checkpoint.clean_leftovers`) and writes the export again
+    "drawing_final_loss_curve": ("curve_rename:1", [9, 10], 10),
 }
 # async_save: true (both runs): killed while the background writer writes checkpoint-6 (training has gone on
 # meanwhile); the re-run resumes from the previous complete checkpoint and ends byte-identical to the
@@ -72,6 +75,8 @@ def _kill_and_resume(name, d, reference):
     assert _complete(d / "out") == present
     if name == "writing_final_weights":
         assert not (d / "out" / "model.safetensors").exists()  # never half a file under the final name
+    if name == "drawing_final_loss_curve":
+        assert list((d / "out").glob("loss_curve.png.tmp*"))  # what the re-run must clean up
     if extra:
         assert "(async)" in p.stdout
     _finish_and_compare(d, reference, resumed_from, extra)

@@ -36,6 +36,25 @@ def test_publish_dir_replaces_a_complete_directory_in_one_rename(tmp_path):
     assert sorted(os.listdir(final)) == ["new.txt"] and sorted(os.listdir(tmp_path)) == ["checkpoint-5"]
 
 
+def test_a_killed_writers_temporary_is_removed_at_the_next_start_and_a_live_ones_kept(tmp_path):
+    """kill -9 between a temporary's open and its rename (the loss curve's drawing thread, say) leaves
+    `<name>.tmp<pid>`; the next run's `clean_leftovers` removes it, but not a live process's temporary."""
+    import subprocess
+    import sys
+
+    from pretrain_cli.training.checkpoint import clean_leftovers
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead = tmp_path / f"loss_curve.png.tmp{int(gone.stdout)}"  # that process has exited
+    live = atomic.tmp_path(tmp_path / "metrics.jsonl")  # this process's: its rename may still come
+    for p in (dead, live, tmp_path / "model.safetensors", tmp_path / "notes.tmp"):
+        p.write_bytes(b"x")
+    assert atomic.stale_temporaries(tmp_path) == [dead]
+    clean_leftovers(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, "model.safetensors", "notes.tmp"])
+
+
 def test_no_module_renames_by_hand():
     """`atomic` is the one place that renames a temporary into place."""
     from pathlib import Path

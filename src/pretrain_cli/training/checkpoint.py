@@ -39,12 +39,15 @@ def rotate(output_dir, limit: int | None) -> list[Path]:
 
 
 def clean_leftovers(output_dir) -> None:
-    """Remove `*.tmp` / `*.deleting` directories left by a killed process."""
+    """Remove `*.tmp` / `*.deleting` directories and the temporary files (`atomic.tmp_path`) left by a killed
+    process."""
     root = Path(output_dir)
     if root.is_dir():
         for p in root.iterdir():
             if p.is_dir() and (p.name.endswith(".deleting") or re.match(r"^checkpoint-\d+\.tmp", p.name)):
                 shutil.rmtree(p, ignore_errors=True)
+        for p in atomic.stale_temporaries(root):
+            p.unlink(missing_ok=True)
 
 
 def _inner(optimizer):

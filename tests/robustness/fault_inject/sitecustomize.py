@@ -11,6 +11,9 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   enospc             safetensors.numpy.save_file has written half a file  -> raise OSError(ENOSPC)
   enospc_weights     safetensors.paddle.save_file has written half a file -> raise OSError(ENOSPC)
   publish            os.replace(... -> checkpoint-N) is about to run       -> SIGKILL
+  curve_rename       os.replace(... -> loss_curve.png) is about to run on  -> SIGKILL
+                     the main thread (the final export's drawing; the
+                     checkpoints' drawings run on a background thread)
   rotate             shutil.rmtree(*.deleting) has removed one file        -> SIGKILL
   preprocess_batch   IndexedDatasetWriter.add_documents has written a batch -> SIGKILL
   preprocess_rename  os.replace(... -> *.idx) is about to run              -> SIGKILL
@@ -27,6 +30,7 @@ import os
 import re
 import signal
 import sys
+import threading
 
 _SPEC = os.environ.get("PCLI_FAULT", "")
 _TARGETS = dict(item.split(":") for item in _SPEC.split(",") if item)
@@ -149,6 +153,9 @@ def _install_os_patches():
         if re.fullmatch(r"checkpoint-\d+", name) and not os.fspath(src).endswith(".deleting") and _hit("publish"):
             _die()
         if name.endswith(".idx") and _hit("preprocess_rename"):
+            _die()
+        if (name == "loss_curve.png" and threading.current_thread() is threading.main_thread()
+                and _hit("curve_rename")):
             _die()
         return replace(src, dst, *a, **kw)
 
