@@ -25,9 +25,8 @@ namespace pcl {
 
 // exp for the softmax/CE/SiLU inner loops: Cephes expf (range reduction + degree-6 polynomial),
 // ~1 ulp, written so GCC vectorises it (libm's expf does not vectorise without -ffast-math).
-inline float vexp(float x_in) {
-  float x = x_in > 88.3762626647949f ? 88.3762626647949f : x_in;
-  x = x < -87.3365447505531f ? -87.3365447505531f : x;
+// `exp_in_range` is the polynomial for x already clamped to [-87.34, 88.38]; the two callers clamp.
+inline float exp_in_range(float x) {
   // round to nearest by adding 1.5 * 2^23 (|x * log2 e| <= 128 here): plain arithmetic vectorises,
   // std::floor becomes a libm call unless -fno-trapping-math (6x slower on 32k-vocab rows)
   const float magic = 12582912.f;
@@ -43,30 +42,20 @@ inline float vexp(float x_in) {
   int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(float));
+  return p * scale;
+}
+
+inline float vexp(float x_in) {
+  float x = x_in > 88.3762626647949f ? 88.3762626647949f : x_in;
+  x = x < -87.3365447505531f ? -87.3365447505531f : x;
   // above the float range: +inf (SiLU of a huge negative gate is then -0, not a finite garbage value)
-  return x_in > 88.3762626647949f ? INFINITY : p * scale;
+  return x_in > 88.3762626647949f ? INFINITY : exp_in_range(x);
 }
 
 // exp(x) for x <= 0 (a softmax term x - max, always <= 0): vexp without the upper clamp and its +inf case,
 // the same value for every x <= 0 in ~25 % fewer vector instructions. NaN propagates; below -87.3 it clamps
 // (~1e-38, where the true value underflows anyway).
-inline float vexp_nonpos(float x_in) {
-  const float x = x_in < -87.3365447505531f ? -87.3365447505531f : x_in;
-  const float magic = 12582912.f;
-  const float fx = (x * 1.44269504088896341f + magic) - magic;
-  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(float));
-  return p * scale;
-}
+inline float vexp_nonpos(float x_in) { return exp_in_range(x_in < -87.3365447505531f ? -87.3365447505531f : x_in); }
 
 // One softmax row in place, up to the normalisation: row[j] = exp(row[j] - max), returns the sum and writes
 // the max (attention and the fused LM head + loss both need them: the loss is max + log(sum) - target).
