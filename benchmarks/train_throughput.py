@@ -199,9 +199,10 @@ def _table(rows: list[dict]) -> str:
     lines.append(f"ours: {r0['processes']} proc x {r0['threads']} threads, to_static={r0['to_static']}, "
                  f"paddle {r0['paddle']}, {r0['kernels']}")
     if "torch" in r0:
-        lines.append(f"HF: transformers {r0['transformers']}, torch {r0['torch']}, attn {r0['hf_attn']}; "
-                     f"HFc = torch.compile(inductor, fullgraph) + fused AdamW + glibc keep, the faster mode of: "
-                     + "; ".join(_modes_line(r) for r in rows if r.get("hf_compile_mode")))
+        modes = "; ".join(_modes_line(r) for r in rows if r.get("hf_compile_mode"))
+        lines.append(f"HF: transformers {r0['transformers']}, torch {r0['torch']}, attn {r0['hf_attn']}"
+                     + (f"; HFc = torch.compile(inductor, fullgraph) + fused AdamW + glibc keep, the faster mode of: "
+                        f"{modes}" if modes else " (eager only: --no-compile)"))
     if any("ratio_vs_hf_compile_cpu" in r or "ratio_vs_hf_cpu" in r for r in rows):
         lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
             f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"

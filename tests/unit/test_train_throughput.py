@@ -64,6 +64,10 @@ def test_the_ratio_is_against_the_faster_compile_mode_and_both_are_reported():
     fast, slow = (runs[f"torch_compile/{m}"]["tokens_per_s"] for m in ("default", "max-autotune"))
     assert f"the faster mode of: bench default {fast:.0f} tok/s (used), max-autotune {slow:.0f} tok/s" in table
 
+    # without the compiled workers (--no-compile) the table says so instead of naming modes
+    eager = tt._table([tt._row("bench", cfg, {k: runs[k] for k in ("paddle", "torch")})])
+    assert "(eager only: --no-compile)" in eager and "HFc =" not in eager
+
     # a run with one mode names it and marks nothing
     one = {k: v for k, v in runs.items() if k != "torch_compile/default"}
     row = tt._row("bench", cfg, one)
