@@ -14,8 +14,8 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). `--compare-hf` times
 HF eager and HF under `torch.compile` in its default and its `max-autotune` mode (hf_step.py; HFc and
-`ratio_vs_hf_compile` are the faster of the two, each mode is reported too); `--through-cli` runs `pretrain-cli train` on a token
-file of the same shape (cli_throughput.py). The frameworks alternate `--rounds` times; tokens_per_s is
+`ratio_vs_hf_compile` are the faster of the two, each mode is reported too); `--through-cli` runs
+`pretrain-cli train` on a token file of the same shape (cli_throughput.py). The frameworks alternate `--rounds` times; tokens_per_s is
 the median of the per-round median steps, `*_best` the fastest step (the VM is shared and noisy:
 compare within one run). `--procs 2` runs 2 data-parallel processes via `paddle.distributed.launch`.
 """
@@ -97,9 +97,14 @@ def worker_paddle(cfg: dict, a) -> dict:
 # ------------------------------------------------------------------------------------ driver
 def compile_modes(choice: str) -> tuple[str, ...]:
     """The torch.compile modes a run times: `both` (the default) runs inductor's default mode and `max-autotune`,
-    because neither is the stronger everywhere (on the Zen 4 VM max-autotune was faster on bench and slower on
-    small), and the ratio is taken against the faster."""
+    because neither is the stronger everywhere (on the Zen 4 VM, in one run: equal on bench, default mode 4 %
+    faster on small; docs/PERFORMANCE.md §1.0), and the ratio is taken against the faster."""
     return ("default", "max-autotune") if choice == "both" else (choice,)
+
+
+def _mode_key(mode: str) -> str:
+    """`max-autotune` -> `hf_compile_max_autotune`: the prefix of one compile mode's keys in a result row."""
+    return f"hf_compile_{mode.replace('-', '_')}"
 
 
 def _run_worker(kind: str, name: str, a) -> dict:
@@ -147,10 +152,9 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
            "loadavg_1m": round(os.getloadavg()[0], 2)}
     compiled = {kind.partition("/")[2]: r for kind, r in runs.items() if kind.startswith("torch_compile")}
     for mode, hf in compiled.items():
-        tag = mode.replace("-", "_")
-        row.update({f"hf_compile_{tag}_tokens_per_s": hf["tokens_per_s"],
-                    f"hf_compile_{tag}_round_tokens_per_s": hf["round_tokens_per_s"],
-                    f"ratio_vs_hf_compile_{tag}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3)})
+        key = _mode_key(mode)
+        row.update({f"{key}_tokens_per_s": hf["tokens_per_s"], f"{key}_round_tokens_per_s": hf["round_tokens_per_s"],
+                    f"ratio_vs_{key}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3)})
     strongest = max(compiled.values(), key=lambda r: r["tokens_per_s"]) if compiled else None
     for key, hf in (("hf", runs.get("torch")), ("hf_compile", strongest)):
         if hf is None:
@@ -176,10 +180,10 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
 
 def _modes_line(row: dict) -> str:
     """`bench default 3300 tok/s, max-autotune 3261 tok/s`: each compile mode timed, the one used marked."""
-    timed = [(m, row[f"hf_compile_{m.replace('-', '_')}_tokens_per_s"]) for m in ("default", "max-autotune")
-             if f"hf_compile_{m.replace('-', '_')}_tokens_per_s" in row]
-    return f"{row['config']} " + ", ".join(f"{m} {t:.0f} tok/s" + (" (used)" if m == row["hf_compile_mode"] and
-                                                                      len(timed) > 1 else "") for m, t in timed)
+    timed = [(m, row[f"{_mode_key(m)}_tokens_per_s"]) for m in compile_modes("both")
+             if f"{_mode_key(m)}_tokens_per_s" in row]
+    used = row["hf_compile_mode"] if len(timed) > 1 else None
+    return f"{row['config']} " + ", ".join(f"{m} {t:.0f} tok/s" + (" (used)" if m == used else "") for m, t in timed)
 
 
 def _table(rows: list[dict]) -> str:

@@ -44,7 +44,7 @@ def _alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
         return False
     except PermissionError:  # it exists, under another user
-        return True
+        pass
     return True
 
 

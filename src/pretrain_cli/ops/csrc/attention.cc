@@ -264,7 +264,7 @@ inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int
 // Copies one probability row into the [S, SK] buffer the backward reads. Where the row is 64-byte aligned the
 // full 16-float pieces go with non-temporal stores: the buffer (16 MiB per layer at bench's shape) is not read
 // again until the backward, so a normal store would first read every line into the cache only to evict it;
-// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.3). The values are the same.
+// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.10). The values are the same.
 inline void store_probs(float* dst, const float* src, int64_t w) {
   int64_t j = 0;
 #if defined(__AVX512F__)
