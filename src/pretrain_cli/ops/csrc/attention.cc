@@ -216,11 +216,10 @@ PD_BUILD_GRAD_OP(pcl_swap12)
 // i's document, so query i sees keys start[i] <= j <= i. Row blocks are also cut at document starts, so all
 // rows of a block share one start k0 and its GEMMs begin at key k0: every key block before the document is
 // skipped, forward and backward. On short documents most of the causal triangle is skipped.
-extern "C" void cblas_sgemm(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a,
-                            int lda, const float* b, int ldb, float beta, float* c, int ldc);
-
 namespace {
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+using pcl::kNoTrans;
+using pcl::kRowMajor;
+using pcl::kTrans;
 constexpr int64_t kBlock = 64;
 
 void check_attention_shapes(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v) {

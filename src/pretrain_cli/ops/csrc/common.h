@@ -21,7 +21,13 @@
 
 #include <omp.h>
 
+// MKL's row-major sgemm (Paddle ships MKL; cpu_ops.py links it). Called outside an OpenMP region MKL threads
+// it; inside one (attention's per-block GEMMs) it runs on the calling thread.
+extern "C" void cblas_sgemm(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a,
+                            int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
 namespace pcl {
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS_LAYOUT / CBLAS_TRANSPOSE values
 
 // exp for the softmax/CE/SiLU inner loops: Cephes expf (range reduction + degree-6 polynomial),
 // ~1 ulp, written so GCC vectorises it (libm's expf does not vectorise without -ffast-math).

@@ -108,11 +108,10 @@ PD_BUILD_GRAD_OP(pcl_cross_entropy)
 // gradients of the sum come out of the same pass: three GEMMs of N·D·V like the unfused head + loss, where a
 // recomputing backward would need four. The caller scales them by d(loss) (`pcl_scale_by`).
 // The GEMMs are called outside any OpenMP region, so MKL threads them; the row passes are OpenMP loops.
-extern "C" void cblas_sgemm(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a,
-                            int lda, const float* b, int ldb, float beta, float* c, int ldc);
-
 namespace {
-constexpr int kRowMajorL = 101, kNoTransL = 111, kTransL = 112;
+using pcl::kNoTrans;
+using pcl::kRowMajor;
+using pcl::kTrans;
 
 struct HeadShape {
   int64_t n, d, v;
@@ -149,9 +148,9 @@ float head_pass(const float* h, const float* w, const int64_t* lp, HeadShape s, 
     const float* hc = h + c0 * d;
     float* x = buf.get();
     if (vocab_major)  // [m, D] · [V, D]ᵀ
-      cblas_sgemm(kRowMajorL, kNoTransL, kTransL, m, v, d, 1.f, hc, d, w, d, 0.f, x, v);
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, v, d, 1.f, hc, d, w, d, 0.f, x, v);
     else  // [m, D] · [D, V]
-      cblas_sgemm(kRowMajorL, kNoTransL, kNoTransL, m, v, d, 1.f, hc, d, w, v, 0.f, x, v);
+      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, v, d, 1.f, hc, d, w, v, 0.f, x, v);
     const bool grad = dw != nullptr;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; ++i) {
@@ -176,11 +175,11 @@ float head_pass(const float* h, const float* w, const int64_t* lp, HeadShape s, 
     if (!grad) continue;
     const float beta = c0 == 0 ? 0.f : 1.f;
     if (vocab_major) {
-      cblas_sgemm(kRowMajorL, kNoTransL, kNoTransL, m, d, v, 1.f, x, v, w, d, 0.f, dh + c0 * d, d);  // P·w
-      cblas_sgemm(kRowMajorL, kTransL, kNoTransL, v, d, m, 1.f, x, v, hc, d, beta, dw, d);  // [V, D] += Pᵀ·h
+      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, d, v, 1.f, x, v, w, d, 0.f, dh + c0 * d, d);  // P·w
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, v, d, m, 1.f, x, v, hc, d, beta, dw, d);  // [V, D] += Pᵀ·h
     } else {
-      cblas_sgemm(kRowMajorL, kNoTransL, kTransL, m, d, v, 1.f, x, v, w, v, 0.f, dh + c0 * d, d);  // P·wᵀ
-      cblas_sgemm(kRowMajorL, kTransL, kNoTransL, d, v, m, 1.f, hc, d, x, v, beta, dw, v);  // [D, V] += hᵀ·P
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, d, v, 1.f, x, v, w, v, 0.f, dh + c0 * d, d);  // P·wᵀ
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, d, v, m, 1.f, hc, d, x, v, beta, dw, v);  // [D, V] += hᵀ·P
     }
   }
   double total = 0.0;
