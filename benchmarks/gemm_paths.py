@@ -5,7 +5,9 @@ call, so each path needs its own process). This times the forward, input-gradien
 of every Linear of one decoder layer plus the LM head of a benchmark config (`benchmarks/configs/`), in
 Paddle's own MKL (`libmklml_intel.so`, row-major `cblas_sgemm`, the layouts `paddle.matmul` uses) and in
 torch's `matmul`, each in a fresh process, the processes alternated `--rounds` times, and prints GFLOP/s
-per path, the median over rounds, and each path's ratio to the one the runtime picks.
+per path, the median over rounds, and each path's ratio to the one the runtime picks. It also prints what
+those GEMMs cost in one training step (layers × one layer's + the head's, in ms): the step's time from
+`train_throughput.py` minus that is what the step spends outside its projection, MLP and head GEMMs.
 
     python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch] [--rounds 3] [--threads T]
 
@@ -72,8 +74,8 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
                 (torch.from_numpy(w).t() if tb else torch.from_numpy(w)), torch.empty(m, n))
                for (ta, tb, m, n, _), (x, w) in zip(calls, mats)]
 
-        def run():
-            for x, w, c in ops:  # transposed operands are views: BLAS reads them with its trans flags
+        def run_calls(lo, hi):
+            for x, w, c in ops[lo:hi]:  # transposed operands are views: BLAS reads them with its trans flags
                 torch.matmul(x, w, out=c)
     else:
         import paddle
@@ -84,14 +86,21 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
         fp = ctypes.POINTER(ctypes.c_float)
         outs = [np.empty((m, n), np.float32) for _, _, m, n, _ in calls]
 
-        def run():
-            for (ta, tb, m, n, k), (x, w), c in zip(calls, mats, outs):
+        def run_calls(lo, hi):
+            for (ta, tb, m, n, k), (x, w), c in zip(calls[lo:hi], mats[lo:hi], outs[lo:hi]):
                 mkl.cblas_sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(1.0),
                                 x.ctypes.data_as(fp), m if ta else k, w.ctypes.data_as(fp), k if tb else n,
                                 ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
-    seconds = _time(run)
+    seconds = _time(lambda: run_calls(0, len(calls)))
+    layer, head = _split_times(run_calls, len(calls))
     return {"path": path, "mkl_debug_cpu_type": os.environ.get("MKL_DEBUG_CPU_TYPE", "unset"),
-            "gflops": round(flops / seconds / 1e9, 1), "ms": round(seconds * 1e3, 2)}
+            "gflops": round(flops / seconds / 1e9, 1), "ms": round(seconds * 1e3, 2),
+            "step_ms": round((cfg["model"]["num_hidden_layers"] * layer + head) * 1e3, 2)}
+
+
+def _split_times(run_calls, n: int) -> tuple[float, float]:
+    """(one layer's GEMMs, the head's three), each timed on its own: the last three calls are the head's."""
+    return _time(lambda: run_calls(0, n - 3)), _time(lambda: run_calls(n - 3, n))
 
 
 def main(argv=None) -> int:
@@ -121,6 +130,7 @@ def main(argv=None) -> int:
         if p not in paths:
             paths.append(p)
     results: dict[str, list[float]] = {p: [] for p in paths}
+    step_ms: dict[str, list[float]] = {p: [] for p in paths}
     for _ in range(a.rounds):
         for p in paths:
             env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")}
@@ -128,7 +138,9 @@ def main(argv=None) -> int:
                 env["MKL_DEBUG_CPU_TYPE"] = p
             out = subprocess.run([sys.executable, __file__, "--config", a.config, "--threads", str(threads),
                                   "--worker", p], env=env, capture_output=True, text=True, check=True)
-            results[p].append(json.loads(out.stdout.strip().splitlines()[-1])["gflops"])
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            results[p].append(row["gflops"])
+            step_ms[p].append(row["step_ms"])
     base = statistics.median(results[chosen]) if chosen in results else None
     print(f"{a.config}: one layer's Linears + the LM head, forward and both gradients, {threads} threads; "
           f"runtime.mkl_cpu_type() here = {chosen}")
@@ -137,6 +149,8 @@ def main(argv=None) -> int:
         name = "torch matmul" if p == "torch" else f"paddle MKL type {p}"
         ratio = f"  {med / base:.3f}x the runtime's choice" if base else ""
         print(f"  {name:22} {med:7.1f} GFLOP/s (rounds: {', '.join(f'{v:.1f}' for v in vals)}){ratio}")
+        print(f"  {'':22} one step's {cfg['model']['num_hidden_layers']} layers + head: "
+              f"{statistics.median(step_ms[p]):.1f} ms of these GEMMs")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/gemm_paths.py: the GEMM set it times is the step's, and a run names and times the runtime's MKL path."""
+"""benchmarks/gemm_paths.py: the GEMM set it times is the step's, and a run names and times the runtime's MKL path
+and what those GEMMs cost in one step."""
 import importlib.util
 import json
 import re
@@ -8,7 +9,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_paths.py"
 TINY = {"model": {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "vocab_size": 160},
+                  "vocab_size": 160, "num_hidden_layers": 2},
         "arguments": {"per_device_train_batch_size": 2, "max_seq_length": 16}}
 
 
@@ -43,3 +44,5 @@ def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):
     assert f"runtime.mkl_cpu_type() here = {chosen}" in out.stdout
     mine = re.search(rf"paddle MKL type {chosen} +([0-9.]+) GFLOP/s .*1\.000x the runtime's choice", out.stdout)
     assert mine and float(mine.group(1)) > 0, out.stdout
+    step = re.search(r"one step's 2 layers \+ head: ([0-9.]+) ms of these GEMMs", out.stdout)
+    assert step and float(step.group(1)) > 0, out.stdout
