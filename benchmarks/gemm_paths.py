@@ -91,16 +91,12 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
                 mkl.cblas_sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(1.0),
                                 x.ctypes.data_as(fp), m if ta else k, w.ctypes.data_as(fp), k if tb else n,
                                 ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
-    seconds = _time(lambda: run_calls(0, len(calls)))
-    layer, head = _split_times(run_calls, len(calls))
+    # one layer's GEMMs and the head's (`gemm_set` puts the head's three last), each timed on its own
+    layer, head = _time(lambda: run_calls(0, len(calls) - 3)), _time(lambda: run_calls(len(calls) - 3, len(calls)))
+    seconds = layer + head
     return {"path": path, "mkl_debug_cpu_type": os.environ.get("MKL_DEBUG_CPU_TYPE", "unset"),
             "gflops": round(flops / seconds / 1e9, 1), "ms": round(seconds * 1e3, 2),
             "step_ms": round((cfg["model"]["num_hidden_layers"] * layer + head) * 1e3, 2)}
-
-
-def _split_times(run_calls, n: int) -> tuple[float, float]:
-    """(one layer's GEMMs, the head's three), each timed on its own: the last three calls are the head's."""
-    return _time(lambda: run_calls(0, n - 3)), _time(lambda: run_calls(n - 3, n))
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,8 @@ def test_the_gemm_set_is_every_linear_forward_and_both_gradients():
     assert sum(m * n * k for _, _, m, n, k in calls) == 3 * sum(tokens * a * b for a, b in linears)
     # per Linear: y = x·W, dx = dy·Wᵀ, dW = xᵀ·dy
     assert calls[:3] == [(0, 0, tokens, h, h), (0, 1, tokens, h, h), (1, 0, h, h, tokens)]
+    # the head's three come last: the worker times them apart from the layer's (its per-step total)
+    assert calls[-3:] == [(0, 0, tokens, v, h), (0, 1, tokens, h, v), (1, 0, h, v, tokens)]
 
 
 def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):

@@ -31,7 +31,9 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS_LAYOUT / 
 
 // exp for the softmax/CE/SiLU inner loops: Cephes expf (range reduction + degree-6 polynomial),
 // ~1 ulp, written so GCC vectorises it (libm's expf does not vectorise without -ffast-math).
-// `exp_in_range` is the polynomial for x already clamped to [-87.34, 88.38]; the two callers clamp.
+// `exp_in_range` is the polynomial for x already clamped to [kExpLo, kExpHi]; the two callers clamp.
+// kExpLo = ln of float's smallest normal; kExpHi just under 127.5 · ln 2, so the reduction's 2^n fits an exponent
+constexpr float kExpLo = -87.3365447505531f, kExpHi = 88.3762626647949f;
 inline float exp_in_range(float x) {
   // round to nearest by adding 1.5 * 2^23 (|x * log2 e| <= 128 here): plain arithmetic vectorises,
   // std::floor becomes a libm call unless -fno-trapping-math (6x slower on 32k-vocab rows)
@@ -52,16 +54,16 @@ inline float exp_in_range(float x) {
 }
 
 inline float vexp(float x_in) {
-  float x = x_in > 88.3762626647949f ? 88.3762626647949f : x_in;
-  x = x < -87.3365447505531f ? -87.3365447505531f : x;
+  float x = x_in > kExpHi ? kExpHi : x_in;
+  x = x < kExpLo ? kExpLo : x;
   // above the float range: +inf (SiLU of a huge negative gate is then -0, not a finite garbage value)
-  return x_in > 88.3762626647949f ? INFINITY : exp_in_range(x);
+  return x_in > kExpHi ? INFINITY : exp_in_range(x);
 }
 
 // exp(x) for x <= 0 (a softmax term x - max, always <= 0): vexp without the upper clamp and its +inf case,
 // the same value for every x <= 0 in ~25 % fewer vector instructions. NaN propagates; below -87.3 it clamps
 // (~1e-38, where the true value underflows anyway).
-inline float vexp_nonpos(float x_in) { return exp_in_range(x_in < -87.3365447505531f ? -87.3365447505531f : x_in); }
+inline float vexp_nonpos(float x_in) { return exp_in_range(x_in < kExpLo ? kExpLo : x_in); }
 
 // One softmax row in place, up to the normalisation: row[j] = exp(row[j] - max), returns the sum and writes
 // the max (attention and the fused LM head + loss both need them: the loss is max + log(sum) - target).
