@@ -25,7 +25,7 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm_mlp.cc", "attention.cc", "loss.cc", "optim.cc")  # + common.h, which all of them include
+SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc")  # + common.h, which all include
 # -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
 CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
             "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
@@ -47,6 +47,15 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
+def cxxflags(machine: str | None = None) -> list[str]:
+    """CXXFLAGS plus what the target adds. GCC's tuning for Intel's AVX-512 cores keeps loops at 256-bit
+    vectors unless told otherwise; on a Xeon VM that left attention's softmax at half width
+    (docs/PERFORMANCE.md §3.11). x86 only: other targets do not know the flag, and without AVX-512 it
+    changes nothing."""
+    x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64")
+    return [*CXXFLAGS, "-mprefer-vector-width=512"] if x86 else list(CXXFLAGS)
+
+
 def _compiler() -> str:
     return os.environ.get("CXX", "g++")
 
@@ -56,7 +65,7 @@ def _commands(paddle, out: Path, objs: list[Path]) -> tuple[list[list[str]], lis
     root = Path(paddle.__file__).parent
     libs, base, inc = root / "libs", root / "base", root / "include"
     includes = [f"-I{inc}", f"-I{inc / 'third_party'}", f"-I{sysconfig.get_paths()['include']}"]
-    compiles = [[_compiler(), *CXXFLAGS, "-c", *includes, str(CSRC / src), "-o", str(obj)]
+    compiles = [[_compiler(), *cxxflags(), "-c", *includes, str(CSRC / src), "-o", str(obj)]
                 for src, obj in zip(SOURCES, objs)]
     link = [_compiler(), "-shared", "-fPIC", *map(str, objs), "-o", str(out),
             f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
@@ -87,7 +96,7 @@ def library_path(paddle) -> Path:
         cxx = ""
     h = hashlib.sha256()
     sources = [(CSRC / f).read_bytes() for f in (*SOURCES, "common.h")]
-    for part in (*sources, " ".join(CXXFLAGS).encode(), paddle.__version__.encode(),
+    for part in (*sources, " ".join(cxxflags()).encode(), paddle.__version__.encode(),
                  str(Path(paddle.__file__).parent).encode(), cxx.encode(), _cpu_signature().encode()):
         h.update(part)
         h.update(b"\0")
@@ -104,7 +113,7 @@ def _build(paddle, so: Path) -> None:
             return
         for stale in so.parent.glob("cpu_ops-*.tmp*"):  # left by a build that was killed (we hold the lock)
             stale.unlink(missing_ok=True)
-        logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~12 s on 2 cores): {so}")
+        logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~20 s on 2 cores): {so}")
         tmp = so.with_suffix(f".tmp{os.getpid()}")
         objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
         try:
