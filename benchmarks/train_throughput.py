@@ -98,7 +98,7 @@ def worker_paddle(cfg: dict, a) -> dict:
 def compile_modes(choice: str) -> tuple[str, ...]:
     """The torch.compile modes a run times: `both` (the default) runs inductor's default mode and `max-autotune`,
     because neither is the stronger everywhere (on the Zen 4 VM, in one run: equal on bench, default mode 4 %
-    faster on small; docs/PERFORMANCE.md §1.0), and the ratio is taken against the faster."""
+    faster on small; docs/PERFORMANCE.md §1.0a), and the ratio is taken against the faster."""
     return ("default", "max-autotune") if choice == "both" else (choice,)
 
 
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mkl-cpu-type", default="auto",
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; Intel unset), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
-                    help="our fused CPU kernels (src/pretrain_cli/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
+                    help="our fused CPU kernels (src/pretrain_cli/ops/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
     ap.add_argument("--hf-compile-mode", choices=("both", "max-autotune", "default"), default="both",
                     help="torch.compile mode of the compiled HF worker: both (each round times inductor's default mode "
                          "and max-autotune, where inductor also tries its own C++ GEMM templates; the ratio is "

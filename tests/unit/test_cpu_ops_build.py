@@ -4,14 +4,24 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 from pretrain_cli.ops import cpu_ops
 
 
-def test_512_bit_vectors_are_asked_for_on_x86_only():
+def test_512_bit_vectors_are_asked_for_on_x86_only_and_key_the_library(monkeypatch, tmp_path):
     # GCC keeps Intel AVX-512 loops at 256 bits without it; an ARM compiler would refuse the flag
     assert cpu_ops.cxxflags("x86_64") == [*cpu_ops.CXXFLAGS, "-mprefer-vector-width=512"]
     assert cpu_ops.cxxflags("aarch64") == cpu_ops.CXXFLAGS
+    stub = types.SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
+    keys = {}
+    for machine in ("x86_64", "aarch64"):
+        monkeypatch.setattr(cpu_ops.platform, "machine", lambda m=machine: m)
+        compiles, _ = cpu_ops._commands(stub, tmp_path / "x.so", [tmp_path / f"{s}.o" for s in cpu_ops.SOURCES])
+        assert len(compiles) == len(cpu_ops.SOURCES)
+        assert all(("-mprefer-vector-width=512" in c) == (machine == "x86_64") for c in compiles)
+        keys[machine] = cpu_ops.library_path(stub)
+    assert keys["x86_64"] != keys["aarch64"]  # other flags, another library: never a stale build
 
 
 BUILD_PROBE = r"""
@@ -35,7 +45,7 @@ def _probe(tmp_path, **env):
 def _unoptimised_compiler(tmp_path) -> str:
     """The system compiler with -O0 appended (the last -O wins): a third faster than the -O3 build, most of
     which is parsing Paddle's headers. The test below checks how a cold build is published and reused; the
-    kernels' numerics are tested above on the normal build."""
+    kernels' numerics are tested in test_cpu_ops.py on the normal build."""
     cxx = tmp_path / "cxx-O0"
     cxx.write_text('#!/bin/sh\nexec g++ "$@" -O0\n')
     cxx.chmod(0o755)

@@ -3,7 +3,7 @@
 Paddle's CPU element-wise kernels are single-threaded and unfused (docs/PERFORMANCE.md), so the
 CPU path compiles its own: g++ with OpenMP, linked against the Intel OpenMP runtime Paddle ships
 for MKL so GEMMs and these kernels share one thread pool (two runtimes would spin against each
-other on a 2-core machine). The library is built once per (source, Paddle, compiler, CPU) into
+other on a 2-core machine). The library is built once per (source, flags, Paddle, compiler, CPU) into
 the user cache, atomically and under a file lock so data-parallel ranks starting together build
 it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` returns None and
 `kernels.select` keeps the reference path, with one warning that says why.
