@@ -41,8 +41,8 @@ def run_cli_fixture():
 # share one reference training run (a session fixture, built per worker). The units are set here rather than
 # by xdist_group marks: pytest 9 ignores the test-id suffix that `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
-# The longest units start first, longest first as measured on 2 busy cores, so the other worker works
-# through the many short modules meanwhile and both finish together; xdist's own order (most
+# The longest units (as measured on 2 busy cores) start first, so the other worker works through the many
+# short modules meanwhile and both finish together; xdist's own order (most
 # tests first) started the 3-test calibration module last.
 _LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "robustness", "e2e/test_readme.py",
                   "unit/test_cpu_ops_build.py")
