@@ -165,6 +165,8 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
                     f"{key}_mode": hf.get("compile_mode"),
                     f"ratio_vs_{key}_best": round(ours["tokens_per_s_best"] / hf["tokens_per_s_best"], 3),
                     f"ratio_vs_{key}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3),
+                    f"round_ratio_vs_{key}": [round(o / h, 3) for o, h in
+                                              zip(ours["round_tokens_per_s"], hf["round_tokens_per_s"])],
                     "hf_matmul_peak_gflops": hf["matmul_peak_gflops"], "hf_attn": hf["attn_implementation"],
                     "torch": hf["torch"], "transformers": hf["transformers"]})
         if "tokens_per_cpu_s" in ours and "tokens_per_cpu_s" in hf:
@@ -211,6 +213,10 @@ def _table(rows: list[dict]) -> str:
         lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
             f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"
             for r in rows))
+    if any(len(r.get("round_ratio_vs_hf_compile", [])) > 1 for r in rows):  # how far a run's rounds agree
+        lines.append("per round vs HF compiled (frameworks alternated): " + "; ".join(
+            f"{r['config']} " + ", ".join(f"{x:.2f}x" for x in r["round_ratio_vs_hf_compile"])
+            for r in rows if "round_ratio_vs_hf_compile" in r))
     lines.append("median of per-round median steps; load avg (1m) at the end: "
                  + ", ".join(str(r["loadavg_1m"]) for r in rows))
     lines.append("targets: ratio >= 1.25x vs HF compiled on both configs; train within 5% of the harness step")
