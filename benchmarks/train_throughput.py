@@ -165,8 +165,8 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
                     f"{key}_mode": hf.get("compile_mode"),
                     f"ratio_vs_{key}_best": round(ours["tokens_per_s_best"] / hf["tokens_per_s_best"], 3),
                     f"ratio_vs_{key}": round(ours["tokens_per_s"] / hf["tokens_per_s"], 3),
-                    f"round_ratio_vs_{key}": [round(o / h, 3) for o, h in
-                                              zip(ours["round_tokens_per_s"], hf["round_tokens_per_s"])],
+                    f"round_ratio_vs_{key}": [round(o / h, 3) for o, h in zip(
+                        ours["round_tokens_per_s"], hf["round_tokens_per_s"], strict=True)],
                     "hf_matmul_peak_gflops": hf["matmul_peak_gflops"], "hf_attn": hf["attn_implementation"],
                     "torch": hf["torch"], "transformers": hf["transformers"]})
         if "tokens_per_cpu_s" in ours and "tokens_per_cpu_s" in hf:
