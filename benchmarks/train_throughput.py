@@ -9,13 +9,15 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf [--no-compile]]
         [--through-cli [--cli-steps N]] [--json] [--steps N] [--warmup W] [--rounds R] [--to-static]
         [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5|7] [--cpu-ops on|off] [--hf-malloc default|keep]
-        [--hf-compile-mode both|max-autotune|default]
+        [--hf-compile-mode both|max-autotune|default] [--floor]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). `--compare-hf` times
 HF eager and HF under `torch.compile` in its default and its `max-autotune` mode (hf_step.py; HFc and
 `ratio_vs_hf_compile` are the faster of the two, each mode is reported too); `--through-cli` runs
-`pretrain-cli train` on a token file of the same shape (cli_throughput.py). The frameworks alternate `--rounds` times; tokens_per_s is
+`pretrain-cli train` on a token file of the same shape (cli_throughput.py); `--floor` measures the step's lower bound
+on this machine (step_floor.py) in the same rounds, and with `--compare-hf` prints `ceiling_vs_hf_compile`, the
+furthest ahead of the compiled HF step any step using MKL's GEMMs could be. The frameworks alternate `--rounds` times; tokens_per_s is
 the median of the per-round median steps, `*_best` the fastest step (the VM is shared and noisy:
 compare within one run). `--procs 2` runs 2 data-parallel processes via `paddle.distributed.launch`.
 """
@@ -172,12 +174,29 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
         if "tokens_per_cpu_s" in ours and "tokens_per_cpu_s" in hf:
             row.update({"tokens_per_cpu_s": ours["tokens_per_cpu_s"], f"{key}_tokens_per_cpu_s": hf["tokens_per_cpu_s"],
                         f"ratio_vs_{key}_cpu": round(ours["tokens_per_cpu_s"] / hf["tokens_per_cpu_s"], 3)})
+    if "floor" in runs:
+        fl = runs["floor"]
+        row.update({k: fl[k] for k in ("floor_ms", "gemm_ms", "attention_ms", "adamw_ms", "floor_tokens_per_s",
+                                       "round_floor_ms")})
+        row["ratio_vs_floor"] = round(ours["tokens_per_s"] / fl["floor_tokens_per_s"], 3)
+        if "hf_compile_tokens_per_s" in row:
+            row["ceiling_vs_hf_compile"] = round(fl["floor_tokens_per_s"] / row["hf_compile_tokens_per_s"], 3)
     if "cli" in runs:
         cli = runs["cli"]
         row.update({"cli_tokens_per_s": cli["tokens_per_s"], "cli_round_tokens_per_s": cli["round_tokens_per_s"],
                     "cli_steps_measured": cli["steps_measured"],
                     "ratio_cli_vs_harness": round(cli["tokens_per_s"] / ours["tokens_per_s"], 3)})
     return row
+
+
+def _merge_kind(kind: str, results: list[dict]) -> dict:
+    """A kind's rounds → one result: the floor takes each term's fastest round (step_floor.merge), the steps their
+    median (step_timing.merge)."""
+    if kind == "floor":
+        import step_floor
+
+        return step_floor.merge(results)
+    return merge(results)
 
 
 def _modes_line(row: dict) -> str:
@@ -217,6 +236,14 @@ def _table(rows: list[dict]) -> str:
         lines.append("per round vs HF compiled (frameworks alternated): " + "; ".join(
             f"{r['config']} " + ", ".join(f"{x:.2f}x" for x in r["round_ratio_vs_hf_compile"])
             for r in rows if "round_ratio_vs_hf_compile" in r))
+    if any("floor_ms" in r for r in rows):
+        lines.append("floor (step_floor.py: MKL's GEMMs + attention's triangle at the peak + AdamW's bytes, the rest "
+                     "free): " + "; ".join(
+                         f"{r['config']} {r['floor_ms']:.1f} ms = {r['floor_tokens_per_s']:.0f} tok/s "
+                         f"(GEMMs {r['gemm_ms']:.1f}, attention {r['attention_ms']:.1f}, AdamW {r['adamw_ms']:.1f}), "
+                         f"ours at {r['ratio_vs_floor']:.2f} of it"
+                         + (f", ceiling vs HF compiled {r['ceiling_vs_hf_compile']:.2f}x" if "ceiling_vs_hf_compile" in r
+                            else "") for r in rows if "floor_ms" in r))
     lines.append("median of per-round median steps; load avg (1m) at the end: "
                  + ", ".join(str(r["loadavg_1m"]) for r in rows))
     lines.append("targets: ratio >= 1.25x vs HF compiled on both configs; train within 5% of the harness step")
@@ -230,6 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="with --compare-hf: skip the torch.compile worker")
     ap.add_argument("--through-cli", action="store_true",
                     help="also run the real `pretrain-cli train` on a token file and read tokens/s from metrics.jsonl")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the step's lower bound on this machine (step_floor.py) in every round")
     ap.add_argument("--cli-steps", type=int, default=30, help="--through-cli: max_steps of the train run")
     ap.add_argument("--json", action="store_true", help="one JSON object per config")
     ap.add_argument("--steps", type=int, default=8, help="timed steps (after warm-up)")
@@ -273,6 +302,7 @@ def main(argv=None) -> int:
     compiled = [] if a.no_compile else [f"torch_compile/{m}" for m in compile_modes(a.hf_compile_mode)]
     kinds = ["paddle"] + (["torch"] + compiled if a.compare_hf else [])
     kinds += ["cli"] if a.through_cli else []
+    kinds += ["floor"] if a.floor else []
     rows = []
     for name in (CONFIGS if a.config == "all" else (a.config,)):
         results: dict[str, list] = {k: [] for k in kinds}
@@ -282,9 +312,13 @@ def main(argv=None) -> int:
                     from cli_throughput import run_train
 
                     results[kind].append(run_train(load_config(name), a))
+                elif kind == "floor":
+                    import step_floor
+
+                    results[kind].append(step_floor.run_worker(name, a.threads))
                 else:
                     results[kind].append(_run_worker(kind, name, a))
-        row = _row(name, load_config(name), {k: merge(v) for k, v in results.items()})
+        row = _row(name, load_config(name), {k: _merge_kind(k, v) for k, v in results.items()})
         rows.append(row)
         if a.json:
             print(json.dumps(row), flush=True)

@@ -83,3 +83,30 @@ def test_the_ratio_is_against_the_faster_compile_mode_and_both_are_reported():
     single = {k: merge(v[:1]) for k, v in raw.items()}
     row = tt._row("bench", cfg, single)
     assert row["round_ratio_vs_hf_compile"] == [1.375] and "per round" not in tt._table([row])
+
+
+def test_the_floor_gives_how_close_ours_is_and_the_ceiling_against_hf_compiled():
+    tt = _module()
+    hf = {"hf_malloc": "keep", "attn_implementation": "sdpa", "torch": "2.13.0", "transformers": "5.24.0"}
+    ours = {"processes": 1, "threads": 2, "to_static": False, "paddle": "3.3.1", "kernels": "cpu",
+            "mkl_debug_cpu_type": "unset"}
+    floor = [{"gemm_ms": g, "attention_ms": 12.0, "adamw_ms": 4.0, "floor_ms": g + 16.0, "attention_gflop": 3.2,
+              "adamw_bytes": 1, "tokens_per_step": 2048, "matmul_peak_gflops": 250.0, "stream_gbps": 40.0,
+              "floor_tokens_per_s": round(2048 / (g + 16.0) * 1e3, 1)} for g in (264.0, 284.0)]
+    runs = {"paddle": tt._merge_kind("paddle", _worker(0.40, **ours)),
+            "torch_compile/default": tt._merge_kind("torch_compile/default",
+                                                    _worker(0.35, compile_mode="default", **hf)),
+            "floor": tt._merge_kind("floor", floor)}
+    row = tt._row("bench", {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}}, runs)
+    assert row["floor_ms"] == 280.0 and row["gemm_ms"] == 264.0  # each term's fastest round
+    assert row["ratio_vs_floor"] == round(runs["paddle"]["tokens_per_s"] / row["floor_tokens_per_s"], 3)
+    # no step that uses these GEMMs can be further ahead of HF compiled than the floor is
+    assert row["ceiling_vs_hf_compile"] == round(row["floor_tokens_per_s"] / row["hf_compile_tokens_per_s"], 3)
+    assert 1.27 < row["ceiling_vs_hf_compile"] < 1.29  # HF's median step 0.35 s × 1.025 (`_worker`'s spread) / 0.28 s
+    assert (f"bench 280.0 ms = {row['floor_tokens_per_s']:.0f} tok/s (GEMMs 264.0, attention 12.0, AdamW 4.0), "
+            f"ours at {row['ratio_vs_floor']:.2f} of it, ceiling vs HF compiled "
+            f"{row['ceiling_vs_hf_compile']:.2f}x") in tt._table([row])
+    # without HF there is a floor but no ceiling
+    alone = tt._row("bench", {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}},
+                    {k: runs[k] for k in ("paddle", "floor")})
+    assert "ceiling_vs_hf_compile" not in alone and "ours at" in tt._table([alone])
