@@ -60,8 +60,9 @@ def mkl_cpu_type(cpuinfo: str | None = None) -> str | None:
     MKL 2019 (Paddle's) trusts its dispatch only on Intel: there it picks AVX-512 itself, and forcing a
     path would only lose (type 5 halved matmul speed on an AVX-512 Xeon). On AMD it runs a generic path,
     4x slower per thread, unless told: 5 is its AVX2 path, 7 its AVX-512 one, which on an AVX-512 AMD
-    CPU (Zen 4) ran the training step's GEMMs 1.5-17 % faster than 5 in every alternated run
-    (docs/PERFORMANCE.md §3.9). Type 7 on a CPU without AVX-512 would die on an illegal instruction, so it
+    CPU ran the training step's GEMMs 1.5-17 % faster than 5 on Zen 4 in every alternated run
+    (docs/PERFORMANCE.md §3.9) and the whole step 1.8x as fast on Zen 5, whose AVX-512 units are full
+    width (§1.0d). Type 7 on a CPU without AVX-512 would die on an illegal instruction, so it
     is chosen only when every extension those kernels use is in the CPU's flags.
     """
     text = _cpuinfo_head() if cpuinfo is None else cpuinfo
