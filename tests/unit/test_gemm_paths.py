@@ -1,23 +1,20 @@
 """benchmarks/gemm_paths.py: the GEMM set it times is the step's, and a run names and times the runtime's MKL path
 and what those GEMMs cost in one step."""
-import importlib.util
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_paths.py"
+from bench_scripts import BENCH, load
+
+SCRIPT = BENCH / "gemm_paths.py"
 TINY = {"model": {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
                   "vocab_size": 160, "num_hidden_layers": 2},
         "arguments": {"per_device_train_batch_size": 2, "max_seq_length": 16}}
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gemm_paths", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gemm_paths")
 
 
 def test_the_gemm_set_is_every_linear_forward_and_both_gradients():

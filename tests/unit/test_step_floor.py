@@ -1,28 +1,20 @@
 """benchmarks/step_floor.py: the lower bound's arithmetic (attention's causal triangle, AdamW's bytes, the sum),
 that rounds merge to each term's fastest, and that a worker measures every term in its own process."""
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import BENCH, load
+
 TINY = {"model": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "vocab_size": 160, "num_hidden_layers": 2},
         "arguments": {"per_device_train_batch_size": 2, "max_seq_length": 16}}
 
 
 def _module():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("step_floor", BENCH / "step_floor.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
+    return load("step_floor")
 
 
 def test_attention_counts_six_products_over_the_causal_triangle():

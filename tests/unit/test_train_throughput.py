@@ -5,23 +5,14 @@ The workers themselves (Paddle, HF eager, HF under torch.compile) take minutes t
 (docs/PERFORMANCE.md §2); this checks the driver's bookkeeping on synthetic worker results.
 """
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import load
+
 
 
 def _module():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling step_timing
-    try:
-        spec = importlib.util.spec_from_file_location("train_throughput", BENCH / "train_throughput.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
+    return load("train_throughput")
 
 
 def _worker(step_s: float, **extra) -> dict:
