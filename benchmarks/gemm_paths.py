@@ -28,6 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from step_timing import load_config  # noqa: E402  (benchmarks/ is on the path from here on)
 
 
 def gemm_set(cfg: dict) -> list[tuple[int, int, int, int, int]]:
@@ -108,8 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    cfg_path = Path(a.config) if a.config.endswith(".json") else HERE / "configs" / f"{a.config}.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg = load_config(a.config)
     threads = a.threads or len(os.sched_getaffinity(0))
     if a.worker:
         print(json.dumps(worker(cfg, a.worker, threads)))

@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
+from step_timing import load_config  # noqa: E402  (benchmarks/ is on the path from here on)
+
 ADAMW_BYTES_PER_PARAM = 7 * 4  # fp32: read p, g, m, v; write p, m, v
 
 
@@ -123,7 +125,9 @@ def merge(rounds: list[dict]) -> dict:
 
 
 def run_worker(config: str, threads: int | None) -> dict:
-    """`worker` in a fresh process (the MKL path and thread count are read once per process)."""
+    """`worker` in a fresh process (the MKL path and thread count are read once per process). The process sets
+    its MKL path as training does (`runtime.setup_env`), so the floor is this machine's at the product's path
+    whatever path the harness forces on its own worker."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--config", config, "--worker"]
     cmd += ["--threads", str(threads)] if threads else []
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -139,11 +143,6 @@ def describe(name: str, f: dict) -> str:
             f"{f['gemm_ms']:.1f} ms (MKL) + attention {f['attention_ms']:.1f} ms ({f['attention_gflop']:.2f} GFLOP "
             f"at the {f['matmul_peak_gflops']:.0f} GFLOP/s peak) + AdamW {f['adamw_ms']:.1f} ms "
             f"({f['adamw_bytes'] / 1e6:.0f} MB at {f['stream_gbps']:.1f} GB/s)")
-
-
-def load_config(name: str) -> dict:
-    path = Path(name) if name.endswith(".json") else HERE / "configs" / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def main(argv=None) -> int:

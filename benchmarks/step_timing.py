@@ -1,11 +1,21 @@
-"""What every training-step benchmark worker shares: synthetic data, the timing loop and its summary.
+"""What every training-step benchmark worker shares: the configs, synthetic data, the timing loop and its summary.
 
 Kept apart from `train_throughput.py` so the PyTorch workers (`hf_step.py`) and the `train` run
 (`cli_throughput.py`) time, feed and summarise their steps exactly the same way.
 """
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def load_config(name: str) -> dict:
+    """A benchmark config by name (`benchmarks/configs/<name>.json`) or by path (`*.json`)."""
+    path = Path(name) if name.endswith(".json") else CONFIG_DIR / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def matmul_peak_gflops(backend: str, n: int = 2048, reps: int = 5) -> float:

@@ -31,15 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from step_timing import SyntheticDataset, batches, matmul_peak_gflops, merge, summary, timed
+from step_timing import SyntheticDataset, batches, load_config, matmul_peak_gflops, merge, summary, timed
 
-HERE = Path(__file__).resolve().parent
 CONFIGS = ("bench", "small")
-
-
-def load_config(name: str) -> dict:
-    path = Path(name) if name.endswith(".json") else HERE / "configs" / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------------------------------ workers
@@ -258,7 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--through-cli", action="store_true",
                     help="also run the real `pretrain-cli train` on a token file and read tokens/s from metrics.jsonl")
     ap.add_argument("--floor", action="store_true",
-                    help="also measure the step's lower bound on this machine (step_floor.py) in every round")
+                    help="also measure the step's lower bound on this machine (step_floor.py, at the product's MKL "
+                         "path whatever --mkl-cpu-type says) in every round")
     ap.add_argument("--cli-steps", type=int, default=30, help="--through-cli: max_steps of the train run")
     ap.add_argument("--json", action="store_true", help="one JSON object per config")
     ap.add_argument("--steps", type=int, default=8, help="timed steps (after warm-up)")

@@ -66,3 +66,23 @@ def test_a_worker_measures_every_term(tmp_path):
     assert all(row[k] > 0 for k in ("gemm_ms", "attention_gflop", "matmul_peak_gflops", "stream_gbps"))
     assert row["floor_ms"] == pytest.approx(row["gemm_ms"] + row["attention_ms"] + row["adamw_ms"], abs=0.02)
     assert row["tokens_per_step"] == 32 and row["adamw_bytes"] % 28 == 0
+
+
+def test_the_command_merges_its_rounds_and_prints_each(monkeypatch, capsys):
+    sf = _module()
+    seen = []
+
+    def worker(name, threads):
+        seen.append((name, threads))
+        g = 250.0 + 10 * len(seen)
+        return {"gemm_ms": g, "attention_ms": 8.0, "adamw_ms": 2.0, "floor_ms": g + 10.0, "attention_gflop": 3.2,
+                "adamw_bytes": 198_704_128, "tokens_per_step": 2048, "matmul_peak_gflops": 250.0, "stream_gbps": 40.0}
+
+    monkeypatch.setattr(sf, "run_worker", worker)
+    assert sf.main(["--config", "all", "--rounds", "2", "--threads", "2"]) == 0
+    assert seen == [("bench", 2), ("bench", 2), ("small", 2), ("small", 2)]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("bench: floor 270.0 ms per step = 7585 tok/s: GEMMs 260.0 ms (MKL)")
+    assert "AdamW 2.0 ms (199 MB at 40.0 GB/s)" in lines[0]
+    assert lines[1] == "  per round: 270.0, 280.0 ms; median 275.0 ms"
+    assert lines[2].startswith("small: floor 290.0 ms") and len(lines) == 4

@@ -6,9 +6,10 @@ The workers themselves (Paddle, HF eager, HF under torch.compile) take minutes t
 """
 import contextlib
 import io
+import json
+import sys
 
 from bench_scripts import load
-
 
 
 def _module():
@@ -101,3 +102,30 @@ def test_the_floor_gives_how_close_ours_is_and_the_ceiling_against_hf_compiled()
     alone = tt._row("bench", {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}},
                     {k: runs[k] for k in ("paddle", "floor")})
     assert "ceiling_vs_hf_compile" not in alone and "ours at" in tt._table([alone])
+
+
+def test_floor_runs_in_every_round_beside_the_frameworks(monkeypatch):
+    tt, sf = _module(), load("step_floor")
+    calls = []
+    ours = {"processes": 1, "threads": 2, "to_static": False, "paddle": "3.3.1", "kernels": "cpu",
+            "mkl_debug_cpu_type": "7"}
+
+    def floor_worker(name, threads):
+        calls.append(("floor", name, threads))
+        return {"gemm_ms": 250.0, "attention_ms": 8.0, "adamw_ms": 2.0, "floor_ms": 260.0, "attention_gflop": 3.2,
+                "adamw_bytes": 1, "tokens_per_step": 2048, "matmul_peak_gflops": 250.0, "stream_gbps": 40.0,
+                "floor_tokens_per_s": 7876.9}
+
+    def run_worker(kind, name, a):
+        calls.append((kind, name))
+        return _worker(0.40, **ours)[0]
+
+    monkeypatch.setattr(sf, "run_worker", floor_worker)
+    monkeypatch.setitem(sys.modules, "step_floor", sf)
+    monkeypatch.setattr(tt, "_run_worker", run_worker)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert tt.main(["--config", "bench", "--floor", "--rounds", "2", "--threads", "2", "--json"]) == 0
+    assert calls == [("paddle", "bench"), ("floor", "bench", 2)] * 2  # alternated, the floor in each round
+    row = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert row["floor_ms"] == 260.0 and row["round_floor_ms"] == [260.0, 260.0]
+    assert row["ratio_vs_floor"] == round(row["tokens_per_s"] / 7876.9, 3) and "ceiling_vs_hf_compile" not in row
