@@ -3,20 +3,15 @@
 One process per config keeps each allocator peak isolated: forked from a process that has already imported
 Paddle (tests/forkserver.py), so each costs its two training steps, not an interpreter start-up.
 """
-import importlib.util
 from pathlib import Path
 
 import forkserver
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_calibration.py"
+from bench_scripts import load
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("plan_calibration", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("plan_calibration")
 
 
 @pytest.fixture(scope="module")
