@@ -97,7 +97,7 @@ def worker_paddle(cfg: dict, a) -> dict:
 def compile_modes(choice: str) -> tuple[str, ...]:
     """The torch.compile modes a run times: `both` (the default) runs inductor's default mode and `max-autotune`,
     because neither is the stronger everywhere (on the Zen 4 VM, in one run: equal on bench, default mode 4 %
-    faster on small; docs/PERFORMANCE.md §1.0a), and the ratio is taken against the faster."""
+    faster on small; docs/PERFORMANCE.md §1), and the ratio is taken against the faster."""
     return ("default", "max-autotune") if choice == "both" else (choice,)
 
 

@@ -2,7 +2,7 @@
 and the per-round ratios.
 
 The workers themselves (Paddle, HF eager, HF under torch.compile) take minutes to compile and are run by hand
-(docs/PERFORMANCE.md §2); this checks the driver's bookkeeping on synthetic worker results.
+(docs/PERFORMANCE.md §1); this checks the driver's bookkeeping on synthetic worker results.
 """
 import contextlib
 import io
