@@ -314,7 +314,7 @@ def test_stop_message_says_how_to_continue():
     assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
 
 
-def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch):
+def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):
     """`report_to: all` (VisualDL, TensorBoard, wandb offline): each holds the same loss series as
     metrics.jsonl, as one curve across two resumes and a killed run's stray line, and the run's configuration."""
     import tracker_readers
@@ -325,6 +325,8 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to="all", do_eval=True, eval_steps=2)
     out = tmp_path / "out"
     runs = out / "runs"
+    assert cli_main(["check", cfg]) == 0
+    assert "  report_to: metrics.jsonl + visualdl, tensorboard, wandb" in capsys.readouterr().out.splitlines()
     assert cli_main(["train", cfg]) == 0
     first = sorted(p.name for p in runs.glob("vdlrecords.*"))
     assert cli_main(["train", cfg, "--max_steps", "6"]) == 0  # resumes from checkpoint-4

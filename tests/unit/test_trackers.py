@@ -35,3 +35,21 @@ def test_a_named_tracker_that_is_not_installed_is_one_check_line(tmp_path, monke
                      "error: report_to: wandb needs the wandb package, which is not installed: "
                      "pip install wandb  (or pip install -e '.[wandb]')"]
     assert cli_main(["plan", str(tmp_path / "cfg.json"), "--device", "A100-80GB"]) == 0  # plan needs no tracker
+
+
+def test_wandb_that_cannot_start_is_one_line_naming_the_offline_mode(tmp_path):
+    """Not logged in and not offline: one UserError line at start, not wandb's traceback at step 1 (in a fresh
+    interpreter: wandb keeps process-wide settings, and another test may have run it offline)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pretrain_cli.training import trackers\nfrom pretrain_cli.errors import UserError\n"
+            "try:\n    trackers.Wandb('runs', 'out', {}, [])\nexcept UserError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**env, "HOME": str(tmp_path)}, stdin=subprocess.DEVNULL)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("report_to: wandb could not start a run ("), out.stdout + out.stderr
+    assert lines[0].endswith("run `wandb login`, or set WANDB_MODE=offline to write a local run to upload later "
+                             "with `wandb sync`")

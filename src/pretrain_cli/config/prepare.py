@@ -80,6 +80,7 @@ class RunSpec:
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
         lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
         lines += [f"  {line}" for line in self.data_lines]
+        lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
         return lines
 
 

@@ -167,8 +167,7 @@ class Wandb:
         out = Path(output_dir).resolve()
         try:
             self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "pretrain-cli"), name=out.name,
-                                  config=config, dir=None if os.environ.get("WANDB_DIR") else str(out),
-                                  reinit="finish_previous")
+                                  config=config, dir=None if os.environ.get("WANDB_DIR") else str(out))
         except Exception as e:  # not logged in, no network: say so at start, in one line
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"report_to: wandb could not start a run ({first}); run `wandb login`, or set "
