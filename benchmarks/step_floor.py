@@ -1,6 +1,6 @@
 """The fastest a training step of a benchmark config could be on this machine, whoever writes it.
 
-Why: the ≥ 1.25× target against the compiled HF step (docs/PERFORMANCE.md §1, §5) is only worth chasing
+Why: the ≥ 1.25× target against the compiled HF step (docs/PERFORMANCE.md §2, §4) is only worth chasing
 where it is reachable. Both frameworks run the step's projection, MLP and head GEMMs through MKL at the same
 speed on Intel, and those GEMMs are most of either step, so the ratio any implementation can reach is bounded
 by what the step must do besides them. This measures, in one fresh process with the product's environment

@@ -121,3 +121,34 @@ def merge(results: list[dict]) -> dict:
         out["achieved_gflops"] = round(out["tokens_per_s"] * out["flops_per_token"] / 1e9, 1)
         out["mfu"] = round(out["achieved_gflops"] / (out["matmul_peak_gflops"] * out.get("processes", 1)), 4)
     return out
+
+
+def op_profile(step, steps: int, step_s: float, top: int) -> str:
+    """`steps` more steps under Paddle's profiler: every event's own time (its span minus its children's), summed
+    by name, per step. Our C++ ops and the fused head + loss have no event of their own: their time is the own
+    time of the layer that calls them ("Forward CausalLM" = the head + loss, "Forward CoreAttention" = attention).
+    `step_s` is the unprofiled step (the profiler adds its own overhead)."""
+    from collections import defaultdict
+
+    import paddle.profiler as profiler
+
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _prof: None)
+    prof.start()
+    for _ in range(steps):
+        step()
+        prof.step()
+    prof.stop()
+    own: dict[tuple, float] = defaultdict(float)
+    stack = [node for root in prof.profiler_result.get_data().values() for node in root.children_node
+             if node.name.startswith("ProfileStep")]
+    profiled = sum(node.end_ns - node.start_ns for node in stack) / 1e9
+    while stack:
+        node = stack.pop()
+        children = sum(c.end_ns - c.start_ns for c in node.children_node)
+        own[(str(node.type).rsplit(".", 1)[-1], node.name)] += (node.end_ns - node.start_ns - children) / 1e9
+        stack.extend(node.children_node)
+    lines = [f"step {step_s * 1e3:.1f} ms unprofiled, {profiled / steps * 1e3:.1f} ms profiled",
+             f"{'event':12} {'name':52} {'ms/step':>8} {'share':>6}"]
+    for (kind, name), t in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{kind[:12]:12} {name[:52]:52} {t / steps * 1e3:>8.2f} {t / profiled:>6.1%}")
+    return "\n".join(lines)

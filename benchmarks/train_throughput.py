@@ -9,7 +9,7 @@ settings never interfere. MFU is against a 2048³ fp32 matmul measured in the wo
     python benchmarks/train_throughput.py --config bench|small|all [--compare-hf [--no-compile]]
         [--through-cli [--cli-steps N]] [--json] [--steps N] [--warmup W] [--rounds R] [--to-static]
         [--threads T] [--procs P] [--mkl-cpu-type auto|unset|5|7] [--cpu-ops on|off] [--hf-malloc default|keep]
-        [--hf-compile-mode both|max-autotune|default] [--floor]
+        [--hf-compile-mode both|max-autotune|default] [--floor] [--profile [--top K]]
 
 Configs live in benchmarks/configs/<name>.json: an HF `config.json` under "model" and flat
 argument-file keys under "arguments" (batch, sequence, optimizer, `to_static`). `--compare-hf` times
@@ -17,7 +17,8 @@ HF eager and HF under `torch.compile` in its default and its `max-autotune` mode
 `ratio_vs_hf_compile` are the faster of the two, each mode is reported too); `--through-cli` runs
 `pretrain-cli train` on a token file of the same shape (cli_throughput.py); `--floor` measures the step's lower bound
 on this machine (step_floor.py) in the same rounds, and with `--compare-hf` prints `ceiling_vs_hf_compile`, the
-furthest ahead of the compiled HF step any step using MKL's GEMMs could be. The frameworks alternate `--rounds` times; tokens_per_s is
+furthest ahead of the compiled HF step any step using MKL's GEMMs could be; `--profile` adds where our step's time
+goes, op by op (Paddle's profiler, after the timed steps; the first round's). The frameworks alternate `--rounds` times; tokens_per_s is
 the median of the per-round median steps, `*_best` the fastest step (the VM is shared and noisy:
 compare within one run). `--procs 2` runs 2 data-parallel processes via `paddle.distributed.launch`.
 """
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from step_timing import SyntheticDataset, batches, load_config, matmul_peak_gflops, merge, summary, timed
+from step_timing import SyntheticDataset, batches, load_config, matmul_peak_gflops, merge, op_profile, summary, timed
 
 CONFIGS = ("bench", "small")
 
@@ -87,6 +88,8 @@ def worker_paddle(cfg: dict, a) -> dict:
                 "kernels": trainer.raw_model.kernels.describe(),
                 "flops_per_token": fpt, "achieved_gflops": round(achieved, 1), "matmul_peak_gflops": round(peak, 1),
                 "mfu": round(achieved / (peak * world), 4), "losses": [round(x, 6) for x in losses]})
+    if a.profile:
+        out["profile"] = op_profile(lambda: trainer.train_step(data), a.steps, out["step_s_median"], a.top)
     return out
 
 
@@ -94,7 +97,7 @@ def worker_paddle(cfg: dict, a) -> dict:
 def compile_modes(choice: str) -> tuple[str, ...]:
     """The torch.compile modes a run times: `both` (the default) runs inductor's default mode and `max-autotune`,
     because neither is the stronger everywhere (on the Zen 4 VM, in one run: equal on bench, default mode 4 %
-    faster on small; docs/PERFORMANCE.md §1.0a), and the ratio is taken against the faster."""
+    faster on small; docs/PERFORMANCE.md §1), and the ratio is taken against the faster."""
     return ("default", "max-autotune") if choice == "both" else (choice,)
 
 
@@ -114,6 +117,7 @@ def _run_worker(kind: str, name: str, a) -> dict:
     cmd += ["--mkl-cpu-type", a.mkl_cpu_type, "--cpu-ops", a.cpu_ops, "--hf-malloc", a.hf_malloc,
             "--hf-compile-mode", mode or "default"]
     cmd += ["--set-json", a.set_json] if a.set_json else []
+    cmd += ["--profile", "--top", str(a.top)] if a.profile and kind == "paddle" else []
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env.pop("MKL_NUM_THREADS", None)
@@ -144,7 +148,7 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
            "matmul_peak_gflops": ours["matmul_peak_gflops"], "processes": ours["processes"],
            "threads": ours["threads"], "to_static": ours["to_static"], "step_s_median": ours["step_s_median"],
            "paddle": ours["paddle"], "kernels": ours["kernels"], "mkl_debug_cpu_type": ours["mkl_debug_cpu_type"],
-           "losses": ours["losses"],
+           "losses": ours["losses"], **({"profile": ours["profile"]} if ours.get("profile") else {}),
            "loadavg_1m": round(os.getloadavg()[0], 2)}
     compiled = {kind.partition("/")[2]: r for kind, r in runs.items() if kind.startswith("torch_compile")}
     for mode, hf in compiled.items():
@@ -241,6 +245,8 @@ def _table(rows: list[dict]) -> str:
     lines.append("median of per-round median steps; load avg (1m) at the end: "
                  + ", ".join(str(r["loadavg_1m"]) for r in rows))
     lines.append("targets: ratio >= 1.25x vs HF compiled on both configs; train within 5% of the harness step")
+    lines += [f"\nwhere our {r['config']} step goes (own time per event, first round):\n{r['profile']}"
+              for r in rows if r.get("profile")]
     return "\n".join(lines)
 
 
@@ -254,6 +260,9 @@ def main(argv=None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="also measure the step's lower bound on this machine (step_floor.py, at the product's MKL "
                          "path whatever --mkl-cpu-type says) in every round")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile our step op by op (Paddle's profiler, --steps more steps after the timed ones)")
+    ap.add_argument("--top", type=int, default=30, help="--profile: events listed")
     ap.add_argument("--cli-steps", type=int, default=30, help="--through-cli: max_steps of the train run")
     ap.add_argument("--json", action="store_true", help="one JSON object per config")
     ap.add_argument("--steps", type=int, default=8, help="timed steps (after warm-up)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a virtual environment with the test extra (CPU Paddle, CPU torch, transformers) and run the whole suite.
+# Set up a virtual environment with the test extra (CPU Paddle, CPU torch, transformers, the optional trackers) and run the whole suite.
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "== set-up: creating the virtual environment .venv/"
   "$PY" -m venv .venv
 fi
-echo "== set-up: pip install -e '.[test]' into .venv/ (CPU Paddle, CPU torch, transformers):" \
+echo "== set-up: pip install -e '.[test]' into .venv/ (CPU Paddle, CPU torch, transformers, tensorboardX, wandb):" \
      "~1.5 min the first time, ~5 s after"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -W "ignore:No ccache found" -c "import paddle, torch, transformers, pretrain_cli" >/dev/null

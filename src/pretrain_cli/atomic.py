@@ -4,7 +4,9 @@ Every file goes to a temporary name next to its destination, is flushed and fsyn
 renamed into place, so a reader (or a resumed run after kill -9 or a full disk) sees the old
 file or the complete new one, never half of one; on any error the temporary is removed and the
 error propagates. Directories (checkpoints) are built under a temporary name, fsynced file by
-file, and published with one rename.
+file, and published with one rename. A published file gets the mode `open()` would give it (0666 less
+the umask; 0777 less it when executable): libraries that write through a private temporary (safetensors
+creates 0600 files) would otherwise leave checkpoints that only their writer can read.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import json
 import os
 import re
 import shutil
+import stat
+import threading
 from pathlib import Path
 
 
@@ -48,6 +52,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process umask, read without changing it where Linux shows it (`os.umask` sets while it reads, and a
+    file another thread creates in between would get the wrong mode)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def shareable(path) -> None:
+    """Give `path` the mode `open()` would have: 0666 less the umask (0777 less it when executable)."""
+    st = os.stat(path)
+    want = (0o777 if st.st_mode & 0o111 else 0o666) & ~umask()
+    if stat.S_IMODE(st.st_mode) != want:
+        os.chmod(path, want)
+
+
 def fsync_dir(path) -> None:
     fd = os.open(str(path), os.O_RDONLY)
     try:
@@ -76,6 +107,7 @@ def publishing(path, mode: str = "wb", encoding: str | None = None):
 def publish_file(tmp, path) -> None:
     """Publish a file that another library wrote to `tmp` (safetensors, numpy, a compiler)."""
     try:
+        shareable(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -102,8 +134,10 @@ def write_json(path, obj, sort_keys: bool = False) -> None:
 
 
 def fsync_tree(root) -> None:
+    """fsync every file and directory under `root`, giving each file the mode `open()` would (`shareable`)."""
     for dirpath, _, files in os.walk(root):
         for name in files:
+            shareable(os.path.join(dirpath, name))
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
             try:
                 os.fsync(fd)

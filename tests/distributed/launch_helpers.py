@@ -33,7 +33,7 @@ BASE = {
 
 
 def write_corpus(prefix: Path, n_docs: int = 400, vocab: int = 512, seed: int = 0) -> None:
-    """Learnable random-walk documents in the MMIDIDX layout (uint16, REFERENCE §2.2)."""
+    """Learnable random-walk documents in the MMIDIDX layout (uint16, ARCHITECTURE.md facts: MMIDIDX v1)."""
     rng = np.random.default_rng(seed)
     docs = []
     for _ in range(n_docs):

@@ -69,8 +69,13 @@ def test_every_readme_command_runs_after_the_quickstart(demo, monkeypatch, capsy
     kinds = []
     for argv in readme_commands():
         capsys.readouterr()
-        if argv[0] in ("scripts/quickstart.sh", "scripts/test.sh"):
+        if argv[0] in ("scripts/quickstart.sh", "scripts/test.sh", "scripts/install_gpu.sh"):
             assert os.access(REPO / argv[0], os.X_OK), argv
+            assert all(f"{a})" in (REPO / argv[0]).read_text() or f"|{a}" in (REPO / argv[0]).read_text()
+                       for a in argv[1:]), argv  # install_gpu.sh's CUDA builds (tests/unit/test_install_gpu_script.py)
+            kinds.append("set-up")
+        elif argv == ["pip", "install", "-e", "."]:
+            assert (REPO / "pyproject.toml").is_file() and "install -e ." in quickstart
             kinds.append("set-up")
         elif argv[:2] == ["source", ".venv/bin/activate"]:
             assert "-m venv .venv" in quickstart and "-m venv .venv" in (REPO / "scripts" / "test.sh").read_text()

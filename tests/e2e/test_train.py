@@ -314,23 +314,48 @@ def test_stop_message_says_how_to_continue():
     assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
 
 
-def test_visualdl_keeps_the_whole_run_across_resumes(corpus, tmp_path):
+def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):
+    """`report_to: all` (VisualDL, TensorBoard, wandb offline): each holds the same loss series as
+    metrics.jsonl, as one curve across two resumes and a killed run's stray line, and the run's configuration."""
+    import tracker_readers
     from visualdl import LogReader
 
-    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to=["visualdl"], do_eval=True,
-                       eval_steps=2)
-    runs = tmp_path / "out" / "runs"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to="all", do_eval=True, eval_steps=2)
+    out = tmp_path / "out"
+    runs = out / "runs"
+    assert cli_main(["check", cfg]) == 0
+    assert "  report_to: metrics.jsonl + visualdl, tensorboard, wandb" in capsys.readouterr().out.splitlines()
     assert cli_main(["train", cfg]) == 0
-    first = sorted(runs.iterdir())
+    first = sorted(p.name for p in runs.glob("vdlrecords.*"))
     assert cli_main(["train", cfg, "--max_steps", "6"]) == 0  # resumes from checkpoint-4
-    (tmp_path / "out" / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
+    (out / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
     assert cli_main(["train", cfg, "--max_steps", "9"]) == 0  # resumes from checkpoint-6
-    files = sorted(runs.iterdir())
-    assert len(files) == 1 and files[0].name > first[-1].name  # VisualDL shows the newest file: the only one
+    files = sorted(runs.glob("vdlrecords.*"))
+    assert len(files) == 1 and files[0].name > first[-1]  # VisualDL shows the newest file: the only one
     reader = LogReader(file_path=str(files[0]))
     steps = [r.id for r in reader.get_data("scalar", "train/loss")]
     assert steps == list(range(1, 10))  # one continuous curve: no gap at a resume, no step twice
     assert [r.id for r in reader.get_data("scalar", "eval/eval_loss")] == [2, 4, 6, 8, 9]
-    losses = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").open())
-              if r["kind"] == "train"}
-    assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx([losses[s] for s in steps])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    eval_losses = [(r["step"], r["eval_loss"]) for r in records if r["kind"] == "eval"]
+    assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx(losses)
+    assert json.loads(reader.get_data("text", "config")[0].text.encoded_text_string)["arguments"]["max_steps"] == 9
+
+    assert len(list(runs.glob("events.out.tfevents.*"))) == 1  # TensorBoard reads every file: only the newest
+    scalars, texts = tracker_readers.tensorboard(runs)
+    assert [s for s, _ in scalars["train/loss"]] == steps
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx(losses)
+    assert [(s, pytest.approx(v)) for s, v in scalars["eval/eval_loss"]] == eval_losses
+    assert json.loads(texts["config"])["arguments"]["max_steps"] == 9
+
+    wandb_runs = sorted((out / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
+    assert len(wandb_runs) == 3  # one per process; the last holds the whole run (`wandb sync` uploads it)
+    rows, config = tracker_readers.wandb_run(wandb_runs[-1])
+    train = [(row["train/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
+    assert [s for s, _ in train] == steps and [v for _, v in train] == pytest.approx(losses)
+    assert [(row["train/global_step"], pytest.approx(row["eval/eval_loss"])) for row in rows
+            if "eval/eval_loss" in row] == eval_losses
+    assert config["arguments"]["max_steps"] == 9 and config["run"]["output"]["report_to"] == ["visualdl", "tensorboard", "wandb"]

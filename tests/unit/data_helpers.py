@@ -34,7 +34,7 @@ def make_tokenizer(directory: Path, texts=None, vocab_size: int = 300) -> Path:
 
 
 def write_mmidx_reference(prefix: str, docs, dtype=np.uint16) -> None:
-    """An independent numpy implementation of the MMIDIDX layout (REFERENCE §2.2)."""
+    """An independent numpy implementation of the MMIDIDX layout (ARCHITECTURE.md facts: MMIDIDX v1)."""
     codes = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
     dt = np.dtype(dtype)
     sizes = np.array([len(d) for d in docs], "<i4")

@@ -65,3 +65,36 @@ def test_no_module_renames_by_hand():
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
                  if p.name != "atomic.py" and "os.replace(" in p.read_text(encoding="utf-8")]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_published_files_get_the_mode_the_umask_gives_like_open(tmp_path, mask, mode):
+    """safetensors writes its file 0600; published, it must be as readable as a file open() made (a teammate's
+    `eval` on a shared cluster), for a single file and for every file of a published directory."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    old = os.umask(mask)
+    try:
+        assert atomic.umask() == mask
+        tmp = atomic.tmp_path(tmp_path / "model.safetensors")
+        save_file({"w": np.zeros(2, np.float32)}, str(tmp))
+        atomic.publish_file(tmp, tmp_path / "model.safetensors")
+        atomic.write_json(tmp_path / "args.json", {})
+        ckpt = tmp_path / "checkpoint-1.tmp"
+        ckpt.mkdir()
+        save_file({"m": np.zeros(2, np.float32)}, str(ckpt / "optimizer.safetensors"))
+        os.chmod(ckpt / "optimizer.safetensors", 0o600)  # whatever the library chose
+        (ckpt / "trainer_state.json").write_text("{}")
+        final = atomic.publish_dir(ckpt, tmp_path / "checkpoint-1")
+        tool = tmp_path / "tool.tmp"
+        tool.write_text("#!/bin/sh\n")
+        os.chmod(tool, 0o700)
+        atomic.publish_file(tool, tmp_path / "tool")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777
+             for p in [tmp_path / "model.safetensors", tmp_path / "args.json", *sorted(final.iterdir())]}
+    assert modes == {"model.safetensors": mode, "args.json": mode, "checkpoint-1/optimizer.safetensors": mode,
+                     "checkpoint-1/trainer_state.json": mode}
+    assert (tmp_path / "tool").stat().st_mode & 0o777 == mode | 0o111  # executable stays executable, as cc makes it

@@ -13,7 +13,7 @@ from pretrain_cli.data.indexed import (IndexedDatasetWriter, dtype_for_vocab, op
                                        strip_prefix, token_prefixes)
 from pretrain_cli.errors import UserError
 
-# Two documents [1,2,3] and [4,5] as uint16, spelled out by hand from REFERENCE §2.2.
+# Two documents [1,2,3] and [4,5] as uint16, spelled out by hand from ARCHITECTURE.md facts: MMIDIDX v1.
 HAND_IDX = (
     b"MMIDIDX\x00\x00"
     + (1).to_bytes(8, "little")  # version

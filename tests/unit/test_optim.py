@@ -9,7 +9,7 @@ from pretrain_cli.training.optim import no_decay
 
 
 def test_paddlenlp_shipped_schedule_values():
-    # REFERENCE §5.4: lr 3e-5, min 3e-6, warmup 30, linear decay to step 10,000.
+    # PaddleNLP's shipped files (ARCHITECTURE.md facts: schedule): lr 3e-5, min 3e-6, warmup 30, linear decay to step 10,000.
     s = Schedule("linear", 3e-5, 3e-6, 30, 10_000)
     assert s.lr_at(1) == pytest.approx(1e-6)
     assert s.lr_at(30) == pytest.approx(3e-5)

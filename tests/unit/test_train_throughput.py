@@ -2,7 +2,7 @@
 and the per-round ratios.
 
 The workers themselves (Paddle, HF eager, HF under torch.compile) take minutes to compile and are run by hand
-(docs/PERFORMANCE.md §2); this checks the driver's bookkeeping on synthetic worker results.
+(docs/PERFORMANCE.md §1); this checks the driver's bookkeeping on synthetic worker results.
 """
 import contextlib
 import io
@@ -129,3 +129,30 @@ def test_floor_runs_in_every_round_beside_the_frameworks(monkeypatch):
     row = json.loads(out.getvalue().strip().splitlines()[-1])
     assert row["floor_ms"] == 260.0 and row["round_floor_ms"] == [260.0, 260.0]
     assert row["ratio_vs_floor"] == round(row["tokens_per_s"] / 7876.9, 3) and "ceiling_vs_hf_compile" not in row
+
+
+def test_profile_asks_our_worker_only_and_prints_under_the_table(monkeypatch):
+    """`--profile` (what benchmarks/step_profile.py did on its own): passed to our worker, not to HF's; its op
+    table is printed after the throughput table."""
+    tt = _module()
+    cmds = []
+
+    class Done(Exception):
+        pass
+
+    def fake_run(cmd, **kw):
+        cmds.append(cmd)
+        raise Done
+
+    monkeypatch.setattr(tt.subprocess, "run", fake_run)
+    a = tt.argparse.Namespace(warmup=3, steps=2, to_static=False, mkl_cpu_type="auto", cpu_ops="on", hf_malloc="default",
+                              set_json=None, profile=True, top=7, procs=1, threads=None)
+    for kind in ("paddle", "torch"):
+        with contextlib.suppress(Done):
+            tt._run_worker(kind, "bench", a)
+    assert cmds[0][cmds[0].index("--profile") + 1:][:2] == ["--top", "7"] and "--profile" not in cmds[1]
+    ours = {"processes": 1, "threads": 2, "to_static": False, "paddle": "3.3.1", "kernels": "cpu",
+            "mkl_debug_cpu_type": "7", "profile": "step 400.0 ms unprofiled\nForward CausalLM 120.00"}
+    row = tt._row("bench", {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}},
+                  {"paddle": tt.merge(_worker(0.40, **ours))})
+    assert tt._table([row]).endswith("where our bench step goes (own time per event, first round):\n" + ours["profile"])

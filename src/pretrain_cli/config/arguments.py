@@ -208,8 +208,10 @@ class TrainingArguments:
     logging_steps: int = _f(500, "Log every N optimizer steps.")
     logging_first_step: bool = _f(True, "Also log after the first step, so the starting loss is visible (PaddleNLP's "
                                         "default is false: first line at step logging_steps).")
-    logging_dir: Optional[str] = _f(None, "VisualDL directory (None = output_dir/runs).")
-    report_to: Optional[List[str]] = _f(None, "Loggers: visualdl (default), none.")
+    logging_dir: Optional[str] = _f(None, "VisualDL and TensorBoard directory (None = output_dir/runs).")
+    report_to: Optional[List[str]] = _f(
+        None, "Trackers: visualdl (default), tensorboard, wandb (WANDB_MODE=offline: a local run for `wandb sync`), "
+        "all (the installed ones), none; a string or a list.")
     disable_tqdm: Optional[bool] = _f(
         None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a terminal."
     )

@@ -16,6 +16,7 @@ from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
 from pretrain_cli.config.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems, UserError
+from pretrain_cli.training import trackers
 
 
 @dataclass
@@ -79,6 +80,7 @@ class RunSpec:
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
         lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
         lines += [f"  {line}" for line in self.data_lines]
+        lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
         return lines
 
 
@@ -196,7 +198,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
             problems.run(_open_token_files, args.data.input_dir)
         problems.raise_if_any()
     model_dir, model_cfg = built
-    for message in not_yet_supported(run):
+    for message in not_yet_supported(run) + trackers.missing(run.output.report_to):
         problems.add(message)
     spec = RunSpec(args, run, model_dir, model_cfg)
     if run.model.continue_training:

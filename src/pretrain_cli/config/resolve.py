@@ -19,6 +19,7 @@ from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelC
                                             RunConfig, Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
+from pretrain_cli.training import trackers
 
 _LIMIT = 2**40  # beyond any sane run; catches typos like 1e20 before they reach numpy sizes
 
@@ -328,6 +329,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
     spike = _spike_guard(args, parallel, problems, notes)
+    report_to = problems.run(trackers.choose, t.report_to, notes)  # installed-or-not: `prepare` (not `plan`)
     for key in args.explicit:  # accepted for compatibility but without effect here
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
@@ -352,5 +354,5 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                         mask_type, reset_positions),
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
-                      tuple(t.report_to or ("visualdl",))),
+                      report_to),
         spike=spike, notes=tuple(notes))

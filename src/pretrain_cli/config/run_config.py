@@ -135,7 +135,7 @@ class Recompute:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic, REFERENCE §7.3).
+    """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md facts: degrees).
 
     Ranks are laid out data-major, tensor-parallel-minor: rank = data_rank × tp + tp_rank, so the
     `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r.

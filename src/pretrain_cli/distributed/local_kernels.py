@@ -28,7 +28,7 @@ def to_replicated(grad):
     """The CPU gradient hook: a Partial gradient becomes Replicated (an all-reduce).
 
     Sharded optimizers (and a concatenated weight's backward) would otherwise reshard Partial → Shard,
-    a reduce-scatter that gloo lacks (PADDLE_PARALLEL_CPU.md). A tensor-parallel Shard placement on
+    a reduce-scatter that gloo lacks (ARCHITECTURE.md facts: gloo). A tensor-parallel Shard placement on
     another mesh axis is kept. On GPU the reduce-scatter exists and the hook is not installed.
     """
     import paddle.distributed as dist

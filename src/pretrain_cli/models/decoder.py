@@ -1,7 +1,7 @@
 """Pre-norm decoder stack and the causal-LM head shared by every family.
 
 Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`),
-so conversion is only a transpose of 2-D Linear weights (STYLE rule 9). Families differ only in which
+so conversion is only a transpose of 2-D Linear weights (ARCHITECTURE.md facts: HF names and layout). Families differ only in which
 biases exist and whether q/k heads are RMS-normalised (`families.FAMILIES`).
 
 Packed samples under `attention_mask_type: document` also carry `position_ids` (RoPE positions that

@@ -1,6 +1,6 @@
 """Parameter counts and training FLOPs per token, from the config alone (no Paddle).
 
-The headline number is the GQA-aware PaLM/torchtitan form (REFERENCE §5.6): it counts the
+The headline number is the GQA-aware PaLM/torchtitan form (ARCHITECTURE.md facts: FLOPs per token): it counts the
 matmuls that are actually done, including the LM-head matmul of a tied model, and excludes
 recompute so MFU is comparable across runs. `hardware=True` adds the recomputed forward
 (hardware utilisation). PaddleNLP's formula is kept beside it because users compare logs;
@@ -68,7 +68,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
 
 
 def paddlenlp_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None) -> float:
-    """PaddleNLP `caculate_llm_flops` (REFERENCE §5.5), recompute included when given."""
+    """PaddleNLP `caculate_llm_flops` (ARCHITECTURE.md facts: FLOPs per token), recompute included when given."""
     _check_recompute(recompute)
     s, h, i, L, V = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
     qkvo, core = 4 * s * h * h, 2 * s * s * h

@@ -2,7 +2,7 @@
 q/k RMSNorm when the family has it), SwiGLU MLP.
 
 Every op that has a fused variant goes through `kernels` so the layer code is the same on
-CPU and GPU. Init follows PaddleNLP `_init_weights` (REFERENCE §4.3) and is drawn from
+CPU and GPU. Init follows PaddleNLP `_init_weights` (ARCHITECTURE.md facts: init) and is drawn from
 Paddle's global generator in construction order, so `paddle.seed(s)` fixes the weights.
 """
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _cpu_signature() -> str:
 def cxxflags(machine: str | None = None) -> list[str]:
     """CXXFLAGS plus what the target adds. GCC's tuning for Intel's AVX-512 cores keeps loops at 256-bit
     vectors unless told otherwise; on a Xeon VM that left attention's softmax at half width
-    (docs/PERFORMANCE.md §3.11). x86 only: other targets do not know the flag, and without AVX-512 it
+    (docs/PERFORMANCE.md §3.10). x86 only: other targets do not know the flag, and without AVX-512 it
     changes nothing."""
     x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64")
     return [*CXXFLAGS, "-mprefer-vector-width=512"] if x86 else list(CXXFLAGS)

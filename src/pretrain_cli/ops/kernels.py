@@ -3,7 +3,7 @@
 Model code calls `kernels.attention(...)` etc. and never knows whether a fused op runs.
 `select()` decides once: a fused or flash kernel asked for on a device that cannot run it
 falls back to the reference path with ONE warning, instead of an ImportError mid-run
-(PaddleNLP's `fused_ln`) or a SIGILL (Paddle's CPU `fused_rms_norm`, PADDLE_CPU.md §3).
+(PaddleNLP's `fused_ln`) or a SIGILL (Paddle's CPU `fused_rms_norm`; ARCHITECTURE.md facts: fused ops).
 Paddle's fused GPU ops are therefore never called on CPU; there the fused kernels are our own
 (`cpu_ops`, csrc/), with Paddle's plain ops as the fallback.
 
@@ -63,7 +63,7 @@ def swiglu_packed(gate_up):
     """silu(gate)·up from one `[..., 2·inter]` tensor laid out [gate | up] (one GEMM, one kernel).
 
     `paddle.incubate.nn.functional.swiglu` is a plain elementwise kernel that runs on CPU too
-    (PADDLE_CPU §3); with the packed GEMM it cut the MLP fwd+bwd ~1.6× on CPU.
+    (ARCHITECTURE.md facts: fused ops); with the packed GEMM it cut the MLP fwd+bwd ~1.6× on CPU.
     """
     import paddle.nn.functional as F
 
@@ -90,7 +90,7 @@ def rope_fused(q, k, cos, sin, position_ids=None):  # pragma: no cover - GPU onl
     seq_len, head_dim = cos.shape
     cos = cos.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
     sin = sin.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
-    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half (REFERENCE §4.6);
+    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half (ARCHITECTURE.md facts: fused RoPE layout);
     # position_ids [bsz, seq_len] picks each token's table row (packed documents restart at 0)
     q_out, k_out, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,
                                                       use_neox_rotary_style=False)
@@ -293,7 +293,7 @@ def compile_forward(model):
     """Opt-in `paddle.jit.to_static` (SOT) of the model's forward; same parameters, same losses.
 
     SOT traces Python bytecode and falls back to eager on what it cannot capture, so the
-    model code needs no changes; on CPU the captured graph runs ~1.4× faster (PADDLE_CPU §9).
+    model code needs no changes; on CPU the captured graph runs ~1.4× faster on Paddle's ops (ARCHITECTURE.md facts: to_static).
     Backward, clipping and the optimizer stay eager. Returns the same Layer object.
     """
     import paddle

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import resource
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from pretrain_cli import atomic
 from pretrain_cli.run_dir import METRICS_FILE
+from pretrain_cli.training import trackers
 
 log = logging.getLogger("pretrain_cli")
 
@@ -79,11 +79,13 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
 
 
 class MetricsWriter:
-    """metrics.jsonl + VisualDL scalars; rank 0 only (the caller guarantees it)."""
+    """metrics.jsonl + the trackers of `report_to` (`training.trackers`); rank 0 only (the caller guarantees it)."""
 
-    def __init__(self, output_dir: str, logging_dir: str | None, report_to: list | None, keep_until: float | None):
-        """`keep_until`: None starts a new file; a step number keeps the records up to it and appends
-        (a resume drops what the interrupted run logged after its checkpoint, so no step appears twice)."""
+    def __init__(self, output_dir: str, logging_dir: str | None, report_to, keep_until: float | None,
+                 config: dict | None = None):
+        """`report_to`: the resolved tracker names. `keep_until`: None starts a new file; a step number keeps the
+        records up to it and appends (a resume drops what the interrupted run logged after its checkpoint, so no
+        step appears twice). `config`: the run's record (args.json), given to every tracker."""
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,20 +101,18 @@ class MetricsWriter:
                     kept.append(line + "\n")
                     history.append(record)
             atomic.write_text(self.path, "".join(kept))
-        self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
-        self._vdl = None
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
-        targets = [t.lower() for t in (report_to or ["visualdl"])]
-        if any(t in ("visualdl", "all") for t in targets) and "none" not in targets:
-            self.logging_dir = logging_dir or str(self.output_dir / "runs")
-            self._vdl = open_visualdl(self.logging_dir, history)
+        self.logging_dir = logging_dir or str(self.output_dir / "runs")
+        names = [n for n in (report_to or ()) if n != "none"]
+        self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, history)
+        self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
 
     def write(self, kind: str, step: int, values: dict) -> None:
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self._jsonl.write(json.dumps(record, default=float) + "\n")
         self._jsonl.flush()
-        if self._vdl is not None:
-            add_scalars(self._vdl, record)
+        for tracker in self._trackers:
+            tracker.add(record)
 
     def plot(self) -> None:
         """Redraw `loss_curve.png` from what metrics.jsonl holds now, at each checkpoint.
@@ -149,47 +149,8 @@ class MetricsWriter:
         if self._plotter is not None:
             self._plotter.join()
         self._jsonl.close()
-        if self._vdl is not None:
-            self._vdl.close()
-
-
-_VDL_FILE = re.compile(r"^vdlrecords\.(\d+)\.log")
-
-
-def add_scalars(writer, record: dict) -> None:
-    """One metrics.jsonl record as VisualDL scalars `<kind>/<key>` at its step and wall time."""
-    walltime = round(record["time"] * 1000) if isinstance(record.get("time"), (int, float)) else None
-    for key, val in record.items():
-        if key not in ("kind", "step", "time") and isinstance(val, (int, float)) and not isinstance(val, bool):
-            writer.add_scalar(f"{record['kind']}/{key}", float(val), int(record["step"]), walltime)
-
-
-def open_visualdl(logdir: str, history: list):
-    """A VisualDL writer whose records file holds the whole run, from its first step.
-
-    VisualDL shows only the newest `vdlrecords.*.log` of a directory, and every process writes a new
-    one, so after a resume the dashboard would start at the resume step. The new file therefore gets a
-    name that sorts after every existing one, first receives `history` (metrics.jsonl up to where this
-    process continues), and only once that is on disk are the older files removed. A kill in between
-    leaves the old files plus a newer, partial one, which the next start rebuilds the same way.
-    """
-    from visualdl import LogWriter
-
-    root = Path(logdir)
-    root.mkdir(parents=True, exist_ok=True)
-    old = [p for p in root.iterdir() if _VDL_FILE.match(p.name) and p.is_file()]
-    stamp = max([int(time.time())] + [int(_VDL_FILE.match(p.name).group(1)) + 1 for p in old])
-    writer = LogWriter(logdir=str(root), file_name=f"vdlrecords.{stamp:010d}.log")
-    for record in history:
-        add_scalars(writer, record)
-    writer.flush()
-    with open(root / f"vdlrecords.{stamp:010d}.log", "rb") as f:
-        os.fsync(f.fileno())
-    for p in old:
-        p.unlink(missing_ok=True)
-    if old:
-        atomic.fsync_dir(root)
-    return writer
+        for tracker in self._trackers:
+            tracker.close()
 
 
 def format_line(values: dict) -> str:

@@ -1,6 +1,6 @@
 """Mixed precision as one object the step calls unconditionally: fp32 is the object that does nothing.
 
-On CPU Paddle silently ignores `auto_cast` (PADDLE_CPU.md §4), so `config.resolve` already turned
+On CPU Paddle silently ignores `auto_cast` (ARCHITECTURE.md facts: AMP), so `config.resolve` already turned
 fp16/bf16 off there with a note; `Amp` is only built with a GPU and an AMP dtype. fp16 adds a loss
 scaler (O1/O2); bf16 has fp32's range and needs none.
 """

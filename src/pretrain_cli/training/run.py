@@ -139,7 +139,7 @@ def open_output_dir(spec, state: dict | None):
     if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
         atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    return metrics.MetricsWriter(str(out), r.output.logging_dir, list(r.output.report_to), keep_until)
+    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, spec.record())
 
 
 def build_throughput(spec) -> metrics.Throughput:

@@ -1,0 +1,55 @@
+"""`report_to` as PaddleNLP spells it, decided in config; an absent optional tracker is one line at start."""
+import json
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+from pretrain_cli.errors import UserError
+from pretrain_cli.training import trackers
+
+
+def test_report_to_names_are_resolved_once(monkeypatch):
+    notes = []
+    assert trackers.choose(None, notes) == ("visualdl",)  # the default
+    assert trackers.choose("tensorboard", notes) == ("tensorboard",)  # a string, as PaddleNLP takes it
+    assert trackers.choose(["wandb", "TensorBoard"], notes) == ("wandb", "tensorboard")
+    assert trackers.choose("tensorboard,wandb", notes) == ("tensorboard", "wandb")
+    assert trackers.choose(["none"], notes) == () and trackers.choose(["visualdl", "none"], notes) == ()
+    assert notes == []
+    monkeypatch.setattr(trackers, "installed", lambda name: name != "wandb")
+    assert trackers.choose("all", notes) == ("visualdl", "tensorboard")  # the installed ones
+    assert len(notes) == 1 and "wandb (pip install wandb" in notes[0]
+    with pytest.raises(UserError, match="unknown tracker 'mlflow'; use visualdl, tensorboard, wandb, all or none"):
+        trackers.choose(["visualdl", "mlflow"], [])
+
+
+def test_a_named_tracker_that_is_not_installed_is_one_check_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(trackers, "installed", lambda name: name == "visualdl")
+    cfg = {"model_name_or_path": "micro-qwen2", "output_dir": str(tmp_path / "out"), "max_steps": 2,
+           "max_seq_length": 32, "do_train": True, "report_to": ["tensorboard", "wandb"], "input_dir": str(tmp_path)}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    assert cli_main(["check", str(tmp_path / "cfg.json")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "report_to" in line]
+    assert lines == ["error: report_to: tensorboard needs the tensorboardX package, which is not installed: "
+                     "pip install tensorboardX  (or pip install -e '.[tensorboard]')",
+                     "error: report_to: wandb needs the wandb package, which is not installed: "
+                     "pip install wandb  (or pip install -e '.[wandb]')"]
+    assert cli_main(["plan", str(tmp_path / "cfg.json"), "--device", "A100-80GB"]) == 0  # plan needs no tracker
+
+
+def test_wandb_that_cannot_start_is_one_line_naming_the_offline_mode(tmp_path):
+    """Not logged in and not offline: one UserError line at start, not wandb's traceback at step 1 (in a fresh
+    interpreter: wandb keeps process-wide settings, and another test may have run it offline)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pretrain_cli.training import trackers\nfrom pretrain_cli.errors import UserError\n"
+            "try:\n    trackers.Wandb('runs', 'out', {}, [])\nexcept UserError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**env, "HOME": str(tmp_path)}, stdin=subprocess.DEVNULL)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("report_to: wandb could not start a run ("), out.stdout + out.stderr
+    assert lines[0].endswith("run `wandb login`, or set WANDB_MODE=offline to write a local run to upload later "
+                             "with `wandb sync`")
