@@ -1,7 +1,8 @@
 """Where `model_name_or_path` / `tokenizer_name_or_path` point: a local directory or a shipped preset.
 
 Nothing is ever downloaded. A hub-style name that is neither a local directory nor a preset
-gets an error that says how to place the files locally.
+gets an error that says how to place the files locally; so does `continue_training` with a preset, which is
+architecture only (`require_pretrained`).
 """
 from __future__ import annotations
 
