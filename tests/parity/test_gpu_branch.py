@@ -101,7 +101,8 @@ def ref_fused_rope(q, k=None, v=None, sin=None, cos=None, position_ids=None, use
 
 
 def _attend(query, key, value, hidden, scale):
-    """softmax(q·kᵀ·scale, hidden → -inf) · v in fp32, GQA by repeating K/V heads; `hidden` [b|1, h|1, sq, sk]."""
+    """softmax(q·kᵀ·scale, hidden → -inf) · v in fp32, GQA by repeating K/V heads; `hidden`: [b|1, h|1, sq, sk]
+    bool."""
     bsz, sq, heads, dim = query.shape
     rep = heads // key.shape[2]
     qt = query.astype("float32").transpose([0, 2, 1, 3])  # [b, h, sq, d]
@@ -250,10 +251,24 @@ def test_swiglu_reference_matches_numpy_and_paddles_own_op():
 
 
 # ---------------------------------------------------------------- the GPU branch with the references behind it
+def _gpu_run(name: str):
+    """PaddleNLP's argument file resolved for 8 GPUs as `train` resolves it (the model swapped for a tiny one)."""
+    from pathlib import Path
+
+    from pretrain_cli.config.prepare import build_model_config, load_arguments
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.config.run_config import Target
+
+    path = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / name
+    args = load_arguments(str(path), ["--model_name_or_path", "micro-llama", "--continue_training", "0"])
+    return resolve(args, build_model_config(args)[1], Target(device="gpu", world_size=8))
+
+
 @pytest.fixture
 def gpu_branch(monkeypatch):
     """(the Kernels a GPU run selects, calls per entry point): the references installed under Paddle's names,
-    the device probe answering "a GPU build on a GPU" for gpu devices, small fused-loss chunks."""
+    the device probe answering "a GPU build on a GPU" for gpu devices, small fused-loss chunks, and the kernel
+    request `config.resolve` makes of PaddleNLP's own files for 8 GPUs."""
     calls = Counter()
 
     def counted(name, fn):
@@ -273,8 +288,13 @@ def gpu_branch(monkeypatch):
                                                                                           half_only=False)))
     monkeypatch.setattr(kernels, "_gpu_available", lambda device: str(device).lower().startswith(("gpu", "cuda")))
     monkeypatch.setattr(linear_loss, "CHUNK_ELEMENTS", {"cpu": 16 * 251, "gpu": 16 * 251})  # 16-row chunks
-    selected = kernels.select(kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"),
-                              "gpu:0")
+    llama, qwen = _gpu_run("llama_pretrain_argument.json"), _gpu_run("qwen_pretrain_argument.json")
+    # PaddleNLP's llama file on 8 GPUs asks for every fused kernel; its tp 2 leaves the fused head + loss off, which
+    # the qwen file (tp 1) resolves on: the union is the whole GPU branch
+    request = dataclasses.replace(llama.kernels, fused_loss=qwen.kernels.fused_loss)
+    assert (request.attention, request.rms_norm, request.rope, request.swiglu, request.fused_loss) == (
+        "flash", "fused", "fused", "fused", True) and llama.device == "gpu"
+    selected = kernels.select(request, llama.device)
     assert (selected.attention, selected.attention_document, selected.rms_norm, selected.rope, selected.swiglu,
             selected.linear_cross_entropy) == (kernels.attention_sdpa_causal, kernels.attention_flashmask,
                                                kernels.rms_norm_fused, kernels.rope_fused, kernels.swiglu_fused,

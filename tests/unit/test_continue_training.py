@@ -31,8 +31,8 @@ QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_siz
 def _args(tmp_path, model: str) -> str:
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"model_name_or_path": model, "continue_training": 1, "do_train": True,
-                                "output_dir": str(tmp_path / "out"), "input_dir": str(tmp_path / "data"), "max_steps": 1,
-                                "max_seq_length": 32}))
+                                "output_dir": str(tmp_path / "out"), "input_dir": str(tmp_path / "data"),
+                                "max_steps": 1, "max_seq_length": 32}))
     return str(path)
 
 

@@ -128,7 +128,8 @@ def find_weights(src_dir) -> list[str]:
         return found
     if glob.glob(os.path.join(src_dir, "*.pdparams")):  # PaddleNLP without unified_checkpoint: pickle, never read
         raise UserError(f"{src_dir}: holds PaddleNLP .pdparams (pickle), which is not read; save it as safetensors "
-                        f"(PaddleNLP `unified_checkpoint: true`, or `model.save_pretrained(dir, safe_serialization=True)`)")
+                        f"(PaddleNLP `unified_checkpoint: true`, or "
+                        f"`model.save_pretrained(dir, safe_serialization=True)`)")
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
 
 
