@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from pretrain_cli.data.samples import document_fields  # noqa: E402
 from pretrain_cli.models import convert  # noqa: E402
-from pretrain_cli.ops import kernels, linear_loss  # noqa: E402
+from pretrain_cli.ops import cpu_ops, kernels, linear_loss  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
 from test_hf_document_parity import DOCS, SEQ, _hf, _pieces  # noqa: E402
 from test_hf_parity import CASES, _hf_forward_backward, _hf_model, _ids  # noqa: E402
@@ -288,6 +288,9 @@ def gpu_branch(monkeypatch):
                                                                                           half_only=False)))
     monkeypatch.setattr(kernels, "_gpu_available", lambda device: str(device).lower().startswith(("gpu", "cuda")))
     monkeypatch.setattr(linear_loss, "CHUNK_ELEMENTS", {"cpu": 16 * 251, "gpu": 16 * 251})  # 16-row chunks
+    # a GPU run's tensors are not on the CPU, so the fused loss's backward scales in place with Paddle's ops
+    # instead of the CPU kernel library: make that library absent so the same branch runs here
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
     llama, qwen = _gpu_run("llama_pretrain_argument.json"), _gpu_run("qwen_pretrain_argument.json")
     # PaddleNLP's llama file on 8 GPUs asks for every fused kernel; its tp 2 leaves the fused head + loss off, which
     # the qwen file (tp 1) resolves on: the union is the whole GPU branch
