@@ -88,6 +88,9 @@ def test_without_weights_one_line_says_how_to_get_them(tmp_path):
         prepare(_args(tmp_path, "Qwen/Qwen3-8B"), [], Target(), open_data=False)
     lines = str(e.value).splitlines()
     assert len(lines) == 1 and "`huggingface-cli download Qwen/Qwen3-8B --local-dir Qwen/Qwen3-8B`" in lines[0]
+    with pytest.raises(UserError) as e:  # a test size has no hub repository to download from
+        prepare(_args(tmp_path, "micro-qwen2"), [], Target(), open_data=False)
+    assert "huggingface-cli" not in str(e.value) and "config.json and *.safetensors weights" in str(e.value)
     pdparams = tmp_path / "paddlenlp-pickle"
     pdparams.mkdir()
     (pdparams / "config.json").write_text(json.dumps(ModelConfig(**QWEN3).to_hf_dict()))

@@ -97,13 +97,17 @@ def is_preset(path: Path) -> bool:
 def require_pretrained(name: str, model_dir: Path, key: str = "model_name_or_path") -> bool:
     """`continue_training` loads pretrained weights: a preset has none, so say how to fetch them (True: not a
     preset, look for the weights)."""
-    if is_preset(model_dir):
+    if not is_preset(model_dir):
+        return True
+    start = "or set continue_training to 0 to start from a random init"
+    if name.lower() in ALIASES:  # a published model: its weights are one download away
         raise UserError(
             f"{key}: continue_training loads pretrained weights, but {name!r} is a preset here (architecture only, "
-            f"nothing is downloaded): fetch them with `huggingface-cli download {name} --local-dir {name}` where you "
-            f"start training (a local directory wins over the preset), or set continue_training to 0 to start from "
-            f"a random init")
-    return True
+            f"nothing is downloaded): fetch config.json and the *.safetensors with `huggingface-cli download {name} "
+            f"--local-dir {name}` where you start training (a local directory wins over the preset), {start}")
+    raise UserError(f"{key}: continue_training loads pretrained weights, but {name!r} is a shipped preset "
+                    f"(architecture only, no weights): point {key} at a directory holding config.json and "
+                    f"*.safetensors weights, {start}")
 
 
 def has_tokenizer(path: Path) -> bool:
