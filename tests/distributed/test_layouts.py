@@ -122,32 +122,56 @@ def _long_documents(prefix) -> None:
         w.finalize()
 
 
-@pytest.mark.parametrize("name,model,extra", [
-    # PaddleNLP's own Qwen2.5-0.5B file: sharding stage2, fp16 O2 (not applicable on CPU: fp32 with a note)
-    ("e2e/paddlenlp_configs/qwen_pretrain_argument_0p5b.json", "tiny-qwen2", []),
-    # our 8B file: tensor_parallel_degree 2 + stage1 (over 1 data rank: a note); 4,096 > tiny-llama's positions;
-    # 2 of its 16 micro-batches per step (accumulation is what it exercises, not how many)
-    ("../configs/llama-3-8b_pretrain.json", "tiny-llama", ["--max_seq_length", "1024",
-                                                          "--gradient_accumulation_steps", "2"]),
-], ids=["paddlenlp_qwen_stage2_fp16", "shipped_llama8b_tp2"])
-def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model, extra):
+def _pretrained(path, preset: str):
+    """A local HF directory of `preset` with weights (final norm 3.0, which training from them must keep)."""
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
+    from pretrain_cli.config.presets import PRESET_DIR
+    from pretrain_cli.models import build_model, convert
+    from pretrain_cli.models.config import ModelConfig
+
+    cfg = ModelConfig.from_file(str(PRESET_DIR / preset))
+    paddle.seed(7)
+    model = build_model(cfg)
+    model.model.norm.weight.set_value(paddle.full_like(model.model.norm.weight, 3.0))
+    convert.save_hf(model, cfg, str(path))
+    return path
+
+
+@pytest.mark.parametrize("name,model", [
+    # PaddleNLP's llm/config/qwen/pretrain_argument.json: Qwen2-7B, bf16 O2 (not applicable on CPU: fp32 with a
+    # note), sharding stage2, recompute full, continue_training 1 (here from a local tiny-qwen2 with weights)
+    ("e2e/paddlenlp_configs/qwen_pretrain_argument.json", "tiny-qwen2"),
+    # PaddleNLP's llm/config/llama/pretrain_argument.json: tensor_parallel_degree 2 + stage2 (over 1 data rank: a
+    # note), 16 micro-batches of which 2 run (accumulation is what it exercises, not how many). Our
+    # configs/llama-3-8b_pretrain.json is the same file with stage1 and local paths
+    ("e2e/paddlenlp_configs/llama_pretrain_argument.json", "tiny-llama"),
+], ids=["paddlenlp_qwen_stage2_recompute_continue", "paddlenlp_llama_tp2_stage2"])
+def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model):
     from pathlib import Path
 
     cfg = json.loads((Path(__file__).parents[1] / name).read_text())
     _long_documents(tmp_path / "data" / "corpus")
+    if cfg["continue_training"]:
+        model = str(_pretrained(tmp_path / "pretrained", model))
     cfg.update(model_name_or_path=model, tokenizer_name_or_path=None, input_dir=str(tmp_path / "data"),
                output_dir=str(tmp_path / "out"))  # only paths and the model swapped
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     run = launch(tmp_path / "cfg.json", tmp_path / "log", timeout=300,
                  extra=["--max_steps", "3", "--warmup_steps", "1", "--save_steps", "3", "--eval_steps", "3",
-                        "--eval_iters", "1", *extra])
+                        "--eval_iters", "1", "--max_seq_length", "1024", "--gradient_accumulation_steps",
+                        str(min(cfg["gradient_accumulation_steps"], 2))])
     assert run.returncode == 0, run.explain()
     log = run.log(0)
     assert sorted(run.losses(0)) == [1, 2, 3]
     if "qwen" in name:
-        assert "fp16 is not applicable on cpu" in log and "semi-auto: dp 2 x tp 1, ZeRO-2" in log
+        assert "bf16 is not applicable on cpu" in log and "semi-auto: dp 2 x tp 1, ZeRO-2" in log
+        assert "recompute full" in log and "pretrained weights" in log
+        norm = read_weights(tmp_path / "out")["model.norm.weight"]  # loaded 3.0, three steps at lr 3e-5
+        assert abs(float(norm.mean()) - 3.0) < 0.01
     else:
-        assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage1' over 1 process shards nothing" in log
+        assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage2' over 1 process shards nothing" in log
     assert (tmp_path / "out" / "checkpoint-3" / "optimizer.safetensors").is_file()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "Traceback" not in log + run.log(1)
 

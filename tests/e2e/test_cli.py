@@ -123,6 +123,44 @@ def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsy
         * cfg["max_seq_length"]
 
 
+def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):
+    """PaddleNLP's llm/config/{qwen,llama}/pretrain_argument.json, tokenizer path aside: `check --world_size 8` and
+    `plan --device A100-80GB --gpus 8`. The qwen file's `continue_training: 1` needs Qwen2-7B's weights: without
+    them one line says how to fetch them; with a local directory of that hub name (as `huggingface-cli download
+    Qwen/Qwen2-7B --local-dir Qwen/Qwen2-7B` leaves it) the same file checks."""
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    _big_corpus(tmp_path)
+    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
+    monkeypatch.chdir(tmp_path)
+    for name in ("qwen_pretrain_argument.json", "llama_pretrain_argument.json"):
+        cfg = json.loads((PADDLENLP / name).read_text())
+        cfg["tokenizer_name_or_path"] = "./tokenizer"
+        (tmp_path / name).write_text(json.dumps(cfg))
+    assert cli_main(["check", "qwen_pretrain_argument.json", "--world_size", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "continue_training" in err[0] and "'Qwen/Qwen2-7B' is a preset" in err[0]
+    assert "`huggingface-cli download Qwen/Qwen2-7B --local-dir Qwen/Qwen2-7B`" in err[0]
+    local = tmp_path / "Qwen" / "Qwen2-7B"  # the download's layout: config.json and shards (contents not read by check)
+    local.mkdir(parents=True)
+    shutil.copy(PRESET_DIR / "qwen2-7b" / "config.json", local / "config.json")
+    shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    (local / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"t{i}": f for i, f in
+                                                                                  enumerate(shards)}}))
+    for f in shards:
+        (local / f).write_bytes(b"")
+    for name, layout in (("qwen_pretrain_argument.json", "sharding stage2 x8"),
+                         ("llama_pretrain_argument.json", "sharding stage2 x4")):
+        assert cli_main(["check", name, "--world_size", "8"]) == 0, name
+        out = capsys.readouterr().out
+        assert "check: OK — training would start on 8 processes (simulated)" in out and layout in out, out
+        assert ("pretrained weights" in out) == name.startswith("qwen")
+        assert "precision bfloat16 O2" in out and "recompute " + ("full" if name.startswith("qwen") else "off") in out
+        assert cli_main(["plan", name, "--device", "A100-80GB", "--gpus", "8"]) == 0
+        out = capsys.readouterr().out
+        assert "on 8 x A100-80GB" in out and "-> fits" in out, out
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path, async_save):
     """SIGTERM: the step finishes, a checkpoint is saved (with async_save the exit waits for the background

@@ -1,8 +1,9 @@
 """Every Paddle API the package calls exists in the installed Paddle and accepts the arguments we pass.
 
 Why: the GPU path (flash attention, flashmask, fused RMSNorm/RoPE, swiglu, AMP O2, sharding and tensor
-parallelism) never runs in CI, which has no GPU; a rename or a dropped keyword in a Paddle release would
-otherwise surface only on someone's GPU machine. The CPU wheel ships the same Python API, so the calls
+parallelism) never runs Paddle's real GPU kernels in CI, which has no GPU (tests/parity/test_gpu_branch.py runs the
+kernel branch behind reference ops, so layouts, tuples and masks are checked there); a rename or a dropped keyword
+in a Paddle release would otherwise surface only on someone's GPU machine. The CPU wheel ships the same Python API, so the calls
 are checked here against `inspect.signature`.
 
 The list of calls is not written by hand: an AST scan of every module under `src/pretrain_cli` resolves

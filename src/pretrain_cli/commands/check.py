@@ -18,11 +18,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check the run as rank 0 of this many processes, on any machine (batch arithmetic, "
                              "heads/KV heads/intermediate vs tensor_parallel_degree, sharding degree, data per "
                              "rank; default: the launcher's world, 1 outside a launch)")
+    parser.add_argument("--list-models", "--list_models", dest="list_models", action="store_true",
+                        help="print every shipped model preset (parameters, shape, the hub names that select it) "
+                             "and exit; no argument file needed")
+
+
+def list_models() -> list[str]:
+    """One line per preset: what `model_name_or_path` accepts besides a local directory."""
+    from pretrain_cli.config.presets import HUB_NAMES, PRESET_DIR, preset_names
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.flops import param_counts
+
+    lines = [f"{'preset':<15} {'family':<6} {'params':>9}  {'layers/hidden/inter':<20} {'heads/kv':<8} "
+             f"{'vocab':>7} {'max_pos':>7}  hub names"]
+    for name in preset_names():
+        cfg = ModelConfig.from_file(str(PRESET_DIR / name))
+        n = param_counts(cfg)["total"]
+        size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.0f} k"
+        shape = f"{cfg.num_hidden_layers}/{cfg.hidden_size}/{cfg.intermediate_size}"
+        lines.append(f"{name:<15} {cfg.model_type:<6} {size:>9}  {shape:<20} "
+                     f"{cfg.num_attention_heads}/{cfg.num_key_value_heads:<5} {cfg.vocab_size:>7} "
+                     f"{cfg.max_position_embeddings:>7}  {', '.join(HUB_NAMES.get(name, ()))}")
+    lines.append("presets are architecture only (config.json, no weights); a local directory of the same name wins")
+    return lines
 
 
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.config.prepare import launcher_target, prepare, simulated_target
 
+    if ns.list_models:
+        print("\n".join(list_models()))
+        return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
     spec = prepare(ns.config, ns.overrides, target)
     if ns.json:

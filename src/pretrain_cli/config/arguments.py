@@ -34,9 +34,9 @@ class ModelArguments:
     model_name_or_path: str = _f(
         "tiny-qwen2",
         "Model source: a local directory with an HF config.json (and weights when continue_training), "
-        "or a shipped preset (qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b, llama-171m, tiny-qwen2, "
-        "tiny-llama; 'Qwen/Qwen3-0.6B', 'Qwen/Qwen2.5-0.5B', 'meta-llama/Llama-3.2-1B' and "
-        "'meta-llama/Meta-Llama-3-8B' are aliases). Nothing is downloaded.",
+        "or a shipped preset (every published Qwen2, Qwen2.5, Qwen3, Llama 2, 3, 3.1 and 3.2 dense size under its "
+        "hub name, e.g. 'Qwen/Qwen2-7B' or 'meta-llama/Llama-3.1-70B', and test sizes such as tiny-qwen2; "
+        "`pretrain-cli check --list-models` lists them). Nothing is downloaded.",
     )
     tokenizer_name_or_path: Optional[str] = _f(
         None, "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt); None = model_name_or_path."

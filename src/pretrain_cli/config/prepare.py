@@ -204,7 +204,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
     if run.model.continue_training:
         from pretrain_cli.models.convert import find_weights
 
-        problems.run(find_weights, model_dir)  # names the directory when there are no weights
+        from pretrain_cli.config.presets import require_pretrained
+
+        if problems.run(require_pretrained, args.model.model_name_or_path, model_dir):
+            problems.run(find_weights, model_dir)  # names the directory when there are no weights
     tok = problems.run(_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok

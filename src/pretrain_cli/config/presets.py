@@ -1,7 +1,8 @@
 """Where `model_name_or_path` / `tokenizer_name_or_path` point: a local directory or a shipped preset.
 
 Nothing is ever downloaded. A hub-style name that is neither a local directory nor a preset
-gets an error that says how to place the files locally.
+gets an error that says how to place the files locally; so does `continue_training` with a preset, which is
+architecture only (`require_pretrained`).
 """
 from __future__ import annotations
 
@@ -11,15 +12,42 @@ from pretrain_cli.errors import UserError
 
 PRESET_DIR = Path(__file__).resolve().with_name("presets")
 
-# Hub names that PaddleNLP's shipped argument files use, mapped to our presets.
-ALIASES = {
-    "qwen/qwen2.5-0.5b": "qwen2.5-0.5b",
-    "qwen/qwen3-0.6b": "qwen3-0.6b",
-    "qwen/qwen3-0.6b-base": "qwen3-0.6b",  # same architecture as the post-trained model
-    "meta-llama/meta-llama-3-8b": "llama-3-8b",
-    "meta-llama/llama-3.2-1b": "llama-3.2-1b",
-    "__internal_testing__/tiny-random-llama": "tiny-llama",
+# Hub names as published (matched case-insensitively), mapped to our presets. Each preset's config.json is the
+# published base model's (docs/MODELS.md says which values were confirmed and where).
+HUB_NAMES = {
+    "qwen2-0.5b": ("Qwen/Qwen2-0.5B",),
+    "qwen2-1.5b": ("Qwen/Qwen2-1.5B",),
+    "qwen2-7b": ("Qwen/Qwen2-7B",),
+    "qwen2-72b": ("Qwen/Qwen2-72B",),
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B",),
+    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B",),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B",),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B",),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B",),
+    "qwen2.5-32b": ("Qwen/Qwen2.5-32B",),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B",),
+    "qwen3-0.6b": ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B-Base"),  # same architecture as the post-trained model
+    "qwen3-1.7b": ("Qwen/Qwen3-1.7B", "Qwen/Qwen3-1.7B-Base"),
+    "qwen3-4b": ("Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Base"),
+    "qwen3-8b": ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B-Base"),
+    "qwen3-14b": ("Qwen/Qwen3-14B", "Qwen/Qwen3-14B-Base"),
+    "qwen3-32b": ("Qwen/Qwen3-32B",),
+    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b"),
+    "llama-2-13b": ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b"),
+    "llama-2-70b": ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b"),
+    "llama-3-8b": ("meta-llama/Meta-Llama-3-8B",),
+    "llama-3-70b": ("meta-llama/Meta-Llama-3-70B",),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B"),
+    "llama-3.1-405b": ("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B",),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B",),
+    "tiny-llama": ("__internal_testing__/tiny-random-llama",),
 }
+ALIASES = {hub.lower(): preset for preset, hubs in HUB_NAMES.items() for hub in hubs}
+
+
+LIST_HINT = "`pretrain-cli check --list-models` lists them"
 
 
 def _literal_hint(name: str) -> str:
@@ -47,7 +75,7 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise UserError(f"{key}: {name} has no config.json; point it at an HF-format model directory or a preset "
-                            f"({', '.join(preset_names())})")
+                            f"({LIST_HINT})")
         return local
     preset = _preset(name)
     if preset is not None:
@@ -55,10 +83,31 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     if local.exists():
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
     raise UserError(
-        f"{key}: {name!r} is neither a local directory nor a preset ({', '.join(preset_names())}){_literal_hint(name)}; nothing is "
+        f"{key}: {name!r} is neither a local directory nor a preset ({LIST_HINT}){_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "
         f"and set {key} to that directory"
     )
+
+
+def is_preset(path: Path) -> bool:
+    """Whether `resolve_model_dir` answered with a shipped preset (architecture only, never weights)."""
+    return Path(path).resolve().parent == PRESET_DIR
+
+
+def require_pretrained(name: str, model_dir: Path, key: str = "model_name_or_path") -> bool:
+    """`continue_training` loads pretrained weights: a preset has none, so say how to fetch them (True: not a
+    preset, look for the weights)."""
+    if not is_preset(model_dir):
+        return True
+    start = "or set continue_training to 0 to start from a random init"
+    if name.lower() in ALIASES:  # a published model: its weights are one download away
+        raise UserError(
+            f"{key}: continue_training loads pretrained weights, but {name!r} is a preset here (architecture only, "
+            f"nothing is downloaded): fetch config.json and the *.safetensors with `huggingface-cli download {name} "
+            f"--local-dir {name}` where you start training (a local directory wins over the preset), {start}")
+    raise UserError(f"{key}: continue_training loads pretrained weights, but {name!r} is a shipped preset "
+                    f"(architecture only, no weights): point {key} at a directory holding config.json and "
+                    f"*.safetensors weights, {start}")
 
 
 def has_tokenizer(path: Path) -> bool:

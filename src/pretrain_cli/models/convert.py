@@ -24,6 +24,7 @@ INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 PADDLENLP_PREFIXES = tuple(f.paddlenlp_prefix for f in FAMILIES.values() if f.paddlenlp_prefix)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old HF Llama checkpoints store this buffer
+_QKV_BIASES = tuple(f"self_attn.{p}_proj.bias" for p in "qkv")
 
 
 def linear_weight_names(model) -> set[str]:
@@ -125,6 +126,10 @@ def find_weights(src_dir) -> list[str]:
     found = sorted(glob.glob(os.path.join(src_dir, "*.safetensors")))
     if found:
         return found
+    if glob.glob(os.path.join(src_dir, "*.pdparams")):  # PaddleNLP without unified_checkpoint: pickle, never read
+        raise UserError(f"{src_dir}: holds PaddleNLP .pdparams (pickle), which is not read; save it as safetensors "
+                        f"(PaddleNLP `unified_checkpoint: true`, or "
+                        f"`model.save_pretrained(dir, safe_serialization=True)`)")
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
 
 
@@ -146,15 +151,22 @@ def read_safetensors(src_dir: str) -> dict:
     return tensors
 
 
+def _all_zero(t) -> bool:
+    return not np.asarray(t.numpy() if hasattr(t, "numpy") else t).any()
+
+
 def _from_paddlenlp(tensors: dict, model) -> dict:
     """PaddleNLP names/layout → HF names/layout, so one loader checks everything."""
     linear = linear_weight_names(model)
+    params = dict(model.named_parameters())
     out = {}
     for k, v in tensors.items():
         for prefix in PADDLENLP_PREFIXES:
             if k.startswith(prefix):
                 k = "model." + k[len(prefix):]
                 break
+        if k.endswith(_QKV_BIASES) and k not in params and _all_zero(v):
+            continue  # PaddleNLP's Qwen3 attention (a Qwen2 one) may save all-zero q/k/v biases: no bias, exactly
         if k in linear and len(v.shape) == 2:
             v = v.transpose([1, 0])  # [out, in]
         out[k] = v

@@ -77,7 +77,8 @@ def attention_sdpa_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-# ---------------------------------------------------------------- fused paths (GPU only)
+# ---------------------------------------------------------------- fused paths (GPU only; CI runs them on CPU behind
+# reference ops written from Paddle's documentation: tests/parity/test_gpu_branch.py)
 def rms_norm_fused(x, weight, eps: float):  # pragma: no cover - GPU only
     from paddle.incubate.nn.functional import fused_rms_norm
 

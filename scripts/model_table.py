@@ -1,0 +1,62 @@
+"""Print the README's model table: every published preset, its parameter count, and what `plan --fit` says it
+needs on 8 x A100-80GB when trained with PaddleNLP's own pretraining file for its family.
+
+    .venv/bin/python scripts/model_table.py
+
+Each row is `pretrain-cli plan tests/e2e/paddlenlp_configs/<family>_pretrain_argument.json --model_name_or_path
+<preset> --continue_training 0 --fit --device A100-80GB --gpus 8` (Qwen2/2.5/3: the qwen file, Qwen2-7B,
+sharding stage2, recompute full, 2 x 4,096 tokens per GPU; Llama: the llama file, Meta-Llama-3-8B, tp 2 + stage2,
+1 x 4,096 x acc 16). Nothing is imported from Paddle and nothing is written.
+"""
+from __future__ import annotations
+
+import json
+
+from pathlib import Path
+
+from pretrain_cli.commands.plan import fit
+from pretrain_cli.config.presets import HUB_NAMES, PRESET_DIR
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.flops import param_counts
+
+FILES = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "paddlenlp_configs"
+ORDER = ("qwen2-", "qwen2.5-", "qwen3-", "llama-2-", "llama-3-", "llama-3.1-", "llama-3.2-")
+
+
+def _size(name: str) -> float:
+    return float(name.rsplit("-", 1)[1].rstrip("b"))
+
+
+def presets() -> list[str]:
+    return [n for prefix in ORDER for n in sorted((n for n in HUB_NAMES if n.startswith(prefix)), key=_size)]
+
+
+def needs(name: str) -> str:
+    """What `plan --fit` on 8 x A100-80GB says: the GiB per GPU of the fitted layout, or how many GPUs it takes."""
+    cfg = ModelConfig.from_file(str(PRESET_DIR / name))
+    family = "llama" if cfg.model_type == "llama" else "qwen"
+    config = str(FILES / f"{family}_pretrain_argument.json")
+    f = fit(config, ["--model_name_or_path", name, "--continue_training", "0"], "A100-80GB", 8)
+    shipped = f"as shipped {f['before']['memory_gib']:.1f} GiB/GPU"
+    if f["after"] is not None:
+        change = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in f["diff"])
+        return f"fits: {shipped}" + (f"; fastest that fits: {change} ({f['after']['memory_gib']:.1f} GiB)"
+                                    if change else " (already the fastest that fits)")
+    more = f["more_devices"]
+    if more is None:
+        return f"does not fit: {shipped}"
+    layout = ", ".join(f"{k} {json.dumps(v)}" for k, v in more["change"].items())
+    return f"does not fit ({shipped}): {more['gpus']} GPUs with {layout} ({more['memory_gib']:.1f} GiB)"
+
+
+def rows() -> list[str]:
+    out = ["| model | hub name | parameters | on 8 x A100-80GB (`plan --fit`, PaddleNLP's file) |",
+           "|---|---|---|---|"]
+    for name in presets():
+        total = param_counts(ModelConfig.from_file(str(PRESET_DIR / name)))["total"]
+        out.append(f"| `{name}` | `{HUB_NAMES[name][0]}` | {total / 1e9:.2f} B | {needs(name)} |")
+    return out
+
+
+if __name__ == "__main__":
+    print("\n".join(rows()))

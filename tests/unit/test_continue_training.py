@@ -1,0 +1,99 @@
+"""`continue_training: 1`: where the pretrained weights come from, and the one line when they cannot.
+
+A preset (a hub name without a local directory) has no weights: one line says how to fetch them. A local
+directory in HF or PaddleNLP format loads through `config.prepare` and `training.run.build_model`, as `train`
+does — including a checkpoint as PaddleNLP saves a Qwen3 (HF's `model.` names with Paddle's `[in, out]` Linear
+layout, its config.json keys, zero q/k/v biases from its Qwen2-derived attention, shards with an index).
+"""
+import json
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from safetensors.numpy import save_file  # noqa: E402
+
+from pretrain_cli.config.prepare import prepare  # noqa: E402
+from pretrain_cli.config.run_config import Target  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
+from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.training.run import build_model as build_for_run  # noqa: E402
+
+QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def _args(tmp_path, model: str) -> str:
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"model_name_or_path": model, "continue_training": 1, "do_train": True,
+                                "output_dir": str(tmp_path / "out"), "input_dir": str(tmp_path / "data"),
+                                "max_steps": 1, "max_seq_length": 32}))
+    return str(path)
+
+
+def _paddlenlp_qwen3(path):
+    """(the model whose weights were saved, the directory) in PaddleNLP's Qwen3 format."""
+    cfg = ModelConfig(**QWEN3)
+    paddle.seed(3)
+    src = build_model(cfg)
+    tensors = {n: p.numpy() for n, p in src.named_parameters()}  # `model.` names, [in, out] Linear weights
+    for layer in range(2):
+        for proj, width in (("q", 64), ("k", 32), ("v", 32)):
+            tensors[f"model.layers.{layer}.self_attn.{proj}_proj.bias"] = np.zeros(width, np.float32)
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    path.mkdir()
+    for fname, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(path / fname))
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    hf = cfg.to_hf_dict()
+    del hf["torch_dtype"]  # PaddleNLP writes `dtype` and its own keys
+    hf.update(dtype="float32", use_flash_attention=True, fuse_attention_ffn=False, tensor_parallel_degree=1)
+    (path / "config.json").write_text(json.dumps(hf))
+    return src, path
+
+
+def test_paddlenlp_saved_qwen3_loads_through_prepare_and_build_model(tmp_path):
+    src, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
+    assert spec.run.model.continue_training and spec.model_dir == path
+    model = build_for_run(spec.run, spec.model_cfg, spec.model_dir)
+    want = dict(src.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), want[name].numpy(), err_msg=name)
+
+
+def test_nonzero_biases_the_model_has_not_are_still_refused(tmp_path):
+    from safetensors.numpy import load_file
+
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    shard = path / "model-00001-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    bias = next(k for k in tensors if k.endswith("q_proj.bias"))
+    tensors[bias] = np.ones_like(tensors[bias])
+    save_file(tensors, str(shard))
+    spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
+    with pytest.raises(UserError, match="unexpected tensor.*q_proj.bias"):
+        build_for_run(spec.run, spec.model_cfg, spec.model_dir)
+
+
+def test_without_weights_one_line_says_how_to_get_them(tmp_path):
+    with pytest.raises(UserError) as e:
+        prepare(_args(tmp_path, "Qwen/Qwen3-8B"), [], Target(), open_data=False)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1 and "`huggingface-cli download Qwen/Qwen3-8B --local-dir Qwen/Qwen3-8B`" in lines[0]
+    with pytest.raises(UserError) as e:  # a test size has no hub repository to download from
+        prepare(_args(tmp_path, "micro-qwen2"), [], Target(), open_data=False)
+    assert "huggingface-cli" not in str(e.value) and "config.json and *.safetensors weights" in str(e.value)
+    pdparams = tmp_path / "paddlenlp-pickle"
+    pdparams.mkdir()
+    (pdparams / "config.json").write_text(json.dumps(ModelConfig(**QWEN3).to_hf_dict()))
+    (pdparams / "model_state.pdparams").write_bytes(b"")
+    with pytest.raises(UserError, match=r"\.pdparams \(pickle\), which is not read.*unified_checkpoint: true"):
+        prepare(_args(tmp_path, str(pdparams)), [], Target(), open_data=False)
