@@ -33,6 +33,7 @@ def run(spec) -> int:
     watchdog.start(r.parallel)
     for line in spec.describe():
         log.info(line)
+    log.info(runtime.threads_line())
     model = build_model(r, spec.model_cfg, spec.model_dir)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
