@@ -13,7 +13,7 @@ from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
-from pretrain_cli.training import checkpoint, metrics
+from pretrain_cli.training import checkpoint, metrics, run_lock
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
@@ -22,7 +22,17 @@ from pretrain_cli.training.trainer import NonFiniteError, Trainer
 
 
 def run(spec) -> int:
-    """Build everything, train, evaluate, predict, save. Returns the process exit code."""
+    """Build everything, train, evaluate, predict, save, holding `output_dir`'s run lock (global rank 0 takes it:
+    a second run in the same directory is refused before it writes anything). Returns the process exit code."""
+    lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
+    try:
+        return _run(spec)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(spec) -> int:
     paddle = runtime.import_paddle()
     r = spec.run
     metrics.setup_logging(r.parallel.rank)
@@ -37,6 +47,11 @@ def run(spec) -> int:
     model = build_model(r, spec.model_cfg, spec.model_dir)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
+    done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
+    if done is not None and done >= r.loop.max_steps:  # nothing to train: no eval/test rows again, no new record
+        log.info(nothing_to_train(done, r.loop.max_steps))
+        watchdog.stop()
+        return 0
     state = restore_weights(model, spec, resume)
     trainer = assemble(r, model, comm, spec.splits, resume)
     trainer.writer = open_output_dir(spec, state)
@@ -219,6 +234,12 @@ def stop_message(spec, step: int) -> str:
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
                 f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
+
+
+def nothing_to_train(step: int, max_steps: int) -> str:
+    if step == max_steps:
+        return f"already at max_steps={max_steps}: nothing to train; raise max_steps to continue"
+    return f"already at step {step}, past max_steps={max_steps}: nothing to train; raise max_steps above {step} to continue"
 
 
 def train_results(trainer) -> dict:
