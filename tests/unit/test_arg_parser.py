@@ -179,3 +179,23 @@ def test_cpu_layout_hint(monkeypatch):
     # Paddle's single-threaded ops: one process per core is faster, and the note says how
     assert any("--nproc_per_node 4" in n for n in resolve_run("--cpu_fused_ops", "false", base=base).notes)
     assert not any("nproc_per_node" in n for n in resolve_run("--cpu_fused_ops", "false", base=base, world=2).notes)
+
+
+def test_a_short_first_run_of_a_long_warmup_is_accepted_with_the_warmup_clipped():
+    r = resolve_run("--max_steps", "5", "--warmup_steps", "20")
+    assert r.schedule.warmup_steps == 5 and r.schedule.decay_steps == 5
+    assert r.schedule.lr_at(5) == r.schedule.max_lr
+    assert any("warmup_steps=20 is longer than the run (max_steps 5); clipped to 5" in n for n in r.notes)
+    with pytest.raises(UserError, match="decay_steps: 4 ends before warmup"):  # an explicit decay_steps still is
+        resolve_run("--max_steps", "5", "--warmup_steps", "20", "--decay_steps", "4")
+
+
+@pytest.mark.parametrize("command", ["train", "plan", "check"])
+def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
+    from pretrain_cli.cli import main
+
+    assert main([command]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"usage: pretrain-cli {command} [config.json] [--key value ...]"
+    assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON argument file")
+    assert len(err) == 2  # not "do_train, do_eval, do_predict: all false" and "output_dir: required"
