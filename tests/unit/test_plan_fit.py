@@ -181,9 +181,17 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
     f = fit(str(QWEN), AT_4096, device="cpu", gpus=1)
     assert f["ranked_by"] == "fewest changes" and any("no estimate" in n and "fewest changes" in n for n in f["notes"])
     assert f["after"] is not None and f["after"]["speed"]["tokens_per_sec"] is None
-    fitting = fit_search.search({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
-                                 "recompute": False, "recompute_granularity": "full", "use_flash_attention": False,
-                                 "sharding": "stage2", "tensor_parallel_degree": 1},
-                                plan(str(QWEN), AT_4096, device="cpu", suggest_changes=False),
-                                lambda change: None, 1e9, by_speed=False)
-    assert fitting["best"]["change"] == {}  # the file as it is fits: no change beats any change
+    import copy
+
+    base = plan(str(QWEN), AT_4096, device="cpu", suggest_changes=False)
+    current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "recompute": False,
+               "recompute_granularity": "full", "use_flash_attention": False, "sharding": "stage2",
+               "tensor_parallel_degree": 1}
+
+    def faster(change):  # every other layout is (nominally) faster
+        r = copy.deepcopy(base)
+        r["recompute"], r["flops_per_token"]["hardware"] = str(change), base["flops_per_token"]["hardware"] / 2
+        return r
+
+    assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
+    assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}
