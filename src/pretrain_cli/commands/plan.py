@@ -56,6 +56,17 @@ def target_device(name: str) -> Device:
     return Device(dev, float(dev.memory_gib))
 
 
+def device_note(name: str, dev: Device) -> list[str]:
+    """A note when `--device` named a family and the table picked one variant of it (H100 -> H100-SXM)."""
+    if dev.entry is None or name.lower() == dev.entry.name.lower():
+        return []
+    e = dev.entry
+    others = [d.name for d in hardware.DEVICES.values() if d.name.split("-")[0] == e.name.split("-")[0] and d != e]
+    peak = f"{e.bf16_tflops or e.fp16_tflops:g} TFLOPS half precision" if (e.bf16_tflops or e.fp16_tflops) else ""
+    return [f"device: --device {name} is planned as {e.name} ({e.memory_gib:g} GiB{', ' + peak if peak else ''})"
+            + (f"; name {' or '.join(others)} for another variant" if others else "")]
+
+
 def _fmt(v) -> str:
     return "true" if v is True else "false" if v is False else str(v)
 
@@ -91,7 +102,7 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
     dev = target_device(device)
     run, cfg, notes = _resolve(config, overrides, dev, gpus)
     out = report(run, cfg, dev, mfu, baseline_bytes, config, peak_tflops)
-    out["notes"] = notes + out["notes"]
+    out["notes"] = notes + device_note(device, dev) + out["notes"]
     if suggest_changes and not out["fits"]:
         def replan(change: dict, world: int = gpus):
             extra = [tok for k, v in change.items() for tok in (f"--{k}", _fmt(v))]
