@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
@@ -48,7 +49,8 @@ def _run(spec) -> int:
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
-    if done is not None and done >= r.loop.max_steps:  # nothing to train: no eval/test rows again, no new record
+    finished = done is not None and done >= r.loop.max_steps and r.parallel.is_rank0 and exported(spec, done)
+    if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
@@ -234,6 +236,22 @@ def stop_message(spec, step: int) -> str:
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
                 f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
+
+
+def exported(spec, step: int) -> bool:
+    """Whether output_dir holds the complete final export of step `step`: its trainer_state.json, all_results.json,
+    and the loss curve drawn after them (the export draws it last; a checkpoint draws it before), nothing
+    half-written. A run killed while exporting has to export again."""
+    from pretrain_cli import atomic
+
+    out = Path(spec.run.output.output_dir)
+    try:
+        state = json.loads((out / run_dir.STATE_FILE).read_text(encoding="utf-8"))
+        written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()
+    except (OSError, ValueError):
+        return False
+    return (isinstance(state, dict) and state.get("global_step") == step and (out / "all_results.json").is_file()
+            and curve.st_mtime_ns >= written.st_mtime_ns and not atomic.stale_temporaries(out))
 
 
 def nothing_to_train(step: int, max_steps: int) -> str:
