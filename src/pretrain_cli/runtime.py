@@ -130,7 +130,7 @@ def decide_threads(env=None, default: int | None = None, cores: int | None = Non
         n = max(1, (cores or _cores()) // procs)
         why = f"{cores or _cores()} cores / {procs} process{'es' if procs > 1 else ''} on this node"
         if launched and omp == "1":
-            why += f" (the launcher's OMP_NUM_THREADS=1 replaced; set {THREADS_VAR} to choose)"
+            why += f"; the launcher's OMP_NUM_THREADS=1 replaced, {THREADS_VAR}=N chooses"
         return n, why
     return default, "the caller's default"
 
