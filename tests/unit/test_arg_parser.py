@@ -199,3 +199,30 @@ def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
     assert err[0] == f"usage: pretrain-cli {command} [config.json] [--key value ...]"
     assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON argument file")
     assert len(err) == 2  # not "do_train, do_eval, do_predict: all false" and "output_dir: required"
+
+
+def test_check_output_dir_refuses_a_file_and_a_directory_that_cannot_be_created(tmp_path):
+    from pretrain_cli.config.prepare import check_output_dir
+
+    f = tmp_path / "notes.md"
+    f.write_text("x")
+    with pytest.raises(UserError, match="notes.md is a file, not a directory"):
+        check_output_dir(str(f))
+    with pytest.raises(UserError, match=r"notes.md \(part of .*notes.md/run\) is a file"):
+        check_output_dir(str(f / "run"))
+    with pytest.raises(UserError, match="output_dir: cannot create /sys/pretrain-cli/run .*choose a directory"):
+        check_output_dir("/sys/pretrain-cli/run")  # root passes access() there; mkdir still fails
+    assert check_output_dir(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]  # the probe leaves nothing behind
+
+
+def test_check_lists_missing_token_files_beside_a_missing_tokenizer(tmp_path, monkeypatch, capsys):
+    from pretrain_cli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = write(tmp_path, {**BASE, "model_name_or_path": "micro-llama", "sample_mode": "padded",
+                           "tokenizer_name_or_path": "./tokenizer", "input_dir": "./data", "device": "cpu",
+                           "max_seq_length": 64})
+    assert main(["check", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer_name_or_path: './tokenizer'" in err and "./data" in err and err.count("error: ") == 2
