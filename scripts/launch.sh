@@ -10,7 +10,11 @@
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
 #      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
-#      checkpoint of output_dir).
+#      checkpoint of output_dir; also passed to the launcher as --max_restart),
+#      LAUNCH_LOG_LEVEL (the launcher's own log level, default WARNING: its ~30 `LAUNCH INFO` lines of
+#      configuration say nothing a user acts on; INFO brings them back), OMP_NUM_THREADS (threads per process:
+#      kept as PRETRAIN_CLI_THREADS, since the launcher's own Paddle import pins OMP_NUM_THREADS=1 for every
+#      worker; unset, each process takes cores / processes on this node, runtime.decide_threads).
 # Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
 # (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
 set -euo pipefail
@@ -29,7 +33,11 @@ if [ -z "${LOG_DIR:-}" ]; then  # the run's own output_dir/log, not a stray ./lo
   fi
   LOG_DIR=${out:+${out%/}/}log
 fi
-args=(--log_dir "$LOG_DIR")
+args=(--log_dir "$LOG_DIR" --log_level "${LAUNCH_LOG_LEVEL:-WARNING}" --max_restart "${MAX_RESTART:-0}")
+# The user's thread count survives the launcher's `import paddle`, which sets OMP_NUM_THREADS=1 when unset.
+if [ -n "${OMP_NUM_THREADS:-}" ] && [ -z "${PRETRAIN_CLI_THREADS:-}" ]; then
+  export PRETRAIN_CLI_THREADS=$OMP_NUM_THREADS
+fi
 # The launcher imports Paddle itself, which warns about a missing compiler cache it never uses.
 export PYTHONWARNINGS="ignore:No ccache found${PYTHONWARNINGS:+,$PYTHONWARNINGS}"
 

@@ -75,6 +75,10 @@ def _run(argv: list[str]) -> int:
         rest = tail[1:] if config is not None else tail
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
+        if config is None and not overrides:
+            parser.print_usage(sys.stderr)
+            raise UserError(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
+                            f"(configs/demo_cpu.json, for one) or its keys as --key value")
     else:
         ns = parser.parse_args(tail)
     return int(module.main(ns) or 0)

@@ -3,7 +3,8 @@
 Paddle reads its math-library environment once, at import or at the first matmul
 (see docs/PERFORMANCE.md): MKL 2019 picks its code path by CPU vendor and takes a slow generic one
 on AMD unless `MKL_DEBUG_CPU_TYPE` names a path (`mkl_cpu_type`), and `import paddle` pins
-`OMP_NUM_THREADS=1` when it is unset.
+`OMP_NUM_THREADS=1` when it is unset (also in `paddle.distributed.launch`, whose workers inherit it:
+`decide_threads`).
 Every entry point calls `setup_env()` first and imports Paddle through `import_paddle()`,
 so no module sets environment variables at import time.
 """
@@ -100,17 +101,66 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
+# Set by scripts/launch.sh from the user's OMP_NUM_THREADS, or by the user: threads per process, always obeyed.
+THREADS_VAR = "PRETRAIN_CLI_THREADS"
+_THREADS: tuple[int, str] | None = None  # (threads, why), decided by setup_env
+
+
+def decide_threads(env=None, default: int | None = None, cores: int | None = None) -> tuple[int, str]:
+    """(threads per process, why) from the environment this process was started with.
+
+    `paddle.distributed.launch` imports Paddle itself, and `import paddle` sets `OMP_NUM_THREADS=1` in the
+    launcher when it is unset; every worker inherits that 1, so "only when unset" left every launched CPU
+    run on one thread. A worker of the launcher (its `PADDLE_TRAINER_ID` / `PADDLE_LOCAL_SIZE` are set) that
+    sees exactly `OMP_NUM_THREADS=1` therefore treats it as the launcher's and takes its share of the cores:
+    cores // processes on this node. Any other value is the user's and wins, and `PRETRAIN_CLI_THREADS`
+    always wins (`scripts/launch.sh` copies a user's `OMP_NUM_THREADS` into it, so even 1 is kept there).
+    """
+    env = os.environ if env is None else env
+    own = env.get(THREADS_VAR, "").strip()
+    if own.isdigit() and int(own) >= 1:
+        return int(own), f"{THREADS_VAR}={own}"
+    local = env.get("PADDLE_LOCAL_SIZE", "").strip()
+    launched = bool(env.get("PADDLE_TRAINER_ID", "").strip() or local)
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1 and not (launched and omp == "1"):
+        return int(omp), f"OMP_NUM_THREADS={omp}"
+    procs = int(local) if local.isdigit() and int(local) >= 1 else 1
+    if launched or default is None:
+        n = max(1, (cores or _cores()) // procs)
+        why = f"{cores or _cores()} cores / {procs} process{'es' if procs > 1 else ''} on this node"
+        if launched and omp == "1":
+            why += f"; the launcher's OMP_NUM_THREADS=1 replaced, {THREADS_VAR}=N chooses"
+        return n, why
+    return default, "the caller's default"
+
+
+def _cores() -> int:
+    return default_threads(1)
+
+
+def threads_line() -> str:
+    """The log line naming the CPU threads this process computes with and why."""
+    n, why = _THREADS if _THREADS is not None else decide_threads()
+    return f"threads: {n} per process ({why})"
+
+
 def setup_env(threads: int | None = None) -> None:
-    """Set the CPU math environment and quiet Paddle's import noise, unless the user set them."""
-    global _DONE
+    """Set the CPU math environment and quiet Paddle's import noise, unless the user set them.
+
+    `threads`: the caller's default when neither the user nor the launcher decides (`decide_threads`)."""
+    global _DONE, _THREADS
     if _DONE:
         return
-    n = str(threads or default_threads())
+    user_mkl = "MKL_NUM_THREADS" in os.environ  # (the launcher sets only OMP_NUM_THREADS)
+    _THREADS = decide_threads(default=threads)
+    n = str(_THREADS[0])
     cpu_type = mkl_cpu_type()
     if cpu_type is not None:
         os.environ.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
-    os.environ.setdefault("OMP_NUM_THREADS", n)
-    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+    os.environ["OMP_NUM_THREADS"] = n
+    if not user_mkl:
+        os.environ["MKL_NUM_THREADS"] = n
     keep_freed_memory()
     # glog INFO/WARNING lines and the "Modified FLAGS" banner say nothing a user can act on.
     os.environ.setdefault("GLOG_minloglevel", "2")

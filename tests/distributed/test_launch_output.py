@@ -26,3 +26,6 @@ def test_launched_run_is_quiet_and_logs_into_its_output_dir(corpus, tmp_path):
     assert "global_step: 1," in p.stdout and "global_step: 3," in logs[0]  # rank 0's lines reach the console
     for where, text in (("console", p.stdout + p.stderr), ("workerlog.0", logs[0]), ("workerlog.1", logs[1])):
         assert not [n for n in NOISE if n in text], (where, text[-2000:])
+    assert "LAUNCH INFO" not in p.stdout + p.stderr  # the launcher's ~30 configuration lines (LAUNCH_LOG_LEVEL)
+    # the user's OMP_NUM_THREADS=1 survives the launcher's own, and each rank says what it computes with
+    assert "threads: 1 per process (PRETRAIN_CLI_THREADS=1)" in logs[0] + logs[1]

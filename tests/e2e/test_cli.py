@@ -273,13 +273,10 @@ def test_out_of_memory_is_one_line_with_the_step_and_the_fitted_layout(corpus, t
     errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, r.stderr[-3000:]
     line = errors[0]
+    # cpu has no peak, so no speed estimate: of the layouts that fit, plan --fit takes the fewest changes
     assert line.startswith("error: out of memory at step 3 on 1 x cpu: top plan suggestion for this run: "
-                           "per_device_train_batch_size 16384 -> "), line
-    assert "gradient_accumulation_steps 1 -> " in line
+                           "recompute false -> true (predicted "), line
     assert f"pretrain-cli plan {cfg} --device cpu --gpus 1 --fit -o fitted.json" in line
-    micro = int(line.split("per_device_train_batch_size 16384 -> ")[1].split(",")[0])
-    acc = int(line.split("gradient_accumulation_steps 1 -> ")[1].split(" ")[0])
-    assert micro * acc == 16384 and micro < 16384  # the global batch kept
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
     assert not [p for p in (tmp_path / "out").iterdir() if "tmp" in p.name]

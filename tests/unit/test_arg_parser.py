@@ -179,3 +179,50 @@ def test_cpu_layout_hint(monkeypatch):
     # Paddle's single-threaded ops: one process per core is faster, and the note says how
     assert any("--nproc_per_node 4" in n for n in resolve_run("--cpu_fused_ops", "false", base=base).notes)
     assert not any("nproc_per_node" in n for n in resolve_run("--cpu_fused_ops", "false", base=base, world=2).notes)
+
+
+def test_a_short_first_run_of_a_long_warmup_is_accepted_with_the_warmup_clipped():
+    r = resolve_run("--max_steps", "5", "--warmup_steps", "20")
+    assert r.schedule.warmup_steps == 5 and r.schedule.decay_steps == 5
+    assert r.schedule.lr_at(5) == r.schedule.max_lr
+    assert any("warmup_steps=20 is longer than the run (max_steps 5); clipped to 5" in n for n in r.notes)
+    with pytest.raises(UserError, match="decay_steps: 4 ends before warmup"):  # an explicit decay_steps still is
+        resolve_run("--max_steps", "5", "--warmup_steps", "20", "--decay_steps", "4")
+
+
+@pytest.mark.parametrize("command", ["train", "plan", "check"])
+def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
+    from pretrain_cli.cli import main
+
+    assert main([command]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"usage: pretrain-cli {command} [config.json] [--key value ...]"
+    assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON argument file")
+    assert len(err) == 2  # not "do_train, do_eval, do_predict: all false" and "output_dir: required"
+
+
+def test_check_output_dir_refuses_a_file_and_a_directory_that_cannot_be_created(tmp_path):
+    from pretrain_cli.config.prepare import check_output_dir
+
+    f = tmp_path / "notes.md"
+    f.write_text("x")
+    with pytest.raises(UserError, match="notes.md is a file, not a directory"):
+        check_output_dir(str(f))
+    with pytest.raises(UserError, match=r"notes.md \(part of .*notes.md/run\) is a file"):
+        check_output_dir(str(f / "run"))
+    with pytest.raises(UserError, match="output_dir: cannot create /sys/pretrain-cli/run .*choose a directory"):
+        check_output_dir("/sys/pretrain-cli/run")  # root passes access() there; mkdir still fails
+    assert check_output_dir(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]  # the probe leaves nothing behind
+
+
+def test_check_lists_missing_token_files_beside_a_missing_tokenizer(tmp_path, monkeypatch, capsys):
+    from pretrain_cli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = write(tmp_path, {**BASE, "model_name_or_path": "micro-llama", "sample_mode": "padded",
+                           "tokenizer_name_or_path": "./tokenizer", "input_dir": "./data", "device": "cpu",
+                           "max_seq_length": 64})
+    assert main(["check", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer_name_or_path: './tokenizer'" in err and "./data" in err and err.count("error: ") == 2

@@ -10,6 +10,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
 echo "$@" > "$RECORD"
 echo "$PYTHONWARNINGS" > "$RECORD.warnings"
+echo "${PRETRAIN_CLI_THREADS:-unset}" > "$RECORD.threads"
 """
 
 
@@ -18,7 +19,8 @@ def _launch(tmp_path, *extra, **env):
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     record = tmp_path / "cmd.txt"
-    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "MKL_DEBUG_CPU_TYPE", "LOG_DIR")}
+    e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "MKL_DEBUG_CPU_TYPE", "LOG_DIR",
+                                                          "OMP_NUM_THREADS", "PRETRAIN_CLI_THREADS", "MAX_RESTART")}
     e.update(PYTHON=str(fake), RECORD=str(record), **env)
     out = subprocess.run(["bash", str(SCRIPT), "cfg.json", "--max_steps", "3", *extra], env=e, capture_output=True,
                          text=True, timeout=60, cwd=tmp_path)
@@ -44,6 +46,17 @@ def test_launcher_logs_go_to_the_runs_output_dir_and_its_warning_is_quiet(tmp_pa
     assert cmd[cmd.index("--log_dir") + 1] == "elsewhere/log"
     cmd = _launch(tmp_path, LOG_DIR="/tmp/x")
     assert cmd[cmd.index("--log_dir") + 1] == "/tmp/x"
+
+
+def test_launcher_is_quiet_keeps_the_users_threads_and_gets_max_restart(tmp_path):
+    cmd = _launch(tmp_path)
+    assert cmd[cmd.index("--log_level") + 1] == "WARNING"  # no ~30 `LAUNCH INFO` configuration lines
+    assert cmd[cmd.index("--max_restart") + 1] == "0"  # not the launcher's own default of 3
+    assert (tmp_path / "cmd.txt.threads").read_text().strip() == "unset"  # each worker takes its share of cores
+    cmd = _launch(tmp_path, MAX_RESTART="1", OMP_NUM_THREADS="1", LAUNCH_LOG_LEVEL="INFO")
+    assert cmd[cmd.index("--max_restart") + 1] == "1" and cmd[cmd.index("--log_level") + 1] == "INFO"
+    # the launcher's `import paddle` pins OMP_NUM_THREADS=1 for every worker: the user's value travels apart
+    assert (tmp_path / "cmd.txt.threads").read_text().strip() == "1"
 
 
 def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -273,3 +274,33 @@ def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(wri
     assert tp[0] == tp[1] == pytest.approx(unfused / 2, rel=1e-3)
     zero3 = plan(write_args(**shape, sharding="stage3"), device="A100-80GB", gpus=2)["memory_breakdown_gib"]
     assert zero3["logits_loss"] == pytest.approx(fused, rel=1e-3)  # the same per-device term as one device
+
+
+def test_new_user_notes_device_family_data_ranks_and_too_small_models(capsys):
+    from pretrain_cli.cli import main as cli_main
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    assert cli_main(["plan", str(configs / "demo_cpu.json"), "--device", "H100", "--gpus", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "note: device: --device H100 is planned as H100-SXM (80 GiB" in text and "H100-PCIe" in text
+    assert "note: speed: this model is too small for the FLOPs model (its matmuls are 128 wide" in text
+    assert "world 8 = 8 data ranks x tp 1;" in text
+    assert cli_main(["plan", str(configs / "demo_cpu.json"), "--device", "A100-80GB", "--gpus", "8",
+                     "--sharding", "stage1"]) == 0
+    text = capsys.readouterr().out
+    assert "world 8 = 8 data ranks (one ZeRO stage-1 group of 8) x tp 1;" in text and "dp 1" not in text
+    assert "is planned as" not in text  # a full table name needs no mapping note
+    assert cli_main(["plan", str(configs / "llama-3.2-1b_pretrain.json"), "--device", "A100-80GB"]) == 0
+    assert "too small for the FLOPs model" not in capsys.readouterr().out
+
+
+def test_a_mistyped_local_model_directory_names_the_nearest_one(tmp_path, monkeypatch):
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    (tmp_path / "demo" / "output").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        resolve_model_dir("demo/outptu", key="--model")
+    assert e.value.lines == ["--model: the directory demo/outptu does not exist; did you mean demo/output?"]
+    with pytest.raises(UserError, match="huggingface-cli download Qwen/Qwen2.5-7B"):  # a hub name keeps its hint
+        resolve_model_dir("Qwen/Qwen2.5-7B", key="--model")

@@ -163,3 +163,35 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
     line = train.out_of_memory_line(ns, spec, 7)
     assert line == (f"out of memory at step 7; `pretrain-cli plan {QWEN} --device <your GPU> --gpus 1 --fit` finds a "
                     "layout that fits (checkpoints are untouched)")
+
+
+def test_bf16_on_a_v100_keeps_the_warning_and_fits_in_fp16(tmp_path, capsys):
+    out = tmp_path / "fitted.json"
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--bf16", "true", "--fp16", "false", "--device", "V100-16GB",
+                     "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "note: bf16: WARNING: V100-16GB has no bf16 tensor cores" in text  # what plain `plan` says, kept
+    assert "the fitted layout runs fp16" in text and "bf16: true -> false" in text and "fp16: false -> true" in text
+    assert "tokens/s unknown" not in text.split("->")[-1]  # the fitted layout has a speed (fp16 has a V100 peak)
+    fitted = json.loads(out.read_text())
+    assert fitted["bf16"] is False and fitted["fp16"] is True
+
+
+def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
+    f = fit(str(QWEN), AT_4096, device="cpu", gpus=1)
+    assert f["ranked_by"] == "fewest changes" and any("no estimate" in n and "fewest changes" in n for n in f["notes"])
+    assert f["after"] is not None and f["after"]["speed"]["tokens_per_sec"] is None
+    import copy
+
+    base = plan(str(QWEN), AT_4096, device="cpu", suggest_changes=False)
+    current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "recompute": False,
+               "recompute_granularity": "full", "use_flash_attention": False, "sharding": "stage2",
+               "tensor_parallel_degree": 1}
+
+    def faster(change):  # every other layout is (nominally) faster
+        r = copy.deepcopy(base)
+        r["recompute"], r["flops_per_token"]["hardware"] = str(change), base["flops_per_token"]["hardware"] / 2
+        return r
+
+    assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
+    assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}

@@ -110,3 +110,16 @@ def test_checkpoint_curves_are_drawn_off_the_training_thread(tmp_path, monkeypat
         assert e.errno == 28
     writer.close()
     assert drawn == ["loss-curve", "loss-curve"]
+
+
+def test_a_short_run_has_whole_step_ticks_and_its_eval_point_shows_beside_the_test_one():
+    records = [{"kind": "train", "step": s, "loss": 7.0 - 0.1 * s, "learning_rate": 1e-3} for s in range(1, 6)]
+    records += [{"kind": "eval", "step": 5, "eval_loss": 6.5}, {"kind": "test", "step": 5, "test_loss": 6.5}]
+    fig = loss_figure(records, "five")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    evals, test = ax.get_lines()[1], ax.get_lines()[2]
+    assert evals.get_zorder() > test.get_zorder() and test.get_markerfacecolor() == "none"
+    assert test.get_markersize() > evals.get_markersize()  # the eval dot sits inside the hollow test square

@@ -162,3 +162,30 @@ def test_fused_loss_is_the_default_and_off_only_under_tensor_parallelism():
         zero = resolve_run("--sharding", stage, "--use_fused_linear_cross_entropy", "true", world=2)
         assert zero.parallel.engine == "semi_auto" and zero.kernels.fused_loss
         assert not any(n.startswith("use_fused_linear_cross_entropy:") for n in zero.notes)
+
+
+def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from pretrain_cli.config.prepare import resume_schedule
+
+    sched = ["--lr_scheduler_type", "cosine", "--warmup_steps", "10", "--learning_rate", "3e-4",
+             "--min_learning_rate", "3e-5"]
+    old = resolve_run(*sched, "--max_steps", "100")
+    ckpt = tmp_path / "checkpoint-100"
+    ckpt.mkdir()
+    (ckpt / "args.json").write_text(json.dumps({"run": {"schedule": asdict(old.schedule)}}))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 100}))
+    new = resolve_run(*sched, "--max_steps", "150")
+    stretched = resume_schedule(new, ckpt, "stretch")
+    assert stretched.schedule == new.schedule and stretched.schedule.lr_at(101) > 3 * old.schedule.lr_at(100)
+    [note] = [n for n in stretched.notes if n.startswith("schedule:")]
+    assert "trained on cosine, warmup 10, decay to 3e-05 by step 100; stretched to this run's: cosine, warmup 10, " \
+           "decay to 3e-05 by step 150" in note and "lr_schedule_on_resume: keep or restart" in note
+    kept = resume_schedule(new, ckpt, "keep").schedule
+    assert kept == old.schedule and kept.lr_at(120) == pytest.approx(3e-5)
+    restarted = resume_schedule(new, ckpt, "restart").schedule
+    assert restarted.lr_at(101) == pytest.approx(3e-4 / 10) and restarted.lr_at(110) == pytest.approx(3e-4)
+    assert restarted.lr_at(150) == pytest.approx(3e-5) and restarted.describe().endswith("by step 150")
+    assert resume_schedule(old, ckpt, "stretch") is old  # the same schedule: nothing to say

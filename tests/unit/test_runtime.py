@@ -92,3 +92,32 @@ def test_a_users_mkl_cpu_type_is_kept():
     code = "import os; from pretrain_cli import runtime; runtime.setup_env(); print(os.environ['MKL_DEBUG_CPU_TYPE'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "4"
+
+
+def test_threads_under_the_launcher_are_the_cores_share_not_its_inherited_one():
+    from pretrain_cli.runtime import decide_threads
+
+    launched = {"PADDLE_TRAINER_ID": "0", "PADDLE_LOCAL_SIZE": "2", "OMP_NUM_THREADS": "1"}  # what the workers see
+    n, why = decide_threads(launched, cores=8)
+    assert n == 4 and "8 cores / 2 processes" in why and "launcher's OMP_NUM_THREADS=1 replaced" in why
+    assert decide_threads(launched | {"PADDLE_LOCAL_SIZE": "1"}, cores=8)[0] == 8  # launch.sh's one CPU process
+    assert decide_threads(launched | {"PADDLE_LOCAL_SIZE": "16"}, cores=8)[0] == 1  # never 0
+    # a value the launcher did not set is the user's and wins; PRETRAIN_CLI_THREADS always wins (launch.sh
+    # copies the user's OMP_NUM_THREADS there, so even a deliberate 1 survives the launcher)
+    assert decide_threads(launched | {"OMP_NUM_THREADS": "3"}, cores=8) == (3, "OMP_NUM_THREADS=3")
+    assert decide_threads(launched | {"PRETRAIN_CLI_THREADS": "1"}, cores=8) == (1, "PRETRAIN_CLI_THREADS=1")
+    # outside a launcher: the user's OMP_NUM_THREADS (1 included), else every core or the caller's default
+    assert decide_threads({"OMP_NUM_THREADS": "1"}, cores=8)[0] == 1
+    assert decide_threads({}, cores=8)[0] == 8 and decide_threads({}, default=5, cores=8)[0] == 5
+
+
+def test_setup_env_applies_and_logs_the_launched_thread_count():
+    code = ("import os; from pretrain_cli import runtime; runtime.setup_env(); "
+            "print(os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS']); print(runtime.threads_line())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "PRETRAIN_CLI_", "MKL_NUM", "OMP_"))}
+    env.update(PADDLE_TRAINER_ID="0", PADDLE_LOCAL_SIZE="1", OMP_NUM_THREADS="1")  # launch.sh's one CPU process
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cores = len(os.sched_getaffinity(0))
+    values, line = out.stdout.splitlines()
+    assert values == f"{cores} {cores}"
+    assert line.startswith(f"threads: {cores} per process (") and "launcher's OMP_NUM_THREADS=1" in line

@@ -56,6 +56,17 @@ def target_device(name: str) -> Device:
     return Device(dev, float(dev.memory_gib))
 
 
+def device_note(name: str, dev: Device) -> list[str]:
+    """A note when `--device` named a family and the table picked one variant of it (H100 -> H100-SXM)."""
+    if dev.entry is None or name.lower() == dev.entry.name.lower():
+        return []
+    e = dev.entry
+    others = [d.name for d in hardware.DEVICES.values() if d.name.split("-")[0] == e.name.split("-")[0] and d != e]
+    peak = f"{e.bf16_tflops or e.fp16_tflops:g} TFLOPS half precision" if (e.bf16_tflops or e.fp16_tflops) else ""
+    return [f"device: --device {name} is planned as {e.name} ({e.memory_gib:g} GiB{', ' + peak if peak else ''})"
+            + (f"; name {' or '.join(others)} for another variant" if others else "")]
+
+
 def _fmt(v) -> str:
     return "true" if v is True else "false" if v is False else str(v)
 
@@ -91,7 +102,7 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
     dev = target_device(device)
     run, cfg, notes = _resolve(config, overrides, dev, gpus)
     out = report(run, cfg, dev, mfu, baseline_bytes, config, peak_tflops)
-    out["notes"] = notes + out["notes"]
+    out["notes"] = notes + device_note(device, dev) + out["notes"]
     if suggest_changes and not out["fits"]:
         def replan(change: dict, world: int = gpus):
             extra = [tok for k, v in change.items() for tok in (f"--{k}", _fmt(v))]
@@ -124,7 +135,19 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
     overrides = list(overrides or [])
     base = plan(config, overrides, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+    as_written = base  # the file as written: its memory, speed and warnings are the "before"
     args = load_arguments(config, overrides)
+    notes = [n for n in base["notes"] if "WARNING" in n]
+    precision = _precision_for(args, device)
+    if precision:  # the search runs, and the fitted file trains, in the precision the device has
+        overrides = overrides + [tok for k, v in precision.items() for tok in (f"--{k}", _fmt(v))]
+        base = plan(config, overrides, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+        notes.append(f"bf16: {base['device']['name']} has no bf16 tensor cores, so the fitted layout runs fp16 "
+                     f"(bf16: false, fp16: true; loss scaling keeps it stable)")
+    by_speed = base["device"]["peak_tflops"] is not None
+    if not by_speed:
+        notes.append(f"speed: no estimate ({base['device']['peak_source']}; --peak_tflops gives one), so of the "
+                     f"layouts that fit the one with the fewest changes is chosen, not the fastest")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = max(current["tensor_parallel_degree"], 1)
 
@@ -139,16 +162,18 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
 
     dev = base["device"]
     budget = dev["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
-    found = fit_search.search(current, base, replan, budget)
+    found = fit_search.search(current, base, replan, budget, by_speed=by_speed)
     best, small = found["best"], found["smallest"]
     out = {"config": config, "device": dev, "gpus": gpus, "margin": margin, "budget_gib": budget, "mfu": base["mfu"],
            "link_gbps": fit_search.LINK_GBPS, "global_batch": base["tokens_per_step"] // base["max_seq_length"],
            "tried": found["tried"], "valid": found["valid"],
-           "before": {"memory_gib": base["memory_gib"], "speed": fit_search.speed(base)},
-           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None}
+           "before": {"memory_gib": as_written["memory_gib"], "speed": fit_search.speed(as_written)},
+           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
+           "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
-        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]},
-                   change=best["change"], diff=fit_search.diff(current, best["change"]))
+        change = {**precision, **best["change"]}
+        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]}, change=change,
+                   diff=[(k, args.get(k), v) for k, v in precision.items()] + fit_search.diff(current, best["change"]))
     else:
         if small is not None:
             out["smallest"] = {"change": small["change"], "diff": fit_search.diff(current, small["change"]),
@@ -160,6 +185,14 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
 
         out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
     return out
+
+
+def _precision_for(args, device: str) -> dict:
+    """The precision keys a fitted file needs on `device`: fp16 instead of bf16 where there is no bf16."""
+    entry = hardware.lookup(device) if device.lower() != "cpu" else None
+    if args.training.bf16 and not args.training.fp16 and entry is not None and entry.bf16_tflops is None:
+        return {"bf16": False, "fp16": True}
+    return {}
 
 
 def write_fitted(config: str | None, overrides: list[str], change: dict, path: str) -> None:
@@ -184,6 +217,8 @@ def main(ns: argparse.Namespace) -> int:
         f = fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
         if ns.output and f["after"] is not None:
             write_fitted(ns.config, ns.overrides, f["change"], ns.output)
+        if not ns.json:
+            print("\n".join(f"note: {n}" for n in f["notes"]))
         print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
         if ns.output and f["after"] is not None and not ns.json:
             print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")

@@ -132,6 +132,12 @@ class TrainingArguments:
     warmup_steps: int = _f(0, "Warmup steps; wins over warmup_ratio when > 0.")
     warmup_ratio: float = _f(0.0, "Warmup as a fraction of max_steps, used when warmup_steps is 0.")
     decay_steps: Optional[int] = _f(None, "Step at which decay ends (None = max_steps).")
+    lr_schedule_on_resume: str = _f(
+        "stretch", "When a resumed run's schedule differs from its checkpoint's (max_steps raised): stretch (the new "
+        "schedule from the saved step on, as PaddleNLP does), keep (the checkpoint's schedule goes on; past its "
+        "decay_steps the rate stays at min_learning_rate), or restart (warmup and decay anew from the saved step "
+        "over the remaining steps). The choice is printed at start. docs/TRAINING.md.", "extension",
+        choices=("stretch", "keep", "restart"))
     num_cycles: float = _f(0.5, "Only for PaddleNLP's own cosine scheduler, not the pretraining one.", "ignored")
     lr_end: float = _f(1e-7, "Only for PaddleNLP's polynomial scheduler.", "ignored")
     power: float = _f(1.0, "Only for PaddleNLP's polynomial scheduler.", "ignored")

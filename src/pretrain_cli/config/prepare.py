@@ -8,13 +8,14 @@ reported at once.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
-from pretrain_cli.config.run_config import RunConfig, Target
+from pretrain_cli.config.run_config import RunConfig, Schedule, Target
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
 
@@ -145,6 +146,28 @@ def _open_token_files(input_dir: str) -> None:
         open_token_file(prefix)
 
 
+def check_output_dir(output_dir: str) -> Path:
+    """`output_dir` is a directory this process can create and write in (what `train` needs before its first
+    save; `check` asks the same). Probed by creating and removing an empty directory: permission bits do not
+    tell (root passes `access()` on /sys and on read-only mounts, where mkdir still fails)."""
+    import tempfile
+
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir: {out} is a file, not a directory; choose another output_dir")
+    here = out
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise UserError(f"output_dir: {here} (part of {out}) is a file, not a directory; choose another output_dir")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pretrain-cli-probe-", dir=here))
+    except OSError as e:
+        raise UserError(f"output_dir: cannot create {out} ({here}: {e.strerror}); choose a directory you can "
+                        f"write to") from None
+    return out
+
+
 def find_resume(run: RunConfig) -> Path | None:
     """`resume_from_checkpoint`, else the newest complete `checkpoint-N` of a training run (unless overwritten)."""
     out = run.output
@@ -156,6 +179,42 @@ def find_resume(run: RunConfig) -> Path | None:
     if out.overwrite or not run.loop.do_train:
         return None
     return run_dir.latest_checkpoint(out.output_dir)
+
+
+def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
+    """(the schedule the checkpoint was trained on, its step); None where its files do not say."""
+    try:
+        run = json.loads((ckpt / run_dir.ARGS_FILE).read_text(encoding="utf-8")).get("run", {})
+        saved = Schedule(**run["schedule"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        saved = None
+    try:
+        step = json.loads((ckpt / run_dir.STATE_FILE).read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    return saved, step if isinstance(step, int) else None
+
+
+def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
+    """The schedule a resumed run continues on, with a note naming the old and the new one when they differ.
+
+    PaddleNLP rebuilds its scheduler from the new arguments and only restores the step, so raising max_steps
+    silently re-stretches the decay (a cosine run at its minimum rate at step 100 climbs back up when continued
+    to 150). `lr_schedule_on_resume` chooses: stretch (that), keep (the saved schedule goes on), restart."""
+    saved, step = _saved(resume)
+    new = run.schedule
+    if saved is None or step is None or saved == new or step >= run.loop.max_steps:
+        return run
+    if choice == "keep":
+        new = saved
+    elif choice == "restart":
+        new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1))
+    what = {"stretch": "stretched to this run's", "keep": "kept", "restart": "restarted"}[choice]
+    others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
+    note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "
+            f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}); "
+            f"lr_schedule_on_resume: {others} to change that")
+    return replace(run, schedule=new, notes=(*run.notes, note))
 
 
 def launcher_target() -> Target:
@@ -196,6 +255,8 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
         problems.run(_tokenizer, args, built[1] if built else None)
         if open_data and args.data.input_dir is not None:
             problems.run(_open_token_files, args.data.input_dir)
+        if args.training.output_dir:
+            problems.run(check_output_dir, str(args.training.output_dir))
         problems.raise_if_any()
     model_dir, model_cfg = built
     for message in not_yet_supported(run) + trackers.missing(run.output.report_to):
@@ -213,8 +274,17 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
         spec.tokenizer_dir, spec.tokenizer = tok
     if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
-    spec.resume = problems.run(find_resume, run)
+    elif open_data and run.data.input_dir is not None:  # the token files are checked without the tokenizer too
+        problems.run(_open_token_files, run.data.input_dir)
+    if problems.run(check_output_dir, run.output.output_dir) is not None:
+        spec.resume = problems.run(find_resume, run)
+    if spec.resume is not None:  # what `train` refuses before it loads a weight, `check` reports too
+        from pretrain_cli.training.checkpoint import check_compatible
+
+        problems.run(check_compatible, spec.resume, model_cfg, run.data.max_seq_length)
     problems.raise_if_any()
+    if spec.resume is not None and run.loop.do_train:
+        spec.run = run = resume_schedule(run, spec.resume, args.training.lr_schedule_on_resume)
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
     return spec

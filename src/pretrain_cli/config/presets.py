@@ -57,6 +57,15 @@ def _literal_hint(name: str) -> str:
     return ""
 
 
+def _nearest_dir(path: Path) -> str:
+    """"; did you mean <sibling>?" for the existing directory whose name is closest to a mistyped one."""
+    import difflib
+
+    siblings = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+    close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+    return f"; did you mean {path.parent / close[0]}?" if close else f" (in {path.parent}: {', '.join(siblings[:8]) or 'no directories'})"
+
+
 def preset_names() -> list[str]:
     if not PRESET_DIR.is_dir():
         return []
@@ -82,6 +91,8 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
         return preset
     if local.exists():
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
+    if "/" in name and local.parent.is_dir():  # a local path with a typo (a hub name's org is no directory here)
+        raise UserError(f"{key}: the directory {name} does not exist{_nearest_dir(local)}")
     raise UserError(
         f"{key}: {name!r} is neither a local directory nor a preset ({LIST_HINT}){_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "

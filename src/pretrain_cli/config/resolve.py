@@ -123,6 +123,11 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
         if t.warmup_ratio > 0:
             notes.append(f"warmup: {warmup} steps = ceil(warmup_ratio {t.warmup_ratio} x max_steps {max_steps})")
     decay = t.decay_steps if t.decay_steps is not None else max_steps
+    if t.decay_steps is None and t.max_steps > 0 and warmup > max_steps:  # a first short run of a long file
+        notes.append(f"warmup: warmup_steps={warmup} is longer than the run (max_steps {max_steps}); clipped to "
+                     f"{max_steps}, so the learning rate reaches learning_rate at the last step (PaddleNLP keeps "
+                     f"all {warmup} and ends the run at {max_steps / warmup:.0%} of it)")
+        warmup = max_steps
     inputs_valid = t.max_steps > 0 and 0 <= t.warmup_ratio <= 1 and (t.decay_steps is None or t.decay_steps >= 1)
     if inputs_valid and decay < warmup:  # (a bad input is reported once, not again as this consequence)
         problems.add(f"decay_steps: {decay} ends before warmup ({warmup} steps) is over; "

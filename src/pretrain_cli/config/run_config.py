@@ -46,9 +46,11 @@ class Schedule:
     min_lr: float = 1e-5
     warmup_steps: int = 0
     decay_steps: int = 1
+    start_step: int = 0  # a schedule restarted at a resumed step (lr_schedule_on_resume: restart) counts from it
 
     def lr_at(self, t: int) -> float:
         w, s = self.warmup_steps, self.decay_steps
+        t -= self.start_step
         if w > 0 and t <= w:
             return self.max_lr * t / w
         if self.kind in ("constant", "constant_with_warmup"):
@@ -59,6 +61,11 @@ class Schedule:
         if self.kind == "linear":
             return self.min_lr + (1.0 - r) * (self.max_lr - self.min_lr)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * r)) * (self.max_lr - self.min_lr)
+
+    def describe(self) -> str:
+        start = f" from step {self.start_step}" if self.start_step else ""
+        return (f"{self.kind}{start}, warmup {self.warmup_steps}, decay to {self.min_lr:g} by step "
+                f"{self.start_step + self.decay_steps}")
 
 
 @dataclass(frozen=True)

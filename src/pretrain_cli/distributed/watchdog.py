@@ -3,7 +3,7 @@
 When a rank dies, gloo aborts the others from C++ (`terminate called ... Connection reset by peer`)
 with no word on who died. Each rank publishes `host:pid` in the launcher's TCP store; a forked
 watcher process (plain os calls only, no Paddle) names a dead peer in this rank's log as soon as it
-is gone, and kills this rank if it is still alive `grace` seconds later.
+is gone, and stops this rank at once (before gloo's abort adds its C++ traceback).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def start(parallel, grace: float = 15.0) -> None:
     with no word on who died. Each rank publishes `host:pid` in the launcher's TCP store; a forked
     watcher process (no Paddle, inherited descriptors closed so it keeps no socket alive) polls the
     peers on this host every 0.1 s and writes `rank R: rank K (pid P) died` to this rank's
-    stderr (workerlog.N) as soon as one is gone; if this rank is still alive `grace` seconds later
-    (stuck in a collective), the watcher kills it, so the job always ends.
+    stderr (workerlog.N) as soon as one is gone, and kills this rank right then (`_watch`), so the job ends and
+    gloo's abort traceback does not follow the one line.
     """
     if parallel.world_size <= 1:
         return
@@ -87,6 +87,12 @@ def _alive(pid: int) -> bool:
 
 
 def _watch(rank: int, parent: int, peers: dict, grace: float) -> None:
+    """Poll the peers; at a death, name it and stop this rank at once. Left alone, gloo aborts this rank when
+    its next collective fails, printing a C++ `IoException`/`TimeoutException` traceback and Paddle's
+    `FatalError: Process abort signal` block after the one line that matters (twice on the console: the
+    launcher repeats a failed rank's log tail). A job with a dead rank cannot go on; a restart resumes from
+    the newest complete checkpoint-N (atomic.py), and a save this rank was still writing is given up.
+    `grace`: how long the kill is retried."""
     import signal
 
     def report() -> bool:
@@ -97,18 +103,16 @@ def _watch(rank: int, parent: int, peers: dict, grace: float) -> None:
                         f"See that rank's workerlog for its cause; resume from the last checkpoint-N.\n".encode())
         return bool(dead)
 
-    dead_since = None
     while os.getppid() == parent:
-        if dead_since is None:
-            if report():
-                dead_since = time.monotonic()
-        elif time.monotonic() - dead_since > grace:
-            os.write(2, f"[pretrain-cli] rank {rank}: still running {grace:.0f} s after a peer died; killing it\n"
-                     .encode())
-            os.kill(parent, signal.SIGKILL)
+        if report():
+            deadline = time.monotonic() + grace
+            while os.getppid() == parent and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(parent, signal.SIGKILL)
+                time.sleep(0.05)
             return
-        time.sleep(0.1)
-    if dead_since is None:  # this rank went first (gloo aborts it the moment a peer's socket closes)
-        deadline = time.monotonic() + 2.0  # the peer may still be exiting: report as soon as it is gone
-        while not report() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        time.sleep(0.05)
+    # this rank went first (gloo aborted it the moment a peer's socket closed)
+    deadline = time.monotonic() + 2.0  # the peer may still be exiting: report as soon as it is gone
+    while not report() and time.monotonic() < deadline:
+        time.sleep(0.05)

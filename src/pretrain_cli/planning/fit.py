@@ -86,8 +86,10 @@ def _layout(r: dict) -> tuple:
             p["sharding_stage"], p["sharding_degree"])
 
 
-def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS) -> dict:
+def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
+           by_speed: bool = True) -> dict:
     """The fastest candidate whose predicted memory is within `budget_gib`, and the smallest candidate.
+    `by_speed=False` (no speed estimate: the device has no known peak) ranks by fewest changes instead.
 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n}; an entry is
     {"change", "report", "speed"}.
@@ -105,7 +107,8 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
         seen[key] = {"change": change, "report": r, "speed": speed(r, link_gbps)}
     entries = list(seen.values())
     fitting = [e for e in entries if e["report"]["memory_gib"] <= budget_gib]
-    best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9), e["report"]["attention"] != "flash",
+    best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9) if by_speed else 0,
+                                       e["report"]["attention"] != "flash" if by_speed else 0,
                                        len(e["change"]), -e["report"]["micro_batch"], e["report"]["memory_gib"]),
                default=None)
     smallest = min(entries, key=lambda e: (e["report"]["memory_gib"], len(e["change"])), default=None)

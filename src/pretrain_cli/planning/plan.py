@@ -63,6 +63,29 @@ def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float |
     return value, f"pretrain_cli.planning.hardware table {hardware.TABLE_VERSION}: {device.name} dense {kind}"
 
 
+# A GPU training step runs roughly this many eager ops per decoder layer (forward, backward, optimizer),
+# each costing ~10 us of host dispatch and launch however little it computes; and matmuls narrower than
+# SMALL_HIDDEN run far below a GPU's peak (too little work per tile to fill the device).
+KERNELS_PER_LAYER, LAUNCH_SECONDS, SMALL_HIDDEN = 60, 10e-6, 512
+
+
+def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) -> list[str]:
+    """A note when the FLOPs model (time = FLOPs / (peak x MFU)) cannot hold for this model: its matmuls are
+    too narrow to run near peak, or a micro-step's FLOPs take less time than launching its kernels."""
+    compute = flops_per_micro_step / flops_per_second
+    kernels = cfg.num_hidden_layers * KERNELS_PER_LAYER
+    why = []
+    if cfg.hidden_size < SMALL_HIDDEN:
+        why.append(f"its matmuls are {cfg.hidden_size} wide, under {SMALL_HIDDEN}: far too narrow to run near peak")
+    if compute < kernels * LAUNCH_SECONDS:
+        why.append(f"a micro-step's FLOPs take {compute * 1e3:.2g} ms at peak x MFU, less than launching its "
+                   f"~{kernels} kernels (~{kernels * LAUNCH_SECONDS * 1e3:.2g} ms)")
+    if not why:
+        return []
+    return [f"speed: this model is too small for the FLOPs model ({'; '.join(why)}), so the ETA and tokens/s are "
+            f"far too optimistic; time a few steps instead"]
+
+
 def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
            config: str | None = None, peak_tflops: float | None = None) -> dict:
     """The whole plan as a JSON-ready dict (what `plan --json` prints)."""
@@ -78,6 +101,11 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
     if mfu is None:
         mfu = MFU_HALF if run.precision.enabled else MFU_FP32
     eta = None if peak_tflops is None else total_tokens * model_fpt / (par.world_size * peak_tflops * 1e12 * mfu) / 3600
+    notes = list(run.notes)
+    if peak_tflops is not None and device.is_gpu:
+        notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
+                                                                          hardware=True) / par.tp_degree,
+                                peak_tflops * 1e12 * mfu)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
@@ -104,7 +132,7 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
         "checkpoint": {"per_checkpoint_gib": per_ck / GIB, "parts_gib": {k: v / GIB for k, v in ck.items()},
                        "kept": kept, "final_weights_gib": ck["weights"] / GIB,
                        "total_gib": (kept * per_ck + ck["weights"]) / GIB},
-        "mfu": mfu, "eta_hours": eta, "notes": list(run.notes), "suggestions": [],
+        "mfu": mfu, "eta_hours": eta, "notes": notes, "suggestions": [],
     }
 
 
@@ -199,6 +227,16 @@ def _si(n: float) -> str:
     return str(int(n))
 
 
+def _data_ranks(par: dict) -> str:
+    """"8 data ranks (one ZeRO stage-1 group of 8)": the data ranks first, then how they split (PaddleNLP's
+    dp x sharding), so "dp 1" never reads as one data rank."""
+    n, dp, deg, stage = par["data_ranks"], par["dp"], par["sharding_degree"], par["sharding_stage"]
+    if not stage:
+        return f"{n} data rank{'s' if n > 1 else ''}"
+    groups = f"one ZeRO stage-{stage} group of {deg}" if dp == 1 else f"{dp} replicas of a ZeRO stage-{stage} group of {deg}"
+    return f"{n} data ranks ({groups})"
+
+
 def format_report(r: dict) -> str:
     d, p, par, m = r["device"], r["params"], r["parallel"], r["model"]
     peak_text = f"{d['peak_tflops']:g} TFLOPS" if d["peak_tflops"] else "unknown"
@@ -215,7 +253,7 @@ def format_report(r: dict) -> str:
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r["attention_mask_type"] == "document" else ""))
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
-                 f"(dp {par['dp']}, sharding stage {par['sharding_stage']} x{par['sharding_degree']}, tp {par['tp']}); "
+                 f"= {_data_ranks(par)} x tp {par['tp']}; "
                  f"recompute {r['recompute'] or 'off'}; attention {r['attention']}, {r['attention_mask_type']} mask")
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "

@@ -35,6 +35,7 @@ def _series(records: list[dict], kind: str, key: str) -> tuple[list, list]:
 def loss_figure(records: list[dict], run_name: str):
     """The figure: loss (left axis) and learning rate (right axis) against the optimizer step."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(8, 4.8), dpi=100, layout="constrained")
     ax = fig.add_subplot()
@@ -44,11 +45,13 @@ def loss_figure(records: list[dict], run_name: str):
         lines += ax.plot(steps, loss, color="C0", linewidth=1.5, label="training loss")
     steps, loss = _series(records, "eval", "eval_loss")
     if steps:
-        lines += ax.plot(steps, loss, color="C3", marker="o", linestyle=":", label="eval loss")
+        lines += ax.plot(steps, loss, color="C3", marker="o", linestyle=":", label="eval loss", zorder=3)
     steps, loss = _series(records, "test", "test_loss")
-    if steps:
-        lines += ax.plot(steps, loss, color="C1", marker="s", linestyle="none", label="test loss")
+    if steps:  # a hollow, larger square: the eval point at the same step stays visible inside it
+        lines += ax.plot(steps, loss, color="C1", marker="s", markersize=10, markerfacecolor="none",
+                         markeredgewidth=1.5, linestyle="none", label="test loss", zorder=2)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 2.5 on a 5-step run
     ax.set_ylabel("loss (nats/token)")
     ax.grid(True, alpha=0.3)
     steps, lr = _series(records, "train", "learning_rate")

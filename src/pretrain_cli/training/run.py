@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
@@ -13,7 +14,7 @@ from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
-from pretrain_cli.training import checkpoint, metrics
+from pretrain_cli.training import checkpoint, metrics, run_lock
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
@@ -22,7 +23,17 @@ from pretrain_cli.training.trainer import NonFiniteError, Trainer
 
 
 def run(spec) -> int:
-    """Build everything, train, evaluate, predict, save. Returns the process exit code."""
+    """Build everything, train, evaluate, predict, save, holding `output_dir`'s run lock (global rank 0 takes it:
+    a second run in the same directory is refused before it writes anything). Returns the process exit code."""
+    lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
+    try:
+        return _run(spec)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(spec) -> int:
     paddle = runtime.import_paddle()
     r = spec.run
     metrics.setup_logging(r.parallel.rank)
@@ -33,9 +44,16 @@ def run(spec) -> int:
     watchdog.start(r.parallel)
     for line in spec.describe():
         log.info(line)
+    log.info(runtime.threads_line())
     model = build_model(r, spec.model_cfg, spec.model_dir)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
+    done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
+    finished = done is not None and done >= r.loop.max_steps and r.parallel.is_rank0 and exported(spec, done)
+    if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
+        log.info(nothing_to_train(done, r.loop.max_steps))
+        watchdog.stop()
+        return 0
     state = restore_weights(model, spec, resume)
     trainer = assemble(r, model, comm, spec.splits, resume)
     trainer.writer = open_output_dir(spec, state)
@@ -218,6 +236,28 @@ def stop_message(spec, step: int) -> str:
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
                 f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
+
+
+def exported(spec, step: int) -> bool:
+    """Whether output_dir holds the complete final export of step `step`: its trainer_state.json, all_results.json,
+    and the loss curve drawn after them (the export draws it last; a checkpoint draws it before), nothing
+    half-written. A run killed while exporting has to export again."""
+    from pretrain_cli import atomic
+
+    out = Path(spec.run.output.output_dir)
+    try:
+        state = json.loads((out / run_dir.STATE_FILE).read_text(encoding="utf-8"))
+        written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()
+    except (OSError, ValueError):
+        return False
+    return (isinstance(state, dict) and state.get("global_step") == step and (out / "all_results.json").is_file()
+            and curve.st_mtime_ns >= written.st_mtime_ns and not atomic.stale_temporaries(out))
+
+
+def nothing_to_train(step: int, max_steps: int) -> str:
+    if step == max_steps:
+        return f"already at max_steps={max_steps}: nothing to train; raise max_steps to continue"
+    return f"already at step {step}, past max_steps={max_steps}: nothing to train; raise max_steps above {step} to continue"
 
 
 def train_results(trainer) -> dict:

@@ -1,0 +1,62 @@
+"""What a new user runs into after a first training run (issue #42): re-running a finished run, continuing it
+with a longer schedule, a second run in the same directory, and `check` agreeing with `train` about resumes."""
+import json
+import subprocess
+import sys
+
+from pretrain_cli.cli import main as cli_main
+from pretrain_cli.training import run_lock
+
+from e2e_helpers import write_config
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=6, lr_scheduler_type="cosine", do_eval=True,
+                       do_predict=True, eval_steps=6, learning_rate=0.004, min_learning_rate=0.0004)
+    out = tmp_path / "out"
+    assert cli_main(["train", cfg]) == 0
+    rows = _rows(out)
+    capsys.readouterr()
+
+    # the same command again: one line, nothing trained, no duplicate eval/test rows
+    assert cli_main(["train", cfg]) == 0
+    assert "already at max_steps=6: nothing to train; raise max_steps to continue" in capsys.readouterr().out
+    assert _rows(out) == rows and not (out / run_lock.LOCK_FILE).exists()
+
+    # check refuses what train refuses: another model type, another max_seq_length, an output_dir that is a file
+    assert cli_main(["check", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama"]) == 2
+    assert "model_type=qwen2" in capsys.readouterr().err
+    assert cli_main(["check", cfg, "--max_steps", "8", "--max_seq_length", "48"]) == 2
+    assert "max_seq_length=32" in capsys.readouterr().err
+    assert cli_main(["check", cfg, "--output_dir", cfg]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+    # continuing it with a longer schedule says how the schedule changes, before training
+    assert cli_main(["check", cfg, "--max_steps", "8"]) == 0
+    note = [ln for ln in capsys.readouterr().out.splitlines() if "note: schedule:" in ln]
+    assert len(note) == 1 and "checkpoint-6 was trained on cosine, warmup 2, decay to 0.0004 by step 6" in note[0]
+    assert "stretched to this run's: cosine, warmup 2, decay to 0.0004 by step 8" in note[0]
+
+    # a second run while another holds the directory: refused with one line naming it, nothing written
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / run_lock.LOCK_FILE).write_text(json.dumps({"host": __import__("socket").gethostname(),
+                                                          "pid": holder.pid, "started": "now"}))
+        assert cli_main(["train", cfg, "--max_steps", "8"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"in use by another run (pid {holder.pid} on this host" in err[0]
+        assert _rows(out) == rows
+    finally:
+        holder.kill()
+        holder.wait()
+
+    # the holder is gone: its lock is stale; keep the saved schedule, so the extra steps run at min_learning_rate
+    assert cli_main(["train", cfg, "--max_steps", "8", "--lr_schedule_on_resume", "keep"]) == 0
+    assert "; kept: cosine, warmup 2, decay to 0.0004 by step 6" in capsys.readouterr().out
+    lrs = {r["step"]: r["learning_rate"] for r in _rows(out) if r["kind"] == "train"}
+    assert lrs[7] == lrs[8] == 0.0004 and lrs[6] == 0.0004
+    assert not (out / run_lock.LOCK_FILE).exists()

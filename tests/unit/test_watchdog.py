@@ -1,0 +1,33 @@
+"""The dead-peer watcher: one line naming the dead rank, then this rank stops at once (before gloo's abort
+traceback can follow the line)."""
+import subprocess
+import sys
+import time
+
+RANK = r"""
+import os, subprocess, sys, time
+from pretrain_cli.distributed import watchdog
+peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+parent = os.getpid()
+if os.fork() == 0:
+    try:
+        watchdog._watch(0, parent, {1: peer.pid}, grace=5.0)
+    finally:
+        os._exit(0)
+time.sleep(0.3)
+print(peer.pid, flush=True)
+peer.kill()
+peer.wait()
+time.sleep(20)  # a rank stuck in a collective, or about to be aborted by gloo
+print("still running", flush=True)
+"""
+
+
+def test_a_dead_peer_is_named_once_and_this_rank_stops_at_once():
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", RANK], capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - start
+    pid = p.stdout.split()[0]
+    assert p.returncode == -9 and "still running" not in p.stdout
+    assert elapsed < 3, elapsed  # not after a grace period (5 s here)
+    assert p.stderr.count(f"rank 0: rank 1 (pid {pid}) died (killed or crashed)") == 1, p.stderr
