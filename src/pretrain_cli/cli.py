@@ -75,7 +75,7 @@ def _run(argv: list[str]) -> int:
         rest = tail[1:] if config is not None else tail
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
-        if config is None and not overrides:
+        if config is None and not overrides and not getattr(ns, "list_models", False):  # check --list-models needs no file
             parser.print_usage(sys.stderr)
             raise UserError(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
                             f"(configs/demo_cpu.json, for one) or its keys as --key value")

@@ -302,5 +302,5 @@ def test_a_mistyped_local_model_directory_names_the_nearest_one(tmp_path, monkey
     with pytest.raises(UserError) as e:
         resolve_model_dir("demo/outptu", key="--model")
     assert e.value.lines == ["--model: the directory demo/outptu does not exist; did you mean demo/output?"]
-    with pytest.raises(UserError, match="huggingface-cli download Qwen/Qwen2.5-7B"):  # a hub name keeps its hint
-        resolve_model_dir("Qwen/Qwen2.5-7B", key="--model")
+    with pytest.raises(UserError, match="huggingface-cli download Qwen/Qwen2.5-Coder-7B"):  # a hub name that is no preset keeps its hint
+        resolve_model_dir("Qwen/Qwen2.5-Coder-7B", key="--model")
