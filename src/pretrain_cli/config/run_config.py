@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-ATTENTION_PATHS = ("flash", "math")
+from pretrain_cli.ops.kernels import ATTENTION_PATHS, Request  # noqa: F401 (ATTENTION_PATHS re-exported)
 
 
 @dataclass(frozen=True)
@@ -104,26 +104,8 @@ class Precision:
         return 2 if self.enabled else 4
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """What the run asks of the kernels; `ops.kernels.select` maps it to what the device can run.
-
-    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]`
-    scores (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it
-    keeps fp32 probabilities for backward); "math" materialises the scores on every device.
-    `planning.memory` models each of the three.
-    """
-
-    attention: str = "flash"  # one of ATTENTION_PATHS
-    rms_norm: str = "reference"  # "fused" | "reference"
-    rope: str = "reference"
-    swiglu: str = "reference"
-    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
-    to_static: bool = False
-    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
-    # parallel); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, tensor parallel)
-    optimizer: str = "paddle"
-    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
+# what the run asks of the kernels: one class with `ops.kernels.select`, which maps it to what the device runs
+KernelConfig = Request
 
 
 @dataclass(frozen=True)
@@ -200,7 +182,7 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Loop:
-    """The training loop's own settings."""
+    """The training loop's own settings (defaults: an argument file's, on CPU, as every part's here)."""
 
     do_train: bool = True
     do_eval: bool = False
@@ -210,8 +192,8 @@ class Loop:
     grad_accum: int = 1
     eval_batch: int = 8
     eval_iters: int = 10
-    eval_steps: int = 1
-    logging_steps: int = 1
+    eval_steps: int = 500  # eval_steps unset: logging_steps
+    logging_steps: int = 500
     logging_first_step: bool = True
     save_steps: int = 500
     save_total_limit: int | None = None
@@ -221,7 +203,7 @@ class Loop:
     prefetch: int = 0  # batches read ahead by a thread (dataloader_num_workers)
     ignore_data_skip: bool = False
     progress_bar: bool | None = None  # None: on a terminal only
-    memory_metrics: bool = False
+    memory_metrics: bool = True  # on CPU always (`skip_memory_metrics` applies to GPUs)
     peak_tflops: float | None = None
     async_save: bool = False  # checkpoint-N/ written by a background thread (`training.async_save`)
 
