@@ -42,7 +42,7 @@ DOCS = [[7, 1, 12, 4, 1], [3, 22]]
 
 def _kernels(name):
     if name == "cpu":
-        return kernels.select(kernels.Request(), "cpu")
+        return kernels.select(kernels.Request(attention="flash"), "cpu")
     if name == "math":
         return kernels.select(kernels.Request(attention="math"), "cpu")
     paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")

@@ -305,7 +305,7 @@ def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
 def test_cpu_selection_uses_the_fused_kernels_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(kernels.Request(), "cpu")
+        k = kernels.select(kernels.Request(attention="flash"), "cpu")
         fused_requests = kernels.select(kernels.Request(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,

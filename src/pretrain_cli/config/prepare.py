@@ -128,10 +128,10 @@ def _data(run: RunConfig, model_cfg, tokenizer):
     lp, d = run.loop, run.data
     need = tuple(name for name, flag in (("train", lp.do_train), ("valid", lp.do_eval), ("test", lp.do_predict))
                  if flag)
-    return build_datasets(input_dir=d.input_dir, split=d.split_text, max_seq_length=d.max_seq_length, seed=lp.seed,
+    return build_datasets(input_dir=d.input_dir, split=d.split, max_seq_length=d.max_seq_length, seed=lp.seed,
                           sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
                           vocab_size=model_cfg.vocab_size, document_mask=d.document_mask,
-                          reset_position_ids=d.reset_position_ids)
+                          reset_position_ids=d.reset_position_ids, split_text=d.split_text)
 
 
 def _open_token_files(input_dir: str) -> None:
