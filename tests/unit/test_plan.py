@@ -273,3 +273,37 @@ def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(wri
     assert tp[0] == tp[1] == pytest.approx(unfused / 2, rel=1e-3)
     zero3 = plan(write_args(**shape, sharding="stage3"), device="A100-80GB", gpus=2)["memory_breakdown_gib"]
     assert zero3["logits_loss"] == pytest.approx(fused, rel=1e-3)  # the same per-device term as one device
+
+
+def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
+    """`config.resolve` decides whether tensor parallelism splits the vocabulary; the semi-auto layout `train`
+    builds and the memory model `plan` reports both read that one decision (513 = 2 x 256 + 1 stays whole)."""
+    import dataclasses
+
+    from run_helpers import model_config, resolve_run
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.distributed.semi_auto import SemiAuto
+    from pretrain_cli.models.flops import param_counts
+    from pretrain_cli.planning.memory import estimate
+    from pretrain_cli.planning.plan import Device, setup_for
+
+    even = model_config()
+    odd = dataclasses.replace(even, vocab_size=even.vocab_size + 1)
+    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5",
+                               "--device", "cpu", "--tensor_parallel_degree", "2"])
+    held = {}
+    for cfg in (even, odd):
+        run = resolve(args, cfg, Target("cpu", 2))
+        split = cfg is even
+        assert run.parallel.vocab_parallel is split and SemiAuto(run.parallel, "cpu").vocab is split
+        assert any("does not divide vocab_size 513" in n for n in run.notes) is not split
+        setup = setup_for(run, cfg, Device(None, 64.0))
+        assert setup.vocab_parallel is split
+        held[split] = estimate(setup)["weights"] / 4  # fp32 parameters on one rank
+        counts = param_counts(cfg)  # micro-qwen2 ties its head: the embedding is the only vocabulary weight
+        body = (counts["total"] - counts["embedding"]) / 2
+        assert held[split] == pytest.approx(body + counts["embedding"] / (2 if split else 1))
+    assert resolve_run().parallel.vocab_parallel is False  # one process: nothing to split

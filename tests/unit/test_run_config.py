@@ -110,7 +110,7 @@ def test_hardware_flops_count_the_recomputed_forward():
 
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
-    assert (p.dp_degree, p.sharding_degree, p.zero_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
+    assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
     p = resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "2", world=8).parallel
     assert (p.dp_degree, p.sharding_degree) == (4, 2)
     p = resolve_run("--tensor_parallel_degree", "2", world=4, rank=3).parallel

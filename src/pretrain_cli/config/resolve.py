@@ -16,7 +16,7 @@ from dataclasses import replace
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, SpikeGuardConfig, Target)
+                                            RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 
@@ -224,8 +224,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             sharding = 1
         elif sharding == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
-    semi_auto = tp > 1 or stage in (2, 3)  # distributed.semi_auto: the sharding axis is every data rank
-    if semi_auto and 1 < sharding < rest:
+    # distributed.semi_auto: the sharding axis is every data rank
+    if engine_for(world, tp, stage if sharding > 1 else 0) == "semi_auto" and 1 < sharding < rest:
         problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
                      f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
     if t.sequence_parallel and tp > 1:
@@ -240,10 +240,14 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
         offload = False
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0
+    if tp > 1 and not vocab_split:
+        notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
+                     f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
-                          tp_degree=tp, pp_degree=1)
+                          tp_degree=tp, pp_degree=1, vocab_parallel=vocab_split)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:

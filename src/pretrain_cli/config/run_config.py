@@ -115,6 +115,17 @@ class Recompute:
     skip_layers: tuple = ()
 
 
+def engine_for(world_size: int, tp_degree: int, sharding_stage: int) -> str:
+    """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
+    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism); `sharding_stage` 0 when nothing
+    is sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
+    if world_size == 1:
+        return "single"
+    if tp_degree > 1 or sharding_stage in (2, 3):
+        return "semi_auto"
+    return "fleet_zero1" if sharding_stage == 1 else "data_parallel"
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic, REFERENCE §7.3).
@@ -128,10 +139,13 @@ class ParallelConfig:
     local_rank: int = 0
     dp_degree: int = 1
     sharding_degree: int = 1
-    sharding_stage: int = 0  # 0 = off, 1, 2, 3 (only set when sharding_degree > 1)
+    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (always when sharding_degree is 1), 1, 2, 3
     offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1
+    # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
+    # they are whole on every tp rank): `distributed.semi_auto` places them so, `planning.memory` counts them so
+    vocab_parallel: bool = False
 
     @property
     def data_world_size(self) -> int:
@@ -155,25 +169,14 @@ class ParallelConfig:
         return self.world_size > 1
 
     @property
-    def zero_stage(self) -> int:
-        """The ZeRO stage that actually shards something (0 when there is nothing to shard over)."""
-        return self.sharding_stage if self.sharding_degree > 1 else 0
-
-    @property
     def engine(self) -> str:
-        """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it):
-        "single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
-        (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism)."""
-        if not self.distributed:
-            return "single"
-        if self.tp_degree > 1 or self.zero_stage in (2, 3):
-            return "semi_auto"
-        return "fleet_zero1" if self.zero_stage == 1 else "data_parallel"
+        """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
+        return engine_for(self.world_size, self.tp_degree, self.sharding_stage)
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
-        if self.zero_stage:
-            parts.append(f"sharding stage{self.zero_stage} x{self.sharding_degree}"
+        if self.sharding_stage:
+            parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}"
                          f"{' offload' if self.offload else ''}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
