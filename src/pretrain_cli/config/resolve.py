@@ -39,6 +39,11 @@ def parse_sharding(text: str) -> tuple[int, bool]:
     return stage, offload
 
 
+def degree(value: int) -> int:
+    """A parallel degree as the file writes it (-1, 0 and 1 all mean off) -> the ways it splits the run."""
+    return max(value, 1)
+
+
 def _check_ranges(args: Arguments, problems: Problems) -> None:
     t, d, m = args.training, args.data, args.model
     positive = {
@@ -189,8 +194,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
               problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
-    tp, pp = max(t.tensor_parallel_degree, 1), max(t.pipeline_parallel_degree, 1)
-    sep, cp = max(t.sep_parallel_degree, 1), max(t.context_parallel_degree, 1)
+    tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
+    sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
         dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
                                            ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
