@@ -14,7 +14,7 @@ from pathlib import Path
 from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
-from pretrain_cli.config.run_config import RunConfig, Target
+from pretrain_cli.config.run_config import KernelConfig, RunConfig, Target
 from pretrain_cli.errors import Problems, UserError
 
 
@@ -163,6 +163,24 @@ def launcher_target() -> Target:
 
     return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
                   rank=launch.rank(), local_rank=launch.local_rank())
+
+
+def inference_target() -> Target:
+    """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
+    from pretrain_cli import runtime
+
+    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu")
+
+
+def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:
+    """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
+    as `train`), else what an argument file with no kernel keys resolves to here."""
+    if run is not None:
+        return run.kernels, run.device
+    from pretrain_cli.config.resolve import kernels_for
+
+    target = inference_target()
+    return kernels_for(parse_config(None, []), target), target.device
 
 
 def simulated_target(world_size: int) -> Target:

@@ -180,6 +180,13 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
                         fused_loss=t.use_fused_linear_cross_entropy)
 
 
+def kernels_for(args: Arguments, target: Target) -> KernelConfig:
+    """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
+    build the model with (the default arguments' when they have no argument file)."""
+    notes: list = []
+    return _kernels(args, target, _precision(args, target.device, notes, Problems(), target.gpu_name), notes)
+
+
 def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
     """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
     scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
