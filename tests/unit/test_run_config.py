@@ -114,7 +114,7 @@ def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "2", world=8).parallel
     assert (p.dp_degree, p.sharding_degree) == (4, 2)
     p = resolve_run("--tensor_parallel_degree", "2", world=4, rank=3).parallel
-    assert (p.dp_degree, p.tp_degree, p.data_rank, p.tp_rank, p.data_world_size) == (2, 2, 1, 1, 2)
+    assert (p.dp_degree, p.tp_degree, p.data_rank, p.data_world_size) == (2, 2, 1, 2)
     with pytest.raises(UserError, match="sharding_parallel_degree: 3 does not divide"):
         resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "3", world=8)
 

@@ -157,10 +157,6 @@ class ParallelConfig:
         return self.rank // (self.tp_degree * self.pp_degree)
 
     @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp_degree
-
-    @property
     def is_rank0(self) -> bool:
         return self.rank == 0
 

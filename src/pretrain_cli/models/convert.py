@@ -189,16 +189,6 @@ def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
     return layout
 
 
-def load_pretrained(path: str, kernels=None):
-    """(model, cfg) from a directory with config.json + safetensors."""
-    from pretrain_cli.models import build_model
-
-    cfg = ModelConfig.from_file(path)
-    model = build_model(cfg, kernels)
-    load_weights(model, cfg, path)
-    return model, cfg
-
-
 def has_weights(model_dir) -> bool:
     """Whether a directory holds weights at all (a preset or a bare config.json does not)."""
     model_dir = str(model_dir)
