@@ -4,8 +4,8 @@ For each config, the planner predicts the peak of one steady-state training step
 "cpu" mode (fp32, math attention, no GPU framework constant but the measured allocator
 baseline), and a fresh subprocess measures it: build the model with Paddle's own ops
 (`pretrain_cli.models.build_model`, `cpu_fused_ops: false`: what the model describes; the fused CPU
-kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, `causal_lm_loss` (the rows
-with the fused LM head + loss, the default: `model(x, labels=y)` on Paddle's ops, the GPU path); one warm-up
+kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, the loss `model(x, labels=y)`
+computes (from the logits, or in the rows with the fused LM head + loss, the default, on Paddle's ops: the GPU path); one warm-up
 step creates gradients and AdamW moments, then the peak of Paddle's host allocator
 (`paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`) over the second step is
 read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
@@ -57,7 +57,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 from pretrain_cli.ops import kernels
 from pretrain_cli.config.run_config import Recompute
-from pretrain_cli.ops.loss import causal_lm_loss, mean_loss
+from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.models import ModelConfig, build_model
 from pretrain_cli.models.recompute import apply_recompute
 core = paddle.base.core
@@ -84,7 +84,7 @@ if spec["document"]:  # documents of 37 tokens, positions restarting at each
     pos = paddle.arange(spec["s"], dtype="int64").reshape([1, -1]).expand([spec["b"], spec["s"]])
     doc = {"doc_start": pos - pos % 37, "position_ids": pos % 37}
 def step():
-    loss = mean_loss(*model(x, labels=y, **doc)) if spec["fused"] else causal_lm_loss(model(x, **doc), y)
+    loss = mean_loss(*model(x, labels=y, **doc))  # the logits and their loss, or the fused head + loss
     loss.backward()
     opt.step()
     opt.clear_grad()

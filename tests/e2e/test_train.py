@@ -43,8 +43,12 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 4, 8, 12, 16, 20, 24]  # step 1 is visible
     assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
-    again = json.loads(capsys.readouterr().out)
+    evaluated = capsys.readouterr()
+    again = json.loads(evaluated.out)
     assert again["loss"] == pytest.approx(results["eval_loss"], abs=1e-5) and again["split"] == "valid"
+    # the same kernels as the training run of the file (use_flash_attention: the CPU block-causal kernel), printed
+    trained = next(line for line in captured.out.splitlines() if "kernels: " in line).split("kernels: ", 1)[1]
+    assert again["kernels"] == trained and f"kernels: {trained}" in evaluated.err and "attention=cpu " in trained
     assert cli_main(["eval", "--config", cfg, "--split", "test", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -262,7 +266,10 @@ def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys
                   ["--temperature", "1.0", "--seed", "6", "--top_k", "50", "--top_p", "0.9"]):
         assert cli_main(["generate", "--model", out, "--prompt", "The", "--max_new_tokens", "12", "--json",
                          *extra]) == 0
-        runs.append(json.loads(capsys.readouterr().out)["tokens"])
+        printed = capsys.readouterr()
+        runs.append(json.loads(printed.out)["tokens"])
+    # no argument file: the kernels a file without kernel keys resolves to (the math attention path), printed
+    assert "kernels: attention=sdpa_mask " in printed.err and "head+loss=cpu" in printed.err
     assert runs[0] == runs[1] and runs[2] == runs[3]
     assert len(runs[2]) <= 12 and all(0 <= t < 512 for r in runs for t in r)
 

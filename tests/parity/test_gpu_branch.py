@@ -48,6 +48,7 @@ from pretrain_cli.data.samples import document_fields  # noqa: E402
 from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.ops import cpu_ops, kernels, linear_loss  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
+from parity_helpers import load  # noqa: E402
 from test_hf_document_parity import DOCS, SEQ, _hf, _pieces  # noqa: E402
 from test_hf_parity import CASES, _hf_forward_backward, _hf_model, _ids  # noqa: E402
 
@@ -361,14 +362,14 @@ def test_gpu_selection_matches_hf_logits_loss_and_grads(family, gpu_branch, tmp_
     model_type, kw = CASES[CAUSAL[family]]
     hf = _hf_model(model_type, kw)
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
-    ours, _ = convert.load_pretrained(str(tmp_path), selected)
+    ours, _ = load(tmp_path, selected)
     ids = _ids()
     inp = paddle.to_tensor(ids)
     logits = ours(inp[:, :-1]).numpy()
     total, count = ours(inp[:, :-1], labels=inp[:, 1:])
     loss = total / count
     loss.backward()
-    h_logits, h_loss, h_params = _hf_forward_backward(hf, ids)
+    h_logits, h_loss, _, h_params = _hf_forward_backward(hf, ids)
     assert np.abs(logits - h_logits).max() <= 1e-4
     assert abs(float(loss) - h_loss) <= 1e-5
     for name, p in ours.named_parameters():
@@ -386,7 +387,7 @@ def test_gpu_selection_with_packed_documents_matches_hf_per_document(family, gpu
     document, and the fused head's loss HF's per-document losses and gradients."""
     selected, calls = gpu_branch
     hf = _hf(family, tmp_path)
-    ours, _ = convert.load_pretrained(str(tmp_path), selected)
+    ours, _ = load(tmp_path, selected)
     ids = np.random.default_rng(1).integers(3, 251, (2, SEQ + 1)).astype("int64")
     fields = [document_fields(np.cumsum([0] + d[:-1]), SEQ, True) for d in DOCS]
     extra = {k: paddle.to_tensor(np.stack([f[k] for f in fields])) for k in fields[0]}

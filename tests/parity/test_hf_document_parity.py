@@ -4,7 +4,9 @@ A packed sample of several documents, with `doc_start` / `position_ids` from `da
 must give every token the logits HF gives it when its document is the whole input (positions from 0, or
 from the document's offset in the sample with `reset_position_ids: false`), and the loss over within-document
 targets the same gradients as the sum of HF's per-document losses. Every CPU kernel selection is covered:
-the fused CPU kernels, the materialising math path, Paddle's ops only, and `attention_math` (the reference).
+the fused CPU kernels, the materialising math path, Paddle's ops only, and `attention_math` (the reference);
+the loss is the product's fused LM head + loss (the CPU kernel with the first two, the chunked Paddle-op path
+with the others), compared per token.
 """
 import dataclasses
 
@@ -18,10 +20,11 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from parity_helpers import HEADS, load, production_loss  # noqa: E402
+
 from pretrain_cli.data.samples import document_fields  # noqa: E402
-from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
-from pretrain_cli.ops.loss import IGNORE_INDEX, causal_lm_loss  # noqa: E402
+from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
 
 COMMON = dict(vocab_size=251, hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
@@ -42,10 +45,10 @@ DOCS = [[7, 1, 12, 4, 1], [3, 22]]
 
 def _kernels(name):
     if name == "cpu":
-        return kernels.select(kernels.Request(), "cpu")
+        return kernels.select(kernels.Request(attention="flash"), "cpu")
     if name == "math":
-        return kernels.select(kernels.Request(attention="math"), "cpu")
-    paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")
+        return kernels.select(HEADS["cpu"], "cpu")
+    paddle_only = kernels.select(HEADS["chunked"], "cpu")
     if name == "paddle":
         return paddle_only
     return dataclasses.replace(paddle_only, attention_document=kernels.attention_math)  # "reference"
@@ -76,7 +79,8 @@ def _pieces(row):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packed_documents_equal_hf_on_each_document(family, kernel, reset, tmp_path):
     hf = _hf(family, tmp_path)
-    ours, _ = convert.load_pretrained(str(tmp_path), _kernels(kernel))
+    ours, _ = load(tmp_path, _kernels(kernel))
+    assert ours.kernels.linear_cross_entropy_name == ("cpu" if kernel in ("cpu", "math") else "chunked")
     ids = np.random.default_rng(1).integers(3, COMMON["vocab_size"], (2, SEQ + 1)).astype("int64")
     fields = [document_fields(np.cumsum([0] + d[:-1]), SEQ, reset) for d in DOCS]
     extra = {k: paddle.to_tensor(np.stack([f[k] for f in fields])) for k in fields[0]}
@@ -85,10 +89,9 @@ def test_packed_documents_equal_hf_on_each_document(family, kernel, reset, tmp_p
         for a, e, end in _pieces(row):
             if end <= SEQ:  # a document's last token predicts the next document's first: no HF counterpart
                 labels[row, end - 1] = IGNORE_INDEX
-    logits = ours(paddle.to_tensor(ids[:, :-1]), **extra)  # [2, SEQ, vocab]
-    loss = causal_lm_loss(logits, paddle.to_tensor(labels))
-    loss.backward()
-    ours_logits = logits.numpy()
+    with paddle.no_grad():
+        ours_logits = ours(paddle.to_tensor(ids[:, :-1]), **extra).numpy()  # [2, SEQ, vocab]
+    loss, ours_tokens = production_loss(ours, ids[:, :-1], labels, **extra)
 
     hf_sum, count = 0.0, 0
     for row in range(2):
@@ -101,14 +104,12 @@ def test_packed_documents_equal_hf_on_each_document(family, kernel, reset, tmp_p
             n = min(e, end - 1) - a  # within-document targets: tokens a+1 .. min(e, end-1)
             target = torch.from_numpy(ids[row, a + 1:a + 1 + n])
             per_token = torch.nn.functional.cross_entropy(out[0, :n], target, reduction="none")
-            ours_per_token = -paddle.nn.functional.log_softmax(paddle.to_tensor(got[:n]), -1).numpy()[
-                np.arange(n), ids[row, a + 1:a + 1 + n]]
-            np.testing.assert_allclose(ours_per_token, per_token.detach().numpy(), atol=1e-4)
+            np.testing.assert_allclose(ours_tokens[row, a:a + n], per_token.detach().numpy(), atol=2e-5, rtol=0)
             hf_sum, count = hf_sum + per_token.sum(), count + n
     assert count == int((labels != IGNORE_INDEX).sum())
     hf_loss = hf_sum / count
     hf_loss.backward()
-    assert abs(float(loss) - float(hf_loss.detach())) <= 1e-5
+    assert abs(loss - float(hf_loss.detach())) <= 1e-5
     hf_params = dict(hf.named_parameters())
     for name, p in ours.named_parameters():
         g = p.grad.numpy()

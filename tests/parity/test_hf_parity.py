@@ -1,5 +1,8 @@
 """Full-logit, loss and gradient parity with HF transformers (torch, CPU fp32) through convert.py.
 
+The loss is the product's: the fused LM head + loss that training and `eval` run, on both of its paths (the CPU
+kernel, and the chunked Paddle-op path), compared per token; the logits are the head's.
+
 Tiny random configs cover GQA, qkv biases, tied and untied heads, rope_theta != 1e4, an odd
 vocabulary, llama3 RoPE scaling, and Qwen3's per-head q/k RMSNorm with a head_dim that is not
 hidden / heads. Weights are perturbed after HF init so biases and norm weights are not trivially
@@ -15,10 +18,12 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402  (the test extra installs CPU torch; these tests always run)
 import transformers  # noqa: E402
 
+from parity_helpers import HEADS, load, production_loss  # noqa: E402
+
 from pretrain_cli.models import convert  # noqa: E402
-from pretrain_cli.ops.loss import causal_lm_loss  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.ops import kernels  # noqa: E402
 
 COMMON = dict(vocab_size=251, hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=1,
@@ -62,19 +67,21 @@ def _ids(seed=1):
 
 
 def _ours_forward_backward(model, ids):
-    inp = paddle.to_tensor(ids)
-    logits = model(inp[:, :-1])
-    loss = causal_lm_loss(logits, inp[:, 1:])
-    loss.backward()
-    return logits.numpy(), float(loss), {n: p.grad.numpy() for n, p in model.named_parameters()}
+    with paddle.no_grad():
+        logits = model(paddle.to_tensor(ids[:, :-1])).numpy()
+    loss, per_token = production_loss(model, ids[:, :-1], ids[:, 1:])
+    return logits, loss, per_token, {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
 def _hf_forward_backward(model, ids):
     t = torch.from_numpy(ids)
     out = model(input_ids=t[:, :-1])
-    loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), t[:, 1:].reshape(-1))
+    per_token = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), t[:, 1:].reshape(-1),
+                                                  reduction="none")
+    loss = per_token.mean()
     loss.backward()
-    return out.logits.detach().numpy(), float(loss.detach()), dict(model.named_parameters())
+    return (out.logits.detach().numpy(), float(loss.detach()), per_token.detach().numpy().reshape(ids[:, 1:].shape),
+            dict(model.named_parameters()))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -82,14 +89,21 @@ def test_hf_to_ours_logits_loss_grads(case, tmp_path):
     model_type, kw = CASES[case]
     hf = _hf_model(model_type, kw)
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
-    ours, cfg = convert.load_pretrained(str(tmp_path))
-    assert cfg.model_type == model_type and cfg.tie_word_embeddings == kw["tie_word_embeddings"]
-    assert (cfg.rope_scaling is not None) == ("rope_scaling" in kw)
     ids = _ids()
-    o_logits, o_loss, o_grads = _ours_forward_backward(ours, ids)
-    h_logits, h_loss, h_params = _hf_forward_backward(hf, ids)
-    assert np.abs(o_logits - h_logits).max() <= 1e-4
-    assert abs(o_loss - h_loss) <= 1e-5
+    h_logits, h_loss, h_per_token, h_params = _hf_forward_backward(hf, ids)
+    for head, request in HEADS.items():
+        ours, cfg = load(tmp_path, kernels.select(request, "cpu"))
+        assert cfg.model_type == model_type and cfg.tie_word_embeddings == kw["tie_word_embeddings"]
+        assert (cfg.rope_scaling is not None) == ("rope_scaling" in kw)
+        assert ours.kernels.linear_cross_entropy_name == head
+        o_logits, o_loss, o_per_token, o_grads = _ours_forward_backward(ours, ids)
+        assert np.abs(o_logits - h_logits).max() <= 1e-4, head
+        assert abs(o_loss - h_loss) <= 1e-5, head
+        np.testing.assert_allclose(o_per_token, h_per_token, atol=2e-5, rtol=0, err_msg=head)
+        _assert_grads(o_grads, h_params, model_type, kw, head)
+
+
+def _assert_grads(o_grads, h_params, model_type, kw, head):
     for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight",
                  "model.layers.0.self_attn.k_proj.weight", "model.embed_tokens.weight", "model.norm.weight"] + (
             ["model.layers.0.self_attn.v_proj.bias"] if model_type == "qwen2" or kw.get("attention_bias") else []) + (
@@ -100,7 +114,7 @@ def test_hf_to_ours_logits_loss_grads(case, tmp_path):
         g_hf = h_params[name].grad.numpy()
         g = o_grads[name]
         g = g.T if g.ndim == 2 and "embed" not in name else g
-        np.testing.assert_allclose(g, g_hf, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(g, g_hf, atol=1e-4, err_msg=f"{head}: {name}")
 
 
 @pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied-llama3rope", "qwen3-tied", "qwen3-untied-bias"])
@@ -108,7 +122,7 @@ def test_ours_to_hf_from_pretrained(case, tmp_path):
     model_type, kw = CASES[case]
     hf_src = _hf_model(model_type, kw, seed=3)
     hf_src.save_pretrained(str(tmp_path / "src"), safe_serialization=True)
-    ours, cfg = convert.load_pretrained(str(tmp_path / "src"))
+    ours, cfg = load(tmp_path / "src", None)
     # change our weights so the exported copy cannot coincide with the HF source by accident
     with paddle.no_grad():
         for p in ours.parameters():

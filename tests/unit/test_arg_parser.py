@@ -131,7 +131,7 @@ def test_resolution_notes_and_values():
     r = resolve_run("--max_steps", "100", "--warmup_steps", "30", "--warmup_ratio", "0.01", "--sharding", "stage2",
                     "--tensor_parallel_degree", "2", "--fp16", "--do_eval", "--logging_steps", "7", "--device", "gpu")
     assert r.schedule.warmup_steps == 30 and r.schedule.decay_steps == 100 and r.loop.eval_steps == 7
-    assert r.device == "cpu" and r.precision.amp_dtype is None and r.parallel.zero_stage == 0
+    assert r.device == "cpu" and r.precision.amp_dtype is None and r.parallel.sharding_stage == 0
     text = "\n".join(r.notes)
     for fragment in ("warmup_steps=30 wins over warmup_ratio=0.01", "gpu requested but this Paddle has no GPU build",
                      "fp16 is not applicable on cpu", "tensor_parallel_degree=2", "sharding='stage2' has no effect",

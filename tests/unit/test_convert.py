@@ -51,8 +51,9 @@ def test_save_hf_then_load_is_exact(tmp_path, model_type, tied):
     assert convert.load_weights(dst, cfg, str(tmp_path)) == "hf"
     a, b = _params(src), _params(dst)
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    model, cfg2 = convert.load_pretrained(str(tmp_path))
-    assert cfg2 == cfg and np.array_equal(_params(model)["model.norm.weight"], a["model.norm.weight"])
+    cfg2 = ModelConfig.from_file(str(tmp_path))
+    model, source = convert.load_for_inference(tmp_path, cfg2, 0)
+    assert cfg2 == cfg and source == "trained weights" and np.array_equal(_params(model)["model.norm.weight"], a["model.norm.weight"])
 
 
 def test_bf16_save_and_sharding(tmp_path):

@@ -305,7 +305,7 @@ def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
 def test_cpu_selection_uses_the_fused_kernels_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(kernels.Request(), "cpu")
+        k = kernels.select(kernels.Request(attention="flash"), "cpu")
         fused_requests = kernels.select(kernels.Request(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
@@ -316,7 +316,8 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
     assert "attention=cpu" in k.describe()
 
 
-def test_cpu_ops_off_is_the_paddle_only_path():
+def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
+    """`cpu_fused_ops: false` is the one switch (no environment variable): nothing loads the fused CPU kernels."""
     from run_helpers import resolve_run
 
     assert resolve_run("--use_flash_attention").kernels.cpu_ops is True
@@ -326,6 +327,13 @@ def test_cpu_ops_off_is_the_paddle_only_path():
     assert (k.attention, k.rms_norm, k.cross_entropy) == (
         kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
     assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
+    monkeypatch.setattr(cpu_ops, "load", lambda: pytest.fail("cpu_fused_ops false loaded the fused CPU kernels"))
+    h = paddle.randn([6, 8])
+    h.stop_gradient = False
+    w = paddle.randn([8, 11])
+    w.stop_gradient = False
+    k.linear_cross_entropy(h, w, paddle.to_tensor(np.arange(6) % 11), -100, False).backward()  # the chunked path
+    assert k.linear_cross_entropy_name == "chunked" and h.grad is not None and w.grad is not None
 
 
 def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):

@@ -95,7 +95,7 @@ def test_legacy_pair_and_loss_mask(tmp_path):
     ds = open_token_file(prefix)
     assert ds.format == "legacy" and ds.num_documents == 2 and len(ds) == 3
     assert [ds.get(i).tolist() for i in range(3)] == [[7, 8], [9], [10, 11, 12]]
-    assert ds.get_loss_mask(2).tolist() == [1, 0, 1]
+    assert ds.loss_mask.tolist() == [1, 0, 1, 1, 0, 1]
     assert token_prefixes(tmp_path) == [prefix]
     assert strip_prefix(prefix + "_idx.npz") == prefix
 

@@ -10,7 +10,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 
 from pretrain_cli.errors import UserError  # noqa: E402
-from pretrain_cli.ops.loss import causal_lm_loss  # noqa: E402
+from pretrain_cli.ops.loss import causal_lm_loss_sum, mean_loss  # noqa: E402
 from pretrain_cli.models import build_model, check_seq_len  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.models.layers import rope_inv_freq  # noqa: E402
@@ -142,11 +142,11 @@ def test_causal_lm_loss_ignores_minus_100_and_averages_counted_tokens():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((2, 3, 5)).astype("float32")
     labels = np.array([[1, -100, 4], [0, 2, -100]])
-    got = float(causal_lm_loss(paddle.to_tensor(logits), paddle.to_tensor(labels)))
+    got = float(mean_loss(*causal_lm_loss_sum(paddle.to_tensor(logits), paddle.to_tensor(labels))))
     lse = np.log(np.exp(logits).sum(-1))
     picks = [lse[b, t] - logits[b, t, labels[b, t]] for b in range(2) for t in range(3) if labels[b, t] != -100]
     assert abs(got - np.mean(picks)) < 1e-5
-    none = causal_lm_loss(paddle.to_tensor(logits), paddle.full([2, 3], -100, dtype="int64"))
+    none = mean_loss(*causal_lm_loss_sum(paddle.to_tensor(logits), paddle.full([2, 3], -100, dtype="int64")))
     assert float(none) == 0.0
 
 
@@ -155,7 +155,7 @@ def _loss_and_grads(cfg, granularity, ids, **doc):
     m = build_model(cfg)
     apply_recompute(m, Recompute(granularity) if granularity else None)
     m.train()
-    loss = causal_lm_loss(m(ids[:, :-1], **doc), ids[:, 1:])
+    loss = mean_loss(*causal_lm_loss_sum(m(ids[:, :-1], **doc), ids[:, 1:]))
     loss.backward()
     return float(loss), {n: p.grad.numpy() for n, p in m.named_parameters()}
 
@@ -200,7 +200,7 @@ def test_recompute_lowers_peak_memory_and_keeps_names():
         gc.collect()  # a previous model freed by the cycle collector mid-measurement would lower the peak
         core.host_memory_stat_reset_peak_value("Allocated", 0)
         base = core.host_memory_stat_current_value("Allocated", 0)
-        causal_lm_loss(m(ids[:, :-1]), ids[:, 1:]).backward()
+        mean_loss(*causal_lm_loss_sum(m(ids[:, :-1]), ids[:, 1:])).backward()
         peaks[g] = core.host_memory_stat_peak_value("Allocated", 0) - base
         if g == "full":
             assert "model.layers.0.self_attn.q_proj.weight" in m.state_dict()

@@ -63,7 +63,7 @@ def _losses(chosen, compile_forward, documents=False, cfg=CFG):
 
 
 def test_fast_cpu_step_matches_reference_step():
-    fast = kernels.select(None, "cpu")
+    fast = kernels.select(kernels.Request(attention="flash"), "cpu")
     assert fast.attention is kernels.attention_cpu  # the fused kernels are what is being compared
     assert fast.linear_cross_entropy is kernels.linear_cross_entropy_cpu
     paddle_only = kernels.select(kernels.Request(cpu_ops=False, fused_loss=False), "cpu")
@@ -80,7 +80,7 @@ def test_fast_cpu_step_matches_reference_step():
 def test_document_masked_fast_cpu_step_matches_reference_step():
     """Document masking through the fused CPU kernels (cpu_document attention, RoPE with position ids)
     trains like Paddle's ops with `attention_math`'s document mask, eager and compiled."""
-    fast = kernels.select(None, "cpu")
+    fast = kernels.select(kernels.Request(attention="flash"), "cpu")
     paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False, fused_loss=False), "cpu")
     ref = dataclasses.replace(paddle_only, attention_document=kernels.attention_math, pack_mlp=False)
     want = _losses(ref, compile_forward=False, documents=True)

@@ -304,3 +304,37 @@ def test_a_mistyped_local_model_directory_names_the_nearest_one(tmp_path, monkey
     assert e.value.lines == ["--model: the directory demo/outptu does not exist; did you mean demo/output?"]
     with pytest.raises(UserError, match="huggingface-cli download Qwen/Qwen2.5-Coder-7B"):  # a hub name that is no preset keeps its hint
         resolve_model_dir("Qwen/Qwen2.5-Coder-7B", key="--model")
+
+
+def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
+    """`config.resolve` decides whether tensor parallelism splits the vocabulary; the semi-auto layout `train`
+    builds and the memory model `plan` reports both read that one decision (513 = 2 x 256 + 1 stays whole)."""
+    import dataclasses
+
+    from run_helpers import model_config, resolve_run
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.distributed.semi_auto import SemiAuto
+    from pretrain_cli.models.flops import param_counts
+    from pretrain_cli.planning.memory import estimate
+    from pretrain_cli.planning.plan import Device, setup_for
+
+    even = model_config()
+    odd = dataclasses.replace(even, vocab_size=even.vocab_size + 1)
+    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5",
+                               "--device", "cpu", "--tensor_parallel_degree", "2"])
+    held = {}
+    for cfg in (even, odd):
+        run = resolve(args, cfg, Target("cpu", 2))
+        split = cfg is even
+        assert run.parallel.vocab_parallel is split and SemiAuto(run.parallel, "cpu").vocab is split
+        assert any("does not divide vocab_size 513" in n for n in run.notes) is not split
+        setup = setup_for(run, cfg, Device(None, 64.0))
+        assert setup.vocab_parallel is split
+        held[split] = estimate(setup)["weights"] / 4  # fp32 parameters on one rank
+        counts = param_counts(cfg)  # micro-qwen2 ties its head: the embedding is the only vocabulary weight
+        body = (counts["total"] - counts["embedding"]) / 2
+        assert held[split] == pytest.approx(body + counts["embedding"] / (2 if split else 1))
+    assert resolve_run().parallel.vocab_parallel is False  # one process: nothing to split

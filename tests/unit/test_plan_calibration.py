@@ -3,6 +3,7 @@
 One process per config keeps each allocator peak isolated: forked from a process that has already imported
 Paddle (tests/forkserver.py), so each costs its two training steps, not an interpreter start-up.
 """
+import dataclasses
 from pathlib import Path
 
 import forkserver
@@ -59,7 +60,7 @@ def test_fused_loss_saves_the_logits_memory_the_plan_says(rows):
         unfused = bench.measure(model_dir, b, s, rc, fused=False, python=forkserver.run)["peak"]
         cfg = ModelConfig.from_file(str(model_dir))
     setup = Setup(model=cfg, micro_batch=b, seq_len=s, device="cpu", attention="math")
-    predicted = logits_live_bytes(setup) - logits_live_bytes(setup.with_(fused_loss=True))
+    predicted = logits_live_bytes(setup) - logits_live_bytes(dataclasses.replace(setup, fused_loss=True))
     logits = b * s * cfg.vocab_size * 4  # one fp32 [b, s, V] tensor
     saved = unfused - fused
     print(f"saved {saved / 2**20:.0f} MiB, predicted {predicted / 2**20:.0f} MiB, fp32 logits {logits / 2**20:.0f} MiB")

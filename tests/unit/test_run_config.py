@@ -24,6 +24,26 @@ def test_use_flash_attention_decides_the_attention_path(flash, device, precision
         assert any("use_flash_attention" in n for n in run.notes)  # never silently
 
 
+def test_one_source_for_every_default():
+    """An argument file that sets only what it must resolves (on CPU, one process) to every part's own defaults,
+    and the kernel request `ops.kernels` defaults to is the run configuration's (one class)."""
+    from dataclasses import fields, replace
+
+    from pretrain_cli.config import run_config
+    from pretrain_cli.ops import kernels
+
+    run = resolve_run()
+    assert run_config.KernelConfig is kernels.Request and run.kernels == kernels.Request()
+    set_by_the_file = {"data": {"input_dir": "d"}, "loop": {"do_train": True, "max_steps": 5},
+                       "schedule": {"decay_steps": 5}, "output": {"output_dir": "o"}}
+    for f in fields(run):
+        part = getattr(run, f.name)
+        if f.name in ("device", "notes") or part is None:  # "cpu" here; no notes; recompute off
+            continue
+        assert part == replace(type(part)(), **set_by_the_file.get(f.name, {})), f.name
+    assert resolve_run("--recompute").recompute == run_config.Recompute()
+
+
 def test_kernels_run_what_the_run_config_asked_for():
     from pretrain_cli import runtime
 
@@ -90,11 +110,11 @@ def test_hardware_flops_count_the_recomputed_forward():
 
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
-    assert (p.dp_degree, p.sharding_degree, p.zero_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
+    assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
     p = resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "2", world=8).parallel
     assert (p.dp_degree, p.sharding_degree) == (4, 2)
     p = resolve_run("--tensor_parallel_degree", "2", world=4, rank=3).parallel
-    assert (p.dp_degree, p.tp_degree, p.data_rank, p.tp_rank, p.data_world_size) == (2, 2, 1, 1, 2)
+    assert (p.dp_degree, p.tp_degree, p.data_rank, p.data_world_size) == (2, 2, 1, 2)
     with pytest.raises(UserError, match="sharding_parallel_degree: 3 does not divide"):
         resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "3", world=8)
 

@@ -8,7 +8,7 @@ from pretrain_cli.data import build_datasets
 from pretrain_cli.data.blend import BlendedDataset
 from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
 from pretrain_cli.data.loader import BatchIterator, batch_hash, micro_batch
-from pretrain_cli.data.samples import PackedDataset, split_bounds
+from pretrain_cli.data.samples import PackedDataset, parse_split, split_bounds
 from pretrain_cli.errors import UserError
 
 
@@ -28,10 +28,10 @@ class FakeTok:
 
 
 def test_split_bounds_match_paddlenlp():
-    assert split_bounds("949,50,1", 1000) == [0, 949, 999, 1000]
-    assert split_bounds("949/50/1", 10) == [0, 10, 10, 10]  # rounding excess moved to the end
-    assert split_bounds("1", 7) == [0, 7, 7, 7]
-    assert split_bounds("8,1,1", 100) == [0, 80, 90, 100]
+    assert split_bounds(parse_split("949,50,1"), 1000) == [0, 949, 999, 1000]
+    assert split_bounds(parse_split("949/50/1"), 10) == [0, 10, 10, 10]  # rounding excess moved to the end
+    assert split_bounds(parse_split("1"), 7) == [0, 7, 7, 7]
+    assert split_bounds(parse_split("8,1,1"), 100) == [0, 80, 90, 100]
 
 
 def test_packed_samples_concatenate_documents(tmp_path):
@@ -146,6 +146,24 @@ def test_directory_input_and_disk_cache(tmp_path):
     assert s2.valid is not None and s2.test is not None
 
 
+def test_a_run_splits_by_the_fractions_it_resolved(tmp_path, monkeypatch):
+    """`split` is parsed once, by `config.resolve`; the data layer reads `RunConfig.data.split`."""
+    import pretrain_cli.data as data
+    from pretrain_cli.config import prepare
+    from run_helpers import model_config, resolve_run
+
+    prefix, _ = _corpus(tmp_path / "c")
+    run = resolve_run("--input_dir", prefix, "--split", "8/1/1", "--max_seq_length", "8", "--do_eval")
+    assert run.data.split == pytest.approx((0.8, 0.1, 0.1)) and run.data.split_text == "8/1/1"
+    want = build_datasets(prefix, "8/1/1", 8, run.loop.seed, need=("train", "valid"))
+    monkeypatch.setattr(data, "parse_split", lambda text: pytest.fail(f"split {text!r} parsed again"))
+    got = prepare._data(run, model_config(), None)
+    assert [got.valid[i]["input_ids"].tolist() for i in range(3)] == [want.valid[i]["input_ids"].tolist()
+                                                                      for i in range(3)]
+    with pytest.raises(UserError, match=r"split: '1/0/0' leaves the valid split empty"):  # as the user wrote it
+        build_datasets(prefix, (1.0, 0.0, 0.0), 8, 0, need=("train", "valid"), split_text="1/0/0")
+
+
 def test_build_errors(tmp_path):
     prefix, _ = _corpus(tmp_path / "c")
     with pytest.raises(UserError, match=r"split: '1,0,0' leaves the valid split empty.*do_eval"):
@@ -200,7 +218,7 @@ def test_loss_mask_changes_the_loss_to_the_hand_computed_one(tmp_path):
     from pretrain_cli import runtime
 
     paddle = runtime.import_paddle()
-    from pretrain_cli.ops.loss import causal_lm_loss
+    from pretrain_cli.ops.loss import causal_lm_loss_sum, mean_loss
 
     prefix, docs = _corpus(tmp_path / "h", n_docs=20)
     total = sum(map(len, docs))
@@ -209,7 +227,7 @@ def test_loss_mask_changes_the_loss_to_the_hand_computed_one(tmp_path):
     mask.tofile(prefix + ".lsm")
     sample = PackedDataset(open_token_file(prefix), 0, len(docs), 12, 3, "train")[4]
     logits = np.random.default_rng(1).standard_normal((1, 12, 500)).astype("float32")
-    got = float(causal_lm_loss(paddle.to_tensor(logits), paddle.to_tensor(sample["labels"][None])))
+    got = float(mean_loss(*causal_lm_loss_sum(paddle.to_tensor(logits), paddle.to_tensor(sample["labels"][None]))))
     lse = np.log(np.exp(logits[0].astype("float64")).sum(-1))
     kept = [t for t in range(12) if sample["labels"][t] != -100]
     assert 0 < len(kept) < 12

@@ -27,7 +27,7 @@ def test_train_tokenizer_subcommand(tmp_path, capsys):
     assert not list(tmp_path.glob(".tok.tmp*"))
     tok = tk.load_tokenizer(out)
     assert tok.vocab_size == 320
-    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     text = json.loads(corpus.read_text().splitlines()[0])["text"]
     assert tok.decode(tok.encode(text)) == text
     assert tok.encode_batch([text, "ü ok"]) == [tok.encode(text), tok.encode("ü ok")]  # byte-level: no UNK

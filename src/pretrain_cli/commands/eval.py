@@ -47,8 +47,10 @@ def _model_config(name: str):
 
 
 def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
-    """Print one JSON object (`--json`) or one line that says in words what was measured."""
+    """Print one JSON object (`--json`) or one line that says in words what was measured (the kernels that
+    measured it on stderr, as `train` logs them)."""
     result["seconds"] = round(time.perf_counter() - t0, 3)
+    print(f"kernels: {result['kernels']}", file=sys.stderr)
     if ns.json:
         print(json.dumps(result))
     else:
@@ -77,8 +79,7 @@ def _loss_sum(model, batches, total: int):
 def _main_config(ns: argparse.Namespace) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli import run_dir
-    from pretrain_cli.config.prepare import prepare
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.config.prepare import inference_kernels, inference_target, prepare
     from pretrain_cli.models.convert import has_weights, load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
@@ -86,7 +87,7 @@ def _main_config(ns: argparse.Namespace) -> int:
     overrides = [tok for key in ("attention_mask_type", "reset_position_ids") if getattr(ns, key) is not None
                  for tok in (f"--{key}", getattr(ns, key))]
     spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true",
-                               *overrides], Target())
+                               *overrides], inference_target())
     lp = spec.run.loop
     model_name = ns.model
     if model_name is None:
@@ -98,7 +99,7 @@ def _main_config(ns: argparse.Namespace) -> int:
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
-    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     t0 = time.perf_counter()
     batches, bs = ns.max_batches or lp.eval_iters, lp.eval_batch
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
@@ -106,7 +107,7 @@ def _main_config(ns: argparse.Namespace) -> int:
     mask = spec.run.data.attention_mask_type
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
               "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source,
-              "attention_mask_type": mask}
+              "attention_mask_type": mask, "kernels": model.kernels.describe()}
     masked = ", document-masked" if mask == "document" else ""
     return _report(ns, result, t0, f"{samples} samples of {spec.run.data.max_seq_length} tokens from the {ns.split} "
                    f"split of {ns.config} ({batches} batches of {bs}{masked})")
@@ -138,9 +139,10 @@ def main(ns: argparse.Namespace) -> int:
     if top >= cfg.vocab_size:
         raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
                         f"the data was tokenized for another model")
+    from pretrain_cli.config.prepare import inference_kernels
     from pretrain_cli.models.convert import load_for_inference
 
-    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels())
     t0 = time.perf_counter()
     n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
     mask = ns.attention_mask_type or "causal"
@@ -153,6 +155,6 @@ def main(ns: argparse.Namespace) -> int:
     loss = total / count
     result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "windows": n_windows,
               "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "model_weights": source,
-              "attention_mask_type": mask}
+              "attention_mask_type": mask, "kernels": model.kernels.describe()}
     masked = ", document-masked" if documents is not None else ""
     return _report(ns, result, t0, f"{n_windows:,} windows of {ns.max_seq_length} tokens from {ns.data}{masked}")

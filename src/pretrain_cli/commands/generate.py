@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pretrain_cli.errors import UserError
 
@@ -33,6 +34,7 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--max_new_tokens: must be >= 1, got {ns.max_new_tokens}")
     if ns.temperature < 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0:
         raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
+    from pretrain_cli.config.prepare import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
     from pretrain_cli.data.tokenizer import load_tokenizer
     from pretrain_cli.models.config import ModelConfig
@@ -49,7 +51,8 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.generation import generate
 
     cfg = ModelConfig.from_file(str(model_dir))
-    model, source = load_for_inference(model_dir, cfg, ns.seed)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels())
+    print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
     out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
@@ -60,7 +63,7 @@ def main(ns: argparse.Namespace) -> int:
     text = tok.decode(new)
     if ns.json:
         print(json.dumps({"prompt": ns.prompt, "completion": text, "tokens": new, "model": str(model_dir),
-                          "model_weights": source}))
+                          "model_weights": source, "kernels": model.kernels.describe()}))
     else:
         print(ns.prompt + text)
     return 0

@@ -130,6 +130,7 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
     """
     from pretrain_cli.config.prepare import load_arguments
+    from pretrain_cli.config.resolve import degree
 
     if not 0 <= margin < 1:
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
@@ -149,7 +150,7 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
         notes.append(f"speed: no estimate ({base['device']['peak_source']}; --peak_tflops gives one), so of the "
                      f"layouts that fit the one with the fewest changes is chosen, not the fastest")
     current = {k: args.get(k) for k in SEARCHED}
-    current["tensor_parallel_degree"] = max(current["tensor_parallel_degree"], 1)
+    current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
 
     def replan(change: dict, world: int = gpus):
         """The candidate's plan, or None when `train` would refuse it (resolve, or a layout it cannot run yet)."""

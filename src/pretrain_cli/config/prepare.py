@@ -15,7 +15,7 @@ from pathlib import Path
 from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
-from pretrain_cli.config.run_config import RunConfig, Schedule, Target
+from pretrain_cli.config.run_config import KernelConfig, RunConfig, Schedule, Target
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
 
@@ -131,10 +131,10 @@ def _data(run: RunConfig, model_cfg, tokenizer):
     lp, d = run.loop, run.data
     need = tuple(name for name, flag in (("train", lp.do_train), ("valid", lp.do_eval), ("test", lp.do_predict))
                  if flag)
-    return build_datasets(input_dir=d.input_dir, split=d.split_text, max_seq_length=d.max_seq_length, seed=lp.seed,
+    return build_datasets(input_dir=d.input_dir, split=d.split, max_seq_length=d.max_seq_length, seed=lp.seed,
                           sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
                           vocab_size=model_cfg.vocab_size, document_mask=d.document_mask,
-                          reset_position_ids=d.reset_position_ids)
+                          reset_position_ids=d.reset_position_ids, split_text=d.split_text)
 
 
 def _open_token_files(input_dir: str) -> None:
@@ -224,6 +224,24 @@ def launcher_target() -> Target:
 
     return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
                   rank=launch.rank(), local_rank=launch.local_rank())
+
+
+def inference_target() -> Target:
+    """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
+    from pretrain_cli import runtime
+
+    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu")
+
+
+def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:
+    """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
+    as `train`), else what an argument file with no kernel keys resolves to here."""
+    if run is not None:
+        return run.kernels, run.device
+    from pretrain_cli.config.resolve import kernels_for
+
+    target = inference_target()
+    return kernels_for(parse_config(None, []), target), target.device
 
 
 def simulated_target(world_size: int) -> Target:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, SpikeGuardConfig, Target)
+                                            RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
@@ -38,6 +38,11 @@ def parse_sharding(text: str) -> tuple[int, bool]:
     if offload and stage not in (2, 3):
         raise UserError(f"sharding: 'offload' needs stage2 or stage3, got {text!r}")
     return stage, offload
+
+
+def degree(value: int) -> int:
+    """A parallel degree as the file writes it (-1, 0 and 1 all mean off) -> the ways it splits the run."""
+    return max(value, 1)
 
 
 def _check_ranges(args: Arguments, problems: Problems) -> None:
@@ -181,6 +186,13 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
                         fused_loss=t.use_fused_linear_cross_entropy)
 
 
+def kernels_for(args: Arguments, target: Target) -> KernelConfig:
+    """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
+    build the model with (the default arguments' when they have no argument file)."""
+    notes: list = []
+    return _kernels(args, target, _precision(args, target.device, notes, Problems(), target.gpu_name), notes)
+
+
 def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
     """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
     scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
@@ -195,8 +207,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
               problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
-    tp, pp = max(t.tensor_parallel_degree, 1), max(t.pipeline_parallel_degree, 1)
-    sep, cp = max(t.sep_parallel_degree, 1), max(t.context_parallel_degree, 1)
+    tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
+    sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
         dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
                                            ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
@@ -230,8 +242,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             sharding = 1
         elif sharding == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
-    semi_auto = tp > 1 or stage in (2, 3)  # distributed.semi_auto: the sharding axis is every data rank
-    if semi_auto and 1 < sharding < rest:
+    # distributed.semi_auto: the sharding axis is every data rank
+    if engine_for(world, tp, stage if sharding > 1 else 0) == "semi_auto" and 1 < sharding < rest:
         problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
                      f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
     if t.sequence_parallel and tp > 1:
@@ -246,10 +258,14 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
         offload = False
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0
+    if tp > 1 and not vocab_split:
+        notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
+                     f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
-                          tp_degree=tp, pp_degree=1)
+                          tp_degree=tp, pp_degree=1, vocab_parallel=vocab_split)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:

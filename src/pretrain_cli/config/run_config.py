@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-ATTENTION_PATHS = ("flash", "math")
+from pretrain_cli.ops.kernels import ATTENTION_PATHS, Request  # noqa: F401 (ATTENTION_PATHS re-exported)
 
 
 @dataclass(frozen=True)
@@ -111,26 +111,8 @@ class Precision:
         return 2 if self.enabled else 4
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """What the run asks of the kernels; `ops.kernels.select` maps it to what the device can run.
-
-    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]`
-    scores (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it
-    keeps fp32 probabilities for backward); "math" materialises the scores on every device.
-    `planning.memory` models each of the three.
-    """
-
-    attention: str = "flash"  # one of ATTENTION_PATHS
-    rms_norm: str = "reference"  # "fused" | "reference"
-    rope: str = "reference"
-    swiglu: str = "reference"
-    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
-    to_static: bool = False
-    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
-    # parallel); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, tensor parallel)
-    optimizer: str = "paddle"
-    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
+# what the run asks of the kernels: one class with `ops.kernels.select`, which maps it to what the device runs
+KernelConfig = Request
 
 
 @dataclass(frozen=True)
@@ -138,6 +120,17 @@ class Recompute:
     granularity: str = "full"  # one of models.recompute.GRANULARITIES
     use_reentrant: bool = False
     skip_layers: tuple = ()
+
+
+def engine_for(world_size: int, tp_degree: int, sharding_stage: int) -> str:
+    """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
+    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism); `sharding_stage` 0 when nothing
+    is sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
+    if world_size == 1:
+        return "single"
+    if tp_degree > 1 or sharding_stage in (2, 3):
+        return "semi_auto"
+    return "fleet_zero1" if sharding_stage == 1 else "data_parallel"
 
 
 @dataclass(frozen=True)
@@ -153,10 +146,13 @@ class ParallelConfig:
     local_rank: int = 0
     dp_degree: int = 1
     sharding_degree: int = 1
-    sharding_stage: int = 0  # 0 = off, 1, 2, 3 (only set when sharding_degree > 1)
+    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (always when sharding_degree is 1), 1, 2, 3
     offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1
+    # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
+    # they are whole on every tp rank): `distributed.semi_auto` places them so, `planning.memory` counts them so
+    vocab_parallel: bool = False
 
     @property
     def data_world_size(self) -> int:
@@ -168,10 +164,6 @@ class ParallelConfig:
         return self.rank // (self.tp_degree * self.pp_degree)
 
     @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp_degree
-
-    @property
     def is_rank0(self) -> bool:
         return self.rank == 0
 
@@ -180,25 +172,14 @@ class ParallelConfig:
         return self.world_size > 1
 
     @property
-    def zero_stage(self) -> int:
-        """The ZeRO stage that actually shards something (0 when there is nothing to shard over)."""
-        return self.sharding_stage if self.sharding_degree > 1 else 0
-
-    @property
     def engine(self) -> str:
-        """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it):
-        "single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
-        (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism)."""
-        if not self.distributed:
-            return "single"
-        if self.tp_degree > 1 or self.zero_stage in (2, 3):
-            return "semi_auto"
-        return "fleet_zero1" if self.zero_stage == 1 else "data_parallel"
+        """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
+        return engine_for(self.world_size, self.tp_degree, self.sharding_stage)
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
-        if self.zero_stage:
-            parts.append(f"sharding stage{self.zero_stage} x{self.sharding_degree}"
+        if self.sharding_stage:
+            parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}"
                          f"{' offload' if self.offload else ''}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
@@ -207,7 +188,7 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Loop:
-    """The training loop's own settings."""
+    """The training loop's own settings (defaults: an argument file's, on CPU, as every part's here)."""
 
     do_train: bool = True
     do_eval: bool = False
@@ -217,8 +198,8 @@ class Loop:
     grad_accum: int = 1
     eval_batch: int = 8
     eval_iters: int = 10
-    eval_steps: int = 1
-    logging_steps: int = 1
+    eval_steps: int = 500  # eval_steps unset: logging_steps
+    logging_steps: int = 500
     logging_first_step: bool = True
     save_steps: int = 500
     save_total_limit: int | None = None
@@ -228,7 +209,7 @@ class Loop:
     prefetch: int = 0  # batches read ahead by a thread (dataloader_num_workers)
     ignore_data_skip: bool = False
     progress_bar: bool | None = None  # None: on a terminal only
-    memory_metrics: bool = False
+    memory_metrics: bool = True  # on CPU always (`skip_memory_metrics` applies to GPUs)
     peak_tflops: float | None = None
     async_save: bool = False  # checkpoint-N/ written by a background thread (`training.async_save`)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
 from pretrain_cli.data.indexed import IndexedDataset, open_token_file
-from pretrain_cli.data.samples import SPLIT_NAMES, special_ids, split_datasets
+from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
 from pretrain_cli.errors import UserError
 
 __all__ = ["DataSplits", "build_datasets", "open_token_file", "IndexedDataset", "BlendedDataset"]
@@ -60,17 +60,22 @@ def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
                         "re-run preprocess with the model's tokenizer or use a model with a larger vocabulary")
 
 
-def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample_mode: str = "packed",
+def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode: str = "packed",
                    tokenizer=None, data_cache: str | None = None, need=("train", "valid", "test"),
                    vocab_size: int | None = None, document_mask: bool = False,
-                   reset_position_ids: bool = True) -> DataSplits:
+                   reset_position_ids: bool = True, split_text: str = "") -> DataSplits:
     """Open every source, check ids against vocab_size, split, sample and blend.
+
+    `split`: the train/valid/test fractions a run resolved (`RunConfig.data.split`, with `split_text` as
+    written), or the text of a command line's `--split` (`inspect-data`), parsed here once.
 
     `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed only for
     sample_mode 'padded'. `need` names the splits the run uses; an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
+    if isinstance(split, str):
+        split, split_text = parse_split(split), split
     need = tuple(need)
     unknown = [n for n in need if n not in SPLIT_NAMES]
     if unknown:
@@ -88,7 +93,7 @@ def build_datasets(input_dir, split: str, max_seq_length: int, seed: int, sample
         if vocab_size is not None:
             _check_vocab(src, vocab_size)
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
-                                document_mask, reset_position_ids)
+                                document_mask, reset_position_ids, split_text)
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     out = DataSplits(sources=sources)
     for name in SPLIT_NAMES:

@@ -86,14 +86,6 @@ class IndexedDataset:
         start = self.element_offset(i) + offset
         return self.data[start : start + length]
 
-    def get_loss_mask(self, i: int, offset: int = 0, length: int | None = None):
-        if self.loss_mask is None:
-            return None
-        size = int(self.sizes[i])
-        length = size - offset if length is None else length
-        start = self.element_offset(i) + offset
-        return self.loss_mask[start : start + length]
-
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Flat slice of the whole token stream (sequences are stored back to back)."""
         return self.data[start:stop]

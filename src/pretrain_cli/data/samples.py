@@ -44,10 +44,10 @@ def parse_split(split: str) -> list[float]:
     return [v / sum(vals) for v in vals]
 
 
-def split_bounds(split: str, size: int) -> list[int]:
+def split_bounds(fractions, size: int) -> list[int]:
     """PaddleNLP's boundaries: b[i+1] = b[i] + round(f_i*size), excess taken off every later boundary."""
     b = [0]
-    for f in parse_split(split):
+    for f in fractions:
         b.append(b[-1] + int(round(f * float(size))))
     diff = b[-1] - size
     return [b[0]] + [min(max(x - diff, 0), size) for x in b[1:]]
@@ -264,15 +264,16 @@ def special_ids(tokenizer, tokenizer_name: str) -> dict:
     return ids
 
 
-def split_datasets(source: IndexedDataset, split: str, seq_len: int, seed: int, mode: str = "packed",
+def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, mode: str = "packed",
                    need=SPLIT_NAMES, special: dict | None = None, cache_dir: str | None = None,
-                   document_mask: bool = False, reset_position_ids: bool = True) -> dict:
+                   document_mask: bool = False, reset_position_ids: bool = True, split_text: str = "") -> dict:
     """name -> dataset (None when the split is empty and not needed); `document_mask` applies to packed
-    samples only (a padded sample holds one document)."""
+    samples only (a padded sample holds one document). `fractions`: `parse_split`'s (`RunConfig.data.split`),
+    `split_text` as the user wrote it (for messages)."""
     if mode not in ("packed", "padded"):
         raise UserError(f"sample_mode: unknown {mode!r}; use 'packed' or 'padded'")
-    b = split_bounds(split, len(source))
-    fractions = parse_split(split)
+    b = split_bounds(fractions, len(source))
+    split = split_text or ",".join(f"{f:g}" for f in fractions)
     out = {}
     for k, name in enumerate(SPLIT_NAMES):
         lo, hi = b[k], b[k + 1]

@@ -71,10 +71,6 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self._id("pad")
 
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._id("unk")
-
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

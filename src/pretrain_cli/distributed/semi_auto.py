@@ -23,20 +23,16 @@ COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 
 
-def vocab_parallel(parallel, model_cfg) -> bool:
-    """Split the embedding and LM head over the vocabulary (else they are replicated on the TP ranks)."""
-    return parallel.tp_degree > 1 and model_cfg.vocab_size % parallel.tp_degree == 0
-
-
 class SemiAuto(Strategy):
     global_batch = True
 
     def __init__(self, parallel, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         self.hook = device == "cpu"
-        stage = f"ZeRO-{parallel.zero_stage}" if parallel.zero_stage else "no sharding"
+        stage = f"ZeRO-{parallel.sharding_stage}" if parallel.sharding_stage else "no sharding"
         self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"
         self.mesh = None
+        self.vocab = parallel.vocab_parallel  # config.resolve: the embedding and LM head split over the vocabulary
 
     # ------------------------------------------------------------------ building
     def place(self, model):
@@ -45,13 +41,12 @@ class SemiAuto(Strategy):
         p = self.parallel
         ranks = np.arange(p.world_size).reshape(p.data_world_size, p.tp_degree)  # [dp, mp]
         self.mesh = dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
-        self.vocab = vocab_parallel(p, model.config)
         use_local_kernels(model, self.hook)
         dist.shard_layer(model, self.mesh, self._shard_fn)
         if self.hook:
             for param in model.parameters():
                 param.register_hook(to_replicated)  # before shard_optimizer registers its own
-        if p.zero_stage == 3:
+        if p.sharding_stage == 3:
             self._gather_embedding_on_use(model)
         return model
 
@@ -106,7 +101,7 @@ class SemiAuto(Strategy):
     def wrap(self, model, optimizer):
         import paddle.distributed as dist
 
-        stage = self.parallel.zero_stage
+        stage = self.parallel.sharding_stage
         if stage:
             sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[stage]
             optimizer = dist.shard_optimizer(optimizer, sharding("dp", self.mesh))

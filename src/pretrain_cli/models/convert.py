@@ -201,35 +201,27 @@ def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
     return layout
 
 
-def load_pretrained(path: str, kernels=None):
-    """(model, cfg) from a directory with config.json + safetensors."""
-    from pretrain_cli.models import build_model
-
-    cfg = ModelConfig.from_file(path)
-    model = build_model(cfg, kernels)
-    load_weights(model, cfg, path)
-    return model, cfg
-
-
 def has_weights(model_dir) -> bool:
     """Whether a directory holds weights at all (a preset or a bare config.json does not)."""
     model_dir = str(model_dir)
     return os.path.isfile(os.path.join(model_dir, INDEX_FILE)) or bool(glob.glob(os.path.join(model_dir, "*.safetensors")))
 
 
-def load_for_inference(model_dir, cfg: ModelConfig, seed: int):
+def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when
-    it has none (a preset). A directory with weights that cannot be read is an error, never a random init."""
+    it has none (a preset). A directory with weights that cannot be read is an error, never a random init.
+    `request` on `device`: the kernels (`config.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
 
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model
+    from pretrain_cli.ops.kernels import select
 
     weights = has_weights(model_dir)
     if weights:
         find_weights(model_dir)  # a damaged index fails here, before the model is built
     paddle.seed(seed)
-    model = build_model(cfg)
+    model = build_model(cfg, select(request, device or paddle.device.get_device()))
     if weights:
         load_weights(model, cfg, str(model_dir))
     return model, ("trained weights" if weights else f"random init (seed {seed})")

@@ -6,8 +6,8 @@ for MKL so GEMMs and these kernels share one thread pool (two runtimes would spi
 other on a 2-core machine). The library is built once per (source, flags, Paddle, compiler, CPU) into
 the user cache, atomically and under a file lock so data-parallel ranks starting together build
 it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` returns None and
-`kernels.select` keeps the reference path, with one warning that says why.
-`PRETRAIN_CLI_CPU_OPS=off` skips them.
+`kernels.select` keeps the reference path, with one warning that says why. `cpu_fused_ops: false` (the one
+switch) never loads them.
 """
 from __future__ import annotations
 
@@ -201,9 +201,6 @@ def load():
     """The fused CPU ops, or None (reason in `load_error()`); built on first use, then cached."""
     if "ops" in _STATE or "error" in _STATE:
         return _STATE.get("ops")
-    if os.environ.get("PRETRAIN_CLI_CPU_OPS", "").lower() in ("off", "0", "false", "no"):
-        _STATE["error"] = "PRETRAIN_CLI_CPU_OPS=off"
-        return None
     if not sys.platform.startswith("linux"):
         _STATE["error"] = f"fused CPU ops are built on Linux only (this is {sys.platform})"
         return None

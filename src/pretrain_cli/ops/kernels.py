@@ -213,21 +213,35 @@ def _gpu_available(device: str) -> bool:
     return paddle.is_compiled_with_cuda()
 
 
+ATTENTION_PATHS = ("flash", "math")
+
+
 @dataclass(frozen=True)
 class Request:
-    """What a run asks for (the fields of `config.run_config.KernelConfig`); the default is the fast path."""
+    """What a run asks of the kernels: `config.run_config.KernelConfig` is this class, `config.resolve` fills it.
 
-    attention: str = "flash"  # "flash": never materialise the scores; "math": materialise them
-    rms_norm: str = "reference"
+    The defaults are what an argument file that sets none of the kernel keys resolves to on CPU (the PaddleNLP
+    defaults: `use_flash_attention` false; `tests/unit/test_run_config.py` checks that they agree).
+    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]` scores
+    (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it keeps fp32
+    probabilities for backward); "math" materialises the scores on every device. `planning.memory` models
+    each of the three.
+    """
+
+    attention: str = "math"  # one of ATTENTION_PATHS
+    rms_norm: str = "reference"  # "fused" | "reference"
     rope: str = "reference"
     swiglu: str = "reference"
-    cpu_ops: bool = True
-    optimizer: str = "fused"  # see `select_step`
-    fused_loss: bool = True  # the LM head + cross-entropy in chunks, never the [tokens, vocab] logits
+    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
+    to_static: bool = False
+    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
+    # parallel; see `select_step`); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, TP)
+    optimizer: str = "fused"
+    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
 
 
 def select(request=None, device: str = "cpu") -> Kernels:
-    """Map a request (a `KernelConfig` or `Request`) to what `device` can run; warn once listing every fallback.
+    """Map a `Request` (`RunConfig.kernels`) to what `device` can run; warn once listing every fallback.
 
     attention "flash": flash-attn through Paddle's SDPA on GPU, the fused block-causal kernel on CPU;
     attention "math": the `[b, heads, s, s]` scores materialised, on every device (`attention_sdpa_mask`).
@@ -240,7 +254,7 @@ def select(request=None, device: str = "cpu") -> Kernels:
     """
     kc = request or Request()
     gpu = _gpu_available(device)
-    if kc.attention not in ("flash", "math"):
+    if kc.attention not in ATTENTION_PATHS:
         raise ValueError(f"unknown attention kernel {kc.attention!r}")
     for op in ("rms_norm", "rope", "swiglu"):
         if getattr(kc, op) not in ("fused", "reference"):

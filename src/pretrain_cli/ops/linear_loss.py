@@ -61,18 +61,19 @@ def _layers():
         """Forward returns the loss sum; the gradients it produced are scaled by d(loss) in backward."""
 
         @staticmethod
-        def forward(ctx, h, w, labels, run):
+        def forward(ctx, h, w, labels, run, ops):
             total, dh, dw = run(h, w, labels)
             ctx.save_for_backward(dh, dw)
             ctx.needs = (not h.stop_gradient, not w.stop_gradient)
+            ctx.ops = ops
             return total
 
         @staticmethod
         def backward(ctx, dloss):
             dh, dw = ctx.saved_tensor()
             g = dloss.astype("float32").reshape([1])
-            ops = cpu_ops.load() if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
-            if ops is not None:  # threaded (Paddle's CPU multiply runs on one thread)
+            ops = ctx.ops if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
+            if ops is not None:  # the CPU kernel's path: threaded (Paddle's CPU multiply runs on one thread)
                 dh, dw = ops.scale_by(dh, g), ops.scale_by(dw, g)
             else:  # in place: no second weight-sized buffer at the start of the backward
                 dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
@@ -82,10 +83,12 @@ def _layers():
     return _LAYERS
 
 
-def _apply(h, w, labels, loss_only, with_grad):
+def _apply(h, w, labels, loss_only, with_grad, ops=None):
+    """`ops`: the fused CPU kernels when the CPU kernel runs (they scale the gradients in backward); the Paddle-op
+    path never touches them, so `cpu_fused_ops: false` leaves Paddle's ops only."""
     if not _wants_grad(h, w):
         return loss_only(h, w, labels)
-    return _layers()["fused"].apply(h, w, labels, with_grad)
+    return _layers()["fused"].apply(h, w, labels, with_grad, ops)
 
 
 # ---------------------------------------------------------------- CPU: the C++ kernel
@@ -101,7 +104,7 @@ def linear_cross_entropy_cpu(h, w, labels, ignore_index: int, vocab_major: bool)
         total, dh, dw = ops.linear_cross_entropy_grad(h, w, labels, ignore_index, vocab_major, chunk)
         return total.reshape([]), dh, dw
 
-    return _apply(h, w, labels, loss_only, with_grad)
+    return _apply(h, w, labels, loss_only, with_grad, ops)
 
 
 # ---------------------------------------------------------------- GPU (and its CPU reference): Paddle's ops

@@ -46,8 +46,3 @@ def mean_loss(total, count):
     import paddle
 
     return total / paddle.clip(count, min=1.0)
-
-
-def causal_lm_loss(logits, labels, cross_entropy=None):
-    """`mean_loss` of `causal_lm_loss_sum`: the loss from logits in one call."""
-    return mean_loss(*causal_lm_loss_sum(logits, labels, cross_entropy))

@@ -9,7 +9,7 @@ step's activations coexist at the start of backward, and the peak is their sum.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
@@ -35,6 +35,7 @@ class Setup:
     sharding_stage: int = 0
     sharding_degree: int = 1
     tp: int = 1
+    vocab_parallel: bool = False  # config.resolve: tp splits the embedding and LM head (it divides vocab_size)
     recompute: str | None = None  # None, "full", "full_attn", "core_attn"
     attention: str = "math"  # "math" materialises [b, heads, s, s]; "flash" does not on GPU (on CPU: fp32 probs)
     fused_rms_norm: bool = False
@@ -46,8 +47,10 @@ class Setup:
     reset_positions: bool = False  # ... and position_ids that restart per document
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
 
-    def with_(self, **kw) -> "Setup":
-        return replace(self, **kw)
+    @property
+    def vocab_tp(self) -> int:
+        """The ranks the vocabulary is split over: tp, or 1 when the embedding and LM head are whole on each."""
+        return self.tp if self.vocab_parallel else 1
 
 
 def _norm_bytes(s: Setup, width: int) -> float:
@@ -124,10 +127,10 @@ def activation_bytes(s: Setup) -> float:
 
 def logits_bytes(s: Setup) -> float:
     """[b, s, V] logits in the compute dtype, the fp32 copy for the loss, the fp32 softmax/grad
-    cross-entropy keeps, and (half runs) the gradient cast back; vocab-parallel under TP."""
+    cross-entropy keeps, and (half runs) the gradient cast back; vocab-parallel under TP when it is split."""
     c = s.compute_bytes
     per = c + 4 + (4 + c if c != 4 else 0)
-    return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.tp
+    return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.vocab_tp
 
 
 def fused_loss_bytes(s: Setup) -> float:
@@ -149,7 +152,7 @@ def logits_live_bytes(s: Setup) -> float:
     if s.fused_loss:
         return fused_loss_bytes(s)
     c = s.compute_bytes
-    grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.tp
+    grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.vocab_tp
     _, redo = activation_parts(s)
     return max(logits_bytes(s) - redo, grad)
 
@@ -157,7 +160,7 @@ def logits_live_bytes(s: Setup) -> float:
 def _largest_weight(s: Setup) -> float:
     """Elements of the largest single weight one rank gathers whole for use under ZeRO-3."""
     cfg = s.model
-    return max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size) / s.tp
+    return max(cfg.vocab_size * cfg.hidden_size / s.vocab_tp, cfg.hidden_size * cfg.intermediate_size / s.tp)
 def document_mask_bytes(s: Setup) -> float:
     """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
     per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32
@@ -184,15 +187,17 @@ def estimate(s: Setup) -> dict[str, float]:
     so ZeRO-2/3 shard them only on GPU; ZeRO-3 gathers each weight whole while it is used (the largest
     one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
     counts = param_counts(s.model)
-    n = counts["total"] / s.tp
+    head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
+    vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
+    n = (counts["total"] - vocab) / s.tp + vocab / s.vocab_tp
     o2 = s.amp_level == "O2"
     weight_b = s.compute_bytes if o2 else 4
     grad_b = 4 if (not o2 or s.master_grad) else s.compute_bytes
     deg = max(s.sharding_degree, 1) if s.sharding_stage else 1
     weights = n * weight_b / (deg if s.sharding_stage >= 3 else 1)
     if s.amp_level == "O1":  # autocast casts each matmul weight to half and keeps it for backward
-        head = counts["embedding"] if s.model.tie_word_embeddings else 0
-        weights += (counts["non_embedding"] + head) / s.tp * s.compute_bytes
+        body = counts["non_embedding"] - (0 if s.model.tie_word_embeddings else head)
+        weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes
     out = {
         "weights": weights,
         "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" else 1),
@@ -205,7 +210,7 @@ def estimate(s: Setup) -> dict[str, float]:
         out["gradient_buffers"] = n * grad_b
     if s.engine == "semi_auto" and s.sharding_stage == 3 and deg > 1:
         out["gathered_weights"] = _largest_weight(s) * weight_b
-    if s.engine == "semi_auto" and s.tp > 1 and s.device == "cpu":
+    if s.engine == "semi_auto" and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
         out["document_mask"] = document_mask_bytes(s)

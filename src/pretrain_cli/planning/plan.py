@@ -39,8 +39,8 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
     return Setup(
         model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length,
         compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
-        master_grad=prec.master_grad, sharding_stage=p.zero_stage, sharding_degree=p.sharding_degree,
-        tp=p.tp_degree, recompute=run.recompute_granularity, attention=k.attention,
+        master_grad=prec.master_grad, sharding_stage=p.sharding_stage, sharding_degree=p.sharding_degree,
+        tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
@@ -121,7 +121,7 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
                             "hardware": flops_per_token(cfg, s, recompute=setup.recompute, hardware=True),
                             "paddlenlp": paddlenlp_flops_per_token(cfg, s, setup.recompute)},
         "precision": {"amp_dtype": run.precision.amp_dtype or "float32", "amp_level": setup.amp_level},
-        "parallel": {"world": par.world_size, "dp": par.dp_degree, "sharding_stage": par.zero_stage,
+        "parallel": {"world": par.world_size, "dp": par.dp_degree, "sharding_stage": par.sharding_stage,
                      "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size},
         "micro_batch": lp.micro_batch, "gradient_accumulation_steps": lp.grad_accum,
         "max_seq_length": s, "recompute": setup.recompute, "attention": setup.attention,
@@ -160,8 +160,8 @@ def suggest(run, base: dict, replan) -> list[dict]:
         groups.append(([{"recompute_granularity": "full"}], "recomputes whole decoder layers"))
     if run.kernels.attention == "math":
         groups.append(([{"use_flash_attention": True}], "no [b, heads, s, s] scores (on GPU: Ampere+ and fp16/bf16)"))
-    if base["parallel"]["data_ranks"] > 1 and run.parallel.zero_stage < 3:
-        stages = [{"sharding": f"stage{k}"} for k in range(run.parallel.zero_stage + 1, 4)]
+    if base["parallel"]["data_ranks"] > 1 and run.parallel.sharding_stage < 3:
+        stages = [{"sharding": f"stage{k}"} for k in range(run.parallel.sharding_stage + 1, 4)]
         groups.append((stages, "shards optimizer state (stage1), + gradients (stage2), + weights (stage3)"))
     if b > 1:
         mbs = [m for m in (b // 2 ** i for i in range(1, b.bit_length())) if m >= 1 and b % m == 0]
