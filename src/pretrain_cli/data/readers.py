@@ -53,13 +53,53 @@ def open_binary(path: Path, compression: str):
     if compression == ".xz":
         return lzma.open(path, "rb")
     if compression in (".zst", ".zstd"):
+        return io.BufferedReader(_ZstdFrames(path), 1 << 20)
+    return open(path, "rb", buffering=1 << 20)
+
+
+class _ZstdFrames(io.RawIOBase):
+    """zstandard's decompressor frame after frame (files are often concatenated frames), raising ZstdError
+    when the data ends inside a frame: zstandard's `stream_reader` returns a silent short read instead."""
+
+    def __init__(self, path: Path):
         import zstandard
 
-        raw = open(path, "rb")
-        # 2 GiB window: The Pile and DCLM use long-distance matching; read_across_frames: concatenated frames
-        dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
-        return io.BufferedReader(dctx.stream_reader(raw, read_across_frames=True, closefd=True), 1 << 20)
-    return open(path, "rb", buffering=1 << 20)
+        self._zstd = zstandard
+        self._raw = open(path, "rb")
+        # a 2 GiB window: The Pile and DCLM were written with long-distance matching
+        self._dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
+        self._obj, self._fed = self._dctx.decompressobj(), False
+        self._buf, self._pos = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._pos >= len(self._buf):
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._fed and not self._obj.eof:
+                    raise self._zstd.ZstdError("the data ends inside a frame (truncated file)")
+                return 0
+            self._buf, self._pos = self._feed(chunk), 0
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            if self._obj.eof:
+                self._obj = self._dctx.decompressobj()
+            self._fed = True
+            out.append(self._obj.decompress(data))
+            data = self._obj.unused_data if self._obj.eof else b""
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class FileReader:
