@@ -5,7 +5,7 @@ Corpus: the demo corpus (`scripts/make_demo_corpus.py`: pydoc topics and standar
 repeated to --mb MB and written as plain .jsonl, .jsonl.zst and Parquet; tokenizer: a byte-level BPE with
 --vocab_size ids trained on it (the same algorithm and pre-tokenizer as GPT-2's, Qwen's and Llama-3's).
 Nothing is downloaded. The raw rate is `Tokenizer.encode_batch` over the same batches preprocess makes,
-in the same process and run, measured before and after the preprocess runs. The RSS part preprocesses
+in the same process and run, measured before and after every preprocess run. The RSS part preprocesses
 synthetic .jsonl.zst corpora of each --rss_mb size in a fresh process and reads its peak RSS (wait4).
 Prints numbers and ratios only (target: preprocess >= 0.9 x raw; RSS flat in the input size).
 
@@ -140,20 +140,22 @@ def main() -> None:
         print(f"corpus: demo corpus x{len(docs) // len(demo)} = {len(docs)} documents, {mb:.1f} MB; "
               f"tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained in {time.perf_counter() - t:.1f}s")
         files = write_formats(docs, tmp)
-        raw_before, n_raw = raw_rate(tmp / "tok", docs)
+        # raw measured between every two preprocess runs; each run is compared with the mean of its two
+        # neighbours, so a load change on the shared machine affects both sides of a ratio alike
+        raws = [raw_rate(tmp / "tok", docs)]
+        n_raw = raws[0][1]
         runs = []
         for workers in a.workers:
             for name, src in files.items():
                 el, n = run_preprocess(src, tmp / "out" / f"{name}{workers}", tmp / "tok", workers)
                 assert n == n_raw, (n, n_raw)
-                runs.append((name, workers, n / el, mb / el))
-        raw_after, _ = raw_rate(tmp / "tok", docs)
-        raw = (raw_before + raw_after) / 2
-        print(f"raw encode_batch: {raw:,.0f} tokens/s (before {raw_before:,.0f}, after {raw_after:,.0f}; "
-              f"{n_raw} tokens)")
-        for name, workers, rate, mbs in runs:
+                raws.append(raw_rate(tmp / "tok", docs))
+                runs.append((name, workers, n / el, mb / el, (raws[-2][0] + raws[-1][0]) / 2))
+        print(f"raw encode_batch ({n_raw} tokens, {len(raws)} measurements): "
+              + ", ".join(f"{r:,.0f}" for r, _ in raws) + " tokens/s")
+        for name, workers, rate, mbs, raw in runs:
             print(f"preprocess {name:<8} workers={workers}: {rate:>12,.0f} tokens/s {mbs:6.1f} MB/s  "
-                  f"ratio {rate / raw:.2f} x raw (target >= 0.9)")
+                  f"raw around it {raw:>12,.0f}  ratio {rate / raw:.2f} (target >= 0.9)")
         fetch_latency(tmp / "out" / "jsonl1", a.seq_len, a.micro_bs)
         sizes = list(a.rss_mb) + ([2000] if a.large else [])
         for size in sizes:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import queue
 import sys
+import threading
 import time
 
 import numpy as np
@@ -63,11 +65,47 @@ def _work(reader: DocumentReader, files: list, start: int):
         yield _FileDone(k, reader.counters())
 
 
-def _results(ns, work, dtype, eos):
+def _prefetched(items, depth: int = 4):
+    """`items` produced by a thread: reading and JSON parsing overlap `encode_batch`, which releases the GIL."""
+    q: queue.Queue = queue.Queue(depth)
+    stop, end = threading.Event(), object()
+
+    def produce():
+        try:
+            for x in items:
+                while not stop.is_set():
+                    try:
+                        q.put(x, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put(_Raised(e))
+            return
+        q.put(end)
+
+    threading.Thread(target=produce, daemon=True, name="preprocess-reader").start()
+    try:
+        while (x := q.get()) is not end:
+            if isinstance(x, _Raised):
+                raise x.error
+            yield x
+    finally:
+        stop.set()
+
+
+class _Raised:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _results(ns, work, dtype, eos, tok):
     """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
     if ns.workers <= 1:
-        _init_worker(ns.tokenizer, dtype.str, eos)
-        for item in work:
+        _WORKER.update(tok=tok, dtype=dtype, eos=eos)
+        for item in _prefetched(work):
             yield item if isinstance(item, _FileDone) else _encode(item)
         return
     import multiprocessing as mp
@@ -171,7 +209,7 @@ def _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, 
     t0 = time.perf_counter()
     bytes0, docs0, tokens0 = reader.bytes, stats["written"], stats["tokens"]
     next_log = docs0 + ns.log_interval
-    for item in _results(ns, _work(reader, files, start), dtype, eos):
+    for item in _results(ns, _work(reader, files, start), dtype, eos, tok):
         if isinstance(item, _FileDone):
             tasks.save_progress(prefix, files, item.k + 1, settings, writer.checkpoint(), {**item.counters, **stats})
             continue
