@@ -154,6 +154,10 @@ def test_tasks_merge_to_the_single_run_bytes(tmp_path, tok_dir, capsys):
     # more tasks than files: an empty task says so and writes nothing
     _pre(*common, "--output_prefix", tmp_path / "many" / "c", "--num_tasks", 9, "--task_index", 0)
     assert "nothing to do" in capsys.readouterr().out and not (tmp_path / "many").exists()
+    # outputs inside the input directory are never read back: the re-run finds the same inputs
+    _pre(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
+    _pre(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
+    assert "already complete" in capsys.readouterr().out
     with pytest.raises(UserError, match=r"--task_index: 3 must be in \[0, 2\]"):
         _pre(*common, "--output_prefix", tmp_path / "x", "--num_tasks", 3, "--task_index", 3)
 
