@@ -50,9 +50,17 @@ def raw_rate(tok_dir: Path, docs: list[str]) -> tuple[float, int]:
     from pretrain_cli.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tok_dir)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_seconds()
     n = sum(len(x) for b in batches(docs) for x in tok.encode_batch(b))
-    return n / (time.perf_counter() - t), n
+    return n / (time.perf_counter() - t), n, n / (cpu_seconds() - c)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all its threads) and of its reaped children (pool workers)."""
+    import resource
+
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ch.ru_utime + ch.ru_stime
 
 
 def run_preprocess(src: Path, out: Path, tok_dir: Path, workers: int) -> tuple[float, int]:
@@ -60,15 +68,15 @@ def run_preprocess(src: Path, out: Path, tok_dir: Path, workers: int) -> tuple[f
 
     argv = ["preprocess", "--input_path", str(src), "--output_prefix", str(out), "--tokenizer", str(tok_dir),
             "--workers", str(workers), "--log_interval", "0"]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_seconds()
     with open(os.devnull, "w") as null:
         stdout, sys.stdout = sys.stdout, null
         try:
             assert main(argv) == 0
         finally:
             sys.stdout = stdout
-    el = time.perf_counter() - t
-    return el, json.loads(out.with_suffix(".json").read_text())["tokens"]
+    el, cpu = time.perf_counter() - t, cpu_seconds() - c
+    return el, json.loads(out.with_suffix(".json").read_text())["tokens"], cpu
 
 
 def synthetic(path: Path, docs: list[str], mb: int) -> int:
@@ -147,15 +155,20 @@ def main() -> None:
         runs = []
         for workers in a.workers:
             for name, src in files.items():
-                el, n = run_preprocess(src, tmp / "out" / f"{name}{workers}", tmp / "tok", workers)
+                el, n, cpu = run_preprocess(src, tmp / "out" / f"{name}{workers}", tmp / "tok", workers)
                 assert n == n_raw, (n, n_raw)
                 raws.append(raw_rate(tmp / "tok", docs))
-                runs.append((name, workers, n / el, mb / el, (raws[-2][0] + raws[-1][0]) / 2))
+                runs.append((name, workers, n / el, mb / el, (raws[-2][0] + raws[-1][0]) / 2, n / cpu,
+                             (raws[-2][2] + raws[-1][2]) / 2))
         print(f"raw encode_batch ({n_raw} tokens, {len(raws)} measurements): "
-              + ", ".join(f"{r:,.0f}" for r, _ in raws) + " tokens/s")
-        for name, workers, rate, mbs, raw in runs:
-            print(f"preprocess {name:<8} workers={workers}: {rate:>12,.0f} tokens/s {mbs:6.1f} MB/s  "
-                  f"raw around it {raw:>12,.0f}  ratio {rate / raw:.2f} (target >= 0.9)")
+              + ", ".join(f"{r[0]:,.0f}" for r in raws) + " tokens/s; "
+              + ", ".join(f"{r[2]:,.0f}" for r in raws) + " tokens per CPU-second")
+        print("wall: tokens/s vs raw measured just before and after; cpu: tokens per CPU-second (all threads and "
+              "workers), which a busy machine distorts less")
+        for name, workers, rate, mbs, raw, cpu_rate, raw_cpu in runs:
+            print(f"preprocess {name:<8} workers={workers}: wall {rate:>10,.0f} tokens/s {mbs:5.1f} MB/s, "
+                  f"raw {raw:>10,.0f}, ratio {rate / raw:.2f} (target >= 0.9) | cpu {cpu_rate:>10,.0f} vs "
+                  f"raw {raw_cpu:>10,.0f}, ratio {cpu_rate / raw_cpu:.2f}")
         fetch_latency(tmp / "out" / "jsonl1", a.seq_len, a.micro_bs)
         sizes = list(a.rss_mb) + ([2000] if a.large else [])
         for size in sizes:

@@ -357,10 +357,14 @@ class IndexedDatasetWriter:
         for p in (self._parts["sizes"], self._parts["docs"]):
             os.remove(p)
 
-    def abort(self) -> None:
+    def close(self) -> None:
+        """Stop writing but keep the in-progress files (a later `resume=` continues them)."""
         for f in (self._bin, self._sizes, self._docs):
             if not f.closed:
                 f.close()
+
+    def abort(self) -> None:
+        self.close()
         for p in (*self._parts.values(), self._idx_tmp):
             if os.path.exists(p):
                 os.remove(p)

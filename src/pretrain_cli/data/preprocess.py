@@ -179,8 +179,7 @@ def preprocess(ns) -> int:
         el, new_tokens, new_bytes = _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, tok)
     except BaseException:
         if os.path.exists(tasks.progress_path(prefix)):  # keep finished files for the re-run
-            for f in (writer._bin, writer._sizes, writer._docs):
-                f.close()
+            writer.close()
         else:
             writer.abort()
         raise
