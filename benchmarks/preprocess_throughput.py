@@ -124,7 +124,7 @@ def fetch_latency(prefix: Path, seq_len: int, micro_bs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=20, help="throughput corpus size in MB of text")
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="none: skip the throughput runs")
     ap.add_argument("--vocab_size", type=int, default=32000)
     ap.add_argument("--rss_mb", type=int, nargs="*", default=[20, 100], help="synthetic corpus sizes for RSS")
     ap.add_argument("--large", action="store_true", help="also measure RSS at 2,000 MB (minutes)")
@@ -169,7 +169,8 @@ def main() -> None:
             print(f"preprocess {name:<8} workers={workers}: wall {rate:>10,.0f} tokens/s {mbs:5.1f} MB/s, "
                   f"raw {raw:>10,.0f}, ratio {rate / raw:.2f} (target >= 0.9) | cpu {cpu_rate:>10,.0f} vs "
                   f"raw {raw_cpu:>10,.0f}, ratio {cpu_rate / raw_cpu:.2f}")
-        fetch_latency(tmp / "out" / "jsonl1", a.seq_len, a.micro_bs)
+        if runs:
+            fetch_latency(tmp / "out" / f"jsonl{a.workers[0]}", a.seq_len, a.micro_bs)
         sizes = list(a.rss_mb) + ([2000] if a.large else [])
         for size in sizes:
             src = tmp / f"syn{size}.jsonl.zst"
