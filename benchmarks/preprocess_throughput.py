@@ -6,7 +6,7 @@ repeated to --mb MB and written as plain .jsonl, .jsonl.zst and Parquet; tokeniz
 --vocab_size ids trained on it (the same algorithm and pre-tokenizer as GPT-2's, Qwen's and Llama-3's).
 Nothing is downloaded. The raw rate is `Tokenizer.encode_batch` over the same batches preprocess makes,
 in the same process and run, measured before and after every preprocess run. The RSS part preprocesses
-synthetic .jsonl.zst corpora of each --rss_mb size in a fresh process and reads its peak RSS (wait4).
+synthetic .jsonl.zst corpora of each --rss_mb size in a fresh process, which reports its peak RSS (VmHWM).
 Prints numbers and ratios only (target: preprocess >= 0.9 x raw; RSS flat in the input size).
 
     python benchmarks/preprocess_throughput.py [--mb 20] [--workers 1 2] [--vocab_size 32000] \
@@ -94,16 +94,15 @@ def synthetic(path: Path, docs: list[str], mb: int) -> int:
 
 
 def peak_rss(src: Path, out: Path, tok_dir: Path, workers: int) -> tuple[float, float]:
-    """(peak RSS MB of a fresh `pretrain-cli preprocess` process and its workers, seconds)."""
-    code = "import sys; from pretrain_cli.cli import main; sys.exit(main(sys.argv[1:]))"
+    """(peak RSS MB of a fresh `pretrain-cli preprocess` process, seconds). The child reports its own VmHWM:
+    wait4's ru_maxrss would include this parent's RSS, which Linux carries into a child across fork + exec."""
+    code = ("import sys; from pretrain_cli.cli import main; rc = main(sys.argv[1:]); "
+            "print(next(x for x in open('/proc/self/status') if x.startswith('VmHWM')).split()[1]); sys.exit(rc)")
     argv = [sys.executable, "-c", code, "preprocess", "--input_path", str(src), "--output_prefix", str(out),
             "--tokenizer", str(tok_dir), "--workers", str(workers), "--log_interval", "0"]
     t = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    assert p.returncode == 0, p.returncode
-    return usage.ru_maxrss / 1024, time.perf_counter() - t
+    p = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
+    return int(p.stdout.split()[-1]) / 1024, time.perf_counter() - t
 
 
 def fetch_latency(prefix: Path, seq_len: int, micro_bs: int) -> None:

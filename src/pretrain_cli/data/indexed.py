@@ -343,7 +343,7 @@ class IndexedDatasetWriter:
             _copy_file(self._parts["sizes"], f)
             offset = 0  # pointers: running byte offsets, streamed from the sizes file
             with open(self._parts["sizes"], "rb") as sf:
-                for block in iter(lambda: sf.read(4 * _CHUNK), b""):
+                for block in iter(lambda: sf.read(1 << 20), b""):  # 256 K sizes: a few MB of temporaries
                     sz = np.frombuffer(block, "<i4").astype(np.int64) * self.dtype.itemsize
                     ends = np.cumsum(sz) + offset
                     f.write(np.concatenate(([offset], ends[:-1])).astype("<i8").tobytes())
