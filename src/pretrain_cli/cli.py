@@ -24,6 +24,7 @@ COMMANDS = {
     "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
     "preprocess": ("pretrain_cli.commands.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
     "inspect-data": ("pretrain_cli.commands.inspect_data", "validate and summarise a .bin/.idx token file pair", False),
+    "merge-data": ("pretrain_cli.commands.merge_data", "join .bin/.idx token files into one pair", False),
     "eval": ("pretrain_cli.commands.eval", "loss and perplexity of a model on a token file", False),
     "generate": ("pretrain_cli.commands.generate", "generate text from a checkpoint or HF model directory", False),
 }

@@ -334,8 +334,16 @@ def j_missing_input(d):
     return _pre("nothere.jsonl"), ["nothere.jsonl", "input path not found"]
 def j_no_text_files(d):
     (d / "bin_only").mkdir()
-    (d / "bin_only" / "a.parquet").write_bytes(b"PAR1")
-    return _pre("bin_only"), ["no .jsonl/.json/.txt files"]
+    (d / "bin_only" / "a.csv").write_bytes(b"PAR1")
+    return _pre("bin_only"), ["no .jsonl/.json/.txt", ".parquet files"]
+def j_corrupt_parquet(d):
+    (d / "in.parquet").write_bytes(b"PAR1 not really")
+    return _pre("in.parquet"), ["in.parquet", "not a readable Parquet file", "--skip_bad_lines"]
+def j_truncated_gzip(d):
+    import gzip
+
+    (d / "in.jsonl.gz").write_bytes(gzip.compress(b'{"text": "fine"}\n' * 50)[:-12])
+    return _pre("in.jsonl.gz"), ["in.jsonl.gz: line", "corrupt or truncated .gz data", "--skip_bad_lines"]
 def j_output_clash(d):
     return ["preprocess", "--input_path", "in.json", "--output_prefix", "in", "--tokenizer", "tok"], ["would overwrite the input"]
 def j_output_clash_setup(d):

@@ -99,7 +99,7 @@ def test_empty_corpus_and_clobber(tmp_path, tok_dir):
     with pytest.raises(UserError, match="no non-empty documents"):
         _run("--input_path", tmp_path / "e.jsonl", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     assert not list(tmp_path.glob("o.*"))
-    with pytest.raises(UserError, match="no .jsonl/.json/.txt files"):
+    with pytest.raises(UserError, match=r"no .jsonl/.json/.txt \(plain, .gz, .zst, .bz2, .xz\) or .parquet files"):
         (tmp_path / "d").mkdir()
         _run("--input_path", tmp_path / "d", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     write_jsonl(tmp_path / "x.json", ["hello"])

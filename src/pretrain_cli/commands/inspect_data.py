@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 
-from pretrain_cli.data.inspect import check_vocab, describe_step, summarize
+from pretrain_cli.data.inspect import check_vocab, describe_step, summarize, summarize_directory
 from pretrain_cli.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prefix", nargs="?", help="token file prefix (PREFIX.bin/.idx; .bin/.idx suffix accepted)")
+    parser.add_argument("prefix", nargs="?", help="token file prefix (PREFIX.bin/.idx; .bin/.idx suffix accepted), "
+                                                  "or a directory of token files: one line per file and a check "
+                                                  "that all share one tokenizer")
     parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode "
                                             "(default: none; ids are checked against the file alone)")
     parser.add_argument("--decode", type=int, metavar="N", help="print document N as text (default: statistics)")
@@ -89,6 +92,8 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     if not ns.prefix:
         raise UserError("inspect-data: PREFIX is required (the token files' path without .bin/.idx)")
+    if os.path.isdir(ns.prefix):
+        return _directory(ns, tok)
     from pretrain_cli.data.indexed import open_token_file
 
     ds = open_token_file(ns.prefix)
@@ -117,4 +122,39 @@ def main(ns: argparse.Namespace) -> int:
     width = max(info["length_histogram"].values(), default=1)
     for bucket, count in info["length_histogram"].items():
         print(f"  {bucket:>15} {count:>9} {'#' * max(1, round(40 * count / width))}")
+    return 0
+
+
+def _directory(ns, tok) -> int:
+    """A directory: one line per token file, totals, and whether all files share one tokenizer (exit 2 if not)."""
+    if ns.decode is not None:
+        raise UserError(f"--decode: {ns.prefix} is a directory; pass one token file PREFIX")
+    info = summarize_directory(ns.prefix)
+    if tok is not None:
+        from pretrain_cli.data.indexed import open_token_file
+
+        for row in info["files"]:
+            check_vocab(open_token_file(row["prefix"]), tok, ns.tokenizer)
+    if ns.json:
+        print(json.dumps(info, sort_keys=True))
+    else:
+        rows = info["files"]
+        print(f"{info['directory']}: {len(rows)} token files, {info['documents']} documents, {info['tokens']} tokens")
+        width = max(len(os.path.basename(r["prefix"])) for r in rows)
+        for r in rows:
+            made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  tokenizer {str(r.get('tokenizer_sha256'))[:12]}"
+                    if r["sidecar"] else "no sidecar")
+            print(f"  {os.path.basename(r['prefix']):<{width}}  documents {r['documents']:>10}  tokens {r['tokens']:>13}  "
+                  f"{r['dtype']:<6}  {made}")
+        if not info["problems"]:
+            known = [r for r in rows if r["sidecar"]]
+            if known:
+                k = known[0]
+                print(f"tokenizer: the {len(known)} files with a sidecar agree (vocab {k.get('vocab_size')}, "
+                      f"eos {k.get('eos_token_id')}, sha256 {str(k.get('tokenizer_sha256'))[:12]}); dtype {rows[0]['dtype']}")
+        if info["without_sidecar"]:
+            print(f"note: {info['without_sidecar']} files have no .json sidecar (Megatron, PaddleNLP or an older "
+                  "pretrain-cli made them): their tokenizer is unknown; --tokenizer DIR checks their ids against one")
+    if info["problems"]:
+        raise UserError("\n".join(info["problems"]))
     return 0

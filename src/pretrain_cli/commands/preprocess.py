@@ -1,21 +1,32 @@
-"""`pretrain-cli preprocess`: tokenize jsonl/json/txt documents into `.bin/.idx` token files."""
+"""`pretrain-cli preprocess`: tokenize jsonl/json/txt/Parquet documents (plain or compressed) into `.bin/.idx`
+token files; `--num_tasks/--task_index` split one job over machines, and a re-run resumes a killed task."""
 from __future__ import annotations
 
 import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt file(s) or directories")
-    parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json")
+    parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
+                             "directories (walked recursively) or quoted glob patterns; read in sorted order")
+    parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json "
+                                                                      "(PREFIX-iiiii-of-nnnnn.* with --num_tasks > 1)")
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")
-    parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
+    parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet column "
+                                                                 "(default: %(default)s)")
     parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document")
     parser.add_argument("--workers", type=int, default=1, help="tokenizer processes (default: %(default)s)")
     parser.add_argument("--log_interval", type=int, default=10000,
                         help="documents between progress lines; 0: none (default: %(default)s)")
     parser.add_argument("--max_doc_num", type=int, default=None,
                         help="stop after this many documents (default: all of them)")
-    parser.add_argument("--skip_bad_lines", action="store_true", help="skip and count bad lines (default: a bad line is an error)")
+    parser.add_argument("--skip_bad_lines", action="store_true",
+                        help="skip and count bad lines, corrupt compressed tails and Parquet row groups "
+                             "(default: the first one is an error)")
+    parser.add_argument("--num_tasks", type=int, default=1,
+                        help="split the input files into this many tasks, one per machine or job (default: %(default)s)")
+    parser.add_argument("--task_index", type=int, default=0,
+                        help="which task this process runs, 0..num_tasks-1: a contiguous share of the sorted "
+                             "files (default: %(default)s)")
 
 
 def main(ns: argparse.Namespace) -> int:

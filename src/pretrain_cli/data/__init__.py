@@ -94,6 +94,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
             _check_vocab(src, vocab_size)
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
                                 document_mask, reset_position_ids, split_text)
+        weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     out = DataSplits(sources=sources)
     for name in SPLIT_NAMES:

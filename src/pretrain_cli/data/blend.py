@@ -20,8 +20,9 @@ _CHUNK = 1 << 14
 _CHUNKS_IN_MEMORY = 8
 
 
-def parse_input_dir(input_dir: str) -> list[tuple[float, str]]:
-    """A directory (every token prefix, weight 1) or "w1 prefix1 w2 prefix2 ..."."""
+def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
+    """A directory (every token prefix; weight None = by its token count, so a directory of task outputs
+    samples like the one merged file) or "w1 prefix1 w2 prefix2 ..."."""
     text = str(input_dir).strip()
     parts = text.split()
     if len(parts) == 1:
@@ -31,7 +32,7 @@ def parse_input_dir(input_dir: str) -> list[tuple[float, str]]:
             if not prefixes:
                 raise UserError(f"input_dir: {p} holds no .idx or _idx.npz token files; "
                                 "create them with `pretrain-cli preprocess` or point input_dir at a prefix")
-            return [(1.0, q) for q in prefixes]
+            return [(None, q) for q in prefixes]
         return [(1.0, text)]
     if len(parts) % 2:
         raise UserError(f"input_dir: {text!r} is not weight/prefix pairs; use \"0.7 ./data/a 0.3 ./data/b\"")

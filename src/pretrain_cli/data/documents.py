@@ -1,113 +1,126 @@
-"""Reading a corpus: jsonl/json/txt files and directories -> a stream of document texts.
+"""Reading a corpus: files, directories and glob patterns -> a stream of document texts.
 
-Shared by `preprocess` and `train-tokenizer`, so both read the same documents and name a
-bad line by file and line number the same way. `.txt` files hold one document per
-blank-line-separated paragraph.
+Shared by `preprocess` and `train-tokenizer`, so both read the same documents and name a bad
+line by file and line number the same way. The per-format readers are in `data/readers.py`;
+this module decides which files are read, in which order (sorted, so outputs are reproducible),
+and whether a problem is fatal or skipped and counted (`--skip_bad_lines`).
 """
 from __future__ import annotations
 
-import json
+import glob
 import os
 import sys
 from pathlib import Path
 
+from pretrain_cli.data.readers import FileReader, count_records, kind
 from pretrain_cli.errors import UserError
 
-SUFFIXES = (".jsonl", ".json", ".txt")
 BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
 _REPORTED_BAD_LINES = 10
+INPUTS = ".jsonl/.json/.txt (plain, .gz, .zst, .bz2, .xz) or .parquet"
 
 
-def list_input_files(paths) -> tuple[list[Path], list[Path]]:
-    """(files we read, files we skip). Directories are walked recursively in sorted order."""
+def _expand(arg: str) -> tuple[list[Path], bool]:
+    """(candidate files, found by walking or globbing) for one --input_path value."""
+    p = Path(arg)
+    if p.is_dir():
+        return sorted(q for q in p.rglob("*") if q.is_file()), True
+    if p.is_file():
+        return [p], False
+    if glob.has_magic(arg):
+        hits = sorted(Path(q) for q in glob.glob(arg, recursive=True))
+        if not hits:
+            raise UserError(f"{arg}: no files match this pattern; check it (quote it so the shell passes it as is)")
+        files = []
+        for q in hits:
+            files.extend(sorted(r for r in q.rglob("*") if r.is_file()) if q.is_dir() else [q])
+        return files, True
+    raise UserError(f"{p}: input path not found; pass an existing file, directory or glob pattern to --input_path")
+
+
+def list_input_files(paths, exclude=None) -> tuple[list[Path], list[Path]]:
+    """(files we read, files we skip), in a stable order: the --input_path values in the order given,
+    each directory walked recursively and each glob expanded in sorted path order; a file listed twice
+    is read once. `exclude(path)` drops files found by walking or globbing (our own outputs)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    files, skipped = [], []
-    for p in map(Path, paths):
-        if p.is_dir():
-            cands = sorted(q for q in p.rglob("*") if q.is_file())
-        elif p.is_file():
-            cands = [p]
-        else:
-            raise UserError(f"{p}: input path not found; pass an existing file or directory to --input_path")
+    files, skipped, seen = [], [], set()
+    for arg in map(str, paths):
+        cands, found = _expand(arg)
         for q in cands:
-            (files if q.suffix in SUFFIXES else skipped).append(q)
+            key = os.path.abspath(q)
+            if key in seen or (found and exclude is not None and exclude(q)):
+                continue
+            seen.add(key)
+            (files if kind(q) else skipped).append(q)
     if not files:
-        raise UserError(f"--input_path: no .jsonl/.json/.txt files in {' '.join(map(str, paths))}; "
+        raise UserError(f"--input_path: no {INPUTS} files in {' '.join(map(str, paths))}; "
                         "convert the corpus to jsonl (one {\"text\": ...} object per line)")
     return files, skipped
 
 
 def count_documents(paths) -> int:
-    """Line count of all inputs: an upper bound on documents, cheap enough for a progress bar."""
-    n = 0
-    for f in list_input_files(paths)[0]:
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 24), b""):
-                n += block.count(b"\n")
-    return n
+    """Line (or Parquet row) count of all inputs: an upper bound on documents, for a progress bar."""
+    return sum(count_records(f) for f in list_input_files(paths)[0])
 
 
 class DocumentReader:
-    """Streams document texts; counts documents, empty ones, skipped bad lines and bytes."""
+    """Streams document texts file by file; counts documents, empty ones, skipped bad lines and corrupt
+    parts (a compressed file's unreadable tail, a Parquet row group) and decompressed bytes."""
 
-    def __init__(self, paths, json_key: str = "text", skip_bad_lines: bool = False, max_docs: int | None = None):
-        self.files, self.skipped_files = list_input_files(paths)
+    def __init__(self, paths, json_key: str = "text", skip_bad_lines: bool = False, max_docs: int | None = None,
+                 files=None, exclude=None):
+        self.files, self.skipped_files = (files, []) if files is not None else list_input_files(paths, exclude)
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
-        self.documents = self.empty = self.bad_lines = self.bytes = 0
+        self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
 
-    def _bad(self, where: str, problem: str, fix: str) -> None:
+    def counters(self) -> dict:
+        return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
+                "bad_parts": self.bad_parts, "bytes": self.bytes}
+
+    def restore(self, counters: dict) -> None:
+        for k in ("documents", "empty", "bad_lines", "bad_parts", "bytes"):
+            setattr(self, k, int(counters.get(k, 0)))
+
+    def _bad(self, where: str, problem: str, fix: str, part: bool = False) -> None:
         if not self.skip_bad_lines:
             raise UserError(f"{where}: {problem}; {fix} or pass --skip_bad_lines")
-        self.bad_lines += 1
-        if self.bad_lines <= _REPORTED_BAD_LINES:  # never silent: name the first few, count all
-            more = " (further skipped lines are only counted)" if self.bad_lines == _REPORTED_BAD_LINES else ""
+        if part:
+            self.bad_parts += 1
+        else:
+            self.bad_lines += 1
+        n = self.bad_lines + self.bad_parts
+        if n <= _REPORTED_BAD_LINES:  # never silent: name the first few, count all
+            more = " (further skipped lines are only counted)" if n == _REPORTED_BAD_LINES else ""
             print(f"warning: skipped {where}: {problem}{more}", file=sys.stderr)
 
-    def _jsonl(self, path: Path):
-        with open(path, encoding="utf-8", errors="strict") as f:
-            for lineno, line in enumerate(f, 1):
-                self.bytes += len(line)
-                if not line.strip():
+    def read(self, path: Path):
+        """The non-empty documents of one file (until max_docs)."""
+        fr = FileReader(path, self.json_key, self._bad)
+        counted = 0
+        try:
+            for text in fr:
+                self.bytes += fr.bytes - counted
+                counted = fr.bytes
+                if not text.strip():
+                    self.empty += 1
                     continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    self._bad(f"{path}:{lineno}", f"not valid JSON ({getattr(e, 'msg', e)})", "fix it")
-                    continue
-                text = obj.get(self.json_key) if isinstance(obj, dict) else None
-                if not isinstance(text, str):
-                    self._bad(f"{path}:{lineno}", f"no string field {self.json_key!r}", "fix it, pass --json_key KEY")
-                    continue
+                if self.max_docs is not None and self.documents >= self.max_docs:
+                    return
+                self.documents += 1
                 yield text
+        finally:
+            self.bytes += fr.bytes - counted
 
-    def _txt(self, path: Path):
-        para: list[str] = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                self.bytes += len(line)
-                if line.strip():
-                    para.append(line)
-                elif para:
-                    yield "".join(para).rstrip("\n")
-                    para = []
-        if para:
-            yield "".join(para).rstrip("\n")
+    @property
+    def exhausted(self) -> bool:
+        return self.max_docs is not None and self.documents >= self.max_docs
 
     def __iter__(self):
         for path in self.files:
-            gen = self._txt(path) if path.suffix == ".txt" else self._jsonl(path)
-            try:
-                for text in gen:
-                    if not text.strip():
-                        self.empty += 1
-                        continue
-                    if self.max_docs is not None and self.documents >= self.max_docs:
-                        return
-                    self.documents += 1
-                    yield text
-            except UnicodeDecodeError as e:
-                raise UserError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8") from None
+            if self.exhausted:
+                return
+            yield from self.read(path)
 
 
 def batches(texts, max_docs: int = BATCH_DOCS, max_bytes: int = BATCH_BYTES):

@@ -42,6 +42,35 @@ def summarize(ds, tokenizer=None) -> dict:
     return out
 
 
+def summarize_directory(directory: str) -> dict:
+    """Every token file in a directory (each opened, so each is checked): documents, tokens, dtype and the
+    tokenizer its sidecar records; `problems` lists disagreements (dtype, vocab size, EOS id, tokenizer hash)."""
+    from pretrain_cli.data.indexed import open_token_file, read_sidecar, token_prefixes
+    from pretrain_cli.data.merge import TOKENIZER_FIELDS, tokenizer_problems
+
+    prefixes = token_prefixes(directory)
+    if not prefixes:
+        raise UserError(f"{directory}: holds no .idx or _idx.npz token files; pass a directory of token files or a PREFIX")
+    rows, items = [], []
+    for p in prefixes:
+        ds = open_token_file(p)
+        meta = read_sidecar(p)
+        items.append((p, meta))
+        row = {"prefix": p, "format": ds.format, "dtype": ds.dtype.name, "documents": ds.num_documents,
+               "tokens": ds.num_tokens, "sidecar": meta is not None}
+        row.update({f: meta.get(f) for f in TOKENIZER_FIELDS} if meta else {})
+        rows.append(row)
+    problems = tokenizer_problems(items)
+    dtypes = sorted({r["dtype"] for r in rows})
+    if len(dtypes) > 1:
+        odd = next(r for r in rows if r["dtype"] != rows[0]["dtype"])
+        problems.insert(0, f"{odd['prefix']}: dtype {odd['dtype']} differs from {rows[0]['dtype']} in "
+                           f"{rows[0]['prefix']}; the files were made with different tokenizers")
+    return {"directory": str(directory), "files": rows, "documents": sum(r["documents"] for r in rows),
+            "tokens": sum(r["tokens"] for r in rows), "without_sidecar": sum(not r["sidecar"] for r in rows),
+            "problems": problems}
+
+
 def check_vocab(ds, tokenizer, tokenizer_dir: str) -> None:
     max_id = ds.max_token_id()
     if max_id >= tokenizer.vocab_size:

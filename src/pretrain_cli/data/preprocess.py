@@ -2,20 +2,26 @@
 
 Reading stays in the parent process (so a bad line names its file and line number);
 tokenization runs in a worker pool fed through a bounded window of batches, because
-`Pool.imap` drains its input eagerly and would hold the whole corpus in memory.
+`Pool.imap` drains its input eagerly and would hold the whole corpus in memory. A batch never
+spans two input files, so when a file's last batch is written the task can record it as
+finished (`data/tasks.py`) and a re-run after a kill continues with the next file.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import os
+import queue
 import sys
+import threading
 import time
 
 import numpy as np
 
 from pretrain_cli import atomic
-from pretrain_cli.data.documents import DocumentReader, batches
-from pretrain_cli.data.indexed import SIDECAR_FORMAT, IndexedDatasetWriter, dtype_for_vocab, strip_prefix
+from pretrain_cli.data import tasks
+from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
+from pretrain_cli.data.indexed import SIDECAR_FORMAT, IndexedDatasetWriter, dtype_for_vocab, read_sidecar, strip_prefix
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
 
@@ -30,85 +36,201 @@ def _init_worker(tokenizer_dir: str, dtype: str, eos: int | None) -> None:
 
 
 def _encode(texts: list[str]):
-    """-> (flat tokens, lengths int64 [docs], max id); documents that tokenize to nothing are dropped."""
+    """-> (flat tokens, lengths int64 [docs], max id, documents that tokenize to nothing, which are dropped)."""
     ids = _WORKER["tok"].encode_batch(texts)
     eos = _WORKER["eos"]
     if eos is not None:
         ids = [x + [eos] if x else x for x in ids]
-    lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
-    flat = np.fromiter((t for x in ids for t in x), np.int64, int(lengths.sum()))
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
     max_id = int(flat.max()) if flat.size else -1
     return flat.astype(_WORKER["dtype"]), lengths[lengths > 0], max_id, int((lengths == 0).sum())
 
 
-def _results(ns, texts, dtype, eos):
-    """Yield worker results in input order, keeping at most a few batches in flight."""
+class _FileDone:
+    """Marks the end of input file k in the result stream, with the reader's counters at that point."""
+
+    def __init__(self, k: int, counters: dict):
+        self.k, self.counters = k, counters
+
+    def get(self):
+        return self
+
+
+def _work(reader: DocumentReader, files: list, start: int):
+    for k in range(start, len(files)):
+        if reader.exhausted:
+            return
+        yield from batches(reader.read(files[k]))
+        yield _FileDone(k, reader.counters())
+
+
+def _prefetched(items, depth: int = 4):
+    """`items` produced by a thread: reading and JSON parsing overlap `encode_batch`, which releases the GIL."""
+    q: queue.Queue = queue.Queue(depth)
+    stop, end = threading.Event(), object()
+
+    def produce():
+        try:
+            for x in items:
+                while not stop.is_set():
+                    try:
+                        q.put(x, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put(_Raised(e))
+            return
+        q.put(end)
+
+    threading.Thread(target=produce, daemon=True, name="preprocess-reader").start()
+    try:
+        while (x := q.get()) is not end:
+            if isinstance(x, _Raised):
+                raise x.error
+            yield x
+    finally:
+        stop.set()
+
+
+class _Raised:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _results(ns, work, dtype, eos, tok):
+    """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
     if ns.workers <= 1:
-        _init_worker(ns.tokenizer, dtype.str, eos)
-        for b in batches(texts):
-            yield _encode(b)
+        _WORKER.update(tok=tok, dtype=dtype, eos=eos)
+        for item in _prefetched(work):
+            yield item if isinstance(item, _FileDone) else _encode(item)
         return
     import multiprocessing as mp
 
     with mp.get_context("fork").Pool(ns.workers, _init_worker, (ns.tokenizer, dtype.str, eos)) as pool:
         window = collections.deque()
-        for b in batches(texts):
-            window.append(pool.apply_async(_encode, (b,)))
+        for item in work:
+            window.append(item if isinstance(item, _FileDone) else pool.apply_async(_encode, (item,)))
             if len(window) >= 2 * ns.workers + 2:
                 yield window.popleft().get()
         while window:
             yield window.popleft().get()
 
 
-def preprocess(ns) -> int:
-    """Tokenize `ns.input_path` into `ns.output_prefix`.bin/.idx/.json (the `preprocess` command's options)."""
+def _inputs(ns, base: str):
+    """(this task's files, files skipped by name, files in the whole job)."""
+    all_files, skipped = list_input_files(ns.input_path, exclude=lambda p: tasks.is_own_output(p, base))
+    clash = [str(f) for f in all_files if tasks.is_own_output(f, base)]
+    if clash:
+        raise UserError(f"--output_prefix: {base} would overwrite the input {clash[0]}; choose another prefix")
+    return tasks.task_share(all_files, ns.num_tasks, ns.task_index), skipped, len(all_files)
 
+
+def preprocess(ns) -> int:
+    """Tokenize `ns.input_path` (this task's share) into `<output_prefix>[-iiiii-of-nnnnn]`.bin/.idx/.json."""
+    ns.num_tasks, ns.task_index = getattr(ns, "num_tasks", 1), getattr(ns, "task_index", 0)
+    tasks.check_task(ns.num_tasks, ns.task_index)
     tok = load_tokenizer(ns.tokenizer)
     eos = None
     if ns.append_eos:
         eos = tok.eos_token_id
         if eos is None:
             raise UserError(f"{ns.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop --append_eos")
-    prefix = strip_prefix(ns.output_prefix)
-    reader = DocumentReader(ns.input_path, ns.json_key, ns.skip_bad_lines, ns.max_doc_num)
-    outputs = {os.path.abspath(prefix + ext) for ext in (".bin", ".idx", ".json")}
-    clash = [str(f) for f in reader.files if os.path.abspath(f) in outputs]
-    if clash:
-        raise UserError(f"--output_prefix: {prefix} would overwrite the input {clash[0]}; choose another prefix")
+    base = strip_prefix(ns.output_prefix)
+    prefix = tasks.task_prefix(base, ns.num_tasks, ns.task_index)
+    files, skipped, n_all = _inputs(ns, base)
+    task = f" (task {ns.task_index} of {ns.num_tasks}: files {len(files)} of {n_all})" if ns.num_tasks > 1 else ""
+    if not files:
+        print(f"preprocess: nothing to do{task}: {n_all} input files for {ns.num_tasks} tasks")
+        return 0
     dtype = dtype_for_vocab(tok.vocab_size)
-    t0 = time.perf_counter()
-    docs = tokens = max_id = empty_after = 0
-    next_log = ns.log_interval
-    with IndexedDatasetWriter(prefix, dtype) as writer:
-        for flat, lengths, batch_max, n_empty in _results(ns, reader, dtype, eos):
-            if batch_max >= tok.vocab_size:
-                raise UserError(f"{ns.tokenizer}: produced token id {batch_max} >= vocab size {tok.vocab_size}; "
-                                "the tokenizer files are inconsistent, re-create them")
-            writer.add_documents(flat, lengths)
-            docs, tokens = docs + lengths.size, tokens + int(flat.size)
-            max_id, empty_after = max(max_id, batch_max), empty_after + n_empty
-            if ns.log_interval and docs >= next_log:
-                next_log = docs + ns.log_interval
-                el = time.perf_counter() - t0
-                print(f"preprocess: {docs} docs, {docs / el:.0f} docs/s, {tokens / el:.0f} tokens/s, "
-                      f"{reader.bytes / el / 1e6:.1f} MB/s", file=sys.stderr, flush=True)
-        if docs == 0:
+    settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": ns.json_key,
+                "max_doc_num": ns.max_doc_num}
+    inputs_sha = tasks.files_sha256(files, settings)
+    meta = read_sidecar(prefix)
+    if (meta and meta.get("inputs_sha256") == inputs_sha and os.path.exists(prefix + ".bin")
+            and os.path.exists(prefix + ".idx")):
+        tasks.remove_progress(prefix)
+        print(f"preprocess: {prefix}.bin/.idx already complete for these inputs and settings{task}; nothing to do")
+        return 0
+    rec = tasks.load_progress(prefix, files, settings)
+    writer = None
+    if rec is not None:
+        try:
+            writer = IndexedDatasetWriter(prefix, dtype, resume=rec["writer"])
+        except FileNotFoundError as e:
+            print(f"preprocess: cannot resume ({e}); starting this task over", file=sys.stderr)
+            rec = None
+    if writer is None:
+        tasks.remove_progress(prefix)
+        writer = IndexedDatasetWriter(prefix, dtype)
+    reader = DocumentReader(None, ns.json_key, ns.skip_bad_lines, ns.max_doc_num, files=files)
+    start, stats = 0, {"written": 0, "tokens": 0, "max_id": -1, "empty_after": 0}
+    if rec is not None:
+        reader.restore(rec["counters"])
+        start = rec["done_files"]
+        stats = {k: int(rec["counters"][k]) for k in stats}
+        print(f"preprocess: resuming {prefix} after {start} of {len(files)} files (last: {rec['last_file']}; "
+              f"{stats['written']} documents kept)", file=sys.stderr)
+    try:
+        el, new_tokens, new_bytes = _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, tok)
+    except BaseException:
+        if os.path.exists(tasks.progress_path(prefix)):  # keep finished files for the re-run
+            writer.close()
+        else:
             writer.abort()
-            raise UserError(f"--input_path: no non-empty documents in {' '.join(map(str, ns.input_path))}; "
-                            f"check the files and --json_key ({ns.json_key!r})")
-        writer.finalize()
-    el = time.perf_counter() - t0
-    meta = {
-        "format": SIDECAR_FORMAT, "documents": docs, "tokens": tokens, "max_token_id": max_id,
+        raise
+    docs, tokens, empty = stats["written"], stats["tokens"], reader.empty + stats["empty_after"]
+    atomic.write_json(prefix + ".json", {
+        "format": SIDECAR_FORMAT, "documents": docs, "tokens": tokens, "max_token_id": stats["max_id"],
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(ns.tokenizer),
-        "tokenizer_sha256": tok.sha256, "eos_appended": bool(ns.append_eos), "eos_token_id": eos,
-        "json_key": ns.json_key, "input_files": len(reader.files), "skipped_bad_lines": reader.bad_lines,
-        "skipped_empty_documents": reader.empty + empty_after,
-    }
-    atomic.write_json(prefix + ".json", meta, sort_keys=True)
-    for f in reader.skipped_files[:5]:
-        print(f"preprocess: skipped {f} (not .jsonl/.json/.txt)", file=sys.stderr)
-    print(f"preprocess: wrote {prefix}.bin/.idx: {docs} documents, {tokens} tokens ({dtype.name}), "
-          f"max id {max_id}, {reader.empty + empty_after} empty skipped, {reader.bad_lines} bad lines skipped, "
-          f"{el:.1f}s ({tokens / max(el, 1e-9):.0f} tokens/s, {reader.bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
+        "tokenizer_sha256": tok.sha256, "eos_appended": bool(ns.append_eos), "eos_token_id": tok.eos_token_id,
+        "json_key": ns.json_key, "input_files": len(files), "num_tasks": ns.num_tasks, "task_index": ns.task_index,
+        "inputs_sha256": inputs_sha, "skipped_bad_lines": reader.bad_lines,
+        "skipped_corrupt_parts": reader.bad_parts, "skipped_empty_documents": empty,
+    }, sort_keys=True)
+    tasks.remove_progress(prefix)
+    for f in skipped[:5]:
+        print(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)", file=sys.stderr)
+    corrupt = f", {reader.bad_parts} corrupt parts skipped" if reader.bad_parts else ""
+    print(f"preprocess: wrote {prefix}.bin/.idx{task}: {docs} documents, {tokens} tokens ({dtype.name}), "
+          f"max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped{corrupt}, "
+          f"{el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
     return 0
+
+
+def _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, tok) -> tuple[float, int, int]:
+    """Encode and write from file `start` on; record each finished file; finalize.
+    Returns (seconds, tokens written, bytes read) of this process."""
+    t0 = time.perf_counter()
+    bytes0, docs0, tokens0 = reader.bytes, stats["written"], stats["tokens"]
+    next_log = docs0 + ns.log_interval
+    for item in _results(ns, _work(reader, files, start), dtype, eos, tok):
+        if isinstance(item, _FileDone):
+            tasks.save_progress(prefix, files, item.k + 1, settings, writer.checkpoint(), {**item.counters, **stats})
+            continue
+        flat, lengths, batch_max, n_empty = item
+        if batch_max >= tok.vocab_size:
+            raise UserError(f"{ns.tokenizer}: produced token id {batch_max} >= vocab size {tok.vocab_size}; "
+                            "the tokenizer files are inconsistent, re-create them")
+        writer.add_documents(flat, lengths)
+        stats["written"] += lengths.size
+        stats["tokens"] += int(flat.size)
+        stats["max_id"] = max(stats["max_id"], batch_max)
+        stats["empty_after"] += n_empty
+        if ns.log_interval and stats["written"] >= next_log:
+            next_log = stats["written"] + ns.log_interval
+            el = time.perf_counter() - t0
+            done = stats["written"] - docs0
+            print(f"preprocess: {stats['written']} docs, {done / el:.0f} docs/s, "
+                  f"{(stats['tokens'] - tokens0) / el:.0f} tokens/s, {(reader.bytes - bytes0) / el / 1e6:.1f} MB/s",
+                  file=sys.stderr, flush=True)
+    if stats["written"] == 0:
+        tasks.remove_progress(prefix)
+        raise UserError(f"--input_path: no non-empty documents in {' '.join(map(str, ns.input_path))}; "
+                        f"check the files and --json_key ({ns.json_key!r})")
+    writer.finalize()
+    return time.perf_counter() - t0, stats["tokens"] - tokens0, reader.bytes - bytes0

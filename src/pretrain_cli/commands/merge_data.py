@@ -1,0 +1,18 @@
+"""`pretrain-cli merge-data OUT IN...`: join token file pairs into one (Megatron's merge_datasets.py)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", help="output prefix: writes OUT.bin, OUT.idx, OUT.json")
+    parser.add_argument("inputs", nargs="+",
+                        help="token file prefixes, joined in the order given; a directory stands for all of its "
+                             "token files in sorted order (the outputs of `preprocess --num_tasks N`)")
+
+
+def main(ns: argparse.Namespace) -> int:
+    from pretrain_cli.data.merge import merge, merge_summary
+
+    print(merge_summary(ns.output, merge(ns.output, ns.inputs)))
+    return 0

@@ -1,0 +1,107 @@
+"""Joining token files into one pair (the work behind `pretrain-cli merge-data`), and the check that
+several token files were made with the same tokenizer (shared with `inspect-data` on a directory).
+
+The join is Megatron-LM's `merge_datasets.py` / PaddleNLP's `merge_file_`: tokens back to back,
+sizes appended, pointers recomputed, each input's doc_idx shifted by the sequences before it, and
+the dtypes must agree. Inputs are streamed in chunks and the pair is published with the writer's
+renames, so memory stays flat and a crash leaves nothing under the output's name. Joining the
+outputs of `preprocess --num_tasks N` in task order gives exactly the bytes of one single run.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.data.indexed import (SIDECAR_FORMAT, IndexedDatasetWriter, open_token_file, read_sidecar,
+                                       strip_prefix, token_prefixes)
+from pretrain_cli.errors import UserError
+
+TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")
+_CHUNK = 1 << 24
+
+
+def expand_prefixes(inputs) -> list[str]:
+    """Prefixes as given, a directory standing for all its token files in sorted order."""
+    out = []
+    for x in map(str, inputs):
+        if os.path.isdir(x):
+            found = token_prefixes(x)
+            if not found:
+                raise UserError(f"{x}: directory holds no .idx or _idx.npz token files; pass token file prefixes")
+            out.extend(found)
+        else:
+            out.append(strip_prefix(x))
+    return out
+
+
+def tokenizer_problems(items) -> list[str]:
+    """One line per tokenizer field on which the files' sidecars disagree (files without one are not judged)."""
+    problems = []
+    for field in TOKENIZER_FIELDS:
+        vals = [(p, m[field]) for p, m in items if m and m.get(field) is not None]
+        if not vals:
+            continue
+        p0, v0 = vals[0]
+        other = next(((p, v) for p, v in vals if v != v0), None)
+        if other is not None:
+            problems.append(f"{other[0]}.json: {field} {other[1]!s:.16} differs from {v0!s:.16} in {p0}.json; "
+                            "the files were made with different tokenizers: re-run preprocess with one tokenizer")
+    return problems
+
+
+def merge(output: str, inputs) -> dict:
+    """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar."""
+    prefixes = expand_prefixes(inputs)
+    out = strip_prefix(output)
+    if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
+        raise UserError(f"{out}: the output is also an input; choose another output prefix")
+    datasets = [open_token_file(p) for p in prefixes]  # every structural check before any write
+    metas = [read_sidecar(p) for p in prefixes]
+    first = datasets[0]
+    for ds in datasets[1:]:
+        if ds.dtype != first.dtype:
+            raise UserError(f"{ds.prefix}: dtype {ds.dtype.name} differs from {first.dtype.name} of {first.prefix}; "
+                            "token files can only be joined if they share a dtype (re-run preprocess with one tokenizer)")
+    problems = tokenizer_problems(list(zip(prefixes, metas)))
+    if problems:
+        raise UserError("\n".join(problems))
+    with_lsm = [ds.loss_mask is not None for ds in datasets]
+    if any(with_lsm) and not all(with_lsm):
+        odd = datasets[with_lsm.index(not with_lsm[0])]
+        raise UserError(f"{odd.prefix}: has {'a' if odd.loss_mask is not None else 'no'} .lsm loss mask unlike "
+                        f"{first.prefix}; give every input a mask or none")
+    try:
+        with IndexedDatasetWriter(out, first.dtype) as writer:
+            if all(with_lsm):  # before the .idx, which is the commit point
+                with atomic.publishing(out + ".lsm") as f:
+                    for ds in datasets:
+                        for s in range(0, ds.num_tokens, _CHUNK):
+                            f.write(np.asarray(ds.loss_mask[s : s + _CHUNK], np.uint8).tobytes())
+            for ds in datasets:
+                writer.add_dataset(ds)
+            writer.finalize()
+    except BaseException:
+        if all(with_lsm) and not os.path.exists(out + ".idx") and os.path.exists(out + ".lsm"):
+            os.remove(out + ".lsm")
+        raise
+    known = [m for m in metas if m]
+    meta = {"format": SIDECAR_FORMAT, "documents": sum(d.num_documents for d in datasets),
+            "tokens": sum(d.num_tokens for d in datasets), "dtype": first.dtype.name,
+            "max_token_id": max(d.max_token_id() for d in datasets), "merged_from": prefixes,
+            "inputs_without_sidecar": len(prefixes) - len(known)}
+    for field in (*TOKENIZER_FIELDS, "tokenizer", "eos_appended", "json_key"):
+        vals = {str(m.get(field)) for m in known if field in m}
+        if len(vals) == 1:
+            meta[field] = next(m[field] for m in known if field in m)
+    atomic.write_json(out + ".json", meta, sort_keys=True)
+    return meta
+
+
+def merge_summary(output: str, meta: dict) -> str:
+    note = (f"; {meta['inputs_without_sidecar']} inputs had no .json sidecar, so their tokenizer is unchecked"
+            if meta["inputs_without_sidecar"] else "")
+    return (f"merge-data: wrote {strip_prefix(output)}.bin/.idx from {len(meta['merged_from'])} files: "
+            f"{meta['documents']} documents, {meta['tokens']} tokens ({meta['dtype']}){note}")
+
