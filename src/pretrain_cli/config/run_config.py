@@ -135,10 +135,12 @@ class Recompute:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic, REFERENCE §7.3).
+    """Degrees and this process's ranks: world = pp × dp × sharding × tp (PaddleNLP arithmetic, REFERENCE §7.3).
 
     Ranks are laid out data-major, tensor-parallel-minor: rank = data_rank × tp + tp_rank, so the
-    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r.
+    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r. Pipeline
+    stages are outermost (rank = pp_rank × dp × sharding + data_rank): on two nodes the stages are what
+    crosses between them, one activation per micro-batch (distributed/pipeline.py).
     """
 
     world_size: int = 1
@@ -150,15 +152,28 @@ class ParallelConfig:
     offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1
+    virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
 
     @property
     def data_world_size(self) -> int:
-        """Ranks that read different data: dp × sharding (tensor-parallel ranks share batches)."""
+        """Ranks that read different data: dp × sharding (tensor-parallel ranks and pipeline stages share batches)."""
         return self.dp_degree * self.sharding_degree
 
     @property
     def data_rank(self) -> int:
-        return self.rank // (self.tp_degree * self.pp_degree)
+        return (self.rank % (self.world_size // self.pp_degree)) // self.tp_degree
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's pipeline stage."""
+        return self.rank // (self.world_size // self.pp_degree)
+
+    def stage_rank(self, stage: int) -> int:
+        """The rank of `stage` in the first pipeline (data replica 0), which checkpoints are gathered from."""
+        return stage * (self.world_size // self.pp_degree)
+
+    def stage_of_rank(self, rank: int) -> int:
+        return rank // (self.world_size // self.pp_degree)
 
     @property
     def tp_rank(self) -> int:
@@ -181,9 +196,12 @@ class ParallelConfig:
     def engine(self) -> str:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it):
         "single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
-        (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism)."""
+        (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism) or "pipeline" (fleet's
+        PipelineParallel)."""
         if not self.distributed:
             return "single"
+        if self.pp_degree > 1:
+            return "pipeline"
         if self.tp_degree > 1 or self.zero_stage in (2, 3):
             return "semi_auto"
         return "fleet_zero1" if self.zero_stage == 1 else "data_parallel"
@@ -195,6 +213,9 @@ class ParallelConfig:
                          f"{' offload' if self.offload else ''}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
+        if self.pp_degree > 1:
+            parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
+                                                   else ""))
         return ", ".join(parts)
 
 

@@ -28,7 +28,7 @@ def run(spec) -> int:
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
-        init_process_group(r.parallel, r.loop.seed)
+        init_process_group(r.parallel, r.loop.seed, r.loop)
     comm = build_comm(r.parallel)
     watchdog.start(r.parallel)
     for line in spec.describe():
@@ -76,10 +76,10 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     apply_recompute(model, run.recompute)
     step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
     strategy = build_strategy(run.parallel, run.device, step_kernels)
+    raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
     model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
     optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                 adamw=step_kernels.adamw)
-    raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, run.precision)
     if run.kernels.to_static:
         from pretrain_cli.ops.kernels import compile_forward

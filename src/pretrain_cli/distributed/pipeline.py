@@ -1,0 +1,321 @@
+"""Pipeline parallelism on fleet's engine: the finished single-device model cut into stages from outside.
+
+The decoder's own pieces become fleet `PipelineLayer` items: the embedding, one item per decoder layer,
+the final norm, and the LM head's weight. `stage_bounds` splits the decoder layers over the
+`pipeline_parallel_degree` stages as evenly as they go (the embedding rides with the first, the norm and
+head with the last); `stage_of` is the same split by HF tensor name (global layer index), which the
+checkpoint code uses to know which rank holds what. Every stage reads the same micro-batches; the first
+feeds them in, the last computes the loss (the fused head + loss needs the labels, which only it sees).
+Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
+
+Tied embeddings: the last stage holds the embedding's weight as a fleet `SharedLayerDesc` (the same
+weight, the first stage's value broadcast at build); after backward fleet all-reduces the two copies'
+gradients, so both receive the same summed gradient and the same AdamW update, as the one tied weight of
+one process does. The gradient norm counts the copy once.
+
+Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
+schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
+step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
+Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule.
+
+On CPU two workarounds (PADDLE_PARALLEL_CPU.md): `pp_configs.use_batch_p2p_comm = False` and
+`ParallelEnv._device_id = 0`.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from pretrain_cli.distributed.strategy import Strategy
+
+ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
+
+
+def stage_bounds(num_layers: int, stages: int) -> list[int]:
+    """Decoder-layer index where each stage starts, plus the end: [0, b1, ..., num_layers]. Extra layers go to
+    the middle stages (the first holds the embedding, the last the head and the loss)."""
+    base, extra = divmod(num_layers, stages)
+    order = sorted(range(stages), key=lambda s: (s in (0, stages - 1), s))
+    sizes = [base + (1 if order.index(s) < extra else 0) for s in range(stages)]
+    return [0] + np.cumsum(sizes).tolist()
+
+
+def stage_of(name: str, bounds: list[int]) -> int:
+    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    if m:
+        i = int(m.group(1))
+        return max(s for s in range(len(bounds) - 1) if bounds[s] <= i)
+    if name.startswith("model.embed_tokens."):
+        return 0
+    return len(bounds) - 2  # model.norm, lm_head
+
+
+def init_fleet(parallel, loop, seed: int) -> None:
+    """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": parallel.pp_degree,
+                               "sharding_degree": parallel.sharding_degree, "order": ORDER}
+    strategy.pipeline_configs = {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
+                                 "p2p_cache_shape": False}  # eval sends another batch size than training
+    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = False  # gloo: no batched isend/irecv on CPU
+    strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+    if not hasattr(dist.ParallelEnv(), "_device_id"):
+        dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
+    fleet.init(is_collective=True, strategy=strategy)
+
+
+def _layers():
+    """The stage items (classes built on first use: paddle is imported lazily)."""
+    import paddle.nn as nn
+
+    class Embed(nn.Layer):
+        """First stage: token ids (+ document fields) -> (hidden, *document fields)."""
+
+        def __init__(self, embed_tokens):
+            super().__init__()
+            self.embed_tokens = embed_tokens
+
+        def forward(self, inputs):
+            return embed(self.embed_tokens, inputs)
+
+    class TiedWeight(nn.Layer):
+        """The embedding's weight as fleet's shared layer: first stage (lookup) and last (head)."""
+
+        def __init__(self, embed_tokens):
+            super().__init__()
+            self.weight = embed_tokens.weight
+            self._embedding = [embed_tokens]  # not a sublayer: the weight above is its only parameter
+
+    class Block(nn.Layer):
+        """One decoder layer; RoPE tables from the model's own rotary embedding."""
+
+        def __init__(self, layer, rotary):
+            super().__init__()
+            self.layer, self._rotary = layer, [rotary]
+
+        def forward(self, inputs):
+            x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
+            cos, sin = self._rotary[0](x.shape[1])
+            if doc:
+                return (self.layer(x, cos, sin, None, *doc),) + tuple(doc)
+            return self.layer(x, cos, sin)
+
+    class Final(nn.Layer):
+        """The final norm: the hidden states the loss reads (document fields end here)."""
+
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, inputs):
+            return self.norm(inputs[0] if isinstance(inputs, tuple) else inputs)
+
+    class Head(nn.Layer):
+        """An untied LM head's weight on the last stage (the fused head + loss reads it in the loss)."""
+
+        def __init__(self, lm_head):
+            super().__init__()
+            self.lm_head = lm_head
+
+        def forward(self, h):
+            return h
+
+    return Embed, TiedWeight, Block, Final, Head
+
+
+def embed(embed_tokens, inputs):
+    ids, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
+    x = embed_tokens(ids)
+    return (x,) + tuple(doc) if doc else x
+
+
+def _tied_lookup(shared, inputs):
+    return embed(shared._embedding[0], inputs)
+
+
+def _tied_head(shared, h):
+    return h
+
+
+class StageLoss:
+    """The last stage's loss: the model's own head + loss on the final hidden states. `sum_mode` (evaluation)
+    returns the sum of token losses instead of their mean."""
+
+    __name__ = "StageLoss"
+
+    def __init__(self, lm):
+        self.lm, self.sum_mode = lm, False
+
+    def __call__(self, h, labels):
+        from pretrain_cli.ops.loss import mean_loss
+
+        total, count = self.lm.loss_sum(h, labels)
+        return total if self.sum_mode else mean_loss(total, count)
+
+
+def build_pipeline_layer(lm, parallel):
+    """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied)."""
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
+
+    Embed, TiedWeight, Block, Final, Head = _layers()
+    dec, tied = lm.model, lm.lm_head is None
+    items = [SharedLayerDesc("embed_tokens", TiedWeight, _tied_lookup, "weight", embed_tokens=dec.embed_tokens)
+             if tied else Embed(dec.embed_tokens)]
+    items += [Block(layer, dec.rotary_emb) for layer in dec.layers]
+    items.append(Final(dec.norm))
+    items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
+                 if tied else Head(lm.lm_head))
+    bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
+    seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
+    loss = StageLoss(lm)
+    layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg)
+    return layer, loss, bounds
+
+
+class Pipelined:
+    """fleet's `PipelineParallel` as the trainer's model: parameters, train/eval, and `model(ids, labels=...)`
+    for evaluation (a forward-only pass of the pipeline; returns the global sums like a plain model)."""
+
+    def __init__(self, engine, loss):
+        self.engine, self.loss = engine, loss
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def __call__(self, ids, labels=None, **extra):
+        import paddle
+
+        from pretrain_cli.ops.loss import IGNORE_INDEX
+
+        pp = self.engine
+        saved = pp.accumulate_steps, pp.micro_batch_size
+        pp.accumulate_steps, pp.micro_batch_size = 1, ids.shape[0]
+        self.loss.sum_mode = True
+        try:
+            total = pp.eval_batch([inputs_of(ids, extra), labels], compute_loss=True)
+        finally:
+            pp.accumulate_steps, pp.micro_batch_size = saved
+            self.loss.sum_mode = False
+        count = (labels != IGNORE_INDEX).astype("float32").sum()
+        return paddle.reshape(total, []), count
+
+
+def inputs_of(ids, extra: dict):
+    from pretrain_cli.data.loader import DOCUMENT_FIELDS
+
+    doc = [extra[k] for k in DOCUMENT_FIELDS if k in extra]
+    return (ids, *doc) if doc else ids
+
+
+class Pipeline(Strategy):
+    """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        super().__init__(parallel, device, step_kernels)
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}"
+        self.lm = self.loss = self.bounds = None
+
+    # ------------------------------------------------------------------ building
+    def place(self, model):
+        """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
+        self.lm = model
+        self._shapes = {name: (list(p.shape), str(p.dtype).split(".")[-1]) for name, p in model.named_parameters()}
+        layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
+        return layer
+
+    def wrap(self, model, optimizer):
+        from paddle.distributed import fleet
+
+        engine = fleet.distributed_model(model)
+        self.hcg = fleet.get_hybrid_communicate_group()
+        self.pp_group = self.hcg.get_pipe_parallel_group()
+        self.params = list(model.parameters())
+        tied = self.lm.lm_head is None and self.parallel.pp_rank > 0
+        self._counted = [p for p in self.params if not (tied and p is self.lm.model.embed_tokens.weight)]
+        return Pipelined(engine, self.loss), optimizer
+
+    # ------------------------------------------------------------------ a step
+    def forward_backward(self, model, batches: list, amp):
+        """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
+        import paddle
+
+        from pretrain_cli.training.evaluation import model_inputs
+
+        pieces = [model_inputs(b) for b in batches]
+        ids = [ids for ids, _, _ in pieces]
+        fields = [k for k in pieces[0][1]]
+        first = tuple([ids] + [[extra[k] for _, extra, _ in pieces] for k in fields]) if fields else ids
+        labels = [lab for _, _, lab in pieces]
+        with amp.autocast():
+            loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
+        return paddle.reshape(loss, [])
+
+    def sync_grads(self) -> None:
+        if self.parallel.data_world_size > 1:
+            from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+            fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
+
+    def grad_norm(self, model):
+        """Each stage's squared norm, summed over the pipeline (a tied weight's second copy counted once)."""
+        import paddle
+        import paddle.distributed as dist
+
+        sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return paddle.sqrt(sq)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _owner(self, name: str) -> int:
+        return self.parallel.stage_rank(stage_of(name, self.bounds))
+
+    def _in_first_pipeline(self) -> bool:
+        return self.parallel.rank in [self.parallel.stage_rank(s) for s in range(self.parallel.pp_degree)]
+
+    def gather_weights(self, model) -> dict | None:
+        """Rank 0 receives every stage's parameters from the first pipeline (data replica 0), one broadcast
+        per tensor over its pipeline group; the other replicas hold copies and take no part."""
+        import paddle
+        import paddle.distributed as dist
+
+        if not self._in_first_pipeline():
+            return None
+        params = dict(model.named_parameters())
+        out = {} if self.parallel.is_rank0 else None
+        for name in sorted(self._shapes):
+            owner, (shape, dtype) = self._owner(name), self._shapes[name]
+            t = params[name].detach() if owner == self.parallel.rank else paddle.zeros(shape, dtype=dtype)
+            dist.broadcast(t, src=owner, group=self.pp_group)
+            if out is not None:
+                out[name] = t.numpy()
+        return out
+
+    def gather_optimizer_state(self, model, read) -> dict | None:
+        """The optimizer state by HF name on rank 0: each tensor broadcast from its stage over the first
+        pipeline (shapes exchanged first: they include the O2 master copies where there are any)."""
+        import paddle
+        import paddle.distributed as dist
+
+        if not self._in_first_pipeline():
+            return None
+        local = read(None)
+        metas: list = []
+        dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()},
+                               group=self.pp_group)
+        out = {} if self.parallel.is_rank0 else None
+        keys = sorted({k for m in metas for k in m})
+        for key in keys:
+            owner = self._owner(key.split("/")[0])
+            stage = self.parallel.stage_of_rank(owner)
+            shape, dtype = metas[stage][key]
+            mine = owner == self.parallel.rank
+            t = paddle.to_tensor(np.ascontiguousarray(local[key])) if mine else paddle.zeros(shape, dtype=dtype)
+            dist.broadcast(t, src=owner, group=self.pp_group)
+            if out is not None:
+                out[key] = t.numpy()
+        return out
