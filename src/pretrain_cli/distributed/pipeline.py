@@ -23,6 +23,7 @@ On CPU two workarounds (PADDLE_PARALLEL_CPU.md): `pp_configs.use_batch_p2p_comm 
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -66,7 +67,30 @@ def init_fleet(parallel, loop, seed: int) -> None:
     strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
     if not hasattr(dist.ParallelEnv(), "_device_id"):
         dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
-    fleet.init(is_collective=True, strategy=strategy)
+    with groups_one_at_a_time():
+        fleet.init(is_collective=True, strategy=strategy)
+
+
+@contextlib.contextmanager
+def groups_one_at_a_time():
+    """Each `new_group` followed by a barrier of every rank. With gloo, two disjoint groups created at once (the
+    "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout) in
+    Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order (fleet's
+    topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
+    import paddle.distributed as dist
+
+    plain = dist.new_group
+
+    def new_group(*args, **kwargs):
+        group = plain(*args, **kwargs)
+        dist.barrier()
+        return group
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = plain
 
 
 def _layers():
@@ -160,6 +184,7 @@ class StageLoss:
 
 def build_pipeline_layer(lm, parallel):
     """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied)."""
+    from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
 
     Embed, TiedWeight, Block, Final, Head = _layers()
@@ -173,7 +198,9 @@ def build_pipeline_layer(lm, parallel):
     bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     loss = StageLoss(lm)
-    layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg)
+    with groups_one_at_a_time():  # the tied embedding's group between the first and last stage
+        layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
+                              topology=fleet.get_hybrid_communicate_group().topology())  # stages outermost (ORDER)
     return layer, loss, bounds
 
 
