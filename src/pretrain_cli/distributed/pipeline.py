@@ -125,8 +125,8 @@ def _layers():
         def forward(self, inputs):
             x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
             cos, sin = self._rotary[0](x.shape[1])
-            if doc:
-                return (self.layer(x, cos, sin, None, *doc),) + tuple(doc)
+            if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
+                return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
             return self.layer(x, cos, sin)
 
     class Final(nn.Layer):
