@@ -16,7 +16,8 @@ one process does. The gradient norm counts the copy once.
 Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
 schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
 step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
-Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule.
+Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
+(`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
 On CPU two workarounds (PADDLE_PARALLEL_CPU.md): `pp_configs.use_batch_p2p_comm = False` and
 `ParallelEnv._device_id = 0`.
@@ -244,7 +245,8 @@ class Pipeline(Strategy):
 
     def __init__(self, parallel, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}"
+        zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.zero_stage else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
 
     # ------------------------------------------------------------------ building
@@ -262,9 +264,18 @@ class Pipeline(Strategy):
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
         self.params = list(model.parameters())
+        self._owned, self._hpo = self.params, None
+        if self.parallel.zero_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
+            optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
+            self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
         tied = self.lm.lm_head is None and self.parallel.pp_rank > 0
-        self._counted = [p for p in self.params if not (tied and p is self.lm.model.embed_tokens.weight)]
+        self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
         return Pipelined(engine, self.loss), optimizer
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp):
@@ -283,19 +294,32 @@ class Pipeline(Strategy):
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        if self.parallel.data_world_size > 1:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self.params)  # reduce to each parameter's owner (+ the dp all-reduce)
+        elif self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
             fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
 
+    def grad_params(self, model) -> list:
+        return self._owned
+
     def grad_norm(self, model):
-        """Each stage's squared norm, summed over the pipeline (a tied weight's second copy counted once)."""
+        """Each stage's squared norm (ZeRO-1: each owner's part), summed over the pipeline; a tied weight's second
+        copy is counted once."""
         import paddle
         import paddle.distributed as dist
 
         sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        if self._hpo is not None:
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
 
     # ------------------------------------------------------------------ checkpoints
     def _owner(self, name: str) -> int:
@@ -323,26 +347,22 @@ class Pipeline(Strategy):
         return out
 
     def gather_optimizer_state(self, model, read) -> dict | None:
-        """The optimizer state by HF name on rank 0: each tensor broadcast from its stage over the first
-        pipeline (shapes exchanged first: they include the O2 master copies where there are any)."""
+        """The optimizer state by HF name on rank 0: shapes exchanged first (every rank: which keys it holds,
+        ZeRO-1 owners only theirs), then each tensor broadcast from the lowest rank holding it (a tied weight:
+        the first stage's copy). No rank holds more than its own state plus one tensor (rank 0: the whole)."""
         import paddle
         import paddle.distributed as dist
 
-        if not self._in_first_pipeline():
-            return None
         local = read(None)
         metas: list = []
-        dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()},
-                               group=self.pp_group)
+        dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()})
         out = {} if self.parallel.is_rank0 else None
-        keys = sorted({k for m in metas for k in m})
-        for key in keys:
-            owner = self._owner(key.split("/")[0])
-            stage = self.parallel.stage_of_rank(owner)
-            shape, dtype = metas[stage][key]
+        for key in sorted({k for m in metas for k in m}):
+            owner = min(r for r, m in enumerate(metas) if key in m)
+            shape, dtype = metas[owner][key]
             mine = owner == self.parallel.rank
             t = paddle.to_tensor(np.ascontiguousarray(local[key])) if mine else paddle.zeros(shape, dtype=dtype)
-            dist.broadcast(t, src=owner, group=self.pp_group)
+            dist.broadcast(t, src=owner)
             if out is not None:
                 out[key] = t.numpy()
         return out

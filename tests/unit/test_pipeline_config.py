@@ -1,0 +1,58 @@
+"""Pipeline keys in config (no processes): the degrees, the rank layout, the refusals, and the stage of each HF name."""
+from __future__ import annotations
+
+import pytest
+from run_helpers import resolve_run
+
+from pretrain_cli.distributed.pipeline import stage_bounds, stage_of
+from pretrain_cli.errors import UserError
+
+
+def test_stage_bounds_split_layers_evenly_with_extras_in_the_middle():
+    assert stage_bounds(2, 2) == [0, 1, 2]
+    assert stage_bounds(8, 4) == [0, 2, 4, 6, 8]
+    assert stage_bounds(10, 4) == [0, 2, 5, 8, 10]  # the two extra layers go to stages 1 and 2
+    assert stage_bounds(5, 2) == [0, 3, 5]
+
+
+def test_stage_of_maps_hf_names_by_global_layer_index():
+    bounds = stage_bounds(10, 4)
+    assert stage_of("model.embed_tokens.weight", bounds) == 0
+    assert stage_of("model.layers.1.mlp.up_proj.weight", bounds) == 0
+    assert stage_of("model.layers.2.self_attn.q_proj.weight", bounds) == 1
+    assert stage_of("model.layers.7.input_layernorm.weight", bounds) == 2
+    assert stage_of("model.layers.8.mlp.down_proj.weight", bounds) == 3
+    assert stage_of("model.norm.weight", bounds) == stage_of("lm_head.weight", bounds) == 3
+
+
+def test_pp_dp_layout_puts_stages_outermost():
+    runs = [resolve_run("--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", world=4, rank=r)
+            for r in range(4)]
+    p = runs[0].parallel
+    assert (p.engine, p.pp_degree, p.dp_degree, p.data_world_size) == ("pipeline", 2, 2, 2)
+    assert [(r.parallel.pp_rank, r.parallel.data_rank) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [p.stage_rank(s) for s in range(2)] == [0, 2]
+    assert runs[0].kernels.optimizer == "paddle" and "pp 2" in p.describe()
+    zero1 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage1", world=4).parallel
+    assert zero1.sharding_degree == 2 and zero1.zero_stage == 1 and zero1.engine == "pipeline"
+
+
+def test_pipeline_refusals_and_notes_are_one_line_each():
+    with pytest.raises(UserError) as e:
+        resolve_run("--pipeline_parallel_degree", "2", "--virtual_pp_degree", "2", "--sharding", "stage3",
+                    "--pipeline_parallel_config", "enable_timer bogus_flag", world=2)
+    text = str(e.value)
+    assert "virtual_pp_degree: 2" in text and "the 1F1B schedule with 2 stages runs" in text
+    assert "sharding: stage3 with pipeline_parallel_degree 2 is not supported" in text
+    assert "unknown flag 'bogus_flag'" in text
+    with pytest.raises(UserError, match="4 stages for 2 decoder layers"):  # micro-qwen2
+        resolve_run("--pipeline_parallel_degree", "4", world=4)
+    with pytest.raises(UserError, match="does not divide the world size 3"):
+        resolve_run("--pipeline_parallel_degree", "2", world=3)
+    r = resolve_run("--pipeline_parallel_degree", "2", "--pipeline_parallel_config",
+                    "enable_delay_scale_loss disable_p2p_cache_shape", world=2)
+    notes = "\n".join(r.notes)
+    assert "enable_delay_scale_loss has no effect here" in notes and "disable_p2p_cache_shape" not in notes
+    assert "1 micro-batch(es) per step for 2 stages" in notes  # the bubble is named
+    one = resolve_run("--pipeline_parallel_degree", "2", world=1)
+    assert one.parallel.pp_degree == 1 and any("pipeline_parallel_degree=2 has no effect" in n for n in one.notes)
