@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import pytest
-from run_helpers import resolve_run
+from run_helpers import model_config, resolve_run
 
-from pretrain_cli.distributed.pipeline import stage_bounds, stage_of
+from pretrain_cli.distributed.pipeline import stage_of
+from pretrain_cli.models.flops import param_counts
+from pretrain_cli.planning.memory import Setup, pipeline_stages, stage_params
 from pretrain_cli.errors import UserError
+from pretrain_cli.models.stages import stage_bounds
 
 
 def test_stage_bounds_split_layers_evenly_with_extras_in_the_middle():
@@ -56,3 +59,33 @@ def test_pipeline_refusals_and_notes_are_one_line_each():
     assert "1 micro-batch(es) per step for 2 stages" in notes  # the bubble is named
     one = resolve_run("--pipeline_parallel_degree", "2", world=1)
     assert one.parallel.pp_degree == 1 and any("pipeline_parallel_degree=2 has no effect" in n for n in one.notes)
+
+
+def test_plan_models_each_stage_and_the_bubble(tmp_path):
+    """The fullest stage is planned: stage params sum to the model plus the tied head's copy; the first stage keeps
+    P micro-batches of activations in flight, the last one and the loss; the ETA pays the bubble (P-1)/(m+P-1)."""
+    import json
+
+    from pretrain_cli.commands.plan import plan
+
+    args = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "max_seq_length": 1024,
+            "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True, "input_dir": str(tmp_path / "d"),
+            "output_dir": str(tmp_path / "o")}
+    (tmp_path / "a.json").write_text(json.dumps(args))
+    (tmp_path / "b.json").write_text(json.dumps(dict(args, pipeline_parallel_degree=4)))
+    one, pp = plan(str(tmp_path / "a.json"), gpus=4, device="A100-80GB"), plan(str(tmp_path / "b.json"), gpus=4,
+                                                                                 device="A100-80GB")
+    assert pp["parallel"]["pp"] == 4 and pp["parallel"]["pipeline_bubble"] == pytest.approx(3 / 11)
+    # same tokens per step on 4 devices (dp 4 vs pp 4 with 4x the accumulation per data rank): the bubble costs time
+    assert pp["eta_hours"] == pytest.approx(one["eta_hours"] * 4 / 4 / (1 - 3 / 11) * pp["tokens_per_step"]
+                                            / one["tokens_per_step"])
+    assert pp["memory_breakdown_gib"]["weights"] < 0.5 * one["memory_breakdown_gib"]["weights"]
+    cfg = model_config("qwen2.5-0.5b")  # tied, 24 layers
+    setup = Setup(model=cfg, micro_batch=1, seq_len=1024, pp=4, micro_batches=8)
+    total = sum(stage_params(setup, st) for st in range(4))
+    assert total == pytest.approx(param_counts(cfg)["total"] + cfg.vocab_size * cfg.hidden_size)
+    stages = pipeline_stages(setup)
+    assert [round(st["activations"] / stages[3]["activations"], 2) for st in stages[:3]][0] > 2  # 4 in flight vs 1
+    assert stages[0]["logits_loss"] == 0 < stages[3]["logits_loss"]
+    few = pipeline_stages(setup.with_(micro_batches=2))  # never more in flight than there are micro-batches
+    assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]

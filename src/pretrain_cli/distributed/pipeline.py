@@ -30,17 +30,9 @@ import re
 import numpy as np
 
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.models.stages import stage_bounds
 
 ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
-
-
-def stage_bounds(num_layers: int, stages: int) -> list[int]:
-    """Decoder-layer index where each stage starts, plus the end: [0, b1, ..., num_layers]. Extra layers go to
-    the middle stages (the first holds the embedding, the last the head and the loss)."""
-    base, extra = divmod(num_layers, stages)
-    order = sorted(range(stages), key=lambda s: (s in (0, stages - 1), s))
-    sizes = [base + (1 if order.index(s) < extra else 0) for s in range(stages)]
-    return [0] + np.cumsum(sizes).tolist()
 
 
 def stage_of(name: str, bounds: list[int]) -> int:

@@ -44,7 +44,7 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss)
+        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum)
 
 
 def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -78,6 +78,8 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
     if mfu is None:
         mfu = MFU_HALF if run.precision.enabled else MFU_FP32
     eta = None if peak_tflops is None else total_tokens * model_fpt / (par.world_size * peak_tflops * 1e12 * mfu) / 3600
+    bubble = (par.pp_degree - 1) / (lp.grad_accum + par.pp_degree - 1)  # 1F1B: each stage idles this share of a step
+    eta = None if eta is None else eta / (1 - bubble)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
@@ -94,7 +96,8 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
                             "paddlenlp": paddlenlp_flops_per_token(cfg, s, setup.recompute)},
         "precision": {"amp_dtype": run.precision.amp_dtype or "float32", "amp_level": setup.amp_level},
         "parallel": {"world": par.world_size, "dp": par.dp_degree, "sharding_stage": par.zero_stage,
-                     "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size},
+                     "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size,
+                     "pp": par.pp_degree, "pipeline_bubble": bubble},
         "micro_batch": lp.micro_batch, "gradient_accumulation_steps": lp.grad_accum,
         "max_seq_length": s, "recompute": setup.recompute, "attention": setup.attention,
         "attention_mask_type": run.data.attention_mask_type,
@@ -215,7 +218,9 @@ def format_report(r: dict) -> str:
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r["attention_mask_type"] == "document" else ""))
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
-                 f"(dp {par['dp']}, sharding stage {par['sharding_stage']} x{par['sharding_degree']}, tp {par['tp']}); "
+                 f"(dp {par['dp']}, sharding stage {par['sharding_stage']} x{par['sharding_degree']}, tp {par['tp']}"
+                 + (f", pp {par['pp']}: the fullest stage below, bubble {par['pipeline_bubble']:.1%}" if par["pp"] > 1
+                    else "") + "); "
                  f"recompute {r['recompute'] or 'off'}; attention {r['attention']}, {r['attention_mask_type']} mask")
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "
@@ -232,8 +237,9 @@ def format_report(r: dict) -> str:
     lines.append(f"peak: {peak_text} per device, from {d['peak_source']}" if d["peak_tflops"]
                  else f"peak: unknown ({d['peak_source']})")
     if r["eta_hours"] is not None:
+        bubble = f" / (1 - bubble {par['pipeline_bubble']:.3f})" if par["pp"] > 1 else ""
         lines.append(f"ETA: {r['total_tokens'] * f['model']:.3g} FLOPs / ({r['gpus']} x {peak_text} x MFU "
-                     f"{r['mfu']:.2f}) = {r['eta_hours']:.2f} h")
+                     f"{r['mfu']:.2f}){bubble} = {r['eta_hours']:.2f} h")
     else:
         lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                      "device) or set peak_tflops in the argument file")
