@@ -274,13 +274,12 @@ class Pipeline(Strategy):
         """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
         import paddle
 
-        from pretrain_cli.training.evaluation import model_inputs
+        from pretrain_cli.data.loader import DOCUMENT_FIELDS
 
-        pieces = [model_inputs(b) for b in batches]
-        ids = [ids for ids, _, _ in pieces]
-        fields = [k for k in pieces[0][1]]
-        first = tuple([ids] + [[extra[k] for _, extra, _ in pieces] for k in fields]) if fields else ids
-        labels = [lab for _, _, lab in pieces]
+        column = lambda key: [paddle.to_tensor(b[key]) for b in batches]  # noqa: E731  int64 [micro, seq_len] each
+        fields = [k for k in DOCUMENT_FIELDS if k in batches[0]]  # the order `Block` passes them to the layer
+        first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
+        labels = column("labels")
         with amp.autocast():
             loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
         return paddle.reshape(loss, [])
