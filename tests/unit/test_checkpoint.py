@@ -1,13 +1,18 @@
-"""Optimizer state round trips through optimizer.safetensors, fp32 and O2 (fp32 master weights)."""
+"""Optimizer state round trips through optimizer.safetensors, fp32 and O2 (fp32 master weights); the sharded
+format's pieces, index, block reads and damage checks (docs/CHECKPOINTS.md)."""
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pretrain_cli.training import checkpoint
 from pretrain_cli import runtime
+from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.errors import UserError
+from pretrain_cli.training import checkpoint
+
+ONE = SimpleNamespace(rank=0, world_size=1, is_rank0=True, sharding_degree=1)
 
 PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
 
@@ -48,7 +53,8 @@ def test_optimizer_state_round_trip(tmp_path, dtype):
     save_file(saved, str(tmp_path / "opt.safetensors"))
     model2, opt2 = _build(dtype)
     _fill(opt2, 2)
-    checkpoint.load_optimizer(model2, opt2, tmp_path / "opt.safetensors")
+    (tmp_path / "opt.safetensors").rename(tmp_path / "optimizer.safetensors")  # a checkpoint from before the index
+    checkpoint.load_optimizer(Strategy(ONE), model2, opt2, tmp_path)
     again = checkpoint.optimizer_tensors(model2, opt2)
     assert again.keys() == saved.keys()
     assert all(np.array_equal(again[k], saved[k]) for k in saved)
@@ -58,10 +64,10 @@ def test_optimizer_state_mismatch_is_a_user_error(tmp_path):
     model, opt = _build("float32")
     saved = checkpoint.optimizer_tensors(model, opt)
     saved["model.norm.weight/moment1"] = np.zeros(3, np.float32)
-    save_file(saved, str(tmp_path / "opt.safetensors"))
+    save_file(saved, str(tmp_path / "optimizer.safetensors"))
     with pytest.raises(UserError, match="model.norm.weight/moment1 has shape"):
-        checkpoint.load_optimizer(model, opt, tmp_path / "opt.safetensors")
+        checkpoint.load_optimizer(Strategy(ONE), model, opt, tmp_path)
     del saved["model.norm.weight/moment1"]
-    save_file(saved, str(tmp_path / "opt.safetensors"))
+    save_file(saved, str(tmp_path / "optimizer.safetensors"))
     with pytest.raises(UserError, match="no moment1 for model.norm.weight"):
-        checkpoint.load_optimizer(model, opt, tmp_path / "opt.safetensors")
+        checkpoint.load_optimizer(Strategy(ONE), model, opt, tmp_path)
