@@ -166,3 +166,24 @@ class Reader:
 
 def write_index(directory, index: dict) -> None:
     atomic.write_json(Path(directory) / INDEX, index)
+
+
+def newest_intact(output_dir, verify: bool = True) -> Path | None:
+    """The newest `checkpoint-N` of `output_dir` that `damage` finds intact (None when there is none at all).
+    A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError (exit 2).
+    `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest unchecked."""
+    import logging
+
+    from pretrain_cli.run_dir import list_checkpoints
+
+    ckpts = list_checkpoints(output_dir)
+    if not verify or not ckpts:
+        return ckpts[-1][1] if ckpts else None
+    for _, path in reversed(ckpts):
+        reason = damage(path)
+        if reason is None:
+            return path
+        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
+                                                  f"checkpoint")
+    raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
+                    f"or set overwrite_output_dir: true")
