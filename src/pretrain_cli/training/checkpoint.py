@@ -64,24 +64,75 @@ def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
     return {name: host_copy(t, tr) for name, kind, t, tr in state_tensors(model, optimizer) if kind == "optimizer"}
 
 
-class _OneFile:
-    """A checkpoint from before the index: `optimizer.safetensors` with every tensor whole, read like the pieces."""
+class _WholeFiles:
+    """Safetensors files holding whole tensors (a checkpoint from before the index: `optimizer.safetensors`,
+    `model.safetensors` or transformers' shards), read block by block like the pieces of an indexed one."""
 
-    def __init__(self, path: Path):
+    def __init__(self, paths, what: str):
         from pretrain_cli.models.shard_files import File
 
-        self.file = File(path, "optimizer state")
-        self.index = {"tensors": {n: {"shape": t["shape"], "dtype": t["dtype"]} for n, t in self.file.tensors.items()}}
+        self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
+        for f in self.files:
+            for n, t in f.tensors.items():
+                self.index["tensors"][n] = {"shape": t["shape"], "dtype": t["dtype"]}
+                self._where[n] = f
 
     def read(self, name, offsets=None, shape=None):
-        return self.file.read(name, offsets, shape)
+        return self._where[name].read(name, offsets, shape)
 
     @property
     def bytes_read(self) -> int:
-        return self.file.bytes_read
+        return sum(f.bytes_read for f in self.files)
 
     def close(self):
-        self.file.close()
+        for f in self.files:
+            f.close()
+
+
+def _reader(ckpt: Path, kind: str):
+    """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
+    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.models.convert import find_weights
+
+    index = checkpoint_index.load(ckpt)
+    if index is not None:
+        return checkpoint_index.Reader(ckpt, index), ckpt / checkpoint_index.INDEX
+    if kind == "optimizer":
+        return _WholeFiles([ckpt / OPTIMIZER_FILE], "optimizer state"), ckpt / OPTIMIZER_FILE
+    return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
+
+
+def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
+    """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
+    if code == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32, copy=False)
+
+
+def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
+    """The checkpoint's weights into a model already laid out (semi-auto: TP slices, ZeRO-3 shards): each rank
+    reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""
+    import paddle
+
+    from pretrain_cli.distributed.pieces import local_value, state_tensors
+
+    reader, where = _reader(Path(ckpt), "weights")
+    try:
+        for name, _, t, transpose in state_tensors(model):
+            info = reader.index["tensors"].get(name)
+            if info is None:
+                raise UserError(f"{where}: tensor {name!r} is missing; the checkpoint does not match config.json")
+            box, _ = strategy.local_box(t)
+            box = box.transposed() if transpose else box
+            if list(info["shape"]) != list(box.global_shape):
+                raise UserError(f"{where}: tensor {name!r} has shape {list(info['shape'])} but config.json implies "
+                                f"{list(box.global_shape)}; use the config.json that belongs to these weights")
+            arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
+            arr = np.ascontiguousarray(arr.T if transpose else arr)
+            local_value(t).set_value(paddle.to_tensor(arr).astype(t.dtype))
+        return {"bytes_read": reader.bytes_read}
+    finally:
+        reader.close()
 
 
 def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
@@ -91,13 +142,9 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     import paddle
 
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
-    from pretrain_cli.models import checkpoint_index
     from pretrain_cli.models.convert import hf_param_names
 
-    ckpt = Path(ckpt)
-    index = checkpoint_index.load(ckpt)
-    reader = checkpoint_index.Reader(ckpt, index) if index is not None else _OneFile(ckpt / OPTIMIZER_FILE)
-    where = ckpt / (checkpoint_index.INDEX if index is not None else OPTIMIZER_FILE)
+    reader, where = _reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
@@ -113,7 +160,8 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             hf, slot = name.rsplit("/", 1)
             info = reader.index["tensors"].get(name)
             if info is None:
-                if slot == "master":  # saved without O2: the fp32 weights themselves are the master copy
+                if slot == "master":  # saved without O2: the (just loaded) weights themselves are the master copy
+                    local_value(t).set_value(local_value(params[hf]).astype("float32"))
                     continue
                 raise UserError(f"{where}: no {slot} for {hf}; the optimizer state does not match the model")
             box, _ = strategy.local_box(t)
@@ -125,7 +173,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             arr = reader.read(name, box.offsets, box.shape)
             local_value(t).set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
-        return {"bytes_read": getattr(reader, "bytes_read", 0)}
+        return {"bytes_read": reader.bytes_read}
     finally:
         reader.close()
 

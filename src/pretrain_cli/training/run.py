@@ -88,6 +88,8 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     model, optimizer = strategy.wrap(model, optimizer)
     amp.wrap_scaler(strategy.wrap_scaler)
     if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
+        if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
+            checkpoint.load_weight_blocks(strategy, raw_model, resume)
         checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)  # this rank's blocks only
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
                       max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
@@ -121,7 +123,8 @@ def restore_weights(model, spec, resume) -> dict | None:
 
     checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    load_weights(model, spec.model_cfg, str(resume))
+    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
+        load_weights(model, spec.model_cfg, str(resume))
     return state
 
 
