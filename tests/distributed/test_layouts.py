@@ -53,6 +53,11 @@ def test_layout_matches_one_process(runs, ref, name):
         assert len(sizes) == nproc and max(sizes) < 1.5 * sum(sizes) / nproc, (kind, sizes)
     assert index["weights_whole"] == (name == "stage2")  # ZeRO-2: whole weights, loadable as an HF directory
     assert (ckpt / "model.safetensors.index.json").is_file() == (name == "stage2")
+    # what eval / generate / convert read from it: the weights, assembled from the pieces
+    from pretrain_cli.models.convert import read_safetensors
+
+    assert_close_tensors({k: v.numpy() for k, v in read_safetensors(str(ckpt)).items()},
+                         read_weights(rout / "checkpoint-5"), WEIGHT_TOL.get(name, 1e-5))
     assert "Traceback" not in run.log(0) + run.log(1)
     # ZeRO-2/3 run the fused LM head + loss on each rank's rows; a vocabulary-split (TP) head keeps the logits
     assert ("head+loss=off" if "tp2" in name else "head+loss=cpu") in run.log(0)

@@ -256,3 +256,26 @@ def test_resume_skips_a_damaged_checkpoint_with_one_warning_and_stops_when_none_
     with pytest.raises(UserError, match="every checkpoint is damaged"):
         newest_intact(tmp_path)
     assert newest_intact(tmp_path / "nothing") is None
+
+
+def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
+    """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import checkpoint_index, shard_files
+    from pretrain_cli.models.convert import read_safetensors
+
+    whole = paddle.randn([6, 4]).astype("bfloat16")
+    bits = whole.numpy()  # uint16
+    records = []
+    for r, cols in enumerate([(0, 3), (3, 4)]):  # a column split, as tensor parallelism leaves a row-parallel weight
+        fname = checkpoint_index.file_name("model", r, 2)
+        block = np.ascontiguousarray(bits[:, cols[0]:cols[1]])
+        info = shard_files.write(tmp_path / fname, [("w", "BF16", block.shape, lambda b=block: b)], {"format": "pt"})
+        records.append({"files": {fname: info}, "pieces": [{"name": "w", "kind": "weights", "dtype": "BF16",
+                        "global_shape": [6, 4], "offsets": [0, cols[0]], "shape": list(block.shape), "file": fname}]})
+    checkpoint_index.write_index(tmp_path, checkpoint_index.build(records, 2, "test"))
+    got = read_safetensors(str(tmp_path))["w"]
+    assert got.dtype == paddle.bfloat16 and np.array_equal(got.numpy(), bits)
+    from safetensors.paddle import load_file
+
+    assert load_file(str(tmp_path / "model-00002-of-00002.safetensors"))["w"].shape == [6, 1]  # plain safetensors

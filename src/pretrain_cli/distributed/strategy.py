@@ -42,6 +42,7 @@ class Strategy:
         self.parallel, self.device = parallel, device
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
+        self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
     def place(self, model):
@@ -143,7 +144,10 @@ class Strategy:
             inner = inner._inner_opt
         state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())
         state += sum(_nbytes(t) for t in (getattr(inner, "_master_weights", None) or {}).values())
-        return {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
+        out = {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
+        if self.resume_bytes_read is not None:
+            out["resume_bytes_read"] = self.resume_bytes_read
+        return out
 
 
 class DataParallel(Strategy):

@@ -109,6 +109,16 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
     return arr.astype(np.float32, copy=False)
 
 
+def weight_bytes(ckpt: Path) -> int:
+    """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
+    reader, _ = _reader(Path(ckpt), "weights")
+    try:
+        return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
+                   for n, t in reader.index["tensors"].items() if "/" not in n)
+    finally:
+        reader.close()
+
+
 def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
     """The checkpoint's weights into a model already laid out (semi-auto: TP slices, ZeRO-3 shards): each rank
     reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""

@@ -89,8 +89,10 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     amp.wrap_scaler(strategy.wrap_scaler)
     if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
         if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
-            checkpoint.load_weight_blocks(strategy, raw_model, resume)
-        checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)  # this rank's blocks only
+            read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
+        else:  # whole weights, read before the layout existed (`restore_weights`)
+            read = checkpoint.weight_bytes(resume)
+        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
                       max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
                       parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp,
