@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, launch, launch_cmd,
-                            parse_losses, read_weights, single, write_config)
+                            parse_losses, read_checkpoint, read_weights, single, write_config)
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,7 @@ def test_dp_matches_single_process(ref, dp):
     (r, rout), (d, dout) = ref, dp
     assert_close_losses(d.losses(0), r.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(dout), read_weights(rout))
-    from safetensors.numpy import load_file
-
-    assert_close_tensors(load_file(str(dout / "checkpoint-5" / "optimizer.safetensors")),
-                         load_file(str(rout / "checkpoint-5" / "optimizer.safetensors")))
+    assert_close_tensors(read_checkpoint(dout / "checkpoint-5"), read_checkpoint(rout / "checkpoint-5"))
     # rank-0 effects only: rank 1 logs no INFO lines; one metrics.jsonl
     assert "global_step: 1," not in d.log(1)
     assert (dout / "metrics.jsonl").is_file()
@@ -60,11 +57,8 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
     assert run.returncode == 0, run.explain()
     assert "sharding stage1 x2" in run.log(0)
     assert_close_losses(run.losses(0), d.losses(0), range(1, STEPS + 1))
-    from safetensors.numpy import load_file
-
-    # each rank held half of the optimizer state; the checkpoint holds all of it, equal to DP's
-    assert_close_tensors(load_file(str(tmp_path / "out" / "checkpoint-5" / "optimizer.safetensors")),
-                         load_file(str(dout / "checkpoint-5" / "optimizer.safetensors")))
+    # each rank held and wrote half of the optimizer state; the checkpoint holds all of it, equal to DP's
+    assert_close_tensors(read_checkpoint(tmp_path / "out" / "checkpoint-5"), read_checkpoint(dout / "checkpoint-5"))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(dout))
 
 

@@ -44,6 +44,9 @@ def test_qwen_param_counts_and_flops(write_args):
     assert r["fits"] and r["suggestions"] == []
     assert r["checkpoint"]["kept"] == 2
     assert r["checkpoint"]["per_checkpoint_gib"] == pytest.approx(14 * n)
+    # one process writes all of it; the save time is its bytes at the stated per-rank write rate
+    assert r["checkpoint"]["per_rank_gib"] == pytest.approx(14 * n)
+    assert r["checkpoint"]["save_seconds"] == pytest.approx(14 * n * 2**30 / 1e9 / r["checkpoint"]["disk_gb_per_s_per_rank"])
 
 
 def test_json_output_fields(write_args, capsys):

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
 from pretrain_cli.config.run_config import RunConfig, Target
@@ -153,7 +152,9 @@ def find_resume(run: RunConfig) -> Path | None:
         return path
     if out.overwrite or not run.loop.do_train:
         return None
-    return run_dir.latest_checkpoint(out.output_dir)
+    from pretrain_cli.models.checkpoint_index import newest_intact
+
+    return newest_intact(out.output_dir, verify=run.parallel.is_rank0)  # a damaged one is skipped, with a warning
 
 
 def launcher_target() -> Target:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate
 
+SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
+
 MFU_HALF, MFU_FP32 = 0.40, 0.30  # typical well-tuned dense training; override with --mfu
 
 
@@ -106,7 +108,10 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
         "memory_gib": total, "fits": bool(total <= device.memory_gib),
         "checkpoint": {"per_checkpoint_gib": per_ck / GIB, "parts_gib": {k: v / GIB for k, v in ck.items()},
                        "kept": kept, "final_weights_gib": ck["weights"] / GIB,
-                       "total_gib": (kept * per_ck + ck["weights"]) / GIB},
+                       "total_gib": (kept * per_ck + ck["weights"]) / GIB,
+                       # every rank writes its own pieces at once, replicas spread over their holders (docs/CHECKPOINTS.md)
+                       "per_rank_gib": per_ck / par.world_size / GIB, "disk_gb_per_s_per_rank": SAVE_GB_PER_S,
+                       "save_seconds": per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)},
         "mfu": mfu, "eta_hours": eta, "notes": list(run.notes), "suggestions": [],
     }
 
@@ -234,6 +239,8 @@ def format_report(r: dict) -> str:
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c["parts_gib"].items() if v)
     lines.append(f"checkpoints: {c['per_checkpoint_gib']:.2f} GiB each ({parts}) x {c['kept']} kept + final weights "
                  f"{c['final_weights_gib']:.2f} = {c['total_gib']:.2f} GiB on disk")
+    lines.append(f"  each save: {c['per_rank_gib']:.2f} GiB written by every rank at once, ~{c['save_seconds']:.1f} s at "
+                 f"{c['disk_gb_per_s_per_rank']:g} GB/s per rank (an assumed write rate; nothing is gathered)")
     lines.append(f"peak: {peak_text} per device, from {d['peak_source']}" if d["peak_tflops"]
                  else f"peak: unknown ({d['peak_source']})")
     if r["eta_hours"] is not None:

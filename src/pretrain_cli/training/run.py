@@ -88,7 +88,11 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     model, optimizer = strategy.wrap(model, optimizer)
     amp.wrap_scaler(strategy.wrap_scaler)
     if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
-        checkpoint.load_optimizer(raw_model, optimizer, resume / run_dir.OPTIMIZER_FILE)
+        if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
+            read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
+        else:  # whole weights, read before the layout existed (`restore_weights`)
+            read = checkpoint.weight_bytes(resume)
+        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
                       max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
                       parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp,
@@ -121,7 +125,8 @@ def restore_weights(model, spec, resume) -> dict | None:
 
     checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    load_weights(model, spec.model_cfg, str(resume))
+    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
+        load_weights(model, spec.model_cfg, str(resume))
     return state
 
 
@@ -185,7 +190,6 @@ def finish(spec, trainer, comm) -> int:
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         if trainer.writer is not None:
             trainer.writer.close()
-    weights = trainer.strategy.gather_weights(trainer.raw_model) if r.loop.do_train else None  # every rank
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
@@ -193,7 +197,7 @@ def finish(spec, trainer, comm) -> int:
     from pretrain_cli.training import export
 
     with rank0_round(comm):
-        export.write_final(spec, trainer.raw_model, trainer, results, weights)
+        export.write_final(spec, trainer.raw_model, trainer, results)
     comm.wait_until_seen()
     return 0
 
