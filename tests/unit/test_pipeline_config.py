@@ -34,7 +34,6 @@ def test_pp_dp_layout_puts_stages_outermost():
     p = runs[0].parallel
     assert (p.engine, p.pp_degree, p.dp_degree, p.data_world_size) == ("pipeline", 2, 2, 2)
     assert [(r.parallel.pp_rank, r.parallel.data_rank) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert [p.stage_rank(s) for s in range(2)] == [0, 2]
     assert runs[0].kernels.optimizer == "paddle" and "pp 2" in p.describe()
     zero1 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage1", world=4).parallel
     assert zero1.sharding_degree == 2 and zero1.zero_stage == 1 and zero1.engine == "pipeline"

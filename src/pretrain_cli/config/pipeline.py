@@ -64,8 +64,9 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
         problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
                      f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
     if vpp > 1:
-        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here; set it to 1 "
-                     f"(the 1F1B schedule with {pp} stages runs)")
+        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
+                     f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
+                     f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
     problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
     acc = t.gradient_accumulation_steps
     if 1 <= acc < pp:

@@ -168,13 +168,6 @@ class ParallelConfig:
         """This rank's pipeline stage."""
         return self.rank // (self.world_size // self.pp_degree)
 
-    def stage_rank(self, stage: int) -> int:
-        """The rank of `stage` in the first pipeline (data replica 0), which checkpoints are gathered from."""
-        return stage * (self.world_size // self.pp_degree)
-
-    def stage_of_rank(self, rank: int) -> int:
-        return rank // (self.world_size // self.pp_degree)
-
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp_degree

@@ -27,8 +27,6 @@ from __future__ import annotations
 import contextlib
 import re
 
-import numpy as np
-
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.models.stages import stage_bounds
 
@@ -245,7 +243,6 @@ class Pipeline(Strategy):
     def place(self, model):
         """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
         self.lm = model
-        self._shapes = {name: (list(p.shape), str(p.dtype).split(".")[-1]) for name, p in model.named_parameters()}
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         return layer
 
@@ -313,47 +310,19 @@ class Pipeline(Strategy):
         self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
 
     # ------------------------------------------------------------------ checkpoints
-    def _owner(self, name: str) -> int:
-        return self.parallel.stage_rank(stage_of(name, self.bounds))
+    def pieces(self, model, optimizer=None) -> list:
+        """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
+        train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
+        embedding's copy on the last stage is the first stage's tensor: written once, from there."""
+        stage = self.parallel.pp_rank
+        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
 
-    def _in_first_pipeline(self) -> bool:
-        return self.parallel.rank in [self.parallel.stage_rank(s) for s in range(self.parallel.pp_degree)]
-
-    def gather_weights(self, model) -> dict | None:
-        """Rank 0 receives every stage's parameters from the first pipeline (data replica 0), one broadcast
-        per tensor over its pipeline group; the other replicas hold copies and take no part."""
-        import paddle
-        import paddle.distributed as dist
-
-        if not self._in_first_pipeline():
-            return None
-        params = dict(model.named_parameters())
-        out = {} if self.parallel.is_rank0 else None
-        for name in sorted(self._shapes):
-            owner, (shape, dtype) = self._owner(name), self._shapes[name]
-            t = params[name].detach() if owner == self.parallel.rank else paddle.zeros(shape, dtype=dtype)
-            dist.broadcast(t, src=owner, group=self.pp_group)
-            if out is not None:
-                out[name] = t.numpy()
-        return out
-
-    def gather_optimizer_state(self, model, read) -> dict | None:
-        """The optimizer state by HF name on rank 0: shapes exchanged first (every rank: which keys it holds,
-        ZeRO-1 owners only theirs), then each tensor broadcast from the lowest rank holding it (a tied weight:
-        the first stage's copy). No rank holds more than its own state plus one tensor (rank 0: the whole)."""
-        import paddle
-        import paddle.distributed as dist
-
-        local = read(None)
-        metas: list = []
-        dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()})
-        out = {} if self.parallel.is_rank0 else None
-        for key in sorted({k for m in metas for k in m}):
-            owner = min(r for r, m in enumerate(metas) if key in m)
-            shape, dtype = metas[owner][key]
-            mine = owner == self.parallel.rank
-            t = paddle.to_tensor(np.ascontiguousarray(local[key])) if mine else paddle.zeros(shape, dtype=dtype)
-            dist.broadcast(t, src=owner)
-            if out is not None:
-                out[key] = t.numpy()
-        return out
+    def holders(self, tensor, kind: str) -> tuple:
+        """The ranks of this stage (its data-parallel replicas: stages are outermost, `ORDER`); under ZeRO-1 the
+        optimizer state only on the replicas of its owner (the same index on the stage's "sharding" axis)."""
+        p = self.parallel
+        per_stage = p.world_size // p.pp_degree
+        ranks = [p.pp_rank * per_stage + i for i in range(per_stage)]
+        if kind == "optimizer" and p.zero_stage:
+            ranks = [r for r in ranks if r % p.sharding_degree == p.rank % p.sharding_degree]
+        return tuple(ranks)
