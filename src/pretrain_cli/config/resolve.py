@@ -262,7 +262,8 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
         notes.append(f"spike_policy: {t.spike_policy} with both spike factors 0 checks nothing")
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
                             t.spike_window, t.spike_rollback_steps,
-                            rollback_rebuilds=t.spike_policy == "rollback" and parallel.engine == "semi_auto")
+                            rollback_rebuilds=t.spike_policy == "rollback"
+                            and parallel.engine in ("semi_auto", "pipeline"))  # placed pieces / freed stages
 
 
 def not_yet_supported(run: RunConfig) -> list[str]:

@@ -244,6 +244,10 @@ class Pipeline(Strategy):
         """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
         self.lm = model
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
+        held = {id(p) for p in layer.parameters()}
+        for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
+            if id(p) not in held:
+                p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
         return layer
 
     def wrap(self, model, optimizer):

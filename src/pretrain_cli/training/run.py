@@ -54,8 +54,9 @@ def run(spec) -> int:
 def rebuild(spec, trainer, comm, path) -> None:
     """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
     tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
-    parameters are pieces). So the model and its layout are built again from the checkpoint, in the order
-    and with the seed of a restart that resumes from it; the old ones are released first."""
+    parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
+    again from the checkpoint, in the order and with the seed of a restart that resumes from it; the old ones
+    are released first."""
     import gc
 
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
