@@ -68,12 +68,12 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     from pretrain_cli.commands.plan import plan
 
     args = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "max_seq_length": 1024,
-            "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True, "input_dir": str(tmp_path / "d"),
-            "output_dir": str(tmp_path / "o")}
+            "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True,
+            "input_dir": str(tmp_path / "d"), "output_dir": str(tmp_path / "o")}
     (tmp_path / "a.json").write_text(json.dumps(args))
     (tmp_path / "b.json").write_text(json.dumps(dict(args, pipeline_parallel_degree=4)))
-    one, pp = plan(str(tmp_path / "a.json"), gpus=4, device="A100-80GB"), plan(str(tmp_path / "b.json"), gpus=4,
-                                                                                 device="A100-80GB")
+    one = plan(str(tmp_path / "a.json"), gpus=4, device="A100-80GB")
+    pp = plan(str(tmp_path / "b.json"), gpus=4, device="A100-80GB")
     assert pp["parallel"]["pp"] == 4 and pp["parallel"]["pipeline_bubble"] == pytest.approx(3 / 11)
     # same tokens per step on 4 devices (dp 4 vs pp 4 with 4x the accumulation per data rank): the bubble costs time
     assert pp["eta_hours"] == pytest.approx(one["eta_hours"] * 4 / 4 / (1 - 3 / 11) * pp["tokens_per_step"]
@@ -88,3 +88,23 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     assert stages[0]["logits_loss"] == 0 < stages[3]["logits_loss"]
     few = pipeline_stages(setup.with_(micro_batches=2))  # never more in flight than there are micro-batches
     assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]
+
+
+def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
+    from pretrain_cli.planning import fit
+
+    cur = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "recompute": False,
+           "recompute_granularity": "full", "use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
+           "pipeline_parallel_degree": 1}
+    pp = [c for c in fit.candidates(cur, 64, 8) if c.get("pipeline_parallel_degree", 1) > 1]
+    assert {c["pipeline_parallel_degree"] for c in pp} == {2, 4, 8}
+    assert not any(c.get("tensor_parallel_degree", 1) > 1 or c.get("sharding") in ("stage2", "stage3") for c in pp)
+    report = {"parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 4, "pipeline_bubble": 3 / 11},
+              "model": {"layers": 24, "hidden": 896}, "micro_batch": 1, "gradient_accumulation_steps": 8,
+              "max_seq_length": 1024, "device": {"peak_tflops": 100.0}, "flops_per_token": {"hardware": 3e9},
+              "mfu": 0.4, "precision": {"amp_dtype": "bfloat16", "amp_level": "O2"}, "tokens_per_step": 8192,
+              "recompute": None, "params": {"total": 5e8}}
+    flat = dict(report, parallel=dict(report["parallel"], pp=1, pipeline_bubble=0.0))
+    sp, one = fit.speed(report), fit.speed(flat)
+    assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
+    assert sp["comm_seconds"] > 0 == one["comm_seconds"]

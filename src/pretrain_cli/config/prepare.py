@@ -71,8 +71,9 @@ class RunSpec:
                      f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
         if r.parallel.distributed:
             p = r.parallel
-            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks x tp {p.tp_degree}; each "
-                         f"data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
+            split = (f" x pp {p.pp_degree} stages" if p.pp_degree > 1 else "") + f" x tp {p.tp_degree}"
+            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks{split}; "
+                         f"each data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
                          f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
         s = r.schedule
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"

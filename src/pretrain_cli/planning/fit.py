@@ -75,7 +75,8 @@ def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
-        stages = (["", "stage1"] + ([] if pp > 1 else ["stage2", "stage3"])) if data_ranks > 1 else [current["sharding"]]
+        stages = ["", "stage1"] + ([] if pp > 1 else ["stage2", "stage3"])  # fleet's stage 2/3 not with a pipeline
+        stages = stages if data_ranks > 1 else [current["sharding"]]
         for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
