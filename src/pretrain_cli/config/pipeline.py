@@ -22,6 +22,9 @@ PP_FLAGS = {
     "enable_timer": "fleet's per-phase pipeline timers; the trainer's step timing is logged instead",
     "enable_offload_queue": "a GPU memory offload of queued activations",
     "enable_dynamic_shape": None,  # every message carries its shape already
+    "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
+                                  "use_batch_p2p_comm is off, as its CPU build requires)",
+    "best_unbalanced_scheduler": "a tuning of the interleaved schedule, which does not run here (virtual_pp_degree 1)",
 }
 
 
