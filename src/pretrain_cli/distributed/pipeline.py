@@ -19,8 +19,8 @@ step); clipping, the non-finite policy and the update stay the trainer's, as for
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
-On CPU two workarounds (PADDLE_PARALLEL_CPU.md): `pp_configs.use_batch_p2p_comm = False` and
-`ParallelEnv._device_id = 0`.
+On CPU three workarounds: `pp_configs.use_batch_p2p_comm = False`, `ParallelEnv._device_id = 0`
+(PADDLE_PARALLEL_CPU.md) and gloo groups created one at a time (`groups_one_at_a_time`).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def stage_of(name: str, bounds: list[int]) -> int:
 
 def init_fleet(parallel, loop, seed: int) -> None:
     """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
+    import paddle
     import paddle.distributed as dist
     from paddle.distributed import fleet
 
@@ -54,11 +55,12 @@ def init_fleet(parallel, loop, seed: int) -> None:
                                "sharding_degree": parallel.sharding_degree, "order": ORDER}
     strategy.pipeline_configs = {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
                                  "p2p_cache_shape": False}  # eval sends another batch size than training
-    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = False  # gloo: no batched isend/irecv on CPU
+    cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
+    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu  # the CPU build needs unbatched sends
     strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
     if not hasattr(dist.ParallelEnv(), "_device_id"):
         dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
-    with groups_one_at_a_time():
+    with groups_one_at_a_time() if cpu else contextlib.nullcontext():
         fleet.init(is_collective=True, strategy=strategy)
 
 
@@ -175,6 +177,7 @@ class StageLoss:
 
 def build_pipeline_layer(lm, parallel):
     """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied)."""
+    import paddle
     from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
 
@@ -189,7 +192,8 @@ def build_pipeline_layer(lm, parallel):
     bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     loss = StageLoss(lm)
-    with groups_one_at_a_time():  # the tied embedding's group between the first and last stage
+    gloo = paddle.get_device().startswith("cpu")
+    with groups_one_at_a_time() if gloo else contextlib.nullcontext():  # the tied embedding's first-last stage group
         layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
                               topology=fleet.get_hybrid_communicate_group().topology())  # stages outermost (ORDER)
     return layer, loss, bounds
