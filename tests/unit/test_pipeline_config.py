@@ -56,6 +56,9 @@ def test_pipeline_refusals_and_notes_are_one_line_each():
     notes = "\n".join(r.notes)
     assert "enable_delay_scale_loss has no effect here" in notes and "disable_p2p_cache_shape" not in notes
     assert "1 micro-batch(es) per step for 2 stages" in notes  # the bubble is named
+    four = resolve_run("--pipeline_parallel_degree", "4", "--gradient_accumulation_steps", "16", world=4,
+                       model="tiny-llama")
+    assert four.parallel.pp_degree == 4 and any("more than 2 stages" in n for n in four.notes)
     one = resolve_run("--pipeline_parallel_degree", "2", world=1)
     assert one.parallel.pp_degree == 1 and any("pipeline_parallel_degree=2 has no effect" in n for n in one.notes)
 

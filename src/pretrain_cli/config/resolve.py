@@ -206,7 +206,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             problems.add(f"{key}: {val} is not supported; set it to 1 and use {instead} to split a large model")
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, tp, stage, notes, problems)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, tp, stage, notes, problems, target.device)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:
         problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
