@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ckpt_bench_") as tmp:
         root = Path(tmp)
         base = {"model_name_or_path": a.model, "input_dir": str(corpus(root, vocab)), "device": "cpu",
-                "split": "100,0,0", "max_seq_length": a.seq, "per_device_train_batch_size": 1, "max_steps": 3,
+                "split": "100,0,0", "max_seq_length": a.seq, "do_train": True, "per_device_train_batch_size": 1, "max_steps": 3,
                 "save_steps": 2, "logging_steps": 1, "report_to": ["none"], "disable_tqdm": True,
                 "overwrite_output_dir": True, "learning_rate": 1e-4, "warmup_steps": 0}
         for item in a.layouts.split(","):

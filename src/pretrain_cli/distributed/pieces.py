@@ -62,6 +62,10 @@ class Piece:
         """The block on the host, HF layout, C-contiguous, `box.shape` (a copy made now)."""
         return host_copy(self.tensor, self.transpose)
 
+    def view(self) -> np.ndarray:
+        """The block in HF layout without a copy where it can be (`host_view`): what a synchronous save writes."""
+        return host_view(self.tensor, self.transpose)
+
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.box.shape, dtype=np.int64)) * (4 if self.dtype == "F32" else 2)
@@ -114,8 +118,17 @@ def local_value(tensor):
 
 def host_copy(tensor, transpose: bool) -> np.ndarray:
     """The local value on the host, HF layout, contiguous (bf16 as its uint16 bits, what `Tensor.numpy` gives)."""
-    arr = local_value(tensor).numpy()
-    return np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
+    return np.ascontiguousarray(host_view(tensor, transpose))
+
+
+def host_view(tensor, transpose: bool) -> np.ndarray:
+    """The local value as numpy in HF layout without a copy where it can be (an fp32 CPU tensor: a DLPack view,
+    transposed as a view), else its `Tensor.numpy()` copy. Valid while the tensor is not updated."""
+    import paddle
+
+    t = local_value(tensor)
+    arr = np.from_dlpack(t.detach()) if t.place.is_cpu_place() and t.dtype == paddle.float32 else t.numpy()
+    return arr.T if transpose and arr.ndim == 2 else arr
 
 
 def writer_of(pieces) -> dict:

@@ -252,7 +252,7 @@ def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
         if str(t.dtype).split(".")[-1] != dtype:
             t = t.astype(dtype)
         arr = t.numpy()
-        return np.ascontiguousarray(arr.T if transpose else arr)
+        return arr.T if transpose else arr  # laid out a few rows at a time by the writer
 
     entries = [(hf, _CODES[dtype], tuple(reversed(params[ours].shape)) if tr else tuple(params[ours].shape),
                 lambda ours=ours, tr=tr: produce(ours, tr)) for ours, (hf, tr) in hf_param_names(model).items()]

@@ -1,8 +1,9 @@
 """Safetensors files written one tensor at a time and read one block at a time.
 
 The writer streams: the header is built from shapes and dtypes alone, then each tensor is copied to
-the host (`produce()`), written, checksummed (zlib.crc32 over the file's bytes) and dropped, so writing
-a rank's shard stages one tensor, not the shard. The reader memory-maps the data section and copies out
+the host (`produce()`, ideally a view of the tensor's own memory) and written a few MiB at a time,
+checksummed (zlib.crc32 over the file's bytes), so writing a rank's shard stages at most one chunk (a
+transposed block) or one tensor's host copy (bf16, a GPU tensor), never the shard. The reader memory-maps the data section and copies out
 only the requested block of a tensor (rows or columns), so a rank resuming on another layout reads
 about its own share. Files are plain safetensors (`safetensors`, `transformers` read them); bf16 is
 carried as its uint16 bits, as `Tensor.numpy()` gives it. Every file is published through `atomic`.
@@ -43,7 +44,8 @@ def header_for(entries, metadata: dict | None = None) -> tuple[bytes, list[tuple
 
 def write(path, entries, metadata: dict | None = None) -> dict:
     """Publish a safetensors file at `path`; `entries` [(name, dtype code, shape, produce)], `produce()` giving a
-    C-contiguous numpy array of that shape, called once, in order. Returns {"bytes", "crc32"} of the file."""
+    numpy array of that shape (a view is best: it is written a few rows at a time), called once, in order.
+    Returns {"bytes", "crc32"} of the file."""
     raw, spans = header_for([(n, d, s) for n, d, s, _ in entries], metadata)
     crc, total = 0, 0
     with atomic.publishing(path) as f:
@@ -55,14 +57,25 @@ def write(path, entries, metadata: dict | None = None) -> dict:
             arr = produce()
             if tuple(arr.shape) != tuple(shape) or arr.nbytes != end - begin:
                 raise ValueError(f"{name}: produced {arr.shape} {arr.dtype}, the header says {list(shape)}")
-            view = memoryview(np.ascontiguousarray(arr)).cast("B")
-            for i in range(0, len(view), CHUNK):
-                part = view[i:i + CHUNK]
+            for part in _blocks(arr):
                 f.write(part)
                 crc = zlib.crc32(part, crc)
-            total += len(view)
-            del arr, view
+                total += len(part)
+            del arr
     return {"bytes": total, "crc32": f"{crc:08x}"}
+
+
+def _blocks(arr: np.ndarray):
+    """`arr`'s bytes in C order, at most about CHUNK at a time: a contiguous array as views of its memory, any
+    other (a transposed view of a tensor) as copies of a few rows each, so writing it never copies it whole."""
+    if arr.flags.c_contiguous:
+        view = memoryview(arr.reshape(-1)).cast("B") if arr.size else memoryview(b"")
+        for i in range(0, len(view), CHUNK):
+            yield view[i:i + CHUNK]
+        return
+    step = max(1, CHUNK // max(arr[0].nbytes, 1))
+    for i in range(0, arr.shape[0], step):
+        yield memoryview(np.ascontiguousarray(arr[i:i + step]).reshape(-1)).cast("B")
 
 
 def checksum(path) -> dict:

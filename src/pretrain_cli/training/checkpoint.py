@@ -269,7 +269,7 @@ class Saver:
         mine = [p for p in pieces if owner[p.name] == rank]
         state = trainer.state_dict() if rank == 0 else None  # (a deep copy)
         if self.writer is None:
-            self._write_sync(trainer, step, [(p, p.read) for p in mine], state)
+            self._write_sync(trainer, step, [(p, p.view) for p in mine], state)  # training waits: views suffice
         else:  # copied now, since training goes on changing them; laid out by the writer thread
             from pretrain_cli.training.shard_writer import layout_out
 

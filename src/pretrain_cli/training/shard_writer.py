@@ -105,5 +105,6 @@ def drop(tmp: Path) -> None:
 
 
 def layout_out(arr: np.ndarray, transpose: bool):
-    """A staged host copy handed to the writer: laid out (transposed) there, not in the training step."""
-    return lambda: np.ascontiguousarray(arr.T if transpose and arr.ndim == 2 else arr)
+    """A staged host copy handed to the writer: transposed as a view, laid out a few rows at a time as it is
+    written (`shard_files.write`), not in the training step."""
+    return lambda: arr.T if transpose and arr.ndim == 2 else arr
