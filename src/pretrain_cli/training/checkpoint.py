@@ -119,6 +119,19 @@ def weight_bytes(ckpt: Path) -> int:
         reader.close()
 
 
+def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray:
+    """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
+    layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
+    info = reader.index["tensors"][name]
+    box, _ = strategy.local_box(t)
+    box = box.transposed() if transpose else box
+    if list(info["shape"]) != list(box.global_shape):
+        raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "
+                        f"the checkpoint does not match config.json")
+    arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
+    return np.ascontiguousarray(arr.T if transpose else arr)
+
+
 def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
     """The checkpoint's weights into a model already laid out (semi-auto: TP slices, ZeRO-3 shards): each rank
     reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""
@@ -129,17 +142,9 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
     reader, where = _reader(Path(ckpt), "weights")
     try:
         for name, _, t, transpose in state_tensors(model):
-            info = reader.index["tensors"].get(name)
-            if info is None:
+            if name not in reader.index["tensors"]:
                 raise UserError(f"{where}: tensor {name!r} is missing; the checkpoint does not match config.json")
-            box, _ = strategy.local_box(t)
-            box = box.transposed() if transpose else box
-            if list(info["shape"]) != list(box.global_shape):
-                raise UserError(f"{where}: tensor {name!r} has shape {list(info['shape'])} but config.json implies "
-                                f"{list(box.global_shape)}; use the config.json that belongs to these weights")
-            arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
-            arr = np.ascontiguousarray(arr.T if transpose else arr)
-            local_value(t).set_value(paddle.to_tensor(arr).astype(t.dtype))
+            local_value(t).set_value(paddle.to_tensor(_block(strategy, reader, where, name, t, transpose)).astype(t.dtype))
         return {"bytes_read": reader.bytes_read}
     finally:
         reader.close()
@@ -174,15 +179,9 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
                     local_value(t).set_value(local_value(params[hf]).astype("float32"))
                     continue
                 raise UserError(f"{where}: no {slot} for {hf}; the optimizer state does not match the model")
-            box, _ = strategy.local_box(t)
-            box = box.transposed() if transpose else box
-            if list(info["shape"]) != list(box.global_shape):
-                raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs "
-                                f"{list(box.global_shape)}")
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
-            arr = reader.read(name, box.offsets, box.shape)
-            local_value(t).set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
+            local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
         return {"bytes_read": reader.bytes_read}
     finally:
         reader.close()
