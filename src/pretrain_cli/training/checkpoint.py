@@ -89,7 +89,7 @@ class _WholeFiles:
             f.close()
 
 
-def _reader(ckpt: Path, kind: str):
+def open_reader(ckpt: Path, kind: str):
     """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
     from pretrain_cli.models import checkpoint_index
     from pretrain_cli.models.convert import find_weights
@@ -111,7 +111,7 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
 
 def weight_bytes(ckpt: Path) -> int:
     """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
-    reader, _ = _reader(Path(ckpt), "weights")
+    reader, _ = open_reader(Path(ckpt), "weights")
     try:
         return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
                    for n, t in reader.index["tensors"].items() if "/" not in n)
@@ -139,7 +139,7 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
 
     from pretrain_cli.distributed.pieces import local_value, state_tensors
 
-    reader, where = _reader(Path(ckpt), "weights")
+    reader, where = open_reader(Path(ckpt), "weights")
     try:
         for name, _, t, transpose in state_tensors(model):
             if name not in reader.index["tensors"]:
@@ -159,7 +159,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
     from pretrain_cli.models.convert import hf_param_names
 
-    reader, where = _reader(Path(ckpt), "optimizer")
+    reader, where = open_reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
