@@ -1,8 +1,9 @@
 """ZeRO-2/3, tensor parallelism and dp x tp through the real launcher, against one process at the same global batch.
 
 Every layout trains the reference run's 10 steps (micro-qwen2: tied, vocab-parallel under TP, q/k/v biases)
-and must give the same losses (<= 1e-5) and final weights; each rank reports what it holds, and checkpoints
-saved under one layout resume under another on the same loss curve.
+and must give the same losses (<= 1e-5) and final weights; each rank reports what it holds, writes only its own
+pieces of each checkpoint (ZeRO-3 from background threads, `async_save`), and checkpoints saved under one layout
+resume under another on the same loss curve, each rank reading only its blocks.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, la
 # (processes, keys). Global batch 8 everywhere: per-device batch x data ranks (world / tp).
 LAYOUTS = {
     "stage2": (2, dict(sharding="stage2")),
-    "stage3": (2, dict(sharding="stage3")),
+    "stage3": (2, dict(sharding="stage3", async_save=True)),  # each rank's pieces written by its own thread
     "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)),
     "dp2_tp2_stage3": (4, dict(tensor_parallel_degree=2, sharding="stage3")),
 }
@@ -59,6 +60,7 @@ def test_layout_matches_one_process(runs, ref, name):
     assert_close_tensors({k: v.numpy() for k, v in read_safetensors(str(ckpt)).items()},
                          read_weights(rout / "checkpoint-5"), WEIGHT_TOL.get(name, 1e-5))
     assert "Traceback" not in run.log(0) + run.log(1)
+    assert ("(async)" in run.log(0)) == (name == "stage3")
     # ZeRO-2/3 run the fused LM head + loss on each rank's rows; a vocabulary-split (TP) head keeps the logits
     assert ("head+loss=off" if "tp2" in name else "head+loss=cpu") in run.log(0)
 
@@ -104,6 +106,9 @@ def test_resume_on_another_layout_continues_the_same_curve(runs, ref, corpus, tm
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), 2e-5)
+    if nproc > 1:  # each rank read exactly the bytes of what it holds, however the checkpoint was cut
+        for rank in _held(tmp_path / "out"):
+            assert rank["resume_bytes_read"] == rank["parameters"] + rank["optimizer_state"], rank
 
 
 def test_final_directory_of_a_sharded_run_loads_in_transformers(runs, ref):

@@ -89,7 +89,7 @@ class _WholeFiles:
             f.close()
 
 
-def _reader(ckpt: Path, kind: str):
+def open_reader(ckpt: Path, kind: str):
     """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
     from pretrain_cli.models import checkpoint_index
     from pretrain_cli.models.convert import find_weights
@@ -111,12 +111,25 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
 
 def weight_bytes(ckpt: Path) -> int:
     """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
-    reader, _ = _reader(Path(ckpt), "weights")
+    reader, _ = open_reader(Path(ckpt), "weights")
     try:
         return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
                    for n, t in reader.index["tensors"].items() if "/" not in n)
     finally:
         reader.close()
+
+
+def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray:
+    """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
+    layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
+    info = reader.index["tensors"][name]
+    box, _ = strategy.local_box(t)
+    box = box.transposed() if transpose else box
+    if list(info["shape"]) != list(box.global_shape):
+        raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "
+                        f"the checkpoint does not match config.json")
+    arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
+    return np.ascontiguousarray(arr.T if transpose else arr)
 
 
 def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
@@ -126,20 +139,12 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
 
     from pretrain_cli.distributed.pieces import local_value, state_tensors
 
-    reader, where = _reader(Path(ckpt), "weights")
+    reader, where = open_reader(Path(ckpt), "weights")
     try:
         for name, _, t, transpose in state_tensors(model):
-            info = reader.index["tensors"].get(name)
-            if info is None:
+            if name not in reader.index["tensors"]:
                 raise UserError(f"{where}: tensor {name!r} is missing; the checkpoint does not match config.json")
-            box, _ = strategy.local_box(t)
-            box = box.transposed() if transpose else box
-            if list(info["shape"]) != list(box.global_shape):
-                raise UserError(f"{where}: tensor {name!r} has shape {list(info['shape'])} but config.json implies "
-                                f"{list(box.global_shape)}; use the config.json that belongs to these weights")
-            arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
-            arr = np.ascontiguousarray(arr.T if transpose else arr)
-            local_value(t).set_value(paddle.to_tensor(arr).astype(t.dtype))
+            local_value(t).set_value(paddle.to_tensor(_block(strategy, reader, where, name, t, transpose)).astype(t.dtype))
         return {"bytes_read": reader.bytes_read}
     finally:
         reader.close()
@@ -154,7 +159,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
     from pretrain_cli.models.convert import hf_param_names
 
-    reader, where = _reader(Path(ckpt), "optimizer")
+    reader, where = open_reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
@@ -174,15 +179,9 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
                     local_value(t).set_value(local_value(params[hf]).astype("float32"))
                     continue
                 raise UserError(f"{where}: no {slot} for {hf}; the optimizer state does not match the model")
-            box, _ = strategy.local_box(t)
-            box = box.transposed() if transpose else box
-            if list(info["shape"]) != list(box.global_shape):
-                raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs "
-                                f"{list(box.global_shape)}")
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
-            arr = reader.read(name, box.offsets, box.shape)
-            local_value(t).set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
+            local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
         return {"bytes_read": reader.bytes_read}
     finally:
         reader.close()

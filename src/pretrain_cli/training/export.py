@@ -38,17 +38,17 @@ def write_final(spec, model, trainer, results: dict) -> None:
 def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
     """HF safetensors (sharded above 5 GiB as transformers shards) + config from checkpoint-`step`'s pieces;
     from `model` itself when that checkpoint does not exist (its weights are then whole on this rank)."""
-    from pretrain_cli.models import checkpoint_index
     from pretrain_cli.models.convert import save_hf, write_hf_dir
+    from pretrain_cli.training.checkpoint import open_reader
 
     ckpt = run_dir.checkpoint_dir(out, step)
-    index = checkpoint_index.load(ckpt) if ckpt.is_dir() else None
-    if index is None:
+    if not ckpt.is_dir():
         return save_hf(model, cfg, str(out), dtype=dtype)
-    reader = checkpoint_index.Reader(ckpt, index)
+    reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
-        entries = [(n, reader.info(n)["dtype"], tuple(reader.info(n)["shape"]), lambda n=n: reader.read(n))
-                   for n in _hf_order(model, reader.names("weights"))]
+        tensors = reader.index["tensors"]
+        entries = [(n, tensors[n]["dtype"], tuple(tensors[n]["shape"]), lambda n=n: reader.read(n))
+                   for n in _hf_order(model, [n for n in tensors if "/" not in n])]
         return write_hf_dir(entries, cfg, str(out), dtype)
     finally:
         reader.close()
