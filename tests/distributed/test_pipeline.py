@@ -27,12 +27,13 @@ DOC = dict(per_device_train_batch_size=8, attention_mask_type="document", recomp
 
 
 def _launch(cfg, log_dir, nproc: int):
-    """`launch`, once more when the processes could not join: Paddle 3.3.1's gloo rendezvous of fleet's 4-rank
-    group after its 2-rank ones sometimes reads another group's address (docs/DISTRIBUTED.md); NCCL does not."""
+    """`launch`, once more when the processes could not join: Paddle 3.3.1's gloo rendezvous of fleet's groups
+    sometimes reads another group's address, mostly the 4-rank group after the 2-rank ones (docs/DISTRIBUTED.md);
+    NCCL does not."""
     import shutil
 
     run = launch(cfg, log_dir, nproc=nproc, timeout=240)
-    if run.returncode != 0 and nproc > 2 and "could not join the process group" in run.explain():
+    if run.returncode != 0 and "could not join the process group" in run.explain():
         shutil.rmtree(log_dir, ignore_errors=True)
         run = launch(cfg, log_dir, nproc=nproc, timeout=240)
     return run
