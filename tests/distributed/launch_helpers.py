@@ -139,6 +139,16 @@ def read_weights(directory: Path) -> dict:
     return out
 
 
+def read_checkpoint(ckpt: Path, kind: str = "optimizer") -> dict:
+    """A checkpoint's whole tensors of `kind` ("weights" / "optimizer"), assembled from every rank's pieces."""
+    from pretrain_cli.models import checkpoint_index
+
+    index = checkpoint_index.load(ckpt)
+    assert index is not None, f"{ckpt}: no {checkpoint_index.INDEX}"
+    reader = checkpoint_index.Reader(ckpt, index)
+    return {n: reader.read(n) for n in reader.names(kind)}
+
+
 STEPS = 10
 TOL = 1e-5
 # The exact gradient of a key bias is 0 (q·b_k shifts every score of a query row equally; softmax ignores

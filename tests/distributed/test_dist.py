@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, launch, launch_cmd,
-                            parse_losses, read_weights, single, write_config)
+                            parse_losses, read_checkpoint, read_weights, single, write_config)
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,7 @@ def test_dp_matches_single_process(ref, dp):
     (r, rout), (d, dout) = ref, dp
     assert_close_losses(d.losses(0), r.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(dout), read_weights(rout))
-    from safetensors.numpy import load_file
-
-    assert_close_tensors(load_file(str(dout / "checkpoint-5" / "optimizer.safetensors")),
-                         load_file(str(rout / "checkpoint-5" / "optimizer.safetensors")))
+    assert_close_tensors(read_checkpoint(dout / "checkpoint-5"), read_checkpoint(rout / "checkpoint-5"))
     # rank-0 effects only: rank 1 logs no INFO lines; one metrics.jsonl
     assert "global_step: 1," not in d.log(1)
     assert (dout / "metrics.jsonl").is_file()
@@ -60,11 +57,8 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
     assert run.returncode == 0, run.explain()
     assert "sharding stage1 x2" in run.log(0)
     assert_close_losses(run.losses(0), d.losses(0), range(1, STEPS + 1))
-    from safetensors.numpy import load_file
-
-    # each rank held half of the optimizer state; the checkpoint holds all of it, equal to DP's
-    assert_close_tensors(load_file(str(tmp_path / "out" / "checkpoint-5" / "optimizer.safetensors")),
-                         load_file(str(dout / "checkpoint-5" / "optimizer.safetensors")))
+    # each rank held and wrote half of the optimizer state; the checkpoint holds all of it, equal to DP's
+    assert_close_tensors(read_checkpoint(tmp_path / "out" / "checkpoint-5"), read_checkpoint(dout / "checkpoint-5"))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(dout))
 
 
@@ -126,7 +120,11 @@ def _job_at_step(cfg, log_dir, step: int):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("layout", [{}, {"sharding": "stage2"}, {"tensor_parallel_degree": 2}], ids=["dp", "stage2", "tp2"])
+PP2 = {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2}
+
+
+@pytest.mark.parametrize("layout", [{}, {"sharding": "stage2"}, {"tensor_parallel_degree": 2}, PP2],
+                         ids=["dp", "stage2", "tp2", "pp2"])
 def test_killed_rank_is_named_and_job_ends(corpus, tmp_path, layout):
     cfg = write_config(tmp_path / "k.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=20,
                        save_steps=100000, **layout)
@@ -146,7 +144,8 @@ def test_killed_rank_is_named_and_job_ends(corpus, tmp_path, layout):
     assert message in _read(log_dir / "workerlog.0")
 
 
-@pytest.mark.parametrize("layout", [{}, {"sharding": "stage1"}, {"sharding": "stage3"}], ids=["dp", "stage1", "stage3"])
+@pytest.mark.parametrize("layout", [{}, {"sharding": "stage1"}, {"sharding": "stage3"}, PP2],
+                         ids=["dp", "stage1", "stage3", "pp2"])
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path, layout):
     """Only rank 1 gets SIGTERM (as when a scheduler signals one process); the ranks agree on the step
     (`comm.any` after every step), rank 0 saves that checkpoint (ZeRO-3: gathered from both ranks), and the
@@ -169,12 +168,12 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path,
     assert "Traceback" not in log0 + log1
 
 
-def test_pipeline_parallel_is_refused_on_every_rank_before_any_work(corpus, tmp_path):
-    cfg = write_config(tmp_path / "pp.json", corpus, tmp_path / "out", pipeline_parallel_degree=2)
+def test_unsupported_layout_is_refused_on_every_rank_before_any_work(corpus, tmp_path):
+    cfg = write_config(tmp_path / "pp.json", corpus, tmp_path / "out", pipeline_parallel_degree=2, virtual_pp_degree=2)
     run = launch(cfg, tmp_path / "log", timeout=60)
     assert run.returncode != 0
     for n in range(2):
-        assert "pipeline_parallel_degree: 2 is not supported" in run.log(n), run.explain()
+        assert "virtual_pp_degree: 2 (fleet's interleaved schedule) is not supported" in run.log(n), run.explain()
         assert "Traceback" not in run.log(n)
     assert not (tmp_path / "out").exists(), "refused before any work"
 

@@ -1,21 +1,22 @@
 """ZeRO-2/3, tensor parallelism and dp x tp through the real launcher, against one process at the same global batch.
 
 Every layout trains the reference run's 10 steps (micro-qwen2: tied, vocab-parallel under TP, q/k/v biases)
-and must give the same losses (<= 1e-5) and final weights; each rank reports what it holds, and checkpoints
-saved under one layout resume under another on the same loss curve.
+and must give the same losses (<= 1e-5) and final weights; each rank reports what it holds, writes only its own
+pieces of each checkpoint (ZeRO-3 from background threads, `async_save`), and checkpoints saved under one layout
+resume under another on the same loss curve, each rank reading only its blocks.
 """
 from __future__ import annotations
 
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_weights, single,
-                            write_config)
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights,
+                            single, write_config)
 
 # (processes, keys). Global batch 8 everywhere: per-device batch x data ranks (world / tp).
 LAYOUTS = {
     "stage2": (2, dict(sharding="stage2")),
-    "stage3": (2, dict(sharding="stage3")),
+    "stage3": (2, dict(sharding="stage3", async_save=True)),  # each rank's pieces written by its own thread
     "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)),
     "dp2_tp2_stage3": (4, dict(tensor_parallel_degree=2, sharding="stage3")),
 }
@@ -42,13 +43,24 @@ def test_layout_matches_one_process(runs, ref, name):
     (run, out), (r, rout) = runs[name], ref
     assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL.get(name, 1e-5))
-    from safetensors.numpy import load_file
-
-    # gathered on save: full tensors by HF name, whatever each rank held
-    saved = load_file(str(out / "checkpoint-5" / "optimizer.safetensors"))
-    want = load_file(str(rout / "checkpoint-5" / "optimizer.safetensors"))
+    # saved by every rank at once, nothing gathered: each rank's files hold its own share (a replicated tensor
+    # once), and the pieces assembled are the reference's whole tensors by HF name
+    ckpt, nproc = out / "checkpoint-5", LAYOUTS[name][0]
+    saved, want = read_checkpoint(ckpt), read_checkpoint(rout / "checkpoint-5")
     assert sorted(saved) == sorted(want) and all(saved[k].shape == want[k].shape for k in saved)
+    index = json.loads((ckpt / "checkpoint.index.json").read_text())
+    for kind in ("model", "optimizer"):
+        sizes = [f["bytes"] for n, f in index["files"].items() if n.startswith(kind)]
+        assert len(sizes) == nproc and max(sizes) < 1.5 * sum(sizes) / nproc, (kind, sizes)
+    assert index["weights_whole"] == (name == "stage2")  # ZeRO-2: whole weights, loadable as an HF directory
+    assert (ckpt / "model.safetensors.index.json").is_file() == (name == "stage2")
+    # what eval / generate / convert read from it: the weights, assembled from the pieces
+    from pretrain_cli.models.convert import read_safetensors
+
+    assert_close_tensors({k: v.numpy() for k, v in read_safetensors(str(ckpt)).items()},
+                         read_weights(rout / "checkpoint-5"), WEIGHT_TOL.get(name, 1e-5))
     assert "Traceback" not in run.log(0) + run.log(1)
+    assert ("(async)" in run.log(0)) == (name == "stage3")
     # ZeRO-2/3 run the fused LM head + loss on each rank's rows; a vocabulary-split (TP) head keeps the logits
     assert ("head+loss=off" if "tp2" in name else "head+loss=cpu") in run.log(0)
 
@@ -94,6 +106,9 @@ def test_resume_on_another_layout_continues_the_same_curve(runs, ref, corpus, tm
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), 2e-5)
+    if nproc > 1:  # each rank read exactly the bytes of what it holds, however the checkpoint was cut
+        for rank in _held(tmp_path / "out"):
+            assert rank["resume_bytes_read"] == rank["parameters"] + rank["optimizer_state"], rank
 
 
 def test_final_directory_of_a_sharded_run_loads_in_transformers(runs, ref):
@@ -108,6 +123,11 @@ def test_final_directory_of_a_sharded_run_loads_in_transformers(runs, ref):
     np.testing.assert_array_equal(hf.model.embed_tokens.weight.detach().numpy(), ours["model.embed_tokens.weight"])
     with torch.no_grad():
         assert torch.isfinite(hf(torch.arange(16)[None]).logits).all()
+    # a ZeRO-2 checkpoint (whole weights, one shard per rank + model.safetensors.index.json) loads as it is
+    ckpt = runs["stage2"][1] / "checkpoint-5"
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    np.testing.assert_array_equal(hf.model.norm.weight.detach().numpy(),
+                                  read_checkpoint(ckpt, "weights")["model.norm.weight"])
 
 
 def _long_documents(prefix) -> None:
@@ -172,7 +192,7 @@ def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model)
         assert abs(float(norm.mean()) - 3.0) < 0.01
     else:
         assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage2' over 1 process shards nothing" in log
-    assert (tmp_path / "out" / "checkpoint-3" / "optimizer.safetensors").is_file()
+    assert (tmp_path / "out" / "checkpoint-3" / "optimizer-00002-of-00002.safetensors").is_file()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "Traceback" not in log + run.log(1)
 
 

@@ -154,7 +154,9 @@ def _poisoned_corpus(prefix) -> None:
 ROLLBACK_LAYOUTS = {"dp": {"per_device_train_batch_size": 2}, "stage2": {"per_device_train_batch_size": 2,
                                                                          "sharding": "stage2"},
                     "stage3": {"per_device_train_batch_size": 2, "sharding": "stage3"},
-                    "tp2": {"per_device_train_batch_size": 4, "tensor_parallel_degree": 2}}
+                    "tp2": {"per_device_train_batch_size": 4, "tensor_parallel_degree": 2},
+                    "pp2": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
+                            "pipeline_parallel_degree": 2}}
 
 
 def _rollback_run(root, keys):

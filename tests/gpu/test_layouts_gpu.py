@@ -35,6 +35,8 @@ LAYOUTS = {
     "stage3": (2, {"sharding": "stage3"}),
     "tp2": (2, {"tensor_parallel_degree": 2, "per_device_train_batch_size": 8}),
     "dp2_tp2_stage3": (4, {"tensor_parallel_degree": 2, "sharding": "stage3"}),
+    "pp2": (2, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
+    "pp2_dp2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2}),
 }
 
 

@@ -138,7 +138,7 @@ def a_partial_sharding_degree_stage3(d):
     return (cfg(d, sharding="stage3", sharding_parallel_degree=2), ["sharding_parallel_degree: 2", "stage1"],
             {"PADDLE_TRAINERS_NUM": "4"})
 def a_pp_multi_process(d):
-    return cfg(d, pipeline_parallel_degree=4), ["pipeline_parallel_degree", "not supported"], {"PADDLE_TRAINERS_NUM": "4"}
+    return cfg(d, pipeline_parallel_degree=4), ["pipeline_parallel_degree: 4 stages for 2 decoder layers"], {"PADDLE_TRAINERS_NUM": "4"}
 def a_override_unknown(d):
     cfg(d)
     return CHECK + ["--max_sep", "5"], ["command line", "unknown key `max_sep`"]

@@ -148,8 +148,8 @@ def test_multi_process_tensor_parallel_must_divide_the_model():
         resolve_run("--tensor_parallel_degree", "4", world=4)
     with pytest.raises(UserError, match="does not divide the world size 2"):
         resolve_run("--tensor_parallel_degree", "4", world=2)
-    with pytest.raises(UserError, match="pipeline_parallel_degree: 2 is not supported"):
-        resolve_run("--pipeline_parallel_degree", "2", world=2)
+    with pytest.raises(UserError, match="tensor_parallel_degree: 2 with pipeline_parallel_degree 2 is not supported"):
+        resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "2", world=4)
 
 
 def test_split_and_sharding_parsers():

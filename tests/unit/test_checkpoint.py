@@ -1,13 +1,19 @@
-"""Optimizer state round trips through optimizer.safetensors, fp32 and O2 (fp32 master weights)."""
+"""Optimizer state round trips through optimizer.safetensors, fp32 and O2 (fp32 master weights); the sharded
+format's pieces, index, block reads and damage checks (docs/CHECKPOINTS.md)."""
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pretrain_cli.training import checkpoint
 from pretrain_cli import runtime
+from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.errors import UserError
+from pretrain_cli.training import checkpoint
+
+ONE = SimpleNamespace(rank=0, world_size=1, is_rank0=True, sharding_degree=1)
 
 PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
 
@@ -48,7 +54,8 @@ def test_optimizer_state_round_trip(tmp_path, dtype):
     save_file(saved, str(tmp_path / "opt.safetensors"))
     model2, opt2 = _build(dtype)
     _fill(opt2, 2)
-    checkpoint.load_optimizer(model2, opt2, tmp_path / "opt.safetensors")
+    (tmp_path / "opt.safetensors").rename(tmp_path / "optimizer.safetensors")  # a checkpoint from before the index
+    checkpoint.load_optimizer(Strategy(ONE), model2, opt2, tmp_path)
     again = checkpoint.optimizer_tensors(model2, opt2)
     assert again.keys() == saved.keys()
     assert all(np.array_equal(again[k], saved[k]) for k in saved)
@@ -58,10 +65,217 @@ def test_optimizer_state_mismatch_is_a_user_error(tmp_path):
     model, opt = _build("float32")
     saved = checkpoint.optimizer_tensors(model, opt)
     saved["model.norm.weight/moment1"] = np.zeros(3, np.float32)
-    save_file(saved, str(tmp_path / "opt.safetensors"))
+    save_file(saved, str(tmp_path / "optimizer.safetensors"))
     with pytest.raises(UserError, match="model.norm.weight/moment1 has shape"):
-        checkpoint.load_optimizer(model, opt, tmp_path / "opt.safetensors")
+        checkpoint.load_optimizer(Strategy(ONE), model, opt, tmp_path)
     del saved["model.norm.weight/moment1"]
-    save_file(saved, str(tmp_path / "opt.safetensors"))
+    save_file(saved, str(tmp_path / "optimizer.safetensors"))
     with pytest.raises(UserError, match="no moment1 for model.norm.weight"):
-        checkpoint.load_optimizer(model, opt, tmp_path / "opt.safetensors")
+        checkpoint.load_optimizer(Strategy(ONE), model, opt, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------- the sharded format
+def test_mesh_box_splits_like_paddle_and_nests():
+    from pretrain_cli.distributed.pieces import mesh_box, split
+
+    assert split(5, 2) == [3, 2] and split(8, 4) == [2, 2, 2, 2] and split(1, 2) == [1, 0]
+    box = mesh_box((10, 6), (2, 2), (1, 0), (0, 1))  # dp shards rows, mp shards columns
+    assert (box.offsets, box.shape) == ((5, 0), (5, 3))
+    box = mesh_box((8, 4), (2, 2), (1, 1), (0, 0))  # both mesh dims on rows: dp's half, then mp's half of it
+    assert (box.offsets, box.shape) == ((6, 0), (2, 4))
+    assert mesh_box((8, 4), (2, 2), (1, 1), (None, None)).whole
+    assert box.transposed().offsets == (0, 6) and box.transposed().global_shape == (4, 8)
+
+
+def test_intersect():
+    from pretrain_cli.models.checkpoint_index import intersect
+
+    assert intersect((0, 0), (4, 6), (2, 3), (4, 4)) == ((2, 3), (2, 3))
+    assert intersect((0, 0), (4, 6), (4, 0), (2, 6)) is None  # touching is not overlapping
+    assert intersect((0,), (0,), (0,), (5,)) is None  # an empty piece
+    assert intersect((), (), (), ()) == ((), ())  # 0-d tensors
+
+
+def _piece(name, shape, holders, kind="optimizer"):
+    from pretrain_cli.distributed.pieces import Box, Piece
+
+    return Piece(name, kind, Box(shape, (0,) * len(shape), shape), "F32", holders, None)
+
+
+def test_writer_of_spreads_replicas_and_keeps_owned_pieces():
+    from pretrain_cli.distributed.pieces import writer_of
+
+    pieces = [_piece("a", (100,), (0, 1)), _piece("b", (60,), (0, 1)), _piece("c", (50,), (0, 1)),
+              _piece("d", (10,), (1,)), _piece("e", (10,), (0, 2))]
+    got = writer_of(pieces)
+    assert got == {"a": 0, "b": 1, "c": 1, "d": 1, "e": 0}
+    # every holder computes the same answer from its own (identically ordered) pieces of a holder set
+    assert writer_of([p for p in pieces if 1 in p.holders])["c"] == 1
+
+
+def _write_pieces(tmp_path, arr, splits):
+    """`arr` split by rows at `splits`, one file per piece, and the index over them."""
+    from pretrain_cli.models import checkpoint_index, shard_files
+
+    records, bounds = [], [0, *splits, arr.shape[0]]
+    for r, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        fname = checkpoint_index.file_name("optimizer", r, len(bounds) - 1)
+        block = np.ascontiguousarray(arr[a:b])
+        info = shard_files.write(tmp_path / fname, [("t/moment1", "F32", block.shape, lambda x=block: x)])
+        records.append({"files": {fname: info}, "pieces": [
+            {"name": "t/moment1", "kind": "optimizer", "dtype": "F32", "global_shape": list(arr.shape),
+             "offsets": [a, 0], "shape": list(block.shape), "file": fname}]})
+    index = checkpoint_index.build(records, len(records), "test")
+    checkpoint_index.write_index(tmp_path, index)
+    return index
+
+
+def test_reader_reads_only_the_intersecting_bytes_of_each_piece(tmp_path):
+    from pretrain_cli.models import checkpoint_index
+
+    arr = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    index = _write_pieces(tmp_path, arr, [3, 5])
+    reader = checkpoint_index.Reader(tmp_path, index)
+    np.testing.assert_array_equal(reader.read("t/moment1", (2, 1), (4, 3)), arr[2:6, 1:4])
+    assert reader.bytes_read == 4 * 3 * 4  # the block's bytes, from three files
+    np.testing.assert_array_equal(reader.read("t/moment1"), arr)
+    with pytest.raises(UserError, match="needs a block"):
+        reader.read("t/moment1", (6, 0), (4, 6))
+    with pytest.raises(UserError, match="no tensor 'x'"):
+        reader.read("x")
+
+
+def test_index_refuses_pieces_that_do_not_tile_the_tensor(tmp_path):
+    from pretrain_cli.models import checkpoint_index
+
+    index = _write_pieces(tmp_path, np.zeros((4, 2), np.float32), [2])
+    records = [{"files": {}, "pieces": [{"name": "t", "kind": "weights", "dtype": "F32", "global_shape": [4, 2],
+                                         "offsets": [0, 0], "shape": [2, 2], "file": "f"}]}]
+    with pytest.raises(RuntimeError, match="cover 4 of 8"):
+        checkpoint_index.build(records, 1, "test")
+    assert index["weights_whole"] and checkpoint_index.hf_weight_map(index)["weight_map"] == {}
+
+
+@pytest.mark.parametrize("harm", ["missing", "truncated", "flipped", "none"])
+def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
+    from pretrain_cli.models import checkpoint_index
+
+    _write_pieces(tmp_path, np.ones((8, 6), np.float32), [4])
+    f = tmp_path / "optimizer-00002-of-00002.safetensors"
+    data = f.read_bytes()
+    if harm == "missing":
+        f.unlink()
+    elif harm == "truncated":
+        f.write_bytes(data[:-8])
+    elif harm == "flipped":
+        f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    want = {"missing": "is missing", "truncated": f"has {len(data) - 8} bytes, the index says {len(data)}",
+            "flipped": "does not match its checksum", "none": None}[harm]
+    got = checkpoint_index.damage(tmp_path)
+    assert got == want if want is None else want in got
+
+
+class _Trainer:
+    """What `Saver` reads of a trainer, for one rank of a simulated two-rank data-parallel run."""
+
+    def __init__(self, model, opt, rank, step=4):
+        self.raw_model, self.optimizer = model, opt
+        self.strategy = Strategy(SimpleNamespace(rank=rank, world_size=2, is_rank0=rank == 0, sharding_degree=1))
+        self.state = SimpleNamespace(global_step=step)
+        self.events = []
+
+    def state_dict(self):
+        return {"global_step": self.state.global_step, "consumed_samples": 0}
+
+    def record_event(self, kind, data):
+        self.events.append(kind)
+
+
+def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monkeypatch):
+    """Two ranks' saves run in one process (rank 1's first: rank 0 publishes once both records exist) with every
+    Paddle collective made to fail: each rank's files hold the pieces `writer_of` gave it, every tensor once,
+    and the assembled checkpoint loads back exactly."""
+    import paddle.distributed as dist
+
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.pieces import writer_of
+    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.shard_files import File
+
+    def forbidden(*a, **k):
+        raise AssertionError("a collective in a save")
+
+    for name in ("all_gather", "all_gather_object", "broadcast", "all_reduce", "reduce", "gather", "scatter",
+                 "reshard", "barrier", "send", "recv"):
+        monkeypatch.setattr(dist, name, forbidden)
+    model, opt = _build("float32")
+    _fill(opt, 3)
+    cfg = ModelConfig.from_file(str(PRESET))
+    for rank in (1, 0):
+        trainer = _Trainer(model, opt, rank)
+        checkpoint.Saver(tmp_path, cfg, NoComm(), {"a": 1}, None, "float32", None)(trainer)
+        assert trainer.events == ["checkpoint"]
+    ckpt = tmp_path / "checkpoint-4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # published once, nothing left over
+    owner = writer_of(Strategy(SimpleNamespace(rank=0, world_size=2, sharding_degree=1)).pieces(model, opt))
+    for rank in (0, 1):
+        held = set()
+        for kind in ("model", "optimizer"):
+            held |= set(File(ckpt / checkpoint_index.file_name(kind, rank, 2)).tensors)
+        assert held == {n for n, r in owner.items() if r == rank}
+    index = json.loads((ckpt / checkpoint_index.INDEX).read_text())
+    by_rank = [sum(f["bytes"] for n, f in index["files"].items() if f"-0000{r + 1}-of" in n) for r in (0, 1)]
+    assert 0.45 < by_rank[0] / sum(by_rank) < 0.55  # the replicas' bytes are spread over both ranks
+    assert not list(ckpt.glob("rank-*"))
+    assert checkpoint_index.damage(ckpt) is None
+    # the weights are whole: transformers' own index names each tensor's file
+    weight_map = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    assert weight_map["model.norm.weight"] == checkpoint_index.file_name("model", owner["model.norm.weight"], 2)
+    model2, opt2 = _build("float32")
+    _fill(opt2, 4)
+    checkpoint.load_optimizer(Strategy(ONE), model2, opt2, ckpt)
+    saved, again = checkpoint.optimizer_tensors(model, opt), checkpoint.optimizer_tensors(model2, opt2)
+    assert again.keys() == saved.keys() and all(np.array_equal(again[k], saved[k]) for k in saved)
+
+
+def test_resume_skips_a_damaged_checkpoint_with_one_warning_and_stops_when_none_is_left(tmp_path, caplog):
+    from pretrain_cli.models.checkpoint_index import newest_intact
+
+    for step in (3, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        _write_pieces(tmp_path / f"checkpoint-{step}", np.ones((4, 2), np.float32), [2])
+    assert newest_intact(tmp_path) == tmp_path / "checkpoint-6"
+    (tmp_path / "checkpoint-6" / "optimizer-00001-of-00002.safetensors").unlink()
+    with caplog.at_level("WARNING", logger="pretrain_cli"):
+        assert newest_intact(tmp_path) == tmp_path / "checkpoint-3"
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["not resuming from checkpoint-6"]
+    assert newest_intact(tmp_path, verify=False) == tmp_path / "checkpoint-6"  # other ranks take rank 0's choice
+    f = tmp_path / "checkpoint-3" / "optimizer-00002-of-00002.safetensors"
+    f.write_bytes(f.read_bytes()[:-4])
+    with pytest.raises(UserError, match="every checkpoint is damaged"):
+        newest_intact(tmp_path)
+    assert newest_intact(tmp_path / "nothing") is None
+
+
+def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
+    """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import checkpoint_index, shard_files
+    from pretrain_cli.models.convert import read_safetensors
+
+    whole = paddle.randn([6, 4]).astype("bfloat16")
+    bits = whole.numpy()  # uint16
+    records = []
+    for r, cols in enumerate([(0, 3), (3, 4)]):  # a column split, as tensor parallelism leaves a row-parallel weight
+        fname = checkpoint_index.file_name("model", r, 2)
+        block = np.ascontiguousarray(bits[:, cols[0]:cols[1]])
+        info = shard_files.write(tmp_path / fname, [("w", "BF16", block.shape, lambda b=block: b)], {"format": "pt"})
+        records.append({"files": {fname: info}, "pieces": [{"name": "w", "kind": "weights", "dtype": "BF16",
+                        "global_shape": [6, 4], "offsets": [0, cols[0]], "shape": list(block.shape), "file": fname}]})
+    checkpoint_index.write_index(tmp_path, checkpoint_index.build(records, 2, "test"))
+    got = read_safetensors(str(tmp_path))["w"]
+    assert got.dtype == paddle.bfloat16 and np.array_equal(got.numpy(), bits)
+    from safetensors.paddle import load_file
+
+    assert load_file(str(tmp_path / "model-00002-of-00002.safetensors"))["w"].shape == [6, 1]  # plain safetensors

@@ -45,6 +45,9 @@ def test_qwen_param_counts_and_flops(write_args):
     assert r["fits"] and r["suggestions"] == []
     assert r["checkpoint"]["kept"] == 2
     assert r["checkpoint"]["per_checkpoint_gib"] == pytest.approx(14 * n)
+    # one process writes all of it; the save time is its bytes at the stated per-rank write rate
+    assert r["checkpoint"]["per_rank_gib"] == pytest.approx(14 * n)
+    assert r["checkpoint"]["save_seconds"] == pytest.approx(14 * n * 2**30 / 1e9 / r["checkpoint"]["disk_gb_per_s_per_rank"])
 
 
 def test_json_output_fields(write_args, capsys):
@@ -135,7 +138,7 @@ def test_llama_8gpu_tensor_parallel(tmp_path):
     path.write_text(json.dumps(args))
     r = plan(str(path), device="A100-80GB", gpus=8)
     assert r["parallel"] == {"world": 8, "dp": 1, "sharding_stage": 2, "sharding_degree": 4, "tp": 2,
-                             "data_ranks": 4}
+                             "data_ranks": 4, "pp": 1, "pipeline_bubble": 0.0}
     assert r["tokens_per_step"] == 262_144
     assert r["flops_per_token"]["model"] == pytest.approx(5.147e10, rel=1e-3)
     assert not any("not supported" in n for n in r["notes"])  # train runs this layout: nothing to warn about
@@ -149,8 +152,8 @@ def test_user_errors(write_args):
         plan(write_args(), device="Z80")
     with pytest.raises(UserError, match="--gpus"):
         plan(write_args(), gpus=0)
-    with pytest.raises(UserError, match="pipeline"):
-        plan(write_args(pipeline_parallel_degree=2), gpus=2)
+    with pytest.raises(UserError, match="pipeline_parallel_degree: 3 does not divide the world size 2"):
+        plan(write_args(pipeline_parallel_degree=3), gpus=2)
 
 
 def test_cpu_mode_is_fp32_without_framework_constant(write_args):

@@ -119,7 +119,7 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
 
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
-            "use_flash_attention", "sharding", "tensor_parallel_degree")
+            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
 
 
 def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
@@ -151,6 +151,7 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
                      f"layouts that fit the one with the fewest changes is chosen, not the fastest")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
+    current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
 
     def replan(change: dict, world: int = gpus):
         """The candidate's plan, or None when `train` would refuse it (resolve, or a layout it cannot run yet)."""

@@ -160,9 +160,11 @@ class TrainingArguments:
         -1, "Tensor parallel degree (-1 or 1 = off): q/k/v and gate/up column-parallel, o/down row-parallel, embedding "
         "and LM head split over the vocabulary when the degree divides it; must divide the heads, KV heads, "
         "intermediate size and world size (docs/DISTRIBUTED.md).")
-    pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off; > 1 is refused: use sharding: "
-                                           "stage3 or tensor_parallel_degree).")
-    virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks; only with pipeline parallelism.")
+    pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off): decoder layers split into this "
+                                           "many stages on fleet's 1F1B schedule, gradient_accumulation_steps "
+                                           "micro-batches per step; with data parallelism and ZeRO-1, not with tensor "
+                                           "parallelism or ZeRO-2/3 (docs/DISTRIBUTED.md).")
+    virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks per stage; only with pipeline parallelism.")
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism with tensor parallelism: refused (Paddle's "
                                         "plans need collectives its CPU build lacks, so it is unverified here).")
     sharding: str = _f("", "Sharded data parallel (ZeRO): 'stage1' shards the optimizer state, 'stage2' also the "
@@ -174,10 +176,13 @@ class TrainingArguments:
     context_parallel_degree: int = _f(-1, "Context parallel degree (> 1 not supported).")
     tensor_parallel_config: str = _f("", "PaddleNLP's TP fusion/overlap flags; Paddle's semi-auto engine places the "
                                          "collectives here.", "ignored")
-    pipeline_parallel_config: str = _f("", "PP feature flags (PP is not supported yet).", "ignored")
+    pipeline_parallel_config: str = _f("", "PaddleNLP's PP feature flags: each one is applied, or named in a note "
+                                           "saying why it has no effect here (docs/DISTRIBUTED.md).")
     sharding_parallel_config: str = _f("", "Sharding feature flags (fusion/overlap tuning).", "ignored")
     data_parallel_config: str = _f("", "DP feature flags.", "ignored")
-    hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology.", "ignored")
+    hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology; here pipeline stages are "
+                                                    "outermost (the link between nodes carries the stages' activations).",
+                                                    "ignored")
     tensor_parallel_output: bool = _f(True, "Vocab-parallel logits: with tensor parallelism the LM head is split over "
                                           "the vocabulary whenever the degree divides it.", "ignored")
     # --- memory and kernels

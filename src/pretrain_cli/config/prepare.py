@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
 from pretrain_cli.config.run_config import KernelConfig, RunConfig, Schedule, Target
@@ -74,8 +73,9 @@ class RunSpec:
                      f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
         if r.parallel.distributed:
             p = r.parallel
-            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks x tp {p.tp_degree}; each "
-                         f"data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
+            split = (f" x pp {p.pp_degree} stages" if p.pp_degree > 1 else "") + f" x tp {p.tp_degree}"
+            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks{split}; "
+                         f"each data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
                          f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
         s = r.schedule
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
@@ -178,7 +178,9 @@ def find_resume(run: RunConfig) -> Path | None:
         return path
     if out.overwrite or not run.loop.do_train:
         return None
-    return run_dir.latest_checkpoint(out.output_dir)
+    from pretrain_cli.models.checkpoint_index import newest_intact
+
+    return newest_intact(out.output_dir, verify=run.parallel.is_rank0)  # a damaged one is skipped, with a warning
 
 
 def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:

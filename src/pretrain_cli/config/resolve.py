@@ -14,6 +14,7 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
+from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
                                             RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
@@ -217,14 +218,14 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         if dropped:
             notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
-    for key, val, instead in (("pipeline_parallel_degree", pp, "sharding: stage3 or tensor_parallel_degree"),
-                              ("sep_parallel_degree", sep, "tensor_parallel_degree"),
-                              ("context_parallel_degree", cp, "tensor_parallel_degree")):
+    for key, val, instead in (("sep_parallel_degree", sep, "tensor_parallel_degree or pipeline_parallel_degree"),
+                              ("context_parallel_degree", cp, "tensor_parallel_degree or pipeline_parallel_degree")):
         if val > 1:
             problems.add(f"{key}: {val} is not supported; set it to 1 and use {instead} to split a large model")
-    if (t.sequence_parallel or t.virtual_pp_degree > 1) and tp == 1:
-        notes.append("sequence_parallel / virtual_pp_degree: only meaningful with tensor / pipeline parallelism; "
-                     "ignored")
+    if t.sequence_parallel and tp == 1:
+        notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
+    pp, vpp = resolve_pipeline(args, model_cfg, world, tp, stage, notes, problems, target.device)
+    world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:
         problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
         tp = 1
@@ -262,10 +263,10 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
     if tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
-    return ParallelConfig(world_size=world, rank=target.rank, local_rank=target.local_rank,
+    return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
-                          tp_degree=tp, pp_degree=1, vocab_parallel=vocab_split)
+                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:
@@ -283,7 +284,8 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
         notes.append(f"spike_policy: {t.spike_policy} with both spike factors 0 checks nothing")
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
                             t.spike_window, t.spike_rollback_steps,
-                            rollback_rebuilds=t.spike_policy == "rollback" and parallel.engine == "semi_auto")
+                            rollback_rebuilds=t.spike_policy == "rollback"
+                            and parallel.engine in ("semi_auto", "pipeline"))  # placed pieces / freed stages
 
 
 def not_yet_supported(run: RunConfig) -> list[str]:
@@ -342,6 +344,9 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
             notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
                          "it keeps the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
+    if kernels.to_static and parallel.engine == "pipeline":
+        kernels = replace(kernels, to_static=False)
+        notes.append("to_static: not with pipeline parallelism (fleet runs each stage's layers eagerly); ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps

@@ -122,12 +122,15 @@ class Recompute:
     skip_layers: tuple = ()
 
 
-def engine_for(world_size: int, tp_degree: int, sharding_stage: int) -> str:
-    """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1) or "semi_auto"
-    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism); `sharding_stage` 0 when nothing
-    is sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
+def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1) -> str:
+    """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
+    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism) or "pipeline" (fleet's
+    PipelineParallel); `sharding_stage` 0 when nothing is sharded. `config.resolve` asks it before the
+    `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
+    if pp_degree > 1:
+        return "pipeline"
     if tp_degree > 1 or sharding_stage in (2, 3):
         return "semi_auto"
     return "fleet_zero1" if sharding_stage == 1 else "data_parallel"
@@ -135,10 +138,12 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int) -> str:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees and this process's ranks: world = dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md facts: degrees).
+    """Degrees and this process's ranks: world = pp × dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md facts: degrees).
 
     Ranks are laid out data-major, tensor-parallel-minor: rank = data_rank × tp + tp_rank, so the
-    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r.
+    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r. Pipeline
+    stages are outermost (rank = pp_rank × dp × sharding + data_rank): on two nodes the stages are what
+    crosses between them, one activation per micro-batch (distributed/pipeline.py).
     """
 
     world_size: int = 1
@@ -153,15 +158,21 @@ class ParallelConfig:
     # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
     # they are whole on every tp rank): `distributed.semi_auto` places them so, `planning.memory` counts them so
     vocab_parallel: bool = False
+    virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
 
     @property
     def data_world_size(self) -> int:
-        """Ranks that read different data: dp × sharding (tensor-parallel ranks share batches)."""
+        """Ranks that read different data: dp × sharding (tensor-parallel ranks and pipeline stages share batches)."""
         return self.dp_degree * self.sharding_degree
 
     @property
     def data_rank(self) -> int:
-        return self.rank // (self.tp_degree * self.pp_degree)
+        return (self.rank % (self.world_size // self.pp_degree)) // self.tp_degree
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's pipeline stage."""
+        return self.rank // (self.world_size // self.pp_degree)
 
     @property
     def is_rank0(self) -> bool:
@@ -174,7 +185,7 @@ class ParallelConfig:
     @property
     def engine(self) -> str:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
-        return engine_for(self.world_size, self.tp_degree, self.sharding_stage)
+        return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree)
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
@@ -183,6 +194,9 @@ class ParallelConfig:
                          f"{' offload' if self.offload else ''}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
+        if self.pp_degree > 1:
+            parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
+                                                   else ""))
         return ", ".join(parts)
 
 

@@ -149,16 +149,3 @@ class SemiAuto(Strategy):
         if not all(p.is_replicated() for p in tensor.placements):
             tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() for _ in tensor.placements])
         return tensor._local_value()
-
-    # ------------------------------------------------------------------ checkpoints and reports
-    def full_numpy(self, tensor) -> np.ndarray:
-        """The whole tensor on this rank (a collective for a sharded one: every rank must call it)."""
-        return self.to_host(tensor).numpy()
-
-    def gather_weights(self, model) -> dict | None:
-        out = {name: self.full_numpy(p) for name, p in model.named_parameters()}
-        return out if self.parallel.is_rank0 else None
-
-    def gather_optimizer_state(self, model, read) -> dict | None:
-        state = read(self.full_numpy)  # every rank takes part in each tensor's gather, in the same order
-        return state if self.parallel.is_rank0 else None

@@ -6,23 +6,28 @@
 | data parallel | `DataParallel` | `paddle.DataParallel` |
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
+| `pipeline_parallel_degree > 1` (with dp) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B) |
 """
 from __future__ import annotations
 
 from pretrain_cli.distributed import launch
+from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
 from pretrain_cli.errors import UserError
 
 
-def init_process_group(parallel, seed: int = 0) -> None:
-    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU)."""
+def init_process_group(parallel, seed: int = 0, loop=None) -> None:
+    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU); a pipeline
+    also reads the micro-batching of `loop` (`config.run_config.Loop`)."""
     if not parallel.distributed:
         return
     import paddle.distributed as dist
 
     try:
-        if parallel.engine == "fleet_zero1":
+        if parallel.engine == "pipeline":
+            init_fleet(parallel, loop, seed)
+        elif parallel.engine == "fleet_zero1":
             from paddle.distributed import fleet
 
             strategy = fleet.DistributedStrategy()
@@ -46,5 +51,6 @@ def init_process_group(parallel, seed: int = 0) -> None:
 def build_strategy(parallel, device: str = "cpu", step_kernels=None) -> Strategy:
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
-    engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto}
+    engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
+               "pipeline": Pipeline}
     return engines[parallel.engine](parallel, device, step_kernels)

@@ -4,7 +4,8 @@ Model code is single-device; parallelism is applied here from outside, like torc
 `parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
 methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
 step `shard_batch`, `no_sync`, `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
-`gather_weights` / `gather_optimizer_state` (full tensors on rank 0, whatever the layout).
+`pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.pieces`)
+and `local_box` (what it reads back: where each of its tensors sits in the global one). Nothing is gathered.
 
 - `Strategy` (one process): every method is the identity;
 - `DataParallel`: `paddle.DataParallel` (gradients all-reduced in backward, once per accumulated step);
@@ -41,6 +42,7 @@ class Strategy:
         self.parallel, self.device = parallel, device
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
+        self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
     def place(self, model):
@@ -104,17 +106,36 @@ class Strategy:
         return tensor
 
     # ------------------------------------------------------------------ checkpoints and reports
-    def gather_weights(self, model) -> dict | None:
-        """{parameter name: full numpy} on rank 0 where the parameters are sharded; None where rank 0's own
-        parameters are already whole (the save reads them directly). A collective where it gathers."""
-        return None
+    def holders(self, tensor, kind: str) -> tuple:
+        """The ranks holding the same whole (non-DistTensor) `tensor` as this rank: every rank unless a
+        layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
+        return tuple(range(self.parallel.world_size))
 
-    def gather_optimizer_state(self, model, read) -> dict | None:
-        """The full optimizer state (HF names) on rank 0, None elsewhere; a collective where it is sharded.
+    def local_box(self, tensor):
+        """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
+        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        from pretrain_cli.distributed.pieces import Box, dist_layout
 
-        `read(to_numpy)` reads this rank's state as {"<hf name>/<slot>": numpy array}; `to_numpy` None means
-        `tensor.numpy()`."""
-        return read(None) if self.parallel.is_rank0 else None
+        if getattr(tensor, "is_dist", lambda: False)():
+            return dist_layout(tensor, self.parallel.rank)
+        shape = tuple(tensor.shape)
+        return Box(shape, (0,) * len(shape), shape), None
+
+    def pieces(self, model, optimizer=None) -> list:
+        """The checkpoint interface every layout implements through `holders` / `local_box`: this rank's
+        pieces (`distributed.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
+        names and layout, each with its global shape and offsets and the ranks that hold a copy. No
+        collective, no copy: a piece's `read()` copies its block to the host when the writer asks.
+        The checkpoint writes the pieces `pieces.writer_of` gives this rank (one writer per replica)."""
+        from pretrain_cli.distributed.pieces import Piece, dtype_code, state_tensors
+
+        out = []
+        for name, kind, t, transpose in state_tensors(model, optimizer):
+            box, holders = self.local_box(t)
+            holders = holders or self.holders(t, kind)
+            out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
+                             t, transpose))
+        return out
 
     def local_bytes(self, model, optimizer) -> dict:
         """What this rank physically holds: parameters and optimizer state (AdamW moments, O2 master copies)."""
@@ -123,7 +144,10 @@ class Strategy:
             inner = inner._inner_opt
         state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())
         state += sum(_nbytes(t) for t in (getattr(inner, "_master_weights", None) or {}).values())
-        return {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
+        out = {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
+        if self.resume_bytes_read is not None:
+            out["resume_bytes_read"] = self.resume_bytes_read
+        return out
 
 
 class DataParallel(Strategy):
@@ -153,7 +177,6 @@ class FleetZero1(DataParallel):
         self._group = hcg.get_sharding_parallel_group()
         self._params = list(self._dso._origin_parameter_list)
         self._owned = self._dso.filter_parameters(self._params, hcg)
-        self._owner = {name: self._group.ranks[r] for name, r in self._dso._param2rank.items()}
         return model, self._hpo
 
     def wrap_scaler(self, scaler):
@@ -176,29 +199,10 @@ class FleetZero1(DataParallel):
     def step(self, optimizer) -> None:
         self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
 
-    def gather_optimizer_state(self, model, read) -> dict | None:
-        """One `all_gather_object` of {key: (shape, dtype)} (small), then one broadcast per tensor from its
-        owner, so no rank ever holds more than its shard plus one tensor (rank 0: the full state)."""
-        import numpy as np
-        import paddle
-        import paddle.distributed as dist
-
-        from pretrain_cli.models.convert import hf_param_names
-
-        local = read(None)
-        metas: list = []
-        dist.all_gather_object(metas, {k: (list(v.shape), str(v.dtype)) for k, v in local.items()}, group=self._group)
-        params = dict(model.named_parameters())
-        rank = self.parallel.rank
-        out = {} if rank == 0 else None
-        my = self._group.ranks.index(rank)
-        for ours, (hf, _) in sorted(hf_param_names(model).items()):
-            owner = self._owner[params[ours].name]
-            src = self._group.ranks.index(owner)
-            for key in sorted(k for k in metas[src] if k.startswith(hf + "/")):
-                shape, dtype = metas[src][key]
-                t = paddle.to_tensor(np.ascontiguousarray(local[key])) if my == src else paddle.zeros(shape, dtype=dtype)
-                dist.broadcast(t, src=owner, group=self._group)
-                if out is not None:
-                    out[key] = t.numpy()
-        return out
+    def holders(self, tensor, kind: str) -> tuple:
+        """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
+        data-parallel groups (fleet orders ranks dp-major: rank = dp index x sharding degree + sharding index)."""
+        if kind != "optimizer":
+            return super().holders(tensor, kind)
+        mine = self.parallel.rank % self.parallel.sharding_degree
+        return tuple(r for r in range(self.parallel.world_size) if r % self.parallel.sharding_degree == mine)

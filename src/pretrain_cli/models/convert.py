@@ -43,17 +43,14 @@ def hf_param_names(model) -> dict[str, tuple[str, bool]]:
     return {name: (name, name in linear) for name, _ in model.named_parameters()}
 
 
-def hf_state_dict(model, dtype: str | None = None, values: dict | None = None) -> dict:
-    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied.
-
-    `values` ({parameter name: full numpy}, gathered from a sharded layout) replaces the model's own
-    (possibly sharded) parameter values; the model still supplies the names and which are transposed."""
+def hf_state_dict(model, dtype: str | None = None) -> dict:
+    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied."""
     import paddle
 
     out = {}
     params = dict(model.named_parameters())
     for name, (hf_name, transpose) in hf_param_names(model).items():
-        t = paddle.to_tensor(values[name]) if values is not None else params[name].detach()
+        t = params[name].detach()
         if transpose:
             t = paddle.transpose(t, [1, 0])  # [out, in]
         if dtype is not None and str(t.dtype).split(".")[-1] != dtype:
@@ -134,9 +131,20 @@ def find_weights(src_dir) -> list[str]:
 
 
 def read_safetensors(src_dir: str) -> dict:
-    """All tensors of a (possibly sharded) checkpoint as Paddle tensors (lazy mmap; bf16 fine)."""
+    """All tensors of a (possibly sharded) checkpoint as Paddle tensors (lazy mmap; bf16 fine). A checkpoint
+    whose weights are pieces (written under tensor parallelism or ZeRO-3, `checkpoint.index.json`) is
+    assembled tensor by tensor from its pieces."""
     from safetensors.paddle import load_file
 
+    from pretrain_cli.models import checkpoint_index
+
+    index = checkpoint_index.load(src_dir)
+    if index is not None and not index["weights_whole"]:
+        reader = checkpoint_index.Reader(src_dir, index)
+        try:
+            return {n: _to_paddle(reader.read(n), reader.info(n)["dtype"]) for n in reader.names("weights")}
+        finally:
+            reader.close()
     tensors = {}
     for path in find_weights(src_dir):
         if not os.path.isfile(path):
@@ -153,6 +161,13 @@ def read_safetensors(src_dir: str) -> dict:
 
 def _all_zero(t) -> bool:
     return not np.asarray(t.numpy() if hasattr(t, "numpy") else t).any()
+
+
+def _to_paddle(arr: np.ndarray, code: str):
+    import paddle
+
+    t = paddle.to_tensor(arr)
+    return t.view(paddle.bfloat16) if code == "BF16" else t
 
 
 def _from_paddlenlp(tensors: dict, model) -> dict:
@@ -228,50 +243,66 @@ def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, dev
 
 
 # ---------------------------------------------------------------- saving
-def _nbytes(t) -> int:
-    return int(np.prod(t.shape)) * (2 if "16" in str(t.dtype) else 4 if "32" in str(t.dtype) else 8)
+_CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
-            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, values: dict | None = None) -> list[str]:
-    """Write an HF-loadable directory: safetensors (sharded above `max_shard_bytes`), config, generation config.
-    `values`: the full parameters gathered from a sharded layout (see `hf_state_dict`)."""
-    from safetensors.paddle import save_file
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write an HF-loadable directory from `model`'s own (whole) parameters, one tensor at a time."""
+    params = dict(model.named_parameters())
+
+    def produce(ours, transpose):
+        t = params[ours].detach()
+        if str(t.dtype).split(".")[-1] != dtype:
+            t = t.astype(dtype)
+        arr = t.numpy()
+        return arr.T if transpose else arr  # laid out a few rows at a time by the writer
+
+    entries = [(hf, _CODES[dtype], tuple(reversed(params[ours].shape)) if tr else tuple(params[ours].shape),
+                lambda ours=ours, tr=tr: produce(ours, tr)) for ours, (hf, tr) in hf_param_names(model).items()]
+    return write_hf_dir(entries, cfg, out_dir, dtype, max_shard_bytes)
+
+
+def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """An HF directory from `entries` [(HF name, dtype code, HF shape, produce)]: safetensors sharded the way
+    transformers shards (`model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` above
+    `max_shard_bytes`), written by streaming (`shard_files.write`: one tensor in memory at a time), then
+    config.json and generation_config.json."""
+    from pretrain_cli.models import shard_files
 
     os.makedirs(out_dir, exist_ok=True)
-    tensors = hf_state_dict(model, dtype=dtype, values=values)
-    shards, cur, cur_bytes = [], {}, 0
-    for name, t in tensors.items():
-        if cur and cur_bytes + _nbytes(t) > max_shard_bytes:
+    size = {"F32": 4, "BF16": 2, "F16": 2}
+    shards, cur, cur_bytes, total = [], [], 0, 0
+    for e in entries:
+        n = int(np.prod(e[2], dtype=np.int64)) * size[e[1]]
+        if cur and cur_bytes + n > max_shard_bytes:
             shards.append(cur)
-            cur, cur_bytes = {}, 0
-        cur[name] = t
-        cur_bytes += _nbytes(t)
+            cur, cur_bytes = [], 0
+        cur.append(e)
+        cur_bytes += n
+        total += n
     shards.append(cur)
     n = len(shards)
     files = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     for fname, shard in zip(files, shards):
-        path = os.path.join(out_dir, fname)
-        tmp = atomic.tmp_path(path)
-        try:
-            save_file(shard, str(tmp), metadata={"format": "pt"})
-        except BaseException:  # disk full etc.: no partial file left behind (the caller reports the error)
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        atomic.publish_file(tmp, path)
+        shard_files.write(os.path.join(out_dir, fname), shard, {"format": "pt"})
     index_path = os.path.join(out_dir, INDEX_FILE)
     if n > 1:
-        weight_map = {name: fname for fname, shard in zip(files, shards) for name in shard}
-        atomic.write_json(index_path, {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())},
-                                 "weight_map": weight_map})
+        weight_map = {e[0]: fname for fname, shard in zip(files, shards) for e in shard}
+        atomic.write_json(index_path, {"metadata": {"total_size": total}, "weight_map": weight_map})
     # stale weights from an earlier save with different sharding would be picked up by loaders
     for old in glob.glob(os.path.join(out_dir, "model*.safetensors*")):
         if os.path.basename(old) not in files and not (n > 1 and old == index_path):
             os.remove(old)
+    write_model_config(cfg, out_dir, dtype)
+    return files
+
+
+def write_model_config(cfg: ModelConfig, out_dir: str, dtype: str) -> None:
+    """config.json and generation_config.json, as transformers writes them next to the weights."""
     atomic.write_json(os.path.join(out_dir, "config.json"), cfg.to_hf_dict(dtype=dtype))
     gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
     if cfg.pad_token_id is not None:
         gen["pad_token_id"] = cfg.pad_token_id
     atomic.write_json(os.path.join(out_dir, "generation_config.json"), gen)
-    return files

@@ -1,7 +1,7 @@
 """`plan --fit`: the fastest layout of a run that fits the device, found by re-planning every candidate.
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
-batch, recompute granularity, flash attention, sharding stage, tensor-parallel degree). This module only
+batch, recompute granularity, flash attention, sharding stage, tensor-parallel or pipeline degree). This module only
 proposes and ranks them: the caller re-resolves the file with each one (`replan(change) -> report | None`,
 None when `config.resolve` refuses the layout), so every candidate is a layout `train` runs and its memory
 is the memory model's, never a rule re-derived here. No Paddle, no config import.
@@ -12,6 +12,8 @@ Speed model (docs/PLAN.md), per optimizer step on one device:
             reduce-scatter of the gradients, per micro-batch: the weights travel whole each time)
   TP      = accumulation steps × layers × n × 2(t−1)/t × b·s·hidden·c / link   (n = 4 all-reduces per layer:
             attention and MLP outputs, forward and backward; + 2 with `full`, + 1 with `full_attn` recompute)
+  PP      = compute / P stages / (1 − bubble), bubble = (P−1)/(m+P−1) with m = accumulation steps (1F1B),
+            + accumulation steps × 2 × b·s·hidden·c / link (one activation forward, its gradient back)
 Data-parallel gradient traffic is the same for every candidate with the same data ranks and is left out.
 Flash and math attention count the same FLOPs; among equally fast candidates the one running flash wins
 (it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
@@ -37,10 +39,14 @@ def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
     tp, stage, deg = par["tp"], par["sharding_stage"], par["sharding_degree"]
     b, acc, s = r["micro_batch"], r["gradient_accumulation_steps"], r["max_seq_length"]
     peak = r["device"]["peak_tflops"] or NOMINAL_TFLOPS
-    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / (peak * 1e12 * r["mfu"])
+    pp = par.get("pp", 1)
+    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / pp / (peak * 1e12 * r["mfu"])
     half = r["precision"]["amp_dtype"] != "float32"
     link = link_gbps * 1e9
     comm = 0.0
+    if pp > 1:
+        compute /= 1 - par["pipeline_bubble"]
+        comm += acc * 2 * b * s * m["hidden"] * (2 if half else 4) / link
     if stage == 3 and deg > 1:
         weight_bytes = r["params"]["total"] / tp * (2 if r["precision"]["amp_level"] == "O2" else 4)
         comm += acc * 3 * weight_bytes * (deg - 1) / deg / link
@@ -63,16 +69,19 @@ def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    for tp in _divisors(gpus):
-        data_ranks = gpus // tp
+    splits = [(tp, 1) for tp in _divisors(gpus)] + [(1, pp) for pp in _divisors(gpus) if pp > 1]  # no TP x PP
+    for tp, pp in splits:
+        data_ranks = gpus // (tp * pp)
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
-        stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
+        stages = ["", "stage1"] + ([] if pp > 1 else ["stage2", "stage3"])  # fleet's stage 2/3 not with a pipeline
+        stages = stages if data_ranks > 1 else [current["sharding"]]
         for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
-                    "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"]}
+                    "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
+                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1)}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -83,7 +92,7 @@ def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
     p = r["parallel"]
     return (r["micro_batch"], r["gradient_accumulation_steps"], r["recompute"], r["attention"], p["tp"],
-            p["sharding_stage"], p["sharding_degree"])
+            p["sharding_stage"], p["sharding_degree"], p.get("pp", 1))
 
 
 def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
@@ -117,7 +126,8 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
-    order = ("tensor_parallel_degree", "sharding", "per_device_train_batch_size", "gradient_accumulation_steps",
+    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding", "per_device_train_batch_size",
+             "gradient_accumulation_steps",
              "recompute", "recompute_granularity", "use_flash_attention")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
 
@@ -136,7 +146,7 @@ def format_fit(f: dict) -> str:
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
-             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel degree)"]
+             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel or pipeline degree)"]
     before = f"{_gib(f['before']['memory_gib'])}, {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
@@ -159,7 +169,8 @@ def format_fit(f: dict) -> str:
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}) + ZeRO-3/TP traffic at {f['link_gbps']:g} GB/s)")
+                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP traffic at "
+                 f"{f['link_gbps']:g} GB/s)")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
+from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.ops.linear_loss import chunk_rows
 
 GIB = float(2**30)
@@ -46,6 +47,8 @@ class Setup:
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
+    pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
+    micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
 
     @property
     def vocab_tp(self) -> int:
@@ -179,32 +182,79 @@ def document_mask_bytes(s: Setup) -> float:
     return float(out)
 
 
+def stage_params(s: Setup, stage: int) -> float:
+    """Parameters one pipeline stage holds: its decoder layers, the embedding on the first, the final norm and
+    the LM head on the last (a tied head is the embedding's copy there: fleet keeps one per stage)."""
+    cfg, counts = s.model, param_counts(s.model)
+    head = cfg.vocab_size * cfg.hidden_size
+    per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head)) / \
+        cfg.num_hidden_layers
+    bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
+    n = per_layer * (bounds[stage + 1] - bounds[stage])
+    n += counts["embedding"] if stage == 0 else 0
+    n += cfg.hidden_size + head if stage == s.pp - 1 else 0
+    return n
+
+
+def pipeline_stages(s: Setup) -> list[dict[str, float]]:
+    """`estimate` for each pipeline stage: its own parameters, gradients and states; the 1F1B schedule keeps the
+    activations of min(pp - stage, micro-batches) micro-batches in flight (the first stage the most), plus one
+    layer's recompute working set; only the last stage computes the logits and the loss."""
+    cfg = s.model
+    kept, redo = activation_parts(s)
+    tokens = s.micro_batch * s.seq_len
+    final_norm = tokens * _norm_bytes(s, cfg.hidden_size)
+    per_layer = (kept - final_norm) / cfg.num_hidden_layers
+    bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
+    out = []
+    for stage in range(s.pp):
+        last = stage == s.pp - 1
+        flight = min(s.pp - stage, max(s.micro_batches, 1))
+        acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo + (final_norm if last else 0.0)
+        out.append(_parts(s, stage_params(s, stage), acts, logits_live_bytes(s) if last else 0.0,
+                          flight * document_mask_bytes(s)))
+    return out
+
+
 def estimate(s: Setup) -> dict[str, float]:
-    """Name → bytes on one device; the values sum to the predicted peak.
+    """Name → bytes on one device; the values sum to the predicted peak. A pipeline: its fullest stage's.
 
     Engine facts measured on CPU (docs/PLAN.md): `paddle.DataParallel` keeps its fused all-reduce buffers
     (one more gradient-sized copy); the semi-auto engine's CPU gradient hook all-reduces whole gradients,
     so ZeRO-2/3 shard them only on GPU; ZeRO-3 gathers each weight whole while it is used (the largest
     one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
+    if s.pp > 1:
+        return max(pipeline_stages(s), key=lambda parts: sum(parts.values()))
+    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s), document_mask_bytes(s))
+
+
+def _device_params(s: Setup) -> float:
+    """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`)."""
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
-    n = (counts["total"] - vocab) / s.tp + vocab / s.vocab_tp
+    return (counts["total"] - vocab) / s.tp + vocab / s.vocab_tp
+
+
+def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
+    """The parts for `n` parameters on this device and the given step memory."""
+    counts = param_counts(s.model)
     o2 = s.amp_level == "O2"
     weight_b = s.compute_bytes if o2 else 4
     grad_b = 4 if (not o2 or s.master_grad) else s.compute_bytes
     deg = max(s.sharding_degree, 1) if s.sharding_stage else 1
     weights = n * weight_b / (deg if s.sharding_stage >= 3 else 1)
     if s.amp_level == "O1":  # autocast casts each matmul weight to half and keeps it for backward
+        head = s.model.vocab_size * s.model.hidden_size
         body = counts["non_embedding"] - (0 if s.model.tie_word_embeddings else head)
-        weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes
+        weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes * n / _device_params(s)
     out = {
         "weights": weights,
         "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" else 1),
         "optimizer_state": n * 8 / (deg if s.sharding_stage >= 1 else 1),  # AdamW m and v, fp32
         "master_weights": (n * 4 / (deg if s.sharding_stage >= 1 else 1)) if o2 else 0.0,
-        "activations": activation_bytes(s),
-        "logits_loss": logits_live_bytes(s),
+        "activations": activations,
+        "logits_loss": logits,
     }
     if s.engine == "data_parallel":
         out["gradient_buffers"] = n * grad_b
@@ -213,7 +263,7 @@ def estimate(s: Setup) -> dict[str, float]:
     if s.engine == "semi_auto" and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
-        out["document_mask"] = document_mask_bytes(s)
+        out["document_mask"] = document
     if s.device == "cpu":
         out["framework"] = s.baseline_bytes
     else:

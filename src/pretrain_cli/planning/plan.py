@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate
 
+SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
+
 MFU_HALF, MFU_FP32 = 0.40, 0.30  # typical well-tuned dense training; override with --mfu
 
 
@@ -44,7 +46,7 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss)
+        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum)
 
 
 def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -106,6 +108,8 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
+    bubble = (par.pp_degree - 1) / (lp.grad_accum + par.pp_degree - 1)  # 1F1B: each stage idles this share of a step
+    eta = None if eta is None else eta / (1 - bubble)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
@@ -122,7 +126,8 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
                             "paddlenlp": paddlenlp_flops_per_token(cfg, s, setup.recompute)},
         "precision": {"amp_dtype": run.precision.amp_dtype or "float32", "amp_level": setup.amp_level},
         "parallel": {"world": par.world_size, "dp": par.dp_degree, "sharding_stage": par.sharding_stage,
-                     "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size},
+                     "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size,
+                     "pp": par.pp_degree, "pipeline_bubble": bubble},
         "micro_batch": lp.micro_batch, "gradient_accumulation_steps": lp.grad_accum,
         "max_seq_length": s, "recompute": setup.recompute, "attention": setup.attention,
         "attention_mask_type": run.data.attention_mask_type,
@@ -131,7 +136,10 @@ def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_by
         "memory_gib": total, "fits": bool(total <= device.memory_gib),
         "checkpoint": {"per_checkpoint_gib": per_ck / GIB, "parts_gib": {k: v / GIB for k, v in ck.items()},
                        "kept": kept, "final_weights_gib": ck["weights"] / GIB,
-                       "total_gib": (kept * per_ck + ck["weights"]) / GIB},
+                       "total_gib": (kept * per_ck + ck["weights"]) / GIB,
+                       # every rank writes its own pieces at once, replicas spread over their holders (docs/CHECKPOINTS.md)
+                       "per_rank_gib": per_ck / par.world_size / GIB, "disk_gb_per_s_per_rank": SAVE_GB_PER_S,
+                       "save_seconds": per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)},
         "mfu": mfu, "eta_hours": eta, "notes": notes, "suggestions": [],
     }
 
@@ -253,7 +261,9 @@ def format_report(r: dict) -> str:
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r["attention_mask_type"] == "document" else ""))
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
-                 f"= {_data_ranks(par)} x tp {par['tp']}; "
+                 f"= {_data_ranks(par)} x tp {par['tp']}"
+                 + (f" x pp {par['pp']} (the fullest stage below, bubble {par['pipeline_bubble']:.1%})" if par["pp"] > 1
+                    else "") + "; "
                  f"recompute {r['recompute'] or 'off'}; attention {r['attention']}, {r['attention_mask_type']} mask")
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "
@@ -267,11 +277,14 @@ def format_report(r: dict) -> str:
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c["parts_gib"].items() if v)
     lines.append(f"checkpoints: {c['per_checkpoint_gib']:.2f} GiB each ({parts}) x {c['kept']} kept + final weights "
                  f"{c['final_weights_gib']:.2f} = {c['total_gib']:.2f} GiB on disk")
+    lines.append(f"  each save: {c['per_rank_gib']:.2f} GiB written by every rank at once, ~{c['save_seconds']:.1f} s at "
+                 f"{c['disk_gb_per_s_per_rank']:g} GB/s per rank (an assumed write rate; nothing is gathered)")
     lines.append(f"peak: {peak_text} per device, from {d['peak_source']}" if d["peak_tflops"]
                  else f"peak: unknown ({d['peak_source']})")
     if r["eta_hours"] is not None:
+        bubble = f" / (1 - bubble {par['pipeline_bubble']:.3f})" if par["pp"] > 1 else ""
         lines.append(f"ETA: {r['total_tokens'] * f['model']:.3g} FLOPs / ({r['gpus']} x {peak_text} x MFU "
-                     f"{r['mfu']:.2f}) = {r['eta_hours']:.2f} h")
+                     f"{r['mfu']:.2f}){bubble} = {r['eta_hours']:.2f} h")
     else:
         lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                      "device) or set peak_tflops in the argument file")

@@ -1,10 +1,11 @@
 """The background checkpoint writer behind `async_save: true`.
 
-A save stalls training only for the gather and the copy of weights and optimizer state to host
-memory (numpy, owned by the snapshot); one thread then writes `checkpoint-N/` through the same
-`checkpoint.save_checkpoint` (temporary directory, fsync, one rename) as a synchronous save, so a
-directory named `checkpoint-N` is complete by construction whichever thread wrote it, and a kill -9
-mid-write leaves only `checkpoint-N.tmp/`, which the next start removes.
+A save stalls training only for the copy of this rank's pieces of the weights and optimizer state to
+host memory (numpy, owned by the snapshot); one thread per rank then writes them through the same
+code as a synchronous save (`checkpoint.Saver._write`: temporary directory, fsync, rank 0's one rename
+once every rank has reported), never a collective, so a directory named `checkpoint-N` is complete by
+construction whichever threads wrote it, and a kill -9 mid-write leaves only `checkpoint-N.tmp/`, which
+the next start removes.
 
 At most one save is in flight: the next `submit` first waits for the previous one (torchtitan and
 Megatron do the same; two would double the host memory). A writer's error is kept and raised in the

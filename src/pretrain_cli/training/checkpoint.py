@@ -1,13 +1,20 @@
-"""`output_dir/checkpoint-N/`: written atomically, self-describing, no pickle.
+"""`output_dir/checkpoint-N/`: written by every rank at once, nothing gathered, self-describing, no pickle.
 
-Layout: HF-loadable weights (`model.safetensors`, `config.json`, `generation_config.json`,
-tokenizer files) + `optimizer.safetensors` (AdamW moments keyed `<hf name>/moment1` etc., HF
-layout, so any topology can read them) + `trainer_state.json` + `args.json`.
+Layout (docs/CHECKPOINTS.md): config.json, generation_config.json, tokenizer files, args.json,
+trainer_state.json; each rank's pieces of the weights and optimizer state in its own safetensors files
+(`model-0000k-of-0000n.safetensors`, `optimizer-0000k-of-0000n.safetensors`; one process:
+`model.safetensors`, `optimizer.safetensors`), keyed by HF tensor name (optimizer state
+`<hf name>/moment1` etc.), HF layout; and `checkpoint.index.json`, where every piece lives. Where the
+layout leaves the weights whole (one process, DP, ZeRO-1/2) the directory is also what transformers
+loads (with `model.safetensors.index.json` above one file); under TP / ZeRO-3 the weights are pieces and
+only the final export is an HF directory.
 
-A save goes to `checkpoint-N.tmp/`, every file is fsynced, then one `rename` publishes it, so
-a crash at any point leaves either the complete new checkpoint or none. A directory named
-`checkpoint-N` is complete by construction; rotation renames before deleting for the same
-reason, and never removes the newest checkpoint.
+A save goes to `checkpoint-N.tmp/`; `shard_writer` publishes it with one rename once every rank has
+reported, so a crash at any point leaves either the complete new checkpoint or none. A directory named
+`checkpoint-N` is complete by construction; rotation renames before deleting for the same reason, and
+never removes the newest checkpoint. Resume reads the index and, per tensor, only the block the new
+layout holds (`load_optimizer`); a checkpoint from before the index (one `optimizer.safetensors`) loads
+the same way.
 """
 from __future__ import annotations
 
@@ -21,9 +28,9 @@ import numpy as np
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
+from pretrain_cli.training import shard_writer
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
-# Paddle AdamW accumulator tables → our names.
-_ACCUMULATORS = {"moment1": "moment1", "moment2": "moment2", "beta1_pow_acc": "beta1_pow", "beta2_pow_acc": "beta2_pow"}
 
 
 def rotate(output_dir, limit: int | None) -> list[Path]:
@@ -50,121 +57,134 @@ def clean_leftovers(output_dir) -> None:
             p.unlink(missing_ok=True)
 
 
-def _inner(optimizer):
-    """The Paddle AdamW under fleet / sharding wrappers (they keep it as `_inner_opt`)."""
-    while hasattr(optimizer, "_inner_opt"):
-        optimizer = optimizer._inner_opt
-    return optimizer
+def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
+    """This rank's AdamW state keyed `<hf name>/<slot>`, HF layout, whole host copies (one process: all of it)."""
+    from pretrain_cli.distributed.pieces import host_copy, state_tensors
+
+    return {name: host_copy(t, tr) for name, kind, t, tr in state_tensors(model, optimizer) if kind == "optimizer"}
 
 
-def optimizer_tensors(model, optimizer, to_numpy=None, contiguous: bool = True) -> dict[str, np.ndarray]:
-    """AdamW state keyed by HF parameter name, in HF layout (fp32 numpy).
+class _WholeFiles:
+    """Safetensors files holding whole tensors (a checkpoint from before the index: `optimizer.safetensors`,
+    `model.safetensors` or transformers' shards), read block by block like the pieces of an indexed one."""
 
-    Read from the accumulator tables by parameter rather than by parsing Paddle's generated
-    names: under O2 (`multi_precision`) the moments belong to the fp32 master copy
-    (`<param>_fp32_master_0_moment1_0`), not to the parameter. Parameters this rank does not own
-    (fleet's ZeRO-1) or that have no state yet are simply absent. `to_numpy` (a layout's full-tensor
-    gather, the same tensors in the same order on every rank) replaces `tensor.numpy()`. `contiguous=False`
-    leaves the transposed ones as views, laid out by `save_checkpoint` (in the background writer, for
-    `async_save`, rather than in the training step).
-    """
-    lay_out = np.ascontiguousarray if contiguous else (lambda a: a)
-    to_numpy = to_numpy or (lambda t: t.numpy())
-    from pretrain_cli.models.convert import hf_param_names
+    def __init__(self, paths, what: str):
+        from pretrain_cli.models.shard_files import File
 
-    inner = _inner(optimizer)
-    master = getattr(inner, "_master_weights", None) or {}
-    params = dict(model.named_parameters())
-    out = {}
-    for ours, (hf, transpose) in hf_param_names(model).items():
-        p = params[ours]
-        target = master.get(p.name, p)
-        for key, short in _ACCUMULATORS.items():
-            t = inner._accumulators.get(key, {}).get(target.name)
-            if t is None:
-                continue
-            arr = to_numpy(t)
-            out[f"{hf}/{short}"] = lay_out(arr.T if transpose and arr.ndim == 2 else arr)
-        if p.name in master:
-            arr = to_numpy(master[p.name])
-            out[f"{hf}/master"] = lay_out(arr.T if transpose else arr)
-    return out
+        self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
+        for f in self.files:
+            for n, t in f.tensors.items():
+                self.index["tensors"][n] = {"shape": t["shape"], "dtype": t["dtype"]}
+                self._where[n] = f
+
+    def read(self, name, offsets=None, shape=None):
+        return self._where[name].read(name, offsets, shape)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.files)
+
+    def close(self):
+        for f in self.files:
+            f.close()
 
 
-def load_optimizer(model, optimizer, path: Path) -> None:
-    """Inverse of `optimizer_tensors`, into an optimizer that is already AMP-decorated and sharded.
+def open_reader(ckpt: Path, kind: str):
+    """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
+    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.models.convert import find_weights
 
-    The accumulators (and O2 master weights) of the parameters this optimizer manages — under
-    ZeRO-1 only its own shard — are created now and overwritten with the saved values, so a
-    checkpoint from any topology loads into any other.
-    """
-    import paddle
-    from safetensors.numpy import load_file
+    index = checkpoint_index.load(ckpt)
+    if index is not None:
+        return checkpoint_index.Reader(ckpt, index), ckpt / checkpoint_index.INDEX
+    if kind == "optimizer":
+        return _WholeFiles([ckpt / OPTIMIZER_FILE], "optimizer state"), ckpt / OPTIMIZER_FILE
+    return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
 
-    from pretrain_cli.models.convert import hf_param_names
 
+def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
+    """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
+    if code == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32, copy=False)
+
+
+def weight_bytes(ckpt: Path) -> int:
+    """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
+    reader, _ = open_reader(Path(ckpt), "weights")
     try:
-        tensors = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for a damaged file
-        raise UserError(f"{path}: unreadable optimizer state ({e}); resume from another checkpoint") from None
-    inner = _inner(optimizer)
+        return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
+                   for n, t in reader.index["tensors"].items() if "/" not in n)
+    finally:
+        reader.close()
+
+
+def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray:
+    """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
+    layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
+    info = reader.index["tensors"][name]
+    box, _ = strategy.local_box(t)
+    box = box.transposed() if transpose else box
+    if list(info["shape"]) != list(box.global_shape):
+        raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "
+                        f"the checkpoint does not match config.json")
+    arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
+    return np.ascontiguousarray(arr.T if transpose else arr)
+
+
+def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
+    """The checkpoint's weights into a model already laid out (semi-auto: TP slices, ZeRO-3 shards): each rank
+    reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""
+    import paddle
+
+    from pretrain_cli.distributed.pieces import local_value, state_tensors
+
+    reader, where = open_reader(Path(ckpt), "weights")
+    try:
+        for name, _, t, transpose in state_tensors(model):
+            if name not in reader.index["tensors"]:
+                raise UserError(f"{where}: tensor {name!r} is missing; the checkpoint does not match config.json")
+            local_value(t).set_value(paddle.to_tensor(_block(strategy, reader, where, name, t, transpose)).astype(t.dtype))
+        return {"bytes_read": reader.bytes_read}
+    finally:
+        reader.close()
+
+
+def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
+    """The checkpoint's optimizer state into an optimizer that is already AMP-decorated and laid out: for every
+    accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
+    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n}."""
+    import paddle
+
+    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
+    from pretrain_cli.models.convert import hf_param_names
+
+    reader, where = open_reader(Path(ckpt), "optimizer")
+    inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
-    names = {ours: v for ours, v in hf_param_names(model).items() if params[ours].name in managed}
-    # `dist.shard_optimizer`'s wrapper creates each accumulator and shards it; the others create them whole
+    owned = [params[ours] for ours in hf_param_names(model) if params[ours].name in managed]
+    # `dist.shard_optimizer`'s wrapper creates each accumulator and lays it out; the others create them whole
     # (fleet's ZeRO-1 only those of its own parameters, filtered by `managed`)
     creator = optimizer if type(optimizer).__name__ == "_ShardOptimizer" else inner
-    creator._create_accumulators(paddle.static.default_main_program().global_block(),
-                                 [params[ours] for ours in names])
-    master = getattr(inner, "_master_weights", None) or {}
-    for ours, (hf, transpose) in names.items():
-        p = params[ours]
-        target = master.get(p.name, p)
-        for key, short in _ACCUMULATORS.items():
-            arr = tensors.get(f"{hf}/{short}")
-            if arr is None:
-                raise UserError(f"{path}: no {short} for {hf}; the optimizer state does not match the model")
-            if transpose and arr.ndim == 2:
-                arr = arr.T
-            acc = inner._accumulators[key][target.name]
-            if list(arr.shape) != list(acc.shape):
-                raise UserError(f"{path}: {hf}/{short} has shape {list(arr.shape)}, the model needs {list(acc.shape)}")
-            if arr.dtype.kind != "f":
-                raise UserError(f"{path}: {hf}/{short} is {arr.dtype}, expected floating point; the file is not ours")
-            acc.set_value(np.ascontiguousarray(arr, dtype=np.float32))
-        if p.name in master:
-            arr = tensors.get(f"{hf}/master")
-            if arr is None:  # saved without O2: the fp32 weights themselves are the master copy
-                continue
-            master[p.name].set_value(np.ascontiguousarray(arr.T if transpose else arr, dtype=np.float32))
-
-
-def save_checkpoint(output_dir, step: int, model, model_cfg, trainer_state: dict, run_args: dict,
-                    optimizer_state: dict, tokenizer_dir=None, dtype: str = "float32", weights=None) -> Path:
-    """Publish `checkpoint-N/` with the full optimizer state (and, from a sharded layout, the full weights)
-    already gathered from the other ranks."""
-    from safetensors.numpy import save_file
-
-    from pretrain_cli.models.convert import save_hf
-
-    final = checkpoint_dir(output_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    creator._create_accumulators(paddle.static.default_main_program().global_block(), owned)
     try:
-        tmp.mkdir(parents=True)
-        save_hf(model, model_cfg, str(tmp), dtype=dtype, values=weights)
-        # transposed moments are laid out here, in the (possibly background) writer, not in the training step
-        save_file({k: np.ascontiguousarray(v) for k, v in optimizer_state.items()}, str(tmp / OPTIMIZER_FILE),
-                  metadata={"format": "np"})
-        copy_tokenizer(tokenizer_dir, tmp)
-        atomic.write_json(tmp / ARGS_FILE, run_args)
-        atomic.write_json(tmp / STATE_FILE, trainer_state)  # written last: its presence marks a finished write
-        return atomic.publish_dir(tmp, final)
-    except BaseException:
-        # disk full, permissions, Ctrl-C: drop the partial directory (frees the space it took) and let the
-        # CLI report the OSError as one line; the previous checkpoint-M is untouched
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        for name, kind, t, transpose in state_tensors(model, optimizer):
+            if kind != "optimizer":
+                continue
+            hf, slot = name.rsplit("/", 1)
+            info = reader.index["tensors"].get(name)
+            if info is None:
+                if slot == "master":  # saved without O2: the (just loaded) weights themselves are the master copy
+                    local_value(t).set_value(local_value(params[hf]).astype("float32"))
+                    continue
+                raise UserError(f"{where}: no {slot} for {hf}; the optimizer state does not match the model")
+            if info["dtype"] != "F32":
+                raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
+            local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
+        return {"bytes_read": reader.bytes_read}
+    finally:
+        reader.close()
 
 
 def copy_tokenizer(tokenizer_dir, dest) -> None:
@@ -211,13 +231,14 @@ def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
 
 
 class Saver:
-    """The trainer's `save_fn`: gather (every rank), then rank 0 writes while the others wait.
+    """The trainer's `save_fn`: every rank writes the pieces it owns, rank 0 publishes once all have reported.
 
-    The others wait on the launcher's TCP store, not in a gloo collective, whose hard 30 s timeout a
-    slow save would trip (docs/DISTRIBUTED.md). With `async_save` the gather stays collective (every
-    rank at the same step) but rank 0 hands the host copies to a background writer
-    (`training.async_save`) and nobody waits for the write. Either way the log and metrics.jsonl say
-    how long training stood still for the save.
+    Synchronous: the ranks write at once, then the others wait on the launcher's TCP store (not in a gloo
+    collective, whose hard 30 s timeout a slow save would trip: docs/DISTRIBUTED.md) until rank 0 has
+    published. `async_save`: each rank copies its pieces to its own host buffers (`training.async_save`) and a
+    background thread per rank writes them; rank 0's thread also waits for the others' records and
+    publishes; nobody waits for the write. Either way the log and metrics.jsonl say how long training stood
+    still for the save.
     """
 
     def __init__(self, out: Path, model_cfg, comm, run_args, tokenizer_dir, dtype: str, limit: int | None,
@@ -233,27 +254,27 @@ class Saver:
     def __call__(self, trainer) -> None:
         import time
 
+        from pretrain_cli.distributed.pieces import local_value, writer_of
         from pretrain_cli.training.metrics import log
 
         start = time.perf_counter()
-        step = trainer.state.global_step
-        # short collectives where the layout shards them: every rank takes part before rank 0 writes
-        waited, stage = 0.0, None
+        step, rank = trainer.state.global_step, trainer.strategy.parallel.rank
+        waited = 0.0
         if self.writer is not None:  # one save in flight: its host buffers are reused below
             self.writer.wait()
             waited = time.perf_counter() - start
-            stage = lambda t: self.staging.copy(t.name, t)  # noqa: E731
-        model, strategy = trainer.raw_model, trainer.strategy
-        weights = strategy.gather_weights(model)
-        opt_state = strategy.gather_optimizer_state(
-            model, lambda to_numpy: optimizer_tensors(model, trainer.optimizer, to_numpy or stage, contiguous=False))
+        pieces = trainer.strategy.pieces(trainer.raw_model, trainer.optimizer)  # no collective, no copy
+        owner = writer_of(pieces)
+        mine = [p for p in pieces if owner[p.name] == rank]
+        state = trainer.state_dict() if rank == 0 else None  # (a deep copy)
         if self.writer is None:
-            self._write_sync(trainer, weights, opt_state)
-        elif strategy.parallel.is_rank0:
-            if weights is None:  # whole parameters on rank 0: copied now, since training goes on changing them
-                weights = {name: self.staging.copy(name, p) for name, p in model.named_parameters()}
-            state = trainer.state_dict()  # (a deep copy)
-            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, model, weights, opt_state, state))
+            self._write_sync(trainer, step, [(p, p.view) for p in mine], state)  # training waits: views suffice
+        else:  # copied now, since training goes on changing them; laid out by the writer thread
+            from pretrain_cli.training.shard_writer import layout_out
+
+            staged = [(p, layout_out(self.staging.copy(p.name, local_value(p.tensor)), p.transpose)) for p in mine]
+            world, layout = trainer.strategy.parallel.world_size, trainer.strategy.name
+            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, rank, world, layout, staged, state))
         stall = time.perf_counter() - start
         kind = "async" if self.writer is not None else "sync"
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
@@ -261,21 +282,41 @@ class Saver:
         trainer.record_event("checkpoint", {"stall_seconds": round(stall, 6), "async": self.writer is not None,
                                             "waited_seconds": round(waited, 6)})
 
-    def _write_sync(self, trainer, weights, opt_state) -> None:
+    def _write_sync(self, trainer, step: int, pieces, state) -> None:
         from pretrain_cli.distributed.comm import rank0_round
 
-        step = trainer.state.global_step
-        if not trainer.strategy.parallel.is_rank0:
-            self.comm.wait_for_rank0(f"saving checkpoint-{step}")
+        p = trainer.strategy.parallel
+        if p.rank != 0:
+            self._write(step, p.rank, p.world_size, trainer.strategy.name, pieces, state)
+            self.comm.wait_for_rank0(f"publishing checkpoint-{step}")
             return
         with rank0_round(self.comm):
-            self._write(step, trainer.raw_model, weights, opt_state, trainer.state_dict())
+            self._write(step, 0, p.world_size, trainer.strategy.name, pieces, state)
 
-    def _write(self, step: int, model, weights, opt_state, state: dict) -> None:
+    def _write(self, step: int, rank: int, world: int, layout: str, pieces, state) -> None:
+        """This rank's files; rank 0 also the shared files, then (every rank done) the index and the rename."""
+        from pretrain_cli.models.convert import write_model_config
         from pretrain_cli.training.metrics import log
 
-        path = save_checkpoint(self.out, step, model, self.cfg, state, self.run_args, opt_state,
-                               self.tokenizer_dir, dtype=self.dtype, weights=weights)
+        final = checkpoint_dir(self.out, step)
+        tmp = shard_writer.tmp_dir(final)
+        try:
+            shard_writer.write_rank(tmp, rank, world, pieces)
+            if rank != 0:
+                return
+            write_model_config(self.cfg, str(tmp), self.dtype)
+            copy_tokenizer(self.tokenizer_dir, tmp)
+            atomic.write_json(tmp / ARGS_FILE, self.run_args)
+            records = shard_writer.collect(tmp, world, step)
+            path = shard_writer.publish(tmp, final, records, layout, state)
+        except BaseException as e:
+            # disk full, permissions, Ctrl-C: rank 0 drops the partial directory (frees the space it took) and
+            # the CLI reports the error as one line; another rank tells rank 0; checkpoint-M is untouched
+            if rank == 0:
+                shard_writer.drop(tmp)
+            else:
+                shard_writer.report_failure(tmp, rank, e)
+            raise
         removed = rotate(self.out, self.limit)
         log.info(f"saved {path}" + (f"; removed {', '.join(x.name for x in removed)}" if removed else ""))
 
@@ -295,6 +336,7 @@ class Saver:
                 self.wait()
                 return self.comm.agree_on_resume(latest_checkpoint(self.out))
         self.comm.wait_for_rank0("finishing the checkpoint to roll back to")
+        self.wait()  # this rank's own part of it is done too
         return self.comm.agree_on_resume(None)
 
     def load_into(self, trainer, path: Path) -> None:
@@ -302,4 +344,4 @@ class Saver:
         from pretrain_cli.models.convert import load_weights
 
         load_weights(trainer.raw_model, self.cfg, str(path))
-        load_optimizer(trainer.raw_model, trainer.optimizer, path / OPTIMIZER_FILE)
+        load_optimizer(trainer.strategy, trainer.raw_model, trainer.optimizer, path)

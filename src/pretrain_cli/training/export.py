@@ -13,9 +13,10 @@ from pretrain_cli import atomic, run_dir
 from pretrain_cli.training.checkpoint import copy_tokenizer
 
 
-def write_final(spec, model, trainer, results: dict, weights: dict | None = None) -> None:
-    """`weights`: full parameters gathered from a sharded layout (None: read `model` itself)."""
-    from pretrain_cli.models.convert import save_hf
+def write_final(spec, model, trainer, results: dict) -> None:
+    """Rank 0: the final directory. Its weights are streamed out of the last checkpoint (every run that
+    trains saves one at its last step), one tensor at a time, whatever layout wrote it: no process holds
+    the whole model and nothing is gathered."""
     from pretrain_cli.training.plot import write_loss_curve
 
     out = Path(spec.run.output.output_dir)
@@ -24,7 +25,7 @@ def write_final(spec, model, trainer, results: dict, weights: dict | None = None
         merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
         atomic.write_json(previous, {**merged, **results})
         return
-    save_hf(model, spec.model_cfg, str(out), dtype=spec.run.precision.param_dtype, values=weights)
+    write_weights(model, spec.model_cfg, out, trainer.state.global_step, spec.run.precision.param_dtype)
     copy_tokenizer(spec.tokenizer_dir, out)
     atomic.write_json(out / run_dir.STATE_FILE, trainer.state_dict())
     atomic.write_json(out / "train_results.json",
@@ -32,3 +33,30 @@ def write_final(spec, model, trainer, results: dict, weights: dict | None = None
     atomic.write_json(out / "all_results.json", results)
     atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
     write_loss_curve(out)
+
+
+def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
+    """HF safetensors (sharded above 5 GiB as transformers shards) + config from checkpoint-`step`'s pieces;
+    from `model` itself when that checkpoint does not exist (its weights are then whole on this rank)."""
+    from pretrain_cli.models.convert import save_hf, write_hf_dir
+    from pretrain_cli.training.checkpoint import open_reader
+
+    ckpt = run_dir.checkpoint_dir(out, step)
+    if not ckpt.is_dir():
+        return save_hf(model, cfg, str(out), dtype=dtype)
+    reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
+    try:
+        tensors = reader.index["tensors"]
+        entries = [(n, tensors[n]["dtype"], tuple(tensors[n]["shape"]), lambda n=n: reader.read(n))
+                   for n in _hf_order(model, [n for n in tensors if "/" not in n])]
+        return write_hf_dir(entries, cfg, str(out), dtype)
+    finally:
+        reader.close()
+
+
+def _hf_order(model, names: list[str]) -> list[str]:
+    """The model's parameter order (what `save_hf` writes), so the export does not depend on the layout."""
+    from pretrain_cli.models.convert import hf_param_names
+
+    order = [hf for hf, _ in hf_param_names(model).values()]
+    return [n for n in order if n in set(names)]

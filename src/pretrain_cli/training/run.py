@@ -39,7 +39,7 @@ def _run(spec) -> int:
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
-        init_process_group(r.parallel, r.loop.seed)
+        init_process_group(r.parallel, r.loop.seed, r.loop)
     comm = build_comm(r.parallel)
     watchdog.start(r.parallel)
     for line in spec.describe():
@@ -72,8 +72,9 @@ def _run(spec) -> int:
 def rebuild(spec, trainer, comm, path) -> None:
     """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
     tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
-    parameters are pieces). So the model and its layout are built again from the checkpoint, in the order
-    and with the seed of a restart that resumes from it; the old ones are released first."""
+    parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
+    again from the checkpoint, in the order and with the seed of a restart that resumes from it; the old ones
+    are released first."""
     import gc
 
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
@@ -94,10 +95,10 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     apply_recompute(model, run.recompute)
     step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
     strategy = build_strategy(run.parallel, run.device, step_kernels)
+    raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
     model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
     optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                 adamw=step_kernels.adamw)
-    raw_model = model
     model, optimizer, amp = build_amp(model, optimizer, run.precision)
     if run.kernels.to_static:
         from pretrain_cli.ops.kernels import compile_forward
@@ -106,7 +107,11 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
     model, optimizer = strategy.wrap(model, optimizer)
     amp.wrap_scaler(strategy.wrap_scaler)
     if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
-        checkpoint.load_optimizer(raw_model, optimizer, resume / run_dir.OPTIMIZER_FILE)
+        if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
+            read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
+        else:  # whole weights, read before the layout existed (`restore_weights`)
+            read = checkpoint.weight_bytes(resume)
+        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
     trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
                       max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
                       parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp,
@@ -139,7 +144,8 @@ def restore_weights(model, spec, resume) -> dict | None:
 
     checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    load_weights(model, spec.model_cfg, str(resume))
+    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
+        load_weights(model, spec.model_cfg, str(resume))
     return state
 
 
@@ -203,7 +209,6 @@ def finish(spec, trainer, comm) -> int:
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         if trainer.writer is not None:
             trainer.writer.close()
-    weights = trainer.strategy.gather_weights(trainer.raw_model) if r.loop.do_train else None  # every rank
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
@@ -211,7 +216,7 @@ def finish(spec, trainer, comm) -> int:
     from pretrain_cli.training import export
 
     with rank0_round(comm):
-        export.write_final(spec, trainer.raw_model, trainer, results, weights)
+        export.write_final(spec, trainer.raw_model, trainer, results)
     comm.wait_until_seen()
     return 0
 

@@ -108,7 +108,11 @@ class Trainer:
         acc = self.loop.grad_accum
         self.optimizer.set_lr(self.schedule.lr_at(self.state.global_step + 1))
         total = None
-        for i in range(acc):
+        schedule = getattr(self.strategy, "forward_backward", None)  # a pipeline schedules its micro-batches itself
+        if schedule is not None:
+            taken = [next(batches) for _ in range(acc)]
+            total, batch = schedule(self.model, taken, self.amp), taken[-1]
+        for i in range(acc if schedule is None else 0):
             batch = next(batches)
             with self.strategy.no_sync(self.model, last_micro_batch=i == acc - 1):
                 loss = self._forward_loss(batch) / acc

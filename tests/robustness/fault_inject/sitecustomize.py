@@ -6,10 +6,11 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   forward            CausalLM.forward is entered                          -> SIGKILL
   opt_step           the optimizer step has updated the weights           -> SIGKILL
                      (paddle.optimizer.AdamW.step, or the fused CPU AdamW of pretrain_cli.training.optim)
-  save_weights       safetensors.paddle.save_file has written half a file -> SIGKILL
-  save_optimizer     safetensors.numpy.save_file has written half a file  -> SIGKILL
-  enospc             safetensors.numpy.save_file has written half a file  -> raise OSError(ENOSPC)
-  enospc_weights     safetensors.paddle.save_file has written half a file -> raise OSError(ENOSPC)
+  save_weights       a model*.safetensors file is half written            -> SIGKILL
+  save_optimizer     an optimizer*.safetensors file is half written       -> SIGKILL
+  enospc             an optimizer*.safetensors file is half written       -> raise OSError(ENOSPC)
+  enospc_weights     a model*.safetensors file is half written            -> raise OSError(ENOSPC)
+                     (every safetensors file the product writes goes through pretrain_cli.models.shard_files.write)
   publish            os.replace(... -> checkpoint-N) is about to run       -> SIGKILL
   curve_rename       os.replace(... -> loss_curve.png) is about to run on  -> SIGKILL
                      the main thread (the final export's drawing; the
@@ -50,26 +51,25 @@ def _die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _half_write(path, data: bytes):
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        os.fsync(f.fileno())
+def _patch_shard_files(mod):
+    original = mod.write
 
-
-def _patch_safetensors(mod, kill_point, enospc_point):
-    original = mod.save_file
-
-    def save_file(tensors, filename, metadata=None, *a, **kw):
-        kill, full = _hit(kill_point), _hit(enospc_point)
+    def write(path, entries, metadata=None):
+        optimizer = os.path.basename(os.fspath(path)).startswith("optimizer")
+        kill = _hit("save_optimizer" if optimizer else "save_weights")
+        full = _hit("enospc" if optimizer else "enospc_weights")
         if kill or full:
-            _half_write(filename, mod.save(tensors, metadata=metadata))
+            tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+            original(tmp, entries, metadata)
+            with open(tmp, "r+b") as f:  # half of it reached the disk
+                f.truncate(os.path.getsize(tmp) // 2)
             if kill:
                 _die()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(filename))
-        return original(tensors, filename, metadata, *a, **kw)
+            os.remove(tmp)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return original(path, entries, metadata)
 
-    mod.save_file = save_file
+    mod.write = write
 
 
 def _patch_decoder(mod):
@@ -116,8 +116,7 @@ _PATCHES = {
     "pretrain_cli.models.decoder": _patch_decoder,
     "paddle.optimizer": _patch_optimizer,
     "pretrain_cli.training.optim": _patch_fused_optimizer,
-    "safetensors.paddle": lambda m: _patch_safetensors(m, "save_weights", "enospc_weights"),
-    "safetensors.numpy": lambda m: _patch_safetensors(m, "save_optimizer", "enospc"),
+    "pretrain_cli.models.shard_files": _patch_shard_files,
     "pretrain_cli.data.indexed": _patch_indexed,
 }
 

@@ -1,0 +1,84 @@
+"""PaddleNLP's pipeline keys (`pipeline_parallel_degree`, `virtual_pp_degree`, `pipeline_parallel_config`) ->
+the pipeline degree the run uses, with the rules that refuse what fleet's engine cannot run here.
+
+Each `pipeline_parallel_config` flag means what it means in PaddleNLP: it is applied, or a note says why it
+has no effect here; an unknown flag is refused. `distributed/pipeline.py` runs the result.
+"""
+from __future__ import annotations
+
+# PaddleNLP flag -> why it changes nothing here (None: it is how the engine runs already)
+PP_FLAGS = {
+    "disable_p2p_cache_shape": None,  # shapes are sent with every message (evaluation uses another batch size)
+    "enable_clear_every_step_cache": None,  # nothing is cached between steps (see above)
+    "disable_partial_send_recv": "partial send/recv only splits activations over tensor-parallel ranks, and "
+                                 "there are none with a pipeline here",
+    "enable_delay_scale_loss": "each micro-batch's loss is divided by gradient_accumulation_steps as it is "
+                               "computed (the same gradients up to rounding); the trainer owns the update",
+    "enable_dp_comm_overlap": "a GPU overlap of the data-parallel all-reduce with backward; the all-reduce runs "
+                              "once after the schedule",
+    "enable_sharding_comm_overlap": "a GPU overlap of the sharding reduce with backward; it runs after the schedule",
+    "enable_overlap_p2p_comm": "a GPU overlap of stage-to-stage sends with compute; sends run in order here",
+    "enable_release_grads": "releases gradient buffers after each step on GPU; the trainer clears them",
+    "enable_timer": "fleet's per-phase pipeline timers; the trainer's step timing is logged instead",
+    "enable_offload_queue": "a GPU memory offload of queued activations",
+    "enable_dynamic_shape": None,  # every message carries its shape already
+    "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
+                                  "use_batch_p2p_comm is off, as its CPU build requires)",
+    "best_unbalanced_scheduler": "a tuning of the interleaved schedule, which does not run here (virtual_pp_degree 1)",
+}
+
+
+def parse_pp_config(text: str) -> list[str]:
+    """The notes for PaddleNLP's `pipeline_parallel_config` flags; raises for an unknown flag."""
+    from pretrain_cli.errors import UserError
+
+    notes = []
+    for flag in text.replace(",", " ").split():
+        if flag not in PP_FLAGS:
+            raise UserError(f"pipeline_parallel_config: unknown flag {flag!r}; known: {', '.join(sorted(PP_FLAGS))}")
+        if PP_FLAGS[flag] is not None:
+            notes.append(f"pipeline_parallel_config: {flag} has no effect here: {PP_FLAGS[flag]}")
+    return notes
+
+
+def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: list, problems,
+                     device: str = "cpu") -> tuple[int, int]:
+    """(pipeline_parallel_degree, virtual_pp_degree) for `world` processes; problems for what cannot run."""
+    t = args.training
+    pp, vpp = max(t.pipeline_parallel_degree, 1), max(t.virtual_pp_degree, 1)
+    if pp == 1:
+        if vpp > 1:
+            notes.append("virtual_pp_degree: only meaningful with pipeline_parallel_degree > 1; ignored")
+        if t.pipeline_parallel_config:
+            notes.append("pipeline_parallel_config: no pipeline (pipeline_parallel_degree 1); ignored")
+        return 1, 1
+    layers = model_cfg.num_hidden_layers
+    if world % pp:
+        problems.add(f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it")
+        return 1, 1
+    if layers < pp:
+        problems.add(f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}")
+        return 1, 1
+    if tp > 1:
+        problems.add(f"tensor_parallel_degree: {tp} with pipeline_parallel_degree {pp} is not supported: fleet's "
+                     f"tensor-parallel layers have no CPU kernels and the semi-auto engine's pipeline crashes here, so "
+                     f"neither could be verified; use pipeline x data parallel (sharding: stage1 allowed), or "
+                     f"tensor_parallel_degree without a pipeline")
+    if stage in (2, 3):
+        problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
+                     f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
+    if vpp > 1:
+        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
+                     f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
+                     f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
+    problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
+    if pp > 2 and device == "cpu":
+        notes.append(f"pipeline_parallel_degree: {pp} stages on cpu: in every try here Paddle 3.3.1's gloo failed to "
+                     f"create fleet's groups for more than 2 stages (\"could not join the process group\"); 2 stages "
+                     f"are what CPU verifies (docs/DISTRIBUTED.md)")
+    acc = t.gradient_accumulation_steps
+    if 1 <= acc < pp:
+        notes.append(f"pipeline_parallel_degree: {acc} micro-batch(es) per step for {pp} stages: each stage idles "
+                     f"for {(pp - 1) / (acc + pp - 1):.0%} of the step (the bubble, (P-1)/(m+P-1)); raise "
+                     f"gradient_accumulation_steps to at least {4 * pp} to keep it small")
+    return pp, 1

@@ -1,0 +1,336 @@
+"""Pipeline parallelism on fleet's engine: the finished single-device model cut into stages from outside.
+
+The decoder's own pieces become fleet `PipelineLayer` items: the embedding, one item per decoder layer,
+the final norm, and the LM head's weight. `stage_bounds` splits the decoder layers over the
+`pipeline_parallel_degree` stages as evenly as they go (the embedding rides with the first, the norm and
+head with the last); `stage_of` is the same split by HF tensor name (global layer index), which the
+checkpoint code uses to know which rank holds what. Every stage reads the same micro-batches; the first
+feeds them in, the last computes the loss (the fused head + loss needs the labels, which only it sees).
+Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
+
+Tied embeddings: the last stage holds the embedding's weight as a fleet `SharedLayerDesc` (the same
+weight, the first stage's value broadcast at build); after backward fleet all-reduces the two copies'
+gradients, so both receive the same summed gradient and the same AdamW update, as the one tied weight of
+one process does. The gradient norm counts the copy once.
+
+Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
+schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
+step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
+Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
+(`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
+
+On CPU three workarounds: `pp_configs.use_batch_p2p_comm = False`, `ParallelEnv._device_id = 0`
+(PADDLE_PARALLEL_CPU.md) and gloo groups created one at a time (`groups_one_at_a_time`).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.models.stages import stage_bounds
+
+ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
+
+
+def stage_of(name: str, bounds: list[int]) -> int:
+    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    if m:
+        i = int(m.group(1))
+        return max(s for s in range(len(bounds) - 1) if bounds[s] <= i)
+    if name.startswith("model.embed_tokens."):
+        return 0
+    return len(bounds) - 2  # model.norm, lm_head
+
+
+def init_fleet(parallel, loop, seed: int) -> None:
+    """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": parallel.pp_degree,
+                               "sharding_degree": parallel.sharding_degree, "order": ORDER}
+    strategy.pipeline_configs = {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
+                                 "p2p_cache_shape": False}  # eval sends another batch size than training
+    cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
+    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu  # the CPU build needs unbatched sends
+    strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+    if not hasattr(dist.ParallelEnv(), "_device_id"):
+        dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
+    with groups_one_at_a_time() if cpu else contextlib.nullcontext():
+        fleet.init(is_collective=True, strategy=strategy)
+
+
+@contextlib.contextmanager
+def groups_one_at_a_time():
+    """Each `new_group` followed by a barrier of every rank. With gloo, two disjoint groups created at once (the
+    "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout) in
+    Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order (fleet's
+    topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
+    import paddle.distributed as dist
+
+    plain = dist.new_group
+
+    def new_group(*args, **kwargs):
+        group = plain(*args, **kwargs)
+        dist.barrier()
+        return group
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = plain
+
+
+def _layers():
+    """The stage items (classes built on first use: paddle is imported lazily)."""
+    import paddle.nn as nn
+
+    class Embed(nn.Layer):
+        """First stage: token ids (+ document fields) -> (hidden, *document fields)."""
+
+        def __init__(self, embed_tokens):
+            super().__init__()
+            self.embed_tokens = embed_tokens
+
+        def forward(self, inputs):
+            return embed(self.embed_tokens, inputs)
+
+    class TiedWeight(nn.Layer):
+        """The embedding's weight as fleet's shared layer: first stage (lookup) and last (head)."""
+
+        def __init__(self, embed_tokens):
+            super().__init__()
+            self.weight = embed_tokens.weight
+            self._embedding = [embed_tokens]  # not a sublayer: the weight above is its only parameter
+
+    class Block(nn.Layer):
+        """One decoder layer; RoPE tables from the model's own rotary embedding."""
+
+        def __init__(self, layer, rotary):
+            super().__init__()
+            self.layer, self._rotary = layer, [rotary]
+
+        def forward(self, inputs):
+            x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
+            cos, sin = self._rotary[0](x.shape[1])
+            if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
+                return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
+            return self.layer(x, cos, sin)
+
+    class Final(nn.Layer):
+        """The final norm: the hidden states the loss reads (document fields end here)."""
+
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, inputs):
+            return self.norm(inputs[0] if isinstance(inputs, tuple) else inputs)
+
+    class Head(nn.Layer):
+        """An untied LM head's weight on the last stage (the fused head + loss reads it in the loss)."""
+
+        def __init__(self, lm_head):
+            super().__init__()
+            self.lm_head = lm_head
+
+        def forward(self, h):
+            return h
+
+    return Embed, TiedWeight, Block, Final, Head
+
+
+def embed(embed_tokens, inputs):
+    ids, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
+    x = embed_tokens(ids)
+    return (x,) + tuple(doc) if doc else x
+
+
+def _tied_lookup(shared, inputs):
+    return embed(shared._embedding[0], inputs)
+
+
+def _tied_head(shared, h):
+    return h
+
+
+class StageLoss:
+    """The last stage's loss: the model's own head + loss on the final hidden states. `sum_mode` (evaluation)
+    returns the sum of token losses instead of their mean."""
+
+    __name__ = "StageLoss"
+
+    def __init__(self, lm):
+        self.lm, self.sum_mode = lm, False
+
+    def __call__(self, h, labels):
+        from pretrain_cli.ops.loss import mean_loss
+
+        total, count = self.lm.loss_sum(h, labels)
+        return total if self.sum_mode else mean_loss(total, count)
+
+
+def build_pipeline_layer(lm, parallel):
+    """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied)."""
+    import paddle
+    from paddle.distributed import fleet
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
+
+    Embed, TiedWeight, Block, Final, Head = _layers()
+    dec, tied = lm.model, lm.lm_head is None
+    items = [SharedLayerDesc("embed_tokens", TiedWeight, _tied_lookup, "weight", embed_tokens=dec.embed_tokens)
+             if tied else Embed(dec.embed_tokens)]
+    items += [Block(layer, dec.rotary_emb) for layer in dec.layers]
+    items.append(Final(dec.norm))
+    items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
+                 if tied else Head(lm.lm_head))
+    bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
+    seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
+    loss = StageLoss(lm)
+    gloo = paddle.get_device().startswith("cpu")
+    with groups_one_at_a_time() if gloo else contextlib.nullcontext():  # the tied embedding's first-last stage group
+        layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
+                              topology=fleet.get_hybrid_communicate_group().topology())  # stages outermost (ORDER)
+    return layer, loss, bounds
+
+
+class Pipelined:
+    """fleet's `PipelineParallel` as the trainer's model: parameters, train/eval, and `model(ids, labels=...)`
+    for evaluation (a forward-only pass of the pipeline; returns the global sums like a plain model)."""
+
+    def __init__(self, engine, loss):
+        self.engine, self.loss = engine, loss
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def __call__(self, ids, labels=None, **extra):
+        import paddle
+
+        from pretrain_cli.ops.loss import IGNORE_INDEX
+
+        pp = self.engine
+        saved = pp.accumulate_steps, pp.micro_batch_size
+        pp.accumulate_steps, pp.micro_batch_size = 1, ids.shape[0]
+        self.loss.sum_mode = True
+        try:
+            total = pp.eval_batch([inputs_of(ids, extra), labels], compute_loss=True)
+        finally:
+            pp.accumulate_steps, pp.micro_batch_size = saved
+            self.loss.sum_mode = False
+        count = (labels != IGNORE_INDEX).astype("float32").sum()
+        return paddle.reshape(total, []), count
+
+
+def inputs_of(ids, extra: dict):
+    from pretrain_cli.data.loader import DOCUMENT_FIELDS
+
+    doc = [extra[k] for k in DOCUMENT_FIELDS if k in extra]
+    return (ids, *doc) if doc else ids
+
+
+class Pipeline(Strategy):
+    """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        super().__init__(parallel, device, step_kernels)
+        zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"
+        self.lm = self.loss = self.bounds = None
+
+    # ------------------------------------------------------------------ building
+    def place(self, model):
+        """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
+        self.lm = model
+        layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
+        held = {id(p) for p in layer.parameters()}
+        for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
+            if id(p) not in held:
+                p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
+        return layer
+
+    def wrap(self, model, optimizer):
+        from paddle.distributed import fleet
+
+        engine = fleet.distributed_model(model)
+        self.hcg = fleet.get_hybrid_communicate_group()
+        self.pp_group = self.hcg.get_pipe_parallel_group()
+        self.params = list(model.parameters())
+        self._owned, self._hpo = self.params, None
+        if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
+            optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
+            self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
+        tied = self.lm.lm_head is None and self.parallel.pp_rank > 0
+        self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        return Pipelined(engine, self.loss), optimizer
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
+
+    # ------------------------------------------------------------------ a step
+    def forward_backward(self, model, batches: list, amp):
+        """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
+        import paddle
+
+        from pretrain_cli.data.loader import DOCUMENT_FIELDS
+
+        column = lambda key: [paddle.to_tensor(b[key]) for b in batches]  # noqa: E731  int64 [micro, seq_len] each
+        fields = [k for k in DOCUMENT_FIELDS if k in batches[0]]  # the order `Block` passes them to the layer
+        first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
+        labels = column("labels")
+        with amp.autocast():
+            loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
+        return paddle.reshape(loss, [])
+
+    def sync_grads(self) -> None:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self.params)  # reduce to each parameter's owner (+ the dp all-reduce)
+        elif self.parallel.data_world_size > 1:
+            from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+            fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
+
+    def grad_params(self, model) -> list:
+        return self._owned
+
+    def grad_norm(self, model):
+        """Each stage's squared norm (ZeRO-1: each owner's part), summed over the pipeline; a tied weight's second
+        copy is counted once."""
+        import paddle
+        import paddle.distributed as dist
+
+        sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        if self._hpo is not None:
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return paddle.sqrt(sq)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
+
+    # ------------------------------------------------------------------ checkpoints
+    def pieces(self, model, optimizer=None) -> list:
+        """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
+        train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
+        embedding's copy on the last stage is the first stage's tensor: written once, from there."""
+        stage = self.parallel.pp_rank
+        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
+
+    def holders(self, tensor, kind: str) -> tuple:
+        """The ranks of this stage (its data-parallel replicas: stages are outermost, `ORDER`); under ZeRO-1 the
+        optimizer state only on the replicas of its owner (the same index on the stage's "sharding" axis)."""
+        p = self.parallel
+        per_stage = p.world_size // p.pp_degree
+        ranks = [p.pp_rank * per_stage + i for i in range(per_stage)]
+        if kind == "optimizer" and p.sharding_stage:
+            ranks = [r for r in ranks if r % p.sharding_degree == p.rank % p.sharding_degree]
+        return tuple(ranks)

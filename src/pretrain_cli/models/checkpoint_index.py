@@ -1,0 +1,197 @@
+"""`checkpoint.index.json`: where every piece of a sharded checkpoint lives, and reading any block back.
+
+Each rank writes the pieces it owns into its own files (`model-0000k-of-0000n.safetensors`,
+`optimizer-0000k-of-0000n.safetensors`; one process: `model.safetensors` / `optimizer.safetensors`) and a
+small record of what it wrote; rank 0 merges the records into this index, written last:
+
+    {"format": "pretrain-cli sharded checkpoint", "version": 1, "world_size": 2, "layout": "...",
+     "weights_whole": false,
+     "tensors": {"model.layers.0.mlp.up_proj.weight": {"kind": "weights", "dtype": "F32", "shape": [128, 64],
+                 "pieces": [{"file": "model-00001-of-00002.safetensors", "offsets": [0, 0], "shape": [64, 64]},
+                            {"file": "model-00002-of-00002.safetensors", "offsets": [64, 0], "shape": [64, 64]}]},
+                 ...},
+     "files": {"model-00001-of-00002.safetensors": {"bytes": 123456, "crc32": "89abcdef"}, ...}}
+
+`Reader.read(name, offsets, shape)` returns any block of any tensor, reading from each piece only the
+part that intersects the block, so a layout resumes by reading about its own share.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.shard_files import File, checksum
+
+INDEX = "checkpoint.index.json"
+FORMAT = "pretrain-cli sharded checkpoint"
+
+
+def file_name(kind: str, rank: int, world: int) -> str:
+    """A rank's file for `kind` ("model" weights, "optimizer" state); HF's shard names, one shard per rank."""
+    return f"{kind}.safetensors" if world == 1 else f"{kind}-{rank + 1:05d}-of-{world:05d}.safetensors"
+
+
+def intersect(a_off, a_shape, b_off, b_shape):
+    """The overlap of two blocks as (offsets, shape), or None when they do not overlap."""
+    lo = [max(a, b) for a, b in zip(a_off, b_off)]
+    hi = [min(a + n, b + m) for a, n, b, m in zip(a_off, a_shape, b_off, b_shape)]
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return tuple(lo), tuple(h - l for l, h in zip(lo, hi))
+
+
+def build(records: list[dict], world: int, layout: str) -> dict:
+    """The index from every rank's record ({"files": {...}, "pieces": [...]}), checking that the pieces of each
+    tensor tile it exactly once (a replicated piece written twice, or a block nobody wrote, is a bug here)."""
+    tensors, files = {}, {}
+    for rec in records:
+        files.update(rec["files"])
+        for p in rec["pieces"]:
+            t = tensors.setdefault(p["name"], {"kind": p["kind"], "dtype": p["dtype"], "shape": p["global_shape"],
+                                               "pieces": []})
+            t["pieces"].append({"file": p["file"], "offsets": p["offsets"], "shape": p["shape"]})
+    for name, t in tensors.items():
+        t["pieces"].sort(key=lambda q: q["offsets"])
+        covered = sum(int(np.prod(q["shape"], dtype=np.int64)) for q in t["pieces"])
+        if covered != int(np.prod(t["shape"], dtype=np.int64)):
+            raise RuntimeError(f"{name}: pieces cover {covered} of {int(np.prod(t['shape']))} elements")
+    whole = all(len(t["pieces"]) == 1 for t in tensors.values() if t["kind"] == "weights")
+    return {"format": FORMAT, "version": 1, "world_size": world, "layout": layout, "weights_whole": whole,
+            "tensors": dict(sorted(tensors.items())), "files": dict(sorted(files.items()))}
+
+
+def hf_weight_map(index: dict) -> dict | None:
+    """`model.safetensors.index.json` for transformers when every weight is whole in one file, else None."""
+    if not index["weights_whole"]:
+        return None
+    total = sum(f["bytes"] for name, f in index["files"].items() if name.startswith("model"))
+    return {"metadata": {"total_size": total},
+            "weight_map": {n: t["pieces"][0]["file"] for n, t in index["tensors"].items() if t["kind"] == "weights"}}
+
+
+def load(ckpt) -> dict | None:
+    """The index of checkpoint directory `ckpt`, or None for a checkpoint from before it (one process wrote
+    model.safetensors + optimizer.safetensors whole)."""
+    path = Path(ckpt) / INDEX
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: unreadable ({e}); resume from another checkpoint") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("tensors"), dict):
+        raise UserError(f"{path}: not a {FORMAT} index; resume from another checkpoint")
+    return index
+
+
+def damage(ckpt, checksums: bool = True) -> str | None:
+    """Why checkpoint `ckpt` cannot be resumed from (a missing, truncated or altered file), or None. Sizes
+    are checked from the directory listing; `checksums` also re-reads every file (crc32, streamed)."""
+    try:
+        index = load(ckpt)
+    except UserError as e:
+        return str(e)
+    if index is None:
+        return None  # an older checkpoint: its loader reports damage as it reads
+    for name, want in index["files"].items():
+        path = Path(ckpt) / name
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"{path} is missing"
+        if size != want["bytes"]:
+            return f"{path} has {size} bytes, the index says {want['bytes']}"
+    if not checksums:
+        return None
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = list(index["files"])
+    with ThreadPoolExecutor(max_workers=min(8, max(len(names), 1))) as pool:  # zlib and reads release the GIL
+        sums = list(pool.map(lambda n: checksum(Path(ckpt) / n)["crc32"], names))
+    for name, got in zip(names, sums):
+        if got != index["files"][name]["crc32"]:
+            return f"{Path(ckpt) / name} does not match its checksum"
+    return None
+
+
+class Reader:
+    """Blocks of a sharded checkpoint's tensors, each read from only the pieces that intersect it."""
+
+    def __init__(self, ckpt, index: dict):
+        self.ckpt, self.index = Path(ckpt), index
+        self._files: dict = {}
+
+    def names(self, kind: str) -> list[str]:
+        return [n for n, t in self.index["tensors"].items() if t["kind"] == kind]
+
+    def info(self, name: str) -> dict:
+        t = self.index["tensors"].get(name)
+        if t is None:
+            raise UserError(f"{self.ckpt / INDEX}: no tensor {name!r}; the checkpoint does not match this model")
+        return t
+
+    def file(self, name: str) -> File:
+        if name not in self._files:
+            self._files[name] = File(self.ckpt / name, "optimizer state" if name.startswith("optimizer") else "weights")
+        return self._files[name]
+
+    def read(self, name: str, offsets=None, shape=None) -> np.ndarray:
+        """Block `offsets` + `shape` (default: the whole tensor) of tensor `name`, in the saved dtype (bf16 as
+        uint16 bits)."""
+        t = self.info(name)
+        if offsets is None:
+            offsets, shape = (0,) * len(t["shape"]), tuple(t["shape"])
+        if any(o < 0 or o + s > g for o, s, g in zip(offsets, shape, t["shape"])) or len(shape) != len(t["shape"]):
+            raise UserError(f"{self.ckpt / INDEX}: {name} has shape {t['shape']}, this model needs a block "
+                            f"{list(shape)} at {list(offsets)}; the checkpoint does not match this model")
+        out = None
+        for p in t["pieces"]:
+            hit = intersect(p["offsets"], p["shape"], offsets, shape)
+            if hit is None:
+                continue
+            at, size = hit
+            block = self.file(p["file"]).read(name, [a - o for a, o in zip(at, p["offsets"])], size)
+            if out is None:
+                out = np.empty(shape, dtype=block.dtype)
+            out[tuple(slice(a - o, a - o + s) for a, o, s in zip(at, offsets, size))] = block
+        if out is None:  # a zero-sized block
+            out = np.empty(shape, dtype=np.float32)
+        return out
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self._files.values())
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def write_index(directory, index: dict) -> None:
+    atomic.write_json(Path(directory) / INDEX, index)
+
+
+def newest_intact(output_dir, verify: bool = True) -> Path | None:
+    """The newest `checkpoint-N` of `output_dir` that `damage` finds intact (None when there is none at all).
+    A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError (exit 2).
+    `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest unchecked."""
+    import logging
+
+    from pretrain_cli.run_dir import list_checkpoints
+
+    ckpts = list_checkpoints(output_dir)
+    if not verify or not ckpts:
+        return ckpts[-1][1] if ckpts else None
+    for _, path in reversed(ckpts):
+        reason = damage(path)
+        if reason is None:
+            return path
+        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
+                                                  f"checkpoint")
+    raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
+                    f"or set overwrite_output_dir: true")

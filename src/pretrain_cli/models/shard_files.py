@@ -1,0 +1,139 @@
+"""Safetensors files written one tensor at a time and read one block at a time.
+
+The writer streams: the header is built from shapes and dtypes alone, then each tensor is copied to
+the host (`produce()`, ideally a view of the tensor's own memory) and written a few MiB at a time,
+checksummed (zlib.crc32 over the file's bytes), so writing a rank's shard stages at most one chunk (a
+transposed block) or one tensor's host copy (bf16, a GPU tensor), never the shard. The reader memory-maps the data section and copies out
+only the requested block of a tensor (rows or columns), so a rank resuming on another layout reads
+about its own share. Files are plain safetensors (`safetensors`, `transformers` read them); bf16 is
+carried as its uint16 bits, as `Tensor.numpy()` gives it. Every file is published through `atomic`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.errors import UserError
+
+NUMPY = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "F64": np.float64, "I32": np.int32,
+         "I64": np.int64, "U16": np.uint16, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}
+_ITEM = {k: np.dtype(v).itemsize for k, v in NUMPY.items()}
+CHUNK = 64 * 2**20  # bytes handed to the file and the checksum per call (a view, not a copy)
+
+
+def header_for(entries, metadata: dict | None = None) -> tuple[bytes, list[tuple[int, int]]]:
+    """The safetensors header for `entries` [(name, dtype code, shape)] in that order, padded to 8 bytes."""
+    head, offset, spans = {}, 0, []
+    for name, dtype, shape in entries:
+        size = int(np.prod(shape, dtype=np.int64)) * _ITEM[dtype]
+        head[name] = {"dtype": dtype, "shape": [int(s) for s in shape], "data_offsets": [offset, offset + size]}
+        spans.append((offset, offset + size))
+        offset += size
+    if metadata:
+        head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return raw, spans
+
+
+def write(path, entries, metadata: dict | None = None) -> dict:
+    """Publish a safetensors file at `path`; `entries` [(name, dtype code, shape, produce)], `produce()` giving a
+    numpy array of that shape (a view is best: it is written a few rows at a time), called once, in order.
+    Returns {"bytes", "crc32"} of the file."""
+    raw, spans = header_for([(n, d, s) for n, d, s, _ in entries], metadata)
+    crc, total = 0, 0
+    with atomic.publishing(path) as f:
+        for block in (struct.pack("<Q", len(raw)), raw):
+            f.write(block)
+            crc = zlib.crc32(block, crc)
+            total += len(block)
+        for (name, _, shape, produce), (begin, end) in zip(entries, spans):
+            arr = produce()
+            if tuple(arr.shape) != tuple(shape) or arr.nbytes != end - begin:
+                raise ValueError(f"{name}: produced {arr.shape} {arr.dtype}, the header says {list(shape)}")
+            for part in _blocks(arr):
+                f.write(part)
+                crc = zlib.crc32(part, crc)
+                total += len(part)
+            del arr
+    return {"bytes": total, "crc32": f"{crc:08x}"}
+
+
+def _blocks(arr: np.ndarray):
+    """`arr`'s bytes in C order, at most about CHUNK at a time: a contiguous array as views of its memory, any
+    other (a transposed view of a tensor) as copies of a few rows each, so writing it never copies it whole."""
+    if arr.flags.c_contiguous:
+        view = memoryview(arr.reshape(-1)).cast("B") if arr.size else memoryview(b"")
+        for i in range(0, len(view), CHUNK):
+            yield view[i:i + CHUNK]
+        return
+    step = max(1, CHUNK // max(arr[0].nbytes, 1))
+    for i in range(0, arr.shape[0], step):
+        yield memoryview(np.ascontiguousarray(arr[i:i + step]).reshape(-1)).cast("B")
+
+
+def checksum(path) -> dict:
+    """{"bytes", "crc32"} of a file on disk, read in chunks."""
+    crc, total = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(CHUNK)
+            if not block:
+                break
+            crc = zlib.crc32(block, crc)
+            total += len(block)
+    return {"bytes": total, "crc32": f"{crc:08x}"}
+
+
+class File:
+    """One safetensors file opened for block reads: its header parsed, its data section memory-mapped lazily."""
+
+    def __init__(self, path, what: str = "safetensors file"):
+        self.path = Path(path)
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                if n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a file of {size}")
+                head = json.loads(f.read(n))
+        except FileNotFoundError:
+            raise UserError(f"{self.path}: missing; the checkpoint is incomplete: resume from another "
+                            f"checkpoint") from None
+        except (OSError, ValueError, struct.error) as e:
+            raise UserError(f"{self.path}: unreadable {what} ({e}); it is damaged or truncated: resume from "
+                            f"another checkpoint") from None
+        self.metadata = head.pop("__metadata__", {})
+        self.tensors, self.start, self.size = head, 8 + n, size
+        self._map = None
+        self.bytes_read = 0  # of tensor data, by `read` (what a block read touches)
+
+    def read(self, name: str, offsets=None, shape=None) -> np.ndarray:
+        """The block `offsets` + `shape` (default: all) of tensor `name`, copied out of the file."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise UserError(f"{self.path}: tensor {name!r} is missing; the checkpoint is damaged: resume from "
+                            f"another checkpoint")
+        begin, end = info["data_offsets"]
+        if self.start + end > self.size:
+            raise UserError(f"{self.path}: truncated ({self.size} bytes, tensor {name!r} ends at "
+                            f"{self.start + end}); resume from another checkpoint")
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        dtype = NUMPY[info["dtype"]]
+        full = self._map[self.start + begin:self.start + end].view(dtype).reshape(info["shape"])
+        if offsets is None:
+            block = full
+        else:
+            block = full[tuple(slice(o, o + s) for o, s in zip(offsets, shape))]
+        self.bytes_read += block.nbytes
+        return np.array(block)
+
+    def close(self) -> None:
+        self._map = None

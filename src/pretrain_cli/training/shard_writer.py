@@ -1,0 +1,110 @@
+"""Writing one `checkpoint-N/` from every rank at once, and publishing it only once every rank is done.
+
+Each rank writes the pieces it owns (`Strategy.pieces`, one writer per replicated piece:
+`distributed.pieces.writer_of`) into its own files under `checkpoint-N.tmp/` (a shared file system
+across nodes), one tensor at a time (`models.shard_files`), then leaves a completion record
+`rank-0000r.done.json` (its files' sizes and checksums, its pieces' offsets) next to them. Rank 0 waits
+for every record, merges them into `checkpoint.index.json` (`models.checkpoint_index`), writes
+`trainer_state.json` last and renames the directory: a save killed at any point, on any rank, never
+leaves a directory named `checkpoint-N`. Waiting on files rather than in a collective lets the same
+code run in `async_save`'s background threads, which must never issue a collective, and keeps slow
+saves clear of gloo's 30 s collective timeout. A rank that fails leaves an error record instead, which
+rank 0 reports as the save's error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pretrain_cli import atomic
+from pretrain_cli.errors import UserError
+from pretrain_cli.models import checkpoint_index, shard_files
+
+RECORD = "rank-{:05d}.done.json"
+
+
+def tmp_dir(final: Path) -> Path:
+    return final.with_name(final.name + ".tmp")
+
+
+def write_rank(tmp: Path, rank: int, world: int, pieces) -> dict:
+    """This rank's files for `pieces` [(Piece, produce)] (`produce()` the block as numpy, HF layout), then its
+    completion record; returns the record."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    files, recs = {}, []
+    for kind, stem in (("weights", "model"), ("optimizer", "optimizer")):
+        mine = [(p, produce) for p, produce in pieces if p.kind == kind]
+        if not mine:
+            continue
+        fname = checkpoint_index.file_name(stem, rank, world)
+        entries = [(p.name, p.dtype, p.box.shape, produce) for p, produce in mine]
+        files[fname] = shard_files.write(tmp / fname, entries, {"format": "pt"})
+        recs += [{"name": p.name, "kind": kind, "dtype": p.dtype, "global_shape": list(p.box.global_shape),
+                  "offsets": list(p.box.offsets), "shape": list(p.box.shape), "file": fname} for p, _ in mine]
+    record = {"rank": rank, "files": files, "pieces": recs}
+    atomic.write_json(tmp / RECORD.format(rank), record)
+    return record
+
+
+def report_failure(tmp: Path, rank: int, error: BaseException) -> None:
+    """Best effort: tell rank 0 this rank's part failed (it then fails the save instead of waiting)."""
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(tmp / RECORD.format(rank), {"rank": rank, "error": f"{type(error).__name__}: {error}"})
+    except OSError:
+        pass
+
+
+def collect(tmp: Path, world: int, step: int, timeout: float | None = None) -> list[dict]:
+    """Rank 0: every rank's record, polling the directory (a dead rank is the watchdog's to report)."""
+    timeout = timeout or float(os.environ.get("PRETRAIN_CLI_RANK0_TIMEOUT", "3600"))
+    start, delay, records = time.monotonic(), 0.01, {}
+    while len(records) < world:
+        for r in range(world):
+            path = tmp / RECORD.format(r)
+            if r not in records and path.is_file():
+                rec = json.loads(path.read_text(encoding="utf-8"))
+                if "error" in rec:
+                    raise UserError(f"rank {r} could not write its part of checkpoint-{step}: {rec['error']}; "
+                                    f"free space or fix the file system, then re-run")
+                records[r] = rec
+        if len(records) < world:
+            if time.monotonic() - start > timeout:
+                missing = sorted(set(range(world)) - set(records))
+                raise UserError(f"checkpoint-{step}: ranks {missing} have not finished writing after {timeout:.0f} s; "
+                                f"raise PRETRAIN_CLI_RANK0_TIMEOUT if that is expected")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    return [records[r] for r in range(world)]
+
+
+def publish(tmp: Path, final: Path, records: list[dict], layout: str, state: dict) -> Path:
+    """Rank 0, once every record is in: the index (and transformers' own index where the weights are whole),
+    trainer_state.json last, the records removed, one rename."""
+    from pretrain_cli.models.convert import INDEX_FILE
+
+    index = checkpoint_index.build(records, len(records), layout)
+    weight_map = checkpoint_index.hf_weight_map(index)
+    if weight_map is not None and len(weight_map["weight_map"]) and len(set(weight_map["weight_map"].values())) > 1:
+        atomic.write_json(tmp / INDEX_FILE, weight_map)
+    checkpoint_index.write_index(tmp, index)
+    atomic.write_json(tmp / "trainer_state.json", state)  # written last: its presence marks a finished write
+    for r in range(len(records)):
+        (tmp / RECORD.format(r)).unlink(missing_ok=True)
+    return atomic.publish_dir(tmp, final)
+
+
+def drop(tmp: Path) -> None:
+    """A failed save's partial directory, removed (frees the space it took)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def layout_out(arr: np.ndarray, transpose: bool):
+    """A staged host copy handed to the writer: transposed as a view, laid out a few rows at a time as it is
+    written (`shard_files.write`), not in the training step."""
+    return lambda: arr.T if transpose and arr.ndim == 2 else arr

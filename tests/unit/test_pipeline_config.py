@@ -1,0 +1,113 @@
+"""Pipeline keys in config (no processes): the degrees, the rank layout, the refusals, and the stage of each HF name."""
+from __future__ import annotations
+
+import pytest
+from run_helpers import model_config, resolve_run
+
+from pretrain_cli.distributed.pipeline import stage_of
+from pretrain_cli.models.flops import param_counts
+from pretrain_cli.planning.memory import Setup, pipeline_stages, stage_params
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.stages import stage_bounds
+
+
+def test_stage_bounds_split_layers_evenly_with_extras_in_the_middle():
+    assert stage_bounds(2, 2) == [0, 1, 2]
+    assert stage_bounds(8, 4) == [0, 2, 4, 6, 8]
+    assert stage_bounds(10, 4) == [0, 2, 5, 8, 10]  # the two extra layers go to stages 1 and 2
+    assert stage_bounds(5, 2) == [0, 3, 5]
+
+
+def test_stage_of_maps_hf_names_by_global_layer_index():
+    bounds = stage_bounds(10, 4)
+    assert stage_of("model.embed_tokens.weight", bounds) == 0
+    assert stage_of("model.layers.1.mlp.up_proj.weight", bounds) == 0
+    assert stage_of("model.layers.2.self_attn.q_proj.weight", bounds) == 1
+    assert stage_of("model.layers.7.input_layernorm.weight", bounds) == 2
+    assert stage_of("model.layers.8.mlp.down_proj.weight", bounds) == 3
+    assert stage_of("model.norm.weight", bounds) == stage_of("lm_head.weight", bounds) == 3
+
+
+def test_pp_dp_layout_puts_stages_outermost():
+    runs = [resolve_run("--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", world=4, rank=r)
+            for r in range(4)]
+    p = runs[0].parallel
+    assert (p.engine, p.pp_degree, p.dp_degree, p.data_world_size) == ("pipeline", 2, 2, 2)
+    assert [(r.parallel.pp_rank, r.parallel.data_rank) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert runs[0].kernels.optimizer == "paddle" and "pp 2" in p.describe()
+    zero1 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage1", world=4).parallel
+    assert zero1.sharding_degree == 2 and zero1.sharding_stage == 1 and zero1.engine == "pipeline"
+
+
+def test_pipeline_refusals_and_notes_are_one_line_each():
+    with pytest.raises(UserError) as e:
+        resolve_run("--pipeline_parallel_degree", "2", "--virtual_pp_degree", "2", "--sharding", "stage3",
+                    "--pipeline_parallel_config", "enable_timer bogus_flag", world=2)
+    text = str(e.value)
+    assert "virtual_pp_degree: 2" in text and "the 1F1B schedule with 2 stages runs" in text
+    assert "sharding: stage3 with pipeline_parallel_degree 2 is not supported" in text
+    assert "unknown flag 'bogus_flag'" in text
+    with pytest.raises(UserError, match="4 stages for 2 decoder layers"):  # micro-qwen2
+        resolve_run("--pipeline_parallel_degree", "4", world=4)
+    with pytest.raises(UserError, match="does not divide the world size 3"):
+        resolve_run("--pipeline_parallel_degree", "2", world=3)
+    r = resolve_run("--pipeline_parallel_degree", "2", "--pipeline_parallel_config",
+                    "enable_delay_scale_loss disable_p2p_cache_shape", world=2)
+    notes = "\n".join(r.notes)
+    assert "enable_delay_scale_loss has no effect here" in notes and "disable_p2p_cache_shape" not in notes
+    assert "1 micro-batch(es) per step for 2 stages" in notes  # the bubble is named
+    four = resolve_run("--pipeline_parallel_degree", "4", "--gradient_accumulation_steps", "16", world=4,
+                       model="tiny-llama")
+    assert four.parallel.pp_degree == 4 and any("more than 2 stages" in n for n in four.notes)
+    one = resolve_run("--pipeline_parallel_degree", "2", world=1)
+    assert one.parallel.pp_degree == 1 and any("pipeline_parallel_degree=2 has no effect" in n for n in one.notes)
+
+
+def test_plan_models_each_stage_and_the_bubble(tmp_path):
+    """The fullest stage is planned: stage params sum to the model plus the tied head's copy; the first stage keeps
+    P micro-batches of activations in flight, the last one and the loss; the ETA pays the bubble (P-1)/(m+P-1)."""
+    import json
+
+    from pretrain_cli.commands.plan import plan
+
+    args = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "max_seq_length": 1024,
+            "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True,
+            "input_dir": str(tmp_path / "d"), "output_dir": str(tmp_path / "o")}
+    (tmp_path / "a.json").write_text(json.dumps(args))
+    (tmp_path / "b.json").write_text(json.dumps(dict(args, pipeline_parallel_degree=4)))
+    one = plan(str(tmp_path / "a.json"), gpus=4, device="A100-80GB")
+    pp = plan(str(tmp_path / "b.json"), gpus=4, device="A100-80GB")
+    assert pp["parallel"]["pp"] == 4 and pp["parallel"]["pipeline_bubble"] == pytest.approx(3 / 11)
+    # same tokens per step on 4 devices (dp 4 vs pp 4 with 4x the accumulation per data rank): the bubble costs time
+    assert pp["eta_hours"] == pytest.approx(one["eta_hours"] * 4 / 4 / (1 - 3 / 11) * pp["tokens_per_step"]
+                                            / one["tokens_per_step"])
+    assert pp["memory_breakdown_gib"]["weights"] < 0.5 * one["memory_breakdown_gib"]["weights"]
+    cfg = model_config("qwen2.5-0.5b")  # tied, 24 layers
+    setup = Setup(model=cfg, micro_batch=1, seq_len=1024, pp=4, micro_batches=8)
+    total = sum(stage_params(setup, st) for st in range(4))
+    assert total == pytest.approx(param_counts(cfg)["total"] + cfg.vocab_size * cfg.hidden_size)
+    stages = pipeline_stages(setup)
+    assert [round(st["activations"] / stages[3]["activations"], 2) for st in stages[:3]][0] > 2  # 4 in flight vs 1
+    assert stages[0]["logits_loss"] == 0 < stages[3]["logits_loss"]
+    few = pipeline_stages(setup.with_(micro_batches=2))  # never more in flight than there are micro-batches
+    assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]
+
+
+def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
+    from pretrain_cli.planning import fit
+
+    cur = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "recompute": False,
+           "recompute_granularity": "full", "use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
+           "pipeline_parallel_degree": 1}
+    pp = [c for c in fit.candidates(cur, 64, 8) if c.get("pipeline_parallel_degree", 1) > 1]
+    assert {c["pipeline_parallel_degree"] for c in pp} == {2, 4, 8}
+    assert not any(c.get("tensor_parallel_degree", 1) > 1 or c.get("sharding") in ("stage2", "stage3") for c in pp)
+    report = {"parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 4, "pipeline_bubble": 3 / 11},
+              "model": {"layers": 24, "hidden": 896}, "micro_batch": 1, "gradient_accumulation_steps": 8,
+              "max_seq_length": 1024, "device": {"peak_tflops": 100.0}, "flops_per_token": {"hardware": 3e9},
+              "mfu": 0.4, "precision": {"amp_dtype": "bfloat16", "amp_level": "O2"}, "tokens_per_step": 8192,
+              "recompute": None, "params": {"total": 5e8}}
+    flat = dict(report, parallel=dict(report["parallel"], pp=1, pipeline_bubble=0.0))
+    sp, one = fit.speed(report), fit.speed(flat)
+    assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
+    assert sp["comm_seconds"] > 0 == one["comm_seconds"]
