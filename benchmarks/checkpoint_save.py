@@ -6,8 +6,9 @@ reads only each rank's blocks (docs/CHECKPOINTS.md). For each layout this trains
 real launcher (`paddle.distributed.launch`, CPU processes) for 3 steps, saving at step 2, twice: with this
 tree's code and with an older tree's (`--old-src`, the gather; default /work/main/src), and reads rank 0's
 metrics.jsonl: the `checkpoint` record's `stall_seconds` (the save's wall time: a synchronous save holds
-every rank until it is published) and the `host_memory_peak_gib` of steps 2 and 3 (rank 0's peak RSS before
-the save, i.e. the training peak, and after it: the difference is what the save added). Then it resumes each
+every rank until it is published) and rank 0's peak RSS before the save (step 2's `host_memory_peak_gib`, the
+training peak) and after it (the `checkpoint` record's; the old code's record has none: step 3's): the
+difference is what the save added. Then it resumes each
 new checkpoint under the other layout for one step and reads every rank's `resume_bytes_read` (the `layout`
 record) against the checkpoint's size and what that rank holds.
 
@@ -65,10 +66,12 @@ def records(out: Path) -> list[dict]:
 def save_numbers(out: Path) -> dict:
     recs = records(out)
     peak = {r["step"]: r["host_memory_peak_gib"] for r in recs if r["kind"] == "train"}
-    stall = next(r["stall_seconds"] for r in recs if r["kind"] == "checkpoint" and r["step"] == 2)
+    save = next(r for r in recs if r["kind"] == "checkpoint" and r["step"] == 2)
+    # right after the save where the record carries it (this code), else after step 3 (the old code)
+    after = save.get("host_memory_peak_gib", peak[3])
     size = sum(f.stat().st_size for f in (out / "checkpoint-2").iterdir())
-    return {"save_seconds": stall, "rank0_training_peak_gib": peak[2], "rank0_peak_after_save_gib": peak[3],
-            "rank0_save_rss_gib": round(peak[3] - peak[2], 3), "checkpoint_gib": round(size / 2**30, 3)}
+    return {"save_seconds": save["stall_seconds"], "rank0_training_peak_gib": peak[2], "rank0_peak_after_save_gib": after,
+            "rank0_save_rss_gib": round(after - peak[2], 3), "checkpoint_gib": round(size / 2**30, 3)}
 
 
 def main(argv=None) -> int:

@@ -279,3 +279,16 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
     from safetensors.paddle import load_file
 
     assert load_file(str(tmp_path / "model-00002-of-00002.safetensors"))["w"].shape == [6, 1]  # plain safetensors
+
+
+def test_a_rank_that_fails_its_part_fails_the_save_and_nothing_is_published(tmp_path):
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.training import shard_writer
+
+    model, opt = _build("float32")
+    shard_writer.report_failure(tmp_path / "checkpoint-4.tmp", 1, OSError(28, "No space left on device"))
+    with pytest.raises(UserError, match="rank 1 could not write its part of checkpoint-4: OSError.*No space left"):
+        checkpoint.Saver(tmp_path, ModelConfig.from_file(str(PRESET)), NoComm(), {}, None, "float32", None)(
+            _Trainer(model, opt, 0))
+    assert list(tmp_path.iterdir()) == []  # the partial directory is gone, no checkpoint-4

@@ -24,7 +24,7 @@ from pretrain_cli.errors import UserError
 NUMPY = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "F64": np.float64, "I32": np.int32,
          "I64": np.int64, "U16": np.uint16, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}
 _ITEM = {k: np.dtype(v).itemsize for k, v in NUMPY.items()}
-CHUNK = 64 * 2**20  # bytes handed to the file and the checksum per call (a view, not a copy)
+CHUNK = 8 * 2**20  # bytes per write and checksum call; a transposed block is copied this much at a time
 
 
 def header_for(entries, metadata: dict | None = None) -> tuple[bytes, list[tuple[int, int]]]:

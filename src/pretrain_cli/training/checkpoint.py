@@ -255,7 +255,7 @@ class Saver:
         import time
 
         from pretrain_cli.distributed.pieces import local_value, writer_of
-        from pretrain_cli.training.metrics import log
+        from pretrain_cli.training.metrics import host_memory_gib, log
 
         start = time.perf_counter()
         step, rank = trainer.state.global_step, trainer.strategy.parallel.rank
@@ -280,7 +280,8 @@ class Saver:
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
         log.info(f"checkpoint-{step}: stalled {stall:.3f} s ({kind}{extra})")
         trainer.record_event("checkpoint", {"stall_seconds": round(stall, 6), "async": self.writer is not None,
-                                            "waited_seconds": round(waited, 6)})
+                                            "waited_seconds": round(waited, 6),
+                                            "host_memory_peak_gib": round(host_memory_gib()[1], 4)})
 
     def _write_sync(self, trainer, step: int, pieces, state) -> None:
         from pretrain_cli.distributed.comm import rank0_round
