@@ -141,7 +141,7 @@ def read_weights(directory: Path) -> dict:
 
 def read_checkpoint(ckpt: Path, kind: str = "optimizer") -> dict:
     """A checkpoint's whole tensors of `kind` ("weights" / "optimizer"), assembled from every rank's pieces."""
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
 
     index = checkpoint_index.load(ckpt)
     assert index is not None, f"{ckpt}: no {checkpoint_index.INDEX}"

@@ -88,7 +88,7 @@ def test_mesh_box_splits_like_paddle_and_nests():
 
 
 def test_intersect():
-    from pretrain_cli.models.checkpoint_index import intersect
+    from pretrain_cli.storage.checkpoint_index import intersect
 
     assert intersect((0, 0), (4, 6), (2, 3), (4, 4)) == ((2, 3), (2, 3))
     assert intersect((0, 0), (4, 6), (4, 0), (2, 6)) is None  # touching is not overlapping
@@ -115,7 +115,7 @@ def test_writer_of_spreads_replicas_and_keeps_owned_pieces():
 
 def _write_pieces(tmp_path, arr, splits):
     """`arr` split by rows at `splits`, one file per piece, and the index over them."""
-    from pretrain_cli.models import checkpoint_index, shard_files
+    from pretrain_cli.storage import checkpoint_index, shard_files
 
     records, bounds = [], [0, *splits, arr.shape[0]]
     for r, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -131,7 +131,7 @@ def _write_pieces(tmp_path, arr, splits):
 
 
 def test_reader_reads_only_the_intersecting_bytes_of_each_piece(tmp_path):
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
 
     arr = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     index = _write_pieces(tmp_path, arr, [3, 5])
@@ -146,7 +146,7 @@ def test_reader_reads_only_the_intersecting_bytes_of_each_piece(tmp_path):
 
 
 def test_index_refuses_pieces_that_do_not_tile_the_tensor(tmp_path):
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
 
     index = _write_pieces(tmp_path, np.zeros((4, 2), np.float32), [2])
     records = [{"files": {}, "pieces": [{"name": "t", "kind": "weights", "dtype": "F32", "global_shape": [4, 2],
@@ -158,7 +158,7 @@ def test_index_refuses_pieces_that_do_not_tile_the_tensor(tmp_path):
 
 @pytest.mark.parametrize("harm", ["missing", "truncated", "flipped", "none"])
 def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
 
     _write_pieces(tmp_path, np.ones((8, 6), np.float32), [4])
     f = tmp_path / "optimizer-00002-of-00002.safetensors"
@@ -199,9 +199,9 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
 
     from pretrain_cli.distributed.comm import NoComm
     from pretrain_cli.distributed.pieces import writer_of
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.shard_files import File
+    from pretrain_cli.storage.shard_files import File
 
     def forbidden(*a, **k):
         raise AssertionError("a collective in a save")
@@ -240,7 +240,7 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
 
 
 def test_resume_skips_a_damaged_checkpoint_with_one_warning_and_stops_when_none_is_left(tmp_path, caplog):
-    from pretrain_cli.models.checkpoint_index import newest_intact
+    from pretrain_cli.storage.checkpoint_index import newest_intact
 
     for step in (3, 6):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -261,7 +261,7 @@ def test_resume_skips_a_damaged_checkpoint_with_one_warning_and_stops_when_none_
 def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
     """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors."""
     paddle = runtime.import_paddle()
-    from pretrain_cli.models import checkpoint_index, shard_files
+    from pretrain_cli.storage import checkpoint_index, shard_files
     from pretrain_cli.models.convert import read_safetensors
 
     whole = paddle.randn([6, 4]).astype("bfloat16")

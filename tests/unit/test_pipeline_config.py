@@ -1,6 +1,7 @@
 """Pipeline keys in config (no processes): the degrees, the rank layout, the refusals, and the stage of each HF name."""
 from __future__ import annotations
 
+import dataclasses
 import pytest
 from run_helpers import model_config, resolve_run
 
@@ -89,7 +90,7 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     stages = pipeline_stages(setup)
     assert [round(st["activations"] / stages[3]["activations"], 2) for st in stages[:3]][0] > 2  # 4 in flight vs 1
     assert stages[0]["logits_loss"] == 0 < stages[3]["logits_loss"]
-    few = pipeline_stages(setup.with_(micro_batches=2))  # never more in flight than there are micro-batches
+    few = pipeline_stages(dataclasses.replace(setup, micro_batches=2))  # never more in flight than there are micro-batches
     assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]
 
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import not_yet_supported, resolve
 from pretrain_cli.config.run_config import KernelConfig, RunConfig, Schedule, Target
@@ -178,7 +179,7 @@ def find_resume(run: RunConfig) -> Path | None:
         return path
     if out.overwrite or not run.loop.do_train:
         return None
-    from pretrain_cli.models.checkpoint_index import newest_intact
+    from pretrain_cli.storage.checkpoint_index import newest_intact
 
     return newest_intact(out.output_dir, verify=run.parallel.is_rank0)  # a damaged one is skipped, with a warning
 

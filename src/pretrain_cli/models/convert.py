@@ -136,7 +136,7 @@ def read_safetensors(src_dir: str) -> dict:
     assembled tensor by tensor from its pieces."""
     from safetensors.paddle import load_file
 
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
 
     index = checkpoint_index.load(src_dir)
     if index is not None and not index["weights_whole"]:
@@ -269,7 +269,7 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     transformers shards (`model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` above
     `max_shard_bytes`), written by streaming (`shard_files.write`: one tensor in memory at a time), then
     config.json and generation_config.json."""
-    from pretrain_cli.models import shard_files
+    from pretrain_cli.storage import shard_files
 
     os.makedirs(out_dir, exist_ok=True)
     size = {"F32": 4, "BF16": 2, "F16": 2}

@@ -69,7 +69,7 @@ class _WholeFiles:
     `model.safetensors` or transformers' shards), read block by block like the pieces of an indexed one."""
 
     def __init__(self, paths, what: str):
-        from pretrain_cli.models.shard_files import File
+        from pretrain_cli.storage.shard_files import File
 
         self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
         for f in self.files:
@@ -91,7 +91,7 @@ class _WholeFiles:
 
 def open_reader(ckpt: Path, kind: str):
     """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
-    from pretrain_cli.models import checkpoint_index
+    from pretrain_cli.storage import checkpoint_index
     from pretrain_cli.models.convert import find_weights
 
     index = checkpoint_index.load(ckpt)

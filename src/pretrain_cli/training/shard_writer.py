@@ -2,9 +2,9 @@
 
 Each rank writes the pieces it owns (`Strategy.pieces`, one writer per replicated piece:
 `distributed.pieces.writer_of`) into its own files under `checkpoint-N.tmp/` (a shared file system
-across nodes), one tensor at a time (`models.shard_files`), then leaves a completion record
+across nodes), one tensor at a time (`storage.shard_files`), then leaves a completion record
 `rank-0000r.done.json` (its files' sizes and checksums, its pieces' offsets) next to them. Rank 0 waits
-for every record, merges them into `checkpoint.index.json` (`models.checkpoint_index`), writes
+for every record, merges them into `checkpoint.index.json` (`storage.checkpoint_index`), writes
 `trainer_state.json` last and renames the directory: a save killed at any point, on any rank, never
 leaves a directory named `checkpoint-N`. Waiting on files rather than in a collective lets the same
 code run in `async_save`'s background threads, which must never issue a collective, and keeps slow
@@ -23,7 +23,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
-from pretrain_cli.models import checkpoint_index, shard_files
+from pretrain_cli.storage import checkpoint_index, shard_files
 
 RECORD = "rank-{:05d}.done.json"
 

@@ -10,7 +10,7 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   save_optimizer     an optimizer*.safetensors file is half written       -> SIGKILL
   enospc             an optimizer*.safetensors file is half written       -> raise OSError(ENOSPC)
   enospc_weights     a model*.safetensors file is half written            -> raise OSError(ENOSPC)
-                     (every safetensors file the product writes goes through pretrain_cli.models.shard_files.write)
+                     (every safetensors file the product writes goes through pretrain_cli.storage.shard_files.write)
   publish            os.replace(... -> checkpoint-N) is about to run       -> SIGKILL
   curve_rename       os.replace(... -> loss_curve.png) is about to run on  -> SIGKILL
                      the main thread (the final export's drawing; the
@@ -116,7 +116,7 @@ _PATCHES = {
     "pretrain_cli.models.decoder": _patch_decoder,
     "paddle.optimizer": _patch_optimizer,
     "pretrain_cli.training.optim": _patch_fused_optimizer,
-    "pretrain_cli.models.shard_files": _patch_shard_files,
+    "pretrain_cli.storage.shard_files": _patch_shard_files,
     "pretrain_cli.data.indexed": _patch_indexed,
 }
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
-from pretrain_cli.models.shard_files import File, checksum
+from pretrain_cli.storage.shard_files import File, checksum
 
 INDEX = "checkpoint.index.json"
 FORMAT = "pretrain-cli sharded checkpoint"
