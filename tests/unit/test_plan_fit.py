@@ -128,14 +128,21 @@ def test_speed_model_terms():
 
 
 def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
-    """Candidates go through the same refusals as `train`: here tensor parallelism is made one `train` cannot run
-    yet (as `config.resolve.not_yet_supported` reports layouts), so the fit finds another way or none."""
+    """Candidates go through the same refusals as `train` (`config.resolve` raising): here tensor parallelism is
+    made one `resolve` refuses, so the fit finds another way or none."""
     import pretrain_cli.config.resolve as resolve_module
 
     free = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert ("tensor_parallel_degree", 1, 2) in free["diff"]
-    monkeypatch.setattr(resolve_module, "not_yet_supported",
-                        lambda run: ["tensor_parallel_degree: not yet"] if run.parallel.tp_degree > 1 else [])
+    real = resolve_module.resolve
+
+    def refusing_tp(args, cfg, target):
+        run = real(args, cfg, target)
+        if run.parallel.tp_degree > 1:
+            raise UserError("tensor_parallel_degree: refused for this test")
+        return run
+
+    monkeypatch.setattr(resolve_module, "resolve", refusing_tp)
     f = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert f["valid"] < free["valid"]
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]
