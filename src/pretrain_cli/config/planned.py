@@ -77,7 +77,7 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
         margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None, budget_gib: float | None = None,
         baseline_bytes: float = 0.0) -> dict:
-    """The fastest layout that fits (`planning.fit.search`), every candidate re-resolved by `train`'s rules.
+    """The fastest layout that fits (`planning.fit.fit`), every candidate re-resolved by `train`'s rules.
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
     """
@@ -91,10 +91,6 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
         base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
         notes.append(f"bf16: {base['device']['name']} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
-    by_speed = base["device"]["peak_tflops"] is not None
-    if not by_speed:
-        notes.append(f"speed: no estimate ({base['device']['peak_source']}; --peak_tflops gives one), so of the "
-                     f"layouts that fit the one with the fewest changes is chosen, not the fastest")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
@@ -107,32 +103,9 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
         except UserError:
             return None
 
-    dev = base["device"]
-    budget = dev["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
-    found = fit_search.search(current, base, replan, budget, by_speed=by_speed)
-    best, small = found["best"], found["smallest"]
-    out = {"config": args.config_path, "device": dev, "gpus": gpus, "margin": margin, "budget_gib": budget,
-           "mfu": base["mfu"], "link_gbps": fit_search.LINK_GBPS,
-           "global_batch": base["tokens_per_step"] // base["max_seq_length"],
-           "tried": found["tried"], "valid": found["valid"],
-           "before": {"memory_gib": as_written["memory_gib"], "speed": fit_search.speed(as_written)},
-           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
-           "ranked_by": "speed" if by_speed else "fewest changes"}
-    if best is not None:
-        change = {**precision, **best["change"]}
-        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]}, change=change,
-                   diff=[(k, args.get(k), v) for k, v in precision.items()] + fit_search.diff(current, best["change"]))
-    else:
-        if small is not None:
-            out["smallest"] = {"change": small["change"], "diff": fit_search.diff(current, small["change"]),
-                               "memory_gib": small["report"]["memory_gib"]}
-
-        def within_budget(change: dict, world: int):
-            r = replan(change, world)
-            return None if r is None else {**r, "fits": r["memory_gib"] <= budget}
-
-        out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
-    return out
+    budget = base["device"]["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
+    carried = [(k, args.get(k), v) for k, v in precision.items()]
+    return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
 
 
 def _precision_for(args: Arguments, device: str) -> dict:
