@@ -128,14 +128,21 @@ def test_speed_model_terms():
 
 
 def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
-    """Candidates go through the same refusals as `train`: here tensor parallelism is made one `train` cannot run
-    yet (as `config.resolve.not_yet_supported` reports layouts), so the fit finds another way or none."""
+    """Candidates go through the same refusals as `train` (`config.resolve` raising): here tensor parallelism is
+    made one `resolve` refuses, so the fit finds another way or none."""
     import pretrain_cli.config.resolve as resolve_module
 
     free = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert ("tensor_parallel_degree", 1, 2) in free["diff"]
-    monkeypatch.setattr(resolve_module, "not_yet_supported",
-                        lambda run: ["tensor_parallel_degree: not yet"] if run.parallel.tp_degree > 1 else [])
+    real = resolve_module.resolve
+
+    def refusing_tp(args, cfg, target):
+        run = real(args, cfg, target)
+        if run.parallel.tp_degree > 1:
+            raise UserError("tensor_parallel_degree: refused for this test")
+        return run
+
+    monkeypatch.setattr(resolve_module, "resolve", refusing_tp)
     f = fit(str(QWEN), AT_4096 + UNFUSED, device="V100-16GB", gpus=8)
     assert f["valid"] < free["valid"]
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]
@@ -195,3 +202,18 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
 
     assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
     assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}
+
+
+def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_arguments(monkeypatch):
+    """No `--key value` round trip: every candidate is the parsed `Arguments` with its key changes, resolved again."""
+    from pretrain_cli.config import parser, planned
+
+    reads = []
+    real = parser.load_json
+    monkeypatch.setattr(parser, "load_json", lambda path: reads.append(path) or real(path))
+    f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
+    assert reads == [str(QWEN)] and f["tried"] > f["valid"] > 1
+    args = parser.parse_config(str(QWEN), AT_4096)
+    changed = planned.with_changes(args, {"tensor_parallel_degree": 2, "recompute": True})
+    assert (changed.get("tensor_parallel_degree"), changed.get("recompute")) == (2, True)
+    assert changed.explicit["recompute"] == "command line" and args.get("recompute") is False  # a copy

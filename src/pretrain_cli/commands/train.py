@@ -44,11 +44,9 @@ def main(ns: argparse.Namespace) -> int:
 
 
 def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
-    """One line: where it ran out, and `plan --fit`'s layout for this run under a budget below what failed.
-
-    The layout that failed needed more than the device has, whatever the estimate said, so the budget is 90 %
-    of the smaller of the device's memory and the failed layout's estimate."""
-    from pretrain_cli.commands import plan
+    """One line: where it ran out, and `plan --fit`'s layout for this run under a budget below what failed
+    (`config.planned.out_of_memory_fit`, on the arguments this run parsed)."""
+    from pretrain_cli.config.planned import out_of_memory_fit
     from pretrain_cli.errors import UserError
     from pretrain_cli.planning import fit as fit_search
 
@@ -60,9 +58,7 @@ def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
     if device is None:
         return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
     try:
-        predicted = plan.plan(ns.config, ns.overrides, device, world, suggest_changes=False)["memory_gib"]
-        budget = min(predicted, plan.target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
-        f = plan.fit(ns.config, ns.overrides, device, world, budget_gib=budget)
+        predicted, f = out_of_memory_fit(spec.args, spec.model_cfg, device, world)
     except UserError:
         return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
     if f["after"] is None or not f["diff"]:

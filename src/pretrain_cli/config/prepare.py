@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
-from pretrain_cli.config.resolve import not_yet_supported, resolve
+from pretrain_cli.config.resolve import resolve
 from pretrain_cli.config.run_config import KernelConfig, RunConfig, Schedule, Target
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
@@ -280,7 +280,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
             problems.run(check_output_dir, str(args.training.output_dir))
         problems.raise_if_any()
     model_dir, model_cfg = built
-    for message in not_yet_supported(run) + trackers.missing(run.output.report_to):
+    for message in trackers.missing(run.output.report_to):
         problems.add(message)
     spec = RunSpec(args, run, model_dir, model_cfg)
     if run.model.continue_training:

@@ -288,11 +288,6 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
                             and parallel.engine in ("semi_auto", "pipeline"))  # placed pieces / freed stages
 
 
-def not_yet_supported(run: RunConfig) -> list[str]:
-    """Layouts `plan` can model but `train` cannot run (one message each; none today)."""
-    return []
-
-
 def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
     """(attention_mask_type, reset_position_ids) as they will run: a padded sample is one document already."""
     d = args.data

@@ -2,9 +2,10 @@
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
 batch, recompute granularity, flash attention, sharding stage, tensor-parallel or pipeline degree). This module only
-proposes and ranks them: the caller re-resolves the file with each one (`replan(change) -> report | None`,
-None when `config.resolve` refuses the layout), so every candidate is a layout `train` runs and its memory
-is the memory model's, never a rule re-derived here. No Paddle, no config import.
+proposes and ranks them: the caller (`config.planned`) re-resolves the parsed arguments with each one
+(`replan(change) -> report | None`, None when `config.resolve` refuses the layout), so every candidate is a
+layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
+import.
 
 Speed model (docs/PLAN.md), per optimizer step on one device:
   compute = tokens per data rank × hardware FLOPs/token (with the recomputed forward) / tp / (peak × MFU)
@@ -122,6 +123,46 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
                default=None)
     smallest = min(entries, key=lambda e: (e["report"]["memory_gib"], len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries)}
+
+
+def fit(current: dict, base: dict, as_written: dict, replan, budget_gib: float, margin: float,
+        carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
+    """`plan --fit`'s result: `search` over `replan(change, gpus) -> report | None`, the diff against `current`,
+    and when nothing fits the smallest layout and the fewest devices (`plan.more_devices`) within the budget.
+
+    `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
+    (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
+    from pretrain_cli.planning.plan import more_devices
+
+    notes = list(notes or [])
+    by_speed = base["device"]["peak_tflops"] is not None
+    if not by_speed:
+        notes.append(f"speed: no estimate ({base['device']['peak_source']}; --peak_tflops gives one), so of the "
+                     f"layouts that fit the one with the fewest changes is chosen, not the fastest")
+    found = search(current, base, replan, budget_gib, by_speed=by_speed)
+    best, small = found["best"], found["smallest"]
+    out = {"config": config, "device": base["device"], "gpus": base["gpus"], "margin": margin,
+           "budget_gib": budget_gib, "mfu": base["mfu"], "link_gbps": LINK_GBPS,
+           "global_batch": base["tokens_per_step"] // base["max_seq_length"],
+           "tried": found["tried"], "valid": found["valid"],
+           "before": {"memory_gib": as_written["memory_gib"], "speed": speed(as_written)},
+           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
+           "ranked_by": "speed" if by_speed else "fewest changes"}
+    if best is not None:
+        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]},
+                   change={**{k: v for k, _, v in carried}, **best["change"]},
+                   diff=list(carried) + diff(current, best["change"]))
+        return out
+    if small is not None:
+        out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
+                           "memory_gib": small["report"]["memory_gib"]}
+
+    def within_budget(change: dict, world: int):
+        r = replan(change, world)
+        return None if r is None else {**r, "fits": r["memory_gib"] <= budget_gib}
+
+    out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
+    return out
 
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:

@@ -72,3 +72,13 @@ def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:
     if amp_dtype == "bfloat16":
         return device.bf16_tflops
     return device.fp32_tflops
+
+
+def cpu_memory_gib() -> float:
+    """This machine's memory (GiB) from /proc/meminfo, the device `plan --device cpu` plans for; NaN when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return float("nan")
+    return kib / 2**20

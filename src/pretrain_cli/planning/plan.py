@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from pretrain_cli.errors import UserError
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate
 
@@ -33,6 +34,28 @@ class Device:
     @property
     def name(self) -> str:
         return self.entry.name if self.entry else "cpu"
+
+
+def target_device(name: str) -> Device:
+    """`--device`: a hardware-table entry (H100 -> H100-SXM), or `cpu` (this machine's memory)."""
+    if name.lower() == "cpu":
+        return Device(None, hardware.cpu_memory_gib())
+    dev = hardware.lookup(name)
+    if dev is None:
+        raise UserError(f"--device: unknown device {name!r}; use one of "
+                        f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu")
+    return Device(dev, float(dev.memory_gib))
+
+
+def device_note(name: str, dev: Device) -> list[str]:
+    """A note when `--device` named a family and the table picked one variant of it (H100 -> H100-SXM)."""
+    if dev.entry is None or name.lower() == dev.entry.name.lower():
+        return []
+    e = dev.entry
+    others = [d.name for d in hardware.DEVICES.values() if d.name.split("-")[0] == e.name.split("-")[0] and d != e]
+    peak = f"{e.bf16_tflops or e.fp16_tflops:g} TFLOPS half precision" if (e.bf16_tflops or e.fp16_tflops) else ""
+    return [f"device: --device {name} is planned as {e.name} ({e.memory_gib:g} GiB{', ' + peak if peak else ''})"
+            + (f"; name {' or '.join(others)} for another variant" if others else "")]
 
 
 def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Setup:
@@ -219,9 +242,6 @@ def more_devices(base: dict, singles: list[dict], replan) -> dict | None:
                 continue
             why = (f"fewest devices that fit: the model's state does not fit {base['gpus']} x {base['device']['name']} "
                    f"at any setting; sharding spreads it over {world}")
-            later = [n.split(":")[0] for n in r["notes"] if n.endswith("(plan models it anyway)")]
-            if later:
-                why += f"; plan models it, but train cannot run this {' + '.join(later)} yet"
             return {"gpus": world, "change": change, "memory_gib": r["memory_gib"],
                     "saves_gib": base["memory_gib"] - r["memory_gib"], "fits": True, "why": why}
         world *= 2

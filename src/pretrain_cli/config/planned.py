@@ -1,0 +1,124 @@
+"""A parsed run planned for a target device, and re-planned with key changes: `plan`, `plan --fit`, the OOM hint.
+
+`plan` resolves the arguments exactly as `train` does, but for a target (`--device`, `--gpus`) instead of this
+machine, so GPU precision (fp16/bf16, O1/O2), flash attention and sharding apply even when planning on a laptop.
+A candidate layout (a suggestion, a `--fit` candidate) is a dict of key changes applied to the already-parsed
+`Arguments` (`with_changes`) and resolved again by `config.resolve`: no `--key value` text, no second read of
+the file, and a layout `train` refuses is refused here the same way. The search and ranking are `planning.fit`'s;
+this module only supplies them `replan(change) -> report | None`. Never imports Paddle, never opens the data.
+"""
+from __future__ import annotations
+
+import copy
+
+from pretrain_cli.config import resolve as resolve_rules
+from pretrain_cli.config.parser import KEYS, Arguments, coerce
+from pretrain_cli.config.run_config import Target
+from pretrain_cli.errors import UserError
+from pretrain_cli.planning import fit as fit_search
+from pretrain_cli.planning import hardware
+from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
+
+SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
+            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
+
+
+def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
+    """A copy of `args` with `change` ({key: value}) applied as if given on the command line (type-checked)."""
+    out = copy.deepcopy(args)
+    for key, value in change.items():
+        out.set(key, coerce(KEYS[key], value, where))
+        out.explicit[key] = where
+    return out
+
+
+def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | None, margin: float = 0.0) -> None:
+    """`plan`'s own options, checked before the file is read."""
+    if not 0 <= margin < 1:
+        raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
+    if gpus < 1:
+        raise UserError(f"--gpus: must be >= 1, got {gpus}")
+    if mfu is not None and not 0 < mfu <= 1:
+        raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
+    if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
+        raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
+    target_device(device)
+
+
+def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
+    target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
+                    gpu_name=device.entry.name if device.entry else None, planned=True)
+    return resolve_rules.resolve(args, model_cfg, target)
+
+
+def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
+         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> dict:
+    """The report `plan --json` prints, with suggestions (each re-resolved) when the run does not fit."""
+    check_flags(device, gpus, mfu, peak_tflops)
+    dev = target_device(device)
+    run = _resolved(args, model_cfg, dev, gpus)
+    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops)
+    out["notes"] = device_note(device, dev) + out["notes"]
+    if suggest_changes and not out["fits"]:
+        def replan(change: dict, world: int = gpus):
+            try:
+                return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes,
+                            peak_tflops)
+            except UserError:
+                return None
+
+        out["suggestions"] = suggest(run, out, replan)
+        if not any(s["fits"] for s in out["suggestions"]):  # nothing fits these devices: more of them, first
+            scale = more_devices(out, out["suggestions"], replan)
+            out["suggestions"][:0] = [scale] if scale else []
+    return out
+
+
+def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
+        margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None, budget_gib: float | None = None,
+        baseline_bytes: float = 0.0) -> dict:
+    """The fastest layout that fits (`planning.fit.fit`), every candidate re-resolved by `train`'s rules.
+
+    `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
+    """
+    check_flags(device, gpus, mfu, peak_tflops, margin)
+    base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+    as_written = base  # the file as written: its memory, speed and warnings are the "before"
+    notes = [n for n in base["notes"] if "WARNING" in n]
+    precision = _precision_for(args, device)
+    searched = with_changes(args, precision)
+    if precision:  # the search runs, and the fitted file trains, in the precision the device has
+        base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+        notes.append(f"bf16: {base['device']['name']} has no bf16 tensor cores, so the fitted layout runs fp16 "
+                     f"(bf16: false, fp16: true; loss scaling keeps it stable)")
+    current = {k: args.get(k) for k in SEARCHED}
+    current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
+    current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
+
+    def replan(change: dict, world: int = gpus):
+        """The candidate's plan, or None when `train` would refuse it (`config.resolve` raises)."""
+        try:
+            return plan(with_changes(searched, change), model_cfg, device, world, mfu, False, baseline_bytes,
+                        peak_tflops)
+        except UserError:
+            return None
+
+    budget = base["device"]["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
+    carried = [(k, args.get(k), v) for k, v in precision.items()]
+    return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
+
+
+def _precision_for(args: Arguments, device: str) -> dict:
+    """The precision keys a fitted file needs on `device`: fp16 instead of bf16 where there is no bf16."""
+    entry = hardware.lookup(device) if device.lower() != "cpu" else None
+    if args.training.bf16 and not args.training.fp16 and entry is not None and entry.bf16_tflops is None:
+        return {"bf16": False, "fp16": True}
+    return {}
+
+
+def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
+    """(the failed layout's predicted GiB per device, `fit` under 90 % of the smaller of it and the device's memory):
+    the layout that failed needed more than the device has, whatever the estimate said."""
+    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False)["memory_gib"]
+    budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
+    return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
