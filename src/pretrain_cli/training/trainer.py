@@ -9,11 +9,13 @@ JSON and a resumed run is bitwise identical on CPU.
 """
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +23,8 @@ from pretrain_cli.data.loader import BatchIterator, batch_hash
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
-from pretrain_cli.training.spike import SpikeGuard, handle_spike
+from pretrain_cli.training.checkpoint import read_state
+from pretrain_cli.training.spike import SpikePolicy
 
 
 class NonFiniteError(Exception):
@@ -47,22 +50,52 @@ class TrainerState:
     log_history: list = field(default_factory=list)
 
 
+@dataclass
+class Layout:
+    """What one optimizer step runs on, as `training.run.lay_out` builds it: the model wrapped for its layout,
+    its optimizer, the precision object, the distributed `Strategy`, and the unwrapped model checkpoints read.
+    One object because a rollback on the semi-auto engine replaces all five together."""
+
+    model: object
+    optimizer: object
+    amp: object
+    strategy: object
+    raw_model: object
+
+
+@dataclass
+class Collaborators:
+    """What the loop reports to and saves through, given at construction (None: not wanted, as in the
+    benchmarks and tests that only step): rank 0's metrics writer, the throughput meter, the
+    `checkpoint.Saver`, and for a rollback on the semi-auto engine, `path -> Layout` built again from it."""
+
+    writer: object = None
+    throughput: object = None
+    saver: object = None
+    rebuild: object = None
+
+
 class Trainer:
-    def __init__(self, model, optimizer, splits, *, loop, schedule, max_grad_norm: float, seq_len: int, parallel,
-                 device: str, strategy, comm, amp, throughput=None, writer=None, save_fn=None, spike=None):
-        self.model, self.optimizer, self.splits = model, optimizer, splits
-        self.loop, self.schedule, self.max_grad_norm, self.seq_len = loop, schedule, max_grad_norm, seq_len
-        self.parallel, self.device = parallel, device
-        self.strategy, self.comm, self.amp = strategy, comm, amp
-        self.throughput, self.writer, self.save_fn = throughput, writer, save_fn
-        self.spike = SpikeGuard(spike) if spike is not None and spike.enabled else None
+    """The loop over `train_step`, with its stop conditions (max_steps, a signal, the non-finite and spike
+    policies), logging, evaluation and saves. Built complete: everything it uses arrives here."""
+
+    def __init__(self, layout: Layout, splits, run, comm, collaborators: Collaborators | None = None,
+                 resumed: dict | None = None):
+        self.adopt(layout)
+        self.splits, self.comm = splits, comm
+        self.loop, self.schedule, self.max_grad_norm = run.loop, run.schedule, run.optimizer.max_grad_norm
+        self.seq_len, self.parallel, self.device = run.data.max_seq_length, run.parallel, run.device
+        c = collaborators or Collaborators()
+        self.writer, self.throughput, self.saver, self.rebuild = c.writer, c.throughput, c.saver, c.rebuild
+        self.spike = (SpikePolicy(run.spike, run.loop.nan_skip_limit, self.global_batch)
+                      if run.spike.enabled else None)
         self.spike_reason = None  # why train_step's update was withheld as a spike
-        self.raw_model = model  # the unwrapped model (checkpoints read it); `assemble` sets it
-        self.rebuild = None  # path -> None: a rollback's rebuild from a checkpoint (`training.run`), if needed
         self.state = TrainerState()
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self.stop_requested = False
+        if resumed is not None:
+            self.load_state_dict(resumed)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -81,10 +114,32 @@ class Trainer:
         once (the saver holds no references of its own: it reads the trainer's at each save)."""
         self.model = self.optimizer = self.raw_model = self.amp = None
 
-    def adopt(self, built: "Trainer") -> None:
-        """Take over the model, optimizer, precision and layout of a freshly assembled Trainer."""
-        self.model, self.optimizer, self.amp = built.model, built.optimizer, built.amp
-        self.strategy, self.raw_model = built.strategy, built.raw_model
+    def adopt(self, layout: Layout) -> None:
+        """Take over the model, optimizer, precision and layout (at construction, and after a rebuild)."""
+        self.model, self.optimizer, self.amp = layout.model, layout.optimizer, layout.amp
+        self.strategy, self.raw_model = layout.strategy, layout.raw_model
+
+    # ------------------------------------------------------------------ what the spike policy may do
+    def newest_checkpoint(self) -> Path | None:
+        """Every rank: the newest complete checkpoint, the same on all (None without a saver or checkpoint)."""
+        return self.saver.newest(self.parallel.is_rank0) if self.saver is not None else None
+
+    def reload(self, path: Path) -> dict:
+        """Weights, optimizer state and trainer state from checkpoint `path` (this process's time and log
+        are not undone); returns the checkpoint's trainer state. The semi-auto engine's placed pieces
+        cannot be written into mid-run, so there the layout is built again (`Collaborators.rebuild`)."""
+        state = read_state(path)
+        if self.rebuild is not None:
+            self.release()
+            gc.collect()
+            self.adopt(self.rebuild(path))
+        else:
+            self.saver.load_into(self, path)
+        seconds, history = self.state.train_seconds, self.state.log_history
+        self.load_state_dict(state)
+        s = self.state
+        s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
+        return state
 
     @property
     def global_batch(self) -> int:
@@ -138,12 +193,12 @@ class Trainer:
             return loss_v, norm_v, False
         if self.spike is not None:
             global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
-            self.spike_reason = self.spike.check(self.state.spike_stats, global_loss, norm_v)
+            self.spike_reason = self.spike.guard.check(self.state.spike_stats, global_loss, norm_v)
             if self.spike_reason is not None:
                 self.optimizer.clear_grad()
                 self.amp.skip(self.optimizer)
                 return loss_v, norm_v, False
-            self.spike.accept(self.state.spike_stats, global_loss, norm_v)
+            self.spike.guard.accept(self.state.spike_stats, global_loss, norm_v)
         self._clip(norm_v)
         self.amp.step(self.optimizer, self.strategy.step)
         self.optimizer.clear_grad()
@@ -175,7 +230,7 @@ class Trainer:
                 loss, norm, applied = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
                 if not applied and self.spike_reason is not None:
-                    if handle_spike(self, self.spike_reason, loss, norm, first_sample):
+                    if self.spike.handle(self, self.spike_reason, loss, norm, first_sample):
                         batches.close()
                         batches = self._open_batches()
                     self.spike_reason = None
@@ -309,8 +364,8 @@ class Trainer:
             self.writer.write(kind, self.state.global_step, values)
 
     def _save(self) -> None:
-        if self.save_fn is not None:
-            self.save_fn(self)
+        if self.saver is not None:
+            self.saver(self)
         if self.writer is not None:  # rank 0: the loss curve up to this checkpoint
             self.writer.plot()
 
