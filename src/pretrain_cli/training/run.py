@@ -19,7 +19,8 @@ from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
-from pretrain_cli.training.trainer import Collaborators, Layout, NonFiniteError, Trainer
+from pretrain_cli.training.step import Layout
+from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
 
 
 def run(spec) -> int:
