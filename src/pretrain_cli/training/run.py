@@ -90,7 +90,8 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
 
 def lay_out(run, model, comm, resume=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
-    model and optimizer wrapped for the layout, in that order (the benchmark harness times exactly this)."""
+    model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
+    `assemble`)."""
     from pretrain_cli.ops.kernels import select_step
 
     apply_recompute(model, run.recompute)
