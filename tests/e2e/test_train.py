@@ -180,9 +180,9 @@ def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
 
 def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
-    import pretrain_cli.training.trainer as trainer_mod
+    import pretrain_cli.training.step as step_mod  # where the step computes its loss
 
-    real = trainer_mod.mean_loss
+    real = step_mod.mean_loss
     calls = {"n": 0}
 
     def loss(total, count):
@@ -190,7 +190,7 @@ def _poison_step(monkeypatch, bad_steps):
         value = real(total, count)
         return value * float("nan") if calls["n"] in bad_steps else value
 
-    monkeypatch.setattr(trainer_mod, "mean_loss", loss)
+    monkeypatch.setattr(step_mod, "mean_loss", loss)
 
 
 def test_nan_policy_stop_saves_nothing_corrupt(corpus, tmp_path, monkeypatch, capsys):

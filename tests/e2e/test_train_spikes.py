@@ -112,14 +112,14 @@ def test_rollback_skips_the_window_and_a_resume_after_it_matches(poisoned, tmp_p
     losses = [r["loss"] for r in _records(a, "train") if r["step"] == 16]
     assert losses[0] == losses[1]  # the reload is exact
 
-    real = spike.handle_spike
+    real = spike.SpikePolicy.handle
 
-    def then_sigterm(trainer, *args):
-        reloaded = real(trainer, *args)
+    def then_sigterm(policy, trainer, *args):
+        reloaded = real(policy, trainer, *args)
         os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: finish the step, save, stop
         return reloaded
 
-    monkeypatch.setattr("pretrain_cli.training.trainer.handle_spike", then_sigterm)
+    monkeypatch.setattr(spike.SpikePolicy, "handle", then_sigterm)
     cfg_b = _config(poisoned, b, spike_policy="rollback", max_steps=22)
     assert cli_main(["train", cfg_b]) == 0
     saved = _state(b, "checkpoint-16/trainer_state.json")

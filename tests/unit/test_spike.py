@@ -6,7 +6,7 @@ import pytest
 from run_helpers import resolve_run
 from pretrain_cli.config.run_config import SpikeGuardConfig
 from pretrain_cli.errors import UserError
-from pretrain_cli.training.spike import SpikeError, SpikeGuard, handle_spike
+from pretrain_cli.training.spike import SpikeError, SpikeGuard, SpikePolicy
 
 
 def test_means_are_plain_until_the_window_fills_then_exponential():
@@ -31,17 +31,18 @@ def test_verdict_waits_for_warmup_and_names_what_spiked():
 
 
 def test_second_rollback_at_the_same_step_stops():
-    events = []
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=16, rollbacks=[{"spike_step": 17}],
-                                                    spike_stats={"loss": 1.0, "grad_norm": 1.0}),
-                              spike=SpikeGuard(SpikeGuardConfig("rollback")), save_fn=None,
-                              record_event=lambda kind, values, step=None: events.append((step, values["action"])))
+    events = []  # the policy's whole view of the run: `spike.Recoverable`
+    run = SimpleNamespace(state=SimpleNamespace(global_step=16, rollbacks=[{"spike_step": 17}],
+                                                spike_stats={"loss": 1.0, "grad_norm": 1.0}),
+                          newest_checkpoint=lambda: None, reload=lambda path: pytest.fail("nothing to reload"),
+                          record_event=lambda kind, values, step=None: events.append((step, values["action"])))
+    policy = SpikePolicy(SpikeGuardConfig("rollback"), skip_limit=3, global_batch=4)
     with pytest.raises(SpikeError, match="step 17: loss spike .* again after a rollback to the same step"):
-        handle_spike(trainer, "loss 9 > 2 x mean 1", 9.0, 1.0, 64)
+        policy.handle(run, "loss 9 > 2 x mean 1", 9.0, 1.0, 64)
     assert events == [(17, "stop")]
-    trainer.state.rollbacks = []
+    run.state.rollbacks = []
     with pytest.raises(SpikeError, match="no checkpoint to roll back to"):
-        handle_spike(trainer, "loss 9 > 2 x mean 1", 9.0, 1.0, 64)
+        policy.handle(run, "loss 9 > 2 x mean 1", 9.0, 1.0, 64)
 
 
 def test_resolved_keys_and_their_checks():

@@ -231,7 +231,8 @@ def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
 
 
 class Saver:
-    """The trainer's `save_fn`: every rank writes the pieces it owns, rank 0 publishes once all have reported.
+    """The trainer's saver (`trainer.Collaborators.saver`): every rank writes the pieces it owns, rank 0
+    publishes once all have reported.
 
     Synchronous: the ranks write at once, then the others wait on the launcher's TCP store (not in a gloo
     collective, whose hard 30 s timeout a slow save would trip: docs/DISTRIBUTED.md) until rank 0 has

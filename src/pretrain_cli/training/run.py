@@ -19,7 +19,8 @@ from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
-from pretrain_cli.training.trainer import NonFiniteError, Trainer
+from pretrain_cli.training.step import Layout
+from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
 
 
 def run(spec) -> int:
@@ -55,41 +56,42 @@ def _run(spec) -> int:
         watchdog.stop()
         return 0
     state = restore_weights(model, spec, resume)
-    trainer = assemble(r, model, comm, spec.splits, resume)
-    trainer.writer = open_output_dir(spec, state)
-    trainer.throughput = build_throughput(spec)
-    trainer.save_fn = checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
-                                       r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save)
+    layout = lay_out(r, model, comm, resume)  # a bad checkpoint fails here, before output_dir is touched
+    collaborators = Collaborators(
+        writer=open_output_dir(spec, state), throughput=build_throughput(spec),
+        saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
+                               r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save),
+        rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
+    trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state)
     if state is not None:
-        trainer.load_state_dict(state)
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
-    if r.spike.rollback_rebuilds:
-        trainer.rebuild = lambda path: rebuild(spec, trainer, comm, path)
     return finish(spec, trainer, comm)
 
 
-def rebuild(spec, trainer, comm, path) -> None:
+def rebuild(spec, comm, path) -> Layout:
     """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
     tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
     parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
-    again from the checkpoint, in the order and with the seed of a restart that resumes from it; the old ones
-    are released first."""
-    import gc
-
+    again from the checkpoint, in the order and with the seed of a restart that resumes from it (the trainer
+    has released the old ones first)."""
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
              f"cannot be written into mid-run)")
-    trainer.release()
-    gc.collect()
     model = build_model(spec.run, spec.model_cfg)
     restore_weights(model, spec, path)
-    trainer.adopt(assemble(spec.run, model, comm, trainer.splits, path))
+    return lay_out(spec.run, model, comm, path)
 
 
 def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
+    """The Trainer over `lay_out`'s objects, reporting nowhere and saving nothing (the benchmark harness and
+    the tests that step it)."""
+    return Trainer(lay_out(run, model, comm, resume), splits, run, comm)
+
+
+def lay_out(run, model, comm, resume=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
-    model and optimizer wrapped for the layout, in that order, and the Trainer that steps them (the
-    benchmark harness times exactly this)."""
+    model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
+    `assemble`)."""
     from pretrain_cli.ops.kernels import select_step
 
     apply_recompute(model, run.recompute)
@@ -112,12 +114,7 @@ def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
         else:  # whole weights, read before the layout existed (`restore_weights`)
             read = checkpoint.weight_bytes(resume)
         strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
-    trainer = Trainer(model, optimizer, splits, loop=run.loop, schedule=run.schedule,
-                      max_grad_norm=run.optimizer.max_grad_norm, seq_len=run.data.max_seq_length,
-                      parallel=run.parallel, device=run.device, strategy=strategy, comm=comm, amp=amp,
-                      spike=run.spike)
-    trainer.raw_model = raw_model
-    return trainer
+    return Layout(model, optimizer, amp, strategy, raw_model)
 
 
 def build_model(run, model_cfg, model_dir=None):
@@ -224,7 +221,7 @@ def finish(spec, trainer, comm) -> int:
 def _wait_for_saves(trainer, quiet: bool = False) -> None:
     """An asynchronous save in flight is published before the run moves on or ends (its error raised,
     unless the run is already failing for another reason)."""
-    wait = getattr(trainer.save_fn, "wait", None)
+    wait = getattr(trainer.saver, "wait", None)
     if wait is None:
         return
     try:

@@ -14,12 +14,16 @@ the replicas).
 Policies: `skip` drops the update and consumes the batch (like `nan_policy: skip`); `rollback`
 reloads the newest checkpoint and marks the batches that produced the spike as skipped, so a replay
 (and any later resume, which reads `skipped_batches` from the checkpoint) jumps over them; `stop`
-ends the run without saving anything new. Megatron and OLMo-core detect spikes; PaLM (§5.1)
+ends the run without saving anything new. The policy acts through `Recoverable`, four members the
+trainer offers, so it cannot come to depend on the model, the optimizer or how a checkpoint is read.
+Megatron and OLMo-core detect spikes; PaLM (§5.1)
 recovers from them by exactly this rollback-and-skip.
 """
 from __future__ import annotations
 
-from pretrain_cli.training.checkpoint import read_state
+from pathlib import Path
+from typing import Protocol
+
 from pretrain_cli.training.metrics import log
 
 
@@ -52,67 +56,78 @@ class SpikeGuard:
         stats["n"] = n
 
 
-def handle_spike(trainer, reason: str, loss: float, norm: float, first_sample: int) -> bool:
-    """Apply the policy to the spike of step `global_step + 1` whose batch began at `first_sample`.
-    Returns True when the trainer's state was reloaded (the caller reopens its data iterator)."""
-    s, cfg = trainer.state, trainer.spike.cfg
-    step = s.global_step + 1
-    event = {"policy": cfg.policy, "reason": reason, "loss": loss, "grad_norm": norm,
-             "loss_mean": s.spike_stats.get("loss"), "grad_norm_mean": s.spike_stats.get("grad_norm"),
-             "first_sample": first_sample}
-    if cfg.policy == "stop":
-        trainer.record_event("spike", {**event, "action": "stop"}, step)
-        raise SpikeError(f"step {step}: loss spike ({reason}); stopped without saving (the last checkpoint is "
-                         f"intact). Lower learning_rate, check the data at this step (inspect-data --step {step}), "
-                         f"or set spike_policy: skip or rollback")
-    if cfg.policy == "skip":
-        s.skipped_steps += 1
-        s.consecutive_skips += 1
-        s.skipped_batches.append(first_sample)
-        trainer.record_event("spike", {**event, "action": "skip"}, step)
-        log.warning(f"step {step}: loss spike ({reason}); update skipped, batch consumed "
-                    f"({s.consecutive_skips} in a row, {s.skipped_steps} skipped in total)")
-        if s.consecutive_skips >= trainer.loop.nan_skip_limit:
-            raise SpikeError(f"step {step}: {s.consecutive_skips} consecutive skipped steps (nan_skip_limit "
-                             f"{trainer.loop.nan_skip_limit}); the loss level has moved, not spiked: stopped")
-        return False
-    return _rollback(trainer, reason, event, first_sample, step)
+class Recoverable(Protocol):
+    """All the spike policy may touch of a run (the `Trainer` implements it): its state as data, the metrics
+    record, the newest checkpoint, and a reload from one. Nothing of the model, optimizer or layout."""
+
+    state: object  # the `trainer.TrainerState` (not imported: the trainer imports this module)
+
+    def record_event(self, kind: str, values: dict, step: int | None = None) -> None: ...
+
+    def newest_checkpoint(self) -> Path | None: ...
+
+    def reload(self, path: Path) -> dict: ...
 
 
-def _rollback(trainer, reason: str, event: dict, first_sample: int, step: int) -> bool:
-    s = trainer.state
-    earlier = list(s.rollbacks)
-    if any(r["spike_step"] == step for r in earlier):
-        trainer.record_event("spike", {**event, "action": "stop"}, step)
-        raise SpikeError(f"step {step}: loss spike ({reason}) again after a rollback to the same step; the "
-                         f"cause is not the skipped data: stopped. Lower learning_rate or resume from an earlier "
-                         f"checkpoint with a larger spike_rollback_steps")
-    path = trainer.save_fn.newest(trainer.parallel.is_rank0) if trainer.save_fn is not None else None
-    if path is None:
-        trainer.record_event("spike", {**event, "action": "stop"}, step)
-        raise SpikeError(f"step {step}: loss spike ({reason}) but there is no checkpoint to roll back to; "
-                         f"stopped. Save more often (save_steps) or set spike_policy: skip")
-    state = read_state(path)
-    if trainer.rebuild is not None:  # the semi-auto engine's placed pieces: built again from the checkpoint
-        trainer.rebuild(path)
-    else:
-        trainer.save_fn.load_into(trainer, path)
-    gb = trainer.global_batch
-    start = max(state["consumed_samples"], first_sample - (trainer.spike.cfg.rollback_steps - 1) * gb)
-    window = list(range(start, first_sample + gb, gb))
-    record = {"spike_step": step, "checkpoint_step": state["global_step"], "window": [start, first_sample + gb]}
-    seconds, history = s.train_seconds, s.log_history  # this process's time and log are not undone
-    trainer.load_state_dict(state)
-    s = trainer.state
-    s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
-    # every window rolled back over so far stays skipped: an earlier one may lie past this checkpoint too
-    skipped = set(s.skipped_batches) | set(window)
-    for r in earlier:
-        skipped |= set(range(r["window"][0], r["window"][1], gb))
-    s.skipped_batches = sorted(skipped)
-    s.rollbacks = earlier + [record]
-    trainer.record_event("spike", {**event, "action": "rollback", "checkpoint_step": state["global_step"],
+class SpikePolicy:
+    """The guard's verdict turned into an action on a `Recoverable` run: skip, roll back or stop."""
+
+    def __init__(self, cfg, skip_limit: int, global_batch: int):
+        self.cfg, self.skip_limit, self.global_batch = cfg, skip_limit, global_batch
+        self.guard = SpikeGuard(cfg)
+
+    def handle(self, run: Recoverable, reason: str, loss: float, norm: float, first_sample: int) -> bool:
+        """Apply the policy to the spike of step `global_step + 1` whose batch began at `first_sample`.
+        Returns True when the run's state was reloaded (the caller reopens its data iterator)."""
+        s, cfg = run.state, self.cfg
+        step = s.global_step + 1
+        event = {"policy": cfg.policy, "reason": reason, "loss": loss, "grad_norm": norm,
+                 "loss_mean": s.spike_stats.get("loss"), "grad_norm_mean": s.spike_stats.get("grad_norm"),
+                 "first_sample": first_sample}
+        if cfg.policy == "stop":
+            run.record_event("spike", {**event, "action": "stop"}, step)
+            raise SpikeError(f"step {step}: loss spike ({reason}); stopped without saving (the last checkpoint is "
+                             f"intact). Lower learning_rate, check the data at this step (inspect-data --step "
+                             f"{step}), or set spike_policy: skip or rollback")
+        if cfg.policy == "skip":
+            s.skipped_steps += 1
+            s.consecutive_skips += 1
+            s.skipped_batches.append(first_sample)
+            run.record_event("spike", {**event, "action": "skip"}, step)
+            log.warning(f"step {step}: loss spike ({reason}); update skipped, batch consumed "
+                        f"({s.consecutive_skips} in a row, {s.skipped_steps} skipped in total)")
+            if s.consecutive_skips >= self.skip_limit:
+                raise SpikeError(f"step {step}: {s.consecutive_skips} consecutive skipped steps (nan_skip_limit "
+                                 f"{self.skip_limit}); the loss level has moved, not spiked: stopped")
+            return False
+        return self._rollback(run, reason, event, first_sample, step)
+
+    def _rollback(self, run: Recoverable, reason: str, event: dict, first_sample: int, step: int) -> bool:
+        earlier = list(run.state.rollbacks)
+        if any(r["spike_step"] == step for r in earlier):
+            run.record_event("spike", {**event, "action": "stop"}, step)
+            raise SpikeError(f"step {step}: loss spike ({reason}) again after a rollback to the same step; the "
+                             f"cause is not the skipped data: stopped. Lower learning_rate or resume from an "
+                             f"earlier checkpoint with a larger spike_rollback_steps")
+        path = run.newest_checkpoint()
+        if path is None:
+            run.record_event("spike", {**event, "action": "stop"}, step)
+            raise SpikeError(f"step {step}: loss spike ({reason}) but there is no checkpoint to roll back to; "
+                             f"stopped. Save more often (save_steps) or set spike_policy: skip")
+        state = run.reload(path)
+        gb = self.global_batch
+        start = max(state["consumed_samples"], first_sample - (self.cfg.rollback_steps - 1) * gb)
+        window = list(range(start, first_sample + gb, gb))
+        record = {"spike_step": step, "checkpoint_step": state["global_step"], "window": [start, first_sample + gb]}
+        s = run.state
+        # every window rolled back over so far stays skipped: an earlier one may lie past this checkpoint too
+        skipped = set(s.skipped_batches) | set(window)
+        for r in earlier:
+            skipped |= set(range(r["window"][0], r["window"][1], gb))
+        s.skipped_batches = sorted(skipped)
+        s.rollbacks = earlier + [record]
+        run.record_event("spike", {**event, "action": "rollback", "checkpoint_step": state["global_step"],
                                    "skipped_samples": record["window"]}, step)
-    log.warning(f"step {step}: loss spike ({reason}); rolled back to {path.name}, skipping global samples "
-                f"[{start}, {first_sample + gb}) ({len(window)} batch{'es' if len(window) > 1 else ''})")
-    return True
+        log.warning(f"step {step}: loss spike ({reason}); rolled back to {path.name}, skipping global samples "
+                    f"[{start}, {first_sample + gb}) ({len(window)} batch{'es' if len(window) > 1 else ''})")
+        return True

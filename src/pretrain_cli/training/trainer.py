@@ -1,27 +1,27 @@
 """The training loop: receives built objects and the run configuration's loop settings, and runs them.
 
-`train_step` is one optimizer step: `acc` micro-batches of forward/backward, the global gradient
-norm (used for clipping, logging and the non-finite policy), the update. It has one code path
-for every layout and precision: the distributed `Strategy`, the `Comm` and the precision object
-are no-ops where there is nothing to do. Nothing else syncs with the host inside a step. Data
-position is the only state besides weights and optimizer moments, so `state_dict()` is small
-JSON and a resumed run is bitwise identical on CPU.
+Its concerns are other objects, all given at construction: the optimizer step (`step.Step` over a
+`step.Layout`), saving (`checkpoint.Saver`), the spike policy (`spike.SpikePolicy`, which acts on the
+run only through the four members of `spike.Recoverable`), the metrics writer and throughput meter.
+What remains here is the loop, its stop conditions, logging and evaluation. Data position is the only
+state besides weights and optimizer moments, so `state_dict()` is small JSON and a resumed run is
+bitwise identical on CPU.
 """
 from __future__ import annotations
 
-import math
+import gc
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-import numpy as np
-
-from pretrain_cli.data.loader import BatchIterator, batch_hash
-from pretrain_cli.ops.loss import mean_loss
-from pretrain_cli.training.evaluation import loss_sum, model_inputs, perplexity, split_batches
+from pretrain_cli.data.loader import BatchIterator
+from pretrain_cli.training.checkpoint import read_state
+from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
-from pretrain_cli.training.spike import SpikeGuard, handle_spike
+from pretrain_cli.training.spike import SpikePolicy
+from pretrain_cli.training.step import Layout, Step
 
 
 class NonFiniteError(Exception):
@@ -47,22 +47,45 @@ class TrainerState:
     log_history: list = field(default_factory=list)
 
 
+@dataclass
+class Collaborators:
+    """What the loop reports to and saves through, given at construction (None: not wanted, as in the
+    benchmarks and tests that only step): rank 0's metrics writer, the throughput meter, the
+    `checkpoint.Saver`, and for a rollback on the semi-auto engine, `path -> Layout` built again from it."""
+
+    writer: object = None
+    throughput: object = None
+    saver: object = None
+    rebuild: object = None
+
+
 class Trainer:
-    def __init__(self, model, optimizer, splits, *, loop, schedule, max_grad_norm: float, seq_len: int, parallel,
-                 device: str, strategy, comm, amp, throughput=None, writer=None, save_fn=None, spike=None):
-        self.model, self.optimizer, self.splits = model, optimizer, splits
-        self.loop, self.schedule, self.max_grad_norm, self.seq_len = loop, schedule, max_grad_norm, seq_len
-        self.parallel, self.device = parallel, device
-        self.strategy, self.comm, self.amp = strategy, comm, amp
-        self.throughput, self.writer, self.save_fn = throughput, writer, save_fn
-        self.spike = SpikeGuard(spike) if spike is not None and spike.enabled else None
-        self.spike_reason = None  # why train_step's update was withheld as a spike
-        self.raw_model = model  # the unwrapped model (checkpoints read it); `assemble` sets it
-        self.rebuild = None  # path -> None: a rollback's rebuild from a checkpoint (`training.run`), if needed
+    """The loop over `train_step`, with its stop conditions (max_steps, a signal, the non-finite and spike
+    policies), logging, evaluation and saves. Built complete: everything it uses arrives here."""
+
+    model = property(lambda self: self.layout.model)  # the layout's objects, read where the loop needs them
+    optimizer = property(lambda self: self.layout.optimizer)
+    amp = property(lambda self: self.layout.amp)
+    strategy = property(lambda self: self.layout.strategy)
+    raw_model = property(lambda self: self.layout.raw_model)
+
+    def __init__(self, layout: Layout, splits, run, comm, collaborators: Collaborators | None = None,
+                 resumed: dict | None = None):
+        self.adopt(layout)
+        self.splits, self.comm = splits, comm
+        self.loop, self.schedule = run.loop, run.schedule
+        self.seq_len, self.parallel, self.device = run.data.max_seq_length, run.parallel, run.device
+        c = collaborators or Collaborators()
+        self.writer, self.throughput, self.saver, self.rebuild = c.writer, c.throughput, c.saver, c.rebuild
+        self.spike = (SpikePolicy(run.spike, run.loop.nan_skip_limit, self.global_batch)
+                      if run.spike.enabled else None)
+        self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self.stop_requested = False
+        if resumed is not None:
+            self.load_state_dict(resumed)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -79,75 +102,42 @@ class Trainer:
     def release(self) -> None:
         """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
         once (the saver holds no references of its own: it reads the trainer's at each save)."""
-        self.model = self.optimizer = self.raw_model = self.amp = None
+        self.layout = None
 
-    def adopt(self, built: "Trainer") -> None:
-        """Take over the model, optimizer, precision and layout of a freshly assembled Trainer."""
-        self.model, self.optimizer, self.amp = built.model, built.optimizer, built.amp
-        self.strategy, self.raw_model = built.strategy, built.raw_model
+    def adopt(self, layout: Layout) -> None:
+        """Take over the model, optimizer, precision and layout (at construction, and after a rebuild)."""
+        self.layout = layout
+
+    # ------------------------------------------------------------------ what the spike policy may do
+    def newest_checkpoint(self) -> Path | None:
+        """Every rank: the newest complete checkpoint, the same on all (None without a saver or checkpoint)."""
+        return self.saver.newest(self.parallel.is_rank0) if self.saver is not None else None
+
+    def reload(self, path: Path) -> dict:
+        """Weights, optimizer state and trainer state from checkpoint `path` (this process's time and log
+        are not undone); returns the checkpoint's trainer state. The semi-auto engine's placed pieces
+        cannot be written into mid-run, so there the layout is built again (`Collaborators.rebuild`)."""
+        state = read_state(path)
+        if self.rebuild is not None:
+            self.release()
+            gc.collect()
+            self.adopt(self.rebuild(path))
+        else:
+            self.saver.load_into(self, path)
+        seconds, history = self.state.train_seconds, self.state.log_history
+        self.load_state_dict(state)
+        s = self.state
+        s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
+        return state
 
     @property
     def global_batch(self) -> int:
         return self.loop.micro_batch * self.loop.grad_accum * self.parallel.data_world_size
 
     # ------------------------------------------------------------------ steps
-    def _forward_loss(self, batch):
-        # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
-        ids, extra, labels = model_inputs(batch, self.strategy.shard_batch)
-        with self.amp.autocast():  # labels: the loss terms, not logits (the fused head + loss never holds them)
-            total, count = self.model(ids, labels=labels, **extra)
-        return mean_loss(total, count)
-
-    def _clip(self, norm: float) -> None:
-        if 0 < self.max_grad_norm < norm:
-            self.strategy.clip(self.model, self.max_grad_norm / (norm + 1e-6))
-
     def train_step(self, batches) -> tuple[float, float, bool]:
-        """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied). Not applied: a
-        non-finite step, or a spike (`spike_reason` says why)."""
-        acc = self.loop.grad_accum
-        self.optimizer.set_lr(self.schedule.lr_at(self.state.global_step + 1))
-        total = None
-        schedule = getattr(self.strategy, "forward_backward", None)  # a pipeline schedules its micro-batches itself
-        if schedule is not None:
-            taken = [next(batches) for _ in range(acc)]
-            total, batch = schedule(self.model, taken, self.amp), taken[-1]
-        for i in range(acc if schedule is None else 0):
-            batch = next(batches)
-            with self.strategy.no_sync(self.model, last_micro_batch=i == acc - 1):
-                loss = self._forward_loss(batch) / acc
-                self.amp.backward(loss)
-            total = loss.detach() if total is None else total + loss.detach()
-        self.state.last_batch_hash = batch_hash(batch)
-        self.strategy.sync_grads()
-        self.amp.unscale(self.optimizer)
-        norm = self.strategy.grad_norm(self.model)
-        # the one host sync of the step
-        stats = np.array([float(self.strategy.to_host(total)), float(norm)], dtype=np.float64)
-        loss_v, norm_v = float(stats[0]), float(stats[1])
-        if self.amp.overflowed(loss_v, norm_v):
-            # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
-            # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
-            self.amp.step(self.optimizer, self.strategy.step)
-            self.optimizer.clear_grad()
-            log.warning(f"step {self.state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
-            return loss_v, norm_v, True
-        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
-            self.optimizer.clear_grad()
-            self.amp.skip(self.optimizer)
-            return loss_v, norm_v, False
-        if self.spike is not None:
-            global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
-            self.spike_reason = self.spike.check(self.state.spike_stats, global_loss, norm_v)
-            if self.spike_reason is not None:
-                self.optimizer.clear_grad()
-                self.amp.skip(self.optimizer)
-                return loss_v, norm_v, False
-            self.spike.accept(self.state.spike_stats, global_loss, norm_v)
-        self._clip(norm_v)
-        self.amp.step(self.optimizer, self.strategy.step)
-        self.optimizer.clear_grad()
-        return loss_v, norm_v, True
+        """One optimizer step (`step.Step`): (loss, grad_norm, applied); the benchmarks time exactly this."""
+        return self.step(self.layout, batches, self.state)
 
     # ------------------------------------------------------------------ loop
     def _install_signal_handlers(self):
@@ -174,11 +164,11 @@ class Trainer:
                 first_sample = self.state.consumed_samples
                 loss, norm, applied = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
-                if not applied and self.spike_reason is not None:
-                    if handle_spike(self, self.spike_reason, loss, norm, first_sample):
+                if not applied and self.step.spike_reason is not None:
+                    if self.spike.handle(self, self.step.spike_reason, loss, norm, first_sample):
                         batches.close()
                         batches = self._open_batches()
-                    self.spike_reason = None
+                    self.step.spike_reason = None
                     continue
                 if not applied:
                     self._non_finite(loss, norm, first_sample)
@@ -309,8 +299,8 @@ class Trainer:
             self.writer.write(kind, self.state.global_step, values)
 
     def _save(self) -> None:
-        if self.save_fn is not None:
-            self.save_fn(self)
+        if self.saver is not None:
+            self.saver(self)
         if self.writer is not None:  # rank 0: the loss curve up to this checkpoint
             self.writer.plot()
 
