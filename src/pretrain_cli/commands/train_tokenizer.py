@@ -1,4 +1,4 @@
-"""`pretrain-cli train-tokenizer`: a byte-level BPE with special tokens from jsonl/txt files."""
+"""`pretrain-cli train-tokenizer`: a byte-level BPE with special tokens from the corpora `preprocess` reads."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,8 @@ from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input_path", nargs="+", required=True, help="jsonl/json/txt files or directories")
+    parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, directories or quoted "
+                             "glob patterns, as for preprocess")
     parser.add_argument("--output_dir", required=True, help="directory for tokenizer.json and its config files")
     parser.add_argument("--vocab_size", type=int, required=True, help="tokens in the vocabulary, special tokens included")
     parser.add_argument("--min_frequency", type=int, default=2,
