@@ -4,7 +4,8 @@ Why: the old save gathered the whole model and optimizer state onto rank 0, whic
 host memory and the save time grew with the model; now every rank writes its own pieces at once and resume
 reads only each rank's blocks (docs/CHECKPOINTS.md). For each layout this trains the same model through the
 real launcher (`paddle.distributed.launch`, CPU processes) for 3 steps, saving at step 2, twice: with this
-tree's code and with an older tree's (`--old-src`, the gather; default /work/main/src), and reads rank 0's
+tree's code and with the last commit that gathered (`--old-rev`, default 8c9b93a, extracted with `git archive`;
+or `--old-src`, any tree's src/), and reads rank 0's
 metrics.jsonl: the `checkpoint` record's `stall_seconds` (the save's wall time: a synchronous save holds
 every rank until it is published) and rank 0's peak RSS before the save (step 2's `host_memory_peak_gib`, the
 training peak) and after it (the `checkpoint` record's; the old code's record has none: step 3's): the
@@ -13,7 +14,7 @@ new checkpoint under the other layout for one step and reads every rank's `resum
 record) against the checkpoint's size and what that rank holds.
 
     python benchmarks/checkpoint_save.py [--model llama-171m] [--layouts zero3:2,tp2:2,zero3:4,tp2:4]
-                                         [--old-src /work/main/src] [--seq 128] [--json]
+                                         [--old-rev 8c9b93a | --old-src DIR/src] [--seq 128] [--json]
 
 Not a test: numbers depend on the machine and its load (docs/CHECKPOINTS.md has a run's).
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LAYOUTS = {"zero3": {"sharding": "stage3"}, "tp2": {"tensor_parallel_degree": 2}}
+GATHER_REV = "8c9b93a"  # the last commit whose save gathered everything onto rank 0
 
 
 def corpus(root: Path, vocab: int) -> Path:
@@ -59,6 +61,14 @@ def launch(src: Path, cfg: dict, root: Path, name: str, nproc: int) -> Path:
     return out
 
 
+def old_tree(rev: str, dest: Path) -> Path:
+    """`src/` and `scripts/` of commit `rev`, extracted (no checkout, no change to the repository); its src/."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src", "scripts"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "src"
+
+
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -78,7 +88,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-171m")
     ap.add_argument("--layouts", default="zero3:2,tp2:2,zero3:4,tp2:4", help="name:processes, name in zero3, tp2")
-    ap.add_argument("--old-src", default="/work/main/src", help="a tree with the gathering save (its src/)")
+    ap.add_argument("--old-rev", default=GATHER_REV, help="the commit whose gathering save is compared (default: %(default)s)")
+    ap.add_argument("--old-src", default=None, help="instead of --old-rev: a tree with the gathering save (its src/)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -86,9 +97,10 @@ def main(argv=None) -> int:
     from pretrain_cli.models.config import ModelConfig
 
     vocab = ModelConfig.from_file(str(resolve_model_dir(a.model, key="--model"))).vocab_size
-    report = {"model": a.model, "seq": a.seq, "old_src": a.old_src, "runs": {}}
+    report = {"model": a.model, "seq": a.seq, "old": a.old_src or a.old_rev, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="ckpt_bench_") as tmp:
         root = Path(tmp)
+        old_src = Path(a.old_src) if a.old_src else old_tree(a.old_rev, root / "old")
         base = {"model_name_or_path": a.model, "input_dir": str(corpus(root, vocab)), "device": "cpu",
                 "split": "100,0,0", "max_seq_length": a.seq, "do_train": True, "per_device_train_batch_size": 1, "max_steps": 3,
                 "save_steps": 2, "logging_steps": 1, "report_to": ["none"], "disable_tqdm": True,
@@ -98,7 +110,7 @@ def main(argv=None) -> int:
             nproc, keys = int(nproc), LAYOUTS[name]
             tag = f"{name}_x{nproc}"
             row = {}
-            for which, src in (("sharded", REPO / "src"), ("gather", Path(a.old_src))):
+            for which, src in (("sharded", REPO / "src"), ("gather", old_src)):
                 start = time.perf_counter()
                 out = launch(src, dict(base, **keys), root, f"{tag}_{which}", nproc)
                 row[which] = dict(save_numbers(out), run_seconds=round(time.perf_counter() - start, 1))

@@ -46,3 +46,14 @@ def write_mmidx_reference(prefix: str, docs, dtype=np.uint16) -> None:
     with open(prefix + ".idx", "wb") as f:
         f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, codes[dt.type], len(docs), len(docs) + 1))
         f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
+
+
+def run_preprocess(*argv) -> int:
+    """`pretrain-cli preprocess ARGV` in this process, through the command's own argument parser."""
+    import argparse
+
+    from pretrain_cli.commands import preprocess
+
+    p = argparse.ArgumentParser()
+    preprocess.add_arguments(p)
+    return preprocess.main(p.parse_args([str(a) for a in argv]))

@@ -11,9 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from data_helpers import make_texts, make_tokenizer, write_jsonl, write_mmidx_reference
+from data_helpers import run_preprocess, make_texts, make_tokenizer, write_jsonl, write_mmidx_reference
 from pretrain_cli import cli
-from pretrain_cli.commands import inspect_data, preprocess
+from pretrain_cli.commands import inspect_data
 from pretrain_cli.data import build_datasets
 from pretrain_cli.data.documents import DocumentReader
 from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
@@ -25,11 +25,6 @@ from pretrain_cli.errors import UserError
 def tok_dir(tmp_path_factory):
     return make_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 
-
-def _pre(*argv):
-    p = argparse.ArgumentParser()
-    preprocess.add_arguments(p)
-    return preprocess.main(p.parse_args([str(a) for a in argv]))
 
 
 def _jsonl_bytes(texts, key="text") -> bytes:
@@ -71,7 +66,7 @@ def test_every_format_reads_the_same_documents(tmp_path, tok_dir):
     # a glob and a directory, overlapping: each file once, sorted; Parquet's column named by --json_key
     (tmp_path / "p").mkdir()
     _parquet(tmp_path / "p" / "x.parquet", texts[:5])
-    _pre("--input_path", str(d / "*.jsonl*"), d, tmp_path / "p" / "x.parquet", "--output_prefix", tmp_path / "o" / "c",
+    run_preprocess("--input_path", str(d / "*.jsonl*"), d, tmp_path / "p" / "x.parquet", "--output_prefix", tmp_path / "o" / "c",
          "--tokenizer", tok_dir, "--skip_bad_lines")
     meta = json.loads((tmp_path / "o" / "c.json").read_text())
     # a, b, c, e by the glob; d (.json.bz2) and f from the directory walk; g has no 'text' column (skipped part)
@@ -109,12 +104,12 @@ def test_corrupt_input_is_one_line_or_skipped_and_counted(tmp_path, tok_dir, cap
 def test_parquet_errors_name_the_column_and_row_group(tmp_path, tok_dir):
     _parquet(tmp_path / "a.parquet", ["one", "two", None, "four"], row_group_size=2)
     with pytest.raises(UserError, match=r"a.parquet: row group 1 row 0: 'text' is null"):
-        _pre("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     with pytest.raises(UserError, match=r"a.parquet: no column 'body' \(columns: id, text\); pass --json_key COLUMN"):
-        _pre("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir,
+        run_preprocess("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir,
              "--json_key", "body")
     with pytest.raises(UserError, match=r"a.parquet: column 'id' holds int64, not strings"):
-        _pre("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir,
+        run_preprocess("--input_path", tmp_path / "a.parquet", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir,
              "--json_key", "id")
 
 
@@ -128,9 +123,9 @@ def _corpus_files(d, n=5):
 def test_tasks_merge_to_the_single_run_bytes(tmp_path, tok_dir, capsys):
     _corpus_files(tmp_path / "in")
     common = ["--input_path", tmp_path / "in", "--tokenizer", tok_dir, "--append_eos"]
-    _pre(*common, "--output_prefix", tmp_path / "one" / "c")
+    run_preprocess(*common, "--output_prefix", tmp_path / "one" / "c")
     for i in range(3):
-        _pre(*common, "--output_prefix", tmp_path / "tasks" / "c", "--num_tasks", 3, "--task_index", i)
+        run_preprocess(*common, "--output_prefix", tmp_path / "tasks" / "c", "--num_tasks", 3, "--task_index", i)
     names = sorted(p.name for p in (tmp_path / "tasks").iterdir())
     assert names == [f"c-0000{i}-of-00003.{e}" for i in range(3) for e in ("bin", "idx", "json")]
     shares = [json.loads((tmp_path / "tasks" / f"c-0000{i}-of-00003.json").read_text())["input_files"] for i in range(3)]
@@ -152,20 +147,20 @@ def test_tasks_merge_to_the_single_run_bytes(tmp_path, tok_dir, capsys):
     out = capsys.readouterr().out
     assert "3 token files" in out and out.count("-of-00003") == 3 and "the 3 files with a sidecar agree" in out
     # more tasks than files: an empty task says so and writes nothing
-    _pre(*common, "--output_prefix", tmp_path / "many" / "c", "--num_tasks", 9, "--task_index", 0)
+    run_preprocess(*common, "--output_prefix", tmp_path / "many" / "c", "--num_tasks", 9, "--task_index", 0)
     assert "nothing to do" in capsys.readouterr().out and not (tmp_path / "many").exists()
     # outputs inside the input directory are never read back: the re-run finds the same inputs
-    _pre(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
-    _pre(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
+    run_preprocess(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
+    run_preprocess(*common, "--output_prefix", tmp_path / "in" / "tok" / "c")
     assert "already complete" in capsys.readouterr().out
     with pytest.raises(UserError, match=r"--task_index: 3 must be in \[0, 2\]"):
-        _pre(*common, "--output_prefix", tmp_path / "x", "--num_tasks", 3, "--task_index", 3)
+        run_preprocess(*common, "--output_prefix", tmp_path / "x", "--num_tasks", 3, "--task_index", 3)
 
 
 def test_killed_task_resumes_after_its_finished_files(tmp_path, tok_dir, monkeypatch, capsys):
     _corpus_files(tmp_path / "in", n=4)
     argv = ["--input_path", tmp_path / "in", "--tokenizer", tok_dir, "--output_prefix"]
-    _pre(*argv, tmp_path / "ref" / "c")
+    run_preprocess(*argv, tmp_path / "ref" / "c")
     read, die = [], [True]
     original_read = DocumentReader.read
 
@@ -178,28 +173,28 @@ def test_killed_task_resumes_after_its_finished_files(tmp_path, tok_dir, monkeyp
 
     monkeypatch.setattr(DocumentReader, "read", read_then_die)
     with pytest.raises(KeyboardInterrupt):
-        _pre(*argv, tmp_path / "out" / "c")
+        run_preprocess(*argv, tmp_path / "out" / "c")
     left = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert left == ["c.bin.tmp", "c.docs.tmp", "c.progress.json", "c.sizes.tmp"]  # no final names
     assert json.loads((tmp_path / "out" / "c.progress.json").read_text())["done_files"] == 2
     read.clear()
     die[0] = False
-    _pre(*argv, tmp_path / "out" / "c", "--workers", 2)
+    run_preprocess(*argv, tmp_path / "out" / "c", "--workers", 2)
     assert read == ["part2.jsonl", "part3.jsonl"]  # the finished files are skipped
     assert "resuming" in capsys.readouterr().err
     for ext in (".bin", ".idx"):
         assert (tmp_path / "out" / f"c{ext}").read_bytes() == (tmp_path / "ref" / f"c{ext}").read_bytes()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["c.bin", "c.idx", "c.json"]
     read.clear()
-    _pre(*argv, tmp_path / "out" / "c")  # a finished task re-run (a requeued array) does nothing
+    run_preprocess(*argv, tmp_path / "out" / "c")  # a finished task re-run (a requeued array) does nothing
     assert read == [] and "already complete" in capsys.readouterr().out
     # a progress record made with other settings is not trusted: the task starts over, and says so
     die[0] = True
     with pytest.raises(KeyboardInterrupt):
-        _pre(*argv, tmp_path / "eos" / "c")
+        run_preprocess(*argv, tmp_path / "eos" / "c")
     read.clear()
     die[0] = False
-    _pre(*argv, tmp_path / "eos" / "c", "--append_eos")
+    run_preprocess(*argv, tmp_path / "eos" / "c", "--append_eos")
     assert read[0] == "part0.jsonl" and "made with other settings (eos)" in capsys.readouterr().err
 
 
@@ -225,8 +220,8 @@ def test_merge_is_megatron_layout_and_checks_inputs(tmp_path, tok_dir):
     d = tmp_path / "mixed"
     write_jsonl(tmp_path / "t.jsonl", make_texts(20, seed=3))
     small = make_tokenizer(tmp_path / "small", make_texts(50, seed=1), vocab_size=280)
-    _pre("--input_path", tmp_path / "t.jsonl", "--output_prefix", d / "a", "--tokenizer", tok_dir)
-    _pre("--input_path", tmp_path / "t.jsonl", "--output_prefix", d / "b", "--tokenizer", small)
+    run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", d / "a", "--tokenizer", tok_dir)
+    run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", d / "b", "--tokenizer", small)
     write_mmidx_reference(str(d / "c"), docs)
     with pytest.raises(UserError, match=r"b.json: vocab_size 280 differs from 300 in .*a.json"):
         merge(str(tmp_path / "y"), [d])
@@ -237,7 +232,7 @@ def test_merge_is_megatron_layout_and_checks_inputs(tmp_path, tok_dir):
 
 def test_inspect_directory_notes_files_without_sidecar(tmp_path, tok_dir, capsys):
     write_jsonl(tmp_path / "t.jsonl", make_texts(20, seed=3))
-    _pre("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "d" / "a", "--tokenizer", tok_dir)
+    run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "d" / "a", "--tokenizer", tok_dir)
     write_mmidx_reference(str(tmp_path / "d" / "old"), [[1, 2, 3], [4]])
     capsys.readouterr()
     assert cli.main(["inspect-data", str(tmp_path / "d"), "--json"]) == 0

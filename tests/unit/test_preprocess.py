@@ -1,14 +1,12 @@
 """preprocess: documents -> token files round trip, sidecar, bad input."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 
-from data_helpers import make_texts, make_tokenizer, write_jsonl
-from pretrain_cli.commands import preprocess
+from data_helpers import run_preprocess, make_texts, make_tokenizer, write_jsonl
 from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
 from pretrain_cli.errors import UserError
 from pretrain_cli.data.tokenizer import load_tokenizer
@@ -18,11 +16,6 @@ from pretrain_cli.data.tokenizer import load_tokenizer
 def tok_dir(tmp_path_factory):
     return make_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 
-
-def _run(*argv):
-    p = argparse.ArgumentParser()
-    preprocess.add_arguments(p)
-    return preprocess.main(p.parse_args([str(a) for a in argv]))
 
 
 @pytest.mark.parametrize("append_eos", [False, True])
@@ -34,7 +27,7 @@ def test_round_trip_uint16(tmp_path, tok_dir, append_eos):
     (tmp_path / "in" / "notes.md").write_text("ignored")
     args = ["--input_path", tmp_path / "in", "--output_prefix", tmp_path / "out" / "c", "--tokenizer", tok_dir,
             "--log_interval", "50"] + (["--append_eos"] if append_eos else [])
-    assert _run(*args) == 0
+    assert run_preprocess(*args) == 0
     tok = load_tokenizer(tok_dir)
     order = texts[60:] + texts[:60]  # "b.jsonl" sorts before "sub/a.jsonl"
     want = [tok.encode(t) + ([tok.eos_token_id] if append_eos else []) for t in order if t]
@@ -51,7 +44,7 @@ def test_round_trip_uint16(tmp_path, tok_dir, append_eos):
 def test_workers_give_identical_bytes(tmp_path, tok_dir):
     write_jsonl(tmp_path / "a.jsonl", make_texts(700, seed=4))
     for w in (1, 2):
-        _run("--input_path", tmp_path / "a.jsonl", "--output_prefix", tmp_path / f"w{w}", "--tokenizer", tok_dir,
+        run_preprocess("--input_path", tmp_path / "a.jsonl", "--output_prefix", tmp_path / f"w{w}", "--tokenizer", tok_dir,
              "--workers", w, "--append_eos")
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"w1{ext}").read_bytes() == (tmp_path / f"w2{ext}").read_bytes()
@@ -70,11 +63,11 @@ def test_int32_round_trip(tmp_path):
 
 def test_txt_paragraphs_and_max_doc_num(tmp_path, tok_dir):
     (tmp_path / "a.txt").write_text("one line\nsame doc\n\n\ntwo\n\nthree\n")
-    _run("--input_path", tmp_path / "a.txt", "--output_prefix", tmp_path / "t", "--tokenizer", tok_dir)
+    run_preprocess("--input_path", tmp_path / "a.txt", "--output_prefix", tmp_path / "t", "--tokenizer", tok_dir)
     tok = load_tokenizer(tok_dir)
     ds = open_token_file(tmp_path / "t")
     assert [tok.decode(ds.get(i)) for i in range(len(ds))] == ["one line\nsame doc", "two", "three"]
-    _run("--input_path", tmp_path / "a.txt", "--output_prefix", tmp_path / "m", "--tokenizer", tok_dir,
+    run_preprocess("--input_path", tmp_path / "a.txt", "--output_prefix", tmp_path / "m", "--tokenizer", tok_dir,
          "--max_doc_num", "2")
     assert open_token_file(tmp_path / "m").num_documents == 2
 
@@ -83,25 +76,25 @@ def test_bad_lines(tmp_path, tok_dir):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"text": "good one"}\n{"text": broken\n{"other": "x"}\n{"text": "good two"}\n')
     with pytest.raises(UserError, match=r"bad.jsonl:2: not valid JSON .*--skip_bad_lines") as e:
-        _run("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     assert "\n" not in str(e.value)
     assert not list(tmp_path.glob("o.*"))  # nothing left behind, not even .tmp files
-    _run("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir, "--skip_bad_lines")
+    run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir, "--skip_bad_lines")
     assert open_token_file(tmp_path / "o").num_documents == 2
     assert json.loads((tmp_path / "o.json").read_text())["skipped_bad_lines"] == 2
     f.write_text('{"other": "x"}\n')
     with pytest.raises(UserError, match=r"bad.jsonl:1: no string field 'text'.*--json_key"):
-        _run("--input_path", f, "--output_prefix", tmp_path / "p", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", f, "--output_prefix", tmp_path / "p", "--tokenizer", tok_dir)
 
 
 def test_empty_corpus_and_clobber(tmp_path, tok_dir):
     write_jsonl(tmp_path / "e.jsonl", ["", " "])
     with pytest.raises(UserError, match="no non-empty documents"):
-        _run("--input_path", tmp_path / "e.jsonl", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", tmp_path / "e.jsonl", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     assert not list(tmp_path.glob("o.*"))
     with pytest.raises(UserError, match=r"no .jsonl/.json/.txt \(plain, .gz, .zst, .bz2, .xz\) or .parquet files"):
         (tmp_path / "d").mkdir()
-        _run("--input_path", tmp_path / "d", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", tmp_path / "d", "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     write_jsonl(tmp_path / "x.json", ["hello"])
     with pytest.raises(UserError, match="would overwrite the input"):
-        _run("--input_path", tmp_path / "x.json", "--output_prefix", tmp_path / "x", "--tokenizer", tok_dir)
+        run_preprocess("--input_path", tmp_path / "x.json", "--output_prefix", tmp_path / "x", "--tokenizer", tok_dir)

@@ -60,13 +60,7 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops)
     out["notes"] = device_note(device, dev) + out["notes"]
     if suggest_changes and not out["fits"]:
-        def replan(change: dict, world: int = gpus):
-            try:
-                return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes,
-                            peak_tflops)
-            except UserError:
-                return None
-
+        replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
         out["suggestions"] = suggest(run, out, replan)
         if not any(s["fits"] for s in out["suggestions"]):  # nothing fits these devices: more of them, first
             scale = more_devices(out, out["suggestions"], replan)
@@ -94,15 +88,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
-
-    def replan(change: dict, world: int = gpus):
-        """The candidate's plan, or None when `train` would refuse it (`config.resolve` raises)."""
-        try:
-            return plan(with_changes(searched, change), model_cfg, device, world, mfu, False, baseline_bytes,
-                        peak_tflops)
-        except UserError:
-            return None
-
+    replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
     budget = base["device"]["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
@@ -122,3 +108,15 @@ def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tup
     predicted = plan(args, model_cfg, device, gpus, suggest_changes=False)["memory_gib"]
     budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
+
+
+def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops):
+    """`replan(change, world=gpus)`: the plan of `args` with `change` applied, or None when `train` would refuse
+    it (`config.resolve` raises); what the suggestions and the `--fit` search call for every candidate."""
+    def replan(change: dict, world: int = gpus):
+        try:
+            return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops)
+        except UserError:
+            return None
+
+    return replan
