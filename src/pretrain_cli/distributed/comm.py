@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
 
@@ -145,7 +146,7 @@ class Comm(NoComm):
             time.sleep(0.02)
 
 
-def build_comm(parallel) -> NoComm:
+def build_comm(parallel: ParallelConfig) -> NoComm:
     return Comm(parallel.rank, parallel.world_size) if parallel.distributed else NoComm()
 
 

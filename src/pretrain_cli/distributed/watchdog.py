@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # pid of this rank's watcher process (start)
 
 
-def start(parallel, grace: float = 15.0) -> None:
+def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
     """Name a dead peer in this rank's log, and stop this rank if the launcher does not.
 
     When a rank dies, gloo aborts the others from C++ (`terminate called ... Connection reset by peer`)
