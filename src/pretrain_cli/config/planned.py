@@ -17,7 +17,7 @@ from pretrain_cli.run_config import Target
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
+from pretrain_cli.planning.plan import Device, device_note, more_devices, peak_gib, report, suggest, target_device
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
@@ -103,9 +103,11 @@ def _precision_for(args: Arguments, device: str) -> dict:
 
 
 def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
-    """(the failed layout's predicted GiB per device, `fit` under 90 % of the smaller of it and the device's memory):
-    the layout that failed needed more than the device has, whatever the estimate said."""
-    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False)["memory_gib"]
+    """(the failed layout's predicted peak GiB per device, `fit` under 90 % of the smaller of it and the device's
+    memory): the layout that failed needed more than the device has, whatever the estimate said. The peak is the
+    larger of the steady-state step and start-up (`planning.plan.peak_gib`), so a run that ran out of memory while
+    it was being built is re-fitted against its start-up too."""
+    predicted = peak_gib(plan(args, model_cfg, device, gpus, suggest_changes=False))
     budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import itertools
 
+from pretrain_cli.planning.plan import more_devices, peak_gib
+
 LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
@@ -64,20 +66,21 @@ def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
 def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
     """Every layout to try, as key changes against `current` (the file's values of the searched keys).
 
-    Tensor-parallel degrees are the divisors of `gpus` (resolve refuses those that do not divide the heads, KV
-    heads or intermediate size); for each, micro-batch × accumulation = global batch / data ranks, so a degree
-    that leaves a fraction is skipped. Sharding stages are tried only when there are data ranks to shard over.
+    Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; for each, micro-batch ×
+    accumulation = global batch / data ranks, so a split that leaves a fraction is skipped. Sharding stages are
+    tried only when there are data ranks to shard over. Nothing here decides which layouts can run: what
+    `config.resolve` refuses (a degree that does not divide the heads, a pipeline with ZeRO-2/3, ...) is refused
+    when the caller re-resolves the candidate, by the same rule `train` applies.
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    splits = [(tp, 1) for tp in _divisors(gpus)] + [(1, pp) for pp in _divisors(gpus) if pp > 1]  # no TP x PP
+    splits = [(tp, pp) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     for tp, pp in splits:
         data_ranks = gpus // (tp * pp)
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
-        stages = ["", "stage1"] + ([] if pp > 1 else ["stage2", "stage3"])  # fleet's stage 2/3 not with a pipeline
-        stages = stages if data_ranks > 1 else [current["sharding"]]
+        stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
         for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
@@ -116,12 +119,12 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
             continue
         seen[key] = {"change": change, "report": r, "speed": speed(r, link_gbps)}
     entries = list(seen.values())
-    fitting = [e for e in entries if e["report"]["memory_gib"] <= budget_gib]
+    fitting = [e for e in entries if peak_gib(e["report"]) <= budget_gib]  # steady state and start-up
     best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9) if by_speed else 0,
                                        e["report"]["attention"] != "flash" if by_speed else 0,
-                                       len(e["change"]), -e["report"]["micro_batch"], e["report"]["memory_gib"]),
+                                       len(e["change"]), -e["report"]["micro_batch"], peak_gib(e["report"])),
                default=None)
-    smallest = min(entries, key=lambda e: (e["report"]["memory_gib"], len(e["change"])), default=None)
+    smallest = min(entries, key=lambda e: (peak_gib(e["report"]), len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries)}
 
 
@@ -132,8 +135,6 @@ def fit(current: dict, base: dict, as_written: dict, replan, budget_gib: float, 
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
-    from pretrain_cli.planning.plan import more_devices
-
     notes = list(notes or [])
     by_speed = base["device"]["peak_tflops"] is not None
     if not by_speed:
@@ -145,21 +146,23 @@ def fit(current: dict, base: dict, as_written: dict, replan, budget_gib: float, 
            "budget_gib": budget_gib, "mfu": base["mfu"], "link_gbps": LINK_GBPS,
            "global_batch": base["tokens_per_step"] // base["max_seq_length"],
            "tried": found["tried"], "valid": found["valid"],
-           "before": {"memory_gib": as_written["memory_gib"], "speed": speed(as_written)},
+           "before": {"memory_gib": as_written["memory_gib"], "startup_gib": as_written["startup_gib"],
+                      "speed": speed(as_written)},
            "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
-        out.update(after={"memory_gib": best["report"]["memory_gib"], "speed": best["speed"]},
+        out.update(after={"memory_gib": best["report"]["memory_gib"], "startup_gib": best["report"]["startup_gib"],
+                          "speed": best["speed"]},
                    change={**{k: v for k, _, v in carried}, **best["change"]},
                    diff=list(carried) + diff(current, best["change"]))
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
-                           "memory_gib": small["report"]["memory_gib"]}
+                           "memory_gib": peak_gib(small["report"])}
 
     def within_budget(change: dict, world: int):
         r = replan(change, world)
-        return None if r is None else {**r, "fits": r["memory_gib"] <= budget_gib}
+        return None if r is None else {**r, "fits": peak_gib(r) <= budget_gib}
 
     out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
     return out
@@ -188,7 +191,7 @@ def format_fit(f: dict) -> str:
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
              f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel or pipeline degree)"]
-    before = f"{_gib(f['before']['memory_gib'])}, {_tok(f['before']['speed'])}"
+    before = f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])}), {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
         lines.append(f"  nothing fits: the current layout needs {before}")
@@ -209,6 +212,8 @@ def format_fit(f: dict) -> str:
     lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]]
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
+    lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
+                 f"(what a rank builds in fp32 + its largest tensor; within the budget too)")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP traffic at "
                  f"{f['link_gbps']:g} GB/s)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate
+from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, startup_parts
 from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
@@ -121,6 +121,8 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     s, lp, par, cfg = run.data.max_seq_length, run.loop, run.parallel, model_cfg
     parts = estimate(setup)
     total = sum(parts.values()) / GIB
+    start = startup_parts(setup)
+    startup = sum(start.values()) / GIB
     model_fpt = flops_per_token(cfg, s)
     total_tokens = run.tokens_per_step * max(lp.max_steps, 0)
     peak_tflops, peak_source = peak(run, device, peak_tflops)
@@ -157,7 +159,8 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         "attention_mask_type": run.data.attention_mask_type,
         "tokens_per_step": run.tokens_per_step, "total_tokens": total_tokens, "max_steps": lp.max_steps,
         "memory_breakdown_gib": {k: v / GIB for k, v in parts.items()},
-        "memory_gib": total, "fits": bool(total <= device.memory_gib),
+        "memory_gib": total, "startup_breakdown_gib": {k: v / GIB for k, v in start.items()},
+        "startup_gib": startup, "fits": bool(max(total, startup) <= device.memory_gib),
         "checkpoint": {"per_checkpoint_gib": per_ck / GIB, "parts_gib": {k: v / GIB for k, v in ck.items()},
                        "kept": kept, "final_weights_gib": ck["weights"] / GIB,
                        "total_gib": (kept * per_ck + ck["weights"]) / GIB,
@@ -166,6 +169,11 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                        "save_seconds": per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)},
         "mfu": mfu, "eta_hours": eta, "notes": notes, "suggestions": [],
     }
+
+
+def peak_gib(r: dict) -> float:
+    """A planned layout's peak per device at any moment: the steady-state step or start-up, whichever is larger."""
+    return max(r["memory_gib"], r["startup_gib"])
 
 
 def _first_fitting(changes: list[dict], replan):
@@ -209,17 +217,17 @@ def suggest(run: RunConfig, base: dict, replan) -> list[dict]:
         if got is None:
             continue
         change, r = got
-        saves = base["memory_gib"] - r["memory_gib"]
+        saves = peak_gib(base) - peak_gib(r)
         if saves > 1e-6:
-            out.append({"change": change, "memory_gib": r["memory_gib"], "saves_gib": saves, "fits": r["fits"],
+            out.append({"change": change, "memory_gib": peak_gib(r), "saves_gib": saves, "fits": r["fits"],
                         "why": why})
     out.sort(key=lambda x: -x["saves_gib"])
     if out and not any(x["fits"] for x in out) and len(out) > 1:
         combined = {k: v for x in out if "max_seq_length" not in x["change"] for k, v in x["change"].items()}
         r = replan(combined)
         if r is not None and len(combined) > 1:
-            out.append({"change": combined, "memory_gib": r["memory_gib"],
-                        "saves_gib": base["memory_gib"] - r["memory_gib"], "fits": r["fits"],
+            out.append({"change": combined, "memory_gib": peak_gib(r),
+                        "saves_gib": peak_gib(base) - peak_gib(r), "fits": r["fits"],
                         "why": "all of the above except a shorter sequence"})
     return out
 
@@ -243,8 +251,8 @@ def more_devices(base: dict, singles: list[dict], replan) -> dict | None:
                 continue
             why = (f"fewest devices that fit: the model's state does not fit {base['gpus']} x {base['device']['name']} "
                    f"at any setting; sharding spreads it over {world}")
-            return {"gpus": world, "change": change, "memory_gib": r["memory_gib"],
-                    "saves_gib": base["memory_gib"] - r["memory_gib"], "fits": True, "why": why}
+            return {"gpus": world, "change": change, "memory_gib": peak_gib(r),
+                    "saves_gib": peak_gib(base) - peak_gib(r), "fits": True, "why": why}
         world *= 2
     return None
 
@@ -292,8 +300,13 @@ def format_report(r: dict) -> str:
     lines.append("memory per device (GiB):")
     for k, v in r["memory_breakdown_gib"].items():
         lines.append(f"  {k:<16} {v:9.2f}")
-    verdict = "fits" if r["fits"] else "DOES NOT FIT"
+    verdict = "fits" if r["memory_gib"] <= d["memory_gib"] else "DOES NOT FIT"
     lines.append(f"  {'total':<16} {r['memory_gib']:9.2f}  of {d['memory_gib']:.1f} -> {verdict}")
+    s = r["startup_breakdown_gib"]
+    verdict = "fits" if r["startup_gib"] <= d["memory_gib"] else "DOES NOT FIT: train cannot start"
+    lines.append(f"start-up per device: {r['startup_gib']:.2f} GiB = weights {s['weights']:.2f} (what this rank "
+                 f"builds, fp32) + largest tensor {s['largest_tensor']:.2f} (fp32, initialised whole, then sliced) + "
+                 f"framework {s['framework']:.2f}  of {d['memory_gib']:.1f} -> {verdict}")
     c = r["checkpoint"]
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c["parts_gib"].items() if v)
     lines.append(f"checkpoints: {c['per_checkpoint_gib']:.2f} GiB each ({parts}) x {c['kept']} kept + final weights "
