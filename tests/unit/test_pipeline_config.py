@@ -111,8 +111,10 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
               "model": {"layers": 24, "hidden": 896}, "micro_batch": 1, "gradient_accumulation_steps": 8,
               "max_seq_length": 1024, "device": {"peak_tflops": 100.0}, "flops_per_token": {"hardware": 3e9},
               "mfu": 0.4, "precision": {"amp_dtype": "bfloat16", "amp_level": "O2"}, "tokens_per_step": 8192,
-              "recompute": None, "params": {"total": 5e8}}
-    flat = dict(report, parallel=dict(report["parallel"], pp=1, pipeline_bubble=0.0))
+              "recompute": None, "params": {"total": 5e8},
+              "traffic_gb_per_step": {"tp": 0.0, "pp": 8 * 2 * 1024 * 896 * 2 / 1e9, "zero3": 0.0}}
+    flat = dict(report, parallel=dict(report["parallel"], pp=1, pipeline_bubble=0.0),
+                traffic_gb_per_step={"tp": 0.0, "pp": 0.0, "zero3": 0.0})
     sp, one = fit.speed(report), fit.speed(flat)
     assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
     assert sp["comm_seconds"] > 0 == one["comm_seconds"]

@@ -101,7 +101,8 @@ def test_search_filters_on_the_larger_of_steady_state_and_start_up():
     def report(memory, startup, micro):
         return {"memory_gib": memory, "startup_gib": startup, "micro_batch": micro, "gradient_accumulation_steps": 1,
                 "recompute": None, "attention": "flash", "max_seq_length": 8, "tokens_per_step": 8 * micro,
-                "parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 1},
+                "parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 1, "pipeline_bubble": 0.0},
+                "traffic_gb_per_step": {"tp": 0.0, "pp": 0.0, "zero3": 0.0},
                 "device": {"peak_tflops": 1.0}, "flops_per_token": {"hardware": 1.0}, "mfu": 1.0,
                 "model": {"layers": 1, "hidden": 1}, "precision": {"amp_dtype": "float32", "amp_level": None},
                 "params": {"total": 1}, "gpus": 1}

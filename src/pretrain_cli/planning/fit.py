@@ -7,60 +7,25 @@ proposes and ranks them: the caller (`config.planned`) re-resolves the parsed ar
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
 
-Speed model (docs/PLAN.md), per optimizer step on one device:
-  compute = tokens per data rank × hardware FLOPs/token (with the recomputed forward) / tp / (peak × MFU)
-  ZeRO-3  = accumulation steps × 3 × weight bytes × (S−1)/S / link     (gather for forward and for backward,
-            reduce-scatter of the gradients, per micro-batch: the weights travel whole each time)
-  TP      = accumulation steps × layers × n × 2(t−1)/t × b·s·hidden·c / link   (n = 4 all-reduces per layer:
-            attention and MLP outputs, forward and backward; + 2 with `full`, + 1 with `full_attn` recompute)
-  PP      = compute / P stages / (1 − bubble), bubble = (P−1)/(m+P−1) with m = accumulation steps (1F1B),
-            + accumulation steps × 2 × b·s·hidden·c / link (one activation forward, its gradient back)
-Data-parallel gradient traffic is the same for every candidate with the same data ranks and is left out.
-Flash and math attention count the same FLOPs; among equally fast candidates the one running flash wins
-(it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
+Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP and ZeRO-3
+traffic over the link. Flash and math attention count the same FLOPs; among equally fast candidates the one
+running flash wins (it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
 larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
 """
 from __future__ import annotations
 
 import itertools
 
+from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 from pretrain_cli.planning.plan import more_devices, peak_gib
+from pretrain_cli.planning.speed import LINK_GBPS, speed
 
-LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
-NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
-GRANULARITIES = (None, "core_attn", "full_attn", "full")  # least to most recompute
+SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
-    """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout."""
-    par, m = r["parallel"], r["model"]
-    tp, stage, deg = par["tp"], par["sharding_stage"], par["sharding_degree"]
-    b, acc, s = r["micro_batch"], r["gradient_accumulation_steps"], r["max_seq_length"]
-    peak = r["device"]["peak_tflops"] or NOMINAL_TFLOPS
-    pp = par.get("pp", 1)
-    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / pp / (peak * 1e12 * r["mfu"])
-    half = r["precision"]["amp_dtype"] != "float32"
-    link = link_gbps * 1e9
-    comm = 0.0
-    if pp > 1:
-        compute /= 1 - par["pipeline_bubble"]
-        comm += acc * 2 * b * s * m["hidden"] * (2 if half else 4) / link
-    if stage == 3 and deg > 1:
-        weight_bytes = r["params"]["total"] / tp * (2 if r["precision"]["amp_level"] == "O2" else 4)
-        comm += acc * 3 * weight_bytes * (deg - 1) / deg / link
-    if tp > 1:
-        n = 4 + {"full": 2, "full_attn": 1}.get(r["recompute"], 0)
-        comm += acc * m["layers"] * n * 2 * (tp - 1) / tp * b * s * m["hidden"] * (2 if half else 4) / link
-    step = compute + comm
-    known = r["device"]["peak_tflops"] is not None
-    return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
-            "comm_seconds": comm if known else None, "tokens_per_sec": r["tokens_per_step"] / step if known else None,
-            "rank_seconds": step}
 
 
 def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
@@ -81,7 +46,7 @@ def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
             continue
         per_rank = global_batch // data_ranks
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
-        for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
+        for micro, gran, fa, stage in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
                     "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.planning import hardware
+from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, startup_parts
+from pretrain_cli.planning.speed import pipeline_bubble, traffic
 from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
@@ -134,7 +135,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
-    bubble = (par.pp_degree - 1) / (lp.grad_accum + par.pp_degree - 1)  # 1F1B: each stage idles this share of a step
+    bubble = pipeline_bubble(par.pp_degree, lp.grad_accum)
     eta = None if eta is None else eta / (1 - bubble)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
@@ -168,6 +169,8 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                        "per_rank_gib": per_ck / par.world_size / GIB, "disk_gb_per_s_per_rank": SAVE_GB_PER_S,
                        "save_seconds": per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)},
         "mfu": mfu, "eta_hours": eta, "notes": notes, "suggestions": [],
+        "traffic_gb_per_step": {k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)["total"]).items()},
+        "layout": layout.explain(par),
     }
 
 
@@ -297,6 +300,13 @@ def format_report(r: dict) -> str:
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "
                  f"{r['total_tokens']:,} tokens")
+    if par["tp"] > 1 or par["pp"] > 1:
+        lines += layout.format_layout(r["layout"])
+    traffic_text = ", ".join(f"{name} {r['traffic_gb_per_step'][k]:.3g} GB" for k, name in
+                             (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"))
+                             if r["traffic_gb_per_step"][k])
+    if traffic_text:
+        lines.append(f"traffic per device per step: {traffic_text}")
     lines.append("memory per device (GiB):")
     for k, v in r["memory_breakdown_gib"].items():
         lines.append(f"  {k:<16} {v:9.2f}")
