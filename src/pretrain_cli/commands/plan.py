@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
-                             "sharding stage and tensor-parallel degree for the fastest layout that fits --device")
+                             "sharding stage, tensor-parallel and pipeline degree for the fastest layout whose "
+                             "steady state and start-up fit --device")
     parser.add_argument("--margin", type=float, default=fit_search.DEFAULT_MARGIN,
                         help="with --fit: fraction of device memory kept free (default: %(default)s)")
     parser.add_argument("-o", "--output", default=None,
@@ -91,7 +92,7 @@ def main(ns: argparse.Namespace) -> int:
         f = planned.fit(args, model_cfg, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
         if ns.output and f["after"] is not None:
             write_fitted(args, f["change"], ns.output)
-        if not ns.json:
+        if not ns.json and f["notes"]:
             print("\n".join(f"note: {n}" for n in f["notes"]))
         print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
         if ns.output and f["after"] is not None and not ns.json:
