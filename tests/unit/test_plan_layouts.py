@@ -92,3 +92,21 @@ def test_every_rank_is_in_one_group_per_axis():
     for axis, size in (("tp", 2), ("pp", 4), ("data", 3)):
         gs = layout.groups(par)[axis]
         assert sorted(r for g in gs for r in g) == list(range(24)) and {len(g) for g in gs} == {size}
+
+
+def test_plan_md_worked_example_is_what_plan_prints():
+    """docs/PLAN.md's tp 8 × pp 4 table (GiB per part, start-up) and its printed block are this report's."""
+    import re
+
+    run, cfg, dev = _tp8_pp4_stage1()
+    r = report(run, cfg, dev)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PLAN.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Worked example: Llama-3.1-70B as tp 8 × pp 4"):]
+    rows = dict(re.findall(r"^\| \**([a-z_-]+)\** \| \**([0-9.]+)\** \|", section, re.M))
+    want = {k: f"{v:.2f}" for k, v in r["memory_breakdown_gib"].items()}
+    want.update(total=f"{r['memory_gib']:.2f}", **{"start-up": f"{r['startup_gib']:.2f}"})
+    assert rows == want
+    block = section.split("```")[1].strip().splitlines()
+    text = format_report(r).splitlines()
+    assert block[0] in text and all(line in text for line in block)
+    assert f"Bubble 3/19 = {r['parallel']['pipeline_bubble']:.1%}" in section
