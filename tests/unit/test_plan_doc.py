@@ -16,21 +16,24 @@ NAMES = {"pretrain_argument_0p5b.json": "qwen_pretrain_argument_0p5b.json",  # l
 
 def examples() -> list[tuple[str, list[str], int]]:
     """(command, expected output lines, expected exit code) for each `$ pretrain-cli plan` in PLAN.md."""
-    out, block = [], None
+    out, current, inside = [], None, False
     for line in (REPO / "docs" / "PLAN.md").read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
-            block = [] if block is None else None
+            inside, current = not inside, None  # a command's output ends with its block
             continue
-        if block is None:
+        if not inside:
             continue
         if line.startswith("$ pretrain-cli plan"):
-            out.append([line[2:], [], 0])
+            current = [line[2:], [], 0]
+            out.append(current)
+        elif current is None:
+            continue
         elif line == "$ echo $?":
-            out[-1][2] = None  # the next line is the code
-        elif out and out[-1][2] is None:
-            out[-1][2] = int(line)
-        elif out and line and not line.startswith("$"):
-            out[-1][1].append(line)
+            current[2] = None  # the next line is the code
+        elif current[2] is None:
+            current[2] = int(line)
+        elif line and not line.startswith("$"):
+            current[1].append(line)
     return [tuple(x) for x in out]
 
 
