@@ -49,7 +49,7 @@ def test_fullest_stage_with_its_tp_share_by_hand():
     assert per_layer == 101160
     assert first["activations"] == pytest.approx(4 * 20 * per_layer * 4096)  # 1F1B: 4 micro-batches in flight
     assert first["logits_loss"] == 0 < stages[3]["logits_loss"]
-    r = report(run, cfg, dev)
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     assert r["memory_gib"] * GIB == pytest.approx(max(sum(s.values()) for s in stages))
     assert r["parallel"]["pipeline_bubble"] == pytest.approx(3 / (16 + 3))  # (P-1)/(m+P-1), 16 micro-batches
     # start-up: the fullest stage's fp32 share (stage 3 adds the final norm and the split head) + the whole embedding
@@ -60,7 +60,7 @@ def test_fullest_stage_with_its_tp_share_by_hand():
 
 def test_tp_and_pp_traffic_by_hand():
     run, cfg, dev = _tp8_pp4_stage1()
-    r = report(run, cfg, dev)
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     act = 1 * 4096 * H * 2  # one [b, s, hidden] bf16 activation
     t = r["traffic_gb_per_step"]
     # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
@@ -73,13 +73,13 @@ def test_tp_and_pp_traffic_by_hand():
 
 def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
     run, cfg, dev = _tp8_pp4_stage1()
-    lay = layout.explain(run.parallel)
+    lay = layout.explain(run.parallel, planned.rank_groups(run.parallel))
     tp, pp, data = (lay["axes"][k] for k in ("tp", "pp", "data"))
     assert lay["nodes"] == 8 and (tp["degree"], pp["degree"], data["degree"]) == (8, 4, 2)
     assert tp["first_group"] == list(range(8)) and tp["inside_node"] and tp["groups"] == 8
     assert pp["first_group"] == [0, 16, 32, 48] and pp["nodes_per_group"] == 4 and pp["groups"] == 16
     assert data["first_group"] == [0, 8] and data["nodes_per_group"] == 2
-    text = format_report(report(run, cfg, dev))
+    text = format_report(report(run, cfg, dev, groups=planned.rank_groups(run.parallel)))
     assert "tp 8: 8 tensor-parallel groups (all-reduces every layer) of ranks 1 apart (0, 1, 2, 3, 4, 5, 6, 7): " \
            "inside a node" in text
     assert "pp 4: 16 pipeline groups (one activation per micro-batch between stages) of ranks 16 apart " \
@@ -90,7 +90,7 @@ def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
 def test_every_rank_is_in_one_group_per_axis():
     par = ParallelConfig(world_size=24, dp_degree=1, sharding_degree=3, sharding_stage=1, tp_degree=2, pp_degree=4)
     for axis, size in (("tp", 2), ("pp", 4), ("data", 3)):
-        gs = layout.groups(par)[axis]
+        gs = planned.rank_groups(par)[axis]
         assert sorted(r for g in gs for r in g) == list(range(24)) and {len(g) for g in gs} == {size}
 
 
@@ -99,7 +99,7 @@ def test_plan_md_worked_example_is_what_plan_prints():
     import re
 
     run, cfg, dev = _tp8_pp4_stage1()
-    r = report(run, cfg, dev)
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     doc = (Path(__file__).resolve().parents[2] / "docs" / "PLAN.md").read_text(encoding="utf-8")
     section = doc[doc.index("### Worked example: Llama-3.1-70B as tp 8 × pp 4"):]
     rows = dict(re.findall(r"^\| \**([a-z_-]+)\** \| \**([0-9.]+)\** \|", section, re.M))

@@ -10,10 +10,11 @@ this module only supplies them `replan(change) -> report | None`. Never imports 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
-from pretrain_cli.run_config import Target
+from pretrain_cli.run_config import ParallelConfig, Target
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
@@ -45,6 +46,27 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
     target_device(device)
 
 
+def rank_groups(par: ParallelConfig) -> dict[str, list[list[int]]]:
+    """{"tp" | "pp" | "data": every group of ranks along that axis} for `plan`'s layout lines, from the run's own
+    rank rule (ParallelConfig's `pp_rank` and `data_rank`; never re-derived): a tensor-parallel group shares (stage,
+    data rank), a pipeline group (data rank, tensor-parallel position), a data (dp × ZeRO) group (stage,
+    tensor-parallel position)."""
+    coords = []
+    count: dict[tuple[int, int], int] = {}
+    for rank in range(par.world_size):
+        p = dataclasses.replace(par, rank=rank)
+        key = (p.pp_rank, p.data_rank)
+        coords.append((*key, count.get(key, 0)))  # the tensor-parallel position: order within (stage, data rank)
+        count[key] = count.get(key, 0) + 1
+    out = {}
+    for axis, shared in (("tp", (0, 1)), ("pp", (1, 2)), ("data", (0, 2))):
+        by: dict[tuple, list[int]] = {}
+        for rank, c in enumerate(coords):
+            by.setdefault(tuple(c[i] for i in shared), []).append(rank)
+        out[axis] = sorted(by.values())
+    return out
+
+
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
     target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
                     gpu_name=device.entry.name if device.entry else None, planned=True)
@@ -57,7 +79,7 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     check_flags(device, gpus, mfu, peak_tflops)
     dev = target_device(device)
     run = _resolved(args, model_cfg, dev, gpus)
-    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops)
+    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
     out["notes"] = device_note(device, dev) + out["notes"]
     if suggest_changes and not out["fits"]:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)

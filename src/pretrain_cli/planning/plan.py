@@ -114,8 +114,9 @@ def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) ->
 
 
 def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
-           config: str | None = None, peak_tflops: float | None = None) -> dict:
-    """The whole plan as a JSON-ready dict (what `plan --json` prints)."""
+           config: str | None = None, peak_tflops: float | None = None, groups: dict | None = None) -> dict:
+    """The whole plan as a JSON-ready dict (what `plan --json` prints). `groups` ({"tp" | "pp" | "data": the groups
+    of ranks along each axis}, from the run's rank rule) explains how the ranks fall onto nodes (`layout`)."""
     from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
 
     setup = setup_for(run, model_cfg, device, baseline_bytes)
@@ -170,7 +171,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                        "save_seconds": per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)},
         "mfu": mfu, "eta_hours": eta, "notes": notes, "suggestions": [],
         "traffic_gb_per_step": {k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)["total"]).items()},
-        "layout": layout.explain(par),
+        "layout": layout.explain(par, groups) if groups else None,
     }
 
 
@@ -300,7 +301,7 @@ def format_report(r: dict) -> str:
     lines.append(f"tokens: {r['micro_batch']} x acc {r['gradient_accumulation_steps']} x {par['data_ranks']} data "
                  f"ranks x {r['max_seq_length']} = {r['tokens_per_step']:,} tokens/step; {r['max_steps']} steps = "
                  f"{r['total_tokens']:,} tokens")
-    if par["tp"] > 1 or par["pp"] > 1:
+    if r["layout"] and (par["tp"] > 1 or par["pp"] > 1):
         lines += layout.format_layout(r["layout"])
     traffic_text = ", ".join(f"{name} {r['traffic_gb_per_step'][k]:.3g} GB" for k, name in
                              (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"))
