@@ -10,7 +10,8 @@ from pretrain_cli.commands.plan import _parsed
 from pretrain_cli.config import planned
 from pretrain_cli.planning import layout
 from pretrain_cli.planning.memory import GIB, pipeline_stages
-from pretrain_cli.planning.plan import format_report, report, setup_for, target_device
+from pretrain_cli.planning.plan import report, setup_for, target_device
+from pretrain_cli.planning.report import format_report
 from pretrain_cli.run_config import ParallelConfig
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
@@ -50,19 +51,19 @@ def test_fullest_stage_with_its_tp_share_by_hand():
     assert first["activations"] == pytest.approx(4 * 20 * per_layer * 4096)  # 1F1B: 4 micro-batches in flight
     assert first["logits_loss"] == 0 < stages[3]["logits_loss"]
     r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
-    assert r["memory_gib"] * GIB == pytest.approx(max(sum(s.values()) for s in stages))
-    assert r["parallel"]["pipeline_bubble"] == pytest.approx(3 / (16 + 3))  # (P-1)/(m+P-1), 16 micro-batches
+    assert r.memory_gib * GIB == pytest.approx(max(sum(s.values()) for s in stages))
+    assert r.parallel.pipeline_bubble == pytest.approx(3 / (16 + 3))  # (P-1)/(m+P-1), 16 micro-batches
     # start-up: the fullest stage's fp32 share (stage 3 adds the final norm and the split head) + the whole embedding
     n3 = 20 * LAYER / 8 + H / 8 + V * H / 8
-    assert r["startup_breakdown_gib"]["weights"] * GIB == pytest.approx(4 * n3)
-    assert r["startup_breakdown_gib"]["largest_tensor"] * GIB == 4 * V * H
+    assert r.startup_breakdown_gib["weights"] * GIB == pytest.approx(4 * n3)
+    assert r.startup_breakdown_gib["largest_tensor"] * GIB == 4 * V * H
 
 
 def test_tp_and_pp_traffic_by_hand():
     run, cfg, dev = _tp8_pp4_stage1()
     r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     act = 1 * 4096 * H * 2  # one [b, s, hidden] bf16 activation
-    t = r["traffic_gb_per_step"]
+    t = r.traffic_gb_per_step
     # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
     assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
     assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act) and t["zero3"] == 0
@@ -103,10 +104,10 @@ def test_plan_md_worked_example_is_what_plan_prints():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "PLAN.md").read_text(encoding="utf-8")
     section = doc[doc.index("### Worked example: Llama-3.1-70B as tp 8 × pp 4"):]
     rows = dict(re.findall(r"^\| \**([a-z_-]+)\** \| \**([0-9.]+)\** \|", section, re.M))
-    want = {k: f"{v:.2f}" for k, v in r["memory_breakdown_gib"].items()}
-    want.update(total=f"{r['memory_gib']:.2f}", **{"start-up": f"{r['startup_gib']:.2f}"})
+    want = {k: f"{v:.2f}" for k, v in r.memory_breakdown_gib.items()}
+    want.update(total=f"{r.memory_gib:.2f}", **{"start-up": f"{r.startup_gib:.2f}"})
     assert rows == want
     block = section.split("```")[1].strip().splitlines()
     text = format_report(r).splitlines()
     assert block[0] in text and all(line in text for line in block)
-    assert f"Bubble 3/19 = {r['parallel']['pipeline_bubble']:.1%}" in section
+    assert f"Bubble 3/19 = {r.parallel.pipeline_bubble:.1%}" in section

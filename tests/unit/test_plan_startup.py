@@ -1,14 +1,17 @@
 """`plan` models start-up (what a rank holds while the run is built), and `--fit` never recommends a layout whose
 start-up does not fit: the rule of `planning.memory.startup_parts` checked against hand arithmetic."""
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from run_helpers import model_config
 
-from pretrain_cli.commands.plan import fit, plan
+from pretrain_cli.commands.plan import _parsed, fit, plan
+from pretrain_cli.config import planned
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import plan as plan_module
+from pretrain_cli.planning.report import format_report
 from pretrain_cli.planning.memory import FRAGMENTATION, FRAMEWORK_GIB, GIB, Setup, startup_parts
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
@@ -88,24 +91,21 @@ def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(
     monkeypatch.setattr(plan_module, "startup_parts", inflated)
     pp8 = TO_70B + ["--pipeline_parallel_degree", "8", "--tensor_parallel_degree", "1", "--sharding", "stage1",
                     "--recompute", "true", "--gradient_accumulation_steps", "64"]
-    r = plan(str(LLAMA), pp8, device="H100", gpus=64, suggest_changes=False)
-    assert r["memory_gib"] < 80 < r["startup_gib"] and not r["fits"]
-    assert plan_module.format_report(r).count("DOES NOT FIT") == 1
-    assert "start-up per device: " in plan_module.format_report(r)
+    r = planned.plan(*_parsed(str(LLAMA), pp8), "H100", 64, suggest_changes=False)
+    assert r.memory_gib < 80 < r.startup_gib and not r.fits
+    assert format_report(r).count("DOES NOT FIT") == 1
+    assert "start-up per device: " in format_report(r)
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
     assert f["after"] is None or f["change"].get("pipeline_parallel_degree", 1) == 1
 
 
 def test_search_filters_on_the_larger_of_steady_state_and_start_up():
     """`planning.fit.search` with planned reports made up: the faster layout's start-up exceeds the budget."""
+    real = planned.plan(*_parsed(str(LLAMA), []), "H100", 1, suggest_changes=False)
+
     def report(memory, startup, micro):
-        return {"memory_gib": memory, "startup_gib": startup, "micro_batch": micro, "gradient_accumulation_steps": 1,
-                "recompute": None, "attention": "flash", "max_seq_length": 8, "tokens_per_step": 8 * micro,
-                "parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 1, "pipeline_bubble": 0.0},
-                "traffic_gb_per_step": {"tp": 0.0, "pp": 0.0, "zero3": 0.0},
-                "device": {"peak_tflops": 1.0}, "flops_per_token": {"hardware": 1.0}, "mfu": 1.0,
-                "model": {"layers": 1, "hidden": 1}, "precision": {"amp_dtype": "float32", "amp_level": None},
-                "params": {"total": 1}, "gpus": 1}
+        return dataclasses.replace(real, memory_gib=memory, startup_gib=startup, micro_batch=micro,
+                                   tokens_per_step=real.max_seq_length * micro)
 
     base = report(50.0, 90.0, 2)
     cur = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "recompute": False,
@@ -113,13 +113,12 @@ def test_search_filters_on_the_larger_of_steady_state_and_start_up():
            "pipeline_parallel_degree": 1}
     found = fit_search.search(cur, base, lambda change: report(60.0, 10.0, change.get(
         "per_device_train_batch_size", 2)), budget_gib=72.0)
-    assert found["best"]["report"]["startup_gib"] == 10.0  # the base (steady 50) is not chosen: start-up 90
-    assert found["smallest"]["report"]["startup_gib"] == 10.0
+    assert found["best"]["report"].startup_gib == 10.0  # the base (steady 50) is not chosen: start-up 90
+    assert found["smallest"]["report"].startup_gib == 10.0
 
 
 def test_out_of_memory_hint_covers_start_up(monkeypatch):
     """`train`'s out-of-memory hint re-fits under the failed layout's peak, start-up included."""
-    from pretrain_cli.commands.plan import _parsed
     from pretrain_cli.config.planned import out_of_memory_fit
 
     args, cfg = _parsed(str(LLAMA), TO_70B)

@@ -12,7 +12,8 @@ import json
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, format_report
+from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF
+from pretrain_cli.planning.report import format_report
 
 DEFAULT_DEVICE = "A100-80GB"
 
@@ -51,11 +52,12 @@ def _parsed(config: str | None, overrides: list[str] | None):
 def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
          mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
          peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints (`config.planned.plan`), with suggestions when the run does not fit."""
+    """The object `plan --json` prints (`config.planned.plan`), with suggestions when the run does not fit."""
     from pretrain_cli.config import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops)
-    return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
+    return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes,
+                        peak_tflops).to_json()
 
 
 def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
@@ -98,6 +100,9 @@ def main(ns: argparse.Namespace) -> int:
         if ns.output and f["after"] is not None and not ns.json:
             print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
         return 0 if f["after"] is not None else 1
-    r = plan(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
-    print(json.dumps(r, indent=2) if ns.json else format_report(r))
+    from pretrain_cli.config import planned
+
+    planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops)
+    r = planned.plan(*_parsed(ns.config, ns.overrides), ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+    print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
     return 0

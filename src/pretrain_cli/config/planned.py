@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import dataclasses
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
@@ -18,7 +19,8 @@ from pretrain_cli.run_config import ParallelConfig, Target
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import Device, device_note, more_devices, peak_gib, report, suggest, target_device
+from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
+from pretrain_cli.planning.report import Plan
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
@@ -74,19 +76,21 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
-         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints, with suggestions (each re-resolved) when the run does not fit."""
+         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> Plan:
+    """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
+    does not fit."""
     check_flags(device, gpus, mfu, peak_tflops)
     dev = target_device(device)
     run = _resolved(args, model_cfg, dev, gpus)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
-    out["notes"] = device_note(device, dev) + out["notes"]
-    if suggest_changes and not out["fits"]:
+    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
+    if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
-        out["suggestions"] = suggest(run, out, replan)
-        if not any(s["fits"] for s in out["suggestions"]):  # nothing fits these devices: more of them, first
-            scale = more_devices(out, out["suggestions"], replan)
-            out["suggestions"][:0] = [scale] if scale else []
+        found = suggest(run, out, replan)
+        if not any(s["fits"] for s in found):  # nothing fits these devices: more of them, first
+            scale = more_devices(out, found, replan)
+            found[:0] = [scale] if scale else []
+        out = dataclasses.replace(out, suggestions=tuple(found))
     return out
 
 
@@ -100,18 +104,18 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     check_flags(device, gpus, mfu, peak_tflops, margin)
     base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
-    notes = [n for n in base["notes"] if "WARNING" in n]
+    notes = [n for n in base.notes if "WARNING" in n]
     precision = _precision_for(args, device)
     searched = with_changes(args, precision)
     if precision:  # the search runs, and the fitted file trains, in the precision the device has
         base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
-        notes.append(f"bf16: {base['device']['name']} has no bf16 tensor cores, so the fitted layout runs fp16 "
+        notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
-    budget = base["device"]["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
+    budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
 
@@ -127,9 +131,9 @@ def _precision_for(args: Arguments, device: str) -> dict:
 def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
     """(the failed layout's predicted peak GiB per device, `fit` under 90 % of the smaller of it and the device's
     memory): the layout that failed needed more than the device has, whatever the estimate said. The peak is the
-    larger of the steady-state step and start-up (`planning.plan.peak_gib`), so a run that ran out of memory while
+    larger of the steady-state step and start-up (`Plan.peak_gib`), so a run that ran out of memory while
     it was being built is re-fitted against its start-up too."""
-    predicted = peak_gib(plan(args, model_cfg, device, gpus, suggest_changes=False))
+    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False).peak_gib
     budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
 

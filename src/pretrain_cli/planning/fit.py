@@ -3,7 +3,7 @@
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
 batch, recompute granularity, flash attention, sharding stage, tensor-parallel or pipeline degree). This module only
 proposes and ranks them: the caller (`config.planned`) re-resolves the parsed arguments with each one
-(`replan(change) -> report | None`, None when `config.resolve` refuses the layout), so every candidate is a
+(`replan(change) -> Plan | None`, None when `config.resolve` refuses the layout), so every candidate is a
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
 
@@ -17,7 +17,10 @@ from __future__ import annotations
 import itertools
 
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
-from pretrain_cli.planning.plan import more_devices, peak_gib
+import dataclasses
+
+from pretrain_cli.planning.plan import more_devices
+from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import LINK_GBPS, speed
 
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
@@ -59,12 +62,12 @@ def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
 
 def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
-    p = r["parallel"]
-    return (r["micro_batch"], r["gradient_accumulation_steps"], r["recompute"], r["attention"], p["tp"],
-            p["sharding_stage"], p["sharding_degree"], p.get("pp", 1))
+    p = r.parallel
+    return (r.micro_batch, r.gradient_accumulation_steps, r.recompute, r.attention, p.tp, p.sharding_stage,
+            p.sharding_degree, p.pp)
 
 
-def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
+def search(current: dict, base: Plan, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
            by_speed: bool = True) -> dict:
     """The fastest candidate whose predicted memory is within `budget_gib`, and the smallest candidate.
     `by_speed=False` (no speed estimate: the device has no known peak) ranks by fewest changes instead.
@@ -74,7 +77,7 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
     """
     seen: dict[tuple, dict] = {}
     tried = 0
-    for change in [{}] + candidates(current, base["tokens_per_step"] // base["max_seq_length"], base["gpus"]):
+    for change in [{}] + candidates(current, base.global_batch, base.gpus):
         tried += 1
         r = base if not change else replan(change)
         if r is None:
@@ -84,50 +87,49 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
             continue
         seen[key] = {"change": change, "report": r, "speed": speed(r, link_gbps)}
     entries = list(seen.values())
-    fitting = [e for e in entries if peak_gib(e["report"]) <= budget_gib]  # steady state and start-up
+    fitting = [e for e in entries if e["report"].peak_gib <= budget_gib]  # steady state and start-up
     best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9) if by_speed else 0,
-                                       e["report"]["attention"] != "flash" if by_speed else 0,
-                                       len(e["change"]), -e["report"]["micro_batch"], peak_gib(e["report"])),
+                                       e["report"].attention != "flash" if by_speed else 0,
+                                       len(e["change"]), -e["report"].micro_batch, e["report"].peak_gib),
                default=None)
-    smallest = min(entries, key=lambda e: (peak_gib(e["report"]), len(e["change"])), default=None)
+    smallest = min(entries, key=lambda e: (e["report"].peak_gib, len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries)}
 
 
-def fit(current: dict, base: dict, as_written: dict, replan, budget_gib: float, margin: float,
+def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
         carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
-    """`plan --fit`'s result: `search` over `replan(change, gpus) -> report | None`, the diff against `current`,
+    """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
     and when nothing fits the smallest layout and the fewest devices (`plan.more_devices`) within the budget.
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
     notes = list(notes or [])
-    by_speed = base["device"]["peak_tflops"] is not None
+    by_speed = base.device.peak_tflops is not None
     if not by_speed:
-        notes.append(f"speed: no estimate ({base['device']['peak_source']}; --peak_tflops gives one), so of the "
+        notes.append(f"speed: no estimate ({base.device.peak_source}; --peak_tflops gives one), so of the "
                      f"layouts that fit the one with the fewest changes is chosen, not the fastest")
     found = search(current, base, replan, budget_gib, by_speed=by_speed)
     best, small = found["best"], found["smallest"]
-    out = {"config": config, "device": base["device"], "gpus": base["gpus"], "margin": margin,
-           "budget_gib": budget_gib, "mfu": base["mfu"], "link_gbps": LINK_GBPS,
-           "global_batch": base["tokens_per_step"] // base["max_seq_length"],
+    out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
+           "budget_gib": budget_gib, "mfu": base.mfu, "link_gbps": LINK_GBPS, "global_batch": base.global_batch,
            "tried": found["tried"], "valid": found["valid"],
-           "before": {"memory_gib": as_written["memory_gib"], "startup_gib": as_written["startup_gib"],
+           "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "speed": speed(as_written)},
            "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
-        out.update(after={"memory_gib": best["report"]["memory_gib"], "startup_gib": best["report"]["startup_gib"],
+        out.update(after={"memory_gib": best["report"].memory_gib, "startup_gib": best["report"].startup_gib,
                           "speed": best["speed"]},
                    change={**{k: v for k, _, v in carried}, **best["change"]},
                    diff=list(carried) + diff(current, best["change"]))
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
-                           "memory_gib": peak_gib(small["report"])}
+                           "memory_gib": small["report"].peak_gib}
 
     def within_budget(change: dict, world: int):
         r = replan(change, world)
-        return None if r is None else {**r, "fits": peak_gib(r) <= budget_gib}
+        return None if r is None else dataclasses.replace(r, fits=r.peak_gib <= budget_gib)
 
     out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
     return out

@@ -5,6 +5,7 @@ ZeRO-3 groups over one effective link. Each formula is written once here. No Pad
 from __future__ import annotations
 
 from pretrain_cli.planning.memory import Setup
+from pretrain_cli.planning.report import Plan
 from pretrain_cli.run_config import ParallelConfig
 
 LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
@@ -40,17 +41,15 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
     return out
 
 
-def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
+def speed(r: Plan, link_gbps: float = LINK_GBPS) -> dict:
     """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout: compute over the
-    pipeline's stages and bubble, plus the report's TP, PP and ZeRO-3 traffic (`traffic`) over the link."""
-    par = r["parallel"]
-    b, acc, s = r["micro_batch"], r["gradient_accumulation_steps"], r["max_seq_length"]
-    peak = r["device"]["peak_tflops"] or NOMINAL_TFLOPS
-    compute = b * acc * s * r["flops_per_token"]["hardware"] / par["tp"] / par["pp"] / (peak * 1e12 * r["mfu"])
-    compute /= 1 - par["pipeline_bubble"]
-    comm = sum(r["traffic_gb_per_step"].values()) / link_gbps
+    pipeline's stages and bubble, plus the plan's TP, PP and ZeRO-3 traffic (`traffic`) over the link."""
+    par, peak = r.parallel, r.device.peak_tflops
+    flops = r.micro_batch * r.gradient_accumulation_steps * r.max_seq_length * r.flops_per_token.hardware
+    compute = flops / par.tp / par.pp / ((peak or NOMINAL_TFLOPS) * 1e12 * r.mfu) / (1 - par.pipeline_bubble)
+    comm = sum(r.traffic_gb_per_step.values()) / link_gbps
     step = compute + comm
-    known = r["device"]["peak_tflops"] is not None
+    known = peak is not None
     return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
-            "comm_seconds": comm if known else None, "tokens_per_sec": r["tokens_per_step"] / step if known else None,
+            "comm_seconds": comm if known else None, "tokens_per_sec": r.tokens_per_step / step if known else None,
             "rank_seconds": step}
