@@ -126,3 +126,20 @@ def test_out_of_memory_hint_covers_start_up(monkeypatch):
     r = plan(str(LLAMA), TO_70B, device="H100", gpus=64, suggest_changes=False)
     assert predicted == pytest.approx(max(r["memory_gib"], r["startup_gib"]))
     assert f["after"] is not None and max(f["after"]["memory_gib"], f["after"]["startup_gib"]) <= 72.0
+
+
+def test_zero2_keeps_whole_weights_so_start_up_decides():
+    """Qwen2.5-32B under ZeRO-2 on 64 x H20 (96 GiB): the steady state fits (bf16 weights, sharded states), but
+    every rank builds the whole model in fp32 first. `plan` says it cannot start, and `--fit` moves off a layout
+    whose steady state alone is within the budget."""
+    over = ["--model_name_or_path", "Qwen/Qwen2.5-32B", "--tensor_parallel_degree", "1", "--recompute", "true"]
+    r = planned.plan(*_parsed(str(LLAMA), over), "H20", 64, suggest_changes=True)
+    n = r.params["total"]
+    assert r.memory_gib <= 96 < r.startup_gib and not r.fits
+    assert r.startup_breakdown_gib["weights"] * GIB == pytest.approx(4 * n)  # ZeRO-2 does not shard weights
+    text = format_report(r)
+    assert "-> fits\n" in text and "-> DOES NOT FIT: train cannot start" in text
+    assert r.suggestions and r.suggestions[0]["fits"] and r.suggestions[0]["memory_gib"] < 96
+    f = fit(str(LLAMA), over, device="H20", gpus=64)
+    assert f["before"]["memory_gib"] <= f["budget_gib"] < f["before"]["startup_gib"]
+    assert f["diff"] and f["after"]["startup_gib"] <= f["budget_gib"] and f["after"]["memory_gib"] <= f["budget_gib"]
