@@ -21,13 +21,15 @@ LAYER = 2 * H * H + 2 * H * KV + 3 * H * I + 2 * H  # q, o; k, v; gate, up, down
 
 def _tp8_pp4_stage1():
     """The 64-rank run: the file resolved for tp 8 × ZeRO-1 on one stage's 16 ranks, then laid out over 4 stages
-    (what `config.resolve` gives once TP × PP is accepted: the same degrees, world 64, pp 4)."""
+    with the embedding and LM head whole on every tensor-parallel rank of their stage (the pipeline engine's TP
+    splits the decoder layers only): what `config.resolve` gives for the file with pp 4 where TP × PP runs."""
     args, cfg = _parsed(str(LLAMA), ["--model_name_or_path", "meta-llama/Llama-3.1-70B", "--tensor_parallel_degree",
                                      "8", "--sharding", "stage1"])
     dev = target_device("H100")
     run = planned._resolved(args, cfg, dev, 16)
     assert (run.parallel.tp_degree, run.parallel.sharding_degree, run.parallel.sharding_stage) == (8, 2, 1)
-    run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, world_size=64, pp_degree=4))
+    run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, world_size=64, pp_degree=4,
+                                                                vocab_parallel=False))
     return run, cfg, dev
 
 
@@ -35,7 +37,7 @@ def test_fullest_stage_with_its_tp_share_by_hand():
     run, cfg, dev = _tp8_pp4_stage1()
     stages = pipeline_stages(setup_for(run, cfg, dev))
     first = stages[0]
-    n0 = 20 * LAYER / 8 + V * H / 8  # 20 layers and the vocabulary-split embedding, ÷ tp 8
+    n0 = 20 * LAYER / 8 + V * H  # 20 layers ÷ tp 8 and the whole embedding
     assert first["weights"] == pytest.approx(2 * n0)  # bf16 O2
     assert first["gradients"] == pytest.approx(2 * n0)  # bf16 (no amp_master_grad), whole under ZeRO-1
     assert first["optimizer_state"] == pytest.approx(8 * n0 / 2)  # AdamW m, v ÷ the ZeRO-1 group of 2
@@ -53,8 +55,8 @@ def test_fullest_stage_with_its_tp_share_by_hand():
     r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     assert r.memory_gib * GIB == pytest.approx(max(sum(s.values()) for s in stages))
     assert r.parallel.pipeline_bubble == pytest.approx(3 / (16 + 3))  # (P-1)/(m+P-1), 16 micro-batches
-    # start-up: the fullest stage's fp32 share (stage 3 adds the final norm and the split head) + the whole embedding
-    n3 = 20 * LAYER / 8 + H / 8 + V * H / 8
+    # start-up: the fullest stage's fp32 share (stage 3 adds the final norm and the whole head) + the embedding again
+    n3 = 20 * LAYER / 8 + H / 8 + V * H
     assert r.startup_breakdown_gib["weights"] * GIB == pytest.approx(4 * n3)
     assert r.startup_breakdown_gib["largest_tensor"] * GIB == 4 * V * H
 
