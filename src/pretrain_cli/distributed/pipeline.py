@@ -19,20 +19,17 @@ step); clipping, the non-finite policy and the update stay the trainer's, as for
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
-On CPU three workarounds: `pp_configs.use_batch_p2p_comm = False`, `ParallelEnv._device_id = 0`
-(PADDLE_PARALLEL_CPU.md) and gloo groups created one at a time (`groups_one_at_a_time`).
+fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s, and
+PipelineLayer's shared-weight group is created one at a time as well on gloo (`groups_one_at_a_time`).
 """
 from __future__ import annotations
 
-import contextlib
 import re
 
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.distributed.topology import groups_one_at_a_time
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
-
-ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
-
 
 def stage_of(name: str, bounds: list[int]) -> int:
     """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
@@ -45,46 +42,10 @@ def stage_of(name: str, bounds: list[int]) -> int:
     return len(bounds) - 2  # model.norm, lm_head
 
 
-def init_fleet(parallel: ParallelConfig, loop: Loop, seed: int) -> None:
-    """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
-    import paddle
-    import paddle.distributed as dist
-    from paddle.distributed import fleet
-
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": parallel.pp_degree,
-                               "sharding_degree": parallel.sharding_degree, "order": ORDER}
-    strategy.pipeline_configs = {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
-                                 "p2p_cache_shape": False}  # eval sends another batch size than training
-    cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
-    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu  # the CPU build needs unbatched sends
-    strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-    if not hasattr(dist.ParallelEnv(), "_device_id"):
-        dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
-    with groups_one_at_a_time() if cpu else contextlib.nullcontext():
-        fleet.init(is_collective=True, strategy=strategy)
-
-
-@contextlib.contextmanager
-def groups_one_at_a_time():
-    """Each `new_group` followed by a barrier of every rank. With gloo, two disjoint groups created at once (the
-    "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout) in
-    Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order (fleet's
-    topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
-    import paddle.distributed as dist
-
-    plain = dist.new_group
-
-    def new_group(*args, **kwargs):
-        group = plain(*args, **kwargs)
-        dist.barrier()
-        return group
-
-    dist.new_group = new_group
-    try:
-        yield
-    finally:
-        dist.new_group = plain
+def pipeline_configs(loop: Loop) -> dict:
+    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet)."""
+    return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
+            "p2p_cache_shape": False}  # eval sends another batch size than training
 
 
 def _layers():
@@ -194,9 +155,9 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     loss = StageLoss(lm)
     gloo = paddle.get_device().startswith("cpu")
-    with groups_one_at_a_time() if gloo else contextlib.nullcontext():  # the tied embedding's first-last stage group
+    with groups_one_at_a_time(gloo):  # the tied embedding's first-last stage group
         layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
-                              topology=fleet.get_hybrid_communicate_group().topology())  # stages outermost (ORDER)
+                              topology=fleet.get_hybrid_communicate_group().topology())  # the run's Topology
     return layer, loss, bounds
 
 
@@ -266,7 +227,7 @@ class Pipeline(Strategy):
         if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
-        tied = self.lm.lm_head is None and self.parallel.pp_rank > 0
+        tied = self.lm.lm_head is None and self.topology.stage > 0
         self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
         return Pipelined(engine, self.loss), optimizer
 
@@ -323,15 +284,11 @@ class Pipeline(Strategy):
         """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
         train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
         embedding's copy on the last stage is the first stage's tensor: written once, from there."""
-        stage = self.parallel.pp_rank
+        stage = self.topology.stage
         return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
 
     def holders(self, tensor, kind: str) -> tuple:
-        """The ranks of this stage (its data-parallel replicas: stages are outermost, `ORDER`); under ZeRO-1 the
-        optimizer state only on the replicas of its owner (the same index on the stage's "sharding" axis)."""
-        p = self.parallel
-        per_stage = p.world_size // p.pp_degree
-        ranks = [p.pp_rank * per_stage + i for i in range(per_stage)]
-        if kind == "optimizer" and p.sharding_stage:
-            ranks = [r for r in ranks if r % p.sharding_degree == p.rank % p.sharding_degree]
-        return tuple(ranks)
+        """The ranks of this stage (its data-parallel replicas); under ZeRO-1 the optimizer state only on the
+        replicas of its owner (the same coordinate on the stage's "sharding" axis)."""
+        owned = kind == "optimizer" and self.parallel.sharding_stage
+        return self.topology.replicas("pp", *(("sharding",) if owned else ()))
