@@ -202,19 +202,36 @@ class Pipeline(Strategy):
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"
+        tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
+        self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
 
     # ------------------------------------------------------------------ building
     def place(self, model):
-        """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
+        """The stages over `model`'s own sublayers (each decoder layer first cut to this rank's tensor-parallel
+        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters."""
         self.lm = model
+        if self.parallel.tp_degree > 1:
+            self._split_tensor_parallel(model)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
         for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
             if id(p) not in held:
                 p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
         return layer
+
+    def _split_tensor_parallel(self, model) -> None:
+        from paddle.distributed import fleet
+
+        from pretrain_cli.distributed.tensor_parallel import split_layers
+        from pretrain_cli.models.convert import hf_param_names
+
+        group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
+        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
+        params = dict(model.named_parameters())
+        self.tp_dims = {hf: dims[id(params[ours])] for ours, (hf, _) in hf_param_names(model).items()
+                        if id(params[ours]) in dims}
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -228,7 +245,9 @@ class Pipeline(Strategy):
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
-        self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
+        self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return Pipelined(engine, self.loss), optimizer
 
     def wrap_scaler(self, scaler):
@@ -248,7 +267,7 @@ class Pipeline(Strategy):
         first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
         labels = column("labels")
         with amp.autocast():
-            loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
+            loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
@@ -264,11 +283,16 @@ class Pipeline(Strategy):
 
     def grad_norm(self, model):
         """Each stage's squared norm (ZeRO-1: each owner's part), summed over the pipeline; a tied weight's second
-        copy is counted once."""
+        copy is counted once, a tensor-parallel slice's part summed over its tp group, whole tensors once."""
         import paddle
         import paddle.distributed as dist
 
-        sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        whole, sliced = ([p.grad for p in ps if p.grad is not None] for ps in self._counted)
+        sq = self.step_kernels.global_sq_norm(whole)
+        if self.parallel.tp_degree > 1:
+            part = self.step_kernels.global_sq_norm(sliced) if sliced else paddle.zeros_like(sq)
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
+            sq = sq + part
         if self._hpo is not None:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
@@ -287,8 +311,24 @@ class Pipeline(Strategy):
         stage = self.topology.stage
         return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
 
-    def holders(self, tensor, kind: str) -> tuple:
-        """The ranks of this stage (its data-parallel replicas); under ZeRO-1 the optimizer state only on the
-        replicas of its owner (the same coordinate on the stage's "sharding" axis)."""
+    def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
+        """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
+        on the ranks with this tp coordinate; under ZeRO-1 the optimizer state only on the replicas of its owner
+        (the same coordinate on the stage's "sharding" axis)."""
         owned = kind == "optimizer" and self.parallel.sharding_stage
-        return self.topology.replicas("pp", *(("sharding",) if owned else ()))
+        return self.topology.replicas("pp", *(("sharding",) if owned else ()), *(("mp",) if sliced else ()))
+
+    def local_box(self, tensor, name: str | None = None):
+        """A tensor-parallel slice (the weight or its moments and master copy, by HF name): its block of the
+        global tensor, cut on `tp_dims[name]` at this rank's tp coordinate; anything else whole."""
+        hf, _, slot = (name or "").partition("/")
+        dim = self.tp_dims.get(hf)
+        if dim is None or slot not in ("", "moment1", "moment2", "master"):
+            return super().local_box(tensor, name)
+        from pretrain_cli.distributed.pieces import Box
+
+        shape = tuple(tensor.shape)
+        whole, offsets = list(shape), [0] * len(shape)
+        whole[dim], offsets[dim] = shape[dim] * self.parallel.tp_degree, shape[dim] * self.topology.tp_rank
+        kind = "weights" if not slot else "optimizer"
+        return Box(tuple(whole), tuple(offsets), shape), self.holders(tensor, kind, sliced=True)

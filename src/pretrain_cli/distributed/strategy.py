@@ -114,9 +114,10 @@ class Strategy:
         layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
         return self.topology.replicas()
 
-    def local_box(self, tensor):
+    def local_box(self, tensor, name: str | None = None):
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
-        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        same block, or None: `holders`). The load side reads exactly this block; the save side writes it
+        (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
         from pretrain_cli.distributed.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
@@ -134,7 +135,7 @@ class Strategy:
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
-            box, holders = self.local_box(t)
+            box, holders = self.local_box(t, name)
             holders = holders or self.holders(t, kind)
             out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
                              t, transpose))
