@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.distributed.topology import groups_one_at_a_time
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
@@ -196,7 +196,7 @@ def inputs_of(ids, extra: dict):
     return (ids, *doc) if doc else ids
 
 
-class Pipeline(Strategy):
+class Pipeline(FleetHybrid):
     """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
@@ -239,21 +239,16 @@ class Pipeline(Strategy):
         engine = fleet.distributed_model(model)
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        self.params = list(model.parameters())
-        self._owned, self._hpo = self.params, None
+        self._params = list(model.parameters())
+        self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
-            self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
+            self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
         counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
         sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
         self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return Pipelined(engine, self.loss), optimizer
-
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp):
@@ -271,12 +266,13 @@ class Pipeline(Strategy):
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        if self._hpo is not None:
-            self._hpo._hybrid_sync_grad(self.params)  # reduce to each parameter's owner (+ the dp all-reduce)
-        elif self.parallel.data_world_size > 1:
+        """ZeRO-1: fleet's optimizer (`FleetHybrid`); else the mean over the data-parallel replicas of this stage."""
+        if self._hpo is None and self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-            fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
+            fused_allreduce_gradients(self._params, self.hcg)
+        else:
+            super().sync_grads()
 
     def grad_params(self, model) -> list:
         return self._owned
@@ -297,11 +293,6 @@ class Pipeline(Strategy):
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
-
-    def step(self, optimizer) -> None:
-        if self._hpo is None:
-            return super().step(optimizer)
-        self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
 
     # ------------------------------------------------------------------ checkpoints
     def pieces(self, model, optimizer=None) -> list:
