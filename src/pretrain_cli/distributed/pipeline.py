@@ -18,6 +18,8 @@ schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch
 step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
+Tensor parallelism: every decoder layer is cut to this rank's tp slice before the stages are built
+(`tensor_parallel`), so a stage's items hold slices; each rank writes the slices of its stage (`local_box`).
 
 fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s, and
 PipelineLayer's shared-weight group is created one at a time as well on gloo (`groups_one_at_a_time`).

@@ -17,16 +17,16 @@ next, and the pipeline stages are outermost: across nodes only one activation pe
 between stages, and the data-parallel gradient all-reduce crosses nodes only when dp × sharding × tp is
 larger than a node. The data rank (which slice of the global batch a rank reads) is dp_rank × sharding +
 sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks and stages share batches.
-Another axis (context parallelism, say) is one more entry in `AXES` and `FLEET_KEYS`.
+Another axis (context parallelism, say) is one more entry in `AXES` (and in fleet's order, `FLEET_ORDER`).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-AXES = ("pp", "dp", "sharding", "mp")  # outermost first
-# our axis -> fleet's hybrid_configs degree key; fleet's own order list names every axis it knows
-FLEET_KEYS = {"pp": "pp_degree", "dp": "dp_degree", "sharding": "sharding_degree", "mp": "mp_degree"}
+# axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
+AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
+        "sharding": ("sharding_degree", "sharding_degree"), "mp": ("tp_degree", "mp_degree")}
 FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
 
 
@@ -47,7 +47,8 @@ def rank_of(coords: dict, degrees: dict) -> int:
 
 @dataclass(frozen=True)
 class Topology:
-    """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process."""
+    """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process. Pure arithmetic until a method
+    builds one of the engines' views (`init_fleet`, `mesh`)."""
 
     degrees: tuple
     rank: int = 0
@@ -56,9 +57,8 @@ class Topology:
     @functools.lru_cache(maxsize=None)
     def of(parallel) -> "Topology":
         """The topology of a resolved `ParallelConfig` (the same object for the same config)."""
-        sizes = {"pp": parallel.pp_degree, "dp": parallel.dp_degree, "sharding": parallel.sharding_degree,
-                 "mp": parallel.tp_degree}
-        topo = Topology(tuple((axis, sizes[axis]) for axis in AXES), parallel.rank)
+        sizes = {axis: getattr(parallel, degree) for axis, (degree, _) in AXES.items()}
+        topo = Topology(tuple(sizes.items()), parallel.rank)
         if topo.world_size != parallel.world_size:
             raise ValueError(f"degrees {sizes} make {topo.world_size} ranks, the world is {parallel.world_size}")
         return topo
@@ -121,7 +121,7 @@ class Topology:
     # ------------------------------------------------------------------ the engines' views of it
     def fleet_hybrid_configs(self) -> dict:
         """fleet's `hybrid_configs` degrees and axis order for this topology."""
-        out = {FLEET_KEYS[a]: n for a, n in self.degrees}
+        out = {AXES[a][1]: n for a, n in self.degrees}
         out["order"] = list(FLEET_ORDER)
         return out
 
