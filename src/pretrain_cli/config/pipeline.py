@@ -72,10 +72,6 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
                      f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
                      f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
     problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
-    if pp > 2 and device == "cpu":
-        notes.append(f"pipeline_parallel_degree: {pp} stages on cpu: in every try here Paddle 3.3.1's gloo failed to "
-                     f"create fleet's groups for more than 2 stages (\"could not join the process group\"); 2 stages "
-                     f"are what CPU verifies (docs/DISTRIBUTED.md)")
     acc = t.gradient_accumulation_steps
     if 1 <= acc < pp:
         notes.append(f"pipeline_parallel_degree: {acc} micro-batch(es) per step for {pp} stages: each stage idles "

@@ -19,15 +19,16 @@ step); clipping, the non-finite policy and the update stay the trainer's, as for
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
-fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s, and
-PipelineLayer's shared-weight group is created one at a time as well on gloo (`groups_one_at_a_time`).
+fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s and
+`distributed/gloo.py`'s: on gloo PipelineLayer's shared-weight group gets its own store as well, and with more than
+two stages the stage-to-stage sends go over two-rank groups (`neighbour_sends`).
 """
 from __future__ import annotations
 
 import re
 
 from pretrain_cli.distributed.strategy import Strategy
-from pretrain_cli.distributed.topology import groups_one_at_a_time
+from pretrain_cli.distributed.gloo import neighbour_sends, separate_stores
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
 
@@ -155,9 +156,12 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     loss = StageLoss(lm)
     gloo = paddle.get_device().startswith("cpu")
-    with groups_one_at_a_time(gloo):  # the tied embedding's first-last stage group
+    hcg = fleet.get_hybrid_communicate_group()
+    with separate_stores(gloo):  # the tied embedding's first-last stage group; on gloo the stage-pair groups
         layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
-                              topology=fleet.get_hybrid_communicate_group().topology())  # the run's Topology
+                              topology=hcg.topology())  # the run's Topology
+        if gloo:
+            neighbour_sends(hcg)
     return layer, loss, bounds
 
 
