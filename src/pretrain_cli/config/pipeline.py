@@ -24,7 +24,8 @@ PP_FLAGS = {
     "enable_dynamic_shape": None,  # every message carries its shape already
     "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
                                   "use_batch_p2p_comm is off, as its CPU build requires)",
-    "best_unbalanced_scheduler": "a tuning of the interleaved schedule, which does not run here (virtual_pp_degree 1)",
+    "best_unbalanced_scheduler": "a memory-balanced variant of the interleaved schedule for fewer micro-batches than "
+                                 "2 x stages, which is refused here; the interleaved schedule runs as fleet's default",
 }
 
 
@@ -67,14 +68,20 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
     if stage in (2, 3):
         problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
                      f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
-    if vpp > 1:
-        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
-                     f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
-                     f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
-    problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
     acc = t.gradient_accumulation_steps
+    if vpp > 1:  # fleet's interleaved 1F1B (PipelineParallelWithInterleave): its own limits, and equal chunks
+        if pp <= 2:
+            problems.add(f"virtual_pp_degree: {vpp} needs more than 2 pipeline stages (fleet's interleaved schedule), "
+                         f"pipeline_parallel_degree is {pp}; set virtual_pp_degree to 1 or use 3+ stages")
+        elif layers % (pp * vpp):
+            problems.add(f"virtual_pp_degree: {layers} decoder layers do not split into {pp} stages x {vpp} equal "
+                         f"chunks; use a virtual_pp_degree with pipeline_parallel_degree x it dividing {layers}")
+        elif acc < 2 * pp:
+            problems.add(f"virtual_pp_degree: fleet's interleaved schedule needs gradient_accumulation_steps >= 2 x "
+                         f"stages ({2 * pp}), got {acc}; raise it or set virtual_pp_degree to 1")
+    problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
     if 1 <= acc < pp:
         notes.append(f"pipeline_parallel_degree: {acc} micro-batch(es) per step for {pp} stages: each stage idles "
                      f"for {(pp - 1) / (acc + pp - 1):.0%} of the step (the bubble, (P-1)/(m+P-1)); raise "
                      f"gradient_accumulation_steps to at least {4 * pp} to keep it small")
-    return pp, 1
+    return pp, vpp

@@ -32,21 +32,26 @@ from pretrain_cli.distributed.gloo import neighbour_sends, separate_stores
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
 
-def stage_of(name: str, bounds: list[int]) -> int:
-    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
+def stage_of(name: str, bounds: list[int], stages: int | None = None) -> int:
+    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index. `bounds` has one
+    part per model chunk; with virtual stages (`stages` < parts) chunk c runs on stage c mod `stages`, as in
+    fleet's interleaved schedule (stage 0 holds chunks 0, P, 2P, ...)."""
+    parts = len(bounds) - 1
     m = re.match(r"model\.layers\.(\d+)\.", name)
     if m:
         i = int(m.group(1))
-        return max(s for s in range(len(bounds) - 1) if bounds[s] <= i)
-    if name.startswith("model.embed_tokens."):
-        return 0
-    return len(bounds) - 2  # model.norm, lm_head
+        chunk = max(s for s in range(parts) if bounds[s] <= i)
+    else:
+        chunk = 0 if name.startswith("model.embed_tokens.") else parts - 1  # model.norm, lm_head: the last
+    return chunk % (stages or parts)
 
 
-def pipeline_configs(loop: Loop) -> dict:
-    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet)."""
+def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
+    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet). Shapes
+    are sent with every message (evaluation sends another batch size than training); fleet's interleaved schedule
+    insists on its shape cache, which `Pipeline.wrap` then clears after every step instead."""
     return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
-            "p2p_cache_shape": False}  # eval sends another batch size than training
+            "p2p_cache_shape": parallel.virtual_pp_degree > 1}
 
 
 def _layers():
@@ -152,14 +157,17 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     items.append(Final(dec.norm))
     items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
                  if tied else Head(lm.lm_head))
-    bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
+    pp, vpp = parallel.pp_degree, parallel.virtual_pp_degree
+    bounds = stage_bounds(len(dec.layers), pp * vpp)  # one part per model chunk (a stage's, without virtual stages)
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
+    if vpp > 1:  # fleet splits equal chunks itself (a list is read as P parts): config checks layers % (P x V) == 0
+        seg = "layer:^Block$"
     loss = StageLoss(lm)
     gloo = paddle.get_device().startswith("cpu")
     hcg = fleet.get_hybrid_communicate_group()
     with separate_stores(gloo):  # the tied embedding's first-last stage group; on gloo the stage-pair groups
-        layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
-                              topology=hcg.topology())  # the run's Topology
+        layer = PipelineLayer(layers=items, num_stages=pp, loss_fn=loss, seg_method=seg, topology=hcg.topology(),
+                              num_virtual_pipeline_stages=vpp)  # the run's Topology
         if gloo:
             neighbour_sends(hcg)
     return layer, loss, bounds
@@ -206,7 +214,8 @@ class Pipeline(Strategy):
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"
+        virtual = f" x{parallel.virtual_pp_degree} virtual" if parallel.virtual_pp_degree > 1 else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
 
     # ------------------------------------------------------------------ building
@@ -224,6 +233,8 @@ class Pipeline(Strategy):
         from paddle.distributed import fleet
 
         engine = fleet.distributed_model(model)
+        if self.parallel.virtual_pp_degree > 1:
+            engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
         self.params = list(model.parameters())
@@ -289,7 +300,8 @@ class Pipeline(Strategy):
         train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
         embedding's copy on the last stage is the first stage's tensor: written once, from there."""
         stage = self.topology.stage
-        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
+        pp = self.parallel.pp_degree
+        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds, pp) == stage]
 
     def holders(self, tensor, kind: str) -> tuple:
         """The ranks of this stage (its data-parallel replicas); under ZeRO-1 the optimizer state only on the
