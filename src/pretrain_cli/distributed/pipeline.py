@@ -189,11 +189,19 @@ class Pipelined:
         from pretrain_cli.ops.loss import IGNORE_INDEX
 
         pp = self.engine
+        # fleet's interleaved schedule needs a micro-batch per stage: the batch, then copies whose labels are all
+        # ignored (their loss sums are 0); fleet divides the sum by the micro-batch count, multiplied back below
+        k = pp.num_stages if getattr(pp, "num_model_chunks", 1) > 1 else 1
+        batch, target = inputs_of(ids, extra), labels
+        if k > 1:
+            repeat = lambda t: paddle.concat([t] * k, axis=0)  # noqa: E731  [k * rows, seq_len]
+            batch = tuple(map(repeat, batch)) if isinstance(batch, tuple) else repeat(batch)
+            target = paddle.concat([labels] + [paddle.full_like(labels, IGNORE_INDEX)] * (k - 1), axis=0)
         saved = pp.accumulate_steps, pp.micro_batch_size
-        pp.accumulate_steps, pp.micro_batch_size = 1, ids.shape[0]
+        pp.accumulate_steps, pp.micro_batch_size = k, ids.shape[0]
         self.loss.sum_mode = True
         try:
-            total = pp.eval_batch([inputs_of(ids, extra), labels], compute_loss=True)
+            total = pp.eval_batch([batch, target], compute_loss=True) * k
         finally:
             pp.accumulate_steps, pp.micro_batch_size = saved
             self.loss.sum_mode = False
