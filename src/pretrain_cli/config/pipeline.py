@@ -66,8 +66,9 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
                      f"neither could be verified; use pipeline x data parallel (sharding: stage1 allowed), or "
                      f"tensor_parallel_degree without a pipeline")
     if stage in (2, 3):
-        problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
-                     f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
+        problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's pipeline "
+                     f"shards its optimizer at stage 1; docs/DISTRIBUTED.md says why); use sharding: stage1 with a "
+                     f"pipeline, or stage{stage} without one")
     acc = t.gradient_accumulation_steps
     if vpp > 1:  # fleet's interleaved 1F1B (PipelineParallelWithInterleave): its own limits, and equal chunks
         if pp <= 2:

@@ -15,7 +15,9 @@ one process does. The gradient norm counts the copy once.
 
 Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
 schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
-step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
+step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout. With
+`virtual_pp_degree` V > 1 the decoder is cut into P x V equal chunks, stage s holding chunks s, s + P, ...,
+and fleet's `PipelineParallelWithInterleave` runs them (interleaved 1F1B).
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
