@@ -87,6 +87,7 @@ def test_pipeline_matches_one_process(runs, refs, name):
         assert all(r["optimizer_state"] < 0.6 * 2 * r["parameters"] for r in per_rank), per_rank
     if name in ("pp2_doc", "pp4_vpp2"):  # evaluation runs forward-only through the stages and reads the same loss
         assert len(_evals(run)) == 2 and _evals(run) == _evals(r)
+    if name == "pp2_doc":
         assert "attention_mask_type = \"document\"" in run.log(0)
 
 
