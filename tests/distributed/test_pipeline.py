@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights,
-                            single, write_config)
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint,
+                            read_weights, single, write_config)
 
 PP = dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2)
 FOUR = dict(num_hidden_layers=4)  # micro-qwen2 with 4 decoder layers: one per stage of PP4

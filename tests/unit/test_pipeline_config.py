@@ -120,3 +120,17 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
     sp, one = fit.speed(report), fit.speed(flat)
     assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
     assert sp["comm_seconds"] > 0 == one["comm_seconds"]
+
+
+def test_layout_refusals_is_the_one_pipeline_rule():
+    """The planner asks the same function resolve does: tensor parallelism inside the stages passes, the rest is
+    one line per refusal naming the key."""
+    from pretrain_cli.config.pipeline import layout_refusals
+
+    assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
+    assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
+    lines = layout_refusals(8, 2, 2, 2, 4)
+    assert [line.split(":")[0] for line in lines] == ["sharding", "virtual_pp_degree"]
+    assert all("\n" not in line for line in lines)
+    assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]
+    assert "use at most 2" in layout_refusals(4, 4, layers=2)[0]

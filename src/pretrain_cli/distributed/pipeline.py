@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import re
 
-from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.distributed.gloo import neighbour_sends, separate_stores
+from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
 
@@ -218,26 +218,43 @@ def inputs_of(ids, extra: dict):
     return (ids, *doc) if doc else ids
 
 
-class Pipeline(Strategy):
+class Pipeline(FleetHybrid):
     """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
         virtual = f" x{parallel.virtual_pp_degree} virtual" if parallel.virtual_pp_degree > 1 else ""
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual} x dp {parallel.data_world_size}{zero}"
+        tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
+        self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
 
     # ------------------------------------------------------------------ building
     def place(self, model):
-        """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
+        """The stages over `model`'s own sublayers (each decoder layer first cut to this rank's tensor-parallel
+        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters."""
         self.lm = model
+        if self.parallel.tp_degree > 1:
+            self._split_tensor_parallel(model)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
         for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
             if id(p) not in held:
                 p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
         return layer
+
+    def _split_tensor_parallel(self, model) -> None:
+        from paddle.distributed import fleet
+
+        from pretrain_cli.distributed.tensor_parallel import split_layers
+        from pretrain_cli.models.convert import hf_param_names
+
+        group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
+        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
+        params = dict(model.named_parameters())
+        self.tp_dims = {hf: dims[id(params[ours])] for ours, (hf, _) in hf_param_names(model).items()
+                        if id(params[ours]) in dims}
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -247,19 +264,16 @@ class Pipeline(Strategy):
             engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        self.params = list(model.parameters())
-        self._owned, self._hpo = self.params, None
+        self._params = list(model.parameters())
+        self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
-            self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
+            self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
-        self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
+        self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return Pipelined(engine, self.loss), optimizer
-
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp):
@@ -273,36 +287,37 @@ class Pipeline(Strategy):
         first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
         labels = column("labels")
         with amp.autocast():
-            loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
+            loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        if self._hpo is not None:
-            self._hpo._hybrid_sync_grad(self.params)  # reduce to each parameter's owner (+ the dp all-reduce)
-        elif self.parallel.data_world_size > 1:
+        """ZeRO-1: fleet's optimizer (`FleetHybrid`); else the mean over the data-parallel replicas of this stage."""
+        if self._hpo is None and self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-            fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
+            fused_allreduce_gradients(self._params, self.hcg)
+        else:
+            super().sync_grads()
 
     def grad_params(self, model) -> list:
         return self._owned
 
     def grad_norm(self, model):
         """Each stage's squared norm (ZeRO-1: each owner's part), summed over the pipeline; a tied weight's second
-        copy is counted once."""
+        copy is counted once, a tensor-parallel slice's part summed over its tp group, whole tensors once."""
         import paddle
         import paddle.distributed as dist
 
-        sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        whole, sliced = ([p.grad for p in ps if p.grad is not None] for ps in self._counted)
+        sq = self.step_kernels.global_sq_norm(whole)
+        if self.parallel.tp_degree > 1:
+            part = self.step_kernels.global_sq_norm(sliced) if sliced else paddle.zeros_like(sq)
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
+            sq = sq + part
         if self._hpo is not None:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
-
-    def step(self, optimizer) -> None:
-        if self._hpo is None:
-            return super().step(optimizer)
-        self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
 
     # ------------------------------------------------------------------ checkpoints
     def pieces(self, model, optimizer=None) -> list:
@@ -313,8 +328,24 @@ class Pipeline(Strategy):
         pp = self.parallel.pp_degree
         return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds, pp) == stage]
 
-    def holders(self, tensor, kind: str) -> tuple:
-        """The ranks of this stage (its data-parallel replicas); under ZeRO-1 the optimizer state only on the
-        replicas of its owner (the same coordinate on the stage's "sharding" axis)."""
+    def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
+        """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
+        on the ranks with this tp coordinate; under ZeRO-1 the optimizer state only on the replicas of its owner
+        (the same coordinate on the stage's "sharding" axis)."""
         owned = kind == "optimizer" and self.parallel.sharding_stage
-        return self.topology.replicas("pp", *(("sharding",) if owned else ()))
+        return self.topology.replicas("pp", *(("sharding",) if owned else ()), *(("mp",) if sliced else ()))
+
+    def local_box(self, tensor, name: str | None = None):
+        """A tensor-parallel slice (the weight or its moments and master copy, by HF name): its block of the
+        global tensor, cut on `tp_dims[name]` at this rank's tp coordinate; anything else whole."""
+        hf, _, slot = (name or "").partition("/")
+        dim = self.tp_dims.get(hf)
+        if dim is None or slot not in ("", "moment1", "moment2", "master"):
+            return super().local_box(tensor, name)
+        from pretrain_cli.distributed.pieces import Box
+
+        shape = tuple(tensor.shape)
+        whole, offsets = list(shape), [0] * len(shape)
+        whole[dim], offsets[dim] = shape[dim] * self.parallel.tp_degree, shape[dim] * self.topology.tp_rank
+        kind = "weights" if not slot else "optimizer"
+        return Box(tuple(whole), tuple(offsets), shape), self.holders(tensor, kind, sliced=True)

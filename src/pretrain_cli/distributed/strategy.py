@@ -114,9 +114,10 @@ class Strategy:
         layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
         return self.topology.replicas()
 
-    def local_box(self, tensor):
+    def local_box(self, tensor, name: str | None = None):
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
-        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        same block, or None: `holders`). The load side reads exactly this block; the save side writes it
+        (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
         from pretrain_cli.distributed.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
@@ -134,7 +135,7 @@ class Strategy:
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
-            box, holders = self.local_box(t)
+            box, holders = self.local_box(t, name)
             holders = holders or self.holders(t, kind)
             out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
                              t, transpose))
@@ -165,7 +166,30 @@ class DataParallel(Strategy):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-class FleetZero1(DataParallel):
+class FleetHybrid(Strategy):
+    """The step through fleet's hybrid-parallel optimizer (`fleet.distributed_optimizer`: ZeRO-1's
+    `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
+    the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
+
+    _hpo = None
+    _params: list = []
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
+
+    def sync_grads(self) -> None:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self._params)  # reduce to each parameter's owner (+ the dp all-reduce)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
+
+
+class FleetZero1(FleetHybrid, DataParallel):
     """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
 
     name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
@@ -182,14 +206,6 @@ class FleetZero1(DataParallel):
         self._owned = self._dso.filter_parameters(self._params, hcg)
         return model, self._hpo
 
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
-
-    def sync_grads(self) -> None:
-        self._hpo._hybrid_sync_grad(self._params)  # reduce to the owning sharding rank (+ dp all-reduce)
-
     def grad_params(self, model) -> list:
         return self._owned
 
@@ -198,9 +214,6 @@ class FleetZero1(DataParallel):
 
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)  # owners hold disjoint parameters
         return sq
-
-    def step(self, optimizer) -> None:
-        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
 
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
