@@ -93,13 +93,15 @@ def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
     `assemble`)."""
+    from pretrain_cli.distributed.materialize import InitSource
     from pretrain_cli.ops.kernels import select_step
 
     apply_recompute(model, run.recompute)
     step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
     strategy = build_strategy(run.parallel, run.device, step_kernels)
     raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
-    model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
+    # the parameters this rank holds are created here, at the size it holds them (`distributed.materialize`)
+    model = strategy.place(model, InitSource(raw_model.config, run.loop.seed))
     optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                 adamw=step_kernels.adamw)
     model, optimizer, amp = build_amp(model, optimizer, run.precision)
@@ -119,14 +121,17 @@ def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
 
 
 def build_model(run: RunConfig, model_cfg, model_dir=None):
-    """Seeded single-device model with the kernels the run asked for (and pretrained weights if asked)."""
+    """The single-device model with the kernels the run asked for, built lazily (`paddle.LazyGuard`: names,
+    shapes and dtypes, no storage): `lay_out` creates on each rank only what it holds (pretrained weights, if
+    asked, are loaded here)."""
     import paddle
 
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
     paddle.seed(run.loop.seed)
-    model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
+    with paddle.LazyGuard():
+        model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
     if run.model.continue_training:
         from pretrain_cli.models.convert import load_weights
 
