@@ -14,7 +14,7 @@ from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
-from pretrain_cli.training import checkpoint, metrics, run_lock
+from pretrain_cli.training import checkpoint, metrics, run_lock, startup
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
@@ -58,8 +58,11 @@ def _run(spec) -> int:
         return 0
     state = restore_weights(model, spec, resume)
     layout = lay_out(r, model, comm, resume)  # a bad checkpoint fails here, before output_dir is touched
+    started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
+    writer = open_output_dir(spec, state)
+    startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
-        writer=open_output_dir(spec, state), throughput=build_throughput(spec),
+        writer=writer, throughput=build_throughput(spec),
         saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save),
         rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
