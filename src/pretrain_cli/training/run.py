@@ -47,7 +47,7 @@ def _run(spec) -> int:
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
-    model = build_model(r, spec.model_cfg, spec.model_dir)
+    model = build_model(r, spec.model_cfg)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
@@ -57,7 +57,8 @@ def _run(spec) -> int:
         watchdog.stop()
         return 0
     state = restore_weights(model, spec, resume)
-    layout = lay_out(r, model, comm, resume)  # a bad checkpoint fails here, before output_dir is touched
+    pretrained = spec.model_dir if r.model.continue_training else None
+    layout = lay_out(r, model, comm, resume, pretrained)  # a bad checkpoint fails here, before output_dir is touched
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     writer = open_output_dir(spec, state)
     startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
@@ -92,41 +93,54 @@ def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
     return Trainer(lay_out(run, model, comm, resume), splits, run, comm)
 
 
-def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
+def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
-    `assemble`)."""
-    from pretrain_cli.distributed.materialize import InitSource
+    `assemble`). A lazily built model's parameters are created by the layout, each rank only its own blocks
+    (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
+    initialised."""
+    from pretrain_cli.distributed.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
+    from pretrain_cli.training.weight_source import WeightSource
 
-    apply_recompute(model, run.recompute)
-    step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
-    strategy = build_strategy(run.parallel, run.device, step_kernels)
-    raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
-    # the parameters this rank holds are created here, at the size it holds them (`distributed.materialize`)
-    model = strategy.place(model, InitSource(raw_model.config, run.loop.seed))
-    optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
-                                adamw=step_kernels.adamw)
-    model, optimizer, amp = build_amp(model, optimizer, run.precision)
-    if run.kernels.to_static:
-        from pretrain_cli.ops.kernels import compile_forward
+    lazy = any(pending(p) for p in model.parameters())
+    weights = resume if resume is not None else pretrained
+    source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
+              if lazy and weights is not None else InitSource(model.config, run.loop.seed))
+    try:
+        apply_recompute(model, run.recompute)
+        step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
+        strategy = build_strategy(run.parallel, run.device, step_kernels)
+        raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
+        model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists
+        optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
+                                    adamw=step_kernels.adamw)
+        model, optimizer, amp = build_amp(model, optimizer, run.precision)
+        if run.kernels.to_static:
+            from pretrain_cli.ops.kernels import compile_forward
 
-        model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
-    model, optimizer = strategy.wrap(model, optimizer)
-    amp.wrap_scaler(strategy.wrap_scaler)
-    if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
-        if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
-            read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
-        else:  # whole weights, read before the layout existed (`restore_weights`)
-            read = checkpoint.weight_bytes(resume)
-        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
+            model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
+        model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
+        amp.wrap_scaler(strategy.wrap_scaler)
+        if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
+            if lazy:  # each rank read only the blocks it holds
+                read = source.bytes_read
+            elif run.parallel.engine == "semi_auto":  # an eager model: its blocks read into the layout
+                read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
+            else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
+                read = checkpoint.weight_bytes(resume)
+            opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
+            strategy.resume_bytes_read = read + opt
+    finally:
+        if isinstance(source, WeightSource):
+            source.close()
     return Layout(model, optimizer, amp, strategy, raw_model)
 
 
-def build_model(run: RunConfig, model_cfg, model_dir=None):
+def build_model(run: RunConfig, model_cfg):
     """The single-device model with the kernels the run asked for, built lazily (`paddle.LazyGuard`: names,
-    shapes and dtypes, no storage): `lay_out` creates on each rank only what it holds (pretrained weights, if
-    asked, are loaded here)."""
+    shapes and dtypes, no storage): `lay_out` creates on each rank only what it holds (initialised, or read
+    from a checkpoint or `continue_training`'s pretrained weights)."""
     import paddle
 
     from pretrain_cli.models import build_model as build_causal_lm
@@ -134,23 +148,21 @@ def build_model(run: RunConfig, model_cfg, model_dir=None):
 
     paddle.seed(run.loop.seed)
     with paddle.LazyGuard():
-        model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
-    if run.model.continue_training:
-        from pretrain_cli.models.convert import load_weights
-
-        load_weights(model, model_cfg, str(model_dir))
-    return model
+        return build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
 
 
 def restore_weights(model, spec, resume) -> dict | None:
-    """The checkpoint's trainer state, after loading its weights (None when starting fresh)."""
+    """The checkpoint's trainer state, after checking it fits the model (None when starting fresh). Its weights
+    are read by `lay_out`, each rank only its blocks; an eagerly built model (tests) gets them whole here."""
     if resume is None:
         return None
+    from pretrain_cli.distributed.materialize import pending
     from pretrain_cli.models.convert import load_weights
 
     checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
+    eager = not any(pending(p) for p in model.parameters())
+    if eager and spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
         load_weights(model, spec.model_cfg, str(resume))
     return state
 
