@@ -6,8 +6,9 @@ a pipeline stage), so every rank's start-up peak was the whole model; now each r
 For each preset and layout this launches the same 1-step run through the real launcher (`paddle.distributed.launch`,
 CPU processes; one process without it) twice, side by side: with this tree's code and with the commit before the
 change (`--old-rev`, default 0c93d7e, extracted with `git archive`; or `--old-src`, any tree's src/). Both are
-measured the same way: the launcher runs `startup_probe.py`, which records, as `Trainer.train` is entered (layout
-in place, no step taken), the process's VmHWM and its seconds since launch, then runs the train script unchanged.
+measured the same way: the launcher runs `startup_probe.py` around the train script, which records, as
+`Trainer.train` is entered (layout in place, no step taken), the process's VmHWM and its seconds since launch,
+and then ends the run (the step, its save and the export are not what is measured).
 
     python benchmarks/startup.py [--presets qwen2.5-0.5b,llama-3.2-1b] [--layouts one:1,zero3:4,pp2:2,tp2:2]
                                  [--old-rev 0c93d7e | --old-src DIR/src] [--seq 64] [--json]
@@ -39,7 +40,7 @@ def launch(src: Path, cfg: dict, root: Path, name: str, nproc: int) -> list[dict
     path = root / name / "cfg.json"
     path.write_text(json.dumps(dict(cfg, output_dir=str(out))))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(src),
-               STARTUP_PROBE_DIR=str(root / name), STARTUP_PROBE_SCRIPT=str(src.parent / "scripts" / "run_pretrain.py"))
+               STARTUP_PROBE_DIR=str(root / name), STARTUP_PROBE_EXIT="1", STARTUP_PROBE_SCRIPT=str(src.parent / "scripts" / "run_pretrain.py"))
     env.pop("PADDLE_TRAINER_ID", None)
     probe = str(HERE / "startup_probe.py")
     cmd = ([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(logs),

@@ -1,6 +1,7 @@
 """The train script under a probe (`benchmarks/startup.py` launches this instead of scripts/run_pretrain.py): as
 `Trainer.train` is entered — layout in place, no step taken — it writes this rank's VmHWM and seconds since launch
-to $STARTUP_PROBE_DIR/probe_rank<N>.json, then the run continues unchanged. It reads /proc itself, so the code
+to $STARTUP_PROBE_DIR/probe_rank<N>.json, then the run continues unchanged (or, with STARTUP_PROBE_EXIT=1, every
+rank leaves together right there). It reads /proc itself, so the code
 before the `startup` record is measured exactly like the code after."""
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ def main() -> None:
         row = _probe()
         with open(os.path.join(os.environ["STARTUP_PROBE_DIR"], f"probe_rank{row['rank']}.json"), "w") as f:
             json.dump(row, f)
-        return train(self, *args, **kwargs)
+        if os.environ.get("STARTUP_PROBE_EXIT") != "1":
+            return train(self, *args, **kwargs)
+        if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+            import paddle.distributed as dist
+
+            dist.barrier()  # every rank has written its record before any leaves
+        os._exit(0)  # what the benchmark measures ends here: the step, its save and the export are not needed
 
     trainer.Trainer.train = probed
     script = os.environ["STARTUP_PROBE_SCRIPT"]

@@ -153,7 +153,8 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
 def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     """The checkpoint's optimizer state into an optimizer that is already AMP-decorated and laid out: for every
     accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
-    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n}."""
+    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n, "files": the
+    files read}."""
     import paddle
 
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
@@ -182,7 +183,9 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
-        return {"bytes_read": reader.bytes_read}
+        from pretrain_cli.training.weight_source import files_opened
+
+        return {"bytes_read": reader.bytes_read, "files": files_opened(reader)}
     finally:
         reader.close()
 

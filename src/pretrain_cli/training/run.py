@@ -21,6 +21,7 @@ from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
+from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_read
 from pretrain_cli.run_config import RunConfig
 
 
@@ -56,9 +57,15 @@ def _run(spec) -> int:
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
-    state = restore_weights(model, spec, resume)
     pretrained = spec.model_dir if r.model.continue_training else None
-    layout = lay_out(r, model, comm, resume, pretrained)  # a bad checkpoint fails here, before output_dir is touched
+    while True:  # a bad checkpoint fails here, before output_dir is touched
+        state = restore_weights(model, spec, resume)
+        try:
+            layout = lay_out(r, model, comm, resume, pretrained)
+            break
+        except DamagedCheckpoint as e:
+            resume = previous_checkpoint(spec, resume, e)
+            model = build_model(r, spec.model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     writer = open_output_dir(spec, state)
     startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
@@ -72,6 +79,26 @@ def _run(spec) -> int:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
     return finish(spec, trainer, comm)
+
+
+def previous_checkpoint(spec, damaged: Path, e: DamagedCheckpoint) -> Path | None:
+    """Where to resume when the files of `damaged` were found altered while reading it: the next older intact
+    checkpoint (every rank lists and size-checks the same shared directory, so all choose the same), None to
+    start over only if there is none at all. A checkpoint the file named (`resume_from_checkpoint`) is not
+    replaced: one line, exit 2."""
+    from pretrain_cli.run_dir import list_checkpoints
+    from pretrain_cli.storage.checkpoint_index import newest_intact
+
+    out = spec.run.output
+    if out.resume_from:
+        raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
+    log.warning(f"not resuming from {damaged.name}: {e}; trying the previous checkpoint")
+    step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
+    older = newest_intact(out.output_dir, checksums=False, before=step)
+    if older is None:
+        raise UserError(f"{out.output_dir}: every checkpoint is damaged (the oldest: {e}); remove them to start "
+                        f"over, or set overwrite_output_dir: true")
+    return older
 
 
 def rebuild(spec, comm, path) -> Layout:
@@ -98,11 +125,10 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
     `assemble`). A lazily built model's parameters are created by the layout, each rank only its own blocks
     (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
-    initialised."""
+    initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
+    every rank when any rank found one altered)."""
     from pretrain_cli.distributed.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
-    from pretrain_cli.training.weight_source import WeightSource
-
     lazy = any(pending(p) for p in model.parameters())
     weights = resume if resume is not None else pretrained
     source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
@@ -129,8 +155,11 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
                 read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
             else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
                 read = checkpoint.weight_bytes(resume)
-            opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
-            strategy.resume_bytes_read = read + opt
+            opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
+            strategy.resume_bytes_read = read + opt["bytes_read"]
+            reason = verify_read(resume, (source.files if lazy else []) + opt["files"])
+            if comm.any(reason is not None):  # every rank learns it, in the same collective
+                raise DamagedCheckpoint(reason)
     finally:
         if isinstance(source, WeightSource):
             source.close()

@@ -6,6 +6,10 @@ lazily and hand this to the layout (`Strategy.place`): a ZeRO-3 shard, a TP slic
 as the byte ranges of its own block (`storage.shard_files.File.read`, `checkpoint_index.Reader.read`), in
 Paddle's layout, fp32; nothing else of the files is read. Names, layouts and shapes are checked as the
 whole-model loader (`models.convert.load_hf_state_dict`) checks them, before any block is read.
+
+A checkpoint's checksums are verified the same way: rank 0 checks only that its files are present and of the
+recorded sizes (`config.prepare.find_resume`); each rank then checks the crc32 of the files it read
+(`verify_read`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
 """
 from __future__ import annotations
 
@@ -15,6 +19,36 @@ from types import SimpleNamespace
 import numpy as np
 
 from pretrain_cli.errors import UserError
+
+
+class DamagedCheckpoint(Exception):
+    """Some rank found a file it read not matching its checksum (`reason`: this rank's finding, or None)."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(reason or "a file another rank read does not match its checksum (see its workerlog)")
+        self.reason = reason
+
+
+def verify_read(ckpt, files) -> str | None:
+    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) does not match the checksum its
+    index records, or None (also for a checkpoint from before the index, which records none)."""
+    from pretrain_cli.storage import checkpoint_index
+    from pretrain_cli.storage.shard_files import checksum
+
+    index = checkpoint_index.load(ckpt)
+    if index is None:
+        return None
+    for path in sorted({Path(f) for f in files}):
+        want = index["files"].get(path.name)
+        if want is not None and checksum(path)["crc32"] != want["crc32"]:
+            return f"{path} does not match its checksum"
+    return None
+
+
+def files_opened(reader) -> list:
+    """The files a checkpoint reader opened (a sharded checkpoint's: only those its blocks touched)."""
+    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
+    return [f.path for f in opened]
 
 
 class WeightSource:
@@ -70,6 +104,10 @@ class WeightSource:
     @property
     def bytes_read(self) -> int:
         return self.reader.bytes_read
+
+    @property
+    def files(self) -> list:
+        return files_opened(self.reader)
 
     def close(self) -> None:
         self.reader.close()
