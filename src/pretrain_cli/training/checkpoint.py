@@ -102,6 +102,12 @@ def open_reader(ckpt: Path, kind: str):
     return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
 
 
+def files_opened(reader) -> list:
+    """The files a reader of `open_reader` opened (a sharded checkpoint's: only those its blocks touched)."""
+    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
+    return [f.path for f in opened]
+
+
 def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
     """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
     if code == "BF16":
@@ -183,8 +189,6 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
-        from pretrain_cli.training.weight_source import files_opened
-
         return {"bytes_read": reader.bytes_read, "files": files_opened(reader)}
     finally:
         reader.close()

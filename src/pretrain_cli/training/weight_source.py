@@ -45,12 +45,6 @@ def verify_read(ckpt, files) -> str | None:
     return None
 
 
-def files_opened(reader) -> list:
-    """The files a checkpoint reader opened (a sharded checkpoint's: only those its blocks touched)."""
-    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
-    return [f.path for f in opened]
-
-
 class WeightSource:
     """The weights of checkpoint or model directory `path` for `model` (lazily built: names and shapes)."""
 
@@ -107,6 +101,8 @@ class WeightSource:
 
     @property
     def files(self) -> list:
+        from pretrain_cli.training.checkpoint import files_opened
+
         return files_opened(self.reader)
 
     def close(self) -> None:
