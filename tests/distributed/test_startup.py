@@ -5,12 +5,16 @@ whole model on every rank needs at least all of its fp32 weights; an outside sam
 sees more than the rank recorded; and the first step's loss equals one process's.
 
 The model: a qwen2 of 55 M parameters (221 MB fp32; largest tensor the 25 MB embedding), so the bound (~163 MB)
-lies below the whole weights, as qwen2.5-0.5b's (1.78 GB) lies below its 1.98 GB.
+lies below the whole weights, as qwen2.5-0.5b's (1.78 GB) lies below its 1.98 GB. The issue's own size, by hand
+(~10 min, 4 processes of ~0.8 GiB and one of ~2.2 GiB):
+
+    STARTUP_TEST_PRESET=qwen2.5-0.5b python -m pytest tests/distributed/test_startup.py -s
 """
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import subprocess
 import threading
 import time
@@ -90,13 +94,24 @@ def _startup_rows(out) -> dict[int, dict]:
     return {r["rank"]: r for r in rows if r["kind"] == "startup"}
 
 
-def test_zero3_start_up_peak_is_a_share_not_the_whole_model(corpus, tmp_path):
+def _model(tmp_path) -> tuple[str, dict]:
+    """(model_name_or_path, its config): the suite's mini qwen2, or the preset $STARTUP_TEST_PRESET."""
+    preset = os.environ.get("STARTUP_TEST_PRESET")
+    if preset:
+        from pretrain_cli.config.presets import PRESET_DIR
+
+        return preset, json.loads((Path(PRESET_DIR) / preset / "config.json").read_text())
     mini = tmp_path / "mini-qwen2"
     mini.mkdir()
     (mini / "config.json").write_text(json.dumps(MINI))
-    n, largest = _params(MINI)
+    return str(mini), MINI
+
+
+def test_zero3_start_up_peak_is_a_share_not_the_whole_model(corpus, tmp_path):
+    mini, config = _model(tmp_path)
+    n, largest = _params(config)
     runs = {}
-    for name, model in (("micro", "micro-qwen2"), ("mini", str(mini))):
+    for name, model in (("micro", "micro-qwen2"), ("mini", mini)):
         cfg = write_config(tmp_path / f"{name}.json", corpus, tmp_path / name, model_name_or_path=model, **ZERO3)
         rc, samples = _launch_sampled(cfg, tmp_path / f"log_{name}", 4)
         log = (tmp_path / f"log_{name}" / "workerlog.0").read_text(errors="replace")
@@ -115,8 +130,11 @@ def test_zero3_start_up_peak_is_a_share_not_the_whole_model(corpus, tmp_path):
     for rank, row in runs["mini"][0].items():
         extra_gb = (row["rss_peak_gib"] - base) * 2**30 / 1e9
         assert extra_gb <= bound_gb, f"rank {rank}: start-up peak {extra_gb:.3f} GB above micro-qwen2's, bound {bound_gb:.3f}"
-    one = write_config(tmp_path / "one.json", corpus, tmp_path / "one", model_name_or_path=str(mini),
+        print(f"rank {rank}: {extra_gb:.3f} GB above micro-qwen2 ({base:.3f} GiB); bound {bound_gb:.3f} GB, "
+              f"fp32 weights {weights_gb:.3f} GB")
+    one = write_config(tmp_path / "one.json", corpus, tmp_path / "one", model_name_or_path=mini,
                        per_device_train_batch_size=4, max_steps=1)
     ref = single(one, tmp_path / "log_one", timeout=600)
     assert ref.returncode == 0, ref.explain()
     assert abs(runs["mini"][1][1] - ref.losses(0)[1]) <= 1e-5, (runs["mini"][1], ref.losses(0))
+    print(f"first step's loss: ZeRO-3 x 4 {runs['mini'][1][1]}, one process {ref.losses(0)[1]}")

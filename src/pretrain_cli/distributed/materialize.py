@@ -22,7 +22,7 @@ from pretrain_cli.distributed.pieces import Box, placed_box
 class InitSource:
     """The initial values of `cfg`'s parameters for run seed `seed`."""
 
-    describe = "initialised"
+    dtype = None  # the dtype blocks are created in: the parameter's, or (set by `lay_out` after AMP's O2 cast) O2's
 
     def __init__(self, cfg, seed: int):
         self.cfg, self.seed = cfg, seed
@@ -60,8 +60,9 @@ def fill_placed(name: str, param, source, mesh, placements, rank: int):
 
     box, _ = placed_box(tuple(int(d) for d in param.shape), mesh, placements, rank)
     local = paddle.to_tensor(source(name, box))
-    if local.dtype != param.dtype:
-        local = local.astype(param.dtype)
+    dtype = source.dtype or param.dtype  # (a storage-less parameter keeps its dtype through AMP's O2 cast)
+    if local.dtype != dtype:
+        local = local.astype(dtype)
     param._set_impl(dtensor_from_local(local, mesh, placements))  # the same parameter object, now placed
     return param
 

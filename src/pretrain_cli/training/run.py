@@ -142,6 +142,8 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                     adamw=step_kernels.adamw)
         model, optimizer, amp = build_amp(model, optimizer, run.precision)
+        if run.precision.master_weights:  # O2 cast what exists; what is created later (ZeRO-3) is created cast
+            source.dtype = run.precision.amp_dtype
         if run.kernels.to_static:
             from pretrain_cli.ops.kernels import compile_forward
 

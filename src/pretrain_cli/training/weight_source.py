@@ -48,7 +48,7 @@ def verify_read(ckpt, files) -> str | None:
 class WeightSource:
     """The weights of checkpoint or model directory `path` for `model` (lazily built: names and shapes)."""
 
-    describe = "read from disk"
+    dtype = None  # as `distributed.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint"):
         from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_param_names
