@@ -81,11 +81,10 @@ def _run(spec) -> int:
     return finish(spec, trainer, comm)
 
 
-def previous_checkpoint(spec, damaged: Path, e: DamagedCheckpoint) -> Path | None:
+def previous_checkpoint(spec, damaged: Path, e: DamagedCheckpoint) -> Path:
     """Where to resume when the files of `damaged` were found altered while reading it: the next older intact
-    checkpoint (every rank lists and size-checks the same shared directory, so all choose the same), None to
-    start over only if there is none at all. A checkpoint the file named (`resume_from_checkpoint`) is not
-    replaced: one line, exit 2."""
+    checkpoint (every rank lists and size-checks the same shared directory, so all choose the same); none left,
+    or a checkpoint the file named (`resume_from_checkpoint`): one line, exit 2."""
     from pretrain_cli.run_dir import list_checkpoints
     from pretrain_cli.storage.checkpoint_index import newest_intact
 
