@@ -44,11 +44,14 @@ def whole_box(param) -> Box:
 
 
 def fill_whole(name: str, param, source) -> None:
-    """Create `param` whole on this rank from `source`."""
+    """Create `param` whole on this rank from `source`: the host block is copied straight into the parameter's
+    new storage (no Paddle tensor in between: the transient is the one host block)."""
     import paddle
 
-    value = paddle.to_tensor(source(name, whole_box(param)))
-    param.set_value(value if value.dtype == param.dtype else value.astype(param.dtype))
+    value = source(name, whole_box(param))
+    if str(param.dtype).split(".")[-1] != "float32":
+        value = paddle.to_tensor(value).astype(param.dtype)
+    param.set_value(value)
 
 
 def fill_placed(name: str, param, source, mesh, placements, rank: int):
