@@ -69,3 +69,10 @@ def test_a_lazily_built_model_gets_storage_only_where_created():
     np.testing.assert_array_equal(w.numpy(), source("model.layers.0.self_attn.q_proj.weight", whole_box(w)))
     half = Box(tuple(w.shape), (0, w.shape[1] // 2), (w.shape[0], w.shape[1] // 2))  # a TP column slice
     np.testing.assert_array_equal(source("model.layers.0.self_attn.q_proj.weight", half), w.numpy()[:, w.shape[1] // 2:])
+
+
+def test_drawing_chunks_in_threads_gives_the_same_values(monkeypatch):
+    monkeypatch.setattr(init, "CHUNK", 3 * 6)
+    one = init.block(CFG, 5, "model.layers.0.mlp.up_proj.weight", (11, 6), (1, 2), (9, 3))
+    np.testing.assert_array_equal(one, init.block(CFG, 5, "model.layers.0.mlp.up_proj.weight", (11, 6), (1, 2), (9, 3),
+                                                  workers=3))

@@ -24,13 +24,14 @@ class InitSource:
 
     dtype = None  # the dtype blocks are created in: the parameter's, or (set by `lay_out` after AMP's O2 cast) O2's
 
-    def __init__(self, cfg, seed: int):
-        self.cfg, self.seed = cfg, seed
+    def __init__(self, cfg, seed: int, workers: int = 1):
+        """`workers`: the threads drawing a tensor's chunks at once (the process's CPU threads)."""
+        self.cfg, self.seed, self.workers = cfg, seed, workers
 
     def __call__(self, name: str, box: Box):
         from pretrain_cli.models.init import block
 
-        return block(self.cfg, self.seed, name, box.global_shape, box.offsets, box.shape)
+        return block(self.cfg, self.seed, name, box.global_shape, box.offsets, box.shape, self.workers)
 
 
 def pending(param) -> bool:

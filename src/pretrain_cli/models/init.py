@@ -8,7 +8,8 @@ global generator in construction order (that would make a rank's values depend o
 it): a tensor's rows, in Paddle's layout, are cut into chunks of `CHUNK` elements (at least one row), and
 each chunk is drawn from its own Philox stream keyed by (seed, name, chunk index). A block of any shape — a
 ZeRO-3 shard, a TP column or row slice, a whole tensor — is assembled from the chunks its rows cross, so
-creating it needs at most one chunk (16 MiB, or one row when a row is larger) besides the block itself.
+creating it needs at most one chunk (16 MiB, or one row when a row is larger) per drawing thread besides the
+block itself.
 No ranks, no I/O: the caller (`distributed.materialize`) decides which block a rank creates.
 """
 from __future__ import annotations
@@ -46,9 +47,12 @@ def _stream(seed: int, name: str, chunk: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=int.from_bytes(key, "little")))
 
 
-def block(cfg: ModelConfig, seed: int, name: str, global_shape, offsets=None, shape=None) -> np.ndarray:
+def block(cfg: ModelConfig, seed: int, name: str, global_shape, offsets=None, shape=None,
+          workers: int = 1) -> np.ndarray:
     """fp32 values of the block (`offsets`, `shape`; default: the whole tensor) of parameter `name` of global
-    shape `global_shape` (Paddle layout), identical to the same block cut from the whole tensor."""
+    shape `global_shape` (Paddle layout), identical to the same block cut from the whole tensor. `workers` > 1
+    draws that many chunks at once (numpy draws without the GIL; each chunk has its own stream, so the values
+    are the same), holding one chunk per worker."""
     global_shape = tuple(int(d) for d in global_shape)
     offsets = tuple(offsets) if offsets is not None else (0,) * len(global_shape)
     shape = tuple(shape) if shape is not None else global_shape
@@ -59,9 +63,20 @@ def block(cfg: ModelConfig, seed: int, name: str, global_shape, offsets=None, sh
     rows = rows_per_chunk(global_shape)
     start, stop = offsets[0], offsets[0] + shape[0]
     inner = tuple(slice(o, o + s) for o, s in zip(offsets[1:], shape[1:]))
-    for c in range(start // rows, (stop - 1) // rows + 1):
+
+    def draw(c: int) -> None:
         lo, hi = c * rows, min((c + 1) * rows, global_shape[0])
         drawn = _stream(seed, name, c).standard_normal((hi - lo,) + global_shape[1:], dtype=np.float32)
         a, b = max(lo, start), min(hi, stop)
         out[a - start:b - start] = drawn[(slice(a - lo, b - lo),) + inner] * np.float32(value)
+
+    chunks = range(start // rows, (stop - 1) // rows + 1)
+    if workers > 1 and len(chunks) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(chunks))) as pool:
+            list(pool.map(draw, chunks))
+    else:
+        for c in chunks:
+            draw(c)
     return out

@@ -131,7 +131,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     lazy = any(pending(p) for p in model.parameters())
     weights = resume if resume is not None else pretrained
     source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
-              if lazy and weights is not None else InitSource(model.config, run.loop.seed))
+              if lazy and weights is not None else InitSource(model.config, run.loop.seed, runtime.threads()))
     try:
         apply_recompute(model, run.recompute)
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
