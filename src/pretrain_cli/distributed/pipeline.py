@@ -276,8 +276,9 @@ class Pipeline(Strategy):
         return fleet.distributed_scaler(scaler)
 
     # ------------------------------------------------------------------ a step
-    def forward_backward(self, model, batches: list, amp):
-        """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
+    def forward_backward(self, model, batches: list, amp, forward_loss=None):
+        """The step's micro-batches through fleet's 1F1B schedule (the stages compute the loss: `forward_loss` is
+        not used); the summed mean loss (every stage gets it)."""
         import paddle
 
         from pretrain_cli.data.loader import DOCUMENT_FIELDS

@@ -61,13 +61,14 @@ def _run(spec) -> int:
     collaborators = Collaborators(
         writer=open_output_dir(spec, state), throughput=build_throughput(spec),
         saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
-                               r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save),
+                               r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
+                               r.parallel.rank, r.parallel.world_size, layout.strategy.name),
         rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
     trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
-    return finish(spec, trainer, comm)
+    return finish(spec, trainer, comm, collaborators)
 
 
 def rebuild(spec, comm, path) -> Layout:
@@ -114,7 +115,8 @@ def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
             read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
         else:  # whole weights, read before the layout existed (`restore_weights`)
             read = checkpoint.weight_bytes(resume)
-        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
+        read += checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
+        return Layout(model, optimizer, amp, strategy, raw_model, resume_bytes_read=read)
     return Layout(model, optimizer, amp, strategy, raw_model)
 
 
@@ -125,8 +127,11 @@ def build_model(run: RunConfig, model_cfg, model_dir=None):
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
-    paddle.seed(run.loop.seed)
-    model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
+    from pretrain_cli.distributed.local_kernels import kernels_for
+
+    paddle.seed(run.loop.seed)  # the semi-auto engine's kernels run on local pieces: chosen before the model exists
+    model = build_causal_lm(model_cfg, kernels_for(kernels.select(run.kernels, run.device), run.parallel.engine,
+                                                   run.device))
     if run.model.continue_training:
         from pretrain_cli.models.convert import load_weights
 
@@ -175,14 +180,15 @@ def build_throughput(spec) -> metrics.Throughput:
     return tp
 
 
-def finish(spec, trainer, comm) -> int:
-    """Train, evaluate, predict; then rank 0 writes the final directory while the others wait."""
+def finish(spec, trainer, comm, collaborators: Collaborators) -> int:
+    """Train, evaluate, predict; then rank 0 writes the final directory while the others wait. The
+    collaborators `_run` built are closed here, once the loop and evaluation are done with them."""
     r = spec.run
     results = {}
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
-            _wait_for_saves(trainer)  # the last checkpoint is on disk before anything else happens
+            _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
                 log.warning(stop_message(spec, trainer.state.global_step))
                 watchdog.stop()
@@ -197,7 +203,7 @@ def finish(spec, trainer, comm) -> int:
             results.update(trainer.evaluate("test"))
     except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
         watchdog.stop()
-        _wait_for_saves(trainer, quiet=True)
+        _wait_for_saves(collaborators.saver, quiet=True)
         raise UserError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
@@ -205,8 +211,7 @@ def finish(spec, trainer, comm) -> int:
         watchdog.stop()
         raise DeviceOutOfMemory(trainer.state.global_step + 1) from e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
-        if trainer.writer is not None:
-            trainer.writer.close()
+        collaborators.close()
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
@@ -219,14 +224,11 @@ def finish(spec, trainer, comm) -> int:
     return 0
 
 
-def _wait_for_saves(trainer, quiet: bool = False) -> None:
+def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
     """An asynchronous save in flight is published before the run moves on or ends (its error raised,
     unless the run is already failing for another reason)."""
-    wait = getattr(trainer.saver, "wait", None)
-    if wait is None:
-        return
     try:
-        wait()
+        saver.wait()
     except Exception as e:
         if not quiet:
             raise
