@@ -1,7 +1,8 @@
 """`train` after `config.prepare`: the build order, then the loop, then the final output directory.
 
-`run()` reads as the order things are built in; each step is a function that reads the resolved
-`RunConfig` (`spec.run`), never the user's arguments.
+`run()` reads as the order things are built in. It alone opens the prepared run (`config.prepare.RunSpec`);
+each step is a function handed the parts it uses (the resolved `RunConfig`, the model config, the run's
+record for args.json), never the user's arguments.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def run(spec) -> int:
 
 def _run(spec) -> int:
     paddle = runtime.import_paddle()
-    r = spec.run
+    r, model_cfg, record = spec.run, spec.model_cfg, spec.record()
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
@@ -47,31 +48,41 @@ def _run(spec) -> int:
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
-    model = build_model(r, spec.model_cfg, spec.model_dir)
+    model = build_model(r, model_cfg, spec.model_dir)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
-    finished = done is not None and done >= r.loop.max_steps and r.parallel.is_rank0 and exported(spec, done)
+    finished = (done is not None and done >= r.loop.max_steps and r.parallel.is_rank0
+                and exported(r.output.output_dir, done))
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
-    state = restore_weights(model, spec, resume)
+    state = restore_weights(model, r, model_cfg, resume)
     layout = lay_out(r, model, comm, resume)  # a bad checkpoint fails here, before output_dir is touched
     collaborators = Collaborators(
-        writer=open_output_dir(spec, state), throughput=build_throughput(spec),
-        saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
+        writer=open_output_dir(r, record, state), throughput=build_throughput(r, model_cfg),
+        saver=checkpoint.Saver(r.output.output_dir, model_cfg, comm, record, spec.tokenizer_dir,
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
                                r.parallel.rank, r.parallel.world_size, layout.strategy.name),
-        rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
+        rebuild=(lambda path: rebuild(r, model_cfg, comm, path)) if r.spike.rollback_rebuilds else None)
     trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
-    return finish(spec, trainer, comm, collaborators)
+    results = finish(r, trainer, comm, collaborators)
+    if results is None:  # stopped by a signal, or not rank 0: nothing more to write here
+        return 0
+    from pretrain_cli.training import export
+
+    with rank0_round(comm):
+        export.write_final(r, model_cfg, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
+                           results)
+    comm.wait_until_seen()
+    return 0
 
 
-def rebuild(spec, comm, path) -> Layout:
+def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
     tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
     parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
@@ -79,9 +90,9 @@ def rebuild(spec, comm, path) -> Layout:
     has released the old ones first)."""
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
              f"cannot be written into mid-run)")
-    model = build_model(spec.run, spec.model_cfg)
-    restore_weights(model, spec, path)
-    return lay_out(spec.run, model, comm, path)
+    model = build_model(run, model_cfg)
+    restore_weights(model, run, model_cfg, path)
+    return lay_out(run, model, comm, path)
 
 
 def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
@@ -139,23 +150,22 @@ def build_model(run: RunConfig, model_cfg, model_dir=None):
     return model
 
 
-def restore_weights(model, spec, resume) -> dict | None:
+def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     """The checkpoint's trainer state, after loading its weights (None when starting fresh)."""
     if resume is None:
         return None
     from pretrain_cli.models.convert import load_weights
 
-    checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
+    checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
-        load_weights(model, spec.model_cfg, str(resume))
+    if run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `lay_out`)
+        load_weights(model, model_cfg, str(resume))
     return state
 
 
-def open_output_dir(spec, state: dict | None):
+def open_output_dir(r: RunConfig, record: dict, state: dict | None):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
-    untouched): the directory, args.json, and the metrics writer (None on other ranks)."""
-    r = spec.run
+    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks)."""
     if not r.parallel.is_rank0:
         return None
     from pretrain_cli import atomic
@@ -164,36 +174,35 @@ def open_output_dir(spec, state: dict | None):
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_leftovers(out)
     if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
-        atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
+        atomic.write_json(out / run_dir.ARGS_FILE, record)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, spec.record())
+    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
 
 
-def build_throughput(spec) -> metrics.Throughput:
-    r = spec.run
+def build_throughput(r: RunConfig, model_cfg) -> metrics.Throughput:
     peak, source = (metrics.resolve_peak(r.device, r.precision.amp_dtype, r.loop.peak_tflops)
                     if r.loop.do_train else (None, ""))
-    tp = metrics.Throughput.for_run(r, spec.model_cfg, peak)
+    tp = metrics.Throughput.for_run(r, model_cfg, peak)
     if r.loop.do_train:
         log.info(f"flops: {tp.flops:.4g} model FLOPs/token (6N + 12·L·H·d·S), mfu against {source}" if peak
                  else f"flops: mfu unknown ({source})")
     return tp
 
 
-def finish(spec, trainer, comm, collaborators: Collaborators) -> int:
-    """Train, evaluate, predict; then rank 0 writes the final directory while the others wait. The
-    collaborators `_run` built are closed here, once the loop and evaluation are done with them."""
-    r = spec.run
+def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | None:
+    """Train, evaluate, predict; returns the results rank 0 writes into the final directory (None: stopped by
+    a signal, or another rank, which waits for rank 0 to write it). The collaborators `_run` built are closed
+    here, once the loop and evaluation are done with them."""
     results = {}
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
-                log.warning(stop_message(spec, trainer.state.global_step))
+                log.warning(stop_message(r.output, trainer.state.global_step))
                 watchdog.stop()
                 comm.wait_until_seen()
-                return 0
+                return None
         if r.loop.do_train:
             results.update(train_results(trainer))
         if r.loop.do_eval:  # the loop may have just evaluated this very step: reuse it
@@ -215,13 +224,8 @@ def finish(spec, trainer, comm, collaborators: Collaborators) -> int:
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
-        return 0
-    from pretrain_cli.training import export
-
-    with rank0_round(comm):
-        export.write_final(spec, trainer.raw_model, trainer, results)
-    comm.wait_until_seen()
-    return 0
+        return None
+    return results
 
 
 def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
@@ -235,21 +239,22 @@ def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
         log.warning(f"the checkpoint being written in the background failed too: {e}")
 
 
-def stop_message(spec, step: int) -> str:
-    if spec.run.output.overwrite:
+def stop_message(output, step: int) -> str:
+    """`output`: the run's `Output` (overwrite_output_dir and output_dir)."""
+    if output.overwrite:
         return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
-                f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
+                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
 
 
-def exported(spec, step: int) -> bool:
+def exported(output_dir, step: int) -> bool:
     """Whether output_dir holds the complete final export of step `step`: its trainer_state.json, all_results.json,
     and the loss curve drawn after them (the export draws it last; a checkpoint draws it before), nothing
     half-written. A run killed while exporting has to export again."""
     from pretrain_cli import atomic
 
-    out = Path(spec.run.output.output_dir)
+    out = Path(output_dir)
     try:
         state = json.loads((out / run_dir.STATE_FILE).read_text(encoding="utf-8"))
         written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()
