@@ -73,9 +73,8 @@ def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
 
 def _gpu_name() -> str | None:
     """This GPU as a hardware-table name, or None when the table does not know it."""
-    import paddle
-
+    from pretrain_cli import runtime
     from pretrain_cli.planning.hardware import lookup
 
-    dev = lookup(paddle.device.cuda.get_device_name())
+    dev = lookup(runtime.gpu_name() or "")
     return dev.name if dev is not None else None
