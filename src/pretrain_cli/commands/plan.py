@@ -61,10 +61,16 @@ def fit(config: str | None, overrides: list[str] | None = None, device: str = DE
         mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
         budget_gib: float | None = None, baseline_bytes: float = 0.0) -> dict:
     """`plan --fit` (`config.planned.fit`): the fastest layout that fits, every candidate re-resolved."""
+    return _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)[1]
+
+
+def _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib=None, baseline_bytes=0.0):
+    """(the parsed arguments, `plan --fit`'s result): the flags checked once, the file parsed once."""
     from pretrain_cli.config import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops, margin)
-    return planned.fit(*_parsed(config, overrides), device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
+    args, model_cfg = _parsed(config, overrides)
+    return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
 
 
 def write_fitted(args, change: dict, path: str) -> None:
@@ -84,11 +90,7 @@ def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
     if ns.fit:
-        from pretrain_cli.config import planned
-
-        planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops, ns.margin)
-        args, model_cfg = _parsed(ns.config, ns.overrides)
-        f = planned.fit(args, model_cfg, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+        args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
         if ns.output and f["after"] is not None:
             write_fitted(args, f["change"], ns.output)
         if not ns.json:

@@ -211,6 +211,20 @@ def read_state(ckpt: Path) -> dict:
     return state
 
 
+def newest_state(output_dir) -> tuple[dict | None, Path | None]:
+    """A run's newest complete trainer state (the highest `global_step`: the final directory's or a checkpoint's)
+    and the file it came from; (None, None) when `output_dir` holds none."""
+    best, where = None, None
+    for path in [Path(output_dir)] + [p for _, p in list_checkpoints(output_dir)]:
+        try:
+            state = read_state(path)
+        except UserError:
+            continue
+        if best is None or state["global_step"] > best["global_step"]:
+            best, where = state, path / STATE_FILE
+    return best, where
+
+
 def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
     """Refuse a resume whose model shape or sequence length differs from the checkpoint's."""
     from pretrain_cli.models.config import ModelConfig
