@@ -204,8 +204,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     return "fused" if fused else "paddle"
 
 
-def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,
-              problems: Problems) -> ParallelConfig:
+def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
@@ -332,7 +331,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     precision = _precision(args, device, notes, problems, target.gpu_name)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
-    parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    parallel = _parallel(args, model_cfg, here, notes, problems)
     if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:

@@ -7,8 +7,9 @@ sits this module's vocabulary, shared by every `Strategy`:
 - `Piece`: one rectangular block of a global tensor that this rank holds — the tensor's Hugging Face
   name (optimizer state: `"<hf name>/<slot>"`, slot one of `SLOTS`), its global shape, the block's
   offsets and shape in it, HF layout (Linear weights `[out, in]`), the ranks holding an identical copy
-  (`holders`, this rank among them), and the rank's tensor itself: `read()` copies the block to host memory
-  (numpy; bf16 as uint16 bits) only when the writer gets to it, so a rank never stages more than one piece.
+  (`holders`, this rank among them), and the rank's tensor itself: `view()` hands the block to a synchronous
+  writer when it gets to it (numpy; bf16 as uint16 bits), without a copy where it can; an asynchronous save
+  copies it into its own host buffers (`training.async_save`).
 - `Box`: where a tensor's local part sits in the global tensor, in Paddle's layout; the load side of
   the same fact (`Strategy.local_box`).
 
@@ -57,10 +58,6 @@ class Piece:
     holders: tuple  # ranks with an identical copy, sorted
     tensor: object  # this rank's Paddle tensor (its local value is the block, Paddle layout)
     transpose: bool = False  # HF layout is the transpose of Paddle's (2-D Linear weights and their state)
-
-    def read(self) -> np.ndarray:
-        """The block on the host, HF layout, C-contiguous, `box.shape` (a copy made now)."""
-        return host_copy(self.tensor, self.transpose)
 
     def view(self) -> np.ndarray:
         """The block in HF layout without a copy where it can be (`host_view`): what a synchronous save writes."""

@@ -137,7 +137,7 @@ class Strategy:
         """The checkpoint interface every layout implements through `holders` / `local_box`: this rank's
         pieces (`distributed.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
         names and layout, each with its global shape and offsets and the ranks that hold a copy. No
-        collective, no copy: a piece's `read()` copies its block to the host when the writer asks.
+        collective, no copy: a piece's `view()` hands its block to the writer when it asks.
         The checkpoint writes the pieces `pieces.writer_of` gives this rank (one writer per replica)."""
         from pretrain_cli.distributed.pieces import Piece, dtype_code, state_tensors
 
