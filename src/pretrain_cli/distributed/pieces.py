@@ -30,6 +30,17 @@ ACCUMULATORS = {"moment1": "moment1", "moment2": "moment2", "beta1_pow_acc": "be
 SLOTS = (*ACCUMULATORS.values(), "master")
 
 
+def state_name(hf: str, slot: str) -> str:
+    """The checkpoint name of optimizer state `slot` of HF tensor `hf`: `"<hf name>/<slot>"`."""
+    return f"{hf}/{slot}"
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """(HF tensor name, optimizer slot) of a checkpoint tensor name; the slot is None for a weight."""
+    hf, _, slot = name.partition("/")
+    return hf, slot or None
+
+
 @dataclass(frozen=True)
 class Box:
     """A block of a global tensor: `offsets` and `shape` per dimension inside `global_shape`."""
@@ -175,6 +186,6 @@ def state_tensors(model, optimizer=None):
         for key, slot in ACCUMULATORS.items():
             t = inner._accumulators.get(key, {}).get(target.name)
             if t is not None:
-                yield f"{hf}/{slot}", "optimizer", t, transpose and len(t.shape) == 2
+                yield state_name(hf, slot), "optimizer", t, transpose and len(t.shape) == 2
         if p.name in master:
-            yield f"{hf}/master", "optimizer", master[p.name], transpose
+            yield state_name(hf, "master"), "optimizer", master[p.name], transpose

@@ -111,10 +111,12 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
 
 def weight_bytes(ckpt: Path) -> int:
     """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
+    from pretrain_cli.distributed.pieces import split_name
+
     reader, _ = open_reader(Path(ckpt), "weights")
     try:
         return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
-                   for n, t in reader.index["tensors"].items() if "/" not in n)
+                   for n, t in reader.index["tensors"].items() if split_name(n)[1] is None)
     finally:
         reader.close()
 
@@ -156,7 +158,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n}."""
     import paddle
 
-    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
+    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, split_name, state_tensors
     from pretrain_cli.models.convert import hf_param_names
 
     reader, where = open_reader(Path(ckpt), "optimizer")
@@ -172,7 +174,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
         for name, kind, t, transpose in state_tensors(model, optimizer):
             if kind != "optimizer":
                 continue
-            hf, slot = name.rsplit("/", 1)
+            hf, slot = split_name(name)
             info = reader.index["tensors"].get(name)
             if info is None:
                 if slot == "master":  # saved without O2: the (just loaded) weights themselves are the master copy

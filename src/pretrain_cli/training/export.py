@@ -40,6 +40,7 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
 def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
     """HF safetensors (sharded above 5 GiB as transformers shards) + config from checkpoint-`step`'s pieces;
     from `model` itself when that checkpoint does not exist (its weights are then whole on this rank)."""
+    from pretrain_cli.distributed.pieces import split_name
     from pretrain_cli.models.convert import save_hf, write_hf_dir
     from pretrain_cli.training.checkpoint import open_reader
 
@@ -50,7 +51,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
     try:
         tensors = reader.index["tensors"]
         entries = [(n, tensors[n]["dtype"], tuple(tensors[n]["shape"]), lambda n=n: reader.read(n))
-                   for n in _hf_order(model, [n for n in tensors if "/" not in n])]
+                   for n in _hf_order(model, [n for n in tensors if split_name(n)[1] is None])]
         return write_hf_dir(entries, cfg, str(out), dtype)
     finally:
         reader.close()
