@@ -39,12 +39,12 @@ class Layout:
 class StepResult(NamedTuple):
     """What one optimizer step did. `outcome`: "applied"; "overflow" (fp16: the loss scaler skipped the update
     and lowered its scale; counted as a step, as PaddleNLP does); "non_finite" (loss or norm NaN/inf: nothing
-    applied); "spike" (the guard withheld the update; `spike_reason` says why). The loop decides what follows."""
+    applied); "spike" (the guard withheld the update; `reason` says why). The loop decides what follows."""
 
     loss: float
     grad_norm: float
     outcome: str
-    spike_reason: str | None = None
+    reason: str | None = None  # why a spike is one (the guard's phrase)
 
     @property
     def applied(self) -> bool:

@@ -144,7 +144,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def train_step(self, batches) -> StepResult:
-        """One optimizer step (`step.Step`): (loss, grad_norm, outcome, spike_reason); the benchmarks time
+        """One optimizer step (`step.Step`): (loss, grad_norm, outcome, reason); the benchmarks time
         exactly this."""
         return self.step(self.layout, batches, self.state)
 
@@ -174,7 +174,7 @@ class Trainer:
                 result = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
                 if result.outcome == "spike":
-                    if self.spike.handle(self, result.spike_reason, result.loss, result.grad_norm, first_sample):
+                    if self.spike.handle(self, result.reason, result.loss, result.grad_norm, first_sample):
                         batches.close()
                         batches = self._open_batches()
                     continue
