@@ -170,18 +170,16 @@ def state_tensors(model, optimizer=None):
     accumulator tables by parameter, not by parsing Paddle's generated names: under O2 the moments belong to
     the fp32 master copy (`<param>_fp32_master_0_moment1_0`). Absent state (fleet ZeRO-1's other ranks'
     parameters, a step not taken yet) is simply not listed."""
-    from pretrain_cli.models.convert import hf_param_names
+    from pretrain_cli.models.convert import hf_params
 
-    params = dict(model.named_parameters())
-    names = hf_param_names(model)
-    for ours, (hf, transpose) in names.items():
-        yield hf, "weights", params[ours], transpose
+    named = hf_params(model)
+    for hf, p, transpose in named:
+        yield hf, "weights", p, transpose
     if optimizer is None:
         return
     inner = inner_optimizer(optimizer)
     master = getattr(inner, "_master_weights", None) or {}
-    for ours, (hf, transpose) in names.items():
-        p = params[ours]
+    for hf, p, transpose in named:
         target = master.get(p.name, p)
         for key, slot in ACCUMULATORS.items():
             t = inner._accumulators.get(key, {}).get(target.name)

@@ -159,13 +159,12 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     import paddle
 
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, split_name, state_tensors
-    from pretrain_cli.models.convert import hf_param_names
 
     reader, where = open_reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
-    owned = [params[ours] for ours in hf_param_names(model) if params[ours].name in managed]
+    owned = [p for p in params.values() if p.name in managed]
     # `dist.shard_optimizer`'s wrapper creates each accumulator and lays it out; the others create them whole
     # (fleet's ZeRO-1 only those of its own parameters, filtered by `managed`)
     creator = optimizer if type(optimizer).__name__ == "_ShardOptimizer" else inner

@@ -59,7 +59,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
 
 def _hf_order(model, names: list[str]) -> list[str]:
     """The model's parameter order (what `save_hf` writes), so the export does not depend on the layout."""
-    from pretrain_cli.models.convert import hf_param_names
+    from pretrain_cli.models.convert import hf_params
 
-    order = [hf for hf, _ in hf_param_names(model).values()]
+    order = [hf for hf, _, _ in hf_params(model)]
     return [n for n in order if n in set(names)]
