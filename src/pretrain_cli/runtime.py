@@ -48,7 +48,7 @@ _GPU_NAME: list = []  # the driver's GPU name, once looked up (None: no GPU)
 
 def gpu_name() -> str | None:
     """This process's GPU as the driver names it ("NVIDIA A100-SXM4-80GB"), or None without a GPU build or a
-    GPU. Imports Paddle (on a GPU build only) and asks the driver once per process: `config.prepare`'s target
+    GPU. Imports Paddle (on a GPU build only) and asks the driver once per process: `orchestration.prepare`'s target
     and the trainer's MFU read the same answer."""
     if not _GPU_NAME:
         name = None

@@ -156,7 +156,7 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
 
     from pretrain_cli import runtime
     from pretrain_cli.commands import train
-    from pretrain_cli.config.prepare import prepare
+    from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.run_config import Target
 
     monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-16GB")  # as the driver names it
@@ -207,7 +207,8 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
 
 def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_arguments(monkeypatch):
     """No `--key value` round trip: every candidate is the parsed `Arguments` with its key changes, resolved again."""
-    from pretrain_cli.config import parser, planned
+    from pretrain_cli.config import parser
+    from pretrain_cli.orchestration import planned
 
     reads = []
     real = parser.load_json
@@ -222,7 +223,7 @@ def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_argum
 
 def test_plan_flags_are_checked_once_per_command(monkeypatch):
     """`plan` and `plan --fit` check their own flags where they come in, once, not again per candidate."""
-    from pretrain_cli.config import planned
+    from pretrain_cli.orchestration import planned
 
     calls = []
     check = planned.check_flags

@@ -188,7 +188,7 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     import json
     from dataclasses import asdict
 
-    from pretrain_cli.config.prepare import resume_schedule
+    from pretrain_cli.orchestration.prepare import resume_schedule
 
     sched = ["--lr_scheduler_type", "cosine", "--warmup_steps", "10", "--learning_rate", "3e-4",
              "--min_learning_rate", "3e-5"]
@@ -218,7 +218,7 @@ def test_plan_and_train_apply_one_hardware_rule(monkeypatch):
 
     from pretrain_cli import runtime
     from pretrain_cli.config.parser import parse_config
-    from pretrain_cli.config import prepare
+    from pretrain_cli.orchestration import prepare
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
     from pretrain_cli.training import metrics

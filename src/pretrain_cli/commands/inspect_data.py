@@ -48,7 +48,7 @@ def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
 def _step_view(ns, tok) -> list[str]:
     """--step K: from the run's own configuration, data and trainer state (--config), or from the flags."""
     if ns.config:
-        from pretrain_cli.config.prepare import inference_target, prepare
+        from pretrain_cli.orchestration.prepare import inference_target, prepare
 
         # one process on this machine's device, as `eval` and `generate` resolve
         spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], inference_target())

@@ -25,7 +25,7 @@ def main(ns: argparse.Namespace) -> int:
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
     from pretrain_cli import runtime
-    from pretrain_cli.config.prepare import launcher_target, prepare
+    from pretrain_cli.orchestration.prepare import launcher_target, prepare
     from pretrain_cli.distributed import launch
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
@@ -44,9 +44,9 @@ def main(ns: argparse.Namespace) -> int:
 
 
 def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
-    """One line: where it ran out, and `plan --fit`'s layout for this run (`config.planned.out_of_memory_line`)."""
+    """One line: where it ran out, and `plan --fit`'s layout for this run (`orchestration.planned.out_of_memory_line`)."""
     from pretrain_cli import runtime
-    from pretrain_cli.config.planned import out_of_memory_line as line
+    from pretrain_cli.orchestration.planned import out_of_memory_line as line
 
     gpu = None if spec.run.device == "cpu" else (runtime.gpu_name() or "")
     return line(spec.args, spec.model_cfg, spec.run, ns.config, step, gpu)

@@ -218,7 +218,7 @@ def has_weights(model_dir) -> bool:
 def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when
     it has none (a preset). A directory with weights that cannot be read is an error, never a random init.
-    `request` on `device`: the kernels (`config.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
+    `request` on `device`: the kernels (`orchestration.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
 
     paddle = runtime.import_paddle()
