@@ -2,7 +2,6 @@
 traceback can follow the line)."""
 import subprocess
 import sys
-import time
 
 RANK = r"""
 import os, subprocess, sys, time
@@ -11,7 +10,7 @@ peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 parent = os.getpid()
 if os.fork() == 0:
     try:
-        watchdog._watch(0, parent, {1: peer.pid}, grace=5.0)
+        watchdog._watch(0, parent, {1: peer.pid}, grace=600.0)
     finally:
         os._exit(0)
 time.sleep(0.3)
@@ -24,10 +23,9 @@ print("still running", flush=True)
 
 
 def test_a_dead_peer_is_named_once_and_this_rank_stops_at_once():
-    start = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", RANK], capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - start
+    """Killed, and before its 20 s sleep ends: so at the death, not after the grace period (600 s here, which
+    only bounds how long the kill is retried). No clock is read."""
+    p = subprocess.run([sys.executable, "-c", RANK], capture_output=True, text=True, timeout=300)
     pid = p.stdout.split()[0]
     assert p.returncode == -9 and "still running" not in p.stdout
-    assert elapsed < 3, elapsed  # not after a grace period (5 s here)
     assert p.stderr.count(f"rank 0: rank 1 (pid {pid}) died (killed or crashed)") == 1, p.stderr

@@ -8,7 +8,7 @@ Paddle's layout, fp32; nothing else of the files is read. Names, layouts and sha
 whole-model loader (`models.convert.load_hf_state_dict`) checks them, before any block is read.
 
 A checkpoint's checksums are verified the same way: rank 0 checks only that its files are present and of the
-recorded sizes (`config.prepare.find_resume`); each rank then checks the crc32 of the files it read
+recorded sizes (`orchestration.prepare.find_resume`); each rank then checks the crc32 of the files it read
 (`verify_read`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
 """
 from __future__ import annotations
@@ -52,15 +52,15 @@ class WeightSource:
     dtype = None  # as `distributed.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint"):
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_param_names
+        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
         stored = {n: t for n, t in self.reader.index["tensors"].items() if "/" not in n}
         layout = detect_layout({n: SimpleNamespace(shape=tuple(t["shape"])) for n, t in stored.items()}, model)
         self.names = {}  # ours -> (stored name, stored transposed)
-        for ours, (hf, transpose) in hf_param_names(model).items():
-            self.names[ours] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
+        for hf, _, transpose in hf_params(model):  # our names are HF's
+            self.names[hf] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
                                 transpose and layout == "hf")
         params = dict(model.named_parameters())
         tied = model.lm_head is None

@@ -227,15 +227,17 @@ def launcher_target() -> Target:
     from pretrain_cli import runtime
     from pretrain_cli.distributed import launch
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
-                  rank=launch.rank(), local_rank=launch.local_rank())
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
+                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_target() -> Target:
     """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
     from pretrain_cli import runtime
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu")
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:
