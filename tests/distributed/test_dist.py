@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, launch, launch_cmd,
-                            parse_losses, read_checkpoint, read_weights, single, write_config)
+from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, free_port, launch,
+                            launch_cmd, parse_losses, read_checkpoint, read_weights, single, write_config)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
 
 def test_two_nodes_on_one_machine(corpus, tmp_path, ref):
     r, _ = ref
-    port = _free_port()
+    port = free_port()
     cfg = write_config(tmp_path / "n.json", corpus, tmp_path / "out", save_steps=5)
     procs = [subprocess.Popen(launch_cmd(cfg, tmp_path / f"log{i}", nproc=1,
                                          launcher=("--nnodes", "2", "--master", f"127.0.0.1:{port}")),
@@ -195,12 +195,6 @@ def test_master_port_in_use(corpus, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _read(path) -> str:
     try:
         return open(path, errors="replace").read()

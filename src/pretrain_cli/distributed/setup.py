@@ -14,7 +14,7 @@ from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import RendezvousFailed, UserError
 
 
 def init_process_group(parallel, seed: int = 0, loop=None) -> None:
@@ -40,9 +40,10 @@ def init_process_group(parallel, seed: int = 0, loop=None) -> None:
             dist.init_parallel_env()
     except (RuntimeError, OSError) as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else e
-        raise UserError(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
-                        f"processes (master {launch.master()}): {last}; check that every node runs the same "
-                        f"command, that --master is reachable and its port is free") from None
+        raise RendezvousFailed(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
+                               f"processes (master {launch.master()}): {last}; check that every node runs the same "
+                               f"command, that --master is reachable and its port is free (scripts/launch.sh "
+                               f"retries with new ports)") from None
     if dist.get_world_size() != parallel.world_size:
         raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
