@@ -90,7 +90,7 @@ def run(a) -> dict:
     paddle = runtime.import_paddle()
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.run_config import Target
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.data.loader import micro_batch
     from pretrain_cli.data.samples import PackedDataset

@@ -56,7 +56,7 @@ import json, resource, sys
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 from pretrain_cli.ops import kernels
-from pretrain_cli.config.run_config import Recompute
+from pretrain_cli.run_config import Recompute
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.models import ModelConfig, build_model
 from pretrain_cli.models.recompute import apply_recompute
@@ -72,7 +72,7 @@ cfg = ModelConfig.from_file(spec["model_dir"])
 # Paddle's own ops: the path the memory model describes (the GPU's non-flash kernels). The fused CPU
 # kernels keep less (no [N, V] softmax, one probability tensor per layer): the plan is an upper bound there.
 # use_flash_attention false (the plan's "math" path): the scores are materialised, as the model assumes
-model = build_model(cfg, kernels.select(kernels.Request(attention="math", cpu_ops=False, fused_loss=spec["fused"]),
+model = build_model(cfg, kernels.select(kernels.KernelConfig(attention="math", cpu_ops=False, fused_loss=spec["fused"]),
                                         "cpu"))
 model.train()
 apply_recompute(model, Recompute(spec["recompute"]) if spec["recompute"] else None)

@@ -50,7 +50,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     paddle = runtime.import_paddle()
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.run_config import Target
     from pretrain_cli.distributed.comm import build_comm
     from pretrain_cli.distributed.setup import init_process_group
     from pretrain_cli.models import ModelConfig

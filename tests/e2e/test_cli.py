@@ -198,7 +198,7 @@ def test_fresh_clone_check_and_shipped_configs_parse():
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.prepare import build_model_config
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.run_config import Target
 
     names = sorted(p.name for p in (REPO / "configs").glob("*.json"))
     assert {"qwen3-0.6b_pretrain.json", "llama-3.2-1b_pretrain.json", "qwen2.5-0.5b_pretrain.json"} <= set(names)

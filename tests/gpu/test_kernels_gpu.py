@@ -18,7 +18,7 @@ def _rand(*shape, dtype="float32"):
 
 
 def test_select_on_gpu_uses_fused():
-    k = kernels.select(kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
+    k = kernels.select(kernels.KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
     assert k.rms_norm is kernels.rms_norm_fused and k.attention is kernels.attention_sdpa_causal
     assert k.attention_document is kernels.attention_flashmask
 

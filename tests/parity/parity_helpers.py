@@ -13,7 +13,7 @@ from pretrain_cli.ops.loss import IGNORE_INDEX, mean_loss  # noqa: E402
 
 # the two fused head + loss paths: the CPU kernel (with the fused CPU kernels) and the chunked Paddle-op path
 # (cpu_fused_ops: false on CPU; the GPU's path)
-HEADS = {"cpu": kernels.Request(), "chunked": kernels.Request(cpu_ops=False)}
+HEADS = {"cpu": kernels.KernelConfig(), "chunked": kernels.KernelConfig(cpu_ops=False)}
 
 
 def load(path, selected):

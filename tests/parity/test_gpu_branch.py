@@ -258,7 +258,7 @@ def _gpu_run(name: str):
 
     from pretrain_cli.config.prepare import build_model_config, load_arguments
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.run_config import Target
 
     path = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / name
     args = load_arguments(str(path), ["--model_name_or_path", "micro-llama", "--continue_training", "0"])

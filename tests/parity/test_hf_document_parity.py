@@ -45,7 +45,7 @@ DOCS = [[7, 1, 12, 4, 1], [3, 22]]
 
 def _kernels(name):
     if name == "cpu":
-        return kernels.select(kernels.Request(attention="flash"), "cpu")
+        return kernels.select(kernels.KernelConfig(attention="flash"), "cpu")
     if name == "math":
         return kernels.select(HEADS["cpu"], "cpu")
     paddle_only = kernels.select(HEADS["chunked"], "cpu")

@@ -2,7 +2,7 @@
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.config.presets import resolve_model_dir
 from pretrain_cli.config.resolve import resolve
-from pretrain_cli.config.run_config import Target
+from pretrain_cli.run_config import Target
 from pretrain_cli.models.config import ModelConfig
 
 BASE = ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5", "--device", "cpu"]

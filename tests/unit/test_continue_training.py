@@ -17,7 +17,7 @@ paddle = runtime.import_paddle()
 from safetensors.numpy import save_file  # noqa: E402
 
 from pretrain_cli.config.prepare import prepare  # noqa: E402
-from pretrain_cli.config.run_config import Target  # noqa: E402
+from pretrain_cli.run_config import Target  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402

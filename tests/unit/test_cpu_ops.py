@@ -305,8 +305,8 @@ def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
 def test_cpu_selection_uses_the_fused_kernels_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(kernels.Request(attention="flash"), "cpu")
-        fused_requests = kernels.select(kernels.Request(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
+        k = kernels.select(kernels.KernelConfig(attention="flash"), "cpu")
+        fused_requests = kernels.select(kernels.KernelConfig(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
@@ -339,21 +339,21 @@ def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
 def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):
     monkeypatch.setattr(cpu_ops, "_STATE", {"error": "compiler failed: g++ not found"})
     with pytest.warns(RuntimeWarning) as rec:
-        k = kernels.select(kernels.Request(), "cpu")
+        k = kernels.select(kernels.KernelConfig(), "cpu")
     msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
     assert len(msgs) == 1 and "g++ not found" in msgs[0]
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
     with pytest.warns(RuntimeWarning, match="fused AdamW step needs the fused CPU kernels.*g\\+\\+ not found"):
-        step = kernels.select_step(kernels.Request(), "cpu")
+        step = kernels.select_step(kernels.KernelConfig(), "cpu")
     assert step.adamw is None and step.global_sq_norm is kernels.global_sq_norm_reference
 
 
 def test_step_selection_follows_the_run_configuration():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fused = kernels.select_step(kernels.Request(), "cpu")
-        paddle_step = kernels.select_step(kernels.Request(optimizer="paddle"), "cpu")
-        no_cpu_ops = kernels.select_step(kernels.Request(cpu_ops=False), "cpu")
+        fused = kernels.select_step(kernels.KernelConfig(), "cpu")
+        paddle_step = kernels.select_step(kernels.KernelConfig(optimizer="paddle"), "cpu")
+        no_cpu_ops = kernels.select_step(kernels.KernelConfig(cpu_ops=False), "cpu")
     assert (fused.name, fused.adamw, fused.global_sq_norm) == ("fused_cpu", kernels.adamw_cpu,
                                                                kernels.global_sq_norm_cpu)
     assert paddle_step.adamw is None and no_cpu_ops.adamw is None

@@ -142,14 +142,14 @@ def test_paddle_only_cpu_selection_is_silent():
     """`cpu_fused_ops: false` (the fused CPU kernels are tested in test_cpu_ops.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k = kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu")
+        k = kernels.select(kernels.KernelConfig(attention="math", cpu_ops=False), "cpu")
     assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
     # "math" materialises the scores on every device, with or without the fused CPU kernels
-    assert kernels.select(kernels.Request(attention="math"), "cpu").attention is kernels.attention_sdpa_mask
+    assert kernels.select(kernels.KernelConfig(attention="math"), "cpu").attention is kernels.attention_sdpa_mask
 
 
 def test_fused_requests_on_cpu_fall_back_with_one_warning():
-    cfg = kernels.Request(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False)
+    cfg = kernels.KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False)
     with pytest.warns(RuntimeWarning) as rec:
         k = kernels.select(cfg, "cpu")
     msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
@@ -163,14 +163,14 @@ def test_fused_requests_on_cpu_fall_back_with_one_warning():
 
 def test_gpu_device_falls_back_only_without_a_cuda_build():
     if paddle.is_compiled_with_cuda():  # pragma: no cover - GPU builds (tests/gpu covers the fused path)
-        assert kernels.select(kernels.Request(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_fused
+        assert kernels.select(kernels.KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_fused
         return
     with pytest.warns(RuntimeWarning):
-        k = kernels.select(kernels.Request(rms_norm="fused", cpu_ops=False), "gpu:0")
+        k = kernels.select(kernels.KernelConfig(rms_norm="fused", cpu_ops=False), "gpu:0")
     assert k.rms_norm is kernels.rms_norm_reference
-    assert kernels.select(kernels.Request(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_cpu  # CPU kernel
+    assert kernels.select(kernels.KernelConfig(rms_norm="fused"), "gpu:0").rms_norm is kernels.rms_norm_cpu  # CPU kernel
 
 
 def test_unknown_kernel_name_raises():
     with pytest.raises(ValueError):
-        kernels.select(kernels.Request(attention="xformers"), "cpu")
+        kernels.select(kernels.KernelConfig(attention="xformers"), "cpu")

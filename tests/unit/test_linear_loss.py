@@ -101,8 +101,8 @@ def test_the_kernel_refuses_labels_outside_the_vocabulary():
 def test_selection_follows_the_request():
     assert cpu_ops.load() is not None
     assert kernels.select(None, "cpu").linear_cross_entropy is linear_loss.linear_cross_entropy_cpu
-    assert kernels.select(kernels.Request(attention="math", cpu_ops=False), "cpu").linear_cross_entropy_name == "chunked"
-    off = kernels.select(kernels.Request(fused_loss=False), "cpu")
+    assert kernels.select(kernels.KernelConfig(attention="math", cpu_ops=False), "cpu").linear_cross_entropy_name == "chunked"
+    off = kernels.select(kernels.KernelConfig(fused_loss=False), "cpu")
     assert off.linear_cross_entropy is None and "head+loss=off" in off.describe()
 
 
@@ -124,7 +124,7 @@ def _model_grads(kern):
 
 @pytest.mark.parametrize("fn", PATHS, ids=["cpu_kernel", "chunked"])
 def test_tied_model_gradients_accumulate_into_the_embedding(fn):
-    base = kernels.select(kernels.Request(fused_loss=False), "cpu")
+    base = kernels.select(kernels.KernelConfig(fused_loss=False), "cpu")
     want_total, want_count, want, model, ids, labels = _model_grads(base)
     got_total, got_count, got, _, _, _ = _model_grads(dataclasses.replace(base, linear_cross_entropy=fn))
     assert got_count == want_count == 34
@@ -142,7 +142,7 @@ def test_eval_loss_is_the_same_with_and_without_the_fused_head():
     batches = [{"input_ids": rng.integers(0, V, (2, 16)).astype("int64"),
                 "labels": rng.integers(0, V, (2, 16)).astype("int64")} for _ in range(2)]
     sums = []
-    for request in (kernels.Request(), kernels.Request(fused_loss=False)):
+    for request in (kernels.KernelConfig(), kernels.KernelConfig(fused_loss=False)):
         paddle.seed(3)
         sums.append(loss_sum(build_model(CFG, kernels.select(request, "cpu")), batches))
     assert sums[0][1:] == sums[1][1:] == (64.0, 4)

@@ -15,7 +15,7 @@ from pretrain_cli.models import build_model, check_seq_len  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.models.layers import rope_inv_freq  # noqa: E402
 from pretrain_cli.models.recompute import apply_recompute  # noqa: E402
-from pretrain_cli.config.run_config import Recompute  # noqa: E402
+from pretrain_cli.run_config import Recompute  # noqa: E402
 
 
 def tiny(model_type="qwen2", **kw):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_cli.config.run_config import OptimizerConfig, Schedule
+from pretrain_cli.run_config import OptimizerConfig, Schedule
 from pretrain_cli.training.optim import no_decay
 
 

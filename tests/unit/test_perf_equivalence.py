@@ -63,10 +63,10 @@ def _losses(chosen, compile_forward, documents=False, cfg=CFG):
 
 
 def test_fast_cpu_step_matches_reference_step():
-    fast = kernels.select(kernels.Request(attention="flash"), "cpu")
+    fast = kernels.select(kernels.KernelConfig(attention="flash"), "cpu")
     assert fast.attention is kernels.attention_cpu  # the fused kernels are what is being compared
     assert fast.linear_cross_entropy is kernels.linear_cross_entropy_cpu
-    paddle_only = kernels.select(kernels.Request(cpu_ops=False, fused_loss=False), "cpu")
+    paddle_only = kernels.select(kernels.KernelConfig(cpu_ops=False, fused_loss=False), "cpu")
     assert paddle_only.linear_cross_entropy is None
     ref = dataclasses.replace(paddle_only, attention=kernels.attention_math, rope=_slice_rope, pack_mlp=False)
     want = _losses(ref, compile_forward=False)
@@ -80,8 +80,8 @@ def test_fast_cpu_step_matches_reference_step():
 def test_document_masked_fast_cpu_step_matches_reference_step():
     """Document masking through the fused CPU kernels (cpu_document attention, RoPE with position ids)
     trains like Paddle's ops with `attention_math`'s document mask, eager and compiled."""
-    fast = kernels.select(kernels.Request(attention="flash"), "cpu")
-    paddle_only = kernels.select(kernels.Request(attention="math", cpu_ops=False, fused_loss=False), "cpu")
+    fast = kernels.select(kernels.KernelConfig(attention="flash"), "cpu")
+    paddle_only = kernels.select(kernels.KernelConfig(attention="math", cpu_ops=False, fused_loss=False), "cpu")
     ref = dataclasses.replace(paddle_only, attention_document=kernels.attention_math, pack_mlp=False)
     want = _losses(ref, compile_forward=False, documents=True)
     assert want[-1] < want[0] - 0.1
@@ -103,7 +103,7 @@ def test_fused_head_loss_step_matches_logits_step(monkeypatch):
     assert linear_loss.chunk_rows(259, budget=linear_loss.KERNEL_CHUNK_ELEMENTS) == 20
     for tied in (False, True):
         cfg = dataclasses.replace(CFG, vocab_size=259, tie_word_embeddings=tied)
-        base = kernels.select(kernels.Request(fused_loss=False), "cpu")
+        base = kernels.select(kernels.KernelConfig(fused_loss=False), "cpu")
         want = _losses(base, compile_forward=False, cfg=cfg)
         assert want[-1] < want[0] - 0.1
         for fused in (linear_loss.linear_cross_entropy_cpu, linear_loss.linear_cross_entropy_chunked):

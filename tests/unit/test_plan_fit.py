@@ -156,7 +156,7 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
 
     from pretrain_cli.commands import train
     from pretrain_cli.config.prepare import prepare
-    from pretrain_cli.config.run_config import Target
+    from pretrain_cli.run_config import Target
 
     monkeypatch.setattr(train, "_gpu_name", lambda: "V100-16GB")
     ns = argparse.Namespace(config=str(QWEN), overrides=list(AT_4096))

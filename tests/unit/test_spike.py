@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from run_helpers import resolve_run
-from pretrain_cli.config.run_config import SpikeGuardConfig
+from pretrain_cli.run_config import SpikeGuardConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.training.spike import SpikeError, SpikeGuard, SpikePolicy
 

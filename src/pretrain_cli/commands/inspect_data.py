@@ -59,7 +59,7 @@ def _step_view(ns, tok) -> list[str]:
     """--step K: from the run's own configuration, data and trainer state (--config), or from the flags."""
     if ns.config:
         from pretrain_cli.config.prepare import prepare
-        from pretrain_cli.config.run_config import Target
+        from pretrain_cli.run_config import Target
 
         spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], Target())
         splits, lp = spec.splits, spec.run.loop

@@ -13,7 +13,7 @@ import copy
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
-from pretrain_cli.config.run_config import Target
+from pretrain_cli.run_config import Target
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware

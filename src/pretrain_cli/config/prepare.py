@@ -15,7 +15,7 @@ from pathlib import Path
 from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
-from pretrain_cli.config.run_config import KernelConfig, RunConfig, Schedule, Target
+from pretrain_cli.run_config import KernelConfig, RunConfig, Schedule, Target
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
 

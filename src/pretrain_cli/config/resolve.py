@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.pipeline import resolve_pipeline
-from pretrain_cli.config.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
+from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
                                             RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
 from pretrain_cli.data.samples import parse_split

@@ -11,8 +11,13 @@ import contextlib
 import time
 from pathlib import Path
 
+<<<<<<< HEAD
 from pretrain_cli import waiting
 from pretrain_cli.errors import PeerFailed, UserError
+=======
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import ParallelConfig
+>>>>>>> main
 
 _KEY = "pretrain_cli"
 
@@ -142,7 +147,7 @@ class Comm(NoComm):
             time.sleep(0.02)
 
 
-def build_comm(parallel) -> NoComm:
+def build_comm(parallel: ParallelConfig) -> NoComm:
     return Comm(parallel.rank, parallel.world_size) if parallel.distributed else NoComm()
 
 

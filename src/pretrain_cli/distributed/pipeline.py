@@ -29,6 +29,7 @@ import re
 
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.models.stages import stage_bounds
+from pretrain_cli.run_config import Loop, ParallelConfig
 
 ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
 
@@ -44,7 +45,7 @@ def stage_of(name: str, bounds: list[int]) -> int:
     return len(bounds) - 2  # model.norm, lm_head
 
 
-def init_fleet(parallel, loop, seed: int) -> None:
+def init_fleet(parallel: ParallelConfig, loop: Loop, seed: int) -> None:
     """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
     import paddle
     import paddle.distributed as dist
@@ -175,7 +176,7 @@ class StageLoss:
         return total if self.sum_mode else mean_loss(total, count)
 
 
-def build_pipeline_layer(lm, parallel):
+def build_pipeline_layer(lm, parallel: ParallelConfig):
     """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied)."""
     import paddle
     from paddle.distributed import fleet
@@ -237,7 +238,7 @@ def inputs_of(ids, extra: dict):
 class Pipeline(Strategy):
     """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
 
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
         self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"

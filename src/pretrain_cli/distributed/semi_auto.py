@@ -18,6 +18,7 @@ import numpy as np
 
 from pretrain_cli.distributed.local_kernels import gather_zero, to_replicated, use_local_kernels
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.run_config import ParallelConfig
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
@@ -26,7 +27,7 @@ ROW = ("o_proj", "down_proj")
 class SemiAuto(Strategy):
     global_batch = True
 
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         self.hook = device == "cpu"
         stage = f"ZeRO-{parallel.sharding_stage}" if parallel.sharding_stage else "no sharding"

@@ -14,12 +14,17 @@ from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
+<<<<<<< HEAD
 from pretrain_cli.errors import RendezvousFailed, UserError
+=======
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import Loop, ParallelConfig
+>>>>>>> main
 
 
-def init_process_group(parallel, seed: int = 0, loop=None) -> None:
+def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | None = None) -> None:
     """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU); a pipeline
-    also reads the micro-batching of `loop` (`config.run_config.Loop`)."""
+    also reads the micro-batching of `loop` (`run_config.Loop`)."""
     if not parallel.distributed:
         return
     import paddle.distributed as dist
@@ -49,7 +54,7 @@ def init_process_group(parallel, seed: int = 0, loop=None) -> None:
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
 
 
-def build_strategy(parallel, device: str = "cpu", step_kernels=None) -> Strategy:
+def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=None) -> Strategy:
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,

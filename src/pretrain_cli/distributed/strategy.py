@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 
 from pretrain_cli.ops.kernels import StepKernels
+from pretrain_cli.run_config import ParallelConfig
 
 
 def _nbytes(t) -> int:
@@ -36,7 +37,7 @@ class Strategy:
     name = "single process"
     global_batch = False  # True: each rank's batch is declared a piece of one global batch (semi-auto)
 
-    def __init__(self, parallel, device: str = "cpu", step_kernels: StepKernels | None = None):
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels: StepKernels | None = None):
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
         only records the coefficient and `step` hands it to the update."""
         self.parallel, self.device = parallel, device

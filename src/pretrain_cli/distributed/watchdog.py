@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import atomic, processes
+from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd) while one runs
@@ -37,7 +38,7 @@ POLL = 0.05
 SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
 
 
-def start(parallel, grace: float = 15.0) -> None:
+def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
     """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none)."""
     if parallel.world_size <= 1:
         return

@@ -1,7 +1,7 @@
 """Architecture-only model configuration, read from and written to an HF `config.json`.
 
 Field names are HF's so a `config.json` round-trips without a mapping table, and
-kernel/parallel flags never land here (see `pretrain_cli.config.run_config`). No Paddle import:
+kernel/parallel flags never land here (see `pretrain_cli.run_config`). No Paddle import:
 `check`, `plan` and `flops` use this module without paying for one.
 """
 from __future__ import annotations

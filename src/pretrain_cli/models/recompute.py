@@ -28,7 +28,7 @@ def _wrap(layer, use_reentrant: bool) -> None:
 
 def apply_recompute(model, recompute):
     """Wrap every decoder layer's chosen part in `fleet.utils.recompute`; `recompute` is None (off) or has
-    `granularity`, `use_reentrant` and `skip_layers` (`config.run_config.Recompute`). Returns `model`.
+    `granularity`, `use_reentrant` and `skip_layers` (`run_config.Recompute`). Returns `model`.
 
     The default is the non-reentrant implementation: the reentrant one re-runs backward hooks, which
     `paddle.DataParallel` rejects ("parameter has been ready before") with more than one process.

@@ -25,6 +25,7 @@ from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_do
                                       global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.rope import rope_reference  # noqa: F401 (re-exported)
+from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
 
 
 # ---------------------------------------------------------------- reference paths (any device)
@@ -150,7 +151,7 @@ class StepKernels:
 def select_step(request=None, device: str = "cpu") -> StepKernels:
     """`optimizer: fused` (`config.resolve`: CPU, fp32, whole parameters on every rank) → the multi-tensor CPU
     step if the fused CPU kernels built, else Paddle's with one warning; the GPU keeps Paddle's optimizer."""
-    kc = request or Request()
+    kc = request or KernelConfig()
     if kc.optimizer != "fused" or _gpu_available(device) or not kc.cpu_ops:
         return StepKernels()
     if cpu_ops.load() is None:
@@ -213,35 +214,8 @@ def _gpu_available(device: str) -> bool:
     return paddle.is_compiled_with_cuda()
 
 
-ATTENTION_PATHS = ("flash", "math")
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a run asks of the kernels: `config.run_config.KernelConfig` is this class, `config.resolve` fills it.
-
-    The defaults are what an argument file that sets none of the kernel keys resolves to on CPU (the PaddleNLP
-    defaults: `use_flash_attention` false; `tests/unit/test_run_config.py` checks that they agree).
-    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]` scores
-    (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it keeps fp32
-    probabilities for backward); "math" materialises the scores on every device. `planning.memory` models
-    each of the three.
-    """
-
-    attention: str = "math"  # one of ATTENTION_PATHS
-    rms_norm: str = "reference"  # "fused" | "reference"
-    rope: str = "reference"
-    swiglu: str = "reference"
-    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
-    to_static: bool = False
-    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
-    # parallel; see `select_step`); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, TP)
-    optimizer: str = "fused"
-    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
-
-
-def select(request=None, device: str = "cpu") -> Kernels:
-    """Map a `Request` (`RunConfig.kernels`) to what `device` can run; warn once listing every fallback.
+def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
+    """Map a `KernelConfig` (`RunConfig.kernels`) to what `device` can run; warn once listing every fallback.
 
     attention "flash": flash-attn through Paddle's SDPA on GPU, the fused block-causal kernel on CPU;
     attention "math": the `[b, heads, s, s]` scores materialised, on every device (`attention_sdpa_mask`).
@@ -252,7 +226,7 @@ def select(request=None, device: str = "cpu") -> Kernels:
     `fused_loss` (`use_fused_linear_cross_entropy`): the chunked LM head + loss, the C++ kernel on CPU and
     Paddle's ops elsewhere (also on CPU without the kernels: the memory saving does not depend on them).
     """
-    kc = request or Request()
+    kc = request or KernelConfig()
     gpu = _gpu_available(device)
     if kc.attention not in ATTENTION_PATHS:
         raise ValueError(f"unknown attention kernel {kc.attention!r}")

@@ -43,7 +43,7 @@ class Setup:
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
-    engine: str = "single"  # config.run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
+    engine: str = "single"  # run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate
+from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
 
@@ -58,7 +59,7 @@ def device_note(name: str, dev: Device) -> list[str]:
             + (f"; name {' or '.join(others)} for another variant" if others else "")]
 
 
-def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Setup:
+def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Setup:
     """The memory model's view of a resolved run on one device."""
     gpu, prec, p, k = device.is_gpu, run.precision, run.parallel, run.kernels
     return Setup(
@@ -72,7 +73,7 @@ def setup_for(run, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Se
         fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum)
 
 
-def peak(run, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
+def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
     """(peak TFLOPS per device, where it came from) for the ETA: --peak_tflops, else the file's
     peak_tflops, else the hardware table."""
     if peak_tflops is not None:
@@ -111,7 +112,7 @@ def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) ->
             f"far too optimistic; time a few steps instead"]
 
 
-def report(run, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
+def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
            config: str | None = None, peak_tflops: float | None = None) -> dict:
     """The whole plan as a JSON-ready dict (what `plan --json` prints)."""
     from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
@@ -180,7 +181,7 @@ def _first_fitting(changes: list[dict], replan):
     return last
 
 
-def suggest(run, base: dict, replan) -> list[dict]:
+def suggest(run: RunConfig, base: dict, replan) -> list[dict]:
     """Ranked key changes that lower memory; `replan(change) -> report | None` re-resolves the file with them."""
     lp, s = run.loop, run.data.max_seq_length
     b, acc = lp.micro_batch, lp.grad_accum

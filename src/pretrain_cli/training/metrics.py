@@ -18,6 +18,7 @@ from pathlib import Path
 from pretrain_cli import atomic
 from pretrain_cli.run_dir import METRICS_FILE
 from pretrain_cli.training import trackers
+from pretrain_cli.run_config import RunConfig
 
 log = logging.getLogger("pretrain_cli")
 
@@ -178,7 +179,7 @@ class Throughput:
         self.tokens_this_process = 0
 
     @classmethod
-    def for_run(cls, run, model_cfg, peak_tflops: float | None) -> "Throughput":
+    def for_run(cls, run: RunConfig, model_cfg, peak_tflops: float | None) -> "Throughput":
         """Model FLOPs exclude recompute (comparable MFU); hardware FLOPs count the recomputed forward too."""
         from pretrain_cli.models.flops import flops_per_token
 

@@ -1,4 +1,5 @@
-"""AdamW with PaddleNLP's decay exclusions; the learning rate comes from `config.run_config.Schedule`.
+"""AdamW with PaddleNLP's decay exclusions; the learning rate comes from `run_config.Schedule`.
+from pretrain_cli.run_config import OptimizerConfig, Schedule
 
 Clipping is done by the trainer (it needs the global norm for logging and the NaN policy anyway),
 so the optimizer gets no `grad_clip`; the trainer sets the rate each step from `schedule.lr_at`.
@@ -12,7 +13,7 @@ def no_decay(structured_name: str) -> bool:
     return "bias" in structured_name or "norm" in structured_name
 
 
-def build_optimizer(model, optimizer_cfg, schedule, multi_precision: bool = False, adamw=None):
+def build_optimizer(model, optimizer_cfg: OptimizerConfig, schedule: Schedule, multi_precision: bool = False, adamw=None):
     """AdamW over the trainable parameters. Paddle calls `apply_decay_param_fun` with the parameter's
     internal unique name (e.g. `linear_3.w_0`), so structured names are mapped first. `adamw`: a multi-tensor
     kernel (`StepKernels.adamw`) that steps it instead of Paddle's per-parameter kernels."""

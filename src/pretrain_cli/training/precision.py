@@ -7,6 +7,7 @@ scaler (O1/O2); bf16 has fp32's range and needs none.
 from __future__ import annotations
 
 import contextlib
+from pretrain_cli.run_config import Precision
 
 
 class Fp32:
@@ -38,7 +39,7 @@ class Fp32:
 
 
 class Amp(Fp32):
-    def __init__(self, precision, scaler=None):
+    def __init__(self, precision: Precision, scaler=None):
         self.precision, self.scaler = precision, scaler
         self.loss_scaling = scaler is not None
 
@@ -78,7 +79,7 @@ class Amp(Fp32):
             step_fn(optimizer)
 
 
-def build_amp(model, optimizer, precision):
+def build_amp(model, optimizer, precision: Precision):
     """(model, optimizer, Fp32 | Amp); O2 casts weights to half with fp32 master weights."""
     if not precision.enabled:
         return model, optimizer, Fp32()

@@ -21,6 +21,7 @@ from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
+from pretrain_cli.run_config import RunConfig
 
 
 def run(spec) -> int:
@@ -82,13 +83,13 @@ def rebuild(spec, comm, path) -> Layout:
     return lay_out(spec.run, model, comm, path)
 
 
-def assemble(run, model, comm, splits=None, resume=None) -> Trainer:
+def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
     """The Trainer over `lay_out`'s objects, reporting nowhere and saving nothing (the benchmark harness and
     the tests that step it)."""
     return Trainer(lay_out(run, model, comm, resume), splits, run, comm)
 
 
-def lay_out(run, model, comm, resume=None) -> Layout:
+def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
     `assemble`)."""
@@ -117,7 +118,7 @@ def lay_out(run, model, comm, resume=None) -> Layout:
     return Layout(model, optimizer, amp, strategy, raw_model)
 
 
-def build_model(run, model_cfg, model_dir=None):
+def build_model(run: RunConfig, model_cfg, model_dir=None):
     """Seeded single-device model with the kernels the run asked for (and pretrained weights if asked)."""
     import paddle
 

@@ -17,6 +17,7 @@ from pretrain_cli.data.loader import batch_hash
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import model_inputs
 from pretrain_cli.training.metrics import log
+from pretrain_cli.run_config import RunConfig
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Step:
     """The step's settings (accumulation, schedule, clipping) and the spike guard's verdict; `spike_reason`
     says why the last step's update was withheld as a spike (None otherwise)."""
 
-    def __init__(self, run, comm, guard=None):
+    def __init__(self, run: RunConfig, comm, guard=None):
         self.grad_accum, self.schedule = run.loop.grad_accum, run.schedule
         self.max_grad_norm, self.comm, self.guard = run.optimizer.max_grad_norm, comm, guard
         self.spike_reason = None

@@ -22,6 +22,7 @@ from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikePolicy
 from pretrain_cli.training.step import Layout, Step
+from pretrain_cli.run_config import RunConfig
 
 
 class NonFiniteError(Exception):
@@ -69,7 +70,7 @@ class Trainer:
     strategy = property(lambda self: self.layout.strategy)
     raw_model = property(lambda self: self.layout.raw_model)
 
-    def __init__(self, layout: Layout, splits, run, comm, collaborators: Collaborators | None = None,
+    def __init__(self, layout: Layout, splits, run: RunConfig, comm, collaborators: Collaborators | None = None,
                  resumed: dict | None = None):
         self.adopt(layout)
         self.splits, self.comm = splits, comm

@@ -1,7 +1,7 @@
 """The resolved run configuration: every decision about a run, made once, by `config.resolve`.
 
-Everything below the config layer (training, planning, distributed, models, ops, data) reads
-these frozen objects, never the user's `*Arguments`. `plan`, `check` and `train` all build the
+A base module (it imports nothing of the project), so every layer below `config/` (training, planning,
+distributed, models, ops, data) reads and annotates with these frozen objects, never the user's `*Arguments`. `plan`, `check` and `train` all build the
 same `RunConfig` from the same file, so what `plan` models (attention path, recompute, sharding)
 is by construction what `train` runs. Kernel and parallel choices live here, never on the model's
 architecture config (PaddleNLP's `LlmMetaConfig` copies 19 such flags onto it).
@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from pretrain_cli.ops.kernels import ATTENTION_PATHS, Request  # noqa: F401 (ATTENTION_PATHS re-exported)
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,31 @@ class Precision:
         return 2 if self.enabled else 4
 
 
-# what the run asks of the kernels: one class with `ops.kernels.select`, which maps it to what the device runs
-KernelConfig = Request
+ATTENTION_PATHS = ("flash", "math")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What a run asks of the kernels; `config.resolve` fills it, `ops.kernels.select` maps it to what the device runs.
+
+    The defaults are what an argument file that sets none of the kernel keys resolves to on CPU (the PaddleNLP
+    defaults: `use_flash_attention` false; `tests/unit/test_run_config.py` checks that they agree).
+    `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]` scores
+    (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it keeps fp32
+    probabilities for backward); "math" materialises the scores on every device. `planning.memory` models
+    each of the three.
+    """
+
+    attention: str = "math"  # one of ATTENTION_PATHS
+    rms_norm: str = "reference"  # "fused" | "reference"
+    rope: str = "reference"
+    swiglu: str = "reference"
+    cpu_ops: bool = True  # on CPU: pretrain-cli's own fused kernels (ops/csrc) when they build
+    to_static: bool = False
+    # "fused": the multi-tensor AdamW + norm of ops/csrc/optim.cc (CPU, fp32, one process or plain data
+    # parallel; see `select_step`); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, TP)
+    optimizer: str = "fused"
+    fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
 
 
 @dataclass(frozen=True)
