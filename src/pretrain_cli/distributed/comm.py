@@ -11,13 +11,9 @@ import contextlib
 import time
 from pathlib import Path
 
-<<<<<<< HEAD
 from pretrain_cli import waiting
 from pretrain_cli.errors import PeerFailed, UserError
-=======
-from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import ParallelConfig
->>>>>>> main
 
 _KEY = "pretrain_cli"
 

@@ -73,7 +73,7 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
         return TRANSIENT, "rendezvous"
     if own:
         return int(own[0]["exit"]), "retry"
-    if launcher_rc in (130, 143):  # interrupted or terminated by the user: not a failure to retry
+    if launcher_rc in (USAGE, 130, 143):  # a usage error (the launcher's own), interrupted, terminated: not retried
         return launcher_rc, "stop"
     return launcher_rc, "retry"
 

@@ -14,12 +14,8 @@ from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
-<<<<<<< HEAD
 from pretrain_cli.errors import RendezvousFailed, UserError
-=======
-from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import Loop, ParallelConfig
->>>>>>> main
 
 
 def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | None = None) -> None:
