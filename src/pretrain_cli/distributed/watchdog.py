@@ -33,7 +33,7 @@ from pretrain_cli import atomic, processes
 from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
-_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd) while one runs
+_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir) while one runs
 POLL = 0.05
 SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
 
@@ -43,7 +43,6 @@ def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
     if parallel.world_size <= 1:
         return
     import socket
-    import sys
     import tempfile
     import uuid
 
@@ -66,7 +65,13 @@ def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
         return
     shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}"
     shared.mkdir(exist_ok=True)
-    watcher = _Watcher(me, ranks, host, shared, job.verdict_dir(), grace)
+    _spawn(_Watcher(me, ranks, host, shared, job.verdict_dir(), grace))
+
+
+def _spawn(watcher: "_Watcher") -> None:
+    """Fork `watcher` and send this process's stdout and stderr through it."""
+    import sys
+
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -85,7 +90,7 @@ def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
     os.close(read_end)
     os.close(log)
     global _WATCHER
-    _WATCHER = (child, os.dup(1), os.dup(2))
+    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared)
     os.dup2(write_end, 1)
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -99,7 +104,7 @@ def stop() -> None:
         return
     import sys
 
-    child, out, err = _WATCHER
+    child, out, err, shared = _WATCHER
     _WATCHER = None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -116,6 +121,9 @@ def stop() -> None:
                 os.waitpid(child, 0)
                 break
             time.sleep(0.01)
+    import shutil
+
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 class _Watcher:
