@@ -181,8 +181,8 @@ def find_resume(run: RunConfig) -> Path | None:
             raise UserError(f"resume_from_checkpoint: {path} is not a directory")
         reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
         if reason is not None:
-            raise UserError(f"resume_from_checkpoint: {reason}, so {path.name} cannot be resumed from; name a "
-                            f"complete checkpoint-N, or remove the key to resume from the newest complete one")
+            raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
+                            f"resume from the newest complete one")
         return path
     if out.overwrite or not run.loop.do_train:
         return None
