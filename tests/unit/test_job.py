@@ -39,6 +39,14 @@ def test_a_failed_rendezvous_is_its_own_action(tmp_path):
     assert job.decide(d, 75) == (75, "rendezvous")
 
 
+def test_a_rank_that_died_inside_the_join_is_a_failed_rendezvous(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 75, "kind": "joining", "time": 1.0})
+    assert job.decide(d, 134) == (75, "rendezvous")
+    # a rank still joining when another rank's usage error stopped the job: the usage error decides
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 2, "kind": "usage", "time": 2.0})
+    assert job.decide(d, 2) == (2, "stop")
+
+
 def test_record_writes_only_under_launch_sh_and_never_raises(tmp_path, monkeypatch):
     monkeypatch.delenv(job.VERDICTS_ENV, raising=False)
     job.record(0, 2, "usage", "x")  # no directory: nothing, no error
@@ -47,6 +55,8 @@ def test_record_writes_only_under_launch_sh_and_never_raises(tmp_path, monkeypat
     assert json.loads((tmp_path / "rank-3.json").read_text())["line"] == "bad key"
     job.record(3, 137, "died", "killed", overwrite=False)  # the rank's own record stands
     assert json.loads((tmp_path / "rank-3.json").read_text())["exit"] == 2
+    job.clear(3)
+    assert not (tmp_path / "rank-3.json").exists()
     monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path / "missing" / "dir"))
     job.record(0, 2, "usage", "x")
 

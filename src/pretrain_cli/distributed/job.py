@@ -48,7 +48,8 @@ def verdict_dir() -> Path | None:
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "peer" (stopped because another rank
-    failed), "died"), when launched by launch.sh; best effort, never raises."""
+    failed), "died"; "joining" while it joins the process group, cleared once joined), when launched by
+    launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -60,15 +61,25 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
             atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time()})
 
 
+def clear(rank: int) -> None:
+    """Forget this rank's record (its join succeeded)."""
+    directory = verdict_dir()
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            (directory / f"rank-{rank}.json").unlink(missing_ok=True)
+
+
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
     """(the job's exit code, "stop" / "retry" / "rendezvous") from the ranks' records and the launcher's code."""
     records = []
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text(encoding="utf-8")))
-    own = sorted((r for r in records if r.get("kind") != "peer"), key=lambda r: r.get("time", 0))
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
     if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):
         return USAGE, "stop"
+    if not own and any(r.get("kind") == "joining" for r in records):  # a rank died inside the join, nothing else
+        return TRANSIENT, "rendezvous"
     if own and own[0].get("exit") == TRANSIENT:
         return TRANSIENT, "rendezvous"
     if own:

@@ -25,6 +25,10 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         return
     import paddle.distributed as dist
 
+    from pretrain_cli.distributed import job
+
+    # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
+    job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
     try:
         if parallel.engine == "pipeline":
             init_fleet(parallel, loop, seed)
@@ -45,6 +49,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
                                f"processes (master {launch.master()}): {last}; check that every node runs the same "
                                f"command, that --master is reachable and its port is free (scripts/launch.sh "
                                f"retries with new ports)") from None
+    job.clear(parallel.rank)
     if dist.get_world_size() != parallel.world_size:
         raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
