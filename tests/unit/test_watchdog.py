@@ -91,3 +91,13 @@ def test_a_rank_alone_on_its_host_or_alone_in_the_job_needs_no_watcher(monkeypat
 
     watchdog.start(P())  # returns before touching Paddle's store
     assert watchdog._WATCHER is None
+
+
+def test_a_usage_error_is_not_answered_with_resume(tmp_path):
+    w = _watcher(tmp_path, {1}, {1: 2 << 8})
+    assert w._causes() == [1]
+    line = w._line([1])
+    assert "rank 0: rank 1 (pid 11 on h) died: exited with code 2" in line and "for its error." in line
+    assert "resume" not in line
+    killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})._line([1])
+    assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint-N" in killed

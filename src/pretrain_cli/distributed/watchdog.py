@@ -248,14 +248,16 @@ class _Watcher:
             time.sleep(0.02)
 
     def _line(self, causes: list[int]) -> str:
-        named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
-                          f"died: {processes.describe_status(self._shared_status(r))}"
-                          for r in causes)
+        statuses = [self._shared_status(r) for r in causes]
+        named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
+                          for r, st in zip(causes, statuses))
+        usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
         if self.me in causes:
-            return (f"\n[pretrain-cli] {named}; the other ranks stop too. Re-run the same command (or launch with "
-                    f"MAX_RESTART) to resume from the newest complete checkpoint-N.\n")
-        return (f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog for "
-                f"its cause; re-run to resume from the newest complete checkpoint-N.\n")
+            todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
+                    "MAX_RESTART) to resume from the newest complete checkpoint-N")
+            return f"\n[pretrain-cli] {named}; the other ranks stop too. {todo}.\n"
+        todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
+        return f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
     @staticmethod
     def _read_available(pipe: int) -> bytes:
