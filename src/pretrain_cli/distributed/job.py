@@ -133,6 +133,8 @@ def reserve(tries: int = 200) -> Reservation:
             fd = os.open(where / f"{base}.lock", os.O_RDWR | os.O_CREAT, 0o666)
         except OSError:
             continue
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)  # another user's launch can lock it too, once this one is done
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
