@@ -34,6 +34,12 @@ def test_the_first_ranks_own_code_decides_and_is_retried(tmp_path):
     assert job.decide(tmp_path / "none", 130) == (130, "stop")  # Ctrl-C
 
 
+def test_ctrl_c_is_never_retried(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 130, "kind": "interrupted", "time": 1.0},
+                  {"rank": 1, "exit": 137, "kind": "died", "time": 0.5})
+    assert job.decide(d, 1) == (130, "stop")
+
+
 def test_a_failed_rendezvous_is_its_own_action(tmp_path):
     d = _verdicts(tmp_path, {"rank": 1, "exit": 75, "kind": "transient", "time": 1.0})
     assert job.decide(d, 75) == (75, "rendezvous")

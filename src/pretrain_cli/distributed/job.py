@@ -47,8 +47,8 @@ def verdict_dir() -> Path | None:
 
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
-    """This rank's own end (`kind`: "usage", "system", "transient", "peer" (stopped because another rank
-    failed), "died"; "joining" while it joins the process group, cleared once joined), when launched by
+    """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
+    another rank failed), "died"; "joining" while it joins the process group, cleared once joined), when launched by
     launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
@@ -78,6 +78,8 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
     if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):
         return USAGE, "stop"
+    if any(r.get("kind") == "interrupted" for r in own):  # Ctrl-C: the user stopped it
+        return 130, "stop"
     if not own and any(r.get("kind") == "joining" for r in records):  # a rank died inside the join, nothing else
         return TRANSIENT, "rendezvous"
     if own and own[0].get("exit") == TRANSIENT:
