@@ -205,18 +205,10 @@ def copy_tokenizer(tokenizer_dir, dest) -> None:
 
 
 def read_state(ckpt: Path) -> dict:
-    path = Path(ckpt) / STATE_FILE
-    if not path.is_file():
-        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
-                        f"checkpoint-N or remove resume_from_checkpoint")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
-    for key in ("global_step", "consumed_samples"):
-        if not isinstance(state.get(key), int):
-            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
-    return state
+    """The checkpoint's trainer state (`storage.intact.read_state`: what makes it a valid one)."""
+    from pretrain_cli.storage.intact import read_state as read
+
+    return read(ckpt)
 
 
 def newest_state(output_dir) -> tuple[dict | None, Path | None]:

@@ -98,13 +98,13 @@ def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
     checkpoint in `out` (the run's `Output`; every rank lists and size-checks the same shared directory, so all
     choose the same); none left, or a checkpoint the file named (`resume_from_checkpoint`): one line, exit 2."""
     from pretrain_cli.run_dir import list_checkpoints
-    from pretrain_cli.storage.checkpoint_index import newest_intact
+    from pretrain_cli.storage import intact
 
     if out.resume_from:
         raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
     log.warning(f"not resuming from {damaged.name}: {e}; trying the previous checkpoint")
     step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
-    older = newest_intact(out.output_dir, checksums=False, before=step)
+    older = intact.newest(out.output_dir, checksums=False, before=step)
     if older is None:
         raise UserError(f"{out.output_dir}: every checkpoint is damaged (the oldest: {e}); remove them to start "
                         f"over, or set overwrite_output_dir: true")

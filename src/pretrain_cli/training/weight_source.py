@@ -31,19 +31,11 @@ class DamagedCheckpoint(UserError):
 
 
 def verify_read(ckpt, files) -> str | None:
-    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) does not match the checksum its
-    index records, or None (also for a checkpoint from before the index, which records none)."""
-    from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.storage.shard_files import checksum
+    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) is missing, truncated or does not
+    match the checksum its index records, or None (`storage.intact.damage` decides, for these files only)."""
+    from pretrain_cli.storage import intact
 
-    index = checkpoint_index.load(ckpt)
-    if index is None:
-        return None
-    for path in sorted({Path(f) for f in files}):
-        want = index["files"].get(path.name)
-        if want is not None and checksum(path)["crc32"] != want["crc32"]:
-            return f"{path} does not match its checksum"
-    return None
+    return intact.damage(ckpt, checksums=True, files=sorted({Path(f).name for f in files}))
 
 
 class WeightSource:
