@@ -123,6 +123,24 @@ def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsy
         * cfg["max_seq_length"]
 
 
+def test_paddlenlp_file_with_a_hub_tokenizer_not_on_disk_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    """PaddleNLP's 0.5B file names `tokenizer_name_or_path: Qwen/Qwen2.5-0.5B`: with local data and a small
+    preset, `check` fails with one line saying how to fetch it, as for a hub model that is not on disk."""
+    _big_corpus(tmp_path)
+    shutil.copy(PADDLENLP / "qwen_pretrain_argument_0p5b.json", tmp_path / "qwen.json")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tokenizer_name_or_path: 'Qwen/Qwen2.5-0.5B' is not on disk"), err
+    assert "`huggingface-cli download Qwen/Qwen2.5-0.5B --include" in err[0]
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64", "--tokenizer_name_or_path",
+                     "micro-qwen2"]) == 2
+    assert "'micro-qwen2' is a shipped preset, which holds no tokenizer files" in capsys.readouterr().err
+    shutil.copytree(corpus / "tokenizer", tmp_path / "Qwen" / "Qwen2.5-0.5B")  # a local directory wins
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 0
+    assert "tokenizer: Qwen/Qwen2.5-0.5B" in capsys.readouterr().out
+
+
 def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):
     """PaddleNLP's llm/config/{qwen,llama}/pretrain_argument.json, tokenizer path aside: `check --world_size 8` and
     `plan --device A100-80GB --gpus 8`. The qwen file's `continue_training: 1` needs Qwen2-7B's weights: without

@@ -229,19 +229,30 @@ def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys
     assert "3 consecutive non-finite steps" in capsys.readouterr().err
 
 
-def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
+@pytest.mark.parametrize("model", ["micro-qwen2", "micro-llama"])
+def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path, model):
+    """The output directory and its checkpoint-N load in transformers: the model with our eval loss, and the
+    tokenizer (AutoTokenizer) with exactly the ids the token files were made with."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pretrain_cli.data.tokenizer import load_tokenizer
 
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.convert import load_for_inference
     from pretrain_cli.training.evaluation import loss_sum, read_tokens, window_batches
 
-    cfg = write_config(tmp_path, corpus, max_steps=6)
+    cfg = write_config(tmp_path, corpus, max_steps=6, model_name_or_path=model)
     assert cli_main(["train", cfg]) == 0
     out = tmp_path / "out"
     prefix = str(corpus / "data" / "docs")
+    ours = load_tokenizer(corpus / "tokenizer")
+    texts = ["a\n\nb", "  x  ", "p\r\nq\r\n\r\n", "\tx\t\ty", "def f(x):\n    return x\n\n\n", "日本語 中文",
+             "café cafe\u0301", json.loads((corpus / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[3])["text"]]
+    for d in (out, out / "checkpoint-6"):
+        hf_tok = AutoTokenizer.from_pretrained(str(d))
+        assert [hf_tok.encode(t, add_special_tokens=False) for t in texts] == [ours.encode(t) for t in texts], d
     model, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)
     total, count, _ = loss_sum(model, window_batches(read_tokens(prefix)[0], 32, 4, max_batches=3))
     ours = {"loss": total / count}

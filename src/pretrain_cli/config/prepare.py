@@ -293,6 +293,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
     tok = problems.run(_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok
+        from pretrain_cli.data.tokenizer import transformers_mismatch
+
+        if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
+            spec.run = run = replace(run, notes=(*run.notes, mismatch))
     if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
     elif open_data and run.data.input_dir is not None:  # the token files are checked without the tokenizer too

@@ -137,7 +137,15 @@ def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokeniz
                             f"train one with `pretrain-cli train-tokenizer`")
         return local
     preset = _preset(name)
+    if preset is not None and has_tokenizer(preset):
+        return preset
+    if preset is not None and name.lower() in ALIASES:  # a published tokenizer: as for a published model
+        raise UserError(
+            f"{key}: {name!r} is not on disk and nothing is downloaded: fetch the tokenizer with `huggingface-cli "
+            f"download {name} --include 'tokenizer*' vocab.json merges.txt --local-dir {name}` where you start "
+            f"training (a local directory wins), or set {key} to a tokenizer directory")
     if preset is not None:
-        return preset if has_tokenizer(preset) else None
+        raise UserError(f"{key}: {name!r} is a shipped preset, which holds no tokenizer files; set {key} to a "
+                        f"tokenizer directory, or train one with `pretrain-cli train-tokenizer`")
     raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset{_literal_hint(name)}; nothing is downloaded: "
                     f"place the tokenizer files in a directory or train one with `pretrain-cli train-tokenizer`")

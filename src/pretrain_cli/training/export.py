@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from pretrain_cli import atomic, run_dir
-from pretrain_cli.training.checkpoint import copy_tokenizer
+from pretrain_cli.data.tokenizer import export_files
 
 
 def write_final(spec, model, trainer, results: dict) -> None:
@@ -26,7 +26,7 @@ def write_final(spec, model, trainer, results: dict) -> None:
         atomic.write_json(previous, {**merged, **results})
         return
     write_weights(model, spec.model_cfg, out, trainer.state.global_step, spec.run.precision.param_dtype)
-    copy_tokenizer(spec.tokenizer_dir, out)
+    export_files(spec.tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, trainer.state_dict())
     atomic.write_json(out / "train_results.json",
                       {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
