@@ -42,6 +42,9 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert abs(losses[0] - math.log(512)) < 0.5
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 4, 8, 12, 16, 20, 24]  # step 1 is visible
+    mfus = [r["mfu"] for r in logged if r["kind"] == "train"]  # against the CPU's stated peak, never above it
+    assert all(isinstance(m, float) and 0 < m <= 1 for m in mfus), mfus
+    assert "mfu against an assumed fp32 peak of" in captured.out
     assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
     evaluated = capsys.readouterr()
     again = json.loads(evaluated.out)

@@ -108,6 +108,37 @@ def test_hardware_flops_count_the_recomputed_forward():
     assert full.hw_flops == flops_per_token(cfg, 32, recompute="full", hardware=True) > full.flops
 
 
+ZEN4 = "processor\t: 0\ncpu MHz\t\t: 2596.150\nflags\t\t: fpu sse2 avx fma avx2 avx512f\n\nprocessor\t: 1\ncpu MHz\t\t: 2400.0\n"
+
+
+def test_cpu_peak_is_the_cores_theoretical_bound_stated_as_an_assumption():
+    """The same figure in every run on one machine (no timed matmul, which ranged 15.7-214.8 GFLOP/s on a
+    shared machine): cores x the highest reported clock x FLOPs/cycle of the widest FMA flag."""
+    from pretrain_cli.training.metrics import cpu_peak_tflops
+
+    peak, why = cpu_peak_tflops(ZEN4, cores=2, max_khz=[])
+    assert peak == pytest.approx(2 * 2.59615 * 64 / 1e3)
+    assert "assumed fp32 peak of 332.3 GFLOP/s = 2 core(s) x 2.60 GHz x 64 FLOP/cycle (avx512f" in why
+    assert "set peak_tflops" in why
+    assert cpu_peak_tflops(ZEN4, cores=1, max_khz=[3_700_000, 3_500_000])[0] == pytest.approx(3.7 * 64 / 1e3)
+    avx2 = ZEN4.replace(" avx512f", "")
+    assert cpu_peak_tflops(avx2, cores=1, max_khz=[])[0] == pytest.approx(2.59615 * 32 / 1e3)
+    assert cpu_peak_tflops("processor\t: 0\n", cores=1, max_khz=[]) == (
+        None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)")
+
+
+def test_mfu_above_one_is_never_reported(caplog):
+    from pretrain_cli.training.metrics import Throughput
+
+    tp = Throughput(32, 4, 1, 1, flops_per_token=1e9, hw_flops_per_token=1e9, peak_tflops=1.0)
+    assert tp._mfu(500.0) == 0.5  # 500 tokens/s x 1 GFLOP = 0.5 TFLOP/s of a 1 TFLOP/s peak
+    with caplog.at_level("WARNING", logger="pretrain_cli"):
+        assert tp._mfu(1500.0) == "unknown" and tp._mfu(2000.0) == "unknown"
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mfu:")]
+    assert len(warned) == 1 and "1.50 of the 1000.0 GFLOP/s peak cannot be true" in warned[0]
+    assert Throughput(32, 4, 1, 1, 1e9, 1e9, None)._mfu(1e9) == "unknown"
+
+
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
     assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
