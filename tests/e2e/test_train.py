@@ -270,6 +270,42 @@ def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path, 
     assert ours["loss"] == pytest.approx(float(loss), abs=1e-4)
 
 
+def test_eval_and_generate_take_the_runs_settings_and_overrides(corpus, tmp_path, capsys):
+    """eval/generate on a run's directory use its args.json (window length, kernels) with train's overrides;
+    eval --config takes train's overrides and a run's args.json; --data with --config and another window
+    length than training's each get a note; overrides without a run are one line."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg, "--num_hidden_layers", "1"]) == 0
+    trained = next(line for line in capsys.readouterr().out.splitlines() if "kernels: " in line).split("kernels: ")[1]
+    out, data = str(tmp_path / "out"), str(corpus / "data" / "docs")
+
+    def run(*argv):
+        assert cli_main(list(argv)) == 0, argv
+        printed = capsys.readouterr()
+        return json.loads(printed.out), printed.err
+
+    by_config, _ = run("eval", "--config", cfg, "--json", "--num_hidden_layers", "1")
+    by_record, _ = run("eval", "--config", f"{out}/args.json", "--json")
+    by_model, _ = run("eval", "--model", out, "--json")  # a run's directory: its own valid split
+    assert by_config["loss"] == by_record["loss"] == by_model["loss"] and by_model["split"] == "valid"
+    assert by_config["kernels"] == by_model["kernels"] == trained
+    windows, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--json")
+    assert windows["max_seq_length"] == 32 and windows["kernels"] == trained and "note:" not in err
+    _, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--max_seq_length", "16", "--json")
+    assert "note: 16-token windows; the model was trained on 32-token ones" in err
+    _, err = run("eval", "--config", cfg, "--num_hidden_layers", "1", "--data", data, "--max_batches", "1", "--json")
+    assert f"note: --data {data}: its windows, in {cfg}'s settings" in err
+    generated, err = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json")
+    assert generated["kernels"] == trained
+    flash_off, _ = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json",
+                       "--use_flash_attention", "false")  # train's key, train's meaning
+    assert flash_off["kernels"] != trained and "attention=cpu" in trained
+    assert cli_main(["eval", "--model", "micro-qwen2", "--data", data, "--max_seq_length", "16", "--max_steps",
+                     "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max_steps 3: --key value overrides change a run's settings" in err[0]
+
+
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=4)
     assert cli_main(["train", cfg]) == 0

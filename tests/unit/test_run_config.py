@@ -139,6 +139,52 @@ def test_mfu_above_one_is_never_reported(caplog):
     assert Throughput(32, 4, 1, 1, 1e9, 1e9, None)._mfu(1e9) == "unknown"
 
 
+def _checkpoint_of(tmp_path, run):
+    """A checkpoint directory whose args.json records `run` (all `keep_global_batch` reads)."""
+    import json
+
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    (ckpt / "args.json").write_text(json.dumps({"run": run.to_dict()}))
+    return ckpt
+
+
+def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tmp_path):
+    """2 ranks x 4 sequences resumed on 1 rank: accumulation 2 keeps 8 a step (and eval_iters doubles to keep
+    the eval windows), with notes; a batch no accumulation makes is one line naming the keys."""
+    from run_helpers import BASE
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.prepare import keep_global_batch
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+
+    cfg = model_config()
+    common = ["--per_device_train_batch_size", "4", "--do_eval", "true", "--eval_iters", "3"]
+    ckpt = _checkpoint_of(tmp_path, resolve_run(*common, world=2))
+    args = parse_config(None, [*BASE, *common])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)
+    assert (run.loop.grad_accum, run.global_batch_size, run.loop.eval_iters) == (2, 8, 6)
+    assert any("gradient_accumulation_steps 1 -> 2 keeps 8 sequences a step" in n for n in run.notes), run.notes
+    assert any("eval_iters 3 -> 6 keeps the" in n for n in run.notes)
+    # the same run resumed on 2 ranks again: nothing changes, nothing is said
+    same = resolve_run(*common, world=2)
+    assert keep_global_batch(parse_config(None, [*BASE, *common]), same, cfg, Target("cpu", 2), ckpt) == same
+    # the user changed the batch keys: their choice, named
+    args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)
+    assert run.global_batch_size == 2 and any("2 sequences a step from here on" in n for n in run.notes)
+    # 2 ranks x 3 = 6 sequences on 4 ranks of 3: no accumulation makes 6
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    ckpt = _checkpoint_of(odd, resolve_run("--per_device_train_batch_size", "3", world=2))
+    args = parse_config(None, [*BASE, "--per_device_train_batch_size", "3"])
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps: checkpoint-5 was trained on 2 data rank\(s\) "
+                                        r"x 3 x acc 1 = 6 sequences .* set per_device_train_batch_size and "
+                                        r"gradient_accumulation_steps so that their product x 4 = 6"):
+        keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt)
+
+
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
     assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
