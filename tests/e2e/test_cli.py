@@ -141,6 +141,23 @@ def test_paddlenlp_file_with_a_hub_tokenizer_not_on_disk_is_one_line(corpus, tmp
     assert "tokenizer: Qwen/Qwen2.5-0.5B" in capsys.readouterr().out
 
 
+def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_then_trains(corpus, tmp_path,
+                                                                                        capsys):
+    """train-tokenizer --vocab_size 600 and a 512-token preset: `check` names --vocab_size 600; with it the model
+    is built to the tokenizer's size and a short run trains and exports that size."""
+    assert cli_main(["train-tokenizer", "--input_path", str(corpus / "corpus.jsonl"), "--output_dir",
+                     str(tmp_path / "tok"), "--vocab_size", "600"]) == 0
+    cfg = write_config(tmp_path, corpus, tokenizer_name_or_path=str(tmp_path / "tok"), max_steps=1, save_steps=1)
+    capsys.readouterr()
+    assert cli_main(["check", cfg]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 600 tokens but the model's vocab_size is 512" in err[0] and "--vocab_size 600" in err[0]
+    assert cli_main(["train", cfg, "--vocab_size", "600"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 600
+    assert cli_main(["check", cfg, "--vocab_size", "600", "--continue_training", "true"]) == 2
+    assert "vocab_size: 600 resizes the model, but continue_training" in capsys.readouterr().err
+
+
 def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):
     """PaddleNLP's llm/config/{qwen,llama}/pretrain_argument.json, tokenizer path aside: `check --world_size 8` and
     `plan --device A100-80GB --gpus 8`. The qwen file's `continue_training: 1` needs Qwen2-7B's weights: without

@@ -85,12 +85,22 @@ def _loss_sum(model, batches, total: int):
             bar.close()
 
 
+def _trained_model(config: str, out: str) -> str:
+    """The model a run's output_dir holds: its final directory, else its newest checkpoint."""
+    from pretrain_cli import run_dir
+    from pretrain_cli.models.convert import has_weights
+
+    model = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
+    if not model:
+        raise UserError(f"{config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    return model
+
+
 def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
-    from pretrain_cli import run_dir
     from pretrain_cli.config.prepare import inference_kernels, inference_target, prepare
     from pretrain_cli.config.recorded import differences
-    from pretrain_cli.models.convert import has_weights, load_for_inference
+    from pretrain_cli.models.convert import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     flag = "--do_eval" if ns.split == "valid" else "--do_predict"
@@ -100,12 +110,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true",
                                *overrides, *run_overrides], inference_target())
     lp = spec.run.loop
-    model_name = ns.model
-    if model_name is None:
-        out = spec.run.output.output_dir
-        model_name = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
-        if not model_name:
-            raise UserError(f"{ns.config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     model_dir, cfg = _model_config(model_name)
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
@@ -138,6 +143,8 @@ def main(ns: argparse.Namespace) -> int:
             ns.config = str(record)
     if ns.config is not None and ns.data is None:
         return _main_config(ns, overrides)
+    if ns.config is not None and ns.model is None:
+        ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval").training.output_dir)
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")

@@ -101,6 +101,11 @@ def build_model_config(args: Arguments):
         raise UserError(f"{path}: must hold a JSON object")
     if args.model.num_hidden_layers is not None and args.model.num_hidden_layers >= 1:
         raw["num_hidden_layers"] = args.model.num_hidden_layers
+    if args.model.vocab_size is not None and args.model.vocab_size >= 1:
+        if args.model.continue_training:
+            raise UserError(f"vocab_size: {args.model.vocab_size} resizes the model, but continue_training loads "
+                            f"pretrained weights of vocab_size {raw.get('vocab_size')}; drop one of them")
+        raw["vocab_size"] = args.model.vocab_size
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.validate()
     return model_dir, cfg
@@ -121,8 +126,8 @@ def _tokenizer(args: Arguments, model_cfg):
     tok = load_tokenizer(tok_dir)
     if model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
-                        f"model's vocab_size is {model_cfg.vocab_size}; use a model config with vocab_size >= "
-                        f"{tok.vocab_size} or a smaller tokenizer")
+                        f"model's vocab_size is {model_cfg.vocab_size}; build the model to the tokenizer's size "
+                        f"with --vocab_size {tok.vocab_size} (the key vocab_size), or use a smaller tokenizer")
     return tok_dir, tok
 
 
