@@ -155,7 +155,7 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
     from run_helpers import BASE
 
     from pretrain_cli.config.parser import parse_config
-    from pretrain_cli.config.prepare import keep_global_batch
+    from pretrain_cli.config.resumed import keep_global_batch
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
 

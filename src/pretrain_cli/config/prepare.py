@@ -225,59 +225,6 @@ def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
     return replace(run, schedule=new, notes=(*run.notes, note))
 
 
-def _saved_batches(ckpt: Path) -> dict | None:
-    """The batch arithmetic a checkpoint was trained with (its args.json), or None where it does not say."""
-    try:
-        run = json.loads((ckpt / run_dir.ARGS_FILE).read_text(encoding="utf-8"))["run"]
-        loop, par = run["loop"], run["parallel"]
-        ranks = int(par["dp_degree"]) * int(par["sharding_degree"])
-        return {"micro": int(loop["micro_batch"]), "acc": int(loop["grad_accum"]), "ranks": ranks,
-                "eval_batch": int(loop["eval_batch"]), "eval_iters": int(loop["eval_iters"])}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
-def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume: Path) -> RunConfig:
-    """A resumed run on another number of data ranks keeps the checkpoint's global batch (and its eval
-    windows): gradient accumulation (eval_iters) takes up the difference where it divides, with a note;
-    where it does not, one line names the keys to set. A run that changed the batch keys itself gets
-    what it asked for, with a note."""
-    saved = _saved_batches(resume)
-    lp, ranks = run.loop, run.parallel.data_world_size
-    if saved is None or saved["ranks"] == ranks:
-        return run
-    was = saved["micro"] * saved["acc"] * saved["ranks"]
-    how = (f"{resume.name} was trained on {saved['ranks']} data rank(s) x {saved['micro']} x acc {saved['acc']} = "
-           f"{was} sequences a step; this run has {ranks} data rank(s)")
-    notes = []
-    if run.global_batch_size == was:
-        pass
-    elif (lp.micro_batch, lp.grad_accum) != (saved["micro"], saved["acc"]):
-        notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
-                     f"{lp.grad_accum}: {run.global_batch_size} sequences a step from here on")
-    elif was % (lp.micro_batch * ranks):
-        raise UserError(f"gradient_accumulation_steps: {how}, which no accumulation of {lp.micro_batch}-sequence "
-                        f"micro-batches makes; set per_device_train_batch_size and gradient_accumulation_steps so "
-                        f"that their product x {ranks} = {was} (or another global batch, on purpose)")
-    else:
-        args.set("gradient_accumulation_steps", was // (lp.micro_batch * ranks))
-        notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
-                     f"{was // (lp.micro_batch * ranks)} keeps {was} sequences a step")
-    eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
-    if lp.eval_batch == saved["eval_batch"] and lp.eval_iters == saved["eval_iters"] and run.loop.do_eval:
-        if eval_was % (lp.eval_batch * ranks) == 0:
-            args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
-            notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
-                         f"{eval_was} eval windows of {resume.name}'s run")
-        else:
-            notes.append(f"eval: {resume.name}'s run evaluated {eval_was} windows; this one evaluates "
-                         f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
-                         f"{ranks} data ranks), so eval losses before and after differ in what they average")
-    new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
-        args.get("eval_iters") != lp.eval_iters else run
-    return replace(new, notes=(*run.notes, *notes))
-
-
 def launcher_target() -> Target:
     """This process as `paddle.distributed.launch` started it, on the device kind this Paddle build runs."""
     from pretrain_cli import runtime
@@ -368,11 +315,27 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
         problems.run(check_compatible, spec.resume, model_cfg, run.data.max_seq_length)
     problems.raise_if_any()
     if spec.resume is not None and run.loop.do_train:
+        from pretrain_cli.config.resumed import keep_global_batch
+
         spec.run = run = keep_global_batch(args, run, model_cfg, target, spec.resume)
         spec.run = run = resume_schedule(run, spec.resume, args.training.lr_schedule_on_resume)
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
+        spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
     return spec
+
+
+def eval_repeats(run: RunConfig, splits) -> list[str]:
+    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat)."""
+    lp, world, notes = run.loop, run.parallel.data_world_size, []
+    for split, on in (("valid", lp.do_eval), ("test", lp.do_predict)):
+        ds = splits.get(split)
+        need = lp.eval_iters * lp.eval_batch * world
+        if on and ds is not None and len(ds) < need:
+            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than eval_iters {lp.eval_iters} x "
+                         f"per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = {need}, so evaluation "
+                         f"repeats samples; eval_iters {max(1, len(ds) // (lp.eval_batch * world))} reads each once")
+    return notes
 
 
 def _placeholder_config():
