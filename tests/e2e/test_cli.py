@@ -189,6 +189,7 @@ def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corp
         assert cli_main(["check", name, "--world_size", "8"]) == 0, name
         out = capsys.readouterr().out
         assert "check: OK — training would start on 8 processes (simulated)" in out and layout in out, out
+        assert "note: --world_size 8 checks the run as an 8-GPU launch (device gpu" in out
         assert ("pretrained weights" in out) == name.startswith("qwen")
         assert "precision bfloat16 O2" in out and "recompute " + ("full" if name.startswith("qwen") else "off") in out
         assert cli_main(["plan", name, "--device", "A100-80GB", "--gpus", "8"]) == 0

@@ -185,6 +185,19 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
         keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt)
 
 
+def test_an_eval_split_smaller_than_its_batches_is_noted():
+    from types import SimpleNamespace
+
+    from pretrain_cli.config.prepare import eval_repeats
+
+    run = resolve_run("--do_eval", "true", "--do_predict", "true", "--eval_iters", "4",
+                      "--per_device_eval_batch_size", "8")
+    splits = SimpleNamespace(get={"valid": list(range(22)), "test": list(range(40))}.get)
+    notes = eval_repeats(run, splits)
+    assert notes == ["eval: the valid split holds 22 samples, fewer than eval_iters 4 x per_device_eval_batch_size 8 "
+                     "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once"]
+
+
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
     assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
