@@ -20,7 +20,7 @@ Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
 On CPU three workarounds: `pp_configs.use_batch_p2p_comm = False`, `ParallelEnv._device_id = 0`
-(PADDLE_PARALLEL_CPU.md) and gloo groups created one at a time (`groups_one_at_a_time`).
+(ARCHITECTURE.md facts: fleet pipeline on CPU) and gloo groups created one at a time (`groups_one_at_a_time`).
 """
 from __future__ import annotations
 
