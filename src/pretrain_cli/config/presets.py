@@ -104,11 +104,9 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     if "/" in name and local.parent.is_dir():  # a local path with a typo (a hub name's org is no directory here)
         raise UserError(f"{key}: the directory {name} does not exist{_nearest_dir(local)}")
     close = _nearest_name(name)
-    if close:
-        raise UserError(f"{key}: {name!r} is neither a local directory nor a preset; did you mean {close!r}? "
-                        f"({LIST_HINT})")
+    hint = f"; did you mean {close!r}? ({LIST_HINT})" if close else f" ({LIST_HINT})"
     raise UserError(
-        f"{key}: {name!r} is neither a local directory nor a preset ({LIST_HINT}){_literal_hint(name)}; nothing is "
+        f"{key}: {name!r} is neither a local directory nor a preset{hint}{_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "
         f"and set {key} to that directory"
     )

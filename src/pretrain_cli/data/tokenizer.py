@@ -205,7 +205,8 @@ def transformers_mismatch(tokenizer: Tokenizer, model_type: str) -> str | None:
                                      end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
     _qwen2_pipeline(rebuilt)
     theirs = json.loads(rebuilt.to_str())
-    differs = [part for part in ("normalizer", "pre_tokenizer") if _ids_part(ours.get(part)) != _ids_part(theirs.get(part))]
+    differs = [part for part in ("normalizer", "pre_tokenizer")
+               if _ids_part(ours.get(part)) != _ids_part(theirs.get(part))]
     model = ours.get("model") or {}
     if model.get("type") != "BPE":
         differs.append("model")
