@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(its args.json): without --data, eval evaluates its --split as --config does")
     parser.add_argument("--data", default=None,
                         help="token file prefix (<prefix>.bin/.idx) to cut into windows; with --config (or a run's "
-                             "--model) in that run's settings")
+                             "--model) in that run's settings (default: none)")
     parser.add_argument("--max_seq_length", type=int, default=None,
                         help="window length L in tokens (default: the run's; required for a model no run wrote)")
     parser.add_argument("--config", default=None,
