@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pretrain_cli.commands.plan import _parsed
-from pretrain_cli.config import planned
+from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import layout
 from pretrain_cli.planning.memory import GIB, pipeline_stages
 from pretrain_cli.planning.plan import report, setup_for, target_device

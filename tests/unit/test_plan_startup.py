@@ -8,7 +8,7 @@ import pytest
 from run_helpers import model_config
 
 from pretrain_cli.commands.plan import _parsed, fit, plan
-from pretrain_cli.config import planned
+from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import plan as plan_module
 from pretrain_cli.planning.report import format_report
@@ -119,7 +119,7 @@ def test_search_filters_on_the_larger_of_steady_state_and_start_up():
 
 def test_out_of_memory_hint_covers_start_up(monkeypatch):
     """`train`'s out-of-memory hint re-fits under the failed layout's peak, start-up included."""
-    from pretrain_cli.config.planned import out_of_memory_fit
+    from pretrain_cli.orchestration.planned import out_of_memory_fit
 
     args, cfg = _parsed(str(LLAMA), TO_70B)
     predicted, f = out_of_memory_fit(args, cfg, "H100", 64)

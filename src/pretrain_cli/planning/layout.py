@@ -1,7 +1,7 @@
 """How a resolved layout's ranks fall onto nodes: which parallel groups stay inside a node and which cross nodes.
 
 `plan` explains a multi-dimensional layout (tensor × pipeline × data/ZeRO) before any GPU is rented. No rank is
-computed here: the groups of each axis are handed in by the caller (`config.planned.rank_groups`, the run's own
+computed here: the groups of each axis are handed in by the caller (`orchestration.planned.rank_groups`, the run's own
 rank-to-axis rule), so this explanation follows the run's layout wherever that rule goes. No Paddle.
 """
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import dataclasses
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
@@ -48,25 +47,15 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
     target_device(device)
 
 
-def rank_groups(par: ParallelConfig) -> dict[str, list[list[int]]]:
+def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     """{"tp" | "pp" | "data": every group of ranks along that axis} for `plan`'s layout lines, from the run's own
-    rank rule (ParallelConfig's `pp_rank` and `data_rank`; never re-derived): a tensor-parallel group shares (stage,
-    data rank), a pipeline group (data rank, tensor-parallel position), a data (dp × ZeRO) group (stage,
-    tensor-parallel position)."""
-    coords = []
-    count: dict[tuple[int, int], int] = {}
-    for rank in range(par.world_size):
-        p = dataclasses.replace(par, rank=rank)
-        key = (p.pp_rank, p.data_rank)
-        coords.append((*key, count.get(key, 0)))  # the tensor-parallel position: order within (stage, data rank)
-        count[key] = count.get(key, 0) + 1
-    out = {}
-    for axis, shared in (("tp", (0, 1)), ("pp", (1, 2)), ("data", (0, 2))):
-        by: dict[tuple, list[int]] = {}
-        for rank, c in enumerate(coords):
-            by.setdefault(tuple(c[i] for i in shared), []).append(rank)
-        out[axis] = sorted(by.values())
-    return out
+    rank layout (`distributed.topology.Topology`, never re-derived): a data group is dp × sharding, the ranks that
+    share a stage and a tensor-parallel position."""
+    from pretrain_cli.distributed.topology import Topology
+
+    topo = Topology.of(par)
+    data = sorted({topo.replicas("pp", "mp", rank=r) for r in range(topo.world_size)})
+    return {"tp": topo.groups("mp"), "pp": topo.groups("pp"), "data": data}
 
 
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
@@ -78,8 +67,7 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
-    does not fit."""
-    check_flags(device, gpus, mfu, peak_tflops)
+    does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate."""
     dev = target_device(device)
     run = _resolved(args, model_cfg, dev, gpus)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
@@ -101,7 +89,6 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
     """
-    check_flags(device, gpus, mfu, peak_tflops, margin)
     base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
     notes = [n for n in base.notes if "WARNING" in n]
@@ -123,9 +110,35 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
 def _precision_for(args: Arguments, device: str) -> dict:
     """The precision keys a fitted file needs on `device`: fp16 instead of bf16 where there is no bf16."""
     entry = hardware.lookup(device) if device.lower() != "cpu" else None
-    if args.training.bf16 and not args.training.fp16 and entry is not None and entry.bf16_tflops is None:
+    if args.training.bf16 and not args.training.fp16 and hardware.pre_ampere(entry):
         return {"bf16": False, "fp16": True}
     return {}
+
+
+def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None, step: int,
+                       gpu_name: str | None) -> str:
+    """`train`'s one line after running out of memory at `step` (0: building the run) of the resolved `run`:
+    where, and `plan --fit`'s layout under a budget below what failed. `gpu_name`: the driver's name (None on
+    CPU), planned as its hardware-table entry."""
+    where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
+    entry = hardware.lookup(gpu_name) if gpu_name is not None else None
+    device = "cpu" if gpu_name is None else (entry.name if entry is not None else None)
+    world = run.parallel.world_size
+    how = f"pretrain-cli plan {config_path or '<args.json>'} --device {device or '<your GPU>'} --gpus {world} --fit"
+    if device is None:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    try:
+        predicted, f = out_of_memory_fit(args, model_cfg, device, world)
+    except UserError:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    if f["after"] is None or not f["diff"]:
+        return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
+                f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
+                f"checkpoints are untouched")
+    change = ", ".join(f"{k} {fit_search.json_value(old)} -> {fit_search.json_value(new)}" for k, old, new in f["diff"])
+    return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
+            f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
+            f"checkpoints are untouched, re-run to resume from the last one")
 
 
 def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
