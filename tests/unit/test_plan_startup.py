@@ -54,7 +54,7 @@ def test_pp8_stage1_start_up_by_hand():
     assert r["memory_gib"] == pytest.approx(67.2, abs=0.05)
     weights, transient = (10 * LAYER + V * H) * 4, V * H * 4
     assert r["startup_breakdown_gib"]["weights"] * GIB == pytest.approx(weights)
-    assert r["startup_breakdown_gib"]["largest_tensor"] * GIB == pytest.approx(transient)
+    assert r["startup_breakdown_gib"]["transient"] * GIB == pytest.approx(transient)
     assert r["startup_gib"] * GIB == pytest.approx(weights + transient + _framework(weights + transient))
     assert r["startup_gib"] == pytest.approx(42.44, abs=0.01) and r["fits"]
 
@@ -66,11 +66,13 @@ def test_start_up_divides_by_what_each_rank_holds():
     base = Setup(model=cfg, micro_batch=1, seq_len=4096, compute_bytes=2, amp_level="O2")
     whole = startup_parts(base)["weights"]
     assert whole == pytest.approx((V * H * 2 + L * LAYER + H) * 4)
-    for stage, expect in ((1, whole), (2, whole), (3, whole / 16)):
+    for stage, expect in ((1, whole), (2, whole), (3, whole / 2 / 16)):  # ZeRO-3's shards: created in bf16 (O2)
         got = startup_parts(Setup(**{**base.__dict__, "sharding_stage": stage, "sharding_degree": 16}))
         assert got["weights"] == pytest.approx(expect)
     tp8 = startup_parts(Setup(**{**base.__dict__, "tp": 8, "vocab_parallel": True}))
-    assert tp8["weights"] == pytest.approx(whole / 8) and tp8["largest_tensor"] == V * H * 4  # generated whole
+    assert tp8["weights"] == pytest.approx(whole / 8) and tp8["transient"] == 2 * 4 * V * H / 8  # a placed block, twice
+    tp_pp = startup_parts(Setup(**{**base.__dict__, "tp": 8, "pp": 4}))  # stages created whole, then cut
+    assert tp_pp["transient"] == pytest.approx(4 * (20 * LAYER + H + V * H))
     from pretrain_cli.planning.memory import largest_tensor
     assert largest_tensor(Setup(**{**base.__dict__, "pp": 4}), 1) == H * I  # no embedding on a middle stage
     cpu = startup_parts(Setup(**{**base.__dict__, "device": "cpu", "baseline_bytes": 123.0}))

@@ -180,7 +180,7 @@ def format_fit(f: dict) -> str:
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
-                 f"(what a rank builds in fp32 + its largest tensor; within the budget too)")
+                 f"(what a rank builds + the block being created; within the budget too)")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP traffic at "
                  f"{f['link_gbps']:g} GB/s)")

@@ -208,22 +208,37 @@ def largest_tensor(s: Setup, stage: int = 0) -> float:
 
 def startup_parts(s: Setup) -> dict[str, float]:
     """Name → bytes one rank holds at the peak of start-up (building the run, before the first step): the
-    fullest pipeline stage's. The rule, written once here so it can follow the build (docs/PLAN.md, "Start-up"):
+    fullest pipeline stage's. The rule follows the build (docs/DISTRIBUTED.md, start-up; docs/PLAN.md, "Start-up"),
+    written once here:
 
-    - `weights`: each rank creates only the parameters it holds — its pipeline stage, its tensor-parallel
-      slice, its ZeRO-3 shard (÷ sharding degree under stage3 only: ZeRO-1/2 keep whole weights) — at their
-      local size, in fp32 (the model is built in fp32; the O2 cast, master weights and AdamW moments come
-      after, and are steady state);
-    - `largest_tensor`: ONE transient, the largest single parameter tensor of the stage in fp32, because a
-      tensor is initialised whole with its own seed and then sliced (layout-invariant initialisation);
-      loading weights (`continue_training`, resume) reads one tensor's slice at a time, which is no larger;
+    - `weights`: each rank creates only the parameters it holds — its pipeline stage, its tensor-parallel slice,
+      its ZeRO-3 shard (ZeRO-1/2 keep whole weights) — at their local size, in fp32 (ZeRO-3's shards under O2 on
+      GPU in the compute dtype: they are created after the O2 cast); master weights and AdamW moments come later;
+    - `transient`: while a parameter is created, its block as a host array in fp32: one whole tensor where the
+      parameter is whole (copied straight into it), 2 × the block where a block is placed (TP, ZeRO-3: the host
+      array and a Paddle tensor); under tensor parallelism inside pipeline stages the stage's tensors are created
+      whole and then cut, so the transient is the stage's whole weights. Reading weights from disk (resume,
+      `continue_training`) reads one block at a time, which is no larger;
     - `framework`: as in steady state (CUDA context and fragmentation on GPU, the measured baseline on CPU).
     """
+    import dataclasses
+
     out = []
+    deg = max(s.sharding_degree, 1) if s.sharding_stage >= 3 else 1
+    o2_shards = deg > 1 and s.amp_level == "O2" and s.device == "gpu"
     for stage in range(s.pp):
         n = stage_params(s, stage) if s.pp > 1 else _device_params(s)
-        deg = max(s.sharding_degree, 1) if s.sharding_stage >= 3 else 1
-        parts = {"weights": 4 * n / deg, "largest_tensor": 4 * largest_tensor(s, stage)}
+        if s.pp > 1 and s.tp > 1:  # created whole per stage, then cut to the tp slice
+            transient = 4 * stage_params(dataclasses.replace(s, tp=1, vocab_parallel=False), stage)
+        elif s.tp > 1 or deg > 1:  # placed blocks: the largest block, twice
+            cfg = s.model
+            vocab = cfg.vocab_size * cfg.hidden_size / s.vocab_tp if stage in (0, s.pp - 1) else 0
+            layer = max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size * cfg.num_attention_heads
+                        * cfg.head_dim) / s.tp
+            transient = 2 * 4 * max(vocab, layer) / deg
+        else:  # whole parameters: one tensor
+            transient = 4 * largest_tensor(s, stage)
+        parts = {"weights": n * (s.compute_bytes if o2_shards else 4) / deg, "transient": transient}
         if s.device == "cpu":
             parts["framework"] = s.baseline_bytes
         else:

@@ -181,7 +181,7 @@ def format_report(r: Plan) -> str:
     s = r.startup_breakdown_gib
     verdict = "fits" if r.startup_gib <= d.memory_gib else "DOES NOT FIT: train cannot start"
     lines.append(f"start-up per device: {r.startup_gib:.2f} GiB = weights {s['weights']:.2f} (what this rank "
-                 f"builds, fp32) + largest tensor {s['largest_tensor']:.2f} (fp32, initialised whole, then sliced) + "
+                 f"builds) + transient {s['transient']:.2f} (the block being created, fp32) + "
                  f"framework {s['framework']:.2f}  of {d.memory_gib:.1f} -> {verdict}")
     c = r.checkpoint
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c.parts_gib.items() if v)
