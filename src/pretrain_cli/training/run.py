@@ -68,7 +68,8 @@ def _run(spec) -> int:
             model = build_model(r, spec.model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     writer = open_output_dir(spec, state)
-    startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
+    if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
+        startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
         writer=writer, throughput=build_throughput(spec),
         saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
