@@ -149,10 +149,10 @@ def _precision(args: Arguments, device: str, notes: list, problems: Problems, gp
         problems.add("fp16, bf16: both are true; choose one precision")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
     if want == "bfloat16" and device == "gpu" and gpu_name:
-        from pretrain_cli.planning.hardware import lookup
+        from pretrain_cli.planning.hardware import lookup, pre_ampere
 
         dev = lookup(gpu_name)
-        if dev is not None and dev.bf16_tflops is None:
+        if pre_ampere(dev):
             notes.append(f"bf16: WARNING: {dev.name} has no bf16 tensor cores (they came with Ampere: A10, A100, "
                          f"L4, H100), so bf16 runs emulated and slow, if at all; set bf16: false and fp16: true "
                          f"(loss scaling keeps fp16 stable), or use an Ampere-or-newer GPU")
@@ -174,10 +174,10 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
         notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
         attention = "math"
     if attention == "flash" and gpu and target.gpu_name:
-        from pretrain_cli.planning.hardware import lookup
+        from pretrain_cli.planning.hardware import lookup, pre_ampere
 
         dev = lookup(target.gpu_name)
-        if dev is not None and dev.bf16_tflops is None:
+        if pre_ampere(dev):
             notes.append(f"use_flash_attention: {dev.name} predates Ampere (no flash-attn-2); the math path runs")
             attention = "math"
     assert attention in ATTENTION_PATHS
@@ -204,8 +204,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     return "fused" if fused else "paddle"
 
 
-def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,
-              problems: Problems) -> ParallelConfig:
+def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
@@ -224,7 +223,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             problems.add(f"{key}: {val} is not supported; set it to 1 and use {instead} to split a large model")
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, tp, stage, notes, problems, target.device)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems, target.device)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:
         problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
@@ -244,7 +243,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         elif sharding == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
     # distributed.semi_auto: the sharding axis is every data rank
-    if engine_for(world, tp, stage if sharding > 1 else 0) == "semi_auto" and 1 < sharding < rest:
+    if engine_for(world, tp, stage if sharding > 1 else 0, pp) == "semi_auto" and 1 < sharding < rest:
         problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
                      f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
     if t.sequence_parallel and tp > 1:
@@ -259,8 +258,11 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
         offload = False
-    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0
-    if tp > 1 and not vocab_split:
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1  # a pipeline's tp keeps them whole
+    if tp > 1 and pp > 1:
+        notes.append(f"tensor_parallel_degree: {tp} inside {pp} pipeline stages splits the decoder layers; the "
+                     f"embedding and LM head stay whole on every tensor-parallel rank of their stage")
+    elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
@@ -332,7 +334,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     precision = _precision(args, device, notes, problems, target.gpu_name)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
-    parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    parallel = _parallel(args, model_cfg, here, notes, problems)
     if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:

@@ -3,7 +3,7 @@
 Model code is single-device; parallelism is applied here from outside, like torchtitan's
 `parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
 methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
-step `shard_batch`, `no_sync`, `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
+step `forward_backward` (`shard_batch`, `no_sync`), `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
 `pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.pieces`)
 and `local_box` (what it reads back: where each of its tensors sits in the global one). Nothing is gathered.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
 from pretrain_cli.run_config import ParallelConfig
 
@@ -41,9 +42,9 @@ class Strategy:
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
         only records the coefficient and `step` hands it to the update."""
         self.parallel, self.device = parallel, device
+        self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
-        self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
@@ -64,6 +65,18 @@ class Strategy:
         return scaler
 
     # ------------------------------------------------------------------ a step
+    def forward_backward(self, model, batches: list, amp, forward_loss):
+        """The step's micro-batches, each forward (`forward_loss(batch)`: its mean loss) and backward, the
+        gradient all-reduce held back until the last (`no_sync`); returns the mean loss over them (a tensor).
+        A pipeline overrides this with its own schedule."""
+        total, acc = None, len(batches)
+        for i, batch in enumerate(batches):
+            with self.no_sync(model, last_micro_batch=i == acc - 1):
+                loss = forward_loss(batch) / acc
+                amp.backward(loss)
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
     def shard_batch(self, tensor):
         """This rank's micro-batch as the model's input."""
         return tensor
@@ -116,11 +129,12 @@ class Strategy:
     def holders(self, tensor, kind: str) -> tuple:
         """The ranks holding the same whole (non-DistTensor) `tensor` as this rank: every rank unless a
         layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
-        return tuple(range(self.parallel.world_size))
+        return self.topology.replicas()
 
-    def local_box(self, tensor):
+    def local_box(self, tensor, name: str | None = None):
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
-        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        same block, or None: `holders`). The load side reads exactly this block; the save side writes it
+        (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
         from pretrain_cli.distributed.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
@@ -132,13 +146,13 @@ class Strategy:
         """The checkpoint interface every layout implements through `holders` / `local_box`: this rank's
         pieces (`distributed.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
         names and layout, each with its global shape and offsets and the ranks that hold a copy. No
-        collective, no copy: a piece's `read()` copies its block to the host when the writer asks.
+        collective, no copy: a piece's `view()` hands its block to the writer when it asks.
         The checkpoint writes the pieces `pieces.writer_of` gives this rank (one writer per replica)."""
         from pretrain_cli.distributed.pieces import Piece, dtype_code, state_tensors
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
-            box, holders = self.local_box(t)
+            box, holders = self.local_box(t, name)
             holders = holders or self.holders(t, kind)
             out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
                              t, transpose))
@@ -146,15 +160,12 @@ class Strategy:
 
     def local_bytes(self, model, optimizer) -> dict:
         """What this rank physically holds: parameters and optimizer state (AdamW moments, O2 master copies)."""
-        inner = optimizer
-        while hasattr(inner, "_inner_opt"):
-            inner = inner._inner_opt
+        from pretrain_cli.distributed.pieces import inner_optimizer
+
+        inner = inner_optimizer(optimizer)
         state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())
         state += sum(_nbytes(t) for t in (getattr(inner, "_master_weights", None) or {}).values())
-        out = {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
-        if self.resume_bytes_read is not None:
-            out["resume_bytes_read"] = self.resume_bytes_read
-        return out
+        return {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
 
 
 class DataParallel(Strategy):
@@ -169,7 +180,30 @@ class DataParallel(Strategy):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-class FleetZero1(DataParallel):
+class FleetHybrid(Strategy):
+    """The step through fleet's hybrid-parallel optimizer (`fleet.distributed_optimizer`: ZeRO-1's
+    `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
+    the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
+
+    _hpo = None
+    _params: list = []
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
+
+    def sync_grads(self) -> None:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self._params)  # reduce to each parameter's owner (+ the dp all-reduce)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
+
+
+class FleetZero1(FleetHybrid, DataParallel):
     """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
 
     name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
@@ -186,14 +220,6 @@ class FleetZero1(DataParallel):
         self._owned = self._dso.filter_parameters(self._params, hcg)
         return model, self._hpo
 
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
-
-    def sync_grads(self) -> None:
-        self._hpo._hybrid_sync_grad(self._params)  # reduce to the owning sharding rank (+ dp all-reduce)
-
     def grad_params(self, model) -> list:
         return self._owned
 
@@ -203,13 +229,9 @@ class FleetZero1(DataParallel):
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)  # owners hold disjoint parameters
         return sq
 
-    def step(self, optimizer) -> None:
-        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
-
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
-        data-parallel groups (fleet orders ranks dp-major: rank = dp index x sharding degree + sharding index)."""
+        data-parallel groups: the ranks with this rank's "sharding" coordinate (fleet's groups are the topology's)."""
         if kind != "optimizer":
             return super().holders(tensor, kind)
-        mine = self.parallel.rank % self.parallel.sharding_degree
-        return tuple(r for r in range(self.parallel.world_size) if r % self.parallel.sharding_degree == mine)
+        return self.topology.replicas("sharding")
