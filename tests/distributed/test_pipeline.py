@@ -88,7 +88,8 @@ def test_pipeline_matches_one_process(runs, refs, name):
     if name in ("pp2_doc", "pp4_vpp2"):  # evaluation runs forward-only through the stages and reads the same loss
         # (as the training losses: within rounding of the weights after 10 steps; pp4_vpp2's step-10 eval: 2.3e-7)
         got, want = _evals(run), _evals(r)
-        assert len(got) == len(want) == 2 and all(abs(float(a) - float(b)) <= 1e-6 for a, b in zip(got, want)), (got, want)
+        assert len(got) == len(want) == 2, (got, want)
+        assert all(abs(float(a) - float(b)) <= 1e-6 for a, b in zip(got, want)), (got, want)
     if name == "pp2_doc":
         assert "attention_mask_type = \"document\"" in run.log(0)
 
