@@ -183,17 +183,53 @@ def document_mask_bytes(s: Setup) -> float:
 
 
 def stage_params(s: Setup, stage: int) -> float:
-    """Parameters one pipeline stage holds: its decoder layers, the embedding on the first, the final norm and
-    the LM head on the last (a tied head is the embedding's copy there: fleet keeps one per stage)."""
+    """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
+    the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
+    copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny)."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
     per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head)) / \
         cfg.num_hidden_layers
     bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
-    n = per_layer * (bounds[stage + 1] - bounds[stage])
-    n += counts["embedding"] if stage == 0 else 0
-    n += cfg.hidden_size + head if stage == s.pp - 1 else 0
+    n = per_layer * (bounds[stage + 1] - bounds[stage]) / s.tp
+    n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
+    n += cfg.hidden_size / s.tp + head / s.vocab_tp if stage == s.pp - 1 else 0
     return n
+
+
+def largest_tensor(s: Setup, stage: int = 0) -> float:
+    """Elements of the largest single parameter tensor of a pipeline stage, whole (not ÷ tp): the embedding or
+    LM head where the stage holds one, else a layer's MLP or q/o projection."""
+    cfg = s.model
+    layer = max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim)
+    vocab = stage in (0, s.pp - 1)
+    return float(max(layer, cfg.vocab_size * cfg.hidden_size if vocab else 0))
+
+
+def startup_parts(s: Setup) -> dict[str, float]:
+    """Name → bytes one rank holds at the peak of start-up (building the run, before the first step): the
+    fullest pipeline stage's. The rule, written once here so it can follow the build (docs/PLAN.md, "Start-up"):
+
+    - `weights`: each rank creates only the parameters it holds — its pipeline stage, its tensor-parallel
+      slice, its ZeRO-3 shard (÷ sharding degree under stage3 only: ZeRO-1/2 keep whole weights) — at their
+      local size, in fp32 (the model is built in fp32; the O2 cast, master weights and AdamW moments come
+      after, and are steady state);
+    - `largest_tensor`: ONE transient, the largest single parameter tensor of the stage in fp32, because a
+      tensor is initialised whole with its own seed and then sliced (layout-invariant initialisation);
+      loading weights (`continue_training`, resume) reads one tensor's slice at a time, which is no larger;
+    - `framework`: as in steady state (CUDA context and fragmentation on GPU, the measured baseline on CPU).
+    """
+    out = []
+    for stage in range(s.pp):
+        n = stage_params(s, stage) if s.pp > 1 else _device_params(s)
+        deg = max(s.sharding_degree, 1) if s.sharding_stage >= 3 else 1
+        parts = {"weights": 4 * n / deg, "largest_tensor": 4 * largest_tensor(s, stage)}
+        if s.device == "cpu":
+            parts["framework"] = s.baseline_bytes
+        else:
+            parts["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(parts.values())
+        out.append(parts)
+    return max(out, key=lambda parts: sum(parts.values()))
 
 
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
