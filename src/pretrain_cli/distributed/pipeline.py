@@ -199,7 +199,8 @@ def inputs_of(ids, extra: dict):
 
 
 class Pipeline(FleetHybrid):
-    """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
+    """`pipeline_parallel_degree > 1`, with tensor parallelism inside the stages and data parallelism / ZeRO-1 on
+    the topology's "dp" / "sharding" axes."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
