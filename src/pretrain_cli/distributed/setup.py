@@ -28,7 +28,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
 
     try:
         if parallel.engine in ("pipeline", "fleet_zero1"):  # fleet's engines: its hybrid groups, from the topology
-            pipeline = pipeline_configs(loop) if parallel.engine == "pipeline" else None
+            pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
             Topology.of(parallel).init_fleet(seed, pipeline)
         else:
             dist.init_parallel_env()

@@ -48,8 +48,14 @@ class Strategy:
         self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
-        """Lay the parameters out over the processes; before the optimizer is created."""
+    def place(self, model, source=None):
+        """Lay the parameters out over the processes; before the optimizer is created. `source`
+        (`distributed.materialize`): where a lazily built model's parameters get their values; every layout
+        creates only what this rank holds (here: everything, whole, one parameter at a time)."""
+        if source is not None:
+            from pretrain_cli.distributed.materialize import fill
+
+            fill(model, source)
         return model
 
     def wrap(self, model, optimizer):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from pretrain_cli.distributed.gloo import separate_stores
+
 # axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
 AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
         "sharding": ("sharding_degree", "sharding_degree"), "mp": ("tp_degree", "mp_degree")}
@@ -127,10 +129,10 @@ class Topology:
 
     def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
-        run. The CPU workarounds (docs/DISTRIBUTED.md, "What CPU verifies"): gloo groups created one at a time
-        (`groups_one_at_a_time`); a pipeline also needs unbatched stage-to-stage sends, `ParallelEnv._device_id`
-        (which the CPU build never sets) and whole activations sent between stages (fleet's partial send/recv
-        over the tensor-parallel ranks has no CPU kernel)."""
+        run. The CPU workarounds (docs/DISTRIBUTED.md, "What CPU verifies"): a TCP store of its own for each gloo
+        group (`gloo.separate_stores`); a pipeline also needs unbatched stage-to-stage sends,
+        `ParallelEnv._device_id` (which the CPU build never sets) and whole activations sent between stages
+        (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
         import paddle
         import paddle.distributed as dist
         from paddle.distributed import fleet
@@ -144,7 +146,7 @@ class Topology:
             if not hasattr(dist.ParallelEnv(), "_device_id"):
                 dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
         strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-        with groups_one_at_a_time(cpu):
+        with separate_stores(cpu):
             fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
         for axis, get in (("pp", hcg.get_pipe_parallel_group), ("dp", hcg.get_data_parallel_group),
@@ -161,35 +163,3 @@ class Topology:
             raise ValueError("the semi-auto mesh has no pipeline axis")
         ranks = np.arange(self.world_size).reshape(self.data_world_size, self.degree("mp"))  # [dp, mp]
         return dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
-
-
-class groups_one_at_a_time:
-    """Each `new_group` followed by a barrier of every rank (on gloo only). With gloo, two disjoint groups created
-    at once (the "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout)
-    in Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order
-    (fleet's topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
-
-    def __init__(self, gloo: bool = True):
-        self.gloo = gloo
-
-    def __enter__(self):
-        if not self.gloo:
-            return self
-        import paddle.distributed as dist
-
-        self.plain = plain = dist.new_group
-
-        def new_group(*args, **kwargs):
-            group = plain(*args, **kwargs)
-            dist.barrier()
-            return group
-
-        dist.new_group = new_group
-        return self
-
-    def __exit__(self, *exc):
-        if self.gloo:
-            import paddle.distributed as dist
-
-            dist.new_group = self.plain
-        return False
