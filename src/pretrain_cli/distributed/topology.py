@@ -129,9 +129,9 @@ class Topology:
 
     def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
-        run. On CPU two workarounds (PADDLE_PARALLEL_CPU facts in docs/DISTRIBUTED.md): unbatched stage-to-stage
-        sends, and a TCP store of its own for each gloo group (`gloo.separate_stores`); a pipeline also needs
-        `ParallelEnv._device_id`, which the CPU build never sets, and whole activations sent between stages
+        run. The CPU workarounds (docs/DISTRIBUTED.md, "What CPU verifies"): a TCP store of its own for each gloo
+        group (`gloo.separate_stores`); a pipeline also needs unbatched stage-to-stage sends,
+        `ParallelEnv._device_id` (which the CPU build never sets) and whole activations sent between stages
         (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
         import paddle
         import paddle.distributed as dist
@@ -149,9 +149,10 @@ class Topology:
         with separate_stores(cpu):
             fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
-        for axis, get in (("pp", hcg.get_pipe_parallel_group), ("mp", hcg.get_model_parallel_group)):
-            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks
-                raise RuntimeError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
+        for axis, get in (("pp", hcg.get_pipe_parallel_group), ("dp", hcg.get_data_parallel_group),
+                          ("sharding", hcg.get_sharding_parallel_group), ("mp", hcg.get_model_parallel_group)):
+            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks (a bug)
+                raise ValueError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
 
     def mesh(self):
         """The semi-auto engine's 2-D mesh ["dp", "mp"]: the data ranks (dp × sharding) by the tp ranks."""
