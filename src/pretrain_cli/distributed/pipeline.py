@@ -243,10 +243,10 @@ class Pipeline(FleetHybrid):
 
         self.lm = model
         if source is not None:
-            stage, last = self.topology.stage, self.parallel.pp_degree - 1
-            bounds = stage_bounds(len(model.model.layers), self.parallel.pp_degree)
-            tied = model.lm_head is None and stage == last
-            fill(model, source, lambda name: stage_of(name, bounds) == stage
+            pp, stage = self.parallel.pp_degree, self.topology.stage
+            bounds = stage_bounds(len(model.model.layers), pp * self.parallel.virtual_pp_degree)  # model chunks
+            tied = model.lm_head is None and stage == pp - 1
+            fill(model, source, lambda name: stage_of(name, bounds, pp) == stage
                  or (tied and name == "model.embed_tokens.weight"))
         if self.parallel.tp_degree > 1:
             self._split_tensor_parallel(model)
