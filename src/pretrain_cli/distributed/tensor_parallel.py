@@ -85,13 +85,9 @@ def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
             start[d] = tp_rank * size
             end = list(p.shape)
             end[d] = start[d] + size
-            dtype = str(p.dtype).split(".")[-1]
-            if not p._is_initialized():  # another stage's layer of a lazily built model: never given storage
-                with paddle.LazyGuard():
-                    new = paddle.create_parameter([e - s for s, e in zip(start, end)], dtype)
-            else:
-                piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
-                new = paddle.create_parameter(piece.shape, dtype, default_initializer=paddle.nn.initializer.Assign(piece))
+            piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
+            new = paddle.create_parameter(piece.shape, str(p.dtype).split(".")[-1],
+                                          default_initializer=paddle.nn.initializer.Assign(piece))
             new.is_distributed = True
             setattr(linear, key, new)
             split[id(new)] = d
