@@ -16,6 +16,7 @@ from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from state_helpers import hf_state_dict  # noqa: E402
 
 
 def cfg_for(model_type="qwen2", tied=True):
@@ -141,12 +142,12 @@ def test_missing_and_unexpected_tensors(tmp_path):
 def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
     cfg = cfg_for("qwen2", tied=True)
     src = _fresh(cfg, 1)
-    tensors = {k: v.numpy() for k, v in convert.hf_state_dict(src).items()}
+    tensors = {k: v.numpy() for k, v in hf_state_dict(src).items()}
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1.0  # HF may store the tied copy; ignored
     np_save(tensors, str(tmp_path / "model.safetensors"))
     dst = _fresh(cfg, 2)
     assert convert.load_weights(dst, cfg, str(tmp_path)) == "hf"
-    got = {k: v.numpy() for k, v in convert.hf_state_dict(dst).items()}
+    got = {k: v.numpy() for k, v in hf_state_dict(dst).items()}
     assert "lm_head.weight" not in got and dst.lm_head is None
     for name, value in got.items():
         np.testing.assert_array_equal(value, tensors[name], err_msg=name)
