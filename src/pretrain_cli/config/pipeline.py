@@ -10,8 +10,7 @@ from __future__ import annotations
 PP_FLAGS = {
     "disable_p2p_cache_shape": None,  # shapes are sent with every message (evaluation uses another batch size)
     "enable_clear_every_step_cache": None,  # nothing is cached between steps (see above)
-    "disable_partial_send_recv": "partial send/recv only splits activations over tensor-parallel ranks, and "
-                                 "there are none with a pipeline here",
+    "disable_partial_send_recv": None,  # on CPU activations are sent whole (no partial send kernel); on GPU fleet's default
     "enable_delay_scale_loss": "each micro-batch's loss is divided by gradient_accumulation_steps as it is "
                                "computed (the same gradients up to rounding); the trainer owns the update",
     "enable_dp_comm_overlap": "a GPU overlap of the data-parallel all-reduce with backward; the all-reduce runs "
@@ -24,7 +23,8 @@ PP_FLAGS = {
     "enable_dynamic_shape": None,  # every message carries its shape already
     "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
                                   "use_batch_p2p_comm is off, as its CPU build requires)",
-    "best_unbalanced_scheduler": "a tuning of the interleaved schedule, which does not run here (virtual_pp_degree 1)",
+    "best_unbalanced_scheduler": "a memory-balanced variant of the interleaved schedule for fewer micro-batches than "
+                                 "2 x stages, which is refused here; the interleaved schedule runs as fleet's default",
 }
 
 
@@ -41,7 +41,37 @@ def parse_pp_config(text: str) -> list[str]:
     return notes
 
 
-def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: list, problems,
+def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None,
+                    acc: int | None = None) -> list[str]:
+    """The one rule for what a pipeline layout cannot run: one line per refusal, naming the key and what to do
+    (`resolve_pipeline` adds them as problems; the planner asks it of every candidate). Tensor parallelism
+    inside the stages is allowed (`distributed/tensor_parallel.py`), with data parallelism and ZeRO-1; so is
+    fleet's interleaved schedule (`virtual_pp_degree`) within its limits, `acc` being the micro-batches a step."""
+    out = []
+    if pp <= 1:
+        return out
+    if world % pp:
+        return [f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it"]
+    if layers is not None and layers < pp:
+        return [f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}"]
+    if stage in (2, 3):
+        out.append(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's pipeline "
+                   f"shards its optimizer at stage 1; docs/DISTRIBUTED.md says why); use sharding: stage1 with a "
+                   f"pipeline, or stage{stage} without one")
+    if vpp > 1:  # fleet's interleaved 1F1B (PipelineParallelWithInterleave): its own limits, and equal chunks
+        if pp <= 2:
+            out.append(f"virtual_pp_degree: {vpp} needs more than 2 pipeline stages (fleet's interleaved schedule), "
+                       f"pipeline_parallel_degree is {pp}; set virtual_pp_degree to 1 or use 3+ stages")
+        elif layers is not None and layers % (pp * vpp):
+            out.append(f"virtual_pp_degree: {layers} decoder layers do not split into {pp} stages x {vpp} equal "
+                       f"chunks; use a virtual_pp_degree with pipeline_parallel_degree x it dividing {layers}")
+        elif acc is not None and acc < 2 * pp:
+            out.append(f"virtual_pp_degree: fleet's interleaved schedule needs gradient_accumulation_steps >= 2 x "
+                       f"stages ({2 * pp}), got {acc}; raise it or set virtual_pp_degree to 1")
+    return out
+
+
+def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, problems,
                      device: str = "cpu") -> tuple[int, int]:
     """(pipeline_parallel_degree, virtual_pp_degree) for `world` processes; problems for what cannot run."""
     t = args.training
@@ -52,33 +82,15 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
         if t.pipeline_parallel_config:
             notes.append("pipeline_parallel_config: no pipeline (pipeline_parallel_degree 1); ignored")
         return 1, 1
-    layers = model_cfg.num_hidden_layers
-    if world % pp:
-        problems.add(f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it")
-        return 1, 1
-    if layers < pp:
-        problems.add(f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}")
-        return 1, 1
-    if tp > 1:
-        problems.add(f"tensor_parallel_degree: {tp} with pipeline_parallel_degree {pp} is not supported: fleet's "
-                     f"tensor-parallel layers have no CPU kernels and the semi-auto engine's pipeline crashes here, so "
-                     f"neither could be verified; use pipeline x data parallel (sharding: stage1 allowed), or "
-                     f"tensor_parallel_degree without a pipeline")
-    if stage in (2, 3):
-        problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
-                     f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
-    if vpp > 1:
-        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
-                     f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
-                     f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
-    problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
-    if pp > 2 and device == "cpu":
-        notes.append(f"pipeline_parallel_degree: {pp} stages on cpu: in every try here Paddle 3.3.1's gloo failed to "
-                     f"create fleet's groups for more than 2 stages (\"could not join the process group\"); 2 stages "
-                     f"are what CPU verifies (docs/DISTRIBUTED.md)")
     acc = t.gradient_accumulation_steps
+    refused = layout_refusals(world, pp, vpp, stage, model_cfg.num_hidden_layers, acc)
+    for line in refused:
+        problems.add(line)
+    if refused and (world % pp or model_cfg.num_hidden_layers < pp):
+        return 1, 1
+    problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
     if 1 <= acc < pp:
         notes.append(f"pipeline_parallel_degree: {acc} micro-batch(es) per step for {pp} stages: each stage idles "
                      f"for {(pp - 1) / (acc + pp - 1):.0%} of the step (the bubble, (P-1)/(m+P-1)); raise "
                      f"gradient_accumulation_steps to at least {4 * pp} to keep it small")
-    return pp, 1
+    return pp, vpp

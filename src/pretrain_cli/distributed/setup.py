@@ -6,15 +6,16 @@
 | data parallel | `DataParallel` | `paddle.DataParallel` |
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
-| `pipeline_parallel_degree > 1` (with dp) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B) |
+| `pipeline_parallel_degree > 1` (with tp, dp, stage1) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
 """
 from __future__ import annotations
 
 from pretrain_cli.distributed import launch
-from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
+from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
-from pretrain_cli.errors import UserError
+from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.errors import RendezvousFailed, UserError
 from pretrain_cli.run_config import Loop, ParallelConfig
 
 
@@ -25,25 +26,23 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         return
     import paddle.distributed as dist
 
-    try:
-        if parallel.engine == "pipeline":
-            init_fleet(parallel, loop, seed)
-        elif parallel.engine == "fleet_zero1":
-            from paddle.distributed import fleet
+    from pretrain_cli.distributed import job
 
-            strategy = fleet.DistributedStrategy()
-            strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": 1,
-                                       "sharding_degree": parallel.sharding_degree,
-                                       "order": ["dp", "pp", "sharding", "sep", "mp"]}
-            strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-            fleet.init(is_collective=True, strategy=strategy)
+    # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
+    job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
+    try:
+        if parallel.engine in ("pipeline", "fleet_zero1"):  # fleet's engines: its hybrid groups, from the topology
+            pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
+            Topology.of(parallel).init_fleet(seed, pipeline)
         else:
             dist.init_parallel_env()
     except (RuntimeError, OSError) as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else e
-        raise UserError(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
-                        f"processes (master {launch.master()}): {last}; check that every node runs the same "
-                        f"command, that --master is reachable and its port is free") from None
+        raise RendezvousFailed(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
+                               f"processes (master {launch.master()}): {last}; check that every node runs the same "
+                               f"command, that --master is reachable and its port is free (scripts/launch.sh "
+                               f"retries with new ports)") from None
+    job.clear(parallel.rank)
     if dist.get_world_size() != parallel.world_size:
         raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
 from pretrain_cli.run_config import ParallelConfig
 
@@ -41,12 +42,19 @@ class Strategy:
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
         only records the coefficient and `step` hands it to the update."""
         self.parallel, self.device = parallel, device
+        self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
-        """Lay the parameters out over the processes; before the optimizer is created."""
+    def place(self, model, source=None):
+        """Lay the parameters out over the processes; before the optimizer is created. `source`
+        (`distributed.materialize`): where a lazily built model's parameters get their values; every layout
+        creates only what this rank holds (here: everything, whole, one parameter at a time)."""
+        if source is not None:
+            from pretrain_cli.distributed.materialize import fill
+
+            fill(model, source)
         return model
 
     def wrap(self, model, optimizer):
@@ -121,11 +129,12 @@ class Strategy:
     def holders(self, tensor, kind: str) -> tuple:
         """The ranks holding the same whole (non-DistTensor) `tensor` as this rank: every rank unless a
         layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
-        return tuple(range(self.parallel.world_size))
+        return self.topology.replicas()
 
-    def local_box(self, tensor):
+    def local_box(self, tensor, name: str | None = None):
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
-        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        same block, or None: `holders`). The load side reads exactly this block; the save side writes it
+        (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
         from pretrain_cli.distributed.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
@@ -143,7 +152,7 @@ class Strategy:
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
-            box, holders = self.local_box(t)
+            box, holders = self.local_box(t, name)
             holders = holders or self.holders(t, kind)
             out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
                              t, transpose))
@@ -171,7 +180,30 @@ class DataParallel(Strategy):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-class FleetZero1(DataParallel):
+class FleetHybrid(Strategy):
+    """The step through fleet's hybrid-parallel optimizer (`fleet.distributed_optimizer`: ZeRO-1's
+    `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
+    the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
+
+    _hpo = None
+    _params: list = []
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
+
+    def sync_grads(self) -> None:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self._params)  # reduce to each parameter's owner (+ the dp all-reduce)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
+
+
+class FleetZero1(FleetHybrid, DataParallel):
     """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
 
     name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
@@ -188,14 +220,6 @@ class FleetZero1(DataParallel):
         self._owned = self._dso.filter_parameters(self._params, hcg)
         return model, self._hpo
 
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
-
-    def sync_grads(self) -> None:
-        self._hpo._hybrid_sync_grad(self._params)  # reduce to the owning sharding rank (+ dp all-reduce)
-
     def grad_params(self, model) -> list:
         return self._owned
 
@@ -205,13 +229,9 @@ class FleetZero1(DataParallel):
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)  # owners hold disjoint parameters
         return sq
 
-    def step(self, optimizer) -> None:
-        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
-
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
-        data-parallel groups (fleet orders ranks dp-major: rank = dp index x sharding degree + sharding index)."""
+        data-parallel groups: the ranks with this rank's "sharding" coordinate (fleet's groups are the topology's)."""
         if kind != "optimizer":
             return super().holders(tensor, kind)
-        mine = self.parallel.rank % self.parallel.sharding_degree
-        return tuple(r for r in range(self.parallel.world_size) if r % self.parallel.sharding_degree == mine)
+        return self.topology.replicas("sharding")

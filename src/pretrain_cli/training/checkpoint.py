@@ -95,6 +95,12 @@ def open_reader(ckpt: Path, kind: str):
     return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
 
 
+def files_opened(reader) -> list:
+    """The files a reader of `open_reader` opened (a sharded checkpoint's: only those its blocks touched)."""
+    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
+    return [f.path for f in opened]
+
+
 def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
     """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
     if code == "BF16":
@@ -118,7 +124,7 @@ def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray
     """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
     layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
     info = reader.index["tensors"][name]
-    box, _ = strategy.local_box(t)
+    box, _ = strategy.local_box(t, name)
     box = box.transposed() if transpose else box
     if list(info["shape"]) != list(box.global_shape):
         raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "
@@ -148,7 +154,8 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
 def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     """The checkpoint's optimizer state into an optimizer that is already AMP-decorated and laid out: for every
     accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
-    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n}."""
+    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n, "files": the
+    files read}."""
     import paddle
 
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, split_name, state_tensors
@@ -176,7 +183,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
-        return {"bytes_read": reader.bytes_read}
+        return {"bytes_read": reader.bytes_read, "files": files_opened(reader)}
     finally:
         reader.close()
 
@@ -191,18 +198,10 @@ def copy_tokenizer(tokenizer_dir, dest) -> None:
 
 
 def read_state(ckpt: Path) -> dict:
-    path = Path(ckpt) / STATE_FILE
-    if not path.is_file():
-        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
-                        f"checkpoint-N or remove resume_from_checkpoint")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
-    for key in ("global_step", "consumed_samples"):
-        if not isinstance(state.get(key), int):
-            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
-    return state
+    """The checkpoint's trainer state (`storage.intact.read_state`: what makes it a valid one)."""
+    from pretrain_cli.storage.intact import read_state as read
+
+    return read(ckpt)
 
 
 def newest_state(output_dir) -> tuple[dict | None, Path | None]:
