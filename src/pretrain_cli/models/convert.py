@@ -184,7 +184,7 @@ def detect_layout(tensors: dict, model=None) -> str:
     return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
-def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
+def load_weights(model, src_dir: str) -> str:
     """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
     tensors = read_safetensors(src_dir)
     layout = detect_layout(tensors, model)
@@ -216,7 +216,7 @@ def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, dev
     paddle.seed(seed)
     model = build_model(cfg, select(request, device or paddle.device.get_device()))
     if weights:
-        load_weights(model, cfg, str(model_dir))
+        load_weights(model, str(model_dir))
     return model, ("trained weights" if weights else f"random init (seed {seed})")
 
 

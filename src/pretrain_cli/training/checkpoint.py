@@ -345,5 +345,5 @@ class Saver:
         unwrapped model, `optimizer` as wrapped for `strategy`."""
         from pretrain_cli.models.convert import load_weights
 
-        load_weights(model, self.cfg, str(path))
+        load_weights(model, str(path))
         load_optimizer(strategy, model, optimizer, path)
