@@ -177,20 +177,17 @@ def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
     assert intact.damage(tmp_path, files=["optimizer-00001-of-00002.safetensors"]) is None  # one rank's files
 
 
-class _Trainer:
-    """What `Saver` reads of a trainer, for one rank of a simulated two-rank data-parallel run."""
+def _save(tmp_path, model, opt, rank, step=4, run_args=None) -> dict:
+    """What the trainer hands `Saver` at a save, for one rank of a simulated two-rank data-parallel run: the
+    step, this rank's pieces, rank 0's trainer state. Returns the save's event."""
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.models.config import ModelConfig
 
-    def __init__(self, model, opt, rank, step=4):
-        self.raw_model, self.optimizer = model, opt
-        self.strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
-        self.state = SimpleNamespace(global_step=step)
-        self.events = []
-
-    def state_dict(self):
-        return {"global_step": self.state.global_step, "consumed_samples": 0}
-
-    def record_event(self, kind, data):
-        self.events.append(kind)
+    strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
+    saver = checkpoint.Saver(tmp_path, ModelConfig.from_file(str(PRESET)), NoComm(), run_args or {}, None,
+                             "float32", None, rank=rank, world_size=2, layout=strategy.name)
+    state = {"global_step": step, "consumed_samples": 0} if rank == 0 else None
+    return saver(step, strategy.pieces(model, opt), state)
 
 
 def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monkeypatch):
@@ -199,10 +196,8 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     and the assembled checkpoint loads back exactly."""
     import paddle.distributed as dist
 
-    from pretrain_cli.distributed.comm import NoComm
     from pretrain_cli.distributed.pieces import writer_of
     from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.storage.shard_files import File
 
     def forbidden(*a, **k):
@@ -213,11 +208,9 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
         monkeypatch.setattr(dist, name, forbidden)
     model, opt = _build("float32")
     _fill(opt, 3)
-    cfg = ModelConfig.from_file(str(PRESET))
     for rank in (1, 0):
-        trainer = _Trainer(model, opt, rank)
-        checkpoint.Saver(tmp_path, cfg, NoComm(), {"a": 1}, None, "float32", None)(trainer)
-        assert trainer.events == ["checkpoint"]
+        event = _save(tmp_path, model, opt, rank, run_args={"a": 1})
+        assert event["async"] is False and event["stall_seconds"] >= 0
     ckpt = tmp_path / "checkpoint-4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # published once, nothing left over
     owner = writer_of(Strategy(ParallelConfig(world_size=2, dp_degree=2)).pieces(model, opt))
@@ -342,13 +335,10 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
 
 
 def test_a_rank_that_fails_its_part_fails_the_save_and_nothing_is_published(tmp_path):
-    from pretrain_cli.distributed.comm import NoComm
-    from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.training import shard_writer
 
     model, opt = _build("float32")
     shard_writer.report_failure(tmp_path / "checkpoint-4.tmp", 1, OSError(28, "No space left on device"))
     with pytest.raises(UserError, match="rank 1 could not write its part of checkpoint-4: OSError.*No space left"):
-        checkpoint.Saver(tmp_path, ModelConfig.from_file(str(PRESET)), NoComm(), {}, None, "float32", None)(
-            _Trainer(model, opt, 0))
+        _save(tmp_path, model, opt, 0)
     assert list(tmp_path.iterdir()) == []  # the partial directory is gone, no checkpoint-4

@@ -233,30 +233,38 @@ class Pipeline(FleetHybrid):
         self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
-        """The stages over `model`'s own sublayers (each decoder layer first cut to this rank's tensor-parallel
-        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters."""
+    def place(self, model, source=None):
+        """The stages over `model`'s own sublayers (each decoder layer then cut to this rank's tensor-parallel
+        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters. A lazily built model
+        gets only this stage's parameters created (from `source`; a tied embedding also on the last stage, whose
+        copy fleet then broadcasts from the first): the other stages' never have storage. An eagerly built one
+        has the others' storage freed. Under tp the stage's tensors are created whole, then cut."""
+        from pretrain_cli.distributed.materialize import fill
+
         self.lm = model
+        if source is not None:
+            stage, last = self.topology.stage, self.parallel.pp_degree - 1
+            bounds = stage_bounds(len(model.model.layers), self.parallel.pp_degree)
+            tied = model.lm_head is None and stage == last
+            fill(model, source, lambda name: stage_of(name, bounds) == stage
+                 or (tied and name == "model.embed_tokens.weight"))
         if self.parallel.tp_degree > 1:
             self._split_tensor_parallel(model)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
-        for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
-            if id(p) not in held:
-                p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
+        for p in model.parameters():  # names and shapes stay (checkpoint pieces are by name)
+            if id(p) not in held and p._is_initialized():
+                p._clear_data()
         return layer
 
     def _split_tensor_parallel(self, model) -> None:
         from paddle.distributed import fleet
 
         from pretrain_cli.distributed.tensor_parallel import split_layers
-        from pretrain_cli.models.convert import hf_param_names
 
         group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
         dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
-        params = dict(model.named_parameters())
-        self.tp_dims = {hf: dims[id(params[ours])] for ours, (hf, _) in hf_param_names(model).items()
-                        if id(params[ours]) in dims}
+        self.tp_dims = {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims}  # HF names
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -278,8 +286,9 @@ class Pipeline(FleetHybrid):
         return Pipelined(engine, self.loss), optimizer
 
     # ------------------------------------------------------------------ a step
-    def forward_backward(self, model, batches: list, amp):
-        """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
+    def forward_backward(self, model, batches: list, amp, forward_loss=None):
+        """The step's micro-batches through fleet's 1F1B schedule (the stages compute the loss: `forward_loss` is
+        not used); the summed mean loss (every stage gets it)."""
         import paddle
 
         from pretrain_cli.data.loader import DOCUMENT_FIELDS

@@ -10,11 +10,13 @@ Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 
 On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
 reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
-happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`).
+happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
+built with those kernels (`local_kernels.kernels_for`, in `training.run.build_model`): nothing of a live
+layer is replaced here.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.local_kernels import gather_zero, to_replicated, use_local_kernels
+from pretrain_cli.distributed.local_kernels import to_replicated
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.run_config import ParallelConfig
 
@@ -34,18 +36,20 @@ class SemiAuto(Strategy):
         self.vocab = parallel.vocab_parallel  # config.resolve: the embedding and LM head split over the vocabulary
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
+    def place(self, model, source=None):
+        """A lazily built model's parameters are created here at their final size from `source`
+        (`distributed.materialize`): TP slices at once; under ZeRO-3 they stay without storage until
+        `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
         p = self.parallel
         self.mesh = self.topology.mesh()
-        use_local_kernels(model, self.hook)
+        self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
+        self._names = {id(param): name for name, param in model.named_parameters()}
         if self.hook:
             for param in model.parameters():
                 param.register_hook(to_replicated)  # before shard_optimizer registers its own
-        if p.sharding_stage == 3:
-            self._gather_embedding_on_use(model)
         return model
 
     def _placements(self, tp_dim=None) -> list:
@@ -62,52 +66,62 @@ class SemiAuto(Strategy):
 
         leaf = name.rsplit(".", 1)[-1]
         if leaf in COLUMN:
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
             if layer.bias is not None:
-                layer.bias = dist.shard_tensor(layer.bias, mesh, self._placements(0))
+                layer.bias = self._place(name, "bias", layer.bias, mesh, self._placements(0))
         elif leaf in ROW:
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
         elif self.vocab and name == "model.embed_tokens":  # [vocab, hidden]
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
         elif self.vocab and name == "lm_head":  # [hidden, vocab]
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
         for key, param in list(layer._parameters.items()):
             if param is not None and not param.is_dist():
-                layer.add_parameter(key, dist.shard_tensor(param, mesh, self._placements()))
+                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements()))
 
-    def _gather_embedding_on_use(self, model) -> None:
-        """ZeRO-3 keeps the embedding as [Shard on dp, Shard(0) on mp when vocab-split], which the lookup's SPMD
-        rule refuses next to batch-sharded ids, and which a tied LM head's implicit gather would give a
-        reduce-scatter backward (no CPU kernel): both read the dp-gathered weight instead, as the fused head +
-        loss does (`local_kernels`), so a tied weight's gradients arrive with one placement. Replaced on the
-        instances, like recompute's wrappers; the model code is unchanged."""
-        import paddle
-        import paddle.nn.functional as F
+    def _place(self, layer_name: str, key: str, param, mesh, placements):
+        """`param` with `placements` (the "mp" layout): a whole (eagerly built) tensor is cut by
+        `dist.shard_tensor`; a lazy one is created as this rank's block (ZeRO-3: left lazy for `wrap`)."""
+        import paddle.distributed as dist
 
-        emb, hook = model.model.embed_tokens, self.hook
+        from pretrain_cli.distributed.materialize import fill_placed, pending
 
-        def embed(ids):
-            return F.embedding(ids, gather_zero(emb.weight, hook), padding_idx=emb._padding_idx, sparse=emb._sparse)
-
-        emb.forward = embed
-        if model.lm_head is None:
-            def logits(h):  # [bsz, seq_len, hidden] -> [bsz, seq_len, vocab]
-                return paddle.matmul(h, gather_zero(emb.weight, hook), transpose_y=True)
-
-            model.logits = logits
+        if not pending(param) or self.parallel.sharding_stage == 3:
+            return dist.shard_tensor(param, mesh, placements)
+        name = f"{layer_name}.{key}" if layer_name else key
+        return fill_placed(name, param, self._source, mesh, placements, self.parallel.rank)
 
     def wrap(self, model, optimizer):
         import paddle.distributed as dist
 
         stage = self.parallel.sharding_stage
         if stage:
-            sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[stage]
+            sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: self._stage3()}[stage]
             optimizer = dist.shard_optimizer(optimizer, sharding("dp", self.mesh))
         else:
             # AdamW's own accumulator creation keeps a whole dense copy of every moment next to the sharded
             # one (2x the optimizer state, measured); the wrapper creates them with the parameters' placements
             optimizer = dist.shard_optimizer(optimizer)
         return model, optimizer
+
+    def _stage3(self):
+        """`dist.ShardingStage3` whose parameter sharding creates a lazy parameter directly as its dp shard (the
+        placements its own rule, `get_placement_with_sharding`, gives), from `place`'s source."""
+        import paddle.distributed as dist
+        from paddle.distributed.auto_parallel.sharding import get_placement_with_sharding
+
+        from pretrain_cli.distributed.materialize import fill_placed, pending
+
+        source, names, rank = self._source, self._names, self.parallel.rank
+
+        class CreatedSharded(dist.ShardingStage3):
+            def _shard_parameter(self, param):
+                if not (param.is_dist() and pending(param)):
+                    return super()._shard_parameter(param)
+                placements = get_placement_with_sharding(param, self._sharding_axis)
+                fill_placed(names[id(param)], param, source, param.process_mesh, placements, rank)
+
+        return CreatedSharded
 
     def wrap_scaler(self, scaler):
         import paddle.distributed as dist
@@ -147,3 +161,4 @@ class SemiAuto(Strategy):
         if not all(p.is_replicated() for p in tensor.placements):
             tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() for _ in tensor.placements])
         return tensor._local_value()
+

@@ -122,6 +122,11 @@ def swiglu_fused(gate, up):  # pragma: no cover - GPU only
 
 
 # ---------------------------------------------------------------- loss
+def whole_weight(w):
+    """A weight an op reads whole, on one device: itself (`distributed.local_kernels` gathers a sharded one)."""
+    return w
+
+
 def cross_entropy_reference(logits, labels, ignore_index: int):
     """Per-row loss `[N]` from logits `[N, V]`; 0 for rows whose label is `ignore_index`."""
     import paddle.nn.functional as F
@@ -187,6 +192,8 @@ class Kernels:
     # the LM head + loss without [tokens, vocab] logits (ops.linear_loss); None: logits + `cross_entropy`
     linear_cross_entropy_name: str = "off"
     linear_cross_entropy: Callable | None = None  # (h [N, hidden], weight, labels [N], ignore_index, vocab_major)
+    # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
+    whole_weight: Callable = whole_weight
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

@@ -13,7 +13,7 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 
 Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
 warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
-line when damaged (config.prepare). `damage(ckpt, files=...)` checks a subset of the files: a rank that
+line when damaged (orchestration.prepare). `damage(ckpt, files=...)` checks a subset of the files: a rank that
 reads only some of them can verify just those.
 """
 from __future__ import annotations
@@ -124,17 +124,18 @@ def _unindexed(ckpt: Path) -> str | None:
     return None
 
 
-def newest(output_dir, verify: bool = True) -> Path | None:
-    """The newest `checkpoint-N` of `output_dir` without a `problem` (None when there is none at all). A
-    damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError (exit 2).
-    `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest unchecked."""
+def newest(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
+    """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
+    none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
+    (exit 2). `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest
+    unchecked; `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
     import logging
 
-    ckpts = list_checkpoints(output_dir)
+    ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
     if not verify or not ckpts:
         return ckpts[-1][1] if ckpts else None
     for _, path in reversed(ckpts):
-        reason = problem(path)
+        reason = problem(path, checksums)
         if reason is None:
             return path
         logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "

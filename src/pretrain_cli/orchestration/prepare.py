@@ -186,7 +186,9 @@ def find_resume(run: RunConfig) -> Path | None:
         return path
     if out.overwrite or not run.loop.do_train:
         return None
-    return intact.newest(out.output_dir, verify=run.parallel.is_rank0)  # a damaged one is skipped, with a warning
+    # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
+    # the files it reads (`training.weight_source.verify_read`)
+    return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
 
 
 def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
@@ -230,15 +232,17 @@ def launcher_target() -> Target:
     from pretrain_cli import runtime
     from pretrain_cli.distributed import launch
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
-                  rank=launch.rank(), local_rank=launch.local_rank())
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
+                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_target() -> Target:
     """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
     from pretrain_cli import runtime
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu")
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:
