@@ -7,10 +7,12 @@
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
 | `pipeline_parallel_degree > 1` (with dp) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B) |
+| `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
 """
 from __future__ import annotations
 
 from pretrain_cli.distributed import launch
+from pretrain_cli.distributed.context import ContextParallel
 from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
@@ -53,5 +55,5 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
-               "pipeline": Pipeline}
+               "pipeline": Pipeline, "context_parallel": ContextParallel}
     return engines[parallel.engine](parallel, device, step_kernels)
