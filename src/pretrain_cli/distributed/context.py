@@ -100,7 +100,7 @@ def _gather(x, group, cp: int) -> list:
     import paddle.distributed as dist
 
     parts: list = []
-    dist.all_gather(parts, x, group=group)
+    dist.all_gather(parts, x.contiguous(), group=group)  # rope_cpu returns views; gloo sends whole buffers
     return parts
 
 

@@ -1,0 +1,68 @@
+"""Context parallelism through the real launcher: each 128-token sequence split over 2 processes (chunks 0+3 and
+1+2), attention over the gathered K/V, against one process on the same batches.
+
+The micro model at 128 tokens, causal and with document masking, must give the same losses (<= 1e-5) and final
+weights; the checkpoint (whole weights on each rank, written once) resumes on one process on the same curve, and
+one process's checkpoint resumes under context parallelism.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from launch_helpers import STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights, single, write_config
+
+SEQ = dict(max_seq_length=128, per_device_train_batch_size=4, save_steps=5, report_to=["none"])
+CP2 = dict(context_parallel_degree=2)
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """name -> (Run, output_dir): one process and cp2, causal and document-masked."""
+    out = {}
+    for name, keys in {"one": {}, "cp2": CP2, "one_doc": dict(attention_mask_type="document"),
+                       "cp2_doc": dict(CP2, attention_mask_type="document")}.items():
+        root = tmp_path_factory.mktemp(name)
+        cfg = write_config(root / "c.json", corpus, root / "out", **SEQ, **keys)
+        run = launch(cfg, root / "log", nproc=2, timeout=300) if "cp2" in name else single(cfg, root / "log", timeout=300)
+        assert run.returncode == 0, run.explain()
+        out[name] = (run, root / "out")
+    return out
+
+
+@pytest.mark.parametrize("mask", ["causal", "document"])
+def test_cp2_matches_one_process(runs, mask):
+    suffix = "_doc" if mask == "document" else ""
+    (run, out), (ref, rout) = runs["cp2" + suffix], runs["one" + suffix]
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(out), read_weights(rout))
+    log = run.log(0)
+    assert "layout: context parallel: cp 2 x dp 1" in log
+    assert "Traceback" not in log + run.log(1)
+
+
+def test_cp2_checkpoint_is_whole_weights_written_once(runs):
+    (_, out), (_, rout) = runs["cp2"], runs["one"]
+    ckpt = out / "checkpoint-5"
+    saved, want = read_checkpoint(ckpt, "weights"), read_checkpoint(rout / "checkpoint-5", "weights")
+    assert sorted(saved) == sorted(want)
+    assert_close_tensors(saved, want)
+    index = json.loads((ckpt / "checkpoint.index.json").read_text())
+    # every tensor written once, whole, by one of the two ranks that hold it; each rank writes a share
+    assert all(len(entry["pieces"]) == 1 for entry in index["tensors"].values())
+    assert all(entry["pieces"][0]["shape"] == entry["shape"] for entry in index["tensors"].values())
+    sizes = [f["bytes"] for n, f in index["files"].items() if n.startswith("model")]
+    assert len(sizes) == 2 and max(sizes) < 1.5 * sum(sizes) / 2, sizes
+
+
+@pytest.mark.parametrize("saved,under", [("cp2", "one"), ("one", "cp2")])
+def test_resume_across_cp_and_one_process(runs, corpus, tmp_path, saved, under):
+    source = runs[saved][1] / "checkpoint-5"
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(source), **SEQ, **(CP2 if under == "cp2" else {}))
+    run = launch(cfg, tmp_path / "log", nproc=2, timeout=300) if under == "cp2" else single(cfg, tmp_path / "log",
+                                                                                         timeout=300)
+    assert run.returncode == 0, run.explain()
+    assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
+    assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(6, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
