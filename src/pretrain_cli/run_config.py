@@ -175,7 +175,7 @@ class ParallelConfig:
     local_rank: int = 0
     dp_degree: int = 1
     sharding_degree: int = 1
-    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (always when sharding_degree is 1), 1, 2, 3
+    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (when sharding_degree x cp_degree is 1), 1, 2, 3
     offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1

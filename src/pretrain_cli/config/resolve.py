@@ -201,7 +201,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
     t = args.training
     fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
-             and parallel.engine in ("single", "data_parallel", "context_parallel"))
+             and parallel.engine in ("single", "data_parallel", "context_parallel") and not parallel.sharding_stage)
     return "fused" if fused else "paddle"
 
 
@@ -243,7 +243,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
             problems.add(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel processes "
                          f"(world {world} / tp {tp}); use a divisor or -1")
             sharding = 1
-        elif sharding == 1:
+        elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
     # distributed.semi_auto: the sharding axis is every data rank
     if engine_for(world, tp, stage if sharding > 1 else 0) == "semi_auto" and 1 < sharding < rest:
@@ -267,7 +267,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
-                          sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
+                          sharding_stage=stage if sharding * cp > 1 else 0, offload=offload and sharding > 1,
                           tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp)
 
 

@@ -31,14 +31,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from pretrain_cli.distributed.strategy import DataParallel
+from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
 from pretrain_cli.ops.block_attention import block_backward, merge
 
 
 def cp_group(parallel):
     """(group, ranks) of this rank's context-parallel group: the C consecutive ranks that share one data rank
     (rank = data_rank × C + cp_rank). The one place that maps ranks to the cp axis. Every rank creates every
-    group, in the same order, as `new_group` requires."""
+    group, in the same order, as `new_group` requires, each followed by a barrier: with gloo, disjoint groups
+    created at once fail to connect (`distributed.pipeline.groups_one_at_a_time`)."""
     import paddle.distributed as dist
 
     cp = parallel.cp_degree
@@ -46,6 +47,7 @@ def cp_group(parallel):
     for first in range(0, parallel.world_size, cp):
         ranks = list(range(first, first + cp))
         group = dist.new_group(ranks)
+        dist.barrier()
         if parallel.rank in ranks:
             mine = (group, ranks)
     return mine
@@ -260,15 +262,14 @@ def _context_model(model, strategy):
     return ContextModel()
 
 
-class ContextParallel(DataParallel):
-    """Context parallelism over `cp_degree` ranks per data rank (plus data parallelism over the rest)."""
+class _Context:
+    """What context parallelism adds to a data-parallel strategy: the attention, the split, the loss."""
 
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
+    def _setup_context(self, parallel) -> None:
         self.cp, self.cp_rank = parallel.cp_degree, parallel.rank % parallel.cp_degree
         self.group = None
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
-                     f"attention over the gathered K/V)")
+                     f"attention over the gathered K/V){self.zero}")
 
     def place(self, model):
         from pretrain_cli.models.layers import CoreAttention
@@ -276,11 +277,11 @@ class ContextParallel(DataParallel):
         self.group, _ = cp_group(self.parallel)
         for layer in model.sublayers():
             if isinstance(layer, CoreAttention):
+                block = layer.kernels.attention_block_name
                 causal, document = context_attention(self.group, self.cp, self.cp_rank, layer.kernels.attention_block)
                 layer.kernels = replace(layer.kernels, attention=causal, attention_document=document,
-                                        attention_name=f"context({layer.kernels.attention_block_name} blocks)",
-                                        attention_document_name=f"context({layer.kernels.attention_block_name} "
-                                                                f"blocks)")
+                                        attention_name=f"context({block} blocks)",
+                                        attention_document_name=f"context({block} blocks)")
         model.model.rotary_emb = _whole_sequence_rotary(model.model.rotary_emb, self.cp)
         return model
 
@@ -297,3 +298,37 @@ class ContextParallel(DataParallel):
         t = tensor.detach().clone()
         dist.all_reduce(t, group=self.group)
         return t / self.cp
+
+
+class ContextParallel(_Context, DataParallel):
+    """Context parallelism over `cp_degree` ranks per data rank; gradients averaged over every rank."""
+
+    zero = ""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        super().__init__(parallel, device, step_kernels)
+        self._setup_context(parallel)
+
+
+class ContextZero1(_Context, FleetZero1):
+    """Context parallelism with fleet's ZeRO-1 over the cp ranks and the sharding ranks together (cp × sharding:
+    the weights are whole on every cp rank, so their optimizer state can be split across them, as Megatron's
+    distributed optimizer does over its dp × cp group). Fleet's sharding axis is laid out so that its ranks are
+    exactly rank = data_rank × cp + cp_rank (`distributed.setup`)."""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        self.zero = f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
+        super().__init__(parallel, device, step_kernels)
+        self._setup_context(parallel)
+
+    def holders(self, tensor, kind: str) -> tuple:
+        if kind != "optimizer":
+            return tuple(range(self.parallel.world_size))
+        deg = self.parallel.sharding_degree * self.cp
+        return tuple(r for r in range(self.parallel.world_size) if r % deg == self.parallel.rank % deg)
+
+
+def context_strategy(parallel, device: str = "cpu", step_kernels=None):
+    """The strategy for `context_parallel_degree > 1`: with `sharding: stage1`, ZeRO-1 over cp × sharding."""
+    cls = ContextZero1 if parallel.sharding_stage == 1 else ContextParallel
+    return cls(parallel, device, step_kernels)

@@ -8,11 +8,12 @@
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
 | `pipeline_parallel_degree > 1` (with dp) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B) |
 | `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
+| ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
 """
 from __future__ import annotations
 
 from pretrain_cli.distributed import launch
-from pretrain_cli.distributed.context import ContextParallel
+from pretrain_cli.distributed.context import context_strategy
 from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
@@ -30,12 +31,14 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     try:
         if parallel.engine == "pipeline":
             init_fleet(parallel, loop, seed)
-        elif parallel.engine == "fleet_zero1":
+        elif parallel.engine == "fleet_zero1" or (parallel.engine == "context_parallel" and parallel.sharding_stage):
             from paddle.distributed import fleet
 
+            # context parallelism shards over its cp ranks too: fleet's sharding axis (inside dp) is then
+            # sharding x cp consecutive ranks, rank = data_rank x cp + cp_rank (distributed.context)
             strategy = fleet.DistributedStrategy()
             strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": 1,
-                                       "sharding_degree": parallel.sharding_degree,
+                                       "sharding_degree": parallel.sharding_degree * parallel.cp_degree,
                                        "order": ["dp", "pp", "sharding", "sep", "mp"]}
             strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
             fleet.init(is_collective=True, strategy=strategy)
@@ -55,5 +58,5 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
-               "pipeline": Pipeline, "context_parallel": ContextParallel}
+               "pipeline": Pipeline, "context_parallel": context_strategy}
     return engines[parallel.engine](parallel, device, step_kernels)
