@@ -32,7 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
-from pretrain_cli.ops.block_attention import block_backward, merge
+from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 
 
 def cp_group(parallel):
@@ -73,8 +73,8 @@ def shard_sequence(tensor, cp: int, cp_rank: int):
 
 
 def _blocks(cp: int, cp_rank: int, c: int, doc_start):
-    """For each of this rank's two query chunks: the (rank, half, visible, causal) key blocks it attends to.
-    `visible` None: every key; else a bool mask `[bsz|1, 1, 1, c, c]`; `causal`: it is the plain diagonal."""
+    """For each of this rank's two query chunks: the (rank, half, visible, causal, diagonal) key blocks it attends
+    to. `visible` None: every key; else a bool mask `[bsz|1, 1, 1, c, c]`; `causal`: it is the plain diagonal."""
     import paddle
 
     tri = paddle.tril(paddle.ones([c, c], dtype="bool")).reshape([1, 1, 1, c, c])  # [1, 1, 1, c, c]
@@ -93,9 +93,24 @@ def _blocks(cp: int, cp_rank: int, c: int, doc_start):
                     kpos = paddle.arange(kc * c, (kc + 1) * c, dtype="int64").reshape([1, 1, 1, 1, c])
                     in_doc = kpos >= doc  # [bsz, 1, 1, c, c]
                     visible = in_doc if visible is None else paddle.logical_and(in_doc, visible)
-                blocks.append((j, half, visible, kc == qc and doc is None))
+                blocks.append((j, half, visible, kc == qc and doc is None, kc == qc))
         plan.append(blocks)
     return plan
+
+
+def _tiles(blocks, c: int, tile: int):
+    """The query rows of one chunk in tiles of at most `tile` (`ROW_TILE`: one block's scores stay
+    `[b, heads, tile, c]`), each with its blocks as (rank, half, keys, visible, causal): on the diagonal a tile
+    [r0, r1) sees keys [0, r1) only, which is the causal mask aligned bottom-right (flash attention's when
+    q_len < k_len), so the diagonal stays a causal block."""
+    for r0 in range(0, c, tile):
+        r1 = min(c, r0 + tile)
+        tiled = []
+        for j, half, visible, causal, diagonal in blocks:
+            keys = r1 if diagonal else c
+            part = None if visible is None else visible[:, :, :, r0:r1, :keys]
+            tiled.append((j, half, keys, part, causal))
+        yield r0, r1, tiled
 
 
 def _gather(x, group, cp: int) -> list:
@@ -116,8 +131,9 @@ class _Ring:
     """What one context-parallel attention call needs besides q, k, v: the group, this rank's place, the
     block kernel, and (document masking) `doc_start`."""
 
-    def __init__(self, group, cp: int, cp_rank: int, block, doc_start=None):
+    def __init__(self, group, cp: int, cp_rank: int, block, doc_start=None, tile: int = ROW_TILE):
         self.group, self.cp, self.cp_rank, self.block, self.doc_start = group, cp, cp_rank, block, doc_start
+        self.tile = tile
 
 
 def _attention_class():
@@ -140,13 +156,18 @@ def _attention_class():
             plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
             outs, lses = [], []
             for slot, blocks in enumerate(plan):
-                qs = qh[:, :, :, slot * c:(slot + 1) * c]  # [bsz, n_kv, rep, c, d]
-                out = lse = None
-                for j, half, visible, causal in blocks:
-                    kb, vb = ks[j][:, :, :, half * c:(half + 1) * c], vs[j][:, :, :, half * c:(half + 1) * c]
-                    out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
-                outs.append(out)
-                lses.append(lse)
+                tile_outs, tile_lses = [], []
+                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+                    qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
+                    out = lse = None
+                    for j, half, keys, visible, causal in tiled:
+                        kb = ks[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        vb = vs[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
+                    tile_outs.append(out)
+                    tile_lses.append(lse)
+                outs.append(paddle.concat(tile_outs, axis=3))  # [bsz, n_kv, rep, c, d]
+                lses.append(paddle.concat(tile_lses, axis=3))  # [bsz, n_kv, rep, c, 1]
             ctx.saved = (qh, ks, vs, outs, lses, plan, ring, q.shape)
             out = paddle.concat(outs, axis=3)  # [bsz, n_kv, rep, 2c, d]
             return out.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
@@ -158,22 +179,27 @@ def _attention_class():
             qh, ks, vs, outs, lses, plan, ring, q_shape = ctx.saved
             n_kv, c = ks[0].shape[1], q_shape[1] // 2
             doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            dks = [[None, None] for _ in range(ring.cp)]
-            dvs = [[None, None] for _ in range(ring.cp)]
+            zero = paddle.zeros_like(ks[0][:, :, :, :c])  # [bsz, n_kv, 1, c, d]
+            dks = [[zero, zero] for _ in range(ring.cp)]
+            dvs = [[zero, zero] for _ in range(ring.cp)]
             dqs = []
             for slot, blocks in enumerate(plan):
-                sl = slice(slot * c, (slot + 1) * c)
-                qs, dos = qh[:, :, :, sl], doh[:, :, :, sl]  # [bsz, n_kv, rep, c, d] each
-                dq = None
-                for j, half, visible, _ in blocks:
-                    hs = slice(half * c, (half + 1) * c)
-                    g_q, g_k, g_v = block_backward(qs, ks[j][:, :, :, hs], vs[j][:, :, :, hs], outs[slot], lses[slot],
-                                                   dos, visible)
-                    dq = g_q if dq is None else dq + g_q
-                    dks[j][half] = g_k if dks[j][half] is None else dks[j][half] + g_k
-                    dvs[j][half] = g_v if dvs[j][half] is None else dvs[j][half] + g_v
-                dqs.append(dq)
-            zero = paddle.zeros_like(ks[0][:, :, :, :c])  # [bsz, n_kv, 1, c, d]
+                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+                    rows = slice(slot * c + r0, slot * c + r1)
+                    qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
+                    out, lse = outs[slot][:, :, :, r0:r1], lses[slot][:, :, :, r0:r1]
+                    dq = None
+                    for j, half, keys, visible, _ in tiled:
+                        ksl = slice(half * c, half * c + keys)
+                        g_q, g_k, g_v = block_backward(qs, ks[j][:, :, :, ksl], vs[j][:, :, :, ksl], out, lse, dos,
+                                                       visible)
+                        if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
+                            g_k = paddle.concat([g_k, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
+                            g_v = paddle.concat([g_v, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
+                        dq = g_q if dq is None else dq + g_q
+                        dks[j][half] = dks[j][half] + g_k
+                        dvs[j][half] = dvs[j][half] + g_v
+                    dqs.append(dq)
             both = paddle.stack([paddle.concat([g if g is not None else zero for g in pair], axis=3).squeeze(2)
                                  for pair in dks + dvs])  # [2·cp, bsz, n_kv, 2c, d]: this rank's share of every chunk
             dist.all_reduce(both, group=ring.group)  # summed over the cp group (gloo has no reduce-scatter)
@@ -191,18 +217,18 @@ def _attention_class():
 _RING_CLASS: list = []
 
 
-def context_attention(group, cp: int, cp_rank: int, block):
+def context_attention(group, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
     """(causal, document-masked) attention functions over the cp group, for `kernels.attention` /
-    `kernels.attention_document`."""
+    `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
     if not _RING_CLASS:
         _RING_CLASS.append(_attention_class())
     ring_cls = _RING_CLASS[0]
 
     def causal(q, k, v):
-        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block))
+        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, tile=tile))
 
     def document(q, k, v, doc_start):
-        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, doc_start))
+        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, doc_start, tile))
 
     return causal, document
 

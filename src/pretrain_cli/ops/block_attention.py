@@ -21,6 +21,9 @@ from __future__ import annotations
 import math
 
 NEG_INF = float("-inf")
+# query rows per block call: a block's fp32 scores, probabilities and their gradient are [b, heads, ROW_TILE, keys]
+# (the memory a block needs is bounded whatever the sequence length; planning.memory counts it)
+ROW_TILE = 1024
 
 
 def _scores(q, k, visible):
@@ -32,6 +35,14 @@ def _scores(q, k, visible):
     if visible is not None:
         s = paddle.where(visible, s, paddle.full([1], NEG_INF, dtype="float32"))
     return s
+
+
+def _zero_hidden(p, visible):
+    """exp(−inf) is not 0 on CPU: Paddle's vectorised exp kernel returns ~3e-39 for −inf in a 5-D tensor
+    (measured on 3.3.1), which would give a row that sees nothing the mean of V; hidden entries are zeroed."""
+    import paddle
+
+    return p if visible is None else paddle.where(visible, p, paddle.zeros([1], dtype=p.dtype))
 
 
 def _safe(m):
@@ -47,10 +58,11 @@ def block_forward(q, k, v, visible=None, causal: bool = False):
 
     s = _scores(q, k, visible)
     m = _safe(paddle.max(s, axis=-1, keepdim=True))  # [bsz, n_kv, n_rep, q_len, 1]
-    p = paddle.exp(s - m)  # [bsz, n_kv, n_rep, q_len, k_len]
+    p = _zero_hidden(paddle.exp(s - m), visible)  # [bsz, n_kv, n_rep, q_len, k_len]
     denom = paddle.sum(p, axis=-1, keepdim=True)  # [bsz, n_kv, n_rep, q_len, 1]
     out = paddle.matmul((p / paddle.clip(denom, min=1e-30)).astype(v.dtype), v)  # [bsz, n_kv, n_rep, q_len, head_dim]
-    return out, m + paddle.log(denom)  # log 0 = −inf for rows that see nothing
+    lse = paddle.where(denom > 0, m + paddle.log(paddle.clip(denom, min=1e-30)), paddle.full([1], NEG_INF, "float32"))
+    return out, lse  # −inf for rows that see nothing
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -74,7 +86,7 @@ def block_backward(q, k, v, out, lse, dout, visible=None):
     import paddle
 
     scale = 1.0 / math.sqrt(q.shape[-1])
-    p = paddle.exp(_scores(q, k, visible) - lse)  # [bsz, n_kv, n_rep, q_len, k_len]; 0 where hidden
+    p = _zero_hidden(paddle.exp(_scores(q, k, visible) - lse), visible)  # [bsz, n_kv, n_rep, q_len, k_len]
     do32 = dout.astype("float32")
     dv = paddle.sum(paddle.matmul(p, do32, transpose_x=True), axis=2, keepdim=True)  # [bsz, n_kv, 1, k_len, d]
     dp = paddle.matmul(do32, v.astype("float32"), transpose_y=True)  # [bsz, n_kv, n_rep, q_len, k_len]

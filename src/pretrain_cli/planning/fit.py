@@ -15,6 +15,9 @@ Speed model (docs/PLAN.md), per optimizer step on one device:
             attention and MLP outputs, forward and backward; + 2 with `full`, + 1 with `full_attn` recompute)
   PP      = compute / P stages / (1 − bubble), bubble = (P−1)/(m+P−1) with m = accumulation steps (1F1B),
             + accumulation steps × 2 × b·s·hidden·c / link (one activation forward, its gradient back)
+  CP      = compute / C (each rank holds s/C tokens), + accumulation steps × `memory.context_traffic_bytes`
+            / link (per layer the K/V all-gather, again under full/full_attn recompute, and the dK/dV all-reduce);
+            context-parallel candidates are tried from CONTEXT_MIN_SEQ tokens on
 Data-parallel gradient traffic is the same for every candidate with the same data ranks and is left out.
 Flash and math attention count the same FLOPs; among equally fast candidates the one running flash wins
 (it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
@@ -24,10 +27,14 @@ from __future__ import annotations
 
 import itertools
 
+from pretrain_cli.planning.memory import context_traffic_bytes
+
 LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
 GRANULARITIES = (None, "core_attn", "full_attn", "full")  # least to most recompute
+# shorter sequences' activations fit a device next to any layout's weights; below it CP only adds traffic
+CONTEXT_MIN_SEQ = 8192
 
 
 def _divisors(n: int) -> list[int]:
@@ -40,8 +47,8 @@ def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
     tp, stage, deg = par["tp"], par["sharding_stage"], par["sharding_degree"]
     b, acc, s = r["micro_batch"], r["gradient_accumulation_steps"], r["max_seq_length"]
     peak = r["device"]["peak_tflops"] or NOMINAL_TFLOPS
-    pp = par.get("pp", 1)
-    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / pp / (peak * 1e12 * r["mfu"])
+    pp, cp = par.get("pp", 1), par.get("cp", 1)
+    compute = b * acc * s * r["flops_per_token"]["hardware"] / tp / pp / cp / (peak * 1e12 * r["mfu"])
     half = r["precision"]["amp_dtype"] != "float32"
     link = link_gbps * 1e9
     comm = 0.0
@@ -54,6 +61,7 @@ def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
     if tp > 1:
         n = 4 + {"full": 2, "full_attn": 1}.get(r["recompute"], 0)
         comm += acc * m["layers"] * n * 2 * (tp - 1) / tp * b * s * m["hidden"] * (2 if half else 4) / link
+    comm += acc * context_traffic_bytes(m, b, s, cp, 2 if half else 4, r["recompute"]) / link
     step = compute + comm
     known = r["device"]["peak_tflops"] is not None
     return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
@@ -61,28 +69,33 @@ def speed(r: dict, link_gbps: float = LINK_GBPS) -> dict:
             "rank_seconds": step}
 
 
-def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
+def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0) -> list[dict]:
     """Every layout to try, as key changes against `current` (the file's values of the searched keys).
 
     Tensor-parallel degrees are the divisors of `gpus` (resolve refuses those that do not divide the heads, KV
     heads or intermediate size); for each, micro-batch × accumulation = global batch / data ranks, so a degree
-    that leaves a fraction is skipped. Sharding stages are tried only when there are data ranks to shard over.
+    that leaves a fraction is skipped. Sharding stages are tried only when there are data ranks to shard over
+    (or context-parallel ranks: ZeRO-1 shards over cp x sharding). Context-parallel degrees (the divisors of
+    `gpus`, without TP or PP) from `seq_len` >= CONTEXT_MIN_SEQ on.
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    splits = [(tp, 1) for tp in _divisors(gpus)] + [(1, pp) for pp in _divisors(gpus) if pp > 1]  # no TP x PP
-    for tp, pp in splits:
-        data_ranks = gpus // (tp * pp)
+    splits = [(tp, 1, 1) for tp in _divisors(gpus)] + [(1, pp, 1) for pp in _divisors(gpus) if pp > 1]  # no TP x PP
+    if seq_len >= CONTEXT_MIN_SEQ:
+        splits += [(1, 1, cp) for cp in _divisors(gpus) if cp > 1]
+    for tp, pp, cp in splits:
+        data_ranks = gpus // (tp * pp * cp)
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
         stages = ["", "stage1"] + ([] if pp > 1 else ["stage2", "stage3"])  # fleet's stage 2/3 not with a pipeline
-        stages = stages if data_ranks > 1 else [current["sharding"]]
+        stages = ["", "stage1"] if cp > 1 else stages if data_ranks > 1 else [current["sharding"]]
         for micro, gran, fa, stage in itertools.product(_divisors(per_rank), GRANULARITIES, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
                     "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
-                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1)}
+                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
+                    "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1)}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -93,7 +106,7 @@ def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
     p = r["parallel"]
     return (r["micro_batch"], r["gradient_accumulation_steps"], r["recompute"], r["attention"], p["tp"],
-            p["sharding_stage"], p["sharding_degree"], p.get("pp", 1))
+            p["sharding_stage"], p["sharding_degree"], p.get("pp", 1), p.get("cp", 1))
 
 
 def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
@@ -106,7 +119,8 @@ def search(current: dict, base: dict, replan, budget_gib: float, link_gbps: floa
     """
     seen: dict[tuple, dict] = {}
     tried = 0
-    for change in [{}] + candidates(current, base["tokens_per_step"] // base["max_seq_length"], base["gpus"]):
+    for change in [{}] + candidates(current, base["tokens_per_step"] // base["max_seq_length"], base["gpus"],
+                                    base["max_seq_length"]):
         tried += 1
         r = base if not change else replan(change)
         if r is None:
@@ -167,7 +181,7 @@ def fit(current: dict, base: dict, as_written: dict, replan, budget_gib: float, 
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
-    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding", "per_device_train_batch_size",
+    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "sharding", "per_device_train_batch_size",
              "gradient_accumulation_steps",
              "recompute", "recompute_granularity", "use_flash_attention")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
@@ -187,7 +201,8 @@ def format_fit(f: dict) -> str:
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
-             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel or pipeline degree)"]
+             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline or "
+             f"context-parallel degree)"]
     before = f"{_gib(f['before']['memory_gib'])}, {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
@@ -210,7 +225,7 @@ def format_fit(f: dict) -> str:
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP traffic at "
+                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP/CP traffic at "
                  f"{f['link_gbps']:g} GB/s)")
     return "\n".join(lines)
 

@@ -63,14 +63,15 @@ def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float =
     """The memory model's view of a resolved run on one device."""
     gpu, prec, p, k = device.is_gpu, run.precision, run.parallel, run.kernels
     return Setup(
-        model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length,
+        model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length // p.cp_degree,
         compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
-        master_grad=prec.master_grad, sharding_stage=p.sharding_stage, sharding_degree=p.sharding_degree,
+        master_grad=prec.master_grad, sharding_stage=p.sharding_stage,
+        sharding_degree=p.sharding_degree * (p.cp_degree if p.sharding_stage else 1),  # ZeRO-1 under CP: cp x sharding
         tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum)
+        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -151,7 +152,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         "precision": {"amp_dtype": run.precision.amp_dtype or "float32", "amp_level": setup.amp_level},
         "parallel": {"world": par.world_size, "dp": par.dp_degree, "sharding_stage": par.sharding_stage,
                      "sharding_degree": par.sharding_degree, "tp": par.tp_degree, "data_ranks": par.data_world_size,
-                     "pp": par.pp_degree, "pipeline_bubble": bubble},
+                     "pp": par.pp_degree, "pipeline_bubble": bubble, "cp": par.cp_degree},
         "micro_batch": lp.micro_batch, "gradient_accumulation_steps": lp.grad_accum,
         "max_seq_length": s, "recompute": setup.recompute, "attention": setup.attention,
         "attention_mask_type": run.data.attention_mask_type,
@@ -282,7 +283,7 @@ def format_report(r: dict) -> str:
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r["attention_mask_type"] == "document" else ""))
     lines.append(f"precision {r['precision']['amp_dtype']} {r['precision']['amp_level'] or ''}; world {par['world']} "
-                 f"= {_data_ranks(par)} x tp {par['tp']}"
+                 f"= {_data_ranks(par)} x tp {par['tp']}" + (f" x cp {par['cp']}" if par.get("cp", 1) > 1 else "")
                  + (f" x pp {par['pp']} (the fullest stage below, bubble {par['pipeline_bubble']:.1%})" if par["pp"] > 1
                     else "") + "; "
                  f"recompute {r['recompute'] or 'off'}; attention {r['attention']}, {r['attention_mask_type']} mask")
