@@ -34,6 +34,12 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path):
 
 
 SEQ = dict(max_seq_length=128, per_device_train_batch_size=4, save_steps=5, report_to=["none"])
+EVAL = dict(do_eval=True, eval_steps=5, eval_iters=2)  # the evaluation loop on the split batches too
+
+
+def _eval_losses(run) -> list[float]:
+    return [float(line.split("eval_loss: ")[1].split(",")[0]) for line in run.log(0).splitlines()
+            if "eval_loss: " in line]
 CP2 = dict(context_parallel_degree=2)
 
 
@@ -44,7 +50,7 @@ def runs(corpus, tmp_path_factory):
     for name, keys in {"one": {}, "cp2": CP2, "one_doc": dict(attention_mask_type="document"),
                        "cp2_doc": dict(CP2, attention_mask_type="document")}.items():
         root = tmp_path_factory.mktemp(name)
-        cfg = write_config(root / "c.json", corpus, root / "out", **SEQ, **keys)
+        cfg = write_config(root / "c.json", corpus, root / "out", **SEQ, **EVAL, **keys)
         run = launch(cfg, root / "log", nproc=2, timeout=300) if "cp2" in name else single(cfg, root / "log", timeout=300)
         assert run.returncode == 0, run.explain()
         out[name] = (run, root / "out")
@@ -57,6 +63,8 @@ def test_cp2_matches_one_process(runs, mask):
     (run, out), (ref, rout) = runs["cp2" + suffix], runs["one" + suffix]
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout))
+    got, want = _eval_losses(run), _eval_losses(ref)
+    assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
     log = run.log(0)
     assert "layout: context parallel: cp 2 x dp 1" in log
     assert "Traceback" not in log + run.log(1)
@@ -91,8 +99,10 @@ def test_cp2_with_zero1_shards_the_optimizer_state_over_the_cp_ranks(runs, corpu
 
 
 def test_dp2_by_cp2_matches_one_process(runs, corpus, tmp_path):
-    """4 processes: 2 data ranks (2 samples each) x 2 context ranks; gradients averaged over all four."""
-    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", **dict(SEQ, per_device_train_batch_size=2), **CP2)
+    """4 processes: 2 data ranks (2 samples each) x 2 context ranks; gradients averaged over all four; full
+    recompute reruns the context-parallel attention (and its K/V gather) in backward."""
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", **dict(SEQ, per_device_train_batch_size=2),
+                       recompute=True, **CP2)
     run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
     assert run.returncode == 0, run.explain()
     assert "layout: context parallel: cp 2 x dp 2" in run.log(0)
