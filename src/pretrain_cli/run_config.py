@@ -162,12 +162,9 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees and this process's ranks: world = pp × dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md facts: degrees).
-
-    Ranks are laid out data-major, tensor-parallel-minor: rank = data_rank × tp + tp_rank, so the
-    `tp` ranks that share one batch are neighbours (one node) and data rank r reads slice r. Pipeline
-    stages are outermost (rank = pp_rank × dp × sharding + data_rank): on two nodes the stages are what
-    crosses between them, one activation per micro-batch (distributed/pipeline.py).
+    """Degrees and this process's rank: world = pp × dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md
+    facts: degrees). Which coordinate a rank has on each axis (its stage, data rank, tp rank) and which ranks
+    form each group is `distributed.topology.Topology`'s alone.
     """
 
     world_size: int = 1
@@ -190,15 +187,6 @@ class ParallelConfig:
     def data_world_size(self) -> int:
         """Ranks that read different data: dp × sharding (tensor-parallel ranks and pipeline stages share batches)."""
         return self.dp_degree * self.sharding_degree
-
-    @property
-    def data_rank(self) -> int:
-        return (self.rank % (self.world_size // self.pp_degree)) // (self.tp_degree * self.cp_degree)
-
-    @property
-    def pp_rank(self) -> int:
-        """This rank's pipeline stage."""
-        return self.rank // (self.world_size // self.pp_degree)
 
     @property
     def is_rank0(self) -> bool:

@@ -116,6 +116,20 @@ def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), time
     return Run(proc, log_dir, time.perf_counter() - start)
 
 
+def launch_joined(cfg: Path, log_dir: Path, nproc: int, timeout: float = 300, tries: int = 3) -> Run:
+    """`launch`, again (up to `tries` in all) when the processes could not join: Paddle 3.3.1's gloo rendezvous of
+    fleet's groups sometimes reads another group's address or times out on a loaded machine, mostly for 4 ranks
+    (docs/DISTRIBUTED.md); NCCL does not. Any other failure is returned at once."""
+    import shutil
+
+    for _ in range(tries):
+        run = launch(cfg, log_dir, nproc=nproc, timeout=timeout)
+        if run.returncode == 0 or "could not join the process group" not in run.explain():
+            return run
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return run
+
+
 def single(cfg: Path, log_dir: Path, extra=(), timeout: float = 120) -> Run:
     """One process without the launcher (the reference run), its output saved as workerlog.0."""
     start = time.perf_counter()

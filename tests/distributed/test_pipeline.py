@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights,
-                            single, write_config)
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
+                            read_weights, single, write_config)
 
 PP = dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2)
 # (processes, keys, reference): "ref" is conftest's one process at batch 8; "doc" the same with document masking
@@ -27,16 +27,7 @@ DOC = dict(per_device_train_batch_size=8, attention_mask_type="document", recomp
 
 
 def _launch(cfg, log_dir, nproc: int):
-    """`launch`, once more when the processes could not join: Paddle 3.3.1's gloo rendezvous of fleet's groups
-    sometimes reads another group's address, mostly the 4-rank group after the 2-rank ones (docs/DISTRIBUTED.md);
-    NCCL does not."""
-    import shutil
-
-    run = launch(cfg, log_dir, nproc=nproc, timeout=240)
-    if run.returncode != 0 and "could not join the process group" in run.explain():
-        shutil.rmtree(log_dir, ignore_errors=True)
-        run = launch(cfg, log_dir, nproc=nproc, timeout=240)
-    return run
+    return launch_joined(cfg, log_dir, nproc, timeout=240)
 
 
 @pytest.fixture(scope="module")

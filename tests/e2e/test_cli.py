@@ -161,6 +161,20 @@ def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corp
         assert "on 8 x A100-80GB" in out and "-> fits" in out, out
 
 
+def test_llama_70b_file_checks_at_64_ranks_as_tp8_pp4_zero1(corpus, tmp_path, monkeypatch, capsys):
+    """configs/llama-3.1-70b_pretrain.json (PaddleNLP's 65-70B recipe: tp 8 x pp 4 x sharding stage1), local
+    paths aside: `check --world_size 64` passes it, 2 data ranks of 8 x 4 ranks each."""
+    _big_corpus(tmp_path)
+    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
+    shutil.copy(REPO / "configs" / "llama-3.1-70b_pretrain.json", tmp_path / "70b.json")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["check", "70b.json", "--world_size", "64"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "check: OK — training would start on 64 processes (simulated)" in out, out
+    assert "world 64, dp 1, sharding stage1 x2, tp 8, pp 4" in out, out
+    assert "embedding and LM head stay whole on every tensor-parallel rank" in out, out
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 def test_run_pretrain_script_and_sigterm_save(corpus, tmp_path, async_save):
     """SIGTERM: the step finishes, a checkpoint is saved (with async_save the exit waits for the background

@@ -148,8 +148,12 @@ def test_multi_process_tensor_parallel_must_divide_the_model():
         resolve_run("--tensor_parallel_degree", "4", world=4)
     with pytest.raises(UserError, match="does not divide the world size 2"):
         resolve_run("--tensor_parallel_degree", "4", world=2)
-    with pytest.raises(UserError, match="tensor_parallel_degree: 2 with pipeline_parallel_degree 2 is not supported"):
-        resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "2", world=4)
+    both = resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "2", world=8)
+    p = both.parallel  # tp 2 inside 2 stages, dp 2: the pipeline engine; the embedding and head whole per stage
+    assert (p.engine, p.tp_degree, p.pp_degree, p.dp_degree, p.vocab_parallel) == ("pipeline", 2, 2, 2, False)
+    assert any("stay whole on every tensor-parallel rank" in n for n in both.notes)
+    with pytest.raises(UserError, match="tensor_parallel_degree: 4 does not divide the model's num_key_value_heads"):
+        resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "4", world=8)
 
 
 def test_split_and_sharding_parsers():

@@ -11,9 +11,10 @@ from safetensors.numpy import save_file
 from pretrain_cli import runtime
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import ParallelConfig
 from pretrain_cli.training import checkpoint
 
-ONE = SimpleNamespace(rank=0, world_size=1, is_rank0=True, sharding_degree=1)
+ONE = ParallelConfig()
 
 PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
 
@@ -180,7 +181,7 @@ class _Trainer:
 
     def __init__(self, model, opt, rank, step=4):
         self.raw_model, self.optimizer = model, opt
-        self.strategy = Strategy(SimpleNamespace(rank=rank, world_size=2, is_rank0=rank == 0, sharding_degree=1))
+        self.strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
         self.state = SimpleNamespace(global_step=step)
         self.events = []
 
@@ -218,7 +219,7 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
         assert trainer.events == ["checkpoint"]
     ckpt = tmp_path / "checkpoint-4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # published once, nothing left over
-    owner = writer_of(Strategy(SimpleNamespace(rank=0, world_size=2, sharding_degree=1)).pieces(model, opt))
+    owner = writer_of(Strategy(ParallelConfig(world_size=2, dp_degree=2)).pieces(model, opt))
     for rank in (0, 1):
         held = set()
         for kind in ("model", "optimizer"):

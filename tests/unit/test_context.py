@@ -156,3 +156,16 @@ def test_short_sequences_are_not_offered_context_parallelism():
                "pipeline_parallel_degree": 1, "context_parallel_degree": 1}
     assert not any("context_parallel_degree" in c for c in candidates(current, 8, 8, 4096))
     assert any(c.get("context_parallel_degree") == 8 for c in candidates(current, 8, 8, CONTEXT_MIN_SEQ))
+
+
+def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
+    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.run_config import ParallelConfig
+
+    ranks = [Topology.of(ParallelConfig(world_size=8, rank=r, dp_degree=2, sharding_degree=2, sharding_stage=1,
+                                        cp_degree=2)) for r in range(8)]
+    assert ranks[5].group("cp") == (4, 5) and ranks[0].groups("cp") == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [t.data_rank for t in ranks] == [0, 0, 1, 1, 2, 2, 3, 3] and ranks[0].data_world_size == 4
+    # fleet's ZeRO-1 axis spans sharding x cp: 4 consecutive ranks inside each of the 2 data-parallel replicas
+    assert ranks[0].fleet_hybrid_configs()["sharding_degree"] == 4
+    assert ranks[5].replicas("sharding", "cp") == (1, 5)  # the owners of the same optimizer-state shard

@@ -6,6 +6,7 @@ import pytest
 from run_helpers import model_config, resolve_run
 
 from pretrain_cli.distributed.pipeline import stage_of
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.planning.memory import Setup, pipeline_stages, stage_params
 from pretrain_cli.errors import UserError
@@ -34,7 +35,7 @@ def test_pp_dp_layout_puts_stages_outermost():
             for r in range(4)]
     p = runs[0].parallel
     assert (p.engine, p.pp_degree, p.dp_degree, p.data_world_size) == ("pipeline", 2, 2, 2)
-    assert [(r.parallel.pp_rank, r.parallel.data_rank) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(Topology.of(r.parallel).stage, Topology.of(r.parallel).data_rank) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert runs[0].kernels.optimizer == "paddle" and "pp 2" in p.describe()
     zero1 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage1", world=4).parallel
     assert zero1.sharding_degree == 2 and zero1.sharding_stage == 1 and zero1.engine == "pipeline"

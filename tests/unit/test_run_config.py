@@ -5,6 +5,7 @@ import pytest
 from run_helpers import model_config, resolve_run
 
 from pretrain_cli.commands.plan import plan
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import UserError
 
 
@@ -110,11 +111,11 @@ def test_hardware_flops_count_the_recomputed_forward():
 
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
-    assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, p.data_rank) == (1, 8, 1, 8, 5)
+    assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, Topology.of(p).data_rank) == (1, 8, 1, 8, 5)
     p = resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "2", world=8).parallel
     assert (p.dp_degree, p.sharding_degree) == (4, 2)
     p = resolve_run("--tensor_parallel_degree", "2", world=4, rank=3).parallel
-    assert (p.dp_degree, p.tp_degree, p.data_rank, p.data_world_size) == (2, 2, 1, 2)
+    assert (p.dp_degree, p.tp_degree, Topology.of(p).data_rank, p.data_world_size) == (2, 2, 1, 2)
     with pytest.raises(UserError, match="sharding_parallel_degree: 3 does not divide"):
         resolve_run("--sharding", "stage1", "--sharding_parallel_degree", "3", world=8)
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 PP_FLAGS = {
     "disable_p2p_cache_shape": None,  # shapes are sent with every message (evaluation uses another batch size)
     "enable_clear_every_step_cache": None,  # nothing is cached between steps (see above)
-    "disable_partial_send_recv": "partial send/recv only splits activations over tensor-parallel ranks, and "
-                                 "there are none with a pipeline here",
+    "disable_partial_send_recv": None,  # on CPU activations are sent whole (no partial send kernel); on GPU fleet's default
     "enable_delay_scale_loss": "each micro-batch's loss is divided by gradient_accumulation_steps as it is "
                                "computed (the same gradients up to rounding); the trainer owns the update",
     "enable_dp_comm_overlap": "a GPU overlap of the data-parallel all-reduce with backward; the all-reduce runs "
@@ -41,7 +40,28 @@ def parse_pp_config(text: str) -> list[str]:
     return notes
 
 
-def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: list, problems,
+def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None) -> list[str]:
+    """The one rule for what a pipeline layout cannot run: one line per refusal, naming the key and what to do
+    (`resolve_pipeline` adds them as problems; the planner asks it of every candidate). Tensor parallelism
+    inside the stages is allowed (`distributed/tensor_parallel.py`), with data parallelism and ZeRO-1."""
+    out = []
+    if pp <= 1:
+        return out
+    if world % pp:
+        return [f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it"]
+    if layers is not None and layers < pp:
+        return [f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}"]
+    if stage in (2, 3):
+        out.append(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
+                   f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
+    if vpp > 1:
+        out.append(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
+                   f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
+                   f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
+    return out
+
+
+def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, problems,
                      device: str = "cpu") -> tuple[int, int]:
     """(pipeline_parallel_degree, virtual_pp_degree) for `world` processes; problems for what cannot run."""
     t = args.training
@@ -52,25 +72,11 @@ def resolve_pipeline(args, model_cfg, world: int, tp: int, stage: int, notes: li
         if t.pipeline_parallel_config:
             notes.append("pipeline_parallel_config: no pipeline (pipeline_parallel_degree 1); ignored")
         return 1, 1
-    layers = model_cfg.num_hidden_layers
-    if world % pp:
-        problems.add(f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it")
+    refused = layout_refusals(world, pp, vpp, stage, model_cfg.num_hidden_layers)
+    for line in refused:
+        problems.add(line)
+    if refused and (world % pp or model_cfg.num_hidden_layers < pp):
         return 1, 1
-    if layers < pp:
-        problems.add(f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}")
-        return 1, 1
-    if tp > 1:
-        problems.add(f"tensor_parallel_degree: {tp} with pipeline_parallel_degree {pp} is not supported: fleet's "
-                     f"tensor-parallel layers have no CPU kernels and the semi-auto engine's pipeline crashes here, so "
-                     f"neither could be verified; use pipeline x data parallel (sharding: stage1 allowed), or "
-                     f"tensor_parallel_degree without a pipeline")
-    if stage in (2, 3):
-        problems.add(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
-                     f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
-    if vpp > 1:
-        problems.add(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
-                     f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
-                     f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
     problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
     if pp > 2 and device == "cpu":
         notes.append(f"pipeline_parallel_degree: {pp} stages on cpu: in every try here Paddle 3.3.1's gloo failed to "

@@ -226,7 +226,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
     cp = context_degree(args, world, tp, pp, stage, problems)
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, tp, stage, notes, problems, target.device)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems, target.device)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:
         problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
@@ -246,7 +246,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
     # distributed.semi_auto: the sharding axis is every data rank
-    if engine_for(world, tp, stage if sharding > 1 else 0) == "semi_auto" and 1 < sharding < rest:
+    if engine_for(world, tp, stage if sharding > 1 else 0, pp) == "semi_auto" and 1 < sharding < rest:
         problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
                      f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
     if t.sequence_parallel and tp > 1:
@@ -261,8 +261,11 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
         offload = False
-    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0
-    if tp > 1 and not vocab_split:
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1  # a pipeline's tp keeps them whole
+    if tp > 1 and pp > 1:
+        notes.append(f"tensor_parallel_degree: {tp} inside {pp} pipeline stages splits the decoder layers; the "
+                     f"embedding and LM head stay whole on every tensor-parallel rank of their stage")
+    elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,

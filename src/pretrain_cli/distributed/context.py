@@ -36,20 +36,20 @@ from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 
 
 def cp_group(parallel):
-    """(group, ranks) of this rank's context-parallel group: the C consecutive ranks that share one data rank
-    (rank = data_rank × C + cp_rank). The one place that maps ranks to the cp axis. Every rank creates every
-    group, in the same order, as `new_group` requires, each followed by a barrier: with gloo, disjoint groups
-    created at once fail to connect (`distributed.pipeline.groups_one_at_a_time`)."""
+    """(group, ranks) of this rank's context-parallel group: the topology's "cp" axis (`distributed.topology`:
+    the cp ranks of one data rank are neighbours). Every rank creates every group, in the same order, as
+    `new_group` requires, each followed by a barrier: with gloo, disjoint groups created at once fail to
+    connect (`topology.groups_one_at_a_time`)."""
     import paddle.distributed as dist
 
-    cp = parallel.cp_degree
+    from pretrain_cli.distributed.topology import Topology
+
     mine = None
-    for first in range(0, parallel.world_size, cp):
-        ranks = list(range(first, first + cp))
-        group = dist.new_group(ranks)
+    for ranks in Topology.of(parallel).groups("cp"):
+        group = dist.new_group(list(ranks))
         dist.barrier()
         if parallel.rank in ranks:
-            mine = (group, ranks)
+            mine = (group, list(ranks))
     return mine
 
 
@@ -292,7 +292,7 @@ class _Context:
     """What context parallelism adds to a data-parallel strategy: the attention, the split, the loss."""
 
     def _setup_context(self, parallel) -> None:
-        self.cp, self.cp_rank = parallel.cp_degree, parallel.rank % parallel.cp_degree
+        self.cp, self.cp_rank = parallel.cp_degree, self.topology.coord("cp")
         self.group = None
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
                      f"attention over the gathered K/V){self.zero}")
@@ -339,8 +339,8 @@ class ContextParallel(_Context, DataParallel):
 class ContextZero1(_Context, FleetZero1):
     """Context parallelism with fleet's ZeRO-1 over the cp ranks and the sharding ranks together (cp × sharding:
     the weights are whole on every cp rank, so their optimizer state can be split across them, as Megatron's
-    distributed optimizer does over its dp × cp group). Fleet's sharding axis is laid out so that its ranks are
-    exactly rank = data_rank × cp + cp_rank (`distributed.setup`)."""
+    distributed optimizer does over its dp × cp group): fleet's sharding axis is the topology's sharding × cp
+    (`Topology.fleet_hybrid_configs`)."""
 
     def __init__(self, parallel, device: str = "cpu", step_kernels=None):
         self.zero = f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
@@ -348,10 +348,10 @@ class ContextZero1(_Context, FleetZero1):
         self._setup_context(parallel)
 
     def holders(self, tensor, kind: str) -> tuple:
+        """Optimizer state: the ranks at this rank's place in fleet's sharding axis (sharding × cp)."""
         if kind != "optimizer":
-            return tuple(range(self.parallel.world_size))
-        deg = self.parallel.sharding_degree * self.cp
-        return tuple(r for r in range(self.parallel.world_size) if r % deg == self.parallel.rank % deg)
+            return self.topology.replicas()
+        return self.topology.replicas("sharding", "cp")
 
 
 def context_strategy(parallel, device: str = "cpu", step_kernels=None):

@@ -19,20 +19,17 @@ step); clipping, the non-finite policy and the update stay the trainer's, as for
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
 
-On CPU three workarounds: `pp_configs.use_batch_p2p_comm = False`, `ParallelEnv._device_id = 0`
-(PADDLE_PARALLEL_CPU.md) and gloo groups created one at a time (`groups_one_at_a_time`).
+fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s, and
+PipelineLayer's shared-weight group is created one at a time as well on gloo (`groups_one_at_a_time`).
 """
 from __future__ import annotations
 
-import contextlib
 import re
 
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.distributed.topology import groups_one_at_a_time
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
-
-ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # stages outermost: on two nodes the pipeline is what crosses
-
 
 def stage_of(name: str, bounds: list[int]) -> int:
     """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
@@ -45,46 +42,10 @@ def stage_of(name: str, bounds: list[int]) -> int:
     return len(bounds) - 2  # model.norm, lm_head
 
 
-def init_fleet(parallel: ParallelConfig, loop: Loop, seed: int) -> None:
-    """fleet's hybrid topology for a pipeline run, and the pipeline configs its engine reads."""
-    import paddle
-    import paddle.distributed as dist
-    from paddle.distributed import fleet
-
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": parallel.pp_degree,
-                               "sharding_degree": parallel.sharding_degree, "order": ORDER}
-    strategy.pipeline_configs = {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
-                                 "p2p_cache_shape": False}  # eval sends another batch size than training
-    cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
-    strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu  # the CPU build needs unbatched sends
-    strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-    if not hasattr(dist.ParallelEnv(), "_device_id"):
-        dist.ParallelEnv._device_id = 0  # the CPU build never sets it; PipelineLayer reads it
-    with groups_one_at_a_time() if cpu else contextlib.nullcontext():
-        fleet.init(is_collective=True, strategy=strategy)
-
-
-@contextlib.contextmanager
-def groups_one_at_a_time():
-    """Each `new_group` followed by a barrier of every rank. With gloo, two disjoint groups created at once (the
-    "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout) in
-    Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order (fleet's
-    topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
-    import paddle.distributed as dist
-
-    plain = dist.new_group
-
-    def new_group(*args, **kwargs):
-        group = plain(*args, **kwargs)
-        dist.barrier()
-        return group
-
-    dist.new_group = new_group
-    try:
-        yield
-    finally:
-        dist.new_group = plain
+def pipeline_configs(loop: Loop) -> dict:
+    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet)."""
+    return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
+            "p2p_cache_shape": False}  # eval sends another batch size than training
 
 
 def _layers():
@@ -194,9 +155,9 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     loss = StageLoss(lm)
     gloo = paddle.get_device().startswith("cpu")
-    with groups_one_at_a_time() if gloo else contextlib.nullcontext():  # the tied embedding's first-last stage group
+    with groups_one_at_a_time(gloo):  # the tied embedding's first-last stage group
         layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
-                              topology=fleet.get_hybrid_communicate_group().topology())  # stages outermost (ORDER)
+                              topology=fleet.get_hybrid_communicate_group().topology())  # the run's Topology
     return layer, loss, bounds
 
 
@@ -241,19 +202,36 @@ class Pipeline(Strategy):
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree} x dp {parallel.data_world_size}{zero}"
+        tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
+        self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
 
     # ------------------------------------------------------------------ building
     def place(self, model):
-        """The stages over `model`'s own sublayers; the optimizer is then built over this stage's parameters."""
+        """The stages over `model`'s own sublayers (each decoder layer first cut to this rank's tensor-parallel
+        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters."""
         self.lm = model
+        if self.parallel.tp_degree > 1:
+            self._split_tensor_parallel(model)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
         for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
             if id(p) not in held:
                 p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
         return layer
+
+    def _split_tensor_parallel(self, model) -> None:
+        from paddle.distributed import fleet
+
+        from pretrain_cli.distributed.tensor_parallel import split_layers
+        from pretrain_cli.models.convert import hf_param_names
+
+        group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
+        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
+        params = dict(model.named_parameters())
+        self.tp_dims = {hf: dims[id(params[ours])] for ours, (hf, _) in hf_param_names(model).items()
+                        if id(params[ours]) in dims}
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -266,8 +244,10 @@ class Pipeline(Strategy):
         if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
-        tied = self.lm.lm_head is None and self.parallel.pp_rank > 0
-        self._counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        tied = self.lm.lm_head is None and self.topology.stage > 0
+        counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
+        self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return Pipelined(engine, self.loss), optimizer
 
     def wrap_scaler(self, scaler):
@@ -287,7 +267,7 @@ class Pipeline(Strategy):
         first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
         labels = column("labels")
         with amp.autocast():
-            loss = model.engine.forward_backward_pipeline([first, labels], getattr(amp, "scaler", None))
+            loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
@@ -303,11 +283,16 @@ class Pipeline(Strategy):
 
     def grad_norm(self, model):
         """Each stage's squared norm (ZeRO-1: each owner's part), summed over the pipeline; a tied weight's second
-        copy is counted once."""
+        copy is counted once, a tensor-parallel slice's part summed over its tp group, whole tensors once."""
         import paddle
         import paddle.distributed as dist
 
-        sq = self.step_kernels.global_sq_norm([p.grad for p in self._counted if p.grad is not None])
+        whole, sliced = ([p.grad for p in ps if p.grad is not None] for ps in self._counted)
+        sq = self.step_kernels.global_sq_norm(whole)
+        if self.parallel.tp_degree > 1:
+            part = self.step_kernels.global_sq_norm(sliced) if sliced else paddle.zeros_like(sq)
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
+            sq = sq + part
         if self._hpo is not None:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
@@ -323,15 +308,27 @@ class Pipeline(Strategy):
         """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
         train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
         embedding's copy on the last stage is the first stage's tensor: written once, from there."""
-        stage = self.parallel.pp_rank
+        stage = self.topology.stage
         return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
 
-    def holders(self, tensor, kind: str) -> tuple:
-        """The ranks of this stage (its data-parallel replicas: stages are outermost, `ORDER`); under ZeRO-1 the
-        optimizer state only on the replicas of its owner (the same index on the stage's "sharding" axis)."""
-        p = self.parallel
-        per_stage = p.world_size // p.pp_degree
-        ranks = [p.pp_rank * per_stage + i for i in range(per_stage)]
-        if kind == "optimizer" and p.sharding_stage:
-            ranks = [r for r in ranks if r % p.sharding_degree == p.rank % p.sharding_degree]
-        return tuple(ranks)
+    def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
+        """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
+        on the ranks with this tp coordinate; under ZeRO-1 the optimizer state only on the replicas of its owner
+        (the same coordinate on the stage's "sharding" axis)."""
+        owned = kind == "optimizer" and self.parallel.sharding_stage
+        return self.topology.replicas("pp", *(("sharding",) if owned else ()), *(("mp",) if sliced else ()))
+
+    def local_box(self, tensor, name: str | None = None):
+        """A tensor-parallel slice (the weight or its moments and master copy, by HF name): its block of the
+        global tensor, cut on `tp_dims[name]` at this rank's tp coordinate; anything else whole."""
+        hf, _, slot = (name or "").partition("/")
+        dim = self.tp_dims.get(hf)
+        if dim is None or slot not in ("", "moment1", "moment2", "master"):
+            return super().local_box(tensor, name)
+        from pretrain_cli.distributed.pieces import Box
+
+        shape = tuple(tensor.shape)
+        whole, offsets = list(shape), [0] * len(shape)
+        whole[dim], offsets[dim] = shape[dim] * self.parallel.tp_degree, shape[dim] * self.topology.tp_rank
+        kind = "weights" if not slot else "optimizer"
+        return Box(tuple(whole), tuple(offsets), shape), self.holders(tensor, kind, sliced=True)

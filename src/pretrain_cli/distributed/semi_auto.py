@@ -1,6 +1,6 @@
 """ZeRO-2/3 and tensor parallelism on Paddle's semi-auto engine (`dist.shard_layer`, `dist.shard_optimizer`).
 
-The ranks form a 2-D mesh `[dp, mp]` (data-major: rank = data_rank × tp + tp_rank). On "mp" the
+The ranks form the topology's 2-D mesh `[dp, mp]` (`Topology.mesh`: data ranks by tp ranks). On "mp" the
 decoder is split Megatron-style: q/k/v and gate/up column-parallel (weight `Shard(1)`, bias
 `Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
 vocabulary when tp divides it; RMSNorm and RoPE stay replicated. On "dp" each rank reads its slice of
@@ -13,8 +13,6 @@ reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradien
 happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`).
 """
 from __future__ import annotations
-
-import numpy as np
 
 from pretrain_cli.distributed.local_kernels import gather_zero, to_replicated, use_local_kernels
 from pretrain_cli.distributed.strategy import Strategy
@@ -40,8 +38,7 @@ class SemiAuto(Strategy):
         import paddle.distributed as dist
 
         p = self.parallel
-        ranks = np.arange(p.world_size).reshape(p.data_world_size, p.tp_degree)  # [dp, mp]
-        self.mesh = dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
+        self.mesh = self.topology.mesh()
         use_local_kernels(model, self.hook)
         dist.shard_layer(model, self.mesh, self._shard_fn)
         if self.hook:

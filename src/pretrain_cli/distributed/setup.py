@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.context import context_strategy
-from pretrain_cli.distributed.pipeline import Pipeline, init_fleet
+from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import Loop, ParallelConfig
 
@@ -29,19 +30,11 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     import paddle.distributed as dist
 
     try:
-        if parallel.engine == "pipeline":
-            init_fleet(parallel, loop, seed)
-        elif parallel.engine == "fleet_zero1" or (parallel.engine == "context_parallel" and parallel.sharding_stage):
-            from paddle.distributed import fleet
-
-            # context parallelism shards over its cp ranks too: fleet's sharding axis (inside dp) is then
-            # sharding x cp consecutive ranks, rank = data_rank x cp + cp_rank (distributed.context)
-            strategy = fleet.DistributedStrategy()
-            strategy.hybrid_configs = {"dp_degree": parallel.dp_degree, "mp_degree": 1, "pp_degree": 1,
-                                       "sharding_degree": parallel.sharding_degree * parallel.cp_degree,
-                                       "order": ["dp", "pp", "sharding", "sep", "mp"]}
-            strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-            fleet.init(is_collective=True, strategy=strategy)
+        fleet_engine = parallel.engine in ("pipeline", "fleet_zero1") or (parallel.engine == "context_parallel"
+                                                                          and parallel.sharding_stage == 1)
+        if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
+            pipeline = pipeline_configs(loop) if parallel.engine == "pipeline" else None
+            Topology.of(parallel).init_fleet(seed, pipeline)
         else:
             dist.init_parallel_env()
     except (RuntimeError, OSError) as e:

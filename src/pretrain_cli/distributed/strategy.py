@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
 from pretrain_cli.run_config import ParallelConfig
 
@@ -41,6 +42,7 @@ class Strategy:
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
         only records the coefficient and `step` hands it to the update."""
         self.parallel, self.device = parallel, device
+        self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
         self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
@@ -110,11 +112,12 @@ class Strategy:
     def holders(self, tensor, kind: str) -> tuple:
         """The ranks holding the same whole (non-DistTensor) `tensor` as this rank: every rank unless a
         layout keeps it on fewer (fleet ZeRO-1's optimizer state; a pipeline stage's parameters)."""
-        return tuple(range(self.parallel.world_size))
+        return self.topology.replicas()
 
-    def local_box(self, tensor):
+    def local_box(self, tensor, name: str | None = None):
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
-        same block). The load side reads exactly this block; the save side writes it (`pieces`)."""
+        same block, or None: `holders`). The load side reads exactly this block; the save side writes it
+        (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
         from pretrain_cli.distributed.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
@@ -132,7 +135,7 @@ class Strategy:
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
-            box, holders = self.local_box(t)
+            box, holders = self.local_box(t, name)
             holders = holders or self.holders(t, kind)
             out.append(Piece(name, kind, box.transposed() if transpose else box, dtype_code(t), tuple(holders),
                              t, transpose))
@@ -202,8 +205,7 @@ class FleetZero1(DataParallel):
 
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
-        data-parallel groups (fleet orders ranks dp-major: rank = dp index x sharding degree + sharding index)."""
+        data-parallel groups: the ranks with this rank's "sharding" coordinate (fleet's groups are the topology's)."""
         if kind != "optimizer":
             return super().holders(tensor, kind)
-        mine = self.parallel.rank % self.parallel.sharding_degree
-        return tuple(r for r in range(self.parallel.world_size) if r % self.parallel.sharding_degree == mine)
+        return self.topology.replicas("sharding")

@@ -146,9 +146,10 @@ class Attention(nn.Layer):
         pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins)."""
         bsz, seq_len, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.reshape([bsz, seq_len, self.n_heads, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
-        k = k.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
-        v = v.reshape([bsz, seq_len, self.n_kv_heads, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        # the head counts follow the projections' widths: all heads, or the share a layout gave this layer's weights
+        q = q.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
+        k = k.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+        v = v.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if position_ids is None:
@@ -161,7 +162,7 @@ class Attention(nn.Layer):
         else:
             k, v = kv.append(k, v)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
-        out = out.reshape([bsz, seq_len, self.n_heads * self.head_dim])  # [bsz, seq_len, n_heads*head_dim]
+        out = out.reshape([bsz, seq_len, -1])  # [bsz, seq_len, n_heads*head_dim]
         return self.o_proj(out)
 
 

@@ -123,7 +123,7 @@ def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray
     """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
     layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
     info = reader.index["tensors"][name]
-    box, _ = strategy.local_box(t)
+    box, _ = strategy.local_box(t, name)
     box = box.transposed() if transpose else box
     if list(info["shape"]) != list(box.global_shape):
         raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "

@@ -14,6 +14,7 @@ class Fp32:
     """No autocast, no scaler: backward and step as they are."""
 
     loss_scaling = False
+    scaler = None  # fp16's loss scaler (`Amp`); a pipeline schedule scales each micro-batch's loss with it
 
     def autocast(self):
         return contextlib.nullcontext()

@@ -204,9 +204,9 @@ class Trainer:
         return {"stopped_by_signal": stopped_by_signal}
 
     def _open_batches(self) -> BatchIterator:
-        lp, p = self.loop, self.parallel
-        return BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, p.data_rank,
-                             p.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
+        lp, topo = self.loop, self.strategy.topology
+        return BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, topo.data_rank,
+                             topo.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
 
     def _skip_ahead(self) -> bool:
         """Move past recorded batches that must not be trained (rollback windows); True if it moved."""
@@ -310,7 +310,8 @@ class Trainer:
         """Loss over the same `eval_iters` batches every time, so curves are comparable."""
         bs, p, iters = self.loop.eval_batch, self.parallel, self.loop.eval_iters
         start = time.perf_counter()
-        batches = split_batches(self.splits.get(split), bs, iters, p.data_rank, p.data_world_size)
+        topo = self.strategy.topology
+        batches = split_batches(self.splits.get(split), bs, iters, topo.data_rank, topo.data_world_size)
         total, count, _ = loss_sum(self.model, batches, self.amp.autocast, shard=self.strategy.shard_batch,
                                    to_host=self.strategy.to_host)
         if not self.strategy.global_batch:  # each rank summed its own slice

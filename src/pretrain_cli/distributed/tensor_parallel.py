@@ -1,0 +1,102 @@
+"""Megatron tensor parallelism inside a fleet pipeline stage, over Paddle's own collectives.
+
+Neither of Paddle's tensor-parallel forms runs inside a fleet pipeline stage on CPU: fleet's `mp` layers
+need `c_identity` and friends, which have no CPU kernel, and the semi-auto engine's pipeline crashes
+(docs/DISTRIBUTED.md, "What CPU verifies"). fleet's `mp` layers are two autograd functions around an
+all-reduce within the tensor-parallel group; this module is the same two, as `PyLayer`s over
+`paddle.distributed.all_reduce` on the topology's "mp" group, applied to the finished single-device model from
+outside — the same code on GPU and CPU:
+
+- `copy_to_tp` (Megatron's f): identity forward, all-reduce of the input's gradient backward. A forward
+  pre-hook puts it on the input of every `self_attn` and `mlp`.
+- `reduce_from_tp` (Megatron's g): all-reduce forward, identity backward. A forward post-hook puts it on the
+  output of every row-parallel projection (`o_proj`, `down_proj`); a bias there is added once, after the sum.
+
+Each rank keeps its slice of the projections (Paddle `[in, out]`): q/k/v and gate/up column-parallel (the
+output dimension, so each rank has num_heads / tp heads and num_key_value_heads / tp KV heads, intermediate /
+tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the embedding and the LM head
+stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
+the two functions is. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
+when it broadcasts the replicated ones over the tp group.
+"""
+from __future__ import annotations
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # weight split on its output dim (Paddle dim 1)
+ROW = ("o_proj", "down_proj")  # weight split on its input dim (Paddle dim 0)
+
+
+def _functions():
+    """The two autograd functions (built on first use: paddle is imported lazily)."""
+    import paddle.distributed as dist
+    from paddle.autograd import PyLayer
+
+    class CopyToTP(PyLayer):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, dy):
+            g = dy.clone()
+            dist.all_reduce(g, group=ctx.group)  # the input fed every tp rank's slice: its gradient is their sum
+            return g
+
+    class ReduceFromTP(PyLayer):
+        @staticmethod
+        def forward(ctx, x, group):
+            y = x.clone()
+            dist.all_reduce(y, group=group)  # the row-parallel partial products summed
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy.clone()
+
+    return CopyToTP, ReduceFromTP
+
+
+def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
+    """Slice every decoder layer in `layers` to tp rank `tp_rank` of `tp` and hook in the two functions over
+    `group`. Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
+    import paddle
+
+    copy_to_tp, reduce_from_tp = _functions()
+    split: dict = {}
+
+    def enter(layer, inputs):
+        return (copy_to_tp.apply(inputs[0], group),) + tuple(inputs[1:])
+
+    def leave(layer, inputs, out):
+        if layer.bias is None:
+            return reduce_from_tp.apply(out, group)
+        return reduce_from_tp.apply(out - layer.bias, group) + layer.bias  # the bias once, after the sum
+
+    def keep_slice(parent, name: str, dim: int):
+        linear = getattr(parent, name)
+        for key in ("weight", "bias"):
+            p = getattr(linear, key)
+            if p is None or (key == "bias" and dim == 0):  # a row-parallel bias stays whole (added after the sum)
+                continue
+            d = dim if key == "weight" else 0
+            size = p.shape[d] // tp
+            start = [0] * len(p.shape)
+            start[d] = tp_rank * size
+            end = list(p.shape)
+            end[d] = start[d] + size
+            piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
+            new = paddle.create_parameter(piece.shape, str(p.dtype).split(".")[-1],
+                                          default_initializer=paddle.nn.initializer.Assign(piece))
+            new.is_distributed = True
+            setattr(linear, key, new)
+            split[id(new)] = d
+
+    for layer in layers:
+        for block, names in ((layer.self_attn, COLUMN[:3]), (layer.mlp, COLUMN[3:])):
+            for name in names:
+                keep_slice(block, name, 1)
+            block.register_forward_pre_hook(enter)
+        for block, name in ((layer.self_attn, ROW[0]), (layer.mlp, ROW[1])):
+            keep_slice(block, name, 0)
+            getattr(block, name).register_forward_post_hook(leave)
+    return split

@@ -1,0 +1,196 @@
+"""The layout of ranks over the parallel axes: the one place that turns degrees into ranks.
+
+Built once from the resolved `ParallelConfig` (`Topology.of`, cached per config) and asked by everything that
+needs a rank: the data slice a rank reads (`data_rank`), the optimizer wrapping and the checkpoint's holders
+(`replicas`), pipeline stages and tensor-parallel groups (`coord`, `group`), fleet's hybrid configuration
+(`init_fleet`, the only `fleet.init`) and the semi-auto engine's mesh (`mesh`). Compare torchtitan's
+`ParallelDims` and Megatron's `parallel_state`.
+
+Axis order, outermost first: `AXES` = pp, dp, sharding, cp, mp. A rank is the mixed-radix number of its
+coordinates, the last axis fastest (`coordinates`/`rank_of`):
+
+    rank = (((pp_rank × dp + dp_rank) × sharding + sharding_rank) × cp + cp_rank) × tp + tp_rank
+
+So the tp ranks of one stage and one batch are neighbours (on one node when tp divides the GPUs per node:
+tensor parallelism's two all-reduces per layer stay on the fast link), the data ranks of one stage come
+next, and the pipeline stages are outermost: across nodes only one activation per micro-batch travels
+between stages, and the data-parallel gradient all-reduce crosses nodes only when dp × sharding × tp is
+larger than a node. The data rank (which slice of the global batch a rank reads) is dp_rank × sharding +
+sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks, cp ranks (context
+parallelism: each holds part of every sequence of its data rank, `distributed.context`) and stages share batches.
+fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans sharding × cp (adjacent in `AXES`).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+AXES = ("pp", "dp", "sharding", "cp", "mp")  # outermost first
+# our axis -> fleet's hybrid_configs degree key; fleet's own order list names every axis it knows
+FLEET_KEYS = {"pp": "pp_degree", "dp": "dp_degree", "sharding": "sharding_degree", "mp": "mp_degree"}
+FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
+
+
+def coordinates(rank: int, degrees: dict) -> dict:
+    """{axis: index} of `rank` when the ranks enumerate `degrees` (ordered, outermost first) last-axis fastest."""
+    out = {}
+    for axis in reversed(list(degrees)):
+        rank, out[axis] = divmod(rank, degrees[axis])
+    return {axis: out[axis] for axis in degrees}
+
+
+def rank_of(coords: dict, degrees: dict) -> int:
+    rank = 0
+    for axis, n in degrees.items():
+        rank = rank * n + coords.get(axis, 0)
+    return rank
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process."""
+
+    degrees: tuple
+    rank: int = 0
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def of(parallel) -> "Topology":
+        """The topology of a resolved `ParallelConfig` (the same object for the same config)."""
+        sizes = {"pp": parallel.pp_degree, "dp": parallel.dp_degree, "sharding": parallel.sharding_degree,
+                 "cp": parallel.cp_degree, "mp": parallel.tp_degree}
+        topo = Topology(tuple((axis, sizes[axis]) for axis in AXES), parallel.rank)
+        if topo.world_size != parallel.world_size:
+            raise ValueError(f"degrees {sizes} make {topo.world_size} ranks, the world is {parallel.world_size}")
+        return topo
+
+    # ------------------------------------------------------------------ arithmetic
+    @property
+    def sizes(self) -> dict:
+        return dict(self.degrees)
+
+    @property
+    def world_size(self) -> int:
+        return functools.reduce(lambda a, b: a * b, self.sizes.values(), 1)
+
+    def degree(self, axis: str) -> int:
+        return self.sizes[axis]
+
+    def coords(self, rank: int | None = None) -> dict:
+        return coordinates(self.rank if rank is None else rank, self.sizes)
+
+    def coord(self, axis: str, rank: int | None = None) -> int:
+        return self.coords(rank)[axis]
+
+    @property
+    def stage(self) -> int:
+        """This rank's pipeline stage."""
+        return self.coord("pp")
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coord("mp")
+
+    @property
+    def data_world_size(self) -> int:
+        """Ranks that read different data: dp × sharding."""
+        return self.degree("dp") * self.degree("sharding")
+
+    def data_rank_of(self, rank: int) -> int:
+        c = self.coords(rank)
+        return c["dp"] * self.degree("sharding") + c["sharding"]
+
+    @property
+    def data_rank(self) -> int:
+        """Which slice of the global batch this rank reads."""
+        return self.data_rank_of(self.rank)
+
+    def replicas(self, *axes: str, rank: int | None = None) -> tuple:
+        """The ranks whose coordinates on `axes` equal `rank`'s (this rank's): the ranks that hold the same
+        block of a tensor split (or owned) along those axes and copied along the others."""
+        mine = self.coords(rank)
+        return tuple(r for r in range(self.world_size) if all(self.coord(a, r) == mine[a] for a in axes))
+
+    def group(self, axis: str, rank: int | None = None) -> tuple:
+        """The ranks along `axis` through `rank` (this rank): its group on that axis, in axis order."""
+        return self.replicas(*(a for a in self.sizes if a != axis), rank=rank)
+
+    def groups(self, axis: str) -> list[tuple]:
+        """Every group along `axis`, in rank order of their first member."""
+        return sorted({self.group(axis, r) for r in range(self.world_size)})
+
+    # ------------------------------------------------------------------ the engines' views of it
+    def fleet_hybrid_configs(self) -> dict:
+        """fleet's `hybrid_configs` degrees and axis order for this topology."""
+        out = {FLEET_KEYS[a]: n for a, n in self.degrees if a in FLEET_KEYS}
+        out["sharding_degree"] *= self.sizes.get("cp", 1)  # ZeRO-1 under context parallelism shards over cp too
+        out["order"] = list(FLEET_ORDER)
+        return out
+
+    def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
+        """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
+        run. On CPU two workarounds (PADDLE_PARALLEL_CPU facts in docs/DISTRIBUTED.md): unbatched stage-to-stage
+        sends, and gloo groups created one at a time (`groups_one_at_a_time`); a pipeline also needs
+        `ParallelEnv._device_id`, which the CPU build never sets, and whole activations sent between stages
+        (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
+        import paddle
+        import paddle.distributed as dist
+        from paddle.distributed import fleet
+
+        cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = self.fleet_hybrid_configs()
+        if pipeline_configs is not None:
+            strategy.pipeline_configs = dict(pipeline_configs, **({"enable_partial_send_recv": False} if cpu else {}))
+            strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu
+            if not hasattr(dist.ParallelEnv(), "_device_id"):
+                dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
+        strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+        with groups_one_at_a_time(cpu):
+            fleet.init(is_collective=True, strategy=strategy)
+        hcg = fleet.get_hybrid_communicate_group()
+        for axis, get in (("pp", hcg.get_pipe_parallel_group), ("mp", hcg.get_model_parallel_group)):
+            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks
+                raise RuntimeError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
+
+    def mesh(self):
+        """The semi-auto engine's 2-D mesh ["dp", "mp"]: the data ranks (dp × sharding) by the tp ranks."""
+        import numpy as np
+        import paddle.distributed as dist
+
+        if self.degree("pp") > 1:
+            raise ValueError("the semi-auto mesh has no pipeline axis")
+        ranks = np.arange(self.world_size).reshape(self.data_world_size, self.degree("mp"))  # [dp, mp]
+        return dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
+
+
+class groups_one_at_a_time:
+    """Each `new_group` followed by a barrier of every rank (on gloo only). With gloo, two disjoint groups created
+    at once (the "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout)
+    in Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order
+    (fleet's topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
+
+    def __init__(self, gloo: bool = True):
+        self.gloo = gloo
+
+    def __enter__(self):
+        if not self.gloo:
+            return self
+        import paddle.distributed as dist
+
+        self.plain = plain = dist.new_group
+
+        def new_group(*args, **kwargs):
+            group = plain(*args, **kwargs)
+            dist.barrier()
+            return group
+
+        dist.new_group = new_group
+        return self
+
+    def __exit__(self, *exc):
+        if self.gloo:
+            import paddle.distributed as dist
+
+            dist.new_group = self.plain
+        return False
