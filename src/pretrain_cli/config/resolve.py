@@ -222,7 +222,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, 
     if sep > 1:
         problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
                      f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {sep} "
-                     f"(ring attention) to split each sequence")
+                     f"(attention across the ranks) to split each sequence")
     cp = context_degree(args, world, tp, pp, stage, problems)
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
