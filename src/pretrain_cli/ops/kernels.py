@@ -118,11 +118,11 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
 
 def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma: no cover - GPU only
     """GPU: flash attention's own per-block output and lse (fp16/bf16) when the block is fully visible or the
-    causal diagonal; a document mask takes `block_forward` (the block's scores materialised)."""
+    causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised)."""
     import paddle
 
-    if visible is not None and not causal:
-        return block_forward(q, k, v, visible, causal)
+    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16):
+        return block_forward(q, k, v, visible, causal)  # flash attention is fp16/bf16 only
     bsz, n_kv, n_rep, q_len, d = q.shape
     k_len = k.shape[3]
     qf = q.reshape([bsz, n_kv * n_rep, q_len, d]).transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, d]
