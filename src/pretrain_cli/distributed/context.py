@@ -9,7 +9,8 @@ field of the batch (ids, labels, `position_ids`, `doc_start`) is cut the same wa
 chunk they may see, one (query chunk, key chunk) block at a time through `kernels.attention_block` (flash
 attention's per-block output and log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`),
 merging the blocks by their log-sum-exp (online softmax). Chunks after the query chunk are skipped; the
-diagonal block is causal; document masking adds `doc_start ≤ key position` to every block. The backward
+diagonal block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in
+tiles of `ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]`. The backward
 recomputes each block from the final output and log-sum-exp and sums every rank's dK/dV of each chunk back
 to its owner with one all-reduce (gloo has no reduce-scatter: ARCHITECTURE.md facts: gloo). Gathering K/V
 instead of passing them around a ring of `send`/`recv` is Llama 3's all-gather variant of context
@@ -23,7 +24,8 @@ so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start
 is divided by its cp group's total count. Weights are whole on every rank and data-parallel over the cp
 group too: `paddle.DataParallel` over every rank averages gradients over dp × cp, so each rank's loss is
 scaled by C. The model stays single-device: `place` swaps the kernels its attention layers call and its
-RoPE table; `wrap` puts `ContextModel` (positions in, whole-sequence loss out) inside `DataParallel`.
+RoPE table; `wrap` puts `ContextModel` (positions in, whole-sequence loss out) inside `DataParallel`, or,
+with `sharding: stage1`, inside fleet's ZeRO-1 over the cp × sharding ranks (`ContextZero1`).
 """
 from __future__ import annotations
 
