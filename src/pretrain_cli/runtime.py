@@ -139,6 +139,11 @@ def _cores() -> int:
     return default_threads(1)
 
 
+def threads() -> int:
+    """The CPU threads this process computes with (`setup_env`'s decision)."""
+    return (_THREADS if _THREADS is not None else decide_threads())[0]
+
+
 def threads_line() -> str:
     """The log line naming the CPU threads this process computes with and why."""
     n, why = _THREADS if _THREADS is not None else decide_threads()

@@ -1,23 +1,33 @@
 """Pipeline parallelism (fleet's 1F1B engine) through the real launcher, against one process at the same global batch.
 
 micro-qwen2 (2 decoder layers, tied embeddings, q/k/v biases) split into 2 stages: the embedding and layer 0 on
-stage 0, layer 1, the final norm and the tied head on stage 1. Global batch 8 everywhere: per-device micro-batch x
-gradient_accumulation_steps x data ranks. SIGTERM and a killed rank: test_dist.py's layouts include PP2.
+stage 0, layer 1, the final norm and the tied head on stage 1; with 4 decoder layers (`num_hidden_layers: 4`) into
+4 stages on 4 processes, against one process with the same 4 layers. Global batch 8 everywhere: per-device
+micro-batch x gradient_accumulation_steps x data ranks. SIGTERM and a killed rank: test_dist.py's layouts include PP2.
 """
 from __future__ import annotations
 
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint,
                             read_weights, single, write_config)
 
 PP = dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2)
+FOUR = dict(num_hidden_layers=4)  # micro-qwen2 with 4 decoder layers: one per stage of PP4
+PP4 = dict(FOUR, pipeline_parallel_degree=4, gradient_accumulation_steps=4, per_device_train_batch_size=2)
+# interleaved 1F1B: 8 decoder layers in 4 stages x 2 chunks (stage s holds layers s and s + 4), 8 micro-batches of 1,
+# evaluated through the interleaved schedule too
+EIGHT = dict(num_hidden_layers=8, do_eval=True, eval_steps=5, eval_iters=2)
+VPP = dict(EIGHT, pipeline_parallel_degree=4, virtual_pp_degree=2, gradient_accumulation_steps=8,
+           per_device_train_batch_size=1)
 # (processes, keys, reference): "ref" is conftest's one process at batch 8; "doc" the same with document masking
 LAYOUTS = {
     "pp2": (2, dict(PP, per_device_train_batch_size=4), "ref"),
     "pp2_dp2": (4, dict(PP, per_device_train_batch_size=2), "ref"),
     "pp2_stage1": (4, dict(PP, per_device_train_batch_size=2, sharding="stage1"), "ref"),  # ZeRO-1 in each stage
+    "pp4": (4, PP4, "ref4"),  # 4 stages: the middle ones send both ways (distributed/gloo.py on CPU)
+    "pp4_vpp2": (4, VPP, "ref8"),
     # packed documents, recompute and evaluation inside the stages
     "pp2_doc": (2, dict(PP, per_device_train_batch_size=4, attention_mask_type="document", recompute=True,
                         do_eval=True, eval_steps=5, eval_iters=2), "doc"),
@@ -27,15 +37,22 @@ DOC = dict(per_device_train_batch_size=8, attention_mask_type="document", recomp
 
 
 def _launch(cfg, log_dir, nproc: int):
-    return launch_joined(cfg, log_dir, nproc, timeout=240)
+    return launch(cfg, log_dir, nproc=nproc, timeout=480)  # 4 processes on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
 def refs(ref, corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pp_docref")
-    doc = single(write_config(root / "doc.json", corpus, root / "out", **DOC), root / "log")
+    """conftest's reference, the same with document masking, and one process with 4 decoder layers (saves step 5)."""
+    root = tmp_path_factory.mktemp("pp_refs")
+    doc = single(write_config(root / "doc.json", corpus, root / "doc", **DOC), root / "log_doc")
     assert doc.returncode == 0, doc.explain()
-    return {"ref": ref, "doc": (doc, root / "out")}
+    four = single(write_config(root / "ref4.json", corpus, root / "ref4", per_device_train_batch_size=8, save_steps=5,
+                               **FOUR), root / "log_ref4", timeout=600)
+    assert four.returncode == 0, four.explain()
+    eight = single(write_config(root / "ref8.json", corpus, root / "ref8", per_device_train_batch_size=8, save_steps=5,
+                                **EIGHT), root / "log_ref8", timeout=600)
+    assert eight.returncode == 0, eight.explain()
+    return {"ref": ref, "doc": (doc, root / "doc"), "ref4": (four, root / "ref4"), "ref8": (eight, root / "ref8")}
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +73,21 @@ def _evals(run) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_pipeline_matches_one_process(runs, refs, name):
-    nproc, _, against = LAYOUTS[name]
+    nproc, keys, against = LAYOUTS[name]
     (run, out), (r, rout) = runs[name], refs[against]
+    pp = keys["pipeline_parallel_degree"]
     assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout))
     logs = "".join(run.log(n) for n in range(nproc))
     assert "Traceback" not in logs
-    assert f"layout: pipeline (fleet 1F1B): pp 2 x dp {nproc // 2}" in run.log(0)
+    virtual = " x2 virtual" if keys.get("virtual_pp_degree") else ""
+    assert f"layout: pipeline (fleet 1F1B): pp {pp}{virtual} x dp {nproc // pp}" in run.log(0), run.log(0)[-3000:]
     if name == "pp2_stage1":  # each rank keeps the AdamW state of half its stage
         per_rank = [r for r in map(json.loads, (out / "metrics.jsonl").open()) if r["kind"] == "layout"][0]["per_rank"]
         assert all(r["optimizer_state"] < 0.6 * 2 * r["parameters"] for r in per_rank), per_rank
-    if name == "pp2_doc":  # evaluation runs forward-only through the stages and reads the same loss
+    if name in ("pp2_doc", "pp4_vpp2"):  # evaluation runs forward-only through the stages and reads the same loss
         assert len(_evals(run)) == 2 and _evals(run) == _evals(r)
+    if name == "pp2_doc":
         assert "attention_mask_type = \"document\"" in run.log(0)
 
 
@@ -91,18 +111,22 @@ def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref, n
     assert len(per_rank) == 4 and all(r["parameters"] < 0.8 * whole for r in per_rank)  # each stage holds its part
 
 
-# saved under -> resumed under
-RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2")]
-UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": LAYOUTS["pp2"][:2]}
+# saved under -> resumed under; the 4-layer model's checkpoints against its own reference ("ref4")
+RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp4", "single4"), ("pp4", "pp2_4"), ("ref4", "pp4"),
+           ("pp4_vpp2", "single8")]
+UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": LAYOUTS["pp2"][:2],
+         "single4": (1, dict(FOUR, per_device_train_batch_size=8)), "pp4": (4, PP4),
+         "pp2_4": (2, dict(FOUR, **LAYOUTS["pp2"][1])), "single8": (1, dict(EIGHT, per_device_train_batch_size=8))}
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])
-def test_resume_across_pipeline_layouts_continues_the_same_curve(runs, ref, corpus, tmp_path, saved, under):
-    source = ref[1] if saved == "ref" else runs[saved][1]
+def test_resume_across_pipeline_layouts_continues_the_same_curve(runs, refs, corpus, tmp_path, saved, under):
+    ref = refs["ref8" if "vpp" in saved else "ref4" if saved.endswith("4") else "ref"]
+    source = ref[1] if saved.startswith("ref") else runs[saved][1]
     nproc, keys = UNDER[under]
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
                        resume_from_checkpoint=str(source / "checkpoint-5"), **keys)
-    run = single(cfg, tmp_path / "log") if nproc == 1 else _launch(cfg, tmp_path / "log", nproc)
+    run = single(cfg, tmp_path / "log", timeout=600) if nproc == 1 else _launch(cfg, tmp_path / "log", nproc)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))

@@ -163,7 +163,7 @@ def _rollback_run(root, keys):
     _poisoned_corpus(root / "data" / "c")
     cfg = write_config(root / "cfg.json", root / "data" / "c", root / "out", max_steps=20, save_steps=5,
                        learning_rate=0.02, split="100,0,0", lr_scheduler_type="constant", spike_policy="rollback",
-                       spike_loss_factor=1.5, spike_warmup_steps=8, spike_window=5, **keys)
+                       spike_loss_factor=1.3, spike_warmup_steps=8, spike_window=5, **keys)
     run = launch(cfg, root / "log", timeout=300)
     assert run.returncode == 0, run.explain()
     return run, root / "out"

@@ -9,6 +9,7 @@ TP x PP x DP and TP x PP x ZeRO-1 need 8 processes, more than these tests start 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
@@ -16,6 +17,8 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, la
 
 TP_PP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, gradient_accumulation_steps=4,
              per_device_train_batch_size=2)
+# packed documents, recompute and evaluation through the split layers (and the one-process run to compare with)
+DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +27,23 @@ def tp_pp(corpus, tmp_path_factory):
     run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **TP_PP), root / "log", 4)
     assert run.returncode == 0, run.explain()
     return run, root / "out"
+
+
+def _evals(run) -> list[tuple]:
+    """(eval_loss, eval_tokens) of every evaluation rank 0 logged."""
+    return re.findall(r"eval_loss: ([0-9.]+),.*eval_tokens: (\d+)", run.log(0))
+
+
+def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path):
+    """The same curve and the same evaluation (loss and token count) as one process, with document masking and
+    recompute inside the tensor-parallel stages."""
+    ref = single(write_config(tmp_path / "r.json", corpus, tmp_path / "rout", per_device_train_batch_size=8, **DOC),
+                 tmp_path / "rlog")
+    assert ref.returncode == 0, ref.explain()
+    run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP, **DOC), tmp_path / "log", 4)
+    assert run.returncode == 0, run.explain()
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert len(_evals(run)) == 2 and _evals(run) == _evals(ref)
 
 
 def test_tp2_pp2_matches_one_process_step_by_step(tp_pp, ref):
@@ -53,8 +73,9 @@ def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, ref):
 
 # saved under -> resumed under: (processes, keys)
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)),
-         "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP)}
-RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("ref", "tp2_pp2")]
+         "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP),
+         "pp2": (2, dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2))}
+RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("tp2_pp2", "pp2"), ("ref", "tp2_pp2")]
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])

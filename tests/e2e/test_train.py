@@ -366,3 +366,21 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     assert [(row["train/global_step"], pytest.approx(row["eval/eval_loss"])) for row in rows
             if "eval/eval_loss" in row] == eval_losses
     assert config["arguments"]["max_steps"] == 9 and config["run"]["output"]["report_to"] == ["visualdl", "tensorboard", "wandb"]
+
+
+def test_resume_verifies_the_files_it_reads_and_falls_back_past_an_altered_one(corpus, tmp_path, capsys):
+    """Rank 0 checks only presence and sizes before choosing; the checksums are checked by whoever reads the
+    files. A flipped byte (same size) in the newest checkpoint is found while reading it: one warning, and the
+    run resumes from the previous checkpoint instead."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    f = next((out / "checkpoint-4").glob("model*.safetensors"))
+    data = f.read_bytes()
+    f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    capsys.readouterr()
+    assert cli_main(["train", cfg, "--max_steps", "6"]) == 0
+    said = "".join(capsys.readouterr())
+    assert f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous checkpoint" in said
+    assert "checkpoint-2 at step 2" in said
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6

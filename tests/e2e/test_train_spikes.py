@@ -15,7 +15,7 @@ from pretrain_cli.cli import main as cli_main
 
 POISON_FROM = 300  # ids >= this appear only in the poisoned document
 SPIKE_STEP = 17
-GUARD = {"spike_loss_factor": 1.5, "spike_warmup_steps": 8, "spike_window": 5}
+GUARD = {"spike_loss_factor": 1.3, "spike_warmup_steps": 8, "spike_window": 5}  # step 17: ~1.4 x the mean
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_skip_drops_the_update_and_consumes_the_batch(poisoned, tmp_path, capsys
     assert cli_main(["train", _config(poisoned, tmp_path, spike_policy="skip")]) == 0
     (event,) = _records(tmp_path, "spike")
     assert event["step"] == SPIKE_STEP and event["action"] == "skip"
-    assert event["loss"] > 1.5 * event["loss_mean"] and event["first_sample"] == (SPIKE_STEP - 1) * 4
+    assert event["loss"] > GUARD["spike_loss_factor"] * event["loss_mean"] and event["first_sample"] == (SPIKE_STEP - 1) * 4
     state = _state(tmp_path)
     assert state["global_step"] == 20 and state["consumed_samples"] == 21 * 4
     assert state["skipped_batches"] == [(SPIKE_STEP - 1) * 4] and state["skipped_steps"] == 1

@@ -1,7 +1,7 @@
 """`continue_training: 1`: where the pretrained weights come from, and the one line when they cannot.
 
 A preset (a hub name without a local directory) has no weights: one line says how to fetch them. A local
-directory in HF or PaddleNLP format loads through `config.prepare` and `training.run.build_model`, as `train`
+directory in HF or PaddleNLP format loads through `config.prepare`, `training.run.build_model` and `lay_out`, as `train`
 does — including a checkpoint as PaddleNLP saves a Qwen3 (HF's `model.` names with Paddle's `[in, out]` Linear
 layout, its config.json keys, zero q/k/v biases from its Qwen2-derived attention, shards with an index).
 """
@@ -21,7 +21,8 @@ from pretrain_cli.run_config import Target  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.training.run import build_model as build_for_run  # noqa: E402
+from pretrain_cli.distributed.comm import NoComm  # noqa: E402
+from pretrain_cli.training.run import build_model as build_lazy, lay_out  # noqa: E402
 
 QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
@@ -59,11 +60,18 @@ def _paddlenlp_qwen3(path):
     return src, path
 
 
+def build_for_run(spec):
+    """What `train` builds: the lazy model, its parameters read from the pretrained directory by the layout."""
+    model = build_lazy(spec.run, spec.model_cfg)
+    lay_out(spec.run, model, NoComm(), pretrained=spec.model_dir)
+    return model
+
+
 def test_paddlenlp_saved_qwen3_loads_through_prepare_and_build_model(tmp_path):
     src, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
     spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
     assert spec.run.model.continue_training and spec.model_dir == path
-    model = build_for_run(spec.run, spec.model_cfg, spec.model_dir)
+    model = build_for_run(spec)
     want = dict(src.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_array_equal(p.numpy(), want[name].numpy(), err_msg=name)
@@ -80,7 +88,7 @@ def test_nonzero_biases_the_model_has_not_are_still_refused(tmp_path):
     save_file(tensors, str(shard))
     spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
     with pytest.raises(UserError, match="unexpected tensor.*q_proj.bias"):
-        build_for_run(spec.run, spec.model_cfg, spec.model_dir)
+        build_for_run(spec)
 
 
 def test_without_weights_one_line_says_how_to_get_them(tmp_path):

@@ -46,7 +46,7 @@ def test_pipeline_refusals_and_notes_are_one_line_each():
         resolve_run("--pipeline_parallel_degree", "2", "--virtual_pp_degree", "2", "--sharding", "stage3",
                     "--pipeline_parallel_config", "enable_timer bogus_flag", world=2)
     text = str(e.value)
-    assert "virtual_pp_degree: 2" in text and "the 1F1B schedule with 2 stages runs" in text
+    assert "virtual_pp_degree: 2 needs more than 2 pipeline stages" in text
     assert "sharding: stage3 with pipeline_parallel_degree 2 is not supported" in text
     assert "unknown flag 'bogus_flag'" in text
     with pytest.raises(UserError, match="4 stages for 2 decoder layers"):  # micro-qwen2
@@ -60,7 +60,14 @@ def test_pipeline_refusals_and_notes_are_one_line_each():
     assert "1 micro-batch(es) per step for 2 stages" in notes  # the bubble is named
     four = resolve_run("--pipeline_parallel_degree", "4", "--gradient_accumulation_steps", "16", world=4,
                        model="tiny-llama")
-    assert four.parallel.pp_degree == 4 and any("more than 2 stages" in n for n in four.notes)
+    assert four.parallel.pp_degree == 4 and not any("stages on cpu" in n for n in four.notes)  # PP4 runs on CPU
+    vpp3 = ("--pipeline_parallel_degree", "4", "--virtual_pp_degree", "3")  # llama-171m: 12 decoder layers
+    vpp = resolve_run(*vpp3, "--gradient_accumulation_steps", "8", world=4, model="llama-171m").parallel
+    assert (vpp.pp_degree, vpp.virtual_pp_degree) == (4, 3) and "x3 virtual" in vpp.describe()  # interleaved 1F1B
+    with pytest.raises(UserError, match="needs gradient_accumulation_steps >= 2 x stages \\(8\\), got 4"):
+        resolve_run(*vpp3, "--gradient_accumulation_steps", "4", world=4, model="llama-171m")
+    with pytest.raises(UserError, match="12 decoder layers do not split into 4 stages x 2 equal chunks"):
+        resolve_run(*vpp3[:-1], "2", "--gradient_accumulation_steps", "8", world=4, model="llama-171m")
     one = resolve_run("--pipeline_parallel_degree", "2", world=1)
     assert one.parallel.pp_degree == 1 and any("pipeline_parallel_degree=2 has no effect" in n for n in one.notes)
 
@@ -113,3 +120,17 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
     sp, one = fit.speed(report), fit.speed(flat)
     assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
     assert sp["comm_seconds"] > 0 == one["comm_seconds"]
+
+
+def test_layout_refusals_is_the_one_pipeline_rule():
+    """The planner asks the same function resolve does: tensor parallelism inside the stages passes, the rest is
+    one line per refusal naming the key."""
+    from pretrain_cli.config.pipeline import layout_refusals
+
+    assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
+    assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
+    lines = layout_refusals(8, 2, 2, 2, 4)
+    assert [line.split(":")[0] for line in lines] == ["sharding", "virtual_pp_degree"]
+    assert all("\n" not in line for line in lines)
+    assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]
+    assert "use at most 2" in layout_refusals(4, 4, layers=2)[0]

@@ -23,7 +23,8 @@ PP_FLAGS = {
     "enable_dynamic_shape": None,  # every message carries its shape already
     "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
                                   "use_batch_p2p_comm is off, as its CPU build requires)",
-    "best_unbalanced_scheduler": "a tuning of the interleaved schedule, which does not run here (virtual_pp_degree 1)",
+    "best_unbalanced_scheduler": "a memory-balanced variant of the interleaved schedule for fewer micro-batches than "
+                                 "2 x stages, which is refused here; the interleaved schedule runs as fleet's default",
 }
 
 
@@ -40,10 +41,12 @@ def parse_pp_config(text: str) -> list[str]:
     return notes
 
 
-def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None) -> list[str]:
+def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None,
+                    acc: int | None = None) -> list[str]:
     """The one rule for what a pipeline layout cannot run: one line per refusal, naming the key and what to do
     (`resolve_pipeline` adds them as problems; the planner asks it of every candidate). Tensor parallelism
-    inside the stages is allowed (`distributed/tensor_parallel.py`), with data parallelism and ZeRO-1."""
+    inside the stages is allowed (`distributed/tensor_parallel.py`), with data parallelism and ZeRO-1; so is
+    fleet's interleaved schedule (`virtual_pp_degree`) within its limits, `acc` being the micro-batches a step."""
     out = []
     if pp <= 1:
         return out
@@ -52,12 +55,19 @@ def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: i
     if layers is not None and layers < pp:
         return [f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}"]
     if stage in (2, 3):
-        out.append(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's stage 2/3 "
-                   f"are GPU-only); use sharding: stage1 with a pipeline, or stage{stage} without one")
-    if vpp > 1:
-        out.append(f"virtual_pp_degree: {vpp} (fleet's interleaved schedule) is not supported here: fleet runs it "
-                   f"only above 2 stages with gradient_accumulation_steps >= 2 x stages, and it was not verified; "
-                   f"set it to 1 (the 1F1B schedule with {pp} stages runs)")
+        out.append(f"sharding: stage{stage} with pipeline_parallel_degree {pp} is not supported (fleet's pipeline "
+                   f"shards its optimizer at stage 1; docs/DISTRIBUTED.md says why); use sharding: stage1 with a "
+                   f"pipeline, or stage{stage} without one")
+    if vpp > 1:  # fleet's interleaved 1F1B (PipelineParallelWithInterleave): its own limits, and equal chunks
+        if pp <= 2:
+            out.append(f"virtual_pp_degree: {vpp} needs more than 2 pipeline stages (fleet's interleaved schedule), "
+                       f"pipeline_parallel_degree is {pp}; set virtual_pp_degree to 1 or use 3+ stages")
+        elif layers is not None and layers % (pp * vpp):
+            out.append(f"virtual_pp_degree: {layers} decoder layers do not split into {pp} stages x {vpp} equal "
+                       f"chunks; use a virtual_pp_degree with pipeline_parallel_degree x it dividing {layers}")
+        elif acc is not None and acc < 2 * pp:
+            out.append(f"virtual_pp_degree: fleet's interleaved schedule needs gradient_accumulation_steps >= 2 x "
+                       f"stages ({2 * pp}), got {acc}; raise it or set virtual_pp_degree to 1")
     return out
 
 
@@ -72,19 +82,15 @@ def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, probl
         if t.pipeline_parallel_config:
             notes.append("pipeline_parallel_config: no pipeline (pipeline_parallel_degree 1); ignored")
         return 1, 1
-    refused = layout_refusals(world, pp, vpp, stage, model_cfg.num_hidden_layers)
+    acc = t.gradient_accumulation_steps
+    refused = layout_refusals(world, pp, vpp, stage, model_cfg.num_hidden_layers, acc)
     for line in refused:
         problems.add(line)
     if refused and (world % pp or model_cfg.num_hidden_layers < pp):
         return 1, 1
     problems.run(lambda: notes.extend(parse_pp_config(t.pipeline_parallel_config or "")))
-    if pp > 2 and device == "cpu":
-        notes.append(f"pipeline_parallel_degree: {pp} stages on cpu: in every try here Paddle 3.3.1's gloo failed to "
-                     f"create fleet's groups for more than 2 stages (\"could not join the process group\"); 2 stages "
-                     f"are what CPU verifies (docs/DISTRIBUTED.md)")
-    acc = t.gradient_accumulation_steps
     if 1 <= acc < pp:
         notes.append(f"pipeline_parallel_degree: {acc} micro-batch(es) per step for {pp} stages: each stage idles "
                      f"for {(pp - 1) / (acc + pp - 1):.0%} of the step (the bubble, (P-1)/(m+P-1)); raise "
                      f"gradient_accumulation_steps to at least {4 * pp} to keep it small")
-    return pp, 1
+    return pp, vpp

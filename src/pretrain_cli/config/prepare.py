@@ -182,7 +182,9 @@ def find_resume(run: RunConfig) -> Path | None:
         return None
     from pretrain_cli.storage.checkpoint_index import newest_intact
 
-    return newest_intact(out.output_dir, verify=run.parallel.is_rank0)  # a damaged one is skipped, with a warning
+    # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
+    # the files it reads (`training.weight_source.verify_read`)
+    return newest_intact(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
 
 
 def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:

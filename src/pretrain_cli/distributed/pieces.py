@@ -98,15 +98,20 @@ def mesh_box(global_shape, mesh_shape, coords, shard_dims) -> Box:
 
 def dist_layout(tensor, rank: int) -> tuple[Box, tuple]:
     """(this rank's `Box`, the holders of the same block) for a DistTensor: from its mesh and placements."""
-    mesh = tensor.process_mesh
+    return placed_box(tuple(tensor.shape), tensor.process_mesh, tensor.placements, rank)
+
+
+def placed_box(global_shape, mesh, placements, rank: int) -> tuple[Box, tuple]:
+    """`dist_layout` of a tensor of `global_shape` before it exists: the block `rank` holds under `placements` on
+    `mesh` (what `distributed.materialize` creates), and the ranks holding the same block."""
     ids = np.array(mesh.process_ids).reshape(mesh.shape)
     shard_dims = []
-    for p in tensor.placements:
+    for p in placements:
         if p.is_partial():
             raise ValueError("a Partial tensor has no value of its own to save")
         shard_dims.append(p.get_dim() if p.is_shard() else None)
     coords = tuple(int(c[0]) for c in np.nonzero(ids == rank))
-    box = mesh_box(tuple(tensor.shape), tuple(mesh.shape), coords, shard_dims)
+    box = mesh_box(tuple(global_shape), tuple(mesh.shape), coords, shard_dims)
     # the same block sits on every rank whose coordinates agree on the sharding mesh dims
     index = tuple(slice(None) if d is None else coords[i] for i, d in enumerate(shard_dims))
     return box, tuple(sorted(int(r) for r in np.asarray(ids[index]).ravel()))

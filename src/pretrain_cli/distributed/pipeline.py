@@ -15,37 +15,47 @@ one process does. The gradient norm counts the copy once.
 
 Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
 schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
-step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout.
+step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout. With
+`virtual_pp_degree` V > 1 the decoder is cut into P x V equal chunks, stage s holding chunks s, s + P, ...,
+and fleet's `PipelineParallelWithInterleave` runs them (interleaved 1F1B).
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
 (`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
+Tensor parallelism: every decoder layer is cut to this rank's tp slice before the stages are built
+(`tensor_parallel`), so a stage's items hold slices; each rank writes the slices of its stage (`local_box`).
 
-fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s, and
-PipelineLayer's shared-weight group is created one at a time as well on gloo (`groups_one_at_a_time`).
+fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s and
+`distributed/gloo.py`'s: on gloo PipelineLayer's shared-weight group gets its own store as well, and with more than
+two stages the stage-to-stage sends go over two-rank groups (`neighbour_sends`).
 """
 from __future__ import annotations
 
 import re
 
-from pretrain_cli.distributed.strategy import Strategy
-from pretrain_cli.distributed.topology import groups_one_at_a_time
+from pretrain_cli.distributed.gloo import neighbour_sends, separate_stores
+from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
 
-def stage_of(name: str, bounds: list[int]) -> int:
-    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index."""
+def stage_of(name: str, bounds: list[int], stages: int | None = None) -> int:
+    """The stage that holds (the first copy of) an HF-named tensor, by its global layer index. `bounds` has one
+    part per model chunk; with virtual stages (`stages` < parts) chunk c runs on stage c mod `stages`, as in
+    fleet's interleaved schedule (stage 0 holds chunks 0, P, 2P, ...)."""
+    parts = len(bounds) - 1
     m = re.match(r"model\.layers\.(\d+)\.", name)
     if m:
         i = int(m.group(1))
-        return max(s for s in range(len(bounds) - 1) if bounds[s] <= i)
-    if name.startswith("model.embed_tokens."):
-        return 0
-    return len(bounds) - 2  # model.norm, lm_head
+        chunk = max(s for s in range(parts) if bounds[s] <= i)
+    else:
+        chunk = 0 if name.startswith("model.embed_tokens.") else parts - 1  # model.norm, lm_head: the last
+    return chunk % (stages or parts)
 
 
-def pipeline_configs(loop: Loop) -> dict:
-    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet)."""
+def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
+    """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet). Shapes
+    are sent with every message (evaluation sends another batch size than training); fleet's interleaved schedule
+    insists on its shape cache, which `Pipeline.wrap` then clears after every step instead."""
     return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
-            "p2p_cache_shape": False}  # eval sends another batch size than training
+            "p2p_cache_shape": parallel.virtual_pp_degree > 1}
 
 
 def _layers():
@@ -151,13 +161,19 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     items.append(Final(dec.norm))
     items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
                  if tied else Head(lm.lm_head))
-    bounds = stage_bounds(len(dec.layers), parallel.pp_degree)
+    pp, vpp = parallel.pp_degree, parallel.virtual_pp_degree
+    bounds = stage_bounds(len(dec.layers), pp * vpp)  # one part per model chunk (a stage's, without virtual stages)
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
+    if vpp > 1:  # fleet splits equal chunks itself (a list is read as P parts): config checks layers % (P x V) == 0
+        seg = "layer:^Block$"
     loss = StageLoss(lm)
     gloo = paddle.get_device().startswith("cpu")
-    with groups_one_at_a_time(gloo):  # the tied embedding's first-last stage group
-        layer = PipelineLayer(layers=items, num_stages=parallel.pp_degree, loss_fn=loss, seg_method=seg,
-                              topology=fleet.get_hybrid_communicate_group().topology())  # the run's Topology
+    hcg = fleet.get_hybrid_communicate_group()
+    with separate_stores(gloo):  # the tied embedding's first-last stage group; on gloo the stage-pair groups
+        layer = PipelineLayer(layers=items, num_stages=pp, loss_fn=loss, seg_method=seg, topology=hcg.topology(),
+                              num_virtual_pipeline_stages=vpp)  # the run's Topology
+        if gloo:
+            neighbour_sends(hcg)
     return layer, loss, bounds
 
 
@@ -177,11 +193,19 @@ class Pipelined:
         from pretrain_cli.ops.loss import IGNORE_INDEX
 
         pp = self.engine
+        # fleet's interleaved schedule needs a micro-batch per stage: the batch, then copies whose labels are all
+        # ignored (their loss sums are 0); fleet divides the sum by the micro-batch count, multiplied back below
+        k = pp.num_stages if getattr(pp, "num_model_chunks", 1) > 1 else 1
+        batch, target = inputs_of(ids, extra), labels
+        if k > 1:
+            repeat = lambda t: paddle.concat([t] * k, axis=0)  # noqa: E731  [k * rows, seq_len]
+            batch = tuple(map(repeat, batch)) if isinstance(batch, tuple) else repeat(batch)
+            target = paddle.concat([labels] + [paddle.full_like(labels, IGNORE_INDEX)] * (k - 1), axis=0)
         saved = pp.accumulate_steps, pp.micro_batch_size
-        pp.accumulate_steps, pp.micro_batch_size = 1, ids.shape[0]
+        pp.accumulate_steps, pp.micro_batch_size = k, ids.shape[0]
         self.loss.sum_mode = True
         try:
-            total = pp.eval_batch([inputs_of(ids, extra), labels], compute_loss=True)
+            total = pp.eval_batch([batch, target], compute_loss=True) * k
         finally:
             pp.accumulate_steps, pp.micro_batch_size = saved
             self.loss.sum_mode = False
@@ -196,29 +220,41 @@ def inputs_of(ids, extra: dict):
     return (ids, *doc) if doc else ids
 
 
-class Pipeline(Strategy):
+class Pipeline(FleetHybrid):
     """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
         zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
+        virtual = f" x{parallel.virtual_pp_degree} virtual" if parallel.virtual_pp_degree > 1 else ""
         tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
-        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{tp} x dp {parallel.data_world_size}{zero}"
+        self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
         self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
-        """The stages over `model`'s own sublayers (each decoder layer first cut to this rank's tensor-parallel
-        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters."""
+    def place(self, model, source=None):
+        """The stages over `model`'s own sublayers (each decoder layer then cut to this rank's tensor-parallel
+        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters. A lazily built model
+        gets only this stage's parameters created (from `source`; a tied embedding also on the last stage, whose
+        copy fleet then broadcasts from the first): the other stages' never have storage. An eagerly built one
+        has the others' storage freed. Under tp the stage's tensors are created whole, then cut."""
+        from pretrain_cli.distributed.materialize import fill
+
         self.lm = model
+        if source is not None:
+            stage, last = self.topology.stage, self.parallel.pp_degree - 1
+            bounds = stage_bounds(len(model.model.layers), self.parallel.pp_degree)
+            tied = model.lm_head is None and stage == last
+            fill(model, source, lambda name: stage_of(name, bounds) == stage
+                 or (tied and name == "model.embed_tokens.weight"))
         if self.parallel.tp_degree > 1:
             self._split_tensor_parallel(model)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
-        for p in model.parameters():  # the other stages' layers: built here only to seed every stage alike
-            if id(p) not in held:
-                p._clear_data()  # their storage is freed; names and shapes stay (checkpoint pieces are by name)
+        for p in model.parameters():  # names and shapes stay (checkpoint pieces are by name)
+            if id(p) not in held and p._is_initialized():
+                p._clear_data()
         return layer
 
     def _split_tensor_parallel(self, model) -> None:
@@ -237,23 +273,20 @@ class Pipeline(Strategy):
         from paddle.distributed import fleet
 
         engine = fleet.distributed_model(model)
+        if self.parallel.virtual_pp_degree > 1:
+            engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        self.params = list(model.parameters())
-        self._owned, self._hpo = self.params, None
+        self._params = list(model.parameters())
+        self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
-            self._owned = self._hpo._inner_opt.filter_parameters(self.params, self.hcg)
+            self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
         counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
         sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
         self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return Pipelined(engine, self.loss), optimizer
-
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp):
@@ -271,12 +304,13 @@ class Pipeline(Strategy):
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        if self._hpo is not None:
-            self._hpo._hybrid_sync_grad(self.params)  # reduce to each parameter's owner (+ the dp all-reduce)
-        elif self.parallel.data_world_size > 1:
+        """ZeRO-1: fleet's optimizer (`FleetHybrid`); else the mean over the data-parallel replicas of this stage."""
+        if self._hpo is None and self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-            fused_allreduce_gradients(self.params, self.hcg)  # mean over the data-parallel replicas of this stage
+            fused_allreduce_gradients(self._params, self.hcg)
+        else:
+            super().sync_grads()
 
     def grad_params(self, model) -> list:
         return self._owned
@@ -298,18 +332,14 @@ class Pipeline(Strategy):
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
 
-    def step(self, optimizer) -> None:
-        if self._hpo is None:
-            return super().step(optimizer)
-        self._hpo._step(self.params)  # update owned parameters, then broadcast them; grads already synced
-
     # ------------------------------------------------------------------ checkpoints
     def pieces(self, model, optimizer=None) -> list:
         """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
         train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
         embedding's copy on the last stage is the first stage's tensor: written once, from there."""
         stage = self.topology.stage
-        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds) == stage]
+        pp = self.parallel.pp_degree
+        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds, pp) == stage]
 
     def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
         """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only

@@ -34,13 +34,18 @@ class SemiAuto(Strategy):
         self.vocab = parallel.vocab_parallel  # config.resolve: the embedding and LM head split over the vocabulary
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
+    def place(self, model, source=None):
+        """A lazily built model's parameters are created here at their final size from `source`
+        (`distributed.materialize`): TP slices at once; under ZeRO-3 they stay without storage until
+        `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
         p = self.parallel
         self.mesh = self.topology.mesh()
         use_local_kernels(model, self.hook)
+        self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
+        self._names = {id(param): name for name, param in model.named_parameters()}
         if self.hook:
             for param in model.parameters():
                 param.register_hook(to_replicated)  # before shard_optimizer registers its own
@@ -62,18 +67,30 @@ class SemiAuto(Strategy):
 
         leaf = name.rsplit(".", 1)[-1]
         if leaf in COLUMN:
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
             if layer.bias is not None:
-                layer.bias = dist.shard_tensor(layer.bias, mesh, self._placements(0))
+                layer.bias = self._place(name, "bias", layer.bias, mesh, self._placements(0))
         elif leaf in ROW:
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
         elif self.vocab and name == "model.embed_tokens":  # [vocab, hidden]
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(0))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
         elif self.vocab and name == "lm_head":  # [hidden, vocab]
-            layer.weight = dist.shard_tensor(layer.weight, mesh, self._placements(1))
+            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
         for key, param in list(layer._parameters.items()):
             if param is not None and not param.is_dist():
-                layer.add_parameter(key, dist.shard_tensor(param, mesh, self._placements()))
+                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements()))
+
+    def _place(self, layer_name: str, key: str, param, mesh, placements):
+        """`param` with `placements` (the "mp" layout): a whole (eagerly built) tensor is cut by
+        `dist.shard_tensor`; a lazy one is created as this rank's block (ZeRO-3: left lazy for `wrap`)."""
+        import paddle.distributed as dist
+
+        from pretrain_cli.distributed.materialize import fill_placed, pending
+
+        if not pending(param) or self.parallel.sharding_stage == 3:
+            return dist.shard_tensor(param, mesh, placements)
+        name = f"{layer_name}.{key}" if layer_name else key
+        return fill_placed(name, param, self._source, mesh, placements, self.parallel.rank)
 
     def _gather_embedding_on_use(self, model) -> None:
         """ZeRO-3 keeps the embedding as [Shard on dp, Shard(0) on mp when vocab-split], which the lookup's SPMD
@@ -101,13 +118,32 @@ class SemiAuto(Strategy):
 
         stage = self.parallel.sharding_stage
         if stage:
-            sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[stage]
+            sharding = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: self._stage3()}[stage]
             optimizer = dist.shard_optimizer(optimizer, sharding("dp", self.mesh))
         else:
             # AdamW's own accumulator creation keeps a whole dense copy of every moment next to the sharded
             # one (2x the optimizer state, measured); the wrapper creates them with the parameters' placements
             optimizer = dist.shard_optimizer(optimizer)
         return model, optimizer
+
+    def _stage3(self):
+        """`dist.ShardingStage3` whose parameter sharding creates a lazy parameter directly as its dp shard (the
+        placements its own rule, `get_placement_with_sharding`, gives), from `place`'s source."""
+        import paddle.distributed as dist
+        from paddle.distributed.auto_parallel.sharding import get_placement_with_sharding
+
+        from pretrain_cli.distributed.materialize import fill_placed, pending
+
+        source, names, rank = self._source, self._names, self.parallel.rank
+
+        class CreatedSharded(dist.ShardingStage3):
+            def _shard_parameter(self, param):
+                if not (param.is_dist() and pending(param)):
+                    return super()._shard_parameter(param)
+                placements = get_placement_with_sharding(param, self._sharding_axis)
+                fill_placed(names[id(param)], param, source, param.process_mesh, placements, rank)
+
+        return CreatedSharded
 
     def wrap_scaler(self, scaler):
         import paddle.distributed as dist
@@ -147,3 +183,4 @@ class SemiAuto(Strategy):
         if not all(p.is_replicated() for p in tensor.placements):
             tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() for _ in tensor.placements])
         return tensor._local_value()
+

@@ -6,7 +6,7 @@
 | data parallel | `DataParallel` | `paddle.DataParallel` |
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
-| `pipeline_parallel_degree > 1` (with dp) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B) |
+| `pipeline_parallel_degree > 1` (with tp, dp, stage1) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
 | `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
 | ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
 """
@@ -33,7 +33,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         fleet_engine = parallel.engine in ("pipeline", "fleet_zero1") or (parallel.engine == "context_parallel"
                                                                           and parallel.sharding_stage == 1)
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
-            pipeline = pipeline_configs(loop) if parallel.engine == "pipeline" else None
+            pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
             Topology.of(parallel).init_fleet(seed, pipeline)
         else:
             dist.init_parallel_env()

@@ -48,8 +48,14 @@ class Strategy:
         self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
-    def place(self, model):
-        """Lay the parameters out over the processes; before the optimizer is created."""
+    def place(self, model, source=None):
+        """Lay the parameters out over the processes; before the optimizer is created. `source`
+        (`distributed.materialize`): where a lazily built model's parameters get their values; every layout
+        creates only what this rank holds (here: everything, whole, one parameter at a time)."""
+        if source is not None:
+            from pretrain_cli.distributed.materialize import fill
+
+            fill(model, source)
         return model
 
     def wrap(self, model, optimizer):
@@ -166,7 +172,30 @@ class DataParallel(Strategy):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
 
 
-class FleetZero1(DataParallel):
+class FleetHybrid(Strategy):
+    """The step through fleet's hybrid-parallel optimizer (`fleet.distributed_optimizer`: ZeRO-1's
+    `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
+    the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
+
+    _hpo = None
+    _params: list = []
+
+    def wrap_scaler(self, scaler):
+        from paddle.distributed import fleet
+
+        return fleet.distributed_scaler(scaler)
+
+    def sync_grads(self) -> None:
+        if self._hpo is not None:
+            self._hpo._hybrid_sync_grad(self._params)  # reduce to each parameter's owner (+ the dp all-reduce)
+
+    def step(self, optimizer) -> None:
+        if self._hpo is None:
+            return super().step(optimizer)
+        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
+
+
+class FleetZero1(FleetHybrid, DataParallel):
     """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
 
     name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
@@ -183,14 +212,6 @@ class FleetZero1(DataParallel):
         self._owned = self._dso.filter_parameters(self._params, hcg)
         return model, self._hpo
 
-    def wrap_scaler(self, scaler):
-        from paddle.distributed import fleet
-
-        return fleet.distributed_scaler(scaler)
-
-    def sync_grads(self) -> None:
-        self._hpo._hybrid_sync_grad(self._params)  # reduce to the owning sharding rank (+ dp all-reduce)
-
     def grad_params(self, model) -> list:
         return self._owned
 
@@ -199,9 +220,6 @@ class FleetZero1(DataParallel):
 
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)  # owners hold disjoint parameters
         return sq
-
-    def step(self, optimizer) -> None:
-        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
 
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other

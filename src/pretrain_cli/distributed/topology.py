@@ -25,9 +25,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-AXES = ("pp", "dp", "sharding", "cp", "mp")  # outermost first
-# our axis -> fleet's hybrid_configs degree key; fleet's own order list names every axis it knows
-FLEET_KEYS = {"pp": "pp_degree", "dp": "dp_degree", "sharding": "sharding_degree", "mp": "mp_degree"}
+from pretrain_cli.distributed.gloo import separate_stores
+
+# axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
+AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
+        "sharding": ("sharding_degree", "sharding_degree"),
+        "cp": ("cp_degree", None),  # context parallelism (distributed.context): no fleet axis, see fleet_hybrid_configs
+        "mp": ("tp_degree", "mp_degree")}
 FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
 
 
@@ -48,7 +52,8 @@ def rank_of(coords: dict, degrees: dict) -> int:
 
 @dataclass(frozen=True)
 class Topology:
-    """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process."""
+    """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process. Pure arithmetic until a method
+    builds one of the engines' views (`init_fleet`, `mesh`)."""
 
     degrees: tuple
     rank: int = 0
@@ -57,9 +62,8 @@ class Topology:
     @functools.lru_cache(maxsize=None)
     def of(parallel) -> "Topology":
         """The topology of a resolved `ParallelConfig` (the same object for the same config)."""
-        sizes = {"pp": parallel.pp_degree, "dp": parallel.dp_degree, "sharding": parallel.sharding_degree,
-                 "cp": parallel.cp_degree, "mp": parallel.tp_degree}
-        topo = Topology(tuple((axis, sizes[axis]) for axis in AXES), parallel.rank)
+        sizes = {axis: getattr(parallel, degree) for axis, (degree, _) in AXES.items()}
+        topo = Topology(tuple(sizes.items()), parallel.rank)
         if topo.world_size != parallel.world_size:
             raise ValueError(f"degrees {sizes} make {topo.world_size} ranks, the world is {parallel.world_size}")
         return topo
@@ -122,7 +126,7 @@ class Topology:
     # ------------------------------------------------------------------ the engines' views of it
     def fleet_hybrid_configs(self) -> dict:
         """fleet's `hybrid_configs` degrees and axis order for this topology."""
-        out = {FLEET_KEYS[a]: n for a, n in self.degrees if a in FLEET_KEYS}
+        out = {AXES[a][1]: n for a, n in self.degrees if AXES[a][1]}
         out["sharding_degree"] *= self.sizes.get("cp", 1)  # ZeRO-1 under context parallelism shards over cp too
         out["order"] = list(FLEET_ORDER)
         return out
@@ -130,7 +134,7 @@ class Topology:
     def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
         run. On CPU two workarounds (PADDLE_PARALLEL_CPU facts in docs/DISTRIBUTED.md): unbatched stage-to-stage
-        sends, and gloo groups created one at a time (`groups_one_at_a_time`); a pipeline also needs
+        sends, and a TCP store of its own for each gloo group (`gloo.separate_stores`); a pipeline also needs
         `ParallelEnv._device_id`, which the CPU build never sets, and whole activations sent between stages
         (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
         import paddle
@@ -146,7 +150,7 @@ class Topology:
             if not hasattr(dist.ParallelEnv(), "_device_id"):
                 dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
         strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-        with groups_one_at_a_time(cpu):
+        with separate_stores(cpu):
             fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
         for axis, get in (("pp", hcg.get_pipe_parallel_group), ("mp", hcg.get_model_parallel_group)):
@@ -162,35 +166,3 @@ class Topology:
             raise ValueError("the semi-auto mesh has no pipeline axis")
         ranks = np.arange(self.world_size).reshape(self.data_world_size, self.degree("mp"))  # [dp, mp]
         return dist.ProcessMesh(ranks.tolist(), dim_names=["dp", "mp"])
-
-
-class groups_one_at_a_time:
-    """Each `new_group` followed by a barrier of every rank (on gloo only). With gloo, two disjoint groups created
-    at once (the "dp" groups {0,2} and {1,3} of pp2 x dp2) fail to connect ("Connection refused", then a timeout)
-    in Paddle 3.3.1; created one at a time they connect. Every rank creates every group in the same order
-    (fleet's topology and PipelineLayer's shared-weight groups do), so the barrier is matched."""
-
-    def __init__(self, gloo: bool = True):
-        self.gloo = gloo
-
-    def __enter__(self):
-        if not self.gloo:
-            return self
-        import paddle.distributed as dist
-
-        self.plain = plain = dist.new_group
-
-        def new_group(*args, **kwargs):
-            group = plain(*args, **kwargs)
-            dist.barrier()
-            return group
-
-        dist.new_group = new_group
-        return self
-
-    def __exit__(self, *exc):
-        if self.gloo:
-            import paddle.distributed as dist
-
-            dist.new_group = self.plain
-        return False

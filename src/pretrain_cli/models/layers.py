@@ -2,8 +2,9 @@
 q/k RMSNorm when the family has it), SwiGLU MLP.
 
 Every op that has a fused variant goes through `kernels` so the layer code is the same on
-CPU and GPU. Init follows PaddleNLP `_init_weights` (ARCHITECTURE.md facts: init) and is drawn from
-Paddle's global generator in construction order, so `paddle.seed(s)` fixes the weights.
+CPU and GPU. Init follows PaddleNLP `_init_weights` (ARCHITECTURE.md facts: init): built eagerly, the weights
+are drawn from Paddle's global generator in construction order, so `paddle.seed(s)` fixes them; `train` builds
+lazily and creates each rank's blocks by the same distributions from `models.init`'s per-tensor rule.
 """
 from __future__ import annotations
 

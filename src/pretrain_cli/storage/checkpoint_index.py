@@ -176,19 +176,20 @@ def write_index(directory, index: dict) -> None:
     atomic.write_json(Path(directory) / INDEX, index)
 
 
-def newest_intact(output_dir, verify: bool = True) -> Path | None:
-    """The newest `checkpoint-N` of `output_dir` that `damage` finds intact (None when there is none at all).
-    A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError (exit 2).
-    `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest unchecked."""
+def newest_intact(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
+    """The newest `checkpoint-N` of `output_dir` (N < `before` when given) that `damage` finds intact (None when
+    there is none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a
+    UserError (exit 2). `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest
+    unchecked; `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
     import logging
 
     from pretrain_cli.run_dir import list_checkpoints
 
-    ckpts = list_checkpoints(output_dir)
+    ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
     if not verify or not ckpts:
         return ckpts[-1][1] if ckpts else None
     for _, path in reversed(ckpts):
-        reason = damage(path)
+        reason = damage(path, checksums)
         if reason is None:
             return path
         logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "

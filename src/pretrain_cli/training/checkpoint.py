@@ -102,6 +102,12 @@ def open_reader(ckpt: Path, kind: str):
     return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
 
 
+def files_opened(reader) -> list:
+    """The files a reader of `open_reader` opened (a sharded checkpoint's: only those its blocks touched)."""
+    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
+    return [f.path for f in opened]
+
+
 def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
     """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
     if code == "BF16":
@@ -153,7 +159,8 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
 def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     """The checkpoint's optimizer state into an optimizer that is already AMP-decorated and laid out: for every
     accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
-    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n}."""
+    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n, "files": the
+    files read}."""
     import paddle
 
     from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
@@ -182,7 +189,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
-        return {"bytes_read": reader.bytes_read}
+        return {"bytes_read": reader.bytes_read, "files": files_opened(reader)}
     finally:
         reader.close()
 

@@ -14,13 +14,14 @@ from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
-from pretrain_cli.training import checkpoint, metrics, run_lock
+from pretrain_cli.training import checkpoint, metrics, run_lock, startup
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
+from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_read
 from pretrain_cli.run_config import RunConfig
 
 
@@ -47,7 +48,7 @@ def _run(spec) -> int:
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
-    model = build_model(r, spec.model_cfg, spec.model_dir)
+    model = build_model(r, spec.model_cfg)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
@@ -56,10 +57,20 @@ def _run(spec) -> int:
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
-    state = restore_weights(model, spec, resume)
-    layout = lay_out(r, model, comm, resume)  # a bad checkpoint fails here, before output_dir is touched
+    pretrained = spec.model_dir if r.model.continue_training else None
+    while True:  # a bad checkpoint fails here, before output_dir is touched
+        state = restore_weights(model, spec, resume)
+        try:
+            layout = lay_out(r, model, comm, resume, pretrained)
+            break
+        except DamagedCheckpoint as e:
+            resume = previous_checkpoint(spec, resume, e)
+            model = build_model(r, spec.model_cfg)
+    started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
+    writer = open_output_dir(spec, state)
+    startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
-        writer=open_output_dir(spec, state), throughput=build_throughput(spec),
+        writer=writer, throughput=build_throughput(spec),
         saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save),
         rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
@@ -68,6 +79,25 @@ def _run(spec) -> int:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
     return finish(spec, trainer, comm)
+
+
+def previous_checkpoint(spec, damaged: Path, e: DamagedCheckpoint) -> Path:
+    """Where to resume when the files of `damaged` were found altered while reading it: the next older intact
+    checkpoint (every rank lists and size-checks the same shared directory, so all choose the same); none left,
+    or a checkpoint the file named (`resume_from_checkpoint`): one line, exit 2."""
+    from pretrain_cli.run_dir import list_checkpoints
+    from pretrain_cli.storage.checkpoint_index import newest_intact
+
+    out = spec.run.output
+    if out.resume_from:
+        raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
+    log.warning(f"not resuming from {damaged.name}: {e}; trying the previous checkpoint")
+    step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
+    older = newest_intact(out.output_dir, checksums=False, before=step)
+    if older is None:
+        raise UserError(f"{out.output_dir}: every checkpoint is damaged (the oldest: {e}); remove them to start "
+                        f"over, or set overwrite_output_dir: true")
+    return older
 
 
 def rebuild(spec, comm, path) -> Layout:
@@ -89,60 +119,80 @@ def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
     return Trainer(lay_out(run, model, comm, resume), splits, run, comm)
 
 
-def lay_out(run: RunConfig, model, comm, resume=None) -> Layout:
+def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
-    `assemble`)."""
+    `assemble`). A lazily built model's parameters are created by the layout, each rank only its own blocks
+    (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
+    initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
+    every rank when any rank found one altered)."""
+    from pretrain_cli.distributed.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
+    lazy = any(pending(p) for p in model.parameters())
+    weights = resume if resume is not None else pretrained
+    source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
+              if lazy and weights is not None else InitSource(model.config, run.loop.seed, runtime.threads()))
+    try:
+        apply_recompute(model, run.recompute)
+        step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
+        strategy = build_strategy(run.parallel, run.device, step_kernels)
+        raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
+        model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists
+        optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
+                                    adamw=step_kernels.adamw)
+        model, optimizer, amp = build_amp(model, optimizer, run.precision)
+        if run.precision.master_weights:  # O2 cast what exists; what is created later (ZeRO-3) is created cast
+            source.dtype = run.precision.amp_dtype
+        if run.kernels.to_static:
+            from pretrain_cli.ops.kernels import compile_forward
 
-    apply_recompute(model, run.recompute)
-    step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
-    strategy = build_strategy(run.parallel, run.device, step_kernels)
-    raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
-    model = strategy.place(model)  # tensor-parallel / replicated placements: before the optimizer exists
-    optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
-                                adamw=step_kernels.adamw)
-    model, optimizer, amp = build_amp(model, optimizer, run.precision)
-    if run.kernels.to_static:
-        from pretrain_cli.ops.kernels import compile_forward
-
-        model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
-    model, optimizer = strategy.wrap(model, optimizer)
-    amp.wrap_scaler(strategy.wrap_scaler)
-    if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
-        if run.parallel.engine == "semi_auto":  # laid out now: each rank reads only the blocks it holds
-            read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
-        else:  # whole weights, read before the layout existed (`restore_weights`)
-            read = checkpoint.weight_bytes(resume)
-        strategy.resume_bytes_read = read + checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)["bytes_read"]
+            model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
+        model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
+        amp.wrap_scaler(strategy.wrap_scaler)
+        if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
+            if lazy:  # each rank read only the blocks it holds
+                read = source.bytes_read
+            elif run.parallel.engine == "semi_auto":  # an eager model: its blocks read into the layout
+                read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
+            else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
+                read = checkpoint.weight_bytes(resume)
+            opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
+            strategy.resume_bytes_read = read + opt["bytes_read"]
+            reason = verify_read(resume, (source.files if lazy else []) + opt["files"])
+            if comm.any(reason is not None):  # every rank learns it, in the same collective
+                raise DamagedCheckpoint(reason)
+    finally:
+        if isinstance(source, WeightSource):
+            source.close()
     return Layout(model, optimizer, amp, strategy, raw_model)
 
 
-def build_model(run: RunConfig, model_cfg, model_dir=None):
-    """Seeded single-device model with the kernels the run asked for (and pretrained weights if asked)."""
+def build_model(run: RunConfig, model_cfg):
+    """The single-device model with the kernels the run asked for, built lazily (`paddle.LazyGuard`: names,
+    shapes and dtypes, no storage): `lay_out` creates on each rank only what it holds (initialised, or read
+    from a checkpoint or `continue_training`'s pretrained weights)."""
     import paddle
 
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
     paddle.seed(run.loop.seed)
-    model = build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
-    if run.model.continue_training:
-        from pretrain_cli.models.convert import load_weights
-
-        load_weights(model, model_cfg, str(model_dir))
-    return model
+    with paddle.LazyGuard():
+        return build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
 
 
 def restore_weights(model, spec, resume) -> dict | None:
-    """The checkpoint's trainer state, after loading its weights (None when starting fresh)."""
+    """The checkpoint's trainer state, after checking it fits the model (None when starting fresh). Its weights
+    are read by `lay_out`, each rank only its blocks; an eagerly built model (tests) gets them whole here."""
     if resume is None:
         return None
+    from pretrain_cli.distributed.materialize import pending
     from pretrain_cli.models.convert import load_weights
 
     checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
     state = checkpoint.read_state(resume)
-    if spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out, in `assemble`)
+    eager = not any(pending(p) for p in model.parameters())
+    if eager and spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
         load_weights(model, spec.model_cfg, str(resume))
     return state
 

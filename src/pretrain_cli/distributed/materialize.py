@@ -1,0 +1,81 @@
+"""Creating a lazily built model's parameters on the rank that holds them, at the size it holds them.
+
+`training.run.build_model` builds the single-device model under `paddle.LazyGuard`: every parameter has
+its name, shape and dtype but no storage. The layout (`Strategy.place`) then creates, parameter by
+parameter, only this rank's block, from a `Source`:
+
+- `InitSource`: the run's initial values (`models.init.block`: a pure function of seed, HF name and block,
+  so a ZeRO-3 shard or TP slice is exactly its slice of one process's tensor);
+- `CheckpointSource`: the block read from a checkpoint or a Hugging Face / PaddleNLP directory (byte ranges
+  of the tensors this rank holds; see `training.checkpoint.block_source`).
+
+Parameters a rank does not hold (another pipeline stage's) are never created. The transient while
+creating one is the block's host copy plus, for the initialiser, one drawn chunk (`models.init.CHUNK`);
+a parameter that already has storage (an eagerly built model, as tests and the benchmark harness pass) is
+left as it is.
+"""
+from __future__ import annotations
+
+from pretrain_cli.distributed.pieces import Box, placed_box
+
+
+class InitSource:
+    """The initial values of `cfg`'s parameters for run seed `seed`."""
+
+    dtype = None  # the dtype blocks are created in: the parameter's, or (set by `lay_out` after AMP's O2 cast) O2's
+
+    def __init__(self, cfg, seed: int, workers: int = 1):
+        """`workers`: the threads drawing a tensor's chunks at once (the process's CPU threads)."""
+        self.cfg, self.seed, self.workers = cfg, seed, workers
+
+    def __call__(self, name: str, box: Box):
+        from pretrain_cli.models.init import block
+
+        return block(self.cfg, self.seed, name, box.global_shape, box.offsets, box.shape, self.workers)
+
+
+def pending(param) -> bool:
+    """Whether `param` was built lazily and has no storage yet."""
+    return not param._is_initialized()
+
+
+def whole_box(param) -> Box:
+    shape = tuple(int(d) for d in param.shape)
+    return Box(shape, (0,) * len(shape), shape)
+
+
+def fill_whole(name: str, param, source) -> None:
+    """Create `param` whole on this rank from `source`: the host block is copied straight into the parameter's
+    new storage (no Paddle tensor in between: the transient is the one host block)."""
+    import paddle
+
+    value = source(name, whole_box(param))
+    if str(param.dtype).split(".")[-1] != "float32":
+        value = paddle.to_tensor(value).astype(param.dtype)
+    param.set_value(value)
+
+
+def fill_placed(name: str, param, source, mesh, placements, rank: int):
+    """`param` as a DistTensor parameter on `mesh` with `placements`, created from this rank's block only
+    (what `dist.shard_tensor` would cut from the whole tensor, without the whole tensor ever existing). The
+    parameter object stays the same (a lazy DistTensor parameter, placed without storage, takes `placements`)."""
+    import paddle
+    from paddle.distributed.auto_parallel.api import dtensor_from_local
+
+    box, _ = placed_box(tuple(int(d) for d in param.shape), mesh, placements, rank)
+    local = paddle.to_tensor(source(name, box))
+    dtype = source.dtype or param.dtype  # (a storage-less parameter keeps its dtype through AMP's O2 cast)
+    if local.dtype != dtype:
+        local = local.astype(dtype)
+    param._set_impl(dtensor_from_local(local, mesh, placements))  # the same parameter object, now placed
+    return param
+
+
+def fill(model, source, keep=None) -> int:
+    """Create every pending parameter of `model` whole (those `keep(name)` accepts, if given); returns how many."""
+    done = 0
+    for name, param in model.named_parameters():
+        if pending(param) and (keep is None or keep(name)):
+            fill_whole(name, param, source)
+            done += 1
+    return done

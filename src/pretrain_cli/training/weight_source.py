@@ -1,0 +1,122 @@
+"""Weights on disk as a `distributed.materialize` source: each rank reads only the blocks of the tensors it holds.
+
+Resuming from a checkpoint (any layout's: whole tensors or pieces with `checkpoint.index.json`), a spike
+rollback's rebuild, and `continue_training` from a Hugging Face or PaddleNLP directory all build the model
+lazily and hand this to the layout (`Strategy.place`): a ZeRO-3 shard, a TP slice or a pipeline stage is read
+as the byte ranges of its own block (`storage.shard_files.File.read`, `checkpoint_index.Reader.read`), in
+Paddle's layout, fp32; nothing else of the files is read. Names, layouts and shapes are checked as the
+whole-model loader (`models.convert.load_hf_state_dict`) checks them, before any block is read.
+
+A checkpoint's checksums are verified the same way: rank 0 checks only that its files are present and of the
+recorded sizes (`config.prepare.find_resume`); each rank then checks the crc32 of the files it read
+(`verify_read`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from pretrain_cli.errors import UserError
+
+
+class DamagedCheckpoint(UserError):
+    """Some rank found a file it read not matching its checksum (`reason`: this rank's finding, or None). `train`
+    then resumes from the previous checkpoint; where nothing catches it (a spike rollback's rebuild), one line."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(reason or "a file another rank read does not match its checksum (see its workerlog)")
+        self.reason = reason
+
+
+def verify_read(ckpt, files) -> str | None:
+    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) does not match the checksum its
+    index records, or None (also for a checkpoint from before the index, which records none)."""
+    from pretrain_cli.storage import checkpoint_index
+    from pretrain_cli.storage.shard_files import checksum
+
+    index = checkpoint_index.load(ckpt)
+    if index is None:
+        return None
+    for path in sorted({Path(f) for f in files}):
+        want = index["files"].get(path.name)
+        if want is not None and checksum(path)["crc32"] != want["crc32"]:
+            return f"{path} does not match its checksum"
+    return None
+
+
+class WeightSource:
+    """The weights of checkpoint or model directory `path` for `model` (lazily built: names and shapes)."""
+
+    dtype = None  # as `distributed.materialize.InitSource.dtype`
+
+    def __init__(self, path, model, what: str = "checkpoint"):
+        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_param_names
+        from pretrain_cli.training.checkpoint import open_reader
+
+        self.reader, self.where = open_reader(Path(path), "weights")
+        stored = {n: t for n, t in self.reader.index["tensors"].items() if "/" not in n}
+        layout = detect_layout({n: SimpleNamespace(shape=tuple(t["shape"])) for n, t in stored.items()}, model)
+        self.names = {}  # ours -> (stored name, stored transposed)
+        for ours, (hf, transpose) in hf_param_names(model).items():
+            self.names[ours] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
+                                transpose and layout == "hf")
+        params = dict(model.named_parameters())
+        tied = model.lm_head is None
+        for ours, (name, transpose) in self.names.items():
+            if name not in stored:
+                self.close()
+                raise UserError(f"{self.where}: tensor {name!r} is missing; the {what} does not match config.json")
+            want = list(reversed(params[ours].shape)) if transpose else list(params[ours].shape)
+            if list(stored[name]["shape"]) != want:
+                self.close()
+                raise UserError(f"{self.where}: tensor {name!r} has shape {list(stored[name]['shape'])} but config.json "
+                                f"implies {want}; use the config.json that belongs to these weights")
+        known = {name for name, _ in self.names.values()}
+        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES)
+                       and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
+        if extra:
+            self.close()
+            raise UserError(f"{self.where}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected in total); the "
+                            f"{what} does not match config.json")
+
+    def _zero_bias(self, name: str) -> bool:
+        """PaddleNLP's Qwen3 may save all-zero q/k/v biases the model has not: exactly no bias."""
+        from pretrain_cli.models.convert import _QKV_BIASES
+
+        return name.endswith(_QKV_BIASES) and not np.asarray(self.reader.read(name)).any()
+
+    def __call__(self, name: str, box):
+        from pretrain_cli.training.checkpoint import _as_float32
+
+        stored, transpose = self.names[name]
+        where = box.transposed() if transpose else box
+        arr = _as_float32(self.reader.read(stored, where.offsets, where.shape),
+                          self.reader.index["tensors"][stored]["dtype"])
+        return np.ascontiguousarray(arr.T if transpose else arr)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read
+
+    @property
+    def files(self) -> list:
+        from pretrain_cli.training.checkpoint import files_opened
+
+        return files_opened(self.reader)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _stored_name(hf: str, stored: dict) -> str:
+    """A PaddleNLP file's name for HF name `hf`: the family prefix (`llama.`, `qwen2.`) instead of `model.`, or
+    `model.` kept (PaddleNLP's Qwen3)."""
+    from pretrain_cli.models.convert import PADDLENLP_PREFIXES
+
+    if hf.startswith("model."):
+        for prefix in PADDLENLP_PREFIXES:
+            if prefix + hf[len("model."):] in stored:
+                return prefix + hf[len("model."):]
+    return hf
