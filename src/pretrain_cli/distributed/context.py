@@ -299,9 +299,12 @@ class _Context:
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
                      f"attention over the gathered K/V){self.zero}")
 
-    def place(self, model):
+    def place(self, model, source=None):
+        """The data-parallel placement (whole parameters, created from `source` when built lazily), then the
+        attention and RoPE table swapped for the context-parallel ones."""
         from pretrain_cli.models.layers import CoreAttention
 
+        model = super().place(model, source)
         self.group, _ = cp_group(self.parallel)
         for layer in model.sublayers():
             if isinstance(layer, CoreAttention):
