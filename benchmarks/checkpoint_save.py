@@ -62,10 +62,18 @@ def launch(src: Path, cfg: dict, root: Path, name: str, nproc: int) -> Path:
 
 
 def old_tree(rev: str, dest: Path) -> Path:
-    """`src/` and `scripts/` of commit `rev`, extracted (no checkout, no change to the repository); its src/."""
+    """`src/` and `scripts/` of commit `rev`, extracted (no checkout, no change to the repository); its src/.
+    The benchmark needs the repository's history (a test must not): it says so when the commit is missing, and
+    checks that the extracted code is the save it compares against (the one that gathered onto rank 0)."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src", "scripts"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src", "scripts"], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--old-rev {rev}: not in this repository's history ({archive.stderr.decode().strip()}); "
+                         f"use a full clone, or --old-src with that commit's src/")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    strategy = dest / "src" / "pretrain_cli" / "distributed" / "strategy.py"
+    if not (dest / "scripts" / "run_pretrain.py").is_file() or "def gather_optimizer_state" not in strategy.read_text():
+        raise SystemExit(f"--old-rev {rev}: not the code that gathered the checkpoint onto rank 0")
     return dest / "src"
 
 

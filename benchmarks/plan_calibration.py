@@ -163,7 +163,7 @@ import numpy as np
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 from pretrain_cli.config.parser import parse_config
-from pretrain_cli.config.prepare import build_model_config, launcher_target
+from pretrain_cli.orchestration.prepare import build_model_config, launcher_target
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.distributed.comm import build_comm
 from pretrain_cli.distributed.setup import init_process_group
@@ -197,8 +197,9 @@ def measure_layout(args_path: Path, nproc: int, log_dir: Path) -> dict:
     child = log_dir.parent / "layout_child.py"
     child.write_text(_LAYOUT_CHILD)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(log_dir),
-           str(child), str(args_path)]
+    ports = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "job.py"), "ports", "--"]  # a held block
+    cmd = [*ports, sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
+           str(log_dir), str(child), str(args_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     results = [json.loads(line.split("RESULT ", 1)[1]) for f in sorted(log_dir.glob("workerlog.*"))
                for line in f.read_text(errors="replace").splitlines() if line.startswith("RESULT ")]

@@ -127,7 +127,8 @@ def _run_worker(kind: str, name: str, a) -> dict:
         if kind == "paddle" and a.procs > 1:
             cores = len(os.sched_getaffinity(0))
             cmd += ["--threads", str(max(1, cores // a.procs))]
-            cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(a.procs),
+            ports = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "job.py"), "ports", "--"]
+            cmd = [*ports, sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(a.procs),
                    "--log_dir", str(Path(tmp) / "log"), "--log_overwrite", "True", *cmd[1:]]
         elif a.threads:
             cmd += ["--threads", str(a.threads)]

@@ -10,7 +10,8 @@
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
 #      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
-#      checkpoint of output_dir; also passed to the launcher as --max_restart),
+#      checkpoint of output_dir; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
+#      times; also passed to the launcher as --max_restart),
 #      LAUNCH_LOG_LEVEL (the launcher's own log level, default WARNING: its ~30 `LAUNCH INFO` lines of
 #      configuration say nothing a user acts on; INFO brings them back), OMP_NUM_THREADS (threads per process:
 #      kept as PRETRAIN_CLI_THREADS, since the launcher's own Paddle import pins OMP_NUM_THREADS=1 for every
@@ -72,27 +73,43 @@ else
   # beats one process per core; the math environment (threads, MKL's code path on AMD) is set by runtime.setup_env.
   args+=(--nproc_per_node "${NPROC:-1}")
 fi
-cmd=("$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@")
+# Every launch holds its own block of rendezvous ports (job.py ports: a host-wide lock per block, PORT_RANGE
+# for the launcher), so two jobs started at once on this host never join each other's store.
+cmd=("$PY" "$HERE/job.py" ports -- "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@")
 max_restart=${MAX_RESTART:-0}
-if [ "$max_restart" = "0" ]; then
-  exec "${cmd[@]}"
-fi
-# Restart the whole job when it fails (a killed or crashed rank makes Paddle's launcher stop the other ranks
-# and exit non-zero; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
+# Each rank records how it ended in $PRETRAIN_CLI_VERDICTS; job.py decide turns them into the job's exit code
+# and the next action (Paddle's launcher exits with the lowest failed rank's code, often a rank stopped because
+# another died): a usage error on any rank exits 2 and is never retried; a failed rendezvous is retried with
+# new ports (up to 3 times, not counted as restarts); any other failure exits with the code of the rank that
+# failed first, and restarts the job while MAX_RESTART allows (a killed or crashed rank makes Paddle's launcher
+# stop the others; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
 # resumes from the newest complete checkpoint: `--overwrite_output_dir false` makes sure a run started with
-# overwrite_output_dir: true continues rather than starting over. Exit 2 is a usage error (bad argument
-# file, spike or NaN stop): restarting would only repeat it.
+# overwrite_output_dir: true continues rather than starting over.
+verdicts=$(mktemp -d "${TMPDIR:-/tmp}/pretrain-cli-verdicts.XXXXXX")
+trap 'rm -rf "$verdicts"' EXIT
+export PRETRAIN_CLI_VERDICTS=$verdicts
 attempt=0
+rendezvous=0
+extra=()
 while true; do
-  if [ "$attempt" -eq 0 ]; then
-    "${cmd[@]}" && exit 0 || rc=$?
-  else
-    "${cmd[@]}" --overwrite_output_dir false && exit 0 || rc=$?
+  rm -f "$verdicts"/rank-*.json
+  rc=0
+  "${cmd[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
+  if [ "$rc" -eq 0 ]; then exit 0; fi
+  read -r code action < <("$PY" "$HERE/job.py" decide "$verdicts" "$rc" 2>/dev/null || echo "$rc retry")
+  if [ "$action" = "stop" ]; then exit "$code"; fi
+  if [ "$action" = "rendezvous" ] && [ "$rendezvous" -lt 3 ]; then
+    rendezvous=$((rendezvous + 1))
+    echo "launch.sh: the ranks could not join the process group; trying again with new ports ($rendezvous of 3)" >&2
+    continue
   fi
-  if [ "$rc" -eq 2 ] || [ "$attempt" -ge "$max_restart" ]; then
-    [ "$rc" -ne 2 ] && echo "launch.sh: the job failed (exit $rc) after $attempt restart(s); giving up (MAX_RESTART=$max_restart)" >&2
-    exit "$rc"
+  if [ "$attempt" -ge "$max_restart" ]; then
+    if [ "$max_restart" -gt 0 ]; then
+      echo "launch.sh: the job failed (exit $code) after $attempt restart(s); giving up (MAX_RESTART=$max_restart)" >&2
+    fi
+    exit "$code"
   fi
   attempt=$((attempt + 1))
-  echo "launch.sh: the job failed (exit $rc); restart $attempt of $max_restart, resuming from the newest checkpoint" >&2
+  extra=(--overwrite_output_dir false)
+  echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, resuming from the newest checkpoint" >&2
 done

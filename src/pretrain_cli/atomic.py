@@ -19,6 +19,8 @@ import stat
 import threading
 from pathlib import Path
 
+from pretrain_cli import processes
+
 
 def tmp_path(path) -> Path:
     """`<path>.tmp<pid>`: unique per process, so concurrent writers never share a temporary."""
@@ -37,19 +39,9 @@ def stale_temporaries(directory) -> list[Path]:
     root = Path(directory)
     for p in root.iterdir() if root.is_dir() else ():
         m = _TMP_SUFFIX.search(p.name)
-        if m and p.is_file() and not _alive(int(m.group(1))):
+        if m and p.is_file() and not processes.alive(int(m.group(1))):
             found.append(p)
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
-        return False
-    except PermissionError:  # it exists, under another user
-        pass
-    return True
 
 
 _UMASK_LOCK = threading.Lock()

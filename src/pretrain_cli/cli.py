@@ -96,17 +96,25 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         for line in e.lines:  # one line per problem (`check` reports every problem at once)
             print(f"error: {line}", file=sys.stderr)
-        return e.exit_code
+        return _verdict(e.exit_code, e.kind, e.lines[0])
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return _verdict(130, "interrupted", "interrupted")
     except BrokenPipeError:
         return 0
     except OSError as e:  # the system refused (disk full, permissions, ...): not a bug, not the user's input
         if debug:
             traceback.print_exc()
         print(f"error: {os_error_line(e)}", file=sys.stderr)
-        return OS_ERROR_EXIT_CODE
+        return _verdict(OS_ERROR_EXIT_CODE, "system", os_error_line(e))
+
+
+def _verdict(code: int, kind: str, line: str) -> int:
+    """A rank launched by scripts/launch.sh records how it ended, for the job's exit code (`distributed.job`)."""
+    from pretrain_cli.distributed import job, launch
+
+    job.record(launch.rank(), code, kind, line)
+    return code
 
 
 OS_ERROR_EXIT_CODE = 1

@@ -15,6 +15,7 @@ class UserError(Exception):
     """
 
     exit_code = 2
+    kind = "usage"  # what launch.sh reads from the rank's verdict (`distributed.job`): usage errors are not retried
 
     @property
     def lines(self) -> list[str]:
@@ -49,10 +50,27 @@ class DeviceOutOfMemory(UserError):
     file is valid, the hardware is not enough). `step` is the step being run (0: before the first one)."""
 
     exit_code = 1
+    kind = "system"
 
     def __init__(self, step: int, message: str = ""):
         self.step = step
         super().__init__(message or f"out of memory at step {step}")
+
+
+class RendezvousFailed(UserError):
+    """The ranks could not join one process group (a port taken, a node late): nothing has run yet, so a new
+    launch may succeed. Exit 75 (EX_TEMPFAIL), which launch.sh retries with new ports."""
+
+    exit_code = 75
+    kind = "transient"
+
+
+class PeerFailed(UserError):
+    """This rank stops because another rank failed (rank 0 gone while this one waited on it): not this rank's
+    own verdict, which is the other rank's (launch.sh reads that one). Exit 1."""
+
+    exit_code = 1
+    kind = "peer"
 
 
 def is_out_of_memory(e: BaseException) -> bool:

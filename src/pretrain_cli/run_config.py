@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 class Target:
     """Where the run executes: this process's launcher world, or the devices `plan` is asked about.
 
-    `gpu_name` names a hardware-table entry when it is known before Paddle starts (always for
-    `plan`, never for `train`, which learns its GPU only after import). `planned`: the devices are
+    `gpu_name` names the GPU (a hardware-table name for `plan`, the driver's for `train` and `check` on a GPU
+    build: `runtime.gpu_name`), so both apply the same capability rule (`planning.hardware.pre_ampere`). `planned`: the devices are
     the ones `plan` was asked about, so they win over the file's `device` key.
     """
 

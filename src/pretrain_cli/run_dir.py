@@ -21,7 +21,8 @@ def checkpoint_dir(output_dir, step: int) -> Path:
 
 
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first (by step number, not mtime)."""
+    """Published checkpoints, oldest first (by step number, not mtime); whether each is still complete and
+    undamaged is `storage.intact`'s to say."""
     root = Path(output_dir)
     if not root.is_dir():
         return []

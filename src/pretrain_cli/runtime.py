@@ -43,6 +43,23 @@ def gpu_build_installed() -> bool:
     return False
 
 
+_GPU_NAME: list = []  # the driver's GPU name, once looked up (None: no GPU)
+
+
+def gpu_name() -> str | None:
+    """This process's GPU as the driver names it ("NVIDIA A100-SXM4-80GB"), or None without a GPU build or a
+    GPU. Imports Paddle (on a GPU build only) and asks the driver once per process: `orchestration.prepare`'s target
+    and the trainer's MFU read the same answer."""
+    if not _GPU_NAME:
+        name = None
+        if gpu_build_installed():
+            paddle = import_paddle()
+            if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+                name = paddle.device.cuda.get_device_name()
+        _GPU_NAME.append(name)
+    return _GPU_NAME[0]
+
+
 def _cpuinfo_head() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

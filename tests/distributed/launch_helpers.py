@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -52,10 +51,16 @@ def write_corpus(prefix: Path, n_docs: int = 400, vocab: int = 512, seed: int = 
         f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
 
 
+_HELD = []  # port blocks this test process holds until it exits
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for `--master` that no other launch on this host takes: the first port of a block held for the
+    rest of this test process (`distributed.job.reserve`; the launcher's own ports come from other blocks)."""
+    from pretrain_cli.distributed.job import reserve
+
+    _HELD.append(reserve())
+    return _HELD[-1].base
 
 
 def child_env() -> dict:
@@ -76,7 +81,9 @@ def write_config(path: Path, corpus: Path, output_dir: Path, **over) -> Path:
 def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), devices: str | None = None) -> list[str]:
     """The launcher over `nproc` CPU processes, or over the GPUs `devices` ("0,1") when given (tests/gpu)."""
     procs = ["--devices", devices] if devices else ["--nproc_per_node", str(nproc)]
-    return [sys.executable, "-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher,
+    # the launcher holds its own block of rendezvous ports (scripts/job.py ports), as under scripts/launch.sh
+    return [sys.executable, str(REPO / "scripts" / "job.py"), "ports", "--",
+            sys.executable, "-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher,
             str(SCRIPT), str(cfg), *map(str, extra)]
 
 
@@ -110,10 +117,20 @@ def parse_losses(text: str) -> dict[int, float]:
 
 
 def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120) -> Run:
-    start = time.perf_counter()
-    proc = subprocess.run(launch_cmd(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent),
-                          env=child_env(), capture_output=True, text=True, timeout=timeout)
-    return Run(proc, log_dir, time.perf_counter() - start)
+    """One launch; once more when the ranks could not join the process group (exit 75: Paddle 3.3.1's gloo
+    rendezvous of fleet's groups sometimes reads another group's address, docs/DISTRIBUTED.md), as
+    scripts/launch.sh does."""
+    import shutil
+
+    for attempt in range(2):
+        start = time.perf_counter()
+        proc = subprocess.run(launch_cmd(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent),
+                              env=child_env(), capture_output=True, text=True, timeout=timeout)
+        run = Run(proc, log_dir, time.perf_counter() - start)
+        if attempt or proc.returncode == 0 or "could not join the process group" not in run.explain():
+            return run
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return run
 
 
 def launch_joined(cfg: Path, log_dir: Path, nproc: int, timeout: float = 300, tries: int = 3) -> Run:

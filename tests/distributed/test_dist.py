@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, launch, launch_cmd,
-                            parse_losses, read_checkpoint, read_weights, single, write_config)
+from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, free_port, launch,
+                            launch_cmd, parse_losses, read_checkpoint, read_weights, single, write_config)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
 
 def test_two_nodes_on_one_machine(corpus, tmp_path, ref):
     r, _ = ref
-    port = _free_port()
+    port = free_port()
     cfg = write_config(tmp_path / "n.json", corpus, tmp_path / "out", save_steps=5)
     procs = [subprocess.Popen(launch_cmd(cfg, tmp_path / f"log{i}", nproc=1,
                                          launcher=("--nnodes", "2", "--master", f"127.0.0.1:{port}")),
@@ -137,11 +137,39 @@ def test_killed_rank_is_named_and_job_ends(corpus, tmp_path, layout):
         elapsed = time.monotonic() - killed
     assert proc.returncode != 0, out
     assert elapsed < 30, elapsed
-    # the watcher runs in its own session and may finish writing just after the launcher has exited
-    message, deadline = f"rank 0: rank 1 (pid {victim}) died", time.monotonic() + 5
-    while message not in _read(log_dir / "workerlog.0") and time.monotonic() < deadline:
+    _assert_blamed(log_dir, victim, dead=1)
+
+
+@pytest.mark.parametrize("dead", [0, 1])
+def test_the_killed_rank_is_the_one_every_rank_names(corpus, tmp_path, dead):
+    """kill -9 of rank 0 or rank 1 under data parallelism: both workerlogs name that rank (its host, pid and
+    SIGKILL), neither names the other rank, and no survivor's log holds gloo's abort traceback."""
+    cfg = write_config(tmp_path / "k.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=20,
+                       save_steps=100000)
+    log_dir = tmp_path / "log"
+    with _job_at_step(cfg, log_dir, 40) as proc:
+        victim = _worker_pid(proc.pid, log_dir, rank=dead)
+        os.kill(victim, signal.SIGKILL)
+        out = _communicate(proc, 60)
+    assert proc.returncode != 0, out
+    _assert_blamed(log_dir, victim, dead)
+
+
+def _assert_blamed(log_dir, victim: int, dead: int) -> None:
+    """Each rank's log ends with the one line naming `dead` (its own line on the dead rank's log), and no log
+    blames the other rank or carries gloo's C++ abort."""
+    host, other = socket.gethostname(), 1 - dead
+    named = f"rank {dead} (pid {victim} on {host}) died: killed by SIGKILL"
+    want = {dead: f"[pretrain-cli] {named}; the other ranks stop too", other: f"[pretrain-cli] rank {other}: {named}"}
+    # the watchers run in their own sessions and may finish writing just after the launcher has exited
+    deadline = time.monotonic() + 10
+    while not all(want[r] in _read(log_dir / f"workerlog.{r}") for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert message in _read(log_dir / "workerlog.0")
+    for r in (0, 1):
+        log = _read(log_dir / f"workerlog.{r}")
+        assert want[r] in log, log[-3000:]
+        assert f"rank {other} (pid" not in log, log[-3000:]
+        assert "C++ Traceback" not in log and "FatalError" not in log and "terminate called" not in log, log[-3000:]
 
 
 @pytest.mark.parametrize("layout", [{}, {"sharding": "stage1"}, {"sharding": "stage3"}, PP2],
@@ -195,12 +223,6 @@ def test_master_port_in_use(corpus, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _read(path) -> str:
     try:
         return open(path, errors="replace").read()

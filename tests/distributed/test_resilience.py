@@ -207,3 +207,68 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
         assert_close_tensors(*weights, 1e-2 if name == "tp2" else 2e-3)
         poisoned = [w["model.embed_tokens.weight"][300:500].astype(np.float64) for w in weights]
         assert np.abs(poisoned[0] - poisoned[1]).max() <= 1e-4
+
+
+# ------------------------------------------------------------------ checkpoint damage and the job's verdict
+@pytest.fixture(scope="module")
+def saved_run(corpus, tmp_path_factory):
+    """A 2-process run of 6 steps saving every 2 (checkpoint-2, -4, -6): the output directory each damage test
+    copies."""
+    root = tmp_path_factory.mktemp("saved_run")
+    run = launch(write_config(root / "cfg.json", corpus, root / "out", max_steps=6, save_steps=2), root / "log",
+                 timeout=300)
+    assert run.returncode == 0, run.explain()
+    assert sorted(p.name for p in (root / "out").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    return root / "out"
+
+
+def _truncate(path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+@pytest.mark.parametrize("harm", ["index deleted", "state truncated"])
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(corpus, tmp_path, saved_run, harm):
+    """The newest checkpoint of a 2-process run loses its index, or its trainer_state.json is cut short: the
+    rerun with more steps says so in one line, resumes from checkpoint-4 and finishes (exit 0)."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(saved_run, out, ignore=shutil.ignore_patterns("log"))
+    newest = out / "checkpoint-6"
+    if harm == "index deleted":
+        (newest / "checkpoint.index.json").unlink()
+    else:
+        _truncate(newest / "trainer_state.json", 20)
+    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=8, save_steps=2, overwrite_output_dir=False)
+    run = launch(cfg, tmp_path / "log", timeout=300)
+    assert run.returncode == 0, run.explain()
+    log0 = run.log(0)
+    skipped = [line for line in log0.splitlines() if "not resuming from checkpoint-6: " in line]
+    assert len(skipped) == 1, log0[-3000:]
+    assert ("checkpoint.index.json is missing" if harm == "index deleted" else "unreadable trainer state") in skipped[0]
+    assert re.search(r"resumed from \S+/checkpoint-4 at step 4,", log0), log0[-3000:]
+    assert sorted(parse_losses(log0)) == [5, 6, 7, 8]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_path, saved_run):
+    """`MAX_RESTART=2 NPROC=2 scripts/launch.sh cfg --resume_from_checkpoint DIR` with rank 1's shard of DIR
+    missing: one line naming the file, the job exits 2, and launch.sh does not restart it."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(saved_run, out, ignore=shutil.ignore_patterns("log"))
+    shard = out / "checkpoint-4" / "model-00002-of-00002.safetensors"
+    shard.unlink()
+    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=8, save_steps=2, overwrite_output_dir=False)
+    env = child_env()
+    env.update(NPROC="2", MAX_RESTART="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), "--resume_from_checkpoint",
+                           str(out / "checkpoint-4")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    log0 = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
+    assert proc.returncode == 2, f"{proc.stderr[-3000:]}\n{log0[-3000:]}"
+    assert "restart" not in proc.stderr and "launch.sh: the job failed" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in log0.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"{shard} is missing" in errors[0], log0[-3000:]
+    assert "Traceback" not in log0

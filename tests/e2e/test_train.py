@@ -313,11 +313,11 @@ def test_stop_message_says_how_to_continue():
 
     from pretrain_cli.training.run import stop_message
 
-    def spec(overwrite):
-        return SimpleNamespace(run=SimpleNamespace(output=SimpleNamespace(overwrite=overwrite, output_dir="o")))
+    def output(overwrite):
+        return SimpleNamespace(overwrite=overwrite, output_dir="o")
 
-    assert "re-run the same command to resume from checkpoint-7" in stop_message(spec(False), 7)
-    text = stop_message(spec(True), 7)
+    assert "re-run the same command to resume from checkpoint-7" in stop_message(output(False), 7)
+    text = stop_message(output(True), 7)
     assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
 
 

@@ -59,7 +59,7 @@ def _state(d, name="trainer_state.json"):
 
 
 def test_the_poison_lands_in_one_known_step(poisoned, tmp_path):
-    from pretrain_cli.config.prepare import prepare
+    from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.run_config import Target
     from pretrain_cli.data.loader import micro_batch
 

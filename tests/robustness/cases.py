@@ -457,9 +457,15 @@ def r_missing_optimizer(d):
 def r_truncated_optimizer(d):
     p = d / "ckpt" / "optimizer.safetensors"
     p.write_bytes(p.read_bytes()[:1000])
-    return _resume(d), ["optimizer.safetensors", "unreadable optimizer state"]
+    return _resume(d), ["resume_from_checkpoint", "optimizer.safetensors has 1000 bytes, the index says"]
 def r_other_seq_len(d):
     return _resume(d, max_seq_length=64), ["max_seq_length=32", "64"]
+def r_flipped_byte(d):
+    p = d / "ckpt" / "model.safetensors"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 1
+    p.write_bytes(bytes(data))
+    return _resume(d), ["resume_from_checkpoint", "model.safetensors does not match its checksum"]
 def r_not_a_dir(d):
     return _resume(d, resume_from_checkpoint="ckpt/config.json"), ["resume_from_checkpoint", "not a directory"]
 
@@ -472,6 +478,15 @@ for _name, _fn in list(globals().items()):
         def _mk_eval(fn):
             return lambda d: (_eval(d), fn(d))
         PADDLE["resume_" + _name[2:]] = _mk_resume(_fn)
+        # a named checkpoint is verified against its index before anything loads (storage.intact): a weights file
+        # rewritten since the save no longer has the size (or checksum) the index lists
+        RESUME_EXPECT_OVERRIDE = {"missing_shard": "model.safetensors is missing", "shape_mismatch": "the index says",
+                                  "wrong_dtype": "does not match its checksum",
+                                  "truncated_weights": "the index says",
+                                  "garbage_header": "the index says", "missing_tensor": "the index says"}
+        if _name[2:] in RESUME_EXPECT_OVERRIDE:
+            PADDLE["resume_" + _name[2:]] = (lambda fn, exp: (lambda d: (_resume(d), (fn(d), exp)[1])))(
+                _fn, ["resume_from_checkpoint", "model.safetensors", RESUME_EXPECT_OVERRIDE[_name[2:]]])
         PADDLE["eval_" + _name[2:]] = _mk_eval(_fn)
         EVAL_EXPECT_OVERRIDE = {"other_architecture": ["ckpt", "shape"], "other_family": ["ckpt", "unexpected tensor"]}
         if _name[2:] in EVAL_EXPECT_OVERRIDE:

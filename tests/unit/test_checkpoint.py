@@ -159,7 +159,7 @@ def test_index_refuses_pieces_that_do_not_tile_the_tensor(tmp_path):
 
 @pytest.mark.parametrize("harm", ["missing", "truncated", "flipped", "none"])
 def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
-    from pretrain_cli.storage import checkpoint_index
+    from pretrain_cli.storage import intact
 
     _write_pieces(tmp_path, np.ones((8, 6), np.float32), [4])
     f = tmp_path / "optimizer-00002-of-00002.safetensors"
@@ -172,24 +172,22 @@ def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
         f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     want = {"missing": "is missing", "truncated": f"has {len(data) - 8} bytes, the index says {len(data)}",
             "flipped": "does not match its checksum", "none": None}[harm]
-    got = checkpoint_index.damage(tmp_path)
+    got = intact.damage(tmp_path)
     assert got == want if want is None else want in got
+    assert intact.damage(tmp_path, files=["optimizer-00001-of-00002.safetensors"]) is None  # one rank's files
 
 
-class _Trainer:
-    """What `Saver` reads of a trainer, for one rank of a simulated two-rank data-parallel run."""
+def _save(tmp_path, model, opt, rank, step=4, run_args=None) -> dict:
+    """What the trainer hands `Saver` at a save, for one rank of a simulated two-rank data-parallel run: the
+    step, this rank's pieces, rank 0's trainer state. Returns the save's event."""
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.models.config import ModelConfig
 
-    def __init__(self, model, opt, rank, step=4):
-        self.raw_model, self.optimizer = model, opt
-        self.strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
-        self.state = SimpleNamespace(global_step=step)
-        self.events = []
-
-    def state_dict(self):
-        return {"global_step": self.state.global_step, "consumed_samples": 0}
-
-    def record_event(self, kind, data):
-        self.events.append(kind)
+    strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
+    saver = checkpoint.Saver(tmp_path, ModelConfig.from_file(str(PRESET)), NoComm(), run_args or {}, None,
+                             "float32", None, rank=rank, world_size=2, layout=strategy.name)
+    state = {"global_step": step, "consumed_samples": 0} if rank == 0 else None
+    return saver(step, strategy.pieces(model, opt), state)
 
 
 def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monkeypatch):
@@ -198,10 +196,8 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     and the assembled checkpoint loads back exactly."""
     import paddle.distributed as dist
 
-    from pretrain_cli.distributed.comm import NoComm
     from pretrain_cli.distributed.pieces import writer_of
     from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.storage.shard_files import File
 
     def forbidden(*a, **k):
@@ -212,11 +208,9 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
         monkeypatch.setattr(dist, name, forbidden)
     model, opt = _build("float32")
     _fill(opt, 3)
-    cfg = ModelConfig.from_file(str(PRESET))
     for rank in (1, 0):
-        trainer = _Trainer(model, opt, rank)
-        checkpoint.Saver(tmp_path, cfg, NoComm(), {"a": 1}, None, "float32", None)(trainer)
-        assert trainer.events == ["checkpoint"]
+        event = _save(tmp_path, model, opt, rank, run_args={"a": 1})
+        assert event["async"] is False and event["stall_seconds"] >= 0
     ckpt = tmp_path / "checkpoint-4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4"]  # published once, nothing left over
     owner = writer_of(Strategy(ParallelConfig(world_size=2, dp_degree=2)).pieces(model, opt))
@@ -229,7 +223,9 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     by_rank = [sum(f["bytes"] for n, f in index["files"].items() if f"-0000{r + 1}-of" in n) for r in (0, 1)]
     assert 0.45 < by_rank[0] / sum(by_rank) < 0.55  # the replicas' bytes are spread over both ranks
     assert not list(ckpt.glob("rank-*"))
-    assert checkpoint_index.damage(ckpt) is None
+    from pretrain_cli.storage import intact
+
+    assert intact.damage(ckpt) is None
     # the weights are whole: transformers' own index names each tensor's file
     weight_map = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
     assert weight_map["model.norm.weight"] == checkpoint_index.file_name("model", owner["model.norm.weight"], 2)
@@ -240,23 +236,79 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     assert again.keys() == saved.keys() and all(np.array_equal(again[k], saved[k]) for k in saved)
 
 
-def test_resume_skips_a_damaged_checkpoint_with_one_warning_and_stops_when_none_is_left(tmp_path, caplog):
-    from pretrain_cli.storage.checkpoint_index import newest_intact
+def _complete(ckpt, step: int) -> None:
+    """A two-rank checkpoint of pieces with its trainer state and model config: what `intact.problem` accepts."""
+    ckpt.mkdir()
+    _write_pieces(ckpt, np.ones((4, 2), np.float32), [2])
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "consumed_samples": 8 * step}))
+    (ckpt / "config.json").write_text('{"model_type": "qwen2"}')
+
+
+# every kind of damage a resume would trip over, each skipped the same way
+DAMAGE = {
+    "shard deleted": (lambda c: (c / "optimizer-00001-of-00002.safetensors").unlink(), "is missing"),
+    "shard truncated": (lambda c: _cut(c / "optimizer-00002-of-00002.safetensors", 4), "the index says"),
+    "byte flipped": (lambda c: _flip(c / "optimizer-00001-of-00002.safetensors"), "does not match its checksum"),
+    "index deleted": (lambda c: (c / "checkpoint.index.json").unlink(), "checkpoint.index.json is missing"),
+    "index truncated": (lambda c: _cut(c / "checkpoint.index.json", 10), "checkpoint.index.json: unreadable"),
+    "state deleted": (lambda c: (c / "trainer_state.json").unlink(), "no trainer_state.json"),
+    "state truncated": (lambda c: _cut(c / "trainer_state.json", 5), "unreadable trainer state"),
+    "config deleted": (lambda c: (c / "config.json").unlink(), "config.json is missing"),
+    "config truncated": (lambda c: _cut(c / "config.json", 3), "config.json is unreadable"),
+}
+
+
+def _cut(path, n: int) -> None:
+    path.write_bytes(path.read_bytes()[:-n])
+
+
+def _flip(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("harm", sorted(DAMAGE))
+def test_resume_skips_any_damaged_checkpoint_with_one_warning(tmp_path, caplog, harm):
+    from pretrain_cli.storage import intact
 
     for step in (3, 6):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        _write_pieces(tmp_path / f"checkpoint-{step}", np.ones((4, 2), np.float32), [2])
-    assert newest_intact(tmp_path) == tmp_path / "checkpoint-6"
-    (tmp_path / "checkpoint-6" / "optimizer-00001-of-00002.safetensors").unlink()
+        _complete(tmp_path / f"checkpoint-{step}", step)
+    assert intact.newest(tmp_path) == tmp_path / "checkpoint-6"
+    damage, reason = DAMAGE[harm]
+    damage(tmp_path / "checkpoint-6")
+    assert reason in intact.problem(tmp_path / "checkpoint-6")
     with caplog.at_level("WARNING", logger="pretrain_cli"):
-        assert newest_intact(tmp_path) == tmp_path / "checkpoint-3"
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["not resuming from checkpoint-6"]
-    assert newest_intact(tmp_path, verify=False) == tmp_path / "checkpoint-6"  # other ranks take rank 0's choice
-    f = tmp_path / "checkpoint-3" / "optimizer-00002-of-00002.safetensors"
-    f.write_bytes(f.read_bytes()[:-4])
+        assert intact.newest(tmp_path) == tmp_path / "checkpoint-3"
+    assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith("not resuming from checkpoint-6: ")
+    assert reason in caplog.records[0].getMessage() and "\n" not in caplog.records[0].getMessage()
+    assert intact.newest(tmp_path, verify=False) == tmp_path / "checkpoint-6"  # other ranks take rank 0's choice
+
+
+def test_resume_stops_with_one_line_when_every_checkpoint_is_damaged(tmp_path):
+    from pretrain_cli.storage import intact
+
+    _complete(tmp_path / "checkpoint-3", 3)
+    _cut(tmp_path / "checkpoint-3" / "optimizer-00002-of-00002.safetensors", 4)
     with pytest.raises(UserError, match="every checkpoint is damaged"):
-        newest_intact(tmp_path)
-    assert newest_intact(tmp_path / "nothing") is None
+        intact.newest(tmp_path)
+    assert intact.newest(tmp_path / "nothing") is None
+
+
+def test_a_checkpoint_from_before_the_index_is_complete_unless_truncated(tmp_path):
+    from pretrain_cli.storage import intact
+    from pretrain_cli.storage.shard_files import write
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2, "consumed_samples": 16}')
+    (ckpt / "config.json").write_text("{}")
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        arr = np.ones((4, 4), np.float32)
+        write(ckpt / name, [("w", "F32", arr.shape, lambda: arr)])
+    assert intact.problem(ckpt) is None
+    _cut(ckpt / "optimizer.safetensors", 4)
+    assert "optimizer.safetensors is truncated" in intact.problem(ckpt)
 
 
 def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
@@ -283,13 +335,10 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
 
 
 def test_a_rank_that_fails_its_part_fails_the_save_and_nothing_is_published(tmp_path):
-    from pretrain_cli.distributed.comm import NoComm
-    from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.training import shard_writer
 
     model, opt = _build("float32")
     shard_writer.report_failure(tmp_path / "checkpoint-4.tmp", 1, OSError(28, "No space left on device"))
     with pytest.raises(UserError, match="rank 1 could not write its part of checkpoint-4: OSError.*No space left"):
-        checkpoint.Saver(tmp_path, ModelConfig.from_file(str(PRESET)), NoComm(), {}, None, "float32", None)(
-            _Trainer(model, opt, 0))
+        _save(tmp_path, model, opt, 0)
     assert list(tmp_path.iterdir()) == []  # the partial directory is gone, no checkpoint-4

@@ -1,5 +1,7 @@
 """benchmarks/checkpoint_save.py's bookkeeping (the run itself takes minutes of launcher jobs: not a test):
-what the save added to rank 0's RSS, from either code's metrics.jsonl, and the old tree it compares against."""
+what the save added to rank 0's RSS, from either code's metrics.jsonl. The old tree it compares against comes
+from the repository's history, which a test must not need (a shallow clone or a source archive has none):
+the benchmark itself checks what it extracts."""
 import json
 
 from bench_scripts import load
@@ -27,10 +29,3 @@ def test_save_numbers_take_the_peak_after_the_save_from_either_code(tmp_path):
     assert new["rank0_save_rss_gib"] == 0.25 and new["checkpoint_gib"] == round(1024 / 2**30, 3)
     old = bench.save_numbers(_metrics(tmp_path / "old", False))  # the old record has none: step 3's peak
     assert old["rank0_peak_after_save_gib"] == 4.5 and old["rank0_save_rss_gib"] == 2.5
-
-
-def test_the_gathering_code_is_extracted_from_its_commit(tmp_path):
-    src = bench.old_tree(bench.GATHER_REV, tmp_path / "old")
-    assert (src.parent / "scripts" / "run_pretrain.py").is_file()
-    strategy = (src / "pretrain_cli" / "distributed" / "strategy.py").read_text()
-    assert "def gather_optimizer_state" in strategy  # the save it is compared against gathered onto rank 0

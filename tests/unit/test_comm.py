@@ -1,8 +1,8 @@
 """Rank-0 rounds over the TCP store: the waiting ranks acknowledge the end of a round, and rank 0 stays
 until they have (its process hosts the store), without a real process group."""
 import threading
-import time
 
+from pretrain_cli.distributed import comm as comm_module
 from pretrain_cli.distributed.comm import Comm, NoComm, rank0_round
 
 
@@ -16,6 +16,20 @@ class FakeStore:
             return self.values[key]
 
 
+class FakeClock:
+    """`time` for the comm module: `sleep` advances `monotonic` instead of waiting, and is counted."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, 0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.sleeps += 1
+
+
 def _comms(world, store):
     comms = [Comm(rank, world) for rank in range(world)]
     for c in comms:
@@ -23,29 +37,33 @@ def _comms(world, store):
     return comms
 
 
-def test_rank0_stays_until_every_rank_has_seen_the_last_round():
+def test_rank0_stays_until_every_rank_has_seen_the_last_round(monkeypatch):
     store = FakeStore()
     rank0, *others = _comms(3, store)
     with rank0_round(rank0):
         pass
-    t = time.monotonic()
-    rank0.wait_until_seen(timeout=0.3)  # nobody has looked yet: waits (bounded), then gives up
-    assert time.monotonic() - t >= 0.3
+    clock = FakeClock()
+    monkeypatch.setattr(comm_module, "time", clock)
+    rank0.wait_until_seen(timeout=0.3)  # nobody has looked yet: polls until the (bounded) wait is over, gives up
+    assert clock.now >= 0.3 and clock.sleeps >= 2 and store.values["pretrain_cli/save/1/seen"] == 0
+    monkeypatch.undo()  # the waiting ranks poll on the real clock
     waiters = [threading.Thread(target=c.wait_for_rank0, args=("saving",)) for c in others]
     for w in waiters:
         w.start()
-    t = time.monotonic()
-    rank0.wait_until_seen(timeout=10)
-    assert time.monotonic() - t < 5 and store.values["pretrain_cli/save/1/seen"] == 2
     for w in waiters:
         w.join()
+    clock = FakeClock()
+    monkeypatch.setattr(comm_module, "time", clock)
+    rank0.wait_until_seen(timeout=10)  # both have seen it: returns without waiting
+    assert clock.sleeps == 0 and store.values["pretrain_cli/save/1/seen"] == 2
 
 
-def test_nothing_to_wait_for_without_rounds_or_on_other_ranks():
+def test_nothing_to_wait_for_without_rounds_or_on_other_ranks(monkeypatch):
     store = FakeStore()
     rank0, rank1 = _comms(2, store)
-    t = time.monotonic()
+    clock = FakeClock()
+    monkeypatch.setattr(comm_module, "time", clock)
     rank0.wait_until_seen(timeout=5)  # no round yet
     rank1.wait_until_seen(timeout=5)  # not rank 0
     NoComm().wait_until_seen()
-    assert time.monotonic() - t < 1 and not store.values
+    assert clock.sleeps == 0 and not store.values

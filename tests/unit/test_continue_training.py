@@ -1,7 +1,7 @@
 """`continue_training: 1`: where the pretrained weights come from, and the one line when they cannot.
 
 A preset (a hub name without a local directory) has no weights: one line says how to fetch them. A local
-directory in HF or PaddleNLP format loads through `config.prepare`, `training.run.build_model` and `lay_out`, as `train`
+directory in HF or PaddleNLP format loads through `orchestration.prepare`, `training.run.build_model` and `lay_out`, as `train`
 does — including a checkpoint as PaddleNLP saves a Qwen3 (HF's `model.` names with Paddle's `[in, out]` Linear
 layout, its config.json keys, zero q/k/v biases from its Qwen2-derived attention, shards with an index).
 """
@@ -16,7 +16,7 @@ paddle = runtime.import_paddle()
 
 from safetensors.numpy import save_file  # noqa: E402
 
-from pretrain_cli.config.prepare import prepare  # noqa: E402
+from pretrain_cli.orchestration.prepare import prepare  # noqa: E402
 from pretrain_cli.run_config import Target  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402

@@ -157,8 +157,10 @@ def test_no_weights_is_a_user_error(tmp_path):
         convert.find_weights(str(tmp_path))
 
 
-def test_hf_param_names_marks_linear_weights():
-    names = convert.hf_param_names(_fresh(cfg_for("qwen2"), 0))
-    assert names["model.layers.0.self_attn.q_proj.weight"] == ("model.layers.0.self_attn.q_proj.weight", True)
-    assert names["model.layers.0.self_attn.q_proj.bias"][1] is False
-    assert names["model.embed_tokens.weight"][1] is False
+def test_hf_params_marks_linear_weights():
+    model = _fresh(cfg_for("qwen2"), 0)
+    named = {name: (p, tr) for name, p, tr in convert.hf_params(model)}
+    assert list(named) == [n for n, _ in model.named_parameters()]  # model order, HF's names
+    assert named["model.layers.0.self_attn.q_proj.weight"][1] is True
+    assert named["model.layers.0.self_attn.q_proj.bias"][1] is False
+    assert named["model.embed_tokens.weight"][1] is False

@@ -8,6 +8,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch.sh"
 FAKE_PYTHON = """#!/usr/bin/env bash
 # '-c' probes (is this a GPU build?) answer "no", the output_dir probe runs; the launcher call is recorded.
 if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
+# job.py ports -- PYTHON CMD...: the launcher call itself (recorded below); job.py decide: the real one
+case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
 echo "$@" > "$RECORD"
 echo "$PYTHONWARNINGS" > "$RECORD.warnings"
 echo "${PRETRAIN_CLI_THREADS:-unset}" > "$RECORD.threads"
@@ -72,24 +74,29 @@ def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):
     assert (tmp_path / "env.txt").read_text().strip() == "unset"
 
 
-# A launcher that fails with the exit codes listed in $CODES (one per call, then 0), recording each call.
+# A launcher that fails with the exit codes listed in $CODES (one per call, then 0), recording each call; at call
+# n it leaves $VERDICT_n (if set) as rank 1's own verdict, as a rank launched by launch.sh does.
 FLAKY_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
+# job.py ports -- PYTHON CMD...: the launcher call itself (recorded below); job.py decide: the real one
+case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
 echo "$@" >> "$RECORD"
 n=$(wc -l < "$RECORD")
+verdict=$(printenv "VERDICT_$n" || true)
+if [ -n "$verdict" ]; then echo "$verdict" > "$PRETRAIN_CLI_VERDICTS/rank-1.json"; fi
 code=$(echo "$CODES" | cut -d, -f"$n")
 exit "${code:-0}"
 """
 
 
-def _flaky(tmp_path, codes: str, max_restart: str):
+def _flaky(tmp_path, codes: str, max_restart: str, **verdicts):
     fake = tmp_path / "python"
     fake.write_text(FLAKY_PYTHON)
     fake.chmod(0o755)
     record = tmp_path / "calls.txt"
     record.unlink(missing_ok=True)
     e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "LOG_DIR", "MAX_RESTART")}
-    e.update(PYTHON=str(fake), RECORD=str(record), CODES=codes, MAX_RESTART=max_restart)
+    e.update(PYTHON=str(fake), RECORD=str(record), CODES=codes, MAX_RESTART=max_restart, **verdicts)
     out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], env=e, capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     return out, record.read_text().splitlines()
@@ -107,3 +114,24 @@ def test_max_restart_reruns_a_failed_job_resuming_never_overwriting(tmp_path):
     assert out.returncode == 2 and len(calls) == 1
     out, calls = _flaky(tmp_path, "1", "0")  # default: no restart
     assert out.returncode == 1 and len(calls) == 1
+
+
+def test_the_jobs_exit_code_is_the_failing_ranks_own_verdict(tmp_path):
+    """Paddle's launcher exits with the lowest failed rank's code: 247 when rank 0 was killed because rank 1 hit a
+    usage error. The rank's own record decides: exit 2, never retried."""
+    usage = '{"rank": 1, "exit": 2, "kind": "usage", "line": "missing shard", "time": 1}'
+    out, calls = _flaky(tmp_path, "247", "2", VERDICT_1=usage)
+    assert out.returncode == 2 and len(calls) == 1, out.stderr
+    assert "restart" not in out.stderr
+    killed = '{"rank": 1, "exit": 137, "kind": "died", "line": "killed", "time": 1}'
+    out, calls = _flaky(tmp_path, "247,247", "1", VERDICT_1=killed, VERDICT_2=killed)  # a kill is retried
+    assert out.returncode == 137 and len(calls) == 2 and "restart 1 of 1" in out.stderr
+
+
+def test_a_failed_rendezvous_is_retried_with_new_ports_without_counting_as_a_restart(tmp_path):
+    join = '{"rank": 1, "exit": 75, "kind": "transient", "line": "could not join", "time": 1}'
+    out, calls = _flaky(tmp_path, "75,75", "0", VERDICT_1=join, VERDICT_2=join)
+    assert out.returncode == 0 and len(calls) == 3, out.stderr
+    assert "could not join the process group; trying again with new ports (2 of 3)" in out.stderr
+    out, calls = _flaky(tmp_path, "75,75,75,75,75", "0", **{f"VERDICT_{n}": join for n in range(1, 6)})
+    assert out.returncode == 75 and len(calls) == 4  # three retries, then the job's own verdict

@@ -10,10 +10,11 @@ from pathlib import Path
 import pretrain_cli
 
 ROOT = Path(pretrain_cli.__file__).parent
-# __main__ -> cli -> commands -> config -> training -> {planning, distributed} -> {models, data} -> {ops, storage}
-# -> the base modules
-LAYER = {"__main__": 9, "cli": 8, "commands": 7, "config": 6, "training": 5, "planning": 4, "distributed": 4,
-         "models": 3, "data": 3, "ops": 2, "storage": 2, "errors": 1, "runtime": 1, "atomic": 1, "run_dir": 1, "run_config": 1, "__init__": 1}
+# __main__ -> cli -> commands -> orchestration -> config -> training -> {planning, distributed} -> {models, data}
+# -> {ops, storage} -> the base modules
+LAYER = {"__main__": 10, "cli": 9, "commands": 8, "orchestration": 7, "config": 6, "training": 5, "planning": 4,
+         "distributed": 4, "models": 3, "data": 3, "ops": 2, "storage": 2, "errors": 1, "runtime": 1, "atomic": 1,
+         "run_dir": 1, "run_config": 1, "processes": 1, "waiting": 1, "__init__": 1}
 
 
 def _is_module(name: str) -> bool:
@@ -102,7 +103,7 @@ def test_modules_stay_small():
 
 
 def test_no_subcommand_imports_another():
-    """What two commands share lives a layer down (e.g. `train`'s out-of-memory hint is `config.planned`)."""
+    """What two commands share lives a layer down (e.g. `train`'s out-of-memory hint is `orchestration.planned`)."""
     graph = _modules()
     found = {(module, dep) for module, deps in graph.items() for dep in deps
              if module.startswith("pretrain_cli.commands.") and dep.startswith("pretrain_cli.commands.")}

@@ -154,11 +154,12 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
     device and the failed layout's estimate."""
     import argparse
 
+    from pretrain_cli import runtime
     from pretrain_cli.commands import train
-    from pretrain_cli.config.prepare import prepare
+    from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.run_config import Target
 
-    monkeypatch.setattr(train, "_gpu_name", lambda: "V100-16GB")
+    monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-16GB")  # as the driver names it
     ns = argparse.Namespace(config=str(QWEN), overrides=list(AT_4096))
     spec = prepare(str(QWEN), list(AT_4096), Target(device="gpu", world_size=1), open_data=False)
     line = train.out_of_memory_line(ns, spec, 7)
@@ -166,7 +167,7 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
     assert "recompute false -> true" in line
     assert f"`pretrain-cli plan {QWEN} --device V100-16GB --gpus 1 --fit -o fitted.json` writes it" in line
     assert "\n" not in line and line.endswith("re-run to resume from the last one")
-    monkeypatch.setattr(train, "_gpu_name", lambda: None)  # a GPU the table does not know: the command to run
+    monkeypatch.setattr(runtime, "gpu_name", lambda: "Moore Threads MTT S4000")  # a GPU the table does not know
     line = train.out_of_memory_line(ns, spec, 7)
     assert line == (f"out of memory at step 7; `pretrain-cli plan {QWEN} --device <your GPU> --gpus 1 --fit` finds a "
                     "layout that fits (checkpoints are untouched)")
@@ -206,7 +207,8 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
 
 def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_arguments(monkeypatch):
     """No `--key value` round trip: every candidate is the parsed `Arguments` with its key changes, resolved again."""
-    from pretrain_cli.config import parser, planned
+    from pretrain_cli.config import parser
+    from pretrain_cli.orchestration import planned
 
     reads = []
     real = parser.load_json
@@ -217,3 +219,16 @@ def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_argum
     changed = planned.with_changes(args, {"tensor_parallel_degree": 2, "recompute": True})
     assert (changed.get("tensor_parallel_degree"), changed.get("recompute")) == (2, True)
     assert changed.explicit["recompute"] == "command line" and args.get("recompute") is False  # a copy
+
+
+def test_plan_flags_are_checked_once_per_command(monkeypatch):
+    """`plan` and `plan --fit` check their own flags where they come in, once, not again per candidate."""
+    from pretrain_cli.orchestration import planned
+
+    calls = []
+    check = planned.check_flags
+    monkeypatch.setattr(planned, "check_flags", lambda *a: calls.append(a) or check(*a))
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "--json"]) == 0
+    assert len(calls) == 1
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--json"]) == 0
+    assert len(calls) == 2

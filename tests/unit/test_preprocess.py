@@ -98,3 +98,21 @@ def test_empty_corpus_and_clobber(tmp_path, tok_dir):
     write_jsonl(tmp_path / "x.json", ["hello"])
     with pytest.raises(UserError, match="would overwrite the input"):
         run_preprocess("--input_path", tmp_path / "x.json", "--output_prefix", tmp_path / "x", "--tokenizer", tok_dir)
+
+
+def test_the_data_layer_prints_nothing_the_command_says_where_lines_go(tmp_path, tok_dir, capsys):
+    """`data.preprocess` takes the `Job` the command builds and hands every line to the caller: the outcome to
+    `say`, progress and warnings to `note`; with neither given, nothing reaches stdout or stderr."""
+    from pretrain_cli.data.preprocess import Job, preprocess
+
+    write_jsonl(tmp_path / "in" / "a.jsonl", make_texts(30, seed=5))
+    (tmp_path / "in" / "b.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    job = Job((str(tmp_path / "in"),), str(tmp_path / "out" / "c"), str(tok_dir), log_interval=10, skip_bad_lines=True)
+    assert preprocess(job) == 0
+    assert capsys.readouterr() == ("", "")
+    said, noted = [], []
+    assert preprocess(Job(job.input_path, str(tmp_path / "again" / "c"), str(tok_dir), log_interval=10,
+                          skip_bad_lines=True), said.append, noted.append) == 0
+    assert capsys.readouterr() == ("", "")
+    assert len(said) == 1 and said[0].startswith("preprocess: wrote ") and "1 bad lines skipped" in said[0]
+    assert any(n.startswith("warning: skipped ") for n in noted) and any(" docs/s, " in n for n in noted)

@@ -189,7 +189,7 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     import json
     from dataclasses import asdict
 
-    from pretrain_cli.config.prepare import resume_schedule
+    from pretrain_cli.orchestration.prepare import resume_schedule
 
     sched = ["--lr_scheduler_type", "cosine", "--warmup_steps", "10", "--learning_rate", "3e-4",
              "--min_learning_rate", "3e-5"]
@@ -210,3 +210,27 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     assert restarted.lr_at(101) == pytest.approx(3e-4 / 10) and restarted.lr_at(110) == pytest.approx(3e-4)
     assert restarted.lr_at(150) == pytest.approx(3e-5) and restarted.describe().endswith("by step 150")
     assert resume_schedule(old, ckpt, "stretch") is old  # the same schedule: nothing to say
+
+
+def test_plan_and_train_apply_one_hardware_rule(monkeypatch):
+    """On a GPU that predates Ampere (no bf16 tensor cores: no flash-attn-2), `train`'s target, named by the
+    driver, resolves the attention `plan --device V100` models, and the trainer's MFU peak is the plan's."""
+    from run_helpers import BASE
+
+    from pretrain_cli import runtime
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+    from pretrain_cli.training import metrics
+
+    monkeypatch.setattr(runtime, "gpu_build_installed", lambda: True)
+    monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-32GB")
+    train_target = prepare.launcher_target()
+    assert train_target.device == "gpu" and train_target.gpu_name == "Tesla V100-SXM2-32GB"
+    args = parse_config(None, [*BASE, "--use_flash_attention", "true", "--fp16", "--device", "gpu"])
+    trained = resolve(args, model_config(), train_target)
+    planned = resolve(args, model_config(), Target("gpu", 1, 0, 0, "V100-32GB", planned=True))
+    assert trained.kernels.attention == planned.kernels.attention == "math"
+    assert any("predates Ampere" in n for n in trained.notes)
+    assert metrics.resolve_peak("gpu", "float16", None)[0] == 125.0  # the table's V100 fp16 peak, as `plan` reads it

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from pretrain_cli.errors import UserError
+from pretrain_cli import processes
 from pretrain_cli.training import run_lock
 
 
@@ -29,7 +30,7 @@ def test_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     out.mkdir()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _holder(out / run_lock.LOCK_FILE, other.pid, start_ticks=run_lock._start_ticks(other.pid))
+        _holder(out / run_lock.LOCK_FILE, other.pid, start_ticks=processes.start_ticks(other.pid))
         with pytest.raises(UserError, match=f"pid {other.pid} on this host"):
             run_lock.acquire(out)
     finally:

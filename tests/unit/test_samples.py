@@ -149,7 +149,7 @@ def test_directory_input_and_disk_cache(tmp_path):
 def test_a_run_splits_by_the_fractions_it_resolved(tmp_path, monkeypatch):
     """`split` is parsed once, by `config.resolve`; the data layer reads `RunConfig.data.split`."""
     import pretrain_cli.data as data
-    from pretrain_cli.config import prepare
+    from pretrain_cli.orchestration import prepare
     from run_helpers import model_config, resolve_run
 
     prefix, _ = _corpus(tmp_path / "c")

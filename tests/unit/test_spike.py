@@ -45,6 +45,32 @@ def test_second_rollback_at_the_same_step_stops():
         policy.handle(run, "loss 9 > 2 x mean 1", 9.0, 1.0, 64)
 
 
+def test_the_policy_books_a_skip_through_the_trainer_and_changes_no_counter_itself():
+    """`skip` asks the run to book the skipped step (`Recoverable.skip`, the trainer's one bookkeeping, shared
+    with the non-finite policy) and words its line and its limit from what that returns; the state it reads is
+    frozen here, so a counter changed by the policy itself would raise."""
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True)
+    class State:
+        global_step: int = 9
+        spike_stats: dict = field(default_factory=lambda: {"loss": 1.0, "grad_norm": 1.0})
+
+    booked, events = [], []
+
+    def skip(first_sample):
+        booked.append(first_sample)
+        return len(booked), len(booked) + 5  # in a row, in total
+
+    run = SimpleNamespace(state=State(), skip=skip, record_event=lambda kind, values, step=None: events.append(step))
+    policy = SpikePolicy(SpikeGuardConfig("skip"), skip_limit=2, global_batch=4)
+    assert policy.handle(run, "loss 9 > 2 x mean 1", 9.0, 1.0, 36) is False
+    assert booked == [36] and events == [10]
+    with pytest.raises(SpikeError, match="step 10: 2 consecutive skipped steps .*nan_skip_limit 2"):
+        policy.handle(run, "loss 9 > 2 x mean 1", 9.0, 1.0, 40)
+    assert booked == [36, 40]
+
+
 def test_resolved_keys_and_their_checks():
     assert resolve_run().spike == SpikeGuardConfig() and not SpikeGuardConfig().enabled  # default: today's loop
     r = resolve_run("--spike_policy", "rollback", "--spike_loss_factor", "3", "--spike_window", "20",

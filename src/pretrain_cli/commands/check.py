@@ -1,6 +1,6 @@
 """`pretrain-cli check`: everything `train` would validate, without training.
 
-Runs the same `config.prepare` as `train` (arguments, run configuration, model config, tokenizer,
+Runs the same `orchestration.prepare` as `train` (arguments, run configuration, model config, tokenizer,
 token files, batch arithmetic; no Paddle) and prints the resolved run. `--world_size N` resolves it
 for rank 0 of an N-process launch instead of the launcher's environment, so a 16-GPU file is checked
 by the same code on a laptop. Exit 0 means training would
@@ -44,7 +44,7 @@ def list_models() -> list[str]:
 
 
 def main(ns: argparse.Namespace) -> int:
-    from pretrain_cli.config.prepare import launcher_target, prepare, simulated_target
+    from pretrain_cli.orchestration.prepare import launcher_target, prepare, simulated_target
 
     if ns.list_models:
         print("\n".join(list_models()))

@@ -79,7 +79,7 @@ def _loss_sum(model, batches, total: int):
 def _main_config(ns: argparse.Namespace) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli import run_dir
-    from pretrain_cli.config.prepare import inference_kernels, inference_target, prepare
+    from pretrain_cli.orchestration.prepare import inference_kernels, inference_target, prepare
     from pretrain_cli.models.convert import has_weights, load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
@@ -139,7 +139,7 @@ def main(ns: argparse.Namespace) -> int:
     if top >= cfg.vocab_size:
         raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
                         f"the data was tokenized for another model")
-    from pretrain_cli.config.prepare import inference_kernels
+    from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.models.convert import load_for_inference
 
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels())

@@ -34,7 +34,7 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--max_new_tokens: must be >= 1, got {ns.max_new_tokens}")
     if ns.temperature < 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0:
         raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
-    from pretrain_cli.config.prepare import inference_kernels
+    from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
     from pretrain_cli.data.tokenizer import load_tokenizer
     from pretrain_cli.models.config import ModelConfig

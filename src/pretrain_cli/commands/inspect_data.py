@@ -37,31 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
-    """The batches a run skipped (non-finite steps), from its newest trainer state: the final one or a checkpoint's."""
-    from pathlib import Path
+    """The batches a run skipped (non-finite steps, spikes), from its newest trainer state
+    (`training.checkpoint.newest_state`: the final one or a checkpoint's)."""
+    from pretrain_cli.training.checkpoint import newest_state
 
-    from pretrain_cli import run_dir
-
-    candidates = [Path(output_dir) / run_dir.STATE_FILE] + [p / run_dir.STATE_FILE for _, p in
-                                                             run_dir.list_checkpoints(output_dir)]
-    best, where = None, None
-    for path in candidates:
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if best is None or state.get("global_step", 0) > best.get("global_step", 0):
-            best, where = state, str(path)
-    return (list(best.get("skipped_batches", [])) if best else []), where
+    state, where = newest_state(output_dir)
+    return (list(state.get("skipped_batches", [])) if state else []), (str(where) if where else None)
 
 
 def _step_view(ns, tok) -> list[str]:
     """--step K: from the run's own configuration, data and trainer state (--config), or from the flags."""
     if ns.config:
-        from pretrain_cli.config.prepare import prepare
-        from pretrain_cli.run_config import Target
+        from pretrain_cli.orchestration.prepare import inference_target, prepare
 
-        spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], Target())
+        # one process on this machine's device, as `eval` and `generate` resolve
+        spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], inference_target())
         splits, lp = spec.splits, spec.run.loop
         tok = tok or spec.tokenizer
         skipped, where = _skipped_batches(spec.run.output.output_dir)

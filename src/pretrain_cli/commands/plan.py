@@ -1,6 +1,6 @@
 """`pretrain-cli plan`: memory, FLOPs, tokens, checkpoint size and time for an argument file, before any GPU time.
 
-Parses the file once and hands it to `config.planned`, which resolves it exactly as `train` does but for a
+Parses the file once and hands it to `orchestration.planned`, which resolves it exactly as `train` does but for a
 target (`--device`, `--gpus`), and for `--fit` re-resolves every candidate layout of `planning.fit` from the
 parsed arguments and keeps the fastest that fits; `-o` writes it. Never imports Paddle, never opens the data.
 """
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _parsed(config: str | None, overrides: list[str] | None):
     """(Arguments, ModelConfig): the file and its overrides parsed once; every candidate re-resolves these."""
-    from pretrain_cli.config.prepare import build_model_config, load_arguments
+    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
 
     args = load_arguments(config, list(overrides or []))
     return args, build_model_config(args)[1]
@@ -50,8 +50,8 @@ def _parsed(config: str | None, overrides: list[str] | None):
 def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
          mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
          peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints (`config.planned.plan`), with suggestions when the run does not fit."""
-    from pretrain_cli.config import planned
+    """The report `plan --json` prints (`orchestration.planned.plan`), with suggestions when the run does not fit."""
+    from pretrain_cli.orchestration import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops)
     return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
@@ -60,11 +60,17 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
 def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
         mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
         budget_gib: float | None = None, baseline_bytes: float = 0.0) -> dict:
-    """`plan --fit` (`config.planned.fit`): the fastest layout that fits, every candidate re-resolved."""
-    from pretrain_cli.config import planned
+    """`plan --fit` (`orchestration.planned.fit`): the fastest layout that fits, every candidate re-resolved."""
+    return _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)[1]
+
+
+def _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib=None, baseline_bytes=0.0):
+    """(the parsed arguments, `plan --fit`'s result): the flags checked once, the file parsed once."""
+    from pretrain_cli.orchestration import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops, margin)
-    return planned.fit(*_parsed(config, overrides), device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
+    args, model_cfg = _parsed(config, overrides)
+    return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
 
 
 def write_fitted(args, change: dict, path: str) -> None:
@@ -84,11 +90,7 @@ def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
     if ns.fit:
-        from pretrain_cli.config import planned
-
-        planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops, ns.margin)
-        args, model_cfg = _parsed(ns.config, ns.overrides)
-        f = planned.fit(args, model_cfg, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+        args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
         if ns.output and f["after"] is not None:
             write_fitted(args, f["change"], ns.output)
         if not ns.json:

@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    from pretrain_cli.data.preprocess import preprocess
+    import sys
 
-    return preprocess(ns)
+    from pretrain_cli.data.preprocess import Job, preprocess
+
+    job = Job(tuple(ns.input_path), ns.output_prefix, ns.tokenizer, ns.json_key, ns.append_eos, ns.workers,
+              ns.log_interval, ns.max_doc_num, ns.skip_bad_lines, ns.num_tasks, ns.task_index)
+    return preprocess(job, say=print, note=lambda line: print(line, file=sys.stderr, flush=True))

@@ -25,7 +25,7 @@ def main(ns: argparse.Namespace) -> int:
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
     from pretrain_cli import runtime
-    from pretrain_cli.config.prepare import launcher_target, prepare
+    from pretrain_cli.orchestration.prepare import launcher_target, prepare
     from pretrain_cli.distributed import launch
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
@@ -44,38 +44,9 @@ def main(ns: argparse.Namespace) -> int:
 
 
 def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
-    """One line: where it ran out, and `plan --fit`'s layout for this run under a budget below what failed
-    (`config.planned.out_of_memory_fit`, on the arguments this run parsed)."""
-    from pretrain_cli.config.planned import out_of_memory_fit
-    from pretrain_cli.errors import UserError
-    from pretrain_cli.planning import fit as fit_search
+    """One line: where it ran out, and `plan --fit`'s layout for this run (`orchestration.planned.out_of_memory_line`)."""
+    from pretrain_cli import runtime
+    from pretrain_cli.orchestration.planned import out_of_memory_line as line
 
-    r = spec.run
-    where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
-    device = "cpu" if r.device == "cpu" else _gpu_name()
-    world = r.parallel.world_size
-    how = f"pretrain-cli plan {ns.config or '<args.json>'} --device {device or '<your GPU>'} --gpus {world} --fit"
-    if device is None:
-        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
-    try:
-        predicted, f = out_of_memory_fit(spec.args, spec.model_cfg, device, world)
-    except UserError:
-        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
-    if f["after"] is None or not f["diff"]:
-        return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
-                f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
-                f"checkpoints are untouched")
-    change = ", ".join(f"{k} {fit_search.json_value(old)} -> {fit_search.json_value(new)}" for k, old, new in f["diff"])
-    return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
-            f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
-            f"checkpoints are untouched, re-run to resume from the last one")
-
-
-def _gpu_name() -> str | None:
-    """This GPU as a hardware-table name, or None when the table does not know it."""
-    import paddle
-
-    from pretrain_cli.planning.hardware import lookup
-
-    dev = lookup(paddle.device.cuda.get_device_name())
-    return dev.name if dev is not None else None
+    gpu = None if spec.run.device == "cpu" else (runtime.gpu_name() or "")
+    return line(spec.args, spec.model_cfg, spec.run, ns.config, step, gpu)

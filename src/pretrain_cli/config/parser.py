@@ -93,8 +93,8 @@ def _unknown(key: str, where: str) -> UserError:
     return UserError(f"{where}: unknown key `{key}`{hint}")
 
 
-def _scalar(spec: KeySpec, value, where: str, from_text: bool):
-    """Coerce one scalar (JSON value, or a command-line string when from_text)."""
+def _scalar(spec: KeySpec, value, where: str):
+    """Coerce one scalar: a JSON value, or a command-line string (both accept text the way PaddleNLP's argv does)."""
     bad = UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {value!r}")
     base = spec.base
     if base is bool:
@@ -150,11 +150,11 @@ def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
             value = value.split() if spec.base is not str or " " in value else [value]
         if not isinstance(value, list):
             value = [value]
-        return [_scalar(spec, v, where, from_text) for v in value]
+        return [_scalar(spec, v, where) for v in value]
     if isinstance(value, (list, dict)):
         kind = "a list" if isinstance(value, list) else "an object"
         raise UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {kind}")
-    out = _scalar(spec, value, where, from_text)
+    out = _scalar(spec, value, where)
     if spec.choices and out not in spec.choices:
         raise UserError(f"{where}: key `{spec.name}` must be one of {', '.join(spec.choices)}; got {out!r}")
     return out

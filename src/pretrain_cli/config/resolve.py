@@ -150,10 +150,10 @@ def _precision(args: Arguments, device: str, notes: list, problems: Problems, gp
         problems.add("fp16, bf16: both are true; choose one precision")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
     if want == "bfloat16" and device == "gpu" and gpu_name:
-        from pretrain_cli.planning.hardware import lookup
+        from pretrain_cli.planning.hardware import lookup, pre_ampere
 
         dev = lookup(gpu_name)
-        if dev is not None and dev.bf16_tflops is None:
+        if pre_ampere(dev):
             notes.append(f"bf16: WARNING: {dev.name} has no bf16 tensor cores (they came with Ampere: A10, A100, "
                          f"L4, H100), so bf16 runs emulated and slow, if at all; set bf16: false and fp16: true "
                          f"(loss scaling keeps fp16 stable), or use an Ampere-or-newer GPU")
@@ -175,10 +175,10 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
         notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
         attention = "math"
     if attention == "flash" and gpu and target.gpu_name:
-        from pretrain_cli.planning.hardware import lookup
+        from pretrain_cli.planning.hardware import lookup, pre_ampere
 
         dev = lookup(target.gpu_name)
-        if dev is not None and dev.bf16_tflops is None:
+        if pre_ampere(dev):
             notes.append(f"use_flash_attention: {dev.name} predates Ampere (no flash-attn-2); the math path runs")
             attention = "math"
     assert attention in ATTENTION_PATHS
@@ -205,8 +205,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     return "fused" if fused else "paddle"
 
 
-def _parallel(args: Arguments, model_cfg, target: Target, precision: Precision, notes: list,
-              problems: Problems) -> ParallelConfig:
+def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
     t, world = args.training, target.world_size
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
@@ -337,7 +336,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     precision = _precision(args, device, notes, problems, target.gpu_name)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
-    parallel = _parallel(args, model_cfg, here, precision, notes, problems)
+    parallel = _parallel(args, model_cfg, here, notes, problems)
     if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:

@@ -1,6 +1,6 @@
 """Token files -> train/valid/test sample datasets (numpy only; no Paddle here).
 
-`build_datasets()` is the one entry point (`config.prepare` calls it); batches come from
+`build_datasets()` is the one entry point (`orchestration.prepare` calls it); batches come from
 `data.loader.BatchIterator` / `micro_batch` over the returned datasets.
 """
 from __future__ import annotations

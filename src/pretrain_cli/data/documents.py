@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 from pathlib import Path
 
 from pretrain_cli.data.readers import FileReader, count_records, kind
@@ -69,7 +68,9 @@ class DocumentReader:
     parts (a compressed file's unreadable tail, a Parquet row group) and decompressed bytes."""
 
     def __init__(self, paths, json_key: str = "text", skip_bad_lines: bool = False, max_docs: int | None = None,
-                 files=None, exclude=None):
+                 files=None, exclude=None, note=None):
+        """`note(line)`: where the warning for each of the first skipped lines goes (the command's stderr)."""
+        self.note = note or (lambda line: None)
         self.files, self.skipped_files = (files, []) if files is not None else list_input_files(paths, exclude)
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
@@ -92,7 +93,7 @@ class DocumentReader:
         n = self.bad_lines + self.bad_parts
         if n <= _REPORTED_BAD_LINES:  # never silent: name the first few, count all
             more = " (further skipped lines are only counted)" if n == _REPORTED_BAD_LINES else ""
-            print(f"warning: skipped {where}: {problem}{more}", file=sys.stderr)
+            self.note(f"warning: skipped {where}: {problem}{more}")
 
     def read(self, path: Path):
         """The non-empty documents of one file (until max_docs)."""

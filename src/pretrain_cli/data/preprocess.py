@@ -5,6 +5,9 @@ tokenization runs in a worker pool fed through a bounded window of batches, beca
 `Pool.imap` drains its input eagerly and would hold the whole corpus in memory. A batch never
 spans two input files, so when a file's last batch is written the task can record it as
 finished (`data/tasks.py`) and a re-run after a kill continues with the next file.
+
+The command builds the `Job` and says where the lines go (`say`: results, `note`: progress and warnings);
+this module prints nothing itself.
 """
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ import collections
 import itertools
 import os
 import queue
-import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -29,9 +33,44 @@ from pretrain_cli.errors import UserError
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_dir: str, dtype: str, eos: int | None) -> None:
-    from pretrain_cli.data.tokenizer import load_tokenizer
+@dataclass(frozen=True)
+class Job:
+    """One preprocess task, as `pretrain-cli preprocess` builds it from its options (docs/DATA.md)."""
 
+    input_path: tuple  # files, directories or glob patterns
+    output_prefix: str
+    tokenizer: str  # the tokenizer directory
+    json_key: str = "text"
+    append_eos: bool = False
+    workers: int = 1
+    log_interval: int = 10000  # documents between progress notes; 0: none
+    max_doc_num: int | None = None
+    skip_bad_lines: bool = False
+    num_tasks: int = 1
+    task_index: int = 0
+
+
+def _quiet(line: str) -> None:
+    """Where a line goes when the caller asks for none."""
+
+
+@dataclass
+class _Task:
+    """What the encoding loop works with, opened by `preprocess`: the job, its reader and writer, its files and
+    prefix, the settings recorded with its progress, the token dtype, the EOS id and the tokenizer."""
+
+    job: Job
+    reader: DocumentReader
+    writer: IndexedDatasetWriter
+    files: list
+    prefix: str
+    settings: dict
+    dtype: np.dtype
+    eos: int | None
+    tok: object
+
+
+def _init_worker(tokenizer_dir: str, dtype: str, eos: int | None) -> None:
     _WORKER.update(tok=load_tokenizer(tokenizer_dir), dtype=np.dtype(dtype), eos=eos)
 
 
@@ -101,82 +140,83 @@ class _Raised:
         self.error = error
 
 
-def _results(ns, work, dtype, eos, tok):
+def _results(job: Job, work, dtype, eos, tok):
     """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
-    if ns.workers <= 1:
+    if job.workers <= 1:
         _WORKER.update(tok=tok, dtype=dtype, eos=eos)
         for item in _prefetched(work):
             yield item if isinstance(item, _FileDone) else _encode(item)
         return
     import multiprocessing as mp
 
-    with mp.get_context("fork").Pool(ns.workers, _init_worker, (ns.tokenizer, dtype.str, eos)) as pool:
+    with mp.get_context("fork").Pool(job.workers, _init_worker, (job.tokenizer, dtype.str, eos)) as pool:
         window = collections.deque()
         for item in work:
             window.append(item if isinstance(item, _FileDone) else pool.apply_async(_encode, (item,)))
-            if len(window) >= 2 * ns.workers + 2:
+            if len(window) >= 2 * job.workers + 2:
                 yield window.popleft().get()
         while window:
             yield window.popleft().get()
 
 
-def _inputs(ns, base: str):
+def _inputs(job: Job, base: str):
     """(this task's files, files skipped by name, files in the whole job)."""
-    all_files, skipped = list_input_files(ns.input_path, exclude=lambda p: tasks.is_own_output(p, base))
+    all_files, skipped = list_input_files(job.input_path, exclude=lambda p: tasks.is_own_output(p, base))
     clash = [str(f) for f in all_files if tasks.is_own_output(f, base)]
     if clash:
         raise UserError(f"--output_prefix: {base} would overwrite the input {clash[0]}; choose another prefix")
-    return tasks.task_share(all_files, ns.num_tasks, ns.task_index), skipped, len(all_files)
+    return tasks.task_share(all_files, job.num_tasks, job.task_index), skipped, len(all_files)
 
 
-def preprocess(ns) -> int:
-    """Tokenize `ns.input_path` (this task's share) into `<output_prefix>[-iiiii-of-nnnnn]`.bin/.idx/.json."""
-    ns.num_tasks, ns.task_index = getattr(ns, "num_tasks", 1), getattr(ns, "task_index", 0)
-    tasks.check_task(ns.num_tasks, ns.task_index)
-    tok = load_tokenizer(ns.tokenizer)
+def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[str], None] = _quiet) -> int:
+    """Tokenize `job.input_path` (this task's share) into `<output_prefix>[-iiiii-of-nnnnn]`.bin/.idx/.json.
+    `say`: the outcome lines (the command's stdout); `note`: progress and warnings (its stderr)."""
+    tasks.check_task(job.num_tasks, job.task_index)
+    tok = load_tokenizer(job.tokenizer)
     eos = None
-    if ns.append_eos:
+    if job.append_eos:
         eos = tok.eos_token_id
         if eos is None:
-            raise UserError(f"{ns.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop --append_eos")
-    base = strip_prefix(ns.output_prefix)
-    prefix = tasks.task_prefix(base, ns.num_tasks, ns.task_index)
-    files, skipped, n_all = _inputs(ns, base)
-    task = f" (task {ns.task_index} of {ns.num_tasks}: files {len(files)} of {n_all})" if ns.num_tasks > 1 else ""
+            raise UserError(f"{job.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop --append_eos")
+    base = strip_prefix(job.output_prefix)
+    prefix = tasks.task_prefix(base, job.num_tasks, job.task_index)
+    files, skipped, n_all = _inputs(job, base)
+    task = f" (task {job.task_index} of {job.num_tasks}: files {len(files)} of {n_all})" if job.num_tasks > 1 else ""
     if not files:
-        print(f"preprocess: nothing to do{task}: {n_all} input files for {ns.num_tasks} tasks")
+        say(f"preprocess: nothing to do{task}: {n_all} input files for {job.num_tasks} tasks")
         return 0
     dtype = dtype_for_vocab(tok.vocab_size)
-    settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": ns.json_key,
-                "max_doc_num": ns.max_doc_num}
+    settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": job.json_key,
+                "max_doc_num": job.max_doc_num}
     inputs_sha = tasks.files_sha256(files, settings)
     meta = read_sidecar(prefix)
     if (meta and meta.get("inputs_sha256") == inputs_sha and os.path.exists(prefix + ".bin")
             and os.path.exists(prefix + ".idx")):
         tasks.remove_progress(prefix)
-        print(f"preprocess: {prefix}.bin/.idx already complete for these inputs and settings{task}; nothing to do")
+        say(f"preprocess: {prefix}.bin/.idx already complete for these inputs and settings{task}; nothing to do")
         return 0
-    rec = tasks.load_progress(prefix, files, settings)
+    rec = tasks.load_progress(prefix, files, settings, note)
     writer = None
     if rec is not None:
         try:
             writer = IndexedDatasetWriter(prefix, dtype, resume=rec["writer"])
         except FileNotFoundError as e:
-            print(f"preprocess: cannot resume ({e}); starting this task over", file=sys.stderr)
+            note(f"preprocess: cannot resume ({e}); starting this task over")
             rec = None
     if writer is None:
         tasks.remove_progress(prefix)
         writer = IndexedDatasetWriter(prefix, dtype)
-    reader = DocumentReader(None, ns.json_key, ns.skip_bad_lines, ns.max_doc_num, files=files)
+    reader = DocumentReader(None, job.json_key, job.skip_bad_lines, job.max_doc_num, files=files, note=note)
     start, stats = 0, {"written": 0, "tokens": 0, "max_id": -1, "empty_after": 0}
     if rec is not None:
         reader.restore(rec["counters"])
         start = rec["done_files"]
         stats = {k: int(rec["counters"][k]) for k in stats}
-        print(f"preprocess: resuming {prefix} after {start} of {len(files)} files (last: {rec['last_file']}; "
-              f"{stats['written']} documents kept)", file=sys.stderr)
+        note(f"preprocess: resuming {prefix} after {start} of {len(files)} files (last: {rec['last_file']}; "
+             f"{stats['written']} documents kept)")
     try:
-        el, new_tokens, new_bytes = _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, tok)
+        el, new_tokens, new_bytes = _run(_Task(job, reader, writer, files, prefix, settings, dtype, eos, tok),
+                                         start, stats, note)
     except BaseException:
         if os.path.exists(tasks.progress_path(prefix)):  # keep finished files for the re-run
             writer.close()
@@ -186,51 +226,51 @@ def preprocess(ns) -> int:
     docs, tokens, empty = stats["written"], stats["tokens"], reader.empty + stats["empty_after"]
     atomic.write_json(prefix + ".json", {
         "format": SIDECAR_FORMAT, "documents": docs, "tokens": tokens, "max_token_id": stats["max_id"],
-        "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(ns.tokenizer),
-        "tokenizer_sha256": tok.sha256, "eos_appended": bool(ns.append_eos), "eos_token_id": tok.eos_token_id,
-        "json_key": ns.json_key, "input_files": len(files), "num_tasks": ns.num_tasks, "task_index": ns.task_index,
+        "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(job.tokenizer),
+        "tokenizer_sha256": tok.sha256, "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
+        "json_key": job.json_key, "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,
         "inputs_sha256": inputs_sha, "skipped_bad_lines": reader.bad_lines,
         "skipped_corrupt_parts": reader.bad_parts, "skipped_empty_documents": empty,
     }, sort_keys=True)
     tasks.remove_progress(prefix)
     for f in skipped[:5]:
-        print(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)", file=sys.stderr)
+        note(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)")
     corrupt = f", {reader.bad_parts} corrupt parts skipped" if reader.bad_parts else ""
-    print(f"preprocess: wrote {prefix}.bin/.idx{task}: {docs} documents, {tokens} tokens ({dtype.name}), "
-          f"max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped{corrupt}, "
-          f"{el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
+    say(f"preprocess: wrote {prefix}.bin/.idx{task}: {docs} documents, {tokens} tokens ({dtype.name}), "
+        f"max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped{corrupt}, "
+        f"{el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
     return 0
 
 
-def _run(ns, reader, writer, files, start, stats, prefix, settings, dtype, eos, tok) -> tuple[float, int, int]:
+def _run(t: _Task, start: int, stats: dict, note: Callable[[str], None]) -> tuple[float, int, int]:
     """Encode and write from file `start` on; record each finished file; finalize.
     Returns (seconds, tokens written, bytes read) of this process."""
+    job, reader, writer, files, prefix, settings, tok = t.job, t.reader, t.writer, t.files, t.prefix, t.settings, t.tok
     t0 = time.perf_counter()
     bytes0, docs0, tokens0 = reader.bytes, stats["written"], stats["tokens"]
-    next_log = docs0 + ns.log_interval
-    for item in _results(ns, _work(reader, files, start), dtype, eos, tok):
+    next_log = docs0 + job.log_interval
+    for item in _results(job, _work(reader, files, start), t.dtype, t.eos, tok):
         if isinstance(item, _FileDone):
             tasks.save_progress(prefix, files, item.k + 1, settings, writer.checkpoint(), {**item.counters, **stats})
             continue
         flat, lengths, batch_max, n_empty = item
         if batch_max >= tok.vocab_size:
-            raise UserError(f"{ns.tokenizer}: produced token id {batch_max} >= vocab size {tok.vocab_size}; "
+            raise UserError(f"{job.tokenizer}: produced token id {batch_max} >= vocab size {tok.vocab_size}; "
                             "the tokenizer files are inconsistent, re-create them")
         writer.add_documents(flat, lengths)
         stats["written"] += lengths.size
         stats["tokens"] += int(flat.size)
         stats["max_id"] = max(stats["max_id"], batch_max)
         stats["empty_after"] += n_empty
-        if ns.log_interval and stats["written"] >= next_log:
-            next_log = stats["written"] + ns.log_interval
+        if job.log_interval and stats["written"] >= next_log:
+            next_log = stats["written"] + job.log_interval
             el = time.perf_counter() - t0
             done = stats["written"] - docs0
-            print(f"preprocess: {stats['written']} docs, {done / el:.0f} docs/s, "
-                  f"{(stats['tokens'] - tokens0) / el:.0f} tokens/s, {(reader.bytes - bytes0) / el / 1e6:.1f} MB/s",
-                  file=sys.stderr, flush=True)
+            note(f"preprocess: {stats['written']} docs, {done / el:.0f} docs/s, "
+                 f"{(stats['tokens'] - tokens0) / el:.0f} tokens/s, {(reader.bytes - bytes0) / el / 1e6:.1f} MB/s")
     if stats["written"] == 0:
         tasks.remove_progress(prefix)
-        raise UserError(f"--input_path: no non-empty documents in {' '.join(map(str, ns.input_path))}; "
-                        f"check the files and --json_key ({ns.json_key!r})")
+        raise UserError(f"--input_path: no non-empty documents in {' '.join(map(str, job.input_path))}; "
+                        f"check the files and --json_key ({job.json_key!r})")
     writer.finalize()
     return time.perf_counter() - t0, stats["tokens"] - tokens0, reader.bytes - bytes0

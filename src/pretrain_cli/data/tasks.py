@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 from pretrain_cli import atomic
@@ -75,7 +74,7 @@ def progress_path(prefix: str) -> str:
     return prefix + ".progress.json"
 
 
-def load_progress(prefix: str, files: list, settings: dict) -> dict | None:
+def load_progress(prefix: str, files: list, settings: dict, note=lambda line: None) -> dict | None:
     """The record to resume from, or None (none, or made with other inputs or settings: start over, said on stderr)."""
     path = progress_path(prefix)
     try:
@@ -84,7 +83,7 @@ def load_progress(prefix: str, files: list, settings: dict) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        print(f"preprocess: ignoring unreadable {path} ({e}); starting over", file=sys.stderr)
+        note(f"preprocess: ignoring unreadable {path} ({e}); starting over")
         return None
     why = None
     if not isinstance(rec, dict) or rec.get("format") != PROGRESS_FORMAT:
@@ -96,7 +95,7 @@ def load_progress(prefix: str, files: list, settings: dict) -> dict | None:
     elif not 0 < rec.get("done_files", 0) <= len(files) or files_sha256(files[: rec["done_files"]], settings) != rec.get("done_sha256"):
         why = "its finished files differ from this task's inputs (renamed, resized or modified)"
     if why:
-        print(f"preprocess: {path}: {why}; starting this task over", file=sys.stderr)
+        note(f"preprocess: {path}: {why}; starting this task over")
         return None
     return rec
 

@@ -170,7 +170,7 @@ def train_tokenizer(ns) -> int:
     if ns.vocab_size < min_vocab:
         raise UserError(f"--vocab_size: {ns.vocab_size} is below the byte alphabet plus special tokens "
                         f"({min_vocab}); pass at least {min_vocab}")
-    reader = DocumentReader(ns.input_path, ns.json_key, ns.skip_bad_lines)
+    reader = DocumentReader(ns.input_path, ns.json_key, ns.skip_bad_lines, note=lambda line: print(line, file=sys.stderr))
     n_docs = count_documents(ns.input_path)  # cheap line count: tqdm and the trainer want a length
     from tqdm import tqdm
 

@@ -8,11 +8,11 @@ would trip: they wait on the launcher's TCP store instead (`wait_for_rank0`, doc
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
-from pretrain_cli.errors import UserError
+from pretrain_cli import waiting
+from pretrain_cli.errors import PeerFailed, UserError
 from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
@@ -112,27 +112,24 @@ class Comm(NoComm):
         """Other ranks: poll the TCP store (not a gloo collective: no 30 s limit) until rank 0 is done."""
         self._rounds += 1
         key = f"{_KEY}/save/{self._rounds}"
-        timeout = timeout or float(os.environ.get("PRETRAIN_CLI_RANK0_TIMEOUT", "3600"))
-        store, start, delay = self._store(), time.monotonic(), 0.05
-        while True:
+        store = self._store()
+
+        def done():
             try:
                 value = store.add(key, 0)
             except Exception as e:  # the store lives in rank 0's process: rank 0 is gone
-                raise UserError(f"rank {self.rank}: lost rank 0 while it was {what} ({e}); see workerlog.0") from None
-            if value > 0:
-                try:
-                    store.add(f"{key}/seen", 1)  # rank 0 stays until every rank has seen its last round
-                except Exception:  # rank 0 gave up waiting: it is done either way
-                    pass
-                return
+                raise PeerFailed(f"rank {self.rank}: lost rank 0 while it was {what} ({e}); see workerlog.0") from None
             if value < 0:
-                raise UserError(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
-            if time.monotonic() - start > timeout:
-                raise UserError(f"rank {self.rank}: rank 0 has been {what} for more than {timeout:.0f} s; "
-                                f"raise PRETRAIN_CLI_RANK0_TIMEOUT if that is expected")
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                raise PeerFailed(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
+            return True if value > 0 else None
 
+        waiting.poll(done, timeout, lambda s: UserError(f"rank {self.rank}: rank 0 has been {what} for more than "
+                                                        f"{s:.0f} s; raise {waiting.TIMEOUT_ENV} if that is expected"),
+                     first=0.05)
+        try:
+            store.add(f"{key}/seen", 1)  # rank 0 stays until every rank has seen its last round
+        except Exception:  # rank 0 gave up waiting: it is done either way
+            pass
 
     def wait_until_seen(self, timeout: float = 30.0) -> None:
         """Rank 0, before it exits: wait until every other rank has seen its last round end. The TCP store

@@ -7,7 +7,8 @@ but our fused CPU kernels (custom C++ ops) do not: Paddle then reshards every in
 batch and sequence and independent per head, so running it on the local piece is exact under batch
 sharding (data parallel) and head/column sharding (tensor parallel). `localize` wraps a `Kernels`
 table so each op takes the local value (`dtensor_to_local`), runs, and declares the result with the
-input's placements (`dtensor_from_local`); autograd flows through both.
+input's placements (`dtensor_from_local`); autograd flows through both. The model is built with that
+table (`kernels_for`), before it is laid out.
 
 Weights a kernel reads whole (RMSNorm, and ZeRO-3's sharded pieces of any weight) are gathered
 with `dist.reshard` and handed over "Partial" on the axes where the activation is sharded, so the
@@ -88,54 +89,41 @@ def _weight_for(w, like, hook: bool):
     return dtensor_to_local(w, w.process_mesh, placements)
 
 
+def _on_pieces(op, roles: str, like, hook: bool):
+    """`op` on this rank's local pieces. `roles` says what each argument is: "p" a distributed activation (made
+    non-Partial, its local value passed), "w" a weight the kernel reads whole (`_weight_for` the first argument),
+    "t" a table without gradient (its local value), "-" anything else (passed as is). The result is declared
+    with the placements of argument `like` (a tuple of results: of each argument in the tuple `like`). Dense
+    inputs go to `op` unchanged (generation, evaluation after gathering)."""
+
+    def local_op(*args):
+        if not args[0].is_dist():
+            return op(*args)
+        args = [_no_partial(a) if r == "p" else a for a, r in zip(args, roles)]
+        local = [_local(a) if r == "p" else _weight_for(a, args[0], hook) if r == "w"
+                 else a._local_value() if r == "t" and a.is_dist() else a for a, r in zip(args, roles)]
+        out = op(*local)
+        if isinstance(like, tuple):
+            return tuple(_dist(o, args[i]) for o, i in zip(out, like))
+        return _dist(out, args[like])
+
+    return local_op
+
+
 def localize(k, hook: bool):
-    """`k` (an `ops.kernels.Kernels`) with every op running on local pieces of distributed tensors.
+    """`k` (an `ops.kernels.Kernels`) with every op running on local pieces of distributed tensors (`_on_pieces`;
+    the three that need more than that below), and `whole_weight` gathering a weight ZeRO-3 keeps in pieces.
 
-    Dense inputs go to the original op unchanged (generation, evaluation after gathering).
+    The embedding lookup's SPMD rule refuses ZeRO-3's [Shard on dp, Shard(0) on mp when vocab-split] embedding
+    next to batch-sharded ids, and a tied LM head's implicit gather of it would get a reduce-scatter backward
+    (no CPU kernel): both read the dp-gathered weight (`gather_zero`), as the fused head + loss does, so a tied
+    weight's gradients arrive with one placement.
     """
-    rms, rope, attn, attn_cached, attn_doc = k.rms_norm, k.rope, k.attention, k.attention_cached, k.attention_document
-    swiglu, swiglu_packed, ce, lce = k.swiglu, k.swiglu_packed, k.cross_entropy, k.linear_cross_entropy
-
-    def rms_norm(x, w, eps):
-        if not x.is_dist():
-            return rms(x, w, eps)
-        x = _no_partial(x)
-        return _dist(rms(_local(x), _weight_for(w, x, hook), eps), x)
-
-    def rope_(q, kk, cos, sin, position_ids=None):
-        # also for Paddle's reference RoPE: its [s, b*h, d] merge would co-shard batch and heads
-        if not q.is_dist():
-            return rope(q, kk, cos, sin, position_ids) if position_ids is not None else rope(q, kk, cos, sin)
-        q, kk = _no_partial(q), _no_partial(kk)
-        cos = cos._local_value() if cos.is_dist() else cos  # tables, not parameters: no gradient
-        sin = sin._local_value() if sin.is_dist() else sin
-        if position_ids is None:
-            qo, ko = rope(_local(q), _local(kk), cos, sin)
-        else:  # [bsz, seq_len] rows of this rank's samples
-            qo, ko = rope(_local(q), _local(kk), cos, sin, _local(position_ids))
-        return _dist(qo, q), _dist(ko, kk)
-
-    def attention(q, kk, v, _op=attn):
-        if not q.is_dist():
-            return _op(q, kk, v)
-        q, kk, v = _no_partial(q), _no_partial(kk), _no_partial(v)
-        return _dist(_op(_local(q), _local(kk), _local(v)), q)
-
-    def attention_document(q, kk, v, doc_start):
-        if not q.is_dist():
-            return attn_doc(q, kk, v, doc_start)
-        q, kk, v = _no_partial(q), _no_partial(kk), _no_partial(v)
-        return _dist(attn_doc(_local(q), _local(kk), _local(v), _local(doc_start)), q)
-
-    def swiglu_(g, u):
-        if not g.is_dist():
-            return swiglu(g, u)
-        g, u = _no_partial(g), _no_partial(u)
-        return _dist(swiglu(_local(g), _local(u)), g)
+    ce, lce = k.cross_entropy, k.linear_cross_entropy
 
     def gate_up(x, gate_w, up_w, gate_b=None, up_b=None):
         """Each rank concatenates its own gate and up pieces, `[hidden, 2·inter/tp]` laid out [g_r | u_r],
-        declared with gate's placements; so `swiglu_packed` below sees this rank's halves."""
+        declared with gate's placements; so `swiglu_packed` sees this rank's halves."""
         import paddle
 
         if not gate_w.is_dist():
@@ -147,12 +135,6 @@ def localize(k, hook: bool):
             gb, ub = gather_zero(gate_b, hook), gather_zero(up_b, hook)
             out = out + _dist(paddle.concat([_local(gb), _local(ub)]), gb)  # [2*inter]
         return out
-
-    def swiglu_packed_(gu):
-        if not gu.is_dist():
-            return swiglu_packed(gu)
-        gu = _no_partial(gu)
-        return _dist(swiglu_packed(_local(gu)), gu)
 
     def cross_entropy(logits, labels, ignore_index):
         import paddle.distributed as dist
@@ -177,17 +159,20 @@ def localize(k, hook: bool):
         return _replicate_grad(pieces, hook).sum()  # the sum's gradient arrives Partial
 
     return dataclasses.replace(
-        k, rms_norm=rms_norm, rope=rope_, attention=attention, attention_document=attention_document,
-        swiglu=swiglu_, gate_up=gate_up,
-        swiglu_packed=swiglu_packed_, cross_entropy=cross_entropy,
+        k, rms_norm=_on_pieces(k.rms_norm, "pw-", 0, hook),
+        # also for Paddle's reference RoPE: its [s, b*h, d] merge would co-shard batch and heads
+        rope=_on_pieces(k.rope, "ppttp", (0, 1), hook),
+        attention=_on_pieces(k.attention, "ppp", 0, hook),
+        attention_cached=_on_pieces(k.attention_cached, "ppp", 0, hook),
+        attention_document=_on_pieces(k.attention_document, "pppp", 0, hook),
+        swiglu=_on_pieces(k.swiglu, "pp", 0, hook), swiglu_packed=_on_pieces(k.swiglu_packed, "p", 0, hook),
+        gate_up=gate_up, cross_entropy=cross_entropy,
         linear_cross_entropy=linear_cross_entropy if lce is not None else None,
-        attention_cached=lambda q, kk, v: attention(q, kk, v, attn_cached))
+        whole_weight=lambda w: gather_zero(w, hook))
 
 
-def use_local_kernels(model, hook: bool):
-    """Give every layer of a built model the localized kernels (they share one `Kernels` table)."""
-    k = localize(model.kernels, hook)
-    for layer in [model, *model.sublayers()]:
-        if hasattr(layer, "kernels"):
-            layer.kernels = k
-    return model
+def kernels_for(k, engine: str, device: str):
+    """The kernel table a model is built with for a layout on `engine`: on the semi-auto engine activations are
+    distributed tensors, so every op runs on local pieces (`localize`, with the CPU gradient hook on CPU);
+    elsewhere the table as it is. Chosen before the model exists, so no layer's kernels are replaced later."""
+    return localize(k, hook=device == "cpu") if engine == "semi_auto" else k

@@ -7,8 +7,9 @@ sits this module's vocabulary, shared by every `Strategy`:
 - `Piece`: one rectangular block of a global tensor that this rank holds — the tensor's Hugging Face
   name (optimizer state: `"<hf name>/<slot>"`, slot one of `SLOTS`), its global shape, the block's
   offsets and shape in it, HF layout (Linear weights `[out, in]`), the ranks holding an identical copy
-  (`holders`, this rank among them), and the rank's tensor itself: `read()` copies the block to host memory
-  (numpy; bf16 as uint16 bits) only when the writer gets to it, so a rank never stages more than one piece.
+  (`holders`, this rank among them), and the rank's tensor itself: `view()` hands the block to a synchronous
+  writer when it gets to it (numpy; bf16 as uint16 bits), without a copy where it can; an asynchronous save
+  copies it into its own host buffers (`training.async_save`).
 - `Box`: where a tensor's local part sits in the global tensor, in Paddle's layout; the load side of
   the same fact (`Strategy.local_box`).
 
@@ -27,6 +28,17 @@ import numpy as np
 # Paddle AdamW accumulator tables -> the slot names in a checkpoint; "master" is O2's fp32 weight copy
 ACCUMULATORS = {"moment1": "moment1", "moment2": "moment2", "beta1_pow_acc": "beta1_pow", "beta2_pow_acc": "beta2_pow"}
 SLOTS = (*ACCUMULATORS.values(), "master")
+
+
+def state_name(hf: str, slot: str) -> str:
+    """The checkpoint name of optimizer state `slot` of HF tensor `hf`: `"<hf name>/<slot>"`."""
+    return f"{hf}/{slot}"
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """(HF tensor name, optimizer slot) of a checkpoint tensor name; the slot is None for a weight."""
+    hf, _, slot = name.partition("/")
+    return hf, slot or None
 
 
 @dataclass(frozen=True)
@@ -57,10 +69,6 @@ class Piece:
     holders: tuple  # ranks with an identical copy, sorted
     tensor: object  # this rank's Paddle tensor (its local value is the block, Paddle layout)
     transpose: bool = False  # HF layout is the transpose of Paddle's (2-D Linear weights and their state)
-
-    def read(self) -> np.ndarray:
-        """The block on the host, HF layout, C-contiguous, `box.shape` (a copy made now)."""
-        return host_copy(self.tensor, self.transpose)
 
     def view(self) -> np.ndarray:
         """The block in HF layout without a copy where it can be (`host_view`): what a synchronous save writes."""
@@ -167,22 +175,20 @@ def state_tensors(model, optimizer=None):
     accumulator tables by parameter, not by parsing Paddle's generated names: under O2 the moments belong to
     the fp32 master copy (`<param>_fp32_master_0_moment1_0`). Absent state (fleet ZeRO-1's other ranks'
     parameters, a step not taken yet) is simply not listed."""
-    from pretrain_cli.models.convert import hf_param_names
+    from pretrain_cli.models.convert import hf_params
 
-    params = dict(model.named_parameters())
-    names = hf_param_names(model)
-    for ours, (hf, transpose) in names.items():
-        yield hf, "weights", params[ours], transpose
+    named = hf_params(model)
+    for hf, p, transpose in named:
+        yield hf, "weights", p, transpose
     if optimizer is None:
         return
     inner = inner_optimizer(optimizer)
     master = getattr(inner, "_master_weights", None) or {}
-    for ours, (hf, transpose) in names.items():
-        p = params[ours]
+    for hf, p, transpose in named:
         target = master.get(p.name, p)
         for key, slot in ACCUMULATORS.items():
             t = inner._accumulators.get(key, {}).get(target.name)
             if t is not None:
-                yield f"{hf}/{slot}", "optimizer", t, transpose and len(t.shape) == 2
+                yield state_name(hf, slot), "optimizer", t, transpose and len(t.shape) == 2
         if p.name in master:
-            yield f"{hf}/master", "optimizer", master[p.name], transpose
+            yield state_name(hf, "master"), "optimizer", master[p.name], transpose

@@ -261,13 +261,10 @@ class Pipeline(FleetHybrid):
         from paddle.distributed import fleet
 
         from pretrain_cli.distributed.tensor_parallel import split_layers
-        from pretrain_cli.models.convert import hf_param_names
 
         group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
         dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
-        params = dict(model.named_parameters())
-        self.tp_dims = {hf: dims[id(params[ours])] for ours, (hf, _) in hf_param_names(model).items()
-                        if id(params[ours]) in dims}
+        self.tp_dims = {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims}  # HF names
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
@@ -289,8 +286,9 @@ class Pipeline(FleetHybrid):
         return Pipelined(engine, self.loss), optimizer
 
     # ------------------------------------------------------------------ a step
-    def forward_backward(self, model, batches: list, amp):
-        """The step's micro-batches through fleet's 1F1B schedule; the summed mean loss (every stage gets it)."""
+    def forward_backward(self, model, batches: list, amp, forward_loss=None):
+        """The step's micro-batches through fleet's 1F1B schedule (the stages compute the loss: `forward_loss` is
+        not used); the summed mean loss (every stage gets it)."""
         import paddle
 
         from pretrain_cli.data.loader import DOCUMENT_FIELDS

@@ -10,11 +10,13 @@ Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 
 On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
 reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
-happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`).
+happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
+built with those kernels (`local_kernels.kernels_for`, in `training.run.build_model`): nothing of a live
+layer is replaced here.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.local_kernels import gather_zero, to_replicated, use_local_kernels
+from pretrain_cli.distributed.local_kernels import to_replicated
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.run_config import ParallelConfig
 
@@ -42,15 +44,12 @@ class SemiAuto(Strategy):
 
         p = self.parallel
         self.mesh = self.topology.mesh()
-        use_local_kernels(model, self.hook)
         self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
         self._names = {id(param): name for name, param in model.named_parameters()}
         if self.hook:
             for param in model.parameters():
                 param.register_hook(to_replicated)  # before shard_optimizer registers its own
-        if p.sharding_stage == 3:
-            self._gather_embedding_on_use(model)
         return model
 
     def _placements(self, tp_dim=None) -> list:
@@ -91,27 +90,6 @@ class SemiAuto(Strategy):
             return dist.shard_tensor(param, mesh, placements)
         name = f"{layer_name}.{key}" if layer_name else key
         return fill_placed(name, param, self._source, mesh, placements, self.parallel.rank)
-
-    def _gather_embedding_on_use(self, model) -> None:
-        """ZeRO-3 keeps the embedding as [Shard on dp, Shard(0) on mp when vocab-split], which the lookup's SPMD
-        rule refuses next to batch-sharded ids, and which a tied LM head's implicit gather would give a
-        reduce-scatter backward (no CPU kernel): both read the dp-gathered weight instead, as the fused head +
-        loss does (`local_kernels`), so a tied weight's gradients arrive with one placement. Replaced on the
-        instances, like recompute's wrappers; the model code is unchanged."""
-        import paddle
-        import paddle.nn.functional as F
-
-        emb, hook = model.model.embed_tokens, self.hook
-
-        def embed(ids):
-            return F.embedding(ids, gather_zero(emb.weight, hook), padding_idx=emb._padding_idx, sparse=emb._sparse)
-
-        emb.forward = embed
-        if model.lm_head is None:
-            def logits(h):  # [bsz, seq_len, hidden] -> [bsz, seq_len, vocab]
-                return paddle.matmul(h, gather_zero(emb.weight, hook), transpose_y=True)
-
-            model.logits = logits
 
     def wrap(self, model, optimizer):
         import paddle.distributed as dist

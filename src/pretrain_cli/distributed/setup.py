@@ -18,7 +18,7 @@ from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
 from pretrain_cli.distributed.topology import Topology
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import RendezvousFailed, UserError
 from pretrain_cli.run_config import Loop, ParallelConfig
 
 
@@ -29,6 +29,10 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         return
     import paddle.distributed as dist
 
+    from pretrain_cli.distributed import job
+
+    # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
+    job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
     try:
         fleet_engine = parallel.engine in ("pipeline", "fleet_zero1") or (parallel.engine == "context_parallel"
                                                                           and parallel.sharding_stage == 1)
@@ -39,9 +43,11 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
             dist.init_parallel_env()
     except (RuntimeError, OSError) as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else e
-        raise UserError(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
-                        f"processes (master {launch.master()}): {last}; check that every node runs the same "
-                        f"command, that --master is reachable and its port is free") from None
+        raise RendezvousFailed(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
+                               f"processes (master {launch.master()}): {last}; check that every node runs the same "
+                               f"command, that --master is reachable and its port is free (scripts/launch.sh "
+                               f"retries with new ports)") from None
+    job.clear(parallel.rank)
     if dist.get_world_size() != parallel.world_size:
         raise UserError(f"rank {parallel.rank}: the process group has {dist.get_world_size()} processes, the "
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")

@@ -3,7 +3,7 @@
 Model code is single-device; parallelism is applied here from outside, like torchtitan's
 `parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
 methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
-step `shard_batch`, `no_sync`, `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
+step `forward_backward` (`shard_batch`, `no_sync`), `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
 `pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.pieces`)
 and `local_box` (what it reads back: where each of its tensors sits in the global one). Nothing is gathered.
 
@@ -45,7 +45,6 @@ class Strategy:
         self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
-        self.resume_bytes_read = None  # checkpoint bytes this rank read to resume (set by the resume; reported)
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
@@ -66,6 +65,18 @@ class Strategy:
         return scaler
 
     # ------------------------------------------------------------------ a step
+    def forward_backward(self, model, batches: list, amp, forward_loss):
+        """The step's micro-batches, each forward (`forward_loss(batch)`: its mean loss) and backward, the
+        gradient all-reduce held back until the last (`no_sync`); returns the mean loss over them (a tensor).
+        A pipeline overrides this with its own schedule."""
+        total, acc = None, len(batches)
+        for i, batch in enumerate(batches):
+            with self.no_sync(model, last_micro_batch=i == acc - 1):
+                loss = forward_loss(batch) / acc
+                amp.backward(loss)
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
+
     def shard_batch(self, tensor):
         """This rank's micro-batch as the model's input."""
         return tensor
@@ -135,7 +146,7 @@ class Strategy:
         """The checkpoint interface every layout implements through `holders` / `local_box`: this rank's
         pieces (`distributed.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
         names and layout, each with its global shape and offsets and the ranks that hold a copy. No
-        collective, no copy: a piece's `read()` copies its block to the host when the writer asks.
+        collective, no copy: a piece's `view()` hands its block to the writer when it asks.
         The checkpoint writes the pieces `pieces.writer_of` gives this rank (one writer per replica)."""
         from pretrain_cli.distributed.pieces import Piece, dtype_code, state_tensors
 
@@ -149,15 +160,12 @@ class Strategy:
 
     def local_bytes(self, model, optimizer) -> dict:
         """What this rank physically holds: parameters and optimizer state (AdamW moments, O2 master copies)."""
-        inner = optimizer
-        while hasattr(inner, "_inner_opt"):
-            inner = inner._inner_opt
+        from pretrain_cli.distributed.pieces import inner_optimizer
+
+        inner = inner_optimizer(optimizer)
         state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())
         state += sum(_nbytes(t) for t in (getattr(inner, "_master_weights", None) or {}).values())
-        out = {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
-        if self.resume_bytes_read is not None:
-            out["resume_bytes_read"] = self.resume_bytes_read
-        return out
+        return {"parameters": sum(_nbytes(p) for p in model.parameters()), "optimizer_state": state}
 
 
 class DataParallel(Strategy):

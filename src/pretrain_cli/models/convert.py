@@ -34,13 +34,11 @@ def linear_weight_names(model) -> set[str]:
     return {f"{name}.weight" for name, layer in model.named_sublayers() if isinstance(layer, nn.Linear)}
 
 
-def hf_param_names(model) -> dict[str, tuple[str, bool]]:
-    """Structured parameter name → (HF tensor name, transposed in HF layout?).
-
-    The checkpoint module keys optimizer state by these names so it survives a rebuild.
-    """
+def hf_params(model) -> list[tuple[str, object, bool]]:
+    """(name, parameter, transposed in HF layout?) in model order. The parameters carry HF's names, so the name
+    is the HF tensor name too; the checkpoint module keys optimizer state by it, so it survives a rebuild."""
     linear = linear_weight_names(model)
-    return {name: (name, name in linear) for name, _ in model.named_parameters()}
+    return [(name, p, name in linear) for name, p in model.named_parameters()]
 
 
 def hf_state_dict(model, dtype: str | None = None) -> dict:
@@ -48,9 +46,8 @@ def hf_state_dict(model, dtype: str | None = None) -> dict:
     import paddle
 
     out = {}
-    params = dict(model.named_parameters())
-    for name, (hf_name, transpose) in hf_param_names(model).items():
-        t = params[name].detach()
+    for hf_name, p, transpose in hf_params(model):
+        t = p.detach()
         if transpose:
             t = paddle.transpose(t, [1, 0])  # [out, in]
         if dtype is not None and str(t.dtype).split(".")[-1] != dtype:
@@ -63,12 +60,10 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict:
     """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
     import paddle
 
-    params = dict(model.named_parameters())
-    names = hf_param_names(model)
+    expected = {name: (p, transpose) for name, p, transpose in hf_params(model)}
     tied = model.lm_head is None
     tensors = {k: v for k, v in tensors.items()
                if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
-    expected = {hf: ours for ours, (hf, _) in names.items()}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if strict and missing:
@@ -77,11 +72,9 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict:
     if strict and unexpected:
         raise UserError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
                         f"total); the checkpoint does not match config.json")
-    for hf_name, ours in expected.items():
+    for hf_name, (p, transpose) in expected.items():
         if hf_name not in tensors:
             continue
-        p = params[ours]
-        transpose = names[ours][1]
         want = list(reversed(p.shape)) if transpose else list(p.shape)
         t = tensors[hf_name]
         kind = str(t.dtype).split(".")[-1]
@@ -225,7 +218,7 @@ def has_weights(model_dir) -> bool:
 def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when
     it has none (a preset). A directory with weights that cannot be read is an error, never a random init.
-    `request` on `device`: the kernels (`config.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
+    `request` on `device`: the kernels (`orchestration.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
 
     paddle = runtime.import_paddle()
@@ -249,17 +242,15 @@ _CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
     """Write an HF-loadable directory from `model`'s own (whole) parameters, one tensor at a time."""
-    params = dict(model.named_parameters())
-
-    def produce(ours, transpose):
-        t = params[ours].detach()
+    def produce(p, transpose):
+        t = p.detach()
         if str(t.dtype).split(".")[-1] != dtype:
             t = t.astype(dtype)
         arr = t.numpy()
         return arr.T if transpose else arr  # laid out a few rows at a time by the writer
 
-    entries = [(hf, _CODES[dtype], tuple(reversed(params[ours].shape)) if tr else tuple(params[ours].shape),
-                lambda ours=ours, tr=tr: produce(ours, tr)) for ours, (hf, tr) in hf_param_names(model).items()]
+    entries = [(hf, _CODES[dtype], tuple(reversed(p.shape)) if tr else tuple(p.shape),
+                lambda p=p, tr=tr: produce(p, tr)) for hf, p, tr in hf_params(model)]
     return write_hf_dir(entries, cfg, out_dir, dtype, max_shard_bytes)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
+import paddle.nn.functional as F
 
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
@@ -46,12 +47,13 @@ class DecoderModel(nn.Layer):
                                     for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
+        self.kernels = kernels
 
     def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None):
         seq_len = input_ids.shape[1]
         offset = cache.offset if cache is not None else 0
         cos, sin = self.rotary_emb(seq_len, offset)  # [seq_len, head_dim] each
-        x = self.embed_tokens(input_ids)  # [bsz, seq_len, hidden]
+        x = F.embedding(input_ids, self.kernels.whole_weight(self.embed_tokens.weight))  # [bsz, seq_len, hidden]
         if position_ids is not None or doc_start is not None:  # packed documents (positions < seq_len)
             for layer in self.layers:
                 x = layer(x, cos, sin, None, position_ids, doc_start)
@@ -107,5 +109,6 @@ class CausalLM(nn.Layer):
     def logits(self, h):
         """The LM head: `[bsz, seq_len, hidden]` -> `[bsz, seq_len, vocab]`, the embedding's transpose when tied."""
         if self.lm_head is None:
-            return paddle.matmul(h, self.model.embed_tokens.weight, transpose_y=True)  # [bsz, seq_len, vocab]
+            w = self.kernels.whole_weight(self.model.embed_tokens.weight)
+            return paddle.matmul(h, w, transpose_y=True)  # [bsz, seq_len, vocab]
         return self.lm_head(h)  # [bsz, seq_len, vocab]

@@ -141,6 +141,11 @@ def swiglu_fused(gate, up):  # pragma: no cover - GPU only
 
 
 # ---------------------------------------------------------------- loss
+def whole_weight(w):
+    """A weight an op reads whole, on one device: itself (`distributed.local_kernels` gathers a sharded one)."""
+    return w
+
+
 def cross_entropy_reference(logits, labels, ignore_index: int):
     """Per-row loss `[N]` from logits `[N, V]`; 0 for rows whose label is `ignore_index`."""
     import paddle.nn.functional as F
@@ -210,6 +215,8 @@ class Kernels:
     # flash attention's on GPU, Paddle's ops elsewhere; (q, k, v, visible, causal) -> (out, lse)
     attention_block_name: str = "reference"
     attention_block: Callable = block_forward
+    # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
+    whole_weight: Callable = whole_weight
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

@@ -2,7 +2,7 @@
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
 batch, recompute granularity, flash attention, sharding stage, tensor-parallel or pipeline degree). This module only
-proposes and ranks them: the caller (`config.planned`) re-resolves the parsed arguments with each one
+proposes and ranks them: the caller (`orchestration.planned`) re-resolves the parsed arguments with each one
 (`replan(change) -> report | None`, None when `config.resolve` refuses the layout), so every candidate is a
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.

@@ -66,6 +66,28 @@ def lookup(name: str) -> Device | None:
     return None
 
 
+def pre_ampere(device: Device | None) -> bool:
+    """The one capability rule `plan` and `train` share: a GPU without bf16 tensor cores (they came with Ampere)
+    predates Ampere, so it has no bf16 and no flash-attn-2 (V100, T4). False for an unknown device."""
+    return device is not None and device.bf16_tflops is None
+
+
+def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,
+                 given: tuple[float | None, str] | None = None) -> tuple[float | None, str]:
+    """(peak TFLOPS per device, where it came from): a peak the user gave (`given`: value, its source), else
+    the table's dense peak for `amp_dtype` (fp16/bf16 under AMP, non-tensor-core fp32 otherwise), else None
+    with the reason. What `plan`'s ETA and the trainer's MFU both use; `name` is what was looked up."""
+    if given is not None:
+        return given
+    if device is None:
+        return None, f"{name} has no table entry"
+    value = peak_tflops(device, amp_dtype)
+    kind = {"float16": "fp16", "bfloat16": "bf16"}.get(amp_dtype, "fp32 (non-tensor-core)")
+    if value is None:
+        return None, f"{device.name} has no {kind} peak in pretrain_cli.planning.hardware"
+    return value, f"pretrain_cli.planning.hardware table {TABLE_VERSION}: {device.name} dense {kind}"
+
+
 def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:
     if amp_dtype == "float16":
         return device.fp16_tflops or device.bf16_tflops

@@ -79,15 +79,8 @@ def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tu
     peak_tflops, else the hardware table."""
     if peak_tflops is not None:
         return peak_tflops, "--peak_tflops on the command line"
-    if run.loop.peak_tflops is not None:
-        return run.loop.peak_tflops, "peak_tflops in the argument file"
-    if device.entry is None:
-        return None, "cpu has no table entry"
-    value = hardware.peak_tflops(device.entry, run.precision.amp_dtype)
-    kind = {"float16": "fp16", "bfloat16": "bf16"}.get(run.precision.amp_dtype, "fp32 (non-tensor-core)")
-    if value is None:
-        return None, f"{device.name} has no {kind} peak in pretrain_cli.planning.hardware"
-    return value, f"pretrain_cli.planning.hardware table {hardware.TABLE_VERSION}: {device.name} dense {kind}"
+    given = (run.loop.peak_tflops, "peak_tflops in the argument file") if run.loop.peak_tflops is not None else None
+    return hardware.resolve_peak(device.entry, device.name, run.precision.amp_dtype, given)
 
 
 # A GPU training step runs roughly this many eager ops per decoder layer (forward, backward, optimizer),

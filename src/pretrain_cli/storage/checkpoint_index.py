@@ -18,14 +18,13 @@ part that intersects the block, so a layout resumes by reading about its own sha
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
-from pretrain_cli.storage.shard_files import File, checksum
+from pretrain_cli.storage.shard_files import File
 
 INDEX = "checkpoint.index.json"
 FORMAT = "pretrain-cli sharded checkpoint"
@@ -89,36 +88,6 @@ def load(ckpt) -> dict | None:
     return index
 
 
-def damage(ckpt, checksums: bool = True) -> str | None:
-    """Why checkpoint `ckpt` cannot be resumed from (a missing, truncated or altered file), or None. Sizes
-    are checked from the directory listing; `checksums` also re-reads every file (crc32, streamed)."""
-    try:
-        index = load(ckpt)
-    except UserError as e:
-        return str(e)
-    if index is None:
-        return None  # an older checkpoint: its loader reports damage as it reads
-    for name, want in index["files"].items():
-        path = Path(ckpt) / name
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            return f"{path} is missing"
-        if size != want["bytes"]:
-            return f"{path} has {size} bytes, the index says {want['bytes']}"
-    if not checksums:
-        return None
-    from concurrent.futures import ThreadPoolExecutor
-
-    names = list(index["files"])
-    with ThreadPoolExecutor(max_workers=min(8, max(len(names), 1))) as pool:  # zlib and reads release the GIL
-        sums = list(pool.map(lambda n: checksum(Path(ckpt) / n)["crc32"], names))
-    for name, got in zip(names, sums):
-        if got != index["files"][name]["crc32"]:
-            return f"{Path(ckpt) / name} does not match its checksum"
-    return None
-
-
 class Reader:
     """Blocks of a sharded checkpoint's tensors, each read from only the pieces that intersect it."""
 
@@ -174,25 +143,3 @@ class Reader:
 
 def write_index(directory, index: dict) -> None:
     atomic.write_json(Path(directory) / INDEX, index)
-
-
-def newest_intact(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
-    """The newest `checkpoint-N` of `output_dir` (N < `before` when given) that `damage` finds intact (None when
-    there is none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a
-    UserError (exit 2). `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest
-    unchecked; `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
-    import logging
-
-    from pretrain_cli.run_dir import list_checkpoints
-
-    ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
-    if not verify or not ckpts:
-        return ckpts[-1][1] if ckpts else None
-    for _, path in reversed(ckpts):
-        reason = damage(path, checksums)
-        if reason is None:
-            return path
-        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
-                                                  f"checkpoint")
-    raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
-                    f"or set overwrite_output_dir: true")

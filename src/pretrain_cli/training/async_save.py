@@ -21,7 +21,6 @@ class AsyncWriter:
     def __init__(self):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.pending: str | None = None  # what the thread in flight writes (for messages)
 
     def submit(self, what: str, fn) -> float:
         """Start `fn()` in the background once the previous write is done; returns the seconds spent waiting."""
@@ -30,7 +29,6 @@ class AsyncWriter:
         start = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - start
-        self.pending = what
 
         def work():
             try:
@@ -48,13 +46,8 @@ class AsyncWriter:
             self._thread.join()
             self._thread = None
         error, self._error = self._error, None
-        self.pending = None
         if error is not None:
             raise error
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
 
 class HostStaging:

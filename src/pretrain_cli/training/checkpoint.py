@@ -117,10 +117,12 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
 
 def weight_bytes(ckpt: Path) -> int:
     """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
+    from pretrain_cli.distributed.pieces import split_name
+
     reader, _ = open_reader(Path(ckpt), "weights")
     try:
         return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
-                   for n, t in reader.index["tensors"].items() if "/" not in n)
+                   for n, t in reader.index["tensors"].items() if split_name(n)[1] is None)
     finally:
         reader.close()
 
@@ -163,14 +165,13 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     files read}."""
     import paddle
 
-    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, state_tensors
-    from pretrain_cli.models.convert import hf_param_names
+    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, split_name, state_tensors
 
     reader, where = open_reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
-    owned = [params[ours] for ours in hf_param_names(model) if params[ours].name in managed]
+    owned = [p for p in params.values() if p.name in managed]
     # `dist.shard_optimizer`'s wrapper creates each accumulator and lays it out; the others create them whole
     # (fleet's ZeRO-1 only those of its own parameters, filtered by `managed`)
     creator = optimizer if type(optimizer).__name__ == "_ShardOptimizer" else inner
@@ -179,7 +180,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
         for name, kind, t, transpose in state_tensors(model, optimizer):
             if kind != "optimizer":
                 continue
-            hf, slot = name.rsplit("/", 1)
+            hf, slot = split_name(name)
             info = reader.index["tensors"].get(name)
             if info is None:
                 if slot == "master":  # saved without O2: the (just loaded) weights themselves are the master copy
@@ -204,18 +205,24 @@ def copy_tokenizer(tokenizer_dir, dest) -> None:
 
 
 def read_state(ckpt: Path) -> dict:
-    path = Path(ckpt) / STATE_FILE
-    if not path.is_file():
-        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
-                        f"checkpoint-N or remove resume_from_checkpoint")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
-    for key in ("global_step", "consumed_samples"):
-        if not isinstance(state.get(key), int):
-            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
-    return state
+    """The checkpoint's trainer state (`storage.intact.read_state`: what makes it a valid one)."""
+    from pretrain_cli.storage.intact import read_state as read
+
+    return read(ckpt)
+
+
+def newest_state(output_dir) -> tuple[dict | None, Path | None]:
+    """A run's newest complete trainer state (the highest `global_step`: the final directory's or a checkpoint's)
+    and the file it came from; (None, None) when `output_dir` holds none."""
+    best, where = None, None
+    for path in [Path(output_dir)] + [p for _, p in list_checkpoints(output_dir)]:
+        try:
+            state = read_state(path)
+        except UserError:
+            continue
+        if best is None or state["global_step"] > best["global_step"]:
+            best, where = state, path / STATE_FILE
+    return best, where
 
 
 def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
@@ -239,7 +246,8 @@ def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
 
 class Saver:
     """The trainer's saver (`trainer.Collaborators.saver`): every rank writes the pieces it owns, rank 0
-    publishes once all have reported.
+    publishes once all have reported. It is handed what to save at each call and holds no model, optimizer or
+    trainer (a rollback may replace them).
 
     Synchronous: the ranks write at once, then the others wait on the launcher's TCP store (not in a gloo
     collective, whose hard 30 s timeout a slow save would trip: docs/DISTRIBUTED.md) until rank 0 has
@@ -250,57 +258,57 @@ class Saver:
     """
 
     def __init__(self, out: Path, model_cfg, comm, run_args, tokenizer_dir, dtype: str, limit: int | None,
-                 async_save: bool = False):
+                 async_save: bool = False, rank: int = 0, world_size: int = 1, layout: str = "single process"):
+        """`rank`, `world_size`: this process in the run; `layout`: the strategy's name (the index records it)."""
         from pretrain_cli.training.async_save import AsyncWriter, HostStaging
 
-        # the model, optimizer and layout are the trainer's, read at each call: a rollback may replace them
         self.out, self.cfg, self.comm, self.run_args = Path(out), model_cfg, comm, run_args
         self.tokenizer_dir, self.dtype, self.limit = tokenizer_dir, dtype, limit
+        self.rank, self.world_size, self.layout = rank, world_size, layout
         self.writer = AsyncWriter() if async_save else None
         self.staging = HostStaging() if async_save else None
 
-    def __call__(self, trainer) -> None:
+    def __call__(self, step: int, pieces: list, state: dict | None) -> dict:
+        """Save checkpoint-`step`: of this rank's `pieces` (`Strategy.pieces`: no copy yet) the ones it writes
+        (`pieces.writer_of`), and on rank 0 the trainer `state` (a copy the caller no longer changes).
+        Returns the save's event for metrics.jsonl (how long training stood still)."""
         import time
 
         from pretrain_cli.distributed.pieces import local_value, writer_of
         from pretrain_cli.training.metrics import host_memory_gib, log
 
         start = time.perf_counter()
-        step, rank = trainer.state.global_step, trainer.strategy.parallel.rank
+        rank = self.rank
         waited = 0.0
         if self.writer is not None:  # one save in flight: its host buffers are reused below
             self.writer.wait()
             waited = time.perf_counter() - start
-        pieces = trainer.strategy.pieces(trainer.raw_model, trainer.optimizer)  # no collective, no copy
         owner = writer_of(pieces)
         mine = [p for p in pieces if owner[p.name] == rank]
-        state = trainer.state_dict() if rank == 0 else None  # (a deep copy)
         if self.writer is None:
-            self._write_sync(trainer, step, [(p, p.view) for p in mine], state)  # training waits: views suffice
+            self._write_sync(step, [(p, p.view) for p in mine], state)  # training waits: views suffice
         else:  # copied now, since training goes on changing them; laid out by the writer thread
             from pretrain_cli.training.shard_writer import layout_out
 
             staged = [(p, layout_out(self.staging.copy(p.name, local_value(p.tensor)), p.transpose)) for p in mine]
-            world, layout = trainer.strategy.parallel.world_size, trainer.strategy.name
+            world, layout = self.world_size, self.layout
             self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, rank, world, layout, staged, state))
         stall = time.perf_counter() - start
         kind = "async" if self.writer is not None else "sync"
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""
         log.info(f"checkpoint-{step}: stalled {stall:.3f} s ({kind}{extra})")
-        trainer.record_event("checkpoint", {"stall_seconds": round(stall, 6), "async": self.writer is not None,
-                                            "waited_seconds": round(waited, 6),
-                                            "host_memory_peak_gib": round(host_memory_gib()[1], 4)})
+        return {"stall_seconds": round(stall, 6), "async": self.writer is not None,
+                "waited_seconds": round(waited, 6), "host_memory_peak_gib": round(host_memory_gib()[1], 4)}
 
-    def _write_sync(self, trainer, step: int, pieces, state) -> None:
+    def _write_sync(self, step: int, pieces, state) -> None:
         from pretrain_cli.distributed.comm import rank0_round
 
-        p = trainer.strategy.parallel
-        if p.rank != 0:
-            self._write(step, p.rank, p.world_size, trainer.strategy.name, pieces, state)
+        if self.rank != 0:
+            self._write(step, self.rank, self.world_size, self.layout, pieces, state)
             self.comm.wait_for_rank0(f"publishing checkpoint-{step}")
             return
         with rank0_round(self.comm):
-            self._write(step, 0, p.world_size, trainer.strategy.name, pieces, state)
+            self._write(step, 0, self.world_size, self.layout, pieces, state)
 
     def _write(self, step: int, rank: int, world: int, layout: str, pieces, state) -> None:
         """This rank's files; rank 0 also the shared files, then (every rank done) the index and the rename."""
@@ -348,9 +356,10 @@ class Saver:
         self.wait()  # this rank's own part of it is done too
         return self.comm.agree_on_resume(None)
 
-    def load_into(self, trainer, path: Path) -> None:
-        """The checkpoint's weights and optimizer state written into the trainer's own (whole) tensors."""
+    def load_into(self, path: Path, model, strategy, optimizer) -> None:
+        """The checkpoint's weights and optimizer state written into a layout's own (whole) tensors: `model` the
+        unwrapped model, `optimizer` as wrapped for `strategy`."""
         from pretrain_cli.models.convert import load_weights
 
-        load_weights(trainer.raw_model, self.cfg, str(path))
-        load_optimizer(trainer.strategy, trainer.raw_model, trainer.optimizer, path)
+        load_weights(model, self.cfg, str(path))
+        load_optimizer(strategy, model, optimizer, path)

@@ -10,34 +10,37 @@ import json
 from pathlib import Path
 
 from pretrain_cli import atomic, run_dir
+from pretrain_cli.run_config import RunConfig
 from pretrain_cli.training.checkpoint import copy_tokenizer
 
 
-def write_final(spec, model, trainer, results: dict) -> None:
-    """Rank 0: the final directory. Its weights are streamed out of the last checkpoint (every run that
+def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, state: dict, results: dict) -> None:
+    """Rank 0: the final directory of `run` (`model_cfg` and `model` the unwrapped model, `record` what args.json
+    holds, `state` the trainer's state). Its weights are streamed out of the last checkpoint (every run that
     trains saves one at its last step), one tensor at a time, whatever layout wrote it: no process holds
     the whole model and nothing is gathered."""
     from pretrain_cli.training.plot import write_loss_curve
 
-    out = Path(spec.run.output.output_dir)
-    if not spec.run.loop.do_train:  # eval/predict only: add to the run's record, rewrite nothing else
+    out = Path(run.output.output_dir)
+    if not run.loop.do_train:  # eval/predict only: add to the run's record, rewrite nothing else
         previous = out / "all_results.json"
         merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
         atomic.write_json(previous, {**merged, **results})
         return
-    write_weights(model, spec.model_cfg, out, trainer.state.global_step, spec.run.precision.param_dtype)
-    copy_tokenizer(spec.tokenizer_dir, out)
-    atomic.write_json(out / run_dir.STATE_FILE, trainer.state_dict())
+    write_weights(model, model_cfg, out, state["global_step"], run.precision.param_dtype)
+    copy_tokenizer(tokenizer_dir, out)
+    atomic.write_json(out / run_dir.STATE_FILE, state)
     atomic.write_json(out / "train_results.json",
                       {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})
     atomic.write_json(out / "all_results.json", results)
-    atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
+    atomic.write_json(out / run_dir.ARGS_FILE, record)
     write_loss_curve(out)
 
 
 def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
     """HF safetensors (sharded above 5 GiB as transformers shards) + config from checkpoint-`step`'s pieces;
     from `model` itself when that checkpoint does not exist (its weights are then whole on this rank)."""
+    from pretrain_cli.distributed.pieces import split_name
     from pretrain_cli.models.convert import save_hf, write_hf_dir
     from pretrain_cli.training.checkpoint import open_reader
 
@@ -48,7 +51,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
     try:
         tensors = reader.index["tensors"]
         entries = [(n, tensors[n]["dtype"], tuple(tensors[n]["shape"]), lambda n=n: reader.read(n))
-                   for n in _hf_order(model, [n for n in tensors if "/" not in n])]
+                   for n in _hf_order(model, [n for n in tensors if split_name(n)[1] is None])]
         return write_hf_dir(entries, cfg, str(out), dtype)
     finally:
         reader.close()
@@ -56,7 +59,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
 
 def _hf_order(model, names: list[str]) -> list[str]:
     """The model's parameter order (what `save_hf` writes), so the export does not depend on the layout."""
-    from pretrain_cli.models.convert import hf_param_names
+    from pretrain_cli.models.convert import hf_params
 
-    order = [hf for hf, _ in hf_param_names(model).values()]
+    order = [hf for hf, _, _ in hf_params(model)]
     return [n for n in order if n in set(names)]

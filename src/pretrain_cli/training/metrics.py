@@ -65,18 +65,12 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
     if device == "cpu":
         peak = measure_cpu_peak_tflops()
         return peak, f"measured fp32 matmul peak of this process ({peak * 1e3:.1f} GFLOP/s)"
-    from pretrain_cli.planning.hardware import TABLE_VERSION, lookup, peak_tflops
+    from pretrain_cli import runtime
+    from pretrain_cli.planning import hardware
 
-    import paddle
-
-    name = paddle.device.cuda.get_device_name() if paddle.is_compiled_with_cuda() else device
-    dev = lookup(name)
-    if dev is None:
-        return None, f"unknown device {name!r}: no MFU (set peak_tflops to report one)"
-    peak = peak_tflops(dev, amp_dtype)
-    if peak is None:
-        return None, f"{dev.name} has no {amp_dtype or 'fp32'} peak in the table: no MFU"
-    return peak, f"{dev.name} dense {amp_dtype or 'fp32'} peak, table {TABLE_VERSION}"
+    name = runtime.gpu_name() or device  # the driver's name, looked up once per process
+    peak, source = hardware.resolve_peak(hardware.lookup(name), name, amp_dtype)  # `plan`'s resolver
+    return peak, source if peak is not None else f"{source}: no MFU (set peak_tflops to report one)"
 
 
 class MetricsWriter:

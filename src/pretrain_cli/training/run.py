@@ -1,7 +1,8 @@
-"""`train` after `config.prepare`: the build order, then the loop, then the final output directory.
+"""`train` after `orchestration.prepare`: the build order, then the loop, then the final output directory.
 
-`run()` reads as the order things are built in; each step is a function that reads the resolved
-`RunConfig` (`spec.run`), never the user's arguments.
+`run()` reads as the order things are built in. It alone opens the prepared run (`orchestration.prepare.RunSpec`);
+each step is a function handed the parts it uses (the resolved `RunConfig`, the model config, the run's
+record for args.json), never the user's arguments.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def run(spec) -> int:
 
 def _run(spec) -> int:
     paddle = runtime.import_paddle()
-    r = spec.run
+    r, model_cfg, record = spec.run, spec.model_cfg, spec.record()
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
@@ -48,59 +49,69 @@ def _run(spec) -> int:
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
-    model = build_model(r, spec.model_cfg)
+    model = build_model(r, model_cfg)
     log.info(f"kernels: {model.kernels.describe()}")
     resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
     done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
-    finished = done is not None and done >= r.loop.max_steps and r.parallel.is_rank0 and exported(spec, done)
+    finished = (done is not None and done >= r.loop.max_steps and r.parallel.is_rank0
+                and exported(r.output.output_dir, done))
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched
-        state = restore_weights(model, spec, resume)
+        state = restore_weights(model, r, model_cfg, resume)
         try:
             layout = lay_out(r, model, comm, resume, pretrained)
             break
         except DamagedCheckpoint as e:
-            resume = previous_checkpoint(spec, resume, e)
-            model = build_model(r, spec.model_cfg)
+            resume = previous_checkpoint(r.output, resume, e)
+            model = build_model(r, model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
-    writer = open_output_dir(spec, state)
+    writer = open_output_dir(r, record, state)
     startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
-        writer=writer, throughput=build_throughput(spec),
-        saver=checkpoint.Saver(r.output.output_dir, spec.model_cfg, comm, spec.record(), spec.tokenizer_dir,
-                               r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save),
-        rebuild=(lambda path: rebuild(spec, comm, path)) if r.spike.rollback_rebuilds else None)
+        writer=writer, throughput=build_throughput(r, model_cfg),
+        saver=checkpoint.Saver(r.output.output_dir, model_cfg, comm, record, spec.tokenizer_dir,
+                               r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
+                               r.parallel.rank, r.parallel.world_size, layout.strategy.name),
+        rebuild=(lambda path: rebuild(r, model_cfg, comm, path)) if r.spike.rollback_rebuilds else None)
     trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
-    return finish(spec, trainer, comm)
+    results = finish(r, trainer, comm, collaborators)
+    if results is None:  # stopped by a signal, or not rank 0: nothing more to write here
+        return 0
+    from pretrain_cli.training import export
+
+    with rank0_round(comm):
+        export.write_final(r, model_cfg, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
+                           results)
+    comm.wait_until_seen()
+    return 0
 
 
-def previous_checkpoint(spec, damaged: Path, e: DamagedCheckpoint) -> Path:
+def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
     """Where to resume when the files of `damaged` were found altered while reading it: the next older intact
-    checkpoint (every rank lists and size-checks the same shared directory, so all choose the same); none left,
-    or a checkpoint the file named (`resume_from_checkpoint`): one line, exit 2."""
+    checkpoint in `out` (the run's `Output`; every rank lists and size-checks the same shared directory, so all
+    choose the same); none left, or a checkpoint the file named (`resume_from_checkpoint`): one line, exit 2."""
     from pretrain_cli.run_dir import list_checkpoints
-    from pretrain_cli.storage.checkpoint_index import newest_intact
+    from pretrain_cli.storage import intact
 
-    out = spec.run.output
     if out.resume_from:
         raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
     log.warning(f"not resuming from {damaged.name}: {e}; trying the previous checkpoint")
     step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
-    older = newest_intact(out.output_dir, checksums=False, before=step)
+    older = intact.newest(out.output_dir, checksums=False, before=step)
     if older is None:
         raise UserError(f"{out.output_dir}: every checkpoint is damaged (the oldest: {e}); remove them to start "
                         f"over, or set overwrite_output_dir: true")
     return older
 
 
-def rebuild(spec, comm, path) -> Layout:
+def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
     tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
     parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
@@ -108,9 +119,9 @@ def rebuild(spec, comm, path) -> Layout:
     has released the old ones first)."""
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
              f"cannot be written into mid-run)")
-    model = build_model(spec.run, spec.model_cfg)
-    restore_weights(model, spec, path)
-    return lay_out(spec.run, model, comm, path)
+    model = build_model(run, model_cfg)
+    restore_weights(model, run, model_cfg, path)
+    return lay_out(run, model, comm, path)
 
 
 def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
@@ -128,6 +139,8 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     every rank when any rank found one altered)."""
     from pretrain_cli.distributed.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
+
+    read = None
     lazy = any(pending(p) for p in model.parameters())
     weights = resume if resume is not None else pretrained
     source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
@@ -157,14 +170,14 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
             else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
                 read = checkpoint.weight_bytes(resume)
             opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
-            strategy.resume_bytes_read = read + opt["bytes_read"]
+            read += opt["bytes_read"]
             reason = verify_read(resume, (source.files if lazy else []) + opt["files"])
             if comm.any(reason is not None):  # every rank learns it, in the same collective
                 raise DamagedCheckpoint(reason)
     finally:
         if isinstance(source, WeightSource):
             source.close()
-    return Layout(model, optimizer, amp, strategy, raw_model)
+    return Layout(model, optimizer, amp, strategy, raw_model, resume_bytes_read=read)
 
 
 def build_model(run: RunConfig, model_cfg):
@@ -173,15 +186,17 @@ def build_model(run: RunConfig, model_cfg):
     from a checkpoint or `continue_training`'s pretrained weights)."""
     import paddle
 
+    from pretrain_cli.distributed.local_kernels import kernels_for
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
-    paddle.seed(run.loop.seed)
+    paddle.seed(run.loop.seed)  # the semi-auto engine's kernels run on local pieces: chosen before the model exists
     with paddle.LazyGuard():
-        return build_causal_lm(model_cfg, kernels.select(run.kernels, run.device))
+        return build_causal_lm(model_cfg, kernels_for(kernels.select(run.kernels, run.device), run.parallel.engine,
+                                                      run.device))
 
 
-def restore_weights(model, spec, resume) -> dict | None:
+def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     """The checkpoint's trainer state, after checking it fits the model (None when starting fresh). Its weights
     are read by `lay_out`, each rank only its blocks; an eagerly built model (tests) gets them whole here."""
     if resume is None:
@@ -189,18 +204,17 @@ def restore_weights(model, spec, resume) -> dict | None:
     from pretrain_cli.distributed.materialize import pending
     from pretrain_cli.models.convert import load_weights
 
-    checkpoint.check_compatible(resume, spec.model_cfg, spec.run.data.max_seq_length)
+    checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)
     state = checkpoint.read_state(resume)
     eager = not any(pending(p) for p in model.parameters())
-    if eager and spec.run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
-        load_weights(model, spec.model_cfg, str(resume))
+    if eager and run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
+        load_weights(model, model_cfg, str(resume))
     return state
 
 
-def open_output_dir(spec, state: dict | None):
+def open_output_dir(r: RunConfig, record: dict, state: dict | None):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
-    untouched): the directory, args.json, and the metrics writer (None on other ranks)."""
-    r = spec.run
+    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks)."""
     if not r.parallel.is_rank0:
         return None
     from pretrain_cli import atomic
@@ -209,35 +223,35 @@ def open_output_dir(spec, state: dict | None):
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_leftovers(out)
     if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
-        atomic.write_json(out / run_dir.ARGS_FILE, spec.record())
+        atomic.write_json(out / run_dir.ARGS_FILE, record)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, spec.record())
+    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
 
 
-def build_throughput(spec) -> metrics.Throughput:
-    r = spec.run
+def build_throughput(r: RunConfig, model_cfg) -> metrics.Throughput:
     peak, source = (metrics.resolve_peak(r.device, r.precision.amp_dtype, r.loop.peak_tflops)
                     if r.loop.do_train else (None, ""))
-    tp = metrics.Throughput.for_run(r, spec.model_cfg, peak)
+    tp = metrics.Throughput.for_run(r, model_cfg, peak)
     if r.loop.do_train:
         log.info(f"flops: {tp.flops:.4g} model FLOPs/token (6N + 12·L·H·d·S), mfu against {source}" if peak
                  else f"flops: mfu unknown ({source})")
     return tp
 
 
-def finish(spec, trainer, comm) -> int:
-    """Train, evaluate, predict; then rank 0 writes the final directory while the others wait."""
-    r = spec.run
+def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | None:
+    """Train, evaluate, predict; returns the results rank 0 writes into the final directory (None: stopped by
+    a signal, or another rank, which waits for rank 0 to write it). The collaborators `_run` built are closed
+    here, once the loop and evaluation are done with them."""
     results = {}
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
-            _wait_for_saves(trainer)  # the last checkpoint is on disk before anything else happens
+            _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
-                log.warning(stop_message(spec, trainer.state.global_step))
+                log.warning(stop_message(r.output, trainer.state.global_step))
                 watchdog.stop()
                 comm.wait_until_seen()
-                return 0
+                return None
         if r.loop.do_train:
             results.update(train_results(trainer))
         if r.loop.do_eval:  # the loop may have just evaluated this very step: reuse it
@@ -247,7 +261,7 @@ def finish(spec, trainer, comm) -> int:
             results.update(trainer.evaluate("test"))
     except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
         watchdog.stop()
-        _wait_for_saves(trainer, quiet=True)
+        _wait_for_saves(collaborators.saver, quiet=True)
         raise UserError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
@@ -255,49 +269,41 @@ def finish(spec, trainer, comm) -> int:
         watchdog.stop()
         raise DeviceOutOfMemory(trainer.state.global_step + 1) from e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
-        if trainer.writer is not None:
-            trainer.writer.close()
+        collaborators.close()
     watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
-        return 0
-    from pretrain_cli.training import export
-
-    with rank0_round(comm):
-        export.write_final(spec, trainer.raw_model, trainer, results)
-    comm.wait_until_seen()
-    return 0
+        return None
+    return results
 
 
-def _wait_for_saves(trainer, quiet: bool = False) -> None:
+def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
     """An asynchronous save in flight is published before the run moves on or ends (its error raised,
     unless the run is already failing for another reason)."""
-    wait = getattr(trainer.saver, "wait", None)
-    if wait is None:
-        return
     try:
-        wait()
+        saver.wait()
     except Exception as e:
         if not quiet:
             raise
         log.warning(f"the checkpoint being written in the background failed too: {e}")
 
 
-def stop_message(spec, step: int) -> str:
-    if spec.run.output.overwrite:
+def stop_message(output, step: int) -> str:
+    """`output`: the run's `Output` (overwrite_output_dir and output_dir)."""
+    if output.overwrite:
         return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
-                f"{run_dir.checkpoint_dir(spec.run.output.output_dir, step)}")
+                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
 
 
-def exported(spec, step: int) -> bool:
+def exported(output_dir, step: int) -> bool:
     """Whether output_dir holds the complete final export of step `step`: its trainer_state.json, all_results.json,
     and the loss curve drawn after them (the export draws it last; a checkpoint draws it before), nothing
     half-written. A run killed while exporting has to export again."""
     from pretrain_cli import atomic
 
-    out = Path(spec.run.output.output_dir)
+    out = Path(output_dir)
     try:
         state = json.loads((out / run_dir.STATE_FILE).read_text(encoding="utf-8"))
         written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()

@@ -17,33 +17,14 @@ import socket
 import time
 from pathlib import Path
 
-from pretrain_cli import atomic
+from pretrain_cli import atomic, processes
 from pretrain_cli.errors import UserError
 
 LOCK_FILE = "run.lock"
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time since boot (Linux /proc; None elsewhere): a reused pid has another one."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
 def _holder_alive(holder: dict) -> bool:
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    started = holder.get("start_ticks")
-    return started is None or _start_ticks(pid) in (None, started)
+    return processes.alive(holder.get("pid"), holder.get("start_ticks"))
 
 
 class RunLock:
@@ -76,7 +57,7 @@ def acquire(output_dir) -> RunLock:
     created = None if out.exists() else out
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()),
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": processes.start_ticks(os.getpid()),
           "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     candidate = atomic.tmp_path(path)  # complete before it gets the lock's name; cleaned up if we die
     atomic.write_json(candidate, me)

@@ -14,14 +14,12 @@ rank 0 reports as the save's error.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 
-from pretrain_cli import atomic
+from pretrain_cli import atomic, waiting
 from pretrain_cli.errors import UserError
 from pretrain_cli.storage import checkpoint_index, shard_files
 
@@ -62,9 +60,9 @@ def report_failure(tmp: Path, rank: int, error: BaseException) -> None:
 
 def collect(tmp: Path, world: int, step: int, timeout: float | None = None) -> list[dict]:
     """Rank 0: every rank's record, polling the directory (a dead rank is the watchdog's to report)."""
-    timeout = timeout or float(os.environ.get("PRETRAIN_CLI_RANK0_TIMEOUT", "3600"))
-    start, delay, records = time.monotonic(), 0.01, {}
-    while len(records) < world:
+    records = {}
+
+    def all_in():
         for r in range(world):
             path = tmp / RECORD.format(r)
             if r not in records and path.is_file():
@@ -73,14 +71,14 @@ def collect(tmp: Path, world: int, step: int, timeout: float | None = None) -> l
                     raise UserError(f"rank {r} could not write its part of checkpoint-{step}: {rec['error']}; "
                                     f"free space or fix the file system, then re-run")
                 records[r] = rec
-        if len(records) < world:
-            if time.monotonic() - start > timeout:
-                missing = sorted(set(range(world)) - set(records))
-                raise UserError(f"checkpoint-{step}: ranks {missing} have not finished writing after {timeout:.0f} s; "
-                                f"raise PRETRAIN_CLI_RANK0_TIMEOUT if that is expected")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-    return [records[r] for r in range(world)]
+        return [records[r] for r in range(world)] if len(records) == world else None
+
+    def late(seconds: float) -> UserError:
+        missing = sorted(set(range(world)) - set(records))
+        return UserError(f"checkpoint-{step}: ranks {missing} have not finished writing after {seconds:.0f} s; "
+                         f"raise {waiting.TIMEOUT_ENV} if that is expected")
+
+    return waiting.poll(all_in, timeout, late, first=0.01, longest=0.5)
 
 
 def publish(tmp: Path, final: Path, records: list[dict], layout: str, state: dict) -> Path:

@@ -14,8 +14,10 @@ the replicas).
 Policies: `skip` drops the update and consumes the batch (like `nan_policy: skip`); `rollback`
 reloads the newest checkpoint and marks the batches that produced the spike as skipped, so a replay
 (and any later resume, which reads `skipped_batches` from the checkpoint) jumps over them; `stop`
-ends the run without saving anything new. The policy acts through `Recoverable`, four members the
-trainer offers, so it cannot come to depend on the model, the optimizer or how a checkpoint is read.
+ends the run without saving anything new. The policy acts through `Recoverable`, the members the
+trainer offers, so it cannot come to depend on the model, the optimizer or how a checkpoint is read; it
+reads the run's state and changes none of it itself (the trainer books a skip, the same way for a
+non-finite step, and records a rollback).
 Megatron and OLMo-core detect spikes; PaLM (§5.1)
 recovers from them by exactly this rollback-and-skip.
 """
@@ -57,12 +59,17 @@ class SpikeGuard:
 
 
 class Recoverable(Protocol):
-    """All the spike policy may touch of a run (the `Trainer` implements it): its state as data, the metrics
-    record, the newest checkpoint, and a reload from one. Nothing of the model, optimizer or layout."""
+    """All the spike policy may touch of a run (the `Trainer` implements it): its state to read, the metrics
+    record, booking a skipped step, recording a rollback, the newest checkpoint, and a reload from one.
+    Nothing of the model, optimizer or layout."""
 
-    state: object  # the `trainer.TrainerState` (not imported: the trainer imports this module)
+    state: object  # the `trainer.TrainerState`, read only (not imported: the trainer imports this module)
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None: ...
+
+    def skip(self, first_sample: int) -> tuple[int, int]: ...
+
+    def note_rollback(self, skipped_batches: list, rollbacks: list) -> None: ...
 
     def newest_checkpoint(self) -> Path | None: ...
 
@@ -90,14 +97,12 @@ class SpikePolicy:
                              f"intact). Lower learning_rate, check the data at this step (inspect-data --step "
                              f"{step}), or set spike_policy: skip or rollback")
         if cfg.policy == "skip":
-            s.skipped_steps += 1
-            s.consecutive_skips += 1
-            s.skipped_batches.append(first_sample)
+            in_a_row, total = run.skip(first_sample)
             run.record_event("spike", {**event, "action": "skip"}, step)
             log.warning(f"step {step}: loss spike ({reason}); update skipped, batch consumed "
-                        f"({s.consecutive_skips} in a row, {s.skipped_steps} skipped in total)")
-            if s.consecutive_skips >= self.skip_limit:
-                raise SpikeError(f"step {step}: {s.consecutive_skips} consecutive skipped steps (nan_skip_limit "
+                        f"({in_a_row} in a row, {total} skipped in total)")
+            if in_a_row >= self.skip_limit:
+                raise SpikeError(f"step {step}: {in_a_row} consecutive skipped steps (nan_skip_limit "
                                  f"{self.skip_limit}); the loss level has moved, not spiked: stopped")
             return False
         return self._rollback(run, reason, event, first_sample, step)
@@ -119,13 +124,11 @@ class SpikePolicy:
         start = max(state["consumed_samples"], first_sample - (self.cfg.rollback_steps - 1) * gb)
         window = list(range(start, first_sample + gb, gb))
         record = {"spike_step": step, "checkpoint_step": state["global_step"], "window": [start, first_sample + gb]}
-        s = run.state
         # every window rolled back over so far stays skipped: an earlier one may lie past this checkpoint too
-        skipped = set(s.skipped_batches) | set(window)
+        skipped = set(run.state.skipped_batches) | set(window)
         for r in earlier:
             skipped |= set(range(r["window"][0], r["window"][1], gb))
-        s.skipped_batches = sorted(skipped)
-        s.rollbacks = earlier + [record]
+        run.note_rollback(sorted(skipped), earlier + [record])
         run.record_event("spike", {**event, "action": "rollback", "checkpoint_step": state["global_step"],
                                    "skipped_samples": record["window"]}, step)
         log.warning(f"step {step}: loss spike ({reason}); rolled back to {path.name}, skipping global samples "

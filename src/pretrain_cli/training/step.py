@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,24 +24,40 @@ from pretrain_cli.run_config import RunConfig
 @dataclass
 class Layout:
     """What one optimizer step runs on, as `training.run.lay_out` builds it: the model wrapped for its layout,
-    its optimizer, the precision object, the distributed `Strategy`, and the unwrapped model checkpoints read.
-    One object because a rollback on the semi-auto engine replaces all five together."""
+    its optimizer, the precision object, the distributed `Strategy`, the unwrapped model checkpoints read, and
+    the checkpoint bytes this rank read to resume (None when starting fresh; the layout report shows them).
+    One object because a rollback on the semi-auto engine replaces all of it together."""
 
     model: object
     optimizer: object
     amp: object
     strategy: object
     raw_model: object
+    resume_bytes_read: int | None = None
+
+
+class StepResult(NamedTuple):
+    """What one optimizer step did. `outcome`: "applied"; "overflow" (fp16: the loss scaler skipped the update
+    and lowered its scale; counted as a step, as PaddleNLP does); "non_finite" (loss or norm NaN/inf: nothing
+    applied); "spike" (the guard withheld the update; `reason` says why). The loop decides what follows."""
+
+    loss: float
+    grad_norm: float
+    outcome: str
+    reason: str | None = None  # why a spike is one (the guard's phrase)
+
+    @property
+    def applied(self) -> bool:
+        """Whether the step counts (the loop advances `global_step`)."""
+        return self.outcome in ("applied", "overflow")
 
 
 class Step:
-    """The step's settings (accumulation, schedule, clipping) and the spike guard's verdict; `spike_reason`
-    says why the last step's update was withheld as a spike (None otherwise)."""
+    """The step's settings (accumulation, schedule, clipping) and the spike guard that judges each step."""
 
     def __init__(self, run: RunConfig, comm, guard=None):
         self.grad_accum, self.schedule = run.loop.grad_accum, run.schedule
         self.max_grad_norm, self.comm, self.guard = run.optimizer.max_grad_norm, comm, guard
-        self.spike_reason = None
 
     def _forward_loss(self, layout, batch):
         # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
@@ -53,23 +70,14 @@ class Step:
         if 0 < self.max_grad_norm < norm:
             layout.strategy.clip(layout.model, self.max_grad_norm / (norm + 1e-6))
 
-    def __call__(self, layout: Layout, batches, state) -> tuple[float, float, bool]:
-        """One optimizer step over `acc` micro-batches; returns (loss, grad_norm, applied). Not applied: a
-        non-finite step, or a spike (`spike_reason` says why)."""
-        acc = self.grad_accum
+    def __call__(self, layout: Layout, batches, state) -> StepResult:
+        """One optimizer step over `acc` micro-batches (the strategy's `forward_backward`: each with its own
+        forward and backward, or a pipeline's schedule over all of them)."""
         layout.optimizer.set_lr(self.schedule.lr_at(state.global_step + 1))
-        total = None
-        schedule = getattr(layout.strategy, "forward_backward", None)  # a pipeline schedules its micro-batches itself
-        if schedule is not None:
-            taken = [next(batches) for _ in range(acc)]
-            total, batch = schedule(layout.model, taken, layout.amp), taken[-1]
-        for i in range(acc if schedule is None else 0):
-            batch = next(batches)
-            with layout.strategy.no_sync(layout.model, last_micro_batch=i == acc - 1):
-                loss = self._forward_loss(layout, batch) / acc
-                layout.amp.backward(loss)
-            total = loss.detach() if total is None else total + loss.detach()
-        state.last_batch_hash = batch_hash(batch)
+        taken = [next(batches) for _ in range(self.grad_accum)]
+        total = layout.strategy.forward_backward(layout.model, taken, layout.amp,
+                                                 lambda batch: self._forward_loss(layout, batch))
+        state.last_batch_hash = batch_hash(taken[-1])
         layout.strategy.sync_grads()
         layout.amp.unscale(layout.optimizer)
         norm = layout.strategy.grad_norm(layout.model)
@@ -82,20 +90,20 @@ class Step:
             layout.amp.step(layout.optimizer, layout.strategy.step)
             layout.optimizer.clear_grad()
             log.warning(f"step {state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
-            return loss_v, norm_v, True
+            return StepResult(loss_v, norm_v, "overflow")
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             layout.optimizer.clear_grad()
             layout.amp.skip(layout.optimizer)
-            return loss_v, norm_v, False
+            return StepResult(loss_v, norm_v, "non_finite")
         if self.guard is not None:
             global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
-            self.spike_reason = self.guard.check(state.spike_stats, global_loss, norm_v)
-            if self.spike_reason is not None:
+            reason = self.guard.check(state.spike_stats, global_loss, norm_v)
+            if reason is not None:
                 layout.optimizer.clear_grad()
                 layout.amp.skip(layout.optimizer)
-                return loss_v, norm_v, False
+                return StepResult(loss_v, norm_v, "spike", reason)
             self.guard.accept(state.spike_stats, global_loss, norm_v)
         self._clip(layout, norm_v)
         layout.amp.step(layout.optimizer, layout.strategy.step)
         layout.optimizer.clear_grad()
-        return loss_v, norm_v, True
+        return StepResult(loss_v, norm_v, "applied")

@@ -1,9 +1,10 @@
 """The training loop: receives built objects and the run configuration's loop settings, and runs them.
 
 Its concerns are other objects, all given at construction: the optimizer step (`step.Step` over a
-`step.Layout`), saving (`checkpoint.Saver`), the spike policy (`spike.SpikePolicy`, which acts on the
-run only through the four members of `spike.Recoverable`), the metrics writer and throughput meter.
-What remains here is the loop, its stop conditions, logging and evaluation. Data position is the only
+`step.Layout`), saving (`checkpoint.Saver`, handed the step, this rank's pieces and the state), the spike
+policy (`spike.SpikePolicy`, which acts on the run only through the members of `spike.Recoverable`), the
+metrics writer and throughput meter. What remains here is the loop, its stop conditions, the bookkeeping of
+skipped steps (non-finite or spike: one place), logging and evaluation. Data position is the only
 state besides weights and optimizer moments, so `state_dict()` is small JSON and a resumed run is
 bitwise identical on CPU.
 """
@@ -21,7 +22,7 @@ from pretrain_cli.training.checkpoint import read_state
 from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikePolicy
-from pretrain_cli.training.step import Layout, Step
+from pretrain_cli.training.step import Layout, Step, StepResult
 from pretrain_cli.run_config import RunConfig
 
 
@@ -52,12 +53,18 @@ class TrainerState:
 class Collaborators:
     """What the loop reports to and saves through, given at construction (None: not wanted, as in the
     benchmarks and tests that only step): rank 0's metrics writer, the throughput meter, the
-    `checkpoint.Saver`, and for a rollback on the semi-auto engine, `path -> Layout` built again from it."""
+    `checkpoint.Saver`, and for a rollback on the semi-auto engine, `path -> Layout` built again from it.
+    Whoever builds them closes them (`close`); the trainer only uses them."""
 
     writer: object = None
     throughput: object = None
     saver: object = None
     rebuild: object = None
+
+    def close(self) -> None:
+        """The metrics writer's files and trackers (a drawing in flight is waited for)."""
+        if self.writer is not None:
+            self.writer.close()
 
 
 class Trainer:
@@ -124,7 +131,7 @@ class Trainer:
             gc.collect()
             self.adopt(self.rebuild(path))
         else:
-            self.saver.load_into(self, path)
+            self.saver.load_into(path, self.raw_model, self.strategy, self.optimizer)
         seconds, history = self.state.train_seconds, self.state.log_history
         self.load_state_dict(state)
         s = self.state
@@ -136,8 +143,9 @@ class Trainer:
         return self.loop.micro_batch * self.loop.grad_accum * self.parallel.data_world_size
 
     # ------------------------------------------------------------------ steps
-    def train_step(self, batches) -> tuple[float, float, bool]:
-        """One optimizer step (`step.Step`): (loss, grad_norm, applied); the benchmarks time exactly this."""
+    def train_step(self, batches) -> StepResult:
+        """One optimizer step (`step.Step`): (loss, grad_norm, outcome, reason); the benchmarks time
+        exactly this."""
         return self.step(self.layout, batches, self.state)
 
     # ------------------------------------------------------------------ loop
@@ -163,17 +171,17 @@ class Trainer:
                     batches.close()
                     batches = self._open_batches()
                 first_sample = self.state.consumed_samples
-                loss, norm, applied = self.train_step(batches)
+                result = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
-                if not applied and self.step.spike_reason is not None:
-                    if self.spike.handle(self, self.step.spike_reason, loss, norm, first_sample):
+                if result.outcome == "spike":
+                    if self.spike.handle(self, result.reason, result.loss, result.grad_norm, first_sample):
                         batches.close()
                         batches = self._open_batches()
-                    self.step.spike_reason = None
                     continue
-                if not applied:
-                    self._non_finite(loss, norm, first_sample)
+                if result.outcome == "non_finite":
+                    self._non_finite(result.loss, result.grad_norm, first_sample)
                     continue
+                loss, norm = result.loss, result.grad_norm
                 self._account(loss)
                 if not reported:  # the optimizer state exists from the first update on
                     self._report_layout()
@@ -233,6 +241,8 @@ class Trainer:
         """What each rank holds (parameters, optimizer state): one log line, and with several processes a
         `layout` record in metrics.jsonl."""
         mine = self.strategy.local_bytes(self.model, self.optimizer)
+        if self.layout.resume_bytes_read is not None:  # checkpoint bytes this rank read to resume
+            mine["resume_bytes_read"] = self.layout.resume_bytes_read
         ranks = self.comm.gather_object(mine)
         mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
         held = "; ".join(f"rank {r} parameters {mib(x['parameters'])}, optimizer state {mib(x['optimizer_state'])}"
@@ -258,15 +268,26 @@ class Trainer:
             raise NonFiniteError(f"step {step}: loss {loss} / gradient norm {norm} is not finite; stopped without "
                                  f"saving (the last checkpoint is intact). Lower learning_rate, check the data, "
                                  f"or set nan_policy: skip")
+        in_a_row, total = self.skip(first_sample)
+        log.warning(f"step {step}: non-finite loss {loss} / grad norm {norm}; update skipped "
+                    f"({in_a_row} in a row, {total} in total)")
+        if in_a_row >= self.loop.nan_skip_limit:
+            raise NonFiniteError(f"step {step}: {in_a_row} consecutive non-finite steps "
+                                 f"(nan_skip_limit {self.loop.nan_skip_limit}); stopped")
+
+    # ------------------------------------------------------------------ skipped steps (non-finite, spike)
+    def skip(self, first_sample: int) -> tuple[int, int]:
+        """Book a step whose update was withheld (non-finite or a spike): its batch is consumed and recorded,
+        the step is not counted. Returns (skips in a row, skips in total)."""
         s = self.state
         s.skipped_steps += 1
         s.consecutive_skips += 1
         s.skipped_batches.append(first_sample)
-        log.warning(f"step {step}: non-finite loss {loss} / grad norm {norm}; update skipped "
-                    f"({s.consecutive_skips} in a row, {s.skipped_steps} in total)")
-        if s.consecutive_skips >= self.loop.nan_skip_limit:
-            raise NonFiniteError(f"step {step}: {s.consecutive_skips} consecutive non-finite steps "
-                                 f"(nan_skip_limit {self.loop.nan_skip_limit}); stopped")
+        return s.consecutive_skips, s.skipped_steps
+
+    def note_rollback(self, skipped_batches: list, rollbacks: list) -> None:
+        """After a rollback's reload: the batches to jump over from now on, and every rollback so far."""
+        self.state.skipped_batches, self.state.rollbacks = skipped_batches, rollbacks
 
     def _log(self, grad_norm: float) -> None:
         s = self.state
@@ -301,7 +322,9 @@ class Trainer:
 
     def _save(self) -> None:
         if self.saver is not None:
-            self.saver(self)
+            pieces = self.strategy.pieces(self.raw_model, self.optimizer)  # no collective, no copy
+            state = self.state_dict() if self.parallel.is_rank0 else None  # (a deep copy)
+            self.record_event("checkpoint", self.saver(self.state.global_step, pieces, state))
         if self.writer is not None:  # rank 0: the loss curve up to this checkpoint
             self.writer.plot()
 

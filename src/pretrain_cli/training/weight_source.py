@@ -8,7 +8,7 @@ Paddle's layout, fp32; nothing else of the files is read. Names, layouts and sha
 whole-model loader (`models.convert.load_hf_state_dict`) checks them, before any block is read.
 
 A checkpoint's checksums are verified the same way: rank 0 checks only that its files are present and of the
-recorded sizes (`config.prepare.find_resume`); each rank then checks the crc32 of the files it read
+recorded sizes (`orchestration.prepare.find_resume`); each rank then checks the crc32 of the files it read
 (`verify_read`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
 """
 from __future__ import annotations
@@ -31,19 +31,11 @@ class DamagedCheckpoint(UserError):
 
 
 def verify_read(ckpt, files) -> str | None:
-    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) does not match the checksum its
-    index records, or None (also for a checkpoint from before the index, which records none)."""
-    from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.storage.shard_files import checksum
+    """Why one of `files` (paths inside checkpoint `ckpt`, those this rank read) is missing, truncated or does not
+    match the checksum its index records, or None (`storage.intact.damage` decides, for these files only)."""
+    from pretrain_cli.storage import intact
 
-    index = checkpoint_index.load(ckpt)
-    if index is None:
-        return None
-    for path in sorted({Path(f) for f in files}):
-        want = index["files"].get(path.name)
-        if want is not None and checksum(path)["crc32"] != want["crc32"]:
-            return f"{path} does not match its checksum"
-    return None
+    return intact.damage(ckpt, checksums=True, files=sorted({Path(f).name for f in files}))
 
 
 class WeightSource:
@@ -52,15 +44,15 @@ class WeightSource:
     dtype = None  # as `distributed.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint"):
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_param_names
+        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
         stored = {n: t for n, t in self.reader.index["tensors"].items() if "/" not in n}
         layout = detect_layout({n: SimpleNamespace(shape=tuple(t["shape"])) for n, t in stored.items()}, model)
         self.names = {}  # ours -> (stored name, stored transposed)
-        for ours, (hf, transpose) in hf_param_names(model).items():
-            self.names[ours] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
+        for hf, _, transpose in hf_params(model):  # our names are HF's
+            self.names[hf] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
                                 transpose and layout == "hf")
         params = dict(model.named_parameters())
         tied = model.lm_head is None

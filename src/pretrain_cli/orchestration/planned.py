@@ -54,8 +54,8 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints, with suggestions (each re-resolved) when the run does not fit."""
-    check_flags(device, gpus, mfu, peak_tflops)
+    """The report `plan --json` prints, with suggestions (each re-resolved) when the run does not fit. The
+    command's flags were checked where they came in (`check_flags`): not again per candidate."""
     dev = target_device(device)
     run = _resolved(args, model_cfg, dev, gpus)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops)
@@ -76,7 +76,6 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
     """
-    check_flags(device, gpus, mfu, peak_tflops, margin)
     base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
     notes = [n for n in base["notes"] if "WARNING" in n]
@@ -99,9 +98,35 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
 def _precision_for(args: Arguments, device: str) -> dict:
     """The precision keys a fitted file needs on `device`: fp16 instead of bf16 where there is no bf16."""
     entry = hardware.lookup(device) if device.lower() != "cpu" else None
-    if args.training.bf16 and not args.training.fp16 and entry is not None and entry.bf16_tflops is None:
+    if args.training.bf16 and not args.training.fp16 and hardware.pre_ampere(entry):
         return {"bf16": False, "fp16": True}
     return {}
+
+
+def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None, step: int,
+                       gpu_name: str | None) -> str:
+    """`train`'s one line after running out of memory at `step` (0: building the run) of the resolved `run`:
+    where, and `plan --fit`'s layout under a budget below what failed. `gpu_name`: the driver's name (None on
+    CPU), planned as its hardware-table entry."""
+    where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
+    entry = hardware.lookup(gpu_name) if gpu_name is not None else None
+    device = "cpu" if gpu_name is None else (entry.name if entry is not None else None)
+    world = run.parallel.world_size
+    how = f"pretrain-cli plan {config_path or '<args.json>'} --device {device or '<your GPU>'} --gpus {world} --fit"
+    if device is None:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    try:
+        predicted, f = out_of_memory_fit(args, model_cfg, device, world)
+    except UserError:
+        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
+    if f["after"] is None or not f["diff"]:
+        return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
+                f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
+                f"checkpoints are untouched")
+    change = ", ".join(f"{k} {fit_search.json_value(old)} -> {fit_search.json_value(new)}" for k, old, new in f["diff"])
+    return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
+            f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
+            f"checkpoints are untouched, re-run to resume from the last one")
 
 
 def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:

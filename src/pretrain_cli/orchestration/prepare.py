@@ -171,20 +171,25 @@ def check_output_dir(output_dir: str) -> Path:
 
 
 def find_resume(run: RunConfig) -> Path | None:
-    """`resume_from_checkpoint`, else the newest complete `checkpoint-N` of a training run (unless overwritten)."""
+    """`resume_from_checkpoint` (refused when `storage.intact` finds it incomplete or damaged), else the newest
+    complete `checkpoint-N` of a training run (unless overwritten). Rank 0 verifies; the others take its choice."""
     out = run.output
+    from pretrain_cli.storage import intact
+
     if out.resume_from:
         path = Path(out.resume_from)
         if not path.is_dir():
             raise UserError(f"resume_from_checkpoint: {path} is not a directory")
+        reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
+        if reason is not None:
+            raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
+                            f"resume from the newest complete one")
         return path
     if out.overwrite or not run.loop.do_train:
         return None
-    from pretrain_cli.storage.checkpoint_index import newest_intact
-
     # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
     # the files it reads (`training.weight_source.verify_read`)
-    return newest_intact(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
+    return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
 
 
 def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
@@ -228,15 +233,17 @@ def launcher_target() -> Target:
     from pretrain_cli import runtime
     from pretrain_cli.distributed import launch
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu", world_size=launch.world_size(),
-                  rank=launch.rank(), local_rank=launch.local_rank())
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
+                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_target() -> Target:
     """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
     from pretrain_cli import runtime
 
-    return Target(device="gpu" if runtime.gpu_build_installed() else "cpu")
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None)
 
 
 def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:

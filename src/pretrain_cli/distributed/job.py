@@ -1,0 +1,168 @@
+"""A launch as scripts/launch.sh runs it: rendezvous ports held for the job, each rank's own verdict, the
+job's exit code and whether to restart.
+
+**Ports.** Paddle's launcher picks its ports (its KV master, the TCP store rank 0 hosts, one endpoint per
+rank) by binding a port, closing it and handing the number on, starting at a random port of `PORT_RANGE`
+(default 35100-64000, inside the kernel's ephemeral range 32768-60999). Two jobs started at once on one
+host can be handed the same port, or a port the kernel then gives some outgoing connection; a rank then
+joins the other job's store (`gloo/transport/tcp/address.cc:30 ... 136 vs 45`, `uv__finish_close:
+Assertion`). `reserve()` takes a block of `BLOCK` ports below the ephemeral range for the job: an exclusive
+`flock` on a file per block in a directory every user of this host shares (held by the launcher for its
+whole life: the lock's descriptor is inherited through `exec`), every port of the block checked free, and
+`PORT_RANGE` set to the block, so two launches through launch.sh or the tests never share a port.
+
+**Verdicts.** Paddle's launcher exits with the code of the lowest-numbered rank that failed, which is
+usually a rank stopped because another one died (rank 0 killed by its watcher after rank 1's usage error:
+247). So each rank records its own end in `$PRETRAIN_CLI_VERDICTS/rank-R.json` (the CLI: the exit code of a
+usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
+first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
+rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
+first rank's own code, retried while MAX_RESTART allows.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VERDICTS_ENV = "PRETRAIN_CLI_VERDICTS"
+BLOCK = 32
+LOW, HIGH = 20000, 32000  # below Linux's default ephemeral range (32768-60999): the kernel never hands these out
+USAGE, TRANSIENT = 2, 75
+RENDEZVOUS_TRIES = 3
+
+
+# ------------------------------------------------------------------ verdicts
+def verdict_dir() -> Path | None:
+    value = os.environ.get(VERDICTS_ENV)
+    return Path(value) if value else None
+
+
+def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
+           overwrite: bool = True) -> None:
+    """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
+    another rank failed), "died"; "joining" while it joins the process group, cleared once joined), when launched by
+    launch.sh; best effort, never raises."""
+    directory = directory or verdict_dir()
+    if directory is None or code is None:
+        return
+    path = Path(directory) / f"rank-{rank}.json"
+    with contextlib.suppress(OSError):
+        if overwrite or not path.exists():
+            from pretrain_cli import atomic
+
+            atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time()})
+
+
+def clear(rank: int) -> None:
+    """Forget this rank's record (its join succeeded)."""
+    directory = verdict_dir()
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            (directory / f"rank-{rank}.json").unlink(missing_ok=True)
+
+
+def decide(directory, launcher_rc: int) -> tuple[int, str]:
+    """(the job's exit code, "stop" / "retry" / "rendezvous") from the ranks' records and the launcher's code."""
+    records = []
+    for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
+    if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):
+        return USAGE, "stop"
+    if any(r.get("kind") == "interrupted" for r in own):  # Ctrl-C: the user stopped it
+        return 130, "stop"
+    if not own and any(r.get("kind") == "joining" for r in records):  # a rank died inside the join, nothing else
+        return TRANSIENT, "rendezvous"
+    if own and own[0].get("exit") == TRANSIENT:
+        return TRANSIENT, "rendezvous"
+    if own:
+        return int(own[0]["exit"]), "retry"
+    if launcher_rc in (USAGE, 130, 143):  # a usage error (the launcher's own), interrupted, terminated: not retried
+        return launcher_rc, "stop"
+    return launcher_rc, "retry"
+
+
+# ------------------------------------------------------------------ ports
+class Reservation:
+    """A block of ports held by this process (and whatever it execs) until `release()` or its exit."""
+
+    def __init__(self, base: int, fd: int):
+        self.base, self.fd = base, fd
+
+    @property
+    def port_range(self) -> str:
+        return f"{self.base + 1}:{self.base + BLOCK - 1}"  # `base` itself stays free for a --master
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _lock_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / "pretrain-cli-ports"
+    with contextlib.suppress(OSError):
+        path.mkdir(exist_ok=True)
+        path.chmod(0o1777)  # every user of the host shares it, as /tmp itself
+    return path
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def reserve(tries: int = 200) -> Reservation:
+    """A block of BLOCK free ports no other launch on this host holds (OSError when none is found)."""
+    where, blocks = _lock_dir(), (HIGH - LOW) // BLOCK
+    first = random.randrange(blocks)
+    for i in range(min(tries, blocks)):
+        base = LOW + ((first + i) % blocks) * BLOCK
+        try:
+            fd = os.open(where / f"{base}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            continue
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)  # another user's launch can lock it too, once this one is done
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if all(_free(p) for p in range(base, base + BLOCK)):
+            return Reservation(base, fd)
+        os.close(fd)  # someone outside these locks uses a port of it
+    raise OSError(f"no free block of {BLOCK} ports in {LOW}-{HIGH} on this host")
+
+
+def exec_with_ports(cmd: list[str]) -> None:
+    """Reserve a block, then become `cmd` with PORT_RANGE set to it (the lock stays held by `cmd`)."""
+    held = reserve()
+    os.set_inheritable(held.fd, True)
+    os.environ["PORT_RANGE"] = held.port_range
+    os.execvp(cmd[0], cmd)
+
+
+def main(argv: list[str]) -> int:
+    """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`)."""
+    if argv[:2] == ["ports", "--"] and len(argv) > 2:
+        exec_with_ports(argv[2:])
+    if len(argv) == 3 and argv[0] == "decide":
+        code, action = decide(argv[1], int(argv[2]))
+        print(code, action)
+        return 0
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC", file=sys.stderr)
+    return 2

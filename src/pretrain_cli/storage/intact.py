@@ -1,0 +1,144 @@
+"""Whether a checkpoint directory is complete and undamaged, and if not, why: decided here and nowhere else.
+
+A directory named `checkpoint-N` is complete when it is published (`atomic.publish_dir`), but files can be
+lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()` checks what a resume reads:
+
+- `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`
+  (`read_state`, also what the resume itself reads);
+- `config.json`: present and a JSON object (`args.json` too, when there is one);
+- `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
+  (`model-0000k-of-0000n.safetensors`), or no `optimizer.safetensors` of a checkpoint from before the index;
+- every file the index lists: present, of the listed size and, with `checksums`, the listed crc32
+  (`damage`); a checkpoint from before the index: every safetensors header readable and its data present.
+
+Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
+warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
+line when damaged (orchestration.prepare). `damage(ckpt, files=...)` checks a subset of the files: a rank that
+reads only some of them can verify just those.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, list_checkpoints
+from pretrain_cli.storage import checkpoint_index
+from pretrain_cli.storage.shard_files import File, checksum
+
+CONFIG_FILE = "config.json"
+
+
+def read_state(ckpt) -> dict:
+    """`trainer_state.json` of checkpoint `ckpt`, or a one-line UserError saying what is wrong with it."""
+    path = Path(ckpt) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
+                        f"checkpoint-N or remove resume_from_checkpoint")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: not a JSON object; resume from another checkpoint")
+    for key in ("global_step", "consumed_samples"):
+        if not isinstance(state.get(key), int):
+            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    return state
+
+
+def _json_object(path: Path, required: bool) -> str | None:
+    if not path.is_file():
+        return f"{path} is missing" if required else None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"{path} is unreadable ({e})"
+    return None if isinstance(obj, dict) else f"{path} is not a JSON object"
+
+
+def problem(ckpt, checksums: bool = True) -> str | None:
+    """Why checkpoint `ckpt` cannot be resumed from (one line naming the file), or None when it is complete."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        return f"{ckpt} is not a directory"
+    try:
+        read_state(ckpt)
+    except UserError as e:
+        return str(e).split("; ")[0]
+    for name, required in ((CONFIG_FILE, True), (ARGS_FILE, False)):
+        reason = _json_object(ckpt / name, required)
+        if reason is not None:
+            return reason
+    return damage(ckpt, checksums)
+
+
+def damage(ckpt, checksums: bool = True, files=None) -> str | None:
+    """Why the weight and optimizer files of `ckpt` (only `files`, names as the index lists them, when given)
+    cannot be read back: missing, truncated or altered; or None. Sizes come from the directory listing;
+    `checksums` also re-reads every file (crc32, streamed)."""
+    ckpt = Path(ckpt)
+    try:
+        index = checkpoint_index.load(ckpt)
+    except UserError as e:
+        return str(e).split("; ")[0]
+    if index is None:
+        return _unindexed(ckpt)
+    listed, wanted = index["files"], None if files is None else set(files)
+    names = [n for n in listed if wanted is None or n in wanted]
+    for name in names:
+        path = ckpt / name
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"{path} is missing"
+        if size != listed[name]["bytes"]:
+            return f"{path} has {size} bytes, the index says {listed[name]['bytes']}"
+    if not checksums:
+        return None
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, max(len(names), 1))) as pool:  # zlib and reads release the GIL
+        sums = list(pool.map(lambda n: checksum(ckpt / n)["crc32"], names))
+    for name, got in zip(names, sums):
+        if got != listed[name]["crc32"]:
+            return f"{ckpt / name} does not match its checksum"
+    return None
+
+
+def _unindexed(ckpt: Path) -> str | None:
+    """A checkpoint without `checkpoint.index.json`: one from before the index (whole `optimizer.safetensors`,
+    headers and data sizes checked), or one whose index is gone."""
+    shards = sorted(ckpt.glob("*-of-*.safetensors"))
+    if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
+        return f"{ckpt / checkpoint_index.INDEX} is missing"
+    for path in sorted(ckpt.glob("*.safetensors")):
+        try:
+            f = File(path)
+        except UserError as e:
+            return str(e).split("; ")[0]
+        end = max((t["data_offsets"][1] for t in f.tensors.values()), default=0)
+        if f.start + end > f.size:
+            return f"{path} is truncated ({f.size} bytes, its tensors end at {f.start + end})"
+    return None
+
+
+def newest(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
+    """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
+    none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
+    (exit 2). `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest
+    unchecked; `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
+    import logging
+
+    ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
+    if not verify or not ckpts:
+        return ckpts[-1][1] if ckpts else None
+    for _, path in reversed(ckpts):
+        reason = problem(path, checksums)
+        if reason is None:
+            return path
+        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
+                                                  f"checkpoint")
+    raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
+                    f"or set overwrite_output_dir: true")

@@ -1,0 +1,99 @@
+"""launch.sh's side of a job (`distributed.job`): the job's exit code from the ranks' own verdicts, and blocks of
+rendezvous ports two launches on one host never share."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from pretrain_cli.distributed import job
+
+JOB = Path(__file__).resolve().parents[2] / "scripts" / "job.py"
+
+
+def _verdicts(tmp_path, *records):
+    for r in records:
+        (tmp_path / f"rank-{r['rank']}.json").write_text(json.dumps(r))
+    return tmp_path
+
+
+def test_a_usage_error_anywhere_is_exit_2_and_stops(tmp_path):
+    # rank 1's usage error came first; rank 0, stopped because of it, is what Paddle's launcher reports (247)
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "time": 2.0},
+                  {"rank": 0, "exit": 1, "kind": "peer", "time": 3.0})
+    assert job.decide(d, 247) == (2, "stop")
+
+
+def test_the_first_ranks_own_code_decides_and_is_retried(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "time": 5.0},
+                  {"rank": 0, "exit": 1, "kind": "system", "time": 6.0})
+    assert job.decide(d, 247) == (137, "retry")
+    assert job.decide(tmp_path / "none", 247) == (247, "retry")  # no record: the launcher's code
+    assert job.decide(tmp_path / "none", 2) == (2, "stop")  # the launcher's own usage error
+    assert job.decide(tmp_path / "none", 130) == (130, "stop")  # Ctrl-C
+
+
+def test_ctrl_c_is_never_retried(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 130, "kind": "interrupted", "time": 1.0},
+                  {"rank": 1, "exit": 137, "kind": "died", "time": 0.5})
+    assert job.decide(d, 1) == (130, "stop")
+
+
+def test_a_failed_rendezvous_is_its_own_action(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 75, "kind": "transient", "time": 1.0})
+    assert job.decide(d, 75) == (75, "rendezvous")
+
+
+def test_a_rank_that_died_inside_the_join_is_a_failed_rendezvous(tmp_path):
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 75, "kind": "joining", "time": 1.0})
+    assert job.decide(d, 134) == (75, "rendezvous")
+    # a rank still joining when another rank's usage error stopped the job: the usage error decides
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 2, "kind": "usage", "time": 2.0})
+    assert job.decide(d, 2) == (2, "stop")
+
+
+def test_record_writes_only_under_launch_sh_and_never_raises(tmp_path, monkeypatch):
+    monkeypatch.delenv(job.VERDICTS_ENV, raising=False)
+    job.record(0, 2, "usage", "x")  # no directory: nothing, no error
+    monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path))
+    job.record(3, 2, "usage", "bad key")
+    assert json.loads((tmp_path / "rank-3.json").read_text())["line"] == "bad key"
+    job.record(3, 137, "died", "killed", overwrite=False)  # the rank's own record stands
+    assert json.loads((tmp_path / "rank-3.json").read_text())["exit"] == 2
+    job.clear(3)
+    assert not (tmp_path / "rank-3.json").exists()
+    monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path / "missing" / "dir"))
+    job.record(0, 2, "usage", "x")
+
+
+def test_two_reservations_never_share_a_block_and_every_port_is_free(tmp_path, monkeypatch):
+    monkeypatch.setattr(job.tempfile, "gettempdir", lambda: str(tmp_path))
+    a, b = job.reserve(), job.reserve()
+    try:
+        assert a.base != b.base and job.LOW <= a.base < job.HIGH and (a.base - job.LOW) % job.BLOCK == 0
+        lo, hi = map(int, a.port_range.split(":"))
+        assert (lo, hi) == (a.base + 1, a.base + job.BLOCK - 1)
+        with socket.socket() as s:
+            s.bind(("", lo))  # free when reserved
+        # the lock is held: another process cannot take the same block
+        fd = os.open(tmp_path / "pretrain-cli-ports" / f"{a.base}.lock", os.O_RDWR)
+        probe = subprocess.run([sys.executable, "-c", "import fcntl, sys; fcntl.flock(int(sys.argv[1]), "
+                                "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(fd)], pass_fds=(fd,), capture_output=True)
+        os.close(fd)
+        assert probe.returncode != 0
+    finally:
+        a.release()
+        b.release()
+    c = job.reserve()  # released blocks are taken again
+    c.release()
+
+
+def test_ports_runs_the_command_with_port_range_set_and_the_block_held(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    script = "import os; print(os.environ['PORT_RANGE'])"
+    out = subprocess.run([sys.executable, str(JOB), "ports", "--", sys.executable, "-c",
+                          script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lo, hi = map(int, out.stdout.split(":"))
+    assert hi - lo == job.BLOCK - 2 and job.LOW < lo < job.HIGH
