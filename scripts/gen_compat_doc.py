@@ -38,9 +38,6 @@ REJECTED = [
     ("`pipeline_parallel_degree` with `tensor_parallel_degree`, with `sharding: stage2/3`, or with "
      "`virtual_pp_degree` > 1", "fleet's engines do not run these on CPU, so they are unverified; a pipeline with "
      "data parallelism and `sharding: stage1` is supported (docs/DISTRIBUTED.md)"),
-    ("`sharding: stage2` / `stage3` with more than one process", "not supported yet: clipping and topology-free "
-     "checkpoints need the sharded gradients/optimizer state gathered; stage1 (ZeRO-1) is supported"),
-    ("`fp16` with sharding", "loss scaling with sharded optimizers is not supported yet; use bf16"),
     ("`lr_scheduler_type`: polynomial, cosine_with_restarts, …", "PaddleNLP silently drops `min_learning_rate` for "
      "these; we implement linear, cosine, constant, constant_with_warmup exactly"),
     ("`optim` other than adamw", "only AdamW is implemented"),

@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 echo "== set-up: pip install -e . into .venv/ (CPU Paddle, tokenizers, VisualDL, matplotlib):" \
-     "~35 s the first time, ~5 s after"
+     "35-60 s the first time (idle to loaded cores), ~5 s after"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . 2>&1 | grep -v "^WARNING: Location" || true
 CLI=.venv/bin/pretrain-cli
 mkdir -p demo

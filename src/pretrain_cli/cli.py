@@ -81,7 +81,10 @@ def _run(argv: list[str]) -> int:
             raise UserError(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
                             f"(configs/demo_cpu.json, for one) or its keys as --key value")
     else:
-        ns = parser.parse_args(tail)
+        ns, extra = parser.parse_known_args(tail)
+        if extra and not getattr(module, "TAKES_RUN_OVERRIDES", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.overrides = extra
     return int(module.main(ns) or 0)
 
 

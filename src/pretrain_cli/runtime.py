@@ -190,6 +190,9 @@ def setup_env(threads: int | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*OMP_NUM_THREADS.*")
     # Paddle's C++-extension helper warns about a missing compiler cache when fleet utilities load.
     warnings.filterwarnings("ignore", message="No ccache found")
+    # fleet on CPU: ranks outside a sub-group it builds, and NCCL's reduce_avg (a CPU build falls back by itself)
+    warnings.filterwarnings("ignore", message="Current global rank .* is not in group")
+    warnings.filterwarnings("ignore", message="nccl reduce_avg requires paddle compiled with cuda")
     _DONE = True
 
 

@@ -92,6 +92,21 @@ def test_resume_two_to_one(corpus, tmp_path, ref, dp):
     assert_close_losses(run.losses(0), r.losses(0), range(6, STEPS + 1))
 
 
+def test_resume_two_to_one_keeps_the_global_batch(corpus, tmp_path, ref, dp):
+    """The same file resumed on one process (2 x 4 sequences became 1 x 4): accumulation 2 keeps the global
+    batch of 8, the log says so, and the curve is the one-process reference's."""
+    r, _ = ref
+    _, dout = dp
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out",
+                       resume_from_checkpoint=str(dout / "checkpoint-5"), overwrite_output_dir=False)
+    run = single(cfg, tmp_path / "log")
+    assert run.returncode == 0, run.explain()
+    assert "gradient_accumulation_steps 1 -> 2 keeps 8 sequences a step" in run.log(0)
+    assert_close_losses(run.losses(0), r.losses(0), range(6, STEPS + 1))
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["consumed_samples"] == 8 * STEPS
+
+
 @pytest.mark.parametrize("sharding", ["", "stage1"])
 def test_resume_one_to_two(corpus, tmp_path, ref, sharding):
     r, rout = ref

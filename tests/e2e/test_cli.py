@@ -123,6 +123,41 @@ def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsy
         * cfg["max_seq_length"]
 
 
+def test_paddlenlp_file_with_a_hub_tokenizer_not_on_disk_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    """PaddleNLP's 0.5B file names `tokenizer_name_or_path: Qwen/Qwen2.5-0.5B`: with local data and a small
+    preset, `check` fails with one line saying how to fetch it, as for a hub model that is not on disk."""
+    _big_corpus(tmp_path)
+    shutil.copy(PADDLENLP / "qwen_pretrain_argument_0p5b.json", tmp_path / "qwen.json")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tokenizer_name_or_path: 'Qwen/Qwen2.5-0.5B' is not on disk"), err
+    assert "`huggingface-cli download Qwen/Qwen2.5-0.5B --include" in err[0]
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64", "--tokenizer_name_or_path",
+                     "micro-qwen2"]) == 2
+    assert "'micro-qwen2' is a shipped preset, which holds no tokenizer files" in capsys.readouterr().err
+    shutil.copytree(corpus / "tokenizer", tmp_path / "Qwen" / "Qwen2.5-0.5B")  # a local directory wins
+    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 0
+    assert "tokenizer: Qwen/Qwen2.5-0.5B" in capsys.readouterr().out
+
+
+def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_then_trains(corpus, tmp_path,
+                                                                                        capsys):
+    """train-tokenizer --vocab_size 600 and a 512-token preset: `check` names --vocab_size 600; with it the model
+    is built to the tokenizer's size and a short run trains and exports that size."""
+    assert cli_main(["train-tokenizer", "--input_path", str(corpus / "corpus.jsonl"), "--output_dir",
+                     str(tmp_path / "tok"), "--vocab_size", "600"]) == 0
+    cfg = write_config(tmp_path, corpus, tokenizer_name_or_path=str(tmp_path / "tok"), max_steps=1, save_steps=1)
+    capsys.readouterr()
+    assert cli_main(["check", cfg]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 600 tokens but the model's vocab_size is 512" in err[0] and "--vocab_size 600" in err[0]
+    assert cli_main(["train", cfg, "--vocab_size", "600"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 600
+    assert cli_main(["check", cfg, "--vocab_size", "600", "--continue_training", "true"]) == 2
+    assert "vocab_size: 600 resizes the model, but continue_training" in capsys.readouterr().err
+
+
 def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):
     """PaddleNLP's llm/config/{qwen,llama}/pretrain_argument.json, tokenizer path aside: `check --world_size 8` and
     `plan --device A100-80GB --gpus 8`. The qwen file's `continue_training: 1` needs Qwen2-7B's weights: without
@@ -154,6 +189,7 @@ def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corp
         assert cli_main(["check", name, "--world_size", "8"]) == 0, name
         out = capsys.readouterr().out
         assert "check: OK — training would start on 8 processes (simulated)" in out and layout in out, out
+        assert "note: --world_size 8 checks the run as an 8-GPU launch (device gpu" in out
         assert ("pretrained weights" in out) == name.startswith("qwen")
         assert "precision bfloat16 O2" in out and "recompute " + ("full" if name.startswith("qwen") else "off") in out
         assert cli_main(["plan", name, "--device", "A100-80GB", "--gpus", "8"]) == 0

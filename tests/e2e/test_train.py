@@ -42,6 +42,9 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert abs(losses[0] - math.log(512)) < 0.5
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 4, 8, 12, 16, 20, 24]  # step 1 is visible
+    mfus = [r["mfu"] for r in logged if r["kind"] == "train"]  # against the CPU's stated peak, never above it
+    assert all(isinstance(m, float) and 0 < m <= 1 for m in mfus), mfus
+    assert "mfu against an assumed fp32 peak of" in captured.out
     assert cli_main(["eval", "--config", cfg, "--json"]) == 0  # the run's own valid batches, its final model
     evaluated = capsys.readouterr()
     again = json.loads(evaluated.out)
@@ -229,19 +232,30 @@ def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys
     assert "3 consecutive non-finite steps" in capsys.readouterr().err
 
 
-def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
+@pytest.mark.parametrize("model", ["micro-qwen2", "micro-llama"])
+def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path, model):
+    """The output directory and its checkpoint-N load in transformers: the model with our eval loss, and the
+    tokenizer (AutoTokenizer) with exactly the ids the token files were made with."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pretrain_cli.data.tokenizer import load_tokenizer
 
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.convert import load_for_inference
     from pretrain_cli.training.evaluation import loss_sum, read_tokens, window_batches
 
-    cfg = write_config(tmp_path, corpus, max_steps=6)
+    cfg = write_config(tmp_path, corpus, max_steps=6, model_name_or_path=model)
     assert cli_main(["train", cfg]) == 0
     out = tmp_path / "out"
     prefix = str(corpus / "data" / "docs")
+    ours = load_tokenizer(corpus / "tokenizer")
+    texts = ["a\n\nb", "  x  ", "p\r\nq\r\n\r\n", "\tx\t\ty", "def f(x):\n    return x\n\n\n", "日本語 中文",
+             "café cafe\u0301", json.loads((corpus / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[3])["text"]]
+    for d in (out, out / "checkpoint-6"):
+        hf_tok = AutoTokenizer.from_pretrained(str(d))
+        assert [hf_tok.encode(t, add_special_tokens=False) for t in texts] == [ours.encode(t) for t in texts], d
     model, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)
     total, count, _ = loss_sum(model, window_batches(read_tokens(prefix)[0], 32, 4, max_batches=3))
     ours = {"loss": total / count}
@@ -256,6 +270,42 @@ def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path):
     assert ours["loss"] == pytest.approx(float(loss), abs=1e-4)
 
 
+def test_eval_and_generate_take_the_runs_settings_and_overrides(corpus, tmp_path, capsys):
+    """eval/generate on a run's directory use its args.json (window length, kernels) with train's overrides;
+    eval --config takes train's overrides and a run's args.json; --data with --config and another window
+    length than training's each get a note; overrides without a run are one line."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg, "--num_hidden_layers", "1"]) == 0
+    trained = next(line for line in capsys.readouterr().out.splitlines() if "kernels: " in line).split("kernels: ")[1]
+    out, data = str(tmp_path / "out"), str(corpus / "data" / "docs")
+
+    def run(*argv):
+        assert cli_main(list(argv)) == 0, argv
+        printed = capsys.readouterr()
+        return json.loads(printed.out), printed.err
+
+    by_config, _ = run("eval", "--config", cfg, "--json", "--num_hidden_layers", "1")
+    by_record, _ = run("eval", "--config", f"{out}/args.json", "--json")
+    by_model, _ = run("eval", "--model", out, "--json")  # a run's directory: its own valid split
+    assert by_config["loss"] == by_record["loss"] == by_model["loss"] and by_model["split"] == "valid"
+    assert by_config["kernels"] == by_model["kernels"] == trained
+    windows, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--json")
+    assert windows["max_seq_length"] == 32 and windows["kernels"] == trained and "note:" not in err
+    _, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--max_seq_length", "16", "--json")
+    assert "note: 16-token windows; the model was trained on 32-token ones" in err
+    _, err = run("eval", "--config", cfg, "--num_hidden_layers", "1", "--data", data, "--max_batches", "1", "--json")
+    assert f"note: --data {data}: its windows, in {cfg}'s settings" in err
+    generated, err = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json")
+    assert generated["kernels"] == trained
+    flash_off, _ = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json",
+                       "--use_flash_attention", "false")  # train's key, train's meaning
+    assert flash_off["kernels"] != trained and "attention=cpu" in trained
+    assert cli_main(["eval", "--model", "micro-qwen2", "--data", data, "--max_seq_length", "16", "--max_steps",
+                     "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max_steps 3: --key value overrides change a run's settings" in err[0]
+
+
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=4)
     assert cli_main(["train", cfg]) == 0
@@ -268,8 +318,8 @@ def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys
                          *extra]) == 0
         printed = capsys.readouterr()
         runs.append(json.loads(printed.out)["tokens"])
-    # no argument file: the kernels a file without kernel keys resolves to (the math attention path), printed
-    assert "kernels: attention=sdpa_mask " in printed.err and "head+loss=cpu" in printed.err
+    # the kernels of the run that wrote the directory (its args.json: use_flash_attention, the CPU kernel), printed
+    assert "kernels: attention=cpu " in printed.err and "head+loss=cpu" in printed.err
     assert runs[0] == runs[1] and runs[2] == runs[3]
     assert len(runs[2]) <= 12 and all(0 <= t < 512 for r in runs for t in r)
 

@@ -161,7 +161,8 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
 
     monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-16GB")  # as the driver names it
     ns = argparse.Namespace(config=str(QWEN), overrides=list(AT_4096))
-    spec = prepare(str(QWEN), list(AT_4096), Target(device="gpu", world_size=1), open_data=False)
+    spec = prepare(str(QWEN), [*AT_4096, "--tokenizer_name_or_path", "null"], Target(device="gpu", world_size=1),
+                   open_data=False)  # (the file's Qwen tokenizer is not on disk here)
     line = train.out_of_memory_line(ns, spec, 7)
     assert line.startswith("out of memory at step 7 on 1 x V100-16GB: top plan suggestion for this run: "), line
     assert "recompute false -> true" in line

@@ -89,6 +89,17 @@ def test_hub_names_as_published_select_their_presets():
     assert set(HUB_NAMES) <= set(preset_names()) and len(ALIASES) == sum(map(len, HUB_NAMES.values()))
 
 
+def test_a_mistyped_model_name_gets_a_did_you_mean():
+    from pretrain_cli.errors import UserError
+
+    for typo, meant in (("qwen2.5-05b", "qwen2.5-0.5b"), ("tiny-qwen", "tiny-qwen2"),
+                        ("Qwen/Qwen2.5-0.5", "Qwen/Qwen2.5-0.5B"), ("meta-llama/Llama-3.1-8", "meta-llama/Llama-3.1-8B")):
+        with pytest.raises(UserError, match=f"did you mean '{meant}'"):
+            resolve_model_dir(typo)
+    with pytest.raises(UserError, match="huggingface-cli download org/unrelated-model"):
+        resolve_model_dir("org/unrelated-model")
+
+
 def test_each_family_carries_its_published_architecture_details():
     """The keys a wrong copy would get wrong: RoPE scaling (3.1/3.2 only), tied heads, biases, head_dim, eps."""
     cfg = {name: ModelConfig.from_file(str(PRESET_DIR / name)) for name in preset_names()}

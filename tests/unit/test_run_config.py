@@ -109,6 +109,96 @@ def test_hardware_flops_count_the_recomputed_forward():
     assert full.hw_flops == flops_per_token(cfg, 32, recompute="full", hardware=True) > full.flops
 
 
+ZEN4 = "processor\t: 0\ncpu MHz\t\t: 2596.150\nflags\t\t: fpu sse2 avx fma avx2 avx512f\n\nprocessor\t: 1\ncpu MHz\t\t: 2400.0\n"
+
+
+def test_cpu_peak_is_the_cores_theoretical_bound_stated_as_an_assumption():
+    """The same figure in every run on one machine (no timed matmul, which ranged 15.7-214.8 GFLOP/s on a
+    shared machine): cores x the highest reported clock x FLOPs/cycle of the widest FMA flag."""
+    from pretrain_cli.training.metrics import cpu_peak_tflops
+
+    peak, why = cpu_peak_tflops(ZEN4, cores=2, max_khz=[])
+    assert peak == pytest.approx(2 * 2.59615 * 64 / 1e3)
+    assert "assumed fp32 peak of 332.3 GFLOP/s = 2 core(s) x 2.60 GHz x 64 FLOP/cycle (avx512f" in why
+    assert "set peak_tflops" in why
+    assert cpu_peak_tflops(ZEN4, cores=1, max_khz=[3_700_000, 3_500_000])[0] == pytest.approx(3.7 * 64 / 1e3)
+    avx2 = ZEN4.replace(" avx512f", "")
+    assert cpu_peak_tflops(avx2, cores=1, max_khz=[])[0] == pytest.approx(2.59615 * 32 / 1e3)
+    assert cpu_peak_tflops("processor\t: 0\n", cores=1, max_khz=[]) == (
+        None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)")
+
+
+def test_mfu_above_one_is_never_reported(caplog):
+    from pretrain_cli.training.metrics import Throughput
+
+    tp = Throughput(32, 4, 1, 1, flops_per_token=1e9, hw_flops_per_token=1e9, peak_tflops=1.0)
+    assert tp._mfu(500.0) == 0.5  # 500 tokens/s x 1 GFLOP = 0.5 TFLOP/s of a 1 TFLOP/s peak
+    with caplog.at_level("WARNING", logger="pretrain_cli"):
+        assert tp._mfu(1500.0) == "unknown" and tp._mfu(2000.0) == "unknown"
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mfu:")]
+    assert len(warned) == 1 and "1.50 of the 1000.0 GFLOP/s peak cannot be true" in warned[0]
+    assert Throughput(32, 4, 1, 1, 1e9, 1e9, None)._mfu(1e9) == "unknown"
+
+
+def _checkpoint_of(tmp_path, run):
+    """A checkpoint directory whose args.json records `run` (all `keep_global_batch` reads)."""
+    import json
+
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    (ckpt / "args.json").write_text(json.dumps({"run": run.to_dict()}))
+    return ckpt
+
+
+def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tmp_path):
+    """2 ranks x 4 sequences resumed on 1 rank: accumulation 2 keeps 8 a step (and eval_iters doubles to keep
+    the eval windows), with notes; a batch no accumulation makes is one line naming the keys."""
+    from run_helpers import BASE
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.orchestration.resumed import keep_global_batch
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+
+    cfg = model_config()
+    common = ["--per_device_train_batch_size", "4", "--do_eval", "true", "--eval_iters", "3"]
+    ckpt = _checkpoint_of(tmp_path, resolve_run(*common, world=2))
+    args = parse_config(None, [*BASE, *common])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)
+    assert (run.loop.grad_accum, run.global_batch_size, run.loop.eval_iters) == (2, 8, 6)
+    assert any("gradient_accumulation_steps 1 -> 2 keeps 8 sequences a step" in n for n in run.notes), run.notes
+    assert any("eval_iters 3 -> 6 keeps the" in n for n in run.notes)
+    # the same run resumed on 2 ranks again: nothing changes, nothing is said
+    same = resolve_run(*common, world=2)
+    assert keep_global_batch(parse_config(None, [*BASE, *common]), same, cfg, Target("cpu", 2), ckpt) == same
+    # the user changed the batch keys: their choice, named
+    args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)
+    assert run.global_batch_size == 2 and any("2 sequences a step from here on" in n for n in run.notes)
+    # 2 ranks x 3 = 6 sequences on 4 ranks of 3: no accumulation makes 6
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    ckpt = _checkpoint_of(odd, resolve_run("--per_device_train_batch_size", "3", world=2))
+    args = parse_config(None, [*BASE, "--per_device_train_batch_size", "3"])
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps: checkpoint-5 was trained on 2 data rank\(s\) "
+                                        r"x 3 x acc 1 = 6 sequences .* set per_device_train_batch_size and "
+                                        r"gradient_accumulation_steps so that their product x 4 = 6"):
+        keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt)
+
+
+def test_an_eval_split_smaller_than_its_batches_is_noted():
+    from types import SimpleNamespace
+
+    from pretrain_cli.orchestration.prepare import eval_repeats
+
+    run = resolve_run("--do_eval", "true", "--do_predict", "true", "--eval_iters", "4",
+                      "--per_device_eval_batch_size", "8")
+    splits = SimpleNamespace(get={"valid": list(range(22)), "test": list(range(40))}.get)
+    notes = eval_repeats(run, splits)
+    assert notes == ["eval: the valid split holds 22 samples, fewer than eval_iters 4 x per_device_eval_batch_size 8 "
+                     "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once"]
+
+
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
     assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, Topology.of(p).data_rank) == (1, 8, 1, 8, 5)

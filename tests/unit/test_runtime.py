@@ -121,3 +121,21 @@ def test_setup_env_applies_and_logs_the_launched_thread_count():
     values, line = out.stdout.splitlines()
     assert values == f"{cores} {cores}"
     assert line.startswith(f"threads: {cores} per process (") and "launcher's OMP_NUM_THREADS=1" in line
+
+
+def test_fleets_cpu_warnings_are_filtered(monkeypatch):
+    """fleet warns on CPU about ranks outside a sub-group and NCCL's reduce_avg; neither asks anything of a user."""
+    import warnings
+
+    from pretrain_cli import runtime
+
+    monkeypatch.setattr(runtime, "_DONE", False)
+    monkeypatch.setattr(runtime, "_THREADS", runtime._THREADS)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # setup_env's variables stay in this test
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: None)
+    with warnings.catch_warnings(record=True) as seen:
+        runtime.setup_env()
+        warnings.warn("Current global rank 1 is not in group _default_pg10", UserWarning)
+        warnings.warn("nccl reduce_avg requires paddle compiled with cuda and nccl>=2.10.0, please check", UserWarning)
+        warnings.warn("something else", UserWarning)
+    assert [str(w.message) for w in seen] == ["something else"]

@@ -81,3 +81,101 @@ def test_train_errors(tmp_path):
     write_jsonl(tmp_path / "e.jsonl", ["", "  "])
     with pytest.raises(UserError, match="no non-empty documents"):
         _train(["--input_path", str(tmp_path / "e.jsonl"), "--output_dir", str(tmp_path / "t"), "--vocab_size", "300"])
+
+
+# Whitespace runs, blank lines, CRLF, tabs, indented code, digits, CJK, composed and decomposed accents, a special
+# token inside text: each is a place where two pre-tokenizers (or a normalizer) can split differently.
+HARD_TEXTS = ["a\n\nb", "  two  spaces   end  ", "line\r\nnext\r\n\r\nlast\r", "\tx\t\ty\t", "x\n \n\ty",
+              "def f(x):\n    if x:\n        return [x, 10_000]\n\n\nclass A:\n\tpass\n",
+              "日本語のテキスト、中文，한국어 mixed", "café naïve Ångström", "cafe\u0301 n\u0303", "12345 3.14159",
+              "it's you'll WE'RE", "end [EOT] next"]
+_CODE = ["def f(x):\n    return x + 1\n\n", "if a:\r\n\tb = {'k': [1, 2]}\r\n", "日本語 中文 한국어 café naïve"]
+_LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                 r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _hf_written(kind: str, d):
+    """A tokenizer directory as transformers writes one: Qwen2's class, or a Llama-3-style BPE (its own split
+    pattern, no normalizer, a BOS post-processor) saved as PreTrainedTokenizerFast, or the plain GPT-2
+    byte-level pre-tokenizer."""
+    import transformers
+    from tokenizers import Regex, decoders, pre_tokenizers, processors
+
+    texts = make_texts(300) + _CODE * 30
+    tok = tk.train_bpe(texts, 600, tk.DEFAULT_SPECIALS, min_frequency=1)
+    model = json.loads(tok.to_str())["model"]
+    if kind == "hf-qwen2":
+        hf = transformers.Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]],
+                                         eos_token="[EOT]", pad_token="[PAD]", unk_token=None)
+    else:
+        if kind == "hf-llama3":
+            tok.normalizer = None
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            tok.post_processor = processors.TemplateProcessing(single="[BOT] $A", special_tokens=[("[BOT]", 1)])
+        else:  # gpt2
+            tok.normalizer = None
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[BOT]", eos_token="[EOT]",
+                                                  pad_token="[PAD]")
+    hf.save_pretrained(str(d))
+    return d
+
+
+@pytest.mark.parametrize("kind", ["ours", "hf-qwen2", "hf-llama3", "gpt2"])
+def test_autotokenizer_on_an_exported_directory_gives_the_training_ids(tmp_path, kind):
+    """What a run writes (`export_files` + the family's config.json) loads in AutoTokenizer to exactly
+    tokenizer.json's ids, for every family; where transformers forces a class that cannot reproduce the
+    tokenizer (qwen2 with a non-Qwen2 pipeline), `transformers_mismatch` says so, and only then."""
+    import shutil
+
+    import transformers
+
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    src = tmp_path / "tok"
+    if kind == "ours":
+        write_jsonl(tmp_path / "c.jsonl", make_texts(300) + _CODE * 30)
+        assert _train(["--input_path", str(tmp_path / "c.jsonl"), "--output_dir", str(src), "--vocab_size", "600"]) == 0
+    else:
+        _hf_written(kind, src)
+    ours = tk.load_tokenizer(src)
+    for family, preset in (("qwen2", "micro-qwen2"), ("qwen3", "qwen3-0.6b"), ("llama", "micro-llama")):
+        out = tmp_path / family
+        out.mkdir()
+        shutil.copy(PRESET_DIR / preset / "config.json", out / "config.json")
+        tk.export_files(src, out)
+        hf = transformers.AutoTokenizer.from_pretrained(str(out))
+        got = [hf.encode(t, add_special_tokens=False) for t in HARD_TEXTS]
+        want = [ours.encode(t) for t in HARD_TEXTS]
+        mismatch = tk.transformers_mismatch(ours, family)
+        assert (got == want) == (mismatch is None), (kind, family, type(hf).__name__, mismatch)
+        if kind in ("ours", "hf-qwen2") or family != "qwen2":
+            assert got == want, (kind, family, type(hf).__name__)
+        else:
+            assert "differs from Qwen2's in" in mismatch and "PreTrainedTokenizerFast.from_pretrained" in mismatch
+            assert hf.convert_tokens_to_ids("[EOT]") == ours.eos_token_id
+        if kind == "ours":  # no special tokens added by default either
+            assert [hf.encode(t) for t in HARD_TEXTS] == want
+        assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_export_of_a_vocab_merges_directory_writes_the_tokenizer_it_encoded_with(tmp_path):
+    import transformers
+
+    d = make_tokenizer(tmp_path / "tok")
+    model = json.loads((d / "tokenizer.json").read_text())["model"]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "vocab.json").write_text(json.dumps(model["vocab"]))
+    (legacy / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in model["merges"]) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    tk.export_files(legacy, out)
+    ours = tk.load_tokenizer(legacy)
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert [hf.encode(t, add_special_tokens=False) for t in HARD_TEXTS] == [ours.encode(t) for t in HARD_TEXTS]
+    assert hf.eos_token == "[EOT]"

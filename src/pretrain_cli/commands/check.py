@@ -56,6 +56,12 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     for line in spec.describe():
         print(line)
+    from pretrain_cli import runtime
+
+    if ns.world_size is not None and spec.run.device == "gpu" and not runtime.gpu_build_installed():
+        print(f"  note: --world_size {ns.world_size} checks the run as an {ns.world_size}-GPU launch (device gpu, "
+              f"its precision and kernels); this machine has no GPU build, where `check` without --world_size "
+              f"shows the CPU run it would start")
     simulated = f" on {ns.world_size} processes (simulated)" if ns.world_size is not None else ""
     print(f"check: OK — training would start{simulated}")
     return 0

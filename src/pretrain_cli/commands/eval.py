@@ -8,17 +8,26 @@ import time
 
 from pretrain_cli.errors import UserError
 
+# `--key value` after the options: the training keys, applied to --config's file or to the record of the run that
+# wrote --model (its args.json), as `train` applies them (cli.py hands them over as `ns.overrides`).
+TAKES_RUN_OVERRIDES = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="model directory (HF safetensors or one of our checkpoints) or a preset name "
+                        help="model directory (HF safetensors, a run's output_dir or checkpoint-N) or a preset name "
                              "(random init, seeded by --seed); with --config defaults to its output_dir "
-                             "(or its newest checkpoint)")
-    parser.add_argument("--data", default=None, help="token file prefix (<prefix>.bin/.idx) to cut into windows; required without --config")
-    parser.add_argument("--max_seq_length", type=int, default=None, help="window length L in tokens; required with --data")
+                             "(or its newest checkpoint). A directory a run wrote brings that run's settings "
+                             "(its args.json): without --data, eval evaluates its --split as --config does")
+    parser.add_argument("--data", default=None,
+                        help="token file prefix (<prefix>.bin/.idx) to cut into windows; with --config (or a run's "
+                             "--model) in that run's settings (default: none)")
+    parser.add_argument("--max_seq_length", type=int, default=None,
+                        help="window length L in tokens (default: the run's; required for a model no run wrote)")
     parser.add_argument("--config", default=None,
-                        help="a training argument file: evaluate its --split (valid/test) on the same eval_iters "
-                             "batches the trainer uses, instead of --data windows (default: none)")
+                        help="a training argument file (or a run's args.json): evaluate its --split (valid/test) "
+                             "on the same eval_iters batches the trainer uses; `--key value` after the options "
+                             "overrides its keys as in `train` (default: none)")
     parser.add_argument("--split", default="valid", choices=("valid", "test"),
                         help="split of --config to use (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass (default: %(default)s)")
@@ -76,26 +85,36 @@ def _loss_sum(model, batches, total: int):
             bar.close()
 
 
-def _main_config(ns: argparse.Namespace) -> int:
-    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
+def _trained_model(config: str, out: str) -> str:
+    """The model a run's output_dir holds: its final directory, else its newest checkpoint."""
     from pretrain_cli import run_dir
+    from pretrain_cli.models.convert import has_weights
+
+    model = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
+    if not model:
+        raise UserError(f"{config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    return model
+
+
+def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
+    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import inference_kernels, inference_target, prepare
-    from pretrain_cli.models.convert import has_weights, load_for_inference
+    from pretrain_cli.orchestration.recorded import differences
+    from pretrain_cli.models.convert import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     flag = "--do_eval" if ns.split == "valid" else "--do_predict"
+    run_overrides = overrides
     overrides = [tok for key in ("attention_mask_type", "reset_position_ids") if getattr(ns, key) is not None
                  for tok in (f"--{key}", getattr(ns, key))]
     spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true",
-                               *overrides], inference_target())
+                               *overrides, *run_overrides], inference_target())
     lp = spec.run.loop
-    model_name = ns.model
-    if model_name is None:
-        out = spec.run.output.output_dir
-        model_name = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
-        if not model_name:
-            raise UserError(f"{ns.config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
+    model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     model_dir, cfg = _model_config(model_name)
+    d = spec.run.data
+    for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
+        print(note, file=sys.stderr)
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
@@ -114,10 +133,32 @@ def _main_config(ns: argparse.Namespace) -> int:
 
 
 def main(ns: argparse.Namespace) -> int:
-    if ns.config is not None:
-        return _main_config(ns)
-    if ns.model is None or ns.data is None or ns.max_seq_length is None:
-        raise UserError("eval: pass --model, --data and --max_seq_length (or --config CFG.json)")
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.orchestration.recorded import record_path, run_arguments
+
+    overrides = list(getattr(ns, "overrides", None) or [])
+    if ns.config is None and ns.data is None and ns.model is not None:
+        record = record_path(resolve_model_dir(ns.model, key="--model"))
+        if record is not None:  # a run's directory: its own split, as `--config` its args.json
+            ns.config = str(record)
+    if ns.config is not None and ns.data is None:
+        return _main_config(ns, overrides)
+    if ns.config is not None and ns.model is None:
+        ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval").training.output_dir)
+    if ns.model is None or ns.data is None:
+        raise UserError("eval: pass --model and --data (or --config CFG.json)")
+    args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")
+    if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
+        d = args.data
+        ns.max_seq_length = ns.max_seq_length or d.max_seq_length
+        ns.attention_mask_type = ns.attention_mask_type or d.attention_mask_type
+        if ns.reset_position_ids is None and d.reset_position_ids is not None:
+            ns.reset_position_ids = str(d.reset_position_ids).lower()
+        if ns.config is not None:
+            print(f"note: --data {ns.data}: its windows, in {ns.config}'s settings (not that run's --split)",
+                  file=sys.stderr)
+    if ns.max_seq_length is None:
+        raise UserError("eval: pass --max_seq_length (--model is no directory a run wrote, so it has no default)")
     if ns.max_seq_length < 1:
         raise UserError(f"--max_seq_length: must be >= 1, got {ns.max_seq_length}")
     if ns.batch_size < 1:
@@ -140,12 +181,16 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
                         f"the data was tokenized for another model")
     from pretrain_cli.orchestration.prepare import inference_kernels
+    from pretrain_cli.orchestration.recorded import differences
     from pretrain_cli.models.convert import load_for_inference
 
-    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels())
+    mask = ns.attention_mask_type or "causal"
+    for note in differences(model_dir, ns.max_seq_length, mask, None if ns.reset_position_ids is None
+                            else ns.reset_position_ids == "true"):
+        print(note, file=sys.stderr)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     t0 = time.perf_counter()
     n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
-    mask = ns.attention_mask_type or "causal"
     documents = document_starts(ns.data) if mask == "document" else None
     batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask, documents,
                              ns.reset_position_ids != "false")

@@ -1,7 +1,9 @@
 """`pretrain-cli generate`: prompt → text from a checkpoint, an HF model directory or a preset.
 
 Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
-comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files).
+comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files); the
+kernels from the run that wrote the directory (its args.json, with `--key value` overrides), as `train`
+resolved them.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import json
 import sys
 
 from pretrain_cli.errors import UserError
+
+TAKES_RUN_OVERRIDES = True  # `--key value`: the training keys, applied to the record of the run that wrote --model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +40,12 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
+    from pretrain_cli.orchestration.recorded import run_arguments
     from pretrain_cli.data.tokenizer import load_tokenizer
     from pretrain_cli.models.config import ModelConfig
 
     model_dir = resolve_model_dir(ns.model, key="--model")
+    args = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:
         raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")
@@ -51,7 +57,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.generation import generate
 
     cfg = ModelConfig.from_file(str(model_dir))
-    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels())
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")

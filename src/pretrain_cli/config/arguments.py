@@ -45,6 +45,9 @@ class ModelArguments:
         False, "True: start from the weights in model_name_or_path. False: random init from its config.json."
     )
     num_hidden_layers: Optional[int] = _f(None, "Override config.num_hidden_layers.")
+    vocab_size: Optional[int] = _f(
+        None, "Override config.vocab_size: a preset built to a tokenizer's size (random init only).", "extension"
+    )
     fuse_attention_qkv: Optional[bool] = _f(
         None, "PaddleNLP fuses q/k/v into one Linear (renaming parameters); we keep HF names and layout.", "ignored"
     )
@@ -64,7 +67,7 @@ class ModelArguments:
 class DataArguments:
     input_dir: Optional[str] = _f(
         None,
-        "Token data: a directory (every *.idx / *_idx.npz prefix, weight 1.0 each) or "
+        "Token data: a directory (every *.idx / *_idx.npz prefix, each weighted by its token count) or "
         "'w1 prefix1 w2 prefix2 ...' for a weighted blend.",
     )
     split: str = _f("949,50,1", "Train/valid/test document shares, separated by ',' or '/'.")
@@ -216,7 +219,9 @@ class TrainingArguments:
     save_total_limit: Optional[int] = _f(None, "Keep at most this many checkpoint-N directories (newest kept).")
     unified_checkpoint: bool = _f(True, "Checkpoints are always unified (topology-free safetensors) here.", "ignored")
     unified_checkpoint_config: str = _f("", "PaddleNLP unified-checkpoint options.", "ignored")
-    save_on_each_node: bool = _f(False, "Multi-node saving is done once, by global rank 0.", "ignored")
+    save_on_each_node: bool = _f(
+        False, "Every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
+        "(docs/CHECKPOINTS.md).", "ignored")
     # --- logging
     logging_steps: int = _f(500, "Log every N optimizer steps.")
     logging_first_step: bool = _f(True, "Also log after the first step, so the starting loss is visible (PaddleNLP's "
@@ -258,7 +263,8 @@ class TrainingArguments:
                                  "checkpoint-N/ in a background thread while training continues (one save in "
                                  "flight; the end of training and SIGTERM wait for it).", "extension")
     peak_tflops: Optional[float] = _f(
-        None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU a measured matmul peak).",
+        None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU the cores' "
+        "theoretical fp32 peak, an upper bound).",
         "extension",
     )
     cpu_fused_ops: bool = _f(

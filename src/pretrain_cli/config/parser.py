@@ -179,6 +179,14 @@ def load_json(path: str) -> dict:
     return obj
 
 
+def arguments_of(obj: dict) -> dict:
+    """The argument keys of a file: the file itself, or for a run's own record (`args.json`: version,
+    arguments, run, notes) the arguments it was started with, so a run can be re-run or evaluated from it."""
+    if isinstance(obj.get("arguments"), dict) and "version" in obj and "run" in obj:
+        return obj["arguments"]
+    return obj
+
+
 def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:
     """`--k v`, `--k=v`, `--flag`, `--no_flag`, `--k v1 v2` → [(key, [values])]."""
     out: list[tuple[str, list[str]]] = []
@@ -198,7 +206,7 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
     values: dict[str, object] = {}
     explicit: dict[str, str] = {}
     if config_path is not None:
-        for key, raw in load_json(config_path).items():
+        for key, raw in arguments_of(load_json(config_path)).items():
             if key not in KEYS:
                 raise _unknown(key, config_path)
             values[key] = coerce(KEYS[key], raw, config_path)

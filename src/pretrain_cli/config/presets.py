@@ -66,6 +66,16 @@ def _nearest_dir(path: Path) -> str:
     return f"; did you mean {path.parent / close[0]}?" if close else f" (in {path.parent}: {', '.join(siblings[:8]) or 'no directories'})"
 
 
+def _nearest_name(name: str) -> str | None:
+    """The preset or hub name closest to a mistyped one (case-insensitive), as unknown keys get one."""
+    import difflib
+
+    names = {n.lower(): n for n in preset_names()}
+    names.update({hub.lower(): hub for hubs in HUB_NAMES.values() for hub in hubs})
+    close = difflib.get_close_matches(name.lower(), list(names), n=1, cutoff=0.75)
+    return names[close[0]] if close else None
+
+
 def preset_names() -> list[str]:
     if not PRESET_DIR.is_dir():
         return []
@@ -93,8 +103,10 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
     if "/" in name and local.parent.is_dir():  # a local path with a typo (a hub name's org is no directory here)
         raise UserError(f"{key}: the directory {name} does not exist{_nearest_dir(local)}")
+    close = _nearest_name(name)
+    hint = f"; did you mean {close!r}? ({LIST_HINT})" if close else f" ({LIST_HINT})"
     raise UserError(
-        f"{key}: {name!r} is neither a local directory nor a preset ({LIST_HINT}){_literal_hint(name)}; nothing is "
+        f"{key}: {name!r} is neither a local directory nor a preset{hint}{_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "
         f"and set {key} to that directory"
     )
@@ -137,7 +149,15 @@ def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokeniz
                             f"train one with `pretrain-cli train-tokenizer`")
         return local
     preset = _preset(name)
+    if preset is not None and has_tokenizer(preset):
+        return preset
+    if preset is not None and name.lower() in ALIASES:  # a published tokenizer: as for a published model
+        raise UserError(
+            f"{key}: {name!r} is not on disk and nothing is downloaded: fetch the tokenizer with `huggingface-cli "
+            f"download {name} --include 'tokenizer*' vocab.json merges.txt --local-dir {name}` where you start "
+            f"training (a local directory wins), or set {key} to a tokenizer directory")
     if preset is not None:
-        return preset if has_tokenizer(preset) else None
+        raise UserError(f"{key}: {name!r} is a shipped preset, which holds no tokenizer files; set {key} to a "
+                        f"tokenizer directory, or train one with `pretrain-cli train-tokenizer`")
     raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset{_literal_hint(name)}; nothing is downloaded: "
                     f"place the tokenizer files in a directory or train one with `pretrain-cli train-tokenizer`")

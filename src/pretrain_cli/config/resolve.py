@@ -64,6 +64,8 @@ def _check_ranges(args: Arguments, problems: Problems) -> None:
             positive[opt] = getattr(t, opt)
     if m.num_hidden_layers is not None:
         positive["num_hidden_layers"] = m.num_hidden_layers
+    if m.vocab_size is not None:
+        positive["vocab_size"] = m.vocab_size
     for key, val in positive.items():
         if val < 1:
             problems.add(f"{key}: must be >= 1, got {val}")

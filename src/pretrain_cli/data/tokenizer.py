@@ -2,7 +2,17 @@
 
 A thin wrapper over `tokenizers.Tokenizer` rather than `transformers`: it loads in
 milliseconds, has no network code path, and is all preprocessing and sampling need.
-Directories we save load unchanged in `transformers.AutoTokenizer`.
+
+`tokenizer.json` is the tokenizer: every id the data holds came from it through `tokenizers`. What
+`transformers.AutoTokenizer` builds from a directory must give the same ids, and transformers >= 5
+does not always read `tokenizer.json` whole: for a class it knows (`Qwen2Tokenizer`, `LlamaTokenizer`,
+...) it keeps only the vocabulary and merges and rebuilds the normalizer and pre-tokenizer from the
+class's own recipe, and for a `config.json` of `model_type` "qwen2" it picks `Qwen2Tokenizer`
+whatever `tokenizer_config.json` names. Hence (docs/DATA.md, "Tokenizers and transformers"):
+`train_bpe` trains with exactly Qwen2's pipeline (NFC, Qwen2's split pattern, byte level), so the
+forced class rebuilds what was trained; `export_files` names `PreTrainedTokenizerFast`, the class that
+reads `tokenizer.json` as it is, in every directory a run writes; and `transformers_mismatch` says
+when a tokenizer from elsewhere would still be rebuilt differently.
 """
 from __future__ import annotations
 
@@ -24,6 +34,11 @@ _FALLBACK = {
     "pad": ["[PAD]", "<pad>", "<|pad|>"],
     "unk": ["[UNK]", "<unk>"],
 }
+# Qwen2's pre-tokenizer pattern (its tokenizer.json and transformers' Qwen2Tokenizer): contractions, letters
+# with one leading non-letter, single digits, punctuation runs, newline runs, other whitespace.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 _HOW = "create one with `pretrain-cli train-tokenizer --input_path CORPUS --output_dir DIR --vocab_size N`"
 
 
@@ -90,21 +105,25 @@ class Tokenizer:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         roles = {f"{r}_token": t for r, t in self.special_tokens.items() if t is not None}
-        config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "clean_up_tokenization_spaces": False,
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "model_max_length": 1_000_000_000,
-            **roles,
-        }
         files = {
             "tokenizer.json": self._tok.to_str(pretty=True),
-            "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+            "tokenizer_config.json": json.dumps(_config_for(self.special_tokens), indent=2) + "\n",
             "special_tokens_map.json": json.dumps(roles, indent=2) + "\n",
         }
         for name, text in files.items():
             atomic.write_text(d / name, text)
+
+
+def _config_for(special_tokens: dict[str, str | None]) -> dict:
+    """tokenizer_config.json: the class that reads tokenizer.json as it is, no tokens added, the roles."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 1_000_000_000,
+        **{f"{r}_token": t for r, t in special_tokens.items() if t is not None},
+    }
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -127,7 +146,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         tok = HFTokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        raw = tok.to_str().encode("utf-8")
+        raw = None
     else:
         raise UserError(f"{d}: no tokenizer.json (or vocab.json + merges.txt); {_HOW}")
     config = {**_read_json(d / "special_tokens_map.json"), **_read_json(d / "tokenizer_config.json")}
@@ -138,6 +157,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         if text is None or text not in vocab:
             text = next((t for t in fallbacks if t in vocab), None)
         specials[role] = text
+    if raw is None:  # the role tokens are whole tokens in text too, as transformers makes them for these files
+        tok.add_special_tokens(sorted({t for t in specials.values() if t is not None}))
+        raw = tok.to_str().encode("utf-8")
     return Tokenizer(tok, str(d), specials, hashlib.sha256(raw).hexdigest())
 
 
@@ -147,14 +169,85 @@ def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: 
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    _qwen2_pipeline(tok)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=length)
     return tok
+
+
+def _qwen2_pipeline(tok) -> None:
+    """Qwen2's normalizer, pre-tokenizer and decoder, as transformers' `Qwen2Tokenizer` builds them."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+
+
+def transformers_mismatch(tokenizer: Tokenizer, model_type: str) -> str | None:
+    """Why `AutoTokenizer` on a directory with this tokenizer and a `model_type` config.json would encode
+    otherwise than `tokenizer.json`, or None. Only "qwen2" forces a class (`Qwen2Tokenizer`) over the
+    `PreTrainedTokenizerFast` our directories name; that class keeps the BPE vocabulary and merges and
+    rebuilds the rest, so the two agree exactly when normalizer, pre-tokenizer and BPE options are Qwen2's."""
+    if model_type != "qwen2":
+        return None
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    ours = json.loads(tokenizer._tok.to_str())
+    rebuilt = HFTokenizer(models.BPE(vocab={}, merges=[], dropout=None, unk_token=None, continuing_subword_prefix="",
+                                     end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    _qwen2_pipeline(rebuilt)
+    theirs = json.loads(rebuilt.to_str())
+    differs = [part for part in ("normalizer", "pre_tokenizer")
+               if _ids_part(ours.get(part)) != _ids_part(theirs.get(part))]
+    model = ours.get("model") or {}
+    if model.get("type") != "BPE":
+        differs.append("model")
+    else:
+        differs += [f"BPE {k}" for k, v in theirs["model"].items()
+                    if k not in ("vocab", "merges") and (model.get(k) or None) != (v or None)]
+    if not differs:
+        return None
+    return (f"tokenizer: {tokenizer.path} differs from Qwen2's in {', '.join(differs)}, and transformers >= 5 loads "
+            f"every qwen2 model's tokenizer as Qwen2Tokenizer, which rebuilds those parts: AutoTokenizer on the "
+            f"output would give other ids than the training data; load it with "
+            f"transformers.PreTrainedTokenizerFast.from_pretrained(DIR), or train the tokenizer with "
+            f"`pretrain-cli train-tokenizer` (Qwen2's pipeline)")
+
+
+def _ids_part(obj):
+    """A pipeline part without the options that change offsets only (`trim_offsets`), not ids."""
+    if isinstance(obj, dict):
+        return {k: _ids_part(v) for k, v in obj.items() if k != "trim_offsets"}
+    if isinstance(obj, list):
+        return [_ids_part(v) for v in obj]
+    return obj
+
+
+def export_files(tokenizer_dir, dest) -> None:
+    """The tokenizer files a run writes into `checkpoint-N/` and the output directory: copies, except that
+    tokenizer_config.json names `PreTrainedTokenizerFast` (transformers' class that reads tokenizer.json as
+    it is; a model-specific class would rebuild the pre-tokenizer from its own recipe)."""
+    if tokenizer_dir is None:
+        return
+    src, dest = Path(tokenizer_dir), Path(dest)
+    for name in TOKENIZER_FILES:
+        if name != "tokenizer_config.json" and (src / name).is_file():
+            atomic.write_bytes(dest / name, (src / name).read_bytes())
+    config = _read_json(src / "tokenizer_config.json")
+    if not (src / "tokenizer.json").is_file() or not config:  # vocab.json + merges.txt: write what we encoded with
+        tok = load_tokenizer(src)
+        atomic.write_text(dest / "tokenizer.json", tok._tok.to_str(pretty=True))
+        config = {**_config_for(tok.special_tokens), **config}
+    config.pop("auto_map", None)  # remote code would replace the class again
+    atomic.write_json(dest / "tokenizer_config.json", {**config, "tokenizer_class": "PreTrainedTokenizerFast"})
 
 
 def _roles_for(special_tokens: list[str]) -> dict[str, str | None]:

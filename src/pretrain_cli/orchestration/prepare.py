@@ -102,6 +102,11 @@ def build_model_config(args: Arguments):
         raise UserError(f"{path}: must hold a JSON object")
     if args.model.num_hidden_layers is not None and args.model.num_hidden_layers >= 1:
         raw["num_hidden_layers"] = args.model.num_hidden_layers
+    if args.model.vocab_size is not None and args.model.vocab_size >= 1:
+        if args.model.continue_training:
+            raise UserError(f"vocab_size: {args.model.vocab_size} resizes the model, but continue_training loads "
+                            f"pretrained weights of vocab_size {raw.get('vocab_size')}; drop one of them")
+        raw["vocab_size"] = args.model.vocab_size
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.validate()
     return model_dir, cfg
@@ -122,8 +127,8 @@ def _tokenizer(args: Arguments, model_cfg):
     tok = load_tokenizer(tok_dir)
     if model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
-                        f"model's vocab_size is {model_cfg.vocab_size}; use a model config with vocab_size >= "
-                        f"{tok.vocab_size} or a smaller tokenizer")
+                        f"model's vocab_size is {model_cfg.vocab_size}; build the model to the tokenizer's size "
+                        f"with --vocab_size {tok.vocab_size} (the key vocab_size), or use a smaller tokenizer")
     return tok_dir, tok
 
 
@@ -246,15 +251,16 @@ def inference_target() -> Target:
     return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None)
 
 
-def inference_kernels(run: RunConfig | None = None) -> tuple[KernelConfig, str]:
+def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
     """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
-    as `train`), else what an argument file with no kernel keys resolves to here."""
+    as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an
+    argument file with no kernel keys resolves to here."""
     if run is not None:
         return run.kernels, run.device
     from pretrain_cli.config.resolve import kernels_for
 
     target = inference_target()
-    return kernels_for(parse_config(None, []), target), target.device
+    return kernels_for(arguments if arguments is not None else parse_config(None, []), target), target.device
 
 
 def simulated_target(world_size: int) -> Target:
@@ -303,6 +309,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
     tok = problems.run(_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok
+        from pretrain_cli.data.tokenizer import transformers_mismatch
+
+        if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
+            spec.run = run = replace(run, notes=(*run.notes, mismatch))
     if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
     elif open_data and run.data.input_dir is not None:  # the token files are checked without the tokenizer too
@@ -315,10 +325,27 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
         problems.run(check_compatible, spec.resume, model_cfg, run.data.max_seq_length)
     problems.raise_if_any()
     if spec.resume is not None and run.loop.do_train:
+        from pretrain_cli.orchestration.resumed import keep_global_batch
+
+        spec.run = run = keep_global_batch(args, run, model_cfg, target, spec.resume)
         spec.run = run = resume_schedule(run, spec.resume, args.training.lr_schedule_on_resume)
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
+        spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
     return spec
+
+
+def eval_repeats(run: RunConfig, splits) -> list[str]:
+    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat)."""
+    lp, world, notes = run.loop, run.parallel.data_world_size, []
+    for split, on in (("valid", lp.do_eval), ("test", lp.do_predict)):
+        ds = splits.get(split)
+        need = lp.eval_iters * lp.eval_batch * world
+        if on and ds is not None and len(ds) < need:
+            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than eval_iters {lp.eval_iters} x "
+                         f"per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = {need}, so evaluation "
+                         f"repeats samples; eval_iters {max(1, len(ds) // (lp.eval_batch * world))} reads each once")
+    return notes
 
 
 def _placeholder_config():

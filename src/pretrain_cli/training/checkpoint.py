@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from pretrain_cli import atomic
+from pretrain_cli.data.tokenizer import export_files
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
 from pretrain_cli.training import shard_writer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 def rotate(output_dir, limit: int | None) -> list[Path]:
@@ -195,15 +195,6 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
         reader.close()
 
 
-def copy_tokenizer(tokenizer_dir, dest) -> None:
-    if tokenizer_dir is None:
-        return
-    for name in TOKENIZER_FILES:
-        src = Path(tokenizer_dir) / name
-        if src.is_file():
-            atomic.write_bytes(Path(dest) / name, src.read_bytes())
-
-
 def read_state(ckpt: Path) -> dict:
     """The checkpoint's trainer state (`storage.intact.read_state`: what makes it a valid one)."""
     from pretrain_cli.storage.intact import read_state as read
@@ -322,7 +313,7 @@ class Saver:
             if rank != 0:
                 return
             write_model_config(self.cfg, str(tmp), self.dtype)
-            copy_tokenizer(self.tokenizer_dir, tmp)
+            export_files(self.tokenizer_dir, tmp)
             atomic.write_json(tmp / ARGS_FILE, self.run_args)
             records = shard_writer.collect(tmp, world, step)
             path = shard_writer.publish(tmp, final, records, layout, state)

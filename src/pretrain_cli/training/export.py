@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from pretrain_cli import atomic, run_dir
+from pretrain_cli.data.tokenizer import export_files
 from pretrain_cli.run_config import RunConfig
-from pretrain_cli.training.checkpoint import copy_tokenizer
 
 
 def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, state: dict, results: dict) -> None:
@@ -28,7 +28,7 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
         atomic.write_json(previous, {**merged, **results})
         return
     write_weights(model, model_cfg, out, state["global_step"], run.precision.param_dtype)
-    copy_tokenizer(tokenizer_dir, out)
+    export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, state)
     atomic.write_json(out / "train_results.json",
                       {k: v for k, v in results.items() if not k.startswith(("eval_", "test_"))})

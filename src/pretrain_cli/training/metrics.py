@@ -3,7 +3,8 @@
 Names keep PaddleNLP's meaning where it is the same (`interval_tokens_per_second_per_device`)
 and get new names where we change it: TFLOPs are 1e12 FLOP/s (PaddleNLP divides by 2^40 and
 under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is printed with its peak and
-the peak's source, or as "unknown" rather than a wrong number.
+the peak's source, or as "unknown" rather than a wrong number (never above 1). On CPU the peak is
+the cores' theoretical one, stated as the assumption it is (`cpu_peak_tflops`).
 """
 from __future__ import annotations
 
@@ -43,19 +44,50 @@ def host_memory_gib() -> tuple[float, float]:
     return current, peak
 
 
-def measure_cpu_peak_tflops(seconds: float = 0.5) -> float:
-    """Achievable fp32 matmul FLOP/s of this process (same threads and MKL settings as training)."""
-    import paddle
+# fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
+# x86 core has): an upper bound, never an estimate that a fast run could pass.
+_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8), ("asimd", 16))
 
-    n = 1024
-    a, b = paddle.randn([n, n]), paddle.randn([n, n])
-    paddle.matmul(a, b).numpy()  # warm-up: MKL reads its environment at the first call
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or count < 3:
-        c = paddle.matmul(a, b)
-        count += 1
-    c.numpy()
-    return 2 * n**3 * count / (time.perf_counter() - start) / 1e12
+
+def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None,
+                    max_khz: list[int] | None = None) -> tuple[float | None, str]:
+    """(theoretical fp32 peak of the cores this process computes with, how it was reckoned), or (None, why).
+
+    A matmul timed at start-up is no peak: on a shared machine it ranged 15.7-214.8 GFLOP/s across runs and
+    training then ran faster than it, logging mfu above 1. The bound here is the same in every run on one
+    machine: cores (this process's threads, at most the cores it may use) x the highest clock the kernel
+    reports (cpuinfo_max_freq, else `cpu MHz`) x FLOPs per cycle from the vector flags."""
+    from pretrain_cli.runtime import decide_threads, default_threads
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    if max_khz is None:
+        max_khz = []
+        for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+            try:
+                max_khz.append(int(f.read_text().strip()))
+            except (OSError, ValueError):
+                pass
+    mhz = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines()
+           if line.startswith("cpu MHz") and ":" in line and line.split(":", 1)[1].strip()]
+    ghz = max([k / 1e6 for k in max_khz] + [m / 1e3 for m in mhz], default=0.0)
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")) and ":" in line:
+            flags = set(line.split(":", 1)[1].split())
+            break
+    per_cycle = next((n for flag, n in _FLOPS_PER_CYCLE if flag in flags), None)
+    if cores is None:
+        cores = min(decide_threads()[0], default_threads(1))
+    if not ghz or per_cycle is None:
+        return None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)"
+    flag = next(f for f, n in _FLOPS_PER_CYCLE if n == per_cycle and f in flags)
+    peak = cores * ghz * per_cycle / 1e3
+    return peak, (f"an assumed fp32 peak of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
+                  f"{per_cycle} FLOP/cycle ({flag}, two FMA units; an upper bound, set peak_tflops to use another)")
 
 
 def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) -> tuple[float | None, str]:
@@ -63,8 +95,7 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
     if user_peak:
         return user_peak, "peak_tflops from the argument file"
     if device == "cpu":
-        peak = measure_cpu_peak_tflops()
-        return peak, f"measured fp32 matmul peak of this process ({peak * 1e3:.1f} GFLOP/s)"
+        return cpu_peak_tflops()
     from pretrain_cli import runtime
     from pretrain_cli.planning import hardware
 
@@ -171,6 +202,7 @@ class Throughput:
         self.start = self.last = time.perf_counter()
         self.steps_since = 0
         self.tokens_this_process = 0
+        self.over_peak = False
 
     @classmethod
     def for_run(cls, run: RunConfig, model_cfg, peak_tflops: float | None) -> "Throughput":
@@ -184,6 +216,20 @@ class Throughput:
     def step(self) -> None:
         self.steps_since += 1
         self.tokens_this_process += self.global_batch * self.seq_len
+
+    def _mfu(self, tokens_per_second_per_device: float):
+        """The model FLOPs rate over the peak; "unknown" without a peak, and when the rate passes the peak
+        (a figure that cannot be true is not printed: the peak is wrong, and the log says so once)."""
+        if not self.peak:
+            return "unknown"
+        mfu = tokens_per_second_per_device * self.flops / (self.peak * 1e12)
+        if mfu <= 1:
+            return round(mfu, 6)
+        if not self.over_peak:
+            log.warning(f"mfu: {mfu:.2f} of the {self.peak * 1e3:.1f} GFLOP/s peak cannot be true, so mfu is "
+                        f"reported as unknown; set peak_tflops to this device's peak in TFLOPS")
+        self.over_peak = True
+        return "unknown"
 
     def interval(self) -> dict:
         now = time.perf_counter()
@@ -200,7 +246,7 @@ class Throughput:
             "tokens_per_sec": round(tokens_s, 2),
             "tokens_per_sec_per_replica": round(tokens_s / self.dp, 2),
             "model_tflops_per_device": round(per_device * self.flops / 1e12, 6),
-            "mfu": round(per_device * self.flops / (self.peak * 1e12), 6) if self.peak else "unknown",
+            "mfu": self._mfu(per_device),
         }
         self.last, self.steps_since = now, 0
         return out

@@ -1,0 +1,66 @@
+"""What a resumed run keeps from its checkpoint when the number of processes changed: the global batch
+(and the eval windows), which decide what a step means and what an eval loss averages."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from pretrain_cli import run_dir
+from pretrain_cli.config.parser import Arguments
+from pretrain_cli.config.resolve import resolve
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import RunConfig, Target
+
+
+def _saved_batches(ckpt: Path) -> dict | None:
+    """The batch arithmetic a checkpoint was trained with (its args.json), or None where it does not say."""
+    try:
+        run = json.loads((ckpt / run_dir.ARGS_FILE).read_text(encoding="utf-8"))["run"]
+        loop, par = run["loop"], run["parallel"]
+        ranks = int(par["dp_degree"]) * int(par["sharding_degree"])
+        return {"micro": int(loop["micro_batch"]), "acc": int(loop["grad_accum"]), "ranks": ranks,
+                "eval_batch": int(loop["eval_batch"]), "eval_iters": int(loop["eval_iters"])}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume: Path) -> RunConfig:
+    """A resumed run on another number of data ranks keeps the checkpoint's global batch (and its eval
+    windows): gradient accumulation (eval_iters) takes up the difference where it divides, with a note;
+    where it does not, one line names the keys to set. A run that changed the batch keys itself gets
+    what it asked for, with a note."""
+    saved = _saved_batches(resume)
+    lp, ranks = run.loop, run.parallel.data_world_size
+    if saved is None or saved["ranks"] == ranks:
+        return run
+    was = saved["micro"] * saved["acc"] * saved["ranks"]
+    how = (f"{resume.name} was trained on {saved['ranks']} data rank(s) x {saved['micro']} x acc {saved['acc']} = "
+           f"{was} sequences a step; this run has {ranks} data rank(s)")
+    notes = []
+    if run.global_batch_size == was:
+        pass
+    elif (lp.micro_batch, lp.grad_accum) != (saved["micro"], saved["acc"]):
+        notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
+                     f"{lp.grad_accum}: {run.global_batch_size} sequences a step from here on")
+    elif was % (lp.micro_batch * ranks):
+        raise UserError(f"gradient_accumulation_steps: {how}, which no accumulation of {lp.micro_batch}-sequence "
+                        f"micro-batches makes; set per_device_train_batch_size and gradient_accumulation_steps so "
+                        f"that their product x {ranks} = {was} (or another global batch, on purpose)")
+    else:
+        args.set("gradient_accumulation_steps", was // (lp.micro_batch * ranks))
+        notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
+                     f"{was // (lp.micro_batch * ranks)} keeps {was} sequences a step")
+    eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
+    if lp.eval_batch == saved["eval_batch"] and lp.eval_iters == saved["eval_iters"] and run.loop.do_eval:
+        if eval_was % (lp.eval_batch * ranks) == 0:
+            args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
+            notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
+                         f"{eval_was} eval windows of {resume.name}'s run")
+        else:
+            notes.append(f"eval: {resume.name}'s run evaluated {eval_was} windows; this one evaluates "
+                         f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
+                         f"{ranks} data ranks), so eval losses before and after differ in what they average")
+    new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
+        args.get("eval_iters") != lp.eval_iters else run
+    return replace(new, notes=(*run.notes, *notes))
