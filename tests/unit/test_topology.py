@@ -14,7 +14,7 @@ def _topo(rank=0, pp=1, dp=1, sharding=1, tp=1, stage=0):
 
 def test_ranks_enumerate_the_axes_last_axis_fastest():
     degrees = {"pp": 4, "dp": 1, "sharding": 2, "mp": 8}  # the 70B layout: tp 8 x pp 4 x ZeRO-1 over 2
-    assert tuple(AXES) == ("pp", "dp", "sharding", "mp")
+    assert tuple(AXES) == ("pp", "dp", "sharding", "cp", "mp")
     assert coordinates(0, degrees) == {"pp": 0, "dp": 0, "sharding": 0, "mp": 0}
     assert coordinates(13, degrees) == {"pp": 0, "dp": 0, "sharding": 1, "mp": 5}
     assert coordinates(63, degrees) == {"pp": 3, "dp": 0, "sharding": 1, "mp": 7}

@@ -23,7 +23,8 @@ from pretrain_cli.planning.plan import Device, device_note, more_devices, report
 from pretrain_cli.planning.report import Plan
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
-            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
+            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
+            "context_parallel_degree")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -104,6 +105,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
+    current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
