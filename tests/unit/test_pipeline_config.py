@@ -28,6 +28,9 @@ def test_stage_of_maps_hf_names_by_global_layer_index():
     assert stage_of("model.layers.7.input_layernorm.weight", bounds) == 2
     assert stage_of("model.layers.8.mlp.down_proj.weight", bounds) == 3
     assert stage_of("model.norm.weight", bounds) == stage_of("lm_head.weight", bounds) == 3
+    chunks = stage_bounds(8, 8)  # 4 stages x 2 virtual: stage s holds layers s and s + 4 (fleet's interleaving)
+    assert [stage_of(f"model.layers.{i}.mlp.up_proj.weight", chunks, 4) for i in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert stage_of("model.embed_tokens.weight", chunks, 4) == 0 and stage_of("lm_head.weight", chunks, 4) == 3
 
 
 def test_pp_dp_layout_puts_stages_outermost():
@@ -102,7 +105,7 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]
 
 
-def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
+def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
     from pretrain_cli.planning import fit
 
     cur = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "recompute": False,
@@ -110,13 +113,23 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble():
            "pipeline_parallel_degree": 1}
     pp = [c for c in fit.candidates(cur, 64, 8) if c.get("pipeline_parallel_degree", 1) > 1]
     assert {c["pipeline_parallel_degree"] for c in pp} == {2, 4, 8}
-    assert not any(c.get("tensor_parallel_degree", 1) > 1 or c.get("sharding") in ("stage2", "stage3") for c in pp)
-    report = {"parallel": {"tp": 1, "sharding_stage": 0, "sharding_degree": 1, "pp": 4, "pipeline_bubble": 3 / 11},
-              "model": {"layers": 24, "hidden": 896}, "micro_batch": 1, "gradient_accumulation_steps": 8,
-              "max_seq_length": 1024, "device": {"peak_tflops": 100.0}, "flops_per_token": {"hardware": 3e9},
-              "mfu": 0.4, "precision": {"amp_dtype": "bfloat16", "amp_level": "O2"}, "tokens_per_step": 8192,
-              "recompute": None, "params": {"total": 5e8}}
-    flat = dict(report, parallel=dict(report["parallel"], pp=1, pipeline_bubble=0.0))
+    # TP x PP and ZeRO-2/3 with a pipeline are proposed: which of them run is config.resolve's rule, applied when
+    # each candidate is re-resolved (never re-derived by the search)
+    pairs = {(c.get("tensor_parallel_degree", 1), c["pipeline_parallel_degree"]) for c in pp}
+    assert {(1, 2), (2, 2), (2, 4), (4, 2)} <= pairs and all(tp * p <= 8 for tp, p in pairs)
+    assert any(c.get("sharding") == "stage3" for c in pp)
+    from pretrain_cli.commands.plan import _parsed
+    from pretrain_cli.orchestration import planned
+
+    import json
+
+    args = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "max_seq_length": 1024,
+            "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True,
+            "input_dir": str(tmp_path / "d"), "output_dir": str(tmp_path / "o")}
+    (tmp_path / "a.json").write_text(json.dumps(args))
+    flat = planned.plan(*_parsed(str(tmp_path / "a.json"), []), "A100-80GB", 1, suggest_changes=False)
+    report = dataclasses.replace(flat, parallel=dataclasses.replace(flat.parallel, pp=4, pipeline_bubble=3 / 11),
+                                 traffic_gb_per_step={"tp": 0.0, "pp": 8 * 2 * 1024 * 896 * 2 / 1e9, "zero3": 0.0})
     sp, one = fit.speed(report), fit.speed(flat)
     assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
     assert sp["comm_seconds"] > 0 == one["comm_seconds"]

@@ -14,6 +14,14 @@ AT_4096 = ["--max_seq_length", "4096"]
 UNFUSED = ["--use_fused_linear_cross_entropy", "false"]
 
 
+def _plan(overrides: list[str], device: str, gpus: int = 1):
+    """The `Plan` the search ranks (`plan` returns its JSON)."""
+    from pretrain_cli.commands.plan import _parsed
+    from pretrain_cli.orchestration import planned
+
+    return planned.plan(*_parsed(str(QWEN), overrides), device, gpus, suggest_changes=False)
+
+
 def _tokens(change: dict) -> list[str]:
     return [tok for k, v in change.items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
 
@@ -42,10 +50,10 @@ def test_no_fitting_candidate_is_faster_than_the_chosen_one():
     faster_fitting = []
     for change in fit_search.candidates(current, 8, 8):
         try:
-            r = plan(str(QWEN), AT_4096 + _tokens(change), device="V100-16GB", gpus=8, suggest_changes=False)
+            r = _plan(AT_4096 + _tokens(change), "V100-16GB", 8)
         except UserError:
             continue
-        if r["memory_gib"] <= f["budget_gib"] and fit_search.speed(r)["step_seconds"] < best * (1 - 1e-9):
+        if r.peak_gib <= f["budget_gib"] and fit_search.speed(r)["step_seconds"] < best * (1 - 1e-9):
             faster_fitting.append(change)
     assert not faster_fitting
     assert base["memory_gib"] > f["budget_gib"]
@@ -112,18 +120,17 @@ def test_margin_flag_and_errors(capsys):
 
 
 def test_speed_model_terms():
-    r = plan(str(QWEN), [], device="A100-80GB", gpus=4, suggest_changes=False)
+    r = _plan([], "A100-80GB", 4)
     plain = fit_search.speed(r)
     assert plain["comm_seconds"] == 0 and plain["tokens_per_sec"] == pytest.approx(
-        r["tokens_per_step"] / plain["step_seconds"])
-    z3 = fit_search.speed(plan(str(QWEN), ["--sharding", "stage3"], device="A100-80GB", gpus=4, suggest_changes=False))
-    tp = fit_search.speed(plan(str(QWEN), ["--tensor_parallel_degree", "2", "--gradient_accumulation_steps", "2"],
-                               device="A100-80GB", gpus=4, suggest_changes=False))
-    rc = fit_search.speed(plan(str(QWEN), ["--recompute", "true"], device="A100-80GB", gpus=4, suggest_changes=False))
+        r.tokens_per_step / plain["step_seconds"])
+    z3 = fit_search.speed(_plan(["--sharding", "stage3"], "A100-80GB", 4))
+    tp = fit_search.speed(_plan(["--tensor_parallel_degree", "2", "--gradient_accumulation_steps", "2"], "A100-80GB", 4))
+    rc = fit_search.speed(_plan(["--recompute", "true"], "A100-80GB", 4))
     assert z3["comm_seconds"] > 0 and z3["compute_seconds"] == pytest.approx(plain["compute_seconds"])
     assert tp["comm_seconds"] > 0 and tp["compute_seconds"] == pytest.approx(plain["compute_seconds"])
     assert rc["compute_seconds"] > plain["compute_seconds"] and rc["comm_seconds"] == 0
-    cpu = fit_search.speed(plan(str(QWEN), [], device="cpu", suggest_changes=False))
+    cpu = fit_search.speed(_plan([], "cpu"))
     assert cpu["tokens_per_sec"] is None and cpu["rank_seconds"] > 0  # no peak: ranked, not shown
 
 
@@ -190,17 +197,16 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
     f = fit(str(QWEN), AT_4096, device="cpu", gpus=1)
     assert f["ranked_by"] == "fewest changes" and any("no estimate" in n and "fewest changes" in n for n in f["notes"])
     assert f["after"] is not None and f["after"]["speed"]["tokens_per_sec"] is None
-    import copy
+    import dataclasses
 
-    base = plan(str(QWEN), AT_4096, device="cpu", suggest_changes=False)
+    base = _plan(AT_4096, "cpu")
     current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "recompute": False,
                "recompute_granularity": "full", "use_flash_attention": False, "sharding": "stage2",
                "tensor_parallel_degree": 1}
 
     def faster(change):  # every other layout is (nominally) faster
-        r = copy.deepcopy(base)
-        r["recompute"], r["flops_per_token"]["hardware"] = str(change), base["flops_per_token"]["hardware"] / 2
-        return r
+        flops = dataclasses.replace(base.flops_per_token, hardware=base.flops_per_token.hardware / 2)
+        return dataclasses.replace(base, recompute=str(change), flops_per_token=flops)
 
     assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
     assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}

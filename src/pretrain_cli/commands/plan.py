@@ -12,7 +12,8 @@ import json
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, format_report
+from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF
+from pretrain_cli.planning.report import format_report
 
 DEFAULT_DEVICE = "A100-80GB"
 
@@ -31,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
-                             "sharding stage and tensor-parallel degree for the fastest layout that fits --device")
+                             "sharding stage, tensor-parallel and pipeline degree for the fastest layout whose "
+                             "steady state and start-up fit --device")
     parser.add_argument("--margin", type=float, default=fit_search.DEFAULT_MARGIN,
                         help="with --fit: fraction of device memory kept free (default: %(default)s)")
     parser.add_argument("-o", "--output", default=None,
@@ -50,11 +52,12 @@ def _parsed(config: str | None, overrides: list[str] | None):
 def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
          mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
          peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints (`orchestration.planned.plan`), with suggestions when the run does not fit."""
+    """The object `plan --json` prints (`orchestration.planned.plan`), with suggestions when the run does not fit."""
     from pretrain_cli.orchestration import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops)
-    return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
+    return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes,
+                        peak_tflops).to_json()
 
 
 def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
@@ -93,12 +96,15 @@ def main(ns: argparse.Namespace) -> int:
         args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
         if ns.output and f["after"] is not None:
             write_fitted(args, f["change"], ns.output)
-        if not ns.json:
+        if not ns.json and f["notes"]:
             print("\n".join(f"note: {n}" for n in f["notes"]))
         print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
         if ns.output and f["after"] is not None and not ns.json:
             print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
         return 0 if f["after"] is not None else 1
-    r = plan(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
-    print(json.dumps(r, indent=2) if ns.json else format_report(r))
+    from pretrain_cli.orchestration import planned
+
+    planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops)
+    r = planned.plan(*_parsed(ns.config, ns.overrides), ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+    print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
     return 0

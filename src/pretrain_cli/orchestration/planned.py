@@ -10,17 +10,21 @@ this module only supplies them `replan(change) -> report | None`. Never imports 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import dataclasses
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
-from pretrain_cli.run_config import Target
+from pretrain_cli.run_config import ParallelConfig, Target
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
+from pretrain_cli.planning.report import Plan
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
-            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
+            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
+            "context_parallel_degree")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -45,6 +49,19 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
     target_device(device)
 
 
+def rank_groups(par: ParallelConfig) -> dict[str, list[list[int]]]:
+    """{"tp" | "pp" | "data": every group of ranks along that axis} for `plan`'s layout lines, from the run's own
+    rank layout (`distributed.topology.Topology`, which `train` asks; never re-derived): a tensor-parallel group
+    shares (stage, data rank), a pipeline group (data rank, tensor-parallel position), a data (dp × ZeRO) group
+    (stage, tensor-parallel position)."""
+    from pretrain_cli.distributed.topology import Topology
+
+    topo = Topology.of(par)
+    data = sorted({topo.replicas("pp", "mp", rank=r) for r in range(topo.world_size)})
+    return {"tp": [list(g) for g in topo.groups("mp")], "pp": [list(g) for g in topo.groups("pp")],
+            "data": [list(g) for g in data]}
+
+
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
     target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
                     gpu_name=device.entry.name if device.entry else None, planned=True)
@@ -52,19 +69,20 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
-         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> dict:
-    """The report `plan --json` prints, with suggestions (each re-resolved) when the run does not fit. The
-    command's flags were checked where they came in (`check_flags`): not again per candidate."""
+         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> Plan:
+    """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
+    does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate."""
     dev = target_device(device)
     run = _resolved(args, model_cfg, dev, gpus)
-    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops)
-    out["notes"] = device_note(device, dev) + out["notes"]
-    if suggest_changes and not out["fits"]:
+    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
+    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
+    if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
-        out["suggestions"] = suggest(run, out, replan)
-        if not any(s["fits"] for s in out["suggestions"]):  # nothing fits these devices: more of them, first
-            scale = more_devices(out, out["suggestions"], replan)
-            out["suggestions"][:0] = [scale] if scale else []
+        found = suggest(run, out, replan)
+        if not any(s["fits"] for s in found):  # nothing fits these devices: more of them, first
+            scale = more_devices(out, found, replan)
+            found[:0] = [scale] if scale else []
+        out = dataclasses.replace(out, suggestions=tuple(found))
     return out
 
 
@@ -77,18 +95,19 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     """
     base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
-    notes = [n for n in base["notes"] if "WARNING" in n]
+    notes = [n for n in base.notes if "WARNING" in n]
     precision = _precision_for(args, device)
     searched = with_changes(args, precision)
     if precision:  # the search runs, and the fitted file trains, in the precision the device has
         base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
-        notes.append(f"bf16: {base['device']['name']} has no bf16 tensor cores, so the fitted layout runs fp16 "
+        notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
+    current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
-    budget = base["device"]["memory_gib"] * (1 - margin) if budget_gib is None else budget_gib
+    budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
 
@@ -128,9 +147,11 @@ def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None,
 
 
 def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
-    """(the failed layout's predicted GiB per device, `fit` under 90 % of the smaller of it and the device's memory):
-    the layout that failed needed more than the device has, whatever the estimate said."""
-    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False)["memory_gib"]
+    """(the failed layout's predicted peak GiB per device, `fit` under 90 % of the smaller of it and the device's
+    memory): the layout that failed needed more than the device has, whatever the estimate said. The peak is the
+    larger of the steady-state step and start-up (`Plan.peak_gib`), so a run that ran out of memory while
+    it was being built is re-fitted against its start-up too."""
+    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False).peak_gib
     budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
+from pretrain_cli.ops.block_attention import ROW_TILE
 from pretrain_cli.ops.linear_loss import chunk_rows
 
 GIB = float(2**30)
@@ -49,6 +50,7 @@ class Setup:
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
+    cp: int = 1  # context parallelism (distributed.context): `seq_len` is then one rank's share, max_seq_length / cp
 
     @property
     def vocab_tp(self) -> int:
@@ -81,7 +83,9 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
-    if s.attention == "flash" and s.device == "gpu":
+    if s.cp > 1:  # distributed.context replaces the attention kernel: `context_core_per_token`
+        core, scores = context_core_per_token(s), 0.0
+    elif s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
         scores = 0.0
     elif s.attention == "flash":
@@ -183,17 +187,53 @@ def document_mask_bytes(s: Setup) -> float:
 
 
 def stage_params(s: Setup, stage: int) -> float:
-    """Parameters one pipeline stage holds: its decoder layers, the embedding on the first, the final norm and
-    the LM head on the last (a tied head is the embedding's copy there: fleet keeps one per stage)."""
+    """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
+    the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
+    copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny)."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
     per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head)) / \
         cfg.num_hidden_layers
     bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
-    n = per_layer * (bounds[stage + 1] - bounds[stage])
-    n += counts["embedding"] if stage == 0 else 0
-    n += cfg.hidden_size + head if stage == s.pp - 1 else 0
+    n = per_layer * (bounds[stage + 1] - bounds[stage]) / s.tp
+    n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
+    n += cfg.hidden_size / s.tp + head / s.vocab_tp if stage == s.pp - 1 else 0
     return n
+
+
+def largest_tensor(s: Setup, stage: int = 0) -> float:
+    """Elements of the largest single parameter tensor of a pipeline stage, whole (not ÷ tp): the embedding or
+    LM head where the stage holds one, else a layer's MLP or q/o projection."""
+    cfg = s.model
+    layer = max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim)
+    vocab = stage in (0, s.pp - 1)
+    return float(max(layer, cfg.vocab_size * cfg.hidden_size if vocab else 0))
+
+
+def startup_parts(s: Setup) -> dict[str, float]:
+    """Name → bytes one rank holds at the peak of start-up (building the run, before the first step): the
+    fullest pipeline stage's. The rule, written once here so it can follow the build (docs/PLAN.md, "Start-up"):
+
+    - `weights`: each rank creates only the parameters it holds — its pipeline stage, its tensor-parallel
+      slice, its ZeRO-3 shard (÷ sharding degree under stage3 only: ZeRO-1/2 keep whole weights) — at their
+      local size, in fp32 (the model is built in fp32; the O2 cast, master weights and AdamW moments come
+      after, and are steady state);
+    - `largest_tensor`: ONE transient, the largest single parameter tensor of the stage in fp32, because a
+      tensor is initialised whole with its own seed and then sliced (layout-invariant initialisation);
+      loading weights (`continue_training`, resume) reads one tensor's slice at a time, which is no larger;
+    - `framework`: as in steady state (CUDA context and fragmentation on GPU, the measured baseline on CPU).
+    """
+    out = []
+    for stage in range(s.pp):
+        n = stage_params(s, stage) if s.pp > 1 else _device_params(s)
+        deg = max(s.sharding_degree, 1) if s.sharding_stage >= 3 else 1
+        parts = {"weights": 4 * n / deg, "largest_tensor": 4 * largest_tensor(s, stage)}
+        if s.device == "cpu":
+            parts["framework"] = s.baseline_bytes
+        else:
+            parts["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(parts.values())
+        out.append(parts)
+    return max(out, key=lambda parts: sum(parts.values()))
 
 
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
@@ -256,8 +296,10 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         "activations": activations,
         "logits_loss": logits,
     }
-    if s.engine == "data_parallel":
+    if s.engine == "data_parallel" or (s.engine == "context_parallel" and not s.sharding_stage):
         out["gradient_buffers"] = n * grad_b
+    if s.cp > 1:
+        out["context_attention"] = context_working_bytes(s)
     if s.engine == "semi_auto" and s.sharding_stage == 3 and deg > 1:
         out["gathered_weights"] = _largest_weight(s) * weight_b
     if s.engine == "semi_auto" and s.vocab_parallel and s.device == "cpu":
@@ -269,6 +311,37 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     else:
         out["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(out.values())
     return out
+
+
+def context_core_per_token(s: Setup) -> float:
+    """Attention's bytes kept per local token per layer under context parallelism (`distributed.context`): the
+    head-major q and the output, fp32 log-sum-exp per head, and the cp group's gathered K and V, the whole
+    sequence's (`seq_len × cp` tokens) held by each of the `seq_len` local tokens' layer: 2·kv·cp per token.
+    No `[s, s]` scores are kept: each block's are recomputed in backward."""
+    cfg, c = s.model, s.compute_bytes
+    h, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return c * (2 * h + 2 * kv * s.cp) + 4 * cfg.num_attention_heads
+
+
+def context_working_bytes(s: Setup) -> float:
+    """The transient peak of one context-parallel attention call: one block's fp32 scores, probabilities and
+    their gradient `[b, heads, rows, chunk]` (chunk = max_seq_length / 2cp, rows = at most `ROW_TILE` of them),
+    and in backward the dK/dV of every chunk of the sequence summed over the cp group."""
+    cfg, c = s.model, s.compute_bytes
+    chunk = s.seq_len // 2
+    block = 3 * 4 * s.micro_batch * cfg.num_attention_heads * min(chunk, ROW_TILE) * chunk
+    return block + 2 * c * s.micro_batch * s.seq_len * s.cp * cfg.num_key_value_heads * cfg.head_dim
+
+
+def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute) -> float:
+    """Bytes one rank sends per micro-batch for context-parallel attention: per layer the K/V all-gather
+    ((cp−1)/cp of the sequence's K and V; again when `full`/`full_attn` recompute reruns the forward) and the
+    dK/dV all-reduce in backward (2(cp−1)/cp of them). `seq_len` is the whole sequence."""
+    if cp <= 1:
+        return 0.0
+    kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim * compute_bytes
+    gathers = 2 if recompute in ("full", "full_attn") else 1
+    return model.num_hidden_layers * (gathers + 2) * (cp - 1) / cp * kv
 
 
 def checkpoint_bytes(s: Setup) -> dict[str, float]:

@@ -209,7 +209,7 @@ def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     state = checkpoint.read_state(resume)
     eager = not any(pending(p) for p in model.parameters())
     if eager and run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
-        load_weights(model, model_cfg, str(resume))
+        load_weights(model, str(resume))
     return state
 
 

@@ -1,0 +1,45 @@
+"""How a resolved layout's ranks fall onto nodes: which parallel groups stay inside a node and which cross nodes.
+
+`plan` explains a multi-dimensional layout (tensor × pipeline × data/ZeRO) before any GPU is rented. No rank is
+computed here: the groups of each axis are handed in by the caller (`orchestration.planned.rank_groups`, the run's own
+rank-to-axis rule), so this explanation follows the run's layout wherever that rule goes. No Paddle.
+"""
+from __future__ import annotations
+
+from pretrain_cli.run_config import ParallelConfig
+
+GPUS_PER_NODE = 8  # an HGX/DGX node: the launcher's `--devices 0,...,7` on every node (docs/DISTRIBUTED.md)
+AXES = ("tp", "pp", "data")  # what each group carries: TP all-reduces, pipeline p2p, data/ZeRO collectives
+
+
+def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
+    """Per axis of `groups` ({"tp" | "pp" | "data": every group of ranks along it}): its degree, the first group's
+    ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
+    JSON-ready (`plan --json`'s `layout`)."""
+    nodes = -(-par.world_size // gpus_per_node)
+    out = {"gpus_per_node": gpus_per_node, "nodes": nodes, "axes": {}}
+    degree = {"tp": par.tp_degree, "pp": par.pp_degree, "data": par.data_world_size}
+    for axis in AXES:
+        gs = sorted(sorted(g) for g in groups[axis])
+        spans = max(len({r // gpus_per_node for r in g}) for g in gs)
+        out["axes"][axis] = {"degree": degree[axis], "groups": len(gs), "first_group": gs[0],
+                             "stride": gs[0][1] - gs[0][0] if len(gs[0]) > 1 else 0,
+                             "inside_node": spans == 1, "nodes_per_group": spans}
+    return out
+
+
+def format_layout(lay: dict) -> list[str]:
+    """The `plan` lines for a layout over more than one axis or node: one per axis with more than one rank."""
+    what = {"tp": "tensor-parallel groups (all-reduces every layer)",
+            "pp": "pipeline groups (one activation per micro-batch between stages)",
+            "data": "data/ZeRO groups (gradients, ZeRO shards)"}
+    lines = [f"ranks on {lay['nodes']} node(s) of {lay['gpus_per_node']} (consecutive ranks share a node):"]
+    for axis, a in lay["axes"].items():
+        if a["degree"] == 1:
+            continue
+        where = "inside a node" if a["inside_node"] else f"across {a['nodes_per_group']} nodes"
+        first = a["first_group"]
+        shown = ", ".join(map(str, first)) if len(first) <= 8 else f"{first[0]}, {first[1]}, ..., {first[-1]}"
+        lines.append(f"  {axis} {a['degree']}: {a['groups']} {what[axis]} of ranks {a['stride']} apart "
+                     f"({shown}): {where}")
+    return lines

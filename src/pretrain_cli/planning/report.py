@@ -1,0 +1,215 @@
+"""The plan of one run as a frozen record (`Plan`), and `plan`'s printed report of it.
+
+`planning.plan.report` builds a `Plan`; the suggestions, the `--fit` search and the speed model read its fields;
+JSON exists only at the command's edge (`Plan.to_json`, the keys `plan --json` prints). The memory breakdowns, the
+parameter counts, the traffic and the layout explanation stay name → value mappings: their keys are the parts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from pretrain_cli.planning import layout
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    """The target device and the peak the ETA and speed use (`peak_source` says where the peak came from)."""
+
+    name: str
+    memory_gib: float
+    peak_tflops: float | None
+    peak_source: str
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """`model`: the MFU basis; `hardware`: with the recomputed forward; `paddlenlp`: PaddleNLP's formula."""
+
+    model: float
+    hardware: float
+    paddlenlp: float
+
+
+@dataclass(frozen=True)
+class PlannedPrecision:
+    amp_dtype: str  # "float32" without mixed precision
+    amp_level: str | None
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """The resolved degrees as `plan --json` names them (`parallel`), and the 1F1B bubble."""
+
+    world: int
+    dp: int
+    sharding_stage: int
+    sharding_degree: int
+    tp: int
+    data_ranks: int
+    pp: int
+    pipeline_bubble: float
+    cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    per_checkpoint_gib: float
+    parts_gib: dict
+    kept: int
+    final_weights_gib: float
+    total_gib: float
+    per_rank_gib: float
+    disk_gb_per_s_per_rank: float
+    save_seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One resolved run planned on a target; field names and order are `plan --json`'s keys."""
+
+    config: str | None
+    device: PlannedDevice
+    gpus: int
+    model: ModelShape
+    params: dict  # total / embedding / non_embedding (models.flops.param_counts)
+    tied: bool
+    flops_per_token: FlopsPerToken
+    precision: PlannedPrecision
+    parallel: PlannedLayout
+    micro_batch: int
+    gradient_accumulation_steps: int
+    max_seq_length: int
+    recompute: str | None
+    attention: str
+    attention_mask_type: str
+    tokens_per_step: int
+    total_tokens: int
+    max_steps: int
+    memory_breakdown_gib: dict
+    memory_gib: float
+    startup_breakdown_gib: dict
+    startup_gib: float
+    fits: bool
+    checkpoint: CheckpointPlan
+    mfu: float
+    eta_hours: float | None
+    notes: tuple = ()
+    suggestions: tuple = ()  # JSON-ready dicts: each an argument-file key change and its effect
+    traffic_gb_per_step: dict = dataclasses.field(default_factory=dict)
+    layout: dict | None = None  # planning.layout.explain
+
+    @property
+    def peak_gib(self) -> float:
+        """The peak per device at any moment: the steady-state step or start-up, whichever is larger."""
+        return max(self.memory_gib, self.startup_gib)
+
+    @property
+    def global_batch(self) -> int:
+        return self.tokens_per_step // self.max_seq_length
+
+    def to_json(self) -> dict:
+        """`plan --json`'s object."""
+        out = dataclasses.asdict(self)
+        out["notes"], out["suggestions"] = list(self.notes), list(self.suggestions)
+        return out
+
+
+def _si(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
+
+
+def _data_ranks(par: PlannedLayout) -> str:
+    """"8 data ranks (one ZeRO stage-1 group of 8)": the data ranks first, then how they split (PaddleNLP's
+    dp x sharding), so "dp 1" never reads as one data rank."""
+    n, dp, deg, stage = par.data_ranks, par.dp, par.sharding_degree, par.sharding_stage
+    if not stage:
+        return f"{n} data rank{'s' if n > 1 else ''}"
+    groups = f"one ZeRO stage-{stage} group of {deg}" if dp == 1 else f"{dp} replicas of a ZeRO stage-{stage} group of {deg}"
+    return f"{n} data ranks ({groups})"
+
+
+def format_report(r: Plan) -> str:
+    """`plan`'s printed report."""
+    d, p, par, m = r.device, r.params, r.parallel, r.model
+    peak_text = f"{d.peak_tflops:g} TFLOPS" if d.peak_tflops else "unknown"
+    lines = [f"plan: {r.config or 'command line'} on {r.gpus} x {d.name} ({d.memory_gib:.1f} GiB each)"]
+    lines += [f"  note: {n}" for n in r.notes]
+    lines.append(f"model: {m.model_type}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
+                 f"{m.kv_heads} kv, vocab {m.vocab}")
+    lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
+                 f"non-embedding{' (tied LM head counted once)' if r.tied else ''} [{p['total']:,}]")
+    f = r.flops_per_token
+    hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
+    lines.append(f"FLOPs/token: {f.model:.4g} model (6N + 12·L·H·d·S, GQA-aware){hardware_flops}, "
+                 f"PaddleNLP formula {f.paddlenlp:.4g}"
+                 + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
+                    if r.attention_mask_type == "document" else ""))
+    lines.append(f"precision {r.precision.amp_dtype} {r.precision.amp_level or ''}; world {par.world} "
+                 f"= {_data_ranks(par)} x tp {par.tp}" + (f" x cp {par.cp}" if par.cp > 1 else "")
+                 + (f" x pp {par.pp} (the fullest stage below, bubble {par.pipeline_bubble:.1%})" if par.pp > 1
+                    else "") + "; "
+                 f"recompute {r.recompute or 'off'}; attention {r.attention}, {r.attention_mask_type} mask")
+    lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {par.data_ranks} data "
+                 f"ranks x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; {r.max_steps} steps = "
+                 f"{r.total_tokens:,} tokens")
+    if r.layout and (par.tp > 1 or par.pp > 1):
+        lines += layout.format_layout(r.layout)
+    traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB" for k, name in
+                             (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"))
+                             if r.traffic_gb_per_step[k])
+    if traffic_text:
+        lines.append(f"traffic per device per step: {traffic_text}")
+    lines.append("memory per device (GiB):")
+    for k, v in r.memory_breakdown_gib.items():
+        lines.append(f"  {k:<16} {v:9.2f}")
+    verdict = "fits" if r.memory_gib <= d.memory_gib else "DOES NOT FIT"
+    lines.append(f"  {'total':<16} {r.memory_gib:9.2f}  of {d.memory_gib:.1f} -> {verdict}")
+    s = r.startup_breakdown_gib
+    verdict = "fits" if r.startup_gib <= d.memory_gib else "DOES NOT FIT: train cannot start"
+    lines.append(f"start-up per device: {r.startup_gib:.2f} GiB = weights {s['weights']:.2f} (what this rank "
+                 f"builds, fp32) + largest tensor {s['largest_tensor']:.2f} (fp32, initialised whole, then sliced) + "
+                 f"framework {s['framework']:.2f}  of {d.memory_gib:.1f} -> {verdict}")
+    c = r.checkpoint
+    parts = " + ".join(f"{k} {v:.2f}" for k, v in c.parts_gib.items() if v)
+    lines.append(f"checkpoints: {c.per_checkpoint_gib:.2f} GiB each ({parts}) x {c.kept} kept + final weights "
+                 f"{c.final_weights_gib:.2f} = {c.total_gib:.2f} GiB on disk")
+    lines.append(f"  each save: {c.per_rank_gib:.2f} GiB written by every rank at once, ~{c.save_seconds:.1f} s at "
+                 f"{c.disk_gb_per_s_per_rank:g} GB/s per rank (an assumed write rate; nothing is gathered)")
+    lines.append(f"peak: {peak_text} per device, from {d.peak_source}" if d.peak_tflops
+                 else f"peak: unknown ({d.peak_source})")
+    if r.eta_hours is not None:
+        bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
+        lines.append(f"ETA: {r.total_tokens * f.model:.3g} FLOPs / ({r.gpus} x {peak_text} x MFU "
+                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h")
+    else:
+        lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
+                     "device) or set peak_tflops in the argument file")
+    if r.suggestions:
+        lines.append("suggestions (each re-estimated; more devices first when no setting fits on these; then "
+                     "ranked by memory saved):")
+        for i, sg in enumerate(r.suggestions, 1):
+            change = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sg["change"].items())
+            if "gpus" in sg:
+                change = f"--gpus {sg['gpus']} with {change}"
+            lines.append(f"  {i}. {change}  -> {sg['memory_gib']:.2f} GiB (saves {sg['saves_gib']:.2f})"
+                         f"{'  fits' if sg['fits'] else ''}; {sg['why']}")
+        lines.append("  --fit searches these together for the fastest layout that fits (same global batch); -o writes it")
+    elif not r.fits:
+        lines.append("suggestions: none of recompute, flash attention, sharding, smaller micro-batch or shorter "
+                     "sequence reduces the estimate; use more or larger devices")
+    return "\n".join(lines)

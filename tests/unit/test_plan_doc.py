@@ -1,0 +1,50 @@
+"""docs/PLAN.md's worked examples are what the code prints: every `$ pretrain-cli plan ...` in a fenced block is run
+(on PaddleNLP's files under their PaddleNLP names) and its output compared line for line, exit code included."""
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS = REPO / "tests" / "e2e" / "paddlenlp_configs"
+NAMES = {"pretrain_argument_0p5b.json": "qwen_pretrain_argument_0p5b.json",  # llm/config/qwen/
+         "pretrain_argument.json": "llama_pretrain_argument.json"}  # llm/config/llama/
+
+
+def examples() -> list[tuple[str, list[str], int]]:
+    """(command, expected output lines, expected exit code) for each `$ pretrain-cli plan` in PLAN.md."""
+    out, current, inside = [], None, False
+    for line in (REPO / "docs" / "PLAN.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            inside, current = not inside, None  # a command's output ends with its block
+            continue
+        if not inside:
+            continue
+        if line.startswith("$ pretrain-cli plan"):
+            current = [line[2:], [], 0]
+            out.append(current)
+        elif current is None:
+            continue
+        elif line == "$ echo $?":
+            current[2] = None  # the next line is the code
+        elif current[2] is None:
+            current[2] = int(line)
+        elif line and not line.startswith("$"):
+            current[1].append(line)
+    return [tuple(x) for x in out]
+
+
+def test_plan_md_has_the_start_up_example():
+    assert any("Llama-3.1-70B" in cmd and "--fit" in cmd for cmd, _, _ in examples())
+
+
+@pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")
+def test_worked_example_output_is_what_plan_prints(command, expected, code, tmp_path, monkeypatch, capsys):
+    for doc_name, seed in NAMES.items():
+        shutil.copy(SEEDS / seed, tmp_path / doc_name)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(shlex.split(command)[1:]) == code
+    assert capsys.readouterr().out.splitlines() == expected

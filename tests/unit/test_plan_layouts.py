@@ -1,0 +1,113 @@
+"""`plan` on a three-dimensional layout (tensor × pipeline × ZeRO-1): the fullest stage's memory with its TP share,
+the bubble, the TP and PP traffic, and which groups stay inside a node, checked against hand arithmetic for
+PaddleNLP's Llama recipe shape, Llama-3.1-70B as tp 8 × pp 4 × `sharding: stage1` on 64 × H100."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.commands.plan import _parsed
+from pretrain_cli.orchestration import planned
+from pretrain_cli.planning import layout
+from pretrain_cli.planning.memory import GIB, pipeline_stages
+from pretrain_cli.planning.plan import report, setup_for, target_device
+from pretrain_cli.planning.report import format_report
+from pretrain_cli.run_config import ParallelConfig
+
+LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
+H, I, V, L, KV = 8192, 28672, 128256, 80, 1024
+LAYER = 2 * H * H + 2 * H * KV + 3 * H * I + 2 * H  # q, o; k, v; gate, up, down; two norms
+
+
+def _tp8_pp4_stage1():
+    """The 64-rank run: the file resolved for tp 8 × ZeRO-1 on one stage's 16 ranks, then laid out over 4 stages
+    (what `config.resolve` gives once TP × PP is accepted: the same degrees, world 64, pp 4)."""
+    args, cfg = _parsed(str(LLAMA), ["--model_name_or_path", "meta-llama/Llama-3.1-70B", "--tensor_parallel_degree",
+                                     "8", "--sharding", "stage1"])
+    dev = target_device("H100")
+    run = planned._resolved(args, cfg, dev, 16)
+    assert (run.parallel.tp_degree, run.parallel.sharding_degree, run.parallel.sharding_stage) == (8, 2, 1)
+    run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, world_size=64, pp_degree=4))
+    return run, cfg, dev
+
+
+def test_fullest_stage_with_its_tp_share_by_hand():
+    run, cfg, dev = _tp8_pp4_stage1()
+    stages = pipeline_stages(setup_for(run, cfg, dev))
+    first = stages[0]
+    n0 = 20 * LAYER / 8 + V * H / 8  # 20 layers and the vocabulary-split embedding, ÷ tp 8
+    assert first["weights"] == pytest.approx(2 * n0)  # bf16 O2
+    assert first["gradients"] == pytest.approx(2 * n0)  # bf16 (no amp_master_grad), whole under ZeRO-1
+    assert first["optimizer_state"] == pytest.approx(8 * n0 / 2)  # AdamW m, v ÷ the ZeRO-1 group of 2
+    assert first["master_weights"] == pytest.approx(4 * n0 / 2)
+    # per token per layer, bf16 (c = 2), flash on GPU, fused RMSNorm and RoPE, no recompute; projections ÷ tp:
+    norm = 2 * 2 * H + 4  # fused RMSNorm keeps input, output, rstd
+    per_layer = (2 * H  # the layer input
+                 + norm - 2 * H + 2 * (H + 2 * KV) / 8  # attention norm beyond its input, q/k/v outputs
+                 + (2 * (H + KV) + 4 * 64) / 8  # flash: q, k after RoPE + fp32 log-sum-exp per head
+                 + 2 * H / 8  # attention output
+                 + norm + 4 * 2 * I / 8)  # MLP norm; gate, up, silu, product
+    assert per_layer == 101160
+    assert first["activations"] == pytest.approx(4 * 20 * per_layer * 4096)  # 1F1B: 4 micro-batches in flight
+    assert first["logits_loss"] == 0 < stages[3]["logits_loss"]
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
+    assert r.memory_gib * GIB == pytest.approx(max(sum(s.values()) for s in stages))
+    assert r.parallel.pipeline_bubble == pytest.approx(3 / (16 + 3))  # (P-1)/(m+P-1), 16 micro-batches
+    # start-up: the fullest stage's fp32 share (stage 3 adds the final norm and the split head) + the whole embedding
+    n3 = 20 * LAYER / 8 + H / 8 + V * H / 8
+    assert r.startup_breakdown_gib["weights"] * GIB == pytest.approx(4 * n3)
+    assert r.startup_breakdown_gib["largest_tensor"] * GIB == 4 * V * H
+
+
+def test_tp_and_pp_traffic_by_hand():
+    run, cfg, dev = _tp8_pp4_stage1()
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
+    act = 1 * 4096 * H * 2  # one [b, s, hidden] bf16 activation
+    t = r.traffic_gb_per_step
+    # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
+    assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
+    assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act) and t["zero3"] == 0
+    from pretrain_cli.planning.speed import speed
+    sp = speed(r)
+    assert sp["comm_seconds"] == pytest.approx((t["tp"] + t["pp"]) / 50)
+
+
+def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
+    run, cfg, dev = _tp8_pp4_stage1()
+    lay = layout.explain(run.parallel, planned.rank_groups(run.parallel))
+    tp, pp, data = (lay["axes"][k] for k in ("tp", "pp", "data"))
+    assert lay["nodes"] == 8 and (tp["degree"], pp["degree"], data["degree"]) == (8, 4, 2)
+    assert tp["first_group"] == list(range(8)) and tp["inside_node"] and tp["groups"] == 8
+    assert pp["first_group"] == [0, 16, 32, 48] and pp["nodes_per_group"] == 4 and pp["groups"] == 16
+    assert data["first_group"] == [0, 8] and data["nodes_per_group"] == 2
+    text = format_report(report(run, cfg, dev, groups=planned.rank_groups(run.parallel)))
+    assert "tp 8: 8 tensor-parallel groups (all-reduces every layer) of ranks 1 apart (0, 1, 2, 3, 4, 5, 6, 7): " \
+           "inside a node" in text
+    assert "pp 4: 16 pipeline groups (one activation per micro-batch between stages) of ranks 16 apart " \
+           "(0, 16, 32, 48): across 4 nodes" in text
+    assert "traffic per device per step: TP all-reduces 150 GB, pipeline p2p 2.15 GB" in text
+
+
+def test_every_rank_is_in_one_group_per_axis():
+    par = ParallelConfig(world_size=24, dp_degree=1, sharding_degree=3, sharding_stage=1, tp_degree=2, pp_degree=4)
+    for axis, size in (("tp", 2), ("pp", 4), ("data", 3)):
+        gs = planned.rank_groups(par)[axis]
+        assert sorted(r for g in gs for r in g) == list(range(24)) and {len(g) for g in gs} == {size}
+
+
+def test_plan_md_worked_example_is_what_plan_prints():
+    """docs/PLAN.md's tp 8 × pp 4 table (GiB per part, start-up) and its printed block are this report's."""
+    import re
+
+    run, cfg, dev = _tp8_pp4_stage1()
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PLAN.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Worked example: Llama-3.1-70B as tp 8 × pp 4"):]
+    rows = dict(re.findall(r"^\| \**([a-z_-]+)\** \| \**([0-9.]+)\** \|", section, re.M))
+    want = {k: f"{v:.2f}" for k, v in r.memory_breakdown_gib.items()}
+    want.update(total=f"{r.memory_gib:.2f}", **{"start-up": f"{r.startup_gib:.2f}"})
+    assert rows == want
+    block = section.split("```")[1].strip().splitlines()
+    text = format_report(r).splitlines()
+    assert block[0] in text and all(line in text for line in block)
+    assert f"Bubble 3/19 = {r.parallel.pipeline_bubble:.1%}" in section
