@@ -144,13 +144,15 @@ class Recompute:
     skip_layers: tuple = ()
 
 
-def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1) -> str:
+def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1, cp_degree: int = 1) -> str:
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
-    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism) or "pipeline" (fleet's
-    PipelineParallel); `sharding_stage` 0 when nothing is sharded. `config.resolve` asks it before the
-    `ParallelConfig` exists."""
+    (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
+    PipelineParallel) or "context_parallel" (distributed.context over paddle.DataParallel); `sharding_stage`
+    0 when nothing is sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
+    if cp_degree > 1:
+        return "context_parallel"
     if pp_degree > 1:
         return "pipeline"
     if tp_degree > 1 or sharding_stage in (2, 3):
@@ -170,7 +172,7 @@ class ParallelConfig:
     local_rank: int = 0
     dp_degree: int = 1
     sharding_degree: int = 1
-    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (always when sharding_degree is 1), 1, 2, 3
+    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (when sharding_degree x cp_degree is 1), 1, 2, 3
     offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1
@@ -178,6 +180,8 @@ class ParallelConfig:
     # they are whole on every tp rank): `distributed.semi_auto` places them so, `planning.memory` counts them so
     vocab_parallel: bool = False
     virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
+    # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank; distributed.context)
+    cp_degree: int = 1
 
     @property
     def data_world_size(self) -> int:
@@ -195,7 +199,7 @@ class ParallelConfig:
     @property
     def engine(self) -> str:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
-        return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree)
+        return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree)
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
@@ -204,6 +208,8 @@ class ParallelConfig:
                          f"{' offload' if self.offload else ''}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
+        if self.cp_degree > 1:
+            parts.append(f"cp {self.cp_degree}")
         if self.pp_degree > 1:
             parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
                                                    else ""))

@@ -86,7 +86,8 @@ def test_pipeline_matches_one_process(runs, refs, name):
         per_rank = [r for r in map(json.loads, (out / "metrics.jsonl").open()) if r["kind"] == "layout"][0]["per_rank"]
         assert all(r["optimizer_state"] < 0.6 * 2 * r["parameters"] for r in per_rank), per_rank
     if name in ("pp2_doc", "pp4_vpp2"):  # evaluation runs forward-only through the stages and reads the same loss
-        assert len(_evals(run)) == 2 and _evals(run) == _evals(r)
+        got, want = map(float, _evals(run)), map(float, _evals(r))  # the interleaved sum is rescaled: rounding
+        assert len(_evals(run)) == 2 and all(abs(g - w) <= 1e-5 for g, w in zip(got, want, strict=True))
     if name == "pp2_doc":
         assert "attention_mask_type = \"document\"" in run.log(0)
 

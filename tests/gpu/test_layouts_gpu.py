@@ -43,6 +43,7 @@ LAYOUTS = {
                     "per_device_train_batch_size": 2}),
     "tp2_pp2_dp2": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
                         "per_device_train_batch_size": 1}),
+    "cp2": (2, {"context_parallel_degree": 2, "per_device_train_batch_size": 8}),  # distributed/context.py
     "tp2_pp2_stage1": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sharding": "stage1",
                            "gradient_accumulation_steps": 4, "per_device_train_batch_size": 1}),
 }
@@ -85,11 +86,13 @@ def test_layout_matches_one_gpu(corpus, reference, tmp_path, name):
 
 
 @pytest.mark.parametrize("precision", [{"bf16": True, "fp16_opt_level": "O2"},
-                                       {"fp16": True, "fp16_opt_level": "O2", "sharding": "stage2"}])
+                                       {"fp16": True, "fp16_opt_level": "O2", "sharding": "stage2"},
+                                       {"bf16": True, "fp16_opt_level": "O2", "context_parallel_degree": 2}])
 def test_half_precision_layouts_train_and_save(corpus, tmp_path, precision):
-    """bf16 O2 under TP + ZeRO-3 and PaddleNLP's fp16 O2 + stage2 (the loss scaler wrapped by dist.shard_scaler)."""
+    """bf16 O2 under TP + ZeRO-3, PaddleNLP's fp16 O2 + stage2 (the loss scaler wrapped by dist.shard_scaler), and
+    bf16 under context parallelism (flash attention's per-block output and log-sum-exp, `kernels.attention_block`)."""
     keys = dict(precision)
-    if "sharding" not in keys:
+    if "sharding" not in keys and "context_parallel_degree" not in keys:
         keys.update(tensor_parallel_degree=2, sharding="stage3", per_device_train_batch_size=8)
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", device="gpu", use_flash_attention=True, **keys)
     losses = parse_losses(_run(cfg, 2, tmp_path / "log"))

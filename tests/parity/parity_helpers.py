@@ -20,7 +20,7 @@ def load(path, selected):
     """(model, cfg) from an HF directory with the given `kernels.select` result."""
     cfg = ModelConfig.from_file(str(path))
     model = build_model(cfg, selected)
-    convert.load_weights(model, cfg, str(path))
+    convert.load_weights(model, str(path))
     return model, cfg
 
 

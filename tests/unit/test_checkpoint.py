@@ -13,6 +13,7 @@ from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import ParallelConfig
 from pretrain_cli.training import checkpoint
+from state_helpers import optimizer_tensors
 
 ONE = ParallelConfig()
 
@@ -46,7 +47,7 @@ def _fill(opt, seed: int) -> None:
 def test_optimizer_state_round_trip(tmp_path, dtype):
     model, opt = _build(dtype)
     _fill(opt, 1)
-    saved = checkpoint.optimizer_tensors(model, opt)
+    saved = optimizer_tensors(model, opt)
     n_params = len(list(model.parameters()))
     per_param = 5 if dtype == "bfloat16" else 4  # moments, beta pows (+ the fp32 master copy under O2)
     assert len(saved) == n_params * per_param
@@ -57,14 +58,14 @@ def test_optimizer_state_round_trip(tmp_path, dtype):
     _fill(opt2, 2)
     (tmp_path / "opt.safetensors").rename(tmp_path / "optimizer.safetensors")  # a checkpoint from before the index
     checkpoint.load_optimizer(Strategy(ONE), model2, opt2, tmp_path)
-    again = checkpoint.optimizer_tensors(model2, opt2)
+    again = optimizer_tensors(model2, opt2)
     assert again.keys() == saved.keys()
     assert all(np.array_equal(again[k], saved[k]) for k in saved)
 
 
 def test_optimizer_state_mismatch_is_a_user_error(tmp_path):
     model, opt = _build("float32")
-    saved = checkpoint.optimizer_tensors(model, opt)
+    saved = optimizer_tensors(model, opt)
     saved["model.norm.weight/moment1"] = np.zeros(3, np.float32)
     save_file(saved, str(tmp_path / "optimizer.safetensors"))
     with pytest.raises(UserError, match="model.norm.weight/moment1 has shape"):
@@ -232,7 +233,7 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     model2, opt2 = _build("float32")
     _fill(opt2, 4)
     checkpoint.load_optimizer(Strategy(ONE), model2, opt2, ckpt)
-    saved, again = checkpoint.optimizer_tensors(model, opt), checkpoint.optimizer_tensors(model2, opt2)
+    saved, again = optimizer_tensors(model, opt), optimizer_tensors(model2, opt2)
     assert again.keys() == saved.keys() and all(np.array_equal(again[k], saved[k]) for k in saved)
 
 

@@ -133,7 +133,7 @@ def test_gemm_rope_matches_slice_rope():
 def _optimizer_run(*flags):
     """20 `train_step`s with clipping active (max_grad_norm 0.5), weight decay with PaddleNLP's exclusions and a
     warm-up/cosine rate: (losses, grad norms, final parameters, optimizer state by HF name)."""
-    from pretrain_cli.training.checkpoint import optimizer_tensors
+    from state_helpers import optimizer_tensors
 
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "0.5", "--weight_decay", "0.01", *flags)

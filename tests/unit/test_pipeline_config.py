@@ -28,6 +28,9 @@ def test_stage_of_maps_hf_names_by_global_layer_index():
     assert stage_of("model.layers.7.input_layernorm.weight", bounds) == 2
     assert stage_of("model.layers.8.mlp.down_proj.weight", bounds) == 3
     assert stage_of("model.norm.weight", bounds) == stage_of("lm_head.weight", bounds) == 3
+    chunks = stage_bounds(8, 8)  # 4 stages x 2 virtual: stage s holds layers s and s + 4 (fleet's interleaving)
+    assert [stage_of(f"model.layers.{i}.mlp.up_proj.weight", chunks, 4) for i in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert stage_of("model.embed_tokens.weight", chunks, 4) == 0 and stage_of("lm_head.weight", chunks, 4) == 3
 
 
 def test_pp_dp_layout_puts_stages_outermost():

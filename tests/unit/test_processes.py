@@ -14,6 +14,8 @@ def _zombie(how) -> int:
         os._exit(3)
     while processes.alive(pid):
         time.sleep(0.01)
+    while processes.exit_status(pid) is None:  # dead from its first exiting moment; a zombie a moment later
+        time.sleep(0.01)
     return pid
 
 

@@ -14,7 +14,7 @@ def _topo(rank=0, pp=1, dp=1, sharding=1, tp=1, stage=0):
 
 def test_ranks_enumerate_the_axes_last_axis_fastest():
     degrees = {"pp": 4, "dp": 1, "sharding": 2, "mp": 8}  # the 70B layout: tp 8 x pp 4 x ZeRO-1 over 2
-    assert tuple(AXES) == ("pp", "dp", "sharding", "mp")
+    assert tuple(AXES) == ("pp", "dp", "sharding", "cp", "mp")
     assert coordinates(0, degrees) == {"pp": 0, "dp": 0, "sharding": 0, "mp": 0}
     assert coordinates(13, degrees) == {"pp": 0, "dp": 0, "sharding": 1, "mp": 5}
     assert coordinates(63, degrees) == {"pp": 3, "dp": 0, "sharding": 1, "mp": 7}
@@ -60,3 +60,35 @@ def test_built_once_per_config():
     assert Topology.of(p) is Topology.of(ParallelConfig(world_size=4, rank=1, dp_degree=2, tp_degree=2))
     with pytest.raises(ValueError, match="make 2 ranks"):
         Topology.of(ParallelConfig(world_size=4, dp_degree=2))
+
+
+@pytest.mark.parametrize("dp,sharding", [(2, 1), (1, 2)], ids=["tp2_pp2_dp2", "tp2_pp2_stage1"])
+def test_pipeline_tp_checkpoint_blocks_cover_each_tensor_once_per_replica(dp, sharding):
+    """The 8-rank layouts CPU does not launch here: every rank's block of a tp-split weight and its moments, and
+    the holders each rank names, agree across ranks; a stage's two tp slices tile the tensor, and under ZeRO-1
+    the optimizer state's holders are the owner's replicas only."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.distributed.pipeline import Pipeline
+
+    name = "model.layers.0.self_attn.q_proj.weight"
+    blocks = {}
+    for rank in range(8):
+        p = ParallelConfig(world_size=8, rank=rank, pp_degree=2, dp_degree=dp, sharding_degree=sharding,
+                           sharding_stage=1 if sharding > 1 else 0, tp_degree=2)
+        strategy = Pipeline(p)
+        strategy.tp_dims = {name: 1}  # Paddle [in, out]: column-parallel, split on out
+        local = SimpleNamespace(shape=[64, 32])
+        for slot in ("", "/moment1"):
+            box, holders = strategy.local_box(local, name + slot)
+            assert box.global_shape == (64, 64) and rank in holders
+            blocks.setdefault((slot, holders), set()).add(box.offsets)
+        whole, held = strategy.local_box(SimpleNamespace(shape=[64]), "model.norm.weight")
+        assert whole.whole and held is None  # holders: Pipeline.holders (the stage's ranks)
+        assert strategy.holders(None, "weights") == strategy.topology.replicas("pp")
+    assert all(len(offsets) == 1 for offsets in blocks.values())  # every holder of a block names the same block
+    weights = {h: o for (slot, h), o in blocks.items() if slot == ""}
+    assert sorted(weights) == [(0, 2), (1, 3), (4, 6), (5, 7)]  # per stage and tp rank: its dp/sharding replicas
+    assert {next(iter(o)) for h, o in weights.items() if h[0] < 4} == {(0, 0), (0, 32)}
+    moments = sorted(h for slot, h in blocks if slot == "/moment1")
+    assert moments == ([(0, 2), (1, 3), (4, 6), (5, 7)] if sharding == 1 else [(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,)])

@@ -175,8 +175,10 @@ class TrainingArguments:
                            "with one process.")
     sharding_parallel_degree: int = _f(-1, "Sharding degree (-1 = every data-parallel rank, world / tp); a smaller "
                                            "degree (dp x sharding) works with stage1 without tensor parallelism.")
-    sep_parallel_degree: int = _f(-1, "Segment parallel degree (> 1 not supported).")
-    context_parallel_degree: int = _f(-1, "Context parallel degree (> 1 not supported).")
+    sep_parallel_degree: int = _f(-1, "Segment parallel degree (> 1 refused: its all-to-all is missing on CPU; use "
+                                      "context_parallel_degree).")
+    context_parallel_degree: int = _f(-1, "Context parallelism: each sequence split over this many ranks, attention "
+                                          "across them (with data parallelism; docs/DISTRIBUTED.md).")
     tensor_parallel_config: str = _f("", "PaddleNLP's TP fusion/overlap flags; Paddle's semi-auto engine places the "
                                          "collectives here.", "ignored")
     pipeline_parallel_config: str = _f("", "PaddleNLP's PP feature flags: each one is applied, or named in a note "

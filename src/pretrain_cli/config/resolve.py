@@ -14,6 +14,7 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
+from pretrain_cli.config.context import context_degree
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
@@ -202,7 +203,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
     t = args.training
     fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
-             and parallel.engine in ("single", "data_parallel"))
+             and parallel.engine in ("single", "data_parallel", "context_parallel") and not parallel.sharding_stage)
     return "fused" if fused else "paddle"
 
 
@@ -219,10 +220,11 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         if dropped:
             notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
-    for key, val, instead in (("sep_parallel_degree", sep, "tensor_parallel_degree or pipeline_parallel_degree"),
-                              ("context_parallel_degree", cp, "tensor_parallel_degree or pipeline_parallel_degree")):
-        if val > 1:
-            problems.add(f"{key}: {val} is not supported; set it to 1 and use {instead} to split a large model")
+    if sep > 1:
+        problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
+                     f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {sep} "
+                     f"(attention across the ranks) to split each sequence")
+    cp = context_degree(args, world, tp, pp, stage, problems)
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems, target.device)
@@ -234,7 +236,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         if tp > 1 and getattr(model_cfg, name) % tp:
             problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
                          f"({getattr(model_cfg, name)}); use a divisor of it")
-    rest = world // tp
+    rest = world // (tp * cp)
     sharding = 1
     if stage:
         sharding = rest if t.sharding_parallel_degree in (-1, 0) else t.sharding_parallel_degree
@@ -242,7 +244,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
             problems.add(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel processes "
                          f"(world {world} / tp {tp}); use a divisor or -1")
             sharding = 1
-        elif sharding == 1:
+        elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
     # distributed.semi_auto: the sharding axis is every data rank
     if engine_for(world, tp, stage if sharding > 1 else 0, pp) == "semi_auto" and 1 < sharding < rest:
@@ -269,8 +271,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
-                          sharding_stage=stage if sharding > 1 else 0, offload=offload and sharding > 1,
-                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split)
+                          sharding_stage=stage if sharding * cp > 1 else 0, offload=offload and sharding > 1,
+                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:

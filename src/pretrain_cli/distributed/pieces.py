@@ -16,7 +16,8 @@ sits this module's vocabulary, shared by every `Strategy`:
 The pieces a rank yields are decided by its strategy (`Strategy.pieces`): whole tensors in one process,
 data parallel and fleet ZeRO-1 (whose optimizer state lives on the owning rank only), placed blocks
 under the semi-auto engine (ZeRO-2/3 shards, TP slices, from each DistTensor's mesh and placements).
-A pipeline strategy yields its stage's tensors with the stage's data-parallel ranks as holders.
+A pipeline strategy yields its stage's tensors with the stage's data-parallel ranks as holders (with tensor
+parallelism inside the stages: its tp slices, each held by the stage's ranks with the same tp coordinate).
 `writer_of` picks one writer per replicated piece, the same choice on every holder without any
 communication, spreading the bytes over the holders instead of loading them all on the lowest rank.
 """

@@ -221,7 +221,8 @@ def inputs_of(ids, extra: dict):
 
 
 class Pipeline(FleetHybrid):
-    """`pipeline_parallel_degree > 1` (with data parallelism on the hybrid topology's "dp" axis)."""
+    """`pipeline_parallel_degree > 1`, with tensor parallelism inside the stages and data parallelism / ZeRO-1 on
+    the topology's "dp" / "sharding" axes."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
@@ -243,10 +244,10 @@ class Pipeline(FleetHybrid):
 
         self.lm = model
         if source is not None:
-            stage, last = self.topology.stage, self.parallel.pp_degree - 1
-            bounds = stage_bounds(len(model.model.layers), self.parallel.pp_degree)
-            tied = model.lm_head is None and stage == last
-            fill(model, source, lambda name: stage_of(name, bounds) == stage
+            pp, stage = self.parallel.pp_degree, self.topology.stage
+            bounds = stage_bounds(len(model.model.layers), pp * self.parallel.virtual_pp_degree)  # one part per chunk
+            tied = model.lm_head is None and stage == pp - 1
+            fill(model, source, lambda name: stage_of(name, bounds, pp) == stage
                  or (tied and name == "model.embed_tokens.weight"))
         if self.parallel.tp_degree > 1:
             self._split_tensor_parallel(model)

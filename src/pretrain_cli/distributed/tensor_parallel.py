@@ -57,8 +57,9 @@ def _functions():
 
 
 def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
-    """Slice every decoder layer in `layers` to tp rank `tp_rank` of `tp` and hook in the two functions over
-    `group`. Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
+    """Slice every decoder layer in `layers` that has storage to tp rank `tp_rank` of `tp` and hook in the two
+    functions over `group` (another pipeline stage's layers, never created on this rank, are left as they are).
+    Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
     import paddle
 
     copy_to_tp, reduce_from_tp = _functions()
@@ -92,6 +93,8 @@ def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
             split[id(new)] = d
 
     for layer in layers:
+        if not layer.self_attn.q_proj.weight._is_initialized():  # not this stage's: nothing to cut, never run here
+            continue
         for block, names in ((layer.self_attn, COLUMN[:3]), (layer.mlp, COLUMN[3:])):
             for name in names:
                 keep_slice(block, name, 1)

@@ -6,18 +6,19 @@ needs a rank: the data slice a rank reads (`data_rank`), the optimizer wrapping 
 (`init_fleet`, the only `fleet.init`) and the semi-auto engine's mesh (`mesh`). Compare torchtitan's
 `ParallelDims` and Megatron's `parallel_state`.
 
-Axis order, outermost first: `AXES` = pp, dp, sharding, mp. A rank is the mixed-radix number of its
+Axis order, outermost first: `AXES` = pp, dp, sharding, cp, mp. A rank is the mixed-radix number of its
 coordinates, the last axis fastest (`coordinates`/`rank_of`):
 
-    rank = ((pp_rank × dp + dp_rank) × sharding + sharding_rank) × tp + tp_rank
+    rank = (((pp_rank × dp + dp_rank) × sharding + sharding_rank) × cp + cp_rank) × tp + tp_rank
 
 So the tp ranks of one stage and one batch are neighbours (on one node when tp divides the GPUs per node:
 tensor parallelism's two all-reduces per layer stay on the fast link), the data ranks of one stage come
 next, and the pipeline stages are outermost: across nodes only one activation per micro-batch travels
 between stages, and the data-parallel gradient all-reduce crosses nodes only when dp × sharding × tp is
 larger than a node. The data rank (which slice of the global batch a rank reads) is dp_rank × sharding +
-sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks and stages share batches.
-Another axis (context parallelism, say) is one more entry in `AXES` (and in fleet's order, `FLEET_ORDER`).
+sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks, cp ranks (context
+parallelism: each holds part of every sequence of its data rank, `distributed.context`) and stages share batches.
+fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans sharding × cp (adjacent in `AXES`).
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from pretrain_cli.distributed.gloo import separate_stores
 
 # axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
 AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
-        "sharding": ("sharding_degree", "sharding_degree"), "mp": ("tp_degree", "mp_degree")}
+        "sharding": ("sharding_degree", "sharding_degree"),
+        "cp": ("cp_degree", None),  # context parallelism (distributed.context): no fleet axis, see fleet_hybrid_configs
+        "mp": ("tp_degree", "mp_degree")}
 FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
 
 
@@ -123,15 +126,16 @@ class Topology:
     # ------------------------------------------------------------------ the engines' views of it
     def fleet_hybrid_configs(self) -> dict:
         """fleet's `hybrid_configs` degrees and axis order for this topology."""
-        out = {AXES[a][1]: n for a, n in self.degrees}
+        out = {AXES[a][1]: n for a, n in self.degrees if AXES[a][1]}
+        out["sharding_degree"] *= self.sizes.get("cp", 1)  # ZeRO-1 under context parallelism shards over cp too
         out["order"] = list(FLEET_ORDER)
         return out
 
     def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
-        run. On CPU two workarounds (PADDLE_PARALLEL_CPU facts in docs/DISTRIBUTED.md): unbatched stage-to-stage
-        sends, and a TCP store of its own for each gloo group (`gloo.separate_stores`); a pipeline also needs
-        `ParallelEnv._device_id`, which the CPU build never sets, and whole activations sent between stages
+        run. The CPU workarounds (docs/DISTRIBUTED.md, "What CPU verifies"): a TCP store of its own for each gloo
+        group (`gloo.separate_stores`); a pipeline also needs unbatched stage-to-stage sends,
+        `ParallelEnv._device_id` (which the CPU build never sets) and whole activations sent between stages
         (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
         import paddle
         import paddle.distributed as dist
@@ -149,9 +153,10 @@ class Topology:
         with separate_stores(cpu):
             fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
-        for axis, get in (("pp", hcg.get_pipe_parallel_group), ("mp", hcg.get_model_parallel_group)):
-            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks
-                raise RuntimeError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
+        for axis, get in (("pp", hcg.get_pipe_parallel_group), ("dp", hcg.get_data_parallel_group),
+                          ("sharding", hcg.get_sharding_parallel_group), ("mp", hcg.get_model_parallel_group)):
+            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks (a bug)
+                raise ValueError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
 
     def mesh(self):
         """The semi-auto engine's 2-D mesh ["dp", "mp"]: the data ranks (dp × sharding) by the tp ranks."""

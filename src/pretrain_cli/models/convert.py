@@ -41,21 +41,6 @@ def hf_params(model) -> list[tuple[str, object, bool]]:
     return [(name, p, name in linear) for name, p in model.named_parameters()]
 
 
-def hf_state_dict(model, dtype: str | None = None) -> dict:
-    """HF-named, HF-layout Paddle tensors (contiguous copies); no `lm_head.weight` when tied."""
-    import paddle
-
-    out = {}
-    for hf_name, p, transpose in hf_params(model):
-        t = p.detach()
-        if transpose:
-            t = paddle.transpose(t, [1, 0])  # [out, in]
-        if dtype is not None and str(t.dtype).split(".")[-1] != dtype:
-            t = t.astype(dtype)
-        out[hf_name] = t.contiguous() if hasattr(t, "contiguous") else t
-    return out
-
-
 def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict: bool = True) -> None:
     """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
     import paddle
@@ -199,7 +184,7 @@ def detect_layout(tensors: dict, model=None) -> str:
     return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
-def load_weights(model, cfg: ModelConfig, src_dir: str) -> str:
+def load_weights(model, src_dir: str) -> str:
     """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
     tensors = read_safetensors(src_dir)
     layout = detect_layout(tensors, model)
@@ -231,7 +216,7 @@ def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, dev
     paddle.seed(seed)
     model = build_model(cfg, select(request, device or paddle.device.get_device()))
     if weights:
-        load_weights(model, cfg, str(model_dir))
+        load_weights(model, str(model_dir))
     return model, ("trained weights" if weights else f"random init (seed {seed})")
 
 

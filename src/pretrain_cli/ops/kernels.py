@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
+from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask, repeat_kv  # noqa: F401 (re-exported)
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
                                       global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
@@ -115,6 +116,24 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
     return flashmask_attention(q, k, v, ends.reshape([bsz, 1, seq_len, 1]), causal=True)
 
 
+def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma: no cover - GPU only
+    """GPU: flash attention's own per-block output and lse (fp16/bf16) when the block is fully visible or the
+    causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised)."""
+    import paddle
+
+    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16):
+        return block_forward(q, k, v, visible, causal)  # flash attention is fp16/bf16 only
+    bsz, n_kv, n_rep, q_len, d = q.shape
+    k_len = k.shape[3]
+    qf = q.reshape([bsz, n_kv * n_rep, q_len, d]).transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, d]
+    kf = k.reshape([bsz, n_kv, k_len, d]).transpose([0, 2, 1, 3])  # [bsz, k_len, n_kv, d]
+    vf = v.reshape([bsz, n_kv, k_len, d]).transpose([0, 2, 1, 3])  # [bsz, k_len, n_kv, d]
+    out, _, lse, _ = paddle._C_ops.flash_attn(qf, kf, vf, None, None, 0.0, causal, False, True, "")
+    out = out.transpose([0, 2, 1, 3]).reshape([bsz, n_kv, n_rep, q_len, d])  # [bsz, n_kv, n_rep, q_len, d]
+    lse = lse[:, :, :q_len].reshape([bsz, n_kv, n_rep, q_len, 1]).astype("float32")  # [bsz, n_kv, n_rep, q_len, 1]
+    return out, lse
+
+
 def swiglu_fused(gate, up):  # pragma: no cover - GPU only
     from paddle.incubate.nn.functional import swiglu
 
@@ -192,6 +211,10 @@ class Kernels:
     # the LM head + loss without [tokens, vocab] logits (ops.linear_loss); None: logits + `cross_entropy`
     linear_cross_entropy_name: str = "off"
     linear_cross_entropy: Callable | None = None  # (h [N, hidden], weight, labels [N], ignore_index, vocab_major)
+    # one query block against one key block with its log-sum-exp (context parallelism, `ops.block_attention`):
+    # flash attention's on GPU, Paddle's ops elsewhere; (q, k, v, visible, causal) -> (out, lse)
+    attention_block_name: str = "reference"
+    attention_block: Callable = block_forward
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
 
@@ -278,6 +301,8 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,
+        attention_block_name="flash" if gpu else "reference",
+        attention_block=block_forward_flash if gpu else block_forward,
         linear_cross_entropy_name=("cpu" if cpu else "chunked") if kc.fused_loss else "off",
         linear_cross_entropy=(linear_cross_entropy_cpu if cpu else linear_cross_entropy_chunked)
         if kc.fused_loss else None,

@@ -22,7 +22,8 @@ from pretrain_cli.planning.plan import Device, device_note, more_devices, report
 from pretrain_cli.planning.report import Plan
 
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
-            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree")
+            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
+            "context_parallel_degree")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -49,13 +50,15 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     """{"tp" | "pp" | "data": every group of ranks along that axis} for `plan`'s layout lines, from the run's own
-    rank layout (`distributed.topology.Topology`, never re-derived): a data group is dp × sharding, the ranks that
-    share a stage and a tensor-parallel position."""
+    rank layout (`distributed.topology.Topology`, which `train` asks; never re-derived): a tensor-parallel group
+    shares (stage, data rank), a pipeline group (data rank, tensor-parallel position), a data (dp × ZeRO) group
+    (stage, tensor-parallel position)."""
     from pretrain_cli.distributed.topology import Topology
 
     topo = Topology.of(par)
     data = sorted({topo.replicas("pp", "mp", rank=r) for r in range(topo.world_size)})
-    return {"tp": topo.groups("mp"), "pp": topo.groups("pp"), "data": data}
+    return {"tp": [list(g) for g in topo.groups("mp")], "pp": [list(g) for g in topo.groups("pp")],
+            "data": [list(g) for g in data]}
 
 
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
@@ -101,6 +104,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
+    current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]

@@ -75,6 +75,7 @@ class RunSpec:
         if r.parallel.distributed:
             p = r.parallel
             split = (f" x pp {p.pp_degree} stages" if p.pp_degree > 1 else "") + f" x tp {p.tp_degree}"
+            split += f" x cp {p.cp_degree} (each holds 1/{p.cp_degree} of every sequence)" if p.cp_degree > 1 else ""
             lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks{split}; "
                          f"each data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
                          f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")

@@ -1,16 +1,17 @@
 """`plan --fit`: the fastest layout of a run that fits the device, found by re-planning every candidate.
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
-batch, recompute granularity, flash attention, sharding stage, tensor-parallel or pipeline degree). This module only
+batch, recompute granularity, flash attention, sharding stage, tensor-parallel, pipeline or context-parallel
+degree). This module only
 proposes and ranks them: the caller (`orchestration.planned`) re-resolves the parsed arguments with each one
 (`replan(change) -> Plan | None`, None when `config.resolve` refuses the layout), so every candidate is a
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
 
-Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP and ZeRO-3
-traffic over the link. Flash and math attention count the same FLOPs; among equally fast candidates the one
-running flash wins (it is the faster kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer,
-larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
+Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP, ZeRO-3
+and CP traffic over the link (context-parallel candidates from CONTEXT_MIN_SEQ tokens on). Flash and math
+attention count the same FLOPs; among equally fast candidates the one running flash wins (it is the faster
+kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer, larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
 """
 from __future__ import annotations
 
@@ -25,35 +26,43 @@ from pretrain_cli.planning.speed import LINK_GBPS, speed
 
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
 SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
+# shorter sequences' activations fit a device next to any layout's weights; below it CP only adds traffic
+CONTEXT_MIN_SEQ = 8192
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(current: dict, global_batch: int, gpus: int) -> list[dict]:
+def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0) -> list[dict]:
     """Every layout to try, as key changes against `current` (the file's values of the searched keys).
 
-    Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; for each, micro-batch ×
-    accumulation = global batch / data ranks, so a split that leaves a fraction is skipped. Sharding stages are
-    tried only when there are data ranks to shard over. Nothing here decides which layouts can run: what
-    `config.resolve` refuses (a degree that does not divide the heads, a pipeline with ZeRO-2/3, ...) is refused
-    when the caller re-resolves the candidate, by the same rule `train` applies.
+    Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; context-parallel degrees (the
+    divisors of `gpus`, alone) from `seq_len` >= CONTEXT_MIN_SEQ on. For each, micro-batch × accumulation = global
+    batch / data ranks, so a split that leaves a fraction is skipped. Sharding stages are tried only when there
+    are data ranks (or context-parallel ranks: ZeRO-1 shards over cp × sharding) to shard over. Nothing here
+    decides which layouts can run: what `config.resolve` refuses (a degree that does not divide the heads, a
+    pipeline with ZeRO-2/3, CP with TP, ...) is refused when the caller re-resolves the candidate, by the same
+    rule `train` applies.
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    splits = [(tp, pp) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
-    for tp, pp in splits:
-        data_ranks = gpus // (tp * pp)
+    splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
+    if seq_len >= CONTEXT_MIN_SEQ:
+        splits += [(1, 1, cp) for cp in _divisors(gpus) if cp > 1]
+    for tp, pp, cp in splits:
+        data_ranks = gpus // (tp * pp * cp)
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
+        stages = ["", "stage1"] if cp > 1 else stages  # ZeRO-1 over cp x sharding; resolve refuses 2/3 with CP
         for micro, gran, fa, stage in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash, stages):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
                     "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
-                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1)}
+                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
+                    "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1)}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -64,7 +73,7 @@ def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
     p = r.parallel
     return (r.micro_batch, r.gradient_accumulation_steps, r.recompute, r.attention, p.tp, p.sharding_stage,
-            p.sharding_degree, p.pp)
+            p.sharding_degree, p.pp, p.cp)
 
 
 def search(current: dict, base: Plan, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
@@ -77,7 +86,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, link_gbps: floa
     """
     seen: dict[tuple, dict] = {}
     tried = 0
-    for change in [{}] + candidates(current, base.global_batch, base.gpus):
+    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length):
         tried += 1
         r = base if not change else replan(change)
         if r is None:
@@ -137,7 +146,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
-    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding", "per_device_train_batch_size",
+    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "sharding",
+             "per_device_train_batch_size",
              "gradient_accumulation_steps",
              "recompute", "recompute_granularity", "use_flash_attention")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
@@ -157,7 +167,8 @@ def format_fit(f: dict) -> str:
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
-             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel or pipeline degree)"]
+             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline or "
+             f"context-parallel degree)"]
     before = f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])}), {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
@@ -182,7 +193,7 @@ def format_fit(f: dict) -> str:
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
                  f"(what a rank builds + the block being created; within the budget too)")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP traffic at "
+                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP/CP traffic at "
                  f"{f['link_gbps']:g} GB/s)")
     return "\n".join(lines)
 

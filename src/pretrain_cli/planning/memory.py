@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
+from pretrain_cli.ops.block_attention import ROW_TILE
 from pretrain_cli.ops.linear_loss import chunk_rows
 
 GIB = float(2**30)
@@ -49,6 +50,7 @@ class Setup:
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
+    cp: int = 1  # context parallelism (distributed.context): `seq_len` is then one rank's share, max_seq_length / cp
 
     @property
     def vocab_tp(self) -> int:
@@ -81,7 +83,9 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
-    if s.attention == "flash" and s.device == "gpu":
+    if s.cp > 1:  # distributed.context replaces the attention kernel: `context_core_per_token`
+        core, scores = context_core_per_token(s), 0.0
+    elif s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
         scores = 0.0
     elif s.attention == "flash":
@@ -307,8 +311,10 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         "activations": activations,
         "logits_loss": logits,
     }
-    if s.engine == "data_parallel":
+    if s.engine == "data_parallel" or (s.engine == "context_parallel" and not s.sharding_stage):
         out["gradient_buffers"] = n * grad_b
+    if s.cp > 1:
+        out["context_attention"] = context_working_bytes(s)
     if s.engine == "semi_auto" and s.sharding_stage == 3 and deg > 1:
         out["gathered_weights"] = _largest_weight(s) * weight_b
     if s.engine == "semi_auto" and s.vocab_parallel and s.device == "cpu":
@@ -320,6 +326,37 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     else:
         out["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(out.values())
     return out
+
+
+def context_core_per_token(s: Setup) -> float:
+    """Attention's bytes kept per local token per layer under context parallelism (`distributed.context`): the
+    head-major q and the output, fp32 log-sum-exp per head, and the cp group's gathered K and V, the whole
+    sequence's (`seq_len × cp` tokens) held by each of the `seq_len` local tokens' layer: 2·kv·cp per token.
+    No `[s, s]` scores are kept: each block's are recomputed in backward."""
+    cfg, c = s.model, s.compute_bytes
+    h, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return c * (2 * h + 2 * kv * s.cp) + 4 * cfg.num_attention_heads
+
+
+def context_working_bytes(s: Setup) -> float:
+    """The transient peak of one context-parallel attention call: one block's fp32 scores, probabilities and
+    their gradient `[b, heads, rows, chunk]` (chunk = max_seq_length / 2cp, rows = at most `ROW_TILE` of them),
+    and in backward the dK/dV of every chunk of the sequence summed over the cp group."""
+    cfg, c = s.model, s.compute_bytes
+    chunk = s.seq_len // 2
+    block = 3 * 4 * s.micro_batch * cfg.num_attention_heads * min(chunk, ROW_TILE) * chunk
+    return block + 2 * c * s.micro_batch * s.seq_len * s.cp * cfg.num_key_value_heads * cfg.head_dim
+
+
+def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute) -> float:
+    """Bytes one rank sends per micro-batch for context-parallel attention: per layer the K/V all-gather
+    ((cp−1)/cp of the sequence's K and V; again when `full`/`full_attn` recompute reruns the forward) and the
+    dK/dV all-reduce in backward (2(cp−1)/cp of them). `seq_len` is the whole sequence."""
+    if cp <= 1:
+        return 0.0
+    kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim * compute_bytes
+    gathers = 2 if recompute in ("full", "full_attn") else 1
+    return model.num_hidden_layers * (gathers + 2) * (cp - 1) / cp * kv
 
 
 def checkpoint_bytes(s: Setup) -> dict[str, float]:

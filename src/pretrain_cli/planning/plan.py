@@ -65,14 +65,15 @@ def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float =
     """The memory model's view of a resolved run on one device."""
     gpu, prec, p, k = device.is_gpu, run.precision, run.parallel, run.kernels
     return Setup(
-        model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length,
+        model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length // p.cp_degree,
         compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
-        master_grad=prec.master_grad, sharding_stage=p.sharding_stage, sharding_degree=p.sharding_degree,
+        master_grad=prec.master_grad, sharding_stage=p.sharding_stage,
+        sharding_degree=p.sharding_degree * (p.cp_degree if p.sharding_stage else 1),  # ZeRO-1 under CP: cp x sharding
         tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum)
+        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -146,7 +147,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                       paddlenlp_flops_per_token(cfg, s, setup.recompute)),
         precision=PlannedPrecision(run.precision.amp_dtype or "float32", setup.amp_level),
         parallel=PlannedLayout(par.world_size, par.dp_degree, par.sharding_stage, par.sharding_degree, par.tp_degree,
-                               par.data_world_size, par.pp_degree, bubble),
+                               par.data_world_size, par.pp_degree, bubble, par.cp_degree),
         micro_batch=lp.micro_batch, gradient_accumulation_steps=lp.grad_accum,
         max_seq_length=s, recompute=setup.recompute, attention=setup.attention,
         attention_mask_type=run.data.attention_mask_type,

@@ -60,6 +60,7 @@ class PlannedLayout:
     data_ranks: int
     pp: int
     pipeline_bubble: float
+    cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def format_report(r: Plan) -> str:
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r.attention_mask_type == "document" else ""))
     lines.append(f"precision {r.precision.amp_dtype} {r.precision.amp_level or ''}; world {par.world} "
-                 f"= {_data_ranks(par)} x tp {par.tp}"
+                 f"= {_data_ranks(par)} x tp {par.tp}" + (f" x cp {par.cp}" if par.cp > 1 else "")
                  + (f" x pp {par.pp} (the fullest stage below, bubble {par.pipeline_bubble:.1%})" if par.pp > 1
                     else "") + "; "
                  f"recompute {r.recompute or 'off'}; attention {r.attention}, {r.attention_mask_type} mask")

@@ -4,7 +4,7 @@ ZeRO-3 groups over one effective link. Each formula is written once here. No Pad
 """
 from __future__ import annotations
 
-from pretrain_cli.planning.memory import Setup
+from pretrain_cli.planning.memory import Setup, context_traffic_bytes
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.run_config import ParallelConfig
 
@@ -26,10 +26,12 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
             tensor-parallel rank: no sequence parallelism)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
+    cp    = acc × `memory.context_traffic_bytes` (per layer the K/V all-gather, again under full/full_attn recompute,
+            and the dK/dV all-reduce)
     Data-parallel gradient traffic is the same for every layout with the same data ranks and is left out."""
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
-    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0}
+    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0}
     if tp > 1:
         n = 4 + {"full": 2, "full_attn": 1}.get(setup.recompute, 0)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
@@ -38,6 +40,9 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
     if par.sharding_stage == 3 and deg > 1:
         weight_bytes = params_total / tp / pp * (2 if setup.amp_level == "O2" else 4)
         out["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
+    if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence
+        out["cp"] = acc * context_traffic_bytes(setup.model, setup.micro_batch, setup.seq_len * par.cp_degree,
+                                                par.cp_degree, setup.compute_bytes, setup.recompute)
     return out
 
 
@@ -46,7 +51,7 @@ def speed(r: Plan, link_gbps: float = LINK_GBPS) -> dict:
     pipeline's stages and bubble, plus the plan's TP, PP and ZeRO-3 traffic (`traffic`) over the link."""
     par, peak = r.parallel, r.device.peak_tflops
     flops = r.micro_batch * r.gradient_accumulation_steps * r.max_seq_length * r.flops_per_token.hardware
-    compute = flops / par.tp / par.pp / ((peak or NOMINAL_TFLOPS) * 1e12 * r.mfu) / (1 - par.pipeline_bubble)
+    compute = flops / par.tp / par.pp / par.cp / ((peak or NOMINAL_TFLOPS) * 1e12 * r.mfu) / (1 - par.pipeline_bubble)
     comm = sum(r.traffic_gb_per_step.values()) / link_gbps
     step = compute + comm
     known = peak is not None

@@ -5,7 +5,8 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 
 - `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`
   (`read_state`, also what the resume itself reads);
-- `config.json`: present and a JSON object (`args.json` too, when there is one);
+- `config.json`: present and a JSON object, as every other JSON file it holds (`args.json`, transformers'
+  `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
   (`model-0000k-of-0000n.safetensors`), or no `optimizer.safetensors` of a checkpoint from before the index;
 - every file the index lists: present, of the listed size and, with `checksums`, the listed crc32
@@ -23,7 +24,7 @@ import os
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, list_checkpoints
+from pretrain_cli.run_dir import OPTIMIZER_FILE, STATE_FILE, list_checkpoints
 from pretrain_cli.storage import checkpoint_index
 from pretrain_cli.storage.shard_files import File, checksum
 
@@ -67,11 +68,11 @@ def problem(ckpt, checksums: bool = True) -> str | None:
         read_state(ckpt)
     except UserError as e:
         return str(e).split("; ")[0]
-    for name, required in ((CONFIG_FILE, True), (ARGS_FILE, False)):
-        reason = _json_object(ckpt / name, required)
-        if reason is not None:
-            return reason
-    return damage(ckpt, checksums)
+    reason = _json_object(ckpt / CONFIG_FILE, True)
+    others = sorted(p for p in ckpt.glob("*.json") if p.name not in (STATE_FILE, CONFIG_FILE, checkpoint_index.INDEX))
+    for path in others:  # args.json, transformers' weight index, tokenizer files: each a JSON object
+        reason = reason or _json_object(path, True)
+    return reason or damage(ckpt, checksums)
 
 
 def damage(ckpt, checksums: bool = True, files=None) -> str | None:

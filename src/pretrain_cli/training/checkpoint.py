@@ -57,13 +57,6 @@ def clean_leftovers(output_dir) -> None:
             p.unlink(missing_ok=True)
 
 
-def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
-    """This rank's AdamW state keyed `<hf name>/<slot>`, HF layout, whole host copies (one process: all of it)."""
-    from pretrain_cli.distributed.pieces import host_copy, state_tensors
-
-    return {name: host_copy(t, tr) for name, kind, t, tr in state_tensors(model, optimizer) if kind == "optimizer"}
-
-
 class _WholeFiles:
     """Safetensors files holding whole tensors (a checkpoint from before the index: `optimizer.safetensors`,
     `model.safetensors` or transformers' shards), read block by block like the pieces of an indexed one."""
@@ -352,5 +345,5 @@ class Saver:
         unwrapped model, `optimizer` as wrapped for `strategy`."""
         from pretrain_cli.models.convert import load_weights
 
-        load_weights(model, self.cfg, str(path))
+        load_weights(model, str(path))
         load_optimizer(strategy, model, optimizer, path)

@@ -133,11 +133,13 @@ class MetricsWriter:
         self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, history)
         self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
 
-    def write(self, kind: str, step: int, values: dict) -> None:
+    def write(self, kind: str, step: int, values: dict, track: bool = True) -> None:
+        """One record into metrics.jsonl and (`track`) the trackers; per-rank records (`startup`) are not
+        tracked: a tracker's series has one value per step."""
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self._jsonl.write(json.dumps(record, default=float) + "\n")
         self._jsonl.flush()
-        for tracker in self._trackers:
+        for tracker in self._trackers if track else ():
             tracker.add(record)
 
     def plot(self) -> None:

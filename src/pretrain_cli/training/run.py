@@ -70,7 +70,8 @@ def _run(spec) -> int:
             model = build_model(r, model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     writer = open_output_dir(r, record, state)
-    startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
+    if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
+        startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
         writer=writer, throughput=build_throughput(r, model_cfg),
         saver=checkpoint.Saver(r.output.output_dir, model_cfg, comm, record, spec.tokenizer_dir,
@@ -208,7 +209,7 @@ def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     state = checkpoint.read_state(resume)
     eager = not any(pending(p) for p in model.parameters())
     if eager and run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
-        load_weights(model, model_cfg, str(resume))
+        load_weights(model, str(resume))
     return state
 
 

@@ -1,0 +1,365 @@
+"""Context parallelism (`context_parallel_degree: C`): every sequence split over C ranks, attention across them.
+
+**The split.** A sequence of S tokens is cut into 2C chunks of c = S / 2C; cp rank r holds chunks r and
+2C−1−r (the load-balanced causal split of Megatron and torchtitan): under a causal mask a late chunk attends
+to many keys and an early one to few, so pairing them gives every rank the same work. Every per-token
+field of the batch (ids, labels, `position_ids`, `doc_start`) is cut the same way (`shard_batch`).
+
+**Attention.** Each rank all-gathers the K and V of its cp group and runs its queries against every key
+chunk they may see, one (query chunk, key chunk) block at a time through `kernels.attention_block` (flash
+attention's per-block output and log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`),
+merging the blocks by their log-sum-exp (online softmax). Chunks after the query chunk are skipped; the
+diagonal block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in
+tiles of `ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]`. The backward
+recomputes each block from the final output and log-sum-exp and sums every rank's dK/dV of each chunk back
+to its owner with one all-reduce (gloo has no reduce-scatter: ARCHITECTURE.md facts: gloo). Gathering K/V
+instead of passing them around a ring of `send`/`recv` is Llama 3's all-gather variant of context
+parallelism: the same blocks and merge, one collective instead of C−1 exchanges; K/V are n_kv/n_heads of
+the activations, so holding the whole sequence's K/V of one layer is small next to the scores it avoids.
+
+**Positions.** RoPE uses each token's global position (`position_ids`, supplied when the batch has none),
+so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start` holds global positions.
+
+**Loss and gradients.** The loss is the token-count-weighted mean over the whole sequence: each rank's sum
+is divided by its cp group's total count. Weights are whole on every rank and data-parallel over the cp
+group too: `paddle.DataParallel` over every rank averages gradients over dp × cp, so each rank's loss is
+scaled by C. The model stays single-device: `place` swaps the kernels its attention layers call and its
+RoPE table; `wrap` puts `ContextModel` (positions in, whole-sequence loss out) inside `DataParallel`, or,
+with `sharding: stage1`, inside fleet's ZeRO-1 over the cp × sharding ranks (`ContextZero1`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
+from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
+
+
+def cp_group(parallel):
+    """(group, ranks) of this rank's context-parallel group: the topology's "cp" axis (`distributed.topology`:
+    the cp ranks of one data rank are neighbours). Every rank creates every group, in the same order, as
+    `new_group` requires, each followed by a barrier: with gloo, disjoint groups created at once fail to
+    connect (`topology.groups_one_at_a_time`)."""
+    import paddle.distributed as dist
+
+    from pretrain_cli.distributed.topology import Topology
+
+    mine = None
+    for ranks in Topology.of(parallel).groups("cp"):
+        group = dist.new_group(list(ranks))
+        dist.barrier()
+        if parallel.rank in ranks:
+            mine = (group, list(ranks))
+    return mine
+
+
+def chunks_of(cp: int, cp_rank: int) -> tuple[int, int]:
+    """The two of the 2·cp sequence chunks a cp rank holds (load-balanced causal split)."""
+    return cp_rank, 2 * cp - 1 - cp_rank
+
+
+def local_positions(seq_len: int, cp: int, cp_rank: int) -> np.ndarray:
+    """int64 `[seq_len / cp]`: the global positions of the tokens a cp rank holds, in its order."""
+    c = seq_len // (2 * cp)
+    return np.concatenate([np.arange(i * c, (i + 1) * c) for i in chunks_of(cp, cp_rank)]).astype(np.int64)
+
+
+def shard_sequence(tensor, cp: int, cp_rank: int):
+    """`[bsz, seq_len, ...]` → this cp rank's `[bsz, seq_len / cp, ...]`: its two chunks, concatenated."""
+    import paddle
+
+    c = tensor.shape[1] // (2 * cp)
+    return paddle.concat([tensor[:, i * c:(i + 1) * c] for i in chunks_of(cp, cp_rank)], axis=1)  # [bsz, 2c, ...]
+
+
+def _blocks(cp: int, cp_rank: int, c: int, doc_start):
+    """For each of this rank's two query chunks: the (rank, half, visible, causal, diagonal) key blocks it attends
+    to. `visible` None: every key; else a bool mask `[bsz|1, 1, 1, c, c]`; `causal`: it is the plain diagonal."""
+    import paddle
+
+    tri = paddle.tril(paddle.ones([c, c], dtype="bool")).reshape([1, 1, 1, c, c])  # [1, 1, 1, c, c]
+    plan = []
+    for slot, qc in enumerate(chunks_of(cp, cp_rank)):
+        doc = None
+        if doc_start is not None:
+            doc = doc_start[:, slot * c:(slot + 1) * c].reshape([-1, 1, 1, c, 1])  # [bsz, 1, 1, c, 1]
+        blocks = []
+        for j in range(cp):
+            for half, kc in enumerate(chunks_of(cp, j)):
+                if kc > qc:
+                    continue  # every key after every query: nothing visible
+                visible = tri if kc == qc else None
+                if doc is not None:
+                    kpos = paddle.arange(kc * c, (kc + 1) * c, dtype="int64").reshape([1, 1, 1, 1, c])
+                    in_doc = kpos >= doc  # [bsz, 1, 1, c, c]
+                    visible = in_doc if visible is None else paddle.logical_and(in_doc, visible)
+                blocks.append((j, half, visible, kc == qc and doc is None, kc == qc))
+        plan.append(blocks)
+    return plan
+
+
+def _tiles(blocks, c: int, tile: int):
+    """The query rows of one chunk in tiles of at most `tile` (`ROW_TILE`: one block's scores stay
+    `[b, heads, tile, c]`), each with its blocks as (rank, half, keys, visible, causal): on the diagonal a tile
+    [r0, r1) sees keys [0, r1) only, which is the causal mask aligned bottom-right (flash attention's when
+    q_len < k_len), so the diagonal stays a causal block."""
+    for r0 in range(0, c, tile):
+        r1 = min(c, r0 + tile)
+        tiled = []
+        for j, half, visible, causal, diagonal in blocks:
+            keys = r1 if diagonal else c
+            part = None if visible is None else visible[:, :, :, r0:r1, :keys]
+            tiled.append((j, half, keys, part, causal))
+        yield r0, r1, tiled
+
+
+def _gather(x, group, cp: int) -> list:
+    import paddle.distributed as dist
+
+    parts: list = []
+    dist.all_gather(parts, x.contiguous(), group=group)  # rope_cpu returns views; gloo sends whole buffers
+    return parts
+
+
+def _heads(x, n_kv: int):
+    """`[bsz, len, heads, d]` → `[bsz, n_kv, heads / n_kv, len, d]` (GQA by broadcasting)."""
+    bsz, length, heads, d = x.shape
+    return x.transpose([0, 2, 1, 3]).reshape([bsz, n_kv, heads // n_kv, length, d])  # [bsz, n_kv, rep, len, d]
+
+
+class _Ring:
+    """What one context-parallel attention call needs besides q, k, v: the group, this rank's place, the
+    block kernel, and (document masking) `doc_start`."""
+
+    def __init__(self, group, cp: int, cp_rank: int, block, doc_start=None, tile: int = ROW_TILE):
+        self.group, self.cp, self.cp_rank, self.block, self.doc_start = group, cp, cp_rank, block, doc_start
+        self.tile = tile
+
+
+def _attention_class():
+    import paddle
+
+    class RingAttention(paddle.autograd.PyLayer):
+        """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, ring):
+            with paddle.no_grad():
+                return RingAttention._forward(ctx, q, k, v, ring)
+
+        @staticmethod
+        def _forward(ctx, q, k, v, ring):
+            n_kv, c = k.shape[2], q.shape[1] // 2
+            ks = [_heads(t, n_kv) for t in _gather(k, ring.group, ring.cp)]  # cp x [bsz, n_kv, 1, 2c, d]
+            vs = [_heads(t, n_kv) for t in _gather(v, ring.group, ring.cp)]  # cp x [bsz, n_kv, 1, 2c, d]
+            qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
+            plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
+            outs, lses = [], []
+            for slot, blocks in enumerate(plan):
+                tile_outs, tile_lses = [], []
+                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+                    qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
+                    out = lse = None
+                    for j, half, keys, visible, causal in tiled:
+                        kb = ks[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        vb = vs[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
+                    tile_outs.append(out)
+                    tile_lses.append(lse)
+                outs.append(paddle.concat(tile_outs, axis=3))  # [bsz, n_kv, rep, c, d]
+                lses.append(paddle.concat(tile_lses, axis=3))  # [bsz, n_kv, rep, c, 1]
+            ctx.saved = (qh, ks, vs, outs, lses, plan, ring, q.shape)
+            out = paddle.concat(outs, axis=3)  # [bsz, n_kv, rep, 2c, d]
+            return out.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
+
+        @staticmethod
+        def backward(ctx, dout):
+            import paddle.distributed as dist
+
+            qh, ks, vs, outs, lses, plan, ring, q_shape = ctx.saved
+            n_kv, c = ks[0].shape[1], q_shape[1] // 2
+            doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
+            zero = paddle.zeros_like(ks[0][:, :, :, :c])  # [bsz, n_kv, 1, c, d]
+            dks = [[zero, zero] for _ in range(ring.cp)]
+            dvs = [[zero, zero] for _ in range(ring.cp)]
+            dqs = []
+            for slot, blocks in enumerate(plan):
+                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+                    rows = slice(slot * c + r0, slot * c + r1)
+                    qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
+                    out, lse = outs[slot][:, :, :, r0:r1], lses[slot][:, :, :, r0:r1]
+                    dq = None
+                    for j, half, keys, visible, _ in tiled:
+                        ksl = slice(half * c, half * c + keys)
+                        g_q, g_k, g_v = block_backward(qs, ks[j][:, :, :, ksl], vs[j][:, :, :, ksl], out, lse, dos,
+                                                       visible)
+                        if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
+                            g_k = paddle.concat([g_k, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
+                            g_v = paddle.concat([g_v, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
+                        dq = g_q if dq is None else dq + g_q
+                        dks[j][half] = dks[j][half] + g_k
+                        dvs[j][half] = dvs[j][half] + g_v
+                    dqs.append(dq)
+            both = paddle.stack([paddle.concat([g if g is not None else zero for g in pair], axis=3).squeeze(2)
+                                 for pair in dks + dvs])  # [2·cp, bsz, n_kv, 2c, d]: this rank's share of every chunk
+            dist.all_reduce(both, group=ring.group)  # summed over the cp group (gloo has no reduce-scatter)
+            bsz, _, n_heads, d = q_shape
+
+            def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
+                return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
+
+            dq = back(paddle.concat(dqs, axis=3), n_heads)
+            return dq, back(both[ring.cp_rank], n_kv), back(both[ring.cp + ring.cp_rank], n_kv)
+
+    return RingAttention
+
+
+_RING_CLASS: list = []
+
+
+def context_attention(group, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
+    """(causal, document-masked) attention functions over the cp group, for `kernels.attention` /
+    `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
+    if not _RING_CLASS:
+        _RING_CLASS.append(_attention_class())
+    ring_cls = _RING_CLASS[0]
+
+    def causal(q, k, v):
+        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, tile=tile))
+
+    def document(q, k, v, doc_start):
+        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, doc_start, tile))
+
+    return causal, document
+
+
+def _whole_sequence_rotary(inner, cp: int):
+    import paddle.nn as nn
+
+    class WholeSequenceRotary(nn.Layer):
+        """The model's RoPE table, C× as long while `ContextModel` runs it: a rank's tokens sit anywhere in
+        the sequence. Elsewhere (generation from the same object) the table it always had."""
+
+        def __init__(self):
+            super().__init__()
+            self.inner, self.active = inner, False
+
+        def forward(self, seq_len: int, offset: int = 0):
+            return self.inner(seq_len * cp if self.active else seq_len, offset)
+
+    return WholeSequenceRotary()
+
+
+def _context_model(model, strategy):
+    import paddle
+    import paddle.distributed as dist
+    import paddle.nn as nn
+
+    class ContextModel(nn.Layer):
+        """The model on this rank's chunks: global RoPE positions in; with labels, (sum of token losses × C,
+        the cp group's token count) out, so the step's mean is the whole sequence's, scaled for DataParallel."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self._positions: dict = {}
+
+        def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
+            bsz, length = input_ids.shape
+            if position_ids is None:
+                key = (bsz, length)
+                if key not in self._positions:
+                    pos = local_positions(length * strategy.cp, strategy.cp, strategy.cp_rank)  # [length]
+                    self._positions[key] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
+                position_ids = self._positions[key]
+            rotary = self.model.model.rotary_emb
+            rotary.active = True
+            try:
+                out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
+            finally:
+                rotary.active = False
+            if labels is None:
+                return out
+            total, count = out
+            count = count.detach().clone()
+            dist.all_reduce(count, group=strategy.group)
+            return total * strategy.cp, count
+
+    return ContextModel()
+
+
+class _Context:
+    """What context parallelism adds to a data-parallel strategy: the attention, the split, the loss."""
+
+    def _setup_context(self, parallel) -> None:
+        self.cp, self.cp_rank = parallel.cp_degree, self.topology.coord("cp")
+        self.group = None
+        self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
+                     f"attention over the gathered K/V){self.zero}")
+
+    def place(self, model, source=None):
+        """The data-parallel placement (whole parameters, created from `source` when built lazily), then the
+        attention and RoPE table swapped for the context-parallel ones."""
+        from pretrain_cli.models.layers import CoreAttention
+
+        model = super().place(model, source)
+        self.group, _ = cp_group(self.parallel)
+        for layer in model.sublayers():
+            if isinstance(layer, CoreAttention):
+                block = layer.kernels.attention_block_name
+                causal, document = context_attention(self.group, self.cp, self.cp_rank, layer.kernels.attention_block)
+                layer.kernels = replace(layer.kernels, attention=causal, attention_document=document,
+                                        attention_name=f"context({block} blocks)",
+                                        attention_document_name=f"context({block} blocks)")
+        model.model.rotary_emb = _whole_sequence_rotary(model.model.rotary_emb, self.cp)
+        return model
+
+    def wrap(self, model, optimizer):
+        return super().wrap(_context_model(model, self), optimizer)
+
+    def shard_batch(self, tensor):
+        return shard_sequence(tensor, self.cp, self.cp_rank)
+
+    def to_host(self, tensor):
+        """Each rank's loss is its share × C (see `ContextModel`): the sum over the cp group / C is the global."""
+        import paddle.distributed as dist
+
+        t = tensor.detach().clone()
+        dist.all_reduce(t, group=self.group)
+        return t / self.cp
+
+
+class ContextParallel(_Context, DataParallel):
+    """Context parallelism over `cp_degree` ranks per data rank; gradients averaged over every rank."""
+
+    zero = ""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        super().__init__(parallel, device, step_kernels)
+        self._setup_context(parallel)
+
+
+class ContextZero1(_Context, FleetZero1):
+    """Context parallelism with fleet's ZeRO-1 over the cp ranks and the sharding ranks together (cp × sharding:
+    the weights are whole on every cp rank, so their optimizer state can be split across them, as Megatron's
+    distributed optimizer does over its dp × cp group): fleet's sharding axis is the topology's sharding × cp
+    (`Topology.fleet_hybrid_configs`)."""
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
+        self.zero = f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
+        super().__init__(parallel, device, step_kernels)
+        self._setup_context(parallel)
+
+    def holders(self, tensor, kind: str) -> tuple:
+        """Optimizer state: the ranks at this rank's place in fleet's sharding axis (sharding × cp)."""
+        if kind != "optimizer":
+            return self.topology.replicas()
+        return self.topology.replicas("sharding", "cp")
+
+
+def context_strategy(parallel, device: str = "cpu", step_kernels=None):
+    """The strategy for `context_parallel_degree > 1`: with `sharding: stage1`, ZeRO-1 over cp × sharding."""
+    cls = ContextZero1 if parallel.sharding_stage == 1 else ContextParallel
+    return cls(parallel, device, step_kernels)

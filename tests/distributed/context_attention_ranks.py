@@ -1,0 +1,47 @@
+"""Run by test_context.py under the launcher (2 processes): context-parallel attention on each rank's chunks
+against `attention_math` on the whole sequence, forward and backward (dQ, dK, dV), causal and document-masked,
+GQA, with one query tile per chunk and with tiles of 5 rows (diagonal tiles aligned bottom-right). Prints one
+JSON line per case: the largest differences."""
+import json
+
+import numpy as np
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+import paddle.distributed as dist  # noqa: E402
+
+from pretrain_cli.distributed.context import context_attention, cp_group, shard_sequence  # noqa: E402
+from pretrain_cli.ops.attention import attention_math  # noqa: E402
+from pretrain_cli.ops.block_attention import block_forward  # noqa: E402
+from pretrain_cli.run_config import ParallelConfig  # noqa: E402
+
+dist.init_parallel_env()
+rank, world = dist.get_rank(), dist.get_world_size()
+group, _ = cp_group(ParallelConfig(world_size=world, rank=rank, cp_degree=world))
+rng = np.random.default_rng(0)
+b, S, nh, nkv, d = 2, 32, 4, 2, 8
+q, do = (rng.standard_normal((b, S, nh, d)).astype("float32") for _ in range(2))
+k, v = (rng.standard_normal((b, S, nkv, d)).astype("float32") for _ in range(2))
+doc_start = np.zeros((b, S), np.int64)
+for row, starts in enumerate([[0, 5, 17, 30], [0, 11, 12]]):  # documents crossing chunk boundaries
+    for s0 in starts:
+        doc_start[row, s0:] = s0
+
+
+def mine(t):
+    return shard_sequence(paddle.to_tensor(t) if isinstance(t, np.ndarray) else t, world, rank).numpy()
+
+
+for tile in (1024, 5):
+    causal, document = context_attention(group, world, rank, block_forward, tile)
+    for masked in (False, True):
+        whole = [paddle.to_tensor(a, stop_gradient=False) for a in (q, k, v)]
+        ref = attention_math(*whole, paddle.to_tensor(doc_start) if masked else None)
+        (ref * paddle.to_tensor(do)).sum().backward()
+        local = [paddle.to_tensor(mine(a), stop_gradient=False) for a in (q, k, v)]
+        out = document(*local, paddle.to_tensor(mine(doc_start))) if masked else causal(*local)
+        (out * paddle.to_tensor(mine(do))).sum().backward()
+        diffs = [float(np.abs(out.numpy() - mine(ref)).max())]
+        diffs += [float(np.abs(lo.grad.numpy() - mine(wh.grad)).max()) for lo, wh in zip(local, whole)]
+        print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs}), flush=True)

@@ -1,0 +1,227 @@
+"""Context parallelism in one process: the per-block attention with its log-sum-exp (ops/block_attention.py), the
+load-balanced split (distributed/context.py), the keys (config/context.py) and what `plan` models for it.
+The multi-process attention and training: tests/distributed/test_context.py."""
+import json
+
+import numpy as np
+import pytest
+
+from pretrain_cli.commands.plan import fit, plan
+from pretrain_cli.distributed.context import chunks_of, local_positions
+from pretrain_cli.errors import UserError
+
+LLAMA_128K = {"model_name_or_path": "llama-3.1-8b", "input_dir": "./data", "output_dir": "./out",
+              "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "max_seq_length": 131072,
+              "bf16": True, "fp16_opt_level": "O2", "use_flash_attention": True, "max_steps": 1000, "do_train": True}
+
+
+def _qkv(seed=0, b=2, s=12, nh=4, nkv=2, d=8):
+    from pretrain_cli import runtime
+
+    paddle = runtime.import_paddle()
+    rng = np.random.default_rng(seed)
+    q = paddle.to_tensor(rng.standard_normal((b, s, nh, d)).astype("float32"), stop_gradient=False)
+    k = paddle.to_tensor(rng.standard_normal((b, s, nkv, d)).astype("float32"), stop_gradient=False)
+    v = paddle.to_tensor(rng.standard_normal((b, s, nkv, d)).astype("float32"), stop_gradient=False)
+    return paddle, q, k, v
+
+
+def _heads(x, n_kv):
+    b, s, h, d = x.shape
+    return x.transpose([0, 2, 1, 3]).reshape([b, n_kv, h // n_kv, s, d])
+
+
+def test_blocks_merged_by_log_sum_exp_equal_attention_over_all_keys_and_the_backward_is_autograds():
+    from pretrain_cli.ops.attention import attention_math
+    from pretrain_cli.ops.block_attention import block_backward, block_forward, merge
+
+    paddle, q, k, v = _qkv()
+    ref = attention_math(q, k, v)  # [2, 12, 4, 8], causal
+    dout = paddle.to_tensor(np.random.default_rng(1).standard_normal(ref.shape).astype("float32"))
+    (ref * dout).sum().backward()
+    qh, kh, vh = _heads(q, 2), _heads(k, 2), _heads(v, 2)
+    # queries 6..11 against keys 0..5 (all visible) and keys 6..11 (the causal diagonal), merged
+    tri = paddle.tril(paddle.ones([6, 6], dtype="bool")).reshape([1, 1, 1, 6, 6])
+    qs = qh[:, :, :, 6:]
+    parts = [(kh[:, :, :, :6], vh[:, :, :, :6], None), (kh[:, :, :, 6:], vh[:, :, :, 6:], tri)]
+    out = lse = None
+    for kb, vb, vis in parts:
+        out, lse = merge(out, lse, *block_forward(qs, kb, vb, vis, vis is not None))
+    want = _heads(ref, 2)[:, :, :, 6:]
+    assert float((out - want).abs().max()) < 1e-6
+    # the backward of each block from the merged output and lse: dQ is autograd's; dK/dV are each block's share
+    dq = 0
+    doh = _heads(dout, 2)[:, :, :, 6:]
+    for kb, vb, vis in parts:
+        g_q, _, _ = block_backward(qs, kb, vb, out, lse, doh, vis)
+        dq = dq + g_q
+    assert float((dq - _heads(q.grad, 2)[:, :, :, 6:]).abs().max()) < 1e-5
+
+
+def test_a_row_that_sees_no_key_of_a_block_weighs_nothing_in_the_merge():
+    from pretrain_cli.ops.block_attention import block_forward, merge
+
+    paddle, q, k, v = _qkv()
+    qh, kh, vh = _heads(q, 2), _heads(k, 2), _heads(v, 2)
+    hidden = paddle.zeros([1, 1, 1, 12, 12], dtype="bool")  # another document: nothing visible
+    out_h, lse_h = block_forward(qh, kh, vh, hidden)
+    assert bool(paddle.isinf(lse_h).all()) and float(out_h.abs().max()) == 0.0
+    out_a, lse_a = block_forward(qh, kh, vh)
+    out, lse = merge(out_h, lse_h, out_a, lse_a)
+    assert float((out - out_a).abs().max()) == 0.0 and not bool(paddle.isnan(out).any())
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_load_balanced_split_covers_the_sequence_once_with_equal_causal_work(cp):
+    seq = 64
+    held = [local_positions(seq, cp, r) for r in range(cp)]
+    assert sorted(np.concatenate(held).tolist()) == list(range(seq))
+    assert [chunks_of(cp, r) for r in range(cp)] == [(r, 2 * cp - 1 - r) for r in range(cp)]
+    work = [int((pos + 1).sum()) for pos in held]  # keys each rank's queries see under the causal mask
+    assert len(set(work)) == 1, work
+
+
+def _resolve(world, **keys):
+    from run_helpers import resolve_run
+
+    return resolve_run(*[tok for k, v in keys.items() for tok in (f"--{k}", str(v))], world=world)
+
+
+def test_context_parallel_degree_resolves_with_data_parallelism_and_zero1():
+    run = _resolve(4, context_parallel_degree=2, max_seq_length=128)
+    p = run.parallel
+    assert (p.cp_degree, p.dp_degree, p.data_world_size, p.engine) == (2, 2, 2, "context_parallel")
+    z = _resolve(2, context_parallel_degree=2, sharding="stage1", max_seq_length=128).parallel
+    assert (z.sharding_stage, z.sharding_degree, z.data_world_size) == (1, 1, 1)  # ZeRO-1 over the 2 cp ranks
+
+
+@pytest.mark.parametrize("keys,message", [
+    (dict(context_parallel_degree=2, tensor_parallel_degree=2), "with tensor or pipeline parallelism"),
+    (dict(context_parallel_degree=2, sharding="stage2"), "with ZeRO-2/3 is not supported"),
+    (dict(context_parallel_degree=3), "does not divide the world size 4"),
+    (dict(context_parallel_degree=4, max_seq_length=100), "divisible by 2 x 4"),
+    (dict(sep_parallel_degree=2), "use context_parallel_degree: 2"),
+])
+def test_layouts_context_parallelism_does_not_run_are_refused_in_one_line(keys, message):
+    with pytest.raises(UserError) as e:
+        _resolve(4, **{"max_seq_length": 128, **keys})
+    assert message in str(e.value) and "Traceback" not in str(e.value)
+
+
+def test_plan_models_each_rank_holding_a_share_of_the_sequence(tmp_path):
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps(dict(LLAMA_128K, sharding="stage1", recompute=True)))
+    one = plan(str(path), ["--max_seq_length", "16384"], device="H100", gpus=1, suggest_changes=False)
+    cp8 = plan(str(path), ["--context_parallel_degree", "8"], device="H100", gpus=8, suggest_changes=False)
+    assert cp8["parallel"]["cp"] == 8 and one["parallel"]["cp"] == 1
+    # the same 16k tokens per device: activations alike but for the gathered K/V of the whole 128k sequence
+    a1, a8 = one["memory_breakdown_gib"]["activations"], cp8["memory_breakdown_gib"]["activations"]
+    assert a1 < a8 < 1.5 * a1
+    assert cp8["memory_breakdown_gib"]["context_attention"] > 0 and "context_attention" not in one["memory_breakdown_gib"]
+    # ZeRO-1 shards the optimizer state over the 8 cp ranks
+    assert cp8["memory_breakdown_gib"]["optimizer_state"] == pytest.approx(8.03e9 * 8 / 8 / 2**30, rel=0.01)
+
+
+def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_where_nothing_else_fits(tmp_path):
+    from pretrain_cli.planning import fit as fit_search
+
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps(LLAMA_128K))
+    f = fit(str(path), [], device="H100", gpus=8)
+    assert f["after"] is not None and f["change"]["context_parallel_degree"] == 8, f["diff"]
+    assert f["after"]["memory_gib"] <= f["budget_gib"]
+    again = plan(str(path), [tok for k, val in f["change"].items() for tok in (f"--{k}", json.dumps(val)
+                 if isinstance(val, bool) else str(val))], device="H100", gpus=8, suggest_changes=False)
+    assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["parallel"]["cp"] == 8
+    # without context parallelism no candidate fits
+    from pretrain_cli.orchestration import planned
+    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+
+    args = load_arguments(str(path), [])
+    cfg = build_model_config(args)[1]
+    base = planned.plan(args, cfg, "H100", 8, suggest_changes=False)
+    current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "recompute": False,
+               "recompute_granularity": "full", "use_flash_attention": True, "sharding": "",
+               "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "context_parallel_degree": 1}
+
+    def replan(change):
+        if change.get("context_parallel_degree", 1) > 1:
+            return None
+        try:
+            return planned.plan(planned.with_changes(args, change), cfg, "H100", 8, suggest_changes=False)
+        except UserError:  # a layout resolve refuses (as `fit`'s own replanner drops it)
+            return None
+
+    found = fit_search.search(current, base, replan, f["budget_gib"])
+    assert found["best"] is None and found["smallest"]["report"].memory_gib > f["budget_gib"]
+
+
+def test_short_sequences_are_not_offered_context_parallelism():
+    from pretrain_cli.planning.fit import CONTEXT_MIN_SEQ, candidates
+
+    current = {"use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
+               "pipeline_parallel_degree": 1, "context_parallel_degree": 1}
+    assert not any("context_parallel_degree" in c for c in candidates(current, 8, 8, 4096))
+    assert any(c.get("context_parallel_degree") == 8 for c in candidates(current, 8, 8, CONTEXT_MIN_SEQ))
+
+
+def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
+    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.run_config import ParallelConfig
+
+    ranks = [Topology.of(ParallelConfig(world_size=8, rank=r, dp_degree=2, sharding_degree=2, sharding_stage=1,
+                                        cp_degree=2)) for r in range(8)]
+    assert ranks[5].group("cp") == (4, 5) and ranks[0].groups("cp") == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [t.data_rank for t in ranks] == [0, 0, 1, 1, 2, 2, 3, 3] and ranks[0].data_world_size == 4
+    # fleet's ZeRO-1 axis spans sharding x cp: 4 consecutive ranks inside each of the 2 data-parallel replicas
+    assert ranks[0].fleet_hybrid_configs()["sharding_degree"] == 4
+    assert ranks[5].replicas("sharding", "cp") == (1, 5)  # the owners of the same optimizer-state shard
+
+
+def _ref_flash_attn(query, key, value, fixed_seed_offset, attn_mask, dropout, causal, return_softmax, is_test,
+                    rng_name):
+    """`paddle._C_ops.flash_attn` as Paddle documents it, for the CPU: q `[b, sq, heads, d]`, k/v `[b, sk, kv_heads,
+    d]` fp16/bf16 → (out like q, softmax or None, softmax_lse fp32 `[b, heads, sq rounded up to 128]`, seed_offset);
+    `causal` masks bottom-right (query i sees keys ≤ i + sk − sq), GQA by repeating K/V heads."""
+    import paddle
+
+    assert query.dtype in (paddle.float16, paddle.bfloat16) and attn_mask is None and dropout == 0.0
+    q, k, v = (t.astype("float32").transpose([0, 2, 1, 3]) for t in (query, key, value))  # [b, heads, s, d]
+    rep = q.shape[1] // k.shape[1]
+    k, v = paddle.repeat_interleave(k, rep, axis=1), paddle.repeat_interleave(v, rep, axis=1)
+    s = paddle.matmul(q, k, transpose_y=True) / float(q.shape[-1]) ** 0.5  # [b, heads, sq, sk]
+    sq, sk = s.shape[2], s.shape[3]
+    if causal:
+        s = s + paddle.triu(paddle.full([sq, sk], float("-inf")), 1 + sk - sq)
+    lse = paddle.logsumexp(s, axis=-1)  # [b, heads, sq]
+    out = paddle.matmul(paddle.nn.functional.softmax(s, axis=-1), v).transpose([0, 2, 1, 3]).astype(query.dtype)
+    pad = -sq % 128
+    lse = paddle.concat([lse, paddle.zeros([lse.shape[0], lse.shape[1], pad])], axis=-1) if pad else lse
+    return out, None, lse, None
+
+
+def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeypatch):
+    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's documented op in its
+    place: full and causal blocks, a causal row tile (q_len < k_len, bottom-right), bf16 in, fp32 lse out."""
+    import paddle
+
+    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops.block_attention import block_forward
+
+    calls = []
+    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[6]) or _ref_flash_attn(*a),
+                        raising=False)
+    _, q, k, v = _qkv(s=12)
+    qh, kh, vh = (_heads(t, 2).astype("bfloat16") for t in (q, k, v))  # [2, 2, 2|1, 12, 8]
+    tri = paddle.tril(paddle.ones([12, 12], dtype="bool")).reshape([1, 1, 1, 12, 12])
+    # (query rows, keys, visible, causal): the whole block, the causal diagonal, rows 4..8 of it against keys 0..8
+    for (r0, r1), keys, visible, causal in (((0, 12), 12, None, False), ((0, 12), 12, tri, True),
+                                            ((4, 9), 9, tri[:, :, :, 4:9, :9], True)):
+        qs = qh[:, :, :, r0:r1]
+        got_out, got_lse = kernels.block_forward_flash(qs, kh[:, :, :, :keys], vh[:, :, :, :keys], visible, causal)
+        want_out, want_lse = block_forward(qs.astype("float32"), kh[:, :, :, :keys].astype("float32"),
+                                           vh[:, :, :, :keys].astype("float32"), visible, causal)
+        assert got_out.dtype == paddle.bfloat16 and got_lse.dtype == paddle.float32 and got_lse.shape == want_lse.shape
+        assert float((got_out.astype("float32") - want_out).abs().max()) < 3e-2
+        assert float((got_lse - want_lse).abs().max()) < 3e-2
+    assert calls == [False, True, True]  # flash attention ran each block (causal where it is the diagonal)
