@@ -239,18 +239,21 @@ class Pipeline(FleetHybrid):
         slice, `tensor_parallel`); the optimizer is then built over this stage's parameters. A lazily built model
         gets only this stage's parameters created (from `source`; a tied embedding also on the last stage, whose
         copy fleet then broadcasts from the first): the other stages' never have storage. An eagerly built one
-        has the others' storage freed. Under tp the stage's tensors are created whole, then cut."""
+        has the others' storage freed. Under tp a stage's tensor-parallel weights are created as this rank's
+        slices only (`tensor_parallel.split_layers`), never whole."""
         from pretrain_cli.distributed.materialize import fill
+        from pretrain_cli.distributed.tensor_parallel import cut_by_tp
 
         self.lm = model
+        tp = self.parallel.tp_degree > 1
         if source is not None:
             pp, stage = self.parallel.pp_degree, self.topology.stage
             bounds = stage_bounds(len(model.model.layers), pp * self.parallel.virtual_pp_degree)  # one part per chunk
             tied = model.lm_head is None and stage == pp - 1
-            fill(model, source, lambda name: stage_of(name, bounds, pp) == stage
+            fill(model, source, lambda name: (stage_of(name, bounds, pp) == stage and not (tp and cut_by_tp(name)))
                  or (tied and name == "model.embed_tokens.weight"))
-        if self.parallel.tp_degree > 1:
-            self._split_tensor_parallel(model)
+        if tp:
+            self._split_tensor_parallel(model, source)
         layer, self.loss, self.bounds = build_pipeline_layer(model, self.parallel)
         held = {id(p) for p in layer.parameters()}
         for p in model.parameters():  # names and shapes stay (checkpoint pieces are by name)
@@ -258,13 +261,13 @@ class Pipeline(FleetHybrid):
                 p._clear_data()
         return layer
 
-    def _split_tensor_parallel(self, model) -> None:
+    def _split_tensor_parallel(self, model, source=None) -> None:
         from paddle.distributed import fleet
 
         from pretrain_cli.distributed.tensor_parallel import split_layers
 
         group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
-        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group)
+        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group, source)
         self.tp_dims = {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims}  # HF names
 
     def wrap(self, model, optimizer):

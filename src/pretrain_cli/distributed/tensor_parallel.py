@@ -56,11 +56,23 @@ def _functions():
     return CopyToTP, ReduceFromTP
 
 
-def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
-    """Slice every decoder layer in `layers` that has storage to tp rank `tp_rank` of `tp` and hook in the two
-    functions over `group` (another pipeline stage's layers, never created on this rank, are left as they are).
+def cut_by_tp(name: str) -> bool:
+    """Whether HF tensor `name` is one `split_layers` cuts (a lazily built stage creates these as slices only)."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] in COLUMN + ROW and (parts[-1] == "weight"
+                                                             or (parts[-1] == "bias" and parts[-2] in COLUMN))
+
+
+def split_layers(layers, tp: int, tp_rank: int, group, source=None) -> dict:
+    """Slice every decoder layer of this pipeline stage in `layers` (the model's whole list: the index is the HF
+    name's) to tp rank `tp_rank` of `tp` and hook in the two functions over `group`. A stage's layer is one whose
+    norms exist (another stage's layers, never created on this rank, are left as they are). A parameter that has
+    storage is cut; one still without (a lazily built model: `cut_by_tp`) is created as its slice only, from
+    `source` (`distributed.materialize`), so no rank ever holds a whole tensor-parallel weight.
     Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
     import paddle
+
+    from pretrain_cli.distributed.pieces import Box
 
     copy_to_tp, reduce_from_tp = _functions()
     split: dict = {}
@@ -73,7 +85,7 @@ def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
             return reduce_from_tp.apply(out, group)
         return reduce_from_tp.apply(out - layer.bias, group) + layer.bias  # the bias once, after the sum
 
-    def keep_slice(parent, name: str, dim: int):
+    def keep_slice(parent, name: str, dim: int, prefix: str):
         linear = getattr(parent, name)
         for key in ("weight", "bias"):
             p = getattr(linear, key)
@@ -85,21 +97,27 @@ def split_layers(layers, tp: int, tp_rank: int, group) -> dict:
             start[d] = tp_rank * size
             end = list(p.shape)
             end[d] = start[d] + size
-            piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
-            new = paddle.create_parameter(piece.shape, str(p.dtype).split(".")[-1],
+            if p._is_initialized():
+                piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
+            else:  # created as the block only: [start, end) of the HF-named tensor, in Paddle's layout
+                box = Box(tuple(int(n) for n in p.shape), tuple(start), tuple(e - s for s, e in zip(start, end)))
+                piece = paddle.to_tensor(source(f"{prefix}.{name}.{key}", box))
+                dtype = source.dtype or p.dtype  # (O2's cast dtype, as `materialize.fill_placed`)
+                piece = piece.astype(dtype) if piece.dtype != dtype else piece
+            new = paddle.create_parameter(piece.shape, str(piece.dtype).split(".")[-1],
                                           default_initializer=paddle.nn.initializer.Assign(piece))
             new.is_distributed = True
             setattr(linear, key, new)
             split[id(new)] = d
 
-    for layer in layers:
-        if not layer.self_attn.q_proj.weight._is_initialized():  # not this stage's: nothing to cut, never run here
+    for i, layer in enumerate(layers):
+        if not layer.input_layernorm.weight._is_initialized():  # not this stage's: nothing to cut, never run here
             continue
-        for block, names in ((layer.self_attn, COLUMN[:3]), (layer.mlp, COLUMN[3:])):
+        for block, kind, names in ((layer.self_attn, "self_attn", COLUMN[:3]), (layer.mlp, "mlp", COLUMN[3:])):
             for name in names:
-                keep_slice(block, name, 1)
+                keep_slice(block, name, 1, f"model.layers.{i}.{kind}")
             block.register_forward_pre_hook(enter)
-        for block, name in ((layer.self_attn, ROW[0]), (layer.mlp, ROW[1])):
-            keep_slice(block, name, 0)
+        for block, kind, name in ((layer.self_attn, "self_attn", ROW[0]), (layer.mlp, "mlp", ROW[1])):
+            keep_slice(block, name, 0, f"model.layers.{i}.{kind}")
             getattr(block, name).register_forward_post_hook(leave)
     return split
