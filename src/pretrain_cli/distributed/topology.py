@@ -155,8 +155,10 @@ class Topology:
         hcg = fleet.get_hybrid_communicate_group()
         for axis, get in (("pp", hcg.get_pipe_parallel_group), ("dp", hcg.get_data_parallel_group),
                           ("sharding", hcg.get_sharding_parallel_group), ("mp", hcg.get_model_parallel_group)):
-            if tuple(get().ranks) != self.group(axis):  # fleet and this topology must name the same ranks (a bug)
-                raise ValueError(f"fleet's {axis} group {get().ranks} is not the topology's {self.group(axis)}")
+            # fleet's sharding axis spans sharding × cp (`fleet_hybrid_configs`): the ranks sharing every other axis
+            want = self.replicas("pp", "dp", "mp") if axis == "sharding" else self.group(axis)
+            if tuple(get().ranks) != want:  # fleet and this topology must name the same ranks (a bug)
+                raise ValueError(f"fleet's {axis} group {get().ranks} is not the topology's {want}")
 
     def mesh(self):
         """The semi-auto engine's 2-D mesh ["dp", "mp"]: the data ranks (dp × sharding) by the tp ranks."""

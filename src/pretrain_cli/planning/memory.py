@@ -220,25 +220,26 @@ def startup_parts(s: Setup) -> dict[str, float]:
       GPU in the compute dtype: they are created after the O2 cast); master weights and AdamW moments come later;
     - `transient`: while a parameter is created, its block as a host array in fp32: one whole tensor where the
       parameter is whole (copied straight into it), 2 × the block where a block is placed (TP, ZeRO-3: the host
-      array and a Paddle tensor); under tensor parallelism inside pipeline stages the stage's tensors are created
-      whole and then cut, so the transient is the stage's whole weights. Reading weights from disk (resume,
+      array and a Paddle tensor); under tensor parallelism inside pipeline stages the layers' tensor-parallel
+      weights are created as slices (2 × the largest slice) and the embedding and LM head, whole on every tp rank
+      of their stage, as one tensor each. Reading weights from disk (resume,
       `continue_training`) reads one block at a time, which is no larger;
     - `framework`: as in steady state (CUDA context and fragmentation on GPU, the measured baseline on CPU).
     """
-    import dataclasses
 
     out = []
     deg = max(s.sharding_degree, 1) if s.sharding_stage >= 3 else 1
     o2_shards = deg > 1 and s.amp_level == "O2" and s.device == "gpu"
     for stage in range(s.pp):
         n = stage_params(s, stage) if s.pp > 1 else _device_params(s)
-        if s.pp > 1 and s.tp > 1:  # created whole per stage, then cut to the tp slice
-            transient = 4 * stage_params(dataclasses.replace(s, tp=1, vocab_parallel=False), stage)
+        cfg = s.model
+        ends = stage in (0, s.pp - 1)  # the stages holding the embedding or the LM head
+        layer = max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size * cfg.num_attention_heads
+                    * cfg.head_dim) / s.tp
+        if s.pp > 1 and s.tp > 1:  # the layers' tp slices, placed (twice); the embedding and head whole (once)
+            transient = max(4 * cfg.vocab_size * cfg.hidden_size if ends else 0, 2 * 4 * layer)
         elif s.tp > 1 or deg > 1:  # placed blocks: the largest block, twice
-            cfg = s.model
-            vocab = cfg.vocab_size * cfg.hidden_size / s.vocab_tp if stage in (0, s.pp - 1) else 0
-            layer = max(cfg.hidden_size * cfg.intermediate_size, cfg.hidden_size * cfg.num_attention_heads
-                        * cfg.head_dim) / s.tp
+            vocab = cfg.vocab_size * cfg.hidden_size / s.vocab_tp if ends else 0
             transient = 2 * 4 * max(vocab, layer) / deg
         else:  # whole parameters: one tensor
             transient = 4 * largest_tensor(s, stage)
