@@ -167,6 +167,7 @@ from pretrain_cli.orchestration.prepare import build_model_config, launcher_targ
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.distributed.comm import build_comm
 from pretrain_cli.distributed.setup import init_process_group
+from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.training.run import assemble, build_model
 args = parse_config(sys.argv[1], [])
 _, cfg = build_model_config(args)
@@ -176,7 +177,7 @@ base = core.host_memory_stat_current_value("Allocated", 0)
 init_process_group(run.parallel)
 trainer = assemble(run, build_model(run, cfg), build_comm(run.parallel))
 trainer.model.train()
-rng = np.random.default_rng(run.parallel.data_rank)
+rng = np.random.default_rng(Topology.of(run.parallel).data_rank)
 def batches():
     while True:
         t = rng.integers(0, cfg.vocab_size, (run.loop.micro_batch, run.data.max_seq_length + 1))
