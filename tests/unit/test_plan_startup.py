@@ -71,8 +71,10 @@ def test_start_up_divides_by_what_each_rank_holds():
         assert got["weights"] == pytest.approx(expect)
     tp8 = startup_parts(Setup(**{**base.__dict__, "tp": 8, "vocab_parallel": True}))
     assert tp8["weights"] == pytest.approx(whole / 8) and tp8["transient"] == 2 * 4 * V * H / 8  # a placed block, twice
-    tp_pp = startup_parts(Setup(**{**base.__dict__, "tp": 8, "pp": 4}))  # stages created whole, then cut
-    assert tp_pp["transient"] == pytest.approx(4 * (20 * LAYER + H + V * H))
+    # TP inside stages: each layer's tp weight created as its slice (twice the largest), the LM head whole (once)
+    tp_pp = startup_parts(Setup(**{**base.__dict__, "tp": 8, "pp": 4}))
+    assert tp_pp["transient"] == pytest.approx(max(4 * V * H, 2 * 4 * H * I / 8))
+    assert tp_pp["transient"] < 4 * 20 * LAYER / 4  # far below a stage's whole weights
     from pretrain_cli.planning.memory import largest_tensor
     assert largest_tensor(Setup(**{**base.__dict__, "pp": 4}), 1) == H * I  # no embedding on a middle stage
     cpu = startup_parts(Setup(**{**base.__dict__, "device": "cpu", "baseline_bytes": 123.0}))
