@@ -2,7 +2,7 @@
 
 Why: document masking should cost nothing on CPU, and on short documents save time, because the
 block-causal kernel skips every key block before a document's start (forward and backward). This times
-OUR real training step (`training.run.assemble` → `Trainer.train_step`: model, loss, AdamW, clipping)
+OUR real training step (`Trainer(training.run.lay_out(...))` → `Trainer.train_step`: model, loss, AdamW, clipping)
 on real packed samples (`data.samples.PackedDataset` over a token file whose document lengths are drawn
 from an exponential distribution), alternating causal and document steps in one process so both see the
 same machine load. It also times the attention kernel alone (forward + backward) and reports how much of
@@ -96,7 +96,8 @@ def run(a) -> dict:
     from pretrain_cli.data.samples import PackedDataset
     from pretrain_cli.distributed.comm import NoComm
     from pretrain_cli.models import ModelConfig
-    from pretrain_cli.training.run import assemble, build_model
+    from pretrain_cli.training.run import build_model, lay_out
+    from pretrain_cli.training.trainer import Trainer
 
     cfg = dict(MODEL, max_position_embeddings=max(MODEL["max_position_embeddings"], a.seq))
     mcfg = ModelConfig.from_dict(cfg)
@@ -110,7 +111,7 @@ def run(a) -> dict:
             "--max_steps", "1000", "--per_device_train_batch_size", str(a.batch), "--max_seq_length", str(a.seq),
             "--use_flash_attention", str(a.attention == "flash").lower(), "--learning_rate", "1e-4"]
     run_cfg = resolve(parse_config(None, args), mcfg, Target("cpu"))
-    trainer = assemble(run_cfg, build_model(run_cfg, mcfg), NoComm())
+    trainer = Trainer(lay_out(run_cfg, build_model(run_cfg, mcfg), NoComm()), None, run_cfg, NoComm())
     trainer.model.train()
     causal_only = [{k: b[k] for k in ("input_ids", "labels")} for b in batches]
     times = {"causal": [], "document": []}

@@ -12,7 +12,7 @@ read. A fresh process per config keeps the peaks isolated. RSS is printed for re
 it adds the ~300 MB import and allocator caching that the planner does not model.
 
 Parallel layouts (`--layouts`): the same model trained by the product's own build order
-(`training.run.assemble` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
+(`Trainer` over `training.run.lay_out` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
 parallel, fleet's ZeRO-1, ZeRO-2/3 and tensor parallelism on 2 processes; the largest rank's
 allocator peak over the second step against `plan --device cpu --gpus 2`.
 
@@ -168,14 +168,16 @@ from pretrain_cli.config.resolve import resolve
 from pretrain_cli.distributed.comm import build_comm
 from pretrain_cli.distributed.setup import init_process_group
 from pretrain_cli.distributed.topology import Topology
-from pretrain_cli.training.run import assemble, build_model
+from pretrain_cli.training.run import build_model, lay_out
+from pretrain_cli.training.trainer import Trainer
 args = parse_config(sys.argv[1], [])
 _, cfg = build_model_config(args)
 run = resolve(args, cfg, launcher_target())
 core = paddle.base.core
 base = core.host_memory_stat_current_value("Allocated", 0)
 init_process_group(run.parallel)
-trainer = assemble(run, build_model(run, cfg), build_comm(run.parallel))
+comm = build_comm(run.parallel)
+trainer = Trainer(lay_out(run, build_model(run, cfg), comm), None, run, comm)
 trainer.model.train()
 rng = np.random.default_rng(Topology.of(run.parallel).data_rank)
 def batches():

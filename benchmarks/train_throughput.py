@@ -55,7 +55,8 @@ def worker_paddle(cfg: dict, a) -> dict:
     from pretrain_cli.distributed.setup import init_process_group
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.models.flops import flops_per_token
-    from pretrain_cli.training.run import assemble, build_model
+    from pretrain_cli.training.run import build_model, lay_out
+    from pretrain_cli.training.trainer import Trainer
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
@@ -74,7 +75,8 @@ def worker_paddle(cfg: dict, a) -> dict:
     run = resolve(parse_config(None, overrides), mcfg, Target("cpu", world, rank))
     seq, bs = run.data.max_seq_length, run.loop.micro_batch
     init_process_group(run.parallel)
-    trainer = assemble(run, build_model(run, mcfg), build_comm(run.parallel))
+    comm = build_comm(run.parallel)
+    trainer = Trainer(lay_out(run, build_model(run, mcfg), comm), None, run, comm)
     model = trainer.model
     model.train()
     data = batches(SyntheticDataset(mcfg.vocab_size, seq), bs, rank, world)

@@ -173,7 +173,6 @@ class ParallelConfig:
     dp_degree: int = 1
     sharding_degree: int = 1
     sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (when sharding_degree x cp_degree is 1), 1, 2, 3
-    offload: bool = False
     tp_degree: int = 1
     pp_degree: int = 1
     # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
@@ -204,8 +203,7 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
         if self.sharding_stage:
-            parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}"
-                         f"{' offload' if self.offload else ''}")
+            parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}")
         if self.cp_degree > 1:

@@ -10,6 +10,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 
 from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.ops.attention import repeat_kv  # noqa: E402
 
 
 def _np_attention(q, k, v, doc_start=None):
@@ -49,7 +50,7 @@ def test_sdpa_gqa_gradients_match_repeated_kv_math(qkv):
         ts = [paddle.to_tensor(x, stop_gradient=False) for x in qkv]
         q, k, v = ts
         if repeat:
-            k, v = kernels.repeat_kv(k, 2), kernels.repeat_kv(v, 2)
+            k, v = repeat_kv(k, 2), repeat_kv(v, 2)
         (fn(q, k, v) * paddle.arange(8, dtype="float32")).sum().backward()
         return [t.grad.numpy() for t in ts]
 
@@ -88,7 +89,7 @@ def test_sdpa_document_gradients_match_math(qkv):
 
 def test_repeat_kv_order_is_consecutive():
     x = paddle.arange(2, dtype="float32").reshape([1, 1, 2, 1])  # kv heads [0, 1]
-    assert kernels.repeat_kv(x, 3).numpy().ravel().tolist() == [0, 0, 0, 1, 1, 1]
+    assert repeat_kv(x, 3).numpy().ravel().tolist() == [0, 0, 0, 1, 1, 1]
 
 
 def test_rms_norm_reference_matches_numpy():

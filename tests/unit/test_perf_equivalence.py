@@ -21,7 +21,8 @@ from pretrain_cli.distributed.comm import NoComm  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
-from pretrain_cli.training.run import assemble  # noqa: E402
+from pretrain_cli.training.run import lay_out  # noqa: E402
+from pretrain_cli.training.trainer import Trainer  # noqa: E402
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -56,7 +57,7 @@ def _losses(chosen, compile_forward, documents=False, cfg=CFG):
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "1.0", "--weight_decay", "0.01", "--to_static", str(compile_forward))
     paddle.seed(1)
-    trainer = assemble(run, build_model(cfg, chosen), NoComm())  # what `train` builds around the model
+    trainer = Trainer(lay_out(run, build_model(cfg, chosen), NoComm()), None, run, NoComm())  # what `train` builds around the model
     trainer.model.train()
     batches = _batches(documents)
     return np.array([trainer.train_step(batches)[0] for _ in range(STEPS)])
@@ -138,7 +139,8 @@ def _optimizer_run(*flags):
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "0.5", "--weight_decay", "0.01", *flags)
     paddle.seed(1)
-    trainer = assemble(run, build_model(CFG, kernels.select(run.kernels, "cpu")), NoComm())
+    trainer = Trainer(lay_out(run, build_model(CFG, kernels.select(run.kernels, "cpu")), NoComm()), None, run,
+                      NoComm())
     trainer.model.train()
     batches = _batches()
     steps = [trainer.train_step(batches) for _ in range(STEPS)]

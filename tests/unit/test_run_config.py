@@ -220,7 +220,8 @@ def test_one_perplexity_rule_for_every_evaluation():
     from pretrain_cli.distributed.comm import NoComm
     from pretrain_cli.models import build_model
     from pretrain_cli.training.evaluation import perplexity
-    from pretrain_cli.training.run import assemble
+    from pretrain_cli.training.run import lay_out
+    from pretrain_cli.training.trainer import Trainer
 
     assert perplexity(60.0) == math.exp(60.0) and perplexity(800.0) == math.exp(700.0)
     cfg = model_config("micro-llama")
@@ -238,7 +239,8 @@ def test_one_perplexity_rule_for_every_evaluation():
         def get(self, name):
             return Split()
 
-    trainer = assemble(resolve_run("--eval_iters", "1", "--per_device_eval_batch_size", "2"), model, NoComm(), Splits())
+    run = resolve_run("--eval_iters", "1", "--per_device_eval_batch_size", "2")
+    trainer = Trainer(lay_out(run, model, NoComm()), Splits(), run, NoComm())
     values = trainer.evaluate("valid")
     assert values["eval_loss"] > 50
     assert values["eval_ppl"] == pytest.approx(math.exp(values["eval_loss"]), rel=1e-6)

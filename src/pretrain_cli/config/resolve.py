@@ -257,11 +257,9 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
-        offload = False
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-        offload = False
     vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1  # a pipeline's tp keeps them whole
     if tp > 1 and pp > 1:
         notes.append(f"tensor_parallel_degree: {tp} inside {pp} pipeline stages splits the decoder layers; the "
@@ -271,7 +269,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
-                          sharding_stage=stage if sharding * cp > 1 else 0, offload=offload and sharding > 1,
+                          sharding_stage=stage if sharding * cp > 1 else 0,
                           tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp)
 
 

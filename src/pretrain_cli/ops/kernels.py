@@ -21,11 +21,11 @@ from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.block_attention import block_forward
-from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask, repeat_kv  # noqa: F401 (re-exported)
+from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
                                       global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
-from pretrain_cli.ops.rope import rope_reference  # noqa: F401 (re-exported)
+from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
 
 

@@ -125,16 +125,10 @@ def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     return lay_out(run, model, comm, path)
 
 
-def assemble(run: RunConfig, model, comm, splits=None, resume=None) -> Trainer:
-    """The Trainer over `lay_out`'s objects, reporting nowhere and saving nothing (the benchmark harness and
-    the tests that step it)."""
-    return Trainer(lay_out(run, model, comm, resume), splits, run, comm)
-
-
 def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
-    model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, through
-    `assemble`). A lazily built model's parameters are created by the layout, each rank only its own blocks
+    model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, as
+    `Trainer(lay_out(...), ...)`). A lazily built model's parameters are created by the layout, each rank only its own blocks
     (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
     initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
     every rank when any rank found one altered)."""

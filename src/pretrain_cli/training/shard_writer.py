@@ -58,8 +58,9 @@ def report_failure(tmp: Path, rank: int, error: BaseException) -> None:
         pass
 
 
-def collect(tmp: Path, world: int, step: int, timeout: float | None = None) -> list[dict]:
-    """Rank 0: every rank's record, polling the directory (a dead rank is the watchdog's to report)."""
+def collect(tmp: Path, world: int, step: int) -> list[dict]:
+    """Rank 0: every rank's record, polling the directory (a dead rank is the watchdog's to report) for up to
+    `waiting.TIMEOUT_ENV` seconds."""
     records = {}
 
     def all_in():
@@ -78,7 +79,7 @@ def collect(tmp: Path, world: int, step: int, timeout: float | None = None) -> l
         return UserError(f"checkpoint-{step}: ranks {missing} have not finished writing after {seconds:.0f} s; "
                          f"raise {waiting.TIMEOUT_ENV} if that is expected")
 
-    return waiting.poll(all_in, timeout, late, first=0.01, longest=0.5)
+    return waiting.poll(all_in, None, late, first=0.01, longest=0.5)
 
 
 def publish(tmp: Path, final: Path, records: list[dict], layout: str, state: dict) -> Path:

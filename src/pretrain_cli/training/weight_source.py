@@ -44,11 +44,12 @@ class WeightSource:
     dtype = None  # as `distributed.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint"):
+        from pretrain_cli.distributed.pieces import split_name
         from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
-        stored = {n: t for n, t in self.reader.index["tensors"].items() if "/" not in n}
+        stored = {n: t for n, t in self.reader.index["tensors"].items() if split_name(n)[1] is None}  # weights
         layout = detect_layout({n: SimpleNamespace(shape=tuple(t["shape"])) for n, t in stored.items()}, model)
         self.names = {}  # ours -> (stored name, stored transposed)
         for hf, _, transpose in hf_params(model):  # our names are HF's
