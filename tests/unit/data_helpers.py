@@ -48,6 +48,14 @@ def write_mmidx_reference(prefix: str, docs, dtype=np.uint16) -> None:
         f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
 
 
+def write_tokens(prefix: Path, n_docs: int = 40, doc_len: int = 64, vocab_size: int = 64) -> str:
+    """A token file `prefix`.bin/.idx of `n_docs` documents of `doc_len` ids in [3, vocab_size) (what
+    `input_dir` names), for tests that prepare a whole run."""
+    rng = np.random.default_rng(0)
+    write_mmidx_reference(str(prefix), [rng.integers(3, vocab_size, size=doc_len) for _ in range(n_docs)])
+    return str(prefix)
+
+
 def run_preprocess(*argv) -> int:
     """`pretrain-cli preprocess ARGV` in this process, through the command's own argument parser."""
     import argparse

@@ -23,6 +23,7 @@ from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.distributed.comm import NoComm  # noqa: E402
 from pretrain_cli.training.run import build_model as build_lazy, lay_out  # noqa: E402
+from data_helpers import write_tokens  # noqa: E402
 
 QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
@@ -30,6 +31,8 @@ QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_siz
 
 
 def _args(tmp_path, model: str) -> str:
+    """The argument file of a `continue_training` run of `model` over a token file of the model's vocabulary."""
+    write_tokens(tmp_path / "data", vocab_size=QWEN3["vocab_size"])
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"model_name_or_path": model, "continue_training": 1, "do_train": True,
                                 "output_dir": str(tmp_path / "out"), "input_dir": str(tmp_path / "data"),
@@ -69,7 +72,7 @@ def build_for_run(spec):
 
 def test_paddlenlp_saved_qwen3_loads_through_prepare_and_build_model(tmp_path):
     src, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
-    spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
+    spec = prepare(_args(tmp_path, str(path)), [], Target())
     assert spec.run.model.continue_training and spec.model_dir == path
     model = build_for_run(spec)
     want = dict(src.named_parameters())
@@ -86,22 +89,22 @@ def test_nonzero_biases_the_model_has_not_are_still_refused(tmp_path):
     bias = next(k for k in tensors if k.endswith("q_proj.bias"))
     tensors[bias] = np.ones_like(tensors[bias])
     save_file(tensors, str(shard))
-    spec = prepare(_args(tmp_path, str(path)), [], Target(), open_data=False)
+    spec = prepare(_args(tmp_path, str(path)), [], Target())
     with pytest.raises(UserError, match="unexpected tensor.*q_proj.bias"):
         build_for_run(spec)
 
 
 def test_without_weights_one_line_says_how_to_get_them(tmp_path):
     with pytest.raises(UserError) as e:
-        prepare(_args(tmp_path, "Qwen/Qwen3-8B"), [], Target(), open_data=False)
+        prepare(_args(tmp_path, "Qwen/Qwen3-8B"), [], Target())
     lines = str(e.value).splitlines()
     assert len(lines) == 1 and "`huggingface-cli download Qwen/Qwen3-8B --local-dir Qwen/Qwen3-8B`" in lines[0]
     with pytest.raises(UserError) as e:  # a test size has no hub repository to download from
-        prepare(_args(tmp_path, "micro-qwen2"), [], Target(), open_data=False)
+        prepare(_args(tmp_path, "micro-qwen2"), [], Target())
     assert "huggingface-cli" not in str(e.value) and "config.json and *.safetensors weights" in str(e.value)
     pdparams = tmp_path / "paddlenlp-pickle"
     pdparams.mkdir()
     (pdparams / "config.json").write_text(json.dumps(ModelConfig(**QWEN3).to_hf_dict()))
     (pdparams / "model_state.pdparams").write_bytes(b"")
     with pytest.raises(UserError, match=r"\.pdparams \(pickle\), which is not read.*unified_checkpoint: true"):
-        prepare(_args(tmp_path, str(pdparams)), [], Target(), open_data=False)
+        prepare(_args(tmp_path, str(pdparams)), [], Target())

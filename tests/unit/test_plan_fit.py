@@ -155,7 +155,7 @@ def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]
 
 
-def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkeypatch):
+def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkeypatch, tmp_path):
     """The GPU path of `train`'s out-of-memory line (CPU is tested end to end in tests/e2e/test_cli.py): the device
     is named from the hardware table, and the suggestion is `--fit`'s layout under 90 % of the smaller of the
     device and the failed layout's estimate."""
@@ -168,8 +168,12 @@ def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkey
 
     monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-16GB")  # as the driver names it
     ns = argparse.Namespace(config=str(QWEN), overrides=list(AT_4096))
-    spec = prepare(str(QWEN), [*AT_4096, "--tokenizer_name_or_path", "null"], Target(device="gpu", world_size=1),
-                   open_data=False)  # (the file's Qwen tokenizer is not on disk here)
+    from data_helpers import write_tokens
+
+    data = write_tokens(tmp_path / "data", n_docs=4, doc_len=4200, vocab_size=1000)  # (the file's ./data is not here)
+    spec = prepare(str(QWEN), [*AT_4096, "--tokenizer_name_or_path", "null", "--input_dir", data, "--do_eval", "false",
+                               "--do_predict", "false"],  # (nor its Qwen tokenizer)
+                   Target(device="gpu", world_size=1))
     line = train.out_of_memory_line(ns, spec, 7)
     assert line.startswith("out of memory at step 7 on 1 x V100-16GB: top plan suggestion for this run: "), line
     assert "recompute false -> true" in line

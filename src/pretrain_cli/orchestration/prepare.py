@@ -277,7 +277,7 @@ def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments
     return parse_config(config, overrides)
 
 
-def prepare(config: str | None, overrides: list[str] | None, target: Target, open_data: bool = True) -> RunSpec:
+def prepare(config: str | None, overrides: list[str] | None, target: Target) -> RunSpec:
     """Parse, resolve and validate a run for `target`; every problem found is raised together."""
     from pretrain_cli.models.config import check_seq_len
 
@@ -290,7 +290,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
     run = problems.run(resolve, args, built[1] if built else _placeholder_config(), target)
     if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too
         problems.run(_tokenizer, args, built[1] if built else None)
-        if open_data and args.data.input_dir is not None:
+        if args.data.input_dir is not None:
             problems.run(_open_token_files, args.data.input_dir)
         if args.training.output_dir:
             problems.run(check_output_dir, str(args.training.output_dir))
@@ -313,9 +313,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, ope
 
         if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
-    if open_data and not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
+    if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
-    elif open_data and run.data.input_dir is not None:  # the token files are checked without the tokenizer too
+    elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
         problems.run(_open_token_files, run.data.input_dir)
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         spec.resume = problems.run(find_resume, run)
