@@ -14,6 +14,13 @@ small record of what it wrote; rank 0 merges the records into this index, writte
 
 `Reader.read(name, offsets, shape)` returns any block of any tensor, reading from each piece only the
 part that intersects the block, so a layout resumes by reading about its own share.
+
+`load` checks what it can without reading a tensor: a `version` this code does not know stops with one line
+(`UnknownVersion`: a newer pretrain-cli wrote it; it is not damage, so no older checkpoint is taken instead).
+`world_size` and `layout` describe the writing run only (any layout resumes from any other), so they are
+checked against the index's own pieces, not against the reading run: every piece lies in a file the index
+lists, named for a rank below `world_size`; the pieces of each tensor tile its global shape exactly once; and
+`weights_whole` says what the weights' pieces say. An index that disagrees with itself is damage.
 """
 from __future__ import annotations
 
@@ -28,6 +35,12 @@ from pretrain_cli.storage.shard_files import File
 
 INDEX = "checkpoint.index.json"
 FORMAT = "pretrain-cli sharded checkpoint"
+VERSION = 1  # what `build` writes and `load` reads
+STEMS = {"weights": "model", "optimizer": "optimizer"}  # a piece's kind -> the stem of its rank's file
+
+
+class UnknownVersion(UserError):
+    """An index written by another version of pretrain-cli (not damage: an older checkpoint is not taken instead)."""
 
 
 def file_name(kind: str, rank: int, world: int) -> str:
@@ -60,7 +73,7 @@ def build(records: list[dict], world: int, layout: str) -> dict:
         if covered != int(np.prod(t["shape"], dtype=np.int64)):
             raise RuntimeError(f"{name}: pieces cover {covered} of {int(np.prod(t['shape']))} elements")
     whole = all(len(t["pieces"]) == 1 for t in tensors.values() if t["kind"] == "weights")
-    return {"format": FORMAT, "version": 1, "world_size": world, "layout": layout, "weights_whole": whole,
+    return {"format": FORMAT, "version": VERSION, "world_size": world, "layout": layout, "weights_whole": whole,
             "tensors": dict(sorted(tensors.items())), "files": dict(sorted(files.items()))}
 
 
@@ -85,7 +98,67 @@ def load(ckpt) -> dict | None:
         raise UserError(f"{path}: unreadable ({e}); resume from another checkpoint") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("tensors"), dict):
         raise UserError(f"{path}: not a {FORMAT} index; resume from another checkpoint")
+    version = index.get("version")
+    if version != VERSION:
+        if isinstance(version, int) and not isinstance(version, bool):
+            raise UnknownVersion(f"{path}: index version {version}, this pretrain-cli reads version {VERSION}; "
+                                 f"read it with the pretrain-cli that wrote it, or resume from another checkpoint")
+        raise UserError(f"{path}: no index version (got {version!r}); resume from another checkpoint")
+    reason = disagreement(index)
+    if reason is not None:
+        raise UserError(f"{path}: {reason}; the index is damaged: resume from another checkpoint")
     return index
+
+
+def disagreement(index: dict) -> str | None:
+    """Where the index's `world_size`, `files`, `weights_whole` and its tensors' pieces contradict each other (see
+    the module docstring), or None."""
+    world, files = index.get("world_size"), index.get("files")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1 or not isinstance(index.get("layout"), str):
+        return f"world_size {world!r} / layout {index.get('layout')!r} is not a run's"
+    if not isinstance(files, dict):
+        return "no files"
+    names = {file_name(stem, r, world) for stem in STEMS.values() for r in range(world)}
+    whole = True
+    for name, t in index["tensors"].items():
+        try:
+            shape, pieces, stem = [int(n) for n in t["shape"]], t["pieces"], STEMS[t["kind"]]
+            if t["kind"] == "weights" and len(pieces) != 1:
+                whole = False
+            for p in pieces:
+                if p["file"] not in files or p["file"] not in names or not p["file"].startswith(stem):
+                    return (f"{name}: a piece in {p['file']!r}, which the index does not list or which is no "
+                            f"{t['kind']} file of a {world}-process run")
+            reason = _tiling(shape, [([int(o) for o in p["offsets"]], [int(n) for n in p["shape"]]) for p in pieces])
+        except (KeyError, TypeError, ValueError):
+            return f"{name}: not a tensor record (kind, shape, pieces with file, offsets, shape)"
+        if reason is not None:
+            return f"{name}: {reason}"
+    if index.get("weights_whole") is not whole:
+        return f"weights_whole is {index.get('weights_whole')!r}, the weights' pieces say {whole}"
+    return None
+
+
+def _tiling(shape: list[int], blocks: list[tuple[list[int], list[int]]]) -> str | None:
+    """Why `blocks` [(offsets, shape)] do not cover a tensor of `shape` exactly once, or None. Counted on the grid
+    of the blocks' own edges (one cell per distinct cut, not per element), so a 1.1 TiB tensor costs nothing."""
+    if not blocks:
+        return "no pieces"
+    for off, size in blocks:
+        if len(off) != len(shape) or len(size) != len(shape) or any(
+                o < 0 or s < 0 or o + s > g for o, s, g in zip(off, size, shape)):
+            return f"a piece {size} at {off} does not lie inside its shape {shape}"
+    if len(blocks) == 1:
+        return None if blocks[0][1] == shape else f"one piece {blocks[0][1]} of shape {shape}"
+    cuts = [np.unique([0, g] + [o[d] for o, _ in blocks] + [o[d] + n[d] for o, n in blocks])
+            for d, g in enumerate(shape)]  # every block edge along each dimension, sorted
+    cover = np.zeros([len(c) - 1 for c in cuts], dtype=np.int64)  # how often each cell between edges is written
+    for off, size in blocks:
+        cover[tuple(slice(int(np.searchsorted(c, o)), int(np.searchsorted(c, o + n)))
+                    for c, o, n in zip(cuts, off, size))] += 1
+    if (cover != 1).any():
+        return "its pieces do not cover it exactly once (a block is missing or written twice)"
+    return None
 
 
 class Reader:

@@ -82,6 +82,8 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
     ckpt = Path(ckpt)
     try:
         index = checkpoint_index.load(ckpt)
+    except checkpoint_index.UnknownVersion:
+        raise  # not damage: an older checkpoint is no substitute for one this code cannot read
     except UserError as e:
         return str(e).split("; ")[0]
     if index is None:
