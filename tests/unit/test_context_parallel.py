@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from pretrain_cli.commands.plan import fit, plan
+from plan_helpers import fit, plan
 from pretrain_cli.distributed.context import chunks_of, local_positions
 from pretrain_cli.errors import UserError
 

@@ -80,7 +80,7 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     P micro-batches of activations in flight, the last one and the loss; the ETA pays the bubble (P-1)/(m+P-1)."""
     import json
 
-    from pretrain_cli.commands.plan import plan
+    from plan_helpers import plan
 
     args = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "max_seq_length": 1024,
             "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True,
@@ -118,7 +118,7 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
     pairs = {(c.get("tensor_parallel_degree", 1), c["pipeline_parallel_degree"]) for c in pp}
     assert {(1, 2), (2, 2), (2, 4), (4, 2)} <= pairs and all(tp * p <= 8 for tp, p in pairs)
     assert any(c.get("sharding") == "stage3" for c in pp)
-    from pretrain_cli.commands.plan import _parsed
+    from pretrain_cli.commands.plan import parsed
     from pretrain_cli.orchestration import planned
 
     import json
@@ -127,7 +127,7 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
             "gradient_accumulation_steps": 8, "bf16": True, "max_steps": 100, "do_train": True,
             "input_dir": str(tmp_path / "d"), "output_dir": str(tmp_path / "o")}
     (tmp_path / "a.json").write_text(json.dumps(args))
-    flat = planned.plan(*_parsed(str(tmp_path / "a.json"), []), "A100-80GB", 1, suggest_changes=False)
+    flat = planned.plan(*parsed(str(tmp_path / "a.json"), []), "A100-80GB", 1, suggest_changes=False)
     report = dataclasses.replace(flat, parallel=dataclasses.replace(flat.parallel, pp=4, pipeline_bubble=3 / 11),
                                  traffic_gb_per_step={"tp": 0.0, "pp": 8 * 2 * 1024 * 896 * 2 / 1e9, "zero3": 0.0})
     sp, one = fit.speed(report), fit.speed(flat)

@@ -8,7 +8,7 @@ import pytest
 
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.errors import UserError
-from pretrain_cli.commands.plan import plan
+from plan_helpers import plan
 
 QWEN_FILE = {  # PaddleNLP llm/config/qwen/pretrain_argument_0p5b.json, memory-relevant keys
     "model_name_or_path": "Qwen/Qwen2.5-0.5B", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
@@ -341,3 +341,17 @@ def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
         body = (counts["total"] - counts["embedding"]) / 2
         assert held[split] == pytest.approx(body + counts["embedding"] / (2 if split else 1))
     assert resolve_run().parallel.vocab_parallel is False  # one process: nothing to split
+
+
+def test_the_command_checks_its_flags_once_per_plan_and_per_fit(write_args, monkeypatch, capsys):
+    """`plan` and `plan --fit` check --device/--gpus/--mfu/--margin once, not again per suggestion or candidate
+    (`orchestration.planned.plan` trusts them)."""
+    from pretrain_cli.orchestration import planned
+
+    calls, real = [], planned.check_flags
+    monkeypatch.setattr(planned, "check_flags", lambda *a, **k: calls.append(a) or real(*a, **k))
+    cfg = write_args(per_device_train_batch_size=64)  # does not fit a T4: suggestions re-plan several layouts
+    assert cli_main(["plan", cfg, "--device", "T4"]) == 0
+    assert "suggestions" in capsys.readouterr().out.lower() and len(calls) == 1
+    cli_main(["plan", cfg, "--device", "T4", "--fit", "--json"])
+    assert len(json.loads(capsys.readouterr().out)["diff"]) > 0 and len(calls) == 2

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from pretrain_cli.cli import main as cli_main
-from pretrain_cli.commands.plan import fit, plan
+from plan_helpers import fit, plan
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 
@@ -16,10 +16,10 @@ UNFUSED = ["--use_fused_linear_cross_entropy", "false"]
 
 def _plan(overrides: list[str], device: str, gpus: int = 1):
     """The `Plan` the search ranks (`plan` returns its JSON)."""
-    from pretrain_cli.commands.plan import _parsed
+    from pretrain_cli.commands.plan import parsed
     from pretrain_cli.orchestration import planned
 
-    return planned.plan(*_parsed(str(QWEN), overrides), device, gpus, suggest_changes=False)
+    return planned.plan(*parsed(str(QWEN), overrides), device, gpus, suggest_changes=False)
 
 
 def _tokens(change: dict) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_cli.commands.plan import _parsed
+from pretrain_cli.commands.plan import parsed
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import layout
 from pretrain_cli.planning.memory import GIB, pipeline_stages
@@ -23,7 +23,7 @@ def _tp8_pp4_stage1():
     """The 64-rank run: the file resolved for tp 8 × ZeRO-1 on one stage's 16 ranks, then laid out over 4 stages
     with the embedding and LM head whole on every tensor-parallel rank of their stage (the pipeline engine's TP
     splits the decoder layers only): what `config.resolve` gives for the file with pp 4 where TP × PP runs."""
-    args, cfg = _parsed(str(LLAMA), ["--model_name_or_path", "meta-llama/Llama-3.1-70B", "--tensor_parallel_degree",
+    args, cfg = parsed(str(LLAMA), ["--model_name_or_path", "meta-llama/Llama-3.1-70B", "--tensor_parallel_degree",
                                      "8", "--sharding", "stage1"])
     dev = target_device("H100")
     run = planned._resolved(args, cfg, dev, 16)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from run_helpers import model_config
 
-from pretrain_cli.commands.plan import _parsed, fit, plan
+from pretrain_cli.commands.plan import parsed
+from plan_helpers import fit, plan
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import plan as plan_module
@@ -95,7 +96,7 @@ def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(
     monkeypatch.setattr(plan_module, "startup_parts", inflated)
     pp8 = TO_70B + ["--pipeline_parallel_degree", "8", "--tensor_parallel_degree", "1", "--sharding", "stage1",
                     "--recompute", "true", "--gradient_accumulation_steps", "64"]
-    r = planned.plan(*_parsed(str(LLAMA), pp8), "H100", 64, suggest_changes=False)
+    r = planned.plan(*parsed(str(LLAMA), pp8), "H100", 64, suggest_changes=False)
     assert r.memory_gib < 80 < r.startup_gib and not r.fits
     assert format_report(r).count("DOES NOT FIT") == 1
     assert "start-up per device: " in format_report(r)
@@ -105,7 +106,7 @@ def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(
 
 def test_search_filters_on_the_larger_of_steady_state_and_start_up():
     """`planning.fit.search` with planned reports made up: the faster layout's start-up exceeds the budget."""
-    real = planned.plan(*_parsed(str(LLAMA), []), "H100", 1, suggest_changes=False)
+    real = planned.plan(*parsed(str(LLAMA), []), "H100", 1, suggest_changes=False)
 
     def report(memory, startup, micro):
         return dataclasses.replace(real, memory_gib=memory, startup_gib=startup, micro_batch=micro,
@@ -125,7 +126,7 @@ def test_out_of_memory_hint_covers_start_up(monkeypatch):
     """`train`'s out-of-memory hint re-fits under the failed layout's peak, start-up included."""
     from pretrain_cli.orchestration.planned import out_of_memory_fit
 
-    args, cfg = _parsed(str(LLAMA), TO_70B)
+    args, cfg = parsed(str(LLAMA), TO_70B)
     predicted, f = out_of_memory_fit(args, cfg, "H100", 64)
     r = plan(str(LLAMA), TO_70B, device="H100", gpus=64, suggest_changes=False)
     assert predicted == pytest.approx(max(r["memory_gib"], r["startup_gib"]))
@@ -137,7 +138,7 @@ def test_zero2_keeps_whole_weights_so_start_up_decides():
     every rank builds the whole model in fp32 first. `plan` says it cannot start, and `--fit` moves off a layout
     whose steady state alone is within the budget."""
     over = ["--model_name_or_path", "Qwen/Qwen2.5-32B", "--tensor_parallel_degree", "1", "--recompute", "true"]
-    r = planned.plan(*_parsed(str(LLAMA), over), "H20", 64, suggest_changes=True)
+    r = planned.plan(*parsed(str(LLAMA), over), "H20", 64, suggest_changes=True)
     n = r.params["total"]
     assert r.memory_gib <= 96 < r.startup_gib and not r.fits
     assert r.startup_breakdown_gib["weights"] * GIB == pytest.approx(4 * n)  # ZeRO-2 does not shard weights

@@ -4,7 +4,7 @@ import math
 import pytest
 from run_helpers import model_config, resolve_run
 
-from pretrain_cli.commands.plan import plan
+from plan_helpers import plan
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import UserError
 

@@ -1,8 +1,10 @@
 """`pretrain-cli plan`: memory, FLOPs, tokens, checkpoint size and time for an argument file, before any GPU time.
 
-Parses the file once and hands it to `orchestration.planned`, which resolves it exactly as `train` does but for a
-target (`--device`, `--gpus`), and for `--fit` re-resolves every candidate layout of `planning.fit` from the
-parsed arguments and keeps the fastest that fits; `-o` writes it. Never imports Paddle, never opens the data.
+`main` calls `planned_run` or `fitted` (the entry points tests and scripts call too), each checking the flags
+once and parsing the file once before handing it to `orchestration.planned`, which resolves it exactly as
+`train` does but for a target (`--device`, `--gpus`), and for `--fit` re-resolves every candidate layout of
+`planning.fit` from the parsed arguments and keeps the fastest that fits; `-o` writes it. Never imports Paddle,
+never opens the data.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: none, only print)")
 
 
-def _parsed(config: str | None, overrides: list[str] | None):
+def parsed(config: str | None, overrides: list[str] | None):
     """(Arguments, ModelConfig): the file and its overrides parsed once; every candidate re-resolves these."""
     from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
 
@@ -49,30 +51,26 @@ def _parsed(config: str | None, overrides: list[str] | None):
     return args, build_model_config(args)[1]
 
 
-def plan(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-         mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
-         peak_tflops: float | None = None) -> dict:
-    """The object `plan --json` prints (`orchestration.planned.plan`), with suggestions when the run does not fit."""
+def planned_run(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
+                mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
+                peak_tflops: float | None = None):
+    """What `plan` reports (`orchestration.planned.plan`; `--json` prints its `to_json()`), with suggestions when
+    the run does not fit: the flags checked once, the file parsed once."""
     from pretrain_cli.orchestration import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops)
-    return planned.plan(*_parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes,
-                        peak_tflops).to_json()
+    return planned.plan(*parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
 
 
-def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-        mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
-        budget_gib: float | None = None, baseline_bytes: float = 0.0) -> dict:
-    """`plan --fit` (`orchestration.planned.fit`): the fastest layout that fits, every candidate re-resolved."""
-    return _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)[1]
-
-
-def _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib=None, baseline_bytes=0.0):
-    """(the parsed arguments, `plan --fit`'s result): the flags checked once, the file parsed once."""
+def fitted(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
+           mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
+           budget_gib: float | None = None, baseline_bytes: float = 0.0) -> tuple:
+    """(the parsed arguments, `plan --fit`'s result: `orchestration.planned.fit`, the fastest layout that fits,
+    every candidate re-resolved): the flags checked once, the file parsed once."""
     from pretrain_cli.orchestration import planned
 
     planned.check_flags(device, gpus, mfu, peak_tflops, margin)
-    args, model_cfg = _parsed(config, overrides)
+    args, model_cfg = parsed(config, overrides)
     return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
 
 
@@ -92,19 +90,16 @@ def write_fitted(args, change: dict, path: str) -> None:
 def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
-    if ns.fit:
-        args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
-        if ns.output and f["after"] is not None:
-            write_fitted(args, f["change"], ns.output)
-        if not ns.json and f["notes"]:
-            print("\n".join(f"note: {n}" for n in f["notes"]))
-        print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
-        if ns.output and f["after"] is not None and not ns.json:
-            print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
-        return 0 if f["after"] is not None else 1
-    from pretrain_cli.orchestration import planned
-
-    planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops)
-    r = planned.plan(*_parsed(ns.config, ns.overrides), ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
-    print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
-    return 0
+    if not ns.fit:
+        r = planned_run(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+        print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
+        return 0
+    args, f = fitted(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+    if ns.output and f["after"] is not None:
+        write_fitted(args, f["change"], ns.output)
+    if not ns.json and f["notes"]:
+        print("\n".join(f"note: {n}" for n in f["notes"]))
+    print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
+    if ns.output and f["after"] is not None and not ns.json:
+        print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
+    return 0 if f["after"] is not None else 1
