@@ -71,8 +71,7 @@ def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: i
     return out
 
 
-def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, problems,
-                     device: str = "cpu") -> tuple[int, int]:
+def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, problems) -> tuple[int, int]:
     """(pipeline_parallel_degree, virtual_pp_degree) for `world` processes; problems for what cannot run."""
     t = args.training
     pp, vpp = max(t.pipeline_parallel_degree, 1), max(t.virtual_pp_degree, 1)

@@ -227,7 +227,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     cp = context_degree(args, world, tp, pp, stage, problems)
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems, target.device)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:
         problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
