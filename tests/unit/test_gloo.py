@@ -94,3 +94,46 @@ def test_groups_are_numbered_alike_on_every_rank_and_one_rank_groups_take_no_por
     # rank 0 is in groups 1 ([0..3]) and 3 ([0, 3]); [2, 1] is group 2 on every rank, one-rank groups count nowhere
     assert served == [(1, [0, 1, 2, 3]), (3, [0, 3])] and gloo._made == [3]
     assert [store for _, store in made] == [("own store", 1), default, default, ("own store", 3), default]
+
+
+LAYOUTS = {  # world, pp, dp, sharding, mp
+    "pp4": (4, 4, 1, 1, 1), "pp8": (8, 8, 1, 1, 1), "pp4_dp2": (8, 4, 2, 1, 1), "pp4_stage1": (8, 4, 1, 2, 1),
+    "pp4_tp2": (8, 4, 1, 1, 2), "pp2_dp2_stage1": (8, 2, 2, 2, 1), "pp2_dp2_tp2": (8, 2, 2, 1, 2),
+    "pp2_stage1_tp2": (8, 2, 1, 2, 2), "dp2_stage1_4": (8, 1, 2, 4, 1),
+}
+
+
+def test_every_layout_of_up_to_8_ranks_has_a_store_port_for_each_group(monkeypatch):
+    """fleet's hybrid groups (its real `HybridCommunicateGroup`, over a stand-in `new_group`), a tied embedding's
+    first-last stage group per pipeline (PipelineLayer makes one per pipe group) and `neighbour_sends`' pair groups:
+    the groups of more than one rank that `separate_stores` numbers fit the block's GROUP_STORES."""
+    import paddle.distributed as dist
+    from paddle.distributed.fleet.base import topology
+
+    class Group:
+        def __init__(self, ranks):
+            self.ranks, self.nranks, self.process_group = list(ranks), len(ranks), None
+
+    class Env:
+        trainer_endpoints = ENDPOINTS
+
+    monkeypatch.setattr(topology, "_HYBRID_PARALLEL_GROUP", topology._HYBRID_PARALLEL_GROUP)  # restored after
+    monkeypatch.setattr(dist, "new_group", lambda ranks=None, *a, **k: Group(ranks))
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "ParallelEnv", Env)
+    monkeypatch.setattr(gloo, "_group_store", lambda core, n, members, me, endpoints: None)
+    counts = {}
+    for name, (world, pp, dp, sharding, mp) in LAYOUTS.items():
+        monkeypatch.setattr(gloo, "_made", [0])
+        monkeypatch.setattr(dist, "get_world_size", lambda: world)
+        topo = topology.CommunicateTopology(["pipe", "data", "sharding", "sep", "model"], [pp, dp, sharding, 1, mp])
+        with gloo.separate_stores():
+            hcg = topology.HybridCommunicateGroup(topo)
+            if pp > 1:
+                for ranks in topo.get_comm_list("pipe"):  # PipelineLayer's tied-embedding group
+                    dist.new_group([ranks[0], ranks[-1]])
+                gloo.neighbour_sends(hcg)
+        counts[name] = gloo._made[0]
+    assert counts["pp4"] == 7 and max(counts.values()) == 20, counts  # docs/DISTRIBUTED.md states these
+    assert max(counts.values()) <= job.GROUP_STORES
