@@ -11,7 +11,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 
 from pretrain_cli.config.presets import PRESET_DIR  # noqa: E402
-from pretrain_cli.distributed.materialize import InitSource, fill, pending, whole_box  # noqa: E402
+from pretrain_cli.distributed.materialize import InitSource, fill, pending, read_block, whole_box  # noqa: E402
 from pretrain_cli.distributed.pieces import Box  # noqa: E402
 from pretrain_cli.models import build_model, init  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
@@ -76,3 +76,20 @@ def test_drawing_chunks_in_threads_gives_the_same_values(monkeypatch):
     one = init.block(CFG, 5, "model.layers.0.mlp.up_proj.weight", (11, 6), (1, 2), (9, 3))
     np.testing.assert_array_equal(one, init.block(CFG, 5, "model.layers.0.mlp.up_proj.weight", (11, 6), (1, 2), (9, 3),
                                                   workers=3))
+
+
+def test_a_block_is_read_in_the_dtype_the_run_holds_the_parameter_in():
+    """`read_block` (what the placed and the tensor-parallel layouts create a parameter from): the parameter's
+    own dtype, or the source's when set (AMP's O2 cast, which a parameter without storage does not take on)."""
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with paddle.LazyGuard():
+        w = dict(build_model(CFG).named_parameters())[name]
+    source = InitSource(CFG, 3)
+    half = Box(tuple(w.shape), (0, w.shape[1] // 2), (w.shape[0], w.shape[1] // 2))
+    got = read_block(name, w, source, half)
+    assert got.dtype == paddle.float32 and tuple(got.shape) == half.shape
+    np.testing.assert_array_equal(got.numpy(), source(name, half))
+    source.dtype = paddle.bfloat16
+    cast = read_block(name, w, source, half)
+    assert cast.dtype == paddle.bfloat16 and pending(w)
+    np.testing.assert_array_equal(cast.astype("float32").numpy(), got.astype("bfloat16").astype("float32").numpy())

@@ -73,15 +73,17 @@ def test_two_reservations_never_share_a_block_and_every_port_is_free(tmp_path, m
     try:
         assert a.base != b.base and job.LOW <= a.base < job.HIGH and (a.base - job.LOW) % job.BLOCK == 0
         lo, hi = map(int, a.port_range.split(":"))
-        assert (lo, hi) == (a.base + 1, a.base + job.BLOCK - 1)
+        assert (lo, hi) == (a.base + 1, a.base + job.LAUNCHER_PORTS)
         with socket.socket() as s:
             s.bind(("", lo))  # free when reserved
         # the lock is held: another process cannot take the same block
-        fd = os.open(tmp_path / "pretrain-cli-ports" / f"{a.base}.lock", os.O_RDWR)
-        probe = subprocess.run([sys.executable, "-c", "import fcntl, sys; fcntl.flock(int(sys.argv[1]), "
-                                "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(fd)], pass_fds=(fd,), capture_output=True)
-        os.close(fd)
-        assert probe.returncode != 0
+        # (every unit of it: a launch locking blocks of another size sees it taken)
+        for unit in (a.base, a.base + job.BLOCK - job.LOCK_UNIT):
+            fd = os.open(tmp_path / "pretrain-cli-ports" / f"{unit}.lock", os.O_RDWR)
+            probe = subprocess.run([sys.executable, "-c", "import fcntl, sys; fcntl.flock(int(sys.argv[1]), "
+                                    "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(fd)], pass_fds=(fd,), capture_output=True)
+            os.close(fd)
+            assert probe.returncode != 0, unit
     finally:
         a.release()
         b.release()
@@ -91,9 +93,51 @@ def test_two_reservations_never_share_a_block_and_every_port_is_free(tmp_path, m
 
 def test_ports_runs_the_command_with_port_range_set_and_the_block_held(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    script = "import os; print(os.environ['PORT_RANGE'])"
+    script = "import os; print(os.environ['PORT_RANGE'], os.environ['PRETRAIN_CLI_PORT_BLOCK'])"
     out = subprocess.run([sys.executable, str(JOB), "ports", "--", sys.executable, "-c",
                           script], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    lo, hi = map(int, out.stdout.split(":"))
-    assert hi - lo == job.BLOCK - 2 and job.LOW < lo < job.HIGH
+    port_range, base = out.stdout.split()
+    lo, hi = map(int, port_range.split(":"))
+    assert hi - lo == job.LAUNCHER_PORTS - 1 and job.LOW < lo < job.HIGH and lo == int(base) + 1
+
+
+def test_a_block_with_a_unit_held_by_another_launch_is_passed_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(job.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(job.random, "randrange", lambda n: 0)  # the first block first
+    other = job._lock(job._lock_dir() / f"{job.LOW + job.LOCK_UNIT}.lock")  # a 32-port launch inside block 0
+    held = job.reserve()
+    try:
+        assert other is not None and held.base != job.LOW
+    finally:
+        held.release()
+        os.close(other)
+
+
+def test_group_store_ports_are_the_blocks_own_and_never_the_launchers(monkeypatch):
+    monkeypatch.delenv(job.BLOCK_ENV, raising=False)
+    assert job.group_store_port(1) is None  # a bare launcher: no block held
+    base = job.LOW + 5 * job.BLOCK
+    monkeypatch.setenv(job.BLOCK_ENV, str(base))
+    launcher = set(range(base + 1, base + job.LAUNCHER_PORTS + 1))  # PORT_RANGE's ports
+    ports = [job.group_store_port(n) for n in range(1, job.GROUP_STORES + 1)]
+    assert ports[0] == base + job.LAUNCHER_PORTS + 1 and ports[-1] == base + job.BLOCK - 1
+    assert len(set(ports)) == job.GROUP_STORES and not launcher & set(ports) and base not in ports
+    assert all(base <= p < base + job.BLOCK for p in ports)
+    assert job.GROUP_STORES >= 20  # PP4 on 4 ranks makes 7 groups with more than one rank, 8-rank pipelines up to 20
+
+
+def test_a_group_beyond_the_block_fails_with_one_line_naming_it(monkeypatch):
+    from pretrain_cli.errors import UserError
+
+    base = job.LOW + 5 * job.BLOCK
+    monkeypatch.setenv(job.BLOCK_ENV, str(base))
+    for n in (0, job.GROUP_STORES + 1):
+        try:
+            job.group_store_port(n)
+        except UserError as e:
+            line = str(e)
+        else:
+            raise AssertionError(f"group {n} got a port")
+        assert "\n" not in line and f"port block {base}-{base + job.BLOCK - 1}" in line, line
+        assert f"gloo process group {n} " in line and f"holds {job.GROUP_STORES}" in line, line

@@ -11,7 +11,9 @@ data-parallel groups, join and run on CPU.
    another group size) and fails with "Connection refused", a hang, or "address.cc … 136 vs 45". Whether a join
    succeeds is a race, lost more often the more groups there are (4 ranks, 3+ stages or disjoint dp groups) and
    the more loaded the machine. Here each group gets a TCP store of its own (served by its lowest rank, its port
-   published in the global store under a key of this module), so no key is ever read stale.
+   published in the global store under a key of this module), so no key is ever read stale. The n-th group's
+   port is `job.group_store_port(n)`: inside the block of ports the job holds (launch.sh and the tests), apart
+   from the launcher's own; under a bare launcher, which holds none, a free port the kernel hands out.
 
 2. **Send/recv tags counted per group** (`neighbour_sends`). A gloo process group numbers every operation it
    runs (`next_tag`), and a send matches only the receive with the same number. fleet's pipeline sends between
@@ -26,15 +28,17 @@ from __future__ import annotations
 import contextlib
 import socket
 
+from pretrain_cli.distributed import job
+
 PORT_KEY = "pretrain_cli/gloo_group_store/{}"  # in the global store: the port of the n-th group's own store
-_made = [0]  # groups made so far in this process, over every use of `separate_stores` (every rank counts alike)
+_made = [0]  # groups with a store made so far in this process, over every `separate_stores` (every rank counts alike)
 
 
 @contextlib.contextmanager
 def separate_stores(gloo: bool = True):
     """Every `paddle.distributed.new_group` made inside gets a TCP store of its own (gloo only; see 1. above).
     Every rank must create the same groups in the same order (fleet's topology and PipelineLayer do): the n-th
-    group made in the process finds its store by n."""
+    group of more than one rank made in the process finds its store by n."""
     if not gloo:
         yield
         return
@@ -47,7 +51,7 @@ def separate_stores(gloo: bool = True):
 
     def new_group(ranks=None, *args, **kwargs):
         members = sorted(ranks) if ranks is not None else list(range(dist.get_world_size()))
-        _made[0] += 1
+        _made[0] += len(members) > 1  # a one-rank group connects to no one: no store, no port
         default = collective._default_store
         if me in members and len(members) > 1:
             collective._default_store = _group_store(core, _made[0], members, me, endpoints)
@@ -64,13 +68,16 @@ def separate_stores(gloo: bool = True):
 
 
 def _group_store(core, n: int, members: list, me: int, endpoints: list):
-    """The n-th group's own TCP store: its lowest rank serves it on a free port and publishes the port."""
+    """The n-th group's own TCP store: its lowest rank serves it on the n-th group port of its host's block and
+    publishes the port (a rank on another node holds another block)."""
     shared, key = core.create_or_get_global_tcp_store(), PORT_KEY.format(n)
     host = endpoints[members[0]].split(":")[0]
     if me == members[0]:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = job.group_store_port(n)
+        if port is None:  # no block held: any free port, as the bare launcher picks its own
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
         shared.set(key, str(port).encode())  # before serving: the server waits for every member to connect
         return core.TCPStore(host, port, True, len(members), 900)
     shared.wait(key)

@@ -55,18 +55,26 @@ def fill_whole(name: str, param, source) -> None:
     param.set_value(value)
 
 
+def read_block(name: str, param, source, box: Box):
+    """`box` of parameter `param` (HF name `name`) read from `source` as a Paddle tensor in the dtype the run
+    holds it in: `source.dtype` when set (AMP's O2 cast dtype, which a parameter without storage does not take
+    on: it keeps the dtype it was built in), else the parameter's own. One rule for every layout that creates a
+    parameter as its block only (`fill_placed`, `tensor_parallel.split_layers`)."""
+    import paddle
+
+    block = paddle.to_tensor(source(name, box))  # box.shape
+    dtype = source.dtype or param.dtype
+    return block.astype(dtype) if block.dtype != dtype else block
+
+
 def fill_placed(name: str, param, source, mesh, placements, rank: int):
     """`param` as a DistTensor parameter on `mesh` with `placements`, created from this rank's block only
     (what `dist.shard_tensor` would cut from the whole tensor, without the whole tensor ever existing). The
     parameter object stays the same (a lazy DistTensor parameter, placed without storage, takes `placements`)."""
-    import paddle
     from paddle.distributed.auto_parallel.api import dtensor_from_local
 
     box, _ = placed_box(tuple(int(d) for d in param.shape), mesh, placements, rank)
-    local = paddle.to_tensor(source(name, box))
-    dtype = source.dtype or param.dtype  # (a storage-less parameter keeps its dtype through AMP's O2 cast)
-    if local.dtype != dtype:
-        local = local.astype(dtype)
+    local = read_block(name, param, source, box)
     param._set_impl(dtensor_from_local(local, mesh, placements))  # the same parameter object, now placed
     return param
 

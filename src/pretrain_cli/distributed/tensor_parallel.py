@@ -72,6 +72,7 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None) -> dict:
     Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
     import paddle
 
+    from pretrain_cli.distributed.materialize import read_block
     from pretrain_cli.distributed.pieces import Box
 
     copy_to_tp, reduce_from_tp = _functions()
@@ -101,9 +102,7 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None) -> dict:
                 piece = paddle.slice(p, axes=list(range(len(p.shape))), starts=start, ends=end)  # this rank's block
             else:  # created as the block only: [start, end) of the HF-named tensor, in Paddle's layout
                 box = Box(tuple(int(n) for n in p.shape), tuple(start), tuple(e - s for s, e in zip(start, end)))
-                piece = paddle.to_tensor(source(f"{prefix}.{name}.{key}", box))
-                dtype = source.dtype or p.dtype  # (O2's cast dtype, as `materialize.fill_placed`)
-                piece = piece.astype(dtype) if piece.dtype != dtype else piece
+                piece = read_block(f"{prefix}.{name}.{key}", p, source, box)
             new = paddle.create_parameter(piece.shape, str(piece.dtype).split(".")[-1],
                                           default_initializer=paddle.nn.initializer.Assign(piece))
             new.is_distributed = True

@@ -49,20 +49,24 @@ def write(path, entries, metadata: dict | None = None) -> dict:
     raw, spans = header_for([(n, d, s) for n, d, s, _ in entries], metadata)
     crc, total = 0, 0
     with atomic.publishing(path) as f:
-        for block in (struct.pack("<Q", len(raw)), raw):
+        for block in _file_blocks(raw, entries, spans):
             f.write(block)
             crc = zlib.crc32(block, crc)
             total += len(block)
-        for (name, _, shape, produce), (begin, end) in zip(entries, spans):
-            arr = produce()
-            if tuple(arr.shape) != tuple(shape) or arr.nbytes != end - begin:
-                raise ValueError(f"{name}: produced {arr.shape} {arr.dtype}, the header says {list(shape)}")
-            for part in _blocks(arr):
-                f.write(part)
-                crc = zlib.crc32(part, crc)
-                total += len(part)
-            del arr
     return {"bytes": total, "crc32": f"{crc:08x}"}
+
+
+def _file_blocks(raw: bytes, entries, spans):
+    """The file's bytes in order, so that one loop writes and checksums them all: the header's length, the
+    header, then each tensor's (produced when its turn comes, and let go before the next is produced)."""
+    yield struct.pack("<Q", len(raw))
+    yield raw
+    for (name, _, shape, produce), (begin, end) in zip(entries, spans):
+        arr = produce()
+        if tuple(arr.shape) != tuple(shape) or arr.nbytes != end - begin:
+            raise ValueError(f"{name}: produced {arr.shape} {arr.dtype}, the header says {list(shape)}")
+        yield from _blocks(arr)
+        del arr
 
 
 def _blocks(arr: np.ndarray):
