@@ -115,3 +115,21 @@ def test_plan_md_worked_example_is_what_plan_prints():
     text = format_report(r).splitlines()
     assert block[0] in text and all(line in text for line in block)
     assert f"Bubble 3/19 = {r.parallel.pipeline_bubble:.1%}" in section
+
+
+@pytest.mark.parametrize("degrees", [dict(pp_degree=4, sharding_degree=2, sharding_stage=1, tp_degree=8),
+                                     dict(pp_degree=2, dp_degree=3, tp_degree=2),
+                                     dict(dp_degree=2, sharding_degree=2, sharding_stage=1, cp_degree=2),
+                                     dict(sharding_degree=4, sharding_stage=3)])
+def test_rank_groups_are_the_topologys_groups(degrees):
+    """The planner's cached grouping names the groups `distributed.topology.Topology` gives `train`, on every axis."""
+    from pretrain_cli.distributed.topology import Topology
+
+    world = 1
+    for k, v in degrees.items():
+        world *= v if k.endswith("_degree") else 1
+    par = ParallelConfig(world_size=world, **degrees)
+    topo, got = Topology.of(par), planned.rank_groups(par)
+    for axis, name in (("tp", "mp"), ("pp", "pp"), ("cp", "cp")):
+        assert got[axis] == topo.groups(name)
+    assert got["data"] == sorted({topo.replicas("pp", "mp", rank=r) for r in range(world)})

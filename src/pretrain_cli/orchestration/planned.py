@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
@@ -27,8 +28,12 @@ SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recom
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
-    """A copy of `args` with `change` ({key: value}) applied as if given on the command line (type-checked)."""
-    out = copy.deepcopy(args)
+    """A copy of `args` with `change` ({key: value}) applied as if given on the command line (type-checked).
+    The sections are copied one level deep (their values are replaced, never mutated): `--fit` makes thousands."""
+    out = copy.copy(args)
+    out.explicit = dict(args.explicit)
+    for section in {KEYS[key].section for key in change}:
+        setattr(out, section, copy.copy(getattr(args, section)))
     for key, value in change.items():
         out.set(key, coerce(KEYS[key], value, where))
         out.explicit[key] = where
@@ -49,16 +54,36 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
-    """{"tp" | "pp" | "data": every group of ranks along that axis} for `plan`'s layout lines, from the run's own
-    rank layout (`distributed.topology.Topology`, which `train` asks; never re-derived): a tensor-parallel group
-    shares (stage, data rank), a pipeline group (data rank, tensor-parallel position), a data (dp × ZeRO) group
-    (stage, tensor-parallel position)."""
+    """{"tp" | "pp" | "cp" | "data": every group of ranks along that axis} for `plan`'s layout lines and the speed
+    model's links, from the run's own rank layout (`distributed.topology.Topology`, which `train` asks; never
+    re-derived): a tensor-parallel group shares every coordinate but its tp position, a pipeline group every one but
+    its stage, a context-parallel group every one but its cp position, a data (dp × ZeRO, with cp) group its stage
+    and tensor-parallel position. Cached per layout of degrees: `--fit` plans thousands of candidates over a few
+    dozen layouts."""
     from pretrain_cli.distributed.topology import Topology
 
-    topo = Topology.of(par)
-    data = sorted({topo.replicas("pp", "mp", rank=r) for r in range(topo.world_size)})
-    return {"tp": [list(g) for g in topo.groups("mp")], "pp": [list(g) for g in topo.groups("pp")],
-            "data": [list(g) for g in data]}
+    return _groups(Topology.of(par).degrees)
+
+
+@functools.lru_cache(maxsize=None)
+def _groups(degrees: tuple) -> dict[str, list[tuple[int, ...]]]:
+    """`rank_groups` of one tuple of (axis, degree): every rank's coordinates asked of the Topology once, then the
+    ranks grouped by the coordinates each axis's groups share (what `Topology.group`/`replicas` select)."""
+    from pretrain_cli.distributed.topology import Topology
+
+    topo = Topology(degrees)
+    coords = [topo.coords(r) for r in range(topo.world_size)]
+
+    def by(*shared: str) -> list[tuple[int, ...]]:
+        out: dict[tuple, list[int]] = {}
+        for r, c in enumerate(coords):
+            out.setdefault(tuple(c[a] for a in shared), []).append(r)
+        return sorted(tuple(g) for g in out.values())
+
+    def along(axis: str) -> list[tuple[int, ...]]:
+        return by(*(a for a in topo.sizes if a != axis))
+
+    return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by("pp", "mp")}
 
 
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
