@@ -3,7 +3,8 @@
 micro-qwen2 (2 decoder layers, tied embeddings, q/k/v biases) split into 2 stages: the embedding and layer 0 on
 stage 0, layer 1, the final norm and the tied head on stage 1; with 4 decoder layers (`num_hidden_layers: 4`) into
 4 stages on 4 processes, against one process with the same 4 layers. Global batch 8 everywhere: per-device
-micro-batch x gradient_accumulation_steps x data ranks. SIGTERM and a killed rank: test_dist.py's layouts include PP2.
+micro-batch x gradient_accumulation_steps x data ranks. pp2 x dp2 also as ZeRO-1 and ZeRO-2 over each stage's 2
+replicas (`sharding: stage2`: ZeRO-1's ownership, and only the owned gradients kept between steps). SIGTERM and a killed rank: test_dist.py's layouts include PP2.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ LAYOUTS = {
     "pp2": (2, dict(PP, per_device_train_batch_size=4), "ref"),
     "pp2_dp2": (4, dict(PP, per_device_train_batch_size=2), "ref"),
     "pp2_stage1": (4, dict(PP, per_device_train_batch_size=2, sharding="stage1"), "ref"),  # ZeRO-1 in each stage
+    "pp2_stage2": (4, dict(PP, per_device_train_batch_size=2, sharding="stage2"), "ref"),  # + owned gradients only
     "pp4": (4, PP4, "ref4"),  # 4 stages: the middle ones send both ways (distributed/gloo.py on CPU)
     "pp4_vpp2": (4, VPP, "ref8"),
     # packed documents, recompute and evaluation inside the stages
@@ -82,9 +84,13 @@ def test_pipeline_matches_one_process(runs, refs, name):
     assert "Traceback" not in logs
     virtual = " x2 virtual" if keys.get("virtual_pp_degree") else ""
     assert f"layout: pipeline (fleet 1F1B): pp {pp}{virtual} x dp {nproc // pp}" in run.log(0), run.log(0)[-3000:]
-    if name == "pp2_stage1":  # each rank keeps the AdamW state of half its stage
+    if name in ("pp2_stage1", "pp2_stage2"):  # each rank keeps the AdamW state of half its stage; between steps
+        # ZeRO-1 keeps every gradient of its stage, ZeRO-2 those of the parameters it owns (about half)
         per_rank = [r for r in map(json.loads, (out / "metrics.jsonl").open()) if r["kind"] == "layout"][0]["per_rank"]
         assert all(r["optimizer_state"] < 0.6 * 2 * r["parameters"] for r in per_rank), per_rank
+        grads = [r["gradients"] / r["parameters"] for r in per_rank]
+        assert all(g < 0.6 for g in grads) if name == "pp2_stage2" else all(g == 1 for g in grads), per_rank
+        assert f"ZeRO-{name[-1]} over 2" in run.log(0)
     if name in ("pp2_doc", "pp4_vpp2"):  # evaluation runs forward-only through the stages and reads the same loss
         got, want = map(float, _evals(run)), map(float, _evals(r))  # the interleaved sum is rescaled: rounding
         assert len(_evals(run)) == 2 and all(abs(g - w) <= 1e-5 for g, w in zip(got, want, strict=True))
@@ -92,7 +98,7 @@ def test_pipeline_matches_one_process(runs, refs, name):
         assert "attention_mask_type = \"document\"" in run.log(0)
 
 
-@pytest.mark.parametrize("name", ["pp2_dp2", "pp2_stage1"])
+@pytest.mark.parametrize("name", ["pp2_dp2", "pp2_stage1", "pp2_stage2"])
 def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref, name):
     """Saved by every rank at once, nothing gathered: each stage's ranks write that stage's layers (replicas and
     ZeRO-1 owners share the bytes), and the pieces assembled are the reference's tensors by HF name."""
@@ -113,7 +119,7 @@ def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref, n
 
 
 # saved under -> resumed under; the 4-layer model's checkpoints against its own reference ("ref4")
-RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp4", "single4"), ("pp4", "pp2_4"), ("ref4", "pp4"),
+RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp2_stage2", "single"), ("pp4", "single4"), ("pp4", "pp2_4"), ("ref4", "pp4"),
            ("pp4_vpp2", "single8")]
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": LAYOUTS["pp2"][:2],
          "single4": (1, dict(FOUR, per_device_train_batch_size=8)), "pp4": (4, PP4),

@@ -4,7 +4,11 @@ TP2 x PP2 on 4 processes: micro-qwen2 (2 decoder layers, 4 heads, 2 KV heads, ti
 stage's layers split over 2 tensor-parallel ranks, 4 micro-batches of 2 a step = conftest's one-process global
 batch of 8. It must follow the one-process curve step by step, save through the sharded format (each rank its TP
 slice of its stage) and resume on other layouts, and resume from one process's checkpoint.
-TP x PP x DP and TP x PP x ZeRO-1 need 8 processes, more than these tests start at once (docs/DISTRIBUTED.md).
+
+The three-axis layouts on 8 processes (one launch each, a module fixture): tp2 x pp2 x dp2 and tp2 x pp2 x
+`sharding: stage1` (ZeRO-1 over 2 in each stage), 4 micro-batches of 1 per data rank (global batch 8). Both follow
+the one-process curve step by step, their checkpoints assemble to the one-process tensors and resume (ZeRO-1's
+on one process, dp2's on tp2 x pp2) on the same curve.
 """
 from __future__ import annotations
 
@@ -92,3 +96,57 @@ def test_resume_across_layouts_continues_the_same_curve(tp_pp, ref, corpus, tmp_
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
     # semi-auto tp2's row-parallel sums run in another order (test_layouts.py's WEIGHT_TOL)
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), 2e-5 if under == "tp2" else 1e-5)
+
+
+# 8 processes: the tp2 x pp2 stages twice over, as data-parallel replicas or as ZeRO-1 owners of half each stage's state
+THREE_D = {"tp2_pp2_dp2": dict(TP_PP, per_device_train_batch_size=1),
+           "tp2_pp2_stage1": dict(TP_PP, per_device_train_batch_size=1, sharding="stage1")}
+
+
+@pytest.fixture(scope="module", params=sorted(THREE_D))
+def three_d(request, corpus, tmp_path_factory):
+    name = request.param
+    root = tmp_path_factory.mktemp(name)
+    cfg = write_config(root / "c.json", corpus, root / "out", save_steps=5, **THREE_D[name])
+    run = launch_joined(cfg, root / "log", 8, timeout=600)
+    assert run.returncode == 0, run.explain()
+    return name, run, root / "out"
+
+
+def test_three_axis_layouts_match_one_process_and_write_their_shares(three_d, ref):
+    """The same curve and final weights as one process; the checkpoint's pieces (each rank its TP slice of its
+    stage; under ZeRO-1 each owner its half of the stage's AdamW state) assemble to one process's tensors."""
+    name, run, out = three_d
+    r, rout = ref
+    assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(out), read_weights(rout))
+    zero = ", ZeRO-1 over 2" if name.endswith("stage1") else ""
+    assert f"layout: pipeline (fleet 1F1B): pp 2 x tp 2 x dp 2{zero}" in run.log(0)
+    assert all("Traceback" not in run.log(n) for n in range(8))
+    ckpt = out / "checkpoint-5"
+    for kind in ("weights", "optimizer"):
+        saved, want = read_checkpoint(ckpt, kind), read_checkpoint(rout / "checkpoint-5", kind)
+        assert sorted(saved) == sorted(want)
+        assert_close_tensors(saved, want)
+    index = json.loads((ckpt / "checkpoint.index.json").read_text())
+    sizes = [f["bytes"] for n, f in index["files"].items() if n.startswith("model")]
+    assert len(sizes) == 8 and min(sizes) > 0, sizes  # replicas split the writing: every rank wrote weights
+    per_rank = [json.loads(line) for line in (out / "metrics.jsonl").open() if '"layout"' in line][0]["per_rank"]
+    state = [x["optimizer_state"] for x in per_rank]
+    if zero:  # each of a stage's two owners keeps about half of its replica's AdamW state
+        assert max(state) < 0.75 * 2 * max(x["parameters"] for x in per_rank), per_rank
+    else:
+        assert min(state) >= 2 * min(x["parameters"] for x in per_rank), per_rank
+
+
+def test_three_axis_checkpoints_resume_on_other_layouts(three_d, ref, corpus, tmp_path):
+    """ZeRO-1's checkpoint resumes on one process, dp2's on tp2 x pp2 (4 processes), each on the same curve."""
+    name, _, out = three_d
+    nproc, keys = UNDER["single" if name.endswith("stage1") else "tp2_pp2"]
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(out / "checkpoint-5"), **keys)
+    run = single(cfg, tmp_path / "log") if nproc == 1 else launch_joined(cfg, tmp_path / "log", nproc)
+    assert run.returncode == 0, run.explain()
+    assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]))

@@ -226,7 +226,7 @@ class Pipeline(FleetHybrid):
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
         super().__init__(parallel, device, step_kernels)
-        zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
+        zero = f", ZeRO-{parallel.sharding_stage} over {parallel.sharding_degree}" if parallel.sharding_stage else ""
         virtual = f" x{parallel.virtual_pp_degree} virtual" if parallel.virtual_pp_degree > 1 else ""
         tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
         self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
@@ -280,7 +280,7 @@ class Pipeline(FleetHybrid):
         self.pp_group = self.hcg.get_pipe_parallel_group()
         self._params = list(model.parameters())
         self._owned, self._hpo = self._params, None
-        if self.parallel.sharding_stage == 1:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
+        if self.parallel.sharding_stage:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
@@ -306,13 +306,25 @@ class Pipeline(FleetHybrid):
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        """ZeRO-1: fleet's optimizer (`FleetHybrid`); else the mean over the data-parallel replicas of this stage."""
+        """ZeRO-1/2: fleet's optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over the
+        data-parallel replicas of this stage."""
         if self._hpo is None and self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
             fused_allreduce_gradients(self._params, self.hcg)
         else:
             super().sync_grads()
+
+    def step(self, optimizer) -> None:
+        """ZeRO-2: after the update, the gradients this rank does not own are released (their owner alone read
+        them; the next step's backward creates them again), where ZeRO-1 keeps every gradient between steps.
+        Not earlier: fleet's parameter broadcast after the update skips a parameter whose gradient is gone."""
+        super().step(optimizer)
+        if self.parallel.sharding_stage == 2:
+            owned = {id(p) for p in self._owned}
+            for p in self._params:
+                if id(p) not in owned:
+                    p.clear_gradient(False)  # storage released, not zeroed
 
     def grad_params(self, model) -> list:
         return self._owned
@@ -333,6 +345,14 @@ class Pipeline(FleetHybrid):
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
+
+    def local_bytes(self, model, optimizer) -> dict:
+        """Also the gradients held between steps (reported after the first update): every parameter's under
+        ZeRO-1 (zeroed in place), only the owned ones' under ZeRO-2."""
+        out = super().local_bytes(model, optimizer)
+        out["gradients"] = sum(int(p.grad.numel()) * p.grad.element_size() for p in self._params
+                               if p.grad is not None and p.grad._is_initialized())
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def pieces(self, model, optimizer=None) -> list:
