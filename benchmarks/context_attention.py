@@ -53,8 +53,8 @@ def worker(a) -> None:
 
         dist.init_parallel_env()
         rank = dist.get_rank()
-        group, _ = cp_group(ParallelConfig(world_size=cp, rank=rank, cp_degree=cp))
-        attend, _ = context_attention(group, cp, rank, kernels.block_forward)
+        ring = cp_group(ParallelConfig(world_size=cp, rank=rank, cp_degree=cp))
+        attend, _ = context_attention(ring, cp, rank, kernels.block_forward)
     else:
         attend = kernels.select(KernelConfig(attention="flash" if a.path == "cpu" else "math")).attention
     rng = np.random.default_rng(rank)

@@ -12,9 +12,10 @@ import json
 import pytest
 from launch_helpers import STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights, single, write_config
 
-def test_context_attention_matches_whole_sequence_attention(tmp_path):
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     """Forward and dQ/dK/dV on each rank's chunks equal the whole sequence's attention (causal, documents, GQA,
-    one query tile and tiles of 5 rows)."""
+    one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes."""
     import subprocess
     import sys
     from pathlib import Path
@@ -22,13 +23,13 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path):
     from launch_helpers import child_env
 
     script = Path(__file__).with_name("context_attention_ranks.py")
-    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(cp), "--log_dir",
                            str(tmp_path / "log"), str(script)], cwd=str(tmp_path), env=child_env(),
                           capture_output=True, text=True, timeout=300)
-    logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(2))
+    logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(cp))
     assert proc.returncode == 0, proc.stdout[-2000:] + logs[-4000:]
     cases = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
-    assert len(cases) == 8, logs[-2000:]  # 2 ranks x 2 tilings x causal/document
+    assert len(cases) == cp * 4, logs[-2000:]  # cp ranks x 2 tilings x causal/document
     for case in cases:
         assert max(case["out_dq_dk_dv"]) < 2e-6, case
 
