@@ -1,5 +1,5 @@
 """Context parallelism through the real launcher: each 128-token sequence split over 2 processes (chunks 0+3 and
-1+2), attention over the gathered K/V, against one process on the same batches.
+1+2; 4 processes: 0+7, 1+6, 2+5, 3+4), ring attention, against one process on the same batches.
 
 The micro model at 128 tokens, causal and with document masking, must give the same losses (<= 1e-5) and final
 weights; the checkpoint (whole weights on each rank, written once) resumes on one process on the same curve, and
@@ -71,6 +71,23 @@ def test_cp2_matches_one_process(runs, mask):
     log = run.log(0)
     assert "layout: context parallel: cp 2 x dp 1" in log
     assert "Traceback" not in log + run.log(1)
+
+
+@pytest.mark.parametrize("mask", ["causal", "document"])
+def test_cp4_ring_of_four_matches_one_process(runs, corpus, tmp_path, mask):
+    """4 processes in one ring (chunks 0+7, 1+6, 2+5, 3+4 of 16 tokens; K/V blocks passed around 3 times per
+    attention, dK/dV 4 times): the same losses, weights and evaluation as one process."""
+    doc = dict(attention_mask_type="document") if mask == "document" else {}
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", **SEQ, **EVAL, context_parallel_degree=4,
+                       **doc)
+    run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
+    assert run.returncode == 0, run.explain()
+    assert "layout: context parallel: cp 4 x dp 1 (load-balanced chunks, ring attention)" in run.log(0)
+    ref, rout = runs["one_doc" if doc else "one"]
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), 2e-5 if doc else 1e-5)
+    got, want = _eval_losses(run), _eval_losses(ref)
+    assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
 
 
 def test_cp2_checkpoint_is_whole_weights_written_once(runs):
