@@ -1,7 +1,8 @@
 """Run by test_context.py under the launcher (2, 3 or 4 processes): context-parallel attention on each rank's chunks
 against `attention_math` on the whole sequence, forward and backward (dQ, dK, dV), causal and document-masked,
 GQA, with one query tile per chunk and with tiles of 5 rows (diagonal tiles aligned bottom-right). Prints one
-JSON line per case: the largest differences."""
+JSON line per case: the largest differences, the shapes of the tensors the attention sent and how many
+collectives it ran."""
 import json
 
 import numpy as np
@@ -33,6 +34,22 @@ def mine(t):
     return shard_sequence(paddle.to_tensor(t) if isinstance(t, np.ndarray) else t, world, rank).numpy()
 
 
+traffic: dict = {"sends": [], "collectives": 0}  # what the attention calls exchange, per case
+
+
+def _counted(name, real):
+    def call(tensor, *args, **kwargs):
+        if name == "send":
+            traffic["sends"].append(list(tensor.shape))
+        else:
+            traffic["collectives"] += 1
+        return real(tensor, *args, **kwargs)
+    return call
+
+
+for _name in ("send", "all_gather", "all_reduce", "broadcast", "reduce_scatter", "alltoall"):
+    setattr(dist, _name, _counted(_name, getattr(dist, _name)))
+
 for tile in (1024, 5):
     causal, document = context_attention(ring, world, rank, block_forward, tile)
     for masked in (False, True):
@@ -40,8 +57,10 @@ for tile in (1024, 5):
         ref = attention_math(*whole, paddle.to_tensor(doc_start) if masked else None)
         (ref * paddle.to_tensor(do)).sum().backward()
         local = [paddle.to_tensor(mine(a), stop_gradient=False) for a in (q, k, v)]
+        traffic["sends"], traffic["collectives"] = [], 0
         out = document(*local, paddle.to_tensor(mine(doc_start))) if masked else causal(*local)
         (out * paddle.to_tensor(mine(do))).sum().backward()
         diffs = [float(np.abs(out.numpy() - mine(ref)).max())]
         diffs += [float(np.abs(lo.grad.numpy() - mine(wh.grad)).max()) for lo, wh in zip(local, whole)]
-        print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs}), flush=True)
+        print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs, **traffic}),
+              flush=True)

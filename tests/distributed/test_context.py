@@ -15,7 +15,8 @@ from launch_helpers import STEPS, assert_close_losses, assert_close_tensors, lau
 @pytest.mark.parametrize("cp", [2, 3, 4])
 def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     """Forward and dQ/dK/dV on each rank's chunks equal the whole sequence's attention (causal, documents, GQA,
-    one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes."""
+    one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes; what
+    the attention sends is 3C-2 blocks of one rank's K/V (or dK/dV) each, and it runs no collective."""
     import subprocess
     import sys
     from pathlib import Path
@@ -30,8 +31,11 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     assert proc.returncode == 0, proc.stdout[-2000:] + logs[-4000:]
     cases = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
     assert len(cases) == cp * 4, logs[-2000:]  # cp ranks x 2 tilings x causal/document
+    block = [2, 2, 2, 1, 32 // cp if cp != 3 else 12, 8]  # K and V of one rank's tokens: [2, b, n_kv, 1, S/cp, d]
     for case in cases:
         assert max(case["out_dq_dk_dv"]) < 2e-6, case
+        # a ring: C-1 K/V blocks forward, C-1 more and C dK/dV blocks backward, each one rank's; no collective
+        assert case["sends"] == [block] * (3 * cp - 2) and case["collectives"] == 0, case
 
 
 SEQ = dict(max_seq_length=128, per_device_train_batch_size=4, save_steps=5, report_to=["none"])
