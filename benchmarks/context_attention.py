@@ -4,9 +4,9 @@ Why: context parallelism exists so that one sequence's attention does not have t
 the attention of one layer, forward + backward, on one sequence of S tokens: in one process with the kernels
 `train` runs there (the fused CPU block-causal kernel, `use_flash_attention: true`; and the materialising
 `sdpa_mask`, `false`), and on `--cp` processes under the real launcher, each holding S/cp tokens
-(`distributed.context`: blocks through Paddle's ops, K/V gathered, dK/dV all-reduced). Peak memory is the
-process's peak RSS above its RSS before the first call (each measurement runs in a fresh process, so the peak
-is this length's own). Prints one row per length: milliseconds and MiB, and cp's ratio to one process.
+(`distributed.context`: ring attention, blocks through Paddle's ops, K/V and dK/dV blocks passed between
+neighbours with gloo's blocking send/recv). Peak memory is the process's peak RSS above its RSS before the
+first call (each measurement runs in a fresh process, so the peak is this length's own). Prints one row per length: milliseconds and MiB, and cp's ratio to one process.
 
     python benchmarks/context_attention.py [--seqs 1024,2048,4096,8192] [--cp 2] [--heads 8] [--kv_heads 2]
         [--head_dim 64] [--reps 3] [--math_max 4096] [--json]
@@ -53,8 +53,8 @@ def worker(a) -> None:
 
         dist.init_parallel_env()
         rank = dist.get_rank()
-        group, _ = cp_group(ParallelConfig(world_size=cp, rank=rank, cp_degree=cp))
-        attend, _ = context_attention(group, cp, rank, kernels.block_forward)
+        ring = cp_group(ParallelConfig(world_size=cp, rank=rank, cp_degree=cp))
+        attend, _ = context_attention(ring, cp, rank, kernels.block_forward)
     else:
         attend = kernels.select(KernelConfig(attention="flash" if a.path == "cpu" else "math")).attention
     rng = np.random.default_rng(rank)

@@ -1,7 +1,8 @@
-"""Run by test_context.py under the launcher (2 processes): context-parallel attention on each rank's chunks
+"""Run by test_context.py under the launcher (2, 3 or 4 processes): context-parallel attention on each rank's chunks
 against `attention_math` on the whole sequence, forward and backward (dQ, dK, dV), causal and document-masked,
 GQA, with one query tile per chunk and with tiles of 5 rows (diagonal tiles aligned bottom-right). Prints one
-JSON line per case: the largest differences."""
+JSON line per case: the largest differences, the shapes of the tensors the attention sent and how many
+collectives it ran."""
 import json
 
 import numpy as np
@@ -18,9 +19,9 @@ from pretrain_cli.run_config import ParallelConfig  # noqa: E402
 
 dist.init_parallel_env()
 rank, world = dist.get_rank(), dist.get_world_size()
-group, _ = cp_group(ParallelConfig(world_size=world, rank=rank, cp_degree=world))
+ring = cp_group(ParallelConfig(world_size=world, rank=rank, cp_degree=world))  # gloo: the CPU exchange
 rng = np.random.default_rng(0)
-b, S, nh, nkv, d = 2, 32, 4, 2, 8
+b, S, nh, nkv, d = 2, 36 if world == 3 else 32, 4, 2, 8  # S divisible by 2 x world (2, 3 or 4 ranks)
 q, do = (rng.standard_normal((b, S, nh, d)).astype("float32") for _ in range(2))
 k, v = (rng.standard_normal((b, S, nkv, d)).astype("float32") for _ in range(2))
 doc_start = np.zeros((b, S), np.int64)
@@ -33,15 +34,33 @@ def mine(t):
     return shard_sequence(paddle.to_tensor(t) if isinstance(t, np.ndarray) else t, world, rank).numpy()
 
 
+traffic: dict = {"sends": [], "collectives": 0}  # what the attention calls exchange, per case
+
+
+def _counted(name, real):
+    def call(tensor, *args, **kwargs):
+        if name == "send":
+            traffic["sends"].append(list(tensor.shape))
+        else:
+            traffic["collectives"] += 1
+        return real(tensor, *args, **kwargs)
+    return call
+
+
+for _name in ("send", "all_gather", "all_reduce", "broadcast", "reduce_scatter", "alltoall"):
+    setattr(dist, _name, _counted(_name, getattr(dist, _name)))
+
 for tile in (1024, 5):
-    causal, document = context_attention(group, world, rank, block_forward, tile)
+    causal, document = context_attention(ring, world, rank, block_forward, tile)
     for masked in (False, True):
         whole = [paddle.to_tensor(a, stop_gradient=False) for a in (q, k, v)]
         ref = attention_math(*whole, paddle.to_tensor(doc_start) if masked else None)
         (ref * paddle.to_tensor(do)).sum().backward()
         local = [paddle.to_tensor(mine(a), stop_gradient=False) for a in (q, k, v)]
+        traffic["sends"], traffic["collectives"] = [], 0
         out = document(*local, paddle.to_tensor(mine(doc_start))) if masked else causal(*local)
         (out * paddle.to_tensor(mine(do))).sum().backward()
         diffs = [float(np.abs(out.numpy() - mine(ref)).max())]
         diffs += [float(np.abs(lo.grad.numpy() - mine(wh.grad)).max()) for lo, wh in zip(local, whole)]
-        print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs}), flush=True)
+        print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs, **traffic}),
+              flush=True)

@@ -1,5 +1,5 @@
 """Context parallelism through the real launcher: each 128-token sequence split over 2 processes (chunks 0+3 and
-1+2), attention over the gathered K/V, against one process on the same batches.
+1+2; 4 processes: 0+7, 1+6, 2+5, 3+4), ring attention, against one process on the same batches.
 
 The micro model at 128 tokens, causal and with document masking, must give the same losses (<= 1e-5) and final
 weights; the checkpoint (whole weights on each rank, written once) resumes on one process on the same curve, and
@@ -12,9 +12,11 @@ import json
 import pytest
 from launch_helpers import STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights, single, write_config
 
-def test_context_attention_matches_whole_sequence_attention(tmp_path):
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     """Forward and dQ/dK/dV on each rank's chunks equal the whole sequence's attention (causal, documents, GQA,
-    one query tile and tiles of 5 rows)."""
+    one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes; what
+    the attention sends is 3C-2 blocks of one rank's K/V (or dK/dV) each, and it runs no collective."""
     import subprocess
     import sys
     from pathlib import Path
@@ -22,15 +24,18 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path):
     from launch_helpers import child_env
 
     script = Path(__file__).with_name("context_attention_ranks.py")
-    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(cp), "--log_dir",
                            str(tmp_path / "log"), str(script)], cwd=str(tmp_path), env=child_env(),
                           capture_output=True, text=True, timeout=300)
-    logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(2))
+    logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(cp))
     assert proc.returncode == 0, proc.stdout[-2000:] + logs[-4000:]
     cases = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
-    assert len(cases) == 8, logs[-2000:]  # 2 ranks x 2 tilings x causal/document
+    assert len(cases) == cp * 4, logs[-2000:]  # cp ranks x 2 tilings x causal/document
+    block = [2, 2, 2, 1, 32 // cp if cp != 3 else 12, 8]  # K and V of one rank's tokens: [2, b, n_kv, 1, S/cp, d]
     for case in cases:
         assert max(case["out_dq_dk_dv"]) < 2e-6, case
+        # a ring: C-1 K/V blocks forward, C-1 more and C dK/dV blocks backward, each one rank's; no collective
+        assert case["sends"] == [block] * (3 * cp - 2) and case["collectives"] == 0, case
 
 
 SEQ = dict(max_seq_length=128, per_device_train_batch_size=4, save_steps=5, report_to=["none"])
@@ -63,13 +68,30 @@ def test_cp2_matches_one_process(runs, mask):
     (run, out), (ref, rout) = runs["cp2" + suffix], runs["one" + suffix]
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     # documents: the blocks sum in another order than the one-process kernel; AdamW normalises the rounding to
-    # 9.5e-6 after 10 steps (measured), compared at 2e-5 as test_layouts' document test does
+    # 3.8e-6 (cp2) and 4.5e-6 (cp4) after 10 steps (measured), compared at 2e-5 as test_layouts' document test does
     assert_close_tensors(read_weights(out), read_weights(rout), 2e-5 if mask == "document" else 1e-5)
     got, want = _eval_losses(run), _eval_losses(ref)
     assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
     log = run.log(0)
     assert "layout: context parallel: cp 2 x dp 1" in log
     assert "Traceback" not in log + run.log(1)
+
+
+@pytest.mark.parametrize("mask", ["causal", "document"])
+def test_cp4_ring_of_four_matches_one_process(runs, corpus, tmp_path, mask):
+    """4 processes in one ring (chunks 0+7, 1+6, 2+5, 3+4 of 16 tokens; K/V blocks passed around 3 times per
+    attention, dK/dV 4 times): the same losses, weights and evaluation as one process."""
+    doc = dict(attention_mask_type="document") if mask == "document" else {}
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", **SEQ, **EVAL, context_parallel_degree=4,
+                       **doc)
+    run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
+    assert run.returncode == 0, run.explain()
+    assert "layout: context parallel: cp 4 x dp 1 (load-balanced chunks, ring attention)" in run.log(0)
+    ref, rout = runs["one_doc" if doc else "one"]
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), 2e-5 if doc else 1e-5)
+    got, want = _eval_losses(run), _eval_losses(ref)
+    assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
 
 
 def test_cp2_checkpoint_is_whole_weights_written_once(runs):

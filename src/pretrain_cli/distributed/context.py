@@ -5,17 +5,18 @@
 to many keys and an early one to few, so pairing them gives every rank the same work. Every per-token
 field of the batch (ids, labels, `position_ids`, `doc_start`) is cut the same way (`shard_batch`).
 
-**Attention.** Each rank all-gathers the K and V of its cp group and runs its queries against every key
-chunk they may see, one (query chunk, key chunk) block at a time through `kernels.attention_block` (flash
-attention's per-block output and log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`),
-merging the blocks by their log-sum-exp (online softmax). Chunks after the query chunk are skipped; the
-diagonal block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in
-tiles of `ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]`. The backward
-recomputes each block from the final output and log-sum-exp and sums every rank's dK/dV of each chunk back
-to its owner with one all-reduce (gloo has no reduce-scatter: ARCHITECTURE.md facts: gloo). Gathering K/V
-instead of passing them around a ring of `send`/`recv` is Llama 3's all-gather variant of context
-parallelism: the same blocks and merge, one collective instead of C−1 exchanges; K/V are n_kv/n_heads of
-the activations, so holding the whole sequence's K/V of one layer is small next to the scores it avoids.
+**Attention** is a ring (torchtitan's and ring-flash-attention's schedule): in C steps each rank holds the
+K/V block of cp rank (r − i) mod C, runs its queries against the chunks of it they may see, one (query chunk,
+key chunk) block at a time through `kernels.attention_block` (flash attention's per-block output and
+log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`), merges by log-sum-exp (online softmax)
+and passes the block to the next rank (`distributed.ring`: overlapped `batch_isend_irecv` on GPU, blocking
+send/recv over per-edge groups on gloo). Key chunks after the query chunk are not computed; the diagonal
+block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in tiles of
+`ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]`. A rank holds two K/V blocks at
+most (the one computed, the one arriving), never the whole sequence's. The backward recomputes each block
+from the final output and log-sum-exp and runs the ring again, each K/V block travelling with its fp32 dK/dV
+accumulator, which after C passes is back with the block's owner: C − 1 K/V and C dK/dV exchanges of one
+rank's block each, no collective over the whole sequence.
 
 **Positions.** RoPE uses each token's global position (`position_ids`, supplied when the batch has none),
 so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start` holds global positions.
@@ -37,22 +38,14 @@ from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
 from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 
 
-def cp_group(parallel):
-    """(group, ranks) of this rank's context-parallel group: the topology's "cp" axis (`distributed.topology`:
-    the cp ranks of one data rank are neighbours). Every rank creates every group, in the same order, as
-    `new_group` requires, each followed by a barrier: with gloo, disjoint groups created at once fail to
-    connect (`topology.groups_one_at_a_time`)."""
-    import paddle.distributed as dist
-
+def cp_group(parallel, gloo: bool = True):
+    """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
+    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `gloo`: the CPU
+    exchange (`distributed.ring`)."""
+    from pretrain_cli.distributed.ring import ring_groups
     from pretrain_cli.distributed.topology import Topology
 
-    mine = None
-    for ranks in Topology.of(parallel).groups("cp"):
-        group = dist.new_group(list(ranks))
-        dist.barrier()
-        if parallel.rank in ranks:
-            mine = (group, list(ranks))
-    return mine
+    return ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
 
 
 def chunks_of(cp: int, cp_rank: int) -> tuple[int, int]:
@@ -115,14 +108,6 @@ def _tiles(blocks, c: int, tile: int):
         yield r0, r1, tiled
 
 
-def _gather(x, group, cp: int) -> list:
-    import paddle.distributed as dist
-
-    parts: list = []
-    dist.all_gather(parts, x.contiguous(), group=group)  # rope_cpu returns views; gloo sends whole buffers
-    return parts
-
-
 def _heads(x, n_kv: int):
     """`[bsz, len, heads, d]` → `[bsz, n_kv, heads / n_kv, len, d]` (GQA by broadcasting)."""
     bsz, length, heads, d = x.shape
@@ -130,19 +115,31 @@ def _heads(x, n_kv: int):
 
 
 class _Ring:
-    """What one context-parallel attention call needs besides q, k, v: the group, this rank's place, the
-    block kernel, and (document masking) `doc_start`."""
+    """What one context-parallel attention call needs besides q, k, v: the neighbour exchange, this rank's place,
+    the block kernel, and (document masking) `doc_start`."""
 
-    def __init__(self, group, cp: int, cp_rank: int, block, doc_start=None, tile: int = ROW_TILE):
-        self.group, self.cp, self.cp_rank, self.block, self.doc_start = group, cp, cp_rank, block, doc_start
+    def __init__(self, exchange, cp: int, cp_rank: int, block, doc_start=None, tile: int = ROW_TILE):
+        self.exchange, self.cp, self.cp_rank, self.block, self.doc_start = exchange, cp, cp_rank, block, doc_start
         self.tile = tile
+
+    def steps(self, plan: list, c: int):
+        """Per ring step i: (j, the rank whose K/V block this rank holds then, [(slot, tile index, r0, r1, that
+        block's (half, keys, visible, causal) entries)]); step i holds rank (cp_rank − i) mod C's block."""
+        tiles = [list(_tiles(blocks, c, self.tile)) for blocks in plan]
+        for i in range(self.cp):
+            j = (self.cp_rank - i) % self.cp
+            work = [(slot, t, r0, r1, [e[1:] for e in tiled if e[0] == j])
+                    for slot, per_slot in enumerate(tiles) for t, (r0, r1, tiled) in enumerate(per_slot)]
+            yield i, j, [w for w in work if w[4]]  # blocks the causal mask hides entirely are not computed
 
 
 def _attention_class():
     import paddle
 
     class RingAttention(paddle.autograd.PyLayer):
-        """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q."""
+        """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q. C ring steps:
+        at step i this rank holds the K/V block of cp rank (r − i) mod C (two blocks at most: the one computed
+        and the one arriving), runs its queries against it and merges by log-sum-exp."""
 
         @staticmethod
         def forward(ctx, q, k, v, ring):
@@ -152,66 +149,68 @@ def _attention_class():
         @staticmethod
         def _forward(ctx, q, k, v, ring):
             n_kv, c = k.shape[2], q.shape[1] // 2
-            ks = [_heads(t, n_kv) for t in _gather(k, ring.group, ring.cp)]  # cp x [bsz, n_kv, 1, 2c, d]
-            vs = [_heads(t, n_kv) for t in _gather(v, ring.group, ring.cp)]  # cp x [bsz, n_kv, 1, 2c, d]
             qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
+            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]: this rank's block
             plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
-            outs, lses = [], []
-            for slot, blocks in enumerate(plan):
-                tile_outs, tile_lses = [], []
-                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+            acc: dict = {}  # (slot, tile) -> (out, lse) merged over the blocks seen so far
+            for i, j, work in ring.steps(plan, c):
+                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None  # the next block, during compute
+                for slot, t, r0, r1, entries in work:
                     qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
-                    out = lse = None
-                    for j, half, keys, visible, causal in tiled:
-                        kb = ks[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        vb = vs[j][:, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    out, lse = acc.get((slot, t), (None, None))
+                    for half, keys, visible, causal in entries:
+                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
                         out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
-                    tile_outs.append(out)
-                    tile_lses.append(lse)
-                outs.append(paddle.concat(tile_outs, axis=3))  # [bsz, n_kv, rep, c, d]
-                lses.append(paddle.concat(tile_lses, axis=3))  # [bsz, n_kv, rep, c, 1]
-            ctx.saved = (qh, ks, vs, outs, lses, plan, ring, q.shape)
-            out = paddle.concat(outs, axis=3)  # [bsz, n_kv, rep, 2c, d]
-            return out.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
+                    acc[(slot, t)] = (out, lse)
+                if pending is not None:
+                    kv = pending.wait()
+            keys = sorted(acc)  # (slot, tile) in sequence order: every tile sees its own diagonal, so none is missing
+            outs = paddle.concat([acc[key][0] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, d]
+            lses = paddle.concat([acc[key][1] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, 1]
+            ctx.saved = (qh, k, v, outs, lses, plan, ring, q.shape)
+            return outs.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
 
         @staticmethod
         def backward(ctx, dout):
-            import paddle.distributed as dist
-
-            qh, ks, vs, outs, lses, plan, ring, q_shape = ctx.saved
-            n_kv, c = ks[0].shape[1], q_shape[1] // 2
+            """The ring again, each K/V block travelling with its dK/dV accumulator (fp32): at step i this rank adds
+            its queries' share to the block it holds, then passes both on; after C steps every accumulator is
+            back with its owner, so no rank ever holds the whole sequence's dK/dV."""
+            qh, k, v, outs, lses, plan, ring, q_shape = ctx.saved
+            n_kv, c = k.shape[2], q_shape[1] // 2
             doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            zero = paddle.zeros_like(ks[0][:, :, :, :c])  # [bsz, n_kv, 1, c, d]
-            dks = [[zero, zero] for _ in range(ring.cp)]
-            dvs = [[zero, zero] for _ in range(ring.cp)]
-            dqs = []
-            for slot, blocks in enumerate(plan):
-                for r0, r1, tiled in _tiles(blocks, c, ring.tile):
+            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]
+            dkv = paddle.zeros(kv.shape, dtype="float32")  # [2, bsz, n_kv, 1, 2c, d]: the held block's dK, dV
+            dqs: dict = {}
+            for i, j, work in ring.steps(plan, c):
+                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None
+                parts = [[], []]  # per half of the held block: its (dk, dv) shares, [bsz, n_kv, 1, c, d] each
+                for slot, t, r0, r1, entries in work:
                     rows = slice(slot * c + r0, slot * c + r1)
                     qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
-                    out, lse = outs[slot][:, :, :, r0:r1], lses[slot][:, :, :, r0:r1]
-                    dq = None
-                    for j, half, keys, visible, _ in tiled:
-                        ksl = slice(half * c, half * c + keys)
-                        g_q, g_k, g_v = block_backward(qs, ks[j][:, :, :, ksl], vs[j][:, :, :, ksl], out, lse, dos,
-                                                       visible)
+                    out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
+                    for half, keys, visible, _ in entries:
+                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                        g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
+                        dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
+                        g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, keys, d]
                         if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
-                            g_k = paddle.concat([g_k, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
-                            g_v = paddle.concat([g_v, zero[:, :, :, keys:]], axis=3)  # [bsz, n_kv, 1, c, d]
-                        dq = g_q if dq is None else dq + g_q
-                        dks[j][half] = dks[j][half] + g_k
-                        dvs[j][half] = dvs[j][half] + g_v
-                    dqs.append(dq)
-            both = paddle.stack([paddle.concat([g if g is not None else zero for g in pair], axis=3).squeeze(2)
-                                 for pair in dks + dvs])  # [2·cp, bsz, n_kv, 2c, d]: this rank's share of every chunk
-            dist.all_reduce(both, group=ring.group)  # summed over the cp group (gloo has no reduce-scatter)
+                            g = paddle.concat([g, paddle.zeros([*g.shape[:-2], c - keys, g.shape[-1]], g.dtype)], -2)
+                        parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
+                if parts[0] or parts[1]:
+                    zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]
+                    dkv = dkv + paddle.concat([paddle.add_n(p) if p else zero for p in parts], axis=-2)
+                dkv = ring.exchange.start(dkv).wait()  # after C passes: this rank's own block's dK/dV
+                if pending is not None:
+                    kv = pending.wait()
             bsz, _, n_heads, d = q_shape
 
             def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
                 return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
 
-            dq = back(paddle.concat(dqs, axis=3), n_heads)
-            return dq, back(both[ring.cp_rank], n_kv), back(both[ring.cp + ring.cp_rank], n_kv)
+            dq = back(paddle.concat([dqs[key] for key in sorted(dqs)], axis=3), n_heads)
+            return dq, back(dkv[0].astype(k.dtype), n_kv), back(dkv[1].astype(v.dtype), n_kv)
 
     return RingAttention
 
@@ -219,18 +218,18 @@ def _attention_class():
 _RING_CLASS: list = []
 
 
-def context_attention(group, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
-    """(causal, document-masked) attention functions over the cp group, for `kernels.attention` /
-    `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
+def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
+    """(causal, document-masked) attention functions over the cp ring (`exchange`: `cp_group`'s), for
+    `kernels.attention` / `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
     if not _RING_CLASS:
         _RING_CLASS.append(_attention_class())
     ring_cls = _RING_CLASS[0]
 
     def causal(q, k, v):
-        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, tile=tile))
+        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, tile=tile))
 
     def document(q, k, v, doc_start):
-        return ring_cls.apply(q, k, v, _Ring(group, cp, cp_rank, block, doc_start, tile))
+        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, doc_start, tile))
 
     return causal, document
 
@@ -297,7 +296,7 @@ class _Context:
         self.cp, self.cp_rank = parallel.cp_degree, self.topology.coord("cp")
         self.group = None
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
-                     f"attention over the gathered K/V){self.zero}")
+                     f"ring attention){self.zero}")
 
     def place(self, model, source=None):
         """The data-parallel placement (whole parameters, created from `source` when built lazily), then the
@@ -305,11 +304,12 @@ class _Context:
         from pretrain_cli.models.layers import CoreAttention
 
         model = super().place(model, source)
-        self.group, _ = cp_group(self.parallel)
+        exchange = cp_group(self.parallel, gloo=self.device == "cpu")  # gloo's send/recv: `distributed.ring`
+        self.group = exchange.group
         for layer in model.sublayers():
             if isinstance(layer, CoreAttention):
                 block = layer.kernels.attention_block_name
-                causal, document = context_attention(self.group, self.cp, self.cp_rank, layer.kernels.attention_block)
+                causal, document = context_attention(exchange, self.cp, self.cp_rank, layer.kernels.attention_block)
                 layer.kernels = replace(layer.kernels, attention=causal, attention_document=document,
                                         attention_name=f"context({block} blocks)",
                                         attention_document_name=f"context({block} blocks)")

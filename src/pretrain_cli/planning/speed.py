@@ -26,8 +26,8 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
             tensor-parallel rank: no sequence parallelism)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
-    cp    = acc × `memory.context_traffic_bytes` (per layer the K/V all-gather, again under full/full_attn recompute,
-            and the dK/dV all-reduce)
+    cp    = acc × `memory.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
+            recompute, and its dK/dV blocks)
     Data-parallel gradient traffic is the same for every layout with the same data ranks and is left out."""
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
