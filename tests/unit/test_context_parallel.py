@@ -225,3 +225,18 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
         assert float((got_out.astype("float32") - want_out).abs().max()) < 3e-2
         assert float((got_lse - want_lse).abs().max()) < 3e-2
     assert calls == [False, True, True]  # flash attention ran each block (causal where it is the diagonal)
+
+
+def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():
+    """Ring attention's bytes per rank (`planning.memory.context_traffic_bytes`): a forward passes (C-1)/C of the
+    sequence's K/V (what full recompute adds), and C fp32 dK/dV blocks of one rank's tokens ride the backward."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.planning.memory import context_traffic_bytes
+
+    model = SimpleNamespace(num_hidden_layers=3, num_key_value_heads=2, head_dim=8)
+    kv = 1 * 4096 * 2 * 2 * 8  # the sequence's K and V elements, micro-batch 1
+    for cp in (2, 4, 8):
+        plain, again = (context_traffic_bytes(model, 1, 4096, cp, 2, r) for r in ("none", "full"))
+        assert again - plain == pytest.approx(3 * (cp - 1) / cp * kv * 2)  # one more forward: bf16 K/V blocks
+        assert plain == pytest.approx(3 * (2 * (cp - 1) / cp * kv * 2 + kv * 4))  # fwd + bwd K/V, fp32 dK/dV
