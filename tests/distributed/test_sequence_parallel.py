@@ -85,7 +85,20 @@ def test_tp2_pp2_sp_matches_one_process(corpus, tmp_path, ref):
     assert run.returncode == 0, run.explain()
     assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
-    assert "pp 2 x tp 2" in run.log(0)
+    assert "pp 2 x tp 2" in run.log(0) and "tp 2 + sp" in run.log(0)
+
+
+@pytest.mark.parametrize("keys", [dict(sharding="stage1"), {}], ids=["tp2_sp_stage1", "dp2_tp2_sp"])
+def test_sp_with_data_parallelism_and_zero1_on_four_processes(corpus, tmp_path, ref, keys):
+    """Two data ranks of two tp ranks each (per-device batch 4: the same global batch of 8): the norms' gradients
+    summed over each tp group, then averaged over the data ranks (ZeRO-1: reduced to each owner)."""
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", tensor_parallel_degree=2, sequence_parallel=True,
+                       per_device_train_batch_size=4, **keys)
+    run = launch_joined(cfg, tmp_path / "log", 4)
+    assert run.returncode == 0, run.explain()
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
+    assert ("ZeRO-1 over 2" in run.log(0)) == bool(keys) and "tp 2 x dp 2" in run.log(0)
 
 
 def _evals(run) -> list[tuple]:
