@@ -17,7 +17,7 @@ normalises `seq_len / tp` positions of them; attention and the MLP still see the
   gradients are summed over the tp group once per step (`sum_grads`).
 
 Which TP form runs it: this one (`tensor_parallel`'s PyLayers over the topology's "mp" group), for a pipeline's
-stages and for plain TP (`TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
+stages and for plain TP (`distributed.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
 plans reshard through reduce-scatter and all-to-all, which its CPU build lacks, so only this form can be verified
 here; its slices and checkpoint pieces are the same as the pipeline's TP (`Pipeline.local_box`).
 
@@ -26,9 +26,6 @@ CPU workaround (docs/DISTRIBUTED.md, "What CPU verifies"): gloo has no `reduce_s
 `paddle.distributed.reduce_scatter`. The result is the same; the CPU path moves tp times the bytes.
 """
 from __future__ import annotations
-
-from pretrain_cli.distributed.pipeline import Pipeline
-from pretrain_cli.run_config import ParallelConfig
 
 SEQ = 1  # the sequence axis of an activation [bsz, seq_len, hidden]
 
@@ -133,45 +130,3 @@ def hook_model(lm, group, parts: int, index: int, gloo: bool) -> list:
         out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         out += [b for b in (layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias) if b is not None]
     return out
-
-
-class TensorParallel(Pipeline):
-    """`tensor_parallel_degree > 1` with `sequence_parallel: true` and one stage: `tensor_parallel`'s split plus
-    the sequence-parallel hooks, over fleet's hybrid groups (the topology's), data parallelism on its "dp" axis and
-    ZeRO-1 on "sharding" as a pipeline's; the model whole on one stage, its trainer calls as one process's. The
-    embedding and LM head stay whole on every tp rank (as inside a pipeline stage)."""
-
-    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
-        zero = f", ZeRO-1 over {parallel.sharding_degree}" if parallel.sharding_stage else ""
-        self.name = (f"tensor parallel + sequence parallel (distributed.tensor_parallel): tp {parallel.tp_degree} x "
-                     f"dp {parallel.data_world_size}{zero}")
-
-    def place(self, model, source=None):
-        from pretrain_cli.distributed.materialize import fill
-        from pretrain_cli.distributed.tensor_parallel import cut_by_tp
-        from pretrain_cli.models.stages import stage_bounds
-
-        self.lm = model
-        if source is not None:
-            fill(model, source, lambda name: not cut_by_tp(name))
-        self._split_tensor_parallel(model, source)
-        self.bounds = stage_bounds(len(model.model.layers), 1)  # one stage: `pieces` keeps everything
-        return model
-
-    def wrap(self, model, optimizer):
-        from paddle.distributed import fleet
-
-        self.hcg = fleet.get_hybrid_communicate_group()
-        self.pp_group = self.hcg.get_pipe_parallel_group()
-        self._params = list(model.parameters())
-        self._owned, self._hpo = self._params, None
-        if self.parallel.sharding_stage == 1:
-            optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
-            self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
-        sliced = {id(p) for p in model.parameters() if getattr(p, "is_distributed", False)}
-        self._counted = ([p for p in self._owned if id(p) not in sliced], [p for p in self._owned if id(p) in sliced])
-        return model, optimizer
-
-    def forward_backward(self, model, batches: list, amp, forward_loss):
-        return super(Pipeline, self).forward_backward(model, batches, amp, forward_loss)  # `Strategy`'s loop

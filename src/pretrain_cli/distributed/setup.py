@@ -7,7 +7,7 @@
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
 | `pipeline_parallel_degree > 1` (with tp, dp, stage1) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
-| `tensor_parallel_degree > 1` + `sequence_parallel` (with dp, stage1) | `TensorParallel` | fleet's groups; `tensor_parallel` + `sequence_parallel` |
+| `tensor_parallel_degree > 1` + `sequence_parallel` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; `tensor_parallel` + `sequence_parallel` |
 | `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
 | ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
 """
@@ -17,7 +17,7 @@ from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.context import context_strategy
 from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
-from pretrain_cli.distributed.sequence_parallel import TensorParallel
+from pretrain_cli.distributed.tensor_engine import TensorParallel
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import RendezvousFailed, UserError
