@@ -53,10 +53,13 @@ def test_tp2_sp_writes_the_tp_slices(tp_sp, ref):
     assert [tuple(p["offsets"]) for p in norm["pieces"]] == [(0,)]
 
 
-def test_tp2_sp_checkpoint_resumes_on_one_process(tp_sp, ref, corpus, tmp_path):
+@pytest.mark.parametrize("saved", ["tp2_sp", "ref"], ids=["tp2_sp-to-single", "single-to-tp2_sp"])
+def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_path, saved):
+    """TP2 + SP's checkpoint-5 on one process, and one process's on TP2 + SP: the same curve from step 6."""
+    source, keys = (tp_sp[1], {}) if saved == "tp2_sp" else (ref[1], dict(SP))
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(tp_sp[1] / "checkpoint-5"), per_device_train_batch_size=8)
-    run = single(cfg, tmp_path / "log")
+                       resume_from_checkpoint=str(source / "checkpoint-5"), **{"per_device_train_batch_size": 8, **keys})
+    run = single(cfg, tmp_path / "log") if saved == "tp2_sp" else launch_joined(cfg, tmp_path / "log", 2)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))

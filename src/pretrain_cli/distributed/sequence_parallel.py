@@ -44,7 +44,7 @@ def all_gather(x, group):
     import paddle.distributed as dist
 
     parts: list = []
-    dist.all_gather(parts, x.contiguous() if hasattr(x, "contiguous") else x, group=group)
+    dist.all_gather(parts, x.contiguous(), group=group)  # a slice may be a strided view
     return paddle.concat(parts, axis=SEQ)
 
 
@@ -63,7 +63,7 @@ def reduce_scatter(x, group, parts: int, index: int, gloo: bool):
     return out
 
 
-def functions(parts: int, index: int, gloo: bool):
+def functions(parts: int, index: int, gloo: bool) -> tuple:
     """(enter, leave, scatter, gather) autograd functions; `enter` and `leave` take (x, group) like
     `tensor_parallel`'s pair, which they replace."""
     from paddle.autograd import PyLayer
