@@ -144,17 +144,21 @@ class Recompute:
     skip_layers: tuple = ()
 
 
-def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1, cp_degree: int = 1) -> str:
+def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1, cp_degree: int = 1,
+               sequence_parallel: bool = False) -> str:
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
     (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
-    PipelineParallel) or "context_parallel" (distributed.context over paddle.DataParallel); `sharding_stage`
-    0 when nothing is sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
+    PipelineParallel), "tensor_parallel" (tensor + sequence parallelism, distributed.sequence_parallel) or
+    "context_parallel" (distributed.context over paddle.DataParallel); `sharding_stage` 0 when nothing is
+    sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
     if cp_degree > 1:
         return "context_parallel"
     if pp_degree > 1:
         return "pipeline"
+    if tp_degree > 1 and sequence_parallel:
+        return "tensor_parallel"
     if tp_degree > 1 or sharding_stage in (2, 3):
         return "semi_auto"
     return "fleet_zero1" if sharding_stage == 1 else "data_parallel"
@@ -181,6 +185,8 @@ class ParallelConfig:
     virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
     # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank; distributed.context)
     cp_degree: int = 1
+    # Megatron sequence parallelism with tp > 1: norms and residuals cut on the sequence over the tp group
+    sequence_parallel: bool = False
 
     @property
     def data_world_size(self) -> int:
@@ -198,14 +204,15 @@ class ParallelConfig:
     @property
     def engine(self) -> str:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
-        return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree)
+        return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree,
+                          self.sequence_parallel)
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
         if self.sharding_stage:
             parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}")
         if self.tp_degree > 1:
-            parts.append(f"tp {self.tp_degree}")
+            parts.append(f"tp {self.tp_degree}" + (" + sp" if self.sequence_parallel else ""))
         if self.cp_degree > 1:
             parts.append(f"cp {self.cp_degree}")
         if self.pp_degree > 1:

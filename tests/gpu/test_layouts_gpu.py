@@ -44,6 +44,10 @@ LAYOUTS = {
     "tp2_pp2_dp2": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
                         "per_device_train_batch_size": 1}),
     "cp2": (2, {"context_parallel_degree": 2, "per_device_train_batch_size": 8}),  # distributed/context.py
+    # sequence parallelism (distributed/sequence_parallel.py): paddle.distributed.reduce_scatter on NCCL
+    "tp2_sp": (2, {"tensor_parallel_degree": 2, "sequence_parallel": True, "per_device_train_batch_size": 8}),
+    "tp2_pp2_sp": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sequence_parallel": True,
+                       "gradient_accumulation_steps": 4, "per_device_train_batch_size": 2}),
     "tp2_pp2_stage1": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sharding": "stage1",
                            "gradient_accumulation_steps": 4, "per_device_train_batch_size": 1}),
 }

@@ -132,8 +132,9 @@ def a_tp_not_dividing_kv_heads(d):  # micro-qwen2: 4 heads, 2 KV heads
     return cfg(d, tensor_parallel_degree=4), ["tensor_parallel_degree: 4", "num_key_value_heads"], {"PADDLE_TRAINERS_NUM": "4"}
 def a_tp_not_dividing_world(d):
     return cfg(d, tensor_parallel_degree=2), ["tensor_parallel_degree: 2", "world size 3"], {"PADDLE_TRAINERS_NUM": "3"}
-def a_sequence_parallel_with_tp(d):
-    return cfg(d, tensor_parallel_degree=2, sequence_parallel=True), ["sequence_parallel", "not supported"], {"PADDLE_TRAINERS_NUM": "2"}
+def a_sequence_parallel_with_zero3(d):
+    return (cfg(d, tensor_parallel_degree=2, sequence_parallel=True, sharding="stage3"),
+            ["sequence_parallel", "not supported with sharding: stage3"], {"PADDLE_TRAINERS_NUM": "4"})
 def a_partial_sharding_degree_stage3(d):
     return (cfg(d, sharding="stage3", sharding_parallel_degree=2), ["sharding_parallel_degree: 2", "stage1"],
             {"PADDLE_TRAINERS_NUM": "4"})

@@ -225,6 +225,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
                      f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {sep} "
                      f"(attention across the ranks) to split each sequence")
     cp = context_degree(args, world, tp, pp, stage, problems)
+    sp = bool(t.sequence_parallel) and tp > 1
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
@@ -247,30 +248,35 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
     # distributed.semi_auto: the sharding axis is every data rank
-    if engine_for(world, tp, stage if sharding > 1 else 0, pp) == "semi_auto" and 1 < sharding < rest:
+    if engine_for(world, tp, stage if sharding > 1 else 0, pp, 1, sp) == "semi_auto" and 1 < sharding < rest:
         problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
                      f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
-    if t.sequence_parallel and tp > 1:
-        problems.add("sequence_parallel: not supported: Paddle's sequence-parallel plans reshard activations with "
-                     "reduce-scatter and all-to-all, which its CPU build lacks, so it could not be verified here; set "
-                     "it to false (norms and residuals stay replicated on the tensor-parallel ranks)")
+    if sp and stage in (2, 3):
+        problems.add(f"sequence_parallel: not supported with sharding: stage{stage} (the semi-auto engine runs "
+                     f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "
+                     f"lacks); use stage1 or set sequence_parallel: false")
+    if sp and args.data.max_seq_length % tp:
+        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length} is not divisible by "
+                     f"tensor_parallel_degree {tp}; use a multiple of {tp}")
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1  # a pipeline's tp keeps them whole
-    if tp > 1 and pp > 1:
-        notes.append(f"tensor_parallel_degree: {tp} inside {pp} pipeline stages splits the decoder layers; the "
-                     f"embedding and LM head stay whole on every tensor-parallel rank of their stage")
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1 and not sp  # tensor_parallel's: whole
+    if tp > 1 and (pp > 1 or sp):
+        where = f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel"
+        notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
+                     f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
     elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding * cp > 1 else 0,
-                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp)
+                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp,
+                          sequence_parallel=sp)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:
@@ -289,7 +295,7 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
                             t.spike_window, t.spike_rollback_steps,
                             rollback_rebuilds=t.spike_policy == "rollback"
-                            and parallel.engine in ("semi_auto", "pipeline"))  # placed pieces / freed stages
+                            and parallel.engine in ("semi_auto", "pipeline", "tensor_parallel"))  # placed pieces / freed stages
 
 
 def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
@@ -343,9 +349,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
             notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
                          "it keeps the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
-    if kernels.to_static and parallel.engine == "pipeline":
+    if kernels.to_static and parallel.engine in ("pipeline", "tensor_parallel"):
         kernels = replace(kernels, to_static=False)
-        notes.append("to_static: not with pipeline parallelism (fleet runs each stage's layers eagerly); ignored")
+        what = "pipeline parallelism (fleet runs each stage's layers eagerly)" if parallel.engine == "pipeline" else \
+            "sequence parallelism (its collectives are eager autograd functions)"
+        notes.append(f"to_static: not with {what}; ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps

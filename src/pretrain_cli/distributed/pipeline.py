@@ -83,13 +83,13 @@ def _layers():
     class Block(nn.Layer):
         """One decoder layer; RoPE tables from the model's own rotary embedding."""
 
-        def __init__(self, layer, rotary):
+        def __init__(self, layer, rotary, parts: int = 1):
             super().__init__()
-            self.layer, self._rotary = layer, [rotary]
+            self.layer, self._rotary, self.parts = layer, [rotary], parts  # parts: sequence shards of its input
 
         def forward(self, inputs):
             x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
-            cos, sin = self._rotary[0](x.shape[1])
+            cos, sin = self._rotary[0](x.shape[1] * self.parts)  # the whole sequence's positions
             if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
                 return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
             return self.layer(x, cos, sin)
@@ -157,7 +157,8 @@ def build_pipeline_layer(lm, parallel: ParallelConfig):
     dec, tied = lm.model, lm.lm_head is None
     items = [SharedLayerDesc("embed_tokens", TiedWeight, _tied_lookup, "weight", embed_tokens=dec.embed_tokens)
              if tied else Embed(dec.embed_tokens)]
-    items += [Block(layer, dec.rotary_emb) for layer in dec.layers]
+    parts = parallel.tp_degree if parallel.sequence_parallel else 1  # after layer 0 the stream is cut (SP)
+    items += [Block(layer, dec.rotary_emb, parts if i else 1) for i, layer in enumerate(dec.layers)]
     items.append(Final(dec.norm))
     items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
                  if tied else Head(lm.lm_head))
@@ -232,6 +233,7 @@ class Pipeline(FleetHybrid):
         self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
         self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
+        self._seq_params: list = []  # sequence parallelism: parameters whose gradients cover this rank's positions
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
@@ -267,7 +269,14 @@ class Pipeline(FleetHybrid):
         from pretrain_cli.distributed.tensor_parallel import split_layers
 
         group = fleet.get_hybrid_communicate_group().get_model_parallel_group()  # the topology's "mp" group
-        dims = split_layers(model.model.layers, self.parallel.tp_degree, self.topology.tp_rank, group, source)
+        tp, tp_rank, regions = self.parallel.tp_degree, self.topology.tp_rank, None
+        if self.parallel.sequence_parallel:
+            from pretrain_cli.distributed import sequence_parallel as sp
+
+            gloo = self.device == "cpu"  # the one CPU switch: reduce-scatter as all-reduce + slice
+            self._seq_params = sp.hook_model(model, group, tp, tp_rank, gloo)
+            regions = sp.functions(tp, tp_rank, gloo)[:2]
+        dims = split_layers(model.model.layers, tp, tp_rank, group, source, regions)
         self.tp_dims = {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims}  # HF names
 
     def wrap(self, model, optimizer):
@@ -307,7 +316,12 @@ class Pipeline(FleetHybrid):
 
     def sync_grads(self) -> None:
         """ZeRO-1/2: fleet's optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over the
-        data-parallel replicas of this stage."""
+        data-parallel replicas of this stage. Sequence parallelism first sums the norms' gradients (each from its
+        rank's positions) over the tp group."""
+        if self._seq_params:  # a stage's own (another stage's norms have no gradient here)
+            from pretrain_cli.distributed import sequence_parallel as sp
+
+            sp.sum_grads(self._seq_params, self.hcg.get_model_parallel_group())
         if self._hpo is None and self.parallel.data_world_size > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 

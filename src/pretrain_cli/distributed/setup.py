@@ -7,6 +7,7 @@
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
 | `pipeline_parallel_degree > 1` (with tp, dp, stage1) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
+| `tensor_parallel_degree > 1` + `sequence_parallel` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; `tensor_parallel` + `sequence_parallel` |
 | `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
 | ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
 """
@@ -16,6 +17,7 @@ from pretrain_cli.distributed import launch
 from pretrain_cli.distributed.context import context_strategy
 from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
+from pretrain_cli.distributed.tensor_engine import TensorParallel
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import RendezvousFailed, UserError
@@ -34,7 +36,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
     job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
     try:
-        fleet_engine = parallel.engine in ("pipeline", "fleet_zero1") or (parallel.engine == "context_parallel"
+        fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (parallel.engine == "context_parallel"
                                                                           and parallel.sharding_stage == 1)
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
             pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
@@ -57,5 +59,5 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
-               "pipeline": Pipeline, "context_parallel": context_strategy}
+               "pipeline": Pipeline, "context_parallel": context_strategy, "tensor_parallel": TensorParallel}
     return engines[parallel.engine](parallel, device, step_kernels)

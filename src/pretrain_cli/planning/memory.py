@@ -51,6 +51,7 @@ class Setup:
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
     cp: int = 1  # context parallelism (distributed.context): `seq_len` is then one rank's share, max_seq_length / cp
+    sp: bool = False  # sequence parallelism with tp (distributed.sequence_parallel): norms and residuals ÷ tp
 
     @property
     def vocab_tp(self) -> int:
@@ -70,15 +71,18 @@ def _norm_bytes(s: Setup, width: int) -> float:
 def _parts_per_token(s: Setup) -> dict[str, float]:
     """Bytes kept per token per layer, by the part of the layer that a recompute granularity drops.
 
-    Tensor-parallel ranks hold 1/tp of the projections' outputs; norms and residuals stay whole
-    (no sequence parallelism is modelled).
+    Tensor-parallel ranks hold 1/tp of the projections' outputs; norms and residuals stay whole, or with
+    sequence parallelism 1/tp of them too (this rank's positions), except the norm's output the projections
+    keep: all-gathered to the whole sequence (`sequence_parallel.functions`' enter).
     """
     cfg, c, tp = s.model, s.compute_bytes, s.tp
     h = cfg.num_attention_heads * cfg.head_dim
     kv = cfg.num_key_value_heads * cfg.head_dim
     kv_rep = h if cfg.num_key_value_heads != cfg.num_attention_heads else kv  # GQA repeats K/V
     half = c != 4
-    norm = _norm_bytes(s, cfg.hidden_size)
+    seq_tp = tp if s.sp else 1  # the ranks the norm and residual positions are split over
+    whole = _norm_bytes(s, cfg.hidden_size)
+    norm = (whole - c * cfg.hidden_size) / seq_tp + c * cfg.hidden_size  # its output whole (gathered under SP)
     qkv = c * (h + 2 * kv) / tp
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
@@ -98,12 +102,12 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
         # [b, heads, s, s]: fp32 softmax output kept for backward, plus the probs cast to half.
         scores = (4 + (c if half else 0)) * cfg.num_attention_heads * s.seq_len / tp
     return {
-        "input": c * cfg.hidden_size,  # the layer input, also the only thing `full` recompute keeps
-        "attn_pre": norm - c * cfg.hidden_size + qkv + rope,
+        "input": c * cfg.hidden_size / seq_tp,  # the layer input, also the only thing `full` recompute keeps
+        "attn_pre": norm - c * cfg.hidden_size / seq_tp + qkv + rope,
         "core": core + scores,
         "core_inputs": c * (h + kv) / tp,  # q, k after RoPE: kept instead of `core` under core_attn
         "attn_out": c * h / tp,
-        "mlp": _norm_bytes(s, cfg.hidden_size) + 4 * c * cfg.intermediate_size / tp,
+        "mlp": norm + 4 * c * cfg.intermediate_size / tp,
     }
 
 
@@ -123,7 +127,7 @@ def activation_parts(s: Setup) -> tuple[float, float]:
         redo = p["core"]
     else:
         raise ValueError(f"unknown recompute granularity {s.recompute!r}")
-    final_norm = _norm_bytes(s, s.model.hidden_size)
+    final_norm = _norm_bytes(s, s.model.hidden_size) / (s.tp if s.sp else 1)  # gathered after it for the loss
     return tokens * (L * kept + final_norm), tokens * redo
 
 

@@ -73,7 +73,8 @@ def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float =
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree)
+        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
+        sp=p.sequence_parallel)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:

@@ -1,0 +1,110 @@
+"""Sequence parallelism with tensor parallelism (distributed/sequence_parallel.py) through the real launcher.
+
+TP2 + SP on 2 processes (engine "tensor_parallel"): micro-qwen2, every rank the whole global batch of 8, the norms
+and residual stream cut on the sequence over the two tp ranks. It must follow the one-process curve step by step
+(<= 1e-5), causal and with document masking (+ recompute and evaluation), write the same tp slices as TP does, and
+its checkpoint must resume on one process on the same curve. TP2 x PP2 + SP on 4 processes runs the same hooks
+inside fleet's pipeline stages.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
+                            read_weights, single, write_config)
+
+SP = dict(tensor_parallel_degree=2, sequence_parallel=True, per_device_train_batch_size=8)
+TP_PP_SP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True,
+                gradient_accumulation_steps=4, per_device_train_batch_size=2)
+DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
+WEIGHT_TOL = 2e-5  # the row-parallel sums in another order than one process (test_layouts.py's WEIGHT_TOL)
+
+
+@pytest.fixture(scope="module")
+def tp_sp(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp2_sp")
+    run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **SP), root / "log", 2)
+    assert run.returncode == 0, run.explain()
+    return run, root / "out"
+
+
+def test_tp2_sp_matches_one_process_step_by_step(tp_sp, ref):
+    (run, out), (r, rout) = tp_sp, ref
+    assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))  # <= 1e-5 every step
+    assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL)
+    assert "layout: tensor parallel + sequence parallel" in run.log(0)
+    assert all("Traceback" not in run.log(n) for n in range(2))
+
+
+def test_tp2_sp_writes_the_tp_slices(tp_sp, ref):
+    """Each rank writes its tp slices (the same pieces as TP inside a pipeline stage) and whole tensors once; the
+    pieces assemble to the one-process checkpoint's tensors, weights and AdamW state alike."""
+    out, rout = tp_sp[1], ref[1]
+    ckpt = out / "checkpoint-5"
+    for kind in ("weights", "optimizer"):
+        saved, want = read_checkpoint(ckpt, kind), read_checkpoint(rout / "checkpoint-5", kind)
+        assert sorted(saved) == sorted(want)
+        assert_close_tensors(saved, want, WEIGHT_TOL)
+    index = json.loads((ckpt / "checkpoint.index.json").read_text())
+    q = index["tensors"]["model.layers.0.self_attn.q_proj.weight"]  # HF [out, in]: split on out (rows)
+    assert sorted(tuple(p["offsets"]) for p in q["pieces"]) == [(0, 0), (q["shape"][0] // 2, 0)]
+    norm = index["tensors"]["model.layers.0.input_layernorm.weight"]  # whole, written once
+    assert [tuple(p["offsets"]) for p in norm["pieces"]] == [(0,)]
+
+
+@pytest.mark.parametrize("saved", ["tp2_sp", "ref"], ids=["tp2_sp-to-single", "single-to-tp2_sp"])
+def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_path, saved):
+    """TP2 + SP's checkpoint-5 on one process, and one process's on TP2 + SP: the same curve from step 6."""
+    source, keys = (tp_sp[1], {}) if saved == "tp2_sp" else (ref[1], dict(SP))
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(source / "checkpoint-5"), **{"per_device_train_batch_size": 8, **keys})
+    run = single(cfg, tmp_path / "log") if saved == "tp2_sp" else launch_joined(cfg, tmp_path / "log", 2)
+    assert run.returncode == 0, run.explain()
+    assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
+
+
+@pytest.mark.parametrize("nproc,keys", [(2, SP), (4, TP_PP_SP)], ids=["tp2_sp", "tp2_pp2_sp"])
+def test_sp_with_documents_recompute_and_evaluation(corpus, tmp_path, nproc, keys):
+    """Document masking (RoPE positions restarting per document, attention within documents), recompute and
+    evaluation through the sequence-parallel layers: the same curve and evaluation as one process."""
+    ref = single(write_config(tmp_path / "r.json", corpus, tmp_path / "rout", per_device_train_batch_size=8, **DOC),
+                 tmp_path / "rlog")
+    assert ref.returncode == 0, ref.explain()
+    run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **keys, **DOC), tmp_path / "log",
+                        nproc)
+    assert run.returncode == 0, run.explain()
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    got, want = _evals(run), _evals(ref)
+    assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]
+    assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
+
+
+def test_tp2_pp2_sp_matches_one_process(corpus, tmp_path, ref):
+    """Causal, 4 processes: the hooks inside fleet's stages (the cut stream sent between them)."""
+    run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP_SP), tmp_path / "log", 4)
+    assert run.returncode == 0, run.explain()
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
+    assert "pp 2 x tp 2" in run.log(0) and "tp 2 + sp" in run.log(0)
+
+
+@pytest.mark.parametrize("keys", [dict(sharding="stage1"), {}], ids=["tp2_sp_stage1", "dp2_tp2_sp"])
+def test_sp_with_data_parallelism_and_zero1_on_four_processes(corpus, tmp_path, ref, keys):
+    """Two data ranks of two tp ranks each (per-device batch 4: the same global batch of 8): the norms' gradients
+    summed over each tp group, then averaged over the data ranks (ZeRO-1: reduced to each owner)."""
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", tensor_parallel_degree=2, sequence_parallel=True,
+                       per_device_train_batch_size=4, **keys)
+    run = launch_joined(cfg, tmp_path / "log", 4)
+    assert run.returncode == 0, run.explain()
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
+    assert ("ZeRO-1 over 2" in run.log(0)) == bool(keys) and "tp 2 x dp 2" in run.log(0)
+
+
+def _evals(run) -> list[tuple]:
+    import re
+
+    return re.findall(r"eval_loss: ([0-9.]+),.*eval_tokens: (\d+)", run.log(0))
