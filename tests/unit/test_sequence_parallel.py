@@ -3,9 +3,9 @@ The multi-process training against one process: tests/distributed/test_sequence_
 import json
 
 import pytest
+from plan_helpers import plan
 from run_helpers import model_config, resolve_run
 
-from pretrain_cli.commands.plan import plan
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning.memory import Setup, activation_parts
 
