@@ -137,7 +137,8 @@ def calibrate(configs=CONFIGS, python=_fresh_interpreter) -> list[dict]:
             model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc, extra)
             m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document",
                         extra.get("use_fused_linear_cross_entropy", True), python)
-            r = planned_run(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"]).to_json()
+            r = planned_run(str(args_path), [], device="cpu", suggest_changes=False,
+                            baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,
                          "recompute": rc or "off", "predicted_mib": pred / 2**20,

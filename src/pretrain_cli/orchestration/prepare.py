@@ -277,11 +277,17 @@ def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments
     return parse_config(config, overrides)
 
 
-def prepare(config: str | None, overrides: list[str] | None, target: Target) -> RunSpec:
-    """Parse, resolve and validate a run for `target`; every problem found is raised together."""
+def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None) -> RunSpec:
+    """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes`
+    ({key: value}): what the calling command itself decides (`eval`: evaluate one split, train nothing), applied
+    over the file and the user's `--key value` overrides and type-checked as they are, never turned into text."""
+    from pretrain_cli.config.parser import KEYS, coerce
     from pretrain_cli.models.config import check_seq_len
 
     args = load_arguments(config, overrides)
+    for key, value in (changes or {}).items():
+        args.set(key, coerce(KEYS[key], value, "command line"))
+        args.explicit[key] = "command line"
     problems = Problems()
     built = problems.run(build_model_config, args)
     if built is not None:
