@@ -204,11 +204,13 @@ def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
         saved = Schedule(**run["schedule"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         saved = None
+    from pretrain_cli.storage.intact import read_state
+
     try:
-        step = json.loads((ckpt / run_dir.STATE_FILE).read_text(encoding="utf-8")).get("global_step")
-    except (OSError, ValueError, AttributeError):
+        step = read_state(ckpt)["global_step"]  # the one reader of trainer_state.json (what makes it valid)
+    except UserError:
         step = None
-    return saved, step if isinstance(step, int) else None
+    return saved, step
 
 
 def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
