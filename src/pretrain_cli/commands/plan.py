@@ -18,7 +18,6 @@ from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF
 from pretrain_cli.planning.report import format_report
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
