@@ -107,3 +107,16 @@ def test_tiling_is_exact_on_a_grid_of_blocks():
     assert "exactly once" in checkpoint_index._tiling([4, 6], [*quarters[:3], ([0, 0], [2, 3])])
     assert checkpoint_index._tiling([], [([], [])]) is None  # a scalar (beta1_pow) written once
     assert "exactly once" in checkpoint_index._tiling([], [([], []), ([], [])])
+
+
+@pytest.mark.parametrize("shard_dims", [(0, 1), (1, 0), (0, 0), (None, 0), (0, None)])
+def test_the_blocks_every_layout_writes_tile_exactly(shard_dims):
+    """The boxes `distributed.pieces.mesh_box` gives the ranks of a 2 x 3 mesh (TP x ZeRO, nested shards, uneven and
+    empty chunks of a 5 x 2 tensor), one writer per distinct block, pass the check `load` applies."""
+    from pretrain_cli.distributed.pieces import mesh_box
+
+    boxes = {mesh_box((5, 2), (2, 3), (a, b), shard_dims) for a in range(2) for b in range(3)}  # replicas once
+    blocks = [(list(b.offsets), list(b.shape)) for b in boxes]
+    assert checkpoint_index._tiling([5, 2], blocks) is None
+    largest = max(blocks, key=lambda b: np.prod(b[1]))
+    assert "exactly once" in checkpoint_index._tiling([5, 2], [*blocks, largest])  # a block written twice
