@@ -24,7 +24,8 @@ def _checkpoint(ckpt, rows=(2, 2), step: int = 3) -> dict:
              "offsets": [at, 0], "shape": [n, 2], "file": fname}]})
         at += n
     weights = checkpoint_index.file_name("model", 0, world)
-    info = shard_files.write(ckpt / weights, [("w", "F32", (sum(rows), 2), lambda: np.ones((sum(rows), 2), np.float32))])
+    whole = np.ones((sum(rows), 2), np.float32)
+    info = shard_files.write(ckpt / weights, [("w", "F32", whole.shape, lambda: whole)])
     records[0]["files"][weights] = info
     records[0]["pieces"].append({"name": "w", "kind": "weights", "dtype": "F32", "global_shape": [sum(rows), 2],
                                  "offsets": [0, 0], "shape": [sum(rows), 2], "file": weights})
@@ -69,9 +70,10 @@ def test_world_size_and_layout_are_not_checked_against_the_reading_run(tmp_path)
 
 # an index whose records contradict each other, and the reason `load` gives
 DISAGREE = {
-    "world_size": (lambda i: i.update(world_size=3), "w: a piece in 'model-00001-of-00002.safetensors', which the "
-                                                    "index does not list or which is no weights file of a 3-process run"),
-    "world_size not a count": (lambda i: i.update(world_size=0), "world_size 0 / layout 'data parallel' is not a run's"),
+    "world_size": (lambda i: i.update(world_size=3), "w: a piece in 'model-00001-of-00002.safetensors', which "
+                   "the index does not list or which is no weights file of a 3-process run"),
+    "world_size not a count": (lambda i: i.update(world_size=0),
+                               "world_size 0 / layout 'data parallel' is not a run's"),
     "layout not text": (lambda i: i.update(layout=None), "is not a run's"),
     "file not listed": (lambda i: i["files"].pop("optimizer-00002-of-00002.safetensors"), "does not list"),
     "piece twice, one missing": (lambda i: i["tensors"]["w/moment1"]["pieces"][1].update(offsets=[0, 0]),

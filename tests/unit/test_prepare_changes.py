@@ -14,7 +14,8 @@ def _config(tmp_path) -> str:
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"model_name_or_path": "micro-llama", "input_dir": write_tokens(tmp_path / "data"),
                                 "output_dir": str(tmp_path / "out"), "do_train": True, "do_eval": True,
-                                "max_seq_length": 16, "max_steps": 2, "split": "1,1,1", "tokenizer_name_or_path": None}))
+                                "max_seq_length": 16, "max_steps": 2, "split": "1,1,1",
+                                "tokenizer_name_or_path": None}))
     return str(path)
 
 
