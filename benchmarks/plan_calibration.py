@@ -128,7 +128,7 @@ def measure(model_dir: Path, b: int, s: int, rc, document: bool = False, fused: 
 
 
 def calibrate(configs=CONFIGS, python=_fresh_interpreter) -> list[dict]:
-    from pretrain_cli.commands.plan import planned_run
+    from pretrain_cli.orchestration.planned import from_file
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -137,7 +137,8 @@ def calibrate(configs=CONFIGS, python=_fresh_interpreter) -> list[dict]:
             model_dir, args_path = _write(Path(d), name, preset, over, b, s, rc, extra)
             m = measure(model_dir, b, s, rc, extra.get("attention_mask_type") == "document",
                         extra.get("use_fused_linear_cross_entropy", True), python)
-            r = planned_run(str(args_path), [], device="cpu", suggest_changes=False, baseline_bytes=m["baseline"]).to_json()
+            r = from_file(str(args_path), [], device="cpu", suggest_changes=False,
+                          baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": b, "seq": s,
                          "recompute": rc or "off", "predicted_mib": pred / 2**20,
@@ -213,7 +214,7 @@ def measure_layout(args_path: Path, nproc: int, log_dir: Path) -> dict:
 
 
 def calibrate_layouts(layouts=LAYOUTS) -> list[dict]:
-    from pretrain_cli.commands.plan import planned_run
+    from pretrain_cli.orchestration.planned import from_file
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -223,8 +224,8 @@ def calibrate_layouts(layouts=LAYOUTS) -> list[dict]:
             args.update(keys, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
             args_path.write_text(json.dumps(args))
             m = measure_layout(args_path, nproc, Path(d) / f"log{i}")
-            r = planned_run(str(args_path), [], device="cpu", gpus=nproc, suggest_changes=False,
-                            baseline_bytes=m["baseline"]).to_json()
+            r = from_file(str(args_path), [], device="cpu", gpus=nproc, suggest_changes=False,
+                          baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": args["per_device_train_batch_size"],
                          "seq": 256, "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,

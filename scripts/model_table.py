@@ -14,7 +14,7 @@ import json
 
 from pathlib import Path
 
-from pretrain_cli.commands.plan import fitted
+from pretrain_cli.orchestration.planned import fit_file
 from pretrain_cli.config.presets import HUB_NAMES, PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import param_counts
@@ -36,7 +36,7 @@ def needs(name: str) -> str:
     cfg = ModelConfig.from_file(str(PRESET_DIR / name))
     family = "llama" if cfg.model_type == "llama" else "qwen"
     config = str(FILES / f"{family}_pretrain_argument.json")
-    _, f = fitted(config, ["--model_name_or_path", name, "--continue_training", "0"], "A100-80GB", 8)
+    _, f = fit_file(config, ["--model_name_or_path", name, "--continue_training", "0"], "A100-80GB", 8)
     shipped = f"as shipped {f['before']['memory_gib']:.1f} GiB/GPU"
     if f["after"] is not None:
         change = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in f["diff"])

@@ -24,7 +24,8 @@ def _checkpoint(ckpt, rows=(2, 2), step: int = 3) -> dict:
              "offsets": [at, 0], "shape": [n, 2], "file": fname}]})
         at += n
     weights = checkpoint_index.file_name("model", 0, world)
-    info = shard_files.write(ckpt / weights, [("w", "F32", (sum(rows), 2), lambda: np.ones((sum(rows), 2), np.float32))])
+    whole = np.ones((sum(rows), 2), np.float32)
+    info = shard_files.write(ckpt / weights, [("w", "F32", whole.shape, lambda: whole)])
     records[0]["files"][weights] = info
     records[0]["pieces"].append({"name": "w", "kind": "weights", "dtype": "F32", "global_shape": [sum(rows), 2],
                                  "offsets": [0, 0], "shape": [sum(rows), 2], "file": weights})
@@ -69,9 +70,10 @@ def test_world_size_and_layout_are_not_checked_against_the_reading_run(tmp_path)
 
 # an index whose records contradict each other, and the reason `load` gives
 DISAGREE = {
-    "world_size": (lambda i: i.update(world_size=3), "w: a piece in 'model-00001-of-00002.safetensors', which the "
-                                                    "index does not list or which is no weights file of a 3-process run"),
-    "world_size not a count": (lambda i: i.update(world_size=0), "world_size 0 / layout 'data parallel' is not a run's"),
+    "world_size": (lambda i: i.update(world_size=3), "w: a piece in 'model-00001-of-00002.safetensors', which "
+                   "the index does not list or which is no weights file of a 3-process run"),
+    "world_size not a count": (lambda i: i.update(world_size=0),
+                               "world_size 0 / layout 'data parallel' is not a run's"),
     "layout not text": (lambda i: i.update(layout=None), "is not a run's"),
     "file not listed": (lambda i: i["files"].pop("optimizer-00002-of-00002.safetensors"), "does not list"),
     "piece twice, one missing": (lambda i: i["tensors"]["w/moment1"]["pieces"][1].update(offsets=[0, 0]),
@@ -107,3 +109,16 @@ def test_tiling_is_exact_on_a_grid_of_blocks():
     assert "exactly once" in checkpoint_index._tiling([4, 6], [*quarters[:3], ([0, 0], [2, 3])])
     assert checkpoint_index._tiling([], [([], [])]) is None  # a scalar (beta1_pow) written once
     assert "exactly once" in checkpoint_index._tiling([], [([], []), ([], [])])
+
+
+@pytest.mark.parametrize("shard_dims", [(0, 1), (1, 0), (0, 0), (None, 0), (0, None)])
+def test_the_blocks_every_layout_writes_tile_exactly(shard_dims):
+    """The boxes `distributed.pieces.mesh_box` gives the ranks of a 2 x 3 mesh (TP x ZeRO, nested shards, uneven and
+    empty chunks of a 5 x 2 tensor), one writer per distinct block, pass the check `load` applies."""
+    from pretrain_cli.distributed.pieces import mesh_box
+
+    boxes = {mesh_box((5, 2), (2, 3), (a, b), shard_dims) for a in range(2) for b in range(3)}  # replicas once
+    blocks = [(list(b.offsets), list(b.shape)) for b in boxes]
+    assert checkpoint_index._tiling([5, 2], blocks) is None
+    largest = max(blocks, key=lambda b: np.prod(b[1]))
+    assert "exactly once" in checkpoint_index._tiling([5, 2], [*blocks, largest])  # a block written twice

@@ -57,7 +57,7 @@ def _losses(chosen, compile_forward, documents=False, cfg=CFG):
     run = resolve_run("--learning_rate", "0.003", "--warmup_steps", "2", "--max_steps", str(STEPS),
                       "--max_grad_norm", "1.0", "--weight_decay", "0.01", "--to_static", str(compile_forward))
     paddle.seed(1)
-    trainer = Trainer(lay_out(run, build_model(cfg, chosen), NoComm()), None, run, NoComm())  # what `train` builds around the model
+    trainer = Trainer(lay_out(run, build_model(cfg, chosen), NoComm()), None, run, NoComm())  # as `train` builds it
     trainer.model.train()
     batches = _batches(documents)
     return np.array([trainer.train_step(batches)[0] for _ in range(STEPS)])

@@ -118,7 +118,7 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
     pairs = {(c.get("tensor_parallel_degree", 1), c["pipeline_parallel_degree"]) for c in pp}
     assert {(1, 2), (2, 2), (2, 4), (4, 2)} <= pairs and all(tp * p <= 8 for tp, p in pairs)
     assert any(c.get("sharding") == "stage3" for c in pp)
-    from pretrain_cli.commands.plan import parsed
+    from pretrain_cli.orchestration.planned import parse as parsed
     from pretrain_cli.orchestration import planned
 
     import json

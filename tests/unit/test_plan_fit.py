@@ -16,7 +16,7 @@ UNFUSED = ["--use_fused_linear_cross_entropy", "false"]
 
 def _plan(overrides: list[str], device: str, gpus: int = 1):
     """The `Plan` the search ranks (`plan` returns its JSON)."""
-    from pretrain_cli.commands.plan import parsed
+    from pretrain_cli.orchestration.planned import parse as parsed
     from pretrain_cli.orchestration import planned
 
     return planned.plan(*parsed(str(QWEN), overrides), device, gpus, suggest_changes=False)

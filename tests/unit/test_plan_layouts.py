@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_cli.commands.plan import parsed
+from pretrain_cli.orchestration.planned import parse as parsed
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import layout
 from pretrain_cli.planning.memory import GIB, pipeline_stages

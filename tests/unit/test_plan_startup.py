@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from run_helpers import model_config
 
-from pretrain_cli.commands.plan import parsed
+from pretrain_cli.orchestration.planned import parse as parsed
 from plan_helpers import fit, plan
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import fit as fit_search

@@ -289,7 +289,7 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     ckpt = tmp_path / "checkpoint-100"
     ckpt.mkdir()
     (ckpt / "args.json").write_text(json.dumps({"run": {"schedule": asdict(old.schedule)}}))
-    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 100}))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 100, "consumed_samples": 800}))
     new = resolve_run(*sched, "--max_steps", "150")
     stretched = resume_schedule(new, ckpt, "stretch")
     assert stretched.schedule == new.schedule and stretched.schedule.lr_at(101) > 3 * old.schedule.lr_at(100)

@@ -103,12 +103,12 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     from pretrain_cli.models.convert import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
-    flag = "--do_eval" if ns.split == "valid" else "--do_predict"
-    run_overrides = overrides
-    overrides = [tok for key in ("attention_mask_type", "reset_position_ids") if getattr(ns, key) is not None
-                 for tok in (f"--{key}", getattr(ns, key))]
-    spec = prepare(ns.config, ["--do_train", "false", "--do_eval", "false", "--do_predict", "false", flag, "true",
-                               *overrides, *run_overrides], inference_target())
+    changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
+    if ns.attention_mask_type is not None:
+        changes["attention_mask_type"] = ns.attention_mask_type
+    if ns.reset_position_ids is not None:
+        changes["reset_position_ids"] = ns.reset_position_ids == "true"
+    spec = prepare(ns.config, overrides, inference_target(), changes)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     model_dir, cfg = _model_config(model_name)

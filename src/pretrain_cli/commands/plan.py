@@ -1,10 +1,9 @@
 """`pretrain-cli plan`: memory, FLOPs, tokens, checkpoint size and time for an argument file, before any GPU time.
 
-`main` calls `planned_run` or `fitted` (the entry points tests and scripts call too), each checking the flags
-once and parsing the file once before handing it to `orchestration.planned`, which resolves it exactly as
-`train` does but for a target (`--device`, `--gpus`), and for `--fit` re-resolves every candidate layout of
-`planning.fit` from the parsed arguments and keeps the fastest that fits; `-o` writes it. Never imports Paddle,
-never opens the data.
+`main` hands the file to `orchestration.planned.from_file` / `fit_file` (the entry points tests and scripts call
+too: the flags checked once, the file parsed once), which resolve it exactly as `train` does but for a target
+(`--device`, `--gpus`), and for `--fit` re-resolve every candidate layout of `planning.fit` from the parsed
+arguments and keep the fastest that fits; `-o` writes it. Never imports Paddle, never opens the data.
 """
 from __future__ import annotations
 
@@ -12,12 +11,11 @@ import argparse
 import json
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration.planned import DEFAULT_DEVICE
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF
 from pretrain_cli.planning.report import format_report
-
-DEFAULT_DEVICE = "A100-80GB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,37 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: none, only print)")
 
 
-def parsed(config: str | None, overrides: list[str] | None):
-    """(Arguments, ModelConfig): the file and its overrides parsed once; every candidate re-resolves these."""
-    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
-
-    args = load_arguments(config, list(overrides or []))
-    return args, build_model_config(args)[1]
-
-
-def planned_run(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-                mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
-                peak_tflops: float | None = None):
-    """What `plan` reports (`orchestration.planned.plan`; `--json` prints its `to_json()`), with suggestions when
-    the run does not fit: the flags checked once, the file parsed once."""
-    from pretrain_cli.orchestration import planned
-
-    planned.check_flags(device, gpus, mfu, peak_tflops)
-    return planned.plan(*parsed(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
-
-
-def fitted(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-           mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
-           budget_gib: float | None = None, baseline_bytes: float = 0.0) -> tuple:
-    """(the parsed arguments, `plan --fit`'s result: `orchestration.planned.fit`, the fastest layout that fits,
-    every candidate re-resolved): the flags checked once, the file parsed once."""
-    from pretrain_cli.orchestration import planned
-
-    planned.check_flags(device, gpus, mfu, peak_tflops, margin)
-    args, model_cfg = parsed(config, overrides)
-    return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
-
-
 def write_fitted(args, change: dict, path: str) -> None:
     """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically."""
     from pretrain_cli import atomic
@@ -90,11 +57,13 @@ def write_fitted(args, change: dict, path: str) -> None:
 def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
+    from pretrain_cli.orchestration import planned
+
     if not ns.fit:
-        r = planned_run(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+        r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
         print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
         return 0
-    args, f = fitted(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+    args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
     if ns.output and f["after"] is not None:
         write_fitted(args, f["change"], ns.output)
     if not ns.json and f["notes"]:

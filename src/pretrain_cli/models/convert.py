@@ -41,7 +41,7 @@ def hf_params(model) -> list[tuple[str, object, bool]]:
     return [(name, p, name in linear) for name, p in model.named_parameters()]
 
 
-def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict: bool = True) -> None:
+def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None:
     """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
     import paddle
 
@@ -51,15 +51,13 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint", strict:
                if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
-    if strict and missing:
+    if missing:
         raise UserError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); "
                         f"the checkpoint does not match config.json")
-    if strict and unexpected:
+    if unexpected:
         raise UserError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
                         f"total); the checkpoint does not match config.json")
     for hf_name, (p, transpose) in expected.items():
-        if hf_name not in tensors:
-            continue
         want = list(reversed(p.shape)) if transpose else list(p.shape)
         t = tensors[hf_name]
         kind = str(t.dtype).split(".")[-1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
@@ -22,6 +23,10 @@ from pretrain_cli.planning import hardware
 from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
 from pretrain_cli.planning.report import Plan
 
+if TYPE_CHECKING:
+    from pretrain_cli.models.config import ModelConfig
+
+DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
             "context_parallel_degree")
@@ -190,3 +195,30 @@ def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline
             return None
 
     return replan
+
+
+def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, ModelConfig]:
+    """(Arguments, ModelConfig): the file and its overrides parsed once; every candidate re-resolves these."""
+    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+
+    args = load_arguments(config, list(overrides or []))
+    return args, build_model_config(args)[1]
+
+
+def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
+              mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
+              peak_tflops: float | None = None) -> Plan:
+    """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
+    not fit: the command's flags checked once, the file parsed once."""
+    check_flags(device, gpus, mfu, peak_tflops)
+    return plan(*parse(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
+
+
+def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
+             mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
+             budget_gib: float | None = None, baseline_bytes: float = 0.0) -> tuple[Arguments, dict]:
+    """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
+    parsed once."""
+    check_flags(device, gpus, mfu, peak_tflops, margin)
+    args, model_cfg = parse(config, overrides)
+    return args, fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)

@@ -204,11 +204,13 @@ def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
         saved = Schedule(**run["schedule"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         saved = None
+    from pretrain_cli.storage.intact import read_state
+
     try:
-        step = json.loads((ckpt / run_dir.STATE_FILE).read_text(encoding="utf-8")).get("global_step")
-    except (OSError, ValueError, AttributeError):
+        step = read_state(ckpt)["global_step"]  # the one reader of trainer_state.json (what makes it valid)
+    except UserError:
         step = None
-    return saved, step if isinstance(step, int) else None
+    return saved, step
 
 
 def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
@@ -277,11 +279,17 @@ def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments
     return parse_config(config, overrides)
 
 
-def prepare(config: str | None, overrides: list[str] | None, target: Target) -> RunSpec:
-    """Parse, resolve and validate a run for `target`; every problem found is raised together."""
+def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None) -> RunSpec:
+    """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes`
+    ({key: value}): what the calling command itself decides (`eval`: evaluate one split, train nothing), applied
+    over the file and the user's `--key value` overrides and type-checked as they are, never turned into text."""
+    from pretrain_cli.config.parser import KEYS, coerce
     from pretrain_cli.models.config import check_seq_len
 
     args = load_arguments(config, overrides)
+    for key, value in (changes or {}).items():
+        args.set(key, coerce(KEYS[key], value, "command line"))
+        args.explicit[key] = "command line"
     problems = Problems()
     built = problems.run(build_model_config, args)
     if built is not None:

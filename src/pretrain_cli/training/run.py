@@ -128,8 +128,8 @@ def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
 def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout:
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, as
-    `Trainer(lay_out(...), ...)`). A lazily built model's parameters are created by the layout, each rank only its own blocks
-    (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
+    `Trainer(lay_out(...), ...)`). A lazily built model's parameters are created by the layout, each rank only
+    its own blocks (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
     initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
     every rank when any rank found one altered)."""
     from pretrain_cli.distributed.materialize import InitSource, pending
