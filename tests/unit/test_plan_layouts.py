@@ -71,9 +71,14 @@ def test_tp_and_pp_traffic_by_hand():
     # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
     assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
     assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act) and t["zero3"] == 0
+    # once per step the ZeRO-1 pair moves an all-reduce's worth of the bf16 gradients of a stage's TP slice
+    params = V * H * 2 + L * LAYER + H
+    assert t["dp"] * 1e9 == pytest.approx(2 * (2 - 1) / 2 * params / 8 / 4 * 2)
     from pretrain_cli.planning.speed import speed
     sp = speed(r)
-    assert sp["comm_seconds"] == pytest.approx((t["tp"] + t["pp"]) / 50)
+    # the TP group is one node (H100 NVLink: 900 GB/s both ways, 450 one way); the pipeline and the pair cross nodes
+    assert (r.device.links.in_node_gbps, r.device.links.cross_node_gbps) == (450, 50)
+    assert sp["comm_seconds"] == pytest.approx(t["tp"] / 450 + (t["pp"] + t["dp"]) / 50)
 
 
 def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
@@ -89,7 +94,8 @@ def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
            "inside a node" in text
     assert "pp 4: 16 pipeline groups (one activation per micro-batch between stages) of ranks 16 apart " \
            "(0, 16, 32, 48): across 4 nodes" in text
-    assert "traffic per device per step: TP all-reduces 150 GB, pipeline p2p 2.15 GB" in text
+    assert "traffic per device per step: TP all-reduces 150 GB (in-node 450 GB/s), pipeline p2p 2.15 GB (cross-node " \
+           "50 GB/s), data-parallel gradients 4.41 GB (cross-node 50 GB/s)" in text
 
 
 def test_every_rank_is_in_one_group_per_axis():

@@ -82,16 +82,16 @@ def test_start_up_divides_by_what_each_rank_holds():
 
 
 def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(monkeypatch, capsys):
-    """Made so by inflating the start-up of every pipeline layout: `plan` says it does not fit (steady state would),
+    """Made so by inflating the start-up of every pipeline or tensor-parallel layout: `plan` says it does not fit (steady state would),
     and `--fit` picks something else; the text report prints the start-up line with its verdict."""
     real = plan_module.startup_parts
 
     def inflated(s):
         parts = real(s)
-        return {**parts, "weights": parts["weights"] + (1000 * GIB if s.pp > 1 else 0)}
+        return {**parts, "weights": parts["weights"] + (1000 * GIB if s.pp > 1 or s.tp > 1 else 0)}
 
     honest = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
-    assert honest["change"].get("pipeline_parallel_degree", 1) > 1  # the honest fit uses a pipeline
+    assert honest["change"].get("tensor_parallel_degree", 1) > 1  # the honest fit uses tensor parallelism
     monkeypatch.setattr(plan_module, "startup_parts", inflated)
     pp8 = TO_70B + ["--pipeline_parallel_degree", "8", "--tensor_parallel_degree", "1", "--sharding", "stage1",
                     "--recompute", "true", "--gradient_accumulation_steps", "64"]
@@ -100,7 +100,8 @@ def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(
     assert format_report(r).count("DOES NOT FIT") == 1
     assert "start-up per device: " in format_report(r)
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
-    assert f["after"] is None or f["change"].get("pipeline_parallel_degree", 1) == 1
+    assert f["after"] is None or (f["change"].get("pipeline_parallel_degree", 1) == 1
+                                  and f["change"].get("tensor_parallel_degree", 2) == 1)
 
 
 def test_search_filters_on_the_larger_of_steady_state_and_start_up():

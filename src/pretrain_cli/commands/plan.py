@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
                              "hardware table (default: the table's peak for --device and the run's precision)")
+    parser.add_argument("--gpus_per_node", type=int, default=hardware.GPUS_PER_NODE,
+                        help="GPUs in one node: consecutive ranks share a node, and a parallel group inside one "
+                             "uses the device's in-node link (NVLink, else PCIe) (default: %(default)s)")
+    parser.add_argument("--cross_node_gbps", type=float, default=hardware.CROSS_NODE_GBPS,
+                        help="GB/s per GPU one way between nodes, for groups that span nodes (default: %(default)s: "
+                             "one 400 Gb/s InfiniBand adapter per GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
@@ -62,18 +68,20 @@ def plan(config: str | None, overrides: list[str] | None = None, device: str = D
 
 def fit(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
         mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
-        budget_gib: float | None = None, baseline_bytes: float = 0.0) -> dict:
+        budget_gib: float | None = None, baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node()) -> dict:
     """`plan --fit` (`orchestration.planned.fit`): the fastest layout that fits, every candidate re-resolved."""
-    return _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)[1]
+    return _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node)[1]
 
 
-def _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib=None, baseline_bytes=0.0):
+def _fit(config, overrides, device, gpus, mfu, margin, peak_tflops, budget_gib=None, baseline_bytes=0.0,
+         node: hardware.Node = hardware.Node()):
     """(the parsed arguments, `plan --fit`'s result): the flags checked once, the file parsed once."""
     from pretrain_cli.orchestration import planned
 
-    planned.check_flags(device, gpus, mfu, peak_tflops, margin)
+    planned.check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = _parsed(config, overrides)
-    return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
+    return args, planned.fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes,
+                             node)
 
 
 def write_fitted(args, change: dict, path: str) -> None:
@@ -92,8 +100,9 @@ def write_fitted(args, change: dict, path: str) -> None:
 def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
+    node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
     if ns.fit:
-        args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+        args, f = _fit(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops, node=node)
         if ns.output and f["after"] is not None:
             write_fitted(args, f["change"], ns.output)
         if not ns.json and f["notes"]:
@@ -104,7 +113,8 @@ def main(ns: argparse.Namespace) -> int:
         return 0 if f["after"] is not None else 1
     from pretrain_cli.orchestration import planned
 
-    planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops)
-    r = planned.plan(*_parsed(ns.config, ns.overrides), ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+    planned.check_flags(ns.device, ns.gpus, ns.mfu, ns.peak_tflops, node=node)
+    r = planned.plan(*_parsed(ns.config, ns.overrides), ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
+                     node=node)
     print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
     return 0
