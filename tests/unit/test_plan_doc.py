@@ -1,5 +1,5 @@
 """docs/PLAN.md's worked examples are what the code prints: every `$ pretrain-cli plan ...` in a fenced block is run
-(on PaddleNLP's files under their PaddleNLP names, and configs/ as in a checkout) and its output compared line for line, exit code included."""
+(on PaddleNLP's files under their PaddleNLP names, configs/ as in a checkout) and its output compared line for line, exit code included."""
 import shlex
 import shutil
 from pathlib import Path

@@ -85,7 +85,7 @@ def test_start_up_divides_by_what_each_rank_holds():
 
 
 def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(monkeypatch, capsys):
-    """Made so by inflating the start-up of every pipeline or tensor-parallel layout: `plan` says it does not fit (steady state would),
+    """Made so by inflating the start-up of every pipeline or TP layout: `plan` says it does not fit (steady state would),
     and `--fit` picks something else; the text report prints the start-up line with its verdict."""
     real = plan_module.startup_parts
 

@@ -13,9 +13,9 @@ AXES = ("tp", "pp", "cp", "data")  # what each group carries: TP all-reduces, pi
 
 
 def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
-    """Per axis of `groups` ({"tp" | "pp" | "cp" | "data": every group of ranks along it}): its degree, the first group's
-    ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
-    JSON-ready (`plan --json`'s `layout`)."""
+    """Per axis of `groups` ({"tp" | "pp" | "cp" | "data": every group of ranks along it}): its degree, the first
+    group's ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
+    JSON-ready (`plan --json`'s `layout`; the speed model's links read `inside_node`)."""
     nodes = -(-par.world_size // gpus_per_node)
     out = {"gpus_per_node": gpus_per_node, "nodes": nodes, "axes": {}}
     degree = {"tp": par.tp_degree, "pp": par.pp_degree, "cp": par.cp_degree, "data": par.data_world_size}

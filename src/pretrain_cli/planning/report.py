@@ -128,7 +128,8 @@ class Plan:
         return out
 
 
-TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "dp": "data"}  # traffic term -> the axis whose group carries it
+# traffic term -> the axis whose groups carry it
+TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "dp": "data"}
 
 
 def in_node(r: Plan, term: str) -> bool:
