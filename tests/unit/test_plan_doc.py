@@ -1,5 +1,5 @@
 """docs/PLAN.md's worked examples are what the code prints: every `$ pretrain-cli plan ...` in a fenced block is run
-(on PaddleNLP's files under their PaddleNLP names) and its output compared line for line, exit code included."""
+(on PaddleNLP's files under their PaddleNLP names, configs/ as in a checkout) and its output compared line for line, exit code included."""
 import shlex
 import shutil
 from pathlib import Path
@@ -45,6 +45,7 @@ def test_plan_md_has_the_start_up_example():
 def test_worked_example_output_is_what_plan_prints(command, expected, code, tmp_path, monkeypatch, capsys):
     for doc_name, seed in NAMES.items():
         shutil.copy(SEEDS / seed, tmp_path / doc_name)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")  # the repository's own files, as from a checkout
     monkeypatch.chdir(tmp_path)
     assert cli_main(shlex.split(command)[1:]) == code
     assert capsys.readouterr().out.splitlines() == expected

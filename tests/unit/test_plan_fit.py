@@ -122,14 +122,18 @@ def test_margin_flag_and_errors(capsys):
 def test_speed_model_terms():
     r = _plan([], "A100-80GB", 4)
     plain = fit_search.speed(r)
-    assert plain["comm_seconds"] == 0 and plain["tokens_per_sec"] == pytest.approx(
+    # 4 data ranks in one node: their gradient all-reduce over the A100's NVLink (600 GB/s both ways, 300 one way)
+    assert r.traffic_gb_per_step["dp"] > 0 and r.layout["axes"]["data"]["inside_node"]
+    assert plain["comm_seconds"] == pytest.approx(r.traffic_gb_per_step["dp"] / 300)
+    assert plain["tokens_per_sec"] == pytest.approx(
         r.tokens_per_step / plain["step_seconds"])
     z3 = fit_search.speed(_plan(["--sharding", "stage3"], "A100-80GB", 4))
     tp = fit_search.speed(_plan(["--tensor_parallel_degree", "2", "--gradient_accumulation_steps", "2"], "A100-80GB", 4))
     rc = fit_search.speed(_plan(["--recompute", "true"], "A100-80GB", 4))
     assert z3["comm_seconds"] > 0 and z3["compute_seconds"] == pytest.approx(plain["compute_seconds"])
     assert tp["comm_seconds"] > 0 and tp["compute_seconds"] == pytest.approx(plain["compute_seconds"])
-    assert rc["compute_seconds"] > plain["compute_seconds"] and rc["comm_seconds"] == 0
+    assert rc["compute_seconds"] > plain["compute_seconds"]
+    assert rc["comm_seconds"] == pytest.approx(plain["comm_seconds"])
     cpu = fit_search.speed(_plan([], "cpu"))
     assert cpu["tokens_per_sec"] is None and cpu["rank_seconds"] > 0  # no peak: ranked, not shown
 
@@ -238,8 +242,41 @@ def test_plan_flags_are_checked_once_per_command(monkeypatch):
 
     calls = []
     check = planned.check_flags
-    monkeypatch.setattr(planned, "check_flags", lambda *a: calls.append(a) or check(*a))
+    monkeypatch.setattr(planned, "check_flags", lambda *a, **kw: calls.append(a) or check(*a, **kw))
     assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "--json"]) == 0
     assert len(calls) == 1
     assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--json"]) == 0
     assert len(calls) == 2
+
+
+def test_groups_inside_a_node_use_the_in_node_link_and_groups_across_nodes_the_cross_node_link():
+    """The same 16-rank data-parallel layout: on nodes of 16 its gradient all-reduce runs on NVLink, on nodes of 8 it
+    crosses nodes at `--cross_node_gbps`; the links are the device's (NVLink halved, else PCIe one way)."""
+    from pretrain_cli.orchestration import planned
+    from pretrain_cli.planning import hardware
+
+    args, cfg = planned.parse(str(QWEN), ["--sharding", "stage1"])
+    one = planned.plan(args, cfg, "H100", 16, suggest_changes=False, node=hardware.Node(16))
+    two = planned.plan(args, cfg, "H100", 16, suggest_changes=False, node=hardware.Node(8, 25.0))
+    dp = one.traffic_gb_per_step["dp"]
+    assert dp == two.traffic_gb_per_step["dp"] > 0
+    assert fit_search.speed(one)["comm_seconds"] == pytest.approx(dp / 450)
+    assert fit_search.speed(two)["comm_seconds"] == pytest.approx(dp / 25)
+    assert hardware.links(hardware.lookup("H100-PCIe")).in_node_gbps == 63.0  # PCIe 5.0 x16, one way
+    assert hardware.links(hardware.lookup("A100-80GB")).in_node_gbps == 300.0
+    with pytest.raises(UserError, match="--gpus_per_node"):
+        planned.check_flags("H100", 16, None, None, node=hardware.Node(0))
+    with pytest.raises(UserError, match="--cross_node_gbps"):
+        planned.check_flags("H100", 16, None, None, node=hardware.Node(8, 0.0))
+
+
+def test_plan_and_fit_print_both_links(capsys):
+    assert cli_main(["plan", str(QWEN), "--device", "H100", "--gpus", "16", "--gpus_per_node", "4",
+                     "--cross_node_gbps", "25"]) == 0
+    text = capsys.readouterr().out
+    assert "links per GPU: in-node 450 GB/s (H100-SXM NVLink 900 GB/s both directions, one way), cross-node " \
+           "25 GB/s; 4 GPUs per node" in text
+    assert "data-parallel gradients" in text and "(cross-node 25 GB/s)" in text
+    assert cli_main(["plan", str(QWEN), "--device", "H100", "--gpus", "16", "--fit", "--json"]) == 0
+    links = json.loads(capsys.readouterr().out)["device"]["links"]
+    assert (links["in_node_gbps"], links["cross_node_gbps"], links["gpus_per_node"]) == (450, 50, 8)

@@ -71,9 +71,14 @@ def test_tp_and_pp_traffic_by_hand():
     # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
     assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
     assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act) and t["zero3"] == 0
+    # once per step the ZeRO-1 pair moves an all-reduce's worth of the bf16 gradients of a stage's TP slice
+    params = V * H * 2 + L * LAYER + H
+    assert t["dp"] * 1e9 == pytest.approx(2 * (2 - 1) / 2 * params / 8 / 4 * 2)
     from pretrain_cli.planning.speed import speed
     sp = speed(r)
-    assert sp["comm_seconds"] == pytest.approx((t["tp"] + t["pp"]) / 50)
+    # the TP group is one node (H100 NVLink: 900 GB/s both ways, 450 one way); the pipeline and the pair cross nodes
+    assert (r.device.links.in_node_gbps, r.device.links.cross_node_gbps) == (450, 50)
+    assert sp["comm_seconds"] == pytest.approx(t["tp"] / 450 + (t["pp"] + t["dp"]) / 50)
 
 
 def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
@@ -89,7 +94,8 @@ def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
            "inside a node" in text
     assert "pp 4: 16 pipeline groups (one activation per micro-batch between stages) of ranks 16 apart " \
            "(0, 16, 32, 48): across 4 nodes" in text
-    assert "traffic per device per step: TP all-reduces 150 GB, pipeline p2p 2.15 GB" in text
+    assert "traffic per device per step: TP all-reduces 150 GB (in-node 450 GB/s), pipeline p2p 2.15 GB (cross-node " \
+           "50 GB/s), data-parallel gradients 4.41 GB (cross-node 50 GB/s)" in text
 
 
 def test_every_rank_is_in_one_group_per_axis():
@@ -133,3 +139,19 @@ def test_rank_groups_are_the_topologys_groups(degrees):
     for axis, name in (("tp", "mp"), ("pp", "pp"), ("cp", "cp")):
         assert got[axis] == topo.groups(name)
     assert got["data"] == sorted({topo.replicas("pp", "mp", rank=r) for r in range(world)})
+
+
+def test_fit_keeps_tensor_parallelism_where_it_stays_on_nvlink():
+    """configs/llama-3.1-70b_pretrain.json (tp 8 × pp 4 × ZeRO-1) on 64 × H100: with nodes of 8 the TP group is one
+    node's NVLink, so `--fit` keeps tp 8 and ZeRO-1 (a shorter pipeline, no recompute); were every rank its own node,
+    the same all-reduces would cross the 50 GB/s link, and the fit takes a smaller tp and predicts less."""
+    from plan_helpers import fit
+
+    from pretrain_cli.planning.hardware import Node
+
+    cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3.1-70b_pretrain.json")
+    nvlink = fit(cfg, [], device="H100", gpus=64)
+    assert nvlink["change"] == {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 16, "recompute": False}
+    apart = fit(cfg, [], device="H100", gpus=64, node=Node(1))
+    assert apart["change"]["tensor_parallel_degree"] < 8
+    assert apart["after"]["speed"]["tokens_per_sec"] < nvlink["after"]["speed"]["tokens_per_sec"]

@@ -37,8 +37,11 @@ def test_llama_70b_on_64_h100_fit_recommends_a_layout_whose_start_up_fits():
     start = (params / 2 * 4 + V * H * 4)
     assert written["startup_gib"] * GIB == pytest.approx(start + _framework(start))
     assert written["startup_gib"] > 80 and not written["fits"]
+    planned._groups.cache_clear()
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
     assert f["after"] is not None and f["after"]["startup_gib"] <= f["budget_gib"] == pytest.approx(72.0)
+    # thousands of candidates, a few dozen layouts of degrees: the rank groups are laid out once per layout
+    assert f["tried"] > 2000 and planned._groups.cache_info().misses <= 64
     assert f["after"]["memory_gib"] <= f["budget_gib"]
     tokens = [t for k, v in f["change"].items() for t in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
     again = plan(str(LLAMA), TO_70B + tokens, device="H100", gpus=64, suggest_changes=False)
@@ -83,16 +86,16 @@ def test_start_up_divides_by_what_each_rank_holds():
 
 
 def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(monkeypatch, capsys):
-    """Made so by inflating the start-up of every pipeline layout: `plan` says it does not fit (steady state would),
+    """Made so by inflating the start-up of every pipeline or TP layout: `plan` says it does not fit (steady state would),
     and `--fit` picks something else; the text report prints the start-up line with its verdict."""
     real = plan_module.startup_parts
 
     def inflated(s):
         parts = real(s)
-        return {**parts, "weights": parts["weights"] + (1000 * GIB if s.pp > 1 else 0)}
+        return {**parts, "weights": parts["weights"] + (1000 * GIB if s.pp > 1 or s.tp > 1 else 0)}
 
     honest = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
-    assert honest["change"].get("pipeline_parallel_degree", 1) > 1  # the honest fit uses a pipeline
+    assert honest["change"].get("tensor_parallel_degree", 1) > 1  # the honest fit uses tensor parallelism
     monkeypatch.setattr(plan_module, "startup_parts", inflated)
     pp8 = TO_70B + ["--pipeline_parallel_degree", "8", "--tensor_parallel_degree", "1", "--sharding", "stage1",
                     "--recompute", "true", "--gradient_accumulation_steps", "64"]
@@ -101,7 +104,8 @@ def test_a_layout_whose_start_up_does_not_fit_is_reported_and_never_recommended(
     assert format_report(r).count("DOES NOT FIT") == 1
     assert "start-up per device: " in format_report(r)
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
-    assert f["after"] is None or f["change"].get("pipeline_parallel_degree", 1) == 1
+    assert f["after"] is None or (f["change"].get("pipeline_parallel_degree", 1) == 1
+                                  and f["change"].get("tensor_parallel_degree", 2) == 1)
 
 
 def test_search_filters_on_the_larger_of_steady_state_and_start_up():

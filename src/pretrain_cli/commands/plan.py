@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
                              "hardware table (default: the table's peak for --device and the run's precision)")
+    parser.add_argument("--gpus_per_node", type=int, default=hardware.GPUS_PER_NODE,
+                        help="GPUs in one node: consecutive ranks share a node, and a parallel group inside one "
+                             "uses the device's in-node link (NVLink, else PCIe) (default: %(default)s)")
+    parser.add_argument("--cross_node_gbps", type=float, default=hardware.CROSS_NODE_GBPS,
+                        help="GB/s per GPU one way between nodes, for groups that span nodes (default: %(default)s: "
+                             "one 400 Gb/s InfiniBand adapter per GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
@@ -59,11 +65,14 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
     from pretrain_cli.orchestration import planned
 
+    node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
     if not ns.fit:
-        r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops)
+        r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
+                              node=node)
         print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
         return 0
-    args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops)
+    args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops,
+                               node=node)
     if ns.output and f["after"] is not None:
         write_fitted(args, f["change"], ns.output)
     if not ns.json and f["notes"]:

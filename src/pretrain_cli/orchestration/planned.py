@@ -45,8 +45,14 @@ def with_changes(args: Arguments, change: dict, where: str = "command line") -> 
     return out
 
 
-def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | None, margin: float = 0.0) -> None:
+def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
+                node: hardware.Node = hardware.Node()) -> None:
     """`plan`'s own options, checked before the file is read."""
+    if node.gpus < 1:
+        raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
+    if not 0 < node.cross_node_gbps < float("inf"):
+        raise UserError(f"--cross_node_gbps: must be a number > 0 (GB/s per GPU between nodes), "
+                        f"got {node.cross_node_gbps}")
     if not 0 <= margin < 1:
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
     if gpus < 1:
@@ -98,15 +104,16 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
-         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None) -> Plan:
+         suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None,
+         node: hardware.Node = hardware.Node()) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
     does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate."""
-    dev = target_device(device)
+    dev = target_device(device, node)
     run = _resolved(args, model_cfg, dev, gpus)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
     if suggest_changes and not out.fits:
-        replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
+        replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         found = suggest(run, out, replan)
         if not any(s["fits"] for s in found):  # nothing fits these devices: more of them, first
             scale = more_devices(out, found, replan)
@@ -117,25 +124,25 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
 
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
         margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None, budget_gib: float | None = None,
-        baseline_bytes: float = 0.0) -> dict:
+        baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node()) -> dict:
     """The fastest layout that fits (`planning.fit.fit`), every candidate re-resolved by `train`'s rules.
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
     """
-    base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+    base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
     notes = [n for n in base.notes if "WARNING" in n]
     precision = _precision_for(args, device)
     searched = with_changes(args, precision)
     if precision:  # the search runs, and the fitted file trains, in the precision the device has
-        base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops)
+        base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
         notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
     current = {k: args.get(k) for k in SEARCHED}
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
     current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
-    replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops)
+    replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
@@ -185,12 +192,14 @@ def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tup
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
 
 
-def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops):
+def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops,
+               node: hardware.Node = hardware.Node()):
     """`replan(change, world=gpus)`: the plan of `args` with `change` applied, or None when `train` would refuse
     it (`config.resolve` raises); what the suggestions and the `--fit` search call for every candidate."""
     def replan(change: dict, world: int = gpus):
         try:
-            return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops)
+            return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops,
+                        node)
         except UserError:
             return None
 
@@ -207,18 +216,19 @@ def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, M
 
 def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
               mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
-              peak_tflops: float | None = None) -> Plan:
+              peak_tflops: float | None = None, node: hardware.Node = hardware.Node()) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
     not fit: the command's flags checked once, the file parsed once."""
-    check_flags(device, gpus, mfu, peak_tflops)
-    return plan(*parse(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops)
+    check_flags(device, gpus, mfu, peak_tflops, node=node)
+    return plan(*parse(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node)
 
 
 def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
              mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
-             budget_gib: float | None = None, baseline_bytes: float = 0.0) -> tuple[Arguments, dict]:
+             budget_gib: float | None = None, baseline_bytes: float = 0.0,
+             node: hardware.Node = hardware.Node()) -> tuple[Arguments, dict]:
     """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
     parsed once."""
-    check_flags(device, gpus, mfu, peak_tflops, margin)
+    check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = parse(config, overrides)
-    return args, fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes)
+    return args, fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node)

@@ -8,8 +8,9 @@ proposes and ranks them: the caller (`orchestration.planned`) re-resolves the pa
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
 
-Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP, ZeRO-3
-and CP traffic over the link (context-parallel candidates from CONTEXT_MIN_SEQ tokens on). Flash and math
+Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP, DP/ZeRO
+and CP traffic, each over the in-node or the cross-node link its group uses (context-parallel candidates from
+CONTEXT_MIN_SEQ tokens on). Flash and math
 attention count the same FLOPs; among equally fast candidates the one running flash wins (it is the faster
 kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer, larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
 """
@@ -22,7 +23,7 @@ import dataclasses
 
 from pretrain_cli.planning.plan import more_devices
 from pretrain_cli.planning.report import Plan
-from pretrain_cli.planning.speed import LINK_GBPS, speed
+from pretrain_cli.planning.speed import speed
 
 DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
 SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
@@ -76,8 +77,7 @@ def _layout(r: dict) -> tuple:
             p.sharding_degree, p.pp, p.cp)
 
 
-def search(current: dict, base: Plan, replan, budget_gib: float, link_gbps: float = LINK_GBPS,
-           by_speed: bool = True) -> dict:
+def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool = True) -> dict:
     """The fastest candidate whose predicted memory is within `budget_gib`, and the smallest candidate.
     `by_speed=False` (no speed estimate: the device has no known peak) ranks by fewest changes instead.
 
@@ -94,7 +94,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, link_gbps: floa
         key = _layout(r)
         if key in seen and len(seen[key]["change"]) <= len(change):
             continue
-        seen[key] = {"change": change, "report": r, "speed": speed(r, link_gbps)}
+        seen[key] = {"change": change, "report": r, "speed": speed(r)}
     entries = list(seen.values())
     fitting = [e for e in entries if e["report"].peak_gib <= budget_gib]  # steady state and start-up
     best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9) if by_speed else 0,
@@ -120,7 +120,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     found = search(current, base, replan, budget_gib, by_speed=by_speed)
     best, small = found["best"], found["smallest"]
     out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
-           "budget_gib": budget_gib, "mfu": base.mfu, "link_gbps": LINK_GBPS, "global_batch": base.global_batch,
+           "budget_gib": budget_gib, "mfu": base.mfu, "global_batch": base.global_batch,
            "tried": found["tried"], "valid": found["valid"],
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "speed": speed(as_written)},
@@ -169,6 +169,10 @@ def format_fit(f: dict) -> str:
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
              f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline or "
              f"context-parallel degree)"]
+    ln = dev["links"]
+    if f["gpus"] > 1:  # one device sends nothing
+        lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
+                     f"{ln['cross_node_gbps']:g} GB/s; {ln['gpus_per_node']} GPUs per node")
     before = f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])}), {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
@@ -193,8 +197,8 @@ def format_fit(f: dict) -> str:
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
                  f"(what a rank builds + the block being created; within the budget too)")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + ZeRO-3/TP/PP/CP traffic at "
-                 f"{f['link_gbps']:g} GB/s)")
+                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP traffic over "
+                 f"the link each group uses)")
     return "\n".join(lines)
 
 

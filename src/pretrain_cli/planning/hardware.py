@@ -18,27 +18,36 @@ class Device:
     bf16_tflops: float | None  # dense bf16/fp16 tensor-core peak
     fp32_tflops: float | None  # non-tensor-core fp32 peak (what a plain fp32 run can reach)
     fp16_tflops: float | None = None  # when different from bf16 (V100, T4 have no bf16)
+    nvlink_gbps: float | None = None  # NVLink per GPU as the vendor quotes it (both directions); None: PCIe only
+    pcie_gen: int = 4  # the host link, x16, where there is no NVLink
 
+
+GPUS_PER_NODE = 8  # an HGX/DGX node, the launcher's `--devices 0,...,7` on every node; `plan --gpus_per_node`
+# one 400 Gb/s InfiniBand NDR (or RoCE) adapter per GPU, 8 per HGX H100 node: 50 GB/s each way per GPU;
+# `plan --cross_node_gbps` for other fabrics (8 x 200 Gb/s HDR on A100 nodes: 25)
+CROSS_NODE_GBPS = 50.0
+PCIE_GBPS = {3: 15.75, 4: 31.5, 5: 63.0}  # x16, one direction (GB/s)
+CPU_LINK_GBPS = 50.0  # `--device cpu`: gloo between processes, no table figure; ranks layouts, not a measurement
 
 DEVICES = {
     d.name.lower(): d
     for d in (
-        Device("V100-16GB", 16, None, 15.7, 125.0),
-        Device("V100-32GB", 32, None, 15.7, 125.0),
-        Device("T4", 16, None, 8.1, 65.0),
+        Device("V100-16GB", 16, None, 15.7, 125.0, 300.0, 3),
+        Device("V100-32GB", 32, None, 15.7, 125.0, 300.0, 3),
+        Device("T4", 16, None, 8.1, 65.0, None, 3),
         Device("A10", 24, 125.0, 31.2),
-        Device("A100-40GB", 40, 312.0, 19.5),
-        Device("A100-80GB", 80, 312.0, 19.5),
-        Device("A800-80GB", 80, 312.0, 19.5),
+        Device("A100-40GB", 40, 312.0, 19.5, None, 600.0),
+        Device("A100-80GB", 80, 312.0, 19.5, None, 600.0),
+        Device("A800-80GB", 80, 312.0, 19.5, None, 400.0),
         Device("L4", 24, 121.0, 30.3),
         Device("L40S", 48, 362.0, 91.6),
         Device("RTX3090", 24, 71.0, 35.6),
         Device("RTX4090", 24, 165.2, 82.6),
-        Device("H100-SXM", 80, 989.0, 67.0),
-        Device("H100-PCIe", 80, 756.0, 51.0),
-        Device("H800", 80, 989.0, 67.0),
-        Device("H20", 96, 148.0, 44.0),
-        Device("H200", 141, 989.0, 67.0),
+        Device("H100-SXM", 80, 989.0, 67.0, None, 900.0, 5),
+        Device("H100-PCIe", 80, 756.0, 51.0, None, None, 5),
+        Device("H800", 80, 989.0, 67.0, None, 400.0, 5),
+        Device("H20", 96, 148.0, 44.0, None, 900.0, 5),
+        Device("H200", 141, 989.0, 67.0, None, 900.0, 5),
     )
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800": "a800-80gb",
@@ -64,6 +73,40 @@ def lookup(name: str) -> Device | None:
         default = ALIASES.get(stem)
         return DEVICES[default] if default else options[0]
     return None
+
+
+@dataclass(frozen=True)
+class Node:
+    """What `plan` assumes of a node: its GPUs (consecutive ranks share one) and the cross-node link per GPU
+    (`--gpus_per_node`, `--cross_node_gbps`)."""
+
+    gpus: int = GPUS_PER_NODE
+    cross_node_gbps: float = CROSS_NODE_GBPS
+
+
+@dataclass(frozen=True)
+class Links:
+    """The two links a group of ranks uses (GB/s one way per GPU): `in_node` between the GPUs of one node of
+    `gpus_per_node`, `cross_node` when a group spans nodes; `source` says where the in-node figure came from."""
+
+    gpus_per_node: int
+    in_node_gbps: float
+    cross_node_gbps: float
+    source: str
+
+
+def links(device: Device | None, node: Node = Node()) -> Links:
+    """The in-node link of `device`: half its bidirectional NVLink figure (the speed model counts the bytes one GPU
+    sends, and a ring collective sends and receives at once; a ceiling, as the peak is for compute), else its PCIe
+    x16 one way. `device` None (`--device cpu`): CPU_LINK_GBPS for both."""
+    gpus_per_node, cross_node_gbps = node.gpus, node.cross_node_gbps
+    if device is None:
+        return Links(gpus_per_node, CPU_LINK_GBPS, CPU_LINK_GBPS, "cpu: no link table, a placeholder figure")
+    if device.nvlink_gbps:
+        return Links(gpus_per_node, device.nvlink_gbps / 2, cross_node_gbps,
+                     f"{device.name} NVLink {device.nvlink_gbps:g} GB/s both directions, one way")
+    return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross_node_gbps,
+                 f"{device.name} PCIe {device.pcie_gen}.0 x16, one way")
 
 
 def pre_ampere(device: Device | None) -> bool:

@@ -6,19 +6,19 @@ rank-to-axis rule), so this explanation follows the run's layout wherever that r
 """
 from __future__ import annotations
 
+from pretrain_cli.planning.hardware import GPUS_PER_NODE
 from pretrain_cli.run_config import ParallelConfig
 
-GPUS_PER_NODE = 8  # an HGX/DGX node: the launcher's `--devices 0,...,7` on every node (docs/DISTRIBUTED.md)
-AXES = ("tp", "pp", "data")  # what each group carries: TP all-reduces, pipeline p2p, data/ZeRO collectives
+AXES = ("tp", "pp", "cp", "data")  # what each group carries: TP all-reduces, pipeline p2p, CP K/V, data/ZeRO
 
 
 def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
-    """Per axis of `groups` ({"tp" | "pp" | "data": every group of ranks along it}): its degree, the first group's
-    ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
-    JSON-ready (`plan --json`'s `layout`)."""
+    """Per axis of `groups` ({"tp" | "pp" | "cp" | "data": every group of ranks along it}): its degree, the first
+    group's ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
+    JSON-ready (`plan --json`'s `layout`; the speed model's links read `inside_node`)."""
     nodes = -(-par.world_size // gpus_per_node)
     out = {"gpus_per_node": gpus_per_node, "nodes": nodes, "axes": {}}
-    degree = {"tp": par.tp_degree, "pp": par.pp_degree, "data": par.data_world_size}
+    degree = {"tp": par.tp_degree, "pp": par.pp_degree, "cp": par.cp_degree, "data": par.data_world_size}
     for axis in AXES:
         gs = sorted(sorted(g) for g in groups[axis])
         spans = max(len({r // gpus_per_node for r in g}) for g in gs)
@@ -32,6 +32,7 @@ def format_layout(lay: dict) -> list[str]:
     """The `plan` lines for a layout over more than one axis or node: one per axis with more than one rank."""
     what = {"tp": "tensor-parallel groups (all-reduces every layer)",
             "pp": "pipeline groups (one activation per micro-batch between stages)",
+            "cp": "context-parallel groups (K/V gathered every layer)",
             "data": "data/ZeRO groups (gradients, ZeRO shards)"}
     lines = [f"ranks on {lay['nodes']} node(s) of {lay['gpus_per_node']} (consecutive ranks share a node):"]
     for axis, a in lay["axes"].items():

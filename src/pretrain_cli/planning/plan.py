@@ -29,6 +29,7 @@ class Device:
 
     entry: hardware.Device | None
     memory_gib: float
+    node: hardware.Node = hardware.Node()
 
     @property
     def is_gpu(self) -> bool:
@@ -38,16 +39,20 @@ class Device:
     def name(self) -> str:
         return self.entry.name if self.entry else "cpu"
 
+    @property
+    def links(self) -> hardware.Links:
+        return hardware.links(self.entry, self.node)
 
-def target_device(name: str) -> Device:
-    """`--device`: a hardware-table entry (H100 -> H100-SXM), or `cpu` (this machine's memory)."""
+
+def target_device(name: str, node: hardware.Node = hardware.Node()) -> Device:
+    """`--device`: a hardware-table entry (H100 -> H100-SXM), or `cpu` (this machine's memory); `node`: its nodes."""
     if name.lower() == "cpu":
-        return Device(None, hardware.cpu_memory_gib())
+        return Device(None, hardware.cpu_memory_gib(), node)
     dev = hardware.lookup(name)
     if dev is None:
         raise UserError(f"--device: unknown device {name!r}; use one of "
                         f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu")
-    return Device(dev, float(dev.memory_gib))
+    return Device(dev, float(dev.memory_gib), node)
 
 
 def device_note(name: str, dev: Device) -> list[str]:
@@ -139,7 +144,8 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
     kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
     return Plan(
-        config=config, device=PlannedDevice(device.name, device.memory_gib, peak_tflops, peak_source),
+        config=config, device=PlannedDevice(device.name, device.memory_gib, peak_tflops, peak_source,
+                                                  device.links),
         gpus=par.world_size,
         model=ModelShape(cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
                          cfg.num_key_value_heads, cfg.vocab_size),
@@ -162,7 +168,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                   SAVE_GB_PER_S, per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)),
         mfu=mfu, eta_hours=eta, notes=tuple(notes),
         traffic_gb_per_step={k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)["total"]).items()},
-        layout=layout.explain(par, groups) if groups else None,
+        layout=layout.explain(par, groups, device.node.gpus) if groups else None,
     )
 
 

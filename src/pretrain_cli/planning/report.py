@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from pretrain_cli.planning import layout
+from pretrain_cli.planning.hardware import Links
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class PlannedDevice:
     memory_gib: float
     peak_tflops: float | None
     peak_source: str
+    links: Links  # in-node and cross-node GB/s per GPU (planning.hardware.links)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,27 @@ class Plan:
         return out
 
 
+# traffic term -> the axis whose groups carry it
+TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "dp": "data"}
+
+
+def in_node(r: Plan, term: str) -> bool:
+    """Whether the group carrying traffic `term` stays inside a node: the plan's layout says so per axis (a ZeRO-3
+    group lies within its data group); without a layout, whether the whole world fits in one node."""
+    axes = (r.layout or {}).get("axes", {})
+    axis = TERM_AXIS[term]
+    return axes[axis]["inside_node"] if axis in axes else r.gpus <= r.device.links.gpus_per_node
+
+
+def link_gbps(r: Plan, term: str) -> float:
+    """GB/s per GPU of the link traffic `term` crosses: the in-node link or the cross-node one."""
+    return r.device.links.in_node_gbps if in_node(r, term) else r.device.links.cross_node_gbps
+
+
+def link_name(r: Plan, term: str) -> str:
+    return f"{'in-node' if in_node(r, term) else 'cross-node'} {link_gbps(r, term):g} GB/s"
+
+
 def _si(n: float) -> str:
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= div:
@@ -169,9 +192,14 @@ def format_report(r: Plan) -> str:
                  f"{r.total_tokens:,} tokens")
     if r.layout and (par.tp > 1 or par.pp > 1):
         lines += layout.format_layout(r.layout)
-    traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB" for k, name in
-                             (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"))
-                             if r.traffic_gb_per_step[k])
+    if r.gpus > 1:
+        ln = d.links
+        lines.append(f"links per GPU: in-node {ln.in_node_gbps:g} GB/s ({ln.source}), cross-node "
+                     f"{ln.cross_node_gbps:g} GB/s; {ln.gpus_per_node} GPUs per node")
+    traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})" for k, name in
+                             (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
+                              ("cp", "CP K/V gathers"), ("dp", "data-parallel gradients"))
+                             if r.traffic_gb_per_step.get(k))
     if traffic_text:
         lines.append(f"traffic per device per step: {traffic_text}")
     lines.append("memory per device (GiB):")

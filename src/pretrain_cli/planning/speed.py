@@ -1,14 +1,14 @@
 """The speed model `plan` and `plan --fit` rank layouts by (docs/PLAN.md): per optimizer step on one device,
-compute over the pipeline's stages and its 1F1B bubble, plus the bytes it sends on its tensor-parallel, pipeline and
-ZeRO-3 groups over one effective link. Each formula is written once here. No Paddle.
+compute over the pipeline's stages and its 1F1B bubble, plus the bytes it sends on its tensor-parallel, pipeline,
+ZeRO-3 and context-parallel groups, each over the link its group uses: in-node or cross-node
+(`planning.hardware.links`). Each formula is written once here. No Paddle.
 """
 from __future__ import annotations
 
 from pretrain_cli.planning.memory import Setup, context_traffic_bytes
-from pretrain_cli.planning.report import Plan
+from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_config import ParallelConfig
 
-LINK_GBPS = 50.0  # effective collective bandwidth per device (GB/s): between PCIe 4.0 x16 and NVLink
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 
 
@@ -23,36 +23,43 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
     tp    = acc × its stage's layers × n × 2(t−1)/t × b·s·hidden·c  (n = 4 all-reduces per layer: attention and MLP
             outputs, forward and backward; + 2 under `full`, + 1 under `full_attn` recompute)
     pp    = acc × 2 × b·s·hidden·c  (one activation forward, its gradient back, per micro-batch; whole on every
-            tensor-parallel rank: no sequence parallelism)
+            tensor-parallel rank, or its 1/t of the sequence under sequence parallelism)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
     cp    = acc × `memory.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
             recompute, and its dK/dV blocks)
-    Data-parallel gradient traffic is the same for every layout with the same data ranks and is left out."""
+    dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
+            holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
+            all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`"""
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
-    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0}
+    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "dp": 0.0}
     if tp > 1:
         n = 4 + {"full": 2, "full_attn": 1}.get(setup.recompute, 0)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
     if pp > 1:
-        out["pp"] = acc * 2 * act
+        out["pp"] = acc * 2 * act / (tp if par.sequence_parallel else 1)  # SP: only the cut stream travels
     if par.sharding_stage == 3 and deg > 1:
         weight_bytes = params_total / tp / pp * (2 if setup.amp_level == "O2" else 4)
         out["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
     if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence
         out["cp"] = acc * context_traffic_bytes(setup.model, setup.micro_batch, setup.seq_len * par.cp_degree,
                                                 par.cp_degree, setup.compute_bytes, setup.recompute)
+    replicas = par.data_world_size * par.cp_degree
+    if replicas > 1 and par.sharding_stage < 3:
+        grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
+        out["dp"] = 2 * (replicas - 1) / replicas * params_total / tp / pp * grad_bytes
     return out
 
 
-def speed(r: Plan, link_gbps: float = LINK_GBPS) -> dict:
+def speed(r: Plan) -> dict:
     """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout: compute over the
-    pipeline's stages and bubble, plus the plan's TP, PP and ZeRO-3 traffic (`traffic`) over the link."""
+    pipeline's stages and bubble, plus the plan's TP, PP, ZeRO-3 and CP traffic (`traffic`), each term over the link
+    its group uses (`report.link_gbps`: in-node when the group stays inside a node, else cross-node)."""
     par, peak = r.parallel, r.device.peak_tflops
     flops = r.micro_batch * r.gradient_accumulation_steps * r.max_seq_length * r.flops_per_token.hardware
     compute = flops / par.tp / par.pp / par.cp / ((peak or NOMINAL_TFLOPS) * 1e12 * r.mfu) / (1 - par.pipeline_bubble)
-    comm = sum(r.traffic_gb_per_step.values()) / link_gbps
+    comm = sum(gb / link_gbps(r, term) for term, gb in r.traffic_gb_per_step.items())
     step = compute + comm
     known = peak is not None
     return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
