@@ -35,9 +35,10 @@ REJECTED = [
      "stage2/3`", "segment parallelism swaps shards with all-to-all, which gloo lacks (`context_parallel_degree` "
      "splits the sequence instead); context parallelism runs with data parallelism and `sharding: stage1` "
      "(docs/DISTRIBUTED.md); with one process the degrees are reported as having no effect"),
-    ("`pipeline_parallel_degree` with `tensor_parallel_degree`, with `sharding: stage2/3`, or with "
-     "`virtual_pp_degree` > 1", "fleet's engines do not run these on CPU, so they are unverified; a pipeline with "
-     "data parallelism and `sharding: stage1` is supported (docs/DISTRIBUTED.md)"),
+    ("`pipeline_parallel_degree` with `sharding: stage3`; `virtual_pp_degree` > 1 outside fleet's limits (more than "
+     "2 stages, `gradient_accumulation_steps` ≥ 2 × stages, layers divisible by stages × V)", "fleet's pipeline has "
+     "no parameter sharding; a pipeline runs with tensor parallelism inside the stages, data parallelism and "
+     "`sharding: stage1/2` (docs/DISTRIBUTED.md)"),
     ("`lr_scheduler_type`: polynomial, cosine_with_restarts, …", "PaddleNLP silently drops `min_learning_rate` for "
      "these; we implement linear, cosine, constant, constant_with_warmup exactly"),
     ("`optim` other than adamw", "only AdamW is implemented"),

@@ -4,7 +4,8 @@ micro-qwen2 (2 decoder layers, tied embeddings, q/k/v biases) split into 2 stage
 stage 0, layer 1, the final norm and the tied head on stage 1; with 4 decoder layers (`num_hidden_layers: 4`) into
 4 stages on 4 processes, against one process with the same 4 layers. Global batch 8 everywhere: per-device
 micro-batch x gradient_accumulation_steps x data ranks. pp2 x dp2 also as ZeRO-1 and ZeRO-2 over each stage's 2
-replicas (`sharding: stage2`: ZeRO-1's ownership, and only the owned gradients kept between steps). SIGTERM and a killed rank: test_dist.py's layouts include PP2.
+replicas (`sharding: stage2`: ZeRO-1's ownership, and only the owned gradients kept between steps). SIGTERM and
+a killed rank: test_dist.py's layouts include PP2.
 """
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref, n
 
 
 # saved under -> resumed under; the 4-layer model's checkpoints against its own reference ("ref4")
-RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp2_stage2", "single"), ("pp4", "single4"), ("pp4", "pp2_4"), ("ref4", "pp4"),
-           ("pp4_vpp2", "single8")]
+RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp2_stage2", "single"), ("pp4", "single4"),
+           ("pp4", "pp2_4"), ("ref4", "pp4"), ("pp4_vpp2", "single8")]
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": LAYOUTS["pp2"][:2],
          "single4": (1, dict(FOUR, per_device_train_batch_size=8)), "pp4": (4, PP4),
          "pp2_4": (2, dict(FOUR, **LAYOUTS["pp2"][1])), "single8": (1, dict(EIGHT, per_device_train_batch_size=8))}

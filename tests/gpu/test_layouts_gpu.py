@@ -1,7 +1,7 @@
 """The parallel layouts on GPUs (NCCL, no CPU gradient hook, reduce-scatter of gradients): what CPU CI cannot run.
 
-Needs a GPU build of Paddle and 2 GPUs (4 for dp2 x tp2 and tp2 x pp2, 8 for tp2 x pp2 x dp2 / stage1). Run on
-such a machine with
+Needs a GPU build of Paddle and 2 GPUs (4 for dp2 x tp2, pp2 x stage2 and tp2 x pp2, 8 for tp2 x pp2 x dp2 /
+stage1). Run on such a machine with
 
     python -m pytest tests/gpu/test_layouts_gpu.py -v
 
@@ -38,6 +38,8 @@ LAYOUTS = {
     "dp2_tp2_stage3": (4, {"tensor_parallel_degree": 2, "sharding": "stage3"}),
     "pp2": (2, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
     "pp2_dp2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2}),
+    "pp2_stage2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2,
+                       "per_device_train_batch_size": 2, "sharding": "stage2"}),  # ZeRO-2 in each stage (distributed/pipeline.py)
     # tensor parallelism inside the stages (distributed/tensor_parallel.py); 8 GPUs for the three-axis layouts
     "tp2_pp2": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
                     "per_device_train_batch_size": 2}),

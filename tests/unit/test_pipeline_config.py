@@ -42,6 +42,8 @@ def test_pp_dp_layout_puts_stages_outermost():
     assert runs[0].kernels.optimizer == "paddle" and "pp 2" in p.describe()
     zero1 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage1", world=4).parallel
     assert zero1.sharding_degree == 2 and zero1.sharding_stage == 1 and zero1.engine == "pipeline"
+    zero2 = resolve_run("--pipeline_parallel_degree", "2", "--sharding", "stage2", world=4).parallel
+    assert zero2.sharding_degree == 2 and zero2.sharding_stage == 2 and zero2.engine == "pipeline"
 
 
 def test_pipeline_refusals_and_notes_are_one_line_each():
@@ -142,7 +144,8 @@ def test_layout_refusals_is_the_one_pipeline_rule():
 
     assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
     assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
-    lines = layout_refusals(8, 2, 2, 2, 4)
+    assert layout_refusals(64, 4, 1, 2, 80) == []  # ZeRO-2 inside the stages runs (distributed/pipeline.py)
+    lines = layout_refusals(8, 2, 2, 3, 4)
     assert [line.split(":")[0] for line in lines] == ["sharding", "virtual_pp_degree"]
     assert all("\n" not in line for line in lines)
     assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]

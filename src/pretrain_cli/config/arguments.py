@@ -165,8 +165,8 @@ class TrainingArguments:
         "intermediate size and world size (docs/DISTRIBUTED.md).")
     pipeline_parallel_degree: int = _f(-1, "Pipeline parallel degree (-1 or 1 = off): decoder layers split into this "
                                            "many stages on fleet's 1F1B schedule, gradient_accumulation_steps "
-                                           "micro-batches per step; with data parallelism and ZeRO-1, not with tensor "
-                                           "parallelism or ZeRO-2/3 (docs/DISTRIBUTED.md).")
+                                           "micro-batches per step; with tensor parallelism inside the stages, data "
+                                           "parallelism and ZeRO-1/2, not with ZeRO-3 (docs/DISTRIBUTED.md).")
     virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks per stage; only with pipeline parallelism.")
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism with tensor parallelism: norms and residuals "
                                         "cut on the sequence over the tp ranks (with dp, ZeRO-1 and pipeline "

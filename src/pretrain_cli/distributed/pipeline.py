@@ -19,7 +19,8 @@ step); clipping, the non-finite policy and the update stay the trainer's, as for
 `virtual_pp_degree` V > 1 the decoder is cut into P x V equal chunks, stage s holding chunks s, s + P, ...,
 and fleet's `PipelineParallelWithInterleave` runs them (interleaved 1F1B).
 Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
-(`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`.
+(`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`; ZeRO-2
+(`stage2`): the same, and each rank releases the gradients it does not own after every update.
 Tensor parallelism: every decoder layer is cut to this rank's tp slice before the stages are built
 (`tensor_parallel`), so a stage's items hold slices; each rank writes the slices of its stage (`local_box`).
 
@@ -222,7 +223,7 @@ def inputs_of(ids, extra: dict):
 
 
 class Pipeline(FleetHybrid):
-    """`pipeline_parallel_degree > 1`, with tensor parallelism inside the stages and data parallelism / ZeRO-1 on
+    """`pipeline_parallel_degree > 1`, with tensor parallelism inside the stages and data parallelism / ZeRO-1/2 on
     the topology's "dp" / "sharding" axes."""
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
@@ -289,7 +290,7 @@ class Pipeline(FleetHybrid):
         self.pp_group = self.hcg.get_pipe_parallel_group()
         self._params = list(model.parameters())
         self._owned, self._hpo = self._params, None
-        if self.parallel.sharding_stage:  # fleet's ZeRO-1 over each stage's sharding group, as `FleetZero1`
+        if self.parallel.sharding_stage:  # fleet's ZeRO-1 (also ZeRO-2's) over each stage's sharding group
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
@@ -379,7 +380,7 @@ class Pipeline(FleetHybrid):
 
     def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
         """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
-        on the ranks with this tp coordinate; under ZeRO-1 the optimizer state only on the replicas of its owner
+        on the ranks with this tp coordinate; under ZeRO-1/2 the optimizer state only on the replicas of its owner
         (the same coordinate on the stage's "sharding" axis)."""
         owned = kind == "optimizer" and self.parallel.sharding_stage
         return self.topology.replicas("pp", *(("sharding",) if owned else ()), *(("mp",) if sliced else ()))

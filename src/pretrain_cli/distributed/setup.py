@@ -6,7 +6,7 @@
 | data parallel | `DataParallel` | `paddle.DataParallel` |
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
-| `pipeline_parallel_degree > 1` (with tp, dp, stage1) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
+| `pipeline_parallel_degree > 1` (with tp, dp, stage1/2) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
 | `tensor_parallel_degree > 1` + `sequence_parallel` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; `tensor_parallel` + `sequence_parallel` |
 | `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
 | ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
