@@ -37,6 +37,7 @@ from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
 
+
 def stage_of(name: str, bounds: list[int], stages: int | None = None) -> int:
     """The stage that holds (the first copy of) an HF-named tensor, by its global layer index. `bounds` has one
     part per model chunk; with virtual stages (`stages` < parts) chunk c runs on stage c mod `stages`, as in
@@ -234,16 +235,15 @@ class Pipeline(FleetHybrid):
         self.name = f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
         self.lm = self.loss = self.bounds = None
         self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
-        self._seq_params: list = []  # sequence parallelism: parameters whose gradients cover this rank's positions
+        self._seq_params: list = []  # SP: the parameters whose gradients cover this rank's positions only
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
-        """The stages over `model`'s own sublayers (each decoder layer then cut to this rank's tensor-parallel
-        slice, `tensor_parallel`); the optimizer is then built over this stage's parameters. A lazily built model
-        gets only this stage's parameters created (from `source`; a tied embedding also on the last stage, whose
-        copy fleet then broadcasts from the first): the other stages' never have storage. An eagerly built one
-        has the others' storage freed. Under tp a stage's tensor-parallel weights are created as this rank's
-        slices only (`tensor_parallel.split_layers`), never whole."""
+        """The stages over `model`'s own sublayers (each decoder layer cut to this rank's tp slice); the optimizer
+        is then built over this stage's parameters. A lazily built model gets only this stage's parameters created
+        (from `source`; a tied embedding also on the last stage, whose copy fleet broadcasts from the first), the
+        others' never have storage (an eagerly built one has theirs freed); under tp the tensor-parallel weights
+        are created as this rank's slices only (`tensor_parallel.split_layers`), never whole."""
         from pretrain_cli.distributed.materialize import fill
         from pretrain_cli.distributed.tensor_parallel import cut_by_tp
 
@@ -316,9 +316,8 @@ class Pipeline(FleetHybrid):
         return paddle.reshape(loss, [])
 
     def sync_grads(self) -> None:
-        """ZeRO-1/2: fleet's optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over the
-        data-parallel replicas of this stage. Sequence parallelism first sums the norms' gradients (each from its
-        rank's positions) over the tp group."""
+        """Sequence parallelism: the norms' gradients summed over the tp group first. Then ZeRO-1/2: fleet's
+        optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over this stage's replicas."""
         if self._seq_params:  # a stage's own (another stage's norms have no gradient here)
             from pretrain_cli.distributed import sequence_parallel as sp
 
