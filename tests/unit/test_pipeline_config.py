@@ -105,6 +105,11 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     assert stages[0]["logits_loss"] == 0 < stages[3]["logits_loss"]
     few = pipeline_stages(dataclasses.replace(setup, micro_batches=2))  # never more in flight than there are micro-batches
     assert few[0]["activations"] < stages[0]["activations"] and few[3]["activations"] == stages[3]["activations"]
+    # ZeRO-2 in the stages on GPU: 1/S of the AdamW state like stage1; the gradients stay whole during the schedule
+    zero = [pipeline_stages(dataclasses.replace(setup, device="gpu", sharding_stage=k, sharding_degree=2))[0]
+            for k in (1, 2)]
+    assert zero[1]["gradients"] == zero[0]["gradients"] == stages[0]["gradients"] > 0
+    assert zero[1]["optimizer_state"] == zero[0]["optimizer_state"] == stages[0]["optimizer_state"] / 2
 
 
 def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
