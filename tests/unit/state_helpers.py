@@ -2,13 +2,13 @@
 compare two runs' state (the product never gathers them: every rank writes its own pieces)."""
 import numpy as np
 
-from pretrain_cli.distributed.pieces import host_copy, state_tensors
+from pretrain_cli.distributed.pieces import host_view, state_tensors
 from pretrain_cli.models.convert import hf_params
 
 
 def optimizer_tensors(model, optimizer) -> dict[str, np.ndarray]:
     """This process's AdamW state keyed `<hf name>/<slot>`, HF layout, whole host copies."""
-    return {name: host_copy(t, tr) for name, kind, t, tr in state_tensors(model, optimizer) if kind == "optimizer"}
+    return {name: np.ascontiguousarray(host_view(t, tr)) for name, kind, t, tr in state_tensors(model, optimizer) if kind == "optimizer"}
 
 
 def hf_state_dict(model) -> dict:

@@ -130,11 +130,6 @@ def local_value(tensor):
     return tensor._local_value() if getattr(tensor, "is_dist", lambda: False)() else tensor
 
 
-def host_copy(tensor, transpose: bool) -> np.ndarray:
-    """The local value on the host, HF layout, contiguous (bf16 as its uint16 bits, what `Tensor.numpy` gives)."""
-    return np.ascontiguousarray(host_view(tensor, transpose))
-
-
 def host_view(tensor, transpose: bool) -> np.ndarray:
     """The local value as numpy in HF layout without a copy where it can be (an fp32 CPU tensor: a DLPack view,
     transposed as a view), else its `Tensor.numpy()` copy. Valid while the tensor is not updated."""

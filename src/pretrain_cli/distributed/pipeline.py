@@ -18,9 +18,9 @@ schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch
 step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout. With
 `virtual_pp_degree` V > 1 the decoder is cut into P x V equal chunks, stage s holding chunks s, s + P, ...,
 and fleet's `PipelineParallelWithInterleave` runs them (interleaved 1F1B).
-Data parallelism: the hybrid topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1
-(`sharding: stage1`): fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`; ZeRO-2
-(`stage2`): the same, and each rank releases the gradients it does not own after every update.
+Data parallelism: the topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1 (`stage1`):
+fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`; ZeRO-2 the same, each rank
+releasing the gradients it does not own after every update.
 Tensor parallelism: every decoder layer is cut to this rank's tp slice before the stages are built
 (`tensor_parallel`), so a stage's items hold slices; each rank writes the slices of its stage (`local_box`).
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 
 from pretrain_cli.distributed.gloo import neighbour_sends, separate_stores
+from pretrain_cli.distributed.pieces import split_name
 from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_config import Loop, ParallelConfig
@@ -330,9 +331,8 @@ class Pipeline(FleetHybrid):
             super().sync_grads()
 
     def step(self, optimizer) -> None:
-        """ZeRO-2: after the update, the gradients this rank does not own are released (their owner alone read
-        them; the next step's backward creates them again), where ZeRO-1 keeps every gradient between steps.
-        Not earlier: fleet's parameter broadcast after the update skips a parameter whose gradient is gone."""
+        """ZeRO-2: after the update the gradients this rank does not own are released (their owner alone read them;
+        the next backward creates them again). Not earlier: fleet's broadcast skips a parameter with no gradient."""
         super().step(optimizer)
         if self.parallel.sharding_stage == 2:
             owned = {id(p) for p in self._owned}
@@ -373,9 +373,9 @@ class Pipeline(FleetHybrid):
         """Only this stage's tensors (the whole model object exists on every rank, but only the stage's layers
         train here): each stage writes its own layers' weights and state, by HF name (`stage_of`). A tied
         embedding's copy on the last stage is the first stage's tensor: written once, from there."""
-        stage = self.topology.stage
-        pp = self.parallel.pp_degree
-        return [p for p in super().pieces(model, optimizer) if stage_of(p.name.split("/")[0], self.bounds, pp) == stage]
+        stage, pp = self.topology.stage, self.parallel.pp_degree
+        held = super().pieces(model, optimizer)
+        return [p for p in held if stage_of(split_name(p.name)[0], self.bounds, pp) == stage]
 
     def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
         """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
@@ -387,9 +387,9 @@ class Pipeline(FleetHybrid):
     def local_box(self, tensor, name: str | None = None):
         """A tensor-parallel slice (the weight or its moments and master copy, by HF name): its block of the
         global tensor, cut on `tp_dims[name]` at this rank's tp coordinate; anything else whole."""
-        hf, _, slot = (name or "").partition("/")
+        hf, slot = split_name(name or "")
         dim = self.tp_dims.get(hf)
-        if dim is None or slot not in ("", "moment1", "moment2", "master"):
+        if dim is None or slot not in (None, "moment1", "moment2", "master"):
             return super().local_box(tensor, name)
         from pretrain_cli.distributed.pieces import Box
 
