@@ -35,12 +35,15 @@ def run_cli_fixture():
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers (`-n 2`): one work unit per test module, so
-# module fixtures are built once. Every test that starts several processes of its own (the real launcher,
-# whose ranks need both cores) is one unit, run in order on one worker (splitting it measured slower: two
-# launches at once slow each other more than they overlap); the robustness tests are one unit too, as they
-# share one reference training run (a session fixture, built per worker). The units are set here rather than
-# by xdist_group marks: pytest 9 ignores the test-id suffix that `--dist loadgroup` relies on.
+# module fixtures are built once. The tests that start several processes of their own (the real launcher, whose
+# ranks need both cores) are two units, each run in order on one worker: the first starts first, the second (the
+# long-sequence and three-axis modules, `_SECOND`) after every other unit, on whichever worker is free first, so
+# two launches overlap only at the end (two at once slow each other more than they overlap; alone in one unit
+# they outlast everything else). The robustness tests are one unit too, as they share one reference training run
+# (a session fixture, built per worker). The units are set here rather than by xdist_group marks: pytest 9
+# ignores the test-id suffix that `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
+_SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py")
 # The longest units (as measured on 2 busy cores) start first, so the other worker works through the many
 # short modules meanwhile and both finish together; xdist's own order (most
 # tests first) started the 3-test calibration module last.
@@ -50,12 +53,15 @@ _LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "robustness"
 
 def _work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0].removeprefix("tests/")
+    if path in _SECOND:
+        return "multi-process-2"
     return _GROUPS.get(path.split("/", 1)[0], path)
 
 
 def pytest_collection_modifyitems(items):
     rank = {unit: i for i, unit in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
+    rank["multi-process-2"] = len(_LONGEST_FIRST) + 1  # after every other unit
+    items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(_LONGEST_FIRST)))  # stable: the rest keep order
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -66,42 +66,43 @@ def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_pa
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
 
 
-@pytest.mark.parametrize("nproc,keys", [(2, SP), (4, TP_PP_SP)], ids=["tp2_sp", "tp2_pp2_sp"])
-def test_sp_with_documents_recompute_and_evaluation(corpus, tmp_path, nproc, keys):
-    """Document masking (RoPE positions restarting per document, attention within documents), recompute and
-    evaluation through the sequence-parallel layers: the same curve and evaluation as one process."""
-    ref = single(write_config(tmp_path / "r.json", corpus, tmp_path / "rout", per_device_train_batch_size=8, **DOC),
-                 tmp_path / "rlog")
+@pytest.fixture(scope="module")
+def doc_ref(corpus, tmp_path_factory):
+    """One process with document masking, recompute and evaluation (the reference of both layouts below)."""
+    root = tmp_path_factory.mktemp("sp_doc_ref")
+    ref = single(write_config(root / "r.json", corpus, root / "rout", per_device_train_batch_size=8, **DOC),
+                 root / "rlog")
     assert ref.returncode == 0, ref.explain()
+    return ref, root / "rout"
+
+
+@pytest.mark.parametrize("nproc,keys", [(2, SP), (4, TP_PP_SP)], ids=["tp2_sp", "tp2_pp2_sp"])
+def test_sp_with_documents_recompute_and_evaluation(corpus, tmp_path, doc_ref, nproc, keys):
+    """Document masking (RoPE positions restarting per document, attention within documents), recompute and
+    evaluation through the sequence-parallel layers, on one stage and inside fleet's two stages (the cut stream
+    sent between them): the same curve, weights and evaluation as one process."""
+    ref, rout = doc_ref
     run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **keys, **DOC), tmp_path / "log",
                         nproc)
     assert run.returncode == 0, run.explain()
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), WEIGHT_TOL)
     got, want = _evals(run), _evals(ref)
     assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]
     assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
+    assert "tp 2 + sp" in run.log(0) and ("pp 2 x tp 2" in run.log(0)) == (nproc == 4)
 
 
-def test_tp2_pp2_sp_matches_one_process(corpus, tmp_path, ref):
-    """Causal, 4 processes: the hooks inside fleet's stages (the cut stream sent between them)."""
-    run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP_SP), tmp_path / "log", 4)
-    assert run.returncode == 0, run.explain()
-    assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
-    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
-    assert "pp 2 x tp 2" in run.log(0) and "tp 2 + sp" in run.log(0)
-
-
-@pytest.mark.parametrize("keys", [dict(sharding="stage1"), {}], ids=["tp2_sp_stage1", "dp2_tp2_sp"])
-def test_sp_with_data_parallelism_and_zero1_on_four_processes(corpus, tmp_path, ref, keys):
-    """Two data ranks of two tp ranks each (per-device batch 4: the same global batch of 8): the norms' gradients
-    summed over each tp group, then averaged over the data ranks (ZeRO-1: reduced to each owner)."""
+def test_sp_with_zero1_over_two_data_ranks(corpus, tmp_path, ref):
+    """Two data ranks of two tp ranks each (per-device batch 4: the same global batch of 8), ZeRO-1 over them:
+    the norms' gradients summed over each tp group, then reduced to each owner over the data ranks."""
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", tensor_parallel_degree=2, sequence_parallel=True,
-                       per_device_train_batch_size=4, **keys)
+                       per_device_train_batch_size=4, sharding="stage1")
     run = launch_joined(cfg, tmp_path / "log", 4)
     assert run.returncode == 0, run.explain()
     assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
-    assert ("ZeRO-1 over 2" in run.log(0)) == bool(keys) and "tp 2 x dp 2" in run.log(0)
+    assert "ZeRO-1 over 2" in run.log(0) and "tp 2 x dp 2" in run.log(0)
 
 
 def _evals(run) -> list[tuple]:
