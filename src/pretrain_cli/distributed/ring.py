@@ -4,9 +4,9 @@ receives the previous rank's: C − 1 times in an attention forward, 2C − 1 in
 On GPU (NCCL) one `paddle.distributed.batch_isend_irecv` posts the send and the receive on the cp group and returns
 at once, so the exchange of the next K/V block runs while the current block is computed (`start` … `wait`).
 
-On CPU (gloo) that does not work, for two reasons of Paddle 3.3.1 (docs/DISTRIBUTED.md, "Context parallelism
-(long sequences)"): gloo's `send` returns only once the peer has posted the matching `recv` (every rank sending
-first waits until "TIMEOUT … unbound_buffer.cc", measured), and a gloo group numbers its operations (`next_tag`),
+On CPU (gloo) that does not work, for two reasons of Paddle 3.3.1
+(docs/DISTRIBUTED.md, "Context parallelism (long sequences)"): gloo's `send` returns only once the peer has
+posted the matching `recv` (every rank sending first waits until "TIMEOUT … unbound_buffer.cc", measured), and a gloo group numbers its operations (`next_tag`),
 so a send matches only the receive with the same number; with an odd number of ranks in a ring, the ranks'
 counts over one group disagree. The CPU workaround (the one switch: `gloo=True`): each directed edge r → r+1
 of the ring gets a two-rank group of its own (every operation on it is that edge's one send and one receive, so
