@@ -204,3 +204,16 @@ def assert_close_tensors(a: dict, b: dict, tol: float = TOL) -> float:
         assert diff <= (NOISE_TOL if noise else tol), f"{k}: max diff {diff}"
         worst = worst if noise else max(worst, diff)
     return worst
+
+
+def assert_checkpoint_matches(ckpt: Path, want: Path, tol: float = TOL) -> None:
+    """Checkpoint `ckpt`'s pieces assemble to `want`'s tensors, weights and AdamW state alike (the same names)."""
+    for kind in ("weights", "optimizer"):
+        saved, expected = read_checkpoint(ckpt, kind), read_checkpoint(want, kind)
+        assert sorted(saved) == sorted(expected), kind
+        assert_close_tensors(saved, expected, tol)
+
+
+def evals(run: Run) -> list[tuple[str, str]]:
+    """(eval_loss, eval_tokens) of every evaluation rank 0 logged."""
+    return re.findall(r"eval_loss: ([0-9.]+),.*eval_tokens: (\d+)", run.log(0))

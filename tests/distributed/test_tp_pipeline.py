@@ -13,11 +13,10 @@ on one process, dp2's on tp2 x pp2) on the same curve.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
-                            read_weights, single, write_config)
+from launch_helpers import (STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
+                            launch_joined, read_weights, single, write_config)
 
 TP_PP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, gradient_accumulation_steps=4,
              per_device_train_batch_size=2)
@@ -33,11 +32,6 @@ def tp_pp(corpus, tmp_path_factory):
     return run, root / "out"
 
 
-def _evals(run) -> list[tuple]:
-    """(eval_loss, eval_tokens) of every evaluation rank 0 logged."""
-    return re.findall(r"eval_loss: ([0-9.]+),.*eval_tokens: (\d+)", run.log(0))
-
-
 def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path):
     """The same curve and the same evaluation (loss and token count) as one process, with document masking and
     recompute inside the tensor-parallel stages."""
@@ -47,7 +41,7 @@ def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path):
     run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP, **DOC), tmp_path / "log", 4)
     assert run.returncode == 0, run.explain()
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
-    got, want = _evals(run), _evals(ref)
+    got, want = evals(run), evals(ref)
     assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]  # the same tokens counted once
     assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
 
@@ -65,10 +59,7 @@ def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, ref):
     checkpoint's tensors, weights and AdamW state alike."""
     out, rout = tp_pp[1], ref[1]
     ckpt = out / "checkpoint-5"
-    for kind in ("weights", "optimizer"):
-        saved, want = read_checkpoint(ckpt, kind), read_checkpoint(rout / "checkpoint-5", kind)
-        assert sorted(saved) == sorted(want)
-        assert_close_tensors(saved, want)
+    assert_checkpoint_matches(ckpt, rout / "checkpoint-5")
     index = json.loads((ckpt / "checkpoint.index.json").read_text())
     q = index["tensors"]["model.layers.0.self_attn.q_proj.weight"]  # HF [out, in]: split on out (rows)
     assert sorted(tuple(p["offsets"]) for p in q["pieces"]) == [(0, 0), (q["shape"][0] // 2, 0)]
@@ -124,10 +115,7 @@ def test_three_axis_layouts_match_one_process_and_write_their_shares(three_d, re
     assert f"layout: pipeline (fleet 1F1B): pp 2 x tp 2 x dp 2{zero}" in run.log(0)
     assert all("Traceback" not in run.log(n) for n in range(8))
     ckpt = out / "checkpoint-5"
-    for kind in ("weights", "optimizer"):
-        saved, want = read_checkpoint(ckpt, kind), read_checkpoint(rout / "checkpoint-5", kind)
-        assert sorted(saved) == sorted(want)
-        assert_close_tensors(saved, want)
+    assert_checkpoint_matches(ckpt, rout / "checkpoint-5")
     index = json.loads((ckpt / "checkpoint.index.json").read_text())
     sizes = [f["bytes"] for n, f in index["files"].items() if n.startswith("model")]
     assert len(sizes) == 8 and min(sizes) > 0, sizes  # replicas split the writing: every rank wrote weights

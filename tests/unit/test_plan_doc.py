@@ -37,8 +37,14 @@ def examples() -> list[tuple[str, list[str], int]]:
     return [tuple(x) for x in out]
 
 
-def test_plan_md_has_the_start_up_example():
-    assert any("Llama-3.1-70B" in cmd and "--fit" in cmd for cmd, _, _ in examples())
+def test_plan_md_has_its_worked_examples():
+    """Every example the doc promises is there to be run: the start-up one (70B), the fused and unfused V100 ones
+    (the unfused exits 1), the 8-card one and the 70B file's; each with output to compare."""
+    found = examples()
+    assert len(found) >= 6 and all(lines for _, lines, _ in found)
+    assert any("Llama-3.1-70B" in cmd and "--fit" in cmd for cmd, _, _ in found)
+    assert any("--gpus 8" in cmd and "-o fitted.json" in cmd for cmd, _, _ in found)
+    assert sorted({code for _, _, code in found}) == [0, 1]  # the exit code is read where the doc shows it
 
 
 @pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")

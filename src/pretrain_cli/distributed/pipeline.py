@@ -1,32 +1,25 @@
 """Pipeline parallelism on fleet's engine: the finished single-device model cut into stages from outside.
 
-The decoder's own pieces become fleet `PipelineLayer` items: the embedding, one item per decoder layer,
-the final norm, and the LM head's weight. `stage_bounds` splits the decoder layers over the
-`pipeline_parallel_degree` stages as evenly as they go (the embedding rides with the first, the norm and
-head with the last); `stage_of` is the same split by HF tensor name (global layer index), which the
-checkpoint code uses to know which rank holds what. Every stage reads the same micro-batches; the first
-feeds them in, the last computes the loss (the fused head + loss needs the labels, which only it sees).
-Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
+The decoder's own pieces become fleet `PipelineLayer` items: the embedding, one item per decoder layer, the final
+norm, and the LM head's weight. `stage_bounds` splits the decoder layers over the stages as evenly as they go (the
+embedding rides with the first, the norm and head with the last); `stage_of` is the same split by HF tensor name,
+which the checkpoint code uses to know which rank holds what. Every stage reads the same micro-batches; the first
+feeds them in, the last computes the loss (the fused head + loss needs the labels, which only it sees). Packed-
+document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
 
-Tied embeddings: the last stage holds the embedding's weight as a fleet `SharedLayerDesc` (the same
-weight, the first stage's value broadcast at build); after backward fleet all-reduces the two copies'
-gradients, so both receive the same summed gradient and the same AdamW update, as the one tied weight of
-one process does. The gradient norm counts the copy once.
+Tied embeddings: the last stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value
+broadcast at build); after backward fleet all-reduces the two copies' gradients, so both get the same update, as
+the one tied weight of one process does. The gradient norm counts the copy once.
 
-Per step `forward_backward` hands the step's `gradient_accumulation_steps` micro-batches to fleet's 1F1B
-schedule (`PipelineParallel.forward_backward_pipeline`, the part of `train_batch` before its optimizer
-step); clipping, the non-finite policy and the update stay the trainer's, as for every other layout. With
-`virtual_pp_degree` V > 1 the decoder is cut into P x V equal chunks, stage s holding chunks s, s + P, ...,
-and fleet's `PipelineParallelWithInterleave` runs them (interleaved 1F1B).
-Data parallelism: the topology's "dp" axis, gradients all-reduced over it after the schedule; ZeRO-1 (`stage1`):
-fleet's `DygraphShardingOptimizer` over each stage's "sharding" axis, as `FleetZero1`; ZeRO-2 the same, each rank
-releasing the gradients it does not own after every update.
-Tensor parallelism: every decoder layer is cut to this rank's tp slice before the stages are built
-(`tensor_parallel`), so a stage's items hold slices; each rank writes the slices of its stage (`local_box`).
-
-fleet's groups are the run's `Topology` (stages outermost); its CPU workarounds are `Topology.init_fleet`'s and
-`distributed/gloo.py`'s: on gloo PipelineLayer's shared-weight group gets its own store as well, and with more than
-two stages the stage-to-stage sends go over two-rank groups (`neighbour_sends`).
+Per step `forward_backward` hands the step's micro-batches to fleet's 1F1B schedule
+(`PipelineParallel.forward_backward_pipeline`, `train_batch` before its optimizer step); clipping, the non-finite
+policy and the update stay the trainer's. With `virtual_pp_degree` V > 1 the decoder is cut into P x V chunks,
+stage s holding chunks s, s + P, ..., run by fleet's `PipelineParallelWithInterleave` (interleaved 1F1B).
+DP: gradients all-reduced over "dp" after the schedule; ZeRO-1: fleet's `DygraphShardingOptimizer` over each
+stage's "sharding" axis; ZeRO-2 the same, each rank releasing the gradients it does not own after every update.
+TP: each decoder layer cut to this rank's tp slice before the stages are built; each rank writes its slices.
+fleet's groups are the run's `Topology` (stages outermost); the CPU workarounds are `Topology.init_fleet`'s and
+`distributed/gloo.py`'s (the shared-weight group's own store; stage-to-stage sends over two-rank groups).
 """
 from __future__ import annotations
 
@@ -287,18 +280,25 @@ class Pipeline(FleetHybrid):
         engine = fleet.distributed_model(model)
         if self.parallel.virtual_pp_degree > 1:
             engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
+        return Pipelined(engine, self.loss), self.shard(model, optimizer)
+
+    def shard(self, model, optimizer):
+        """fleet's ZeRO-1 (also ZeRO-2's) over each stage's sharding group, and which gradients this rank counts
+        in the norm (its owned ones; a tied embedding's second copy not; tp slices apart from whole tensors)."""
+        from paddle.distributed import fleet
+
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
         self._params = list(model.parameters())
         self._owned, self._hpo = self._params, None
-        if self.parallel.sharding_stage:  # fleet's ZeRO-1 (also ZeRO-2's) over each stage's sharding group
+        if self.parallel.sharding_stage:
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
         tied = self.lm.lm_head is None and self.topology.stage > 0
         counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
         sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
         self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
-        return Pipelined(engine, self.loss), optimizer
+        return optimizer
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp, forward_loss=None):

@@ -36,18 +36,7 @@ class TensorParallel(Pipeline):
         return model
 
     def wrap(self, model, optimizer):
-        from paddle.distributed import fleet
-
-        self.hcg = fleet.get_hybrid_communicate_group()
-        self.pp_group = self.hcg.get_pipe_parallel_group()
-        self._params = list(model.parameters())
-        self._owned, self._hpo = self._params, None
-        if self.parallel.sharding_stage == 1:
-            optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
-            self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
-        sliced = {id(p) for p in model.parameters() if getattr(p, "is_distributed", False)}
-        self._counted = ([p for p in self._owned if id(p) not in sliced], [p for p in self._owned if id(p) in sliced])
-        return model, optimizer
+        return model, self.shard(model, optimizer)  # the model runs whole: no pipeline engine
 
     def forward_backward(self, model, batches: list, amp, forward_loss):
         return super(Pipeline, self).forward_backward(model, batches, amp, forward_loss)  # `Strategy`'s loop
