@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+import gpu_emulation as emu
 from plan_helpers import fit, plan
 from pretrain_cli.distributed.context import chunks_of, local_positions
 from pretrain_cli.errors import UserError
@@ -178,28 +179,6 @@ def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
     assert ranks[5].replicas("sharding", "cp") == (1, 5)  # the owners of the same optimizer-state shard
 
 
-def _ref_flash_attn(query, key, value, fixed_seed_offset, attn_mask, dropout, causal, return_softmax, is_test,
-                    rng_name):
-    """`paddle._C_ops.flash_attn` as Paddle documents it, for the CPU: q `[b, sq, heads, d]`, k/v `[b, sk, kv_heads,
-    d]` fp16/bf16 → (out like q, softmax or None, softmax_lse fp32 `[b, heads, sq rounded up to 128]`, seed_offset);
-    `causal` masks bottom-right (query i sees keys ≤ i + sk − sq), GQA by repeating K/V heads."""
-    import paddle
-
-    assert query.dtype in (paddle.float16, paddle.bfloat16) and attn_mask is None and dropout == 0.0
-    q, k, v = (t.astype("float32").transpose([0, 2, 1, 3]) for t in (query, key, value))  # [b, heads, s, d]
-    rep = q.shape[1] // k.shape[1]
-    k, v = paddle.repeat_interleave(k, rep, axis=1), paddle.repeat_interleave(v, rep, axis=1)
-    s = paddle.matmul(q, k, transpose_y=True) / float(q.shape[-1]) ** 0.5  # [b, heads, sq, sk]
-    sq, sk = s.shape[2], s.shape[3]
-    if causal:
-        s = s + paddle.triu(paddle.full([sq, sk], float("-inf")), 1 + sk - sq)
-    lse = paddle.logsumexp(s, axis=-1)  # [b, heads, sq]
-    out = paddle.matmul(paddle.nn.functional.softmax(s, axis=-1), v).transpose([0, 2, 1, 3]).astype(query.dtype)
-    pad = -sq % 128
-    lse = paddle.concat([lse, paddle.zeros([lse.shape[0], lse.shape[1], pad])], axis=-1) if pad else lse
-    return out, None, lse, None
-
-
 def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeypatch):
     """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's documented op in its
     place: full and causal blocks, a causal row tile (q_len < k_len, bottom-right), bf16 in, fp32 lse out."""
@@ -209,7 +188,7 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
     from pretrain_cli.ops.block_attention import block_forward
 
     calls = []
-    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[6]) or _ref_flash_attn(*a),
+    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[6]) or emu.ref_flash_attn(*a),
                         raising=False)
     _, q, k, v = _qkv(s=12)
     qh, kh, vh = (_heads(t, 2).astype("bfloat16") for t in (q, k, v))  # [2, 2, 2|1, 12, 8]
