@@ -180,8 +180,10 @@ def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
 
 
 def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeypatch):
-    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's documented op in its
-    place: full and causal blocks, a causal row tile (q_len < k_len, bottom-right), bf16 in, fp32 lse out."""
+    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's op emulated in its
+    place (tests/gpu_emulation.py: top-left causal alignment, fp16/bf16 only): full and causal blocks, a row tile's
+    two pieces (the keys before it, full; its square diagonal, causal), bf16 in, fp32 lse out; a non-square causal
+    block is refused, since the kernel would align it top-left."""
     import paddle
 
     from pretrain_cli.ops import kernels
@@ -193,17 +195,19 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
     _, q, k, v = _qkv(s=12)
     qh, kh, vh = (_heads(t, 2).astype("bfloat16") for t in (q, k, v))  # [2, 2, 2|1, 12, 8]
     tri = paddle.tril(paddle.ones([12, 12], dtype="bool")).reshape([1, 1, 1, 12, 12])
-    # (query rows, keys, visible, causal): the whole block, the causal diagonal, rows 4..8 of it against keys 0..8
-    for (r0, r1), keys, visible, causal in (((0, 12), 12, None, False), ((0, 12), 12, tri, True),
-                                            ((4, 9), 9, tri[:, :, :, 4:9, :9], True)):
-        qs = qh[:, :, :, r0:r1]
-        got_out, got_lse = kernels.block_forward_flash(qs, kh[:, :, :, :keys], vh[:, :, :, :keys], visible, causal)
-        want_out, want_lse = block_forward(qs.astype("float32"), kh[:, :, :, :keys].astype("float32"),
-                                           vh[:, :, :, :keys].astype("float32"), visible, causal)
+    # (query rows, keys, visible, causal): the whole block, the causal diagonal, rows 4..8 against keys 0..3 and 4..8
+    for (r0, r1), (k0, k1), visible, causal in (((0, 12), (0, 12), None, False), ((0, 12), (0, 12), tri, True),
+                                                ((4, 9), (0, 4), None, False), ((4, 9), (4, 9), tri[..., 4:9, 4:9], True)):
+        qs, ks, vs = qh[:, :, :, r0:r1], kh[:, :, :, k0:k1], vh[:, :, :, k0:k1]
+        got_out, got_lse = kernels.block_forward_flash(qs, ks, vs, visible, causal)
+        want_out, want_lse = block_forward(qs.astype("float32"), ks.astype("float32"), vs.astype("float32"), visible,
+                                           causal)
         assert got_out.dtype == paddle.bfloat16 and got_lse.dtype == paddle.float32 and got_lse.shape == want_lse.shape
         assert float((got_out.astype("float32") - want_out).abs().max()) < 3e-2
         assert float((got_lse - want_lse).abs().max()) < 3e-2
-    assert calls == [False, True, True]  # flash attention ran each block (causal where it is the diagonal)
+    assert calls == [False, True, False, True]  # flash attention ran each block (causal where it is the diagonal)
+    with pytest.raises(ValueError, match="must be square"):
+        kernels.block_forward_flash(qh[:, :, :, 4:9], kh[:, :, :, :9], vh[:, :, :, :9], tri[..., 4:9, :9], True)
 
 
 def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():

@@ -256,3 +256,26 @@ def test_qwen3_under_o1_ring_attention_blocks_run_flash_attention(monkeypatch):
     qh, kh, vh = heads(q, 2), heads(k, 1), heads(v, 1).astype("bfloat16")  # q/k fp32 (O1's norms), v half
     out, lse = kernels.block_forward_flash(qh, kh, vh, None, False)
     assert calls == [paddle.bfloat16] and out.dtype == paddle.bfloat16 and lse.dtype == paddle.float32
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_ring_attention_tiles_give_one_attentions_output_and_gradients(documents):
+    """The tiling itself (fp32, the reference blocks): tiles of 3 rows over chunks of 8, causal or document-masked,
+    forward and backward equal one attention over the sequence (the diagonal's two pieces padded back in dK/dV)."""
+    from pretrain_cli.distributed.context import context_attention
+    from pretrain_cli.ops.attention import attention_math
+    from pretrain_cli.ops.block_attention import block_forward
+
+    q, k, v = _qkv(s=16, b=2)
+    for t in (q, k, v):
+        t.stop_gradient = False
+    doc = paddle.to_tensor(np.array([[0] * 5 + [5] * 7 + [12] * 4, [0] * 16], np.int64)) if documents else None
+    causal, document = context_attention(_OneRank(), 1, 0, block_forward, tile=3)
+    got = document(q, k, v, doc) if documents else causal(q, k, v)
+    dout = paddle.to_tensor(np.random.default_rng(2).standard_normal(got.shape).astype("float32"))
+    grads = paddle.grad([(got * dout).sum()], [q, k, v])
+    want = attention_math(q, k, v, doc) if documents else attention_math(q, k, v)
+    want_grads = paddle.grad([(want * dout).sum()], [q, k, v])
+    assert float((got - want).abs().max()) < 1e-5
+    for g, w in zip(grads, want_grads):
+        assert float((g - w).abs().max()) < 1e-4
