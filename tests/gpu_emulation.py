@@ -24,7 +24,10 @@ it fails where the GPU would (docs/PERFORMANCE.md, "GPU-only call sites", lists 
 """
 from __future__ import annotations
 
+import contextlib
 import math
+
+import pytest
 
 from pretrain_cli import runtime
 
@@ -116,9 +119,10 @@ def sdpa_backend(query, key, value, attn_mask=None, is_causal=False, scale=None)
     return "math"
 
 
-def enabled_scaler(monkeypatch, **kwargs):
-    """A real `paddle.amp.GradScaler`, enabled although the place is the CPU (its constructor's place check is
-    the one thing answered as on a GPU)."""
+@contextlib.contextmanager
+def scaler_enabled_on_cpu():
+    """`paddle.amp.GradScaler`s built inside are enabled although the place is the CPU: their constructor's place
+    check is the one thing answered as on a GPU; everything else is the real class."""
     import paddle.amp.grad_scaler as gs
 
     class GpuPlace:
@@ -128,11 +132,9 @@ def enabled_scaler(monkeypatch, **kwargs):
     class Tracer:
         _expected_place = GpuPlace()
 
-    monkeypatch.setattr(gs, "_dygraph_tracer", lambda: Tracer())
-    scaler = paddle.amp.GradScaler(**kwargs)
-    monkeypatch.undo()
-    assert scaler.is_enable()
-    return scaler
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gs, "_dygraph_tracer", lambda: Tracer())
+        yield
 
 
 def _sharding_base():
