@@ -281,3 +281,40 @@ def test_ring_attention_tiles_give_one_attentions_output_and_gradients(documents
     assert float((got - want).abs().max()) < 1e-5
     for g, w in zip(grads, want_grads):
         assert float((g - w).abs().max()) < 1e-4
+
+
+# ---------------------------------------------------------------- capability from the driver (plan and train)
+def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(monkeypatch):
+    """A card missing from the hardware table is judged by `get_device_capability()`: pre-Ampere → the math path;
+    a bf16 request refused in one line naming the key and the two choices; `plan` of a table V100 applies the same
+    rule (the table's 7.0) and warns, as `plan --fit` then moves the file to fp16."""
+    from run_helpers import BASE, model_config
+
+    from pretrain_cli import runtime
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.planning import hardware
+    from pretrain_cli.run_config import Target
+
+    monkeypatch.setattr(runtime, "gpu_build_installed", lambda: True)
+    monkeypatch.setattr(runtime, "gpu_name", lambda: "NVIDIA GeForce RTX 2080 Ti")  # Turing, 7.5: not in the table
+    monkeypatch.setattr(runtime, "gpu_capability", lambda: (7, 5))
+    target = prepare.launcher_target()
+    assert target.gpu_capability == (7, 5) and hardware.lookup(target.gpu_name) is None
+    fp16 = parse_config(None, [*BASE, "--use_flash_attention", "true", "--fp16", "--device", "gpu"])
+    run = resolve(fp16, model_config(), target)
+    assert run.kernels.attention == "math" and any("predates Ampere" in n for n in run.notes)
+    bf16 = parse_config(None, [*BASE, "--use_flash_attention", "true", "--bf16", "--device", "gpu"])
+    with pytest.raises(UserError) as e:
+        resolve(bf16, model_config(), target)
+    line = str(e.value)
+    assert line.count("\n") == 0 and line.startswith("bf16: NVIDIA GeForce RTX 2080 Ti has no bf16")
+    assert "fp16: true" in line and "fp32" in line
+    planned = resolve(bf16, model_config(), Target("gpu", 1, 0, 0, "V100-32GB", planned=True))
+    assert any(n.startswith("bf16: WARNING: V100-32GB has no bf16") for n in planned.notes)
+    # an Ampere card the table does not know: its driver capability gives it flash attention and bf16
+    monkeypatch.setattr(runtime, "gpu_capability", lambda: (8, 6))
+    assert resolve(bf16, model_config(), prepare.launcher_target()).kernels.attention == "flash"
+    assert hardware.pre_ampere(hardware.capability("T4")) and not hardware.pre_ampere(hardware.capability("H100"))
