@@ -69,7 +69,9 @@ def gpu_capability() -> tuple[int, int] | None:
     if not _GPU_CAPABILITY:
         cap = None
         if gpu_build_installed():
-            paddle = import_paddle()
+            import_paddle()  # the environment first
+            import paddle  # (a plain import, so tests/unit/test_gpu_api.py checks the call below)
+
             if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
                 cap = tuple(paddle.device.cuda.get_device_capability())
         _GPU_CAPABILITY.append(cap)
