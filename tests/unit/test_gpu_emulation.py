@@ -76,9 +76,9 @@ class _Tiny(paddle.nn.Layer):
         return (y * y).sum(), paddle.to_tensor(float(ids.size))
 
 
-def _layout(monkeypatch, strategy_cls, scale=1024.0, **attrs):
+def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     """A one-process `Step` over `strategy_cls` whose optimizer is fleet's hybrid optimizer (over the sharding
-    stand-in), with an fp16 loss scaler enabled on the CPU."""
+    stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU."""
     from pretrain_cli.ops.kernels import StepKernels
     from pretrain_cli.run_config import Precision
     from pretrain_cli.training.precision import build_amp
@@ -86,7 +86,8 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, **attrs):
 
     paddle.seed(0)
     model = _Tiny()
-    hpo = emu.hybrid_optimizer(paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters()))
+    hpo = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters())
+    hpo = hpo if plain else emu.hybrid_optimizer(hpo)
     strategy = object.__new__(strategy_cls)
     strategy.step_kernels, strategy._clip_coef = StepKernels(), 1.0
     strategy._hpo, strategy._params, strategy._owned = hpo, list(model.parameters()), list(model.parameters())
@@ -125,8 +126,12 @@ def test_fp16_loss_scaling_under_fleet_zero1_reduces_each_gradient_once_and_upda
     assert result.outcome == "applied"
     assert hpo._inner_opt.reductions == 1, "gradients reduced to their owners more than once"
     assert hpo._inner_opt.steps == 1
-    # the same update as an unscaled fp32 step of Paddle's AdamW (the scale divided out exactly once)
-    paddle.seed(0)
+    _assert_unscaled_update(layout.model, before)
+
+
+def _assert_unscaled_update(model, before):
+    """`model` took the update an unscaled fp32 step of Paddle's AdamW takes from `before` (the scale divided out
+    exactly once)."""
     ref = _Tiny()
     opt = paddle.optimizer.AdamW(learning_rate=0.1, parameters=ref.parameters())
     for p, b in zip(ref.parameters(), before):
@@ -134,8 +139,24 @@ def test_fp16_loss_scaling_under_fleet_zero1_reduces_each_gradient_once_and_upda
     total, count = ref(paddle.to_tensor(np.arange(6, dtype="int64").reshape(1, 6)))
     (total / count).backward()
     opt.step()
-    for p, r in zip(layout.model.parameters(), ref.parameters()):
+    for p, r in zip(model.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.numpy(), r.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_loss_scaling_with_paddles_own_optimizer_updates_unscaled_and_skips_an_overflow(monkeypatch):
+    """One process (and `paddle.DataParallel`): the optimizer is Paddle's AdamW, stepped once through the view."""
+    from pretrain_cli.distributed.strategy import Strategy
+
+    layout, _ = _layout(monkeypatch, Strategy, plain=True)
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    assert _step(layout).outcome == "applied"
+    _assert_unscaled_update(layout.model, before)
+    layout, _ = _layout(monkeypatch, Strategy, scale=1e38, plain=True)
+    layout.model.gain = 30.0
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    assert _step(layout).outcome == "overflow"
+    for p, b in zip(layout.model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
 
 
 def test_an_fp16_overflow_under_fleet_skips_the_update_once_and_lowers_the_scale(monkeypatch):
