@@ -4,17 +4,20 @@
 #   2. the project itself (`pip install -e . --no-deps`, so pip does not pull the CPU paddlepaddle back in),
 #      then its other runtime dependencies, read from pyproject.toml;
 #   3. checks that the Paddle now installed is a CUDA build, and prints the next command.
-# Usage: scripts/install_gpu.sh [cu118|cu123|cu126]   (default cu126; the CUDA version of the build, which the
-#        driver must support: `nvidia-smi` shows the newest it runs)
+# Usage: scripts/install_gpu.sh [cu118|cu126|cu129]   (default cu126; the CUDA version of the build, which the
+#        driver must support: `nvidia-smi` shows the newest it runs; Blackwell GPUs need cu129)
+#   The variants are the ones Paddle's index publishes paddlepaddle-gpu 3.3.x for (its stable/cu123/ index holds
+#   only 3.0 pre-releases, so cu123 is not offered); see PERFORMANCE.md, "GPU-only call sites".
 #   env: PYTHON (the interpreter that creates the environment; default python3), VENV (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA=${1:-cu126}
-case "$CUDA" in
-  cu118|cu123|cu126) ;;
-  *) echo "install_gpu: unknown CUDA build '$CUDA'; usage: scripts/install_gpu.sh [cu118|cu123|cu126]" >&2; exit 2 ;;
-esac
 PADDLE=paddlepaddle-gpu==3.3.1
+case "$CUDA" in
+  cu118|cu126|cu129) ;;
+  *) echo "install_gpu: Paddle publishes $PADDLE for cu118, cu126 and cu129, not '$CUDA';" \
+          "usage: scripts/install_gpu.sh [cu118|cu126|cu129]" >&2; exit 2 ;;
+esac
 INDEX=https://www.paddlepaddle.org.cn/packages/stable/$CUDA/
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}

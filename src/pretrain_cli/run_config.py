@@ -19,7 +19,8 @@ class Target:
     """Where the run executes: this process's launcher world, or the devices `plan` is asked about.
 
     `gpu_name` names the GPU (a hardware-table name for `plan`, the driver's for `train` and `check` on a GPU
-    build: `runtime.gpu_name`), so both apply the same capability rule (`planning.hardware.pre_ampere`). `planned`: the devices are
+    build: `runtime.gpu_name`), with `gpu_capability` the driver's where there is one, so both apply the same
+capability rule (`planning.hardware.pre_ampere` on `planning.hardware.capability`). `planned`: the devices are
     the ones `plan` was asked about, so they win over the file's `device` key.
     """
 
@@ -29,6 +30,7 @@ class Target:
     local_rank: int = 0
     gpu_name: str | None = None
     planned: bool = False
+    gpu_capability: tuple | None = None  # the driver's (major, minor) on a GPU (`runtime.gpu_capability`); else the table's
 
 
 @dataclass(frozen=True)

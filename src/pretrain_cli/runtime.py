@@ -60,6 +60,24 @@ def gpu_name() -> str | None:
     return _GPU_NAME[0]
 
 
+_GPU_CAPABILITY: list = []  # the driver's compute capability, once looked up (None: no GPU)
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    """This process's GPU's CUDA compute capability (`paddle.device.cuda.get_device_capability()`), or None without a
+    GPU build or a GPU: what `config.resolve` judges bf16 and flash attention by (`planning.hardware.pre_ampere`)."""
+    if not _GPU_CAPABILITY:
+        cap = None
+        if gpu_build_installed():
+            import_paddle()  # the environment first
+            import paddle  # (a plain import, so tests/unit/test_gpu_api.py checks the call below)
+
+            if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+                cap = tuple(paddle.device.cuda.get_device_capability())
+        _GPU_CAPABILITY.append(cap)
+    return _GPU_CAPABILITY[0]
+
+
 def _cpuinfo_head() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

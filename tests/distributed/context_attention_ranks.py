@@ -1,8 +1,8 @@
 """Run by test_context.py under the launcher (2, 3 or 4 processes): context-parallel attention on each rank's chunks
 against `attention_math` on the whole sequence, forward and backward (dQ, dK, dV), causal and document-masked,
-GQA, with one query tile per chunk and with tiles of 5 rows (diagonal tiles aligned bottom-right). Prints one
-JSON line per case: the largest differences, the shapes of the tensors the attention sent and how many
-collectives it ran."""
+GQA, with one query tile per chunk and with tiles of 5 rows (a diagonal tile: the keys before it as a full block,
+its square diagonal causal). Prints one JSON line per case: the largest differences, the shapes of the tensors the
+attention sent and how many collectives it ran."""
 import json
 
 import numpy as np

@@ -72,3 +72,35 @@ def test_fused_rope_vs_reference():
 def test_fused_swiglu_vs_reference():
     g, u = _rand(2, 16, 64), _rand(2, 16, 64)
     np.testing.assert_allclose(kernels.swiglu_fused(g, u).numpy(), kernels.swiglu_reference(g, u).numpy(), atol=1e-6)
+
+
+# ---------------------------------------------------------------- the CPU emulation (tests/gpu_emulation.py) checked
+# against the real kernels: where it is wrong, the CPU tests built on it prove nothing
+def test_the_emulated_flash_attention_is_the_real_one_top_left_causal_for_unequal_lengths():
+    import gpu_emulation as emu
+
+    q, k, v = _rand(1, 96, 4, 64, dtype="bfloat16"), _rand(1, 160, 2, 64, dtype="bfloat16"), \
+        _rand(1, 160, 2, 64, dtype="bfloat16")
+    for qq, causal in ((q, True), (q, False), (q[:, :64], True)):
+        kk, vv = (k, v) if qq.shape[1] == 96 else (k[:, :64], v[:, :64])
+        real_out, _, real_lse, _ = paddle._C_ops.flash_attn(qq, kk, vv, None, None, 0.0, causal, False, True, "")
+        emu_out, _, emu_lse, _ = emu.ref_flash_attn(qq.cpu(), kk.cpu(), vv.cpu(), None, None, 0.0, causal, False,
+                                                    True, "")
+        n = qq.shape[1]
+        np.testing.assert_allclose(real_out.astype("float32").numpy(), emu_out.astype("float32").numpy(), atol=2e-2)
+        np.testing.assert_allclose(real_lse[:, :, :n].numpy(), emu_lse[:, :, :n].numpy(), atol=2e-2)
+
+
+def test_the_emulated_sdpa_backend_choice_is_the_real_ones():
+    """sdpa.py's selection for the cases the CPU tests lean on: one half dtype → flash; q/k fp32 with v half → math."""
+    import gpu_emulation as emu
+    from paddle.nn.functional import sdpa
+
+    q, k, v = _rand(1, 128, 4, 64, dtype="bfloat16"), _rand(1, 128, 2, 64, dtype="bfloat16"), \
+        _rand(1, 128, 2, 64, dtype="bfloat16")
+    sdpa.init_config()
+    for qq, kk in ((q, k), (q.astype("float32"), k.astype("float32"))):
+        params = sdpa.SDPParams(query_shape=qq.shape, key_shape=kk.shape, value_shape=v.shape, attn_mask_shape=None,
+                                dropout=0.0, is_causal=True, scale=None, query_stop_gradient=True,
+                                dtype=(qq.dtype, kk.dtype, v.dtype), place=(qq.place, kk.place, v.place))
+        assert sdpa.select_sdp_for_sdpa(params) == emu.sdpa_backend(qq, kk, v, None, True, None)

@@ -27,32 +27,9 @@ if not paddle.is_compiled_with_cuda():  # pragma: no cover - a collection error,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from launch_helpers import launch_cmd, parse_losses, read_weights, write_config, write_corpus  # noqa: E402
+from layouts import HALF, LAYOUTS  # noqa: E402  (the table scripts/gpu_check.sh selects from by GPU count)
 
 GPUS = paddle.device.cuda.device_count()
-LAYOUTS = {
-    "dp2": (2, {}),
-    "stage1": (2, {"sharding": "stage1"}),
-    "stage2": (2, {"sharding": "stage2"}),
-    "stage3": (2, {"sharding": "stage3"}),
-    "tp2": (2, {"tensor_parallel_degree": 2, "per_device_train_batch_size": 8}),
-    "dp2_tp2_stage3": (4, {"tensor_parallel_degree": 2, "sharding": "stage3"}),
-    "pp2": (2, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
-    "pp2_dp2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2}),
-    "pp2_stage2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2,
-                       "per_device_train_batch_size": 2, "sharding": "stage2"}),  # ZeRO-2 in each stage (distributed/pipeline.py)
-    # tensor parallelism inside the stages (distributed/tensor_parallel.py); 8 GPUs for the three-axis layouts
-    "tp2_pp2": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
-                    "per_device_train_batch_size": 2}),
-    "tp2_pp2_dp2": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
-                        "per_device_train_batch_size": 1}),
-    "cp2": (2, {"context_parallel_degree": 2, "per_device_train_batch_size": 8}),  # distributed/context.py
-    # sequence parallelism (distributed/sequence_parallel.py): paddle.distributed.reduce_scatter on NCCL
-    "tp2_sp": (2, {"tensor_parallel_degree": 2, "sequence_parallel": True, "per_device_train_batch_size": 8}),
-    "tp2_pp2_sp": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sequence_parallel": True,
-                       "gradient_accumulation_steps": 4, "per_device_train_batch_size": 2}),
-    "tp2_pp2_stage1": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sharding": "stage1",
-                           "gradient_accumulation_steps": 4, "per_device_train_batch_size": 1}),
-}
 
 
 def _run(cfg: Path, gpus: int, log_dir: Path, extra=()) -> str:
@@ -80,7 +57,7 @@ def reference(corpus, tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_layout_matches_one_gpu(corpus, reference, tmp_path, name):
     nproc, keys = LAYOUTS[name]
-    if GPUS < nproc:
+    if GPUS < nproc:  # scripts/gpu_check.sh runs only the layouts that fit and names the others
         raise RuntimeError(f"{name} needs {nproc} GPUs, this machine has {GPUS}")
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", device="gpu", **keys)
     losses = parse_losses(_run(cfg, nproc, tmp_path / "log"))
@@ -91,16 +68,14 @@ def test_layout_matches_one_gpu(corpus, reference, tmp_path, name):
     assert max(float(abs(got[k] - weights[k]).max()) for k in got) <= 1e-3
 
 
-@pytest.mark.parametrize("precision", [{"bf16": True, "fp16_opt_level": "O2"},
-                                       {"fp16": True, "fp16_opt_level": "O2", "sharding": "stage2"},
-                                       {"bf16": True, "fp16_opt_level": "O2", "context_parallel_degree": 2}])
-def test_half_precision_layouts_train_and_save(corpus, tmp_path, precision):
+@pytest.mark.parametrize("name", sorted(HALF))
+def test_half_precision_layouts_train_and_save(corpus, tmp_path, name):
     """bf16 O2 under TP + ZeRO-3, PaddleNLP's fp16 O2 + stage2 (the loss scaler wrapped by dist.shard_scaler), and
     bf16 under context parallelism (flash attention's per-block output and log-sum-exp, `kernels.attention_block`)."""
-    keys = dict(precision)
-    if "sharding" not in keys and "context_parallel_degree" not in keys:
-        keys.update(tensor_parallel_degree=2, sharding="stage3", per_device_train_batch_size=8)
+    nproc, keys = HALF[name]
+    if GPUS < nproc:
+        raise RuntimeError(f"{name} needs {nproc} GPUs, this machine has {GPUS}")
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", device="gpu", use_flash_attention=True, **keys)
-    losses = parse_losses(_run(cfg, 2, tmp_path / "log"))
+    losses = parse_losses(_run(cfg, nproc, tmp_path / "log"))
     assert len(losses) == 10 and losses[10] < losses[1]
     assert json.loads((tmp_path / "out" / "config.json").read_text())["torch_dtype"] in ("bfloat16", "float16")

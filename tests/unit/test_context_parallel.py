@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+import gpu_emulation as emu
 from plan_helpers import fit, plan
 from pretrain_cli.distributed.context import chunks_of, local_positions
 from pretrain_cli.errors import UserError
@@ -178,53 +179,35 @@ def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
     assert ranks[5].replicas("sharding", "cp") == (1, 5)  # the owners of the same optimizer-state shard
 
 
-def _ref_flash_attn(query, key, value, fixed_seed_offset, attn_mask, dropout, causal, return_softmax, is_test,
-                    rng_name):
-    """`paddle._C_ops.flash_attn` as Paddle documents it, for the CPU: q `[b, sq, heads, d]`, k/v `[b, sk, kv_heads,
-    d]` fp16/bf16 → (out like q, softmax or None, softmax_lse fp32 `[b, heads, sq rounded up to 128]`, seed_offset);
-    `causal` masks bottom-right (query i sees keys ≤ i + sk − sq), GQA by repeating K/V heads."""
-    import paddle
-
-    assert query.dtype in (paddle.float16, paddle.bfloat16) and attn_mask is None and dropout == 0.0
-    q, k, v = (t.astype("float32").transpose([0, 2, 1, 3]) for t in (query, key, value))  # [b, heads, s, d]
-    rep = q.shape[1] // k.shape[1]
-    k, v = paddle.repeat_interleave(k, rep, axis=1), paddle.repeat_interleave(v, rep, axis=1)
-    s = paddle.matmul(q, k, transpose_y=True) / float(q.shape[-1]) ** 0.5  # [b, heads, sq, sk]
-    sq, sk = s.shape[2], s.shape[3]
-    if causal:
-        s = s + paddle.triu(paddle.full([sq, sk], float("-inf")), 1 + sk - sq)
-    lse = paddle.logsumexp(s, axis=-1)  # [b, heads, sq]
-    out = paddle.matmul(paddle.nn.functional.softmax(s, axis=-1), v).transpose([0, 2, 1, 3]).astype(query.dtype)
-    pad = -sq % 128
-    lse = paddle.concat([lse, paddle.zeros([lse.shape[0], lse.shape[1], pad])], axis=-1) if pad else lse
-    return out, None, lse, None
-
-
 def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeypatch):
-    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's documented op in its
-    place: full and causal blocks, a causal row tile (q_len < k_len, bottom-right), bf16 in, fp32 lse out."""
+    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's op emulated in its
+    place (tests/gpu_emulation.py: top-left causal alignment, fp16/bf16 only): full and causal blocks, a row tile's
+    two pieces (the keys before it, full; its square diagonal, causal), bf16 in, fp32 lse out; a non-square causal
+    block is refused, since the kernel would align it top-left."""
     import paddle
 
     from pretrain_cli.ops import kernels
     from pretrain_cli.ops.block_attention import block_forward
 
     calls = []
-    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[6]) or _ref_flash_attn(*a),
+    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[6]) or emu.ref_flash_attn(*a),
                         raising=False)
     _, q, k, v = _qkv(s=12)
     qh, kh, vh = (_heads(t, 2).astype("bfloat16") for t in (q, k, v))  # [2, 2, 2|1, 12, 8]
     tri = paddle.tril(paddle.ones([12, 12], dtype="bool")).reshape([1, 1, 1, 12, 12])
-    # (query rows, keys, visible, causal): the whole block, the causal diagonal, rows 4..8 of it against keys 0..8
-    for (r0, r1), keys, visible, causal in (((0, 12), 12, None, False), ((0, 12), 12, tri, True),
-                                            ((4, 9), 9, tri[:, :, :, 4:9, :9], True)):
-        qs = qh[:, :, :, r0:r1]
-        got_out, got_lse = kernels.block_forward_flash(qs, kh[:, :, :, :keys], vh[:, :, :, :keys], visible, causal)
-        want_out, want_lse = block_forward(qs.astype("float32"), kh[:, :, :, :keys].astype("float32"),
-                                           vh[:, :, :, :keys].astype("float32"), visible, causal)
+    # (query rows, keys, visible, causal): the whole block, the causal diagonal, rows 4..8 against keys 0..3 and 4..8
+    for (r0, r1), (k0, k1), visible, causal in (((0, 12), (0, 12), None, False), ((0, 12), (0, 12), tri, True),
+                                                ((4, 9), (0, 4), None, False), ((4, 9), (4, 9), tri[..., 4:9, 4:9], True)):
+        qs, ks, vs = qh[:, :, :, r0:r1], kh[:, :, :, k0:k1], vh[:, :, :, k0:k1]
+        got_out, got_lse = kernels.block_forward_flash(qs, ks, vs, visible, causal)
+        want_out, want_lse = block_forward(qs.astype("float32"), ks.astype("float32"), vs.astype("float32"), visible,
+                                           causal)
         assert got_out.dtype == paddle.bfloat16 and got_lse.dtype == paddle.float32 and got_lse.shape == want_lse.shape
         assert float((got_out.astype("float32") - want_out).abs().max()) < 3e-2
         assert float((got_lse - want_lse).abs().max()) < 3e-2
-    assert calls == [False, True, True]  # flash attention ran each block (causal where it is the diagonal)
+    assert calls == [False, True, False, True]  # flash attention ran each block (causal where it is the diagonal)
+    with pytest.raises(ValueError, match="must be square"):
+        kernels.block_forward_flash(qh[:, :, :, 4:9], kh[:, :, :, :9], vh[:, :, :, :9], tri[..., 4:9, :9], True)
 
 
 def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():

@@ -53,6 +53,8 @@ GPU_PATH = {
     "paddle.distributed.fleet.distributed_scaler": (),
     "paddle.DataParallel": ("find_unused_parameters",),
     "paddle.device.cuda.max_memory_allocated": (),
+    "paddle.device.cuda.get_device_capability": (),  # bf16 and flash attention by compute capability (issue #60)
+    "paddle._C_ops.flash_attn": (),  # context parallelism's blocks (ops/kernels.block_forward_flash)
 }
 
 

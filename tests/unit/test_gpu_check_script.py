@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
@@ -75,3 +77,68 @@ def test_dry_run_prints_commands_that_work(tmp_path):
     report = subprocess.run(["bash", "-c", cmds[4]], check=True, cwd=ROOT, capture_output=True, text=True).stdout
     assert "1008" in report and "25.0%" in report and "19.00" in report  # median of steps 6-9, their MFU, peak
     assert f"{plan['memory_gib']:.2f}" in report
+
+
+FAKE = f"""#!{sys.executable}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+code = " ".join(args)
+if args and args[0] == "tests/gpu/layouts.py":  # the real table
+    sys.exit(subprocess.run([{sys.executable!r}, *args]).returncode)
+if "device_count()" in code:
+    print(os.environ["FAKE_GPUS"])
+elif "pre_ampere" in code:
+    print("bf16")
+elif args[:2] == ["-m", "pytest"]:
+    sys.exit(int(os.environ.get("FAKE_PYTEST_RC", "0")))
+elif args[:3] == ["-m", "pretrain_cli", "plan"]:
+    print("{{}}")
+sys.exit(0)
+"""
+
+
+def _stubbed(tmp_path, gpus: int, **env):
+    """The script as on a GPU machine with `gpus` visible GPUs: an interpreter stand-in answers Paddle's device
+    count and records every command; the layout table is the real one."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    proc = _run(env={"PYTHON": str(fake), "FAKE_LOG": str(log), "FAKE_GPUS": str(gpus),
+                     "GPU_CHECK_DIR": str(tmp_path / "work"), "DEVICE": "A100-80GB", **env})
+    return proc, [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_runs_to_the_end_on_1_2_4_or_8_gpus_with_the_layouts_that_fit(tmp_path, gpus):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_layouts", ROOT / "tests" / "gpu" / "layouts.py")
+    layouts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layouts)
+    HALF, LAYOUTS = layouts.HALF, layouts.LAYOUTS
+
+    proc, calls = _stubbed(tmp_path, gpus)
+    assert proc.returncode == 0, proc.stderr
+    pytest_call = next(c for c in calls if c[:2] == ["-m", "pytest"])
+    ran = {a.split("[")[1].rstrip("]") for a in pytest_call if "[" in a}
+    table = {**LAYOUTS, **HALF}
+    assert ran == {name for name, (need, _) in table.items() if need <= gpus}
+    assert "tests/gpu/test_kernels_gpu.py" in pytest_call
+    left = [line[len("left out: "):] for line in proc.stdout.splitlines() if line.startswith("left out: ")]
+    assert sorted(x.split()[0] for x in left) == sorted(n for n, (need, _) in table.items() if need > gpus)
+    assert all(x.endswith(f"(needs {table[x.split()[0]][0]} GPUs)") for x in left)
+    train = [c for c in calls if c[:3] == ["-m", "pretrain_cli", "train"]]
+    assert len(train) == 1 and json.loads(Path(train[0][3]).read_text())["bf16"] is True  # the bf16 run is reached
+    assert calls[-1][0] == "scripts/gpu_check_report.py"
+    if gpus == 1:
+        assert ran == set() and len(left) == len(table)
+
+
+def test_a_failing_part_does_not_stop_the_check_and_is_named(tmp_path):
+    proc, calls = _stubbed(tmp_path, 1, FAKE_PYTEST_RC="1")
+    assert proc.returncode == 1
+    assert any(c[:3] == ["-m", "pretrain_cli", "train"] for c in calls) and calls[-1][0] == "scripts/gpu_check_report.py"
+    assert proc.stderr.strip().splitlines() == ["gpu_check: failed: 1/3 GPU tests"]

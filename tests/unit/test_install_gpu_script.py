@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "install_gpu.sh"
 
@@ -72,8 +74,24 @@ def test_replaces_the_cpu_build_and_fails_when_paddle_has_no_cuda(tmp_path):
     assert "is_compiled_with_cuda() is false" in proc.stderr
 
 
-def test_an_unknown_cuda_version_is_one_line_and_installs_nothing(tmp_path):
-    proc, calls = _run(tmp_path, "cu999")
+PUBLISHED = ("cu118", "cu126", "cu129")  # Paddle's index holds paddlepaddle-gpu 3.3.x for these (issue #60)
+
+
+@pytest.mark.parametrize("cuda", ["cu999", "cu123"])  # cu123: Paddle's index has 3.0 pre-releases only
+def test_a_cuda_version_paddle_does_not_publish_is_one_line_and_installs_nothing(tmp_path, cuda):
+    proc, calls = _run(tmp_path, cuda)
     assert proc.returncode == 2 and calls == [] and not (tmp_path / "venv").exists()
     assert proc.stderr.strip().splitlines() == [
-        "install_gpu: unknown CUDA build 'cu999'; usage: scripts/install_gpu.sh [cu118|cu123|cu126]"]
+        f"install_gpu: Paddle publishes paddlepaddle-gpu==3.3.1 for cu118, cu126 and cu129, not '{cuda}'; "
+        "usage: scripts/install_gpu.sh [cu118|cu126|cu129]"]
+
+
+def test_the_script_and_the_readme_offer_exactly_the_published_variants(tmp_path):
+    text = SCRIPT.read_text()
+    offered = set(re.findall(r"\bcu\d{3}\b", text)) - {"cu123"}  # cu123 is named only as not offered
+    assert offered == set(PUBLISHED)
+    assert "cu123" not in re.search(r"^  cu[^)]*\)", text, re.M).group(0)
+    readme = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"\bcu\d{3}\b", readme)) == set(PUBLISHED)
+    proc, calls = _run(tmp_path, "cu129", FAKE_CUDA="1")
+    assert proc.returncode == 0 and any("/cu129/" in " ".join(c) for c in calls)

@@ -146,19 +146,20 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
     return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
 
 
-def _precision(args: Arguments, device: str, notes: list, problems: Problems, gpu_name: str | None = None) -> Precision:
+def _precision(args: Arguments, device: str, target: Target, notes: list, problems: Problems) -> Precision:
+    from pretrain_cli.planning.hardware import capability, no_bf16
+
     t = args.training
     if t.fp16 and t.bf16:
         problems.add("fp16, bf16: both are true; choose one precision")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
-    if want == "bfloat16" and device == "gpu" and gpu_name:
-        from pretrain_cli.planning.hardware import lookup, pre_ampere
-
-        dev = lookup(gpu_name)
-        if pre_ampere(dev):
-            notes.append(f"bf16: WARNING: {dev.name} has no bf16 tensor cores (they came with Ampere: A10, A100, "
-                         f"L4, H100), so bf16 runs emulated and slow, if at all; set bf16: false and fp16: true "
-                         f"(loss scaling keeps fp16 stable), or use an Ampere-or-newer GPU")
+    why = no_bf16(target.gpu_name, capability(target.gpu_name, target.gpu_capability)) if device == "gpu" else None
+    if want == "bfloat16" and why and target.planned:  # `plan` models the file as written; `plan --fit` moves it
+        notes.append(f"bf16: WARNING: {why}; set bf16: false and fp16: true (loss scaling keeps fp16 stable), "
+                     f"or use an Ampere-or-newer GPU")
+    elif want == "bfloat16" and why:  # `train`/`check` on this GPU (the driver's capability)
+        problems.add(f"bf16: {why}, and Paddle's AMP would silently run fp32; set bf16: false and fp16: true "
+                     f"(loss-scaled fp16), or bf16: false alone for fp32")
     if want and device == "cpu":
         notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
                      f"matmul kernels); the run stays fp32")
@@ -176,13 +177,13 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
     if attention == "flash" and gpu and not precision.enabled:
         notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
         attention = "math"
-    if attention == "flash" and gpu and target.gpu_name:
-        from pretrain_cli.planning.hardware import lookup, pre_ampere
+    from pretrain_cli.planning.hardware import capability, pre_ampere
 
-        dev = lookup(target.gpu_name)
-        if pre_ampere(dev):
-            notes.append(f"use_flash_attention: {dev.name} predates Ampere (no flash-attn-2); the math path runs")
-            attention = "math"
+    # the driver's compute capability on a GPU, the hardware table's for `plan`'s device
+    if attention == "flash" and gpu and pre_ampere(capability(target.gpu_name, target.gpu_capability)):
+        notes.append(f"use_flash_attention: {target.gpu_name or 'this GPU'} predates Ampere (no flash-attn-2); "
+                     f"the math path runs")
+        attention = "math"
     assert attention in ATTENTION_PATHS
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
                         rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
@@ -194,7 +195,7 @@ def kernels_for(args: Arguments, target: Target) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (the default arguments' when they have no argument file)."""
     notes: list = []
-    return _kernels(args, target, _precision(args, target.device, notes, Problems(), target.gpu_name), notes)
+    return _kernels(args, target, _precision(args, target.device, target, notes, Problems()), notes)
 
 
 def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
@@ -339,7 +340,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         device = "cpu"
         notes.append("device: gpu requested but this Paddle has no GPU build; running on cpu "
                      "(install paddlepaddle-gpu for GPUs, or set device: cpu to silence this)")
-    precision = _precision(args, device, notes, problems, target.gpu_name)
+    precision = _precision(args, device, target, notes, problems)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, notes, problems)

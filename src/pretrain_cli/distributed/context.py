@@ -12,7 +12,8 @@ log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`), merges by lo
 and passes the block to the next rank (`distributed.ring`: overlapped `batch_isend_irecv` on GPU, blocking
 send/recv over per-edge groups on gloo). Key chunks after the query chunk are not computed; the diagonal
 block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in tiles of
-`ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]`. A rank holds two K/V blocks at
+`ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]` (a diagonal tile is a square causal
+block and a full block of the keys before it: `_tiles`). A rank holds two K/V blocks at
 most (the one computed, the one arriving), never the whole sequence's. The backward recomputes each block
 from the final output and log-sum-exp and runs the ring again, each K/V block travelling with its fp32 dK/dV
 accumulator, which after C passes is back with the block's owner: C − 1 K/V and C dK/dV exchanges of one
@@ -95,16 +96,24 @@ def _blocks(cp: int, cp_rank: int, c: int, doc_start):
 
 def _tiles(blocks, c: int, tile: int):
     """The query rows of one chunk in tiles of at most `tile` (`ROW_TILE`: one block's scores stay
-    `[b, heads, tile, c]`), each with its blocks as (rank, half, keys, visible, causal): on the diagonal a tile
-    [r0, r1) sees keys [0, r1) only, which is the causal mask aligned bottom-right (flash attention's when
-    q_len < k_len), so the diagonal stays a causal block."""
+    `[b, heads, tile, c]`), each with its blocks as (rank, half, k0, k1, visible, causal): keys [k0, k1) of that
+    block. On the diagonal a tile [r0, r1) sees keys [0, r1), cut in two: keys [0, r0), all before every row
+    (a full block), and keys [r0, r1), the square causal diagonal; the two merge by log-sum-exp like any blocks.
+    A non-square causal block is never made: Paddle's flash attention aligns that mask top-left (query i sees keys
+    0..i: flash_fwd_kernel.h of PaddlePaddle/flash-attention, `n_block_max` from `m_block`, no seqlen_k − seqlen_q
+    offset), and `F.scaled_dot_product_attention` refuses flash for it (nn/functional/sdpa.py 3.3.1,
+    `check_flash_causal_non_square_seqlens`)."""
     for r0 in range(0, c, tile):
         r1 = min(c, r0 + tile)
         tiled = []
         for j, half, visible, causal, diagonal in blocks:
-            keys = r1 if diagonal else c
-            part = None if visible is None else visible[:, :, :, r0:r1, :keys]
-            tiled.append((j, half, keys, part, causal))
+            rows = None if visible is None else visible[:, :, :, r0:r1]  # [bsz|1, 1, 1, rows, c]
+            if not diagonal:
+                tiled.append((j, half, 0, c, rows, causal))
+                continue
+            if r0 > 0:  # the keys before the tile's first row: every row sees them (but for document bounds)
+                tiled.append((j, half, 0, r0, None if rows is None or causal else rows[..., :r0], False))
+            tiled.append((j, half, r0, r1, rows[..., r0:r1], causal))
         yield r0, r1, tiled
 
 
@@ -124,7 +133,7 @@ class _Ring:
 
     def steps(self, plan: list, c: int):
         """Per ring step i: (j, the rank whose K/V block this rank holds then, [(slot, tile index, r0, r1, that
-        block's (half, keys, visible, causal) entries)]); step i holds rank (cp_rank − i) mod C's block."""
+        block's (half, k0, k1, visible, causal) entries)]); step i holds rank (cp_rank − i) mod C's block."""
         tiles = [list(_tiles(blocks, c, self.tile)) for blocks in plan]
         for i in range(self.cp):
             j = (self.cp_rank - i) % self.cp
@@ -158,9 +167,9 @@ def _attention_class():
                 for slot, t, r0, r1, entries in work:
                     qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
                     out, lse = acc.get((slot, t), (None, None))
-                    for half, keys, visible, causal in entries:
-                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    for half, k0, k1, visible, causal in entries:
+                        kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                        vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
                         out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
                     acc[(slot, t)] = (out, lse)
                 if pending is not None:
@@ -189,14 +198,15 @@ def _attention_class():
                     rows = slice(slot * c + r0, slot * c + r1)
                     qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
                     out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
-                    for half, keys, visible, _ in entries:
-                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    for half, k0, k1, visible, _ in entries:
+                        kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                        vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
                         g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
                         dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
-                        g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, keys, d]
-                        if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
-                            g = paddle.concat([g, paddle.zeros([*g.shape[:-2], c - keys, g.shape[-1]], g.dtype)], -2)
+                        g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, k1 - k0, d]
+                        if k1 - k0 < c:  # a piece of a diagonal tile: keys [k0, k1) of the chunk, zeros around
+                            pad = [paddle.zeros([*g.shape[:-2], n, g.shape[-1]], g.dtype) for n in (k0, c - k1)]
+                            g = paddle.concat([p for p in (pad[0], g, pad[1]) if p.shape[-2]], -2)
                         parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
                 if parts[0] or parts[1]:
                     zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]

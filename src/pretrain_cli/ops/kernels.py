@@ -72,11 +72,24 @@ def swiglu_packed(gate_up):
     return F.swiglu(gate_up)
 
 
+def one_dtype(q, k, v):
+    """q and k in v's dtype. Under AMP O1 the q/k RMSNorm weights (Qwen3) stay fp32, so the normed q and k come
+    out fp32 while v (a white-listed linear's output) is half: `scaled_dot_product_attention` then takes the
+    math path that materialises `[b, h, s, s]` (nn/functional/sdpa.py 3.3.1: `check_dtypes_low_precision_fa`
+    wants one half dtype), and `flashmask_attention`, on neither of AMP's lists (amp/amp_lists.py 3.3.1), is
+    promoted to fp32, for which its GPU kernel is not registered. A no-op when the dtypes agree (fp32, O2)."""
+    if q.dtype != v.dtype:
+        q = q.astype(v.dtype)
+    if k.dtype != v.dtype:
+        k = k.astype(v.dtype)
+    return q, k, v
+
+
 def attention_sdpa_causal(q, k, v):
-    """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16."""
+    """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16 (q, k, v of one dtype)."""
     import paddle.nn.functional as F
 
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(*one_dtype(q, k, v), is_causal=True)
 
 
 # ---------------------------------------------------------------- fused paths (GPU only; CI runs them on CPU behind
@@ -110,6 +123,7 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
     import paddle
     from paddle.nn.functional import flashmask_attention
 
+    q, k, v = one_dtype(q, k, v)
     bsz, seq_len = doc_start.shape
     cols = paddle.arange(seq_len, dtype="int64").unsqueeze(0).expand([bsz, seq_len])  # [bsz, seq_len]
     ends = paddle.searchsorted(doc_start, cols, right=True, out_int32=True)  # [bsz, seq_len]
@@ -118,13 +132,19 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
 
 def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma: no cover - GPU only
     """GPU: flash attention's own per-block output and lse (fp16/bf16) when the block is fully visible or the
-    causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised)."""
+    causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised).
+    A causal block must be square: the kernel aligns a non-square causal mask top-left (flash_fwd_kernel.h of
+    PaddlePaddle/flash-attention), which `distributed.context._tiles` never asks for."""
     import paddle
 
+    q, k, v = one_dtype(q, k, v)
     if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16):
         return block_forward(q, k, v, visible, causal)  # flash attention is fp16/bf16 only
     bsz, n_kv, n_rep, q_len, d = q.shape
     k_len = k.shape[3]
+    if causal and q_len != k_len:
+        raise ValueError(f"a causal flash-attention block must be square (top-left alignment); got {q_len} query "
+                         f"rows against {k_len} keys")
     qf = q.reshape([bsz, n_kv * n_rep, q_len, d]).transpose([0, 2, 1, 3])  # [bsz, q_len, n_heads, d]
     kf = k.reshape([bsz, n_kv, k_len, d]).transpose([0, 2, 1, 3])  # [bsz, k_len, n_kv, d]
     vf = v.reshape([bsz, n_kv, k_len, d]).transpose([0, 2, 1, 3])  # [bsz, k_len, n_kv, d]

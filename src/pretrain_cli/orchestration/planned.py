@@ -151,7 +151,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
 def _precision_for(args: Arguments, device: str) -> dict:
     """The precision keys a fitted file needs on `device`: fp16 instead of bf16 where there is no bf16."""
     entry = hardware.lookup(device) if device.lower() != "cpu" else None
-    if args.training.bf16 and not args.training.fp16 and hardware.pre_ampere(entry):
+    if args.training.bf16 and not args.training.fp16 and hardware.pre_ampere(entry.capability if entry else None):
         return {"bf16": False, "fp16": True}
     return {}
 

@@ -242,7 +242,8 @@ def launcher_target() -> Target:
 
     gpu = runtime.gpu_build_installed()
     return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
-                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None)
+                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None,
+                  gpu_capability=runtime.gpu_capability() if gpu else None)
 
 
 def inference_target() -> Target:
@@ -250,7 +251,8 @@ def inference_target() -> Target:
     from pretrain_cli import runtime
 
     gpu = runtime.gpu_build_installed()
-    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None)
+    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None,
+                  gpu_capability=runtime.gpu_capability() if gpu else None)
 
 
 def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:

@@ -6,7 +6,7 @@ A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a gu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TABLE_VERSION = "2026-11"
 
@@ -20,6 +20,7 @@ class Device:
     fp16_tflops: float | None = None  # when different from bf16 (V100, T4 have no bf16)
     nvlink_gbps: float | None = None  # NVLink per GPU as the vendor quotes it (both directions); None: PCIe only
     pcie_gen: int = 4  # the host link, x16, where there is no NVLink
+    capability: tuple[int, int] | None = None  # CUDA compute capability (`CAPABILITY`)
 
 
 GPUS_PER_NODE = 8  # an HGX/DGX node, the launcher's `--devices 0,...,7` on every node; `plan --gpus_per_node`
@@ -29,8 +30,15 @@ CROSS_NODE_GBPS = 50.0
 PCIE_GBPS = {3: 15.75, 4: 31.5, 5: 63.0}  # x16, one direction (GB/s)
 CPU_LINK_GBPS = 50.0  # `--device cpu`: gloo between processes, no table figure; ranks layouts, not a measurement
 
+# CUDA compute capability per table entry (NVIDIA's CUDA GPUs list): what `plan --device NAME` assumes; a run on a
+# GPU asks the driver instead (`runtime.gpu_capability`), so a card missing from the table is judged too
+CAPABILITY = {"V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5), "A10": (8, 6), "A100-40GB": (8, 0),
+              "A100-80GB": (8, 0), "A800-80GB": (8, 0), "L4": (8, 9), "L40S": (8, 9), "RTX3090": (8, 6),
+              "RTX4090": (8, 9), "H100-SXM": (9, 0), "H100-PCIe": (9, 0), "H800": (9, 0), "H20": (9, 0),
+              "H200": (9, 0)}
+
 DEVICES = {
-    d.name.lower(): d
+    d.name.lower(): replace(d, capability=CAPABILITY[d.name])
     for d in (
         Device("V100-16GB", 16, None, 15.7, 125.0, 300.0, 3),
         Device("V100-32GB", 32, None, 15.7, 125.0, 300.0, 3),
@@ -109,10 +117,31 @@ def links(device: Device | None, node: Node = Node()) -> Links:
                  f"{device.name} PCIe {device.pcie_gen}.0 x16, one way")
 
 
-def pre_ampere(device: Device | None) -> bool:
-    """The one capability rule `plan` and `train` share: a GPU without bf16 tensor cores (they came with Ampere)
-    predates Ampere, so it has no bf16 and no flash-attn-2 (V100, T4). False for an unknown device."""
-    return device is not None and device.bf16_tflops is None
+def capability(name: str | None, reported: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """The GPU's compute capability: the driver's (`reported`, `paddle.device.cuda.get_device_capability()`: `train`,
+    `check`, `eval` on a GPU) when there is one, else the table's for `name` (`plan --device`), else None."""
+    if reported is not None:
+        return tuple(reported)
+    entry = lookup(name) if name else None
+    return entry.capability if entry is not None else None
+
+
+def pre_ampere(cap: tuple[int, int] | None) -> bool:
+    """The one capability rule `plan` and `train` share (`cap`: `capability(...)`): below compute capability 8.0 a
+    GPU has no bf16 (Paddle's AMP turns bf16 off there: `_is_gpu_bfloat16_supported`, amp/auto_cast.py 3.3.1) and
+    no flash attention (`F.scaled_dot_product_attention` wants SM 8.0..12.1: nn/functional/sdpa.py 3.3.1): V100
+    (7.0), T4 (7.5). False when the capability is unknown."""
+    return cap is not None and tuple(cap) < (8, 0)
+
+
+def no_bf16(name: str | None, cap: tuple[int, int] | None) -> str | None:
+    """Why a GPU (`name`, capability `cap`) cannot run bf16, as `config.resolve` words it; None when it can (or
+    the capability is unknown). Paddle's AMP turns bf16 off below 8.0 with a warning only (amp/auto_cast.py 3.3.1,
+    `_is_gpu_bfloat16_supported`), so such a run would be fp32 while the file says bf16."""
+    if not pre_ampere(cap):
+        return None
+    return (f"{name or 'this GPU'} has no bf16 tensor cores (compute capability {cap[0]}.{cap[1]}; bf16 came with "
+            f"Ampere, 8.0: A10, A100, L4, H100)")
 
 
 def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,

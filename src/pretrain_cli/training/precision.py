@@ -3,6 +3,13 @@
 On CPU Paddle silently ignores `auto_cast` (ARCHITECTURE.md facts: AMP), so `config.resolve` already turned
 fp16/bf16 off there with a note; `Amp` is only built with a GPU and an AMP dtype. fp16 adds a loss
 scaler (O1/O2); bf16 has fp32's range and needs none.
+
+The scaler never calls an optimizer's own `step()`: `GradScaler.step(optimizer)` (amp/grad_scaler.py, Paddle 3.3.1)
+hands `found_inf` to the optimizer and calls `optimizer.step()` once, and for fleet's `HybridParallelOptimizer`
+(ZeRO-1, ZeRO-1 x CP, sharded pipelines) that `step()` runs `_hybrid_sync_grad` again
+(distributed/fleet/meta_optimizers/dygraph_optimizer/hybrid_parallel_optimizer.py 3.3.1), after `Step` already
+called `strategy.sync_grads()`: every gradient reduced to its owner twice, and a pipeline's ZeRO-2 release
+skipped. So the scaler sees `ScalerView`, whose `step()` is the strategy's own step path.
 """
 from __future__ import annotations
 
@@ -39,10 +46,33 @@ class Fp32:
         """Let the parallel layout wrap the loss scaler (ranks must agree on an overflow)."""
 
 
+class ScalerView:
+    """The optimizer as the loss scaler sees it: every attribute the optimizer's, but `step()` runs `step_fn` (the
+    strategy's step path) on it. One view per optimizer, so the scaler's per-optimizer state (keyed by the object's
+    id: unscaled, stepped) follows the step from `unscale_` to `step`. The skip on overflow stays Paddle's: the
+    scaler sets `found_inf` on the optimizer (`_set_auxiliary_var`, found through the wrappers' `__getattr__` on the
+    inner AdamW) and the AdamW's update pass skips every parameter when it is set (optimizer/optimizer.py 3.3.1)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.step_fn = optimizer, None
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+    def step(self):
+        self.step_fn(self.optimizer)
+
+
 class Amp(Fp32):
     def __init__(self, precision: Precision, scaler=None):
         self.precision, self.scaler = precision, scaler
         self.loss_scaling = scaler is not None
+        self._view = None
+
+    def view(self, optimizer) -> ScalerView:
+        if self._view is None or self._view.optimizer is not optimizer:  # a rollback builds a new optimizer
+            self._view = ScalerView(optimizer)
+        return self._view
 
     def autocast(self):
         import paddle
@@ -57,7 +87,7 @@ class Amp(Fp32):
 
     def unscale(self, optimizer) -> None:
         if self.scaler:
-            self.scaler.unscale_(optimizer)
+            self.scaler.unscale_(self.view(optimizer))
 
     def overflowed(self, loss: float, norm: float) -> bool:
         import math
@@ -74,8 +104,10 @@ class Amp(Fp32):
 
     def step(self, optimizer, step_fn) -> None:
         if self.scaler:
-            self.scaler.step(optimizer)  # skips the update on overflow and lowers the scale
-            self.scaler.update()
+            view = self.view(optimizer)
+            view.step_fn = step_fn
+            self.scaler.step(view)  # the strategy's step once; the update skipped on overflow
+            self.scaler.update()  # and the scale lowered
         else:
             step_fn(optimizer)
 
@@ -91,5 +123,11 @@ def build_amp(model, optimizer, precision: Precision):
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=precision.amp_dtype, master_weight=True,
                                                master_grad=precision.master_grad)
-    scaler = paddle.amp.GradScaler(init_loss_scaling=precision.loss_scale) if precision.loss_scaling else None
+    scaler = None
+    if precision.loss_scaling:
+        scaler = paddle.amp.GradScaler(init_loss_scaling=precision.loss_scale)
+        # its scale is a [1] tensor, and on an overflow `GradScaler._update` prints `float(self._scale)`
+        # (amp/grad_scaler.py 3.3.1), which numpy >= 2.4 refuses for a 1-element array (TypeError): the first fp16
+        # overflow would end the run. A 0-D scale is the same value to every op that reads it.
+        scaler._scale = scaler._scale.reshape([])
     return model, optimizer, Amp(precision, scaler)

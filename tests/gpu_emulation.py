@@ -1,0 +1,193 @@
+"""The GPU-only Paddle calls, emulated on CPU with the real kernels' semantics (not the project's assumptions).
+
+Each stand-in is written from Paddle 3.3.1's own source, cited beside the rule it reproduces, so a test through
+it fails where the GPU would (docs/PERFORMANCE.md, "GPU-only call sites", lists every call and its test):
+
+- `ref_flash_attn`: `paddle._C_ops.flash_attn` (Paddle's flash-attention fork, csrc/flash_attn/src/flash_fwd_kernel.h:
+  causal `n_block_max = min(…, ceil_div((m_block + 1) * kBlockM, kBlockN))` and the row-index mask, no
+  `seqlen_k − seqlen_q` offset: a non-square causal mask is aligned TOP-LEFT, query i sees keys 0..i); fp16/bf16
+  only (the GPU kernel is registered for those two);
+- `amp_cast`: the dtype an op's inputs get under `paddle.amp.auto_cast` (paddle/amp/amp_lists.py 3.3.1: the white
+  list runs in the half dtype, the black list in fp32; O1 "gray" ops run in fp32 when any floating input is fp32
+  (type promotion), O2 every op but the black list in the half dtype);
+- `sdpa_backend`: which path `F.scaled_dot_product_attention` takes (paddle/nn/functional/sdpa.py 3.3.1,
+  `select_sdp_for_sdpa`): flash only for q, k, v of one half dtype, head_dim a multiple of 8 and ≤ 256, no scale,
+  and causal only with equal lengths (`check_flash_causal_non_square_seqlens`); memory-efficient for one dtype;
+  else the math path, which materialises `[b, h, s, s]`;
+- `enabled_scaler`: `paddle.amp.GradScaler` enabled on CPU (its constructor disables itself off CUDA/XPU/custom
+  places, paddle/amp/grad_scaler.py 3.3.1), everything else the real class: `unscale_`, `step` (which calls
+  `optimizer.step()` once, after handing `found_inf` to the optimizer), `update`;
+- `HybridOptimizerStandIn`: fleet's `HybridParallelOptimizer` with its real `step`/`_hybrid_sync_grad`/`_step`
+  (paddle/distributed/fleet/meta_optimizers/dygraph_optimizer/hybrid_parallel_optimizer.py 3.3.1) over a
+  one-process sharding stand-in that counts `reduce_gradients` calls (each one is a reduce of every gradient to
+  its owner on a real sharding group).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+HALF = (paddle.float16, paddle.bfloat16)
+AMP_WHITE = {"matmul", "matmul_v2", "linear_v2", "einsum", "fused_rotary_position_embedding", "flash_attn",
+             "fused_gemm_epilogue", "mul", "conv2d", "max_pool2d_with_index"}  # amp_lists.WHITE_LIST
+AMP_BLACK_O1 = {"exp", "log", "rsqrt", "pow", "square", "reduce_sum", "mean", "reduce_mean", "softmax",
+                "log_softmax", "layer_norm", "cross_entropy", "cross_entropy2", "softmax_with_cross_entropy",
+                "c_softmax_with_cross_entropy", "lookup_table_v2"}  # a subset of FP16_BLACK_LIST | EXTRA_BLACK_LIST
+
+
+def check_amp_lists():
+    """The lists above are Paddle's own (a rename or move in a Paddle release fails this, not a GPU run)."""
+    from paddle.amp import amp_lists
+
+    assert AMP_WHITE <= amp_lists.WHITE_LIST, AMP_WHITE - amp_lists.WHITE_LIST
+    assert AMP_BLACK_O1 <= amp_lists.black_list()["bfloat16"]["O1"], AMP_BLACK_O1 - amp_lists.black_list()["bfloat16"]["O1"]
+    for op in ("flashmask_attention", "rms_norm", "fused_rms_norm", "scaled_dot_product_attention"):
+        assert op not in amp_lists.WHITE_LIST and op not in amp_lists.black_list()["bfloat16"]["O1"], op
+
+
+class Amp:
+    """The active emulated `auto_cast` (None: off), set by tests; read by the stand-ins below."""
+
+    level: str | None = None
+    dtype = paddle.bfloat16
+
+
+def amp_cast(op: str, *tensors):
+    """`tensors` as `op` receives them under the emulated auto_cast (None entries pass through)."""
+    if Amp.level is None:
+        return tensors
+    floats = [t for t in tensors if t is not None and t.dtype in (paddle.float32, *HALF)]
+    if op in AMP_WHITE:
+        dst = Amp.dtype
+    elif op in AMP_BLACK_O1 and Amp.level == "O1":
+        dst = paddle.float32
+    elif Amp.level == "O1":  # gray: promoted to fp32 when any floating input is fp32
+        dst = paddle.float32 if any(t.dtype == paddle.float32 for t in floats) else Amp.dtype
+    else:
+        dst = Amp.dtype
+    return tuple(t.astype(dst) if t is not None and t.dtype != dst and t.dtype in (paddle.float32, *HALF) else t
+                 for t in tensors)
+
+
+def half_only(op: str, *tensors):
+    """The GPU kernel's dtype registration: fp16/bf16, one dtype for all of q, k, v."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or not dtypes <= set(HALF):
+        raise ValueError(f"{op}: the GPU kernel is registered for float16/bfloat16 only, q/k/v of one dtype; "
+                         f"got {sorted(str(d) for d in dtypes)}")
+
+
+def ref_flash_attn(query, key, value, fixed_seed_offset, attn_mask, dropout, causal, return_softmax, is_test,
+                   rng_name):
+    """`paddle._C_ops.flash_attn`: q `[b, sq, heads, d]`, k/v `[b, sk, kv_heads, d]` fp16/bf16 → (out like q, None,
+    softmax_lse fp32 `[b, heads, sq rounded up to 128]`, None); `causal` aligned top-left (query i sees keys ≤ i,
+    whatever sk − sq), GQA by repeating K/V heads."""
+    query, key, value = amp_cast("flash_attn", query, key, value)
+    half_only("flash_attn", query, key, value)
+    assert attn_mask is None and dropout == 0.0
+    q, k, v = (t.astype("float32").transpose([0, 2, 1, 3]) for t in (query, key, value))  # [b, heads, s, d]
+    rep = q.shape[1] // k.shape[1]
+    k, v = paddle.repeat_interleave(k, rep, axis=1), paddle.repeat_interleave(v, rep, axis=1)
+    s = paddle.matmul(q, k, transpose_y=True) / math.sqrt(q.shape[-1])  # [b, heads, sq, sk]
+    sq, sk = s.shape[2], s.shape[3]
+    if causal:  # flash_fwd_kernel.h: the mask by row index, no seqlen_k - seqlen_q offset
+        s = s + paddle.triu(paddle.full([sq, sk], float("-inf")), 1)
+    lse = paddle.logsumexp(s, axis=-1)  # [b, heads, sq]
+    out = paddle.matmul(paddle.nn.functional.softmax(s, axis=-1), v).transpose([0, 2, 1, 3]).astype(query.dtype)
+    pad = -sq % 128
+    lse = paddle.concat([lse, paddle.zeros([lse.shape[0], lse.shape[1], pad])], axis=-1) if pad else lse
+    return out, None, lse, None
+
+
+def sdpa_backend(query, key, value, attn_mask=None, is_causal=False, scale=None) -> str:
+    """`select_sdp_for_sdpa` on a GPU that can run flash attention (sdpa.py 3.3.1: flash, then memory-efficient,
+    then math)."""
+    dtypes = (query.dtype, key.dtype, value.dtype)
+    d = query.shape[-1]
+    same = len(set(dtypes)) == 1
+    square = not is_causal or query.shape[1] == key.shape[1]
+    if same and dtypes[0] in HALF and d % 8 == 0 and d <= 256 and scale is None and square:
+        return "flash_attn"
+    if same and dtypes[0] in (*HALF, paddle.float32):
+        return "mem_efficient"
+    return "math"
+
+
+@contextlib.contextmanager
+def scaler_enabled_on_cpu():
+    """`paddle.amp.GradScaler`s built inside are enabled although the place is the CPU: their constructor's place
+    check is the one thing answered as on a GPU; everything else is the real class."""
+    import paddle.amp.grad_scaler as gs
+
+    class GpuPlace:
+        def is_gpu_place(self):
+            return True
+
+    class Tracer:
+        _expected_place = GpuPlace()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gs, "_dygraph_tracer", lambda: Tracer())
+        yield
+
+
+def _sharding_base():
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizer)
+
+    return DygraphShardingOptimizer
+
+
+class ShardingStandIn(_sharding_base()):
+    """fleet's `DygraphShardingOptimizer` in one process: the owner of every parameter is this rank, so a reduce
+    is the identity; `reduce_gradients` calls are counted (on a real group each reduces every gradient to its
+    owner: a second call averages an already averaged gradient into the local ones)."""
+
+    tensor_fusion = False  # fleet's default (`sharding_configs.tensor_fusion`)
+
+    def __init__(self, optimizer):
+        self._inner_opt = optimizer
+        self._parameter_list = optimizer._parameter_list
+        self.reductions = 0
+        self.steps = 0
+
+    def reduce_gradients(self, parameter_list, hcg):
+        self.reductions += 1
+
+    def filter_parameters(self, parameter_list, hcg):
+        return list(parameter_list)
+
+    def step(self):
+        self.steps += 1
+        self._inner_opt.step()
+
+    def __getattr__(self, item):
+        return getattr(self._inner_opt, item)
+
+
+class _Hcg:
+    def get_model_parallel_world_size(self):
+        return 1
+
+    def get_pipe_parallel_world_size(self):
+        return 1
+
+
+def hybrid_optimizer(optimizer):
+    """fleet's real `HybridParallelOptimizer` class (its `step`, `_hybrid_sync_grad`, `_step`) over
+    `ShardingStandIn(optimizer)`, built without its constructor (which needs a live hybrid group)."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+        HybridParallelOptimizer)
+    hpo = object.__new__(HybridParallelOptimizer)
+    hpo._inner_opt, hpo._hcg, hpo.processed_steps = ShardingStandIn(optimizer), _Hcg(), 0
+    hpo._sharding_enable, hpo._dp_enable, hpo._sep_enable, hpo._timers = True, False, False, None
+    hpo._get_mp_sync_params = lambda params: ([], None)
+    hpo._get_pp_sync_params = lambda params: ([], None)
+    hpo._sync_mp_grads = hpo._sync_mp_params_and_moments = hpo._sync_pp_params_and_moments = lambda *a: None
+    return hpo

@@ -1,0 +1,341 @@
+"""The GPU path through the emulation of tests/gpu_emulation.py: Paddle's GPU calls with their real semantics
+(flash attention's top-left causal alignment, the kernels' dtypes, AMP O1's lists and promotion, the loss scaler's
+`step()` with fleet's hybrid optimizer), each written from Paddle 3.3.1's source. Each test here failed on the
+code before issue #60 (context-parallel causal tiles, fp16 loss scaling under fleet, Qwen3's q/k dtype under O1)."""
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import gpu_emulation as emu
+from gpu_emulation import paddle
+
+import paddle.incubate.nn.functional as IF  # noqa: E402
+import paddle.nn.functional as F  # noqa: E402
+
+
+def test_the_emulated_amp_lists_are_paddles_own():
+    emu.check_amp_lists()
+
+
+# ---------------------------------------------------------------- flash attention's causal alignment (bug 1)
+class _OneRank:
+    """cp 1: the ring's exchange hands a block back to its own rank."""
+
+    def start(self, x):
+        return SimpleNamespace(wait=lambda: x)
+
+
+def _qkv(b=1, s=16, nh=4, nkv=2, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [paddle.to_tensor(rng.standard_normal((b, s, n, d)).astype("float32")) for n in (nh, nkv, nkv)]
+
+
+def test_flash_causal_mask_is_top_left_for_unequal_lengths(monkeypatch):
+    """The emulated kernel masks row i against keys 0..i whatever sk − sq (the fork's flash_fwd_kernel.h)."""
+    q, k, v = (t.astype("bfloat16") for t in _qkv(s=6))
+    out, _, _, _ = emu.ref_flash_attn(q[:, 4:], k, v, None, None, 0.0, True, False, True, "")
+    first, _, _, _ = emu.ref_flash_attn(q[:, 4:5], k[:, :1], v[:, :1], None, None, 0.0, True, False, True, "")
+    # query row 0 of the 2-row tile sees key 0 only, as the 1x1 call's row does
+    assert float((out[:, :1].astype("float32") - first.astype("float32")).abs().max()) == 0.0
+    with pytest.raises(ValueError, match="float16/bfloat16"):
+        emu.ref_flash_attn(q.astype("float32"), k.astype("float32"), v.astype("float32"), None, None, 0.0, True,
+                           False, True, "")
+
+
+@pytest.mark.parametrize("tile", [4, 3])
+def test_context_parallel_tiles_on_flash_blocks_equal_causal_attention(monkeypatch, tile):
+    """Ring attention's diagonal tiles through flash attention (bf16) equal one causal attention over the sequence:
+    each query tile must see its own keys, not a bottom-right-aligned slice."""
+    from pretrain_cli.distributed.context import context_attention
+    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops.attention import attention_math
+
+    monkeypatch.setattr(paddle._C_ops, "flash_attn", emu.ref_flash_attn, raising=False)
+    q, k, v = _qkv(s=16)
+    qb, kb, vb = (t.astype("bfloat16") for t in (q, k, v))
+    causal, _ = context_attention(_OneRank(), 1, 0, kernels.block_forward_flash, tile=tile)
+    got = causal(qb, kb, vb)
+    want = attention_math(*(t.astype("float32") for t in (qb, kb, vb)))
+    assert got.dtype == paddle.bfloat16
+    assert float((got.astype("float32") - want).abs().max()) < 3e-2
+
+
+# ---------------------------------------------------------------- fp16 loss scaling with fleet's optimizer (bug 2)
+class _Tiny(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.w = self.create_parameter([4, 3])
+        self.u = self.create_parameter([3])
+        self.gain = 1.0
+
+    def forward(self, ids, labels=None):
+        x = paddle.nn.functional.one_hot(ids % 4, 4).astype("float32")  # [b, s, 4]
+        y = (paddle.matmul(x, self.w) + self.u) * self.gain  # [b, s, 3]
+        return (y * y).sum(), paddle.to_tensor(float(ids.size))
+
+
+def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
+    """A one-process `Step` over `strategy_cls` whose optimizer is fleet's hybrid optimizer (over the sharding
+    stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU."""
+    from pretrain_cli.ops.kernels import StepKernels
+    from pretrain_cli.run_config import Precision
+    from pretrain_cli.training.precision import build_amp
+    from pretrain_cli.training.step import Layout
+
+    paddle.seed(0)
+    model = _Tiny()
+    hpo = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters())
+    hpo = hpo if plain else emu.hybrid_optimizer(hpo)
+    strategy = object.__new__(strategy_cls)
+    strategy.step_kernels, strategy._clip_coef = StepKernels(), 1.0
+    strategy._hpo, strategy._params, strategy._owned = hpo, list(model.parameters()), list(model.parameters())
+    for key, val in attrs.items():
+        setattr(strategy, key, val)
+    with emu.scaler_enabled_on_cpu():
+        model, hpo, amp = build_amp(model, hpo, Precision("float16", "O1", loss_scale=scale))
+    assert amp.scaler.is_enable()
+    return Layout(model, hpo, amp, strategy, model), hpo
+
+
+def _step(layout):
+    from pretrain_cli.run_config import Schedule
+    from pretrain_cli.training.step import Step
+
+    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
+                          optimizer=SimpleNamespace(max_grad_norm=0.0))
+    ids = np.arange(6, dtype="int64").reshape(1, 6)
+    return Step(run, comm=None)(layout, iter([{"input_ids": ids, "labels": ids}]), SimpleNamespace(global_step=0))
+
+
+def _zero1():
+    from pretrain_cli.distributed.strategy import FleetZero1
+
+    class Zero1(FleetZero1):
+        def global_norm_sq(self, sq):  # one process: no sharding group to sum the owners' parts over
+            return sq
+
+    return Zero1
+
+
+def test_fp16_loss_scaling_under_fleet_zero1_reduces_each_gradient_once_and_updates_unscaled(monkeypatch):
+    layout, hpo = _layout(monkeypatch, _zero1())
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    result = _step(layout)
+    assert result.outcome == "applied"
+    assert hpo._inner_opt.reductions == 1, "gradients reduced to their owners more than once"
+    assert hpo._inner_opt.steps == 1
+    _assert_unscaled_update(layout.model, before)
+
+
+def _assert_unscaled_update(model, before):
+    """`model` took the update an unscaled fp32 step of Paddle's AdamW takes from `before` (the scale divided out
+    exactly once)."""
+    ref = _Tiny()
+    opt = paddle.optimizer.AdamW(learning_rate=0.1, parameters=ref.parameters())
+    for p, b in zip(ref.parameters(), before):
+        p.set_value(b)
+    total, count = ref(paddle.to_tensor(np.arange(6, dtype="int64").reshape(1, 6)))
+    (total / count).backward()
+    opt.step()
+    for p, r in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.numpy(), r.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fp16_loss_scaling_with_paddles_own_optimizer_updates_unscaled_and_skips_an_overflow(monkeypatch):
+    """One process (and `paddle.DataParallel`): the optimizer is Paddle's AdamW, stepped once through the view."""
+    from pretrain_cli.distributed.strategy import Strategy
+
+    layout, _ = _layout(monkeypatch, Strategy, plain=True)
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    assert _step(layout).outcome == "applied"
+    _assert_unscaled_update(layout.model, before)
+    layout, _ = _layout(monkeypatch, Strategy, scale=1e38, plain=True)
+    layout.model.gain = 30.0
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    assert _step(layout).outcome == "overflow"
+    for p, b in zip(layout.model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_an_fp16_overflow_under_fleet_skips_the_update_once_and_lowers_the_scale(monkeypatch):
+    layout, hpo = _layout(monkeypatch, _zero1(), scale=1e38)
+    layout.model.gain = 30.0  # a finite loss whose scaled gradients overflow
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    result = _step(layout)
+    assert result.outcome == "overflow" and hpo._inner_opt.reductions == 1
+    for p, b in zip(layout.model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+    assert float(layout.amp.scaler._scale) == pytest.approx(0.5e38, rel=1e-6)
+
+
+def test_zero2_pipeline_releases_gradients_it_does_not_own_under_fp16_loss_scaling(monkeypatch):
+    from pretrain_cli.distributed.pipeline import Pipeline
+
+    class Stage(Pipeline):
+        def grad_norm(self, model):  # one process: no pipeline or sharding group to sum over
+            return paddle.sqrt(self.step_kernels.global_sq_norm([p.grad for p in self._owned]))
+
+        def forward_backward(self, model, batches, amp, forward_loss=None):
+            return super(Pipeline, self).forward_backward(model, batches, amp, forward_loss)
+
+    layout, hpo = _layout(monkeypatch, Stage, parallel=SimpleNamespace(sharding_stage=2, data_world_size=2),
+                          _seq_params=[])
+    layout.strategy._owned = layout.strategy._params[:1]
+    layout.optimizer.clear_grad = lambda set_to_zero=True: None  # keep what the step left, to look at it
+    _step(layout)
+    w, u = layout.model.parameters()
+    assert hpo._inner_opt.reductions == 1
+    assert w.grad is not None and w.grad._is_initialized()
+    assert u.grad is None or not u.grad._is_initialized(), "ZeRO-2: a gradient this rank does not own was kept"
+
+
+# ---------------------------------------------------------------- Qwen3's q/k dtype under AMP O1 (bug 3)
+def _ref_linear(x, weight, bias=None, name=None):
+    """`F.linear` under the emulated auto_cast: `linear_v2` is on the white list, so its output is half (computed
+    in fp32 here: the CPU has no half matmul, the values are stored half as the GPU's are)."""
+    x, weight, bias = emu.amp_cast("linear_v2", x, weight, bias)
+    out = paddle.matmul(x.astype("float32"), weight.astype("float32"))
+    out = out if bias is None else out + bias.astype("float32")
+    return out.astype(x.dtype)
+
+
+def _ref_fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis=1, **_):
+    """`fused_rms_norm` (op `rms_norm`, on neither AMP list: O1 promotes it to fp32 when the weight is fp32)."""
+    x, norm_weight = emu.amp_cast("rms_norm", x, norm_weight)
+    x32 = x.astype("float32")
+    inv = paddle.rsqrt(paddle.mean(x32 * x32, axis=-1, keepdim=True) + epsilon)
+    return (x32 * inv * norm_weight.astype("float32")).astype(x.dtype), None, None
+
+
+BACKENDS: list = []
+
+
+def _ref_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, training=True, backend=None,
+              scale=None, enable_gqa=True, name=None):
+    """`F.scaled_dot_product_attention`: records the backend sdpa.py would pick, then attends in fp32."""
+    BACKENDS.append(emu.sdpa_backend(query, key, value, attn_mask, is_causal, scale))
+    from pretrain_cli.ops.attention import attention_math
+
+    return attention_math(query.astype("float32"), key.astype("float32"), value.astype("float32")).astype(query.dtype)
+
+
+def _ref_flashmask(query, key, value, startend_row_indices=None, *, causal=False, **_):
+    """`flashmask_attention` (not on AMP's white list: gray, promoted to fp32 by an fp32 input), fp16/bf16 only."""
+    query, key, value = emu.amp_cast("flashmask_attention", query, key, value)
+    emu.half_only("flashmask_attention", query, key, value)
+    return paddle.zeros(query.shape, dtype=query.dtype)
+
+
+def _qwen3_attention(monkeypatch, level="O1"):
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.layers import Attention
+    from pretrain_cli.ops import kernels
+
+    monkeypatch.setattr(F, "linear", _ref_linear)
+    monkeypatch.setattr(IF, "fused_rms_norm", _ref_fused_rms_norm)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", _ref_sdpa)
+    monkeypatch.setattr(F, "flashmask_attention", _ref_flashmask)
+    monkeypatch.setattr(emu.Amp, "level", level)
+    BACKENDS.clear()
+    cfg = ModelConfig(model_type="qwen3", hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    ks = kernels.Kernels(attention=kernels.attention_sdpa_causal, attention_document=kernels.attention_flashmask,
+                         rms_norm=kernels.rms_norm_fused, rope=kernels.rope_reference)
+    paddle.seed(0)
+    layer = Attention(cfg, ks, qkv_bias=False, o_bias=False, qk_norm=True)
+    x = paddle.randn([1, 8, 32])
+    ang = np.outer(np.arange(8), 1.0 / 10000 ** (np.arange(0, 8, 2) / 8))
+    cos = paddle.to_tensor(np.cos(np.concatenate([ang, ang], -1)).astype("float32"))
+    sin = paddle.to_tensor(np.sin(np.concatenate([ang, ang], -1)).astype("float32"))
+    return layer, x, cos, sin
+
+
+def test_qwen3_under_o1_reaches_flash_attention_with_one_half_dtype(monkeypatch):
+    """O1 keeps the q/k norm weights fp32, so the normed q and k come out fp32 while v is half: sdpa.py then
+    refuses flash (and memory-efficient) attention and materialises the scores."""
+    layer, x, cos, sin = _qwen3_attention(monkeypatch)
+    out = layer(x, cos, sin)
+    assert BACKENDS == ["flash_attn"], BACKENDS
+    assert out.dtype == paddle.bfloat16
+
+
+def test_qwen3_under_o1_packed_documents_reach_flashmask_in_half(monkeypatch):
+    layer, x, cos, sin = _qwen3_attention(monkeypatch)
+    doc_start = paddle.to_tensor(np.array([[0, 0, 0, 3, 3, 3, 3, 7]], np.int64))
+    out = layer(x, cos, sin, doc_start=doc_start)  # the flashmask stand-in raises on fp32 inputs
+    assert out.dtype == paddle.bfloat16
+
+
+def test_qwen3_under_o1_ring_attention_blocks_run_flash_attention(monkeypatch):
+    """Context parallelism's blocks: flash attention only for one half dtype (else the materialising block)."""
+    from pretrain_cli.ops import kernels
+
+    calls = []
+    monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[0].dtype) or emu.ref_flash_attn(*a),
+                        raising=False)
+    q, k, v = _qkv(s=8)
+    heads = functools.partial(lambda x, n: x.transpose([0, 2, 1, 3]).reshape([1, 2, n, 8, 8]))
+    qh, kh, vh = heads(q, 2), heads(k, 1), heads(v, 1).astype("bfloat16")  # q/k fp32 (O1's norms), v half
+    out, lse = kernels.block_forward_flash(qh, kh, vh, None, False)
+    assert calls == [paddle.bfloat16] and out.dtype == paddle.bfloat16 and lse.dtype == paddle.float32
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_ring_attention_tiles_give_one_attentions_output_and_gradients(documents):
+    """The tiling itself (fp32, the reference blocks): tiles of 3 rows over chunks of 8, causal or document-masked,
+    forward and backward equal one attention over the sequence (the diagonal's two pieces padded back in dK/dV)."""
+    from pretrain_cli.distributed.context import context_attention
+    from pretrain_cli.ops.attention import attention_math
+    from pretrain_cli.ops.block_attention import block_forward
+
+    q, k, v = _qkv(s=16, b=2)
+    for t in (q, k, v):
+        t.stop_gradient = False
+    doc = paddle.to_tensor(np.array([[0] * 5 + [5] * 7 + [12] * 4, [0] * 16], np.int64)) if documents else None
+    causal, document = context_attention(_OneRank(), 1, 0, block_forward, tile=3)
+    got = document(q, k, v, doc) if documents else causal(q, k, v)
+    dout = paddle.to_tensor(np.random.default_rng(2).standard_normal(got.shape).astype("float32"))
+    grads = paddle.grad([(got * dout).sum()], [q, k, v])
+    want = attention_math(q, k, v, doc) if documents else attention_math(q, k, v)
+    want_grads = paddle.grad([(want * dout).sum()], [q, k, v])
+    assert float((got - want).abs().max()) < 1e-5
+    for g, w in zip(grads, want_grads):
+        assert float((g - w).abs().max()) < 1e-4
+
+
+# ---------------------------------------------------------------- capability from the driver (plan and train)
+def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(monkeypatch):
+    """A card missing from the hardware table is judged by `get_device_capability()`: pre-Ampere → the math path;
+    a bf16 request refused in one line naming the key and the two choices; `plan` of a table V100 applies the same
+    rule (the table's 7.0) and warns, as `plan --fit` then moves the file to fp16."""
+    from run_helpers import BASE, model_config
+
+    from pretrain_cli import runtime
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.planning import hardware
+    from pretrain_cli.run_config import Target
+
+    monkeypatch.setattr(runtime, "gpu_build_installed", lambda: True)
+    monkeypatch.setattr(runtime, "gpu_name", lambda: "NVIDIA GeForce RTX 2080 Ti")  # Turing, 7.5: not in the table
+    monkeypatch.setattr(runtime, "gpu_capability", lambda: (7, 5))
+    target = prepare.launcher_target()
+    assert target.gpu_capability == (7, 5) and hardware.lookup(target.gpu_name) is None
+    fp16 = parse_config(None, [*BASE, "--use_flash_attention", "true", "--fp16", "--device", "gpu"])
+    run = resolve(fp16, model_config(), target)
+    assert run.kernels.attention == "math" and any("predates Ampere" in n for n in run.notes)
+    bf16 = parse_config(None, [*BASE, "--use_flash_attention", "true", "--bf16", "--device", "gpu"])
+    with pytest.raises(UserError) as e:
+        resolve(bf16, model_config(), target)
+    line = str(e.value)
+    assert line.count("\n") == 0 and line.startswith("bf16: NVIDIA GeForce RTX 2080 Ti has no bf16")
+    assert "fp16: true" in line and "fp32" in line
+    planned = resolve(bf16, model_config(), Target("gpu", 1, 0, 0, "V100-32GB", planned=True))
+    assert any(n.startswith("bf16: WARNING: V100-32GB has no bf16") for n in planned.notes)
+    # an Ampere card the table does not know: its driver capability gives it flash attention and bf16
+    monkeypatch.setattr(runtime, "gpu_capability", lambda: (8, 6))
+    assert resolve(bf16, model_config(), prepare.launcher_target()).kernels.attention == "flash"
+    assert hardware.pre_ampere(hardware.capability("T4")) and not hardware.pre_ampere(hardware.capability("H100"))
