@@ -16,6 +16,7 @@ from dataclasses import replace
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
 from pretrain_cli.config.pipeline import resolve_pipeline
+from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
                                             RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
@@ -141,6 +142,8 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
     if inputs_valid and decay < warmup:  # (a bad input is reported once, not again as this consequence)
         problems.add(f"decay_steps: {decay} ends before warmup ({warmup} steps) is over; "
                      f"raise decay_steps/max_steps or shorten warmup")
+    if t.lr_scheduler_type == "warmup_stable_decay":  # its own keys (config/schedule.py)
+        return wsd_schedule(args, warmup, notes, problems)
     if t.lr_scheduler_type == "constant":
         warmup = 0
     return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
@@ -387,5 +390,5 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                         mask_type, reset_positions),
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
-                      report_to),
+                      report_to, precision.amp_dtype or "float32" if t.export_dtype == "auto" else t.export_dtype),
         spike=spike, notes=tuple(notes))

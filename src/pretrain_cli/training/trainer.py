@@ -293,6 +293,8 @@ class Trainer:
         s = self.state
         values = {"loss": self.comm.mean(s.interval_loss / max(1, s.interval_steps)),
                   "learning_rate": self.schedule.lr_at(s.global_step), "global_step": s.global_step}
+        if self.schedule.phase(s.global_step):  # warmup_stable_decay: warmup, stable, decay
+            values["lr_phase"] = self.schedule.phase(s.global_step)
         values.update(self.throughput.interval())
         if self.loop.memory_metrics:
             cur, peak = host_memory_gib()
