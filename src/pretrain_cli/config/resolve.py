@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
@@ -216,12 +217,9 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
     sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
-        dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                                           ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
-        if stage:
-            dropped.append(f"sharding={t.sharding!r}")
-        if dropped:
-            notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
+        one_process_notes(args, model_cfg, {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+                                            "sep_parallel_degree": sep, "context_parallel_degree": cp}, stage, notes,
+                          problems)
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
     if sep > 1:
         problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
@@ -233,8 +231,10 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
     world //= pp  # what follows lays out one pipeline stage's ranks
-    if world % tp:
-        problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
+    if world % tp:  # (named with the whole world: `pp x tp` must divide it)
+        with_pp = f" x pipeline_parallel_degree {pp} = {tp * pp}" if pp > 1 else ""
+        problems.add(f"tensor_parallel_degree: {tp}{with_pp} does not divide the world size {world * pp}; use a "
+                     f"divisor of it")
         tp = 1
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         if tp > 1 and getattr(model_cfg, name) % tp:
