@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
-            "context_parallel_degree")
+            "context_parallel_degree", "sequence_parallel")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:

@@ -63,6 +63,7 @@ class PlannedLayout:
     pp: int
     pipeline_bubble: float
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
+    sequence_parallel: bool = False  # with tp: norms and residual stream cut over the tp ranks
 
 
 @dataclass(frozen=True)
