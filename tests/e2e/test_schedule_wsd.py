@@ -1,6 +1,7 @@
 """warmup_stable_decay (config/schedule.py, run_config.Schedule): transformers' lr values, and a run extended from a
 stable-phase checkpoint that continues exactly as if it had been planned longer from the start."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ def test_a_stable_phase_checkpoint_extends_to_the_longer_run(corpus, tmp_path):
         d.mkdir()
     assert cli_main(["train", write_config(short, corpus, max_steps=200, **WSD)]) == 0
     rs = _records(short / "out")
+    assert re.fullmatch(r"0:0\d:\d\d", rs[10]["eta"]) and rs[200]["eta"] == "0:00:00"  # time remaining, h:mm:ss
     assert rs[150]["lr_phase"] == "stable" and rs[170]["lr_phase"] == "decay" and rs[10]["lr_phase"] == "stable"
     # transformers' step indices: the decay runs over steps 160..199, step 200 is at the floor
     assert rs[190]["learning_rate"] == pytest.approx(0.005 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 30 / 40))), 1e-3)
