@@ -8,7 +8,9 @@
 # Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
 #      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
-#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file),
+#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file;
+#      with MASTER set <output_dir>/log/node-<NODE_RANK> (node-<host name> without NODE_RANK), so nodes sharing
+#      output_dir keep their workerlog.N apart),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
 #      checkpoint of output_dir; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
 #      times; also passed to the launcher as --max_restart),
@@ -33,6 +35,9 @@ if [ -z "${LOG_DIR:-}" ]; then  # the run's own output_dir/log, not a stray ./lo
           2>/dev/null || true)
   fi
   LOG_DIR=${out:+${out%/}/}log
+  if [ -n "${MASTER:-}" ]; then  # every node writes workerlog.0..N-1: one directory per node on the shared output_dir
+    LOG_DIR=$LOG_DIR/node-${NODE_RANK:-$(hostname)}
+  fi
 fi
 args=(--log_dir "$LOG_DIR" --log_level "${LAUNCH_LOG_LEVEL:-WARNING}" --max_restart "${MAX_RESTART:-0}")
 # The user's thread count survives the launcher's `import paddle`, which sets OMP_NUM_THREADS=1 when unset.
@@ -75,7 +80,8 @@ else
 fi
 # Every launch holds its own block of rendezvous ports (job.py ports: a host-wide lock per block, PORT_RANGE
 # for the launcher), so two jobs started at once on this host never join each other's store.
-cmd=("$PY" "$HERE/job.py" ports -- "$PY" -m paddle.distributed.launch "${args[@]}" "$HERE/run_pretrain.py" "$@")
+# (paddle_launch.py: Paddle's launcher without its HTTP client's polling lines)
+cmd=("$PY" "$HERE/job.py" ports -- "$PY" "$HERE/paddle_launch.py" "${args[@]}" "$HERE/run_pretrain.py" "$@")
 max_restart=${MAX_RESTART:-0}
 # Each rank records how it ended in $PRETRAIN_CLI_VERDICTS; job.py decide turns them into the job's exit code
 # and the next action (Paddle's launcher exits with the lowest failed rank's code, often a rank stopped because

@@ -27,6 +27,7 @@ COMMANDS = {
     "merge-data": ("pretrain_cli.commands.merge_data", "join .bin/.idx token files into one pair", False),
     "eval": ("pretrain_cli.commands.eval", "loss and perplexity of a model on a token file", False),
     "generate": ("pretrain_cli.commands.generate", "generate text from a checkpoint or HF model directory", False),
+    "export": ("pretrain_cli.commands.export", "any checkpoint-N (any layout) or final directory to a Hugging Face directory", False),
 }
 
 USAGE = """usage: pretrain-cli [--debug] <command> [options]

@@ -7,6 +7,8 @@ than one problem (an argument file with a bad key *and* a missing tokenizer) col
 """
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """Bad input: a file, key or value the user controls. The message says what to do.
@@ -75,7 +77,12 @@ class PeerFailed(UserError):
 
 def is_out_of_memory(e: BaseException) -> bool:
     """Paddle raises MemoryError for an allocation it cannot make (CPU and GPU: its ResourceExhausted error);
-    some GPU paths surface it as a RuntimeError naming it."""
+    some GPU paths surface it as a RuntimeError naming it, and an allocation that fails in the backward of a
+    PyLayer (our fused CPU kernels) comes back as an OSError, Paddle's `(External)` error, with the
+    MemoryError's text inside; an OSError ENOMEM is the system's own out of memory."""
     text = str(e)
-    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and
-                                          ("out of memory" in text.lower() or "ResourceExhausted" in text))
+    named = "out of memory" in text.lower() or "ResourceExhausted" in text
+    return (isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and named)
+            or (isinstance(e, OSError) and (named or e.errno == errno.ENOMEM)))
+
+OUT_OF_MEMORY = (MemoryError, RuntimeError, OSError)  # the types `is_out_of_memory` may accept

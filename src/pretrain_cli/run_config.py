@@ -40,18 +40,26 @@ class Schedule:
     Step t is the optimizer step about to run, counted from 1 (PaddleNLP steps its scheduler once at
     construction, so its first step uses `learning_rate / warmup`, not 0). A resumed run recomputes the
     rate from the step alone: there is no scheduler state to save.
+    `warmup_stable_decay` is transformers' `get_wsd_schedule` at step t (linear warmup from `min_lr`, flat until
+    `decay_start`, a `decay_shape` decay to `min_lr` at `decay_steps`); with `num_stable_steps` unset the decay
+    ends at max_steps, so raising max_steps from a checkpoint in the stable phase extends that phase, and setting
+    max_steps to a checkpoint's step + num_decay_steps anneals from it.
     """
 
-    kind: str = "linear"  # linear | cosine | constant | constant_with_warmup
+    kind: str = "linear"  # linear | cosine | constant | constant_with_warmup | warmup_stable_decay
     max_lr: float = 5e-5
     min_lr: float = 1e-5
     warmup_steps: int = 0
     decay_steps: int = 1
     start_step: int = 0  # a schedule restarted at a resumed step (lr_schedule_on_resume: restart) counts from it
+    decay_start: int = 0  # warmup_stable_decay: the step its decay starts at (warmup + num_stable_steps)
+    decay_shape: str = "cosine"  # warmup_stable_decay: linear | cosine | 1-sqrt (transformers' decay_type)
 
     def lr_at(self, t: int) -> float:
         w, s = self.warmup_steps, self.decay_steps
         t -= self.start_step
+        if self.kind == "warmup_stable_decay":
+            return self.max_lr * self._wsd_factor(t)
         if w > 0 and t <= w:
             return self.max_lr * t / w
         if self.kind in ("constant", "constant_with_warmup"):
@@ -63,8 +71,34 @@ class Schedule:
             return self.min_lr + (1.0 - r) * (self.max_lr - self.min_lr)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * r)) * (self.max_lr - self.min_lr)
 
+    def _wsd_factor(self, t: int) -> float:
+        """transformers' `_get_wsd_scheduler_lambda` (linear warmup, num_cycles 0.5) at its step t."""
+        ratio = self.min_lr / self.max_lr if self.max_lr else 0.0
+        if t < self.warmup_steps:
+            return max(0.0, t / max(1, self.warmup_steps) * (1.0 - ratio) + ratio)
+        if t < self.decay_start:
+            return 1.0
+        if t >= self.decay_steps:
+            return ratio
+        p = (t - self.decay_start) / max(1, self.decay_steps - self.decay_start)
+        f = {"linear": 1.0 - p, "cosine": 0.5 * (1.0 + math.cos(math.pi * p)), "1-sqrt": 1.0 - math.sqrt(p)}
+        return max(0.0, f[self.decay_shape] * (1.0 - ratio) + ratio)
+
+    def phase(self, t: int) -> str | None:
+        """warmup_stable_decay's phase at step t (warmup, stable, decay, annealed: at the floor), for `plan` and the log
+        line."""
+        if self.kind != "warmup_stable_decay":
+            return None
+        t -= self.start_step
+        return ("warmup" if t < self.warmup_steps else "stable" if t < self.decay_start
+                else "decay" if t < self.decay_steps else "annealed")
+
     def describe(self) -> str:
         start = f" from step {self.start_step}" if self.start_step else ""
+        if self.kind == "warmup_stable_decay":
+            return (f"warmup_stable_decay{start}, warmup {self.warmup_steps}, stable to step "
+                    f"{self.start_step + self.decay_start}, {self.decay_shape} decay to {self.min_lr:g} by step "
+                    f"{self.start_step + self.decay_steps}")
         return (f"{self.kind}{start}, warmup {self.warmup_steps}, decay to {self.min_lr:g} by step "
                 f"{self.start_step + self.decay_steps}")
 
@@ -301,6 +335,7 @@ class Output:
     resume_from: str | None = None
     logging_dir: str | None = None
     report_to: tuple = ("visualdl",)
+    export_dtype: str = "float32"  # the final export's weights (`export_dtype: auto`: the half dtype a run trains in)
 
 
 @dataclass(frozen=True)

@@ -63,19 +63,25 @@ def test_stage1_matches_dp(corpus, tmp_path, dp):
 
 
 def test_two_nodes_on_one_machine(corpus, tmp_path, ref):
+    """Two nodes (two scripts/launch.sh on this machine, one process each, MASTER on loopback) sharing output_dir:
+    each node's workerlog.0 lands in its own output_dir/log/node-<NODE_RANK>, neither console shows the
+    launcher's HTTP polling, and the job follows the one-process curve."""
     r, _ = ref
     port = free_port()
     cfg = write_config(tmp_path / "n.json", corpus, tmp_path / "out", save_steps=5)
-    procs = [subprocess.Popen(launch_cmd(cfg, tmp_path / f"log{i}", nproc=1,
-                                         launcher=("--nnodes", "2", "--master", f"127.0.0.1:{port}")),
-                              cwd=str(tmp_path), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    procs = [subprocess.Popen(["bash", str(SCRIPT.parent / "launch.sh"), str(cfg)], cwd=str(tmp_path),
+                              env=dict(child_env(), MASTER=f"127.0.0.1:{port}", NNODES="2", NODE_RANK=str(i),
+                                       PYTHON=sys.executable),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outs = [_communicate(p, 120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    logs = [(tmp_path / f"log{i}" / "workerlog.0").read_text() for i in range(2)]
+    assert not any("HTTP Request" in out for out in outs), outs
+    log = tmp_path / "out" / "log"
+    assert sorted(p.name for p in log.iterdir()) == ["node-0", "node-1"]
+    logs = [(log / f"node-{i}" / "workerlog.0").read_text() for i in range(2)]
     rank0 = [text for text in logs if "global_step: 1," in text]
-    assert len(rank0) == 1, "exactly one node hosts rank 0"
+    assert len(rank0) == 1, "exactly one node hosts rank 0, and the other's log is its own"
     assert_close_losses(parse_losses(rank0[0]), r.losses(0), range(1, STEPS + 1))
     names = sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("checkpoint"))
     assert names == ["checkpoint-10", "checkpoint-5"], names

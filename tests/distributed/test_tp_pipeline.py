@@ -72,6 +72,30 @@ def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, ref):
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)),
          "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP),
          "pp2": (2, dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2))}
+def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, ref, tmp_path):
+    """`pretrain-cli export --dtype bfloat16` of the TP2 x PP2 checkpoint-5 (per-rank pieces, which transformers
+    cannot load) gives a directory transformers loads, with the one-process run's logits at step 5 (bf16
+    weights: within bf16's rounding of them)."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    from pretrain_cli.cli import main
+
+    assert main(["export", str(tp_pp[1] / "checkpoint-5"), str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    got, want = (transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+                 for d in (tmp_path / "hf", ref[1] / "checkpoint-5"))
+    ids = torch.tensor([[3, 17, 200, 45, 9, 300, 12, 88, 5, 400, 33, 7]])
+    with torch.no_grad():
+        a, b = got(ids).logits, want(ids).logits
+    err = (a - b).abs().max().item()
+    assert 0 < err <= 2e-2 * max(1.0, b.abs().max().item()), err  # bf16 rounding, nothing more
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+
+
 RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("tp2_pp2", "pp2"), ("ref", "tp2_pp2")]
 
 

@@ -92,6 +92,11 @@ def test_every_readme_command_runs_after_the_quickstart(demo, monkeypatch, capsy
             assert launcher[launcher.index("--log_dir") + 1] == f"{_output_dir(args, demo).removeprefix('./')}/log"
             _check_training(args, demo)
             kinds.append("launch")
+        elif "scripts/launch.sh" in argv:  # MASTER=… NNODES=2 NODE_RANK=0 scripts/launch.sh cfg.json --key value …
+            at = argv.index("scripts/launch.sh")
+            assert all("=" in a for a in argv[:at]) and os.access(REPO / argv[at], os.X_OK), argv
+            _check_training(argv[at + 1:], demo)
+            kinds.append("launch")
         elif argv[0] == "pretrain-cli":
             assert cli_main(argv[1:]) == 0, argv
             kinds.append(argv[1])

@@ -436,3 +436,42 @@ def test_resume_verifies_the_files_it_reads_and_falls_back_past_an_altered_one(c
     assert f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous checkpoint" in said
     assert "checkpoint-2 at step 2" in said
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+
+
+# what Paddle raised when an allocation failed in the backward of our fused loss's PyLayer (an `(External)` error,
+# which Python sees as an OSError), and what it raises for a failed allocation anywhere else
+PYLAYER_OOM = OSError("(External) { ==== Error message in backward of GradNodePyLayer__Fused ==== MemoryError: "
+                      "(ResourceExhausted) Fail to alloc memory of 544538624 size, error code is 12.\n  At: "
+                      "/x/ops/cpu_ops.py(197): scale_by\n  /x/ops/linear_loss.py(77): backward }")
+
+
+@pytest.mark.parametrize("where", ["step", "start-up"])
+def test_out_of_memory_on_cpu_is_one_line_with_step_peak_and_suggestion(corpus, tmp_path, capsys, monkeypatch, where):
+    """An allocation failing at step 2 (the PyLayer backward's OSError) or while the model is built (MemoryError):
+    `error: out of memory at step N (process peak X GiB) on 1 x cpu: top plan suggestion …`, exit 1, no stack."""
+    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.training import run
+
+    if where == "step":
+        calls, real = [], Strategy.forward_backward
+
+        def failing(self, *a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                raise PYLAYER_OOM
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Strategy, "forward_backward", failing)
+    else:
+        def no_memory(*a, **k):
+            raise MemoryError("(ResourceExhausted) Fail to alloc memory of 4294967296 size, error code is 12.")
+
+        monkeypatch.setattr(run, "build_model", no_memory)
+    cfg = write_config(tmp_path, corpus, max_steps=4)
+    assert cli_main(["train", cfg]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1, err
+    at = "at step 2" if where == "step" else "before the first step (building the run)"
+    assert err[0].startswith(f"error: out of memory {at} (process peak "), err[0]
+    assert " GiB) on 1 x cpu: top plan suggestion for this run: " in err[0] or "no layout" in err[0], err[0]
+    assert "External" not in err[0] and "cpu_ops.py" not in err[0] and "ResourceExhausted" not in err[0]

@@ -79,3 +79,11 @@ def test_a_refusing_compiler_is_remembered_and_stale_temporaries_are_swept(tmp_p
     assert [f for f in first["files"] if f.endswith(".failed")]  # remembered for this key...
     again = _probe(tmp_path / "cache", CXX=str(cxx))
     assert not again["ok"] and "delete it to retry" in again["error"]  # ...so the next process does not rebuild
+
+
+def test_the_build_line_promises_the_time_this_machine_needs():
+    """20 s on 2 idle cores (README.md); a load of 2 on 2 cores doubles it (the 41 s measured): the line says so."""
+    from pretrain_cli.ops.cpu_ops import build_seconds
+
+    assert build_seconds(2, 0.0) == 20.0 and build_seconds(2, 2.0) == 40.0
+    assert build_seconds(8, 0.0) < build_seconds(2, 0.0) < build_seconds(2, 19.0)

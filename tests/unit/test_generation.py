@@ -92,3 +92,10 @@ def test_greedy_matches_hf_generate(model_type, tmp_path):
                            do_sample=False, max_new_tokens=10, min_new_tokens=10, eos_token_id=None,
                            pad_token_id=0).numpy()
     np.testing.assert_array_equal(generate(model, ids, 10), want)
+
+
+def test_generate_help_names_the_key_value_overrides():
+    from pretrain_cli.cli import build_parser
+
+    text = build_parser("generate")[0].format_help()
+    assert "[--key value ...]" in text and "applied to the settings of the run that wrote --model" in " ".join(text.split())

@@ -32,7 +32,7 @@ def _launch(tmp_path, *extra, **env):
 
 def test_cpu_defaults_to_one_process_per_node(tmp_path):
     cmd = _launch(tmp_path)
-    assert cmd[:2] == ["-m", "paddle.distributed.launch"]
+    assert cmd[0] == str(SCRIPT.parent / "paddle_launch.py")  # Paddle's launcher without its HTTP polling lines
     assert cmd[cmd.index("--nproc_per_node") + 1] == "1"
     assert "--devices" not in cmd
     assert cmd[-3:] == ["cfg.json", "--max_steps", "3"]
@@ -48,6 +48,11 @@ def test_launcher_logs_go_to_the_runs_output_dir_and_its_warning_is_quiet(tmp_pa
     assert cmd[cmd.index("--log_dir") + 1] == "elsewhere/log"
     cmd = _launch(tmp_path, LOG_DIR="/tmp/x")
     assert cmd[cmd.index("--log_dir") + 1] == "/tmp/x"
+    # several nodes share output_dir and each numbers its workers from 0: a log directory per node
+    cmd = _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
+    assert cmd[cmd.index("--log_dir") + 1] == "./runs/a/log/node-1"
+    cmd = _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2")
+    assert cmd[cmd.index("--log_dir") + 1] == f"./runs/a/log/node-{os.uname().nodename}"
 
 
 def test_launcher_is_quiet_keeps_the_users_threads_and_gets_max_restart(tmp_path):

@@ -155,3 +155,18 @@ def test_layout_refusals_is_the_one_pipeline_rule():
     assert all("\n" not in line for line in lines)
     assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]
     assert "use at most 2" in layout_refusals(4, 4, layers=2)[0]
+
+
+def test_layout_messages_name_the_world_and_one_process_notes_what_many_note():
+    """tp x pp that does not fit is named against the whole world; on one process sequence_parallel and
+    virtual_pp_degree get the notes a launch gives them, and a pp 8 file names the launch it needs."""
+    with pytest.raises(UserError, match=r"tensor_parallel_degree: 2 x pipeline_parallel_degree 2 = 4 does not divide "
+                                        r"the world size 2;"):
+        resolve_run("--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2", world=2)
+    for flags, note in ((("--sequence_parallel", "true"), "sequence_parallel: only meaningful with tensor parallelism"),
+                        (("--virtual_pp_degree", "2"), "virtual_pp_degree: only meaningful with pipeline_parallel")):
+        for world in (1, 2):
+            assert any(note in n for n in resolve_run(*flags, world=world).notes), (flags, world)
+    eight = resolve_run("--pipeline_parallel_degree", "8", "--virtual_pp_degree", "2", world=1, model="llama-171m")
+    assert ("parallel: one process, so pipeline_parallel_degree=8, virtual_pp_degree=2 has no effect; the file's "
+            "layout needs 8 processes: `check --world_size 8`") in "\n".join(eight.notes)

@@ -96,13 +96,34 @@ def test_output_file_is_the_users_file_with_the_changed_keys(tmp_path, capsys):
     assert list(fitted)[:len(original)] == list(original)  # same keys, same order, same names
     changed = {k for k in fitted if fitted[k] != original.get(k)}
     f = fit(str(QWEN), AT_4096, device="V100-16GB", gpus=8)
-    assert changed == {k for k, _, _ in f["diff"]} | {"max_seq_length"}  # the fit, and the command-line override
+    # the fit, the command-line override, and a directory of its own (the source's run is left alone)
+    assert changed == {k for k, _, _ in f["diff"]} | {"max_seq_length", "output_dir"}
+    assert fitted["output_dir"] == original["output_dir"].rstrip("/") + "-fitted" and f"{fitted['output_dir']}" in text
     again = plan(str(out), [], device="V100-16GB", gpus=8, suggest_changes=False)
     assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["max_seq_length"] == 4096
     assert not list(tmp_path.glob("*.tmp*"))
     assert cli_main(["plan", str(QWEN), "--device", "V100-16GB", "--gpus", "8", "--fit", "-o",
                      str(tmp_path / "missing" / "f.json")]) == 1  # the system refused: one line, exit 1
     assert "error: " in capsys.readouterr().err and not (tmp_path / "missing").exists()
+
+
+def test_a_fitted_file_resumes_the_source_runs_checkpoint_and_considers_sequence_parallel(tmp_path, capsys):
+    """A run that ran out of memory left checkpoint-3: the fitted file (its own output_dir) resumes from it by
+    name. With tensor parallelism the search tries sequence parallelism too (its own layout)."""
+    (tmp_path / "run" / "checkpoint-3").mkdir(parents=True)
+    out = tmp_path / "fitted.json"
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--output_dir", str(tmp_path / "run"), "--device", "V100-16GB",
+                     "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    fitted = json.loads(out.read_text())
+    assert fitted["output_dir"] == f"{tmp_path / 'run'}-fitted"
+    assert fitted["resume_from_checkpoint"] == str(tmp_path / "run" / "checkpoint-3")
+    assert f"resuming from {tmp_path / 'run' / 'checkpoint-3'}" in capsys.readouterr().out
+    from pretrain_cli.planning.fit import candidates
+
+    current = {"use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1, "sequence_parallel": False}
+    tried = candidates(current, 16, 8)
+    assert any(c.get("tensor_parallel_degree") == 2 and c.get("sequence_parallel") for c in tried)
+    assert not any(c.get("sequence_parallel") for c in tried if c.get("tensor_parallel_degree", 1) == 1)
 
 
 def test_margin_flag_and_errors(capsys):

@@ -143,7 +143,7 @@ def test_rank_groups_are_the_topologys_groups(degrees):
 
 def test_fit_keeps_tensor_parallelism_where_it_stays_on_nvlink():
     """configs/llama-3.1-70b_pretrain.json (tp 8 × pp 4 × ZeRO-1) on 64 × H100: with nodes of 8 the TP group is one
-    node's NVLink, so `--fit` keeps tp 8 and ZeRO-1 (a shorter pipeline, no recompute); were every rank its own node,
+    node's NVLink, so `--fit` keeps tp 8 (with sequence parallelism, a longer pipeline, no recompute); were every rank its own node,
     the same all-reduces would cross the 50 GB/s link, and the fit takes a smaller tp and predicts less."""
     from plan_helpers import fit
 
@@ -151,7 +151,8 @@ def test_fit_keeps_tensor_parallelism_where_it_stays_on_nvlink():
 
     cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3.1-70b_pretrain.json")
     nvlink = fit(cfg, [], device="H100", gpus=64)
-    assert nvlink["change"] == {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 16, "recompute": False}
+    assert nvlink["change"] == {"sequence_parallel": True, "pipeline_parallel_degree": 8,
+                                "gradient_accumulation_steps": 64, "recompute": False}
     apart = fit(cfg, [], device="H100", gpus=64, node=Node(1))
     assert apart["change"]["tensor_parallel_degree"] < 8
     assert apart["after"]["speed"]["tokens_per_sec"] < nvlink["after"]["speed"]["tokens_per_sec"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,12 @@ def test_export_of_a_vocab_merges_directory_writes_the_tokenizer_it_encoded_with
     hf = transformers.AutoTokenizer.from_pretrained(str(out))
     assert [hf.encode(t, add_special_tokens=False) for t in HARD_TEXTS] == [ours.encode(t) for t in HARD_TEXTS]
     assert hf.eos_token == "[EOT]"
+
+
+def test_the_shipped_tiny_tokenizer_has_qwen2s_pipeline():
+    """data/tiny/tokenizer is train-tokenizer's (Qwen2's pre-tokenizer): AutoTokenizer on a tiny run's export gives
+    the training data's ids, so no run on it carries the mismatch note."""
+    from pretrain_cli.data.tokenizer import load_tokenizer, transformers_mismatch
+
+    repo = Path(__file__).resolve().parents[2]
+    assert transformers_mismatch(load_tokenizer(repo / "data" / "tiny" / "tokenizer"), "qwen2") is None

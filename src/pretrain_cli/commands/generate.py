@@ -17,6 +17,10 @@ TAKES_RUN_OVERRIDES = True  # `--key value`: the training keys, applied to the r
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "pretrain-cli generate --model DIR --prompt TEXT [options] [--key value ...]"
+    parser.epilog = ("--key value after the options: training keys (docs/COMPATIBILITY.md) applied to the settings of "
+                     "the run that wrote --model (its args.json), as `train` applies them: e.g. --use_flash_attention "
+                     "false or --cpu_fused_ops false to generate with other kernels")
     parser.add_argument("--model", required=True, help="checkpoint / HF model directory, or a preset (random init)")
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")

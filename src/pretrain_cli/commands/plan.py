@@ -47,9 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: none, only print)")
 
 
-def write_fitted(args, change: dict, path: str) -> None:
-    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically."""
-    from pretrain_cli import atomic
+def write_fitted(args, change: dict, path: str) -> str:
+    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically;
+    returns what the printed line says about its output directory.
+
+    Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
+    accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
+    checkpoint (a run that ran out of memory), the fitted file resumes from the newest one by name
+    (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch."""
+    from pretrain_cli import atomic, run_dir
     from pretrain_cli.config.parser import load_json
 
     raw = load_json(args.config_path) if args.config_path is not None else {}  # its keys, in the user's order
@@ -57,7 +63,15 @@ def write_fitted(args, change: dict, path: str) -> None:
         if where != "file":
             raw[key] = args.get(key)
     raw.update(change)
+    source = str(args.get("output_dir")).rstrip("/") or "."
+    raw["output_dir"] = f"{source}-fitted"
+    said = f"output_dir {raw['output_dir']} (the source's {source} is left to its run)"
+    ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
+    if ckpts:
+        raw["resume_from_checkpoint"] = str(ckpts[-1][1])
+        said += f", resuming from {ckpts[-1][1]}"
     atomic.write_text(path, json.dumps(raw, indent=4) + "\n")  # an OSError is one `error:` line, exit 1 (cli.py)
+    return said
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -73,11 +87,10 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops,
                                node=node)
-    if ns.output and f["after"] is not None:
-        write_fitted(args, f["change"], ns.output)
+    said = write_fitted(args, f["change"], ns.output) if ns.output and f["after"] is not None else ""
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
     print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
-        print(f"wrote {ns.output}: `pretrain-cli check {ns.output}` validates it, `train` runs it")
+        print(f"wrote {ns.output}: {said}; `pretrain-cli check {ns.output}` validates it, `train` runs it")
     return 0 if f["after"] is not None else 1

@@ -30,23 +30,35 @@ def main(ns: argparse.Namespace) -> int:
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target())
-    from pretrain_cli.errors import DeviceOutOfMemory, is_out_of_memory
+    from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, is_out_of_memory
     from pretrain_cli.training.run import run
 
     try:
         return run(spec)
     except DeviceOutOfMemory as e:
-        raise DeviceOutOfMemory(e.step, out_of_memory_line(ns, spec, e.step)) from e
-    except (MemoryError, RuntimeError) as e:  # building the model or the optimizer, before the first step
+        raise DeviceOutOfMemory(e.step, out_of_memory_line(ns, spec, e.step, peak_memory(spec.run.device))) from e
+    except OUT_OF_MEMORY as e:  # building the model or the optimizer, before the first step
         if not is_out_of_memory(e):
             raise
-        raise DeviceOutOfMemory(0, out_of_memory_line(ns, spec, 0)) from e
+        raise DeviceOutOfMemory(0, out_of_memory_line(ns, spec, 0, peak_memory(spec.run.device))) from e
 
 
-def out_of_memory_line(ns: argparse.Namespace, spec, step: int) -> str:
-    """One line: where it ran out, and `plan --fit`'s layout for this run (`orchestration.planned.out_of_memory_line`)."""
+def peak_memory(device: str) -> str:
+    """This process's peak: host RSS on CPU (VmHWM), the allocator's reserved peak on a GPU."""
+    if device == "gpu":
+        import paddle
+
+        return f"{paddle.device.cuda.max_memory_reserved() / 2**30:.2f} GiB on the GPU"
+    from pretrain_cli.training.metrics import host_memory_gib
+
+    return f"{host_memory_gib()[1]:.2f} GiB"
+
+
+def out_of_memory_line(ns: argparse.Namespace, spec, step: int, peak: str | None = None) -> str:
+    """One line: where it ran out, the process's `peak`, and `plan --fit`'s layout for this run
+    (`orchestration.planned.out_of_memory_line`)."""
     from pretrain_cli import runtime
     from pretrain_cli.orchestration.planned import out_of_memory_line as line
 
     gpu = None if spec.run.device == "cpu" else (runtime.gpu_name() or "")
-    return line(spec.args, spec.model_cfg, spec.run, ns.config, step, gpu)
+    return line(spec.args, spec.model_cfg, spec.run, ns.config, step, gpu, peak)

@@ -130,8 +130,19 @@ class TrainingArguments:
     learning_rate: float = _f(5e-5, "Peak learning rate.")
     min_learning_rate: float = _f(1e-5, "Learning rate at and after decay_steps (linear and cosine).")
     lr_scheduler_type: str = _f(
-        "linear", "Warmup then decay to min_learning_rate.", choices=("linear", "cosine", "constant", "constant_with_warmup")
-    )
+        "linear", "Warmup then decay to min_learning_rate; warmup_stable_decay: transformers' WSD schedule (warmup, "
+        "flat at learning_rate, decay over the last num_decay_steps).",
+        choices=("linear", "cosine", "constant", "constant_with_warmup", "warmup_stable_decay"))
+    num_stable_steps: Optional[int] = _f(
+        None, "warmup_stable_decay: steps at learning_rate after warmup (None = max_steps - warmup - num_decay_steps, "
+        "so raising max_steps on resume extends the stable phase).", "extension")
+    num_decay_steps: Optional[int] = _f(
+        None, "warmup_stable_decay: steps of the final decay (None = 10% of max_steps).", "extension")
+    min_lr_ratio: Optional[float] = _f(
+        None, "warmup_stable_decay: the rate warmup starts and decay ends at, as a fraction of learning_rate "
+        "(None = min_learning_rate / learning_rate).", "extension")
+    decay_type: str = _f("cosine", "warmup_stable_decay: the decay's shape (transformers' decay_type).", "extension",
+                         choices=("linear", "cosine", "1-sqrt"))
     warmup_steps: int = _f(0, "Warmup steps; wins over warmup_ratio when > 0.")
     warmup_ratio: float = _f(0.0, "Warmup as a fraction of max_steps, used when warmup_steps is 0.")
     decay_steps: Optional[int] = _f(None, "Step at which decay ends (None = max_steps).")
@@ -223,6 +234,10 @@ class TrainingArguments:
     save_on_each_node: bool = _f(
         False, "Every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
         "(docs/CHECKPOINTS.md).", "ignored")
+    export_dtype: str = _f(
+        "auto", "dtype of the final export's weights in output_dir (`pretrain-cli export --dtype` for any checkpoint): "
+        "auto = the training precision's half dtype (bf16/fp16 runs), float32 on fp32 and CPU runs.", "extension",
+        choices=("auto", "bfloat16", "float16", "float32"))
     # --- logging
     logging_steps: int = _f(500, "Log every N optimizer steps.")
     logging_first_step: bool = _f(True, "Also log after the first step, so the starting loss is visible (PaddleNLP's "

@@ -15,7 +15,9 @@ from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.pipeline import resolve_pipeline
+from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
                                             RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
@@ -141,6 +143,8 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
     if inputs_valid and decay < warmup:  # (a bad input is reported once, not again as this consequence)
         problems.add(f"decay_steps: {decay} ends before warmup ({warmup} steps) is over; "
                      f"raise decay_steps/max_steps or shorten warmup")
+    if t.lr_scheduler_type == "warmup_stable_decay":  # its own keys (config/schedule.py)
+        return wsd_schedule(args, warmup, notes, problems)
     if t.lr_scheduler_type == "constant":
         warmup = 0
     return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
@@ -214,12 +218,9 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
     sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
-        dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                                           ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
-        if stage:
-            dropped.append(f"sharding={t.sharding!r}")
-        if dropped:
-            notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
+        one_process_notes(args, model_cfg, {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+                                            "sep_parallel_degree": sep, "context_parallel_degree": cp}, stage, notes,
+                          problems)
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
     if sep > 1:
         problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
@@ -231,8 +232,10 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
     world //= pp  # what follows lays out one pipeline stage's ranks
-    if world % tp:
-        problems.add(f"tensor_parallel_degree: {tp} does not divide the world size {world}; use a divisor of it")
+    if world % tp:  # (named with the whole world: `pp x tp` must divide it)
+        with_pp = f" x pipeline_parallel_degree {pp} = {tp * pp}" if pp > 1 else ""
+        problems.add(f"tensor_parallel_degree: {tp}{with_pp} does not divide the world size {world * pp}; use a "
+                     f"divisor of it")
         tp = 1
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         if tp > 1 and getattr(model_cfg, name) % tp:
@@ -388,5 +391,5 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                         mask_type, reset_positions),
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
-                      report_to),
+                      report_to, precision.amp_dtype or "float32" if t.export_dtype == "auto" else t.export_dtype),
         spike=spike, notes=tuple(notes))

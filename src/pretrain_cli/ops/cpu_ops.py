@@ -19,6 +19,7 @@ import platform
 import subprocess
 import sys
 import sysconfig
+import time
 import warnings
 from pathlib import Path
 
@@ -113,7 +114,10 @@ def _build(paddle, so: Path) -> None:
             return
         for stale in so.parent.glob("cpu_ops-*.tmp*"):  # left by a build that was killed (we hold the lock)
             stale.unlink(missing_ok=True)
-        logging.getLogger("pretrain_cli").info(f"building the fused CPU kernels once (~20 s on 2 cores): {so}")
+        log = logging.getLogger("pretrain_cli")
+        log.info(f"building the fused CPU kernels once (~{build_seconds():.0f} s here: {BUILD_CORE_SECONDS:.0f} "
+                 f"core-seconds of g++ over this machine's free cores): {so}")
+        start = time.monotonic()
         tmp = so.with_suffix(f".tmp{os.getpid()}")
         objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
         try:
@@ -121,12 +125,25 @@ def _build(paddle, so: Path) -> None:
             _run_all(compiles)
             _run_all([link])
             atomic.publish_file(tmp, so)  # fsync first: never publish a library that is not on disk
+            log.info(f"built the fused CPU kernels in {time.monotonic() - start:.0f} s")
         except RuntimeError as e:  # the compiler or linker refused: the same key would fail the same way
             _failed(so).write_text(str(e).splitlines()[0][:300])
             raise
         finally:
             for f in (tmp, *objs):
                 f.unlink(missing_ok=True)
+
+
+BUILD_CORE_SECONDS = 40.0  # the compiles' CPU time (20 s on 2 idle cores: README.md, docs/PERFORMANCE.md)
+
+
+def build_seconds(cores: int | None = None, load: float | None = None) -> float:
+    """The build's expected wall time: its compiles run in parallel (one per source), each core shared with the
+    load already there; 20 s on 2 idle cores, 40 s at load average 2 (measured 41 s), ~3.5 min at 19."""
+    cores = cores or os.cpu_count() or 1
+    load = os.getloadavg()[0] if load is None else load
+    jobs = min(cores, len(SOURCES))
+    return BUILD_CORE_SECONDS / jobs * max(1.0, (load + jobs) / cores)
 
 
 def _failed(so: Path) -> Path:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
-            "context_parallel_degree")
+            "context_parallel_degree", "sequence_parallel")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -157,11 +157,12 @@ def _precision_for(args: Arguments, device: str) -> dict:
 
 
 def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None, step: int,
-                       gpu_name: str | None) -> str:
+                       gpu_name: str | None, peak: str | None = None) -> str:
     """`train`'s one line after running out of memory at `step` (0: building the run) of the resolved `run`:
-    where, and `plan --fit`'s layout under a budget below what failed. `gpu_name`: the driver's name (None on
-    CPU), planned as its hardware-table entry."""
+    where (with the process's `peak` memory when given), and `plan --fit`'s layout under a budget below what
+    failed. `gpu_name`: the driver's name (None on CPU), planned as its hardware-table entry."""
     where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
+    where += f" (process peak {peak})" if peak else ""
     entry = hardware.lookup(gpu_name) if gpu_name is not None else None
     device = "cpu" if gpu_name is None else (entry.name if entry is not None else None)
     world = run.parallel.world_size

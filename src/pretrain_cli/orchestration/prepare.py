@@ -81,6 +81,7 @@ class RunSpec:
                          f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
         s = r.schedule
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
+        sched = f"  schedule: {s.describe()}" if s.phase(1) else sched  # warmup_stable_decay: its phases
         lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
         lines += [f"  {line}" for line in self.data_lines]
         lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
@@ -226,7 +227,8 @@ def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
     if choice == "keep":
         new = saved
     elif choice == "restart":
-        new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1))
+        new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1),
+                      decay_start=max(new.decay_start - step, new.warmup_steps))
     what = {"stretch": "stretched to this run's", "keep": "kept", "restart": "restarted"}[choice]
     others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
     note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "

@@ -1,8 +1,8 @@
 """`plan --fit`: the fastest layout of a run that fits the device, found by re-planning every candidate.
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
-batch, recompute granularity, flash attention, sharding stage, tensor-parallel, pipeline or context-parallel
-degree). This module only
+batch, recompute granularity, flash attention, sharding stage, tensor-parallel (with and without sequence
+parallelism), pipeline or context-parallel degree). This module only
 proposes and ranks them: the caller (`orchestration.planned`) re-resolves the parsed arguments with each one
 (`replan(change) -> Plan | None`, None when `config.resolve` refuses the layout), so every candidate is a
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
@@ -58,12 +58,15 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0) ->
         per_rank = global_batch // data_ranks
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
         stages = ["", "stage1"] if cp > 1 else stages  # ZeRO-1 over cp x sharding; resolve refuses 2/3 with CP
-        for micro, gran, fa, stage in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash, stages):
+        sps = [False, True] if tp > 1 and gpus > 1 else [current.get("sequence_parallel", False)]
+        for micro, gran, fa, stage, sp in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash, stages,
+                                                            sps):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
                     "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
                     "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
-                    "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1)}
+                    "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1),
+                    "sequence_parallel": sp}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -74,7 +77,7 @@ def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
     p = r.parallel
     return (r.micro_batch, r.gradient_accumulation_steps, r.recompute, r.attention, p.tp, p.sharding_stage,
-            p.sharding_degree, p.pp, p.cp)
+            p.sharding_degree, p.pp, p.cp, p.sequence_parallel)  # (sequence parallelism: a layout of its own)
 
 
 def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool = True) -> dict:
@@ -146,7 +149,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
-    order = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "sharding",
+    order = ("tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree", "context_parallel_degree",
+             "sharding",
              "per_device_train_batch_size",
              "gradient_accumulation_steps",
              "recompute", "recompute_granularity", "use_flash_attention")

@@ -63,6 +63,7 @@ class PlannedLayout:
     pp: int
     pipeline_bubble: float
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
+    sequence_parallel: bool = False  # with tp: norms and residual stream cut over the tp ranks
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Plan:
     suggestions: tuple = ()  # JSON-ready dicts: each an argument-file key change and its effect
     traffic_gb_per_step: dict = dataclasses.field(default_factory=dict)
     layout: dict | None = None  # planning.layout.explain
+    schedule: str = ""  # warmup_stable_decay's phases (`Schedule.describe`); other schedules are not printed
 
     @property
     def peak_gib(self) -> float:
@@ -190,6 +192,8 @@ def format_report(r: Plan) -> str:
     lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {par.data_ranks} data "
                  f"ranks x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; {r.max_steps} steps = "
                  f"{r.total_tokens:,} tokens")
+    if r.schedule:
+        lines.append(f"schedule: {r.schedule}")
     if r.layout and (par.tp > 1 or par.pp > 1):
         lines += layout.format_layout(r.layout)
     if r.gpus > 1:

@@ -29,6 +29,7 @@ from pretrain_cli.storage import checkpoint_index
 from pretrain_cli.storage.shard_files import File, checksum
 
 CONFIG_FILE = "config.json"
+HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.convert.INDEX_FILE)
 
 
 def read_state(ckpt) -> dict:
@@ -110,13 +111,36 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
     return None
 
 
+def export_problem(path) -> str | None:
+    """Why `path` cannot be exported (`pretrain-cli export`), or None: a `checkpoint-N` (it holds optimizer state
+    or an index) must pass `problem`; the final directory, or any HF directory, needs a readable `config.json`,
+    every shard its `model.safetensors.index.json` lists, and every safetensors header and data present."""
+    path = Path(path)
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
+        return problem(path)
+    reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)
+    if reason is None and (path / HF_INDEX).is_file():
+        listed = json.loads((path / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
+        missing = sorted(set(listed.values()) - {p.name for p in path.iterdir()}) if isinstance(listed, dict) else []
+        reason = f"{path / missing[0]} is missing" if missing else None
+    weights = sorted(path.glob("*.safetensors"))
+    return reason or (None if weights else f"{path} holds no safetensors weights") or _headers(weights)
+
+
 def _unindexed(ckpt: Path) -> str | None:
     """A checkpoint without `checkpoint.index.json`: one from before the index (whole `optimizer.safetensors`,
     headers and data sizes checked), or one whose index is gone."""
     shards = sorted(ckpt.glob("*-of-*.safetensors"))
     if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
         return f"{ckpt / checkpoint_index.INDEX} is missing"
-    for path in sorted(ckpt.glob("*.safetensors")):
+    return _headers(sorted(ckpt.glob("*.safetensors")))
+
+
+def _headers(paths) -> str | None:
+    """The first of the safetensors files `paths` whose header is unreadable or whose data is cut short."""
+    for path in paths:
         try:
             f = File(path)
         except UserError as e:

@@ -27,6 +27,25 @@ _ITEM = {k: np.dtype(v).itemsize for k, v in NUMPY.items()}
 CHUNK = 8 * 2**20  # bytes per write and checksum call; a transposed block is copied this much at a time
 
 
+CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def cast(arr: np.ndarray, code: str, to: str) -> np.ndarray:
+    """`arr`, a tensor stored as dtype `code` (bf16 as its uint16 bits), as dtype `to`: via fp32, bf16 rounded to
+    nearest even as Paddle's and torch's casts round (NaN kept NaN). `arr` itself when the codes agree."""
+    if code == to:
+        return arr
+    f32 = (arr.astype(np.uint32) << 16).view(np.float32) if code == "BF16" else arr.astype(np.float32)
+    if to == "F32":
+        return f32
+    if to == "F16":
+        with np.errstate(over="ignore"):  # beyond fp16's range: inf, as every cast gives it
+            return f32.astype(np.float16)
+    bits = np.ascontiguousarray(f32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f32), np.uint16(0x7FC0), rounded)
+
+
 def header_for(entries, metadata: dict | None = None) -> tuple[bytes, list[tuple[int, int]]]:
     """The safetensors header for `entries` [(name, dtype code, shape)] in that order, padded to 8 bytes."""
     head, offset, spans = {}, 0, []

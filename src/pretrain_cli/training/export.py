@@ -1,12 +1,17 @@
-"""The final output directory, as PaddleNLP lays it out, plus the loss curve (`training.plot`).
+"""The final output directory, as PaddleNLP lays it out, plus the loss curve (`training.plot`); and
+`pretrain-cli export`: any checkpoint, of any layout, to a Hugging Face directory.
 
 `output_dir/` gets the HF-loadable model (weights, config.json, generation_config.json,
 tokenizer files), `train_results.json`, `all_results.json`, `trainer_state.json`,
 `loss_curve.png`; the kept `checkpoint-N/`, `metrics.jsonl` and `runs/` are already there.
+Both write the weights the same way (`write_weights`): each tensor assembled from the checkpoint's pieces
+(`training.checkpoint.open_reader`: the index's block reader), cast to the dtype asked for and streamed into
+transformers' shards, one tensor in memory at a time.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from pretrain_cli import atomic, run_dir
@@ -27,7 +32,10 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
         merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
         atomic.write_json(previous, {**merged, **results})
         return
-    write_weights(model, model_cfg, out, state["global_step"], run.precision.param_dtype)
+    dtype = run.output.export_dtype
+    logging.getLogger("pretrain_cli").info(f"final export: {dtype} weights (export_dtype; its default auto: the "
+                                           f"half dtype of a bf16/fp16 run, float32 otherwise)")
+    write_weights(model, model_cfg, out, state["global_step"], dtype)
     export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, state)
     atomic.write_json(out / "train_results.json",
@@ -37,24 +45,61 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     write_loss_curve(out)
 
 
-def write_weights(model, cfg, out: Path, step: int, dtype: str) -> list[str]:
-    """HF safetensors (sharded above 5 GiB as transformers shards) + config from checkpoint-`step`'s pieces;
-    from `model` itself when that checkpoint does not exist (its weights are then whole on this rank)."""
+def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | None = None,
+                  max_shard_bytes: int | None = None) -> list[str]:
+    """HF safetensors in `dtype` (sharded above 5 GiB as transformers shards) + config from the pieces of `ckpt`
+    (default: `out`'s checkpoint-`step`); from `model` itself when that checkpoint does not exist (its weights
+    are then whole on this rank)."""
     from pretrain_cli.distributed.pieces import split_name
-    from pretrain_cli.models.convert import save_hf, write_hf_dir
+    from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, save_hf, write_hf_dir
+    from pretrain_cli.storage.shard_files import CODES, cast
     from pretrain_cli.training.checkpoint import open_reader
 
-    ckpt = run_dir.checkpoint_dir(out, step)
+    limit = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+    ckpt = ckpt or run_dir.checkpoint_dir(out, step)
     if not ckpt.is_dir():
-        return save_hf(model, cfg, str(out), dtype=dtype)
+        return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit)
     reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
-        tensors = reader.index["tensors"]
-        entries = [(n, tensors[n]["dtype"], tuple(tensors[n]["shape"]), lambda n=n: reader.read(n))
+        tensors, code = reader.index["tensors"], CODES[dtype]
+        entries = [(n, code, tuple(tensors[n]["shape"]), lambda n=n: cast(reader.read(n), tensors[n]["dtype"], code))
                    for n in _hf_order(model, [n for n in tensors if split_name(n)[1] is None])]
-        return write_hf_dir(entries, cfg, str(out), dtype)
+        return write_hf_dir(entries, cfg, str(out), dtype, limit)
     finally:
         reader.close()
+
+
+def export_checkpoint(src: Path, out: Path, dtype: str, max_shard_bytes: int | None = None) -> tuple[list[str], int | None]:
+    """`pretrain-cli export`: checkpoint or final directory `src` → HF directory `out` in `dtype`, published whole
+    with one rename (`atomic.publish_dir`: a kill leaves `out.tmp`, never a half `out`). A damaged `src` is refused
+    in one line (`storage.intact` decides). Returns (weight files, the step `src` was saved at, when it says)."""
+    from pretrain_cli import runtime
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.storage import intact
+
+    src, out = Path(src), Path(out)
+    reason = intact.export_problem(src)
+    if reason is not None:
+        raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory)")
+    cfg = ModelConfig.from_file(str(src))
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import build_model
+    from pretrain_cli.ops.kernels import Kernels
+
+    with paddle.LazyGuard():  # names and shapes for the tensors' order, no storage; Paddle's own ops: nothing built
+        model = build_model(cfg, Kernels())
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        atomic.remove_tree(tmp)  # a killed export's leftovers
+    tmp.mkdir(parents=True)
+    files = write_weights(model, cfg, tmp, 0, dtype, ckpt=src, max_shard_bytes=max_shard_bytes)
+    if (src / "tokenizer.json").is_file() or (src / "vocab.json").is_file():  # a run without a tokenizer has none
+        export_files(src, tmp)
+    atomic.publish_dir(tmp, out)
+    state = src / run_dir.STATE_FILE
+    step = json.loads(state.read_text(encoding="utf-8")).get("global_step") if state.is_file() else None
+    return files, step
 
 
 def _hf_order(model, names: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ the cores' theoretical one, stated as the assumption it is (`cpu_peak_tflops`).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -194,14 +195,25 @@ def format_line(values: dict) -> str:
     return ", ".join(parts)
 
 
+ETA_WINDOW = 50  # steps: the recent rate the time-remaining estimate (`eta`) uses, evaluations and saves included
+
+
+def clock(seconds: float) -> str:
+    """h:mm:ss, as tqdm prints a remaining time."""
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 class Throughput:
-    """Interval and run totals for the log line (PaddleNLP keys + ours)."""
+    """Interval and run totals for the log line (PaddleNLP keys + ours), and the time remaining at the rate of the
+    last ETA_WINDOW steps (so a slow first step, or a faster machine after a resume, fades out)."""
 
     def __init__(self, seq_len: int, global_batch: int, world_size: int, dp_size: int, flops_per_token: float,
                  hw_flops_per_token: float, peak_tflops: float | None):
         self.seq_len, self.global_batch, self.world, self.dp = seq_len, global_batch, world_size, dp_size
         self.flops, self.hw_flops, self.peak = flops_per_token, hw_flops_per_token, peak_tflops
         self.start = self.last = time.perf_counter()
+        self._ends = collections.deque([self.start], maxlen=ETA_WINDOW + 1)  # when each recent step ended
         self.steps_since = 0
         self.tokens_this_process = 0
         self.over_peak = False
@@ -216,8 +228,14 @@ class Throughput:
                    flops_per_token(model_cfg, seq, recompute=run.recompute_granularity, hardware=True), peak_tflops)
 
     def step(self) -> None:
+        self._ends.append(time.perf_counter())
         self.steps_since += 1
         self.tokens_this_process += self.global_batch * self.seq_len
+
+    def time_remaining(self, steps_left: int) -> str:
+        """`steps_left` at the mean step time of the recent window, as h:mm:ss."""
+        per_step = (self._ends[-1] - self._ends[0]) / max(len(self._ends) - 1, 1)
+        return clock(steps_left * per_step)
 
     def _mfu(self, tokens_per_second_per_device: float):
         """The model FLOPs rate over the peak; "unknown" without a peak, and when the rate passes the peak

@@ -13,7 +13,7 @@ from pretrain_cli import run_dir, runtime
 from pretrain_cli.distributed import watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
-from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
+from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.models.recompute import apply_recompute
 from pretrain_cli.training import checkpoint, metrics, run_lock, startup
 from pretrain_cli.training.metrics import log
@@ -258,7 +258,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
         watchdog.stop()
         _wait_for_saves(collaborators.saver, quiet=True)
         raise UserError(str(e)) from None
-    except (MemoryError, RuntimeError) as e:  # the step being run; no checkpoint is half-written (atomic.py)
+    except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
             raise
         watchdog.stop()

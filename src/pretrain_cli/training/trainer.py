@@ -20,7 +20,7 @@ from pathlib import Path
 from pretrain_cli.data.loader import BatchIterator
 from pretrain_cli.training.checkpoint import read_state
 from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
-from pretrain_cli.training.metrics import format_line, host_memory_gib, log
+from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikePolicy
 from pretrain_cli.training.step import Layout, Step, StepResult
 from pretrain_cli.run_config import RunConfig
@@ -259,8 +259,9 @@ class Trainer:
             return None
         from tqdm import tqdm
 
+        # its remaining time from the recent rate, as the log line's `eta`: an average over ~ETA_WINDOW steps
         return tqdm(total=self.loop.max_steps, initial=self.state.global_step, desc="train", unit="step",
-                    dynamic_ncols=True, mininterval=1.0)
+                    dynamic_ncols=True, mininterval=1.0, smoothing=2 / (ETA_WINDOW + 1))
 
     def _non_finite(self, loss: float, norm: float, first_sample: int) -> None:
         step = self.state.global_step + 1
@@ -293,6 +294,9 @@ class Trainer:
         s = self.state
         values = {"loss": self.comm.mean(s.interval_loss / max(1, s.interval_steps)),
                   "learning_rate": self.schedule.lr_at(s.global_step), "global_step": s.global_step}
+        if self.schedule.phase(s.global_step):  # warmup_stable_decay: warmup, stable, decay
+            values["lr_phase"] = self.schedule.phase(s.global_step)
+        values["eta"] = self.throughput.time_remaining(self.loop.max_steps - s.global_step)  # the recent step rate
         values.update(self.throughput.interval())
         if self.loop.memory_metrics:
             cur, peak = host_memory_gib()

@@ -1,0 +1,113 @@
+"""`pretrain-cli export` (training/export.py): a checkpoint of per-rank pieces or a final directory → a Hugging
+Face directory in the dtype asked for, sharded above the size limit, published whole; a damaged one refused in
+one line. The TP2 x PP2 case against transformers: tests/distributed/test_tp_pipeline.py."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from pretrain_cli import runtime
+from pretrain_cli.cli import main
+from pretrain_cli.run_config import ParallelConfig
+
+PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
+
+
+def _model():
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.config import ModelConfig
+
+    paddle.seed(0)
+    return build_model(ModelConfig.from_file(str(PRESET)))
+
+
+def _two_rank_checkpoint(root: Path, model) -> Path:
+    """checkpoint-4 as two data-parallel ranks write it (each its share of the tensors, one index)."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.training import checkpoint
+
+    opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+    opt._create_accumulators(paddle.static.default_main_program().global_block(), list(model.parameters()))
+    for rank in (1, 0):
+        strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
+        saver = checkpoint.Saver(root, ModelConfig.from_file(str(PRESET)), NoComm(), {}, None, "float32", None,
+                                 rank=rank, world_size=2, layout=strategy.name)
+        saver(4, strategy.pieces(model, opt), {"global_step": 4, "consumed_samples": 0} if rank == 0 else None)
+    return root / "checkpoint-4"
+
+
+def test_cast_rounds_as_paddle_does():
+    """bf16 to nearest even (ties, inf, the largest values) and fp16, as Paddle's own cast gives them."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.storage.shard_files import cast
+
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 100
+    edges = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, np.inf, -np.inf, np.nan, 3.4e38, 1e-40], np.float32)
+    x = np.concatenate([x, edges])
+    bf16 = cast(x, "F32", "BF16")
+    assert bf16.dtype == np.uint16
+    finite = ~np.isnan(x)  # NaN stays NaN (Paddle keeps its payload's top bits, torch and this the quiet NaN)
+    assert np.array_equal(bf16[finite], paddle.to_tensor(x).astype("bfloat16").numpy()[finite])
+    assert np.array_equal(cast(bf16, "BF16", "F32"), paddle.to_tensor(x).astype("bfloat16").astype("float32").numpy(),
+                          equal_nan=True)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(cast(x, "F32", "F16"), x.astype(np.float16), equal_nan=True)
+
+
+def test_a_checkpoint_of_pieces_exports_sharded_in_bf16(tmp_path):
+    model = _model()
+    ckpt = _two_rank_checkpoint(tmp_path / "run", model)
+    out = tmp_path / "hf"
+    assert main(["export", str(ckpt), str(out), "--dtype", "bfloat16", "--max_shard_size_gib", "0.0001"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 1 and set(index["weight_map"].values()) == set(files)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    from pretrain_cli.storage.shard_files import File
+
+    got = {}
+    for f in files:  # bf16 read as its uint16 bits (numpy has no bfloat16)
+        shard = File(out / f)
+        got.update({n: shard.read(n) for n in shard.tensors})
+    from pretrain_cli.models.convert import hf_params
+
+    for name, p, transpose in hf_params(model):
+        want = p.astype("bfloat16").numpy()
+        assert np.array_equal(got[name], want.T if transpose else want), name
+    assert not (tmp_path / "hf.tmp").exists()
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    ckpt = _two_rank_checkpoint(tmp_path / "run", _model())
+    f = ckpt / "model-00002-of-00002.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    assert main(["export", str(ckpt), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot export" in err and "does not match its checksum" in err, err
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.tmp").exists()
+
+
+def test_a_final_directory_exports_and_a_truncated_one_is_refused(tmp_path, capsys):
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.convert import save_hf
+
+    model = _model()
+    final = tmp_path / "final"
+    save_hf(model, ModelConfig.from_file(str(PRESET)), str(final))
+    assert main(["export", str(final), str(tmp_path / "a"), "--dtype", "float16"]) == 0
+    got = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert got["model.norm.weight"].dtype == np.float16 and len(got) == len(list(model.parameters()))
+    assert main(["export", str(final), str(tmp_path / "a")]) == 2  # never over a directory that holds files
+    weights = final / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    assert main(["export", str(final), str(tmp_path / "b")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert "exists and is not empty" in lines[-2] and "is truncated" in lines[-1], lines
