@@ -188,7 +188,7 @@ def build_model(run: RunConfig, model_cfg):
     paddle.seed(run.loop.seed)  # the semi-auto engine's kernels run on local pieces: chosen before the model exists
     with paddle.LazyGuard():
         return build_causal_lm(model_cfg, kernels_for(kernels.select(run.kernels, run.device), run.parallel.engine,
-                                                      run.device))
+                                                      run.device), run.moe)
 
 
 def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
