@@ -20,7 +20,7 @@ from pretrain_cli.models.moe import Routing, capacity, dispatch_local  # noqa: E
 from pretrain_cli.models.moe_loss import (load_balancing_loss, log_values, sparse_blocks,  # noqa: E402
                                           update_expert_bias, z_loss)
 from pretrain_cli.ops import kernels  # noqa: E402
-from pretrain_cli.ops.grouped import grouped_mlp_padded, grouped_mlp_segments  # noqa: E402
+from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_padded, grouped_mlp_segments  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def _weights(rng, n, h=8, f=6):
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("grouped", [grouped_mlp_padded, grouped_mlp_segments])
+@pytest.mark.parametrize("grouped", [grouped_mlp_padded, grouped_mlp_segments, grouped_mlp_cpu])
 def test_grouped_expert_compute_equals_one_expert_at_a_time(grouped):
     rng = np.random.default_rng(0)
     counts = [3, 0, 7, 1, 0, 2]  # uneven, with idle experts
@@ -55,6 +55,18 @@ def test_grouped_expert_compute_equals_one_expert_at_a_time(grouped):
         np.testing.assert_allclose(out[start:start + n], want, rtol=1e-5, atol=1e-5)
         start += n
     assert grouped(paddle.zeros([0, 8]), [0] * 6, ws, kernels.swiglu_packed).shape == [0, 8]
+
+
+def test_the_cpu_default_pads_only_a_balanced_routing(monkeypatch):
+    from pretrain_cli.ops import grouped
+
+    chosen = []
+    monkeypatch.setattr(grouped, "grouped_mlp_padded", lambda *a: chosen.append("padded"))
+    monkeypatch.setattr(grouped, "grouped_mlp_segments", lambda *a: chosen.append("segments"))
+    grouped.grouped_mlp_cpu(None, [10, 11, 9, 12], None, None)  # 4 x 12 = 48 <= 1.3 x 42
+    grouped.grouped_mlp_cpu(None, [30, 4, 4, 4], None, None)  # 4 x 30 = 120 > 1.3 x 42
+    assert chosen == ["padded", "segments"]
+    assert kernels.select(None, "cpu").grouped_mlp is grouped.grouped_mlp_cpu
 
 
 def _naive_moe(x, indices, weights, experts, keep=None):
