@@ -57,6 +57,29 @@ def test_grouped_expert_compute_equals_one_expert_at_a_time(grouped):
     assert grouped(paddle.zeros([0, 8]), [0] * 6, ws, kernels.swiglu_packed).shape == [0, 8]
 
 
+def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it(monkeypatch):
+    """`grouped_mlp_gpu` calls Paddle's `batched_gemm(lhs [rows, in], rhs [experts, in, out], batch_sizes)` (its
+    docstring: row segment e times rhs[e]); the GPU op cannot run here, so a reference of that contract stands
+    behind it and the result must equal one expert at a time."""
+    import paddle.incubate.nn.functional as incubate
+
+    from pretrain_cli.ops.grouped import grouped_mlp_gpu
+
+    def batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
+        assert not trans_lhs and not trans_rhs and rhs.shape[0] == len(batch_sizes)
+        parts = paddle.split(lhs, batch_sizes, axis=0)
+        return paddle.concat([paddle.matmul(p, rhs[e]) for e, p in enumerate(parts)], axis=0)
+
+    monkeypatch.setattr(incubate, "batched_gemm", batched_gemm, raising=False)
+    rng = np.random.default_rng(4)
+    counts = [2, 0, 5, 1]
+    ws = _weights(rng, len(counts))
+    x = paddle.to_tensor(rng.standard_normal((8, 8)).astype("float32"))
+    np.testing.assert_allclose(grouped_mlp_gpu(x, counts, ws, kernels.swiglu_packed).numpy(),
+                               grouped_mlp_segments(x, counts, ws, kernels.swiglu_packed).numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_the_cpu_default_pads_only_a_balanced_routing(monkeypatch):
     from pretrain_cli.ops import grouped
 
