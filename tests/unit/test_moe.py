@@ -232,3 +232,28 @@ def test_a_wrong_moe_config_is_one_line(change, message):
     with pytest.raises(UserError, match=re.escape(message)) as e:
         _cfg(**change)
     assert "\n" not in str(e.value)
+
+
+def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_path):
+    from pretrain_cli.config.moe import resolve_moe
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.errors import Problems
+    from pretrain_cli.run_config import ParallelConfig
+
+    def resolved(model, parallel=ParallelConfig(), **keys):
+        args = parse_config(None, ["--model_name_or_path", model, "--output_dir", str(tmp_path)]
+                          + [x for k, v in keys.items() for x in (f"--{k}", str(v))])
+        problems, notes = Problems(), []
+        moe = resolve_moe(args, ModelConfig.from_file(str(PRESET_DIR / model)), parallel, notes, problems)
+        return moe, notes, problems.items
+
+    moe, notes, errors = resolved("micro-qwen3-moe", router_z_loss_coef=0.001, capacity_factor=1.25,
+                                  moe_router_bias_update_rate=0.001)
+    assert moe == MoeConfig(None, "micro_batch", 0.001, 0.001, 1.25) and not notes and not errors
+    _, _, errors = resolved("micro-qwen3-moe", capacity_factor=-1)
+    assert errors == ["capacity_factor: must be a finite number >= 0, got -1.0"]
+    _, notes, _ = resolved("micro-qwen2", router_aux_loss_coef=0.01)
+    assert notes == ["router_aux_loss_coef: the model (qwen2) has no experts; no effect"]
+    tp2 = ParallelConfig(world_size=2, tp_degree=2)
+    _, _, errors = resolved("micro-qwen3-moe", tp2, moe_aux_loss_scope="global")
+    assert len(errors) == 1 and errors[0].startswith("moe_aux_loss_scope: global sums")

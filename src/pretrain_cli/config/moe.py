@@ -16,8 +16,12 @@ KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe
         "capacity_factor")
 
 
-def resolve_moe(args, model_cfg, notes: list, problems: Problems) -> MoeConfig:
+def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
+    if m.moe_aux_loss_scope == "global" and parallel is not None and parallel.data_world_size != parallel.world_size:
+        problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
+                     "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
+                     "tensor, pipeline or context parallelism")
     for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
         val = getattr(m, key)
         if val is not None and (not math.isfinite(val) or val < 0):
