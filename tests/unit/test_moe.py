@@ -256,4 +256,8 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert notes == ["router_aux_loss_coef: the model (qwen2) has no experts; no effect"]
     tp2 = ParallelConfig(world_size=2, tp_degree=2)
     _, _, errors = resolved("micro-qwen3-moe", tp2, moe_aux_loss_scope="global")
-    assert len(errors) == 1 and errors[0].startswith("moe_aux_loss_scope: global sums")
+    assert len(errors) == 2 and errors[1].startswith("moe_aux_loss_scope: global sums")
+    _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, pp_degree=2))
+    assert len(errors) == 1 and errors[0].startswith("qwen3_moe: a Mixture-of-Experts model trains with data")
+    _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, dp_degree=2), moe_aux_loss_scope="global")
+    assert not errors
