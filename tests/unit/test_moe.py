@@ -261,3 +261,28 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert len(errors) == 1 and errors[0].startswith("qwen3_moe: a Mixture-of-Experts model trains with data")
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, dp_degree=2), moe_aux_loss_scope="global")
     assert not errors
+    _, _, errors = resolved("micro-qwen3-moe", recompute="true", recompute_use_reentrant="true")
+    assert len(errors) == 1 and errors[0].startswith("recompute_use_reentrant: true loses the router losses'")
+
+
+def test_recompute_keeps_the_router_losses_gradients():
+    """The non-reentrant recompute (the default) runs the first forward under autograd: the router losses'
+    gradients reach the router exactly as without recompute (the reentrant one loses them: refused above)."""
+    from pretrain_cli.models.recompute import apply_recompute
+    from pretrain_cli.run_config import Recompute
+
+    cfg = _cfg()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 16)).astype("int64"))
+
+    def grads(recompute):
+        paddle.seed(0)
+        model = apply_recompute(build_model(cfg, kernels.select(None, "cpu"), MoeConfig(0.5, z_loss_coef=0.1)),
+                                recompute)
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        return {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, recomputed = grads(None), grads(Recompute("full", False))
+    assert sorted(plain) == sorted(recomputed) and "model.layers.0.mlp.gate.weight" in plain
+    for name in plain:
+        np.testing.assert_allclose(recomputed[name], plain[name], atol=1e-7, err_msg=name)
