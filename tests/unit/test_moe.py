@@ -286,3 +286,23 @@ def test_recompute_keeps_the_router_losses_gradients():
     assert sorted(plain) == sorted(recomputed) and "model.layers.0.mlp.gate.weight" in plain
     for name in plain:
         np.testing.assert_allclose(recomputed[name], plain[name], atol=1e-7, err_msg=name)
+
+
+def test_to_static_traces_the_moe_model_to_the_eager_loss_gradients_and_load():
+    from pretrain_cli.models.moe_loss import log_values
+
+    cfg = _cfg()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 16)).astype("int64"))
+
+    def run(static):
+        paddle.seed(0)
+        model = build_model(cfg, kernels.select(None, "cpu"), MoeConfig(0.5))
+        if static:
+            model = kernels.compile_forward(model)
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        return float(total / count), model.model.layers[0].mlp.gate.weight.grad.numpy(), log_values(model)
+
+    (eager, g_eager, load_eager), (static, g_static, load_static) = run(False), run(True)
+    assert static == pytest.approx(eager, abs=1e-6) and load_static == load_eager
+    np.testing.assert_allclose(g_static, g_eager, atol=1e-7)

@@ -84,6 +84,7 @@ class CausalLM(nn.Layer):
         self.config = cfg
         self.kernels = kernels
         self.moe = moe or MoeConfig()
+        self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -103,7 +104,7 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
-            if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
+            if self.sparse and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss
 
