@@ -306,3 +306,23 @@ def test_to_static_traces_the_moe_model_to_the_eager_loss_gradients_and_load():
     (eager, g_eager, load_eager), (static, g_static, load_static) = run(False), run(True)
     assert static == pytest.approx(eager, abs=1e-6) and load_static == load_eager
     np.testing.assert_allclose(g_static, g_eager, atol=1e-7)
+
+
+def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
+    """PaddleNLP's Qwen2-MoE names its tensors `qwen2_moe.layers.N...` in Paddle's [in, out] layout (its
+    `_get_name_mappings` transposes every Linear, the router and the experts included)."""
+    from safetensors.numpy import save_file
+
+    from pretrain_cli.models import convert
+
+    cfg = _cfg("micro-qwen2-moe", tie_word_embeddings=False)
+    paddle.seed(3)
+    src = build_model(cfg, kernels.select(None, "cpu"))
+    tensors = {n.replace("model.", "qwen2_moe.", 1): p.numpy() for n, p in src.named_parameters()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    paddle.seed(4)
+    ours = build_model(cfg, kernels.select(None, "cpu"))
+    assert convert.load_weights(ours, str(tmp_path)) == "paddlenlp"
+    for (name, a), (_, b) in zip(src.named_parameters(), ours.named_parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
