@@ -19,18 +19,24 @@ from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
+from pretrain_cli.run_config import MoeConfig
 
 
 class DecoderLayer(nn.Layer):
-    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`."""
+    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`; the MLP is `moe.SparseMoeBlock` when `moe` is given."""
 
     def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, moe: MoeConfig | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.mlp = MLP(cfg, kernels, mlp_bias)
+        if moe is None:
+            self.mlp = MLP(cfg, kernels, mlp_bias)
+        else:
+            from pretrain_cli.models.moe import SparseMoeBlock
+
+            self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
@@ -38,13 +44,15 @@ class DecoderLayer(nn.Layer):
 
 
 class DecoderModel(nn.Layer):
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         fam = family(cfg.model_type)
+        moe = moe or MoeConfig()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm)
-                                    for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm,
+                                                 moe if cfg.is_sparse_layer(i) else None)
+                                    for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
         self.kernels = kernels
@@ -71,11 +79,14 @@ class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
     terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
-        self.model = DecoderModel(cfg, kernels)
+        self.moe = moe or MoeConfig()
+        self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
+        self.reduce_counts = None
+        self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
     def new_cache(self) -> KVCache:
@@ -85,7 +96,10 @@ class CausalLM(nn.Layer):
     def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None, labels=None):
         """`cache` (generation only) feeds just the new tokens and appends their K/V. Packed documents pass
         `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache). `labels` (int64 `[bsz, seq_len]`,
-        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits."""
+        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits; a MoE model
+        in training mode adds its router losses (`models.moe_loss.router_loss`) × counted tokens to the sum, so
+        the step's mean is transformers' loss with `output_router_logits`. `reduce_counts` (None, or set from
+        outside on several ranks: the data ranks' expert counts summed) serves the global balance scope."""
         if position_ids is not None or doc_start is not None:
             if cache is not None:
                 raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
@@ -93,7 +107,13 @@ class CausalLM(nn.Layer):
         else:
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
-            return self.loss_sum(h, labels)
+            total, count = self.loss_sum(h, labels)
+            if self.sparse and self.training:  # + the router losses per counted token (training only:
+                # eval and perplexity stay the language-model loss); the step's mean carries them
+                from pretrain_cli.models.moe_loss import router_loss
+
+                total = total + router_loss(self) * count.detach().astype(total.dtype)
+            return total, count
         return self.logits(h)
 
     def loss_sum(self, h, labels):
