@@ -45,7 +45,7 @@ def _run(spec) -> int:
     with runtime.without_flags_banner():
         init_process_group(r.parallel, r.loop.seed, r.loop)
     comm = build_comm(r.parallel)
-    watchdog.start(r.parallel)
+    watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout)
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pretrain_cli.data.loader import batch_hash
+from pretrain_cli.distributed import progress
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import model_inputs
 from pretrain_cli.training.metrics import log
@@ -74,10 +75,13 @@ class Step:
         """One optimizer step over `acc` micro-batches (the strategy's `forward_backward`: each with its own
         forward and backward, or a pipeline's schedule over all of them)."""
         layout.optimizer.set_lr(self.schedule.lr_at(state.global_step + 1))
+        progress.mark("data", state.global_step + 1)  # what the rank watchers read (a hung rank, a straggler)
         taken = [next(batches) for _ in range(self.grad_accum)]
+        progress.mark("forward/backward", state.global_step + 1)
         total = layout.strategy.forward_backward(layout.model, taken, layout.amp,
                                                  lambda batch: self._forward_loss(layout, batch))
         state.last_batch_hash = batch_hash(taken[-1])
+        progress.mark("collective", state.global_step + 1)
         layout.strategy.sync_grads()
         layout.amp.unscale(layout.optimizer)
         norm = layout.strategy.grad_norm(layout.model)
