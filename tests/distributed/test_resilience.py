@@ -28,17 +28,21 @@ STEPS, SAVE = 40, 10
 
 
 def _rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of training rank `rank` of the job whose environment carries `marker`."""
+    """The pid of training rank `rank` of the job whose environment carries `marker` (not its watcher: a fork of it,
+    with the same command line and environment, whose parent is the rank)."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
+            parent = int(open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if (f"PCLI_RESTART_TEST={marker}".encode() in env and f"PADDLE_TRAINER_ID={rank}".encode() in env
                 and b"run_pretrain.py" in cmd):
-            return int(pid)
-    return None
+            found[int(pid)] = parent
+    ranks = [pid for pid, parent in found.items() if parent not in found]
+    return ranks[0] if ranks else None
 
 
 def _losses(out) -> dict:
@@ -272,3 +276,54 @@ def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_
     errors = [line for line in log0.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and f"{shard} is missing" in errors[0], log0[-3000:]
     assert "Traceback" not in log0
+
+
+# ------------------------------------------------------------------ a rank that makes no progress
+def _job_pids(marker: str) -> dict:
+    """{pid: rank} of every process (ranks and their watchers) of the job whose environment carries `marker`."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"PCLI_RESTART_TEST={marker}".encode() in env:
+            rank = [e.split(b"=", 1)[1] for e in env if e.startswith(b"PADDLE_TRAINER_ID=")]
+            found[int(pid)] = int(rank[0]) if rank else None
+    return found
+
+
+def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_remains(corpus, tmp_path):
+    """`kill -STOP` of rank 1 of a 2-process run under launch.sh (hang_timeout 8 s, short for the test): both logs
+    and the console name rank 1, its pid, the phase and the step; the job exits 124; no process of it remains
+    (the stopped rank is SIGKILLed too)."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=400, hang_timeout=8)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_RESTART_TEST=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):  # training, past start-up
+            assert proc.poll() is None and time.monotonic() < deadline, "no training step before the job ended"
+            time.sleep(0.05)
+        victim = _rank_pid(marker, 1)
+        os.kill(victim, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = [(tmp_path / "log" / f"workerlog.{n}").read_text(errors="replace") for n in (0, 1)]
+    assert proc.returncode == 124, f"{err[-3000:]}\n{logs[0][-2000:]}\n{logs[1][-2000:]}"
+    named = re.compile(rf"rank 1 \(pid {victim} on \S+\) made no progress for \d+ s while in "
+                       rf"(data|forward/backward|collective) at step \d+")
+    for n, log in enumerate(logs):
+        assert len(named.findall(log)) == 1, f"workerlog.{n}: {log[-3000:]}"
+    assert named.search(err) and "launch.sh: rank 1 ended the job" in err, err[-3000:]
+    assert "FatalError" not in logs[0] and "C++ Traceback" not in logs[0], logs[0][-3000:]
+    deadline = time.monotonic() + 10
+    while _job_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _job_pids(marker), _job_pids(marker)

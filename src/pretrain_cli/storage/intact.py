@@ -135,6 +135,12 @@ def _unindexed(ckpt: Path) -> str | None:
     return None
 
 
+def skipping(ckpt, reason: str) -> str:
+    """The one warning line of a damaged checkpoint skipped for the previous one, whoever found the damage (rank 0's
+    listing check here, or a rank's checksum of the files it read: `training.run.previous_checkpoint`)."""
+    return f"not resuming from {Path(ckpt).name}: {reason}; trying the previous checkpoint"
+
+
 def newest(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
     """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
     none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
@@ -149,7 +155,6 @@ def newest(output_dir, verify: bool = True, checksums: bool = True, before: int 
         reason = problem(path, checksums)
         if reason is None:
             return path
-        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
-                                                  f"checkpoint")
+        logging.getLogger("pretrain_cli").warning(skipping(path, reason))
     raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
                     f"or set overwrite_output_dir: true")
