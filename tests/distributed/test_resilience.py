@@ -294,10 +294,10 @@ def _job_pids(marker: str) -> dict:
 
 
 def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_remains(corpus, tmp_path):
-    """`kill -STOP` of rank 1 of a 2-process run under launch.sh (hang_timeout 8 s, short for the test): both logs
+    """`kill -STOP` of rank 1 of a 2-process run under launch.sh (hang_timeout 10 s, short for the test): both logs
     and the console name rank 1, its pid, the phase and the step; the job exits 124; no process of it remains
     (the stopped rank is SIGKILLed too)."""
-    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=400, hang_timeout=8)
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=400, hang_timeout=10)
     marker = uuid.uuid4().hex
     env = child_env()
     env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_RESTART_TEST=marker)
