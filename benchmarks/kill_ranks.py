@@ -1,9 +1,11 @@
 """Fault drill, run by hand (not part of the suite): kill -9 (or kill -STOP) of a random rank of a multi-process run
 under `scripts/launch.sh`, N times, and count the runs where every rank's workerlog and the console name that rank
-and only it (docs/RELIABILITY.md, "Failure table").
+and only it (docs/RELIABILITY.md, "Failure table"); `--signal SLOW` makes the rank a straggler instead (stopped
+0.4 s of every 0.5 s until the run ends) and counts the runs where every log names it once as one.
 
     python benchmarks/kill_ranks.py --dir /tmp/drill --runs 20                    # PP4, kill -9 (the default)
     python benchmarks/kill_ranks.py --dir /tmp/drill --runs 3 --nproc 4 --layout dp --signal STOP
+    python benchmarks/kill_ranks.py --dir /tmp/drill --runs 1 --nproc 2 --layout dp --signal SLOW
 
 Each run trains `micro-qwen2` with 4 layers (PP4: one per stage; `dp`: data parallel), saving every 3 steps, and
 the chosen rank gets the signal after a random number (2-8) of logged steps plus up to half a second, so a step or
@@ -26,39 +28,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
-from launch_helpers import child_env, write_config, write_corpus  # noqa: E402
+from launch_helpers import child_env, job_pids, rank_pid, write_config, write_corpus  # noqa: E402
 
 LAYOUTS = {"pp": dict(num_hidden_layers=4, gradient_accumulation_steps=4, per_device_train_batch_size=2),
            "dp": dict(num_hidden_layers=4)}
+SLOW = dict(max_steps=40, max_seq_length=128, per_device_train_batch_size=16)  # steps long enough to straggle in
 
 
-def rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of rank `rank` of the job whose environment carries `marker` (not its watcher, a fork of it)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def straggle(proc, pid: int) -> None:
+    """Stop rank `pid` 0.4 s of every 0.5 s until the job ends: a host whose CPU another job takes."""
+    while proc.poll() is None:
         try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-            parent = int(open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if (f"PCLI_DRILL={marker}".encode() in env and f"PADDLE_TRAINER_ID={rank}".encode() in env
-                and b"run_pretrain.py" in cmd):
-            found[int(pid)] = parent
-    ranks = [pid for pid, parent in found.items() if parent not in found]
-    return ranks[0] if ranks else None
-
-
-def left(marker: str) -> list[int]:
-    """Every process of the job still there (ranks, watchers)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if f"PCLI_DRILL={marker}".encode() in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
-                out.append(int(pid))
-        except OSError:
-            continue
-    return out
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.4)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            return
 
 
 def drill(root: Path, i: int, args, rng: random.Random) -> bool:
@@ -69,10 +55,12 @@ def drill(root: Path, i: int, args, rng: random.Random) -> bool:
         over["pipeline_parallel_degree"] = args.nproc
     if args.signal == "STOP":
         over["hang_timeout"] = args.hang_timeout
+    if args.signal == "SLOW":
+        over.update(SLOW)
     cfg = write_config(d / "cfg.json", root / "data", d / "out", **over)
     marker = uuid.uuid4().hex
     env = child_env()
-    env.update(NPROC=str(args.nproc), PYTHON=sys.executable, LOG_DIR=str(d / "log"), PCLI_DRILL=marker)
+    env.update(NPROC=str(args.nproc), PYTHON=sys.executable, LOG_DIR=str(d / "log"), PCLI_JOB=marker)
     proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=d, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics, after = d / "out" / "metrics.jsonl", rng.randint(2, 8)
@@ -81,18 +69,25 @@ def drill(root: Path, i: int, args, rng: random.Random) -> bool:
     time.sleep(rng.random() * 0.5)
     victim = rng.randrange(args.nproc)
     pid = rank_pid(marker, victim)
-    os.kill(pid, signal.SIGKILL if args.signal == "KILL" else signal.SIGSTOP)
+    if args.signal == "SLOW":
+        straggle(proc, pid)
+    else:
+        os.kill(pid, signal.SIGKILL if args.signal == "KILL" else signal.SIGSTOP)
     _, err = proc.communicate(timeout=600)
-    what = "died: killed by SIGKILL" if args.signal == "KILL" else "made no progress for"
+    what = {"KILL": "died: killed by SIGKILL", "STOP": "made no progress for", "SLOW": "is a straggler"}[args.signal]
     named = re.compile(rf"rank {victim} \(pid {pid} on \S+\) {what}")
     logs = [[line for line in (d / "log" / f"workerlog.{n}").read_text(errors="replace").splitlines()
-             if line.startswith("[pretrain-cli]") and "straggler" not in line] for n in range(args.nproc)]
+             if line.startswith("[pretrain-cli]") and ("straggler" in line) == (args.signal == "SLOW")]
+            for n in range(args.nproc)]
     console = [line for line in err.splitlines() if line.startswith("launch.sh: rank")]
-    right = (all(len(lines) == 1 and named.search(lines[0]) and lines[0].count(" (pid ") == 1 for lines in logs)
-             and len(console) == 1 and named.search(console[0]) is not None
-             and proc.returncode == (137 if args.signal == "KILL" else 124))
+    right = all(len(lines) == 1 and named.search(lines[0]) and lines[0].count(" (pid ") == 1 for lines in logs)
+    if args.signal == "SLOW":
+        right = right and proc.returncode == 0
+    else:
+        right = (right and len(console) == 1 and named.search(console[0]) is not None
+                 and proc.returncode == (137 if args.signal == "KILL" else 124))
     time.sleep(1)
-    remaining = left(marker)
+    remaining = sorted(job_pids(marker))  # ranks or watchers left behind
     right = right and not remaining
     print(f"run {i}: kill -{args.signal} of rank {victim} after step {after}: {'RIGHT' if right else 'WRONG'} "
           f"(exit {proc.returncode})", flush=True)
@@ -111,7 +106,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="pp")
-    ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
+    ap.add_argument("--signal", choices=("KILL", "STOP", "SLOW"), default="KILL")
     ap.add_argument("--hang_timeout", type=float, default=8.0, help="with --signal STOP")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()

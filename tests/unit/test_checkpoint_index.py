@@ -143,8 +143,8 @@ def test_a_swapped_index_is_damage_whether_or_not_its_checksum_was_made_again(tm
     newest, index = tmp_path / "checkpoint-6", tmp_path / "checkpoint-6" / checkpoint_index.INDEX
     for seal, reason in ((False, f"{index}: does not match its own checksum"),
                          (True, f"{index} and {newest / 'optimizer-00001-of-00002.safetensors'} disagree: the index "
-                                f"puts the piece [2, 2] at [2, 0] of w/moment1 in optimizer-00001-of-00002.safetensors, "
-                                f"which holds its piece [2, 2] at [0, 0]")):
+                                f"puts the piece [2, 2] at [2, 0] of w/moment1 in "
+                                f"optimizer-00001-of-00002.safetensors, which holds its piece [2, 2] at [0, 0]")):
         checkpoint_index.write_index(newest, _checkpoint(tmp_path / f"fresh-{seal}"))  # undo the previous edit
         _edit(newest, _swap_files, seal=seal)
         assert intact.problem(newest).startswith(reason)

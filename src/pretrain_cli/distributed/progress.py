@@ -14,11 +14,13 @@ rank, so a mark is a few stores into memory, no system call. The training loop m
 Of several, the one that is stopped (`/proc` state T), then one that is not waiting in a collective, then the one
 whose mark is oldest: the others entered their wait after it stopped.
 
-**Straggler** (`stragglers`): a rank whose own work per step (from its `data` mark to its `collective` mark, the
-median of the last `WINDOW` steps) stays `RATIO` times the other ranks' median or more (and `GAP` seconds more).
-Under data parallelism the gradient all-reduce runs inside backward, so a rank waiting for a slow peer waits there
-too: what this catches is a slow data phase (a stalled file system) and a slow forward; a rank slow only in backward
-is not seen.
+**Straggler** (`stragglers`): a rank whose own work per step (the median of the last `WINDOW` steps) stays `RATIO`
+times the other ranks' median or more (and `GAP` seconds more). Own work is what waits for no other rank: the data
+phase and the forward passes (`worked`; timed by `training.step`). Not the backward: under data parallelism the
+gradient all-reduce runs inside it, so a rank waiting for a slow peer waits there, and the wall time of a whole
+step is the same on every rank. A slow data phase (a stalled file system) and a slow device or host show. Under
+tensor parallelism and ZeRO-3 the forward holds collectives too, and a pipeline's schedule runs the forward itself
+(only the data phase is timed there); on GPU the forward's wall time is the host's launch time, not the device's.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ START = 600.0  # start-up (building, reading a checkpoint) is allowed at least t
 WAITED = 20.0  # a rank idle this long when gloo's 30 s timeout ends a peer waiting for it is the one that hung
 WINDOW = 20  # steps a straggler's median is taken over
 RATIO = 1.5  # a straggler's own work per step, over the other ranks' median
-GAP = 0.1  # ... and at least this many seconds more (milliseconds of jitter are no straggler)
+GAP = 0.5  # ... and at least this many seconds more (a loaded host's jitter in short steps is no straggler)
 
 _CURRENT = None  # this rank's `Record`, while a watcher reads it
 
@@ -56,6 +58,7 @@ class Record:
             os.close(fd)
         self.step, self.phase, self.since = 0, 0, time.time()
         self.started = None  # wall time of this step's `data` mark
+        self.own = 0.0  # this step's own work so far: its data phase, its forward passes (`worked`)
         self.steps, self.busy = deque(maxlen=WINDOW), deque(maxlen=WINDOW)
         self._write()
 
@@ -64,9 +67,11 @@ class Record:
         if phase == "data":  # a step starts: the previous one, from its data mark to this one, is timed
             if self.started is not None and step != self.step:
                 self.steps.append(now - self.started)
-            self.started = now
+            self.started, self.own = now, 0.0
+        elif phase == "forward/backward" and self.phase == PHASES.index("data"):
+            self.own += now - self.since
         elif phase == "collective" and self.started is not None:
-            self.busy.append(now - self.started)
+            self.busy.append(self.own)
         self.step, self.phase, self.since = step, PHASES.index(phase), now
         self._write()
 
@@ -98,6 +103,12 @@ def mark(phase: str, step: int) -> None:
     """This rank enters `phase` of step `step` (nothing when no watcher reads it: one process, one rank per host)."""
     if _CURRENT is not None:
         _CURRENT.mark(phase, step)
+
+
+def worked(seconds: float) -> None:
+    """This rank spent `seconds` of the step on its own work, waiting for no other rank (a forward pass)."""
+    if _CURRENT is not None:
+        _CURRENT.own += seconds
 
 
 # ------------------------------------------------------------------ the watchers' side

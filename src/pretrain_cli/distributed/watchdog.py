@@ -308,9 +308,10 @@ class _Watcher:
         for r, ratio in progress.stragglers(records):
             if r not in self.named:
                 self.named.add(r)
-                os.write(log, (f"[pretrain-cli] rank {self.me}: rank {r} (pid {self.ranks[r]} on {self.host}) is a "
-                               f"straggler: its own work per step (data + forward/backward, the median of the last "
-                               f"{progress.WINDOW} steps) takes {ratio:.1f}x the other ranks'\n").encode())
+                who = "" if r == self.me else f"rank {self.me}: "
+                os.write(log, (f"[pretrain-cli] {who}rank {r} (pid {self.ranks[r]} on {self.host}) is a straggler: "
+                               f"its own work per step (data and forward, the median of the last {progress.WINDOW} "
+                               f"steps) takes {ratio:.1f}x the other ranks'; training goes on\n").encode())
         return None
 
     # ------------------------------------------------------------------ the one verdict of the host

@@ -9,6 +9,7 @@ with each call, so a rollback that builds the layout again needs nothing of the 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -61,11 +62,14 @@ class Step:
         self.max_grad_norm, self.comm, self.guard = run.optimizer.max_grad_norm, comm, guard
 
     def _forward_loss(self, layout, batch):
+        start = time.perf_counter()
         # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
         ids, extra, labels = model_inputs(batch, layout.strategy.shard_batch)
         with layout.amp.autocast():  # labels: the loss terms, not logits (the fused head + loss never holds them)
             total, count = layout.model(ids, labels=labels, **extra)
-        return mean_loss(total, count)
+        loss = mean_loss(total, count)
+        progress.worked(time.perf_counter() - start)  # this rank's own work: a straggler's measure
+        return loss
 
     def _clip(self, layout, norm: float) -> None:
         if 0 < self.max_grad_norm < norm:
