@@ -9,10 +9,12 @@ rank, so a mark is a few stores into memory, no system call. The training loop m
 (`mark`): `data` (the step's batches), `forward/backward`, `collective` (gradient sync, norm, the step's agreements),
 `save`, `eval`; `start-up` until the first mark.
 
-**Hung** (`hung`): a rank whose mark is older than its phase's allowance (`allowance`: the `hang_timeout` key, else
-`DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up` at least `START`).
-Of several, the one that is stopped (`/proc` state T), then one that is not waiting in a collective, then the one
-whose mark is oldest: the others entered their wait after it stopped.
+**Hung** (`hung`): once a rank's mark is older than its phase's allowance (`allowance`: the `hang_timeout` key, else
+`DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up` at least `START`),
+the job has stalled, and the rank named is the one the others wait for: a stopped one (`/proc` state T), else one
+that is not waiting in a collective, else the late one whose mark is oldest. Inside a pipeline's schedule a stage
+waiting for its neighbour is in `forward/backward` too, so there a hang that is not a stopped process is named by
+the oldest mark only.
 
 **Straggler** (`stragglers`): a rank whose own work per step (the median of the last `WINDOW` steps) stays `RATIO`
 times the other ranks' median or more (and `GAP` seconds more). Own work is what waits for no other rank: the data
@@ -136,7 +138,9 @@ def allowance(phase: str, key: float | None, step_seconds: float) -> float | Non
 
 
 def hung(records: dict, now: float, key: float | None, stopped=()) -> tuple[int, float] | None:
-    """(the hung rank, its seconds without progress), or None: see the module docstring."""
+    """(the hung rank, its seconds without progress), or None: see the module docstring. Once any rank is late, the
+    job has made no progress for that long, and the rank named is the one the others wait for, late itself or not
+    (it may have marked its phase after a waiting rank marked its wait)."""
     step_s = max((rec["step_seconds"] for rec in records.values()), default=0.0)
     late = []
     for r, rec in records.items():
@@ -145,7 +149,9 @@ def hung(records: dict, now: float, key: float | None, stopped=()) -> tuple[int,
             late.append(r)
     if not late:
         return None
-    r = min(late, key=lambda r: (r not in stopped, records[r]["phase"] == "collective", records[r]["since"]))
+    live = [r for r, rec in records.items() if rec["phase"] != "done"]
+    r = min(live, key=lambda r: (r not in stopped, records[r]["phase"] == "collective", r not in late,
+                                 records[r]["since"]))
     return r, now - records[r]["since"]
 
 
