@@ -258,6 +258,9 @@ def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_
     errors = [line for line in log0.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and f"{shard} is missing" in errors[0], log0[-3000:]
     assert "Traceback" not in log0
+    log1 = (tmp_path / "log" / "workerlog.1").read_text(errors="replace")  # stopped by the launcher's SIGTERM
+    assert "C++ Traceback" not in log1 and "FatalError" not in log1, log1[-3000:]
+    assert f"launch.sh: rank 0 ended the job: resume_from_checkpoint: {shard} is missing" in proc.stderr
 
 
 # ------------------------------------------------------------------ a rank that makes no progress

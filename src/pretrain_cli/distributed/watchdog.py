@@ -270,8 +270,8 @@ class _Watcher:
     def _death_cause(self) -> dict:
         """The verdict of a death: the ranks that died first; or a live rank that hung, when they died of waiting
         for it: gloo's timeout aborts a waiting rank (SIGABRT) or raises in it (exit 1), and the live rank is
-        stopped (`kill -STOP`), or made no progress for `progress.WAITED` s. A stopped rank whose last mark is older
-        than a killed rank's is named too."""
+        stopped (`kill -STOP`), or made no progress for `progress.WAITED` s outside a collective. A stopped rank whose
+        last mark is older than a killed rank's is named too."""
         causes = self._causes()
         statuses = [self._shared_status(r) for r in causes]
         records, now = progress.read(self.shared, self.ranks), time.time()
@@ -284,7 +284,8 @@ class _Watcher:
             if not (processes.alive(pid) or (self.shared / f"outlived.{r}").exists()):
                 continue
             stopped = self._stopped(r) and (timeouts or since < first)
-            if stopped or (timeouts and now - since >= progress.WAITED):
+            waiting = records[r]["phase"] in ("collective", "done")  # waiting for others itself, or finished
+            if stopped or (timeouts and not waiting and now - since >= progress.WAITED):
                 idle.append(r)
         if idle:
             r = min(idle, key=lambda r: (not self._stopped(r), records[r]["since"]))
