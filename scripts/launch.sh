@@ -103,6 +103,7 @@ while true; do
   "${cmd[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
   if [ "$rc" -eq 0 ]; then exit 0; fi
   read -r code action < <("$PY" "$HERE/job.py" decide "$verdicts" "$rc" 2>/dev/null || echo "$rc retry")
+  "$PY" "$HERE/job.py" cause "$verdicts" >&2 2>/dev/null || true  # who ended the job (not the launcher's guess)
   if [ "$action" = "stop" ]; then exit "$code"; fi
   if [ "$action" = "rendezvous" ] && [ "$rendezvous" -lt 3 ]; then
     rendezvous=$((rendezvous + 1))

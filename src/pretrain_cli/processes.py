@@ -1,7 +1,7 @@
 """What Linux says about another process, by pid: whether it is alive, when it started, how it ended.
 
 Two callers ask: the run lock (is the run that holds `run.lock` still there, or is the lock stale?) and the
-rank watcher (has a peer rank died, and of what?). Both read `/proc/<pid>/stat`; elsewhere (no /proc) a
+rank watcher (has a peer rank died, and of what? is it stopped?). Both read `/proc/<pid>/stat`; elsewhere (no /proc) a
 process that answers `kill(pid, 0)` counts as alive and its start time and exit status are unknown.
 
 `/proc/<pid>/stat` fields (proc(5)), counted after the `(comm)` field, which may itself hold spaces: state
@@ -49,6 +49,12 @@ def alive(pid: int, started: str | None = None) -> bool:
     if fields[0] in (b"Z", b"X") or (len(fields) > 6 and int(fields[6]) & _PF_EXITING):
         return False
     return started is None or len(fields) <= 19 or fields[19].decode() == started
+
+
+def stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a debugger: state T or t): alive, and making no progress."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] in (b"T", b"t")
 
 
 def exit_status(pid: int) -> int | None:

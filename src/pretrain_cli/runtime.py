@@ -15,6 +15,7 @@ import ctypes
 import io
 import os
 import re
+import signal
 import sys
 import warnings
 
@@ -243,4 +244,9 @@ def import_paddle():
     with contextlib.redirect_stderr(buf):
         import paddle  # noqa: F401
     paddle.base.core.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # Paddle's C++ handler answers SIGTERM with `C++ Traceback ... FatalError: Termination signal`: what a launcher
+    # stopping the ranks after another rank's error (rank 0's usage error: exit 2) left in every other log. SIGTERM
+    # ends a process quietly, as by default (the trainer installs its own graceful stop while it trains); Paddle's
+    # handlers of real crashes (SIGSEGV, SIGABRT, SIGILL) stay.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return paddle

@@ -63,6 +63,31 @@ def free_port() -> int:
     return _HELD[-1].base
 
 
+def job_pids(marker: str) -> dict:
+    """{pid: (rank or None, parent pid, is a rank's command)} of every process whose environment carries
+    `PCLI_JOB=<marker>` (set it in the launch's environment): the ranks and their watchers."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            parent = int(open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if f"PCLI_JOB={marker}".encode() in env:
+            rank = [e.split(b"=", 1)[1] for e in env if e.startswith(b"PADDLE_TRAINER_ID=")]
+            found[int(pid)] = (int(rank[0]) if rank else None, parent, b"run_pretrain.py" in cmd)
+    return found
+
+
+def rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of training rank `rank` of the job `marker` (`job_pids`), not its watcher: a fork of it, with the same
+    command line and environment, whose parent is the rank."""
+    found = {pid: parent for pid, (r, parent, trains) in job_pids(marker).items() if r == rank and trains}
+    ranks = [pid for pid, parent in found.items() if parent not in found]
+    return ranks[0] if ranks else None
+
+
 def child_env() -> dict:
     env = dict(os.environ)
     env.pop("PADDLE_TRAINER_ID", None)

@@ -21,24 +21,10 @@ import uuid
 import numpy as np
 import pytest
 
-from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, launch, parse_losses,
-                            read_weights, write_config)
+from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, job_pids, launch, parse_losses,
+                            rank_pid, read_weights, write_config)
 
 STEPS, SAVE = 40, 10
-
-
-def _rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of training rank `rank` of the job whose environment carries `marker`."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if (f"PCLI_RESTART_TEST={marker}".encode() in env and f"PADDLE_TRAINER_ID={rank}".encode() in env
-                and b"run_pretrain.py" in cmd):
-            return int(pid)
-    return None
 
 
 def _losses(out) -> dict:
@@ -63,7 +49,7 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
     marker = uuid.uuid4().hex
     env = child_env()
     env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
-               PCLI_RESTART_TEST=marker)
+               PCLI_JOB=marker)
     proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -71,7 +57,7 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
         while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the job ended"
             time.sleep(0.05)
-        pid = _rank_pid(marker, 1)
+        pid = rank_pid(marker, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
@@ -102,7 +88,7 @@ def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(
     for node in (0, 1):
         env = child_env()
         env.update(NPROC="1", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / f"log{node}"),
-                   MASTER=f"127.0.0.1:{port}", NNODES="2", NODE_RANK=str(node), PCLI_RESTART_TEST=marker)
+                   MASTER=f"127.0.0.1:{port}", NNODES="2", NODE_RANK=str(node), PCLI_JOB=marker)
         procs.append(subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
@@ -110,7 +96,7 @@ def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(
         while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
             assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.05)
-        pid = _rank_pid(marker, 1)
+        pid = rank_pid(marker, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         outs = [p.communicate(timeout=300) for p in procs]
@@ -272,3 +258,43 @@ def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_
     errors = [line for line in log0.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and f"{shard} is missing" in errors[0], log0[-3000:]
     assert "Traceback" not in log0
+    log1 = (tmp_path / "log" / "workerlog.1").read_text(errors="replace")  # stopped by the launcher's SIGTERM
+    assert "C++ Traceback" not in log1 and "FatalError" not in log1, log1[-3000:]
+    assert f"launch.sh: rank 0 ended the job: resume_from_checkpoint: {shard} is missing" in proc.stderr
+
+
+# ------------------------------------------------------------------ a rank that makes no progress
+def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_remains(corpus, tmp_path):
+    """`kill -STOP` of rank 1 of a 2-process run under launch.sh (hang_timeout 10 s, short for the test): both logs
+    and the console name rank 1, its pid, the phase and the step; the job exits 124; no process of it remains
+    (the stopped rank is SIGKILLed too)."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=400, hang_timeout=10)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):  # training, past start-up
+            assert proc.poll() is None and time.monotonic() < deadline, "no training step before the job ended"
+            time.sleep(0.05)
+        victim = rank_pid(marker, 1)
+        os.kill(victim, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = [(tmp_path / "log" / f"workerlog.{n}").read_text(errors="replace") for n in (0, 1)]
+    assert proc.returncode == 124, f"{err[-3000:]}\n{logs[0][-2000:]}\n{logs[1][-2000:]}"
+    named = re.compile(rf"rank 1 \(pid {victim} on \S+\) made no progress for \d+ s while in "
+                       rf"(data|forward/backward|collective) at step \d+")
+    for n, log in enumerate(logs):
+        assert len(named.findall(log)) == 1, f"workerlog.{n}: {log[-3000:]}"
+    assert named.search(err) and "launch.sh: rank 1 ended the job" in err, err[-3000:]
+    assert "FatalError" not in logs[0] and "C++ Traceback" not in logs[0], logs[0][-3000:]
+    deadline = time.monotonic() + 10
+    while job_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not job_pids(marker), job_pids(marker)

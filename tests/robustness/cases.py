@@ -480,9 +480,10 @@ for _name, _fn in list(globals().items()):
             return lambda d: (_eval(d), fn(d))
         PADDLE["resume_" + _name[2:]] = _mk_resume(_fn)
         # a named checkpoint is verified against its index before anything loads (storage.intact): a weights file
-        # rewritten since the save no longer has the size (or checksum) the index lists
+        # rewritten since the save no longer has the size (or checksum) the index lists (the rewrite drops the
+        # record of its pieces the save put in its header: shorter)
         RESUME_EXPECT_OVERRIDE = {"missing_shard": "model.safetensors is missing", "shape_mismatch": "the index says",
-                                  "wrong_dtype": "does not match its checksum",
+                                  "wrong_dtype": "the index says",
                                   "truncated_weights": "the index says",
                                   "garbage_header": "the index says", "missing_tensor": "the index says"}
         if _name[2:] in RESUME_EXPECT_OVERRIDE:

@@ -110,6 +110,7 @@ def test_missing_file():
     (["--split", "100,0,0", "--do_eval"], "gives the valid split a share of 0"),
     (["--sharding", "stage4"], "unknown option 'stage4'"),
     (["--min_learning_rate", "1", "--learning_rate", "0.1"], "min_learning_rate"),
+    (["--hang_timeout", "-5"], "hang_timeout: must be a finite number of seconds >= 0 (0: not watched), got -5"),
 ])
 def test_impossible_combinations(override, fragment):
     with pytest.raises(UserError) as e:

@@ -123,10 +123,11 @@ def _write_pieces(tmp_path, arr, splits):
     for r, (a, b) in enumerate(zip(bounds, bounds[1:])):
         fname = checkpoint_index.file_name("optimizer", r, len(bounds) - 1)
         block = np.ascontiguousarray(arr[a:b])
-        info = shard_files.write(tmp_path / fname, [("t/moment1", "F32", block.shape, lambda x=block: x)])
-        records.append({"files": {fname: info}, "pieces": [
-            {"name": "t/moment1", "kind": "optimizer", "dtype": "F32", "global_shape": list(arr.shape),
-             "offsets": [a, 0], "shape": list(block.shape), "file": fname}]})
+        pieces = [{"name": "t/moment1", "kind": "optimizer", "dtype": "F32", "global_shape": list(arr.shape),
+                   "offsets": [a, 0], "shape": list(block.shape), "file": fname}]
+        info = shard_files.write(tmp_path / fname, [("t/moment1", "F32", block.shape, lambda x=block: x)],
+                                 checkpoint_index.file_metadata(pieces))
+        records.append({"files": {fname: info}, "pieces": pieces})
     index = checkpoint_index.build(records, len(records), "test")
     checkpoint_index.write_index(tmp_path, index)
     return index
@@ -324,9 +325,11 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
     for r, cols in enumerate([(0, 3), (3, 4)]):  # a column split, as tensor parallelism leaves a row-parallel weight
         fname = checkpoint_index.file_name("model", r, 2)
         block = np.ascontiguousarray(bits[:, cols[0]:cols[1]])
-        info = shard_files.write(tmp_path / fname, [("w", "BF16", block.shape, lambda b=block: b)], {"format": "pt"})
-        records.append({"files": {fname: info}, "pieces": [{"name": "w", "kind": "weights", "dtype": "BF16",
-                        "global_shape": [6, 4], "offsets": [0, cols[0]], "shape": list(block.shape), "file": fname}]})
+        pieces = [{"name": "w", "kind": "weights", "dtype": "BF16", "global_shape": [6, 4], "offsets": [0, cols[0]],
+                   "shape": list(block.shape), "file": fname}]
+        info = shard_files.write(tmp_path / fname, [("w", "BF16", block.shape, lambda b=block: b)],
+                                 checkpoint_index.file_metadata(pieces))
+        records.append({"files": {fname: info}, "pieces": pieces})
     checkpoint_index.write_index(tmp_path, checkpoint_index.build(records, 2, "test"))
     got = read_safetensors(str(tmp_path))["w"]
     assert got.dtype == paddle.bfloat16 and np.array_equal(got.numpy(), bits)

@@ -53,3 +53,24 @@ def test_wandb_that_cannot_start_is_one_line_naming_the_offline_mode(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("report_to: wandb could not start a run ("), out.stdout + out.stderr
     assert lines[0].endswith("run `wandb login`, or set WANDB_MODE=offline to write a local run to upload later "
                              "with `wandb sync`")
+
+
+def test_a_tensorboard_file_opened_in_the_same_second_as_the_last_is_a_new_file(tmp_path, monkeypatch):
+    """tensorboardX names its file by the whole second and the host: a run resumed in the same second as the last
+    one started used to truncate that file and then remove it as an old one (no event file at all). Each file is
+    now its own, and the old one goes only once the new one holds the history."""
+    pytest.importorskip("tensorboardX")
+    import tensorboardX.event_file_writer as efw
+
+    class Frozen:  # the clock tensorboardX names its files by, stopped within one second
+        @staticmethod
+        def time():
+            return 1796445046.5
+
+    monkeypatch.setattr(efw, "time", Frozen)
+    history = [{"kind": "train", "step": 1, "loss": 2.0, "time": 1796445046.0}]
+    for n in range(3):  # a run and two resumes
+        trackers.TensorBoard(str(tmp_path), str(tmp_path), {"n": n}, history).close()
+        files = list(tmp_path.glob("events.out.tfevents.*"))
+        assert len(files) == 1 and files[0].stat().st_size > 0, (n, files)
+        history.append({"kind": "train", "step": n + 2, "loss": 1.0, "time": 1796445047.0})

@@ -64,7 +64,7 @@ def test_the_dead_rank_names_itself_and_records_its_end(tmp_path):
 
 def _watcher(tmp_path, gone, statuses=None, outlived=()):
     shared = tmp_path / "shared"
-    shared.mkdir(exist_ok=True)
+    shared.mkdir(parents=True, exist_ok=True)
     for r in outlived:
         (shared / f"outlived.{r}").write_text("x")
     w = watchdog._Watcher(0, {0: 10, 1: 11}, "h", shared, None, grace=1.0)
@@ -96,8 +96,99 @@ def test_a_rank_alone_on_its_host_or_alone_in_the_job_needs_no_watcher(monkeypat
 def test_a_usage_error_is_not_answered_with_resume(tmp_path):
     w = _watcher(tmp_path, {1}, {1: 2 << 8})
     assert w._causes() == [1]
-    line = w._line([1])
+    line = w._line(w._death_cause())
     assert "rank 0: rank 1 (pid 11 on h) died: exited with code 2" in line and "for its error." in line
     assert "resume" not in line
-    killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})._line([1])
+    killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})
+    killed = killed._line(killed._death_cause())
     assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint-N" in killed
+
+
+HANG = r"""
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from pretrain_cli.distributed import progress, watchdog
+peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+shared, verdicts, who = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+other = progress.Record(shared / "progress.1")  # the peer's record, as its own marks would leave it
+progress.open_record(shared / "progress.0")
+stuck, waiting = (other, progress._CURRENT) if who == "peer" else (progress._CURRENT, other)
+stuck.mark("data", 3)
+stuck.mark("forward/backward", 3)  # ... and never another mark
+time.sleep(0.2)
+waiting.mark("data", 3)
+waiting.mark("forward/backward", 3)
+waiting.mark("collective", 3)  # waits there for the stuck one
+if who == "peer":
+    os.kill(peer.pid, signal.SIGSTOP)
+watchdog._spawn(watchdog._Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0,
+                                  hang_timeout=1.0))
+print("before", peer.pid, flush=True)
+if who == "self":
+    os.kill(os.getpid(), signal.SIGSTOP)  # as `kill -STOP` of this rank
+time.sleep(20)
+print("still running", flush=True)
+"""
+
+
+def test_a_rank_without_progress_is_named_and_killed_even_when_stopped(tmp_path):
+    """`kill -STOP` of a rank: after hang_timeout its watcher and its peers' name it, its phase and step, kill their
+    own ranks (SIGKILL reaches a stopped process), and the stuck rank's watcher records exit 124 for launch.sh."""
+    for who in ("peer", "self"):
+        shared, verdicts = tmp_path / who / "shared", tmp_path / who / "verdicts"
+        shared.mkdir(parents=True)
+        verdicts.mkdir()
+        p = subprocess.Popen([sys.executable, "-c", HANG, str(shared), str(verdicts), who], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        out = p.stdout.read()  # until the watcher, which holds the log, is done
+        p.wait(timeout=30)
+        peer = int(out.split()[1])
+        os.kill(peer, signal.SIGKILL)
+        assert p.returncode == -signal.SIGKILL and "still running" not in out, out
+        if who == "peer":
+            assert out.count(f"[pretrain-cli] rank 0: rank 1 (pid {peer} on h) made no progress for ") == 1, out
+            assert " s while in forward/backward at step 3; this rank stops too." in out, out
+            assert not list(verdicts.glob("rank-*"))
+        else:
+            assert out.count(f"[pretrain-cli] rank 0 (pid {p.pid} on h) made no progress for ") == 1, out
+            assert " s while in forward/backward at step 3; the other ranks stop too." in out, out
+            record = json.loads((verdicts / "rank-0.json").read_text())
+            assert record["exit"] == watchdog.HUNG == 124 and record["kind"] == "hung"
+        assert not list(verdicts.glob("watcher-*"))  # launch.sh waited for this watcher: it has left
+
+
+def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
+    """With the default hang_timeout gloo's own 30 s timeout comes first and aborts the waiting rank (SIGABRT): the
+    cause is the live rank whose last mark is older than the aborted one's, not the aborted rank."""
+    from pretrain_cli.distributed import progress
+
+    w = _watcher(tmp_path, {0}, {0: signal.SIGABRT})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    w.ranks[1] = sleeper.pid
+    try:
+        stuck, aborted = progress.Record(w.shared / "progress.1"), progress.Record(w.shared / "progress.0")
+        stuck.mark("forward/backward", 5)
+        aborted.mark("collective", 5)
+        assert w._death_cause()["kind"] == "died"  # idle for a moment only: a rank still computing, not hung
+        stuck.since -= progress.WAITED + 1  # ... idle since before gloo's timeout began
+        stuck._write()
+        cause = w._death_cause()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert cause["kind"] == "hung" and cause["ranks"] == [1] and cause["phase"] == "forward/backward"
+    assert (f"rank 0: rank 1 (pid {sleeper.pid} on h) made no progress for 21 s while in forward/backward at step 5"
+            in w._line(cause))
+    # a rank killed (SIGKILL) while the others wait for it in a collective: their marks are newer, it is the cause
+    killed = _watcher(tmp_path / "k", {0}, {0: signal.SIGKILL})
+    progress.Record(killed.shared / "progress.0").mark("forward/backward", 5)
+    progress.Record(killed.shared / "progress.1").mark("collective", 5)
+    assert killed._death_cause() == {"kind": "died", "ranks": [0], "statuses": [signal.SIGKILL]}
+
+
+def test_the_first_verdict_published_is_the_one_every_watcher_writes(tmp_path):
+    first, second = _watcher(tmp_path, {0}, {0: signal.SIGKILL}), _watcher(tmp_path, {0, 1})
+    assert first._publish(first._death_cause())["ranks"] == [0]
+    assert second._publish(second._death_cause())["ranks"] == [0]  # its own reading ([0, 1]) does not stand
+    assert second._decided() == first._decided()

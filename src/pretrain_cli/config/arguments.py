@@ -302,6 +302,11 @@ class TrainingArguments:
     async_save: bool = _f(False, "Copy weights and optimizer state to host memory at a save and write "
                                  "checkpoint-N/ in a background thread while training continues (one save in "
                                  "flight; the end of training and SIGTERM wait for it).", "extension")
+    hang_timeout: Optional[float] = _f(
+        None, "Seconds a rank of a multi-process run may make no progress (in its data, forward/backward, collective, "
+        "save or eval phase) before it is named and the job ends with exit 124 (0: not watched). Default: 300, or 20 "
+        "steps when the run's steps are slower. docs/RELIABILITY.md.", "extension",
+    )
     peak_tflops: Optional[float] = _f(
         None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU the cores' "
         "theoretical fp32 peak, an upper bound).",

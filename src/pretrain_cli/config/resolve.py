@@ -78,6 +78,8 @@ def _check_ranges(args: Arguments, problems: Problems) -> None:
         problems.add(f"max_seq_length: must be >= 2 tokens, got {d.max_seq_length}")
     if t.max_steps > _LIMIT:
         problems.add(f"max_steps: {t.max_steps} is out of range (must be <= 2^40)")
+    if t.hang_timeout is not None and not (math.isfinite(t.hang_timeout) and t.hang_timeout >= 0):
+        problems.add(f"hang_timeout: must be a finite number of seconds >= 0 (0: not watched), got {t.hang_timeout}")
     for key in ("learning_rate", "min_learning_rate", "weight_decay", "adam_epsilon", "scale_loss"):
         val = getattr(t, key)
         if not math.isfinite(val) or val < 0:
@@ -383,7 +385,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 ignore_data_skip=t.ignore_data_skip,
                 progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
                 memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops,
-                async_save=t.async_save)
+                async_save=t.async_save, hang_timeout=t.hang_timeout)
     return RunConfig(
         device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
         schedule=schedule,

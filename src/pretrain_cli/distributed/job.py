@@ -21,7 +21,10 @@ usually a rank stopped because another one died (rank 0 killed by its watcher af
 usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
-first rank's own code, retried while MAX_RESTART allows.
+first rank's own code (124 for a rank that made no progress, `distributed.watchdog.HUNG`), retried while
+MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
+waits for them (`wait_for_watchers`), and `cause` gives the console the record's line: the launcher's own
+`Container rank 0 status failed` names the lowest rank it saw stop, usually one stopped because another died.
 """
 from __future__ import annotations
 
@@ -56,8 +59,8 @@ def verdict_dir() -> Path | None:
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
-    another rank failed), "died"; "joining" while it joins the process group, cleared once joined), when launched by
-    launch.sh; best effort, never raises."""
+    another rank failed), "died", "hung"; "joining" while it joins the process group, cleared once joined), when
+    launched by launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -75,6 +78,39 @@ def clear(rank: int) -> None:
     if directory is not None:
         with contextlib.suppress(OSError):
             (directory / f"rank-{rank}.json").unlink(missing_ok=True)
+
+
+def wait_for_watchers(directory, seconds: float = 15.0) -> None:
+    """The rank watchers of this node (`watcher-R.pid` while each runs) write the job's verdict and their naming
+    line after the launcher may have exited (it reaps the ranks, not them): wait for them, up to `seconds`."""
+    from pretrain_cli import processes
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pids = []
+        for path in Path(directory).glob("watcher-*.pid") if directory else ():
+            with contextlib.suppress(OSError, ValueError):
+                pids.append(int(path.read_text()))
+        if not any(processes.alive(pid) for pid in pids):
+            return
+        time.sleep(0.05)
+
+
+def cause(directory) -> str | None:
+    """The console's line on why the job ended: the first rank's own record (the rank that died or hung first, a
+    usage error), or None."""
+    records = []
+    for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
+    if not own or not own[0].get("line"):
+        return None
+    line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
+    if own[0].get("kind") in ("died", "hung"):
+        line = (f"{line.rstrip('.')} (the launcher's `Container rank N status failed` above names the first rank it "
+                f"saw stop, not the cause).")
+    return f"launch.sh: rank {own[0].get('rank')} ended the job: {line}"
 
 
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
@@ -202,8 +238,14 @@ def main(argv: list[str]) -> int:
     if argv[:2] == ["ports", "--"] and len(argv) > 2:
         exec_with_ports(argv[2:])
     if len(argv) == 3 and argv[0] == "decide":
+        wait_for_watchers(argv[1])
         code, action = decide(argv[1], int(argv[2]))
         print(code, action)
         return 0
-    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "cause":
+        line = cause(argv[1])
+        if line:
+            print(line)
+        return 0
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR", file=sys.stderr)
     return 2

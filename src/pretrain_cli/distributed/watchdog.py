@@ -16,9 +16,18 @@ own session) that
 Which rank died first is decided from what the watchers saw, shared in a directory of this host: a rank
 seen alive while another was already dead is not the cause (`outlived.R`); each death's exit status is
 read from /proc while the launcher has not reaped it yet (it polls once a second) (`status.R`); when all
-that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other.
-Every watcher of the host reaches the same verdict, the dead rank's own one included. Peers on other hosts
-are not watched: gloo's abort names nothing there (docs/RELIABILITY.md).
+that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other, and when
+every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.progress`) is
+the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
+publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log
+names the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a
+watcher still reading it.
+
+A rank that makes no progress (`distributed.progress.hung`, checked every `HANG_POLL` s) is named the same way:
+`rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
+own rank (a stopped process too) and the hung rank's watcher records exit `HUNG` for launch.sh. A straggler is
+named once in every log of the host. Peers on other hosts are not watched: gloo's abort names nothing there
+(docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
@@ -30,16 +39,20 @@ import time
 from pathlib import Path
 
 from pretrain_cli import atomic, processes
+from pretrain_cli.distributed import progress
 from pretrain_cli.run_config import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir) while one runs
 POLL = 0.05
 SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
+HANG_POLL = 0.5  # how often the progress records are read
+HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
 
 
-def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
-    """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none)."""
+def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
+    """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none);
+    `hang_timeout`: the run's key (`distributed.progress.allowance`)."""
     if parallel.world_size <= 1:
         return
     import socket
@@ -65,7 +78,8 @@ def start(parallel: ParallelConfig, grace: float = 15.0) -> None:
         return
     shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}"
     shared.mkdir(exist_ok=True)
-    _spawn(_Watcher(me, ranks, host, shared, job.verdict_dir(), grace))
+    progress.open_record(shared / f"progress.{me}")
+    _spawn(_Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout))
 
 
 def _spawn(watcher: "_Watcher") -> None:
@@ -84,8 +98,10 @@ def _spawn(watcher: "_Watcher") -> None:
             os.dup2(read_end, 3)
             os.dup2(log, 4)
             os.closerange(5, 4096)  # no socket of the rank's stays open here
+            watcher.announce(True)
             watcher.run(3, 4)
         finally:
+            watcher.announce(False)
             os._exit(0)
     os.close(read_end)
     os.close(log)
@@ -112,8 +128,9 @@ def stop() -> None:
     os.dup2(err, 2)
     os.close(out)
     os.close(err)
+    progress.close_record()
     with contextlib.suppress(OSError):
-        os.kill(child, signal.SIGTERM)  # it passes on what is left in the pipe and exits
+        os.kill(child, signal.SIGTERM)  # it passes on what is left in the pipe and exits (`_finish`)
         deadline = time.monotonic() + 5.0
         while os.waitpid(child, os.WNOHANG)[0] == 0:
             if time.monotonic() > deadline:
@@ -121,28 +138,27 @@ def stop() -> None:
                 os.waitpid(child, 0)
                 break
             time.sleep(0.01)
-    import shutil
-
-    shutil.rmtree(shared, ignore_errors=True)
 
 
 class _Watcher:
-    def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float):
+    def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float,
+                 hang_timeout: float | None = None):
         self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
-        self.grace, self.parent = grace, ranks[me]
+        self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
         self.statuses: dict[int, int | None] = {}
         self.stopping = False
+        self.named: set = set()  # stragglers named in this rank's log already
 
     # ------------------------------------------------------------------ the loop
     def run(self, pipe: int, log: int) -> None:
         import select
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
-        open_pipe = True
+        open_pipe, next_check = True, time.monotonic() + HANG_POLL
         while True:
             if self.stopping:  # the rank is done: pass on its last output and leave
                 self._drain(pipe, log if open_pipe else None)
-                return
+                return self._finish()
             chunk = b""
             if open_pipe and select.select([pipe], [], [], POLL)[0]:
                 chunk = os.read(pipe, 1 << 16)
@@ -153,6 +169,11 @@ class _Watcher:
             if not gone:
                 if chunk:
                     os.write(log, chunk)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + HANG_POLL
+                    cause = self._decided() or self._check_progress(log)
+                    if cause is not None:
+                        return self._end(cause, [], pipe if open_pipe else None, log)
                 continue
             self._handle(gone, chunk, pipe if open_pipe else None, log)
             return
@@ -166,36 +187,43 @@ class _Watcher:
             self._stop_parent()
         self._observe(gone)
         deadline = time.monotonic() + SETTLE
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._decided() is None:
             if pipe is not None:
                 more = self._read_available(pipe)
                 if self.me in gone:
                     last_words.append(more)
             self._observe(self._gone())
             time.sleep(POLL)
-        causes = self._causes()
-        if self.me in causes:  # its own output up to its death is the story (its error line, its traceback)
+        self._end(self._decided() or self._publish(self._death_cause()), last_words, pipe, log)
+
+    def _end(self, cause: dict, last_words: list, pipe: int | None, log: int) -> None:
+        """Say `cause` (the host's one verdict) in this rank's log, stopping this rank first; record it for
+        launch.sh when this rank is the cause; leave once the others are done with the shared records."""
+        self._stop_parent()  # (a hung rank too: SIGKILL reaches a stopped process)
+        culprits = cause["ranks"]
+        if self.me in culprits:  # its own output up to its death is the story (its error line, its traceback)
             os.write(log, b"".join(last_words))
             if pipe is not None:
                 os.write(log, self._read_available(pipe))
-        os.write(log, self._line(causes).encode())
-        if self.me in causes and self.verdicts is not None:
+        os.write(log, self._line(cause).encode())
+        if self.me in culprits and self.verdicts is not None:
             from pretrain_cli.distributed import job
 
-            job.record(self.me, processes.exit_code(self.statuses.get(self.me)), "died", self._line([self.me]).strip(),
+            code = HUNG if cause["kind"] == "hung" else processes.exit_code(cause["statuses"][culprits.index(self.me)])
+            job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),
                        directory=self.verdicts, overwrite=False)
-        time.sleep(2 * SETTLE)  # the other watchers of this host may still read the shared records
-        import shutil
-
-        shutil.rmtree(self.shared, ignore_errors=True)
+        self._finish()
 
     # ------------------------------------------------------------------ evidence
     def _gone(self) -> set:
         return {r for r, pid in self.ranks.items() if not processes.alive(pid)}
 
     def _mark(self, gone: set) -> None:
-        """Every rank alive next to a dead one outlived it: it is not the cause."""
+        """Every rank alive next to a dead one outlived it: it is not the cause (unless it is stopped: `stopped.R`,
+        read before any watcher kills it)."""
         for r in set(self.ranks) - gone:
+            if processes.stopped(self.ranks[r]):
+                self._share(f"stopped.{r}", "")
             self._share(f"outlived.{r}", ",".join(map(str, sorted(gone))))
 
     def _observe(self, gone: set) -> None:
@@ -239,6 +267,87 @@ class _Watcher:
         own = [r for r in causes if (self._shared_status(r) or 0) & 0x7F != signal.SIGABRT]
         return own or causes
 
+    def _death_cause(self) -> dict:
+        """The verdict of a death: the ranks that died first; or a live rank that hung, when they died of waiting
+        for it: gloo's timeout aborts a waiting rank (SIGABRT) or raises in it (exit 1), and the live rank is
+        stopped (`kill -STOP`), or made no progress for `progress.WAITED` s outside a collective. A stopped rank whose
+        last mark is older than a killed rank's is named too."""
+        causes = self._causes()
+        statuses = [self._shared_status(r) for r in causes]
+        records, now = progress.read(self.shared, self.ranks), time.time()
+        first = min((records[r]["since"] for r in causes if r in records), default=now)
+        timeouts = all(st is not None and (st & 0x7F == signal.SIGABRT or processes.exit_code(st) == 1)
+                       for st in statuses)
+        idle = []
+        for r in set(records) - set(causes):  # alive, or killed by its watcher since: it outlived the causes
+            pid, since = self.ranks[r], records[r]["since"]
+            if not (processes.alive(pid) or (self.shared / f"outlived.{r}").exists()):
+                continue
+            stopped = self._stopped(r) and (timeouts or since < first)
+            waiting = records[r]["phase"] in ("collective", "done")  # waiting for others itself, or finished
+            if stopped or (timeouts and not waiting and now - since >= progress.WAITED):
+                idle.append(r)
+        if idle:
+            r = min(idle, key=lambda r: (not self._stopped(r), records[r]["since"]))
+            return self._hung_cause(r, records[r], now - records[r]["since"])
+        return {"kind": "died", "ranks": causes, "statuses": statuses}
+
+    def _stopped(self, r: int) -> bool:
+        return processes.stopped(self.ranks[r]) or (self.shared / f"stopped.{r}").exists()
+
+    def _hung_cause(self, rank: int, record: dict, seconds: float) -> dict:
+        return {"kind": "hung", "ranks": [rank], "statuses": [None], "seconds": seconds, "phase": record["phase"],
+                "step": record["step"]}
+
+    def _check_progress(self, log: int) -> dict | None:
+        """A hung rank of this host as the host's verdict (published), or None; names new stragglers."""
+        records = progress.read(self.shared, self.ranks)
+        stopped = {r for r in records if processes.stopped(self.ranks[r])}
+        found = progress.hung(records, time.time(), self.hang_timeout, stopped)
+        if found is not None:
+            return self._publish(self._hung_cause(found[0], records[found[0]], found[1]))
+        for r, ratio in progress.stragglers(records):
+            if r not in self.named:
+                self.named.add(r)
+                who = "" if r == self.me else f"rank {self.me}: "
+                os.write(log, (f"[pretrain-cli] {who}rank {r} (pid {self.ranks[r]} on {self.host}) is a straggler: "
+                               f"its own work per step (data and forward, the median of the last {progress.WINDOW} "
+                               f"steps) takes {ratio:.1f}x the other ranks'; training goes on\n").encode())
+        return None
+
+    # ------------------------------------------------------------------ the one verdict of the host
+    def _decided(self) -> dict | None:
+        """The verdict another watcher of this host published, if any."""
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads((self.shared / "cause").read_text())
+        return None
+
+    def _publish(self, cause: dict) -> dict:
+        """Publish `cause` unless another watcher was first; returns the one that stands."""
+        tmp = self.shared / f"cause.{self.me}.{os.getpid()}.{time.monotonic_ns()}"
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(cause))
+            os.link(tmp, self.shared / "cause")  # fails when it exists: the first verdict stands
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return self._decided() or cause
+
+    def announce(self, running: bool) -> None:
+        """launch.sh waits for the watchers before reading the verdicts: `watcher-R.pid` while this one runs."""
+        if self.verdicts is None:
+            return
+        path = self.verdicts / f"watcher-{self.me}.pid"
+        with contextlib.suppress(OSError):
+            path.write_text(str(os.getpid())) if running else path.unlink(missing_ok=True)
+
+    def _finish(self) -> None:
+        """This watcher is done with the shared records; the last of the host's removes them."""
+        import shutil
+
+        self._share(f"done.{self.me}", "")
+        if all((self.shared / f"done.{r}").exists() for r in self.ranks):
+            shutil.rmtree(self.shared, ignore_errors=True)
+
     # ------------------------------------------------------------------ acting
     def _stop_parent(self) -> None:
         deadline = time.monotonic() + self.grace
@@ -247,12 +356,17 @@ class _Watcher:
                 os.kill(self.parent, signal.SIGKILL)
             time.sleep(0.02)
 
-    def _line(self, causes: list[int]) -> str:
-        statuses = [self._shared_status(r) for r in causes]
-        named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
-                          for r, st in zip(causes, statuses))
+    def _line(self, cause: dict, own: bool = False) -> str:
+        causes, statuses = cause["ranks"], cause["statuses"]
+        if cause["kind"] == "hung":
+            r = causes[0]
+            named = (f"rank {r} (pid {self.ranks[r]} on {self.host}) made no progress for {cause['seconds']:.0f} s "
+                     f"while in {cause['phase']} at step {cause['step']}")
+        else:
+            named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
+                              for r, st in zip(causes, statuses))
         usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
-        if self.me in causes:
+        if self.me in causes or own:
             todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
                     "MAX_RESTART) to resume from the newest complete checkpoint-N")
             return f"\n[pretrain-cli] {named}; the other ranks stop too. {todo}.\n"

@@ -4,13 +4,23 @@ Each rank writes the pieces it owns into its own files (`model-0000k-of-0000n.sa
 `optimizer-0000k-of-0000n.safetensors`; one process: `model.safetensors` / `optimizer.safetensors`) and a
 small record of what it wrote; rank 0 merges the records into this index, written last:
 
-    {"format": "pretrain-cli sharded checkpoint", "version": 1, "world_size": 2, "layout": "...",
+    {"format": "pretrain-cli sharded checkpoint", "version": 2, "world_size": 2, "layout": "...",
      "weights_whole": false,
      "tensors": {"model.layers.0.mlp.up_proj.weight": {"kind": "weights", "dtype": "F32", "shape": [128, 64],
                  "pieces": [{"file": "model-00001-of-00002.safetensors", "offsets": [0, 0], "shape": [64, 64]},
                             {"file": "model-00002-of-00002.safetensors", "offsets": [64, 0], "shape": [64, 64]}]},
                  ...},
-     "files": {"model-00001-of-00002.safetensors": {"bytes": 123456, "crc32": "89abcdef"}, ...}}
+     "files": {"model-00001-of-00002.safetensors": {"bytes": 123456, "crc32": "89abcdef"}, ...},
+     "crc32": "01234567"}
+
+**Pieces that identify themselves** (version 2). Each rank's file records in its safetensors metadata
+(`pretrain_cli.pieces`, `file_metadata`) which block of which tensor each of its tensors is (offsets and global
+shape; the header already gives the block's shape), and the index carries the crc32 of its own canonical text
+(`seal`). A hand-edited index fails its checksum; an index whose checksum was made again after an edit, or a
+mis-merge of two runs' indexes, is caught by `against_file`, which compares the index with each file's own record
+(`storage.intact` runs it on every file it checks, reading the headers only). Either is damage. An index of
+version 1 (written before the files recorded their pieces) is read as before, with one note: refusing it would
+strand every run started before, and its files' crc32s are still checked (docs/CHECKPOINTS.md, "Damage").
 
 `Reader.read(name, offsets, shape)` returns any block of any tensor, reading from each piece only the
 part that intersects the block, so a layout resumes by reading about its own share.
@@ -25,6 +35,8 @@ lists, named for a rank below `world_size`; the pieces of each tensor tile its g
 from __future__ import annotations
 
 import json
+import logging
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +47,9 @@ from pretrain_cli.storage.shard_files import File
 
 INDEX = "checkpoint.index.json"
 FORMAT = "pretrain-cli sharded checkpoint"
-VERSION = 1  # what `build` writes and `load` reads
+VERSION = 2  # what `build` writes; `load` reads it and version 1 (no piece records, no checksum of its own)
+PIECES_KEY = "pretrain_cli.pieces"  # a rank file's safetensors metadata: {tensor: {"offsets", "global_shape"}}
+_NOTED: set = set()  # version-1 indexes already noted in this process
 STEMS = {"weights": "model", "optimizer": "optimizer"}  # a piece's kind -> the stem of its rank's file
 
 
@@ -73,8 +87,55 @@ def build(records: list[dict], world: int, layout: str) -> dict:
         if covered != int(np.prod(t["shape"], dtype=np.int64)):
             raise RuntimeError(f"{name}: pieces cover {covered} of {int(np.prod(t['shape']))} elements")
     whole = all(len(t["pieces"]) == 1 for t in tensors.values() if t["kind"] == "weights")
-    return {"format": FORMAT, "version": VERSION, "world_size": world, "layout": layout, "weights_whole": whole,
-            "tensors": dict(sorted(tensors.items())), "files": dict(sorted(files.items()))}
+    return seal({"format": FORMAT, "version": VERSION, "world_size": world, "layout": layout, "weights_whole": whole,
+                 "tensors": dict(sorted(tensors.items())), "files": dict(sorted(files.items()))})
+
+
+def file_metadata(pieces) -> dict:
+    """The safetensors metadata of a rank's file holding `pieces` (records with `name`, `offsets`, `global_shape`):
+    which block of which tensor each of its tensors is. `format: pt` keeps it a file transformers loads."""
+    held = {p["name"]: {"offsets": [int(o) for o in p["offsets"]], "global_shape": [int(n) for n in p["global_shape"]]}
+            for p in pieces}
+    return {"format": "pt", PIECES_KEY: json.dumps(held, separators=(",", ":"), sort_keys=True)}
+
+
+def _crc32(index: dict) -> str:
+    """The crc32 of the index's canonical text, without its own checksum."""
+    text = json.dumps({k: v for k, v in index.items() if k != "crc32"}, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def seal(index: dict) -> dict:
+    """`index` carrying the checksum of its own contents (what `build` returns; what a tool that edits an index on
+    purpose calls before writing it)."""
+    return {**{k: v for k, v in index.items() if k != "crc32"}, "crc32": _crc32(index)}
+
+
+def against_file(index: dict, fname: str, tensors: dict, metadata: dict) -> str | None:
+    """Where file `fname`'s own record of its pieces (its safetensors header's `tensors` and `metadata`) disagrees
+    with the index (a piece the file does not hold, at other offsets or of another shape, or a piece the index does
+    not put there), or None. Version-1 indexes come with files that record nothing: None."""
+    if index.get("version") == 1:
+        return None
+    try:
+        held = json.loads(metadata[PIECES_KEY])
+        assert isinstance(held, dict)
+    except (KeyError, TypeError, ValueError, AssertionError):
+        return f"{fname} holds no record of its pieces (safetensors metadata {PIECES_KEY!r})"
+    listed = {n: p for n, t in index["tensors"].items() for p in t["pieces"] if p["file"] == fname}
+    for name, p in listed.items():
+        mine, header = held.get(name), tensors.get(name)
+        if not isinstance(mine, dict) or not isinstance(header, dict):
+            return f"the index puts a piece of {name} in {fname}, which holds none"
+        shape = list(index["tensors"][name]["shape"])
+        if (mine.get("offsets") != list(p["offsets"]) or mine.get("global_shape") != shape
+                or header.get("shape") != list(p["shape"])):
+            return (f"the index puts the piece {list(p['shape'])} at {list(p['offsets'])} of {name} in {fname}, which "
+                    f"holds its piece {header.get('shape')} at {mine.get('offsets')}")
+    extra = sorted(set(held) - set(listed))
+    if extra:
+        return f"{fname} holds a piece of {extra[0]} the index does not put there"
+    return None
 
 
 def hf_weight_map(index: dict) -> dict | None:
@@ -99,11 +160,19 @@ def load(ckpt) -> dict | None:
     if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("tensors"), dict):
         raise UserError(f"{path}: not a {FORMAT} index; resume from another checkpoint")
     version = index.get("version")
-    if version != VERSION:
+    if version not in (1, VERSION):
         if isinstance(version, int) and not isinstance(version, bool):
             raise UnknownVersion(f"{path}: index version {version}, this pretrain-cli reads version {VERSION}; "
                                  f"read it with the pretrain-cli that wrote it, or resume from another checkpoint")
         raise UserError(f"{path}: no index version (got {version!r}); resume from another checkpoint")
+    if version == 1 and str(path) not in _NOTED:
+        _NOTED.add(str(path))
+        logging.getLogger("pretrain_cli").warning(
+            f"{path}: a version-1 index (from before the files recorded their pieces): its pieces are taken as it "
+            f"lists them, checked by size and crc32 only; checkpoints saved from now on are version {VERSION}")
+    if version != 1 and index.get("crc32") != _crc32(index):
+        raise UserError(f"{path}: does not match its own checksum (crc32 {index.get('crc32')!r}, its contents give "
+                        f"{_crc32(index)}); the index was edited or damaged: resume from another checkpoint")
     reason = disagreement(index)
     if reason is not None:
         raise UserError(f"{path}: {reason}; the index is damaged: resume from another checkpoint")

@@ -9,8 +9,9 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
   `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
   (`model-0000k-of-0000n.safetensors`), or no `optimizer.safetensors` of a checkpoint from before the index;
-- every file the index lists: present, of the listed size and, with `checksums`, the listed crc32
-  (`damage`); a checkpoint from before the index: every safetensors header readable and its data present.
+- every file the index lists: present, of the listed size, its own record of the pieces it holds (its
+  safetensors header: `checkpoint_index.against_file`) agreeing with the index and, with `checksums`, the listed
+  crc32 (`damage`); a checkpoint from before the index: every safetensors header readable and its data present.
 
 Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
 warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
@@ -99,15 +100,22 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
             return f"{path} is missing"
         if size != listed[name]["bytes"]:
             return f"{path} has {size} bytes, the index says {listed[name]['bytes']}"
-    if not checksums:
-        return None
-    from concurrent.futures import ThreadPoolExecutor
+    if checksums:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(8, max(len(names), 1))) as pool:  # zlib and reads release the GIL
-        sums = list(pool.map(lambda n: checksum(ckpt / n)["crc32"], names))
-    for name, got in zip(names, sums):
-        if got != listed[name]["crc32"]:
-            return f"{ckpt / name} does not match its checksum"
+        with ThreadPoolExecutor(max_workers=min(8, max(len(names), 1))) as pool:  # zlib and reads release the GIL
+            sums = list(pool.map(lambda n: checksum(ckpt / n)["crc32"], names))
+        for name, got in zip(names, sums):
+            if got != listed[name]["crc32"]:
+                return f"{ckpt / name} does not match its checksum"
+    for name in names:  # what each file says it holds against the index: the headers only, a few KiB per file
+        try:
+            f = File(ckpt / name)
+        except UserError as e:
+            return str(e).split("; ")[0]
+        reason = checkpoint_index.against_file(index, name, f.tensors, f.metadata)
+        if reason is not None:
+            return f"{ckpt / checkpoint_index.INDEX} and {ckpt / name} disagree: {reason}"
     return None
 
 
@@ -151,6 +159,12 @@ def _headers(paths) -> str | None:
     return None
 
 
+def skipping(ckpt, reason: str) -> str:
+    """The one warning line of a damaged checkpoint skipped for the previous one, whoever found the damage (rank 0's
+    listing check here, or a rank's checksum of the files it read: `training.run.previous_checkpoint`)."""
+    return f"not resuming from {Path(ckpt).name}: {reason}; trying the previous checkpoint"
+
+
 def newest(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
     """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
     none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
@@ -165,7 +179,6 @@ def newest(output_dir, verify: bool = True, checksums: bool = True, before: int 
         reason = problem(path, checksums)
         if reason is None:
             return path
-        logging.getLogger("pretrain_cli").warning(f"not resuming from {path.name}: {reason}; trying the previous "
-                                                  f"checkpoint")
+        logging.getLogger("pretrain_cli").warning(skipping(path, reason))
     raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
                     f"or set overwrite_output_dir: true")

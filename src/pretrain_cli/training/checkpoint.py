@@ -27,6 +27,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.data.tokenizer import export_files
+from pretrain_cli.distributed import progress
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
 from pretrain_cli.training import shard_writer
@@ -303,6 +304,8 @@ class Saver:
         tmp = shard_writer.tmp_dir(final)
         try:
             shard_writer.write_rank(tmp, rank, world, pieces)
+            if self.writer is None:  # training waits for the others' files now: a wait, not this rank's work
+                progress.mark("collective", step)
             if rank != 0:
                 return
             write_model_config(self.cfg, str(tmp), self.dtype)

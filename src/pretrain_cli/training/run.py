@@ -45,7 +45,7 @@ def _run(spec) -> int:
     with runtime.without_flags_banner():
         init_process_group(r.parallel, r.loop.seed, r.loop)
     comm = build_comm(r.parallel)
-    watchdog.start(r.parallel)
+    watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout)
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
@@ -103,7 +103,7 @@ def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
 
     if out.resume_from:
         raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
-    log.warning(f"not resuming from {damaged.name}: {e}; trying the previous checkpoint")
+    log.warning(intact.skipping(damaged, str(e)))
     step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
     older = intact.newest(out.output_dir, checksums=False, before=step)
     if older is None:
@@ -173,8 +173,9 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
             opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
             read += opt["bytes_read"]
             reason = verify_read(resume, (source.files if lazy else []) + opt["files"])
-            if comm.any(reason is not None):  # every rank learns it, in the same collective
-                raise DamagedCheckpoint(reason)
+            if comm.any(reason is not None):  # every rank learns it, in the same collective, and which file it is
+                found = [r for r in comm.gather_object(reason) if r is not None]  # (every rank reaches this one too)
+                raise DamagedCheckpoint(reason or found[0])
     finally:
         if isinstance(source, WeightSource):
             source.close()

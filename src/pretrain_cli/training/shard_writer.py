@@ -2,7 +2,8 @@
 
 Each rank writes the pieces it owns (`Strategy.pieces`, one writer per replicated piece:
 `distributed.pieces.writer_of`) into its own files under `checkpoint-N.tmp/` (a shared file system
-across nodes), one tensor at a time (`storage.shard_files`), then leaves a completion record
+across nodes), one tensor at a time (`storage.shard_files`; each file's metadata says which block of which tensor each
+of its tensors is: `checkpoint_index.file_metadata`), then leaves a completion record
 `rank-0000r.done.json` (its files' sizes and checksums, its pieces' offsets) next to them. Rank 0 waits
 for every record, merges them into `checkpoint.index.json` (`storage.checkpoint_index`), writes
 `trainer_state.json` last and renames the directory: a save killed at any point, on any rank, never
@@ -41,9 +42,10 @@ def write_rank(tmp: Path, rank: int, world: int, pieces) -> dict:
             continue
         fname = checkpoint_index.file_name(stem, rank, world)
         entries = [(p.name, p.dtype, p.box.shape, produce) for p, produce in mine]
-        files[fname] = shard_files.write(tmp / fname, entries, {"format": "pt"})
-        recs += [{"name": p.name, "kind": kind, "dtype": p.dtype, "global_shape": list(p.box.global_shape),
-                  "offsets": list(p.box.offsets), "shape": list(p.box.shape), "file": fname} for p, _ in mine]
+        held = [{"name": p.name, "kind": kind, "dtype": p.dtype, "global_shape": list(p.box.global_shape),
+                 "offsets": list(p.box.offsets), "shape": list(p.box.shape), "file": fname} for p, _ in mine]
+        files[fname] = shard_files.write(tmp / fname, entries, checkpoint_index.file_metadata(held))
+        recs += held
     record = {"rank": rank, "files": files, "pieces": recs}
     atomic.write_json(tmp / RECORD.format(rank), record)
     return record

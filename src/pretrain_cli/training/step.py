@@ -9,12 +9,14 @@ with each call, so a rollback that builds the layout again needs nothing of the 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from pretrain_cli.data.loader import batch_hash
+from pretrain_cli.distributed import progress
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import model_inputs
 from pretrain_cli.training.metrics import log
@@ -61,11 +63,14 @@ class Step:
         self.bias_update_rate = run.moe.bias_update_rate  # MoE auxiliary-loss-free balancing (0: off)
 
     def _forward_loss(self, layout, batch):
+        start = time.perf_counter()
         # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
         ids, extra, labels = model_inputs(batch, layout.strategy.shard_batch)
         with layout.amp.autocast():  # labels: the loss terms, not logits (the fused head + loss never holds them)
             total, count = layout.model(ids, labels=labels, **extra)
-        return mean_loss(total, count)
+        loss = mean_loss(total, count)
+        progress.worked(time.perf_counter() - start)  # this rank's own work: a straggler's measure
+        return loss
 
     def _clip(self, layout, norm: float) -> None:
         if 0 < self.max_grad_norm < norm:
@@ -75,10 +80,13 @@ class Step:
         """One optimizer step over `acc` micro-batches (the strategy's `forward_backward`: each with its own
         forward and backward, or a pipeline's schedule over all of them)."""
         layout.optimizer.set_lr(self.schedule.lr_at(state.global_step + 1))
+        progress.mark("data", state.global_step + 1)  # what the rank watchers read (a hung rank, a straggler)
         taken = [next(batches) for _ in range(self.grad_accum)]
+        progress.mark("forward/backward", state.global_step + 1)
         total = layout.strategy.forward_backward(layout.model, taken, layout.amp,
                                                  lambda batch: self._forward_loss(layout, batch))
         state.last_batch_hash = batch_hash(taken[-1])
+        progress.mark("collective", state.global_step + 1)
         layout.strategy.sync_grads()
         layout.amp.unscale(layout.optimizer)
         norm = layout.strategy.grad_norm(layout.model)

@@ -112,10 +112,12 @@ class _Records:
         for record in history:
             self.add(record)
         self.writer.flush()
-        for path in self.files():
-            if path not in old:
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
+        new = [path for path in self.files() if path not in old]
+        for path in new:
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        if not new:  # the history is not on disk in a file of its own: keep what there is
+            return
         for path in old:
             path.unlink(missing_ok=True)
         if old:
@@ -153,14 +155,20 @@ class VisualDL(_Records):
 
 
 class TensorBoard(_Records):
-    """TensorBoard reads every `events.out.tfevents.*` file of the directory; only the new one is kept."""
+    """TensorBoard reads every `events.out.tfevents.*` file of the directory; only the new one is kept.
+
+    tensorboardX names its file `events.out.tfevents.<whole seconds>.<hostname>` and opens it for writing from the
+    start: a run resumed within the same second as the previous one started (a short run, or the same host's
+    second process) got the name of the file it was about to replace, truncated it, and then removed it as an old
+    file, leaving no file at all. So the file also carries this process's id and the time in nanoseconds."""
 
     pattern = re.compile(r"^events\.out\.tfevents\.")
 
     def open(self, old: list) -> None:
         from tensorboardX import SummaryWriter
 
-        self.writer = SummaryWriter(logdir=str(self.root), flush_secs=10)
+        self.writer = SummaryWriter(logdir=str(self.root), flush_secs=10,
+                                    filename_suffix=f".{os.getpid()}.{time.time_ns()}")
 
     def text(self, tag: str, text: str) -> None:
         self.writer.add_text(tag, text, 0)

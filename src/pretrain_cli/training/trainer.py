@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pretrain_cli.data.loader import BatchIterator
+from pretrain_cli.distributed import progress
 from pretrain_cli.training.checkpoint import read_state
 from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
@@ -329,6 +330,7 @@ class Trainer:
             self.writer.write(kind, self.state.global_step, values)
 
     def _save(self) -> None:
+        progress.mark("save", self.state.global_step)
         if self.saver is not None:
             pieces = self.strategy.pieces(self.raw_model, self.optimizer)  # no collective, no copy
             state = self.state_dict() if self.parallel.is_rank0 else None  # (a deep copy)
@@ -340,6 +342,7 @@ class Trainer:
     def evaluate(self, split: str = "valid") -> dict:
         """Loss over the same `eval_iters` batches every time, so curves are comparable."""
         bs, p, iters = self.loop.eval_batch, self.parallel, self.loop.eval_iters
+        progress.mark("eval", self.state.global_step)
         start = time.perf_counter()
         topo = self.strategy.topology
         batches = split_batches(self.splits.get(split), bs, iters, topo.data_rank, topo.data_world_size)

@@ -22,8 +22,9 @@ from pretrain_cli.errors import UserError
 
 
 class DamagedCheckpoint(UserError):
-    """Some rank found a file it read not matching its checksum (`reason`: this rank's finding, or None). `train`
-    then resumes from the previous checkpoint; where nothing catches it (a spike rollback's rebuild), one line."""
+    """Some rank found a file it read not matching its checksum (`reason`: the finding naming the file: this rank's, or
+    the first rank's that found one). `train` then resumes from the previous checkpoint; where nothing catches it (a
+    spike rollback's rebuild), one line."""
 
     def __init__(self, reason: str | None):
         super().__init__(reason or "a file another rank read does not match its checksum (see its workerlog)")

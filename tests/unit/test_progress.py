@@ -1,0 +1,53 @@
+"""Each rank's progress record and what the watchers decide from it: when a rank is hung (the allowance: the key,
+the default of a few minutes raised to the run's own steps, start-up's longer one), which rank of several is, and
+which rank is a straggler (once its median own work per step stays well above the others')."""
+from pretrain_cli.distributed import progress
+
+
+def _rec(phase="collective", since=0.0, step_seconds=0.0, busy=0.0, timed=0):
+    return {"step": 7, "phase": phase, "since": since, "step_seconds": step_seconds, "busy_seconds": busy,
+            "timed": timed, "pid": 1}
+
+
+def test_the_allowance_is_the_key_or_a_few_minutes_raised_to_the_runs_own_steps():
+    assert progress.allowance("data", None, 0.0) == progress.DEFAULT == 300
+    assert progress.allowance("data", None, 60.0) == 20 * 60.0  # a run of minute-long steps waits 20 steps
+    assert progress.allowance("save", 10.0, 60.0) == 10.0  # the key is the user's
+    assert progress.allowance("start-up", 10.0, 0.0) == progress.START  # building and reading a checkpoint
+    assert progress.allowance("data", 0, 0.0) is None and progress.allowance("done", None, 0.0) is None
+
+
+def test_the_hung_rank_is_the_stopped_one_then_the_one_not_waiting_then_the_oldest():
+    now = 100.0
+    records = {0: _rec("collective", since=50.0), 1: _rec("forward/backward", since=60.0), 2: _rec("collective", 89.0)}
+    assert progress.hung(records, now, 10.0) == (1, 40.0)  # the others wait in a collective for it
+    assert progress.hung(records, now, 10.0, stopped={2}) == (2, 11.0)  # a stopped process is decisive
+    assert progress.hung({0: _rec("collective", 50.0), 1: _rec("collective", 40.0)}, now, 10.0)[0] == 1
+    assert progress.hung(records, now, 100.0) is None and progress.hung(records, now, 0) is None
+    # a rank stopped after the others began to wait: not late itself yet, but the one they wait for
+    waiting = {0: _rec("collective", since=85.0), 1: _rec("save", since=95.0), 2: _rec("collective", 96.0)}
+    assert progress.hung(waiting, now, 10.0, stopped={1}) == (1, 5.0)
+    assert progress.hung(waiting, now, 10.0) == (1, 5.0)  # not stopped: the one not waiting in a collective
+
+
+def test_a_record_reads_back_what_the_rank_marked(tmp_path):
+    rec = progress.Record(tmp_path / "progress.3")
+    for step in (1, 2):
+        rec.mark("data", step)
+        rec.mark("forward/backward", step)
+        rec.mark("collective", step)
+    rec.mark("data", 3)
+    got = progress.read(tmp_path, [3, 4])[3]  # rank 4 has no record yet: left out
+    assert list(progress.read(tmp_path, [3, 4])) == [3]
+    assert got["step"] == 3 and got["phase"] == "data" and got["timed"] == 2 and got["step_seconds"] > 0
+    rec.close()
+
+
+def test_a_straggler_is_a_rank_whose_own_work_stays_well_above_the_others():
+    full = progress.WINDOW
+    records = {0: _rec(busy=1.0, timed=full), 1: _rec(busy=1.1, timed=full), 2: _rec(busy=2.0, timed=full)}
+    assert [(r, round(x, 2)) for r, x in progress.stragglers(records)] == [(2, 1.90)]
+    records[2]["timed"] = full - 1  # not yet a window of steps
+    assert progress.stragglers(records) == []
+    tiny = {0: _rec(busy=0.1, timed=full), 1: _rec(busy=0.3, timed=full)}  # 3x, but a loaded host's jitter
+    assert progress.stragglers(tiny) == []
