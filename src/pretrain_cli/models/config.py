@@ -15,12 +15,13 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass
 class ModelConfig:
-    """A decoder-only Llama/Qwen2/Qwen3 architecture; `head_dim` defaults to hidden / heads."""
+    """A decoder-only Llama/Qwen2/Qwen3/DeepSeek architecture; `head_dim` defaults to hidden / heads (DeepSeek's is
+    `qk_rope_head_dim`, as transformers sets it: the width RoPE rotates)."""
 
     model_type: str = "llama"
     vocab_size: int = 32000
@@ -43,13 +44,42 @@ class ModelConfig:
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
     torch_dtype: str = "float32"
+    # multi-head latent attention (DeepSeek-V2/V3; `families.Family.attention == "mla"`): None elsewhere
+    q_lora_rank: int | None = None  # None: one q_proj (DeepSeek-V2-Lite); else q_a_proj → q_a_layernorm → q_b_proj
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_interleave: bool | None = None  # DeepSeek's RoPE pairs adjacent dims (V2 always; V3 unless false)
     extra: dict = field(default_factory=dict, repr=False, compare=False)  # unknown HF keys, kept for round-trips
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        if self.mla:
+            self._mla_defaults()
+            self.head_dim = self.qk_rope_head_dim
         if self.head_dim is None and self.num_attention_heads:
             self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (the family says so)."""
+        return self.model_type in SUPPORTED_MODEL_TYPES and family(self.model_type).attention == "mla"
+
+    def _mla_defaults(self) -> None:
+        """transformers' defaults for the MLA keys a config.json leaves out (DeepseekV2Config / DeepseekV3Config)."""
+        for name, default in (("kv_lora_rank", 512), ("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64),
+                              ("v_head_dim", 128)):
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        if self.rope_interleave is None:
+            self.rope_interleave = True
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim` under MLA, else `head_dim`."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim
 
     # ------------------------------------------------------------------ HF dict I/O
     @classmethod
@@ -86,9 +116,13 @@ class ModelConfig:
             del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
+        if family(model_type).attention == "mla":
+            d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
+            d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names and k not in ("dtype", "architectures")}
+        derived_keys = ("dtype", "architectures", "qk_head_dim")  # qk_head_dim: transformers derives it under MLA
+        extra = {k: v for k, v in d.items() if k not in names and k not in derived_keys}
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)
         try:
@@ -128,6 +162,12 @@ class ModelConfig:
             del out["attention_bias"], out["mlp_bias"]
         if self.model_type == "qwen3":  # attention_bias is Qwen3's; its MLP never has a bias
             del out["mlp_bias"]
+        if not self.mla:  # the MLA keys mean nothing to the GQA families
+            for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                         "rope_interleave"):
+                del out[name]
+        elif self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
+            del out["rope_interleave"]
         out.setdefault("use_cache", True)
         return out
 
@@ -149,8 +189,10 @@ class ModelConfig:
                 f"{source}: num_attention_heads ({self.num_attention_heads}) is not divisible by "
                 f"num_key_value_heads ({self.num_key_value_heads}); pick kv heads that divide it"
             )
+        if self.mla:
+            self._validate_mla(source)
         derived = self.hidden_size // self.num_attention_heads
-        if self.hidden_size % self.num_attention_heads and self.head_dim == derived:
+        if not self.mla and self.hidden_size % self.num_attention_heads and self.head_dim == derived:
             raise UserError(
                 f"{source}: hidden_size ({self.hidden_size}) is not divisible by "
                 f"num_attention_heads ({self.num_attention_heads}); change one or set head_dim"
@@ -173,6 +215,21 @@ class ModelConfig:
             missing = [k for k in need if k not in self.rope_scaling]
             if missing:
                 raise UserError(f"{source}: rope_scaling ({rt}) is missing {', '.join(missing)}")
+            if rt == "yarn" and "factor" not in self.rope_scaling \
+                    and "original_max_position_embeddings" not in self.rope_scaling:
+                raise UserError(f"{source}: rope_scaling (yarn) needs factor or original_max_position_embeddings")
+
+    def _validate_mla(self, source: str) -> None:
+        """The MLA widths must be positive integers (the RoPE part even); `q_lora_rank` may be null (one q_proj)."""
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + (
+                ("q_lora_rank",) if self.q_lora_rank is not None else ()):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise UserError(f"{source}: num_key_value_heads ({self.num_key_value_heads}) must equal "
+                            f"num_attention_heads ({self.num_attention_heads}) under multi-head latent attention "
+                            f"(every head expands its own keys from the latent); set them equal")
 
     @property
     def n_rep(self) -> int:

@@ -19,6 +19,7 @@ from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
+from pretrain_cli.models.mla import LatentAttention
 
 
 class DecoderLayer(nn.Layer):
@@ -28,7 +29,10 @@ class DecoderLayer(nn.Layer):
                  qk_norm: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
+        if cfg.mla:  # DeepSeek's multi-head latent attention: the q/kv down-projections take `qkv_bias`
+            self.self_attn = LatentAttention(cfg, kernels, qkv_bias, o_bias)
+        else:
+            self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.mlp = MLP(cfg, kernels, mlp_bias)
 

@@ -1,5 +1,5 @@
-"""Model-family facts in one table: which biases exist, per-head q/k norms, the HF class name, PaddleNLP's
-parameter prefix.
+"""Model-family facts in one table: which biases exist, per-head q/k norms, the attention kind (GQA, or
+DeepSeek's multi-head latent attention), the HF class name, PaddleNLP's parameter prefix.
 
 The model code (`decoder.CausalLM`), the FLOP/parameter counts (`flops`), the config reader
 (`config`) and checkpoint conversion (`convert`) all read this table, so adding a family is one
@@ -18,6 +18,7 @@ class Family:
     paddlenlp_prefix: str | None  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
     biases: Callable  # cfg -> (q/k/v bias, o_proj bias, MLP bias)
     qk_norm: bool = False  # RMSNorm over head_dim on every q and k head before RoPE (HF q_norm / k_norm)
+    attention: str = "gqa"  # "gqa" (q/k/v_proj) or "mla" (DeepSeek's latent attention, `models.mla`)
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -30,6 +31,12 @@ FAMILIES = {f.model_type: f for f in (
     # PaddleNLP's Qwen3 uses HF's `model.` prefix with Paddle's [in, out] Linear layout: `convert` tells it by shape
     Family("qwen3", "Qwen3ForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True),
+    # HF DeepseekV2/V3Attention: `attention_bias` on q_a_proj, kv_a_proj_with_mqa and o_proj only (the
+    # tuple's q/k/v slot means those two down-projections); no MLP bias
+    Family("deepseek_v2", "DeepseekV2ForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla"),
+    Family("deepseek_v3", "DeepseekV3ForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla"),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

@@ -13,7 +13,21 @@ from pretrain_cli.models.families import family
 from pretrain_cli.models.recompute import GRANULARITIES
 
 
+def _mla_params(cfg: ModelConfig) -> int:
+    """Multi-head latent attention (`models.mla`): the q path (one q_proj, or q_a_proj + its norm + q_b_proj),
+    kv_a_proj_with_mqa + kv_a_layernorm, kv_b_proj, o_proj; `attention_bias` on the down-projections and o_proj."""
+    h, heads, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
+    q_low, kv_a = cfg.q_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    q = h * heads * cfg.qk_head_dim if q_low is None else (
+        h * q_low + (q_low if bias else 0) + q_low + q_low * heads * cfg.qk_head_dim)
+    kv = h * kv_a + (kv_a if bias else 0) + cfg.kv_lora_rank + cfg.kv_lora_rank * heads * (
+        cfg.qk_nope_head_dim + cfg.v_head_dim)
+    return q + kv + heads * cfg.v_head_dim * h + (h if bias else 0)
+
+
 def _attn_params(cfg: ModelConfig) -> int:
+    if cfg.mla:
+        return _mla_params(cfg)
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     fam = family(cfg.model_type)
@@ -43,7 +57,7 @@ def _check_recompute(recompute: str | None) -> None:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None,
                     hardware: bool = False) -> float:
-    """Training FLOPs per token: `6·N + 12·L·H·d_head·S` (fwd + bwd).
+    """Training FLOPs per token: `6·N + 12·L·H·d_head·S` (fwd + bwd); under MLA `6·L·H·(d_qk + d_v)·S`.
 
     N = every parameter except the input embedding, plus the LM-head matmul when tied.
     Causal attention is counted in full (as PaLM and torchtitan do), and so is document-masked
@@ -54,8 +68,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
     _check_recompute(recompute)
     counts = param_counts(cfg)
     n = counts["non_embedding"] + (counts["embedding"] if cfg.tie_word_embeddings else 0)
-    L, H, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
-    attn_fwd = 4 * L * H * d * seq_len  # QKᵀ and PV, forward only, per token
+    L, H = cfg.num_hidden_layers, cfg.num_attention_heads
+    v_dim = cfg.v_head_dim if cfg.mla else cfg.head_dim  # MLA's value heads are narrower than its q/k heads
+    attn_fwd = 2 * L * H * (cfg.qk_head_dim + v_dim) * seq_len  # QKᵀ and PV, forward only, per token
     total = 6 * n + 3 * attn_fwd
     if hardware and recompute:
         if recompute == "full":
