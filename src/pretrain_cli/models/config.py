@@ -121,7 +121,9 @@ class ModelConfig:
             d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
-        derived_keys = ("dtype", "architectures", "qk_head_dim")  # qk_head_dim: transformers derives it under MLA
+        # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
+        # (`convert.dequantize_fp8`), so what this config describes is never FP8
+        derived_keys = ("dtype", "architectures", "qk_head_dim", "quantization_config")
         extra = {k: v for k, v in d.items() if k not in names and k not in derived_keys}
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)

@@ -182,9 +182,42 @@ def detect_layout(tensors: dict, model=None) -> str:
     return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
+def quantization_block(src_dir) -> tuple[int, int]:
+    """The FP8 block size of a model directory (its config.json's `quantization_config`; 128 × 128 if none)."""
+    from pretrain_cli.storage import fp8
+
+    try:
+        with open(os.path.join(str(src_dir), "config.json"), encoding="utf-8") as f:
+            quant = json.load(f).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        quant = None
+    return fp8.block_size(quant if isinstance(quant, dict) else None)
+
+
+def dequantize_fp8(tensors: dict, block) -> dict:
+    """FP8 block-quantized weights (`X.weight` + `X.weight_scale_inv`, DeepSeek's release format) → fp32
+    weights; the scales are consumed. Other tensors pass through."""
+    from pretrain_cli.storage import fp8
+
+    scales = [n for n in tensors if n.endswith(fp8.SCALE_SUFFIX)]
+    if not scales:
+        return tensors
+    out = {k: v for k, v in tensors.items() if not k.endswith(fp8.SCALE_SUFFIX)}
+    for name in scales:
+        weight = name[:-len(fp8.SCALE_SUFFIX)]
+        if weight not in out:
+            raise UserError(f"{name}: a weight scale without its weight {weight!r}; the checkpoint is incomplete")
+        w, s = out[weight], tensors[name]
+        w = w.astype("float32").numpy() if hasattr(w, "place") else np.asarray(w, dtype=np.float32)
+        s = s.astype("float32").numpy() if hasattr(s, "place") else np.asarray(s, dtype=np.float32)
+        out[weight] = fp8.dequantize(w, s, block)
+    return out
+
+
 def load_weights(model, src_dir: str) -> str:
-    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
-    tensors = read_safetensors(src_dir)
+    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout. FP8
+    block-quantized weights (DeepSeek's release format) are dequantized to fp32 first."""
+    tensors = dequantize_fp8(read_safetensors(src_dir), quantization_block(src_dir))
     layout = detect_layout(tensors, model)
     if layout == "paddlenlp":
         tensors = _from_paddlenlp(tensors, model)

@@ -45,7 +45,8 @@ class WeightSource:
 
     def __init__(self, path, model, what: str = "checkpoint"):
         from pretrain_cli.distributed.pieces import split_name
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params
+        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params, quantization_block
+        from pretrain_cli.storage import fp8
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
@@ -67,6 +68,8 @@ class WeightSource:
                 raise UserError(f"{self.where}: tensor {name!r} has shape {list(stored[name]['shape'])} but config.json "
                                 f"implies {want}; use the config.json that belongs to these weights")
         known = {name for name, _ in self.names.values()}
+        known |= {name + fp8.SCALE_SUFFIX for name in known if name + fp8.SCALE_SUFFIX in stored}  # FP8 scales
+        self.block = quantization_block(path)
         extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES)
                        and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
         if extra:
@@ -83,10 +86,17 @@ class WeightSource:
     def __call__(self, name: str, box):
         from pretrain_cli.training.checkpoint import _as_float32
 
+        from pretrain_cli.storage import fp8
+
         stored, transpose = self.names[name]
         where = box.transposed() if transpose else box
-        arr = _as_float32(self.reader.read(stored, where.offsets, where.shape),
-                          self.reader.index["tensors"][stored]["dtype"])
+        code = self.reader.index["tensors"][stored]["dtype"]
+        raw = self.reader.read(stored, where.offsets, where.shape)
+        if code == fp8.CODE:  # DeepSeek's FP8 release: this block's values × the scales of the blocks it crosses
+            scale = self.reader.read(stored + fp8.SCALE_SUFFIX).astype(np.float32)
+            arr = fp8.dequantize(fp8.decode(raw), scale, self.block, where.offsets)
+        else:
+            arr = _as_float32(raw, code)
         return np.ascontiguousarray(arr.T if transpose else arr)
 
     @property
