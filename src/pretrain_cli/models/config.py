@@ -51,6 +51,7 @@ class ModelConfig:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     rope_interleave: bool | None = None  # DeepSeek's RoPE pairs adjacent dims (V2 always; V3 unless false)
+    num_nextn_predict_layers: int = 0  # DeepSeek-V3's multi-token prediction modules (`models.mtp`); 1 if absent
     extra: dict = field(default_factory=dict, repr=False, compare=False)  # unknown HF keys, kept for round-trips
 
     def __post_init__(self) -> None:
@@ -119,6 +120,9 @@ class ModelConfig:
         if family(model_type).attention == "mla":
             d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
             d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
+            if model_type == "deepseek_v3" and d.get("num_nextn_predict_layers") is None:
+                d["num_nextn_predict_layers"] = d.get("num_mtp_layers", 1)  # DeepseekV3Config's default (alias)
+            d.pop("num_mtp_layers", None)
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
@@ -168,7 +172,9 @@ class ModelConfig:
             for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                          "rope_interleave"):
                 del out[name]
-        elif self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
+        if self.model_type != "deepseek_v3":  # multi-token prediction is DeepSeek-V3's key
+            del out["num_nextn_predict_layers"]
+        if self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
             del out["rope_interleave"]
         out.setdefault("use_cache", True)
         return out
@@ -228,6 +234,10 @@ class ModelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+        n = self.num_nextn_predict_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or (n and self.model_type != "deepseek_v3"):
+            raise UserError(f"{source}: num_nextn_predict_layers must be a non-negative integer (DeepSeek-V3 only), "
+                            f"got {n!r}")
         if self.num_key_value_heads != self.num_attention_heads:
             raise UserError(f"{source}: num_key_value_heads ({self.num_key_value_heads}) must equal "
                             f"num_attention_heads ({self.num_attention_heads}) under multi-head latent attention "

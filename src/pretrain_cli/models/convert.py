@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import numpy as np
 
@@ -41,14 +42,32 @@ def hf_params(model) -> list[tuple[str, object, bool]]:
     return [(name, p, name in linear) for name, p in model.named_parameters()]
 
 
+def is_mtp(name: str, cfg: ModelConfig) -> bool:
+    """Whether HF tensor `name` belongs to a multi-token prediction module (`model.layers.{L + k}.`, `models.mtp`)."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return m is not None and int(m.group(1)) >= cfg.num_hidden_layers
+
+
+def is_mtp_shared_copy(name: str, cfg: ModelConfig) -> bool:
+    """The copies of the embedding and the head that published checkpoints store under each MTP module: the
+    model shares the main ones (`models.mtp.SHARED`), so these are not read."""
+    from pretrain_cli.models.mtp import SHARED
+
+    return is_mtp(name, cfg) and name.endswith(SHARED)
+
+
 def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None:
-    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
+    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes. Multi-token
+    prediction modules absent from the files (transformers drops them when it saves) keep their initial values."""
     import paddle
 
+    cfg = model.config
     expected = {name: (p, transpose) for name, p, transpose in hf_params(model)}
     tied = model.lm_head is None
-    tensors = {k: v for k, v in tensors.items()
-               if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)
+               and not (tied and k == "lm_head.weight") and not is_mtp_shared_copy(k, cfg)}
+    if not any(is_mtp(k, cfg) for k in tensors):
+        expected = {k: v for k, v in expected.items() if not is_mtp(k, cfg)}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:

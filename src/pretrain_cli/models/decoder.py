@@ -20,6 +20,7 @@ from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
 from pretrain_cli.models.mla import LatentAttention
+from pretrain_cli.models.mtp import DecoderLayers, MTPModule, mtp_losses
 
 
 class DecoderLayer(nn.Layer):
@@ -47,8 +48,11 @@ class DecoderModel(nn.Layer):
         fam = family(cfg.model_type)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm)
-                                    for _ in range(cfg.num_hidden_layers)])
+        layers = [DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm) for _ in range(cfg.num_hidden_layers)]
+        # DeepSeek-V3's multi-token prediction modules follow as layers num_hidden_layers + k (`models.mtp`)
+        mtp = [MTPModule(cfg, kernels, DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm))
+               for _ in range(cfg.num_nextn_predict_layers)]
+        self.layers = DecoderLayers(layers, mtp)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
         self.kernels = kernels
@@ -75,10 +79,12 @@ class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
     terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, mtp_loss_weight: float = 0.3):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
+        self.mtp_loss_weight = mtp_loss_weight  # λ of DeepSeek-V3's multi-token prediction loss (training only)
+        self.mtp_record: list = []  # each MTP depth's last training loss (detached), for the log line
         self.model = DecoderModel(cfg, kernels)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -97,7 +103,14 @@ class CausalLM(nn.Layer):
         else:
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
-            return self.loss_sum(h, labels)
+            total, count = self.loss_sum(h, labels)
+            if self.training and self.model.layers.mtp:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
+                cos, sin = self.model.rotary_emb(input_ids.shape[1])
+                losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
+                self.mtp_record = [loss.detach() for loss in losses]
+                extra = paddle.add_n(losses) * (self.mtp_loss_weight / len(losses))
+                total = total + extra * count.detach().astype(total.dtype)
+            return total, count
         return self.logits(h)
 
     def loss_sum(self, h, labels):

@@ -43,9 +43,12 @@ class WeightSource:
 
     dtype = None  # as `distributed.materialize.InitSource.dtype`
 
-    def __init__(self, path, model, what: str = "checkpoint"):
+    def __init__(self, path, model, what: str = "checkpoint", fallback=None):
+        """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
+        none (transformers drops them when it saves a DeepSeek-V3)."""
         from pretrain_cli.distributed.pieces import split_name
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params, quantization_block
+        from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, detect_layout, hf_params, is_mtp,
+                                                 is_mtp_shared_copy, quantization_block)
         from pretrain_cli.storage import fp8
         from pretrain_cli.training.checkpoint import open_reader
 
@@ -58,6 +61,10 @@ class WeightSource:
                                 transpose and layout == "hf")
         params = dict(model.named_parameters())
         tied = model.lm_head is None
+        cfg = model.config
+        self.fallback = fallback
+        if fallback is not None and not any(is_mtp(n, cfg) for n in stored):  # MTP modules start from init
+            self.names = {k: v for k, v in self.names.items() if not is_mtp(k, cfg)}
         for ours, (name, transpose) in self.names.items():
             if name not in stored:
                 self.close()
@@ -71,6 +78,7 @@ class WeightSource:
         known |= {name + fp8.SCALE_SUFFIX for name in known if name + fp8.SCALE_SUFFIX in stored}  # FP8 scales
         self.block = quantization_block(path)
         extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES)
+                       and not is_mtp_shared_copy(n, cfg)
                        and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
         if extra:
             self.close()
@@ -88,6 +96,8 @@ class WeightSource:
 
         from pretrain_cli.storage import fp8
 
+        if name not in self.names:  # a multi-token prediction module the directory does not hold
+            return self.fallback(name, box)
         stored, transpose = self.names[name]
         where = box.transposed() if transpose else box
         code = self.reader.index["tensors"][stored]["dtype"]
