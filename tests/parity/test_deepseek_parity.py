@@ -17,8 +17,11 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from parity_helpers import HEADS, load, production_loss  # noqa: E402
+from test_hf_moe_parity import _hf_per_expert_grads  # noqa: E402
 
-from pretrain_cli.models import convert  # noqa: E402
+from pretrain_cli.models import build_model, convert  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.run_config import MoeConfig  # noqa: E402
 from pretrain_cli.models.flops import param_counts  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
 
@@ -27,6 +30,8 @@ MICRO = dict(vocab_size=251, hidden_size=32, intermediate_size=56, num_hidden_la
              kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, first_k_dense_replace=2)
 YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
         "beta_fast": 32, "beta_slow": 1}
+MOE = dict(first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=12,
+           n_shared_experts=2)
 CASES = {
     "v3-lowrank-q-yarn": ("DeepseekV3Config", dict(q_lora_rank=10, rope_parameters={
         **YARN, "mscale": 1.0, "mscale_all_dim": 0.5})),
@@ -34,6 +39,17 @@ CASES = {
                                                     rope_parameters={"rope_type": "default", "rope_theta": 5e4})),
     "v2-lite-q-proj-yarn": ("DeepseekV2Config", dict(q_lora_rank=None, rope_parameters={
         **YARN, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    # layer 0 dense, layer 1 sparse: V3's sigmoid group-limited routing with a non-zero balancing bias (4 groups of
+    # 2, 2 kept), normalised weights x 2.5, two shared experts; V2's softmax greedy and group-limited routing
+    "v3-moe-noaux-tc": ("DeepseekV3Config", dict(q_lora_rank=10, **MOE, n_group=4, topk_group=2,
+                                                 routed_scaling_factor=2.5, norm_topk_prob=True,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "v2-moe-greedy": ("DeepseekV2Config", dict(q_lora_rank=None, **MOE, topk_method="greedy",
+                                               routed_scaling_factor=1.5, rope_parameters={
+                                                   "rope_type": "default", "rope_theta": 1e4})),
+    "v2-moe-group-limited": ("DeepseekV2Config", dict(q_lora_rank=None, **MOE, topk_method="group_limited_greedy",
+                                                      n_group=4, topk_group=2, rope_parameters={
+                                                          "rope_type": "default", "rope_theta": 1e4})),
 }
 SEQ = 24
 
@@ -46,6 +62,9 @@ def hf_model(cls, kw, seed=0):
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a bias that changes which experts win
+                b.copy_(torch.randn_like(b) * 0.05)
     return model.eval()
 
 
@@ -64,9 +83,11 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
     per_token = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]),
                                                   t[:, 1:].reshape(-1), reduction="none")
     per_token.mean().backward()
-    h_params = dict(hf.named_parameters())
+    h_grads = _hf_per_expert_grads(dict(hf.named_parameters()))
     for head, request in HEADS.items():
-        ours, cfg = load(tmp_path, kernels.select(request, "cpu"))
+        cfg = ModelConfig.from_file(str(tmp_path))
+        ours = build_model(cfg, kernels.select(request, "cpu"), MoeConfig(aux_loss_coef=0.0))  # HF: no aux loss
+        convert.load_weights(ours, str(tmp_path))
         assert cfg.mla and cfg.q_lora_rank == kw["q_lora_rank"]
         # transformers' DeepseekV3Config defaults to one MTP module, which its model neither builds nor saves:
         # ours builds it (from init) and uses it only in training, so the main model is compared in eval mode
@@ -80,12 +101,12 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
         assert abs(loss - float(per_token.mean().detach())) <= 1e-5, head
         np.testing.assert_allclose(tokens, per_token.detach().numpy().reshape(2, SEQ), atol=2e-5, rtol=0)
         for name, p in ours.named_parameters():
-            if convert.is_mtp(name, cfg):
+            if convert.is_mtp(name, cfg) or p.stop_gradient:  # MTP: unused in eval; the balancing bias: no grad
                 assert p.grad is None, name
                 continue
             g = p.grad.numpy()
             g = g.T if g.ndim == 2 and "embed" not in name else g
-            np.testing.assert_allclose(g, h_params[name].grad.numpy(), atol=1e-4, err_msg=f"{head}: {name}")
+            np.testing.assert_allclose(g, h_grads[name], atol=1e-4, err_msg=f"{head}: {name}")
 
 
 @pytest.mark.parametrize("case", ["v3-lowrank-q-yarn", "v2-lite-q-proj-yarn"])

@@ -26,7 +26,7 @@ from pretrain_cli.training.weight_source import WeightSource  # noqa: E402
 MICRO = ModelConfig(model_type="deepseek_v3", vocab_size=97, hidden_size=40, intermediate_size=72,
                     num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64, q_lora_rank=24,
                     kv_lora_rank=20, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                    extra={"first_k_dense_replace": 1})
+                    first_k_dense_replace=1)
 BLOCK = (16, 16)
 
 

@@ -16,12 +16,21 @@ from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# the Mixture-of-Experts keys, written to config.json only for the MoE families
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+            "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+            "output_router_logits")
+# DeepSeek's MoE keys (`models.deepseek_moe`), written only for deepseek_v2/v3; and the MoE keys it does not have
+DEEPSEEK_MOE_KEYS = ("n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
+                     "topk_method")
+NOT_DEEPSEEK_KEYS = ("shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+                     "router_aux_loss_coef")
 
 
 @dataclass
 class ModelConfig:
-    """A decoder-only Llama/Qwen2/Qwen3/DeepSeek architecture; `head_dim` defaults to hidden / heads (DeepSeek's is
-    `qk_rope_head_dim`, as transformers sets it: the width RoPE rotates)."""
+    """A decoder-only Llama/Qwen2/Qwen3, Qwen2-MoE/Qwen3-MoE or DeepSeek-V2/V3 architecture; `head_dim` defaults to
+    hidden / heads (DeepSeek's is `qk_rope_head_dim`, as transformers sets it: the width RoPE rotates)."""
 
     model_type: str = "llama"
     vocab_size: int = 32000
@@ -44,6 +53,26 @@ class ModelConfig:
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
     torch_dtype: str = "float32"
+    # ---- Mixture-of-Experts (families with `moe`: qwen3_moe, qwen2_moe); HF's key names and meanings.
+    # A layer is sparse when `is_sparse_layer(idx)`: not in `mlp_only_layers` and (idx + 1) % decoder_sparse_step
+    # == 0 (transformers' Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer); a dense layer's MLP is `intermediate_size`.
+    num_experts: int = 0  # routed experts per sparse layer; 0 on dense families
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each routed expert's SwiGLU width
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+    router_aux_loss_coef: float = 0.001  # HF adds coef * load_balancing_loss only when output_router_logits
+    output_router_logits: bool = False
+    # ---- DeepSeek-V2/V3's MoE (`models.deepseek_moe`): `num_experts` is their `n_routed_experts`; layers from
+    # `first_k_dense_replace` on are sparse; `n_shared_experts` always-on experts of `moe_intermediate_size` each
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    n_group: int | None = None  # experts are ranked within `n_group` groups, only `topk_group` groups kept
+    topk_group: int | None = None
+    routed_scaling_factor: float = 1.0  # the combine weights are multiplied by it
+    topk_method: str | None = None  # DeepSeek-V2: "greedy" or "group_limited_greedy"; V3 is "noaux_tc"
     # multi-head latent attention (DeepSeek-V2/V3; `families.Family.attention == "mla"`): None elsewhere
     q_lora_rank: int | None = None  # None: one q_proj (DeepSeek-V2-Lite); else q_a_proj → q_a_layernorm → q_b_proj
     kv_lora_rank: int | None = None
@@ -117,12 +146,25 @@ class ModelConfig:
             del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
-        if family(model_type).attention == "mla":
+        fam = family(model_type)
+        if fam.attention == "mla":
             d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
             d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
             if model_type == "deepseek_v3" and d.get("num_nextn_predict_layers") is None:
                 d["num_nextn_predict_layers"] = d.get("num_mtp_layers", 1)  # DeepseekV3Config's default (alias)
             d.pop("num_mtp_layers", None)
+            for alias in ("n_routed_experts", "num_local_experts"):  # transformers' names of num_experts
+                if d.get(alias) is not None:
+                    d["num_experts"] = d[alias]
+                d.pop(alias, None)
+        if fam.moe and "num_local_experts" in d:  # transformers 5 writes Qwen3-MoE's num_experts under this name
+            d.setdefault("num_experts", d["num_local_experts"])
+            del d["num_local_experts"]
+        for key, value in fam.defaults:  # what transformers' config class assumes for a key left out
+            if d.get(key) is None:
+                d[key] = value
+        if fam.moe and d.get("mlp_only_layers") is None:
+            d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
@@ -166,12 +208,24 @@ class ModelConfig:
             del out["rope_scaling"]
         if self.model_type == "qwen2":  # Qwen2 has fixed biases; these keys mean nothing there
             del out["attention_bias"], out["mlp_bias"]
-        if self.model_type == "qwen3":  # attention_bias is Qwen3's; its MLP never has a bias
+        if self.model_type in ("qwen3", "qwen3_moe"):  # attention_bias is Qwen3's; its MLP never has a bias
             del out["mlp_bias"]
-        if not self.mla:  # the MLA keys mean nothing to the GQA families
+        if self.model_type == "qwen2_moe":  # q/k/v bias is its `qwen2_moe` key (kept in extra); o/MLP have none
+            del out["attention_bias"], out["mlp_bias"]
+        fam = family(self.model_type)
+        if not fam.moe:  # a dense config.json stays exactly as before
+            for key in MOE_KEYS:
+                del out[key]
+        elif not fam.shared_expert:
+            del out["shared_expert_intermediate_size"]
+        if not self.mla:  # the MLA and DeepSeek-MoE keys mean nothing to the other families
             for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                         "rope_interleave"):
+                         "rope_interleave") + DEEPSEEK_MOE_KEYS:
                 del out[name]
+        else:
+            for name in NOT_DEEPSEEK_KEYS:
+                out.pop(name, None)
+            out["n_routed_experts"] = out.pop("num_experts")  # DeepSeek's name (transformers reads both)
         if self.model_type != "deepseek_v3":  # multi-token prediction is DeepSeek-V3's key
             del out["num_nextn_predict_layers"]
         if self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
@@ -209,6 +263,11 @@ class ModelConfig:
             raise UserError(f"{source}: head_dim must be a positive integer, got {self.head_dim!r}")
         if self.head_dim % 2:
             raise UserError(f"{source}: head_dim ({self.head_dim}) must be even for RoPE")
+        layers = self.num_hidden_layers + self.num_nextn_predict_layers
+        if family(self.model_type).moe and not (self.mla and self.first_k_dense_replace >= layers):
+            self._validate_moe(source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
+            if self.mla:
+                self._validate_deepseek_moe(source)
         if self.hidden_act != "silu":
             raise UserError(f"{source}: hidden_act {self.hidden_act!r} is not supported; use \"silu\"")
         if self.rope_scaling is not None:
@@ -242,6 +301,49 @@ class ModelConfig:
             raise UserError(f"{source}: num_key_value_heads ({self.num_key_value_heads}) must equal "
                             f"num_attention_heads ({self.num_attention_heads}) under multi-head latent attention "
                             f"(every head expands its own keys from the latent); set them equal")
+
+    def _validate_deepseek_moe(self, source: str) -> None:
+        """Group-limited routing needs whole groups of experts and enough experts in the kept groups."""
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise UserError(f"{source}: topk_method {self.topk_method!r} is not supported; use greedy, "
+                            f"group_limited_greedy (DeepSeek-V2) or noaux_tc (DeepSeek-V3)")
+        if self.topk_method == "greedy":
+            return
+        groups, kept = self.n_group, self.topk_group
+        if not isinstance(groups, int) or not isinstance(kept, int) or groups <= 0 or not 0 < kept <= groups \
+                or self.num_experts % groups:
+            raise UserError(f"{source}: n_group ({groups!r}) must divide the {self.num_experts} routed experts and "
+                            f"topk_group ({kept!r}) lie in 1..n_group; fix them or use topk_method greedy")
+        if self.num_experts_per_tok > kept * (self.num_experts // groups):
+            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds the experts of the "
+                            f"{kept} kept groups; raise topk_group")
+
+    def _validate_moe(self, source: str) -> None:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                            f"({self.num_experts}); route each token to at most num_experts experts")
+        v = self.shared_expert_intermediate_size
+        if family(self.model_type).shared_expert and (not isinstance(v, int) or v <= 0):
+            raise UserError(f"{source}: shared_expert_intermediate_size must be a positive integer, got {v!r}")
+        if not isinstance(self.mlp_only_layers, list) or any(
+                not isinstance(i, int) or isinstance(i, bool) for i in self.mlp_only_layers):
+            raise UserError(f"{source}: mlp_only_layers must be a list of layer indices, got "
+                            f"{self.mlp_only_layers!r}")
+
+    def is_sparse_layer(self, idx: int) -> bool:
+        """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rules: Qwen2-/Qwen3-MoE by
+        `mlp_only_layers` / `decoder_sparse_step`, DeepSeek from `first_k_dense_replace` on; an MTP module's layer,
+        `num_hidden_layers + k`, by the same rule)."""
+        return (family(self.model_type).moe and self.num_experts > 0 and idx not in self.mlp_only_layers
+                and (idx + 1) % self.decoder_sparse_step == 0 and idx >= self.first_k_dense_replace)
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i)]
 
     @property
     def n_rep(self) -> int:

@@ -21,13 +21,14 @@ from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
 from pretrain_cli.models.mla import LatentAttention
 from pretrain_cli.models.mtp import DecoderLayers, MTPModule, mtp_losses
+from pretrain_cli.run_config import MoeConfig
 
 
 class DecoderLayer(nn.Layer):
-    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`."""
+    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`; the MLP is `moe.SparseMoeBlock` when `moe` is given."""
 
     def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, moe: MoeConfig | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         if cfg.mla:  # DeepSeek's multi-head latent attention: the q/kv down-projections take `qkv_bias`
@@ -35,7 +36,17 @@ class DecoderLayer(nn.Layer):
         else:
             self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.mlp = MLP(cfg, kernels, mlp_bias)
+        if moe is None:
+            self.mlp = MLP(cfg, kernels, mlp_bias)
+        else:
+            from pretrain_cli.models.moe import SparseMoeBlock
+
+            if cfg.mla:  # DeepSeek's routing and shared experts on the same interface
+                from pretrain_cli.models.deepseek_moe import DeepseekMoeBlock
+
+                self.mlp = DeepseekMoeBlock(cfg, kernels, moe)
+            else:
+                self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
@@ -43,15 +54,18 @@ class DecoderLayer(nn.Layer):
 
 
 class DecoderModel(nn.Layer):
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         fam = family(cfg.model_type)
+        moe = moe or MoeConfig()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        layers = [DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm) for _ in range(cfg.num_hidden_layers)]
+        layers = [DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm, moe if cfg.is_sparse_layer(i) else None)
+                  for i in range(cfg.num_hidden_layers)]
         # DeepSeek-V3's multi-token prediction modules follow as layers num_hidden_layers + k (`models.mtp`)
-        mtp = [MTPModule(cfg, kernels, DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm))
-               for _ in range(cfg.num_nextn_predict_layers)]
+        mtp = [MTPModule(cfg, kernels, DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm,
+                                                    moe if cfg.is_sparse_layer(i) else None))
+               for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + cfg.num_nextn_predict_layers)]
         self.layers = DecoderLayers(layers, mtp)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
@@ -79,13 +93,14 @@ class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
     terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, mtp_loss_weight: float = 0.3):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None, mtp_loss_weight: float = 0.3):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
+        self.moe = moe or MoeConfig()
         self.mtp_loss_weight = mtp_loss_weight  # λ of DeepSeek-V3's multi-token prediction loss (training only)
         self.mtp_record: list = []  # each MTP depth's last training loss (detached), for the log line
-        self.model = DecoderModel(cfg, kernels)
+        self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
     def new_cache(self) -> KVCache:
@@ -110,6 +125,10 @@ class CausalLM(nn.Layer):
                 self.mtp_record = [loss.detach() for loss in losses]
                 extra = paddle.add_n(losses) * (self.mtp_loss_weight / len(losses))
                 total = total + extra * count.detach().astype(total.dtype)
+            if self.config.sparse_layers:  # + the router losses per counted token: the step's mean carries them
+                from pretrain_cli.models.moe_loss import router_loss
+
+                total = total + router_loss(self) * count.detach().astype(total.dtype)
             return total, count
         return self.logits(h)
 

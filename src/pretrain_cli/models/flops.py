@@ -36,18 +36,39 @@ def _attn_params(cfg: ModelConfig) -> int:
     return h * q + 2 * h * kv + q * h + (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0) + qk_norm
 
 
-def _layer_params(cfg: ModelConfig) -> int:
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    mlp = 3 * h * i + ((2 * i + h) if family(cfg.model_type).biases(cfg)[2] else 0)
-    return _attn_params(cfg) + mlp + 2 * h  # two RMSNorm weights
+def _mlp_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
+    """Layer `idx`'s MLP: dense SwiGLU, or (sparse layer) the router, the routed experts (only the top-k of them
+    when `active`) and Qwen2-MoE's shared expert with its [1, hidden] gate."""
+    h = cfg.hidden_size
+    if not cfg.is_sparse_layer(idx):
+        i = cfg.intermediate_size
+        return 3 * h * i + ((2 * i + h) if family(cfg.model_type).biases(cfg)[2] else 0)
+    experts = cfg.num_experts_per_tok if active else cfg.num_experts
+    shared = 3 * h * cfg.shared_expert_intermediate_size + h if family(cfg.model_type).shared_expert else 0
+    # DeepSeek: ungated shared experts (its e_score_correction_bias is a buffer, not counted, as transformers')
+    shared += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts
+    return h * cfg.num_experts + experts * 3 * h * cfg.moe_intermediate_size + shared
+
+
+def _layer_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
+    return _attn_params(cfg) + _mlp_params(cfg, idx, active) + 2 * cfg.hidden_size  # two RMSNorm weights
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Unique trainable parameters; a tied LM head is not counted twice."""
+    """Unique trainable parameters; a tied LM head is not counted twice. "active": the parameters one token
+    passes through (a Mixture-of-Experts model's top-k experts per sparse layer; = "total" for a dense model)."""
     embedding = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    total = embedding + cfg.num_hidden_layers * _layer_params(cfg) + cfg.hidden_size + head
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+    rest = embedding + cfg.hidden_size + head
+    total = rest + sum(_layer_params(cfg, i) for i in range(cfg.num_hidden_layers))
+    active = rest + sum(_layer_params(cfg, i, active=True) for i in range(cfg.num_hidden_layers))
+    out = {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
+    # DeepSeek-V3's multi-token prediction modules (`models.mtp`), outside "total" as transformers leaves them
+    # out: their own parameters ("mtp"; the embedding and head are shared) and what one token passes through
+    L, h, k = cfg.num_hidden_layers, cfg.hidden_size, cfg.num_nextn_predict_layers
+    out["mtp"] = sum(_layer_params(cfg, L + i) + 2 * h * h + 3 * h for i in range(k))
+    out["mtp_active"] = sum(_layer_params(cfg, L + i, active=True) + 2 * h * h + 3 * h for i in range(k))
+    return out
 
 
 def _check_recompute(recompute: str | None) -> None:
@@ -57,9 +78,11 @@ def _check_recompute(recompute: str | None) -> None:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None,
                     hardware: bool = False) -> float:
-    """Training FLOPs per token: `6·N + 12·L·H·d_head·S` (fwd + bwd); under MLA `6·L·H·(d_qk + d_v)·S`.
+    """Training FLOPs per token: `6·N + 12·L·H·d_head·S` (fwd + bwd); under MLA `6·L·H·(d_qk + d_v)·S`; MTP
+    modules add their active parameters, the head matmul and one layer's attention each.
 
-    N = every parameter except the input embedding, plus the LM-head matmul when tied.
+    N = every parameter a token passes through (a MoE model: its top-k experts) except the input embedding,
+    plus the LM-head matmul when tied.
     Causal attention is counted in full (as PaLM and torchtitan do), and so is document-masked
     attention (`attention_mask_type: document`, which does less of it): MFU stays comparable across
     mask types, and the time a document mask saves shows as higher MFU. With `hardware=True` the forward
@@ -67,14 +90,17 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
     """
     _check_recompute(recompute)
     counts = param_counts(cfg)
-    n = counts["non_embedding"] + (counts["embedding"] if cfg.tie_word_embeddings else 0)
+    n = counts["active"] - counts["embedding"] + (counts["embedding"] if cfg.tie_word_embeddings else 0)
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
     v_dim = cfg.v_head_dim if cfg.mla else cfg.head_dim  # MLA's value heads are narrower than its q/k heads
     attn_fwd = 2 * L * H * (cfg.qk_head_dim + v_dim) * seq_len  # QKᵀ and PV, forward only, per token
     total = 6 * n + 3 * attn_fwd
+    if cfg.num_nextn_predict_layers:  # each MTP depth: its layer, projection and the (shared) head, and attention
+        depth = cfg.num_nextn_predict_layers
+        total += 6 * (counts["mtp_active"] + depth * cfg.vocab_size * cfg.hidden_size) + 3 * attn_fwd * depth / L
     if hardware and recompute:
         if recompute == "full":
-            total += 2 * L * _layer_params(cfg) + attn_fwd
+            total += 2 * sum(_layer_params(cfg, i, active=True) for i in range(L)) + attn_fwd
         elif recompute == "full_attn":
             total += 2 * L * _attn_params(cfg) + attn_fwd
         else:  # core_attn
