@@ -99,7 +99,6 @@ class CausalLM(nn.Layer):
         self.kernels = kernels
         self.moe = moe or MoeConfig()
         self.mtp_loss_weight = mtp_loss_weight  # λ of DeepSeek-V3's multi-token prediction loss (training only)
-        self.mtp_record: list = []  # each MTP depth's last training loss (detached), for the log line
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -122,10 +121,14 @@ class CausalLM(nn.Layer):
             if self.training and self.model.layers.mtp:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
                 cos, sin = self.model.rotary_emb(input_ids.shape[1])
                 losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
-                self.mtp_record = [loss.detach() for loss in losses]
-                extra = paddle.add_n(losses) * (self.mtp_loss_weight / len(losses))
+                extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths, logged apart as mtp_loss
+                sums = self.__dict__.setdefault("router_losses", {})  # read by `moe_loss.log_values` each log line
+                s, n = sums.get("mtp_loss", (0.0, 0))
+                sums["mtp_loss"] = (extra.detach() + s, n + 1)
+                extra = extra * self.mtp_loss_weight
                 total = total + extra * count.detach().astype(total.dtype)
-            if self.config.sparse_layers:  # + the router losses per counted token: the step's mean carries them
+            if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
+                # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss
 
                 total = total + router_loss(self) * count.detach().astype(total.dtype)

@@ -23,6 +23,7 @@ class Family:
     # Mixture-of-Experts: sparse layers (`ModelConfig.is_sparse_layer`) hold `models.moe.SparseMoeBlock`
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    hf_router_bias: bool = False  # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
     # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
     defaults: tuple = ()
 
@@ -61,7 +62,8 @@ FAMILIES = {f.model_type: f for f in (
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
            defaults=(("num_experts", 256), ("num_experts_per_tok", 8), ("moe_intermediate_size", 2048),
                      ("n_shared_experts", 1), ("first_k_dense_replace", 3), ("n_group", 8), ("topk_group", 4),
-                     ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True))),
+                     ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True)),
+           hf_router_bias=True),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

@@ -147,6 +147,10 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
         strategy = build_strategy(run.parallel, run.device, step_kernels)
         raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
+        if run.moe.aux_loss_scope == "global" and run.parallel.world_size > 1:  # every rank a data rank (resolve)
+            from pretrain_cli.distributed.comm import sum_over_ranks
+
+            model.reduce_counts = sum_over_ranks  # the balance loss's expert shares over the global batch
         model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists
         optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                     adamw=step_kernels.adamw)
@@ -190,7 +194,7 @@ def build_model(run: RunConfig, model_cfg):
     paddle.seed(run.loop.seed)  # the semi-auto engine's kernels run on local pieces: chosen before the model exists
     with paddle.LazyGuard():
         return build_causal_lm(model_cfg, kernels_for(kernels.select(run.kernels, run.device), run.parallel.engine,
-                                                      run.device))
+                                                      run.device), run.moe)
 
 
 def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:

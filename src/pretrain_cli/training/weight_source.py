@@ -47,7 +47,7 @@ class WeightSource:
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
         none (transformers drops them when it saves a DeepSeek-V3)."""
         from pretrain_cli.distributed.pieces import split_name
-        from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, detect_layout, hf_params, is_mtp,
+        from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params, is_mtp,
                                                  is_mtp_shared_copy, quantization_block)
         from pretrain_cli.storage import fp8
         from pretrain_cli.training.checkpoint import open_reader
@@ -65,7 +65,11 @@ class WeightSource:
         self.fallback = fallback
         if fallback is not None and not any(is_mtp(n, cfg) for n in stored):  # MTP modules start from init
             self.names = {k: v for k, v in self.names.items() if not is_mtp(k, cfg)}
+        self.zeros = set()  # a MoE router bias the source has not: it starts at 0
         for ours, (name, transpose) in self.names.items():
+            if name not in stored and name.endswith(ROUTER_BIAS):
+                self.zeros.add(ours)
+                continue
             if name not in stored:
                 self.close()
                 raise UserError(f"{self.where}: tensor {name!r} is missing; the {what} does not match config.json")
@@ -77,7 +81,7 @@ class WeightSource:
         known = {name for name, _ in self.names.values()}
         known |= {name + fp8.SCALE_SUFFIX for name in known if name + fp8.SCALE_SUFFIX in stored}  # FP8 scales
         self.block = quantization_block(path)
-        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES)
+        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES + (ROUTER_BIAS,))
                        and not is_mtp_shared_copy(n, cfg)
                        and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
         if extra:
@@ -98,6 +102,8 @@ class WeightSource:
 
         if name not in self.names:  # a multi-token prediction module the directory does not hold
             return self.fallback(name, box)
+        if name in self.zeros:
+            return np.zeros(box.shape, dtype=np.float32)
         stored, transpose = self.names[name]
         where = box.transposed() if transpose else box
         code = self.reader.index["tensors"][stored]["dtype"]

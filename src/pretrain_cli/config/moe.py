@@ -1,0 +1,44 @@
+"""The Mixture-of-Experts keys of an argument file resolved into `run_config.MoeConfig`.
+
+The architecture (experts, top-k, `norm_topk_prob`, sparse layers) is the model's config.json; what is decided
+here is how training routes and balances: the load-balancing weight (None keeps config.json's
+`router_aux_loss_coef`), its scope, the router z-loss, the auxiliary-loss-free bias and the capacity. On a dense
+model the keys have no effect, and a file that sets one gets a note saying so.
+"""
+from __future__ import annotations
+
+import math
+
+from pretrain_cli.errors import Problems
+from pretrain_cli.run_config import MoeConfig
+
+# the engines a MoE model runs under so far: whole experts on every rank (its expert weights are read directly
+# by the grouped kernel, which tensor parallelism's and the semi-auto engine's split layers would not see)
+ENGINES = ("single", "data_parallel", "fleet_zero1")
+KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
+        "capacity_factor")
+
+
+def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
+    m = args.model
+    moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
+    if moe_model and parallel is not None and parallel.engine not in ENGINES:
+        problems.add(f"{model_cfg.model_type}: a Mixture-of-Experts model trains with data parallelism and ZeRO-1 "
+                     f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
+                     f"pipeline, context parallelism and sharding stage2/3")
+    if m.moe_aux_loss_scope == "global" and parallel is not None and parallel.data_world_size != parallel.world_size:
+        problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
+                     "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
+                     "tensor, pipeline or context parallelism")
+    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
+        val = getattr(m, key)
+        if val is not None and (not math.isfinite(val) or val < 0):
+            problems.add(f"{key}: must be a finite number >= 0, got {val}")
+    if 0 < m.capacity_factor < 1:
+        notes.append(f"capacity_factor: {m.capacity_factor} < 1 drops tokens even under perfect balance")
+    set_here = [k for k in KEYS if k in args.explicit]
+    if set_here and model_cfg is not None and not model_cfg.sparse_layers:
+        notes.append(f"{', '.join(set_here)}: the model ({model_cfg.model_type}) has no experts; no effect")
+    return MoeConfig(aux_loss_coef=m.router_aux_loss_coef, aux_loss_scope=m.moe_aux_loss_scope,
+                     z_loss_coef=m.router_z_loss_coef, bias_update_rate=m.moe_router_bias_update_rate,
+                     capacity_factor=m.capacity_factor)
