@@ -36,7 +36,8 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
                      "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
                      "tensor, pipeline or context parallelism")
-    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
+    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor",
+                "mtp_loss_weight"):
         val = getattr(m, key)
         if val is not None and (not math.isfinite(val) or val < 0):
             problems.add(f"{key}: must be a finite number >= 0, got {val}")
@@ -52,4 +53,4 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
                      f"set 0 to freeze the checkpoint's e_score_correction_bias)")
     return MoeConfig(aux_loss_coef=m.router_aux_loss_coef, aux_loss_scope=m.moe_aux_loss_scope,
                      z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
-                     capacity_factor=m.capacity_factor)
+                     capacity_factor=m.capacity_factor, mtp_loss_weight=m.mtp_loss_weight)

@@ -93,12 +93,11 @@ class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
     terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None, mtp_loss_weight: float = 0.3):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
         self.moe = moe or MoeConfig()
-        self.mtp_loss_weight = mtp_loss_weight  # λ of DeepSeek-V3's multi-token prediction loss (training only)
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -125,7 +124,7 @@ class CausalLM(nn.Layer):
                 sums = self.__dict__.setdefault("router_losses", {})  # read by `moe_loss.log_values` each log line
                 s, n = sums.get("mtp_loss", (0.0, 0))
                 sums["mtp_loss"] = (extra.detach() + s, n + 1)
-                extra = extra * self.mtp_loss_weight
+                extra = extra * self.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
                 total = total + extra * count.detach().astype(total.dtype)
             if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them
