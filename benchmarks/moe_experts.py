@@ -6,7 +6,9 @@ small matmuls over all tokens. This times, alternated in one run and reported as
 `hf_loop` (transformers' MixtralExperts/Qwen3MoeExperts algorithm on Paddle's ops: per expert `where` over all
 assignments, gather, SwiGLU, scale, `index_add`), `segments` (sorted rows, one GEMM per expert over its own
 rows), `padded_bmm` (sorted rows scattered into [experts, max_count, hidden], one batched GEMM per
-projection) and `cpu_default` (`grouped_mlp_cpu`: the padded path unless padding wastes > 30 %). Routing is the same random top-k for all three.
+projection) and `cpu_default` (`grouped_mlp_cpu`: the padded path unless padding wastes > 30 %); `gemm_floor`
+is only the experts' GEMMs and SwiGLU on pre-sorted rows and pre-packed weights: what a fused kernel could at
+best reach. Routing is the same random top-k for all three.
 
     python benchmarks/moe_experts.py [--tokens 2048] [--hidden 512] [--inter 192] [--experts 64] [--top_k 8]
                                      [--repeats 5] [--skew 0] [--json]
@@ -36,6 +38,28 @@ def _hf_loop(x, indices, weights, ws, swiglu_packed):
         h = swiglu_packed(paddle.matmul(paddle.gather(x, tok), paddle.concat([g, u], axis=1)))
         out = paddle.index_add(out, tok, 0, paddle.matmul(h, d) * w)
     return out
+
+
+def _gemm_floor(x, indices, weights, ws, swiglu_packed):
+    """The floor any fused kernel could reach: only the experts' GEMMs and SwiGLU, on rows already sorted and
+    weights already packed (no routing, sort, gather, concat, stack or combine; same row counts)."""
+    import paddle
+
+    k = indices.shape[1]
+    counts = [int(c) for c in paddle.bincount(indices.reshape([-1]), minlength=len(ws)).numpy()]
+    rows = paddle.expand(x, [k, *x.shape]).reshape([-1, x.shape[1]])  # [tokens*k, hidden]: same work
+    parts = paddle.split(rows.detach(), counts, axis=0)
+    outs = []
+    packed = _PACKED.setdefault(id(ws), [(paddle.create_parameter(g.shape[:1] + [2 * g.shape[1]], "float32"), d)
+                                         for g, u, d in ws])  # a [hidden, 2*inter] parameter: weight grads too
+    for part, (gate_up, down), n in zip(parts, packed, counts):
+        if n:
+            part.stop_gradient = False
+            outs.append(paddle.matmul(swiglu_packed(paddle.matmul(part, gate_up)), down))
+    return paddle.add_n([o.sum() for o in outs]) + 0 * x.sum()
+
+
+_PACKED: dict = {}
 
 
 def _grouped(fn):
@@ -80,7 +104,7 @@ def main(argv=None) -> dict:
     indices = paddle.to_tensor(idx)
     weights = paddle.to_tensor(rng.random((a.tokens, a.top_k)).astype("float32"))
     x0 = rng.standard_normal((a.tokens, a.hidden)).astype("float32")
-    paths = {"hf_loop": _hf_loop, "segments": _grouped(grouped_mlp_segments),
+    paths = {"hf_loop": _hf_loop, "gemm_floor": _gemm_floor, "segments": _grouped(grouped_mlp_segments),
              "padded_bmm": _grouped(grouped_mlp_padded), "cpu_default": _grouped(grouped_mlp_cpu)}
     times = {n: [] for n in paths}
     ref = None
@@ -91,11 +115,13 @@ def main(argv=None) -> dict:
             out = fn(x, indices, weights, ws, sel.swiglu_packed)
             out.sum().backward()
             elapsed = time.perf_counter() - t0
-            for w in ws:
-                for t in w:
+            for w in ws + [p for pair in _PACKED.values() for p in pair]:
+                for t in (w if isinstance(w, tuple) else (w,)):
                     t.clear_gradient()
             if r:
                 times[name].append(elapsed)
+            if name == "gemm_floor":
+                continue
             if ref is None:
                 ref = out.numpy()
             else:

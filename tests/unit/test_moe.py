@@ -261,3 +261,68 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert len(errors) == 1 and errors[0].startswith("qwen3_moe: a Mixture-of-Experts model trains with data")
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, dp_degree=2), moe_aux_loss_scope="global")
     assert not errors
+    _, _, errors = resolved("micro-qwen3-moe", recompute="true", recompute_use_reentrant="true")
+    assert len(errors) == 1 and errors[0].startswith("recompute_use_reentrant: true loses the router losses'")
+
+
+def test_recompute_keeps_the_router_losses_gradients():
+    """The non-reentrant recompute (the default) runs the first forward under autograd: the router losses'
+    gradients reach the router exactly as without recompute (the reentrant one loses them: refused above)."""
+    from pretrain_cli.models.recompute import apply_recompute
+    from pretrain_cli.run_config import Recompute
+
+    cfg = _cfg()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 16)).astype("int64"))
+
+    def grads(recompute):
+        paddle.seed(0)
+        model = apply_recompute(build_model(cfg, kernels.select(None, "cpu"), MoeConfig(0.5, z_loss_coef=0.1)),
+                                recompute)
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        return {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, recomputed = grads(None), grads(Recompute("full", False))
+    assert sorted(plain) == sorted(recomputed) and "model.layers.0.mlp.gate.weight" in plain
+    for name in plain:
+        np.testing.assert_allclose(recomputed[name], plain[name], atol=1e-7, err_msg=name)
+
+
+def test_to_static_traces_the_moe_model_to_the_eager_loss_gradients_and_load():
+    from pretrain_cli.models.moe_loss import log_values
+
+    cfg = _cfg()
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 16)).astype("int64"))
+
+    def run(static):
+        paddle.seed(0)
+        model = build_model(cfg, kernels.select(None, "cpu"), MoeConfig(0.5))
+        if static:
+            model = kernels.compile_forward(model)
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        return float(total / count), model.model.layers[0].mlp.gate.weight.grad.numpy(), log_values(model)
+
+    (eager, g_eager, load_eager), (static, g_static, load_static) = run(False), run(True)
+    assert static == pytest.approx(eager, abs=1e-6) and load_static == load_eager
+    np.testing.assert_allclose(g_static, g_eager, atol=1e-7)
+
+
+def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
+    """PaddleNLP's Qwen2-MoE names its tensors `qwen2_moe.layers.N...` in Paddle's [in, out] layout (its
+    `_get_name_mappings` transposes every Linear, the router and the experts included)."""
+    from safetensors.numpy import save_file
+
+    from pretrain_cli.models import convert
+
+    cfg = _cfg("micro-qwen2-moe", tie_word_embeddings=False)
+    paddle.seed(3)
+    src = build_model(cfg, kernels.select(None, "cpu"))
+    tensors = {n.replace("model.", "qwen2_moe.", 1): p.numpy() for n, p in src.named_parameters()}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    paddle.seed(4)
+    ours = build_model(cfg, kernels.select(None, "cpu"))
+    assert convert.load_weights(ours, str(tmp_path)) == "paddlenlp"
+    for (name, a), (_, b) in zip(src.named_parameters(), ours.named_parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)

@@ -32,6 +32,9 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         problems.add(f"{model_cfg.model_type}: a Mixture-of-Experts model trains with data parallelism and ZeRO-1 "
                      f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
                      f"pipeline, context parallelism and sharding stage2/3")
+    if moe_model and args.training.recompute and args.training.recompute_use_reentrant:
+        problems.add("recompute_use_reentrant: true loses the router losses' gradients of a Mixture-of-Experts model "
+                     "(the reentrant recompute runs the first forward without autograd); set it to false")
     if m.moe_aux_loss_scope == "global" and parallel is not None and parallel.data_world_size != parallel.world_size:
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
                      "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "

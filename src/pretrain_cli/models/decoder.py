@@ -98,6 +98,9 @@ class CausalLM(nn.Layer):
         self.config = cfg
         self.kernels = kernels
         self.moe = moe or MoeConfig()
+        self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
+        self.mtp_depth = int(cfg.num_nextn_predict_layers)  # DeepSeek-V3's MTP modules (a plain int, as `sparse`)
+        self.reduce_counts = None
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -108,7 +111,10 @@ class CausalLM(nn.Layer):
     def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None, labels=None):
         """`cache` (generation only) feeds just the new tokens and appends their K/V. Packed documents pass
         `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache). `labels` (int64 `[bsz, seq_len]`,
-        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits."""
+        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits; a MoE model
+        in training mode adds its router losses (`models.moe_loss.router_loss`) × counted tokens to the sum, so
+        the step's mean is transformers' loss with `output_router_logits`. `reduce_counts` (None, or set from
+        outside on several ranks: the data ranks' expert counts summed) serves the global balance scope."""
         if position_ids is not None or doc_start is not None:
             if cache is not None:
                 raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
@@ -117,7 +123,7 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
-            if self.training and self.model.layers.mtp:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
+            if self.training and self.mtp_depth:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
                 cos, sin = self.model.rotary_emb(input_ids.shape[1])
                 losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
                 extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths, logged apart as mtp_loss
@@ -126,7 +132,7 @@ class CausalLM(nn.Layer):
                 sums["mtp_loss"] = (extra.detach() + s, n + 1)
                 extra = extra * self.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
                 total = total + extra * count.detach().astype(total.dtype)
-            if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
+            if self.sparse and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss
 
