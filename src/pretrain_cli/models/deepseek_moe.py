@@ -28,7 +28,7 @@ import paddle.nn as nn
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.layers import MLP, normal_attr
-from pretrain_cli.models.moe import Routing, SparseMoeBlock
+from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.run_config import MoeConfig
 
@@ -45,12 +45,8 @@ class GroupLimitedRouter(nn.Linear):
         self.method, self.scale = cfg.topk_method, cfg.routed_scaling_factor
         self.sigmoid = cfg.topk_method == "noaux_tc"
         self.groups, self.kept = cfg.n_group, cfg.topk_group
-        if self.sigmoid or moe.bias_update_rate > 0:  # V3 always stores the bias; V2 only when balancing by it
-            self.e_score_correction_bias = self.create_parameter(
-                [cfg.num_experts], dtype="float32", default_initializer=nn.initializer.Constant(0.0))
-            self.e_score_correction_bias.stop_gradient = True
-        else:
-            self.e_score_correction_bias = None
+        # V3 always stores the bias (its checkpoints carry it); V2 only when balancing by it
+        self.e_score_correction_bias = balancing_bias(self, cfg) if self.sigmoid or moe.bias_update_rate > 0 else None
 
     def forward(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]
