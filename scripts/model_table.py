@@ -17,6 +17,7 @@ from pathlib import Path
 from pretrain_cli.orchestration.planned import fit_file
 from pretrain_cli.config.presets import HUB_NAMES, PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 
 FILES = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "paddlenlp_configs"
@@ -28,8 +29,8 @@ def _size(name: str) -> float:
 
 
 def presets() -> list[str]:
-    """The dense presets: `plan --fit` of the Mixture-of-Experts ones (named `-aNb`) is not in this table."""
-    dense = [n for n in HUB_NAMES if "-a" not in n and "moe" not in n]
+    """The dense presets: `plan --fit` of the Mixture-of-Experts ones (Qwen-MoE, DeepSeek) is not in this table."""
+    dense = [n for n in HUB_NAMES if not family(ModelConfig.from_file(str(PRESET_DIR / n)).model_type).moe]
     return [n for prefix in ORDER for n in sorted((n for n in dense if n.startswith(prefix)), key=_size)]
 
 

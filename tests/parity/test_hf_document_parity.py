@@ -36,6 +36,12 @@ FAMILIES = {
                                                                             "rope_theta": 1e6})),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=16,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # multi-head latent attention (dense layers only): value heads narrower than query heads, YaRN
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        tie_word_embeddings=False, num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=4, first_k_dense_replace=2, num_nextn_predict_layers=0, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+            "mscale": 1.0, "mscale_all_dim": 1.0})),
 }
 SEQ = 24
 # documents per row over the L+1 = 25 tokens of a sample: row 0 has a 1-token document and one that holds
@@ -57,7 +63,7 @@ def _kernels(name):
 def _hf(family, tmp_path):
     cls, kw = FAMILIES[family]
     torch.manual_seed(0)
-    conf = getattr(transformers, cls)(**COMMON, **kw)
+    conf = getattr(transformers, cls)(**{**COMMON, **kw})
     model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="eager").float()
     with torch.no_grad():
         for name, p in model.named_parameters():

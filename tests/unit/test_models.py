@@ -13,7 +13,7 @@ from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.ops.loss import causal_lm_loss_sum, mean_loss  # noqa: E402
 from pretrain_cli.models import build_model, check_seq_len  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.models.layers import rope_inv_freq  # noqa: E402
+from pretrain_cli.models.rope_scaling import rope_inv_freq  # noqa: E402
 from pretrain_cli.models.recompute import apply_recompute  # noqa: E402
 from pretrain_cli.run_config import Recompute  # noqa: E402
 

@@ -24,6 +24,9 @@ PUBLISHED = {  # preset: total as published, in billions (a string: its printed 
     # Mixture-of-Experts: model cards' "Number of Parameters" (Qwen3: 30.5B / 235B; Qwen1.5-MoE-A2.7B: 14.3B) and
     # the Qwen2 technical report's Table 1 (Qwen2-57B-A14B: 57.41B)
     "qwen3-30b-a3b": "30.5", "qwen3-235b-a22b": "235", "qwen2-57b-a14b": "57.41", "qwen1.5-moe-a2.7b": "14.3",
+    # DeepSeek: DeepSeek-V3's README_WEIGHTS.md ("Total parameters: 671B", main model without the MTP module), the
+    # DeepSeek-V2 paper (V2-Lite: 15.7B), Moonlight's model card ("16B" total)
+    "deepseek-v3": "671", "deepseek-v2-lite": "15.7", "moonlight-16b-a3b": "16",
     "llama-2-7b": "6.74", "llama-2-13b": "13.0", "llama-2-70b": "69.0",
     "llama-3-8b": "8.03", "llama-3-70b": "70.6", "llama-3.1-8b": "8.03", "llama-3.1-70b": "70.6",
     "llama-3.1-405b": "406", "llama-3.2-1b": "1.23", "llama-3.2-3b": "3.21",
@@ -39,8 +42,9 @@ DISAGREE = {
     "qwen2.5-32b": ("32.5", 32_763_876_352),
 }
 TEST_SIZES = {"llama-171m", "tiny-llama", "tiny-qwen2", "micro-llama", "micro-qwen2", "micro-qwen3-moe",
-              "micro-qwen2-moe"}
-ACTIVE = {"qwen3-30b-a3b": "3.3", "qwen3-235b-a22b": "22", "qwen2-57b-a14b": "14", "qwen1.5-moe-a2.7b": "2.7"}
+              "micro-qwen2-moe", "micro-deepseek-v3"}
+ACTIVE = {"qwen3-30b-a3b": "3.3", "qwen3-235b-a22b": "22", "qwen2-57b-a14b": "14", "qwen1.5-moe-a2.7b": "2.7",
+          "deepseek-v3": "37"}  # DeepSeek-V3's README: 37B activated
 
 
 def _within(count: int, published: str) -> bool:
@@ -58,7 +62,8 @@ def test_every_published_size_is_a_preset():
                 "qwen2.5": ["0.5b", "1.5b", "3b", "7b", "14b", "32b", "72b"],
                 "qwen3": ["0.6b", "1.7b", "4b", "8b", "14b", "32b", "30b-a3b", "235b-a22b"],
                 "llama-2": ["7b", "13b", "70b"], "llama-3": ["8b", "70b"], "llama-3.1": ["8b", "70b", "405b"],
-                "llama-3.2": ["1b", "3b"], "qwen1.5-moe": ["a2.7b"]}
+                "llama-3.2": ["1b", "3b"], "qwen1.5-moe": ["a2.7b"], "deepseek": ["v3", "v2-lite"],
+                "moonlight": ["16b-a3b"]}
     wanted = {f"{family}-{size}" for family, sizes in families.items() for size in sizes}
     assert wanted == set(preset_names()) - TEST_SIZES
     assert wanted == set(PUBLISHED) | set(DISAGREE)
@@ -151,7 +156,8 @@ def test_readme_model_table_is_what_the_script_and_plan_print():
     rows = table.rows()
     readme = (repo / "README.md").read_text(encoding="utf-8").splitlines()
     start = readme.index(rows[0])
-    assert readme[start:start + len(rows)] == rows and len(rows) == 2 + len(HUB_NAMES) - 1 - len(ACTIVE)  # all
+    sparse = [n for n in HUB_NAMES if ModelConfig.from_file(str(PRESET_DIR / n)).num_experts]
+    assert readme[start:start + len(rows)] == rows and len(rows) == 2 + len(HUB_NAMES) - 1 - len(sparse)  # all
     # but tiny-llama and the Mixture-of-Experts presets (`plan --fit` for them is not in the table)
     assert "fits: as shipped" in rows[2 + table.presets().index("qwen2-7b")]
     assert "does not fit" in rows[2 + table.presets().index("llama-3.1-405b")]

@@ -81,6 +81,11 @@ class ModelArguments:
         0.0, "0: dropless (every routed token is computed; Qwen MoE's training). > 0: each expert computes at most "
         "capacity_factor x its balanced share of a micro-batch's assignments; the rest are dropped (weight 0).",
     )
+    mtp_loss_weight: float = _f(
+        0.3, "DeepSeek-V3's multi-token prediction (config.json num_nextn_predict_layers > 0): the weight λ of the "
+        "mean MTP loss added to the training loss (0.3, later 0.1, in DeepSeek-V3); logged apart as mtp_loss.",
+        "extension",
+    )
     hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
     attention_probs_dropout_prob: float = _f(
         0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"

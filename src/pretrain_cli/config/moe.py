@@ -15,6 +15,7 @@ from pretrain_cli.run_config import MoeConfig
 # the engines a MoE model runs under so far: whole experts on every rank (its expert weights are read directly
 # by the grouped kernel, which tensor parallelism's and the semi-auto engine's split layers would not see)
 ENGINES = ("single", "data_parallel", "fleet_zero1")
+DEEPSEEK_BIAS_RATE = 0.001  # DeepSeek-V3 paper: γ = 0.001 (then 0 for the last 500B tokens)
 KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
         "capacity_factor")
 
@@ -22,6 +23,11 @@ KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
     moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
+    mla = model_cfg is not None and model_cfg.mla
+    if mla and not moe_model and parallel is not None and parallel.engine not in ENGINES:
+        problems.add(f"{model_cfg.model_type}: multi-head latent attention trains with data parallelism and ZeRO-1 "
+                     f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
+                     f"pipeline, context parallelism and sharding stage2/3")
     if moe_model and parallel is not None and parallel.engine not in ENGINES:
         problems.add(f"{model_cfg.model_type}: a Mixture-of-Experts model trains with data parallelism and ZeRO-1 "
                      f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
@@ -33,7 +39,8 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
                      "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
                      "tensor, pipeline or context parallelism")
-    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
+    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor",
+                "mtp_loss_weight"):
         val = getattr(m, key)
         if val is not None and (not math.isfinite(val) or val < 0):
             problems.add(f"{key}: must be a finite number >= 0, got {val}")
@@ -42,6 +49,11 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
     set_here = [k for k in KEYS if k in args.explicit]
     if set_here and model_cfg is not None and not model_cfg.sparse_layers:
         notes.append(f"{', '.join(set_here)}: the model ({model_cfg.model_type}) has no experts; no effect")
+    rate = m.moe_router_bias_update_rate
+    if moe_model and model_cfg.topk_method == "noaux_tc" and "moe_router_bias_update_rate" not in args.explicit:
+        rate = DEEPSEEK_BIAS_RATE  # DeepSeek-V3's recipe: its routing is balanced by the bias
+        notes.append(f"moe_router_bias_update_rate: {rate} (DeepSeek-V3's γ, the default for its noaux_tc routing; "
+                     f"set 0 to freeze the checkpoint's e_score_correction_bias)")
     return MoeConfig(aux_loss_coef=m.router_aux_loss_coef, aux_loss_scope=m.moe_aux_loss_scope,
-                     z_loss_coef=m.router_z_loss_coef, bias_update_rate=m.moe_router_bias_update_rate,
-                     capacity_factor=m.capacity_factor)
+                     z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
+                     capacity_factor=m.capacity_factor, mtp_loss_weight=m.mtp_loss_weight)

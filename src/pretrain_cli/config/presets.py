@@ -36,6 +36,10 @@ HUB_NAMES = {
     "qwen3-235b-a22b": ("Qwen/Qwen3-235B-A22B",),
     "qwen2-57b-a14b": ("Qwen/Qwen2-57B-A14B",),
     "qwen1.5-moe-a2.7b": ("Qwen/Qwen1.5-MoE-A2.7B",),
+    # DeepSeek-R1 has DeepSeek-V3's architecture and config.json (its own weights)
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-R1"),
+    "deepseek-v2-lite": ("deepseek-ai/DeepSeek-V2-Lite",),
+    "moonlight-16b-a3b": ("moonshotai/Moonlight-16B-A3B",),
     "llama-2-7b": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b"),
     "llama-2-13b": ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b"),
     "llama-2-70b": ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b"),

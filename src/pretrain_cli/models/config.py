@@ -15,17 +15,22 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the Mixture-of-Experts keys, written to config.json only for the MoE families
 MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
             "output_router_logits")
+# DeepSeek's MoE keys (`models.deepseek_moe`), written only for deepseek_v2/v3; and the MoE keys it does not have
+DEEPSEEK_MOE_KEYS = ("n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
+                     "topk_method")
+NOT_DEEPSEEK_KEYS = ("shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+                     "router_aux_loss_coef")
 
 
 @dataclass
 class ModelConfig:
-    """A decoder-only Llama/Qwen2/Qwen3 (and Qwen2-MoE/Qwen3-MoE) architecture; `head_dim` defaults to
-    hidden / heads."""
+    """A decoder-only Llama/Qwen2/Qwen3, Qwen2-MoE/Qwen3-MoE or DeepSeek-V2/V3 architecture; `head_dim` defaults to
+    hidden / heads (DeepSeek's is `qk_rope_head_dim`, as transformers sets it: the width RoPE rotates)."""
 
     model_type: str = "llama"
     vocab_size: int = 32000
@@ -60,13 +65,51 @@ class ModelConfig:
     mlp_only_layers: list = field(default_factory=list)
     router_aux_loss_coef: float = 0.001  # HF adds coef * load_balancing_loss only when output_router_logits
     output_router_logits: bool = False
+    # ---- DeepSeek-V2/V3's MoE (`models.deepseek_moe`): `num_experts` is their `n_routed_experts`; layers from
+    # `first_k_dense_replace` on are sparse; `n_shared_experts` always-on experts of `moe_intermediate_size` each
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    n_group: int | None = None  # experts are ranked within `n_group` groups, only `topk_group` groups kept
+    topk_group: int | None = None
+    routed_scaling_factor: float = 1.0  # the combine weights are multiplied by it
+    topk_method: str | None = None  # DeepSeek-V2: "greedy" or "group_limited_greedy"; V3 is "noaux_tc"
+    # multi-head latent attention (DeepSeek-V2/V3; `families.Family.attention == "mla"`): None elsewhere
+    q_lora_rank: int | None = None  # None: one q_proj (DeepSeek-V2-Lite); else q_a_proj → q_a_layernorm → q_b_proj
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_interleave: bool | None = None  # DeepSeek's RoPE pairs adjacent dims (V2 always; V3 unless false)
+    num_nextn_predict_layers: int = 0  # DeepSeek-V3's multi-token prediction modules (`models.mtp`); 1 if absent
     extra: dict = field(default_factory=dict, repr=False, compare=False)  # unknown HF keys, kept for round-trips
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        if self.mla:
+            self._mla_defaults()
+            self.head_dim = self.qk_rope_head_dim
         if self.head_dim is None and self.num_attention_heads:
             self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (the family says so)."""
+        return self.model_type in SUPPORTED_MODEL_TYPES and family(self.model_type).attention == "mla"
+
+    def _mla_defaults(self) -> None:
+        """transformers' defaults for the MLA keys a config.json leaves out (DeepseekV2Config / DeepseekV3Config)."""
+        for name, default in (("kv_lora_rank", 512), ("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64),
+                              ("v_head_dim", 128)):
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        if self.rope_interleave is None:
+            self.rope_interleave = True
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim` under MLA, else `head_dim`."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim
 
     # ------------------------------------------------------------------ HF dict I/O
     @classmethod
@@ -104,6 +147,16 @@ class ModelConfig:
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
         fam = family(model_type)
+        if fam.attention == "mla":
+            d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
+            d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
+            if model_type == "deepseek_v3" and d.get("num_nextn_predict_layers") is None:
+                d["num_nextn_predict_layers"] = d.get("num_mtp_layers", 1)  # DeepseekV3Config's default (alias)
+            d.pop("num_mtp_layers", None)
+            for alias in ("n_routed_experts", "num_local_experts"):  # transformers' names of num_experts
+                if d.get(alias) is not None:
+                    d["num_experts"] = d[alias]
+                d.pop(alias, None)
         if fam.moe and "num_local_experts" in d:  # transformers 5 writes Qwen3-MoE's num_experts under this name
             d.setdefault("num_experts", d["num_local_experts"])
             del d["num_local_experts"]
@@ -114,7 +167,10 @@ class ModelConfig:
             d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names and k not in ("dtype", "architectures")}
+        # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
+        # (`convert.dequantize_fp8`), so what this config describes is never FP8
+        derived_keys = ("dtype", "architectures", "qk_head_dim", "quantization_config")
+        extra = {k: v for k, v in d.items() if k not in names and k not in derived_keys}
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)
         try:
@@ -162,6 +218,18 @@ class ModelConfig:
                 del out[key]
         elif not fam.shared_expert:
             del out["shared_expert_intermediate_size"]
+        if not self.mla:  # the MLA and DeepSeek-MoE keys mean nothing to the other families
+            for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                         "rope_interleave") + DEEPSEEK_MOE_KEYS:
+                del out[name]
+        else:
+            for name in NOT_DEEPSEEK_KEYS:
+                out.pop(name, None)
+            out["n_routed_experts"] = out.pop("num_experts")  # DeepSeek's name (transformers reads both)
+        if self.model_type != "deepseek_v3":  # multi-token prediction is DeepSeek-V3's key
+            del out["num_nextn_predict_layers"]
+        if self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
+            del out["rope_interleave"]
         out.setdefault("use_cache", True)
         return out
 
@@ -183,8 +251,10 @@ class ModelConfig:
                 f"{source}: num_attention_heads ({self.num_attention_heads}) is not divisible by "
                 f"num_key_value_heads ({self.num_key_value_heads}); pick kv heads that divide it"
             )
+        if self.mla:
+            self._validate_mla(source)
         derived = self.hidden_size // self.num_attention_heads
-        if self.hidden_size % self.num_attention_heads and self.head_dim == derived:
+        if not self.mla and self.hidden_size % self.num_attention_heads and self.head_dim == derived:
             raise UserError(
                 f"{source}: hidden_size ({self.hidden_size}) is not divisible by "
                 f"num_attention_heads ({self.num_attention_heads}); change one or set head_dim"
@@ -193,8 +263,11 @@ class ModelConfig:
             raise UserError(f"{source}: head_dim must be a positive integer, got {self.head_dim!r}")
         if self.head_dim % 2:
             raise UserError(f"{source}: head_dim ({self.head_dim}) must be even for RoPE")
-        if family(self.model_type).moe:
-            self._validate_moe(source)
+        layers = self.num_hidden_layers + self.num_nextn_predict_layers
+        if family(self.model_type).moe and not (self.mla and self.first_k_dense_replace >= layers):
+            self._validate_moe(source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
+            if self.mla:
+                self._validate_deepseek_moe(source)
         if self.hidden_act != "silu":
             raise UserError(f"{source}: hidden_act {self.hidden_act!r} is not supported; use \"silu\"")
         if self.rope_scaling is not None:
@@ -209,6 +282,41 @@ class ModelConfig:
             missing = [k for k in need if k not in self.rope_scaling]
             if missing:
                 raise UserError(f"{source}: rope_scaling ({rt}) is missing {', '.join(missing)}")
+            if rt == "yarn" and "factor" not in self.rope_scaling \
+                    and "original_max_position_embeddings" not in self.rope_scaling:
+                raise UserError(f"{source}: rope_scaling (yarn) needs factor or original_max_position_embeddings")
+
+    def _validate_mla(self, source: str) -> None:
+        """The MLA widths must be positive integers (the RoPE part even); `q_lora_rank` may be null (one q_proj)."""
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + (
+                ("q_lora_rank",) if self.q_lora_rank is not None else ()):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+        n = self.num_nextn_predict_layers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or (n and self.model_type != "deepseek_v3"):
+            raise UserError(f"{source}: num_nextn_predict_layers must be a non-negative integer (DeepSeek-V3 only), "
+                            f"got {n!r}")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise UserError(f"{source}: num_key_value_heads ({self.num_key_value_heads}) must equal "
+                            f"num_attention_heads ({self.num_attention_heads}) under multi-head latent attention "
+                            f"(every head expands its own keys from the latent); set them equal")
+
+    def _validate_deepseek_moe(self, source: str) -> None:
+        """Group-limited routing needs whole groups of experts and enough experts in the kept groups."""
+        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise UserError(f"{source}: topk_method {self.topk_method!r} is not supported; use greedy, "
+                            f"group_limited_greedy (DeepSeek-V2) or noaux_tc (DeepSeek-V3)")
+        if self.topk_method == "greedy":
+            return
+        groups, kept = self.n_group, self.topk_group
+        if not isinstance(groups, int) or not isinstance(kept, int) or groups <= 0 or not 0 < kept <= groups \
+                or self.num_experts % groups:
+            raise UserError(f"{source}: n_group ({groups!r}) must divide the {self.num_experts} routed experts and "
+                            f"topk_group ({kept!r}) lie in 1..n_group; fix them or use topk_method greedy")
+        if self.num_experts_per_tok > kept * (self.num_experts // groups):
+            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds the experts of the "
+                            f"{kept} kept groups; raise topk_group")
 
     def _validate_moe(self, source: str) -> None:
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
@@ -227,9 +335,11 @@ class ModelConfig:
                             f"{self.mlp_only_layers!r}")
 
     def is_sparse_layer(self, idx: int) -> bool:
-        """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rule, Qwen2-/Qwen3-MoE)."""
+        """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rules: Qwen2-/Qwen3-MoE by
+        `mlp_only_layers` / `decoder_sparse_step`, DeepSeek from `first_k_dense_replace` on; an MTP module's layer,
+        `num_hidden_layers + k`, by the same rule)."""
         return (family(self.model_type).moe and self.num_experts > 0 and idx not in self.mlp_only_layers
-                and (idx + 1) % self.decoder_sparse_step == 0)
+                and (idx + 1) % self.decoder_sparse_step == 0 and idx >= self.first_k_dense_replace)
 
     @property
     def sparse_layers(self) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import numpy as np
 
@@ -44,14 +45,32 @@ def hf_params(model) -> list[tuple[str, object, bool]]:
     return [(name, p, name in linear) for name, p in model.named_parameters()]
 
 
+def is_mtp(name: str, cfg: ModelConfig) -> bool:
+    """Whether HF tensor `name` belongs to a multi-token prediction module (`model.layers.{L + k}.`, `models.mtp`)."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return m is not None and int(m.group(1)) >= cfg.num_hidden_layers
+
+
+def is_mtp_shared_copy(name: str, cfg: ModelConfig) -> bool:
+    """The copies of the embedding and the head that published checkpoints store under each MTP module: the
+    model shares the main ones (`models.mtp.SHARED`), so these are not read."""
+    from pretrain_cli.models.mtp import SHARED
+
+    return is_mtp(name, cfg) and name.endswith(SHARED)
+
+
 def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None:
-    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes."""
+    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes. Multi-token
+    prediction modules absent from the files (transformers drops them when it saves) keep their initial values."""
     import paddle
 
+    cfg = model.config
     expected = {name: (p, transpose) for name, p, transpose in hf_params(model)}
     tied = model.lm_head is None
-    tensors = {k: v for k, v in tensors.items()
-               if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)
+               and not (tied and k == "lm_head.weight") and not is_mtp_shared_copy(k, cfg)}
+    if not any(is_mtp(k, cfg) for k in tensors):
+        expected = {k: v for k, v in expected.items() if not is_mtp(k, cfg)}
     missing = sorted(n for n in set(expected) - set(tensors) if not n.endswith(ROUTER_BIAS))  # absent: stays 0
     unexpected = sorted(n for n in set(tensors) - set(expected) if not n.endswith(ROUTER_BIAS))  # balancing off
     if missing:
@@ -187,9 +206,42 @@ def detect_layout(tensors: dict, model=None) -> str:
     return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
+def quantization_block(src_dir) -> tuple[int, int]:
+    """The FP8 block size of a model directory (its config.json's `quantization_config`; 128 × 128 if none)."""
+    from pretrain_cli.storage import fp8
+
+    try:
+        with open(os.path.join(str(src_dir), "config.json"), encoding="utf-8") as f:
+            quant = json.load(f).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        quant = None
+    return fp8.block_size(quant if isinstance(quant, dict) else None)
+
+
+def dequantize_fp8(tensors: dict, block) -> dict:
+    """FP8 block-quantized weights (`X.weight` + `X.weight_scale_inv`, DeepSeek's release format) → fp32
+    weights; the scales are consumed. Other tensors pass through."""
+    from pretrain_cli.storage import fp8
+
+    scales = [n for n in tensors if n.endswith(fp8.SCALE_SUFFIX)]
+    if not scales:
+        return tensors
+    out = {k: v for k, v in tensors.items() if not k.endswith(fp8.SCALE_SUFFIX)}
+    for name in scales:
+        weight = name[:-len(fp8.SCALE_SUFFIX)]
+        if weight not in out:
+            raise UserError(f"{name}: a weight scale without its weight {weight!r}; the checkpoint is incomplete")
+        w, s = out[weight], tensors[name]
+        w = w.astype("float32").numpy() if hasattr(w, "place") else np.asarray(w, dtype=np.float32)
+        s = s.astype("float32").numpy() if hasattr(s, "place") else np.asarray(s, dtype=np.float32)
+        out[weight] = fp8.dequantize(w, s, block)
+    return out
+
+
 def load_weights(model, src_dir: str) -> str:
-    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout."""
-    tensors = read_safetensors(src_dir)
+    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout. FP8
+    block-quantized weights (DeepSeek's release format) are dequantized to fp32 first."""
+    tensors = dequantize_fp8(read_safetensors(src_dir), quantization_block(src_dir))
     layout = detect_layout(tensors, model)
     if layout == "paddlenlp":
         tensors = _from_paddlenlp(tensors, model)

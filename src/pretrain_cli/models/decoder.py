@@ -19,6 +19,8 @@ from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
+from pretrain_cli.models.mla import LatentAttention
+from pretrain_cli.models.mtp import DecoderLayers, MTPModule, mtp_losses
 from pretrain_cli.run_config import MoeConfig
 
 
@@ -29,14 +31,22 @@ class DecoderLayer(nn.Layer):
                  qk_norm: bool = False, moe: MoeConfig | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
+        if cfg.mla:  # DeepSeek's multi-head latent attention: the q/kv down-projections take `qkv_bias`
+            self.self_attn = LatentAttention(cfg, kernels, qkv_bias, o_bias)
+        else:
+            self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         if moe is None:
             self.mlp = MLP(cfg, kernels, mlp_bias)
         else:
             from pretrain_cli.models.moe import SparseMoeBlock
 
-            self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
+            if cfg.mla:  # DeepSeek's routing and shared experts on the same interface
+                from pretrain_cli.models.deepseek_moe import DeepseekMoeBlock
+
+                self.mlp = DeepseekMoeBlock(cfg, kernels, moe)
+            else:
+                self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
@@ -50,9 +60,13 @@ class DecoderModel(nn.Layer):
         moe = moe or MoeConfig()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm,
-                                                 moe if cfg.is_sparse_layer(i) else None)
-                                    for i in range(cfg.num_hidden_layers)])
+        layers = [DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm, moe if cfg.is_sparse_layer(i) else None)
+                  for i in range(cfg.num_hidden_layers)]
+        # DeepSeek-V3's multi-token prediction modules follow as layers num_hidden_layers + k (`models.mtp`)
+        mtp = [MTPModule(cfg, kernels, DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm,
+                                                    moe if cfg.is_sparse_layer(i) else None))
+               for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + cfg.num_nextn_predict_layers)]
+        self.layers = DecoderLayers(layers, mtp)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
         self.kernels = kernels
@@ -85,6 +99,7 @@ class CausalLM(nn.Layer):
         self.kernels = kernels
         self.moe = moe or MoeConfig()
         self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
+        self.mtp_depth = int(cfg.num_nextn_predict_layers)  # DeepSeek-V3's MTP modules (a plain int, as `sparse`)
         self.reduce_counts = None
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
@@ -108,6 +123,15 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
+            if self.training and self.mtp_depth:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
+                cos, sin = self.model.rotary_emb(input_ids.shape[1])
+                losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
+                extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths, logged apart as mtp_loss
+                sums = self.__dict__.setdefault("router_losses", {})  # read by `moe_loss.log_values` each log line
+                s, n = sums.get("mtp_loss", (0.0, 0))
+                sums["mtp_loss"] = (extra.detach() + s, n + 1)
+                extra = extra * self.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
+                total = total + extra * count.detach().astype(total.dtype)
             if self.sparse and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss

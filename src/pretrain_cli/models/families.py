@@ -1,5 +1,6 @@
-"""Model-family facts in one table: which biases exist, per-head q/k norms, the HF class name, PaddleNLP's
-parameter prefix, and for the Mixture-of-Experts families the shape of their sparse block.
+"""Model-family facts in one table: which biases exist, per-head q/k norms, the attention kind (GQA, or
+DeepSeek's multi-head latent attention), the HF class name, PaddleNLP's parameter prefix, and for the
+Mixture-of-Experts families the shape of their sparse block.
 
 The model code (`decoder.CausalLM`), the FLOP/parameter counts (`flops`), the config reader
 (`config`) and checkpoint conversion (`convert`) all read this table, so adding a family is one
@@ -18,6 +19,7 @@ class Family:
     paddlenlp_prefix: str | None  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
     biases: Callable  # cfg -> (q/k/v bias, o_proj bias, MLP bias)
     qk_norm: bool = False  # RMSNorm over head_dim on every q and k head before RoPE (HF q_norm / k_norm)
+    attention: str = "gqa"  # "gqa" (q/k/v_proj) or "mla" (DeepSeek's latent attention, `models.mla`)
     # Mixture-of-Experts: sparse layers (`ModelConfig.is_sparse_layer`) hold `models.moe.SparseMoeBlock`
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
@@ -47,6 +49,21 @@ FAMILIES = {f.model_type: f for f in (
            defaults=(("num_experts", 60), ("num_experts_per_tok", 4), ("moe_intermediate_size", 1408),
                      ("shared_expert_intermediate_size", 5632), ("norm_topk_prob", False),
                      ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001))),
+    # HF DeepseekV2/V3Attention: `attention_bias` on q_a_proj, kv_a_proj_with_mqa and o_proj only (the
+    # tuple's q/k/v slot means those two down-projections); no MLP bias
+    # its MoE (`models.deepseek_moe`): shared experts without a gate, layers from first_k_dense_replace on sparse;
+    # defaults are transformers' DeepseekV2Config / DeepseekV3Config (V2's num_experts_per_tok has none)
+    Family("deepseek_v2", "DeepseekV2ForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
+           defaults=(("num_experts", 64), ("moe_intermediate_size", 1407), ("n_shared_experts", 2),
+                     ("first_k_dense_replace", 0), ("routed_scaling_factor", 1.0), ("topk_method", "greedy"),
+                     ("norm_topk_prob", False))),
+    Family("deepseek_v3", "DeepseekV3ForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
+           defaults=(("num_experts", 256), ("num_experts_per_tok", 8), ("moe_intermediate_size", 2048),
+                     ("n_shared_experts", 1), ("first_k_dense_replace", 3), ("n_group", 8), ("topk_group", 4),
+                     ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True)),
+           hf_router_bias=True),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

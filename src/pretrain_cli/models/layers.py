@@ -16,6 +16,7 @@ import paddle.nn as nn
 
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.rope_scaling import attention_factor, rope_inv_freq
 
 
 def normal_attr(std: float) -> paddle.ParamAttr:
@@ -41,35 +42,14 @@ class RMSNorm(nn.Layer):
         return self.kernels.rms_norm(x, self.weight, self.eps)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies as transformers computes them (fp32), incl. linear and llama3 scaling."""
-    dim = cfg.head_dim
-    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)  # [head_dim/2]
-    sc = cfg.rope_scaling or {}
-    rope_type = sc.get("rope_type", "default")
-    if rope_type == "linear":
-        inv_freq = inv_freq / np.float32(sc["factor"])
-    elif rope_type == "llama3":
-        factor = sc["factor"]
-        low, high = sc["low_freq_factor"], sc["high_freq_factor"]
-        old_ctx = sc.get("original_max_position_embeddings", cfg.max_position_embeddings)
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
-    return inv_freq
-
-
 class RotaryEmbedding(nn.Layer):
-    """cos/sin tables `[seq_len, head_dim]`, computed once per length and not saved in state_dict."""
+    """cos/sin tables `[seq_len, head_dim]`, computed once per length and not saved in state_dict; YaRN's
+    `attention_factor` multiplies both (1 for every other RoPE type), as transformers does."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inv_freq = rope_inv_freq(cfg)
+        self.scale = attention_factor(cfg)
         self._cache: dict = {}
 
     def forward(self, seq_len: int, offset: int = 0):
@@ -78,7 +58,10 @@ class RotaryEmbedding(nn.Layer):
             pos = np.arange(offset, offset + seq_len, dtype=np.float32)
             angles = np.outer(pos, self.inv_freq).astype(np.float32)  # [seq_len, head_dim/2]
             emb = np.concatenate([angles, angles], axis=-1)  # [seq_len, head_dim]
-            self._cache[key] = (paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb)))
+            cos, sin = np.cos(emb), np.sin(emb)
+            if self.scale != 1.0:  # YaRN
+                cos, sin = (t * np.float32(self.scale) for t in (cos, sin))
+            self._cache[key] = (paddle.to_tensor(cos), paddle.to_tensor(sin))
             if len(self._cache) > 8:  # generation walks offsets; keep the table small
                 self._cache.pop(next(iter(self._cache)))
         return self._cache[key]

@@ -60,6 +60,15 @@ class MoeRecord(NamedTuple):
     dropped: paddle.Tensor  # [] fp32: assignments dropped by the capacity (0 when dropless)
 
 
+def balancing_bias(router: nn.Layer, cfg: ModelConfig):
+    """Aux-loss-free balancing's per-expert bias (`e_score_correction_bias`): a checkpointed fp32 parameter, zero
+    at first, no gradient, no optimizer touches it (`moe_loss.update_expert_bias` moves it)."""
+    bias = router.create_parameter([cfg.num_experts], dtype="float32",
+                                   default_initializer=nn.initializer.Constant(0.0))
+    bias.stop_gradient = True
+    return bias
+
+
 class SoftmaxTopKRouter(nn.Linear):
     """Qwen2-/Qwen3-MoE's gate: softmax over all experts in fp32, top-k, renormalised only when `norm_topk_prob`
     (transformers' Qwen2MoeTopKRouter). A Linear (Paddle `[hidden, experts]`) so `convert` transposes it to HF's
@@ -69,12 +78,7 @@ class SoftmaxTopKRouter(nn.Linear):
         super().__init__(cfg.hidden_size, cfg.num_experts, weight_attr=normal_attr(cfg.initializer_range),
                          bias_attr=False)
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        if moe.bias_update_rate > 0:  # aux-loss-free balancing: a checkpointed fp32 parameter no optimizer touches
-            self.e_score_correction_bias = self.create_parameter(
-                [cfg.num_experts], dtype="float32", default_initializer=nn.initializer.Constant(0.0))
-            self.e_score_correction_bias.stop_gradient = True
-        else:
-            self.e_score_correction_bias = None
+        self.e_score_correction_bias = balancing_bias(self, cfg) if moe.bias_update_rate > 0 else None
 
     def forward(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]

@@ -62,7 +62,12 @@ def router_loss(model):
     logits = [b.record.routing.logits for b in blocks]
     total = paddle.zeros([], dtype="float32")
     parts = {}
-    if coef:
+    if hasattr(blocks[0], "balance_loss"):  # DeepSeek: its sequence-wise balance loss instead (models.deepseek_moe)
+        alpha = blocks[0].balance_coefficient(cfg, moe)
+        if alpha:
+            parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks])
+            total = total + alpha * parts["aux_loss"]
+    elif coef:
         reduce = model.reduce_counts if moe.aux_loss_scope == "global" else None
         parts["aux_loss"] = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok, reduce or _identity)
         total = total + coef * parts["aux_loss"]

@@ -76,14 +76,17 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     keep: all-gathered to the whole sequence (`sequence_parallel.functions`' enter).
     """
     cfg, c, tp = s.model, s.compute_bytes, s.tp
-    h = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
+    h, kv = attention_widths(cfg)
     kv_rep = h if cfg.num_key_value_heads != cfg.num_attention_heads else kv  # GQA repeats K/V
     half = c != 4
     seq_tp = tp if s.sp else 1  # the ranks the norm and residual positions are split over
     whole = _norm_bytes(s, cfg.hidden_size)
     norm = (whole - c * cfg.hidden_size) / seq_tp + c * cfg.hidden_size  # its output whole (gathered under SP)
     qkv = c * (h + 2 * kv) / tp
+    if cfg.mla:  # + the latents MLA keeps for backward: q's (and its norm), the kv latent + shared RoPE key (+ norm)
+        q_latent = cfg.q_lora_rank or 0
+        qkv += (c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + _norm_bytes(s, cfg.kv_lora_rank)
+                + (c * q_latent + _norm_bytes(s, q_latent) if q_latent else 0))
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
@@ -333,6 +336,17 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     else:
         out["framework"] = FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(out.values())
     return out
+
+
+def attention_widths(cfg) -> tuple[int, int]:
+    """(query width, key/value width) per token in elements: heads × head_dim; under MLA (`models.mla`) every head
+    expands its own key and value from the latent, padded to one head width (max(qk_head_dim, v_head_dim)) for the
+    attention kernels, so K and V are as wide as Q: MLA's small latent is a KV-*cache* saving (generation),
+    not a training-activation one."""
+    if cfg.mla:
+        width = cfg.num_attention_heads * max(cfg.qk_head_dim, cfg.v_head_dim)
+        return width, width
+    return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
 
 def context_core_per_token(s: Setup) -> float:

@@ -22,7 +22,8 @@ from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 
 NUMPY = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "F64": np.float64, "I32": np.int32,
-         "I64": np.int64, "U16": np.uint16, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}
+         "I64": np.int64, "U16": np.uint16, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_,
+         "F8_E4M3": np.uint8}  # FP8 as its bits (`storage.fp8` decodes them)
 _ITEM = {k: np.dtype(v).itemsize for k, v in NUMPY.items()}
 CHUNK = 8 * 2**20  # bytes per write and checksum call; a transposed block is copied this much at a time
 

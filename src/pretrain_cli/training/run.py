@@ -138,8 +138,10 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     read = None
     lazy = any(pending(p) for p in model.parameters())
     weights = resume if resume is not None else pretrained
-    source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
-              if lazy and weights is not None else InitSource(model.config, run.loop.seed, runtime.threads()))
+    init = InitSource(model.config, run.loop.seed, runtime.threads())
+    # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
+    source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
+                           None if resume is not None else init) if lazy and weights is not None else init)
     try:
         apply_recompute(model, run.recompute)
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it

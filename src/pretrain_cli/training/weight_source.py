@@ -44,9 +44,13 @@ class WeightSource:
 
     dtype = None  # as `distributed.materialize.InitSource.dtype`
 
-    def __init__(self, path, model, what: str = "checkpoint"):
+    def __init__(self, path, model, what: str = "checkpoint", fallback=None):
+        """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
+        none (transformers drops them when it saves a DeepSeek-V3)."""
         from pretrain_cli.distributed.pieces import split_name
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params
+        from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params, is_mtp,
+                                                 is_mtp_shared_copy, quantization_block)
+        from pretrain_cli.storage import fp8
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
@@ -58,6 +62,10 @@ class WeightSource:
                                 transpose and layout == "hf")
         params = dict(model.named_parameters())
         tied = model.lm_head is None
+        cfg = model.config
+        self.fallback = fallback
+        if fallback is not None and not any(is_mtp(n, cfg) for n in stored):  # MTP modules start from init
+            self.names = {k: v for k, v in self.names.items() if not is_mtp(k, cfg)}
         self.zeros = set()  # a MoE router bias the source has not: it starts at 0
         for ours, (name, transpose) in self.names.items():
             if name not in stored and name.endswith(ROUTER_BIAS):
@@ -72,7 +80,10 @@ class WeightSource:
                 raise UserError(f"{self.where}: tensor {name!r} has shape {list(stored[name]['shape'])} but config.json "
                                 f"implies {want}; use the config.json that belongs to these weights")
         known = {name for name, _ in self.names.values()}
+        known |= {name + fp8.SCALE_SUFFIX for name in known if name + fp8.SCALE_SUFFIX in stored}  # FP8 scales
+        self.block = quantization_block(path)
         extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES + (ROUTER_BIAS,))
+                       and not is_mtp_shared_copy(n, cfg)
                        and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
         if extra:
             self.close()
@@ -88,12 +99,21 @@ class WeightSource:
     def __call__(self, name: str, box):
         from pretrain_cli.training.checkpoint import _as_float32
 
+        from pretrain_cli.storage import fp8
+
+        if name not in self.names:  # a multi-token prediction module the directory does not hold
+            return self.fallback(name, box)
         if name in self.zeros:
             return np.zeros(box.shape, dtype=np.float32)
         stored, transpose = self.names[name]
         where = box.transposed() if transpose else box
-        arr = _as_float32(self.reader.read(stored, where.offsets, where.shape),
-                          self.reader.index["tensors"][stored]["dtype"])
+        code = self.reader.index["tensors"][stored]["dtype"]
+        raw = self.reader.read(stored, where.offsets, where.shape)
+        if code == fp8.CODE:  # DeepSeek's FP8 release: this block's values × the scales of the blocks it crosses
+            scale = self.reader.read(stored + fp8.SCALE_SUFFIX).astype(np.float32)
+            arr = fp8.dequantize(fp8.decode(raw), scale, self.block, where.offsets)
+        else:
+            arr = _as_float32(raw, code)
         return np.ascontiguousarray(arr.T if transpose else arr)
 
     @property

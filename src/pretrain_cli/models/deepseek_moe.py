@@ -1,0 +1,120 @@
+"""DeepSeek-V2/V3's Mixture-of-Experts, on `models.moe`'s interface: a router with the same call and `Routing`,
+the same experts and dispatch, plus DeepSeek's ungated shared experts and its sequence-wise balance loss.
+
+Routing (transformers' `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter`, all in float32):
+- DeepSeek-V3 (`topk_method: noaux_tc`, the hub's `scoring_func: sigmoid`): scores are sigmoids of the logits;
+  the auxiliary-loss-free balancing bias `e_score_correction_bias` (fp32, in the checkpoint, no gradient) is added
+  to choose experts only; the experts are cut into `n_group` groups ranked by the sum of their two best biased
+  scores, the best `topk_group` groups kept, the top-k of their experts chosen; the combine weights are the
+  unbiased scores of the chosen experts, normalised to sum 1 (`norm_topk_prob`), times `routed_scaling_factor`.
+- DeepSeek-V2 (softmax scores): `greedy` is plain top-k; `group_limited_greedy` ranks groups by their best
+  score. Weights are the scores (normalised only when `norm_topk_prob`, false in V2-Lite) × the scaling factor.
+The bias is updated from each step's expert load by `moe_loss.update_expert_bias` (`bias_update_rate`).
+
+Balance loss (`sequence_balance_loss`): DeepSeek-V3's complementary sequence-wise loss (V2's expert-level loss
+is the same formula with softmax scores, per sequence as the hub's `seq_aux`): for each sequence,
+`Σ_i f_i · P_i`, f_i = E/(K·T) · (tokens of the sequence routed to expert i), P_i = the mean over its tokens of
+expert i's score normalised over all experts; averaged over the sequences, summed over the sparse layers,
+× α (`aux_loss_coef`, else config.json's `aux_loss_alpha`, else the papers' 1e-4 for V3 and 1e-3 for V2);
+`moe_loss.router_loss` takes it instead of HF's load-balancing loss for these blocks. transformers computes no
+auxiliary loss for either family.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import paddle
+import paddle.nn as nn
+
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.layers import MLP, normal_attr
+from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias
+from pretrain_cli.ops.kernels import Kernels
+from pretrain_cli.run_config import MoeConfig
+
+DEFAULT_ALPHA = {"deepseek_v3": 1e-4, "deepseek_v2": 1e-3}  # the papers' sequence-wise / expert-level α
+
+
+class GroupLimitedRouter(nn.Linear):
+    """DeepSeek's gate (HF `mlp.gate.weight` `[experts, hidden]`, Paddle `[hidden, experts]`): see the module."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoeConfig):
+        super().__init__(cfg.hidden_size, cfg.num_experts, weight_attr=normal_attr(cfg.initializer_range),
+                         bias_attr=False)
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.method, self.scale = cfg.topk_method, cfg.routed_scaling_factor
+        self.sigmoid = cfg.topk_method == "noaux_tc"
+        self.groups, self.kept = cfg.n_group, cfg.topk_group
+        # V3 always stores the bias (its checkpoints carry it); V2 only when balancing by it
+        self.e_score_correction_bias = balancing_bias(self, cfg) if self.sigmoid or moe.bias_update_rate > 0 else None
+
+    def forward(self, x) -> Routing:
+        logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]
+        scores = nn.functional.sigmoid(logits) if self.sigmoid else nn.functional.softmax(logits, axis=-1)
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias
+        if self.method != "greedy":
+            choice = self._keep_best_groups(choice)
+        _, indices = paddle.topk(choice, self.top_k, axis=-1)  # [tokens, top_k]
+        weights = paddle.take_along_axis(scores, indices, axis=-1)  # [tokens, top_k]: unbiased scores
+        if self.norm_topk_prob and self.top_k > 1:
+            weights = weights / (weights.sum(axis=-1, keepdim=True) + 1e-20)
+        return Routing(logits, scores, indices, weights * self.scale)
+
+    def _keep_best_groups(self, choice):
+        """`choice` with the experts outside the `topk_group` best groups set to −inf."""
+        tokens, experts = choice.shape
+        grouped = choice.reshape([tokens, self.groups, experts // self.groups])  # [tokens, groups, per_group]
+        if self.sigmoid:  # V3: a group's score is the sum of its two best experts' scores
+            group_scores = paddle.topk(grouped, 2, axis=-1)[0].sum(axis=-1)  # [tokens, groups]
+        else:  # V2's group_limited_greedy: its best expert's score
+            group_scores = grouped.max(axis=-1)  # [tokens, groups]
+        _, best = paddle.topk(group_scores, self.kept, axis=-1)  # [tokens, kept]
+        keep = nn.functional.one_hot(best, self.groups).sum(axis=1)  # [tokens, groups]: 1 for a kept group
+        keep = keep.unsqueeze(-1).expand(grouped.shape).reshape([tokens, experts])  # [tokens, experts]
+        return paddle.where(keep > 0, choice, paddle.full_like(choice, float("-inf")))
+
+
+def sequence_balance_loss(routing: Routing, bsz: int, seq_len: int, top_k: int, normalise: bool):
+    """One layer's `mean over sequences of Σ_i f_i · P_i` (fp32 scalar); `normalise`: divide the (sigmoid)
+    scores by their sum over the experts first (V3's s'_{i,t})."""
+    experts = routing.scores.shape[-1]
+    scores = routing.scores
+    if normalise:
+        scores = scores / (scores.sum(axis=-1, keepdim=True) + 1e-20)
+    p = scores.reshape([bsz, seq_len, experts]).mean(axis=1)  # [bsz, experts]
+    chosen = nn.functional.one_hot(routing.indices, experts).sum(axis=1)  # [tokens, experts]
+    counts = chosen.reshape([bsz, seq_len, experts]).sum(axis=1)  # [bsz, experts]
+    f = counts.astype("float32") * (experts / (top_k * seq_len))  # [bsz, experts]
+    return (f.detach() * p).sum(axis=-1).mean()
+
+
+class DeepseekMoeBlock(SparseMoeBlock):
+    """`y = Σ_k w_k · expert_k(x) + shared_experts(x)` (HF `DeepseekV3MoE`): `n_shared_experts` always-on experts
+    as one MLP `moe_intermediate_size · n_shared_experts` wide, no gate."""
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig):
+        super().__init__(cfg, kernels, moe, shared_expert=False)
+        self.gate = GroupLimitedRouter(cfg, moe)  # replaces the softmax router, same place among the sublayers
+        self.top_k, self.normalise = cfg.num_experts_per_tok, cfg.topk_method == "noaux_tc"
+        if cfg.n_shared_experts:
+            width = cfg.moe_intermediate_size * cfg.n_shared_experts
+            self.shared_experts = MLP(dataclasses.replace(cfg, intermediate_size=width), kernels)
+        else:
+            self.shared_experts = None
+        self.seq_shape = None
+
+    def forward(self, x):
+        self.seq_shape = tuple(x.shape[:2])  # (bsz, seq_len): the sequences the balance loss is taken over
+        out = super().forward(x)  # [bsz, seq_len, hidden]
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+    @staticmethod
+    def balance_coefficient(cfg: ModelConfig, moe: MoeConfig) -> float:
+        """α: the run's `aux_loss_coef`, else config.json's `aux_loss_alpha` (the hub's key), else the paper's."""
+        if moe.aux_loss_coef is not None:
+            return float(moe.aux_loss_coef)
+        return float(cfg.extra.get("aux_loss_alpha", DEFAULT_ALPHA[cfg.model_type]))
+
+    def balance_loss(self):
+        """This layer's sequence-wise balance loss over its last forward (unweighted)."""
+        return sequence_balance_loss(self.record.routing, *self.seq_shape, self.top_k, self.normalise)

@@ -1,0 +1,59 @@
+"""DeepSeek-V3's multi-token prediction (`models.mtp`): stored under the published names, trained alongside the main
+loss with weight λ (training mode only), and each depth's loss equal to the module written out by hand on the
+shifted sequence (no padding position involved: causal attention keeps the last, padded one out of the others)."""
+import numpy as np
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+import paddle.nn.functional as F  # noqa: E402
+
+from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.run_config import MoeConfig  # noqa: E402
+
+CFG = ModelConfig(model_type="deepseek_v3", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2, max_position_embeddings=64, q_lora_rank=16, kv_lora_rank=12,
+                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                  routed_scaling_factor=2.5, norm_topk_prob=True, topk_method="noaux_tc", num_nextn_predict_layers=2)
+
+
+def _ce(model, h, targets):
+    logits = model.logits(h)  # [bsz, n, vocab]
+    return float(F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), targets.reshape([-1, 1])).mean())
+
+
+def test_mtp_modules_names_loss_and_weight():
+    paddle.seed(0)
+    model = build_model(CFG, None, MoeConfig(aux_loss_coef=0.0, mtp_loss_weight=0.25))
+    names = {n for n, _ in model.named_parameters()}
+    for k in (2, 3):  # layers num_hidden_layers + k, as DeepSeek-V3's checkpoint stores layer 61
+        assert {f"model.layers.{k}.{p}" for p in ("enorm.weight", "hnorm.weight", "eh_proj.weight",
+                                                   "shared_head.norm.weight", "self_attn.kv_b_proj.weight",
+                                                   "mlp.gate.e_score_correction_bias")} <= names
+    assert len(model.model.layers) == 2 and len(model.model.layers.mtp) == 2
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 97, (2, 13)))
+    x, labels = ids[:, :-1], ids[:, 1:]
+    model.eval()
+    with paddle.no_grad():
+        total, count = model(x, labels=labels)
+        main = float(total / count)
+        # by hand: depth k sees positions 0 .. T-1-k, the embedding of token i+k and the previous depth's states
+        h = model.model(x)  # [bsz, T, hidden]
+        emb = model.model.embed_tokens.weight
+        depth_losses, seq = [], x.shape[1]
+        for k, module in enumerate(model.model.layers.mtp, start=1):
+            n = seq - k
+            cos, sin = model.model.rotary_emb(n)
+            inp = module.eh_proj(paddle.concat([module.enorm(F.embedding(x[:, k:], emb)), module.hnorm(h[:, :n])], -1))
+            h = module._block[0](inp, cos, sin)  # [bsz, n, hidden]
+            depth_losses.append(_ce(model, module.shared_head.norm(h), labels[:, k:]))
+    model.train()
+    with paddle.no_grad():
+        total, count = model(x, labels=labels)
+    want = main + 0.25 * np.mean(depth_losses)
+    assert abs(float(total / count) - want) < 1e-5, (float(total / count), want)
+    logged, n = model.router_losses["mtp_loss"]
+    assert n == 1 and abs(float(logged) - np.mean(depth_losses)) < 1e-5
