@@ -52,6 +52,27 @@ def test_rms_norm_matches_reference():
     _check(lambda a, b: kernels.rms_norm_cpu(a, b, 1e-6), lambda a, b: kernels.rms_norm_reference(a, b, 1e-6), [x, w])
 
 
+def test_add_rms_norm_matches_the_add_then_the_norm():
+    """Both outputs used downstream (the residual and the norm), so the backward adds both gradients."""
+    x, a = RNG.standard_normal((3, 7, 40)).astype("float32"), RNG.standard_normal((3, 7, 40)).astype("float32")
+    w = (RNG.random(40) + 0.5).astype("float32")
+
+    def both(fn):
+        def run(x, a, w):
+            h, y = fn(x, a, w, 1e-6)
+            return h * 0.5 + y * y  # each output reaches the loss, so each sends its gradient back
+        return run
+
+    _check(both(kernels.add_rms_norm_cpu), both(kernels.add_rms_norm_reference), [x, a, w], atol=1e-5)
+    h, y = kernels.add_rms_norm_cpu(*map(paddle.to_tensor, (x, a, w)), 1e-6)  # the norm alone: h's gradient is none
+    np.testing.assert_allclose(h.numpy(), x + a, rtol=1e-6)
+    xs, as_, ws = _t(x), _t(a), _t(w)
+    grads = paddle.grad([kernels.add_rms_norm_cpu(xs, as_, ws, 1e-6)[1]], [xs, as_, ws])
+    want = paddle.grad([kernels.rms_norm_reference(*(t := [_t(x + a), _t(w)]), 1e-6)], t)
+    for got, ref in zip((grads[0], grads[1], grads[2]), (want[0], want[0], want[1])):
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-5, rtol=1e-5)
+
+
 def test_swiglu_packed_matches_reference():
     gu = (RNG.standard_normal((3, 5, 2 * 21)) * 3).astype("float32")
     _check(kernels.swiglu_packed_cpu, kernels.swiglu_packed, [gu], atol=1e-5)

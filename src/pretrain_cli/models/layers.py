@@ -40,6 +40,10 @@ class RMSNorm(nn.Layer):
     def forward(self, x):
         return self.kernels.rms_norm(x, self.weight, self.eps)
 
+    def add_forward(self, x, a):
+        """`(h, norm(h))` with `h = x + a`: a residual add and this norm as one kernel where one exists."""
+        return self.kernels.add_rms_norm(x, a, self.weight, self.eps)
+
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     """Inverse frequencies as transformers computes them (fp32), incl. linear and llama3 scaling."""

@@ -1,4 +1,4 @@
-// RMSNorm and packed SwiGLU (see common.h for why these kernels exist).
+// RMSNorm, residual add + RMSNorm, and packed SwiGLU (see common.h for why these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
@@ -103,6 +103,146 @@ PD_BUILD_GRAD_OP(pcl_rms_norm)
     .Inputs({"X", "W", "Rstd", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .SetKernelFn(PD_KERNEL(RmsNormBackward));
+
+// ------------------------------------------------------------------------ residual add + RMSNorm
+// h = x + a, y = norm(h) * w in one pass: the decoder layer's `h = x + attn(...)` and the post-attention norm
+// that reads h. Paddle's add is a single-threaded pass of its own, and in the backward the two uses of h
+// (the residual and the norm) meet in a gradient accumulation, another one; here both are folded into the
+// norm's passes. Rstd is kept for the backward as in pcl_rms_norm.
+std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& x_arg, const paddle::Tensor& a_arg,
+                                              const paddle::Tensor& w_arg, float eps) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor a = contig(a_arg);
+  const paddle::Tensor w = contig(w_arg);
+  check_f32(x, "add_rms_norm", "x");
+  check_f32(a, "add_rms_norm", "a");
+  check_f32(w, "add_rms_norm", "weight");
+  PD_CHECK(x.shape() == a.shape(), "add_rms_norm: x and a must have the same shape");
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  PD_CHECK(w.numel() == h, "add_rms_norm: weight size ", w.numel(), " != hidden ", h);
+  auto hs = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto rstd = paddle::empty({rows}, x.dtype(), x.place());
+  const float* xp = x.data<float>();
+  const float* ap = a.data<float>();
+  const float* wp = w.data<float>();
+  float* hp = hs.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = xp + i * h;
+    const float* ar = ap + i * h;
+    float* hr = hp + i * h;
+    float* yr = yp + i * h;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < h; ++j) {
+      const float v = xr[j] + ar[j];
+      hr[j] = v;
+      ss += v * v;
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+    rp[i] = r;
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) yr[j] = (hr[j] * r) * wp[j];
+  }
+  return {hs, y, rstd};
+}
+
+// dh = dH + rstd * (g - hhat * mean(g * hhat)), g = dY * w, written as both dX and dA (the add passes it on);
+// dw = sum_rows(dY * hhat). A missing dH (h unused downstream) counts as zero.
+std::vector<paddle::Tensor> AddRmsNormBackward(const paddle::Tensor& h_arg, const paddle::Tensor& w_arg,
+                                               const paddle::Tensor& rstd_arg, const paddle::Tensor& dh_arg,
+                                               const paddle::Tensor& dy_arg) {
+  const paddle::Tensor hs = contig(h_arg);
+  const paddle::Tensor w = contig(w_arg);
+  const paddle::Tensor rstd = contig(rstd_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const bool has_dh = dh_arg.initialized();
+  const paddle::Tensor dh = has_dh ? contig(dh_arg) : dh_arg;
+  const int64_t h = last_dim(hs), rows = hs.numel() / h;
+  auto dx = paddle::empty(hs.shape(), hs.dtype(), hs.place());
+  auto da = paddle::empty(hs.shape(), hs.dtype(), hs.place());
+  const int nthreads = omp_get_max_threads();
+  std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
+  const float* xp = hs.data<float>();
+  const float* wp = w.data<float>();
+  const float* rp = rstd.data<float>();
+  const float* gp = dy.data<float>();
+  const float* hgp = has_dh ? dh.data<float>() : nullptr;
+  float* dxp = dx.data<float>();
+  float* dap = da.data<float>();
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = xp + i * h;
+      const float* gr = gp + i * h;
+      float* dxr = dxp + i * h;
+      float* dar = dap + i * h;
+      const float r = rp[i];
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < h; ++j) {
+        const float xh = xr[j] * r;
+        dot += gr[j] * wp[j] * xh;
+        acc[j] += gr[j] * xh;
+      }
+      const float m = dot / static_cast<float>(h);
+      if (hgp != nullptr) {
+        const float* hr = hgp + i * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) {
+          const float v = hr[j] + r * (gr[j] * wp[j] - xr[j] * r * m);
+          dxr[j] = v;
+          dar[j] = v;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) {
+          const float v = r * (gr[j] * wp[j] - xr[j] * r * m);
+          dxr[j] = v;
+          dar[j] = v;
+        }
+      }
+    }
+  }
+  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  float* dwp = dw.data<float>();
+  for (int64_t j = 0; j < h; ++j) dwp[j] = 0.f;
+  for (int t = 0; t < nthreads; ++t) {
+    const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
+    for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
+  }
+  return {dx, da, dw};
+}
+
+std::vector<std::vector<int64_t>> AddRmsNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>& a,
+                                                  const std::vector<int64_t>& w) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+  return {x, x, {rows}};
+}
+
+std::vector<paddle::DataType> AddRmsNormDtype(const paddle::DataType& x, const paddle::DataType& a,
+                                              const paddle::DataType& w) {
+  return {x, x, x};
+}
+
+PD_BUILD_OP(pcl_add_rms_norm)
+    .Inputs({"X", "A", "W"})
+    .Outputs({"H", "Y", "Rstd"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(AddRmsNormForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(AddRmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AddRmsNormDtype));
+
+PD_BUILD_GRAD_OP(pcl_add_rms_norm)
+    .Inputs({"H", "W", "Rstd", paddle::Grad("H"), paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("A"), paddle::Grad("W")})
+    .SetKernelFn(PD_KERNEL(AddRmsNormBackward));
 
 // ------------------------------------------------------------------------ packed SwiGLU
 // [..., 2I] laid out [gate | up] -> silu(gate) * up  [..., I]
