@@ -331,7 +331,7 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
-    assert k.attention_cached is kernels.attention_cpu
+    assert k.attention_cached is kernels.attention_cpu and k.add_rms_norm is kernels.add_rms_norm_cpu
     assert k.attention_document is kernels.attention_cpu_document and "documents: cpu_document" in k.describe()
     assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
     assert "attention=cpu" in k.describe()
@@ -345,8 +345,8 @@ def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
     off = resolve_run("--use_flash_attention", "--cpu_fused_ops", "false").kernels
     assert off.cpu_ops is False
     k = kernels.select(off, "cpu")
-    assert (k.attention, k.rms_norm, k.cross_entropy) == (
-        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
+    assert (k.attention, k.rms_norm, k.cross_entropy, k.add_rms_norm) == (
+        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference, None)
     assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
     monkeypatch.setattr(cpu_ops, "load", lambda: pytest.fail("cpu_fused_ops false loaded the fused CPU kernels"))
     h = paddle.randn([6, 8])

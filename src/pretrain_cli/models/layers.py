@@ -42,6 +42,9 @@ class RMSNorm(nn.Layer):
 
     def add_forward(self, x, a):
         """`(h, norm(h))` with `h = x + a`: a residual add and this norm as one kernel where one exists."""
+        if self.kernels.add_rms_norm is None:
+            h = x + a
+            return h, self(h)
         return self.kernels.add_rms_norm(x, a, self.weight, self.eps)
 
 

@@ -40,7 +40,8 @@ def rms_norm_reference(x, weight, eps: float):
 
 
 def add_rms_norm_reference(x, a, weight, eps: float):
-    """The residual add and the norm that reads its sum: `(h, rms_norm(h))` with `h = x + a`."""
+    """The residual add and the norm that reads its sum: `(h, rms_norm(h))` with `h = x + a` (what the CPU kernel
+    is checked against)."""
     h = x + a
     return h, rms_norm_reference(h, weight, eps)
 
@@ -202,8 +203,9 @@ class Kernels:
     swiglu_name: str = "reference"
     attention: Callable = attention_sdpa_mask
     rms_norm: Callable = rms_norm_reference
-    # (x, a, weight, eps) -> (x + a, rms_norm(x + a)): the residual add fused into the norm after it
-    add_rms_norm: Callable = add_rms_norm_reference
+    # (x, a, weight, eps) -> (x + a, rms_norm(x + a)): the residual add fused into the norm after it (CPU);
+    # None: the add, then `rms_norm` (Paddle's add, and on GPU the fused norm; distributed tensors add as they are)
+    add_rms_norm: Callable | None = None
     rope: Callable = rope_reference
     swiglu: Callable = swiglu_reference
     # MLP runs one GEMM on [gate | up] weights concatenated at forward time (names unchanged)
@@ -304,7 +306,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
         swiglu_name=chosen["swiglu"], attention=_ATTN[attn],
         rms_norm=table[chosen["rms_norm"]]["rms_norm"], rope=table[chosen["rope"]]["rope"],
-        add_rms_norm=add_rms_norm_cpu if cpu else add_rms_norm_reference,
+        add_rms_norm=add_rms_norm_cpu if cpu else None,
         swiglu=table[chosen["swiglu"]]["swiglu"],
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
