@@ -36,22 +36,15 @@ std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x_arg, const pa
   return {y, rstd};
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
-std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
-                                            const paddle::Tensor& rstd_arg, const paddle::Tensor& dy_arg) {
-  const paddle::Tensor x = contig(x_arg);
-  const paddle::Tensor w = contig(w_arg);
-  const paddle::Tensor rstd = contig(rstd_arg);
-  const paddle::Tensor dy = contig(dy_arg);
-  const int64_t h = last_dim(x), rows = x.numel() / h;
-  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+namespace {
+// The RMSNorm backward over `rows` rows of width h: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, plus `dres`
+// (a residual's gradient, added in the same pass) when given, also written to `dx2` when given; returns
+// dw = sum_rows(dy * xhat) (per-thread partial sums added in thread order).
+paddle::Tensor rms_norm_backward_rows(const float* xp, const paddle::Tensor& w, const float* rp, const float* gp,
+                                      const float* dres, float* dxp, float* dx2p, int64_t rows, int64_t h) {
   const int nthreads = omp_get_max_threads();
   std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
-  const float* xp = x.data<float>();
   const float* wp = w.data<float>();
-  const float* rp = rstd.data<float>();
-  const float* gp = dy.data<float>();
-  float* dxp = dx.data<float>();
 #pragma omp parallel num_threads(nthreads)
   {
     float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
@@ -69,8 +62,15 @@ std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const p
         acc[j] += gr[j] * xh;
       }
       const float m = dot / static_cast<float>(h);
+      if (dres == nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
+        for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
+      } else {
+        const float* hr = dres + i * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) dxr[j] = hr[j] + r * (gr[j] * wp[j] - xr[j] * r * m);
+      }
+      if (dx2p != nullptr) std::memcpy(dx2p + i * h, dxr, sizeof(float) * h);  // the row is still in L1
     }
   }
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
@@ -80,6 +80,21 @@ std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const p
     const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
     for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
   }
+  return dw;
+}
+}  // namespace
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
+std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
+                                            const paddle::Tensor& rstd_arg, const paddle::Tensor& dy_arg) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor w = contig(w_arg);
+  const paddle::Tensor rstd = contig(rstd_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dw = rms_norm_backward_rows(x.data<float>(), w, rstd.data<float>(), dy.data<float>(), nullptr,
+                                   dx.data<float>(), nullptr, rows, h);
   return {dx, dw};
 }
 
@@ -164,58 +179,8 @@ std::vector<paddle::Tensor> AddRmsNormBackward(const paddle::Tensor& h_arg, cons
   const int64_t h = last_dim(hs), rows = hs.numel() / h;
   auto dx = paddle::empty(hs.shape(), hs.dtype(), hs.place());
   auto da = paddle::empty(hs.shape(), hs.dtype(), hs.place());
-  const int nthreads = omp_get_max_threads();
-  std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
-  const float* xp = hs.data<float>();
-  const float* wp = w.data<float>();
-  const float* rp = rstd.data<float>();
-  const float* gp = dy.data<float>();
-  const float* hgp = has_dh ? dh.data<float>() : nullptr;
-  float* dxp = dx.data<float>();
-  float* dap = da.data<float>();
-#pragma omp parallel num_threads(nthreads)
-  {
-    float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* xr = xp + i * h;
-      const float* gr = gp + i * h;
-      float* dxr = dxp + i * h;
-      float* dar = dap + i * h;
-      const float r = rp[i];
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < h; ++j) {
-        const float xh = xr[j] * r;
-        dot += gr[j] * wp[j] * xh;
-        acc[j] += gr[j] * xh;
-      }
-      const float m = dot / static_cast<float>(h);
-      if (hgp != nullptr) {
-        const float* hr = hgp + i * h;
-#pragma omp simd
-        for (int64_t j = 0; j < h; ++j) {
-          const float v = hr[j] + r * (gr[j] * wp[j] - xr[j] * r * m);
-          dxr[j] = v;
-          dar[j] = v;
-        }
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < h; ++j) {
-          const float v = r * (gr[j] * wp[j] - xr[j] * r * m);
-          dxr[j] = v;
-          dar[j] = v;
-        }
-      }
-    }
-  }
-  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
-  float* dwp = dw.data<float>();
-  for (int64_t j = 0; j < h; ++j) dwp[j] = 0.f;
-  for (int t = 0; t < nthreads; ++t) {
-    const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
-    for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
-  }
+  auto dw = rms_norm_backward_rows(hs.data<float>(), w, rstd.data<float>(), dy.data<float>(),
+                                   has_dh ? dh.data<float>() : nullptr, dx.data<float>(), da.data<float>(), rows, h);
   return {dx, da, dw};
 }
 
