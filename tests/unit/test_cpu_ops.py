@@ -52,6 +52,27 @@ def test_rms_norm_matches_reference():
     _check(lambda a, b: kernels.rms_norm_cpu(a, b, 1e-6), lambda a, b: kernels.rms_norm_reference(a, b, 1e-6), [x, w])
 
 
+def test_add_rms_norm_matches_the_add_then_the_norm():
+    """Both outputs used downstream (the residual and the norm), so the backward adds both gradients."""
+    x, a = RNG.standard_normal((3, 7, 40)).astype("float32"), RNG.standard_normal((3, 7, 40)).astype("float32")
+    w = (RNG.random(40) + 0.5).astype("float32")
+
+    def both(fn):
+        def run(x, a, w):
+            h, y = fn(x, a, w, 1e-6)
+            return h * 0.5 + y * y  # each output reaches the loss, so each sends its gradient back
+        return run
+
+    _check(both(kernels.add_rms_norm_cpu), both(kernels.add_rms_norm_reference), [x, a, w], atol=1e-5)
+    h, y = kernels.add_rms_norm_cpu(*map(paddle.to_tensor, (x, a, w)), 1e-6)  # the norm alone: h's gradient is none
+    np.testing.assert_allclose(h.numpy(), x + a, rtol=1e-6)
+    xs, as_, ws = _t(x), _t(a), _t(w)
+    grads = paddle.grad([kernels.add_rms_norm_cpu(xs, as_, ws, 1e-6)[1]], [xs, as_, ws])
+    want = paddle.grad([kernels.rms_norm_reference(*(t := [_t(x + a), _t(w)]), 1e-6)], t)
+    for got, ref in zip((grads[0], grads[1], grads[2]), (want[0], want[0], want[1])):
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-5, rtol=1e-5)
+
+
 def test_swiglu_packed_matches_reference():
     gu = (RNG.standard_normal((3, 5, 2 * 21)) * 3).astype("float32")
     _check(kernels.swiglu_packed_cpu, kernels.swiglu_packed, [gu], atol=1e-5)
@@ -310,7 +331,7 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
     assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
-    assert k.attention_cached is kernels.attention_cpu
+    assert k.attention_cached is kernels.attention_cpu and k.add_rms_norm is kernels.add_rms_norm_cpu
     assert k.attention_document is kernels.attention_cpu_document and "documents: cpu_document" in k.describe()
     assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
     assert "attention=cpu" in k.describe()
@@ -324,8 +345,8 @@ def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
     off = resolve_run("--use_flash_attention", "--cpu_fused_ops", "false").kernels
     assert off.cpu_ops is False
     k = kernels.select(off, "cpu")
-    assert (k.attention, k.rms_norm, k.cross_entropy) == (
-        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference)
+    assert (k.attention, k.rms_norm, k.cross_entropy, k.add_rms_norm) == (
+        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference, None)
     assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
     monkeypatch.setattr(cpu_ops, "load", lambda: pytest.fail("cpu_fused_ops false loaded the fused CPU kernels"))
     h = paddle.randn([6, 8])

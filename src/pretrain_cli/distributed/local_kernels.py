@@ -160,6 +160,7 @@ def localize(k, hook: bool):
 
     return dataclasses.replace(
         k, rms_norm=_on_pieces(k.rms_norm, "pw-", 0, hook),
+        add_rms_norm=None,  # the residual add on the distributed tensors, then the norm above on pieces
         # also for Paddle's reference RoPE: its [s, b*h, d] merge would co-shard batch and heads
         rope=_on_pieces(k.rope, "ppttp", (0, 1), hook),
         attention=_on_pieces(k.attention, "ppp", 0, hook),

@@ -49,8 +49,9 @@ class DecoderLayer(nn.Layer):
                 self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
+        h, normed = self.post_attention_layernorm.add_forward(x, attn)  # h = x + attn; one pass on CPU
+        return h + self.mlp(normed)
 
 
 class DecoderModel(nn.Layer):

@@ -41,6 +41,13 @@ class RMSNorm(nn.Layer):
     def forward(self, x):
         return self.kernels.rms_norm(x, self.weight, self.eps)
 
+    def add_forward(self, x, a):
+        """`(h, norm(h))` with `h = x + a`: a residual add and this norm as one kernel where one exists."""
+        if self.kernels.add_rms_norm is None:
+            h = x + a
+            return h, self(h)
+        return self.kernels.add_rms_norm(x, a, self.weight, self.eps)
+
 
 class RotaryEmbedding(nn.Layer):
     """cos/sin tables `[seq_len, head_dim]`, computed once per length and not saved in state_dict; YaRN's

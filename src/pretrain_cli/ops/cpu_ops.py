@@ -161,6 +161,11 @@ class _Ops:
     def rms_norm(self, x, weight, eps: float):
         return self._run("pcl_rms_norm", x, weight, float(eps))[0]
 
+    def add_rms_norm(self, x, a, weight, eps: float):
+        """(x + a, rms_norm(x + a)): one pass forward, one backward (the gradient accumulation included)."""
+        h, y, _ = self._run("pcl_add_rms_norm", x, a, weight, float(eps))
+        return h, y
+
     def swiglu_packed(self, gate_up):
         return self._run("pcl_swiglu", gate_up)[0]
 
@@ -268,6 +273,12 @@ def adamw_cpu(params, grads, moment1, moment2, beta1_pow, beta2_pow, decay, lr, 
 
 def rms_norm_cpu(x, weight, eps: float):
     return load().rms_norm(x, weight, eps)
+
+
+def add_rms_norm_cpu(x, a, weight, eps: float):
+    """The decoder layer's `h = x + attn` and the post-attention norm of h in one threaded pass; the backward
+    adds the residual's gradient to the norm's in the same pass (no separate add or gradient accumulation)."""
+    return load().add_rms_norm(x, a, weight, eps)
 
 
 def swiglu_packed_cpu(gate_up):

@@ -24,7 +24,7 @@ from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
-                                      global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
+                                      add_rms_norm_cpu, global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
@@ -38,6 +38,13 @@ def rms_norm_reference(x, weight, eps: float):
     x32 = x.astype("float32")
     var = paddle.mean(paddle.square(x32), axis=-1, keepdim=True)  # [..., 1]
     return (x32 * paddle.rsqrt(var + eps)).astype(weight.dtype) * weight
+
+
+def add_rms_norm_reference(x, a, weight, eps: float):
+    """The residual add and the norm that reads its sum: `(h, rms_norm(h))` with `h = x + a` (what the CPU kernel
+    is checked against)."""
+    h = x + a
+    return h, rms_norm_reference(h, weight, eps)
 
 
 def swiglu_reference(gate, up):
@@ -217,6 +224,9 @@ class Kernels:
     swiglu_name: str = "reference"
     attention: Callable = attention_sdpa_mask
     rms_norm: Callable = rms_norm_reference
+    # (x, a, weight, eps) -> (x + a, rms_norm(x + a)): the residual add fused into the norm after it (CPU);
+    # None: the add, then `rms_norm` (Paddle's add, and on GPU the fused norm; distributed tensors add as they are)
+    add_rms_norm: Callable | None = None
     rope: Callable = rope_reference
     swiglu: Callable = swiglu_reference
     # MLP runs one GEMM on [gate | up] weights concatenated at forward time (names unchanged)
@@ -320,6 +330,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         attention_name=attn, rms_norm_name=chosen["rms_norm"], rope_name=chosen["rope"],
         swiglu_name=chosen["swiglu"], attention=_ATTN[attn],
         rms_norm=table[chosen["rms_norm"]]["rms_norm"], rope=table[chosen["rope"]]["rope"],
+        add_rms_norm=add_rms_norm_cpu if cpu else None,
         swiglu=table[chosen["swiglu"]]["swiglu"],
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,

@@ -1,4 +1,4 @@
-// RMSNorm and packed SwiGLU (see common.h for why these kernels exist).
+// RMSNorm, residual add + RMSNorm, and packed SwiGLU (see common.h for why these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
@@ -36,22 +36,15 @@ std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x_arg, const pa
   return {y, rstd};
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
-std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
-                                            const paddle::Tensor& rstd_arg, const paddle::Tensor& dy_arg) {
-  const paddle::Tensor x = contig(x_arg);
-  const paddle::Tensor w = contig(w_arg);
-  const paddle::Tensor rstd = contig(rstd_arg);
-  const paddle::Tensor dy = contig(dy_arg);
-  const int64_t h = last_dim(x), rows = x.numel() / h;
-  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+namespace {
+// The RMSNorm backward over `rows` rows of width h: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, plus `dres`
+// (a residual's gradient, added in the same pass) when given, also written to `dx2` when given; returns
+// dw = sum_rows(dy * xhat) (per-thread partial sums added in thread order).
+paddle::Tensor rms_norm_backward_rows(const float* xp, const paddle::Tensor& w, const float* rp, const float* gp,
+                                      const float* dres, float* dxp, float* dx2p, int64_t rows, int64_t h) {
   const int nthreads = omp_get_max_threads();
   std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
-  const float* xp = x.data<float>();
   const float* wp = w.data<float>();
-  const float* rp = rstd.data<float>();
-  const float* gp = dy.data<float>();
-  float* dxp = dx.data<float>();
 #pragma omp parallel num_threads(nthreads)
   {
     float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
@@ -69,8 +62,15 @@ std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const p
         acc[j] += gr[j] * xh;
       }
       const float m = dot / static_cast<float>(h);
+      if (dres == nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
+        for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
+      } else {
+        const float* hr = dres + i * h;
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) dxr[j] = hr[j] + r * (gr[j] * wp[j] - xr[j] * r * m);
+      }
+      if (dx2p != nullptr) std::memcpy(dx2p + i * h, dxr, sizeof(float) * h);  // the row is still in L1
     }
   }
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
@@ -80,6 +80,21 @@ std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const p
     const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
     for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
   }
+  return dw;
+}
+}  // namespace
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
+std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
+                                            const paddle::Tensor& rstd_arg, const paddle::Tensor& dy_arg) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor w = contig(w_arg);
+  const paddle::Tensor rstd = contig(rstd_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dw = rms_norm_backward_rows(x.data<float>(), w, rstd.data<float>(), dy.data<float>(), nullptr,
+                                   dx.data<float>(), nullptr, rows, h);
   return {dx, dw};
 }
 
@@ -103,6 +118,96 @@ PD_BUILD_GRAD_OP(pcl_rms_norm)
     .Inputs({"X", "W", "Rstd", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X"), paddle::Grad("W")})
     .SetKernelFn(PD_KERNEL(RmsNormBackward));
+
+// ------------------------------------------------------------------------ residual add + RMSNorm
+// h = x + a, y = norm(h) * w in one pass: the decoder layer's `h = x + attn(...)` and the post-attention norm
+// that reads h. Paddle's add is a single-threaded pass of its own, and in the backward the two uses of h
+// (the residual and the norm) meet in a gradient accumulation, another one; here both are folded into the
+// norm's passes. Rstd is kept for the backward as in pcl_rms_norm.
+std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& x_arg, const paddle::Tensor& a_arg,
+                                              const paddle::Tensor& w_arg, float eps) {
+  const paddle::Tensor x = contig(x_arg);
+  const paddle::Tensor a = contig(a_arg);
+  const paddle::Tensor w = contig(w_arg);
+  check_f32(x, "add_rms_norm", "x");
+  check_f32(a, "add_rms_norm", "a");
+  check_f32(w, "add_rms_norm", "weight");
+  PD_CHECK(x.shape() == a.shape(), "add_rms_norm: x and a must have the same shape");
+  const int64_t h = last_dim(x), rows = x.numel() / h;
+  PD_CHECK(w.numel() == h, "add_rms_norm: weight size ", w.numel(), " != hidden ", h);
+  auto hs = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto rstd = paddle::empty({rows}, x.dtype(), x.place());
+  const float* xp = x.data<float>();
+  const float* ap = a.data<float>();
+  const float* wp = w.data<float>();
+  float* hp = hs.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = xp + i * h;
+    const float* ar = ap + i * h;
+    float* hr = hp + i * h;
+    float* yr = yp + i * h;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < h; ++j) {
+      const float v = xr[j] + ar[j];
+      hr[j] = v;
+      ss += v * v;
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+    rp[i] = r;
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) yr[j] = (hr[j] * r) * wp[j];
+  }
+  return {hs, y, rstd};
+}
+
+// dh = dH + rstd * (g - hhat * mean(g * hhat)), g = dY * w, written as both dX and dA (the add passes it on);
+// dw = sum_rows(dY * hhat). A missing dH (h unused downstream) counts as zero.
+std::vector<paddle::Tensor> AddRmsNormBackward(const paddle::Tensor& h_arg, const paddle::Tensor& w_arg,
+                                               const paddle::Tensor& rstd_arg, const paddle::Tensor& dh_arg,
+                                               const paddle::Tensor& dy_arg) {
+  const paddle::Tensor hs = contig(h_arg);
+  const paddle::Tensor w = contig(w_arg);
+  const paddle::Tensor rstd = contig(rstd_arg);
+  const paddle::Tensor dy = contig(dy_arg);
+  const bool has_dh = dh_arg.initialized();
+  const paddle::Tensor dh = has_dh ? contig(dh_arg) : dh_arg;
+  const int64_t h = last_dim(hs), rows = hs.numel() / h;
+  auto dx = paddle::empty(hs.shape(), hs.dtype(), hs.place());
+  auto da = paddle::empty(hs.shape(), hs.dtype(), hs.place());
+  auto dw = rms_norm_backward_rows(hs.data<float>(), w, rstd.data<float>(), dy.data<float>(),
+                                   has_dh ? dh.data<float>() : nullptr, dx.data<float>(), da.data<float>(), rows, h);
+  return {dx, da, dw};
+}
+
+std::vector<std::vector<int64_t>> AddRmsNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>& a,
+                                                  const std::vector<int64_t>& w) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+  return {x, x, {rows}};
+}
+
+std::vector<paddle::DataType> AddRmsNormDtype(const paddle::DataType& x, const paddle::DataType& a,
+                                              const paddle::DataType& w) {
+  return {x, x, x};
+}
+
+PD_BUILD_OP(pcl_add_rms_norm)
+    .Inputs({"X", "A", "W"})
+    .Outputs({"H", "Y", "Rstd"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(AddRmsNormForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(AddRmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AddRmsNormDtype));
+
+PD_BUILD_GRAD_OP(pcl_add_rms_norm)
+    .Inputs({"H", "W", "Rstd", paddle::Grad("H"), paddle::Grad("Y")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("A"), paddle::Grad("W")})
+    .SetKernelFn(PD_KERNEL(AddRmsNormBackward));
 
 // ------------------------------------------------------------------------ packed SwiGLU
 // [..., 2I] laid out [gate | up] -> silu(gate) * up  [..., I]
