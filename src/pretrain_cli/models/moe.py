@@ -124,8 +124,10 @@ class Experts(nn.Layer):
 
     def forward(self, x_sorted, counts: list[int]):
         """`x_sorted` `[rows, hidden]` grouped by expert; `counts[i]` rows for expert `first + i`."""
-        ws = [(x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight)
-              for x in (self[e] for e in range(self.first, self.first + self.count))]
+        ws = []
+        for e in range(self.first, self.first + self.count):  # a plain loop: SOT lost `self` in nested comprehensions
+            x = self[e]
+            ws.append((x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight))
         return self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
 
 
