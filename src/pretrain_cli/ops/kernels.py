@@ -217,6 +217,9 @@ class Kernels:
     attention_block: Callable = block_forward
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
+    # a call that passes `position_ids` sees this share of a sequence rope_span x as long (context parallelism's
+    # chunks: its positions run over the whole sequence), so the RoPE table covers that many positions
+    rope_span: int = 1
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
