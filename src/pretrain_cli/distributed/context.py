@@ -255,8 +255,6 @@ def context_kernels(kernels, parallel, backend):
 
 
 def _context_model(model, side):
-    import paddle
-    import paddle.distributed as dist
     import paddle.nn as nn
 
     class ContextModel(nn.Layer):
@@ -266,23 +264,12 @@ def _context_model(model, side):
         def __init__(self):
             super().__init__()
             self.model = model
-            self._positions: dict = {}
 
         def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
-            bsz, length = input_ids.shape
             if position_ids is None:
-                key = (bsz, length)
-                if key not in self._positions:
-                    pos = local_positions(length * side.cp, side.cp, side.cp_rank)  # [length]
-                    self._positions[key] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
-                position_ids = self._positions[key]
+                position_ids = side.positions(*input_ids.shape)
             out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
-            if labels is None:
-                return out
-            total, count = out
-            count = count.detach().clone()
-            dist.all_reduce(count, group=side.group)
-            return total * side.cp, count
+            return out if labels is None else side.whole_sequence(*out)
 
     return ContextModel()
 
@@ -303,8 +290,28 @@ class ContextSide:
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
                      f"ring attention){zero}")
 
+        self._positions: dict = {}
+
     def wrap(self, model):
         return _context_model(model, self)
+
+    def positions(self, bsz: int, length: int):
+        """int64 `[bsz, length]`: the global positions of this rank's tokens (a batch without `position_ids`)."""
+        import paddle
+
+        if (bsz, length) not in self._positions:
+            pos = local_positions(length * self.cp, self.cp, self.cp_rank)  # [length]
+            self._positions[(bsz, length)] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
+        return self._positions[(bsz, length)]
+
+    def whole_sequence(self, total, count):
+        """(this rank's loss sum × C, the cp group's token count): their ratio averaged over the cp ranks (as
+        gradients are) is the whole sequence's mean loss."""
+        import paddle.distributed as dist
+
+        count = count.detach().clone()
+        dist.all_reduce(count, group=self.group)
+        return total * self.cp, count
 
     def shard(self, tensor):
         return shard_sequence(tensor, self.cp, self.cp_rank)
