@@ -41,17 +41,19 @@ from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 _RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once per process (`new_group` order)
 
 
-def cp_group(parallel, gloo: bool = True):
+def cp_group(parallel, backend=None):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
-    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `gloo`: the CPU
-    exchange (`distributed.ring`). Made once per process: the kernels (built again for a rollback) and the
-    strategy share it."""
+    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `backend`: the
+    run's collectives (`distributed.collectives`; default gloo's, whose exchange is `distributed.ring`'s per-edge
+    groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
+    from pretrain_cli.distributed.collectives import for_device
     from pretrain_cli.distributed.ring import ring_groups
     from pretrain_cli.distributed.topology import Topology
 
-    key = (parallel, gloo)
+    backend = backend or for_device("cpu")
+    key = (parallel, backend)
     if key not in _RINGS:
-        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
+        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, backend)[2]
     return _RINGS[key]
 
 
@@ -248,7 +250,7 @@ def context_kernels(kernels, parallel, backend):
     from pretrain_cli.distributed.topology import Topology
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
-    causal, document = context_attention(cp_group(parallel, backend.ring_edges), cp, cp_rank, kernels.attention_block)
+    causal, document = context_attention(cp_group(parallel, backend), cp, cp_rank, kernels.attention_block)
     name = f"context({kernels.attention_block_name} blocks)"
     return replace(kernels, attention=causal, attention_document=document, attention_name=name,
                    attention_document_name=name, rope_span=cp)
@@ -284,7 +286,7 @@ class ContextSide:
         from pretrain_cli.distributed.topology import Topology
 
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
-        self.group = cp_group(parallel, backend.ring_edges).group
+        self.group = cp_group(parallel, backend).group
         zero = (f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
                 if parallel.sharding_stage == 1 and parallel.tp_degree == 1 and parallel.pp_degree == 1 else "")
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "

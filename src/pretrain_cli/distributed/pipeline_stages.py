@@ -25,6 +25,7 @@ class Embed(nn.Layer):
     def forward(self, inputs):
         return embed(self.embed_tokens, inputs)
 
+
 class TiedWeight(nn.Layer):
     """The embedding's weight as fleet's shared layer: first stage (lookup) and last (head)."""
 
@@ -32,6 +33,7 @@ class TiedWeight(nn.Layer):
         super().__init__()
         self.weight = embed_tokens.weight
         self._embedding = [embed_tokens]  # not a sublayer: the weight above is its only parameter
+
 
 class Block(nn.Layer):
     """One decoder layer; RoPE tables from the model's own rotary embedding."""
@@ -43,10 +45,12 @@ class Block(nn.Layer):
 
     def forward(self, inputs):
         x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
-        cos, sin = self._rotary[0](x.shape[1] * self.parts)  # the whole sequence's positions
+        span = x.shape[1] * self.parts * (self.rope_span if doc else 1)  # the whole sequence's positions
+        cos, sin = self._rotary[0](span)
         if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
             return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
         return self.layer(x, cos, sin)
+
 
 class Final(nn.Layer):
     """The final norm: the hidden states the loss reads (document fields end here)."""
@@ -57,6 +61,7 @@ class Final(nn.Layer):
 
     def forward(self, inputs):
         return self.norm(inputs[0] if isinstance(inputs, tuple) else inputs)
+
 
 class Head(nn.Layer):
     """An untied LM head's weight on the last stage (the fused head + loss reads it in the loss)."""
