@@ -187,7 +187,7 @@ ENGINE_TRAITS = {
     "tensor_parallel": EngineTraits(whole_gradients=False, placed_pieces=True,
                                     eager="tensor parallelism on fleet's groups (its collectives are eager autograd "
                                           "functions)"),
-    "context_parallel": EngineTraits(dp_buffers=True),  # (with sharding: stage1, fleet's ZeRO-1: no buffers)
+    "context_parallel": EngineTraits(dp_buffers=True),  # (with sharding: stage1/2, fleet's ZeRO: no buffers)
 }
 
 
