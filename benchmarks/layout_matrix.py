@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     ref_out = root / "ref" / "out"
     ref = None
     if not args.check_only:
+        (root / "ref").mkdir()
         ref = single(write_config(root / "ref.json", corpus, ref_out, per_device_train_batch_size=8, **common),
                      root / "ref" / "log", timeout=600)
         if ref.returncode != 0:
