@@ -206,20 +206,47 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: 
                sequence_parallel: bool = False) -> str:
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
     (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
-    PipelineParallel), "tensor_parallel" (tensor + sequence parallelism, distributed.sequence_parallel) or
-    "context_parallel" (distributed.context over paddle.DataParallel); `sharding_stage` 0 when nothing is
+    PipelineParallel, with tp / sp / cp inside the stages), "tensor_parallel" (tensor parallelism with sequence
+    and/or context parallelism on fleet's groups) or "context_parallel" (distributed.context over
+    paddle.DataParallel or fleet's ZeRO-1); `sharding_stage` 0 when nothing is
     sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
-    if cp_degree > 1:
-        return "context_parallel"
     if pp_degree > 1:
         return "pipeline"
-    if tp_degree > 1 and sequence_parallel:
+    if tp_degree > 1 and (sequence_parallel or cp_degree > 1):
         return "tensor_parallel"
+    if cp_degree > 1:
+        return "context_parallel"
     if tp_degree > 1 or sharding_stage in (2, 3):
         return "semi_auto"
     return "fleet_zero1" if sharding_stage == 1 else "data_parallel"
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """What a layout's engine does that the rules outside `distributed/` read: they ask these, never the engine's
+    name (`ENGINE_TRAITS`, one row per `engine_for` name)."""
+
+    whole_gradients: bool = True  # whole parameters and gradients on every rank, Paddle's optimizer over them
+    dp_buffers: bool = False  # paddle.DataParallel's fused all-reduce buffers: one more gradient-sized copy
+    placed_pieces: bool = False  # parameters or optimizer state are placed pieces / freed stages: a rollback rebuilds
+    distributed_tensors: bool = False  # semi-auto DistTensors: weights read as blocks, ZeRO-3 gathers, CPU logits
+    eager: str = ""  # why the forward stays eager (to_static off), or "" when it can be captured
+
+
+ENGINE_TRAITS = {
+    "single": EngineTraits(),
+    "data_parallel": EngineTraits(dp_buffers=True),
+    "fleet_zero1": EngineTraits(whole_gradients=False),
+    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True),
+    "pipeline": EngineTraits(whole_gradients=False, placed_pieces=True,
+                             eager="pipeline parallelism (fleet runs each stage's layers eagerly)"),
+    "tensor_parallel": EngineTraits(whole_gradients=False, placed_pieces=True,
+                                    eager="tensor parallelism on fleet's groups (its collectives are eager autograd "
+                                          "functions)"),
+    "context_parallel": EngineTraits(dp_buffers=True),  # (with sharding: stage1/2, fleet's ZeRO: no buffers)
+}
 
 
 @dataclass(frozen=True)
@@ -264,6 +291,11 @@ class ParallelConfig:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
         return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree,
                           self.sequence_parallel)
+
+    @property
+    def traits(self) -> EngineTraits:
+        """What the engine does, for the rules outside `distributed/` (which never compare engine names)."""
+        return ENGINE_TRAITS[self.engine]
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]

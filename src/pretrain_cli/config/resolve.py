@@ -18,10 +18,11 @@ from pretrain_cli.config.context import context_degree
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.pipeline import resolve_pipeline
+from pretrain_cli.config.refusals import Degrees, refusals
 from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
+                                            RunConfig, Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
@@ -211,7 +212,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
     t = args.training
     fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
-             and parallel.engine in ("single", "data_parallel", "context_parallel") and not parallel.sharding_stage)
+             and parallel.traits.whole_gradients and not parallel.sharding_stage)
     return "fused" if fused else "paddle"
 
 
@@ -225,11 +226,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
                                             "sep_parallel_degree": sep, "context_parallel_degree": cp}, stage, notes,
                           problems)
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
-    if sep > 1:
-        problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
-                     f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {sep} "
-                     f"(attention across the ranks) to split each sequence")
-    cp = context_degree(args, world, tp, pp, stage, problems)
+    cp = context_degree(args, world, problems)
     sp = bool(t.sequence_parallel) and tp > 1
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
@@ -254,26 +251,23 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
             sharding = 1
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
-    # distributed.semi_auto: the sharding axis is every data rank
-    if engine_for(world, tp, stage if sharding > 1 else 0, pp, 1, sp) == "semi_auto" and 1 < sharding < rest:
-        problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
-                     f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
-    if sp and stage in (2, 3):
-        problems.add(f"sequence_parallel: not supported with sharding: stage{stage} (the semi-auto engine runs "
-                     f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "
-                     f"lacks); use stage1 or set sequence_parallel: false")
-    if sp and args.data.max_seq_length % tp:
-        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length} is not divisible by "
-                     f"tensor_parallel_degree {tp}; use a multiple of {tp}")
+    for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp)):
+        problems.add(line)  # what no engine here runs: config.refusals' table
+    if sp and args.data.max_seq_length % (tp * cp):
+        each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
+        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length}{each} is not divisible by "
+                     f"tensor_parallel_degree {tp}; use a multiple of {tp * cp}")
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1 and not sp  # tensor_parallel's: whole
-    if tp > 1 and (pp > 1 or sp):
-        where = f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel"
+    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps), not semi-auto's
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
+    if tp > 1 and layered:
+        where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
+                 else "with context_parallel_degree")
         notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
                      f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
     elif tp > 1 and not vocab_split:
@@ -302,7 +296,7 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
                             t.spike_window, t.spike_rollback_steps,
                             rollback_rebuilds=t.spike_policy == "rollback"
-                            and parallel.engine in ("semi_auto", "pipeline", "tensor_parallel"))  # placed pieces / freed stages
+                            and parallel.traits.placed_pieces)  # placed pieces / freed stages
 
 
 def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
@@ -356,11 +350,9 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
             notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
                          "it keeps the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
-    if kernels.to_static and parallel.engine in ("pipeline", "tensor_parallel"):
+    if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)
-        what = "pipeline parallelism (fleet runs each stage's layers eagerly)" if parallel.engine == "pipeline" else \
-            "sequence parallelism (its collectives are eager autograd functions)"
-        notes.append(f"to_static: not with {what}; ignored")
+        notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps

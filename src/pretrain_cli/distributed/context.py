@@ -25,28 +25,39 @@ so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start
 **Loss and gradients.** The loss is the token-count-weighted mean over the whole sequence: each rank's sum
 is divided by its cp group's total count. Weights are whole on every rank and data-parallel over the cp
 group too: `paddle.DataParallel` over every rank averages gradients over dp × cp, so each rank's loss is
-scaled by C. The model stays single-device: `place` swaps the kernels its attention layers call and its
-RoPE table; `wrap` puts `ContextModel` (positions in, whole-sequence loss out) inside `DataParallel`, or,
-with `sharding: stage1`, inside fleet's ZeRO-1 over the cp × sharding ranks (`ContextZero1`).
+scaled by C. The model stays single-device: it is built with the ring as its attention kernels and a RoPE table
+spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.steps`); the strategy's
+`ContextSide` cuts the batch and wraps the model in `ContextModel` (positions in, whole-sequence loss out) inside
+whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × sharding ranks, or tensor parallelism.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+import paddle  # imported after the environment: the layout steps, the strategies and tests import this lazily
+import paddle.nn as nn
 
-from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
 from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 
 
-def cp_group(parallel, gloo: bool = True):
+_RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once per process (`new_group` order)
+
+
+def cp_group(parallel, backend=None):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
-    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `gloo`: the CPU
-    exchange (`distributed.ring`)."""
+    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `backend`: the
+    run's collectives (`distributed.collectives`; default gloo's, whose exchange is `distributed.ring`'s per-edge
+    groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
+    from pretrain_cli.distributed.collectives import for_device
     from pretrain_cli.distributed.ring import ring_groups
     from pretrain_cli.distributed.topology import Topology
 
-    return ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
+    backend = backend or for_device("cpu")
+    key = (parallel, backend)
+    if key not in _RINGS:
+        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, backend)[2]
+    return _RINGS[key]
 
 
 def chunks_of(cp: int, cp_rank: int) -> tuple[int, int]:
@@ -142,194 +153,167 @@ class _Ring:
             yield i, j, [w for w in work if w[4]]  # blocks the causal mask hides entirely are not computed
 
 
-def _attention_class():
-    import paddle
+class RingAttention(paddle.autograd.PyLayer):
+    """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q. C ring steps:
+    at step i this rank holds the K/V block of cp rank (r − i) mod C (two blocks at most: the one computed
+    and the one arriving), runs its queries against it and merges by log-sum-exp."""
 
-    class RingAttention(paddle.autograd.PyLayer):
-        """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q. C ring steps:
-        at step i this rank holds the K/V block of cp rank (r − i) mod C (two blocks at most: the one computed
-        and the one arriving), runs its queries against it and merges by log-sum-exp."""
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        with paddle.no_grad():
+            return RingAttention._forward(ctx, q, k, v, ring)
 
-        @staticmethod
-        def forward(ctx, q, k, v, ring):
-            with paddle.no_grad():
-                return RingAttention._forward(ctx, q, k, v, ring)
+    @staticmethod
+    def _forward(ctx, q, k, v, ring):
+        n_kv, c = k.shape[2], q.shape[1] // 2
+        qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
+        kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]: this rank's block
+        plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
+        acc: dict = {}  # (slot, tile) -> (out, lse) merged over the blocks seen so far
+        for i, j, work in ring.steps(plan, c):
+            pending = ring.exchange.start(kv) if i < ring.cp - 1 else None  # the next block, during compute
+            for slot, t, r0, r1, entries in work:
+                qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
+                out, lse = acc.get((slot, t), (None, None))
+                for half, k0, k1, visible, causal in entries:
+                    kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                    vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                    out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
+                acc[(slot, t)] = (out, lse)
+            if pending is not None:
+                kv = pending.wait()
+        keys = sorted(acc)  # (slot, tile) in sequence order: every tile sees its own diagonal, so none is missing
+        outs = paddle.concat([acc[key][0] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, d]
+        lses = paddle.concat([acc[key][1] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, 1]
+        ctx.saved = (qh, k, v, outs, lses, plan, ring, q.shape)
+        return outs.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
 
-        @staticmethod
-        def _forward(ctx, q, k, v, ring):
-            n_kv, c = k.shape[2], q.shape[1] // 2
-            qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]: this rank's block
-            plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
-            acc: dict = {}  # (slot, tile) -> (out, lse) merged over the blocks seen so far
-            for i, j, work in ring.steps(plan, c):
-                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None  # the next block, during compute
-                for slot, t, r0, r1, entries in work:
-                    qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
-                    out, lse = acc.get((slot, t), (None, None))
-                    for half, k0, k1, visible, causal in entries:
-                        kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
-                        vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
-                        out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
-                    acc[(slot, t)] = (out, lse)
-                if pending is not None:
-                    kv = pending.wait()
-            keys = sorted(acc)  # (slot, tile) in sequence order: every tile sees its own diagonal, so none is missing
-            outs = paddle.concat([acc[key][0] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, d]
-            lses = paddle.concat([acc[key][1] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, 1]
-            ctx.saved = (qh, k, v, outs, lses, plan, ring, q.shape)
-            return outs.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
+    @staticmethod
+    def backward(ctx, dout):
+        """The ring again, each K/V block travelling with its dK/dV accumulator (fp32): at step i this rank adds
+        its queries' share to the block it holds, then passes both on; after C steps every accumulator is
+        back with its owner, so no rank ever holds the whole sequence's dK/dV."""
+        qh, k, v, outs, lses, plan, ring, q_shape = ctx.saved
+        n_kv, c = k.shape[2], q_shape[1] // 2
+        doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
+        kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]
+        dkv = paddle.zeros(kv.shape, dtype="float32")  # [2, bsz, n_kv, 1, 2c, d]: the held block's dK, dV
+        dqs: dict = {}
+        for i, j, work in ring.steps(plan, c):
+            pending = ring.exchange.start(kv) if i < ring.cp - 1 else None
+            parts = [[], []]  # per half of the held block: its (dk, dv) shares, [bsz, n_kv, 1, c, d] each
+            for slot, t, r0, r1, entries in work:
+                rows = slice(slot * c + r0, slot * c + r1)
+                qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
+                out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
+                for half, k0, k1, visible, _ in entries:
+                    kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                    vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
+                    g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
+                    dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
+                    g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, k1 - k0, d]
+                    if k1 - k0 < c:  # a piece of a diagonal tile: keys [k0, k1) of the chunk, zeros around
+                        pad = [paddle.zeros([*g.shape[:-2], n, g.shape[-1]], g.dtype) for n in (k0, c - k1)]
+                        g = paddle.concat([p for p in (pad[0], g, pad[1]) if p.shape[-2]], -2)
+                    parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
+            if parts[0] or parts[1]:
+                zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]
+                dkv = dkv + paddle.concat([paddle.add_n(p) if p else zero for p in parts], axis=-2)
+            dkv = ring.exchange.start(dkv).wait()  # after C passes: this rank's own block's dK/dV
+            if pending is not None:
+                kv = pending.wait()
+        bsz, _, n_heads, d = q_shape
 
-        @staticmethod
-        def backward(ctx, dout):
-            """The ring again, each K/V block travelling with its dK/dV accumulator (fp32): at step i this rank adds
-            its queries' share to the block it holds, then passes both on; after C steps every accumulator is
-            back with its owner, so no rank ever holds the whole sequence's dK/dV."""
-            qh, k, v, outs, lses, plan, ring, q_shape = ctx.saved
-            n_kv, c = k.shape[2], q_shape[1] // 2
-            doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]
-            dkv = paddle.zeros(kv.shape, dtype="float32")  # [2, bsz, n_kv, 1, 2c, d]: the held block's dK, dV
-            dqs: dict = {}
-            for i, j, work in ring.steps(plan, c):
-                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None
-                parts = [[], []]  # per half of the held block: its (dk, dv) shares, [bsz, n_kv, 1, c, d] each
-                for slot, t, r0, r1, entries in work:
-                    rows = slice(slot * c + r0, slot * c + r1)
-                    qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
-                    out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
-                    for half, k0, k1, visible, _ in entries:
-                        kb = kv[0, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
-                        vb = kv[1, :, :, :, half * c + k0:half * c + k1]  # [bsz, n_kv, 1, k1 - k0, d]
-                        g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
-                        dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
-                        g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, k1 - k0, d]
-                        if k1 - k0 < c:  # a piece of a diagonal tile: keys [k0, k1) of the chunk, zeros around
-                            pad = [paddle.zeros([*g.shape[:-2], n, g.shape[-1]], g.dtype) for n in (k0, c - k1)]
-                            g = paddle.concat([p for p in (pad[0], g, pad[1]) if p.shape[-2]], -2)
-                        parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
-                if parts[0] or parts[1]:
-                    zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]
-                    dkv = dkv + paddle.concat([paddle.add_n(p) if p else zero for p in parts], axis=-2)
-                dkv = ring.exchange.start(dkv).wait()  # after C passes: this rank's own block's dK/dV
-                if pending is not None:
-                    kv = pending.wait()
-            bsz, _, n_heads, d = q_shape
+        def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
+            return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
 
-            def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
-                return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
-
-            dq = back(paddle.concat([dqs[key] for key in sorted(dqs)], axis=3), n_heads)
-            return dq, back(dkv[0].astype(k.dtype), n_kv), back(dkv[1].astype(v.dtype), n_kv)
-
-    return RingAttention
-
-
-_RING_CLASS: list = []
+        dq = back(paddle.concat([dqs[key] for key in sorted(dqs)], axis=3), n_heads)
+        return dq, back(dkv[0].astype(k.dtype), n_kv), back(dkv[1].astype(v.dtype), n_kv)
 
 
 def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
     """(causal, document-masked) attention functions over the cp ring (`exchange`: `cp_group`'s), for
     `kernels.attention` / `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
-    if not _RING_CLASS:
-        _RING_CLASS.append(_attention_class())
-    ring_cls = _RING_CLASS[0]
 
     def causal(q, k, v):
-        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, tile=tile))
+        return RingAttention.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, tile=tile))
 
     def document(q, k, v, doc_start):
-        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, doc_start, tile))
+        return RingAttention.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, doc_start, tile))
 
     return causal, document
 
 
-def _whole_sequence_rotary(inner, cp: int):
-    import paddle.nn as nn
+def context_kernels(kernels, parallel, backend):
+    """The `cp` layout step's build side (`distributed.steps`): the kernel table with the ring attention over this
+    rank's cp group for both the causal and the document-masked call, and a RoPE table spanning the whole sequence
+    (`rope_span`: a rank's tokens sit anywhere in it). Chosen before the model exists: no live layer changes."""
+    from pretrain_cli.distributed.topology import Topology
 
-    class WholeSequenceRotary(nn.Layer):
-        """The model's RoPE table, C× as long while `ContextModel` runs it: a rank's tokens sit anywhere in
-        the sequence. Elsewhere (generation from the same object) the table it always had."""
-
-        def __init__(self):
-            super().__init__()
-            self.inner, self.active = inner, False
-
-        def forward(self, seq_len: int, offset: int = 0):
-            return self.inner(seq_len * cp if self.active else seq_len, offset)
-
-    return WholeSequenceRotary()
+    cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
+    causal, document = context_attention(cp_group(parallel, backend), cp, cp_rank, kernels.attention_block)
+    name = f"context({kernels.attention_block_name} blocks)"
+    return replace(kernels, attention=causal, attention_document=document, attention_name=name,
+                   attention_document_name=name, rope_span=cp)
 
 
-def _context_model(model, strategy):
-    import paddle
-    import paddle.distributed as dist
-    import paddle.nn as nn
+class ContextModel(nn.Layer):
+    """The model on this rank's chunks (`side`: its `ContextSide`): global RoPE positions in; with labels, (sum of
+    token losses × C, the cp group's token count) out, so the step's mean is the whole sequence's, scaled for
+    DataParallel."""
 
-    class ContextModel(nn.Layer):
-        """The model on this rank's chunks: global RoPE positions in; with labels, (sum of token losses × C,
-        the cp group's token count) out, so the step's mean is the whole sequence's, scaled for DataParallel."""
+    def __init__(self, model, side):
+        super().__init__()
+        self.model, self._side = model, [side]  # (a list: the side is not a sublayer)
 
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self._positions: dict = {}
-
-        def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
-            bsz, length = input_ids.shape
-            if position_ids is None:
-                key = (bsz, length)
-                if key not in self._positions:
-                    pos = local_positions(length * strategy.cp, strategy.cp, strategy.cp_rank)  # [length]
-                    self._positions[key] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
-                position_ids = self._positions[key]
-            rotary = self.model.model.rotary_emb
-            rotary.active = True
-            try:
-                out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
-            finally:
-                rotary.active = False
-            if labels is None:
-                return out
-            total, count = out
-            count = count.detach().clone()
-            dist.all_reduce(count, group=strategy.group)
-            return total * strategy.cp, count
-
-    return ContextModel()
+    def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
+        side = self._side[0]
+        if position_ids is None:
+            position_ids = side.positions(*input_ids.shape)
+        out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
+        return out if labels is None else side.whole_sequence(*out)
 
 
-class _Context:
-    """What context parallelism adds to a data-parallel strategy: the attention, the split, the loss."""
+class ContextSide:
+    """What context parallelism adds to any strategy besides its kernels (`context_kernels`): each batch cut into
+    this rank's chunks (`shard`), the model called with global positions and returning the whole sequence's
+    loss (`wrap`), and the step's loss read back over the cp group (`to_host`). Weights are whole across the cp
+    ranks, so the strategy averages gradients over them as over data ranks."""
 
-    def _setup_context(self, parallel) -> None:
-        self.cp, self.cp_rank = parallel.cp_degree, self.topology.coord("cp")
-        self.group = None
+    def __init__(self, parallel, backend):
+        from pretrain_cli.distributed.topology import Topology
+
+        self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
+        self.group = cp_group(parallel, backend).group
+        zero = (f", ZeRO-{parallel.sharding_stage} over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
+                if parallel.sharding_stage else "")
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
-                     f"ring attention){self.zero}")
+                     f"ring attention){zero}")
 
-    def place(self, model, source=None):
-        """The data-parallel placement (whole parameters, created from `source` when built lazily), then the
-        attention and RoPE table swapped for the context-parallel ones."""
-        from pretrain_cli.models.layers import CoreAttention
+        self._positions: dict = {}
 
-        model = super().place(model, source)
-        exchange = cp_group(self.parallel, gloo=self.device == "cpu")  # gloo's send/recv: `distributed.ring`
-        self.group = exchange.group
-        for layer in model.sublayers():
-            if isinstance(layer, CoreAttention):
-                block = layer.kernels.attention_block_name
-                causal, document = context_attention(exchange, self.cp, self.cp_rank, layer.kernels.attention_block)
-                layer.kernels = replace(layer.kernels, attention=causal, attention_document=document,
-                                        attention_name=f"context({block} blocks)",
-                                        attention_document_name=f"context({block} blocks)")
-        model.model.rotary_emb = _whole_sequence_rotary(model.model.rotary_emb, self.cp)
-        return model
+    def wrap(self, model):
+        return ContextModel(model, self)
 
-    def wrap(self, model, optimizer):
-        return super().wrap(_context_model(model, self), optimizer)
+    def positions(self, bsz: int, length: int):
+        """int64 `[bsz, length]`: the global positions of this rank's tokens (a batch without `position_ids`)."""
+        import paddle
 
-    def shard_batch(self, tensor):
+        if (bsz, length) not in self._positions:
+            pos = local_positions(length * self.cp, self.cp, self.cp_rank)  # [length]
+            self._positions[(bsz, length)] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
+        return self._positions[(bsz, length)]
+
+    def whole_sequence(self, total, count):
+        """(this rank's loss sum × C, the cp group's token count): their ratio averaged over the cp ranks (as
+        gradients are) is the whole sequence's mean loss."""
+        import paddle.distributed as dist
+
+        count = count.detach().clone()
+        dist.all_reduce(count, group=self.group)
+        return total * self.cp, count
+
+    def shard(self, tensor):
         return shard_sequence(tensor, self.cp, self.cp_rank)
 
     def to_host(self, tensor):
@@ -339,37 +323,3 @@ class _Context:
         t = tensor.detach().clone()
         dist.all_reduce(t, group=self.group)
         return t / self.cp
-
-
-class ContextParallel(_Context, DataParallel):
-    """Context parallelism over `cp_degree` ranks per data rank; gradients averaged over every rank."""
-
-    zero = ""
-
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
-        self._setup_context(parallel)
-
-
-class ContextZero1(_Context, FleetZero1):
-    """Context parallelism with fleet's ZeRO-1 over the cp ranks and the sharding ranks together (cp × sharding:
-    the weights are whole on every cp rank, so their optimizer state can be split across them, as Megatron's
-    distributed optimizer does over its dp × cp group): fleet's sharding axis is the topology's sharding × cp
-    (`Topology.fleet_hybrid_configs`)."""
-
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
-        self.zero = f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
-        super().__init__(parallel, device, step_kernels)
-        self._setup_context(parallel)
-
-    def holders(self, tensor, kind: str) -> tuple:
-        """Optimizer state: the ranks at this rank's place in fleet's sharding axis (sharding × cp)."""
-        if kind != "optimizer":
-            return self.topology.replicas()
-        return self.topology.replicas("sharding", "cp")
-
-
-def context_strategy(parallel, device: str = "cpu", step_kernels=None):
-    """The strategy for `context_parallel_degree > 1`: with `sharding: stage1`, ZeRO-1 over cp × sharding."""
-    cls = ContextZero1 if parallel.sharding_stage == 1 else ContextParallel
-    return cls(parallel, device, step_kernels)

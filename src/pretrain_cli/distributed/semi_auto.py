@@ -1,8 +1,8 @@
 """ZeRO-2/3 and tensor parallelism on Paddle's semi-auto engine (`dist.shard_layer`, `dist.shard_optimizer`).
 
 The ranks form the topology's 2-D mesh `[dp, mp]` (`Topology.mesh`: data ranks by tp ranks). On "mp" the
-decoder is split Megatron-style: q/k/v and gate/up column-parallel (weight `Shard(1)`, bias
-`Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
+decoder is split by the one TP plan (`models.tp_plan`): q/k/v and gate/up column-parallel (weight `Shard(1)`,
+bias `Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
 vocabulary when tp divides it; RMSNorm and RoPE stay replicated. On "dp" each rank reads its slice of
 the global batch (`Shard(0)`), and `dist.shard_optimizer(ShardingStage{1,2,3}("dp"))` shards the
 AdamW state (stage 1), the gradients the update uses (2) and the parameters themselves (3).
@@ -11,25 +11,23 @@ Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
 reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
 happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
-built with those kernels (`local_kernels.kernels_for`, in `training.run.build_model`): nothing of a live
+built with those kernels (`distributed.steps.build_kernels`, in `training.run.build_model`): nothing of a live
 layer is replaced here.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.local_kernels import to_replicated
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_config import ParallelConfig
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-ROW = ("o_proj", "down_proj")
 
 
 class SemiAuto(Strategy):
     global_batch = True
 
-    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
-        self.hook = device == "cpu"
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
+        super().__init__(parallel, device, step_kernels, recompute)
+        self.hook = self.backend.gradient_hook  # gloo: Partial gradients all-reduced whole (None on NCCL)
         stage = f"ZeRO-{parallel.sharding_stage}" if parallel.sharding_stage else "no sharding"
         self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"
         self.mesh = None
@@ -42,14 +40,14 @@ class SemiAuto(Strategy):
         `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
-        p = self.parallel
+        model = self.apply_steps(model, source)  # (recompute: the steps before the data side)
         self.mesh = self.topology.mesh()
         self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
         self._names = {id(param): name for name, param in model.named_parameters()}
-        if self.hook:
+        if self.hook is not None:
             for param in model.parameters():
-                param.register_hook(to_replicated)  # before shard_optimizer registers its own
+                param.register_hook(self.hook)  # before shard_optimizer registers its own
         return model
 
     def _placements(self, tp_dim=None) -> list:
@@ -59,25 +57,13 @@ class SemiAuto(Strategy):
         return [dist.Replicate(), mp]
 
     def _shard_fn(self, name: str, layer, mesh) -> None:
-        """Megatron layout on "mp" (Paddle Linear weights are [in, out]); every other parameter replicated
-        with one placement per mesh axis (shard_layer's own default gives a 1-D weight one placement,
-        which a 2-D mesh rejects)."""
-        import paddle.distributed as dist
-
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in COLUMN:
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
-            if layer.bias is not None:
-                layer.bias = self._place(name, "bias", layer.bias, mesh, self._placements(0))
-        elif leaf in ROW:
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
-        elif self.vocab and name == "model.embed_tokens":  # [vocab, hidden]
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
-        elif self.vocab and name == "lm_head":  # [hidden, vocab]
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
+        """Every parameter on "mp" where the one TP plan splits it (`models.tp_plan.split_dim`, Paddle Linear
+        weights are [in, out]; the vocabulary only when `vocab`), else replicated, with one placement per mesh axis
+        (shard_layer's own default gives a 1-D weight one placement, which a 2-D mesh rejects)."""
         for key, param in list(layer._parameters.items()):
             if param is not None and not param.is_dist():
-                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements()))
+                dim = split_dim(f"{name}.{key}" if name else key, self.vocab)
+                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements(dim)))
 
     def _place(self, layer_name: str, key: str, param, mesh, placements):
         """`param` with `placements` (the "mp" layout): a whole (eagerly built) tensor is cut by
