@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.expert import expert_degree
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
@@ -214,7 +215,8 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
         dropped = [f"{k}={v}" for k, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                                           ("sep_parallel_degree", sep), ("context_parallel_degree", cp)) if v > 1]
+                                           ("sep_parallel_degree", sep), ("context_parallel_degree", cp),
+                                           ("expert_parallel_degree", degree(t.expert_parallel_degree))) if v > 1]
         if stage:
             dropped.append(f"sharding={t.sharding!r}")
         if dropped:
@@ -272,11 +274,12 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
+    ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding * cp > 1 else 0,
                           tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp,
-                          sequence_parallel=sp)
+                          sequence_parallel=sp, ep_degree=ep)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:
