@@ -28,7 +28,9 @@ def _size(name: str) -> float:
 
 
 def presets() -> list[str]:
-    return [n for prefix in ORDER for n in sorted((n for n in HUB_NAMES if n.startswith(prefix)), key=_size)]
+    """The dense presets: `plan --fit` of the Mixture-of-Experts ones (named `-aNb`) is not in this table."""
+    dense = [n for n in HUB_NAMES if "-a" not in n and "moe" not in n]
+    return [n for prefix in ORDER for n in sorted((n for n in dense if n.startswith(prefix)), key=_size)]
 
 
 def needs(name: str) -> str:

@@ -138,6 +138,25 @@ class KernelConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """How a Mixture-of-Experts model routes and balances while training (`config.resolve` fills it; the model's
+    architecture is its config.json). Read by `models.moe` / `models.moe_loss`; docs/MODELS.md explains each.
+
+    `aux_loss_coef`: the weight of HF's load-balancing loss (None: config.json's `router_aux_loss_coef`);
+    `aux_loss_scope`: "micro_batch" (transformers') or "global" (token counts summed over the data-parallel
+    ranks first, as Qwen3 was trained); `z_loss_coef`: router z-loss weight (0: off); `bias_update_rate`: the
+    auxiliary-loss-free per-expert bias step (0: off; DeepSeek-V3 used 1e-3); `capacity_factor`: 0 = dropless,
+    else each expert keeps at most that multiple of its balanced share of assignments.
+    """
+
+    aux_loss_coef: float | None = None
+    aux_loss_scope: str = "micro_batch"
+    z_loss_coef: float = 0.0
+    bias_update_rate: float = 0.0
+    capacity_factor: float = 0.0
+
+
+@dataclass(frozen=True)
 class Recompute:
     granularity: str = "full"  # one of models.recompute.GRANULARITIES
     use_reentrant: bool = False
@@ -322,6 +341,7 @@ class RunConfig:
     model: ModelSource
     output: Output
     spike: SpikeGuardConfig = SpikeGuardConfig()
+    moe: MoeConfig = MoeConfig()  # routing and balance of Mixture-of-Experts models (ignored by dense ones)
     notes: tuple = field(default=(), compare=False)
 
     @property

@@ -18,7 +18,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
     ep = max(args.training.expert_parallel_degree, 1)  # -1, 0 and 1 all mean off
     if ep == 1:
         return 1
-    experts = getattr(model_cfg, "num_experts", 0) or 0
+    experts = model_cfg.num_experts
     for bad, why in ((not experts, f"needs a Mixture-of-Experts model (num_experts in config.json); "
                       f"{model_cfg.model_type} has no experts: remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),

@@ -16,11 +16,16 @@ from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# the Mixture-of-Experts keys, written to config.json only for the MoE families
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+            "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+            "output_router_logits")
 
 
 @dataclass
 class ModelConfig:
-    """A decoder-only Llama/Qwen2/Qwen3 architecture; `head_dim` defaults to hidden / heads."""
+    """A decoder-only Llama/Qwen2/Qwen3 (and Qwen2-MoE/Qwen3-MoE) architecture; `head_dim` defaults to
+    hidden / heads."""
 
     model_type: str = "llama"
     vocab_size: int = 32000
@@ -43,6 +48,18 @@ class ModelConfig:
     eos_token_id: int | list | None = None
     pad_token_id: int | None = None
     torch_dtype: str = "float32"
+    # ---- Mixture-of-Experts (families with `moe`: qwen3_moe, qwen2_moe); HF's key names and meanings.
+    # A layer is sparse when `is_sparse_layer(idx)`: not in `mlp_only_layers` and (idx + 1) % decoder_sparse_step
+    # == 0 (transformers' Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer); a dense layer's MLP is `intermediate_size`.
+    num_experts: int = 0  # routed experts per sparse layer; 0 on dense families
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each routed expert's SwiGLU width
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+    router_aux_loss_coef: float = 0.001  # HF adds coef * load_balancing_loss only when output_router_logits
+    output_router_logits: bool = False
     extra: dict = field(default_factory=dict, repr=False, compare=False)  # unknown HF keys, kept for round-trips
 
     def __post_init__(self) -> None:
@@ -86,6 +103,12 @@ class ModelConfig:
             del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
+        fam = family(model_type)
+        for key, value in fam.defaults:  # what transformers' config class assumes for a key left out
+            if d.get(key) is None:
+                d[key] = value
+        if fam.moe and d.get("mlp_only_layers") is None:
+            d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names and k not in ("dtype", "architectures")}
@@ -126,8 +149,16 @@ class ModelConfig:
             del out["rope_scaling"]
         if self.model_type == "qwen2":  # Qwen2 has fixed biases; these keys mean nothing there
             del out["attention_bias"], out["mlp_bias"]
-        if self.model_type == "qwen3":  # attention_bias is Qwen3's; its MLP never has a bias
+        if self.model_type in ("qwen3", "qwen3_moe"):  # attention_bias is Qwen3's; its MLP never has a bias
             del out["mlp_bias"]
+        if self.model_type == "qwen2_moe":  # q/k/v bias is its `qwen2_moe` key (kept in extra); o/MLP have none
+            del out["attention_bias"], out["mlp_bias"]
+        fam = family(self.model_type)
+        if not fam.moe:  # a dense config.json stays exactly as before
+            for key in MOE_KEYS:
+                del out[key]
+        elif not fam.shared_expert:
+            del out["shared_expert_intermediate_size"]
         out.setdefault("use_cache", True)
         return out
 
@@ -159,6 +190,8 @@ class ModelConfig:
             raise UserError(f"{source}: head_dim must be a positive integer, got {self.head_dim!r}")
         if self.head_dim % 2:
             raise UserError(f"{source}: head_dim ({self.head_dim}) must be even for RoPE")
+        if family(self.model_type).moe:
+            self._validate_moe(source)
         if self.hidden_act != "silu":
             raise UserError(f"{source}: hidden_act {self.hidden_act!r} is not supported; use \"silu\"")
         if self.rope_scaling is not None:
@@ -173,6 +206,31 @@ class ModelConfig:
             missing = [k for k in need if k not in self.rope_scaling]
             if missing:
                 raise UserError(f"{source}: rope_scaling ({rt}) is missing {', '.join(missing)}")
+
+    def _validate_moe(self, source: str) -> None:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                            f"({self.num_experts}); route each token to at most num_experts experts")
+        v = self.shared_expert_intermediate_size
+        if family(self.model_type).shared_expert and (not isinstance(v, int) or v <= 0):
+            raise UserError(f"{source}: shared_expert_intermediate_size must be a positive integer, got {v!r}")
+        if not isinstance(self.mlp_only_layers, list) or any(
+                not isinstance(i, int) or isinstance(i, bool) for i in self.mlp_only_layers):
+            raise UserError(f"{source}: mlp_only_layers must be a list of layer indices, got "
+                            f"{self.mlp_only_layers!r}")
+
+    def is_sparse_layer(self, idx: int) -> bool:
+        """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rule, Qwen2-/Qwen3-MoE)."""
+        return (family(self.model_type).moe and self.num_experts > 0 and idx not in self.mlp_only_layers
+                and (idx + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i)]
 
     @property
     def n_rep(self) -> int:

@@ -19,18 +19,24 @@ from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
+from pretrain_cli.run_config import MoeConfig
 
 
 class DecoderLayer(nn.Layer):
-    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`."""
+    """`h = x + Attn(norm(x))`; `y = h + MLP(norm(h))`; the MLP is `moe.SparseMoeBlock` when `moe` is given."""
 
     def __init__(self, cfg: ModelConfig, kernels: Kernels, qkv_bias: bool, o_bias: bool, mlp_bias: bool,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, moe: MoeConfig | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
-        self.mlp = MLP(cfg, kernels, mlp_bias)
+        if moe is None:
+            self.mlp = MLP(cfg, kernels, mlp_bias)
+        else:
+            from pretrain_cli.models.moe import SparseMoeBlock
+
+            self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
@@ -38,13 +44,15 @@ class DecoderLayer(nn.Layer):
 
 
 class DecoderModel(nn.Layer):
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         fam = family(cfg.model_type)
+        moe = moe or MoeConfig()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          weight_attr=normal_attr(cfg.initializer_range))
-        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm)
-                                    for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.LayerList([DecoderLayer(cfg, kernels, *fam.biases(cfg), fam.qk_norm,
+                                                 moe if cfg.is_sparse_layer(i) else None)
+                                    for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg)
         self.kernels = kernels
@@ -71,11 +79,12 @@ class CausalLM(nn.Layer):
     """`forward(input_ids int64 [bsz, seq_len]) -> logits [bsz, seq_len, vocab]`; with `labels`, the loss
     terms instead (the loss itself is `ops.loss`'s), so the fused head + loss kernel never materialises logits."""
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig | None = None):
         super().__init__()
         self.config = cfg
         self.kernels = kernels
-        self.model = DecoderModel(cfg, kernels)
+        self.moe = moe or MoeConfig()
+        self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
     def new_cache(self) -> KVCache:
@@ -93,7 +102,12 @@ class CausalLM(nn.Layer):
         else:
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
-            return self.loss_sum(h, labels)
+            total, count = self.loss_sum(h, labels)
+            if self.config.sparse_layers:  # + the router losses per counted token: the step's mean carries them
+                from pretrain_cli.models.moe_loss import router_loss
+
+                total = total + router_loss(self) * count.detach().astype(total.dtype)
+            return total, count
         return self.logits(h)
 
     def loss_sum(self, h, labels):

@@ -1,5 +1,5 @@
 """Model-family facts in one table: which biases exist, per-head q/k norms, the HF class name, PaddleNLP's
-parameter prefix.
+parameter prefix, and for the Mixture-of-Experts families the shape of their sparse block.
 
 The model code (`decoder.CausalLM`), the FLOP/parameter counts (`flops`), the config reader
 (`config`) and checkpoint conversion (`convert`) all read this table, so adding a family is one
@@ -18,6 +18,11 @@ class Family:
     paddlenlp_prefix: str | None  # PaddleNLP names parameters `<prefix>layers.N...` instead of `model.layers.N...`
     biases: Callable  # cfg -> (q/k/v bias, o_proj bias, MLP bias)
     qk_norm: bool = False  # RMSNorm over head_dim on every q and k head before RoPE (HF q_norm / k_norm)
+    # Mixture-of-Experts: sparse layers (`ModelConfig.is_sparse_layer`) hold `models.moe.SparseMoeBlock`
+    moe: bool = False
+    shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
+    defaults: tuple = ()
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -30,6 +35,17 @@ FAMILIES = {f.model_type: f for f in (
     # PaddleNLP's Qwen3 uses HF's `model.` prefix with Paddle's [in, out] Linear layout: `convert` tells it by shape
     Family("qwen3", "Qwen3ForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True),
+    # transformers `Qwen3MoeConfig` / `Qwen3MoeAttention`: Qwen3's attention, no shared expert
+    Family("qwen3_moe", "Qwen3MoeForCausalLM", None,
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True, moe=True,
+           defaults=(("num_experts", 128), ("num_experts_per_tok", 8), ("moe_intermediate_size", 768),
+                     ("norm_topk_prob", False), ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001))),
+    # transformers `Qwen2MoeConfig` / `Qwen2MoeAttention`: q/k/v bias by `qkv_bias` (default true), o_proj none
+    Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe.",
+           lambda cfg: (bool(cfg.extra.get("qkv_bias", True)), False, False), moe=True, shared_expert=True,
+           defaults=(("num_experts", 60), ("num_experts_per_tok", 4), ("moe_intermediate_size", 1408),
+                     ("shared_expert_intermediate_size", 5632), ("norm_topk_prob", False),
+                     ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001))),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

@@ -54,16 +54,13 @@ class Experts:
 
 
 def experts(cfg: ModelConfig) -> Experts | None:
-    """The expert shape, or None for a dense model. A layer is sparse when it is not in `mlp_only_layers` and
-    `(index + 1) % decoder_sparse_step == 0` (transformers' Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer)."""
-    routed = getattr(cfg, "num_experts", 0) or 0
-    if routed <= 0:
+    """The expert shape, or None for a dense model; which layers are sparse is the config's rule
+    (`ModelConfig.is_sparse_layer`: transformers' Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer)."""
+    if not family(cfg.model_type).moe or cfg.num_experts <= 0:
         return None
-    step = getattr(cfg, "decoder_sparse_step", 1) or 1
-    dense = set(getattr(cfg, "mlp_only_layers", None) or ())
-    sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(cfg.num_hidden_layers))
-    return Experts(routed, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
-                   getattr(cfg, "shared_expert_intermediate_size", 0) or 0, sparse)
+    sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
+    shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
+    return Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse)
 
 
 def _mlp_params(cfg: ModelConfig, e: Experts | None, active: bool) -> int:
@@ -85,18 +82,16 @@ def _layers_params(cfg: ModelConfig, active: bool = False) -> int:
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Unique trainable parameters; a tied LM head is not counted twice. A Mixture-of-Experts model adds `active`
-    (what one token uses: the total without the routed experts it is not sent to) and `experts` (every routed
-    expert's parameters: what expert parallelism divides)."""
+    """Unique trainable parameters; a tied LM head is not counted twice. "active": the parameters one token passes
+    through (a Mixture-of-Experts model: the total without the routed experts it is not sent to; = "total" for a
+    dense model); "experts": every routed expert's parameters (what expert parallelism divides; 0 if dense)."""
     embedding = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     total = embedding + _layers_params(cfg) + cfg.hidden_size + head
-    out = {"total": total, "embedding": embedding, "non_embedding": total - embedding}
     e = experts(cfg)
-    if e:
-        out["active"] = total - _layers_params(cfg) + _layers_params(cfg, active=True)
-        out["experts"] = e.sparse_layers * e.routed * e.expert_params(cfg.hidden_size)
-    return out
+    active = total - _layers_params(cfg) + _layers_params(cfg, active=True) if e else total
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active,
+            "experts": e.sparse_layers * e.routed * e.expert_params(cfg.hidden_size) if e else 0}
 
 
 def _check_recompute(recompute: str | None) -> None:
@@ -117,7 +112,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
     """
     _check_recompute(recompute)
     counts = param_counts(cfg)
-    n = counts.get("active", counts["total"]) - (0 if cfg.tie_word_embeddings else counts["embedding"])
+    n = counts["active"] - (0 if cfg.tie_word_embeddings else counts["embedding"])
     L, H, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim
     attn_fwd = 4 * L * H * d * seq_len  # QKᵀ and PV, forward only, per token
     total = 6 * n + 3 * attn_fwd

@@ -29,7 +29,7 @@ def expert_params(s) -> float:
     """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (whole on every
     tensor-parallel rank: no expert tensor parallelism, as torchtitan and PaddleFormers), else all ÷ tp (the
     model's layout then splits them as it splits a dense MLP)."""
-    return param_counts(s.model).get("experts", 0) / (s.ep if s.ep > 1 else s.tp)
+    return param_counts(s.model)["experts"] / (s.ep if s.ep > 1 else s.tp)
 
 
 def all_to_all_bytes(s, layers: float) -> float:

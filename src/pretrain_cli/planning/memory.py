@@ -199,7 +199,7 @@ def stage_params(s: Setup, stage: int) -> float:
     Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
-    routed = counts.get("experts", 0)
+    routed = counts["experts"]
     per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head) - routed) / \
         cfg.num_hidden_layers
     bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
@@ -299,7 +299,7 @@ def _device_params(s: Setup) -> float:
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
-    routed = counts.get("experts", 0)
+    routed = counts["experts"]
     return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s)
 
 

@@ -180,13 +180,13 @@ def format_report(r: Plan) -> str:
                  + (f", {m.experts} experts ({m.experts_per_token} per token)" if m.experts else ""))
     lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
                  f"non-embedding{' (tied LM head counted once)' if r.tied else ''} [{p['total']:,}]")
-    if "active" in p:  # a Mixture-of-Experts model: what one token uses, and what expert parallelism divides
+    if p["experts"]:  # a Mixture-of-Experts model: what one token uses, and what expert parallelism divides
         lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (router, shared expert, top-k routed "
                      f"experts; FLOPs below count these); routed experts {_si(p['experts'])}"
                      + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
     f = r.flops_per_token
     hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
-    lines.append(f"FLOPs/token: {f.model:.4g} model (6N{'_active' if 'active' in p else ''} + 12·L·H·d·S, "
+    lines.append(f"FLOPs/token: {f.model:.4g} model (6N{'_active' if p['experts'] else ''} + 12·L·H·d·S, "
                  f"GQA-aware){hardware_flops}, "
                  f"PaddleNLP formula {f.paddlenlp:.4g}"
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"

@@ -56,7 +56,7 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     if replicas > 1 and par.sharding_stage < 3:
         grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
         routed, holders = (expert_params(setup), replicas // setup.ep) if setup.ep > 1 else (0.0, replicas)
-        dense = (params_total - params.get("experts", 0)) / tp / pp if setup.ep > 1 else params_total / tp / pp
+        dense = (params_total - params["experts"]) / tp / pp if setup.ep > 1 else params_total / tp / pp
         out["dp"] = (2 * (replicas - 1) / replicas * dense + 2 * (holders - 1) / holders * routed) * grad_bytes
     return out
 

@@ -1,0 +1,193 @@
+"""The sparse Mixture-of-Experts block of Qwen2-MoE and Qwen3-MoE (and the parts DeepSeek-V3 plugs into).
+
+Interface (what the decoder, the balance losses, expert parallelism and other routers rely on):
+
+- **Router** (`SoftmaxTopKRouter`; HF `mlp.gate`): `router(x [tokens, hidden]) -> Routing`. It always works in
+  float32, whatever the activations' dtype, and is pluggable: the block only calls it and reads the `Routing`, so
+  DeepSeek-V3's sigmoid group-limited router is another class with the same call. A router may hold
+  `e_score_correction_bias` (float32 `[experts]`, no gradient: the auxiliary-loss-free balancing bias, DeepSeek's
+  name); it is added to the scores to *choose* experts only, never to the combine weights.
+- **Routing** (NamedTuple): `logits` `[tokens, experts]` fp32 (HF's `router_logits`, what the load-balancing and
+  z-losses read), `scores` `[tokens, experts]` fp32 (softmax probabilities), `indices` int64 `[tokens, top_k]`,
+  `weights` fp32 `[tokens, top_k]` (combine weights; renormalised when `norm_topk_prob`).
+- **Experts** (`Experts`; HF `mlp.experts.{e}.{gate,up,down}_proj`): `experts(x_sorted [rows, hidden], counts)`
+  where the rows are token copies grouped by expert in ascending expert order and `counts` (host ints, one per
+  expert this module holds) says how many rows each has; returns `[rows, hidden]` in the same order. The compute
+  is one grouped computation chosen by `ops.kernels` (`Kernels.grouped_mlp`), never a loop over all tokens per
+  expert. Each expert's weights are ordinary Linear parameters under HF's per-expert names, so checkpoints,
+  ZeRO, conversion and per-tensor init treat them like any other weight; expert parallelism holds a subset
+  (`Experts.first` is the global index of its first expert).
+- **SparseMoeBlock** (HF `mlp` of a sparse layer): `block(x [bsz, seq_len, hidden]) -> [bsz, seq_len, hidden]`.
+  It keeps what the step needs of its last forward in `block.record` (`MoeRecord`): the routing, the per-expert
+  token counts (fp32 `[experts]`, after dropping) and the dropped assignments; the balance losses
+  (`models.moe_loss`) and the logged load statistics read the records of all sparse layers. Dispatch (sort by
+  expert, run the experts, combine) is `dispatch_local` here; expert parallelism swaps `block.dispatch` for one
+  that exchanges rows between ranks, with the same inputs and outputs.
+
+Options that are training choices, not architecture (`run_config.MoeConfig`): the auxiliary-loss-free bias
+(created when its update rate is > 0) and `capacity_factor` (0: dropless, the default; > 0: each expert keeps at
+most ceil(factor · tokens · top_k / experts) assignments, the earliest tokens first, the rest dropped: weight 0).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import paddle
+import paddle.nn as nn
+
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.layers import MLP, linear, normal_attr
+from pretrain_cli.ops.kernels import Kernels
+from pretrain_cli.run_config import MoeConfig
+
+
+class Routing(NamedTuple):
+    logits: paddle.Tensor  # [tokens, experts] fp32
+    scores: paddle.Tensor  # [tokens, experts] fp32
+    indices: paddle.Tensor  # [tokens, top_k] int64
+    weights: paddle.Tensor  # [tokens, top_k] fp32
+
+
+class MoeRecord(NamedTuple):
+    """One sparse layer's last forward, for the balance losses and the load statistics (no host sync)."""
+
+    routing: Routing
+    counts: paddle.Tensor  # [experts] fp32: assignments each expert computed (after dropping)
+    dropped: paddle.Tensor  # [] fp32: assignments dropped by the capacity (0 when dropless)
+
+
+class SoftmaxTopKRouter(nn.Linear):
+    """Qwen2-/Qwen3-MoE's gate: softmax over all experts in fp32, top-k, renormalised only when `norm_topk_prob`
+    (transformers' Qwen2MoeTopKRouter). A Linear (Paddle `[hidden, experts]`) so `convert` transposes it to HF's
+    `mlp.gate.weight` `[experts, hidden]` like every other projection."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoeConfig):
+        super().__init__(cfg.hidden_size, cfg.num_experts, weight_attr=normal_attr(cfg.initializer_range),
+                         bias_attr=False)
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        if moe.bias_update_rate > 0:  # aux-loss-free balancing: a checkpointed fp32 parameter no optimizer touches
+            self.e_score_correction_bias = self.create_parameter(
+                [cfg.num_experts], dtype="float32", default_initializer=nn.initializer.Constant(0.0))
+            self.e_score_correction_bias.stop_gradient = True
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x) -> Routing:
+        logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]
+        scores = nn.functional.softmax(logits, axis=-1)  # [tokens, experts]
+        if self.e_score_correction_bias is None:
+            weights, indices = paddle.topk(scores, self.top_k, axis=-1)  # [tokens, top_k] each
+        else:  # the bias steers the choice; the weights stay the unbiased probabilities
+            _, indices = paddle.topk(scores + self.e_score_correction_bias, self.top_k, axis=-1)
+            weights = paddle.take_along_axis(scores, indices, axis=-1)  # [tokens, top_k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdim=True)
+        return Routing(logits, scores, indices, weights)
+
+
+class Expert(nn.Layer):
+    """One routed expert: a bias-free SwiGLU MLP `moe_intermediate_size` wide (HF `experts.{e}.*_proj`)."""
+
+    def __init__(self, cfg: ModelConfig, width: int):
+        super().__init__()
+        h = cfg.hidden_size
+        self.gate_proj = linear(cfg, h, width, False)
+        self.up_proj = linear(cfg, h, width, False)
+        self.down_proj = linear(cfg, width, h, False, residual=True)
+
+
+class Experts(nn.Layer):
+    """Experts `first … first + len(self) - 1` of a layer (all of them on one device). Each is a sublayer named by
+    its global index, so its parameters carry HF's name (`mlp.experts.{e}.gate_proj.weight`) on any rank."""
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, first: int = 0, count: int | None = None):
+        super().__init__()
+        self.kernels, self.first = kernels, first
+        self.count = cfg.num_experts - first if count is None else count
+        for e in range(first, first + self.count):
+            self.add_sublayer(str(e), Expert(cfg, cfg.moe_intermediate_size))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, e: int) -> Expert:
+        """Expert `e` by its global index."""
+        return getattr(self, str(e))
+
+    def forward(self, x_sorted, counts: list[int]):
+        """`x_sorted` `[rows, hidden]` grouped by expert; `counts[i]` rows for expert `first + i`."""
+        ws = [(x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight)
+              for x in (self[e] for e in range(self.first, self.first + self.count))]
+        return self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
+
+
+def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+    """Assignments one expert keeps under `capacity_factor` (Switch/GShard: factor × the balanced share)."""
+    return max(1, math.ceil(factor * tokens * top_k / num_experts))
+
+
+def dispatch_local(x, routing: Routing, experts: Experts, num_experts: int, capacity_factor: float = 0.0):
+    """(combined output `[tokens, hidden]`, per-expert counts fp32 `[experts]`, dropped fp32 `[]`): every
+    (token, choice) assignment sorted by expert (stable, so a token's copies keep token order within an expert),
+    the experts run once over the sorted rows, each row weighted and summed back into its token."""
+    tokens, top_k = routing.indices.shape
+    flat = routing.indices.reshape([-1])  # [tokens*top_k]
+    weights = routing.weights.reshape([-1])  # [tokens*top_k]
+    order = paddle.argsort(flat, stable=True)  # [tokens*top_k]: assignments grouped by expert
+    sorted_experts = paddle.gather(flat, order)  # [tokens*top_k]
+    counts = paddle.bincount(flat, minlength=num_experts)  # [experts] int64
+    dropped = paddle.zeros([], dtype="float32")
+    if capacity_factor > 0:
+        cap = capacity(tokens, top_k, num_experts, capacity_factor)
+        starts = paddle.cumsum(counts) - counts  # [experts]: first sorted row of each expert
+        slot = paddle.arange(flat.shape[0], dtype="int64") - paddle.gather(starts, sorted_experts)  # [tokens*top_k]
+        keep = slot < cap  # [tokens*top_k] in sorted order: the first `cap` of each expert
+        dropped = (~keep).astype("float32").sum()
+        order = paddle.masked_select(order, keep)  # [kept]
+        counts = paddle.clip(counts, max=cap)
+    host_counts = [int(c) for c in counts.numpy()]  # the grouped GEMM needs each segment's length on the host
+    rows = paddle.gather(x, order // top_k)  # [kept, hidden]
+    out_rows = experts(rows, host_counts)  # [kept, hidden]
+    w = paddle.gather(weights, order).astype(out_rows.dtype).unsqueeze(-1)  # [kept, 1]
+    out = paddle.zeros_like(x)  # [tokens, hidden]
+    out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [tokens, hidden]
+    return out, counts.astype("float32"), dropped
+
+
+class SparseMoeBlock(nn.Layer):
+    """`y = Σ_k w_k · expert_k(x)` (+ `sigmoid(shared_expert_gate(x)) · shared_expert(x)` for Qwen2-MoE)."""
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, moe: MoeConfig, shared_expert: bool):
+        super().__init__()
+        self.num_experts, self.capacity_factor = cfg.num_experts, moe.capacity_factor
+        self.gate = SoftmaxTopKRouter(cfg, moe)
+        self.experts = Experts(cfg, kernels)
+        if shared_expert:  # HF Qwen2MoeMLP(intermediate_size=shared_expert_intermediate_size) + a [1, hidden] gate
+            shared = dataclasses.replace(cfg, intermediate_size=cfg.shared_expert_intermediate_size)
+            self.shared_expert = MLP(shared, kernels)
+            self.shared_expert_gate = linear(cfg, cfg.hidden_size, 1, False)
+        else:
+            self.shared_expert = None
+        self.dispatch = dispatch_local
+        self.record: MoeRecord | None = None
+        self.reset_load()
+
+    def reset_load(self) -> None:
+        """Forget the counts accumulated since the last report (`moe_loss.read_load`)."""
+        self.load = None  # [experts] fp32: assignments computed since the reset
+        self.dropped = None  # [] fp32: assignments dropped since the reset
+
+    def forward(self, x):
+        bsz, seq_len, hidden = x.shape
+        flat = x.reshape([-1, hidden])  # [tokens, hidden]
+        routing = self.gate(flat)
+        out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, self.capacity_factor)
+        self.record = MoeRecord(routing, counts, dropped)
+        self.load = counts if self.load is None else self.load + counts
+        self.dropped = dropped if self.dropped is None else self.dropped + dropped
+        if self.shared_expert is not None:
+            gate = nn.functional.sigmoid(self.shared_expert_gate(flat))  # [tokens, 1]
+            out = out + gate * self.shared_expert(flat)
+        return out.reshape([bsz, seq_len, hidden])  # [bsz, seq_len, hidden]

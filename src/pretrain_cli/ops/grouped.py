@@ -1,0 +1,66 @@
+"""Grouped SwiGLU expert MLPs over rows sorted by expert: the experts of one MoE layer as one computation.
+
+Inputs of every path: `x` `[rows, hidden]` grouped by expert, `counts` (host ints, rows per expert),
+`weights` [(gate `[hidden, inter]`, up `[hidden, inter]`, down `[inter, hidden]`)] per expert (Paddle's Linear
+layout), `swiglu_packed` (the kernel of `[..., 2·inter]` laid out [gate | up]). Output `[rows, hidden]`, same order.
+
+- `grouped_mlp_padded` (CPU default): the experts' weights stacked to `[experts, hidden, 2·inter]` and
+  `[experts, inter, hidden]`, the rows scattered into `[experts, max_count, hidden]` (zero padding), two batched
+  matmuls, the rows gathered back. One GEMM call per projection whatever the number of experts.
+- `grouped_mlp_segments` (reference): one GEMM per expert over its own contiguous rows (never over all tokens);
+  what the padded path is tested against, and the faster one when the counts are very uneven.
+- `grouped_mlp_gpu`: Paddle's `batched_gemm` (`paddle.incubate.nn.functional`), a grouped GEMM over the segments
+  of the stacked weights; GPU only (`ops.kernels.select` never picks it on CPU).
+"""
+from __future__ import annotations
+
+
+def _stacked(weights):
+    import paddle
+
+    gate_up = paddle.stack([paddle.concat([g, u], axis=1) for g, u, _ in weights])  # [experts, hidden, 2*inter]
+    down = paddle.stack([d for _, _, d in weights])  # [experts, inter, hidden]
+    return gate_up, down
+
+
+def grouped_mlp_segments(x, counts, weights, swiglu_packed):
+    import paddle
+
+    parts = paddle.split(x, counts, axis=0) if len(counts) > 1 else [x]  # [count_e, hidden] each
+    outs = []
+    for part, (g, u, d), n in zip(parts, weights, counts):
+        if n == 0:
+            continue
+        h = swiglu_packed(paddle.matmul(part, paddle.concat([g, u], axis=1)))  # [count_e, inter]
+        outs.append(paddle.matmul(h, d))  # [count_e, hidden]
+    if not outs:
+        return paddle.zeros_like(x)
+    return paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]  # [rows, hidden]
+
+
+def grouped_mlp_padded(x, counts, weights, swiglu_packed):
+    import numpy as np
+    import paddle
+
+    rows, hidden = x.shape
+    cap = max(counts) if counts else 0
+    if rows == 0 or cap == 0:
+        return paddle.zeros_like(x)
+    n = len(counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype("int64")
+    expert = np.repeat(np.arange(n, dtype="int64"), counts)  # [rows]
+    slot = paddle.to_tensor(expert * cap + (np.arange(rows, dtype="int64") - starts[expert]))  # [rows]
+    gate_up, down = _stacked(weights)
+    padded = paddle.zeros([n * cap, hidden], dtype=x.dtype)
+    padded = paddle.scatter(padded, slot, x, overwrite=True).reshape([n, cap, hidden])  # [experts, cap, hidden]
+    h = swiglu_packed(paddle.bmm(padded, gate_up))  # [experts, cap, inter]
+    out = paddle.bmm(h, down).reshape([n * cap, hidden])  # [experts*cap, hidden]
+    return paddle.gather(out, slot)  # [rows, hidden]
+
+
+def grouped_mlp_gpu(x, counts, weights, swiglu_packed):
+    from paddle.incubate.nn.functional import batched_gemm
+
+    gate_up, down = _stacked(weights)
+    h = swiglu_packed(batched_gemm(x, gate_up, list(counts)))  # [rows, inter]
+    return batched_gemm(h, down, list(counts))  # [rows, hidden]
