@@ -167,17 +167,18 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: 
                sequence_parallel: bool = False) -> str:
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
     (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
-    PipelineParallel), "tensor_parallel" (tensor + sequence parallelism, distributed.sequence_parallel) or
-    "context_parallel" (distributed.context over paddle.DataParallel); `sharding_stage` 0 when nothing is
+    PipelineParallel, with tp / sp / cp inside the stages), "tensor_parallel" (tensor parallelism with sequence
+    and/or context parallelism on fleet's groups) or "context_parallel" (distributed.context over
+    paddle.DataParallel or fleet's ZeRO-1); `sharding_stage` 0 when nothing is
     sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
-    if cp_degree > 1:
-        return "context_parallel"
     if pp_degree > 1:
         return "pipeline"
-    if tp_degree > 1 and sequence_parallel:
+    if tp_degree > 1 and (sequence_parallel or cp_degree > 1):
         return "tensor_parallel"
+    if cp_degree > 1:
+        return "context_parallel"
     if tp_degree > 1 or sharding_stage in (2, 3):
         return "semi_auto"
     return "fleet_zero1" if sharding_stage == 1 else "data_parallel"

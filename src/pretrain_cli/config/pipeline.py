@@ -43,10 +43,10 @@ def parse_pp_config(text: str) -> list[str]:
 
 def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None,
                     acc: int | None = None) -> list[str]:
-    """The one rule for what a pipeline layout cannot run: one line per refusal, naming the key and what to do
-    (`resolve_pipeline` adds them as problems; the planner asks it of every candidate). Tensor parallelism
-    inside the stages is allowed (`distributed/tensor_parallel.py`), with data parallelism and ZeRO-1/2; so is
-    fleet's interleaved schedule (`virtual_pp_degree`) within its limits, `acc` being the micro-batches a step."""
+    """The pipeline's own arithmetic: one line per refusal, naming the key and what to do (`resolve_pipeline` adds
+    them as problems): stages dividing the world and the layers, and fleet's interleaved schedule
+    (`virtual_pp_degree`) within its limits, `acc` being the micro-batches a step. Products with other axes that
+    no engine runs (ZeRO-3 with a pipeline) are `config.refusals`' table; `stage` is kept for the callers."""
     out = []
     if pp <= 1:
         return out
@@ -54,10 +54,6 @@ def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: i
         return [f"pipeline_parallel_degree: {pp} does not divide the world size {world}; use a divisor of it"]
     if layers is not None and layers < pp:
         return [f"pipeline_parallel_degree: {pp} stages for {layers} decoder layers; use at most {layers}"]
-    if stage == 3:
-        out.append(f"sharding: stage3 with pipeline_parallel_degree {pp} is not supported (fleet's pipeline has no "
-                   f"parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 with a "
-                   f"pipeline, or stage3 without one")
     if vpp > 1:  # fleet's interleaved 1F1B (PipelineParallelWithInterleave): its own limits, and equal chunks
         if pp <= 2:
             out.append(f"virtual_pp_degree: {vpp} needs more than 2 pipeline stages (fleet's interleaved schedule), "

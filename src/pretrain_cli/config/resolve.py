@@ -17,9 +17,10 @@ from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
 from pretrain_cli.config.expert import expert_degree
 from pretrain_cli.config.pipeline import resolve_pipeline
+from pretrain_cli.config.refusals import Degrees, refusals
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
                                             OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, SpikeGuardConfig, Target, engine_for)
+                                            RunConfig, Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
@@ -222,11 +223,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         if dropped:
             notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect")
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
-    if sep > 1:
-        problems.add(f"sep_parallel_degree: {sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
-                     f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {sep} "
-                     f"(attention across the ranks) to split each sequence")
-    cp = context_degree(args, world, tp, pp, stage, problems)
+    cp = context_degree(args, world, problems)
     sp = bool(t.sequence_parallel) and tp > 1
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
@@ -249,26 +246,23 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
             sharding = 1
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
-    # distributed.semi_auto: the sharding axis is every data rank
-    if engine_for(world, tp, stage if sharding > 1 else 0, pp, 1, sp) == "semi_auto" and 1 < sharding < rest:
-        problems.add(f"sharding_parallel_degree: {sharding} of the {rest} data-parallel ranks is supported with "
-                     f"stage1 and no tensor parallelism only; use -1 (shard over all {rest})")
-    if sp and stage in (2, 3):
-        problems.add(f"sequence_parallel: not supported with sharding: stage{stage} (the semi-auto engine runs "
-                     f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "
-                     f"lacks); use stage1 or set sequence_parallel: false")
-    if sp and args.data.max_seq_length % tp:
-        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length} is not divisible by "
-                     f"tensor_parallel_degree {tp}; use a multiple of {tp}")
+    for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp)):
+        problems.add(line)  # what no engine here runs: config.refusals' table
+    if sp and args.data.max_seq_length % (tp * cp):
+        each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
+        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length}{each} is not divisible by "
+                     f"tensor_parallel_degree {tp}; use a multiple of {tp * cp}")
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and pp == 1 and not sp  # tensor_parallel's: whole
-    if tp > 1 and (pp > 1 or sp):
-        where = f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel"
+    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps), not semi-auto's
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
+    if tp > 1 and layered:
+        where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
+                 else "with context_parallel_degree")
         notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
                      f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
     elif tp > 1 and not vocab_split:

@@ -24,9 +24,10 @@ so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start
 **Loss and gradients.** The loss is the token-count-weighted mean over the whole sequence: each rank's sum
 is divided by its cp group's total count. Weights are whole on every rank and data-parallel over the cp
 group too: `paddle.DataParallel` over every rank averages gradients over dp × cp, so each rank's loss is
-scaled by C. The model stays single-device: `place` swaps the kernels its attention layers call and its
-RoPE table; `wrap` puts `ContextModel` (positions in, whole-sequence loss out) inside `DataParallel`, or,
-with `sharding: stage1`, inside fleet's ZeRO-1 over the cp × sharding ranks (`ContextZero1`).
+scaled by C. The model stays single-device: it is built with the ring as its attention kernels and a RoPE table
+spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.steps`); the strategy's
+`ContextSide` cuts the batch and wraps the model in `ContextModel` (positions in, whole-sequence loss out) inside
+whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × sharding ranks, or tensor parallelism.
 """
 from __future__ import annotations
 
@@ -34,18 +35,24 @@ from dataclasses import replace
 
 import numpy as np
 
-from pretrain_cli.distributed.strategy import DataParallel, FleetZero1
 from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
+
+
+_RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once per process (`new_group` order)
 
 
 def cp_group(parallel, gloo: bool = True):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
     topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `gloo`: the CPU
-    exchange (`distributed.ring`)."""
+    exchange (`distributed.ring`). Made once per process: the kernels (built again for a rollback) and the
+    strategy share it."""
     from pretrain_cli.distributed.ring import ring_groups
     from pretrain_cli.distributed.topology import Topology
 
-    return ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
+    key = (parallel, gloo)
+    if key not in _RINGS:
+        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
+    return _RINGS[key]
 
 
 def chunks_of(cp: int, cp_rank: int) -> tuple[int, int]:
@@ -234,24 +241,20 @@ def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TI
     return causal, document
 
 
-def _whole_sequence_rotary(inner, cp: int):
-    import paddle.nn as nn
+def context_kernels(kernels, parallel, backend):
+    """The `cp` layout step's build side (`distributed.steps`): the kernel table with the ring attention over this
+    rank's cp group for both the causal and the document-masked call, and a RoPE table spanning the whole sequence
+    (`rope_span`: a rank's tokens sit anywhere in it). Chosen before the model exists: no live layer changes."""
+    from pretrain_cli.distributed.topology import Topology
 
-    class WholeSequenceRotary(nn.Layer):
-        """The model's RoPE table, C× as long while `ContextModel` runs it: a rank's tokens sit anywhere in
-        the sequence. Elsewhere (generation from the same object) the table it always had."""
-
-        def __init__(self):
-            super().__init__()
-            self.inner, self.active = inner, False
-
-        def forward(self, seq_len: int, offset: int = 0):
-            return self.inner(seq_len * cp if self.active else seq_len, offset)
-
-    return WholeSequenceRotary()
+    cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
+    causal, document = context_attention(cp_group(parallel, backend.ring_edges), cp, cp_rank, kernels.attention_block)
+    name = f"context({kernels.attention_block_name} blocks)"
+    return replace(kernels, attention=causal, attention_document=document, attention_name=name,
+                   attention_document_name=name, rope_span=cp)
 
 
-def _context_model(model, strategy):
+def _context_model(model, side):
     import paddle
     import paddle.distributed as dist
     import paddle.nn as nn
@@ -270,56 +273,40 @@ def _context_model(model, strategy):
             if position_ids is None:
                 key = (bsz, length)
                 if key not in self._positions:
-                    pos = local_positions(length * strategy.cp, strategy.cp, strategy.cp_rank)  # [length]
+                    pos = local_positions(length * side.cp, side.cp, side.cp_rank)  # [length]
                     self._positions[key] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
                 position_ids = self._positions[key]
-            rotary = self.model.model.rotary_emb
-            rotary.active = True
-            try:
-                out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
-            finally:
-                rotary.active = False
+            out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
             if labels is None:
                 return out
             total, count = out
             count = count.detach().clone()
-            dist.all_reduce(count, group=strategy.group)
-            return total * strategy.cp, count
+            dist.all_reduce(count, group=side.group)
+            return total * side.cp, count
 
     return ContextModel()
 
 
-class _Context:
-    """What context parallelism adds to a data-parallel strategy: the attention, the split, the loss."""
+class ContextSide:
+    """What context parallelism adds to any strategy besides its kernels (`context_kernels`): each batch cut into
+    this rank's chunks (`shard`), the model called with global positions and returning the whole sequence's
+    loss (`wrap`), and the step's loss read back over the cp group (`to_host`). Weights are whole across the cp
+    ranks, so the strategy averages gradients over them as over data ranks."""
 
-    def _setup_context(self, parallel) -> None:
-        self.cp, self.cp_rank = parallel.cp_degree, self.topology.coord("cp")
-        self.group = None
+    def __init__(self, parallel, backend):
+        from pretrain_cli.distributed.topology import Topology
+
+        self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
+        self.group = cp_group(parallel, backend.ring_edges).group
+        zero = (f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
+                if parallel.sharding_stage == 1 and parallel.tp_degree == 1 and parallel.pp_degree == 1 else "")
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
-                     f"ring attention){self.zero}")
+                     f"ring attention){zero}")
 
-    def place(self, model, source=None):
-        """The data-parallel placement (whole parameters, created from `source` when built lazily), then the
-        attention and RoPE table swapped for the context-parallel ones."""
-        from pretrain_cli.models.layers import CoreAttention
+    def wrap(self, model):
+        return _context_model(model, self)
 
-        model = super().place(model, source)
-        exchange = cp_group(self.parallel, gloo=self.device == "cpu")  # gloo's send/recv: `distributed.ring`
-        self.group = exchange.group
-        for layer in model.sublayers():
-            if isinstance(layer, CoreAttention):
-                block = layer.kernels.attention_block_name
-                causal, document = context_attention(exchange, self.cp, self.cp_rank, layer.kernels.attention_block)
-                layer.kernels = replace(layer.kernels, attention=causal, attention_document=document,
-                                        attention_name=f"context({block} blocks)",
-                                        attention_document_name=f"context({block} blocks)")
-        model.model.rotary_emb = _whole_sequence_rotary(model.model.rotary_emb, self.cp)
-        return model
-
-    def wrap(self, model, optimizer):
-        return super().wrap(_context_model(model, self), optimizer)
-
-    def shard_batch(self, tensor):
+    def shard(self, tensor):
         return shard_sequence(tensor, self.cp, self.cp_rank)
 
     def to_host(self, tensor):
@@ -329,37 +316,3 @@ class _Context:
         t = tensor.detach().clone()
         dist.all_reduce(t, group=self.group)
         return t / self.cp
-
-
-class ContextParallel(_Context, DataParallel):
-    """Context parallelism over `cp_degree` ranks per data rank; gradients averaged over every rank."""
-
-    zero = ""
-
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
-        self._setup_context(parallel)
-
-
-class ContextZero1(_Context, FleetZero1):
-    """Context parallelism with fleet's ZeRO-1 over the cp ranks and the sharding ranks together (cp × sharding:
-    the weights are whole on every cp rank, so their optimizer state can be split across them, as Megatron's
-    distributed optimizer does over its dp × cp group): fleet's sharding axis is the topology's sharding × cp
-    (`Topology.fleet_hybrid_configs`)."""
-
-    def __init__(self, parallel, device: str = "cpu", step_kernels=None):
-        self.zero = f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
-        super().__init__(parallel, device, step_kernels)
-        self._setup_context(parallel)
-
-    def holders(self, tensor, kind: str) -> tuple:
-        """Optimizer state: the ranks at this rank's place in fleet's sharding axis (sharding × cp)."""
-        if kind != "optimizer":
-            return self.topology.replicas()
-        return self.topology.replicas("sharding", "cp")
-
-
-def context_strategy(parallel, device: str = "cpu", step_kernels=None):
-    """The strategy for `context_parallel_degree > 1`: with `sharding: stage1`, ZeRO-1 over cp × sharding."""
-    cls = ContextZero1 if parallel.sharding_stage == 1 else ContextParallel
-    return cls(parallel, device, step_kernels)

@@ -8,7 +8,7 @@ batch and sequence and independent per head, so running it on the local piece is
 sharding (data parallel) and head/column sharding (tensor parallel). `localize` wraps a `Kernels`
 table so each op takes the local value (`dtensor_to_local`), runs, and declares the result with the
 input's placements (`dtensor_from_local`); autograd flows through both. The model is built with that
-table (`kernels_for`), before it is laid out.
+table (`distributed.steps.build_kernels`: the semi-auto `data` step's build side), before it is laid out.
 
 Weights a kernel reads whole (RMSNorm, and ZeRO-3's sharded pieces of any weight) are gathered
 with `dist.reshard` and handed over "Partial" on the axes where the activation is sharded, so the
@@ -169,10 +169,3 @@ def localize(k, hook: bool):
         gate_up=gate_up, cross_entropy=cross_entropy,
         linear_cross_entropy=linear_cross_entropy if lce is not None else None,
         whole_weight=lambda w: gather_zero(w, hook))
-
-
-def kernels_for(k, engine: str, device: str):
-    """The kernel table a model is built with for a layout on `engine`: on the semi-auto engine activations are
-    distributed tensors, so every op runs on local pieces (`localize`, with the CPU gradient hook on CPU);
-    elsewhere the table as it is. Chosen before the model exists, so no layer's kernels are replaced later."""
-    return localize(k, hook=device == "cpu") if engine == "semi_auto" else k

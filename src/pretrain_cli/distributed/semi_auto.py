@@ -11,12 +11,11 @@ Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
 reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
 happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
-built with those kernels (`local_kernels.kernels_for`, in `training.run.build_model`): nothing of a live
+built with those kernels (`distributed.steps.build_kernels`, in `training.run.build_model`): nothing of a live
 layer is replaced here.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.local_kernels import to_replicated
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.run_config import ParallelConfig
 
@@ -27,9 +26,9 @@ ROW = ("o_proj", "down_proj")
 class SemiAuto(Strategy):
     global_batch = True
 
-    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None):
-        super().__init__(parallel, device, step_kernels)
-        self.hook = device == "cpu"
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
+        super().__init__(parallel, device, step_kernels, recompute)
+        self.hook = self.backend.gradient_hook  # gloo: Partial gradients all-reduced whole (None on NCCL)
         stage = f"ZeRO-{parallel.sharding_stage}" if parallel.sharding_stage else "no sharding"
         self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"
         self.mesh = None
@@ -42,14 +41,14 @@ class SemiAuto(Strategy):
         `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
-        p = self.parallel
+        model = self.apply_steps(model, source)  # (recompute: the steps before the data side)
         self.mesh = self.topology.mesh()
         self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
         self._names = {id(param): name for name, param in model.named_parameters()}
-        if self.hook:
+        if self.hook is not None:
             for param in model.parameters():
-                param.register_hook(to_replicated)  # before shard_optimizer registers its own
+                param.register_hook(self.hook)  # before shard_optimizer registers its own
         return model
 
     def _placements(self, tp_dim=None) -> list:

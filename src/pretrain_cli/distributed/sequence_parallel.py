@@ -21,107 +21,115 @@ stages and for plain TP (`distributed.tensor_engine.TensorParallel`, engine "ten
 plans reshard through reduce-scatter and all-to-all, which its CPU build lacks, so only this form can be verified
 here; its slices and checkpoint pieces are the same as the pipeline's TP (`Pipeline.local_box`).
 
-CPU workaround (docs/DISTRIBUTED.md, "What CPU verifies"): gloo has no `reduce_scatter`, so with `gloo` on it is an
-`all_reduce` and this rank's slice (`reduce_scatter`, the one switch); on GPU it is
-`paddle.distributed.reduce_scatter`. The result is the same; the CPU path moves tp times the bytes.
+CPU workaround (docs/DISTRIBUTED.md, "What CPU verifies"): gloo has no `reduce_scatter`; the run's collectives
+backend (`distributed.collectives`) makes it an `all_reduce` and this rank's slice there, and
+`paddle.distributed.reduce_scatter` on NCCL. The result is the same; the CPU path moves tp times the bytes.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paddle.autograd import PyLayer  # imported lazily, after the environment (only the layout steps import this)
 
 SEQ = 1  # the sequence axis of an activation [bsz, seq_len, hidden]
 
 
-def _cut(x, parts: int, index: int):
-    """Positions `index` of `parts` equal slices of `x` on the sequence axis: [bsz, seq_len / parts, hidden]."""
-    import paddle
+@dataclass(frozen=True)
+class SeqShard:
+    """This rank's share of the sequence in its tp group: slice `index` of `parts`, exchanged over `group`
+    through the run's collectives `backend` (`distributed.collectives`: reduce-scatter on gloo is an all-reduce
+    and a slice)."""
 
-    size = x.shape[SEQ] // parts
-    return paddle.slice(x, axes=[SEQ], starts=[index * size], ends=[(index + 1) * size])
+    group: object
+    parts: int
+    index: int
+    backend: object
 
+    def cut(self, x):
+        """[bsz, seq_len, hidden] -> this rank's [bsz, seq_len / parts, hidden]."""
+        import paddle
 
-def all_gather(x, group):
-    """[bsz, s, hidden] on each of the group's ranks -> [bsz, s x ranks, hidden], in group rank order."""
-    import paddle
-    import paddle.distributed as dist
+        size = x.shape[SEQ] // self.parts
+        return paddle.slice(x, axes=[SEQ], starts=[self.index * size], ends=[(self.index + 1) * size])
 
-    parts: list = []
-    dist.all_gather(parts, x.contiguous(), group=group)  # a slice may be a strided view
-    return paddle.concat(parts, axis=SEQ)
+    def gather(self, x):
+        """[bsz, s, hidden] on each rank -> [bsz, s x parts, hidden], in group rank order."""
+        return self.backend.all_gather(x, self.group, SEQ)
 
-
-def reduce_scatter(x, group, parts: int, index: int, gloo: bool):
-    """The sum of `x` over the group, positions `index` of `parts` kept: [bsz, seq_len / parts, hidden].
-    `gloo` (the CPU build): all_reduce then this rank's slice, since gloo has no reduce_scatter."""
-    import paddle
-    import paddle.distributed as dist
-
-    if gloo:
-        y = x.clone()
-        dist.all_reduce(y, group=group)
-        return _cut(y, parts, index)
-    out = paddle.empty_like(_cut(x, parts, index))
-    dist.reduce_scatter(out, [t.contiguous() for t in paddle.split(x, parts, axis=SEQ)], group=group)
-    return out
+    def reduce_scatter(self, x):
+        """The sum of `x` over the group, this rank's positions kept: [bsz, seq_len / parts, hidden]."""
+        return self.backend.reduce_scatter(x, self.group, self.parts, self.index, SEQ)
 
 
-def functions(parts: int, index: int, gloo: bool) -> tuple:
-    """(enter, leave, scatter, gather) autograd functions; `enter` and `leave` take (x, group) like
-    `tensor_parallel`'s pair, which they replace."""
-    from paddle.autograd import PyLayer
+class Enter(PyLayer):
+    """Entering a region: all-gather forward, reduce-scatter backward."""
 
-    class Enter(PyLayer):  # all-gather forward, reduce-scatter backward
-        @staticmethod
-        def forward(ctx, x, group):
-            ctx.group = group
-            return all_gather(x, group)
+    @staticmethod
+    def forward(ctx, x, shard):
+        ctx.shard = shard
+        return shard.gather(x)
 
-        @staticmethod
-        def backward(ctx, dy):
-            return reduce_scatter(dy, ctx.group, parts, index, gloo)
-
-    class Leave(PyLayer):  # reduce-scatter forward, all-gather backward
-        @staticmethod
-        def forward(ctx, x, group):
-            ctx.group = group
-            return reduce_scatter(x, group, parts, index, gloo)
-
-        @staticmethod
-        def backward(ctx, dy):
-            return all_gather(dy, ctx.group)
-
-    class Scatter(PyLayer):  # this rank's positions forward, all-gather backward
-        @staticmethod
-        def forward(ctx, x, group):
-            ctx.group = group
-            return _cut(x, parts, index).clone()
-
-        @staticmethod
-        def backward(ctx, dy):
-            return all_gather(dy, ctx.group)
-
-    class Gather(PyLayer):  # all-gather forward; backward this rank's slice (the same loss on every tp rank)
-        @staticmethod
-        def forward(ctx, x, group):
-            return all_gather(x, group)
-
-        @staticmethod
-        def backward(ctx, dy):
-            return _cut(dy, parts, index).clone()
-
-    return Enter, Leave, Scatter, Gather
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.shard.reduce_scatter(dy)
 
 
-def hook_model(lm, group, parts: int, index: int, gloo: bool) -> list:
+class Leave(PyLayer):
+    """Leaving a region: reduce-scatter forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, shard):
+        ctx.shard = shard
+        return shard.reduce_scatter(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.shard.gather(dy)
+
+
+class Scatter(PyLayer):
+    """This rank's positions forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, shard):
+        ctx.shard = shard
+        return shard.cut(x).clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.shard.gather(dy)
+
+
+class Gather(PyLayer):
+    """All-gather forward; backward this rank's slice (every tp rank computes the same loss)."""
+
+    @staticmethod
+    def forward(ctx, x, shard):
+        ctx.shard = shard
+        return shard.gather(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.shard.cut(dy).clone()
+
+
+def regions(shard: SeqShard) -> tuple:
+    """(enter, leave): the functions `tensor_parallel.split_layers` hooks around each region instead of its
+    all-reduce pair."""
+    return (lambda x: Enter.apply(x, shard)), (lambda x: Leave.apply(x, shard))
+
+
+def hook_model(lm, shard: SeqShard) -> list:
     """The decoder's boundaries: the residual stream cut entering the first decoder layer, whole again after the
     final norm. Returns the parameters whose gradients `sum_grads` must sum over the tp group (every RMSNorm's
     weight between the regions and a row-parallel bias); `tensor_parallel.split_layers` hooks the regions."""
-    _, _, scatter, gather = functions(parts, index, gloo)
     dec = lm.model
 
     def cut(layer, inputs):
-        return (scatter.apply(inputs[0], group),) + tuple(inputs[1:])
+        return (Scatter.apply(inputs[0], shard),) + tuple(inputs[1:])
 
     def whole(layer, inputs, out):
-        return gather.apply(out, group)
+        return Gather.apply(out, shard)
 
     dec.layers[0].register_forward_pre_hook(cut)
     dec.norm.register_forward_post_hook(whole)

@@ -6,15 +6,18 @@
 | data parallel | `DataParallel` | `paddle.DataParallel` |
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
-| `pipeline_parallel_degree > 1` (with tp, dp, stage1/2) | `Pipeline` | fleet `PipelineLayer` + `PipelineParallel` (1F1B); tp: `tensor_parallel` |
-| `tensor_parallel_degree > 1` + `sequence_parallel` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; `tensor_parallel` + `sequence_parallel` |
-| `context_parallel_degree > 1` (with dp) | `ContextParallel` | our attention over the cp group + `paddle.DataParallel` |
-| ... with `sharding: stage1` | `ContextZero1` | the same + fleet `DygraphShardingOptimizer` over cp × sharding |
+| `pipeline_parallel_degree > 1` (with tp, sp, cp, dp, stage1/2) | `Pipeline` (`hybrid.Hybrid` + the 1F1B schedule) | fleet `PipelineLayer` + `PipelineParallel`; the layout steps |
+| `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; the layout steps |
+| `context_parallel_degree > 1` (with dp) | `DataParallel` + `context.ContextSide` | our attention over the cp group + `paddle.DataParallel` |
+| ... with `sharding: stage1` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding |
+
+The model side of every layout is `distributed.steps` (tp, cp, ep, recompute, pp in that order); the table above
+is the data side each engine adds.
 """
 from __future__ import annotations
 
 from pretrain_cli.distributed import launch
-from pretrain_cli.distributed.context import context_strategy
+from pretrain_cli.distributed.collectives import for_device
 from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.semi_auto import SemiAuto
 from pretrain_cli.distributed.tensor_engine import TensorParallel
@@ -24,9 +27,9 @@ from pretrain_cli.errors import RendezvousFailed, UserError
 from pretrain_cli.run_config import Loop, ParallelConfig
 
 
-def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | None = None) -> None:
-    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU); a pipeline
-    also reads the micro-batching of `loop` (`run_config.Loop`)."""
+def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | None = None, device: str = "cpu") -> None:
+    """Join the process group when launched with more than one process (gloo on CPU, NCCL on GPU: the collectives
+    backend of `device`); a pipeline also reads the micro-batching of `loop` (`run_config.Loop`)."""
     if not parallel.distributed:
         return
     import paddle.distributed as dist
@@ -40,7 +43,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
                                                                           and parallel.sharding_stage == 1)
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
             pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
-            Topology.of(parallel).init_fleet(seed, pipeline)
+            Topology.of(parallel).init_fleet(seed, for_device(device), pipeline)
         else:
             dist.init_parallel_env()
     except (RuntimeError, OSError) as e:
@@ -55,9 +58,11 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
 
 
-def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=None) -> Strategy:
+def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None) -> Strategy:
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
-    (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run."""
+    (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run; `recompute`
+    (`run_config.Recompute` or None) the layout's recompute step."""
+    context = FleetZero1 if parallel.sharding_stage == 1 else DataParallel  # cp's data side
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
-               "pipeline": Pipeline, "context_parallel": context_strategy, "tensor_parallel": TensorParallel}
-    return engines[parallel.engine](parallel, device, step_kernels)
+               "pipeline": Pipeline, "context_parallel": context, "tensor_parallel": TensorParallel}
+    return engines[parallel.engine](parallel, device, step_kernels, recompute)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
+from pretrain_cli.distributed.collectives import for_device
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
 from pretrain_cli.run_config import ParallelConfig
@@ -38,27 +39,50 @@ class Strategy:
     name = "single process"
     global_batch = False  # True: each rank's batch is declared a piece of one global batch (semi-auto)
 
-    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels: StepKernels | None = None):
+    def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels: StepKernels | None = None,
+                 recompute=None):
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
-        only records the coefficient and `step` hands it to the update."""
-        self.parallel, self.device = parallel, device
+        only records the coefficient and `step` hands it to the update. `recompute` (`run_config.Recompute` or
+        None): the layout's `recompute` step (`distributed.steps`)."""
+        self.parallel, self.device, self.recompute = parallel, device, recompute
+        self.backend = for_device(device)  # the run's one collectives backend
         self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
         self.step_kernels = step_kernels or StepKernels()
         self._clip_coef = 1.0
+        self.sequence = None  # context parallelism's batch side (`context.ContextSide`), when cp > 1
+        if parallel.cp_degree > 1:
+            from pretrain_cli.distributed.context import ContextSide
+
+            self.sequence = ContextSide(parallel, self.backend)
+            self.name = self.sequence.name  # (a layout with more axes names itself)
+        self.placement = None  # what the layout steps left (`steps.Placement`), once placed
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
         """Lay the parameters out over the processes; before the optimizer is created. `source`
         (`distributed.materialize`): where a lazily built model's parameters get their values; every layout
-        creates only what this rank holds (here: everything, whole, one parameter at a time)."""
+        creates only what this rank holds (here: everything, whole, one parameter at a time). Then the layout
+        steps in their order (`distributed.steps`)."""
         if source is not None:
             from pretrain_cli.distributed.materialize import fill
 
             fill(model, source)
-        return model
+        return self.apply_steps(model, source)
+
+    def apply_steps(self, model, source=None):
+        """The model through the layout's steps (`distributed.steps.ORDER`); what they leave is `self.placement`."""
+        from pretrain_cli.distributed.steps import Placement, apply_steps
+
+        self.placement = Placement(self.parallel, self.topology, self.backend, source, self.recompute)
+        return apply_steps(model, self.placement)
+
+    def model_inputs(self, model):
+        """The model as the trainer calls it: under context parallelism `ContextModel` (global positions in, the
+        whole sequence's loss out), else the model itself."""
+        return self.sequence.wrap(model) if self.sequence is not None else model
 
     def wrap(self, model, optimizer):
-        return model, optimizer
+        return self.model_inputs(model), optimizer
 
     def wrap_scaler(self, scaler):
         """fp16's loss scaler, made to agree across ranks on whether a step overflowed (GPU only)."""
@@ -78,8 +102,8 @@ class Strategy:
         return total
 
     def shard_batch(self, tensor):
-        """This rank's micro-batch as the model's input."""
-        return tensor
+        """This rank's micro-batch as the model's input (context parallelism: its chunks of every sequence)."""
+        return self.sequence.shard(tensor) if self.sequence is not None else tensor
 
     def no_sync(self, model, last_micro_batch: bool):
         """Skip the gradient all-reduce for all but the last micro-batch of an accumulated step."""
@@ -123,7 +147,7 @@ class Strategy:
 
     def to_host(self, tensor):
         """A scalar the step computed, as a dense tensor whose value is the global one."""
-        return tensor
+        return self.sequence.to_host(tensor) if self.sequence is not None else tensor
 
     # ------------------------------------------------------------------ checkpoints and reports
     def holders(self, tensor, kind: str) -> tuple:
@@ -174,7 +198,7 @@ class DataParallel(Strategy):
     def wrap(self, model, optimizer):
         import paddle
 
-        return paddle.DataParallel(model, find_unused_parameters=False), optimizer
+        return paddle.DataParallel(self.model_inputs(model), find_unused_parameters=False), optimizer
 
     def no_sync(self, model, last_micro_batch: bool):
         return contextlib.nullcontext() if last_micro_batch else model.no_sync()
@@ -185,8 +209,8 @@ class FleetHybrid(Strategy):
     `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
     the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
 
-    _hpo = None
-    _params: list = []
+    _hpo = None  # set by `wrap`
+    _params: tuple = ()  # set by `wrap` (a tuple: no list shared between instances)
 
     def wrap_scaler(self, scaler):
         from paddle.distributed import fleet
@@ -211,7 +235,7 @@ class FleetZero1(FleetHybrid, DataParallel):
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
 
-        model = fleet.distributed_model(model)
+        model = fleet.distributed_model(self.model_inputs(model))
         self._hpo = fleet.distributed_optimizer(optimizer)
         self._dso = self._hpo._inner_opt
         hcg = self._dso._hcg
@@ -231,7 +255,8 @@ class FleetZero1(FleetHybrid, DataParallel):
 
     def holders(self, tensor, kind: str) -> tuple:
         """Optimizer state lives on its parameter's owner only, and on the owners of the same shard in the other
-        data-parallel groups: the ranks with this rank's "sharding" coordinate (fleet's groups are the topology's)."""
+        data-parallel groups: the ranks with this rank's place on fleet's sharding axis, which is the topology's
+        sharding × cp (`Topology.fleet_hybrid_configs`; fleet's groups are the topology's)."""
         if kind != "optimizer":
             return super().holders(tensor, kind)
-        return self.topology.replicas("sharding")
+        return self.topology.replicas("sharding", "cp")

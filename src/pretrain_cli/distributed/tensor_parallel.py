@@ -21,39 +21,45 @@ when it broadcasts the replicated ones over the tp group.
 """
 from __future__ import annotations
 
+import paddle.distributed as dist  # imported lazily, after the environment (only the layout steps import this)
+from paddle.autograd import PyLayer
+
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # weight split on its output dim (Paddle dim 1)
 ROW = ("o_proj", "down_proj")  # weight split on its input dim (Paddle dim 0)
 
 
-def _functions():
-    """The two autograd functions (built on first use: paddle is imported lazily)."""
-    import paddle.distributed as dist
-    from paddle.autograd import PyLayer
+class CopyToTP(PyLayer):
+    """Megatron's f: identity forward, the input gradient all-reduced over the tp group backward."""
 
-    class CopyToTP(PyLayer):
-        @staticmethod
-        def forward(ctx, x, group):
-            ctx.group = group
-            return x.clone()
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.clone()
 
-        @staticmethod
-        def backward(ctx, dy):
-            g = dy.clone()
-            dist.all_reduce(g, group=ctx.group)  # the input fed every tp rank's slice: its gradient is their sum
-            return g
+    @staticmethod
+    def backward(ctx, dy):
+        g = dy.clone()
+        dist.all_reduce(g, group=ctx.group)  # the input fed every tp rank's slice: its gradient is their sum
+        return g
 
-    class ReduceFromTP(PyLayer):
-        @staticmethod
-        def forward(ctx, x, group):
-            y = x.clone()
-            dist.all_reduce(y, group=group)  # the row-parallel partial products summed
-            return y
 
-        @staticmethod
-        def backward(ctx, dy):
-            return dy.clone()
+class ReduceFromTP(PyLayer):
+    """Megatron's g: the row-parallel partial products all-reduced forward, identity backward."""
 
-    return CopyToTP, ReduceFromTP
+    @staticmethod
+    def forward(ctx, x, group):
+        y = x.clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.clone()
+
+
+def all_reduce_regions(group) -> tuple:
+    """(enter, leave) around each attention and MLP block: Megatron's f and g over `group`."""
+    return (lambda x: CopyToTP.apply(x, group)), (lambda x: ReduceFromTP.apply(x, group))
 
 
 def cut_by_tp(name: str) -> bool:
@@ -69,23 +75,23 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
     norms exist (another stage's layers, never created on this rank, are left as they are). A parameter that has
     storage is cut; one still without (a lazily built model: `cut_by_tp`) is created as its slice only, from
     `source` (`distributed.materialize`), so no rank ever holds a whole tensor-parallel weight.
-    `regions`: the (enter, leave) pair to hook in instead of the two above (`sequence_parallel.functions`).
+    `regions`: the (enter, leave) functions to hook in instead of the two above (`sequence_parallel.regions`).
     Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
     import paddle
 
     from pretrain_cli.distributed.materialize import read_block
     from pretrain_cli.distributed.pieces import Box
 
-    copy_to_tp, reduce_from_tp = regions or _functions()
+    copy_to_tp, reduce_from_tp = regions or all_reduce_regions(group)
     split: dict = {}
 
     def enter(layer, inputs):
-        return (copy_to_tp.apply(inputs[0], group),) + tuple(inputs[1:])
+        return (copy_to_tp(inputs[0]),) + tuple(inputs[1:])
 
     def leave(layer, inputs, out):
         if layer.bias is None:
-            return reduce_from_tp.apply(out, group)
-        return reduce_from_tp.apply(out - layer.bias, group) + layer.bias  # the bias once, after the sum
+            return reduce_from_tp(out)
+        return reduce_from_tp(out - layer.bias) + layer.bias  # the bias once, after the sum
 
     def keep_slice(parent, name: str, dim: int, prefix: str):
         linear = getattr(parent, name)

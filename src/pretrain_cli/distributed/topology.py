@@ -30,8 +30,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from pretrain_cli.distributed.gloo import separate_stores
-
 # axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
 AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
         "sharding": ("sharding_degree", "sharding_degree"),
@@ -159,26 +157,22 @@ class Topology:
         out["order"] = list(FLEET_ORDER)
         return out
 
-    def init_fleet(self, seed: int, pipeline_configs: dict | None = None) -> None:
+    def init_fleet(self, seed: int, backend, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
-        run. The CPU workarounds (docs/DISTRIBUTED.md, "What CPU verifies"): a TCP store of its own for each gloo
-        group (`gloo.separate_stores`); a pipeline also needs unbatched stage-to-stage sends,
-        `ParallelEnv._device_id` (which the CPU build never sets) and whole activations sent between stages
-        (fleet's partial send/recv over the tensor-parallel ranks has no CPU kernel)."""
-        import paddle
+        run. The gloo workarounds are the collectives `backend`'s (`distributed.collectives`): a TCP store of its
+        own for each group; a pipeline's unbatched stage-to-stage sends of whole activations. A pipeline also
+        needs `ParallelEnv._device_id`, which the CPU build never sets."""
         import paddle.distributed as dist
         from paddle.distributed import fleet
 
-        cpu = paddle.get_device().startswith("cpu")  # the run's device, set before the process group is joined
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = self.fleet_hybrid_configs()
         if pipeline_configs is not None:
-            strategy.pipeline_configs = dict(pipeline_configs, **({"enable_partial_send_recv": False} if cpu else {}))
-            strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm = not cpu
+            strategy.pipeline_configs = backend.pipeline_flags(pipeline_configs, strategy.hybrid_configs)
             if not hasattr(dist.ParallelEnv(), "_device_id"):
                 dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
         strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
-        with separate_stores(cpu):
+        with backend.stores():
             fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
         for axis, get in (("pp", hcg.get_pipe_parallel_group), ("dp", hcg.get_data_parallel_group),

@@ -60,7 +60,8 @@ class DecoderModel(nn.Layer):
     def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None):
         seq_len = input_ids.shape[1]
         offset = cache.offset if cache is not None else 0
-        cos, sin = self.rotary_emb(seq_len, offset)  # [seq_len, head_dim] each
+        span = seq_len if position_ids is None else seq_len * self.kernels.rope_span  # the positions may reach
+        cos, sin = self.rotary_emb(span, offset)  # [span, head_dim] each
         x = F.embedding(input_ids, self.kernels.whole_weight(self.embed_tokens.weight))  # [bsz, seq_len, hidden]
         if position_ids is not None or doc_start is not None:  # packed documents (positions < seq_len)
             for layer in self.layers:

@@ -221,6 +221,9 @@ class Kernels:
     # a MoE layer's experts over rows sorted by expert (`ops.grouped`): (x, counts, weights, swiglu_packed) -> out
     grouped_mlp_name: str = "padded_bmm"
     grouped_mlp: Callable = grouped_mlp_padded
+    # a call that passes `position_ids` sees this share of a sequence rope_span x as long (context parallelism's
+    # chunks: its positions run over the whole sequence), so the RoPE table covers that many positions
+    rope_span: int = 1
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

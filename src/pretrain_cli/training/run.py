@@ -14,7 +14,6 @@ from pretrain_cli.distributed import watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import DeviceOutOfMemory, UserError, is_out_of_memory
-from pretrain_cli.models.recompute import apply_recompute
 from pretrain_cli.training import checkpoint, metrics, run_lock, startup
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
@@ -43,7 +42,7 @@ def _run(spec) -> int:
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
-        init_process_group(r.parallel, r.loop.seed, r.loop)
+        init_process_group(r.parallel, r.loop.seed, r.loop, r.device)
     comm = build_comm(r.parallel)
     watchdog.start(r.parallel)
     for line in spec.describe():
@@ -141,9 +140,8 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory")
               if lazy and weights is not None else InitSource(model.config, run.loop.seed, runtime.threads()))
     try:
-        apply_recompute(model, run.recompute)
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
-        strategy = build_strategy(run.parallel, run.device, step_kernels)
+        strategy = build_strategy(run.parallel, run.device, step_kernels, run.recompute)
         raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
         model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists
         optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
@@ -181,14 +179,17 @@ def build_model(run: RunConfig, model_cfg):
     from a checkpoint or `continue_training`'s pretrained weights)."""
     import paddle
 
-    from pretrain_cli.distributed.local_kernels import kernels_for
+    from pretrain_cli.distributed.collectives import for_device
+    from pretrain_cli.distributed.steps import build_kernels
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
-    paddle.seed(run.loop.seed)  # the semi-auto engine's kernels run on local pieces: chosen before the model exists
+    paddle.seed(run.loop.seed)
+    # the layout steps' kernels (context parallelism's ring, the semi-auto engine's local pieces): chosen before
+    # the model exists, so no live layer is changed
+    table = build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device))
     with paddle.LazyGuard():
-        return build_causal_lm(model_cfg, kernels_for(kernels.select(run.kernels, run.device), run.parallel.engine,
-                                                      run.device))
+        return build_causal_lm(model_cfg, table)
 
 
 def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:

@@ -1,0 +1,74 @@
+"""What stays refused: one table (`REFUSED`), one line per product of parallel degrees an engine cannot run here.
+
+Every other product of degrees runs (`distributed.steps`: the layout is a sequence of steps, so a product of axes
+is the steps of each). A row names the key the user changes, the engine limit that stops it, and what to do;
+`config.resolve` adds each matching row's line as a problem, `plan --fit` skips such candidates through the same
+resolve, and docs/DISTRIBUTED.md ("What stays refused") lists the table. Degrees that do not divide (the world,
+the heads, the sequence) are arithmetic, not engine limits: their rules stay with the keys (`config.context`,
+`config.pipeline`, `config.resolve`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The degrees a refusal reads, as resolved so far (`sharding` the ranks ZeRO shards over, `data` the
+    data-parallel ranks of one stage and one tp/cp group)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    sep: int = 1
+    stage: int = 0
+    sharding: int = 1
+    data: int = 1
+    sp: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """`when(degrees)`: the product it refuses; `line(degrees)`: "<key>: <what> is not supported (<engine limit>);
+    <what to do>"."""
+
+    name: str
+    when: Callable[[Degrees], bool]
+    line: Callable[[Degrees], str]
+
+
+REFUSED = (
+    Refusal("sep", lambda d: d.sep > 1,
+            lambda d: f"sep_parallel_degree: {d.sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
+                      f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {d.sep} "
+                      f"(attention across the ranks) to split each sequence"),
+    Refusal("cp with ZeRO-2/3", lambda d: d.cp > 1 and d.stage in (2, 3),
+            lambda d: f"context_parallel_degree: {d.cp} with ZeRO-2/3 is not supported (ZeRO-2/3 run on the "
+                      f"semi-auto engine, whose distributed tensors the ring attention's autograd function cannot "
+                      f"take: it sends dense blocks over the cp group); use sharding: stage1 (the optimizer state "
+                      f"split over cp x sharding ranks) or ''"),
+    Refusal("cp with pp", lambda d: d.cp > 1 and d.pp > 1,
+            lambda d: f"context_parallel_degree: {d.cp} with pipeline_parallel_degree {d.pp} is not supported yet "
+                      f"(fleet's pipeline schedule feeds whole sequences to its stages; the cut of each micro-batch "
+                      f"into cp chunks and the cp group's loss inside the stages are not written); set "
+                      f"pipeline_parallel_degree to 1 or context_parallel_degree to 1"),
+    Refusal("sp with ZeRO-2/3", lambda d: d.sp and d.stage in (2, 3),
+            lambda d: f"sequence_parallel: not supported with sharding: stage{d.stage} (the semi-auto engine runs "
+                      f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "
+                      f"lacks); use stage1 or set sequence_parallel: false"),
+    Refusal("pp with ZeRO-3", lambda d: d.pp > 1 and d.stage == 3,
+            lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
+                      f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "
+                      f"with a pipeline, or stage3 without one"),
+    Refusal("semi-auto sharding below the data ranks",
+            lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
+            lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
+                      f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
+                      f"use -1 (shard over all {d.data})"),
+)
+
+
+def refusals(degrees: Degrees) -> list[str]:
+    """The line of every row of `REFUSED` that refuses `degrees`, in table order."""
+    return [r.line(degrees) for r in REFUSED if r.when(degrees)]

@@ -1,0 +1,178 @@
+"""A layout as a sequence of steps: each a function of the model, the `Topology`'s groups and the resolved
+`ParallelConfig`, applied from outside in one fixed order (compare torchtitan's `parallelize_llama`: `apply_tp` →
+`apply_cp` → activation checkpointing → `apply_fsdp`; Megatron's module-level autograd functions that take their
+group). Adding a parallel axis means adding a step here, not an engine.
+
+**The order** (`ORDER`), outermost change last:
+
+1. `tp`: the Megatron split of every decoder layer over the topology's "mp" group (`tensor_parallel.split_layers`:
+   q/k/v, gate/up by output columns, o/down by input rows; the two autograd functions `copy_to_tp` /
+   `reduce_from_tp` hooked around attention and MLP). With `sequence_parallel` those two are the
+   sequence-parallel pair (`sequence_parallel.functions`) and the residual stream is cut between the regions,
+   as torchtitan's `apply_tp` puts `SequenceParallel` entries in the same plan.
+2. `cp`: context parallelism. Chosen when the model is built (`build_kernels`): its attention kernels are the ring
+   over the topology's "cp" group and its RoPE table spans the whole sequence; the batch side (each rank's
+   chunks, global positions, the whole sequence's loss) is `context.ContextSide`, which the strategy holds.
+3. `ep`: expert parallelism: the slot for Mixture-of-Experts. Its group is drawn from the data/ZeRO ranks
+   (`Topology.group("ep")` once the topology has an "ep" axis inside "sharding"); it is registered with
+   `register(Step("ep", ...))` and runs after the attention-side steps and before recompute, so recompute wraps
+   the layers with their experts already dispatched.
+4. `recompute`: activation recompute (`models.recompute.apply_recompute`) around the already split layers.
+5. `pp`: the pipeline cut: fleet's `PipelineLayer` over the model's own sublayers (`pipeline_stages.build_pipeline_layer`).
+6. `data`: the gradient and optimizer side: data parallelism, ZeRO-1/2 (fleet), ZeRO-2/3 and semi-auto TP
+   (`semi_auto`): the `Strategy`'s `wrap`, `sync_grads`, `grad_norm` and `step`, not a model change here.
+
+Each step's `build` (optional) changes the kernel table the model is built with (`build_kernels`: nothing is
+assigned onto a live layer); its `apply` (optional) takes the finished model and the shared `Placement` and
+returns the model. `Placement` is what the steps leave for the strategy: which parameters are tensor-parallel
+slices and on which dim (`tp_dims`: the checkpoint's pieces), which gradients cover this rank's positions only
+(`seq_params`), the pipeline's layer, loss and bounds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pretrain_cli.distributed.collectives import Collectives
+from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.run_config import ParallelConfig
+
+ORDER = ("tp", "cp", "ep", "recompute", "pp", "data")
+
+
+@dataclass
+class Placement:
+    """What the steps of one rank share: the run's layout, its topology and collectives backend, where lazily built
+    parameters get their values (`source`, `distributed.materialize`), and what each step leaves behind."""
+
+    parallel: ParallelConfig
+    topology: Topology
+    backend: Collectives
+    source: object = None
+    recompute: object = None  # run_config.Recompute or None
+    tp_dims: dict = field(default_factory=dict)  # HF name -> the Paddle dim its tensor-parallel slice is cut on
+    seq_params: list = field(default_factory=list)  # SP: parameters whose gradients cover this rank's positions
+    pipeline: tuple | None = None  # (PipelineLayer, StageLoss, bounds) after the `pp` step
+
+    def group(self, axis: str):
+        """The process group of this rank along `axis` (fleet's hybrid groups are the topology's)."""
+        from paddle.distributed import fleet
+
+        hcg = fleet.get_hybrid_communicate_group()
+        return {"mp": hcg.get_model_parallel_group, "pp": hcg.get_pipe_parallel_group,
+                "dp": hcg.get_data_parallel_group}[axis]()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One layout step: `name` (its place in `ORDER`), `wanted(parallel)`, and its effects: `build(kernels,
+    parallel, backend) -> kernels` before the model exists, `apply(model, placement) -> model` after."""
+
+    name: str
+    wanted: Callable[[ParallelConfig], bool]
+    build: Callable | None = None
+    apply: Callable | None = None
+
+
+# ---------------------------------------------------------------------------------------------------- the steps
+def _split_tp(model, placement: Placement):
+    """`tp` (+ `sequence_parallel`): each decoder layer of this stage cut to this rank's slice over the mp group;
+    a lazily built tensor-parallel weight created as its slice only."""
+    from pretrain_cli.distributed.tensor_parallel import split_layers
+
+    p, topo, backend = placement.parallel, placement.topology, placement.backend
+    group, regions = placement.group("mp"), None
+    if p.sequence_parallel:
+        from pretrain_cli.distributed import sequence_parallel as sp
+
+        shard = sp.SeqShard(group, p.tp_degree, topo.tp_rank, backend)
+        placement.seq_params = sp.hook_model(model, shard)
+        regions = sp.regions(shard)
+    dims = split_layers(model.model.layers, p.tp_degree, topo.tp_rank, group, placement.source, regions)
+    placement.tp_dims = {name: dims[id(w)] for name, w in model.named_parameters() if id(w) in dims}  # HF names
+    return model
+
+
+def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
+    from pretrain_cli.distributed.context import context_kernels
+
+    return context_kernels(kernels, parallel, backend)
+
+
+def _recompute(model, placement: Placement):
+    from pretrain_cli.models.recompute import apply_recompute
+
+    return apply_recompute(model, placement.recompute)
+
+
+def _cut_pipeline(model, placement: Placement):
+    """`pp`: fleet's PipelineLayer over the model's sublayers; the strategy frees what this stage does not hold."""
+    from pretrain_cli.distributed.pipeline_stages import build_pipeline_layer
+
+    placement.pipeline = build_pipeline_layer(model, placement.parallel, placement.backend)
+    return placement.pipeline[0]
+
+
+def _local_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
+    """The semi-auto `data` step's build side: activations are distributed tensors, so every custom kernel runs
+    on this rank's local piece (`local_kernels.localize`)."""
+    from pretrain_cli.distributed.local_kernels import localize
+
+    return localize(kernels, hook=backend.gradient_hook is not None)
+
+
+def manual_tp(parallel: ParallelConfig) -> bool:
+    """Whether tensor parallelism is this module's `tp` step (inside a pipeline, with sequence or context
+    parallelism: `Hybrid`'s engines), rather than the semi-auto engine's placements (with ZeRO-2/3 or alone)."""
+    return parallel.tp_degree > 1 and parallel.engine in ("pipeline", "tensor_parallel")
+
+
+def semi_auto(parallel: ParallelConfig) -> bool:
+    """Whether the `data` step is Paddle's semi-auto engine (ZeRO-2/3, or tensor parallelism on its own)."""
+    return parallel.engine == "semi_auto"
+
+
+STEPS: dict = {
+    "tp": Step("tp", manual_tp, apply=_split_tp),
+    "cp": Step("cp", lambda p: p.cp_degree > 1, build=_context_kernels),
+    "recompute": Step("recompute", lambda p: True, apply=_recompute),
+    "pp": Step("pp", lambda p: p.pp_degree > 1, apply=_cut_pipeline),
+    "data": Step("data", semi_auto, build=_local_kernels),
+}
+
+
+def register(step: Step) -> None:
+    """Add the step for a new axis (its `name` one of `ORDER`: "ep" is free)."""
+    if step.name not in ORDER:
+        raise ValueError(f"step {step.name!r} has no place in {ORDER}")
+    STEPS[step.name] = step
+
+
+def steps_for(parallel: ParallelConfig) -> list[Step]:
+    """The steps `parallel` wants, in `ORDER`."""
+    return [STEPS[n] for n in ORDER if n in STEPS and STEPS[n].wanted(parallel)]
+
+
+def build_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
+    """The kernel table the model is built with: each wanted step's `build`, in order (before the model exists,
+    so nothing of a live layer is replaced)."""
+    for step in steps_for(parallel):
+        if step.build is not None:
+            kernels = step.build(kernels, parallel, backend)
+    return kernels
+
+
+def apply_steps(model, placement: Placement, until: str | None = None):
+    """The finished model through every wanted step's `apply` in `ORDER` (up to and including `until`)."""
+    for step in steps_for(placement.parallel):
+        if step.apply is not None:
+            model = step.apply(model, placement)
+        if step.name == until:
+            break
+    return model
+
+
+def describe(parallel: ParallelConfig) -> str:
+    """The steps a layout runs, in order (the `layout:` log line's `steps` part)."""
+    return " -> ".join(s.name for s in steps_for(parallel))
+
