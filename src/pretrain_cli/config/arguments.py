@@ -57,6 +57,29 @@ class ModelArguments:
     use_fast_layer_norm: bool = _f(
         False, "Selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
     )
+    # --- Mixture-of-Experts routing and balance (qwen3_moe, qwen2_moe; no effect on a dense model)
+    router_aux_loss_coef: Optional[float] = _f(
+        None, "Weight of the load-balancing loss (transformers' formula, over all sparse layers) added to the "
+        "training loss; None = config.json's router_aux_loss_coef (0.001 in the published Qwen MoE models); 0: off.",
+    )
+    moe_aux_loss_scope: str = _f(
+        "micro_batch", "micro_batch: the balance loss over each micro-batch (transformers); global: the experts' "
+        "token shares summed over the data-parallel ranks first (the global-batch balance Qwen3 was trained with).",
+        "extension", choices=("micro_batch", "global"),
+    )
+    router_z_loss_coef: float = _f(
+        0.0, "Weight of the router z-loss (mean logsumexp(router logits)^2, ST-MoE; 1e-3 is common); 0: off.",
+        "extension",
+    )
+    moe_router_bias_update_rate: float = _f(
+        0.0, "Auxiliary-loss-free balancing (DeepSeek-V3): each expert's routing bias moves by this much per step "
+        "toward the less-loaded experts (1e-3 in DeepSeek-V3); 0: off. The bias is checkpointed, never exported.",
+        "extension",
+    )
+    capacity_factor: float = _f(
+        0.0, "0: dropless (every routed token is computed; Qwen MoE's training). > 0: each expert computes at most "
+        "capacity_factor x its balanced share of a micro-batch's assignments; the rest are dropped (weight 0).",
+    )
     hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
     attention_probs_dropout_prob: float = _f(
         0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"

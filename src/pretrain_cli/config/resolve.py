@@ -16,6 +16,7 @@ from dataclasses import replace
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
 from pretrain_cli.config.expert import expert_degree
+from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.refusals import Degrees, refusals
 from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
@@ -359,6 +360,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
     spike = _spike_guard(args, parallel, problems, notes)
+    moe = resolve_moe(args, model_cfg, notes, problems)
     report_to = problems.run(trackers.choose, t.report_to, notes)  # installed-or-not: `prepare` (not `plan`)
     for key in args.explicit:  # accepted for compatibility but without effect here
         spec = KEYS[key]
@@ -385,4 +387,4 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
                       report_to),
-        spike=spike, notes=tuple(notes))
+        spike=spike, moe=moe, notes=tuple(notes))

@@ -104,6 +104,9 @@ class ModelConfig:
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
         fam = family(model_type)
+        if fam.moe and "num_local_experts" in d:  # transformers 5 writes Qwen3-MoE's num_experts under this name
+            d.setdefault("num_experts", d["num_local_experts"])
+            del d["num_local_experts"]
         for key, value in fam.defaults:  # what transformers' config class assumes for a key left out
             if d.get(key) is None:
                 d[key] = value

@@ -104,7 +104,8 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
-            if self.config.sparse_layers:  # + the router losses per counted token: the step's mean carries them
+            if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
+                # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss
 
                 total = total + router_loss(self) * count.detach().astype(total.dtype)

@@ -29,7 +29,7 @@ def rule(cfg: ModelConfig, name: str) -> tuple[str, float]:
     """("normal", std) or ("constant", value) for the parameter with HF name `name`."""
     if name.endswith("norm.weight"):  # input/post_attention_layernorm, model.norm, Qwen3's q_norm/k_norm
         return "constant", 1.0
-    if name.endswith(".bias"):
+    if name.endswith((".bias", ".e_score_correction_bias")):  # the latter: a MoE router's balancing bias
         return "constant", 0.0
     std = cfg.initializer_range
     if name.endswith(RESIDUAL):

@@ -178,6 +178,7 @@ class SparseMoeBlock(nn.Layer):
         """Forget the counts accumulated since the last report (`moe_loss.read_load`)."""
         self.load = None  # [experts] fp32: assignments computed since the reset
         self.dropped = None  # [] fp32: assignments dropped since the reset
+        self.step_load = None  # [experts] fp32: since the last bias update (`moe_loss.update_expert_bias`)
 
     def forward(self, x):
         bsz, seq_len, hidden = x.shape
@@ -186,6 +187,7 @@ class SparseMoeBlock(nn.Layer):
         out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, self.capacity_factor)
         self.record = MoeRecord(routing, counts, dropped)
         self.load = counts if self.load is None else self.load + counts
+        self.step_load = counts if self.step_load is None else self.step_load + counts
         self.dropped = dropped if self.dropped is None else self.dropped + dropped
         if self.shared_expert is not None:
             gate = nn.functional.sigmoid(self.shared_expert_gate(flat))  # [tokens, 1]

@@ -54,19 +54,42 @@ def z_loss(logits: list):
 
 
 def router_loss(model):
-    """The weighted router losses of `model`'s last forward (fp32 scalar; 0 when both weights are 0)."""
+    """The weighted router losses of `model`'s last forward (fp32 scalar; 0 when both weights are 0). The
+    unweighted values are summed on `model.router_losses` ({name: (sum, forwards)}) for the log line."""
     blocks = sparse_blocks(model)
     cfg, moe = model.config, model.moe
     coef = cfg.router_aux_loss_coef if moe.aux_loss_coef is None else moe.aux_loss_coef
     logits = [b.record.routing.logits for b in blocks]
     total = paddle.zeros([], dtype="float32")
+    parts = {}
     if coef:
         reduce = getattr(model, "reduce_counts", None) if moe.aux_loss_scope == "global" else None
-        total = total + coef * load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok,
-                                                   reduce or _identity)
+        parts["aux_loss"] = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok, reduce or _identity)
+        total = total + coef * parts["aux_loss"]
     if moe.z_loss_coef:
-        total = total + moe.z_loss_coef * z_loss(logits)
+        parts["z_loss"] = z_loss(logits)
+        total = total + moe.z_loss_coef * parts["z_loss"]
+    sums = model.__dict__.setdefault("router_losses", {})
+    for name, value in parts.items():
+        s, n = sums.get(name, (0.0, 0))
+        sums[name] = (value.detach() + s, n + 1)
     return total
+
+
+def log_values(model) -> dict:
+    """What a log line and metrics.jsonl record of a MoE model since the last call: the mean router losses
+    (unweighted), the busiest expert's share of its layer's assignments (the maximum over layers, and per layer),
+    the dropped share; then resets. {} for a dense model."""
+    load = read_load(model)
+    if not load:
+        return {}
+    out = {name: float(s) / max(n, 1) for name, (s, n) in model.__dict__.pop("router_losses", {}).items()}
+    out["moe_max_expert_share"] = max(load["max_expert_share"])
+    out["moe_dropped_share"] = sum(load["dropped_share"]) / len(load["dropped_share"])
+    out["moe_expert_share_per_layer"] = [round(x, 4) for x in load["max_expert_share"]]
+    if out["moe_dropped_share"]:
+        out["moe_dropped_share_per_layer"] = [round(x, 4) for x in load["dropped_share"]]
+    return out
 
 
 def read_load(model, reset: bool = True) -> dict:
@@ -94,7 +117,8 @@ def update_expert_bias(model, rate: float, reduce_counts=_identity) -> None:
     with paddle.no_grad():
         for b in sparse_blocks(model):
             bias = b.gate.e_score_correction_bias
-            if bias is None or b.load is None:
+            if bias is None or b.step_load is None:
                 continue
-            counts = reduce_counts(b.load)
+            counts = reduce_counts(b.step_load)
             bias.set_value(bias + rate * paddle.sign(counts.mean() - counts))
+            b.step_load = None

@@ -189,7 +189,7 @@ def build_model(run: RunConfig, model_cfg):
     # the model exists, so no live layer is changed
     table = build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device))
     with paddle.LazyGuard():
-        return build_causal_lm(model_cfg, table)
+        return build_causal_lm(model_cfg, table, run.moe)
 
 
 def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:

@@ -58,6 +58,7 @@ class Step:
     def __init__(self, run: RunConfig, comm, guard=None):
         self.grad_accum, self.schedule = run.loop.grad_accum, run.schedule
         self.max_grad_norm, self.comm, self.guard = run.optimizer.max_grad_norm, comm, guard
+        self.bias_update_rate = run.moe.bias_update_rate  # MoE auxiliary-loss-free balancing (0: off)
 
     def _forward_loss(self, layout, batch):
         # int64 [bsz, seq_len] each (+ doc_start, position_ids: document masking), this rank's piece
@@ -104,6 +105,10 @@ class Step:
                 return StepResult(loss_v, norm_v, "spike", reason)
             self.guard.accept(state.spike_stats, global_loss, norm_v)
         self._clip(layout, norm_v)
+        if self.bias_update_rate:  # from this step's expert loads, as the update is applied (torchtitan)
+            from pretrain_cli.models.moe_loss import update_expert_bias
+
+            update_expert_bias(layout.raw_model, self.bias_update_rate)
         layout.amp.step(layout.optimizer, layout.strategy.step)
         layout.optimizer.clear_grad()
         return StepResult(loss_v, norm_v, "applied")

@@ -66,10 +66,22 @@ def missing(names) -> list[str]:
             for n in names if not installed(n)]
 
 
+def _number(val) -> bool:
+    return isinstance(val, (int, float)) and not isinstance(val, bool)
+
+
 def scalars(record: dict) -> dict:
-    """The numeric values of one metrics.jsonl record as `<kind>/<key>` -> float."""
-    return {f"{record['kind']}/{key}": float(val) for key, val in record.items()
-            if key not in ("kind", "step", "time") and isinstance(val, (int, float)) and not isinstance(val, bool)}
+    """The numeric values of one metrics.jsonl record as `<kind>/<key>` -> float; a list of numbers (a MoE
+    model's per-layer expert load) as one series per entry, `<kind>/<key>/<index>`."""
+    out = {}
+    for key, val in record.items():
+        if key in ("kind", "step", "time"):
+            continue
+        if _number(val):
+            out[f"{record['kind']}/{key}"] = float(val)
+        elif isinstance(val, list) and val and all(_number(v) for v in val):
+            out.update({f"{record['kind']}/{key}/{i}": float(v) for i, v in enumerate(val)})
+    return out
 
 
 def open_trackers(names, logdir: str, output_dir: str, config: dict | None, history: list) -> list:

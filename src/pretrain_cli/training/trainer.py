@@ -305,6 +305,10 @@ class Trainer:
         values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": s.tokens_seen,
                        "consumed_samples": s.consumed_samples, "batch_hash": s.last_batch_hash,
                        "progress_or_epoch": round(s.global_step / self.loop.max_steps, 4)})
+        if getattr(getattr(self.layout.raw_model, "config", None), "sparse_layers", None):  # MoE: router losses, load
+            from pretrain_cli.models.moe_loss import log_values
+
+            values.update(log_values(self.layout.raw_model))
         s.interval_loss, s.interval_steps = 0.0, 0
         log.info(format_line(values))
         self._record("train", values)

@@ -1,0 +1,32 @@
+"""The Mixture-of-Experts keys of an argument file resolved into `run_config.MoeConfig`.
+
+The architecture (experts, top-k, `norm_topk_prob`, sparse layers) is the model's config.json; what is decided
+here is how training routes and balances: the load-balancing weight (None keeps config.json's
+`router_aux_loss_coef`), its scope, the router z-loss, the auxiliary-loss-free bias and the capacity. On a dense
+model the keys have no effect, and a file that sets one gets a note saying so.
+"""
+from __future__ import annotations
+
+import math
+
+from pretrain_cli.errors import Problems
+from pretrain_cli.run_config import MoeConfig
+
+KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
+        "capacity_factor")
+
+
+def resolve_moe(args, model_cfg, notes: list, problems: Problems) -> MoeConfig:
+    m = args.model
+    for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
+        val = getattr(m, key)
+        if val is not None and (not math.isfinite(val) or val < 0):
+            problems.add(f"{key}: must be a finite number >= 0, got {val}")
+    if 0 < m.capacity_factor < 1:
+        notes.append(f"capacity_factor: {m.capacity_factor} < 1 drops tokens even under perfect balance")
+    set_here = [k for k in KEYS if k in args.explicit]
+    if set_here and model_cfg is not None and not model_cfg.sparse_layers:
+        notes.append(f"{', '.join(set_here)}: the model ({model_cfg.model_type}) has no experts; no effect")
+    return MoeConfig(aux_loss_coef=m.router_aux_loss_coef, aux_loss_scope=m.moe_aux_loss_scope,
+                     z_loss_coef=m.router_z_loss_coef, bias_update_rate=m.moe_router_bias_update_rate,
+                     capacity_factor=m.capacity_factor)

@@ -1,0 +1,91 @@
+"""Qwen3-MoE and Qwen2-MoE through `train`: the loss falls, each log records the router losses and the experts'
+load, the output loads in transformers with our eval loss, and `continue_training` from a directory transformers
+saved starts at transformers' own loss (its load-balancing term included) on the first batch."""
+import json
+
+import numpy as np
+import pytest
+
+from e2e_helpers import train_losses, write_config
+from pretrain_cli.cli import main as cli_main
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model", ["micro-qwen3-moe", "micro-qwen2-moe"])
+def test_micro_moe_trains_logs_expert_load_and_loads_in_transformers(corpus, tmp_path, model, capsys):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pretrain_cli.data.indexed import open_token_file
+
+    cfg = write_config(tmp_path, corpus, model_name_or_path=model, max_steps=16, logging_steps=4, save_steps=16,
+                       learning_rate=0.01, router_z_loss_coef=0.001, report_to=["tensorboard"])
+    assert cli_main(["train", cfg]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "global_step: 16" in x)
+    assert "aux_loss: " in line and "moe_max_expert_share: " in line and "z_loss: " in line
+    out = tmp_path / "out"
+    losses = train_losses(out)
+    assert losses[-1] < losses[0] - 0.5, losses
+    train = [r for r in _records(out) if r["kind"] == "train"]
+    for r in train:  # 8 experts, top-2: perfect balance is 1/8 of a layer's assignments, collapse is 1/2 or more
+        assert 1.0 <= r["aux_loss"] < 4.0 and len(r["moe_expert_share_per_layer"]) == 2, r
+        assert 1 / 8 <= r["moe_max_expert_share"] < 0.5 and r["moe_dropped_share"] == 0 and r["z_loss"] > 0
+    # the per-layer load reaches the trackers as one series per layer
+    from tracker_readers import tensorboard
+
+    tags = tensorboard(out / "runs")[0]
+    assert {"train/moe_expert_share_per_layer/0", "train/moe_expert_share_per_layer/1", "train/aux_loss"} <= set(tags)
+    # the exported directory is transformers' per-expert layout: transformers' loss equals ours (eval: no aux term)
+    assert cli_main(["eval", "--config", cfg, "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert type(hf).__name__ == {"micro-qwen3-moe": "Qwen3MoeForCausalLM", "micro-qwen2-moe": "Qwen2MoeForCausalLM"}[model]
+    assert ours["split"] == "valid" and np.isfinite(ours["loss"])
+    tokens = open_token_file(str(corpus / "data" / "docs"))
+    flat = np.asarray(tokens.tokens(0, 4 * 32 + 1), dtype=np.int64)
+    windows = np.stack([flat[k * 32:k * 32 + 33] for k in range(4)])
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.evaluation import loss_sum
+
+    mine, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)
+    total, count, _ = loss_sum(mine, [{"input_ids": windows[:, :-1], "labels": windows[:, 1:]}])
+    with torch.no_grad():
+        logits = hf(torch.from_numpy(windows[:, :-1])).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(windows[:, 1:]).reshape(-1))
+    assert total / count == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_continue_training_from_a_transformers_saved_qwen3_moe_starts_at_its_loss(corpus, tmp_path):
+    import torch
+    import transformers
+
+    from pretrain_cli.data import build_datasets
+    from pretrain_cli.data.loader import micro_batch
+
+    torch.manual_seed(0)
+    conf = transformers.Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+                                       num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                                       max_position_embeddings=64, router_aux_loss_coef=0.01, bos_token_id=1,
+                                       eos_token_id=2)
+    hf = transformers.AutoModelForCausalLM.from_config(conf).float()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("gate.weight"):
+                p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(str(tmp_path / "hf"), safe_serialization=True)
+    cfg = write_config(tmp_path, corpus, model_name_or_path=str(tmp_path / "hf"), continue_training=True,
+                       max_steps=1, warmup_steps=0)
+    assert cli_main(["train", cfg]) == 0
+    first = train_losses(tmp_path / "out")[0]
+    data = build_datasets(str(corpus / "data"), "90,5,5", 32, 7, need=("train",))
+    batch = micro_batch(data.train, 0, 4)
+    with torch.no_grad():
+        out = hf.eval()(input_ids=torch.from_numpy(batch["input_ids"]), output_router_logits=True)
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 512), torch.from_numpy(batch["labels"]).reshape(-1))
+    assert first == pytest.approx(float(ce + 0.01 * out.aux_loss), abs=1e-5)
