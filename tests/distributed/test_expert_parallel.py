@@ -11,7 +11,9 @@ import pytest
 from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, launch_joined, read_checkpoint,
                             read_weights, single, write_config)
 
-MOE = {"model_name_or_path": "micro-qwen3-moe", "save_steps": 5}
+# HF's load-balancing loss is computed per micro-batch (a product of two means over its tokens), so two ranks of 4
+# sequences do not add up to one of 8 with it on, with or without expert parallelism: compared without it
+MOE = {"model_name_or_path": "micro-qwen3-moe", "save_steps": 5, "router_aux_loss_coef": 0}
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,13 @@ def test_ep2_matches_one_process(moe_ref, ep2):
     (r, rout), (e, eout) = moe_ref, ep2
     assert "ep 2" in e.log(0)
     assert_close_losses(e.losses(0), r.losses(0), range(1, STEPS + 1))
-    # each rank wrote its own experts: the checkpoint and the final weights hold every expert, equal to one process's
+    # each rank wrote its own experts: the checkpoint and the final (HF per-expert) export hold every expert, equal
+    # to one process's; after 10 AdamW steps the summation order's noise in gradients near 0 (rare tokens' embedding
+    # rows) reaches 1.6e-5, hence the final weights' looser bound
     assert_close_tensors(read_checkpoint(eout / "checkpoint-5"), read_checkpoint(rout / "checkpoint-5"))
-    assert_close_tensors(read_weights(eout), read_weights(rout))
+    final = read_weights(eout)
+    assert any(".mlp.experts.7." in n for n in final) and any(".mlp.experts.0." in n for n in final)
+    assert_close_tensors(final, read_weights(rout), tol=1e-4)
 
 
 def test_ep2_checkpoint_resumes_on_one_process(corpus, tmp_path, moe_ref, ep2):

@@ -27,7 +27,9 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                      (tp > 1 or pp > 1 or cp > 1, "with tensor, pipeline or context parallelism is not supported "
                       "yet; set tensor_parallel_degree, pipeline_parallel_degree and context_parallel_degree to 1"),
                      (stage > 0, "with sharding is not supported yet (experts are already split over the ep ranks; "
-                      "the rest is data-parallel): set sharding to ''")):
+                      "the rest is data-parallel): set sharding to ''"),
+                     (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
+                      f"the batch a capacity is counted over): set capacity_factor to 0")):
         if bad:
             problems.add(f"expert_parallel_degree: {ep} {why}")
             return 1
