@@ -185,6 +185,32 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: 
 
 
 @dataclass(frozen=True)
+class EngineTraits:
+    """What a layout's engine does that the rules outside `distributed/` read: they ask these, never the engine's
+    name (`ENGINE_TRAITS`, one row per `engine_for` name)."""
+
+    whole_gradients: bool = True  # whole parameters and gradients on every rank, Paddle's optimizer over them
+    dp_buffers: bool = False  # paddle.DataParallel's fused all-reduce buffers: one more gradient-sized copy
+    placed_pieces: bool = False  # parameters or optimizer state are placed pieces / freed stages: a rollback rebuilds
+    distributed_tensors: bool = False  # semi-auto DistTensors: weights read as blocks, ZeRO-3 gathers, CPU logits
+    eager: str = ""  # why the forward stays eager (to_static off), or "" when it can be captured
+
+
+ENGINE_TRAITS = {
+    "single": EngineTraits(),
+    "data_parallel": EngineTraits(dp_buffers=True),
+    "fleet_zero1": EngineTraits(whole_gradients=False),
+    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True),
+    "pipeline": EngineTraits(whole_gradients=False, placed_pieces=True,
+                             eager="pipeline parallelism (fleet runs each stage's layers eagerly)"),
+    "tensor_parallel": EngineTraits(whole_gradients=False, placed_pieces=True,
+                                    eager="tensor parallelism on fleet's groups (its collectives are eager autograd "
+                                          "functions)"),
+    "context_parallel": EngineTraits(dp_buffers=True),  # (with sharding: stage1, fleet's ZeRO-1: no buffers)
+}
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and this process's rank: world = pp × dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md
     facts: degrees). Which coordinate a rank has on each axis (its stage, data rank, tp rank) and which ranks
@@ -229,6 +255,11 @@ class ParallelConfig:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
         return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree,
                           self.sequence_parallel)
+
+    @property
+    def traits(self) -> EngineTraits:
+        """What the engine does, for the rules outside `distributed/` (which never compare engine names)."""
+        return ENGINE_TRAITS[self.engine]
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]

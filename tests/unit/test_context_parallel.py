@@ -87,9 +87,10 @@ def _resolve(world, **keys):
     return resolve_run(*[tok for k, v in keys.items() for tok in (f"--{k}", str(v))], world=world)
 
 
-def test_context_parallelism_resolves_with_tensor_parallelism_as_layout_steps():
+def test_context_parallelism_resolves_with_tensor_and_pipeline_parallelism_as_layout_steps():
     """cp x tp runs: the layout steps tp -> cp on fleet's groups (engine "tensor_parallel"), the embedding and
-    LM head whole on every tp rank (the steps' Megatron split), with or without sequence parallelism."""
+    LM head whole on every tp rank (the steps' Megatron split), with or without sequence parallelism; cp x pp:
+    cp -> pp on the pipeline's engine."""
     from pretrain_cli.distributed.steps import describe
 
     for sp in (False, True):
@@ -98,6 +99,8 @@ def test_context_parallelism_resolves_with_tensor_parallelism_as_layout_steps():
         assert (p.cp_degree, p.tp_degree, p.dp_degree, p.engine, p.vocab_parallel) == (2, 2, 1, "tensor_parallel",
                                                                                         False)
         assert describe(p).startswith("tp -> cp")
+    p = _resolve(4, context_parallel_degree=2, pipeline_parallel_degree=2, max_seq_length=128).parallel
+    assert (p.cp_degree, p.pp_degree, p.engine) == (2, 2, "pipeline") and describe(p) == "cp -> recompute -> pp"
 
 
 def test_context_parallel_degree_resolves_with_data_parallelism_and_zero1():
@@ -109,7 +112,7 @@ def test_context_parallel_degree_resolves_with_data_parallelism_and_zero1():
 
 
 @pytest.mark.parametrize("keys,message", [
-    (dict(context_parallel_degree=2, pipeline_parallel_degree=2), "with pipeline_parallel_degree 2 is not supported"),
+    (dict(context_parallel_degree=2, tensor_parallel_degree=2, sharding="stage3"), "with ZeRO-2/3 is not supported"),
     (dict(context_parallel_degree=2, sharding="stage2"), "with ZeRO-2/3 is not supported"),
     (dict(context_parallel_degree=3), "does not divide the world size 4"),
     (dict(context_parallel_degree=4, max_seq_length=100), "divisible by 2 x 4"),

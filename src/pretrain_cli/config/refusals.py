@@ -48,11 +48,6 @@ REFUSED = (
                       f"semi-auto engine, whose distributed tensors the ring attention's autograd function cannot "
                       f"take: it sends dense blocks over the cp group); use sharding: stage1 (the optimizer state "
                       f"split over cp x sharding ranks) or ''"),
-    Refusal("cp with pp", lambda d: d.cp > 1 and d.pp > 1,
-            lambda d: f"context_parallel_degree: {d.cp} with pipeline_parallel_degree {d.pp} is not supported yet "
-                      f"(fleet's pipeline schedule feeds whole sequences to its stages; the cut of each micro-batch "
-                      f"into cp chunks and the cp group's loss inside the stages are not written); set "
-                      f"pipeline_parallel_degree to 1 or context_parallel_degree to 1"),
     Refusal("sp with ZeRO-2/3", lambda d: d.sp and d.stage in (2, 3),
             lambda d: f"sequence_parallel: not supported with sharding: stage{d.stage} (the semi-auto engine runs "
                       f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "

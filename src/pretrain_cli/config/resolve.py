@@ -206,7 +206,7 @@ def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel
     tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
     t = args.training
     fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
-             and parallel.engine in ("single", "data_parallel", "context_parallel") and not parallel.sharding_stage)
+             and parallel.traits.whole_gradients and not parallel.sharding_stage)
     return "fused" if fused else "paddle"
 
 
@@ -293,7 +293,7 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
     return SpikeGuardConfig(t.spike_policy, t.spike_loss_factor, t.spike_grad_norm_factor, t.spike_warmup_steps,
                             t.spike_window, t.spike_rollback_steps,
                             rollback_rebuilds=t.spike_policy == "rollback"
-                            and parallel.engine in ("semi_auto", "pipeline", "tensor_parallel"))  # placed pieces / freed stages
+                            and parallel.traits.placed_pieces)  # placed pieces / freed stages
 
 
 def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
@@ -347,11 +347,9 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
             notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
                          "it keeps the logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
-    if kernels.to_static and parallel.engine in ("pipeline", "tensor_parallel"):
+    if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)
-        what = "pipeline parallelism (fleet runs each stage's layers eagerly)" if parallel.engine == "pipeline" else \
-            "sequence parallelism (its collectives are eager autograd functions)"
-        notes.append(f"to_static: not with {what}; ignored")
+        notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps

@@ -41,17 +41,19 @@ from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 _RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once per process (`new_group` order)
 
 
-def cp_group(parallel, gloo: bool = True):
+def cp_group(parallel, backend=None):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
-    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `gloo`: the CPU
-    exchange (`distributed.ring`). Made once per process: the kernels (built again for a rollback) and the
-    strategy share it."""
+    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `backend`: the
+    run's collectives (`distributed.collectives`; default gloo's, whose exchange is `distributed.ring`'s per-edge
+    groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
+    from pretrain_cli.distributed.collectives import for_device
     from pretrain_cli.distributed.ring import ring_groups
     from pretrain_cli.distributed.topology import Topology
 
-    key = (parallel, gloo)
+    backend = backend or for_device("cpu")
+    key = (parallel, backend)
     if key not in _RINGS:
-        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, gloo)[2]
+        _RINGS[key] = ring_groups([list(r) for r in Topology.of(parallel).groups("cp")], parallel.rank, backend)[2]
     return _RINGS[key]
 
 
@@ -248,15 +250,13 @@ def context_kernels(kernels, parallel, backend):
     from pretrain_cli.distributed.topology import Topology
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
-    causal, document = context_attention(cp_group(parallel, backend.ring_edges), cp, cp_rank, kernels.attention_block)
+    causal, document = context_attention(cp_group(parallel, backend), cp, cp_rank, kernels.attention_block)
     name = f"context({kernels.attention_block_name} blocks)"
     return replace(kernels, attention=causal, attention_document=document, attention_name=name,
                    attention_document_name=name, rope_span=cp)
 
 
 def _context_model(model, side):
-    import paddle
-    import paddle.distributed as dist
     import paddle.nn as nn
 
     class ContextModel(nn.Layer):
@@ -266,23 +266,12 @@ def _context_model(model, side):
         def __init__(self):
             super().__init__()
             self.model = model
-            self._positions: dict = {}
 
         def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
-            bsz, length = input_ids.shape
             if position_ids is None:
-                key = (bsz, length)
-                if key not in self._positions:
-                    pos = local_positions(length * side.cp, side.cp, side.cp_rank)  # [length]
-                    self._positions[key] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
-                position_ids = self._positions[key]
+                position_ids = side.positions(*input_ids.shape)
             out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
-            if labels is None:
-                return out
-            total, count = out
-            count = count.detach().clone()
-            dist.all_reduce(count, group=side.group)
-            return total * side.cp, count
+            return out if labels is None else side.whole_sequence(*out)
 
     return ContextModel()
 
@@ -297,14 +286,34 @@ class ContextSide:
         from pretrain_cli.distributed.topology import Topology
 
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
-        self.group = cp_group(parallel, backend.ring_edges).group
+        self.group = cp_group(parallel, backend).group
         zero = (f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
                 if parallel.sharding_stage == 1 and parallel.tp_degree == 1 and parallel.pp_degree == 1 else "")
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
                      f"ring attention){zero}")
 
+        self._positions: dict = {}
+
     def wrap(self, model):
         return _context_model(model, self)
+
+    def positions(self, bsz: int, length: int):
+        """int64 `[bsz, length]`: the global positions of this rank's tokens (a batch without `position_ids`)."""
+        import paddle
+
+        if (bsz, length) not in self._positions:
+            pos = local_positions(length * self.cp, self.cp, self.cp_rank)  # [length]
+            self._positions[(bsz, length)] = paddle.to_tensor(np.tile(pos, (bsz, 1)))  # [bsz, length] int64
+        return self._positions[(bsz, length)]
+
+    def whole_sequence(self, total, count):
+        """(this rank's loss sum × C, the cp group's token count): their ratio averaged over the cp ranks (as
+        gradients are) is the whole sequence's mean loss."""
+        import paddle.distributed as dist
+
+        count = count.detach().clone()
+        dist.all_reduce(count, group=self.group)
+        return total * self.cp, count
 
     def shard(self, tensor):
         return shard_sequence(tensor, self.cp, self.cp_rank)

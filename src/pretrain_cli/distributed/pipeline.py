@@ -37,8 +37,8 @@ class Pipelined:
     """fleet's `PipelineParallel` as the trainer's model: parameters, train/eval, and `model(ids, labels=...)`
     for evaluation (a forward-only pass of the pipeline; returns the global sums like a plain model)."""
 
-    def __init__(self, engine, loss):
-        self.engine, self.loss = engine, loss
+    def __init__(self, engine, loss, sequence=None):
+        self.engine, self.loss, self.sequence = engine, loss, sequence  # sequence: context.ContextSide or None
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -52,7 +52,7 @@ class Pipelined:
         # fleet's interleaved schedule needs a micro-batch per stage: the batch, then copies whose labels are all
         # ignored (their loss sums are 0); fleet divides the sum by the micro-batch count, multiplied back below
         k = pp.num_stages if getattr(pp, "num_model_chunks", 1) > 1 else 1
-        batch, target = inputs_of(ids, extra), labels
+        batch, target = inputs_of(ids, extra, self.sequence), labels
         if k > 1:
             repeat = lambda t: paddle.concat([t] * k, axis=0)  # noqa: E731  [k * rows, seq_len]
             batch = tuple(map(repeat, batch)) if isinstance(batch, tuple) else repeat(batch)
@@ -66,12 +66,18 @@ class Pipelined:
             pp.accumulate_steps, pp.micro_batch_size = saved
             self.loss.sum_mode = False
         count = (labels != IGNORE_INDEX).astype("float32").sum()
+        if self.sequence is not None:  # the loss summed x C (`StageLoss`); the cp group's count
+            _, count = self.sequence.whole_sequence(total, count)
         return paddle.reshape(total, []), count
 
 
-def inputs_of(ids, extra: dict):
+def inputs_of(ids, extra: dict, sequence=None):
+    """The first stage's input: the ids, then the document fields in the order `Block` passes them to the layer;
+    under context parallelism (`sequence`) always with the tokens' global `position_ids`."""
     from pretrain_cli.data.loader import DOCUMENT_FIELDS
 
+    if sequence is not None and "position_ids" not in extra:
+        extra = dict(extra, position_ids=sequence.positions(*ids.shape))
     doc = [extra[k] for k in DOCUMENT_FIELDS if k in extra]
     return (ids, *doc) if doc else ids
 
@@ -95,7 +101,7 @@ class Pipeline(Hybrid):
         engine = fleet.distributed_model(model)
         if self.parallel.virtual_pp_degree > 1:
             engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
-        return Pipelined(engine, self.loss), self.shard(model, optimizer)
+        return Pipelined(engine, self.loss, self.sequence), self.shard(model, optimizer)
 
     def forward_backward(self, model, batches: list, amp, forward_loss=None):
         """The step's micro-batches through fleet's 1F1B schedule (the stages compute the loss: `forward_loss` is
@@ -104,9 +110,14 @@ class Pipeline(Hybrid):
 
         from pretrain_cli.data.loader import DOCUMENT_FIELDS
 
-        column = lambda key: [paddle.to_tensor(b[key]) for b in batches]  # noqa: E731  int64 [micro, seq_len] each
-        fields = [k for k in DOCUMENT_FIELDS if k in batches[0]]  # the order `Block` passes them to the layer
-        first = tuple([column("input_ids")] + [column(k) for k in fields]) if fields else column("input_ids")
+        # int64 [micro, seq_len] each (context parallelism: this rank's [micro, seq_len / cp] chunks)
+        column = lambda key: [self.shard_batch(paddle.to_tensor(b[key])) for b in batches]  # noqa: E731
+        fields = [k for k in DOCUMENT_FIELDS if k in batches[0]]
+        columns = {k: column(k) for k in ["input_ids", *fields]}
+        firsts = [inputs_of(ids, {k: columns[k][i] for k in fields}, self.sequence)
+                  for i, ids in enumerate(columns["input_ids"])]  # per micro-batch: ids (+ its fields)
+        # fleet's micro-batching: one list per input, each of the micro-batches
+        first = tuple(list(f) for f in zip(*firsts)) if isinstance(firsts[0], tuple) else firsts
         labels = column("labels")
         with amp.autocast():
             loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)

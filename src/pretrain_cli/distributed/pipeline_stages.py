@@ -25,6 +25,7 @@ class Embed(nn.Layer):
     def forward(self, inputs):
         return embed(self.embed_tokens, inputs)
 
+
 class TiedWeight(nn.Layer):
     """The embedding's weight as fleet's shared layer: first stage (lookup) and last (head)."""
 
@@ -32,6 +33,7 @@ class TiedWeight(nn.Layer):
         super().__init__()
         self.weight = embed_tokens.weight
         self._embedding = [embed_tokens]  # not a sublayer: the weight above is its only parameter
+
 
 class Block(nn.Layer):
     """One decoder layer; RoPE tables from the model's own rotary embedding."""
@@ -43,10 +45,12 @@ class Block(nn.Layer):
 
     def forward(self, inputs):
         x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
-        cos, sin = self._rotary[0](x.shape[1] * self.parts)  # the whole sequence's positions
+        span = x.shape[1] * self.parts * (self.rope_span if doc else 1)  # the whole sequence's positions
+        cos, sin = self._rotary[0](span)
         if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
             return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
         return self.layer(x, cos, sin)
+
 
 class Final(nn.Layer):
     """The final norm: the hidden states the loss reads (document fields end here)."""
@@ -57,6 +61,7 @@ class Final(nn.Layer):
 
     def forward(self, inputs):
         return self.norm(inputs[0] if isinstance(inputs, tuple) else inputs)
+
 
 class Head(nn.Layer):
     """An untied LM head's weight on the last stage (the fused head + loss reads it in the loss)."""
@@ -85,23 +90,27 @@ def _tied_head(shared, h):
 
 class StageLoss:
     """The last stage's loss: the model's own head + loss on the final hidden states. `sum_mode` (evaluation)
-    returns the sum of token losses instead of their mean."""
+    returns the sum of token losses instead of their mean. Under context parallelism (`sequence`, the strategy's
+    `context.ContextSide`) the sum is scaled by C and divided by the cp group's count, as `ContextModel` does."""
 
     __name__ = "StageLoss"
 
-    def __init__(self, lm):
-        self.lm, self.sum_mode = lm, False
+    def __init__(self, lm, sequence=None):
+        self.lm, self.sequence, self.sum_mode = lm, sequence, False
 
     def __call__(self, h, labels):
         from pretrain_cli.ops.loss import mean_loss
 
         total, count = self.lm.loss_sum(h, labels)
+        if self.sequence is not None:
+            total, count = self.sequence.whole_sequence(total, count)
         return total if self.sum_mode else mean_loss(total, count)
 
 
-def build_pipeline_layer(lm, parallel: ParallelConfig, backend):
+def build_pipeline_layer(lm, parallel: ParallelConfig, backend, sequence=None):
     """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied); `backend`:
-    the run's collectives (`distributed.collectives`: on gloo the stage-pair groups, each with its own store)."""
+    the run's collectives (`distributed.collectives`: on gloo the stage-pair groups, each with its own store);
+    `sequence`: context parallelism's batch side (the loss over the cp group)."""
     from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
 
@@ -119,7 +128,7 @@ def build_pipeline_layer(lm, parallel: ParallelConfig, backend):
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     if vpp > 1:  # fleet splits equal chunks itself (a list is read as P parts): config checks layers % (P x V) == 0
         seg = "layer:^Block$"
-    loss = StageLoss(lm)
+    loss = StageLoss(lm, sequence)
     hcg = fleet.get_hybrid_communicate_group()
     with backend.stores():  # the tied embedding's first-last stage group; on gloo the stage-pair groups
         layer = PipelineLayer(layers=items, num_stages=pp, loss_fn=loss, seg_method=seg, topology=hcg.topology(),

@@ -8,8 +8,8 @@ On CPU (gloo) that does not work, for two reasons of Paddle 3.3.1
 (docs/DISTRIBUTED.md, "Context parallelism (long sequences)"): gloo's `send` returns only once the peer has
 posted the matching `recv` (every rank sending first waits until "TIMEOUT … unbound_buffer.cc", measured), and a
 gloo group numbers its operations (`next_tag`), so a send matches only the receive with the same number; with an
-odd number of ranks in a ring, the ranks' counts over one group disagree. The CPU workaround (the one switch:
-`gloo=True`): each directed edge r → r+1 of the ring gets a two-rank group of its own (every operation on it is
+odd number of ranks in a ring, the ranks' counts over one group disagree. The CPU workaround (the collectives
+backend's `ring_edges`): each directed edge r → r+1 of the ring gets a two-rank group of its own (every operation on it is
 that edge's one send and one receive, so the counts agree, as `gloo.neighbour_sends` does for pipeline stages),
 and even cp ranks send before they receive while odd ones receive first, so no cycle of senders waits. The
 exchange is then blocking: `start` does it, `wait` returns the received tensor, and no compute overlaps it on CPU.
@@ -58,23 +58,23 @@ class RingExchange:
         return _Pending(buffer, [])
 
 
-def ring_groups(rings: list, me: int, gloo: bool) -> tuple:
+def ring_groups(rings: list, me: int, backend) -> tuple:
     """(cp group, its ranks, `RingExchange`) of this rank, `rings` being every cp group's ranks in the same order
     on every rank. Every rank creates every group (and, on gloo, every ring's edge groups), in the same order, as
     `new_group` requires, each followed by a barrier (with gloo, groups created at once fail to connect:
-    `topology.groups_one_at_a_time`) and, on gloo, with a TCP store of its own (`gloo.separate_stores`: else a rank
-    may read a stale address of an earlier group and fail with "Connection refused", measured with 3 ranks)."""
+    `topology.groups_one_at_a_time`) and, on gloo, with a TCP store of its own (`backend.stores()`, the run's
+    `collectives.Collectives`: else a rank may read a stale address of an earlier group and fail with "Connection
+    refused", measured with 3 ranks)."""
     import paddle.distributed as dist
-
-    from pretrain_cli.distributed.gloo import separate_stores
 
     def made(ranks):
         group = dist.new_group(list(ranks))
         dist.barrier()
         return group
 
+    gloo = backend.ring_edges
     mine, edges = None, ({} if gloo else None)
-    with separate_stores(gloo):
+    with backend.stores():
         for ranks in rings:
             group = made(ranks)
             if me in ranks:

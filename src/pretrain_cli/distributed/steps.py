@@ -54,6 +54,7 @@ class Placement:
     seq_params: list = field(default_factory=list)  # SP: parameters whose gradients cover this rank's positions
     pipeline: tuple | None = None  # (PipelineLayer, StageLoss, bounds) after the `pp` step
     experts: object = None  # the `ep` step's groups and held experts (`expert_parallel.ExpertSide`)
+    sequence: object = None  # context parallelism's batch side (`context.ContextSide`): the pipeline's loss reads it
 
     def group(self, axis: str):
         """The process group of this rank along `axis` (fleet's hybrid groups are the topology's)."""
@@ -110,7 +111,7 @@ def _cut_pipeline(model, placement: Placement):
     """`pp`: fleet's PipelineLayer over the model's sublayers; the strategy frees what this stage does not hold."""
     from pretrain_cli.distributed.pipeline_stages import build_pipeline_layer
 
-    placement.pipeline = build_pipeline_layer(model, placement.parallel, placement.backend)
+    placement.pipeline = build_pipeline_layer(model, placement.parallel, placement.backend, placement.sequence)
     return placement.pipeline[0]
 
 

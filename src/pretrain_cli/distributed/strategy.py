@@ -73,7 +73,8 @@ class Strategy:
         """The model through the layout's steps (`distributed.steps.ORDER`); what they leave is `self.placement`."""
         from pretrain_cli.distributed.steps import Placement, apply_steps
 
-        self.placement = Placement(self.parallel, self.topology, self.backend, source, self.recompute)
+        self.placement = Placement(self.parallel, self.topology, self.backend, source, self.recompute,
+                                   sequence=self.sequence)
         return apply_steps(model, self.placement)
 
     def model_inputs(self, model):

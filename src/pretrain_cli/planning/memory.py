@@ -45,7 +45,8 @@ class Setup:
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
-    engine: str = "single"  # run_config.ParallelConfig.engine: single | data_parallel | fleet_zero1 | semi_auto
+    dp_buffers: bool = False  # run_config.EngineTraits: paddle.DataParallel's fused all-reduce buffers
+    distributed_tensors: bool = False  # run_config.EngineTraits: the semi-auto engine's DistTensors
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
@@ -325,14 +326,14 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         "activations": activations,
         "logits_loss": logits,
     }
-    if s.engine == "data_parallel" or (s.engine == "context_parallel" and not s.sharding_stage):
-        # the experts of expert parallelism are reduced outside DataParallel's buffers (their own replicas)
+    if s.dp_buffers and not s.sharding_stage:
+        # the experts of expert parallelism are reduced outside DataParallel's buffers (over their own holders)
         out["gradient_buffers"] = (n - (expert_params(s) if s.ep > 1 else 0)) * grad_b
     if s.cp > 1:
         out["context_attention"] = context_working_bytes(s)
-    if s.engine == "semi_auto" and s.sharding_stage == 3 and deg > 1:
+    if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:
         out["gathered_weights"] = _largest_weight(s) * weight_b
-    if s.engine == "semi_auto" and s.vocab_parallel and s.device == "cpu":
+    if s.distributed_tensors and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
         out["document_mask"] = document

@@ -76,7 +76,8 @@ def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float =
         sharding_degree=p.sharding_degree * (p.cp_degree if p.sharding_stage else 1),  # ZeRO-1 under CP: cp x sharding
         tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity, attention=k.attention,
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
-        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, engine=p.engine,
+        device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, dp_buffers=p.traits.dp_buffers,
+        distributed_tensors=p.traits.distributed_tensors,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
         fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
         sp=p.sequence_parallel, ep=p.ep_degree)

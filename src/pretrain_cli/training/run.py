@@ -158,7 +158,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
             if lazy:  # each rank read only the blocks it holds
                 read = source.bytes_read
-            elif run.parallel.engine == "semi_auto":  # an eager model: its blocks read into the layout
+            elif run.parallel.traits.distributed_tensors:  # an eager model: its blocks read into the layout
                 read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
             else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
                 read = checkpoint.weight_bytes(resume)
@@ -203,7 +203,7 @@ def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)
     state = checkpoint.read_state(resume)
     eager = not any(pending(p) for p in model.parameters())
-    if eager and run.parallel.engine != "semi_auto":  # (semi-auto: read as blocks once laid out)
+    if eager and not run.parallel.traits.distributed_tensors:  # (semi-auto: read as blocks once laid out)
         load_weights(model, str(resume))
     return state
 

@@ -1,0 +1,130 @@
+"""The layout matrix: every product of parallel degrees within 8 processes, each a few steps of micro-qwen2 against
+one process; one row per layout: ran (max |Δloss| and max |Δweight| against one process) or refused (the line of
+`config.refusals`' table, or of the degree arithmetic, that `pretrain-cli check` prints). No row may end any
+other way: a failed launch is printed as FAILED with the tail of rank 0's log, and the script exits 1.
+
+Axes: tp, pp, cp and the data ranks d (dp, or the ZeRO ranks) each in {1, 2}; ZeRO off, stage1, stage2, stage3
+where something can be sharded (d = 2, or cp = 2 for stage1); sequence parallelism off/on with tp = 2. The
+global batch is 8 sequences of 32 tokens in every layout (per-device batch 8 / (d x micro-batches); a pipeline
+runs 2 micro-batches). A data-parallel rank logs its own samples' loss, so the weights are the comparison that
+holds for every layout; the loss is compared where rank 0 logs the global one (d = 1).
+
+    python benchmarks/layout_matrix.py [--steps 3] [--max_procs 8] [--only tp2,cp2] [--check_only] [--json]
+
+`--only` keeps the layouts whose name contains every listed part; `--check_only` classifies every row with
+`pretrain-cli check --world_size N` (ran/refused by the rules) without launching. Not a test: a full run is ~80
+launches (about an hour on 2 busy CPU cores).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests" / "distributed"))  # the launcher helpers the multi-process tests use
+
+from launch_helpers import child_env, launch_joined, read_weights, single, write_config, write_corpus  # noqa: E402
+
+ZERO = {0: "", 1: "stage1", 2: "stage2", 3: "stage3"}
+
+
+def layouts(max_procs: int) -> list[tuple[str, dict, int]]:
+    """(name, config keys, processes) for every product within `max_procs` processes."""
+    out = []
+    for tp, pp, cp, d in itertools.product((1, 2), repeat=4):
+        world = tp * pp * cp * d
+        if world > max_procs or world == 1:
+            continue
+        stages = (0, 1, 2, 3) if d > 1 else ((0, 1, 2, 3) if cp > 1 else (0,))
+        for stage, sp in itertools.product(stages, (False, True) if tp > 1 else (False,)):
+            micro = 2 if pp > 1 else 1
+            keys = dict(tensor_parallel_degree=tp, pipeline_parallel_degree=pp, context_parallel_degree=cp,
+                        sharding=ZERO[stage], sequence_parallel=sp, gradient_accumulation_steps=micro,
+                        per_device_train_batch_size=8 // (d * micro))
+            name = "_".join(p for p in (f"tp{tp}" if tp > 1 else "", f"pp{pp}" if pp > 1 else "",
+                                        f"cp{cp}" if cp > 1 else "", f"d{d}" if d > 1 else "",
+                                        f"zero{stage}" if stage else "", "sp" if sp else "") if p)
+            out.append((name, keys, world))
+    return out
+
+
+def refusal(cfg: Path, world: int) -> str | None:
+    """The line `pretrain-cli check --world_size N` refuses the layout with, or None when it runs."""
+    p = subprocess.run([sys.executable, "-m", "pretrain_cli", "check", str(cfg), "--world_size", str(world)],
+                       capture_output=True, text=True, env=child_env(), cwd=str(cfg.parent))
+    if p.returncode == 0:
+        return None
+    lines = [line.strip() for line in p.stderr.splitlines() if line.strip()]
+    return " | ".join(lines[-3:]) if lines else f"exit {p.returncode}"
+
+
+def max_diff(got: dict, want: dict) -> float:
+    import numpy as np
+
+    return max(float(np.max(np.abs(np.asarray(got[k], np.float64) - np.asarray(want[k], np.float64)))) for k in want)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max_procs", type=int, default=8)
+    ap.add_argument("--only", default="", help="comma-separated parts every chosen layout's name contains")
+    ap.add_argument("--check_only", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="layout_matrix_"))
+    corpus = root / "data"
+    write_corpus(corpus / "walk")
+    common = dict(max_steps=args.steps, save_steps=1000, warmup_steps=1)
+    ref_out = root / "ref" / "out"
+    ref = None
+    if not args.check_only:
+        ref = single(write_config(root / "ref.json", corpus, ref_out, per_device_train_batch_size=8, **common),
+                     root / "ref" / "log", timeout=600)
+        if ref.returncode != 0:
+            print(ref.explain())
+            return 1
+    rows, failed = [], 0
+    wanted = [part for part in args.only.split(",") if part]
+    for name, keys, world in layouts(args.max_procs):
+        if not all(part in name for part in wanted):
+            continue
+        d = root / name
+        d.mkdir()
+        cfg = write_config(d / "c.json", corpus, d / "out", **common, **keys)
+        line = refusal(cfg, world)
+        row = {"layout": name, "processes": world}
+        if line is not None:
+            row.update(result="refused", line=line)
+        elif args.check_only:
+            row.update(result="runs")
+        else:
+            run = launch_joined(cfg, d / "log", world, timeout=900)
+            if run.returncode != 0:
+                failed += 1
+                row.update(result="FAILED", line=run.explain()[-1500:])
+            else:
+                want, got = ref.losses(0), run.losses(0)
+                dloss = max(abs(got[s] - want[s]) for s in want) if keys["per_device_train_batch_size"] * \
+                    keys["gradient_accumulation_steps"] == 8 else None
+                row.update(result="ran", max_dloss=dloss, max_dweight=max_diff(read_weights(d / "out"),
+                                                                             read_weights(ref_out)),
+                           seconds=round(run.seconds, 1))
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        else:
+            detail = (f"max |dloss| {row['max_dloss']:.2e}, " if row.get("max_dloss") is not None else "") + \
+                (f"max |dweight| {row['max_dweight']:.2e}" if "max_dweight" in row else row.get("line", ""))
+            print(f"| {name} | {world} | {row['result']} | {detail} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
