@@ -181,8 +181,8 @@ def format_report(r: Plan) -> str:
     lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
                  f"non-embedding{' (tied LM head counted once)' if r.tied else ''} [{p['total']:,}]")
     if p["experts"]:  # a Mixture-of-Experts model: what one token uses, and what expert parallelism divides
-        lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (router, shared expert, top-k routed "
-                     f"experts; FLOPs below count these); routed experts {_si(p['experts'])}"
+        lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (the top-k routed experts, the router "
+                     f"and any shared expert: what FLOPs count); routed experts {_si(p['experts'])}"
                      + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
     f = r.flops_per_token
     hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
