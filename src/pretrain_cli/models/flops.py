@@ -58,9 +58,16 @@ def experts(cfg: ModelConfig) -> Experts | None:
     (`ModelConfig.is_sparse_layer`: transformers' Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer)."""
     if not family(cfg.model_type).moe or cfg.num_experts <= 0:
         return None
-    sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
-    shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
-    return Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse)
+    key = (cfg.model_type, cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+           cfg.shared_expert_intermediate_size, cfg.decoder_sparse_step, tuple(cfg.mlp_only_layers))
+    if key not in _SHAPES:  # `plan --fit` asks this of one config tens of thousands of times
+        sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
+        shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
+        _SHAPES[key] = Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse)
+    return _SHAPES[key]
+
+
+_SHAPES: dict = {}  # `experts`' answers by the fields they read
 
 
 def _mlp_params(cfg: ModelConfig, e: Experts | None, active: bool) -> int:

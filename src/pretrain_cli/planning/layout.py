@@ -10,7 +10,7 @@ from pretrain_cli.planning.hardware import GPUS_PER_NODE
 from pretrain_cli.run_config import ParallelConfig
 
 AXES = ("tp", "pp", "cp", "data", "ep")  # what each group carries: TP all-reduces, pipeline p2p, CP K/V, data/ZeRO,
-# the experts' all-to-all (ep groups are drawn from the data ranks)
+# the experts' dispatch (ep groups are drawn from the data ranks)
 
 
 def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
@@ -38,7 +38,7 @@ def format_layout(lay: dict) -> list[str]:
             "pp": "pipeline groups (one activation per micro-batch between stages)",
             "cp": "context-parallel groups (K/V gathered every layer)",
             "data": "data/ZeRO groups (gradients, ZeRO shards)",
-            "ep": "expert groups (tokens to their experts and back, all-to-all every sparse layer)"}
+            "ep": "expert groups (tokens to their experts and back, every sparse layer)"}
     lines = [f"ranks on {lay['nodes']} node(s) of {lay['gpus_per_node']} (consecutive ranks share a node):"]
     for axis, a in lay["axes"].items():
         if a["degree"] == 1:

@@ -5,7 +5,7 @@ ZeRO-3, context-parallel and expert-parallel groups, each over the link its grou
 """
 from __future__ import annotations
 
-from pretrain_cli.planning.experts import all_to_all_bytes, expert_params
+from pretrain_cli.planning.experts import dispatch_bytes, expert_params
 from pretrain_cli.planning.memory import Setup, context_traffic_bytes
 from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_config import ParallelConfig
@@ -29,7 +29,7 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
             reduce-scattered, per micro-batch)
     cp    = acc × `memory.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
             recompute, and its dK/dV blocks)
-    ep    = acc × `experts.all_to_all_bytes` (each token's k routed copies to their experts' ranks and back)
+    ep    = acc × `experts.dispatch_bytes` (the expert group's tokens gathered, the experts' outputs reduce-scattered)
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
             holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
             all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`; under expert parallelism
@@ -51,7 +51,7 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
         out["cp"] = acc * context_traffic_bytes(setup.model, setup.micro_batch, setup.seq_len * par.cp_degree,
                                                 par.cp_degree, setup.compute_bytes, setup.recompute)
     if setup.ep > 1:
-        out["ep"] = acc * all_to_all_bytes(setup, setup.model.num_hidden_layers / pp)
+        out["ep"] = acc * dispatch_bytes(setup, setup.model.num_hidden_layers / pp)
     replicas = par.data_world_size * par.cp_degree
     if replicas > 1 and par.sharding_stage < 3:
         grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
