@@ -1,5 +1,5 @@
 """`plan` and `plan --fit` for Mixture-of-Experts models: total vs active parameters, FLOPs on the active ones,
-experts ÷ expert_parallel_degree in memory, the all-to-all on its link, and the EP layouts --fit tries; the
+experts ÷ expert_parallel_degree in memory, the dispatch on its link, and the EP layouts --fit tries; the
 `expert_parallel_degree` key's refusals and the ep groups of the Topology."""
 from pathlib import Path
 
@@ -50,10 +50,10 @@ def test_plan_prints_active_parameters_and_the_expert_layout(capsys):
     assert "active per token: 3.35B [3,353,032,704]" in out and "1/8 on each rank" in out
     assert "128 experts (8 per token)" in out and "6N_active" in out
     assert "ep 8: 2 expert groups" in out and "(0, 1, 2, 3, 4, 5, 6, 7): inside a node" in out
-    assert "expert all-to-all" in out and "(in-node 450 GB/s)" in out
+    assert "expert dispatch" in out and "(in-node 450 GB/s)" in out
 
 
-def test_experts_are_divided_by_ep_and_the_all_to_all_takes_its_link():
+def test_experts_are_divided_by_ep_and_the_dispatch_takes_its_link():
     r8 = plan(str(LLAMA), [*Q30, *DP, "--expert_parallel_degree", "8"], device="H100", gpus=16,
               suggest_changes=False)
     r16 = plan(str(LLAMA), [*Q30, *DP, "--expert_parallel_degree", "16"], device="H100", gpus=16,
@@ -64,10 +64,13 @@ def test_experts_are_divided_by_ep_and_the_all_to_all_takes_its_link():
     assert saved == pytest.approx(experts * 2 * (1 / 8 - 1 / 16))
     assert r8["parallel"]["ep"] == 8 and r16["parallel"]["ep"] == 16
     assert r8["layout"]["axes"]["ep"]["inside_node"] and not r16["layout"]["axes"]["ep"]["inside_node"]
-    # each token's 8 copies of [hidden] out and back, forward and backward, over 48 layers: (ep - 1)/ep of them leave
-    per_micro = 48 * 4 * 4096 * 8 * 2048 * 2
-    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 7 / 8)
-    assert r16["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 15 / 16)
+    # the dispatch train runs: per sparse layer (48) the group's tokens all-gathered and the outputs reduce-scattered,
+    # forward and backward, (ep - 1) x 4096 tokens x 2048 x 2 bytes each, 16 micro-batches a step
+    per_micro = 48 * 4 * 4096 * 2048 * 2
+    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 7)
+    assert r16["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 15)
+    # at ep = top_k (8) that is what an all-to-all of each token's 8 copies would send: (ep - 1)/ep x 8 of them
+    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 8 * 7 / 8)
 
 
 @pytest.mark.parametrize("model,gpus", [("Qwen/Qwen3-30B-A3B", 16), ("Qwen/Qwen3-235B-A22B", 64)])
