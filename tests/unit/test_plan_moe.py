@@ -113,3 +113,12 @@ def test_expert_groups_are_consecutive_data_ranks_and_replicas_hold_the_same_exp
     assert topo.expert_group() == (4, 5, 6, 7) and topo.expert_rank() == 1
     assert topo.expert_replicas() == (1, 5)
     assert sorted({topo.expert_group(r) for r in range(8)}) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_moe_with_the_tp_step_is_refused_and_tp_alone_is_not():
+    """The `tp` step splits a dense MLP's projections only: a MoE model with tp inside pipeline stages is refused
+    (config.refusals), tensor parallelism on its own (the semi-auto engine) resolves."""
+    base = [*Q30, "--sharding", "", "--tensor_parallel_degree", "2"]
+    with pytest.raises(UserError, match="with a Mixture-of-Experts model inside pipeline stages"):
+        plan(str(LLAMA), base + ["--pipeline_parallel_degree", "2"], device="H100", gpus=16, suggest_changes=False)
+    assert plan(str(LLAMA), base, device="H100", gpus=16, suggest_changes=False)["parallel"]["tp"] == 2
