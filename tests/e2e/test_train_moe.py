@@ -89,3 +89,28 @@ def test_continue_training_from_a_transformers_saved_qwen3_moe_starts_at_its_los
         out = hf.eval()(input_ids=torch.from_numpy(batch["input_ids"]), output_router_logits=True)
         ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 512), torch.from_numpy(batch["labels"]).reshape(-1))
     assert first == pytest.approx(float(ce + 0.01 * out.aux_loss), abs=1e-5)
+
+
+def test_loss_free_balancing_bias_is_checkpointed_resumed_and_left_out_of_the_export(corpus, tmp_path):
+    """moe_router_bias_update_rate: the bias moves every step, lives in the checkpoints (a resumed run continues
+    on the same curve) and is not in the HF export (transformers' Qwen3-MoE has no such tensor); capacity_factor
+    drops tokens and says how many."""
+    from safetensors.numpy import load_file
+
+    keys = dict(model_name_or_path="micro-qwen3-moe", lr_scheduler_type="constant", warmup_steps=0,
+                moe_router_bias_update_rate=0.01, capacity_factor=1.0, save_steps=3)
+    whole = write_config(tmp_path, corpus, max_steps=6, output_dir=str(tmp_path / "whole"), **keys)
+    assert cli_main(["train", whole]) == 0
+    halves = write_config(tmp_path, corpus, max_steps=3, output_dir=str(tmp_path / "halves"), **keys)
+    assert cli_main(["train", halves]) == 0
+    assert cli_main(["train", halves, "--max_steps", "6"]) == 0
+    assert train_losses(tmp_path / "halves")[-3:] == train_losses(tmp_path / "whole")[-3:]
+    name = "model.layers.1.mlp.gate.e_score_correction_bias"
+    biases = [load_file(str(tmp_path / d / "checkpoint-6" / "model.safetensors"))[name] for d in ("whole", "halves")]
+    np.testing.assert_array_equal(biases[0], biases[1])
+    # after 3 moves of ±0.01 (an odd number: never back at 0) the bias is in the checkpoint, in float32
+    moved = load_file(str(tmp_path / "whole" / "checkpoint-3" / "model.safetensors"))[name]
+    assert moved.dtype == np.float32 and np.abs(moved).min() > 0
+    assert name not in load_file(str(tmp_path / "whole" / "model.safetensors"))
+    train = [r for r in _records(tmp_path / "whole") if r["kind"] == "train"]
+    assert any(r["moe_dropped_share"] > 0 for r in train) and all(r["moe_dropped_share"] < 0.5 for r in train)

@@ -80,7 +80,9 @@ def test_hf_to_ours_logits_loss_aux_grads(case, tmp_path):
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
     ids = _ids()
     h_logits, h_loss, h_aux, h_params = _hf_forward_backward(hf, ids)
-    for head, request in HEADS.items():
+    # both fused head + loss paths on one case (the head is the dense families' and tested there), the CPU one else
+    heads = HEADS if case == "qwen2_moe-untied" else {"cpu": HEADS["cpu"]}
+    for head, request in heads.items():
         ours, cfg = load(tmp_path, kernels.select(request, "cpu"))
         assert cfg.model_type == case.split("-")[0] and cfg.num_experts == CASES[case][1]["num_experts"]
         with paddle.no_grad():

@@ -77,13 +77,18 @@ def test_seeded_sampling_is_reproducible():
     assert not np.array_equal(a, generate(model, ids, 10, seed=8, **kw))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "qwen2_moe"])
 def test_greedy_matches_hf_generate(model_type, tmp_path):
     import torch
     import transformers
     from pretrain_cli.models import convert
 
-    model, cfg = _model(model_type, rope_theta=5e4, **({"head_dim": 12} if model_type == "qwen3" else {}))
+    extra = {"qwen3": {"head_dim": 12},  # MoE: the routing and the shared expert see one new token per step
+             "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 24}}.get(model_type, {})
+    model, cfg = _model(model_type, rope_theta=5e4, **extra)
     convert.save_hf(model, cfg, str(tmp_path))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), torch_dtype=torch.float32).eval()
     ids = _prompt()

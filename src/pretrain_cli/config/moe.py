@@ -12,12 +12,27 @@ import math
 from pretrain_cli.errors import Problems
 from pretrain_cli.run_config import MoeConfig
 
+# the engines a MoE model runs under so far: whole experts on every rank (its expert weights are read directly
+# by the grouped kernel, which tensor parallelism's and the semi-auto engine's split layers would not see)
+ENGINES = ("single", "data_parallel", "fleet_zero1")
 KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
         "capacity_factor")
 
 
-def resolve_moe(args, model_cfg, notes: list, problems: Problems) -> MoeConfig:
+def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
+    moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
+    if moe_model and parallel is not None and parallel.engine not in ENGINES:
+        problems.add(f"{model_cfg.model_type}: a Mixture-of-Experts model trains with data parallelism and ZeRO-1 "
+                     f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
+                     f"pipeline, context parallelism and sharding stage2/3")
+    if moe_model and args.training.recompute and args.training.recompute_use_reentrant:
+        problems.add("recompute_use_reentrant: true loses the router losses' gradients of a Mixture-of-Experts model "
+                     "(the reentrant recompute runs the first forward without autograd); set it to false")
+    if m.moe_aux_loss_scope == "global" and parallel is not None and parallel.data_world_size != parallel.world_size:
+        problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
+                     "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
+                     "tensor, pipeline or context parallelism")
     for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor"):
         val = getattr(m, key)
         if val is not None and (not math.isfinite(val) or val < 0):

@@ -359,7 +359,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
     spike = _spike_guard(args, parallel, problems, notes)
-    moe = resolve_moe(args, model_cfg, notes, problems)
+    moe = resolve_moe(args, model_cfg, parallel, notes, problems)
     report_to = problems.run(trackers.choose, t.report_to, notes)  # installed-or-not: `prepare` (not `plan`)
     for key in args.explicit:  # accepted for compatibility but without effect here
         spec = KEYS[key]

@@ -156,3 +156,13 @@ def rank0_round(comm: NoComm):
         ok = True
     finally:
         comm.rank0_done(ok)
+
+
+def sum_over_ranks(tensor):
+    """A copy of `tensor` summed over every rank (no gradient): a MoE model's per-expert token counts for the
+    global-batch balance loss (`models.moe_loss`, `moe_aux_loss_scope: global`) when every rank is a data rank."""
+    import paddle.distributed as dist
+
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out

@@ -25,6 +25,9 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 PADDLENLP_PREFIXES = tuple(f.paddlenlp_prefix for f in FAMILIES.values() if f.paddlenlp_prefix)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old HF Llama checkpoints store this buffer
 _QKV_BIASES = tuple(f"self_attn.{p}_proj.bias" for p in "qkv")
+# a MoE router's auxiliary-loss-free balancing bias (fp32, `models.moe`): in our checkpoints always; in an HF
+# export only for families whose HF model has it (`Family.hf_router_bias`); a source without it starts it at 0
+ROUTER_BIAS = "mlp.gate.e_score_correction_bias"
 
 
 def linear_weight_names(model) -> set[str]:
@@ -49,8 +52,8 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None
     tied = model.lm_head is None
     tensors = {k: v for k, v in tensors.items()
                if not k.endswith(_IGNORED_SUFFIXES) and not (tied and k == "lm_head.weight")}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    missing = sorted(n for n in set(expected) - set(tensors) if not n.endswith(ROUTER_BIAS))  # absent: stays 0
+    unexpected = sorted(n for n in set(tensors) - set(expected) if not n.endswith(ROUTER_BIAS))  # balancing off
     if missing:
         raise UserError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); "
                         f"the checkpoint does not match config.json")
@@ -58,6 +61,8 @@ def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None
         raise UserError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
                         f"total); the checkpoint does not match config.json")
     for hf_name, (p, transpose) in expected.items():
+        if hf_name not in tensors:  # a router bias the source has not
+            continue
         want = list(reversed(p.shape)) if transpose else list(p.shape)
         t = tensors[hf_name]
         kind = str(t.dtype).split(".")[-1]
@@ -246,6 +251,8 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     from pretrain_cli.storage import shard_files
 
     os.makedirs(out_dir, exist_ok=True)
+    if not FAMILIES[cfg.model_type].hf_router_bias:  # transformers' model of this family has no such tensor
+        entries = [e for e in entries if not e[0].endswith(ROUTER_BIAS)]
     size = {"F32": 4, "BF16": 2, "F16": 2}
     shards, cur, cur_bytes, total = [], [], 0, 0
     for e in entries:

@@ -85,6 +85,8 @@ class CausalLM(nn.Layer):
         self.config = cfg
         self.kernels = kernels
         self.moe = moe or MoeConfig()
+        self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
+        self.reduce_counts = None
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -95,7 +97,10 @@ class CausalLM(nn.Layer):
     def forward(self, input_ids, cache: KVCache | None = None, position_ids=None, doc_start=None, labels=None):
         """`cache` (generation only) feeds just the new tokens and appends their K/V. Packed documents pass
         `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache). `labels` (int64 `[bsz, seq_len]`,
-        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits."""
+        shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits; a MoE model
+        in training mode adds its router losses (`models.moe_loss.router_loss`) × counted tokens to the sum, so
+        the step's mean is transformers' loss with `output_router_logits`. `reduce_counts` (None, or set from
+        outside on several ranks: the data ranks' expert counts summed) serves the global balance scope."""
         if position_ids is not None or doc_start is not None:
             if cache is not None:
                 raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
@@ -104,7 +109,7 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
-            if self.config.sparse_layers and self.training:  # + the router losses per counted token (training only:
+            if self.sparse and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them
                 from pretrain_cli.models.moe_loss import router_loss
 

@@ -21,6 +21,7 @@ class Family:
     # Mixture-of-Experts: sparse layers (`ModelConfig.is_sparse_layer`) hold `models.moe.SparseMoeBlock`
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    hf_router_bias: bool = False  # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
     # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
     defaults: tuple = ()
 

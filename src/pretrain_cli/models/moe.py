@@ -20,7 +20,9 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
 - **SparseMoeBlock** (HF `mlp` of a sparse layer): `block(x [bsz, seq_len, hidden]) -> [bsz, seq_len, hidden]`.
   It keeps what the step needs of its last forward in `block.record` (`MoeRecord`): the routing, the per-expert
   token counts (fp32 `[experts]`, after dropping) and the dropped assignments; the balance losses
-  (`models.moe_loss`) and the logged load statistics read the records of all sparse layers. Dispatch (sort by
+  (`models.moe_loss`) read the records of all sparse layers. It also sums its counts since the last log
+  (`block.load`, `block.dropped`: `moe_loss.read_load`) and since the last bias update (`block.step_load`):
+  fp32 tensors, never read on the host inside a step. Dispatch (sort by
   expert, run the experts, combine) is `dispatch_local` here; expert parallelism swaps `block.dispatch` for one
   that exchanges rows between ranks, with the same inputs and outputs.
 

@@ -63,7 +63,7 @@ def router_loss(model):
     total = paddle.zeros([], dtype="float32")
     parts = {}
     if coef:
-        reduce = getattr(model, "reduce_counts", None) if moe.aux_loss_scope == "global" else None
+        reduce = model.reduce_counts if moe.aux_loss_scope == "global" else None
         parts["aux_loss"] = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok, reduce or _identity)
         total = total + coef * parts["aux_loss"]
     if moe.z_loss_coef:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.block_attention import block_forward
-from pretrain_cli.ops.grouped import grouped_mlp_gpu, grouped_mlp_padded
+from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
                                       global_sq_norm_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
@@ -219,8 +219,8 @@ class Kernels:
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
     # a MoE layer's experts over rows sorted by expert (`ops.grouped`): (x, counts, weights, swiglu_packed) -> out
-    grouped_mlp_name: str = "padded_bmm"
-    grouped_mlp: Callable = grouped_mlp_padded
+    grouped_mlp_name: str = "cpu_grouped"
+    grouped_mlp: Callable = grouped_mlp_cpu
     # a call that passes `position_ids` sees this share of a sequence rope_span x as long (context parallelism's
     # chunks: its positions run over the whole sequence), so the RoPE table covers that many positions
     rope_span: int = 1
@@ -313,8 +313,8 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         linear_cross_entropy_name=("cpu" if cpu else "chunked") if kc.fused_loss else "off",
         linear_cross_entropy=(linear_cross_entropy_cpu if cpu else linear_cross_entropy_chunked)
         if kc.fused_loss else None,
-        grouped_mlp_name="batched_gemm" if gpu else "padded_bmm",
-        grouped_mlp=grouped_mlp_gpu if gpu else grouped_mlp_padded,
+        grouped_mlp_name="batched_gemm" if gpu else "cpu_grouped",
+        grouped_mlp=grouped_mlp_gpu if gpu else grouped_mlp_cpu,
     )
 
 

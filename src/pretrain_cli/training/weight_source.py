@@ -45,7 +45,7 @@ class WeightSource:
 
     def __init__(self, path, model, what: str = "checkpoint"):
         from pretrain_cli.distributed.pieces import split_name
-        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, detect_layout, hf_params
+        from pretrain_cli.models.convert import _IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params
         from pretrain_cli.training.checkpoint import open_reader
 
         self.reader, self.where = open_reader(Path(path), "weights")
@@ -57,7 +57,11 @@ class WeightSource:
                                 transpose and layout == "hf")
         params = dict(model.named_parameters())
         tied = model.lm_head is None
+        self.zeros = set()  # a MoE router bias the source has not: it starts at 0
         for ours, (name, transpose) in self.names.items():
+            if name not in stored and name.endswith(ROUTER_BIAS):
+                self.zeros.add(ours)
+                continue
             if name not in stored:
                 self.close()
                 raise UserError(f"{self.where}: tensor {name!r} is missing; the {what} does not match config.json")
@@ -67,7 +71,7 @@ class WeightSource:
                 raise UserError(f"{self.where}: tensor {name!r} has shape {list(stored[name]['shape'])} but config.json "
                                 f"implies {want}; use the config.json that belongs to these weights")
         known = {name for name, _ in self.names.values()}
-        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES)
+        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES + (ROUTER_BIAS,))
                        and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
         if extra:
             self.close()
@@ -83,6 +87,8 @@ class WeightSource:
     def __call__(self, name: str, box):
         from pretrain_cli.training.checkpoint import _as_float32
 
+        if name in self.zeros:
+            return np.zeros(box.shape, dtype=np.float32)
         stored, transpose = self.names[name]
         where = box.transposed() if transpose else box
         arr = _as_float32(self.reader.read(stored, where.offsets, where.shape),
