@@ -9,10 +9,11 @@ global batch is 8 sequences of 32 tokens in every layout (per-device batch 8 / (
 runs 2 micro-batches). A data-parallel rank logs its own samples' loss, so the weights are the comparison that
 holds for every layout; the loss is compared where rank 0 logs the global one (d = 1).
 
-    python benchmarks/layout_matrix.py [--steps 3] [--max_procs 8] [--only tp2,cp2] [--check_only] [--json]
+    python benchmarks/layout_matrix.py [--steps 3] [--max_procs 8] [--only tp2,cp2] [--layouts tp2_pp2_cp2,...]
+                                       [--check_only] [--json]
 
 `--only` keeps the layouts whose name contains every listed part; `--check_only` classifies every row with
-`pretrain-cli check --world_size N` (ran/refused by the rules) without launching. Not a test: a full run is ~80
+`pretrain-cli check --world_size N` (ran/refused by the rules) without launching. Not a test: a full run is 55
 launches (about an hour on 2 busy CPU cores).
 """
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--max_procs", type=int, default=8)
     ap.add_argument("--only", default="", help="comma-separated parts every chosen layout's name contains")
+    ap.add_argument("--layouts", default="", help="comma-separated exact layout names (e.g. tp2_pp2_cp2)")
     ap.add_argument("--check_only", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -92,8 +94,9 @@ def main(argv=None) -> int:
             return 1
     rows, failed = [], 0
     wanted = [part for part in args.only.split(",") if part]
+    exact = {name for name in args.layouts.split(",") if name}
     for name, keys, world in layouts(args.max_procs):
-        if not all(part in name for part in wanted):
+        if not all(part in name for part in wanted) or (exact and name not in exact):
             continue
         d = root / name
         d.mkdir()

@@ -43,7 +43,8 @@ def run_cli_fixture():
 # (a session fixture, built per worker). The units are set here rather than by xdist_group marks: pytest 9
 # ignores the test-id suffix that `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
-_SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py")
+_SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py",
+           "distributed/test_context_products.py")
 # The longest units (as measured on 2 busy cores) start first, so the other worker works through the many
 # short modules meanwhile and both finish together; xdist's own order (most
 # tests first) started the 3-test calibration module last.

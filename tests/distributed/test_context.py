@@ -16,7 +16,8 @@ from launch_helpers import STEPS, assert_close_losses, assert_close_tensors, lau
 def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     """Forward and dQ/dK/dV on each rank's chunks equal the whole sequence's attention (causal, documents, GQA,
     one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes; what
-    the attention sends is 3C-2 blocks of one rank's K/V (or dK/dV) each, and it runs no collective."""
+    the attention sends is 3C-2 blocks of one rank's K/V (or dK/dV) each, and it runs no collective. On the same
+    ranks the collectives backend's gloo all-to-all and reduce-scatter give exactly the NCCL ops' results."""
     import subprocess
     import sys
     from pathlib import Path
@@ -29,8 +30,12 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
                           capture_output=True, text=True, timeout=300)
     logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(cp))
     assert proc.returncode == 0, proc.stdout[-2000:] + logs[-4000:]
-    cases = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    cases = [case for case in lines if "out_dq_dk_dv" in case]
     assert len(cases) == cp * 4, logs[-2000:]  # cp ranks x 2 tilings x causal/document
+    # the collectives backend's gloo all-to-all and reduce-scatter on the same ranks (distributed/collectives.py)
+    forms = [case for case in lines if "all_to_all" in case]
+    assert len(forms) == cp and all(f["all_to_all"] == 0 == f["reduce_scatter"] for f in forms), forms
     block = [2, 2, 2, 1, 32 // cp if cp != 3 else 12, 8]  # K and V of one rank's tokens: [2, b, n_kv, 1, S/cp, d]
     for case in cases:
         assert max(case["out_dq_dk_dv"]) < 2e-6, case

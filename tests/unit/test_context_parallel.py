@@ -109,11 +109,13 @@ def test_context_parallel_degree_resolves_with_data_parallelism_and_zero1():
     assert (p.cp_degree, p.dp_degree, p.data_world_size, p.engine) == (2, 2, 2, "context_parallel")
     z = _resolve(2, context_parallel_degree=2, sharding="stage1", max_seq_length=128).parallel
     assert (z.sharding_stage, z.sharding_degree, z.data_world_size) == (1, 1, 1)  # ZeRO-1 over the 2 cp ranks
+    z2 = _resolve(2, context_parallel_degree=2, sharding="stage2", max_seq_length=128).parallel
+    assert (z2.engine, z2.sharding_stage) == ("context_parallel", 2)  # fleet's ZeRO-2 over the 2 cp ranks
 
 
 @pytest.mark.parametrize("keys,message", [
-    (dict(context_parallel_degree=2, tensor_parallel_degree=2, sharding="stage3"), "with ZeRO-2/3 is not supported"),
-    (dict(context_parallel_degree=2, sharding="stage2"), "with ZeRO-2/3 is not supported"),
+    (dict(context_parallel_degree=2, tensor_parallel_degree=2, sharding="stage3"), "with ZeRO-3 is not supported"),
+    (dict(context_parallel_degree=2, sharding="stage3"), "with ZeRO-3 is not supported"),
     (dict(context_parallel_degree=3), "does not divide the world size 4"),
     (dict(context_parallel_degree=4, max_seq_length=100), "divisible by 2 x 4"),
     (dict(sep_parallel_degree=2), "use context_parallel_degree: 2"),

@@ -34,9 +34,15 @@ def test_sequence_parallel_runs_on_the_tensor_parallel_engine_or_inside_pipeline
     assert any("only meaningful with tensor parallelism" in n for n in alone.notes)
 
 
+def test_sequence_parallelism_with_zero2_runs_on_fleet_groups():
+    """sp with ZeRO-2: fleet's sharding optimizer over the data ranks (the unowned gradients released after each
+    update), not the semi-auto engine."""
+    p = _resolve(4, tensor_parallel_degree=2, sequence_parallel="true", sharding="stage2").parallel
+    assert (p.engine, p.sharding_stage, p.sharding_degree, p.sequence_parallel) == ("tensor_parallel", 2, 2, True)
+
+
 @pytest.mark.parametrize("world,keys,message", [
     (4, dict(sharding="stage3"), "not supported with sharding: stage3"),
-    (2, dict(sharding="stage2"), "not supported with sharding: stage2"),
     (2, dict(max_seq_length=33), "max_seq_length 33 is not divisible by tensor_parallel_degree 2"),
 ])
 def test_layouts_sequence_parallelism_does_not_run_are_refused_in_one_line(world, keys, message):

@@ -49,15 +49,15 @@ REFUSED = (
             lambda d: f"sep_parallel_degree: {d.sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
                       f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {d.sep} "
                       f"(attention across the ranks) to split each sequence"),
-    Refusal("cp with ZeRO-2/3", lambda d: d.cp > 1 and d.stage in (2, 3),
-            lambda d: f"context_parallel_degree: {d.cp} with ZeRO-2/3 is not supported (ZeRO-2/3 run on the "
-                      f"semi-auto engine, whose distributed tensors the ring attention's autograd function cannot "
-                      f"take: it sends dense blocks over the cp group); use sharding: stage1 (the optimizer state "
-                      f"split over cp x sharding ranks) or ''"),
-    Refusal("sp with ZeRO-2/3", lambda d: d.sp and d.stage in (2, 3),
-            lambda d: f"sequence_parallel: not supported with sharding: stage{d.stage} (the semi-auto engine runs "
-                      f"ZeRO-2/3, and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo "
-                      f"lacks); use stage1 or set sequence_parallel: false"),
+    Refusal("cp with ZeRO-3", lambda d: d.cp > 1 and d.stage == 3,
+            lambda d: f"context_parallel_degree: {d.cp} with ZeRO-3 is not supported (ZeRO-3 runs on the semi-auto "
+                      f"engine, whose distributed tensors the ring attention's autograd function cannot take: it "
+                      f"sends dense blocks over the cp group; fleet's own stage 3 asserts CUDA); use sharding: "
+                      f"stage1 or stage2 (the optimizer state split over cp x sharding ranks)"),
+    Refusal("sp with ZeRO-3", lambda d: d.sp and d.stage == 3,
+            lambda d: f"sequence_parallel: not supported with sharding: stage3 (ZeRO-3 runs on the semi-auto engine, "
+                      f"and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo lacks); use "
+                      f"stage1 or stage2, or set sequence_parallel: false"),
     Refusal("pp with ZeRO-3", lambda d: d.pp > 1 and d.stage == 3,
             lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
                       f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "

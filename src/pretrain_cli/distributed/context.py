@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import paddle  # imported after the environment: the layout steps, the strategies and tests import this lazily
+import paddle.nn as nn
 
 from pretrain_cli.ops.block_attention import ROW_TILE, block_backward, merge
 
@@ -142,103 +144,92 @@ class _Ring:
             yield i, j, [w for w in work if w[4]]  # blocks the causal mask hides entirely are not computed
 
 
-def _attention_class():
-    import paddle
+class RingAttention(paddle.autograd.PyLayer):
+    """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q. C ring steps:
+    at step i this rank holds the K/V block of cp rank (r − i) mod C (two blocks at most: the one computed
+    and the one arriving), runs its queries against it and merges by log-sum-exp."""
 
-    class RingAttention(paddle.autograd.PyLayer):
-        """q `[bsz, 2c, n_heads, d]`, k/v `[bsz, 2c, n_kv, d]` (this rank's chunks) → out like q. C ring steps:
-        at step i this rank holds the K/V block of cp rank (r − i) mod C (two blocks at most: the one computed
-        and the one arriving), runs its queries against it and merges by log-sum-exp."""
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        with paddle.no_grad():
+            return RingAttention._forward(ctx, q, k, v, ring)
 
-        @staticmethod
-        def forward(ctx, q, k, v, ring):
-            with paddle.no_grad():
-                return RingAttention._forward(ctx, q, k, v, ring)
+    @staticmethod
+    def _forward(ctx, q, k, v, ring):
+        n_kv, c = k.shape[2], q.shape[1] // 2
+        qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
+        kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]: this rank's block
+        plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
+        acc: dict = {}  # (slot, tile) -> (out, lse) merged over the blocks seen so far
+        for i, j, work in ring.steps(plan, c):
+            pending = ring.exchange.start(kv) if i < ring.cp - 1 else None  # the next block, during compute
+            for slot, t, r0, r1, entries in work:
+                qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
+                out, lse = acc.get((slot, t), (None, None))
+                for half, keys, visible, causal in entries:
+                    kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
+                acc[(slot, t)] = (out, lse)
+            if pending is not None:
+                kv = pending.wait()
+        keys = sorted(acc)  # (slot, tile) in sequence order: every tile sees its own diagonal, so none is missing
+        outs = paddle.concat([acc[key][0] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, d]
+        lses = paddle.concat([acc[key][1] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, 1]
+        ctx.saved = (qh, k, v, outs, lses, plan, ring, q.shape)
+        return outs.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
 
-        @staticmethod
-        def _forward(ctx, q, k, v, ring):
-            n_kv, c = k.shape[2], q.shape[1] // 2
-            qh = _heads(q, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]: this rank's block
-            plan = _blocks(ring.cp, ring.cp_rank, c, ring.doc_start)
-            acc: dict = {}  # (slot, tile) -> (out, lse) merged over the blocks seen so far
-            for i, j, work in ring.steps(plan, c):
-                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None  # the next block, during compute
-                for slot, t, r0, r1, entries in work:
-                    qs = qh[:, :, :, slot * c + r0:slot * c + r1]  # [bsz, n_kv, rep, rows, d]
-                    out, lse = acc.get((slot, t), (None, None))
-                    for half, keys, visible, causal in entries:
-                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        out, lse = merge(out, lse, *ring.block(qs, kb, vb, visible, causal))
-                    acc[(slot, t)] = (out, lse)
-                if pending is not None:
-                    kv = pending.wait()
-            keys = sorted(acc)  # (slot, tile) in sequence order: every tile sees its own diagonal, so none is missing
-            outs = paddle.concat([acc[key][0] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, d]
-            lses = paddle.concat([acc[key][1] for key in keys], axis=3)  # [bsz, n_kv, rep, 2c, 1]
-            ctx.saved = (qh, k, v, outs, lses, plan, ring, q.shape)
-            return outs.reshape([q.shape[0], q.shape[2], 2 * c, q.shape[3]]).transpose([0, 2, 1, 3])  # like q
+    @staticmethod
+    def backward(ctx, dout):
+        """The ring again, each K/V block travelling with its dK/dV accumulator (fp32): at step i this rank adds
+        its queries' share to the block it holds, then passes both on; after C steps every accumulator is
+        back with its owner, so no rank ever holds the whole sequence's dK/dV."""
+        qh, k, v, outs, lses, plan, ring, q_shape = ctx.saved
+        n_kv, c = k.shape[2], q_shape[1] // 2
+        doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
+        kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]
+        dkv = paddle.zeros(kv.shape, dtype="float32")  # [2, bsz, n_kv, 1, 2c, d]: the held block's dK, dV
+        dqs: dict = {}
+        for i, j, work in ring.steps(plan, c):
+            pending = ring.exchange.start(kv) if i < ring.cp - 1 else None
+            parts = [[], []]  # per half of the held block: its (dk, dv) shares, [bsz, n_kv, 1, c, d] each
+            for slot, t, r0, r1, entries in work:
+                rows = slice(slot * c + r0, slot * c + r1)
+                qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
+                out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
+                for half, keys, visible, _ in entries:
+                    kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
+                    g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
+                    dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
+                    g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, keys, d]
+                    if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
+                        g = paddle.concat([g, paddle.zeros([*g.shape[:-2], c - keys, g.shape[-1]], g.dtype)], -2)
+                    parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
+            if parts[0] or parts[1]:
+                zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]
+                dkv = dkv + paddle.concat([paddle.add_n(p) if p else zero for p in parts], axis=-2)
+            dkv = ring.exchange.start(dkv).wait()  # after C passes: this rank's own block's dK/dV
+            if pending is not None:
+                kv = pending.wait()
+        bsz, _, n_heads, d = q_shape
 
-        @staticmethod
-        def backward(ctx, dout):
-            """The ring again, each K/V block travelling with its dK/dV accumulator (fp32): at step i this rank adds
-            its queries' share to the block it holds, then passes both on; after C steps every accumulator is
-            back with its owner, so no rank ever holds the whole sequence's dK/dV."""
-            qh, k, v, outs, lses, plan, ring, q_shape = ctx.saved
-            n_kv, c = k.shape[2], q_shape[1] // 2
-            doh = _heads(dout, n_kv)  # [bsz, n_kv, rep, 2c, d]
-            kv = paddle.stack([_heads(k, n_kv), _heads(v, n_kv)])  # [2, bsz, n_kv, 1, 2c, d]
-            dkv = paddle.zeros(kv.shape, dtype="float32")  # [2, bsz, n_kv, 1, 2c, d]: the held block's dK, dV
-            dqs: dict = {}
-            for i, j, work in ring.steps(plan, c):
-                pending = ring.exchange.start(kv) if i < ring.cp - 1 else None
-                parts = [[], []]  # per half of the held block: its (dk, dv) shares, [bsz, n_kv, 1, c, d] each
-                for slot, t, r0, r1, entries in work:
-                    rows = slice(slot * c + r0, slot * c + r1)
-                    qs, dos = qh[:, :, :, rows], doh[:, :, :, rows]  # [bsz, n_kv, rep, rows, d] each
-                    out, lse = outs[:, :, :, rows], lses[:, :, :, rows]
-                    for half, keys, visible, _ in entries:
-                        kb = kv[0, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        vb = kv[1, :, :, :, half * c:half * c + keys]  # [bsz, n_kv, 1, keys, d]
-                        g_q, g_k, g_v = block_backward(qs, kb, vb, out, lse, dos, visible)
-                        dqs[(slot, t)] = g_q if (slot, t) not in dqs else dqs[(slot, t)] + g_q
-                        g = paddle.stack([g_k, g_v]).astype("float32")  # [2, bsz, n_kv, 1, keys, d]
-                        if keys < c:  # a diagonal tile: keys [0, r1) of the chunk
-                            g = paddle.concat([g, paddle.zeros([*g.shape[:-2], c - keys, g.shape[-1]], g.dtype)], -2)
-                        parts[half].append(g)  # [2, bsz, n_kv, 1, c, d]
-                if parts[0] or parts[1]:
-                    zero = paddle.zeros([*dkv.shape[:-2], c, dkv.shape[-1]], "float32")  # [2, bsz, n_kv, 1, c, d]
-                    dkv = dkv + paddle.concat([paddle.add_n(p) if p else zero for p in parts], axis=-2)
-                dkv = ring.exchange.start(dkv).wait()  # after C passes: this rank's own block's dK/dV
-                if pending is not None:
-                    kv = pending.wait()
-            bsz, _, n_heads, d = q_shape
+        def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
+            return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
 
-            def back(x, heads):  # [bsz, n_kv, heads / n_kv, 2c, d] → [bsz, 2c, heads, d]
-                return x.reshape([bsz, heads, 2 * c, d]).transpose([0, 2, 1, 3])
-
-            dq = back(paddle.concat([dqs[key] for key in sorted(dqs)], axis=3), n_heads)
-            return dq, back(dkv[0].astype(k.dtype), n_kv), back(dkv[1].astype(v.dtype), n_kv)
-
-    return RingAttention
-
-
-_RING_CLASS: list = []
+        dq = back(paddle.concat([dqs[key] for key in sorted(dqs)], axis=3), n_heads)
+        return dq, back(dkv[0].astype(k.dtype), n_kv), back(dkv[1].astype(v.dtype), n_kv)
 
 
 def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TILE):
     """(causal, document-masked) attention functions over the cp ring (`exchange`: `cp_group`'s), for
     `kernels.attention` / `kernels.attention_document`; `tile`: query rows per block (tests pass a small one)."""
-    if not _RING_CLASS:
-        _RING_CLASS.append(_attention_class())
-    ring_cls = _RING_CLASS[0]
 
     def causal(q, k, v):
-        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, tile=tile))
+        return RingAttention.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, tile=tile))
 
     def document(q, k, v, doc_start):
-        return ring_cls.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, doc_start, tile))
+        return RingAttention.apply(q, k, v, _Ring(exchange, cp, cp_rank, block, doc_start, tile))
 
     return causal, document
 
@@ -256,24 +247,21 @@ def context_kernels(kernels, parallel, backend):
                    attention_document_name=name, rope_span=cp)
 
 
-def _context_model(model, side):
-    import paddle.nn as nn
+class ContextModel(nn.Layer):
+    """The model on this rank's chunks (`side`: its `ContextSide`): global RoPE positions in; with labels, (sum of
+    token losses × C, the cp group's token count) out, so the step's mean is the whole sequence's, scaled for
+    DataParallel."""
 
-    class ContextModel(nn.Layer):
-        """The model on this rank's chunks: global RoPE positions in; with labels, (sum of token losses × C,
-        the cp group's token count) out, so the step's mean is the whole sequence's, scaled for DataParallel."""
+    def __init__(self, model, side):
+        super().__init__()
+        self.model, self._side = model, [side]  # (a list: the side is not a sublayer)
 
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
-            if position_ids is None:
-                position_ids = side.positions(*input_ids.shape)
-            out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
-            return out if labels is None else side.whole_sequence(*out)
-
-    return ContextModel()
+    def forward(self, input_ids, cache=None, position_ids=None, doc_start=None, labels=None):
+        side = self._side[0]
+        if position_ids is None:
+            position_ids = side.positions(*input_ids.shape)
+        out = self.model(input_ids, position_ids=position_ids, doc_start=doc_start, labels=labels)
+        return out if labels is None else side.whole_sequence(*out)
 
 
 class ContextSide:
@@ -287,15 +275,15 @@ class ContextSide:
 
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
         self.group = cp_group(parallel, backend).group
-        zero = (f", ZeRO-1 over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
-                if parallel.sharding_stage == 1 and parallel.tp_degree == 1 and parallel.pp_degree == 1 else "")
+        zero = (f", ZeRO-{parallel.sharding_stage} over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
+                if parallel.sharding_stage else "")
         self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
                      f"ring attention){zero}")
 
         self._positions: dict = {}
 
     def wrap(self, model):
-        return _context_model(model, self)
+        return ContextModel(model, self)
 
     def positions(self, bsz: int, length: int):
         """int64 `[bsz, length]`: the global positions of this rank's tokens (a batch without `position_ids`)."""

@@ -111,16 +111,6 @@ class Hybrid(FleetHybrid):
             if group.nranks > 1:
                 fused_allreduce_gradients_with_group(self._params, group, scale=1.0 / group.nranks)
 
-    def step(self, optimizer) -> None:
-        """ZeRO-2: after the update the gradients this rank does not own are released (their owner alone read them;
-        the next backward creates them again). Not earlier: fleet's broadcast skips a parameter with no gradient."""
-        super().step(optimizer)
-        if self.parallel.sharding_stage == 2:
-            owned = {id(p) for p in self._owned}
-            for p in self._params:
-                if id(p) not in owned:
-                    p.clear_gradient(False)  # storage released, not zeroed
-
     def grad_params(self, model) -> list:
         return self._owned
 
@@ -161,9 +151,9 @@ class Hybrid(FleetHybrid):
     def holders(self, tensor, kind: str, sliced: bool = False) -> tuple:
         """The ranks of this stage (its data-parallel and tensor-parallel replicas); a tensor-parallel slice only
         on the ranks with this tp coordinate; under ZeRO-1/2 the optimizer state only on the replicas of its owner
-        (the same coordinate on the stage's "sharding" axis)."""
+        (the same place on fleet's sharding axis: the topology's sharding x cp)."""
         owned = kind == "optimizer" and self.parallel.sharding_stage
-        return self.topology.replicas("pp", *(("sharding",) if owned else ()), *(("mp",) if sliced else ()))
+        return self.topology.replicas("pp", *(("sharding", "cp") if owned else ()), *(("mp",) if sliced else ()))
 
     def local_box(self, tensor, name: str | None = None):
         """A tensor-parallel slice (the weight or its moments and master copy, by HF name): its block of the

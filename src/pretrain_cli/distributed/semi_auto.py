@@ -1,8 +1,8 @@
 """ZeRO-2/3 and tensor parallelism on Paddle's semi-auto engine (`dist.shard_layer`, `dist.shard_optimizer`).
 
 The ranks form the topology's 2-D mesh `[dp, mp]` (`Topology.mesh`: data ranks by tp ranks). On "mp" the
-decoder is split Megatron-style: q/k/v and gate/up column-parallel (weight `Shard(1)`, bias
-`Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
+decoder is split by the one TP plan (`models.tp_plan`): q/k/v and gate/up column-parallel (weight `Shard(1)`,
+bias `Shard(0)`), o and down row-parallel (weight `Shard(0)`), the embedding and LM head over the
 vocabulary when tp divides it; RMSNorm and RoPE stay replicated. On "dp" each rank reads its slice of
 the global batch (`Shard(0)`), and `dist.shard_optimizer(ShardingStage{1,2,3}("dp"))` shards the
 AdamW state (stage 1), the gradients the update uses (2) and the parameters themselves (3).
@@ -17,10 +17,9 @@ layer is replaced here.
 from __future__ import annotations
 
 from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_config import ParallelConfig
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-ROW = ("o_proj", "down_proj")
 
 
 class SemiAuto(Strategy):
@@ -58,25 +57,13 @@ class SemiAuto(Strategy):
         return [dist.Replicate(), mp]
 
     def _shard_fn(self, name: str, layer, mesh) -> None:
-        """Megatron layout on "mp" (Paddle Linear weights are [in, out]); every other parameter replicated
-        with one placement per mesh axis (shard_layer's own default gives a 1-D weight one placement,
-        which a 2-D mesh rejects)."""
-        import paddle.distributed as dist
-
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in COLUMN:
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
-            if layer.bias is not None:
-                layer.bias = self._place(name, "bias", layer.bias, mesh, self._placements(0))
-        elif leaf in ROW:
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
-        elif self.vocab and name == "model.embed_tokens":  # [vocab, hidden]
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(0))
-        elif self.vocab and name == "lm_head":  # [hidden, vocab]
-            layer.weight = self._place(name, "weight", layer.weight, mesh, self._placements(1))
+        """Every parameter on "mp" where the one TP plan splits it (`models.tp_plan.split_dim`, Paddle Linear
+        weights are [in, out]; the vocabulary only when `vocab`), else replicated, with one placement per mesh axis
+        (shard_layer's own default gives a 1-D weight one placement, which a 2-D mesh rejects)."""
         for key, param in list(layer._parameters.items()):
             if param is not None and not param.is_dist():
-                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements()))
+                dim = split_dim(f"{name}.{key}" if name else key, self.vocab)
+                layer.add_parameter(key, self._place(name, key, param, mesh, self._placements(dim)))
 
     def _place(self, layer_name: str, key: str, param, mesh, placements):
         """`param` with `placements` (the "mp" layout): a whole (eagerly built) tensor is cut by

@@ -46,11 +46,11 @@ class SeqShard:
     backend: object
 
     def cut(self, x):
-        """[bsz, seq_len, hidden] -> this rank's [bsz, seq_len / parts, hidden]."""
+        """[bsz, seq_len, hidden] -> this rank's [bsz, seq_len / parts, hidden] (a copy, not a view)."""
         import paddle
 
         size = x.shape[SEQ] // self.parts
-        return paddle.slice(x, axes=[SEQ], starts=[self.index * size], ends=[(self.index + 1) * size])
+        return paddle.slice(x, axes=[SEQ], starts=[self.index * size], ends=[(self.index + 1) * size]).clone()
 
     def gather(self, x):
         """[bsz, s, hidden] on each rank -> [bsz, s x parts, hidden], in group rank order."""
@@ -61,62 +61,31 @@ class SeqShard:
         return self.backend.reduce_scatter(x, self.group, self.parts, self.index, SEQ)
 
 
-class Enter(PyLayer):
-    """Entering a region: all-gather forward, reduce-scatter backward."""
+class Exchange(PyLayer):
+    """One exchange of the sequence over the tp group and its adjoint: forward `shard.<forward>(x)`, backward
+    `shard.<backward>(dy)`. The four Megatron-SP pairs (`ENTER`, `LEAVE`, `SCATTER`, `GATHER`) are its uses."""
 
     @staticmethod
-    def forward(ctx, x, shard):
-        ctx.shard = shard
-        return shard.gather(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.shard.reduce_scatter(dy)
-
-
-class Leave(PyLayer):
-    """Leaving a region: reduce-scatter forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, shard):
-        ctx.shard = shard
-        return shard.reduce_scatter(x)
+    def forward(ctx, x, shard, forward: str, backward: str):
+        ctx.shard, ctx.backward_name = shard, backward
+        return getattr(shard, forward)(x)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.shard.gather(dy)
+        return getattr(ctx.shard, ctx.backward_name)(dy)
 
 
-class Scatter(PyLayer):
-    """This rank's positions forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, shard):
-        ctx.shard = shard
-        return shard.cut(x).clone()
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.shard.gather(dy)
-
-
-class Gather(PyLayer):
-    """All-gather forward; backward this rank's slice (every tp rank computes the same loss)."""
-
-    @staticmethod
-    def forward(ctx, x, shard):
-        ctx.shard = shard
-        return shard.gather(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.shard.cut(dy).clone()
+ENTER = ("gather", "reduce_scatter")  # entering a region: all-gather forward, reduce-scatter backward
+LEAVE = ("reduce_scatter", "gather")  # leaving it: reduce-scatter forward, all-gather backward
+SCATTER = ("cut", "gather")  # the residual stream cut entering the decoder: this rank's positions, all-gather back
+GATHER = ("gather", "cut")  # whole again after the final norm: all-gather, backward this rank's slice (every tp
+#                             rank computes the same loss)
 
 
 def regions(shard: SeqShard) -> tuple:
     """(enter, leave): the functions `tensor_parallel.split_layers` hooks around each region instead of its
     all-reduce pair."""
-    return (lambda x: Enter.apply(x, shard)), (lambda x: Leave.apply(x, shard))
+    return (lambda x: Exchange.apply(x, shard, *ENTER)), (lambda x: Exchange.apply(x, shard, *LEAVE))
 
 
 def hook_model(lm, shard: SeqShard) -> list:
@@ -126,10 +95,10 @@ def hook_model(lm, shard: SeqShard) -> list:
     dec = lm.model
 
     def cut(layer, inputs):
-        return (Scatter.apply(inputs[0], shard),) + tuple(inputs[1:])
+        return (Exchange.apply(inputs[0], shard, *SCATTER),) + tuple(inputs[1:])
 
     def whole(layer, inputs, out):
-        return Gather.apply(out, shard)
+        return Exchange.apply(out, shard, *GATHER)
 
     dec.layers[0].register_forward_pre_hook(cut)
     dec.norm.register_forward_post_hook(whole)

@@ -7,10 +7,10 @@
 | `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
 | `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
 | `pipeline_parallel_degree > 1` (with tp, sp, cp, dp, stage1/2) | `Pipeline` (`hybrid.Hybrid` + the 1F1B schedule) | fleet `PipelineLayer` + `PipelineParallel`; the layout steps |
-| `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1) | `TensorParallel` (`tensor_engine`) | fleet's groups; the layout steps |
+| `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1/2) | `TensorParallel` (`tensor_engine`) | fleet's groups; the layout steps |
 | `context_parallel_degree > 1` (with dp) | `DataParallel` + `context.ContextSide` | our attention over the cp group + `paddle.DataParallel` |
 | `expert_parallel_degree > 1` (with dp) | `expert_parallel.ExpertParallel` | the experts over groups of data ranks + `paddle.DataParallel` |
-| ... with `sharding: stage1` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding |
+| ... with `sharding: stage1/2` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding (stage2: unowned gradients released after each update) |
 
 The model side of every layout is `distributed.steps` (tp, cp, ep, recompute, pp in that order); the table above
 is the data side each engine adds.
@@ -41,7 +41,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
     try:
         fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (parallel.engine == "context_parallel"
-                                                                          and parallel.sharding_stage == 1)
+                                                                          and parallel.sharding_stage in (1, 2))
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
             pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
             Topology.of(parallel).init_fleet(seed, for_device(device), pipeline)
@@ -63,7 +63,7 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run; `recompute`
     (`run_config.Recompute` or None) the layout's recompute step."""
-    context = FleetZero1 if parallel.sharding_stage == 1 else DataParallel  # cp's data side
+    context = FleetZero1 if parallel.sharding_stage in (1, 2) else DataParallel  # cp's data side
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
                "pipeline": Pipeline, "context_parallel": context, "tensor_parallel": TensorParallel}
     if parallel.ep_degree > 1:  # config.expert: with the data-parallel engine only

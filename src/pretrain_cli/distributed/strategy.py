@@ -207,11 +207,13 @@ class DataParallel(Strategy):
 
 class FleetHybrid(Strategy):
     """The step through fleet's hybrid-parallel optimizer (`fleet.distributed_optimizer`: ZeRO-1's
-    `DygraphShardingOptimizer` under it), for `FleetZero1` and a pipeline's stages. `wrap` sets `_hpo` (None when
-    the optimizer is not fleet's) and `_params` (every parameter of this rank's model)."""
+    `DygraphShardingOptimizer` under it; ZeRO-2 the same, releasing the gradients a rank does not own after each
+    update), for `FleetZero1` and `Hybrid`'s engines. `wrap` sets `_hpo` (None when the optimizer is not fleet's),
+    `_params` (every parameter of this rank's model) and `_owned` (those whose update this rank owns)."""
 
     _hpo = None  # set by `wrap`
     _params: tuple = ()  # set by `wrap` (a tuple: no list shared between instances)
+    _owned: tuple = ()
 
     def wrap_scaler(self, scaler):
         from paddle.distributed import fleet
@@ -223,13 +225,22 @@ class FleetHybrid(Strategy):
             self._hpo._hybrid_sync_grad(self._params)  # reduce to each parameter's owner (+ the dp all-reduce)
 
     def step(self, optimizer) -> None:
+        """fleet's update of the owned parameters, then their broadcast (gradients already synced). ZeRO-2: after
+        the update the gradients this rank does not own are released (their owner alone read them; the next
+        backward creates them again). Not earlier: fleet's broadcast skips a parameter with no gradient."""
         if self._hpo is None:
             return super().step(optimizer)
-        self._hpo._step(self._params)  # update owned parameters, then broadcast them; grads already synced
+        self._hpo._step(self._params)
+        if self.parallel.sharding_stage == 2:
+            owned = {id(p) for p in self._owned}
+            for p in self._params:
+                if id(p) not in owned:
+                    p.clear_gradient(False)  # storage released, not zeroed
 
 
 class FleetZero1(FleetHybrid, DataParallel):
-    """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters."""
+    """ZeRO-1 through fleet: each sharding rank updates (and holds the AdamW state of) its own parameters; ZeRO-2
+    (context parallelism's) also releases the others' gradients after each update."""
 
     name = "ZeRO-1 (fleet DygraphShardingOptimizer)"
 

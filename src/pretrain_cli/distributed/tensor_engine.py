@@ -20,7 +20,8 @@ class TensorParallel(Hybrid):
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
         super().__init__(parallel, device, step_kernels, recompute)
-        zero = f", ZeRO-1 over {parallel.sharding_degree * parallel.cp_degree}" if parallel.sharding_stage else ""
+        zero = (f", ZeRO-{parallel.sharding_stage} over {parallel.sharding_degree * parallel.cp_degree}"
+                if parallel.sharding_stage else "")
         sp = " + sequence parallel" if parallel.sequence_parallel else ""
         cp = f" x cp {parallel.cp_degree}" if parallel.cp_degree > 1 else ""
         self.name = (f"tensor parallel{sp} (distributed.tensor_parallel): tp {parallel.tp_degree}{cp} x "

@@ -12,8 +12,8 @@ outside — the same code on GPU and CPU:
 - `reduce_from_tp` (Megatron's g): all-reduce forward, identity backward. A forward post-hook puts it on the
   output of every row-parallel projection (`o_proj`, `down_proj`); a bias there is added once, after the sum.
 
-Each rank keeps its slice of the projections (Paddle `[in, out]`): q/k/v and gate/up column-parallel (the
-output dimension, so each rank has num_heads / tp heads and num_key_value_heads / tp KV heads, intermediate /
+Each rank keeps its slice of the projections on the dim the one TP plan gives (`models.tp_plan`; Paddle
+`[in, out]`): q/k/v and gate/up column-parallel (the output dimension, so each rank has num_heads / tp heads and num_key_value_heads / tp KV heads, intermediate /
 tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the embedding and the LM head
 stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
 the two functions is. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
@@ -24,8 +24,7 @@ from __future__ import annotations
 import paddle.distributed as dist  # imported lazily, after the environment (only the layout steps import this)
 from paddle.autograd import PyLayer
 
-COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # weight split on its output dim (Paddle dim 1)
-ROW = ("o_proj", "down_proj")  # weight split on its input dim (Paddle dim 0)
+from pretrain_cli.models.tp_plan import COLUMN, ROW, split_dim
 
 
 class CopyToTP(PyLayer):
@@ -63,10 +62,9 @@ def all_reduce_regions(group) -> tuple:
 
 
 def cut_by_tp(name: str) -> bool:
-    """Whether HF tensor `name` is one `split_layers` cuts (a lazily built stage creates these as slices only)."""
-    parts = name.split(".")
-    return len(parts) >= 2 and parts[-2] in COLUMN + ROW and (parts[-1] == "weight"
-                                                             or (parts[-1] == "bias" and parts[-2] in COLUMN))
+    """Whether HF tensor `name` is one `split_layers` cuts (the plan's, without the vocabulary: a lazily built stage
+    creates these as slices only)."""
+    return split_dim(name) is not None
 
 
 def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None) -> dict:
@@ -93,13 +91,12 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
             return reduce_from_tp(out)
         return reduce_from_tp(out - layer.bias) + layer.bias  # the bias once, after the sum
 
-    def keep_slice(parent, name: str, dim: int, prefix: str):
+    def keep_slice(parent, name: str, prefix: str):
         linear = getattr(parent, name)
         for key in ("weight", "bias"):
-            p = getattr(linear, key)
-            if p is None or (key == "bias" and dim == 0):  # a row-parallel bias stays whole (added after the sum)
+            p, d = getattr(linear, key), split_dim(f"{prefix}.{name}.{key}")  # the plan (`models.tp_plan`)
+            if p is None or d is None:  # a row-parallel bias stays whole (added after the sum)
                 continue
-            d = dim if key == "weight" else 0
             size = p.shape[d] // tp
             start = [0] * len(p.shape)
             start[d] = tp_rank * size
@@ -121,9 +118,9 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
             continue
         for block, kind, names in ((layer.self_attn, "self_attn", COLUMN[:3]), (layer.mlp, "mlp", COLUMN[3:])):
             for name in names:
-                keep_slice(block, name, 1, f"model.layers.{i}.{kind}")
+                keep_slice(block, name, f"model.layers.{i}.{kind}")
             block.register_forward_pre_hook(enter)
         for block, kind, name in ((layer.self_attn, "self_attn", ROW[0]), (layer.mlp, "mlp", ROW[1])):
-            keep_slice(block, name, 0, f"model.layers.{i}.{kind}")
+            keep_slice(block, name, f"model.layers.{i}.{kind}")
             getattr(block, name).register_forward_post_hook(leave)
     return split

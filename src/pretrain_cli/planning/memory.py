@@ -318,9 +318,11 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes * n / _device_params(s)
     out = {
         "weights": weights,
-        # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU); a pipeline's stage2
-        # accumulates whole gradients over the schedule and releases the unowned ones after the update
-        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" and s.pp == 1 else 1),
+        # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU); fleet's stage2 (a
+        # pipeline's, sequence or context parallelism's) accumulates whole gradients over the step and releases
+        # the unowned ones after the update
+        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" and s.distributed_tensors
+                                   else 1),
         "optimizer_state": n * 8 / (deg if s.sharding_stage >= 1 else 1),  # AdamW m and v, fp32
         "master_weights": (n * 4 / (deg if s.sharding_stage >= 1 else 1)) if o2 else 0.0,
         "activations": activations,

@@ -1,0 +1,80 @@
+"""The layout as steps (distributed/steps.py), the one TP plan (models/tp_plan.py), the refusal table
+(config/refusals.py) and the collectives backend's choice (distributed/collectives.py): what a team adding an axis
+reads and extends."""
+from __future__ import annotations
+
+import pytest
+
+from pretrain_cli.config.refusals import REFUSED, Degrees, refusals
+from pretrain_cli.distributed.collectives import for_device
+from pretrain_cli.distributed.steps import ORDER, STEPS, Step, describe, register, steps_for
+from pretrain_cli.models.tp_plan import split_dim
+from pretrain_cli.run_config import ParallelConfig
+
+
+def _p(**degrees) -> ParallelConfig:
+    world = 1
+    for key in ("dp_degree", "sharding_degree", "tp_degree", "pp_degree", "cp_degree"):
+        world *= degrees.get(key, 1)
+    return ParallelConfig(world_size=world, **degrees)
+
+
+@pytest.mark.parametrize("degrees,steps", [
+    (dict(dp_degree=2), "recompute"),
+    (dict(tp_degree=2), "recompute -> data"),  # semi-auto's placements: its build side localises the kernels
+    (dict(tp_degree=2, sequence_parallel=True), "tp -> recompute"),
+    (dict(tp_degree=2, cp_degree=2), "tp -> cp -> recompute"),
+    (dict(cp_degree=2, pp_degree=2), "cp -> recompute -> pp"),
+    (dict(tp_degree=2, cp_degree=2, pp_degree=2), "tp -> cp -> recompute -> pp"),
+])
+def test_each_layout_is_its_axes_steps_in_the_one_order(degrees, steps):
+    assert describe(_p(**degrees)) == steps
+    names = [s.name for s in steps_for(_p(**degrees))]
+    assert names == sorted(names, key=ORDER.index)
+
+
+def test_a_new_axis_is_a_registered_step_in_its_slot():
+    """The "ep" slot: after the attention-side steps, before recompute; a name outside the order is refused."""
+    with pytest.raises(ValueError, match="no place"):
+        register(Step("moe", lambda p: True))
+    register(Step("ep", lambda p: p.dp_degree > 1, apply=lambda model, placement: model))
+    try:
+        assert describe(_p(tp_degree=2, cp_degree=2, dp_degree=2)) == "tp -> cp -> ep -> recompute"
+        assert "ep" not in describe(_p(tp_degree=2, cp_degree=2))
+    finally:
+        del STEPS["ep"]
+
+
+@pytest.mark.parametrize("name,vocab,dim", [
+    ("model.layers.3.self_attn.q_proj.weight", False, 1), ("model.layers.3.self_attn.k_proj.bias", False, 0),
+    ("model.layers.0.mlp.up_proj.weight", False, 1), ("model.layers.0.mlp.down_proj.weight", False, 0),
+    ("model.layers.0.self_attn.o_proj.bias", False, None), ("model.layers.0.input_layernorm.weight", False, None),
+    ("model.layers.0.self_attn.q_norm.weight", False, None), ("model.embed_tokens.weight", False, None),
+    ("model.embed_tokens.weight", True, 0), ("lm_head.weight", True, 1), ("model.norm.weight", True, None),
+])
+def test_one_tp_plan_gives_each_parameter_its_split_dim(name, vocab, dim):
+    assert split_dim(name, vocab) == dim
+
+
+def test_every_refusal_row_refuses_its_product_alone_in_one_line():
+    products = {"sep": Degrees(sep=2), "cp with ZeRO-3": Degrees(cp=2, stage=3, sharding=2, data=2),
+                "sp with ZeRO-3": Degrees(tp=2, sp=True, stage=3, sharding=2, data=2),
+                "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
+                "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4)}
+    assert sorted(products) == sorted(r.name for r in REFUSED)
+    for name, degrees in products.items():
+        lines = refusals(degrees)
+        key = lines[0].split(":")[0] if lines else ""
+        assert len(lines) == 1 and "\n" not in lines[0] and key.endswith(("_degree", "sharding", "sequence_parallel")), \
+            (name, lines)
+        assert "supported" in lines[0] and "; " in lines[0], lines  # the engine limit, then what to do
+    for runs in (Degrees(cp=2, tp=2, pp=2), Degrees(cp=2, stage=2, sharding=1, data=1),
+                 Degrees(tp=2, sp=True, stage=2, sharding=2, data=2), Degrees(pp=2, stage=2, sharding=2, data=2)):
+        assert refusals(runs) == [], runs
+
+
+def test_the_collectives_backend_is_chosen_from_the_device_once():
+    cpu, gpu = for_device("cpu"), for_device("gpu")
+    assert (cpu.gloo, cpu.ring_edges, cpu.name) == (True, True, "gloo")
+    assert (gpu.gloo, gpu.ring_edges, gpu.gradient_hook, gpu.name) == (False, False, None, "nccl")
+    assert cpu.gradient_hook is not None and cpu == for_device("cpu")  # hashable: a cache key for ring groups
