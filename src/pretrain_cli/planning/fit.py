@@ -175,7 +175,8 @@ def format_fit(f: dict) -> str:
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
              f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline"
-             + (", context-parallel or expert-parallel degree)" if f.get("experts") else " or context-parallel degree)")]
+             + (", context-parallel or expert-parallel degree)" if f.get("experts")
+                else " or context-parallel degree)")]
     ln = dev["links"]
     if f["gpus"] > 1:  # one device sends nothing
         lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
