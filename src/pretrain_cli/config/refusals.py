@@ -26,7 +26,6 @@ class Degrees:
     sharding: int = 1
     data: int = 1
     sp: bool = False
-    experts: int = 0  # a Mixture-of-Experts model's routed experts per sparse layer (0: dense)
 
 
 @dataclass(frozen=True)
@@ -40,11 +39,6 @@ class Refusal:
 
 
 REFUSED = (
-    Refusal("MoE with the tp step", lambda d: d.experts > 0 and d.tp > 1 and (d.pp > 1 or d.sp or d.cp > 1),
-            lambda d: f"tensor_parallel_degree: {d.tp} with a Mixture-of-Experts model inside pipeline stages or with "
-                      f"sequence or context parallelism is not supported yet (the tp step splits a dense MLP's "
-                      f"gate/up/down projections; a sparse layer's experts are not split); use tensor_parallel_degree "
-                      f"1 there (expert_parallel_degree spreads the experts), or tensor parallelism on its own"),
     Refusal("sep", lambda d: d.sep > 1,
             lambda d: f"sep_parallel_degree: {d.sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
                       f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {d.sep} "

@@ -247,8 +247,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
             sharding = 1
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
-    for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
-                                 experts=model_cfg.num_experts if model_cfg is not None else 0)):
+    for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp)):
         problems.add(line)  # what no engine here runs: config.refusals' table
     if sp and args.data.max_seq_length % (tp * cp):
         each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
