@@ -1,6 +1,6 @@
 """The same training step in HF transformers + PyTorch, eager or under `torch.compile`.
 
-Eager is HF as it ships (`LlamaForCausalLM`, sdpa attention, `torch.optim.AdamW`, `clip_grad_norm_`).
+Eager is HF as it ships (the config's class, `LlamaForCausalLM` or `Qwen3MoeForCausalLM`; sdpa attention, `torch.optim.AdamW`, `clip_grad_norm_`).
 Compiled is what a performance-minded PyTorch user runs on CPU: the forward + loss compiled as one
 graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd; in the
 `max-autotune` mode inductor also benchmarks its own C++ GEMM templates against MKL; the driver times the
@@ -35,8 +35,9 @@ def worker_torch(cfg: dict, a, compiled: bool = False) -> dict:
     ar, mcfg = cfg["arguments"], ModelConfig.from_dict(cfg["model"])
     seq, bs = ar["max_seq_length"], ar["per_device_train_batch_size"]
     torch.manual_seed(ar.get("seed", 0))
-    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg["model"].items() if k != "architectures"})
-    model = transformers.LlamaForCausalLM(hf_cfg).train()
+    fields = {k: v for k, v in cfg["model"].items() if k not in ("architectures", "model_type")}
+    hf_cfg = transformers.AutoConfig.for_model(cfg["model"].get("model_type", "llama"), **fields)  # Llama, Qwen3-MoE
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ar["learning_rate"], betas=(ar["adam_beta1"], ar["adam_beta2"]),
                             eps=ar["adam_epsilon"], weight_decay=ar["weight_decay"], fused=compiled or None)
     data = batches(SyntheticDataset(mcfg.vocab_size, seq), bs)

@@ -272,6 +272,9 @@ class ParallelConfig:
     cp_degree: int = 1
     # Megatron sequence parallelism with tp > 1: norms and residuals cut on the sequence over the tp group
     sequence_parallel: bool = False
+    # expert parallelism: a Mixture-of-Experts model's experts split over groups of ep data ranks
+    # (`distributed.topology.Topology.expert_group`, `distributed.expert_parallel`)
+    ep_degree: int = 1
 
     @property
     def data_world_size(self) -> int:
@@ -305,6 +308,8 @@ class ParallelConfig:
             parts.append(f"tp {self.tp_degree}" + (" + sp" if self.sequence_parallel else ""))
         if self.cp_degree > 1:
             parts.append(f"cp {self.cp_degree}")
+        if self.ep_degree > 1:
+            parts.append(f"ep {self.ep_degree}")
         if self.pp_degree > 1:
             parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
                                                    else ""))

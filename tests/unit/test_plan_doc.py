@@ -45,6 +45,9 @@ def test_plan_md_has_its_worked_examples():
     assert any("Llama-3.1-70B" in cmd and "--fit" in cmd for cmd, _, _ in found)
     assert any("--gpus 8" in cmd and "-o fitted.json" in cmd for cmd, _, _ in found)
     assert sorted({code for _, _, code in found}) == [0, 1]  # the exit code is read where the doc shows it
+    # Mixture-of-Experts: the active parameters of Qwen3-30B-A3B, and its --fit on two nodes
+    assert any("Qwen3-30B-A3B" in cmd and "--expert_parallel_degree" in cmd for cmd, _, _ in found)
+    assert any("Qwen3-30B-A3B" in cmd and "--gpus 16 --fit" in cmd for cmd, _, _ in found)
 
 
 @pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")

@@ -220,6 +220,9 @@ class TrainingArguments:
                                       "context_parallel_degree).")
     context_parallel_degree: int = _f(-1, "Context parallelism: each sequence split over this many ranks, attention "
                                           "across them (with data parallelism; docs/DISTRIBUTED.md).")
+    expert_parallel_degree: int = _f(1, "Expert parallelism (PaddleNLP's/PaddleFormers' key): a Mixture-of-Experts "
+                                        "model's experts spread over this many of the data/ZeRO ranks, tokens "
+                                        "dispatched to them (docs/DISTRIBUTED.md).")
     tensor_parallel_config: str = _f("", "PaddleNLP's TP fusion/overlap flags; Paddle's semi-auto engine places the "
                                          "collectives here.", "ignored")
     pipeline_parallel_config: str = _f("", "PaddleNLP's PP feature flags: each one is applied, or named in a note "

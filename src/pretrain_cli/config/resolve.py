@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.expert import expert_degree
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.pipeline import resolve_pipeline
@@ -223,8 +224,9 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
     if world == 1:
         one_process_notes(args, model_cfg, {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
-                                            "sep_parallel_degree": sep, "context_parallel_degree": cp}, stage, notes,
-                          problems)
+                                            "sep_parallel_degree": sep, "context_parallel_degree": cp,
+                                            "expert_parallel_degree": degree(t.expert_parallel_degree)}, stage,
+                          notes, problems)
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
     cp = context_degree(args, world, problems)
     sp = bool(t.sequence_parallel) and tp > 1
@@ -273,11 +275,12 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
+    ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding * cp > 1 else 0,
                           tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp,
-                          sequence_parallel=sp)
+                          sequence_parallel=sp, ep_degree=ep)
 
 
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:

@@ -53,6 +53,7 @@ class Placement:
     tp_dims: dict = field(default_factory=dict)  # HF name -> the Paddle dim its tensor-parallel slice is cut on
     seq_params: list = field(default_factory=list)  # SP: parameters whose gradients cover this rank's positions
     pipeline: tuple | None = None  # (PipelineLayer, StageLoss, bounds) after the `pp` step
+    experts: object = None  # the `ep` step's groups and held experts (`expert_parallel.ExpertSide`)
     sequence: object = None  # context parallelism's batch side (`context.ContextSide`): the pipeline's loss reads it
 
     def group(self, axis: str):

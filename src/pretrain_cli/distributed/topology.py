@@ -19,6 +19,11 @@ larger than a node. The data rank (which slice of the global batch a rank reads)
 sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks, cp ranks (context
 parallelism: each holds part of every sequence of its data rank, `distributed.context`) and stages share batches.
 fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans sharding × cp (adjacent in `AXES`).
+
+Expert parallelism (`ep`, `distributed.expert_parallel`) is not an axis of its own: it is drawn from the data ranks
+(PaddleNLP's `moe_group: data`). Consecutive data ranks form an expert group (`expert_group`: data rank // ep, on
+one node when ep data ranks fit in it), each holding num_experts / ep of the experts (`expert_rank`: data rank % ep);
+the ranks holding the same experts (`expert_replicas`) reduce those experts' gradients.
 """
 from __future__ import annotations
 
@@ -55,15 +60,18 @@ class Topology:
 
     degrees: tuple
     rank: int = 0
+    ep: int = 1  # expert-parallel degree: groups of `ep` data ranks split the experts (module docstring)
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
     def of(parallel) -> "Topology":
         """The topology of a resolved `ParallelConfig` (the same object for the same config)."""
         sizes = {axis: getattr(parallel, degree) for axis, (degree, _) in AXES.items()}
-        topo = Topology(tuple(sizes.items()), parallel.rank)
+        topo = Topology(tuple(sizes.items()), parallel.rank, parallel.ep_degree)
         if topo.world_size != parallel.world_size:
             raise ValueError(f"degrees {sizes} make {topo.world_size} ranks, the world is {parallel.world_size}")
+        if topo.data_world_size % topo.ep:
+            raise ValueError(f"ep {topo.ep} does not divide the {topo.data_world_size} data ranks")
         return topo
 
     # ------------------------------------------------------------------ arithmetic
@@ -106,6 +114,26 @@ class Topology:
     def data_rank(self) -> int:
         """Which slice of the global batch this rank reads."""
         return self.data_rank_of(self.rank)
+
+    def expert_rank(self, rank: int | None = None) -> int:
+        """Which 1/ep of every sparse layer's experts `rank` (this rank) holds."""
+        return self.data_rank_of(self.rank if rank is None else rank) % self.ep
+
+    def _same_place(self, rank: int, key) -> tuple:
+        """The ranks of `rank`'s stage, tp and cp position whose data rank gives the same `key(data rank)`."""
+        mine = self.coords(rank)
+        return tuple(r for r in range(self.world_size)
+                     if all(self.coord(a, r) == mine[a] for a in ("pp", "cp", "mp"))
+                     and key(self.data_rank_of(r)) == key(self.data_rank_of(rank)))
+
+    def expert_group(self, rank: int | None = None) -> tuple:
+        """The ep ranks through `rank` (this rank) that split the experts between them and exchange tokens."""
+        return self._same_place(self.rank if rank is None else rank, lambda d: d // self.ep)
+
+    def expert_replicas(self, rank: int | None = None) -> tuple:
+        """The ranks holding the same experts as `rank` (this rank): one per expert group; their gradients are
+        reduced over these (the data-parallel reduction of the rest of the model spans every data rank)."""
+        return self._same_place(self.rank if rank is None else rank, lambda d: d % self.ep)
 
     def replicas(self, *axes: str, rank: int | None = None) -> tuple:
         """The ranks whose coordinates on `axes` equal `rank`'s (this rank's): the ranks that hold the same

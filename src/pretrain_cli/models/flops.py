@@ -1,5 +1,9 @@
 """Parameter counts and training FLOPs per token, from the config alone (no Paddle).
 
+A Mixture-of-Experts model (`num_experts` > 0: Qwen3-MoE, Qwen2-MoE, DeepSeek-V2/V3) has every expert's parameters
+in its total but only the `num_experts_per_tok` routed experts, the router and the shared experts in its active
+count, and its FLOPs per token are those of the active parameters (`experts`, `param_counts`' "active").
+
 The headline number is the GQA-aware PaLM/torchtitan form (ARCHITECTURE.md facts: FLOPs per token): it counts the
 matmuls that are actually done, including the LM-head matmul of a tied model, and excludes
 recompute so MFU is comparable across runs. `hardware=True` adds the recomputed forward
@@ -7,6 +11,8 @@ recompute so MFU is comparable across runs. `hardware=True` adds the recomputed 
 its `4sh²` term assumes MHA, which over-counts GQA models by 6–9 %.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
@@ -36,6 +42,53 @@ def _attn_params(cfg: ModelConfig) -> int:
     return h * q + 2 * h * kv + q * h + (q + 2 * kv if qkv_bias else 0) + (h if o_bias else 0) + qk_norm
 
 
+@dataclass(frozen=True)
+class Experts:
+    """A Mixture-of-Experts model's expert shape, from the HF keys: `routed` experts of width `width` per sparse
+    layer, `top_k` of them per token, a gated shared expert of `shared_width` (Qwen2-MoE; 0 for none) and ungated
+    shared experts of `ungated_width` in all (DeepSeek's `n_shared_experts` × its expert width), and which layers
+    are sparse (`sparse[i]`)."""
+
+    routed: int
+    top_k: int
+    width: int
+    shared_width: int
+    sparse: tuple
+    ungated_width: int = 0
+
+    @property
+    def sparse_layers(self) -> int:
+        return sum(self.sparse)
+
+    def expert_params(self, h: int) -> int:
+        """One routed expert's parameters: gate, up and down projections (no bias)."""
+        return 3 * h * self.width
+
+    def shared_params(self, h: int) -> int:
+        """The router [E, h], and the shared experts (a gated one with its [1, h] gate, ungated ones): what every
+        token of a sparse layer uses. DeepSeek's e_score_correction_bias is a buffer, not counted, as transformers'."""
+        gated = 3 * h * self.shared_width + h if self.shared_width else 0
+        return self.routed * h + gated + 3 * h * self.ungated_width
+
+
+def experts(cfg: ModelConfig) -> Experts | None:
+    """The expert shape, or None for a dense model; which layers are sparse is the config's rule
+    (`ModelConfig.is_sparse_layer`: transformers' decoder layers of each family)."""
+    if not family(cfg.model_type).moe or cfg.num_experts <= 0:
+        return None
+    key = repr(cfg)
+    if key not in _SHAPES:  # `plan --fit` asks this of one config tens of thousands of times
+        sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
+        shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
+        _SHAPES[key] = Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse,
+                               cfg.moe_intermediate_size * cfg.n_shared_experts)
+    return _SHAPES[key]
+
+
+_SHAPES: dict = {}  # `experts`' answers by the config they describe
+_COUNTS: dict = {}  # `param_counts`' answers, likewise
+
+
 def _mlp_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
     """Layer `idx`'s MLP: dense SwiGLU, or (sparse layer) the router, the routed experts (only the top-k of them
     when `active`) and Qwen2-MoE's shared expert with its [1, hidden] gate."""
@@ -43,11 +96,8 @@ def _mlp_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
     if not cfg.is_sparse_layer(idx):
         i = cfg.intermediate_size
         return 3 * h * i + ((2 * i + h) if family(cfg.model_type).biases(cfg)[2] else 0)
-    experts = cfg.num_experts_per_tok if active else cfg.num_experts
-    shared = 3 * h * cfg.shared_expert_intermediate_size + h if family(cfg.model_type).shared_expert else 0
-    # DeepSeek: ungated shared experts (its e_score_correction_bias is a buffer, not counted, as transformers')
-    shared += 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts
-    return h * cfg.num_experts + experts * 3 * h * cfg.moe_intermediate_size + shared
+    e = experts(cfg)
+    return e.shared_params(h) + (e.top_k if active else e.routed) * e.expert_params(h)
 
 
 def _layer_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
@@ -56,13 +106,23 @@ def _layer_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Unique trainable parameters; a tied LM head is not counted twice. "active": the parameters one token
-    passes through (a Mixture-of-Experts model's top-k experts per sparse layer; = "total" for a dense model)."""
+    passes through (a Mixture-of-Experts model's top-k experts per sparse layer; = "total" for a dense model);
+    "experts": every routed expert's parameters (what expert parallelism divides; 0 if dense)."""
+    key = repr(cfg)
+    if key not in _COUNTS:
+        _COUNTS[key] = _param_counts(cfg)
+    return dict(_COUNTS[key])
+
+
+def _param_counts(cfg: ModelConfig) -> dict[str, int]:
     embedding = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     rest = embedding + cfg.hidden_size + head
     total = rest + sum(_layer_params(cfg, i) for i in range(cfg.num_hidden_layers))
     active = rest + sum(_layer_params(cfg, i, active=True) for i in range(cfg.num_hidden_layers))
-    out = {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
+    e = experts(cfg)
+    out = {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active,
+           "experts": e.sparse_layers * e.routed * e.expert_params(cfg.hidden_size) if e else 0}
     # DeepSeek-V3's multi-token prediction modules (`models.mtp`), outside "total" as transformers leaves them
     # out: their own parameters ("mtp"; the embedding and head are shared) and what one token passes through
     L, h, k = cfg.num_hidden_layers, cfg.hidden_size, cfg.num_nextn_predict_layers
@@ -109,9 +169,14 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
 
 
 def paddlenlp_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None) -> float:
-    """PaddleNLP `caculate_llm_flops` (ARCHITECTURE.md facts: FLOPs per token), recompute included when given."""
+    """PaddleNLP `caculate_llm_flops` (ARCHITECTURE.md facts: FLOPs per token), recompute included when given. Of a
+    Mixture-of-Experts model I is the active MLP width averaged over the layers (top-k experts + shared experts)."""
     _check_recompute(recompute)
     s, h, i, L, V = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    e = experts(cfg)
+    if e:
+        i = sum(e.top_k * e.width + e.shared_width + e.ungated_width if sp else cfg.intermediate_size
+                for sp in e.sparse) / L
     qkvo, core = 4 * s * h * h, 2 * s * s * h
     t = qkvo + core + 3 * s * h * i + s * i
     r = {None: 0, "full": t, "full_attn": qkvo + core, "core_attn": core}[recompute]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
-            "context_parallel_degree", "sequence_parallel")
+            "context_parallel_degree", "sequence_parallel", "expert_parallel_degree")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -65,24 +65,25 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
-    """{"tp" | "pp" | "cp" | "data": every group of ranks along that axis} for `plan`'s layout lines and the speed
-    model's links, from the run's own rank layout (`distributed.topology.Topology`, which `train` asks; never
+    """{"tp" | "pp" | "cp" | "data" | "ep": every group of ranks along that axis} for `plan`'s layout lines and the
+    speed model's links, from the run's own rank layout (`distributed.topology.Topology`, which `train` asks; never
     re-derived): a tensor-parallel group shares every coordinate but its tp position, a pipeline group every one but
     its stage, a context-parallel group every one but its cp position, a data (dp × ZeRO, with cp) group its stage
-    and tensor-parallel position. Cached per layout of degrees: `--fit` plans thousands of candidates over a few
-    dozen layouts."""
+    and tensor-parallel position, an expert group is `Topology.expert_group`'s. Cached per layout of degrees:
+    `--fit` plans thousands of candidates over a few dozen layouts."""
     from pretrain_cli.distributed.topology import Topology
 
-    return _groups(Topology.of(par).degrees)
+    topo = Topology.of(par)
+    return _groups(topo.degrees, topo.ep)
 
 
 @functools.lru_cache(maxsize=None)
-def _groups(degrees: tuple) -> dict[str, list[tuple[int, ...]]]:
+def _groups(degrees: tuple, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
     """`rank_groups` of one tuple of (axis, degree): every rank's coordinates asked of the Topology once, then the
     ranks grouped by the coordinates each axis's groups share (what `Topology.group`/`replicas` select)."""
     from pretrain_cli.distributed.topology import Topology
 
-    topo = Topology(degrees)
+    topo = Topology(degrees, ep=ep)
     coords = [topo.coords(r) for r in range(topo.world_size)]
 
     def by(*shared: str) -> list[tuple[int, ...]]:
@@ -94,7 +95,8 @@ def _groups(degrees: tuple) -> dict[str, list[tuple[int, ...]]]:
     def along(axis: str) -> list[tuple[int, ...]]:
         return by(*(a for a in topo.sizes if a != axis))
 
-    return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by("pp", "mp")}
+    experts = sorted({topo.expert_group(r) for r in range(topo.world_size)})  # ep groups: from the data ranks
+    return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by("pp", "mp"), "ep": experts}
 
 
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
@@ -142,6 +144,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
     current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
+    current["expert_parallel_degree"] = max(current["expert_parallel_degree"], 1)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]

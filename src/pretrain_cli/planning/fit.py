@@ -35,12 +35,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0) -> list[dict]:
+def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
     """Every layout to try, as key changes against `current` (the file's values of the searched keys).
 
     Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; context-parallel degrees (the
     divisors of `gpus`, alone) from `seq_len` >= CONTEXT_MIN_SEQ on. For each, micro-batch × accumulation = global
-    batch / data ranks, so a split that leaves a fraction is skipped. Sharding stages are tried only when there
+    batch / data ranks, so a split that leaves a fraction is skipped. A Mixture-of-Experts model of `experts` routed
+    experts also tries every expert-parallel degree that divides both them and the data ranks. Sharding stages are tried only when there
     are data ranks (or context-parallel ranks: ZeRO-1 shards over cp × sharding) to shard over. Nothing here
     decides which layouts can run: what `config.resolve` refuses (a degree that does not divide the heads, a
     pipeline with ZeRO-2/3, CP with TP, ...) is refused when the caller re-resolves the candidate, by the same
@@ -59,14 +60,16 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0) ->
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
         stages = ["", "stage1"] if cp > 1 else stages  # ZeRO-1 over cp x sharding; resolve refuses 2/3 with CP
         sps = [False, True] if tp > 1 and gpus > 1 else [current.get("sequence_parallel", False)]
-        for micro, gran, fa, stage, sp in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash, stages,
-                                                            sps):
+        eps = [e for e in _divisors(data_ranks) if experts % e == 0] if experts and gpus > 1 else \
+            [current.get("expert_parallel_degree", 1)]
+        for micro, gran, fa, stage, sp, ep in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash,
+                                                                stages, sps, eps):
             want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
                     "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
                     "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
                     "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
                     "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1),
-                    "sequence_parallel": sp}
+                    "sequence_parallel": sp, "expert_parallel_degree": ep}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -77,7 +80,7 @@ def _layout(r: dict) -> tuple:
     """What a resolved candidate runs: candidates that resolve alike are one layout."""
     p = r.parallel
     return (r.micro_batch, r.gradient_accumulation_steps, r.recompute, r.attention, p.tp, p.sharding_stage,
-            p.sharding_degree, p.pp, p.cp, p.sequence_parallel)  # (sequence parallelism: a layout of its own)
+            p.sharding_degree, p.pp, p.cp, p.sequence_parallel, p.ep)  # (sequence parallelism: a layout of its own)
 
 
 def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool = True) -> dict:
@@ -89,7 +92,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
     """
     seen: dict[tuple, dict] = {}
     tried = 0
-    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length):
+    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts):
         tried += 1
         r = base if not change else replan(change)
         if r is None:
@@ -123,6 +126,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     found = search(current, base, replan, budget_gib, by_speed=by_speed)
     best, small = found["best"], found["smallest"]
     out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
+           "experts": base.model.experts,
            "budget_gib": budget_gib, "mfu": base.mfu, "global_batch": base.global_batch,
            "tried": found["tried"], "valid": found["valid"],
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
@@ -150,9 +154,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
     order = ("tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree", "context_parallel_degree",
-             "sharding",
-             "per_device_train_batch_size",
-             "gradient_accumulation_steps",
+             "expert_parallel_degree", "sharding", "per_device_train_batch_size", "gradient_accumulation_steps",
              "recompute", "recompute_granularity", "use_flash_attention")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
 
@@ -171,8 +173,9 @@ def format_fit(f: dict) -> str:
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
              f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
-             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline or "
-             f"context-parallel degree)"]
+             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline"
+             + (", context-parallel or expert-parallel degree)" if f.get("experts")
+                else " or context-parallel degree)")]
     ln = dev["links"]
     if f["gpus"] > 1:  # one device sends nothing
         lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
@@ -201,7 +204,8 @@ def format_fit(f: dict) -> str:
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
                  f"(what a rank builds + the block being created; within the budget too)")
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP traffic over "
+                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
+                 f"{'/EP' if f.get('experts') else ''} traffic over "
                  f"the link each group uses)")
     return "\n".join(lines)
 

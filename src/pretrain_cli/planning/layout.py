@@ -9,7 +9,8 @@ from __future__ import annotations
 from pretrain_cli.planning.hardware import GPUS_PER_NODE
 from pretrain_cli.run_config import ParallelConfig
 
-AXES = ("tp", "pp", "cp", "data")  # what each group carries: TP all-reduces, pipeline p2p, CP K/V, data/ZeRO
+AXES = ("tp", "pp", "cp", "data", "ep")  # what each group carries: TP all-reduces, pipeline p2p, CP K/V, data/ZeRO,
+# the experts' dispatch (ep groups are drawn from the data ranks)
 
 
 def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
@@ -18,8 +19,11 @@ def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = G
     JSON-ready (`plan --json`'s `layout`; the speed model's links read `inside_node`)."""
     nodes = -(-par.world_size // gpus_per_node)
     out = {"gpus_per_node": gpus_per_node, "nodes": nodes, "axes": {}}
-    degree = {"tp": par.tp_degree, "pp": par.pp_degree, "cp": par.cp_degree, "data": par.data_world_size}
+    degree = {"tp": par.tp_degree, "pp": par.pp_degree, "cp": par.cp_degree, "data": par.data_world_size,
+              "ep": par.ep_degree}
     for axis in AXES:
+        if axis not in groups:
+            continue
         gs = sorted(sorted(g) for g in groups[axis])
         spans = max(len({r // gpus_per_node for r in g}) for g in gs)
         out["axes"][axis] = {"degree": degree[axis], "groups": len(gs), "first_group": gs[0],
@@ -33,7 +37,8 @@ def format_layout(lay: dict) -> list[str]:
     what = {"tp": "tensor-parallel groups (all-reduces every layer)",
             "pp": "pipeline groups (one activation per micro-batch between stages)",
             "cp": "context-parallel groups (K/V gathered every layer)",
-            "data": "data/ZeRO groups (gradients, ZeRO shards)"}
+            "data": "data/ZeRO groups (gradients, ZeRO shards)",
+            "ep": "expert groups (tokens to their experts and back, every sparse layer)"}
     lines = [f"ranks on {lay['nodes']} node(s) of {lay['gpus_per_node']} (consecutive ranks share a node):"]
     for axis, a in lay["axes"].items():
         if a["degree"] == 1:

@@ -15,6 +15,7 @@ from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.ops.block_attention import ROW_TILE
+from pretrain_cli.planning.experts import expert_params, mlp_per_token
 from pretrain_cli.ops.linear_loss import chunk_rows
 
 GIB = float(2**30)
@@ -53,6 +54,7 @@ class Setup:
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
     cp: int = 1  # context parallelism (distributed.context): `seq_len` is then one rank's share, max_seq_length / cp
     sp: bool = False  # sequence parallelism with tp (distributed.sequence_parallel): norms and residuals ÷ tp
+    ep: int = 1  # expert parallelism (distributed.expert_parallel): each rank holds 1/ep of the routed experts
 
     @property
     def vocab_tp(self) -> int:
@@ -111,7 +113,7 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
         "core": core + scores,
         "core_inputs": c * (h + kv) / tp,  # q, k after RoPE: kept instead of `core` under core_attn
         "attn_out": c * h / tp,
-        "mlp": norm + 4 * c * cfg.intermediate_size / tp,
+        "mlp": norm + mlp_per_token(s),
     }
 
 
@@ -197,13 +199,16 @@ def document_mask_bytes(s: Setup) -> float:
 def stage_params(s: Setup, stage: int) -> float:
     """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
     the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
-    copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny)."""
+    copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny); a
+    Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
-    per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head)) / \
+    routed = counts["experts"]
+    per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head) - routed) / \
         cfg.num_hidden_layers
     bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
-    n = per_layer * (bounds[stage + 1] - bounds[stage]) / s.tp
+    layers = bounds[stage + 1] - bounds[stage]
+    n = per_layer * layers / s.tp + expert_params(s) * layers / cfg.num_hidden_layers
     n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
     n += cfg.hidden_size / s.tp + head / s.vocab_tp if stage == s.pp - 1 else 0
     return n
@@ -293,11 +298,13 @@ def estimate(s: Setup) -> dict[str, float]:
 
 
 def _device_params(s: Setup) -> float:
-    """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`)."""
+    """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`), the
+    routed experts ÷ ep (`expert_params`)."""
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
-    return (counts["total"] - vocab) / s.tp + vocab / s.vocab_tp
+    routed = counts["experts"]
+    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s)
 
 
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
@@ -325,7 +332,8 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         "logits_loss": logits,
     }
     if s.dp_buffers and not s.sharding_stage:
-        out["gradient_buffers"] = n * grad_b
+        # the experts of expert parallelism are reduced outside DataParallel's buffers (over their own holders)
+        out["gradient_buffers"] = (n - (expert_params(s) if s.ep > 1 else 0)) * grad_b
     if s.cp > 1:
         out["context_attention"] = context_working_bytes(s)
     if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:

@@ -80,7 +80,7 @@ def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float =
         distributed_tensors=p.traits.distributed_tensors,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
         fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
-        sp=p.sequence_parallel)
+        sp=p.sequence_parallel, ep=p.ep_degree)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -149,14 +149,15 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                                   device.links),
         gpus=par.world_size,
         model=ModelShape(cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
-                         cfg.num_key_value_heads, cfg.vocab_size),
+                         cfg.num_key_value_heads, cfg.vocab_size, cfg.num_experts,
+                         cfg.num_experts_per_tok),
         params=param_counts(cfg), tied=bool(cfg.tie_word_embeddings),
         flops_per_token=FlopsPerToken(model_fpt, flops_per_token(cfg, s, recompute=setup.recompute, hardware=True),
                                       paddlenlp_flops_per_token(cfg, s, setup.recompute)),
         precision=PlannedPrecision(run.precision.amp_dtype or "float32", setup.amp_level),
         parallel=PlannedLayout(par.world_size, par.dp_degree, par.sharding_stage, par.sharding_degree, par.tp_degree,
                                par.data_world_size, par.pp_degree, bubble, par.cp_degree,
-                               par.sequence_parallel),
+                               par.sequence_parallel, par.ep_degree),
         micro_batch=lp.micro_batch, gradient_accumulation_steps=lp.grad_accum,
         max_seq_length=s, recompute=setup.recompute, attention=setup.attention,
         attention_mask_type=run.data.attention_mask_type,
@@ -170,7 +171,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                   (kept * per_ck + ck["weights"]) / GIB, per_ck / par.world_size / GIB,
                                   SAVE_GB_PER_S, per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)),
         mfu=mfu, eta_hours=eta, notes=tuple(notes),
-        traffic_gb_per_step={k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)["total"]).items()},
+        traffic_gb_per_step={k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)).items()},
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
     )
 

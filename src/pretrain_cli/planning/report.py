@@ -33,6 +33,8 @@ class ModelShape:
     heads: int
     kv_heads: int
     vocab: int
+    experts: int = 0  # routed experts per sparse layer (0: a dense model)
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class PlannedLayout:
     pipeline_bubble: float
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
     sequence_parallel: bool = False  # with tp: norms and residual stream cut over the tp ranks
+    ep: int = 1  # expert-parallel ranks (drawn from the data ranks): each holds 1/ep of the routed experts
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class Plan:
 
 
 # traffic term -> the axis whose groups carry it
-TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "dp": "data"}
+TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "ep": "ep", "dp": "data"}
 
 
 def in_node(r: Plan, term: str) -> bool:
@@ -175,17 +178,24 @@ def format_report(r: Plan) -> str:
     lines = [f"plan: {r.config or 'command line'} on {r.gpus} x {d.name} ({d.memory_gib:.1f} GiB each)"]
     lines += [f"  note: {n}" for n in r.notes]
     lines.append(f"model: {m.model_type}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
-                 f"{m.kv_heads} kv, vocab {m.vocab}")
+                 f"{m.kv_heads} kv, vocab {m.vocab}"
+                 + (f", {m.experts} experts ({m.experts_per_token} per token)" if m.experts else ""))
     lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
                  f"non-embedding{' (tied LM head counted once)' if r.tied else ''} [{p['total']:,}]")
+    if p["experts"]:  # a Mixture-of-Experts model: what one token uses, and what expert parallelism divides
+        lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (the top-k routed experts, the router "
+                     f"and any shared expert: what FLOPs count); routed experts {_si(p['experts'])}"
+                     + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
     f = r.flops_per_token
     hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
-    lines.append(f"FLOPs/token: {f.model:.4g} model (6N + 12·L·H·d·S, GQA-aware){hardware_flops}, "
+    lines.append(f"FLOPs/token: {f.model:.4g} model (6N{'_active' if p['experts'] else ''} + 12·L·H·d·S, "
+                 f"GQA-aware){hardware_flops}, "
                  f"PaddleNLP formula {f.paddlenlp:.4g}"
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r.attention_mask_type == "document" else ""))
     lines.append(f"precision {r.precision.amp_dtype} {r.precision.amp_level or ''}; world {par.world} "
                  f"= {_data_ranks(par)} x tp {par.tp}" + (f" x cp {par.cp}" if par.cp > 1 else "")
+                 + (f" (ep {par.ep}: experts split over groups of {par.ep} data ranks)" if par.ep > 1 else "")
                  + (f" x pp {par.pp} (the fullest stage below, bubble {par.pipeline_bubble:.1%})" if par.pp > 1
                     else "") + "; "
                  f"recompute {r.recompute or 'off'}; attention {r.attention}, {r.attention_mask_type} mask")
@@ -194,7 +204,7 @@ def format_report(r: Plan) -> str:
                  f"{r.total_tokens:,} tokens")
     if r.schedule:
         lines.append(f"schedule: {r.schedule}")
-    if r.layout and (par.tp > 1 or par.pp > 1):
+    if r.layout and (par.tp > 1 or par.pp > 1 or par.ep > 1):
         lines += layout.format_layout(r.layout)
     if r.gpus > 1:
         ln = d.links
@@ -202,7 +212,8 @@ def format_report(r: Plan) -> str:
                      f"{ln.cross_node_gbps:g} GB/s; {ln.gpus_per_node} GPUs per node")
     traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})" for k, name in
                              (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
-                              ("cp", "CP K/V gathers"), ("dp", "data-parallel gradients"))
+                              ("cp", "CP K/V gathers"), ("ep", "expert dispatch"),
+                              ("dp", "data-parallel gradients"))
                              if r.traffic_gb_per_step.get(k))
     if traffic_text:
         lines.append(f"traffic per device per step: {traffic_text}")

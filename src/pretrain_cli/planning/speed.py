@@ -1,10 +1,11 @@
 """The speed model `plan` and `plan --fit` rank layouts by (docs/PLAN.md): per optimizer step on one device,
 compute over the pipeline's stages and its 1F1B bubble, plus the bytes it sends on its tensor-parallel, pipeline,
-ZeRO-3 and context-parallel groups, each over the link its group uses: in-node or cross-node
+ZeRO-3, context-parallel and expert-parallel groups, each over the link its group uses: in-node or cross-node
 (`planning.hardware.links`). Each formula is written once here. No Paddle.
 """
 from __future__ import annotations
 
+from pretrain_cli.planning.experts import dispatch_bytes, expert_params
 from pretrain_cli.planning.memory import Setup, context_traffic_bytes
 from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_config import ParallelConfig
@@ -17,7 +18,7 @@ def pipeline_bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, float]:
+def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]:
     """Bytes one device sends per optimizer step on each group (the speed model's terms, docs/PLAN.md):
 
     tp    = acc × its stage's layers × n × 2(t−1)/t × b·s·hidden·c  (n = 4 all-reduces per layer: attention and MLP
@@ -28,12 +29,16 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
             reduce-scattered, per micro-batch)
     cp    = acc × `memory.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
             recompute, and its dK/dV blocks)
+    ep    = acc × `experts.dispatch_bytes` (the expert group's tokens gathered, the experts' outputs reduce-scattered)
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
             holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
-            all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`"""
+            all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`; under expert parallelism
+            a rank's routed experts are reduced over their D/ep holders instead
+    `params` is `models.flops.param_counts` of the model."""
+    params_total = params["total"]
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
-    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "dp": 0.0}
+    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
     if tp > 1:
         n = 4 + {"full": 2, "full_attn": 1}.get(setup.recompute, 0)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
@@ -45,10 +50,14 @@ def traffic(setup: Setup, par: ParallelConfig, params_total: int) -> dict[str, f
     if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence
         out["cp"] = acc * context_traffic_bytes(setup.model, setup.micro_batch, setup.seq_len * par.cp_degree,
                                                 par.cp_degree, setup.compute_bytes, setup.recompute)
+    if setup.ep > 1:
+        out["ep"] = acc * dispatch_bytes(setup, setup.model.num_hidden_layers / pp)
     replicas = par.data_world_size * par.cp_degree
     if replicas > 1 and par.sharding_stage < 3:
         grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
-        out["dp"] = 2 * (replicas - 1) / replicas * params_total / tp / pp * grad_bytes
+        routed, holders = (expert_params(setup), replicas // setup.ep) if setup.ep > 1 else (0.0, replicas)
+        dense = (params_total - params["experts"]) / tp / pp if setup.ep > 1 else params_total / tp / pp
+        out["dp"] = (2 * (replicas - 1) / replicas * dense + 2 * (holders - 1) / holders * routed) * grad_bytes
     return out
 
 

@@ -103,8 +103,30 @@ def export_checkpoint(src: Path, out: Path, dtype: str, max_shard_bytes: int | N
 
 
 def _hf_order(model, names: list[str]) -> list[str]:
-    """The model's parameter order (what `save_hf` writes), so the export does not depend on the layout."""
+    """`names` in the model's parameter order (what `save_hf` writes), so the export does not depend on the layout.
+    Under expert parallelism this rank's model holds some experts only: the others' names (in the checkpoint,
+    written by their holders) take the place one process gives them, experts in index order within their layer,
+    each expert's tensors in the order of this rank's first expert of that layer."""
+    import re
+
     from pretrain_cli.models.convert import hf_params
 
-    order = [hf for hf, _, _ in hf_params(model)]
-    return [n for n in order if n in set(names)]
+    order = {hf: i for i, (hf, _, _) in enumerate(hf_params(model))}
+    expert = re.compile(r"^(.*\.mlp\.experts\.)(\d+)(\..*)$")  # HF's per-expert names
+    first: dict[str, int] = {}  # layer prefix -> the lowest expert index this rank holds there
+    start: dict[str, int] = {}  # layer prefix -> where its experts begin in the model's order
+    for name, i in order.items():
+        m = expert.match(name)
+        if m:
+            first[m.group(1)] = min(first.get(m.group(1), int(m.group(2))), int(m.group(2)))
+            start[m.group(1)] = min(start.get(m.group(1), i), i)
+
+    def key(name: str) -> tuple:
+        m = expert.match(name)
+        if name in order and not m:
+            return order[name], -1, 0
+        prefix, e, rest = m.group(1), int(m.group(2)), m.group(3)
+        return start[prefix], e, order[f"{prefix}{first[prefix]}{rest}"]
+
+    return sorted((n for n in names if n in order or (expert.match(n) and expert.match(n).group(1) in first)),
+                  key=key)

@@ -1,0 +1,36 @@
+"""The expert-parallel key (`expert_parallel_degree`): which layouts `distributed.expert_parallel` runs.
+
+Expert parallelism spreads a Mixture-of-Experts model's routed experts over groups of `ep` data ranks (PaddleNLP's
+`moe_group: data`, torchtitan's borrowing of the data ranks): each rank holds num_experts / ep of every sparse
+layer's experts and the tokens routed to them are sent to it. It runs on the data-parallel engine
+(`paddle.DataParallel` for everything but the experts, whose gradients are reduced over the ranks holding the same
+experts); the other engines place the weights themselves and are refused here with what to do instead.
+"""
+from __future__ import annotations
+
+from pretrain_cli.errors import Problems
+
+
+def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, stage: int,
+                  problems: Problems) -> int:
+    """`expert_parallel_degree` as `distributed.expert_parallel` runs it, for a layout of `data_ranks` (dp ×
+    sharding) data ranks; 1 when off or refused (every problem named)."""
+    ep = max(args.training.expert_parallel_degree, 1)  # -1, 0 and 1 all mean off
+    if ep == 1:
+        return 1
+    experts = model_cfg.num_experts
+    for bad, why in ((not experts, f"needs a Mixture-of-Experts model (num_experts in config.json); "
+                      f"{model_cfg.model_type} has no experts: remove the key"),
+                     (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
+                     (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
+                      f"from; use a divisor of them"),
+                     (tp > 1 or pp > 1 or cp > 1, "with tensor, pipeline or context parallelism is not supported "
+                      "yet; set tensor_parallel_degree, pipeline_parallel_degree and context_parallel_degree to 1"),
+                     (stage > 0, "with sharding is not supported yet (experts are already split over the ep ranks; "
+                      "the rest is data-parallel): set sharding to ''"),
+                     (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
+                      f"the batch a capacity is counted over): set capacity_factor to 0")):
+        if bad:
+            problems.add(f"expert_parallel_degree: {ep} {why}")
+            return 1
+    return ep

@@ -1,0 +1,233 @@
+"""Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
+
+Applied from outside the single-device model, as the `ep` layout step (`distributed.steps`, registered here) and
+the data side of `ExpertParallel` (a `DataParallel` whose experts are reduced on their own):
+
+- **held experts**: rank r of an expert group (`Topology.expert_rank`) holds experts [r·E/ep, (r+1)·E/ep) of every
+  sparse layer (`held_range`); the others are removed from its model before any parameter is created, so a lazily
+  built model never creates them (`ExpertParallel.place`: `materialize.fill` skips them; docs/DISTRIBUTED.md,
+  start-up). Each kept expert keeps its HF name (`mlp.experts.{e}.*`), so checkpoints are by name as ever.
+- **dispatch** (`GatherDispatch`, swapped for `SparseMoeBlock.dispatch`, same inputs and outputs): the group's
+  tokens and routes are all-gathered, each rank runs its experts over the rows routed to them (sorted by expert,
+  one grouped computation, as `moe.dispatch_local`), and the outputs are summed over the group with this rank's
+  tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
+  and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
+  "Expert parallelism") and it is exact: each assignment is computed once, by its expert's holder. Dropless only.
+- **gradients**: the experts are left out of `paddle.DataParallel`'s all-reduce (`no_sync`) and summed over the
+  ranks that hold the same experts (`Topology.expert_replicas`), then divided by the data ranks, as DataParallel
+  averages the rest: the dispatch's backward already summed the group's tokens into them. The gradient norm adds
+  the experts' squares over the expert group (each rank holds different ones).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pretrain_cli.distributed.steps import Step, register
+from pretrain_cli.distributed.strategy import DataParallel
+
+EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")  # HF's per-expert names: model.layers.{i}.mlp.experts.{e}.*
+
+
+def held_range(num_experts: int, ep: int, expert_rank: int) -> range:
+    """The experts (global indices) the rank at `expert_rank` of an expert group of `ep` holds."""
+    per = num_experts // ep
+    return range(expert_rank * per, (expert_rank + 1) * per)
+
+
+def expert_of(name: str) -> int | None:
+    """The routed expert a parameter (HF name; optimizer state "<name>/<slot>") belongs to, or None."""
+    m = EXPERT.search(name)
+    return int(m.group(1)) if m else None
+
+
+def sparse_blocks(model) -> list:
+    """Every SparseMoeBlock of the model, in layer order."""
+    from pretrain_cli.models.moe import SparseMoeBlock
+
+    return [layer for layer in model.sublayers() if isinstance(layer, SparseMoeBlock)]
+
+
+def keep_held(model, held: range) -> None:
+    """Remove every expert outside `held` from each sparse layer (before their parameters exist, on a lazy model)."""
+    for block in sparse_blocks(model):
+        experts = block.experts
+        for e in range(experts.first, experts.first + experts.count):
+            if e not in held:
+                del experts._sub_layers[str(e)]
+        experts.first, experts.count = held.start, len(held)
+
+
+def _autograd_pair():
+    """(Gather, Combine): all-gather whose backward reduce-scatters, and its mirror image."""
+    from paddle.autograd import PyLayer
+
+    class Gather(PyLayer):
+        @staticmethod
+        def forward(ctx, x, ex):
+            ctx.ex = ex
+            return ex.backend.all_gather(x, ex.group, axis=0)  # [ep·tokens, ...]
+
+        @staticmethod
+        def backward(ctx, dy):
+            ex = ctx.ex
+            return ex.backend.reduce_scatter(dy, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
+
+    class Combine(PyLayer):
+        @staticmethod
+        def forward(ctx, y, ex):
+            ctx.ex = ex
+            return ex.backend.reduce_scatter(y, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
+
+        @staticmethod
+        def backward(ctx, dy):
+            ex = ctx.ex
+            return ex.backend.all_gather(dy, ex.group, axis=0)  # [ep·tokens, ...]
+
+    return Gather, Combine
+
+
+class GatherDispatch:
+    """`SparseMoeBlock.dispatch` over an expert group (module docstring): (x `[tokens, hidden]`, routing, the held
+    experts, num_experts, capacity_factor) -> (output `[tokens, hidden]`, this rank's tokens' counts fp32
+    `[experts]`, dropped fp32 `[]`: 0)."""
+
+    def __init__(self, group, ep: int, me: int, backend):
+        self.group, self.ep, self.me, self.backend = group, ep, me, backend
+        self.gather, self.combine = _autograd_pair()
+
+    def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
+        import paddle
+
+        if capacity_factor > 0:
+            raise ValueError("expert parallelism runs dropless (config refuses a capacity factor with it)")
+        top_k = routing.indices.shape[1]
+        counts = paddle.bincount(routing.indices.reshape([-1]), minlength=num_experts).astype("float32")  # [experts]
+        xs = self.gather.apply(x, self)  # [ep·tokens, hidden]
+        weights = self.gather.apply(routing.weights, self)  # [ep·tokens, top_k]
+        indices = self.backend.all_gather(routing.indices, self.group, axis=0)  # [ep·tokens, top_k]
+        flat = indices.reshape([-1])  # [ep·tokens·top_k]
+        local = flat - experts.first  # this rank's expert index of each assignment (outside: not held)
+        mine = paddle.logical_and(local >= 0, local < experts.count)  # [ep·tokens·top_k]
+        picked = paddle.masked_select(paddle.arange(flat.shape[0], dtype="int64"), mine)  # [held assignments]
+        order = paddle.gather(picked, paddle.argsort(paddle.gather(local, picked), stable=True))  # by expert
+        host_counts = [int(c) for c in paddle.bincount(paddle.gather(local, picked),
+                                                       minlength=experts.count).numpy()]
+        # every gathered input takes part in the graph, so each rank runs the same collectives in backward
+        out = paddle.zeros_like(xs) + 0.0 * (xs.sum() + weights.sum())  # [ep·tokens, hidden]
+        if order.shape[0]:
+            rows = paddle.gather(xs, order // top_k)  # [held assignments, hidden]
+            out_rows = experts(rows, host_counts)  # [held assignments, hidden]
+            w = paddle.gather(weights.reshape([-1]), order).astype(out_rows.dtype).unsqueeze(-1)  # [held, 1]
+            out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [ep·tokens, hidden]
+        return self.combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
+
+
+@dataclass
+class ExpertSide:
+    """What the `ep` step leaves for the data side: this rank's expert group and expert-replica group (None for a
+    group of one), the experts it holds and their parameters."""
+
+    group: object
+    replicas: object
+    held: range
+    params: list
+
+
+def _apply_ep(model, placement):
+    """The `ep` step: this rank's experts only (a no-op when `ExpertParallel.place` removed them already), each
+    sparse layer's dispatch over the expert group, the experts marked out of DataParallel's reduction; the groups
+    are created here, on every rank at the same point."""
+    topo = placement.topology
+    blocks = sparse_blocks(model)
+    group, replicas = new_groups(topo, placement.backend)
+    held = held_range(blocks[0].num_experts, topo.ep, topo.expert_rank()) if blocks else range(0)
+    keep_held(model, held)
+    dispatch = GatherDispatch(group, topo.ep, topo.expert_group().index(topo.rank), placement.backend)
+    params = []
+    for block in blocks:
+        block.dispatch = dispatch
+        for p in block.experts.parameters():
+            p.no_sync = True  # paddle.DataParallel leaves it out; ExpertParallel.sync_grads reduces it
+            params.append(p)
+    placement.experts = ExpertSide(group, replicas, held, params)
+    return model
+
+
+register(Step("ep", lambda p: p.ep_degree > 1, apply=_apply_ep))
+
+
+def new_groups(topo, backend) -> tuple:
+    """(this rank's expert group, its expert-replica group): every group created on every rank in the same order
+    (Paddle's rule for `new_group`); None for a group of one."""
+    import paddle.distributed as dist
+
+    mine = [None, None]
+    with backend.stores():
+        for i, groups in enumerate((sorted({topo.expert_group(r) for r in range(topo.world_size)}),
+                                    sorted({topo.expert_replicas(r) for r in range(topo.world_size)}))):
+            for ranks in groups:
+                g = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+                if topo.rank in ranks:
+                    mine[i] = g
+    return tuple(mine)
+
+
+class ExpertParallel(DataParallel):
+    """Data parallelism with the experts split over expert groups (module docstring)."""
+
+    name = "expert parallel (experts over the data ranks, the rest paddle.DataParallel)"
+
+    side: ExpertSide | None = None  # set by `place`
+
+    def place(self, model, source=None):
+        """Only this rank's experts are created: the others are removed first (`keep_held`), then the rest is
+        created and the layout steps run (the `ep` step swaps the dispatch and makes the groups)."""
+        from pretrain_cli.distributed.materialize import fill
+
+        blocks = sparse_blocks(model)
+        if blocks:
+            keep_held(model, held_range(blocks[0].num_experts, self.topology.ep, self.topology.expert_rank()))
+        if source is not None:
+            fill(model, source)
+        model = self.apply_steps(model, source)
+        self.side = self.placement.experts
+        return model
+
+    def sync_grads(self) -> None:
+        """The experts' gradients summed over their holders and averaged over the data ranks (DataParallel's
+        mean over the rest happened in backward)."""
+        import paddle
+        import paddle.distributed as dist
+
+        scale = 1.0 / self.parallel.data_world_size
+        with paddle.no_grad():
+            for p in self.side.params:
+                if p.grad is None:
+                    continue
+                if self.side.replicas is not None:
+                    dist.all_reduce(p.grad, group=self.side.replicas)
+                p.grad.scale_(scale)
+
+    def grad_norm(self, model):
+        """The global norm: the replicated parameters' squares once, the experts' summed over the expert group."""
+        import paddle
+        import paddle.distributed as dist
+
+        ids = {id(p) for p in self.side.params}
+        dense = [p.grad for p in self.grad_params(model) if p.grad is not None and id(p) not in ids]
+        experts = [p.grad for p in self.side.params if p.grad is not None]
+        sq = self.step_kernels.global_sq_norm(dense)
+        esq = self.step_kernels.global_sq_norm(experts) if experts else paddle.zeros([], dtype="float32")
+        esq = esq.astype("float32")
+        if self.side.group is not None:
+            dist.all_reduce(esq, group=self.side.group)
+        return paddle.sqrt(sq.astype("float32") + esq)
+
+    def local_box(self, tensor, name: str | None = None):
+        """An expert's weights and optimizer state are whole on the ranks holding that expert (`expert_replicas`),
+        every other tensor on every rank."""
+        box, holders = super().local_box(tensor, name)
+        if name is not None and expert_of(name) is not None:
+            return box, self.topology.expert_replicas()
+        return box, holders

@@ -1,0 +1,47 @@
+"""The Mixture-of-Experts terms of the memory and speed models (docs/PLAN.md, "Mixture-of-Experts"): the routed
+experts a rank holds under expert parallelism, what a sparse layer keeps per token, and the dispatch that carries
+each token to its experts and back. `s` is a `planning.memory.Setup`. No Paddle.
+"""
+from __future__ import annotations
+
+from pretrain_cli.models.flops import experts, param_counts
+
+
+def mlp_per_token(s) -> float:
+    """The MLP's bytes kept per token, averaged over the layers. A dense layer: gate, up, silu and product,
+    4·c·I ÷ tp. A sparse layer (Mixture-of-Experts): the router's fp32 logits and probabilities (2·4·E), each of the
+    token's k routed copies through its expert (the gathered input, gate, up, silu, product and the weighted output:
+    k·c·(2h + 4F)), the shared expert and its gate (4·c·Fs + c·h + 4); under expert parallelism the dispatch keeps
+    the expert group's gathered tokens and the outputs before their reduce-scatter (2·ep·c·h). Modelled, not
+    calibrated: balanced routing (a busy expert's rank holds more)."""
+    cfg, c, tp = s.model, s.compute_bytes, s.tp
+    dense = 4 * c * cfg.intermediate_size / tp
+    e = experts(cfg)
+    if e is None:
+        return dense
+    h, k = cfg.hidden_size, e.top_k
+    sparse = 8 * e.routed + k * c * (2 * h + 4 * e.width) + (4 * c * e.shared_width + c * h + 4 if e.shared_width
+                                                              else 0) + (2 * s.ep * c * h if s.ep > 1 else 0)
+    return (e.sparse_layers * sparse + (cfg.num_hidden_layers - e.sparse_layers) * dense) / cfg.num_hidden_layers
+
+
+def expert_params(s) -> float:
+    """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (whole on every
+    tensor-parallel rank: no expert tensor parallelism, as torchtitan and PaddleFormers), else all ÷ tp (the
+    model's layout then splits them as it splits a dense MLP)."""
+    return param_counts(s.model)["experts"] / (s.ep if s.ep > 1 else s.tp)
+
+
+def dispatch_bytes(s, layers: float) -> float:
+    """Bytes one rank sends per micro-batch on its expert group, over `layers` decoder layers (a pipeline stage's):
+    the dispatch `distributed.expert_parallel` runs (`GatherDispatch`) all-gathers the group's tokens [b·s, hidden]
+    and reduce-scatters the experts' outputs, in forward, and the reverse pair in backward: 4 collectives per sparse
+    layer, each sending (ep − 1) × b·s·hidden·c from a rank (`full` recompute reruns the forward's two). An
+    all-to-all would send 4 × (ep − 1)/ep × top_k × b·s·hidden·c under balanced routing: ep/top_k times less, the
+    same at ep = top_k (Qwen3-MoE: 8). The router's indices and weights are small."""
+    e = experts(s.model)
+    if e is None or s.ep <= 1:
+        return 0.0
+    trips = 4 + (2 if s.recompute == "full" else 0)
+    sparse = e.sparse_layers * layers / s.model.num_hidden_layers
+    return sparse * trips * (s.ep - 1) * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes

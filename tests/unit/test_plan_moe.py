@@ -1,0 +1,116 @@
+"""`plan` and `plan --fit` for Mixture-of-Experts models: total vs active parameters, FLOPs on the active ones,
+experts ÷ expert_parallel_degree in memory, the dispatch on its link, and the EP layouts --fit tries; the
+`expert_parallel_degree` key's refusals and the ep groups of the Topology."""
+from pathlib import Path
+
+import pytest
+
+from plan_helpers import fit, plan
+from pretrain_cli.config.presets import resolve_model_dir
+from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.flops import flops_per_token, param_counts
+from pretrain_cli.run_config import ParallelConfig
+
+LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
+Q30 = ["--model_name_or_path", "Qwen/Qwen3-30B-A3B"]
+Q235 = ["--model_name_or_path", "Qwen/Qwen3-235B-A22B"]
+DP = ["--tensor_parallel_degree", "1", "--sharding", ""]  # the file's tp 2 x ZeRO-2 off: EP runs with data parallelism
+
+
+def _cfg(name: str) -> ModelConfig:
+    return ModelConfig.from_file(str(resolve_model_dir(name)))
+
+
+def test_total_and_active_parameters_are_the_published_ones():
+    """Qwen3-30B-A3B: 30.5 B total, 3.3 B activated; Qwen3-235B-A22B: 235 B, 22 B (the model cards); FLOPs per
+    token count the active ones only."""
+    for name, total, active in (("Qwen/Qwen3-30B-A3B", 30.5, 3.3), ("Qwen/Qwen3-235B-A22B", 235, 22)):
+        cfg = _cfg(name)
+        c = param_counts(cfg)
+        digits = 10 if total < 100 else 1  # the cards truncate: 3.35 B is "3.3B"
+        assert int(c["total"] / 1e9 * digits) / digits == total
+        assert int(c["active"] / 1e9 * (10 if active < 10 else 1)) / (10 if active < 10 else 1) == active
+        assert c["experts"] == sum(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers)) * \
+            cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        attn = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * 4096
+        assert flops_per_token(cfg, 4096) == 6 * (c["active"] - c["embedding"]) + attn  # untied: the head counts
+    dense = param_counts(_cfg("Qwen/Qwen3-8B"))
+    assert dense["active"] == dense["total"] and dense["experts"] == 0
+
+
+def test_plan_prints_active_parameters_and_the_expert_layout(capsys):
+    from pretrain_cli.cli import main as cli_main
+
+    code = cli_main(["plan", str(LLAMA), *Q30, *DP, "--expert_parallel_degree", "8", "--device", "H100",
+                     "--gpus", "16"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    assert "active per token: 3.35B [3,353,032,704]" in out and "1/8 on each rank" in out
+    assert "128 experts (8 per token)" in out and "6N_active" in out
+    assert "ep 8: 2 expert groups" in out and "(0, 1, 2, 3, 4, 5, 6, 7): inside a node" in out
+    assert "expert dispatch" in out and "(in-node 450 GB/s)" in out
+
+
+def test_experts_are_divided_by_ep_and_the_dispatch_takes_its_link():
+    r8 = plan(str(LLAMA), [*Q30, *DP, "--expert_parallel_degree", "8"], device="H100", gpus=16,
+              suggest_changes=False)
+    r16 = plan(str(LLAMA), [*Q30, *DP, "--expert_parallel_degree", "16"], device="H100", gpus=16,
+               suggest_changes=False)
+    experts = param_counts(_cfg("Qwen/Qwen3-30B-A3B"))["experts"]
+    # bf16 O2: weights 2 bytes a parameter; half the experts go away from ep 8 to 16
+    saved = (r8["memory_breakdown_gib"]["weights"] - r16["memory_breakdown_gib"]["weights"]) * 2**30
+    assert saved == pytest.approx(experts * 2 * (1 / 8 - 1 / 16))
+    assert r8["parallel"]["ep"] == 8 and r16["parallel"]["ep"] == 16
+    assert r8["layout"]["axes"]["ep"]["inside_node"] and not r16["layout"]["axes"]["ep"]["inside_node"]
+    # the dispatch train runs: per sparse layer (48) the group's tokens all-gathered and the outputs reduce-scattered,
+    # forward and backward, (ep - 1) x 4096 tokens x 2048 x 2 bytes each, 16 micro-batches a step
+    per_micro = 48 * 4 * 4096 * 2048 * 2
+    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 7)
+    assert r16["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 15)
+    # at ep = top_k (8) that is what an all-to-all of each token's 8 copies would send: (ep - 1)/ep x 8 of them
+    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 8 * 7 / 8)
+
+
+def test_fit_finds_the_expert_parallel_layout_for_qwen3_30b_a3b_on_two_nodes():
+    """Two nodes of 8 H100: of the layouts a MoE model trains with so far (data parallelism, ZeRO-1, EP with data
+    parallelism) the fitted one is EP over all 16 ranks with recompute; its steady state and start-up are both within
+    the budget, and re-planned it says so."""
+    base = ["--model_name_or_path", "Qwen/Qwen3-30B-A3B", "--tensor_parallel_degree", "1", "--sharding", "stage1"]
+    f = fit(str(LLAMA), base, device="H100", gpus=16)
+    assert f["after"] is not None, f
+    assert f["change"]["expert_parallel_degree"] == 16
+    assert max(f["after"]["memory_gib"], f["after"]["startup_gib"]) <= f["budget_gib"]
+    again = plan(str(LLAMA), base + _tokens(f["change"]), device="H100", gpus=16, suggest_changes=False)
+    assert again["fits"] and again["memory_gib"] == pytest.approx(f["after"]["memory_gib"])
+
+
+def _tokens(change: dict) -> list[str]:
+    import json
+
+    return [tok for k, v in change.items() for tok in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--model_name_or_path", "Qwen/Qwen3-8B"], "needs a Mixture-of-Experts model"),
+    (["--expert_parallel_degree", "3"], r"does not divide num_experts \(128\)"),
+    (["--expert_parallel_degree", "32"], "does not divide the 16 data ranks"),
+    (["--tensor_parallel_degree", "2"], "with tensor, pipeline or context parallelism is not supported yet"),
+    (["--sharding", "stage1"], "with sharding is not supported yet"),
+    (["--capacity_factor", "1.25"], "runs dropless"),
+])
+def test_expert_parallel_degree_is_refused_in_one_line(extra, says):
+    base = [*Q30, *DP, "--expert_parallel_degree", "8"]
+    with pytest.raises(UserError, match=says) as e:
+        plan(str(LLAMA), base + extra, device="H100", gpus=16, suggest_changes=False)
+    assert any(line.startswith("expert_parallel_degree: ") and says.replace("\\", "") in line
+               for line in str(e.value).splitlines())
+
+
+def test_expert_groups_are_consecutive_data_ranks_and_replicas_hold_the_same_experts():
+    par = ParallelConfig(world_size=8, dp_degree=8, ep_degree=4, rank=5)
+    topo = Topology.of(par)
+    assert topo.expert_group() == (4, 5, 6, 7) and topo.expert_rank() == 1
+    assert topo.expert_replicas() == (1, 5)
+    assert sorted({topo.expert_group(r) for r in range(8)}) == [(0, 1, 2, 3), (4, 5, 6, 7)]
