@@ -49,7 +49,7 @@ def worker(a) -> None:
         import paddle.distributed as dist
 
         from pretrain_cli.distributed.context import context_attention, cp_group
-        from pretrain_cli.run_config import ParallelConfig
+        from pretrain_cli.run_layout import ParallelConfig
 
         dist.init_parallel_env()
         rank = dist.get_rank()

@@ -15,7 +15,7 @@ import paddle.distributed as dist  # noqa: E402
 from pretrain_cli.distributed.context import context_attention, cp_group, shard_sequence  # noqa: E402
 from pretrain_cli.ops.attention import attention_math  # noqa: E402
 from pretrain_cli.ops.block_attention import block_forward  # noqa: E402
-from pretrain_cli.run_config import ParallelConfig  # noqa: E402
+from pretrain_cli.run_layout import ParallelConfig  # noqa: E402
 
 dist.init_parallel_env()
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 from pretrain_cli import runtime
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.training import checkpoint
 from state_helpers import optimizer_tensors
 

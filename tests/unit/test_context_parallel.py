@@ -186,7 +186,7 @@ def test_short_sequences_are_not_offered_context_parallelism():
 
 def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
     from pretrain_cli.distributed.topology import Topology
-    from pretrain_cli.run_config import ParallelConfig
+    from pretrain_cli.run_layout import ParallelConfig
 
     ranks = [Topology.of(ParallelConfig(world_size=8, rank=r, dp_degree=2, sharding_degree=2, sharding_stage=1,
                                         cp_degree=2)) for r in range(8)]

@@ -10,7 +10,7 @@ from safetensors.numpy import load_file
 
 from pretrain_cli import runtime
 from pretrain_cli.cli import main
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 PRESET = Path(__file__).resolve().parents[2] / "src/pretrain_cli/config/presets/micro-llama"
 

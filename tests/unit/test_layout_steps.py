@@ -9,7 +9,7 @@ from pretrain_cli.config.refusals import REFUSED, Degrees, refusals
 from pretrain_cli.distributed.collectives import for_device
 from pretrain_cli.distributed.steps import ORDER, STEPS, Step, describe, register, steps_for
 from pretrain_cli.models.tp_plan import split_dim
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def _p(**degrees) -> ParallelConfig:

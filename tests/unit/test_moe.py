@@ -238,7 +238,7 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     from pretrain_cli.config.moe import resolve_moe
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.errors import Problems
-    from pretrain_cli.run_config import ParallelConfig
+    from pretrain_cli.run_layout import ParallelConfig
 
     def resolved(model, parallel=ParallelConfig(), **keys):
         args = parse_config(None, ["--model_name_or_path", model, "--output_dir", str(tmp_path)]

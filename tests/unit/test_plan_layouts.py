@@ -12,7 +12,7 @@ from pretrain_cli.planning import layout
 from pretrain_cli.planning.memory import GIB, pipeline_stages
 from pretrain_cli.planning.plan import report, setup_for, target_device
 from pretrain_cli.planning.report import format_report
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
 H, I, V, L, KV = 8192, 28672, 128256, 80, 1024

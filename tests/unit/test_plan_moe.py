@@ -11,7 +11,7 @@ from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token, param_counts
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
 Q30 = ["--model_name_or_path", "Qwen/Qwen3-30B-A3B"]

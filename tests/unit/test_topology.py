@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pretrain_cli.distributed.topology import AXES, Topology, coordinates, rank_of
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def _topo(rank=0, pp=1, dp=1, sharding=1, tp=1, stage=0):

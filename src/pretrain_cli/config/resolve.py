@@ -21,9 +21,9 @@ from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.refusals import Degrees, refusals
 from pretrain_cli.config.schedule import wsd_schedule
-from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource,
-                                            OptimizerConfig, Output, ParallelConfig, Precision, Recompute,
-                                            RunConfig, Schedule, SpikeGuardConfig, Target)
+from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource, OptimizerConfig,
+                                     Output, Precision, Recompute, RunConfig, Schedule, SpikeGuardConfig, Target)
+from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers

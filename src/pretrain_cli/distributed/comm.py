@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pretrain_cli import waiting
 from pretrain_cli.errors import PeerFailed, UserError
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
 

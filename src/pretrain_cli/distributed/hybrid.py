@@ -17,7 +17,7 @@ import re
 from pretrain_cli.distributed.pieces import split_name
 from pretrain_cli.distributed.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def stage_of(name: str, bounds: list[int], stages: int | None = None) -> int:

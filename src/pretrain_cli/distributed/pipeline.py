@@ -22,7 +22,8 @@ fleet's groups are the run's `Topology` (stages outermost); the CPU workarounds 
 from __future__ import annotations
 
 from pretrain_cli.distributed.hybrid import Hybrid, stage_of  # noqa: F401  (stage_of: the split by HF name)
-from pretrain_cli.run_config import Loop, ParallelConfig
+from pretrain_cli.run_config import Loop
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import paddle.nn as nn
 
 from pretrain_cli.models.stages import stage_bounds
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 class Embed(nn.Layer):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pretrain_cli.distributed.strategy import Strategy
 from pretrain_cli.models.tp_plan import split_dim
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 

@@ -25,7 +25,8 @@ from pretrain_cli.distributed.tensor_engine import TensorParallel
 from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.errors import RendezvousFailed, UserError
-from pretrain_cli.run_config import Loop, ParallelConfig
+from pretrain_cli.run_config import Loop
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | None = None, device: str = "cpu") -> None:

@@ -35,7 +35,7 @@ from typing import Callable
 
 from pretrain_cli.distributed.collectives import Collectives
 from pretrain_cli.distributed.topology import Topology
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 ORDER = ("tp", "cp", "ep", "recompute", "pp", "data")
 

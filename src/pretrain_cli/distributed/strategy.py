@@ -23,7 +23,7 @@ import contextlib
 from pretrain_cli.distributed.collectives import for_device
 from pretrain_cli.distributed.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 def _nbytes(t) -> int:

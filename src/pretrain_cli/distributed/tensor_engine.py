@@ -9,7 +9,7 @@ micro-batches as one process's (`Strategy.forward_backward`), each rank's chunks
 from __future__ import annotations
 
 from pretrain_cli.distributed.hybrid import Hybrid
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 
 class TensorParallel(Hybrid):

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from pretrain_cli import atomic, processes
 from pretrain_cli.distributed import progress
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir) while one runs

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
-from pretrain_cli.run_config import ParallelConfig, Target
+from pretrain_cli.run_config import Target
+from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware

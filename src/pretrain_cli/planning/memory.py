@@ -45,8 +45,8 @@ class Setup:
     fused_rope: bool = False
     device: str = "gpu"  # "gpu" adds the framework constant; "cpu" adds `baseline_bytes`
     baseline_bytes: float = 0.0
-    dp_buffers: bool = False  # run_config.EngineTraits: paddle.DataParallel's fused all-reduce buffers
-    distributed_tensors: bool = False  # run_config.EngineTraits: the semi-auto engine's DistTensors
+    dp_buffers: bool = False  # run_layout.EngineTraits: paddle.DataParallel's fused all-reduce buffers
+    distributed_tensors: bool = False  # run_layout.EngineTraits: the semi-auto engine's DistTensors
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)

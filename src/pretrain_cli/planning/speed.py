@@ -8,7 +8,7 @@ from __future__ import annotations
 from pretrain_cli.planning.experts import dispatch_bytes, expert_params
 from pretrain_cli.planning.memory import Setup, context_traffic_bytes
 from pretrain_cli.planning.report import Plan, link_gbps
-from pretrain_cli.run_config import ParallelConfig
+from pretrain_cli.run_layout import ParallelConfig
 
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 
