@@ -81,6 +81,7 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU."""
     from pretrain_cli.ops.kernels import StepKernels
     from pretrain_cli.run_config import Precision
+    from pretrain_cli.run_layout import ParallelConfig
     from pretrain_cli.training.precision import build_amp
     from pretrain_cli.training.step import Layout
 
@@ -90,6 +91,7 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     hpo = hpo if plain else emu.hybrid_optimizer(hpo)
     strategy = object.__new__(strategy_cls)
     strategy.step_kernels, strategy._clip_coef = StepKernels(), 1.0
+    strategy.sequence, strategy.parallel = None, ParallelConfig()  # one process, no context parallelism
     strategy._hpo, strategy._params, strategy._owned = hpo, list(model.parameters()), list(model.parameters())
     for key, val in attrs.items():
         setattr(strategy, key, val)
@@ -100,11 +102,11 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
 
 
 def _step(layout):
-    from pretrain_cli.run_config import Schedule
+    from pretrain_cli.run_config import MoeConfig, Schedule
     from pretrain_cli.training.step import Step
 
     run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
-                          optimizer=SimpleNamespace(max_grad_norm=0.0))
+                          optimizer=SimpleNamespace(max_grad_norm=0.0), moe=MoeConfig())
     ids = np.arange(6, dtype="int64").reshape(1, 6)
     return Step(run, comm=None)(layout, iter([{"input_ids": ids, "labels": ids}]), SimpleNamespace(global_step=0))
 
