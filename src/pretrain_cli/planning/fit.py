@@ -41,11 +41,11 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, ex
     Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; context-parallel degrees (the
     divisors of `gpus`, alone) from `seq_len` >= CONTEXT_MIN_SEQ on. For each, micro-batch × accumulation = global
     batch / data ranks, so a split that leaves a fraction is skipped. A Mixture-of-Experts model of `experts` routed
-    experts also tries every expert-parallel degree that divides both them and the data ranks. Sharding stages are tried only when there
-    are data ranks (or context-parallel ranks: ZeRO-1 shards over cp × sharding) to shard over. Nothing here
-    decides which layouts can run: what `config.resolve` refuses (a degree that does not divide the heads, a
-    pipeline with ZeRO-2/3, CP with TP, ...) is refused when the caller re-resolves the candidate, by the same
-    rule `train` applies.
+    experts also tries every expert-parallel degree that divides both them and the data ranks. Sharding stages are
+    tried only when there are data ranks (or context-parallel ranks: ZeRO-1 shards over cp × sharding) to shard
+    over. Nothing here decides which layouts can run: what `config.resolve` refuses (a degree that does not divide
+    the heads, a product in `config.refusals`' table, ...) is refused when the caller re-resolves the candidate, by
+    the same rule `train` applies.
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])

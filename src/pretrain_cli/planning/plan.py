@@ -239,7 +239,10 @@ def more_devices(base: Plan, singles: list[dict], replan) -> dict | None:
     """When no setting fits on the devices asked for: the fewest devices (powers of two) and the lowest
     sharding stage at which the run fits, re-planned with `replan(change, gpus)`; at each size stage3
     is also tried with the single-device savings (recompute, smaller micro-batch) added."""
-    extra = {k: v for s in singles for k, v in s["change"].items() if k not in ("max_seq_length", "sharding")}
+    # (the axes `config.refusals` refuses with ZeRO-3 are left out: pipeline, sequence and context parallelism)
+    extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
+        "max_seq_length", "sharding", "pipeline_parallel_degree", "virtual_pp_degree", "sequence_parallel",
+        "context_parallel_degree")}
     world = 2
     while world <= base.gpus:
         world *= 2
