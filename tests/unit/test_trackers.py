@@ -59,7 +59,6 @@ def test_a_tensorboard_file_opened_in_the_same_second_as_the_last_is_a_new_file(
     """tensorboardX names its file by the whole second and the host: a run resumed in the same second as the last
     one started used to truncate that file and then remove it as an old one (no event file at all). Each file is
     now its own, and the old one goes only once the new one holds the history."""
-    pytest.importorskip("tensorboardX")
     import tensorboardX.event_file_writer as efw
 
     class Frozen:  # the clock tensorboardX names its files by, stopped within one second
