@@ -14,7 +14,7 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
-from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.context import context_degree, context_fits
 from pretrain_cli.config.expert import expert_degree
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.one_process import one_process_notes
@@ -243,6 +243,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         if tp > 1 and getattr(model_cfg, name) % tp:
             problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
                          f"({getattr(model_cfg, name)}); use a divisor of it")
+    cp = context_fits(cp, tp, pp, world * pp, problems)  # (context_degree checked cp against the whole world)
     rest = world // (tp * cp)
     sharding = 1
     if stage:
