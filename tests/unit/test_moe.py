@@ -140,6 +140,72 @@ def test_dispatch_equals_a_loop_over_experts_and_drops_the_latest_tokens_past_ca
     np.testing.assert_allclose(out.numpy(), _naive_moe(x, indices, weights, experts, keep), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("grouped", [grouped_mlp_segments, grouped_mlp_padded])
+def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchanged(grouped, monkeypatch):
+    """An idle expert once got no gradient (None): paddle.DataParallel then errors and expert parallelism's
+    per-parameter all-reduce ran a different number of collectives per rank. Forced idle by the balancing bias,
+    expert 3 now gets zeros; the loss and every other gradient are what they were without the idle term."""
+    import dataclasses
+
+    from pretrain_cli.models.moe import Experts
+
+    cfg = _cfg(num_experts=6, num_experts_per_tok=2)
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 8)).astype("int64"))
+
+    def run(idle):
+        if not idle:
+            monkeypatch.setattr(Experts, "idle", lambda self, counts: None, raising=False)  # as before
+        paddle.seed(0)
+        model = build_model(cfg, dataclasses.replace(kernels.select(None, "cpu"), grouped_mlp=grouped),
+                            MoeConfig(bias_update_rate=1e-3))
+        for block in sparse_blocks(model):
+            block.gate.e_score_correction_bias.set_value(paddle.to_tensor([0, 0, 0, -1e9, 0, 0], "float32"))
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        assert not any(float(b.record.counts[3]) for b in sparse_blocks(model))
+        monkeypatch.undo()
+        return float(total / count), {n: p.grad for n, p in model.named_parameters() if not p.stop_gradient}
+
+    (loss, grads), (loss0, grads0) = run(True), run(False)
+    assert loss == loss0
+    for name, g in grads.items():
+        if ".experts.3." in name:
+            assert g is not None and not g.numpy().any(), name
+            assert (grads0[name] is None) == (grouped is grouped_mlp_segments)  # (the padded path stacks them all)
+        else:
+            np.testing.assert_array_equal(g.numpy(), grads0[name].numpy(), err_msg=name)
+
+
+def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
+    """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
+    a None gradient as zeros rather than skipping its all-reduce (replicas would disagree on the collectives)."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.distributed.expert_parallel import ExpertParallel, GatherDispatch, keep_held
+
+    class OneRank:  # an expert group of one: all-gather and reduce-scatter are the identity
+        def all_gather(self, x, group, axis=0):
+            return x
+
+        def reduce_scatter(self, x, group, ep, me, axis=0):
+            return x
+
+    block, _ = _block()
+    keep_held(paddle.nn.LayerList([block]), range(3, 6))  # this rank holds experts 3-5; every token goes to 0-2
+    x = paddle.randn([4, 8])
+    routing = Routing(None, None, paddle.to_tensor([[0, 1], [1, 2], [2, 0], [0, 1]]), paddle.full([4, 2], 0.5))
+    out, counts, _ = GatherDispatch(None, 1, 0, OneRank())(x, routing, block.experts, 6)
+    out.sum().backward()
+    params = list(block.experts.parameters())
+    assert not out.numpy().any() and counts.numpy().tolist() == [3, 3, 2, 0, 0, 0]
+    assert all(p.grad is not None and not p.grad.numpy().any() for p in params)
+    params = list(_block()[0].experts.parameters())  # no backward yet: every gradient None
+    assert all(p.grad is None for p in params)
+    side = SimpleNamespace(params=params, replicas=None)
+    ExpertParallel.sync_grads(SimpleNamespace(side=side, parallel=SimpleNamespace(data_world_size=2)))
+    assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.numpy().any() for p in params)
+
+
 def test_router_bias_chooses_experts_but_the_weights_stay_unbiased():
     cfg = _cfg(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)
     paddle.seed(0)

@@ -120,6 +120,8 @@ class GatherDispatch:
             out_rows = experts(rows, host_counts)  # [held assignments, hidden]
             w = paddle.gather(weights.reshape([-1]), order).astype(out_rows.dtype).unsqueeze(-1)  # [held, 1]
             out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [ep·tokens, hidden]
+        else:  # no row for this rank's experts: they still take part (zero gradients, the same all-reduces)
+            out = out + experts.idle([0] * experts.count).astype(out.dtype)
         return self.combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
 
 
@@ -203,8 +205,8 @@ class ExpertParallel(DataParallel):
         scale = 1.0 / self.parallel.data_world_size
         with paddle.no_grad():
             for p in self.side.params:
-                if p.grad is None:
-                    continue
+                if p.grad is None:  # (every held expert is in the graph: `Experts.idle`; never skip a collective)
+                    p.grad = paddle.zeros_like(p)
                 if self.side.replicas is not None:
                     dist.all_reduce(p.grad, group=self.side.replicas)
                 p.grad.scale_(scale)

@@ -128,7 +128,22 @@ class Experts(nn.Layer):
         for e in range(self.first, self.first + self.count):  # a plain loop: SOT lost `self` in nested comprehensions
             x = self[e]
             ws.append((x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight))
-        return self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
+        out = self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
+        idle = self.idle(counts)
+        return out if idle is None else out + idle.astype(out.dtype)  # [rows, hidden]
+
+    def idle(self, counts: list[int]):
+        """0 · one element of each weight of the experts no row reached (fp32 `[]`), None when every expert got
+        rows: added to the output, it keeps every held expert in the graph, so each gets a zero gradient, not
+        none (`paddle.DataParallel` and expert parallelism's all-reduce need the same parameters on every rank
+        each step; the segmented kernel skips an empty expert). Exact, and O(1) per expert forward."""
+        keep = []
+        for i, n in enumerate(counts):
+            if n == 0:
+                x = self[self.first + i]
+                keep += [w[0, 0].astype("float32") for w in (x.gate_proj.weight, x.up_proj.weight,
+                                                             x.down_proj.weight)]
+        return paddle.add_n(keep) * 0.0 if keep else None
 
 
 def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
