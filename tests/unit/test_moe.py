@@ -4,6 +4,7 @@ tokens (transformers' form), the router's bias and renormalisation, the balance 
 config rules (sparse layers, transformers 5's key name, one-line errors)."""
 import json
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -179,8 +180,6 @@ def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchang
 def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
     """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
     a None gradient as zeros rather than skipping its all-reduce (replicas would disagree on the collectives)."""
-    from types import SimpleNamespace
-
     from pretrain_cli.distributed.expert_parallel import ExpertParallel, GatherDispatch, keep_held
 
     class OneRank:  # an expert group of one: all-gather and reduce-scatter are the identity
@@ -234,6 +233,48 @@ def test_bias_update_lowers_the_busiest_expert_and_raises_the_idle_ones():
     update_expert_bias(model, 0.01)
     np.testing.assert_allclose(block.gate.e_score_correction_bias.numpy(), [-0.01, 0.01, 0.01, 0.01])
     assert block.step_load is None and not sparse_blocks(model)[1].gate.e_score_correction_bias.numpy().any()
+
+
+def test_the_expert_load_counts_training_forwards_only_and_a_skipped_step_s_load_moves_no_bias(monkeypatch):
+    """Evaluation forwards (eval mode) once added their tokens to the logged load and to the next bias update, and
+    a step the spike guard withheld left its counts for the next update: now the update sees the applied step's
+    loads alone, and an eval forward counts nothing."""
+    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.models import moe_loss
+    from pretrain_cli.run_config import Schedule
+    from pretrain_cli.run_layout import ParallelConfig
+    from pretrain_cli.training.precision import Fp32
+    from pretrain_cli.training.step import Layout, Step
+
+    paddle.seed(0)
+    model = build_model(_cfg(), kernels.select(None, "cpu"), MoeConfig(bias_update_rate=0.01))
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": ids, "labels": ids} for ids in (rng.integers(0, 512, (2, 8)) for _ in range(3))]
+    model.eval()
+    model(paddle.to_tensor(batches[0]["input_ids"]))
+    assert all(b.load is None and b.step_load is None for b in sparse_blocks(model))  # eval: nothing counted
+    model.train()
+    seen = []  # each update's counts, and what the step's own forward counted
+
+    def update(m, rate, *reduce):
+        seen.append([b.step_load.numpy().copy() for b in sparse_blocks(m)])
+        seen.append([b.record.counts.numpy().copy() for b in sparse_blocks(m)])
+
+    monkeypatch.setattr(moe_loss, "update_expert_bias", update)
+    verdicts = iter(["loss spike", None])  # the first step withheld, the second applied
+    guard = SimpleNamespace(check=lambda stats, loss, norm: next(verdicts), accept=lambda stats, loss, norm: None)
+    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
+                          optimizer=SimpleNamespace(max_grad_norm=0.0), moe=MoeConfig(bias_update_rate=0.01))
+    opt = paddle.optimizer.SGD(learning_rate=0.0, parameters=model.parameters())
+    step = Step(run, SimpleNamespace(mean=lambda v: v), guard)
+    layout = Layout(model, opt, Fp32(), Strategy(ParallelConfig()), model)
+    state = SimpleNamespace(global_step=0, spike_stats={})
+    data = iter(batches[1:])
+    assert step(layout, data, state).outcome == "spike" and not seen
+    assert all(b.step_load is not None for b in sparse_blocks(model))  # the withheld step's counts ...
+    assert step(layout, data, state).outcome == "applied"
+    for load, own in zip(*seen):  # ... are not in the next update's
+        np.testing.assert_array_equal(load, own)
 
 
 def test_balance_losses_by_their_formulas():
