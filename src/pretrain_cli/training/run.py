@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed import progress, watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
@@ -251,6 +251,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
+            progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
                 log.warning(stop_message(r.output, trainer.state.global_step))
