@@ -147,10 +147,9 @@ def test_layout_refusals_is_the_one_pipeline_rule():
     one line per refusal naming the key."""
     from pretrain_cli.config.pipeline import layout_refusals
 
-    assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
-    assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
-    assert layout_refusals(64, 4, 1, 2, 80) == []  # ZeRO-2 inside the stages runs (distributed/pipeline.py)
-    lines = layout_refusals(8, 2, 2, 3, 4)  # (ZeRO-3 with a pipeline: config.refusals' table, through resolve)
+    assert layout_refusals(64, 4, 1, 80) == []  # tp 8 x pp 4 (tp is not a pipeline refusal)
+    assert layout_refusals(8, 1, 2, 2) == []  # no pipeline, nothing to refuse here
+    lines = layout_refusals(8, 2, 2, 4)  # (ZeRO-3 with a pipeline: config.refusals' table, through resolve)
     assert [line.split(":")[0] for line in lines] == ["virtual_pp_degree"]
     assert all("\n" not in line for line in lines)
     assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]

@@ -232,7 +232,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     sp = bool(t.sequence_parallel) and tp > 1
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, notes, problems)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:  # (named with the whole world: `pp x tp` must divide it)
         with_pp = f" x pipeline_parallel_degree {pp} = {tp * pp}" if pp > 1 else ""
