@@ -7,7 +7,7 @@ A base module: it imports nothing of the project, and no Paddle.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1, cp_degree: int = 1,
@@ -105,8 +105,11 @@ class ParallelConfig:
 
     @property
     def traits(self) -> EngineTraits:
-        """What the engine does, for the rules outside `distributed/` (which never compare engine names)."""
-        return ENGINE_TRAITS[self.engine]
+        """What the engine does, for the rules outside `distributed/` (which never compare engine names). Expert
+        parallelism holds only this rank's experts, on any engine: its parameters are placed pieces (a rollback
+        rebuilds: a whole checkpoint cannot be written into them)."""
+        traits = ENGINE_TRAITS[self.engine]
+        return replace(traits, placed_pieces=True) if self.ep_degree > 1 else traits
 
     def describe(self) -> str:
         parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]

@@ -127,6 +127,21 @@ def test_layouts_context_parallelism_does_not_run_are_refused_in_one_line(keys, 
     assert message in str(e.value) and "Traceback" not in str(e.value)
 
 
+@pytest.mark.parametrize("world,keys,message", [
+    (4, dict(context_parallel_degree=4, tensor_parallel_degree=2),
+     "context_parallel_degree: 4 x tensor_parallel_degree 2 = 8 does not divide the world size 4"),
+    (8, dict(context_parallel_degree=8, tensor_parallel_degree=2, pipeline_parallel_degree=2),
+     "context_parallel_degree: 8 x tensor_parallel_degree 2 x pipeline_parallel_degree 2 = 32 does not divide"),
+    (6, dict(context_parallel_degree=2, tensor_parallel_degree=2), "= 4 does not divide the world size 6"),
+])
+def test_a_context_degree_whose_product_with_tp_and_pp_does_not_divide_the_world_is_refused(world, keys, message):
+    """cp divides the world, but not world / (pp x tp): once resolved to dp 0 (or dp 1 over 4 of 6 ranks) and
+    died in Topology.of; now one line, for train, check and plan alike."""
+    with pytest.raises(UserError) as e:
+        _resolve(world, max_seq_length=128, **keys)
+    assert message in str(e.value) and "Traceback" not in str(e.value)
+
+
 def test_plan_models_each_rank_holding_a_share_of_the_sequence(tmp_path):
     path = tmp_path / "l.json"
     path.write_text(json.dumps(dict(LLAMA_128K, sharding="stage1", recompute=True)))

@@ -33,16 +33,37 @@ def test_each_layout_is_its_axes_steps_in_the_one_order(degrees, steps):
     assert names == sorted(names, key=ORDER.index)
 
 
-def test_a_new_axis_is_a_registered_step_in_its_slot():
+def test_a_step_registered_for_an_axis_takes_its_slot():
     """The "ep" slot: after the attention-side steps, before recompute; a name outside the order is refused."""
     with pytest.raises(ValueError, match="no place"):
         register(Step("moe", lambda p: True))
+    ep = STEPS["ep"]
     register(Step("ep", lambda p: p.dp_degree > 1, apply=lambda model, placement: model))
     try:
         assert describe(_p(tp_degree=2, cp_degree=2, dp_degree=2)) == "tp -> cp -> ep -> recompute"
         assert "ep" not in describe(_p(tp_degree=2, cp_degree=2))
     finally:
-        del STEPS["ep"]
+        STEPS["ep"] = ep
+
+
+def test_the_ep_step_is_there_without_importing_expert_parallel():
+    """It was registered by importing `distributed.expert_parallel`: a layout built before that import had no ep
+    step. Now `distributed.steps` declares it (a fresh interpreter, no Paddle: about half a second)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pretrain_cli
+
+    src = str(Path(pretrain_cli.__file__).parents[1])  # this tree's sources, not an installed copy
+    code = ("import sys; from pretrain_cli.distributed.steps import describe; "
+            "from pretrain_cli.run_layout import ParallelConfig; "
+            "print(describe(ParallelConfig(world_size=2, dp_degree=2, ep_degree=2)), "
+            "'pretrain_cli.distributed.expert_parallel' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": src}).stdout
+    assert out.split() == ["ep", "->", "recompute", "False"]
 
 
 @pytest.mark.parametrize("name,vocab,dim", [

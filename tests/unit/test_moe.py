@@ -4,6 +4,7 @@ tokens (transformers' form), the router's bias and renormalisation, the balance 
 config rules (sparse layers, transformers 5's key name, one-line errors)."""
 import json
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -140,6 +141,71 @@ def test_dispatch_equals_a_loop_over_experts_and_drops_the_latest_tokens_past_ca
     np.testing.assert_allclose(out.numpy(), _naive_moe(x, indices, weights, experts, keep), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("grouped", [grouped_mlp_segments, grouped_mlp_padded])
+def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchanged(grouped, monkeypatch):
+    """An idle expert once got no gradient (None): paddle.DataParallel then errors and expert parallelism's
+    per-parameter all-reduce ran a different number of collectives per rank. Forced idle by the balancing bias,
+    expert 3 now gets zeros; the loss and every other gradient are what they were without the idle term."""
+    import dataclasses
+
+    from pretrain_cli.models.moe import Experts
+
+    cfg = _cfg(num_experts=6, num_experts_per_tok=2)
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 8)).astype("int64"))
+
+    def run(idle):
+        if not idle:
+            monkeypatch.setattr(Experts, "idle", lambda self, counts: None, raising=False)  # as before
+        paddle.seed(0)
+        model = build_model(cfg, dataclasses.replace(kernels.select(None, "cpu"), grouped_mlp=grouped),
+                            MoeConfig(bias_update_rate=1e-3))
+        for block in sparse_blocks(model):
+            block.gate.e_score_correction_bias.set_value(paddle.to_tensor([0, 0, 0, -1e9, 0, 0], "float32"))
+        total, count = model(ids, labels=ids)
+        (total / count).backward()
+        assert not any(float(b.record.counts[3]) for b in sparse_blocks(model))
+        monkeypatch.undo()
+        return float(total / count), {n: p.grad for n, p in model.named_parameters() if not p.stop_gradient}
+
+    (loss, grads), (loss0, grads0) = run(True), run(False)
+    assert loss == loss0
+    for name, g in grads.items():
+        if ".experts.3." in name:
+            assert g is not None and not g.numpy().any(), name
+            assert (grads0[name] is None) == (grouped is grouped_mlp_segments)  # (the padded path stacks them all)
+        else:
+            np.testing.assert_array_equal(g.numpy(), grads0[name].numpy(), err_msg=name)
+
+
+def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
+    """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
+    a None gradient as zeros rather than skipping its all-reduce (replicas would disagree on the collectives)."""
+    from pretrain_cli.distributed.expert_parallel import GatherDispatch, keep_held
+    from pretrain_cli.distributed.expert_strategy import ExpertParallel
+
+    class OneRank:  # an expert group of one: all-gather and reduce-scatter are the identity
+        def all_gather(self, x, group, axis=0):
+            return x
+
+        def reduce_scatter(self, x, group, ep, me, axis=0):
+            return x
+
+    block, _ = _block()
+    keep_held(paddle.nn.LayerList([block]), range(3, 6))  # this rank holds experts 3-5; every token goes to 0-2
+    x = paddle.randn([4, 8])
+    routing = Routing(None, None, paddle.to_tensor([[0, 1], [1, 2], [2, 0], [0, 1]]), paddle.full([4, 2], 0.5))
+    out, counts, _ = GatherDispatch(None, 1, 0, OneRank())(x, routing, block.experts, 6)
+    out.sum().backward()
+    params = list(block.experts.parameters())
+    assert not out.numpy().any() and counts.numpy().tolist() == [3, 3, 2, 0, 0, 0]
+    assert all(p.grad is not None and not p.grad.numpy().any() for p in params)
+    params = list(_block()[0].experts.parameters())  # no backward yet: every gradient None
+    assert all(p.grad is None for p in params)
+    side = SimpleNamespace(params=params, replicas=None)
+    ExpertParallel.sync_grads(SimpleNamespace(side=side, parallel=SimpleNamespace(data_world_size=2)))
+    assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.numpy().any() for p in params)
+
+
 def test_router_bias_chooses_experts_but_the_weights_stay_unbiased():
     cfg = _cfg(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)
     paddle.seed(0)
@@ -168,6 +234,48 @@ def test_bias_update_lowers_the_busiest_expert_and_raises_the_idle_ones():
     update_expert_bias(model, 0.01)
     np.testing.assert_allclose(block.gate.e_score_correction_bias.numpy(), [-0.01, 0.01, 0.01, 0.01])
     assert block.step_load is None and not sparse_blocks(model)[1].gate.e_score_correction_bias.numpy().any()
+
+
+def test_the_expert_load_counts_training_forwards_only_and_a_skipped_step_s_load_moves_no_bias(monkeypatch):
+    """Evaluation forwards (eval mode) once added their tokens to the logged load and to the next bias update, and
+    a step the spike guard withheld left its counts for the next update: now the update sees the applied step's
+    loads alone, and an eval forward counts nothing."""
+    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.models import moe_loss
+    from pretrain_cli.run_config import Schedule
+    from pretrain_cli.run_layout import ParallelConfig
+    from pretrain_cli.training.precision import Fp32
+    from pretrain_cli.training.step import Layout, Step
+
+    paddle.seed(0)
+    model = build_model(_cfg(), kernels.select(None, "cpu"), MoeConfig(bias_update_rate=0.01))
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": ids, "labels": ids} for ids in (rng.integers(0, 512, (2, 8)) for _ in range(3))]
+    model.eval()
+    model(paddle.to_tensor(batches[0]["input_ids"]))
+    assert all(b.load is None and b.step_load is None for b in sparse_blocks(model))  # eval: nothing counted
+    model.train()
+    seen = []  # each update's counts, and what the step's own forward counted
+
+    def update(m, rate, *reduce):
+        seen.append([b.step_load.numpy().copy() for b in sparse_blocks(m)])
+        seen.append([b.record.counts.numpy().copy() for b in sparse_blocks(m)])
+
+    monkeypatch.setattr(moe_loss, "update_expert_bias", update)
+    verdicts = iter(["loss spike", None])  # the first step withheld, the second applied
+    guard = SimpleNamespace(check=lambda stats, loss, norm: next(verdicts), accept=lambda stats, loss, norm: None)
+    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
+                          optimizer=SimpleNamespace(max_grad_norm=0.0), moe=MoeConfig(bias_update_rate=0.01))
+    opt = paddle.optimizer.SGD(learning_rate=0.0, parameters=model.parameters())
+    step = Step(run, SimpleNamespace(mean=lambda v: v), guard)
+    layout = Layout(model, opt, Fp32(), Strategy(ParallelConfig()), model)
+    state = SimpleNamespace(global_step=0, spike_stats={})
+    data = iter(batches[1:])
+    assert step(layout, data, state).outcome == "spike" and not seen
+    assert all(b.step_load is not None for b in sparse_blocks(model))  # the withheld step's counts ...
+    assert step(layout, data, state).outcome == "applied"
+    for load, own in zip(*seen):  # ... are not in the next update's
+        np.testing.assert_array_equal(load, own)
 
 
 def test_balance_losses_by_their_formulas():

@@ -147,10 +147,9 @@ def test_layout_refusals_is_the_one_pipeline_rule():
     one line per refusal naming the key."""
     from pretrain_cli.config.pipeline import layout_refusals
 
-    assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
-    assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
-    assert layout_refusals(64, 4, 1, 2, 80) == []  # ZeRO-2 inside the stages runs (distributed/pipeline.py)
-    lines = layout_refusals(8, 2, 2, 3, 4)  # (ZeRO-3 with a pipeline: config.refusals' table, through resolve)
+    assert layout_refusals(64, 4, 1, 80) == []  # tp 8 x pp 4 (tp is not a pipeline refusal)
+    assert layout_refusals(8, 1, 2, 2) == []  # no pipeline, nothing to refuse here
+    lines = layout_refusals(8, 2, 2, 4)  # (ZeRO-3 with a pipeline: config.refusals' table, through resolve)
     assert [line.split(":")[0] for line in lines] == ["virtual_pp_degree"]
     assert all("\n" not in line for line in lines)
     assert layout_refusals(6, 4) == ["pipeline_parallel_degree: 4 does not divide the world size 6; use a divisor of it"]
@@ -170,3 +169,28 @@ def test_layout_messages_name_the_world_and_one_process_notes_what_many_note():
     eight = resolve_run("--pipeline_parallel_degree", "8", "--virtual_pp_degree", "2", world=1, model="llama-171m")
     assert ("parallel: one process, so pipeline_parallel_degree=8, virtual_pp_degree=2 has no effect; the file's "
             "layout needs 8 processes: `check --world_size 8`") in "\n".join(eight.notes)
+
+
+def test_the_stages_mask_documents_with_doc_start_alone_as_the_model_does():
+    """`reset_position_ids: false` sends doc_start without position_ids: the stages once received (ids, doc_start)
+    and `Block` passed doc_start in the layer's position_ids slot (RoPE at document starts, no document mask).
+    Embed -> Block per layer -> Final on `inputs_of`'s tuple equals the model's own forward with doc_start only."""
+    import numpy as np
+
+    from pretrain_cli import runtime
+    from pretrain_cli.distributed.pipeline import inputs_of
+    from pretrain_cli.distributed.pipeline_stages import Block, Embed, Final
+    from pretrain_cli.models import build_model
+    from pretrain_cli.ops import kernels
+
+    paddle = runtime.import_paddle()
+    paddle.seed(0)
+    dec = build_model(model_config("micro-qwen2"), kernels.select(None, "cpu")).model
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 256, (2, 12)).astype("int64"))
+    doc_start = paddle.to_tensor(np.array([[0] * 5 + [5] * 7, [0] * 12], dtype="int64"))  # [2, 12]
+    x = Embed(dec.embed_tokens)(inputs_of(ids, {"doc_start": doc_start}))
+    for layer in dec.layers:
+        x = Block(layer, dec.rotary_emb)(x)
+    got, want = Final(dec.norm)(x).numpy(), dec(ids, None, None, doc_start).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(dec(ids).numpy()[0, 5:] - want[0, 5:]).max() > 1e-3  # (the mask matters for the second document)

@@ -12,8 +12,12 @@ def _rec(phase="collective", since=0.0, step_seconds=0.0, busy=0.0, timed=0):
 def test_the_allowance_is_the_key_or_a_few_minutes_raised_to_the_runs_own_steps():
     assert progress.allowance("data", None, 0.0) == progress.DEFAULT == 300
     assert progress.allowance("data", None, 60.0) == 20 * 60.0  # a run of minute-long steps waits 20 steps
-    assert progress.allowance("save", 10.0, 60.0) == 10.0  # the key is the user's
+    assert progress.allowance("collective", 10.0, 60.0) == 10.0  # the key is the user's
     assert progress.allowance("start-up", 10.0, 0.0) == progress.START  # building and reading a checkpoint
+    # a save (a checkpoint's bytes) and an evaluation (eval_iters batches) are no step: they were killed after
+    # 20 steps' time while healthy; now the start-up allowance, whatever the key or the step time below it
+    assert progress.allowance("save", None, 1.0) == progress.allowance("eval", 10.0, 0.0) == progress.START == 600
+    assert progress.allowance("save", None, 60.0) == 20 * 60.0 and progress.allowance("eval", 900.0, 0.0) == 900.0
     assert progress.allowance("data", 0, 0.0) is None and progress.allowance("done", None, 0.0) is None
 
 

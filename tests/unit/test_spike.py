@@ -86,3 +86,6 @@ def test_resolved_keys_and_their_checks():
     assert not resolve_run("--spike_policy", "rollback", "--sharding", "stage1", world=2).spike.rollback_rebuilds
     assert not resolve_run("--spike_policy", "rollback", world=2).spike.rollback_rebuilds
     assert not resolve_run("--spike_policy", "skip", "--sharding", "stage3", world=2).spike.rollback_rebuilds
+    # expert parallelism holds only its rank's experts (on data parallelism): whole tensors would not fit it
+    assert resolve_run("--spike_policy", "rollback", "--expert_parallel_degree", "2", world=2,
+                       model="micro-qwen3-moe").spike.rollback_rebuilds

@@ -24,3 +24,16 @@ def context_degree(args, world: int, problems: Problems) -> int:
             problems.add(f"context_parallel_degree: {cp} {why}")
             return 1
     return cp
+
+
+def context_fits(cp: int, tp: int, pp: int, world: int, problems: Problems) -> int:
+    """`cp` once the pipeline and tensor degrees are known: cp · tp · pp must divide the world, or the data
+    degree world ÷ (pp·tp·cp) floors (world 4, tp 2, cp 4 → dp 0) and the launch dies building its topology.
+    1 if it does not (the problem named)."""
+    if cp == 1 or world % (cp * tp * pp) == 0:
+        return cp
+    rest = "".join(f" x {key} {d}" for key, d in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp))
+                   if d > 1)
+    problems.add(f"context_parallel_degree: {cp}{rest} = {cp * tp * pp} does not divide the world size {world}; "
+                 f"use a divisor of it")
+    return 1

@@ -29,4 +29,4 @@ def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, p
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     if pp == 1:  # virtual_pp_degree and pipeline_parallel_config without a pipeline: noted as on many processes
-        resolve_pipeline(args, model_cfg, 1, stage, notes, problems)
+        resolve_pipeline(args, model_cfg, 1, notes, problems)

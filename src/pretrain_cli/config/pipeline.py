@@ -41,12 +41,11 @@ def parse_pp_config(text: str) -> list[str]:
     return notes
 
 
-def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: int | None = None,
-                    acc: int | None = None) -> list[str]:
+def layout_refusals(world: int, pp: int, vpp: int = 1, layers: int | None = None, acc: int | None = None) -> list[str]:
     """The pipeline's own arithmetic: one line per refusal, naming the key and what to do (`resolve_pipeline` adds
     them as problems): stages dividing the world and the layers, and fleet's interleaved schedule
     (`virtual_pp_degree`) within its limits, `acc` being the micro-batches a step. Products with other axes that
-    no engine runs (ZeRO-3 with a pipeline) are `config.refusals`' table; `stage` is kept for the callers."""
+    no engine runs (ZeRO-3 with a pipeline) are `config.refusals`' table."""
     out = []
     if pp <= 1:
         return out
@@ -67,7 +66,7 @@ def layout_refusals(world: int, pp: int, vpp: int = 1, stage: int = 0, layers: i
     return out
 
 
-def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, problems) -> tuple[int, int]:
+def resolve_pipeline(args, model_cfg, world: int, notes: list, problems) -> tuple[int, int]:
     """(pipeline_parallel_degree, virtual_pp_degree) for `world` processes; problems for what cannot run."""
     t = args.training
     pp, vpp = max(t.pipeline_parallel_degree, 1), max(t.virtual_pp_degree, 1)
@@ -78,7 +77,7 @@ def resolve_pipeline(args, model_cfg, world: int, stage: int, notes: list, probl
             notes.append("pipeline_parallel_config: no pipeline (pipeline_parallel_degree 1); ignored")
         return 1, 1
     acc = t.gradient_accumulation_steps
-    refused = layout_refusals(world, pp, vpp, stage, model_cfg.num_hidden_layers, acc)
+    refused = layout_refusals(world, pp, vpp, model_cfg.num_hidden_layers, acc)
     for line in refused:
         problems.add(line)
     if refused and (world % pp or model_cfg.num_hidden_layers < pp):

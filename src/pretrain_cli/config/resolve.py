@@ -14,7 +14,7 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config.parser import KEYS, Arguments
-from pretrain_cli.config.context import context_degree
+from pretrain_cli.config.context import context_degree, context_fits
 from pretrain_cli.config.expert import expert_degree
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.one_process import one_process_notes
@@ -232,7 +232,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     sp = bool(t.sequence_parallel) and tp > 1
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
-    pp, vpp = resolve_pipeline(args, model_cfg, world, stage, notes, problems)
+    pp, vpp = resolve_pipeline(args, model_cfg, world, notes, problems)
     world //= pp  # what follows lays out one pipeline stage's ranks
     if world % tp:  # (named with the whole world: `pp x tp` must divide it)
         with_pp = f" x pipeline_parallel_degree {pp} = {tp * pp}" if pp > 1 else ""
@@ -243,6 +243,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
         if tp > 1 and getattr(model_cfg, name) % tp:
             problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
                          f"({getattr(model_cfg, name)}); use a divisor of it")
+    cp = context_fits(cp, tp, pp, world * pp, problems)  # (context_degree checked cp against the whole world)
     rest = world // (tp * cp)
     sharding = 1
     if stage:

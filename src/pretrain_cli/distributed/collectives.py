@@ -89,9 +89,11 @@ class Collectives:
 
     def all_to_all(self, x, group):
         """`x` `[n · k, ...]` split into n = group size equal chunks on dim 0; chunk j goes to group rank j, and the
-        result is the chunks every rank sent to this one, in group rank order (`[n · k, ...]`): MoE's token
-        dispatch. Not differentiable: an autograd function around it runs `all_to_all` again backward. NCCL: `alltoall_single`. gloo has no all-to-all: every rank's whole buffer is all-gathered
-        (`[n, n · k, ...]`) and this rank keeps chunk `me` of each."""
+        result is the chunks every rank sent to this one, in group rank order (`[n · k, ...]`). Only the tests call
+        it today: expert parallelism dispatches by all-gather and reduce-scatter (`expert_parallel.GatherDispatch`,
+        the form gloo runs); it is here for an all-to-all dispatcher on NCCL. Not differentiable: an autograd
+        function around it would run `all_to_all` again backward. NCCL: `alltoall_single`. gloo has no all-to-all:
+        every rank's whole buffer is all-gathered (`[n, n · k, ...]`) and this rank keeps chunk `me` of each."""
         import paddle
         import paddle.distributed as dist
 

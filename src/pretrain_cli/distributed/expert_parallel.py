@@ -1,7 +1,8 @@
 """Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
 
-Applied from outside the single-device model, as the `ep` layout step (`distributed.steps`, registered here) and
-the data side of `ExpertParallel` (a `DataParallel` whose experts are reduced on their own):
+Applied from outside the single-device model, as the `ep` layout step (`distributed.steps`: `apply_ep`, this
+module) and the data side of `expert_strategy.ExpertParallel` (a `DataParallel` whose experts are reduced on
+their own; apart, so the steps need no strategy):
 
 - **held experts**: rank r of an expert group (`Topology.expert_rank`) holds experts [r·E/ep, (r+1)·E/ep) of every
   sparse layer (`held_range`); the others are removed from its model before any parameter is created, so a lazily
@@ -23,8 +24,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pretrain_cli.distributed.steps import Step, register
-from pretrain_cli.distributed.strategy import DataParallel
 
 EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")  # HF's per-expert names: model.layers.{i}.mlp.experts.{e}.*
 
@@ -120,6 +119,8 @@ class GatherDispatch:
             out_rows = experts(rows, host_counts)  # [held assignments, hidden]
             w = paddle.gather(weights.reshape([-1]), order).astype(out_rows.dtype).unsqueeze(-1)  # [held, 1]
             out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [ep·tokens, hidden]
+        else:  # no row for this rank's experts: they still take part (zero gradients, the same all-reduces)
+            out = out + experts.idle([0] * experts.count).astype(out.dtype)
         return self.combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
 
 
@@ -134,7 +135,7 @@ class ExpertSide:
     params: list
 
 
-def _apply_ep(model, placement):
+def apply_ep(model, placement):
     """The `ep` step: this rank's experts only (a no-op when `ExpertParallel.place` removed them already), each
     sparse layer's dispatch over the expert group, the experts marked out of DataParallel's reduction; the groups
     are created here, on every rank at the same point."""
@@ -154,8 +155,6 @@ def _apply_ep(model, placement):
     return model
 
 
-register(Step("ep", lambda p: p.ep_degree > 1, apply=_apply_ep))
-
 
 def new_groups(topo, backend) -> tuple:
     """(this rank's expert group, its expert-replica group): every group created on every rank in the same order
@@ -171,63 +170,3 @@ def new_groups(topo, backend) -> tuple:
                 if topo.rank in ranks:
                     mine[i] = g
     return tuple(mine)
-
-
-class ExpertParallel(DataParallel):
-    """Data parallelism with the experts split over expert groups (module docstring)."""
-
-    name = "expert parallel (experts over the data ranks, the rest paddle.DataParallel)"
-
-    side: ExpertSide | None = None  # set by `place`
-
-    def place(self, model, source=None):
-        """Only this rank's experts are created: the others are removed first (`keep_held`), then the rest is
-        created and the layout steps run (the `ep` step swaps the dispatch and makes the groups)."""
-        from pretrain_cli.distributed.materialize import fill
-
-        blocks = sparse_blocks(model)
-        if blocks:
-            keep_held(model, held_range(blocks[0].num_experts, self.topology.ep, self.topology.expert_rank()))
-        if source is not None:
-            fill(model, source)
-        model = self.apply_steps(model, source)
-        self.side = self.placement.experts
-        return model
-
-    def sync_grads(self) -> None:
-        """The experts' gradients summed over their holders and averaged over the data ranks (DataParallel's
-        mean over the rest happened in backward)."""
-        import paddle
-        import paddle.distributed as dist
-
-        scale = 1.0 / self.parallel.data_world_size
-        with paddle.no_grad():
-            for p in self.side.params:
-                if p.grad is None:
-                    continue
-                if self.side.replicas is not None:
-                    dist.all_reduce(p.grad, group=self.side.replicas)
-                p.grad.scale_(scale)
-
-    def grad_norm(self, model):
-        """The global norm: the replicated parameters' squares once, the experts' summed over the expert group."""
-        import paddle
-        import paddle.distributed as dist
-
-        ids = {id(p) for p in self.side.params}
-        dense = [p.grad for p in self.grad_params(model) if p.grad is not None and id(p) not in ids]
-        experts = [p.grad for p in self.side.params if p.grad is not None]
-        sq = self.step_kernels.global_sq_norm(dense)
-        esq = self.step_kernels.global_sq_norm(experts) if experts else paddle.zeros([], dtype="float32")
-        esq = esq.astype("float32")
-        if self.side.group is not None:
-            dist.all_reduce(esq, group=self.side.group)
-        return paddle.sqrt(sq.astype("float32") + esq)
-
-    def local_box(self, tensor, name: str | None = None):
-        """An expert's weights and optimizer state are whole on the ranks holding that expert (`expert_replicas`),
-        every other tensor on every rank."""
-        box, holders = super().local_box(tensor, name)
-        if name is not None and expert_of(name) is not None:
-            return box, self.topology.expert_replicas()
-        return box, holders

@@ -73,12 +73,17 @@ class Pipelined:
 
 
 def inputs_of(ids, extra: dict, sequence=None):
-    """The first stage's input: the ids, then the document fields in the order `Block` passes them to the layer;
-    under context parallelism (`sequence`) always with the tokens' global `position_ids`."""
+    """The first stage's input: the ids, then the document fields in the order `Block` passes them to the layer
+    (positionally: `position_ids`, `doc_start`), so `position_ids` is always there when `doc_start` is: the
+    tokens' global positions under context parallelism (`sequence`), else 0 … seq_len − 1 (what none means)."""
+    import paddle
+
     from pretrain_cli.data.loader import DOCUMENT_FIELDS
 
-    if sequence is not None and "position_ids" not in extra:
-        extra = dict(extra, position_ids=sequence.positions(*ids.shape))
+    if "position_ids" not in extra and (sequence is not None or "doc_start" in extra):
+        positions = (sequence.positions(*ids.shape) if sequence is not None
+                     else paddle.arange(ids.shape[1], dtype="int64").expand(ids.shape))  # [bsz, seq_len]
+        extra = dict(extra, position_ids=positions)
     doc = [extra[k] for k in DOCUMENT_FIELDS if k in extra]
     return (ids, *doc) if doc else ids
 

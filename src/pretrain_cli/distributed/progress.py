@@ -10,7 +10,8 @@ rank, so a mark is a few stores into memory, no system call. The training loop m
 `save`, `eval`; `start-up` until the first mark.
 
 **Hung** (`hung`): once a rank's mark is older than its phase's allowance (`allowance`: the `hang_timeout` key, else
-`DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up` at least `START`),
+`DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up`, `save` and
+`eval`, whose length no step time predicts, at least `START`),
 the job has stalled, and the rank named is the one the others wait for: a stopped one (`/proc` state T), else one
 that is not waiting in a collective, else the late one whose mark is oldest. Inside a pipeline's schedule a stage
 waiting for its neighbour is in `forward/backward` too, so there a hang that is not a stopped process is named by
@@ -39,7 +40,8 @@ _FORMAT = "<qqdddqq"  # step, phase, since (wall time of the mark), step seconds
 SIZE = struct.calcsize(_FORMAT)
 DEFAULT = 300.0  # seconds without progress before a rank is hung, when hang_timeout is not set
 STEPS = 20  # ... or this many of the run's own steps, when its steps are slower
-START = 600.0  # start-up (building, reading a checkpoint) is allowed at least this long
+START = 600.0  # start-up (building, reading a checkpoint), a save and an evaluation are allowed at least this long
+LONG = ("start-up", "save", "eval")  # phases whose length is no step's: a checkpoint's bytes, eval_iters batches
 WAITED = 20.0  # a rank idle this long when gloo's 30 s timeout ends a peer waiting for it is the one that hung
 WINDOW = 20  # steps a straggler's median is taken over
 RATIO = 1.5  # a straggler's own work per step, over the other ranks' median
@@ -134,7 +136,7 @@ def allowance(phase: str, key: float | None, step_seconds: float) -> float | Non
     if key == 0 or phase == "done":
         return None
     base = key if key is not None else max(DEFAULT, STEPS * step_seconds)
-    return max(base, START) if phase == "start-up" else base
+    return max(base, START) if phase in LONG else base
 
 
 def hung(records: dict, now: float, key: float | None, stopped=()) -> tuple[int, float] | None:

@@ -61,8 +61,8 @@ class RingExchange:
 def ring_groups(rings: list, me: int, backend) -> tuple:
     """(cp group, its ranks, `RingExchange`) of this rank, `rings` being every cp group's ranks in the same order
     on every rank. Every rank creates every group (and, on gloo, every ring's edge groups), in the same order, as
-    `new_group` requires, each followed by a barrier (with gloo, groups created at once fail to connect:
-    `topology.groups_one_at_a_time`) and, on gloo, with a TCP store of its own (`backend.stores()`, the run's
+    `new_group` requires, each followed by a barrier (with gloo, groups created at once fail to connect: the
+    `dist.barrier()` after each below) and, on gloo, with a TCP store of its own (`backend.stores()`, the run's
     `collectives.Collectives`: else a rank may read a stale address of an earlier group and fail with "Connection
     refused", measured with 3 ranks)."""
     import paddle.distributed as dist

@@ -13,10 +13,11 @@ group). Adding a parallel axis means adding a step here, not an engine.
 2. `cp`: context parallelism. Chosen when the model is built (`build_kernels`): its attention kernels are the ring
    over the topology's "cp" group and its RoPE table spans the whole sequence; the batch side (each rank's
    chunks, global positions, the whole sequence's loss) is `context.ContextSide`, which the strategy holds.
-3. `ep`: expert parallelism: the slot for Mixture-of-Experts. Its group is drawn from the data/ZeRO ranks
-   (`Topology.group("ep")` once the topology has an "ep" axis inside "sharding"); it is registered with
-   `register(Step("ep", ...))` and runs after the attention-side steps and before recompute, so recompute wraps
-   the layers with their experts already dispatched.
+3. `ep`: expert parallelism (`expert_parallel`): each rank keeps its experts and dispatches over its expert
+   group. The groups are drawn from the data/ZeRO ranks, not an axis of their own: `Topology.expert_group` and
+   `Topology.expert_replicas` name the ranks, `expert_parallel.new_groups` creates them. It runs after the
+   attention-side steps and before recompute, so recompute wraps the layers with their experts already
+   dispatched.
 4. `recompute`: activation recompute (`models.recompute.apply_recompute`) around the already split layers.
 5. `pp`: the pipeline cut: fleet's `PipelineLayer` over the model's own sublayers (`pipeline_stages.build_pipeline_layer`).
 6. `data`: the gradient and optimizer side: data parallelism, ZeRO-1/2 (fleet), ZeRO-2/3 and semi-auto TP
@@ -101,6 +102,13 @@ def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     return context_kernels(kernels, parallel, backend)
 
 
+def _expert_parallel(model, placement: Placement):
+    """`ep`: declared here, so the step is there whatever was imported first."""
+    from pretrain_cli.distributed.expert_parallel import apply_ep
+
+    return apply_ep(model, placement)
+
+
 def _recompute(model, placement: Placement):
     from pretrain_cli.models.recompute import apply_recompute
 
@@ -137,6 +145,7 @@ def semi_auto(parallel: ParallelConfig) -> bool:
 STEPS: dict = {
     "tp": Step("tp", manual_tp, apply=_split_tp),
     "cp": Step("cp", lambda p: p.cp_degree > 1, build=_context_kernels),
+    "ep": Step("ep", lambda p: p.ep_degree > 1, apply=_expert_parallel),
     "recompute": Step("recompute", lambda p: True, apply=_recompute),
     "pp": Step("pp", lambda p: p.pp_degree > 1, apply=_cut_pipeline),
     "data": Step("data", semi_auto, build=_local_kernels),
@@ -144,7 +153,7 @@ STEPS: dict = {
 
 
 def register(step: Step) -> None:
-    """Add the step for a new axis (its `name` one of `ORDER`: "ep" is free)."""
+    """Add or replace the step for an axis (its `name` one of `ORDER`)."""
     if step.name not in ORDER:
         raise ValueError(f"step {step.name!r} has no place in {ORDER}")
     STEPS[step.name] = step
@@ -164,17 +173,15 @@ def build_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     return kernels
 
 
-def apply_steps(model, placement: Placement, until: str | None = None):
-    """The finished model through every wanted step's `apply` in `ORDER` (up to and including `until`)."""
+def apply_steps(model, placement: Placement):
+    """The finished model through every wanted step's `apply` in `ORDER`."""
     for step in steps_for(placement.parallel):
         if step.apply is not None:
             model = step.apply(model, placement)
-        if step.name == until:
-            break
     return model
 
 
 def describe(parallel: ParallelConfig) -> str:
-    """The steps a layout runs, in order (the `layout:` log line's `steps` part)."""
+    """The steps a layout runs, in order, as one string (what the layout tests compare; no log line prints it)."""
     return " -> ".join(s.name for s in steps_for(parallel))
 

@@ -22,7 +22,7 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
   token counts (fp32 `[experts]`, after dropping) and the dropped assignments; the balance losses
   (`models.moe_loss`) read the records of all sparse layers. It also sums its counts since the last log
   (`block.load`, `block.dropped`: `moe_loss.read_load`) and since the last bias update (`block.step_load`):
-  fp32 tensors, never read on the host inside a step. Dispatch (sort by
+  fp32 tensors, never read on the host inside a step, counted in training mode only (not evaluation's). Dispatch (sort by
   expert, run the experts, combine) is `dispatch_local` here; expert parallelism swaps `block.dispatch` for one
   that exchanges rows between ranks, with the same inputs and outputs.
 
@@ -128,7 +128,22 @@ class Experts(nn.Layer):
         for e in range(self.first, self.first + self.count):  # a plain loop: SOT lost `self` in nested comprehensions
             x = self[e]
             ws.append((x.gate_proj.weight, x.up_proj.weight, x.down_proj.weight))
-        return self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
+        out = self.kernels.grouped_mlp(x_sorted, counts, ws, self.kernels.swiglu_packed)
+        idle = self.idle(counts)
+        return out if idle is None else out + idle.astype(out.dtype)  # [rows, hidden]
+
+    def idle(self, counts: list[int]):
+        """0 · one element of each weight of the experts no row reached (fp32 `[]`), None when every expert got
+        rows: added to the output, it keeps every held expert in the graph, so each gets a zero gradient, not
+        none (`paddle.DataParallel` and expert parallelism's all-reduce need the same parameters on every rank
+        each step; the segmented kernel skips an empty expert). Exact, and O(1) per expert forward."""
+        keep = []
+        for i, n in enumerate(counts):
+            if n == 0:
+                x = self[self.first + i]
+                keep += [w[0, 0].astype("float32") for w in (x.gate_proj.weight, x.up_proj.weight,
+                                                             x.down_proj.weight)]
+        return paddle.add_n(keep) * 0.0 if keep else None
 
 
 def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
@@ -194,9 +209,10 @@ class SparseMoeBlock(nn.Layer):
         routing = self.gate(flat)
         out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, self.capacity_factor)
         self.record = MoeRecord(routing, counts, dropped)
-        self.load = counts if self.load is None else self.load + counts
-        self.step_load = counts if self.step_load is None else self.step_load + counts
-        self.dropped = dropped if self.dropped is None else self.dropped + dropped
+        if self.training:  # an evaluation's tokens neither move the balancing bias nor show in the logged load
+            self.load = counts if self.load is None else self.load + counts
+            self.step_load = counts if self.step_load is None else self.step_load + counts
+            self.dropped = dropped if self.dropped is None else self.dropped + dropped
         if self.shared_expert is not None:
             gate = nn.functional.sigmoid(self.shared_expert_gate(flat))  # [tokens, 1]
             out = out + gate * self.shared_expert(flat)

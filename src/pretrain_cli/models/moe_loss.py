@@ -116,6 +116,13 @@ def read_load(model, reset: bool = True) -> dict:
     return out
 
 
+def forget_step_load(model) -> None:
+    """Drop the counts since the last bias update: a step starts from its own tokens only, not those of a step
+    whose update was skipped (spike, non-finite, fp16 overflow)."""
+    for b in sparse_blocks(model):
+        b.step_load = None
+
+
 def update_expert_bias(model, rate: float, reduce_counts=_identity) -> None:
     """Auxiliary-loss-free balancing: each router bias moves by `rate` toward the experts below the mean load
     (`sign(mean − count)`, counts of the step summed over the data-parallel ranks by `reduce_counts`)."""

@@ -50,7 +50,8 @@ class FusedAdamW:
     def clear_grad(self, set_to_zero: bool = False) -> None:
         """Drop the gradients instead of zero-filling them: Paddle's next backward replaces a zero-filled
         gradient with a new tensor anyway, so the fill was a wasted pass over every gradient. (A parameter
-        that then gets no gradient is skipped by `step`; every parameter of our models gets one each step.)"""
+        that then gets no gradient is skipped by `step`; every parameter of our models gets one each step, an
+        expert no token reached a zero one: `models.moe.Experts.idle`.)"""
         self._inner_opt.clear_grad(set_to_zero=set_to_zero)
 
     def step(self, grad_scale: float = 1.0) -> None:

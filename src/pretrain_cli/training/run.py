@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed import progress, watchdog
 from pretrain_cli.distributed.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
@@ -112,12 +112,12 @@ def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
 
 
 def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
-    """A rollback on the semi-auto engine: its parameters and optimizer state are placed pieces, which whole
-    tensors cannot be written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's
-    parameters are pieces; a pipeline rank keeps only its stage's tensors). So the model and its layout are built
+    """A rollback on a layout of placed pieces (`EngineTraits.placed_pieces`), which whole tensors cannot be
+    written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's parameters are pieces; a
+    pipeline rank keeps only its stage's tensors, an expert-parallel rank only its experts). So the model and its layout are built
     again from the checkpoint, in the order and with the seed of a restart that resumes from it (the trainer
     has released the old ones first)."""
-    log.info(f"rebuilding the model and its layout from {Path(path).name} (the semi-auto engine's pieces "
+    log.info(f"rebuilding the model and its layout from {Path(path).name} (the layout's placed pieces "
              f"cannot be written into mid-run)")
     model = build_model(run, model_cfg)
     restore_weights(model, run, model_cfg, path)
@@ -251,6 +251,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
+            progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
                 log.warning(stop_message(r.output, trainer.state.global_step))

@@ -80,6 +80,10 @@ class Step:
         """One optimizer step over `acc` micro-batches (the strategy's `forward_backward`: each with its own
         forward and backward, or a pipeline's schedule over all of them)."""
         layout.optimizer.set_lr(self.schedule.lr_at(state.global_step + 1))
+        if self.bias_update_rate:  # the bias moves by this step's loads alone (a skipped step's are dropped)
+            from pretrain_cli.models.moe_loss import forget_step_load
+
+            forget_step_load(layout.raw_model)
         progress.mark("data", state.global_step + 1)  # what the rank watchers read (a hung rank, a straggler)
         taken = [next(batches) for _ in range(self.grad_accum)]
         progress.mark("forward/backward", state.global_step + 1)
