@@ -24,20 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-
-def to_replicated(grad):
-    """The CPU gradient hook: a Partial gradient becomes Replicated (an all-reduce).
-
-    Sharded optimizers (and a concatenated weight's backward) would otherwise reshard Partial → Shard,
-    a reduce-scatter that gloo lacks (ARCHITECTURE.md facts: gloo). A tensor-parallel Shard placement on
-    another mesh axis is kept. On GPU the reduce-scatter exists and the hook is not installed.
-    """
-    import paddle.distributed as dist
-
-    if grad.is_dist() and any(p.is_partial() for p in grad.placements):
-        return dist.reshard(grad, grad.process_mesh, [dist.Replicate() if p.is_partial() else p
-                                                      for p in grad.placements])
-    return grad
+from pretrain_cli.distributed.collectives import to_replicated
 
 
 def _replicate_grad(x, hook: bool):
