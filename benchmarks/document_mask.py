@@ -94,7 +94,7 @@ def run(a) -> dict:
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.data.loader import micro_batch
     from pretrain_cli.data.samples import PackedDataset
-    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.comms.comm import NoComm
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.training.run import build_model, lay_out
     from pretrain_cli.training.trainer import Trainer

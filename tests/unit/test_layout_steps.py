@@ -1,13 +1,13 @@
-"""The layout as steps (distributed/steps.py), the one TP plan (models/tp_plan.py), the refusal table
-(config/refusals.py) and the collectives backend's choice (distributed/collectives.py): what a team adding an axis
+"""The layout as steps (distributed/steps/order.py), the one TP plan (models/tp_plan.py), the refusal table
+(config/refusals.py) and the collectives backend's choice (distributed/comms/collectives.py): what a team adding an axis
 reads and extends."""
 from __future__ import annotations
 
 import pytest
 
 from pretrain_cli.config.refusals import REFUSED, Degrees, refusals
-from pretrain_cli.distributed.collectives import for_device
-from pretrain_cli.distributed.steps import ORDER, STEPS, Step, describe, register, steps_for
+from pretrain_cli.distributed.comms.collectives import for_device
+from pretrain_cli.distributed.steps.order import ORDER, STEPS, Step, describe, register, steps_for
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
 

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 from run_helpers import model_config, resolve_run
 
-from pretrain_cli.distributed.pipeline import stage_of
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.strategies.pipeline import stage_of
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.planning.memory import Setup, pipeline_stages, stage_params
 from pretrain_cli.errors import UserError
@@ -149,7 +149,7 @@ def test_layout_refusals_is_the_one_pipeline_rule():
 
     assert layout_refusals(64, 4, 1, 1, 80) == []  # tp 8 x pp 4 x stage1 (tp is not a pipeline refusal)
     assert layout_refusals(8, 1, 2, 3, 2) == []  # no pipeline, nothing to refuse here
-    assert layout_refusals(64, 4, 1, 2, 80) == []  # ZeRO-2 inside the stages runs (distributed/pipeline.py)
+    assert layout_refusals(64, 4, 1, 2, 80) == []  # ZeRO-2 inside the stages runs (distributed/strategies/pipeline.py)
     lines = layout_refusals(8, 2, 2, 3, 4)  # (ZeRO-3 with a pipeline: config.refusals' table, through resolve)
     assert [line.split(":")[0] for line in lines] == ["virtual_pp_degree"]
     assert all("\n" not in line for line in lines)

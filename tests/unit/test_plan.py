@@ -320,7 +320,7 @@ def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
-    from pretrain_cli.distributed.semi_auto import SemiAuto
+    from pretrain_cli.distributed.strategies.semi_auto import SemiAuto
     from pretrain_cli.models.flops import param_counts
     from pretrain_cli.planning.memory import estimate
     from pretrain_cli.planning.plan import Device, setup_for

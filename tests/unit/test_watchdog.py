@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed.launcher import watchdog
 
 RANK = r"""
 import os, subprocess, sys, time
 from pathlib import Path
 from pretrain_cli import processes
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed.launcher import watchdog
 peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
 shared, verdicts = Path(sys.argv[1]), Path(sys.argv[2])
@@ -107,7 +107,7 @@ def test_a_usage_error_is_not_answered_with_resume(tmp_path):
 HANG = r"""
 import os, signal, subprocess, sys, time
 from pathlib import Path
-from pretrain_cli.distributed import progress, watchdog
+from pretrain_cli.distributed.launcher import progress, watchdog
 peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
 shared, verdicts, who = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -161,7 +161,7 @@ def test_a_rank_without_progress_is_named_and_killed_even_when_stopped(tmp_path)
 def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
     """With the default hang_timeout gloo's own 30 s timeout comes first and aborts the waiting rank (SIGABRT): the
     cause is the live rank whose last mark is older than the aborted one's, not the aborted rank."""
-    from pretrain_cli.distributed import progress
+    from pretrain_cli.distributed.launcher import progress
 
     w = _watcher(tmp_path, {0}, {0: signal.SIGABRT})
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -265,7 +265,7 @@ def _parallel(args: Arguments, model_cfg, target: Target, notes: list, problems:
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps), not semi-auto's
+    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps.order), not semi-auto's
     vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
     if tp > 1 and layered:
         where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
@@ -347,7 +347,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
     parallel = _parallel(args, model_cfg, here, notes, problems)
-    if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.local_kernels: no vocabulary-split kernel
+    if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.steps.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:
             notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "

@@ -52,9 +52,9 @@ class Setup:
     fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
-    cp: int = 1  # context parallelism (distributed.context): `seq_len` is then one rank's share, max_seq_length / cp
-    sp: bool = False  # sequence parallelism with tp (distributed.sequence_parallel): norms and residuals ÷ tp
-    ep: int = 1  # expert parallelism (distributed.expert_parallel): each rank holds 1/ep of the routed experts
+    cp: int = 1  # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
+    sp: bool = False  # sequence parallelism with tp (distributed.steps.sequence_parallel): norms and residuals ÷ tp
+    ep: int = 1  # expert parallelism (distributed.strategies.expert_parallel): each rank holds 1/ep of the routed experts
 
     @property
     def vocab_tp(self) -> int:
@@ -93,7 +93,7 @@ def _parts_per_token(s: Setup) -> dict[str, float]:
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (_norm_bytes(s, h) - c * h + _norm_bytes(s, kv) - c * kv) / tp
     rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
-    if s.cp > 1:  # distributed.context replaces the attention kernel: `context_core_per_token`
+    if s.cp > 1:  # distributed.steps.context replaces the attention kernel: `context_core_per_token`
         core, scores = context_core_per_token(s), 0.0
     elif s.attention == "flash" and s.device == "gpu":
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
@@ -361,7 +361,7 @@ def attention_widths(cfg) -> tuple[int, int]:
 
 
 def context_core_per_token(s: Setup) -> float:
-    """Attention's bytes kept per local token per layer under context parallelism (`distributed.context`): the
+    """Attention's bytes kept per local token per layer under context parallelism (`distributed.steps.context`): the
     head-major q and the output, fp32 log-sum-exp per head, and the rank's own K and V (ring attention passes
     the other ranks' blocks through, it keeps none of them). No `[s, s]` scores are kept: each block's are
     recomputed in backward."""
@@ -382,7 +382,7 @@ def context_working_bytes(s: Setup) -> float:
 
 
 def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute) -> float:
-    """Bytes one rank sends per micro-batch for ring attention (`distributed.ring`): per layer C−1 K/V blocks in
+    """Bytes one rank sends per micro-batch for ring attention (`distributed.comms.ring`): per layer C−1 K/V blocks in
     forward ((cp−1)/cp of the sequence's K and V; again when `full`/`full_attn` recompute reruns the forward), C−1
     again in backward and C fp32 dK/dV blocks travelling with them. `seq_len` is the whole sequence."""
     if cp <= 1:

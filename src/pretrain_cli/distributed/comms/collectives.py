@@ -32,13 +32,13 @@ class Collectives:
     # ------------------------------------------------------------------ groups
     def stores(self):
         """Around every `dist.new_group` / `fleet.init`: on gloo each group gets a TCP store of its own."""
-        from pretrain_cli.distributed.gloo import separate_stores
+        from pretrain_cli.distributed.comms.gloo import separate_stores
 
         return separate_stores(True) if self.gloo else contextlib.nullcontext()
 
     @property
     def ring_edges(self) -> bool:
-        """Whether a ring exchange needs a two-rank group per directed edge (`distributed.ring`)."""
+        """Whether a ring exchange needs a two-rank group per directed edge (`distributed.comms.ring`)."""
         return self.gloo
 
     def pipeline_flags(self, configs: dict, hybrid) -> dict:
@@ -50,7 +50,7 @@ class Collectives:
     def neighbour_sends(self, hcg) -> None:
         """The pipeline group's send/recv over two-rank groups per stage pair (gloo counts tags per group)."""
         if self.gloo:
-            from pretrain_cli.distributed.gloo import neighbour_sends
+            from pretrain_cli.distributed.comms.gloo import neighbour_sends
 
             neighbour_sends(hcg)
 

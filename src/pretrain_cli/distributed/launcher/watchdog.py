@@ -17,13 +17,13 @@ Which rank died first is decided from what the watchers saw, shared in a directo
 seen alive while another was already dead is not the cause (`outlived.R`); each death's exit status is
 read from /proc while the launcher has not reaped it yet (it polls once a second) (`status.R`); when all
 that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other, and when
-every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.progress`) is
+every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.launcher.progress`) is
 the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
 publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log
 names the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a
 watcher still reading it.
 
-A rank that makes no progress (`distributed.progress.hung`, checked every `HANG_POLL` s) is named the same way:
+A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `HANG_POLL` s) is named the same way:
 `rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
 own rank (a stopped process too) and the hung rank's watcher records exit `HUNG` for launch.sh. A straggler is
 named once in every log of the host. Peers on other hosts are not watched: gloo's abort names nothing there
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import atomic, processes
-from pretrain_cli.distributed import progress
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
@@ -52,7 +52,7 @@ HUNG = 124  # the exit code of a job ended because a rank made no progress (as t
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
     """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none);
-    `hang_timeout`: the run's key (`distributed.progress.allowance`)."""
+    `hang_timeout`: the run's key (`distributed.launcher.progress.allowance`)."""
     if parallel.world_size <= 1:
         return
     import socket
@@ -61,7 +61,7 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
 
     from paddle.base import core
 
-    from pretrain_cli.distributed import job
+    from pretrain_cli.distributed.launcher import job
 
     store = core.create_or_get_global_tcp_store()
     host, me = socket.gethostname(), parallel.rank
@@ -207,7 +207,7 @@ class _Watcher:
                 os.write(log, self._read_available(pipe))
         os.write(log, self._line(cause).encode())
         if self.me in culprits and self.verdicts is not None:
-            from pretrain_cli.distributed import job
+            from pretrain_cli.distributed.launcher import job
 
             code = HUNG if cause["kind"] == "hung" else processes.exit_code(cause["statuses"][culprits.index(self.me)])
             job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),

@@ -1,6 +1,6 @@
 """Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
 
-Applied from outside the single-device model, as the `ep` layout step (`distributed.steps`, registered here) and
+Applied from outside the single-device model, as the `ep` layout step (`distributed.steps.order`, registered here) and
 the data side of `ExpertParallel` (a `DataParallel` whose experts are reduced on their own):
 
 - **held experts**: rank r of an expert group (`Topology.expert_rank`) holds experts [r·E/ep, (r+1)·E/ep) of every
@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pretrain_cli.distributed.steps import Step, register
-from pretrain_cli.distributed.strategy import DataParallel
+from pretrain_cli.distributed.steps.order import Step, register
+from pretrain_cli.distributed.strategies.strategy import DataParallel
 
 EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")  # HF's per-expert names: model.layers.{i}.mlp.experts.{e}.*
 
@@ -183,7 +183,7 @@ class ExpertParallel(DataParallel):
     def place(self, model, source=None):
         """Only this rank's experts are created: the others are removed first (`keep_held`), then the rest is
         created and the layout steps run (the `ep` step swaps the dispatch and makes the groups)."""
-        from pretrain_cli.distributed.materialize import fill
+        from pretrain_cli.distributed.layout.materialize import fill
 
         blocks = sparse_blocks(model)
         if blocks:
