@@ -16,10 +16,11 @@ layer is replaced here.
 """
 from __future__ import annotations
 
+import functools
+
 from pretrain_cli.distributed.strategies.strategy import Strategy
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
-
 
 
 class SemiAuto(Strategy):
@@ -91,23 +92,11 @@ class SemiAuto(Strategy):
         return model, optimizer
 
     def _stage3(self):
-        """`dist.ShardingStage3` whose parameter sharding creates a lazy parameter directly as its dp shard (the
-        placements its own rule, `get_placement_with_sharding`, gives), from `place`'s source."""
-        import paddle.distributed as dist
-        from paddle.distributed.auto_parallel.sharding import get_placement_with_sharding
+        """ZeRO-3's sharding stage, creating each lazy parameter directly as its dp shard from `place`'s source
+        (`zero3.CreatedSharded`)."""
+        from pretrain_cli.distributed.strategies.zero3 import CreatedSharded
 
-        from pretrain_cli.distributed.layout.materialize import fill_placed, pending
-
-        source, names, rank = self._source, self._names, self.parallel.rank
-
-        class CreatedSharded(dist.ShardingStage3):
-            def _shard_parameter(self, param):
-                if not (param.is_dist() and pending(param)):
-                    return super()._shard_parameter(param)
-                placements = get_placement_with_sharding(param, self._sharding_axis)
-                fill_placed(names[id(param)], param, source, param.process_mesh, placements, rank)
-
-        return CreatedSharded
+        return functools.partial(CreatedSharded, source=self._source, names=self._names, rank=self.parallel.rank)
 
     def wrap_scaler(self, scaler):
         import paddle.distributed as dist
