@@ -173,3 +173,15 @@ def test_model_code_reads_no_environment_and_no_ranks():
     bad = {str(p.relative_to(ROOT)): v for p in (ROOT / "models").rglob("*.py")
            if (v := _model_code_violations(p.read_text(encoding="utf-8")))}
     assert not bad, bad
+
+
+def test_classes_are_defined_at_module_level():
+    """A class made inside a function is a new class per call (two sets of autograd functions, isinstance checks
+    that fail across calls) and cannot be found or imported: every class is at a module's top level (or a class's)."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        for func in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} in {func.name}"
+                        for node in ast.walk(func) if isinstance(node, ast.ClassDef)]
+    assert not bad, bad
