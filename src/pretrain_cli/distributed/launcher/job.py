@@ -21,7 +21,7 @@ usually a rank stopped because another one died (rank 0 killed by its watcher af
 usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
-first rank's own code (124 for a rank that made no progress, `distributed.launcher.watchdog.HUNG`), retried while
+first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`), retried while
 MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
 waits for them (`wait_for_watchers`), and `cause` gives the console the record's line: the launcher's own
 `Container rank 0 status failed` names the lowest rank it saw stop, usually one stopped because another died.
