@@ -15,6 +15,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
+from pretrain_cli.config.parallel import degree
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
 from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
@@ -142,7 +143,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
         notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
     current = {k: args.get(k) for k in SEARCHED}
-    current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
+    current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
     current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
     current["expert_parallel_degree"] = max(current["expert_parallel_degree"], 1)
