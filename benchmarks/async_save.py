@@ -34,7 +34,7 @@ def model_config(hidden: int, layers: int, vocab: int) -> dict:
 
 
 def write_corpus(prefix: Path, vocab: int, n_tokens: int = 200_000, seed: int = 0) -> None:
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(seed)
     w = IndexedDatasetWriter(str(prefix))

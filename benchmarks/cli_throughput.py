@@ -28,7 +28,8 @@ def write_token_file(prefix: Path, vocab: int, tokens: int, doc_len: int = 4096,
     """Random token ids in documents of `doc_len`, through the product's own writer (no tokenizer needed)."""
     import numpy as np
 
-    from pretrain_cli.data.indexed import IndexedDatasetWriter, dtype_for_vocab
+    from pretrain_cli.data.indexed import dtype_for_vocab
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(seed)
     flat = rng.integers(0, vocab, tokens, dtype=np.int64).astype(dtype_for_vocab(vocab))

@@ -4,7 +4,7 @@ Why: context parallelism exists so that one sequence's attention does not have t
 the attention of one layer, forward + backward, on one sequence of S tokens: in one process with the kernels
 `train` runs there (the fused CPU block-causal kernel, `use_flash_attention: true`; and the materialising
 `sdpa_mask`, `false`), and on `--cp` processes under the real launcher, each holding S/cp tokens
-(`distributed.context`: ring attention, blocks through Paddle's ops, K/V and dK/dV blocks passed between
+(`distributed.steps.context`: ring attention, blocks through Paddle's ops, K/V and dK/dV blocks passed between
 neighbours with gloo's blocking send/recv). Peak memory is the process's peak RSS above its RSS before the
 first call (each measurement runs in a fresh process, so the peak is this length's own). Prints one row per length: milliseconds and MiB, and cp's ratio to one process.
 
@@ -48,7 +48,7 @@ def worker(a) -> None:
     if a.path == "context":
         import paddle.distributed as dist
 
-        from pretrain_cli.distributed.context import context_attention, cp_group
+        from pretrain_cli.distributed.steps.context import context_attention, cp_group
         from pretrain_cli.run_layout import ParallelConfig
 
         dist.init_parallel_env()

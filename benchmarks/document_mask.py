@@ -35,7 +35,7 @@ MODEL = {  # a small Qwen3: attention is a large share of the step at long seque
 
 def write_corpus(prefix: Path, mean_doc: float, n_tokens: int, vocab: int, seed: int = 0) -> list[int]:
     """A token file of documents with exponentially distributed lengths (at least 2 tokens)."""
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(seed)
     sizes, total = [], 0
@@ -94,7 +94,7 @@ def run(a) -> dict:
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.data.loader import micro_batch
     from pretrain_cli.data.samples import PackedDataset
-    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.comms.comm import NoComm
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.training.run import build_model, lay_out
     from pretrain_cli.training.trainer import Trainer

@@ -166,9 +166,9 @@ paddle = runtime.import_paddle()
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.orchestration.prepare import build_model_config, launcher_target
 from pretrain_cli.config.resolve import resolve
-from pretrain_cli.distributed.comm import build_comm
+from pretrain_cli.distributed.comms.comm import build_comm
 from pretrain_cli.distributed.setup import init_process_group
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.training.run import build_model, lay_out
 from pretrain_cli.training.trainer import Trainer
 args = parse_config(sys.argv[1], [])

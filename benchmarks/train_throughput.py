@@ -51,7 +51,7 @@ def worker_paddle(cfg: dict, a) -> dict:
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
-    from pretrain_cli.distributed.comm import build_comm
+    from pretrain_cli.distributed.comms.comm import build_comm
     from pretrain_cli.distributed.setup import init_process_group
     from pretrain_cli.models import ModelConfig
     from pretrain_cli.models.flops import flops_per_token

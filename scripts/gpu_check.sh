@@ -76,7 +76,8 @@ run "$PY" -m pytest tests/gpu/test_kernels_gpu.py ${SELECTED[@]+"${SELECTED[@]}"
 PART="2/3 the $AMP run"
 echo "== 2/3 synthetic token file, plan, and a $STEPS-step $AMP run at the Qwen2.5-0.5B shape ($BATCH x $SEQ)"
 run "$PY" -c "import sys, numpy as np
-from pretrain_cli.data.indexed import IndexedDatasetWriter, dtype_for_vocab
+from pretrain_cli.data.indexed import dtype_for_vocab
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 docs, dt = ($STEPS + 5) * $BATCH * ($SEQ + 1) * 2 // 4096 + 1, dtype_for_vocab(151936)
 with IndexedDatasetWriter(sys.argv[1], dtype=dt) as w:  # random ids in documents of 4096 tokens
     w.add_documents(np.random.default_rng(0).integers(0, 151936, docs * 4096).astype(dt), [4096] * docs)

@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _verdict(code: int, kind: str, line: str) -> int:
-    """A rank launched by scripts/launch.sh records how it ended, for the job's exit code (`distributed.job`)."""
-    from pretrain_cli.distributed import job, launch
+    """A rank launched by scripts/launch.sh records how it ended, for the job's exit code (`distributed.launcher.job`)."""
+    from pretrain_cli.distributed.launcher import job, launch
 
     job.record(launch.rank(), code, kind, line)
     return code

@@ -17,7 +17,7 @@ class UserError(Exception):
     """
 
     exit_code = 2
-    kind = "usage"  # what launch.sh reads from the rank's verdict (`distributed.job`): usage errors are not retried
+    kind = "usage"  # what launch.sh reads from the rank's verdict (`distributed.launcher.job`): usage errors are not retried
 
     @property
     def lines(self) -> list[str]:

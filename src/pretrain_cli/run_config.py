@@ -230,7 +230,7 @@ class Loop:
     memory_metrics: bool = True  # on CPU always (`skip_memory_metrics` applies to GPUs)
     peak_tflops: float | None = None
     async_save: bool = False  # checkpoint-N/ written by a background thread (`training.async_save`)
-    hang_timeout: float | None = None  # a rank without progress this long is hung (`distributed.watchdog`); None: default
+    hang_timeout: float | None = None  # a rank without progress this long is hung (`distributed.launcher.watchdog`); None: default
 
 
 @dataclass(frozen=True)

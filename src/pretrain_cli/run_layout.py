@@ -15,7 +15,7 @@ def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: 
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
     (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
     PipelineParallel, with tp / sp / cp inside the stages), "tensor_parallel" (tensor parallelism with sequence
-    and/or context parallelism on fleet's groups) or "context_parallel" (distributed.context over
+    and/or context parallelism on fleet's groups) or "context_parallel" (distributed.steps.context over
     paddle.DataParallel or fleet's ZeRO-1); `sharding_stage` 0 when nothing is
     sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
@@ -61,7 +61,7 @@ ENGINE_TRAITS = {
 class ParallelConfig:
     """Degrees and this process's rank: world = pp × dp × sharding × tp (PaddleNLP arithmetic; ARCHITECTURE.md
     facts: degrees). Which coordinate a rank has on each axis (its stage, data rank, tp rank) and which ranks
-    form each group is `distributed.topology.Topology`'s alone.
+    form each group is `distributed.layout.topology.Topology`'s alone.
     """
 
     world_size: int = 1
@@ -73,15 +73,15 @@ class ParallelConfig:
     tp_degree: int = 1
     pp_degree: int = 1
     # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
-    # they are whole on every tp rank): `distributed.semi_auto` places them so, `planning.memory` counts them so
+    # they are whole on every tp rank): `distributed.strategies.semi_auto` places them so, `planning.memory` counts them so
     vocab_parallel: bool = False
     virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
-    # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank; distributed.context)
+    # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank; distributed.steps.context)
     cp_degree: int = 1
     # Megatron sequence parallelism with tp > 1: norms and residuals cut on the sequence over the tp group
     sequence_parallel: bool = False
     # expert parallelism: a Mixture-of-Experts model's experts split over groups of ep data ranks
-    # (`distributed.topology.Topology.expert_group`, `distributed.expert_parallel`)
+    # (`distributed.layout.topology.Topology.expert_group`, `distributed.steps.expert_parallel`)
     ep_degree: int = 1
 
     @property

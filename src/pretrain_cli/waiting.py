@@ -1,6 +1,6 @@
 """Waiting for rank 0's work without a collective: one poll loop, one timeout.
 
-The other ranks wait while rank 0 publishes a save or writes the final model (`distributed.comm`, polling
+The other ranks wait while rank 0 publishes a save or writes the final model (`distributed.comms.comm`, polling
 the launcher's TCP store), and rank 0 waits for every rank's completion record of a checkpoint
 (`training.shard_writer`, polling the directory). Neither waits in a gloo collective, whose hard 30 s
 timeout a slow save would trip; both give up after `PRETRAIN_CLI_RANK0_TIMEOUT` seconds (default 3600).

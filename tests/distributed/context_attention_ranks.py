@@ -12,7 +12,7 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 import paddle.distributed as dist  # noqa: E402
 
-from pretrain_cli.distributed.context import context_attention, cp_group, shard_sequence  # noqa: E402
+from pretrain_cli.distributed.steps.context import context_attention, cp_group, shard_sequence  # noqa: E402
 from pretrain_cli.ops.attention import attention_math  # noqa: E402
 from pretrain_cli.ops.block_attention import block_forward  # noqa: E402
 from pretrain_cli.run_layout import ParallelConfig  # noqa: E402
@@ -65,9 +65,9 @@ for tile in (1024, 5):
         print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs, **traffic}),
               flush=True)
 
-# the collectives backend's gloo forms (distributed/collectives.py) on the same ranks: all-to-all (MoE's dispatch)
+# the collectives backend's gloo forms (distributed/comms/collectives.py) on the same ranks: all-to-all (MoE's dispatch)
 # as an all-gather of every rank's send buffer, reduce-scatter as an all-reduce and a slice
-from pretrain_cli.distributed.collectives import for_device  # noqa: E402
+from pretrain_cli.distributed.comms.collectives import for_device  # noqa: E402
 
 backend = for_device("cpu")
 send = [np.arange(world * 2 * 3, dtype="float32").reshape(world * 2, 3) + 1000 * r for r in range(world)]  # [2w, 3]

@@ -56,8 +56,8 @@ _HELD = []  # port blocks this test process holds until it exits
 
 def free_port() -> int:
     """A port for `--master` that no other launch on this host takes: the first port of a block held for the
-    rest of this test process (`distributed.job.reserve`; the launcher's own ports come from other blocks)."""
-    from pretrain_cli.distributed.job import reserve
+    rest of this test process (`distributed.launcher.job.reserve`; the launcher's own ports come from other blocks)."""
+    from pretrain_cli.distributed.launcher.job import reserve
 
     _HELD.append(reserve())
     return _HELD[-1].base

@@ -1,5 +1,5 @@
 """Context parallelism composed with tensor and pipeline parallelism: the layout steps tp -> cp and cp -> pp
-(distributed/steps.py) through the real launcher, 4 processes each, against one process.
+(distributed/steps/order.py) through the real launcher, 4 processes each, against one process.
 
 cp2 x tp2: each 32-token sequence cut into cp chunks (0+3, 1+2), each chunk's attention heads and MLP columns split
 over the tp pair, the ring attention running on each rank's heads; cp2 x tp2 + sequence parallelism with ZeRO-2
@@ -49,8 +49,8 @@ def products(corpus, tmp_path_factory, ref, doc_ref):
 
 
 @pytest.mark.parametrize("name,layout", [
-    ("cp2_tp2", "layout: tensor parallel (distributed.tensor_parallel): tp 2 x cp 2 x dp 1"),
-    ("cp2_tp2_sp_zero2", "layout: tensor parallel + sequence parallel (distributed.tensor_parallel): tp 2 x cp 2 x "
+    ("cp2_tp2", "layout: tensor parallel (distributed.steps.tensor_parallel): tp 2 x cp 2 x dp 1"),
+    ("cp2_tp2_sp_zero2", "layout: tensor parallel + sequence parallel (distributed.steps.tensor_parallel): tp 2 x cp 2 x "
                          "dp 1, ZeRO-2 over 2"),
     ("cp2_pp2_doc", "layout: pipeline (fleet 1F1B): pp 2 x dp 1 x cp 2"),
 ])

@@ -134,7 +134,7 @@ def _long_documents(prefix) -> None:
     """1,000 documents of 1,100 tokens: every split of '949,50,1' holds a 1,025-token sample."""
     import numpy as np
 
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(0)
     with IndexedDatasetWriter(str(prefix), dtype=np.uint16) as w:

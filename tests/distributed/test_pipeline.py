@@ -29,7 +29,7 @@ LAYOUTS = {
     "pp2_dp2": (4, dict(PP, per_device_train_batch_size=2), "ref"),
     "pp2_stage1": (4, dict(PP, per_device_train_batch_size=2, sharding="stage1"), "ref"),  # ZeRO-1 in each stage
     "pp2_stage2": (4, dict(PP, per_device_train_batch_size=2, sharding="stage2"), "ref"),  # + owned gradients only
-    "pp4": (4, PP4, "ref4"),  # 4 stages: the middle ones send both ways (distributed/gloo.py on CPU)
+    "pp4": (4, PP4, "ref4"),  # 4 stages: the middle ones send both ways (distributed/comms/gloo.py on CPU)
     "pp4_vpp2": (4, VPP, "ref8"),
     # packed documents, recompute and evaluation inside the stages
     "pp2_doc": (2, dict(PP, per_device_train_batch_size=4, attention_mask_type="document", recompute=True,

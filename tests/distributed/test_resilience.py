@@ -123,7 +123,7 @@ def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(
 def _poisoned_corpus(prefix) -> None:
     """tests/e2e/test_train_spikes.py's corpus: one repeating pattern, and one document of ids seen nowhere else,
     which lands in step 17 at a global batch of 4."""
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(5)
     w = IndexedDatasetWriter(str(prefix))

@@ -1,4 +1,4 @@
-"""Sequence parallelism with tensor parallelism (distributed/sequence_parallel.py) through the real launcher.
+"""Sequence parallelism with tensor parallelism (distributed/steps/sequence_parallel.py) through the real launcher.
 
 TP2 + SP on 2 processes (engine "tensor_parallel"): micro-qwen2, every rank the whole global batch of 8, the norms
 and residual stream cut on the sequence over the two tp ranks. It must follow the one-process curve step by step

@@ -1,4 +1,4 @@
-"""Tensor parallelism inside pipeline stages (distributed/tensor_parallel.py) through the real launcher.
+"""Tensor parallelism inside pipeline stages (distributed/steps/tensor_parallel.py) through the real launcher.
 
 TP2 x PP2 on 4 processes: micro-qwen2 (2 decoder layers, 4 heads, 2 KV heads, tied embeddings) in 2 stages, each
 stage's layers split over 2 tensor-parallel ranks, 4 micro-batches of 2 a step = conftest's one-process global

@@ -93,7 +93,7 @@ def test_check_lists_every_problem_in_one_run(tmp_path):
 
 def _big_corpus(root: Path) -> None:
     """1,000 documents of 4,200 tokens: every split of '949,50,1' holds a 4,097-token sample."""
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     rng = np.random.default_rng(0)
     (root / "data").mkdir(parents=True)

@@ -449,7 +449,7 @@ PYLAYER_OOM = OSError("(External) { ==== Error message in backward of GradNodePy
 def test_out_of_memory_on_cpu_is_one_line_with_step_peak_and_suggestion(corpus, tmp_path, capsys, monkeypatch, where):
     """An allocation failing at step 2 (the PyLayer backward's OSError) or while the model is built (MemoryError):
     `error: out of memory at step N (process peak X GiB) on 1 x cpu: top plan suggestion …`, exit 1, no stack."""
-    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.distributed.strategies.strategy import Strategy
     from pretrain_cli.training import run
 
     if where == "step":

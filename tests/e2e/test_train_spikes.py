@@ -20,7 +20,7 @@ GUARD = {"spike_loss_factor": 1.3, "spike_warmup_steps": 8, "spike_window": 5}  
 
 @pytest.fixture(scope="module")
 def poisoned(tmp_path_factory):
-    from pretrain_cli.data.indexed import IndexedDatasetWriter
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 
     root = tmp_path_factory.mktemp("poisoned")
     rng = np.random.default_rng(5)

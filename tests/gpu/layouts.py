@@ -19,14 +19,14 @@ LAYOUTS = {
     "pp2": (2, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
     "pp2_dp2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2}),
     "pp2_stage2": (4, {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2,
-                       "per_device_train_batch_size": 2, "sharding": "stage2"}),  # ZeRO-2 in each stage (distributed/pipeline.py)
-    # tensor parallelism inside the stages (distributed/tensor_parallel.py); 8 GPUs for the three-axis layouts
+                       "per_device_train_batch_size": 2, "sharding": "stage2"}),  # ZeRO-2 in each stage (distributed/strategies/pipeline.py)
+    # tensor parallelism inside the stages (distributed/steps/tensor_parallel.py); 8 GPUs for the three-axis layouts
     "tp2_pp2": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
                     "per_device_train_batch_size": 2}),
     "tp2_pp2_dp2": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "gradient_accumulation_steps": 4,
                         "per_device_train_batch_size": 1}),
-    "cp2": (2, {"context_parallel_degree": 2, "per_device_train_batch_size": 8}),  # distributed/context.py
-    # sequence parallelism (distributed/sequence_parallel.py): paddle.distributed.reduce_scatter on NCCL
+    "cp2": (2, {"context_parallel_degree": 2, "per_device_train_batch_size": 8}),  # distributed/steps/context.py
+    # sequence parallelism (distributed/steps/sequence_parallel.py): paddle.distributed.reduce_scatter on NCCL
     "tp2_sp": (2, {"tensor_parallel_degree": 2, "sequence_parallel": True, "per_device_train_batch_size": 8}),
     "tp2_pp2_sp": (4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sequence_parallel": True,
                        "gradient_accumulation_steps": 4, "per_device_train_batch_size": 2}),

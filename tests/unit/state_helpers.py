@@ -2,7 +2,7 @@
 compare two runs' state (the product never gathers them: every rank writes its own pieces)."""
 import numpy as np
 
-from pretrain_cli.distributed.pieces import host_view, state_tensors
+from pretrain_cli.distributed.layout.pieces import host_view, state_tensors
 from pretrain_cli.models.convert import hf_params
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from pretrain_cli.config.parser import KEYS, parse_config
 from pretrain_cli.errors import UserError
-from pretrain_cli.config.resolve import parse_sharding
+from pretrain_cli.config.parallel import parse_sharding
 from pretrain_cli.data.samples import parse_split
 from run_helpers import resolve_run
 

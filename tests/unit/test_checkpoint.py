@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from pretrain_cli import runtime
-from pretrain_cli.distributed.strategy import Strategy
+from pretrain_cli.distributed.strategies.strategy import Strategy
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.training import checkpoint
@@ -78,7 +78,7 @@ def test_optimizer_state_mismatch_is_a_user_error(tmp_path):
 
 # ---------------------------------------------------------------------------------------- the sharded format
 def test_mesh_box_splits_like_paddle_and_nests():
-    from pretrain_cli.distributed.pieces import mesh_box, split
+    from pretrain_cli.distributed.layout.pieces import mesh_box, split
 
     assert split(5, 2) == [3, 2] and split(8, 4) == [2, 2, 2, 2] and split(1, 2) == [1, 0]
     box = mesh_box((10, 6), (2, 2), (1, 0), (0, 1))  # dp shards rows, mp shards columns
@@ -99,13 +99,13 @@ def test_intersect():
 
 
 def _piece(name, shape, holders, kind="optimizer"):
-    from pretrain_cli.distributed.pieces import Box, Piece
+    from pretrain_cli.distributed.layout.pieces import Box, Piece
 
     return Piece(name, kind, Box(shape, (0,) * len(shape), shape), "F32", holders, None)
 
 
 def test_writer_of_spreads_replicas_and_keeps_owned_pieces():
-    from pretrain_cli.distributed.pieces import writer_of
+    from pretrain_cli.distributed.layout.pieces import writer_of
 
     pieces = [_piece("a", (100,), (0, 1)), _piece("b", (60,), (0, 1)), _piece("c", (50,), (0, 1)),
               _piece("d", (10,), (1,)), _piece("e", (10,), (0, 2))]
@@ -182,7 +182,7 @@ def test_damage_is_found_by_size_and_checksum(tmp_path, harm):
 def _save(tmp_path, model, opt, rank, step=4, run_args=None) -> dict:
     """What the trainer hands `Saver` at a save, for one rank of a simulated two-rank data-parallel run: the
     step, this rank's pieces, rank 0's trainer state. Returns the save's event."""
-    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.comms.comm import NoComm
     from pretrain_cli.models.config import ModelConfig
 
     strategy = Strategy(ParallelConfig(world_size=2, rank=rank, dp_degree=2))
@@ -198,7 +198,7 @@ def test_every_rank_writes_only_its_pieces_without_any_collective(tmp_path, monk
     and the assembled checkpoint loads back exactly."""
     import paddle.distributed as dist
 
-    from pretrain_cli.distributed.pieces import writer_of
+    from pretrain_cli.distributed.layout.pieces import writer_of
     from pretrain_cli.storage import checkpoint_index
     from pretrain_cli.storage.shard_files import File
 

@@ -117,9 +117,9 @@ def test_tiling_is_exact_on_a_grid_of_blocks():
 
 @pytest.mark.parametrize("shard_dims", [(0, 1), (1, 0), (0, 0), (None, 0), (0, None)])
 def test_the_blocks_every_layout_writes_tile_exactly(shard_dims):
-    """The boxes `distributed.pieces.mesh_box` gives the ranks of a 2 x 3 mesh (TP x ZeRO, nested shards, uneven and
+    """The boxes `distributed.layout.pieces.mesh_box` gives the ranks of a 2 x 3 mesh (TP x ZeRO, nested shards, uneven and
     empty chunks of a 5 x 2 tensor), one writer per distinct block, pass the check `load` applies."""
-    from pretrain_cli.distributed.pieces import mesh_box
+    from pretrain_cli.distributed.layout.pieces import mesh_box
 
     boxes = {mesh_box((5, 2), (2, 3), (a, b), shard_dims) for a in range(2) for b in range(3)}  # replicas once
     blocks = [(list(b.offsets), list(b.shape)) for b in boxes]

@@ -2,8 +2,8 @@
 until they have (its process hosts the store), without a real process group."""
 import threading
 
-from pretrain_cli.distributed import comm as comm_module
-from pretrain_cli.distributed.comm import Comm, NoComm, rank0_round
+from pretrain_cli.distributed.comms import comm as comm_module
+from pretrain_cli.distributed.comms.comm import Comm, NoComm, rank0_round
 
 
 class FakeStore:

@@ -1,5 +1,5 @@
 """Context parallelism in one process: the per-block attention with its log-sum-exp (ops/block_attention.py), the
-load-balanced split (distributed/context.py), the keys (config/context.py) and what `plan` models for it.
+load-balanced split (distributed/steps/context.py), the keys (config/context.py) and what `plan` models for it.
 The multi-process attention and training: tests/distributed/test_context.py."""
 import json
 
@@ -8,7 +8,7 @@ import pytest
 
 import gpu_emulation as emu
 from plan_helpers import fit, plan
-from pretrain_cli.distributed.context import chunks_of, local_positions
+from pretrain_cli.distributed.steps.context import chunks_of, local_positions
 from pretrain_cli.errors import UserError
 
 LLAMA_128K = {"model_name_or_path": "llama-3.1-8b", "input_dir": "./data", "output_dir": "./out",
@@ -92,7 +92,7 @@ def test_context_parallelism_resolves_with_tensor_and_pipeline_parallelism_as_la
     """cp x tp runs: the layout steps tp -> cp on fleet's groups (engine "tensor_parallel"), the embedding and
     LM head whole on every tp rank (the steps' Megatron split), with or without sequence parallelism; cp x pp:
     cp -> pp on the pipeline's engine."""
-    from pretrain_cli.distributed.steps import describe
+    from pretrain_cli.distributed.steps.order import describe
 
     for sp in (False, True):
         p = _resolve(4, context_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=sp,
@@ -200,7 +200,7 @@ def test_short_sequences_are_not_offered_context_parallelism():
 
 
 def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
-    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.distributed.layout.topology import Topology
     from pretrain_cli.run_layout import ParallelConfig
 
     ranks = [Topology.of(ParallelConfig(world_size=8, rank=r, dp_degree=2, sharding_degree=2, sharding_stage=1,
@@ -244,11 +244,11 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
 
 
 def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():
-    """Ring attention's bytes per rank (`planning.memory.context_traffic_bytes`): a forward passes (C-1)/C of the
+    """Ring attention's bytes per rank (`planning.context.context_traffic_bytes`): a forward passes (C-1)/C of the
     sequence's K/V (what full recompute adds), and C fp32 dK/dV blocks of one rank's tokens ride the backward."""
     from types import SimpleNamespace
 
-    from pretrain_cli.planning.memory import context_traffic_bytes
+    from pretrain_cli.planning.context import context_traffic_bytes
 
     model = SimpleNamespace(num_hidden_layers=3, num_key_value_heads=2, head_dim=8)
     kv = 1 * 4096 * 2 * 2 * 8  # the sequence's K and V elements, micro-batch 1

@@ -21,7 +21,7 @@ from pretrain_cli.run_config import Target  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.distributed.comm import NoComm  # noqa: E402
+from pretrain_cli.distributed.comms.comm import NoComm  # noqa: E402
 from pretrain_cli.training.run import build_model as build_lazy, lay_out  # noqa: E402
 from data_helpers import write_tokens  # noqa: E402
 

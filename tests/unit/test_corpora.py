@@ -16,7 +16,8 @@ from pretrain_cli import cli
 from pretrain_cli.commands import inspect_data
 from pretrain_cli.data import build_datasets
 from pretrain_cli.data.documents import DocumentReader
-from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
+from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.data.merge import merge
 from pretrain_cli.errors import UserError
 

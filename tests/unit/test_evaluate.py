@@ -13,7 +13,7 @@ paddle = runtime.import_paddle()
 from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.commands import eval as evaluate  # noqa: E402
 from pretrain_cli.training import evaluation  # noqa: E402
-from pretrain_cli.data.indexed import IndexedDatasetWriter  # noqa: E402
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402

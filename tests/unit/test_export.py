@@ -27,8 +27,8 @@ def _model():
 def _two_rank_checkpoint(root: Path, model) -> Path:
     """checkpoint-4 as two data-parallel ranks write it (each its share of the tensors, one index)."""
     paddle = runtime.import_paddle()
-    from pretrain_cli.distributed.comm import NoComm
-    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.distributed.comms.comm import NoComm
+    from pretrain_cli.distributed.strategies.strategy import Strategy
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.training import checkpoint
 

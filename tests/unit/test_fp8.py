@@ -17,7 +17,7 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from pretrain_cli.distributed.pieces import Box  # noqa: E402
+from pretrain_cli.distributed.layout.pieces import Box  # noqa: E402
 from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.storage import fp8  # noqa: E402

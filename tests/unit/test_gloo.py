@@ -1,10 +1,11 @@
-"""The gloo groups' own TCP stores (`distributed.gloo.separate_stores`): the n-th group of more than one rank is
-served by its lowest rank on the n-th group port of the job's reserved block (`distributed.job`), published in the
+"""The gloo groups' own TCP stores (`distributed.comms.gloo.separate_stores`): the n-th group of more than one rank is
+served by its lowest rank on the n-th group port of the job's reserved block (`distributed.launcher.job`), published in the
 global store for the other members; a group's store is installed only while that group is created."""
 from __future__ import annotations
 
 from pretrain_cli import runtime
-from pretrain_cli.distributed import gloo, job
+from pretrain_cli.distributed.comms import gloo
+from pretrain_cli.distributed.launcher import job
 
 paddle = runtime.import_paddle()
 

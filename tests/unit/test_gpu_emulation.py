@@ -48,7 +48,7 @@ def test_flash_causal_mask_is_top_left_for_unequal_lengths(monkeypatch):
 def test_context_parallel_tiles_on_flash_blocks_equal_causal_attention(monkeypatch, tile):
     """Ring attention's diagonal tiles through flash attention (bf16) equal one causal attention over the sequence:
     each query tile must see its own keys, not a bottom-right-aligned slice."""
-    from pretrain_cli.distributed.context import context_attention
+    from pretrain_cli.distributed.steps.context import context_attention
     from pretrain_cli.ops import kernels
     from pretrain_cli.ops.attention import attention_math
 
@@ -112,7 +112,7 @@ def _step(layout):
 
 
 def _zero1():
-    from pretrain_cli.distributed.strategy import FleetZero1
+    from pretrain_cli.distributed.strategies.strategy import FleetZero1
 
     class Zero1(FleetZero1):
         def global_norm_sq(self, sq):  # one process: no sharding group to sum the owners' parts over
@@ -147,7 +147,7 @@ def _assert_unscaled_update(model, before):
 
 def test_fp16_loss_scaling_with_paddles_own_optimizer_updates_unscaled_and_skips_an_overflow(monkeypatch):
     """One process (and `paddle.DataParallel`): the optimizer is Paddle's AdamW, stepped once through the view."""
-    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.distributed.strategies.strategy import Strategy
 
     layout, _ = _layout(monkeypatch, Strategy, plain=True)
     before = [p.numpy().copy() for p in layout.model.parameters()]
@@ -173,7 +173,7 @@ def test_an_fp16_overflow_under_fleet_skips_the_update_once_and_lowers_the_scale
 
 
 def test_zero2_pipeline_releases_gradients_it_does_not_own_under_fp16_loss_scaling(monkeypatch):
-    from pretrain_cli.distributed.pipeline import Pipeline
+    from pretrain_cli.distributed.strategies.pipeline import Pipeline
 
     class Stage(Pipeline):
         def grad_norm(self, model):  # one process: no pipeline or sharding group to sum over
@@ -287,7 +287,7 @@ def test_qwen3_under_o1_ring_attention_blocks_run_flash_attention(monkeypatch):
 def test_ring_attention_tiles_give_one_attentions_output_and_gradients(documents):
     """The tiling itself (fp32, the reference blocks): tiles of 3 rows over chunks of 8, causal or document-masked,
     forward and backward equal one attention over the sequence (the diagonal's two pieces padded back in dK/dV)."""
-    from pretrain_cli.distributed.context import context_attention
+    from pretrain_cli.distributed.steps.context import context_attention
     from pretrain_cli.ops.attention import attention_math
     from pretrain_cli.ops.block_attention import block_forward
 

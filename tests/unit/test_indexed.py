@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from data_helpers import write_mmidx_reference
-from pretrain_cli.data.indexed import (IndexedDatasetWriter, dtype_for_vocab, open_token_file,
-                                       strip_prefix, token_prefixes)
+from pretrain_cli.data.indexed import dtype_for_vocab, open_token_file, strip_prefix, token_prefixes
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.errors import UserError
 
 # Two documents [1,2,3] and [4,5] as uint16, spelled out by hand from ARCHITECTURE.md facts: MMIDIDX v1.

@@ -1,4 +1,4 @@
-"""The per-tensor initialiser (`models.init`) and the lazy build it serves (`distributed.materialize`): any block of a
+"""The per-tensor initialiser (`models.init`) and the lazy build it serves (`distributed.layout.materialize`): any block of a
 tensor is exactly the same block of the whole tensor, whatever chunks its rows cross; the distributions are the
 eager model's (PaddleNLP's init); a lazily built model has no storage until its parameters are created."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 
 from pretrain_cli.config.presets import PRESET_DIR  # noqa: E402
-from pretrain_cli.distributed.materialize import InitSource, fill, pending, read_block, whole_box  # noqa: E402
-from pretrain_cli.distributed.pieces import Box  # noqa: E402
+from pretrain_cli.distributed.layout.materialize import InitSource, fill, pending, read_block, whole_box  # noqa: E402
+from pretrain_cli.distributed.layout.pieces import Box  # noqa: E402
 from pretrain_cli.models import build_model, init  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 

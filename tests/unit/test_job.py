@@ -1,4 +1,4 @@
-"""launch.sh's side of a job (`distributed.job`): the job's exit code from the ranks' own verdicts, and blocks of
+"""launch.sh's side of a job (`distributed.launcher.job`): the job's exit code from the ranks' own verdicts, and blocks of
 rendezvous ports two launches on one host never share."""
 import json
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrain_cli.distributed import job
+from pretrain_cli.distributed.launcher import job
 
 JOB = Path(__file__).resolve().parents[2] / "scripts" / "job.py"
 

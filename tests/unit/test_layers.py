@@ -15,6 +15,9 @@ ROOT = Path(pretrain_cli.__file__).parent
 LAYER = {"__main__": 10, "cli": 9, "commands": 8, "orchestration": 7, "config": 6, "training": 5, "planning": 4,
          "distributed": 4, "models": 3, "data": 3, "ops": 2, "storage": 2, "errors": 1, "runtime": 1, "atomic": 1,
          "run_dir": 1, "run_config": 1, "run_layout": 1, "processes": 1, "waiting": 1, "__init__": 1}
+# inside distributed/ its sub-packages are layers too: the launcher side (no Paddle at import) -> the one collectives
+# backend -> the layout arithmetic (ranks, pieces) -> the layout steps -> the strategies (the data side) -> setup
+DISTRIBUTED = {"launcher": 1, "comms": 2, "layout": 3, "steps": 4, "strategies": 5, "setup": 6, "__init__": 6}
 
 
 def _is_module(name: str) -> bool:
@@ -59,6 +62,12 @@ def _top(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def _sub(module: str) -> str:
+    """The sub-package (or front-door module) of a module inside distributed/."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
 def test_lower_layers_never_import_higher_ones():
     bad = []
     for module, deps in _modules().items():
@@ -67,6 +76,29 @@ def test_lower_layers_never_import_higher_ones():
             if a != b and (LAYER[b] > LAYER[a] or (LAYER[b] == LAYER[a] and LAYER[a] > 1)):
                 bad.append(f"{module} ({a}, layer {LAYER[a]}) imports {dep} ({b}, layer {LAYER[b]})")
     assert not bad, "\n".join(sorted(bad))
+
+
+def test_distributed_sub_packages_are_layers():
+    """A sub-package of distributed/ imports only the ones below it (`DISTRIBUTED`), never one beside or above."""
+    bad = []
+    for module, deps in _modules().items():
+        for dep in deps:
+            if _top(module) == _top(dep) == "distributed" and (a := _sub(module)) != (b := _sub(dep)) \
+                    and DISTRIBUTED[b] >= DISTRIBUTED[a]:
+                bad.append(f"{module} ({a}, layer {DISTRIBUTED[a]}) imports {dep} ({b}, layer {DISTRIBUTED[b]})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_launcher_side_imports_no_paddle_at_import():
+    """`train` reads the world size (`launcher.launch`) before Paddle starts, and a rank's watcher is a fork that
+    must not hold Paddle's state: the launcher side imports Paddle inside functions only."""
+    bad = []
+    for path in (ROOT / "distributed" / "launcher").rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "paddle"]
+    assert not bad, bad
 
 
 def test_no_import_circles():
@@ -94,6 +126,8 @@ def test_no_import_circles():
 def test_every_folder_has_a_layer():
     tops = {_top(m) for m in _modules()}
     assert tops <= set(LAYER), tops - set(LAYER)
+    subs = {_sub(m) for m in _modules() if _top(m) == "distributed"}
+    assert subs <= set(DISTRIBUTED), subs - set(DISTRIBUTED)
 
 
 def test_modules_stay_small():
@@ -138,4 +172,16 @@ def test_model_code_reads_no_environment_and_no_ranks():
         "line 3: asks which process it is (get_rank)"]
     bad = {str(p.relative_to(ROOT)): v for p in (ROOT / "models").rglob("*.py")
            if (v := _model_code_violations(p.read_text(encoding="utf-8")))}
+    assert not bad, bad
+
+
+def test_classes_are_defined_at_module_level():
+    """A class made inside a function is a new class per call (two sets of autograd functions, isinstance checks
+    that fail across calls) and cannot be found or imported: every class is at a module's top level (or a class's)."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        for func in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} in {func.name}"
+                        for node in ast.walk(func) if isinstance(node, ast.ClassDef)]
     assert not bad, bad

@@ -1,13 +1,13 @@
-"""The layout as steps (distributed/steps.py), the one TP plan (models/tp_plan.py), the refusal table
-(config/refusals.py) and the collectives backend's choice (distributed/collectives.py): what a team adding an axis
+"""The layout as steps (distributed/steps/order.py), the one TP plan (models/tp_plan.py), the refusal table
+(config/refusals.py) and the collectives backend's choice (distributed/comms/collectives.py): what a team adding an axis
 reads and extends."""
 from __future__ import annotations
 
 import pytest
 
 from pretrain_cli.config.refusals import REFUSED, Degrees, refusals
-from pretrain_cli.distributed.collectives import for_device
-from pretrain_cli.distributed.steps import ORDER, STEPS, Step, describe, register, steps_for
+from pretrain_cli.distributed.comms.collectives import for_device
+from pretrain_cli.distributed.steps.order import ORDER, STEPS, Step, describe, register, steps_for
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -47,8 +47,8 @@ def test_a_step_registered_for_an_axis_takes_its_slot():
 
 
 def test_the_ep_step_is_there_without_importing_expert_parallel():
-    """It was registered by importing `distributed.expert_parallel`: a layout built before that import had no ep
-    step. Now `distributed.steps` declares it (a fresh interpreter, no Paddle: about half a second)."""
+    """It was registered by importing `distributed.steps.expert_parallel`: a layout built before that import had no ep
+    step. Now `distributed.steps.order` declares it (a fresh interpreter, no Paddle: about half a second)."""
     import os
     import subprocess
     import sys
@@ -57,10 +57,10 @@ def test_the_ep_step_is_there_without_importing_expert_parallel():
     import pretrain_cli
 
     src = str(Path(pretrain_cli.__file__).parents[1])  # this tree's sources, not an installed copy
-    code = ("import sys; from pretrain_cli.distributed.steps import describe; "
+    code = ("import sys; from pretrain_cli.distributed.steps.order import describe; "
             "from pretrain_cli.run_layout import ParallelConfig; "
             "print(describe(ParallelConfig(world_size=2, dp_degree=2, ep_degree=2)), "
-            "'pretrain_cli.distributed.expert_parallel' in sys.modules)")
+            "'pretrain_cli.distributed.steps.expert_parallel' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": src}).stdout
     assert out.split() == ["ep", "->", "recompute", "False"]

@@ -180,8 +180,8 @@ def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchang
 def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
     """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
     a None gradient as zeros rather than skipping its all-reduce (replicas would disagree on the collectives)."""
-    from pretrain_cli.distributed.expert_parallel import GatherDispatch, keep_held
-    from pretrain_cli.distributed.expert_strategy import ExpertParallel
+    from pretrain_cli.distributed.steps.expert_parallel import GatherDispatch, keep_held
+    from pretrain_cli.distributed.strategies.expert_strategy import ExpertParallel
 
     class OneRank:  # an expert group of one: all-gather and reduce-scatter are the identity
         def all_gather(self, x, group, axis=0):
@@ -240,7 +240,7 @@ def test_the_expert_load_counts_training_forwards_only_and_a_skipped_step_s_load
     """Evaluation forwards (eval mode) once added their tokens to the logged load and to the next bias update, and
     a step the spike guard withheld left its counts for the next update: now the update sees the applied step's
     loads alone, and an eval forward counts nothing."""
-    from pretrain_cli.distributed.strategy import Strategy
+    from pretrain_cli.distributed.strategies.strategy import Strategy
     from pretrain_cli.models import moe_loss
     from pretrain_cli.run_config import Schedule
     from pretrain_cli.run_layout import ParallelConfig

@@ -17,7 +17,7 @@ paddle = runtime.import_paddle()
 
 from run_helpers import resolve_run  # noqa: E402
 
-from pretrain_cli.distributed.comm import NoComm  # noqa: E402
+from pretrain_cli.distributed.comms.comm import NoComm  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402

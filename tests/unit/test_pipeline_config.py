@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 from run_helpers import model_config, resolve_run
 
-from pretrain_cli.distributed.pipeline import stage_of
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.strategies.pipeline import stage_of
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.planning.memory import Setup, pipeline_stages, stage_params
 from pretrain_cli.errors import UserError
@@ -178,8 +178,8 @@ def test_the_stages_mask_documents_with_doc_start_alone_as_the_model_does():
     import numpy as np
 
     from pretrain_cli import runtime
-    from pretrain_cli.distributed.pipeline import inputs_of
-    from pretrain_cli.distributed.pipeline_stages import Block, Embed, Final
+    from pretrain_cli.distributed.strategies.pipeline import inputs_of
+    from pretrain_cli.distributed.steps.pipeline_stages import Block, Embed, Final
     from pretrain_cli.models import build_model
     from pretrain_cli.ops import kernels
 

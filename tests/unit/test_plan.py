@@ -256,7 +256,8 @@ def test_qwen3_q_k_norms_add_parameters_and_activations(write_args):
     assert qwen3["model"]["model_type"] == "qwen3" and qwen3["params"]["total"] == 596_049_920
     from pretrain_cli.config.presets import PRESET_DIR
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.planning.memory import Setup, activation_bytes
+    from pretrain_cli.planning.activations import activation_bytes
+    from pretrain_cli.planning.memory import Setup
 
     cfg = ModelConfig.from_file(str(PRESET_DIR / "qwen3-0.6b"))
     as_llama = ModelConfig(**{**cfg.__dict__, "model_type": "llama", "extra": {}})  # same shape, no q/k norms
@@ -320,7 +321,7 @@ def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
-    from pretrain_cli.distributed.semi_auto import SemiAuto
+    from pretrain_cli.distributed.strategies.semi_auto import SemiAuto
     from pretrain_cli.models.flops import param_counts
     from pretrain_cli.planning.memory import estimate
     from pretrain_cli.planning.plan import Device, setup_for

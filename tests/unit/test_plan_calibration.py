@@ -49,7 +49,8 @@ def test_fused_loss_saves_the_logits_memory_the_plan_says(rows):
     import tempfile
 
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.planning.memory import Setup, logits_live_bytes
+    from pretrain_cli.planning.activations import logits_live_bytes
+    from pretrain_cli.planning.memory import Setup
 
     bench = _bench()
     name, preset, over, b, s, rc = next(c for c in bench.CONFIGS if "151,936" in c[0])[:6]

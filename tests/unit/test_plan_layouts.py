@@ -128,8 +128,8 @@ def test_plan_md_worked_example_is_what_plan_prints():
                                      dict(dp_degree=2, sharding_degree=2, sharding_stage=1, cp_degree=2),
                                      dict(sharding_degree=4, sharding_stage=3)])
 def test_rank_groups_are_the_topologys_groups(degrees):
-    """The planner's cached grouping names the groups `distributed.topology.Topology` gives `train`, on every axis."""
-    from pretrain_cli.distributed.topology import Topology
+    """The planner's cached grouping names the groups `distributed.layout.topology.Topology` gives `train`, on every axis."""
+    from pretrain_cli.distributed.layout.topology import Topology
 
     world = 1
     for k, v in degrees.items():

@@ -7,7 +7,7 @@ import pytest
 
 from plan_helpers import fit, plan
 from pretrain_cli.config.presets import resolve_model_dir
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token, param_counts

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from data_helpers import run_preprocess, make_texts, make_tokenizer, write_jsonl
-from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
+from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.errors import UserError
 from pretrain_cli.data.tokenizer import load_tokenizer
 

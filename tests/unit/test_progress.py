@@ -1,7 +1,7 @@
 """Each rank's progress record and what the watchers decide from it: when a rank is hung (the allowance: the key,
 the default of a few minutes raised to the run's own steps, start-up's longer one), which rank of several is, and
 which rank is a straggler (once its median own work per step stays well above the others')."""
-from pretrain_cli.distributed import progress
+from pretrain_cli.distributed.launcher import progress
 
 
 def _rec(phase="collective", since=0.0, step_seconds=0.0, busy=0.0, timed=0):

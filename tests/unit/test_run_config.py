@@ -5,7 +5,7 @@ import pytest
 from run_helpers import model_config, resolve_run
 
 from plan_helpers import plan
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.errors import UserError
 
 
@@ -217,7 +217,7 @@ def test_one_perplexity_rule_for_every_evaluation():
     paddle = runtime.import_paddle()
     import numpy as np
 
-    from pretrain_cli.distributed.comm import NoComm
+    from pretrain_cli.distributed.comms.comm import NoComm
     from pretrain_cli.models import build_model
     from pretrain_cli.training.evaluation import perplexity
     from pretrain_cli.training.run import lay_out

@@ -6,7 +6,8 @@ import pytest
 
 from pretrain_cli.data import build_datasets
 from pretrain_cli.data.blend import BlendedDataset
-from pretrain_cli.data.indexed import IndexedDatasetWriter, open_token_file
+from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.data.loader import BatchIterator, batch_hash, micro_batch
 from pretrain_cli.data.samples import PackedDataset, parse_split, split_bounds
 from pretrain_cli.errors import UserError

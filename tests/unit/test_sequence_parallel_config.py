@@ -7,7 +7,8 @@ from plan_helpers import plan
 from run_helpers import model_config, resolve_run
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.planning.memory import Setup, activation_parts
+from pretrain_cli.planning.activations import activation_parts
+from pretrain_cli.planning.memory import Setup
 
 LLAMA = {"model_name_or_path": "llama-3.1-8b", "input_dir": "./data", "output_dir": "./out",
          "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "max_seq_length": 8192,

@@ -1,9 +1,9 @@
-"""distributed.topology: the one rank layout every parallel part asks (no Paddle needed for the arithmetic)."""
+"""distributed.layout.topology: the one rank layout every parallel part asks (no Paddle needed for the arithmetic)."""
 from __future__ import annotations
 
 import pytest
 
-from pretrain_cli.distributed.topology import AXES, Topology, coordinates, rank_of
+from pretrain_cli.distributed.layout.topology import AXES, Topology, coordinates, rank_of
 from pretrain_cli.run_layout import ParallelConfig
 
 
@@ -69,7 +69,7 @@ def test_pipeline_tp_checkpoint_blocks_cover_each_tensor_once_per_replica(dp, sh
     the optimizer state's holders are the owner's replicas only."""
     from types import SimpleNamespace
 
-    from pretrain_cli.distributed.pipeline import Pipeline
+    from pretrain_cli.distributed.strategies.pipeline import Pipeline
 
     name = "model.layers.0.self_attn.q_proj.weight"
     blocks = {}

@@ -7,17 +7,17 @@ import signal
 import subprocess
 import sys
 
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed.launcher import watchdog, watcher
 
 RANK = r"""
 import os, subprocess, sys, time
 from pathlib import Path
 from pretrain_cli import processes
-from pretrain_cli.distributed import watchdog
+from pretrain_cli.distributed.launcher import watchdog, watcher
 peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
 shared, verdicts = Path(sys.argv[1]), Path(sys.argv[2])
-watchdog._spawn(watchdog._Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
+watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
 print("before", peer.pid, flush=True)
 if sys.argv[3] == "peer":
     time.sleep(0.3)
@@ -67,22 +67,22 @@ def _watcher(tmp_path, gone, statuses=None, outlived=()):
     shared.mkdir(parents=True, exist_ok=True)
     for r in outlived:
         (shared / f"outlived.{r}").write_text("x")
-    w = watchdog._Watcher(0, {0: 10, 1: 11}, "h", shared, None, grace=1.0)
-    w.statuses = dict(statuses or {})
-    w._gone = lambda: set(gone)  # noqa: E731
+    w = watcher.Watcher(0, {0: 10, 1: 11}, "h", shared, None, grace=1.0)
+    w.evidence.statuses = dict(statuses or {})
+    w.evidence.gone = lambda: set(gone)  # noqa: E731
     return w
 
 
 def test_the_cause_is_the_rank_nobody_saw_alive_after_another_death(tmp_path):
     # rank 0 killed; rank 1 was seen alive after that, then stopped: rank 0 alone is the cause
-    assert _watcher(tmp_path, {0, 1}, {0: 9, 1: 9}, outlived=[1])._causes() == [0]
+    assert _watcher(tmp_path, {0, 1}, {0: 9, 1: 9}, outlived=[1]).evidence.causes() == [0]
 
 
 def test_without_sightings_gloos_abort_is_the_consequence(tmp_path):
     # both gone before any watcher looked: the rank aborted by SIGABRT followed the one killed by SIGKILL
-    assert _watcher(tmp_path, {0, 1}, {0: signal.SIGABRT, 1: signal.SIGKILL})._causes() == [1]
+    assert _watcher(tmp_path, {0, 1}, {0: signal.SIGABRT, 1: signal.SIGKILL}).evidence.causes() == [1]
     # nothing tells them apart: both are named
-    assert _watcher(tmp_path, {0, 1})._causes() == [0, 1]
+    assert _watcher(tmp_path, {0, 1}).evidence.causes() == [0, 1]
 
 
 def test_a_rank_alone_on_its_host_or_alone_in_the_job_needs_no_watcher(monkeypatch):
@@ -95,19 +95,19 @@ def test_a_rank_alone_on_its_host_or_alone_in_the_job_needs_no_watcher(monkeypat
 
 def test_a_usage_error_is_not_answered_with_resume(tmp_path):
     w = _watcher(tmp_path, {1}, {1: 2 << 8})
-    assert w._causes() == [1]
-    line = w._line(w._death_cause())
+    assert w.evidence.causes() == [1]
+    line = w._line(w.evidence.death_cause())
     assert "rank 0: rank 1 (pid 11 on h) died: exited with code 2" in line and "for its error." in line
     assert "resume" not in line
     killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})
-    killed = killed._line(killed._death_cause())
+    killed = killed._line(killed.evidence.death_cause())
     assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint-N" in killed
 
 
 HANG = r"""
 import os, signal, subprocess, sys, time
 from pathlib import Path
-from pretrain_cli.distributed import progress, watchdog
+from pretrain_cli.distributed.launcher import progress, watchdog, watcher
 peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
 shared, verdicts, who = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -122,8 +122,8 @@ waiting.mark("forward/backward", 3)
 waiting.mark("collective", 3)  # waits there for the stuck one
 if who == "peer":
     os.kill(peer.pid, signal.SIGSTOP)
-watchdog._spawn(watchdog._Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0,
-                                  hang_timeout=1.0))
+watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0,
+                                hang_timeout=1.0))
 print("before", peer.pid, flush=True)
 if who == "self":
     os.kill(os.getpid(), signal.SIGSTOP)  # as `kill -STOP` of this rank
@@ -154,14 +154,14 @@ def test_a_rank_without_progress_is_named_and_killed_even_when_stopped(tmp_path)
             assert out.count(f"[pretrain-cli] rank 0 (pid {p.pid} on h) made no progress for ") == 1, out
             assert " s while in forward/backward at step 3; the other ranks stop too." in out, out
             record = json.loads((verdicts / "rank-0.json").read_text())
-            assert record["exit"] == watchdog.HUNG == 124 and record["kind"] == "hung"
+            assert record["exit"] == watcher.HUNG == 124 and record["kind"] == "hung"
         assert not list(verdicts.glob("watcher-*"))  # launch.sh waited for this watcher: it has left
 
 
 def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
     """With the default hang_timeout gloo's own 30 s timeout comes first and aborts the waiting rank (SIGABRT): the
     cause is the live rank whose last mark is older than the aborted one's, not the aborted rank."""
-    from pretrain_cli.distributed import progress
+    from pretrain_cli.distributed.launcher import progress
 
     w = _watcher(tmp_path, {0}, {0: signal.SIGABRT})
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -170,10 +170,10 @@ def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
         stuck, aborted = progress.Record(w.shared / "progress.1"), progress.Record(w.shared / "progress.0")
         stuck.mark("forward/backward", 5)
         aborted.mark("collective", 5)
-        assert w._death_cause()["kind"] == "died"  # idle for a moment only: a rank still computing, not hung
+        assert w.evidence.death_cause()["kind"] == "died"  # idle for a moment only: a rank still computing, not hung
         stuck.since -= progress.WAITED + 1  # ... idle since before gloo's timeout began
         stuck._write()
-        cause = w._death_cause()
+        cause = w.evidence.death_cause()
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -184,11 +184,11 @@ def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
     killed = _watcher(tmp_path / "k", {0}, {0: signal.SIGKILL})
     progress.Record(killed.shared / "progress.0").mark("forward/backward", 5)
     progress.Record(killed.shared / "progress.1").mark("collective", 5)
-    assert killed._death_cause() == {"kind": "died", "ranks": [0], "statuses": [signal.SIGKILL]}
+    assert killed.evidence.death_cause() == {"kind": "died", "ranks": [0], "statuses": [signal.SIGKILL]}
 
 
 def test_the_first_verdict_published_is_the_one_every_watcher_writes(tmp_path):
     first, second = _watcher(tmp_path, {0}, {0: signal.SIGKILL}), _watcher(tmp_path, {0, 1})
-    assert first._publish(first._death_cause())["ranks"] == [0]
-    assert second._publish(second._death_cause())["ranks"] == [0]  # its own reading ([0, 1]) does not stand
-    assert second._decided() == first._decided()
+    assert first.evidence.publish(first.evidence.death_cause())["ranks"] == [0]
+    assert second.evidence.publish(second.evidence.death_cause())["ranks"] == [0]  # its own reading ([0, 1]) does not stand
+    assert second.evidence.decided() == first.evidence.decided()

@@ -26,7 +26,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     from pretrain_cli import runtime
     from pretrain_cli.orchestration.prepare import launcher_target, prepare
-    from pretrain_cli.distributed import launch
+    from pretrain_cli.distributed.launcher import launch
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target())

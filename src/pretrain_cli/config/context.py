@@ -1,8 +1,8 @@
-"""The context-parallel key (`context_parallel_degree`): the degree `distributed.context` runs.
+"""The context-parallel key (`context_parallel_degree`): the degree `distributed.steps.context` runs.
 
 Context parallelism splits each sequence over cp ranks and keeps whole weights across them, so it composes with
 data parallelism, fleet's ZeRO-1 (which then shards over the cp ranks too) and tensor parallelism (each cp rank
-its tp slices; `distributed.steps`). The products no engine here runs are `config.refusals`' table; this module
+its tp slices; `distributed.steps.order`). The products no engine here runs are `config.refusals`' table; this module
 keeps the arithmetic: cp dividing the world and the sequence splitting into 2·cp chunks.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pretrain_cli.errors import Problems
 
 
 def context_degree(args, world: int, problems: Problems) -> int:
-    """`context_parallel_degree` as `distributed.context` runs it: each sequence cut into 2·cp chunks (the
+    """`context_parallel_degree` as `distributed.steps.context` runs it: each sequence cut into 2·cp chunks (the
     load-balanced causal split). 1 if it does not divide."""
     cp = max(args.training.context_parallel_degree, 1)  # -1, 0 and 1 all mean off
     if cp == 1:

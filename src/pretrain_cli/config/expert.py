@@ -1,4 +1,4 @@
-"""The expert-parallel key (`expert_parallel_degree`): which layouts `distributed.expert_parallel` runs.
+"""The expert-parallel key (`expert_parallel_degree`): which layouts `distributed.steps.expert_parallel` runs.
 
 Expert parallelism spreads a Mixture-of-Experts model's routed experts over groups of `ep` data ranks (PaddleNLP's
 `moe_group: data`, torchtitan's borrowing of the data ranks): each rank holds num_experts / ep of every sparse
@@ -13,7 +13,7 @@ from pretrain_cli.errors import Problems
 
 def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, stage: int,
                   problems: Problems) -> int:
-    """`expert_parallel_degree` as `distributed.expert_parallel` runs it, for a layout of `data_ranks` (dp ×
+    """`expert_parallel_degree` as `distributed.steps.expert_parallel` runs it, for a layout of `data_ranks` (dp ×
     sharding) data ranks; 1 when off or refused (every problem named)."""
     ep = max(args.training.expert_parallel_degree, 1)  # -1, 0 and 1 all mean off
     if ep == 1:

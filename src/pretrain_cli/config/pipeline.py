@@ -2,7 +2,7 @@
 the pipeline degree the run uses, with the rules that refuse what fleet's engine cannot run here.
 
 Each `pipeline_parallel_config` flag means what it means in PaddleNLP: it is applied, or a note says why it
-has no effect here; an unknown flag is refused. `distributed/pipeline.py` runs the result.
+has no effect here; an unknown flag is refused. `distributed/strategies/pipeline.py` runs the result.
 """
 from __future__ import annotations
 

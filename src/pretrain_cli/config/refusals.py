@@ -1,6 +1,6 @@
 """What stays refused: one table (`REFUSED`), one line per product of parallel degrees an engine cannot run here.
 
-Every other product of degrees runs (`distributed.steps`: the layout is a sequence of steps, so a product of axes
+Every other product of degrees runs (`distributed.steps.order`: the layout is a sequence of steps, so a product of axes
 is the steps of each). A row names the key the user changes, the engine limit that stops it, and what to do;
 `config.resolve` adds each matching row's line as a problem, `plan --fit` skips such candidates through the same
 resolve, and docs/DISTRIBUTED.md ("What stays refused") lists the table. Degrees that do not divide (the world,

@@ -14,8 +14,8 @@ import os
 import numpy as np
 
 from pretrain_cli import atomic
-from pretrain_cli.data.indexed import (SIDECAR_FORMAT, IndexedDatasetWriter, open_token_file, read_sidecar,
-                                       strip_prefix, token_prefixes)
+from pretrain_cli.data.indexed import SIDECAR_FORMAT, open_token_file, read_sidecar, strip_prefix, token_prefixes
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.errors import UserError
 
 TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")

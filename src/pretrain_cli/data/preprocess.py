@@ -25,7 +25,8 @@ import numpy as np
 from pretrain_cli import atomic
 from pretrain_cli.data import tasks
 from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
-from pretrain_cli.data.indexed import SIDECAR_FORMAT, IndexedDatasetWriter, dtype_for_vocab, read_sidecar, strip_prefix
+from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
 

@@ -12,18 +12,18 @@
 | `expert_parallel_degree > 1` (with dp) | `expert_strategy.ExpertParallel` | the experts over groups of data ranks + `paddle.DataParallel` |
 | ... with `sharding: stage1/2` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding (stage2: unowned gradients released after each update) |
 
-The model side of every layout is `distributed.steps` (tp, cp, ep, recompute, pp in that order); the table above
+The model side of every layout is `distributed.steps.order` (tp, cp, ep, recompute, pp in that order); the table above
 is the data side each engine adds.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed import launch
-from pretrain_cli.distributed.collectives import for_device
-from pretrain_cli.distributed.pipeline import Pipeline, pipeline_configs
-from pretrain_cli.distributed.semi_auto import SemiAuto
-from pretrain_cli.distributed.tensor_engine import TensorParallel
-from pretrain_cli.distributed.strategy import DataParallel, FleetZero1, Strategy
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.launcher import launch
+from pretrain_cli.distributed.comms.collectives import for_device
+from pretrain_cli.distributed.strategies.pipeline import Pipeline, pipeline_configs
+from pretrain_cli.distributed.strategies.semi_auto import SemiAuto
+from pretrain_cli.distributed.strategies.tensor_engine import TensorParallel
+from pretrain_cli.distributed.strategies.strategy import DataParallel, FleetZero1, Strategy
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.errors import RendezvousFailed, UserError
 from pretrain_cli.run_config import Loop
 from pretrain_cli.run_layout import ParallelConfig
@@ -36,7 +36,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         return
     import paddle.distributed as dist
 
-    from pretrain_cli.distributed import job
+    from pretrain_cli.distributed.launcher import job
 
     # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
     job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
@@ -68,7 +68,7 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
                "pipeline": Pipeline, "context_parallel": context, "tensor_parallel": TensorParallel}
     if parallel.ep_degree > 1:  # config.expert: with the data-parallel engine only
-        from pretrain_cli.distributed.expert_strategy import ExpertParallel
+        from pretrain_cli.distributed.steps.expert_parallel import ExpertParallel
 
         return ExpertParallel(parallel, device, step_kernels, recompute)
     return engines[parallel.engine](parallel, device, step_kernels, recompute)

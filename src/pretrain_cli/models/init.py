@@ -10,7 +10,7 @@ each chunk is drawn from its own Philox stream keyed by (seed, name, chunk index
 ZeRO-3 shard, a TP column or row slice, a whole tensor — is assembled from the chunks its rows cross, so
 creating it needs at most one chunk (16 MiB, or one row when a row is larger) per drawing thread besides the
 block itself.
-No ranks, no I/O: the caller (`distributed.materialize`) decides which block a rank creates.
+No ranks, no I/O: the caller (`distributed.layout.materialize`) decides which block a rank creates.
 """
 from __future__ import annotations
 

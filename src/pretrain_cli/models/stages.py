@@ -1,5 +1,5 @@
 """How the decoder's layers divide into consecutive pipeline stages: the one split `plan` models and
-`distributed.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1,
+`distributed.strategies.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1,
 with the embedding on the first stage and the final norm, LM head and loss on the last."""
 from __future__ import annotations
 

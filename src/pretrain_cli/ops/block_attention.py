@@ -1,5 +1,5 @@
 """Attention of one query block against one key block, with the log-sum-exp, and its backward: the pieces
-context parallelism (`distributed.context`) assembles a whole sequence's attention from.
+context parallelism (`distributed.steps.context`) assembles a whole sequence's attention from.
 
 A rank holds only some query positions and sees the keys block by block, so no single call has every key.
 Each block returns its softmax-normalised output and the per-row log-sum-exp (lse) of its scores; `merge`

@@ -142,7 +142,7 @@ def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma:
     """GPU: flash attention's own per-block output and lse (fp16/bf16) when the block is fully visible or the
     causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised).
     A causal block must be square: the kernel aligns a non-square causal mask top-left (flash_fwd_kernel.h of
-    PaddlePaddle/flash-attention), which `distributed.context._tiles` never asks for."""
+    PaddlePaddle/flash-attention), which `distributed.steps.context._tiles` never asks for."""
     import paddle
 
     q, k, v = one_dtype(q, k, v)
@@ -170,7 +170,7 @@ def swiglu_fused(gate, up):  # pragma: no cover - GPU only
 
 # ---------------------------------------------------------------- loss
 def whole_weight(w):
-    """A weight an op reads whole, on one device: itself (`distributed.local_kernels` gathers a sharded one)."""
+    """A weight an op reads whole, on one device: itself (`distributed.steps.local_kernels` gathers a sharded one)."""
     return w
 
 

@@ -48,47 +48,14 @@ def _wants_grad(h, w) -> bool:
     return paddle.is_grad_enabled() and not (h.stop_gradient and w.stop_gradient)
 
 
-_LAYERS: dict = {}  # the PyLayer classes, defined on first use (this module imports no Paddle at import)
-
-
-def _layers():
-    if _LAYERS:
-        return _LAYERS
-    import paddle
-    from paddle.autograd import PyLayer
-
-    class _Fused(PyLayer):
-        """Forward returns the loss sum; the gradients it produced are scaled by d(loss) in backward."""
-
-        @staticmethod
-        def forward(ctx, h, w, labels, run, ops):
-            total, dh, dw = run(h, w, labels)
-            ctx.save_for_backward(dh, dw)
-            ctx.needs = (not h.stop_gradient, not w.stop_gradient)
-            ctx.ops = ops
-            return total
-
-        @staticmethod
-        def backward(ctx, dloss):
-            dh, dw = ctx.saved_tensor()
-            g = dloss.astype("float32").reshape([1])
-            ops = ctx.ops if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
-            if ops is not None:  # the CPU kernel's path: threaded (Paddle's CPU multiply runs on one thread)
-                dh, dw = ops.scale_by(dh, g), ops.scale_by(dw, g)
-            else:  # in place: no second weight-sized buffer at the start of the backward
-                dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
-            return (dh if ctx.needs[0] else None), (dw if ctx.needs[1] else None)
-
-    _LAYERS["fused"] = _Fused
-    return _LAYERS
-
-
 def _apply(h, w, labels, loss_only, with_grad, ops=None):
     """`ops`: the fused CPU kernels when the CPU kernel runs (they scale the gradients in backward); the Paddle-op
     path never touches them, so `cpu_fused_ops: false` leaves Paddle's ops only."""
     if not _wants_grad(h, w):
         return loss_only(h, w, labels)
-    return _layers()["fused"].apply(h, w, labels, with_grad, ops)
+    from pretrain_cli.ops.linear_loss_layer import FusedLinearLoss
+
+    return FusedLinearLoss.apply(h, w, labels, with_grad, ops)
 
 
 # ---------------------------------------------------------------- CPU: the C++ kernel

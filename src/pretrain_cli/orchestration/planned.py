@@ -15,6 +15,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
+from pretrain_cli.config.parallel import degree
 from pretrain_cli.config.parser import KEYS, Arguments, coerce
 from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
@@ -67,12 +68,12 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     """{"tp" | "pp" | "cp" | "data" | "ep": every group of ranks along that axis} for `plan`'s layout lines and the
-    speed model's links, from the run's own rank layout (`distributed.topology.Topology`, which `train` asks; never
+    speed model's links, from the run's own rank layout (`distributed.layout.topology.Topology`, which `train` asks; never
     re-derived): a tensor-parallel group shares every coordinate but its tp position, a pipeline group every one but
     its stage, a context-parallel group every one but its cp position, a data (dp × ZeRO, with cp) group its stage
     and tensor-parallel position, an expert group is `Topology.expert_group`'s. Cached per layout of degrees:
     `--fit` plans thousands of candidates over a few dozen layouts."""
-    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.distributed.layout.topology import Topology
 
     topo = Topology.of(par)
     return _groups(topo.degrees, topo.ep)
@@ -82,7 +83,7 @@ def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
 def _groups(degrees: tuple, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
     """`rank_groups` of one tuple of (axis, degree): every rank's coordinates asked of the Topology once, then the
     ranks grouped by the coordinates each axis's groups share (what `Topology.group`/`replicas` select)."""
-    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.distributed.layout.topology import Topology
 
     topo = Topology(degrees, ep=ep)
     coords = [topo.coords(r) for r in range(topo.world_size)]
@@ -142,7 +143,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
         notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
     current = {k: args.get(k) for k in SEARCHED}
-    current["tensor_parallel_degree"] = resolve_rules.degree(current["tensor_parallel_degree"])
+    current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
     current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
     current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
     current["expert_parallel_degree"] = max(current["expert_parallel_degree"], 1)

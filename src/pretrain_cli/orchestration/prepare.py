@@ -240,7 +240,7 @@ def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
 def launcher_target() -> Target:
     """This process as `paddle.distributed.launch` started it, on the device kind this Paddle build runs."""
     from pretrain_cli import runtime
-    from pretrain_cli.distributed import launch
+    from pretrain_cli.distributed.launcher import launch
 
     gpu = runtime.gpu_build_installed()
     return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),

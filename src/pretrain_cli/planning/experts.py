@@ -34,7 +34,7 @@ def expert_params(s) -> float:
 
 def dispatch_bytes(s, layers: float) -> float:
     """Bytes one rank sends per micro-batch on its expert group, over `layers` decoder layers (a pipeline stage's):
-    the dispatch `distributed.expert_parallel` runs (`GatherDispatch`) all-gathers the group's tokens [b·s, hidden]
+    the dispatch `distributed.steps.expert_parallel` runs (`GatherDispatch`) all-gathers the group's tokens [b·s, hidden]
     and reduce-scatters the experts' outputs, in forward, and the reverse pair in backward: 4 collectives per sparse
     layer, each sending (ep − 1) × b·s·hidden·c from a rank (`full` recompute reruns the forward's two). An
     all-to-all would send 4 × (ep − 1)/ep × top_k × b·s·hidden·c under balanced routing: ep/top_k times less, the

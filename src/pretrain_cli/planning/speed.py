@@ -6,7 +6,8 @@ ZeRO-3, context-parallel and expert-parallel groups, each over the link its grou
 from __future__ import annotations
 
 from pretrain_cli.planning.experts import dispatch_bytes, expert_params
-from pretrain_cli.planning.memory import Setup, context_traffic_bytes
+from pretrain_cli.planning.context import context_traffic_bytes
+from pretrain_cli.planning.memory import Setup
 from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -27,7 +28,7 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
             tensor-parallel rank, or its 1/t of the sequence under sequence parallelism)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
-    cp    = acc × `memory.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
+    cp    = acc × `context.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
             recompute, and its dK/dV blocks)
     ep    = acc × `experts.dispatch_bytes` (the expert group's tokens gathered, the experts' outputs reduce-scattered)
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks

@@ -27,7 +27,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.data.tokenizer import export_files
-from pretrain_cli.distributed import progress
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
 from pretrain_cli.training import shard_writer
@@ -111,7 +111,7 @@ def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
 
 def weight_bytes(ckpt: Path) -> int:
     """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
-    from pretrain_cli.distributed.pieces import split_name
+    from pretrain_cli.distributed.layout.pieces import split_name
 
     reader, _ = open_reader(Path(ckpt), "weights")
     try:
@@ -139,7 +139,7 @@ def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
     reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""
     import paddle
 
-    from pretrain_cli.distributed.pieces import local_value, state_tensors
+    from pretrain_cli.distributed.layout.pieces import local_value, state_tensors
 
     reader, where = open_reader(Path(ckpt), "weights")
     try:
@@ -159,7 +159,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
     files read}."""
     import paddle
 
-    from pretrain_cli.distributed.pieces import inner_optimizer, local_value, split_name, state_tensors
+    from pretrain_cli.distributed.layout.pieces import inner_optimizer, local_value, split_name, state_tensors
 
     reader, where = open_reader(Path(ckpt), "optimizer")
     inner = inner_optimizer(optimizer)
@@ -259,7 +259,7 @@ class Saver:
         Returns the save's event for metrics.jsonl (how long training stood still)."""
         import time
 
-        from pretrain_cli.distributed.pieces import local_value, writer_of
+        from pretrain_cli.distributed.layout.pieces import local_value, writer_of
         from pretrain_cli.training.metrics import host_memory_gib, log
 
         start = time.perf_counter()
@@ -286,7 +286,7 @@ class Saver:
                 "waited_seconds": round(waited, 6), "host_memory_peak_gib": round(host_memory_gib()[1], 4)}
 
     def _write_sync(self, step: int, pieces, state) -> None:
-        from pretrain_cli.distributed.comm import rank0_round
+        from pretrain_cli.distributed.comms.comm import rank0_round
 
         if self.rank != 0:
             self._write(step, self.rank, self.world_size, self.layout, pieces, state)
@@ -332,7 +332,7 @@ class Saver:
     def newest(self, is_rank0: bool) -> Path | None:
         """Every rank: the newest complete checkpoint, the same one on all of them (a rollback's target), or
         None. Rank 0 finishes the write in flight first and names it; the others take the same one."""
-        from pretrain_cli.distributed.comm import rank0_round
+        from pretrain_cli.distributed.comms.comm import rank0_round
         from pretrain_cli.run_dir import latest_checkpoint
 
         if is_rank0:

@@ -50,7 +50,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
     """HF safetensors in `dtype` (sharded above 5 GiB as transformers shards) + config from the pieces of `ckpt`
     (default: `out`'s checkpoint-`step`); from `model` itself when that checkpoint does not exist (its weights
     are then whole on this rank)."""
-    from pretrain_cli.distributed.pieces import split_name
+    from pretrain_cli.distributed.layout.pieces import split_name
     from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, save_hf, write_hf_dir
     from pretrain_cli.storage.shard_files import CODES, cast
     from pretrain_cli.training.checkpoint import open_reader

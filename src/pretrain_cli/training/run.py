@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
-from pretrain_cli.distributed import progress, watchdog
-from pretrain_cli.distributed.comm import build_comm, rank0_round
+from pretrain_cli.distributed.launcher import progress, watchdog
+from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.training import checkpoint, metrics, run_lock, startup
@@ -128,10 +128,10 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, as
     `Trainer(lay_out(...), ...)`). A lazily built model's parameters are created by the layout, each rank only
-    its own blocks (`distributed.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
+    its own blocks (`distributed.layout.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
     initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
     every rank when any rank found one altered)."""
-    from pretrain_cli.distributed.materialize import InitSource, pending
+    from pretrain_cli.distributed.layout.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
 
     read = None
@@ -146,7 +146,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         strategy = build_strategy(run.parallel, run.device, step_kernels, run.recompute)
         raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
         if getattr(model, "sparse", False) and run.parallel.world_size > 1:  # MoE: every rank a data rank (resolve)
-            from pretrain_cli.distributed.comm import sum_over_ranks
+            from pretrain_cli.distributed.comms.comm import sum_over_ranks
 
             # the expert counts of the global batch: for the balancing bias (the same update on every replica)
             # and, with moe_aux_loss_scope global, for the balance loss's expert shares
@@ -188,8 +188,8 @@ def build_model(run: RunConfig, model_cfg):
     from a checkpoint or `continue_training`'s pretrained weights)."""
     import paddle
 
-    from pretrain_cli.distributed.collectives import for_device
-    from pretrain_cli.distributed.steps import build_kernels
+    from pretrain_cli.distributed.comms.collectives import for_device
+    from pretrain_cli.distributed.steps.order import build_kernels
     from pretrain_cli.models import build_model as build_causal_lm
     from pretrain_cli.ops import kernels
 
@@ -206,7 +206,7 @@ def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
     are read by `lay_out`, each rank only its blocks; an eagerly built model (tests) gets them whole here."""
     if resume is None:
         return None
-    from pretrain_cli.distributed.materialize import pending
+    from pretrain_cli.distributed.layout.materialize import pending
     from pretrain_cli.models.convert import load_weights
 
     checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)

@@ -1,7 +1,7 @@
 """Writing one `checkpoint-N/` from every rank at once, and publishing it only once every rank is done.
 
 Each rank writes the pieces it owns (`Strategy.pieces`, one writer per replicated piece:
-`distributed.pieces.writer_of`) into its own files under `checkpoint-N.tmp/` (a shared file system
+`distributed.layout.pieces.writer_of`) into its own files under `checkpoint-N.tmp/` (a shared file system
 across nodes), one tensor at a time (`storage.shard_files`; each file's metadata says which block of which tensor each
 of its tensors is: `checkpoint_index.file_metadata`), then leaves a completion record
 `rank-0000r.done.json` (its files' sizes and checksums, its pieces' offsets) next to them. Rank 0 waits

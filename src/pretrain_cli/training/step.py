@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pretrain_cli.data.loader import batch_hash
-from pretrain_cli.distributed import progress
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.ops.loss import mean_loss
 from pretrain_cli.training.evaluation import model_inputs
 from pretrain_cli.training.metrics import log

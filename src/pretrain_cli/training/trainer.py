@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pretrain_cli.data.loader import BatchIterator
-from pretrain_cli.distributed import progress
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.training.checkpoint import read_state
 from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log

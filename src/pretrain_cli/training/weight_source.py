@@ -1,4 +1,4 @@
-"""Weights on disk as a `distributed.materialize` source: each rank reads only the blocks of the tensors it holds.
+"""Weights on disk as a `distributed.layout.materialize` source: each rank reads only the blocks of the tensors it holds.
 
 Resuming from a checkpoint (any layout's: whole tensors or pieces with `checkpoint.index.json`), a spike
 rollback's rebuild, and `continue_training` from a Hugging Face or PaddleNLP directory all build the model
@@ -42,12 +42,12 @@ def verify_read(ckpt, files) -> str | None:
 class WeightSource:
     """The weights of checkpoint or model directory `path` for `model` (lazily built: names and shapes)."""
 
-    dtype = None  # as `distributed.materialize.InitSource.dtype`
+    dtype = None  # as `distributed.layout.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint", fallback=None):
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
         none (transformers drops them when it saves a DeepSeek-V3)."""
-        from pretrain_cli.distributed.pieces import split_name
+        from pretrain_cli.distributed.layout.pieces import split_name
         from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params, is_mtp,
                                                  is_mtp_shared_copy, quantization_block)
         from pretrain_cli.storage import fp8

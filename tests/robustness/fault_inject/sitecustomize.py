@@ -117,7 +117,7 @@ _PATCHES = {
     "paddle.optimizer": _patch_optimizer,
     "pretrain_cli.training.optim": _patch_fused_optimizer,
     "pretrain_cli.storage.shard_files": _patch_shard_files,
-    "pretrain_cli.data.indexed": _patch_indexed,
+    "pretrain_cli.data.indexed_writer": _patch_indexed,
 }
 
 

@@ -16,7 +16,7 @@ left as it is.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.pieces import Box, placed_box
+from pretrain_cli.distributed.layout.pieces import Box, placed_box
 
 
 class InitSource:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from pretrain_cli.distributed import job
+from pretrain_cli.distributed.launcher import job
 
 PORT_KEY = "pretrain_cli/gloo_group_store/{}"  # in the global store: the port of the n-th group's own store
 _made = [0]  # groups with a store made so far in this process, over every `separate_stores` (every rank counts alike)

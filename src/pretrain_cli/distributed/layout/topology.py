@@ -17,10 +17,10 @@ next, and the pipeline stages are outermost: across nodes only one activation pe
 between stages, and the data-parallel gradient all-reduce crosses nodes only when dp × sharding × tp is
 larger than a node. The data rank (which slice of the global batch a rank reads) is dp_rank × sharding +
 sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks, cp ranks (context
-parallelism: each holds part of every sequence of its data rank, `distributed.context`) and stages share batches.
+parallelism: each holds part of every sequence of its data rank, `distributed.steps.context`) and stages share batches.
 fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans sharding × cp (adjacent in `AXES`).
 
-Expert parallelism (`ep`, `distributed.expert_parallel`) is not an axis of its own: it is drawn from the data ranks
+Expert parallelism (`ep`, `distributed.steps.expert_parallel`) is not an axis of its own: it is drawn from the data ranks
 (PaddleNLP's `moe_group: data`). Consecutive data ranks form an expert group (`expert_group`: data rank // ep, on
 one node when ep data ranks fit in it), each holding num_experts / ep of the experts (`expert_rank`: data rank % ep);
 the ranks holding the same experts (`expert_replicas`) reduce those experts' gradients.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 # axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
 AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
         "sharding": ("sharding_degree", "sharding_degree"),
-        "cp": ("cp_degree", None),  # context parallelism (distributed.context): no fleet axis, see fleet_hybrid_configs
+        "cp": ("cp_degree", None),  # context parallelism (distributed.steps.context): no fleet axis, see fleet_hybrid_configs
         "mp": ("tp_degree", "mp_degree")}
 FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
 
@@ -159,7 +159,7 @@ class Topology:
 
     def init_fleet(self, seed: int, backend, pipeline_configs: dict | None = None) -> None:
         """fleet's hybrid topology (its groups are this topology's: same order); `pipeline_configs` for a pipeline
-        run. The gloo workarounds are the collectives `backend`'s (`distributed.collectives`): a TCP store of its
+        run. The gloo workarounds are the collectives `backend`'s (`distributed.comms.collectives`): a TCP store of its
         own for each group; a pipeline's unbatched stage-to-stage sends of whole activations. A pipeline also
         needs `ParallelEnv._device_id`, which the CPU build never sets."""
         import paddle.distributed as dist

@@ -11,15 +11,16 @@ Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
 reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
 happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
-built with those kernels (`distributed.steps.build_kernels`, in `training.run.build_model`): nothing of a live
+built with those kernels (`distributed.steps.order.build_kernels`, in `training.run.build_model`): nothing of a live
 layer is replaced here.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.strategy import Strategy
+import functools
+
+from pretrain_cli.distributed.strategies.strategy import Strategy
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
-
 
 
 class SemiAuto(Strategy):
@@ -36,7 +37,7 @@ class SemiAuto(Strategy):
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
         """A lazily built model's parameters are created here at their final size from `source`
-        (`distributed.materialize`): TP slices at once; under ZeRO-3 they stay without storage until
+        (`distributed.layout.materialize`): TP slices at once; under ZeRO-3 they stay without storage until
         `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
@@ -70,7 +71,7 @@ class SemiAuto(Strategy):
         `dist.shard_tensor`; a lazy one is created as this rank's block (ZeRO-3: left lazy for `wrap`)."""
         import paddle.distributed as dist
 
-        from pretrain_cli.distributed.materialize import fill_placed, pending
+        from pretrain_cli.distributed.layout.materialize import fill_placed, pending
 
         if not pending(param) or self.parallel.sharding_stage == 3:
             return dist.shard_tensor(param, mesh, placements)
@@ -91,23 +92,11 @@ class SemiAuto(Strategy):
         return model, optimizer
 
     def _stage3(self):
-        """`dist.ShardingStage3` whose parameter sharding creates a lazy parameter directly as its dp shard (the
-        placements its own rule, `get_placement_with_sharding`, gives), from `place`'s source."""
-        import paddle.distributed as dist
-        from paddle.distributed.auto_parallel.sharding import get_placement_with_sharding
+        """ZeRO-3's sharding stage, creating each lazy parameter directly as its dp shard from `place`'s source
+        (`zero3.CreatedSharded`)."""
+        from pretrain_cli.distributed.strategies.zero3 import CreatedSharded
 
-        from pretrain_cli.distributed.materialize import fill_placed, pending
-
-        source, names, rank = self._source, self._names, self.parallel.rank
-
-        class CreatedSharded(dist.ShardingStage3):
-            def _shard_parameter(self, param):
-                if not (param.is_dist() and pending(param)):
-                    return super()._shard_parameter(param)
-                placements = get_placement_with_sharding(param, self._sharding_axis)
-                fill_placed(names[id(param)], param, source, param.process_mesh, placements, rank)
-
-        return CreatedSharded
+        return functools.partial(CreatedSharded, source=self._source, names=self._names, rank=self.parallel.rank)
 
     def wrap_scaler(self, scaler):
         import paddle.distributed as dist

@@ -13,7 +13,7 @@ whole life: the lock's descriptor is inherited through `exec`), every port of th
 port. The block, from its first port `base`: `base` (left free: the tests' `--master`), `base + 1` ...
 `base + LAUNCHER_PORTS` (the launcher's `PORT_RANGE`: its KV master, the global TCP store, one endpoint per
 rank), then `GROUP_STORES` ports for the TCP stores of the gloo groups (`group_store_port`, used by
-`distributed/gloo.py`), which the launcher never picks.
+`distributed/comms/gloo.py`), which the launcher never picks.
 
 **Verdicts.** Paddle's launcher exits with the code of the lowest-numbered rank that failed, which is
 usually a rank stopped because another one died (rank 0 killed by its watcher after rank 1's usage error:
@@ -21,7 +21,7 @@ usually a rank stopped because another one died (rank 0 killed by its watcher af
 usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
-first rank's own code (124 for a rank that made no progress, `distributed.watchdog.HUNG`), retried while
+first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`), retried while
 MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
 waits for them (`wait_for_watchers`), and `cause` gives the console the record's line: the launcher's own
 `Container rank 0 status failed` names the lowest rank it saw stop, usually one stopped because another died.
@@ -207,7 +207,7 @@ def reserve(tries: int = 200) -> Reservation:
 
 def group_store_port(n: int) -> int | None:
     """The port of the n-th (from 1) gloo group's own TCP store that a rank of this host serves
-    (`distributed/gloo.py`): a port of the block this job holds that the launcher never picks, the same on
+    (`distributed/comms/gloo.py`): a port of the block this job holds that the launcher never picks, the same on
     every rank for the same n. None when the job holds no block (a bare `paddle.distributed.launch`)."""
     value = os.environ.get(BLOCK_ENV)
     if not value:
@@ -217,7 +217,7 @@ def group_store_port(n: int) -> int | None:
         from pretrain_cli.errors import UserError
 
         raise UserError(f"gloo process group {n} needs a TCP store port, but the job's port block {base}-"
-                        f"{base + BLOCK - 1} holds {GROUP_STORES} (distributed/job.py GROUP_STORES); run fewer "
+                        f"{base + BLOCK - 1} holds {GROUP_STORES} (distributed/launcher/job.py GROUP_STORES); run fewer "
                         f"processes or pipeline stages on CPU (each pipeline rebuild of a spike rollback adds groups)")
     return base + LAUNCHER_PORTS + n
 

@@ -1,9 +1,9 @@
 """The strategy over fleet's hybrid groups with the model-side layout steps applied from outside (`Hybrid`): what a
-pipeline (`distributed.pipeline.Pipeline`, which adds the 1F1B schedule) and tensor + sequence/context parallelism
-on one stage (`distributed.tensor_engine.TensorParallel`) share.
+pipeline (`distributed.strategies.pipeline.Pipeline`, which adds the 1F1B schedule) and tensor + sequence/context parallelism
+on one stage (`distributed.strategies.tensor_engine.TensorParallel`) share.
 
 `place` creates this rank's parameters (its stage's; tensor-parallel weights as their slices only) and runs the
-layout steps (`distributed.steps`: tp, cp, recompute, the pipeline cut); what they leave (`Placement`) says which
+layout steps (`distributed.steps.order`: tp, cp, recompute, the pipeline cut); what they leave (`Placement`) says which
 parameters are tensor-parallel slices and on which dim (`tp_dims`, read by `local_box` for the checkpoint's pieces)
 and which gradients cover this rank's positions only (sequence parallelism). The gradient side: sequence
 parallelism's norms summed over the tp group, then fleet's ZeRO-1/2 over each stage's sharding group (ZeRO-2
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from pretrain_cli.distributed.pieces import split_name
-from pretrain_cli.distributed.strategy import FleetHybrid
+from pretrain_cli.distributed.layout.pieces import split_name
+from pretrain_cli.distributed.strategies.strategy import FleetHybrid
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -51,9 +51,9 @@ class Hybrid(FleetHybrid):
         (from `source`; a tied embedding also on the last stage, whose copy fleet broadcasts from the first), the
         others' never have storage (an eagerly built one has theirs freed); under tp the tensor-parallel weights
         are created as this rank's slices only (the `tp` step: `tensor_parallel.split_layers`), never whole. Then
-        the layout steps in their order (`distributed.steps`: tp, cp, recompute, the pipeline cut)."""
-        from pretrain_cli.distributed.materialize import fill
-        from pretrain_cli.distributed.tensor_parallel import cut_by_tp
+        the layout steps in their order (`distributed.steps.order`: tp, cp, recompute, the pipeline cut)."""
+        from pretrain_cli.distributed.layout.materialize import fill
+        from pretrain_cli.distributed.steps.tensor_parallel import cut_by_tp
 
         self.lm = model
         tp = self.parallel.tp_degree > 1
@@ -98,7 +98,7 @@ class Hybrid(FleetHybrid):
         """Sequence parallelism: the norms' gradients summed over the tp group first. Then ZeRO-1/2: fleet's
         optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over this stage's replicas."""
         if self._seq_params:  # a stage's own (another stage's norms have no gradient here)
-            from pretrain_cli.distributed import sequence_parallel as sp
+            from pretrain_cli.distributed.steps import sequence_parallel as sp
 
             sp.sum_grads(self._seq_params, self.hcg.get_model_parallel_group())
         if self._hpo is not None:
@@ -162,7 +162,7 @@ class Hybrid(FleetHybrid):
         dim = self.tp_dims.get(hf)
         if dim is None or slot not in (None, "moment1", "moment2", "master"):
             return super().local_box(tensor, name)
-        from pretrain_cli.distributed.pieces import Box
+        from pretrain_cli.distributed.layout.pieces import Box
 
         shape = tuple(tensor.shape)
         whole, offsets = list(shape), [0] * len(shape)

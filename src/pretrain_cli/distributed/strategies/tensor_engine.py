@@ -1,6 +1,6 @@
 """The "tensor_parallel" engine: tensor parallelism on one pipeline stage with sequence and/or context parallelism.
 
-`Hybrid`'s layout steps (`distributed.steps`: the Megatron split with `sequence_parallel`'s regions when asked; the
+`Hybrid`'s layout steps (`distributed.steps.order`: the Megatron split with `sequence_parallel`'s regions when asked; the
 ring attention the model was built with under `context_parallel_degree`), gradient sync (the norms' gradients
 summed over the tp group, then data parallelism or ZeRO-1 on fleet's groups, the mean over the cp ranks too),
 gradient norm and checkpoint pieces (each rank its tp slices, whole tensors once); the model runs whole, its
@@ -8,7 +8,7 @@ micro-batches as one process's (`Strategy.forward_backward`), each rank's chunks
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.hybrid import Hybrid
+from pretrain_cli.distributed.strategies.hybrid import Hybrid
 from pretrain_cli.run_layout import ParallelConfig
 
 
@@ -24,7 +24,7 @@ class TensorParallel(Hybrid):
                 if parallel.sharding_stage else "")
         sp = " + sequence parallel" if parallel.sequence_parallel else ""
         cp = f" x cp {parallel.cp_degree}" if parallel.cp_degree > 1 else ""
-        self.name = (f"tensor parallel{sp} (distributed.tensor_parallel): tp {parallel.tp_degree}{cp} x "
+        self.name = (f"tensor parallel{sp} (distributed.steps.tensor_parallel): tp {parallel.tp_degree}{cp} x "
                      f"dp {parallel.data_world_size}{zero}")
 
     def wrap(self, model, optimizer):

@@ -72,13 +72,13 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
     name's) to tp rank `tp_rank` of `tp` and hook in the two functions over `group`. A stage's layer is one whose
     norms exist (another stage's layers, never created on this rank, are left as they are). A parameter that has
     storage is cut; one still without (a lazily built model: `cut_by_tp`) is created as its slice only, from
-    `source` (`distributed.materialize`), so no rank ever holds a whole tensor-parallel weight.
+    `source` (`distributed.layout.materialize`), so no rank ever holds a whole tensor-parallel weight.
     `regions`: the (enter, leave) functions to hook in instead of the two above (`sequence_parallel.regions`).
     Returns {id(parameter): the Paddle dim it is split on} for the sliced parameters."""
     import paddle
 
-    from pretrain_cli.distributed.materialize import read_block
-    from pretrain_cli.distributed.pieces import Box
+    from pretrain_cli.distributed.layout.materialize import read_block
+    from pretrain_cli.distributed.layout.pieces import Box
 
     copy_to_tp, reduce_from_tp = regions or all_reduce_regions(group)
     split: dict = {}

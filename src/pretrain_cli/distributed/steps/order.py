@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pretrain_cli.distributed.collectives import Collectives
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.comms.collectives import Collectives
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.run_layout import ParallelConfig
 
 ORDER = ("tp", "cp", "ep", "recompute", "pp", "data")
@@ -44,7 +44,7 @@ ORDER = ("tp", "cp", "ep", "recompute", "pp", "data")
 @dataclass
 class Placement:
     """What the steps of one rank share: the run's layout, its topology and collectives backend, where lazily built
-    parameters get their values (`source`, `distributed.materialize`), and what each step leaves behind."""
+    parameters get their values (`source`, `distributed.layout.materialize`), and what each step leaves behind."""
 
     parallel: ParallelConfig
     topology: Topology
@@ -81,12 +81,12 @@ class Step:
 def _split_tp(model, placement: Placement):
     """`tp` (+ `sequence_parallel`): each decoder layer of this stage cut to this rank's slice over the mp group;
     a lazily built tensor-parallel weight created as its slice only."""
-    from pretrain_cli.distributed.tensor_parallel import split_layers
+    from pretrain_cli.distributed.steps.tensor_parallel import split_layers
 
     p, topo, backend = placement.parallel, placement.topology, placement.backend
     group, regions = placement.group("mp"), None
     if p.sequence_parallel:
-        from pretrain_cli.distributed import sequence_parallel as sp
+        from pretrain_cli.distributed.steps import sequence_parallel as sp
 
         shard = sp.SeqShard(group, p.tp_degree, topo.tp_rank, backend)
         placement.seq_params = sp.hook_model(model, shard)
@@ -97,14 +97,14 @@ def _split_tp(model, placement: Placement):
 
 
 def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
-    from pretrain_cli.distributed.context import context_kernels
+    from pretrain_cli.distributed.steps.context import context_kernels
 
     return context_kernels(kernels, parallel, backend)
 
 
 def _expert_parallel(model, placement: Placement):
     """`ep`: declared here, so the step is there whatever was imported first."""
-    from pretrain_cli.distributed.expert_parallel import apply_ep
+    from pretrain_cli.distributed.steps.expert_parallel import apply_ep
 
     return apply_ep(model, placement)
 
@@ -117,7 +117,7 @@ def _recompute(model, placement: Placement):
 
 def _cut_pipeline(model, placement: Placement):
     """`pp`: fleet's PipelineLayer over the model's sublayers; the strategy frees what this stage does not hold."""
-    from pretrain_cli.distributed.pipeline_stages import build_pipeline_layer
+    from pretrain_cli.distributed.steps.pipeline_stages import build_pipeline_layer
 
     placement.pipeline = build_pipeline_layer(model, placement.parallel, placement.backend, placement.sequence)
     return placement.pipeline[0]
@@ -126,7 +126,7 @@ def _cut_pipeline(model, placement: Placement):
 def _local_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     """The semi-auto `data` step's build side: activations are distributed tensors, so every custom kernel runs
     on this rank's local piece (`local_kernels.localize`)."""
-    from pretrain_cli.distributed.local_kernels import localize
+    from pretrain_cli.distributed.steps.local_kernels import localize
 
     return localize(kernels, hook=backend.gradient_hook is not None)
 

@@ -1,12 +1,12 @@
 """The data side of expert parallelism: `ExpertParallel`, a `DataParallel` whose experts are left out of
-`paddle.DataParallel`'s all-reduce and reduced over the ranks holding them (`distributed.expert_parallel`'s
+`paddle.DataParallel`'s all-reduce and reduced over the ranks holding them (`distributed.steps.expert_parallel`'s
 docstring: which ranks hold which experts, the dispatch, the gradients). Apart from the `ep` step so that
-`distributed.steps` declares that step without importing a strategy.
+`distributed.steps.order` declares that step without importing a strategy.
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.expert_parallel import ExpertSide, expert_of, held_range, keep_held, sparse_blocks
-from pretrain_cli.distributed.strategy import DataParallel
+from pretrain_cli.distributed.steps.expert_parallel import ExpertSide, expert_of, held_range, keep_held, sparse_blocks
+from pretrain_cli.distributed.strategies.strategy import DataParallel
 
 
 class ExpertParallel(DataParallel):
@@ -19,7 +19,7 @@ class ExpertParallel(DataParallel):
     def place(self, model, source=None):
         """Only this rank's experts are created: the others are removed first (`keep_held`), then the rest is
         created and the layout steps run (the `ep` step swaps the dispatch and makes the groups)."""
-        from pretrain_cli.distributed.materialize import fill
+        from pretrain_cli.distributed.layout.materialize import fill
 
         blocks = sparse_blocks(model)
         if blocks:

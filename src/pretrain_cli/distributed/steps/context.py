@@ -9,7 +9,7 @@ field of the batch (ids, labels, `position_ids`, `doc_start`) is cut the same wa
 K/V block of cp rank (r − i) mod C, runs its queries against the chunks of it they may see, one (query chunk,
 key chunk) block at a time through `kernels.attention_block` (flash attention's per-block output and
 log-sum-exp on GPU, Paddle's ops elsewhere; `ops.block_attention`), merges by log-sum-exp (online softmax)
-and passes the block to the next rank (`distributed.ring`: overlapped `batch_isend_irecv` on GPU, blocking
+and passes the block to the next rank (`distributed.comms.ring`: overlapped `batch_isend_irecv` on GPU, blocking
 send/recv over per-edge groups on gloo). Key chunks after the query chunk are not computed; the diagonal
 block is causal; document masking adds `doc_start ≤ key position` to every block; queries go in tiles of
 `ROW_TILE` rows, so a block's scores are at most `[b, heads, ROW_TILE, c]` (a diagonal tile is a square causal
@@ -26,7 +26,7 @@ so the table is built for the whole sequence (`WholeSequenceRotary`); `doc_start
 is divided by its cp group's total count. Weights are whole on every rank and data-parallel over the cp
 group too: `paddle.DataParallel` over every rank averages gradients over dp × cp, so each rank's loss is
 scaled by C. The model stays single-device: it is built with the ring as its attention kernels and a RoPE table
-spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.steps`); the strategy's
+spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.steps.order`); the strategy's
 `ContextSide` cuts the batch and wraps the model in `ContextModel` (positions in, whole-sequence loss out) inside
 whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × sharding ranks, or tensor parallelism.
 """
@@ -46,12 +46,12 @@ _RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once
 
 def cp_group(parallel, backend=None):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
-    topology's "cp" axis (`distributed.topology`: the cp ranks of one data rank are neighbours); `backend`: the
-    run's collectives (`distributed.collectives`; default gloo's, whose exchange is `distributed.ring`'s per-edge
+    topology's "cp" axis (`distributed.layout.topology`: the cp ranks of one data rank are neighbours); `backend`: the
+    run's collectives (`distributed.comms.collectives`; default gloo's, whose exchange is `distributed.comms.ring`'s per-edge
     groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
-    from pretrain_cli.distributed.collectives import for_device
-    from pretrain_cli.distributed.ring import ring_groups
-    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.distributed.comms.collectives import for_device
+    from pretrain_cli.distributed.comms.ring import ring_groups
+    from pretrain_cli.distributed.layout.topology import Topology
 
     backend = backend or for_device("cpu")
     key = (parallel, backend)
@@ -245,10 +245,10 @@ def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TI
 
 
 def context_kernels(kernels, parallel, backend):
-    """The `cp` layout step's build side (`distributed.steps`): the kernel table with the ring attention over this
+    """The `cp` layout step's build side (`distributed.steps.order`): the kernel table with the ring attention over this
     rank's cp group for both the causal and the document-masked call, and a RoPE table spanning the whole sequence
     (`rope_span`: a rank's tokens sit anywhere in it). Chosen before the model exists: no live layer changes."""
-    from pretrain_cli.distributed.topology import Topology
+    from pretrain_cli.distributed.layout.topology import Topology
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
     causal, document = context_attention(cp_group(parallel, backend), cp, cp_rank, kernels.attention_block)
@@ -281,7 +281,7 @@ class ContextSide:
     ranks, so the strategy averages gradients over them as over data ranks."""
 
     def __init__(self, parallel, backend):
-        from pretrain_cli.distributed.topology import Topology
+        from pretrain_cli.distributed.layout.topology import Topology
 
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
         self.group = cp_group(parallel, backend).group

@@ -8,7 +8,7 @@ batch and sequence and independent per head, so running it on the local piece is
 sharding (data parallel) and head/column sharding (tensor parallel). `localize` wraps a `Kernels`
 table so each op takes the local value (`dtensor_to_local`), runs, and declares the result with the
 input's placements (`dtensor_from_local`); autograd flows through both. The model is built with that
-table (`distributed.steps.build_kernels`: the semi-auto `data` step's build side), before it is laid out.
+table (`distributed.steps.order.build_kernels`: the semi-auto `data` step's build side), before it is laid out.
 
 Weights a kernel reads whole (RMSNorm, and ZeRO-3's sharded pieces of any weight) are gathered
 with `dist.reshard` and handed over "Partial" on the axes where the activation is sharded, so the
@@ -24,20 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-
-def to_replicated(grad):
-    """The CPU gradient hook: a Partial gradient becomes Replicated (an all-reduce).
-
-    Sharded optimizers (and a concatenated weight's backward) would otherwise reshard Partial → Shard,
-    a reduce-scatter that gloo lacks (ARCHITECTURE.md facts: gloo). A tensor-parallel Shard placement on
-    another mesh axis is kept. On GPU the reduce-scatter exists and the hook is not installed.
-    """
-    import paddle.distributed as dist
-
-    if grad.is_dist() and any(p.is_partial() for p in grad.placements):
-        return dist.reshard(grad, grad.process_mesh, [dist.Replicate() if p.is_partial() else p
-                                                      for p in grad.placements])
-    return grad
+from pretrain_cli.distributed.comms.collectives import to_replicated
 
 
 def _replicate_grad(x, hook: bool):

@@ -11,7 +11,7 @@ answered here, so when Paddle's gloo is fixed the workarounds go in one place:
 | a new group | `dist.new_group` | the same, each group with a TCP store of its own (`stores`: `gloo.separate_stores`) |
 | ring neighbour exchange | `batch_isend_irecv` on the group | blocking send/recv over a two-rank group per directed edge (`ring_edges`) |
 | fleet's pipeline sends | batched, partial | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
-| sharded (semi-auto) gradients | Partial → Shard by reduce-scatter | all-reduced whole (`gradient_hook`: `local_kernels.to_replicated`) |
+| sharded (semi-auto) gradients | Partial → Shard by reduce-scatter | all-reduced whole (`gradient_hook`: `to_replicated`) |
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ class Collectives:
     # ------------------------------------------------------------------ groups
     def stores(self):
         """Around every `dist.new_group` / `fleet.init`: on gloo each group gets a TCP store of its own."""
-        from pretrain_cli.distributed.gloo import separate_stores
+        from pretrain_cli.distributed.comms.gloo import separate_stores
 
         return separate_stores(True) if self.gloo else contextlib.nullcontext()
 
     @property
     def ring_edges(self) -> bool:
-        """Whether a ring exchange needs a two-rank group per directed edge (`distributed.ring`)."""
+        """Whether a ring exchange needs a two-rank group per directed edge (`distributed.comms.ring`)."""
         return self.gloo
 
     def pipeline_flags(self, configs: dict, hybrid) -> dict:
@@ -50,7 +50,7 @@ class Collectives:
     def neighbour_sends(self, hcg) -> None:
         """The pipeline group's send/recv over two-rank groups per stage pair (gloo counts tags per group)."""
         if self.gloo:
-            from pretrain_cli.distributed.gloo import neighbour_sends
+            from pretrain_cli.distributed.comms.gloo import neighbour_sends
 
             neighbour_sends(hcg)
 
@@ -60,8 +60,6 @@ class Collectives:
         gradient, so it is all-reduced whole."""
         if not self.gloo:
             return None
-        from pretrain_cli.distributed.local_kernels import to_replicated
-
         return to_replicated
 
     # ------------------------------------------------------------------ collectives
@@ -115,6 +113,21 @@ def _cut(x, parts: int, index: int, axis: int):
 
     size = x.shape[axis] // parts
     return paddle.slice(x, axes=[axis], starts=[index * size], ends=[(index + 1) * size])
+
+
+def to_replicated(grad):
+    """The CPU gradient hook: a Partial gradient becomes Replicated (an all-reduce).
+
+    Sharded optimizers (and a concatenated weight's backward) would otherwise reshard Partial → Shard,
+    a reduce-scatter that gloo lacks (ARCHITECTURE.md facts: gloo). A tensor-parallel Shard placement on
+    another mesh axis is kept. On GPU the reduce-scatter exists and the hook is not installed.
+    """
+    import paddle.distributed as dist
+
+    if grad.is_dist() and any(p.is_partial() for p in grad.placements):
+        return dist.reshard(grad, grad.process_mesh, [dist.Replicate() if p.is_partial() else p
+                                                      for p in grad.placements])
+    return grad
 
 
 def for_device(device: str) -> Collectives:

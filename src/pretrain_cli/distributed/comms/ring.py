@@ -1,5 +1,5 @@
 """The neighbour exchange of ring attention: every cp rank passes a tensor to the next rank of its cp group and
-receives the previous rank's: C − 1 times in an attention forward, 2C − 1 in its backward (`distributed.context`).
+receives the previous rank's: C − 1 times in an attention forward, 2C − 1 in its backward (`distributed.steps.context`).
 
 On GPU (NCCL) one `paddle.distributed.batch_isend_irecv` posts the send and the receive on the cp group and returns
 at once, so the exchange of the next K/V block runs while the current block is computed (`start` … `wait`).

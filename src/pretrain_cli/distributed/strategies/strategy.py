@@ -4,7 +4,7 @@ Model code is single-device; parallelism is applied here from outside, like torc
 `parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
 methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
 step `forward_backward` (`shard_batch`, `no_sync`), `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
-`pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.pieces`)
+`pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.layout.pieces`)
 and `local_box` (what it reads back: where each of its tensors sits in the global one). Nothing is gathered.
 
 - `Strategy` (one process): every method is the identity;
@@ -12,7 +12,7 @@ and `local_box` (what it reads back: where each of its tensors sits in the globa
 - `FleetZero1` (`sharding: stage1`): fleet's `DygraphShardingOptimizer`: each rank owns, updates and
   keeps the AdamW state of a slice of the parameters. Kept over the semi-auto engine's stage 1 because
   it is faster here (docs/DISTRIBUTED.md) and supports a sharding degree below the data-parallel world;
-- `SemiAuto` (`distributed/semi_auto.py`: ZeRO-2/3 and tensor parallelism): Paddle's semi-auto engine.
+- `SemiAuto` (`distributed/strategies/semi_auto.py`: ZeRO-2/3 and tensor parallelism): Paddle's semi-auto engine.
 
 `distributed.setup` picks the strategy for a resolved `ParallelConfig` and joins the process group.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 
-from pretrain_cli.distributed.collectives import for_device
-from pretrain_cli.distributed.topology import Topology
+from pretrain_cli.distributed.comms.collectives import for_device
+from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.ops.kernels import StepKernels
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -43,7 +43,7 @@ class Strategy:
                  recompute=None):
         """`step_kernels`: the optimizer step's kernels (`ops.kernels.select_step`); with a fused AdamW, `clip`
         only records the coefficient and `step` hands it to the update. `recompute` (`run_config.Recompute` or
-        None): the layout's `recompute` step (`distributed.steps`)."""
+        None): the layout's `recompute` step (`distributed.steps.order`)."""
         self.parallel, self.device, self.recompute = parallel, device, recompute
         self.backend = for_device(device)  # the run's one collectives backend
         self.topology = Topology.of(parallel)  # every rank, group and coordinate this layout asks for
@@ -51,7 +51,7 @@ class Strategy:
         self._clip_coef = 1.0
         self.sequence = None  # context parallelism's batch side (`context.ContextSide`), when cp > 1
         if parallel.cp_degree > 1:
-            from pretrain_cli.distributed.context import ContextSide
+            from pretrain_cli.distributed.steps.context import ContextSide
 
             self.sequence = ContextSide(parallel, self.backend)
             self.name = self.sequence.name  # (a layout with more axes names itself)
@@ -60,18 +60,18 @@ class Strategy:
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
         """Lay the parameters out over the processes; before the optimizer is created. `source`
-        (`distributed.materialize`): where a lazily built model's parameters get their values; every layout
+        (`distributed.layout.materialize`): where a lazily built model's parameters get their values; every layout
         creates only what this rank holds (here: everything, whole, one parameter at a time). Then the layout
-        steps in their order (`distributed.steps`)."""
+        steps in their order (`distributed.steps.order`)."""
         if source is not None:
-            from pretrain_cli.distributed.materialize import fill
+            from pretrain_cli.distributed.layout.materialize import fill
 
             fill(model, source)
         return self.apply_steps(model, source)
 
     def apply_steps(self, model, source=None):
-        """The model through the layout's steps (`distributed.steps.ORDER`); what they leave is `self.placement`."""
-        from pretrain_cli.distributed.steps import Placement, apply_steps
+        """The model through the layout's steps (`distributed.steps.order.ORDER`); what they leave is `self.placement`."""
+        from pretrain_cli.distributed.steps.order import Placement, apply_steps
 
         self.placement = Placement(self.parallel, self.topology, self.backend, source, self.recompute,
                                    sequence=self.sequence)
@@ -160,7 +160,7 @@ class Strategy:
         """(`Box` of this rank's part of `tensor` in the global tensor, Paddle layout; the ranks holding the
         same block, or None: `holders`). The load side reads exactly this block; the save side writes it
         (`pieces`). `name`: the checkpoint's name of the tensor (HF name, "/<slot>" for optimizer state)."""
-        from pretrain_cli.distributed.pieces import Box, dist_layout
+        from pretrain_cli.distributed.layout.pieces import Box, dist_layout
 
         if getattr(tensor, "is_dist", lambda: False)():
             return dist_layout(tensor, self.parallel.rank)
@@ -169,11 +169,11 @@ class Strategy:
 
     def pieces(self, model, optimizer=None) -> list:
         """The checkpoint interface every layout implements through `holders` / `local_box`: this rank's
-        pieces (`distributed.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
+        pieces (`distributed.layout.pieces.Piece`) of the weights and (with `optimizer`) the optimizer state, HF
         names and layout, each with its global shape and offsets and the ranks that hold a copy. No
         collective, no copy: a piece's `view()` hands its block to the writer when it asks.
         The checkpoint writes the pieces `pieces.writer_of` gives this rank (one writer per replica)."""
-        from pretrain_cli.distributed.pieces import Piece, dtype_code, state_tensors
+        from pretrain_cli.distributed.layout.pieces import Piece, dtype_code, state_tensors
 
         out = []
         for name, kind, t, transpose in state_tensors(model, optimizer):
@@ -185,7 +185,7 @@ class Strategy:
 
     def local_bytes(self, model, optimizer) -> dict:
         """What this rank physically holds: parameters and optimizer state (AdamW moments, O2 master copies)."""
-        from pretrain_cli.distributed.pieces import inner_optimizer
+        from pretrain_cli.distributed.layout.pieces import inner_optimizer
 
         inner = inner_optimizer(optimizer)
         state = sum(_nbytes(t) for table in inner._accumulators.values() for t in table.values())

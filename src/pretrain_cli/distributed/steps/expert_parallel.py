@@ -1,6 +1,6 @@
 """Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
 
-Applied from outside the single-device model, as the `ep` layout step (`distributed.steps`: `apply_ep`, this
+Applied from outside the single-device model, as the `ep` layout step (`distributed.steps.order`: `apply_ep`, this
 module) and the data side of `expert_strategy.ExpertParallel` (a `DataParallel` whose experts are reduced on
 their own; apart, so the steps need no strategy):
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from paddle.autograd import PyLayer  # imported lazily, after the environment
 
 
 EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")  # HF's per-expert names: model.layers.{i}.mlp.experts.{e}.*
@@ -57,33 +59,32 @@ def keep_held(model, held: range) -> None:
         experts.first, experts.count = held.start, len(held)
 
 
-def _autograd_pair():
-    """(Gather, Combine): all-gather whose backward reduce-scatters, and its mirror image."""
-    from paddle.autograd import PyLayer
+class Gather(PyLayer):
+    """All-gather over the expert group (`ex`: the `GatherDispatch`) whose backward reduce-scatters."""
 
-    class Gather(PyLayer):
-        @staticmethod
-        def forward(ctx, x, ex):
-            ctx.ex = ex
-            return ex.backend.all_gather(x, ex.group, axis=0)  # [ep·tokens, ...]
+    @staticmethod
+    def forward(ctx, x, ex):
+        ctx.ex = ex
+        return ex.backend.all_gather(x, ex.group, axis=0)  # [ep·tokens, ...]
 
-        @staticmethod
-        def backward(ctx, dy):
-            ex = ctx.ex
-            return ex.backend.reduce_scatter(dy, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
+    @staticmethod
+    def backward(ctx, dy):
+        ex = ctx.ex
+        return ex.backend.reduce_scatter(dy, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
 
-    class Combine(PyLayer):
-        @staticmethod
-        def forward(ctx, y, ex):
-            ctx.ex = ex
-            return ex.backend.reduce_scatter(y, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
 
-        @staticmethod
-        def backward(ctx, dy):
-            ex = ctx.ex
-            return ex.backend.all_gather(dy, ex.group, axis=0)  # [ep·tokens, ...]
+class Combine(PyLayer):
+    """`Gather`'s mirror image: reduce-scatter over the expert group, all-gather backward."""
 
-    return Gather, Combine
+    @staticmethod
+    def forward(ctx, y, ex):
+        ctx.ex = ex
+        return ex.backend.reduce_scatter(y, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
+
+    @staticmethod
+    def backward(ctx, dy):
+        ex = ctx.ex
+        return ex.backend.all_gather(dy, ex.group, axis=0)  # [ep·tokens, ...]
 
 
 class GatherDispatch:
@@ -93,7 +94,6 @@ class GatherDispatch:
 
     def __init__(self, group, ep: int, me: int, backend):
         self.group, self.ep, self.me, self.backend = group, ep, me, backend
-        self.gather, self.combine = _autograd_pair()
 
     def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
         import paddle
@@ -102,8 +102,8 @@ class GatherDispatch:
             raise ValueError("expert parallelism runs dropless (config refuses a capacity factor with it)")
         top_k = routing.indices.shape[1]
         counts = paddle.bincount(routing.indices.reshape([-1]), minlength=num_experts).astype("float32")  # [experts]
-        xs = self.gather.apply(x, self)  # [ep·tokens, hidden]
-        weights = self.gather.apply(routing.weights, self)  # [ep·tokens, top_k]
+        xs = Gather.apply(x, self)  # [ep·tokens, hidden]
+        weights = Gather.apply(routing.weights, self)  # [ep·tokens, top_k]
         indices = self.backend.all_gather(routing.indices, self.group, axis=0)  # [ep·tokens, top_k]
         flat = indices.reshape([-1])  # [ep·tokens·top_k]
         local = flat - experts.first  # this rank's expert index of each assignment (outside: not held)
@@ -121,7 +121,7 @@ class GatherDispatch:
             out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [ep·tokens, hidden]
         else:  # no row for this rank's experts: they still take part (zero gradients, the same all-reduces)
             out = out + experts.idle([0] * experts.count).astype(out.dtype)
-        return self.combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
+        return Combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
 
 
 @dataclass

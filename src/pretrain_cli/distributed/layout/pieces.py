@@ -112,7 +112,7 @@ def dist_layout(tensor, rank: int) -> tuple[Box, tuple]:
 
 def placed_box(global_shape, mesh, placements, rank: int) -> tuple[Box, tuple]:
     """`dist_layout` of a tensor of `global_shape` before it exists: the block `rank` holds under `placements` on
-    `mesh` (what `distributed.materialize` creates), and the ranks holding the same block."""
+    `mesh` (what `distributed.layout.materialize` creates), and the ranks holding the same block."""
     ids = np.array(mesh.process_ids).reshape(mesh.shape)
     shard_dims = []
     for p in placements:

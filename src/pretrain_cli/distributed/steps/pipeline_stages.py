@@ -1,4 +1,4 @@
-"""The pipeline cut (the `pp` step of `distributed.steps`): the finished model's own sublayers as fleet
+"""The pipeline cut (the `pp` step of `distributed.steps.order`): the finished model's own sublayers as fleet
 `PipelineLayer` items, and the last stage's loss.
 
 The items: the embedding (or, tied, fleet's `SharedLayerDesc` of its weight on the first and last stage), one
@@ -109,7 +109,7 @@ class StageLoss:
 
 def build_pipeline_layer(lm, parallel: ParallelConfig, backend, sequence=None):
     """fleet's PipelineLayer over `lm`'s own sublayers (the same parameter objects: nothing is copied); `backend`:
-    the run's collectives (`distributed.collectives`: on gloo the stage-pair groups, each with its own store);
+    the run's collectives (`distributed.comms.collectives`: on gloo the stage-pair groups, each with its own store);
     `sequence`: context parallelism's batch side (the loss over the cp group)."""
     from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc

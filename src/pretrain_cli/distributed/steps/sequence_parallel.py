@@ -17,12 +17,12 @@ normalises `seq_len / tp` positions of them; attention and the MLP still see the
   gradients are summed over the tp group once per step (`sum_grads`).
 
 Which TP form runs it: this one (`tensor_parallel`'s PyLayers over the topology's "mp" group), for a pipeline's
-stages and for plain TP (`distributed.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
+stages and for plain TP (`distributed.strategies.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
 plans reshard through reduce-scatter and all-to-all, which its CPU build lacks, so only this form can be verified
 here; its slices and checkpoint pieces are the same as the pipeline's TP (`Pipeline.local_box`).
 
 CPU workaround (docs/DISTRIBUTED.md, "What CPU verifies"): gloo has no `reduce_scatter`; the run's collectives
-backend (`distributed.collectives`) makes it an `all_reduce` and this rank's slice there, and
+backend (`distributed.comms.collectives`) makes it an `all_reduce` and this rank's slice there, and
 `paddle.distributed.reduce_scatter` on NCCL. The result is the same; the CPU path moves tp times the bytes.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ SEQ = 1  # the sequence axis of an activation [bsz, seq_len, hidden]
 @dataclass(frozen=True)
 class SeqShard:
     """This rank's share of the sequence in its tp group: slice `index` of `parts`, exchanged over `group`
-    through the run's collectives `backend` (`distributed.collectives`: reduce-scatter on gloo is an all-reduce
+    through the run's collectives `backend` (`distributed.comms.collectives`: reduce-scatter on gloo is an all-reduce
     and a slice)."""
 
     group: object

@@ -1,7 +1,7 @@
 """Pipeline parallelism on fleet's engine: the finished single-device model cut into stages from outside.
 
-The cut itself is the `pp` layout step (`distributed.pipeline_stages`: the model's own sublayers as fleet
-`PipelineLayer` items); `stage_of` (`distributed.hybrid`) is the same split by HF tensor name, which the checkpoint
+The cut itself is the `pp` layout step (`distributed.steps.pipeline_stages`: the model's own sublayers as fleet
+`PipelineLayer` items); `stage_of` (`distributed.strategies.hybrid`) is the same split by HF tensor name, which the checkpoint
 code uses to know which rank holds what. Every stage reads the same micro-batches; the first feeds them in, the
 last computes the loss (the fused head + loss needs the labels, which only it sees).
 
@@ -17,11 +17,11 @@ DP: gradients all-reduced over "dp" after the schedule; ZeRO-1: fleet's `Dygraph
 stage's "sharding" axis; ZeRO-2 the same, each rank releasing the gradients it does not own after every update.
 TP: each decoder layer cut to this rank's tp slice before the stages are built; each rank writes its slices.
 fleet's groups are the run's `Topology` (stages outermost); the CPU workarounds are the collectives backend's
-(`distributed.collectives`: the shared-weight group's own store; stage-to-stage sends over two-rank groups).
+(`distributed.comms.collectives`: the shared-weight group's own store; stage-to-stage sends over two-rank groups).
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.hybrid import Hybrid, stage_of  # noqa: F401  (stage_of: the split by HF name)
+from pretrain_cli.distributed.strategies.hybrid import Hybrid, stage_of  # noqa: F401  (stage_of: the split by HF name)
 from pretrain_cli.run_config import Loop
 from pretrain_cli.run_layout import ParallelConfig
 

@@ -1,0 +1,109 @@
+"""The parallel keys (`tensor_parallel_degree`, `pipeline_parallel_degree`, `context_parallel_degree`,
+`expert_parallel_degree`, `sharding`, `sharding_parallel_degree`, `sequence_parallel`, ...) of a run's world ->
+its `ParallelConfig` (`resolve_parallel`), with every rule between them: which degrees divide the world and the
+model, what stays refused (`config.refusals`' table), the notes on what a key changes. The pipeline's, context
+parallelism's, expert parallelism's own arithmetic is theirs (`config.pipeline`, `config.context`,
+`config.expert`); `config.resolve` calls this once.
+"""
+from __future__ import annotations
+
+from pretrain_cli.config.context import context_degree, context_fits
+from pretrain_cli.config.expert import expert_degree
+from pretrain_cli.config.one_process import one_process_notes
+from pretrain_cli.config.parser import Arguments
+from pretrain_cli.config.pipeline import resolve_pipeline
+from pretrain_cli.config.refusals import Degrees, refusals
+from pretrain_cli.errors import Problems, UserError
+from pretrain_cli.run_config import Target
+from pretrain_cli.run_layout import ParallelConfig
+
+
+def parse_sharding(text: str) -> tuple[int, bool]:
+    stage, offload = 0, False
+    for tok in text.replace(",", " ").split():
+        if tok in ("stage1", "stage2", "stage3"):
+            if stage:
+                raise UserError(f"sharding: {text!r} names more than one stage; pick one of stage1, stage2, stage3")
+            stage = int(tok[-1])
+        elif tok == "offload":
+            offload = True
+        else:
+            raise UserError(f"sharding: unknown option {tok!r}; use stage1, stage2 or stage3, optionally with offload")
+    if offload and stage not in (2, 3):
+        raise UserError(f"sharding: 'offload' needs stage2 or stage3, got {text!r}")
+    return stage, offload
+
+
+def degree(value: int) -> int:
+    """A parallel degree as the file writes it (-1, 0 and 1 all mean off) -> the ways it splits the run."""
+    return max(value, 1)
+
+
+def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
+    """The parallel keys of `args` on `target`'s world -> the run's `ParallelConfig`: the degrees (tp, pp and
+    virtual pp, cp, ep, the data ranks and the sharding group), the ZeRO stage, sequence parallelism and whether
+    the vocabulary is split; on one process the notes on what its parallel keys do there (`one_process`)."""
+    t, world = args.training, target.world_size
+    stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
+    tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
+    sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
+    if world == 1:
+        one_process_notes(args, model_cfg, {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+                                            "sep_parallel_degree": sep, "context_parallel_degree": cp,
+                                            "expert_parallel_degree": degree(t.expert_parallel_degree)}, stage,
+                          notes, problems)
+        return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
+    cp = context_degree(args, world, problems)
+    sp = bool(t.sequence_parallel) and tp > 1
+    if t.sequence_parallel and tp == 1:
+        notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
+    pp, vpp = resolve_pipeline(args, model_cfg, world, notes, problems)
+    world //= pp  # what follows lays out one pipeline stage's ranks
+    if world % tp:  # (named with the whole world: `pp x tp` must divide it)
+        with_pp = f" x pipeline_parallel_degree {pp} = {tp * pp}" if pp > 1 else ""
+        problems.add(f"tensor_parallel_degree: {tp}{with_pp} does not divide the world size {world * pp}; use a "
+                     f"divisor of it")
+        tp = 1
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if tp > 1 and getattr(model_cfg, name) % tp:
+            problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
+                         f"({getattr(model_cfg, name)}); use a divisor of it")
+    cp = context_fits(cp, tp, pp, world * pp, problems)  # (context_degree checked cp against the whole world)
+    rest = world // (tp * cp)
+    sharding = 1
+    if stage:
+        sharding = rest if t.sharding_parallel_degree in (-1, 0) else t.sharding_parallel_degree
+        if sharding < 1 or rest % sharding:
+            problems.add(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel processes "
+                         f"(world {world} / tp {tp}); use a divisor or -1")
+            sharding = 1
+        elif sharding * cp == 1:
+            notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
+    for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp)):
+        problems.add(line)  # what no engine here runs: config.refusals' table
+    if sp and args.data.max_seq_length % (tp * cp):
+        each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
+        problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length}{each} is not divisible by "
+                     f"tensor_parallel_degree {tp}; use a multiple of {tp * cp}")
+    if offload and target.device == "cpu":
+        notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
+                     "no effect")
+    elif offload:
+        notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
+                     "fleet); ignored, and plan does not count it")
+    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps.order), not semi-auto's
+    vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
+    if tp > 1 and layered:
+        where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
+                 else "with context_parallel_degree")
+        notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
+                     f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
+    elif tp > 1 and not vocab_split:
+        notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
+                     f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
+    ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
+    return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
+                          dp_degree=rest // sharding, sharding_degree=sharding,
+                          sharding_stage=stage if sharding * cp > 1 else 0,
+                          tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp,
+                          sequence_parallel=sp, ep_degree=ep)

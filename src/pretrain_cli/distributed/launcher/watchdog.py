@@ -1,0 +1,137 @@
+"""Naming the rank that died, on every rank of its host, in one line that replaces gloo's abort: this module is
+the rank's side (`start` forks the watcher and sends the rank's output through it, `stop` ends it).
+
+When a rank dies, gloo aborts the others from C++ (`terminate called ... Connection reset by peer`, then
+Paddle's `C++ Traceback ... FatalError: Process abort signal`) with no word on who died. So each rank
+publishes `host:pid` in the launcher's TCP store and forks a watcher (`distributed.launcher.watcher`: plain os
+calls only, no Paddle, its own session) that
+
+- carries the rank's stdout and stderr to its workerlog through a pipe, checking before it passes any output
+  on that every rank of this host is still alive: output written after a peer's death (gloo's abort, its
+  traceback) is dropped, since a process is counted dead from the moment it starts exiting, before its
+  sockets close (`processes`);
+- polls the ranks of this host every 0.05 s and, at a death, writes one line naming the rank that died,
+  its host, pid and how it ended (`killed by SIGKILL`, `exited with code 2`), and stops its own rank;
+- records, for launch.sh, how its own rank ended when that rank is the one that died (`job.record`).
+
+Which rank died first is decided from what the watchers saw, shared in a directory of this host
+(`distributed.launcher.verdict`): a rank
+seen alive while another was already dead is not the cause (`outlived.R`); each death's exit status is
+read from /proc while the launcher has not reaped it yet (it polls once a second) (`status.R`); when all
+that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other, and when
+every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.launcher.progress`) is
+the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
+publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log
+names the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a
+watcher still reading it.
+
+A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `watcher.HANG_POLL` s) is named the same way:
+`rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
+own rank (a stopped process too) and the hung rank's watcher records exit `watcher.HUNG` for launch.sh. A straggler is
+named once in every log of the host. Peers on other hosts are not watched: gloo's abort names nothing there
+(docs/RELIABILITY.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from pretrain_cli.distributed.launcher import progress
+from pretrain_cli.distributed.launcher.watcher import Watcher
+from pretrain_cli.run_layout import ParallelConfig
+
+_KEY = "pretrain_cli"
+_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir) while one runs
+
+
+def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
+    """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none);
+    `hang_timeout`: the run's key (`distributed.launcher.progress.allowance`)."""
+    if parallel.world_size <= 1:
+        return
+    import socket
+    import tempfile
+    import uuid
+
+    from paddle.base import core
+
+    from pretrain_cli.distributed.launcher import job
+
+    store = core.create_or_get_global_tcp_store()
+    host, me = socket.gethostname(), parallel.rank
+    store.set(f"{_KEY}/peer/{me}", f"{host}:{os.getpid()}".encode())
+    if me == 0:
+        store.set(f"{_KEY}/job", uuid.uuid4().hex.encode())
+    ranks = {me: os.getpid()}
+    for r in range(parallel.world_size):
+        if r != me:
+            h, pid = bytes(store.get(f"{_KEY}/peer/{r}")).decode().rsplit(":", 1)
+            if h == host:
+                ranks[r] = int(pid)
+    if len(ranks) == 1:
+        return
+    shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}"
+    shared.mkdir(exist_ok=True)
+    progress.open_record(shared / f"progress.{me}")
+    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout))
+
+
+def _spawn(watcher: Watcher) -> None:
+    """Fork `watcher` and send this process's stdout and stderr through it."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    log = os.dup(2)  # the workerlog the launcher opened
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()  # its own session: a launcher tearing down the job's process group must not kill it first
+            os.close(write_end)
+            os.dup2(read_end, 3)
+            os.dup2(log, 4)
+            os.closerange(5, 4096)  # no socket of the rank's stays open here
+            watcher.announce(True)
+            watcher.run(3, 4)
+        finally:
+            watcher.announce(False)
+            os._exit(0)
+    os.close(read_end)
+    os.close(log)
+    global _WATCHER
+    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared)
+    os.dup2(write_end, 1)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+
+def stop() -> None:
+    """Stop this rank's watcher (its output passed on first); every rank calls it after its last collective,
+    before any rank may exit."""
+    global _WATCHER
+    if _WATCHER is None:
+        return
+    import sys
+
+    child, out, err, shared = _WATCHER
+    _WATCHER = None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    progress.close_record()
+    with contextlib.suppress(OSError):
+        os.kill(child, signal.SIGTERM)  # it passes on what is left in the pipe and exits (`_finish`)
+        deadline = time.monotonic() + 5.0
+        while os.waitpid(child, os.WNOHANG)[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+                break
+            time.sleep(0.01)

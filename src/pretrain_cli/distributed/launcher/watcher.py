@@ -1,0 +1,178 @@
+"""A rank's watcher: the forked process (plain os calls only, no Paddle, its own session) that carries the rank's
+output to its workerlog, watches the ranks of its host, and at a death or a hang says the host's one verdict
+(`distributed.launcher.verdict`) in this rank's log and stops its rank. Started by `distributed.launcher.watchdog`.
+
+The loop (`Watcher.run`): output is passed on only while every rank of the host is alive (what a survivor writes
+after a peer's death is gloo's abort: dropped); every `POLL` s the ranks are checked, every `HANG_POLL` s the
+progress records (a hung rank, stragglers: `distributed.launcher.progress`). At a death it kills its own rank
+first, shares what it sees for `SETTLE` s or until a verdict stands, then writes one line and, when its own rank
+is the cause, records that rank's end for launch.sh (`job.record`: the signal or code, `HUNG` for a hang).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from pretrain_cli import processes
+from pretrain_cli.distributed.launcher import progress
+from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
+
+POLL = 0.05
+SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
+HANG_POLL = 0.5  # how often the progress records are read
+HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
+
+
+class Watcher:
+    """The watcher of rank `me` (`ranks`: this host's ranks -> pids; `shared`: the host's watch directory;
+    `verdicts`: launch.sh's directory or None; `grace`: how long its rank gets to die; `hang_timeout`: the run's
+    key)."""
+
+    def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float,
+                 hang_timeout: float | None = None):
+        self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
+        self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
+        self.evidence = Evidence(me, ranks, shared)
+        self.stopping = False
+        self.named: set = set()  # stragglers named in this rank's log already
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, pipe: int, log: int) -> None:
+        import select
+
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        open_pipe, next_check = True, time.monotonic() + HANG_POLL
+        while True:
+            if self.stopping:  # the rank is done: pass on its last output and leave
+                self._drain(pipe, log if open_pipe else None)
+                return self._finish()
+            chunk = b""
+            if open_pipe and select.select([pipe], [], [], POLL)[0]:
+                chunk = os.read(pipe, 1 << 16)
+                open_pipe = bool(chunk)
+            elif not open_pipe:
+                time.sleep(POLL)
+            gone = self.evidence.gone()
+            if not gone:
+                if chunk:
+                    os.write(log, chunk)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + HANG_POLL
+                    cause = self.evidence.decided() or self._check_progress(log)
+                    if cause is not None:
+                        return self._end(cause, [], pipe if open_pipe else None, log)
+                continue
+            self._handle(gone, chunk, pipe if open_pipe else None, log)
+            return
+
+    def _handle(self, gone: set, chunk: bytes, pipe: int | None, log: int) -> None:
+        """A rank of this host died: stop this rank if it still runs, settle who died first, say it once."""
+        self.evidence.mark(gone)
+        last_words = [chunk]
+        if self.me not in gone:  # a survivor: what it writes from now on is the abort, not news
+            last_words = []
+            self._stop_parent()
+        self.evidence.observe(gone)
+        deadline = time.monotonic() + SETTLE
+        while time.monotonic() < deadline and self.evidence.decided() is None:
+            if pipe is not None:
+                more = self._read_available(pipe)
+                if self.me in gone:
+                    last_words.append(more)
+            self.evidence.observe(self.evidence.gone())
+            time.sleep(POLL)
+        self._end(self.evidence.decided() or self.evidence.publish(self.evidence.death_cause()), last_words, pipe, log)
+
+    def _end(self, cause: dict, last_words: list, pipe: int | None, log: int) -> None:
+        """Say `cause` (the host's one verdict) in this rank's log, stopping this rank first; record it for
+        launch.sh when this rank is the cause; leave once the others are done with the shared records."""
+        self._stop_parent()  # (a hung rank too: SIGKILL reaches a stopped process)
+        culprits = cause["ranks"]
+        if self.me in culprits:  # its own output up to its death is the story (its error line, its traceback)
+            os.write(log, b"".join(last_words))
+            if pipe is not None:
+                os.write(log, self._read_available(pipe))
+        os.write(log, self._line(cause).encode())
+        if self.me in culprits and self.verdicts is not None:
+            from pretrain_cli.distributed.launcher import job
+
+            code = HUNG if cause["kind"] == "hung" else processes.exit_code(cause["statuses"][culprits.index(self.me)])
+            job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),
+                       directory=self.verdicts, overwrite=False)
+        self._finish()
+
+    def _check_progress(self, log: int) -> dict | None:
+        """A hung rank of this host as the host's verdict (published), or None; names new stragglers."""
+        records = progress.read(self.shared, self.ranks)
+        stopped = {r for r in records if processes.stopped(self.ranks[r])}
+        found = progress.hung(records, time.time(), self.hang_timeout, stopped)
+        if found is not None:
+            return self.evidence.publish(hung_cause(found[0], records[found[0]], found[1]))
+        for r, ratio in progress.stragglers(records):
+            if r not in self.named:
+                self.named.add(r)
+                who = "" if r == self.me else f"rank {self.me}: "
+                os.write(log, (f"[pretrain-cli] {who}rank {r} (pid {self.ranks[r]} on {self.host}) is a straggler: "
+                               f"its own work per step (data and forward, the median of the last {progress.WINDOW} "
+                               f"steps) takes {ratio:.1f}x the other ranks'; training goes on\n").encode())
+        return None
+
+    def announce(self, running: bool) -> None:
+        """launch.sh waits for the watchers before reading the verdicts: `watcher-R.pid` while this one runs."""
+        if self.verdicts is None:
+            return
+        path = self.verdicts / f"watcher-{self.me}.pid"
+        with contextlib.suppress(OSError):
+            path.write_text(str(os.getpid())) if running else path.unlink(missing_ok=True)
+
+    def _finish(self) -> None:
+        """This watcher is done with the shared records; the last of the host's removes them."""
+        import shutil
+
+        self.evidence.share(f"done.{self.me}", "")
+        if all((self.shared / f"done.{r}").exists() for r in self.ranks):
+            shutil.rmtree(self.shared, ignore_errors=True)
+
+    # ------------------------------------------------------------------ acting
+    def _stop_parent(self) -> None:
+        deadline = time.monotonic() + self.grace
+        while processes.alive(self.parent) and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                os.kill(self.parent, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def _line(self, cause: dict, own: bool = False) -> str:
+        causes, statuses = cause["ranks"], cause["statuses"]
+        if cause["kind"] == "hung":
+            r = causes[0]
+            named = (f"rank {r} (pid {self.ranks[r]} on {self.host}) made no progress for {cause['seconds']:.0f} s "
+                     f"while in {cause['phase']} at step {cause['step']}")
+        else:
+            named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
+                              for r, st in zip(causes, statuses))
+        usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
+        if self.me in causes or own:
+            todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
+                    "MAX_RESTART) to resume from the newest complete checkpoint-N")
+            return f"\n[pretrain-cli] {named}; the other ranks stop too. {todo}.\n"
+        todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
+        return f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
+
+    @staticmethod
+    def _read_available(pipe: int) -> bytes:
+        import select
+
+        out = []
+        while select.select([pipe], [], [], 0)[0]:
+            chunk = os.read(pipe, 1 << 16)
+            if not chunk:
+                break
+            out.append(chunk)
+        return b"".join(out)
+
+    def _drain(self, pipe: int, log: int | None) -> None:
+        if log is not None:
+            os.write(log, self._read_available(pipe))

@@ -1,0 +1,154 @@
+"""What one micro-batch's activations and loss keep on a device (the step-memory terms of `planning.memory`),
+from the architecture and run shape alone, no Paddle. The terms count the tensors *our* model code keeps for
+backward (models/layers.py, kernels.py, loss.py), not a textbook formula, because the CPU calibration
+(docs/PLAN.md) checks them against the allocator of a real step: per token and layer by the part a recompute
+granularity drops (`activation_parts`), the logits and loss (`logits_live_bytes`; the fused head + loss:
+`fused_loss_bytes`), document masking's fields (`document_mask_bytes`). `s` is a `planning.memory.Setup`.
+"""
+from __future__ import annotations
+
+from pretrain_cli.models.families import family
+from pretrain_cli.ops.linear_loss import chunk_rows
+from pretrain_cli.planning.context import context_core_per_token
+from pretrain_cli.planning.experts import mlp_per_token
+
+
+def norm_bytes(s, width: int) -> float:
+    """RMSNorm keeps its input, the fp32 normalised copy and its output (fp32 stats either way)."""
+    c, h = s.compute_bytes, width
+    if s.fused_rms_norm:
+        return 2 * c * h + 4  # input, output, rstd per token
+    half = c != 4  # fp32 casts are aliases; half runs keep x32 and the cast-back copy
+    return c * h + 4 * h + c * h + (4 * h + c * h if half else 0)
+
+
+def attention_widths(cfg) -> tuple[int, int]:
+    """(query width, key/value width) per token in elements: heads × head_dim; under MLA (`models.mla`) every head
+    expands its own key and value from the latent, padded to one head width (max(qk_head_dim, v_head_dim)) for the
+    attention kernels, so K and V are as wide as Q: MLA's small latent is a KV-*cache* saving (generation),
+    not a training-activation one."""
+    if cfg.mla:
+        width = cfg.num_attention_heads * max(cfg.qk_head_dim, cfg.v_head_dim)
+        return width, width
+    return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+
+
+def _parts_per_token(s) -> dict[str, float]:
+    """Bytes kept per token per layer, by the part of the layer that a recompute granularity drops.
+
+    Tensor-parallel ranks hold 1/tp of the projections' outputs; norms and residuals stay whole, or with
+    sequence parallelism 1/tp of them too (this rank's positions), except the norm's output the projections
+    keep: all-gathered to the whole sequence (`sequence_parallel.functions`' enter).
+    """
+    cfg, c, tp = s.model, s.compute_bytes, s.tp
+    h, kv = attention_widths(cfg)
+    kv_rep = h if cfg.num_key_value_heads != cfg.num_attention_heads else kv  # GQA repeats K/V
+    half = c != 4
+    seq_tp = tp if s.sp else 1  # the ranks the norm and residual positions are split over
+    whole = norm_bytes(s, cfg.hidden_size)
+    norm = (whole - c * cfg.hidden_size) / seq_tp + c * cfg.hidden_size  # its output whole (gathered under SP)
+    qkv = c * (h + 2 * kv) / tp
+    if cfg.mla:  # + the latents MLA keeps for backward: q's (and its norm), the kv latent + shared RoPE key (+ norm)
+        q_latent = cfg.q_lora_rank or 0
+        qkv += (c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + norm_bytes(s, cfg.kv_lora_rank)
+                + (c * q_latent + norm_bytes(s, q_latent) if q_latent else 0))
+    if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
+        qkv += (norm_bytes(s, h) - c * h + norm_bytes(s, kv) - c * kv) / tp
+    rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
+    if s.cp > 1:  # distributed.steps.context replaces the attention kernel: `context_core_per_token`
+        core, scores = context_core_per_token(s), 0.0
+    elif s.attention == "flash" and s.device == "gpu":
+        core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
+        scores = 0.0
+    elif s.attention == "flash":
+        # the CPU block-causal kernel: head-major q, k, v, and its fp32 probabilities [b, heads, s, s] for
+        # backward (it skips the masked half in its GEMMs, which saves time, not this memory)
+        core = c * (h + 2 * kv) / tp
+        scores = 4 * cfg.num_attention_heads * s.seq_len / tp
+    else:
+        core = c * (2 * h + 2 * kv_rep) / tp  # qᵀ, q·scale, repeated kᵀ and vᵀ
+        # [b, heads, s, s]: fp32 softmax output kept for backward, plus the probs cast to half.
+        scores = (4 + (c if half else 0)) * cfg.num_attention_heads * s.seq_len / tp
+    return {
+        "input": c * cfg.hidden_size / seq_tp,  # the layer input, also the only thing `full` recompute keeps
+        "attn_pre": norm - c * cfg.hidden_size / seq_tp + qkv + rope,
+        "core": core + scores,
+        "core_inputs": c * (h + kv) / tp,  # q, k after RoPE: kept instead of `core` under core_attn
+        "attn_out": c * h / tp,
+        "mlp": norm + mlp_per_token(s),
+    }
+
+
+def activation_parts(s) -> tuple[float, float]:
+    """(kept through the forward, working set recomputed per layer in backward) for one micro-batch."""
+    p = _parts_per_token(s)
+    tokens, L = s.micro_batch * s.seq_len, s.model.num_hidden_layers
+    full_layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
+    if s.recompute is None:
+        kept, redo = full_layer, 0.0
+    elif s.recompute == "full":
+        kept, redo = p["input"], full_layer
+    elif s.recompute == "full_attn":
+        kept, redo = p["input"] + p["mlp"], p["attn_pre"] + p["core"] + p["attn_out"]
+    elif s.recompute == "core_attn":
+        kept = full_layer - p["core"] + p["core_inputs"]
+        redo = p["core"]
+    else:
+        raise ValueError(f"unknown recompute granularity {s.recompute!r}")
+    final_norm = norm_bytes(s, s.model.hidden_size) / (s.tp if s.sp else 1)  # gathered after it for the loss
+    return tokens * (L * kept + final_norm), tokens * redo
+
+
+def activation_bytes(s) -> float:
+    kept, redo = activation_parts(s)
+    return kept + redo
+
+
+def logits_bytes(s) -> float:
+    """[b, s, V] logits in the compute dtype, the fp32 copy for the loss, the fp32 softmax/grad
+    cross-entropy keeps, and (half runs) the gradient cast back; vocab-parallel under TP when it is split."""
+    c = s.compute_bytes
+    per = c + 4 + (4 + c if c != 4 else 0)
+    return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.vocab_tp
+
+
+def fused_loss_bytes(s) -> float:
+    """The fused LM head + loss (ops.linear_loss): no `[b, s, V]` logits. Kept from forward to backward: dh
+    `[b·s, hidden]` and the head's fp32 dW; at the end of the forward also one chunk's dW product and a
+    copy Paddle makes (a third dW-sized buffer, measured), and one chunk of fp32 logits `[rows, V]` (+ its
+    half-precision original). Calibrated on CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
+    c, cfg = s.compute_bytes, s.model
+    rows = min(chunk_rows(cfg.vocab_size, s.device), s.micro_batch * s.seq_len)
+    chunk = rows * cfg.vocab_size * (4 + (c if c != 4 else 0))
+    return 3 * 4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * c + chunk
+
+
+def logits_live_bytes(s) -> float:
+    """Logits/loss memory at the step's peak. Without recompute the peak is the end of the forward
+    (all logits buffers live). With recompute, the first layer's re-forward runs after the logits are
+    freed but while their gradient (fp32, plus the half cast) still is, so the working set reuses the
+    rest; calibrated on CPU (docs/PLAN.md). The fused head + loss: `fused_loss_bytes`."""
+    if s.fused_loss:
+        return fused_loss_bytes(s)
+    c = s.compute_bytes
+    grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.vocab_tp
+    _, redo = activation_parts(s)
+    return max(logits_bytes(s) - redo, grad)
+
+
+def document_mask_bytes(s) -> float:
+    """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
+    per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32
+    `[b, 1, s, s]` additive mask every layer shares; under flashmask int32 column bounds. The CPU kernel keeps
+    the same fp32 probabilities as the causal one (it skips cross-document blocks: time, not memory)."""
+    if not s.document_mask:
+        return 0.0
+    tokens = s.micro_batch * s.seq_len
+    out = tokens * 8 * (2 if s.reset_positions else 1)
+    if s.reset_positions and not s.fused_rope:
+        out += tokens * 2 * 4 * s.model.head_dim
+    if s.attention == "math":
+        out += 4 * s.micro_batch * s.seq_len * s.seq_len
+    elif s.device == "gpu":
+        out += 4 * tokens
+    return float(out)
