@@ -211,12 +211,13 @@ def _saved(ckpt: CheckpointDir) -> tuple[Schedule | None, int | None]:
     return saved, step
 
 
-def resume_schedule(run: RunConfig, resume: CheckpointDir, choice: str) -> RunConfig:
+def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
     """The schedule a resumed run continues on, with a note naming the old and the new one when they differ.
 
     PaddleNLP rebuilds its scheduler from the new arguments and only restores the step, so raising max_steps
     silently re-stretches the decay (a cosine run at its minimum rate at step 100 climbs back up when continued
     to 150). `lr_schedule_on_resume` chooses: stretch (that), keep (the saved schedule goes on), restart."""
+    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved, step = _saved(resume)
     new = run.schedule
     if saved is None or step is None or saved == new or step >= run.loop.max_steps:

@@ -22,11 +22,12 @@ def _saved_batches(ckpt: CheckpointDir) -> dict | None:
         return None
 
 
-def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume: CheckpointDir) -> RunConfig:
+def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
     """A resumed run on another number of data ranks keeps the checkpoint's global batch (and its eval
     windows): gradient accumulation (eval_iters) takes up the difference where it divides, with a note;
     where it does not, one line names the keys to set. A run that changed the batch keys itself gets
     what it asked for, with a note."""
+    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     lp, ranks = run.loop, run.parallel.data_world_size
     if saved is None or saved["ranks"] == ranks:
