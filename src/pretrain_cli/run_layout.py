@@ -39,7 +39,7 @@ class EngineTraits:
     whole_gradients: bool = True  # whole parameters and gradients on every rank, Paddle's optimizer over them
     dp_buffers: bool = False  # paddle.DataParallel's fused all-reduce buffers: one more gradient-sized copy
     placed_pieces: bool = False  # parameters or optimizer state are placed pieces / freed stages: a rollback rebuilds
-    distributed_tensors: bool = False  # semi-auto DistTensors: weights read as blocks, ZeRO-3 gathers, CPU logits
+    distributed_tensors: bool = False  # semi-auto DistTensors: ZeRO-3 gathers, CPU logits
     eager: str = ""  # why the forward stays eager (to_static off), or "" when it can be captured
 
 

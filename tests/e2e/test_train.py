@@ -244,7 +244,7 @@ def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path, 
 
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import loss_sum, read_tokens, window_batches
 
     cfg = write_config(tmp_path, corpus, max_steps=6, model_name_or_path=model)

@@ -48,7 +48,7 @@ def test_micro_moe_trains_logs_expert_load_and_loads_in_transformers(corpus, tmp
     flat = np.asarray(tokens.tokens(0, 4 * 32 + 1), dtype=np.int64)
     windows = np.stack([flat[k * 32:k * 32 + 33] for k in range(4)])
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import loss_sum
 
     mine, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)

@@ -130,3 +130,27 @@ def test_rollback_skips_the_window_and_a_resume_after_it_matches(poisoned, tmp_p
     la, lb = _losses(a), _losses(b)
     assert [lb[s] for s in range(17, 23)] == [la[s] for s in range(17, 23)]
     assert _state(b)["consumed_samples"] == 23 * 4
+
+
+def test_a_rollback_to_a_damaged_checkpoint_stops_with_one_line(poisoned, tmp_path, monkeypatch, capsys):
+    """A rollback reads its checkpoint as a resume does and checks the checksums of every file it read: a byte
+    flipped in checkpoint-15's weights after it was saved stops the run with one line naming the file (exit 2),
+    instead of training on from altered weights."""
+    from pretrain_cli.training import trainer
+
+    real = trainer.Trainer.newest_checkpoint
+
+    def damaged(self):
+        path = real(self)
+        weights = path / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-5] ^= 0x01  # a weight's low mantissa bit: the header still parses, the checksum no longer matches
+        weights.write_bytes(bytes(data))
+        return path
+
+    monkeypatch.setattr(trainer.Trainer, "newest_checkpoint", damaged)
+    assert cli_main(["train", _config(poisoned, tmp_path, spike_policy="rollback", max_steps=18)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "spike rollback" in err[0] and "checkpoint-15/model.safetensors does not match its checksum" in err[0]
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # no final export from the altered weights

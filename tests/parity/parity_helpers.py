@@ -6,10 +6,11 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli.models import build_model, convert  # noqa: E402
+from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX, mean_loss  # noqa: E402
+from pretrain_cli.training.weight_source import load_weights  # noqa: E402
 
 # the two fused head + loss paths: the CPU kernel (with the fused CPU kernels) and the chunked Paddle-op path
 # (cpu_fused_ops: false on CPU; the GPU's path)
@@ -20,7 +21,7 @@ def load(path, selected):
     """(model, cfg) from an HF directory with the given `kernels.select` result."""
     cfg = ModelConfig.from_file(str(path))
     model = build_model(cfg, selected)
-    convert.load_weights(model, str(path))
+    load_weights(model, path)
     return model, cfg
 
 

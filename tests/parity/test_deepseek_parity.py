@@ -21,6 +21,7 @@ from parity_helpers import HEADS, load, production_loss  # noqa: E402
 from test_hf_moe_parity import _hf_per_expert_grads  # noqa: E402
 
 from pretrain_cli.models import build_model, convert  # noqa: E402
+from pretrain_cli.training.weight_source import load_weights  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 from pretrain_cli.models.flops import param_counts  # noqa: E402
@@ -89,7 +90,7 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
     for head, request in heads.items():
         cfg = ModelConfig.from_file(str(tmp_path))
         ours = build_model(cfg, kernels.select(request, "cpu"), MoeConfig(aux_loss_coef=0.0))  # HF: no aux loss
-        convert.load_weights(ours, str(tmp_path))
+        load_weights(ours, tmp_path)
         assert cfg.mla and cfg.q_lora_rank == kw["q_lora_rank"]
         # transformers' DeepseekV3Config defaults to one MTP module, which its model neither builds nor saves:
         # ours builds it (from init) and uses it only in training, so the main model is compared in eval mode

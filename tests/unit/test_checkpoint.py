@@ -314,10 +314,11 @@ def test_a_checkpoint_from_before_the_index_is_complete_unless_truncated(tmp_pat
 
 
 def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
-    """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors."""
+    """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors (the
+    reader `eval` and `generate` read a checkpoint of pieces with)."""
     paddle = runtime.import_paddle()
     from pretrain_cli.storage import checkpoint_index, shard_files
-    from pretrain_cli.models.convert import read_safetensors
+    from pretrain_cli.training.weight_source import open_reader
 
     whole = paddle.randn([6, 4]).astype("bfloat16")
     bits = whole.numpy()  # uint16
@@ -331,8 +332,8 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
                                  checkpoint_index.file_metadata(pieces))
         records.append({"files": {fname: info}, "pieces": pieces})
     checkpoint_index.write_index(tmp_path, checkpoint_index.build(records, 2, "test"))
-    got = read_safetensors(str(tmp_path))["w"]
-    assert got.dtype == paddle.bfloat16 and np.array_equal(got.numpy(), bits)
+    reader, _ = open_reader(tmp_path, "weights")
+    assert reader.index["tensors"]["w"]["dtype"] == "BF16" and np.array_equal(reader.read("w"), bits)
     from safetensors.paddle import load_file
 
     assert load_file(str(tmp_path / "model-00002-of-00002.safetensors"))["w"].shape == [6, 1]  # plain safetensors

@@ -2,7 +2,7 @@
 
 The test makes a micro FP8 checkpoint from a bf16 original (torch's float8_e4m3fn, DeepSeek's per-block
 `weight_scale_inv`, blocks smaller than the micro weights so several blocks and ragged edges are crossed),
-then loads it whole (`convert.load_weights`: eval, generate) and block by block (`WeightSource`: `train`'s
+then loads it whole (`weight_source.load_weights`: eval, generate, a rollback) and block by block (`WeightSource`: `train`'s
 `continue_training`, one rank's slice): both give exactly torch's dequantization, and the bf16 original within
 FP8's rounding (3 mantissa bits: half a step is 1/16 of the value).
 """
@@ -21,7 +21,7 @@ from pretrain_cli.distributed.layout.pieces import Box  # noqa: E402
 from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.storage import fp8  # noqa: E402
-from pretrain_cli.training.weight_source import WeightSource  # noqa: E402
+from pretrain_cli.training.weight_source import WeightSource, load_weights  # noqa: E402
 
 MICRO = ModelConfig(model_type="deepseek_v3", vocab_size=97, hidden_size=40, intermediate_size=72,
                     num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64, q_lora_rank=24,
@@ -68,7 +68,7 @@ def test_fp8_checkpoint_loads_to_its_bf16_original(tmp_path):
     cfg = ModelConfig.from_file(str(src))
     assert "quantization_config" not in cfg.to_hf_dict()  # what we export is never FP8
     model = build_model(cfg)
-    convert.load_weights(model, str(src))
+    load_weights(model, src)
     params = {n: (p, t) for n, p, t in convert.hf_params(model)}
     for name, original in originals.items():
         p, transpose = params[name]

@@ -421,7 +421,7 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
     `_get_name_mappings` transposes every Linear, the router and the experts included)."""
     from safetensors.numpy import save_file
 
-    from pretrain_cli.models import convert
+    from pretrain_cli.training.weight_source import load_weights
 
     cfg = _cfg("micro-qwen2-moe", tie_word_embeddings=False)
     paddle.seed(3)
@@ -431,6 +431,6 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
     paddle.seed(4)
     ours = build_model(cfg, kernels.select(None, "cpu"))
-    assert convert.load_weights(ours, str(tmp_path)) == "paddlenlp"
+    assert load_weights(ours, tmp_path) == "paddlenlp"
     for (name, a), (_, b) in zip(src.named_parameters(), ours.named_parameters()):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)

@@ -100,7 +100,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import inference_kernels, inference_target, prepare
     from pretrain_cli.orchestration.recorded import differences
-    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
@@ -182,7 +182,7 @@ def main(ns: argparse.Namespace) -> int:
                         f"the data was tokenized for another model")
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.orchestration.recorded import differences
-    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.weight_source import load_for_inference
 
     mask = ns.attention_mask_type or "causal"
     for note in differences(model_dir, ns.max_seq_length, mask, None if ns.reset_position_ids is None

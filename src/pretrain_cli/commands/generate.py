@@ -57,7 +57,7 @@ def main(ns: argparse.Namespace) -> int:
     ids = tok.encode(ns.prompt)
     if not ids:
         raise UserError("--prompt: encodes to no tokens; give some text")
-    from pretrain_cli.models.convert import load_for_inference
+    from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.models.generation import generate
 
     cfg = ModelConfig.from_file(str(model_dir))

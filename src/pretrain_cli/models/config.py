@@ -168,7 +168,7 @@ class ModelConfig:
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
-        # (`convert.dequantize_fp8`), so what this config describes is never FP8
+        # (`training.weight_source`, block by block), so what this config describes is never FP8
         derived_keys = ("dtype", "architectures", "qk_head_dim", "quantization_config")
         extra = {k: v for k, v in d.items() if k not in names and k not in derived_keys}
         if d.get("rope_theta") is None:

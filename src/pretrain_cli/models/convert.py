@@ -5,6 +5,9 @@ weight (Paddle `[in, out]`, HF `[out, in]`) plus dropping/ignoring `lm_head.weig
 PaddleNLP checkpoints use `llama.`/`qwen2.` instead of `model.` and keep Paddle's `[in, out]`; its Qwen3
 keeps `model.` and Paddle's layout, recognised by the Linear weights' shapes (`detect_layout`).
 Never a RoPE permutation: both sides use the rotate-half layout.
+
+`name_map` is the one map from a source's stored tensors to a model's parameters, and the one place their
+names, shapes and dtypes are checked; `training.weight_source` reads every source through it.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import glob
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +23,7 @@ from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import FAMILIES
+from pretrain_cli.storage import fp8
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,44 +64,99 @@ def is_mtp_shared_copy(name: str, cfg: ModelConfig) -> bool:
     return is_mtp(name, cfg) and name.endswith(SHARED)
 
 
-def load_hf_state_dict(model, tensors: dict, source: str = "checkpoint") -> None:
-    """Copy HF-named, HF-layout tensors (numpy or Paddle) into `model`, checking names and shapes. Multi-token
-    prediction modules absent from the files (transformers drops them when it saves) keep their initial values."""
-    import paddle
+# ---------------------------------------------------------------- the name map
+FLOAT_CODES = ("F32", "BF16", "F16", "F64", "F8_E4M3")  # safetensors dtypes a weight may be stored in
 
-    cfg = model.config
-    expected = {name: (p, transpose) for name, p, transpose in hf_params(model)}
-    tied = model.lm_head is None
-    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)
-               and not (tied and k == "lm_head.weight") and not is_mtp_shared_copy(k, cfg)}
-    if not any(is_mtp(k, cfg) for k in tensors):
-        expected = {k: v for k, v in expected.items() if not is_mtp(k, cfg)}
-    missing = sorted(n for n in set(expected) - set(tensors) if not n.endswith(ROUTER_BIAS))  # absent: stays 0
-    unexpected = sorted(n for n in set(tensors) - set(expected) if not n.endswith(ROUTER_BIAS))  # balancing off
+
+@dataclass(frozen=True)
+class NameMap:
+    """Where each parameter of a model lies in a source's tensors (`name_map`): `names` {ours: (stored name,
+    stored transposed)}; `zeros`, the MoE router biases the source has not (they start at 0); `layout`, "hf" or
+    "paddlenlp". A parameter in neither (a multi-token prediction module transformers did not save) is not in
+    the source."""
+
+    names: dict
+    zeros: frozenset
+    layout: str
+
+
+def as_hf(name: str) -> str:
+    """A stored tensor's HF name: PaddleNLP's family prefix (`llama.`, `qwen2.`) becomes `model.`; any other
+    name (HF's, ours, PaddleNLP's Qwen3, which keeps `model.`) is its own."""
+    for prefix in PADDLENLP_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix):]
+    return name
+
+
+def name_map(stored: dict, model, where, what: str = "checkpoint", is_zero=None, absent_mtp: bool = False) -> NameMap:
+    """The one map from a source's tensors to `model`'s parameters, checked before any tensor is read: every
+    parameter present, floating point and of the shape config.json implies, no tensor the model has not.
+
+    `stored` {name: {"shape", "dtype" (safetensors code)}} (the weights of a checkpoint index, or of whole files);
+    `where` the file or directory errors name; `is_zero(name)`, whether a stored tensor is all zeros (PaddleNLP's
+    Qwen3 may save all-zero q/k/v biases the model has not: exactly no bias); `absent_mtp`, whether multi-token
+    prediction modules may be absent (a pretrained directory: transformers drops them when it saves)."""
+    cfg, tied = model.config, model.lm_head is None
+    layout = detect_layout({n: tuple(t["shape"]) for n, t in stored.items()}, model)
+    by_hf = {as_hf(n) if layout == "paddlenlp" else n: n for n in stored}
+    keep_mtp = not absent_mtp or any(is_mtp(h, cfg) for h in by_hf)
+    linear = linear_weight_names(model)
+    params = {n: p for n, p in model.named_parameters() if keep_mtp or not is_mtp(n, cfg)}
+    names, zeros = {}, set()
+    for ours in params:
+        if ours in by_hf:
+            names[ours] = (by_hf[ours], ours in linear and layout == "hf")
+        elif ours.endswith(ROUTER_BIAS):  # balancing off in the source's run: it starts at 0
+            zeros.add(ours)
+    missing = sorted(set(params) - set(names) - zeros)
     if missing:
-        raise UserError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); "
-                        f"the checkpoint does not match config.json")
-    if unexpected:
-        raise UserError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in "
-                        f"total); the checkpoint does not match config.json")
-    for hf_name, (p, transpose) in expected.items():
-        if hf_name not in tensors:  # a router bias the source has not
-            continue
-        want = list(reversed(p.shape)) if transpose else list(p.shape)
-        t = tensors[hf_name]
-        kind = str(t.dtype).split(".")[-1]
-        if not any(f in kind for f in ("float", "bfloat")):
-            raise UserError(f"{source}: tensor {hf_name!r} has dtype {kind}, weights must be floating point; "
-                            f"the file is not a model checkpoint (or is damaged)")
-        found = list(t.shape)
+        raise UserError(f"{where}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); the {what} "
+                        f"does not match config.json")
+    known = {name for name, _ in names.values()}
+    known |= {n for n in stored if n.endswith(fp8.SCALE_SUFFIX) and n[:-len(fp8.SCALE_SUFFIX)] in known}
+    extra = sorted(n for n in stored if n not in known and not _ignored(as_hf(n), cfg, tied)
+                   and not (as_hf(n).endswith(_QKV_BIASES) and is_zero is not None and is_zero(n)))
+    if extra:
+        raise UserError(f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected in total); the {what} "
+                        f"does not match config.json")
+    for ours, (name, transpose) in names.items():
+        code, found = stored[name]["dtype"], list(stored[name]["shape"])
+        want = list(reversed(params[ours].shape)) if transpose else list(params[ours].shape)
+        if code not in FLOAT_CODES:
+            raise UserError(f"{where}: tensor {name!r} has dtype {code}, weights must be floating point; the "
+                            f"{what} is not a model's weights (or is damaged)")
         if found != want:
-            raise UserError(f"{source}: tensor {hf_name!r} has shape {found} but config.json implies {want}; "
-                            f"use the config.json that belongs to these weights")
-        if not isinstance(t, paddle.Tensor):
-            t = paddle.to_tensor(np.ascontiguousarray(t))
-        if transpose:
-            t = paddle.transpose(t, [1, 0])  # [in, out]
-        p.set_value(t.astype(p.dtype))
+            raise UserError(f"{where}: tensor {name!r} has shape {found} but config.json implies {want}; use the "
+                            f"config.json that belongs to these weights")
+    return NameMap(names, frozenset(zeros), layout)
+
+
+def _ignored(hf: str, cfg: ModelConfig, tied: bool) -> bool:
+    """A stored tensor (by its HF name) the model has no parameter for and need not read: old HF Llama's RoPE
+    buffer, a router bias (balancing off here), the copies of the embedding and head under each MTP module, the
+    tied head's copy."""
+    return (hf.endswith(_IGNORED_SUFFIXES + (ROUTER_BIAS,)) or is_mtp_shared_copy(hf, cfg)
+            or (tied and hf == "lm_head.weight"))
+
+
+def detect_layout(shapes: dict, model=None) -> str:
+    """"paddlenlp" if any name carries PaddleNLP's family prefix, or (`model` given) if every non-square Linear
+    weight in `shapes` ({stored name: shape}) has Paddle's `[in, out]` shape: PaddleNLP's Qwen3 keeps HF's
+    `model.` names, so only the shapes tell it apart. Else "hf" (a file whose shapes fit neither fails in
+    `name_map`, naming the tensor)."""
+    if any(k.startswith(PADDLENLP_PREFIXES) for k in shapes):
+        return "paddlenlp"
+    if model is None:
+        return "hf"
+    params = dict(model.named_parameters())
+    votes = set()
+    for name in linear_weight_names(model):
+        ours, theirs = tuple(params[name].shape), tuple(shapes[name]) if name in shapes else None
+        if theirs is None or len(ours) != 2 or ours[0] == ours[1]:
+            continue  # absent, or square: both layouts have the same shape
+        votes.add("paddlenlp" if theirs == ours else "hf" if theirs == ours[::-1] else "neither")
+    return "paddlenlp" if votes == {"paddlenlp"} else "hf"
 
 
 # ---------------------------------------------------------------- files
@@ -130,86 +190,8 @@ def find_weights(src_dir) -> list[str]:
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
 
 
-def read_safetensors(src_dir: str) -> dict:
-    """All tensors of a (possibly sharded) checkpoint as Paddle tensors (lazy mmap; bf16 fine). A checkpoint
-    whose weights are pieces (written under tensor parallelism or ZeRO-3, `checkpoint.index.json`) is
-    assembled tensor by tensor from its pieces."""
-    from safetensors.paddle import load_file
-
-    from pretrain_cli.storage import checkpoint_index
-
-    index = checkpoint_index.load(src_dir)
-    if index is not None and not index["weights_whole"]:
-        reader = checkpoint_index.Reader(src_dir, index)
-        try:
-            return {n: _to_paddle(reader.read(n), reader.info(n)["dtype"]) for n in reader.names("weights")}
-        finally:
-            reader.close()
-    tensors = {}
-    for path in find_weights(src_dir):
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: shard listed in {INDEX_FILE} is missing; copy it back or point to another "
-                            f"checkpoint")
-        try:
-            tensors.update(load_file(path))
-        except Exception as e:  # safetensors raises SafetensorError / OSError for damaged or truncated files
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"{path}: not a readable safetensors file ({reason}); it is damaged or truncated: "
-                            f"re-create it, or resume from another checkpoint") from None
-    return tensors
-
-
-def _all_zero(t) -> bool:
-    return not np.asarray(t.numpy() if hasattr(t, "numpy") else t).any()
-
-
-def _to_paddle(arr: np.ndarray, code: str):
-    import paddle
-
-    t = paddle.to_tensor(arr)
-    return t.view(paddle.bfloat16) if code == "BF16" else t
-
-
-def _from_paddlenlp(tensors: dict, model) -> dict:
-    """PaddleNLP names/layout → HF names/layout, so one loader checks everything."""
-    linear = linear_weight_names(model)
-    params = dict(model.named_parameters())
-    out = {}
-    for k, v in tensors.items():
-        for prefix in PADDLENLP_PREFIXES:
-            if k.startswith(prefix):
-                k = "model." + k[len(prefix):]
-                break
-        if k.endswith(_QKV_BIASES) and k not in params and _all_zero(v):
-            continue  # PaddleNLP's Qwen3 attention (a Qwen2 one) may save all-zero q/k/v biases: no bias, exactly
-        if k in linear and len(v.shape) == 2:
-            v = v.transpose([1, 0])  # [out, in]
-        out[k] = v
-    return out
-
-
-def detect_layout(tensors: dict, model=None) -> str:
-    """"paddlenlp" if any name carries PaddleNLP's family prefix, or (`model` given) if every non-square Linear
-    weight in the file has Paddle's `[in, out]` shape: PaddleNLP's Qwen3 keeps HF's `model.` names, so only the
-    shapes tell it apart. Else "hf" (a file whose shapes fit neither fails in the loader, naming the tensor)."""
-    if any(k.startswith(PADDLENLP_PREFIXES) for k in tensors):
-        return "paddlenlp"
-    if model is None:
-        return "hf"
-    params = dict(model.named_parameters())
-    votes = set()
-    for name in linear_weight_names(model):
-        ours, theirs = tuple(params[name].shape), tuple(tensors[name].shape) if name in tensors else None
-        if theirs is None or len(ours) != 2 or ours[0] == ours[1]:
-            continue  # absent, or square: both layouts have the same shape
-        votes.add("paddlenlp" if theirs == ours else "hf" if theirs == ours[::-1] else "neither")
-    return "paddlenlp" if votes == {"paddlenlp"} else "hf"
-
-
 def quantization_block(src_dir) -> tuple[int, int]:
     """The FP8 block size of a model directory (its config.json's `quantization_config`; 128 × 128 if none)."""
-    from pretrain_cli.storage import fp8
-
     try:
         with open(os.path.join(str(src_dir), "config.json"), encoding="utf-8") as f:
             quant = json.load(f).get("quantization_config")
@@ -218,61 +200,10 @@ def quantization_block(src_dir) -> tuple[int, int]:
     return fp8.block_size(quant if isinstance(quant, dict) else None)
 
 
-def dequantize_fp8(tensors: dict, block) -> dict:
-    """FP8 block-quantized weights (`X.weight` + `X.weight_scale_inv`, DeepSeek's release format) → fp32
-    weights; the scales are consumed. Other tensors pass through."""
-    from pretrain_cli.storage import fp8
-
-    scales = [n for n in tensors if n.endswith(fp8.SCALE_SUFFIX)]
-    if not scales:
-        return tensors
-    out = {k: v for k, v in tensors.items() if not k.endswith(fp8.SCALE_SUFFIX)}
-    for name in scales:
-        weight = name[:-len(fp8.SCALE_SUFFIX)]
-        if weight not in out:
-            raise UserError(f"{name}: a weight scale without its weight {weight!r}; the checkpoint is incomplete")
-        w, s = out[weight], tensors[name]
-        w = w.astype("float32").numpy() if hasattr(w, "place") else np.asarray(w, dtype=np.float32)
-        s = s.astype("float32").numpy() if hasattr(s, "place") else np.asarray(s, dtype=np.float32)
-        out[weight] = fp8.dequantize(w, s, block)
-    return out
-
-
-def load_weights(model, src_dir: str) -> str:
-    """Load HF or PaddleNLP safetensors from `src_dir` into `model`; returns the detected layout. FP8
-    block-quantized weights (DeepSeek's release format) are dequantized to fp32 first."""
-    tensors = dequantize_fp8(read_safetensors(src_dir), quantization_block(src_dir))
-    layout = detect_layout(tensors, model)
-    if layout == "paddlenlp":
-        tensors = _from_paddlenlp(tensors, model)
-    load_hf_state_dict(model, tensors, source=src_dir)
-    return layout
-
-
 def has_weights(model_dir) -> bool:
     """Whether a directory holds weights at all (a preset or a bare config.json does not)."""
     model_dir = str(model_dir)
     return os.path.isfile(os.path.join(model_dir, INDEX_FILE)) or bool(glob.glob(os.path.join(model_dir, "*.safetensors")))
-
-
-def load_for_inference(model_dir, cfg: ModelConfig, seed: int, request=None, device: str | None = None):
-    """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when
-    it has none (a preset). A directory with weights that cannot be read is an error, never a random init.
-    `request` on `device`: the kernels (`orchestration.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
-    from pretrain_cli import runtime
-
-    paddle = runtime.import_paddle()
-    from pretrain_cli.models import build_model
-    from pretrain_cli.ops.kernels import select
-
-    weights = has_weights(model_dir)
-    if weights:
-        find_weights(model_dir)  # a damaged index fails here, before the model is built
-    paddle.seed(seed)
-    model = build_model(cfg, select(request, device or paddle.device.get_device()))
-    if weights:
-        load_weights(model, str(model_dir))
-    return model, ("trained weights" if weights else f"random init (seed {seed})")
 
 
 # ---------------------------------------------------------------- saving

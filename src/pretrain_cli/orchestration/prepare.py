@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pretrain_cli import run_dir
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import KernelConfig, RunConfig, Schedule, Target
@@ -198,28 +198,26 @@ def find_resume(run: RunConfig) -> Path | None:
     return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
 
 
-def _saved(ckpt: Path) -> tuple[Schedule | None, int | None]:
+def _saved(ckpt: CheckpointDir) -> tuple[Schedule | None, int | None]:
     """(the schedule the checkpoint was trained on, its step); None where its files do not say."""
     try:
-        run = json.loads((ckpt / run_dir.ARGS_FILE).read_text(encoding="utf-8")).get("run", {})
-        saved = Schedule(**run["schedule"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        saved = Schedule(**ckpt.run("schedule"))
+    except (ValueError, TypeError):
         saved = None
-    from pretrain_cli.storage.intact import read_state
-
     try:
-        step = read_state(ckpt)["global_step"]  # the one reader of trainer_state.json (what makes it valid)
+        step = ckpt.state["global_step"]
     except UserError:
         step = None
     return saved, step
 
 
-def resume_schedule(run: RunConfig, resume: Path, choice: str) -> RunConfig:
+def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
     """The schedule a resumed run continues on, with a note naming the old and the new one when they differ.
 
     PaddleNLP rebuilds its scheduler from the new arguments and only restores the step, so raising max_steps
     silently re-stretches the decay (a cosine run at its minimum rate at step 100 climbs back up when continued
     to 150). `lr_schedule_on_resume` chooses: stretch (that), keep (the saved schedule goes on), restart."""
+    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved, step = _saved(resume)
     new = run.schedule
     if saved is None or step is None or saved == new or step >= run.loop.max_steps:
@@ -331,16 +329,17 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(_open_token_files, run.data.input_dir)
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         spec.resume = problems.run(find_resume, run)
-    if spec.resume is not None:  # what `train` refuses before it loads a weight, `check` reports too
+    saved = CheckpointDir(spec.resume) if spec.resume is not None else None  # its files read once, here
+    if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
         from pretrain_cli.training.checkpoint import check_compatible
 
-        problems.run(check_compatible, spec.resume, model_cfg, run.data.max_seq_length)
+        problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length)
     problems.raise_if_any()
-    if spec.resume is not None and run.loop.do_train:
+    if saved is not None and run.loop.do_train:
         from pretrain_cli.orchestration.resumed import keep_global_batch
 
-        spec.run = run = keep_global_batch(args, run, model_cfg, target, spec.resume)
-        spec.run = run = resume_schedule(run, spec.resume, args.training.lr_schedule_on_resume)
+        spec.run = run = keep_global_batch(args, run, model_cfg, target, saved)
+        spec.run = run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
         spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))

@@ -5,27 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pretrain_cli import run_dir
-from pretrain_cli.config.parser import Arguments, load_json, parse_config
+from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.errors import UserError
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
 def record_path(model_dir) -> Path | None:
     """`model_dir/args.json` when a run of ours wrote it, else None (an HF directory, a preset)."""
-    path = Path(model_dir) / run_dir.ARGS_FILE
-    if not path.is_file():
-        return None
-    try:
-        obj = load_json(str(path))
-    except UserError:
-        return None
-    return path if isinstance(obj.get("arguments"), dict) and "run" in obj else None
+    return CheckpointDir.of(model_dir).record
 
 
 def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> Arguments | None:
     """The arguments `command` runs with: `--config`'s file, else the record of the run that wrote
     `model_dir`, each with `overrides`; None when there is neither (then no override may be given)."""
-    source = config or (str(record_path(model_dir)) if model_dir is not None and record_path(model_dir) else None)
+    record = record_path(model_dir) if config is None and model_dir is not None else None
+    source = config or (str(record) if record is not None else None)
     if source is None:
         if overrides:
             raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings; "

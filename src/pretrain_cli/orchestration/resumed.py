@@ -2,34 +2,32 @@
 (and the eval windows), which decide what a step means and what an eval loss averages."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
-from pretrain_cli import run_dir
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import RunConfig, Target
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
-def _saved_batches(ckpt: Path) -> dict | None:
+def _saved_batches(ckpt: CheckpointDir) -> dict | None:
     """The batch arithmetic a checkpoint was trained with (its args.json), or None where it does not say."""
     try:
-        run = json.loads((ckpt / run_dir.ARGS_FILE).read_text(encoding="utf-8"))["run"]
-        loop, par = run["loop"], run["parallel"]
+        loop, par = ckpt.run("loop"), ckpt.run("parallel")
         ranks = int(par["dp_degree"]) * int(par["sharding_degree"])
         return {"micro": int(loop["micro_batch"]), "acc": int(loop["grad_accum"]), "ranks": ranks,
                 "eval_batch": int(loop["eval_batch"]), "eval_iters": int(loop["eval_iters"])}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError):
         return None
 
 
-def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume: Path) -> RunConfig:
+def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
     """A resumed run on another number of data ranks keeps the checkpoint's global batch (and its eval
     windows): gradient accumulation (eval_iters) takes up the difference where it divides, with a note;
     where it does not, one line names the keys to set. A run that changed the batch keys itself gets
     what it asked for, with a note."""
+    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     lp, ranks = run.loop, run.parallel.data_world_size
     if saved is None or saved["ranks"] == ranks:

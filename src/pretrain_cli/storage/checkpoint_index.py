@@ -278,6 +278,11 @@ class Reader:
     def bytes_read(self) -> int:
         return sum(f.bytes_read for f in self._files.values())
 
+    @property
+    def opened(self) -> list:
+        """The files the blocks read so far touched (what a rank that read them checksums)."""
+        return [f.path for f in self._files.values()]
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()

@@ -4,7 +4,7 @@ A directory named `checkpoint-N` is complete when it is published (`atomic.publi
 lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()` checks what a resume reads:
 
 - `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`
-  (`read_state`, also what the resume itself reads);
+  (`checkpoint_dir.read_state`, also what the resume itself reads);
 - `config.json`: present and a JSON object, as every other JSON file it holds (`args.json`, transformers'
   `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
@@ -27,28 +27,11 @@ from pathlib import Path
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import OPTIMIZER_FILE, STATE_FILE, list_checkpoints
 from pretrain_cli.storage import checkpoint_index
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.storage.shard_files import File, checksum
 
 CONFIG_FILE = "config.json"
 HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.convert.INDEX_FILE)
-
-
-def read_state(ckpt) -> dict:
-    """`trainer_state.json` of checkpoint `ckpt`, or a one-line UserError saying what is wrong with it."""
-    path = Path(ckpt) / STATE_FILE
-    if not path.is_file():
-        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
-                        f"checkpoint-N or remove resume_from_checkpoint")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
-    if not isinstance(state, dict):
-        raise UserError(f"{path}: not a JSON object; resume from another checkpoint")
-    for key in ("global_step", "consumed_samples"):
-        if not isinstance(state.get(key), int):
-            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
-    return state
 
 
 def _json_object(path: Path, required: bool) -> str | None:
@@ -62,28 +45,31 @@ def _json_object(path: Path, required: bool) -> str | None:
 
 
 def problem(ckpt, checksums: bool = True) -> str | None:
-    """Why checkpoint `ckpt` cannot be resumed from (one line naming the file), or None when it is complete."""
-    ckpt = Path(ckpt)
+    """Why checkpoint `ckpt` (a path or a `CheckpointDir`, whose state and index are then read once for all who
+    ask it) cannot be resumed from (one line naming the file), or None when it is complete."""
+    meta = CheckpointDir.of(ckpt)
+    ckpt = meta.path
     if not ckpt.is_dir():
         return f"{ckpt} is not a directory"
     try:
-        read_state(ckpt)
+        meta.state
     except UserError as e:
         return str(e).split("; ")[0]
     reason = _json_object(ckpt / CONFIG_FILE, True)
     others = sorted(p for p in ckpt.glob("*.json") if p.name not in (STATE_FILE, CONFIG_FILE, checkpoint_index.INDEX))
     for path in others:  # args.json, transformers' weight index, tokenizer files: each a JSON object
         reason = reason or _json_object(path, True)
-    return reason or damage(ckpt, checksums)
+    return reason or damage(meta, checksums)
 
 
 def damage(ckpt, checksums: bool = True, files=None) -> str | None:
-    """Why the weight and optimizer files of `ckpt` (only `files`, names as the index lists them, when given)
-    cannot be read back: missing, truncated or altered; or None. Sizes come from the directory listing;
-    `checksums` also re-reads every file (crc32, streamed)."""
-    ckpt = Path(ckpt)
+    """Why the weight and optimizer files of `ckpt` (a path or a `CheckpointDir`; only `files`, names as the index
+    lists them, when given) cannot be read back: missing, truncated or altered; or None. Sizes come from the
+    directory listing; `checksums` also re-reads every file (crc32, streamed)."""
+    meta = CheckpointDir.of(ckpt)
+    ckpt = meta.path
     try:
-        index = checkpoint_index.load(ckpt)
+        index = meta.index
     except checkpoint_index.UnknownVersion:
         raise  # not damage: an older checkpoint is no substitute for one this code cannot read
     except UserError as e:
@@ -122,12 +108,14 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
 def export_problem(path) -> str | None:
     """Why `path` cannot be exported (`pretrain-cli export`), or None: a `checkpoint-N` (it holds optimizer state
     or an index) must pass `problem`; the final directory, or any HF directory, needs a readable `config.json`,
-    every shard its `model.safetensors.index.json` lists, and every safetensors header and data present."""
-    path = Path(path)
+    every shard its `model.safetensors.index.json` lists, and every safetensors header and data present. `path`: a
+    directory or its `CheckpointDir`."""
+    meta = CheckpointDir.of(path)
+    path = meta.path
     if not path.is_dir():
         return f"{path} is not a directory"
     if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
-        return problem(path)
+        return problem(meta)
     reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)
     if reason is None and (path / HF_INDEX).is_file():
         listed = json.loads((path / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")

@@ -161,3 +161,31 @@ class File:
 
     def close(self) -> None:
         self._map = None
+
+
+class Files:
+    """Safetensors files holding whole tensors (a Hugging Face or PaddleNLP directory, a checkpoint from before
+    the index), read block by block like the pieces of an indexed checkpoint (`checkpoint_index.Reader`: the same
+    `index`, `read`, `bytes_read`, `opened`, `close`)."""
+
+    def __init__(self, paths, what: str):
+        self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
+        for f in self.files:
+            for n, t in f.tensors.items():
+                self.index["tensors"][n] = {"shape": t["shape"], "dtype": t["dtype"]}
+                self._where[n] = f
+
+    def read(self, name, offsets=None, shape=None):
+        return self._where[name].read(name, offsets, shape)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.files)
+
+    @property
+    def opened(self) -> list:
+        return [f.path for f in self.files]
+
+    def close(self):
+        for f in self.files:
+            f.close()

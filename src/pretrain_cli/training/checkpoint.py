@@ -18,7 +18,6 @@ the same way.
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -29,8 +28,10 @@ from pretrain_cli import atomic
 from pretrain_cli.data.tokenizer import export_files
 from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
+from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir, read_state
 from pretrain_cli.training import shard_writer
+from pretrain_cli.training.weight_source import as_float32, open_reader
 
 
 
@@ -58,69 +59,6 @@ def clean_leftovers(output_dir) -> None:
             p.unlink(missing_ok=True)
 
 
-class _WholeFiles:
-    """Safetensors files holding whole tensors (a checkpoint from before the index: `optimizer.safetensors`,
-    `model.safetensors` or transformers' shards), read block by block like the pieces of an indexed one."""
-
-    def __init__(self, paths, what: str):
-        from pretrain_cli.storage.shard_files import File
-
-        self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
-        for f in self.files:
-            for n, t in f.tensors.items():
-                self.index["tensors"][n] = {"shape": t["shape"], "dtype": t["dtype"]}
-                self._where[n] = f
-
-    def read(self, name, offsets=None, shape=None):
-        return self._where[name].read(name, offsets, shape)
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(f.bytes_read for f in self.files)
-
-    def close(self):
-        for f in self.files:
-            f.close()
-
-
-def open_reader(ckpt: Path, kind: str):
-    """(reader of `kind` "weights" / "optimizer" tensors of checkpoint `ckpt`, the file to name in errors)."""
-    from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.models.convert import find_weights
-
-    index = checkpoint_index.load(ckpt)
-    if index is not None:
-        return checkpoint_index.Reader(ckpt, index), ckpt / checkpoint_index.INDEX
-    if kind == "optimizer":
-        return _WholeFiles([ckpt / OPTIMIZER_FILE], "optimizer state"), ckpt / OPTIMIZER_FILE
-    return _WholeFiles([p for p in find_weights(ckpt) if not Path(p).name.startswith("optimizer")], "weights"), ckpt
-
-
-def files_opened(reader) -> list:
-    """The files a reader of `open_reader` opened (a sharded checkpoint's: only those its blocks touched)."""
-    opened = reader._files.values() if isinstance(getattr(reader, "_files", None), dict) else reader.files
-    return [f.path for f in opened]
-
-
-def _as_float32(arr: np.ndarray, code: str) -> np.ndarray:
-    """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
-    if code == "BF16":
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    return arr.astype(np.float32, copy=False)
-
-
-def weight_bytes(ckpt: Path) -> int:
-    """The bytes of a checkpoint's weight tensors (what a layout with whole weights reads to resume)."""
-    from pretrain_cli.distributed.layout.pieces import split_name
-
-    reader, _ = open_reader(Path(ckpt), "weights")
-    try:
-        return sum(int(np.prod(t["shape"], dtype=np.int64)) * (4 if t["dtype"] == "F32" else 2)
-                   for n, t in reader.index["tensors"].items() if split_name(n)[1] is None)
-    finally:
-        reader.close()
-
-
 def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray:
     """This rank's block of `t` (`strategy.local_box`) read from the checkpoint's tensor `name`: fp32, Paddle
     layout, contiguous; a UserError when the saved tensor's shape is not the model's."""
@@ -130,30 +68,12 @@ def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray
     if list(info["shape"]) != list(box.global_shape):
         raise UserError(f"{where}: {name} has shape {list(info['shape'])}, the model needs {list(box.global_shape)}; "
                         f"the checkpoint does not match config.json")
-    arr = _as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
+    arr = as_float32(reader.read(name, box.offsets, box.shape), info["dtype"])
     return np.ascontiguousarray(arr.T if transpose else arr)
 
 
-def load_weight_blocks(strategy, model, ckpt: Path) -> dict:
-    """The checkpoint's weights into a model already laid out (semi-auto: TP slices, ZeRO-3 shards): each rank
-    reads only the block of every parameter it holds (`strategy.local_box`). Returns {"bytes_read": n}."""
-    import paddle
-
-    from pretrain_cli.distributed.layout.pieces import local_value, state_tensors
-
-    reader, where = open_reader(Path(ckpt), "weights")
-    try:
-        for name, _, t, transpose in state_tensors(model):
-            if name not in reader.index["tensors"]:
-                raise UserError(f"{where}: tensor {name!r} is missing; the checkpoint does not match config.json")
-            local_value(t).set_value(paddle.to_tensor(_block(strategy, reader, where, name, t, transpose)).astype(t.dtype))
-        return {"bytes_read": reader.bytes_read}
-    finally:
-        reader.close()
-
-
-def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
-    """The checkpoint's optimizer state into an optimizer that is already AMP-decorated and laid out: for every
+def load_optimizer(strategy, model, optimizer, ckpt) -> dict:
+    """The optimizer state of checkpoint `ckpt` (a path or a `CheckpointDir`) into an optimizer that is already AMP-decorated and laid out: for every
     accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
     the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n, "files": the
     files read}."""
@@ -161,7 +81,7 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
 
     from pretrain_cli.distributed.layout.pieces import inner_optimizer, local_value, split_name, state_tensors
 
-    reader, where = open_reader(Path(ckpt), "optimizer")
+    reader, where = open_reader(ckpt, "optimizer")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
@@ -184,16 +104,9 @@ def load_optimizer(strategy, model, optimizer, ckpt: Path) -> dict:
             if info["dtype"] != "F32":
                 raise UserError(f"{where}: {name} is {info['dtype']}, expected F32; the file is not ours")
             local_value(t).set_value(_block(strategy, reader, where, name, t, transpose))
-        return {"bytes_read": reader.bytes_read, "files": files_opened(reader)}
+        return {"bytes_read": reader.bytes_read, "files": reader.opened}
     finally:
         reader.close()
-
-
-def read_state(ckpt: Path) -> dict:
-    """The checkpoint's trainer state (`storage.intact.read_state`: what makes it a valid one)."""
-    from pretrain_cli.storage.intact import read_state as read
-
-    return read(ckpt)
 
 
 def newest_state(output_dir) -> tuple[dict | None, Path | None]:
@@ -210,10 +123,12 @@ def newest_state(output_dir) -> tuple[dict | None, Path | None]:
     return best, where
 
 
-def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
-    """Refuse a resume whose model shape or sequence length differs from the checkpoint's."""
+def check_compatible(ckpt, model_cfg, max_seq_length: int) -> None:
+    """Refuse a resume whose model shape or sequence length differs from the checkpoint's (`ckpt`: a
+    `CheckpointDir`, or a path)."""
     from pretrain_cli.models.config import ModelConfig
 
+    ckpt = CheckpointDir.of(ckpt)
     saved = ModelConfig.from_file(str(ckpt))
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
@@ -221,12 +136,10 @@ def check_compatible(ckpt: Path, model_cfg, max_seq_length: int) -> None:
         if a != b:
             raise UserError(f"{ckpt}: checkpoint has {key}={a} but this run's model has {key}={b}; resume with the "
                             f"same model, or set overwrite_output_dir: true to start over")
-    args_path = Path(ckpt) / ARGS_FILE
-    if args_path.is_file():
-        saved_len = json.loads(args_path.read_text(encoding="utf-8")).get("arguments", {}).get("max_seq_length")
-        if saved_len is not None and saved_len != max_seq_length:
-            raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
-                            f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
+    saved_len = ((ckpt.args or {}).get("arguments") or {}).get("max_seq_length")
+    if saved_len is not None and saved_len != max_seq_length:
+        raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
+                        f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
 
 
 class Saver:
@@ -345,8 +258,10 @@ class Saver:
 
     def load_into(self, path: Path, model, strategy, optimizer) -> None:
         """The checkpoint's weights and optimizer state written into a layout's own (whole) tensors: `model` the
-        unwrapped model, `optimizer` as wrapped for `strategy`."""
-        from pretrain_cli.models.convert import load_weights
+        unwrapped model, `optimizer` as wrapped for `strategy`; then, as a resume does, every rank checks the
+        checksums of the files it read (`weight_source.DamagedCheckpoint` on every rank when one is altered)."""
+        from pretrain_cli.training.weight_source import load_weights, verify_everywhere
 
-        load_weights(model, str(path))
-        load_optimizer(strategy, model, optimizer, path)
+        ckpt = CheckpointDir.of(path)
+        load_weights(model, ckpt, "checkpoint", self.comm)
+        verify_everywhere(self.comm, ckpt, load_optimizer(strategy, model, optimizer, ckpt)["files"])

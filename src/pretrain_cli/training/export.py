@@ -5,7 +5,7 @@
 tokenizer files), `train_results.json`, `all_results.json`, `trainer_state.json`,
 `loss_curve.png`; the kept `checkpoint-N/`, `metrics.jsonl` and `runs/` are already there.
 Both write the weights the same way (`write_weights`): each tensor assembled from the checkpoint's pieces
-(`training.checkpoint.open_reader`: the index's block reader), cast to the dtype asked for and streamed into
+(`training.weight_source.open_reader`: the index's block reader), cast to the dtype asked for and streamed into
 transformers' shards, one tensor in memory at a time.
 """
 from __future__ import annotations
@@ -53,11 +53,11 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
     from pretrain_cli.distributed.layout.pieces import split_name
     from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, save_hf, write_hf_dir
     from pretrain_cli.storage.shard_files import CODES, cast
-    from pretrain_cli.training.checkpoint import open_reader
+    from pretrain_cli.training.weight_source import open_reader
 
     limit = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
     ckpt = ckpt or run_dir.checkpoint_dir(out, step)
-    if not ckpt.is_dir():
+    if not Path(ckpt).is_dir():
         return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit)
     reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
@@ -77,9 +77,11 @@ def export_checkpoint(src: Path, out: Path, dtype: str, max_shard_bytes: int | N
     from pretrain_cli.errors import UserError
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.storage import intact
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     src, out = Path(src), Path(out)
-    reason = intact.export_problem(src)
+    meta = CheckpointDir(src)  # its state and index read once: checked, then read from
+    reason = intact.export_problem(meta)
     if reason is not None:
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory)")
     cfg = ModelConfig.from_file(str(src))
@@ -93,12 +95,14 @@ def export_checkpoint(src: Path, out: Path, dtype: str, max_shard_bytes: int | N
     if tmp.exists():
         atomic.remove_tree(tmp)  # a killed export's leftovers
     tmp.mkdir(parents=True)
-    files = write_weights(model, cfg, tmp, 0, dtype, ckpt=src, max_shard_bytes=max_shard_bytes)
+    files = write_weights(model, cfg, tmp, 0, dtype, ckpt=meta, max_shard_bytes=max_shard_bytes)
     if (src / "tokenizer.json").is_file() or (src / "vocab.json").is_file():  # a run without a tokenizer has none
         export_files(src, tmp)
     atomic.publish_dir(tmp, out)
-    state = src / run_dir.STATE_FILE
-    step = json.loads(state.read_text(encoding="utf-8")).get("global_step") if state.is_file() else None
+    try:
+        step = meta.state["global_step"]
+    except UserError:  # a directory no run of ours wrote
+        step = None
     return files, step
 
 

@@ -6,7 +6,6 @@ record for args.json), never the user's arguments.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
@@ -21,8 +20,9 @@ from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
-from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_read
+from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_everywhere
 from pretrain_cli.run_config import RunConfig
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
 def run(spec) -> int:
@@ -50,8 +50,8 @@ def _run(spec) -> int:
     log.info(runtime.threads_line())
     model = build_model(r, model_cfg)
     log.info(f"kernels: {model.kernels.describe()}")
-    resume = comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None)
-    done = checkpoint.read_state(resume)["global_step"] if resume is not None and r.loop.do_train else None
+    resume = _opened(comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None))
+    done = resume.state["global_step"] if resume is not None and r.loop.do_train else None
     finished = (done is not None and done >= r.loop.max_steps and r.parallel.is_rank0
                 and exported(r.output.output_dir, done))
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
@@ -60,12 +60,12 @@ def _run(spec) -> int:
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched
-        state = restore_weights(model, r, model_cfg, resume)
+        state = resume_state(r, model_cfg, resume)
         try:
             layout = lay_out(r, model, comm, resume, pretrained)
             break
         except DamagedCheckpoint as e:
-            resume = previous_checkpoint(r.output, resume, e)
+            resume = _opened(previous_checkpoint(r.output, resume.path, e))
             model = build_model(r, model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     writer = open_output_dir(r, record, state)
@@ -111,6 +111,11 @@ def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
     return older
 
 
+def _opened(path) -> CheckpointDir | None:
+    """The checkpoint to resume from as the one object every step of the resume asks (its files read once)."""
+    return CheckpointDir(path) if path is not None else None
+
+
 def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     """A rollback on a layout of placed pieces (`EngineTraits.placed_pieces`), which whole tensors cannot be
     written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's parameters are pieces; a
@@ -120,7 +125,8 @@ def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the layout's placed pieces "
              f"cannot be written into mid-run)")
     model = build_model(run, model_cfg)
-    restore_weights(model, run, model_cfg, path)
+    path = CheckpointDir.of(path)
+    resume_state(run, model_cfg, path)
     return lay_out(run, model, comm, path)
 
 
@@ -128,19 +134,22 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     """Recompute, the parameters' layout over the processes, optimizer, precision, compilation, then the
     model and optimizer wrapped for the layout, in that order (the benchmark harness steps exactly this, as
     `Trainer(lay_out(...), ...)`). A lazily built model's parameters are created by the layout, each rank only
-    its own blocks (`distributed.layout.materialize`): read from the `resume` checkpoint or the `pretrained` directory, else
-    initialised. Resuming, each rank then checks the checksums of the files it read (`DamagedCheckpoint` on
-    every rank when any rank found one altered)."""
+    its own blocks (`distributed.layout.materialize`): read from the `resume` checkpoint (a `CheckpointDir`) or the
+    `pretrained` directory (`training.weight_source`: the one way weights get in), else initialised. Resuming,
+    each rank then checks the checksums of the files it read (`DamagedCheckpoint` on every rank when any rank
+    found one altered). Weights are read only into a lazily built model (`build_model`); an eagerly built one
+    (the benchmark harness, tests) starts from its own values."""
     from pretrain_cli.distributed.layout.materialize import InitSource, pending
     from pretrain_cli.ops.kernels import select_step
 
     read = None
-    lazy = any(pending(p) for p in model.parameters())
     weights = resume if resume is not None else pretrained
+    if weights is not None and not any(pending(p) for p in model.parameters()):
+        raise RuntimeError("lay_out reads weights into a lazily built model only (training.run.build_model)")
     init = InitSource(model.config, run.loop.seed, runtime.threads())
     # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
     source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
-                           None if resume is not None else init) if lazy and weights is not None else init)
+                           None if resume is not None else init) if weights is not None else init)
     try:
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
         strategy = build_strategy(run.parallel, run.device, step_kernels, run.recompute)
@@ -164,18 +173,9 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
         amp.wrap_scaler(strategy.wrap_scaler)
         if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
-            if lazy:  # each rank read only the blocks it holds
-                read = source.bytes_read
-            elif run.parallel.traits.distributed_tensors:  # an eager model: its blocks read into the layout
-                read = checkpoint.load_weight_blocks(strategy, raw_model, resume)["bytes_read"]
-            else:  # an eager model's whole weights, read before the layout existed (`restore_weights`)
-                read = checkpoint.weight_bytes(resume)
             opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
-            read += opt["bytes_read"]
-            reason = verify_read(resume, (source.files if lazy else []) + opt["files"])
-            if comm.any(reason is not None):  # every rank learns it, in the same collective, and which file it is
-                found = [r for r in comm.gather_object(reason) if r is not None]  # (every rank reaches this one too)
-                raise DamagedCheckpoint(reason or found[0])
+            read = source.bytes_read + opt["bytes_read"]  # each rank read only the blocks it holds
+            verify_everywhere(comm, resume, source.files + opt["files"])
     finally:
         if isinstance(source, WeightSource):
             source.close()
@@ -201,20 +201,13 @@ def build_model(run: RunConfig, model_cfg):
         return build_causal_lm(model_cfg, table, run.moe)
 
 
-def restore_weights(model, run: RunConfig, model_cfg, resume) -> dict | None:
+def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dict | None:
     """The checkpoint's trainer state, after checking it fits the model (None when starting fresh). Its weights
-    are read by `lay_out`, each rank only its blocks; an eagerly built model (tests) gets them whole here."""
+    are read by `lay_out`, each rank only its blocks."""
     if resume is None:
         return None
-    from pretrain_cli.distributed.layout.materialize import pending
-    from pretrain_cli.models.convert import load_weights
-
     checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)
-    state = checkpoint.read_state(resume)
-    eager = not any(pending(p) for p in model.parameters())
-    if eager and not run.parallel.traits.distributed_tensors:  # (semi-auto: read as blocks once laid out)
-        load_weights(model, str(resume))
-    return state
+    return resume.state
 
 
 def open_output_dir(r: RunConfig, record: dict, state: dict | None):
@@ -311,11 +304,11 @@ def exported(output_dir, step: int) -> bool:
 
     out = Path(output_dir)
     try:
-        state = json.loads((out / run_dir.STATE_FILE).read_text(encoding="utf-8"))
+        state = CheckpointDir(out).state
         written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()
-    except (OSError, ValueError):
+    except (OSError, UserError):
         return False
-    return (isinstance(state, dict) and state.get("global_step") == step and (out / "all_results.json").is_file()
+    return (state["global_step"] == step and (out / "all_results.json").is_file()
             and curve.st_mtime_ns >= written.st_mtime_ns and not atomic.stale_temporaries(out))
 
 

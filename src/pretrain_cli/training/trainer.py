@@ -19,7 +19,8 @@ from pathlib import Path
 
 from pretrain_cli.data.loader import BatchIterator
 from pretrain_cli.distributed.launcher import progress
-from pretrain_cli.training.checkpoint import read_state
+from pretrain_cli.errors import UserError
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikePolicy
@@ -126,13 +127,20 @@ class Trainer:
         """Weights, optimizer state and trainer state from checkpoint `path` (this process's time and log
         are not undone); returns the checkpoint's trainer state. The semi-auto engine's placed pieces
         cannot be written into mid-run, so there the layout is built again (`Collaborators.rebuild`)."""
-        state = read_state(path)
-        if self.rebuild is not None:
-            self.release()
-            gc.collect()
-            self.adopt(self.rebuild(path))
-        else:
-            self.saver.load_into(path, self.raw_model, self.strategy, self.optimizer)
+        from pretrain_cli.training.weight_source import DamagedCheckpoint
+
+        ckpt = CheckpointDir(path)
+        state = ckpt.state
+        try:
+            if self.rebuild is not None:
+                self.release()
+                gc.collect()
+                self.adopt(self.rebuild(ckpt))
+            else:
+                self.saver.load_into(ckpt, self.raw_model, self.strategy, self.optimizer)
+        except DamagedCheckpoint as e:  # checked as a resume checks it: every file read, by its checksum
+            raise UserError(f"spike rollback: {e}; the checkpoint to roll back to is damaged: resume from an earlier "
+                            f"one (resume_from_checkpoint), or set spike_policy: skip") from None
         seconds, history = self.state.train_seconds, self.state.log_history
         self.load_state_dict(state)
         s = self.state

@@ -1,30 +1,37 @@
-"""Weights on disk as a `distributed.layout.materialize` source: each rank reads only the blocks of the tensors it holds.
+"""The one way weights get into a model: a reader per source, the one name map, blocks read as a rank needs them.
 
-Resuming from a checkpoint (any layout's: whole tensors or pieces with `checkpoint.index.json`), a spike
-rollback's rebuild, and `continue_training` from a Hugging Face or PaddleNLP directory all build the model
-lazily and hand this to the layout (`Strategy.place`): a ZeRO-3 shard, a TP slice or a pipeline stage is read
-as the byte ranges of its own block (`storage.shard_files.File.read`, `checkpoint_index.Reader.read`), in
-Paddle's layout, fp32; nothing else of the files is read. Names, layouts and shapes are checked as the
-whole-model loader (`models.convert.load_hf_state_dict`) checks them, before any block is read.
+A source is a directory of safetensors files, read by one of two readers (`open_reader`): a sharded checkpoint's
+pieces through its `checkpoint.index.json` (`storage.checkpoint_index.Reader`), or whole files
+(`storage.shard_files.Files`: a Hugging Face directory, a PaddleNLP one, a checkpoint from before the index).
+`models.convert.name_map` maps the source's tensors to the model's parameters (HF names and layout, or
+PaddleNLP's prefix and Paddle's layout; FP8 scales, router biases, multi-token prediction modules) and checks
+names, shapes and dtypes once, before any tensor is read. `WeightSource` then answers `(name, box)` with that
+block of the parameter, in Paddle's layout, fp32, reading from the files only those bytes
+(`storage.shard_files.File.read`); DeepSeek's FP8 weights are dequantized block by block.
 
-A checkpoint's checksums are verified the same way: rank 0 checks only that its files are present and of the
-recorded sizes (`orchestration.prepare.find_resume`); each rank then checks the crc32 of the files it read
-(`verify_read`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
+Every entry goes through it: resume, a spike rollback's rebuild and `continue_training` hand it to the layout
+(`Strategy.place` → `distributed.layout.materialize`: each rank creates only its blocks); a rollback without rebuild,
+`eval` and `generate` fill a model whole from it (`load_weights`, `load_for_inference`).
+
+A checkpoint's checksums are verified by whoever read it: resume's rank 0 checks only that its files are present
+and of the recorded sizes (`orchestration.prepare.find_resume`); each rank then checks the crc32 of the files it
+read (`verify_everywhere`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
+A rollback (with or without rebuild) verifies the same way.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
 class DamagedCheckpoint(UserError):
     """Some rank found a file it read not matching its checksum (`reason`: the finding naming the file: this rank's, or
-    the first rank's that found one). `train` then resumes from the previous checkpoint; where nothing catches it (a
-    spike rollback's rebuild), one line."""
+    the first rank's that found one). `train` then resumes from the previous checkpoint; a rollback stops with
+    one line."""
 
     def __init__(self, reason: str | None):
         super().__init__(reason or "a file another rank read does not match its checksum (see its workerlog)")
@@ -39,69 +46,73 @@ def verify_read(ckpt, files) -> str | None:
     return intact.damage(ckpt, checksums=True, files=sorted({Path(f).name for f in files}))
 
 
+def verify_everywhere(comm, ckpt, files) -> None:
+    """Every rank checks the checksums of the `files` of `ckpt` it read; when any rank found one altered, every
+    rank raises `DamagedCheckpoint` (one collective, then the finding naming the file, gathered)."""
+    reason = verify_read(ckpt, files)
+    if comm.any(reason is not None):  # every rank learns it, in the same collective, and which file it is
+        found = [r for r in comm.gather_object(reason) if r is not None]  # (every rank reaches this one too)
+        raise DamagedCheckpoint(reason or found[0])
+
+
+def open_reader(ckpt, kind: str):
+    """(reader of `kind` "weights" / "optimizer" tensors of directory `ckpt` (a path or a `CheckpointDir`), the
+    file to name in errors): the index's pieces where it has one, else its whole safetensors files."""
+    from pretrain_cli.models.convert import find_weights
+    from pretrain_cli.run_dir import OPTIMIZER_FILE
+    from pretrain_cli.storage import checkpoint_index
+    from pretrain_cli.storage.shard_files import Files
+
+    meta = CheckpointDir.of(ckpt)
+    if meta.index is not None:
+        return checkpoint_index.Reader(meta.path, meta.index), meta.path / checkpoint_index.INDEX
+    if kind == "optimizer":
+        return Files([meta.path / OPTIMIZER_FILE], "optimizer state"), meta.path / OPTIMIZER_FILE
+    return Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights"), meta.path
+
+
+def as_float32(arr: np.ndarray, code: str) -> np.ndarray:
+    """A block as fp32 (bf16 arrives as its uint16 bits: the high half of an fp32)."""
+    if code == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32, copy=False)
+
+
 class WeightSource:
-    """The weights of checkpoint or model directory `path` for `model` (lazily built: names and shapes)."""
+    """The weights of checkpoint or model directory `path` (a path or a `CheckpointDir`) for `model` (built lazily,
+    or eagerly: only names and shapes are asked)."""
 
     dtype = None  # as `distributed.layout.materialize.InitSource.dtype`
 
     def __init__(self, path, model, what: str = "checkpoint", fallback=None):
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
-        none (transformers drops them when it saves a DeepSeek-V3)."""
+        none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them."""
         from pretrain_cli.distributed.layout.pieces import split_name
-        from pretrain_cli.models.convert import (_IGNORED_SUFFIXES, ROUTER_BIAS, detect_layout, hf_params, is_mtp,
-                                                 is_mtp_shared_copy, quantization_block)
-        from pretrain_cli.storage import fp8
-        from pretrain_cli.training.checkpoint import open_reader
+        from pretrain_cli.models.convert import name_map, quantization_block
 
-        self.reader, self.where = open_reader(Path(path), "weights")
+        meta = CheckpointDir.of(path)
+        self.reader, self.where = open_reader(meta, "weights")
         stored = {n: t for n, t in self.reader.index["tensors"].items() if split_name(n)[1] is None}  # weights
-        layout = detect_layout({n: SimpleNamespace(shape=tuple(t["shape"])) for n, t in stored.items()}, model)
-        self.names = {}  # ours -> (stored name, stored transposed)
-        for hf, _, transpose in hf_params(model):  # our names are HF's
-            self.names[hf] = (_stored_name(hf, stored) if layout == "paddlenlp" else hf,
-                                transpose and layout == "hf")
-        params = dict(model.named_parameters())
-        tied = model.lm_head is None
-        cfg = model.config
-        self.fallback = fallback
-        if fallback is not None and not any(is_mtp(n, cfg) for n in stored):  # MTP modules start from init
-            self.names = {k: v for k, v in self.names.items() if not is_mtp(k, cfg)}
-        self.zeros = set()  # a MoE router bias the source has not: it starts at 0
-        for ours, (name, transpose) in self.names.items():
-            if name not in stored and name.endswith(ROUTER_BIAS):
-                self.zeros.add(ours)
-                continue
-            if name not in stored:
-                self.close()
-                raise UserError(f"{self.where}: tensor {name!r} is missing; the {what} does not match config.json")
-            want = list(reversed(params[ours].shape)) if transpose else list(params[ours].shape)
-            if list(stored[name]["shape"]) != want:
-                self.close()
-                raise UserError(f"{self.where}: tensor {name!r} has shape {list(stored[name]['shape'])} but config.json "
-                                f"implies {want}; use the config.json that belongs to these weights")
-        known = {name for name, _ in self.names.values()}
-        known |= {name + fp8.SCALE_SUFFIX for name in known if name + fp8.SCALE_SUFFIX in stored}  # FP8 scales
-        self.block = quantization_block(path)
-        extra = sorted(n for n in stored if n not in known and not n.endswith(_IGNORED_SUFFIXES + (ROUTER_BIAS,))
-                       and not is_mtp_shared_copy(n, cfg)
-                       and not (tied and n.endswith("lm_head.weight")) and not self._zero_bias(n))
-        if extra:
+        try:
+            found = name_map(stored, model, self.where, what, self._all_zero, absent_mtp=fallback is not None)
+        except UserError:
             self.close()
-            raise UserError(f"{self.where}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected in total); the "
-                            f"{what} does not match config.json")
+            raise
+        self.names, self.zeros, self.layout = found.names, found.zeros, found.layout
+        self.fallback = fallback
+        self.block = quantization_block(meta.path)
 
-    def _zero_bias(self, name: str) -> bool:
-        """PaddleNLP's Qwen3 may save all-zero q/k/v biases the model has not: exactly no bias."""
-        from pretrain_cli.models.convert import _QKV_BIASES
+    def _all_zero(self, name: str) -> bool:
+        return not np.asarray(self.reader.read(name)).any()
 
-        return name.endswith(_QKV_BIASES) and not np.asarray(self.reader.read(name)).any()
+    def holds(self, name: str) -> bool:
+        """Whether the directory gives parameter `name` (a router bias it has not: zeros)."""
+        return name in self.names or name in self.zeros
 
     def __call__(self, name: str, box):
-        from pretrain_cli.training.checkpoint import _as_float32
-
         from pretrain_cli.storage import fp8
 
-        if name not in self.names:  # a multi-token prediction module the directory does not hold
+        if not self.holds(name):  # a multi-token prediction module the directory does not hold
             return self.fallback(name, box)
         if name in self.zeros:
             return np.zeros(box.shape, dtype=np.float32)
@@ -113,7 +124,7 @@ class WeightSource:
             scale = self.reader.read(stored + fp8.SCALE_SUFFIX).astype(np.float32)
             arr = fp8.dequantize(fp8.decode(raw), scale, self.block, where.offsets)
         else:
-            arr = _as_float32(raw, code)
+            arr = as_float32(raw, code)
         return np.ascontiguousarray(arr.T if transpose else arr)
 
     @property
@@ -122,21 +133,62 @@ class WeightSource:
 
     @property
     def files(self) -> list:
-        from pretrain_cli.training.checkpoint import files_opened
-
-        return files_opened(self.reader)
+        """The files read so far (a sharded checkpoint's: only those the blocks touched)."""
+        return self.reader.opened
 
     def close(self) -> None:
         self.reader.close()
 
 
-def _stored_name(hf: str, stored: dict) -> str:
-    """A PaddleNLP file's name for HF name `hf`: the family prefix (`llama.`, `qwen2.`) instead of `model.`, or
-    `model.` kept (PaddleNLP's Qwen3)."""
-    from pretrain_cli.models.convert import PADDLENLP_PREFIXES
+def _kept(name, box):
+    raise AssertionError(f"{name}: `load_weights` creates only what the directory holds")
 
-    if hf.startswith("model."):
-        for prefix in PADDLENLP_PREFIXES:
-            if prefix + hf[len("model."):] in stored:
-                return prefix + hf[len("model."):]
-    return hf
+
+def load_weights(model, path, what: str = "model directory", comm=None) -> str:
+    """The weights of directory `path` (any source; a path or a `CheckpointDir`) into `model`, whole; returns the
+    layout the name map found ("hf" or "paddlenlp"). Multi-token prediction modules the directory has not keep
+    their values. A checkpoint of ours (it has an index) is checked as a resume checks it: its files against the
+    index (sizes, the pieces each header records) before any is read, the checksums of those read after (on every
+    rank of `comm`, which all learn of a damaged file): `DamagedCheckpoint` naming the file."""
+    from pretrain_cli.distributed.comms.comm import NoComm
+    from pretrain_cli.distributed.layout.materialize import fill_whole
+    from pretrain_cli.storage import intact
+
+    meta = CheckpointDir.of(path)
+    if meta.index is not None and (reason := intact.damage(meta, checksums=False)) is not None:
+        raise DamagedCheckpoint(reason)
+    source = WeightSource(meta, model, what, fallback=_kept)
+    try:
+        for name, param in model.named_parameters():  # created, or its values replaced
+            if source.holds(name):
+                fill_whole(name, param, source)
+        files = source.files
+    finally:
+        source.close()
+    if meta.index is not None:
+        verify_everywhere(comm or NoComm(), meta, files)
+    return source.layout
+
+
+def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | None = None):
+    """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when it has none
+    (a preset). A directory with weights that cannot be read is an error, never a random init. `request` on
+    `device`: the kernels (`orchestration.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
+    from pretrain_cli import runtime
+    from pretrain_cli.models.convert import find_weights, has_weights
+
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import build_model
+    from pretrain_cli.ops.kernels import select
+
+    weights = has_weights(model_dir)
+    if weights:
+        find_weights(model_dir)  # a damaged index fails here, before the model is built
+    paddle.seed(seed)
+    model = build_model(cfg, select(request, device or paddle.device.get_device()))
+    if weights:
+        try:
+            load_weights(model, model_dir)
+        except DamagedCheckpoint as e:
+            raise UserError(f"{e}; the checkpoint is damaged: use another checkpoint-N (or the final directory)") from None
+    return model, ("trained weights" if weights else f"random init (seed {seed})")

@@ -6,8 +6,8 @@ parameter, only this rank's block, from a `Source`:
 
 - `InitSource`: the run's initial values (`models.init.block`: a pure function of seed, HF name and block,
   so a ZeRO-3 shard or TP slice is exactly its slice of one process's tensor);
-- `CheckpointSource`: the block read from a checkpoint or a Hugging Face / PaddleNLP directory (byte ranges
-  of the tensors this rank holds; see `training.checkpoint.block_source`).
+- `training.weight_source.WeightSource`: the block read from a checkpoint or a Hugging Face / PaddleNLP
+  directory (byte ranges of the tensors this rank holds).
 
 Parameters a rank does not hold (another pipeline stage's) are never created. The transient while
 creating one is the block's host copy plus, for the initialiser, one drawn chunk (`models.init.CHUNK`);

@@ -1,0 +1,95 @@
+"""A checkpoint directory's metadata, each file read once: `trainer_state.json`, `args.json`, `checkpoint.index.json`.
+
+Resuming reads a checkpoint's state (its step: what makes it a checkpoint), the run that wrote it (args.json: the
+sequence length and batch it trained with, its schedule) and its index (where every piece lies) in several
+places: `orchestration.prepare` (compatibility, the schedule), `orchestration.resumed` (the global batch),
+`training.run` (the step, the weights and the optimizer state), `storage.intact` (whether it is whole). Each
+takes one `CheckpointDir` and asks it; each file is read the first time it is asked for, and only then.
+`eval` and `generate` ask a model directory the same object whether a run of ours wrote it (`record`).
+"""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE
+
+
+def read_state(ckpt) -> dict:
+    """`trainer_state.json` of checkpoint `ckpt`, or a one-line UserError saying what is wrong with it."""
+    path = Path(ckpt) / STATE_FILE
+    if not path.is_file():
+        raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
+                        f"checkpoint-N or remove resume_from_checkpoint")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable trainer state ({e}); resume from another checkpoint") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: not a JSON object; resume from another checkpoint")
+    for key in ("global_step", "consumed_samples"):
+        if not isinstance(state.get(key), int):
+            raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    return state
+
+
+class CheckpointDir:
+    """Checkpoint (or model) directory `path` and its metadata, each file read on first use and kept."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    @classmethod
+    def of(cls, ckpt) -> "CheckpointDir":
+        """`ckpt` itself when it is one already (its files read once), else a new one for the path."""
+        return ckpt if isinstance(ckpt, cls) else cls(ckpt)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @cached_property
+    def state(self) -> dict:
+        """The trainer state (`read_state`: a UserError naming the file when it is not a valid one)."""
+        return read_state(self.path)
+
+    @cached_property
+    def index(self) -> dict | None:
+        """`checkpoint.index.json` (`checkpoint_index.load`, which checks it), or None for a directory without
+        one (transformers', PaddleNLP's, a checkpoint from before the index)."""
+        from pretrain_cli.storage import checkpoint_index
+
+        return checkpoint_index.load(self.path)
+
+    @cached_property
+    def args(self) -> dict | None:
+        """`args.json` as a JSON object, or None where it is absent or unreadable (a directory no run of ours
+        wrote; what it holds is checked by those who read a key of it)."""
+        try:
+            obj = json.loads((self.path / ARGS_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    @property
+    def record(self) -> Path | None:
+        """`args.json` when it is a run's own record (its `arguments` and `run`), else None."""
+        a = self.args
+        return self.path / ARGS_FILE if a is not None and isinstance(a.get("arguments"), dict) and "run" in a else None
+
+    def run(self, *keys):
+        """`args.json`'s resolved run at `keys` (`run("loop", "micro_batch")`), or None where it does not say."""
+        value = (self.args or {}).get("run")
+        for key in keys:
+            if not isinstance(value, dict):
+                return None
+            value = value.get(key)
+        return value
