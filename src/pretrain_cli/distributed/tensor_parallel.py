@@ -116,11 +116,29 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
     for i, layer in enumerate(layers):
         if not layer.input_layernorm.weight._is_initialized():  # not this stage's: nothing to cut, never run here
             continue
-        for block, kind, names in ((layer.self_attn, "self_attn", COLUMN[:3]), (layer.mlp, "mlp", COLUMN[3:])):
-            for name in names:
-                keep_slice(block, name, f"model.layers.{i}.{kind}")
+        dense = [(layer.self_attn, f"model.layers.{i}.self_attn", COLUMN[:3], ROW[0])]
+        dense += [(mlp, prefix, COLUMN[3:], ROW[1]) for mlp, prefix in dense_mlps(layer.mlp, f"model.layers.{i}.mlp")]
+        for block, prefix, columns, row in dense:
+            for name in columns:
+                keep_slice(block, name, prefix)
             block.register_forward_pre_hook(enter)
-        for block, kind, name in ((layer.self_attn, "self_attn", ROW[0]), (layer.mlp, "mlp", ROW[1])):
-            keep_slice(block, name, f"model.layers.{i}.{kind}")
-            getattr(block, name).register_forward_post_hook(leave)
+            keep_slice(block, row, prefix)
+            getattr(block, row).register_forward_post_hook(leave)
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:  # each routed expert cut like an MLP; the two functions around the experts alone
+            from pretrain_cli.distributed.moe_layouts import TPDispatch
+
+            for e in range(experts.first, experts.first + experts.count):
+                for name in COLUMN[3:] + ROW[1:]:
+                    keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")
+            layer.mlp.dispatch = TPDispatch(group)
     return split
+
+
+def dense_mlps(mlp, prefix: str) -> list:
+    """[(MLP, its HF prefix)] a layer's `mlp` holds whole-token MLPs in: itself when dense, a sparse block's shared
+    expert (Qwen2-MoE `shared_expert`, DeepSeek `shared_experts`) when it has one; its routed experts are not."""
+    if getattr(mlp, "experts", None) is None:
+        return [(mlp, prefix)]
+    return [(getattr(mlp, n), f"{prefix}.{n}") for n in ("shared_expert", "shared_experts")
+            if getattr(mlp, n, None) is not None]
