@@ -27,6 +27,18 @@ def mlp_per_token(s) -> float:
     return (e.sparse_layers * sparse + (cfg.num_hidden_layers - e.sparse_layers) * dense) / cfg.num_hidden_layers
 
 
+def mlp_reduce_rows(s) -> float:
+    """Rows per token the MLP's tensor-parallel all-reduce carries, averaged over the layers: 1 for a dense layer;
+    for a sparse one the k routed copies (the experts' row-parallel outputs are summed before the combine weights
+    multiply them: `distributed.moe_layouts`) and 1 for a shared expert."""
+    cfg = s.model
+    e = experts(cfg)
+    if e is None:
+        return 1.0
+    sparse = e.top_k + (1 if e.shared_width else 0)
+    return (e.sparse_layers * sparse + cfg.num_hidden_layers - e.sparse_layers) / cfg.num_hidden_layers
+
+
 def expert_params(s) -> float:
     """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (which runs without
     tensor parallelism), else all ÷ tp (each expert split by the one TP plan like a dense MLP:
