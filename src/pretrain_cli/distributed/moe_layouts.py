@@ -21,47 +21,7 @@ shared expert stay on Paddle's SPMD rules, so the balance loss is the global bat
 """
 from __future__ import annotations
 
-from pretrain_cli.distributed.tensor_parallel import CopyToTP, ReduceFromTP
-
-
-class SlicedExperts:
-    """Stands in for `moe.Experts` inside `moe.dispatch_local` (which only calls `experts(rows, counts)`): the
-    grouped kernel over `weights` (this rank's [(gate, up, down)] blocks), between Megatron's two functions over
-    the tp `group` (None: no tensor parallelism)."""
-
-    def __init__(self, kernels, weights: list, group):
-        self.kernels, self.weights, self.group = kernels, weights, group
-
-    def __call__(self, rows, counts: list[int]):
-        if self.group is not None:
-            rows = CopyToTP.apply(rows, self.group)  # every tp rank's slice read the rows: their gradient summed
-        out = self.kernels.grouped_mlp(rows, counts, self.weights, self.kernels.swiglu_packed)  # [rows, hidden]
-        if self.group is not None:
-            out = ReduceFromTP.apply(out, self.group)  # the row-parallel parts summed before the combine weights
-        return out
-
-
-def _expert_weights(experts, read) -> list:
-    """[(gate, up, down)] of every held expert, each through `read`."""
-    out = []
-    for e in range(experts.first, experts.first + experts.count):
-        x = experts[e]
-        out.append((read(x.gate_proj.weight), read(x.up_proj.weight), read(x.down_proj.weight)))
-    return out
-
-
-class TPDispatch:
-    """`SparseMoeBlock.dispatch` under the manual `tp` step: the experts' sliced weights (`split_experts`) between
-    the two functions over the tp group, everything else as one process."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
-        from pretrain_cli.models.moe import dispatch_local
-
-        sliced = SlicedExperts(experts.kernels, _expert_weights(experts, lambda w: w), self.group)
-        return dispatch_local(x, routing, sliced, num_experts, capacity_factor)
+from pretrain_cli.distributed.tensor_parallel import SlicedExperts, expert_weights
 
 
 class LocalDispatch:
@@ -94,7 +54,7 @@ class LocalDispatch:
         x = _no_partial(x)
         weights = _no_partial(routing.weights)
         local = Routing(None, None, routing.indices._local_value(), _local(weights))  # this rank's tokens
-        sliced = SlicedExperts(experts.kernels, _expert_weights(experts, lambda w: self._weight(w, x)), self.group)
+        sliced = SlicedExperts(experts.kernels, expert_weights(experts, lambda w: self._weight(w, x)), self.group)
         out, counts, dropped = dispatch_local(_local(x), local, sliced, num_experts, capacity_factor)
         return _dist(out, x), counts, dropped  # [tokens, hidden]: this rank's piece of the global batch
 
