@@ -184,6 +184,17 @@ def single(cfg: Path, log_dir: Path, extra=(), timeout: float = 120) -> Run:
     return Run(proc, log_dir, time.perf_counter() - start)
 
 
+def resume_from(ckpt: Path, corpus: Path, root: Path, nproc: int = 1, **over) -> Run:
+    """A run of `over` resumed from checkpoint `ckpt` (one process, or `nproc` through the launcher), written under
+    `root`; asserts it started and said so."""
+    cfg = write_config(root / "resume.json", corpus, root / "resumed", resume_from_checkpoint=str(ckpt),
+                       overwrite_output_dir=False, **over)
+    run = single(cfg, root / "resume_log") if nproc == 1 else launch_joined(cfg, root / "resume_log", nproc)
+    assert run.returncode == 0, run.explain()
+    assert "resumed from" in run.log(0)
+    return run
+
+
 def read_weights(directory: Path) -> dict:
     from safetensors.numpy import load_file
 

@@ -364,9 +364,11 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert notes == ["router_aux_loss_coef: the model (qwen2) has no experts; no effect"]
     tp2 = ParallelConfig(world_size=2, tp_degree=2)
     _, _, errors = resolved("micro-qwen3-moe", tp2, moe_aux_loss_scope="global")
-    assert len(errors) == 2 and errors[1].startswith("moe_aux_loss_scope: global sums")
+    assert len(errors) == 1 and errors[0].startswith("moe_aux_loss_scope: global sums")
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, pp_degree=2))
-    assert len(errors) == 1 and errors[0].startswith("qwen3_moe: a Mixture-of-Experts model trains with data")
+    assert not errors  # the layouts a MoE model runs under: config.refusals' MoE rows (tests/unit/test_layout_steps.py)
+    _, _, errors = resolved("micro-deepseek-v3", ParallelConfig(world_size=2, tp_degree=2))
+    assert len(errors) == 1 and errors[0].startswith("deepseek_v3: multi-head latent attention trains with data")
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, dp_degree=2), moe_aux_loss_scope="global")
     assert not errors
     _, _, errors = resolved("micro-qwen3-moe", recompute="true", recompute_use_reentrant="true")
@@ -434,3 +436,29 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
     assert load_weights(ours, tmp_path) == "paddlenlp"
     for (name, a), (_, b) in zip(src.named_parameters(), ours.named_parameters()):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("keys,world,refused", [
+    (["--tensor_parallel_degree", "2"], 2, None),
+    (["--sharding", "stage3", "--tensor_parallel_degree", "2"], 4, None),
+    (["--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "4", "--router_aux_loss_coef", "0"], 2,
+     None),
+    (["--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "4"], 2,
+     "pipeline_parallel_degree: 2 with a Mixture-of-Experts model's router losses or balancing bias "
+     "(router_aux_loss_coef 0.001)"),
+    (["--tensor_parallel_degree", "2", "--sequence_parallel", "true"], 2,
+     "sequence_parallel: true with a Mixture-of-Experts model (qwen3_moe) is not supported"),
+])
+def test_moe_layouts_resolve_or_are_refused_in_one_line(keys, world, refused):
+    """tp, ZeRO-3 and a pipeline without router terms resolve for a MoE model; a pipeline with config.json's balance
+    loss and sequence parallelism are refused by config.refusals' MoE rows, one line each."""
+    from run_helpers import resolve_run
+
+    if refused is None:
+        run = resolve_run(*keys, world=world, model="micro-qwen3-moe")
+        assert run.parallel.world_size == world
+        return
+    with pytest.raises(UserError) as e:
+        resolve_run(*keys, world=world, model="micro-qwen3-moe")
+    lines = [line for line in str(e.value).splitlines() if refused in line]
+    assert len(lines) == 1, str(e.value)

@@ -48,6 +48,7 @@ def test_plan_md_has_its_worked_examples():
     # Mixture-of-Experts: the active parameters of Qwen3-30B-A3B, and its --fit on two nodes
     assert any("Qwen3-30B-A3B" in cmd and "--expert_parallel_degree" in cmd for cmd, _, _ in found)
     assert any("Qwen3-30B-A3B" in cmd and "--gpus 16 --fit" in cmd for cmd, _, _ in found)
+    assert any("Qwen3-235B-A22B" in cmd and "--gpus 64 --fit" in cmd for cmd, _, _ in found)
 
 
 @pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")

@@ -4,7 +4,7 @@ Expert parallelism spreads a Mixture-of-Experts model's routed experts over grou
 `moe_group: data`, torchtitan's borrowing of the data ranks): each rank holds num_experts / ep of every sparse
 layer's experts and the tokens routed to them are sent to it. It runs on the data-parallel engine
 (`paddle.DataParallel` for everything but the experts, whose gradients are reduced over the ranks holding the same
-experts); the other engines place the weights themselves and are refused here with what to do instead.
+experts); the products with the other engines, which place the weights themselves, are `config.refusals`' ep rows.
 """
 from __future__ import annotations
 
@@ -24,13 +24,11 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
                      (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
                       f"from; use a divisor of them"),
-                     (tp > 1 or pp > 1 or cp > 1, "with tensor, pipeline or context parallelism is not supported "
-                      "yet; set tensor_parallel_degree, pipeline_parallel_degree and context_parallel_degree to 1"),
-                     (stage > 0, "with sharding is not supported yet (experts are already split over the ep ranks; "
-                      "the rest is data-parallel): set sharding to ''"),
+                     (tp > 1 or pp > 1 or cp > 1 or stage > 0, ""),  # config.refusals' ep rows said why
                      (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
                       f"the batch a capacity is counted over): set capacity_factor to 0")):
         if bad:
-            problems.add(f"expert_parallel_degree: {ep} {why}")
+            if why:
+                problems.add(f"expert_parallel_degree: {ep} {why}")
             return 1
     return ep

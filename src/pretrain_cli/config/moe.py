@@ -12,24 +12,34 @@ import math
 from pretrain_cli.errors import Problems
 from pretrain_cli.run_config import MoeConfig
 
-# the engines a MoE model runs under so far: whole experts on every rank (its expert weights are read directly
-# by the grouped kernel, which tensor parallelism's and the semi-auto engine's split layers would not see)
+# the engines multi-head latent attention runs under so far (a MoE model's layouts: `config.refusals`' MoE rows)
 ENGINES = ("single", "data_parallel", "fleet_zero1")
 DEEPSEEK_BIAS_RATE = 0.001  # DeepSeek-V3 paper: γ = 0.001 (then 0 for the last 500B tokens)
 KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
         "capacity_factor")
 
 
+def router_terms(args, model_cfg) -> str:
+    """The router terms of a MoE model's training that are on ("" when none, or the model is dense): the keys with
+    their values, as the refusal table names them (`config.refusals`: a pipeline runs without them)."""
+    if model_cfg is None or not model_cfg.sparse_layers:
+        return ""
+    m = args.model
+    aux = model_cfg.router_aux_loss_coef if m.router_aux_loss_coef is None else m.router_aux_loss_coef
+    rate = m.moe_router_bias_update_rate
+    if model_cfg.topk_method == "noaux_tc" and "moe_router_bias_update_rate" not in args.explicit:
+        rate = DEEPSEEK_BIAS_RATE
+    on = [("router_aux_loss_coef", aux), ("router_z_loss_coef", m.router_z_loss_coef),
+          ("moe_router_bias_update_rate", rate)]
+    return ", ".join(f"{k} {v}" for k, v in on if v)
+
+
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
     moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
     mla = model_cfg is not None and model_cfg.mla
-    if mla and not moe_model and parallel is not None and parallel.engine not in ENGINES:
+    if mla and parallel is not None and parallel.engine not in ENGINES:
         problems.add(f"{model_cfg.model_type}: multi-head latent attention trains with data parallelism and ZeRO-1 "
-                     f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
-                     f"pipeline, context parallelism and sharding stage2/3")
-    if moe_model and parallel is not None and parallel.engine not in ENGINES:
-        problems.add(f"{model_cfg.model_type}: a Mixture-of-Experts model trains with data parallelism and ZeRO-1 "
                      f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
                      f"pipeline, context parallelism and sharding stage2/3")
     if moe_model and args.training.recompute and args.training.recompute_use_reentrant:

@@ -1,4 +1,5 @@
-"""What stays refused: one table (`REFUSED`), one line per product of parallel degrees an engine cannot run here.
+"""What stays refused: one table (`REFUSED`), one line per product of parallel degrees an engine cannot run here
+(for a Mixture-of-Experts model also the products with its expert-parallel degree and its router terms).
 
 Every other product of degrees runs (`distributed.steps.order`: the layout is a sequence of steps, so a product of axes
 is the steps of each). A row names the key the user changes, the engine limit that stops it, and what to do;
@@ -26,6 +27,9 @@ class Degrees:
     sharding: int = 1
     data: int = 1
     sp: bool = False
+    ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
+    moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
+    router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,26 @@ REFUSED = (
             lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
                       f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "
                       f"with a pipeline, or stage3 without one"),
+    Refusal("MoE with context or sequence parallelism", lambda d: bool(d.moe) and (d.cp > 1 or d.sp),
+            lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with a "
+                      f"Mixture-of-Experts model ({d.moe}) is not supported (both give ranks different tokens of a "
+                      f"sequence, and the experts' tensor-parallel split needs every tp rank to route the same ones; "
+                      f"not built here); set context_parallel_degree: 1 and sequence_parallel: false (tp, pp, "
+                      f"ZeRO-1/2/3 and expert parallelism run)"),
+    Refusal("MoE router losses with a pipeline", lambda d: bool(d.moe) and d.pp > 1 and bool(d.router_terms),
+            lambda d: f"pipeline_parallel_degree: {d.pp} with a Mixture-of-Experts model's router losses or balancing "
+                      f"bias ({d.router_terms}) is not supported (fleet's pipeline backpropagates the last stage's "
+                      f"loss only, while the balance loss spans every stage's routing, and the bias is updated from "
+                      f"every rank's counts); set each of them to 0, or train without a pipeline"),
+    Refusal("ep with tp, pp or cp", lambda d: bool(d.moe) and d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
+            lambda d: f"expert_parallel_degree: {d.ep} with tensor, pipeline or context parallelism is not supported "
+                      f"yet (its dispatch and the experts' own gradient reduction run on the data-parallel engine, "
+                      f"paddle.DataParallel; the others place the weights themselves); set tensor_parallel_degree, "
+                      f"pipeline_parallel_degree and context_parallel_degree to 1"),
+    Refusal("ep with sharding", lambda d: bool(d.moe) and d.ep > 1 and d.stage > 0 and d.sharding > 1,
+            lambda d: f"expert_parallel_degree: {d.ep} with sharding is not supported yet (fleet's ZeRO owners and the "
+                      f"semi-auto engine's placements take every data rank to hold the same parameters, while each "
+                      f"rank of an expert group holds other experts); set sharding to ''"),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "

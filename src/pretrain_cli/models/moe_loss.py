@@ -50,7 +50,7 @@ def load_balancing_loss(logits: list, num_experts: int, top_k: int, reduce_count
 def z_loss(logits: list):
     """Mean over tokens of logsumexp(router logits)², averaged over the sparse layers."""
     per_layer = [paddle.square(paddle.logsumexp(l.astype("float32"), axis=-1)).mean() for l in logits]
-    return paddle.add_n(per_layer) / len(per_layer)
+    return (paddle.add_n(per_layer) / len(per_layer)).reshape([])  # [] (batch-sharded logits' SPMD mean gives [1])
 
 
 def router_loss(model):

@@ -10,8 +10,9 @@ from pretrain_cli.models.flops import experts, param_counts
 def mlp_per_token(s) -> float:
     """The MLP's bytes kept per token, averaged over the layers. A dense layer: gate, up, silu and product,
     4·c·I ÷ tp. A sparse layer (Mixture-of-Experts): the router's fp32 logits and probabilities (2·4·E), each of the
-    token's k routed copies through its expert (the gathered input, gate, up, silu, product and the weighted output:
-    k·c·(2h + 4F)), the shared expert and its gate (4·c·Fs + c·h + 4); under expert parallelism the dispatch keeps
+    token's k routed copies through its expert (the gathered input and the weighted output whole, gate, up, silu and
+    product ÷ tp: k·c·(2h + 4F/tp)), the shared expert (÷ tp) and its gate (4·c·Fs/tp + c·h + 4); under expert
+    parallelism the dispatch keeps
     the expert group's gathered tokens and the outputs before their reduce-scatter (2·ep·c·h). Modelled, not
     calibrated: balanced routing (a busy expert's rank holds more)."""
     cfg, c, tp = s.model, s.compute_bytes, s.tp
@@ -20,15 +21,28 @@ def mlp_per_token(s) -> float:
     if e is None:
         return dense
     h, k = cfg.hidden_size, e.top_k
-    sparse = 8 * e.routed + k * c * (2 * h + 4 * e.width) + (4 * c * e.shared_width + c * h + 4 if e.shared_width
-                                                              else 0) + (2 * s.ep * c * h if s.ep > 1 else 0)
+    sparse = 8 * e.routed + k * c * (2 * h + 4 * e.width / tp) + (4 * c * e.shared_width / tp + c * h + 4
+                                                                   if e.shared_width else 0) \
+        + (2 * s.ep * c * h if s.ep > 1 else 0)
     return (e.sparse_layers * sparse + (cfg.num_hidden_layers - e.sparse_layers) * dense) / cfg.num_hidden_layers
 
 
+def mlp_reduce_rows(s) -> float:
+    """Rows per token the MLP's tensor-parallel all-reduce carries, averaged over the layers: 1 for a dense layer;
+    for a sparse one the k routed copies (the experts' row-parallel outputs are summed before the combine weights
+    multiply them: `distributed.steps.moe_layouts`) and 1 for a shared expert."""
+    cfg = s.model
+    e = experts(cfg)
+    if e is None:
+        return 1.0
+    sparse = e.top_k + (1 if e.shared_width else 0)
+    return (e.sparse_layers * sparse + cfg.num_hidden_layers - e.sparse_layers) / cfg.num_hidden_layers
+
+
 def expert_params(s) -> float:
-    """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (whole on every
-    tensor-parallel rank: no expert tensor parallelism, as torchtitan and PaddleFormers), else all ÷ tp (the
-    model's layout then splits them as it splits a dense MLP)."""
+    """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (which runs without
+    tensor parallelism), else all ÷ tp (each expert split by the one TP plan like a dense MLP:
+    `distributed.steps.moe_layouts`)."""
     return param_counts(s.model)["experts"] / (s.ep if s.ep > 1 else s.tp)
 
 

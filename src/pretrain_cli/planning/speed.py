@@ -5,7 +5,7 @@ ZeRO-3, context-parallel and expert-parallel groups, each over the link its grou
 """
 from __future__ import annotations
 
-from pretrain_cli.planning.experts import dispatch_bytes, expert_params
+from pretrain_cli.planning.experts import dispatch_bytes, expert_params, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes
 from pretrain_cli.planning.memory import Setup
 from pretrain_cli.planning.report import Plan, link_gbps
@@ -22,8 +22,10 @@ def pipeline_bubble(stages: int, micro_batches: int) -> float:
 def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]:
     """Bytes one device sends per optimizer step on each group (the speed model's terms, docs/PLAN.md):
 
-    tp    = acc × its stage's layers × n × 2(t−1)/t × b·s·hidden·c  (n = 4 all-reduces per layer: attention and MLP
-            outputs, forward and backward; + 2 under `full`, + 1 under `full_attn` recompute)
+    tp    = acc × its stage's layers × (n_attn + n_mlp × r) × 2(t−1)/t × b·s·hidden·c  (all-reduces per layer of the
+            attention and MLP outputs: n_attn = n_mlp = 2, forward and backward; + 1 each under `full`, + 1 attention
+            under `full_attn` recompute; r = `experts.mlp_reduce_rows`, 1 for a dense model, top_k (+1 shared)
+            on a MoE model's sparse layers)
     pp    = acc × 2 × b·s·hidden·c  (one activation forward, its gradient back, per micro-batch; whole on every
             tensor-parallel rank, or its 1/t of the sequence under sequence parallelism)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
@@ -41,7 +43,8 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
     out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
     if tp > 1:
-        n = 4 + {"full": 2, "full_attn": 1}.get(setup.recompute, 0)
+        n_attn, n_mlp = 2 + (setup.recompute in ("full", "full_attn")), 2 + (setup.recompute == "full")
+        n = n_attn + n_mlp * mlp_reduce_rows(setup)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
     if pp > 1:
         out["pp"] = acc * 2 * act / (tp if par.sequence_parallel else 1)  # SP: only the cut stream travels

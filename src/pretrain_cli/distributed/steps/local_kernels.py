@@ -97,6 +97,18 @@ def _on_pieces(op, roles: str, like, hook: bool):
     return local_op
 
 
+def _same_graph(grouped_mlp):
+    """The experts' grouped kernel with one graph on every rank (`moe_layouts.LocalDispatch` runs it on each rank's
+    own tokens): the CPU choice between padded GEMMs and per-expert segments follows the local counts, and the
+    segments skip an expert without rows, so ranks would build different backward graphs. Their weights' Partial
+    gradients are all-reduced by hooks as backward reaches them (`to_replicated`), so a different order (or a
+    missing gradient) pairs different tensors in one collective (gloo: "op.preamble.length <= op.nbytes"). The
+    padded path uses every expert's weights in the same ops whatever the counts."""
+    from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_padded
+
+    return grouped_mlp_padded if grouped_mlp is grouped_mlp_cpu else grouped_mlp
+
+
 def localize(k, hook: bool):
     """`k` (an `ops.kernels.Kernels`) with every op running on local pieces of distributed tensors (`_on_pieces`;
     the three that need more than that below), and `whole_weight` gathering a weight ZeRO-3 keeps in pieces.
@@ -154,6 +166,6 @@ def localize(k, hook: bool):
         attention_cached=_on_pieces(k.attention_cached, "ppp", 0, hook),
         attention_document=_on_pieces(k.attention_document, "pppp", 0, hook),
         swiglu=_on_pieces(k.swiglu, "pp", 0, hook), swiglu_packed=_on_pieces(k.swiglu_packed, "p", 0, hook),
-        gate_up=gate_up, cross_entropy=cross_entropy,
+        gate_up=gate_up, cross_entropy=cross_entropy, grouped_mlp=_same_graph(k.grouped_mlp),
         linear_cross_entropy=linear_cross_entropy if lce is not None else None,
         whole_weight=lambda w: gather_zero(w, hook))

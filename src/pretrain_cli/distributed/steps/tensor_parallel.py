@@ -17,7 +17,9 @@ Each rank keeps its slice of the projections on the dim the one TP plan gives (`
 tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the embedding and the LM head
 stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
 the two functions is. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
-when it broadcasts the replicated ones over the tp group.
+when it broadcasts the replicated ones over the tp group. A Mixture-of-Experts layer's routed experts are each cut
+like an MLP, with the two functions around the experts alone and its router whole (`TPDispatch`; why:
+`moe_layouts`).
 """
 from __future__ import annotations
 
@@ -116,11 +118,68 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
     for i, layer in enumerate(layers):
         if not layer.input_layernorm.weight._is_initialized():  # not this stage's: nothing to cut, never run here
             continue
-        for block, kind, names in ((layer.self_attn, "self_attn", COLUMN[:3]), (layer.mlp, "mlp", COLUMN[3:])):
-            for name in names:
-                keep_slice(block, name, f"model.layers.{i}.{kind}")
+        dense = [(layer.self_attn, f"model.layers.{i}.self_attn", COLUMN[:3], ROW[0])]
+        dense += [(mlp, prefix, COLUMN[3:], ROW[1]) for mlp, prefix in dense_mlps(layer.mlp, f"model.layers.{i}.mlp")]
+        for block, prefix, columns, _ in dense:
+            for name in columns:
+                keep_slice(block, name, prefix)
             block.register_forward_pre_hook(enter)
-        for block, kind, name in ((layer.self_attn, "self_attn", ROW[0]), (layer.mlp, "mlp", ROW[1])):
-            keep_slice(block, name, f"model.layers.{i}.{kind}")
-            getattr(block, name).register_forward_post_hook(leave)
+        for block, prefix, _, row in dense:
+            keep_slice(block, row, prefix)
+            getattr(block, row).register_forward_post_hook(leave)
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:  # each routed expert cut like an MLP; the two functions around the experts alone
+            for e in range(experts.first, experts.first + experts.count):
+                for name in COLUMN[3:] + ROW[1:]:
+                    keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")
+            layer.mlp.dispatch = TPDispatch(group)
     return split
+
+
+def dense_mlps(mlp, prefix: str) -> list:
+    """[(MLP, its HF prefix)] a layer's `mlp` holds whole-token MLPs in: itself when dense, a sparse block's shared
+    expert (Qwen2-MoE `shared_expert`, DeepSeek `shared_experts`) when it has one; its routed experts are not."""
+    if getattr(mlp, "experts", None) is None:
+        return [(mlp, prefix)]
+    return [(getattr(mlp, n), f"{prefix}.{n}") for n in ("shared_expert", "shared_experts")
+            if getattr(mlp, n, None) is not None]
+
+
+class SlicedExperts:
+    """Stands in for `moe.Experts` inside `moe.dispatch_local` (which only calls `experts(rows, counts)`): the
+    grouped kernel over `weights` (this rank's [(gate, up, down)] blocks), between Megatron's two functions over
+    the tp `group` (None: no tensor parallelism)."""
+
+    def __init__(self, kernels, weights: list, group):
+        self.kernels, self.weights, self.group = kernels, weights, group
+
+    def __call__(self, rows, counts: list[int]):
+        if self.group is not None:
+            rows = CopyToTP.apply(rows, self.group)  # every tp rank's slice read the rows: their gradient summed
+        out = self.kernels.grouped_mlp(rows, counts, self.weights, self.kernels.swiglu_packed)  # [rows, hidden]
+        if self.group is not None:
+            out = ReduceFromTP.apply(out, self.group)  # the row-parallel parts summed before the combine weights
+        return out
+
+
+def expert_weights(experts, read) -> list:
+    """[(gate, up, down)] of every held expert, each through `read`."""
+    out = []
+    for e in range(experts.first, experts.first + experts.count):
+        x = experts[e]
+        out.append((read(x.gate_proj.weight), read(x.up_proj.weight), read(x.down_proj.weight)))
+    return out
+
+
+class TPDispatch:
+    """`SparseMoeBlock.dispatch` under the manual `tp` step: the experts' sliced weights (`split_layers`) between
+    the two functions over the tp group, everything else as one process."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
+        from pretrain_cli.models.moe import dispatch_local
+
+        sliced = SlicedExperts(experts.kernels, expert_weights(experts, lambda w: w), self.group)
+        return dispatch_local(x, routing, sliced, num_experts, capacity_factor)

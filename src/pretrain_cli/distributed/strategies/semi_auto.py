@@ -41,14 +41,18 @@ class SemiAuto(Strategy):
         `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
+        from pretrain_cli.distributed.steps.moe_layouts import semi_auto_dispatch
+
         model = self.apply_steps(model, source)  # (recompute: the steps before the data side)
+        semi_auto_dispatch(model, self.topology, self.backend)  # a MoE model's experts run on local pieces
         self.mesh = self.topology.mesh()
         self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)
         self._names = {id(param): name for name, param in model.named_parameters()}
         if self.hook is not None:
             for param in model.parameters():
-                param.register_hook(self.hook)  # before shard_optimizer registers its own
+                if not param.stop_gradient:  # (a MoE router's balancing bias has no gradient)
+                    param.register_hook(self.hook)  # before shard_optimizer registers its own
         return model
 
     def _placements(self, tp_dim=None) -> list:
@@ -68,13 +72,14 @@ class SemiAuto(Strategy):
 
     def _place(self, layer_name: str, key: str, param, mesh, placements):
         """`param` with `placements` (the "mp" layout): a whole (eagerly built) tensor is cut by
-        `dist.shard_tensor`; a lazy one is created as this rank's block (ZeRO-3: left lazy for `wrap`)."""
+        `dist.shard_tensor`; a lazy one is created as this rank's block (ZeRO-3: left lazy for `wrap`, but for
+        a parameter without gradient, such as a MoE router's balancing bias: the optimizer never sees it)."""
         import paddle.distributed as dist
 
         from pretrain_cli.distributed.layout.materialize import fill_placed, pending
 
-        if not pending(param) or self.parallel.sharding_stage == 3:
-            return dist.shard_tensor(param, mesh, placements)
+        if not pending(param) or (self.parallel.sharding_stage == 3 and not param.stop_gradient):
+            return dist.shard_tensor(param, mesh, placements)  # (one without gradient is outside the optimizer)
         name = f"{layer_name}.{key}" if layer_name else key
         return fill_placed(name, param, self._source, mesh, placements, self.parallel.rank)
 
