@@ -9,6 +9,16 @@ from pretrain_cli import runtime
 
 runtime.setup_env()
 
+# Every process the suite starts (each launched rank, each fresh interpreter: hundreds) imports the package from its
+# sources. Where PYTHONDONTWRITEBYTECODE is set (this CI sandbox sets it) no bytecode is ever written, so each of them
+# compiles every module again (~0.2-0.4 CPU-s a process); the suite's children write theirs under one prefix instead
+# (never into the source tree) and the next process reads it.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import tempfile
+
+    prefix = os.path.join(tempfile.gettempdir(), f"pretrain-cli-pycache-{os.getuid()}")
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", prefix)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import io
 import os
 import re
@@ -249,4 +250,11 @@ def import_paddle():
     # ends a process quietly, as by default (the trainer installs its own graceful stop while it trains); Paddle's
     # handlers of real crashes (SIGSEGV, SIGABRT, SIGILL) stay.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A native crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) first prints every thread's Python stack, then
+    # Paddle's own report runs (faulthandler chains to the handler it replaces). Paddle's report alone can be
+    # nothing: it is formatted on the heap, which the crash may have broken (a cp2 x pp2 rank once died with exit
+    # -11 and an empty workerlog); faulthandler writes from its own buffer and stack. Left alone when already on
+    # (pytest's own, writing where it chose).
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     return paddle

@@ -195,6 +195,23 @@ def resume_from(ckpt: Path, corpus: Path, root: Path, nproc: int = 1, **over) ->
     return run
 
 
+def reference(shared: Path, corpus: Path, timeout: float = 300, **keys) -> tuple[Run, Path]:
+    """(Run, output_dir) of one process over `BASE` + `keys` (`single`), run once per test session under `shared`
+    and keyed by `keys`: every module (and xdist worker) asking for the same one-process run reads the same one."""
+    import hashlib
+
+    from session_cache import built_once
+
+    name = "single-" + hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+
+    def run_it(d: Path) -> None:
+        run = single(write_config(d / "c.json", corpus, d / "out", **keys), d / "log", timeout=timeout)
+        assert run.returncode == 0, run.explain()
+
+    d = built_once(shared / name, run_it)
+    return Run(subprocess.CompletedProcess([], 0, "", ""), d / "log", 0.0), d / "out"
+
+
 def read_weights(directory: Path) -> dict:
     from safetensors.numpy import load_file
 
@@ -218,6 +235,8 @@ def read_checkpoint(ckpt: Path, kind: str = "optimizer") -> dict:
 
 STEPS = 10
 TOL = 1e-5
+# document masking, recompute and an evaluation every 5 steps (conftest's `doc_ref`: one process with them)
+DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
 # The exact gradient of a key bias is 0 (q·b_k shifts every score of a query row equally; softmax ignores
 # that), so AdamW applies normalised rounding noise to it, whose sign depends on the summation order, and
 # that order differs between one process at batch 8 and two at batch 4 by design. Compared loosely.

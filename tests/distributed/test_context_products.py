@@ -13,26 +13,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
+from launch_helpers import (DOC, STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
                             launch_joined, read_weights, single, write_config)
 
 CP_TP = dict(context_parallel_degree=2, tensor_parallel_degree=2, per_device_train_batch_size=8)
 # ZeRO-2 over the 2 cp ranks of each tp rank (fleet's sharding axis is sharding x cp), with sequence parallelism
 CP_TP_SP_ZERO2 = dict(CP_TP, sequence_parallel=True, sharding="stage2")
-DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
 CP_PP_DOC = dict(context_parallel_degree=2, pipeline_parallel_degree=2, gradient_accumulation_steps=4,
                  per_device_train_batch_size=2, **DOC)
 WEIGHT_TOL = 2e-5  # the row-parallel and ring sums in another order than one process (test_layouts.py's WEIGHT_TOL)
-
-
-@pytest.fixture(scope="module")
-def doc_ref(corpus, tmp_path_factory):
-    """One process with document masking, recompute and evaluation (conftest's `ref` is causal)."""
-    root = tmp_path_factory.mktemp("doc_ref")
-    run = single(write_config(root / "r.json", corpus, root / "out", per_device_train_batch_size=8, save_steps=5,
-                              **DOC), root / "log")
-    assert run.returncode == 0, run.explain()
-    return run, root / "out"
 
 
 @pytest.fixture(scope="module")

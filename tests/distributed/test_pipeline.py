@@ -35,8 +35,6 @@ LAYOUTS = {
     "pp2_doc": (2, dict(PP, per_device_train_batch_size=4, attention_mask_type="document", recompute=True,
                         do_eval=True, eval_steps=5, eval_iters=2), "doc"),
 }
-DOC = dict(per_device_train_batch_size=8, attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5,
-           eval_iters=2)
 
 
 def _launch(cfg, log_dir, nproc: int):
@@ -44,18 +42,17 @@ def _launch(cfg, log_dir, nproc: int):
 
 
 @pytest.fixture(scope="module")
-def refs(ref, corpus, tmp_path_factory):
-    """conftest's reference, the same with document masking, and one process with 4 decoder layers (saves step 5)."""
+def refs(ref, doc_ref, corpus, tmp_path_factory):
+    """conftest's reference, the same with document masking (`doc_ref`), and one process with 4 and with 8 decoder
+    layers (saves step 5)."""
     root = tmp_path_factory.mktemp("pp_refs")
-    doc = single(write_config(root / "doc.json", corpus, root / "doc", **DOC), root / "log_doc")
-    assert doc.returncode == 0, doc.explain()
     four = single(write_config(root / "ref4.json", corpus, root / "ref4", per_device_train_batch_size=8, save_steps=5,
                                **FOUR), root / "log_ref4", timeout=600)
     assert four.returncode == 0, four.explain()
     eight = single(write_config(root / "ref8.json", corpus, root / "ref8", per_device_train_batch_size=8, save_steps=5,
                                 **EIGHT), root / "log_ref8", timeout=600)
     assert eight.returncode == 0, eight.explain()
-    return {"ref": ref, "doc": (doc, root / "doc"), "ref4": (four, root / "ref4"), "ref8": (eight, root / "ref8")}
+    return {"ref": ref, "doc": doc_ref, "ref4": (four, root / "ref4"), "ref8": (eight, root / "ref8")}
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
+from launch_helpers import (DOC, STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
                             launch_joined, read_weights, single, write_config)
 
 SP = dict(tensor_parallel_degree=2, sequence_parallel=True, per_device_train_batch_size=8)
 TP_PP_SP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True,
                 gradient_accumulation_steps=4, per_device_train_batch_size=2)
-DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
 WEIGHT_TOL = 2e-5  # the row-parallel sums in another order than one process (test_layouts.py's WEIGHT_TOL)
 
 
@@ -61,16 +60,6 @@ def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_pa
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
-
-
-@pytest.fixture(scope="module")
-def doc_ref(corpus, tmp_path_factory):
-    """One process with document masking, recompute and evaluation (the reference of both layouts below)."""
-    root = tmp_path_factory.mktemp("sp_doc_ref")
-    ref = single(write_config(root / "r.json", corpus, root / "rout", per_device_train_batch_size=8, **DOC),
-                 root / "rlog")
-    assert ref.returncode == 0, ref.explain()
-    return ref, root / "rout"
 
 
 @pytest.mark.parametrize("nproc,keys", [(2, SP), (4, TP_PP_SP)], ids=["tp2_sp", "tp2_pp2_sp"])

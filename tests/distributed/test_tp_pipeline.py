@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
+from launch_helpers import (DOC, STEPS, assert_checkpoint_matches, assert_close_losses, assert_close_tensors, evals,
                             launch_joined, read_weights, single, write_config)
 
 TP_PP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, gradient_accumulation_steps=4,
              per_device_train_batch_size=2)
-# packed documents, recompute and evaluation through the split layers (and the one-process run to compare with)
-DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_steps=5, eval_iters=2)
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +30,10 @@ def tp_pp(corpus, tmp_path_factory):
     return run, root / "out"
 
 
-def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path):
-    """The same curve and the same evaluation (loss and token count) as one process, with document masking and
-    recompute inside the tensor-parallel stages."""
-    ref = single(write_config(tmp_path / "r.json", corpus, tmp_path / "rout", per_device_train_batch_size=8, **DOC),
-                 tmp_path / "rlog")
-    assert ref.returncode == 0, ref.explain()
+def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path, doc_ref):
+    """The same curve and the same evaluation (loss and token count) as one process (conftest's `doc_ref`), with
+    packed documents, recompute and evaluation (`DOC`) inside the tensor-parallel stages."""
+    ref = doc_ref[0]
     run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP, **DOC), tmp_path / "log", 4)
     assert run.returncode == 0, run.explain()
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))

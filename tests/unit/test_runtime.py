@@ -139,3 +139,20 @@ def test_fleets_cpu_warnings_are_filtered(monkeypatch):
         warnings.warn("nccl reduce_avg requires paddle compiled with cuda and nccl>=2.10.0, please check", UserWarning)
         warnings.warn("something else", UserWarning)
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+def test_a_native_crash_prints_the_python_stack_then_paddles_report(tmp_path):
+    """`runtime.import_paddle` turns faulthandler on: a SIGSEGV prints where in Python it happened (written from
+    faulthandler's own buffer, so it survives a broken heap, on which Paddle formats its report), then Paddle's own
+    report still runs, and the process still dies of the signal (forked from a process that imported Paddle through
+    it: tests/forkserver.py)."""
+    import signal
+
+    import forkserver
+
+    code = ("import ctypes\nfrom pretrain_cli import runtime\nruntime.import_paddle()\n"
+            "def read_address_zero():\n    ctypes.string_at(0)\nread_address_zero()\n")
+    p = forkserver.run(["-c", code], cwd=tmp_path, timeout=120)
+    assert p.returncode == -signal.SIGSEGV, p.stderr[-2000:]
+    assert "Fatal Python error: Segmentation fault" in p.stderr and "in read_address_zero" in p.stderr, p.stderr
+    assert "FatalError: `Segmentation fault` is detected" in p.stdout, p.stdout  # Paddle's report follows (on stdout)
