@@ -76,17 +76,31 @@ def experts(cfg: ModelConfig) -> Experts | None:
     (`ModelConfig.is_sparse_layer`: transformers' decoder layers of each family)."""
     if not family(cfg.model_type).moe or cfg.num_experts <= 0:
         return None
-    key = repr(cfg)
-    if key not in _SHAPES:  # `plan --fit` asks this of one config tens of thousands of times
-        sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
-        shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
-        _SHAPES[key] = Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse,
-                               cfg.moe_intermediate_size * cfg.n_shared_experts)
-    return _SHAPES[key]
+    return _cached(_SHAPES, cfg, _experts)
+
+
+def _experts(cfg: ModelConfig) -> Experts:
+    sparse = tuple(cfg.is_sparse_layer(i) for i in range(cfg.num_hidden_layers))
+    shared = cfg.shared_expert_intermediate_size if family(cfg.model_type).shared_expert else 0
+    return Experts(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, shared, sparse,
+                   cfg.moe_intermediate_size * cfg.n_shared_experts)
 
 
 _SHAPES: dict = {}  # `experts`' answers by the config they describe
 _COUNTS: dict = {}  # `param_counts`' answers, likewise
+
+
+def _cached(store: dict, cfg: ModelConfig, make):
+    """`make(cfg)`, once per config: `plan --fit` asks these of one config tens of thousands of times. Looked up by
+    the object (kept alive in the entry, so its id is not reused) and checked against its fields as they were,
+    so a config changed in place is counted again; a `repr` key cost more than the counting it saved."""
+    hit = store.get(id(cfg))
+    fields = vars(cfg)
+    if hit is None or hit[0] is not cfg or hit[1] != fields:
+        if len(store) > 256:
+            store.clear()
+        hit = store[id(cfg)] = (cfg, dict(fields), make(cfg))
+    return hit[2]
 
 
 def _mlp_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
@@ -108,10 +122,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Unique trainable parameters; a tied LM head is not counted twice. "active": the parameters one token
     passes through (a Mixture-of-Experts model's top-k experts per sparse layer; = "total" for a dense model);
     "experts": every routed expert's parameters (what expert parallelism divides; 0 if dense)."""
-    key = repr(cfg)
-    if key not in _COUNTS:
-        _COUNTS[key] = _param_counts(cfg)
-    return dict(_COUNTS[key])
+    return dict(_cached(_COUNTS, cfg, _param_counts))
 
 
 def _param_counts(cfg: ModelConfig) -> dict[str, int]:

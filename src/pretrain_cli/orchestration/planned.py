@@ -97,7 +97,10 @@ def _groups(degrees: tuple, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
     def along(axis: str) -> list[tuple[int, ...]]:
         return by(*(a for a in topo.sizes if a != axis))
 
-    experts = sorted({topo.expert_group(r) for r in range(topo.world_size)})  # ep groups: from the data ranks
+    ep_of: dict[tuple, list[int]] = {}  # ep groups (`Topology.expert_group`): consecutive data ranks of one place
+    for r, c in enumerate(coords):
+        ep_of.setdefault((c["pp"], c["cp"], c["mp"], topo.data_rank_of(r) // topo.ep), []).append(r)
+    experts = sorted(tuple(g) for g in ep_of.values())
     return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by("pp", "mp"), "ep": experts}
 
 

@@ -107,7 +107,9 @@ class Topology:
         return self.degree("dp") * self.degree("sharding")
 
     def data_rank_of(self, rank: int) -> int:
-        c = self.coords(rank)
+        return self._data_rank(self.coords(rank))
+
+    def _data_rank(self, c: dict) -> int:
         return c["dp"] * self.degree("sharding") + c["sharding"]
 
     @property
@@ -121,10 +123,7 @@ class Topology:
 
     def _same_place(self, rank: int, key) -> tuple:
         """The ranks of `rank`'s stage, tp and cp position whose data rank gives the same `key(data rank)`."""
-        mine = self.coords(rank)
-        return tuple(r for r in range(self.world_size)
-                     if all(self.coord(a, r) == mine[a] for a in ("pp", "cp", "mp"))
-                     and key(self.data_rank_of(r)) == key(self.data_rank_of(rank)))
+        return self._matching(rank, ("pp", "cp", "mp"), lambda c: key(self._data_rank(c)))
 
     def expert_group(self, rank: int | None = None) -> tuple:
         """The ep ranks through `rank` (this rank) that split the experts between them and exchange tokens."""
@@ -138,8 +137,19 @@ class Topology:
     def replicas(self, *axes: str, rank: int | None = None) -> tuple:
         """The ranks whose coordinates on `axes` equal `rank`'s (this rank's): the ranks that hold the same
         block of a tensor split (or owned) along those axes and copied along the others."""
+        return self._matching(self.rank if rank is None else rank, axes)
+
+    def _matching(self, rank: int, axes, key=None) -> tuple:
+        """The ranks whose coordinates on `axes` (and `key(coordinates)`, if given) equal `rank`'s; each rank's
+        coordinates computed once (`plan --fit` asks this for every rank of thousands of candidate layouts)."""
         mine = self.coords(rank)
-        return tuple(r for r in range(self.world_size) if all(self.coord(a, r) == mine[a] for a in axes))
+        want = key(mine) if key is not None else None
+        out = []
+        for r in range(self.world_size):
+            c = self.coords(r)
+            if all(c[a] == mine[a] for a in axes) and (key is None or key(c) == want):
+                out.append(r)
+        return tuple(out)
 
     def group(self, axis: str, rank: int | None = None) -> tuple:
         """The ranks along `axis` through `rank` (this rank): its group on that axis, in axis order."""
