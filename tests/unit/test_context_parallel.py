@@ -229,11 +229,11 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
 
 
 def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():
-    """Ring attention's bytes per rank (`planning.memory.context_traffic_bytes`): a forward passes (C-1)/C of the
+    """Ring attention's bytes per rank (`planning.context.context_traffic_bytes`): a forward passes (C-1)/C of the
     sequence's K/V (what full recompute adds), and C fp32 dK/dV blocks of one rank's tokens ride the backward."""
     from types import SimpleNamespace
 
-    from pretrain_cli.planning.memory import context_traffic_bytes
+    from pretrain_cli.planning.context import context_traffic_bytes
 
     model = SimpleNamespace(num_hidden_layers=3, num_key_value_heads=2, head_dim=8)
     kv = 1 * 4096 * 2 * 2 * 8  # the sequence's K and V elements, micro-batch 1

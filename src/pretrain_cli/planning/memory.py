@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.families import family
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
-from pretrain_cli.ops.block_attention import ROW_TILE
+from pretrain_cli.planning.context import context_core_per_token, context_working_bytes
 from pretrain_cli.planning.experts import expert_params, mlp_per_token
 from pretrain_cli.ops.linear_loss import chunk_rows
 
@@ -138,8 +138,38 @@ def activation_parts(s: Setup) -> tuple[float, float]:
 
 
 def activation_bytes(s: Setup) -> float:
-    kept, redo = activation_parts(s)
-    return kept + redo
+    return sum(activation_parts(s)) + mtp_activation_bytes(s)  # kept + the recompute working set + the MTP modules'
+
+
+def mtp_params(s: Setup) -> tuple[float, float]:
+    """(the rest, the routed experts) of the multi-token prediction modules' own parameters one rank holds
+    (`models.mtp`; outside `param_counts`' total, as transformers leaves them out, but trained here): the rest ÷ tp,
+    the routed experts ÷ ep under expert parallelism (which splits their sparse blocks too), else ÷ tp."""
+    counts = param_counts(s.model)
+    routed = counts["mtp_experts"]
+    return (counts["mtp"] - routed) / s.tp, routed / (s.ep if s.ep > 1 else s.tp)
+
+
+def mtp_activation_bytes(s: Setup) -> float:
+    """What the multi-token prediction modules keep for backward, per micro-batch: each depth's three norms (of the
+    shifted tokens' embedding, of the previous depth's hidden states, the head's), the projection's concatenated
+    input `[2·hidden]`, and one decoder layer whole (recompute wraps the decoder layers only, `models.recompute`;
+    an average layer of the model, as `_parts_per_token` gives it). Their head + loss: `mtp_head_bytes`."""
+    depth, h = s.model.num_nextn_predict_layers, s.model.hidden_size
+    if not depth:
+        return 0.0
+    p = _parts_per_token(s)
+    layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
+    return depth * s.micro_batch * s.seq_len * (3 * _norm_bytes(s, h) + 2 * s.compute_bytes * h + layer)
+
+
+def mtp_head_bytes(s: Setup) -> float:
+    """Each multi-token prediction depth's LM head + loss, kept until its backward beside the main head's: the
+    fused path's dh and fp32 dW (what `fused_loss_bytes` keeps), or a whole set of logits buffers (`logits_bytes`)."""
+    cfg = s.model
+    one = (4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * s.compute_bytes
+           if s.fused_loss else logits_bytes(s))
+    return cfg.num_nextn_predict_layers * one
 
 
 def logits_bytes(s: Setup) -> float:
@@ -294,17 +324,18 @@ def estimate(s: Setup) -> dict[str, float]:
     one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
     if s.pp > 1:
         return max(pipeline_stages(s), key=lambda parts: sum(parts.values()))
-    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s), document_mask_bytes(s))
+    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s) + mtp_head_bytes(s),
+                  document_mask_bytes(s))
 
 
 def _device_params(s: Setup) -> float:
     """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`), the
-    routed experts ÷ ep (`expert_params`)."""
+    routed experts ÷ ep (`expert_params`), and the multi-token prediction modules' (`mtp_params`)."""
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
     routed = counts["experts"]
-    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s)
+    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s) + sum(mtp_params(s))
 
 
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
@@ -333,7 +364,7 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     }
     if s.dp_buffers and not s.sharding_stage:
         # the experts of expert parallelism are reduced outside DataParallel's buffers (over their own holders)
-        out["gradient_buffers"] = (n - (expert_params(s) if s.ep > 1 else 0)) * grad_b
+        out["gradient_buffers"] = (n - (expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0)) * grad_b
     if s.cp > 1:
         out["context_attention"] = context_working_bytes(s)
     if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:
@@ -360,41 +391,10 @@ def attention_widths(cfg) -> tuple[int, int]:
     return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
 
-def context_core_per_token(s: Setup) -> float:
-    """Attention's bytes kept per local token per layer under context parallelism (`distributed.context`): the
-    head-major q and the output, fp32 log-sum-exp per head, and the rank's own K and V (ring attention passes
-    the other ranks' blocks through, it keeps none of them). No `[s, s]` scores are kept: each block's are
-    recomputed in backward."""
-    cfg, c = s.model, s.compute_bytes
-    h, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    return c * (2 * h + 2 * kv) + 4 * cfg.num_attention_heads
-
-
-def context_working_bytes(s: Setup) -> float:
-    """The transient peak of one context-parallel attention call: one block's fp32 scores, probabilities and
-    their gradient `[b, heads, rows, chunk]` (chunk = max_seq_length / 2cp, rows = at most `ROW_TILE` of them),
-    and the ring's two K/V blocks (the one computed, the one arriving) with, in backward, their two fp32 dK/dV
-    accumulators; a block is one rank's `seq_len` tokens, whatever cp is."""
-    cfg, c = s.model, s.compute_bytes
-    chunk = s.seq_len // 2
-    block = 3 * 4 * s.micro_batch * cfg.num_attention_heads * min(chunk, ROW_TILE) * chunk
-    return block + 2 * (c + 4) * s.micro_batch * s.seq_len * 2 * cfg.num_key_value_heads * cfg.head_dim
-
-
-def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute) -> float:
-    """Bytes one rank sends per micro-batch for ring attention (`distributed.ring`): per layer C−1 K/V blocks in
-    forward ((cp−1)/cp of the sequence's K and V; again when `full`/`full_attn` recompute reruns the forward), C−1
-    again in backward and C fp32 dK/dV blocks travelling with them. `seq_len` is the whole sequence."""
-    if cp <= 1:
-        return 0.0
-    kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim  # the sequence's K and V, elements
-    forwards = 2 if recompute in ("full", "full_attn") else 1
-    return model.num_hidden_layers * kv / cp * ((forwards + 1) * (cp - 1) * compute_bytes + cp * 4)
-
-
 def checkpoint_bytes(s: Setup) -> dict[str, float]:
-    """One checkpoint-N on disk: weights in the training dtype, fp32 AdamW moments, fp32 master (O2)."""
-    n = param_counts(s.model)["total"]
+    """One checkpoint-N on disk: weights in the training dtype, fp32 AdamW moments, fp32 master (O2), of every
+    parameter trained: the multi-token prediction modules' too (the final export carries them as well)."""
+    n = param_counts(s.model)["total"] + param_counts(s.model)["mtp"]
     o2 = s.amp_level == "O2"
     weights = n * (s.compute_bytes if o2 else 4)
     return {"weights": weights, "optimizer": 8.0 * n, "master_weights": 4.0 * n if o2 else 0.0}
