@@ -21,22 +21,28 @@ MOE = {"model_name_or_path": "micro-qwen3-moe", "save_steps": 5, "router_aux_los
 DEEPSEEK = {"model_name_or_path": "micro-deepseek-v3", "save_steps": 5}
 
 
-@pytest.fixture(scope="module")
-def moe_ref(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe_ref")
-    cfg = write_config(root / "ref.json", corpus, root / "out", per_device_train_batch_size=8, **MOE)
-    run = single(cfg, root / "log")
+def _ran(root, corpus, keys: dict, ep: int = 1):
+    """(run, output dir) under `root` at the global batch of 8: one process (the reference), or EP`ep` on `ep`
+    processes of 4 sequences each."""
+    root.mkdir(parents=True, exist_ok=True)
+    if ep == 1:
+        run = single(write_config(root / "c.json", corpus, root / "out", per_device_train_batch_size=8, **keys),
+                     root / "log")
+    else:
+        run = launch(write_config(root / "c.json", corpus, root / "out", expert_parallel_degree=ep, **keys),
+                     root / "log", nproc=ep)
     assert run.returncode == 0, run.explain()
     return run, root / "out"
+
+
+@pytest.fixture(scope="module")
+def moe_ref(corpus, tmp_path_factory):
+    return _ran(tmp_path_factory.mktemp("moe_ref"), corpus, MOE)
 
 
 @pytest.fixture(scope="module")
 def ep2(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ep2")
-    cfg = write_config(root / "ep2.json", corpus, root / "out", expert_parallel_degree=2, **MOE)
-    run = launch(cfg, root / "log")
-    assert run.returncode == 0, run.explain()
-    return run, root / "out"
+    return _ran(tmp_path_factory.mktemp("ep2"), corpus, MOE, ep=2)
 
 
 def test_ep2_matches_one_process(moe_ref, ep2):
@@ -52,14 +58,18 @@ def test_ep2_matches_one_process(moe_ref, ep2):
     assert_close_tensors(final, read_weights(rout), tol=1e-4)
 
 
-def test_ep2_checkpoint_resumes_on_one_process(corpus, tmp_path, moe_ref, ep2):
-    (r, _), (_, eout) = moe_ref, ep2
+def _resumes_on_one_process(corpus, tmp_path, checkpoint, reference, keys: dict) -> None:
+    """`checkpoint` resumed by one process at the global batch of 8 continues `reference`'s curve from step 6."""
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", per_device_train_batch_size=8,
-                       resume_from_checkpoint=str(eout / "checkpoint-5"), overwrite_output_dir=False, **MOE)
+                       resume_from_checkpoint=str(checkpoint), overwrite_output_dir=False, **keys)
     run = single(cfg, tmp_path / "log")
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0)
-    assert_close_losses(run.losses(0), r.losses(0), range(6, STEPS + 1))
+    assert_close_losses(run.losses(0), reference.losses(0), range(6, STEPS + 1))
+
+
+def test_ep2_checkpoint_resumes_on_one_process(corpus, tmp_path, moe_ref, ep2):
+    _resumes_on_one_process(corpus, tmp_path, ep2[1] / "checkpoint-5", moe_ref[0], MOE)
 
 
 def test_ep2_by_dp2_matches_one_process(corpus, tmp_path, moe_ref):
@@ -75,13 +85,7 @@ def test_ep2_by_dp2_matches_one_process(corpus, tmp_path, moe_ref):
 def deepseek_runs(corpus, tmp_path_factory):
     """(one process, EP2) on micro-deepseek-v3."""
     root = tmp_path_factory.mktemp("deepseek_ep2")
-    ref = single(write_config(root / "ref.json", corpus, root / "ref", per_device_train_batch_size=8, **DEEPSEEK),
-                 root / "ref_log")
-    assert ref.returncode == 0, ref.explain()
-    ep = launch(write_config(root / "ep2.json", corpus, root / "ep2", expert_parallel_degree=2, **DEEPSEEK),
-                root / "ep2_log")
-    assert ep.returncode == 0, ep.explain()
-    return (ref, root / "ref"), (ep, root / "ep2")
+    return _ran(root / "ref", corpus, DEEPSEEK), _ran(root / "ep2", corpus, DEEPSEEK, ep=2)
 
 
 def test_deepseek_ep2_matches_one_process_and_resumes_there(corpus, tmp_path, deepseek_runs):
@@ -98,9 +102,4 @@ def test_deepseek_ep2_matches_one_process_and_resumes_there(corpus, tmp_path, de
     # the balancing bias equal (sign updates), the moments within 1e-5 (measured 2.6e-7); in the weights AdamW turns the
     # summation order's noise in near-zero gradients (rare tokens' embedding rows) into 1.6e-5 by step 5
     assert_close_tensors(got, want, tol=2e-5)
-    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", per_device_train_batch_size=8,
-                       resume_from_checkpoint=str(eout / "checkpoint-5"), overwrite_output_dir=False, **DEEPSEEK)
-    run = single(cfg, tmp_path / "log")
-    assert run.returncode == 0, run.explain()
-    assert "resumed from" in run.log(0)
-    assert_close_losses(run.losses(0), r.losses(0), range(6, STEPS + 1))
+    _resumes_on_one_process(corpus, tmp_path, eout / "checkpoint-5", r, DEEPSEEK)
