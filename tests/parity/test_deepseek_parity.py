@@ -14,11 +14,10 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from parity_helpers import HEADS, load, production_loss  # noqa: E402
-from test_hf_moe_parity import _hf_per_expert_grads  # noqa: E402
+from parity_helpers import (HEADS, export_loads_in_transformers, hf_loss_backward, hf_model,  # noqa: E402
+                            hf_per_expert_grads, production_loss, token_ids)
 
 from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.training.weight_source import load_weights  # noqa: E402
@@ -56,36 +55,23 @@ CASES = {
 SEQ = 24
 
 
-def hf_model(cls, kw, seed=0):
-    torch.manual_seed(seed)
-    conf = getattr(transformers, cls)(**{**MICRO, **kw})
-    model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="eager").float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # a bias that changes which experts win
-                b.copy_(torch.randn_like(b) * 0.05)
-    return model.eval()
+def _hf_model(cls, kw, seed=0):
+    """With a non-zero balancing bias (one that changes which experts win)."""
+    return hf_model(getattr(transformers, cls)(**{**MICRO, **kw}), seed, bias_buffer=0.05)
 
 
 def _ids(seed=1):
-    return np.random.default_rng(seed).integers(0, MICRO["vocab_size"], (2, SEQ + 1)).astype("int64")
+    return token_ids(MICRO["vocab_size"], SEQ, seed)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
     cls, kw = CASES[case]
-    hf = hf_model(cls, kw)
+    hf = _hf_model(cls, kw)
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
     ids = _ids()
-    t = torch.from_numpy(ids)
-    out = hf(input_ids=t[:, :-1])
-    per_token = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]),
-                                                  t[:, 1:].reshape(-1), reduction="none")
-    per_token.mean().backward()
-    h_grads = _hf_per_expert_grads(dict(hf.named_parameters()))
+    h_logits, h_loss, h_per_token, h_params = hf_loss_backward(hf, ids)
+    h_grads = hf_per_expert_grads(h_params)
     heads = HEADS if case == "v3-lowrank-q-yarn" else {"cpu": HEADS["cpu"]}  # both head + loss paths once
     for head, request in heads.items():
         cfg = ModelConfig.from_file(str(tmp_path))
@@ -99,10 +85,10 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
         assert param_counts(cfg)["total"] == hf.num_parameters()
         with paddle.no_grad():
             logits = ours(paddle.to_tensor(ids[:, :-1])).numpy()
-        assert np.abs(logits - out.logits.detach().numpy()).max() <= 1e-4, head
+        assert np.abs(logits - h_logits).max() <= 1e-4, head
         loss, tokens = production_loss(ours, ids[:, :-1], ids[:, 1:])
-        assert abs(loss - float(per_token.mean().detach())) <= 1e-5, head
-        np.testing.assert_allclose(tokens, per_token.detach().numpy().reshape(2, SEQ), atol=2e-5, rtol=0)
+        assert abs(loss - h_loss) <= 1e-5, head
+        np.testing.assert_allclose(tokens, h_per_token, atol=2e-5, rtol=0)
         for name, p in ours.named_parameters():
             if convert.is_mtp(name, cfg) or p.stop_gradient:  # MTP: unused in eval; the balancing bias: no grad
                 assert p.grad is None, name
@@ -115,15 +101,6 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
 @pytest.mark.parametrize("case", ["v3-lowrank-q-yarn", "v2-lite-q-proj-yarn"])
 def test_deepseek_export_loads_in_transformers(case, tmp_path):
     cls, kw = CASES[case]
-    hf_model(cls, kw, seed=3).save_pretrained(str(tmp_path / "src"), safe_serialization=True)
-    ours, cfg = load(tmp_path / "src", None)
-    with paddle.no_grad():
-        for p in ours.parameters():
-            p.set_value(p + 0.01 * paddle.randn(p.shape))
-    convert.save_hf(ours, cfg, str(tmp_path / "out"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager").eval()
+    _hf_model(cls, kw, seed=3).save_pretrained(str(tmp_path / "src"), safe_serialization=True)
+    _, _, hf = export_loads_in_transformers(tmp_path / "src", tmp_path / "out", _ids(5))
     assert type(hf).__name__ == cls.replace("Config", "ForCausalLM")
-    ids = _ids(5)
-    with torch.no_grad():
-        h_logits = hf(input_ids=torch.from_numpy(ids[:, :-1])).logits.numpy()
-    assert np.abs(ours(paddle.to_tensor(ids[:, :-1])).numpy() - h_logits).max() <= 1e-4

@@ -16,9 +16,9 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from parity_helpers import HEADS, load, production_loss  # noqa: E402
+from parity_helpers import (HEADS, export_loads_in_transformers, hf_model, hf_per_expert_grads,  # noqa: E402
+                            load, production_loss, token_ids)
 
-from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.models.moe_loss import load_balancing_loss, sparse_blocks  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
 
@@ -49,20 +49,11 @@ SEQ = 20
 
 def _hf_model(case, seed=0):
     cls_name, kw = CASES[case]
-    torch.manual_seed(seed)
-    conf = getattr(transformers, cls_name)(**{**COMMON, **kw})
-    model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="eager").float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("gate.weight"):  # a router with preferences: the top-k is not a near tie
-                p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
+    return hf_model(getattr(transformers, cls_name)(**{**COMMON, **kw}), seed, gate_scale=0.3)
 
 
 def _ids(seed=1):
-    return np.random.default_rng(seed).integers(0, COMMON["vocab_size"], (2, SEQ + 1)).astype("int64")
+    return token_ids(COMMON["vocab_size"], SEQ, seed)
 
 
 def _hf_forward_backward(model, ids):
@@ -98,7 +89,7 @@ def test_hf_to_ours_logits_loss_aux_grads(case, tmp_path):
 
 
 def _assert_grads(o_grads, h_params, cfg, head):
-    hf_grads = _hf_per_expert_grads(h_params)
+    hf_grads = hf_per_expert_grads(h_params)
     sparse = cfg.sparse_layers[0]
     names = ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight", "model.norm.weight",
              f"model.layers.{sparse}.mlp.gate.weight", f"model.layers.{sparse}.mlp.experts.1.gate_proj.weight",
@@ -112,44 +103,12 @@ def _assert_grads(o_grads, h_params, cfg, head):
         np.testing.assert_allclose(g, hf_grads[name], atol=1e-4, err_msg=f"{head}: {name}")
 
 
-def _hf_per_expert_grads(h_params) -> dict:
-    """transformers 5 holds a layer's experts fused (`experts.gate_up_proj` [E, 2F, H], `experts.down_proj`
-    [E, H, F]); its on-disk names are per expert. The gradients under those names."""
-    out = {}
-    for name, p in h_params.items():
-        if p.grad is None:
-            continue
-        g = p.grad.numpy()
-        if name.endswith("experts.gate_up_proj"):
-            half = g.shape[1] // 2
-            for e in range(g.shape[0]):
-                out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = g[e, :half]
-                out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = g[e, half:]
-        elif name.endswith("experts.down_proj"):
-            for e in range(g.shape[0]):
-                out[name.replace("down_proj", f"{e}.down_proj.weight")] = g[e]
-        else:
-            out[name] = g
-    return out
-
-
 @pytest.mark.parametrize("case", ["qwen3_moe-untied", "qwen2_moe-tied-norm"])
 def test_ours_to_hf_from_pretrained(case, tmp_path):
-    hf_src = _hf_model(case, seed=3)
-    hf_src.save_pretrained(str(tmp_path / "src"), safe_serialization=True)
-    ours, cfg = load(tmp_path / "src", None)
-    with paddle.no_grad():  # our own weights, so the exported copy cannot coincide with the source by accident
-        for p in ours.parameters():
-            p.set_value(p + 0.01 * paddle.randn(p.shape))
-    convert.save_hf(ours, cfg, str(tmp_path / "out"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager").eval()
+    _hf_model(case, seed=3).save_pretrained(str(tmp_path / "src"), safe_serialization=True)
+    ours, cfg, hf = export_loads_in_transformers(tmp_path / "src", tmp_path / "out", _ids(5))
     assert type(hf).__name__ == {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}[
         cfg.model_type]
-    ids = _ids(5)
-    with torch.no_grad():
-        h_logits = hf(input_ids=torch.from_numpy(ids[:, :-1])).logits.numpy()
-    o_logits = ours(paddle.to_tensor(ids[:, :-1])).numpy()
-    assert np.abs(o_logits - h_logits).max() <= 1e-4
     # the file holds HF's per-expert names, and reading it back gives our weights exactly
     again, _ = load(tmp_path / "out", None)
     sparse = cfg.sparse_layers[-1]

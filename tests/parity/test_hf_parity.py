@@ -18,7 +18,8 @@ paddle = runtime.import_paddle()
 import torch  # noqa: E402  (the test extra installs CPU torch; these tests always run)
 import transformers  # noqa: E402
 
-from parity_helpers import HEADS, load, production_loss  # noqa: E402
+from parity_helpers import (HEADS, export_loads_in_transformers, hf_loss_backward, hf_model,  # noqa: E402
+                            load, production_loss, token_ids)
 
 from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
@@ -46,24 +47,16 @@ SEQ = 24
 
 
 def _hf_model(model_type, kw, seed=0):
-    torch.manual_seed(seed)
     cls = getattr(transformers, HF_CONFIGS[model_type])
     conf_kw = {**COMMON, **kw}
     scaling = conf_kw.pop("rope_scaling", None)
     theta = conf_kw.pop("rope_theta")
     rope = {"rope_type": "default", "rope_theta": theta} if scaling is None else {**scaling, "rope_theta": theta}
-    conf = cls(**conf_kw, rope_parameters=rope)
-    model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="eager").float()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model.eval()
+    return hf_model(cls(**conf_kw, rope_parameters=rope), seed)
 
 
 def _ids(seed=1):
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, COMMON["vocab_size"], (2, SEQ + 1)).astype("int64")
+    return token_ids(COMMON["vocab_size"], SEQ, seed)
 
 
 def _ours_forward_backward(model, ids):
@@ -73,24 +66,13 @@ def _ours_forward_backward(model, ids):
     return logits, loss, per_token, {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
-def _hf_forward_backward(model, ids):
-    t = torch.from_numpy(ids)
-    out = model(input_ids=t[:, :-1])
-    per_token = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), t[:, 1:].reshape(-1),
-                                                  reduction="none")
-    loss = per_token.mean()
-    loss.backward()
-    return (out.logits.detach().numpy(), float(loss.detach()), per_token.detach().numpy().reshape(ids[:, 1:].shape),
-            dict(model.named_parameters()))
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_hf_to_ours_logits_loss_grads(case, tmp_path):
     model_type, kw = CASES[case]
     hf = _hf_model(model_type, kw)
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
     ids = _ids()
-    h_logits, h_loss, h_per_token, h_params = _hf_forward_backward(hf, ids)
+    h_logits, h_loss, h_per_token, h_params = hf_loss_backward(hf, ids)
     for head, request in HEADS.items():
         ours, cfg = load(tmp_path, kernels.select(request, "cpu"))
         assert cfg.model_type == model_type and cfg.tie_word_embeddings == kw["tie_word_embeddings"]
@@ -120,20 +102,8 @@ def _assert_grads(o_grads, h_params, model_type, kw, head):
 @pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied-llama3rope", "qwen3-tied", "qwen3-untied-bias"])
 def test_ours_to_hf_from_pretrained(case, tmp_path):
     model_type, kw = CASES[case]
-    hf_src = _hf_model(model_type, kw, seed=3)
-    hf_src.save_pretrained(str(tmp_path / "src"), safe_serialization=True)
-    ours, cfg = load(tmp_path / "src", None)
-    # change our weights so the exported copy cannot coincide with the HF source by accident
-    with paddle.no_grad():
-        for p in ours.parameters():
-            p.set_value(p + 0.01 * paddle.randn(p.shape))
-    convert.save_hf(ours, cfg, str(tmp_path / "out"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager").eval()
-    ids = _ids(5)
-    with torch.no_grad():
-        h_logits = hf(input_ids=torch.from_numpy(ids[:, :-1])).logits.numpy()
-    o_logits = ours(paddle.to_tensor(ids[:, :-1])).numpy()
-    assert np.abs(o_logits - h_logits).max() <= 1e-4
+    _hf_model(model_type, kw, seed=3).save_pretrained(str(tmp_path / "src"), safe_serialization=True)
+    _, _, hf = export_loads_in_transformers(tmp_path / "src", tmp_path / "out", _ids(5))
     assert hf.config.tie_word_embeddings == kw["tie_word_embeddings"]
     assert type(hf).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                  "llama": "LlamaForCausalLM"}[model_type]

@@ -49,6 +49,10 @@ def test_plan_md_has_its_worked_examples():
     assert any("Qwen3-30B-A3B" in cmd and "--expert_parallel_degree" in cmd for cmd, _, _ in found)
     assert any("Qwen3-30B-A3B" in cmd and "--gpus 16 --fit" in cmd for cmd, _, _ in found)
     assert any("Qwen3-235B-A22B" in cmd and "--gpus 64 --fit" in cmd for cmd, _, _ in found)
+    # DeepSeek: V2-Lite's --fit on one node of 8 x 80 GB, V3 on 32 nodes with its MTP module's share
+    assert any("DeepSeek-V2-Lite" in cmd and "--gpus 8 --fit" in cmd for cmd, _, _ in found)
+    assert any("DeepSeek-V3" in cmd and any("multi-token prediction" in line for line in out)
+               for cmd, out, _ in found)
 
 
 @pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")

@@ -1,5 +1,7 @@
 """DeepSeek-V2/V3's Mixture-of-Experts, on `models.moe`'s interface: a router with the same call and `Routing`,
-the same experts and dispatch, plus DeepSeek's ungated shared experts and its sequence-wise balance loss.
+the same experts and dispatch, plus DeepSeek's ungated shared experts and its sequence-wise balance loss. So
+expert parallelism (`distributed.steps.expert_parallel`) swaps the dispatch as for Qwen's blocks and splits the routed
+experts only: the shared experts and the router are dense weights to it.
 
 Routing (transformers' `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter`, all in float32):
 - DeepSeek-V3 (`topk_method: noaux_tc`, the hub's `scoring_func: sigmoid`): scores are sigmoids of the logits;

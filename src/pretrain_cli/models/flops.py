@@ -139,6 +139,10 @@ def _param_counts(cfg: ModelConfig) -> dict[str, int]:
     L, h, k = cfg.num_hidden_layers, cfg.hidden_size, cfg.num_nextn_predict_layers
     out["mtp"] = sum(_layer_params(cfg, L + i) + 2 * h * h + 3 * h for i in range(k))
     out["mtp_active"] = sum(_layer_params(cfg, L + i, active=True) + 2 * h * h + 3 * h for i in range(k))
+    # their routed experts (a module's layer is sparse where a decoder layer of its index would be): what expert
+    # parallelism divides of them
+    out["mtp_experts"] = sum(e.routed * e.expert_params(h) for i in range(L, L + k)
+                             if cfg.is_sparse_layer(i)) if e else 0
     return out
 
 

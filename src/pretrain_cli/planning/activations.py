@@ -100,8 +100,29 @@ def activation_parts(s) -> tuple[float, float]:
 
 
 def activation_bytes(s) -> float:
-    kept, redo = activation_parts(s)
-    return kept + redo
+    return sum(activation_parts(s)) + mtp_activation_bytes(s)  # kept + the recompute working set + the MTP modules'
+
+
+def mtp_activation_bytes(s) -> float:
+    """What the multi-token prediction modules keep for backward, per micro-batch: each depth's three norms (of the
+    shifted tokens' embedding, of the previous depth's hidden states, the head's), the projection's concatenated
+    input `[2·hidden]`, and one decoder layer whole (recompute wraps the decoder layers only, `models.recompute`;
+    an average layer of the model, as `_parts_per_token` gives it). Their head + loss: `mtp_head_bytes`."""
+    depth, h = s.model.num_nextn_predict_layers, s.model.hidden_size
+    if not depth:
+        return 0.0
+    p = _parts_per_token(s)
+    layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
+    return depth * s.micro_batch * s.seq_len * (3 * norm_bytes(s, h) + 2 * s.compute_bytes * h + layer)
+
+
+def mtp_head_bytes(s) -> float:
+    """Each multi-token prediction depth's LM head + loss, kept until its backward beside the main head's: the
+    fused path's dh and fp32 dW (what `fused_loss_bytes` keeps), or a whole set of logits buffers (`logits_bytes`)."""
+    cfg = s.model
+    one = (4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * s.compute_bytes
+           if s.fused_loss else logits_bytes(s))
+    return cfg.num_nextn_predict_layers * one
 
 
 def logits_bytes(s) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
-                                               logits_live_bytes, norm_bytes)
+                                               logits_live_bytes, mtp_head_bytes, norm_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
 
@@ -167,17 +167,27 @@ def estimate(s: Setup) -> dict[str, float]:
     one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
     if s.pp > 1:
         return max(pipeline_stages(s), key=lambda parts: sum(parts.values()))
-    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s), document_mask_bytes(s))
+    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s) + mtp_head_bytes(s),
+                  document_mask_bytes(s))
 
+
+
+def mtp_params(s: Setup) -> tuple[float, float]:
+    """(the rest, the routed experts) of the multi-token prediction modules' own parameters one rank holds
+    (`models.mtp`; outside `param_counts`' total, as transformers leaves them out, but trained here): the rest ÷ tp,
+    the routed experts ÷ ep under expert parallelism (which splits their sparse blocks too), else ÷ tp."""
+    counts = param_counts(s.model)
+    routed = counts["mtp_experts"]
+    return (counts["mtp"] - routed) / s.tp, routed / (s.ep if s.ep > 1 else s.tp)
 
 def _device_params(s: Setup) -> float:
     """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`), the
-    routed experts ÷ ep (`expert_params`)."""
+    routed experts ÷ ep (`expert_params`), and the multi-token prediction modules' (`mtp_params`)."""
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
     routed = counts["experts"]
-    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s)
+    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s) + sum(mtp_params(s))
 
 
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
@@ -206,7 +216,7 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     }
     if s.dp_buffers and not s.sharding_stage:
         # the experts of expert parallelism are reduced outside DataParallel's buffers (over their own holders)
-        out["gradient_buffers"] = (n - (expert_params(s) if s.ep > 1 else 0)) * grad_b
+        out["gradient_buffers"] = (n - (expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0)) * grad_b
     if s.cp > 1:
         out["context_attention"] = context_working_bytes(s)
     if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:
@@ -223,8 +233,9 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
 
 
 def checkpoint_bytes(s: Setup) -> dict[str, float]:
-    """One checkpoint-N on disk: weights in the training dtype, fp32 AdamW moments, fp32 master (O2)."""
-    n = param_counts(s.model)["total"]
+    """One checkpoint-N on disk: weights in the training dtype, fp32 AdamW moments, fp32 master (O2), of every
+    parameter trained: the multi-token prediction modules' too (the final export carries them as well)."""
+    n = param_counts(s.model)["total"] + param_counts(s.model)["mtp"]
     o2 = s.amp_level == "O2"
     weights = n * (s.compute_bytes if o2 else 4)
     return {"weights": weights, "optimizer": 8.0 * n, "master_weights": 4.0 * n if o2 else 0.0}

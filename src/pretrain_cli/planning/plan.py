@@ -8,6 +8,7 @@ each effect is computed, not guessed.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
@@ -173,7 +174,26 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         mfu=mfu, eta_hours=eta, notes=tuple(notes),
         traffic_gb_per_step={k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)).items()},
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
+        mtp=mtp_share(setup, s, parts, model_fpt),
     )
+
+
+def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict:
+    """What the multi-token prediction modules (`models.mtp`) add to a plan: their own parameters, and the model
+    FLOPs per token and the memory per device of the plan less those of the same plan without them (so every term
+    the models give them counts: weights, gradients, optimizer state, activations, their head + loss); {} for a
+    model without them."""
+    from pretrain_cli.models.flops import flops_per_token, param_counts
+
+    cfg = setup.model
+    if not cfg.num_nextn_predict_layers:
+        return {}
+    bare = dataclasses.replace(setup, model=dataclasses.replace(cfg, num_nextn_predict_layers=0))
+    counts = param_counts(cfg)
+    flops = model_fpt - flops_per_token(bare.model, seq_len)
+    return {"modules": cfg.num_nextn_predict_layers, "first_layer": cfg.num_hidden_layers, "params": counts["mtp"],
+            "active": counts["mtp_active"], "flops_per_token": flops, "flops_share": flops / model_fpt,
+            "memory_gib": (sum(parts.values()) - sum(estimate(bare).values())) / GIB}
 
 
 def _first_fitting(changes: list[dict], replan):

@@ -116,6 +116,7 @@ class Plan:
     traffic_gb_per_step: dict = dataclasses.field(default_factory=dict)
     layout: dict | None = None  # planning.layout.explain
     schedule: str = ""  # warmup_stable_decay's phases (`Schedule.describe`); other schedules are not printed
+    mtp: dict = dataclasses.field(default_factory=dict)  # the multi-token prediction modules' share (`plan.mtp_share`)
 
     @property
     def peak_gib(self) -> float:
@@ -186,6 +187,14 @@ def format_report(r: Plan) -> str:
         lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (the top-k routed experts, the router "
                      f"and any shared expert: what FLOPs count); routed experts {_si(p['experts'])}"
                      + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
+    if r.mtp:  # DeepSeek-V3's multi-token prediction modules: trained and checkpointed, outside the total
+        t = r.mtp
+        first, last = t["first_layer"], t["first_layer"] + t["modules"] - 1
+        lines.append(f"  multi-token prediction: {t['modules']} module{'s' if last > first else ''} (layer "
+                     f"{first}{f'-{last}' if last > first else ''}), {_si(t['params'])} parameters of its own "
+                     f"[{t['params']:,}] ({_si(t['active'])} active per token), outside the total as transformers "
+                     f"loads none: {t['flops_share']:.1%} of the model FLOPs/token, {t['memory_gib']:.2f} GiB of the "
+                     f"memory per device (weights, gradients, optimizer state, activations, its LM head + loss)")
     f = r.flops_per_token
     hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
     lines.append(f"FLOPs/token: {f.model:.4g} model (6N{'_active' if p['experts'] else ''} + 12·L·H·d·S, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pretrain_cli.planning.experts import dispatch_bytes, expert_params, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes
-from pretrain_cli.planning.memory import Setup
+from pretrain_cli.planning.memory import Setup, mtp_params
 from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -36,7 +36,8 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
             holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
             all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`; under expert parallelism
-            a rank's routed experts are reduced over their D/ep holders instead
+            a rank's routed experts are reduced over their D/ep holders instead; the multi-token prediction
+            modules' gradients with the others (`memory.mtp_params`)
     `params` is `models.flops.param_counts` of the model."""
     params_total = params["total"]
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
@@ -59,8 +60,13 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     replicas = par.data_world_size * par.cp_degree
     if replicas > 1 and par.sharding_stage < 3:
         grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
-        routed, holders = (expert_params(setup), replicas // setup.ep) if setup.ep > 1 else (0.0, replicas)
-        dense = (params_total - params["experts"]) / tp / pp if setup.ep > 1 else params_total / tp / pp
+        mtp_rest, mtp_routed = mtp_params(setup)  # the multi-token prediction modules' (their experts ÷ ep too)
+        if setup.ep > 1:
+            routed, holders = expert_params(setup) + mtp_routed, replicas // setup.ep
+            dense = (params_total - params["experts"]) / tp / pp + mtp_rest
+        else:
+            routed, holders = 0.0, replicas
+            dense = params_total / tp / pp + mtp_rest + mtp_routed
         out["dp"] = (2 * (replicas - 1) / replicas * dense + 2 * (holders - 1) / holders * routed) * grad_bytes
     return out
 

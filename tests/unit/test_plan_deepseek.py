@@ -1,0 +1,70 @@
+"""`plan` for DeepSeek-V3's multi-token prediction module (`models/mtp.py`): its parameters outside the total, and its
+share of every memory term, of the FLOPs and of a checkpoint, each equal to the plan with it less the plan without
+it. (The worked examples of docs/PLAN.md, DeepSeek-V2-Lite's --fit among them: tests/unit/test_plan_doc.py.)"""
+import dataclasses
+
+import pytest
+
+from pretrain_cli.config.presets import resolve_model_dir
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.models.flops import flops_per_token, param_counts
+from pretrain_cli.planning.memory import Setup, checkpoint_bytes, estimate
+from pretrain_cli.planning.plan import mtp_share
+
+V3 = ModelConfig.from_file(str(resolve_model_dir("deepseek-ai/DeepSeek-V3")))
+H, V, SEQ = V3.hidden_size, V3.vocab_size, 4096
+
+
+def _setups(**kw):
+    """(DeepSeek-V3, the same without its MTP module) under bf16 O2 with AdamW, one 4,096-token sequence."""
+    s = Setup(model=V3, micro_batch=1, seq_len=SEQ, compute_bytes=2, amp_level="O2", attention="flash",
+              fused_rms_norm=True, fused_rope=True, **kw)
+    return s, dataclasses.replace(s, model=dataclasses.replace(V3, num_nextn_predict_layers=0))
+
+
+def test_the_mtp_modules_parameters_are_counted_apart_from_the_total():
+    """11.61 B of its own (DeepSeek-V3's README: 11.5 B of MTP module weights besides the 671 B main model), of
+    which its sparse layer's 256 routed experts are 11.27 B; the embedding and LM head are the main model's."""
+    c = param_counts(V3)
+    assert c["total"] == 671_026_404_352 and c["mtp"] == 11_610_067_968
+    assert c["mtp_experts"] == 256 * 3 * H * V3.moe_intermediate_size
+    assert c["mtp_active"] == c["mtp"] - c["mtp_experts"] + 8 * 3 * H * V3.moe_intermediate_size
+
+
+@pytest.mark.parametrize("ep,fused", [(64, True), (1, False)])
+def test_every_memory_term_carries_the_mtp_module(ep, fused):
+    c = param_counts(V3)
+    with_mtp, bare = _setups(ep=ep, recompute="full", fused_loss=fused, dp_buffers=True)
+    a, b = estimate(with_mtp), estimate(bare)
+    # its parameters on this rank: the experts ÷ ep (whole without EP), the rest whole; 2 + 2 + 8 + 4 bytes each
+    own = c["mtp"] - c["mtp_experts"] + c["mtp_experts"] / ep
+    assert a["weights"] - b["weights"] == pytest.approx(2 * own)
+    assert a["gradients"] - b["gradients"] == pytest.approx(2 * own)
+    assert a["optimizer_state"] - b["optimizer_state"] == pytest.approx(8 * own)
+    assert a["master_weights"] - b["master_weights"] == pytest.approx(4 * own)
+    # DataParallel's buffers: all but the experts EP reduces over their own holders
+    assert a["gradient_buffers"] - b["gradient_buffers"] == pytest.approx(2 * (own - (c["mtp_experts"] / ep
+                                                                                       if ep > 1 else 0)))
+    # its layer is not recomputed: at least a whole layer's working set, which full recompute redoes per layer
+    from pretrain_cli.planning.activations import activation_parts
+
+    assert a["activations"] - b["activations"] > activation_parts(bare)[1]
+    # a second LM head + loss: the fused path's fp32 dW and dh, or a whole set of logits buffers
+    head = 4 * V * H + SEQ * H * 2 if fused else SEQ * V * (2 + 4 + 4 + 2)
+    assert a["logits_loss"] - b["logits_loss"] == pytest.approx(head)
+    assert checkpoint_bytes(with_mtp)["weights"] - checkpoint_bytes(bare)["weights"] == 2 * c["mtp"]
+
+
+def test_plan_reports_the_mtp_share_of_flops_and_memory():
+    s, bare = _setups(ep=64, recompute="full", fused_loss=True)
+    parts, model_fpt = estimate(s), flops_per_token(V3, SEQ)
+    share = mtp_share(s, SEQ, parts, model_fpt)
+    c = param_counts(V3)
+    # 6 x (its active parameters + the shared head's matmul) + one layer's attention, forward and backward
+    flops = 6 * (c["mtp_active"] + V * H) + 6 * V3.num_attention_heads * (V3.qk_head_dim + V3.v_head_dim) * SEQ
+    assert share["flops_per_token"] == pytest.approx(flops)
+    assert share["flops_share"] == pytest.approx(flops / model_fpt) and 0.03 < share["flops_share"] < 0.04
+    assert share["memory_gib"] * 2**30 == pytest.approx(sum(parts.values()) - sum(estimate(bare).values()))
+    assert (share["modules"], share["first_layer"], share["params"]) == (1, 61, c["mtp"])
+    no_mtp = dataclasses.replace(s, model=bare.model)
+    assert mtp_share(no_mtp, SEQ, estimate(no_mtp), flops_per_token(bare.model, SEQ)) == {}
