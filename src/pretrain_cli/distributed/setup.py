@@ -68,7 +68,7 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     engines = {"single": Strategy, "data_parallel": DataParallel, "fleet_zero1": FleetZero1, "semi_auto": SemiAuto,
                "pipeline": Pipeline, "context_parallel": context, "tensor_parallel": TensorParallel}
     if parallel.ep_degree > 1:  # config.expert: with the data-parallel engine only
-        from pretrain_cli.distributed.steps.expert_parallel import ExpertParallel
+        from pretrain_cli.distributed.strategies.expert_strategy import ExpertParallel
 
         return ExpertParallel(parallel, device, step_kernels, recompute)
     return engines[parallel.engine](parallel, device, step_kernels, recompute)
