@@ -8,7 +8,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX, mean_loss  # noqa: E402

@@ -48,9 +48,9 @@ from pretrain_cli.data.samples import document_fields  # noqa: E402
 from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.ops import cpu_ops, kernels, linear_loss  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
-from parity_helpers import load  # noqa: E402
+from parity_helpers import hf_loss_backward, load  # noqa: E402
 from test_hf_document_parity import DOCS, SEQ, _hf, _pieces  # noqa: E402
-from test_hf_parity import CASES, _hf_forward_backward, _hf_model, _ids  # noqa: E402
+from test_hf_parity import CASES, _hf_model, _ids  # noqa: E402
 
 HALF = (paddle.float16, paddle.bfloat16)
 rng = np.random.default_rng(0)
@@ -369,7 +369,7 @@ def test_gpu_selection_matches_hf_logits_loss_and_grads(family, gpu_branch, tmp_
     total, count = ours(inp[:, :-1], labels=inp[:, 1:])
     loss = total / count
     loss.backward()
-    h_logits, h_loss, _, h_params = _hf_forward_backward(hf, ids)
+    h_logits, h_loss, _, h_params = hf_loss_backward(hf, ids)
     assert np.abs(logits - h_logits).max() <= 1e-4
     assert abs(float(loss) - h_loss) <= 1e-5
     for name, p in ours.named_parameters():
