@@ -86,7 +86,8 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "ep with sharding": Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
-                                                             router_terms="router_aux_loss_coef 0.001")}
+                                                             router_terms="router_aux_loss_coef 0.001"),
+                "MLA beyond the data-parallel engines": Degrees(tp=2, mla="deepseek_v3")}
     assert sorted(products) == sorted(r.name for r in REFUSED)
     for name, degrees in products.items():
         lines = refusals(degrees)

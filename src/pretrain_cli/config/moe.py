@@ -12,8 +12,6 @@ import math
 from pretrain_cli.errors import Problems
 from pretrain_cli.run_config import MoeConfig
 
-# the engines multi-head latent attention runs under so far (a MoE model's layouts: `config.refusals`' MoE rows)
-ENGINES = ("single", "data_parallel", "fleet_zero1")
 DEEPSEEK_BIAS_RATE = 0.001  # DeepSeek-V3 paper: γ = 0.001 (then 0 for the last 500B tokens)
 KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
         "capacity_factor")
@@ -37,11 +35,6 @@ def router_terms(args, model_cfg) -> str:
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
     moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
-    mla = model_cfg is not None and model_cfg.mla
-    if mla and parallel is not None and parallel.engine not in ENGINES:
-        problems.add(f"{model_cfg.model_type}: multi-head latent attention trains with data parallelism and ZeRO-1 "
-                     f"(sharding stage1) so far, not with this layout ({parallel.describe()}); drop tensor, "
-                     f"pipeline, context parallelism and sharding stage2/3")
     if moe_model and args.training.recompute and args.training.recompute_use_reentrant:
         problems.add("recompute_use_reentrant: true loses the router losses' gradients of a Mixture-of-Experts model "
                      "(the reentrant recompute runs the first forward without autograd); set it to false")

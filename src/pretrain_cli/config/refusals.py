@@ -30,6 +30,7 @@ class Degrees:
     ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
+    mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,27 @@ REFUSED = (
             lambda d: f"expert_parallel_degree: {d.ep} with sharding is not supported yet (fleet's ZeRO owners and the "
                       f"semi-auto engine's placements take every data rank to hold the same parameters, while each "
                       f"rank of an expert group holds other experts); set sharding to ''"),
+    Refusal("MLA beyond the data-parallel engines",
+            lambda d: bool(d.mla) and (d.tp > 1 or d.pp > 1 or d.cp > 1 or (d.stage in (2, 3) and d.sharding > 1)),
+            lambda d: f"{_mla_key(d)} with multi-head latent attention ({d.mla}) is not supported yet (its shared "
+                      f"RoPE key and latent projections are not split by the tensor-parallel plan, the semi-auto "
+                      f"engine or the pipeline cut); train it with data parallelism, sharding: stage1 or "
+                      f"expert_parallel_degree"),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
                       f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
                       f"use -1 (shard over all {d.data})"),
 )
+
+
+def _mla_key(d: Degrees) -> str:
+    """The first key of `d` that takes multi-head latent attention off the data-parallel engines, with its value."""
+    for key, value in (("tensor_parallel_degree", d.tp), ("pipeline_parallel_degree", d.pp),
+                       ("context_parallel_degree", d.cp)):
+        if value > 1:
+            return f"{key}: {value}"
+    return f"sharding: stage{d.stage}"
 
 
 def refusals(degrees: Degrees) -> list[str]:
