@@ -11,18 +11,19 @@ from dataclasses import dataclass, replace
 
 
 def engine_for(world_size: int, tp_degree: int, sharding_stage: int, pp_degree: int = 1, cp_degree: int = 1,
-               sequence_parallel: bool = False) -> str:
+               sequence_parallel: bool = False, manual_tp: bool = False) -> str:
     """"single", "data_parallel" (paddle.DataParallel), "fleet_zero1" (fleet's ZeRO-1), "semi_auto"
     (dist.shard_layer / shard_optimizer: ZeRO-2/3 and tensor parallelism), "pipeline" (fleet's
     PipelineParallel, with tp / sp / cp inside the stages), "tensor_parallel" (tensor parallelism with sequence
     and/or context parallelism on fleet's groups) or "context_parallel" (distributed.steps.context over
     paddle.DataParallel or fleet's ZeRO-1); `sharding_stage` 0 when nothing is
-    sharded. `config.resolve` asks it before the `ParallelConfig` exists."""
+    sharded; `manual_tp`: tensor parallelism by the `tp` layout step even alone (`ParallelConfig.manual_tp`).
+    `config.resolve` asks it before the `ParallelConfig` exists."""
     if world_size == 1:
         return "single"
     if pp_degree > 1:
         return "pipeline"
-    if tp_degree > 1 and (sequence_parallel or cp_degree > 1):
+    if tp_degree > 1 and (sequence_parallel or cp_degree > 1 or manual_tp):
         return "tensor_parallel"
     if cp_degree > 1:
         return "context_parallel"
@@ -83,6 +84,10 @@ class ParallelConfig:
     # expert parallelism: a Mixture-of-Experts model's experts split over groups of ep data ranks
     # (`distributed.layout.topology.Topology.expert_group`, `distributed.steps.expert_parallel`)
     ep_degree: int = 1
+    # tensor parallelism by the `tp` layout step (`distributed.steps.tensor_parallel`) even without sequence or
+    # context parallelism: a model whose attention the semi-auto engine's plan cannot place (multi-head latent
+    # attention's shared RoPE key; `config.parallel` decides it from the model)
+    manual_tp: bool = False
 
     @property
     def data_world_size(self) -> int:
@@ -101,7 +106,7 @@ class ParallelConfig:
     def engine(self) -> str:
         """Which engine runs the layout (`distributed.setup` builds it; `planning.memory` models it)."""
         return engine_for(self.world_size, self.tp_degree, self.sharding_stage, self.pp_degree, self.cp_degree,
-                          self.sequence_parallel)
+                          self.sequence_parallel, self.manual_tp)
 
     @property
     def traits(self) -> EngineTraits:

@@ -26,6 +26,7 @@ def _p(**degrees) -> ParallelConfig:
     (dict(tp_degree=2, cp_degree=2), "tp -> cp -> recompute"),
     (dict(cp_degree=2, pp_degree=2), "cp -> recompute -> pp"),
     (dict(tp_degree=2, cp_degree=2, pp_degree=2), "tp -> cp -> recompute -> pp"),
+    (dict(tp_degree=2, manual_tp=True), "tp -> recompute"),  # multi-head latent attention: the step's split alone
 ])
 def test_each_layout_is_its_axes_steps_in_the_one_order(degrees, steps):
     assert describe(_p(**degrees)) == steps
@@ -72,6 +73,11 @@ def test_the_ep_step_is_there_without_importing_expert_parallel():
     ("model.layers.0.self_attn.o_proj.bias", False, None), ("model.layers.0.input_layernorm.weight", False, None),
     ("model.layers.0.self_attn.q_norm.weight", False, None), ("model.embed_tokens.weight", False, None),
     ("model.embed_tokens.weight", True, 0), ("lm_head.weight", True, 1), ("model.norm.weight", True, None),
+    # multi-head latent attention: the per-head up-projections by heads, the latents and the shared RoPE key whole
+    ("model.layers.1.self_attn.q_b_proj.weight", False, 1), ("model.layers.1.self_attn.kv_b_proj.weight", False, 1),
+    ("model.layers.1.self_attn.q_a_proj.weight", False, None), ("model.layers.1.self_attn.o_proj.weight", False, 0),
+    ("model.layers.1.self_attn.kv_a_proj_with_mqa.weight", False, None),
+    ("model.layers.1.self_attn.kv_a_layernorm.weight", False, None),
 ])
 def test_one_tp_plan_gives_each_parameter_its_split_dim(name, vocab, dim):
     assert split_dim(name, vocab) == dim
@@ -87,7 +93,9 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
                                                              router_terms="router_aux_loss_coef 0.001"),
-                "MLA beyond the data-parallel engines": Degrees(tp=2, mla="deepseek_v3")}
+                "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3"),
+                "MLA on the semi-auto engine": Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3"),
+                "MTP with a pipeline": Degrees(pp=2, mtp=1)}
     assert sorted(products) == sorted(r.name for r in REFUSED)
     for name, degrees in products.items():
         lines = refusals(degrees)
@@ -98,7 +106,9 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
     for runs in (Degrees(cp=2, tp=2, pp=2), Degrees(cp=2, stage=2, sharding=1, data=1),
                  Degrees(tp=2, sp=True, stage=2, sharding=2, data=2), Degrees(pp=2, stage=2, sharding=2, data=2),
                  Degrees(tp=2, stage=3, sharding=2, data=2, moe="qwen2_moe", router_terms="router_z_loss_coef 0.1"),
-                 Degrees(tp=2, pp=2, moe="qwen3_moe")):
+                 Degrees(tp=2, pp=2, moe="qwen3_moe"), Degrees(tp=2, pp=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(tp=2, stage=2, sharding=2, data=2, mla="deepseek_v3"),
+                 Degrees(tp=2, stage=1, sharding=2, data=4, mla="deepseek_v3"), Degrees(tp=2, mtp=1)):
         assert refusals(runs) == [], runs
 
 

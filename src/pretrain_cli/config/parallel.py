@@ -84,7 +84,8 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
                                  router_terms=router_terms(args, model_cfg),
-                                 mla=model_cfg.model_type if model_cfg.mla else "")):
+                                 mla=model_cfg.model_type if model_cfg.mla else "",
+                                 mtp=model_cfg.num_nextn_predict_layers)):
         problems.add(line)  # what no engine here runs: config.refusals' table
     if sp and args.data.max_seq_length % (tp * cp):
         each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
@@ -96,11 +97,12 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    layered = pp > 1 or sp or cp > 1  # tp is the layout steps' Megatron split (distributed.steps.order), not semi-auto's
+    manual_tp = tp > 1 and model_cfg.mla  # multi-head latent attention: the `tp` step's split, not semi-auto's
+    layered = pp > 1 or sp or cp > 1 or manual_tp  # tp is the layout steps' Megatron split (distributed.steps.order)
     vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
     if tp > 1 and layered:
         where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
-                 else "with context_parallel_degree")
+                 else "with context_parallel_degree" if cp > 1 else "with multi-head latent attention")
         notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
                      f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
     elif tp > 1 and not vocab_split:
@@ -111,4 +113,4 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding * cp > 1 else 0,
                           tp_degree=tp, pp_degree=pp, virtual_pp_degree=vpp, vocab_parallel=vocab_split, cp_degree=cp,
-                          sequence_parallel=sp, ep_degree=ep)
+                          sequence_parallel=sp, ep_degree=ep, manual_tp=manual_tp)

@@ -31,6 +31,7 @@ class Degrees:
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
+    mtp: int = 0  # its multi-token prediction modules (`num_nextn_predict_layers`)
 
 
 @dataclass(frozen=True)
@@ -81,27 +82,31 @@ REFUSED = (
             lambda d: f"expert_parallel_degree: {d.ep} with sharding is not supported yet (fleet's ZeRO owners and the "
                       f"semi-auto engine's placements take every data rank to hold the same parameters, while each "
                       f"rank of an expert group holds other experts); set sharding to ''"),
-    Refusal("MLA beyond the data-parallel engines",
-            lambda d: bool(d.mla) and (d.tp > 1 or d.pp > 1 or d.cp > 1 or (d.stage in (2, 3) and d.sharding > 1)),
-            lambda d: f"{_mla_key(d)} with multi-head latent attention ({d.mla}) is not supported yet (its shared "
-                      f"RoPE key and latent projections are not split by the tensor-parallel plan, the semi-auto "
-                      f"engine or the pipeline cut); train it with data parallelism, sharding: stage1 or "
-                      f"expert_parallel_degree"),
+    Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
+            lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
+                      f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of its latent "
+                      f"projections sums their gradients over the tp group where the shared part meets the heads, "
+                      f"which sequence-cut inputs do not give; the ring attention is not wired to its RoPE key); "
+                      f"set context_parallel_degree: 1 and sequence_parallel: false"),
+    Refusal("MLA on the semi-auto engine",
+            lambda d: bool(d.mla) and d.sharding > 1 and (d.stage == 3 or (d.stage == 2 and d.tp == d.pp == 1)),
+            lambda d: f"sharding: stage{d.stage} with multi-head latent attention ({d.mla}) is not supported (it "
+                      f"runs on the semi-auto engine{'' if d.stage == 3 else ' without tensor or pipeline parallelism'}"
+                      f", whose local kernels give MLA's RoPE part wrong local shapes); use sharding: stage1, or "
+                      f"stage2 with tensor or pipeline parallelism"),
+    Refusal("MTP with a pipeline", lambda d: d.mtp > 0 and d.pp > 1,
+            lambda d: f"pipeline_parallel_degree: {d.pp} with multi-token prediction (num_nextn_predict_layers "
+                      f"{d.mtp}) is not supported (fleet's pipeline hands the last stage the hidden states and the "
+                      f"labels only, while the MTP module reads the input tokens' embeddings, whose table is on the "
+                      f"first stage); set num_nextn_predict_layers: 0 in the model's config.json, or train without a "
+                      f"pipeline"),
     Refusal("semi-auto sharding below the data ranks",
-            lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
+            lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 and not d.mla or d.stage in (2, 3))
+            and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
                       f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
                       f"use -1 (shard over all {d.data})"),
 )
-
-
-def _mla_key(d: Degrees) -> str:
-    """The first key of `d` that takes multi-head latent attention off the data-parallel engines, with its value."""
-    for key, value in (("tensor_parallel_degree", d.tp), ("pipeline_parallel_degree", d.pp),
-                       ("context_parallel_degree", d.cp)):
-        if value > 1:
-            return f"{key}: {value}"
-    return f"sharding: stage{d.stage}"
 
 
 def refusals(degrees: Degrees) -> list[str]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import paddle.distributed as dist  # imported lazily, after the environment (only the layout steps import this)
 from paddle.autograd import PyLayer
 
-from pretrain_cli.models.tp_plan import COLUMN, ROW, split_dim
+from pretrain_cli.models.tp_plan import ATTENTION, LATENT, MLP, ROW, split_dim
 
 
 class CopyToTP(PyLayer):
@@ -115,11 +115,17 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
             setattr(linear, key, new)
             split[id(new)] = d
 
-    for i, layer in enumerate(layers):
+    mtp = list(getattr(layers, "mtp", []))  # DeepSeek-V3's MTP modules: layers num_hidden_layers + k, cut alike
+    for i, layer in enumerate(list(layers) + mtp):
         if not layer.input_layernorm.weight._is_initialized():  # not this stage's: nothing to cut, never run here
             continue
-        dense = [(layer.self_attn, f"model.layers.{i}.self_attn", COLUMN[:3], ROW[0])]
-        dense += [(mlp, prefix, COLUMN[3:], ROW[1]) for mlp, prefix in dense_mlps(layer.mlp, f"model.layers.{i}.mlp")]
+        attn = f"model.layers.{i}.self_attn"
+        if hasattr(layer.self_attn, "kv_b_proj"):  # multi-head latent attention: its own two functions' places
+            split_latent(layer.self_attn, attn, keep_slice, leave, group)
+            dense = []
+        else:
+            dense = [(layer.self_attn, attn, ATTENTION, ROW[0])]
+        dense += [(mlp, prefix, MLP, ROW[1]) for mlp, prefix in dense_mlps(layer.mlp, f"model.layers.{i}.mlp")]
         for block, prefix, columns, _ in dense:
             for name in columns:
                 keep_slice(block, name, prefix)
@@ -130,10 +136,40 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
         experts = getattr(layer.mlp, "experts", None)
         if experts is not None:  # each routed expert cut like an MLP; the two functions around the experts alone
             for e in range(experts.first, experts.first + experts.count):
-                for name in COLUMN[3:] + ROW[1:]:
+                for name in MLP + ROW[1:]:
                     keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")
             layer.mlp.dispatch = TPDispatch(group)
     return split
+
+
+def split_latent(attn, prefix: str, keep_slice, leave, group) -> None:
+    """Multi-head latent attention (`models.mla`) cut by heads: its per-head up-projections (`q_proj` or `q_b_proj`,
+    `kv_b_proj`) column-parallel, `o_proj` row-parallel (`leave`: the sum, the bias once), the down-projections,
+    their norms and the one RoPE key every head shares whole on every tp rank. Megatron's f goes where the whole
+    part meets the per-head one, not on the block's input: on the inputs of the up-projections and on the shared
+    RoPE key (the rope columns of `kv_a_proj_with_mqa`'s output). Each rank's heads give those a partial gradient,
+    summed there, so everything before them (the latents' projections and norms, the block input) gets the whole
+    gradient on every tp rank, as a replicated weight must; an f on the block input would leave the latents'
+    weights with one rank's part. Sequence parallelism's regions are not used here (refused: `config.refusals`)."""
+    copy_to_tp = all_reduce_regions(group)[0]
+    rank = attn.kv_lora_rank
+
+    def enter(layer, inputs):
+        return (copy_to_tp(inputs[0]),) + tuple(inputs[1:])
+
+    def shared_key(layer, inputs, out):
+        import paddle
+
+        latent, rope = paddle.split(out, [rank, out.shape[-1] - rank], axis=-1)
+        return paddle.concat([latent, copy_to_tp(rope)], axis=-1)  # [bsz, seq_len, kv_lora_rank + rope]
+
+    for name in LATENT:
+        if hasattr(attn, name):
+            keep_slice(attn, name, prefix)
+            getattr(attn, name).register_forward_pre_hook(enter)
+    attn.kv_a_proj_with_mqa.register_forward_post_hook(shared_key)
+    keep_slice(attn, ROW[0], prefix)
+    attn.o_proj.register_forward_post_hook(leave)
 
 
 def dense_mlps(mlp, prefix: str) -> list:

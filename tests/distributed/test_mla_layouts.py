@@ -1,0 +1,92 @@
+"""DeepSeek-V3's multi-head latent attention under the layouts that split a model, through the real launcher, each
+equal to one process step by step (<= 1e-5 per step's loss):
+
+- tensor parallelism (tp2): the `tp` layout step's split of MLA by heads (q_b_proj / kv_b_proj by output columns,
+  o_proj by input rows; the latent down-projections, their norms and the shared RoPE key whole:
+  `distributed.steps.tensor_parallel.split_latent`), on `micro-deepseek-v3` with everything on: its MTP module
+  (split alike), the sequence-wise balance loss, the balancing bias; tp2's checkpoint-5 (each rank's slices)
+  resumes on one process on the same curve;
+- fleet's pipeline (pp2) and tp2 x pp2, with the router terms off and no MTP module (`config.refusals`: the
+  pipeline backpropagates the last stage's loss only, and its last stage has no input tokens for MTP).
+
+The references are one process at the same global batch of 8 sequences; one launch per layout (module fixtures).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
+                            read_weights, reference, resume_from, single, write_config)
+
+FULL = dict(model_name_or_path="micro-deepseek-v3", save_steps=5)
+PIPELINE = {"pp2": (2, dict(pipeline_parallel_degree=2)),
+            "tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
+
+
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory) -> dict:
+    """micro-deepseek-v3 without its MTP module, router terms off: what a pipeline runs."""
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    model = tmp_path_factory.mktemp("micro_deepseek_v3_no_mtp")
+    cfg = json.loads((PRESET_DIR / "micro-deepseek-v3" / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 0}))
+    return dict(model_name_or_path=str(model), router_aux_loss_coef=0, moe_router_bias_update_rate=0)
+
+
+@pytest.fixture(scope="module")
+def tp2(corpus, shared, tmp_path_factory):
+    """(one process, tp2): each (run, output dir)."""
+    root = tmp_path_factory.mktemp("mla_tp2")
+    one = reference(shared, corpus, per_device_train_batch_size=8, **FULL)
+    cfg = write_config(root / "tp2.json", corpus, root / "tp2", tensor_parallel_degree=2,
+                       per_device_train_batch_size=8, **FULL)
+    run = launch_joined(cfg, root / "tp2_log", 2)
+    assert run.returncode == 0, run.explain()
+    return one, (run, root / "tp2")
+
+
+@pytest.fixture(scope="module")
+def pipeline(corpus, tmp_path_factory, quiet):
+    """{"one": the reference, layout: (run, output dir)}, 4 micro-batches of 2 a step."""
+    root = tmp_path_factory.mktemp("mla_pipeline")
+    one = write_config(root / "one.json", corpus, root / "one", per_device_train_batch_size=8, **quiet)
+    run = single(one, root / "one_log")
+    assert run.returncode == 0, run.explain()
+    out = {"one": (run, root / "one")}
+    for name, (nproc, over) in PIPELINE.items():
+        cfg = write_config(root / f"{name}.json", corpus, root / name, gradient_accumulation_steps=4,
+                           per_device_train_batch_size=2, **quiet, **over)
+        run = launch_joined(cfg, root / f"{name}_log", nproc)
+        assert run.returncode == 0, run.explain()
+        out[name] = run, root / name
+    return out
+
+
+def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_path, tp2):
+    """Every step's loss (with the MTP and balance terms) equal to one process's; each rank wrote its slices of
+    q_b/kv_b/o and of every expert, which assemble to one process's checkpoint-5 (the bias and the MTP module too);
+    one process resumed from it continues the same curve."""
+    (ref, rout), (run, out) = tp2
+    assert "tensor parallel" in run.log(0) and "mtp_loss" in run.log(0)
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    weights, want = (read_checkpoint(d / "checkpoint-5", "weights") for d in (out, rout))
+    assert "model.layers.2.self_attn.kv_b_proj.weight" in weights  # the MTP module's, whole again
+    assert any(n.endswith("mlp.gate.e_score_correction_bias") for n in weights)
+    # the moments within 1e-5 (measured 5.7e-7); AdamW turns the summation order's noise in near-zero gradients
+    # (rare tokens' embedding rows, the MTP projection) into 3.4e-5 of the weights by step 5
+    assert_close_tensors(read_checkpoint(out / "checkpoint-5"), read_checkpoint(rout / "checkpoint-5"))
+    assert_close_tensors(weights, want, tol=1e-4)
+    assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
+    resumed = resume_from(out / "checkpoint-5", corpus, tmp_path, 1, per_device_train_batch_size=8, **FULL)
+    assert_close_losses(resumed.losses(0), ref.losses(0), range(6, STEPS + 1))
+
+
+@pytest.mark.parametrize("layout", sorted(PIPELINE))
+def test_pipeline_layouts_match_one_process(pipeline, layout):
+    (ref, rout), (run, out) = pipeline["one"], pipeline[layout]
+    assert "pipeline" in run.log(0)
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
