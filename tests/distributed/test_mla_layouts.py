@@ -1,4 +1,4 @@
-"""DeepSeek-V3's multi-head latent attention under the layouts that split a model, through the real launcher, each
+"""DeepSeek-V2/V3's multi-head latent attention under the layouts that split a model, through the real launcher, each
 equal to one process step by step (<= 1e-5 per step's loss):
 
 - tensor parallelism (tp2): the `tp` layout step's split of MLA by heads (q_b_proj / kv_b_proj by output columns,
@@ -6,8 +6,9 @@ equal to one process step by step (<= 1e-5 per step's loss):
   `distributed.steps.tensor_parallel.split_latent`), on `micro-deepseek-v3` with everything on: its MTP module
   (split alike), the sequence-wise balance loss, the balancing bias; tp2's checkpoint-5 (each rank's slices)
   resumes on one process on the same curve;
-- fleet's pipeline (pp2) and tp2 x pp2, with the router terms off and no MTP module (`config.refusals`: the
-  pipeline backpropagates the last stage's loss only, and its last stage has no input tokens for MTP).
+- fleet's pipeline: pp2 (micro-deepseek-v3) and tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing),
+  with the router terms off and no MTP module (`config.refusals`: the pipeline backpropagates the last stage's loss
+  only, and its last stage has no input tokens for MTP).
 
 The references are one process at the same global batch of 8 sequences; one launch per layout (module fixtures).
 """
@@ -21,19 +22,28 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, la
                             read_weights, reference, resume_from, single, write_config)
 
 FULL = dict(model_name_or_path="micro-deepseek-v3", save_steps=5)
-PIPELINE = {"pp2": (2, dict(pipeline_parallel_degree=2)),
-            "tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
+# layout -> (model, processes, keys): pp2 on DeepSeek-V3's low-rank query, tp2 x pp2 on DeepSeek-V2-Lite's q_proj
+PIPELINE = {"pp2": ("v3", 2, dict(pipeline_parallel_degree=2)),
+            "tp2_pp2": ("v2", 4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
 
 
 @pytest.fixture(scope="module")
 def quiet(tmp_path_factory) -> dict:
-    """micro-deepseek-v3 without its MTP module, router terms off: what a pipeline runs."""
+    """{"v3": micro-deepseek-v3 without its MTP module, "v2": the same as DeepSeek-V2-Lite has it (one `q_proj`, softmax
+    greedy routing)}: the keys of each with the router terms off, what a pipeline runs."""
     from pretrain_cli.config.presets import PRESET_DIR
 
-    model = tmp_path_factory.mktemp("micro_deepseek_v3_no_mtp")
-    cfg = json.loads((PRESET_DIR / "micro-deepseek-v3" / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 0}))
-    return dict(model_name_or_path=str(model), router_aux_loss_coef=0, moe_router_bias_update_rate=0)
+    v3 = json.loads((PRESET_DIR / "micro-deepseek-v3" / "config.json").read_text())
+    v3["num_nextn_predict_layers"] = 0
+    v2 = {k: v for k, v in v3.items() if k not in ("num_nextn_predict_layers", "n_group", "topk_group")}
+    v2.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", q_lora_rank=None,
+              topk_method="greedy", scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0)
+    out = {}
+    for name, cfg in (("v3", v3), ("v2", v2)):
+        model = tmp_path_factory.mktemp(f"micro_deepseek_{name}")
+        (model / "config.json").write_text(json.dumps(cfg))
+        out[name] = dict(model_name_or_path=str(model), router_aux_loss_coef=0, moe_router_bias_update_rate=0)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +60,17 @@ def tp2(corpus, shared, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipeline(corpus, tmp_path_factory, quiet):
-    """{"one": the reference, layout: (run, output dir)}, 4 micro-batches of 2 a step."""
+    """{model: the one-process reference, layout: (run, output dir)}, 4 micro-batches of 2 a step."""
     root = tmp_path_factory.mktemp("mla_pipeline")
-    one = write_config(root / "one.json", corpus, root / "one", per_device_train_batch_size=8, **quiet)
-    run = single(one, root / "one_log")
-    assert run.returncode == 0, run.explain()
-    out = {"one": (run, root / "one")}
-    for name, (nproc, over) in PIPELINE.items():
+    out = {}
+    for model, keys in quiet.items():
+        run = single(write_config(root / f"{model}.json", corpus, root / model, per_device_train_batch_size=8, **keys),
+                     root / f"{model}_log")
+        assert run.returncode == 0, run.explain()
+        out[model] = run, root / model
+    for name, (model, nproc, over) in PIPELINE.items():
         cfg = write_config(root / f"{name}.json", corpus, root / name, gradient_accumulation_steps=4,
-                           per_device_train_batch_size=2, **quiet, **over)
+                           per_device_train_batch_size=2, **quiet[model], **over)
         run = launch_joined(cfg, root / f"{name}_log", nproc)
         assert run.returncode == 0, run.explain()
         out[name] = run, root / name
@@ -86,7 +98,7 @@ def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_pa
 
 @pytest.mark.parametrize("layout", sorted(PIPELINE))
 def test_pipeline_layouts_match_one_process(pipeline, layout):
-    (ref, rout), (run, out) = pipeline["one"], pipeline[layout]
+    (ref, rout), (run, out) = pipeline[PIPELINE[layout][0]], pipeline[layout]
     assert "pipeline" in run.log(0)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
