@@ -6,6 +6,7 @@ equal to one process step by step (<= 1e-5 per step's loss):
   `distributed.steps.tensor_parallel.split_latent`), on `micro-deepseek-v3` with everything on: its MTP module
   (split alike), the sequence-wise balance loss, the balancing bias; tp2's checkpoint-5 (each rank's slices)
   resumes on one process on the same curve;
+- ZeRO-3 on the semi-auto engine (two data ranks), on the same model with everything on;
 - fleet's pipeline: pp2 (micro-deepseek-v3) and tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing),
   with the router terms off and no MTP module (`config.refusals`: the pipeline backpropagates the last stage's loss
   only, and its last stage has no input tokens for MTP).
@@ -22,6 +23,7 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, la
                             read_weights, reference, resume_from, single, write_config)
 
 FULL = dict(model_name_or_path="micro-deepseek-v3", save_steps=5)
+SPLIT = {"tp2": dict(tensor_parallel_degree=2, per_device_train_batch_size=8), "zero3": dict(sharding="stage3")}
 # layout -> (model, processes, keys): pp2 on DeepSeek-V3's low-rank query, tp2 x pp2 on DeepSeek-V2-Lite's q_proj
 PIPELINE = {"pp2": ("v3", 2, dict(pipeline_parallel_degree=2)),
             "tp2_pp2": ("v2", 4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
@@ -47,15 +49,16 @@ def quiet(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tp2(corpus, shared, tmp_path_factory):
-    """(one process, tp2): each (run, output dir)."""
-    root = tmp_path_factory.mktemp("mla_tp2")
-    one = reference(shared, corpus, per_device_train_batch_size=8, **FULL)
-    cfg = write_config(root / "tp2.json", corpus, root / "tp2", tensor_parallel_degree=2,
-                       per_device_train_batch_size=8, **FULL)
-    run = launch_joined(cfg, root / "tp2_log", 2)
-    assert run.returncode == 0, run.explain()
-    return one, (run, root / "tp2")
+def split(corpus, shared, tmp_path_factory):
+    """{"one": the reference, "tp2", "zero3"}: each (run, output dir), micro-deepseek-v3 with everything on."""
+    root = tmp_path_factory.mktemp("mla_split")
+    out = {"one": reference(shared, corpus, per_device_train_batch_size=8, **FULL)}
+    for name, over in SPLIT.items():
+        cfg = write_config(root / f"{name}.json", corpus, root / name, **over, **FULL)
+        run = launch_joined(cfg, root / f"{name}_log", 2)
+        assert run.returncode == 0, run.explain()
+        out[name] = run, root / name
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +80,11 @@ def pipeline(corpus, tmp_path_factory, quiet):
     return out
 
 
-def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_path, tp2):
+def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_path, split):
     """Every step's loss (with the MTP and balance terms) equal to one process's; each rank wrote its slices of
     q_b/kv_b/o and of every expert, which assemble to one process's checkpoint-5 (the bias and the MTP module too);
     one process resumed from it continues the same curve."""
-    (ref, rout), (run, out) = tp2
+    (ref, rout), (run, out) = split["one"], split["tp2"]
     assert "tensor parallel" in run.log(0) and "mtp_loss" in run.log(0)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     weights, want = (read_checkpoint(d / "checkpoint-5", "weights") for d in (out, rout))
@@ -100,5 +103,14 @@ def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_pa
 def test_pipeline_layouts_match_one_process(pipeline, layout):
     (ref, rout), (run, out) = pipeline[PIPELINE[layout][0]], pipeline[layout]
     assert "pipeline" in run.log(0)
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
+
+
+def test_zero3_matches_one_process(split):
+    """ZeRO-3 on the semi-auto engine (two data ranks, parameters sharded): MLA's RoPE part and DeepSeek's
+    sequence-wise balance loss on distributed tensors (`local_kernels`' contiguous outputs, the loss reshaped 0-D)."""
+    (ref, rout), (run, out) = split["one"], split["zero3"]
+    assert "semi-auto" in run.log(0) and "mtp_loss" in run.log(0)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)

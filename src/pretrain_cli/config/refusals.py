@@ -84,16 +84,16 @@ REFUSED = (
                       f"rank of an expert group holds other experts); set sharding to ''"),
     Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
             lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
-                      f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of its latent "
-                      f"projections sums their gradients over the tp group where the shared part meets the heads, "
-                      f"which sequence-cut inputs do not give; the ring attention is not wired to its RoPE key); "
-                      f"set context_parallel_degree: 1 and sequence_parallel: false"),
-    Refusal("MLA on the semi-auto engine",
-            lambda d: bool(d.mla) and d.sharding > 1 and (d.stage == 3 or (d.stage == 2 and d.tp == d.pp == 1)),
-            lambda d: f"sharding: stage{d.stage} with multi-head latent attention ({d.mla}) is not supported (it "
-                      f"runs on the semi-auto engine{'' if d.stage == 3 else ' without tensor or pipeline parallelism'}"
-                      f", whose local kernels give MLA's RoPE part wrong local shapes); use sharding: stage1, or "
-                      f"stage2 with tensor or pipeline parallelism"),
+                      f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of MLA sums "
+                      f"the latents' gradients over the tp group itself, which sequence parallelism's reduce-scatter "
+                      f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
+                      f"context_parallel_degree: 1 and sequence_parallel: false"),
+    Refusal("MLA tensor parallelism with ZeRO-3",
+            lambda d: bool(d.mla) and d.tp > 1 and d.stage == 3 and d.sharding > 1,
+            lambda d: f"sharding: stage3 with tensor_parallel_degree {d.tp} and multi-head latent attention ({d.mla}) "
+                      f"is not supported (its tensor parallelism is the tp step on fleet's groups, whose sharding "
+                      f"optimizer has no parameter sharding; ZeRO-3 is the semi-auto engine's); use sharding: stage1 "
+                      f"or stage2 with tensor parallelism, or stage3 without it"),
     Refusal("MTP with a pipeline", lambda d: d.mtp > 0 and d.pp > 1,
             lambda d: f"pipeline_parallel_degree: {d.pp} with multi-token prediction (num_nextn_predict_layers "
                       f"{d.mtp}) is not supported (fleet's pipeline hands the last stage the hidden states and the "

@@ -65,7 +65,9 @@ def router_loss(model):
     if hasattr(blocks[0], "balance_loss"):  # DeepSeek: its sequence-wise balance loss instead (models.deepseek_moe)
         alpha = blocks[0].balance_coefficient(cfg, moe)
         if alpha:
-            parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks])
+            # reshaped 0-D: on the semi-auto engine the sum of the layers' losses (each a mean over a batch-sharded
+            # tensor, Partial) comes back as shape [1], which would make the step's loss [1]
+            parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks]).reshape([])
             total = total + alpha * parts["aux_loss"]
     elif coef:
         reduce = model.reduce_counts if moe.aux_loss_scope == "global" else None

@@ -90,9 +90,12 @@ def _on_pieces(op, roles: str, like, hook: bool):
         local = [_local(a) if r == "p" else _weight_for(a, args[0], hook) if r == "w"
                  else a._local_value() if r == "t" and a.is_dist() else a for a, r in zip(args, roles)]
         out = op(*local)
+        # a kernel may return views (the RoPE kernels' q and k): a DistTensor made from a view's strides is read
+        # wrongly by the next Paddle op's rule (MLA's concat of the RoPE part took half the rows), so each is made
+        # contiguous first (a no-op for a contiguous one)
         if isinstance(like, tuple):
-            return tuple(_dist(o, args[i]) for o, i in zip(out, like))
-        return _dist(out, args[like])
+            return tuple(_dist(o.contiguous(), args[i]) for o, i in zip(out, like))
+        return _dist(out.contiguous(), args[like])
 
     return local_op
 
