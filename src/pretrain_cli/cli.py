@@ -90,6 +90,15 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    from pretrain_cli import runtime
+
+    if runtime.process_group_up():  # a launched rank: its exit code, without the teardown that can crash it
+        runtime.end_process(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

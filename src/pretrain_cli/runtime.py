@@ -252,9 +252,36 @@ def import_paddle():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A native crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) first prints every thread's Python stack, then
     # Paddle's own report runs (faulthandler chains to the handler it replaces). Paddle's report alone can be
-    # nothing: it is formatted on the heap, which the crash may have broken (a cp2 x pp2 rank once died with exit
-    # -11 and an empty workerlog); faulthandler writes from its own buffer and stack. Left alone when already on
-    # (pytest's own, writing where it chose).
+    # nothing: it is formatted on the heap, which the crash may have broken; faulthandler writes from its own buffer
+    # and stack. Left alone when already on (pytest's own, writing where it chose). A crash after Python's own
+    # finalization (native destructors at exit) reaches neither: `end_process` skips that teardown.
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)
     return paddle
+
+
+def process_group_up() -> bool:
+    """Whether this process joined a distributed process group (Paddle imported and `init_parallel_env` done)."""
+    dist = sys.modules.get("paddle.distributed")
+    return dist is not None and dist.is_initialized()
+
+
+def end_process(code: int) -> None:
+    """End this process now with `code`, skipping the interpreter's and the native libraries' teardown.
+
+    Why: a launched rank whose run had finished (its files written and closed, its last collective done, rank 0's
+    final export seen) died at exit with SIGSEGV (exit -11) on gloo, its workerlog empty: the crash came after
+    Python's own finalization, where not even faulthandler reports, in the native destructors of the process
+    group's contexts and threads. The launcher then counts the whole run as failed (a dp2 x cp2 run of the test
+    suite, once in a few hundred launches). Nothing the run needs is left at that point, so the teardown is
+    skipped: log handlers and the standard streams are flushed, then `os._exit`.
+    """
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more to say on it
+            pass
+    os._exit(code)

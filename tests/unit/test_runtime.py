@@ -156,3 +156,22 @@ def test_a_native_crash_prints_the_python_stack_then_paddles_report(tmp_path):
     assert p.returncode == -signal.SIGSEGV, p.stderr[-2000:]
     assert "Fatal Python error: Segmentation fault" in p.stderr and "in read_address_zero" in p.stderr, p.stderr
     assert "FatalError: `Segmentation fault` is detected" in p.stdout, p.stdout  # Paddle's report follows (on stdout)
+
+
+def test_a_launched_rank_ends_with_its_code_its_logs_flushed_and_no_teardown(tmp_path):
+    """`runtime.end_process` (what `cli.main` calls in a process that joined a process group): the exit code is
+    the run's, a log file handler's buffered line and unterminated output reach their files, and nothing of the
+    interpreter's teardown runs (an atexit hook stands for the native destructors that crashed a finished rank)."""
+    import forkserver
+
+    code = ("import atexit, logging, sys\nfrom pretrain_cli import runtime\n"
+            "log = logging.getLogger('rank'); h = logging.FileHandler('rank.log'); log.addHandler(h)\n"
+            "log.warning('last line')\n"
+            "atexit.register(lambda: open('teardown-ran', 'w').close())\n"
+            "assert not runtime.process_group_up()\n"
+            "sys.stdout.write('no newline')\nruntime.end_process(3)\n")
+    p = forkserver.run(["-c", code], cwd=tmp_path, timeout=120)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert p.stdout.endswith("no newline"), p.stdout
+    assert (tmp_path / "rank.log").read_text() == "last line\n"
+    assert not (tmp_path / "teardown-ran").exists()
