@@ -76,10 +76,11 @@ REFUSED = (
                       f"yet (its dispatch and the experts' own gradient reduction run on the data-parallel engine, "
                       f"paddle.DataParallel; the others place the weights themselves); set tensor_parallel_degree, "
                       f"pipeline_parallel_degree and context_parallel_degree to 1"),
-    Refusal("ep with sharding", lambda d: bool(d.moe) and d.ep > 1 and d.stage > 0 and d.sharding > 1,
-            lambda d: f"expert_parallel_degree: {d.ep} with sharding is not supported yet (fleet's ZeRO owners and the "
-                      f"semi-auto engine's placements take every data rank to hold the same parameters, while each "
-                      f"rank of an expert group holds other experts); set sharding to ''"),
+    Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
+            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet (ZeRO-2/3 "
+                      f"run on the semi-auto engine, whose placements take every data rank to hold the same "
+                      f"parameters, while each rank of an expert group holds other experts); use sharding: stage1 "
+                      f"(ZeRO-1 over the rest of the model) or ''"),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
