@@ -87,7 +87,8 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "sp with ZeRO-3": Degrees(tp=2, sp=True, stage=3, sharding=2, data=2),
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
-                "ep with tp, pp or cp": Degrees(ep=2, tp=2, data=2, moe="qwen3_moe"),
+                "ep with tp or cp": Degrees(ep=2, tp=2, data=2, moe="qwen3_moe"),
+                "ep with a pipeline and sharding": Degrees(ep=2, pp=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
                 "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
@@ -102,7 +103,8 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
     for runs in (Degrees(cp=2, tp=2, pp=2), Degrees(cp=2, stage=2, sharding=1, data=1),
                  Degrees(tp=2, sp=True, stage=2, sharding=2, data=2), Degrees(pp=2, stage=2, sharding=2, data=2),
                  Degrees(tp=2, stage=3, sharding=2, data=2, moe="qwen2_moe", router_terms="router_z_loss_coef 0.1"),
-                 Degrees(tp=2, pp=2, moe="qwen3_moe"), Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe")):
+                 Degrees(tp=2, pp=2, moe="qwen3_moe"), Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
+                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe")):
         assert refusals(runs) == [], runs
 
 

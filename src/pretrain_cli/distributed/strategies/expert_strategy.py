@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 
 from pretrain_cli.distributed.steps.expert_parallel import ExpertSide, expert_of, held_range, keep_held, sparse_blocks
+from pretrain_cli.distributed.strategies.pipeline import Pipeline
 from pretrain_cli.distributed.strategies.strategy import FleetZero1, Strategy
 
 
@@ -175,6 +176,75 @@ class ExpertZero1(FleetZero1):
         with paddle.no_grad():
             self._inner._apply_optimize(loss=None, startup_program=None,
                                         params_grads=[(p, p.grad) for p in self.experts.side.params])
+
+    def local_box(self, tensor, name: str | None = None):
+        return expert_box(self, super().local_box(tensor, name), name)
+
+
+class ExpertPipeline(Pipeline):
+    """Expert parallelism inside pipeline stages: each stage's expert groups are drawn from its own data ranks
+    (`Topology.expert_group` keeps the stage), its sparse layers dispatch over them in the stage's forward and
+    backward (every rank of a group runs the same 1F1B schedule, so the same collectives in the same order), and
+    the rest of the stage is averaged over its data ranks as `Hybrid` does (no sharding: "What stays refused")."""
+
+    experts: ExpertGrads | None = None  # set by `place`
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None, recompute=None):
+        super().__init__(parallel, device, step_kernels, recompute)
+        self.name += f", ep {parallel.ep_degree}"
+
+    dense = ExpertParallel.dense
+
+    def place(self, model, source=None):
+        """This rank's experts only (the others removed before anything is created), then the stage's
+        parameters and the steps (`Hybrid.place`); the experts the strategy reduces are this stage's."""
+        blocks = sparse_blocks(model)
+        if blocks:
+            keep_held(model, held_range(blocks[0].num_experts, self.topology.ep, self.topology.expert_rank()))
+        layer = super().place(model, source)
+        stage = {id(p) for p in layer.parameters()}
+        side = self.placement.experts
+        side = ExpertSide(side.group, side.replicas, side.held, [p for p in side.params if id(p) in stage])
+        self.experts = ExpertGrads(side, self.parallel.data_world_size, self.step_kernels)
+        return layer
+
+    def wrap(self, model, optimizer):
+        """fleet's pipeline engine; its start-up broadcast of every parameter from the stage's first data rank
+        would overwrite this rank's experts with another's, so they are put back after it."""
+        import paddle
+
+        with paddle.no_grad():
+            kept = [(p, p.clone()) for p in self.experts.side.params]
+            out = super().wrap(model, optimizer)
+            for p, value in kept:
+                p.set_value(value)
+        return out
+
+    def shard(self, model, optimizer):
+        """`Hybrid.shard`, with the experts out of the stage's data-parallel mean and norm (the strategy's own)."""
+        optimizer = super().shard(model, optimizer)
+        self._params = self.dense(self._params)
+        self._owned = self._params
+        self._counted = tuple(self.dense(ps) for ps in self._counted)
+        return optimizer
+
+    def sync_grads(self) -> None:
+        super().sync_grads()
+        self.experts.reduce()
+
+    def grad_params(self, model) -> list:
+        return list(self._owned) + list(self.experts.side.params)
+
+    def grad_norm(self, model):
+        """`Hybrid.grad_norm`'s stage sum with this stage's experts (summed over their group) added before the sum
+        over the stages."""
+        import paddle
+        import paddle.distributed as dist
+
+        whole = [p.grad for p in self._counted[0] if p.grad is not None]
+        sq = self.step_kernels.global_sq_norm(whole).astype("float32") + self.experts.sq_norm()
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return paddle.sqrt(sq)
 
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)
