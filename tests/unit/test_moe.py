@@ -179,7 +179,8 @@ def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchang
 
 def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
     """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
-    a None gradient as zeros (`ExpertGrads.reduce`) rather than skipping its all-reduce (replicas would disagree on the collectives)."""
+    a None gradient as zeros (`ExpertGrads.reduce`) rather than skipping its all-reduce (replicas would disagree on
+    the collectives)."""
     from pretrain_cli.distributed.steps.expert_parallel import GatherDispatch, keep_held
     from pretrain_cli.distributed.strategies.expert_strategy import ExpertGrads
 

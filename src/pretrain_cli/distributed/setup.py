@@ -70,6 +70,7 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
     if parallel.ep_degree > 1:  # config.expert: on the data ranks, without sharding or with ZeRO-1
         from pretrain_cli.distributed.strategies.expert_strategy import ExpertParallel, ExpertPipeline, ExpertZero1
 
-        kind = ExpertPipeline if parallel.pp_degree > 1 else ExpertZero1 if parallel.sharding_stage == 1 else ExpertParallel
+        kind = (ExpertPipeline if parallel.pp_degree > 1 else ExpertZero1 if parallel.sharding_stage == 1
+                else ExpertParallel)
         return kind(parallel, device, step_kernels, recompute)
     return engines[parallel.engine](parallel, device, step_kernels, recompute)

@@ -210,6 +210,8 @@ class Topology:
         strategy.hybrid_configs = self.fleet_hybrid_configs()
         if pipeline_configs is not None:
             strategy.pipeline_configs = backend.pipeline_flags(pipeline_configs, strategy.hybrid_configs)
+            # the interleaved schedule's shape cache cleared after every step (evaluation's batch size differs)
+            strategy.hybrid_configs["pp_configs"].clear_every_step_cache = bool(pipeline_configs.get("p2p_cache_shape"))
             if not hasattr(dist.ParallelEnv(), "_device_id"):
                 dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
         strategy.tensor_parallel_configs = {"tensor_init_seed": seed}

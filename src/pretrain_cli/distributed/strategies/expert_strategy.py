@@ -134,18 +134,11 @@ class ExpertZero1(FleetZero1):
         the list fleet clears gradients of. Not `fleet.distributed_model`: its start-up broadcast of every
         parameter from the first sharding rank would overwrite this rank's experts with another's (the other
         parameters are equal on every rank already: each rank creates them from the same seed or checkpoint)."""
-        from paddle.distributed import fleet
-
         from pretrain_cli.distributed.layout.pieces import inner_optimizer
 
         held = [p for p in optimizer._parameter_list if id(p) in self.experts.ids]
         optimizer._parameter_list = optimizer._param_groups = self.dense(optimizer._parameter_list)
-        self._hpo = fleet.distributed_optimizer(optimizer)
-        self._dso = self._hpo._inner_opt
-        hcg = self._dso._hcg
-        self._group = hcg.get_sharding_parallel_group()
-        self._params = list(self._dso._origin_parameter_list)
-        self._owned = self._dso.filter_parameters(self._params, hcg)
+        self.shard_optimizer(optimizer)
         self._dso._parameter_list = self._params + held  # (a new list: `_origin_parameter_list` stays the rest)
         self._inner = inner_optimizer(optimizer)
         self._inner._parameter_list = self._inner._param_groups = list(self._inner._parameter_list) + held
