@@ -187,8 +187,8 @@ class Topology:
         return self.replicas(*(a for a in self.sizes if a != axis), rank=rank)
 
     def groups(self, axis: str) -> list[tuple]:
-        """Every group along `axis`, in rank order of their first member."""
-        return sorted({self.group(axis, r) for r in range(self.world_size)})
+        """Every group along `axis` ("mp", "pp" or "cp"), in rank order of their first member (`all_groups`)."""
+        return self.all_groups()[{"mp": "tp"}.get(axis, axis)]
 
     # ------------------------------------------------------------------ the engines' views of it
     def fleet_hybrid_configs(self) -> dict:

@@ -1,25 +1,23 @@
 """Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
 
 Applied from outside the single-device model, as the `ep` layout step (`distributed.steps.order`: `apply_ep`, this
-module) and the data side of `expert_strategy.ExpertParallel` (a `DataParallel` whose experts are reduced on
-their own; apart, so the steps need no strategy):
+module) and the data side in `distributed.strategies.expert_strategy` (`ExpertParallel`, `ExpertZero1`,
+`ExpertPipeline`, which reduce the experts on their own; apart, so the steps need no strategy):
 
 - **held experts**: rank r of an expert group (`Topology.expert_rank`) holds experts [r·E/ep, (r+1)·E/ep) of every
   sparse layer (`held_range`); the others are removed from its model before any parameter is created, so a lazily
   built model never creates them (`ExpertParallel.place`: `materialize.fill` skips them; docs/DISTRIBUTED.md,
   start-up). Each kept expert keeps its HF name (`mlp.experts.{e}.*`), so checkpoints are by name as ever.
 - **dispatch** (`GatherDispatch`, the kernel table's `moe_dispatch` the model is built with, `expert_kernels`; the
-  same inputs and outputs as `moe.dispatch_local`): the group's
-  tokens and routes are all-gathered, each rank runs its experts over the rows routed to them (sorted by expert,
-  one grouped computation, as `moe.dispatch_local`), and the outputs are summed over the group with this rank's
-  tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
+  same inputs and outputs as `moe.dispatch_local`): the group's tokens and routes are all-gathered, each rank runs
+  its experts over the rows routed to them (sorted by expert, one grouped computation, as `moe.dispatch_local`),
+  and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
   and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
   "Expert parallelism") and it is exact: each assignment is computed once, by its expert's holder. Dropless only.
 - **gradients**: the experts are left out of the data ranks' reduction of the rest (`ExpertSide.params`, which the
   strategy reduces) and summed over the ranks that hold the same experts (`Topology.expert_replicas`), then
   divided by the data ranks, as the rest is averaged: the dispatch's backward already summed the group's tokens
-  into them. The gradient norm adds
-  the experts' squares over the expert group (each rank holds different ones).
+  into them. The gradient norm adds the experts' squares over the expert group (each rank holds different ones).
 """
 from __future__ import annotations
 
