@@ -180,7 +180,8 @@ class MoeConfig:
     """How a Mixture-of-Experts model routes and balances while training (`config.resolve` fills it; the model's
     architecture is its config.json). Read by `models.moe` / `models.moe_loss`; docs/MODELS.md explains each.
 
-    `aux_loss_coef`: the weight of HF's load-balancing loss (None: config.json's `router_aux_loss_coef`);
+    `aux_loss_coef`: the weight of the balance loss, decided by `config.moe.aux_coefficient` (None, a model built
+    without a run: what transformers computes, config.json's `router_aux_loss_coef`, none for DeepSeek);
     `aux_loss_scope`: "micro_batch" (transformers') or "global" (token counts summed over the data-parallel
     ranks first, as Qwen3 was trained); `z_loss_coef`: router z-loss weight (0: off); `bias_update_rate`: the
     auxiliary-loss-free per-expert bias step (0: off; DeepSeek-V3 used 1e-3); `capacity_factor`: 0 = dropless,

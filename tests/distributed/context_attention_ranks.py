@@ -65,14 +65,12 @@ for tile in (1024, 5):
         print(json.dumps({"rank": rank, "tile": tile, "document": masked, "out_dq_dk_dv": diffs, **traffic}),
               flush=True)
 
-# the collectives backend's gloo forms (distributed/comms/collectives.py) on the same ranks: all-to-all (MoE's dispatch)
-# as an all-gather of every rank's send buffer, reduce-scatter as an all-reduce and a slice
+# the collectives backend's gloo reduce-scatter (distributed/comms/collectives.py) on the same ranks: an all-reduce
+# and a slice
 from pretrain_cli.distributed.comms.collectives import for_device  # noqa: E402
 
 backend = for_device("cpu")
 send = [np.arange(world * 2 * 3, dtype="float32").reshape(world * 2, 3) + 1000 * r for r in range(world)]  # [2w, 3]
-got = backend.all_to_all(paddle.to_tensor(send[rank]), ring.group).numpy()  # chunk j of every rank's buffer to j
-want = np.concatenate([send[src][rank * 2:(rank + 1) * 2] for src in range(world)])  # [2w, 3], by source rank
 scattered = backend.reduce_scatter(paddle.to_tensor(send[rank]), ring.group, world, rank, 0).numpy()
-print(json.dumps({"rank": rank, "all_to_all": float(np.abs(got - want).max()),
-                  "reduce_scatter": float(np.abs(scattered - sum(send)[rank * 2:(rank + 1) * 2]).max())}), flush=True)
+print(json.dumps({"rank": rank, "reduce_scatter": float(np.abs(scattered - sum(send)[rank * 2:(rank + 1) * 2]).max())}),
+      flush=True)

@@ -5,8 +5,9 @@ real launcher, each equal to one process step by step (≤ 1e-5 per step's loss)
   data ranks, with the balance loss, the router z-loss and the auxiliary-loss-free bias on (the semi-auto engine
   computes the balance loss over the global batch, as one process does); the tp2 checkpoint resumes on one process
   on the same curve;
-- fleet's pipeline: pp2, and tp2 x pp2 (the manual `tp` step's split of every expert), with the router terms off
-  (config.refusals: a pipeline backpropagates the last stage's loss only).
+- fleet's pipeline: pp2, tp2 x pp2 (the manual `tp` step's split of every expert) and ep2 x pp2 (expert
+  parallelism inside the stages, each stage's expert group drawn from its data ranks: `ExpertPipeline`), with the
+  router terms off (config.refusals: a pipeline backpropagates the last stage's loss only).
 
 The model is `micro-qwen2-moe` (8 experts of width 32, top-2, a gated shared expert; two sparse layers), the
 reference one process at the same global batch of 8 sequences. One launch per layout (module fixtures).
@@ -24,7 +25,9 @@ QUIET = dict(model_name_or_path="micro-qwen2-moe", router_aux_loss_coef=0)  # no
 SEMI_AUTO = {"tp2": dict(tensor_parallel_degree=2, per_device_train_batch_size=8),
              "zero2": dict(sharding="stage2"), "zero3": dict(sharding="stage3")}
 PIPELINE = {"pp2": (2, dict(pipeline_parallel_degree=2)),
-            "tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
+            "tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2)),
+            # expert parallelism inside the stages: each stage's expert group its two data ranks (4 micro-batches of 1)
+            "ep2_pp2": (4, dict(pipeline_parallel_degree=2, expert_parallel_degree=2, per_device_train_batch_size=1))}
 
 
 def _one(corpus, root, **over):
@@ -53,8 +56,8 @@ def pipeline(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_pipeline")
     out = {"one": _one(corpus, root, **QUIET)}
     for name, (nproc, over) in PIPELINE.items():
-        cfg = write_config(root / f"{name}.json", corpus, root / name, gradient_accumulation_steps=4,
-                           per_device_train_batch_size=2, **QUIET, **over)
+        cfg = write_config(root / f"{name}.json", corpus, root / name,
+                           **{"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2, **QUIET, **over})
         run = launch_joined(cfg, root / f"{name}_log", nproc)
         assert run.returncode == 0, run.explain()
         out[name] = run, root / name
@@ -83,6 +86,6 @@ def test_tp2_checkpoint_resumes_on_one_process(corpus, tmp_path, semi_auto):
 @pytest.mark.parametrize("layout", sorted(PIPELINE))
 def test_pipeline_layouts_match_one_process(pipeline, layout):
     (ref, rout), (run, out) = pipeline["one"], pipeline[layout]
-    assert "pipeline" in run.log(0)
+    assert "pipeline" in run.log(0) and ("ep 2" in run.log(0)) == ("ep2" in layout)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)

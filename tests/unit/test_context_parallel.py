@@ -92,7 +92,10 @@ def test_context_parallelism_resolves_with_tensor_and_pipeline_parallelism_as_la
     """cp x tp runs: the layout steps tp -> cp on fleet's groups (engine "tensor_parallel"), the embedding and
     LM head whole on every tp rank (the steps' Megatron split), with or without sequence parallelism; cp x pp:
     cp -> pp on the pipeline's engine."""
-    from pretrain_cli.distributed.steps.order import describe
+    from pretrain_cli.distributed.steps.order import steps_for
+
+    def describe(parallel) -> str:
+        return " -> ".join(s.name for s in steps_for(parallel))
 
     for sp in (False, True):
         p = _resolve(4, context_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=sp,

@@ -7,9 +7,14 @@ import pytest
 
 from pretrain_cli.config.refusals import REFUSED, Degrees, refusals
 from pretrain_cli.distributed.comms.collectives import for_device
-from pretrain_cli.distributed.steps.order import ORDER, STEPS, Step, describe, register, steps_for
+from pretrain_cli.distributed.steps.order import ORDER, STEPS, Step, register, steps_for
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
+
+
+def describe(parallel: ParallelConfig) -> str:
+    """The steps a layout runs, in order, as one string."""
+    return " -> ".join(s.name for s in steps_for(parallel))
 
 
 def _p(**degrees) -> ParallelConfig:
@@ -58,13 +63,13 @@ def test_the_ep_step_is_there_without_importing_expert_parallel():
     import pretrain_cli
 
     src = str(Path(pretrain_cli.__file__).parents[1])  # this tree's sources, not an installed copy
-    code = ("import sys; from pretrain_cli.distributed.steps.order import describe; "
+    code = ("import sys; from pretrain_cli.distributed.steps.order import steps_for; "
             "from pretrain_cli.run_layout import ParallelConfig; "
-            "print(describe(ParallelConfig(world_size=2, dp_degree=2, ep_degree=2)), "
+            "print(*[s.name for s in steps_for(ParallelConfig(world_size=2, dp_degree=2, ep_degree=2))], "
             "'pretrain_cli.distributed.steps.expert_parallel' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": src}).stdout
-    assert out.split() == ["ep", "->", "recompute", "False"]
+    assert out.split() == ["ep", "recompute", "False"]
 
 
 @pytest.mark.parametrize("name,vocab,dim", [
@@ -88,8 +93,9 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "sp with ZeRO-3": Degrees(tp=2, sp=True, stage=3, sharding=2, data=2),
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
-                "ep with tp, pp or cp": Degrees(ep=2, tp=2, data=2, moe="qwen3_moe"),
-                "ep with sharding": Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
+                "ep with tp or cp": Degrees(ep=2, tp=2, data=2, moe="qwen3_moe"),
+                "ep with a pipeline and sharding": Degrees(ep=2, pp=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
+                "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
                                                              router_terms="router_aux_loss_coef 0.001"),
@@ -109,7 +115,9 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(tp=2, pp=2, moe="qwen3_moe"), Degrees(tp=2, pp=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(tp=2, stage=2, sharding=2, data=2, mla="deepseek_v3"),
                  Degrees(tp=2, stage=1, sharding=2, data=4, mla="deepseek_v3"), Degrees(tp=2, mtp=1),
-                 Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3", mtp=1)):
+                 Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3", mtp=1),
+                 Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
+                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe")):
         assert refusals(runs) == [], runs
 
 

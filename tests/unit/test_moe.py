@@ -179,9 +179,10 @@ def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchang
 
 def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills_their_gradients():
     """GatherDispatch on a rank whose experts got no row still runs them (0 · weight), and `sync_grads` reduces
-    a None gradient as zeros rather than skipping its all-reduce (replicas would disagree on the collectives)."""
+    a None gradient as zeros (`ExpertGrads.reduce`) rather than skipping its all-reduce (replicas would disagree on
+    the collectives)."""
     from pretrain_cli.distributed.steps.expert_parallel import GatherDispatch, keep_held
-    from pretrain_cli.distributed.strategies.expert_strategy import ExpertParallel
+    from pretrain_cli.distributed.strategies.expert_strategy import ExpertGrads
 
     class OneRank:  # an expert group of one: all-gather and reduce-scatter are the identity
         def all_gather(self, x, group, axis=0):
@@ -201,8 +202,7 @@ def test_expert_parallel_keeps_a_rank_s_idle_experts_in_the_graph_and_zero_fills
     assert all(p.grad is not None and not p.grad.numpy().any() for p in params)
     params = list(_block()[0].experts.parameters())  # no backward yet: every gradient None
     assert all(p.grad is None for p in params)
-    side = SimpleNamespace(params=params, replicas=None)
-    ExpertParallel.sync_grads(SimpleNamespace(side=side, parallel=SimpleNamespace(data_world_size=2)))
+    ExpertGrads(SimpleNamespace(params=params, replicas=None), 2, None).reduce()
     assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.numpy().any() for p in params)
 
 
@@ -357,7 +357,10 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
 
     moe, notes, errors = resolved("micro-qwen3-moe", router_z_loss_coef=0.001, capacity_factor=1.25,
                                   moe_router_bias_update_rate=0.001)
-    assert moe == MoeConfig(None, "micro_batch", 0.001, 0.001, 1.25) and not notes and not errors
+    # the balance loss's weight decided here once: config.json's router_aux_loss_coef (0.001), DeepSeek's α
+    assert moe == MoeConfig(0.001, "micro_batch", 0.001, 0.001, 1.25) and not notes and not errors
+    assert resolved("micro-deepseek-v3")[0].aux_loss_coef == 1e-4  # no aux_loss_alpha: the V3 paper's α
+    assert resolved("micro-deepseek-v3", router_aux_loss_coef=0.02)[0].aux_loss_coef == 0.02
     _, _, errors = resolved("micro-qwen3-moe", capacity_factor=-1)
     assert errors == ["capacity_factor: must be a finite number >= 0, got -1.0"]
     _, notes, _ = resolved("micro-qwen2", router_aux_loss_coef=0.01)

@@ -9,6 +9,7 @@ from run_helpers import model_config
 
 from pretrain_cli.orchestration.planned import parse as parsed
 from plan_helpers import fit, plan
+from pretrain_cli.distributed.layout import topology
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import plan as plan_module
@@ -37,11 +38,11 @@ def test_llama_70b_on_64_h100_fit_recommends_a_layout_whose_start_up_fits():
     start = (params / 2 * 4 + V * H * 4)
     assert written["startup_gib"] * GIB == pytest.approx(start + _framework(start))
     assert written["startup_gib"] > 80 and not written["fits"]
-    planned._groups.cache_clear()
+    topology._all_groups.cache_clear()
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
     assert f["after"] is not None and f["after"]["startup_gib"] <= f["budget_gib"] == pytest.approx(72.0)
     # thousands of candidates, a few dozen layouts of degrees: the rank groups are laid out once per layout
-    assert f["tried"] > 2000 and planned._groups.cache_info().misses <= 64
+    assert f["tried"] > 2000 and topology._all_groups.cache_info().misses <= 64
     assert f["after"]["memory_gib"] <= f["budget_gib"]
     tokens = [t for k, v in f["change"].items() for t in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
     again = plan(str(LLAMA), TO_70B + tokens, device="H100", gpus=64, suggest_changes=False)

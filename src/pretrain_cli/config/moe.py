@@ -13,8 +13,20 @@ from pretrain_cli.errors import Problems
 from pretrain_cli.run_config import MoeConfig
 
 DEEPSEEK_BIAS_RATE = 0.001  # DeepSeek-V3 paper: γ = 0.001 (then 0 for the last 500B tokens)
+DEEPSEEK_ALPHA = {"deepseek_v3": 1e-4, "deepseek_v2": 1e-3}  # the papers' sequence-wise / expert-level α
 KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe_router_bias_update_rate",
         "capacity_factor")
+
+
+def aux_coefficient(args, model_cfg) -> float:
+    """The balance loss's weight: `router_aux_loss_coef` when the file sets it, else the model's own: config.json's
+    `router_aux_loss_coef` (transformers' load-balancing loss) or, for DeepSeek's sequence-wise loss
+    (`models.deepseek_moe`), its `aux_loss_alpha` (the hub's key), else the paper's α."""
+    if args.model.router_aux_loss_coef is not None:
+        return float(args.model.router_aux_loss_coef)
+    if model_cfg.model_type in DEEPSEEK_ALPHA:
+        return float(model_cfg.extra.get("aux_loss_alpha", DEEPSEEK_ALPHA[model_cfg.model_type]))
+    return float(model_cfg.router_aux_loss_coef or 0.0)
 
 
 def router_terms(args, model_cfg) -> str:
@@ -23,7 +35,7 @@ def router_terms(args, model_cfg) -> str:
     if model_cfg is None or not model_cfg.sparse_layers:
         return ""
     m = args.model
-    aux = model_cfg.router_aux_loss_coef if m.router_aux_loss_coef is None else m.router_aux_loss_coef
+    aux = aux_coefficient(args, model_cfg)
     rate = m.moe_router_bias_update_rate
     if model_cfg.topk_method == "noaux_tc" and "moe_router_bias_update_rate" not in args.explicit:
         rate = DEEPSEEK_BIAS_RATE
@@ -57,6 +69,7 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         rate = DEEPSEEK_BIAS_RATE  # DeepSeek-V3's recipe: its routing is balanced by the bias
         notes.append(f"moe_router_bias_update_rate: {rate} (DeepSeek-V3's γ, the default for its noaux_tc routing; "
                      f"set 0 to freeze the checkpoint's e_score_correction_bias)")
-    return MoeConfig(aux_loss_coef=m.router_aux_loss_coef, aux_loss_scope=m.moe_aux_loss_scope,
+    aux = aux_coefficient(args, model_cfg) if moe_model else m.router_aux_loss_coef
+    return MoeConfig(aux_loss_coef=aux, aux_loss_scope=m.moe_aux_loss_scope,
                      z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
                      capacity_factor=m.capacity_factor, mtp_loss_weight=m.mtp_loss_weight)

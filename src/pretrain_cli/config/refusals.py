@@ -73,15 +73,21 @@ REFUSED = (
                       f"bias ({d.router_terms}) is not supported (fleet's pipeline backpropagates the last stage's "
                       f"loss only, while the balance loss spans every stage's routing, and the bias is updated from "
                       f"every rank's counts); set each of them to 0, or train without a pipeline"),
-    Refusal("ep with tp, pp or cp", lambda d: bool(d.moe) and d.ep > 1 and (d.tp > 1 or d.pp > 1 or d.cp > 1),
-            lambda d: f"expert_parallel_degree: {d.ep} with tensor, pipeline or context parallelism is not supported "
-                      f"yet (its dispatch and the experts' own gradient reduction run on the data-parallel engine, "
-                      f"paddle.DataParallel; the others place the weights themselves); set tensor_parallel_degree, "
-                      f"pipeline_parallel_degree and context_parallel_degree to 1"),
-    Refusal("ep with sharding", lambda d: bool(d.moe) and d.ep > 1 and d.stage > 0 and d.sharding > 1,
-            lambda d: f"expert_parallel_degree: {d.ep} with sharding is not supported yet (fleet's ZeRO owners and the "
-                      f"semi-auto engine's placements take every data rank to hold the same parameters, while each "
-                      f"rank of an expert group holds other experts); set sharding to ''"),
+    Refusal("ep with tp or cp", lambda d: bool(d.moe) and d.ep > 1 and (d.tp > 1 or d.cp > 1),
+            lambda d: f"expert_parallel_degree: {d.ep} with tensor or context parallelism is not supported yet (its "
+                      f"all-gather dispatch takes every rank of an expert group to route whole tokens of its own "
+                      f"batch, while tp ranks share a batch and split each expert, cp ranks split each sequence); set "
+                      f"tensor_parallel_degree and context_parallel_degree to 1"),
+    Refusal("ep with a pipeline and sharding", lambda d: bool(d.moe) and d.ep > 1 and d.pp > 1 and d.stage > 0,
+            lambda d: f"expert_parallel_degree: {d.ep} with pipeline_parallel_degree {d.pp} and sharding is not "
+                      f"supported yet (inside a pipeline the experts are kept out of the stage's data-parallel mean, "
+                      f"not yet out of fleet's sharding optimizer, whose owners take every sharding rank to hold the "
+                      f"same parameters); set sharding to ''"),
+    Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
+            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet (ZeRO-2/3 "
+                      f"run on the semi-auto engine, whose placements take every data rank to hold the same "
+                      f"parameters, while each rank of an expert group holds other experts); use sharding: stage1 "
+                      f"(ZeRO-1 over the rest of the model) or ''"),
     Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
             lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
                       f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of MLA sums "

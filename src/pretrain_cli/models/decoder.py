@@ -102,7 +102,7 @@ class CausalLM(nn.Layer):
         self.moe = moe or MoeConfig()
         self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
         self.mtp_depth = int(cfg.num_nextn_predict_layers)  # DeepSeek-V3's MTP modules (a plain int, as `sparse`)
-        self.reduce_counts = None
+        self.router_losses: dict = {}  # {name: (sum, forwards)} since the last log line (`moe_loss.log_values`)
         self.model = DecoderModel(cfg, kernels, self.moe)
         self.lm_head = None if cfg.tie_word_embeddings else linear(cfg, cfg.hidden_size, cfg.vocab_size, False)
 
@@ -115,8 +115,8 @@ class CausalLM(nn.Layer):
         `position_ids` and/or `doc_start` (int64 `[bsz, seq_len]`, no cache). `labels` (int64 `[bsz, seq_len]`,
         shifted, -100 = not counted): returns (sum of token losses, counted tokens) instead of logits; a MoE model
         in training mode adds its router losses (`models.moe_loss.router_loss`) × counted tokens to the sum, so
-        the step's mean is transformers' loss with `output_router_logits`. `reduce_counts` (None, or set from
-        outside on several ranks: the data ranks' expert counts summed) serves the global balance scope."""
+        the step's mean is transformers' loss with `output_router_logits`. The kernel table's `reduce_counts` (the
+        data ranks' expert counts summed, chosen by the layout) serves the global balance scope."""
         if position_ids is not None or doc_start is not None:
             if cache is not None:
                 raise ValueError("position_ids/doc_start are for packed training samples, not with a KV cache")
@@ -129,9 +129,9 @@ class CausalLM(nn.Layer):
                 cos, sin = self.model.rotary_emb(input_ids.shape[1])
                 losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
                 extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths, logged apart as mtp_loss
-                sums = self.__dict__.setdefault("router_losses", {})  # read by `moe_loss.log_values` each log line
-                s, n = sums.get("mtp_loss", (0.0, 0))
-                sums["mtp_loss"] = (extra.detach() + s, n + 1)
+                from pretrain_cli.models.moe_loss import add_logged
+
+                add_logged(self.router_losses, "mtp_loss", extra)  # read by `moe_loss.log_values` each log line
                 extra = extra * self.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
                 total = total + extra * count.detach().astype(total.dtype)
             if self.sparse and self.training:  # + the router losses per counted token (training only:

@@ -17,7 +17,8 @@ Balance loss (`sequence_balance_loss`): DeepSeek-V3's complementary sequence-wis
 is the same formula with softmax scores, per sequence as the hub's `seq_aux`): for each sequence,
 `Σ_i f_i · P_i`, f_i = E/(K·T) · (tokens of the sequence routed to expert i), P_i = the mean over its tokens of
 expert i's score normalised over all experts; averaged over the sequences, summed over the sparse layers,
-× α (`aux_loss_coef`, else config.json's `aux_loss_alpha`, else the papers' 1e-4 for V3 and 1e-3 for V2);
+× α (`MoeConfig.aux_loss_coef`: `config.moe.aux_coefficient` decides it, by default config.json's `aux_loss_alpha`,
+else the papers' 1e-4 for V3 and 1e-3 for V2; none for a model built without a run, as transformers);
 `moe_loss.router_loss` takes it instead of HF's load-balancing loss for these blocks. transformers computes no
 auxiliary loss for either family.
 """
@@ -34,7 +35,6 @@ from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.run_config import MoeConfig
 
-DEFAULT_ALPHA = {"deepseek_v3": 1e-4, "deepseek_v2": 1e-3}  # the papers' sequence-wise / expert-level α
 
 
 class GroupLimitedRouter(nn.Linear):
@@ -109,13 +109,6 @@ class DeepseekMoeBlock(SparseMoeBlock):
         self.seq_shape = tuple(x.shape[:2])  # (bsz, seq_len): the sequences the balance loss is taken over
         out = super().forward(x)  # [bsz, seq_len, hidden]
         return out if self.shared_experts is None else out + self.shared_experts(x)
-
-    @staticmethod
-    def balance_coefficient(cfg: ModelConfig, moe: MoeConfig) -> float:
-        """α: the run's `aux_loss_coef`, else config.json's `aux_loss_alpha` (the hub's key), else the paper's."""
-        if moe.aux_loss_coef is not None:
-            return float(moe.aux_loss_coef)
-        return float(cfg.extra.get("aux_loss_alpha", DEFAULT_ALPHA[cfg.model_type]))
 
     def balance_loss(self):
         """This layer's sequence-wise balance loss over its last forward (unweighted)."""

@@ -23,8 +23,9 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
   (`models.moe_loss`) read the records of all sparse layers. It also sums its counts since the last log
   (`block.load`, `block.dropped`: `moe_loss.read_load`) and since the last bias update (`block.step_load`):
   fp32 tensors, never read on the host inside a step, counted in training mode only (not evaluation's). Dispatch (sort by
-  expert, run the experts, combine) is `dispatch_local` here; expert parallelism swaps `block.dispatch` for one
-  that exchanges rows between ranks, with the same inputs and outputs.
+  expert, run the experts, combine) is `dispatch_local` here, or the kernel table's `moe_dispatch` the model is
+  built with: expert parallelism's exchanges rows between ranks, tensor parallelism's runs sliced experts, with the
+  same inputs and outputs (`distributed.steps.order.build_kernels`).
 
 Options that are training choices, not architecture (`run_config.MoeConfig`): the auxiliary-loss-free bias
 (created when its update rate is > 0) and `capacity_factor` (0: dropless, the default; > 0: each expert keeps at
@@ -193,7 +194,7 @@ class SparseMoeBlock(nn.Layer):
             self.shared_expert_gate = linear(cfg, cfg.hidden_size, 1, False)
         else:
             self.shared_expert = None
-        self.dispatch = dispatch_local
+        self.dispatch = kernels.moe_dispatch or dispatch_local  # (the layout's, chosen before the model exists)
         self.record: MoeRecord | None = None
         self.reset_load()
 

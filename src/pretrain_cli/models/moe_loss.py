@@ -4,8 +4,8 @@ auxiliary-loss-free bias update, all from the sparse blocks' `MoeRecord`s (`mode
 - `load_balancing_loss`: transformers' `load_balancing_loss_func` exactly: over the router logits of all sparse
   layers taken together (not a mean of per-layer losses), `E · Σ_e f_e · P_e`, f_e = the share of top-k
   assignments that went to expert e, P_e = its mean softmax probability. At perfect balance it equals top_k.
-  `reduce_counts` (set from outside by the data-parallel code; identity on one process) sums the counts over
-  the data-parallel ranks first: the "global" scope Qwen3 was trained with (Qiu et al. 2025).
+  `reduce_counts` (the kernel table's, chosen by the layout before the model is built; identity on one process)
+  sums the counts over the data-parallel ranks first: the "global" scope Qwen3 was trained with (Qiu et al. 2025).
 - `z_loss`: ST-MoE's router z-loss, mean over tokens of logsumexp(logits)², averaged over the sparse layers.
 - `router_loss(model)`: `aux_coef · load_balancing + z_coef · z`, what `CausalLM` adds per counted token to
   the loss it returns (so the training loss, like transformers' with `output_router_logits`, includes it).
@@ -55,32 +55,37 @@ def z_loss(logits: list):
 
 def router_loss(model):
     """The weighted router losses of `model`'s last forward (fp32 scalar; 0 when both weights are 0). The
-    unweighted values are summed on `model.router_losses` ({name: (sum, forwards)}) for the log line."""
+    unweighted values are summed into `model.router_losses` ({name: (sum, forwards)}) for the log line."""
     blocks = sparse_blocks(model)
     cfg, moe = model.config, model.moe
-    coef = cfg.router_aux_loss_coef if moe.aux_loss_coef is None else moe.aux_loss_coef
+    deepseek = hasattr(blocks[0], "balance_loss")  # its sequence-wise balance loss instead (models.deepseek_moe)
+    coef = moe.aux_loss_coef  # decided in config (`config.moe.aux_coefficient`); None: what transformers computes
+    if coef is None:
+        coef = 0.0 if deepseek else cfg.router_aux_loss_coef
     logits = [b.record.routing.logits for b in blocks]
     total = paddle.zeros([], dtype="float32")
     parts = {}
-    if hasattr(blocks[0], "balance_loss"):  # DeepSeek: its sequence-wise balance loss instead (models.deepseek_moe)
-        alpha = blocks[0].balance_coefficient(cfg, moe)
-        if alpha:
-            # reshaped 0-D: on the semi-auto engine the sum of the layers' losses (each a mean over a batch-sharded
-            # tensor, Partial) comes back as shape [1], which would make the step's loss [1]
-            parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks]).reshape([])
-            total = total + alpha * parts["aux_loss"]
+    if deepseek and coef:
+        # reshaped 0-D: on the semi-auto engine the sum of the layers' losses (each a mean over a batch-sharded
+        # tensor, Partial) comes back as shape [1], which would make the step's loss [1]
+        parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks]).reshape([])
+        total = total + coef * parts["aux_loss"]
     elif coef:
-        reduce = model.reduce_counts if moe.aux_loss_scope == "global" else None
+        reduce = model.kernels.reduce_counts if moe.aux_loss_scope == "global" else None
         parts["aux_loss"] = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok, reduce or _identity)
         total = total + coef * parts["aux_loss"]
     if moe.z_loss_coef:
         parts["z_loss"] = z_loss(logits)
         total = total + moe.z_loss_coef * parts["z_loss"]
-    sums = model.__dict__.setdefault("router_losses", {})
     for name, value in parts.items():
-        s, n = sums.get(name, (0.0, 0))
-        sums[name] = (value.detach() + s, n + 1)
+        add_logged(model.router_losses, name, value)
     return total
+
+
+def add_logged(sums: dict, name: str, value) -> None:
+    """`value` (a scalar tensor) added to `sums[name]` = (sum, count): what `log_values` averages."""
+    s, n = sums.get(name, (0.0, 0))
+    sums[name] = (value.detach() + s, n + 1)
 
 
 def log_values(model) -> dict:
@@ -90,7 +95,8 @@ def log_values(model) -> dict:
     load = read_load(model)
     if not load:
         return {}
-    out = {name: float(s) / max(n, 1) for name, (s, n) in model.__dict__.pop("router_losses", {}).items()}
+    out = {name: float(s) / max(n, 1) for name, (s, n) in model.router_losses.items()}
+    model.router_losses.clear()
     out["moe_max_expert_share"] = max(load["max_expert_share"])
     out["moe_dropped_share"] = sum(load["dropped_share"]) / len(load["dropped_share"])
     out["moe_expert_share_per_layer"] = [round(x, 4) for x in load["max_expert_share"]]

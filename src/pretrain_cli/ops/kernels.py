@@ -254,6 +254,13 @@ class Kernels:
     # a call that passes `position_ids` sees this share of a sequence rope_span x as long (context parallelism's
     # chunks: its positions run over the whole sequence), so the RoPE table covers that many positions
     rope_span: int = 1
+    # a MoE block's dispatch, (x, routing, experts, num_experts, capacity_factor) -> (out, counts, dropped); None:
+    # `models.moe.dispatch_local` (one device). The layout steps that move or split experts choose theirs here
+    # (`distributed.steps.order.build_kernels`), before the model exists
+    moe_dispatch: Callable | None = None
+    # the expert counts `[experts]` of this rank's tokens -> the data ranks' sum (the global balance scope, the
+    # balancing bias); None: this process's tokens are the whole batch
+    reduce_counts: Callable | None = None
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

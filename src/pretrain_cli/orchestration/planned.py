@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
@@ -67,41 +66,12 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
-    """{"tp" | "pp" | "cp" | "data" | "ep": every group of ranks along that axis} for `plan`'s layout lines and the
-    speed model's links, from the run's own rank layout (`distributed.layout.topology.Topology`, which `train` asks; never
-    re-derived): a tensor-parallel group shares every coordinate but its tp position, a pipeline group every one but
-    its stage, a context-parallel group every one but its cp position, a data (dp × ZeRO, with cp) group its stage
-    and tensor-parallel position, an expert group is `Topology.expert_group`'s. Cached per layout of degrees:
-    `--fit` plans thousands of candidates over a few dozen layouts."""
+    """{"tp" | "pp" | "cp" | "data" | "ep" | …: every group of ranks of that kind} for `plan`'s layout lines and the
+    speed model's links: the run's own rank layout's (`distributed.layout.topology.Topology.all_groups`, which
+    `train` asks; never re-derived)."""
     from pretrain_cli.distributed.layout.topology import Topology
 
-    topo = Topology.of(par)
-    return _groups(topo.degrees, topo.ep)
-
-
-@functools.lru_cache(maxsize=None)
-def _groups(degrees: tuple, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
-    """`rank_groups` of one tuple of (axis, degree): every rank's coordinates asked of the Topology once, then the
-    ranks grouped by the coordinates each axis's groups share (what `Topology.group`/`replicas` select)."""
-    from pretrain_cli.distributed.layout.topology import Topology
-
-    topo = Topology(degrees, ep=ep)
-    coords = [topo.coords(r) for r in range(topo.world_size)]
-
-    def by(*shared: str) -> list[tuple[int, ...]]:
-        out: dict[tuple, list[int]] = {}
-        for r, c in enumerate(coords):
-            out.setdefault(tuple(c[a] for a in shared), []).append(r)
-        return sorted(tuple(g) for g in out.values())
-
-    def along(axis: str) -> list[tuple[int, ...]]:
-        return by(*(a for a in topo.sizes if a != axis))
-
-    ep_of: dict[tuple, list[int]] = {}  # ep groups (`Topology.expert_group`): consecutive data ranks of one place
-    for r, c in enumerate(coords):
-        ep_of.setdefault((c["pp"], c["cp"], c["mp"], topo.data_rank_of(r) // topo.ep), []).append(r)
-    experts = sorted(tuple(g) for g in ep_of.values())
-    return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by("pp", "mp"), "ep": experts}
+    return Topology.of(par).all_groups()
 
 
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):

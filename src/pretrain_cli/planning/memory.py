@@ -202,6 +202,10 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         head = s.model.vocab_size * s.model.hidden_size
         body = counts["non_embedding"] - (0 if s.model.tie_word_embeddings else head)
         weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes * n / _device_params(s)
+    # expert parallelism keeps its experts' optimizer state whole under ZeRO-1 (each rank updates its own:
+    # `distributed.strategies.expert_strategy.ExpertZero1`); the rest is sharded over the sharding ranks
+    own = expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0.0
+    state_n = (n - own) / (deg if s.sharding_stage >= 1 else 1) + own
     out = {
         "weights": weights,
         # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU); fleet's stage2 (a
@@ -209,14 +213,15 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         # the unowned ones after the update
         "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" and s.distributed_tensors
                                    else 1),
-        "optimizer_state": n * 8 / (deg if s.sharding_stage >= 1 else 1),  # AdamW m and v, fp32
-        "master_weights": (n * 4 / (deg if s.sharding_stage >= 1 else 1)) if o2 else 0.0,
+        "optimizer_state": state_n * 8,  # AdamW m and v, fp32
+        "master_weights": state_n * 4 if o2 else 0.0,
         "activations": activations,
         "logits_loss": logits,
     }
     if s.dp_buffers and not s.sharding_stage:
-        # the experts of expert parallelism are reduced outside DataParallel's buffers (over their own holders)
-        out["gradient_buffers"] = (n - (expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0)) * grad_b
+        # DataParallel's buffers; under expert parallelism the rest's gradients coalesced into buckets, all at once
+        # (fleet's fused all-reduce), the experts reduced in place over their own holders
+        out["gradient_buffers"] = (n - own) * grad_b
     if s.cp > 1:
         out["context_attention"] = context_working_bytes(s)
     if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:

@@ -154,12 +154,6 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
         strategy = build_strategy(run.parallel, run.device, step_kernels, run.recompute)
         raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
-        if getattr(model, "sparse", False) and run.parallel.world_size > 1:  # MoE: every rank a data rank (resolve)
-            from pretrain_cli.distributed.comms.comm import sum_over_ranks
-
-            # the expert counts of the global batch: for the balancing bias (the same update on every replica)
-            # and, with moe_aux_loss_scope global, for the balance loss's expert shares
-            model.reduce_counts = sum_over_ranks
         model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists
         optimizer = build_optimizer(model, run.optimizer, run.schedule, multi_precision=run.precision.master_weights,
                                     adamw=step_kernels.adamw)
@@ -197,6 +191,14 @@ def build_model(run: RunConfig, model_cfg):
     # the layout steps' kernels (context parallelism's ring, the semi-auto engine's local pieces): chosen before
     # the model exists, so no live layer is changed
     table = build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device))
+    if model_cfg.sparse_layers and run.parallel.world_size > 1:  # MoE: every rank a data rank (resolve)
+        from dataclasses import replace
+
+        from pretrain_cli.distributed.comms.comm import sum_over_ranks
+
+        # the expert counts of the global batch: for the balancing bias (the same update on every replica)
+        # and, with moe_aux_loss_scope global, for the balance loss's expert shares
+        table = replace(table, reduce_counts=sum_over_ranks)
     with paddle.LazyGuard():
         return build_causal_lm(model_cfg, table, run.moe)
 

@@ -120,7 +120,7 @@ class Step:
         if self.bias_update_rate:  # from this step's expert loads, as the update is applied (torchtitan)
             from pretrain_cli.models.moe_loss import update_expert_bias
 
-            reduce = getattr(layout.raw_model, "reduce_counts", None)  # the data ranks' counts summed
+            reduce = layout.raw_model.kernels.reduce_counts  # the data ranks' counts summed (None: one process)
             update_expert_bias(layout.raw_model, self.bias_update_rate, *([reduce] if reduce else []))
         layout.amp.step(layout.optimizer, layout.strategy.step)
         layout.optimizer.clear_grad()

@@ -7,7 +7,6 @@ answered here, so when Paddle's gloo is fixed the workarounds go in one place:
 | what | NCCL | gloo |
 |---|---|---|
 | `reduce_scatter` | `dist.reduce_scatter` | `all_reduce`, then this rank's slice (tp times the bytes) |
-| `all_to_all` | `dist.alltoall_single` | `all_gather` of every rank's whole send buffer, then this rank's slices of each (world times the bytes) |
 | a new group | `dist.new_group` | the same, each group with a TCP store of its own (`stores`: `gloo.separate_stores`) |
 | ring neighbour exchange | `batch_isend_irecv` on the group | blocking send/recv over a two-rank group per directed edge (`ring_edges`) |
 | fleet's pipeline sends | batched, partial | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
@@ -84,28 +83,6 @@ class Collectives:
         parts: list = []
         dist.all_gather(parts, x.contiguous(), group=group)  # a slice may be a strided view
         return paddle.concat(parts, axis=axis)
-
-    def all_to_all(self, x, group):
-        """`x` `[n · k, ...]` split into n = group size equal chunks on dim 0; chunk j goes to group rank j, and the
-        result is the chunks every rank sent to this one, in group rank order (`[n · k, ...]`). Only the tests call
-        it today: expert parallelism dispatches by all-gather and reduce-scatter (`expert_parallel.GatherDispatch`,
-        the form gloo runs); it is here for an all-to-all dispatcher on NCCL. Not differentiable: an autograd
-        function around it would run `all_to_all` again backward. NCCL: `alltoall_single`. gloo has no all-to-all:
-        every rank's whole buffer is all-gathered (`[n, n · k, ...]`) and this rank keeps chunk `me` of each."""
-        import paddle
-        import paddle.distributed as dist
-
-        n = group.nranks if group is not None else dist.get_world_size()
-        if not self.gloo:  # pragma: no cover - GPU only
-            out = paddle.empty_like(x)
-            dist.alltoall_single(out, x.contiguous(), group=group)
-            return out
-        me = group.rank if group is not None else dist.get_rank()
-        parts: list = []
-        dist.all_gather(parts, x.contiguous(), group=group)  # n tensors [n · k, ...]
-        k = x.shape[0] // n
-        return paddle.concat([p[me * k:(me + 1) * k] for p in parts], axis=0)  # [n · k, ...]
-
 
 def _cut(x, parts: int, index: int, axis: int):
     """Slice `index` of `parts` equal slices of `x` on `axis`."""

@@ -53,6 +53,29 @@ def rank_of(coords: dict, degrees: dict) -> int:
     return rank
 
 
+@functools.lru_cache(maxsize=None)
+def _all_groups(degrees: tuple, ep: int) -> dict[str, list[tuple[int, ...]]]:
+    """`Topology.all_groups` of one tuple of (axis, degree) and expert-parallel degree."""
+    topo = Topology(degrees, ep=ep)
+    coords = [topo.coords(r) for r in range(topo.world_size)]
+
+    def by(key) -> list[tuple[int, ...]]:
+        out: dict[tuple, list[int]] = {}
+        for r, c in enumerate(coords):
+            out.setdefault(key(c), []).append(r)
+        return sorted(tuple(g) for g in out.values())
+
+    def along(axis: str) -> list[tuple[int, ...]]:
+        return by(lambda c: tuple(c[a] for a in topo.sizes if a != axis))
+
+    def place(c) -> tuple:  # what an expert group's ranks share besides their data ranks
+        return c["pp"], c["cp"], c["mp"]
+
+    return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by(lambda c: (c["pp"], c["mp"])),
+            "ep": by(lambda c: (*place(c), topo._data_rank(c) // ep)),
+            "ep_replicas": by(lambda c: (*place(c), topo._data_rank(c) % ep))}
+
+
 @dataclass(frozen=True)
 class Topology:
     """`degrees`: ((axis, degree), ...) in `AXES` order; `rank`: this process. Pure arithmetic until a method
@@ -121,18 +144,26 @@ class Topology:
         """Which 1/ep of every sparse layer's experts `rank` (this rank) holds."""
         return self.data_rank_of(self.rank if rank is None else rank) % self.ep
 
-    def _same_place(self, rank: int, key) -> tuple:
-        """The ranks of `rank`'s stage, tp and cp position whose data rank gives the same `key(data rank)`."""
-        return self._matching(rank, ("pp", "cp", "mp"), lambda c: key(self._data_rank(c)))
-
     def expert_group(self, rank: int | None = None) -> tuple:
         """The ep ranks through `rank` (this rank) that split the experts between them and exchange tokens."""
-        return self._same_place(self.rank if rank is None else rank, lambda d: d // self.ep)
+        return self._through("ep", rank)
 
     def expert_replicas(self, rank: int | None = None) -> tuple:
         """The ranks holding the same experts as `rank` (this rank): one per expert group; their gradients are
         reduced over these (the data-parallel reduction of the rest of the model spans every data rank)."""
-        return self._same_place(self.rank if rank is None else rank, lambda d: d % self.ep)
+        return self._through("ep_replicas", rank)
+
+    def _through(self, kind: str, rank: int | None) -> tuple:
+        rank = self.rank if rank is None else rank
+        return next(g for g in self.all_groups()[kind] if rank in g)
+
+    def all_groups(self) -> dict[str, list[tuple[int, ...]]]:
+        """{"tp" | "pp" | "cp" | "data" | "ep" | "ep_replicas": every group of ranks of that kind, sorted}: a tp, pp
+        or cp group shares every coordinate but that axis's; a data group (dp × sharding, with cp) its stage and tp
+        position; an expert group the stage, cp and tp position and data rank // ep (consecutive data ranks), an
+        expert-replica group the same place and data rank % ep. Each rank's coordinates computed once, cached per
+        layout of degrees (`plan --fit` asks for thousands of candidates over a few dozen layouts)."""
+        return _all_groups(self.degrees, self.ep)
 
     def replicas(self, *axes: str, rank: int | None = None) -> tuple:
         """The ranks whose coordinates on `axes` equal `rank`'s (this rank's): the ranks that hold the same
@@ -156,8 +187,8 @@ class Topology:
         return self.replicas(*(a for a in self.sizes if a != axis), rank=rank)
 
     def groups(self, axis: str) -> list[tuple]:
-        """Every group along `axis`, in rank order of their first member."""
-        return sorted({self.group(axis, r) for r in range(self.world_size)})
+        """Every group along `axis` ("mp", "pp" or "cp"), in rank order of their first member (`all_groups`)."""
+        return self.all_groups()[{"mp": "tp"}.get(axis, axis)]
 
     # ------------------------------------------------------------------ the engines' views of it
     def fleet_hybrid_configs(self) -> dict:
@@ -179,6 +210,8 @@ class Topology:
         strategy.hybrid_configs = self.fleet_hybrid_configs()
         if pipeline_configs is not None:
             strategy.pipeline_configs = backend.pipeline_flags(pipeline_configs, strategy.hybrid_configs)
+            # the interleaved schedule's shape cache cleared after every step (evaluation's batch size differs)
+            strategy.hybrid_configs["pp_configs"].clear_every_step_cache = bool(pipeline_configs.get("p2p_cache_shape"))
             if not hasattr(dist.ParallelEnv(), "_device_id"):
                 dist.ParallelEnv._device_id = 0  # PipelineLayer reads it
         strategy.tensor_parallel_configs = {"tensor_init_seed": seed}

@@ -1,23 +1,23 @@
 """Expert parallelism: a Mixture-of-Experts model's routed experts split over groups of `ep` data ranks.
 
 Applied from outside the single-device model, as the `ep` layout step (`distributed.steps.order`: `apply_ep`, this
-module) and the data side of `expert_strategy.ExpertParallel` (a `DataParallel` whose experts are reduced on
-their own; apart, so the steps need no strategy):
+module) and the data side in `distributed.strategies.expert_strategy` (`ExpertParallel`, `ExpertZero1`,
+`ExpertPipeline`, which reduce the experts on their own; apart, so the steps need no strategy):
 
 - **held experts**: rank r of an expert group (`Topology.expert_rank`) holds experts [r·E/ep, (r+1)·E/ep) of every
   sparse layer (`held_range`); the others are removed from its model before any parameter is created, so a lazily
   built model never creates them (`ExpertParallel.place`: `materialize.fill` skips them; docs/DISTRIBUTED.md,
   start-up). Each kept expert keeps its HF name (`mlp.experts.{e}.*`), so checkpoints are by name as ever.
-- **dispatch** (`GatherDispatch`, swapped for `SparseMoeBlock.dispatch`, same inputs and outputs): the group's
-  tokens and routes are all-gathered, each rank runs its experts over the rows routed to them (sorted by expert,
-  one grouped computation, as `moe.dispatch_local`), and the outputs are summed over the group with this rank's
-  tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
+- **dispatch** (`GatherDispatch`, the kernel table's `moe_dispatch` the model is built with, `expert_kernels`; the
+  same inputs and outputs as `moe.dispatch_local`): the group's tokens and routes are all-gathered, each rank runs
+  its experts over the rows routed to them (sorted by expert, one grouped computation, as `moe.dispatch_local`),
+  and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
   and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
   "Expert parallelism") and it is exact: each assignment is computed once, by its expert's holder. Dropless only.
-- **gradients**: the experts are left out of `paddle.DataParallel`'s all-reduce (`no_sync`) and summed over the
-  ranks that hold the same experts (`Topology.expert_replicas`), then divided by the data ranks, as DataParallel
-  averages the rest: the dispatch's backward already summed the group's tokens into them. The gradient norm adds
-  the experts' squares over the expert group (each rank holds different ones).
+- **gradients**: the experts are left out of the data ranks' reduction of the rest (`ExpertSide.params`, which the
+  strategy reduces) and summed over the ranks that hold the same experts (`Topology.expert_replicas`), then
+  divided by the data ranks, as the rest is averaged: the dispatch's backward already summed the group's tokens
+  into them. The gradient norm adds the experts' squares over the expert group (each rank holds different ones).
 """
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ class GatherDispatch:
 @dataclass
 class ExpertSide:
     """What the `ep` step leaves for the data side: this rank's expert group and expert-replica group (None for a
-    group of one), the experts it holds and their parameters."""
+    group of one), the experts it holds and their parameters (reduced by the strategy, not by the data-parallel
+    reduction of the rest)."""
 
     group: object
     replicas: object
@@ -135,38 +136,48 @@ class ExpertSide:
     params: list
 
 
+def expert_kernels(kernels, parallel, backend):
+    """The `ep` step's build side: every sparse block of the model about to be built dispatches over this rank's
+    expert group (`GatherDispatch`), chosen before the model exists (nothing assigned onto a live layer)."""
+    from dataclasses import replace
+
+    from pretrain_cli.distributed.layout.topology import Topology
+
+    topo = Topology.of(parallel)
+    group, _ = new_groups(topo, backend)
+    return replace(kernels, moe_dispatch=GatherDispatch(group, topo.ep, topo.expert_group().index(topo.rank), backend))
+
+
 def apply_ep(model, placement):
-    """The `ep` step: this rank's experts only (a no-op when `ExpertParallel.place` removed them already), each
-    sparse layer's dispatch over the expert group, the experts marked out of DataParallel's reduction; the groups
-    are created here, on every rank at the same point."""
+    """The `ep` step's model side: this rank's experts only (a no-op when the strategy's `place` removed them
+    already) and what the data side reduces (`ExpertSide`)."""
     topo = placement.topology
     blocks = sparse_blocks(model)
     group, replicas = new_groups(topo, placement.backend)
     held = held_range(blocks[0].num_experts, topo.ep, topo.expert_rank()) if blocks else range(0)
     keep_held(model, held)
-    dispatch = GatherDispatch(group, topo.ep, topo.expert_group().index(topo.rank), placement.backend)
-    params = []
-    for block in blocks:
-        block.dispatch = dispatch
-        for p in block.experts.parameters():
-            p.no_sync = True  # paddle.DataParallel leaves it out; ExpertParallel.sync_grads reduces it
-            params.append(p)
+    params = [p for block in blocks for p in block.experts.parameters()]
     placement.experts = ExpertSide(group, replicas, held, params)
     return model
 
 
+_GROUPS: dict = {}  # Topology -> (expert group, expert-replica group): created once per process
+
 
 def new_groups(topo, backend) -> tuple:
     """(this rank's expert group, its expert-replica group): every group created on every rank in the same order
-    (Paddle's rule for `new_group`); None for a group of one."""
+    (Paddle's rule for `new_group`), once per topology (the build side and the model side ask, and a rollback
+    builds again); None for a group of one."""
     import paddle.distributed as dist
 
-    mine = [None, None]
-    with backend.stores():
-        for i, groups in enumerate((sorted({topo.expert_group(r) for r in range(topo.world_size)}),
-                                    sorted({topo.expert_replicas(r) for r in range(topo.world_size)}))):
-            for ranks in groups:
-                g = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-                if topo.rank in ranks:
-                    mine[i] = g
-    return tuple(mine)
+    if topo not in _GROUPS:
+        mine = [None, None]
+        groups = topo.all_groups()
+        with backend.stores():
+            for i, kind in enumerate(("ep", "ep_replicas")):
+                for ranks in groups[kind]:
+                    g = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+                    if topo.rank in ranks:
+                        mine[i] = g
+        _GROUPS[topo] = tuple(mine)
+    return _GROUPS[topo]

@@ -25,7 +25,8 @@ from pretrain_cli.distributed.steps.tensor_parallel import SlicedExperts, expert
 
 
 class LocalDispatch:
-    """`SparseMoeBlock.dispatch` under the semi-auto engine (module docstring); `group` the tp group of this rank
+    """`SparseMoeBlock.dispatch` under the semi-auto engine (module docstring; the kernel table's `moe_dispatch`, the
+    `data` step's build side, `order._local_kernels`); `group` the tp group of this rank
     (None without tensor parallelism), `hook` the CPU gradient hook (`local_kernels.to_replicated`) or None."""
 
     def __init__(self, group, hook):
@@ -74,13 +75,3 @@ def tp_group(topology, backend):
                 mine = g
     return mine
 
-
-def semi_auto_dispatch(model, topology, backend) -> None:
-    """Every sparse block of `model` dispatches on local pieces (`LocalDispatch`)."""
-    from pretrain_cli.models.moe import SparseMoeBlock
-
-    blocks = [m for m in model.sublayers() if isinstance(m, SparseMoeBlock)]
-    if blocks:
-        dispatch = LocalDispatch(tp_group(topology, backend), backend.gradient_hook)
-        for block in blocks:
-            block.dispatch = dispatch

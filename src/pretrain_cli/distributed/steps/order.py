@@ -96,14 +96,34 @@ def _split_tp(model, placement: Placement):
     return model
 
 
+def _tp_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
+    """`tp`'s build side: a MoE model's sparse blocks run their experts' slices between Megatron's two functions
+    over the mp group (`tensor_parallel.TPDispatch`; the split itself is `_split_tp`, on the finished model)."""
+    from dataclasses import replace
+
+    from paddle.distributed import fleet
+
+    from pretrain_cli.distributed.steps.tensor_parallel import TPDispatch
+
+    return replace(kernels, moe_dispatch=TPDispatch(fleet.get_hybrid_communicate_group().get_model_parallel_group()))
+
+
 def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     from pretrain_cli.distributed.steps.context import context_kernels
 
     return context_kernels(kernels, parallel, backend)
 
 
+def _expert_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
+    """`ep`'s build side: every sparse block dispatches over this rank's expert group. Declared here (as the model
+    side), so the step is there whatever was imported first."""
+    from pretrain_cli.distributed.steps.expert_parallel import expert_kernels
+
+    return expert_kernels(kernels, parallel, backend)
+
+
 def _expert_parallel(model, placement: Placement):
-    """`ep`: declared here, so the step is there whatever was imported first."""
+    """`ep`'s model side: this rank's experts kept, the others removed."""
     from pretrain_cli.distributed.steps.expert_parallel import apply_ep
 
     return apply_ep(model, placement)
@@ -125,10 +145,16 @@ def _cut_pipeline(model, placement: Placement):
 
 def _local_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     """The semi-auto `data` step's build side: activations are distributed tensors, so every custom kernel runs
-    on this rank's local piece (`local_kernels.localize`)."""
-    from pretrain_cli.distributed.steps.local_kernels import localize
+    on this rank's local piece (`local_kernels.localize`), and a MoE block's dispatch on this rank's tokens and
+    weight blocks (`moe_layouts.LocalDispatch`)."""
+    from dataclasses import replace
 
-    return localize(kernels, hook=backend.gradient_hook is not None)
+    from pretrain_cli.distributed.steps.local_kernels import localize
+    from pretrain_cli.distributed.steps.moe_layouts import LocalDispatch, tp_group
+
+    kernels = localize(kernels, hook=backend.gradient_hook is not None)
+    group = tp_group(Topology.of(parallel), backend)
+    return replace(kernels, moe_dispatch=LocalDispatch(group, backend.gradient_hook))
 
 
 def manual_tp(parallel: ParallelConfig) -> bool:
@@ -143,9 +169,9 @@ def semi_auto(parallel: ParallelConfig) -> bool:
 
 
 STEPS: dict = {
-    "tp": Step("tp", manual_tp, apply=_split_tp),
+    "tp": Step("tp", manual_tp, build=_tp_kernels, apply=_split_tp),
     "cp": Step("cp", lambda p: p.cp_degree > 1, build=_context_kernels),
-    "ep": Step("ep", lambda p: p.ep_degree > 1, apply=_expert_parallel),
+    "ep": Step("ep", lambda p: p.ep_degree > 1, build=_expert_kernels, apply=_expert_parallel),
     "recompute": Step("recompute", lambda p: True, apply=_recompute),
     "pp": Step("pp", lambda p: p.pp_degree > 1, apply=_cut_pipeline),
     "data": Step("data", semi_auto, build=_local_kernels),
@@ -179,9 +205,4 @@ def apply_steps(model, placement: Placement):
         if step.apply is not None:
             model = step.apply(model, placement)
     return model
-
-
-def describe(parallel: ParallelConfig) -> str:
-    """The steps a layout runs, in order, as one string (what the layout tests compare; no log line prints it)."""
-    return " -> ".join(s.name for s in steps_for(parallel))
 

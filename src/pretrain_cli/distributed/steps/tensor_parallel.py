@@ -137,8 +137,7 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
         if experts is not None:  # each routed expert cut like an MLP; the two functions around the experts alone
             for e in range(experts.first, experts.first + experts.count):
                 for name in MLP + ROW[1:]:
-                    keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")
-            layer.mlp.dispatch = TPDispatch(group)
+                    keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")  # (run by `TPDispatch`)
     return split
 
 
@@ -208,7 +207,7 @@ def expert_weights(experts, read) -> list:
 
 
 class TPDispatch:
-    """`SparseMoeBlock.dispatch` under the manual `tp` step: the experts' sliced weights (`split_layers`) between
+    """`SparseMoeBlock.dispatch` under the manual `tp` step (the kernel table's `moe_dispatch`, `order._tp_kernels`): the experts' sliced weights (`split_layers`) between
     the two functions over the tp group, everything else as one process."""
 
     def __init__(self, group):

@@ -1,24 +1,76 @@
-"""The data side of expert parallelism: `ExpertParallel`, a `DataParallel` whose experts are left out of
-`paddle.DataParallel`'s all-reduce and reduced over the ranks holding them (`distributed.steps.expert_parallel`'s
-docstring: which ranks hold which experts, the dispatch, the gradients). Apart from the `ep` step so that
-`distributed.steps.order` declares that step without importing a strategy.
+"""The data side of expert parallelism (`distributed.steps.expert_parallel`'s docstring: which ranks hold which
+experts, the dispatch, the gradients), apart from the `ep` step so that `distributed.steps.order` declares that step
+without importing a strategy. Two strategies, both holding the `ep` step's `ExpertSide` (the experts' groups and
+parameters) and reducing the experts themselves; they differ in the rest of the model:
+
+- `ExpertParallel` (no sharding): the non-expert gradients averaged over the data ranks by one bucketed all-reduce
+  after the step's last backward (fleet's `fused_allreduce_gradients_with_group`); every rank updates everything
+  it holds. Not `paddle.DataParallel`, which reduces every parameter of the model unless each expert parameter
+  carries a `no_sync` attribute: the strategy keeps the list instead.
+- `ExpertZero1` (`sharding: stage1`, the layout PaddleNLP's Qwen3-MoE recipes use): the non-expert parameters
+  through fleet's ZeRO-1 as `FleetZero1` runs them (each sharding rank owns, updates and keeps the AdamW state of
+  a slice; gradients reduced to the owner, the owners' updates broadcast). The experts are not given to fleet's
+  sharding optimizer, whose owners and broadcasts take every sharding rank to hold the same parameters: each
+  rank updates its own experts itself (their gradients summed over `Topology.expert_replicas`), and keeps their
+  AdamW state whole. Not sharded over the replicas: the experts are already split ep ways (the bulk of a MoE
+  model's state), and sharding their state further would add a reduce and a broadcast over the replica group,
+  which spans nodes when the expert group fills one.
 """
 from __future__ import annotations
 
+import contextlib
+
 from pretrain_cli.distributed.steps.expert_parallel import ExpertSide, expert_of, held_range, keep_held, sparse_blocks
-from pretrain_cli.distributed.strategies.strategy import DataParallel
+from pretrain_cli.distributed.strategies.pipeline import Pipeline
+from pretrain_cli.distributed.strategies.strategy import FleetZero1, Strategy
 
 
-class ExpertParallel(DataParallel):
+class ExpertGrads:
+    """The experts' side of a step, whatever reduces the rest: their gradients summed over their holders and
+    averaged over the data ranks, their share of the global norm, where their pieces live."""
+
+    def __init__(self, side: ExpertSide, data_ranks: int, step_kernels):
+        self.side, self.data_ranks, self.step_kernels = side, data_ranks, step_kernels
+        self.ids = {id(p) for p in side.params}
+
+    def reduce(self) -> None:
+        """Summed over the ranks holding the same experts, divided by the data ranks (the dispatch's backward
+        already summed the expert group's tokens into them)."""
+        import paddle
+        import paddle.distributed as dist
+
+        with paddle.no_grad():
+            for p in self.side.params:
+                if p.grad is None:  # (every held expert is in the graph: `Experts.idle`; never skip a collective)
+                    p.grad = paddle.zeros_like(p)
+                if self.side.replicas is not None:
+                    dist.all_reduce(p.grad, group=self.side.replicas)
+                p.grad.scale_(1.0 / self.data_ranks)
+
+    def sq_norm(self):
+        """The experts' squared gradient norm, summed over the expert group (each rank holds different ones)."""
+        import paddle
+        import paddle.distributed as dist
+
+        grads = [p.grad for p in self.side.params if p.grad is not None]
+        sq = self.step_kernels.global_sq_norm(grads) if grads else paddle.zeros([], dtype="float32")
+        sq = sq.astype("float32")
+        if self.side.group is not None:
+            dist.all_reduce(sq, group=self.side.group)
+        return sq
+
+
+class ExpertParallel(Strategy):
     """Data parallelism with the experts split over expert groups (module docstring)."""
 
-    name = "expert parallel (experts over the data ranks, the rest paddle.DataParallel)"
+    name = "expert parallel (experts over the data ranks, the rest averaged over them)"
 
-    side: ExpertSide | None = None  # set by `place`
+    experts: ExpertGrads | None = None  # set by `place`
+    _dense: tuple = ()  # the non-expert parameters with gradients, set by `wrap`
 
     def place(self, model, source=None):
         """Only this rank's experts are created: the others are removed first (`keep_held`), then the rest is
-        created and the layout steps run (the `ep` step swaps the dispatch and makes the groups)."""
+        created and the layout steps run (the `ep` step leaves the groups and this rank's experts)."""
         from pretrain_cli.distributed.layout.materialize import fill
 
         blocks = sparse_blocks(model)
@@ -27,43 +79,165 @@ class ExpertParallel(DataParallel):
         if source is not None:
             fill(model, source)
         model = self.apply_steps(model, source)
-        self.side = self.placement.experts
+        self.experts = ExpertGrads(self.placement.experts, self.parallel.data_world_size, self.step_kernels)
         return model
 
-    def sync_grads(self) -> None:
-        """The experts' gradients summed over their holders and averaged over the data ranks (DataParallel's
-        mean over the rest happened in backward)."""
-        import paddle
-        import paddle.distributed as dist
+    def dense(self, params) -> list:
+        """The parameters of `params` that are not this rank's experts."""
+        return [p for p in params if id(p) not in self.experts.ids]
 
-        scale = 1.0 / self.parallel.data_world_size
-        with paddle.no_grad():
-            for p in self.side.params:
-                if p.grad is None:  # (every held expert is in the graph: `Experts.idle`; never skip a collective)
-                    p.grad = paddle.zeros_like(p)
-                if self.side.replicas is not None:
-                    dist.all_reduce(p.grad, group=self.side.replicas)
-                p.grad.scale_(scale)
+    def wrap(self, model, optimizer):
+        self._dense = tuple(p for p in self.dense(model.parameters()) if not p.stop_gradient)
+        return self.model_inputs(model), optimizer
+
+    def sync_grads(self) -> None:
+        """The rest averaged over every data rank (one bucketed all-reduce per dtype), the experts over theirs."""
+        from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients_with_group
+
+        fused_allreduce_gradients_with_group(list(self._dense), None)  # (None: every rank is a data rank)
+        self.experts.reduce()
 
     def grad_norm(self, model):
         """The global norm: the replicated parameters' squares once, the experts' summed over the expert group."""
         import paddle
-        import paddle.distributed as dist
 
-        ids = {id(p) for p in self.side.params}
-        dense = [p.grad for p in self.grad_params(model) if p.grad is not None and id(p) not in ids]
-        experts = [p.grad for p in self.side.params if p.grad is not None]
-        sq = self.step_kernels.global_sq_norm(dense)
-        esq = self.step_kernels.global_sq_norm(experts) if experts else paddle.zeros([], dtype="float32")
-        esq = esq.astype("float32")
-        if self.side.group is not None:
-            dist.all_reduce(esq, group=self.side.group)
-        return paddle.sqrt(sq.astype("float32") + esq)
+        dense = [p.grad for p in self.dense(self.grad_params(model)) if p.grad is not None]
+        return paddle.sqrt(self.step_kernels.global_sq_norm(dense).astype("float32") + self.experts.sq_norm())
 
     def local_box(self, tensor, name: str | None = None):
-        """An expert's weights and optimizer state are whole on the ranks holding that expert (`expert_replicas`),
-        every other tensor on every rank."""
-        box, holders = super().local_box(tensor, name)
-        if name is not None and expert_of(name) is not None:
-            return box, self.topology.expert_replicas()
-        return box, holders
+        return expert_box(self, super().local_box(tensor, name), name)
+
+
+def expert_box(strategy, box_holders: tuple, name: str | None) -> tuple:
+    """An expert's weights and optimizer state are whole on the ranks holding that expert (`expert_replicas`);
+    every other tensor is where the strategy's base puts it (`box_holders`)."""
+    box, holders = box_holders
+    if name is not None and expert_of(name) is not None:
+        return box, strategy.topology.expert_replicas()
+    return box, holders
+
+
+class ExpertZero1(FleetZero1):
+    """Expert parallelism with the rest of the model under fleet's ZeRO-1 (module docstring)."""
+
+    name = "expert parallel + ZeRO-1 (experts over the data ranks, the rest fleet's DygraphShardingOptimizer)"
+
+    experts: ExpertGrads | None = None  # set by `place`
+    _inner = None  # the AdamW under fleet's wrappers, set by `wrap`
+
+    place = ExpertParallel.place
+    dense = ExpertParallel.dense
+
+    def wrap(self, model, optimizer):
+        """fleet's sharding optimizer over the non-expert parameters only; the experts join the AdamW's own list
+        afterwards (its accumulators for them are created and checkpointed like any, `training.checkpoint`) and
+        the list fleet clears gradients of. Not `fleet.distributed_model`: its start-up broadcast of every
+        parameter from the first sharding rank would overwrite this rank's experts with another's (the other
+        parameters are equal on every rank already: each rank creates them from the same seed or checkpoint)."""
+        from pretrain_cli.distributed.layout.pieces import inner_optimizer
+
+        held = [p for p in optimizer._parameter_list if id(p) in self.experts.ids]
+        optimizer._parameter_list = optimizer._param_groups = self.dense(optimizer._parameter_list)
+        self.shard_optimizer(optimizer)
+        self._dso._parameter_list = self._params + held  # (a new list: `_origin_parameter_list` stays the rest)
+        self._inner = inner_optimizer(optimizer)
+        self._inner._parameter_list = self._inner._param_groups = list(self._inner._parameter_list) + held
+        return self.model_inputs(model), self._hpo
+
+    def no_sync(self, model, last_micro_batch: bool):
+        return contextlib.nullcontext()  # (gradients are reduced once, in `sync_grads`)
+
+    def sync_grads(self) -> None:
+        super().sync_grads()  # the rest: reduced to each owner (+ the dp all-reduce)
+        self.experts.reduce()
+
+    def grad_params(self, model) -> list:
+        """The owned slice of the rest and this rank's experts (what `clip` scales)."""
+        return list(self._owned) + list(self.experts.side.params)
+
+    def grad_norm(self, model):
+        import paddle
+
+        sq = self.step_kernels.global_sq_norm([p.grad for p in self._owned if p.grad is not None])
+        return paddle.sqrt(self.global_norm_sq(sq.astype("float32")) + self.experts.sq_norm())
+
+    def step(self, optimizer) -> None:
+        """fleet's update of the owned slice and its broadcast, then this rank's experts by the same AdamW."""
+        import paddle
+
+        super().step(optimizer)
+        with paddle.no_grad():
+            self._inner._apply_optimize(loss=None, startup_program=None,
+                                        params_grads=[(p, p.grad) for p in self.experts.side.params])
+
+    def local_box(self, tensor, name: str | None = None):
+        return expert_box(self, super().local_box(tensor, name), name)
+
+
+class ExpertPipeline(Pipeline):
+    """Expert parallelism inside pipeline stages: each stage's expert groups are drawn from its own data ranks
+    (`Topology.expert_group` keeps the stage), its sparse layers dispatch over them in the stage's forward and
+    backward (every rank of a group runs the same 1F1B schedule, so the same collectives in the same order), and
+    the rest of the stage is averaged over its data ranks as `Hybrid` does (no sharding: "What stays refused")."""
+
+    experts: ExpertGrads | None = None  # set by `place`
+
+    def __init__(self, parallel, device: str = "cpu", step_kernels=None, recompute=None):
+        super().__init__(parallel, device, step_kernels, recompute)
+        self.name += f", ep {parallel.ep_degree}"
+
+    dense = ExpertParallel.dense
+
+    def place(self, model, source=None):
+        """This rank's experts only (the others removed before anything is created), then the stage's
+        parameters and the steps (`Hybrid.place`); the experts the strategy reduces are this stage's."""
+        blocks = sparse_blocks(model)
+        if blocks:
+            keep_held(model, held_range(blocks[0].num_experts, self.topology.ep, self.topology.expert_rank()))
+        layer = super().place(model, source)
+        stage = {id(p) for p in layer.parameters()}
+        side = self.placement.experts
+        side = ExpertSide(side.group, side.replicas, side.held, [p for p in side.params if id(p) in stage])
+        self.experts = ExpertGrads(side, self.parallel.data_world_size, self.step_kernels)
+        return layer
+
+    def wrap(self, model, optimizer):
+        """fleet's pipeline engine; its start-up broadcast of every parameter from the stage's first data rank
+        would overwrite this rank's experts with another's, so they are put back after it."""
+        import paddle
+
+        with paddle.no_grad():
+            kept = [(p, p.clone()) for p in self.experts.side.params]
+            out = super().wrap(model, optimizer)
+            for p, value in kept:
+                p.set_value(value)
+        return out
+
+    def shard(self, model, optimizer):
+        """`Hybrid.shard`, with the experts out of the stage's data-parallel mean and norm (the strategy's own)."""
+        optimizer = super().shard(model, optimizer)
+        self._params = self.dense(self._params)
+        self._owned = self._params
+        self._counted = tuple(self.dense(ps) for ps in self._counted)
+        return optimizer
+
+    def sync_grads(self) -> None:
+        super().sync_grads()
+        self.experts.reduce()
+
+    def grad_params(self, model) -> list:
+        return list(self._owned) + list(self.experts.side.params)
+
+    def grad_norm(self, model):
+        """`Hybrid.grad_norm`'s stage sum with this stage's experts (summed over their group) added before the sum
+        over the stages."""
+        import paddle
+        import paddle.distributed as dist
+
+        whole = [p.grad for p in self._counted[0] if p.grad is not None]
+        sq = self.step_kernels.global_sq_norm(whole).astype("float32") + self.experts.sq_norm()
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return paddle.sqrt(sq)
+
+    def local_box(self, tensor, name: str | None = None):
+        return expert_box(self, super().local_box(tensor, name), name)

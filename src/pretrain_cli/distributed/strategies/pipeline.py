@@ -29,7 +29,7 @@ from pretrain_cli.run_layout import ParallelConfig
 def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
     """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet). Shapes
     are sent with every message (evaluation sends another batch size than training); fleet's interleaved schedule
-    insists on its shape cache, which `Pipeline.wrap` then clears after every step instead."""
+    insists on its shape cache, which fleet then clears after every step instead (`Topology.init_fleet`)."""
     return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
             "p2p_cache_shape": parallel.virtual_pp_degree > 1}
 
@@ -104,9 +104,7 @@ class Pipeline(Hybrid):
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet
 
-        engine = fleet.distributed_model(model)
-        if self.parallel.virtual_pp_degree > 1:
-            engine._clear_every_step_cache = True  # shapes sent again each step (evaluation's batch size differs)
+        engine = fleet.distributed_model(model)  # (its shape cache cleared every step: `Topology.init_fleet`)
         return Pipelined(engine, self.loss, self.sequence), self.shard(model, optimizer)
 
     def forward_backward(self, model, batches: list, amp, forward_loss=None):

@@ -41,10 +41,7 @@ class SemiAuto(Strategy):
         `wrap`, whose `ShardingStage3` creates each as its dp shard, so no rank ever holds a whole one."""
         import paddle.distributed as dist
 
-        from pretrain_cli.distributed.steps.moe_layouts import semi_auto_dispatch
-
         model = self.apply_steps(model, source)  # (recompute: the steps before the data side)
-        semi_auto_dispatch(model, self.topology, self.backend)  # a MoE model's experts run on local pieces
         self.mesh = self.topology.mesh()
         self._source = source
         dist.shard_layer(model, self.mesh, self._shard_fn)

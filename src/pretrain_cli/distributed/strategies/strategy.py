@@ -248,13 +248,19 @@ class FleetZero1(FleetHybrid, DataParallel):
         from paddle.distributed import fleet
 
         model = fleet.distributed_model(self.model_inputs(model))
+        return model, self.shard_optimizer(optimizer)
+
+    def shard_optimizer(self, optimizer):
+        """fleet's sharding optimizer over `optimizer`'s parameters: which this rank owns, its sharding group."""
+        from paddle.distributed import fleet
+
         self._hpo = fleet.distributed_optimizer(optimizer)
         self._dso = self._hpo._inner_opt
         hcg = self._dso._hcg
         self._group = hcg.get_sharding_parallel_group()
         self._params = list(self._dso._origin_parameter_list)
         self._owned = self._dso.filter_parameters(self._params, hcg)
-        return model, self._hpo
+        return self._hpo
 
     def grad_params(self, model) -> list:
         return self._owned
