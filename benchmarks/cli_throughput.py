@@ -8,10 +8,10 @@ loop between two log lines. The first `--warmup` steps are dropped, as in the ha
 
 Measured as the harness measures its worker, so the two compare: the same threads (`--threads` reaches the
 run as PRETRAIN_CLI_THREADS; without it both take the product's default, the cores), and each step's process
-CPU seconds beside its wall time (`interval_cpu_seconds`, added to the log record by the two-line hook in
-TIMED_TRAIN): with `--threads 1` that is the step's work whatever else runs on the shared machine, where the
-wall time of two runs minutes apart is not (docs/PERFORMANCE.md §4: 0.74-0.85x by wall clock under load,
-1.00x by CPU time).
+CPU seconds beside its wall time (`interval_cpu_seconds`, added to the log record by the hook in TIMED_TRAIN):
+with `--threads 1` that is the step's work whatever else runs on the shared machine, where the wall time of
+two runs minutes apart is not (docs/PERFORMANCE.md §4, Zen 1: 0.74-0.85x by wall clock under load, the same
+CPU seconds per step in one process and 0.985x as separate processes).
 """
 from __future__ import annotations
 
