@@ -86,7 +86,7 @@ def timed(step, warmup: int, steps: int) -> tuple[list[float], list[float]]:
     return losses, times
 
 
-def _median(xs: list[float]) -> float:
+def median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
@@ -94,12 +94,12 @@ def _median(xs: list[float]) -> float:
 
 def summary(times: list[float], tokens_per_step: int) -> dict:
     """Median step → tokens_per_s; the fastest step too (least disturbed by other load on the VM)."""
-    med = _median(times)
+    med = median(times)
     out = {"step_s_median": round(med, 4), "tokens_per_s": round(tokens_per_step / med, 1),
            "tokens_per_s_best": round(tokens_per_step / min(times), 1), "step_times": [round(x, 4) for x in times],
            "tokens_per_step": tokens_per_step}
     if len(CPU_TIMES) == len(times):  # tokens per CPU-second: the load-robust figure with --threads 1
-        out["cpu_s_median"] = round(_median(CPU_TIMES), 4)
+        out["cpu_s_median"] = round(median(CPU_TIMES), 4)
         out["tokens_per_cpu_s"] = round(tokens_per_step / out["cpu_s_median"], 1)
     return out
 
@@ -108,12 +108,12 @@ def merge(results: list[dict]) -> dict:
     """Several alternated rounds of one framework → the median of the per-round median steps (so one
     disturbed round cannot move the result), the best step over all rounds, the best matmul peak."""
     out = dict(results[0])
-    med = _median([r["step_s_median"] for r in results])
+    med = median([r["step_s_median"] for r in results])
     tps = out["tokens_per_step"]
     out.update({"step_s_median": round(med, 4), "tokens_per_s": round(tps / med, 1),
                 "tokens_per_s_best": round(tps / min(t for r in results for t in r["step_times"]), 1),
                 "round_tokens_per_s": [r["tokens_per_s"] for r in results],
-                **({"tokens_per_cpu_s": round(tps / _median([r["cpu_s_median"] for r in results]), 1)}
+                **({"tokens_per_cpu_s": round(tps / median([r["cpu_s_median"] for r in results]), 1)}
                    if all("cpu_s_median" in r for r in results) else {}),
                 "step_times": [t for r in results for t in r["step_times"]]})
     out["matmul_peak_gflops"] = max(r["matmul_peak_gflops"] for r in results)

@@ -187,6 +187,10 @@ def _row(name: str, cfg: dict, runs: dict) -> dict:
         row.update({"cli_tokens_per_s": cli["tokens_per_s"], "cli_round_tokens_per_s": cli["round_tokens_per_s"],
                     "cli_steps_measured": cli["steps_measured"],
                     "ratio_cli_vs_harness": round(cli["tokens_per_s"] / ours["tokens_per_s"], 3)})
+        if "tokens_per_cpu_s" in cli and "tokens_per_cpu_s" in ours:  # the load-robust ratio with --threads 1
+            row.update({"cli_tokens_per_cpu_s": cli["tokens_per_cpu_s"],
+                        "harness_tokens_per_cpu_s": ours["tokens_per_cpu_s"],
+                        "ratio_cli_vs_harness_cpu": round(cli["tokens_per_cpu_s"] / ours["tokens_per_cpu_s"], 3)})
     return row
 
 
@@ -233,6 +237,10 @@ def _table(rows: list[dict]) -> str:
         lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
             f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"
             for r in rows))
+    if any("ratio_cli_vs_harness_cpu" in r for r in rows):
+        lines.append("train vs harness per CPU-second (load-robust with --threads 1): " + "; ".join(
+            f"{r['config']} {r['cli_tokens_per_cpu_s']:.0f} / {r['harness_tokens_per_cpu_s']:.0f} tok/CPU-s = "
+            f"{r['ratio_cli_vs_harness_cpu']:.3f}x" for r in rows if "ratio_cli_vs_harness_cpu" in r))
     if any(len(r.get("round_ratio_vs_hf_compile", [])) > 1 for r in rows):  # how far a run's rounds agree
         lines.append("per round vs HF compiled (frameworks alternated): " + "; ".join(
             f"{r['config']} " + ", ".join(f"{x:.2f}x" for x in r["round_ratio_vs_hf_compile"])
@@ -273,7 +281,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="alternate the frameworks this many times")
     ap.add_argument("--to-static", action="store_true",
                     help="compile the forward with kernels.compile_forward (SOT) even if the config says no")
-    ap.add_argument("--threads", type=int, default=None, help="threads per process (default cores/procs)")
+    ap.add_argument("--threads", type=int, default=None, help="threads per process (default cores/procs); with --through-cli the `train` run's too")
     ap.add_argument("--procs", type=int, default=1, help="data-parallel processes for OUR step")
     ap.add_argument("--mkl-cpu-type", default="auto",
                     help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; Intel unset), unset, or a value")

@@ -156,3 +156,33 @@ def test_profile_asks_our_worker_only_and_prints_under_the_table(monkeypatch):
     row = tt._row("bench", {"arguments": {"per_device_train_batch_size": 8, "max_seq_length": 256}},
                   {"paddle": tt.merge(_worker(0.40, **ours))})
     assert tt._table([row]).endswith("where our bench step goes (own time per event, first round):\n" + ours["profile"])
+
+
+def test_the_train_run_is_measured_as_the_harness_worker(monkeypatch):
+    """`--through-cli` (cli_throughput.py): the `train` process gets the worker's `--threads` (it once kept the
+    product's default whatever --threads said) and its log records carry each step's process CPU seconds, so
+    the two compare per CPU-second under load (docs/PERFORMANCE.md §4)."""
+    ct = load("cli_throughput")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert ct.train_env(1)["PRETRAIN_CLI_THREADS"] == "1" and "OMP_NUM_THREADS" not in ct.train_env(1)
+    assert "PRETRAIN_CLI_THREADS" not in ct.train_env(None)  # the product's default, as the worker's
+
+    from pretrain_cli import cli
+    from pretrain_cli.training.metrics import Throughput
+
+    monkeypatch.setattr(Throughput, "interval", Throughput.interval)  # restored after the hook replaces it
+    records = []
+
+    def fake_main(argv):  # stands for `train`: one interval of some CPU work
+        t = Throughput(256, 8, 1, 1, 1e6, 1e6, None)
+        sum(i * i for i in range(300_000))
+        records.append({"kind": "train", "step": 1, "loss": 9.0, **t.interval()})
+        return 0
+
+    monkeypatch.setattr(cli, "main", fake_main)
+    with contextlib.suppress(SystemExit):
+        exec(ct.TIMED_TRAIN, {})
+    assert 0 < records[0]["interval_cpu_seconds"] and "interval_runtime" in records[0]
+    records.insert(0, {**records[0], "step": 0, "interval_cpu_seconds": 99.0})  # a warm-up step: dropped
+    assert ct.steady_steps(records, warmup=0) == ([records[1]["interval_runtime"]],
+                                                  [records[1]["interval_cpu_seconds"]], [9.0])
