@@ -9,8 +9,10 @@ ends), so the test sees the same exit code (`-9` for a SIGKILL), stdout and stde
 
 What a fork cannot change is what was read when Paddle was imported: a run whose environment differs in
 `FLAGS_*`, thread, allocator or interpreter variables, or that starts another interpreter, goes through
-`subprocess.run` instead (`run`). Tests of the installed console script, the launcher and Python start-up
-itself keep real processes.
+`subprocess.run` instead (`run`). A launcher is the exception (`spawns=True`): it computes nothing itself, and the
+processes it starts are fresh interpreters that read the run's environment, so it is forked whatever that holds
+(the multi-process tests start `paddle.distributed.launch` so: its ranks stay real processes). Tests of the
+installed console script and Python start-up itself keep real processes.
 
 The server is one process per pytest worker, started on first use and stopped with the worker. Each run is
 forked from a middle process that waits for it and reports its status, so runs may overlap (threads).
@@ -31,16 +33,19 @@ import threading
 _STARTUP_VARS = ("FLAGS_", "OMP_", "MKL_", "KMP_", "GLOG_", "PYTHON", "LD_", "MALLOC_", "CUDA_", "PADDLE_")
 
 
-def run(args, cwd=None, env=None, timeout=None, inject: str | None = None) -> subprocess.CompletedProcess:
+def run(args, cwd=None, env=None, timeout=None, inject: str | None = None,
+        spawns: bool = False) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, *args], cwd, env, capture_output=True, text=True, timeout)`, forked from
     the server when `args` is `-m MODULE ...`, `-c CODE ...` or `SCRIPT ...` and `env` changes nothing read at
     start-up.
     `inject`: a Python file executed in the forked child before the run (the fault injector); a run that would
-    need a fresh interpreter cannot take one."""
+    need a fresh interpreter cannot take one.
+    `spawns`: the run only starts other interpreters (a launcher), which read `env` themselves: forked whatever
+    `env` holds."""
     args = [str(a) for a in args]
     full = dict(os.environ if env is None else env)
     server = _server() if args and (args[0] in ("-m", "-c") or not args[0].startswith("-")) else None
-    if server is None or not _forkable(full, server.env):
+    if server is None or not (spawns or _forkable(full, server.env)):
         if inject:  # no caller needs it (the fault runs change no start-up variable), so it is not offered
             raise ValueError(f"forkserver.run: `inject` needs a forked run, but {args[:2]} with this environment "
                              f"starts a fresh interpreter")

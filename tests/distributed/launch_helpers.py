@@ -105,11 +105,15 @@ def write_config(path: Path, corpus: Path, output_dir: Path, **over) -> Path:
 
 def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), devices: str | None = None) -> list[str]:
     """The launcher over `nproc` CPU processes, or over the GPUs `devices` ("0,1") when given (tests/gpu)."""
-    procs = ["--devices", devices] if devices else ["--nproc_per_node", str(nproc)]
     # the launcher holds its own block of rendezvous ports (scripts/job.py ports), as under scripts/launch.sh
-    return [sys.executable, str(REPO / "scripts" / "job.py"), "ports", "--",
-            sys.executable, "-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher,
-            str(SCRIPT), str(cfg), *map(str, extra)]
+    return [sys.executable, str(REPO / "scripts" / "job.py"), "ports", "--", sys.executable,
+            *_launcher_args(cfg, log_dir, nproc, extra, launcher, devices)]
+
+
+def _launcher_args(cfg: Path, log_dir: Path, nproc: int, extra=(), launcher=(), devices: str | None = None) -> list[str]:
+    procs = ["--devices", devices] if devices else ["--nproc_per_node", str(nproc)]
+    return ["-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher, str(SCRIPT), str(cfg),
+            *map(str, extra)]
 
 
 class Run:
@@ -141,6 +145,23 @@ def parse_losses(text: str) -> dict[int, float]:
     return out
 
 
+def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: float) -> subprocess.CompletedProcess:
+    """`launch_cmd`'s run, its launcher forked from a process that has imported Paddle (tests/forkserver.py,
+    `spawns`: the launcher's own `import paddle`, ~3 CPU-s a launch, is all a fork saves; its ranks are fresh
+    interpreters), holding a block of ports as `scripts/job.py ports` does."""
+    import forkserver
+
+    from pretrain_cli.distributed.launcher.job import BLOCK_ENV, reserve
+
+    held = reserve()
+    try:
+        env = dict(child_env(), PORT_RANGE=held.port_range, **{BLOCK_ENV: str(held.base)})
+        return forkserver.run(_launcher_args(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent), env=env,
+                              timeout=timeout, spawns=True)
+    finally:
+        held.release()
+
+
 def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120) -> Run:
     """One launch; once more when the ranks could not join the process group (exit 75: Paddle 3.3.1's gloo
     rendezvous of fleet's groups sometimes reads another group's address, docs/DISTRIBUTED.md), as
@@ -149,8 +170,7 @@ def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), time
 
     for attempt in range(2):
         start = time.perf_counter()
-        proc = subprocess.run(launch_cmd(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent),
-                              env=child_env(), capture_output=True, text=True, timeout=timeout)
+        proc = _launched(cfg, log_dir, nproc, extra, launcher, timeout)
         run = Run(proc, log_dir, time.perf_counter() - start)
         if attempt or proc.returncode == 0 or "could not join the process group" not in run.explain():
             return run
@@ -173,12 +193,13 @@ def launch_joined(cfg: Path, log_dir: Path, nproc: int, timeout: float = 300, tr
 
 
 def single(cfg: Path, log_dir: Path, extra=(), timeout: float = 120) -> Run:
-    """One process without the launcher (the reference run), its output saved as workerlog.0."""
+    """One process without the launcher (the reference run), its output saved as workerlog.0: `python
+    scripts/run_pretrain.py CFG`, forked from a process that has imported Paddle (tests/forkserver.py) with the
+    test process's threads."""
+    import forkserver
+
     start = time.perf_counter()
-    env = child_env()
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "2"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(cfg), *map(str, extra)], cwd=str(log_dir.parent),
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = forkserver.run([str(SCRIPT), str(cfg), *map(str, extra)], cwd=str(log_dir.parent), timeout=timeout)
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "workerlog.0").write_text(proc.stdout + proc.stderr)
     return Run(proc, log_dir, time.perf_counter() - start)

@@ -18,16 +18,15 @@ def test_context_attention_matches_whole_sequence_attention(tmp_path, cp):
     one query tile and tiles of 5 rows), over rings of 2, 3 (odd: gloo's per-edge groups) and 4 processes; what
     the attention sends is 3C-2 blocks of one rank's K/V (or dK/dV) each, and it runs no collective. On the same
     ranks the collectives backend's gloo all-to-all and reduce-scatter give exactly the NCCL ops' results."""
-    import subprocess
-    import sys
     from pathlib import Path
 
+    import forkserver
     from launch_helpers import child_env
 
     script = Path(__file__).with_name("context_attention_ranks.py")
-    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(cp), "--log_dir",
-                           str(tmp_path / "log"), str(script)], cwd=str(tmp_path), env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = forkserver.run(["-m", "paddle.distributed.launch", "--nproc_per_node", str(cp), "--log_dir",
+                           str(tmp_path / "log"), str(script)], cwd=str(tmp_path), env=child_env(), timeout=300,
+                          spawns=True)  # the launcher forked; its ranks are fresh interpreters
     logs = "".join((tmp_path / "log" / f"workerlog.{n}").read_text() for n in range(cp))
     assert proc.returncode == 0, proc.stdout[-2000:] + logs[-4000:]
     lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]

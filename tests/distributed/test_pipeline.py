@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint,
+from launch_helpers import (DOC, STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint,
                             read_weights, single, write_config)
 
 PP = dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2)
@@ -23,17 +23,18 @@ PP4 = dict(FOUR, pipeline_parallel_degree=4, gradient_accumulation_steps=4, per_
 EIGHT = dict(num_hidden_layers=8, do_eval=True, eval_steps=5, eval_iters=2)
 VPP = dict(EIGHT, pipeline_parallel_degree=4, virtual_pp_degree=2, gradient_accumulation_steps=8,
            per_device_train_batch_size=1)
-# (processes, keys, reference): "ref" is conftest's one process at batch 8; "doc" the same with document masking
+PP2 = dict(PP, per_device_train_batch_size=4)
+# (processes, keys, reference): "ref" is conftest's one process at batch 8; "doc" the same with document masking,
+# recompute and evaluation (`DOC`). pp2 on 2 processes runs with them only (the causal mask in 2 stages: the 4-process
+# layouts pp2_dp2, pp2_stage1 and pp2_stage2)
 LAYOUTS = {
-    "pp2": (2, dict(PP, per_device_train_batch_size=4), "ref"),
     "pp2_dp2": (4, dict(PP, per_device_train_batch_size=2), "ref"),
     "pp2_stage1": (4, dict(PP, per_device_train_batch_size=2, sharding="stage1"), "ref"),  # ZeRO-1 in each stage
     "pp2_stage2": (4, dict(PP, per_device_train_batch_size=2, sharding="stage2"), "ref"),  # + owned gradients only
     "pp4": (4, PP4, "ref4"),  # 4 stages: the middle ones send both ways (distributed/comms/gloo.py on CPU)
     "pp4_vpp2": (4, VPP, "ref8"),
     # packed documents, recompute and evaluation inside the stages
-    "pp2_doc": (2, dict(PP, per_device_train_batch_size=4, attention_mask_type="document", recompute=True,
-                        do_eval=True, eval_steps=5, eval_iters=2), "doc"),
+    "pp2_doc": (2, dict(PP2, **DOC), "doc"),
 }
 
 
@@ -116,21 +117,23 @@ def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref, n
     assert len(per_rank) == 4 and all(r["parameters"] < 0.8 * whole for r in per_rank)  # each stage holds its part
 
 
-# saved under -> resumed under; the 4-layer model's checkpoints against its own reference ("ref4")
-RESUMES = [("pp2", "single"), ("pp2", "dp2"), ("ref", "pp2"), ("pp2_stage2", "single"), ("pp4", "single4"),
+# saved under -> resumed under; the 4-layer model's checkpoints against its own reference ("ref4"), the runs with
+# documents (pp2_doc and one process's "doc") resumed with them
+RESUMES = [("pp2_doc", "single"), ("pp2_dp2", "dp2"), ("doc", "pp2"), ("pp2_stage2", "single"), ("pp4", "single4"),
            ("pp4", "pp2_4"), ("ref4", "pp4"), ("pp4_vpp2", "single8")]
-UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": LAYOUTS["pp2"][:2],
+UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "dp2": (2, {}), "pp2": (2, PP2),
          "single4": (1, dict(FOUR, per_device_train_batch_size=8)), "pp4": (4, PP4),
-         "pp2_4": (2, dict(FOUR, **LAYOUTS["pp2"][1])), "single8": (1, dict(EIGHT, per_device_train_batch_size=8))}
+         "pp2_4": (2, dict(FOUR, **PP2)), "single8": (1, dict(EIGHT, per_device_train_batch_size=8))}
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])
 def test_resume_across_pipeline_layouts_continues_the_same_curve(runs, refs, corpus, tmp_path, saved, under):
-    ref = refs["ref8" if "vpp" in saved else "ref4" if saved.endswith("4") else "ref"]
-    source = ref[1] if saved.startswith("ref") else runs[saved][1]
+    against = saved if saved in refs else LAYOUTS[saved][2]
+    ref = refs[against]
+    source = ref[1] if saved in refs else runs[saved][1]
     nproc, keys = UNDER[under]
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(source / "checkpoint-5"), **keys)
+                       resume_from_checkpoint=str(source / "checkpoint-5"), **keys, **(DOC if against == "doc" else {}))
     run = single(cfg, tmp_path / "log", timeout=600) if nproc == 1 else _launch(cfg, tmp_path / "log", nproc)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)

@@ -1,10 +1,11 @@
 """Sequence parallelism with tensor parallelism (distributed/steps/sequence_parallel.py) through the real launcher.
 
 TP2 + SP on 2 processes (engine "tensor_parallel"): micro-qwen2, every rank the whole global batch of 8, the norms
-and residual stream cut on the sequence over the two tp ranks. It must follow the one-process curve step by step
-(<= 1e-5), causal and with document masking (+ recompute and evaluation), write the same tp slices as TP does, and
-its checkpoint must resume on one process on the same curve. TP2 x PP2 + SP on 4 processes runs the same hooks
-inside fleet's pipeline stages.
+and residual stream cut on the sequence over the two tp ranks. One launch with document masking, recompute and
+evaluation (`DOC`) must follow the one-process curve step by step (<= 1e-5; conftest's `doc_ref`), write the same
+tp slices as TP does, and its checkpoint must resume on one process on the same curve (and one process's under
+TP2 + SP). TP2 x PP2 + SP on 4 processes runs the same hooks inside fleet's pipeline stages; the causal mask under
+SP: TP2 + SP x 2 data ranks with ZeRO-1 (the last test) and cp2 x tp2 + SP (test_context_products.py).
 """
 from __future__ import annotations
 
@@ -22,24 +23,32 @@ WEIGHT_TOL = 2e-5  # the row-parallel sums in another order than one process (te
 
 @pytest.fixture(scope="module")
 def tp_sp(corpus, tmp_path_factory):
+    """TP2 + SP with document masking, recompute and evaluation (`DOC`), saving checkpoint-5."""
     root = tmp_path_factory.mktemp("tp2_sp")
-    run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **SP), root / "log", 2)
+    run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **SP, **DOC), root / "log",
+                        2)
     assert run.returncode == 0, run.explain()
     return run, root / "out"
 
 
-def test_tp2_sp_matches_one_process_step_by_step(tp_sp, ref):
-    (run, out), (r, rout) = tp_sp, ref
+def test_tp2_sp_matches_one_process_step_by_step(tp_sp, doc_ref):
+    """Document masking (RoPE positions restarting per document, attention within documents), recompute and
+    evaluation through the sequence-parallel layers: the same curve, weights and evaluation as one process."""
+    (run, out), (r, rout) = tp_sp, doc_ref
     assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))  # <= 1e-5 every step
     assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL)
-    assert "layout: tensor parallel + sequence parallel" in run.log(0)
+    got, want = evals(run), evals(r)
+    assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]
+    assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
+    assert "layout: tensor parallel + sequence parallel" in run.log(0) and "tp 2 + sp" in run.log(0)
+    assert "attention_mask_type = \"document\"" in run.log(0) and "recompute full" in run.log(0)
     assert all("Traceback" not in run.log(n) for n in range(2))
 
 
-def test_tp2_sp_writes_the_tp_slices(tp_sp, ref):
+def test_tp2_sp_writes_the_tp_slices(tp_sp, doc_ref):
     """Each rank writes its tp slices (the same pieces as TP inside a pipeline stage) and whole tensors once; the
     pieces assemble to the one-process checkpoint's tensors, weights and AdamW state alike."""
-    out, rout = tp_sp[1], ref[1]
+    out, rout = tp_sp[1], doc_ref[1]
     ckpt = out / "checkpoint-5"
     assert_checkpoint_matches(ckpt, rout / "checkpoint-5", WEIGHT_TOL)
     index = json.loads((ckpt / "checkpoint.index.json").read_text())
@@ -50,11 +59,14 @@ def test_tp2_sp_writes_the_tp_slices(tp_sp, ref):
 
 
 @pytest.mark.parametrize("saved", ["tp2_sp", "ref"], ids=["tp2_sp-to-single", "single-to-tp2_sp"])
-def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_path, saved):
-    """TP2 + SP's checkpoint-5 on one process, and one process's on TP2 + SP: the same curve from step 6."""
+def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, doc_ref, corpus, tmp_path, saved):
+    """TP2 + SP's checkpoint-5 on one process, and one process's on TP2 + SP: the same curve from step 6 (both with
+    `DOC`, as the runs that saved them)."""
+    ref = doc_ref
     source, keys = (tp_sp[1], {}) if saved == "tp2_sp" else (ref[1], dict(SP))
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(source / "checkpoint-5"), **{"per_device_train_batch_size": 8, **keys})
+                       resume_from_checkpoint=str(source / "checkpoint-5"), **{"per_device_train_batch_size": 8, **keys},
+                       **DOC)
     run = single(cfg, tmp_path / "log") if saved == "tp2_sp" else launch_joined(cfg, tmp_path / "log", 2)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
@@ -62,11 +74,11 @@ def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, ref, corpus, tmp_pa
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
 
 
-@pytest.mark.parametrize("nproc,keys", [(2, SP), (4, TP_PP_SP)], ids=["tp2_sp", "tp2_pp2_sp"])
+@pytest.mark.parametrize("nproc,keys", [(4, TP_PP_SP)], ids=["tp2_pp2_sp"])
 def test_sp_with_documents_recompute_and_evaluation(corpus, tmp_path, doc_ref, nproc, keys):
-    """Document masking (RoPE positions restarting per document, attention within documents), recompute and
-    evaluation through the sequence-parallel layers, on one stage and inside fleet's two stages (the cut stream
-    sent between them): the same curve, weights and evaluation as one process."""
+    """Document masking, recompute and evaluation through the sequence-parallel layers inside fleet's two stages
+    (the cut stream sent between them): the same curve, weights and evaluation as one process. (On one stage:
+    test_tp2_sp_matches_one_process_step_by_step.)"""
     ref, rout = doc_ref
     run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **keys, **DOC), tmp_path / "log",
                         nproc)

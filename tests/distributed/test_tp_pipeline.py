@@ -2,8 +2,10 @@
 
 TP2 x PP2 on 4 processes: micro-qwen2 (2 decoder layers, 4 heads, 2 KV heads, tied embeddings) in 2 stages, each
 stage's layers split over 2 tensor-parallel ranks, 4 micro-batches of 2 a step = conftest's one-process global
-batch of 8. It must follow the one-process curve step by step, save through the sharded format (each rank its TP
-slice of its stage) and resume on other layouts, and resume from one process's checkpoint.
+batch of 8. One launch with document masking, recompute and evaluation (`DOC`) must follow the one-process curve
+step by step (conftest's `doc_ref`), save through the sharded format (each rank its TP slice of its stage) and
+resume on other layouts, and resume from one process's checkpoint. (The causal mask under TP2 x PP2: the
+three-axis layouts below.)
 
 The three-axis layouts on 8 processes (one launch each, a module fixture): tp2 x pp2 x dp2 and tp2 x pp2 x
 `sharding: stage1` (ZeRO-1 over 2 in each stage), 4 micro-batches of 1 per data rank (global batch 8). Both follow
@@ -24,36 +26,31 @@ TP_PP = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, gradient_accu
 
 @pytest.fixture(scope="module")
 def tp_pp(corpus, tmp_path_factory):
+    """TP2 x PP2 with document masking, recompute and evaluation (`DOC`), saving checkpoint-5."""
     root = tmp_path_factory.mktemp("tp2_pp2")
-    run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **TP_PP), root / "log", 4)
+    run = launch_joined(write_config(root / "c.json", corpus, root / "out", save_steps=5, **TP_PP, **DOC), root / "log",
+                        4)
     assert run.returncode == 0, run.explain()
     return run, root / "out"
 
 
-def test_tp2_pp2_with_documents_recompute_and_evaluation(corpus, tmp_path, doc_ref):
-    """The same curve and the same evaluation (loss and token count) as one process (conftest's `doc_ref`), with
-    packed documents, recompute and evaluation (`DOC`) inside the tensor-parallel stages."""
-    ref = doc_ref[0]
-    run = launch_joined(write_config(tmp_path / "c.json", corpus, tmp_path / "out", **TP_PP, **DOC), tmp_path / "log", 4)
-    assert run.returncode == 0, run.explain()
-    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
-    got, want = evals(run), evals(ref)
-    assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]  # the same tokens counted once
-    assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
-
-
-def test_tp2_pp2_matches_one_process_step_by_step(tp_pp, ref):
-    (run, out), (r, rout) = tp_pp, ref
+def test_tp2_pp2_matches_one_process_step_by_step(tp_pp, doc_ref):
+    """The same curve, weights and evaluation (loss and token count) as one process, with packed documents,
+    recompute and evaluation inside the tensor-parallel stages."""
+    (run, out), (r, rout) = tp_pp, doc_ref
     assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))  # <= 1e-5 every step
     assert_close_tensors(read_weights(out), read_weights(rout))
-    assert "layout: pipeline (fleet 1F1B): pp 2 x tp 2 x dp 1" in run.log(0)
+    got, want = evals(run), evals(r)
+    assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]  # the same tokens counted once
+    assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
+    assert "layout: pipeline (fleet 1F1B): pp 2 x tp 2 x dp 1" in run.log(0) and "recompute full" in run.log(0)
     assert all("Traceback" not in run.log(n) for n in range(4))
 
 
-def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, ref):
+def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, doc_ref):
     """Every rank wrote a share (its stage's TP slices are its alone), and the pieces assemble to the one-process
     checkpoint's tensors, weights and AdamW state alike."""
-    out, rout = tp_pp[1], ref[1]
+    out, rout = tp_pp[1], doc_ref[1]
     ckpt = out / "checkpoint-5"
     assert_checkpoint_matches(ckpt, rout / "checkpoint-5")
     index = json.loads((ckpt / "checkpoint.index.json").read_text())
@@ -68,7 +65,7 @@ def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, ref):
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)),
          "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP),
          "pp2": (2, dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2))}
-def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, ref, tmp_path):
+def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, doc_ref, tmp_path):
     """`pretrain-cli export --dtype bfloat16` of the TP2 x PP2 checkpoint-5 (per-rank pieces, which transformers
     cannot load) gives a directory transformers loads, with the one-process run's logits at step 5 (bf16
     weights: within bf16's rounding of them)."""
@@ -83,7 +80,7 @@ def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, ref, tmp_path):
     with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     got, want = (transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
-                 for d in (tmp_path / "hf", ref[1] / "checkpoint-5"))
+                 for d in (tmp_path / "hf", doc_ref[1] / "checkpoint-5"))
     ids = torch.tensor([[3, 17, 200, 45, 9, 300, 12, 88, 5, 400, 33, 7]])
     with torch.no_grad():
         a, b = got(ids).logits, want(ids).logits
@@ -96,11 +93,13 @@ RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("tp2_pp2", "pp2"), ("ref"
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])
-def test_resume_across_layouts_continues_the_same_curve(tp_pp, ref, corpus, tmp_path, saved, under):
+def test_resume_across_layouts_continues_the_same_curve(tp_pp, doc_ref, corpus, tmp_path, saved, under):
+    """With `DOC`, as the runs that saved the checkpoints (`tp_pp` and conftest's `doc_ref`)."""
+    ref = doc_ref
     source = (ref if saved == "ref" else tp_pp)[1]
     nproc, keys = UNDER[under]
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(source / "checkpoint-5"), **keys)
+                       resume_from_checkpoint=str(source / "checkpoint-5"), **keys, **DOC)
     run = single(cfg, tmp_path / "log") if nproc == 1 else launch_joined(cfg, tmp_path / "log", nproc)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)

@@ -1,9 +1,9 @@
 """How the fused CPU kernels are built: flags per target, a cold build published atomically and reused, a
-refusing compiler remembered. Each build runs in its own process with its own cache directory."""
+refusing compiler remembered. Each build runs in its own process with its own cache directory (forked from a process
+that has imported Paddle and never loaded the kernels: tests/forkserver.py; the cache directory and the compiler are
+read when the kernels are first loaded)."""
 import json
 import os
-import subprocess
-import sys
 import types
 
 from pretrain_cli.ops import cpu_ops
@@ -36,8 +36,10 @@ print(json.dumps({"ok": ops is not None, "error": cpu_ops.load_error(),
 
 
 def _probe(tmp_path, **env):
+    import forkserver
+
     e = dict(os.environ) | {"XDG_CACHE_HOME": str(tmp_path)} | env
-    out = subprocess.run([sys.executable, "-c", BUILD_PROBE], env=e, capture_output=True, text=True, timeout=600)
+    out = forkserver.run(["-c", BUILD_PROBE], env=e, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
