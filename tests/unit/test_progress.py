@@ -55,3 +55,34 @@ def test_a_straggler_is_a_rank_whose_own_work_stays_well_above_the_others():
     assert progress.stragglers(records) == []
     tiny = {0: _rec(busy=0.1, timed=full), 1: _rec(busy=0.3, timed=full)}  # 3x, but a loaded host's jitter
     assert progress.stragglers(tiny) == []
+
+
+def test_a_reader_never_sees_a_half_written_or_unwritten_record(tmp_path):
+    """A watcher reads records while the ranks write them. `struct.pack_into` zero-fills its target before writing
+    the fields, so a read in between saw a step with `since` 0 and named a healthy rank hung "for 1.8e9 s" (a
+    launched pp2 run of the suite); a record created but not written yet (zeros: phase start-up, since 0) read the
+    same way. A thread marks as fast as it can while this one reads: every read is whole, and zeros are skipped."""
+    import threading
+
+    (tmp_path / "progress.5").write_bytes(bytes(progress.SIZE))  # created, truncated, not written yet
+    assert progress.read(tmp_path, [5]) == {}
+    rec = progress.Record(tmp_path / "progress.3")
+    stop = threading.Event()
+
+    def marking():
+        step = 0
+        while not stop.is_set():
+            step += 1
+            for phase in ("data", "forward/backward", "collective"):
+                rec.mark(phase, step)
+
+    writer = threading.Thread(target=marking)
+    writer.start()
+    try:
+        seen = [progress.read(tmp_path, [3])[3] for _ in range(3000)]
+    finally:
+        stop.set()
+        writer.join()
+        rec.close()
+    assert all(r["since"] > 1e9 and r["pid"] > 0 for r in seen), min(r["since"] for r in seen)
+    assert len({r["step"] for r in seen}) > 1  # the reads did overlap the marks

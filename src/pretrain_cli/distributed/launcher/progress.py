@@ -82,8 +82,10 @@ class Record:
     def _write(self) -> None:
         step_s = statistics.median(self.steps) if self.steps else 0.0
         busy_s = statistics.median(self.busy) if self.busy else 0.0
-        struct.pack_into(_FORMAT, self.map, 0, self.step, self.phase, self.since, step_s, busy_s, len(self.busy),
-                         os.getpid())
+        # packed first, then copied in one slice: `struct.pack_into` zero-fills its target before it writes the
+        # fields, and a watcher reading in between saw `since` 0, a rank "without progress for 1.8e9 s" (a false hang)
+        self.map[:SIZE] = struct.pack(_FORMAT, self.step, self.phase, self.since, step_s, busy_s, len(self.busy),
+                                      os.getpid())
 
     def close(self) -> None:
         self.map.close()
@@ -122,13 +124,27 @@ def read(shared: Path, ranks) -> dict:
     out = {}
     for r in ranks:
         try:
-            raw = (Path(shared) / f"progress.{r}").read_bytes()
+            raw = _settled(Path(shared) / f"progress.{r}")
             step, phase, since, step_s, busy_s, timed, pid = struct.unpack(_FORMAT, raw[:SIZE])
         except (OSError, struct.error):
+            continue
+        if not pid:  # created (zero-filled by its truncate) but not written yet: not there yet
             continue
         out[r] = {"step": step, "phase": PHASES[phase] if 0 <= phase < len(PHASES) else "?", "since": since,
                   "step_seconds": step_s, "busy_seconds": busy_s, "timed": timed, "pid": pid}
     return out
+
+
+def _settled(path: Path, tries: int = 5) -> bytes:
+    """The record's bytes as two reads in a row agree (a rank's write is a 56-byte copy that a read can cut through:
+    a step from the new mark with the time of the old one)."""
+    raw = path.read_bytes()
+    for _ in range(tries):
+        again = path.read_bytes()
+        if again == raw:
+            break
+        raw = again
+    return raw
 
 
 def allowance(phase: str, key: float | None, step_seconds: float) -> float | None:
