@@ -188,17 +188,9 @@ def build_model(run: RunConfig, model_cfg):
     from pretrain_cli.ops import kernels
 
     paddle.seed(run.loop.seed)
-    # the layout steps' kernels (context parallelism's ring, the semi-auto engine's local pieces): chosen before
-    # the model exists, so no live layer is changed
+    # the layout's kernels (context parallelism's ring, the semi-auto engine's local pieces, a MoE block's dispatch
+    # and expert counts): chosen before the model exists, so no live layer is changed
     table = build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device))
-    if model_cfg.sparse_layers and run.parallel.world_size > 1:  # MoE: every rank a data rank (resolve)
-        from dataclasses import replace
-
-        from pretrain_cli.distributed.comms.comm import sum_over_ranks
-
-        # the expert counts of the global batch: for the balancing bias (the same update on every replica)
-        # and, with moe_aux_loss_scope global, for the balance loss's expert shares
-        table = replace(table, reduce_counts=sum_over_ranks)
     with paddle.LazyGuard():
         return build_causal_lm(model_cfg, table, run.moe)
 

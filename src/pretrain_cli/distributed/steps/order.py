@@ -191,8 +191,18 @@ def steps_for(parallel: ParallelConfig) -> list[Step]:
 
 
 def build_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
-    """The kernel table the model is built with: each wanted step's `build`, in order (before the model exists,
-    so nothing of a live layer is replaced)."""
+    """The kernel table the model is built with, every layout entry chosen here (before the model exists, so
+    nothing of a live layer is replaced): on more than one process a MoE block's expert counts summed over every
+    rank (`comm.sum_over_ranks`: the balancing bias's counts, the same update on every replica, and with
+    `moe_aux_loss_scope: global` the balance loss's expert shares; resolve allows that scope only when every rank
+    is a data rank, and the bias's sign of mean − count is unchanged when tp ranks count the same tokens), then
+    each wanted step's `build`, in order. A dense model never reads the counts."""
+    if parallel.world_size > 1:
+        from dataclasses import replace
+
+        from pretrain_cli.distributed.comms.comm import sum_over_ranks
+
+        kernels = replace(kernels, reduce_counts=sum_over_ranks)
     for step in steps_for(parallel):
         if step.build is not None:
             kernels = step.build(kernels, parallel, backend)
