@@ -32,6 +32,8 @@ def _p(**degrees) -> ParallelConfig:
     (dict(cp_degree=2, pp_degree=2), "cp -> recompute -> pp"),
     (dict(tp_degree=2, cp_degree=2, pp_degree=2), "tp -> cp -> recompute -> pp"),
     (dict(tp_degree=2, manual_tp=True), "tp -> recompute"),  # multi-head latent attention: the step's split alone
+    # expert parallelism with tp (config/parallel.py sets manual_tp): the tp split, then the experts over ep groups
+    (dict(dp_degree=2, tp_degree=2, ep_degree=2, manual_tp=True), "tp -> ep -> recompute"),
 ])
 def test_each_layout_is_its_axes_steps_in_the_one_order(degrees, steps):
     assert describe(_p(**degrees)) == steps
@@ -93,8 +95,9 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "sp with ZeRO-3": Degrees(tp=2, sp=True, stage=3, sharding=2, data=2),
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
-                "ep with tp or cp": Degrees(ep=2, tp=2, data=2, moe="qwen3_moe"),
-                "ep with a pipeline and sharding": Degrees(ep=2, pp=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
+                "ep with tp inside a pipeline": Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
+                "ep with a pipeline or tp, and sharding": Degrees(ep=2, pp=2, stage=1, sharding=2, data=2,
+                                                                  moe="qwen3_moe"),
                 "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
@@ -117,7 +120,7 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(tp=2, stage=1, sharding=2, data=4, mla="deepseek_v3"), Degrees(tp=2, mtp=1),
                  Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3", mtp=1),
                  Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
-                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe")):
+                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe"), Degrees(ep=2, tp=2, data=2, moe="qwen2_moe")):
         assert refusals(runs) == [], runs
 
 

@@ -374,6 +374,10 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert not errors  # the layouts multi-head latent attention runs under: config.refusals' MLA rows
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, dp_degree=2), moe_aux_loss_scope="global")
     assert not errors
+    # with expert parallelism the tp ranks are the tp step's, which route the same tokens: each counted tp times, the
+    # shares unchanged (tests/distributed/test_expert_tp.py runs it against one process)
+    ep_tp = ParallelConfig(world_size=4, dp_degree=2, tp_degree=2, ep_degree=2, manual_tp=True)
+    assert not resolved("micro-qwen3-moe", ep_tp, moe_aux_loss_scope="global")[2]
     _, _, errors = resolved("micro-qwen3-moe", recompute="true", recompute_use_reentrant="true")
     assert len(errors) == 1 and errors[0].startswith("recompute_use_reentrant: true loses the router losses'")
 

@@ -2,6 +2,7 @@
 experts ÷ expert_parallel_degree in memory, the dispatch on its link, and the EP layouts --fit tries; the
 `expert_parallel_degree` key's refusals and the ep groups of the Topology."""
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +12,7 @@ from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token, param_counts
+from pretrain_cli.planning.experts import expert_params
 from pretrain_cli.run_layout import ParallelConfig
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
@@ -73,6 +75,16 @@ def test_experts_are_divided_by_ep_and_the_dispatch_takes_its_link():
     assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 8 * 7 / 8)
 
 
+def test_ep_with_tp_plans_each_expert_cut_tp_ways_on_its_holders():
+    """ep 8 x tp 2 on 16 GPUs (one expert group of the 8 data ranks at each tp position): the experts ÷ 16 on a rank,
+    as they are ÷ 16 under ep 16 alone (`planning.experts.expert_params`), and the tp step's engine."""
+    tp = plan(str(LLAMA), [*Q30, *DP, "--tensor_parallel_degree", "2", "--expert_parallel_degree", "8"],
+              device="H100", gpus=16, suggest_changes=False)
+    assert (tp["parallel"]["ep"], tp["parallel"]["tp"]) == (8, 2)
+    cfg = _cfg("Qwen/Qwen3-30B-A3B")
+    assert expert_params(SimpleNamespace(model=cfg, ep=8, tp=2)) == param_counts(cfg)["experts"] / 16
+
+
 @pytest.mark.parametrize("model,gpus,change", [
     ("Qwen/Qwen3-30B-A3B", 16, {"expert_parallel_degree": 8, "sharding": None, "tensor_parallel_degree": None}),
     ("Qwen/Qwen3-235B-A22B", 64, {"tensor_parallel_degree": 4, "sharding": "stage3", "recompute": True}),
@@ -102,7 +114,7 @@ def _tokens(change: dict) -> list[str]:
     (["--model_name_or_path", "Qwen/Qwen3-8B"], "needs a Mixture-of-Experts model"),
     (["--expert_parallel_degree", "3"], r"does not divide num_experts \(128\)"),
     (["--expert_parallel_degree", "32"], "does not divide the 16 data ranks"),
-    (["--tensor_parallel_degree", "2"], "with tensor or context parallelism is not supported yet"),
+    (["--tensor_parallel_degree", "2", "--sharding", "stage1"], "tensor_parallel_degree 2 and sharding is not"),
     (["--sharding", "stage2"], "with sharding: stage2 is not supported yet"),
     (["--capacity_factor", "1.25"], "runs dropless"),
 ])

@@ -50,10 +50,15 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
     if moe_model and args.training.recompute and args.training.recompute_use_reentrant:
         problems.add("recompute_use_reentrant: true loses the router losses' gradients of a Mixture-of-Experts model "
                      "(the reentrant recompute runs the first forward without autograd); set it to false")
-    if m.moe_aux_loss_scope == "global" and parallel is not None and parallel.data_world_size != parallel.world_size:
+    # the counts are summed over every rank (`comm.sum_over_ranks`); the shares are ratios, so the tp ranks of expert
+    # parallelism (the tp step's ranks route the same tokens) count each token tp times and change none of them
+    tp_copies = parallel.tp_degree if parallel is not None and parallel.ep_degree > 1 else 1
+    if (m.moe_aux_loss_scope == "global" and parallel is not None
+            and parallel.data_world_size * tp_copies != parallel.world_size):
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
-                     "which is wired when every rank is a data rank (dp/sharding only); use micro_batch with "
-                     "tensor, pipeline or context parallelism")
+                     "which is wired when every rank is a data rank (dp/sharding, or tp with expert_parallel_degree); "
+                     "use micro_batch with pipeline or context parallelism, or tensor parallelism without expert "
+                     "parallelism")
     for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor",
                 "mtp_loss_weight"):
         val = getattr(m, key)

@@ -97,18 +97,20 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     elif offload:
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
-    manual_tp = tp > 1 and model_cfg.mla  # multi-head latent attention: the `tp` step's split, not semi-auto's
+    ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
+    # multi-head latent attention, or routed experts over expert groups: the `tp` step's split, not semi-auto's
+    manual_tp = tp > 1 and (bool(model_cfg.mla) or ep > 1)
     layered = pp > 1 or sp or cp > 1 or manual_tp  # tp is the layout steps' Megatron split (distributed.steps.order)
     vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
     if tp > 1 and layered:
         where = (f"inside {pp} pipeline stages" if pp > 1 else "with sequence_parallel" if sp
-                 else "with context_parallel_degree" if cp > 1 else "with multi-head latent attention")
+                 else "with context_parallel_degree" if cp > 1 else "with expert_parallel_degree" if ep > 1
+                 else "with multi-head latent attention")
         notes.append(f"tensor_parallel_degree: {tp} {where} splits the decoder layers; the embedding and LM head "
                      f"stay whole on every tensor-parallel rank{' of their stage' if pp > 1 else ''}")
     elif tp > 1 and not vocab_split:
         notes.append(f"tensor_parallel_degree: {tp} does not divide vocab_size {model_cfg.vocab_size}, so every "
                      f"tensor-parallel rank holds the whole embedding and LM head (a multiple of {tp} splits them)")
-    ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
     return ParallelConfig(world_size=world * pp, rank=target.rank, local_rank=target.local_rank,
                           dp_degree=rest // sharding, sharding_degree=sharding,
                           sharding_stage=stage if sharding * cp > 1 else 0,

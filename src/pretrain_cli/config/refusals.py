@@ -73,16 +73,18 @@ REFUSED = (
                       f"bias ({d.router_terms}) is not supported (fleet's pipeline backpropagates the last stage's "
                       f"loss only, while the balance loss spans every stage's routing, and the bias is updated from "
                       f"every rank's counts); set each of them to 0, or train without a pipeline"),
-    Refusal("ep with tp or cp", lambda d: bool(d.moe) and d.ep > 1 and (d.tp > 1 or d.cp > 1),
-            lambda d: f"expert_parallel_degree: {d.ep} with tensor or context parallelism is not supported yet (its "
-                      f"all-gather dispatch takes every rank of an expert group to route whole tokens of its own "
-                      f"batch, while tp ranks share a batch and split each expert, cp ranks split each sequence); set "
-                      f"tensor_parallel_degree and context_parallel_degree to 1"),
-    Refusal("ep with a pipeline and sharding", lambda d: bool(d.moe) and d.ep > 1 and d.pp > 1 and d.stage > 0,
-            lambda d: f"expert_parallel_degree: {d.ep} with pipeline_parallel_degree {d.pp} and sharding is not "
-                      f"supported yet (inside a pipeline the experts are kept out of the stage's data-parallel mean, "
-                      f"not yet out of fleet's sharding optimizer, whose owners take every sharding rank to hold the "
-                      f"same parameters); set sharding to ''"),
+    Refusal("ep with tp inside a pipeline", lambda d: bool(d.moe) and d.ep > 1 and d.tp > 1 and d.pp > 1,
+            lambda d: f"expert_parallel_degree: {d.ep} with tensor_parallel_degree {d.tp} inside "
+                      f"pipeline_parallel_degree {d.pp} stages is not supported yet (each axis runs with the experts "
+                      f"on its own, but the three together, 8 processes at the least, have not been run against one "
+                      f"process here); drop one of the three"),
+    Refusal("ep with a pipeline or tp, and sharding",
+            lambda d: bool(d.moe) and d.ep > 1 and (d.pp > 1 or d.tp > 1) and d.stage > 0,
+            lambda d: f"expert_parallel_degree: {d.ep} with "
+                      f"{f'pipeline_parallel_degree {d.pp}' if d.pp > 1 else f'tensor_parallel_degree {d.tp}'} and "
+                      f"sharding is not supported yet (on fleet's hybrid groups the experts are kept out of the "
+                      f"data-parallel mean, not yet out of fleet's sharding optimizer, whose owners take every "
+                      f"sharding rank to hold the same parameters); set sharding to ''"),
     Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet (ZeRO-2/3 "
                       f"run on the semi-auto engine, whose placements take every data rank to hold the same "

@@ -40,10 +40,10 @@ def mlp_reduce_rows(s) -> float:
 
 
 def expert_params(s) -> float:
-    """The routed experts' parameters one rank holds: 1/ep of them under expert parallelism (which runs without
-    tensor parallelism), else all ÷ tp (each expert split by the one TP plan like a dense MLP:
-    `distributed.steps.moe_layouts`)."""
-    return param_counts(s.model)["experts"] / (s.ep if s.ep > 1 else s.tp)
+    """The routed experts' parameters one rank holds: all ÷ (ep · tp): 1/ep of them under expert parallelism, each
+    split by the one TP plan like a dense MLP under tensor parallelism (`distributed.steps.moe_layouts`; with
+    expert parallelism too, `distributed.steps.expert_parallel`)."""
+    return param_counts(s.model)["experts"] / (max(s.ep, 1) * s.tp)
 
 
 def dispatch_bytes(s, layers: float) -> float:

@@ -14,6 +14,11 @@ module) and the data side in `distributed.strategies.expert_strategy` (`ExpertPa
   and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
   and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
   "Expert parallelism") and it is exact: each assignment is computed once, by its expert's holder. Dropless only.
+- **with tensor parallelism** (`tp_group`): each held expert is also cut by the `tp` step like a dense MLP (expert
+  tensor parallelism: Megatron-Core's `expert_tensor_parallel_size` = tp), and the ranks of a tp group route the
+  same tokens alike, so the expert group (the same tp position on each data rank) gathers as without tp and runs
+  its slices between Megatron's two functions over the tp group (`tensor_parallel.SlicedExperts`): the held
+  experts ÷ (ep · tp) on each rank, and the tp all-reduce on the held rows only (docs/DISTRIBUTED.md says why).
 - **gradients**: the experts are left out of the data ranks' reduction of the rest (`ExpertSide.params`, which the
   strategy reduces) and summed over the ranks that hold the same experts (`Topology.expert_replicas`), then
   divided by the data ranks, as the rest is averaged: the dispatch's backward already summed the group's tokens
@@ -92,8 +97,17 @@ class GatherDispatch:
     experts, num_experts, capacity_factor) -> (output `[tokens, hidden]`, this rank's tokens' counts fp32
     `[experts]`, dropped fp32 `[]`: 0)."""
 
-    def __init__(self, group, ep: int, me: int, backend):
-        self.group, self.ep, self.me, self.backend = group, ep, me, backend
+    def __init__(self, group, ep: int, me: int, backend, tp_group=None):
+        self.group, self.ep, self.me, self.backend, self.tp_group = group, ep, me, backend, tp_group
+
+    def compute(self, experts):
+        """What runs the held experts over their sorted rows: themselves, or under tensor parallelism their
+        slices between the tp group's two functions (module docstring)."""
+        if self.tp_group is None:
+            return experts
+        from pretrain_cli.distributed.steps.tensor_parallel import SlicedExperts, expert_weights
+
+        return SlicedExperts(experts.kernels, expert_weights(experts, lambda w: w), self.tp_group)
 
     def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
         import paddle
@@ -116,10 +130,11 @@ class GatherDispatch:
         out = paddle.zeros_like(xs) + 0.0 * (xs.sum() + weights.sum())  # [ep·tokens, hidden]
         if order.shape[0]:
             rows = paddle.gather(xs, order // top_k)  # [held assignments, hidden]
-            out_rows = experts(rows, host_counts)  # [held assignments, hidden]
+            out_rows = self.compute(experts)(rows, host_counts)  # [held assignments, hidden]
             w = paddle.gather(weights.reshape([-1]), order).astype(out_rows.dtype).unsqueeze(-1)  # [held, 1]
             out = paddle.index_add(out, order // top_k, 0, out_rows * w)  # [ep·tokens, hidden]
-        else:  # no row for this rank's experts: they still take part (zero gradients, the same all-reduces)
+        else:  # no row for this rank's experts: they still take part (zero gradients, the same all-reduces; a tp
+            # group's ranks route alike, so none of them runs the tp all-reduce)
             out = out + experts.idle([0] * experts.count).astype(out.dtype)
         return Combine.apply(out, self), counts, paddle.zeros([], dtype="float32")
 
@@ -136,16 +151,18 @@ class ExpertSide:
     params: list
 
 
-def expert_kernels(kernels, parallel, backend):
+def expert_kernels(kernels, parallel, backend, tp_group=None):
     """The `ep` step's build side: every sparse block of the model about to be built dispatches over this rank's
-    expert group (`GatherDispatch`), chosen before the model exists (nothing assigned onto a live layer)."""
+    expert group (`GatherDispatch`; its experts' slices over `tp_group` under the `tp` step), chosen before the
+    model exists (nothing assigned onto a live layer)."""
     from dataclasses import replace
 
     from pretrain_cli.distributed.layout.topology import Topology
 
     topo = Topology.of(parallel)
     group, _ = new_groups(topo, backend)
-    return replace(kernels, moe_dispatch=GatherDispatch(group, topo.ep, topo.expert_group().index(topo.rank), backend))
+    me = topo.expert_group().index(topo.rank)
+    return replace(kernels, moe_dispatch=GatherDispatch(group, topo.ep, me, backend, tp_group))
 
 
 def apply_ep(model, placement):

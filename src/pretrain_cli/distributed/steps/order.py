@@ -115,11 +115,17 @@ def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
 
 
 def _expert_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
-    """`ep`'s build side: every sparse block dispatches over this rank's expert group. Declared here (as the model
-    side), so the step is there whatever was imported first."""
+    """`ep`'s build side: every sparse block dispatches over this rank's expert group (under the `tp` step, whose
+    dispatch it replaces, its experts' slices between the two functions over the mp group). Declared here (as the
+    model side), so the step is there whatever was imported first."""
     from pretrain_cli.distributed.steps.expert_parallel import expert_kernels
 
-    return expert_kernels(kernels, parallel, backend)
+    tp_group = None
+    if manual_tp(parallel):
+        from paddle.distributed import fleet
+
+        tp_group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
+    return expert_kernels(kernels, parallel, backend, tp_group)
 
 
 def _expert_parallel(model, placement: Placement):

@@ -15,6 +15,9 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
   AdamW state whole. Not sharded over the replicas: the experts are already split ep ways (the bulk of a MoE
   model's state), and sharding their state further would add a reduce and a broadcast over the replica group,
   which spans nodes when the expert group fills one.
+
+On fleet's hybrid groups (`ExpertHybrid`, the same data side over `Hybrid`'s engines): `ExpertPipeline` inside
+pipeline stages and `ExpertTensor` with tensor parallelism on one stage (each held expert also a tp slice).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import contextlib
 from pretrain_cli.distributed.steps.expert_parallel import ExpertSide, expert_of, held_range, keep_held, sparse_blocks
 from pretrain_cli.distributed.strategies.pipeline import Pipeline
 from pretrain_cli.distributed.strategies.strategy import FleetZero1, Strategy
+from pretrain_cli.distributed.strategies.tensor_engine import TensorParallel
 
 
 class ExpertGrads:
@@ -109,12 +113,16 @@ class ExpertParallel(Strategy):
 
 
 def expert_box(strategy, box_holders: tuple, name: str | None) -> tuple:
-    """An expert's weights and optimizer state are whole on the ranks holding that expert (`expert_replicas`);
-    every other tensor is where the strategy's base puts it (`box_holders`)."""
+    """An expert's weights and optimizer state are on the ranks holding that expert (`expert_replicas`): its tp
+    slice (the box the strategy's base cut) on those at this tp position, a whole tensor (AdamW's beta powers, or
+    any without tp) on those at every tp position; every other tensor is where the base puts it (`box_holders`)."""
     box, holders = box_holders
-    if name is not None and expert_of(name) is not None:
-        return box, strategy.topology.expert_replicas()
-    return box, holders
+    if name is None or expert_of(name) is None:
+        return box, holders
+    topo = strategy.topology
+    if not box.whole or strategy.parallel.tp_degree == 1:
+        return box, topo.expert_replicas()
+    return box, tuple(sorted(r for t in topo.group("mp") for r in topo.expert_replicas(t)))
 
 
 class ExpertZero1(FleetZero1):
@@ -174,11 +182,14 @@ class ExpertZero1(FleetZero1):
         return expert_box(self, super().local_box(tensor, name), name)
 
 
-class ExpertPipeline(Pipeline):
-    """Expert parallelism inside pipeline stages: each stage's expert groups are drawn from its own data ranks
-    (`Topology.expert_group` keeps the stage), its sparse layers dispatch over them in the stage's forward and
-    backward (every rank of a group runs the same 1F1B schedule, so the same collectives in the same order), and
-    the rest of the stage is averaged over its data ranks as `Hybrid` does (no sharding: "What stays refused")."""
+class ExpertHybrid:
+    """Expert parallelism on fleet's hybrid groups (`Hybrid`'s engines: a pipeline, `ExpertPipeline`; tensor
+    parallelism on one stage, `ExpertTensor`): each stage's expert groups are drawn from its own data ranks at one
+    tp position (`Topology.expert_group` keeps the stage and tp coordinates), its sparse layers dispatch over them
+    (every rank of a group runs the same schedule, so the same collectives in the same order), and the rest is
+    averaged over the data ranks as `Hybrid` does (no sharding: "What stays refused"). Under tensor parallelism
+    each held expert is a tp slice too (the `tp` step cuts it like an MLP), so its share of the norm is summed
+    over the tp group as well."""
 
     experts: ExpertGrads | None = None  # set by `place`
 
@@ -190,7 +201,8 @@ class ExpertPipeline(Pipeline):
 
     def place(self, model, source=None):
         """This rank's experts only (the others removed before anything is created), then the stage's
-        parameters and the steps (`Hybrid.place`); the experts the strategy reduces are this stage's."""
+        parameters and the steps (`Hybrid.place`; the tp step creates the held experts as slices); the experts
+        the strategy reduces are this stage's."""
         blocks = sparse_blocks(model)
         if blocks:
             keep_held(model, held_range(blocks[0].num_experts, self.topology.ep, self.topology.expert_rank()))
@@ -200,18 +212,6 @@ class ExpertPipeline(Pipeline):
         side = ExpertSide(side.group, side.replicas, side.held, [p for p in side.params if id(p) in stage])
         self.experts = ExpertGrads(side, self.parallel.data_world_size, self.step_kernels)
         return layer
-
-    def wrap(self, model, optimizer):
-        """fleet's pipeline engine; its start-up broadcast of every parameter from the stage's first data rank
-        would overwrite this rank's experts with another's, so they are put back after it."""
-        import paddle
-
-        with paddle.no_grad():
-            kept = [(p, p.clone()) for p in self.experts.side.params]
-            out = super().wrap(model, optimizer)
-            for p, value in kept:
-                p.set_value(value)
-        return out
 
     def shard(self, model, optimizer):
         """`Hybrid.shard`, with the experts out of the stage's data-parallel mean and norm (the strategy's own)."""
@@ -229,15 +229,43 @@ class ExpertPipeline(Pipeline):
         return list(self._owned) + list(self.experts.side.params)
 
     def grad_norm(self, model):
-        """`Hybrid.grad_norm`'s stage sum with this stage's experts (summed over their group) added before the sum
-        over the stages."""
+        """`Hybrid.grad_norm`'s stage sum with this stage's experts (summed over their group, and over the tp
+        group when they are tp slices) added before the sum over the stages."""
         import paddle
         import paddle.distributed as dist
 
-        whole = [p.grad for p in self._counted[0] if p.grad is not None]
-        sq = self.step_kernels.global_sq_norm(whole).astype("float32") + self.experts.sq_norm()
+        whole, sliced = ([p.grad for p in ps if p.grad is not None] for ps in self._counted)
+        sq = self.step_kernels.global_sq_norm(whole).astype("float32")
+        part = self.experts.sq_norm()  # [] fp32, over the expert group
+        if self.parallel.tp_degree > 1:  # the tp slices' squares (the experts' among them) summed over the tp group
+            if sliced:
+                part = part + self.step_kernels.global_sq_norm(sliced).astype("float32")
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
+        sq = sq + part
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
 
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)
+
+
+class ExpertPipeline(ExpertHybrid, Pipeline):
+    """Expert parallelism inside pipeline stages (`ExpertHybrid`)."""
+
+    def wrap(self, model, optimizer):
+        """fleet's pipeline engine; its start-up broadcast of every parameter from the stage's first data rank
+        would overwrite this rank's experts with another's, so they are put back after it."""
+        import paddle
+
+        with paddle.no_grad():
+            kept = [(p, p.clone()) for p in self.experts.side.params]
+            out = super().wrap(model, optimizer)
+            for p, value in kept:
+                p.set_value(value)
+        return out
+
+
+class ExpertTensor(ExpertHybrid, TensorParallel):
+    """Expert parallelism with tensor parallelism on one stage (`ExpertHybrid`): attention, the shared experts and
+    each held expert cut by the `tp` step, the experts spread over the data ranks of each tp position. Nothing is
+    broadcast at start-up (`TensorParallel.wrap` builds no fleet engine), so each rank's experts stay its own."""
