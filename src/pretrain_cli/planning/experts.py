@@ -48,11 +48,12 @@ def expert_params(s) -> float:
 
 def dispatch_bytes(s, layers: float) -> float:
     """Bytes one rank sends per micro-batch on its expert group, over `layers` decoder layers (a pipeline stage's):
-    the dispatch `distributed.steps.expert_parallel` runs (`GatherDispatch`) all-gathers the group's tokens [b·s, hidden]
-    and reduce-scatters the experts' outputs, in forward, and the reverse pair in backward: 4 collectives per sparse
-    layer, each sending (ep − 1) × b·s·hidden·c from a rank (`full` recompute reruns the forward's two). An
-    all-to-all would send 4 × (ep − 1)/ep × top_k × b·s·hidden·c under balanced routing: ep/top_k times less, the
-    same at ep = top_k (Qwen3-MoE: 8). The router's indices and weights are small."""
+    the all-gather dispatch (`distributed.steps.expert_parallel.GatherDispatch`, gloo's) all-gathers the group's
+    tokens [b·s, hidden] and reduce-scatters the experts' outputs, in forward, and the reverse pair in backward: 4
+    collectives per sparse layer, each sending (ep − 1) × b·s·hidden·c from a rank (`full` recompute reruns the
+    forward's two). NCCL runs the all-to-all form (`expert_all_to_all`), 4 × (ep − 1)/ep × top_k × b·s·hidden·c
+    under balanced routing: ep/top_k times less above ep = top_k, the same at it (Qwen3-MoE: 8); this charges the
+    all-gather form, an upper bound there. The router's indices and weights are small."""
     e = experts(s.model)
     if e is None or s.ep <= 1:
         return 0.0

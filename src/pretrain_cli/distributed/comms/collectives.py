@@ -7,6 +7,8 @@ answered here, so when Paddle's gloo is fixed the workarounds go in one place:
 | what | NCCL | gloo |
 |---|---|---|
 | `reduce_scatter` | `dist.reduce_scatter` | `all_reduce`, then this rank's slice (tp times the bytes) |
+| `all_to_all_single` (uneven splits) | `dist.alltoall_single` | every rank's rows padded to the longest and all-gathered, then each block for this rank cut out (ep times the bytes) |
+| MoE token dispatch (`all_to_all_dispatch`) | all-to-all (`expert_all_to_all.AllToAllDispatch`) | all-gather (`expert_parallel.GatherDispatch`): exact, and fewer bytes than the emulated all-to-all |
 | a new group | `dist.new_group` | the same, each group with a TCP store of its own (`stores`: `gloo.separate_stores`) |
 | ring neighbour exchange | `batch_isend_irecv` on the group | blocking send/recv over a two-rank group per directed edge (`ring_edges`) |
 | fleet's pipeline sends | batched, partial | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
@@ -83,6 +85,44 @@ class Collectives:
         parts: list = []
         dist.all_gather(parts, x.contiguous(), group=group)  # a slice may be a strided view
         return paddle.concat(parts, axis=axis)
+
+    @property
+    def all_to_all_dispatch(self) -> bool:
+        """Whether expert parallelism dispatches tokens by all-to-all (NCCL) rather than by all-gather (gloo, which
+        has no all-to-all: the emulation below is for tests of the all-to-all dispatcher, not for runs)."""
+        return not self.gloo
+
+    def split_matrix(self, sends: list[int], group) -> list[list[int]]:
+        """The split sizes of an all-to-all over `group` as host ints `[ranks][ranks]`: row j the rows rank j sends
+        to each rank (every rank's `sends` all-gathered, the same on both backends)."""
+        import paddle
+
+        return self.all_gather(paddle.to_tensor([sends], dtype="int64"), group, axis=0).numpy().tolist()  # [ranks, ranks]
+
+    def all_to_all_single(self, x, matrix: list[list[int]], me: int, group):
+        """Rank `me`'s rows of `x` (`[sum(matrix[me]), ...]`: blocks of matrix[me][j] rows for rank j, in rank
+        order) sent out, and the blocks every rank j sent here (matrix[j][me] rows each) concatenated in rank
+        order. NCCL: `dist.alltoall_single` with those split sizes. gloo has none: every rank's rows padded to the
+        longest and all-gathered, then each block for this rank cut out of its sender's (ep times the bytes)."""
+        import paddle
+        import paddle.distributed as dist
+
+        rest = list(x.shape[1:])
+        if not self.gloo:  # pragma: no cover - GPU only
+            out = paddle.empty([sum(row[me] for row in matrix), *rest], dtype=x.dtype)
+            dist.alltoall_single(out, x.contiguous(), in_split_sizes=list(matrix[me]),
+                                 out_split_sizes=[row[me] for row in matrix], group=group)
+            return out
+        most = max(sum(row) for row in matrix)
+        if most == 0:
+            return x
+        if most > x.shape[0]:
+            x = paddle.concat([x, paddle.zeros([most - x.shape[0], *rest], dtype=x.dtype)])  # [most, ...]
+        every = self.all_gather(x, group, axis=0)  # [ranks * most, ...]: rank j's rows from j * most
+        blocks = [every[j * most + sum(row[:me]): j * most + sum(row[:me + 1])] for j, row in enumerate(matrix)
+                  if row[me]]
+        return paddle.concat(blocks) if blocks else x[:0]  # [sum(matrix[j][me]), ...]
+
 
 def _cut(x, parts: int, index: int, axis: int):
     """Slice `index` of `parts` equal slices of `x` on `axis`."""

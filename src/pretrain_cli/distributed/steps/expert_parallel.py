@@ -8,8 +8,9 @@ module) and the data side in `distributed.strategies.expert_strategy` (`ExpertPa
   sparse layer (`held_range`); the others are removed from its model before any parameter is created, so a lazily
   built model never creates them (`ExpertParallel.place`: `materialize.fill` skips them; docs/DISTRIBUTED.md,
   start-up). Each kept expert keeps its HF name (`mlp.experts.{e}.*`), so checkpoints are by name as ever.
-- **dispatch** (`GatherDispatch`, the kernel table's `moe_dispatch` the model is built with, `expert_kernels`; the
-  same inputs and outputs as `moe.dispatch_local`): the group's tokens and routes are all-gathered, each rank runs
+- **dispatch** (`GatherDispatch` on gloo, the kernel table's `moe_dispatch` the model is built with,
+  `expert_kernels`; on NCCL the all-to-all form, `expert_all_to_all`; the same inputs and outputs as
+  `moe.dispatch_local`): the group's tokens and routes are all-gathered, each rank runs
   its experts over the rows routed to them (sorted by expert, one grouped computation, as `moe.dispatch_local`),
   and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
   and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
@@ -65,17 +66,27 @@ def keep_held(model, held: range) -> None:
 
 
 class Gather(PyLayer):
-    """All-gather over the expert group (`ex`: the `GatherDispatch`) whose backward reduce-scatters."""
+    """All-gather of the tokens and their combine weights over the expert group (`ex`: the `GatherDispatch`) whose
+    backward reduce-scatters their gradients. One autograd function for both, so every rank runs the two
+    reduce-scatters in this order: as two, their order in backward followed each rank's graph, which differs on a
+    rank whose experts got no row (it reads the gathered tensors only through `0 ·` terms), and the ranks' collectives
+    then met different tensors (tests/unit/test_expert_all_to_all.py)."""
 
     @staticmethod
-    def forward(ctx, x, ex):
-        ctx.ex = ex
-        return ex.backend.all_gather(x, ex.group, axis=0)  # [ep·tokens, ...]
+    def forward(ctx, x, weights, ex):
+        ctx.ex, ctx.shapes = ex, ((x.shape, x.dtype), (weights.shape, weights.dtype))
+        return ex.backend.all_gather(x, ex.group, axis=0), ex.backend.all_gather(weights, ex.group, axis=0)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dxs, dweights):
+        import paddle
+
         ex = ctx.ex
-        return ex.backend.reduce_scatter(dy, ex.group, ex.ep, ex.me, axis=0)  # [tokens, ...]
+        grads = []
+        for dy, (shape, dtype) in zip((dxs, dweights), ctx.shapes):
+            dy = paddle.zeros([ex.ep * shape[0], *shape[1:]], dtype=dtype) if dy is None else dy
+            grads.append(ex.backend.reduce_scatter(dy, ex.group, ex.ep, ex.me, axis=0))  # [tokens, ...]
+        return tuple(grads)
 
 
 class Combine(PyLayer):
@@ -116,8 +127,7 @@ class GatherDispatch:
             raise ValueError("expert parallelism runs dropless (config refuses a capacity factor with it)")
         top_k = routing.indices.shape[1]
         counts = paddle.bincount(routing.indices.reshape([-1]), minlength=num_experts).astype("float32")  # [experts]
-        xs = Gather.apply(x, self)  # [ep·tokens, hidden]
-        weights = Gather.apply(routing.weights, self)  # [ep·tokens, top_k]
+        xs, weights = Gather.apply(x, routing.weights, self)  # [ep·tokens, hidden], [ep·tokens, top_k]
         indices = self.backend.all_gather(routing.indices, self.group, axis=0)  # [ep·tokens, top_k]
         flat = indices.reshape([-1])  # [ep·tokens·top_k]
         local = flat - experts.first  # this rank's expert index of each assignment (outside: not held)
@@ -151,10 +161,11 @@ class ExpertSide:
     params: list
 
 
-def expert_kernels(kernels, parallel, backend, tp_group=None):
+def expert_kernels(kernels, parallel, backend, tp_group=None, kind=None):
     """The `ep` step's build side: every sparse block of the model about to be built dispatches over this rank's
-    expert group (`GatherDispatch`; its experts' slices over `tp_group` under the `tp` step), chosen before the
-    model exists (nothing assigned onto a live layer)."""
+    expert group (its experts' slices over `tp_group` under the `tp` step), chosen before the model exists
+    (nothing assigned onto a live layer), with `kind`: `GatherDispatch` (None) or the all-to-all form
+    (`expert_all_to_all.AllToAllDispatch`; `distributed.steps.order` chooses by the backend)."""
     from dataclasses import replace
 
     from pretrain_cli.distributed.layout.topology import Topology
@@ -162,7 +173,7 @@ def expert_kernels(kernels, parallel, backend, tp_group=None):
     topo = Topology.of(parallel)
     group, _ = new_groups(topo, backend)
     me = topo.expert_group().index(topo.rank)
-    return replace(kernels, moe_dispatch=GatherDispatch(group, topo.ep, me, backend, tp_group))
+    return replace(kernels, moe_dispatch=(kind or GatherDispatch)(group, topo.ep, me, backend, tp_group))
 
 
 def apply_ep(model, placement):

@@ -116,16 +116,21 @@ def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
 
 def _expert_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     """`ep`'s build side: every sparse block dispatches over this rank's expert group (under the `tp` step, whose
-    dispatch it replaces, its experts' slices between the two functions over the mp group). Declared here (as the
-    model side), so the step is there whatever was imported first."""
+    dispatch it replaces, its experts' slices between the two functions over the mp group): by all-to-all where
+    the backend has one (NCCL: `expert_all_to_all`), else by all-gather (`expert_parallel.GatherDispatch`).
+    Declared here (as the model side), so the step is there whatever was imported first."""
     from pretrain_cli.distributed.steps.expert_parallel import expert_kernels
 
-    tp_group = None
+    kind = tp_group = None
+    if backend.all_to_all_dispatch:  # pragma: no cover - GPU only
+        from pretrain_cli.distributed.steps.expert_all_to_all import AllToAllDispatch
+
+        kind = AllToAllDispatch
     if manual_tp(parallel):
         from paddle.distributed import fleet
 
         tp_group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
-    return expert_kernels(kernels, parallel, backend, tp_group)
+    return expert_kernels(kernels, parallel, backend, tp_group, kind)
 
 
 def _expert_parallel(model, placement: Placement):
