@@ -8,6 +8,10 @@ import sys
 LAYOUT_TEST = "tests/gpu/test_layouts_gpu.py::test_layout_matches_one_gpu"
 HALF_TEST = "tests/gpu/test_layouts_gpu.py::test_half_precision_layouts_train_and_save"
 
+# the keys that choose the model a layout is compared on (one GPU runs them too); the rest are the layout's
+MODEL_KEYS = ("model_name_or_path", "moe_aux_loss_scope", "router_aux_loss_coef")
+MOE = {"model_name_or_path": "micro-qwen3-moe", "moe_aux_loss_scope": "global", "router_aux_loss_coef": 0.05}
+
 # name -> (GPUs, argument-file keys): each trains the same 10 steps as one GPU at the same global batch, in fp32
 LAYOUTS = {
     "dp2": (2, {}),
@@ -32,6 +36,11 @@ LAYOUTS = {
                        "gradient_accumulation_steps": 4, "per_device_train_batch_size": 2}),
     "tp2_pp2_stage1": (8, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "sharding": "stage1",
                            "gradient_accumulation_steps": 4, "per_device_train_batch_size": 1}),
+    # expert parallelism's all-to-all dispatch on NCCL (distributed/steps/expert_all_to_all.py; CPU runs the
+    # all-gather one), against one GPU on the same Mixture-of-Experts model (`MODEL_KEYS`), the balance loss over
+    # the global batch so the data ranks' mean loss is one GPU's; with tp each held expert cut in two as well
+    "moe_ep2": (2, {**MOE, "expert_parallel_degree": 2}),
+    "moe_ep2_tp2": (4, {**MOE, "expert_parallel_degree": 2, "tensor_parallel_degree": 2}),
 }
 
 # bf16 O2 under TP + ZeRO-3, PaddleNLP's fp16 O2 + stage2 (the loss scaler wrapped by dist.shard_scaler), bf16 under

@@ -27,7 +27,7 @@ if not paddle.is_compiled_with_cuda():  # pragma: no cover - a collection error,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from launch_helpers import launch_cmd, parse_losses, read_weights, write_config, write_corpus  # noqa: E402
-from layouts import HALF, LAYOUTS  # noqa: E402  (the table scripts/gpu_check.sh selects from by GPU count)
+from layouts import HALF, LAYOUTS, MODEL_KEYS  # noqa: E402  (the table scripts/gpu_check.sh selects from by GPU count)
 
 GPUS = paddle.device.cuda.device_count()
 
@@ -49,9 +49,20 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ref")
-    cfg = write_config(root / "ref.json", corpus, root / "out", device="gpu", per_device_train_batch_size=8)
-    return parse_losses(_run(cfg, 1, root / "log")), read_weights(root / "out")
+    """`reference(**model_keys)`: (losses, final weights) of one GPU at the global batch of 8 on the model those
+    keys choose (none: the dense micro-qwen2), each run once."""
+    runs = {}
+
+    def run(**model):
+        key = tuple(sorted(model.items()))
+        if key not in runs:
+            root = tmp_path_factory.mktemp("ref")
+            cfg = write_config(root / "ref.json", corpus, root / "out", device="gpu", per_device_train_batch_size=8,
+                               **model)
+            runs[key] = parse_losses(_run(cfg, 1, root / "log")), read_weights(root / "out")
+        return runs[key]
+
+    return run
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -61,7 +72,7 @@ def test_layout_matches_one_gpu(corpus, reference, tmp_path, name):
         raise RuntimeError(f"{name} needs {nproc} GPUs, this machine has {GPUS}")
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", device="gpu", **keys)
     losses = parse_losses(_run(cfg, nproc, tmp_path / "log"))
-    want, weights = reference
+    want, weights = reference(**{k: v for k, v in keys.items() if k in MODEL_KEYS})
     assert sorted(losses) == sorted(want)
     assert max(abs(losses[s] - want[s]) for s in want) <= 1e-4
     got = read_weights(tmp_path / "out")
