@@ -12,7 +12,7 @@ from pretrain_cli.distributed.layout.topology import Topology
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token, param_counts
-from pretrain_cli.planning.experts import expert_params
+from pretrain_cli.planning.experts import dispatch_bytes, expert_params
 from pretrain_cli.run_layout import ParallelConfig
 
 LLAMA = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "llama_pretrain_argument.json"
@@ -66,13 +66,17 @@ def test_experts_are_divided_by_ep_and_the_dispatch_takes_its_link():
     assert saved == pytest.approx(experts * 2 * (1 / 8 - 1 / 16))
     assert r8["parallel"]["ep"] == 8 and r16["parallel"]["ep"] == 16
     assert r8["layout"]["axes"]["ep"]["inside_node"] and not r16["layout"]["axes"]["ep"]["inside_node"]
-    # the dispatch train runs: per sparse layer (48) the group's tokens all-gathered and the outputs reduce-scattered,
-    # forward and backward, (ep - 1) x 4096 tokens x 2048 x 2 bytes each, 16 micro-batches a step
+    # the dispatch a GPU runs (NCCL's all-to-all): per sparse layer (48) each token's 8 rows to their experts' ranks
+    # and back, forward and backward, (ep - 1)/ep x 8 rows x 4096 tokens x 2048 x 2 bytes each, 16 micro-batches
     per_micro = 48 * 4 * 4096 * 2048 * 2
-    assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 7)
-    assert r16["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 15)
-    # at ep = top_k (8) that is what an all-to-all of each token's 8 copies would send: (ep - 1)/ep x 8 of them
     assert r8["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 8 * 7 / 8)
+    assert r16["traffic_gb_per_step"]["ep"] * 1e9 == pytest.approx(16 * per_micro * 8 * 15 / 16)
+    # at ep = top_k (8) that is what the all-gather form (CPU's) sends, ep - 1 token copies; above it ep/top_k times more
+    shape = dict(model=_cfg("Qwen/Qwen3-30B-A3B"), recompute="selective", micro_batch=1, seq_len=4096, compute_bytes=2)
+    sent = {(ep, d): dispatch_bytes(SimpleNamespace(**shape, ep=ep, device=d), 48) for ep in (8, 16)
+            for d in ("gpu", "cpu")}
+    assert sent[8, "cpu"] == pytest.approx(sent[8, "gpu"]) == pytest.approx(per_micro * 7)
+    assert sent[16, "cpu"] == pytest.approx(2 * sent[16, "gpu"])
 
 
 def test_ep_with_tp_plans_each_expert_cut_tp_ways_on_its_holders():

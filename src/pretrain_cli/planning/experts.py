@@ -12,9 +12,9 @@ def mlp_per_token(s) -> float:
     4·c·I ÷ tp. A sparse layer (Mixture-of-Experts): the router's fp32 logits and probabilities (2·4·E), each of the
     token's k routed copies through its expert (the gathered input and the weighted output whole, gate, up, silu and
     product ÷ tp: k·c·(2h + 4F/tp)), the shared expert (÷ tp) and its gate (4·c·Fs/tp + c·h + 4); under expert
-    parallelism the dispatch keeps
-    the expert group's gathered tokens and the outputs before their reduce-scatter (2·ep·c·h). Modelled, not
-    calibrated: balanced routing (a busy expert's rank holds more)."""
+    parallelism the dispatch that runs (`all_to_all`) keeps on a GPU the rows it received and the outputs before
+    they are sent back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their
+    reduce-scatter (2·ep·c·h). Modelled, not calibrated: balanced routing (a busy expert's rank holds more)."""
     cfg, c, tp = s.model, s.compute_bytes, s.tp
     dense = 4 * c * cfg.intermediate_size / tp
     e = experts(cfg)
@@ -23,7 +23,7 @@ def mlp_per_token(s) -> float:
     h, k = cfg.hidden_size, e.top_k
     sparse = 8 * e.routed + k * c * (2 * h + 4 * e.width / tp) + (4 * c * e.shared_width / tp + c * h + 4
                                                                    if e.shared_width else 0) \
-        + (2 * s.ep * c * h if s.ep > 1 else 0)
+        + (2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0)
     return (e.sparse_layers * sparse + (cfg.num_hidden_layers - e.sparse_layers) * dense) / cfg.num_hidden_layers
 
 
@@ -46,17 +46,24 @@ def expert_params(s) -> float:
     return param_counts(s.model)["experts"] / (max(s.ep, 1) * s.tp)
 
 
+def all_to_all(s) -> bool:
+    """Whether expert parallelism's dispatch is the all-to-all form (NCCL, a GPU) rather than the all-gather one
+    (gloo, CPU): `Collectives.all_to_all_dispatch`, by the planned device."""
+    return s.device == "gpu"
+
+
 def dispatch_bytes(s, layers: float) -> float:
     """Bytes one rank sends per micro-batch on its expert group, over `layers` decoder layers (a pipeline stage's):
-    the all-gather dispatch (`distributed.steps.expert_parallel.GatherDispatch`, gloo's) all-gathers the group's
-    tokens [b·s, hidden] and reduce-scatters the experts' outputs, in forward, and the reverse pair in backward: 4
-    collectives per sparse layer, each sending (ep − 1) × b·s·hidden·c from a rank (`full` recompute reruns the
-    forward's two). NCCL runs the all-to-all form (`expert_all_to_all`), 4 × (ep − 1)/ep × top_k × b·s·hidden·c
-    under balanced routing: ep/top_k times less above ep = top_k, the same at it (Qwen3-MoE: 8); this charges the
-    all-gather form, an upper bound there. The router's indices and weights are small."""
+    the dispatch that runs (`all_to_all`), 4 collectives per sparse layer (2 in forward, their reverse in backward;
+    `full` recompute reruns the forward's two). On a GPU (NCCL) the all-to-all form (`expert_all_to_all`): each
+    token's k rows to their experts' ranks and back, (ep − 1)/ep × top_k × b·s·hidden·c from a rank under balanced
+    routing. On CPU (gloo) the all-gather form (`expert_parallel.GatherDispatch`): the group's tokens all-gathered and
+    the experts' outputs reduce-scattered, (ep − 1) × b·s·hidden·c each: ep/top_k times more above ep = top_k, the
+    same at it (Qwen3-MoE: 8). The router's indices and weights and the split sizes are small."""
     e = experts(s.model)
     if e is None or s.ep <= 1:
         return 0.0
     trips = 4 + (2 if s.recompute == "full" else 0)
     sparse = e.sparse_layers * layers / s.model.num_hidden_layers
-    return sparse * trips * (s.ep - 1) * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes
+    rows = (s.ep - 1) / s.ep * e.top_k if all_to_all(s) else s.ep - 1  # per token, per collective
+    return sparse * trips * rows * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes
