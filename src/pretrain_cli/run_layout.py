@@ -85,8 +85,8 @@ class ParallelConfig:
     # (`distributed.layout.topology.Topology.expert_group`, `distributed.steps.expert_parallel`)
     ep_degree: int = 1
     # tensor parallelism by the `tp` layout step (`distributed.steps.tensor_parallel`) even without sequence or
-    # context parallelism: a model whose attention the semi-auto engine's plan cannot place (multi-head latent
-    # attention's shared RoPE key; `config.parallel` decides it from the model)
+    # context parallelism: routed experts over expert groups, and multi-head latent attention except under ZeRO-3
+    # (there the semi-auto engine's placements run it, which shard the parameters; `config.parallel` decides it)
     manual_tp: bool = False
 
     @property

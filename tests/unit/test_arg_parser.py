@@ -157,6 +157,20 @@ def test_multi_process_tensor_parallel_must_divide_the_model():
         resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "4", world=8)
 
 
+
+def test_multi_head_latent_attention_takes_the_tp_step_except_under_zero3():
+    # MLA's tp is the `tp` step on fleet's groups (alone, with ZeRO-1/2, with ep); with ZeRO-3 the semi-auto engine's
+    # placements, which shard the parameters (docs/DISTRIBUTED.md, "Multi-head latent attention ...")
+    def layout(*keys, world=4):
+        p = resolve_run("--tensor_parallel_degree", "2", *keys, world=world, model="micro-deepseek-v3").parallel
+        return p.engine, p.manual_tp, p.sharding_stage
+
+    assert layout(world=2) == ("tensor_parallel", True, 0)
+    assert layout("--sharding", "stage2") == ("tensor_parallel", True, 2)
+    assert layout("--expert_parallel_degree", "2") == ("tensor_parallel", True, 0)
+    assert layout("--sharding", "stage3") == ("semi_auto", False, 3)
+
+
 def test_split_and_sharding_parsers():
     assert parse_split("949,50,1") == pytest.approx([0.949, 0.05, 0.001])
     assert parse_split("98/2") == pytest.approx([0.98, 0.02, 0.0])

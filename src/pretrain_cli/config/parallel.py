@@ -98,8 +98,10 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
     ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems)
-    # multi-head latent attention, or routed experts over expert groups: the `tp` step's split, not semi-auto's
-    manual_tp = tp > 1 and (bool(model_cfg.mla) or ep > 1)
+    # routed experts over expert groups, or multi-head latent attention without ZeRO-3: the `tp` step's split, not
+    # semi-auto's (MLA's tp with ZeRO-3 runs on the semi-auto engine, whose placements shard the parameters)
+    zero3 = stage == 3 and sharding * cp > 1
+    manual_tp = tp > 1 and (bool(model_cfg.mla) and not zero3 or ep > 1)
     layered = pp > 1 or sp or cp > 1 or manual_tp  # tp is the layout steps' Megatron split (distributed.steps.order)
     vocab_split = tp > 1 and model_cfg.vocab_size % tp == 0 and not layered  # the steps' split keeps it whole
     if tp > 1 and layered:

@@ -96,12 +96,6 @@ REFUSED = (
                       f"the latents' gradients over the tp group itself, which sequence parallelism's reduce-scatter "
                       f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
                       f"context_parallel_degree: 1 and sequence_parallel: false"),
-    Refusal("MLA tensor parallelism with ZeRO-3",
-            lambda d: bool(d.mla) and d.tp > 1 and d.stage == 3 and d.sharding > 1,
-            lambda d: f"sharding: stage3 with tensor_parallel_degree {d.tp} and multi-head latent attention ({d.mla}) "
-                      f"is not supported (its tensor parallelism is the tp step on fleet's groups, whose sharding "
-                      f"optimizer has no parameter sharding; ZeRO-3 is the semi-auto engine's); use sharding: stage1 "
-                      f"or stage2 with tensor parallelism, or stage3 without it"),
     Refusal("MTP with a pipeline", lambda d: d.mtp > 0 and d.pp > 1,
             lambda d: f"pipeline_parallel_degree: {d.pp} with multi-token prediction (num_nextn_predict_layers "
                       f"{d.mtp}) is not supported (fleet's pipeline hands the last stage the hidden states and the "
