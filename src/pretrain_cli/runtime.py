@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import io
 import os
 import re
@@ -240,10 +241,16 @@ def without_flags_banner():
 def import_paddle():
     """Import Paddle after `setup_env()`; the only sanctioned way to get the module."""
     setup_env()
+    first = "paddle" not in sys.modules
     # Paddle prints an OMP_NUM_THREADS advisory on stderr at import when threads > 1.
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf):
         import paddle  # noqa: F401
+    if first:
+        # What the import made (modules, their functions and classes: ~0.5 M objects) lives as long as the process,
+        # so the cyclic garbage collector is told to stop walking it: Paddle's to_static (SOT) runs a full
+        # `gc.collect()` after translating each frame, ~90 for one model, each ~0.25 CPU-s over the import's objects.
+        gc.freeze()
     paddle.base.core.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # Paddle's C++ handler answers SIGTERM with `C++ Traceback ... FatalError: Termination signal`: what a launcher
     # stopping the ranks after another rank's error (rank 0's usage error: exit 2) left in every other log. SIGTERM

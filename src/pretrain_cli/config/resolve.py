@@ -225,9 +225,12 @@ def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
 
 
 def _cpu_layout_note(args: Arguments, device: str, world: int, notes: list) -> None:
-    cores = os.cpu_count() or 1
     t = args.training
-    if device == "cpu" and world == 1 and cores > 1 and t.do_train and not t.cpu_fused_ops:
+    # the cheap tests first: `os.cpu_count` is a system call, and `plan --fit` resolves thousands of GPU candidates
+    if device != "cpu" or world != 1 or not t.do_train or t.cpu_fused_ops:
+        return
+    cores = os.cpu_count() or 1
+    if cores > 1:
         # Paddle's own CPU element-wise ops use one thread: only more processes use the other cores.
         # With the fused kernels (the default) one process with every core is the faster layout.
         notes.append(f"cpu: with cpu_fused_ops false, one process per core trains ~1.3-1.5x faster than one "

@@ -343,7 +343,13 @@ class ModelConfig:
 
     @property
     def sparse_layers(self) -> list[int]:
-        return [i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i)]
+        """`is_sparse_layer`'s rule over the decoder layers at once (`plan --fit` asks this of every candidate it
+        resolves, tens of thousands on a 94-layer model: one call per layer was most of the search's time)."""
+        if not (family(self.model_type).moe and self.num_experts > 0):
+            return []
+        dense, step = set(self.mlp_only_layers), self.decoder_sparse_step
+        return [i for i in range(max(self.first_k_dense_replace, 0), self.num_hidden_layers)
+                if (i + 1) % step == 0 and i not in dense]
 
     @property
     def n_rep(self) -> int:

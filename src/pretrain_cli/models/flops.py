@@ -174,8 +174,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str | None = None
         depth = cfg.num_nextn_predict_layers
         total += 6 * (counts["mtp_active"] + depth * cfg.vocab_size * cfg.hidden_size) + 3 * attn_fwd * depth / L
     if hardware and recompute:
-        if recompute == "full":
-            total += 2 * sum(_layer_params(cfg, i, active=True) for i in range(L)) + attn_fwd
+        if recompute == "full":  # the decoder layers' active parameters: "active" less embedding, norm and head
+            head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+            layers = counts["active"] - counts["embedding"] - cfg.hidden_size - head  # (`_param_counts`' sum)
+            total += 2 * layers + attn_fwd
         elif recompute == "full_attn":
             total += 2 * L * _attn_params(cfg) + attn_fwd
         else:  # core_attn

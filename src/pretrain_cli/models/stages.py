@@ -3,14 +3,22 @@
 with the embedding on the first stage and the final norm, LM head and loss on the last."""
 from __future__ import annotations
 
+import functools
+
 
 def stage_bounds(num_layers: int, stages: int) -> list[int]:
     """Decoder-layer index where each stage starts, plus the end: [0, b1, ..., num_layers]. Layers that do not
     divide evenly go to the middle stages first (the first holds the embedding, the last the head and the loss)."""
+    return list(_bounds(num_layers, stages))  # a fresh list: the caller may keep or change it
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds(num_layers: int, stages: int) -> tuple[int, ...]:
+    """`stage_bounds`, once per (layers, stages): `plan --fit` asks it ~50,000 times for a few dozen pairs."""
     base, extra = divmod(num_layers, stages)
     order = sorted(range(stages), key=lambda s: (s in (0, stages - 1), s))
     sizes = [base + (1 if order.index(s) < extra else 0) for s in range(stages)]
     bounds = [0]
     for size in sizes:
         bounds.append(bounds[-1] + size)
-    return bounds
+    return tuple(bounds)

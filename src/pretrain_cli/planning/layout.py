@@ -13,10 +13,30 @@ AXES = ("tp", "pp", "cp", "data", "ep")  # what each group carries: TP all-reduc
 # the experts' dispatch (ep groups are drawn from the data ranks)
 
 
+_EXPLAINED: dict = {}  # `explain`'s answers by the groups object they read (see `explain`)
+
+
 def explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int = GPUS_PER_NODE) -> dict:
     """Per axis of `groups` ({"tp" | "pp" | "cp" | "data": every group of ranks along it}): its degree, the first
     group's ranks, and whether its groups stay inside a node of `gpus_per_node` devices or how many nodes one spans;
-    JSON-ready (`plan --json`'s `layout`; the speed model's links read `inside_node`)."""
+    JSON-ready (`plan --json`'s `layout`; the speed model's links read `inside_node`).
+
+    Answered once per groups object (kept alive in the entry, so its id is not reused) and layout: `plan --fit`
+    asks this of thousands of candidates that share a few dozen layouts, each one a sort of every group (on 64
+    ranks, a third of the search's time), and the groups come from one cache (`Topology.all_groups`). Each caller
+    gets its own copy of the answer."""
+    key = (id(groups), gpus_per_node, par.world_size, par.tp_degree, par.pp_degree, par.cp_degree,
+           par.data_world_size, par.ep_degree)
+    hit = _EXPLAINED.get(key)
+    if hit is None or hit[0] is not groups:
+        if len(_EXPLAINED) > 256:
+            _EXPLAINED.clear()
+        hit = _EXPLAINED[key] = (groups, _explain(par, groups, gpus_per_node))
+    out = hit[1]
+    return {**out, "axes": {axis: {**a, "first_group": list(a["first_group"])} for axis, a in out["axes"].items()}}
+
+
+def _explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int) -> dict:
     nodes = -(-par.world_size // gpus_per_node)
     out = {"gpus_per_node": gpus_per_node, "nodes": nodes, "axes": {}}
     degree = {"tp": par.tp_degree, "pp": par.pp_degree, "cp": par.cp_degree, "data": par.data_world_size,

@@ -37,7 +37,10 @@ def loss_figure(records: list[dict], run_name: str):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(8, 4.8), dpi=100, layout="constrained")
+    # fixed margins, not `layout="constrained"`: that lays every text out twice and costs half of each drawing
+    # (0.82 -> 0.43 CPU-s; a run draws one at every checkpoint and one at the end, ~0.85 s of a 10-step CPU run)
+    fig = Figure(figsize=(8, 4.8), dpi=100)
+    fig.subplots_adjust(left=0.1, right=0.88, top=0.92, bottom=0.2)
     ax = fig.add_subplot()
     lines = []
     steps, loss = _series(records, "train", "loss")
@@ -61,7 +64,7 @@ def loss_figure(records: list[dict], run_name: str):
         lr_ax.set_ylabel("learning rate")
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     if lines:  # below the axes: it never hides a curve
-        fig.legend(lines, [line.get_label() for line in lines], loc="outside lower center", ncols=len(lines))
+        fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncols=len(lines), frameon=False)
     else:
         ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(f"{run_name}: loss and learning rate", parse_math=False)  # a "$" in a path is not TeX
