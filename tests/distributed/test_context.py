@@ -3,7 +3,9 @@
 
 The micro model at 128 tokens, causal and with document masking, must give the same losses (<= 1e-5) and final
 weights; the checkpoint (whole weights on each rank, written once) resumes on one process on the same curve, and
-one process's checkpoint resumes under context parallelism.
+one process's checkpoint resumes under context parallelism. Each launch proves what it can (the suite's time,
+issue #54): cp2 trains documents from step 1 (the causal ring end to end: cp2 + ZeRO-1, resumed from one process's
+checkpoint, and dp2 x cp2; the causal attention alone: the attention test over rings of 2, 3 and 4).
 """
 from __future__ import annotations
 
@@ -54,9 +56,9 @@ CP2 = dict(context_parallel_degree=2)
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
-    """name -> (Run, output_dir): one process and cp2, causal and document-masked."""
+    """name -> (Run, output_dir): one process, causal and document-masked, and cp2 document-masked."""
     out = {}
-    for name, keys in {"one": {}, "cp2": CP2, "one_doc": dict(attention_mask_type="document"),
+    for name, keys in {"one": {}, "one_doc": dict(attention_mask_type="document"),
                        "cp2_doc": dict(CP2, attention_mask_type="document")}.items():
         root = tmp_path_factory.mktemp(name)
         cfg = write_config(root / "c.json", corpus, root / "out", **SEQ, **EVAL, **keys)
@@ -66,14 +68,13 @@ def runs(corpus, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("mask", ["causal", "document"])
-def test_cp2_matches_one_process(runs, mask):
-    suffix = "_doc" if mask == "document" else ""
-    (run, out), (ref, rout) = runs["cp2" + suffix], runs["one" + suffix]
+def test_cp2_matches_one_process(runs):
+    """Documents crossing the chunks, with evaluation on the split batches: losses, weights and eval losses."""
+    (run, out), (ref, rout) = runs["cp2_doc"], runs["one_doc"]
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     # documents: the blocks sum in another order than the one-process kernel; AdamW normalises the rounding to
-    # 3.8e-6 (cp2) and 4.5e-6 (cp4) after 10 steps (measured), compared at 2e-5 as test_layouts' document test does
-    assert_close_tensors(read_weights(out), read_weights(rout), 2e-5 if mask == "document" else 1e-5)
+    # 3.8e-6 (cp2) and 4.5e-6 (cp4) after 10 steps (measured), compared at 2e-5 as test_layouts' documents are
+    assert_close_tensors(read_weights(out), read_weights(rout), 2e-5)
     got, want = _eval_losses(run), _eval_losses(ref)
     assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
     log = run.log(0)
@@ -84,7 +85,8 @@ def test_cp2_matches_one_process(runs, mask):
 def test_cp4_ring_of_four_matches_one_process(runs, corpus, tmp_path):
     """4 processes in one ring (chunks 0+7, 1+6, 2+5, 3+4 of 16 tokens; K/V blocks passed around 3 times per
     attention, dK/dV 4 times), documents crossing the chunks: the same losses, weights and evaluation as one
-    process (causal masking through the ring: cp2 above and the attention test over rings of 2, 3 and 4)."""
+    process (causal masking through the ring: cp2 + ZeRO-1, dp2 x cp2 and the attention test over rings of 2, 3 and
+    4)."""
     doc = dict(attention_mask_type="document")
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", **SEQ, **EVAL, context_parallel_degree=4,
                        **doc)
@@ -99,11 +101,11 @@ def test_cp4_ring_of_four_matches_one_process(runs, corpus, tmp_path):
 
 
 def test_cp2_checkpoint_is_whole_weights_written_once(runs):
-    (_, out), (_, rout) = runs["cp2"], runs["one"]
+    (_, out), (_, rout) = runs["cp2_doc"], runs["one_doc"]
     ckpt = out / "checkpoint-5"
     saved, want = read_checkpoint(ckpt, "weights"), read_checkpoint(rout / "checkpoint-5", "weights")
     assert sorted(saved) == sorted(want)
-    assert_close_tensors(saved, want)
+    assert_close_tensors(saved, want, 2e-5)
     index = json.loads((ckpt / "checkpoint.index.json").read_text())
     # every tensor written once, whole, by one of the two ranks that hold it; each rank writes a share
     assert all(len(entry["pieces"]) == 1 for entry in index["tensors"].values())
@@ -113,12 +115,15 @@ def test_cp2_checkpoint_is_whole_weights_written_once(runs):
 
 
 def test_cp2_with_zero1_shards_the_optimizer_state_over_the_cp_ranks(runs, corpus, tmp_path):
-    """sharding: stage1 under cp2 (one data rank): fleet's ZeRO-1 over the two cp ranks, same curve."""
-    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", sharding="stage1", **SEQ, **CP2)
+    """sharding: stage1 under cp2 (one data rank): fleet's ZeRO-1 over the two cp ranks, causal, resumed from one
+    process's checkpoint-5 (each rank reads whole weights and its half of the AdamW state): the same curve."""
+    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", sharding="stage1", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(runs["one"][1] / "checkpoint-5"), **SEQ, **CP2)
     run = launch(cfg, tmp_path / "log", nproc=2, timeout=300)
     assert run.returncode == 0, run.explain()
     assert "ZeRO-1 over cp x sharding 2" in run.log(0)
-    assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(1, STEPS + 1))
+    assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
+    assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     held = [r for r in records if r["kind"] == "layout"][0]["per_rank"]
@@ -138,14 +143,14 @@ def test_dp2_by_cp2_matches_one_process(runs, corpus, tmp_path):
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
 
 
-@pytest.mark.parametrize("saved,under", [("cp2", "one"), ("one", "cp2")])
-def test_resume_across_cp_and_one_process(runs, corpus, tmp_path, saved, under):
-    source = runs[saved][1] / "checkpoint-5"
+def test_cp2_checkpoint_resumes_on_one_process(runs, corpus, tmp_path):
+    """cp2's checkpoint-5 (documents) on one process: steps 6-10 on the one-process curve. (One process's checkpoint
+    under cp2: test_cp2_with_zero1_shards_the_optimizer_state_over_the_cp_ranks.)"""
+    doc = dict(attention_mask_type="document")
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(source), **SEQ, **(CP2 if under == "cp2" else {}))
-    run = launch(cfg, tmp_path / "log", nproc=2, timeout=300) if under == "cp2" else single(cfg, tmp_path / "log",
-                                                                                         timeout=300)
+                       resume_from_checkpoint=str(runs["cp2_doc"][1] / "checkpoint-5"), **SEQ, **doc)
+    run = single(cfg, tmp_path / "log", timeout=300)
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
-    assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(6, STEPS + 1))
-    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
+    assert_close_losses(run.losses(0), runs["one_doc"][0].losses(0), range(6, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one_doc"][1]), 2e-5)

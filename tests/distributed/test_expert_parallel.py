@@ -1,8 +1,9 @@
 """Expert parallelism through the real launcher: EP2 on 2 processes, EP2 x DP2 on 4 and EP2 x ZeRO-1 on 2 equal one
 process per step (dropless), with the balance loss on over the global batch (`moe_aux_loss_scope: global`: each rank's expert shares
 are the data ranks' counts summed, so the ranks' mean loss is the one-process loss, exactly); an EP2 checkpoint
-(each rank wrote its own experts) resumes on one process, and one process's on EP2 and on EP4 x ZeRO-1 (4
-processes), on the same curve.
+(each rank wrote its own experts) resumes on one process, and one process's on EP4 x ZeRO-1 (4 processes), on the
+same curve (the `ep` step's reader of each rank's experts; one process's checkpoint on plain EP2 is the same reader
+without the ZeRO-1 slice, measured in docs/DISTRIBUTED.md and no longer launched: the suite's time, issue #54).
 
 The models are the `micro-qwen3-moe` preset (8 experts, top-2, two sparse layers) and `micro-deepseek-v3` (8
 experts in 4 groups, top-2 of 2 groups, a shared expert, a dense first layer, one MTP module whose layer is sparse
@@ -66,11 +67,10 @@ def test_expert_parallel_layouts_match_one_process(runs, layout):
     assert_close_tensors(final, read_weights(rout), tol=1e-4)
 
 
-@pytest.mark.parametrize("saved, under", [("ep2", "one"), ("one", "ep2"), ("ep2_zero1", "one"),
-                                          ("one", "ep4_d2_zero1")])
+@pytest.mark.parametrize("saved, under", [("ep2", "one"), ("ep2_zero1", "one"), ("one", "ep4_d2_zero1")])
 def test_checkpoint_resumes_across_expert_parallel_degrees(corpus, tmp_path, runs, saved, under):
-    """EP2 -> 1, 1 -> EP2, EP2 x ZeRO-1 -> 1, and 1 -> EP4 x dp 2 x ZeRO-1 over sharding 2 (each rank reads its
-    experts, their AdamW state and its ZeRO-1 slice of the rest's from one process's checkpoint)."""
+    """EP2 -> 1, EP2 x ZeRO-1 -> 1, and 1 -> EP4 x dp 2 x ZeRO-1 over sharding 2 (each rank reads its experts, their
+    AdamW state and its ZeRO-1 slice of the rest's from one process's checkpoint)."""
     nproc, over = LAYOUTS[under]
     run = resume_from(runs[saved][1] / "checkpoint-5", corpus, tmp_path, nproc, **MOE, **over)
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(6, STEPS + 1))

@@ -3,7 +3,10 @@
 Every layout trains the reference run's 10 steps (micro-qwen2: tied, vocab-parallel under TP, q/k/v biases)
 and must give the same losses (<= 1e-5) and final weights; each rank reports what it holds, writes only its own
 pieces of each checkpoint (ZeRO-3 from background threads, `async_save`), and checkpoints saved under one layout
-resume under another on the same loss curve, each rank reading only its blocks.
+resume under another on the same loss curve, each rank reading only its blocks. tp2 and stage3 train packed documents
+that do not see each other (doc_start and position_ids sharded like the batch, the document-masked kernels on local
+pieces) against one process with them; stage2 and dp2 x tp2 x stage3 the causal mask: one launch per layout proves
+both the layout and the mask under it.
 """
 from __future__ import annotations
 
@@ -11,19 +14,34 @@ import json
 
 import pytest
 from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, read_checkpoint, read_weights,
-                            single, write_config)
+                            reference, single, write_config)
 
 # (processes, keys). Global batch 8 everywhere: per-device batch x data ranks (world / tp).
+DOCUMENTS = dict(attention_mask_type="document")
 LAYOUTS = {
     "stage2": (2, dict(sharding="stage2")),
-    "stage3": (2, dict(sharding="stage3", async_save=True)),  # each rank's pieces written by its own thread
-    "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)),
+    # each rank's pieces written by its own thread
+    "stage3": (2, dict(sharding="stage3", async_save=True, **DOCUMENTS)),
+    "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8, **DOCUMENTS)),
     "dp2_tp2_stage3": (4, dict(tensor_parallel_degree=2, sharding="stage3")),
 }
 # Tensor parallelism sums the row-parallel partial products in another order than one process; AdamW's
 # normalisation turns those rounding differences into weight differences of up to ~1.4e-5 after 10 steps
-# (measured; docs/DISTRIBUTED.md). Losses stay within 1e-5.
-WEIGHT_TOL = {"tp2": 2e-5}
+# (measured; docs/DISTRIBUTED.md). Losses stay within 1e-5. With documents the masked kernels sum in another order
+# too: 2e-5 as for context parallelism's documents (test_context.py).
+WEIGHT_TOL = {"tp2": 2e-5, "stage3": 2e-5}
+
+
+@pytest.fixture(scope="module")
+def refs(ref, corpus, shared):
+    """{"ref": conftest's one process, "doc": the same with packed documents (saves checkpoint-5)}: each layout's
+    reference is the one with its mask."""
+    return {"ref": ref, "doc": reference(shared, corpus, per_device_train_batch_size=8, save_steps=5, **DOCUMENTS)}
+
+
+def _against(name: str) -> str:
+    """The reference of layout (or saved run) `name`: "doc" for those trained with documents."""
+    return "doc" if name == "doc" or LAYOUTS.get(name, (0, {}))[1].get("attention_mask_type") else "ref"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +57,8 @@ def runs(corpus, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_layout_matches_one_process(runs, ref, name):
-    (run, out), (r, rout) = runs[name], ref
+def test_layout_matches_one_process(runs, refs, name):
+    (run, out), (r, rout) = runs[name], refs[_against(name)]
     assert_close_losses(run.losses(0), r.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL.get(name, 1e-5))
     # saved by every rank at once, nothing gathered: each rank's files hold its own share (a replicated tensor
@@ -64,6 +82,7 @@ def test_layout_matches_one_process(runs, ref, name):
     assert ("(async)" in run.log(0)) == (name == "stage3")
     # ZeRO-2/3 run the fused LM head + loss on each rank's rows; a vocabulary-split (TP) head keeps the logits
     assert ("head+loss=off" if "tp2" in name else "head+loss=cpu") in run.log(0)
+    assert ('attention_mask_type = "document"' in run.log(0)) == (_against(name) == "doc")
 
 
 def _held(out) -> list[dict]:
@@ -90,16 +109,21 @@ def test_each_rank_reports_what_it_holds_and_it_shrinks(runs, ref):
     assert "layout: semi-auto: dp 2 x tp 2, ZeRO-3; rank 0 parameters" in runs["dp2_tp2_stage3"][0].log(0)
 
 
-# saved under -> resumed under: every layout saves once and loads once (DP2 and stage1: test_dist.py)
-RESUMES = [("ref", "tp2"), ("tp2", "stage3"), ("stage3", "single"), ("stage2", "dp2_tp2"), ("dp2_tp2_stage3", "dp2")]
+# saved under -> resumed under: every layout saves once and loads once or more (DP2 and stage1 saved: test_dist.py);
+# with documents where the saved run had them ("doc": the one process with documents). The readers: semi-auto tp2 and
+# stage3 (each rank its blocks), plain data parallelism, one process; dp2 x tp2 reads as tp2 and stage3 do (the same
+# placed-pieces reader) and is launched here as a writer
+RESUMES = [("doc", "tp2"), ("tp2", "stage3"), ("stage3", "single"), ("stage2", "single"), ("dp2_tp2_stage3", "dp2")]
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)), "tp2": LAYOUTS["tp2"], "stage3": LAYOUTS["stage3"],
-         "dp2": (2, {}), "dp2_tp2": (4, dict(tensor_parallel_degree=2))}
+         "dp2": (2, {})}
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])
-def test_resume_on_another_layout_continues_the_same_curve(runs, ref, corpus, tmp_path, saved, under):
-    source = ref[1] if saved == "ref" else runs[saved][1]
+def test_resume_on_another_layout_continues_the_same_curve(runs, refs, corpus, tmp_path, saved, under):
+    ref = refs[_against(saved)]
+    source = ref[1] if saved == "doc" else runs[saved][1]
     nproc, keys = UNDER[under]
+    keys = dict(keys, **(DOCUMENTS if _against(saved) == "doc" else {}))
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False, report_to=["none"],
                        resume_from_checkpoint=str(source / "checkpoint-5"), **keys)
     run = single(cfg, tmp_path / "log") if nproc == 1 else launch(cfg, tmp_path / "log", nproc=nproc, timeout=240)
@@ -132,7 +156,8 @@ def test_final_directory_of_a_sharded_run_loads_in_transformers(runs, ref):
 
 
 def _long_documents(prefix) -> None:
-    """1,000 documents of 1,100 tokens: every split of '949,50,1' holds a 1,025-token sample."""
+    """1,000 documents of 1,100 tokens: every split of '949,50,1' holds a sample of the 256 tokens trained (the
+    shipped files' 4,096 cut to what 3 steps of a tiny model need)."""
     import numpy as np
 
     from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
@@ -181,7 +206,7 @@ def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     run = launch(tmp_path / "cfg.json", tmp_path / "log", timeout=300,
                  extra=["--max_steps", "3", "--warmup_steps", "1", "--save_steps", "3", "--eval_steps", "3",
-                        "--eval_iters", "1", "--max_seq_length", "1024", "--gradient_accumulation_steps",
+                        "--eval_iters", "1", "--max_seq_length", "256", "--gradient_accumulation_steps",
                         str(min(cfg["gradient_accumulation_steps"], 2))])
     assert run.returncode == 0, run.explain()
     log = run.log(0)
@@ -195,28 +220,3 @@ def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model)
         assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage2' over 1 process shards nothing" in log
     assert (tmp_path / "out" / "checkpoint-3" / "optimizer-00002-of-00002.safetensors").is_file()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "Traceback" not in log + run.log(1)
-
-
-@pytest.fixture(scope="module")
-def document_reference(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("docref")
-    cfg = write_config(root / "ref.json", corpus, root / "out", per_device_train_batch_size=8,
-                       attention_mask_type="document", report_to=["none"])
-    run = single(cfg, root / "log")
-    assert run.returncode == 0, run.explain()
-    return run, root / "out"
-
-
-@pytest.mark.parametrize("name", ["tp2", "stage3"])
-def test_document_masking_under_a_layout(document_reference, corpus, tmp_path, name):
-    """Packed documents that do not see each other: doc_start and position_ids are sharded like the batch and
-    the document-masked kernels run on local pieces."""
-    nproc, keys = LAYOUTS[name]
-    cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", attention_mask_type="document",
-                       report_to=["none"], **keys)
-    run = launch(cfg, tmp_path / "log", nproc=nproc, timeout=240)
-    assert run.returncode == 0, run.explain()
-    ref, rout = document_reference
-    assert "attention_mask_type = \"document\"" in run.log(0)
-    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
-    assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), 2e-5)

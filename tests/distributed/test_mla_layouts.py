@@ -7,9 +7,11 @@ equal to one process step by step (<= 1e-5 per step's loss):
   (split alike), the sequence-wise balance loss, the balancing bias; tp2's checkpoint-5 (each rank's slices)
   resumes on one process on the same curve;
 - ZeRO-3 on the semi-auto engine (two data ranks), on the same model with everything on;
-- fleet's pipeline: pp2 (micro-deepseek-v3) and tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing),
-  with the router terms off and no MTP module (`config.refusals`: the pipeline backpropagates the last stage's loss
-  only, and its last stage has no input tokens for MTP).
+- fleet's pipeline: tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing), with the router terms off
+  and no MTP module (`config.refusals`: the pipeline backpropagates the last stage's loss only, and its last stage
+  has no input tokens for MTP). pp2 alone on micro-deepseek-v3 is no launch of its own (the suite's time, issue
+  #54): the pipeline cuts decoder layers whatever their attention, and V3's low-rank query is split by tp2 above;
+  docs/DISTRIBUTED.md keeps its measurement.
 
 The references are one process at the same global batch of 8 sequences; one launch per layout (module fixtures).
 """
@@ -24,9 +26,8 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, la
 
 FULL = dict(model_name_or_path="micro-deepseek-v3", save_steps=5)
 SPLIT = {"tp2": dict(tensor_parallel_degree=2, per_device_train_batch_size=8), "zero3": dict(sharding="stage3")}
-# layout -> (model, processes, keys): pp2 on DeepSeek-V3's low-rank query, tp2 x pp2 on DeepSeek-V2-Lite's q_proj
-PIPELINE = {"pp2": ("v3", 2, dict(pipeline_parallel_degree=2)),
-            "tp2_pp2": ("v2", 4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
+# layout -> (model, processes, keys): tp2 x pp2 on DeepSeek-V2-Lite's q_proj
+PIPELINE = {"tp2_pp2": ("v2", 4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2))}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def pipeline(corpus, tmp_path_factory, quiet):
     """{model: the one-process reference, layout: (run, output dir)}, 4 micro-batches of 2 a step."""
     root = tmp_path_factory.mktemp("mla_pipeline")
     out = {}
-    for model, keys in quiet.items():
+    for model, keys in ((m, quiet[m]) for m in {model for model, _, _ in PIPELINE.values()}):
         run = single(write_config(root / f"{model}.json", corpus, root / model, per_device_train_batch_size=8, **keys),
                      root / f"{model}_log")
         assert run.returncode == 0, run.explain()

@@ -1,13 +1,17 @@
 """A Mixture-of-Experts model under the layouts that split its weights (distributed/steps/moe_layouts.py), through the
 real launcher, each equal to one process step by step (≤ 1e-5 per step's loss):
 
-- the semi-auto engine: tp2 (each expert split by the one TP plan, the router whole) and ZeRO-2 / ZeRO-3 over two
-  data ranks, with the balance loss, the router z-loss and the auxiliary-loss-free bias on (the semi-auto engine
+- the semi-auto engine: tp2 (each expert split by the one TP plan, the router whole) and ZeRO-3 over two data
+  ranks, with the balance loss, the router z-loss and the auxiliary-loss-free bias on (the semi-auto engine
   computes the balance loss over the global batch, as one process does); the tp2 checkpoint resumes on one process
   on the same curve;
-- fleet's pipeline: pp2, tp2 x pp2 (the manual `tp` step's split of every expert) and ep2 x pp2 (expert
-  parallelism inside the stages, each stage's expert group drawn from its data ranks: `ExpertPipeline`), with the
-  router terms off (config.refusals: a pipeline backpropagates the last stage's loss only).
+- fleet's pipeline: tp2 x pp2 (the manual `tp` step's split of every expert) and ep2 x pp2 (expert parallelism
+  inside the stages, each stage's expert group drawn from its data ranks: `ExpertPipeline`), with the router terms
+  off (config.refusals: a pipeline backpropagates the last stage's loss only).
+
+One launch per code path (the suite's time, issue #54): ZeRO-2 is ZeRO-3's step with the parameters whole (the
+same balance loss over the global batch), and pp2 alone is the pipeline both pipeline layouts run the experts in;
+benchmarks/layout_matrix.py and docs/DISTRIBUTED.md's table hold their measurements.
 
 The model is `micro-qwen2-moe` (8 experts of width 32, top-2, a gated shared expert; two sparse layers), the
 reference one process at the same global batch of 8 sequences. One launch per layout (module fixtures).
@@ -23,9 +27,8 @@ ROUTER = dict(model_name_or_path="micro-qwen2-moe", save_steps=5, router_aux_los
               router_z_loss_coef=0.001, moe_router_bias_update_rate=0.01)
 QUIET = dict(model_name_or_path="micro-qwen2-moe", router_aux_loss_coef=0)  # no router terms (z and bias: 0)
 SEMI_AUTO = {"tp2": dict(tensor_parallel_degree=2, per_device_train_batch_size=8),
-             "zero2": dict(sharding="stage2"), "zero3": dict(sharding="stage3")}
-PIPELINE = {"pp2": (2, dict(pipeline_parallel_degree=2)),
-            "tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2)),
+             "zero3": dict(sharding="stage3")}
+PIPELINE = {"tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2)),
             # expert parallelism inside the stages: each stage's expert group its two data ranks (4 micro-batches of 1)
             "ep2_pp2": (4, dict(pipeline_parallel_degree=2, expert_parallel_degree=2, per_device_train_batch_size=1))}
 

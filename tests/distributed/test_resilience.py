@@ -33,7 +33,8 @@ def _losses(out) -> dict:
 
 @pytest.fixture(scope="module")
 def restart_ref(corpus, tmp_path_factory):
-    """The uninterrupted 2-rank run both restart tests must end like: its output directory."""
+    """The uninterrupted 2-rank run both restart tests must end like: its output directory (checkpoint-10, -20, -30,
+    -40, each rank's share in its own files), which the damage tests below copy too."""
     root = tmp_path_factory.mktemp("restart_ref")
     ref = launch(write_config(root / "ref.json", corpus, root / "ref", max_steps=STEPS, save_steps=SAVE),
                  root / "ref_log", timeout=300)
@@ -79,16 +80,18 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
 
 
 def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(corpus, tmp_path, restart_ref):
-    """Two nodes (two launchers on this machine, one process each, MASTER on loopback), each under launch.sh with
-    MAX_RESTART=1: a rank killed on one node fails the job on both; each node restarts its launcher, they meet at
-    the master again and resume from the same newest checkpoint, ending with the one-node job's losses."""
+    """Two nodes (two launchers on this machine, one process each, MASTER on loopback, sharing output_dir), each
+    under launch.sh with MAX_RESTART=1: a rank killed on one node fails the job on both; each node restarts its
+    launcher, they meet at the master again and resume from the same newest checkpoint, ending with the one-node
+    job's losses. Also what two nodes look like (test_dist.py's former two-node test): each node's workerlogs land
+    in its own output_dir/log/node-<NODE_RANK>, and neither console shows the launcher's HTTP polling."""
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE)
     marker, port = uuid.uuid4().hex, free_port()
     procs = []
     for node in (0, 1):
         env = child_env()
-        env.update(NPROC="1", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / f"log{node}"),
-                   MASTER=f"127.0.0.1:{port}", NNODES="2", NODE_RANK=str(node), PCLI_JOB=marker)
+        env.update(NPROC="1", MAX_RESTART="1", PYTHON=sys.executable, MASTER=f"127.0.0.1:{port}", NNODES="2",
+                   NODE_RANK=str(node), PCLI_JOB=marker)
         procs.append(subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
@@ -104,8 +107,13 @@ def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    logs = {node: "".join(f.read_text(errors="replace") for f in sorted((tmp_path / f"log{node}").glob("workerlog.*")))
+    log_dir = tmp_path / "out" / "log"
+    assert sorted(p.name for p in log_dir.iterdir()) == ["node-0", "node-1"]
+    logs = {node: "".join(f.read_text(errors="replace") for f in sorted((log_dir / f"node-{node}").glob("workerlog.*")))
             for node in (0, 1)}
+    # the launcher appends to a workerlog on restart: step 1 was logged once, by the node that hosted rank 0 first
+    assert sum("global_step: 1," in text for text in logs.values()) == 1, logs
+    assert not any("HTTP Request" in out + err for out, err in outs), outs
     for node, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"node {node}: {err[-3000:]}\n{logs[node][-3000:]}"
         assert "launch.sh: the job failed" in err and "restart 1 of 1" in err, err[-2000:]
@@ -136,10 +144,12 @@ def _poisoned_corpus(prefix) -> None:
     w.finalize()
 
 
-# global batch 4 in each: the same samples per step, so the same spike at the same step
-ROLLBACK_LAYOUTS = {"dp": {"per_device_train_batch_size": 2}, "stage2": {"per_device_train_batch_size": 2,
-                                                                         "sharding": "stage2"},
-                    "stage3": {"per_device_train_batch_size": 2, "sharding": "stage3"},
+# global batch 4 in each: the same samples per step, so the same spike at the same step. One layout per way a rollback
+# restores a run: data parallelism reloads into its live model; the semi-auto engine (ZeRO-2/3, TP: the same
+# `training.run.rebuild` for each, whose placing of pieces is a resume's, test_layouts.py) builds the model and its
+# layout again, here under tp2, whose vocabulary-split head computes most differently; fleet's pipeline rebuilds its
+# stages and their groups
+ROLLBACK_LAYOUTS = {"dp": {"per_device_train_batch_size": 2},
                     "tp2": {"per_device_train_batch_size": 4, "tensor_parallel_degree": 2},
                     "pp2": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
                             "pipeline_parallel_degree": 2}}
@@ -164,8 +174,8 @@ def dp_rollback(tmp_path_factory):
 def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path, name):
     """2 ranks at a global batch of 4: both judge the global loss, both roll back at step 17 to checkpoint-15
     (rank 0 names it, the other takes the same one) and finish. Data parallelism reloads into its model;
-    ZeRO-2/3 and TP (placed pieces) build the model and layout again from the checkpoint, and end with the data
-    parallel run's losses and weights."""
+    TP (placed pieces, as ZeRO-2/3) and the pipeline build the model and layout again from the checkpoint, and end
+    with the data parallel run's losses and weights."""
     run, out = dp_rollback if name == "dp" else _rollback_run(tmp_path, ROLLBACK_LAYOUTS[name])
     for rank in (0, 1):
         assert "step 17: loss spike (loss" in run.log(rank), run.explain()
@@ -182,7 +192,7 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
     if name != "dp":
         assert sorted(parse_losses(run.log(0))) == list(range(1, 21))
         # At learning rate 0.02 the layouts' rounding differences grow fast after checkpoint-15 (~3e-4 there).
-        # ZeRO-2/3 compute what one process computes, split by rows: 2e-3 at step 20 (measured 9e-4). TP2 also
+        # ZeRO-2/3 and PP2 compute what one process computes, split: 2e-3 at step 20 (ZeRO-2/3 measured 9e-4). TP2 also
         # computes differently (the vocabulary-split head keeps the logits and the unfused loss, docs/DISTRIBUTED.md):
         # 1e-2 (measured 4.3e-3 on an AMD Zen 4 VM, under 2e-3 on an Intel one). The poisoned document's embedding
         # rows are held to 1e-4 on every layout: their ids are input in no other step, so after a rollback that
@@ -196,61 +206,46 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
 
 
 # ------------------------------------------------------------------ checkpoint damage and the job's verdict
-@pytest.fixture(scope="module")
-def saved_run(corpus, tmp_path_factory):
-    """A 2-process run of 6 steps saving every 2 (checkpoint-2, -4, -6): the output directory each damage test
-    copies."""
-    root = tmp_path_factory.mktemp("saved_run")
-    run = launch(write_config(root / "cfg.json", corpus, root / "out", max_steps=6, save_steps=2), root / "log",
-                 timeout=300)
-    assert run.returncode == 0, run.explain()
-    assert sorted(p.name for p in (root / "out").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
-    return root / "out"
-
-
 def _truncate(path, keep: int) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
 
-@pytest.mark.parametrize("harm", ["index deleted", "state truncated"])
-def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(corpus, tmp_path, saved_run, harm):
-    """The newest checkpoint of a 2-process run loses its index, or its trainer_state.json is cut short: the
-    rerun with more steps says so in one line, resumes from checkpoint-4 and finishes (exit 0)."""
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(corpus, tmp_path, restart_ref):
+    """The two newest checkpoints of a 2-process run damaged, one harm each (one launch for both): checkpoint-40
+    loses its index, checkpoint-30's trainer_state.json is cut short. The rerun with more steps says so in one line
+    each, resumes from checkpoint-20 and finishes (exit 0)."""
     import shutil
 
     out = tmp_path / "out"
-    shutil.copytree(saved_run, out, ignore=shutil.ignore_patterns("log"))
-    newest = out / "checkpoint-6"
-    if harm == "index deleted":
-        (newest / "checkpoint.index.json").unlink()
-    else:
-        _truncate(newest / "trainer_state.json", 20)
-    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=8, save_steps=2, overwrite_output_dir=False)
+    shutil.copytree(restart_ref, out, ignore=shutil.ignore_patterns("log"))
+    (out / "checkpoint-40" / "checkpoint.index.json").unlink()
+    _truncate(out / "checkpoint-30" / "trainer_state.json", 20)
+    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=42, save_steps=1000, overwrite_output_dir=False)
     run = launch(cfg, tmp_path / "log", timeout=300)
     assert run.returncode == 0, run.explain()
     log0 = run.log(0)
-    skipped = [line for line in log0.splitlines() if "not resuming from checkpoint-6: " in line]
-    assert len(skipped) == 1, log0[-3000:]
-    assert ("checkpoint.index.json is missing" if harm == "index deleted" else "unreadable trainer state") in skipped[0]
-    assert re.search(r"resumed from \S+/checkpoint-4 at step 4,", log0), log0[-3000:]
-    assert sorted(parse_losses(log0)) == [5, 6, 7, 8]
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+    for ckpt, harm in (("checkpoint-40", "checkpoint.index.json is missing"), ("checkpoint-30", "unreadable trainer state")):
+        skipped = [line for line in log0.splitlines() if f"not resuming from {ckpt}: " in line]
+        assert len(skipped) == 1 and harm in skipped[0], log0[-3000:]
+    assert re.search(r"resumed from \S+/checkpoint-20 at step 20,", log0), log0[-3000:]
+    assert sorted(parse_losses(log0)) == list(range(21, 43))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 42
 
 
-def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_path, saved_run):
+def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_path, restart_ref):
     """`MAX_RESTART=2 NPROC=2 scripts/launch.sh cfg --resume_from_checkpoint DIR` with rank 1's shard of DIR
     missing: one line naming the file, the job exits 2, and launch.sh does not restart it."""
     import shutil
 
     out = tmp_path / "out"
-    shutil.copytree(saved_run, out, ignore=shutil.ignore_patterns("log"))
-    shard = out / "checkpoint-4" / "model-00002-of-00002.safetensors"
+    shutil.copytree(restart_ref, out, ignore=shutil.ignore_patterns("log"))
+    shard = out / "checkpoint-20" / "model-00002-of-00002.safetensors"
     shard.unlink()
-    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=8, save_steps=2, overwrite_output_dir=False)
+    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=42, save_steps=1000, overwrite_output_dir=False)
     env = child_env()
     env.update(NPROC="2", MAX_RESTART="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"))
     proc = subprocess.run(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), "--resume_from_checkpoint",
-                           str(out / "checkpoint-4")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           str(out / "checkpoint-20")], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     log0 = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
     assert proc.returncode == 2, f"{proc.stderr[-3000:]}\n{log0[-3000:]}"

@@ -58,16 +58,13 @@ def test_tp2_sp_writes_the_tp_slices(tp_sp, doc_ref):
     assert [tuple(p["offsets"]) for p in norm["pieces"]] == [(0,)]
 
 
-@pytest.mark.parametrize("saved", ["tp2_sp", "ref"], ids=["tp2_sp-to-single", "single-to-tp2_sp"])
-def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, doc_ref, corpus, tmp_path, saved):
-    """TP2 + SP's checkpoint-5 on one process, and one process's on TP2 + SP: the same curve from step 6 (both with
-    `DOC`, as the runs that saved them)."""
+def test_checkpoint_resumes_across_sp_and_one_process(tp_sp, doc_ref, corpus, tmp_path):
+    """TP2 + SP's checkpoint-5 on one process: the same curve from step 6 (with `DOC`, as the run that saved it).
+    One process's checkpoint on TP2 + SP: test_sp_with_zero1_over_two_data_ranks resumes from it."""
     ref = doc_ref
-    source, keys = (tp_sp[1], {}) if saved == "tp2_sp" else (ref[1], dict(SP))
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(source / "checkpoint-5"), **{"per_device_train_batch_size": 8, **keys},
-                       **DOC)
-    run = single(cfg, tmp_path / "log") if saved == "tp2_sp" else launch_joined(cfg, tmp_path / "log", 2)
+                       resume_from_checkpoint=str(tp_sp[1] / "checkpoint-5"), per_device_train_batch_size=8, **DOC)
+    run = single(cfg, tmp_path / "log")
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
@@ -93,11 +90,15 @@ def test_sp_with_documents_recompute_and_evaluation(corpus, tmp_path, doc_ref, n
 
 def test_sp_with_zero1_over_two_data_ranks(corpus, tmp_path, ref):
     """Two data ranks of two tp ranks each (per-device batch 4: the same global batch of 8), ZeRO-1 over them:
-    the norms' gradients summed over each tp group, then reduced to each owner over the data ranks."""
+    the norms' gradients summed over each tp group, then reduced to each owner over the data ranks. Resumed from
+    one process's checkpoint-5 (each rank its TP slice and its ZeRO-1 share of the AdamW state), which proves that
+    resume too: the same curve from step 6."""
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", tensor_parallel_degree=2, sequence_parallel=True,
-                       per_device_train_batch_size=4, sharding="stage1")
+                       per_device_train_batch_size=4, sharding="stage1", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(ref[1] / "checkpoint-5"))
     run = launch_joined(cfg, tmp_path / "log", 4)
     assert run.returncode == 0, run.explain()
-    assert_close_losses(run.losses(0), ref[0].losses(0), range(1, STEPS + 1))
+    assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
+    assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(ref[1]), WEIGHT_TOL)
     assert "ZeRO-1 over 2" in run.log(0) and "tp 2 x dp 2" in run.log(0)

@@ -4,13 +4,17 @@ TP2 x PP2 on 4 processes: micro-qwen2 (2 decoder layers, 4 heads, 2 KV heads, ti
 stage's layers split over 2 tensor-parallel ranks, 4 micro-batches of 2 a step = conftest's one-process global
 batch of 8. One launch with document masking, recompute and evaluation (`DOC`) must follow the one-process curve
 step by step (conftest's `doc_ref`), save through the sharded format (each rank its TP slice of its stage) and
-resume on other layouts, and resume from one process's checkpoint. (The causal mask under TP2 x PP2: the
+resume on one process and on semi-auto tp2 (the other TP implementation reading the `tp` step's pieces), and resume
+from one process's checkpoint (each rank slicing whole tensors). (The causal mask under TP2 x PP2: the
 three-axis layouts below.)
 
 The three-axis layouts on 8 processes (one launch each, a module fixture): tp2 x pp2 x dp2 and tp2 x pp2 x
 `sharding: stage1` (ZeRO-1 over 2 in each stage), 4 micro-batches of 1 per data rank (global batch 8). Both follow
 the one-process curve step by step, their checkpoints assemble to the one-process tensors and resume (ZeRO-1's
-on one process, dp2's on tp2 x pp2) on the same curve.
+and dp2's on one process) on the same curve: the reader that cuts pieces into tp2 x pp2's boxes is proven by one
+process's checkpoint resumed there. They are also the suite's pipeline with plain data
+parallelism and with ZeRO-1 inside the stages (test_pipeline.py launches ZeRO-2 there): the tp step adds a split
+of each stage, the data side is the same code.
 """
 from __future__ import annotations
 
@@ -63,8 +67,7 @@ def test_each_rank_writes_the_tp_slice_of_its_stage(tp_pp, doc_ref):
 
 # saved under -> resumed under: (processes, keys)
 UNDER = {"single": (1, dict(per_device_train_batch_size=8)),
-         "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP),
-         "pp2": (2, dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2))}
+         "tp2": (2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8)), "tp2_pp2": (4, TP_PP)}
 def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, doc_ref, tmp_path):
     """`pretrain-cli export --dtype bfloat16` of the TP2 x PP2 checkpoint-5 (per-rank pieces, which transformers
     cannot load) gives a directory transformers loads, with the one-process run's logits at step 5 (bf16
@@ -89,7 +92,8 @@ def test_tp2_pp2_checkpoint_exports_to_transformers(tp_pp, doc_ref, tmp_path):
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
 
 
-RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("tp2_pp2", "pp2"), ("ref", "tp2_pp2")]
+# (a pipeline reading another pipeline's checkpoint: test_pipeline.py's pp4_vpp2-to-pp2_8)
+RESUMES = [("tp2_pp2", "single"), ("tp2_pp2", "tp2"), ("ref", "tp2_pp2")]
 
 
 @pytest.mark.parametrize("saved,under", RESUMES, ids=[f"{a}-to-{b}" for a, b in RESUMES])
@@ -140,19 +144,20 @@ def test_three_axis_layouts_match_one_process_and_write_their_shares(three_d, re
     assert len(sizes) == 8 and min(sizes) > 0, sizes  # replicas split the writing: every rank wrote weights
     per_rank = [json.loads(line) for line in (out / "metrics.jsonl").open() if '"layout"' in line][0]["per_rank"]
     state = [x["optimizer_state"] for x in per_rank]
-    if zero:  # each of a stage's two owners keeps about half of its replica's AdamW state
+    if zero:  # each of a stage's two owners keeps about half of its replica's AdamW state, and every gradient of its
+        # slice between steps (ZeRO-2 keeps the owned ones only: test_pipeline.py's pp2_stage2)
         assert max(state) < 0.75 * 2 * max(x["parameters"] for x in per_rank), per_rank
+        assert all(x["gradients"] == x["parameters"] for x in per_rank), per_rank
     else:
         assert min(state) >= 2 * min(x["parameters"] for x in per_rank), per_rank
 
 
 def test_three_axis_checkpoints_resume_on_other_layouts(three_d, ref, corpus, tmp_path):
-    """ZeRO-1's checkpoint resumes on one process, dp2's on tp2 x pp2 (4 processes), each on the same curve."""
-    name, _, out = three_d
-    nproc, keys = UNDER["single" if name.endswith("stage1") else "tp2_pp2"]
+    """Each 8-process checkpoint resumes on one process on the same curve."""
+    _, _, out = three_d
     cfg = write_config(tmp_path / "c.json", corpus, tmp_path / "out", overwrite_output_dir=False,
-                       resume_from_checkpoint=str(out / "checkpoint-5"), **keys)
-    run = single(cfg, tmp_path / "log") if nproc == 1 else launch_joined(cfg, tmp_path / "log", nproc)
+                       resume_from_checkpoint=str(out / "checkpoint-5"), **UNDER["single"][1])
+    run = single(cfg, tmp_path / "log")
     assert run.returncode == 0, run.explain()
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), ref[0].losses(0), range(6, STEPS + 1))
