@@ -155,11 +155,17 @@ class _Client:
 
 # ---------------------------------------------------------------------------------------------- server
 def _warm_up() -> None:
-    """What every child would otherwise pay for: Paddle, the CLI's modules, matplotlib's fonts."""
+    """What every child would otherwise pay for: Paddle, the modules a training run (a launched rank too) imports,
+    matplotlib's fonts."""
     from pretrain_cli import runtime
 
     runtime.import_paddle()
+    import numpy.random  # noqa: F401
     import pretrain_cli.cli  # noqa: F401
+    import pretrain_cli.commands.train  # noqa: F401
+    import pretrain_cli.distributed.layout.materialize  # noqa: F401
+    import pretrain_cli.orchestration.prepare  # noqa: F401
+    import pretrain_cli.training.export  # noqa: F401
     import pretrain_cli.training.run  # noqa: F401
     from pretrain_cli.training.plot import render_png
 
