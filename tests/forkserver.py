@@ -10,11 +10,16 @@ ends), so the test sees the same exit code (`-9` for a SIGKILL), stdout and stde
 What a fork cannot change is what was read when Paddle was imported: a run whose environment differs in
 `FLAGS_*`, thread, allocator or interpreter variables, or that starts another interpreter, goes through
 `subprocess.run` instead (`run`). A launcher is the exception (`spawns=True`): it computes nothing itself, and the
-processes it starts are fresh interpreters that read the run's environment, so it is forked whatever that holds
-(the multi-process tests start `paddle.distributed.launch` so: its ranks stay real processes). Tests of the
+processes it starts read the run's environment themselves, so it is forked whatever that holds. Tests of the
 installed console script and Python start-up itself keep real processes.
 
-The server is one process per pytest worker, started on first use and stopped with the worker. Each run is
+A launcher's ranks (the multi-process tests') are forked too, from two other servers started with the launcher's
+environment and `-u` (`rank_servers`): the launcher starts tests/distributed/rank_shim.py, which hands the rank's
+streams, directory, argv and environment here and stands for the rank (exit status, signals, SIGKILL) until it
+ends. A rank's environment may differ from its server's only in what the launcher sets per rank (`_RANK_VARS`,
+which Paddle reads when the process group starts, not at import); otherwise the shim becomes a fresh rank.
+
+Each server is one process per pytest worker, started on first use and stopped with the worker. Each run is
 forked from a middle process that waits for it and reports its status, so runs may overlap (threads).
 """
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 One tiny corpus per session (random-walk token ids written straight to MMIDIDX, no tokenizer), the
 `micro-qwen2` preset at seq 32, every run wrapped in a subprocess timeout, every rank's
-`workerlog.N` read back.
+`workerlog.N` read back. `launch` forks its ranks from processes that have imported Paddle (rank_shim.py: the
+product's rank code, without ~4 CPU-s of interpreter start-up a rank); `launch(fresh=True)`, `launch_cmd` (the
+tests that signal, stop or measure a rank themselves) and scripts/launch.sh start fresh ones.
 """
 from __future__ import annotations
 
@@ -66,7 +68,10 @@ def free_port() -> int:
 
 def job_pids(marker: str) -> dict:
     """{pid: (rank or None, parent pid, is a rank's command)} of every process whose environment carries
-    `PCLI_JOB=<marker>` (set it in the launch's environment): the ranks and their watchers."""
+    `PCLI_JOB=<marker>` (set it in the launch's environment): the ranks and their watchers. /proc shows a process's
+    environment and command line as they were at exec, so of a `launch` (forked ranks) this finds the shims
+    (rank_shim.py), not the ranks they stand for; the tests that look ranks up start fresh ones (`launch_cmd`,
+    scripts/launch.sh)."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
