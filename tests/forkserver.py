@@ -299,10 +299,8 @@ def _child(request: dict, fds) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     random.seed()  # a fresh interpreter's seed, not the server's
-    if request.get("rank"):  # what a rank decides from its environment, decided again from its own
-        from pretrain_cli import runtime
-
-        runtime._DONE, runtime._THREADS = False, None
+    if request.get("rank"):
+        _as_before_paddle()
     try:
         if request["inject"]:
             runpy.run_path(request["inject"], run_name="sitecustomize")
@@ -328,6 +326,28 @@ def _child(request: dict, fds) -> None:
         sys.excepthook(*sys.exc_info())
         code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1  # the interpreter ends by SIGINT then
     _exit(code)
+
+
+def _as_before_paddle() -> None:
+    """A fresh rank prepares its run (and may warn) before it imports Paddle: its threads are decided from its own
+    environment then, and the root logger has no handler yet (a warning reaches stderr through logging's last
+    resort), where `import paddle` gives the root logger a handler onto the stderr `runtime.import_paddle` swallows
+    (paddle/distributed/auto_parallel/random.py). So the child undoes both until the rank imports Paddle."""
+    import logging
+
+    from pretrain_cli import runtime
+
+    runtime._DONE, runtime._THREADS = False, None
+    root, imported = logging.getLogger(), runtime.import_paddle
+    handlers, level = root.handlers[:], root.level
+    root.handlers, root.level = [], logging.WARNING
+
+    def import_paddle():
+        root.handlers, root.level = handlers, level
+        runtime.import_paddle = imported
+        return imported()
+
+    runtime.import_paddle = import_paddle
 
 
 def _exit(code: int) -> None:
