@@ -10,24 +10,32 @@ ends), so the test sees the same exit code (`-9` for a SIGKILL), stdout and stde
 What a fork cannot change is what was read when Paddle was imported: a run whose environment differs in
 `FLAGS_*`, thread, allocator or interpreter variables, or that starts another interpreter, goes through
 `subprocess.run` instead (`run`). A launcher is the exception (`spawns=True`): it computes nothing itself, and the
-processes it starts are fresh interpreters that read the run's environment, so it is forked whatever that holds
-(the multi-process tests start `paddle.distributed.launch` so: its ranks stay real processes). Tests of the
+processes it starts read the run's environment themselves, so it is forked whatever that holds. Tests of the
 installed console script and Python start-up itself keep real processes.
 
-The server is one process per pytest worker, started on first use and stopped with the worker. Each run is
+A launcher's ranks (the multi-process tests') are forked too, from two other servers started with the launcher's
+environment and `-u` (`rank_servers`): the launcher starts tests/distributed/rank_shim.py, which hands the rank's
+streams, directory, argv and environment here and stands for the rank (exit status, signals, SIGKILL) until it
+ends. A rank's environment may differ from its server's only in what the launcher sets per rank (`_RANK_VARS`,
+which Paddle reads when the process group starts, not at import); otherwise the shim becomes a fresh rank.
+
+Each server is one process per pytest worker, started on first use and stopped with the worker. Each run is
 forked from a middle process that waits for it and reports its status, so runs may overlap (threads).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 # variables read at interpreter start or at `import paddle`: a run that sets one of these starts afresh
 _STARTUP_VARS = ("FLAGS_", "OMP_", "MKL_", "KMP_", "GLOG_", "PYTHON", "LD_", "MALLOC_", "CUDA_", "PADDLE_")
@@ -59,29 +67,65 @@ def _forkable(env: dict, base: dict) -> bool:
     return not any(k.startswith(_STARTUP_VARS) for k in changed)
 
 
+# What `paddle.distributed.launch` adds to each rank's environment (controllers/collective.py, job/container.py,
+# measured with a dumping script): Paddle reads none of them at import (no module-level read in its Python; in its
+# C++ only the global TCP store's constructor, at `init_parallel_env`), so a rank forked from a server started
+# without them is the fresh rank. PADDLE_TRAINER_ID and PADDLE_LOCAL_SIZE are also what `runtime.setup_env` decides
+# the threads from: the rank's child runs it again (`_child`). CUSTOM_DEVICE_ROOT is what `import paddle` sets
+# itself when unset (paddle/base/core.py), and the launcher's ranks inherit its value.
+_RANK_VARS = frozenset(("PADDLE_MASTER", "PADDLE_GLOBAL_SIZE", "PADDLE_LOCAL_SIZE", "PADDLE_GLOBAL_RANK",
+                        "PADDLE_LOCAL_RANK", "PADDLE_NNODES", "PADDLE_CURRENT_ENDPOINT", "PADDLE_TRAINER_ID",
+                        "PADDLE_TRAINERS_NUM", "PADDLE_RANK_IN_NODE", "PADDLE_AUTO_CLUSTER", "PADDLE_TRAINER_ENDPOINTS",
+                        "PADDLE_DISTRI_BACKEND", "PADDLE_LOG_DIR", "PADDLE_BACKUP_ENV_PATH", "PADDLE_JOB_ID",
+                        "POD_NAME"))
+# a rank is forked only when these equal the server's too: glibc's malloc tuning and the custom-device path are
+# set at the server's `setup_env` / `import paddle`
+_RANK_STARTUP = _STARTUP_VARS + ("PRETRAIN_CLI_MALLOC", "CUSTOM_DEVICE_ROOT")
+
+
+def rank_servers(env: dict) -> str:
+    """The sockets (joined by os.pathsep) of the two servers that fork the ranks of launches started with `env`
+    (the launcher's), started on first use with `env` and `-u` (the launcher starts its ranks as `python -u`).
+    Two, even ranks from one and odd ranks from the other: fresh interpreters hash strings with different seeds,
+    so a rank that depended on a set's order would disagree with its peer; forked from one server, every rank
+    would share one seed and hide that."""
+    key = tuple(sorted((k, v) for k, v in env.items() if k.startswith(_RANK_STARTUP)))
+    with _lock:
+        clients = _rank_clients.get(key)
+        if clients is None or any(c.proc.poll() is not None for c in clients):
+            clients = [_Client(env, ("-u",)) for _ in range(2)]  # both start at once
+            _rank_clients[key] = [c.started() for c in clients]
+        return os.pathsep.join(c.path for c in _rank_clients[key])
+
+
 _lock = threading.Lock()
 _instance = None
+_rank_clients: dict = {}
 
 
 def _server() -> "_Client":
     global _instance
     with _lock:
         if _instance is None or _instance.proc.poll() is not None:
-            _instance = _Client()
+            _instance = _Client().started()
         return _instance
 
 
 class _Client:
-    def __init__(self):
+    def __init__(self, env: dict | None = None, flags: tuple = ()):
+        """A server started with `env` (this process's by default) and interpreter `flags` (`-u`: a rank's)."""
         self.dir = tempfile.mkdtemp(prefix="pcli-fork-")
         self.path = os.path.join(self.dir, "sock")
-        self.env = dict(os.environ)  # what the server read at start-up
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, text=True)
+        self.env = dict(os.environ if env is None else env)  # what the server read at start-up
+        self.proc = subprocess.Popen([sys.executable, *flags, __file__, self.path], env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        atexit.register(self.close)
+
+    def started(self) -> "_Client":
         ready = self.proc.stdout.readline().strip()
         if ready != "ready":
             raise RuntimeError(f"fork server did not start (said {ready!r}, exit {self.proc.poll()})")
-        atexit.register(self.close)
+        return self
 
     def run(self, args, cwd, env, timeout, inject) -> subprocess.CompletedProcess:
         out, err = (tempfile.TemporaryFile("w+b", dir=self.dir) for _ in range(2))
@@ -107,6 +151,8 @@ class _Client:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+        if not os.path.isdir(self.dir):  # closed already
+            return
         for name in os.listdir(self.dir):
             os.unlink(os.path.join(self.dir, name))
         os.rmdir(self.dir)
@@ -114,11 +160,17 @@ class _Client:
 
 # ---------------------------------------------------------------------------------------------- server
 def _warm_up() -> None:
-    """What every child would otherwise pay for: Paddle, the CLI's modules, matplotlib's fonts."""
+    """What every child would otherwise pay for: Paddle, the modules a training run (a launched rank too) imports,
+    matplotlib's fonts."""
     from pretrain_cli import runtime
 
     runtime.import_paddle()
+    import numpy.random  # noqa: F401
     import pretrain_cli.cli  # noqa: F401
+    import pretrain_cli.commands.train  # noqa: F401
+    import pretrain_cli.distributed.layout.materialize  # noqa: F401
+    import pretrain_cli.orchestration.prepare  # noqa: F401
+    import pretrain_cli.training.export  # noqa: F401
     import pretrain_cli.training.run  # noqa: F401
     from pretrain_cli.training.plot import render_png
 
@@ -151,18 +203,78 @@ def _serve(path: str) -> None:
 
 def _middle(conn) -> None:
     """Fork the run, report its pid, wait for it, report its exit status as subprocess does."""
-    _, fds, _, _ = socket.recv_fds(conn, 1, 2)  # before any buffered read could swallow their byte
+    _, fds, _, _ = socket.recv_fds(conn, 1, 3)  # before any buffered read could swallow their byte
     request = json.loads(conn.makefile("rb").readline())
+    if request.get("rank"):
+        _rank_middle(conn, request, fds)  # never returns
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _child(request, *fds)  # never returns
+        _child(request, fds)  # never returns
     for fd in fds:
         os.close(fd)
     _reply(conn, pid)
     status = os.waitpid(pid, 0)[1]
     _reply(conn, -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
     os._exit(0)
+
+
+def _rank_middle(conn, request: dict, fds) -> None:
+    """A launched rank (tests/distributed/rank_shim.py asks): answer `fresh` when its environment differs from the
+    server's in anything read at start-up (the shim then becomes the fresh rank); else fork it in a session of its
+    own (as the launcher starts a rank: setsid), pass on the signals the shim forwards to its process group,
+    SIGKILL that group the moment the shim's end closes without a status asked for (the shim was SIGKILLed: the
+    launcher's teardown, a test's kill -9), report how it ended, and leave it unreaped until the shim itself is
+    reaped: a rank's dead peer is a zombie until its launcher reaps it (polling once a second), and the rank
+    watchers read how it ended from /proc meanwhile (pretrain_cli.processes.exit_status)."""
+    rank = request["rank"]
+    request["env"].setdefault("CUSTOM_DEVICE_ROOT", _BASE["CUSTOM_DEVICE_ROOT"])  # as its `import paddle` would set it
+    base = {k: v for k, v in _BASE.items() if k not in _RANK_VARS}
+    env = {k: v for k, v in request["env"].items() if k not in _RANK_VARS}
+    differ = sorted(k for k in set(env) | set(base) if env.get(k) != base.get(k) and k.startswith(_RANK_STARTUP))
+    if differ or rank["unbuffered"] != sys.stdout.write_through:
+        _reply(conn, f"fresh {differ or ['-u']}")  # (the reason for a reader of the protocol; the shim just execs)
+        os._exit(0)
+    ready, in_session = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.close(ready)
+        os.close(in_session)
+        conn.close()
+        _child(request, fds)  # never returns
+    os.close(in_session)
+    os.read(ready, 1)  # end of file once the child has its session: signals reach its group from now on
+    os.close(ready)
+    for fd in fds:
+        os.close(fd)
+    _reply(conn, pid)
+    ended, shim_open = os.pidfd_open(pid), True
+    while True:
+        readable = select.select([ended, conn] if shim_open else [ended], [], [])[0]
+        if ended in readable:
+            break
+        data = conn.recv(256)
+        shim_open = bool(data)
+        for sig in data.split() if data else [str(signal.SIGKILL.value)]:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, int(sig))
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    _reply(conn, info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
+    deadline = time.monotonic() + 30
+    while _alive_or_zombie(rank["pid"], rank["started"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.waitpid(pid, 0)
+    os._exit(0)
+
+
+def _alive_or_zombie(pid: int, started: str) -> bool:
+    """Whether process `pid` (started at `started`, /proc/<pid>/stat field 22) exists, reaped or not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode() == started
+    except (OSError, IndexError):
+        return False
 
 
 def _reply(conn, value: int) -> None:
@@ -172,21 +284,23 @@ def _reply(conn, value: int) -> None:
         pass
 
 
-def _child(request: dict, out_fd: int, err_fd: int) -> None:
+def _child(request: dict, fds) -> None:
+    """`fds`: the run's stdout and stderr, or its stdin, stdout and stderr (a rank's)."""
     import random
     import runpy
 
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
-    os.close(out_fd)
-    os.close(err_fd)
+    fds = [os.open(os.devnull, os.O_RDONLY), *fds] if len(fds) == 2 else fds
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     random.seed()  # a fresh interpreter's seed, not the server's
+    if request.get("rank"):
+        _as_before_paddle()
     try:
         if request["inject"]:
             runpy.run_path(request["inject"], run_name="sitecustomize")
@@ -208,16 +322,38 @@ def _child(request: dict, out_fd: int, err_fd: int) -> None:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
-    except BaseException:
+    except BaseException as e:
         sys.excepthook(*sys.exc_info())
-        code = 1
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1  # the interpreter ends by SIGINT then
     _exit(code)
+
+
+def _as_before_paddle() -> None:
+    """A fresh rank prepares its run (and may warn) before it imports Paddle: its threads are decided from its own
+    environment then, and the root logger has no handler yet (a warning reaches stderr through logging's last
+    resort), where `import paddle` gives the root logger a handler onto the stderr `runtime.import_paddle` swallows
+    (paddle/distributed/auto_parallel/random.py). So the child undoes both until the rank imports Paddle."""
+    import logging
+
+    from pretrain_cli import runtime
+
+    runtime._DONE, runtime._THREADS = False, None
+    root, imported = logging.getLogger(), runtime.import_paddle
+    handlers, level = root.handlers[:], root.level
+    root.handlers, root.level = [], logging.WARNING
+
+    def import_paddle():
+        root.handlers, root.level = handlers, level
+        runtime.import_paddle = imported
+        return imported()
+
+    runtime.import_paddle = import_paddle
 
 
 def _exit(code: int) -> None:
     """The interpreter's exit without its last step: wait for non-daemon threads, run the atexit functions
     (logging's flush among them), flush the streams; then skip tearing down every module and object, which
-    with Paddle loaded takes ~0.5 s and does nothing a test can see."""
+    with Paddle loaded takes ~0.5 s and does nothing a test can see. `code` -N: killed by signal N."""
     import atexit
 
     threading._shutdown()
@@ -227,9 +363,14 @@ def _exit(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     os._exit(code)
 
 
 if __name__ == "__main__":
+    _BASE = dict(os.environ)  # what a rank's environment is compared with (`_rank_middle`)
     _warm_up()
+    _BASE.setdefault("CUSTOM_DEVICE_ROOT", os.environ["CUSTOM_DEVICE_ROOT"])  # as `import paddle` set it
     _serve(sys.argv[1])

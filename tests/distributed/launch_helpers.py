@@ -2,7 +2,9 @@
 
 One tiny corpus per session (random-walk token ids written straight to MMIDIDX, no tokenizer), the
 `micro-qwen2` preset at seq 32, every run wrapped in a subprocess timeout, every rank's
-`workerlog.N` read back.
+`workerlog.N` read back. `launch` forks its ranks from processes that have imported Paddle (rank_shim.py: the
+product's rank code, without ~4 CPU-s of interpreter start-up a rank); `launch(fresh=True)`, `launch_cmd` (the
+tests that signal, stop or measure a rank themselves) and scripts/launch.sh start fresh ones.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "run_pretrain.py"
+SHIM = Path(__file__).resolve().parent / "rank_shim.py"  # a rank forked from a server (its docstring says how)
 LOSS = re.compile(r"global_step: (\d+).*?\bloss: ([0-9.eE+-]+)|\bloss: ([0-9.eE+-]+),.*?global_step: (\d+)")
 
 BASE = {
@@ -65,7 +68,10 @@ def free_port() -> int:
 
 def job_pids(marker: str) -> dict:
     """{pid: (rank or None, parent pid, is a rank's command)} of every process whose environment carries
-    `PCLI_JOB=<marker>` (set it in the launch's environment): the ranks and their watchers."""
+    `PCLI_JOB=<marker>` (set it in the launch's environment): the ranks and their watchers. /proc shows a process's
+    environment and command line as they were at exec, so of a `launch` (forked ranks) this finds the shims
+    (rank_shim.py), not the ranks they stand for; the tests that look ranks up start fresh ones (`launch_cmd`,
+    scripts/launch.sh)."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -110,9 +116,10 @@ def launch_cmd(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), 
             *_launcher_args(cfg, log_dir, nproc, extra, launcher, devices)]
 
 
-def _launcher_args(cfg: Path, log_dir: Path, nproc: int, extra=(), launcher=(), devices: str | None = None) -> list[str]:
+def _launcher_args(cfg: Path, log_dir: Path, nproc: int, extra=(), launcher=(), devices: str | None = None,
+                   script=(str(SCRIPT),)) -> list[str]:
     procs = ["--devices", devices] if devices else ["--nproc_per_node", str(nproc)]
-    return ["-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher, str(SCRIPT), str(cfg),
+    return ["-m", "paddle.distributed.launch", *procs, "--log_dir", str(log_dir), *launcher, *script, str(cfg),
             *map(str, extra)]
 
 
@@ -145,10 +152,11 @@ def parse_losses(text: str) -> dict[int, float]:
     return out
 
 
-def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: float) -> subprocess.CompletedProcess:
-    """`launch_cmd`'s run, its launcher forked from a process that has imported Paddle (tests/forkserver.py,
-    `spawns`: the launcher's own `import paddle`, ~3 CPU-s a launch, is all a fork saves; its ranks are fresh
-    interpreters), holding a block of ports as `scripts/job.py ports` does."""
+def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: float,
+              fresh: bool) -> subprocess.CompletedProcess:
+    """`launch_cmd`'s run, holding a block of ports as `scripts/job.py ports` does, its launcher forked from a
+    process that has imported Paddle (tests/forkserver.py, `spawns`: ~3 CPU-s a launch) and its ranks forked from
+    two more (rank_shim.py: ~4 CPU-s a rank), or started afresh (`fresh`)."""
     import forkserver
 
     from pretrain_cli.distributed.launcher.job import BLOCK_ENV, reserve
@@ -156,21 +164,24 @@ def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: fl
     held = reserve()
     try:
         env = dict(child_env(), PORT_RANGE=held.port_range, **{BLOCK_ENV: str(held.base)})
-        return forkserver.run(_launcher_args(cfg, log_dir, nproc, extra, launcher), cwd=str(log_dir.parent), env=env,
-                              timeout=timeout, spawns=True)
+        script = (str(SCRIPT),) if fresh else (str(SHIM), forkserver.rank_servers(env), str(SCRIPT))
+        return forkserver.run(_launcher_args(cfg, log_dir, nproc, extra, launcher, script=script),
+                              cwd=str(log_dir.parent), env=env, timeout=timeout, spawns=True)
     finally:
         held.release()
 
 
-def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120) -> Run:
+def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120,
+           fresh: bool = False) -> Run:
     """One launch; once more when the ranks could not join the process group (exit 75: Paddle 3.3.1's gloo
     rendezvous of fleet's groups sometimes reads another group's address, docs/DISTRIBUTED.md), as
-    scripts/launch.sh does."""
+    scripts/launch.sh does. Its ranks are forked (rank_shim.py), or fresh interpreters with `fresh`. (`launch_cmd`,
+    which tests start and signal themselves, and scripts/launch.sh always start fresh ones.)"""
     import shutil
 
     for attempt in range(2):
         start = time.perf_counter()
-        proc = _launched(cfg, log_dir, nproc, extra, launcher, timeout)
+        proc = _launched(cfg, log_dir, nproc, extra, launcher, timeout, fresh)
         run = Run(proc, log_dir, time.perf_counter() - start)
         if attempt or proc.returncode == 0 or "could not join the process group" not in run.explain():
             return run
@@ -178,14 +189,15 @@ def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), time
     return run
 
 
-def launch_joined(cfg: Path, log_dir: Path, nproc: int, timeout: float = 300, tries: int = 3) -> Run:
+def launch_joined(cfg: Path, log_dir: Path, nproc: int, timeout: float = 300, tries: int = 3,
+                  fresh: bool = False) -> Run:
     """`launch`, again (up to `tries` in all) when the processes could not join: Paddle 3.3.1's gloo rendezvous of
     fleet's groups sometimes reads another group's address or times out on a loaded machine, mostly for 4 ranks
     (docs/DISTRIBUTED.md); NCCL does not. Any other failure is returned at once."""
     import shutil
 
     for _ in range(tries):
-        run = launch(cfg, log_dir, nproc=nproc, timeout=timeout)
+        run = launch(cfg, log_dir, nproc=nproc, timeout=timeout, fresh=fresh)
         if run.returncode == 0 or "could not join the process group" not in run.explain():
             return run
         shutil.rmtree(log_dir, ignore_errors=True)

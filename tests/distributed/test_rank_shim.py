@@ -1,0 +1,106 @@
+"""The forked rank's stand-in (rank_shim.py) towards a launcher: the exit status, signals, SIGKILL, an orphaned shim,
+and the fallback to a fresh interpreter. A tiny script stands for the rank (no Paddle work), so each case costs a
+fork; the servers are the ones every `launch` of this worker uses (forkserver.rank_servers)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import forkserver
+import pytest
+
+from launch_helpers import SHIM, child_env
+
+RANK = '''import os, signal, sys, time
+print(os.getpid(), flush=True)
+mode = sys.argv[1]
+if mode == "exit":
+    sys.exit(3)
+if mode == "segv":
+    os.kill(os.getpid(), signal.SIGSEGV)
+if mode == "term":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+if mode == "watcher" and os.fork() == 0:  # a child in a session of its own, as the product's rank watcher
+    os.setsid()
+    print(os.getpid(), flush=True)
+    time.sleep(5)
+    os._exit(0)
+time.sleep(60)
+'''
+
+
+@pytest.fixture(scope="module")
+def rank_script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rank") / "rank.py"
+    path.write_text(RANK)
+    return path
+
+
+def _start(script, mode, **env):
+    """The shim as the launcher starts it (`python -u`, its own session, PADDLE_TRAINER_ID set), and the pid the
+    rank prints."""
+    full = dict(child_env(), PADDLE_TRAINER_ID="1", **env)
+    proc = subprocess.Popen([sys.executable, "-u", str(SHIM), forkserver.rank_servers(child_env()), str(script), mode],
+                            env=full, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, int(proc.stdout.readline())
+
+
+def _dead(pid: int, within: float = 5.0) -> bool:
+    """Whether `pid` is gone or a zombie within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("mode, status", [("exit", 3), ("segv", -signal.SIGSEGV)])
+def test_the_shim_ends_as_its_rank_did(rank_script, mode, status):
+    proc, rank = _start(rank_script, mode)
+    assert proc.wait(30) == status
+    assert rank != proc.pid  # forked, not run by the shim itself
+
+
+def test_signals_to_the_shim_reach_the_rank(rank_script):
+    """The launcher's teardown (killpg SIGTERM) reaches the rank's handler; an unhandled SIGINT ends it by SIGINT."""
+    proc, rank = _start(rank_script, "term")
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(30) == 7 and _dead(rank)
+    proc, rank = _start(rank_script, "sleep")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == -signal.SIGINT and _dead(rank)
+
+
+def test_a_killed_shim_takes_its_rank_but_not_the_ranks_own_session(rank_script):
+    """kill -9 of the shim (the launcher's last resort, a test's kill of a rank): the rank dies at once, as a fresh
+    rank would; its watcher (a session of its own) lives on to tell it."""
+    proc, rank = _start(rank_script, "watcher")
+    watcher = int(proc.stdout.readline())
+    proc.kill()
+    assert proc.wait(30) == -signal.SIGKILL
+    assert _dead(rank, within=2.0)
+    assert not _dead(watcher, within=0.5)
+    os.kill(watcher, signal.SIGKILL)
+
+
+def test_an_orphaned_shim_leaves_and_its_rank_goes_with_it(rank_script):
+    """The launcher killed (a test's timeout): its ranks must not run on unwatched."""
+    launcher = subprocess.Popen(["bash", "-c", f'"$0" -u "$1" "$2" "$3" sleep & echo $!; wait', sys.executable,
+                                 str(SHIM), forkserver.rank_servers(child_env()), str(rank_script)],
+                                env=dict(child_env(), PADDLE_TRAINER_ID="0"), stdout=subprocess.PIPE, text=True)
+    shim, rank = int(launcher.stdout.readline()), int(launcher.stdout.readline())
+    launcher.kill()
+    launcher.wait()
+    assert _dead(rank) and _dead(shim)
+
+
+def test_a_rank_whose_environment_paddle_reads_at_import_differs_starts_afresh(rank_script):
+    """A FLAGS_ variable the server did not start with: the shim becomes the rank itself (exec, same pid)."""
+    proc, rank = _start(rank_script, "exit", FLAGS_call_stack_level="2")
+    assert proc.wait(30) == 3 and rank == proc.pid
