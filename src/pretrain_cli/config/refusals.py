@@ -31,7 +31,6 @@ class Degrees:
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
-    mtp: int = 0  # its multi-token prediction modules (`num_nextn_predict_layers`)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,9 @@ class Hybrid(FleetHybrid):
 
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        self._params = list(model.parameters())
+        # the optimizer's parameters (`training.optim`): DeepSeek's balancing bias (no gradient, its own update) is
+        # no sharding owner's, which fleet's optimizer would look up
+        self._params = [p for p in model.parameters() if not p.stop_gradient]
         self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage:
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
