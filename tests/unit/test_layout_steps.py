@@ -102,8 +102,7 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MoE router losses with a pipeline": Degrees(pp=2, moe="qwen3_moe",
                                                              router_terms="router_aux_loss_coef 0.001"),
-                "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3"),
-                "MTP with a pipeline": Degrees(pp=2, mtp=1)}
+                "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3")}
     assert sorted(products) == sorted(r.name for r in REFUSED)
     for name, degrees in products.items():
         lines = refusals(degrees)
@@ -116,9 +115,10 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(tp=2, stage=3, sharding=2, data=2, moe="qwen2_moe", router_terms="router_z_loss_coef 0.1"),
                  Degrees(tp=2, pp=2, moe="qwen3_moe"), Degrees(tp=2, pp=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(tp=2, stage=2, sharding=2, data=2, mla="deepseek_v3"),
-                 Degrees(tp=2, stage=1, sharding=2, data=4, mla="deepseek_v3"), Degrees(tp=2, mtp=1),
-                 Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3", mtp=1),
-                 Degrees(tp=2, stage=3, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3", mtp=1),
+                 Degrees(tp=2, stage=1, sharding=2, data=4, mla="deepseek_v3"),
+                 Degrees(stage=3, sharding=2, data=2, mla="deepseek_v3"),
+                 Degrees(tp=2, stage=3, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(pp=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
                  Degrees(ep=2, pp=2, data=2, moe="qwen3_moe"), Degrees(ep=2, tp=2, data=2, moe="qwen2_moe")):
         assert refusals(runs) == [], runs

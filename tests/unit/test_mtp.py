@@ -57,3 +57,34 @@ def test_mtp_modules_names_loss_and_weight():
     assert abs(float(total / count) - want) < 1e-5, (float(total / count), want)
     logged, n = model.router_losses["mtp_loss"]
     assert n == 1 and abs(float(logged) - np.mean(depth_losses)) < 1e-5
+
+
+def test_a_pipelines_stages_add_the_same_mtp_term_as_one_process():
+    """The pipeline's items run in order in one process (`distributed.steps.pipeline_stages`: the ids carried last
+    in the stream to the last stage's loss, which runs the MTP modules) give the model's own training loss and
+    logged mtp_loss, with packed documents too; evaluation (the item's eval mode) leaves the MTP term out."""
+    from pretrain_cli.distributed.strategies.pipeline import inputs_of
+    from pretrain_cli.distributed.steps.pipeline_stages import Block, Embed, Final, MTPModules, StageLoss
+
+    paddle.seed(0)
+    model = build_model(CFG, None, MoeConfig(aux_loss_coef=0.0, mtp_loss_weight=0.25))
+    dec, rng = model.model, np.random.default_rng(1)
+    ids = paddle.to_tensor(rng.integers(0, 97, (2, 12)))
+    labels = paddle.to_tensor(rng.integers(0, 97, (2, 12)))
+    doc_start = paddle.to_tensor(np.array([[0] * 5 + [5] * 7, [0] * 12], dtype="int64"))  # [2, 12]
+    mtp = MTPModules(dec.layers.mtp)
+    loss = StageLoss(model, None, mtp)
+    for extra in ({}, {"doc_start": doc_start}):
+        with paddle.no_grad():
+            total, count = model(ids, labels=labels, **extra)
+            want, want_logged = float(total / count), float(model.router_losses.pop("mtp_loss")[0])
+            x = Embed(dec.embed_tokens, carry_ids=True)(inputs_of(ids, extra))
+            for layer in dec.layers:
+                x = Block(layer, dec.rotary_emb, carry_ids=True)(x)
+            got = float(loss(Final(dec.norm, carry=True)(x), labels))
+            logged, n = model.router_losses.pop("mtp_loss")
+            mtp.eval()
+            main = float(loss(Final(dec.norm, carry=True)(x), labels))
+            mtp.train()
+        assert abs(got - want) < 1e-6 and abs(float(logged) - want_logged) < 1e-6 and n == 1, (extra, got, want)
+        assert abs(main - (want - 0.25 * want_logged)) < 1e-5 and "mtp_loss" not in model.router_losses

@@ -68,3 +68,14 @@ def test_plan_reports_the_mtp_share_of_flops_and_memory():
     assert (share["modules"], share["first_layer"], share["params"]) == (1, 61, c["mtp"])
     no_mtp = dataclasses.replace(s, model=bare.model)
     assert mtp_share(no_mtp, SEQ, estimate(no_mtp), flops_per_token(bare.model, SEQ)) == {}
+
+
+def test_a_pipelines_last_stage_holds_the_mtp_module_and_an_embedding_copy():
+    """At pp 4 the last stage holds the MTP module's parameters (÷ ep for its experts) and a copy of the embedding
+    its lookups read (`models.stages.last_stage_embeds`); the other stages hold what they held without it."""
+    from pretrain_cli.planning.memory import mtp_params, stage_params
+
+    with_mtp, bare = _setups(ep=8, pp=4)
+    extra = [stage_params(with_mtp, st) - stage_params(bare, st) for st in range(4)]
+    assert extra[:3] == [0, 0, 0]
+    assert extra[3] == pytest.approx(sum(mtp_params(with_mtp)) + V * H)

@@ -84,8 +84,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
                                  router_terms=router_terms(args, model_cfg),
-                                 mla=model_cfg.model_type if model_cfg.mla else "",
-                                 mtp=model_cfg.num_nextn_predict_layers)):
+                                 mla=model_cfg.model_type if model_cfg.mla else "")):
         problems.add(line)  # what no engine here runs: config.refusals' table
     if sp and args.data.max_seq_length % (tp * cp):
         each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""

@@ -31,7 +31,6 @@ class Degrees:
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
-    mtp: int = 0  # its multi-token prediction modules (`num_nextn_predict_layers`)
 
 
 @dataclass(frozen=True)
@@ -96,12 +95,6 @@ REFUSED = (
                       f"the latents' gradients over the tp group itself, which sequence parallelism's reduce-scatter "
                       f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
                       f"context_parallel_degree: 1 and sequence_parallel: false"),
-    Refusal("MTP with a pipeline", lambda d: d.mtp > 0 and d.pp > 1,
-            lambda d: f"pipeline_parallel_degree: {d.pp} with multi-token prediction (num_nextn_predict_layers "
-                      f"{d.mtp}) is not supported (fleet's pipeline hands the last stage the hidden states and the "
-                      f"labels only, while the MTP module reads the input tokens' embeddings, whose table is on the "
-                      f"first stage); set num_nextn_predict_layers: 0 in the model's config.json, or train without a "
-                      f"pipeline"),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 and not d.mla or d.stage in (2, 3))
             and 1 < d.sharding < d.data,

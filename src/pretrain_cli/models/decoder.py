@@ -20,7 +20,7 @@ from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import family
 from pretrain_cli.models.layers import MLP, Attention, KVCache, RMSNorm, RotaryEmbedding, linear, normal_attr
 from pretrain_cli.models.mla import LatentAttention
-from pretrain_cli.models.mtp import DecoderLayers, MTPModule, mtp_losses
+from pretrain_cli.models.mtp import DecoderLayers, MTPModule, mtp_term
 from pretrain_cli.run_config import MoeConfig
 
 
@@ -126,13 +126,7 @@ class CausalLM(nn.Layer):
         if labels is not None:
             total, count = self.loss_sum(h, labels)
             if self.training and self.mtp_depth:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
-                cos, sin = self.model.rotary_emb(input_ids.shape[1])
-                losses = mtp_losses(self, h, input_ids, labels, cos, sin, position_ids, doc_start)
-                extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths, logged apart as mtp_loss
-                from pretrain_cli.models.moe_loss import add_logged
-
-                add_logged(self.router_losses, "mtp_loss", extra)  # read by `moe_loss.log_values` each log line
-                extra = extra * self.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
+                extra = mtp_term(self, h, input_ids, labels, position_ids, doc_start)  # logged as mtp_loss
                 total = total + extra * count.detach().astype(total.dtype)
             if self.sparse and self.training:  # + the router losses per counted token (training only:
                 # eval and perplexity stay the language-model loss); the step's mean carries them

@@ -92,11 +92,11 @@ def log_values(model) -> dict:
     """What a log line and metrics.jsonl record of a MoE model since the last call: the mean router losses
     (unweighted), the busiest expert's share of its layer's assignments (the maximum over layers, and per layer),
     the dropped share; then resets. {} for a dense model."""
-    load = read_load(model)
-    if not load:
-        return {}
     out = {name: float(s) / max(n, 1) for name, (s, n) in model.router_losses.items()}
     model.router_losses.clear()
+    load = read_load(model)
+    if not load:  # a dense model; or a pipeline's stage without sparse layers (its MTP loss: the last stage's)
+        return out
     out["moe_max_expert_share"] = max(load["max_expert_share"])
     out["moe_dropped_share"] = sum(load["dropped_share"]) / len(load["dropped_share"])
     out["moe_expert_share_per_layer"] = [round(x, 4) for x in load["max_expert_share"]]

@@ -77,6 +77,20 @@ def mtp_losses(lm, h, input_ids, labels, cos, sin, position_ids=None, doc_start=
     return losses
 
 
+def mtp_term(lm, h, input_ids, labels, position_ids=None, doc_start=None):
+    """What training adds to the main loss per counted token: `mtp_loss_weight` x the mean of the depths' losses
+    (0-D fp32), that mean logged apart as `mtp_loss` (`moe_loss.log_values`). One function for one process
+    (`CausalLM.forward`) and a pipeline's last stage (`distributed.steps.pipeline_stages.StageLoss`, which gets the
+    input ids passed along the stages), so both add the same term."""
+    from pretrain_cli.models.moe_loss import add_logged
+
+    cos, sin = lm.model.rotary_emb(input_ids.shape[1])
+    losses = mtp_losses(lm, h, input_ids, labels, cos, sin, position_ids, doc_start)
+    extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths
+    add_logged(lm.router_losses, "mtp_loss", extra)
+    return extra * lm.moe.mtp_loss_weight  # λ (`run_config.MoeConfig`)
+
+
 class DecoderLayers(nn.LayerList):
     """The decoder layers, then the MTP modules under the indices the published checkpoints use
     (`num_hidden_layers + k`), so every parameter carries HF's name. Iterating, `len` and slicing see the decoder

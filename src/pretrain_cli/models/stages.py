@@ -1,6 +1,7 @@
 """How the decoder's layers divide into consecutive pipeline stages: the one split `plan` models and
 `distributed.strategies.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1,
-with the embedding on the first stage and the final norm, LM head and loss on the last."""
+with the embedding on the first stage and the final norm, LM head and loss on the last (and the multi-token
+prediction modules, `model.layers.{num_hidden_layers + k}`, after the last decoder layer)."""
 from __future__ import annotations
 
 import functools
@@ -22,3 +23,10 @@ def _bounds(num_layers: int, stages: int) -> tuple[int, ...]:
     for size in sizes:
         bounds.append(bounds[-1] + size)
     return tuple(bounds)
+
+
+def last_stage_embeds(cfg) -> bool:
+    """Whether the last stage also holds the embedding's table (a copy of the first stage's, its gradient summed
+    with it): a tied LM head is that table, and DeepSeek-V3's multi-token prediction looks the input tokens up in
+    it (`models.mtp`), as Megatron-Core keeps an embedding on its last stage for both."""
+    return bool(cfg.tie_word_embeddings) or cfg.num_nextn_predict_layers > 0

@@ -73,7 +73,9 @@ def stage_params(s: Setup, stage: int) -> float:
     """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
     the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
     copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny); a
-    Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers."""
+    Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers. The
+    multi-token prediction modules (`mtp_params`) and, untied, the embedding's copy their lookups read are on the
+    last stage too (`models.stages.last_stage_embeds`)."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
     routed = counts["experts"]
@@ -84,6 +86,8 @@ def stage_params(s: Setup, stage: int) -> float:
     n = per_layer * layers / s.tp + expert_params(s) * layers / cfg.num_hidden_layers
     n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
     n += cfg.hidden_size / s.tp + head / s.vocab_tp if stage == s.pp - 1 else 0
+    if stage == s.pp - 1 and cfg.num_nextn_predict_layers:
+        n += sum(mtp_params(s)) + (0 if cfg.tie_word_embeddings else counts["embedding"] / s.vocab_tp)
     return n
 
 

@@ -4,26 +4,34 @@
 The items: the embedding (or, tied, fleet's `SharedLayerDesc` of its weight on the first and last stage), one
 item per decoder layer, the final norm, the LM head's weight. `models.stages.stage_bounds` splits the decoder layers
 over the stages as evenly as they go (the embedding rides with the first, the norm and head with the last).
-Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states. Imported by the
-layout steps only, after the environment is set (paddle is imported at the top).
+Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
+
+DeepSeek-V3's multi-token prediction (`models.mtp`) runs in the last stage's loss, as the loss needs the labels:
+its modules are an item there (`MTPModules`), the input ids travel with the hidden states (the stream's last
+tensor; depth k looks up the ids k positions on, which the labels cannot give where they are ignored), and the
+embedding's table is on the last stage too as fleet's `SharedLayerDesc` (a tied head's copy already is; else one of
+its own), its gradient summed with the first stage's by fleet, as Megatron-Core keeps an embedding there for MTP.
+Imported by the layout steps only, after the environment is set (paddle is imported at the top).
 """
 from __future__ import annotations
 
 import paddle.nn as nn
 
-from pretrain_cli.models.stages import stage_bounds
+import functools
+
+from pretrain_cli.models.stages import last_stage_embeds, stage_bounds
 from pretrain_cli.run_layout import ParallelConfig
 
 
 class Embed(nn.Layer):
-    """First stage: token ids (+ document fields) -> (hidden, *document fields)."""
+    """First stage: token ids (+ document fields) -> (hidden, *document fields[, ids])."""
 
-    def __init__(self, embed_tokens):
+    def __init__(self, embed_tokens, carry_ids: bool = False):
         super().__init__()
-        self.embed_tokens = embed_tokens
+        self.embed_tokens, self.carry_ids = embed_tokens, carry_ids
 
     def forward(self, inputs):
-        return embed(self.embed_tokens, inputs)
+        return embed(self.embed_tokens, inputs, self.carry_ids)
 
 
 class TiedWeight(nn.Layer):
@@ -38,29 +46,34 @@ class TiedWeight(nn.Layer):
 class Block(nn.Layer):
     """One decoder layer; RoPE tables from the model's own rotary embedding."""
 
-    def __init__(self, layer, rotary, parts: int = 1, rope_span: int = 1):
+    def __init__(self, layer, rotary, parts: int = 1, rope_span: int = 1, carry_ids: bool = False):
         super().__init__()
         self.layer, self._rotary, self.parts = layer, [rotary], parts  # parts: sequence shards of its input
         self.rope_span = rope_span  # context parallelism: positions (always passed) span rope_span x the chunks
+        self.carry_ids = carry_ids  # the input ids ride last in the stream, for the last stage's MTP
 
     def forward(self, inputs):
         x, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
+        ids = [doc.pop()] if self.carry_ids else []
         span = x.shape[1] * self.parts * (self.rope_span if doc else 1)  # the whole sequence's positions
         cos, sin = self._rotary[0](span)
-        if doc:  # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
-            return (self.layer(x, cos, sin, None, *doc),) + tuple(d.clone() for d in doc)
-        return self.layer(x, cos, sin)
+        out = self.layer(x, cos, sin, None, *doc) if doc else self.layer(x, cos, sin)
+        # fleet frees what a stage sends; this stage's backward (and recompute) still reads its own
+        rest = tuple(t.clone() for t in doc + ids)
+        return (out,) + rest if rest else out
 
 
 class Final(nn.Layer):
-    """The final norm: the hidden states the loss reads (document fields end here)."""
+    """The final norm: the hidden states the loss reads (document fields end here, unless MTP's loss reads them
+    with the ids: `carry`)."""
 
-    def __init__(self, norm):
+    def __init__(self, norm, carry: bool = False):
         super().__init__()
-        self.norm = norm
+        self.norm, self.carry = norm, carry
 
     def forward(self, inputs):
-        return self.norm(inputs[0] if isinstance(inputs, tuple) else inputs)
+        x, *rest = inputs if isinstance(inputs, tuple) else (inputs,)
+        return (self.norm(x), *rest) if self.carry else self.norm(x)
 
 
 class Head(nn.Layer):
@@ -74,36 +87,58 @@ class Head(nn.Layer):
         return h
 
 
-def embed(embed_tokens, inputs):
+class MTPModules(nn.Layer):
+    """The multi-token prediction modules as a last-stage item, so they are this stage's parameters; the loss runs
+    them (`StageLoss`), the stream passes through. Its `training` flag is the schedule's (train or eval)."""
+
+    def __init__(self, modules: list):
+        super().__init__()
+        self.mtp = nn.LayerList(modules)
+
+    def forward(self, inputs):
+        return inputs
+
+
+def embed(embed_tokens, inputs, carry_ids: bool = False):
     ids, *doc = inputs if isinstance(inputs, tuple) else (inputs,)
     x = embed_tokens(ids)
-    return (x,) + tuple(doc) if doc else x
+    rest = tuple(doc) + ((ids.clone(),) if carry_ids else ())  # a copy: fleet frees what it sends, the lookup's
+    return (x,) + rest if rest else x  # backward reads the ids
 
 
-def _tied_lookup(shared, inputs):
-    return embed(shared._embedding[0], inputs)
+def _tied_lookup(shared, inputs, carry_ids: bool = False):
+    return embed(shared._embedding[0], inputs, carry_ids)
 
 
 def _tied_head(shared, h):
+    """The last stage's copy of the embedding (a tied head, MTP's lookups): the loss reads it, the stream passes."""
     return h
 
 
 class StageLoss:
     """The last stage's loss: the model's own head + loss on the final hidden states. `sum_mode` (evaluation)
     returns the sum of token losses instead of their mean. Under context parallelism (`sequence`, the strategy's
-    `context.ContextSide`) the sum is scaled by C and divided by the cp group's count, as `ContextModel` does."""
+    `context.ContextSide`) the sum is scaled by C and divided by the cp group's count, as `ContextModel` does.
+    In training with MTP modules (`mtp`, their item) the stream is (hidden, *document fields, ids) and the MTP
+    term is added per counted token as `CausalLM.forward` adds it (`models.mtp.mtp_term`)."""
 
     __name__ = "StageLoss"
 
-    def __init__(self, lm, sequence=None):
-        self.lm, self.sequence, self.sum_mode = lm, sequence, False
+    def __init__(self, lm, sequence=None, mtp: MTPModules | None = None):
+        self.lm, self.sequence, self.sum_mode, self.mtp = lm, sequence, False, mtp
 
-    def __call__(self, h, labels):
+    def __call__(self, out, labels):
         from pretrain_cli.ops.loss import mean_loss
 
+        h, *rest = out if isinstance(out, tuple) else (out,)
         total, count = self.lm.loss_sum(h, labels)
         if self.sequence is not None:
             total, count = self.sequence.whole_sequence(total, count)
+        if self.mtp is not None and self.mtp.training:
+            from pretrain_cli.models.mtp import mtp_term
+
+            *doc, ids = rest  # doc: (position_ids[, doc_start]) or none
+            total = total + mtp_term(self.lm, h, ids, labels, *doc) * count.detach().astype(total.dtype)
         return total if self.sum_mode else mean_loss(total, count)
 
 
@@ -114,23 +149,27 @@ def build_pipeline_layer(lm, parallel: ParallelConfig, backend, sequence=None):
     from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer, SharedLayerDesc
 
-    dec, tied = lm.model, lm.lm_head is None
-    items = [SharedLayerDesc("embed_tokens", TiedWeight, _tied_lookup, "weight", embed_tokens=dec.embed_tokens)
-             if tied else Embed(dec.embed_tokens)]
+    dec, tied, mtp = lm.model, lm.lm_head is None, bool(lm.mtp_depth)
+    shared = functools.partial(SharedLayerDesc, "embed_tokens", TiedWeight, shared_weight_attr="weight",
+                               embed_tokens=dec.embed_tokens)  # one table on the first and the last stage
+    items = [shared(forward_func=functools.partial(_tied_lookup, carry_ids=mtp))
+             if last_stage_embeds(lm.config) else Embed(dec.embed_tokens, mtp)]
     parts = parallel.tp_degree if parallel.sequence_parallel else 1  # after layer 0 the stream is cut (SP)
     span = lm.kernels.rope_span
-    items += [Block(layer, dec.rotary_emb, parts if i else 1, span) for i, layer in enumerate(dec.layers)]
-    items.append(Final(dec.norm))
-    items.append(SharedLayerDesc("embed_tokens", TiedWeight, _tied_head, "weight", embed_tokens=dec.embed_tokens)
-                 if tied else Head(lm.lm_head))
+    items += [Block(layer, dec.rotary_emb, parts if i else 1, span, mtp) for i, layer in enumerate(dec.layers)]
+    items.append(Final(dec.norm, mtp))
+    items.append(shared(forward_func=_tied_head) if tied else Head(lm.lm_head))
+    modules = MTPModules(dec.layers.mtp) if mtp else None
+    if mtp:
+        items += [modules] + ([] if tied else [shared(forward_func=_tied_head)])  # untied: the table's own copy
     pp, vpp = parallel.pp_degree, parallel.virtual_pp_degree
     bounds = stage_bounds(len(dec.layers), pp * vpp)  # one part per model chunk (a stage's, without virtual stages)
     seg = [0] + [b + 1 for b in bounds[1:-1]] + [len(items)]  # item 0 is the embedding
     if vpp > 1:  # fleet splits equal chunks itself (a list is read as P parts): config checks layers % (P x V) == 0
         seg = "layer:^Block$"
-    loss = StageLoss(lm, sequence)
+    loss = StageLoss(lm, sequence, modules)
     hcg = fleet.get_hybrid_communicate_group()
-    with backend.stores():  # the tied embedding's first-last stage group; on gloo the stage-pair groups
+    with backend.stores():  # the shared embedding's first-last stage group; on gloo the stage-pair groups
         layer = PipelineLayer(layers=items, num_stages=pp, loss_fn=loss, seg_method=seg, topology=hcg.topology(),
                               num_virtual_pipeline_stages=vpp)  # the run's Topology
         backend.neighbour_sends(hcg)

@@ -16,7 +16,7 @@ import re
 
 from pretrain_cli.distributed.layout.pieces import split_name
 from pretrain_cli.distributed.strategies.strategy import FleetHybrid
-from pretrain_cli.models.stages import stage_bounds
+from pretrain_cli.models.stages import last_stage_embeds, stage_bounds
 from pretrain_cli.run_layout import ParallelConfig
 
 
@@ -48,9 +48,10 @@ class Hybrid(FleetHybrid):
     def place(self, model, source=None):
         """The stages over `model`'s own sublayers (each decoder layer cut to this rank's tp slice); the optimizer
         is then built over this stage's parameters. A lazily built model gets only this stage's parameters created
-        (from `source`; a tied embedding also on the last stage, whose copy fleet broadcasts from the first), the
-        others' never have storage (an eagerly built one has theirs freed); under tp the tensor-parallel weights
-        are created as this rank's slices only (the `tp` step: `tensor_parallel.split_layers`), never whole. Then
+        (from `source`; the embedding also on the last stage when a tied head or multi-token prediction reads it
+        there, `models.stages.last_stage_embeds`, its copy broadcast by fleet from the first), the others' never
+        have storage (an eagerly built one has theirs freed); under tp the tensor-parallel weights are created as
+        this rank's slices only (the `tp` step: `tensor_parallel.split_layers`), never whole. Then
         the layout steps in their order (`distributed.steps.order`: tp, cp, recompute, the pipeline cut)."""
         from pretrain_cli.distributed.layout.materialize import fill
         from pretrain_cli.distributed.steps.tensor_parallel import cut_by_tp
@@ -60,9 +61,9 @@ class Hybrid(FleetHybrid):
         if source is not None:
             pp, stage = self.parallel.pp_degree, self.topology.stage
             bounds = stage_bounds(len(model.model.layers), pp * self.parallel.virtual_pp_degree)  # one part per chunk
-            tied = model.lm_head is None and stage == pp - 1
+            copy = last_stage_embeds(model.config) and stage == pp - 1  # the embedding's copy (tied head, MTP)
             fill(model, source, lambda name: (stage_of(name, bounds, pp) == stage and not (tp and cut_by_tp(name)))
-                 or (tied and name == "model.embed_tokens.weight"))
+                 or (copy and name == "model.embed_tokens.weight"))
         layer = self.apply_steps(model, source)
         self.tp_dims, self._seq_params = self.placement.tp_dims, self.placement.seq_params
         if self.placement.pipeline is None:  # one stage (`TensorParallel`): the model runs whole
@@ -77,18 +78,20 @@ class Hybrid(FleetHybrid):
 
     def shard(self, model, optimizer):
         """fleet's ZeRO-1 (also ZeRO-2's) over each stage's sharding group, and which gradients this rank counts
-        in the norm (its owned ones; a tied embedding's second copy not; tp slices apart from whole tensors)."""
+        in the norm (its owned ones; the embedding's last-stage copy not; tp slices apart from whole tensors)."""
         from paddle.distributed import fleet
 
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        self._params = list(model.parameters())
+        # the optimizer's parameters (`training.optim`): DeepSeek's balancing bias (no gradient, its own update) is
+        # no sharding owner's, which fleet's optimizer would look up
+        self._params = [p for p in model.parameters() if not p.stop_gradient]
         self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage:
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
             self._owned = self._hpo._inner_opt.filter_parameters(self._params, self.hcg)
-        tied = self.lm.lm_head is None and self.topology.stage > 0
-        counted = [p for p in self._owned if not (tied and p is self.lm.model.embed_tokens.weight)]
+        copy = last_stage_embeds(self.lm.config) and self.topology.stage > 0  # the embedding's second copy
+        counted = [p for p in self._owned if not (copy and p is self.lm.model.embed_tokens.weight)]
         sliced = {id(p) for p in self.lm.parameters() if getattr(p, "is_distributed", False)}
         self._counted = ([p for p in counted if id(p) not in sliced], [p for p in counted if id(p) in sliced])
         return optimizer

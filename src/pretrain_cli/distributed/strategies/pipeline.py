@@ -5,9 +5,11 @@ The cut itself is the `pp` layout step (`distributed.steps.pipeline_stages`: the
 code uses to know which rank holds what. Every stage reads the same micro-batches; the first feeds them in, the
 last computes the loss (the fused head + loss needs the labels, which only it sees).
 
-Tied embeddings: the last stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value
-broadcast at build); after backward fleet all-reduces the two copies' gradients, so both get the same update, as
-the one tied weight of one process does. The gradient norm counts the copy once.
+Tied embeddings (and DeepSeek-V3's multi-token prediction, which looks the input ids up on the last stage): the last
+stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value broadcast at build); after
+backward fleet all-reduces the two copies' gradients, so both get the same update, as the one weight of one process
+does. The gradient norm counts the copy once, the checkpoint writes it once (from the first stage). The MTP loss
+is logged from the last stage's value (`Pipeline._share_logged`).
 
 Per step `forward_backward` hands the step's micro-batches to fleet's 1F1B schedule
 (`PipelineParallel.forward_backward_pipeline`, `train_batch` before its optimizer step); clipping, the non-finite
@@ -125,4 +127,21 @@ class Pipeline(Hybrid):
         labels = column("labels")
         with amp.autocast():
             loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
+        if self.lm.mtp_depth:
+            self._share_logged("mtp_loss")
         return paddle.reshape(loss, [])
+
+    def _share_logged(self, name: str) -> None:
+        """The last stage's logged `name` (sum, forwards) since the last log line, the same on every stage: its loss
+        computes it (`models.mtp.mtp_term`) while rank 0, on the first, writes the log line. One 2-float all-reduce
+        over the pipeline group a step (the other stages add zeros), exact in fp32."""
+        import paddle
+        import paddle.distributed as dist
+
+        sums = self.lm.router_losses
+        last = self.topology.stage == self.parallel.pp_degree - 1
+        total, n = sums.get(name, (0.0, 0)) if last else (0.0, 0)
+        both = paddle.to_tensor([float(total), float(n)], dtype="float32")  # [2]
+        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.pp_group)
+        if not last:
+            sums[name] = (both[0], int(both[1]))
