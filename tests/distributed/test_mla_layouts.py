@@ -8,8 +8,8 @@ equal to one process step by step (<= 1e-5 per step's loss):
   resumes on one process on the same curve;
 - ZeRO-3 on the semi-auto engine (two data ranks), on the same model with everything on;
 - fleet's pipeline: tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing), with the router terms off
-  and no MTP module (`config.refusals`: the pipeline backpropagates the last stage's loss only, and its last stage
-  has no input tokens for MTP). pp2 alone on micro-deepseek-v3 is no launch of its own (the suite's time, issue
+  and no MTP module (the router terms are refused with a pipeline, `config.refusals`: it backpropagates the last
+  stage's loss only; MTP under a pipeline is test_mtp_pipeline.py's). pp2 alone on micro-deepseek-v3 is no launch of its own (the suite's time, issue
   #54): the pipeline cuts decoder layers whatever their attention, and V3's low-rank query is split by tp2 above;
   docs/DISTRIBUTED.md keeps its measurement.
 
