@@ -13,14 +13,14 @@ import pytest
 from launch_helpers import SHIM, child_env
 
 RANK = '''import os, signal, sys, time
-print(os.getpid(), flush=True)
 mode = sys.argv[1]
+if mode == "term":  # before the pid is printed: the test signals as soon as it reads it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print(os.getpid(), flush=True)
 if mode == "exit":
     sys.exit(3)
 if mode == "segv":
     os.kill(os.getpid(), signal.SIGSEGV)
-if mode == "term":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 if mode == "watcher" and os.fork() == 0:  # a child in a session of its own, as the product's rank watcher
     os.setsid()
     print(os.getpid(), flush=True)
