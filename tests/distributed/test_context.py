@@ -139,7 +139,10 @@ def test_dp2_by_cp2_matches_one_process(runs, corpus, tmp_path):
     run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
     assert run.returncode == 0, run.explain()
     assert "layout: context parallel: cp 2 x dp 2" in run.log(0)
-    # a data rank's loss is its own samples' (as plain data parallelism logs it): compared through the weights
+    # the causal ring from step 1 (rank 0 logs the global batch's loss), its checkpoint-5 and final weights
+    assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_checkpoint(tmp_path / "out" / "checkpoint-5", "weights"),
+                         read_checkpoint(runs["one"][1] / "checkpoint-5", "weights"))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
 
 
