@@ -135,9 +135,11 @@ class Pipeline(Hybrid):
         return paddle.reshape(loss, [])
 
     def _share_logged(self, names: tuple) -> None:
-        """The last stage's logged losses `names` (sum, forwards) since the last log line, the same on every stage:
-        its loss computes them (`models.mtp.mtp_term`, `models.moe_loss.router_loss`) while rank 0, on the first,
-        writes the log line. One small all-reduce over the pipeline group a step (the other stages add zeros),
+        """The logged losses `names` (sum, forwards) since the last log line, as one process logs them, on every
+        rank: the last stage's loss computes them (`models.mtp.mtp_term`, `models.moe_loss.router_loss`) while
+        rank 0, on the first, writes the log line. Summed over every rank (the other stages add zeros), so with
+        several data ranks the mean is over all their micro-batches, as one process's over the same ones (a tp
+        rank's copy adds the same value and a forward more: the mean is unchanged). One small all-reduce a step,
         exact in fp32."""
         import paddle
         import paddle.distributed as dist
@@ -146,16 +148,17 @@ class Pipeline(Hybrid):
         last = self.topology.stage == self.parallel.pp_degree - 1
         mine = [sums.get(name, (0.0, 0)) if last else (0.0, 0) for name in names]
         both = paddle.to_tensor([float(x) for pair in mine for x in pair], dtype="float32")  # [2 * names]
-        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.pp_group)
-        if not last:
-            for i, name in enumerate(names):
-                if int(both[2 * i + 1]):
-                    sums[name] = (both[2 * i], int(both[2 * i + 1]))
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        for i, name in enumerate(names):
+            if int(both[2 * i + 1]):
+                sums[name] = (both[2 * i], int(both[2 * i + 1]))
 
     def whole_model_rows(self, rows):
         """Every stage's per-layer load rows (`models.moe_loss.load_rows`), in stage order, hence layer order (the
-        last stage's MTP layers last, as one process lists them): the stages' row counts, then their rows, each
-        all-reduced over the pipeline group (the other stages' places zeros). At log time only."""
+        last stage's MTP layers last, as one process lists them), each summed over the stage's ranks: the counts of
+        all data ranks' tokens, as one process counts them (a tp rank's copy doubles a layer's every count: its
+        shares are unchanged). Two all-reduces over every rank (the stages' row counts, then the rows, each in its
+        stage's place), at log time only."""
         import numpy as np
         import paddle
         import paddle.distributed as dist
@@ -164,11 +167,11 @@ class Pipeline(Hybrid):
         counts = np.zeros([pp], dtype="float32")
         counts[stage] = len(rows)
         sizes = paddle.to_tensor(counts)  # [stages]
-        dist.all_reduce(sizes, op=dist.ReduceOp.SUM, group=self.pp_group)
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
         sizes = [int(x) for x in sizes.numpy()]
         whole = np.zeros([sum(sizes), rows.shape[1]], dtype="float32")  # [layers, experts + 1]
         start = sum(sizes[:stage])
         whole[start:start + len(rows)] = rows
         out = paddle.to_tensor(whole)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.pp_group)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.numpy()
