@@ -12,11 +12,12 @@ auxiliary-loss-free bias update, all from the sparse blocks' `MoeRecord`s (`mode
   Every term is formed from `RouterSums` (sums over the layers, each layer's from `layer_sums`), so a pipeline's
   stages add their layers' sums to the ones carried with the hidden states and the last stage forms the same
   losses (`router_loss(model, carried, blocks)`; `distributed.steps.pipeline_stages`).
-- `Load`: each block accumulates its counts over the micro-batches of a step (`block.load`); `read_load` turns
-  them into the busiest expert's share of assignments and the dropped share per layer (what one watches for
-  routing collapse) and resets them; `update_expert_bias` applies DeepSeek-V3's / torchtitan's rule
-  `bias += rate · sign(mean_count − count)` to every router that holds `e_score_correction_bias`. Shares are
-  ratios, so a forward recomputed under activation recompute does not change them.
+- `Load`: each block accumulates its counts over the micro-batches of a step (`block.load`); `load_rows` reads
+  and resets them, `shares` turns them into the busiest expert's share of assignments and the dropped share per
+  layer (what one watches for routing collapse; a pipeline gathers every stage's rows first);
+  `update_expert_bias` applies DeepSeek-V3's / torchtitan's rule `bias += rate · sign(mean_count − count)` to
+  every router that holds `e_score_correction_bias` (a pipeline stage: its own layers', their counts summed over
+  its data ranks). Shares are ratios, so a forward recomputed under activation recompute does not change them.
 """
 from __future__ import annotations
 
@@ -66,11 +67,15 @@ class RouterSums(NamedTuple):
     rows: int = 0  # Σ over layers of the tokens routed: P_e's denominator
 
 
-
 def add_sums(a: RouterSums, b: RouterSums) -> RouterSums:
     """The sums of both. Read by unpacking and position only: to_static's SOT hands a NamedTuple it built back as a
-    plain tuple (and crashed on a dataclass here)."""
-    return RouterSums(*(y if x is None else x if y is None else x + y for x, y in zip(a, b)))
+    plain tuple (and crashed on a dataclass here). Tensors are added by `add_n` (one rounding, as `+`): on the
+    semi-auto engine `+` of two batch-sharded (Partial) 0-D means came back as shape [1]."""
+    return RouterSums(*(y if x is None else x if y is None else _add(x, y) for x, y in zip(a, b)))
+
+
+def _add(x, y):
+    return paddle.add_n([x, y]) if isinstance(x, paddle.Tensor) else x + y
 
 
 def router_terms(model) -> RouterTerms:

@@ -7,14 +7,16 @@ over the stages as evenly as they go (the embedding rides with the first, the no
 Packed-document fields (`position_ids`, `doc_start`) travel between stages with the hidden states.
 
 DeepSeek-V3's multi-token prediction (`models.mtp`) runs in the last stage's loss, as the loss needs the labels:
-its modules are an item there (`MTPModules`), the input ids travel with the hidden states (the stream's last
-tensor; depth k looks up the ids k positions on, which the labels cannot give where they are ignored), and the
+its modules are an item there (`MTPModules`), the input ids travel with the hidden states (after the document
+fields; depth k looks up the ids k positions on, which the labels cannot give where they are ignored), and the
 embedding's table is on the last stage too as fleet's `SharedLayerDesc` (a tied head's copy already is; else one of
 its own), its gradient summed with the first stage's by fleet, as Megatron-Core keeps an embedding there for MTP.
+
 A Mixture-of-Experts model's router losses (`models.moe_loss`) span every stage's layers, while fleet
 backpropagates the last stage's loss only: their sums over the layers (`RouterStream`) travel last in the stream,
 each stage adding its layers' (with gradient: fleet sends back the gradients of a tuple's tensors that do not stop
 gradient), and the last stage forms the losses from them as one process does from all its layers.
+
 Imported by the layout steps only, after the environment is set (paddle is imported at the top).
 """
 from __future__ import annotations
