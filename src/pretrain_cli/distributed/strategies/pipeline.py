@@ -9,8 +9,9 @@ Tied embeddings (and DeepSeek-V3's multi-token prediction, which looks the input
 stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value broadcast at build); after
 backward fleet all-reduces the two copies' gradients, so both get the same update, as the one weight of one process
 does. The gradient norm counts the copy once, the checkpoint writes it once (from the first stage). The MTP loss
-and a MoE model's router losses are logged from the last stage's values (`Pipeline._share_logged`), the per-layer
-expert load from every stage's layers (`Pipeline.whole_model_rows`).
+and a MoE model's router losses are logged from the last stage's values, summed over its data ranks
+(`Pipeline._share_logged`), the per-layer expert load from every stage's layers and data ranks
+(`Pipeline.whole_model_rows`).
 
 Per step `forward_backward` hands the step's micro-batches to fleet's 1F1B schedule
 (`PipelineParallel.forward_backward_pipeline`, `train_batch` before its optimizer step); clipping, the non-finite
