@@ -36,8 +36,8 @@ class RouterStream:
     `[experts + 2]` with gradient (the softmax probability sums, the z-loss sum, the sequence-wise loss sum) and fp32
     `[experts]` without (the top-k choice counts: no gradient, so fleet sends none back). The first stage starts them
     at zero, every `Block` adds its layer's sums in layer order (only in training), the last stage's loss adds the
-    MTP modules' and forms the losses (`finish`): the same additions in the same order as one process, so the same
-    bits. Both tensors always travel (a stage without sparse layers passes copies on), whatever terms are on."""
+    MTP modules' and forms the losses (`models.moe_loss.router_loss(lm, carried, blocks)`): the same additions in
+    the same order as one process (whose first is onto nothing rather than 0: the same bits). Both tensors always travel (a stage without sparse layers passes copies on), whatever terms are on."""
 
     def __init__(self, lm):
         self.terms, self.experts = router_terms(lm), lm.config.num_experts
