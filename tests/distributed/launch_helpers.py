@@ -276,6 +276,25 @@ DOC = dict(attention_mask_type="document", recompute=True, do_eval=True, eval_st
 NOISE_ONLY, NOISE_TOL = ("self_attn.k_proj.bias",), 1e-3
 
 
+def logged(log: str, name: str) -> dict[int, float]:
+    """{step: the logged `name` (`mtp_loss`, `aux_loss`, ...)} of a rank's log (the step lines only)."""
+    import re
+
+    out = {}
+    for line in log.splitlines():
+        step, value = re.search(r"global_step: (\d+)", line), re.search(rf"\b{name}: ([0-9.eE+-]+)", line)
+        if "interval_runtime" in line and step and value:
+            out[int(step.group(1))] = float(value.group(1))
+    return out
+
+
+def expert_shares(log: str) -> list[str]:
+    """Every step line's logged `moe_expert_share_per_layer` (the busiest expert's share per sparse layer), as text."""
+    import re
+
+    return re.findall(r"moe_expert_share_per_layer: (\[[^]]*\])", log)
+
+
 def assert_close_losses(got: dict, want: dict, steps) -> None:
     for s in steps:
         assert s in got and s in want, (s, sorted(got), sorted(want))

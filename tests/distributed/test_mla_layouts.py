@@ -8,10 +8,9 @@ equal to one process step by step (<= 1e-5 per step's loss):
   resumes on one process on the same curve;
 - tp2 x ZeRO-3 on the semi-auto engine (two data ranks, 4 processes), on the same model with everything on;
 - fleet's pipeline: tp2 x pp2 (the same as DeepSeek-V2: one `q_proj`, softmax routing), with the router terms off
-  and no MTP module (the router terms are refused with a pipeline, `config.refusals`: it backpropagates the last
-  stage's loss only; MTP under a pipeline is test_mtp_pipeline.py's). pp2 alone on micro-deepseek-v3 is no launch of its own (the suite's time, issue
-  #54): the pipeline cuts decoder layers whatever their attention, and V3's low-rank query is split by tp2 above;
-  docs/DISTRIBUTED.md keeps its measurement.
+  and no MTP module (the router terms and MTP under a pipeline are test_mtp_pipeline.py's). pp2 alone on micro-deepseek-v3 is no launch of
+  its own (the suite's time, issue #54): the pipeline cuts decoder layers whatever their attention, and V3's
+  low-rank query is split by tp2 above; docs/DISTRIBUTED.md keeps its measurement.
 
 The references are one process at the same global batch of 8 sequences; one launch per layout (module fixtures).
 """
@@ -36,7 +35,8 @@ PIPELINE = {"tp2_pp2": ("v2", 4, dict(pipeline_parallel_degree=2, tensor_paralle
 @pytest.fixture(scope="module")
 def quiet(tmp_path_factory) -> dict:
     """{"v3": micro-deepseek-v3 without its MTP module, "v2": the same as DeepSeek-V2-Lite has it (one `q_proj`, softmax
-    greedy routing)}: the keys of each with the router terms off, what a pipeline runs."""
+    greedy routing)}: the keys of each with the router terms off (this pipeline launch checks MLA's split; the router
+    terms under a pipeline are test_mtp_pipeline.py's)."""
     from pretrain_cli.config.presets import PRESET_DIR
 
     v3 = json.loads((PRESET_DIR / "micro-deepseek-v3" / "config.json").read_text())

@@ -7,7 +7,11 @@ real launcher, each equal to one process step by step (≤ 1e-5 per step's loss)
   on the same curve;
 - fleet's pipeline: tp2 x pp2 (the manual `tp` step's split of every expert) and ep2 x pp2 (expert parallelism
   inside the stages, each stage's expert group drawn from its data ranks: `ExpertPipeline`), with the router terms
-  off (config.refusals: a pipeline backpropagates the last stage's loss only).
+  on as well: transformers' balance loss (global over the two stages' layers: their sums travel with the hidden
+  states, `distributed.steps.pipeline_stages.RouterStream`), the z-loss, and the bias each stage updates from its
+  layers' counts summed over its data ranks (ep2 x pp2: two). Each against one process with the same micro-batches
+  (transformers' balance loss is a loss per micro-batch, not per token): 4 of 2 for tp2 x pp2, 8 of 1 for
+  ep2 x pp2 (two data ranks of 4 of 1); the logged aux and z losses and per-layer expert load too.
 
 One launch per code path (the suite's time, issue #54): ZeRO-2 is ZeRO-3's step with the parameters whole (the
 same balance loss over the global batch), and pp2 alone is the pipeline both pipeline layouts run the experts in;
@@ -20,17 +24,18 @@ from __future__ import annotations
 
 import pytest
 
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch, launch_joined, read_checkpoint,
-                            read_weights, resume_from, single, write_config)
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, expert_shares, launch, launch_joined,
+                            logged, read_checkpoint, read_weights, resume_from, single, write_config)
 
 ROUTER = dict(model_name_or_path="micro-qwen2-moe", save_steps=5, router_aux_loss_coef=0.05,
               router_z_loss_coef=0.001, moe_router_bias_update_rate=0.01)
-QUIET = dict(model_name_or_path="micro-qwen2-moe", router_aux_loss_coef=0)  # no router terms (z and bias: 0)
 SEMI_AUTO = {"tp2": dict(tensor_parallel_degree=2, per_device_train_batch_size=8),
              "zero3": dict(sharding="stage3")}
 PIPELINE = {"tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degree=2)),
             # expert parallelism inside the stages: each stage's expert group its two data ranks (4 micro-batches of 1)
             "ep2_pp2": (4, dict(pipeline_parallel_degree=2, expert_parallel_degree=2, per_device_train_batch_size=1))}
+MICRO = {"tp2_pp2": dict(gradient_accumulation_steps=4, per_device_train_batch_size=2),  # the one process each
+         "ep2_pp2": dict(gradient_accumulation_steps=8, per_device_train_batch_size=1)}  # layout is compared with
 
 
 def _one(corpus, root, **over):
@@ -55,15 +60,19 @@ def semi_auto(corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipeline(corpus, tmp_path_factory):
-    """{"one": the reference, layout: run} without router terms, 4 micro-batches of 2 a step."""
+    """{layout: ((the one process with its micro-batches, its output dir), (the run, its output dir))} with the
+    router terms on, 4 micro-batches a step."""
     root = tmp_path_factory.mktemp("moe_pipeline")
-    out = {"one": _one(corpus, root, **QUIET)}
+    out = {}
     for name, (nproc, over) in PIPELINE.items():
+        ref = single(write_config(root / f"one_{name}.json", corpus, root / f"one_{name}", **ROUTER, **MICRO[name]),
+                     root / f"one_{name}_log")
+        assert ref.returncode == 0, ref.explain()
         cfg = write_config(root / f"{name}.json", corpus, root / name,
-                           **{"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2, **QUIET, **over})
+                           **{"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2, **ROUTER, **over})
         run = launch_joined(cfg, root / f"{name}_log", nproc)
         assert run.returncode == 0, run.explain()
-        out[name] = run, root / name
+        out[name] = (ref, root / f"one_{name}"), (run, root / name)
     return out
 
 
@@ -88,7 +97,18 @@ def test_tp2_checkpoint_resumes_on_one_process(corpus, tmp_path, semi_auto):
 
 @pytest.mark.parametrize("layout", sorted(PIPELINE))
 def test_pipeline_layouts_match_one_process(pipeline, layout):
-    (ref, rout), (run, out) = pipeline["one"], pipeline[layout]
+    (ref, rout), (run, out) = pipeline[layout]
     assert "pipeline" in run.log(0) and ("ep 2" in run.log(0)) == ("ep2" in layout)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    for name in ("aux_loss", "z_loss"):  # computed on the last stage, over every data rank's micro-batches
+        got, want = logged(run.log(0), name), logged(ref.log(0), name)
+        assert_close_losses(got, want, range(1, STEPS + 1))
+        assert all(v > 0 for v in want.values()), name
+    shares = expert_shares(ref.log(0))  # both stages' layers, every data rank's tokens, on rank 0
+    assert expert_shares(run.log(0)) == shares and len(shares) == STEPS and "," in shares[0]
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
+    ckpt = read_checkpoint(out / "checkpoint-5", "weights")  # the biases each stage moved (not in HF's export)
+    biases = [k for k in ckpt if k.endswith("e_score_correction_bias")]
+    assert len(biases) == 2 and all(abs(ckpt[k]).max() > 0 for k in biases)
+    assert_close_tensors(ckpt, read_checkpoint(rout / "checkpoint-5", "weights"), tol=1e-4)
+

@@ -448,17 +448,14 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
 @pytest.mark.parametrize("keys,world,refused", [
     (["--tensor_parallel_degree", "2"], 2, None),
     (["--sharding", "stage3", "--tensor_parallel_degree", "2"], 4, None),
-    (["--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "4", "--router_aux_loss_coef", "0"], 2,
-     None),
-    (["--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "4"], 2,
-     "pipeline_parallel_degree: 2 with a Mixture-of-Experts model's router losses or balancing bias "
-     "(router_aux_loss_coef 0.001)"),
+    (["--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "4", "--router_z_loss_coef", "0.001",
+      "--moe_router_bias_update_rate", "0.001"], 2, None),  # config.json's balance loss, the z-loss and the bias
     (["--tensor_parallel_degree", "2", "--sequence_parallel", "true"], 2,
      "sequence_parallel: true with a Mixture-of-Experts model (qwen3_moe) is not supported"),
 ])
 def test_moe_layouts_resolve_or_are_refused_in_one_line(keys, world, refused):
-    """tp, ZeRO-3 and a pipeline without router terms resolve for a MoE model; a pipeline with config.json's balance
-    loss and sequence parallelism are refused by config.refusals' MoE rows, one line each."""
+    """tp, ZeRO-3 and a pipeline with every router term on resolve for a MoE model; sequence parallelism is refused
+    by config.refusals' MoE row, in one line."""
     from run_helpers import resolve_run
 
     if refused is None:

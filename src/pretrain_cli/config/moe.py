@@ -29,21 +29,6 @@ def aux_coefficient(args, model_cfg) -> float:
     return float(model_cfg.router_aux_loss_coef or 0.0)
 
 
-def router_terms(args, model_cfg) -> str:
-    """The router terms of a MoE model's training that are on ("" when none, or the model is dense): the keys with
-    their values, as the refusal table names them (`config.refusals`: a pipeline runs without them)."""
-    if model_cfg is None or not model_cfg.sparse_layers:
-        return ""
-    m = args.model
-    aux = aux_coefficient(args, model_cfg)
-    rate = m.moe_router_bias_update_rate
-    if model_cfg.topk_method == "noaux_tc" and "moe_router_bias_update_rate" not in args.explicit:
-        rate = DEEPSEEK_BIAS_RATE
-    on = [("router_aux_loss_coef", aux), ("router_z_loss_coef", m.router_z_loss_coef),
-          ("moe_router_bias_update_rate", rate)]
-    return ", ".join(f"{k} {v}" for k, v in on if v)
-
-
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
     moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)

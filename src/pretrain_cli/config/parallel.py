@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pretrain_cli.config.context import context_degree, context_fits
 from pretrain_cli.config.expert import expert_degree
-from pretrain_cli.config.moe import router_terms
 from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.pipeline import resolve_pipeline
@@ -83,7 +82,6 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     moe = model_cfg.model_type if model_cfg.sparse_layers else ""
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
-                                 router_terms=router_terms(args, model_cfg),
                                  mla=model_cfg.model_type if model_cfg.mla else "")):
         problems.add(line)  # what no engine here runs: config.refusals' table
     if sp and args.data.max_seq_length % (tp * cp):

@@ -1,5 +1,5 @@
 """What stays refused: one table (`REFUSED`), one line per product of parallel degrees an engine cannot run here
-(for a Mixture-of-Experts model also the products with its expert-parallel degree and its router terms).
+(for a Mixture-of-Experts model also the products with its expert-parallel degree).
 
 Every other product of degrees runs (`distributed.steps.order`: the layout is a sequence of steps, so a product of axes
 is the steps of each). A row names the key the user changes, the engine limit that stops it, and what to do;
@@ -29,7 +29,6 @@ class Degrees:
     sp: bool = False
     ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
-    router_terms: str = ""  # its router losses and bias that are on (`config.moe.router_terms`)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
 
 
@@ -67,11 +66,6 @@ REFUSED = (
                       f"sequence, and the experts' tensor-parallel split needs every tp rank to route the same ones; "
                       f"not built here); set context_parallel_degree: 1 and sequence_parallel: false (tp, pp, "
                       f"ZeRO-1/2/3 and expert parallelism run)"),
-    Refusal("MoE router losses with a pipeline", lambda d: bool(d.moe) and d.pp > 1 and bool(d.router_terms),
-            lambda d: f"pipeline_parallel_degree: {d.pp} with a Mixture-of-Experts model's router losses or balancing "
-                      f"bias ({d.router_terms}) is not supported (fleet's pipeline backpropagates the last stage's "
-                      f"loss only, while the balance loss spans every stage's routing, and the bias is updated from "
-                      f"every rank's counts); set each of them to 0, or train without a pipeline"),
     Refusal("ep with tp inside a pipeline", lambda d: bool(d.moe) and d.ep > 1 and d.tp > 1 and d.pp > 1,
             lambda d: f"expert_parallel_degree: {d.ep} with tensor_parallel_degree {d.tp} inside "
                       f"pipeline_parallel_degree {d.pp} stages is not supported yet (each axis runs with the experts "

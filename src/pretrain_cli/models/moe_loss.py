@@ -9,13 +9,19 @@ auxiliary-loss-free bias update, all from the sparse blocks' `MoeRecord`s (`mode
 - `z_loss`: ST-MoE's router z-loss, mean over tokens of logsumexp(logits)², averaged over the sparse layers.
 - `router_loss(model)`: `aux_coef · load_balancing + z_coef · z`, what `CausalLM` adds per counted token to
   the loss it returns (so the training loss, like transformers' with `output_router_logits`, includes it).
-- `Load`: each block accumulates its counts over the micro-batches of a step (`block.load`); `read_load` turns
-  them into the busiest expert's share of assignments and the dropped share per layer (what one watches for
-  routing collapse) and resets them; `update_expert_bias` applies DeepSeek-V3's / torchtitan's rule
-  `bias += rate · sign(mean_count − count)` to every router that holds `e_score_correction_bias`. Shares are
-  ratios, so a forward recomputed under activation recompute does not change them.
+  Every term is formed from `RouterSums` (sums over the layers, each layer's from `layer_sums`), so a pipeline's
+  stages add their layers' sums to the ones carried with the hidden states and the last stage forms the same
+  losses (`router_loss(model, carried, blocks)`; `distributed.steps.pipeline_stages`).
+- `Load`: each block accumulates its counts over the micro-batches of a step (`block.load`); `load_rows` reads
+  and resets them, `shares` turns them into the busiest expert's share of assignments and the dropped share per
+  layer (what one watches for routing collapse; a pipeline gathers every stage's rows first);
+  `update_expert_bias` applies DeepSeek-V3's / torchtitan's rule `bias += rate · sign(mean_count − count)` to
+  every router that holds `e_score_correction_bias` (a pipeline stage: its own layers', their counts summed over
+  its data ranks). Shares are ratios, so a forward recomputed under activation recompute does not change them.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import paddle
 
@@ -31,52 +37,133 @@ def sparse_blocks(model) -> list:
     return [m for m in model.sublayers() if isinstance(m, SparseMoeBlock)]
 
 
-def load_balancing_loss(logits: list, num_experts: int, top_k: int, reduce_counts=_identity):
-    """HF's load-balancing loss over the router logits `[tokens, experts]` of every sparse layer (fp32 scalar)."""
-    counts = paddle.zeros([num_experts], dtype="float32")
-    prob_sum = paddle.zeros([num_experts], dtype="float32")
-    rows = 0
-    for layer_logits in logits:
-        probs = paddle.nn.functional.softmax(layer_logits.astype("float32"), axis=-1)  # [tokens, experts]
-        _, chosen = paddle.topk(probs, top_k, axis=-1)  # [tokens, top_k]
-        counts = counts + paddle.bincount(chosen.reshape([-1]), minlength=num_experts).astype("float32")
-        prob_sum = prob_sum + probs.sum(axis=0)
-        rows += probs.shape[0]
+class RouterTerms(NamedTuple):
+    """Which router losses a model's training adds, with their weights (`router_terms`)."""
+
+    balance: str  # "transformers" (HF's load-balancing loss), "sequence" (DeepSeek's sequence-wise loss) or ""
+    aux_coef: float
+    z_coef: float
+    experts: int = 0  # the routed experts
+    top_k: int = 0
+
+    @property
+    def on(self) -> bool:
+        return bool(self.balance or self.z_coef)
+
+
+class RouterSums(NamedTuple):
+    """The router losses' sums over the sparse layers run so far (None: that term is off, or no layer yet): what one
+    process adds up over all its layers, and what a pipeline carries with the hidden states from stage to stage
+    (`distributed.steps.pipeline_stages.RouterStream`) for the last stage to finish. Every term is a sum over
+    layers, so the sums of the stages' layers, added in layer order, are one process's bit for bit; transformers'
+    balance loss is not a sum of per-layer losses (its f_e and P_e are means over layers × tokens), which is why the
+    sums travel rather than each stage's share of a loss."""
+
+    prob_sum: object = None  # [experts] fp32, with gradient: softmax probabilities summed over tokens and layers
+    counts: object = None  # [experts] fp32, no gradient: top-k choices among those probabilities (f_e unnormalised)
+    z_sum: object = None  # [] fp32: Σ over layers of the mean over tokens of logsumexp(logits)²
+    seq_sum: object = None  # [] fp32: Σ over layers of DeepSeek's sequence-wise balance loss
+    layers: int = 0
+    rows: int = 0  # Σ over layers of the tokens routed: P_e's denominator
+
+
+def add_sums(a: RouterSums, b: RouterSums) -> RouterSums:
+    """The sums of both. Read by unpacking and position only: to_static's SOT hands a NamedTuple it built back as a
+    plain tuple (and crashed on a dataclass here). Tensors are added by `add_n` (one rounding, as `+`): on the
+    semi-auto engine `+` of two batch-sharded (Partial) 0-D means came back as shape [1]."""
+    return RouterSums(*(y if x is None else x if y is None else _add(x, y) for x, y in zip(a, b)))
+
+
+def _add(x, y):
+    return paddle.add_n([x, y]) if isinstance(x, paddle.Tensor) else x + y
+
+
+def router_terms(model) -> RouterTerms:
+    """The router terms `model`'s training adds: the balance loss by the model's blocks (DeepSeek's have their
+    sequence-wise one, `models.deepseek_moe`) and its weight, the z-loss's weight."""
+    blocks = sparse_blocks(model)
+    deepseek = bool(blocks) and hasattr(blocks[0], "balance_loss")
+    coef = model.moe.aux_loss_coef  # decided in config (`config.moe.aux_coefficient`); None: what transformers does
+    if coef is None:
+        coef = 0.0 if deepseek else model.config.router_aux_loss_coef
+    balance = ("sequence" if deepseek else "transformers") if coef and blocks else ""
+    z = float(model.moe.z_loss_coef or 0.0) if blocks else 0.0
+    return RouterTerms(balance, float(coef or 0.0), z, model.config.num_experts, model.config.num_experts_per_tok)
+
+
+def _balance_sums(layer_logits, num_experts: int, top_k: int):
+    """One layer's (softmax probabilities summed over its tokens `[experts]`, top-k choice counts `[experts]`)."""
+    probs = paddle.nn.functional.softmax(layer_logits.astype("float32"), axis=-1)  # [tokens, experts]
+    _, chosen = paddle.topk(probs, top_k, axis=-1)  # [tokens, top_k]
+    counts = paddle.bincount(chosen.reshape([-1]), minlength=num_experts).astype("float32")  # [experts]
+    return probs.sum(axis=0), counts
+
+
+def _z(layer_logits):
+    return paddle.square(paddle.logsumexp(layer_logits.astype("float32"), axis=-1)).mean()
+
+
+def layer_sums(block, terms: RouterTerms) -> RouterSums:
+    """One sparse block's contribution to the sums, from its last forward (`block.record`)."""
+    logits = block.record.routing.logits  # [tokens, experts]
+    prob_sum = counts = z = seq = None
+    if terms.balance == "transformers":
+        prob_sum, counts = _balance_sums(logits, terms.experts, terms.top_k)
+    elif terms.balance == "sequence":
+        seq = block.balance_loss()
+    if terms.z_coef:
+        z = _z(logits)
+    return RouterSums(prob_sum, counts, z, seq, 1, logits.shape[0])
+
+
+def balance_from(prob_sum, counts, rows: int, num_experts: int, top_k: int, reduce_counts=_identity):
+    """transformers' `E · Σ_e f_e · P_e` from the sums over layers and tokens (fp32 scalar)."""
     global_counts = reduce_counts(counts.detach())
     share = global_counts / paddle.clip(global_counts.sum() / top_k, min=1.0)  # [experts]: f_e
     return (share * (prob_sum / max(rows, 1))).sum() * num_experts
 
 
+def load_balancing_loss(logits: list, num_experts: int, top_k: int, reduce_counts=_identity):
+    """HF's load-balancing loss over the router logits `[tokens, experts]` of every sparse layer (fp32 scalar)."""
+    sums = RouterSums()
+    for layer_logits in logits:
+        prob_sum, counts = _balance_sums(layer_logits, num_experts, top_k)
+        sums = add_sums(sums, RouterSums(prob_sum, counts, layers=1, rows=layer_logits.shape[0]))
+    prob_sum, counts, _, _, _, rows = sums
+    return balance_from(prob_sum, counts, rows, num_experts, top_k, reduce_counts)
+
+
 def z_loss(logits: list):
     """Mean over tokens of logsumexp(router logits)², averaged over the sparse layers."""
-    per_layer = [paddle.square(paddle.logsumexp(l.astype("float32"), axis=-1)).mean() for l in logits]
-    return (paddle.add_n(per_layer) / len(per_layer)).reshape([])  # [] (batch-sharded logits' SPMD mean gives [1])
+    total = None
+    for layer_logits in logits:
+        total = _z(layer_logits) if total is None else total + _z(layer_logits)
+    return (total / len(logits)).reshape([])  # [] (batch-sharded logits' SPMD mean gives [1])
 
 
-def router_loss(model):
-    """The weighted router losses of `model`'s last forward (fp32 scalar; 0 when both weights are 0). The
+def router_loss(model, carried: RouterSums | None = None, blocks: list | None = None):
+    """The weighted router losses of `model`'s last forward (fp32 scalar; 0 when both weights are 0): the sums of
+    `blocks` (default: every sparse block) added to `carried` (a pipeline's earlier layers, `RouterSums`). The
     unweighted values are summed into `model.router_losses` ({name: (sum, forwards)}) for the log line."""
-    blocks = sparse_blocks(model)
-    cfg, moe = model.config, model.moe
-    deepseek = hasattr(blocks[0], "balance_loss")  # its sequence-wise balance loss instead (models.deepseek_moe)
-    coef = moe.aux_loss_coef  # decided in config (`config.moe.aux_coefficient`); None: what transformers computes
-    if coef is None:
-        coef = 0.0 if deepseek else cfg.router_aux_loss_coef
-    logits = [b.record.routing.logits for b in blocks]
+    terms = router_terms(model)
+    sums = carried or RouterSums()
+    for b in sparse_blocks(model) if blocks is None else blocks:
+        sums = add_sums(sums, layer_sums(b, terms))
+    prob_sum, counts, z_sum, seq_sum, layers, rows = sums
     total = paddle.zeros([], dtype="float32")
     parts = {}
-    if deepseek and coef:
+    if terms.balance == "sequence":
         # reshaped 0-D: on the semi-auto engine the sum of the layers' losses (each a mean over a batch-sharded
         # tensor, Partial) comes back as shape [1], which would make the step's loss [1]
-        parts["aux_loss"] = paddle.add_n([b.balance_loss() for b in blocks]).reshape([])
-        total = total + coef * parts["aux_loss"]
-    elif coef:
-        reduce = model.kernels.reduce_counts if moe.aux_loss_scope == "global" else None
-        parts["aux_loss"] = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok, reduce or _identity)
-        total = total + coef * parts["aux_loss"]
-    if moe.z_loss_coef:
-        parts["z_loss"] = z_loss(logits)
-        total = total + moe.z_loss_coef * parts["z_loss"]
+        parts["aux_loss"] = seq_sum.reshape([])
+    elif terms.balance:
+        reduce = model.kernels.reduce_counts if model.moe.aux_loss_scope == "global" else None
+        parts["aux_loss"] = balance_from(prob_sum, counts, rows, terms.experts, terms.top_k, reduce or _identity)
+    if "aux_loss" in parts:
+        total = total + terms.aux_coef * parts["aux_loss"]
+    if terms.z_coef:
+        parts["z_loss"] = (z_sum / layers).reshape([])
+        total = total + terms.z_coef * parts["z_loss"]
     for name, value in parts.items():
         add_logged(model.router_losses, name, value)
     return total
@@ -88,14 +175,18 @@ def add_logged(sums: dict, name: str, value) -> None:
     sums[name] = (value.detach() + s, n + 1)
 
 
-def log_values(model) -> dict:
+def log_values(model, whole_model_rows=None) -> dict:
     """What a log line and metrics.jsonl record of a MoE model since the last call: the mean router losses
     (unweighted), the busiest expert's share of its layer's assignments (the maximum over layers, and per layer),
-    the dropped share; then resets. {} for a dense model."""
+    the dropped share; then resets. {} for a dense model. `whole_model_rows` (the layout's, for a pipeline whose
+    stages hold other layers): this rank's `load_rows` -> every sparse layer's, in layer order."""
     out = {name: float(s) / max(n, 1) for name, (s, n) in model.router_losses.items()}
     model.router_losses.clear()
-    load = read_load(model)
-    if not load:  # a dense model; or a pipeline's stage without sparse layers (its MTP loss: the last stage's)
+    rows = load_rows(model)
+    if whole_model_rows is not None:
+        rows = whole_model_rows(rows)
+    load = shares(rows)
+    if not load:  # a dense model
         return out
     out["moe_max_expert_share"] = max(load["max_expert_share"])
     out["moe_dropped_share"] = sum(load["dropped_share"]) / len(load["dropped_share"])
@@ -105,23 +196,37 @@ def log_values(model) -> dict:
     return out
 
 
-def read_load(model, reset: bool = True) -> dict:
-    """{"max_expert_share": [per sparse layer], "dropped_share": [per sparse layer]} of the assignments since the
-    last reset (one host read for all layers); empty on a dense model."""
+def load_rows(model, reset: bool = True):
+    """fp32 numpy `[sparse layers, experts + 1]`: each sparse layer's assignments per expert since the last reset,
+    then its dropped ones (one host read for all layers); `[0, experts + 1]` when none counted (a dense model, a
+    pipeline stage without sparse layers)."""
+    import numpy as np
+
     blocks = [b for b in sparse_blocks(model) if b.load is not None]
     if not blocks:
-        return {}
+        return np.zeros([0, int(getattr(model.config, "num_experts", 0) or 0) + 1], dtype="float32")
     counts = paddle.stack([b.load for b in blocks])  # [layers, experts]
     dropped = paddle.stack([b.dropped for b in blocks])  # [layers]
     stats = paddle.concat([counts, dropped.unsqueeze(-1)], axis=-1).numpy()  # [layers, experts+1]
-    c, d = stats[:, :-1], stats[:, -1]
-    assigned = c.sum(axis=-1) + d  # [layers]
-    out = {"max_expert_share": [float(m / max(s, 1e-9)) for m, s in zip(c.max(axis=-1), c.sum(axis=-1))],
-           "dropped_share": [float(x / max(a, 1e-9)) for x, a in zip(d, assigned)]}
     if reset:
         for b in blocks:
             b.reset_load()
-    return out
+    return stats
+
+
+def shares(rows) -> dict:
+    """{"max_expert_share": [per sparse layer], "dropped_share": [per sparse layer]} of `load_rows`; {} for none."""
+    if not len(rows):
+        return {}
+    c, d = rows[:, :-1], rows[:, -1]
+    assigned = c.sum(axis=-1) + d  # [layers]
+    return {"max_expert_share": [float(m / max(s, 1e-9)) for m, s in zip(c.max(axis=-1), c.sum(axis=-1))],
+            "dropped_share": [float(x / max(a, 1e-9)) for x, a in zip(d, assigned)]}
+
+
+def read_load(model, reset: bool = True) -> dict:
+    """`shares` of the assignments since the last reset; empty on a dense model."""
+    return shares(load_rows(model, reset))
 
 
 def forget_step_load(model) -> None:

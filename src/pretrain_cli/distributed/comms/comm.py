@@ -166,3 +166,18 @@ def sum_over_ranks(tensor):
     out = tensor.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
+
+
+def sum_over_stage_data_ranks(tensor):
+    """A copy of `tensor` summed over the data-parallel ranks of this rank's pipeline stage (fleet's "dp" then
+    "sharding" groups; no gradient): a pipeline's counts, whose layers are this stage's alone. Its tp ranks route
+    the same tokens and are not summed; the other stages count other layers."""
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    out = tensor.detach().clone()
+    for group in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()):
+        if group.nranks > 1:
+            dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out

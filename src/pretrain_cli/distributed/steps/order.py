@@ -206,14 +206,17 @@ def build_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     nothing of a live layer is replaced): on more than one process a MoE block's expert counts summed over every
     rank (`comm.sum_over_ranks`: the balancing bias's counts, the same update on every replica, and with
     `moe_aux_loss_scope: global` the balance loss's expert shares; resolve allows that scope only when every rank
-    is a data rank, and the bias's sign of mean − count is unchanged when tp ranks count the same tokens), then
-    each wanted step's `build`, in order. A dense model never reads the counts."""
+    is a data rank, and the bias's sign of mean − count is unchanged when tp ranks count the same tokens); with a
+    pipeline over the stage's data ranks only (`comm.sum_over_stage_data_ranks`: each stage holds other layers, so
+    each updates its biases from its own layers' counts, as one process updates each layer's from that layer's).
+    Then each wanted step's `build`, in order. A dense model never reads the counts."""
     if parallel.world_size > 1:
         from dataclasses import replace
 
-        from pretrain_cli.distributed.comms.comm import sum_over_ranks
+        from pretrain_cli.distributed.comms.comm import sum_over_ranks, sum_over_stage_data_ranks
 
-        kernels = replace(kernels, reduce_counts=sum_over_ranks)
+        reduce = sum_over_stage_data_ranks if parallel.pp_degree > 1 else sum_over_ranks
+        kernels = replace(kernels, reduce_counts=reduce)
     for step in steps_for(parallel):
         if step.build is not None:
             kernels = step.build(kernels, parallel, backend)

@@ -9,7 +9,9 @@ Tied embeddings (and DeepSeek-V3's multi-token prediction, which looks the input
 stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value broadcast at build); after
 backward fleet all-reduces the two copies' gradients, so both get the same update, as the one weight of one process
 does. The gradient norm counts the copy once, the checkpoint writes it once (from the first stage). The MTP loss
-is logged from the last stage's value (`Pipeline._share_logged`).
+and a MoE model's router losses are logged from the last stage's values, summed over its data ranks
+(`Pipeline._share_logged`), the per-layer expert load from every stage's layers and data ranks
+(`Pipeline.whole_model_rows`).
 
 Per step `forward_backward` hands the step's micro-batches to fleet's 1F1B schedule
 (`PipelineParallel.forward_backward_pipeline`, `train_batch` before its optimizer step); clipping, the non-finite
@@ -26,6 +28,8 @@ from __future__ import annotations
 from pretrain_cli.distributed.strategies.hybrid import Hybrid, stage_of  # noqa: F401  (stage_of: the split by HF name)
 from pretrain_cli.run_config import Loop
 from pretrain_cli.run_layout import ParallelConfig
+
+LOGGED = ("aux_loss", "z_loss", "mtp_loss")  # what a pipeline's last stage logs for rank 0 (`Pipeline._share_logged`)
 
 
 def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
@@ -127,21 +131,48 @@ class Pipeline(Hybrid):
         labels = column("labels")
         with amp.autocast():
             loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
-        if self.lm.mtp_depth:
-            self._share_logged("mtp_loss")
+        if self.lm.mtp_depth or self.lm.sparse:
+            self._share_logged(LOGGED)
         return paddle.reshape(loss, [])
 
-    def _share_logged(self, name: str) -> None:
-        """The last stage's logged `name` (sum, forwards) since the last log line, the same on every stage: its loss
-        computes it (`models.mtp.mtp_term`) while rank 0, on the first, writes the log line. One 2-float all-reduce
-        over the pipeline group a step (the other stages add zeros), exact in fp32."""
+    def _share_logged(self, names: tuple) -> None:
+        """The logged losses `names` (sum, forwards) since the last log line, as one process logs them, on every
+        rank: the last stage's loss computes them (`models.mtp.mtp_term`, `models.moe_loss.router_loss`) while
+        rank 0, on the first, writes the log line. Summed over every rank (the other stages add zeros), so with
+        several data ranks the mean is over all their micro-batches, as one process's over the same ones (a tp
+        rank's copy adds the same value and a forward more: the mean is unchanged). One small all-reduce a step,
+        exact in fp32."""
         import paddle
         import paddle.distributed as dist
 
         sums = self.lm.router_losses
         last = self.topology.stage == self.parallel.pp_degree - 1
-        total, n = sums.get(name, (0.0, 0)) if last else (0.0, 0)
-        both = paddle.to_tensor([float(total), float(n)], dtype="float32")  # [2]
-        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.pp_group)
-        if not last:
-            sums[name] = (both[0], int(both[1]))
+        mine = [sums.get(name, (0.0, 0)) if last else (0.0, 0) for name in names]
+        both = paddle.to_tensor([float(x) for pair in mine for x in pair], dtype="float32")  # [2 * names]
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        for i, name in enumerate(names):
+            if int(both[2 * i + 1]):
+                sums[name] = (both[2 * i], int(both[2 * i + 1]))
+
+    def whole_model_rows(self, rows):
+        """Every stage's per-layer load rows (`models.moe_loss.load_rows`), in stage order, hence layer order (the
+        last stage's MTP layers last, as one process lists them), each summed over the stage's ranks: the counts of
+        all data ranks' tokens, as one process counts them (a tp rank's copy doubles a layer's every count: its
+        shares are unchanged). Two all-reduces over every rank (the stages' row counts, then the rows, each in its
+        stage's place), at log time only."""
+        import numpy as np
+        import paddle
+        import paddle.distributed as dist
+
+        pp, stage = self.parallel.pp_degree, self.topology.stage
+        counts = np.zeros([pp], dtype="float32")
+        counts[stage] = len(rows)
+        sizes = paddle.to_tensor(counts)  # [stages]
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        sizes = [int(x) for x in sizes.numpy()]
+        whole = np.zeros([sum(sizes), rows.shape[1]], dtype="float32")  # [layers, experts + 1]
+        start = sum(sizes[:stage])
+        whole[start:start + len(rows)] = rows
+        out = paddle.to_tensor(whole)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.numpy()

@@ -150,6 +150,11 @@ class Strategy:
         """A scalar the step computed, as a dense tensor whose value is the global one."""
         return self.sequence.to_host(tensor) if self.sequence is not None else tensor
 
+    def whole_model_rows(self, rows):
+        """A MoE model's per-layer load rows (`models.moe_loss.load_rows`) of the whole model from this rank's: the
+        same here (every rank runs every layer); a pipeline gathers its stages'."""
+        return rows
+
     # ------------------------------------------------------------------ checkpoints and reports
     def holders(self, tensor, kind: str) -> tuple:
         """The ranks holding the same whole (non-DistTensor) `tensor` as this rank: every rank unless a
