@@ -41,6 +41,7 @@ CONFIGS = [
     ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None, UNFUSED),
     ("tiny-llama b4 s512 full", "tiny-llama", {}, 4, 512, "full", UNFUSED),
     ("tiny-llama b8 s128 full_attn", "tiny-llama", {}, 8, 128, "full_attn", UNFUSED),
+    ("tiny-llama b8 s128 core_attn", "tiny-llama", {}, 8, 128, "core_attn", UNFUSED),
     ("llama-52m b2 s256", "tiny-llama", LLAMA_52M, 2, 256, None, UNFUSED),
     ("llama-52m b2 s256 core_attn", "tiny-llama", LLAMA_52M, 2, 256, "core_attn", UNFUSED),
     ("qwen3 b4 s256", "tiny-qwen2", QWEN3, 4, 256, None, UNFUSED),
@@ -48,6 +49,7 @@ CONFIGS = [
     ("qwen3 b4 s256 document", "tiny-qwen2", QWEN3, 4, 256, None, {"attention_mask_type": "document", **UNFUSED}),
     # the fused LM head + loss (the default): no [b, s, V] logits, dh and dW kept from forward to backward
     ("llama-52m b4 s256 fused loss", "tiny-llama", LLAMA_52M, 4, 256, None),
+    ("tiny-llama vocab 32,000 b4 s256 fused loss", "tiny-llama", {"vocab_size": 32000}, 4, 256, None),
     ("qwen vocab 151,936 b2 s256 fused loss", "tiny-qwen2", {"vocab_size": 151936}, 2, 256, None),
 ]
 

@@ -20,16 +20,24 @@ def _bench():
     return load("plan_calibration")
 
 
+# The table's rows at 52 M parameters but the plain one: ~49 of the table's ~110 s. Their claims are the rows of
+# the same recompute granularity and loss at a smaller shape (each at 52 M within 3.3 %: the benchmark prints them).
+_AT_52M_ELSEWHERE = ("llama-52m b2 s256 core_attn", "llama-52m b4 s256 fused loss")
+
+
 @pytest.fixture(scope="module")
 def rows():
-    """Every config's row (the fused-loss test below reads the measured peak of its config from here)."""
-    return _bench().calibrate(python=forkserver.run)
+    """Every config's row but `_AT_52M_ELSEWHERE` (the fused-loss test below reads the measured peak of its config
+    from here)."""
+    bench = _bench()
+    return bench.calibrate([c for c in bench.CONFIGS if c[0] not in _AT_52M_ELSEWHERE], python=forkserver.run)
 
 
 def test_prediction_within_20_percent_of_measured_peak(rows):
     bench = _bench()
     assert len(rows) >= 4
-    assert {r["recompute"] for r in rows} >= {"off", "full"}
+    assert {r["recompute"] for r in rows} == {"off", "full", "full_attn", "core_attn"}
+    assert sum("fused loss" in r["config"] for r in rows) == 2  # an untied (llama) head and a tied one (qwen2)
     assert max(r["params"] for r in rows) > 40e6
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
