@@ -196,12 +196,13 @@ def _device_params(s: Setup) -> float:
 
 def _cpu_zero3_sharded_grads(s: Setup) -> float:
     """Parameters (this tp rank's) whose gradients stay dp shards under the semi-auto engine's ZeRO-3 on CPU
-    (measured: benchmarks/plan_calibration.py --layouts, docs/PLAN.md). A weight a matmul reads as it is gets a
-    Partial gradient, which the gloo hook all-reduces whole (`comms.collectives.to_replicated`) and which then
-    persists whole: the attention projections, the down projection, an unfused LM head. A weight another op
-    reads first gets its gradient back as its shard: the embedding (the lookup), the packed gate|up (their
-    concatenation: `ops.kernels.gate_up_packed`), and the LM head under the fused head + loss. Routed and shared
-    experts are counted whole (not measured: the estimate stays an upper bound there)."""
+    (measured at tp 1, with Paddle's ops and the fused CPU kernels alike: benchmarks/plan_calibration.py --layouts,
+    docs/PLAN.md). A weight a matmul reads as it is gets a Partial gradient, which the gloo hook all-reduces whole
+    (`comms.collectives.to_replicated`) and which then persists whole: the attention projections, the down
+    projection, an unfused LM head. A weight another op reads first gets its gradient back as its shard: the
+    embedding (the lookup), the packed gate|up (their concatenation: `ops.kernels.gate_up_packed`), and the LM
+    head under the fused head + loss. Routed and shared experts are counted whole (not measured: the estimate
+    stays an upper bound there)."""
     cfg = s.model
     head = cfg.vocab_size * cfg.hidden_size
     tied = cfg.tie_word_embeddings
