@@ -41,6 +41,7 @@ CONFIGS = [
     ("tiny-qwen2 b4 s256", "tiny-qwen2", {}, 4, 256, None, UNFUSED),
     ("tiny-llama b4 s512 full", "tiny-llama", {}, 4, 512, "full", UNFUSED),
     ("tiny-llama b8 s128 full_attn", "tiny-llama", {}, 8, 128, "full_attn", UNFUSED),
+    ("tiny-llama b8 s128 core_attn", "tiny-llama", {}, 8, 128, "core_attn", UNFUSED),
     ("llama-52m b2 s256", "tiny-llama", LLAMA_52M, 2, 256, None, UNFUSED),
     ("llama-52m b2 s256 core_attn", "tiny-llama", LLAMA_52M, 2, 256, "core_attn", UNFUSED),
     ("qwen3 b4 s256", "tiny-qwen2", QWEN3, 4, 256, None, UNFUSED),
@@ -48,6 +49,7 @@ CONFIGS = [
     ("qwen3 b4 s256 document", "tiny-qwen2", QWEN3, 4, 256, None, {"attention_mask_type": "document", **UNFUSED}),
     # the fused LM head + loss (the default): no [b, s, V] logits, dh and dW kept from forward to backward
     ("llama-52m b4 s256 fused loss", "tiny-llama", LLAMA_52M, 4, 256, None),
+    ("tiny-llama vocab 32,000 b4 s256 fused loss", "tiny-llama", {"vocab_size": 32000}, 4, 256, None),
     ("qwen vocab 151,936 b2 s256 fused loss", "tiny-qwen2", {"vocab_size": 151936}, 2, 256, None),
 ]
 
@@ -194,17 +196,25 @@ print("RESULT " + json.dumps({"baseline": base, "peak": core.host_memory_stat_pe
 """
 
 
-def measure_layout(args_path: Path, nproc: int, log_dir: Path) -> dict:
-    """{baseline, peak} of the rank with the largest peak."""
+def _fresh_ranks(script: Path, args_path: Path, log_dir: Path, nproc: int):
+    """`python -m paddle.distributed.launch --nproc_per_node NPROC SCRIPT ARGS_PATH` in a held block of ports."""
     import os
 
-    child = log_dir.parent / "layout_child.py"
-    child.write_text(_LAYOUT_CHILD)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     ports = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "job.py"), "ports", "--"]  # a held block
     cmd = [*ports, sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
-           str(log_dir), str(child), str(args_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+           str(log_dir), str(script), str(args_path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def measure_layout(args_path: Path, nproc: int, log_dir: Path, launch=_fresh_ranks) -> dict:
+    """{baseline, peak} of the rank with the largest peak. `launch(script, args_path, log_dir, nproc)` runs the
+    launcher and returns what ended it (`returncode`, `stderr`): the tests fork the ranks from processes that have
+    imported Paddle (tests/distributed/rank_shim.py). What is measured is the same either way: each rank's own
+    allocator's peak over the second step, above what it held before building the run."""
+    child = log_dir.parent / "layout_child.py"
+    child.write_text(_LAYOUT_CHILD)
+    out = launch(child, args_path, log_dir, nproc)
     results = [json.loads(line.split("RESULT ", 1)[1]) for f in sorted(log_dir.glob("workerlog.*"))
                for line in f.read_text(errors="replace").splitlines() if line.startswith("RESULT ")]
     if out.returncode or len(results) != nproc:
@@ -213,17 +223,19 @@ def measure_layout(args_path: Path, nproc: int, log_dir: Path) -> dict:
     return max(results, key=lambda r: r["peak"])
 
 
-def calibrate_layouts(layouts=LAYOUTS) -> list[dict]:
+def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> list[dict]:
+    """A row per layout of `model` (overrides of tiny-llama's config: the table's llama-52m, a smaller shape in
+    the tests), measured by `measure_layout` over `launch`."""
     from pretrain_cli.orchestration.planned import from_file
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for i, (name, nproc, keys) in enumerate(layouts):
-            model_dir, args_path = _write(Path(d), f"layout{i}", "tiny-llama", LLAMA_52M, 2, 256, None, {})
+            model_dir, args_path = _write(Path(d), f"layout{i}", "tiny-llama", model, 2, 256, None, {})
             args = json.loads(args_path.read_text())
             args.update(keys, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
             args_path.write_text(json.dumps(args))
-            m = measure_layout(args_path, nproc, Path(d) / f"log{i}")
+            m = measure_layout(args_path, nproc, Path(d) / f"log{i}", launch)
             r = from_file(str(args_path), [], device="cpu", gpus=nproc, suggest_changes=False,
                           baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30

@@ -153,7 +153,7 @@ def parse_losses(text: str) -> dict[int, float]:
 
 
 def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: float,
-              fresh: bool) -> subprocess.CompletedProcess:
+              fresh: bool, rank_script: Path = SCRIPT) -> subprocess.CompletedProcess:
     """`launch_cmd`'s run, holding a block of ports as `scripts/job.py ports` does, its launcher forked from a
     process that has imported Paddle (tests/forkserver.py, `spawns`: ~3 CPU-s a launch) and its ranks forked from
     two more (rank_shim.py: ~4 CPU-s a rank), or started afresh (`fresh`)."""
@@ -164,7 +164,7 @@ def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: fl
     held = reserve()
     try:
         env = dict(child_env(), PORT_RANGE=held.port_range, **{BLOCK_ENV: str(held.base)})
-        script = (str(SCRIPT),) if fresh else (str(SHIM), forkserver.rank_servers(env), str(SCRIPT))
+        script = (str(rank_script),) if fresh else (str(SHIM), forkserver.rank_servers(env), str(rank_script))
         return forkserver.run(_launcher_args(cfg, log_dir, nproc, extra, launcher, script=script),
                               cwd=str(log_dir.parent), env=env, timeout=timeout, spawns=True)
     finally:
@@ -172,16 +172,17 @@ def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: fl
 
 
 def launch(cfg: Path, log_dir: Path, nproc: int = 2, extra=(), launcher=(), timeout: float = 120,
-           fresh: bool = False) -> Run:
+           fresh: bool = False, rank_script: Path = SCRIPT) -> Run:
     """One launch; once more when the ranks could not join the process group (exit 75: Paddle 3.3.1's gloo
     rendezvous of fleet's groups sometimes reads another group's address, docs/DISTRIBUTED.md), as
     scripts/launch.sh does. Its ranks are forked (rank_shim.py), or fresh interpreters with `fresh`. (`launch_cmd`,
-    which tests start and signal themselves, and scripts/launch.sh always start fresh ones.)"""
+    which tests start and signal themselves, and scripts/launch.sh always start fresh ones.) Each rank runs
+    `rank_script CFG EXTRA...`: scripts/run_pretrain.py, or a measuring script of benchmarks/."""
     import shutil
 
     for attempt in range(2):
         start = time.perf_counter()
-        proc = _launched(cfg, log_dir, nproc, extra, launcher, timeout, fresh)
+        proc = _launched(cfg, log_dir, nproc, extra, launcher, timeout, fresh, rank_script)
         run = Run(proc, log_dir, time.perf_counter() - start)
         if attempt or proc.returncode == 0 or "could not join the process group" not in run.explain():
             return run

@@ -357,3 +357,19 @@ def test_the_command_checks_its_flags_once_per_plan_and_per_fit(write_args, monk
     assert "suggestions" in capsys.readouterr().out.lower() and len(calls) == 1
     cli_main(["plan", cfg, "--device", "T4", "--fit", "--json"])
     assert len(json.loads(capsys.readouterr().out)["diff"]) > 0 and len(calls) == 2
+
+
+@pytest.mark.parametrize("fused_loss", [True, False])
+def test_zero3_on_cpu_shards_the_gradients_no_matmul_reads_its_weight_for(write_args, fused_loss):
+    """On CPU (gloo) ZeRO-3 keeps whole the gradients of the weights a matmul reads as they are (attention, down
+    projection, the unfused LM head: all-reduced whole) and dp shards of the embedding's, the packed gate|up's and
+    the fused head + loss's head (measured: benchmarks/plan_calibration.py --layouts, docs/PLAN.md)."""
+    keys = dict(model_name_or_path="tiny-llama", fp16=False, fp16_opt_level="O1", sharding="stage3",
+                use_fused_linear_cross_entropy=fused_loss)
+    r = plan(write_args(**keys), device="cpu", gpus=2, baseline_bytes=0)
+    h, inter, layers, vocab = 128, 352, 4, 2048  # the preset's config.json
+    sharded = vocab * h * (2 if fused_loss else 1) + layers * 2 * h * inter
+    whole = r["params"]["total"] - sharded
+    assert r["memory_breakdown_gib"]["gradients"] * 2**30 == pytest.approx(4 * (whole + sharded / 2))
+    gpu = plan(write_args(**keys), device="A100-80GB", gpus=2)  # NCCL reduce-scatters every gradient
+    assert gpu["memory_breakdown_gib"]["gradients"] * 2**30 == pytest.approx(4 * r["params"]["total"] / 2)

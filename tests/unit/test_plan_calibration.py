@@ -1,43 +1,65 @@
 """The planner's CPU memory model against measured training steps (benchmarks/plan_calibration.py).
 
 One process per config keeps each allocator peak isolated: forked from a process that has already imported
-Paddle (tests/forkserver.py), so each costs its two training steps, not an interpreter start-up.
+Paddle (tests/forkserver.py), so each costs its two training steps, not an interpreter start-up; the layouts' ranks
+are forked the same way (tests/distributed/rank_shim.py).
 """
 import dataclasses
+import sys
 from pathlib import Path
 
 import forkserver
 import pytest
 from bench_scripts import load
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from launch_helpers import launch  # noqa: E402
+
 
 def _bench():
     return load("plan_calibration")
 
 
+# The table's rows at 52 M parameters but the plain one: ~49 of the table's ~110 s. Their claims are the rows of
+# the same recompute granularity and loss at a smaller shape (each at 52 M within 3.3 %: the benchmark prints them).
+_AT_52M_ELSEWHERE = ("llama-52m b2 s256 core_attn", "llama-52m b4 s256 fused loss")
+
+
 @pytest.fixture(scope="module")
 def rows():
-    """Every config's row (the fused-loss test below reads the measured peak of its config from here)."""
-    return _bench().calibrate(python=forkserver.run)
+    """Every config's row but `_AT_52M_ELSEWHERE` (the fused-loss test below reads the measured peak of its config
+    from here)."""
+    bench = _bench()
+    return bench.calibrate([c for c in bench.CONFIGS if c[0] not in _AT_52M_ELSEWHERE], python=forkserver.run)
 
 
 def test_prediction_within_20_percent_of_measured_peak(rows):
     bench = _bench()
     assert len(rows) >= 4
-    assert {r["recompute"] for r in rows} >= {"off", "full"}
+    assert {r["recompute"] for r in rows} == {"off", "full", "full_attn", "core_attn"}
+    assert sum("fused loss" in r["config"] for r in rows) == 2  # an untied (llama) head and a tied one (qwen2)
     assert max(r["params"] for r in rows) > 40e6
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
     assert not bad, "\n" + bench.table(rows)
 
 
+def _forked_ranks(script, args_path, log_dir, nproc):
+    return launch(args_path, log_dir, nproc=nproc, timeout=600, rank_script=script)
+
+
 def test_parallel_layouts_within_20_percent_of_measured_peak():
     """DP, ZeRO-2, ZeRO-3 and TP on 2 processes (the whole table: benchmarks/plan_calibration.py --layouts): the largest
-    rank's allocator peak over a real `train_step` of the product's own build order."""
+    rank's allocator peak over a real `train_step` of the product's own build order. The table's llama-52m with 4
+    layers and a 16,000-token vocabulary (28 M parameters; errors +8.6, +12.2, +14.0 and -3.1 %, docs/PLAN.md);
+    the ranks forked (`launch`), which measure the same peaks to the byte as fresh ones (the same rows at 52 M:
+    1297.1, 912.1, 799.3 and 1388.2 MiB either way)."""
     bench = _bench()
+    model = dict(bench.LLAMA_52M, num_hidden_layers=4, vocab_size=16000)
     rows = bench.calibrate_layouts([x for x in bench.LAYOUTS if x[0] in ("data parallel b2", "ZeRO-2 b2", "ZeRO-3 b2",
-                                                                         "TP2 b8")])
+                                                                         "TP2 b8")], launch=_forked_ranks, model=model)
     assert len(rows) == 4
+    assert min(r["params"] for r in rows) > 25e6
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
     assert not bad, "\n" + bench.table(rows)

@@ -83,8 +83,11 @@ def test_checkpoint_curves_are_drawn_off_the_training_thread(tmp_path, monkeypat
     for it, and a write the system refuses is raised on the training thread at the next request."""
     import threading
 
+    import pretrain_cli.training.metrics as metrics
     import pretrain_cli.training.plot as plot
     from pretrain_cli.training.metrics import MetricsWriter
+
+    monkeypatch.setattr(metrics, "REDRAW_SECONDS", 0.0)  # (the throttle is the next test's)
 
     release, drawn = threading.Event(), []
 
@@ -123,3 +126,25 @@ def test_a_short_run_has_whole_step_ticks_and_its_eval_point_shows_beside_the_te
     evals, test = ax.get_lines()[1], ax.get_lines()[2]
     assert evals.get_zorder() > test.get_zorder() and test.get_markerfacecolor() == "none"
     assert test.get_markersize() > evals.get_markersize()  # the eval dot sits inside the hollow test square
+
+
+def test_checkpoints_within_a_minute_of_the_last_drawing_do_not_redraw(tmp_path, monkeypatch):
+    """A checkpoint's request within `REDRAW_SECONDS` of the previous drawing's start is dropped (seconds-apart
+    checkpoints of a short run cost a drawing each, ~40 % of a 10-step CPU run); one after it draws."""
+    import pretrain_cli.training.metrics as metrics
+    import pretrain_cli.training.plot as plot
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    drawn = []
+    monkeypatch.setattr(plot, "write_loss_curve", lambda output_dir: drawn.append(output_dir))
+    writer = MetricsWriter(str(tmp_path), None, ["none"], None)
+    writer.plot()  # the first checkpoint draws
+    writer._plotter.join()
+    writer.plot()  # dropped: the last drawing started less than a minute ago
+    writer._plotter.join()
+    assert len(drawn) == 1 and metrics.REDRAW_SECONDS == 60.0
+    monkeypatch.setattr(metrics, "REDRAW_SECONDS", 0.0)  # as if the minute had passed
+    writer.plot()
+    writer._plotter.join()
+    writer.close()
+    assert len(drawn) == 2

@@ -194,6 +194,24 @@ def _device_params(s: Setup) -> float:
     return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s) + sum(mtp_params(s))
 
 
+def _cpu_zero3_sharded_grads(s: Setup) -> float:
+    """Parameters (this tp rank's) whose gradients stay dp shards under the semi-auto engine's ZeRO-3 on CPU
+    (measured at tp 1, with Paddle's ops and the fused CPU kernels alike: benchmarks/plan_calibration.py --layouts,
+    docs/PLAN.md). A weight a matmul reads as it is gets a Partial gradient, which the gloo hook all-reduces whole
+    (`comms.collectives.to_replicated`) and which then persists whole: the attention projections, the down
+    projection, an unfused LM head. A weight another op reads first gets its gradient back as its shard: the
+    embedding (the lookup), the packed gate|up (their concatenation: `ops.kernels.gate_up_packed`), and the LM
+    head under the fused head + loss. Routed and shared experts are counted whole (not measured: the estimate
+    stays an upper bound there)."""
+    cfg = s.model
+    head = cfg.vocab_size * cfg.hidden_size
+    tied = cfg.tie_word_embeddings
+    embedding = head if s.fused_loss or not tied else 0  # (a tied head without the fused loss: a matmul reads it)
+    vocab = embedding + (head if s.fused_loss and not tied else 0)
+    dense = sum(1 for i in range(cfg.num_hidden_layers) if not cfg.is_sparse_layer(i))
+    return vocab / s.vocab_tp + dense * 2 * cfg.hidden_size * cfg.intermediate_size / s.tp
+
+
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
     """The parts for `n` parameters on this device and the given step memory."""
     counts = param_counts(s.model)
@@ -210,13 +228,15 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
     # `distributed.strategies.expert_strategy.ExpertZero1`); the rest is sharded over the sharding ranks
     own = expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0.0
     state_n = (n - own) / (deg if s.sharding_stage >= 1 else 1) + own
+    # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU; on CPU under ZeRO-3 only
+    # some: `_cpu_zero3_sharded_grads`); fleet's stage2 (a pipeline's, sequence or context parallelism's)
+    # accumulates whole gradients over the step and releases the unowned ones after the update
+    gradients = n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" and s.distributed_tensors else 1)
+    if s.distributed_tensors and s.sharding_stage >= 3 and deg > 1 and s.device == "cpu":
+        gradients -= _cpu_zero3_sharded_grads(s) * grad_b * (1 - 1 / deg)
     out = {
         "weights": weights,
-        # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU); fleet's stage2 (a
-        # pipeline's, sequence or context parallelism's) accumulates whole gradients over the step and releases
-        # the unowned ones after the update
-        "gradients": n * grad_b / (deg if s.sharding_stage >= 2 and s.device == "gpu" and s.distributed_tensors
-                                   else 1),
+        "gradients": gradients,
         "optimizer_state": state_n * 8,  # AdamW m and v, fp32
         "master_weights": state_n * 4 if o2 else 0.0,
         "activations": activations,
