@@ -143,7 +143,8 @@ def test_llama_8gpu_tensor_parallel(tmp_path):
     assert r["tokens_per_step"] == 262_144
     assert r["flops_per_token"]["model"] == pytest.approx(5.147e10, rel=1e-3)
     assert not any("not supported" in n for n in r["notes"])  # train runs this layout: nothing to warn about
-    n = r["params"]["total"] / 2 / 2**30
+    whole = (32 * 2 + 1) * 4096  # the RMSNorms, whole on each tp rank (`models.tp_plan`); the rest ÷ tp 2
+    n = ((r["params"]["total"] - whole) / 2 + whole) / 2**30
     assert r["memory_breakdown_gib"]["weights"] == pytest.approx(2 * n)
     assert r["fits"]
 
@@ -340,7 +341,8 @@ def test_a_vocabulary_tp_does_not_divide_stays_whole_in_plan_and_train():
         assert setup.vocab_parallel is split
         held[split] = estimate(setup)["weights"] / 4  # fp32 parameters on one rank
         counts = param_counts(cfg)  # micro-qwen2 ties its head: the embedding is the only vocabulary weight
-        body = (counts["total"] - counts["embedding"]) / 2
+        whole = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size  # the RMSNorms, whole on each tp rank
+        body = (counts["total"] - counts["embedding"] - whole) / 2 + whole
         assert held[split] == pytest.approx(body + counts["embedding"] / (2 if split else 1))
     assert resolve_run().parallel.vocab_parallel is False  # one process: nothing to split
 

@@ -79,3 +79,36 @@ def test_a_pipelines_last_stage_holds_the_mtp_module_and_an_embedding_copy():
     extra = [stage_params(with_mtp, st) - stage_params(bare, st) for st in range(4)]
     assert extra[:3] == [0, 0, 0]
     assert extra[3] == pytest.approx(sum(mtp_params(with_mtp)) + V * H)
+
+
+@pytest.mark.parametrize("preset", ["micro-deepseek-v3", "micro-qwen2-moe", "micro-qwen3-moe", "micro-qwen2"])
+def test_what_tp_leaves_whole_is_what_the_tp_plan_leaves_whole_in_the_built_model(preset):
+    """`param_counts`' "tp_whole" and "mtp_tp_whole" (what `plan` keeps whole on a tp rank: norms, routers, the
+    shared-expert gate, MLA's latent down-projections) equal the built model's parameters the one TP plan does not
+    split (`models.tp_plan.split_dim`), outside the embedding, LM head and final norm; DeepSeek's balancing bias is
+    left out as `param_counts` leaves it (a buffer in transformers). A tp rank's whole model is then exactly the
+    split parameters ÷ tp plus those."""
+    from pretrain_cli import runtime
+
+    runtime.import_paddle()
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.tp_plan import split_dim
+    from pretrain_cli.run_config import MoeConfig
+
+    cfg = ModelConfig.from_file(str(resolve_model_dir(preset)))
+    model = build_model(cfg, None, MoeConfig())
+    L = cfg.num_hidden_layers
+    decoder = mtp = 0
+    for name, p in model.named_parameters():
+        if not name.startswith("model.layers.") or name.endswith("e_score_correction_bias") or split_dim(name) is not None:
+            continue
+        if int(name.split(".")[2]) < L:
+            decoder += p.size
+        else:
+            mtp += p.size
+    c = param_counts(cfg)
+    assert (c["tp_whole"], c["mtp_tp_whole"]) == (decoder, mtp)
+    # beyond the two RMSNorms a layer: a MoE model's routers (and Qwen2-MoE's shared-expert gate), MLA's latents
+    assert decoder > 2 * L * cfg.hidden_size if cfg.num_experts else decoder == 2 * L * cfg.hidden_size
+    if cfg.mla:  # the latents' down-projections, whole: q_a_proj and kv_a_proj_with_mqa on each layer
+        assert decoder > L * cfg.hidden_size * (cfg.q_lora_rank + cfg.kv_lora_rank) and mtp > 0

@@ -118,6 +118,27 @@ def _layer_params(cfg: ModelConfig, idx: int = 0, active: bool = False) -> int:
     return _attn_params(cfg) + _mlp_params(cfg, idx, active) + 2 * cfg.hidden_size  # two RMSNorm weights
 
 
+def _layer_whole(cfg: ModelConfig, idx: int = 0) -> int:
+    """Layer `idx`'s parameters that tensor parallelism leaves whole on every tp rank (`models.tp_plan`: what is
+    neither a column- nor a row-parallel weight, nor a column-parallel bias): the two RMSNorms, Qwen3's q/k norms,
+    the o/down projections' biases, MLA's down-projections (the latents and the shared RoPE key) with their norms
+    and biases, a sparse layer's router and Qwen2-MoE's shared-expert gate. DeepSeek-V3: 1.03 B over its 61 layers
+    (the MLA down-projections 15.1 M a layer of it)."""
+    h = cfg.hidden_size
+    whole = 2 * h
+    if cfg.mla:
+        q_low, kv_a, bias = cfg.q_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.attention_bias
+        whole += (h * q_low + q_low + (q_low if bias else 0)) if q_low is not None else 0
+        whole += h * kv_a + cfg.kv_lora_rank + (kv_a if bias else 0) + (h if bias else 0)
+    else:
+        fam = family(cfg.model_type)
+        whole += (2 * cfg.head_dim if fam.qk_norm else 0) + (h if fam.biases(cfg)[1] else 0)
+    if not cfg.is_sparse_layer(idx):
+        return whole + (h if family(cfg.model_type).biases(cfg)[2] else 0)  # the down projection's bias
+    e = experts(cfg)
+    return whole + e.routed * h + (h if e.shared_width else 0)
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """Unique trainable parameters; a tied LM head is not counted twice. "active": the parameters one token
     passes through (a Mixture-of-Experts model's top-k experts per sparse layer; = "total" for a dense model);
@@ -143,6 +164,10 @@ def _param_counts(cfg: ModelConfig) -> dict[str, int]:
     # parallelism divides of them
     out["mtp_experts"] = sum(e.routed * e.expert_params(h) for i in range(L, L + k)
                              if cfg.is_sparse_layer(i)) if e else 0
+    # what tensor parallelism leaves whole on each tp rank: the decoder layers' (`_layer_whole`), and the MTP
+    # modules' (their layer's, the two input norms, eh_proj and the head's norm)
+    out["tp_whole"] = sum(_layer_whole(cfg, i) for i in range(L))
+    out["mtp_tp_whole"] = sum(_layer_whole(cfg, L + i) + 2 * h * h + 3 * h for i in range(k))
     return out
 
 

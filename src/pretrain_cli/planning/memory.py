@@ -72,20 +72,22 @@ def _largest_weight(s: Setup) -> float:
 def stage_params(s: Setup, stage: int) -> float:
     """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
     the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
-    copy there: fleet keeps one per stage). Norm weights are counted with the layers (their share is tiny); a
+    copy there: fleet keeps one per stage). What tp leaves whole (norms, routers, MLA's latent down-projections:
+    `param_counts`' "tp_whole") is counted whole, spread evenly over the layers (their share is small); a
     Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers. The
     multi-token prediction modules (`mtp_params`) and, untied, the embedding's copy their lookups read are on the
     last stage too (`models.stages.last_stage_embeds`)."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
     routed = counts["experts"]
+    whole = counts["tp_whole"] / cfg.num_hidden_layers  # a layer's norms, routers, latents: whole on a tp rank
     per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head) - routed) / \
-        cfg.num_hidden_layers
+        cfg.num_hidden_layers - whole
     bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
     layers = bounds[stage + 1] - bounds[stage]
-    n = per_layer * layers / s.tp + expert_params(s) * layers / cfg.num_hidden_layers
+    n = (per_layer / s.tp + whole) * layers + expert_params(s) * layers / cfg.num_hidden_layers
     n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
-    n += cfg.hidden_size / s.tp + head / s.vocab_tp if stage == s.pp - 1 else 0
+    n += cfg.hidden_size + head / s.vocab_tp if stage == s.pp - 1 else 0
     if stage == s.pp - 1 and cfg.num_nextn_predict_layers:
         n += sum(mtp_params(s)) + (0 if cfg.tie_word_embeddings else counts["embedding"] / s.vocab_tp)
     return n
@@ -178,11 +180,11 @@ def estimate(s: Setup) -> dict[str, float]:
 
 def mtp_params(s: Setup) -> tuple[float, float]:
     """(the rest, the routed experts) of the multi-token prediction modules' own parameters one rank holds
-    (`models.mtp`; outside `param_counts`' total, as transformers leaves them out, but trained here): the rest ÷ tp,
-    the routed experts ÷ ep under expert parallelism (which splits their sparse blocks too), else ÷ tp."""
+    (`models.mtp`; outside `param_counts`' total, as transformers leaves them out, but trained here): the rest ÷ tp
+    but what tp leaves whole (`param_counts`' "mtp_tp_whole"), the routed experts ÷ (ep · tp) as the decoder's."""
     counts = param_counts(s.model)
-    routed = counts["mtp_experts"]
-    return (counts["mtp"] - routed) / s.tp, routed / (s.ep if s.ep > 1 else s.tp)
+    routed, whole = counts["mtp_experts"], counts["mtp_tp_whole"]
+    return (counts["mtp"] - routed - whole) / s.tp + whole, routed / (max(s.ep, 1) * s.tp)  # as `expert_params`
 
 def _device_params(s: Setup) -> float:
     """The whole model's parameters on one tensor-parallel rank (the vocabulary split only when `vocab_tp`), the
@@ -190,8 +192,9 @@ def _device_params(s: Setup) -> float:
     counts = param_counts(s.model)
     head = s.model.vocab_size * s.model.hidden_size  # the LM head's matmul weight (tied or not)
     vocab = counts["embedding"] + (0 if s.model.tie_word_embeddings else head)
-    routed = counts["experts"]
-    return (counts["total"] - vocab - routed) / s.tp + vocab / s.vocab_tp + expert_params(s) + sum(mtp_params(s))
+    routed, whole = counts["experts"], counts["tp_whole"] + s.model.hidden_size  # + the final norm
+    return ((counts["total"] - vocab - routed - whole) / s.tp + whole + vocab / s.vocab_tp + expert_params(s)
+            + sum(mtp_params(s)))
 
 
 def _cpu_zero3_sharded_grads(s: Setup) -> float:
