@@ -34,8 +34,10 @@ def test_llama_70b_on_64_h100_fit_recommends_a_layout_whose_start_up_fits():
     written = plan(str(LLAMA), TO_70B, device="H100", gpus=64, suggest_changes=False)
     params = written["params"]["total"]
     assert params == V * H * 2 + L * LAYER + H
-    # tp 2 (vocabulary split too), ZeRO-2 keeps whole weights: half the model in fp32 + the whole embedding in fp32
-    start = (params / 2 * 4 + V * H * 4)
+    # tp 2 (vocabulary split too), ZeRO-2 keeps whole weights: half the model in fp32 but the RMSNorms (whole on each
+    # tp rank, `models.tp_plan`) + the whole embedding in fp32
+    norms = (2 * L + 1) * H
+    start = ((params - norms) / 2 * 4 + norms * 4 + V * H * 4)
     assert written["startup_gib"] * GIB == pytest.approx(start + _framework(start))
     assert written["startup_gib"] > 80 and not written["fits"]
     topology._all_groups.cache_clear()
@@ -75,7 +77,8 @@ def test_start_up_divides_by_what_each_rank_holds():
         got = startup_parts(Setup(**{**base.__dict__, "sharding_stage": stage, "sharding_degree": 16}))
         assert got["weights"] == pytest.approx(expect)
     tp8 = startup_parts(Setup(**{**base.__dict__, "tp": 8, "vocab_parallel": True}))
-    assert tp8["weights"] == pytest.approx(whole / 8) and tp8["transient"] == 2 * 4 * V * H / 8  # a placed block, twice
+    norms = (2 * L + 1) * H * 4  # the RMSNorms, whole on each tp rank
+    assert tp8["weights"] == pytest.approx((whole - norms) / 8 + norms) and tp8["transient"] == 2 * 4 * V * H / 8  # a placed block, twice
     # TP inside stages: each layer's tp weight created as its slice (twice the largest), the LM head whole (once)
     tp_pp = startup_parts(Setup(**{**base.__dict__, "tp": 8, "pp": 4}))
     assert tp_pp["transient"] == pytest.approx(max(4 * V * H, 2 * 4 * H * I / 8))
