@@ -36,6 +36,9 @@ PIPELINE = {"tp2_pp2": (4, dict(pipeline_parallel_degree=2, tensor_parallel_degr
             "ep2_pp2": (4, dict(pipeline_parallel_degree=2, expert_parallel_degree=2, per_device_train_batch_size=1))}
 MICRO = {"tp2_pp2": dict(gradient_accumulation_steps=4, per_device_train_batch_size=2),  # the one process each
          "ep2_pp2": dict(gradient_accumulation_steps=8, per_device_train_batch_size=1)}  # layout is compared with
+# tp2 x pp2 logs every 2 steps (run and reference): its two last-stage ranks' logged losses are summed once per log
+# line over the steps since the last (`Pipeline.share_logged`), not again at each step; ep2 x pp2 logs every step
+LOG = {"tp2_pp2": 2, "ep2_pp2": 1}
 
 
 def _one(corpus, root, **over):
@@ -65,11 +68,12 @@ def pipeline(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_pipeline")
     out = {}
     for name, (nproc, over) in PIPELINE.items():
-        ref = single(write_config(root / f"one_{name}.json", corpus, root / f"one_{name}", **ROUTER, **MICRO[name]),
-                     root / f"one_{name}_log")
+        ref = single(write_config(root / f"one_{name}.json", corpus, root / f"one_{name}", **ROUTER, **MICRO[name],
+                                  logging_steps=LOG[name]), root / f"one_{name}_log")
         assert ref.returncode == 0, ref.explain()
         cfg = write_config(root / f"{name}.json", corpus, root / name,
-                           **{"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2, **ROUTER, **over})
+                           **{"gradient_accumulation_steps": 4, "per_device_train_batch_size": 2, **ROUTER, **over,
+                              "logging_steps": LOG[name]})
         run = launch_joined(cfg, root / f"{name}_log", nproc)
         assert run.returncode == 0, run.explain()
         out[name] = (ref, root / f"one_{name}"), (run, root / name)
@@ -99,13 +103,15 @@ def test_tp2_checkpoint_resumes_on_one_process(corpus, tmp_path, semi_auto):
 def test_pipeline_layouts_match_one_process(pipeline, layout):
     (ref, rout), (run, out) = pipeline[layout]
     assert "pipeline" in run.log(0) and ("ep 2" in run.log(0)) == ("ep2" in layout)
-    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    every = LOG[layout]  # the logged steps: each step's, or each interval's mean
+    assert_close_losses(run.losses(0), ref.losses(0), range(every, STEPS + 1, every))
     for name in ("aux_loss", "z_loss"):  # computed on the last stage, over every data rank's micro-batches
         got, want = logged(run.log(0), name), logged(ref.log(0), name)
-        assert_close_losses(got, want, range(1, STEPS + 1))
+        assert_close_losses(got, want, range(every, STEPS + 1, every))
         assert all(v > 0 for v in want.values()), name
     shares = expert_shares(ref.log(0))  # both stages' layers, every data rank's tokens, on rank 0
-    assert expert_shares(run.log(0)) == shares and len(shares) == STEPS and "," in shares[0]
+    assert expert_shares(run.log(0)) == shares and len(shares) == len(ref.losses(0)) >= STEPS // every
+    assert "," in shares[0]
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
     ckpt = read_checkpoint(out / "checkpoint-5", "weights")  # the biases each stage moved (not in HF's export)
     biases = [k for k in ckpt if k.endswith("e_score_correction_bias")]

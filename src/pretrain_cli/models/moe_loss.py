@@ -175,16 +175,19 @@ def add_logged(sums: dict, name: str, value) -> None:
     sums[name] = (value.detach() + s, n + 1)
 
 
-def log_values(model, whole_model_rows=None) -> dict:
+def log_values(model, strategy=None) -> dict:
     """What a log line and metrics.jsonl record of a MoE model since the last call: the mean router losses
     (unweighted), the busiest expert's share of its layer's assignments (the maximum over layers, and per layer),
-    the dropped share; then resets. {} for a dense model. `whole_model_rows` (the layout's, for a pipeline whose
-    stages hold other layers): this rank's `load_rows` -> every sparse layer's, in layer order."""
+    the dropped share; then resets. {} for a dense model. `strategy` (the layout's; a pipeline's stages hold other
+    layers, its last stage computes the losses): `share_logged` makes the sums one process's, `whole_model_rows`
+    this rank's `load_rows` every sparse layer's, in layer order."""
+    if strategy is not None:
+        strategy.share_logged(model.router_losses)
     out = {name: float(s) / max(n, 1) for name, (s, n) in model.router_losses.items()}
     model.router_losses.clear()
     rows = load_rows(model)
-    if whole_model_rows is not None:
-        rows = whole_model_rows(rows)
+    if strategy is not None:
+        rows = strategy.whole_model_rows(rows)
     load = shares(rows)
     if not load:  # a dense model
         return out

@@ -321,7 +321,7 @@ class Trainer:
         if getattr(getattr(self.layout.raw_model, "config", None), "sparse_layers", None):  # MoE: router losses, load
             from pretrain_cli.models.moe_loss import log_values
 
-            values.update(log_values(self.layout.raw_model, getattr(self.layout.strategy, "whole_model_rows", None)))
+            values.update(log_values(self.layout.raw_model, self.layout.strategy))
         s.interval_loss, s.interval_steps = 0.0, 0
         log.info(format_line(values))
         self._record("train", values)

@@ -150,6 +150,10 @@ class Strategy:
         """A scalar the step computed, as a dense tensor whose value is the global one."""
         return self.sequence.to_host(tensor) if self.sequence is not None else tensor
 
+    def share_logged(self, sums: dict) -> None:
+        """A MoE model's logged router losses ({name: (sum, forwards)}) as one process logs them, at log time: as
+        they are here (every rank computes them); a pipeline's come from its last stage."""
+
     def whole_model_rows(self, rows):
         """A MoE model's per-layer load rows (`models.moe_loss.load_rows`) of the whole model from this rank's: the
         same here (every rank runs every layer); a pipeline gathers its stages'."""
