@@ -45,21 +45,22 @@ def run_cli_fixture():
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers (`-n 2`): one work unit per test module, so
-# module fixtures are built once. The tests that start several processes of their own (the real launcher, whose
-# ranks need both cores) are two units, each run in order on one worker: the first starts first, the second (the
-# long-sequence and three-axis modules, `_SECOND`) after every other unit, on whichever worker is free first, so
-# two launches overlap only at the end (two at once slow each other more than they overlap; alone in one unit
-# they outlast everything else). The robustness tests are one unit too, as they share one reference training run
-# (a session fixture, built per worker). The units are set here rather than by xdist_group marks: pytest 9
-# ignores the test-id suffix that `--dist loadgroup` relies on.
+# module fixtures are built once. The tests that start several processes of their own (the real launcher) are two
+# units, each run in order on one worker, and both start first, one on each worker: a launch keeps its two cores
+# only ~40-60 % busy (its ranks wait on each other and on the launcher), so two launch units side by side fill the
+# machine, and the many short modules come last, where they share both workers evenly (started last, the second
+# launch unit ran alone for the suite's last ~4 minutes at ~50 % of the cores, measured from /proc/stat). The
+# robustness tests are one unit too, as they share one reference training run (a session fixture, built per
+# worker). The units are set here rather than by xdist_group marks: pytest 9 ignores the test-id suffix that
+# `--dist loadgroup` relies on.
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
 _SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py",
-           "distributed/test_context_products.py")
-# The longest units (as measured on 2 busy cores) start first, so the other worker works through the many
-# short modules meanwhile and both finish together; xdist's own order (most
-# tests first) started the 3-test calibration module last.
-_LONGEST_FIRST = ("multi-process", "unit/test_plan_calibration.py", "robustness", "e2e/test_readme.py",
-                  "unit/test_cpu_ops_build.py")
+           "distributed/test_context_products.py", "distributed/test_resilience.py", "distributed/test_layouts.py")
+# (the two units: ~540 and ~510 s of the 2-core machine's time at 6813b8f)
+# The longest units first (xdist hands a worker its next unit when its current one is nearly done), so the short
+# modules even out the end; xdist's own order (most tests first) started the 3-test calibration module last.
+_LONGEST_FIRST = ("multi-process", "multi-process-2", "unit/test_plan_calibration.py", "robustness",
+                  "e2e/test_readme.py", "unit/test_cpu_ops_build.py")
 
 
 def _work_unit(nodeid: str) -> str:
@@ -71,7 +72,6 @@ def _work_unit(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(items):
     rank = {unit: i for i, unit in enumerate(_LONGEST_FIRST)}
-    rank["multi-process-2"] = len(_LONGEST_FIRST) + 1  # after every other unit
     items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(_LONGEST_FIRST)))  # stable: the rest keep order
 
 

@@ -15,6 +15,27 @@ def weights(d):
     return load_file(str(d / "model.safetensors"))
 
 
+def test_a_finished_run_draws_its_loss_curve_once_at_the_end(corpus, tmp_path, monkeypatch):
+    """The checkpoint saved at max_steps leaves the loss curve to the final export, which draws it right after with
+    the run's last evaluation (a drawing is a third of a short CPU run); a checkpoint before max_steps draws one
+    (tests/e2e/test_cli.py's stopped run)."""
+    import threading
+
+    import pretrain_cli.training.plot as plot
+
+    drawn, real = [], plot.write_loss_curve
+
+    def counted(output_dir):
+        drawn.append(threading.current_thread().name)
+        return real(output_dir)
+
+    monkeypatch.setattr(plot, "write_loss_curve", counted)
+    cfg = write_config(tmp_path, corpus, max_steps=3, save_steps=1000, do_eval=True, eval_steps=3)
+    assert cli_main(["train", cfg]) == 0
+    assert drawn == ["MainThread"]
+    assert (tmp_path / "out" / "checkpoint-3").is_dir() and (tmp_path / "out" / "loss_curve.png").is_file()
+
+
 def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=24, do_eval=True, do_predict=True, eval_steps=12, disable_tqdm=False,
                        logging_steps=4, save_steps=12, report_to=["visualdl"], learning_rate=0.01)
