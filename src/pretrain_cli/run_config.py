@@ -23,7 +23,9 @@ class Target:
     `gpu_name` names the GPU (a hardware-table name for `plan`, the driver's for `train` and `check` on a GPU
     build: `runtime.gpu_name`), with `gpu_capability` the driver's where there is one, so both apply the same
 capability rule (`planning.hardware.pre_ampere` on `planning.hardware.capability`). `planned`: the devices are
-    the ones `plan` was asked about, so they win over the file's `device` key.
+    the ones `plan` was asked about, so they win over the file's `device` key. `candidate`: a layout `plan --fit` or a
+    suggestion tries (`orchestration.planned`): whether it runs is all the search asks, so a layout the parallel
+    rules refuse is refused before the rest of the file is resolved again (the file's own problems `plan` reported).
     """
 
     device: str = "cpu"  # "cpu" | "gpu"
@@ -32,6 +34,7 @@ capability rule (`planning.hardware.pre_ampere` on `planning.hardware.capability
     local_rank: int = 0
     gpu_name: str | None = None
     planned: bool = False
+    candidate: bool = False
     gpu_capability: tuple | None = None  # the driver's (major, minor) on a GPU (`runtime.gpu_capability`); else the table's
 
 

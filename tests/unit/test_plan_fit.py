@@ -180,6 +180,29 @@ def test_a_layout_train_cannot_run_is_never_chosen(monkeypatch):
     assert f["after"] is None or "tensor_parallel_degree" not in f["change"]
 
 
+def test_a_candidate_resolves_as_the_file_does_and_a_refused_product_is_refused_before_the_rest():
+    """`Target.candidate` (every `--fit` candidate): a layout that runs resolves to the same run as without it; a
+    product of degrees the parallel rules refuse raises that refusal without resolving the rest of the file again
+    (here the rest holds a problem of its own, which the candidate's error does not reach)."""
+    import dataclasses
+
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.orchestration.planned import parse as parsed, with_changes
+    from pretrain_cli.run_config import Target
+
+    args, cfg = parsed(str(QWEN), AT_4096)
+    target = Target(device="gpu", world_size=8, gpu_name="A100-80GB", planned=True)
+    ok = with_changes(args, {"tensor_parallel_degree": 2, "sharding": "stage1"})
+    assert resolve(ok, cfg, dataclasses.replace(target, candidate=True)) == resolve(ok, cfg, target)
+    refused = with_changes(args, {"pipeline_parallel_degree": 2, "sharding": "stage3", "warmup_steps": -1})
+    with pytest.raises(UserError) as whole:
+        resolve(refused, cfg, target)
+    with pytest.raises(UserError) as first:
+        resolve(refused, cfg, dataclasses.replace(target, candidate=True))
+    assert any("warmup_steps" in line for line in whole.value.lines)
+    assert [line for line in first.value.lines] == [line for line in whole.value.lines if "stage3" in line]
+
+
 def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkeypatch, tmp_path):
     """The GPU path of `train`'s out-of-memory line (CPU is tested end to end in tests/e2e/test_cli.py): the device
     is named from the hardware table, and the suggestion is `--fit`'s layout under 90 % of the smaller of the

@@ -95,7 +95,9 @@ def _unknown(key: str, where: str) -> UserError:
 
 def _scalar(spec: KeySpec, value, where: str):
     """Coerce one scalar: a JSON value, or a command-line string (both accept text the way PaddleNLP's argv does)."""
-    bad = UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {value!r}")
+    def bad() -> UserError:  # built only when raised: `plan --fit` coerces every candidate's keys
+        return UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {value!r}")
+
     base = spec.base
     if base is bool:
         if isinstance(value, bool):
@@ -104,10 +106,10 @@ def _scalar(spec: KeySpec, value, where: str):
             return bool(value)
         if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
-        raise bad
+        raise bad()
     if base is int:
         if isinstance(value, bool):
-            raise bad
+            raise bad()
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -119,27 +121,27 @@ def _scalar(spec: KeySpec, value, where: str):
                 try:
                     f = float(value)
                 except ValueError:
-                    raise bad from None
+                    raise bad() from None
                 if f.is_integer():
                     return int(f)
-        raise bad
+        raise bad()
     if base is float:
         if isinstance(value, bool):
-            raise bad
+            raise bad()
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
             try:
                 return float(value.strip())
             except ValueError:
-                raise bad from None
-        raise bad
+                raise bad() from None
+        raise bad()
     # str
     if isinstance(value, str):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # e.g. "split": 949 — PaddleNLP str()s every value
-    raise bad
+    raise bad()
 
 
 def coerce(spec: KeySpec, value, where: str, from_text: bool = False):

@@ -243,6 +243,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     """Validate every cross-key rule and decide every derived value; all problems raise together."""
     problems, notes = Problems(), []
     t, d, m = args.training, args.data, args.model
+    if target.candidate:  # most `--fit` candidates are refused products of degrees: found first, and cheaply
+        refused = Problems()
+        resolve_parallel(args, model_cfg, replace(target, device=target.device if target.planned else t.device), [],
+                         refused)
+        refused.raise_if_any()
     _check_ranges(args, problems)
     split = _phases(args, problems)
     schedule = _schedule(args, notes, problems)

@@ -6,6 +6,7 @@ kernel/parallel flags never land here (see `pretrain_cli.run_config`). No Paddle
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -344,17 +345,23 @@ class ModelConfig:
     @property
     def sparse_layers(self) -> list[int]:
         """`is_sparse_layer`'s rule over the decoder layers at once (`plan --fit` asks this of every candidate it
-        resolves, tens of thousands on a 94-layer model: one call per layer was most of the search's time)."""
-        if not (family(self.model_type).moe and self.num_experts > 0):
-            return []
-        dense, step = set(self.mlp_only_layers), self.decoder_sparse_step
-        return [i for i in range(max(self.first_k_dense_replace, 0), self.num_hidden_layers)
-                if (i + 1) % step == 0 and i not in dense]
+        resolves, tens of thousands on a 94-layer model: one call per layer was most of the search's time; so the
+        rule runs once per distinct set of the fields it reads)."""
+        return list(_sparse_layers(self.model_type, self.num_experts, tuple(self.mlp_only_layers),
+                                   self.decoder_sparse_step, self.first_k_dense_replace, self.num_hidden_layers))
 
     @property
     def n_rep(self) -> int:
         """Query heads per KV head (GQA group size)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+
+@functools.lru_cache(maxsize=64)
+def _sparse_layers(model_type: str, num_experts: int, mlp_only: tuple, step: int, first_k_dense: int,
+                   layers: int) -> tuple[int, ...]:
+    if not (family(model_type).moe and num_experts > 0):
+        return ()
+    return tuple(i for i in range(max(first_k_dense, 0), layers) if (i + 1) % step == 0 and i not in mlp_only)
 
 
 def check_seq_len(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq_length") -> None:

@@ -74,19 +74,20 @@ def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     return Topology.of(par).all_groups()
 
 
-def _resolved(args: Arguments, model_cfg, device: Device, gpus: int):
+def _resolved(args: Arguments, model_cfg, device: Device, gpus: int, candidate: bool = False):
     target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
-                    gpu_name=device.entry.name if device.entry else None, planned=True)
+                    gpu_name=device.entry.name if device.entry else None, planned=True, candidate=candidate)
     return resolve_rules.resolve(args, model_cfg, target)
 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None,
-         node: hardware.Node = hardware.Node()) -> Plan:
+         node: hardware.Node = hardware.Node(), candidate: bool = False) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
-    does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate."""
+    does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
+    `candidate`: a layout the search tries (`Target.candidate`)."""
     dev = target_device(device, node)
-    run = _resolved(args, model_cfg, dev, gpus)
+    run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
     if suggest_changes and not out.fits:
@@ -178,7 +179,7 @@ def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline
     def replan(change: dict, world: int = gpus):
         try:
             return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops,
-                        node)
+                        node, candidate=True)
         except UserError:
             return None
 
