@@ -128,9 +128,10 @@ def test_a_short_run_has_whole_step_ticks_and_its_eval_point_shows_beside_the_te
     assert test.get_markersize() > evals.get_markersize()  # the eval dot sits inside the hollow test square
 
 
-def test_checkpoints_within_a_minute_of_the_last_drawing_do_not_redraw(tmp_path, monkeypatch):
-    """A checkpoint's request within `REDRAW_SECONDS` of the previous drawing's start is dropped (seconds-apart
-    checkpoints of a short run cost a drawing each, ~40 % of a 10-step CPU run); one after it draws."""
+def test_checkpoints_within_a_minute_of_the_last_drawing_or_the_start_do_not_draw(tmp_path, monkeypatch):
+    """A checkpoint's request within `REDRAW_SECONDS` of the previous drawing's start, or of the run's (the writer's),
+    is dropped (seconds-apart checkpoints of a short run cost a drawing each, ~40 % of a 10-step CPU run), unless the
+    run stops at that checkpoint (a signal: no final export draws after it); one after the minute draws."""
     import pretrain_cli.training.metrics as metrics
     import pretrain_cli.training.plot as plot
     from pretrain_cli.training.metrics import MetricsWriter
@@ -138,7 +139,9 @@ def test_checkpoints_within_a_minute_of_the_last_drawing_do_not_redraw(tmp_path,
     drawn = []
     monkeypatch.setattr(plot, "write_loss_curve", lambda output_dir: drawn.append(output_dir))
     writer = MetricsWriter(str(tmp_path), None, ["none"], None)
-    writer.plot()  # the first checkpoint draws
+    writer.plot()  # dropped: the run started less than a minute ago
+    assert writer._plotter is None and drawn == []
+    writer.plot(stopping=True)  # the run stops here: drawn whatever the minute says
     writer._plotter.join()
     writer.plot()  # dropped: the last drawing started less than a minute ago
     writer._plotter.join()
@@ -148,3 +151,4 @@ def test_checkpoints_within_a_minute_of_the_last_drawing_do_not_redraw(tmp_path,
     writer._plotter.join()
     writer.close()
     assert len(drawn) == 2
+

@@ -23,9 +23,10 @@ from pretrain_cli.training import trackers
 from pretrain_cli.run_config import RunConfig
 
 log = logging.getLogger("pretrain_cli")
-# A checkpoint's loss-curve redraw is skipped within this many seconds of the previous one; the final export always
-# draws. A drawing costs 0.35-0.9 CPU-s (seconds on a busy machine), and checkpoints seconds apart add nothing to a
-# picture of the whole run: on a 10-step CPU run with four saves the redraws were 1.8 of its 4.3 CPU-s (measured).
+# A checkpoint's loss-curve drawing is skipped within this many seconds of the previous one or of the writer's start
+# (the run's), unless the run stops there (a signal); the final export always draws. A drawing costs 0.35-0.9 CPU-s
+# (seconds on a busy machine), and checkpoints seconds apart add nothing to a picture of the whole run: on a 10-step
+# CPU run with four saves the redraws were 1.8 of its 4.3 CPU-s (measured).
 REDRAW_SECONDS = 60.0
 
 
@@ -133,7 +134,7 @@ class MetricsWriter:
                     history.append(record)
             atomic.write_text(self.path, "".join(kept))
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
-        self._plotted_at = float("-inf")  # when the last one started (time.monotonic)
+        self._plotted_at = time.monotonic()  # when the last one started, or the writer (time.monotonic)
         self.logging_dir = logging_dir or str(self.output_dir / "runs")
         names = [n for n in (report_to or ()) if n != "none"]
         self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, history)
@@ -148,21 +149,23 @@ class MetricsWriter:
         for tracker in self._trackers if track else ():
             tracker.add(record)
 
-    def plot(self) -> None:
+    def plot(self, stopping: bool = False) -> None:
         """Redraw `loss_curve.png` from what metrics.jsonl holds now, at a checkpoint.
 
         On a background thread: matplotlib takes seconds (3–9 s on a busy 2-core machine, the first import
         included), which would otherwise stall training at every save, async saves too. One drawing at a
-        time; a request while one runs, or within `REDRAW_SECONDS` of the last one's start, is dropped (a later
-        checkpoint or the final export redraws), and `close` waits, so the final export's curve is the last one
-        written."""
+        time; a request while one runs, or within `REDRAW_SECONDS` of the last one's start (or of the writer's,
+        so a run shorter than that draws only at its end) is dropped (a later checkpoint or the final export
+        redraws), unless the run is `stopping` at this checkpoint (a signal: no final export follows); `close`
+        waits, so the final export's curve is the last one written."""
         import threading
 
         from pretrain_cli.training.plot import write_loss_curve
 
         self._raise_plot_error()
-        if self._plotter is not None and (self._plotter.is_alive()
-                                          or time.monotonic() - self._plotted_at < REDRAW_SECONDS):
+        if self._plotter is not None and self._plotter.is_alive():
+            return
+        if not stopping and time.monotonic() - self._plotted_at < REDRAW_SECONDS:
             return
         self._plotted_at = time.monotonic()
 

@@ -1,7 +1,8 @@
 """`output_dir/loss_curve.png`: training loss, eval/test loss and the learning rate against the step.
 
 Drawn with matplotlib's Agg renderer straight onto a `Figure` (no pyplot, no display, no global
-state), from `metrics.jsonl` (the one record of the run), at a checkpoint (at most once a minute) and at the end.
+state), from `metrics.jsonl` (the one record of the run), at a checkpoint (at most once a minute), at a stop and at
+the end.
 matplotlib is imported only when a curve is drawn, so commands and `--help` never pay for it.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def loss_figure(records: list[dict], run_name: str):
     from matplotlib.ticker import MaxNLocator
 
     # fixed margins, not `layout="constrained"`: that lays every text out twice and costs half of each drawing
-    # (0.82 -> 0.43 CPU-s; a run draws one at a checkpoint, at most once a minute, and one at the end)
+    # (0.82 -> 0.43 CPU-s; a run draws one at a checkpoint at most once a minute, and one at the end)
     fig = Figure(figsize=(8, 4.8), dpi=100)
     fig.subplots_adjust(left=0.1, right=0.88, top=0.92, bottom=0.2)
     ax = fig.add_subplot()

@@ -207,7 +207,7 @@ class Trainer:
                     self.model.train()
                 stop = self.comm.any(self.stop_requested)
                 if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
-                    self._save()
+                    self._save(stopping=stop)
                 if stop:
                     stopped_by_signal = step < lp.max_steps
                     break
@@ -337,7 +337,7 @@ class Trainer:
         if self.writer is not None:
             self.writer.write(kind, self.state.global_step, values)
 
-    def _save(self) -> None:
+    def _save(self, stopping: bool = False) -> None:
         progress.mark("save", self.state.global_step)
         if self.saver is not None:
             pieces = self.strategy.pieces(self.raw_model, self.optimizer)  # no collective, no copy
@@ -346,7 +346,7 @@ class Trainer:
         if self.writer is not None and self.state.global_step < self.loop.max_steps:
             # rank 0: the loss curve up to this checkpoint; the one at max_steps is the final export's to draw, with
             # the run's last evaluation in it (a drawing is 0.4-0.9 CPU-s: a third of a short CPU run's time)
-            self.writer.plot()
+            self.writer.plot(stopping)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, split: str = "valid") -> dict:
