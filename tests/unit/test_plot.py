@@ -152,3 +152,22 @@ def test_checkpoints_within_a_minute_of_the_last_drawing_or_the_start_do_not_dra
     writer.close()
     assert len(drawn) == 2
 
+
+
+def test_log_lines_go_to_the_stdout_of_the_moment_not_the_one_logging_was_set_up_with():
+    """A run started in-process may outlive the stream it set its logging up with (a caller's redirection, pytest's
+    capture of an earlier test): its lines go to the current `sys.stdout`, never to a closed one."""
+    import contextlib
+    import io
+    import logging
+
+    from pretrain_cli.training.metrics import setup_logging
+
+    first = io.StringIO()
+    with contextlib.redirect_stdout(first):
+        setup_logging(0)
+    first.close()
+    now = io.StringIO()
+    with contextlib.redirect_stdout(now):
+        logging.getLogger("pretrain_cli").info("checkpoint-4: stalled 0.025 s (sync)")
+    assert now.getvalue().endswith("] [    INFO] - checkpoint-4: stalled 0.025 s (sync)\n")

@@ -30,9 +30,26 @@ log = logging.getLogger("pretrain_cli")
 REDRAW_SECONDS = 60.0
 
 
+class _Stdout(logging.StreamHandler):
+    """A handler on whatever `sys.stdout` is when a line is written, not the one it was when the run set up its
+    logging: a run started in-process (`cli.main` from Python, the tests' captured streams) may outlive the stream
+    it started with, and a line written to a closed stream is a logging error instead of output."""
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _value):  # (set by StreamHandler's constructor and setStream; always the current one)
+        pass
+
+
 def setup_logging(rank: int = 0) -> None:
     """PaddleNLP's line format: `[2025-01-01 12:00:00,123] [    INFO] - message`. Only rank 0 logs INFO."""
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _Stdout()
     handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)8s] - %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
