@@ -4,7 +4,7 @@ largest tensor plus a margin (0.25 GB for qwen2.5-0.5b, scaled here by the param
 whole model on every rank needs at least all of its fp32 weights; an outside sampler of each rank's RSS never
 sees more than the rank recorded; and the first step's loss equals one process's.
 
-The model: a qwen2 of 55 M parameters (221 MB fp32; largest tensor the 25 MB embedding), so the bound (~163 MB)
+The model: a qwen2 of 26.8 M parameters (107 MB fp32; largest tensor the 17 MB embedding), so the bound (~84 MB)
 lies below the whole weights, as qwen2.5-0.5b's (1.78 GB) lies below its 1.98 GB. The issue's own size, by hand
 (~10 min, 4 processes of ~0.8 GiB and one of ~2.2 GiB):
 
@@ -21,8 +21,8 @@ import time
 
 from launch_helpers import child_env, launch_cmd, parse_losses, single, write_config
 
-MINI = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 8192, "hidden_size": 768,
-        "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 2,
+MINI = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 8192, "hidden_size": 512,
+        "intermediate_size": 1408, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
         "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "initializer_range": 0.02,
         "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
         "torch_dtype": "float32"}
