@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import select
@@ -373,4 +374,8 @@ if __name__ == "__main__":
     _BASE = dict(os.environ)  # what a rank's environment is compared with (`_rank_middle`)
     _warm_up()
     _BASE.setdefault("CUSTOM_DEVICE_ROOT", os.environ["CUSTOM_DEVICE_ROOT"])  # as `import paddle` set it
+    # what the warm-up made is never collected by a child: its collections skip those objects (Paddle's import is
+    # most of them), and touch none of their pages, which stay shared instead of copied into every child
+    gc.collect()
+    gc.freeze()
     _serve(sys.argv[1])
