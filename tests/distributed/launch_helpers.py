@@ -22,7 +22,6 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "run_pretrain.py"
 SHIM = Path(__file__).resolve().parent / "rank_shim.py"  # a rank forked from a server (its docstring says how)
-POLL = Path(__file__).resolve().parent / "launcher_poll.py"  # the forked launcher notices its ranks' end sooner
 LOSS = re.compile(r"global_step: (\d+).*?\bloss: ([0-9.eE+-]+)|\bloss: ([0-9.eE+-]+),.*?global_step: (\d+)")
 
 BASE = {
@@ -156,9 +155,8 @@ def parse_losses(text: str) -> dict[int, float]:
 def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: float,
               fresh: bool, rank_script: Path = SCRIPT) -> subprocess.CompletedProcess:
     """`launch_cmd`'s run, holding a block of ports as `scripts/job.py ports` does, its launcher forked from a
-    process that has imported Paddle (tests/forkserver.py, `spawns`: ~3 CPU-s a launch; polling its ranks every
-    0.05 s, launcher_poll.py) and its ranks forked from two more (rank_shim.py: ~4 CPU-s a rank), or started afresh
-    (`fresh`)."""
+    process that has imported Paddle (tests/forkserver.py, `spawns`: ~3 CPU-s a launch) and its ranks forked from
+    two more (rank_shim.py: ~4 CPU-s a rank), or started afresh (`fresh`)."""
     import forkserver
 
     from pretrain_cli.distributed.launcher.job import BLOCK_ENV, reserve
@@ -168,7 +166,7 @@ def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: fl
         env = dict(child_env(), PORT_RANGE=held.port_range, **{BLOCK_ENV: str(held.base)})
         script = (str(rank_script),) if fresh else (str(SHIM), forkserver.rank_servers(env), str(rank_script))
         return forkserver.run(_launcher_args(cfg, log_dir, nproc, extra, launcher, script=script),
-                              cwd=str(log_dir.parent), env=env, timeout=timeout, spawns=True, inject=str(POLL))
+                              cwd=str(log_dir.parent), env=env, timeout=timeout, spawns=True)
     finally:
         held.release()
 
