@@ -63,10 +63,14 @@ _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
 _SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py",
            "distributed/test_context_products.py", "distributed/test_resilience.py", "distributed/test_layouts.py")
 # (the two units: ~540 and ~510 s of the 2-core machine's time at 6813b8f)
-# The longest units first (xdist hands a worker its next unit when its current one is nearly done), so the short
-# modules even out the end; xdist's own order (most tests first) started the 3-test calibration module last.
+# The longest units first, by their time in the suite (xdist hands a worker its next unit when its current one is
+# nearly done), so the short modules even out the end: left in file order, test_perf_equivalence (~70 s) and the
+# plan modules came last and one worker finished them alone; xdist's own order (most tests first) started the
+# 3-test calibration module last.
 _LONGEST_FIRST = ("multi-process", "multi-process-2", "unit/test_plan_calibration.py", "robustness",
-                  "e2e/test_readme.py", "unit/test_cpu_ops_build.py")
+                  "unit/test_perf_equivalence.py", "e2e/test_train.py", "e2e/test_cli.py", "unit/test_plan_startup.py",
+                  "unit/test_plan_doc.py", "unit/test_presets.py", "parity/test_deepseek_parity.py",
+                  "e2e/test_readme.py", "unit/test_cpu_ops_build.py", "unit/test_moe.py")
 
 
 def _work_unit(nodeid: str) -> str:
