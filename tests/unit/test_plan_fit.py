@@ -200,7 +200,7 @@ def test_a_candidate_resolves_as_the_file_does_and_a_refused_product_is_refused_
     with pytest.raises(UserError) as first:
         resolve(refused, cfg, dataclasses.replace(target, candidate=True))
     assert any("warmup_steps" in line for line in whole.value.lines)
-    assert [line for line in first.value.lines] == [line for line in whole.value.lines if "stage3" in line]
+    assert list(first.value.lines) == [line for line in whole.value.lines if "stage3" in line]
 
 
 def test_out_of_memory_line_on_a_known_gpu_names_it_and_the_fitted_layout(monkeypatch, tmp_path):

@@ -243,10 +243,10 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     """Validate every cross-key rule and decide every derived value; all problems raise together."""
     problems, notes = Problems(), []
     t, d, m = args.training, args.data, args.model
-    if target.candidate:  # most `--fit` candidates are refused products of degrees: found first, and cheaply
-        refused = Problems()
-        resolve_parallel(args, model_cfg, replace(target, device=target.device if target.planned else t.device), [],
-                         refused)
+    probed = None  # a candidate's parallel layout, resolved first: most `--fit` candidates are refused products
+    if target.candidate:  # of degrees, found before the rest of the file is resolved again (a candidate is planned:
+        refused, probed_notes = Problems(), []  # its device is the target's)
+        probed = resolve_parallel(args, model_cfg, target, probed_notes, refused)
         refused.raise_if_any()
     _check_ranges(args, problems)
     split = _phases(args, problems)
@@ -263,7 +263,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     precision = _precision(args, device, target, notes, problems)
     here = replace(target, device=device)
     kernels = _kernels(args, here, precision, notes)
-    parallel = resolve_parallel(args, model_cfg, here, notes, problems)
+    if probed is None:
+        parallel = resolve_parallel(args, model_cfg, here, notes, problems)
+    else:  # (its notes in the same place as a file's)
+        parallel = probed
+        notes.extend(probed_notes)
     if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.steps.local_kernels: no vocabulary-split kernel
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:
