@@ -78,6 +78,23 @@ def test_swiglu_packed_matches_reference():
     _check(kernels.swiglu_packed_cpu, kernels.swiglu_packed, [gu], atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 40), (7, 40), (0, 40)])
+def test_mlp_in_is_the_packed_gate_up_gemm_then_swiglu(shape):
+    """x, gate and up weights: the one-op MLP input against the weight concat, matmul and SwiGLU it replaces,
+    forward and all three gradients (odd widths; 3-D and 2-D x; no rows at all)."""
+    x = RNG.standard_normal(shape).astype("float32")
+    wg, wu = ((RNG.standard_normal((40, 21)) * 0.3).astype("float32") for _ in range(2))
+    ref = lambda a, g, u: kernels.swiglu_packed(kernels.gate_up_packed(a, g, u))  # noqa: E731
+    _check(kernels.mlp_in_cpu, ref, [x, wg, wu], atol=1e-5)
+
+
+def test_mlp_in_refuses_mismatched_weights():
+    with pytest.raises(Exception, match="gate and up weights must be"):
+        kernels.mlp_in_cpu(paddle.zeros([2, 8]), paddle.zeros([8, 4]), paddle.zeros([8, 5]))
+    with pytest.raises(Exception, match="x's last dim 6 != hidden 8"):
+        kernels.mlp_in_cpu(paddle.zeros([2, 6]), paddle.zeros([8, 4]), paddle.zeros([8, 4]))
+
+
 def test_rope_matches_gemm_rope_for_q_and_k():
     q = RNG.standard_normal((2, 7, 4, 10)).astype("float32")
     k = RNG.standard_normal((2, 7, 2, 10)).astype("float32")
@@ -332,6 +349,7 @@ def test_cpu_selection_uses_the_fused_kernels_silently():
         kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
         kernels.swiglu_packed_cpu)
     assert k.attention_cached is kernels.attention_cpu and k.add_rms_norm is kernels.add_rms_norm_cpu
+    assert k.mlp_in is kernels.mlp_in_cpu and "gate|up GEMM + SwiGLU as one op" in k.describe()
     assert k.attention_document is kernels.attention_cpu_document and "documents: cpu_document" in k.describe()
     assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
     assert "attention=cpu" in k.describe()
@@ -345,8 +363,8 @@ def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
     off = resolve_run("--use_flash_attention", "--cpu_fused_ops", "false").kernels
     assert off.cpu_ops is False
     k = kernels.select(off, "cpu")
-    assert (k.attention, k.rms_norm, k.cross_entropy, k.add_rms_norm) == (
-        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference, None)
+    assert (k.attention, k.rms_norm, k.cross_entropy, k.add_rms_norm, k.mlp_in) == (
+        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference, None, None)
     assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
     monkeypatch.setattr(cpu_ops, "load", lambda: pytest.fail("cpu_fused_ops false loaded the fused CPU kernels"))
     h = paddle.randn([6, 8])

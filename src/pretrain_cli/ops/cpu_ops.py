@@ -169,6 +169,11 @@ class _Ops:
     def swiglu_packed(self, gate_up):
         return self._run("pcl_swiglu", gate_up)[0]
 
+    def mlp_in(self, x, gate_w, up_w):
+        """silu(x·gate_w) · (x·up_w) `[..., inter]` (weights `[hidden, inter]`): one GEMM on [gate_w | up_w], packed
+        inside the op, then SwiGLU; the backward's three products likewise."""
+        return self._run("pcl_mlp_in", x, gate_w, up_w)[0]
+
     def rope_heads_first(self, x, cos, sin, position_ids=None):
         """x `[bsz, seq_len, heads, head_dim]` -> rotated `[bsz, heads, seq_len, head_dim]`; token (b, p) uses
         table row p, or row `position_ids[b, p]` (int64) when given."""
@@ -177,7 +182,8 @@ class _Ops:
         return self._run("pcl_rope_pos", x, cos, sin, position_ids)[0]
 
     def causal_attention(self, q, k, v, scale: float):
-        """q `[B, H, S, D]`, k/v `[B, G, SK, D]` -> out `[B, H, S, D]` (block-causal GEMMs, GQA by index)."""
+        """q `[B, H, S, D]`, k `[B, G, SK, D]`, v `[B, SK, G, D]` -> out `[B, S, H, D]` (block-causal GEMMs, GQA
+        by index; v and out token-major, as the projections lay them out)."""
         return self._run("pcl_causal_attention", q, k, v, float(scale))[0]
 
     def document_attention(self, q, k, v, doc_start, scale: float):
@@ -285,6 +291,13 @@ def swiglu_packed_cpu(gate_up):
     return load().swiglu_packed(gate_up)
 
 
+def mlp_in_cpu(x, gate_w, up_w):
+    """The MLP up to its down projection as one op: Paddle's weight concat, matmul and SwiGLU (and in the backward
+    their three gradients and the concat's split) become one forward and one backward call, and the packed
+    `[hidden, 2·inter]` weight is never a tensor the autograd graph keeps."""
+    return load().mlp_in(x, gate_w, up_w)
+
+
 def rope_cpu(q, k, cos, sin, position_ids=None):
     """The kernel writes head-major `[bsz, heads, seq_len, head_dim]` (what attention's GEMMs read);
     the returned `[bsz, seq_len, heads, head_dim]` are views of it, so `attention_cpu`'s transpose back
@@ -305,10 +318,9 @@ def attention_cpu(q, k, v):
     # q, k from `rope_cpu` are views of head-major buffers: these transposes give them back for free
     qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, q_len, head_dim]
     kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, k_len, head_dim]
-    vt = ops.swap12(v)  # [bsz, n_kv, k_len, head_dim]
     scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0  # 0: the kernel reports the empty head_dim
-    out = ops.causal_attention(qt, kt, vt, scale)  # [bsz, n_heads, q_len, head_dim]
-    return ops.swap12(out)  # [bsz, q_len, n_heads, head_dim], contiguous: the caller's merge is a view
+    # v `[bsz, k_len, n_kv, head_dim]` is read as the projection wrote it; out comes back token-major, contiguous
+    return ops.causal_attention(qt, kt, v, scale)  # [bsz, q_len, n_heads, head_dim]: the caller's merge is a view
 
 
 def attention_cpu_document(q, k, v, doc_start):
@@ -320,7 +332,5 @@ def attention_cpu_document(q, k, v, doc_start):
     head_dim = q.shape[-1]
     qt = q.transpose([0, 2, 1, 3])  # [bsz, n_heads, seq_len, head_dim]
     kt = k.transpose([0, 2, 1, 3])  # [bsz, n_kv, seq_len, head_dim]
-    vt = ops.swap12(v)  # [bsz, n_kv, seq_len, head_dim]
     scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 0.0
-    out = ops.document_attention(qt, kt, vt, doc_start, scale)  # [bsz, n_heads, seq_len, head_dim]
-    return ops.swap12(out)  # [bsz, seq_len, n_heads, head_dim]
+    return ops.document_attention(qt, kt, v, doc_start, scale)  # [bsz, seq_len, n_heads, head_dim]

@@ -10,8 +10,10 @@ using pcl::contig;
 using pcl::exp_from_max;
 
 // ------------------------------------------------------------------- block-causal attention
-// q [B, H, S, D], k/v [B, G, SK, D] (GQA: head h reads KV head h / (H/G)) -> out [B, H, S, D] and the
-// probabilities [B, H, S, SK] kept for the backward. Query i sees keys j <= SK - S + i (bottom-right, as
+// q [B, H, S, D], k [B, G, SK, D] (GQA: head h reads KV head h / (H/G)) and v token-major [B, SK, G, D] -> out
+// token-major [B, S, H, D] and the probabilities [B, H, S, SK] kept for the backward. v and out keep the
+// projections' layout (the GEMMs read and write them with row strides G·D and H·D): no transposing copy of
+// either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
 // its last row can see, so the GEMMs skip the masked upper triangle (~40% of attention FLOPs at S = 512,
 // approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop.
@@ -27,8 +29,9 @@ using pcl::kTrans;
 constexpr int64_t kBlock = 64;
 
 void check_attention_shapes(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v) {
-  PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape() == k.shape(),
-           "causal_attention: q [B, H, S, D], k and v [B, G, SK, D]");
+  PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4 && v.shape()[0] == k.shape()[0] &&
+               v.shape()[1] == k.shape()[2] && v.shape()[2] == k.shape()[1] && v.shape()[3] == k.shape()[3],
+           "causal_attention: q [B, H, S, D], k [B, G, SK, D], v [B, SK, G, D]");
   PD_CHECK(q.shape()[0] == k.shape()[0] && q.shape()[3] == k.shape()[3] && q.shape()[1] % k.shape()[1] == 0 &&
                q.shape()[2] <= k.shape()[2],
            "causal_attention: mismatched q/k shapes");
@@ -81,7 +84,8 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
                                               const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
   const int64_t G = k.shape()[1], SK = k.shape()[2], rep = H / G, shift = SK - S;
-  auto out = paddle::empty({B, H, S, D}, q.dtype(), q.place());
+  const int64_t ldv = G * D, ldo = H * D;  // row strides of the token-major v and out
+  auto out = paddle::empty({B, S, H, D}, q.dtype(), q.place());
   auto probs = paddle::empty({B, H, S, SK}, q.dtype(), q.place());
   const float* qp = q.data<float>();
   const float* kp = k.data<float>();
@@ -100,9 +104,9 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
         const int64_t* st = start ? start + b * S : nullptr;
         const float* Q = qp + (b * H + h) * S * D;
         const float* K = kp + (b * G + g) * SK * D;
-        const float* V = vp + (b * G + g) * SK * D;
+        const float* V = vp + b * SK * ldv + g * D;  // [SK, D] at row stride ldv
         float* P = pp + (b * H + h) * S * SK;
-        float* O = op + (b * H + h) * S * D;
+        float* O = op + b * S * ldo + h * D;  // [S, D] at row stride ldo
         for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
           block_rows(st, i0, S, &m, &k0);
           const int64_t n = shift + i0 + m, w = n - k0;  // the block's keys: [k0, n), what its last row sees
@@ -121,7 +125,7 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
             std::fill(row + vis, row + w, 0.f);
             store_probs(P + (i0 + r) * SK + k0, row, w);
           }
-          cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * D, D, 0.f, O + i0 * D, D);
+          cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * ldv, ldv, 0.f, O + i0 * ldo, ldo);
         }
       }
     }
@@ -145,7 +149,7 @@ int64_t query_slices(int64_t B, int64_t G, int64_t S) {
 }
 
 struct BackwardArgs {
-  const float *q, *k, *v, *p, *dout;
+  const float *q, *k, *v, *p, *dout;  // v [B, SK, G, D] and dout [B, S, H, D] token-major, the rest head-major
   float* dq;
   const int64_t* start;
   int64_t B, H, S, D, G, SK, rep, shift;
@@ -154,24 +158,25 @@ struct BackwardArgs {
 
 // One slice of (b, g): dP = dO V^T, dS = scale * P * (dP - rowsum(P * dP)), dQ = dS K, dK += dS^T Q,
 // dV += P^T dO over the slice's query blocks of every query head of KV head g, each over the block's keys
-// [k0, n) only. `ds` is this thread's [kBlock, SK] scratch.
+// [k0, n) only. `ds` is this thread's [kBlock, SK] scratch; dV's rows are `lddv` apart (the token-major dv, or a
+// slice's own [SK, D]).
 void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, int64_t ns, float* dK, float* dV,
-                    float* ds) {
-  const int64_t S = a.S, D = a.D, SK = a.SK;
+                    int64_t lddv, float* ds) {
+  const int64_t S = a.S, D = a.D, SK = a.SK, ldv = a.G * D, ldo = a.H * D;
   const int64_t* st = a.start ? a.start + b * S : nullptr;
   const float* K = a.k + (b * a.G + g) * SK * D;
-  const float* V = a.v + (b * a.G + g) * SK * D;
+  const float* V = a.v + b * SK * ldv + g * D;  // [SK, D] at row stride ldv
   for (int64_t h = g * a.rep; h < (g + 1) * a.rep; ++h) {
     const float* Q = a.q + (b * a.H + h) * S * D;
     const float* P = a.p + (b * a.H + h) * S * SK;
-    const float* dO = a.dout + (b * a.H + h) * S * D;
+    const float* dO = a.dout + b * S * ldo + h * D;  // [S, D] at row stride ldo
     float* dQ = a.dq + (b * a.H + h) * S * D;
     for (int64_t i0 = 0, m = 0, k0 = 0, ordinal = 0; i0 < S; i0 += m, ++ordinal) {
       block_rows(st, i0, S, &m, &k0);
       if (ordinal % ns != slice) continue;
       const int64_t n = a.shift + i0 + m, w = n - k0;
       float* dS = ds;  // [m, w]
-      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * D, D, V + k0 * D, D, 0.f, dS, w);
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * ldo, ldo, V + k0 * ldv, ldv, 0.f, dS, w);
       for (int64_t r = 0; r < m; ++r) {
         const float* pr = P + (i0 + r) * SK + k0;
         float* dr = dS + r * w;
@@ -183,8 +188,8 @@ void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, 
       }
       cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
       cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
-      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * D, D, 1.f, dV + k0 * D,
-                  D);
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * ldo, ldo, 1.f,
+                  dV + k0 * lddv, lddv);
     }
   }
 }
@@ -196,12 +201,12 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
   const int64_t G = k.shape()[1], SK = k.shape()[2];
   auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
   auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
-  auto dv = paddle::empty(v.shape(), v.dtype(), v.place());
+  auto dv = paddle::empty(v.shape(), v.dtype(), v.place());  // token-major, as v
   const BackwardArgs a{q.data<float>(), k.data<float>(), v.data<float>(), p.data<float>(), dout.data<float>(),
                        dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, scale};
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
-  const int64_t ns = query_slices(B, G, S), head = SK * D;
+  const int64_t ns = query_slices(B, G, S), head = SK * D, ldv = G * D;
   std::vector<float> partial(ns > 1 ? static_cast<size_t>(B * G * ns * 2 * head) : 0);  // [B*G, ns, dK|dV, SK, D]
 #pragma omp parallel
   {
@@ -212,28 +217,33 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
         for (int64_t s = 0; s < ns; ++s) {
           const int64_t bg = b * G + g;
           float* dK = ns == 1 ? dkp + bg * head : partial.data() + ((bg * ns + s) * 2) * head;
-          float* dV = ns == 1 ? dvp + bg * head : partial.data() + ((bg * ns + s) * 2 + 1) * head;
+          float* dV = ns == 1 ? dvp + b * SK * ldv + g * D : partial.data() + ((bg * ns + s) * 2 + 1) * head;
+          const int64_t lddv = ns == 1 ? ldv : D;
           std::fill(dK, dK + head, 0.f);
-          std::fill(dV, dV + head, 0.f);
-          backward_slice(a, b, g, s, ns, dK, dV, ds.data());
+          for (int64_t r = 0; r < SK; ++r) std::fill(dV + r * lddv, dV + r * lddv + D, 0.f);
+          backward_slice(a, b, g, s, ns, dK, dV, lddv, ds.data());
         }
       }
     }
     if (ns > 1) {  // after the loop's barrier: every slice is complete; add them in slice order
-      constexpr int64_t kPiece = 4096;
-      const int64_t pieces = (head + kPiece - 1) / kPiece;
+      const int64_t rows = std::max<int64_t>(1, 4096 / D), pieces = (SK + rows - 1) / rows;
 #pragma omp for collapse(2) schedule(static)
       for (int64_t bg = 0; bg < B * G; ++bg) {
         for (int64_t c = 0; c < pieces; ++c) {
-          const int64_t lo = c * kPiece, hi = std::min(head, lo + kPiece);
+          const int64_t lo = c * rows, hi = std::min(SK, lo + rows);
           for (int64_t which = 0; which < 2; ++which) {
-            float* out = (which == 0 ? dkp : dvp) + bg * head;
-            const float* first = partial.data() + (bg * ns * 2 + which) * head;
-            std::copy(first + lo, first + hi, out + lo);
-            for (int64_t s = 1; s < ns; ++s) {
-              const float* part = partial.data() + ((bg * ns + s) * 2 + which) * head;
+            // dK [B, G, SK, D] head-major, dV [B, SK, G, D] token-major
+            float* out = which == 0 ? dkp + bg * head : dvp + (bg / G) * SK * ldv + (bg % G) * D;
+            const int64_t ld = which == 0 ? D : ldv;
+            for (int64_t r = lo; r < hi; ++r) {
+              float* o = out + r * ld;
+              const float* first = partial.data() + (bg * ns * 2 + which) * head + r * D;
+              std::copy(first, first + D, o);
+              for (int64_t s = 1; s < ns; ++s) {
+                const float* part = partial.data() + ((bg * ns + s) * 2 + which) * head + r * D;
 #pragma omp simd
-              for (int64_t j = lo; j < hi; ++j) out[j] += part[j];
+                for (int64_t j = 0; j < D; ++j) o[j] += part[j];
+              }
             }
           }
         }
@@ -285,7 +295,7 @@ std::vector<paddle::Tensor> DocumentAttentionBackward(const paddle::Tensor& q_ar
 
 std::vector<std::vector<int64_t>> CausalAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                                                        const std::vector<int64_t>& v, const float& scale) {
-  return {q, {q[0], q[1], q[2], k[2]}};
+  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], q[2], k[2]}};
 }
 
 std::vector<paddle::DataType> CausalAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,
@@ -296,7 +306,7 @@ std::vector<paddle::DataType> CausalAttentionDtype(const paddle::DataType& q, co
 std::vector<std::vector<int64_t>> DocumentAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                                                          const std::vector<int64_t>& v, const std::vector<int64_t>& st,
                                                          const float& scale) {
-  return {q, {q[0], q[1], q[2], k[2]}};
+  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], q[2], k[2]}};
 }
 
 std::vector<paddle::DataType> DocumentAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,

@@ -1,9 +1,13 @@
-// RMSNorm, residual add + RMSNorm, and packed SwiGLU (see common.h for why these kernels exist).
+// RMSNorm, residual add + RMSNorm, packed SwiGLU, and the gate|up GEMM with its SwiGLU (see common.h for why
+// these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
 using pcl::contig;
 using pcl::last_dim;
+using pcl::kNoTrans;
+using pcl::kRowMajor;
+using pcl::kTrans;
 using pcl::vexp;
 
 // ------------------------------------------------------------------------------------ RMSNorm
@@ -210,6 +214,38 @@ PD_BUILD_GRAD_OP(pcl_add_rms_norm)
     .SetKernelFn(PD_KERNEL(AddRmsNormBackward));
 
 // ------------------------------------------------------------------------ packed SwiGLU
+namespace {
+// rows of [2I] laid out [gate | up] -> silu(gate) * up, rows of [I]
+void swiglu_rows(const float* in, float* op, int64_t rows, int64_t inter) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = in + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = op + r * inter;
+#pragma omp simd
+    for (int64_t j = 0; j < inter; ++j) o[j] = g[j] / (1.f + vexp(-g[j])) * u[j];
+  }
+}
+
+// d gate = dy * up * sig * (1 + g * (1 - sig)),  d up = dy * silu(g)
+void swiglu_grad_rows(const float* in, const float* gp, float* dp, int64_t rows, int64_t inter) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = in + r * 2 * inter;
+    const float* u = g + inter;
+    const float* d = gp + r * inter;
+    float* dg = dp + r * 2 * inter;
+    float* du = dg + inter;
+#pragma omp simd
+    for (int64_t j = 0; j < inter; ++j) {
+      const float sig = 1.f / (1.f + vexp(-g[j]));
+      du[j] = d[j] * g[j] * sig;
+      dg[j] = d[j] * u[j] * sig * (1.f + g[j] * (1.f - sig));
+    }
+  }
+}
+}  // namespace
+
 // [..., 2I] laid out [gate | up] -> silu(gate) * up  [..., I]
 std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& gu_arg) {
   const paddle::Tensor gu = contig(gu_arg);
@@ -219,42 +255,16 @@ std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& gu_arg) {
   auto shape = gu.shape();
   shape.back() = inter;
   auto out = paddle::empty(shape, gu.dtype(), gu.place());
-  const float* in = gu.data<float>();
-  float* op = out.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = in + r * two_i;
-    const float* u = g + inter;
-    float* o = op + r * inter;
-#pragma omp simd
-    for (int64_t j = 0; j < inter; ++j) o[j] = g[j] / (1.f + vexp(-g[j])) * u[j];
-  }
+  swiglu_rows(gu.data<float>(), out.data<float>(), rows, inter);
   return {out};
 }
 
-// d gate = dy * up * sig * (1 + g * (1 - sig)),  d up = dy * silu(g)
 std::vector<paddle::Tensor> SwigluBackward(const paddle::Tensor& gu_arg, const paddle::Tensor& dy_arg) {
   const paddle::Tensor gu = contig(gu_arg);
   const paddle::Tensor dy = contig(dy_arg);
   const int64_t two_i = last_dim(gu), inter = two_i / 2, rows = gu.numel() / two_i;
   auto dgu = paddle::empty(gu.shape(), gu.dtype(), gu.place());
-  const float* in = gu.data<float>();
-  const float* gp = dy.data<float>();
-  float* dp = dgu.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = in + r * two_i;
-    const float* u = g + inter;
-    const float* d = gp + r * inter;
-    float* dg = dp + r * two_i;
-    float* du = dg + inter;
-#pragma omp simd
-    for (int64_t j = 0; j < inter; ++j) {
-      const float sig = 1.f / (1.f + vexp(-g[j]));
-      du[j] = d[j] * g[j] * sig;
-      dg[j] = d[j] * u[j] * sig * (1.f + g[j] * (1.f - sig));
-    }
-  }
+  swiglu_grad_rows(gu.data<float>(), dy.data<float>(), dgu.data<float>(), rows, inter);
   return {dgu};
 }
 
@@ -274,3 +284,99 @@ PD_BUILD_GRAD_OP(pcl_swiglu)
     .Inputs({"GU", paddle::Grad("Out")})
     .Outputs({paddle::Grad("GU")})
     .SetKernelFn(PD_KERNEL(SwigluBackward));
+
+// ------------------------------------------------------------------ gate|up GEMM + SwiGLU, one op
+// act = silu(x·Wg) * (x·Wu), with GU = x·[Wg | Wu] ([..., 2I] laid out [gate | up]) kept for the backward.
+// One op instead of Paddle's weight concat, matmul and the SwiGLU kernel (and, in the backward, the concat's
+// split, the matmul's gradient and SwiGLU's): the [H, 2I] packed weight lives only inside each pass, never as a
+// tensor the autograd graph holds, and dGU (the SwiGLU gradient) only between the backward's GEMMs. The GEMMs
+// are the single [N, H]·[H, 2I] product and its two gradients, as fast as one Linear of width 2I
+// (two half-width sgemms were ~2 % slower; docs/PERFORMANCE.md §6).
+namespace {
+// [H, I] and [H, I] -> [H, 2I] rows laid out [g | u]
+void pack_rows(const float* g, const float* u, float* out, int64_t h, int64_t inter) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < h; ++r) {
+    std::memcpy(out + r * 2 * inter, g + r * inter, sizeof(float) * inter);
+    std::memcpy(out + r * 2 * inter + inter, u + r * inter, sizeof(float) * inter);
+  }
+}
+
+void check_mlp_in(const paddle::Tensor& x, const paddle::Tensor& wg, const paddle::Tensor& wu) {
+  check_f32(x, "mlp_in", "x");
+  check_f32(wg, "mlp_in", "gate weight");
+  check_f32(wu, "mlp_in", "up weight");
+  PD_CHECK(wg.shape().size() == 2 && wg.shape() == wu.shape(), "mlp_in: gate and up weights must be [hidden, inter]");
+  PD_CHECK(last_dim(x) == wg.shape()[0], "mlp_in: x's last dim ", last_dim(x), " != hidden ", wg.shape()[0]);
+}
+}  // namespace
+
+std::vector<paddle::Tensor> MlpInForward(const paddle::Tensor& x_arg, const paddle::Tensor& wg_arg,
+                                         const paddle::Tensor& wu_arg) {
+  const paddle::Tensor x = contig(x_arg), wg = contig(wg_arg), wu = contig(wu_arg);
+  check_mlp_in(x, wg, wu);
+  const int64_t h = wg.shape()[0], inter = wg.shape()[1], rows = x.numel() / h;
+  auto shape = x.shape();
+  shape.back() = 2 * inter;
+  auto gu = paddle::empty(shape, x.dtype(), x.place());
+  shape.back() = inter;
+  auto act = paddle::empty(shape, x.dtype(), x.place());
+  auto w = paddle::empty({h, 2 * inter}, x.dtype(), x.place());
+  pack_rows(wg.data<float>(), wu.data<float>(), w.data<float>(), h, inter);
+  if (rows > 0)
+    cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, rows, 2 * inter, h, 1.f, x.data<float>(), h, w.data<float>(),
+                2 * inter, 0.f, gu.data<float>(), 2 * inter);
+  swiglu_rows(gu.data<float>(), act.data<float>(), rows, inter);
+  return {act, gu};
+}
+
+std::vector<paddle::Tensor> MlpInBackward(const paddle::Tensor& x_arg, const paddle::Tensor& wg_arg,
+                                          const paddle::Tensor& wu_arg, const paddle::Tensor& gu_arg,
+                                          const paddle::Tensor& dact_arg) {
+  const paddle::Tensor x = contig(x_arg), wg = contig(wg_arg), wu = contig(wu_arg), gu = contig(gu_arg),
+                       dact = contig(dact_arg);
+  const int64_t h = wg.shape()[0], inter = wg.shape()[1], rows = x.numel() / h;
+  auto dx = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto dwg = paddle::empty(wg.shape(), wg.dtype(), wg.place());
+  auto dwu = paddle::empty(wu.shape(), wu.dtype(), wu.place());
+  auto dgu = paddle::empty(gu.shape(), gu.dtype(), gu.place());
+  swiglu_grad_rows(gu.data<float>(), dact.data<float>(), dgu.data<float>(), rows, inter);
+  auto w = paddle::empty({h, 2 * inter}, x.dtype(), x.place());  // [Wg | Wu], then d[Wg | Wu]
+  float* wp = w.data<float>();
+  pack_rows(wg.data<float>(), wu.data<float>(), wp, h, inter);
+  if (rows > 0) {
+    cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, h, 2 * inter, 1.f, dgu.data<float>(), 2 * inter, wp, 2 * inter, 0.f,
+                dx.data<float>(), h);  // dx = dGU · [Wg | Wu]ᵀ
+    cblas_sgemm(kRowMajor, kTrans, kNoTrans, h, 2 * inter, rows, 1.f, x.data<float>(), h, dgu.data<float>(), 2 * inter,
+                0.f, wp, 2 * inter);  // d[Wg | Wu] = xᵀ · dGU
+  } else {
+    std::fill(wp, wp + h * 2 * inter, 0.f);
+  }
+  float* dgp = dwg.data<float>();
+  float* dup = dwu.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < h; ++r) {
+    std::memcpy(dgp + r * inter, wp + r * 2 * inter, sizeof(float) * inter);
+    std::memcpy(dup + r * inter, wp + r * 2 * inter + inter, sizeof(float) * inter);
+  }
+  return {dx, dwg, dwu};
+}
+
+std::vector<std::vector<int64_t>> MlpInShape(const std::vector<int64_t>& x, const std::vector<int64_t>& wg,
+                                             const std::vector<int64_t>& wu) {
+  std::vector<int64_t> act = x, gu = x;
+  act.back() = wg.back();
+  gu.back() = 2 * wg.back();
+  return {act, gu};
+}
+
+PD_BUILD_OP(pcl_mlp_in)
+    .Inputs({"X", "Wg", "Wu"})
+    .Outputs({"Act", "GU"})
+    .SetKernelFn(PD_KERNEL(MlpInForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(MlpInShape));
+
+PD_BUILD_GRAD_OP(pcl_mlp_in)
+    .Inputs({"X", "Wg", "Wu", "GU", paddle::Grad("Act")})
+    .Outputs({paddle::Grad("X"), paddle::Grad("Wg"), paddle::Grad("Wu")})
+    .SetKernelFn(PD_KERNEL(MlpInBackward));
