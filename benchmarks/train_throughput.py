@@ -38,8 +38,9 @@ CONFIGS = ("bench", "small")
 
 
 # ------------------------------------------------------------------------------------ workers
-def worker_paddle(cfg: dict, a) -> dict:
-    """Build model/optimizer/schedule exactly as train.run() does and time `Trainer.train_step`."""
+def build_our_step(cfg: dict, a):
+    """(trainer, batches, model config, run configuration, world): what train.run() builds, fed synthetic batches.
+    `a` carries --threads, --mkl-cpu-type, --set, --to-static and --cpu-ops (kernel_ab.py builds its step here too)."""
     from pretrain_cli import runtime
 
     runtime.setup_env(a.threads)  # "auto": exactly the product's environment (runtime.mkl_cpu_type)
@@ -47,20 +48,18 @@ def worker_paddle(cfg: dict, a) -> dict:
         os.environ.pop("MKL_DEBUG_CPU_TYPE", None)
     elif a.mkl_cpu_type != "auto":
         os.environ["MKL_DEBUG_CPU_TYPE"] = a.mkl_cpu_type
-    paddle = runtime.import_paddle()
+    runtime.import_paddle()
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
     from pretrain_cli.distributed.comms.comm import build_comm
     from pretrain_cli.distributed.setup import init_process_group
     from pretrain_cli.models import ModelConfig
-    from pretrain_cli.models.flops import flops_per_token
     from pretrain_cli.training.run import build_model, lay_out
     from pretrain_cli.training.trainer import Trainer
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    peak = matmul_peak_gflops("paddle")
     arguments = dict(cfg["arguments"], do_train=True, device="cpu", output_dir="unused", input_dir="unused")
     arguments.update(json.loads(a.set_json or "{}"))  # --set key=value: the layout under test (sharding, tp, ...)
     if a.to_static:
@@ -73,13 +72,23 @@ def worker_paddle(cfg: dict, a) -> dict:
     overrides = [tok for k, v in arguments.items() for tok in (f"--{k}", json.dumps(v).strip('"'))]
     mcfg = ModelConfig.from_dict(cfg["model"])
     run = resolve(parse_config(None, overrides), mcfg, Target("cpu", world, rank))
-    seq, bs = run.data.max_seq_length, run.loop.micro_batch
     init_process_group(run.parallel)
     comm = build_comm(run.parallel)
     trainer = Trainer(lay_out(run, build_model(run, mcfg), comm), None, run, comm)
-    model = trainer.model
-    model.train()
-    data = batches(SyntheticDataset(mcfg.vocab_size, seq), bs, rank, world)
+    trainer.model.train()
+    data = batches(SyntheticDataset(mcfg.vocab_size, run.data.max_seq_length), run.loop.micro_batch, rank, world)
+    return trainer, data, mcfg, run, world
+
+
+def worker_paddle(cfg: dict, a) -> dict:
+    """Build model/optimizer/schedule exactly as train.run() does and time `Trainer.train_step`."""
+    from pretrain_cli.models.flops import flops_per_token
+
+    trainer, data, mcfg, run, world = build_our_step(cfg, a)
+    import paddle
+
+    peak = matmul_peak_gflops("paddle")
+    seq, bs = run.data.max_seq_length, run.loop.micro_batch
     losses, times = timed(lambda: trainer.train_step(data)[0], a.warmup, a.steps)
     out = summary(times, bs * seq * world)
     fpt = flops_per_token(mcfg, seq)

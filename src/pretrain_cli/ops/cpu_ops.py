@@ -190,10 +190,6 @@ class _Ops:
         """As `causal_attention` (S == SK), query i seeing only keys `doc_start[b, i]` … i (int64 `[B, S]`)."""
         return self._run("pcl_document_attention", q, k, v, doc_start, float(scale))[0]
 
-    def swap12(self, x):
-        """`[A, B, C, D]` -> contiguous `[A, C, B, D]` (a strided copy in Paddle is ~30x slower)."""
-        return self._run("pcl_swap12", x)[0]
-
     def cross_entropy(self, logits, labels, ignore_index: int):
         """Per-row loss `[N]` (0 for ignored rows) from logits `[N, V]` and int64 labels `[N]`."""
         return self._run("pcl_cross_entropy", logits, labels, int(ignore_index))[0]

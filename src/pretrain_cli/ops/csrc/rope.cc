@@ -1,4 +1,4 @@
-// RoPE and the head transposes around attention (see common.h for why these kernels exist).
+// RoPE, writing q and k head-major: the layout attention reads (see common.h for why these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
@@ -160,41 +160,3 @@ PD_BUILD_GRAD_OP(pcl_rope_pos)
     .Inputs({"X", "Cos", "Sin", "Pos", paddle::Grad("Y")})
     .Outputs({paddle::Grad("X")})
     .SetKernelFn(PD_KERNEL(RopePosBackward));
-
-// ------------------------------------------------------------------------ swap axes 1, 2
-// [A, B, C, D] -> [A, C, B, D] contiguous: attention's head split/merge. Paddle 3.3.1 copies strided
-// views element by element (14 ms for 1M floats); this is a row memcpy per (a, b, c).
-paddle::Tensor swap12(const paddle::Tensor& x) {
-  const auto& sh = x.shape();
-  PD_CHECK(sh.size() == 4, "swap12: x must be 4-D");
-  const int64_t a = sh[0], b = sh[1], c = sh[2], d = sh[3];
-  auto y = paddle::empty({a, c, b, d}, x.dtype(), x.place());
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t ai = 0; ai < a; ++ai)
-    for (int64_t ci = 0; ci < c; ++ci)
-      for (int64_t bi = 0; bi < b; ++bi)
-        std::memcpy(yp + ((ai * c + ci) * b + bi) * d, xp + ((ai * b + bi) * c + ci) * d, sizeof(float) * d);
-  return y;
-}
-
-std::vector<paddle::Tensor> Swap12Forward(const paddle::Tensor& x_arg) {
-  check_f32(x_arg, "swap12", "x");
-  return {swap12(contig(x_arg))};
-}
-
-std::vector<paddle::Tensor> Swap12Backward(const paddle::Tensor& dy_arg) { return {swap12(contig(dy_arg))}; }
-
-std::vector<std::vector<int64_t>> Swap12Shape(const std::vector<int64_t>& x) { return {{x[0], x[2], x[1], x[3]}}; }
-
-PD_BUILD_OP(pcl_swap12)
-    .Inputs({"X"})
-    .Outputs({"Y"})
-    .SetKernelFn(PD_KERNEL(Swap12Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(Swap12Shape));
-
-PD_BUILD_GRAD_OP(pcl_swap12)
-    .Inputs({paddle::Grad("Y")})
-    .Outputs({paddle::Grad("X")})
-    .SetKernelFn(PD_KERNEL(Swap12Backward));
