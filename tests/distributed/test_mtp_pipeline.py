@@ -23,6 +23,12 @@ ROUTER = dict(model_name_or_path="micro-deepseek-v3", router_aux_loss_coef=0.01,
               moe_router_bias_update_rate=0.01, save_steps=5)
 LOGGED = ("mtp_loss", "aux_loss", "z_loss")
 MICRO = dict(gradient_accumulation_steps=4, per_device_train_batch_size=2)  # the pipeline's micro-batches
+# The weights after 5 steps, where AdamW divides each gradient by its own running RMS: a few elements whose
+# gradients differ by rounding (one process at 2 threads, each stage at 1: MKL sums in another order) move by a
+# visible fraction of the learning rate. Measured 9.4e-6 on AMD Zen 1 (the MTP projection); on Zen 4 (MKL's AVX-512
+# path) 3.01e-5 at one element of 8,192 in layer 0's down projection (median 1.9e-9; its moments agree to 3e-4
+# relative), the same before and after the MLP op of docs/PERFORMANCE.md §3.12.
+TOL_WEIGHTS = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,7 @@ def test_pp2_with_mtp_and_router_terms_matches_one_process(runs):
     weights, expected = read_weights(out), read_weights(rout)
     assert "model.layers.2.eh_proj.weight" in weights and "model.embed_tokens.weight" in weights
     assert any(k.endswith("e_score_correction_bias") for k in weights)
-    assert_close_tensors(weights, expected, tol=3e-5)  # measured 9.4e-6 (the MTP projection: AdamW on tiny gradients)
+    assert_close_tensors(weights, expected, tol=TOL_WEIGHTS)
 
 
 def test_pp2_checkpoint_holds_one_embedding_and_resumes_on_one_process(runs, corpus, tmp_path):
@@ -67,7 +73,8 @@ def test_pp2_checkpoint_holds_one_embedding_and_resumes_on_one_process(runs, cor
     assert [p["file"] for p in index["model.embed_tokens.weight"]["pieces"]] == ["model-00001-of-00002.safetensors"]
     assert {p["file"] for p in index["model.layers.2.eh_proj.weight"]["pieces"]} == {"model-00002-of-00002.safetensors"}
     assert_close_tensors(read_checkpoint(ckpt), read_checkpoint(rout / "checkpoint-5"))  # the AdamW moments
-    assert_close_tensors(read_checkpoint(ckpt, "weights"), read_checkpoint(rout / "checkpoint-5", "weights"), tol=3e-5)
+    assert_close_tensors(read_checkpoint(ckpt, "weights"), read_checkpoint(rout / "checkpoint-5", "weights"),
+                         tol=TOL_WEIGHTS)
     resumed = resume_from(ckpt, corpus, tmp_path, 1, **MICRO, **ROUTER)
     assert_close_losses(resumed.losses(0), ref.losses(0), range(6, STEPS + 1))
     for name in LOGGED:
