@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     model = trainer.raw_model
     with_k = model.kernels
     if getattr(with_k, a.entry) is None:
-        raise SystemExit(f"kernel_ab: {a.entry} is not selected on this machine ({with_k.describe()}); nothing to compare")
+        raise SystemExit(f"kernel_ab: {a.entry} is not selected on this machine ({with_k.describe()}): "
+                         "nothing to compare")
     without_k = dataclasses.replace(with_k, **{a.entry: None})
     holders = [layer for layer in model.sublayers(include_self=True) if hasattr(layer, "kernels")]
 

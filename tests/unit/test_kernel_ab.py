@@ -33,12 +33,13 @@ def test_a_run_switches_the_entry_off_in_every_layer_and_reports_both(tmp_path, 
         mlp = trainer.raw_model.model.layers[0].mlp
         forward = type(mlp).forward
         monkeypatch.setattr(type(mlp), "forward",
-                            lambda self, x: seen.append(getattr(self.kernels, "mlp_in") is not None) or forward(self, x))
+                            lambda self, x: seen.append(self.kernels.mlp_in is not None) or forward(self, x))
         return (trainer, *rest)
 
     monkeypatch.setattr(kab, "build_our_step", spy)
     with contextlib.redirect_stdout(io.StringIO()) as out:
-        assert kab.main(["--config", str(path), "--entry", entry, "--pairs", "2", "--warmup", "1", "--threads", "1"]) == 0
+        args = ["--config", str(path), "--entry", entry, "--pairs", "2", "--warmup", "1", "--threads", "1"]
+        assert kab.main(args) == 0
     assert f"{entry} on " in out.getvalue() and "of 2" in out.getvalue()
     if entry == "mlp_in":  # warm-up on, off; then pairs ABBA: on, off, off, on (two layers each)
         assert seen == [x for x in (True, False, True, False, False, True) for _ in range(2)]

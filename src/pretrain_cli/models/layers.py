@@ -171,6 +171,6 @@ class MLP(nn.Layer):
             return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
         g, u = self.gate_proj, self.up_proj
         if self.kernels.mlp_in is not None and g.bias is None:  # one op on CPU
-            return self.down_proj(self.kernels.mlp_in(x, g.weight, u.weight))  # [bsz, seq_len, inter] in
+            return self.down_proj(self.kernels.mlp_in(x, g.weight, u.weight))  # mlp_in: [bsz, seq_len, inter]
         gate_up = self.kernels.gate_up(x, g.weight, u.weight, g.bias, u.bias)  # [bsz, seq_len, 2*inter]
         return self.down_proj(self.kernels.swiglu_packed(gate_up))
