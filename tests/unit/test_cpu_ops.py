@@ -212,6 +212,13 @@ def test_strided_inputs_are_read_correctly():
     want = kernels.rms_norm_reference(paddle.to_tensor(np.ascontiguousarray(x.transpose(0, 2, 1))),
                                       paddle.to_tensor(w), 1e-6).numpy()
     np.testing.assert_allclose(got, want, atol=1e-6)
+    # attention reads v token-major at its row stride: a transposed (non-contiguous) v reads as its contiguous copy
+    q, k = (RNG.standard_normal((2, 6, h, 4)).astype("float32") for h in (4, 2))
+    v = RNG.standard_normal((2, 2, 6, 4)).astype("float32")  # [bsz, kv_heads, seq, head_dim]
+    v_view = paddle.to_tensor(v).transpose([0, 2, 1, 3])  # [bsz, seq, kv_heads, head_dim], not contiguous
+    got = kernels.attention_cpu(paddle.to_tensor(q), paddle.to_tensor(k), v_view).numpy()
+    want = kernels.attention_math(*(paddle.to_tensor(a) for a in (q, k, np.ascontiguousarray(v.transpose(0, 2, 1, 3)))))
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
 def test_nan_propagates_so_the_nan_policy_still_fires():

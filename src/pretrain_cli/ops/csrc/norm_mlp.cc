@@ -293,12 +293,20 @@ PD_BUILD_GRAD_OP(pcl_swiglu)
 // are the single [N, H]·[H, 2I] product and its two gradients, as fast as one Linear of width 2I
 // (two half-width sgemms were ~2 % slower; docs/PERFORMANCE.md §6).
 namespace {
-// [H, I] and [H, I] -> [H, 2I] rows laid out [g | u]
-void pack_rows(const float* g, const float* u, float* out, int64_t h, int64_t inter) {
+// [H, I] and [H, I] -> [H, 2I] rows laid out [g | u] (the packed weight), and its gradient back to the two
+void pack_rows(const float* g, const float* u, float* packed, int64_t h, int64_t inter) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < h; ++r) {
-    std::memcpy(out + r * 2 * inter, g + r * inter, sizeof(float) * inter);
-    std::memcpy(out + r * 2 * inter + inter, u + r * inter, sizeof(float) * inter);
+    std::memcpy(packed + r * 2 * inter, g + r * inter, sizeof(float) * inter);
+    std::memcpy(packed + r * 2 * inter + inter, u + r * inter, sizeof(float) * inter);
+  }
+}
+
+void unpack_rows(const float* packed, float* g, float* u, int64_t h, int64_t inter) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < h; ++r) {
+    std::memcpy(g + r * inter, packed + r * 2 * inter, sizeof(float) * inter);
+    std::memcpy(u + r * inter, packed + r * 2 * inter + inter, sizeof(float) * inter);
   }
 }
 
@@ -352,13 +360,7 @@ std::vector<paddle::Tensor> MlpInBackward(const paddle::Tensor& x_arg, const pad
   } else {
     std::fill(wp, wp + h * 2 * inter, 0.f);
   }
-  float* dgp = dwg.data<float>();
-  float* dup = dwu.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < h; ++r) {
-    std::memcpy(dgp + r * inter, wp + r * 2 * inter, sizeof(float) * inter);
-    std::memcpy(dup + r * inter, wp + r * 2 * inter + inter, sizeof(float) * inter);
-  }
+  unpack_rows(wp, dwg.data<float>(), dwu.data<float>(), h, inter);
   return {dx, dwg, dwu};
 }
 
