@@ -244,19 +244,25 @@ def import_paddle():
     first = "paddle" not in sys.modules
     # Paddle prints an OMP_NUM_THREADS advisory on stderr at import when threads > 1.
     buf = io.StringIO()
-    with contextlib.redirect_stderr(buf):
-        import paddle  # noqa: F401
+    # Paddle's import installs early a C++ handler that answers SIGTERM with `C++ Traceback ... FatalError:
+    # Termination signal`, then runs for seconds more. A launcher stopping this rank after another rank's error
+    # (rank 0's usage error, exit 2, found before this rank got here or while it waits in the rendezvous) left that
+    # report in its log. So SIGTERM is held back during the import and then ends the process quietly, as by
+    # default (the trainer installs its own graceful stop while it trains); one that came meanwhile does so as it is
+    # released. Paddle's handlers of real crashes (SIGSEGV, SIGABRT, SIGILL) stay.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        with contextlib.redirect_stderr(buf):
+            import paddle  # noqa: F401
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if first:
         # What the import made (modules, their functions and classes: ~0.5 M objects) lives as long as the process,
         # so the cyclic garbage collector is told to stop walking it: Paddle's to_static (SOT) runs a full
         # `gc.collect()` after translating each frame, ~90 for one model, each ~0.25 CPU-s over the import's objects.
         gc.freeze()
     paddle.base.core.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # Paddle's C++ handler answers SIGTERM with `C++ Traceback ... FatalError: Termination signal`: what a launcher
-    # stopping the ranks after another rank's error (rank 0's usage error: exit 2) left in every other log. SIGTERM
-    # ends a process quietly, as by default (the trainer installs its own graceful stop while it trains); Paddle's
-    # handlers of real crashes (SIGSEGV, SIGABRT, SIGILL) stay.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # A native crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) first prints every thread's Python stack, then
     # Paddle's own report runs (faulthandler chains to the handler it replaces). Paddle's report alone can be
     # nothing: it is formatted on the heap, which the crash may have broken; faulthandler writes from its own buffer

@@ -175,3 +175,22 @@ def test_a_launched_rank_ends_with_its_code_its_logs_flushed_and_no_teardown(tmp
     assert p.stdout.endswith("no newline"), p.stdout
     assert (tmp_path / "rank.log").read_text() == "last line\n"
     assert not (tmp_path / "teardown-ran").exists()
+
+
+def test_a_sigterm_during_paddles_import_ends_the_process_quietly(tmp_path):
+    """A launcher stops a rank still importing Paddle (another rank's usage error came first): the rank dies of the
+    SIGTERM with no `FatalError: Termination signal` report, though Paddle's import installs a handler that prints
+    one. The signal is sent, as a launcher sends it, to the process, from a thread that waits for the import to be
+    well past Paddle's core (a fresh interpreter: the import itself is what is tested)."""
+    import signal
+
+    code = ("import os, signal, sys, threading, time\nfrom pretrain_cli import runtime\n"
+            "def stop_it():\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered to the main thread\n"
+            "    while 'paddle.nn' not in sys.modules:\n        time.sleep(0.001)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "threading.Thread(target=stop_it, daemon=True).start()\n"
+            "runtime.import_paddle()\ntime.sleep(30)\nprint('survived')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGTERM, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "FatalError" not in p.stdout + p.stderr and "survived" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
