@@ -192,3 +192,26 @@ def test_the_first_verdict_published_is_the_one_every_watcher_writes(tmp_path):
     assert first.evidence.publish(first.evidence.death_cause())["ranks"] == [0]
     assert second.evidence.publish(second.evidence.death_cause())["ranks"] == [0]  # its own reading ([0, 1]) does not stand
     assert second.evidence.decided() == first.evidence.decided()
+
+
+def test_a_rank_that_exits_wakes_its_watchers_while_its_exit_status_can_still_be_read():
+    """The pidfd of `exit_fds` turns readable at the exit itself, not at the next poll: the watcher reads the status
+    from /proc before Paddle's launcher reaps the process (it polls once a second, so a 50 ms poll alone could
+    miss the zombie and name the death 'exit status unknown')."""
+    import select
+
+    from pretrain_cli import processes
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fds = watcher.exit_fds({0: proc.pid})
+        assert list(fds.values()) == [0]
+        (fd,) = fds
+        assert not select.select([fd], [], [], 0.05)[0]  # running: not readable
+        os.kill(proc.pid, signal.SIGKILL)
+        assert select.select([fd], [], [], 10)[0]  # the exit wakes it
+        assert processes.describe_status(processes.exit_status(proc.pid)) == "killed by SIGKILL"  # not reaped yet
+        os.close(fd)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -52,13 +52,27 @@ class Evidence:
 
     @staticmethod
     def _status(pid: int) -> int | None:
-        """The exit status of a dead process, waiting a moment for an exiting one to become a zombie."""
+        """The exit status of a dead process, waiting up to 0.5 s for an exiting one to become a zombie: woken by its
+        pidfd at that moment where Linux offers one (the launcher may reap it soon after), else polled every 10 ms."""
+        import select
+
         deadline = time.monotonic() + 0.5
-        while True:
-            status = processes.exit_status(pid)
-            if status is not None or time.monotonic() > deadline:
-                return status
-            time.sleep(0.01)
+        fd = None
+        with contextlib.suppress(OSError, AttributeError):  # no pidfd_open, or the process is reaped already
+            fd = os.pidfd_open(pid)
+        try:
+            while True:
+                status = processes.exit_status(pid)
+                left = deadline - time.monotonic()
+                if status is not None or left <= 0:
+                    return status
+                if fd is None:
+                    time.sleep(0.01)
+                elif select.select([fd], [], [], left)[0]:  # it has exited: readable now, or reaped already
+                    return processes.exit_status(pid)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def share(self, name: str, text: str) -> None:
         path = self.shared / name

@@ -3,8 +3,10 @@ output to its workerlog, watches the ranks of its host, and at a death or a hang
 (`distributed.launcher.verdict`) in this rank's log and stops its rank. Started by `distributed.launcher.watchdog`.
 
 The loop (`Watcher.run`): output is passed on only while every rank of the host is alive (what a survivor writes
-after a peer's death is gloo's abort: dropped); every `POLL` s the ranks are checked, every `HANG_POLL` s the
-progress records (a hung rank, stragglers: `distributed.launcher.progress`). At a death it kills its own rank
+after a peer's death is gloo's abort: dropped); the ranks are checked every `POLL` s and at once when one exits
+(a pidfd per rank wakes the loop: the death's exit status is read from /proc before Paddle's launcher, which polls
+its children once a second, reaps it), every `HANG_POLL` s the progress records (a hung rank, stragglers:
+`distributed.launcher.progress`). At a death it kills its own rank
 first, shares what it sees for `SETTLE` s or until a verdict stands, then writes one line and, when its own rank
 is the cause, records that rank's end for launch.sh (`job.record`: the signal or code, `HUNG` for a hang).
 """
@@ -26,6 +28,17 @@ HANG_POLL = 0.5  # how often the progress records are read
 HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
 
 
+def exit_fds(ranks: dict) -> dict:
+    """{pidfd: rank} for the host's ranks: a pidfd turns readable when its process exits (Linux 5.3+, any process,
+    not only a child). Empty where `os.pidfd_open` is missing or refused: then `POLL` bounds how late a death is
+    seen."""
+    fds = {}
+    for r, pid in ranks.items():
+        with contextlib.suppress(OSError, AttributeError):
+            fds[os.pidfd_open(pid)] = r
+    return fds
+
+
 class Watcher:
     """The watcher of rank `me` (`ranks`: this host's ranks -> pids; `shared`: the host's watch directory;
     `verdicts`: launch.sh's directory or None; `grace`: how long its rank gets to die; `hang_timeout`: the run's
@@ -44,19 +57,22 @@ class Watcher:
         import select
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        exits = exit_fds(self.ranks)
         open_pipe, next_check = True, time.monotonic() + HANG_POLL
         while True:
             if self.stopping:  # the rank is done: pass on its last output and leave
                 self._drain(pipe, log if open_pipe else None)
                 return self._finish()
             chunk = b""
-            if open_pipe and select.select([pipe], [], [], POLL)[0]:
+            ready = select.select(([pipe] if open_pipe else []) + list(exits), [], [], POLL)[0]
+            if open_pipe and pipe in ready:
                 chunk = os.read(pipe, 1 << 16)
                 open_pipe = bool(chunk)
-            elif not open_pipe:
-                time.sleep(POLL)
             gone = self.evidence.gone()
             if not gone:
+                for fd in set(ready) & set(exits):  # exited, yet its pid answers (reused): watch it by polling
+                    os.close(fd)
+                    del exits[fd]
                 if chunk:
                     os.write(log, chunk)
                 if time.monotonic() >= next_check:
