@@ -151,7 +151,7 @@ def _doc_start(seq_len, *cuts_per_row):
     (130, 2, 1, ([0, 60, 129], [0, 63, 65, 127])),  # documents spanning two block edges, MQA, odd tails
     (67, 3, 3, ([0, 33], [0, 1, 2, 3, 4, 5, 66])),  # odd sizes, MHA, a run of 1-token documents
     (9, 4, 2, ([0], [0, 8])),  # one block; a row with one document (= causal) next to two
-    (128, 4, 2, ([0, 16, 64, 100], [0, 3])),  # aligned rows: blocks starting at keys 16 and 64 stream, 3 and 100 copy
+    (128, 4, 2, ([0, 16, 64, 100], [0, 3])),  # blocks of widths that are and are not multiples of 16 (stores)
 ])
 def test_document_attention_matches_masked_math_forward_and_backward(seq_len, heads, kv_heads, cuts):
     q = RNG.standard_normal((2, seq_len, heads, 10)).astype("float32")
@@ -178,6 +178,42 @@ def test_document_attention_rejects_inconsistent_starts():
         kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[0, 0, 1, 1, 1, 1]], np.int64)))
     with pytest.raises(Exception, match="must be 0"):
         kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[2, 2, 2, 3, 3, 3]], np.int64)))
+
+
+@pytest.mark.parametrize("q_len,k_len", [(256, 256), (70, 70), (5, 40), (64, 64), (1, 300), (130, 131)])
+def test_attention_keeps_only_its_blocks_probabilities(q_len, k_len):
+    """The buffer the forward hands its backward holds each 64-row query block's keys only: its size is
+    `cpu_ops.attention_probs_per_head` (what the planner counts), about half of [q_len, k_len] for long ones."""
+    from paddle import _C_ops
+
+    q, k = paddle.zeros([2, 3, q_len, 8]), paddle.zeros([2, 1, k_len, 8])
+    v = paddle.zeros([2, k_len, 1, 8])
+    probs = _C_ops._run_custom_op("pcl_causal_attention", q, k, v, 0.5)[1]
+    assert probs.shape == [2, 3, cpu_ops.attention_probs_per_head(q_len, k_len)]
+    assert cpu_ops.attention_probs_per_head(q_len, k_len) <= q_len * k_len
+    starts = paddle.to_tensor(_doc_start(k_len, [0, k_len // 3], [0]))
+    if q_len == k_len:
+        probs = _C_ops._run_custom_op("pcl_document_attention", q, k, v, starts, 0.5)[1]
+        assert probs.shape == [2, 3, cpu_ops.attention_probs_per_head(q_len, k_len)]
+
+
+def test_every_document_blocking_fits_the_kept_probabilities():
+    """attention.cc cuts query blocks at document starts (`block_rows`), each multiplying its document's keys up to
+    its last row: for any documents the blocks' rows × keys stay within `attention_probs_per_head`, the buffer's
+    size (else the forward would write past a head's share)."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        s = int(rng.integers(1, 300))
+        cuts = sorted({0, *rng.integers(0, s, int(rng.integers(0, 12))).tolist()})
+        st = _doc_start(s, cuts)[0]
+        used, i0 = 0, 0
+        while i0 < s:
+            m = 1
+            while m < cpu_ops.ATTENTION_BLOCK and i0 + m < s and st[i0 + m] == st[i0]:
+                m += 1
+            used += m * (i0 + m - st[i0])
+            i0 += m
+        assert used <= cpu_ops.attention_probs_per_head(s, s), (s, cuts)
 
 
 def test_rope_with_position_ids_matches_reference_forward_and_backward():

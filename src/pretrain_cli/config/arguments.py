@@ -246,7 +246,8 @@ class TrainingArguments:
     use_flash_attention: bool = _f(
         False, "true: the fused attention path: flash-attn on GPU (fp16/bf16, Ampere or newer), which never holds the "
         "[batch, heads, seq, seq] scores; on CPU pretrain-cli's block-causal kernel (faster; it keeps fp32 "
-        "probabilities for backward). false: the math path that materialises the scores, on every device.")
+        "probabilities for backward, only of the keys each query block multiplies: about half the scores' memory). "
+        "false: the math path that materialises the scores, on every device.")
     use_fused_rms_norm: bool = _f(False, "Paddle's fused RMSNorm (GPU; reference path elsewhere). No custom op to build.")
     use_fused_rope: bool = _f(False, "Paddle's fused rotary embedding (GPU; reference path elsewhere).")
     use_fused_linear_cross_entropy: bool = _f(

@@ -305,6 +305,17 @@ def rope_cpu(q, k, cos, sin, position_ids=None):
     return q_out, k_out
 
 
+ATTENTION_BLOCK = 64  # attention.cc's kBlock: the query rows of one block
+
+
+def attention_probs_per_head(q_len: int, k_len: int) -> int:
+    """The fp32 probabilities the attention kernel keeps per (sample, head) for its backward: attention.cc's
+    `probs_per_head`, each query block's `[rows, keys it multiplies]` one after another; a bound over causal and
+    document blockings, ~q_len²/2 + 64·q_len (the planner's memory model reads it; a test checks the kernel's)."""
+    shift = k_len - q_len
+    return sum(min(k_len, shift + i + ATTENTION_BLOCK) for i in range(q_len))
+
+
 def attention_cpu(q, k, v):
     """Causal GQA attention in one kernel pair: block-causal GEMMs (the masked upper triangle is never
     multiplied), scale + mask + softmax fused, K/V shared by index (no repeat); bottom-right aligned,

@@ -8,6 +8,7 @@ granularity drops (`activation_parts`), the logits and loss (`logits_live_bytes`
 from __future__ import annotations
 
 from pretrain_cli.models.families import family
+from pretrain_cli.ops.cpu_ops import attention_probs_per_head
 from pretrain_cli.ops.linear_loss import chunk_rows
 from pretrain_cli.planning.context import context_core_per_token
 from pretrain_cli.planning.experts import mlp_per_token
@@ -61,10 +62,10 @@ def _parts_per_token(s) -> dict[str, float]:
         core = (c * (h + kv) + 4 * cfg.num_attention_heads) / tp  # q, k after RoPE + softmax lse
         scores = 0.0
     elif s.attention == "flash":
-        # the CPU block-causal kernel: head-major q, k, v, and its fp32 probabilities [b, heads, s, s] for
-        # backward (it skips the masked half in its GEMMs, which saves time, not this memory)
+        # the CPU block-causal kernel: head-major q, k, v, and its fp32 probabilities for backward, only the keys
+        # each 64-row query block multiplies (~s²/2 + 64·s per head: `attention_probs_per_head`)
         core = c * (h + 2 * kv) / tp
-        scores = 4 * cfg.num_attention_heads * s.seq_len / tp
+        scores = 4 * cfg.num_attention_heads * attention_probs_per_head(s.seq_len, s.seq_len) / s.seq_len / tp
     else:
         core = c * (2 * h + 2 * kv_rep) / tp  # qᵀ, q·scale, repeated kᵀ and vᵀ
         # [b, heads, s, s]: fp32 softmax output kept for backward, plus the probs cast to half.
@@ -161,7 +162,7 @@ def document_mask_bytes(s) -> float:
     """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
     per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32
     `[b, 1, s, s]` additive mask every layer shares; under flashmask int32 column bounds. The CPU kernel keeps
-    the same fp32 probabilities as the causal one (it skips cross-document blocks: time, not memory)."""
+    no more fp32 probabilities than the causal one (the same buffer: its size bounds both blockings)."""
     if not s.document_mask:
         return 0.0
     tokens = s.micro_batch * s.seq_len

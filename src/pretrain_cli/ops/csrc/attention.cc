@@ -11,7 +11,11 @@ using pcl::exp_from_max;
 
 // ------------------------------------------------------------------- block-causal attention
 // q [B, H, S, D], k [B, G, SK, D] (GQA: head h reads KV head h / (H/G)) and v token-major [B, SK, G, D] -> out
-// token-major [B, S, H, D] and the probabilities [B, H, S, SK] kept for the backward. v and out keep the
+// token-major [B, S, H, D] and the probabilities kept for the backward, [B, H, T]: each head's query blocks one
+// after another, a block's [m, w] probabilities contiguous (row stride w, the keys the block multiplies), so the
+// buffer holds the blocks' keys only (T = probs_per_head(S, SK): ~S²/2 + 64·S, about half of [S, SK] for long
+// sequences) and the backward reads each block as one run of memory (0.5 % of bench's step against rows SK apart,
+// docs/PERFORMANCE.md §3.3). v and out keep the
 // projections' layout (the GEMMs read and write them with row strides G·D and H·D): no transposing copy of
 // either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
@@ -26,7 +30,17 @@ namespace {
 using pcl::kNoTrans;
 using pcl::kRowMajor;
 using pcl::kTrans;
-constexpr int64_t kBlock = 64;
+constexpr int64_t kBlock = 64;  // cpu_ops.ATTENTION_BLOCK, which the planner's memory model reads
+
+// The probabilities one head keeps: a bound on the sum of its blocks' m·w over every causal and document
+// blocking. A row i sits in a block of at most kBlock rows that starts at or before it, and the block multiplies
+// keys up to its last row's, so its w is at most min(SK, SK - S + i + kBlock). (Mirrored by
+// cpu_ops.attention_probs_per_head; tests/unit/test_cpu_ops.py checks the two agree.)
+int64_t probs_per_head(int64_t S, int64_t SK) {
+  int64_t t = 0;
+  for (int64_t i = 0; i < S; ++i) t += std::min(SK, SK - S + i + kBlock);
+  return t;
+}
 
 void check_attention_shapes(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v) {
   PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4 && v.shape()[0] == k.shape()[0] &&
@@ -67,15 +81,18 @@ inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int
   *k0 = st[i0];
 }
 
-// Copies one probability row into the [S, SK] buffer the backward reads. Where the row is 64-byte aligned the
-// full 16-float pieces go with non-temporal stores: the buffer (16 MiB per layer at bench's shape) is not read
+// Copies one probability row into the buffer the backward reads. From the row's first 64-byte boundary on, the
+// whole 16-float pieces go with non-temporal stores: the buffer (~12 MiB per layer at bench's shape) is not read
 // again until the backward, so a normal store would first read every line into the cache only to evict it;
-// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.10). The values are the same.
+// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.3). The values are the same.
 inline void store_probs(float* dst, const float* src, int64_t w) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  if (reinterpret_cast<uintptr_t>(dst) % 64 == 0)
-    for (; j + 16 <= w; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
+  // up to dst's first 64-byte boundary as plain stores (blocks of other widths than multiples of 16 start their
+  // rows anywhere), the whole 16-float pieces from there streamed
+  j = std::min<int64_t>(w, static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64 / sizeof(float)));
+  std::memcpy(dst, src, sizeof(float) * j);
+  for (; j + 16 <= w; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
 #endif
   std::memcpy(dst + j, src + j, sizeof(float) * (w - j));
 }
@@ -86,7 +103,8 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
   const int64_t G = k.shape()[1], SK = k.shape()[2], rep = H / G, shift = SK - S;
   const int64_t ldv = G * D, ldo = H * D;  // row strides of the token-major v and out
   auto out = paddle::empty({B, S, H, D}, q.dtype(), q.place());
-  auto probs = paddle::empty({B, H, S, SK}, q.dtype(), q.place());
+  const int64_t T = probs_per_head(S, SK);
+  auto probs = paddle::empty({B, H, T}, q.dtype(), q.place());
   const float* qp = q.data<float>();
   const float* kp = k.data<float>();
   const float* vp = v.data<float>();
@@ -105,7 +123,7 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
         const float* Q = qp + (b * H + h) * S * D;
         const float* K = kp + (b * G + g) * SK * D;
         const float* V = vp + b * SK * ldv + g * D;  // [SK, D] at row stride ldv
-        float* P = pp + (b * H + h) * S * SK;
+        float* P = pp + (b * H + h) * T;  // this head's blocks, one after another
         float* O = op + b * S * ldo + h * D;  // [S, D] at row stride ldo
         for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
           block_rows(st, i0, S, &m, &k0);
@@ -118,14 +136,13 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
             const float inv = 1.f / exp_from_max(row, vis, &mx);
 #pragma omp simd
             for (int64_t j = 0; j < vis; ++j) row[j] *= inv;
-            // The backward reads each row over its block's keys [k0, n) only, where the causally hidden ones must
-            // be exact zeros. The rest of the row is never read (the probabilities are internal to this op pair),
-            // so it is left unwritten: for causal rows that is half the [S, SK] buffer of memory writes saved,
-            // with documents most of it.
+            // The backward multiplies each row over its block's keys [k0, n), where the causally hidden ones must
+            // be exact zeros; keys before k0 (other documents) are not stored at all.
             std::fill(row + vis, row + w, 0.f);
-            store_probs(P + (i0 + r) * SK + k0, row, w);
+            store_probs(P + r * w, row, w);
           }
           cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * ldv, ldv, 0.f, O + i0 * ldo, ldo);
+          P += m * w;  // the next block's
         }
       }
     }
@@ -152,7 +169,7 @@ struct BackwardArgs {
   const float *q, *k, *v, *p, *dout;  // v [B, SK, G, D] and dout [B, S, H, D] token-major, the rest head-major
   float* dq;
   const int64_t* start;
-  int64_t B, H, S, D, G, SK, rep, shift;
+  int64_t B, H, S, D, G, SK, rep, shift, T;  // T: probs_per_head
   float scale;
 };
 
@@ -168,17 +185,17 @@ void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, 
   const float* V = a.v + b * SK * ldv + g * D;  // [SK, D] at row stride ldv
   for (int64_t h = g * a.rep; h < (g + 1) * a.rep; ++h) {
     const float* Q = a.q + (b * a.H + h) * S * D;
-    const float* P = a.p + (b * a.H + h) * S * SK;
+    const float* P = a.p + (b * a.H + h) * a.T;  // the head's blocks: each [m, w], one after another
     const float* dO = a.dout + b * S * ldo + h * D;  // [S, D] at row stride ldo
     float* dQ = a.dq + (b * a.H + h) * S * D;
-    for (int64_t i0 = 0, m = 0, k0 = 0, ordinal = 0; i0 < S; i0 += m, ++ordinal) {
+    for (int64_t i0 = 0, m = 0, k0 = 0, ordinal = 0, w = 0; i0 < S; i0 += m, ++ordinal, P += m * w) {
       block_rows(st, i0, S, &m, &k0);
+      w = a.shift + i0 + m - k0;  // the block's keys [k0, shift + i0 + m)
       if (ordinal % ns != slice) continue;
-      const int64_t n = a.shift + i0 + m, w = n - k0;
       float* dS = ds;  // [m, w]
       cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * ldo, ldo, V + k0 * ldv, ldv, 0.f, dS, w);
       for (int64_t r = 0; r < m; ++r) {
-        const float* pr = P + (i0 + r) * SK + k0;
+        const float* pr = P + r * w;
         float* dr = dS + r * w;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -188,8 +205,7 @@ void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, 
       }
       cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
       cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
-      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P + i0 * SK + k0, SK, dO + i0 * ldo, ldo, 1.f,
-                  dV + k0 * lddv, lddv);
+      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P, w, dO + i0 * ldo, ldo, 1.f, dV + k0 * lddv, lddv);
     }
   }
 }
@@ -203,7 +219,7 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
   auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
   auto dv = paddle::empty(v.shape(), v.dtype(), v.place());  // token-major, as v
   const BackwardArgs a{q.data<float>(), k.data<float>(), v.data<float>(), p.data<float>(), dout.data<float>(),
-                       dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, scale};
+                       dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, probs_per_head(S, SK), scale};
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
   const int64_t ns = query_slices(B, G, S), head = SK * D, ldv = G * D;
@@ -295,7 +311,7 @@ std::vector<paddle::Tensor> DocumentAttentionBackward(const paddle::Tensor& q_ar
 
 std::vector<std::vector<int64_t>> CausalAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                                                        const std::vector<int64_t>& v, const float& scale) {
-  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], q[2], k[2]}};
+  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], probs_per_head(q[2], k[2])}};
 }
 
 std::vector<paddle::DataType> CausalAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,
@@ -306,7 +322,7 @@ std::vector<paddle::DataType> CausalAttentionDtype(const paddle::DataType& q, co
 std::vector<std::vector<int64_t>> DocumentAttentionShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
                                                          const std::vector<int64_t>& v, const std::vector<int64_t>& st,
                                                          const float& scale) {
-  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], q[2], k[2]}};
+  return {{q[0], q[2], q[1], q[3]}, {q[0], q[1], probs_per_head(q[2], k[2])}};
 }
 
 std::vector<paddle::DataType> DocumentAttentionDtype(const paddle::DataType& q, const paddle::DataType& k,
