@@ -15,9 +15,8 @@ using pcl::exp_from_max;
 // after another, a block's [m, w] probabilities contiguous (row stride w, the keys the block multiplies), so the
 // buffer holds the blocks' keys only (T = probs_per_head(S, SK): ~S²/2 + 64·S, about half of [S, SK] for long
 // sequences) and the backward reads each block as one run of memory (0.5 % of bench's step against rows SK apart,
-// docs/PERFORMANCE.md §3.3). v and out keep the
-// projections' layout (the GEMMs read and write them with row strides G·D and H·D): no transposing copy of
-// either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
+// docs/PERFORMANCE.md §3.3). v and out keep the projections' layout (the GEMMs read and write them with row
+// strides G·D and H·D): no transposing copy of either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
 // its last row can see, so the GEMMs skip the masked upper triangle (~40% of attention FLOPs at S = 512,
 // approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop.
@@ -83,8 +82,8 @@ inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int
 
 // Copies one probability row into the buffer the backward reads. From the row's first 64-byte boundary on, the
 // whole 16-float pieces go with non-temporal stores: the buffer (~12 MiB per layer at bench's shape) is not read
-// again until the backward, so a normal store would first read every line into the cache only to evict it;
-// that read-for-ownership was ~10 % of the forward (docs/PERFORMANCE.md §3.3). The values are the same.
+// again until the backward, so a normal store would first read every line into the cache only to evict it
+// (ordinary stores made the bench step 0.5 % slower: docs/PERFORMANCE.md §6). The values are the same.
 inline void store_probs(float* dst, const float* src, int64_t w) {
   int64_t j = 0;
 #if defined(__AVX512F__)
