@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import warnings
 
 _DONE = False
@@ -250,13 +251,21 @@ def import_paddle():
     # report in its log. So SIGTERM is held back during the import and then ends the process quietly, as by
     # default (the trainer installs its own graceful stop while it trains); one that came meanwhile does so as it is
     # released. Paddle's handlers of real crashes (SIGSEGV, SIGABRT, SIGILL) stay.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # (Only the main thread can set a handler. What Python had set stays: an ignored SIGTERM stays ignored, and a
+    # Python handler, the trainer's, is left alone.)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if first else None
     try:
         with contextlib.redirect_stderr(buf):
             import paddle  # noqa: F401
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        try:
+            before = signal.getsignal(signal.SIGTERM)  # Python's view: Paddle's C++ handler is not in it
+            main = threading.current_thread() is threading.main_thread()
+            if main and before in (signal.SIG_DFL, signal.SIG_IGN, None):
+                signal.signal(signal.SIGTERM, before or signal.SIG_DFL)
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if first:
         # What the import made (modules, their functions and classes: ~0.5 M objects) lives as long as the process,
         # so the cyclic garbage collector is told to stop walking it: Paddle's to_static (SOT) runs a full

@@ -197,6 +197,14 @@ def test_attention_keeps_only_its_blocks_probabilities(q_len, k_len):
         assert probs.shape == [2, 3, cpu_ops.attention_probs_per_head(q_len, k_len)]
 
 
+def test_the_kept_probabilities_closed_form_is_the_sum():
+    """`attention_probs_per_head` (closed form, for the planner) equals attention.cc's row-by-row sum."""
+    for q_len in range(0, 200):
+        for k_len in (q_len, q_len + 1, q_len + 63, q_len + 64, q_len + 139):
+            assert cpu_ops.attention_probs_per_head(q_len, k_len) == sum(
+                min(k_len, k_len - q_len + i + cpu_ops.ATTENTION_BLOCK) for i in range(q_len)), (q_len, k_len)
+
+
 def test_every_document_blocking_fits_the_kept_probabilities():
     """attention.cc cuts query blocks at document starts (`block_rows`), each multiplying its document's keys up to
     its last row: for any documents the blocks' rows × keys stay within `attention_probs_per_head`, the buffer's

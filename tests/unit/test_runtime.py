@@ -194,3 +194,18 @@ def test_a_sigterm_during_paddles_import_ends_the_process_quietly(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == -signal.SIGTERM, p.stdout[-2000:] + p.stderr[-2000:]
     assert "FatalError" not in p.stdout + p.stderr and "survived" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_a_later_import_keeps_the_sigterm_handler_python_set(tmp_path):
+    """`runtime.import_paddle` again (Paddle imported already) leaves a Python SIGTERM handler (the trainer's
+    graceful stop) and an ignored SIGTERM as they were (forked from a process that imported Paddle through it)."""
+    import forkserver
+
+    code = ("import signal\nfrom pretrain_cli import runtime\n"
+            "def stop(*_):\n    pass\n"
+            "signal.signal(signal.SIGTERM, stop)\nruntime.import_paddle()\n"
+            "assert signal.getsignal(signal.SIGTERM) is stop\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nruntime.import_paddle()\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN\nprint('kept')\n")
+    p = forkserver.run(["-c", code], cwd=tmp_path, timeout=120)
+    assert p.returncode == 0 and "kept" in p.stdout, p.stderr[-2000:]

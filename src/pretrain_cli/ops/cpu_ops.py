@@ -310,10 +310,15 @@ ATTENTION_BLOCK = 64  # attention.cc's kBlock: the query rows of one block
 
 def attention_probs_per_head(q_len: int, k_len: int) -> int:
     """The fp32 probabilities the attention kernel keeps per (sample, head) for its backward: attention.cc's
-    `probs_per_head`, each query block's `[rows, keys it multiplies]` one after another; a bound over causal and
-    document blockings, ~q_len²/2 + 64·q_len (the planner's memory model reads it; a test checks the kernel's)."""
-    shift = k_len - q_len
-    return sum(min(k_len, shift + i + ATTENTION_BLOCK) for i in range(q_len))
+    `probs_per_head`, Σᵢ min(k_len, k_len − q_len + i + 64), each query block's `[rows, keys it multiplies]` one
+    after another; a bound over causal and document blockings, ~q_len²/2 + 64·q_len when q_len == k_len (the
+    planner's memory model reads it; a test checks it against the kernel's). In closed form: the rows
+    i >= q_len − 64 see every key, the others k_len − q_len + 64 + i."""
+    b = ATTENTION_BLOCK
+    if q_len <= b:
+        return q_len * k_len
+    short = q_len - b  # the rows whose bound is below k_len
+    return short * (k_len - q_len + b) + short * (short - 1) // 2 + b * k_len
 
 
 def attention_cpu(q, k, v):

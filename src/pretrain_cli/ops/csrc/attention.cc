@@ -13,10 +13,11 @@ using pcl::exp_from_max;
 // q [B, H, S, D], k [B, G, SK, D] (GQA: head h reads KV head h / (H/G)) and v token-major [B, SK, G, D] -> out
 // token-major [B, S, H, D] and the probabilities kept for the backward, [B, H, T]: each head's query blocks one
 // after another, a block's [m, w] probabilities contiguous (row stride w, the keys the block multiplies), so the
-// buffer holds the blocks' keys only (T = probs_per_head(S, SK): ~S²/2 + 64·S, about half of [S, SK] for long
-// sequences) and the backward reads each block as one run of memory (0.5 % of bench's step against rows SK apart,
-// docs/PERFORMANCE.md §3.3). v and out keep the projections' layout (the GEMMs read and write them with row
-// strides G·D and H·D): no transposing copy of either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
+// buffer holds the blocks' keys only (T = probs_per_head(S, SK): ~S²/2 + 64·S when S == SK, about half of
+// [S, SK] for long sequences; with a KV cache, S << SK, nearly all of it) and the backward reads each block as one
+// run of memory (0.5 % of bench's step against rows SK apart, docs/PERFORMANCE.md §3.3). v and out keep the
+// projections' layout (the GEMMs read and write them with row strides G·D and H·D): no transposing copy of
+// either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
 // its last row can see, so the GEMMs skip the masked upper triangle (~40% of attention FLOPs at S = 512,
 // approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop.
@@ -36,6 +37,7 @@ constexpr int64_t kBlock = 64;  // cpu_ops.ATTENTION_BLOCK, which the planner's 
 // keys up to its last row's, so its w is at most min(SK, SK - S + i + kBlock). (Mirrored by
 // cpu_ops.attention_probs_per_head; tests/unit/test_cpu_ops.py checks the two agree.)
 int64_t probs_per_head(int64_t S, int64_t SK) {
+  if (S < 0 || SK < 0) return -1;  // a length not known yet (shape inference under to_static): unknown too
   int64_t t = 0;
   for (int64_t i = 0; i < S; ++i) t += std::min(SK, SK - S + i + kBlock);
   return t;
@@ -87,8 +89,8 @@ inline void block_rows(const int64_t* st, int64_t i0, int64_t S, int64_t* m, int
 inline void store_probs(float* dst, const float* src, int64_t w) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  // up to dst's first 64-byte boundary as plain stores (blocks of other widths than multiples of 16 start their
-  // rows anywhere), the whole 16-float pieces from there streamed
+  // up to dst's first 64-byte boundary as plain stores (a row can start anywhere: heads are T floats apart and
+  // blocks m·w), the whole 16-float pieces from there streamed
   j = std::min<int64_t>(w, static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64 / sizeof(float)));
   std::memcpy(dst, src, sizeof(float) * j);
   for (; j + 16 <= w; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
@@ -214,6 +216,7 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
                                                const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
   const int64_t G = k.shape()[1], SK = k.shape()[2];
+  PD_CHECK(p.numel() == B * H * probs_per_head(S, SK), "causal_attention: the probabilities are not this op's");
   auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
   auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
   auto dv = paddle::empty(v.shape(), v.dtype(), v.place());  // token-major, as v
