@@ -265,6 +265,26 @@ def test_qwen3_q_k_norms_add_parameters_and_activations(write_args):
     assert activation_bytes(Setup(cfg, 1, 1024)) > activation_bytes(Setup(as_llama, 1, 1024))
 
 
+def test_the_cpu_attention_kernels_probabilities_are_planned_at_their_size():
+    """On CPU, `use_flash_attention` (the block kernel) keeps per layer head-major q, k, v and the probabilities of
+    each 64-row query block's keys: 4·heads·attention_probs_per_head(s, s) bytes per sample (docs/PLAN.md),
+    about half of the [heads, s, s] scores at 4096 tokens."""
+    from pretrain_cli.config.presets import PRESET_DIR
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.ops.cpu_ops import attention_probs_per_head
+    from pretrain_cli.planning.activations import _parts_per_token, attention_widths
+    from pretrain_cli.planning.memory import Setup
+
+    cfg = ModelConfig.from_file(str(PRESET_DIR / "qwen3-0.6b"))
+    h, kv = attention_widths(cfg)
+    for s in (256, 4096):
+        core = _parts_per_token(Setup(cfg, 1, s, attention="flash", device="cpu"))["core"]
+        probs = 4 * cfg.num_attention_heads * attention_probs_per_head(s, s)
+        assert core * s == pytest.approx(4 * (h + 2 * kv) * s + probs)
+    assert 0.71 < attention_probs_per_head(256, 256) / 256**2 < 0.72  # docs/PERFORMANCE.md §3.3: 72 % and 52 %
+    assert 0.51 < attention_probs_per_head(4096, 4096) / 4096**2 < 0.52
+
+
 def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(write_args):
     """Qwen's 151,936-token vocabulary at 4 x 2048 tokens: the [b, s, V] logits (fp16 + fp32 copy + fp32 grad +
     fp16 grad) are ~11.6 GiB; the fused head + loss keeps dh, the fp32 dW buffers and one chunk instead, on one
