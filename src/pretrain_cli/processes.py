@@ -66,6 +66,16 @@ def exit_status(pid: int) -> int | None:
     return int(fields[49])
 
 
+def exit_fd(pid: int) -> int | None:
+    """A pidfd of `pid` (Linux 5.3+, any process, not only a child): it turns readable when the process exits, so a
+    waiter can wake at that moment instead of polling. None where `os.pidfd_open` is missing or refused, or the
+    process is reaped already. The caller closes it."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
 def describe_status(status: int | None) -> str:
     """`killed by SIGKILL`, `exited with code 2`, or `exit status unknown`."""
     if status is None:

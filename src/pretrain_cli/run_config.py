@@ -162,8 +162,8 @@ class KernelConfig:
     defaults: `use_flash_attention` false; `tests/unit/test_run_config.py` checks that they agree).
     `attention`: "flash" is the fused path: flash-attn on GPU, which never holds the `[b, heads, s, s]` scores
     (the memory lever PaddleNLP users rely on), and the block-causal kernel on CPU (faster; it keeps fp32
-    probabilities for backward, about half the scores' memory); "math" materialises the scores on every device. `planning.memory` models
-    each of the three.
+    probabilities for backward, about half the scores' memory); "math" materialises the scores on every device.
+    `planning.memory` models each of the three.
     """
 
     attention: str = "math"  # one of ATTENTION_PATHS

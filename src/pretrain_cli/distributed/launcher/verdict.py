@@ -57,9 +57,7 @@ class Evidence:
         import select
 
         deadline = time.monotonic() + 0.5
-        fd = None
-        with contextlib.suppress(OSError, AttributeError):  # no pidfd_open, or the process is reaped already
-            fd = os.pidfd_open(pid)
+        fd = processes.exit_fd(pid)
         try:
             while True:
                 status = processes.exit_status(pid)

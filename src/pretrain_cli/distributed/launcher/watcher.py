@@ -29,14 +29,10 @@ HUNG = 124  # the exit code of a job ended because a rank made no progress (as t
 
 
 def exit_fds(ranks: dict) -> dict:
-    """{pidfd: rank} for the host's ranks: a pidfd turns readable when its process exits (Linux 5.3+, any process,
-    not only a child). Empty where `os.pidfd_open` is missing or refused: then `POLL` bounds how late a death is
-    seen."""
-    fds = {}
-    for r, pid in ranks.items():
-        with contextlib.suppress(OSError, AttributeError):
-            fds[os.pidfd_open(pid)] = r
-    return fds
+    """{pidfd: rank} for the host's ranks (`processes.exit_fd`). Empty where Linux offers no pidfd: then `POLL`
+    bounds how late a death is seen."""
+    fds = {r: processes.exit_fd(pid) for r, pid in ranks.items()}
+    return {fd: r for r, fd in fds.items() if fd is not None}
 
 
 class Watcher:

@@ -215,13 +215,13 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
                                                const paddle::Tensor& p, const paddle::Tensor& dout,
                                                const int64_t* start, float scale) {
   const int64_t B = q.shape()[0], H = q.shape()[1], S = q.shape()[2], D = q.shape()[3];
-  const int64_t G = k.shape()[1], SK = k.shape()[2];
-  PD_CHECK(p.numel() == B * H * probs_per_head(S, SK), "causal_attention: the probabilities are not this op's");
+  const int64_t G = k.shape()[1], SK = k.shape()[2], T = probs_per_head(S, SK);
+  PD_CHECK(p.numel() == B * H * T, "causal_attention: the probabilities are not this op's");
   auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
   auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
   auto dv = paddle::empty(v.shape(), v.dtype(), v.place());  // token-major, as v
   const BackwardArgs a{q.data<float>(), k.data<float>(), v.data<float>(), p.data<float>(), dout.data<float>(),
-                       dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, probs_per_head(S, SK), scale};
+                       dq.data<float>(), start, B, H, S, D, G, SK, H / G, SK - S, T, scale};
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
   const int64_t ns = query_slices(B, G, S), head = SK * D, ldv = G * D;
