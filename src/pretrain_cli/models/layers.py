@@ -132,21 +132,31 @@ class Attention(nn.Layer):
         self.qk_norm = qk_norm
         self.core = CoreAttention(kernels)
 
+    def _one_op(self, kv) -> bool:
+        """`kernels.attn_in` serves the plain projections: no biases, no per-head norm between them and RoPE, and
+        no KV cache (generation keeps the separate ops and their cached K/V)."""
+        return (self.kernels.attn_in is not None and kv is None and not self.qk_norm
+                and self.q_proj.bias is None and self.k_proj.bias is None and self.v_proj.bias is None)
+
     def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None):
         """Training passes no `kv` (unchanged path); generation passes the layer's cache. Packed documents
         pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins)."""
         bsz, seq_len, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        # the head counts follow the projections' widths: all heads, or the share a layout gave this layer's weights
-        q = q.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
-        k = k.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
-        v = v.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if position_ids is None:
-            q, k = self.kernels.rope(q, k, cos, sin)
+        if self._one_op(kv):  # the projections and RoPE as one op (CPU)
+            q, k, v = self.kernels.attn_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos, sin,
+                                           position_ids)
         else:
-            q, k = self.kernels.rope(q, k, cos, sin, position_ids)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            # the head counts follow the projections' widths: all heads, or the share a layout gave these weights
+            q = q.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_heads, head_dim]
+            k = k.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+            v = v.reshape([bsz, seq_len, -1, self.head_dim])  # [bsz, seq_len, n_kv_heads, head_dim]
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if position_ids is None:
+                q, k = self.kernels.rope(q, k, cos, sin)
+            else:
+                q, k = self.kernels.rope(q, k, cos, sin, position_ids)
         if kv is None:
             # [bsz, seq_len, n_heads, head_dim]; the plain call when causal (core_attn recompute wraps `core`)
             out = self.core(q, k, v) if doc_start is None else self.core(q, k, v, doc_start)

@@ -181,6 +181,11 @@ class _Ops:
             return self._run("pcl_rope", x, cos, sin)[0]
         return self._run("pcl_rope_pos", x, cos, sin, position_ids)[0]
 
+    def attn_in(self, x, wq, wk, wv, cos, sin, pos, head_dim: int):
+        """(rope(x·wq) `[B, H, S, D]`, rope(x·wk) `[B, G, S, D]`, x·wv `[B, S, G, D]`) from x `[B, S, hidden]`;
+        `pos` int64 `[B, S]` table rows, or an empty int64 tensor for rows 0 … S-1."""
+        return self._run("pcl_attn_in", x, wq, wk, wv, cos, sin, pos, int(head_dim))
+
     def causal_attention(self, q, k, v, scale: float):
         """q `[B, H, S, D]`, k `[B, G, SK, D]`, v `[B, SK, G, D]` -> out `[B, S, H, D]` (block-causal GEMMs, GQA
         by index; v and out token-major, as the projections lay them out)."""
@@ -303,6 +308,24 @@ def rope_cpu(q, k, cos, sin, position_ids=None):
     q_out = ops.rope_heads_first(q, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_heads, head_dim]
     k_out = ops.rope_heads_first(k, cos, sin, position_ids).transpose([0, 2, 1, 3])  # [bsz, seq_len, n_kv, head_dim]
     return q_out, k_out
+
+
+_NO_POSITIONS: dict = {}  # the empty int64 tensor `attn_in` reads as "no position ids", made once
+
+
+def attn_in_cpu(x, wq, wk, wv, cos, sin, position_ids=None):
+    """The attention's q/k/v projections and RoPE as one op: Paddle's three matmuls, three reshapes and two RoPE
+    ops (and in the backward their gradients and the sum of x's three) become one forward and one backward call.
+    Returns what `rope_cpu` and the v projection give: q, k `[bsz, seq_len, heads, head_dim]` as views of the
+    head-major buffers attention reads, v `[bsz, seq_len, n_kv, head_dim]`."""
+    import paddle
+
+    if position_ids is None:
+        if "pos" not in _NO_POSITIONS:
+            _NO_POSITIONS["pos"] = paddle.zeros([0], dtype="int64")
+        position_ids = _NO_POSITIONS["pos"]
+    q, k, v = load().attn_in(x, wq, wk, wv, cos, sin, position_ids, cos.shape[-1])
+    return q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]), v  # [bsz, seq_len, heads, head_dim] views
 
 
 ATTENTION_BLOCK = 64  # attention.cc's kBlock: the query rows of one block

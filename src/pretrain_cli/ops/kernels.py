@@ -24,8 +24,8 @@ from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
-                                      add_rms_norm_cpu, global_sq_norm_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu,
-                                      swiglu_packed_cpu)
+                                      add_rms_norm_cpu, attn_in_cpu, global_sq_norm_cpu, mlp_in_cpu, rms_norm_cpu,
+                                      rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
@@ -237,6 +237,9 @@ class Kernels:
     # (x, gate_w, up_w) -> swiglu(x @ [gate_w | up_w]) as one op (CPU, no biases); None: `gate_up`, then
     # `swiglu_packed` (GPU, and distributed tensors, whose layouts supply their own `gate_up`)
     mlp_in: Callable | None = None
+    # (x, wq, wk, wv, cos, sin, position_ids) -> the roped q, k and v as `rope` and the projections give them, as one
+    # op (CPU, no biases, no qk_norm); None: the three Linears, then `rope` (GPU, distributed tensors)
+    attn_in: Callable | None = None
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
     cross_entropy: Callable = cross_entropy_reference  # (logits [N, V], labels [N], ignore_index) -> [N]
@@ -268,9 +271,12 @@ class Kernels:
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
-                f"rms_norm={self.rms_norm_name} rope={self.rope_name} "
+                f"rms_norm={self.rms_norm_name} rope={self.rope_name}{self._attn_in_note()} "
                 f"swiglu={self.swiglu_name}{self._mlp_note()} "
                 f"head+loss={self.linear_cross_entropy_name}")
+
+    def _attn_in_note(self) -> str:
+        return " (q|k|v GEMMs + RoPE as one op)" if self.attn_in is not None else ""
 
     def _mlp_note(self) -> str:
         if self.mlp_in is not None:
@@ -353,6 +359,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         swiglu=table[chosen["swiglu"]]["swiglu"],
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         mlp_in=mlp_in_cpu if cpu else None,
+        attn_in=attn_in_cpu if cpu else None,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,

@@ -1,0 +1,99 @@
+"""The attention's input half as one CPU op (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc) against the
+path it replaces: the three Linears, their reshapes and RoPE, forward and every gradient."""
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+runtime.import_paddle()
+import paddle  # noqa: E402
+
+from pretrain_cli.ops import cpu_ops, kernels  # noqa: E402
+
+RNG = np.random.default_rng(3)
+assert cpu_ops.load() is not None, cpu_ops.load_error()  # the kernels build on every CPU CI runs on
+
+
+def _tensors(bsz, seq, hidden, heads, kv_heads, head_dim, rows):
+    arrays = [RNG.standard_normal((bsz, seq, hidden)),
+              *(RNG.standard_normal((hidden, n * head_dim)) * 0.2 for n in (heads, kv_heads, kv_heads))]
+    ang = RNG.standard_normal((rows, head_dim))
+    cos, sin = (paddle.to_tensor(f(ang).astype("float32")) for f in (np.cos, np.sin))
+    return [a.astype("float32") for a in arrays], cos, sin
+
+
+def _run(fused: bool, arrays, cos, sin, pos, used=(0, 1, 2)):
+    x, wq, wk, wv = ts = [paddle.to_tensor(a, stop_gradient=False) for a in arrays]
+    bsz, seq, _ = x.shape
+    head_dim = cos.shape[-1]
+    if fused:
+        outs = kernels.attn_in_cpu(x, wq, wk, wv, cos, sin, pos)
+    else:
+        q, k, v = ((x @ w).reshape([bsz, seq, -1, head_dim]) for w in (wq, wk, wv))
+        outs = (*kernels.rope_reference(q, k, cos, sin, pos), v)
+    upstream = np.random.default_rng(9)
+    loss = sum((o * paddle.to_tensor(upstream.standard_normal(o.shape).astype("float32"))).sum()
+               for i, o in enumerate(outs) if i in used)
+    grads = paddle.grad([loss], ts, allow_unused=True)  # the reference: an unused projection gets None
+    return [o.numpy() for o in outs] + [np.zeros(t.shape, "float32") if g is None else g.numpy()
+                                        for t, g in zip(ts, grads)]
+
+
+@pytest.mark.parametrize("bsz,seq,hidden,heads,kv_heads,head_dim,positions", [
+    (2, 37, 48, 4, 2, 12, False),  # GQA, odd lengths
+    (1, 70, 40, 2, 1, 10, False),  # MQA
+    (2, 9, 24, 4, 4, 6, True),  # packed documents: each token's table row from position_ids
+])
+def test_attn_in_is_the_three_linears_then_rope(bsz, seq, hidden, heads, kv_heads, head_dim, positions):
+    rows = seq + 5 if positions else seq
+    arrays, cos, sin = _tensors(bsz, seq, hidden, heads, kv_heads, head_dim, rows)
+    pos = paddle.to_tensor(RNG.integers(0, rows, (bsz, seq)).astype("int64")) if positions else None
+    got, want = _run(True, arrays, cos, sin, pos), _run(False, arrays, cos, sin, pos)
+    names = ["q", "k", "v", "dx", "dwq", "dwk", "dwv"]
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_attn_in_with_unused_outputs_gives_zero_weight_gradients():
+    """Only q feeds the loss: k and v receive no gradient, so their weights' gradients are zeros, not garbage."""
+    arrays, cos, sin = _tensors(1, 5, 8, 2, 1, 4, 5)
+    got, want = _run(True, arrays, cos, sin, None, used=(0,)), _run(False, arrays, cos, sin, None, used=(0,))
+    for a, b in zip(got[3:], want[3:]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not got[5].any() and not got[6].any()
+
+
+def test_attn_in_refuses_bad_shapes():
+    x, cos, sin = paddle.zeros([1, 4, 8]), paddle.zeros([4, 4]), paddle.zeros([4, 4])
+    w = paddle.zeros([8, 8])
+    with pytest.raises(Exception, match="weights must be"):
+        kernels.attn_in_cpu(x, w, paddle.zeros([8, 4]), paddle.zeros([8, 8]), cos, sin)
+    with pytest.raises(Exception, match="head_dim must be even"):
+        kernels.attn_in_cpu(x, paddle.zeros([8, 10]), paddle.zeros([8, 5]), paddle.zeros([8, 5]),
+                            paddle.zeros([4, 5]), paddle.zeros([4, 5]))
+    with pytest.raises(Exception, match="outside the cos/sin table"):
+        kernels.attn_in_cpu(x, w, w, w, cos, sin, paddle.full([1, 4], 4, dtype="int64"))
+
+
+def _attention(qkv_bias: bool, qk_norm: bool):
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.layers import Attention
+
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    return Attention(cfg, kernels.select(device="cpu"), qkv_bias, False, qk_norm)
+
+
+@pytest.mark.parametrize("qkv_bias,qk_norm,one_op", [(False, False, True), (True, False, False),
+                                                     (False, True, False)])
+def test_the_attention_layer_takes_the_op_only_for_plain_projections(qkv_bias, qk_norm, one_op):
+    layer = _attention(qkv_bias, qk_norm)
+    calls = []
+    real = layer.kernels.attn_in
+    object.__setattr__(layer.kernels, "attn_in", lambda *a: calls.append(1) or real(*a))
+    assert layer._one_op(None) is one_op
+    assert not layer._one_op(object())  # a KV cache (generation) keeps the separate ops
+    cos, sin = paddle.ones([6, 4]), paddle.zeros([6, 4])
+    out = layer(paddle.randn([2, 6, 16]), cos, sin)
+    assert out.shape == [2, 6, 16] and len(calls) == int(one_op)
