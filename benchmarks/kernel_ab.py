@@ -6,7 +6,7 @@ hides any single fusion worth ~1 % of a step. Here both variants share the proce
 state, the allocator and the machine's moment; they alternate every step (ABBA order), and the ratio of each
 adjacent pair's times is taken, so drift cancels. The entries that can be None: `mlp_in` (the gate|up GEMM +
 SwiGLU op, §3.12), `add_rms_norm` (the residual add inside the norm, §3.11), `attn_in` (the q/k/v
-GEMMs + RoPE op, §3.13).
+GEMMs + RoPE op, §3.13), `linear_residual` (the down projection + residual add, §3.15).
 
     python benchmarks/kernel_ab.py --config bench --entry mlp_in --pairs 40 [--threads T]
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from step_timing import load_config  # noqa: E402  (benchmarks/ is on the path from here on)
 from train_throughput import build_our_step  # noqa: E402
 
-OPTIONAL = ("mlp_in", "add_rms_norm", "attn_in")
+OPTIONAL = ("mlp_in", "add_rms_norm", "attn_in", "linear_residual")
 
 
 def pair_ratios(with_s: list[float], without_s: list[float]) -> dict:

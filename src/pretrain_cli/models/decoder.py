@@ -36,6 +36,7 @@ class DecoderLayer(nn.Layer):
         else:
             self.self_attn = Attention(cfg, kernels, qkv_bias, o_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.dense = moe is None
         if moe is None:
             self.mlp = MLP(cfg, kernels, mlp_bias)
         else:
@@ -51,6 +52,8 @@ class DecoderLayer(nn.Layer):
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
         attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
         h, normed = self.post_attention_layernorm.add_forward(x, attn)  # h = x + attn; one pass on CPU
+        if self.dense:  # h + down(...) as one op on CPU
+            return self.mlp(normed, residual=h)
         return h + self.mlp(normed)
 
 

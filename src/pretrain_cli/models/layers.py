@@ -176,11 +176,19 @@ class MLP(nn.Layer):
         self.up_proj = linear(cfg, h, inter, bias)
         self.down_proj = linear(cfg, inter, h, bias, residual=True)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """`down(swiglu(x))`, plus `residual` when given (the decoder layer's `h +`: one op with the down
+        projection on CPU, `kernels.linear_residual`)."""
         if not self.kernels.pack_mlp:
-            return self.down_proj(self.kernels.swiglu(self.gate_proj(x), self.up_proj(x)))
-        g, u = self.gate_proj, self.up_proj
-        if self.kernels.mlp_in is not None and g.bias is None:  # one op on CPU
-            return self.down_proj(self.kernels.mlp_in(x, g.weight, u.weight))  # mlp_in: [bsz, seq_len, inter]
-        gate_up = self.kernels.gate_up(x, g.weight, u.weight, g.bias, u.bias)  # [bsz, seq_len, 2*inter]
-        return self.down_proj(self.kernels.swiglu_packed(gate_up))
+            act = self.kernels.swiglu(self.gate_proj(x), self.up_proj(x))
+        else:
+            g, u = self.gate_proj, self.up_proj
+            if self.kernels.mlp_in is not None and g.bias is None:  # one op on CPU
+                act = self.kernels.mlp_in(x, g.weight, u.weight)  # [bsz, seq_len, inter]
+            else:
+                act = self.kernels.swiglu_packed(self.kernels.gate_up(x, g.weight, u.weight, g.bias, u.bias))
+        if residual is None:
+            return self.down_proj(act)
+        if self.kernels.linear_residual is not None and self.down_proj.bias is None:
+            return self.kernels.linear_residual(act, self.down_proj.weight, residual)
+        return residual + self.down_proj(act)

@@ -26,7 +26,7 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc")  # + common.h, which all include
+SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc", "linear.cc")  # + common.h, which all include
 # -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
 CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
             "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
@@ -186,6 +186,10 @@ class _Ops:
         `pos` int64 `[B, S]` table rows, or an empty int64 tensor for rows 0 … S-1."""
         return self._run("pcl_attn_in", x, wq, wk, wv, cos, sin, pos, int(head_dim))
 
+    def linear_residual(self, a, w, r):
+        """`r + a·w` (`w` `[in, out]`, `r` the product's shape)."""
+        return self._run("pcl_linear_residual", a, w, r)[0]
+
     def causal_attention(self, q, k, v, scale: float):
         """q `[B, H, S, D]`, k `[B, G, SK, D]`, v `[B, SK, G, D]` -> out `[B, S, H, D]` (block-causal GEMMs, GQA
         by index; v and out token-major, as the projections lay them out)."""
@@ -221,9 +225,10 @@ class _Ops:
         return self._run("pcl_linear_cross_entropy_grad", h, w, labels, int(ignore_index), bool(vocab_major),
                          int(chunk))
 
-    def scale_by(self, x, g):
-        """`x * g[0]` (fp32, threaded)."""
-        return self._run("pcl_scale_by", x, g)[0]
+    def scale_by_(self, x, g):
+        """`x *= g[0]` in place (fp32, contiguous, threaded); returns x."""
+        self._run("pcl_scale_by_", x, g)
+        return x
 
 
 def load():
@@ -297,6 +302,12 @@ def mlp_in_cpu(x, gate_w, up_w):
     their three gradients and the concat's split) become one forward and one backward call, and the packed
     `[hidden, 2·inter]` weight is never a tensor the autograd graph keeps."""
     return load().mlp_in(x, gate_w, up_w)
+
+
+def linear_residual_cpu(a, w, r):
+    """`r + a·w` as one op: the GEMM accumulates onto a copy of the residual and the backward copies the residual's
+    gradient on every thread (Paddle's add and add_grad run on one)."""
+    return load().linear_residual(a, w, r)
 
 
 def rope_cpu(q, k, cos, sin, position_ids=None):

@@ -24,8 +24,8 @@ from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
-                                      add_rms_norm_cpu, attn_in_cpu, global_sq_norm_cpu, mlp_in_cpu, rms_norm_cpu,
-                                      rope_cpu, swiglu_packed_cpu)
+                                      add_rms_norm_cpu, attn_in_cpu, global_sq_norm_cpu, linear_residual_cpu,
+                                      mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
@@ -240,6 +240,10 @@ class Kernels:
     # (x, wq, wk, wv, cos, sin, position_ids) -> the roped q, k and v as `rope` and the projections give them, as one
     # op (CPU, no biases, no qk_norm); None: the three Linears, then `rope` (GPU, distributed tensors)
     attn_in: Callable | None = None
+    # (a, w, r) -> r + a·w: the dense MLP's down projection and the layer's residual add as one op (CPU, no bias);
+    # None: the Linear, then Paddle's add (GPU, distributed tensors, and `tp`, whose row-parallel down projection
+    # sums its output over the group before the add)
+    linear_residual: Callable | None = None
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
     cross_entropy: Callable = cross_entropy_reference  # (logits [N, V], labels [N], ignore_index) -> [N]
@@ -280,7 +284,8 @@ class Kernels:
 
     def _mlp_note(self) -> str:
         if self.mlp_in is not None:
-            return " (gate|up GEMM + SwiGLU as one op)"
+            down = "; down GEMM + residual add as one op" if self.linear_residual is not None else ""
+            return f" (gate|up GEMM + SwiGLU as one op{down})"
         return " (packed gate|up GEMM)" if self.pack_mlp else ""
 
 
@@ -360,6 +365,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         swiglu_packed=swiglu_packed_cpu if cpu else swiglu_packed,
         mlp_in=mlp_in_cpu if cpu else None,
         attn_in=attn_in_cpu if cpu else None,
+        linear_residual=linear_residual_cpu if cpu else None,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,

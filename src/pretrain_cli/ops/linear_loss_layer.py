@@ -26,8 +26,9 @@ class FusedLinearLoss(PyLayer):
         dh, dw = ctx.saved_tensor()
         g = dloss.astype("float32").reshape([1])
         ops = ctx.ops if dh.place.is_cpu_place() and dh.dtype == paddle.float32 else None
-        if ops is not None:  # the CPU kernel's path: threaded (Paddle's CPU multiply runs on one thread)
-            dh, dw = ops.scale_by(dh, g), ops.scale_by(dw, g)
-        else:  # in place: no second weight-sized buffer at the start of the backward
+        # in place: no second weight-sized buffer at the start of the backward
+        if ops is not None:  # the CPU kernel's path: threaded (Paddle's CPU multiply_ runs on one thread)
+            dh, dw = ops.scale_by_(dh, g), ops.scale_by_(dw, g)
+        else:
             dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
         return (dh if ctx.needs[0] else None), (dw if ctx.needs[1] else None)

@@ -171,6 +171,7 @@ def localize(k, hook: bool):
         swiglu=_on_pieces(k.swiglu, "pp", 0, hook), swiglu_packed=_on_pieces(k.swiglu_packed, "p", 0, hook),
         gate_up=gate_up, mlp_in=None,  # the gate|up GEMM above, then `swiglu_packed` on pieces
         attn_in=None,  # the Linears on the distributed tensors, then `rope` above on pieces
+        linear_residual=None,  # the down projection and the residual add on the distributed tensors
         cross_entropy=cross_entropy, grouped_mlp=_same_graph(k.grouped_mlp),
         linear_cross_entropy=linear_cross_entropy if lce is not None else None,
         whole_weight=lambda w: gather_zero(w, hook))

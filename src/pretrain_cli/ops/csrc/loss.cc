@@ -106,7 +106,7 @@ PD_BUILD_GRAD_OP(pcl_cross_entropy)
 // buffer, then max / sum-exp / target logit per row. The _grad variant also turns the buffer into
 // softmax - onehot (0 for ignored rows) and accumulates dh = P·wᵀ and dw += hᵀ·P (or Pᵀ·h) from it, so the
 // gradients of the sum come out of the same pass: three GEMMs of N·D·V like the unfused head + loss, where a
-// recomputing backward would need four. The caller scales them by d(loss) (`pcl_scale_by`).
+// recomputing backward would need four. The caller scales them by d(loss) in place (`pcl_scale_by_`).
 // The GEMMs are called outside any OpenMP region, so MKL threads them; the row passes are OpenMP loops.
 namespace {
 using pcl::kNoTrans;
@@ -262,27 +262,23 @@ PD_BUILD_OP(pcl_linear_cross_entropy_grad)
 // -------------------------------------------------------------------------- scale
 // x * g[0] for a one-element g, threaded (Paddle's CPU multiply runs on one thread): the fused head's
 // gradients times d(loss) in its backward.
-std::vector<paddle::Tensor> ScaleBy(const paddle::Tensor& x_arg, const paddle::Tensor& g_arg) {
-  const paddle::Tensor x = contig(x_arg), g = contig(g_arg);
+// x *= g[0] in place on every thread: the fused loss's backward scales the gradients it kept (dh, and dW of the
+// whole head) by d(loss) without a second buffer of each (Paddle's CPU multiply_ runs on one thread).
+void ScaleByInplace(paddle::Tensor& x, const paddle::Tensor& g_arg) {
+  const paddle::Tensor g = contig(g_arg);
   check_f32(x, "scale_by", "x");
   check_f32(g, "scale_by", "g");
+  PD_CHECK(x.is_contiguous(), "scale_by: x must be contiguous (it is scaled in place)");
   PD_CHECK(g.numel() == 1, "scale_by: g must have one element");
-  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
   const float s = g.data<float>()[0];
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
+  float* xp = x.data<float>();
   const int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * s;
-  return {y};
+  for (int64_t i = 0; i < n; ++i) xp[i] *= s;
 }
 
-std::vector<std::vector<int64_t>> ScaleByShape(const std::vector<int64_t>& x, const std::vector<int64_t>& g) {
-  return {x};
-}
-
-PD_BUILD_OP(pcl_scale_by)
+PD_BUILD_OP(pcl_scale_by_)
     .Inputs({"X", "G"})
-    .Outputs({"Y"})
-    .SetKernelFn(PD_KERNEL(ScaleBy))
-    .SetInferShapeFn(PD_INFER_SHAPE(ScaleByShape));
+    .Outputs({"Out"})
+    .SetInplaceMap({{"X", "Out"}})
+    .SetKernelFn(PD_KERNEL(ScaleByInplace));

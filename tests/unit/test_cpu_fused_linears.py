@@ -1,5 +1,6 @@
-"""The attention's input half as one CPU op (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc) against the
-path it replaces: the three Linears, their reshapes and RoPE, forward and every gradient."""
+"""The CPU ops that fuse Linears with their neighbours, against the paths they replace, forward and every gradient:
+the attention's input half (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc: the three Linears, their
+reshapes and RoPE) and the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc)."""
 import numpy as np
 import pytest
 
@@ -97,3 +98,41 @@ def test_the_attention_layer_takes_the_op_only_for_plain_projections(qkv_bias, q
     cos, sin = paddle.ones([6, 4]), paddle.zeros([6, 4])
     out = layer(paddle.randn([2, 6, 16]), cos, sin)
     assert out.shape == [2, 6, 16] and len(calls) == int(one_op)
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 12), (5, 12), (0, 12)])
+def test_linear_residual_is_the_linear_then_the_add(shape):
+    """`r + a·w` as one op (the down projection and the layer's residual add) against the two ops, forward and all
+    three gradients (3-D, 2-D, no rows)."""
+    arrays = [RNG.standard_normal(shape), RNG.standard_normal((12, 5)) * 0.3,
+              RNG.standard_normal((*shape[:-1], 5))]
+    outs = []
+    for fn in (kernels.linear_residual_cpu, lambda a, w, r: r + a @ w):
+        ts = [paddle.to_tensor(a.astype("float32"), stop_gradient=False) for a in arrays]
+        y = fn(*ts)
+        g = paddle.to_tensor(np.random.default_rng(5).standard_normal(y.shape).astype("float32"))
+        outs.append([y.numpy()] + [x.numpy() for x in paddle.grad([y], ts, [g])])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_dense_layer_adds_its_residual_in_the_down_projection_unless_a_layout_sums_it():
+    """The decoder layer hands `h` to its dense MLP, which adds it inside the down projection's op on CPU; the
+    `tp` step's table has no `linear_residual` (its down projection's output is summed over the group first)."""
+    import dataclasses
+
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.decoder import DecoderLayer
+
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    table = kernels.select(device="cpu")
+    calls = []
+    spy = dataclasses.replace(table, linear_residual=lambda *a: calls.append(1) or table.linear_residual(*a))
+    paddle.seed(0)
+    fused = DecoderLayer(cfg, spy, False, False, False)
+    plain = DecoderLayer(cfg, dataclasses.replace(table, linear_residual=None), False, False, False)
+    plain.set_state_dict(fused.state_dict())
+    x, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, 4]), paddle.zeros([6, 4])
+    np.testing.assert_allclose(fused(x, cos, sin).numpy(), plain(x, cos, sin).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1
