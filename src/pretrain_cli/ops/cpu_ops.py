@@ -26,7 +26,8 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc", "linear.cc")  # + common.h, which all include
+# + common.h, which all include
+SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc", "linear.cc")
 # -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
 CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
             "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
