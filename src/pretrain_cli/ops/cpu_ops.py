@@ -26,7 +26,7 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 CSRC = Path(__file__).with_name("csrc")
-# + common.h, which all include
+# + the headers they include (common.h, causal_tiles.h): every *.h of csrc/ is part of the library's key
 SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc", "linear.cc")
 # -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
 CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
@@ -97,7 +97,7 @@ def library_path(paddle) -> Path:
     except (OSError, subprocess.SubprocessError):
         cxx = ""
     h = hashlib.sha256()
-    sources = [(CSRC / f).read_bytes() for f in (*SOURCES, "common.h")]
+    sources = [(CSRC / f).read_bytes() for f in SOURCES] + [h.read_bytes() for h in sorted(CSRC.glob("*.h"))]
     for part in (*sources, " ".join(cxxflags()).encode(), paddle.__version__.encode(),
                  str(Path(paddle.__file__).parent).encode(), cxx.encode(), _cpu_signature().encode()):
         h.update(part)

@@ -1,5 +1,5 @@
 // Block-causal and document-masked attention (see common.h for why these kernels exist).
-#include "common.h"
+#include "causal_tiles.h"  // includes common.h
 
 #if defined(__AVX512F__)
 #include <immintrin.h>  // the probability rows' non-temporal stores
@@ -31,6 +31,7 @@ using pcl::kNoTrans;
 using pcl::kRowMajor;
 using pcl::kTrans;
 constexpr int64_t kBlock = 64;  // cpu_ops.ATTENTION_BLOCK, which the planner's memory model reads
+
 
 // The probabilities one head keeps: a bound on the sum of its blocks' m·w over every causal and document
 // blocking. A row i sits in a block of at most kBlock rows that starts at or before it, and the block multiplies
@@ -111,10 +112,11 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
   const float* vp = v.data<float>();
   float* op = out.data<float>();
   float* pp = probs.data<float>();
+  const bool tiles = pcl::square_tiles_fit(D);
 #pragma omp parallel
   {
     // one block's scores [m, w] in this thread's cache; the softmax and the P·V GEMM read them from here
-    std::vector<float> scratch(static_cast<size_t>(kBlock) * SK);
+    std::vector<float> scratch(static_cast<size_t>(kBlock) * SK), bt(tiles ? static_cast<size_t>(kBlock * D) : 0);
     float* Sc = scratch.data();
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
@@ -129,7 +131,14 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
         for (int64_t i0 = 0, m = 0, k0 = 0; i0 < S; i0 += m) {
           block_rows(st, i0, S, &m, &k0);
           const int64_t n = shift + i0 + m, w = n - k0;  // the block's keys: [k0, n), what its last row sees
-          cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f, Sc, w);
+          const int64_t off = w - m;  // the keys before the block's diagonal square [n - m, n)
+          if (!tiles) {
+            cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f, Sc, w);
+          } else {
+            if (off > 0)
+              cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, off, D, scale, Q + i0 * D, D, K + k0 * D, D, 0.f, Sc, w);
+            pcl::square_scores(Q + i0 * D, D, K + (n - m) * D, D, Sc, w, off, m, D, scale, bt.data());
+          }
           for (int64_t r = 0; r < m; ++r) {
             float* row = Sc + r * w;
             const int64_t vis = shift + i0 + r + 1 - k0;  // keys [k0, k0 + vis) are visible
@@ -142,7 +151,14 @@ std::vector<paddle::Tensor> attention_forward(const paddle::Tensor& q, const pad
             std::fill(row + vis, row + w, 0.f);
             store_probs(P + r * w, row, w);
           }
-          cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * ldv, ldv, 0.f, O + i0 * ldo, ldo);
+          if (!tiles) {
+            cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, Sc, w, V + k0 * ldv, ldv, 0.f, O + i0 * ldo, ldo);
+          } else {
+            if (off > 0)
+              cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, off, 1.f, Sc, w, V + k0 * ldv, ldv, 0.f, O + i0 * ldo,
+                          ldo);
+            pcl::square_weighted(Sc, w, off, V + (n - m) * ldv, ldv, O + i0 * ldo, ldo, m, D, off > 0);
+          }
           P += m * w;  // the next block's
         }
       }
@@ -179,7 +195,7 @@ struct BackwardArgs {
 // [k0, n) only. `ds` is this thread's [kBlock, SK] scratch; dV's rows are `lddv` apart (the token-major dv, or a
 // slice's own [SK, D]).
 void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, int64_t ns, float* dK, float* dV,
-                    int64_t lddv, float* ds) {
+                    int64_t lddv, float* ds, bool tiles, float* bt) {
   const int64_t S = a.S, D = a.D, SK = a.SK, ldv = a.G * D, ldo = a.H * D;
   const int64_t* st = a.start ? a.start + b * S : nullptr;
   const float* K = a.k + (b * a.G + g) * SK * D;
@@ -194,7 +210,14 @@ void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, 
       w = a.shift + i0 + m - k0;  // the block's keys [k0, shift + i0 + m)
       if (ordinal % ns != slice) continue;
       float* dS = ds;  // [m, w]
-      cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * ldo, ldo, V + k0 * ldv, ldv, 0.f, dS, w);
+      const int64_t off = w - m, sq = a.shift + i0;  // the keys before the diagonal square; its first key
+      if (!tiles) {
+        cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, w, D, 1.f, dO + i0 * ldo, ldo, V + k0 * ldv, ldv, 0.f, dS, w);
+      } else {
+        if (off > 0)
+          cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, off, D, 1.f, dO + i0 * ldo, ldo, V + k0 * ldv, ldv, 0.f, dS, w);
+        pcl::square_scores(dO + i0 * ldo, ldo, V + sq * ldv, ldv, dS, w, off, m, D, 1.f, bt);
+      }
       for (int64_t r = 0; r < m; ++r) {
         const float* pr = P + r * w;
         float* dr = dS + r * w;
@@ -204,9 +227,20 @@ void backward_slice(const BackwardArgs& a, int64_t b, int64_t g, int64_t slice, 
 #pragma omp simd
         for (int64_t j = 0; j < w; ++j) dr[j] = a.scale * pr[j] * (dr[j] - dot);
       }
-      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
-      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
-      cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P, w, dO + i0 * ldo, ldo, 1.f, dV + k0 * lddv, lddv);
+      if (!tiles) {
+        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, w, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
+        cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
+        cblas_sgemm(kRowMajor, kTrans, kNoTrans, w, D, m, 1.f, P, w, dO + i0 * ldo, ldo, 1.f, dV + k0 * lddv, lddv);
+        continue;
+      }
+      if (off > 0) {
+        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, m, D, off, 1.f, dS, w, K + k0 * D, D, 0.f, dQ + i0 * D, D);
+        cblas_sgemm(kRowMajor, kTrans, kNoTrans, off, D, m, 1.f, dS, w, Q + i0 * D, D, 1.f, dK + k0 * D, D);
+        cblas_sgemm(kRowMajor, kTrans, kNoTrans, off, D, m, 1.f, P, w, dO + i0 * ldo, ldo, 1.f, dV + k0 * lddv, lddv);
+      }
+      pcl::square_weighted(dS, w, off, K + sq * D, D, dQ + i0 * D, D, m, D, off > 0);
+      pcl::square_transposed(dS, w, off, Q + i0 * D, D, dK + sq * D, D, m, D);
+      pcl::square_transposed(P, w, off, dO + i0 * ldo, ldo, dV + sq * lddv, lddv, m, D);
     }
   }
 }
@@ -226,9 +260,10 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
   float* dvp = dv.data<float>();
   const int64_t ns = query_slices(B, G, S), head = SK * D, ldv = G * D;
   std::vector<float> partial(ns > 1 ? static_cast<size_t>(B * G * ns * 2 * head) : 0);  // [B*G, ns, dK|dV, SK, D]
+  const bool tiles = pcl::square_tiles_fit(D);
 #pragma omp parallel
   {
-    std::vector<float> ds(static_cast<size_t>(kBlock) * SK);
+    std::vector<float> ds(static_cast<size_t>(kBlock) * SK), bt(tiles ? static_cast<size_t>(kBlock * D) : 0);
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t g = 0; g < G; ++g) {
@@ -239,7 +274,7 @@ std::vector<paddle::Tensor> attention_backward(const paddle::Tensor& q, const pa
           const int64_t lddv = ns == 1 ? ldv : D;
           std::fill(dK, dK + head, 0.f);
           for (int64_t r = 0; r < SK; ++r) std::fill(dV + r * lddv, dV + r * lddv + D, 0.f);
-          backward_slice(a, b, g, s, ns, dK, dV, lddv, ds.data());
+          backward_slice(a, b, g, s, ns, dK, dV, lddv, ds.data(), tiles, bt.data());
         }
       }
     }
