@@ -1,6 +1,7 @@
 """The CPU ops that fuse Linears with their neighbours, against the paths they replace, forward and every gradient:
 the attention's input half (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc: the three Linears, their
-reshapes and RoPE) and the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc)."""
+reshapes and RoPE), the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc) and
+the token embedding's threaded lookup (`embedding_cpu`, the same file)."""
 import numpy as np
 import pytest
 
@@ -136,3 +137,23 @@ def test_the_dense_layer_adds_its_residual_in_the_down_projection_unless_a_layou
     x, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, 4]), paddle.zeros([6, 4])
     np.testing.assert_allclose(fused(x, cos, sin).numpy(), plain(x, cos, sin).numpy(), rtol=1e-5, atol=1e-6)
     assert len(calls) == 1
+
+
+def test_embedding_is_paddles_lookup_and_its_gradient_accumulates_repeated_tokens():
+    """The threaded lookup against Paddle's: the output and the weight's gradient, with a token repeated across rows
+    (its gradient rows add up, in token order, by the one thread that owns its vocabulary range)."""
+    ids = RNG.integers(0, 50, (3, 17)).astype("int64")
+    ids[0, 0] = ids[1, 3] = ids[2, 16] = 7
+    w0 = RNG.standard_normal((50, 24)).astype("float32")
+    upstream = np.random.default_rng(2).standard_normal((3, 17, 24)).astype("float32")
+    outs = []
+    for fn in (kernels.embedding_cpu, kernels.embedding_reference):
+        w = paddle.to_tensor(w0, stop_gradient=False)
+        y = fn(paddle.to_tensor(ids), w)
+        (dw,) = paddle.grad([y], [w], [paddle.to_tensor(upstream)])
+        outs.append((y.numpy(), dw.numpy()))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-6, atol=1e-6)
+    assert not outs[0][1][[i for i in range(50) if i not in ids]].any()  # rows no token used: exact zeros
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        kernels.embedding_cpu(paddle.to_tensor(np.array([50], np.int64)), paddle.to_tensor(w0))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
-import paddle.nn.functional as F
 
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.ops.loss import causal_lm_loss_sum, head_loss_sum
@@ -80,7 +79,7 @@ class DecoderModel(nn.Layer):
         offset = cache.offset if cache is not None else 0
         span = seq_len if position_ids is None else seq_len * self.kernels.rope_span  # the positions may reach
         cos, sin = self.rotary_emb(span, offset)  # [span, head_dim] each
-        x = F.embedding(input_ids, self.kernels.whole_weight(self.embed_tokens.weight))  # [bsz, seq_len, hidden]
+        x = self.kernels.embedding(input_ids, self.kernels.whole_weight(self.embed_tokens.weight))  # [bsz, seq, hidden]
         if position_ids is not None or doc_start is not None:  # packed documents (positions < seq_len)
             for layer in self.layers:
                 x = layer(x, cos, sin, None, position_ids, doc_start)

@@ -70,7 +70,7 @@ def mtp_losses(lm, h, input_ids, labels, cos, sin, position_ids=None, doc_start=
     ids, targets = input_ids, labels
     for module in lm.model.layers.mtp:
         ids, targets = shift_left(ids, 0), shift_left(targets, IGNORE_INDEX)
-        emb = nn.functional.embedding(ids, lm.kernels.whole_weight(lm.model.embed_tokens.weight))
+        emb = lm.kernels.embedding(ids, lm.kernels.whole_weight(lm.model.embed_tokens.weight))
         h = module(h, emb, cos, sin, position_ids, doc_start)
         total, count = lm.loss_sum(module.shared_head.norm(h), targets)
         losses.append(total / paddle.clip(count.astype(total.dtype), min=1.0))

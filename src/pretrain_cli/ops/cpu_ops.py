@@ -187,6 +187,10 @@ class _Ops:
         `pos` int64 `[B, S]` table rows, or an empty int64 tensor for rows 0 … S-1."""
         return self._run("pcl_attn_in", x, wq, wk, wv, cos, sin, pos, int(head_dim))
 
+    def embedding(self, ids, w):
+        """`w[ids]`: int64 ids `[...]`, w `[vocab, hidden]` -> `[..., hidden]`."""
+        return self._run("pcl_embedding", ids, w)[0]
+
     def linear_residual(self, a, w, r):
         """`r + a·w` (`w` `[in, out]`, `r` the product's shape)."""
         return self._run("pcl_linear_residual", a, w, r)[0]
@@ -303,6 +307,11 @@ def mlp_in_cpu(x, gate_w, up_w):
     their three gradients and the concat's split) become one forward and one backward call, and the packed
     `[hidden, 2·inter]` weight is never a tensor the autograd graph keeps."""
     return load().mlp_in(x, gate_w, up_w)
+
+
+def embedding_cpu(ids, w):
+    """The token embedding's lookup, its gradient zeroed and accumulated on every thread (Paddle's runs on one)."""
+    return load().embedding(ids, w)
 
 
 def linear_residual_cpu(a, w, r):

@@ -24,8 +24,8 @@ from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
-                                      add_rms_norm_cpu, attn_in_cpu, global_sq_norm_cpu, linear_residual_cpu,
-                                      mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
+                                      add_rms_norm_cpu, attn_in_cpu, embedding_cpu, global_sq_norm_cpu,
+                                      linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
@@ -175,6 +175,13 @@ def whole_weight(w):
     return w
 
 
+def embedding_reference(ids, w):
+    """`w[ids]` (Paddle's embedding)."""
+    import paddle.nn.functional as F
+
+    return F.embedding(ids, w)
+
+
 def cross_entropy_reference(logits, labels, ignore_index: int):
     """Per-row loss `[N]` from logits `[N, V]`; 0 for rows whose label is `ignore_index`."""
     import paddle.nn.functional as F
@@ -259,6 +266,8 @@ class Kernels:
     attention_block: Callable = block_forward
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
+    # (ids, weight) -> weight[ids]: the token embedding (CPU: its gradient on every thread; distributed tensors: Paddle's)
+    embedding: Callable = embedding_reference
     # a MoE layer's experts over rows sorted by expert (`ops.grouped`): (x, counts, weights, swiglu_packed) -> out
     grouped_mlp_name: str = "cpu_grouped"
     grouped_mlp: Callable = grouped_mlp_cpu
@@ -366,6 +375,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         mlp_in=mlp_in_cpu if cpu else None,
         attn_in=attn_in_cpu if cpu else None,
         linear_residual=linear_residual_cpu if cpu else None,
+        embedding=embedding_cpu if cpu else embedding_reference,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,

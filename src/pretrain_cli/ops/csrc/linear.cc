@@ -1,4 +1,4 @@
-// A Linear whose output lands on a residual (see common.h for why these kernels exist).
+// A Linear whose output lands on a residual, and the token embedding (see common.h for why these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
@@ -84,3 +84,78 @@ PD_BUILD_GRAD_OP(pcl_linear_residual)
     .Inputs({"A", "W", paddle::Grad("Y")})
     .Outputs({paddle::Grad("A"), paddle::Grad("W"), paddle::Grad("R")})
     .SetKernelFn(PD_KERNEL(LinearResidualBackward));
+
+// ------------------------------------------------------------------ the token embedding's lookup
+// out[t] = W[ids[t]]; the backward's dW = zeros, then dW[ids[t]] += dout[t] for every token. Paddle's CPU embedding
+// gradient runs on one thread, zero-fill included ([vocab, hidden]: 8 MB at bench's shape); here each thread zeroes
+// and accumulates the rows of its own vocabulary range, every token in order, so the result is the same on any
+// thread count.
+namespace {
+void check_embedding(const paddle::Tensor& ids, const paddle::Tensor& w) {
+  PD_CHECK(ids.dtype() == paddle::DataType::INT64, "embedding: ids must be int64");
+  check_f32(w, "embedding", "weight");
+  PD_CHECK(w.shape().size() == 2, "embedding: the weight must be [vocab, hidden]");
+}
+}  // namespace
+
+std::vector<paddle::Tensor> EmbeddingForward(const paddle::Tensor& ids_arg, const paddle::Tensor& w_arg) {
+  const paddle::Tensor ids = contig(ids_arg), w = contig(w_arg);
+  check_embedding(ids, w);
+  const int64_t n = ids.numel(), vocab = w.shape()[0], h = w.shape()[1];
+  const int64_t* ip = ids.data<int64_t>();
+  for (int64_t t = 0; t < n; ++t)
+    PD_CHECK(ip[t] >= 0 && ip[t] < vocab, "embedding: token id ", ip[t], " outside the vocabulary [0, ", vocab, ")");
+  auto shape = ids.shape();
+  shape.push_back(h);
+  auto out = paddle::empty(shape, w.dtype(), w.place());
+  const float* wp = w.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) std::memcpy(op + t * h, wp + ip[t] * h, sizeof(float) * h);
+  return {out};
+}
+
+std::vector<paddle::Tensor> EmbeddingBackward(const paddle::Tensor& ids_arg, const paddle::Tensor& w_arg,
+                                              const paddle::Tensor& dout_arg) {
+  const paddle::Tensor ids = contig(ids_arg), dout = contig(dout_arg);
+  const int64_t n = ids.numel(), vocab = w_arg.shape()[0], h = w_arg.shape()[1];
+  auto dw = paddle::empty(w_arg.shape(), dout.dtype(), dout.place());
+  const int64_t* ip = ids.data<int64_t>();
+  const float* gp = dout.data<float>();
+  float* dp = dw.data<float>();
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t lo = vocab * me / threads, hi = vocab * (me + 1) / threads;  // this thread's rows of dW
+    std::fill(dp + lo * h, dp + hi * h, 0.f);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = ip[t];
+      if (row < lo || row >= hi) continue;
+      float* d = dp + row * h;
+      const float* g = gp + t * h;
+#pragma omp simd
+      for (int64_t j = 0; j < h; ++j) d[j] += g[j];
+    }
+  }
+  return {dw};
+}
+
+std::vector<std::vector<int64_t>> EmbeddingShape(const std::vector<int64_t>& ids, const std::vector<int64_t>& w) {
+  std::vector<int64_t> out = ids;
+  out.push_back(w[1]);
+  return {out};
+}
+
+std::vector<paddle::DataType> EmbeddingDtype(const paddle::DataType& ids, const paddle::DataType& w) { return {w}; }
+
+PD_BUILD_OP(pcl_embedding)
+    .Inputs({"Ids", "W"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(EmbeddingForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(EmbeddingShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(EmbeddingDtype));
+
+PD_BUILD_GRAD_OP(pcl_embedding)
+    .Inputs({"Ids", "W", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("W")})
+    .SetKernelFn(PD_KERNEL(EmbeddingBackward));
