@@ -302,6 +302,9 @@ def _child(request: dict, fds) -> None:
     random.seed()  # a fresh interpreter's seed, not the server's
     if request.get("rank"):
         _as_before_paddle()
+        # as the shim's fresh interpreter would have it, not as the server started (the suite in a background job)
+        ignored = request["rank"].get("sigint_ignored", False)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
     try:
         if request["inject"]:
             runpy.run_path(request["inject"], run_name="sitecustomize")

@@ -40,8 +40,13 @@ def main() -> None:
     socket.send_fds(conn, [b"x"], [0, 1, 2])
     with open("/proc/self/stat", "rb") as f:
         started = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    # SIGINT ignored when this process started (a launcher run in the background: a shell starts background jobs
+    # so): a fresh rank's interpreter would then leave it ignored rather than raise KeyboardInterrupt, and so does
+    # the forked one (forkserver._child), whatever the server's own start left it
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     request = {"args": script, "cwd": os.getcwd(), "env": dict(os.environ), "inject": None,
-               "rank": {"pid": os.getpid(), "started": started, "unbuffered": sys.stdout.write_through}}
+               "rank": {"pid": os.getpid(), "started": started, "unbuffered": sys.stdout.write_through,
+                        "sigint_ignored": ignored}}
     conn.sendall(json.dumps(request).encode() + b"\n")
     lines = _lines(conn, launcher)
     pid = next(lines)

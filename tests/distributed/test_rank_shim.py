@@ -41,8 +41,14 @@ def _start(script, mode, **env):
     """The shim as the launcher starts it (`python -u`, its own session, PADDLE_TRAINER_ID set), and the pid the
     rank prints."""
     full = dict(child_env(), PADDLE_TRAINER_ID="1", **env)
-    proc = subprocess.Popen([sys.executable, "-u", str(SHIM), forkserver.rank_servers(child_env()), str(script), mode],
-                            env=full, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    # the shim starts with SIGINT at its default, as from a foreground shell, even when the suite runs as a background
+    # job (whose processes inherit SIGINT ignored, and so would the shim: an ignored disposition survives exec)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-u", str(SHIM), forkserver.rank_servers(child_env()), str(script),
+                                 mode], env=full, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     return proc, int(proc.stdout.readline())
 
 

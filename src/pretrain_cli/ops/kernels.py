@@ -266,7 +266,7 @@ class Kernels:
     attention_block: Callable = block_forward
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
-    # (ids, weight) -> weight[ids]: the token embedding (CPU: its gradient on every thread; distributed tensors: Paddle's)
+    # (ids, weight) -> weight[ids]: the token embedding (CPU: its gradient threaded; distributed tensors: Paddle's)
     embedding: Callable = embedding_reference
     # a MoE layer's experts over rows sorted by expert (`ops.grouped`): (x, counts, weights, swiglu_packed) -> out
     grouped_mlp_name: str = "cpu_grouped"
@@ -284,12 +284,10 @@ class Kernels:
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
-                f"rms_norm={self.rms_norm_name} rope={self.rope_name}{self._attn_in_note()} "
+                f"rms_norm={self.rms_norm_name} rope={self.rope_name}"
+                f"{' (q|k|v GEMMs + RoPE as one op)' if self.attn_in is not None else ''} "
                 f"swiglu={self.swiglu_name}{self._mlp_note()} "
                 f"head+loss={self.linear_cross_entropy_name}")
-
-    def _attn_in_note(self) -> str:
-        return " (q|k|v GEMMs + RoPE as one op)" if self.attn_in is not None else ""
 
     def _mlp_note(self) -> str:
         if self.mlp_in is not None:
