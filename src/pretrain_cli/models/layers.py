@@ -143,6 +143,7 @@ class Attention(nn.Layer):
         pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins)."""
         bsz, seq_len, _ = x.shape
         if self._one_op(kv):  # the projections and RoPE as one op (CPU)
+            # q [bsz, seq_len, n_heads, head_dim], k and v [bsz, seq_len, n_kv_heads, head_dim], as the path below
             q, k, v = self.kernels.attn_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, cos, sin,
                                            position_ids)
         else:

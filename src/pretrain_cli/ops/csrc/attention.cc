@@ -20,7 +20,9 @@ using pcl::exp_from_max;
 // either, forward or backward (docs/PERFORMANCE.md §3.3). Query i sees keys j <= SK - S + i (bottom-right, as
 // kernels._causal_bool_mask). Queries go in blocks of kBlock rows and each block multiplies only the keys
 // its last row can see, so the GEMMs skip the masked upper triangle (~40% of attention FLOPs at S = 512,
-// approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop.
+// approaching 50% for long sequences). Blocks call MKL's single-threaded sgemm inside the OpenMP loop. Where
+// head_dim allows (causal_tiles.h), a block's last m keys, the m x m square whose upper triangle is masked, go
+// through triangle tiles instead, and the sgemm covers the keys before them (docs/PERFORMANCE.md §3.16).
 //
 // Document masking (pcl_document_attention, packed samples, S == SK): start[b, i] is the first key of query
 // i's document, so query i sees keys start[i] <= j <= i. Row blocks are also cut at document starts, so all

@@ -1,9 +1,9 @@
 // The diagonal square of a causal query block, multiplied over its lower triangle only (attention.cc).
 //
 // Why: a query block of m rows multiplies the keys its last row sees; the last m of them form an m x m square
-// whose upper triangle is masked. MKL multiplies the whole square, and at bench's shape (s = 256, 64-row blocks)
-// those squares are 40 % of the block pairs but cost 40 % of attention's GEMM time (2.25 of 5.6 ms per layer
-// on Zen 4: docs/PERFORMANCE.md §3.16). These AVX-512 tiles compute the square's three product forms in tiles of
+// whose upper triangle is masked. MKL multiplies the whole square: at bench's shape (s = 256, 64-row blocks) the
+// squares are 40 % of the pairs the blocks multiply and take 2.25 of the 5.6 ms of attention's GEMMs per layer
+// (Zen 4, docs/PERFORMANCE.md §3.16). These AVX-512 tiles compute the square's three product forms in tiles of
 // 8 rows (or keys) that stop at the diagonal, so 56-63 % of the square is multiplied. The rest of each block
 // (the keys before the square) stays one MKL sgemm. head_dim must be a multiple of 16 (up to 128, or 256); other
 // head_dims and CPUs without AVX-512 take MKL for the whole block.

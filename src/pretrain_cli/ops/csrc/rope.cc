@@ -1,4 +1,5 @@
-// RoPE, writing q and k head-major: the layout attention reads (see common.h for why these kernels exist).
+// RoPE, writing q and k head-major: the layout attention reads; and the attention's q/k/v projections with RoPE
+// as one op (see common.h for why these kernels exist).
 #include "common.h"
 
 using pcl::check_f32;
