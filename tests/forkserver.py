@@ -357,19 +357,37 @@ def _as_before_paddle() -> None:
 def _exit(code: int) -> None:
     """The interpreter's exit without its last step: wait for non-daemon threads, run the atexit functions
     (logging's flush among them), flush the streams; then skip tearing down every module and object, which
-    with Paddle loaded takes ~0.5 s and does nothing a test can see. `code` -N: killed by signal N."""
-    import atexit
+    with Paddle loaded takes ~0.5 s and does nothing a test can see. `code` -N: killed by signal N.
 
-    threading._shutdown()
+    A forked child's exit functions can block for good on a lock that one of the server's threads held when it
+    forked, state a fresh interpreter never has (a rank's end timed out in the full suite, ~1 run in 3, never
+    alone). So once the run's own threads are done, the exit functions get EXIT_GRACE seconds; then a watchdog
+    prints every thread's stack to stderr, naming where it hung, and ends the process as it was ending."""
+    import atexit
+    import faulthandler
+
+    armed = threading.Event()  # started before the shutdown below, after which newer Pythons refuse new threads
+    threading.Thread(target=lambda: armed.wait() and time.sleep(EXIT_GRACE + 0.5) or _end(code), daemon=True).start()
+    threading._shutdown()  # the run's own threads (an async checkpoint save) end as they would: no time limit
+    if code < 0:  # the watchdog's kill must act at once: no Python handler (the main thread may be stuck)
+        signal.signal(-code, signal.SIG_DFL)
+    faulthandler.dump_traceback_later(EXIT_GRACE, exit=False)
+    armed.set()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    _end(code)
+
+
+EXIT_GRACE = 10.0  # seconds a forked child's exit functions get (they take milliseconds)
+
+
+def _end(code: int) -> None:
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+        os.kill(os.getpid(), -code)  # its default action, set by _exit
     os._exit(code)
 
 

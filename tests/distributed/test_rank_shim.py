@@ -110,3 +110,14 @@ def test_a_rank_whose_environment_paddle_reads_at_import_differs_starts_afresh(r
     """A FLAGS_ variable the server did not start with: the shim becomes the rank itself (exec, same pid)."""
     proc, rank = _start(rank_script, "exit", FLAGS_call_stack_level="2")
     assert proc.wait(30) == 3 and rank == proc.pid
+
+
+def test_a_forked_run_whose_exit_functions_hang_still_ends_and_names_where(tmp_path):
+    """An exit function stuck for good (as on a lock a server thread held when it forked): the forked run ends
+    after forkserver.EXIT_GRACE with its own status and the stuck thread's stack on stderr, instead of hanging."""
+    code = ("import atexit, threading; lock = threading.Lock(); lock.acquire(); atexit.register(lock.acquire); "
+            "raise SystemExit(5)")
+    start = time.monotonic()
+    out = forkserver.run(["-c", code], cwd=tmp_path, timeout=60)  # the server's environment: forked
+    assert out.returncode == 5 and time.monotonic() - start < forkserver.EXIT_GRACE + 20
+    assert out.stderr.startswith("Timeout") and " in _exit" in out.stderr  # faulthandler's dump: stuck in _exit
