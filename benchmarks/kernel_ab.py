@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     trainer, data, _, _, _ = build_our_step(load_config(a.config), a)
     model = trainer.raw_model
     with_k = model.kernels
-    from pretrain_cli.ops.kernels import embedding_reference
+    from pretrain_cli.ops.reference import embedding_reference
 
     off = {"embedding": embedding_reference}.get(a.entry)  # None, or for an entry that always has a path, Paddle's
     if getattr(with_k, a.entry) is off:

@@ -366,8 +366,14 @@ def _exit(code: int) -> None:
     import atexit
     import faulthandler
 
-    armed = threading.Event()  # started before the shutdown below, after which newer Pythons refuse new threads
-    threading.Thread(target=lambda: armed.wait() and time.sleep(EXIT_GRACE + 0.5) or _end(code), daemon=True).start()
+    armed = threading.Event()
+
+    def watchdog():
+        armed.wait()
+        time.sleep(EXIT_GRACE + 0.5)  # faulthandler has dumped the stacks by then
+        _end(code)
+
+    threading.Thread(target=watchdog, daemon=True).start()  # before the shutdown: newer Pythons refuse threads after
     threading._shutdown()  # the run's own threads (an async checkpoint save) end as they would: no time limit
     if code < 0:  # the watchdog's kill must act at once: no Python handler (the main thread may be stuck)
         signal.signal(-code, signal.SIG_DFL)

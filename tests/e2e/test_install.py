@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrain_cli.ops import cpu_ops
+from pretrain_cli.ops import cpu_build
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,9 @@ def test_wheel_installed_elsewhere_has_presets_and_kernel_sources(tmp_path):
     assert where.startswith(str(fresh_site.resolve())), where  # the installed copy, not this checkout
     installed = Path(where).parent
     assert (installed / "config" / "presets" / "tiny-qwen2" / "config.json").is_file()
-    assert {*cpu_ops.SOURCES, "common.h", "causal_tiles.h"} <= {p.name for p in (installed / "ops" / "csrc").iterdir()}
+    csrc = {p.name for p in (installed / "ops" / "csrc").iterdir()}
+    assert {*cpu_build.SOURCES, *(h.name for h in cpu_build.headers())} <= csrc
+    assert {"common.h", "causal_tiles.h"} <= {h.name for h in cpu_build.headers()}
     check = _run([venv / "bin" / "pretrain-cli", "check", "run.json"], cwd=work)
     assert "check: OK" in check.stdout and "tiny-qwen2" in check.stdout
     plan = _run([venv / "bin" / "pretrain-cli", "plan", "run.json", "--device", "A100-80GB", "--json"], cwd=work)

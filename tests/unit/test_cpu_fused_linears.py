@@ -1,7 +1,7 @@
 """The CPU ops that fuse Linears with their neighbours, against the paths they replace, forward and every gradient:
 the attention's input half (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc: the three Linears, their
 reshapes and RoPE), the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc) and
-the token embedding's threaded lookup (`embedding_cpu`, the same file)."""
+the token embedding's threaded lookup (`embedding_cpu`, the same file); and the fused loss's in-place scale."""
 import numpy as np
 import pytest
 
@@ -78,22 +78,19 @@ def test_attn_in_refuses_bad_shapes():
         kernels.attn_in_cpu(x, w, w, w, cos, sin, paddle.full([1, 4], 4, dtype="int64"))
 
 
-def _attention(qkv_bias: bool, qk_norm: bool):
+@pytest.mark.parametrize("qkv_bias,qk_norm,one_op", [(False, False, True), (True, False, False),
+                                                     (False, True, False)])
+def test_the_attention_layer_takes_the_op_only_for_plain_projections(qkv_bias, qk_norm, one_op):
+    import dataclasses
+
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.layers import Attention
 
     cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
-    return Attention(cfg, kernels.select(device="cpu"), qkv_bias, False, qk_norm)
-
-
-@pytest.mark.parametrize("qkv_bias,qk_norm,one_op", [(False, False, True), (True, False, False),
-                                                     (False, True, False)])
-def test_the_attention_layer_takes_the_op_only_for_plain_projections(qkv_bias, qk_norm, one_op):
-    layer = _attention(qkv_bias, qk_norm)
-    calls = []
-    real = layer.kernels.attn_in
-    object.__setattr__(layer.kernels, "attn_in", lambda *a: calls.append(1) or real(*a))
+    table, calls = kernels.select(device="cpu"), []
+    spy = dataclasses.replace(table, attn_in=lambda *a: calls.append(1) or table.attn_in(*a))
+    layer = Attention(cfg, spy, qkv_bias, False, qk_norm)
     assert layer._one_op(None) is one_op
     assert not layer._one_op(object())  # a KV cache (generation) keeps the separate ops
     cos, sin = paddle.ones([6, 4]), paddle.zeros([6, 4])
@@ -157,3 +154,20 @@ def test_embedding_is_paddles_lookup_and_its_gradient_accumulates_repeated_token
     assert not outs[0][1][[i for i in range(50) if i not in ids]].any()  # rows no token used: exact zeros
     with pytest.raises(Exception, match="outside the vocabulary"):
         kernels.embedding_cpu(paddle.to_tensor(np.array([50], np.int64)), paddle.to_tensor(w0))
+
+
+def test_linear_residual_refuses_mismatched_shapes():
+    with pytest.raises(Exception, match="the input's last dim is not the weight's 12"):
+        kernels.linear_residual_cpu(paddle.zeros([3, 11]), paddle.zeros([12, 5]), paddle.zeros([3, 5]))
+    with pytest.raises(Exception, match="the residual must have the product's shape"):
+        kernels.linear_residual_cpu(paddle.zeros([3, 12]), paddle.zeros([12, 5]), paddle.zeros([3, 6]))
+
+
+def test_scale_by_scales_in_place_and_refuses_a_view():
+    """The fused loss's backward scales its kept gradients in place; a strided view would reach the op as a copy."""
+    ops = cpu_ops.load()
+    x = paddle.arange(12, dtype="float32").reshape([3, 4])
+    assert ops.scale_by_(x, paddle.full([1], 2.0)) is x
+    np.testing.assert_array_equal(x.numpy(), np.arange(12, dtype="float32").reshape(3, 4) * 2)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        ops.scale_by_(x.transpose([1, 0]), paddle.full([1], 2.0))

@@ -15,7 +15,7 @@ paddle = runtime.import_paddle()
 
 import paddle.nn.functional as F  # noqa: E402
 
-from pretrain_cli.ops import cpu_ops, kernels  # noqa: E402
+from pretrain_cli.ops import cpu_ops, kernels, reference  # noqa: E402
 
 OPS = cpu_ops.load()
 
@@ -63,7 +63,7 @@ def test_add_rms_norm_matches_the_add_then_the_norm():
             return h * 0.5 + y * y  # each output reaches the loss, so each sends its gradient back
         return run
 
-    _check(both(kernels.add_rms_norm_cpu), both(kernels.add_rms_norm_reference), [x, a, w], atol=1e-5)
+    _check(both(kernels.add_rms_norm_cpu), both(reference.add_rms_norm_reference), [x, a, w], atol=1e-5)
     h, y = kernels.add_rms_norm_cpu(*map(paddle.to_tensor, (x, a, w)), 1e-6)  # the norm alone: h's gradient is none
     np.testing.assert_allclose(h.numpy(), x + a, rtol=1e-6)
     xs, as_, ws = _t(x), _t(a), _t(w)

@@ -6,21 +6,21 @@ import json
 import os
 import types
 
-from pretrain_cli.ops import cpu_ops
+from pretrain_cli.ops import cpu_build, cpu_ops
 
 
 def test_512_bit_vectors_are_asked_for_on_x86_only_and_key_the_library(monkeypatch, tmp_path):
     # GCC keeps Intel AVX-512 loops at 256 bits without it; an ARM compiler would refuse the flag
-    assert cpu_ops.cxxflags("x86_64") == [*cpu_ops.CXXFLAGS, "-mprefer-vector-width=512"]
-    assert cpu_ops.cxxflags("aarch64") == cpu_ops.CXXFLAGS
+    assert cpu_build.cxxflags("x86_64") == [*cpu_build.CXXFLAGS, "-mprefer-vector-width=512"]
+    assert cpu_build.cxxflags("aarch64") == cpu_build.CXXFLAGS
     stub = types.SimpleNamespace(__file__=str(tmp_path / "paddle" / "__init__.py"), __version__="0.0")
     keys = {}
     for machine in ("x86_64", "aarch64"):
-        monkeypatch.setattr(cpu_ops.platform, "machine", lambda m=machine: m)
-        compiles, _ = cpu_ops._commands(stub, tmp_path / "x.so", [tmp_path / f"{s}.o" for s in cpu_ops.SOURCES])
-        assert len(compiles) == len(cpu_ops.SOURCES)
+        monkeypatch.setattr(cpu_build.platform, "machine", lambda m=machine: m)
+        compiles, _ = cpu_build._commands(stub, tmp_path / "x.so", [tmp_path / f"{s}.o" for s in cpu_build.SOURCES])
+        assert len(compiles) == len(cpu_build.SOURCES)
         assert all(("-mprefer-vector-width=512" in c) == (machine == "x86_64") for c in compiles)
-        keys[machine] = cpu_ops.library_path(stub)
+        keys[machine] = cpu_build.library_path(stub)
     assert keys["x86_64"] != keys["aarch64"]  # other flags, another library: never a stale build
 
 
@@ -28,10 +28,10 @@ BUILD_PROBE = r"""
 import json, os
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
-from pretrain_cli.ops import cpu_ops
+from pretrain_cli.ops import cpu_build, cpu_ops
 ops = cpu_ops.load()
 print(json.dumps({"ok": ops is not None, "error": cpu_ops.load_error(),
-                  "files": sorted(os.listdir(cpu_ops.cache_dir())) if cpu_ops.cache_dir().is_dir() else []}))
+                  "files": sorted(os.listdir(cpu_build.cache_dir())) if cpu_build.cache_dir().is_dir() else []}))
 """
 
 
@@ -53,7 +53,7 @@ def _replaying_compiler(tmp_path) -> str:
     assert built is not None, cpu_ops.load_error()
     from pretrain_cli import runtime
 
-    real = cpu_ops.library_path(runtime.import_paddle())
+    real = cpu_build.library_path(runtime.import_paddle())
     cxx = tmp_path / "cxx-replay"
     cxx.write_text("#!/bin/sh\n"
                    'out=; shared=; prev=\n'
@@ -95,7 +95,7 @@ def test_a_refusing_compiler_is_remembered_and_stale_temporaries_are_swept(tmp_p
 
 def test_the_build_line_promises_the_time_this_machine_needs():
     """20 s on 2 idle cores (README.md); a load of 2 on 2 cores doubles it (the 41 s measured): the line says so."""
-    from pretrain_cli.ops.cpu_ops import build_seconds
+    from pretrain_cli.ops.cpu_build import build_seconds
 
     assert build_seconds(2, 0.0) == 20.0 and build_seconds(2, 2.0) == 40.0
     assert build_seconds(8, 0.0) < build_seconds(2, 0.0) < build_seconds(2, 19.0)

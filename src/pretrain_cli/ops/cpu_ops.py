@@ -1,160 +1,24 @@
-"""Builds, caches and loads the fused CPU kernels in `csrc/`; the Python face of each op.
+"""Loads the fused CPU kernels of `csrc/` (built by `cpu_build`); the Python face of each op.
 
-Paddle's CPU element-wise kernels are single-threaded and unfused (docs/PERFORMANCE.md), so the
-CPU path compiles its own: g++ with OpenMP, linked against the Intel OpenMP runtime Paddle ships
-for MKL so GEMMs and these kernels share one thread pool (two runtimes would spin against each
-other on a 2-core machine). The library is built once per (source, flags, Paddle, compiler, CPU) into
-the user cache, atomically and under a file lock so data-parallel ranks starting together build
-it once. Any failure (no compiler, no headers, a non-Linux OS) means `load()` returns None and
-`kernels.select` keeps the reference path, with one warning that says why. `cpu_fused_ops: false` (the one
-switch) never loads them.
+Paddle's CPU element-wise kernels are single-threaded and unfused (docs/PERFORMANCE.md), so the CPU path compiles
+its own (`cpu_build`: once per source, flags, Paddle, compiler and CPU, into the user cache). Any failure (no
+compiler, no headers, a non-Linux OS) means `load()` returns None and `kernels.select` keeps the reference path,
+with one warning that says why. `cpu_fused_ops: false` (the one switch) never loads them.
 """
 from __future__ import annotations
 
-import hashlib
-import logging
 import math
-import os
-import platform
-import subprocess
 import sys
-import sysconfig
-import time
 import warnings
-from pathlib import Path
 
-from pretrain_cli import atomic
+from pretrain_cli.ops import cpu_build
 
-CSRC = Path(__file__).with_name("csrc")
-# + the headers they include (common.h, causal_tiles.h): every *.h of csrc/ is part of the library's key
-SOURCES = ("norm_mlp.cc", "rope.cc", "attention.cc", "loss.cc", "optim.cc", "linear.cc")
-# -fno-math-errno: sqrt becomes one vector instruction (nothing reads errno; a negative still gives NaN)
-CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-std=c++17", "-w",
-            "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPADDLE_WITH_CUSTOM_KERNEL", "-DPADDLE_EXTENSION_NAME=pretrain_cli_cpu_ops"]
 _STATE: dict = {}  # "ops": the loaded namespace, or "error": why not
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "pretrain-cli"
-
-
-def _cpu_signature() -> str:
-    """-march=native code is only valid on the CPU it was built for: key the cache by its flags."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [ln for ln in f.read(65536).splitlines() if ln.startswith(("model name", "flags"))]
-        return "\n".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
-
-
-def cxxflags(machine: str | None = None) -> list[str]:
-    """CXXFLAGS plus what the target adds. GCC's tuning for Intel's AVX-512 cores keeps loops at 256-bit
-    vectors unless told otherwise; on a Xeon VM that left attention's softmax at half width
-    (docs/PERFORMANCE.md §3.10). x86 only: other targets do not know the flag, and without AVX-512 it
-    changes nothing."""
-    x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64")
-    return [*CXXFLAGS, "-mprefer-vector-width=512"] if x86 else list(CXXFLAGS)
-
-
-def _compiler() -> str:
-    return os.environ.get("CXX", "g++")
-
-
-def _commands(paddle, out: Path, objs: list[Path]) -> tuple[list[list[str]], list[str]]:
-    """One compile per source (run in parallel: each parses Paddle's headers, ~7 s), then the link."""
-    root = Path(paddle.__file__).parent
-    libs, base, inc = root / "libs", root / "base", root / "include"
-    includes = [f"-I{inc}", f"-I{inc / 'third_party'}", f"-I{sysconfig.get_paths()['include']}"]
-    compiles = [[_compiler(), *cxxflags(), "-c", *includes, str(CSRC / src), "-o", str(obj)]
-                for src, obj in zip(SOURCES, objs)]
-    link = [_compiler(), "-shared", "-fPIC", *map(str, objs), "-o", str(out),
-            f"-L{libs}", f"-L{base}", f"-Wl,-rpath,{libs}", f"-Wl,-rpath,{base}",
-            "-Wl,--no-as-needed", "-l:libpaddle.so", "-l:libiomp5.so", "-l:libmklml_intel.so", "-Wl,--as-needed"]
-    return compiles, link
-
-
-def _run_all(commands: list[list[str]], timeout: float = 600) -> None:
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
-    try:
-        errors = [p.communicate(timeout=timeout)[1] for p in procs]
-    finally:
-        for p in procs:  # a timeout or an interrupt: no compiler outlives the build
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, err in zip(procs, errors):
-        if p.returncode != 0:
-            first = next((ln for ln in err.splitlines() if "error" in ln), err.strip()[:200])
-            raise RuntimeError(f"compiler failed: {first}")
-
-
-def library_path(paddle) -> Path:
-    """Where the library for this source, Paddle build, compiler and CPU lives (built or not)."""
-    try:
-        cxx = subprocess.run([_compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        cxx = ""
-    h = hashlib.sha256()
-    sources = [(CSRC / f).read_bytes() for f in SOURCES] + [h.read_bytes() for h in sorted(CSRC.glob("*.h"))]
-    for part in (*sources, " ".join(cxxflags()).encode(), paddle.__version__.encode(),
-                 str(Path(paddle.__file__).parent).encode(), cxx.encode(), _cpu_signature().encode()):
-        h.update(part)
-        h.update(b"\0")
-    return cache_dir() / f"cpu_ops-{h.hexdigest()[:16]}.so"
-
-
-def _build(paddle, so: Path) -> None:
-    import fcntl
-
-    so.parent.mkdir(parents=True, exist_ok=True)
-    with open(so.parent / "cpu_ops.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together: one builds, the others wait
-        if so.is_file():
-            return
-        for stale in so.parent.glob("cpu_ops-*.tmp*"):  # left by a build that was killed (we hold the lock)
-            stale.unlink(missing_ok=True)
-        log = logging.getLogger("pretrain_cli")
-        log.info(f"building the fused CPU kernels once (~{build_seconds():.0f} s here: {BUILD_CORE_SECONDS:.0f} "
-                 f"core-seconds of g++ over this machine's free cores): {so}")
-        start = time.monotonic()
-        tmp = so.with_suffix(f".tmp{os.getpid()}")
-        objs = [so.with_suffix(f".{Path(src).stem}.tmp{os.getpid()}.o") for src in SOURCES]
-        try:
-            compiles, link = _commands(paddle, tmp, objs)
-            _run_all(compiles)
-            _run_all([link])
-            atomic.publish_file(tmp, so)  # fsync first: never publish a library that is not on disk
-            log.info(f"built the fused CPU kernels in {time.monotonic() - start:.0f} s")
-        except RuntimeError as e:  # the compiler or linker refused: the same key would fail the same way
-            _failed(so).write_text(str(e).splitlines()[0][:300])
-            raise
-        finally:
-            for f in (tmp, *objs):
-                f.unlink(missing_ok=True)
-
-
-BUILD_CORE_SECONDS = 40.0  # the compiles' CPU time (20 s on 2 idle cores: README.md, docs/PERFORMANCE.md)
-
-
-def build_seconds(cores: int | None = None, load: float | None = None) -> float:
-    """The build's expected wall time: its compiles run in parallel (one per source), each core shared with the
-    load already there; 20 s on 2 idle cores, 40 s at load average 2 (measured 41 s), ~3.5 min at 19."""
-    cores = cores or os.cpu_count() or 1
-    load = os.getloadavg()[0] if load is None else load
-    jobs = min(cores, len(SOURCES))
-    return BUILD_CORE_SECONDS / jobs * max(1.0, (load + jobs) / cores)
-
-
-def _failed(so: Path) -> Path:
-    """Marker of a failed build for exactly this key: later processes do not retry it (a new compiler,
-    Paddle or source changes the key, so they would)."""
-    return so.with_suffix(".failed")
-
-
 class _Ops:
-    """Thin wrappers; each returns what the matching reference function in kernels.py returns."""
+    """Thin wrappers; each returns what the matching path on Paddle's ops returns (`ops.reference`, `ops.attention`,
+    `ops.rope`)."""
 
     def __init__(self, run):
         self._run = run
@@ -231,7 +95,10 @@ class _Ops:
                          int(chunk))
 
     def scale_by_(self, x, g):
-        """`x *= g[0]` in place (fp32, contiguous, threaded); returns x."""
+        """`x *= g[0]` in place (fp32, threaded); returns x. Paddle hands a custom op a contiguous copy of a strided
+        view, so on a view the scaling would be lost: refused."""
+        if not x.is_contiguous():
+            raise ValueError("scale_by_: x must be contiguous (it is scaled in place)")
         self._run("pcl_scale_by_", x, g)
         return x
 
@@ -247,11 +114,12 @@ def load():
     from paddle import _C_ops
 
     try:
-        so = library_path(paddle)
-        if _failed(so).is_file():
-            raise RuntimeError(f"{_failed(so).read_text().strip()} (cached in {_failed(so)}; delete it to retry)")
+        so = cpu_build.library_path(paddle)
+        failed = cpu_build.failed_marker(so)
+        if failed.is_file():
+            raise RuntimeError(f"{failed.read_text().strip()} (cached in {failed}; delete it to retry)")
         if not so.is_file():
-            _build(paddle, so)
+            cpu_build.build(paddle, so)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             paddle.utils.cpp_extension.load_op_meta_info_and_register_op(str(so))
@@ -339,10 +207,10 @@ def attn_in_cpu(x, wq, wk, wv, cos, sin, position_ids=None):
     ops (and in the backward their gradients and the sum of x's three) become one forward and one backward call.
     Returns what `rope_cpu` and the v projection give: q, k `[bsz, seq_len, heads, head_dim]` as views of the
     head-major buffers attention reads, v `[bsz, seq_len, n_kv, head_dim]`."""
-    import paddle
-
     if position_ids is None:
         if "pos" not in _NO_POSITIONS:
+            import paddle
+
             _NO_POSITIONS["pos"] = paddle.zeros([0], dtype="int64")
         position_ids = _NO_POSITIONS["pos"]
     q, k, v = load().attn_in(x, wq, wk, wv, cos, sin, position_ids, cos.shape[-1])

@@ -11,7 +11,7 @@ Layouts: q `[bsz, seq_len, n_heads, head_dim]`, k/v `[bsz, seq_len, n_kv_heads, 
 cos/sin `[seq_len, head_dim]` (HF rotate-half layout). Packed documents (`attention_mask_type: document`)
 add `position_ids` (int64 `[bsz, seq_len]`: each token's row of the cos/sin table) to `rope` and
 `doc_start` (int64 `[bsz, seq_len]`: the first position of each token's document) to `attention_document`;
-the attention paths on Paddle's ops live in `ops.attention`.
+the attention paths on Paddle's ops live in `ops.attention`, the other paths on Paddle's ops in `ops.reference`.
 """
 from __future__ import annotations
 
@@ -27,60 +27,14 @@ from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_do
                                       add_rms_norm_cpu, attn_in_cpu, embedding_cpu, global_sq_norm_cpu,
                                       linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
+from pretrain_cli.ops.reference import (cross_entropy_reference, embedding_reference, gate_up_packed,
+                                        global_sq_norm_reference, rms_norm_reference, swiglu_packed, swiglu_reference,
+                                        whole_weight)
 from pretrain_cli.ops.rope import rope_reference
 from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig
 
 
-# ---------------------------------------------------------------- reference paths (any device)
-def rms_norm_reference(x, weight, eps: float):
-    """fp32 statistics regardless of the input dtype, then cast back (PaddleNLP/HF semantics)."""
-    import paddle
-
-    x32 = x.astype("float32")
-    var = paddle.mean(paddle.square(x32), axis=-1, keepdim=True)  # [..., 1]
-    return (x32 * paddle.rsqrt(var + eps)).astype(weight.dtype) * weight
-
-
-def add_rms_norm_reference(x, a, weight, eps: float):
-    """The residual add and the norm that reads its sum: `(h, rms_norm(h))` with `h = x + a` (what the CPU kernel
-    is checked against)."""
-    h = x + a
-    return h, rms_norm_reference(h, weight, eps)
-
-
-def swiglu_reference(gate, up):
-    import paddle.nn.functional as F
-
-    return F.silu(gate) * up
-
-
-def gate_up_packed(x, gate_w, up_w, gate_b=None, up_b=None):
-    """`x @ [gate_w | up_w]` (+ biases) as one GEMM: `[..., 2·inter]` laid out [gate | up].
-
-    The concat of two `[hidden, inter]` weights costs far less than a second GEMM's fixed overhead
-    (docs/PERFORMANCE.md). A kernel, not model code, so a parallel layout can supply its own (each rank
-    concatenates its own pieces).
-    """
-    import paddle
-
-    w = paddle.concat([gate_w, up_w], axis=1)  # [hidden, 2*inter]
-    out = paddle.matmul(x, w)  # [..., 2*inter]
-    if gate_b is not None:
-        out = out + paddle.concat([gate_b, up_b])  # [2*inter]
-    return out
-
-
-def swiglu_packed(gate_up):
-    """silu(gate)·up from one `[..., 2·inter]` tensor laid out [gate | up] (one GEMM, one kernel).
-
-    `paddle.incubate.nn.functional.swiglu` is a plain elementwise kernel that runs on CPU too
-    (ARCHITECTURE.md facts: fused ops); with the packed GEMM it cut the MLP fwd+bwd ~1.6× on CPU.
-    """
-    import paddle.nn.functional as F
-
-    return F.swiglu(gate_up)
-
-
+# ---------------------------------------------------------------- attention through Paddle's SDPA (GPU: flash-attn-2)
 def one_dtype(q, k, v):
     """q and k in v's dtype. Under AMP O1 the q/k RMSNorm weights (Qwen3) stay fp32, so the normed q and k come
     out fp32 while v (a white-listed linear's output) is half: `scaled_dot_product_attention` then takes the
@@ -169,36 +123,6 @@ def swiglu_fused(gate, up):  # pragma: no cover - GPU only
     return swiglu(gate, up)
 
 
-# ---------------------------------------------------------------- loss
-def whole_weight(w):
-    """A weight an op reads whole, on one device: itself (`distributed.steps.local_kernels` gathers a sharded one)."""
-    return w
-
-
-def embedding_reference(ids, w):
-    """`w[ids]` (Paddle's embedding)."""
-    import paddle.nn.functional as F
-
-    return F.embedding(ids, w)
-
-
-def cross_entropy_reference(logits, labels, ignore_index: int):
-    """Per-row loss `[N]` from logits `[N, V]`; 0 for rows whose label is `ignore_index`."""
-    import paddle.nn.functional as F
-
-    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none").reshape([-1])  # [N]
-
-
-# ---------------------------------------------------------------- optimizer step
-def global_sq_norm_reference(grads):
-    """Σ‖g‖² as a 0-D fp32 tensor: one `squared_l2_norm` per gradient (what ClipGradByGlobalNorm runs)."""
-    import paddle
-
-    sq_l2 = paddle._C_ops.squared_l2_norm
-    squares = [sq_l2(g if g.dtype == paddle.float32 else g.astype("float32")) for g in grads]
-    return paddle.add_n(squares).reshape([]) if squares else paddle.zeros([], dtype="float32")
-
-
 @dataclass(frozen=True)
 class StepKernels:
     """`adamw` None: Paddle's AdamW (a kernel per parameter); else `cpu_ops.adamw_cpu` (clipping folded in)."""
@@ -266,7 +190,8 @@ class Kernels:
     attention_block: Callable = block_forward
     # a weight read whole by the embedding lookup and the tied head's matmul (ZeRO-3 keeps it in pieces)
     whole_weight: Callable = whole_weight
-    # (ids, weight) -> weight[ids]: the token embedding (CPU: its gradient threaded; distributed tensors: Paddle's)
+    # (ids, weight) -> weight[ids]: the token embedding (CPU: its gradient on every thread; distributed tensors:
+    # Paddle's lookup)
     embedding: Callable = embedding_reference
     # a MoE layer's experts over rows sorted by expert (`ops.grouped`): (x, counts, weights, swiglu_packed) -> out
     grouped_mlp_name: str = "cpu_grouped"
@@ -284,10 +209,12 @@ class Kernels:
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "
-                f"rms_norm={self.rms_norm_name} rope={self.rope_name}"
-                f"{' (q|k|v GEMMs + RoPE as one op)' if self.attn_in is not None else ''} "
+                f"rms_norm={self.rms_norm_name} rope={self.rope_name}{self._attn_in_note()} "
                 f"swiglu={self.swiglu_name}{self._mlp_note()} "
                 f"head+loss={self.linear_cross_entropy_name}")
+
+    def _attn_in_note(self) -> str:
+        return " (q|k|v GEMMs + RoPE as one op)" if self.attn_in is not None else ""
 
     def _mlp_note(self) -> str:
         if self.mlp_in is not None:

@@ -16,7 +16,7 @@ def causal_lm_loss_sum(logits, labels, cross_entropy=None):
     """
     import paddle
 
-    from pretrain_cli.ops.kernels import cross_entropy_reference
+    from pretrain_cli.ops.reference import cross_entropy_reference
 
     vocab = logits.shape[-1]
     flat_logits = logits.astype("float32").reshape([-1, vocab])  # [bsz*seq_len, vocab]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from pretrain_cli.distributed.comms.collectives import to_replicated
-from pretrain_cli.ops.kernels import embedding_reference
+from pretrain_cli.ops.reference import embedding_reference
 
 
 def _replicate_grad(x, hook: bool):

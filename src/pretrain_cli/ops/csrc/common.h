@@ -1,11 +1,11 @@
-// Shared by the fused CPU kernels (see cpu_ops.py for how they are built and loaded).
+// Shared by the fused CPU kernels (cpu_build.py builds them, cpu_ops.py loads them).
 //
 // Why they exist: Paddle 3.3.1's CPU element-wise kernels run on one thread with no fusion, and its strided
 // copies are element by element, so RMSNorm, attention's scale + mask + softmax, SwiGLU, RoPE, head
 // transposes and the 32k-vocab cross-entropy cost ~40% of a CPU step (docs/PERFORMANCE.md). Each kernel
 // is one or two passes over memory, threaded with OpenMP (linked to the Intel runtime MKL uses, so GEMMs
 // and these kernels share one thread pool) and vectorised by the compiler. Every kernel has a reference
-// path in kernels.py that tests/unit/test_cpu_ops.py compares against, forward and backward.
+// path on Paddle's ops (reference.py, attention.py, rope.py) that the tests compare against, forward and backward.
 // NaN/Inf propagate through arithmetic (no -ffast-math), so the trainer's NaN policy still sees them.
 // OpenMP loops use schedule(static) only: GCC-compiled dynamic schedules on Intel's runtime gave wrong
 // results here (the GOMP_loop_dynamic compatibility path).
@@ -25,7 +25,7 @@
 #include <immintrin.h>
 #endif
 
-// MKL's row-major sgemm (Paddle ships MKL; cpu_ops.py links it). Called outside an OpenMP region MKL threads
+// MKL's row-major sgemm (Paddle ships MKL; cpu_build.py links it). Called outside an OpenMP region MKL threads
 // it; inside one (attention's per-block GEMMs) it runs on the calling thread.
 extern "C" void cblas_sgemm(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a,
                             int lda, const float* b, int ldb, float beta, float* c, int ldc);
