@@ -6,7 +6,8 @@ hides any single fusion worth ~1 % of a step. Here both variants share the proce
 state, the allocator and the machine's moment; they alternate every step (ABBA order), and the ratio of each
 adjacent pair's times is taken, so drift cancels. The entries that can be None: `mlp_in` (the gate|up GEMM +
 SwiGLU op, §3.12), `add_rms_norm` (the residual add inside the norm, §3.11), `attn_in` (the q/k/v
-GEMMs + RoPE op, §3.13), `linear_residual` (the down projection + residual add, §3.15); `embedding` (the lookup
+GEMMs + RoPE op, §3.13), `linear_residual` (the down projection + residual add, §3.15), `linear_add_rms_norm` (o_proj + residual
+add + the post-attention norm, §3.18); `embedding` (the lookup
 with its gradient on every thread, §3.17) switches to Paddle's.
 
     python benchmarks/kernel_ab.py --config bench --entry mlp_in --pairs 40 [--threads T]
@@ -27,7 +28,7 @@ sys.path.insert(0, str(HERE))
 from step_timing import load_config  # noqa: E402  (benchmarks/ is on the path from here on)
 from train_throughput import build_our_step  # noqa: E402
 
-OPTIONAL = ("mlp_in", "add_rms_norm", "attn_in", "linear_residual", "embedding")
+OPTIONAL = ("mlp_in", "add_rms_norm", "attn_in", "linear_residual", "linear_add_rms_norm", "embedding")
 
 
 def pair_ratios(with_s: list[float], without_s: list[float]) -> dict:

@@ -176,6 +176,9 @@ class KernelConfig:
     # parallel; see `select_step`); "paddle": Paddle's AdamW, one kernel per parameter (GPU, AMP, ZeRO, TP)
     optimizer: str = "fused"
     fused_loss: bool = True  # the LM head + cross-entropy in chunks (ops.linear_loss), no [tokens, vocab] logits
+    # on CPU: o_proj, the residual add and the post-attention norm as one op (`linear_add_rms_norm`); off under
+    # `full_attn` recompute, whose recomputed block ends with o_proj (the op would keep its input besides)
+    fuse_o_proj: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The CPU ops that fuse Linears with their neighbours, against the paths they replace, forward and every gradient:
 the attention's input half (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rope.cc: the three Linears, their
-reshapes and RoPE), the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc) and
+reshapes and RoPE), the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc), the
+output projection with the residual add and the post-attention norm (`linear_add_rms_norm_cpu`, the same file) and
 the token embedding's threaded lookup (`embedding_cpu`, the same file); and the fused loss's in-place scale."""
 import numpy as np
 import pytest
@@ -134,6 +135,94 @@ def test_the_dense_layer_adds_its_residual_in_the_down_projection_unless_a_layou
     x, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, 4]), paddle.zeros([6, 4])
     np.testing.assert_allclose(fused(x, cos, sin).numpy(), plain(x, cos, sin).numpy(), rtol=1e-5, atol=1e-6)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("shape,h_used", [((2, 7, 12), True), ((5, 12), True), ((2, 3, 12), False), ((0, 12), True)])
+def test_linear_add_rms_norm_is_the_linear_the_add_then_the_norm(shape, h_used):
+    """`(x + a·w, rms_norm(x + a·w))` as one op against Paddle's matmul, add and the reference norm: both outputs and
+    all four gradients (3-D, 2-D, no rows; and h feeding nothing downstream, so only the norm's gradient arrives)."""
+    arrays = [RNG.standard_normal(shape), RNG.standard_normal((12, 16)) * 0.3,
+              RNG.standard_normal((*shape[:-1], 16)), 1 + 0.1 * RNG.standard_normal(16)]
+
+    def reference(a, w, x, wn, eps):
+        h = x + a @ w
+        return h, kernels.rms_norm_reference(h, wn, eps)
+
+    outs = []
+    for fn in (kernels.linear_add_rms_norm_cpu, reference):
+        ts = [paddle.to_tensor(t.astype("float32"), stop_gradient=False) for t in arrays]
+        h, y = fn(*ts, 1e-6)
+        up = np.random.default_rng(5)
+        gh, gy = (paddle.to_tensor(up.standard_normal(t.shape).astype("float32")) for t in (h, y))
+        loss = (y * gy).sum() + ((h * gh).sum() if h_used else 0)
+        outs.append([h.numpy(), y.numpy()] + [g.numpy() for g in paddle.grad([loss], ts)])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)
+
+
+def test_linear_add_rms_norm_refuses_mismatched_shapes():
+    w, wn = paddle.zeros([12, 5]), paddle.ones([5])
+    with pytest.raises(Exception, match="linear_add_rms_norm: the input's last dim is not the weight's 12"):
+        kernels.linear_add_rms_norm_cpu(paddle.zeros([3, 11]), w, paddle.zeros([3, 5]), wn, 1e-6)
+    with pytest.raises(Exception, match="linear_add_rms_norm: the residual must have the product's shape"):
+        kernels.linear_add_rms_norm_cpu(paddle.zeros([3, 12]), w, paddle.zeros([3, 6]), wn, 1e-6)
+    with pytest.raises(Exception, match="norm weight size 4 != hidden 5"):
+        kernels.linear_add_rms_norm_cpu(paddle.zeros([3, 12]), w, paddle.zeros([3, 5]), paddle.ones([4]), 1e-6)
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_output(mla):
+    """The decoder layer asks its attention for the heads' output and hands it with `o_proj`'s weight to one op; the
+    layer's output and every parameter's gradient equal the Linear-then-`add_rms_norm` path (for multi-head latent
+    attention too). The `tp` step's table has no `linear_add_rms_norm` (o_proj's output is summed over the group
+    first), and a biased o_proj keeps the Linear."""
+    import dataclasses
+
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.decoder import DecoderLayer
+
+    extra = dict(model_type="deepseek_v3", q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                 v_head_dim=4) if mla else {}
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2 if not mla else 4, **extra)
+    table = kernels.select(device="cpu")
+    calls = []
+    spy = dataclasses.replace(table, linear_add_rms_norm=lambda *a: calls.append(1) or table.linear_add_rms_norm(*a))
+    paddle.seed(0)
+    fused = DecoderLayer(cfg, spy, False, False, False)
+    plain = DecoderLayer(cfg, dataclasses.replace(table, linear_add_rms_norm=None), False, False, False)
+    plain.set_state_dict(fused.state_dict())
+    rope = cfg.qk_rope_head_dim if mla else 4
+    x0, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, rope]), paddle.zeros([6, rope])
+    results = []
+    for layer in (fused, plain):
+        x = x0.clone()
+        x.stop_gradient = False
+        out = layer(x, cos, sin)
+        params = [p for p in layer.parameters() if not p.stop_gradient]
+        grads = paddle.grad([(out * out).sum()], [x] + params)
+        results.append([out.numpy()] + [g.numpy() for g in grads])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+    assert len(calls) == 1
+    biased = DecoderLayer(cfg, spy, False, True, False)  # o_bias
+    biased(x0, cos, sin)
+    assert len(calls) == 1
+
+
+def test_full_attn_recompute_keeps_o_proj_inside_the_recomputed_block():
+    """`recompute_granularity: full_attn` recomputes the attention through o_proj: the resolved kernels keep o_proj a
+    Linear there (the fused op would keep its input besides), and fuse it otherwise."""
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import kernels_for
+    from pretrain_cli.run_config import Target
+
+    def fuse(*overrides):
+        return kernels_for(parse_config(None, ["--output_dir", "out", *overrides]), Target("cpu")).fuse_o_proj
+
+    assert fuse() and fuse("--recompute", "--recompute_granularity", "full")
+    assert not fuse("--recompute", "--recompute_granularity", "full_attn")
+    assert kernels.select(kernels.KernelConfig(fuse_o_proj=False)).linear_add_rms_norm is None
 
 
 def test_embedding_is_paddles_lookup_and_its_gradient_accumulates_repeated_tokens():

@@ -172,7 +172,8 @@ def _kernels(args: Arguments, target: Target, precision: Precision, notes: list)
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
                         rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
                         cpu_ops=t.cpu_fused_ops, to_static=t.to_static,
-                        fused_loss=t.use_fused_linear_cross_entropy)
+                        fused_loss=t.use_fused_linear_cross_entropy,
+                        fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
 def kernels_for(args: Arguments, target: Target) -> KernelConfig:

@@ -49,8 +49,9 @@ class DecoderLayer(nn.Layer):
                 self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start)
-        h, normed = self.post_attention_layernorm.add_forward(x, attn)  # h = x + attn; one pass on CPU
+        # the heads' output, then h = x + o_proj(it) and its norm: one op on CPU
+        heads = self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start, project=False)
+        h, normed = self.post_attention_layernorm.projected_add_forward(x, heads, self.self_attn.o_proj)
         if self.dense:  # h + down(...) as one op on CPU
             return self.mlp(normed, residual=h)
         return h + self.mlp(normed)

@@ -48,6 +48,14 @@ class RMSNorm(nn.Layer):
             return h, self(h)
         return self.kernels.add_rms_norm(x, a, self.weight, self.eps)
 
+    def projected_add_forward(self, x, a, proj: nn.Linear):
+        """`(h, norm(h))` with `h = x + proj(a)`: the projection, the add and this norm as one kernel where one
+        exists and `proj` has no bias; otherwise the Linear (and whatever hooks a layout put on it), then
+        `add_forward`."""
+        if self.kernels.linear_add_rms_norm is None or proj.bias is not None:
+            return self.add_forward(x, proj(a))
+        return self.kernels.linear_add_rms_norm(a, proj.weight, x, self.weight, self.eps)
+
 
 class RotaryEmbedding(nn.Layer):
     """cos/sin tables `[seq_len, head_dim]`, computed once per length and not saved in state_dict; YaRN's
@@ -138,9 +146,12 @@ class Attention(nn.Layer):
         return (self.kernels.attn_in is not None and kv is None and not self.qk_norm
                 and self.q_proj.bias is None and self.k_proj.bias is None and self.v_proj.bias is None)
 
-    def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None):
+    def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None,
+                project: bool = True):
         """Training passes no `kv` (unchanged path); generation passes the layer's cache. Packed documents
-        pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins)."""
+        pass `position_ids` (each token's RoPE row) and/or `doc_start` (where its document begins).
+        `project=False` returns the heads' output `[bsz, seq_len, n_heads*head_dim]` before `o_proj`, for the
+        decoder layer to run the projection with its residual add and norm (`RMSNorm.projected_add_forward`)."""
         bsz, seq_len, _ = x.shape
         if self._one_op(kv):  # the projections and RoPE as one op (CPU)
             # q [bsz, seq_len, n_heads, head_dim], k and v [bsz, seq_len, n_kv_heads, head_dim], as the path below
@@ -165,7 +176,7 @@ class Attention(nn.Layer):
             k, v = kv.append(k, v)  # [bsz, cached_len+seq_len, n_kv_heads, head_dim]
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, n_heads, head_dim]
         out = out.reshape([bsz, seq_len, -1])  # [bsz, seq_len, n_heads*head_dim]
-        return self.o_proj(out)
+        return self.o_proj(out) if project else out
 
 
 class MLP(nn.Layer):

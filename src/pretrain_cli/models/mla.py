@@ -73,7 +73,9 @@ class LatentAttention(nn.Layer):
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.low_rank_q else self.q_proj(x)
         return q.reshape([bsz, seq_len, -1, self.qk_dim])  # [bsz, seq_len, heads, qk_head_dim]
 
-    def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None):
+    def forward(self, x, cos, sin, kv: LayerKV | None = None, position_ids=None, doc_start=None,
+                project: bool = True):
+        """`project=False`: the heads' output before `o_proj`, as `layers.Attention.forward`."""
         bsz, seq_len, _ = x.shape
         q_nope, q_rot = paddle.split(self.queries(x), [self.nope, self.rope], axis=-1)
         latent, k_rot = paddle.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope], axis=-1)
@@ -98,7 +100,8 @@ class LatentAttention(nn.Layer):
             out = self.kernels.attention_cached(q, k, v)  # [bsz, seq_len, heads, width]
         if self.v_dim < self.width:
             out = out[:, :, :, :self.v_dim]  # [bsz, seq_len, heads, v_head_dim]: the padded columns are zero
-        return self.o_proj(out.reshape([bsz, seq_len, -1]))  # [bsz, seq_len, heads*v_head_dim] in
+        out = out.reshape([bsz, seq_len, -1])  # [bsz, seq_len, heads*v_head_dim]
+        return self.o_proj(out) if project else out
 
     def _to_width(self, t):
         """Zero-pad the last dim to the kernels' one head width (zeros change neither scores nor outputs)."""

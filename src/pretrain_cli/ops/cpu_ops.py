@@ -59,6 +59,11 @@ class _Ops:
         """`r + a·w` (`w` `[in, out]`, `r` the product's shape)."""
         return self._run("pcl_linear_residual", a, w, r)[0]
 
+    def linear_add_rms_norm(self, a, w, x, weight, eps: float):
+        """(h = x + a·w, rms_norm(h)) (`w` `[in, out]`, `x` the product's shape)."""
+        h, y, _ = self._run("pcl_linear_add_rms_norm", a, w, x, weight, float(eps))
+        return h, y
+
     def causal_attention(self, q, k, v, scale: float):
         """q `[B, H, S, D]`, k `[B, G, SK, D]`, v `[B, SK, G, D]` -> out `[B, S, H, D]` (block-causal GEMMs, GQA
         by index; v and out token-major, as the projections lay them out)."""
@@ -186,6 +191,13 @@ def linear_residual_cpu(a, w, r):
     """`r + a·w` as one op: the GEMM accumulates onto a copy of the residual and the backward copies the residual's
     gradient on every thread (Paddle's add and add_grad run on one)."""
     return load().linear_residual(a, w, r)
+
+
+def linear_add_rms_norm_cpu(a, w, x, weight, eps: float):
+    """`h = x + a·w` and the RMSNorm of h as one op: the attention's output projection writes where h goes, one row
+    pass adds the residual and normalises, and the backward writes dh once for the residual and both GEMMs
+    (Paddle's matmul, then `add_rms_norm`, wrote it twice and ran Paddle's matmul_grad)."""
+    return load().linear_add_rms_norm(a, w, x, weight, eps)
 
 
 def rope_cpu(q, k, cos, sin, position_ids=None):

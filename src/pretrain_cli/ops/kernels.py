@@ -25,7 +25,7 @@ from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
 from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
                                       add_rms_norm_cpu, attn_in_cpu, embedding_cpu, global_sq_norm_cpu,
-                                      linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
+                                      linear_add_rms_norm_cpu, linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.reference import (cross_entropy_reference, embedding_reference, gate_up_packed,
                                         global_sq_norm_reference, rms_norm_reference, swiglu_packed, swiglu_reference,
@@ -175,6 +175,10 @@ class Kernels:
     # None: the Linear, then Paddle's add (GPU, distributed tensors, and `tp`, whose row-parallel down projection
     # sums its output over the group before the add)
     linear_residual: Callable | None = None
+    # (a, w, x, norm_weight, eps) -> (x + a·w, rms_norm(x + a·w)): the attention's output projection, the layer's
+    # first residual add and the post-attention norm as one op (CPU, no bias); None wherever `linear_residual` is
+    # (`tp`'s row-parallel o_proj sums its output over the group before the add; distributed tensors)
+    linear_add_rms_norm: Callable | None = None
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask
     cross_entropy: Callable = cross_entropy_reference  # (logits [N, V], labels [N], ignore_index) -> [N]
@@ -214,7 +218,10 @@ class Kernels:
                 f"head+loss={self.linear_cross_entropy_name}")
 
     def _attn_in_note(self) -> str:
-        return " (q|k|v GEMMs + RoPE as one op)" if self.attn_in is not None else ""
+        notes = ["q|k|v GEMMs + RoPE as one op"] if self.attn_in is not None else []
+        if self.linear_add_rms_norm is not None:
+            notes.append("o GEMM + residual add + norm as one op")
+        return f" ({'; '.join(notes)})" if notes else ""
 
     def _mlp_note(self) -> str:
         if self.mlp_in is not None:
@@ -300,6 +307,7 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         mlp_in=mlp_in_cpu if cpu else None,
         attn_in=attn_in_cpu if cpu else None,
         linear_residual=linear_residual_cpu if cpu else None,
+        linear_add_rms_norm=linear_add_rms_norm_cpu if cpu and kc.fuse_o_proj else None,
         embedding=embedding_cpu if cpu else embedding_reference,
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,

@@ -173,6 +173,7 @@ def localize(k, hook: bool):
         gate_up=gate_up, mlp_in=None,  # the gate|up GEMM above, then `swiglu_packed` on pieces
         attn_in=None,  # the Linears on the distributed tensors, then `rope` above on pieces
         linear_residual=None,  # the down projection and the residual add on the distributed tensors
+        linear_add_rms_norm=None,  # o_proj and the residual add likewise, then the norm above on pieces
         embedding=embedding_reference,  # Paddle's lookup on the distributed ids and the gathered weight
         cross_entropy=cross_entropy, grouped_mlp=_same_graph(k.grouped_mlp),
         linear_cross_entropy=linear_cross_entropy if lce is not None else None,

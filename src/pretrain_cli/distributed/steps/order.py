@@ -99,7 +99,7 @@ def _split_tp(model, placement: Placement):
 def _tp_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     """`tp`'s build side: a MoE model's sparse blocks run their experts' slices between Megatron's two functions
     over the mp group (`tensor_parallel.TPDispatch`; the split itself is `_split_tp`, on the finished model), and the
-    dense MLP's down projection stays a Linear (its output hook sums the slices' products)."""
+    row-parallel projections stay Linears (their output hooks sum the slices' products)."""
     from dataclasses import replace
 
     from paddle.distributed import fleet
@@ -107,9 +107,10 @@ def _tp_kernels(kernels, parallel: ParallelConfig, backend: Collectives):
     from pretrain_cli.distributed.steps.tensor_parallel import TPDispatch
 
     group = fleet.get_hybrid_communicate_group().get_model_parallel_group()
-    # the row-parallel down projection's output is summed over the group (a hook on the Linear) before the
-    # residual add: the fused `linear_residual` would add the residual on every rank and skip the sum
-    return replace(kernels, moe_dispatch=TPDispatch(group), linear_residual=None)
+    # the row-parallel projections' outputs (o_proj, down_proj) are summed over the group (a hook on the Linear)
+    # before the residual add: the fused `linear_residual` and `linear_add_rms_norm` would add the residual on
+    # every rank and skip the sum
+    return replace(kernels, moe_dispatch=TPDispatch(group), linear_residual=None, linear_add_rms_norm=None)
 
 
 def _context_kernels(kernels, parallel: ParallelConfig, backend: Collectives):

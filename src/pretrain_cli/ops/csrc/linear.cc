@@ -1,5 +1,6 @@
-// A Linear whose output lands on a residual, and the token embedding (see common.h for why these kernels exist).
+// The Linears whose output lands on a residual (the layer's two, one with the norm after it), and the token embedding (see common.h for why these kernels exist).
 #include "common.h"
+#include "norm_rows.h"
 
 using pcl::check_f32;
 using pcl::contig;
@@ -17,16 +18,18 @@ struct Dims {
   int64_t rows, in, out;
 };
 
-Dims check_linear_residual(const paddle::Tensor& a, const paddle::Tensor& w, const paddle::Tensor& r) {
-  check_f32(a, "linear_residual", "input");
-  check_f32(w, "linear_residual", "weight");
-  check_f32(r, "linear_residual", "residual");
-  PD_CHECK(w.shape().size() == 2, "linear_residual: the weight must be [in, out]");
-  PD_CHECK(!a.shape().empty() && a.shape().back() == w.shape()[0], "linear_residual: the input's last dim is not the "
-           "weight's ", w.shape()[0]);
+// `op` names the op in the errors (pcl_linear_residual's, pcl_linear_add_rms_norm's)
+Dims check_linear_residual(const paddle::Tensor& a, const paddle::Tensor& w, const paddle::Tensor& r,
+                           const char* op = "linear_residual") {
+  check_f32(a, op, "input");
+  check_f32(w, op, "weight");
+  check_f32(r, op, "residual");
+  PD_CHECK(w.shape().size() == 2, op, ": the weight must be [in, out]");
+  PD_CHECK(!a.shape().empty() && a.shape().back() == w.shape()[0], op, ": the input's last dim is not the weight's ",
+           w.shape()[0]);
   auto out_shape = a.shape();
   out_shape.back() = w.shape()[1];
-  PD_CHECK(r.shape() == out_shape, "linear_residual: the residual must have the product's shape");
+  PD_CHECK(r.shape() == out_shape, op, ": the residual must have the product's shape");
   const int64_t in = w.shape()[0];
   return {in > 0 ? a.numel() / in : r.numel() / std::max<int64_t>(w.shape()[1], 1), in, w.shape()[1]};
 }
@@ -84,6 +87,85 @@ PD_BUILD_GRAD_OP(pcl_linear_residual)
     .Inputs({"A", "W", paddle::Grad("Y")})
     .Outputs({paddle::Grad("A"), paddle::Grad("W"), paddle::Grad("R")})
     .SetKernelFn(PD_KERNEL(LinearResidualBackward));
+
+// ------------------------------------------------------- h = x + a·W, y = RMSNorm(h), one op
+// The attention's output projection, the layer's first residual add and the post-attention norm: the GEMM writes
+// its product where h goes and one row pass adds x and normalises (pcl_add_rms_norm's pass, reading the product
+// the GEMM just wrote). The backward's row pass writes dh once, the residual's gradient and the GEMMs' input,
+// where Paddle's matmul_grad read a second copy of it (pcl_add_rms_norm hands the add's two inputs one each).
+// Off wherever linear_residual is (docs/PERFORMANCE.md §3.18).
+std::vector<paddle::Tensor> LinearAddRmsNormForward(const paddle::Tensor& a_arg, const paddle::Tensor& w_arg,
+                                                    const paddle::Tensor& x_arg, const paddle::Tensor& wn_arg,
+                                                    float eps) {
+  const paddle::Tensor a = contig(a_arg), w = contig(w_arg), x = contig(x_arg), wn = contig(wn_arg);
+  const Dims d = check_linear_residual(a, w, x, "linear_add_rms_norm");
+  check_f32(wn, "linear_add_rms_norm", "norm weight");
+  PD_CHECK(wn.numel() == d.out, "linear_add_rms_norm: norm weight size ", wn.numel(), " != hidden ", d.out);
+  auto hs = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto y = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto rstd = paddle::empty({d.rows}, x.dtype(), x.place());
+  float* hp = hs.data<float>();
+  if (d.rows > 0 && d.in > 0 && d.out > 0)
+    cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, d.rows, d.out, d.in, 1.f, a.data<float>(), d.in, w.data<float>(), d.out,
+                0.f, hp, d.out);
+  else
+    std::fill(hp, hp + hs.numel(), 0.f);
+  pcl::add_rms_norm_rows(x.data<float>(), hp, wn.data<float>(), hp, y.data<float>(), rstd.data<float>(), d.rows,
+                         d.out, eps);
+  return {hs, y, rstd};
+}
+
+std::vector<paddle::Tensor> LinearAddRmsNormBackward(const paddle::Tensor& a_arg, const paddle::Tensor& w_arg,
+                                                     const paddle::Tensor& h_arg, const paddle::Tensor& wn_arg,
+                                                     const paddle::Tensor& rstd_arg, const paddle::Tensor& dh_arg,
+                                                     const paddle::Tensor& dy_arg) {
+  const paddle::Tensor a = contig(a_arg), w = contig(w_arg), hs = contig(h_arg), wn = contig(wn_arg),
+                       rstd = contig(rstd_arg), dy = contig(dy_arg);
+  const bool has_dh = dh_arg.initialized();  // h unused downstream: its own gradient counts as zero
+  const paddle::Tensor dh = has_dh ? contig(dh_arg) : dh_arg;
+  const int64_t in = w.shape()[0], out = w.shape()[1], rows = hs.numel() / std::max<int64_t>(out, 1);
+  auto dx = paddle::empty(hs.shape(), hs.dtype(), hs.place());  // d(loss)/dh: the residual's and the GEMMs' input
+  auto da = paddle::empty(a.shape(), a.dtype(), a.place());
+  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
+  auto dwn = pcl::rms_norm_backward_rows(hs.data<float>(), wn, rstd.data<float>(), dy.data<float>(),
+                                         has_dh ? dh.data<float>() : nullptr, dx.data<float>(), nullptr, rows, out);
+  if (rows > 0 && in > 0 && out > 0) {
+    cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, in, out, 1.f, dx.data<float>(), out, w.data<float>(), out, 0.f,
+                da.data<float>(), in);  // da = dh·Wᵀ
+    cblas_sgemm(kRowMajor, kTrans, kNoTrans, in, out, rows, 1.f, a.data<float>(), in, dx.data<float>(), out, 0.f,
+                dw.data<float>(), out);  // dW = aᵀ·dh
+  } else {
+    std::fill(da.data<float>(), da.data<float>() + da.numel(), 0.f);
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 0.f);
+  }
+  return {da, dw, dx, dwn};
+}
+
+std::vector<std::vector<int64_t>> LinearAddRmsNormShape(const std::vector<int64_t>& a, const std::vector<int64_t>& w,
+                                                        const std::vector<int64_t>& x,
+                                                        const std::vector<int64_t>& wn) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+  return {x, x, {rows}};
+}
+
+std::vector<paddle::DataType> LinearAddRmsNormDtype(const paddle::DataType& a, const paddle::DataType& w,
+                                                    const paddle::DataType& x, const paddle::DataType& wn) {
+  return {x, x, x};
+}
+
+PD_BUILD_OP(pcl_linear_add_rms_norm)
+    .Inputs({"A", "W", "X", "Wn"})
+    .Outputs({"H", "Y", "Rstd"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(LinearAddRmsNormForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(LinearAddRmsNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearAddRmsNormDtype));
+
+PD_BUILD_GRAD_OP(pcl_linear_add_rms_norm)
+    .Inputs({"A", "W", "H", "Wn", "Rstd", paddle::Grad("H"), paddle::Grad("Y")})
+    .Outputs({paddle::Grad("A"), paddle::Grad("W"), paddle::Grad("X"), paddle::Grad("Wn")})
+    .SetKernelFn(PD_KERNEL(LinearAddRmsNormBackward));
 
 // ------------------------------------------------------------------ the token embedding's lookup
 // out[t] = W[ids[t]]; the backward's dW = zeros, then dW[ids[t]] += dout[t] for every token. Paddle's CPU embedding

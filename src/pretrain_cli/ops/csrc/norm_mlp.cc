@@ -1,6 +1,7 @@
 // RMSNorm, residual add + RMSNorm, packed SwiGLU, and the gate|up GEMM with its SwiGLU (see common.h for why
 // these kernels exist).
 #include "common.h"
+#include "norm_rows.h"
 
 using pcl::check_f32;
 using pcl::contig;
@@ -8,6 +9,7 @@ using pcl::last_dim;
 using pcl::kNoTrans;
 using pcl::kRowMajor;
 using pcl::kTrans;
+using pcl::rms_norm_backward_rows;
 using pcl::vexp;
 
 // ------------------------------------------------------------------------------------ RMSNorm
@@ -40,53 +42,6 @@ std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x_arg, const pa
   return {y, rstd};
 }
 
-namespace {
-// The RMSNorm backward over `rows` rows of width h: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, plus `dres`
-// (a residual's gradient, added in the same pass) when given, also written to `dx2` when given; returns
-// dw = sum_rows(dy * xhat) (per-thread partial sums added in thread order).
-paddle::Tensor rms_norm_backward_rows(const float* xp, const paddle::Tensor& w, const float* rp, const float* gp,
-                                      const float* dres, float* dxp, float* dx2p, int64_t rows, int64_t h) {
-  const int nthreads = omp_get_max_threads();
-  std::vector<float> dw_part(static_cast<size_t>(nthreads) * h, 0.f);
-  const float* wp = w.data<float>();
-#pragma omp parallel num_threads(nthreads)
-  {
-    float* acc = dw_part.data() + static_cast<size_t>(omp_get_thread_num()) * h;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* xr = xp + i * h;
-      const float* gr = gp + i * h;
-      float* dxr = dxp + i * h;
-      const float r = rp[i];
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < h; ++j) {
-        const float xh = xr[j] * r;
-        dot += gr[j] * wp[j] * xh;
-        acc[j] += gr[j] * xh;
-      }
-      const float m = dot / static_cast<float>(h);
-      if (dres == nullptr) {
-#pragma omp simd
-        for (int64_t j = 0; j < h; ++j) dxr[j] = r * (gr[j] * wp[j] - xr[j] * r * m);
-      } else {
-        const float* hr = dres + i * h;
-#pragma omp simd
-        for (int64_t j = 0; j < h; ++j) dxr[j] = hr[j] + r * (gr[j] * wp[j] - xr[j] * r * m);
-      }
-      if (dx2p != nullptr) std::memcpy(dx2p + i * h, dxr, sizeof(float) * h);  // the row is still in L1
-    }
-  }
-  auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
-  float* dwp = dw.data<float>();
-  for (int64_t j = 0; j < h; ++j) dwp[j] = 0.f;
-  for (int t = 0; t < nthreads; ++t) {
-    const float* acc = dw_part.data() + static_cast<size_t>(t) * h;
-    for (int64_t j = 0; j < h; ++j) dwp[j] += acc[j];
-  }
-  return dw;
-}
-}  // namespace
 
 // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w;  dw = sum_rows(dy * xhat).
 std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x_arg, const paddle::Tensor& w_arg,
@@ -148,24 +103,7 @@ std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& x_arg, const
   float* hp = hs.data<float>();
   float* yp = y.data<float>();
   float* rp = rstd.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = xp + i * h;
-    const float* ar = ap + i * h;
-    float* hr = hp + i * h;
-    float* yr = yp + i * h;
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < h; ++j) {
-      const float v = xr[j] + ar[j];
-      hr[j] = v;
-      ss += v * v;
-    }
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
-    rp[i] = r;
-#pragma omp simd
-    for (int64_t j = 0; j < h; ++j) yr[j] = (hr[j] * r) * wp[j];
-  }
+  pcl::add_rms_norm_rows(xp, ap, wp, hp, yp, rp, rows, h, eps);
   return {hs, y, rstd};
 }
 
