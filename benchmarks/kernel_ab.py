@@ -5,10 +5,10 @@ Why: on shared VMs separate processes drift by ±3 % between runs minutes apart 
 hides any single fusion worth ~1 % of a step. Here both variants share the process, the model, the optimizer
 state, the allocator and the machine's moment; they alternate every step (ABBA order), and the ratio of each
 adjacent pair's times is taken, so drift cancels. The entries that can be None: `mlp_in` (the gate|up GEMM +
-SwiGLU op, §3.12), `add_rms_norm` (the residual add inside the norm, §3.11), `attn_in` (the q/k/v
-GEMMs + RoPE op, §3.13), `linear_residual` (the down projection + residual add, §3.15), `linear_add_rms_norm` (o_proj + residual
-add + the post-attention norm, §3.18); `embedding` (the lookup
-with its gradient on every thread, §3.17) switches to Paddle's.
+SwiGLU op, §3.12), `add_rms_norm` (the residual add inside the norm, §3.11; both sides then run o_proj as its own
+Linear, since §3.18's op holds that pass otherwise), `attn_in` (the q/k/v GEMMs + RoPE op, §3.13),
+`linear_residual` (the down projection + residual add, §3.15), `linear_add_rms_norm` (o_proj + residual add + the
+post-attention norm, §3.18); `embedding` (the lookup with its gradient on every thread, §3.17) switches to Paddle's.
 
     python benchmarks/kernel_ab.py --config bench --entry mlp_in --pairs 40 [--threads T]
 """
@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     if getattr(with_k, a.entry) is off:
         raise SystemExit(f"kernel_ab: {a.entry} is not selected on this machine ({with_k.describe()}): "
                          "nothing to compare")
+    if a.entry == "add_rms_norm":  # the add-norm runs only where o_proj is not fused into it (§3.18): both sides so
+        with_k = dataclasses.replace(with_k, linear_add_rms_norm=None)
     without_k = dataclasses.replace(with_k, **{a.entry: off})
     holders = [layer for layer in model.sublayers(include_self=True) if hasattr(layer, "kernels")]
 

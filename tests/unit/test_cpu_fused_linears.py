@@ -3,6 +3,8 @@ the attention's input half (`cpu_ops.attn_in_cpu`, `pcl_attn_in` in ops/csrc/rop
 reshapes and RoPE), the down projection with the layer's residual add (`linear_residual_cpu`, ops/csrc/linear.cc), the
 output projection with the residual add and the post-attention norm (`linear_add_rms_norm_cpu`, the same file) and
 the token embedding's threaded lookup (`embedding_cpu`, the same file); and the fused loss's in-place scale."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -82,8 +84,6 @@ def test_attn_in_refuses_bad_shapes():
 @pytest.mark.parametrize("qkv_bias,qk_norm,one_op", [(False, False, True), (True, False, False),
                                                      (False, True, False)])
 def test_the_attention_layer_takes_the_op_only_for_plain_projections(qkv_bias, qk_norm, one_op):
-    import dataclasses
-
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.layers import Attention
 
@@ -118,8 +118,6 @@ def test_linear_residual_is_the_linear_then_the_add(shape):
 def test_the_dense_layer_adds_its_residual_in_the_down_projection_unless_a_layout_sums_it():
     """The decoder layer hands `h` to its dense MLP, which adds it inside the down projection's op on CPU; the
     `tp` step's table has no `linear_residual` (its down projection's output is summed over the group first)."""
-    import dataclasses
-
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.decoder import DecoderLayer
 
@@ -174,10 +172,8 @@ def test_linear_add_rms_norm_refuses_mismatched_shapes():
 def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_output(mla):
     """The decoder layer asks its attention for the heads' output and hands it with `o_proj`'s weight to one op; the
     layer's output and every parameter's gradient equal the Linear-then-`add_rms_norm` path (for multi-head latent
-    attention too). The `tp` step's table has no `linear_add_rms_norm` (o_proj's output is summed over the group
-    first), and a biased o_proj keeps the Linear."""
-    import dataclasses
-
+    attention too). A table without the op (the `tp` step's, whose o_proj output is summed over the group first;
+    distributed tensors'; `full_attn` recompute's) keeps o_proj inside the attention, and so does a biased o_proj."""
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.decoder import DecoderLayer
 
@@ -208,21 +204,55 @@ def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_o
     biased = DecoderLayer(cfg, spy, False, True, False)  # o_bias
     biased(x0, cos, sin)
     assert len(calls) == 1
+    # without the op, o_proj stays inside the attention (inside its recomputed block under `full_attn`)
+    asked = []
+    for layer in (fused, plain, biased):
+        forward = layer.self_attn.forward
+        layer.self_attn.forward = lambda *a, _f=forward, **kw: asked.append(kw.get("project", True)) or _f(*a, **kw)
+        layer(x0, cos, sin)
+    assert asked == [False, True, True]
 
 
-def test_full_attn_recompute_keeps_o_proj_inside_the_recomputed_block():
-    """`recompute_granularity: full_attn` recomputes the attention through o_proj: the resolved kernels keep o_proj a
-    Linear there (the fused op would keep its input besides), and fuse it otherwise."""
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_full_attn_recompute_keeps_o_proj_inside_the_recomputed_block(reentrant):
+    """`recompute_granularity: full_attn` recomputes the attention through o_proj: the resolved kernels keep o_proj out
+    of the fused op there, so it runs again in the backward (twice per layer per step), as before the op existed; with
+    the op (no recompute) it runs once, inside the op. Both ways of recomputing."""
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import kernels_for
-    from pretrain_cli.run_config import Target
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.recompute import apply_recompute
+    from pretrain_cli.run_config import Recompute, Target
 
-    def fuse(*overrides):
-        return kernels_for(parse_config(None, ["--output_dir", "out", *overrides]), Target("cpu")).fuse_o_proj
+    def resolved(*overrides):
+        return kernels_for(parse_config(None, ["--output_dir", "out", *overrides]), Target("cpu"))
 
-    assert fuse() and fuse("--recompute", "--recompute_granularity", "full")
-    assert not fuse("--recompute", "--recompute_granularity", "full_attn")
-    assert kernels.select(kernels.KernelConfig(fuse_o_proj=False)).linear_add_rms_norm is None
+    assert resolved().fuse_o_proj and resolved("--recompute", "--recompute_granularity", "full").fuse_o_proj
+    full_attn = resolved("--recompute", "--recompute_granularity", "full_attn")
+    assert not full_attn.fuse_o_proj and kernels.select(full_attn).linear_add_rms_norm is None
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    ids = paddle.to_tensor(RNG.integers(0, 32, (2, 8)).astype("int64"))
+    for request, recompute, runs in ((full_attn, Recompute("full_attn", reentrant), 4), (resolved(), None, 0)):
+        paddle.seed(0)
+        model = apply_recompute(build_model(cfg, kernels.select(request)), recompute)
+        model.train()
+        calls = []
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.register_forward_post_hook(lambda *a: calls.append(1))
+        if recompute is None:  # a hook on o_proj keeps the Linear; without one the op runs it: count the op's calls
+            for layer in model.model.layers:
+                layer.self_attn.o_proj._forward_post_hooks.clear()
+            table = model.model.layers[0].post_attention_layernorm.kernels
+            fused = table.linear_add_rms_norm
+            spy = dataclasses.replace(table, linear_add_rms_norm=lambda *a: calls.append(2) or fused(*a))
+            for layer in model.sublayers():
+                if hasattr(layer, "kernels"):
+                    layer.kernels = spy
+        logits = model(ids)
+        (logits[0] if isinstance(logits, (tuple, list)) else logits).sum().backward()
+        assert calls == ([1] * runs if recompute is not None else [2, 2])
 
 
 def test_embedding_is_paddles_lookup_and_its_gradient_accumulates_repeated_tokens():

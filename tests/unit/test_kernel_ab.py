@@ -15,7 +15,8 @@ def test_the_pair_ratio_is_off_over_on_per_adjacent_pair():
     assert (r["with_ms"], r["without_ms"]) == (1000.0, 1200.0)
 
 
-@pytest.mark.parametrize("entry", ["mlp_in", "add_rms_norm", "attn_in", "linear_residual", "linear_add_rms_norm", "embedding"])
+@pytest.mark.parametrize("entry", ["mlp_in", "add_rms_norm", "attn_in", "linear_residual", "linear_add_rms_norm",
+                                   "embedding"])
 def test_a_run_switches_the_entry_off_in_every_layer_and_reports_both(tmp_path, monkeypatch, entry):
     """A tiny model, 2 pairs: the B steps really run without the entry (the model's own table is untouched)."""
     kab = load("kernel_ab")

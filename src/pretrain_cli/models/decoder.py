@@ -49,9 +49,13 @@ class DecoderLayer(nn.Layer):
                 self.mlp = SparseMoeBlock(cfg, kernels, moe, family(cfg.model_type).shared_expert)
 
     def forward(self, x, cos, sin, kv=None, position_ids=None, doc_start=None):
-        # the heads' output, then h = x + o_proj(it) and its norm: one op on CPU
-        heads = self.self_attn(self.input_layernorm(x), cos, sin, kv, position_ids, doc_start, project=False)
-        h, normed = self.post_attention_layernorm.projected_add_forward(x, heads, self.self_attn.o_proj)
+        attn, post = self.self_attn, self.post_attention_layernorm
+        attn_in = self.input_layernorm(x)
+        if post.fuses(attn.o_proj):  # the heads' output, then h = x + o_proj(it) and its norm as one op (CPU)
+            heads = attn(attn_in, cos, sin, kv, position_ids, doc_start, project=False)
+            h, normed = post.projected_add_forward(x, heads, attn.o_proj)
+        else:  # o_proj inside the attention (and inside its recomputed block, `full_attn`), then h = x + attn
+            h, normed = post.add_forward(x, attn(attn_in, cos, sin, kv, position_ids, doc_start))
         if self.dense:  # h + down(...) as one op on CPU
             return self.mlp(normed, residual=h)
         return h + self.mlp(normed)

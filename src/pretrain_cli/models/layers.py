@@ -48,12 +48,15 @@ class RMSNorm(nn.Layer):
             return h, self(h)
         return self.kernels.add_rms_norm(x, a, self.weight, self.eps)
 
+    def fuses(self, proj: nn.Linear) -> bool:
+        """Whether `projected_add_forward` can take `proj` into its op: a kernel for it, no bias on `proj`, and no
+        hook on it (the op reads its weight, so a layout's hooks on the Linear would not run)."""
+        return (self.kernels.linear_add_rms_norm is not None and proj.bias is None
+                and not proj._forward_pre_hooks and not proj._forward_post_hooks)
+
     def projected_add_forward(self, x, a, proj: nn.Linear):
-        """`(h, norm(h))` with `h = x + proj(a)`: the projection, the add and this norm as one kernel where one
-        exists and `proj` has no bias; otherwise the Linear (and whatever hooks a layout put on it), then
-        `add_forward`."""
-        if self.kernels.linear_add_rms_norm is None or proj.bias is not None:
-            return self.add_forward(x, proj(a))
+        """`(h, norm(h))` with `h = x + proj(a)`: the projection, the add and this norm as one kernel (`fuses(proj)`
+        holds; the caller keeps `proj` out of any recomputed block, since the op keeps `a` for its backward)."""
         return self.kernels.linear_add_rms_norm(a, proj.weight, x, self.weight, self.eps)
 
 

@@ -23,9 +23,9 @@ from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
-from pretrain_cli.ops.cpu_ops import (adamw_cpu, attention_cpu, attention_cpu_document, cross_entropy_cpu,
-                                      add_rms_norm_cpu, attn_in_cpu, embedding_cpu, global_sq_norm_cpu,
-                                      linear_add_rms_norm_cpu, linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
+from pretrain_cli.ops.cpu_ops import (adamw_cpu, add_rms_norm_cpu, attention_cpu, attention_cpu_document, attn_in_cpu,
+                                      cross_entropy_cpu, embedding_cpu, global_sq_norm_cpu, linear_add_rms_norm_cpu,
+                                      linear_residual_cpu, mlp_in_cpu, rms_norm_cpu, rope_cpu, swiglu_packed_cpu)
 from pretrain_cli.ops.linear_loss import linear_cross_entropy_chunked, linear_cross_entropy_cpu
 from pretrain_cli.ops.reference import (cross_entropy_reference, embedding_reference, gate_up_packed,
                                         global_sq_norm_reference, rms_norm_reference, swiglu_packed, swiglu_reference,
@@ -177,7 +177,8 @@ class Kernels:
     linear_residual: Callable | None = None
     # (a, w, x, norm_weight, eps) -> (x + a·w, rms_norm(x + a·w)): the attention's output projection, the layer's
     # first residual add and the post-attention norm as one op (CPU, no bias); None wherever `linear_residual` is
-    # (`tp`'s row-parallel o_proj sums its output over the group before the add; distributed tensors)
+    # (`tp`'s row-parallel o_proj sums its output over the group before the add; distributed tensors) and under
+    # `full_attn` recompute (`KernelConfig.fuse_o_proj`: o_proj stays inside the recomputed attention)
     linear_add_rms_norm: Callable | None = None
     # decode steps (q_len < k_len) need a bottom-right causal mask; sdpa's is_causal is top-left
     attention_cached: Callable = attention_sdpa_mask

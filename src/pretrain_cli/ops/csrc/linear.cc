@@ -1,4 +1,5 @@
-// The Linears whose output lands on a residual (the layer's two, one with the norm after it), and the token embedding (see common.h for why these kernels exist).
+// The Linears whose output lands on a residual (the layer's two, one with the norm after it), and the token
+// embedding (see common.h for why these kernels exist).
 #include "common.h"
 #include "norm_rows.h"
 
@@ -93,7 +94,7 @@ PD_BUILD_GRAD_OP(pcl_linear_residual)
 // its product where h goes and one row pass adds x and normalises (pcl_add_rms_norm's pass, reading the product
 // the GEMM just wrote). The backward's row pass writes dh once, the residual's gradient and the GEMMs' input,
 // where Paddle's matmul_grad read a second copy of it (pcl_add_rms_norm hands the add's two inputs one each).
-// Off wherever linear_residual is (docs/PERFORMANCE.md §3.18).
+// Off wherever linear_residual is, and under full_attn recompute (docs/PERFORMANCE.md §3.18).
 std::vector<paddle::Tensor> LinearAddRmsNormForward(const paddle::Tensor& a_arg, const paddle::Tensor& w_arg,
                                                     const paddle::Tensor& x_arg, const paddle::Tensor& wn_arg,
                                                     float eps) {
