@@ -215,3 +215,27 @@ def test_a_rank_that_exits_wakes_its_watchers_while_its_exit_status_can_still_be
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_dead_ranks_status_is_read_before_the_slow_shares(tmp_path, monkeypatch):
+    """At a death the watcher reads the dead rank's exit status from /proc before it writes anything: each share is an
+    fsync'd write, and under load a few of them (plus stopping its own rank) outlast Paddle's launcher's one-second
+    reaping, after which the status is gone ('exit status unknown')."""
+    from pretrain_cli.distributed.launcher.verdict import Evidence
+
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead.kill()
+        while watcher.processes.exit_status(dead.pid) is None:  # a zombie: not reaped (this test is its parent)
+            pass
+        evidence = Evidence(0, {0: dead.pid, 1: alive.pid}, tmp_path)
+        seen = []
+        monkeypatch.setattr(Evidence, "share", lambda self, name, text: seen.append((name, dict(self.statuses))))
+        evidence.observe({0}, wait=False)
+        assert seen[0] == ("outlived.1", {0: signal.SIGKILL})  # the status first, then who outlived the death
+        assert ("status.0", {0: signal.SIGKILL}) in seen
+    finally:
+        for p in (dead, alive):
+            p.kill()
+            p.wait()

@@ -41,14 +41,22 @@ class Evidence:
                 self.share(f"stopped.{r}", "")
             self.share(f"outlived.{r}", ",".join(map(str, sorted(gone))))
 
-    def observe(self, gone: set) -> None:
-        """Share what this watcher sees: who outlived whom, and each death's exit status."""
+    def observe(self, gone: set, wait: bool = True) -> None:
+        """Share what this watcher sees: each death's exit status, then who outlived whom. The statuses /proc holds
+        now are read first: Paddle's launcher reaps its children once a second, and every share below is an
+        fsync'd write, which under load can take longer than that. A rank still exiting (not yet a zombie) is waited
+        for after the shares, and only with `wait` (the survivor's watcher stops its own rank first)."""
+        for r in gone:
+            if self.statuses.get(r) is None:
+                status = processes.exit_status(self.ranks[r])
+                if status is not None:
+                    self.statuses[r] = status
         self.mark(gone)
         for r in gone:
-            if r not in self.statuses:
+            if wait and r not in self.statuses:
                 self.statuses[r] = self._status(self.ranks[r])
-                if self.statuses[r] is not None:
-                    self.share(f"status.{r}", str(self.statuses[r]))
+            if self.statuses.get(r) is not None:
+                self.share(f"status.{r}", str(self.statuses[r]))
 
     @staticmethod
     def _status(pid: int) -> int | None:

@@ -81,8 +81,9 @@ class Watcher:
             return
 
     def _handle(self, gone: set, chunk: bytes, pipe: int | None, log: int) -> None:
-        """A rank of this host died: stop this rank if it still runs, settle who died first, say it once."""
-        self.evidence.mark(gone)
+        """A rank of this host died: read how it died, stop this rank if it still runs, settle who died first, say it
+        once."""
+        self.evidence.observe(gone, wait=False)  # the statuses before the launcher reaps them; who outlived whom
         last_words = [chunk]
         if self.me not in gone:  # a survivor: what it writes from now on is the abort, not news
             last_words = []
