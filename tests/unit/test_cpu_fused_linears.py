@@ -115,21 +115,29 @@ def test_linear_residual_is_the_linear_then_the_add(shape):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _layers_with_and_without(entry: str, cfg, o_bias: bool = False):
+    """(a decoder layer whose table spies on `entry`, the same layer without it, the spy's calls): same weights."""
+    from pretrain_cli.models.decoder import DecoderLayer
+
+    table = kernels.select(device="cpu")
+    calls = []
+    real = getattr(table, entry)
+    spy = dataclasses.replace(table, **{entry: lambda *a: calls.append(1) or real(*a)})
+    paddle.seed(0)
+    fused = DecoderLayer(cfg, spy, False, o_bias, False)
+    plain = DecoderLayer(cfg, dataclasses.replace(table, **{entry: None}), False, o_bias, False)
+    plain.set_state_dict(fused.state_dict())
+    return fused, plain, calls
+
+
 def test_the_dense_layer_adds_its_residual_in_the_down_projection_unless_a_layout_sums_it():
     """The decoder layer hands `h` to its dense MLP, which adds it inside the down projection's op on CPU; the
     `tp` step's table has no `linear_residual` (its down projection's output is summed over the group first)."""
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.decoder import DecoderLayer
 
     cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
-    table = kernels.select(device="cpu")
-    calls = []
-    spy = dataclasses.replace(table, linear_residual=lambda *a: calls.append(1) or table.linear_residual(*a))
-    paddle.seed(0)
-    fused = DecoderLayer(cfg, spy, False, False, False)
-    plain = DecoderLayer(cfg, dataclasses.replace(table, linear_residual=None), False, False, False)
-    plain.set_state_dict(fused.state_dict())
+    fused, plain, calls = _layers_with_and_without("linear_residual", cfg)
     x, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, 4]), paddle.zeros([6, 4])
     np.testing.assert_allclose(fused(x, cos, sin).numpy(), plain(x, cos, sin).numpy(), rtol=1e-5, atol=1e-6)
     assert len(calls) == 1
@@ -175,19 +183,12 @@ def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_o
     attention too). A table without the op (the `tp` step's, whose o_proj output is summed over the group first;
     distributed tensors'; `full_attn` recompute's) keeps o_proj inside the attention, and so does a biased o_proj."""
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.decoder import DecoderLayer
 
     extra = dict(model_type="deepseek_v3", q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
                  v_head_dim=4) if mla else {}
     cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2 if not mla else 4, **extra)
-    table = kernels.select(device="cpu")
-    calls = []
-    spy = dataclasses.replace(table, linear_add_rms_norm=lambda *a: calls.append(1) or table.linear_add_rms_norm(*a))
-    paddle.seed(0)
-    fused = DecoderLayer(cfg, spy, False, False, False)
-    plain = DecoderLayer(cfg, dataclasses.replace(table, linear_add_rms_norm=None), False, False, False)
-    plain.set_state_dict(fused.state_dict())
+    fused, plain, calls = _layers_with_and_without("linear_add_rms_norm", cfg)
     rope = cfg.qk_rope_head_dim if mla else 4
     x0, cos, sin = paddle.randn([2, 6, 16]), paddle.ones([6, rope]), paddle.zeros([6, rope])
     results = []
@@ -201,9 +202,9 @@ def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_o
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
     assert len(calls) == 1
-    biased = DecoderLayer(cfg, spy, False, True, False)  # o_bias
+    biased, _, biased_calls = _layers_with_and_without("linear_add_rms_norm", cfg, o_bias=True)
     biased(x0, cos, sin)
-    assert len(calls) == 1
+    assert not biased_calls
     # without the op, o_proj stays inside the attention (inside its recomputed block under `full_attn`)
     asked = []
     for layer in (fused, plain, biased):
