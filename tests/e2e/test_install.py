@@ -53,7 +53,7 @@ def test_wheel_installed_elsewhere_has_presets_and_kernel_sources(tmp_path):
     assert (installed / "config" / "presets" / "tiny-qwen2" / "config.json").is_file()
     csrc = {p.name for p in (installed / "ops" / "csrc").iterdir()}
     assert {*cpu_build.SOURCES, *(h.name for h in cpu_build.headers())} <= csrc
-    assert {"common.h", "causal_tiles.h"} <= {h.name for h in cpu_build.headers()}
+    assert {"common.h", "causal_tiles.h", "norm_rows.h"} <= {h.name for h in cpu_build.headers()}
     check = _run([venv / "bin" / "pretrain-cli", "check", "run.json"], cwd=work)
     assert "check: OK" in check.stdout and "tiny-qwen2" in check.stdout
     plan = _run([venv / "bin" / "pretrain-cli", "plan", "run.json", "--device", "A100-80GB", "--json"], cwd=work)

@@ -205,6 +205,10 @@ def test_the_layer_runs_o_proj_add_and_norm_as_one_op_unless_a_layout_sums_its_o
     biased, _, biased_calls = _layers_with_and_without("linear_add_rms_norm", cfg, o_bias=True)
     biased(x0, cos, sin)
     assert not biased_calls
+    hook = fused.self_attn.o_proj.register_forward_post_hook(lambda *a: None)  # a layout's hook: the Linear runs it
+    assert not fused.post_attention_layernorm.fuses(fused.self_attn.o_proj)
+    hook.remove()
+    assert fused.post_attention_layernorm.fuses(fused.self_attn.o_proj)
     # without the op, o_proj stays inside the attention (inside its recomputed block under `full_attn`)
     asked = []
     for layer in (fused, plain, biased):

@@ -27,8 +27,8 @@ CXXFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-st
 
 
 def headers() -> list[Path]:
-    """The headers the sources include (common.h, causal_tiles.h): every one is part of the library's key and of
-    the installed package."""
+    """The headers the sources include (common.h and the kernels' shared pieces): every one is part of the
+    library's key and of the installed package."""
     return sorted(CSRC.glob("*.h"))
 
 

@@ -39,6 +39,22 @@ void copy_threaded(const float* src, float* dst, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
+
+// A Linear's two gradients from its output's, g [rows, out]: da = g·Wᵀ [rows, in], dW = aᵀ·g [in, out] (zeros when
+// a dimension is empty, where sgemm would leave them unwritten).
+void linear_grads(const paddle::Tensor& a, const paddle::Tensor& w, const float* g, paddle::Tensor& da,
+                  paddle::Tensor& dw, int64_t rows) {
+  const int64_t in = w.shape()[0], out = w.shape()[1];
+  if (rows > 0 && in > 0 && out > 0) {
+    cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, in, out, 1.f, g, out, w.data<float>(), out, 0.f, da.data<float>(),
+                in);
+    cblas_sgemm(kRowMajor, kTrans, kNoTrans, in, out, rows, 1.f, a.data<float>(), in, g, out, 0.f, dw.data<float>(),
+                out);
+  } else {
+    std::fill(da.data<float>(), da.data<float>() + da.numel(), 0.f);
+    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 0.f);
+  }
+}
 }  // namespace
 
 std::vector<paddle::Tensor> LinearResidualForward(const paddle::Tensor& a_arg, const paddle::Tensor& w_arg,
@@ -56,20 +72,12 @@ std::vector<paddle::Tensor> LinearResidualForward(const paddle::Tensor& a_arg, c
 std::vector<paddle::Tensor> LinearResidualBackward(const paddle::Tensor& a_arg, const paddle::Tensor& w_arg,
                                                    const paddle::Tensor& dy_arg) {
   const paddle::Tensor a = contig(a_arg), w = contig(w_arg), dy = contig(dy_arg);
-  const int64_t in = w.shape()[0], out = w.shape()[1], rows = dy.numel() / std::max<int64_t>(out, 1);
+  const int64_t out = w.shape()[1], rows = dy.numel() / std::max<int64_t>(out, 1);
   auto da = paddle::empty(a.shape(), a.dtype(), a.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   auto dr = paddle::empty(dy.shape(), dy.dtype(), dy.place());
   copy_threaded(dy.data<float>(), dr.data<float>(), dy.numel());  // d(r + a·W)/dr is the identity
-  if (rows > 0 && in > 0 && out > 0) {
-    cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, in, out, 1.f, dy.data<float>(), out, w.data<float>(), out, 0.f,
-                da.data<float>(), in);  // da = dy·Wᵀ
-    cblas_sgemm(kRowMajor, kTrans, kNoTrans, in, out, rows, 1.f, a.data<float>(), in, dy.data<float>(), out, 0.f,
-                dw.data<float>(), out);  // dW = aᵀ·dy
-  } else {
-    std::fill(da.data<float>(), da.data<float>() + da.numel(), 0.f);
-    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 0.f);
-  }
+  linear_grads(a, w, dy.data<float>(), da, dw, rows);
   return {da, dw, dr};
 }
 
@@ -124,21 +132,13 @@ std::vector<paddle::Tensor> LinearAddRmsNormBackward(const paddle::Tensor& a_arg
                        rstd = contig(rstd_arg), dy = contig(dy_arg);
   const bool has_dh = dh_arg.initialized();  // h unused downstream: its own gradient counts as zero
   const paddle::Tensor dh = has_dh ? contig(dh_arg) : dh_arg;
-  const int64_t in = w.shape()[0], out = w.shape()[1], rows = hs.numel() / std::max<int64_t>(out, 1);
+  const int64_t out = w.shape()[1], rows = hs.numel() / std::max<int64_t>(out, 1);
   auto dx = paddle::empty(hs.shape(), hs.dtype(), hs.place());  // d(loss)/dh: the residual's and the GEMMs' input
   auto da = paddle::empty(a.shape(), a.dtype(), a.place());
   auto dw = paddle::empty(w.shape(), w.dtype(), w.place());
   auto dwn = pcl::rms_norm_backward_rows(hs.data<float>(), wn, rstd.data<float>(), dy.data<float>(),
                                          has_dh ? dh.data<float>() : nullptr, dx.data<float>(), nullptr, rows, out);
-  if (rows > 0 && in > 0 && out > 0) {
-    cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, in, out, 1.f, dx.data<float>(), out, w.data<float>(), out, 0.f,
-                da.data<float>(), in);  // da = dh·Wᵀ
-    cblas_sgemm(kRowMajor, kTrans, kNoTrans, in, out, rows, 1.f, a.data<float>(), in, dx.data<float>(), out, 0.f,
-                dw.data<float>(), out);  // dW = aᵀ·dh
-  } else {
-    std::fill(da.data<float>(), da.data<float>() + da.numel(), 0.f);
-    std::fill(dw.data<float>(), dw.data<float>() + dw.numel(), 0.f);
-  }
+  linear_grads(a, w, dx.data<float>(), da, dw, rows);
   return {da, dw, dx, dwn};
 }
 
