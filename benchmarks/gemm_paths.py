@@ -1,15 +1,16 @@
-"""The training step's GEMMs under each MKL code path Paddle's MKL can take here, next to torch's.
+"""The training step's GEMMs under each MKL code path Paddle's MKL can take here, next to torch's and OpenBLAS's.
 
 Why: `runtime.mkl_cpu_type` decides `MKL_DEBUG_CPU_TYPE` per CPU (MKL 2019 reads it once, at its first
 call, so each path needs its own process). This times the forward, input-gradient and weight-gradient GEMM
 of every Linear of one decoder layer plus the LM head of a benchmark config (`benchmarks/configs/`), in
 Paddle's own MKL (`libmklml_intel.so`, row-major `cblas_sgemm`, the layouts `paddle.matmul` uses) and in
-torch's `matmul`, each in a fresh process, the processes alternated `--rounds` times, and prints GFLOP/s
+torch's `matmul` and numpy's OpenBLAS (the library numpy's wheel bundles, whose runtime dispatch picks its
+own kernels per CPU: the check that no other GEMM library beats the floor's MKL here), each in a fresh process, the processes alternated `--rounds` times, and prints GFLOP/s
 per path, the median over rounds, and each path's ratio to the one the runtime picks. It also prints what
 those GEMMs cost in one training step (layers × one layer's + the head's, in ms): the step's time from
 `train_throughput.py` minus that is what the step spends outside its projection, MLP and head GEMMs.
 
-    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch] [--rounds 3] [--threads T]
+    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch,openblas] [--rounds 3] [--threads T]
 
 A path this CPU cannot run (type 7 = AVX-512 kernels on a CPU without AVX-512) is skipped, not tried:
 it would die on an illegal instruction.
@@ -69,7 +70,14 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
     rng = np.random.default_rng(0)
     mats = [(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32),
              rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)) for ta, tb, m, n, k in calls]
-    if path == "torch":
+    if path == "openblas":  # numpy's sgemm; transposed operands are views it passes to BLAS with trans flags
+        ops = [((x.T if ta else x), (w.T if tb else w), np.empty((m, n), np.float32))
+               for (ta, tb, m, n, _), (x, w) in zip(calls, mats)]
+
+        def run_calls(lo, hi):
+            for x, w, c in ops[lo:hi]:
+                np.matmul(x, w, out=c)
+    elif path == "torch":
         import torch
 
         torch.set_num_threads(threads)
@@ -106,7 +114,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="bench", help="bench | small | path/to/config.json")
     ap.add_argument("--paths", default="auto,5,7,torch",
-                    help="auto = runtime.mkl_cpu_type's choice, a number = that MKL_DEBUG_CPU_TYPE, unset, torch")
+                    help="auto = runtime.mkl_cpu_type's choice, a number = that MKL_DEBUG_CPU_TYPE, unset, torch, "
+                         "openblas (numpy's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -132,7 +141,8 @@ def main(argv=None) -> int:
     for _ in range(a.rounds):
         for p in paths:
             env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")}
-            if p not in ("torch", "unset"):
+            env["OPENBLAS_NUM_THREADS"] = str(threads)  # read once, when numpy loads OpenBLAS
+            if p not in ("torch", "unset", "openblas"):
                 env["MKL_DEBUG_CPU_TYPE"] = p
             out = subprocess.run([sys.executable, __file__, "--config", a.config, "--threads", str(threads),
                                   "--worker", p], env=env, capture_output=True, text=True, check=True)
@@ -144,7 +154,7 @@ def main(argv=None) -> int:
           f"runtime.mkl_cpu_type() here = {chosen}")
     for p, vals in results.items():
         med = statistics.median(vals)
-        name = "torch matmul" if p == "torch" else f"paddle MKL type {p}"
+        name = {"torch": "torch matmul", "openblas": "numpy OpenBLAS"}.get(p, f"paddle MKL type {p}")
         ratio = f"  {med / base:.3f}x the runtime's choice" if base else ""
         print(f"  {name:22} {med:7.1f} GFLOP/s (rounds: {', '.join(f'{v:.1f}' for v in vals)}){ratio}")
         print(f"  {'':22} one step's {cfg['model']['num_hidden_layers']} layers + head: "

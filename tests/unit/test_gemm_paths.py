@@ -30,18 +30,20 @@ def test_the_gemm_set_is_every_linear_forward_and_both_gradients():
 
 
 def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):
-    """The MKL worker only (its torch twin differs in the two lines that call `torch.matmul`; importing torch would
-    double the test's time)."""
+    """The MKL and OpenBLAS workers (the torch twin differs in the two lines that call `torch.matmul`; importing torch
+    would double the test's time)."""
     from pretrain_cli import runtime
 
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps(TINY))
-    out = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--paths", "auto", "--rounds", "1",
+    out = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--paths", "auto,openblas", "--rounds", "1",
                           "--threads", "1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     chosen = runtime.mkl_cpu_type() or "unset"
     assert f"runtime.mkl_cpu_type() here = {chosen}" in out.stdout
     mine = re.search(rf"paddle MKL type {chosen} +([0-9.]+) GFLOP/s .*1\.000x the runtime's choice", out.stdout)
     assert mine and float(mine.group(1)) > 0, out.stdout
+    theirs = re.search(r"numpy OpenBLAS +([0-9.]+) GFLOP/s .*x the runtime's choice", out.stdout)
+    assert theirs and float(theirs.group(1)) > 0, out.stdout
     step = re.search(r"one step's 2 layers \+ head: ([0-9.]+) ms of these GEMMs", out.stdout)
     assert step and float(step.group(1)) > 0, out.stdout
