@@ -45,6 +45,13 @@ CASES = {
     "v3-moe-noaux-tc": ("DeepseekV3Config", dict(q_lora_rank=10, **MOE, n_group=4, topk_group=2,
                                                  routed_scaling_factor=2.5, norm_topk_prob=True,
                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    # top-1 with norm_topk_prob: transformers normalises even one weight (to exactly 1, then x 2.5); no shared
+    # experts: transformers saves a zero-width shared MLP, which the load reads as no weights
+    "v3-moe-top1-norm-no-shared": ("DeepseekV3Config", dict(q_lora_rank=10, **{**MOE, "num_experts_per_tok": 1,
+                                                                              "n_shared_experts": 0},
+                                                            n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                                            norm_topk_prob=True, rope_parameters={
+                                                                "rope_type": "default", "rope_theta": 1e4})),
     "v2-moe-greedy": ("DeepseekV2Config", dict(q_lora_rank=None, **MOE, topk_method="greedy",
                                                routed_scaling_factor=1.5, rope_parameters={
                                                    "rope_type": "default", "rope_theta": 1e4})),

@@ -1,15 +1,18 @@
 """DeepSeek's routing beyond what the transformers parity covers (tests/parity/test_deepseek_parity.py): the
-sequence-wise balance loss against its formula written out, and the auxiliary-loss-free balancing bias lowering
-the busiest expert's share from a collapsed start while a micro DeepSeek-V3 trains on a skewed corpus."""
+sequence-wise balance loss against its formula written out, the auxiliary-loss-free balancing bias lowering
+the busiest expert's share from a collapsed start while a micro DeepSeek-V3 trains on a skewed corpus, which
+routing keys each family takes (as transformers' routers), and the configs it refuses."""
 import numpy as np
+import pytest
 
 from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
 from pretrain_cli.models import build_model  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.models.deepseek_moe import sequence_balance_loss  # noqa: E402
+from pretrain_cli.models.deepseek_moe import GroupLimitedRouter, sequence_balance_loss  # noqa: E402
 from pretrain_cli.models.moe import Routing  # noqa: E402
 from pretrain_cli.models.moe_loss import read_load, sparse_blocks, update_expert_bias  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
@@ -82,3 +85,45 @@ def test_balancing_bias_lowers_the_busiest_experts_share():
     assert start > 0.45 and plain[0] == start, (balanced, plain)  # the same collapsed start
     assert np.mean(balanced[-10:]) < 0.6 * start, balanced
     assert min(plain) > 0.9 * start, plain
+
+
+def _routing(**kw):
+    """A router of MICRO changed by `kw`, on 32 random tokens: (its scores, its weights, its chosen experts)."""
+    paddle.seed(0)
+    router = GroupLimitedRouter(ModelConfig(**{**MICRO, **kw}), MoeConfig())
+    r = router(paddle.randn([32, MICRO["hidden_size"]]))
+    return r.scores.numpy(), r.weights.numpy(), r.indices.numpy()
+
+
+def test_v3_normalises_a_single_expert_and_v2_never_normalises():
+    """transformers' V3 router normalises whenever `norm_topk_prob` (top-1 too: each weight is then the scaling
+    factor); its V2 router never does (only × routed_scaling_factor), whatever config.json says."""
+    _, weights, _ = _routing(num_experts_per_tok=1)
+    np.testing.assert_allclose(weights, 2.5, rtol=1e-6)
+    _, weights, _ = _routing(num_experts_per_tok=1, norm_topk_prob=False)
+    assert weights.max() < 2.5  # a sigmoid below 1, × 2.5
+    v2 = dict(model_type="deepseek_v2", topk_method="greedy", routed_scaling_factor=1.5, num_experts_per_tok=3)
+    scores, weights, chosen = _routing(**v2, norm_topk_prob=True)
+    np.testing.assert_allclose(weights, np.take_along_axis(scores, chosen, axis=-1) * 1.5, rtol=1e-6)
+    assert np.array_equal(weights, _routing(**v2, norm_topk_prob=False)[1])
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(topk_method="greedy"), ["topk_method 'greedy'", "deepseek_v3", "use noaux_tc"]),
+    (dict(topk_method="group_limited_greedy"), ["deepseek_v3", "use noaux_tc"]),
+    (dict(model_type="deepseek_v2", topk_method="noaux_tc"), ["deepseek_v2", "use greedy or group_limited_greedy"]),
+    (dict(n_group=3), ["n_group (3)", "must divide the 8 routed experts"]),
+    (dict(num_experts_per_tok=5), ["num_experts_per_tok (5)", "raise topk_group"]),
+    (dict(rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 16, "mscale_all_dim": 1.0}),
+     ["rope_scaling.mscale_all_dim", "needs a numeric rope_scaling.factor"]),
+])
+def test_routing_and_mla_scaling_errors_are_one_line(kw, words):
+    with pytest.raises(UserError) as e:
+        ModelConfig(**{**MICRO, **kw}).validate("config.json")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("config.json: ") and all(w in msg for w in words), msg
+
+
+def test_yarn_without_factor_is_taken_where_mla_does_not_read_it():
+    """Without `mscale_all_dim` the factor is the ratio of the context lengths (transformers' `factor: null`)."""
+    ModelConfig(**{**MICRO, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 16}}).validate()

@@ -286,6 +286,11 @@ class ModelConfig:
             if rt == "yarn" and "factor" not in self.rope_scaling \
                     and "original_max_position_embeddings" not in self.rope_scaling:
                 raise UserError(f"{source}: rope_scaling (yarn) needs factor or original_max_position_embeddings")
+            if self.mla and rt != "default" and self.rope_scaling.get("mscale_all_dim") \
+                    and not isinstance(self.rope_scaling.get("factor"), (int, float)):
+                # MLA's softmax scale reads it (`rope_scaling.mla_softmax_scale`), in transformers too
+                raise UserError(f"{source}: rope_scaling.mscale_all_dim under multi-head latent attention needs a "
+                                f"numeric rope_scaling.factor; add factor")
 
     def _validate_mla(self, source: str) -> None:
         """The MLA widths must be positive integers (the RoPE part even); `q_lora_rank` may be null (one q_proj)."""
@@ -304,10 +309,12 @@ class ModelConfig:
                             f"(every head expands its own keys from the latent); set them equal")
 
     def _validate_deepseek_moe(self, source: str) -> None:
-        """Group-limited routing needs whole groups of experts and enough experts in the kept groups."""
-        if self.topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
-            raise UserError(f"{source}: topk_method {self.topk_method!r} is not supported; use greedy, "
-                            f"group_limited_greedy (DeepSeek-V2) or noaux_tc (DeepSeek-V3)")
+        """The family's routing method (V3's `noaux_tc`, V2's two); group-limited routing needs whole groups of
+        experts and enough experts in the kept groups."""
+        methods = ("noaux_tc",) if self.model_type == "deepseek_v3" else ("greedy", "group_limited_greedy")
+        if self.topk_method not in methods:  # transformers' V3 router ignores the key, its V2 router has 2 methods
+            raise UserError(f"{source}: topk_method {self.topk_method!r} is not supported for {self.model_type}; "
+                            f"use {' or '.join(methods)}")
         if self.topk_method == "greedy":
             return
         groups, kept = self.n_group, self.topk_group

@@ -116,6 +116,8 @@ def name_map(stored: dict, model, where, what: str = "checkpoint", is_zero=None,
     known = {name for name, _ in names.values()}
     known |= {n for n in stored if n.endswith(fp8.SCALE_SUFFIX) and n[:-len(fp8.SCALE_SUFFIX)] in known}
     extra = sorted(n for n in stored if n not in known and not _ignored(as_hf(n), cfg, tied)
+                   and 0 not in stored[n]["shape"]  # no elements, no weights: transformers' DeepSeek saves a
+                   # zero-width `shared_experts` MLP when n_shared_experts is 0, where ours has none
                    and not (as_hf(n).endswith(_QKV_BIASES) and is_zero is not None and is_zero(n)))
     if extra:
         raise UserError(f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected in total); the {what} "

@@ -8,9 +8,13 @@ Routing (transformers' `DeepseekV3TopkRouter` / `DeepseekV2TopkRouter`, all in f
   the auxiliary-loss-free balancing bias `e_score_correction_bias` (fp32, in the checkpoint, no gradient) is added
   to choose experts only; the experts are cut into `n_group` groups ranked by the sum of their two best biased
   scores, the best `topk_group` groups kept, the top-k of their experts chosen; the combine weights are the
-  unbiased scores of the chosen experts, normalised to sum 1 (`norm_topk_prob`), times `routed_scaling_factor`.
+  unbiased scores of the chosen experts, normalised to sum 1 when `norm_topk_prob` (top-1 included, as
+  transformers: its weight is then exactly 1), times `routed_scaling_factor`.
 - DeepSeek-V2 (softmax scores): `greedy` is plain top-k; `group_limited_greedy` ranks groups by their best
-  score. Weights are the scores (normalised only when `norm_topk_prob`, false in V2-Lite) × the scaling factor.
+  score. Weights are the scores × the scaling factor, never normalised: transformers' V2 router ignores
+  `norm_topk_prob` (its config drops the key), and a checkpoint must compute the same in transformers.
+The family decides the method (`ModelConfig` refuses a V3 `topk_method` other than `noaux_tc`, which
+transformers' V3 router would ignore, and `noaux_tc` on V2, which its V2 router cannot run).
 The bias is updated from each step's expert load by `moe_loss.update_expert_bias` (`bias_update_rate`).
 
 Balance loss (`sequence_balance_loss`): DeepSeek-V3's complementary sequence-wise loss (V2's expert-level loss
@@ -43,9 +47,9 @@ class GroupLimitedRouter(nn.Linear):
     def __init__(self, cfg: ModelConfig, moe: MoeConfig):
         super().__init__(cfg.hidden_size, cfg.num_experts, weight_attr=normal_attr(cfg.initializer_range),
                          bias_attr=False)
-        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.method, self.scale = cfg.topk_method, cfg.routed_scaling_factor
         self.sigmoid = cfg.topk_method == "noaux_tc"
+        self.top_k, self.normalise = cfg.num_experts_per_tok, self.sigmoid and cfg.norm_topk_prob  # V2: never
         self.groups, self.kept = cfg.n_group, cfg.topk_group
         # V3 always stores the bias (its checkpoints carry it); V2 only when balancing by it
         self.e_score_correction_bias = balancing_bias(self, cfg) if self.sigmoid or moe.bias_update_rate > 0 else None
@@ -58,7 +62,7 @@ class GroupLimitedRouter(nn.Linear):
             choice = self._keep_best_groups(choice)
         _, indices = paddle.topk(choice, self.top_k, axis=-1)  # [tokens, top_k]
         weights = paddle.take_along_axis(scores, indices, axis=-1)  # [tokens, top_k]: unbiased scores
-        if self.norm_topk_prob and self.top_k > 1:
+        if self.normalise:
             weights = weights / (weights.sum(axis=-1, keepdim=True) + 1e-20)
         return Routing(logits, scores, indices, weights * self.scale)
 
