@@ -182,6 +182,22 @@ def test_rotation_keeps_newest(corpus, tmp_path):
     assert kept == ["checkpoint-6", "checkpoint-8"]
 
 
+def test_overwrite_replaces_an_earlier_runs_later_checkpoints(corpus, tmp_path):
+    """overwrite_output_dir starts at step 0: the earlier run's checkpoints past it go when it starts, so rotation
+    keeps this run's saves and a later plain re-run resumes this run, not the earlier one."""
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=4, save_total_limit=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true", "--max_steps", "3", "--save_steps", "1"]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    # resuming a checkpoint of its own with overwrite keeps that one and what came before it
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true", "--max_steps", "3", "--save_steps", "1",
+                     "--resume_from_checkpoint", str(out / "checkpoint-2")]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+
+
 def test_leftover_tmp_checkpoint_is_ignored_on_resume(corpus, tmp_path):
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
     assert cli_main(["train", cfg]) == 0

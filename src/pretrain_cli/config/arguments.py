@@ -133,7 +133,9 @@ class DataArguments:
 class TrainingArguments:
     # --- run and output
     output_dir: Optional[str] = _f(None, "Where checkpoints, the final model, metrics and runs/ go. Required.")
-    overwrite_output_dir: bool = _f(False, "True disables auto-resume from output_dir/checkpoint-N (deletes nothing).")
+    overwrite_output_dir: bool = _f(False, "True: no auto-resume from output_dir/checkpoint-N; the checkpoints there "
+                                           "past the step the run starts from (0, or resume_from_checkpoint's) are "
+                                           "removed when it starts.")
     resume_from_checkpoint: Optional[str] = _f(None, "Resume from this checkpoint directory (wins over auto-resume).")
     do_train: bool = _f(False, "Train.")
     do_eval: bool = _f(False, "Evaluate on the valid split every eval_steps.")

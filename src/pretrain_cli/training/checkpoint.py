@@ -47,6 +47,19 @@ def rotate(output_dir, limit: int | None) -> list[Path]:
     return removed
 
 
+def remove_past(output_dir, step: int) -> list[Path]:
+    """Under `overwrite_output_dir`, the checkpoints past the step a run starts from (0, or the step of its
+    `resume_from_checkpoint`) are an earlier run's. Left in place, rotation (which keeps the highest steps)
+    would delete this run's newer saves first, and the next plain re-run would resume the earlier run; so
+    they go, each as `rotate` removes one."""
+    removed = []
+    for n, path in list_checkpoints(output_dir):
+        if n > step:
+            atomic.remove_tree(path)
+            removed.append(path)
+    return removed
+
+
 def clean_leftovers(output_dir) -> None:
     """Remove `*.tmp` / `*.deleting` directories and the temporary files (`atomic.tmp_path`) left by a killed
     process."""

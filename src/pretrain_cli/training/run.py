@@ -214,6 +214,12 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None):
     out = Path(r.output.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_leftovers(out)
+    if r.loop.do_train and r.output.overwrite:
+        start = state["global_step"] if state is not None else 0
+        removed = checkpoint.remove_past(out, start)
+        if removed:
+            log.info(f"overwrite_output_dir: removed {', '.join(p.name for p in removed)} (an earlier run's, past "
+                     f"step {start}, where this run starts)")
     if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
         atomic.write_json(out / run_dir.ARGS_FILE, record)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
