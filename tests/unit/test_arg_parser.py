@@ -45,11 +45,30 @@ def test_quoted_numbers_are_accepted_like_paddlenlp(tmp_path):
     assert a.training.max_steps == 100 and a.training.learning_rate == 3e-4 and a.training.warmup_steps == 10
 
 
-def test_null_means_default_or_none(tmp_path):
-    a = parse_config(write(tmp_path, {**BASE, "eval_steps": None, "max_seq_length": None, "tokenizer_name_or_path": None}))
+def test_null_is_none_for_an_optional_key_and_refused_for_another(tmp_path):
+    a = parse_config(write(tmp_path, {**BASE, "eval_steps": None, "tokenizer_name_or_path": None}))
     assert a.training.eval_steps is None  # optional -> None, never the string "None"
-    assert a.data.max_seq_length == 1024  # non-optional -> field default
     assert a.model.tokenizer_name_or_path is None
+    assert parse_config(None, ["--eval_steps", "null"]).training.eval_steps is None
+    # non-optional: refused naming null, not a later "max_steps: must be > 0, got -1" about a value nobody wrote
+    with pytest.raises(UserError, match=r"cfg\.json: key `max_steps` expects int, got null; give a value, or leave "
+                                        r"the key out for its default \(-1\)"):
+        parse_config(write(tmp_path, {**BASE, "max_steps": None}))
+    with pytest.raises(UserError, match=r"command line: key `max_seq_length` expects int, got null"):
+        parse_config(None, ["--max_seq_length", "null"])
+
+
+def test_a_key_written_twice_is_refused_naming_it_and_the_file(tmp_path):
+    cfg = write(tmp_path, '{"max_steps": 5, "output_dir": "o", "max_steps": 6}')
+    with pytest.raises(UserError) as e:
+        parse_config(cfg)
+    assert e.value.lines == [f"{cfg}: key `max_steps` appears more than once; keep one"]
+
+
+def test_a_file_starting_with_a_utf8_bom_is_read(tmp_path):
+    p = tmp_path / "cfg.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(BASE).encode())
+    assert parse_config(str(p)).training.max_steps == 10
 
 
 def test_lists_and_list_on_command_line(tmp_path):
@@ -245,3 +264,4 @@ def test_check_lists_missing_token_files_beside_a_missing_tokenizer(tmp_path, mo
     assert main(["check", cfg]) == 2
     err = capsys.readouterr().err
     assert "tokenizer_name_or_path: './tokenizer'" in err and "./data" in err and err.count("error: ") == 2
+

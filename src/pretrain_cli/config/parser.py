@@ -2,7 +2,8 @@
 
 Precedence: dataclass default < JSON file < command line. Unlike PaddleNLP's JSON → argv →
 argparse round trip, values are typed directly: JSON `null` means None (never the string
-"None"), dicts are rejected for scalar keys, and there are no prefix abbreviations
+"None") for an optional key and is refused for another, dicts are rejected for scalar keys, a key written twice
+is refused (json would keep the last silently), and there are no prefix abbreviations
 (`--max_seq 5` is an unknown key with a did-you-mean suggestion, not `max_seq_length=5`).
 """
 from __future__ import annotations
@@ -146,7 +147,12 @@ def _scalar(spec: KeySpec, value, where: str):
 
 def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
     if value is None or (from_text and isinstance(value, str) and value == "null"):
-        return None if spec.optional else spec.default
+        if spec.optional or spec.default is None:
+            return None
+        # PaddleNLP's JSON -> argv round trip refuses it too (int("None")); a silent default would surface later
+        # as a complaint about a value the user never wrote (`max_steps: must be > 0, got -1`)
+        raise UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got null; give a value, or leave "
+                        f"the key out for its default ({json.dumps(spec.default)})")
     if spec.is_list:
         if isinstance(value, str) and not from_text:
             value = value.split() if spec.base is not str or " " in value else [value]
@@ -162,18 +168,31 @@ def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
     return out
 
 
+def _no_repeated_keys(path: str):
+    """json's `object_pairs_hook`: a key written twice is refused (json keeps the last one silently, so an edit
+    to the first copy would change nothing)."""
+    def hook(pairs: list) -> dict:
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                raise UserError(f"{path}: key `{key}` appears more than once; keep one")
+            out[key] = value
+        return out
+    return hook
+
+
 def load_json(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{path}: argument file not found")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a BOM (Windows editors write one) is not part of the JSON
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the argument file ({e})") from None
     if not text.strip():
         raise UserError(f"{path}: the argument file is empty; it must hold one JSON object of keys")
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_no_repeated_keys(path))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     if not isinstance(obj, dict):
