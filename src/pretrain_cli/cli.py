@@ -2,7 +2,8 @@
 
 Subcommand modules are imported only when chosen, and none imports Paddle at module level,
 so `--help` and errors about the argument file answer without Paddle's ~2.5 s import.
-User errors (`UserError`) become one line per problem on stderr and exit code 2; an `OSError` the system
+User errors (`UserError`) become one line per problem on stderr and exit code 2 (a mistyped command line: its one
+usage line first, `CommandParser`); an `OSError` the system
 raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
 the traceback.
 """
@@ -45,20 +46,56 @@ def _top_help() -> str:
     return USAGE.format(commands="\n".join(lines))
 
 
-def build_parser(name: str) -> tuple[argparse.ArgumentParser, object, bool]:
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser. Its usage is one line (the options are in `--help`), and a usage error is that line
+    plus one `error:` line with exit 2 (`fail`, a `UserError`), the shape of every other input error; argparse's
+    own `error` prints the whole usage block, which for most commands buries the one line that matters."""
+
+    def finish(self) -> None:
+        """Set the one-line usage (a module's own `usage` wins): positionals, required options, `[options]`."""
+        if self.usage is not None:
+            return
+        words, optional = [self.prog], False
+        for a in self._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            if a.option_strings and not a.required:
+                optional = True
+                continue
+            value = a.metavar or a.dest.upper()
+            value = {"+": f"{value}...", "*": f"[{value}...]", "?": f"[{value}]"}.get(a.nargs, value)
+            words.append(f"{a.option_strings[0]} {value}" if a.option_strings else value)
+        self.usage = " ".join(words + ["[options]"] * optional)
+
+    def fail(self, message: str):
+        """The usage line on stderr, then `message` as the `error:` line (cli._main prints it; exit 2)."""
+        self.print_usage(sys.stderr)
+        raise UserError(message)
+
+    def error(self, message: str):  # argparse's hook for a missing, unknown or badly typed option
+        self.fail(f"{message}; `{self.prog} --help` lists the options")
+
+    def option_names(self) -> list[str]:
+        return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+
+
+def build_parser(name: str) -> tuple[CommandParser, object, bool]:
     module_name, help_, takes_config = COMMANDS[name]
     module = importlib.import_module(module_name)
     usage = f"pretrain-cli {name} [config.json] [--key value ...]" if takes_config else None
-    parser = argparse.ArgumentParser(prog=f"pretrain-cli {name}", description=help_, usage=usage,
-                                     allow_abbrev=False)
+    parser = CommandParser(prog=f"pretrain-cli {name}", description=help_, usage=usage, allow_abbrev=False)
     module.add_arguments(parser)
+    parser.finish()
     return parser, module, takes_config
 
 
 def _run(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if argv and argv[0] in ("-h", "--help", "help"):
         print(_top_help())
         return 0
+    if not argv:  # a usage error like any other: `pretrain-cli --help` describes the commands
+        print(USAGE.splitlines()[0], file=sys.stderr)
+        raise UserError(f"no command given; one of {', '.join(COMMANDS)} (`pretrain-cli --help` says what each does)")
     if argv[0] in ("-V", "--version"):
         from pretrain_cli import __version__
 
@@ -78,14 +115,17 @@ def _run(argv: list[str]) -> int:
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
         if config is None and not overrides and not getattr(ns, "list_models", False):  # check --list-models needs no file
-            parser.print_usage(sys.stderr)
-            raise UserError(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
-                            f"(configs/demo_cpu.json, for one) or its keys as --key value")
+            parser.fail(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
+                        f"(configs/demo_cpu.json, for one) or its keys as --key value")
     else:
-        ns, extra = parser.parse_known_args(tail)
-        if extra and not getattr(module, "TAKES_RUN_OVERRIDES", False):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        ns.overrides = extra
+        ns, overrides = parser.parse_known_args(tail)
+        if overrides and not getattr(module, "TAKES_RUN_OVERRIDES", False):
+            parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+        ns.overrides = overrides
+    if overrides:  # a misspelt option of the command is suggested as that, not as the nearest training key
+        from pretrain_cli.config.parser import check_override_keys
+
+        check_override_keys(overrides, parser.option_names())
     return int(module.main(ns) or 0)
 
 

@@ -265,3 +265,55 @@ def test_check_lists_missing_token_files_beside_a_missing_tokenizer(tmp_path, mo
     err = capsys.readouterr().err
     assert "tokenizer_name_or_path: './tokenizer'" in err and "./data" in err and err.count("error: ") == 2
 
+
+def _cli(argv, capsys):
+    """(exit code, stderr lines) of `pretrain-cli argv`, in process."""
+    from pretrain_cli.cli import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("argv,usage,error", [
+    (["preprocess", "--input_path", "x", "--tokenizer", "tok"], "preprocess --input_path INPUT_PATH... --output_prefix",
+     "the following arguments are required: --output_prefix"),
+    (["eval", "--model", "out", "--batch_size", "abc"], "eval {--model DIR", "argument --batch_size: invalid int value"),
+    (["train-tokenizer"], "train-tokenizer --input_path", "required: --input_path, --output_dir, --vocab_size"),
+    (["export", "a", "b", "--dtype", "int8"], "export CHECKPOINT OUT_DIR [options]", "argument --dtype: invalid choice"),
+    (["export", "a"], "export CHECKPOINT OUT_DIR [options]", "required: out_dir"),
+    (["merge-data"], "merge-data OUTPUT INPUTS...", "required: output, inputs"),
+    (["inspect-data", "--step", "x"], "inspect-data [PREFIX] [options]", "argument --step: invalid int value"),
+    (["plan", "--gpus", "x"], "plan [config.json] [--key value ...]", "argument --gpus: invalid int value"),
+    (["generate", "--model", "m"], "generate --model DIR --prompt TEXT", "required: --prompt"),
+    (["check", "--world_size", "x"], "check [config.json] [--key value ...]", "argument --world_size: invalid int"),
+])
+def test_a_usage_error_is_the_usage_line_and_one_error_line(argv, usage, error, capsys):
+    code, err = _cli(argv, capsys)
+    assert code == 2 and len(err) == 2, err  # not argparse's usage block of up to 9 lines
+    assert err[0].startswith(f"usage: pretrain-cli {usage}")
+    assert err[1].startswith("error: ") and error in err[1] and err[1].endswith(f"`pretrain-cli {argv[0]} --help` lists the options")
+
+
+def test_no_command_is_a_usage_error(capsys):
+    code, err = _cli([], capsys)
+    assert code == 2 and err[0] == "usage: pretrain-cli [--debug] <command> [options]" and len(err) == 2
+    assert err[1].startswith("error: no command given; one of train, check, plan,")
+    assert _cli(["--help"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("argv,suggestion", [
+    (["generate", "--model", "micro-qwen2", "--prompt", "hi", "--max_new_token", "5"],
+     "unknown option `--max_new_token`; did you mean `--max_new_tokens`?"),
+    (["eval", "--model", "micro-qwen2", "--data", "d", "--batchsize", "4"],
+     "unknown option `--batchsize`; did you mean `--batch_size`?"),
+    (["plan", "cfg.json", "--fitt"], "unknown option `--fitt`; did you mean `--fit`?"),
+    (["check", "--list_model"], "unknown option `--list_model`; did you mean `--list_models`?"),
+    (["eval", "--model", "micro-qwen2", "--data", "d", "--max_seq_lenght", "8"],
+     "unknown option `--max_seq_lenght`; did you mean `--max_seq_length`?"),
+    (["generate", "--model", "m", "--prompt", "hi", "--use_flash_atention", "0"],
+     "unknown key `use_flash_atention`; did you mean `use_flash_attention`?"),  # a training key stays one
+])
+def test_did_you_mean_knows_the_commands_own_options(argv, suggestion, capsys):
+    code, err = _cli(argv, capsys)
+    assert code == 2 and err == [f"error: command line: {suggestion}"]
+

@@ -14,6 +14,7 @@ TAKES_RUN_OVERRIDES = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "pretrain-cli eval {--model DIR --data PREFIX | --config FILE | --model RUN_DIR} [options] [--key value ...]"
     parser.add_argument("--model", default=None,
                         help="model directory (HF safetensors, a run's output_dir or checkpoint-N) or a preset name "
                              "(random init, seeded by --seed); with --config defaults to its output_dir "

@@ -88,8 +88,13 @@ def _type_name(spec: KeySpec) -> str:
     return f"{name} or null" if spec.optional else name
 
 
-def _unknown(key: str, where: str) -> UserError:
-    close = difflib.get_close_matches(key, KEYS.keys(), n=1, cutoff=0.6)
+def _unknown(key: str, where: str, options=()) -> UserError:
+    """Did-you-mean over the training keys and `options`, the command's own `--options` (`generate --max_new_token`
+    means `--max_new_tokens`, not the nearest training key)."""
+    own = {o.lstrip("-").replace("-", "_"): o for o in options}
+    close = difflib.get_close_matches(key, [*own, *KEYS], n=1, cutoff=0.6)
+    if close and close[0] in own:
+        return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
     hint = f"; did you mean `{close[0]}`?" if close else "; see docs/COMPATIBILITY.md for the accepted keys"
     return UserError(f"{where}: unknown key `{key}`{hint}")
 
@@ -222,6 +227,19 @@ def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _negated_flag(key: str, raw: list[str]) -> bool:
+    """`--no_<bool key>` with no value: the key set to false."""
+    return key.startswith("no_") and key[3:] in KEYS and KEYS[key[3:]].base is bool and not raw
+
+
+def check_override_keys(tokens: list[str], options=()) -> None:
+    """Refuse an unknown `--key` among a command's overrides before anything runs, suggesting the nearest of the
+    training keys and the command's own `options` (cli.py passes them)."""
+    for key, raw in split_overrides(tokens):
+        if key not in KEYS and not _negated_flag(key, raw):
+            raise _unknown(key, "command line", options)
+
+
 def parse_config(config_path: str | None, overrides: list[str] | None = None) -> Arguments:
     """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file."""
     values: dict[str, object] = {}
@@ -235,7 +253,7 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
     for key, raw in split_overrides(overrides or []):
         where = "command line"
         if key not in KEYS:
-            if key.startswith("no_") and key[3:] in KEYS and KEYS[key[3:]].base is bool and not raw:
+            if _negated_flag(key, raw):
                 values[key[3:]] = False
                 explicit[key[3:]] = where
                 continue
