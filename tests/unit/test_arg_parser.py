@@ -317,3 +317,26 @@ def test_did_you_mean_knows_the_commands_own_options(argv, suggestion, capsys):
     code, err = _cli(argv, capsys)
     assert code == 2 and err == [f"error: command line: {suggestion}"]
 
+
+@pytest.mark.parametrize("argv,error", [
+    (["eval", "--model", "m", "--data", "d", "--max_seq_length", "0"], "--max_seq_length: must be >= 1, got 0"),
+    (["eval", "--config", "c.json", "--max_batches", "0"], "--max_batches: must be >= 1, got 0"),
+    (["eval", "--model", "m", "--data", "d", "--batch_size", "-2"], "--batch_size: must be >= 1, got -2"),
+    (["inspect-data", "d", "--step", "1", "--batch_size", "0"], "--batch_size: must be >= 1, got 0"),
+    (["inspect-data", "d", "--step", "1", "--dp_size", "0"], "--dp_size: must be >= 1, got 0"),
+    (["inspect-data", "d", "--step", "1", "--gradient_accumulation_steps", "0"],
+     "--gradient_accumulation_steps: must be >= 1, got 0"),
+    (["preprocess", "--input_path", "x", "--output_prefix", "o", "--tokenizer", "t", "--workers", "0"],
+     "--workers: must be >= 1, got 0"),
+    (["preprocess", "--input_path", "x", "--output_prefix", "o", "--tokenizer", "t", "--max_doc_num", "0"],
+     "--max_doc_num: must be >= 1, got 0"),
+    (["preprocess", "--input_path", "x", "--output_prefix", "o", "--tokenizer", "t", "--log_interval", "-1"],
+     "--log_interval: must be >= 0, got -1"),
+    (["train-tokenizer", "--input_path", "x", "--output_dir", "o", "--vocab_size", "300", "--min_frequency", "-3"],
+     "--min_frequency: must be >= 0, got -3"),
+])
+def test_a_count_below_its_minimum_is_one_line_before_any_file_is_read(argv, error, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # none of the named files exists: the count is checked first
+    code, err = _cli(argv, capsys)
+    assert code == 2 and err == [f"error: {error}"]
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,7 @@
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,6 +118,19 @@ def test_errors(corpus, model_dir):
         evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=64))
     with pytest.raises(UserError, match="max_position_embeddings"):
         evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=40))
+
+
+def test_a_zero_window_length_is_refused_not_read_as_the_runs_own(corpus, model_dir, capsys):
+    """A directory a run wrote (its args.json) gives --max_seq_length a default; an explicit 0 is no "not given"."""
+    from pretrain_cli.cli import main
+
+    prefix, _ = corpus
+    record = {"version": 1, "arguments": {"max_seq_length": 8}, "run": {}}  # the shape of a run's record
+    (Path(model_dir[0]) / "args.json").write_text(json.dumps(record))
+    assert main(["eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: --max_seq_length: must be >= 1, got 0"]
+    assert main(["eval", "--model", model_dir[0], "--data", prefix, "--json"]) == 0  # left out: the run's 8
+    assert json.loads(capsys.readouterr().out)["max_seq_length"] == 8
 
 
 def test_cli_subcommand_json(corpus, model_dir, run_cli):

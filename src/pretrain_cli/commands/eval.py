@@ -6,6 +6,7 @@ import json
 import sys
 import time
 
+from pretrain_cli.commands import check_counts
 from pretrain_cli.errors import UserError
 
 # `--key value` after the options: the training keys, applied to --config's file or to the record of the run that
@@ -121,7 +122,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     t0 = time.perf_counter()
-    batches, bs = ns.max_batches or lp.eval_iters, lp.eval_batch
+    batches, bs = lp.eval_iters if ns.max_batches is None else ns.max_batches, lp.eval_batch
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
     mask = spec.run.data.attention_mask_type
@@ -137,6 +138,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.orchestration.recorded import record_path, run_arguments
 
+    check_counts(ns, "max_seq_length", "batch_size", "max_batches")  # 0 is no "use the run's"
     overrides = list(getattr(ns, "overrides", None) or [])
     if ns.config is None and ns.data is None and ns.model is not None:
         record = record_path(resolve_model_dir(ns.model, key="--model"))
@@ -151,7 +153,7 @@ def main(ns: argparse.Namespace) -> int:
     args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")
     if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
         d = args.data
-        ns.max_seq_length = ns.max_seq_length or d.max_seq_length
+        ns.max_seq_length = d.max_seq_length if ns.max_seq_length is None else ns.max_seq_length
         ns.attention_mask_type = ns.attention_mask_type or d.attention_mask_type
         if ns.reset_position_ids is None and d.reset_position_ids is not None:
             ns.reset_position_ids = str(d.reset_position_ids).lower()
@@ -160,12 +162,6 @@ def main(ns: argparse.Namespace) -> int:
                   file=sys.stderr)
     if ns.max_seq_length is None:
         raise UserError("eval: pass --max_seq_length (--model is no directory a run wrote, so it has no default)")
-    if ns.max_seq_length < 1:
-        raise UserError(f"--max_seq_length: must be >= 1, got {ns.max_seq_length}")
-    if ns.batch_size < 1:
-        raise UserError(f"--batch_size: must be >= 1, got {ns.batch_size}")
-    if ns.max_batches is not None and ns.max_batches < 1:
-        raise UserError(f"--max_batches: must be >= 1, got {ns.max_batches}")
     from pretrain_cli.data.indexed import open_token_file
     from pretrain_cli.models.config import check_seq_len
     from pretrain_cli.training.evaluation import (document_starts, perplexity, read_tokens, window_batches,

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from pretrain_cli.data.inspect import check_vocab, describe_step, summarize, summarize_directory
+from pretrain_cli.commands import check_counts
 from pretrain_cli.errors import UserError
 
 
@@ -71,6 +72,7 @@ def _step_view(ns, tok) -> list[str]:
 
 
 def main(ns: argparse.Namespace) -> int:
+    check_counts(ns, "max_seq_length", "batch_size", "gradient_accumulation_steps", "dp_size")
     tok = None
     if ns.tokenizer:
         from pretrain_cli.data.tokenizer import load_tokenizer

@@ -32,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(ns: argparse.Namespace) -> int:
     import sys
 
+    from pretrain_cli.commands import check_counts
     from pretrain_cli.data.preprocess import Job, preprocess
+
+    check_counts(ns, "workers", "max_doc_num")  # --max_doc_num 0 would end as "no non-empty documents"
+    check_counts(ns, "log_interval", minimum=0)  # 0: no progress lines; below it, one per document
 
     job = Job(tuple(ns.input_path), ns.output_prefix, ns.tokenizer, ns.json_key, ns.append_eos, ns.workers,
               ns.log_interval, ns.max_doc_num, ns.skip_bad_lines, ns.num_tasks, ns.task_index)
