@@ -102,9 +102,31 @@ def test_output_file_is_the_users_file_with_the_changed_keys(tmp_path, capsys):
     again = plan(str(out), [], device="V100-16GB", gpus=8, suggest_changes=False)
     assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["max_seq_length"] == 4096
     assert not list(tmp_path.glob("*.tmp*"))
-    assert cli_main(["plan", str(QWEN), "--device", "V100-16GB", "--gpus", "8", "--fit", "-o",
-                     str(tmp_path / "missing" / "f.json")]) == 1  # the system refused: one line, exit 1
-    assert "error: " in capsys.readouterr().err and not (tmp_path / "missing").exists()
+    assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "-o",
+                     str(out)]) == 0  # the same command again replaces the fitted file it wrote
+    assert json.loads(out.read_text()) == fitted and f"wrote {out}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target,fragment", [
+    ("data", "-o {d}/data: is a directory; give the fitted file's path, e.g. -o {d}/data/fitted.json"),
+    ("notes.txt", "-o {d}/notes.txt: exists and is not a fitted argument file `plan --fit -o` wrote; choose another "
+                  "path, or remove it"),
+    ("cfg.json", "-o {d}/cfg.json: is the argument file being fitted; write the fitted file to another path"),
+    ("missing/f.json", "-o {d}/missing/f.json: {d}/missing is not an existing directory; create it or write the file "
+                       "elsewhere"),
+])
+def test_an_output_that_must_not_be_replaced_is_one_line_exit_2_before_the_search(tmp_path, capsys, target, fragment):
+    """Not `data.tmp6699 -> data: Is a directory` (exit 1, naming the temporary), nor a silently overwritten file."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "cfg.json").write_text(QWEN.read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert cli_main(["plan", str(tmp_path / "cfg.json"), "--device", "A100-80GB", "--fit", "-o",
+                     str(tmp_path / target)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["error: " + fragment.format(d=tmp_path)] and captured.out == ""
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.json", "data", "notes.txt"]
 
 
 def test_a_fitted_file_resumes_the_source_runs_checkpoint_and_considers_sequence_parallel(tmp_path, capsys):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration.planned import DEFAULT_DEVICE
@@ -43,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=float, default=fit_search.DEFAULT_MARGIN,
                         help="with --fit: fraction of device memory kept free (default: %(default)s)")
     parser.add_argument("-o", "--output", default=None,
-                        help="with --fit: write the fitted argument file here (the file with the changed keys; "
-                             "default: none, only print)")
+                        help="with --fit: write the fitted argument file here (the file with the changed keys; a "
+                             "fitted file there is replaced, any other file refused; default: none, only print)")
 
 
 def write_fitted(args, change: dict, path: str) -> str:
@@ -74,9 +75,37 @@ def write_fitted(args, change: dict, path: str) -> str:
     return said
 
 
+def check_output(path: str, config: str | None) -> None:
+    """Refuse an `-o` that cannot or must not be replaced, before the search: a directory or a missing parent
+    (the rename would fail naming its temporary), the argument file being fitted (the source would be lost),
+    and an existing file that is not a fitted file (`output_dir` ending in `-fitted`, as `write_fitted` writes it).
+    A fitted file is replaced, so re-running the same `plan --fit -o` refreshes it."""
+    from pretrain_cli.config.parser import KEYS, load_json
+
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"-o {path}: is a directory; give the fitted file's path, e.g. -o {out / 'fitted.json'}")
+    parent = out.parent
+    if not parent.is_dir():
+        raise UserError(f"-o {path}: {parent} is not an existing directory; create it or write the file elsewhere")
+    if not out.exists():
+        return
+    if config is not None and out.resolve() == Path(config).resolve():
+        raise UserError(f"-o {path}: is the argument file being fitted; write the fitted file to another path")
+    try:
+        raw = load_json(path)
+    except UserError:
+        raw = {}
+    if not (set(raw) <= set(KEYS) and str(raw.get("output_dir", "")).endswith("-fitted")):
+        raise UserError(f"-o {path}: exists and is not a fitted argument file `plan --fit -o` wrote; "
+                        f"choose another path, or remove it")
+
+
 def main(ns: argparse.Namespace) -> int:
     if ns.output and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
+    if ns.output:
+        check_output(ns.output, ns.config)
     from pretrain_cli.orchestration import planned
 
     node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
