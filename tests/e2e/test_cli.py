@@ -145,7 +145,8 @@ def test_paddlenlp_file_with_a_hub_tokenizer_not_on_disk_is_one_line(corpus, tmp
 def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_then_trains(corpus, tmp_path,
                                                                                         capsys):
     """train-tokenizer --vocab_size 600 and a 512-token preset: `check` names --vocab_size 600; with it the model
-    is built to the tokenizer's size and a short run trains and exports that size."""
+    is built to the tokenizer's size and a short run trains and exports that size (on data that tokenizer made:
+    the corpus' own token files are refused, made by another)."""
     assert cli_main(["train-tokenizer", "--input_path", str(corpus / "corpus.jsonl"), "--output_dir",
                      str(tmp_path / "tok"), "--vocab_size", "600"]) == 0
     cfg = write_config(tmp_path, corpus, tokenizer_name_or_path=str(tmp_path / "tok"), max_steps=1, save_steps=1)
@@ -153,6 +154,12 @@ def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_th
     assert cli_main(["check", cfg]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has 600 tokens but the model's vocab_size is 512" in err[0] and "--vocab_size 600" in err[0]
+    assert cli_main(["check", cfg, "--vocab_size", "600"]) == 2
+    assert "docs.json: made by another tokenizer than" in capsys.readouterr().err
+    assert cli_main(["preprocess", "--input_path", str(corpus / "corpus.jsonl"), "--output_prefix",
+                     str(tmp_path / "data" / "docs"), "--tokenizer", str(tmp_path / "tok")]) == 0
+    cfg = write_config(tmp_path, corpus, tokenizer_name_or_path=str(tmp_path / "tok"), max_steps=1, save_steps=1,
+                       input_dir=str(tmp_path / "data"))
     assert cli_main(["train", cfg, "--vocab_size", "600"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 600
     assert cli_main(["check", cfg, "--vocab_size", "600", "--continue_training", "true"]) == 2

@@ -243,3 +243,28 @@ def test_inspect_directory_notes_files_without_sidecar(tmp_path, tok_dir, capsys
     assert info["files"][0]["vocab_size"] == 300 and info["files"][0]["eos_token_id"] is not None
     assert cli.main(["inspect-data", str(tmp_path / "d")]) == 0
     assert "note: 1 files have no .json sidecar" in capsys.readouterr().out
+
+
+def test_token_files_of_another_tokenizer_are_refused(tmp_path, tok_dir):
+    """The run's tokenizer against each file's sidecar (train, check and inspect-data build their data here): a
+    different vocabulary, or the same size retrained on other text (only tokenizer.json's sha256 differs)."""
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    write_jsonl(tmp_path / "t.jsonl", make_texts(20, seed=3))
+    other = make_tokenizer(tmp_path / "other", make_texts(50, seed=1), vocab_size=280)
+    same_size = make_tokenizer(tmp_path / "same_size", make_texts(50, seed=7), vocab_size=300)
+    run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "d" / "a", "--tokenizer", tok_dir)
+    run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "e" / "b", "--tokenizer", other)
+    ok = build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok_dir), need=("train",))
+    assert ok.train is not None
+    for tok, field in ((other, "vocab_size 300, the run's 280"), (same_size, "tokenizer_sha256")):
+        with pytest.raises(UserError) as e:
+            build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok), need=("train",))
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"{tmp_path / 'd' / 'a'}.json: made by another tokenizer than")
+        assert field in msg and "re-run preprocess with" in msg, msg
+    # a blend of files of two tokenizers, with no tokenizer in the run: refused too
+    blend = f"0.5 {tmp_path / 'd' / 'a'} 0.5 {tmp_path / 'e' / 'b'}"
+    with pytest.raises(UserError, match=r"b.json: vocab_size 280 differs from 300 in .*a.json"):
+        build_datasets(blend, "90,5,5", 16, 1, need=("train",))
+    assert cli.main(["inspect-data", str(tmp_path / "d" / "a"), "--tokenizer", str(other)]) == 2

@@ -101,6 +101,22 @@ def test_empty_corpus_and_clobber(tmp_path, tok_dir):
         run_preprocess("--input_path", tmp_path / "x.json", "--output_prefix", tmp_path / "x", "--tokenizer", tok_dir)
 
 
+def test_a_prefix_without_a_file_name_or_under_a_file_is_refused(tmp_path, tok_dir):
+    """`data/` would write the hidden `data/.bin`, which a directory input_dir then blends in."""
+    write_jsonl(tmp_path / "t.jsonl", ["hello world"])
+    (tmp_path / "data").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for prefix, words in ((f"{tmp_path / 'data'}/", "names a directory, not the files' name; add one, e.g. "),
+                          (f"{tmp_path / 'data'}/.bin", "names a directory"),
+                          (f"{tmp_path / 'afile'}/c", f"{tmp_path / 'afile'} is a file, not a directory"),
+                          (f"{tmp_path / 'afile'}/d/c", f"{tmp_path / 'afile'} is a file, not a directory")):
+        with pytest.raises(UserError) as e:
+            run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", prefix, "--tokenizer", tok_dir)
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data", "t.jsonl"]
+    assert not list((tmp_path / "data").iterdir())
+
+
 def test_the_data_layer_prints_nothing_the_command_says_where_lines_go(tmp_path, tok_dir, capsys):
     """`data.preprocess` takes the `Job` the command builds and hands every line to the caller: the outcome to
     `say`, progress and warnings to `note`; with neither given, nothing reaches stdout or stderr."""

@@ -82,6 +82,17 @@ def test_train_errors(tmp_path):
     write_jsonl(tmp_path / "e.jsonl", ["", "  "])
     with pytest.raises(UserError, match="no non-empty documents"):
         _train(["--input_path", str(tmp_path / "e.jsonl"), "--output_dir", str(tmp_path / "t"), "--vocab_size", "300"])
+    # an output that is a file, or a directory holding a model whose ids the new tokenizer would not match
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match=r"^--output_dir .*f: is a file, not a directory; choose a directory$"):
+        _train(["--input_path", str(tmp_path / "a.jsonl"), "--output_dir", str(tmp_path / "f"), "--vocab_size", "300"])
+    for weights in ("model.safetensors", "checkpoint-5"):
+        run = tmp_path / f"run-{weights}"
+        (run / weights).mkdir(parents=True) if "checkpoint" in weights else (run.mkdir(), (run / weights).write_bytes(b""))
+        (run / "tokenizer.json").write_text("old")
+        with pytest.raises(UserError, match=rf"holds a trained model \({weights}\), whose token ids a new tokenizer"):
+            _train(["--input_path", str(tmp_path / "a.jsonl"), "--output_dir", str(run), "--vocab_size", "300"])
+        assert (run / "tokenizer.json").read_text() == "old"
 
 
 # Whitespace runs, blank lines, CRLF, tabs, indented code, digits, CJK, composed and decomposed accents, a special

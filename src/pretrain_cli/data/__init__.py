@@ -60,6 +60,20 @@ def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
                         "re-run preprocess with the model's tokenizer or use a model with a larger vocabulary")
 
 
+def _check_tokenizer(prefixes: list[str], tokenizer) -> None:
+    """Token files made by another tokenizer than the run's (or, with none, by different ones) would train on
+    ids that mean other text: refused, by their sidecars (`preprocess` writes them)."""
+    from pretrain_cli.data.indexed import read_sidecar
+    from pretrain_cli.data.merge import tokenizer_mismatches, tokenizer_problems
+
+    items = [(p, read_sidecar(p)) for p in prefixes]
+    problems = (tokenizer_mismatches(items, tokenizer) if hasattr(tokenizer, "sha256")
+                else tokenizer_problems(items))
+    if problems:
+        more = f" ({len(problems)} such files)" if len(problems) > 1 else ""
+        raise UserError(problems[0] + more)
+
+
 def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode: str = "packed",
                    tokenizer=None, data_cache: str | None = None, need=("train", "valid", "test"),
                    vocab_size: int | None = None, document_mask: bool = False,
@@ -69,8 +83,8 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
     `split`: the train/valid/test fractions a run resolved (`RunConfig.data.split`, with `split_text` as
     written), or the text of a command line's `--split` (`inspect-data`), parsed here once.
 
-    `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed only for
-    sample_mode 'padded'. `need` names the splits the run uses; an empty one is an error.
+    `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed for sample_mode 'padded';
+    a loaded one is also what every source's sidecar must name (`_check_tokenizer`). `need` names the splits the run uses; an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
@@ -96,6 +110,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
                                 document_mask, reset_position_ids, split_text)
         weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
+    _check_tokenizer([s["prefix"] for s in sources], tokenizer)
     out = DataSplits(sources=sources)
     for name in SPLIT_NAMES:
         present = [(s["weight"], s["splits"][name], s["prefix"]) for s in sources if s["splits"][name] is not None]

@@ -1,5 +1,6 @@
-"""Joining token files into one pair (the work behind `pretrain-cli merge-data`), and the check that
-several token files were made with the same tokenizer (shared with `inspect-data` on a directory).
+"""Joining token files into one pair (the work behind `pretrain-cli merge-data`), and the checks that
+several token files were made with the same tokenizer (shared with `inspect-data` on a directory), and with
+the run's (`data.build_datasets`: `train`, `check`, `inspect-data --tokenizer`).
 
 The join is Megatron-LM's `merge_datasets.py` / PaddleNLP's `merge_file_`: tokens back to back,
 sizes appended, pointers recomputed, each input's doc_idx shifted by the sequences before it, and
@@ -48,6 +49,21 @@ def tokenizer_problems(items) -> list[str]:
         if other is not None:
             problems.append(f"{other[0]}.json: {field} {other[1]!s:.16} differs from {v0!s:.16} in {p0}.json; "
                             "the files were made with different tokenizers: re-run preprocess with one tokenizer")
+    return problems
+
+
+def tokenizer_mismatches(items, tok) -> list[str]:
+    """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size,
+    eos id, or tokenizer.json's sha256; files without a sidecar are not judged). Same-sized vocabularies can
+    still split text differently (a tokenizer retrained on other text), which only the sha256 tells."""
+    want = {"vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id, "tokenizer_sha256": tok.sha256}
+    problems = []
+    for p, m in items:
+        field = next((f for f in TOKENIZER_FIELDS if m and m.get(f) is not None and m[f] != want[f]), None)
+        if field is not None:
+            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}, the "
+                            f"run's {want[field]!s:.16}); re-run preprocess with {tok.path}, or set "
+                            f"tokenizer_name_or_path to the tokenizer that made it")
     return problems
 
 

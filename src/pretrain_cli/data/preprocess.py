@@ -169,10 +169,26 @@ def _inputs(job: Job, base: str):
     return tasks.task_share(all_files, job.num_tasks, job.task_index), skipped, len(all_files)
 
 
+def _check_prefix(output_prefix: str) -> None:
+    """A prefix ending in a separator (or empty) would write the hidden files `.bin`/`.idx`, which a directory
+    `input_dir` then blends in; one under a file could not be written at all."""
+    base = strip_prefix(output_prefix)
+    if not os.path.basename(base):
+        raise UserError(f"--output_prefix {output_prefix!r}: names a directory, not the files' name; add one, "
+                        f"e.g. {os.path.join(base, 'corpus')}")
+    parent = os.path.dirname(os.path.abspath(base))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"--output_prefix {output_prefix}: {parent} is a file, not a directory; choose a prefix "
+                        f"in a directory")
+
+
 def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[str], None] = _quiet) -> int:
     """Tokenize `job.input_path` (this task's share) into `<output_prefix>[-iiiii-of-nnnnn]`.bin/.idx/.json.
     `say`: the outcome lines (the command's stdout); `note`: progress and warnings (its stderr)."""
     tasks.check_task(job.num_tasks, job.task_index)
+    _check_prefix(job.output_prefix)
     tok = load_tokenizer(job.tokenizer)
     eos = None
     if job.append_eos:

@@ -255,10 +255,23 @@ def _roles_for(special_tokens: list[str]) -> dict[str, str | None]:
     return {role: next((t for t in fb if t in present), None) for role, fb in _FALLBACK.items()}
 
 
+def _check_output_dir(out: Path) -> None:
+    """Refused before any training: a file, or a directory holding model weights, whose token ids a new
+    tokenizer would no longer match (a directory with only a config.json, or an older tokenizer, is fine)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output_dir {out}: is a file, not a directory; choose a directory")
+    weights = [n for n in ("model.safetensors", "model.safetensors.index.json") if (out / n).is_file()]
+    weights += sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())[:1] if out.is_dir() else []
+    if weights:
+        raise UserError(f"--output_dir {out}: holds a trained model ({weights[0]}), whose token ids a new tokenizer "
+                        f"would not match; choose another directory")
+
+
 def train_tokenizer(ns) -> int:
     """Train a byte-level BPE on `ns.input_path` and save it to `ns.output_dir` (the command's options)."""
     from pretrain_cli.data.documents import DocumentReader, count_documents
 
+    _check_output_dir(Path(ns.output_dir))
     min_vocab = 256 + len(ns.special_tokens)
     if ns.vocab_size < min_vocab:
         raise UserError(f"--vocab_size: {ns.vocab_size} is below the byte alphabet plus special tokens "
