@@ -219,6 +219,19 @@ def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
     assert "model_type=qwen2" in capsys.readouterr().err
 
 
+def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):
+    """Allowed (a new data mix halfway is a choice), but one warning per changed key names both values."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    assert cli_main(["train", cfg, "--max_steps", "3", "--seed", "11"]) == 0
+    out = capsys.readouterr().out  # the run's log lines
+    assert "resuming with seed 11, where checkpoint-2 was trained with 7: its 8 consumed samples now index" in out
+    assert "resuming with input_dir" not in out and "resuming with split" not in out
+    assert cli_main(["train", cfg, "--max_steps", "4", "--seed", "11"]) == 0
+    assert "resuming with" not in capsys.readouterr().out  # checkpoint-3 was trained with seed 11
+
+
 def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
     import pretrain_cli.training.step as step_mod  # where the step computes its loss

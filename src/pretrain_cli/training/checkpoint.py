@@ -155,6 +155,20 @@ def check_compatible(ckpt, model_cfg, max_seq_length: int) -> None:
                         f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
 
 
+def data_changes(ckpt, run) -> list[str]:
+    """What a resume's data differs in from the checkpoint's run (its args.json): allowed (a new mix halfway is a
+    choice), but said, since the data position (`consumed_samples`) then counts into other samples."""
+    ckpt = CheckpointDir.of(ckpt)
+    lines = []
+    for keys, now in ((("data", "input_dir"), run.data.input_dir), (("data", "split"), list(run.data.split)),
+                      (("loop", "seed"), run.loop.seed)):
+        was = ckpt.run(*keys)
+        if was is not None and was != now:
+            lines.append(f"resuming with {keys[-1]} {now!r}, where {ckpt.path.name} was trained with {was!r}: "
+                         f"its {ckpt.state.get('consumed_samples', 0)} consumed samples now index other samples")
+    return lines
+
+
 class Saver:
     """The trainer's saver (`trainer.Collaborators.saver`): every rank writes the pieces it owns, rank 0
     publishes once all have reported. It is handed what to save at each call and holds no model, optimizer or

@@ -81,6 +81,8 @@ def _run(spec) -> int:
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
+        for line in checkpoint.data_changes(resume, r):
+            log.warning(line)
     results = finish(r, trainer, comm, collaborators)
     if results is None:  # stopped by a signal, or not rank 0: nothing more to write here
         return 0
