@@ -95,6 +95,21 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.tmp").exists()
 
 
+def test_a_damaged_optimizer_state_does_not_stop_an_export(tmp_path, capsys):
+    """An export reads the weights only: its damaged optimizer state is a resume's problem, not the export's."""
+    ckpt = _two_rank_checkpoint(tmp_path / "run", _model())
+    optimizer = sorted(ckpt.glob("optimizer*.safetensors"))
+    assert optimizer
+    data = bytearray(optimizer[0].read_bytes())
+    data[-1] ^= 1
+    optimizer[0].write_bytes(bytes(data))
+    from pretrain_cli.storage import intact
+
+    assert "does not match its checksum" in intact.problem(ckpt)  # a resume refuses it
+    assert main(["export", str(ckpt), str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
 def test_a_final_directory_exports_and_a_truncated_one_is_refused(tmp_path, capsys):
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.convert import save_hf

@@ -16,7 +16,7 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
 warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
 line when damaged (orchestration.prepare). `damage(ckpt, files=...)` checks a subset of the files: a rank that
-reads only some of them can verify just those.
+reads only some of them can verify just those, and an export only the weights' (`export_problem`).
 """
 from __future__ import annotations
 
@@ -44,9 +44,10 @@ def _json_object(path: Path, required: bool) -> str | None:
     return None if isinstance(obj, dict) else f"{path} is not a JSON object"
 
 
-def problem(ckpt, checksums: bool = True) -> str | None:
+def problem(ckpt, checksums: bool = True, files=None) -> str | None:
     """Why checkpoint `ckpt` (a path or a `CheckpointDir`, whose state and index are then read once for all who
-    ask it) cannot be resumed from (one line naming the file), or None when it is complete."""
+    ask it) cannot be resumed from (one line naming the file), or None when it is complete; `files`: only those
+    of the index's files (`damage`)."""
     meta = CheckpointDir.of(ckpt)
     ckpt = meta.path
     if not ckpt.is_dir():
@@ -59,7 +60,7 @@ def problem(ckpt, checksums: bool = True) -> str | None:
     others = sorted(p for p in ckpt.glob("*.json") if p.name not in (STATE_FILE, CONFIG_FILE, checkpoint_index.INDEX))
     for path in others:  # args.json, transformers' weight index, tokenizer files: each a JSON object
         reason = reason or _json_object(path, True)
-    return reason or damage(meta, checksums)
+    return reason or damage(meta, checksums, files)
 
 
 def damage(ckpt, checksums: bool = True, files=None) -> str | None:
@@ -115,7 +116,7 @@ def export_problem(path) -> str | None:
     if not path.is_dir():
         return f"{path} is not a directory"
     if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
-        return problem(meta)
+        return problem(meta, files=_weight_files(meta))
     reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)
     if reason is None and (path / HF_INDEX).is_file():
         listed = json.loads((path / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
@@ -123,6 +124,16 @@ def export_problem(path) -> str | None:
         reason = f"{path / missing[0]} is missing" if missing else None
     weights = sorted(path.glob("*.safetensors"))
     return reason or (None if weights else f"{path} holds no safetensors weights") or _headers(weights)
+
+
+def _weight_files(meta: CheckpointDir) -> list[str] | None:
+    """The files of a checkpoint's index that hold weights: what an export reads (a damaged optimizer state does
+    not stop it). None without a readable index: `problem` then judges the whole directory."""
+    try:
+        index = meta.index
+    except UserError:
+        return None
+    return None if index is None else [n for n in index["files"] if not n.startswith("optimizer")]
 
 
 def _unindexed(ckpt: Path) -> str | None:
