@@ -75,6 +75,10 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert again["kernels"] == trained and f"kernels: {trained}" in evaluated.err and "attention=cpu " in trained
     assert cli_main(["eval", "--config", cfg, "--split", "test", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
+    # --max_seq_length and --batch_size apply to the run's split, as its keys would (they were ignored)
+    assert cli_main(["eval", "--config", cfg, "--json", "--max_seq_length", "16", "--batch_size", "2"]) == 0
+    shorter = json.loads(capsys.readouterr().out)
+    assert shorter["tokens"] < again["tokens"] and shorter["loss"] != pytest.approx(again["loss"], abs=1e-4)
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds.count("eval") == 2 and kinds.count("test") == 1  # steps 12 and 24; the final eval reuses step 24
     train_results = json.loads((out / "train_results.json").read_text())

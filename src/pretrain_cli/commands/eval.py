@@ -25,14 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token file prefix (<prefix>.bin/.idx) to cut into windows; with --config (or a run's "
                              "--model) in that run's settings (default: none)")
     parser.add_argument("--max_seq_length", type=int, default=None,
-                        help="window length L in tokens (default: the run's; required for a model no run wrote)")
+                        help="window length L in tokens (default: the run's; required for a model no run wrote; "
+                             "with --config, the run's max_seq_length for its split)")
     parser.add_argument("--config", default=None,
                         help="a training argument file (or a run's args.json): evaluate its --split (valid/test) "
                              "on the same eval_iters batches the trainer uses; `--key value` after the options "
                              "overrides its keys as in `train` (default: none)")
     parser.add_argument("--split", default="valid", choices=("valid", "test"),
                         help="split of --config to use (default: %(default)s)")
-    parser.add_argument("--batch_size", type=int, default=4, help="windows per forward pass (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="windows per forward pass (default: 4; with --config, the run's "
+                             "per_device_eval_batch_size, which this overrides)")
     parser.add_argument("--max_batches", type=int, default=None,
                         help="stop after this many batches (default: the whole file; with --config, eval_iters)")
     parser.add_argument("--attention_mask_type", default=None, choices=("causal", "document"),
@@ -110,6 +113,10 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         changes["attention_mask_type"] = ns.attention_mask_type
     if ns.reset_position_ids is not None:
         changes["reset_position_ids"] = ns.reset_position_ids == "true"
+    if ns.max_seq_length is not None:  # the options apply to the run's split as its keys would
+        changes["max_seq_length"] = ns.max_seq_length
+    if ns.batch_size is not None:
+        changes["per_device_eval_batch_size"] = ns.batch_size
     spec = prepare(ns.config, overrides, inference_target(), changes)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
@@ -187,6 +194,7 @@ def main(ns: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     t0 = time.perf_counter()
+    ns.batch_size = 4 if ns.batch_size is None else ns.batch_size
     n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)
     documents = document_starts(ns.data) if mask == "document" else None
     batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask, documents,
