@@ -173,3 +173,24 @@ def test_document_windows_equal_evaluating_each_document_piece_alone(corpus, mod
     kept = list(evaluation.window_batches(tokens, 8, 5, doc_starts=evaluation.document_starts(prefix),
                                           reset_position_ids=False))
     assert set(kept[0]) == {"input_ids", "labels", "doc_start"}
+
+
+def test_data_of_another_tokenizer_than_the_models_is_refused(corpus, model_dir, tmp_path, capsys):
+    """The tokenizer beside the model against the token file's sidecar, as `train` checks the run's."""
+    import shutil
+
+    from data_helpers import make_tokenizer
+    from pretrain_cli.data.indexed import SIDECAR_FORMAT
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    prefix, _ = corpus
+    tok = load_tokenizer(make_tokenizer(tmp_path / "tok"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "tok" / name, model_dir[0])
+    sidecar = {"format": SIDECAR_FORMAT, "tokens": 45, "vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id}
+    (tmp_path / "c.json").write_text(json.dumps({**sidecar, "tokenizer_sha256": "0" * 64}))
+    with pytest.raises(UserError, match=r"^--data: .*c\.json: made by another tokenizer than .*\(tokenizer_sha256 0"):
+        evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, json=True))
+    (tmp_path / "c.json").write_text(json.dumps({**sidecar, "tokenizer_sha256": tok.sha256}))
+    assert evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] > 0

@@ -90,6 +90,24 @@ def _loss_sum(model, batches, total: int):
             bar.close()
 
 
+def _check_tokenizer(data: str, model_dir: str) -> None:
+    """`--data` made by another tokenizer than the one beside the model (a run's output or an HF directory with a
+    tokenizer.json) is refused, as `train` refuses it (`data.merge.tokenizer_mismatches`); a model directory
+    without one, or a token file without its sidecar, is not judged."""
+    from pathlib import Path
+
+    from pretrain_cli.data.indexed import read_sidecar, strip_prefix
+    from pretrain_cli.data.merge import tokenizer_mismatches
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        return
+    prefix = strip_prefix(data)
+    problems = tokenizer_mismatches([(prefix, read_sidecar(prefix))], load_tokenizer(model_dir))
+    if problems:
+        raise UserError(f"--data: {problems[0]}")
+
+
 def _trained_model(config: str, out: str) -> str:
     """The model a run's output_dir holds: its final directory, else its newest checkpoint."""
     from pretrain_cli import run_dir
@@ -184,6 +202,7 @@ def main(ns: argparse.Namespace) -> int:
     if top >= cfg.vocab_size:
         raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
                         f"the data was tokenized for another model")
+    _check_tokenizer(ns.data, model_dir)
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.orchestration.recorded import differences
     from pretrain_cli.training.weight_source import load_for_inference
