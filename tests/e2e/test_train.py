@@ -223,6 +223,21 @@ def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
     assert "model_type=qwen2" in capsys.readouterr().err
 
 
+def test_training_time_is_summed_over_a_resume(corpus, tmp_path):
+    """A checkpoint written mid-loop carries the time spent so far, so a resumed run's train_runtime (and its
+    tokens/s) counts both processes (it counted the last one alone: checkpoints said 0.0)."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=1)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    first = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["train_seconds"]
+    whole = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["train_seconds"]
+    assert 0 < first < whole
+    assert cli_main(["train", cfg, "--max_steps", "4"]) == 0
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["train_runtime"] > whole
+    assert results["train_runtime"] > results["tokens_this_process"] / results["effective_tokens_per_second_this_process"]
+
+
 def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):
     """Allowed (a new data mix halfway is a choice), but one warning per changed key names both values."""
     cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)

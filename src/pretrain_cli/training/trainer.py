@@ -93,14 +93,19 @@ class Trainer:
         self.state = TrainerState()
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
+        self._started: float | None = None  # when this process's training loop began, while it runs
         self.stop_requested = False
         if resumed is not None:
             self.load_state_dict(resumed)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
+        """The trainer state as a checkpoint keeps it: `train_seconds` includes this process's loop so far, so a
+        resume from a checkpoint written mid-loop carries the time spent before it (goodput over restarts)."""
         d = asdict(self.state)
         d["max_steps"] = self.loop.max_steps
+        if self._started is not None:
+            d["train_seconds"] += time.perf_counter() - self._started
         return d
 
     def load_state_dict(self, d: dict) -> None:
@@ -171,7 +176,7 @@ class Trainer:
         restore = self._install_signal_handlers()
         batches = self._open_batches()
         self.model.train()
-        start = time.perf_counter()
+        start = self._started = time.perf_counter()
         stopped_by_signal, reported = False, False
         bar = self._progress_bar()
         try:
@@ -214,6 +219,7 @@ class Trainer:
         finally:
             self.process_seconds = time.perf_counter() - start
             self.state.train_seconds += self.process_seconds
+            self._started = None
             batches.close()
             restore()
             if bar is not None:
