@@ -478,6 +478,10 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     assert [v for _, v in scalars["train/loss"]] == pytest.approx(losses)
     assert [(s, pytest.approx(v)) for s, v in scalars["eval/eval_loss"]] == eval_losses
     assert json.loads(texts["config"])["arguments"]["max_steps"] == 9
+    # the per-rank startup records stay in metrics.jsonl: not live, and not replayed by a resume either
+    assert [r["kind"] for r in records].count("startup") == 3
+    assert not [tag for tag in scalars if tag.startswith("startup")]
+    assert not [tag for tag in reader.get_tags().get("scalar", []) if tag.startswith("startup")]
 
     wandb_runs = sorted((out / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
     assert len(wandb_runs) == 3  # one per process; the last holds the whole run (`wandb sync` uploads it)

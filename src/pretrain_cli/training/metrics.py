@@ -127,6 +127,10 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
     return peak, source if peak is not None else f"{source}: no MFU (set peak_tflops to report one)"
 
 
+# per-rank records (`startup`): a tracker's series has one value per step, so these stay in metrics.jsonl only
+UNTRACKED = ("startup",)
+
+
 class MetricsWriter:
     """metrics.jsonl + the trackers of `report_to` (`training.trackers`); rank 0 only (the caller guarantees it)."""
 
@@ -154,16 +158,16 @@ class MetricsWriter:
         self._plotted_at = time.monotonic()  # when the last one started, or the writer (time.monotonic)
         self.logging_dir = logging_dir or str(self.output_dir / "runs")
         names = [n for n in (report_to or ()) if n != "none"]
+        history = [r for r in history if r.get("kind") not in UNTRACKED]  # a resume replays what was tracked
         self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, history)
         self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
 
-    def write(self, kind: str, step: int, values: dict, track: bool = True) -> None:
-        """One record into metrics.jsonl and (`track`) the trackers; per-rank records (`startup`) are not
-        tracked: a tracker's series has one value per step."""
+    def write(self, kind: str, step: int, values: dict) -> None:
+        """One record into metrics.jsonl and, unless of an `UNTRACKED` kind, the trackers."""
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self._jsonl.write(json.dumps(record, default=float) + "\n")
         self._jsonl.flush()
-        for tracker in self._trackers if track else ():
+        for tracker in self._trackers if kind not in UNTRACKED else ():
             tracker.add(record)
 
     def plot(self, stopping: bool = False) -> None:

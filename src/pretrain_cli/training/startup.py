@@ -56,7 +56,7 @@ def report(comm, writer, mine: dict, step: int) -> list[dict]:
     rows = comm.gather_object(mine)
     if writer is not None:
         for row in rows:
-            writer.write("startup", step, row, track=False)
+            writer.write("startup", step, row)  # (metrics.UNTRACKED: metrics.jsonl only)
         log.info("startup: " + "; ".join(describe(r) for r in rows))
     return rows
 
