@@ -164,6 +164,14 @@ def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_th
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 600
     assert cli_main(["check", cfg, "--vocab_size", "600", "--continue_training", "true"]) == 2
     assert "vocab_size: 600 resizes the model, but continue_training" in capsys.readouterr().err
+    # a layer count other than the pretrained weights' is refused by check as by train, naming the key
+    layers = json.loads((tmp_path / "out" / "config.json").read_text())["num_hidden_layers"]
+    warm = ["check", cfg, "--model_name_or_path", str(tmp_path / "out"), "--continue_training", "true",
+            "--output_dir", str(tmp_path / "warm")]
+    assert cli_main(warm + ["--num_hidden_layers", str(layers + 1)]) == 2
+    assert (f"num_hidden_layers: {layers + 1} changes the model, but continue_training loads pretrained weights of "
+            f"{layers} layers; drop one of them") in capsys.readouterr().err
+    assert cli_main(warm + ["--num_hidden_layers", str(layers)]) == 0
 
 
 def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):

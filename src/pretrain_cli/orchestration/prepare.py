@@ -102,6 +102,11 @@ def build_model_config(args: Arguments):
     if not isinstance(raw, dict):
         raise UserError(f"{path}: must hold a JSON object")
     if args.model.num_hidden_layers is not None and args.model.num_hidden_layers >= 1:
+        if args.model.continue_training and args.model.num_hidden_layers != raw.get("num_hidden_layers"):
+            # (`train` would stop at the weights: "unexpected tensor 'model.layers.1…'", blaming the directory)
+            raise UserError(f"num_hidden_layers: {args.model.num_hidden_layers} changes the model, but "
+                            f"continue_training loads pretrained weights of {raw.get('num_hidden_layers')} layers; "
+                            f"drop one of them")
         raw["num_hidden_layers"] = args.model.num_hidden_layers
     if args.model.vocab_size is not None and args.model.vocab_size >= 1:
         if args.model.continue_training:
