@@ -45,7 +45,8 @@ class ModelArguments:
     continue_training: bool = _f(
         False, "True: start from the weights in model_name_or_path. False: random init from its config.json."
     )
-    num_hidden_layers: Optional[int] = _f(None, "Override config.num_hidden_layers.")
+    num_hidden_layers: Optional[int] = _f(None, "Override config.num_hidden_layers (with continue_training it must "
+                                                "equal the pretrained weights').")
     vocab_size: Optional[int] = _f(
         None, "Override config.vocab_size: a preset built to a tokenizer's size (random init only).", "extension"
     )
