@@ -88,3 +88,30 @@ def test_a_pipelines_stages_add_the_same_mtp_term_as_one_process():
             mtp.train()
         assert abs(got - want) < 1e-6 and abs(float(logged) - want_logged) < 1e-6 and n == 1, (extra, got, want)
         assert abs(main - (want - 0.25 * want_logged)) < 1e-5 and "mtp_loss" not in model.router_losses
+
+
+def test_a_directory_without_mtp_weights_is_said_to_start_them_from_init(tmp_path, caplog, monkeypatch):
+    """transformers saves no multi-token prediction module: loading such a directory says the modules start from
+    init (else a first loss above transformers' own looks like a wrong load)."""
+    import logging
+
+    from safetensors.numpy import load_file, save_file
+
+    from pretrain_cli.models import convert
+    from pretrain_cli.models.convert import is_mtp
+    from pretrain_cli.training.weight_source import load_weights
+
+    paddle.seed(0)
+    model = build_model(CFG, None, MoeConfig(aux_loss_coef=0.0))
+    convert.save_hf(model, CFG, str(tmp_path / "hf"))
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file({n: t for n, t in load_file(weights).items() if not is_mtp(n, CFG)}, str(weights))
+    monkeypatch.setattr(logging.getLogger("pretrain_cli"), "propagate", True)  # (a run's setup_logging: off)
+    with caplog.at_level(logging.INFO, logger="pretrain_cli"):
+        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "hf")
+        assert "no multi-token prediction weights (transformers does not save them): the modules of layer 2, 3 " \
+               "start from init" in caplog.text
+        caplog.clear()
+        convert.save_hf(model, CFG, str(tmp_path / "whole"))
+        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "whole")
+        assert "multi-token prediction" not in caplog.text

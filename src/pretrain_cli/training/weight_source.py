@@ -88,7 +88,7 @@ class WeightSource:
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
         none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them."""
         from pretrain_cli.distributed.layout.pieces import split_name
-        from pretrain_cli.models.convert import name_map, quantization_block
+        from pretrain_cli.models.convert import is_mtp, name_map, quantization_block
 
         meta = CheckpointDir.of(path)
         self.reader, self.where = open_reader(meta, "weights")
@@ -100,6 +100,14 @@ class WeightSource:
             raise
         self.names, self.zeros, self.layout = found.names, found.zeros, found.layout
         self.fallback = fallback
+        absent = sorted({n.split(".")[2] for n, _ in model.named_parameters()
+                         if is_mtp(n, model.config) and not self.holds(n)})
+        if absent:  # said, or a first loss well above transformers' own looks like a wrong load
+            from pretrain_cli.training.metrics import log
+
+            log.info(f"{self.where}: no multi-token prediction weights (transformers does not save them): the module"
+                     f"{'s' * (len(absent) > 1)} of layer {', '.join(absent)} start{'' if len(absent) > 1 else 's'} "
+                     f"from init, and the training loss includes their mtp_loss from there")
         self.block = quantization_block(meta.path)
 
     def _all_zero(self, name: str) -> bool:
