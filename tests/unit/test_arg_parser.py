@@ -161,6 +161,15 @@ def test_resolution_notes_and_values():
     assert r.schedule.warmup_steps == 3 and r.device == "gpu"
 
 
+def test_hf_trainer_keys_paddlenlp_files_carry_are_accepted_and_said_to_do_nothing():
+    r = resolve_run("--max_steps", "10", "--save_strategy", "no", "--logging_strategy", "no", "--run_name", "exp1",
+                    "--skip_profile_timer", "false")
+    text = "\n".join(r.notes)
+    for key in ("save_strategy", "logging_strategy", "run_name", "skip_profile_timer"):
+        assert f"{key}: accepted but has no effect here" in text, key
+    assert not any("accepted but" in n for n in resolve_run("--max_steps", "10", "--save_strategy", "steps").notes)
+
+
 def test_multi_process_tensor_parallel_must_divide_the_model():
     # micro-qwen2: 4 heads, 2 KV heads, intermediate 128
     assert resolve_run("--tensor_parallel_degree", "2", world=4).parallel.tp_degree == 2

@@ -152,6 +152,9 @@ class TrainingArguments:
     eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None = logging_steps).")
     evaluation_strategy: str = _f("no", "PaddleNLP sets 'steps' from do_eval; here do_eval alone decides.", "ignored",
                                   choices=("no", "steps"))
+    logging_strategy: str = _f("steps", "Here logging_steps alone decides.", "ignored", choices=("no", "steps"))
+    save_strategy: str = _f("steps", "Here save_steps alone decides (and the last step is always saved).", "ignored",
+                            choices=("no", "steps"))
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
                                         "a micro-batch takes ~0.1 ms, so this rarely matters).")
@@ -285,8 +288,12 @@ class TrainingArguments:
     disable_tqdm: Optional[bool] = _f(
         None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a terminal."
     )
-    skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line.")
+    skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line (on CPU they are "
+                                         "always there).")
     log_on_each_node: bool = _f(True, "Only global rank 0 logs here.", "ignored")
+    run_name: Optional[str] = _f(None, "Trackers name the run by output_dir here.", "ignored")
+    skip_profile_timer: bool = _f(True, "PaddleNLP's per-phase timers; the log line's timings are the step's.",
+                                  "ignored")
     # --- extensions
     nan_policy: str = _f(
         "stop", "Non-finite loss or gradient: stop (save nothing corrupt, report the step) or skip the update.",
