@@ -376,6 +376,31 @@ def test_eval_and_generate_take_the_runs_settings_and_overrides(corpus, tmp_path
     assert len(err) == 1 and "--max_steps 3: --key value overrides change a run's settings" in err[0]
 
 
+def test_eval_and_generate_on_a_run_stopped_before_its_export_take_its_newest_checkpoint(corpus, tmp_path, capsys):
+    """A run's output_dir with args.json and checkpoint-N/ but no final model (stopped before its export): eval
+    and generate --model take its newest checkpoint and say so in a note, as eval --config does."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    for p in out.iterdir():  # what the run had written before its final export
+        if p.is_file() and p.name not in ("args.json", "metrics.jsonl"):
+            p.unlink()
+    capsys.readouterr()
+    newest = out / "checkpoint-4"
+    note = f"note: {out} holds no final model (its run stopped before the export): using its newest checkpoint, {newest}"
+    results = []
+    for argv in (["eval", "--model", str(out)], ["generate", "--model", str(out), "--prompt", "The",
+                 "--max_new_tokens", "3"], ["eval", "--config", str(out / "args.json")]):
+        assert cli_main([*argv, "--json"]) == 0, argv
+        printed = capsys.readouterr()
+        results.append(json.loads(printed.out))
+        assert note in printed.err.splitlines(), argv
+    by_model, generated, by_config = results
+    assert by_model["model"] == by_config["model"] == str(newest) and by_model["loss"] == by_config["loss"]
+    assert by_model["split"] == "valid" and generated["model"] == str(newest)
+    assert generated["model_weights"] == "trained weights"
+
+
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=4)
     assert cli_main(["train", cfg]) == 0

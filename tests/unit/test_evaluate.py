@@ -194,3 +194,17 @@ def test_data_of_another_tokenizer_than_the_models_is_refused(corpus, model_dir,
     (tmp_path / "c.json").write_text(json.dumps({**sidecar, "tokenizer_sha256": tok.sha256}))
     assert evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=8, json=True)) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
+
+
+def test_a_run_dir_without_a_model_or_checkpoint_is_one_line(corpus, tmp_path, capsys):
+    """A run's output_dir before its first checkpoint: nothing to evaluate yet, said in one line."""
+    from pretrain_cli.cli import main
+
+    prefix, _ = corpus
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "args.json").write_text(json.dumps({"version": 1, "arguments": {}, "run": {}}))
+    for command in (["eval", "--data", prefix], ["generate", "--prompt", "x"]):
+        assert main([command[0], "--model", str(tmp_path / "run"), *command[1:]]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: --model: {tmp_path / 'run'} is a run's output_dir with neither a final model nor a checkpoint-N "
+            f"yet; wait for its first checkpoint (save_steps) or point --model at a model directory"]

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model directory (HF safetensors, a run's output_dir or checkpoint-N) or a preset name "
                              "(random init, seeded by --seed); with --config defaults to its output_dir "
                              "(or its newest checkpoint). A directory a run wrote brings that run's settings "
-                             "(its args.json): without --data, eval evaluates its --split as --config does")
+                             "(its args.json): without --data, eval evaluates its --split as --config does; a "
+                             "run's output_dir without its final model stands for its newest checkpoint")
     parser.add_argument("--data", default=None,
                         help="token file prefix (<prefix>.bin/.idx) to cut into windows; with --config (or a run's "
                              "--model) in that run's settings (default: none)")
@@ -109,14 +110,16 @@ def _check_tokenizer(data: str, model_dir: str) -> None:
 
 
 def _trained_model(config: str, out: str) -> str:
-    """The model a run's output_dir holds: its final directory, else its newest checkpoint."""
-    from pretrain_cli import run_dir
-    from pretrain_cli.models.convert import has_weights
+    """The model a run's output_dir holds (`recorded.trained_model`: its final directory, else its newest
+    checkpoint, which a note names)."""
+    from pretrain_cli.orchestration.recorded import trained_model
 
-    model = out if has_weights(out) else str(run_dir.latest_checkpoint(out) or "")
-    if not model:
+    model, note = trained_model(out)
+    if model is None:
         raise UserError(f"{config}: output_dir {out} holds no trained model or checkpoint yet; pass --model")
-    return model
+    if note:
+        print(note, file=sys.stderr)
+    return str(model)
 
 
 def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
@@ -161,10 +164,14 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.orchestration.recorded import record_path, run_arguments
+    from pretrain_cli.orchestration.recorded import model_argument, record_path, run_arguments
 
     check_counts(ns, "max_seq_length", "batch_size", "max_batches")  # 0 is no "use the run's"
     overrides = list(getattr(ns, "overrides", None) or [])
+    if ns.model is not None:  # a run stopped before its export: its newest checkpoint, as --config takes it
+        ns.model, note = model_argument(ns.model)
+        if note:
+            print(note, file=sys.stderr)
     if ns.config is None and ns.data is None and ns.model is not None:
         record = record_path(resolve_model_dir(ns.model, key="--model"))
         if record is not None:  # a run's directory: its own split, as `--config` its args.json

@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("--key value after the options: training keys (docs/COMPATIBILITY.md) applied to the settings of "
                      "the run that wrote --model (its args.json), as `train` applies them: e.g. --use_flash_attention "
                      "false or --cpu_fused_ops false to generate with other kernels")
-    parser.add_argument("--model", required=True, help="checkpoint / HF model directory, or a preset (random init)")
+    parser.add_argument("--model", required=True,
+                        help="checkpoint / HF model directory, or a preset (random init); a run's output_dir "
+                             "without its final model stands for its newest checkpoint")
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
@@ -44,11 +46,14 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
-    from pretrain_cli.orchestration.recorded import run_arguments
+    from pretrain_cli.orchestration.recorded import model_argument, run_arguments
     from pretrain_cli.data.tokenizer import load_tokenizer
     from pretrain_cli.models.config import ModelConfig
 
-    model_dir = resolve_model_dir(ns.model, key="--model")
+    name, note = model_argument(ns.model)  # a run stopped before its export: its newest checkpoint
+    if note:
+        print(note, file=sys.stderr)
+    model_dir = resolve_model_dir(name, key="--model")
     args = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:

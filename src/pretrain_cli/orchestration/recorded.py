@@ -15,6 +15,39 @@ def record_path(model_dir) -> Path | None:
     return CheckpointDir.of(model_dir).record
 
 
+def trained_model(output_dir) -> tuple[Path | None, str | None]:
+    """(model, note) a run's output_dir holds: its final export, else its newest checkpoint-N with a `note:`
+    saying so (a run stopped before its export still has a model to evaluate or sample; the user must know it is
+    not the final one); (None, None) when it holds neither yet."""
+    from pretrain_cli import run_dir
+    from pretrain_cli.models.convert import has_weights
+
+    out = Path(output_dir)
+    if has_weights(out):
+        return out, None
+    ckpt = run_dir.latest_checkpoint(out)
+    if ckpt is None:
+        return None, None
+    return ckpt, f"note: {out} holds no final model (its run stopped before the export): using its newest " \
+                 f"checkpoint, {ckpt}"
+
+
+def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
+    """(model, note) for `--model NAME`: a run's output_dir without its final export (args.json and checkpoint-N/
+    but no weights of its own) stands for its newest checkpoint, as `eval --config` takes it; any other name is
+    returned as given, for `resolve_model_dir` to judge."""
+    from pretrain_cli.models.convert import has_weights
+
+    path = Path(name)
+    if not path.is_dir() or record_path(path) is None or has_weights(path):
+        return name, None
+    model, note = trained_model(path)
+    if model is None:
+        raise UserError(f"{key}: {name} is a run's output_dir with neither a final model nor a checkpoint-N yet; "
+                        f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
+    return str(model), note
+
+
 def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> Arguments | None:
     """The arguments `command` runs with: `--config`'s file, else the record of the run that wrote
     `model_dir`, each with `overrides`; None when there is neither (then no override may be given)."""
