@@ -196,6 +196,18 @@ def test_data_of_another_tokenizer_than_the_models_is_refused(corpus, model_dir,
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
 
 
+def test_split_with_data_is_refused_not_ignored(corpus, model_dir, capsys):
+    """--split picks a run's own split; with --data the file's windows would be evaluated instead, silently."""
+    from pretrain_cli.cli import main
+
+    prefix, _ = corpus
+    assert main(["eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--split", "test"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --split test: picks a split of a run's own data, but --data")
+    assert main(["eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["windows"] == 5  # without --split: the windows, as before
+
+
 def test_a_run_dir_without_a_model_or_checkpoint_is_one_line(corpus, tmp_path, capsys):
     """A run's output_dir before its first checkpoint: nothing to evaluate yet, said in one line."""
     from pretrain_cli.cli import main

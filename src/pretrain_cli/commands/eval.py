@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a training argument file (or a run's args.json): evaluate its --split (valid/test) "
                              "on the same eval_iters batches the trainer uses; `--key value` after the options "
                              "overrides its keys as in `train` (default: none)")
-    parser.add_argument("--split", default="valid", choices=("valid", "test"),
-                        help="split of --config to use (default: %(default)s)")
+    parser.add_argument("--split", default=None, choices=("valid", "test"),
+                        help="split of --config (or of a run's --model) to evaluate; not with --data, whose "
+                             "windows are evaluated instead (default: valid)")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="windows per forward pass (default: 4; with --config, the run's "
                              "per_device_eval_batch_size, which this overrides)")
@@ -129,6 +130,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
+    ns.split = ns.split or "valid"
     changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
     if ns.attention_mask_type is not None:
         changes["attention_mask_type"] = ns.attention_mask_type
@@ -167,6 +169,9 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration.recorded import model_argument, record_path, run_arguments
 
     check_counts(ns, "max_seq_length", "batch_size", "max_batches")  # 0 is no "use the run's"
+    if ns.split is not None and ns.data is not None:  # evaluating --data's windows would drop --split silently
+        raise UserError(f"--split {ns.split}: picks a split of a run's own data, but --data {ns.data} is evaluated "
+                        f"instead; drop --split to evaluate --data's windows, or drop --data to evaluate the split")
     overrides = list(getattr(ns, "overrides", None) or [])
     if ns.model is not None:  # a run stopped before its export: its newest checkpoint, as --config takes it
         ns.model, note = model_argument(ns.model)
