@@ -208,6 +208,15 @@ def test_split_with_data_is_refused_not_ignored(corpus, model_dir, capsys):
     assert json.loads(capsys.readouterr().out)["windows"] == 5  # without --split: the windows, as before
 
 
+def test_seed_outside_trains_range_is_one_line(corpus, model_dir, capsys):
+    from pretrain_cli.cli import main
+
+    prefix, _ = corpus
+    for seed in ("-1", str(2**32)):
+        assert main(["eval", "--model", model_dir[0], "--data", prefix, "--max_seq_length", "8", "--seed", seed]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: --seed: must be in [0, 2^32), got {seed}"]
+
+
 def test_a_run_dir_without_a_model_or_checkpoint_is_one_line(corpus, tmp_path, capsys):
     """A run's output_dir before its first checkpoint: nothing to evaluate yet, said in one line."""
     from pretrain_cli.cli import main

@@ -104,3 +104,37 @@ def test_generate_help_names_the_key_value_overrides():
 
     text = build_parser("generate")[0].format_help()
     assert "[--key value ...]" in text and "applied to the settings of the run that wrote --model" in " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A 16-position model directory with a tokenizer of its vocabulary: prompts outgrow its context quickly."""
+    from data_helpers import make_tokenizer
+    from pretrain_cli.models import convert
+
+    d = tmp_path_factory.mktemp("gen")
+    make_tokenizer(d)
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    cfg = ModelConfig(model_type="llama", vocab_size=load_tokenizer(str(d)).vocab_size, hidden_size=16,
+                      intermediate_size=24, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=16)
+    paddle.seed(0)
+    convert.save_hf(build_model(cfg), cfg, str(d))
+    return str(d)
+
+
+def _cli(capsys, *argv):
+    from pretrain_cli.cli import main as cli_main
+
+    code = cli_main(["generate", *argv])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("option, value", [("--temperature", "nan"), ("--temperature", "inf"),
+                                           ("--temperature", "-1"), ("--top_p", "nan"), ("--top_p", "0"),
+                                           ("--top_k", "-1"), ("--seed", "-1"), ("--seed", str(2**32))])
+def test_bad_sampling_options_are_one_line_errors(model_dir, capsys, option, value):
+    code, out = _cli(capsys, "--model", model_dir, "--prompt", "the", "--temperature", "1", option, value)
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {option}: must be") and out.out == ""

@@ -169,6 +169,8 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration.recorded import model_argument, record_path, run_arguments
 
     check_counts(ns, "max_seq_length", "batch_size", "max_batches")  # 0 is no "use the run's"
+    if not 0 <= ns.seed < 2**32:  # train's range for its seed; Paddle refuses a negative one with a traceback
+        raise UserError(f"--seed: must be in [0, 2^32), got {ns.seed}")
     if ns.split is not None and ns.data is not None:  # evaluating --data's windows would drop --split silently
         raise UserError(f"--split {ns.split}: picks a split of a run's own data, but --data {ns.data} is evaluated "
                         f"instead; drop --split to evaluate --data's windows, or drop --data to evaluate the split")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from pretrain_cli.errors import UserError
@@ -35,15 +36,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nucleus sampling: the smallest set of tokens with this probability mass "
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="sampling seed, and init seed for a preset (default: %(default)s)")
+                        help="sampling seed, and init seed for a preset; in [0, 2^32) (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
 
-def main(ns: argparse.Namespace) -> int:
+def _check_options(ns: argparse.Namespace) -> None:
+    """Refuse sampling options that would fail deep inside numpy or Paddle with a traceback (nan probabilities,
+    a negative seed) or sample nonsense (inf temperature: uniform noise), before anything is loaded."""
     if ns.max_new_tokens < 1:
         raise UserError(f"--max_new_tokens: must be >= 1, got {ns.max_new_tokens}")
-    if ns.temperature < 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0:
-        raise UserError("--temperature must be >= 0, --top_p in (0, 1], --top_k >= 0")
+    if not (math.isfinite(ns.temperature) and ns.temperature >= 0):
+        raise UserError(f"--temperature: must be a finite number >= 0 (0 = greedy), got {ns.temperature}")
+    if not 0 < ns.top_p <= 1:  # (nan fails both comparisons)
+        raise UserError(f"--top_p: must be in (0, 1] (1 = no nucleus cut), got {ns.top_p}")
+    if ns.top_k < 0:
+        raise UserError(f"--top_k: must be >= 0 (0 = all tokens), got {ns.top_k}")
+    if not 0 <= ns.seed < 2**32:  # train's range for its seed
+        raise UserError(f"--seed: must be in [0, 2^32), got {ns.seed}")
+
+
+def main(ns: argparse.Namespace) -> int:
+    _check_options(ns)
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
     from pretrain_cli.orchestration.recorded import model_argument, run_arguments
