@@ -2,6 +2,8 @@
 
 Tiny random models (std 0.2 init so logits are well separated and greedy has no near-ties).
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ paddle = runtime.import_paddle()
 
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.models import generation  # noqa: E402
 from pretrain_cli.models.generation import generate  # noqa: E402
 
 
@@ -129,6 +132,34 @@ def _cli(capsys, *argv):
 
     code = cli_main(["generate", *argv])
     return code, capsys.readouterr()
+
+
+def test_first_slid_token_counts_the_context_each_token_was_predicted_from():
+    # token j is predicted from prompt + j - 1 tokens; the window slides once that exceeds the limit
+    assert generation.first_slid_token(10, 8, 16) == 8 and generation.first_slid_token(10, 7, 16) is None
+    assert generation.first_slid_token(16, 1, 16) is None and generation.first_slid_token(16, 2, 16) == 2
+    assert generation.first_slid_token(40, 1, 16) == 1
+
+
+def test_a_context_beyond_max_position_embeddings_is_said(model_dir, capsys):
+    """The window the model sees slides to the last max_position_embeddings tokens: a note on stderr says
+    from where, never a word on stdout (the completion) and nothing when the context fits."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 5)
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    n = len(load_tokenizer(model_dir).encode(long))
+    code, out = _cli(capsys, "--model", model_dir, "--prompt", long, "--max_new_tokens", "2", "--json")
+    assert code == 0 and n > 16 and "completion" in json.loads(out.out)  # stdout: the JSON alone
+    assert f"note: --prompt is {n} tokens, more than the model's max_position_embeddings (16): it saw only the " \
+           f"last 16 (the first {n - 16} were dropped)" in out.err
+    code, out = _cli(capsys, "--model", model_dir, "--prompt", "the", "--max_new_tokens", "20", "--json")
+    got, short = len(json.loads(out.out)["tokens"]), len(load_tokenizer(model_dir).encode("the"))
+    first = generation.first_slid_token(short, got, 16)  # (None if an EOS had ended the generation early)
+    assert code == 0 and first == 18 - short
+    assert f"max_position_embeddings (16) from generated token {first} of {got} on: from there the model saw only " \
+           f"the last 16 tokens" in out.err
+    code, out = _cli(capsys, "--model", model_dir, "--prompt", "the", "--max_new_tokens", "3")
+    assert code == 0 and "note:" not in out.err
 
 
 @pytest.mark.parametrize("option, value", [("--temperature", "nan"), ("--temperature", "inf"),

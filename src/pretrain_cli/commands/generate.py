@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="checkpoint / HF model directory, or a preset (random init); a run's output_dir "
                              "without its final model stands for its newest checkpoint")
-    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--prompt", required=True,
+                        help="text to continue; once prompt + generated tokens exceed the model's "
+                             "max_position_embeddings, the model sees only the last that many (a note says so)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -53,6 +55,24 @@ def _check_options(ns: argparse.Namespace) -> None:
         raise UserError(f"--top_k: must be >= 0 (0 = all tokens), got {ns.top_k}")
     if not 0 <= ns.seed < 2**32:  # train's range for its seed
         raise UserError(f"--seed: must be in [0, 2^32), got {ns.seed}")
+
+
+def _window_note(prompt_len: int, new_tokens: int, limit: int) -> str | None:
+    """Where the context outgrew max_position_embeddings, the model saw a sliding window of the last `limit`
+    tokens (`models.generation.first_slid_token`): the text from there on is not what a model reading the
+    whole context would write, so say from which token on."""
+    from pretrain_cli.models.generation import first_slid_token
+
+    first = first_slid_token(prompt_len, new_tokens, limit)
+    if first is None:
+        return None
+    if prompt_len > limit:
+        return (f"note: --prompt is {prompt_len} tokens, more than the model's max_position_embeddings ({limit}): "
+                f"it saw only the last {limit} (the first {prompt_len - limit} were dropped), a window that slid on "
+                f"with every generated token")
+    return (f"note: prompt + generated tokens exceeded the model's max_position_embeddings ({limit}) from generated "
+            f"token {first} of {new_tokens} on: from there the model saw only the last {limit} tokens, a window "
+            f"that slid on with every generated token")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -86,6 +106,9 @@ def main(ns: argparse.Namespace) -> int:
     out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
                    eos_token_id=tok.eos_token_id, seed=ns.seed)
     new = [int(t) for t in out[0][len(ids):]]
+    window = _window_note(len(ids), len(new), cfg.max_position_embeddings)
+    if window:
+        print(window, file=sys.stderr)
     if tok.eos_token_id is not None and tok.eos_token_id in new:
         new = new[: new.index(tok.eos_token_id)]
     text = tok.decode(new)

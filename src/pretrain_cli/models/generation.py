@@ -33,6 +33,14 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
     return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
 
 
+def first_slid_token(prompt_len: int, new_tokens: int, limit: int) -> int | None:
+    """1-based number of the first of `new_tokens` generated tokens that `generate` predicted from a context cut
+    to its last `limit` tokens (token j is predicted from prompt_len + j - 1 tokens), None when the context never
+    outgrew `limit`: what a caller needs to tell its user where the output stops reading the whole context."""
+    first = max(1, limit - prompt_len + 2)
+    return first if first <= new_tokens else None
+
+
 def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
              max_length: int | None = None, use_cache: bool = True) -> np.ndarray:
