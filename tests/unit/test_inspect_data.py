@@ -83,3 +83,18 @@ def test_no_paddle_import():
     code = ("import sys, pretrain_cli.data.inspect, pretrain_cli.data.tokenizer, pretrain_cli.data.preprocess, "
             "pretrain_cli.data.loader, pretrain_cli.data; print('paddle' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_step_view_json_is_one_object_with_the_texts_hashes(corpus, capsys):
+    d, tok, _ = corpus
+    argv = (d / "c", "--step", 2, "--max_seq_length", 16, "--split", "1", "--batch_size", 2, "--dp_size", 2,
+            "--gradient_accumulation_steps", 2, "--tokenizer", tok)
+    assert _run(*argv) == 0
+    text = capsys.readouterr().out
+    assert _run(*argv, "--json") == 0
+    info = json.loads(capsys.readouterr().out)  # the whole of stdout
+    assert info["step"] == 2 and info["samples"] == [8, 16] and len(info["micro_steps"]) == 2
+    hashes = [h for m in info["micro_steps"] for h in [m["hash"]] + [r["hash"] for r in m["ranks"]]]
+    assert len(hashes) == 6 and all(f"hash {h}" in text for h in hashes)
+    rank = info["micro_steps"][1]["ranks"][1]
+    assert rank["samples"] == [14, 16] and repr(rank["first_sample"]) in text

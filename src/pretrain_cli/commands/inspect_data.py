@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode "
                                             "(default: none; ids are checked against the file alone)")
     parser.add_argument("--decode", type=int, metavar="N", help="print document N as text (default: statistics)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of the summary (with --step: of the step's samples)")
     parser.add_argument("--step", type=int, metavar="K",
                         help="show the samples and batch hashes of optimizer step K (default: statistics)")
     parser.add_argument("--config", help="training argument file: its data keys and batch sizes for --step "
@@ -46,29 +47,73 @@ def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
     return (list(state.get("skipped_batches", [])) if state else []), (str(where) if where else None)
 
 
-def _step_view(ns, tok) -> list[str]:
-    """--step K: from the run's own configuration, data and trainer state (--config), or from the flags."""
+def _step_view(ns, tok) -> tuple:
+    """--step K: (data lines, train split, micro_bs, acc, tokenizer, skipped batches, trainer state path) from the
+    run's own configuration, data and trainer state (--config), or from the flags."""
     if ns.config:
-        from pretrain_cli.orchestration.prepare import inference_target, prepare
-
-        # one process on this machine's device, as `eval` and `generate` resolve
-        spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], inference_target())
-        splits, lp = spec.splits, spec.run.loop
-        tok = tok or spec.tokenizer
-        skipped, where = _skipped_batches(spec.run.output.output_dir)
-        lines = splits.describe()
-        if where:
-            lines.append(f"trainer state: {where} ({len(skipped)} skipped batches; steps after it assume none)")
-        return lines + describe_step(splits.train, ns.step, lp.micro_batch, lp.grad_accum, ns.dp_size, tok,
-                                     skipped_batches=skipped)
+        return _config_step_view(ns, tok)
     if not ns.prefix:
         raise UserError("inspect-data: no data; pass a PREFIX or a --config with input_dir")
     from pretrain_cli.data import build_datasets
 
     splits = build_datasets(ns.prefix, ns.split, ns.max_seq_length, ns.seed, ns.sample_mode, tokenizer=tok,
                             need=("train",), vocab_size=tok.vocab_size if tok else None)
-    return splits.describe() + describe_step(splits.train, ns.step, ns.batch_size, ns.gradient_accumulation_steps,
-                                             ns.dp_size, tok)
+    return splits.describe(), splits.train, ns.batch_size, ns.gradient_accumulation_steps, tok, [], None
+
+
+def _config_step_view(ns, tok) -> tuple:
+    """--config: the run's data keys and batch sizes, and the trainer state of its output_dir."""
+    from pretrain_cli.orchestration.prepare import inference_target, prepare
+
+    # one process on this machine's device, as `eval` and `generate` resolve
+    spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], inference_target())
+    skipped, where = _skipped_batches(spec.run.output.output_dir)
+    lines = spec.splits.describe()
+    if where:
+        lines.append(f"trainer state: {where} ({len(skipped)} skipped batches; steps after it assume none)")
+    lp = spec.run.loop
+    return lines, spec.splits.train, lp.micro_batch, lp.grad_accum, tok or spec.tokenizer, skipped, where
+
+
+def _step_object(view, step: int, dp_size: int, decode_chars: int = 120) -> dict:
+    """`--step K --json`: what `describe_step` prints, as one object (the same `first_sample`, `micro_batch` and
+    `batch_hash`), for a script to compare a run's logged hashes with."""
+    from pretrain_cli.data.inspect import first_sample
+    from pretrain_cli.data.loader import batch_hash, micro_batch
+
+    lines, dataset, micro_bs, acc, tok, skipped, where = view
+    g = micro_bs * dp_size
+    first = first_sample(step, g * acc, skipped)
+    micro_steps = []
+    for m in range(acc):
+        consumed = first + m * g
+        ranks = []
+        for r in range(dp_size):
+            part = micro_batch(dataset, consumed, micro_bs, r, dp_size)
+            rank = {"rank": r, "samples": [consumed + r * micro_bs, consumed + (r + 1) * micro_bs],
+                    "hash": batch_hash(part)}
+            if tok is not None:
+                rank["first_sample"] = tok.decode(part["input_ids"][0])[:decode_chars]
+            ranks.append(rank)
+        micro_steps.append({"micro_step": m, "samples": [consumed, consumed + g],
+                            "hash": batch_hash(micro_batch(dataset, consumed, g, 0, 1)), "ranks": ranks})
+    return {"step": step, "samples": [first, first + g * acc], "micro_batch_size": micro_bs, "dp_size": dp_size,
+            "gradient_accumulation_steps": acc, "skipped_batches": len(skipped),
+            "trainer_state": str(where) if where else None, "data": lines, "micro_steps": micro_steps}
+
+
+def _step(ns, tok) -> int:
+    """--step K: its samples and hashes, as text or (--json) one object."""
+    if ns.step < 1:  # before any data is read
+        raise UserError(f"--step: {ns.step} must be >= 1 (steps are counted from 1, as in the training log)")
+    view = _step_view(ns, tok)
+    if ns.json:
+        print(json.dumps(_step_object(view, ns.step, ns.dp_size)))
+        return 0
+    lines, dataset, micro_bs, acc, tok, skipped, _ = view
+    for line in lines + describe_step(dataset, ns.step, micro_bs, acc, ns.dp_size, tok, skipped_batches=skipped):
+        print(line)
+    return 0
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -79,9 +124,7 @@ def main(ns: argparse.Namespace) -> int:
 
         tok = load_tokenizer(ns.tokenizer)
     if ns.step is not None:
-        for line in _step_view(ns, tok):
-            print(line)
-        return 0
+        return _step(ns, tok)
     if not ns.prefix:
         raise UserError("inspect-data: PREFIX is required (the token files' path without .bin/.idx)")
     if os.path.isdir(ns.prefix):
