@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +100,20 @@ def test_step_view_json_is_one_object_with_the_texts_hashes(corpus, capsys):
     assert len(hashes) == 6 and all(f"hash {h}" in text for h in hashes)
     rank = info["micro_steps"][1]["ranks"][1]
     assert rank["samples"] == [14, 16] and repr(rank["first_sample"]) in text
+
+
+def test_step_view_of_a_config_without_output_dir(corpus, tmp_path, capsys):
+    """A base config that leaves output_dir to the command line: only training needs one."""
+    d, tok, _ = corpus
+    cfg = {"model_name_or_path": "micro-qwen2", "tokenizer_name_or_path": str(tok), "input_dir": str(d / "c"),
+           "split": "1", "max_seq_length": 16, "per_device_train_batch_size": 2, "device": "cpu", "do_train": True,
+           "max_steps": 10}
+    (tmp_path / "base.json").write_text(json.dumps(cfg))
+    placeholders = lambda: sorted(Path(tempfile.gettempdir()).glob("pretrain-cli-inspect-*"))  # noqa: E731
+    before = placeholders()
+    assert _run("--config", tmp_path / "base.json", "--step", 2) == 0
+    text = capsys.readouterr().out
+    assert "step 2: global samples [2, 4)" in text and "trainer state" not in text
+    assert _run("--config", tmp_path / "base.json", "--step", 2, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["trainer_state"] is None
+    assert placeholders() == before  # the placeholder output_dir is removed again

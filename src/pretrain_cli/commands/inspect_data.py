@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print one JSON object instead of the summary (with --step: of the step's samples)")
     parser.add_argument("--step", type=int, metavar="K",
                         help="show the samples and batch hashes of optimizer step K (default: statistics)")
-    parser.add_argument("--config", help="training argument file: its data keys and batch sizes for --step "
-                                         "(default: the flags below)")
+    parser.add_argument("--config", help="training argument file: its data keys and batch sizes for --step; "
+                                         "output_dir may be absent (default: the flags below)")
     parser.add_argument("--max_seq_length", type=int, default=1024, help="for --step (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="for --step (default: %(default)s)")
     parser.add_argument("--split", default="949,50,1", help="for --step (default: %(default)s)")
@@ -62,12 +62,20 @@ def _step_view(ns, tok) -> tuple:
 
 
 def _config_step_view(ns, tok) -> tuple:
-    """--config: the run's data keys and batch sizes, and the trainer state of its output_dir."""
-    from pretrain_cli.orchestration.prepare import inference_target, prepare
+    """--config: the run's data keys and batch sizes. A file without output_dir (a base config that leaves it to
+    the command line) is inspected too: only training needs one, so an empty placeholder directory stands in,
+    which holds no trainer state and so no skipped batches."""
+    import tempfile
 
-    # one process on this machine's device, as `eval` and `generate` resolve
-    spec = prepare(ns.config, ["--input_dir", ns.prefix] if ns.prefix else [], inference_target())
-    skipped, where = _skipped_batches(spec.run.output.output_dir)
+    from pretrain_cli.orchestration.prepare import inference_target, load_arguments, prepare
+
+    overrides = ["--input_dir", ns.prefix] if ns.prefix else []
+    with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:
+        has_output = bool(str(load_arguments(ns.config, overrides).training.output_dir or "").strip())
+        changes = None if has_output else {"output_dir": placeholder}
+        # one process on this machine's device, as `eval` and `generate` resolve
+        spec = prepare(ns.config, overrides, inference_target(), changes)
+    skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
     lines = spec.splits.describe()
     if where:
         lines.append(f"trainer state: {where} ({len(skipped)} skipped batches; steps after it assume none)")
