@@ -42,10 +42,12 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     if not path.is_dir() or record_path(path) is None or has_weights(path):
         return name, None
     model, note = trained_model(path)
-    if model is None:
-        raise UserError(f"{key}: {name} is a run's output_dir with neither a final model nor a checkpoint-N yet; "
-                        f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
-    return str(model), note
+    if model is not None:
+        return str(model), note
+    if (path / "config.json").is_file():  # a model directory of ours without weights: judged where it loads
+        return name, None
+    raise UserError(f"{key}: {name} is a run's output_dir with neither a final model nor a checkpoint-N yet; "
+                    f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
 
 
 def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> Arguments | None:
