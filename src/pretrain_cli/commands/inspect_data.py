@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from pretrain_cli.data.inspect import check_vocab, describe_step, summarize, summarize_directory
+from pretrain_cli.data.inspect import check_vocab, describe_step, step_record, summarize, summarize_directory
 from pretrain_cli.commands import check_counts
 from pretrain_cli.errors import UserError
 
@@ -83,31 +83,12 @@ def _config_step_view(ns, tok) -> tuple:
     return lines, spec.splits.train, lp.micro_batch, lp.grad_accum, tok or spec.tokenizer, skipped, where
 
 
-def _step_object(view, step: int, dp_size: int, decode_chars: int = 120) -> dict:
-    """`--step K --json`: what `describe_step` prints, as one object (the same `first_sample`, `micro_batch` and
-    `batch_hash`), for a script to compare a run's logged hashes with."""
-    from pretrain_cli.data.inspect import first_sample
-    from pretrain_cli.data.loader import batch_hash, micro_batch
-
+def _step_object(view, step: int, dp_size: int) -> dict:
+    """`--step K --json`: `data.inspect.step_record` (what `describe_step` prints), with the data lines and the
+    trainer state it read, for a script to compare a run's logged hashes with."""
     lines, dataset, micro_bs, acc, tok, skipped, where = view
-    g = micro_bs * dp_size
-    first = first_sample(step, g * acc, skipped)
-    micro_steps = []
-    for m in range(acc):
-        consumed = first + m * g
-        ranks = []
-        for r in range(dp_size):
-            part = micro_batch(dataset, consumed, micro_bs, r, dp_size)
-            rank = {"rank": r, "samples": [consumed + r * micro_bs, consumed + (r + 1) * micro_bs],
-                    "hash": batch_hash(part)}
-            if tok is not None:
-                rank["first_sample"] = tok.decode(part["input_ids"][0])[:decode_chars]
-            ranks.append(rank)
-        micro_steps.append({"micro_step": m, "samples": [consumed, consumed + g],
-                            "hash": batch_hash(micro_batch(dataset, consumed, g, 0, 1)), "ranks": ranks})
-    return {"step": step, "samples": [first, first + g * acc], "micro_batch_size": micro_bs, "dp_size": dp_size,
-            "gradient_accumulation_steps": acc, "skipped_batches": len(skipped),
-            "trainer_state": str(where) if where else None, "data": lines, "micro_steps": micro_steps}
+    rec = step_record(dataset, step, micro_bs, acc, dp_size, tok, skipped_batches=skipped)
+    return {**rec, "trainer_state": str(where) if where else None, "data": lines}
 
 
 def _step(ns, tok) -> int:

@@ -88,30 +88,48 @@ def first_sample(step: int, batch: int, skipped_batches=()) -> int:
     return first
 
 
-def describe_step(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
-                  decode_chars: int = 120, skipped_batches=()) -> list[str]:
-    """Samples and hashes of optimizer step `step` (1-based, as logged): step k consumes the global
-    samples [first, first + B), B = micro_bs*dp_size*acc (`first_sample`); micro-step m on rank r
-    takes its slice."""
+def step_record(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
+                decode_chars: int = 120, skipped_batches=()) -> dict:
+    """Samples and hashes of optimizer step `step` (1-based, as logged): step k consumes the global samples
+    [first, first + B), B = micro_bs*dp_size*acc (`first_sample`); micro-step m on rank r takes its slice. The one
+    computation behind `describe_step`'s lines and `inspect-data --step K --json`."""
     from pretrain_cli.data.loader import batch_hash, micro_batch
 
     if step < 1:
         raise UserError(f"--step: {step} must be >= 1 (steps are counted from 1, as in the training log)")
     g = micro_bs * dp_size
     first = first_sample(step, g * acc, skipped_batches)
-    lines = [f"step {step}: global samples [{first}, {first + g * acc}) (micro_bs {micro_bs} x dp {dp_size} x acc {acc}"
-             f"{f'; after {len(skipped_batches)} skipped batches' if skipped_batches else ''})"]
+    micro_steps = []
     for m in range(acc):
         consumed = first + m * g
-        whole = micro_batch(dataset, consumed, g, 0, 1)
-        lines.append(f"  micro-step {m}: samples [{consumed}, {consumed + g}) global hash {batch_hash(whole)}")
+        ranks = []
         for r in range(dp_size):
             part = micro_batch(dataset, consumed, micro_bs, r, dp_size)
-            lines.append(f"    rank {r}: samples [{consumed + r * micro_bs}, {consumed + (r + 1) * micro_bs}) "
-                         f"hash {batch_hash(part)}")
+            rank = {"rank": r, "samples": [consumed + r * micro_bs, consumed + (r + 1) * micro_bs],
+                    "hash": batch_hash(part)}
             if tokenizer is not None:
-                text = tokenizer.decode(part["input_ids"][0])[:decode_chars]
-                lines.append(f"      first sample: {text!r}")
+                rank["first_sample"] = tokenizer.decode(part["input_ids"][0])[:decode_chars]
+            ranks.append(rank)
+        micro_steps.append({"micro_step": m, "samples": [consumed, consumed + g],
+                            "hash": batch_hash(micro_batch(dataset, consumed, g, 0, 1)), "ranks": ranks})
+    return {"step": step, "samples": [first, first + g * acc], "micro_batch_size": micro_bs, "dp_size": dp_size,
+            "gradient_accumulation_steps": acc, "skipped_batches": len(skipped_batches), "micro_steps": micro_steps}
+
+
+def describe_step(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
+                  decode_chars: int = 120, skipped_batches=()) -> list[str]:
+    """`step_record` as the lines `inspect-data --step K` prints."""
+    rec = step_record(dataset, step, micro_bs, acc, dp_size, tokenizer, decode_chars, skipped_batches)
+    (first, end), skipped = rec["samples"], rec["skipped_batches"]
+    lines = [f"step {step}: global samples [{first}, {end}) (micro_bs {micro_bs} x dp {dp_size} x acc {acc}"
+             f"{f'; after {skipped} skipped batches' if skipped else ''})"]
+    for ms in rec["micro_steps"]:
+        lo, hi = ms["samples"]
+        lines.append(f"  micro-step {ms['micro_step']}: samples [{lo}, {hi}) global hash {ms['hash']}")
+        for r in ms["ranks"]:
+            lines.append(f"    rank {r['rank']}: samples [{r['samples'][0]}, {r['samples'][1]}) hash {r['hash']}")
+            if "first_sample" in r:
+                lines.append(f"      first sample: {r['first_sample']!r}")
     return lines
 
 
