@@ -45,12 +45,13 @@ def test_dp_with_recompute_matches_single_process(ref, dp):
 
 
 def test_stage1_resumed_from_one_process_matches_dp(corpus, tmp_path, ref, dp):
-    """fleet's ZeRO-1 over 2 ranks resumed from one process's checkpoint-5 (each rank reads its own half of the AdamW
-    state): steps 6-10 on the one-process curve, and its checkpoint-10 (each rank wrote the half it holds) assembles
+    """fleet's ZeRO-1 over 2 ranks, 2 micro-batches a step, resumed from one process's checkpoint-5 (each rank reads
+    its own half of the AdamW state): steps 6-10 on the one-process curve, and its checkpoint-10 (each rank wrote the half it holds) assembles
     to data parallelism's, weights and optimizer state alike. (ZeRO-1 from step 1: the layout matrix; plain data
     parallelism reading a checkpoint: test_layouts.py's dp2_tp2_stage3-to-dp2.)"""
     (r, rout), (_, dout) = ref, dp
     cfg = write_config(tmp_path / "s1.json", corpus, tmp_path / "out", sharding="stage1", save_steps=5,
+                       per_device_train_batch_size=2, gradient_accumulation_steps=2,  # fleet's wrapper: no no_sync
                        resume_from_checkpoint=str(rout / "checkpoint-5"), overwrite_output_dir=False)
     run = launch(cfg, tmp_path / "log")
     assert run.returncode == 0, run.explain()

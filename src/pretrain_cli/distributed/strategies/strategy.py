@@ -271,6 +271,14 @@ class FleetZero1(FleetHybrid, DataParallel):
         self._owned = self._dso.filter_parameters(self._params, hcg)
         return self._hpo
 
+    def no_sync(self, model, last_micro_batch: bool):
+        """fleet's `ShardingParallel` (what `distributed_model` gives with a sharding axis) reduces nothing in the
+        backward and has no `no_sync`: the gradients are reduced once a step, in `sync_grads`. A plain
+        `DataParallel` (no sharding axis) holds its all-reduce back as `DataParallel.no_sync` does."""
+        if hasattr(model, "no_sync"):
+            return super().no_sync(model, last_micro_batch)
+        return contextlib.nullcontext()
+
     def grad_params(self, model) -> list:
         return self._owned
 
