@@ -1,12 +1,42 @@
 #!/usr/bin/env python
 """`python -m paddle.distributed.launch` as launch.sh runs it: the same launcher, with the HTTP client's INFO
 lines (`HTTP Request: GET …/healthy`, one per poll while a node waits for the others, at Paddle's INFO logging)
-kept out of the console; the launcher's own lines follow `--log_level` as before."""
-import logging
-import runpy
+kept out of the console; the launcher's own lines follow `--log_level` as before.
+
+Its exit code on a signal, too: Paddle's launcher stops its ranks and exits with the signal's number (2 for
+SIGINT, 15 for SIGTERM), which collides with a usage error (2) and reads as a failure to retry (15); here it
+becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported is
+`error: interrupted`, 130, as the CLI's own, not a traceback."""
 import sys
 
 if __name__ == "__main__":
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls with httpx
-    sys.argv[0] = "paddle.distributed.launch"
-    runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
+    try:
+        import logging
+        import runpy
+        import signal
+
+        received = set()
+        _install = signal.signal
+
+        def _noting(signum, handler):
+            """The launcher's handlers, noting which signal arrived before they run."""
+            if signum in (signal.SIGINT, signal.SIGTERM) and callable(handler):
+                def noted(num, frame, _handler=handler):
+                    received.add(num)
+                    return _handler(num, frame)
+
+                return _install(signum, noted)
+            return _install(signum, handler)
+
+        signal.signal = _noting
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
+        sys.argv[0] = "paddle.distributed.launch"
+        try:
+            runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            if isinstance(e.code, int) and e.code in received:
+                sys.exit(128 + e.code)
+            raise
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -293,3 +293,54 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_re
     while job_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not job_pids(marker), job_pids(marker)
+
+
+def _launcher_pid(marker: str) -> int | None:
+    """Paddle's launcher under launch.sh (scripts/paddle_launch.py) of the job started with PCLI_JOB=<marker>."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"PCLI_JOB={marker}".encode() in env and b"paddle_launch.py" in cmd:
+            return int(pid)
+    return None
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm_launcher"])
+def test_a_stop_by_signal_under_launch_sh_saves_exits_0_and_is_not_restarted(corpus, tmp_path, how):
+    """Ctrl-C (SIGINT to the job's process group, as a terminal sends it) or SIGTERM to the launcher alone, under
+    MAX_RESTART=1: every rank finishes its step and saves, launch.sh exits 0 without a restart (Paddle's launcher
+    exits with the signal's number, 2 or 15: a usage error and a failure to retry), and the run lock is released
+    (the launcher's SIGTERM reaching rank 0 after the Ctrl-C was fatal once it had stopped training)."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "global_step: 3," not in _read_log(tmp_path / "log" / "workerlog.0"):
+            assert proc.poll() is None and time.monotonic() < deadline, _read_log(tmp_path / "log" / "workerlog.0")
+            time.sleep(0.1)
+        if how == "ctrl_c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(_launcher_pid(marker), signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log0, log1 = _read_log(tmp_path / "log" / "workerlog.0"), _read_log(tmp_path / "log" / "workerlog.1")
+    assert proc.returncode == 0, err[-3000:] + log0[-3000:]
+    assert "restart" not in err and "ended the job" not in err, err[-3000:]
+    step = json.loads((sorted((tmp_path / "out").glob("checkpoint-*"))[-1] / "trainer_state.json").read_text())
+    assert f"stopped at step {step['global_step']} and saved" in log0
+    assert not (tmp_path / "out" / "run.lock").exists()
+    assert "died" not in log1 and "Traceback" not in log0 + log1 + err
+
+
+def _read_log(path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""

@@ -34,6 +34,13 @@ def run(spec) -> int:
     finally:
         if lock is not None:
             lock.release()
+        while _restore_signals:
+            _restore_signals.pop()()
+
+
+# a run stopped by a signal keeps the trainer's handlers (a second signal is logged, not fatal) until `run` has
+# released the lock: `finish` leaves their restore here
+_restore_signals: list = []
 
 
 def _run(spec) -> int:
@@ -249,7 +256,12 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
             progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
-                log.warning(stop_message(r.output, trainer.state.global_step))
+                from pretrain_cli.distributed.launcher import job
+
+                _restore_signals.append(trainer.restore_signals)
+                message = stop_message(r.output, trainer.state.global_step)
+                job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
+                log.warning(message)
                 watchdog.stop()
                 comm.wait_until_seen()
                 return None

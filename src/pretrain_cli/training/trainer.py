@@ -95,6 +95,7 @@ class Trainer:
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self._started: float | None = None  # when this process's training loop began, while it runs
         self.stop_requested = False
+        self.restore_signals = lambda: None  # after a stop on a signal: the handlers to put back, at the very end
         if resumed is not None:
             self.load_state_dict(resumed)
 
@@ -221,7 +222,10 @@ class Trainer:
             self.state.train_seconds += self.process_seconds
             self._started = None
             batches.close()
-            restore()
+            if self.stop_requested:  # stopping on a signal: a second one (the launcher's SIGTERM after a Ctrl-C)
+                self.restore_signals = restore  # must not kill the saves and the run lock's release ahead
+            else:
+                restore()
             if bar is not None:
                 bar.close()
         return {"stopped_by_signal": stopped_by_signal}

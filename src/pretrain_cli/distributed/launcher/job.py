@@ -59,7 +59,8 @@ def verdict_dir() -> Path | None:
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
-    another rank failed), "died", "hung"; "joining" while it joins the process group, cleared once joined), when
+    another rank failed), "died", "hung", "stopped" (by a signal, after saving: exit 0); "joining" while it joins
+    the process group, cleared once joined), when
     launched by launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
@@ -103,7 +104,8 @@ def cause(directory) -> str | None:
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text(encoding="utf-8")))
-    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
+                 key=lambda r: r.get("time", 0))
     if not own or not own[0].get("line"):
         return None
     line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
@@ -119,7 +121,8 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text(encoding="utf-8")))
-    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining")), key=lambda r: r.get("time", 0))
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
+                 key=lambda r: r.get("time", 0))
     if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):
         return USAGE, "stop"
     if any(r.get("kind") == "interrupted" for r in own):  # Ctrl-C: the user stopped it
@@ -130,6 +133,8 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
         return TRANSIENT, "rendezvous"
     if own:
         return int(own[0]["exit"]), "retry"
+    if any(r.get("kind") == "stopped" for r in records):  # a signal stopped it and every rank saved: done
+        return 0, "stop"
     if launcher_rc in (USAGE, 130, 143):  # a usage error (the launcher's own), interrupted, terminated: not retried
         return launcher_rc, "stop"
     return launcher_rc, "retry"
