@@ -9,6 +9,7 @@ the same weights as an uninterrupted 2-process run (which saves synchronously: t
 Paddle 3.3.1's own `--max_restart` only acts with an etcd master (`CollectiveElasticController`); with the
 default master a failed rank stops the pod and the launcher exits, so `launch.sh` is the restart loop.
 """
+import contextlib
 import json
 import os
 import re
@@ -333,6 +334,9 @@ def test_a_stop_by_signal_under_launch_sh_saves_exits_0_and_is_not_restarted(cor
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in job_pids(marker):  # a restarted launcher's ranks are in their own process groups
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     log0, log1 = _read_log(tmp_path / "log" / "workerlog.0"), _read_log(tmp_path / "log" / "workerlog.1")
     assert proc.returncode == 0, err[-3000:] + log0[-3000:]
     assert "restart" not in err and "ended the job" not in err, err[-3000:]
