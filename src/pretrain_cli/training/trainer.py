@@ -172,6 +172,14 @@ class Trainer:
         old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         return lambda: [signal.signal(s, h) for s, h in old.items()]
 
+    @staticmethod
+    def _ignore_signals() -> None:
+        """SIGINT/SIGTERM ignored (not handled: a handled signal interrupts the system call it lands in) until
+        `restore_signals`; the launcher's force-kill still ends a stop that never finishes."""
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        log.info("stopping: a further SIGINT/SIGTERM is ignored until the last checkpoint is written")
+
     def train(self) -> dict:
         lp = self.loop
         restore = self._install_signal_handlers()
@@ -223,7 +231,8 @@ class Trainer:
             self._started = None
             batches.close()
             if self.stop_requested:  # stopping on a signal: a second one (the launcher's SIGTERM after a Ctrl-C)
-                self.restore_signals = restore  # must not kill the saves and the run lock's release ahead
+                self._ignore_signals()  # must neither kill the saves and the lock's release ahead nor interrupt
+                self.restore_signals = restore  # a store or collective call (EINTR) on the way there
             else:
                 restore()
             if bar is not None:
