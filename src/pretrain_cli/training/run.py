@@ -38,8 +38,8 @@ def run(spec) -> int:
             _restore_signals.pop()()
 
 
-# a run stopped by a signal keeps the trainer's handlers (a second signal is logged, not fatal) until `run` has
-# released the lock: `finish` leaves their restore here
+# a run stopped by a signal ignores further signals (`Trainer._ignore_signals`) until `run` has
+# released the lock: `finish` leaves the restore of the handlers here
 _restore_signals: list = []
 
 
