@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """launch.sh's helper: `job.py ports -- CMD...` runs CMD holding a block of rendezvous ports;
-`job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next (`distributed/launcher/job.py`)."""
+`job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next (`distributed/launcher/job.py`);
+`job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
+(`training/run_lock.py`: a layer the launcher's own module does not reach into)."""
 import os
 import sys
 
@@ -9,4 +11,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pretrain_cli.distributed.launcher.job import main  # noqa: E402
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "held":
+        from pretrain_cli.training.run_lock import refusal
+
+        line = refusal(sys.argv[2])
+        if line:
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(2 if line else 0)
     raise SystemExit(main(sys.argv[1:]))

@@ -23,17 +23,24 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=${PYTHON:-python}
+out=""  # the run's output_dir: from --output_dir, else the file
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "--output_dir" ]; then out=$a; fi
+  prev=$a
+done
+if [ -z "$out" ]; then
+  out=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("output_dir") or "")' "${1:-}" \
+        2>/dev/null || true)
+fi
+# One node: a live run holding output_dir refuses this launch before the launcher opens its logs, which are
+# that run's (output_dir/log). (Several nodes start together and one of them takes the lock: not asked there.)
+if [ -z "${MASTER:-}" ] && [ -n "$out" ]; then
+  held=0
+  "$PY" "$HERE/job.py" held "$out" || held=$?
+  if [ "$held" -eq 2 ]; then exit 2; fi
+fi
 if [ -z "${LOG_DIR:-}" ]; then  # the run's own output_dir/log, not a stray ./log
-  out=""
-  prev=""
-  for a in "$@"; do
-    if [ "$prev" = "--output_dir" ]; then out=$a; fi
-    prev=$a
-  done
-  if [ -z "$out" ]; then
-    out=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("output_dir") or "")' "${1:-}" \
-          2>/dev/null || true)
-  fi
   LOG_DIR=${out:+${out%/}/}log
   if [ -n "${MASTER:-}" ]; then  # every node writes workerlog.0..N-1: one directory per node on the shared output_dir
     LOG_DIR=$LOG_DIR/node-${NODE_RANK:-$(hostname)}

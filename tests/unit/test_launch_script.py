@@ -140,3 +140,30 @@ def test_a_failed_rendezvous_is_retried_with_new_ports_without_counting_as_a_res
     assert "could not join the process group; trying again with new ports (2 of 3)" in out.stderr
     out, calls = _flaky(tmp_path, "75,75,75,75,75", "0", **{f"VERDICT_{n}": join for n in range(1, 6)})
     assert out.returncode == 75 and len(calls) == 4  # three retries, then the job's own verdict
+
+
+def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_opens_its_logs(tmp_path):
+    """The launcher's logs are output_dir/log: a second launch into a running job's directory is refused by
+    launch.sh itself (the lock's one line, exit 2), not by the second job's rank 0 writing into the first's log.
+    Several nodes (MASTER) start together and one takes the lock: not asked there. A stale lock: launched."""
+    import json
+    import socket
+
+
+    (tmp_path / "cfg.json").write_text('{"output_dir": "run"}')
+    (tmp_path / "run").mkdir()
+    lock = tmp_path / "run" / "run.lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": "then"}))
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER", "LOG_DIR")}
+    env.update(PYTHON=str(fake), RECORD=str(tmp_path / "cmd.txt"))
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 2 and not (tmp_path / "cmd.txt").exists()
+    assert out.stderr.strip() == (f"error: output_dir: run is in use by another run (pid {os.getpid()} on this host, "
+                                  f"started then); wait for it to finish, stop it, or choose another output_dir")
+    assert "--log_dir" in _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7, "started": "then"}))  # gone
+    assert "--log_dir" in _launch(tmp_path)

@@ -78,6 +78,18 @@ def acquire(output_dir) -> RunLock:
         candidate.unlink(missing_ok=True)
 
 
+def refusal(output_dir) -> str | None:
+    """The line `acquire` would refuse `output_dir` with now (a live run holds its lock), or None; nothing is
+    taken. launch.sh asks before it starts the launcher, whose logs would otherwise go into the running job's."""
+    out = Path(output_dir)
+    path = out / LOCK_FILE
+    holder = _read(path)
+    here = socket.gethostname()
+    if holder is None or (holder.get("host") == here and not _holder_alive(holder)):
+        return None
+    return _refusal(out, path, holder, here)
+
+
 def _refusal(out: Path, path: Path, holder: dict, here: str) -> str:
     where = "this host" if holder.get("host") == here else f"host {holder.get('host')}"
     gone = ("" if holder.get("host") == here else
