@@ -257,7 +257,7 @@ def test_token_files_of_another_tokenizer_are_refused(tmp_path, tok_dir):
     run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "e" / "b", "--tokenizer", other)
     ok = build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok_dir), need=("train",))
     assert ok.train is not None
-    for tok, field in ((other, "vocab_size 300, the run's 280"), (same_size, "tokenizer_sha256")):
+    for tok, field in ((other, "vocab_size 300, the run's 280"), (same_size, "tokenizer_fingerprint")):
         with pytest.raises(UserError) as e:
             build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok), need=("train",))
         msg = str(e.value)
@@ -268,3 +268,21 @@ def test_token_files_of_another_tokenizer_are_refused(tmp_path, tok_dir):
     with pytest.raises(UserError, match=r"b.json: vocab_size 280 differs from 300 in .*a.json"):
         build_datasets(blend, "90,5,5", 16, 1, need=("train",))
     assert cli.main(["inspect-data", str(tmp_path / "d" / "a"), "--tokenizer", str(other)]) == 2
+    # the same tokenizer, reformatted (a run's export of a vocab.json + merges.txt source, or a re-save): accepted
+    from pretrain_cli.data.tokenizer import export_files
+
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "tokenizer.json").write_text(json.dumps(json.loads((tok_dir / "tokenizer.json").read_text()),
+                                                                 indent=4))
+    (tmp_path / "export").mkdir()
+    export_files(tok_dir, tmp_path / "export")
+    for copy in (tmp_path / "copy", tmp_path / "export"):
+        assert load_tokenizer(copy).sha256 != load_tokenizer(tok_dir).sha256 or copy.name == "export"
+        assert build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(copy),
+                              need=("train",)).train is not None
+    # a sidecar from before the fingerprint (sha256 of the file's bytes only): judged by size and eos alone
+    meta = json.loads((tmp_path / "d" / "a.json").read_text())
+    meta.pop("tokenizer_fingerprint")
+    (tmp_path / "d" / "a.json").write_text(json.dumps(meta))
+    assert build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tmp_path / "copy"),
+                          need=("train",)).train is not None

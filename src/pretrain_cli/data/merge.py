@@ -53,13 +53,15 @@ def tokenizer_problems(items) -> list[str]:
 
 
 def tokenizer_mismatches(items, tok) -> list[str]:
-    """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size,
-    eos id, or tokenizer.json's sha256; files without a sidecar are not judged). Same-sized vocabularies can
-    still split text differently (a tokenizer retrained on other text), which only the sha256 tells."""
-    want = {"vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id, "tokenizer_sha256": tok.sha256}
+    """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size, eos
+    id, or the tokenizer's `fingerprint`; files without a sidecar are not judged). Same-sized vocabularies can
+    still split text differently (a tokenizer retrained on other text), which only the fingerprint tells. A sidecar
+    from before the fingerprint has only the sha256 of tokenizer.json's bytes, which a reformatted copy of the
+    same tokenizer changes: there only the size and eos id are judged."""
+    want = {"vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id, "tokenizer_fingerprint": tok.fingerprint}
     problems = []
     for p, m in items:
-        field = next((f for f in TOKENIZER_FIELDS if m and m.get(f) is not None and m[f] != want[f]), None)
+        field = next((f for f in want if m and m.get(f) is not None and m[f] != want[f]), None)
         if field is not None:
             problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}, the "
                             f"run's {want[field]!s:.16}); re-run preprocess with {tok.path}, or set "
@@ -107,7 +109,7 @@ def merge(output: str, inputs) -> dict:
             "tokens": sum(d.num_tokens for d in datasets), "dtype": first.dtype.name,
             "max_token_id": max(d.max_token_id() for d in datasets), "merged_from": prefixes,
             "inputs_without_sidecar": len(prefixes) - len(known)}
-    for field in (*TOKENIZER_FIELDS, "tokenizer", "eos_appended", "json_key"):
+    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key"):
         vals = {str(m.get(field)) for m in known if field in m}
         if len(vals) == 1:
             meta[field] = next(m[field] for m in known if field in m)

@@ -244,7 +244,8 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     atomic.write_json(prefix + ".json", {
         "format": SIDECAR_FORMAT, "documents": docs, "tokens": tokens, "max_token_id": stats["max_id"],
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(job.tokenizer),
-        "tokenizer_sha256": tok.sha256, "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
+        "tokenizer_sha256": tok.sha256, "tokenizer_fingerprint": tok.fingerprint,
+        "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
         "json_key": job.json_key, "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,
         "inputs_sha256": inputs_sha, "skipped_bad_lines": reader.bad_lines,
         "skipped_corrupt_parts": reader.bad_parts, "skipped_empty_documents": empty,

@@ -70,6 +70,15 @@ class Tokenizer:
         self.sha256 = sha256
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the tokenizer as `tokenizers` serialises it: the same for every copy of one tokenizer, however
+        its tokenizer.json is formatted (a run's export writes a pretty-printed one for a vocab.json + merges.txt
+        source), where `sha256` is of the file's bytes. What token files are checked against (`data.merge`)."""
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()
+        return self._fingerprint
+
     def _id(self, role: str) -> int | None:
         text = self.special_tokens.get(role)
         return None if text is None else self._tok.token_to_id(text)
