@@ -27,6 +27,7 @@ out=""  # the run's output_dir: from --output_dir, else the file
 prev=""
 for a in "$@"; do
   if [ "$prev" = "--output_dir" ]; then out=$a; fi
+  case $a in --output_dir=*) out=${a#*=};; esac
   prev=$a
 done
 if [ -z "$out" ]; then

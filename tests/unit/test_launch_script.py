@@ -164,6 +164,8 @@ def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_op
     assert out.returncode == 2 and not (tmp_path / "cmd.txt").exists()
     assert out.stderr.strip() == (f"error: output_dir: run is in use by another run (pid {os.getpid()} on this host, "
                                   f"started then); wait for it to finish, stop it, or choose another output_dir")
+    cmd = _launch(tmp_path, "--output_dir=free")  # the command line's directory is asked, in either spelling
+    assert cmd[cmd.index("--log_dir") + 1] == "free/log"
     assert "--log_dir" in _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7, "started": "then"}))  # gone
     assert "--log_dir" in _launch(tmp_path)
