@@ -238,6 +238,32 @@ def test_training_time_is_summed_over_a_resume(corpus, tmp_path):
     assert results["train_runtime"] > results["tokens_this_process"] / results["effective_tokens_per_second_this_process"]
 
 
+@pytest.mark.parametrize("at_step", [2, 3])  # 3 = max_steps: the loop ends anyway, then the final export
+def test_a_signal_stop_puts_the_processs_handlers_back_when_the_run_ends(corpus, tmp_path, monkeypatch, at_step):
+    """A run stopped by SIGTERM ignores further signals while it saves (and exports), then leaves the handlers as
+    they were: SIG_IGN stayed for good when the signal came in the last step."""
+    import os
+    import signal
+
+    from pretrain_cli.training import trainer as trainer_mod
+
+    real, steps = trainer_mod.Trainer.train_step, []
+
+    def step_then_signal(self, batches):
+        result = real(self, batches)
+        steps.append(1)
+        if len(steps) == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: finish the step, save, stop
+        return result
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_then_signal)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert cli_main(["train", write_config(tmp_path, corpus, max_steps=3, save_steps=10)]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+    state = json.loads((tmp_path / "out" / f"checkpoint-{at_step}" / "trainer_state.json").read_text())
+    assert state["global_step"] == at_step
+
+
 def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):
     """Allowed (a new data mix halfway is a choice), but one warning per changed key names both values."""
     cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)

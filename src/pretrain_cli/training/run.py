@@ -253,12 +253,12 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
+            _restore_signals.append(trainer.restore_signals)  # (a no-op unless a signal stopped the loop)
             progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:
                 from pretrain_cli.distributed.launcher import job
 
-                _restore_signals.append(trainer.restore_signals)
                 message = stop_message(r.output, trainer.state.global_step)
                 job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
                 log.warning(message)

@@ -178,7 +178,7 @@ class Trainer:
         `restore_signals`; the launcher's force-kill still ends a stop that never finishes."""
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, signal.SIG_IGN)
-        log.info("stopping: a further SIGINT/SIGTERM is ignored until the last checkpoint is written")
+        log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
 
     def train(self) -> dict:
         lp = self.loop
@@ -222,8 +222,8 @@ class Trainer:
                 stop = self.comm.any(self.stop_requested)
                 if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
                     self._save(stopping=stop)
-                if stop:
-                    stopped_by_signal = step < lp.max_steps
+                if stop:  # (this rank's own signal, or another rank's: `comm.any`)
+                    stopped_by_signal, self.stop_requested = step < lp.max_steps, True
                     break
         finally:
             self.process_seconds = time.perf_counter() - start
