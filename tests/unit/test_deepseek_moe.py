@@ -127,3 +127,19 @@ def test_routing_and_mla_scaling_errors_are_one_line(kw, words):
 def test_yarn_without_factor_is_taken_where_mla_does_not_read_it():
     """Without `mscale_all_dim` the factor is the ratio of the context lengths (transformers' `factor: null`)."""
     ModelConfig(**{**MICRO, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 16}}).validate()
+
+
+def test_deepseek_v2s_norm_topk_prob_is_said_to_do_nothing():
+    """transformers' V2 router ignores it (test above); a config.json setting it true gets a note, not silence."""
+    import dataclasses
+
+    from run_helpers import BASE
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+
+    v2 = ModelConfig(**{**MICRO, "model_type": "deepseek_v2", "topk_method": "greedy", "norm_topk_prob": True})
+    notes = resolve(parse_config(None, list(BASE)), v2, Target("cpu", 1, 0)).notes
+    assert any(n.startswith("norm_topk_prob: true has no effect on DeepSeek-V2's routing") for n in notes), notes
+    quiet = resolve(parse_config(None, list(BASE)), dataclasses.replace(v2, norm_topk_prob=False), Target("cpu", 1, 0))
+    assert not any(n.startswith("norm_topk_prob") for n in quiet.notes)

@@ -37,6 +37,9 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
                      "(the reentrant recompute runs the first forward without autograd); set it to false")
     # the counts are summed over every rank (`comm.sum_over_ranks`); the shares are ratios, so the tp ranks of expert
     # parallelism (the tp step's ranks route the same tokens) count each token tp times and change none of them
+    if moe_model and model_cfg.model_type == "deepseek_v2" and model_cfg.norm_topk_prob:
+        notes.append("norm_topk_prob: true has no effect on DeepSeek-V2's routing, as in transformers (its weights are "
+                     "the scores x routed_scaling_factor; DeepSeek's own V2 code normalises instead of scaling)")
     tp_copies = parallel.tp_degree if parallel is not None and parallel.ep_degree > 1 else 1
     if (m.moe_aux_loss_scope == "global" and parallel is not None
             and parallel.data_world_size * tp_copies != parallel.world_size):
