@@ -5,8 +5,9 @@ kept out of the console; the launcher's own lines follow `--log_level` as before
 
 Its exit code on a signal, too: Paddle's launcher stops its ranks and exits with the signal's number (2 for
 SIGINT, 15 for SIGTERM), which collides with a usage error (2) and reads as a failure to retry (15); here it
-becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported is
-`error: interrupted`, 130, as the CLI's own, not a traceback."""
+becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported (which
+Paddle re-raises as an ImportError from the KeyboardInterrupt) is `error: interrupted`, 130, as the CLI's own, not a
+traceback."""
 import sys
 
 if __name__ == "__main__":
@@ -37,6 +38,14 @@ if __name__ == "__main__":
             if isinstance(e.code, int) and e.code in received:
                 sys.exit(128 + e.code)
             raise
+    except Exception as e:  # Paddle's import turns a KeyboardInterrupt into an ImportError raised from it
+        cause = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -169,3 +169,54 @@ def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_op
     assert "--log_dir" in _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7, "started": "then"}))  # gone
     assert "--log_dir" in _launch(tmp_path)
+
+
+def _paddle_launch(tmp_path):
+    """scripts/paddle_launch.py over one process of a script that only sleeps (no rank of ours: no records)."""
+    import sys
+
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(60)\n")
+    return subprocess.Popen([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
+                             "--log_dir", str(tmp_path / "log"), str(tmp_path / "sleep.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+
+
+def _wait(condition, proc, seconds=60):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+def test_the_launchers_exit_on_a_signal_is_the_shells_not_the_signals_number(tmp_path):
+    """Paddle's launcher exits with the signal's number (15 here: job.py decide would retry it; 2 for SIGINT: a
+    usage error's code); paddle_launch.py makes it 143 / 130, which decide stops on."""
+    import signal
+
+    proc = _paddle_launch(tmp_path)
+    _wait(lambda: (tmp_path / "log" / "workerlog.0").is_file(), proc)  # the launcher runs its rank
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+
+
+def test_a_ctrl_c_while_paddle_is_imported_is_error_interrupted_130(tmp_path):
+    """Interrupted inside the import (Paddle's library mapped, the launcher not started): one line, 130."""
+    import signal
+
+    proc = _paddle_launch(tmp_path)
+
+    def importing():
+        try:
+            return "libpaddle" in (Path("/proc") / str(proc.pid) / "maps").read_text()
+        except OSError:
+            return False
+
+    _wait(importing, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    # (had the launcher started already, its own handler ran instead: still 130, its log directory made)
+    assert err.strip().splitlines()[-1] == "error: interrupted" or (tmp_path / "log").exists(), err

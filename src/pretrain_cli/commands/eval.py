@@ -94,20 +94,16 @@ def _loss_sum(model, batches, total: int):
 
 def _check_tokenizer(data: str, model_dir: str) -> None:
     """`--data` made by another tokenizer than the one beside the model (a run's output or an HF directory with a
-    tokenizer.json) is refused, as `train` refuses it (`data.merge.tokenizer_mismatches`); a model directory
-    without one, or a token file without its sidecar, is not judged."""
+    tokenizer.json) is refused, as `train` refuses it (`data.check_tokenizer`); a model directory without one, or
+    a token file without its sidecar, is not judged."""
     from pathlib import Path
 
-    from pretrain_cli.data.indexed import read_sidecar, strip_prefix
-    from pretrain_cli.data.merge import tokenizer_mismatches
+    from pretrain_cli.data import check_tokenizer
+    from pretrain_cli.data.indexed import strip_prefix
     from pretrain_cli.data.tokenizer import load_tokenizer
 
-    if not (Path(model_dir) / "tokenizer.json").is_file():
-        return
-    prefix = strip_prefix(data)
-    problems = tokenizer_mismatches([(prefix, read_sidecar(prefix))], load_tokenizer(model_dir))
-    if problems:
-        raise UserError(f"--data: {problems[0]}")
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        check_tokenizer([strip_prefix(data)], load_tokenizer(model_dir), where="--data: ")
 
 
 def _trained_model(config: str, out: str) -> str:

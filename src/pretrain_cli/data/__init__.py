@@ -12,7 +12,7 @@ from pretrain_cli.data.indexed import IndexedDataset, open_token_file
 from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
 from pretrain_cli.errors import UserError
 
-__all__ = ["DataSplits", "build_datasets", "open_token_file", "IndexedDataset", "BlendedDataset"]
+__all__ = ["DataSplits", "build_datasets", "check_tokenizer", "open_token_file", "IndexedDataset", "BlendedDataset"]
 
 _RATIO_WINDOW = 10_000
 
@@ -60,9 +60,10 @@ def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
                         "re-run preprocess with the model's tokenizer or use a model with a larger vocabulary")
 
 
-def _check_tokenizer(prefixes: list[str], tokenizer) -> None:
+def check_tokenizer(prefixes: list[str], tokenizer, where: str = "") -> None:
     """Token files made by another tokenizer than the run's (or, with none, by different ones) would train on
-    ids that mean other text: refused, by their sidecars (`preprocess` writes them)."""
+    ids that mean other text: refused, by their sidecars (`preprocess` writes them); `where` begins the line
+    (`eval --data` names its option)."""
     from pretrain_cli.data.indexed import read_sidecar
     from pretrain_cli.data.merge import tokenizer_mismatches, tokenizer_problems
 
@@ -71,7 +72,7 @@ def _check_tokenizer(prefixes: list[str], tokenizer) -> None:
                 else tokenizer_problems(items))
     if problems:
         more = f" ({len(problems)} such files)" if len(problems) > 1 else ""
-        raise UserError(problems[0] + more)
+        raise UserError(where + problems[0] + more)
 
 
 def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode: str = "packed",
@@ -84,7 +85,8 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
     written), or the text of a command line's `--split` (`inspect-data`), parsed here once.
 
     `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed for sample_mode 'padded';
-    a loaded one is also what every source's sidecar must name (`_check_tokenizer`). `need` names the splits the run uses; an empty one is an error.
+    a loaded one is also what every source's sidecar must name (`check_tokenizer`). `need` names the splits the
+    run uses; an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
@@ -110,7 +112,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
                                 document_mask, reset_position_ids, split_text)
         weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
-    _check_tokenizer([s["prefix"] for s in sources], tokenizer)
+    check_tokenizer([s["prefix"] for s in sources], tokenizer)
     out = DataSplits(sources=sources)
     for name in SPLIT_NAMES:
         present = [(s["weight"], s["splits"][name], s["prefix"]) for s in sources if s["splits"][name] is not None]

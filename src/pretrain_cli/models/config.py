@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.models import config_checks
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the Mixture-of-Experts keys, written to config.json only for the MoE families
 MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
@@ -236,111 +236,8 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ checks
     def validate(self, source: str = "config.json") -> None:
-        """One-line UserErrors for architectures the model code cannot build."""
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserError(
-                f"{source}: model_type {self.model_type!r} is not supported; "
-                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise UserError(
-                f"{source}: num_attention_heads ({self.num_attention_heads}) is not divisible by "
-                f"num_key_value_heads ({self.num_key_value_heads}); pick kv heads that divide it"
-            )
-        if self.mla:
-            self._validate_mla(source)
-        derived = self.hidden_size // self.num_attention_heads
-        if not self.mla and self.hidden_size % self.num_attention_heads and self.head_dim == derived:
-            raise UserError(
-                f"{source}: hidden_size ({self.hidden_size}) is not divisible by "
-                f"num_attention_heads ({self.num_attention_heads}); change one or set head_dim"
-            )
-        if not isinstance(self.head_dim, int) or self.head_dim <= 0:
-            raise UserError(f"{source}: head_dim must be a positive integer, got {self.head_dim!r}")
-        if self.head_dim % 2:
-            raise UserError(f"{source}: head_dim ({self.head_dim}) must be even for RoPE")
-        layers = self.num_hidden_layers + self.num_nextn_predict_layers
-        if family(self.model_type).moe and not (self.mla and self.first_k_dense_replace >= layers):
-            self._validate_moe(source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
-            if self.mla:
-                self._validate_deepseek_moe(source)
-        if self.hidden_act != "silu":
-            raise UserError(f"{source}: hidden_act {self.hidden_act!r} is not supported; use \"silu\"")
-        if self.rope_scaling is not None:
-            rt = self.rope_scaling.get("rope_type")
-            if rt not in SUPPORTED_ROPE_TYPES:
-                raise UserError(
-                    f"{source}: rope_scaling.rope_type {rt!r} is not supported; "
-                    f"use one of {', '.join(SUPPORTED_ROPE_TYPES)}"
-                )
-            need = {"linear": ("factor",),
-                    "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rt, ())
-            missing = [k for k in need if k not in self.rope_scaling]
-            if missing:
-                raise UserError(f"{source}: rope_scaling ({rt}) is missing {', '.join(missing)}")
-            if rt == "yarn" and "factor" not in self.rope_scaling \
-                    and "original_max_position_embeddings" not in self.rope_scaling:
-                raise UserError(f"{source}: rope_scaling (yarn) needs factor or original_max_position_embeddings")
-            if self.mla and rt != "default" and self.rope_scaling.get("mscale_all_dim") \
-                    and not isinstance(self.rope_scaling.get("factor"), (int, float)):
-                # MLA's softmax scale reads it (`rope_scaling.mla_softmax_scale`), in transformers too
-                raise UserError(f"{source}: rope_scaling.mscale_all_dim under multi-head latent attention needs a "
-                                f"numeric rope_scaling.factor; add factor")
-
-    def _validate_mla(self, source: str) -> None:
-        """The MLA widths must be positive integers (the RoPE part even); `q_lora_rank` may be null (one q_proj)."""
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + (
-                ("q_lora_rank",) if self.q_lora_rank is not None else ()):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
-        n = self.num_nextn_predict_layers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or (n and self.model_type != "deepseek_v3"):
-            raise UserError(f"{source}: num_nextn_predict_layers must be a non-negative integer (DeepSeek-V3 only), "
-                            f"got {n!r}")
-        if self.num_key_value_heads != self.num_attention_heads:
-            raise UserError(f"{source}: num_key_value_heads ({self.num_key_value_heads}) must equal "
-                            f"num_attention_heads ({self.num_attention_heads}) under multi-head latent attention "
-                            f"(every head expands its own keys from the latent); set them equal")
-
-    def _validate_deepseek_moe(self, source: str) -> None:
-        """The family's routing method (V3's `noaux_tc`, V2's two); group-limited routing needs whole groups of
-        experts and enough experts in the kept groups."""
-        methods = ("noaux_tc",) if self.model_type == "deepseek_v3" else ("greedy", "group_limited_greedy")
-        if self.topk_method not in methods:  # transformers' V3 router ignores the key, its V2 router has 2 methods
-            raise UserError(f"{source}: topk_method {self.topk_method!r} is not supported for {self.model_type}; "
-                            f"use {' or '.join(methods)}")
-        if self.topk_method == "greedy":
-            return
-        groups, kept = self.n_group, self.topk_group
-        if not isinstance(groups, int) or not isinstance(kept, int) or groups <= 0 or not 0 < kept <= groups \
-                or self.num_experts % groups:
-            raise UserError(f"{source}: n_group ({groups!r}) must divide the {self.num_experts} routed experts and "
-                            f"topk_group ({kept!r}) lie in 1..n_group; fix them or use topk_method greedy")
-        if self.num_experts_per_tok > kept * (self.num_experts // groups):
-            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds the experts of the "
-                            f"{kept} kept groups; raise topk_group")
-
-    def _validate_moe(self, source: str) -> None:
-        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
-        if self.num_experts_per_tok > self.num_experts:
-            raise UserError(f"{source}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
-                            f"({self.num_experts}); route each token to at most num_experts experts")
-        v = self.shared_expert_intermediate_size
-        if family(self.model_type).shared_expert and (not isinstance(v, int) or v <= 0):
-            raise UserError(f"{source}: shared_expert_intermediate_size must be a positive integer, got {v!r}")
-        if not isinstance(self.mlp_only_layers, list) or any(
-                not isinstance(i, int) or isinstance(i, bool) for i in self.mlp_only_layers):
-            raise UserError(f"{source}: mlp_only_layers must be a list of layer indices, got "
-                            f"{self.mlp_only_layers!r}")
+        """One-line UserErrors for architectures the model code cannot build (`models.config_checks`)."""
+        config_checks.validate(self, source)
 
     def is_sparse_layer(self, idx: int) -> bool:
         """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rules: Qwen2-/Qwen3-MoE by

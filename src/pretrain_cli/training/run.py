@@ -19,6 +19,7 @@ from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
+from pretrain_cli.training.stop_signals import StopSignals
 from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
 from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_everywhere
 from pretrain_cli.run_config import RunConfig
@@ -29,21 +30,16 @@ def run(spec) -> int:
     """Build everything, train, evaluate, predict, save, holding `output_dir`'s run lock (global rank 0 takes it:
     a second run in the same directory is refused before it writes anything). Returns the process exit code."""
     lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
+    signals = StopSignals()  # a run stopped by one ignores further signals until its lock is released
     try:
-        return _run(spec)
+        return _run(spec, signals)
     finally:
         if lock is not None:
             lock.release()
-        while _restore_signals:
-            _restore_signals.pop()()
+        signals.restore()
 
 
-# a run stopped by a signal ignores further signals (`Trainer._ignore_signals`) until `run` has
-# released the lock: `finish` leaves the restore of the handlers here
-_restore_signals: list = []
-
-
-def _run(spec) -> int:
+def _run(spec, signals: StopSignals) -> int:
     paddle = runtime.import_paddle()
     r, model_cfg, record = spec.run, spec.model_cfg, spec.record()
     metrics.setup_logging(r.parallel.rank)
@@ -84,7 +80,7 @@ def _run(spec) -> int:
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
                                r.parallel.rank, r.parallel.world_size, layout.strategy.name),
         rebuild=(lambda path: rebuild(r, model_cfg, comm, path)) if r.spike.rollback_rebuilds else None)
-    trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state)
+    trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state, signals=signals)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{trainer.state.consumed_samples} samples consumed")
@@ -253,7 +249,6 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     try:
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
-            _restore_signals.append(trainer.restore_signals)  # (a no-op unless a signal stopped the loop)
             progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
             if stopped:

@@ -11,7 +11,6 @@ bitwise identical on CPU.
 from __future__ import annotations
 
 import gc
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
 from pretrain_cli.training.spike import SpikePolicy
 from pretrain_cli.training.step import Layout, Step, StepResult
+from pretrain_cli.training.stop_signals import StopSignals
 from pretrain_cli.run_config import RunConfig
 
 
@@ -80,7 +80,7 @@ class Trainer:
     raw_model = property(lambda self: self.layout.raw_model)
 
     def __init__(self, layout: Layout, splits, run: RunConfig, comm, collaborators: Collaborators | None = None,
-                 resumed: dict | None = None):
+                 resumed: dict | None = None, signals: StopSignals | None = None):
         self.adopt(layout)
         self.splits, self.comm = splits, comm
         self.loop, self.schedule = run.loop, run.schedule
@@ -94,8 +94,7 @@ class Trainer:
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self._started: float | None = None  # when this process's training loop began, while it runs
-        self.stop_requested = False
-        self.restore_signals = lambda: None  # after a stop on a signal: the handlers to put back, at the very end
+        self.signals = signals or StopSignals()  # `run` restores them after the lock (stop_signals.py)
         if resumed is not None:
             self.load_state_dict(resumed)
 
@@ -164,25 +163,9 @@ class Trainer:
         return self.step(self.layout, batches, self.state)
 
     # ------------------------------------------------------------------ loop
-    def _install_signal_handlers(self):
-        def handler(signum, frame):
-            self.stop_requested = True
-            log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
-
-        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-        return lambda: [signal.signal(s, h) for s, h in old.items()]
-
-    @staticmethod
-    def _ignore_signals() -> None:
-        """SIGINT/SIGTERM ignored (not handled: a handled signal interrupts the system call it lands in) until
-        `restore_signals`; the launcher's force-kill still ends a stop that never finishes."""
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, signal.SIG_IGN)
-        log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
-
     def train(self) -> dict:
         lp = self.loop
-        restore = self._install_signal_handlers()
+        self.signals.listen()
         batches = self._open_batches()
         self.model.train()
         start = self._started = time.perf_counter()
@@ -219,22 +202,21 @@ class Trainer:
                 if lp.do_eval and step % lp.eval_steps == 0:
                     self.evaluate("valid")
                     self.model.train()
-                stop = self.comm.any(self.stop_requested)
+                stop = self.comm.any(self.signals.requested)
                 if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
                     self._save(stopping=stop)
                 if stop:  # (this rank's own signal, or another rank's: `comm.any`)
-                    stopped_by_signal, self.stop_requested = step < lp.max_steps, True
+                    stopped_by_signal, self.signals.requested = step < lp.max_steps, True
                     break
         finally:
             self.process_seconds = time.perf_counter() - start
             self.state.train_seconds += self.process_seconds
             self._started = None
             batches.close()
-            if self.stop_requested:  # stopping on a signal: a second one (the launcher's SIGTERM after a Ctrl-C)
-                self._ignore_signals()  # must neither kill the saves and the lock's release ahead nor interrupt
-                self.restore_signals = restore  # a store or collective call (EINTR) on the way there
+            if self.signals.requested:  # until `run` has written its last files and released its lock
+                self.signals.hold()
             else:
-                restore()
+                self.signals.restore()
             if bar is not None:
                 bar.close()
         return {"stopped_by_signal": stopped_by_signal}

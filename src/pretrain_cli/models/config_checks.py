@@ -1,0 +1,118 @@
+"""The checks a `ModelConfig` must pass before the model code builds it (`ModelConfig.validate`): each a one-line
+UserError naming config.json's key and what to do. Kept apart from the fields and their HF round trip, which
+`config.py` owns; the families' own rules (MoE, multi-head latent attention, DeepSeek's routing) grow here."""
+from __future__ import annotations
+
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
+from pretrain_cli.models.families import family
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def validate(cfg: "ModelConfig", source: str = "config.json") -> None:
+    """One-line UserErrors for architectures the model code cannot build."""
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"{source}: model_type {cfg.model_type!r} is not supported; "
+            f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v <= 0:
+            raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise UserError(
+            f"{source}: num_attention_heads ({cfg.num_attention_heads}) is not divisible by "
+            f"num_key_value_heads ({cfg.num_key_value_heads}); pick kv heads that divide it"
+        )
+    if cfg.mla:
+        _validate_mla(cfg, source)
+    derived = cfg.hidden_size // cfg.num_attention_heads
+    if not cfg.mla and cfg.hidden_size % cfg.num_attention_heads and cfg.head_dim == derived:
+        raise UserError(
+            f"{source}: hidden_size ({cfg.hidden_size}) is not divisible by "
+            f"num_attention_heads ({cfg.num_attention_heads}); change one or set head_dim"
+        )
+    if not isinstance(cfg.head_dim, int) or cfg.head_dim <= 0:
+        raise UserError(f"{source}: head_dim must be a positive integer, got {cfg.head_dim!r}")
+    if cfg.head_dim % 2:
+        raise UserError(f"{source}: head_dim ({cfg.head_dim}) must be even for RoPE")
+    layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+    if family(cfg.model_type).moe and not (cfg.mla and cfg.first_k_dense_replace >= layers):
+        _validate_moe(cfg, source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
+        if cfg.mla:
+            _validate_deepseek_moe(cfg, source)
+    if cfg.hidden_act != "silu":
+        raise UserError(f"{source}: hidden_act {cfg.hidden_act!r} is not supported; use \"silu\"")
+    if cfg.rope_scaling is not None:
+        rt = cfg.rope_scaling.get("rope_type")
+        if rt not in SUPPORTED_ROPE_TYPES:
+            raise UserError(
+                f"{source}: rope_scaling.rope_type {rt!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        need = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rt, ())
+        missing = [k for k in need if k not in cfg.rope_scaling]
+        if missing:
+            raise UserError(f"{source}: rope_scaling ({rt}) is missing {', '.join(missing)}")
+        if rt == "yarn" and "factor" not in cfg.rope_scaling \
+                and "original_max_position_embeddings" not in cfg.rope_scaling:
+            raise UserError(f"{source}: rope_scaling (yarn) needs factor or original_max_position_embeddings")
+        if cfg.mla and rt != "default" and cfg.rope_scaling.get("mscale_all_dim") \
+                and not isinstance(cfg.rope_scaling.get("factor"), (int, float)):
+            # MLA's softmax scale reads it (`rope_scaling.mla_softmax_scale`), in transformers too
+            raise UserError(f"{source}: rope_scaling.mscale_all_dim under multi-head latent attention needs a "
+                            f"numeric rope_scaling.factor; add factor")
+
+def _validate_mla(cfg: "ModelConfig", source: str) -> None:
+    """The MLA widths must be positive integers (the RoPE part even); `q_lora_rank` may be null (one q_proj)."""
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") + (
+            ("q_lora_rank",) if cfg.q_lora_rank is not None else ()):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+    n = cfg.num_nextn_predict_layers
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or (n and cfg.model_type != "deepseek_v3"):
+        raise UserError(f"{source}: num_nextn_predict_layers must be a non-negative integer (DeepSeek-V3 only), "
+                        f"got {n!r}")
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        raise UserError(f"{source}: num_key_value_heads ({cfg.num_key_value_heads}) must equal "
+                        f"num_attention_heads ({cfg.num_attention_heads}) under multi-head latent attention "
+                        f"(every head expands its own keys from the latent); set them equal")
+
+def _validate_deepseek_moe(cfg: "ModelConfig", source: str) -> None:
+    """The family's routing method (V3's `noaux_tc`, V2's two); group-limited routing needs whole groups of
+    experts and enough experts in the kept groups."""
+    methods = ("noaux_tc",) if cfg.model_type == "deepseek_v3" else ("greedy", "group_limited_greedy")
+    if cfg.topk_method not in methods:  # transformers' V3 router ignores the key, its V2 router has 2 methods
+        raise UserError(f"{source}: topk_method {cfg.topk_method!r} is not supported for {cfg.model_type}; "
+                        f"use {' or '.join(methods)}")
+    if cfg.topk_method == "greedy":
+        return
+    groups, kept = cfg.n_group, cfg.topk_group
+    if not isinstance(groups, int) or not isinstance(kept, int) or groups <= 0 or not 0 < kept <= groups \
+            or cfg.num_experts % groups:
+        raise UserError(f"{source}: n_group ({groups!r}) must divide the {cfg.num_experts} routed experts and "
+                        f"topk_group ({kept!r}) lie in 1..n_group; fix them or use topk_method greedy")
+    if cfg.num_experts_per_tok > kept * (cfg.num_experts // groups):
+        raise UserError(f"{source}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds the experts of the "
+                        f"{kept} kept groups; raise topk_group")
+
+def _validate_moe(cfg: "ModelConfig", source: str) -> None:
+    for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise UserError(f"{source}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds num_experts "
+                        f"({cfg.num_experts}); route each token to at most num_experts experts")
+    v = cfg.shared_expert_intermediate_size
+    if family(cfg.model_type).shared_expert and (not isinstance(v, int) or v <= 0):
+        raise UserError(f"{source}: shared_expert_intermediate_size must be a positive integer, got {v!r}")
+    if not isinstance(cfg.mlp_only_layers, list) or any(
+            not isinstance(i, int) or isinstance(i, bool) for i in cfg.mlp_only_layers):
+        raise UserError(f"{source}: mlp_only_layers must be a list of layer indices, got "
+                        f"{cfg.mlp_only_layers!r}")

@@ -1,0 +1,46 @@
+"""SIGTERM/SIGINT during a run: a request to stop after the current step and save, never an abort mid-step.
+
+Three states, one object for the whole run (`training.run.run` makes it; a `Trainer` built without one, as the
+benchmarks build it, makes its own):
+- `listen()`, while the training loop runs: a signal only sets `requested` (the loop agrees on it across ranks,
+  finishes the step and saves);
+- `hold()`, once the loop stops on one: further signals are ignored, not handled, until the run has written its
+  last files and released its lock. A second signal is common (the launcher's SIGTERM after a terminal's Ctrl-C);
+  its default action would kill the saves, and a Python handler would interrupt the system call it lands in (a
+  store wait fails with EINTR). The launcher's force-kill still ends a stop that never finishes;
+- `restore()`: the handlers the process had before (idempotent), by `run` after the lock is released, or by
+  the loop itself when it ended without a signal.
+"""
+from __future__ import annotations
+
+import signal
+
+from pretrain_cli.training.metrics import log
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    def __init__(self):
+        self.requested = False
+        self._previous: dict | None = None  # the handlers before `listen`, until `restore`
+
+    def listen(self) -> None:
+        def handler(signum, frame):
+            self.requested = True
+            log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
+
+        previous = {s: signal.signal(s, handler) for s in SIGNALS}
+        if self._previous is None:  # (a second loop of the same run keeps the process's own)
+            self._previous = previous
+
+    def hold(self) -> None:
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            for s, h in self._previous.items():
+                signal.signal(s, h)
+            self._previous = None
