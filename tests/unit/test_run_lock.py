@@ -4,6 +4,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -49,3 +51,53 @@ def test_a_lock_from_another_host_is_refused_with_the_file_to_remove(tmp_path):
     [line] = e.value.lines
     assert "pid 4242 on host node-7" in line and f"delete {tmp_path / run_lock.LOCK_FILE}" in line
     assert (tmp_path / run_lock.LOCK_FILE).exists()  # never removed behind another host's back
+
+
+def _beating_holder(path, beat=0):
+    path.write_text(json.dumps({"host": "node-7", "pid": 4242, "start_ticks": "99", "started": "2026-01-01 00:00:00",
+                                "beat": beat}))
+
+
+def test_another_hosts_lock_that_stops_beating_is_taken_over(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_lock, "STALE_SECONDS", 0.3)
+    _beating_holder(tmp_path / run_lock.LOCK_FILE)
+    assert run_lock.refusal(tmp_path) is None  # launch.sh's pre-check: that run is gone
+    lock = run_lock.acquire(tmp_path)
+    assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+    err = capsys.readouterr().err
+    assert "watching its heartbeat" in err and "pid 4242 on host node-7 has not beaten for 0 s" in err
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+
+
+def test_another_hosts_lock_that_beats_is_refused_without_a_file_to_delete(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lock, "STALE_SECONDS", 5.0)
+    path = tmp_path / run_lock.LOCK_FILE
+    _beating_holder(path)
+    beating = threading.Timer(0.3, _beating_holder, args=(path, 1))  # its run beats once while we watch
+    beating.start()
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as e:
+        run_lock.acquire(tmp_path)
+    beating.join()
+    [line] = e.value.lines
+    assert "pid 4242 on host node-7" in line and "delete" not in line
+    assert time.monotonic() - t0 < 4  # refused at the beat, not at the end of the watch
+    assert json.loads(path.read_text())["beat"] == 1  # never removed
+
+
+def test_the_holder_beats_and_says_when_its_lock_was_taken_over(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_lock, "BEAT_SECONDS", 0.05)
+    path = tmp_path / run_lock.LOCK_FILE
+    lock = run_lock.acquire(tmp_path)
+    deadline = time.monotonic() + 5
+    while json.loads(path.read_text())["beat"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    held = json.loads(path.read_text())
+    assert held["beat"] >= 2 and held["pid"] == os.getpid()
+    _beating_holder(path, beat=7)  # taken over (this process was paused past another host's watch)
+    lock._beater.join(timeout=5)
+    assert not lock._beater.is_alive()
+    assert "was taken over by pid 4242 on host node-7" in capsys.readouterr().err
+    lock.release()
+    assert json.loads(path.read_text())["beat"] == 7  # the other run's lock is left alone

@@ -5,15 +5,24 @@ saves last owns the checkpoints, and both exit 0. The lock is `output_dir/run.lo
 holder's host, pid and process start time; it is created whole or not at all (a complete temporary
 file hard-linked to the lock name: `link` fails if the name exists, on local disks and NFS alike).
 Only global rank 0 takes it, so the ranks of one run never conflict, while rank 0 of a second launcher
-on a shared directory is refused with one line naming the holder. A lock left by a run that died (same
-host, its pid gone or now another process) is stale and is taken over; a lock from another host cannot
-be checked from here, so the line says which file to remove once that run is gone.
+on a shared directory is refused with one line naming the holder.
+
+Whether the holder still runs: on this host, its pid (gone, or now another process: the lock is stale and
+taken over). Another host's processes cannot be asked, so the holder beats: a thread rewrites the lock
+every `BEAT_SECONDS` with its `beat` counter one higher (a whole file renamed over the name, so a reader
+never sees half of one). A lock from another host is watched for `STALE_SECONDS`: a beat means its run is
+alive (refused); none means that run is gone (a node that died, a job requeued elsewhere on shared storage)
+and the lock is taken over. The watch compares the counter, not clocks, so hosts' clocks need not agree; it
+costs up to `STALE_SECONDS` at start, and only when another host's lock is there. A lock without a counter
+(written before the beat existed) cannot be judged: the line names the file to remove.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,20 +30,43 @@ from pretrain_cli import atomic, processes
 from pretrain_cli.errors import UserError
 
 LOCK_FILE = "run.lock"
+BEAT_SECONDS = 10.0
+STALE_SECONDS = 3 * BEAT_SECONDS  # three missed beats: a holder descheduled for a while is not taken over
+_IDENTITY = ("host", "pid", "start_ticks", "started")
 
 
-def _holder_alive(holder: dict) -> bool:
-    return processes.alive(holder.get("pid"), holder.get("start_ticks"))
+def _same_holder(a: dict | None, b: dict | None) -> bool:
+    return a is not None and b is not None and all(a.get(k) == b.get(k) for k in _IDENTITY)
 
 
 class RunLock:
-    """A held lock; `release()` removes it (only if it is still this process's)."""
+    """A held lock, beating until `release()` removes it (only if it is still this process's)."""
 
     def __init__(self, path: Path, me: dict, created_dir: Path | None):
         self.path, self.me, self.created_dir = path, me, created_dir
+        self._stop = threading.Event()
+        self._lost: dict | None = None
+        self._beater = threading.Thread(target=self._beat_loop, name="run-lock-beat", daemon=True)
+        self._beater.start()
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS):
+            holder = _read(self.path)
+            if not _same_holder(holder, self.me):  # taken over while this process could not beat
+                self._lost = holder
+                print(f"error: {self.path} was taken over by {_who(holder)}: another run now writes "
+                      f"{self.path.parent}; stop one of them", file=sys.stderr, flush=True)
+                return
+            self.me["beat"] += 1
+            try:
+                atomic.write_json(self.path, self.me)  # a whole file renamed over the name
+            except OSError:
+                pass  # a full or unreachable disk: the next beat tries again
 
     def release(self) -> None:
-        if _read(self.path) == self.me:
+        self._stop.set()
+        self._beater.join()
+        if _same_holder(_read(self.path), self.me):
             self.path.unlink(missing_ok=True)
         if self.created_dir is not None:  # a run that wrote nothing leaves no empty directory behind
             try:
@@ -51,14 +83,50 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _who(holder: dict | None) -> str:
+    holder = holder or {}
+    return f"pid {holder.get('pid')} on host {holder.get('host')}"
+
+
+def _judge(path: Path, holder: dict | None, here: str) -> str:
+    """'free' (no lock now), 'stale' (its run is gone: take it over), 'alive', or 'unknown' (another host's
+    lock without a beat). Another host's lock with a beat is watched for up to STALE_SECONDS."""
+    if holder is None:
+        return "free" if not path.exists() else "stale"  # unreadable: a lock is written whole, so not a run's
+    if holder.get("host") == here:
+        return "alive" if processes.alive(holder.get("pid"), holder.get("start_ticks")) else "stale"
+    if not isinstance(holder.get("beat"), int):
+        return "unknown"
+    print(f"{path} is held by {_who(holder)}; watching its heartbeat for up to {STALE_SECONDS:.0f} s",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + STALE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, STALE_SECONDS / 10))
+        now = _read(path)
+        if now is None and not path.exists():
+            return "free"
+        if not _same_holder(now, holder):
+            return _judge(path, now, here)  # another run took it meanwhile: judge that one
+        if now.get("beat") != holder.get("beat"):
+            return "alive"
+    return "stale"
+
+
+def _unlink_if(path: Path, holder: dict | None) -> None:
+    """Remove the stale lock only if it is still the one judged stale (not a lock taken meanwhile)."""
+    if holder is None or _same_holder(_read(path), holder):
+        path.unlink(missing_ok=True)
+
+
 def acquire(output_dir) -> RunLock:
     """Take `output_dir`'s lock for this process, or raise a one-line UserError naming the run that holds it."""
     out = Path(output_dir)
     created = None if out.exists() else out
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": processes.start_ticks(os.getpid()),
-          "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    here = socket.gethostname()
+    me = {"host": here, "pid": os.getpid(), "start_ticks": processes.start_ticks(os.getpid()),
+          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "beat": 0}
     candidate = atomic.tmp_path(path)  # complete before it gets the lock's name; cleaned up if we die
     atomic.write_json(candidate, me)
     try:
@@ -68,10 +136,15 @@ def acquire(output_dir) -> RunLock:
                 return RunLock(path, me, created)
             except FileExistsError:
                 holder = _read(path)
-                if holder is None or (holder.get("host") == me["host"] and not _holder_alive(holder)):
-                    path.unlink(missing_ok=True)  # stale (its run died) or unreadable: take it over
+                verdict = _judge(path, holder, here)
+                if verdict == "stale":
+                    if holder is not None and holder.get("host") != here:
+                        print(f"{path}: {_who(holder)} has not beaten for {STALE_SECONDS:.0f} s: its run is "
+                              f"gone; taking the lock over", file=sys.stderr, flush=True)
+                    _unlink_if(path, holder)
+                if verdict in ("stale", "free"):
                     continue
-                raise UserError(_refusal(out, path, holder, me["host"])) from None
+                raise UserError(_refusal(out, path, _read(path) or holder, here)) from None
         raise UserError(f"{path}: could not take the run lock (another run keeps taking it); "
                         f"make sure only one run uses {out}")
     finally:
@@ -83,16 +156,16 @@ def refusal(output_dir) -> str | None:
     taken. launch.sh asks before it starts the launcher, whose logs would otherwise go into the running job's."""
     out = Path(output_dir)
     path = out / LOCK_FILE
-    holder = _read(path)
-    here = socket.gethostname()
-    if holder is None or (holder.get("host") == here and not _holder_alive(holder)):
+    holder, here = _read(path), socket.gethostname()
+    if _judge(path, holder, here) in ("free", "stale"):
         return None
-    return _refusal(out, path, holder, here)
+    return _refusal(out, path, _read(path) or holder, here)
 
 
 def _refusal(out: Path, path: Path, holder: dict, here: str) -> str:
     where = "this host" if holder.get("host") == here else f"host {holder.get('host')}"
-    gone = ("" if holder.get("host") == here else
-            f"; if that run is gone, delete {path} (its host cannot be checked from here)")
+    gone = ("" if holder.get("host") == here or isinstance(holder.get("beat"), int) else
+            f"; if that run is gone, delete {path} (its lock has no heartbeat, so its host cannot be judged "
+            f"from here)")
     return (f"output_dir: {out} is in use by another run (pid {holder.get('pid')} on {where}, started "
             f"{holder.get('started', '?')}); wait for it to finish, stop it, or choose another output_dir{gone}")
