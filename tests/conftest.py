@@ -68,7 +68,7 @@ _SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py
 # plan modules came last and one worker finished them alone; xdist's own order (most tests first) started the
 # 3-test calibration module last.
 _LONGEST_FIRST = ("multi-process", "multi-process-2", "unit/test_plan_calibration.py", "robustness",
-                  "unit/test_perf_equivalence.py", "e2e/test_train.py", "e2e/test_cli.py", "unit/test_plan_startup.py",
+                  "unit/test_perf_equivalence.py", "e2e/test_train.py", "e2e/test_train_checkpoints.py", "e2e/test_cli.py", "unit/test_plan_startup.py",
                   "unit/test_plan_doc.py", "unit/test_presets.py", "parity/test_deepseek_parity.py",
                   "e2e/test_readme.py", "unit/test_cpu_ops_build.py", "unit/test_moe.py")
 

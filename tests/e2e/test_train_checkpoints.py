@@ -1,0 +1,184 @@
+"""A run's checkpoints across runs: rotation, overwrite, leftovers, refused and changed resumes, extending a finished run, and the records (time, metrics, trackers) a resume keeps."""
+import json
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import write_config
+
+
+def test_rotation_keeps_newest(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=2, save_total_limit=2)
+    assert cli_main(["train", cfg]) == 0
+    kept = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
+    assert kept == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_overwrite_replaces_an_earlier_runs_later_checkpoints(corpus, tmp_path):
+    """overwrite_output_dir starts at step 0: the earlier run's checkpoints past it go when it starts, so rotation
+    keeps this run's saves and a later plain re-run resumes this run, not the earlier one."""
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=4, save_total_limit=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true", "--max_steps", "3", "--save_steps", "1"]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    # resuming a checkpoint of its own with overwrite keeps that one and what came before it
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true", "--max_steps", "3", "--save_steps", "1",
+                     "--resume_from_checkpoint", str(out / "checkpoint-2")]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_leftover_tmp_checkpoint_is_ignored_on_resume(corpus, tmp_path):
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    junk = out / "checkpoint-6.tmp"
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"half a file")
+    assert cli_main(["train", cfg, "--max_steps", "6", "--save_steps", "2"]) == 0
+    assert not junk.exists() and (out / "checkpoint-6" / "trainer_state.json").is_file()
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+
+
+def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    assert cli_main(["train", cfg, "--max_steps", "8", "--max_seq_length", "48"]) == 2
+    assert "max_seq_length=32" in capsys.readouterr().err
+    assert cli_main(["train", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama"]) == 2
+    assert "model_type=qwen2" in capsys.readouterr().err
+
+
+def test_training_time_is_summed_over_a_resume(corpus, tmp_path):
+    """A checkpoint written mid-loop carries the time spent so far, so a resumed run's train_runtime (and its
+    tokens/s) counts both processes (it counted the last one alone: checkpoints said 0.0)."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=1)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    first = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["train_seconds"]
+    whole = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["train_seconds"]
+    assert 0 < first < whole
+    assert cli_main(["train", cfg, "--max_steps", "4"]) == 0
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["train_runtime"] > whole
+    assert results["train_runtime"] > results["tokens_this_process"] / results["effective_tokens_per_second_this_process"]
+
+
+def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):
+    """Allowed (a new data mix halfway is a choice), but one warning per changed key names both values."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    assert cli_main(["train", cfg, "--max_steps", "3", "--seed", "11"]) == 0
+    out = capsys.readouterr().out  # the run's log lines
+    assert "resuming with seed 11, where checkpoint-2 was trained with 7: its 8 consumed samples now index" in out
+    assert "resuming with input_dir" not in out and "resuming with split" not in out
+    assert cli_main(["train", cfg, "--max_steps", "4", "--seed", "11"]) == 0
+    assert "resuming with" not in capsys.readouterr().out  # checkpoint-3 was trained with seed 11
+
+
+def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):
+    import shutil
+
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=3, split="90,5,5")
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    shutil.rmtree(out / "checkpoint-6")  # as if killed after step 6 was logged but before it was saved
+    assert cli_main(["train", cfg]) == 0  # resumes from checkpoint-3 and re-logs steps 4..6
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in recs] == [("startup", 0), ("train", 1), ("train", 2), ("train", 3),
+                                                      ("checkpoint", 3), ("startup", 3), ("train", 4), ("train", 5),
+                                                      ("train", 6), ("checkpoint", 6)]
+    assert cli_main(["train", cfg, "--do_train", "false", "--do_eval", "true"]) == 0
+    kinds = [json.loads(x)["kind"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert kinds == ["startup"] + ["train"] * 3 + ["checkpoint", "startup"] + ["train"] * 3 + ["checkpoint", "eval"]
+    results = json.loads((out / "all_results.json").read_text())
+    assert "train_loss" in results and "eval_loss" in results
+
+
+def test_finished_run_saves_its_last_step_and_extends_from_there(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    capsys.readouterr()
+    assert cli_main(["check", cfg, "--max_steps", "8"]) == 0  # the resolved run says where it starts
+    text = capsys.readouterr().out
+    assert f"resumes from {out / 'checkpoint-6'}" in text and "random init" not in text
+    assert cli_main(["train", cfg, "--max_steps", "8"]) == 0
+    assert f"resumed from {out / 'checkpoint-6'} at step 6" in capsys.readouterr().out
+    steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert steps == list(range(1, 9))  # steps 5 and 6 were not trained twice
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):
+    """`report_to: all` (VisualDL, TensorBoard, wandb offline): each holds the same loss series as
+    metrics.jsonl, as one curve across two resumes and a killed run's stray line, and the run's configuration."""
+    import tracker_readers
+    from visualdl import LogReader
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2, report_to="all", do_eval=True, eval_steps=2)
+    out = tmp_path / "out"
+    runs = out / "runs"
+    assert cli_main(["check", cfg]) == 0
+    assert "  report_to: metrics.jsonl + visualdl, tensorboard, wandb" in capsys.readouterr().out.splitlines()
+    assert cli_main(["train", cfg]) == 0
+    first = sorted(p.name for p in runs.glob("vdlrecords.*"))
+    assert cli_main(["train", cfg, "--max_steps", "6"]) == 0  # resumes from checkpoint-4
+    (out / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
+    assert cli_main(["train", cfg, "--max_steps", "9"]) == 0  # resumes from checkpoint-6
+    files = sorted(runs.glob("vdlrecords.*"))
+    assert len(files) == 1 and files[0].name > first[-1]  # VisualDL shows the newest file: the only one
+    reader = LogReader(file_path=str(files[0]))
+    steps = [r.id for r in reader.get_data("scalar", "train/loss")]
+    assert steps == list(range(1, 10))  # one continuous curve: no gap at a resume, no step twice
+    assert [r.id for r in reader.get_data("scalar", "eval/eval_loss")] == [2, 4, 6, 8, 9]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    eval_losses = [(r["step"], r["eval_loss"]) for r in records if r["kind"] == "eval"]
+    assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx(losses)
+    assert json.loads(reader.get_data("text", "config")[0].text.encoded_text_string)["arguments"]["max_steps"] == 9
+
+    assert len(list(runs.glob("events.out.tfevents.*"))) == 1  # TensorBoard reads every file: only the newest
+    scalars, texts = tracker_readers.tensorboard(runs)
+    assert [s for s, _ in scalars["train/loss"]] == steps
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx(losses)
+    assert [(s, pytest.approx(v)) for s, v in scalars["eval/eval_loss"]] == eval_losses
+    assert json.loads(texts["config"])["arguments"]["max_steps"] == 9
+    # the per-rank startup records stay in metrics.jsonl: not live, and not replayed by a resume either
+    assert [r["kind"] for r in records].count("startup") == 3
+    assert not [tag for tag in scalars if tag.startswith("startup")]
+    assert not [tag for tag in reader.get_tags().get("scalar", []) if tag.startswith("startup")]
+
+    wandb_runs = sorted((out / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
+    assert len(wandb_runs) == 3  # one per process; the last holds the whole run (`wandb sync` uploads it)
+    rows, config = tracker_readers.wandb_run(wandb_runs[-1])
+    train = [(row["train/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
+    assert [s for s, _ in train] == steps and [v for _, v in train] == pytest.approx(losses)
+    assert [(row["train/global_step"], pytest.approx(row["eval/eval_loss"])) for row in rows
+            if "eval/eval_loss" in row] == eval_losses
+    assert config["arguments"]["max_steps"] == 9 and config["run"]["output"]["report_to"] == ["visualdl", "tensorboard", "wandb"]
+
+
+def test_resume_verifies_the_files_it_reads_and_falls_back_past_an_altered_one(corpus, tmp_path, capsys):
+    """Rank 0 checks only presence and sizes before choosing; the checksums are checked by whoever reads the
+    files. A flipped byte (same size) in the newest checkpoint is found while reading it: one warning, and the
+    run resumes from the previous checkpoint instead."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    f = next((out / "checkpoint-4").glob("model*.safetensors"))
+    data = f.read_bytes()
+    f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    capsys.readouterr()
+    assert cli_main(["train", cfg, "--max_steps", "6"]) == 0
+    said = "".join(capsys.readouterr())
+    assert f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous checkpoint" in said
+    assert "checkpoint-2 at step 2" in said
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6

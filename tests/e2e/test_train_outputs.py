@@ -1,0 +1,131 @@
+"""What a finished run is used for: its model in transformers with the same loss, and `eval` / `generate` on it."""
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import write_config
+
+
+def weights(d):
+    return load_file(str(d / "model.safetensors"))
+
+
+@pytest.mark.parametrize("model", ["micro-qwen2", "micro-llama"])
+def test_checkpoint_loads_in_transformers_with_same_eval_loss(corpus, tmp_path, model):
+    """The output directory and its checkpoint-N load in transformers: the model with our eval loss, and the
+    tokenizer (AutoTokenizer) with exactly the ids the token files were made with."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    from pretrain_cli.data.indexed import open_token_file
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.training.weight_source import load_for_inference
+    from pretrain_cli.training.evaluation import loss_sum, read_tokens, window_batches
+
+    cfg = write_config(tmp_path, corpus, max_steps=6, model_name_or_path=model)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    prefix = str(corpus / "data" / "docs")
+    ours = load_tokenizer(corpus / "tokenizer")
+    texts = ["a\n\nb", "  x  ", "p\r\nq\r\n\r\n", "\tx\t\ty", "def f(x):\n    return x\n\n\n", "日本語 中文",
+             "café cafe\u0301", json.loads((corpus / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[3])["text"]]
+    for d in (out, out / "checkpoint-6"):
+        hf_tok = AutoTokenizer.from_pretrained(str(d))
+        assert [hf_tok.encode(t, add_special_tokens=False) for t in texts] == [ours.encode(t) for t in texts], d
+    model, _ = load_for_inference(out, ModelConfig.from_file(str(out)), 0)
+    total, count, _ = loss_sum(model, window_batches(read_tokens(prefix)[0], 32, 4, max_batches=3))
+    ours = {"loss": total / count}
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    tokens = open_token_file(prefix)
+    flat = np.asarray(tokens.tokens(0, 3 * 4 * 32 + 1), dtype=np.int64)
+    windows = np.stack([flat[k * 32:k * 32 + 33] for k in range(12)])
+    with torch.no_grad():
+        logits = hf(torch.from_numpy(windows[:, :-1])).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(windows[:, 1:]).reshape(-1))
+    assert ours["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_eval_and_generate_take_the_runs_settings_and_overrides(corpus, tmp_path, capsys):
+    """eval/generate on a run's directory use its args.json (window length, kernels) with train's overrides;
+    eval --config takes train's overrides and a run's args.json; --data with --config and another window
+    length than training's each get a note; overrides without a run are one line."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2)
+    assert cli_main(["train", cfg, "--num_hidden_layers", "1"]) == 0
+    trained = next(line for line in capsys.readouterr().out.splitlines() if "kernels: " in line).split("kernels: ")[1]
+    out, data = str(tmp_path / "out"), str(corpus / "data" / "docs")
+
+    def run(*argv):
+        assert cli_main(list(argv)) == 0, argv
+        printed = capsys.readouterr()
+        return json.loads(printed.out), printed.err
+
+    by_config, _ = run("eval", "--config", cfg, "--json", "--num_hidden_layers", "1")
+    by_record, _ = run("eval", "--config", f"{out}/args.json", "--json")
+    by_model, _ = run("eval", "--model", out, "--json")  # a run's directory: its own valid split
+    assert by_config["loss"] == by_record["loss"] == by_model["loss"] and by_model["split"] == "valid"
+    assert by_config["kernels"] == by_model["kernels"] == trained
+    windows, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--json")
+    assert windows["max_seq_length"] == 32 and windows["kernels"] == trained and "note:" not in err
+    _, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--max_seq_length", "16", "--json")
+    assert "note: 16-token windows; the model was trained on 32-token ones" in err
+    _, err = run("eval", "--config", cfg, "--num_hidden_layers", "1", "--data", data, "--max_batches", "1", "--json")
+    assert f"note: --data {data}: its windows, in {cfg}'s settings" in err
+    generated, err = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json")
+    assert generated["kernels"] == trained
+    flash_off, _ = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json",
+                       "--use_flash_attention", "false")  # train's key, train's meaning
+    assert flash_off["kernels"] != trained and "attention=cpu" in trained
+    assert cli_main(["eval", "--model", "micro-qwen2", "--data", data, "--max_seq_length", "16", "--max_steps",
+                     "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max_steps 3: --key value overrides change a run's settings" in err[0]
+
+
+def test_eval_and_generate_on_a_run_stopped_before_its_export_take_its_newest_checkpoint(corpus, tmp_path, capsys):
+    """A run's output_dir with args.json and checkpoint-N/ but no final model (stopped before its export): eval
+    and generate --model take its newest checkpoint and say so in a note, as eval --config does."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    for p in out.iterdir():  # what the run had written before its final export
+        if p.is_file() and p.name not in ("args.json", "metrics.jsonl"):
+            p.unlink()
+    capsys.readouterr()
+    newest = out / "checkpoint-4"
+    note = f"note: {out} holds no final model (its run stopped before the export): using its newest checkpoint, {newest}"
+    results = []
+    for argv in (["eval", "--model", str(out)], ["generate", "--model", str(out), "--prompt", "The",
+                 "--max_new_tokens", "3"], ["eval", "--config", str(out / "args.json")]):
+        assert cli_main([*argv, "--json"]) == 0, argv
+        printed = capsys.readouterr()
+        results.append(json.loads(printed.out))
+        assert note in printed.err.splitlines(), argv
+    by_model, generated, by_config = results
+    assert by_model["model"] == by_config["model"] == str(newest) and by_model["loss"] == by_config["loss"]
+    assert by_model["split"] == "valid" and generated["model"] == str(newest)
+    assert generated["model_weights"] == "trained weights"
+
+
+def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "out")
+    runs = []
+    for extra in ([], [], ["--temperature", "1.0", "--seed", "5"], ["--temperature", "1.0", "--seed", "5"],
+                  ["--temperature", "1.0", "--seed", "6", "--top_k", "50", "--top_p", "0.9"]):
+        assert cli_main(["generate", "--model", out, "--prompt", "The", "--max_new_tokens", "12", "--json",
+                         *extra]) == 0
+        printed = capsys.readouterr()
+        runs.append(json.loads(printed.out)["tokens"])
+    # the kernels of the run that wrote the directory (its args.json: use_flash_attention, the CPU kernel), printed
+    assert "kernels: attention=cpu " in printed.err and "head+loss=cpu" in printed.err
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    assert len(runs[2]) <= 12 and all(0 <= t < 512 for r in runs for t in r)

@@ -1,0 +1,137 @@
+"""How a run stops: by a signal, on a non-finite loss under each nan policy, on out-of-memory; and what it says."""
+import json
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import write_config
+
+
+@pytest.mark.parametrize("at_step", [2, 3])  # 3 = max_steps: the loop ends anyway, then the final export
+def test_a_signal_stop_puts_the_processs_handlers_back_when_the_run_ends(corpus, tmp_path, monkeypatch, at_step):
+    """A run stopped by SIGTERM ignores further signals while it saves (and exports), then leaves the handlers as
+    they were: SIG_IGN stayed for good when the signal came in the last step."""
+    import os
+    import signal
+
+    from pretrain_cli.training import trainer as trainer_mod
+
+    real, steps = trainer_mod.Trainer.train_step, []
+
+    def step_then_signal(self, batches):
+        result = real(self, batches)
+        steps.append(1)
+        if len(steps) == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler: finish the step, save, stop
+        return result
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_then_signal)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert cli_main(["train", write_config(tmp_path, corpus, max_steps=3, save_steps=10)]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+    state = json.loads((tmp_path / "out" / f"checkpoint-{at_step}" / "trainer_state.json").read_text())
+    assert state["global_step"] == at_step
+
+
+def _poison_step(monkeypatch, bad_steps):
+    """Make the loss NaN on the given (1-based) micro-batch calls."""
+    import pretrain_cli.training.step as step_mod  # where the step computes its loss
+
+    real = step_mod.mean_loss
+    calls = {"n": 0}
+
+    def loss(total, count):
+        calls["n"] += 1
+        value = real(total, count)
+        return value * float("nan") if calls["n"] in bad_steps else value
+
+    monkeypatch.setattr(step_mod, "mean_loss", loss)
+
+
+def test_nan_policy_stop_saves_nothing_corrupt(corpus, tmp_path, monkeypatch, capsys):
+    _poison_step(monkeypatch, {3})
+    cfg = write_config(tmp_path, corpus, max_steps=6, save_steps=2)
+    assert cli_main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "step 3" in err and "not finite" in err
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (out / "model.safetensors").exists()
+
+
+def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys):
+    _poison_step(monkeypatch, {3, 4})
+    cfg = write_config(tmp_path, corpus, max_steps=5, nan_policy="skip")
+    assert cli_main(["train", cfg]) == 0
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == 5 and state["skipped_steps"] == 2
+    assert state["consumed_samples"] == 7 * 4  # skipped batches are consumed, not replayed
+    assert state["skipped_batches"] == [8, 12]
+    # inspect-data --config --step K shows the batch step K really trained on, skips included
+    logged = {r["step"]: r["batch_hash"] for r in map(json.loads, (tmp_path / "out" / "metrics.jsonl").open())
+              if r["kind"] == "train"}
+    capsys.readouterr()
+    for step in (2, 3, 5):
+        assert cli_main(["inspect-data", "--config", cfg, "--step", str(step)]) == 0
+        out = capsys.readouterr().out
+        assert f"rank 0: samples [{4 * (step + 1 if step >= 3 else step - 1)}," in out, out
+        assert f"hash {logged[step]}" in out, (step, out)
+    monkeypatch.undo()
+    _poison_step(monkeypatch, set(range(3, 100)))
+    cfg = write_config(tmp_path, corpus, max_steps=9, nan_policy="skip", nan_skip_limit=3,
+                       output_dir=str(tmp_path / "out2"))
+    assert cli_main(["train", cfg]) == 2
+    assert "3 consecutive non-finite steps" in capsys.readouterr().err
+
+
+def test_stop_message_says_how_to_continue():
+    from types import SimpleNamespace
+
+    from pretrain_cli.training.run import stop_message
+
+    def output(overwrite):
+        return SimpleNamespace(overwrite=overwrite, output_dir="o")
+
+    assert "re-run the same command to resume from checkpoint-7" in stop_message(output(False), 7)
+    text = stop_message(output(True), 7)
+    assert "re-run the same command" not in text and "resume_from_checkpoint to o/checkpoint-7" in text
+
+
+# what Paddle raised when an allocation failed in the backward of our fused loss's PyLayer (an `(External)` error,
+# which Python sees as an OSError), and what it raises for a failed allocation anywhere else
+PYLAYER_OOM = OSError("(External) { ==== Error message in backward of GradNodePyLayer__Fused ==== MemoryError: "
+                      "(ResourceExhausted) Fail to alloc memory of 544538624 size, error code is 12.\n  At: "
+                      "/x/ops/cpu_ops.py(197): scale_by\n  /x/ops/linear_loss.py(77): backward }")
+
+
+@pytest.mark.parametrize("where", ["step", "start-up"])
+def test_out_of_memory_on_cpu_is_one_line_with_step_peak_and_suggestion(corpus, tmp_path, capsys, monkeypatch, where):
+    """An allocation failing at step 2 (the PyLayer backward's OSError) or while the model is built (MemoryError):
+    `error: out of memory at step N (process peak X GiB) on 1 x cpu: top plan suggestion …`, exit 1, no stack."""
+    from pretrain_cli.distributed.strategies.strategy import Strategy
+    from pretrain_cli.training import run
+
+    if where == "step":
+        calls, real = [], Strategy.forward_backward
+
+        def failing(self, *a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                raise PYLAYER_OOM
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Strategy, "forward_backward", failing)
+    else:
+        def no_memory(*a, **k):
+            raise MemoryError("(ResourceExhausted) Fail to alloc memory of 4294967296 size, error code is 12.")
+
+        monkeypatch.setattr(run, "build_model", no_memory)
+    cfg = write_config(tmp_path, corpus, max_steps=4)
+    assert cli_main(["train", cfg]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1, err
+    at = "at step 2" if where == "step" else "before the first step (building the run)"
+    assert err[0].startswith(f"error: out of memory {at} (process peak "), err[0]
+    assert " GiB) on 1 x cpu: top plan suggestion for this run: " in err[0] or "no layout" in err[0], err[0]
+    assert "External" not in err[0] and "cpu_ops.py" not in err[0] and "ResourceExhausted" not in err[0]
