@@ -72,6 +72,32 @@ def test_a_row_that_sees_no_key_of_a_block_weighs_nothing_in_the_merge():
     assert float((out - out_a).abs().max()) == 0.0 and not bool(paddle.isnan(out).any())
 
 
+def test_half_precision_blocks_score_in_fp32_as_flash_attention_does():
+    """bf16 q and k (scores of 16-32, where bf16's spacing is 0.125): the block's scores are the fp32 product of
+    the bf16 values, the precision of the fp32 lse a flash block returns, not a bf16 product cast afterwards."""
+    from pretrain_cli.ops.block_attention import _scores
+
+    paddle, q, k, _ = _qkv(d=32)
+    qh, kh = _heads(q * 5, 2).astype("bfloat16"), _heads(k * 5, 2)[:, :, :1].astype("bfloat16")
+    got = _scores(qh, kh, None)
+    want = np.matmul(qh.astype("float32").numpy(), np.swapaxes(kh.astype("float32").numpy(), -1, -2)) / np.sqrt(32)
+    assert got.dtype == paddle.float32 and float(np.abs(want).max()) > 16
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-5)
+
+
+def test_ring_attention_runs_flash_blocks_only_where_the_run_chose_flash(monkeypatch):
+    """A GPU before Ampere (or an fp32 run) resolves `attention: math`; the flash-attn kernel refuses to run there,
+    so the context-parallel blocks take the materialised path too."""
+    from pretrain_cli.ops import kernels
+    from pretrain_cli.run_config import KernelConfig
+
+    monkeypatch.setattr(kernels, "_gpu_available", lambda device: True)
+    flash = kernels.select(KernelConfig(attention="flash", rms_norm="reference", rope="reference"), "gpu")
+    math_ = kernels.select(KernelConfig(attention="math", rms_norm="reference", rope="reference"), "gpu")
+    assert (flash.attention_block_name, flash.attention_block) == ("flash", kernels.block_forward_flash)
+    assert (math_.attention_block_name, math_.attention_block) == ("reference", kernels.block_forward)
+
+
 @pytest.mark.parametrize("cp", [1, 2, 4])
 def test_load_balanced_split_covers_the_sequence_once_with_equal_causal_work(cp):
     seq = 64

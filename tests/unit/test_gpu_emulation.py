@@ -172,6 +172,35 @@ def test_an_fp16_overflow_under_fleet_skips_the_update_once_and_lowers_the_scale
     assert float(layout.amp.scaler._scale) == pytest.approx(0.5e38, rel=1e-6)
 
 
+def test_an_overflow_on_another_rank_skips_this_ranks_update_too(monkeypatch):
+    """This rank's scaled gradients are finite, another rank's overflowed: the global norm (the same on every
+    rank) is inf. The scaler's own flag is this rank's (`GradScaler.unscale_` bypasses the layouts' patched,
+    all-reducing `_unscale`), so the step hands it the common verdict: no rank applies the update, every scale
+    halves alike."""
+    from pretrain_cli.distributed.strategies.strategy import Strategy
+
+    layout, _ = _layout(monkeypatch, Strategy, plain=True)
+    monkeypatch.setattr(Strategy, "grad_norm", lambda self, model: paddle.to_tensor(float("inf")))
+    before = [p.numpy().copy() for p in layout.model.parameters()]
+    assert _step(layout).outcome == "overflow"
+    for p, b in zip(layout.model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+    assert float(layout.amp.scaler._scale) == pytest.approx(512.0)
+
+
+def test_a_skipped_step_moves_the_scale_by_its_own_verdict_not_the_last_steps(monkeypatch):
+    """After an overflow, a step dropped for a spike (finite gradients) must not lower the scale again (the
+    scaler's `update` would read the overflow's flag); a non-finite one lowers it."""
+    layout, _ = _layout(monkeypatch, _zero1(), scale=1e38)
+    layout.model.gain = 30.0
+    assert _step(layout).outcome == "overflow"
+    scale = float(layout.amp.scaler._scale)
+    layout.amp.skip(layout.optimizer)  # a spike: the update dropped, the gradients were finite
+    assert float(layout.amp.scaler._scale) == pytest.approx(scale, rel=1e-6)
+    layout.amp.skip(layout.optimizer, overflow=True)
+    assert float(layout.amp.scaler._scale) == pytest.approx(scale / 2, rel=1e-6)
+
+
 def test_zero2_pipeline_releases_gradients_it_does_not_own_under_fp16_loss_scaling(monkeypatch):
     from pretrain_cli.distributed.strategies.pipeline import Pipeline
 

@@ -147,3 +147,40 @@ def test_eval_loss_is_the_same_with_and_without_the_fused_head():
         sums.append(loss_sum(build_model(CFG, kernels.select(request, "cpu")), batches))
     assert sums[0][1:] == sums[1][1:] == (64.0, 4)
     np.testing.assert_allclose(sums[0][0], sums[1][0], rtol=1e-6)
+
+
+def test_fp16_gradients_keep_the_small_probabilities_a_loss_scale_would_save(monkeypatch):
+    """fp16 (a GPU before Ampere): the fused loss forms the gradients of the loss SUM in its forward, before the
+    loss scale. Confident logits leave the other tokens probabilities of ~1e-9, which fp16 flushes to 0: the two
+    gradient GEMMs run in fp32 and dh, dW stay fp32 until backward has scaled them by d(loss) (here a loss scale of
+    2**15 over the 37 tokens), then take the parameters' dtype. fp16 GEMMs are GPU-only: the emulation computes
+    them in fp32 and rounds the output to fp16, as cuBLAS does with fp32 accumulation."""
+    real = paddle.matmul
+
+    def matmul(x, y, transpose_x=False, transpose_y=False):
+        if x.dtype == paddle.float16 or y.dtype == paddle.float16:
+            assert x.dtype == y.dtype, "a GEMM of mixed dtypes"
+            return real(x.astype("float32"), y.astype("float32"), transpose_x, transpose_y).astype("float16")
+        return real(x, y, transpose_x, transpose_y)
+
+    monkeypatch.setattr(paddle, "matmul", matmul)
+    rng = np.random.default_rng(3)
+    labels = rng.permutation(V)[:N].astype("int64")  # every token its own label column
+    h = rng.standard_normal((N, D)).astype("float32")
+    h *= np.sqrt(21.0) / np.linalg.norm(h, axis=1, keepdims=True)
+    w = np.zeros((D, V), dtype="float32")
+    w[:, labels] = h.T  # the right token's logit 21, other columns 0: probabilities e^-21 ~ 8e-10
+    h16, w16 = h.astype("float16").astype("float32"), w.astype("float16").astype("float32")
+    scale = 2.0 ** 15 / N
+    want = _run(None, h16, w16, labels, False)  # fp32 reference on the fp16 values, d(loss) 0.37
+    ht, wt = paddle.to_tensor(h16).astype("float16"), paddle.to_tensor(w16).astype("float16")
+    ht.stop_gradient = wt.stop_gradient = False
+    total = linear_loss.linear_cross_entropy_chunked(ht, wt, paddle.to_tensor(labels), IGNORE_INDEX, False)
+    (total * scale).backward()
+    assert ht.grad.dtype == paddle.float16 and wt.grad.dtype == paddle.float16
+    dw_want = want[2] / 0.37 * scale
+    small = np.setdiff1d(np.arange(V), labels)  # the columns of tokens no row is labelled with
+    assert 1e-6 < np.abs(dw_want[:, small]).max() < 1e-4  # fp16 subnormals after the scale; 0 before it
+    np.testing.assert_allclose(wt.grad.numpy().astype("float32")[:, small], dw_want[:, small], rtol=2e-2, atol=2e-7)
+    dh_want = want[1] / 0.37 * scale  # (its logits are fp16 here, rounded at 21 by 1/64: a looser match)
+    np.testing.assert_allclose(ht.grad.numpy().astype("float32"), dh_want, atol=2e-2 * np.abs(dh_want).max())

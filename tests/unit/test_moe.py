@@ -58,27 +58,55 @@ def test_grouped_expert_compute_equals_one_expert_at_a_time(grouped):
     assert grouped(paddle.zeros([0, 8]), [0] * 6, ws, kernels.swiglu_packed).shape == [0, 8]
 
 
-def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it(monkeypatch):
+def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it_trains_the_experts(monkeypatch):
     """`grouped_mlp_gpu` calls Paddle's `batched_gemm(lhs [rows, in], rhs [experts, in, out], batch_sizes)` (its
-    docstring: row segment e times rhs[e]); the GPU op cannot run here, so a reference of that contract stands
-    behind it and the result must equal one expert at a time."""
+    docstring: row segment e times rhs[e]). The GPU op cannot run here, so a reference of its contract stands
+    behind it, with its flags (`trans_rhs`: rhs[e] transposed; `trans_lhs`: segment e of lhs transposed times
+    segment e of rhs, out `[experts, in, out]`) and, like the real op (no grad node in Paddle 3.3.1), no
+    backward: its outputs are constants to autograd. The forward and every gradient must equal one expert at a
+    time, an expert without rows included; fp16, which the kernel lacks, takes another path."""
     import paddle.incubate.nn.functional as incubate
 
-    from pretrain_cli.ops.grouped import grouped_mlp_gpu
+    from pretrain_cli.ops import grouped
+
+    calls = []
 
     def batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
-        assert not trans_lhs and not trans_rhs and rhs.shape[0] == len(batch_sizes)
-        parts = paddle.split(lhs, batch_sizes, axis=0)
-        return paddle.concat([paddle.matmul(p, rhs[e]) for e, p in enumerate(parts)], axis=0)
+        calls.append((trans_lhs, trans_rhs))
+        a, b, out, at = lhs.numpy(), rhs.numpy(), [], 0
+        for e, n in enumerate(batch_sizes):
+            if trans_lhs:
+                out.append(a[at:at + n].T @ b[at:at + n])
+            else:
+                out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
+            at += n
+        return paddle.to_tensor(np.stack(out) if trans_lhs else np.concatenate(out))  # stop_gradient: no backward
 
     monkeypatch.setattr(incubate, "batched_gemm", batched_gemm, raising=False)
-    rng = np.random.default_rng(4)
     counts = [2, 0, 5, 1]
-    ws = _weights(rng, len(counts))
-    x = paddle.to_tensor(rng.standard_normal((8, 8)).astype("float32"))
-    np.testing.assert_allclose(grouped_mlp_gpu(x, counts, ws, kernels.swiglu_packed).numpy(),
-                               grouped_mlp_segments(x, counts, ws, kernels.swiglu_packed).numpy(), rtol=1e-5,
-                               atol=1e-6)
+
+    def run(fn):  # the same weights and rows each time, a gradient of its own
+        ws = [tuple(paddle.to_tensor(t.numpy(), stop_gradient=False) for t in trio)
+              for trio in _weights(np.random.default_rng(5), len(counts))]
+        x = paddle.to_tensor(np.random.default_rng(6).standard_normal((8, 8)).astype("float32"), stop_gradient=False)
+        out = fn(x, counts, ws, kernels.swiglu_packed)
+        (out * paddle.to_tensor(np.linspace(-1, 1, 64).reshape([8, 8]).astype("float32"))).sum().backward()
+        return out.numpy(), x.grad.numpy(), [[t.grad for t in trio] for trio in ws]
+
+    got, want = run(grouped.grouped_mlp_gpu), run(grouped_mlp_segments)
+    assert (True, False) in calls and (False, True) in calls  # the backward ran through the op's own flags
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+    for e, (g_trio, w_trio) in enumerate(zip(got[2], want[2])):
+        for g, w in zip(g_trio, w_trio):
+            if counts[e] == 0:  # the segments never touch an expert without rows; the stacked weights give it 0
+                assert w is None and not np.any(g.numpy())
+            else:
+                np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+    calls.clear()
+    monkeypatch.setattr(grouped, "grouped_mlp_cpu", lambda *a: "padded or segments")
+    assert grouped.grouped_mlp_gpu(paddle.zeros([8, 8], dtype="float16"), counts, None, None) == "padded or segments"
+    assert not calls
 
 
 def test_the_cpu_default_pads_only_a_balanced_routing(monkeypatch):

@@ -27,11 +27,16 @@ ROW_TILE = 1024
 
 
 def _scores(q, k, visible):
-    """Scaled scores `[bsz, n_kv, n_rep, q_len, k_len]` fp32, −inf where not visible."""
+    """Scaled scores `[bsz, n_kv, n_rep, q_len, k_len]` fp32, −inf where not visible. The product itself is fp32:
+    fp16/bf16 q and k are cast first, as flash attention keeps its scores and lse in fp32. A half-precision
+    product rounded before the cast (bf16 spacing 0.125 at scores of 16–32) would give exp(s − lse) off by
+    percents against a flash block's fp32 lse, and rows whose probabilities do not sum to 1."""
     import paddle
 
+    if q.dtype != paddle.float32:
+        q, k = q.astype("float32"), k.astype("float32")
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = paddle.matmul(q, k, transpose_y=True).astype("float32") * scale  # [bsz, n_kv, n_rep, q_len, k_len]
+    s = paddle.matmul(q, k, transpose_y=True) * scale  # [bsz, n_kv, n_rep, q_len, k_len]
     if visible is not None:
         s = paddle.where(visible, s, paddle.full([1], NEG_INF, dtype="float32"))
     return s

@@ -101,9 +101,10 @@ def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma:
     import paddle
 
     q, k, v = one_dtype(q, k, v)
-    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16):
-        return block_forward(q, k, v, visible, causal)  # flash attention is fp16/bf16 only
-    bsz, n_kv, n_rep, q_len, d = q.shape
+    d = q.shape[-1]
+    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16) or d % 8 or d > 256:
+        return block_forward(q, k, v, visible, causal)  # flash attention: fp16/bf16, head_dim a multiple of 8, ≤ 256
+    bsz, n_kv, n_rep, q_len, _ = q.shape
     k_len = k.shape[3]
     if causal and q_len != k_len:
         raise ValueError(f"a causal flash-attention block must be square (top-left alignment); got {q_len} query "
@@ -313,8 +314,11 @@ def select(request: KernelConfig | None = None, device: str = "cpu") -> Kernels:
         cross_entropy=cross_entropy_cpu if cpu else cross_entropy_reference,
         attention_cached=attention_cpu if cpu else attention_sdpa_mask,
         attention_document_name=doc_name, attention_document=doc_attn,
-        attention_block_name="flash" if gpu else "reference",
-        attention_block=block_forward_flash if gpu else block_forward,
+        # flash blocks only where the run's attention is flash: "math" is what resolve chose for fp32 and for a
+        # GPU before Ampere, where the flash-attn kernel refuses to run (PaddlePaddle/flash-attention's
+        # CHECK_FWD_EXECTUABLE: sm8x / sm90)
+        attention_block_name="flash" if gpu and kc.attention == "flash" else "reference",
+        attention_block=block_forward_flash if gpu and kc.attention == "flash" else block_forward,
         linear_cross_entropy_name=("cpu" if cpu else "chunked") if kc.fused_loss else "off",
         linear_cross_entropy=(linear_cross_entropy_cpu if cpu else linear_cross_entropy_chunked)
         if kc.fused_loss else None,

@@ -82,6 +82,11 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
     n, vocab = int(h.shape[0]), _vocab(w, vocab_major)
     rows = chunk_rows(vocab, "gpu" if h.place.is_gpu_place() else "cpu")
     wc = w if w.dtype == h.dtype else w.astype(h.dtype)  # one cast of the weight, not one per chunk
+    # fp16: the gradients of the loss SUM come out here, before any loss scale: softmax − onehot in fp16 flushes
+    # probabilities below ~6e-8 to 0 and rounds those below 6e-5 coarsely, so the two gradient GEMMs run in fp32
+    # and dh, dW stay fp32 until backward has scaled them (bf16 has fp32's range: its GEMMs stay half)
+    fp16 = h.dtype == paddle.float16
+    wg = w.astype("float32") if fp16 else wc  # the gradient GEMMs' weight
     total = paddle.zeros([], dtype="float32")
     dhs, dw = [], None
     for c0 in range(0, n, rows):
@@ -99,15 +104,17 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
         # softmax − onehot, zero rows for ignored labels: in place on the chunk (no further [m, V] buffers)
         p = x.subtract_(lse.unsqueeze(-1)).exp_()  # [m, V]
         p = p.put_along_axis_(safe.unsqueeze(-1), -1.0, 1, reduce="add").multiply_(vf.unsqueeze(-1))
-        p = p.astype(logits.dtype)
-        dhs.append(paddle.matmul(p, wc, transpose_y=not vocab_major))  # [m, hidden]
-        part = paddle.matmul(p, hc, transpose_x=True) if vocab_major else paddle.matmul(hc, p, transpose_x=True)
+        hg = hc.astype("float32") if fp16 else hc
+        p = p if fp16 else p.astype(logits.dtype)
+        dhs.append(paddle.matmul(p, wg, transpose_y=not vocab_major))  # [m, hidden]
+        part = paddle.matmul(p, hg, transpose_x=True) if vocab_major else paddle.matmul(hg, p, transpose_x=True)
         part = part.astype("float32")  # [V, hidden] or [hidden, V]
         dw = part if dw is None else dw.add_(part)
     if not grad:
         return total, None, None
-    dh = paddle.concat(dhs, axis=0).astype(h.dtype) if dhs else paddle.zeros_like(h)  # [N, hidden]
-    dw = (dw if dw is not None else paddle.zeros(w.shape, dtype="float32")).astype(w.dtype)
+    keep = "float32" if fp16 else None  # fp16: cast by backward, after the scale (linear_loss_layer)
+    dh = paddle.concat(dhs, axis=0).astype(keep or h.dtype) if dhs else paddle.zeros(h.shape, keep or h.dtype)
+    dw = (dw if dw is not None else paddle.zeros(w.shape, dtype="float32")).astype(keep or w.dtype)  # dh [N, hidden]
     return total, dh, dw
 
 

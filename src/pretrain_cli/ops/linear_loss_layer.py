@@ -18,6 +18,7 @@ class FusedLinearLoss(PyLayer):
         total, dh, dw = run(h, w, labels)
         ctx.save_for_backward(dh, dw)
         ctx.needs = (not h.stop_gradient, not w.stop_gradient)
+        ctx.dtypes = (h.dtype, w.dtype)  # an fp16 run's dh and dW come fp32, cast once scaled
         ctx.ops = ops
         return total
 
@@ -31,4 +32,5 @@ class FusedLinearLoss(PyLayer):
             dh, dw = ops.scale_by_(dh, g), ops.scale_by_(dw, g)
         else:
             dh, dw = dh.multiply_(g.astype(dh.dtype)), dw.multiply_(g.astype(dw.dtype))
+        dh, dw = (t if t.dtype == want else t.astype(want) for t, want in zip((dh, dw), ctx.dtypes))
         return (dh if ctx.needs[0] else None), (dw if ctx.needs[1] else None)

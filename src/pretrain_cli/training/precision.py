@@ -10,6 +10,14 @@ hands `found_inf` to the optimizer and calls `optimizer.step()` once, and for fl
 (distributed/fleet/meta_optimizers/dygraph_optimizer/hybrid_parallel_optimizer.py 3.3.1), after `Step` already
 called `strategy.sync_grads()`: every gradient reduced to its owner twice, and a pipeline's ZeRO-2 release
 skipped. So the scaler sees `ScalerView`, whose `step()` is the strategy's own step path.
+
+Whether a step overflowed is the step's verdict (a finite loss with a non-finite global gradient norm: the
+same on every rank), handed to the scaler as its `found_inf` before `step` and `update`. The scaler's own flag
+is each rank's: the layouts' wrappers (`fleet.distributed_scaler`, `dist.shard_scaler`) all-reduce it by
+patching the instance's `_unscale`, but `GradScaler.unscale_` calls the class's (`super()._unscale`,
+amp/grad_scaler.py 3.3.1), so after `unscale_` ranks could disagree: some apply an update others skip, and
+their scales part ways. A skipped step (non-finite or a spike) also sets the flag `update` reads
+(`_cache_found_inf`, otherwise the last applied step's), so only an overflow lowers the scale.
 """
 from __future__ import annotations
 
@@ -36,10 +44,10 @@ class Fp32:
         """An fp16 overflow (finite loss, non-finite gradients) that the scaler handles by itself."""
         return False
 
-    def skip(self, optimizer) -> None:
-        """A step whose update is dropped (non-finite): keep the scaler's bookkeeping right."""
+    def skip(self, optimizer, overflow: bool = False) -> None:
+        """A step whose update is dropped (non-finite, a spike): keep the scaler's bookkeeping right."""
 
-    def step(self, optimizer, step_fn) -> None:
+    def step(self, optimizer, step_fn, overflow: bool = False) -> None:
         step_fn(optimizer)
 
     def wrap_scaler(self, wrap) -> None:
@@ -94,18 +102,22 @@ class Amp(Fp32):
 
         return self.scaler is not None and math.isfinite(loss) and not math.isfinite(norm)
 
-    def skip(self, optimizer) -> None:
+    def skip(self, optimizer, overflow: bool = False) -> None:
         if self.scaler:
-            self.scaler.update()
+            self.scaler._cache_found_inf = overflow  # what `update` reads: this step's, not the last applied one's
+            self.scaler.update()  # (which also resets the scaler's per-optimizer state for the next unscale_)
 
     def wrap_scaler(self, wrap) -> None:
         if self.scaler is not None:
             self.scaler = wrap(self.scaler)
 
-    def step(self, optimizer, step_fn) -> None:
+    def step(self, optimizer, step_fn, overflow: bool = False) -> None:
         if self.scaler:
+            import paddle
+
             view = self.view(optimizer)
             view.step_fn = step_fn
+            self.scaler._found_inf = paddle.to_tensor([overflow])  # the ranks' common verdict, not this rank's flag
             self.scaler.step(view)  # the strategy's step once; the update skipped on overflow
             self.scaler.update()  # and the scale lowered
         else:

@@ -100,13 +100,13 @@ class Step:
         if layout.amp.overflowed(loss_v, norm_v):
             # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
             # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
-            layout.amp.step(layout.optimizer, layout.strategy.step)
+            layout.amp.step(layout.optimizer, layout.strategy.step, overflow=True)
             layout.optimizer.clear_grad()
             log.warning(f"step {state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
             return StepResult(loss_v, norm_v, "overflow")
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             layout.optimizer.clear_grad()
-            layout.amp.skip(layout.optimizer)
+            layout.amp.skip(layout.optimizer, overflow=not math.isfinite(norm_v))
             return StepResult(loss_v, norm_v, "non_finite")
         if self.guard is not None:
             global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
