@@ -6,6 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from pretrain_cli.config.paddlenlp_keys import ALIASES, FLAGS, IGNORED  # noqa: E402
 from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
@@ -62,6 +63,18 @@ def render() -> str:
             choices = f" One of: {', '.join(s.choices)}." if s.choices else ""
             help_ = (s.help + choices).replace("|", "\\|")
             lines.append(f"| `{key}` | {_type_name(s)} | `{json.dumps(s.default)}` | {status[s.support]} | {help_} |")
+    lines += ["\n## Other PaddleNLP keys: accepted, ignored\n",
+              "Fields of PaddleNLP's `TrainingArguments` (and the legacy `llm/llama/run_pretrain.py`'s model keys) a "
+              "pretraining run has no use for here: any value parses, one other than PaddleNLP's default is a note. "
+              "They are not written to `args.json`.\n", "| key | PaddleNLP's default | why no effect |", "|---|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(d)}` | {why} |" for k, (d, why) in IGNORED.items()]
+    lines += ["\n## PaddleNLP's other names\n", "| key | read as |", "|---|---|"]
+    lines += [f"| `{k}` | `{v}` |" for k, v in ALIASES.items()]
+    lines += ["\n## Flag strings\n", "Space- or comma-separated, as PaddleNLP splits them; a flag not listed is an "
+              "error, as in PaddleNLP. (`pipeline_parallel_config`'s flags: docs/DISTRIBUTED.md.)\n",
+              "| key | flags |", "|---|---|"]
+    lines += [f"| `{k}` | {', '.join(f'`{f}`' for f in v)} |" for k, v in FLAGS.items()]
+    lines += ["| `hybrid_parallel_topo_order` | `pp_first`, `sharding_first` |"]
     lines += ["\n## Rejected values\n", "| value | why |", "|---|---|"]
     lines += [f"| {v} | {why} |" for v, why in REJECTED]
     return "\n".join(lines) + "\n"

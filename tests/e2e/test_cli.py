@@ -305,7 +305,7 @@ def test_check_world_size_simulates_a_launch_on_any_machine(corpus, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: tensor_parallel_degree: 4 does not divide the model's num_key_value_heads (2); use a "
                    "divisor of it",
-                   "error: sharding_parallel_degree: 3 does not divide the 2 data-parallel processes (world 8 / tp 4); "
+                   "error: sharding_parallel_degree: 3 does not divide the 2 data-parallel processes (world 8 / (tp 4)); "
                    "use a divisor or -1"]
     assert cli_main(["check", cfg, "--world_size", "6", "--tensor_parallel_degree", "4"]) == 2
     assert "tensor_parallel_degree: 4 does not divide the world size 6" in capsys.readouterr().err

@@ -108,3 +108,20 @@ def test_without_weights_one_line_says_how_to_get_them(tmp_path):
     (pdparams / "model_state.pdparams").write_bytes(b"")
     with pytest.raises(UserError, match=r"\.pdparams \(pickle\), which is not read.*unified_checkpoint: true"):
         prepare(_args(tmp_path, str(pdparams)), [], Target())
+
+
+def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weights_keep_theirs(tmp_path):
+    """PaddleNLP's run_pretrain.py sizes a new model's max_position_embeddings to max_seq_length (the max of the
+    two), which a preset's user cannot edit; weights trained for a shorter range are refused, as before."""
+    path = tmp_path / "qwen3"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(ModelConfig(**QWEN3).to_hf_dict()))  # max_position_embeddings 64
+    args = json.loads(open(_args(tmp_path, str(path))).read())
+    cfg = tmp_path / "new.json"
+    cfg.write_text(json.dumps({**args, "continue_training": 0, "max_seq_length": 128}))
+    spec = prepare(str(cfg), [], Target())
+    assert spec.model_cfg.max_position_embeddings == 128
+    assert "max_position_embeddings: raised from 64 to max_seq_length 128" in "\n".join(spec.run.notes)
+    _, pretrained = _paddlenlp_qwen3(tmp_path / "pretrained")
+    with pytest.raises(UserError, match="128 exceeds the model's max_position_embeddings \\(64\\)"):
+        prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target())

@@ -149,11 +149,14 @@ class TrainingArguments:
     per_device_train_batch_size: int = _f(8, "Micro-batch per data-parallel rank.")
     per_device_eval_batch_size: int = _f(8, "Eval micro-batch per data-parallel rank.")
     gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
-    eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None = logging_steps).")
-    evaluation_strategy: str = _f("no", "PaddleNLP sets 'steps' from do_eval; here do_eval alone decides.", "ignored",
-                                  choices=("no", "steps"))
-    logging_strategy: str = _f("steps", "Here logging_steps alone decides.", "ignored", choices=("no", "steps"))
-    save_strategy: str = _f("steps", "Here save_steps alone decides (and the last step is always saved).", "ignored",
+    eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None or 0 = logging_steps, as PaddleNLP "
+                                         "falls back).")
+    evaluation_strategy: str = _f("no", "steps turns on do_eval, as PaddleNLP's __post_init__ does; no leaves do_eval "
+                                        "as set.", choices=("no", "steps"))
+    logging_strategy: str = _f("steps", "PaddleNLP's no logs nothing; here logging_steps alone decides (a log line "
+                                        "is also how a run reports progress).", "ignored", choices=("no", "steps"))
+    save_strategy: str = _f("steps", "PaddleNLP's no saves no checkpoint; here save_steps alone decides, and the last "
+                                     "step is always saved (what a resume and the export read).", "ignored",
                             choices=("no", "steps"))
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
@@ -199,7 +202,9 @@ class TrainingArguments:
     # --- precision
     bf16: bool = _f(False, "bfloat16 mixed precision (GPU; not applicable on CPU, where the run stays fp32).")
     fp16: bool = _f(False, "float16 mixed precision with loss scaling (GPU only).")
-    fp16_opt_level: str = _f("O1", "O1: autocast over fp32 weights; O2: half weights + fp32 master weights.", choices=("O1", "O2"))
+    fp16_opt_level: str = _f("O1", "O1: autocast over fp32 weights; O2: half weights + fp32 master weights; O0 "
+                                   "(PaddleNLP's AMP level with no half-precision ops): the run is fp32.",
+                             choices=("O0", "O1", "O2"))
     amp_master_grad: bool = _f(False, "O2: keep fp32 gradients for clipping and the update.")
     scale_loss: float = _f(32768.0, "Initial fp16 loss scale.")
     amp_custom_black_list: Optional[List[str]] = _f(None, "Extra ops kept in fp32 under AMP.")
@@ -269,7 +274,10 @@ class TrainingArguments:
     save_steps: int = _f(500, "Save output_dir/checkpoint-N every N optimizer steps.")
     save_total_limit: Optional[int] = _f(None, "Keep at most this many checkpoint-N directories (newest kept).")
     unified_checkpoint: bool = _f(True, "Checkpoints are always unified (topology-free safetensors) here.", "ignored")
-    unified_checkpoint_config: str = _f("", "PaddleNLP unified-checkpoint options.", "ignored")
+    unified_checkpoint_config: str = _f("", "PaddleNLP's unified-checkpoint flags (an unknown one is refused, as PaddleNLP "
+                                            "does): async_save or enable_all_options saves in the background as "
+                                            "async_save: true does; the others concern PaddleNLP's master-weight "
+                                            "files and are noted as having no effect.")
     save_on_each_node: bool = _f(
         False, "Every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
         "(docs/CHECKPOINTS.md).", "ignored")

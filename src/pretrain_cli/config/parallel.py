@@ -74,8 +74,9 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     if stage:
         sharding = rest if t.sharding_parallel_degree in (-1, 0) else t.sharding_parallel_degree
         if sharding < 1 or rest % sharding:
+            axes = " x ".join(f"{n} {d}" for n, d in (("tp", tp), ("pp", pp), ("cp", cp)) if d > 1 or n == "tp")
             problems.add(f"sharding_parallel_degree: {sharding} does not divide the {rest} data-parallel processes "
-                         f"(world {world} / tp {tp}); use a divisor or -1")
+                         f"(world {world * pp} / ({axes})); use a divisor or -1")
             sharding = 1
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")

@@ -11,10 +11,11 @@ from __future__ import annotations
 import difflib
 import json
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
+from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED
 from pretrain_cli.errors import UserError
 
 _TRUE = {"true", "t", "yes", "y", "1"}
@@ -64,6 +65,9 @@ class Arguments:
     training: TrainingArguments
     config_path: str | None
     explicit: dict  # key -> "file" | "command line"
+    extra: dict = field(default_factory=dict)  # PaddleNLP's keys with no field here (paddlenlp_keys.IGNORED) -> value
+    aliased: tuple = ()  # PaddleNLP's other names that were read as ours (paddlenlp_keys.ALIASES)
+    rewritten: tuple = ()  # the notes of PaddleNLP's own rewrites of its keys (`_post_init`)
 
     def to_dict(self) -> dict:
         """Flat {key: value}, the same shape as the user's file (written as args.json)."""
@@ -236,7 +240,7 @@ def check_override_keys(tokens: list[str], options=()) -> None:
     """Refuse an unknown `--key` among a command's overrides before anything runs, suggesting the nearest of the
     training keys and the command's own `options` (cli.py passes them)."""
     for key, raw in split_overrides(tokens):
-        if key not in KEYS and not _negated_flag(key, raw):
+        if key not in KEYS and key not in IGNORED and key not in ALIASES and not _negated_flag(key, raw):
             raise _unknown(key, "command line", options)
 
 
@@ -244,14 +248,37 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
     """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file."""
     values: dict[str, object] = {}
     explicit: dict[str, str] = {}
+    extra: dict[str, object] = {}
+    aliased: list[str] = []
+
+    def own_name(key: str, where: str, given) -> str:
+        """Our name for `key`; PaddleNLP's two names of one key in one place are refused (which one wins?)."""
+        if key not in ALIASES:
+            return key
+        ours = ALIASES[key]
+        if ours in given:
+            raise UserError(f"{where}: `{key}` and `{ours}` are one key (PaddleNLP's two names); set only {ours}")
+        aliased.append(key)
+        return ours
+
     if config_path is not None:
-        for key, raw in arguments_of(load_json(config_path)).items():
+        given = arguments_of(load_json(config_path))
+        for key, raw in given.items():
+            if key in IGNORED:
+                extra[key] = raw
+                continue
+            key = own_name(key, config_path, given)
             if key not in KEYS:
                 raise _unknown(key, config_path)
             values[key] = coerce(KEYS[key], raw, config_path)
             explicit[key] = "file"
-    for key, raw in split_overrides(overrides or []):
+    pairs = split_overrides(overrides or [])
+    for key, raw in pairs:
         where = "command line"
+        if key in IGNORED:
+            extra[key] = " ".join(raw) if raw else True
+            continue
+        key = own_name(key, where, {k for k, _ in pairs})
         if key not in KEYS:
             if _negated_flag(key, raw):
                 values[key[3:]] = False
@@ -275,4 +302,15 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
     for sec, cls in SECTIONS:
         kw = {f.name: values[f.name] for f in fields(cls) if f.name in values}
         sections[sec] = cls(**kw)
-    return Arguments(config_path=config_path, explicit=explicit, **sections)
+    return Arguments(config_path=config_path, explicit=explicit, extra=extra, aliased=tuple(dict.fromkeys(aliased)),
+                     rewritten=_post_init(sections["training"]), **sections)
+
+
+def _post_init(t: TrainingArguments) -> tuple:
+    """PaddleNLP's `TrainingArguments.__post_init__` rewrites one key from another, so its files mean that:
+    `evaluation_strategy: steps` turns on `do_eval` ("if self.do_eval is False and self.evaluation_strategy !=
+    IntervalStrategy.NO: self.do_eval = True")."""
+    if t.evaluation_strategy == "steps" and not t.do_eval:
+        t.do_eval = True
+        return ("evaluation_strategy: steps turns on do_eval (as in PaddleNLP)",)
+    return ()

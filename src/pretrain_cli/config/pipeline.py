@@ -23,6 +23,8 @@ PP_FLAGS = {
     "enable_dynamic_shape": None,  # every message carries its shape already
     "disable_non_batch_p2p_comm": "batched stage-to-stage sends; they run one by one here (fleet's "
                                   "use_batch_p2p_comm is off, as its CPU build requires)",
+    "use_dualpipev": "DeepSeek-V3's DualPipeV schedule (PaddleNLP's DeepSeek pipeline model reads it); fleet's "
+                     "1F1B (or interleaved) schedule runs here",
     "best_unbalanced_scheduler": "a memory-balanced variant of the interleaved schedule for fewer micro-batches than "
                                  "2 x stages, which is refused here; the interleaved schedule runs as fleet's default",
 }

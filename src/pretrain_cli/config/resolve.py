@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import replace
 
+from pretrain_cli.config import paddlenlp_keys
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.parallel import resolve_parallel
 from pretrain_cli.config.parser import KEYS, Arguments
@@ -39,7 +40,7 @@ def _check_ranges(args: Arguments, problems: Problems) -> None:
         "eval_iters": t.eval_iters,
         "nan_skip_limit": t.nan_skip_limit,
     }
-    for opt in ("eval_steps", "save_total_limit", "decay_steps"):
+    for opt in ("save_total_limit", "decay_steps", *(("eval_steps",) if t.eval_steps != 0 else ())):
         if getattr(t, opt) is not None:
             positive[opt] = getattr(t, opt)
     if m.num_hidden_layers is not None:
@@ -137,6 +138,10 @@ def _precision(args: Arguments, device: str, target: Target, notes: list, proble
     if t.fp16 and t.bf16:
         problems.add("fp16, bf16: both are true; choose one precision")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
+    if want and t.fp16_opt_level == "O0":  # Paddle's AMP level O0 casts nothing: fp32 computation
+        notes.append(f"fp16_opt_level: O0 runs no op in half precision (Paddle's AMP level O0); the run is fp32 "
+                     f"({'bf16' if t.bf16 else 'fp16'} has no effect)")
+        want = None
     why = no_bf16(target.gpu_name, capability(target.gpu_name, target.gpu_capability)) if device == "gpu" else None
     if want == "bfloat16" and why and target.planned:  # `plan` models the file as written; `plan --fit` moves it
         notes.append(f"bf16: WARNING: {why}; set bf16: false and fp16: true (loss scaling keeps fp16 stable), "
@@ -280,8 +285,8 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
-    eval_steps = t.eval_steps if t.eval_steps is not None else t.logging_steps
-    if t.do_eval and t.eval_steps is None:
+    eval_steps = t.eval_steps or t.logging_steps  # (0, like None, falls back, as in PaddleNLP)
+    if t.do_eval and not t.eval_steps:
         notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
@@ -292,6 +297,8 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
             notes.append(f"{key}: accepted but has no effect here: {spec.help}")
+    notes.extend(paddlenlp_keys.notes_for(args))
+    async_save = paddlenlp_keys.check_flags(args, problems, notes)
     problems.raise_if_any()
     loop = Loop(do_train=t.do_train, do_eval=t.do_eval, do_predict=t.do_predict, max_steps=t.max_steps,
                 micro_batch=t.per_device_train_batch_size, grad_accum=t.gradient_accumulation_steps,
@@ -302,7 +309,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 ignore_data_skip=t.ignore_data_skip,
                 progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
                 memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops,
-                async_save=t.async_save, hang_timeout=t.hang_timeout)
+                async_save=async_save, hang_timeout=t.hang_timeout)
     return RunConfig(
         device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
         schedule=schedule,

@@ -113,6 +113,13 @@ def build_model_config(args: Arguments):
             raise UserError(f"vocab_size: {args.model.vocab_size} resizes the model, but continue_training loads "
                             f"pretrained weights of vocab_size {raw.get('vocab_size')}; drop one of them")
         raw["vocab_size"] = args.model.vocab_size
+    seq, limit = args.data.max_seq_length, raw.get("max_position_embeddings")
+    if not args.model.continue_training and isinstance(limit, int) and isinstance(seq, int) and seq > limit:
+        # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two); pretrained
+        # weights keep the range they were trained for (check_seq_len refuses more)
+        raw["max_position_embeddings"] = seq
+        args.rewritten += (f"max_position_embeddings: raised from {limit} to max_seq_length {seq} for the new "
+                           f"model (as in PaddleNLP)",)
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.validate()
     return model_dir, cfg

@@ -1,0 +1,128 @@
+"""PaddleNLP's keys that are not fields of our argument dataclasses, and PaddleNLP's flag strings.
+
+PaddleNLP's `TrainingArguments` (paddlenlp/trainer/training_args.py) has more fields than a pretraining run
+uses, and its shipped argument files set some of them (`eval_accumulation_steps` in
+llm/llama/pretrain-llama_13b-pp4tp2sd2_stage1.json; the legacy llm/llama/run_pretrain.py's `model_type`,
+`config_name`, `pp_recompute_interval`). They parse here, so PaddleNLP's files run: `IGNORED` holds each with
+PaddleNLP's default and why it changes nothing here (a value other than the default is a note), `ALIASES` the
+two that are another name for one of our keys. They are no dataclass fields, so they never reach `args.json`.
+
+`FLAGS` are the values PaddleNLP accepts in its space- or comma-separated `*_config` strings; it raises
+`ValueError("Found unknown … config …")` for any other (training_args.py `__post_init__`), and so does `check`
+here, where PaddleNLP would have refused the file too.
+"""
+from __future__ import annotations
+
+# key -> (PaddleNLP's default, why it has no effect here)
+IGNORED = {
+    "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type decides"),
+    "config_name": (None, "the legacy separate config path; here model_name_or_path's config.json (or preset) is it"),
+    "pp_recompute_interval": (1, "the legacy pipeline recompute interval; recompute and no_recompute_layers decide"),
+    "eval_accumulation_steps": (None, "HF's prediction accumulation; evaluation here computes the loss only"),
+    "prediction_loss_only": (False, "evaluation here computes the loss only"),
+    "bf16_full_eval": (False, "evaluation runs in the training precision"),
+    "fp16_full_eval": (False, "evaluation runs in the training precision"),
+    "do_export": (False, "PaddleNLP's static-graph export; the final model is exported as an HF directory "
+                         "(`pretrain-cli export` for any checkpoint)"),
+    "use_expert_parallel": (False, "expert_parallel_degree > 1 turns expert parallelism on"),
+    "release_grads": (False, "fleet's release of gradient buffers; the trainer clears the gradients after each step"),
+    "sequence_parallel_config": ("", "the semi-auto engine's sequence-parallel flags"),
+    "fuse_sequence_parallel_allreduce": (False, "a GPU fusion of the sequence-parallel all-reduce"),
+    "max_evaluate_steps": (-1, "eval_iters sets the batches of each evaluation"),
+    "load_best_model_at_end": (False, "the last step is exported; there is no best-model selection"),
+    "metric_for_best_model": (None, "there is no best-model selection"),
+    "greater_is_better": (None, "there is no best-model selection"),
+    "ckpt_quant_stage": ("O0", "checkpoint quantization; checkpoints here keep the training precision"),
+    "sharding_comm_buffer_size_MB": (-1, "fleet's sharding fusion buffer size"),
+    "skip_data_intervals": (None, "PaddleNLP's skipped data ranges; spike_policy rollback skips the batches of a spike"),
+    "local_rank": (-1, "the launcher sets each process's rank"),
+    "ddp_find_unused_parameters": (None, "every parameter takes part in each step"),
+    "lazy_data_processing": (True, "token files are memory-mapped; nothing is processed ahead"),
+    "no_cuda": (False, "`device` decides"),
+    "past_index": (-1, "HF's past-state index; causal LMs here keep none"),
+    "remove_unused_columns": (True, "batches hold input_ids and labels only"),
+    "label_names": (None, "the labels are the shifted input_ids"),
+    "ignore_load_lr_and_optim": (False, "a resume restores the optimizer and schedule whole"),
+    "ignore_save_lr_and_optim": (False, "checkpoints always hold the optimizer and schedule (a resume is exact)"),
+    "minimum_eval_times": (None, "eval_steps sets how often evaluation runs"),
+    "output_signal_dir": (None, "PaddleNLP's async-save signal files; the checkpoint index marks completion here"),
+    "metrics_output_path": (None, "metrics go to output_dir/metrics.jsonl"),
+    "flatten_param_grads": (False, "a static-graph option"),
+    "save_sharded_model": (False, "every rank writes its own pieces already (docs/CHECKPOINTS.md)"),
+    "load_sharded_model": (False, "any checkpoint loads on any layout (docs/CHECKPOINTS.md)"),
+    "ordered_save_group_size": (0, "every rank writes its pieces at once"),
+    "wandb_api_key": (None, "wandb reads WANDB_API_KEY from the environment"),
+    "enable_auto_parallel": (False, "the layout's engine is chosen from the degrees (docs/DISTRIBUTED.md)"),
+    "sharding_parallel_mesh_dimension": ("dp", "the semi-auto engine's mesh axis for sharding"),
+    "expert_max_capacity": (None, "capacity_factor bounds an expert's tokens here"),
+    "expert_min_capacity": (None, "capacity_factor bounds an expert's tokens here"),
+    "force_reshard_pp": (False, "any checkpoint loads on any pipeline layout"),
+    "save_sharding_stage1_model_include_freeze_params": (False, "every parameter trains"),
+    "pdc_download_ckpt": (False, "Baidu PDC storage"),
+    "pipeline_schedule_mode": ("1F1B", "fleet's 1F1B schedule runs (interleaved with virtual_pp_degree > 1)"),
+    "use_fused_dropout_add": (False, "Llama and Qwen have no dropout"),
+    "log_level": ("passive", "rank 0 logs at INFO"),
+    "log_level_replica": ("warning", "only global rank 0 logs"),
+    "save_safetensors": (True, "checkpoints are safetensors always"),
+    "data_parallel_degree": (1, "computed from the world size and the other degrees"),
+}
+
+# PaddleNLP's other name -> our key
+ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "async_save"}
+
+FLAGS = {
+    "tensor_parallel_config": ("enable_mp_async_allreduce", "enable_mp_skip_c_identity",
+                               "enable_mp_fused_linear_param_grad_add", "enable_sp_async_reduce_scatter",
+                               "enable_delay_scale_loss", "sync_param", "sync_grad", "sync_moment"),
+    "sharding_parallel_config": ("enable_stage1_tensor_fusion", "enable_stage1_overlap", "enable_stage2_overlap",
+                                 "split_param", "disable_stage1_reduce_avg", "enable_stage1_broadcast_overlap",
+                                 "enable_stage1_allgather_overlap", "enable_release_grads"),
+    "data_parallel_config": ("enable_allreduce_avg_in_gradinent_scale", "gradient_sync_after_accumulate"),
+    "unified_checkpoint_config": ("skip_save_model_weight", "master_weight_compatible", "remove_master_weight",
+                                  "async_save", "enable_all_options", "ignore_merge_optimizer"),
+}
+TOPO_ORDERS = ("pp_first", "sharding_first")
+
+
+def differs(key: str, value) -> bool:
+    """Whether an IGNORED key's value is other than PaddleNLP's default (`"False"` on a command line is False)."""
+    default = IGNORED[key][0]
+    return str(value).strip().lower() != str(default).lower()
+
+
+def flags(text) -> list[str]:
+    """PaddleNLP's `split_parallel_config`: comma- or space-separated."""
+    return str(text or "").replace(",", " ").split()
+
+
+def check_flags(args, problems, notes) -> bool:
+    """Each `*_config` flag against PaddleNLP's list, and `hybrid_parallel_topo_order`. Returns whether checkpoints
+    are saved in the background: `unified_checkpoint_config`'s `async_save` (or `enable_all_options`) asks for it
+    unless `async_save` itself is set."""
+    t = args.training
+    for key, known in FLAGS.items():
+        for flag in flags(getattr(t, key)):
+            if flag not in known:
+                problems.add(f"{key}: unknown flag {flag!r} (PaddleNLP refuses it too); known: {', '.join(known)}")
+    order = t.hybrid_parallel_topo_order
+    if order is not None and order not in TOPO_ORDERS:
+        problems.add(f"hybrid_parallel_topo_order: must be one of {', '.join(TOPO_ORDERS)}, got {order!r}")
+    uc = flags(t.unified_checkpoint_config)
+    for flag in uc:
+        if flag in FLAGS["unified_checkpoint_config"] and flag not in ("async_save", "enable_all_options"):
+            notes.append(f"unified_checkpoint_config: {flag} has no effect here: checkpoints hold the weights and "
+                         f"the optimizer state whole (docs/CHECKPOINTS.md)")
+    if ("async_save" in uc or "enable_all_options" in uc) and "async_save" not in args.explicit:
+        notes.append("unified_checkpoint_config: async_save: checkpoints are written in the background "
+                     "(as async_save: true)")
+        return True
+    return t.async_save
+
+
+def notes_for(args) -> list[str]:
+    """The notes for the PaddleNLP keys the parser set aside (`Arguments.extra`) and the aliases it read."""
+    out = list(args.rewritten)
+    out += [f"{key}: read as {ALIASES[key]} (PaddleNLP's other name for it)" for key in args.aliased]
+    out += [f"{key}: accepted but has no effect here: {IGNORED[key][1]}" for key, value in args.extra.items()
+            if differs(key, value)]
+    return out
