@@ -54,7 +54,7 @@ class Schedule:
     kind: str = "linear"  # linear | cosine | constant | constant_with_warmup | warmup_stable_decay
     max_lr: float = 5e-5
     min_lr: float = 1e-5
-    warmup_steps: int = 0
+    warmup_steps: float = 0  # a whole number, except from warmup_ratio (PaddleNLP keeps ratio x max_steps as it is)
     decay_steps: int = 1
     start_step: int = 0  # a schedule restarted at a resumed step (lr_schedule_on_resume: restart) counts from it
     decay_start: int = 0  # warmup_stable_decay: the step its decay starts at (warmup + num_stable_steps)

@@ -160,7 +160,12 @@ def test_resolution_notes_and_values():
                      "evaluating every logging_steps = 7"):
         assert fragment in text
     r = resolve_run("--max_steps", "10", "--warmup_ratio", "0.25", "--device", "gpu", device="gpu")
-    assert r.schedule.warmup_steps == 3 and r.device == "gpu"
+    assert r.schedule.warmup_steps == 2.5 and r.device == "gpu"  # PaddleNLP's ratio x max_steps, not its ceiling
+    r = resolve_run("--max_steps", "3", "--warmup_ratio", "0.5", "--learning_rate", "3e-5", "--min_learning_rate",
+                    "3e-6", "--lr_scheduler_type", "linear")
+    assert [r.schedule.lr_at(t) for t in (1, 2, 3)] == pytest.approx([2e-5, 2.1e-5, 3e-6])  # PaddleNLP's rates
+    assert resolve_run("--max_steps", "10", "--warmup_ratio", "0.25", "--lr_scheduler_type",
+                       "warmup_stable_decay").schedule.warmup_steps == 3  # transformers' WSD: the ceiling
 
 
 def test_hf_trainer_keys_paddlenlp_files_carry_are_accepted_and_said_to_do_nothing():

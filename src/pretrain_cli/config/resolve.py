@@ -111,9 +111,16 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
         if t.warmup_ratio > 0:
             notes.append(f"warmup: warmup_steps={t.warmup_steps} wins over warmup_ratio={t.warmup_ratio}")
     else:
-        warmup = math.ceil(t.warmup_ratio * max_steps)
+        # PaddleNLP's run_pretrain.py: warmup_ratio x max_steps as it is, a fraction of a step included (its
+        # schedulers divide by it); transformers' WSD schedule takes the ceiling (`get_warmup_steps`)
+        warmup = t.warmup_ratio * max_steps
+        if t.lr_scheduler_type == "warmup_stable_decay":
+            warmup = math.ceil(warmup)
+        elif warmup == int(warmup):
+            warmup = int(warmup)
         if t.warmup_ratio > 0:
-            notes.append(f"warmup: {warmup} steps = ceil(warmup_ratio {t.warmup_ratio} x max_steps {max_steps})")
+            how = "ceil(…)" if t.lr_scheduler_type == "warmup_stable_decay" else "as PaddleNLP, a fraction kept"
+            notes.append(f"warmup: {warmup:g} steps = warmup_ratio {t.warmup_ratio} x max_steps {max_steps} ({how})")
     decay = t.decay_steps if t.decay_steps is not None else max_steps
     if t.decay_steps is None and t.max_steps > 0 and warmup > max_steps:  # a first short run of a long file
         notes.append(f"warmup: warmup_steps={warmup} is longer than the run (max_steps {max_steps}); clipped to "
