@@ -226,6 +226,9 @@ def test_paddlenlps_post_init_rules_and_fallbacks():
     assert not resolve_run("--max_steps", "10", "--evaluation_strategy", "no").loop.do_eval
     r = resolve_run("--max_steps", "10", "--bf16", "--fp16_opt_level", "O0", device="gpu", gpu_name="A100-80GB")
     assert r.precision.amp_dtype is None and "O0 runs no op in half precision" in "\n".join(r.notes)
+    r = resolve_run("--max_steps", "16", "--gradient_accumulation_steps", "8", "--pipeline_parallel_degree", "2",
+                    "--do_eval", "--per_device_eval_batch_size", "4", world=2, model="tiny-llama")
+    assert "per_device_eval_batch_size = micro-batch x gradient_accumulation_steps = 64" in "\n".join(r.notes)
     with pytest.raises(UserError, match=r"does not divide the 2 data-parallel processes \(world 16 / \(tp 2 x pp 4\)\)"):
         resolve_run("--max_steps", "16", "--gradient_accumulation_steps", "8", "--tensor_parallel_degree", "2",
                     "--pipeline_parallel_degree", "4", "--sharding", "stage1", "--sharding_parallel_degree", "4",

@@ -293,6 +293,12 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps = t.eval_steps or t.logging_steps  # (0, like None, falls back, as in PaddleNLP)
+    paddlenlp_eval = t.per_device_train_batch_size * t.gradient_accumulation_steps
+    if parallel.pp_degree > 1 and t.do_eval and t.per_device_eval_batch_size != paddlenlp_eval:
+        notes.append(f"eval: PaddleNLP evaluates a pipeline with per_device_eval_batch_size = micro-batch x "
+                     f"gradient_accumulation_steps = {paddlenlp_eval} whatever the file says; here the file's "
+                     f"{t.per_device_eval_batch_size} runs as one micro-batch through the stages (set "
+                     f"{paddlenlp_eval} to average PaddleNLP's samples, if its activations fit)")
     if t.do_eval and not t.eval_steps:
         notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
     _cpu_layout_note(args, device, target.world_size, notes)
