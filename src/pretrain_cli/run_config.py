@@ -223,6 +223,9 @@ class Loop:
     grad_accum: int = 1
     eval_batch: int = 8
     eval_iters: int = 10
+    # the test split's batches at the end (do_predict): PaddleNLP's run_pretrain.py sizes its test set for
+    # `test_iters = eval_iters * 10` batches
+    test_iters: int = 100
     eval_steps: int = 500  # eval_steps unset: logging_steps
     logging_steps: int = 500
     logging_first_step: bool = True

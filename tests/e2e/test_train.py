@@ -57,6 +57,7 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert list((out / "runs").iterdir())
     results = json.loads((out / "all_results.json").read_text())
     assert math.isfinite(results["eval_loss"]) and math.isfinite(results["test_loss"])
+    assert results["test_tokens"] == 10 * results["eval_tokens"]  # PaddleNLP's test_iters = 10 x eval_iters
     assert results["eval_ppl"] == pytest.approx(math.exp(results["eval_loss"]), rel=1e-3)
     losses = train_losses(out)
     assert len(losses) == 7 and losses[-1] < losses[0] - 0.5  # steps 1, 4, ..., 24; starts near ln(512) = 6.24

@@ -196,7 +196,10 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
     splits = SimpleNamespace(get={"valid": list(range(22)), "test": list(range(40))}.get)
     notes = eval_repeats(run, splits)
     assert notes == ["eval: the valid split holds 22 samples, fewer than eval_iters 4 x per_device_eval_batch_size 8 "
-                     "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once"]
+                     "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once",
+                     "eval: the test split holds 40 samples, fewer than 10 x eval_iters 4 x per_device_eval_batch_size "
+                     "8 x 1 data rank(s) = 320, so evaluation repeats samples; eval_iters 1 reads each once"]
+    assert run.loop.test_iters == 40  # PaddleNLP's run_pretrain.py: test_iters = eval_iters * 10
 
 
 def test_parallel_degrees_follow_paddlenlp_arithmetic():

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --config, the run's max_seq_length for its split)")
     parser.add_argument("--config", default=None,
                         help="a training argument file (or a run's args.json): evaluate its --split (valid/test) "
-                             "on the same eval_iters batches the trainer uses; `--key value` after the options "
+                             "on the same batches the trainer uses (valid: eval_iters, test: 10 x eval_iters); "
+                             "`--key value` after the options "
                              "overrides its keys as in `train` (default: none)")
     parser.add_argument("--split", default=None, choices=("valid", "test"),
                         help="split of --config (or of a run's --model) to evaluate; not with --data, whose "
@@ -39,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="windows per forward pass (default: 4; with --config, the run's "
                              "per_device_eval_batch_size, which this overrides)")
     parser.add_argument("--max_batches", type=int, default=None,
-                        help="stop after this many batches (default: the whole file; with --config, eval_iters)")
+                        help="stop after this many batches (default: the whole file; with --config, the run's: "
+                             "eval_iters for valid, 10 x eval_iters for test)")
     parser.add_argument("--attention_mask_type", default=None, choices=("causal", "document"),
                         help="document: a token attends only to earlier tokens of its own document (boundaries "
                              "from the token file's index), as a run with attention_mask_type: document trains "
@@ -148,7 +150,8 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     t0 = time.perf_counter()
-    batches, bs = lp.eval_iters if ns.max_batches is None else ns.max_batches, lp.eval_batch
+    run_batches = lp.eval_iters if ns.split == "valid" else lp.test_iters  # what the run's own evaluation read
+    batches, bs = run_batches if ns.max_batches is None else ns.max_batches, lp.eval_batch
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
     mask = spec.run.data.attention_mask_type

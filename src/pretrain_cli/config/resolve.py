@@ -315,7 +315,8 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     problems.raise_if_any()
     loop = Loop(do_train=t.do_train, do_eval=t.do_eval, do_predict=t.do_predict, max_steps=t.max_steps,
                 micro_batch=t.per_device_train_batch_size, grad_accum=t.gradient_accumulation_steps,
-                eval_batch=t.per_device_eval_batch_size, eval_iters=t.eval_iters, eval_steps=eval_steps,
+                eval_batch=t.per_device_eval_batch_size, eval_iters=t.eval_iters, test_iters=10 * t.eval_iters,
+                eval_steps=eval_steps,
                 logging_steps=t.logging_steps, logging_first_step=t.logging_first_step, save_steps=t.save_steps,
                 save_total_limit=t.save_total_limit, seed=t.seed, nan_policy=t.nan_policy,
                 nan_skip_limit=t.nan_skip_limit, prefetch=t.dataloader_num_workers,

@@ -361,13 +361,15 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 def eval_repeats(run: RunConfig, splits) -> list[str]:
     """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat)."""
     lp, world, notes = run.loop, run.parallel.data_world_size, []
-    for split, on in (("valid", lp.do_eval), ("test", lp.do_predict)):
+    for split, on, per in (("valid", lp.do_eval, 1), ("test", lp.do_predict, 10)):  # the test split: 10 x
         ds = splits.get(split)
-        need = lp.eval_iters * lp.eval_batch * world
+        need = per * lp.eval_iters * lp.eval_batch * world
         if on and ds is not None and len(ds) < need:
-            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than eval_iters {lp.eval_iters} x "
-                         f"per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = {need}, so evaluation "
-                         f"repeats samples; eval_iters {max(1, len(ds) // (lp.eval_batch * world))} reads each once")
+            times = "" if per == 1 else "10 x "
+            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than {times}eval_iters "
+                         f"{lp.eval_iters} x per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = "
+                         f"{need}, so evaluation repeats samples; eval_iters "
+                         f"{max(1, len(ds) // (per * lp.eval_batch * world))} reads each once")
     return notes
 
 
