@@ -100,7 +100,7 @@ def test_hub_names_as_published_select_their_presets():
     cases = {"Qwen/Qwen2-7B": "qwen2-7b", "Qwen/Qwen2.5-7B": "qwen2.5-7b", "Qwen/Qwen2.5-32B": "qwen2.5-32b",
              "Qwen/Qwen3-8B": "qwen3-8b", "Qwen/Qwen3-4B-Base": "qwen3-4b", "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
              "meta-llama/Meta-Llama-3-8B": "llama-3-8b", "meta-llama/Llama-3.2-3B": "llama-3.2-3b",
-             "meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-3.1-405B": "llama-3.1-405b",
+             "meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-7b-chat": "llama-2-7b", "meta-llama/Llama-3.1-405B": "llama-3.1-405b",
              "qwen2.5-72b": "qwen2.5-72b"}
     for hub, preset in cases.items():
         assert resolve_model_dir(hub) == PRESET_DIR / preset, hub
