@@ -161,3 +161,36 @@ def test_max_token_id_cached_in_sidecar(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())["max_token_id"] == 200
     (tmp_path / "s.json").write_text(json.dumps({"format": "pretrain-cli-tokens/1", "tokens": 5, "max_token_id": 7}))
     assert open_token_file(prefix).max_token_id() == 7  # trusts a matching sidecar (no rescan)
+
+
+def test_min_token_id_is_recorded_and_cached(tmp_path):
+    """preprocess and merge-data record the smallest id, and one scan of a sidecar without it is cached, so checking
+    a signed file for ids below 0 costs a scan at most once."""
+    prefix = str(tmp_path / "s")
+    _write(prefix, [[9, 200, 3], [4, 5]], np.int32)
+    (tmp_path / "s.json").write_text(json.dumps({"format": "pretrain-cli-tokens/1", "tokens": 5, "max_token_id": 200}))
+    assert open_token_file(prefix).min_token_id() == 3
+    assert json.loads((tmp_path / "s.json").read_text())["min_token_id"] == 3
+    (tmp_path / "s.json").write_text(json.dumps({"format": "pretrain-cli-tokens/1", "tokens": 5, "max_token_id": 200,
+                                                 "min_token_id": 1}))
+    assert open_token_file(prefix).min_token_id() == 1  # trusts a matching sidecar (no rescan)
+
+
+@pytest.mark.parametrize("ids,lens,docs,bad,expect", [
+    (np.array([1.0, 2.0, 3.0]), np.array([2, 1]), np.array([0, 2]), "_ids.npy", "token array of float64, not integers"),
+    (np.array([1, 2, 3]), np.array([4, -1]), np.array([0, 2]), "_idx.npz", "negative length in 'lens' at sequence 1"),
+    (np.array([1, 2, 3]), np.array([[2, 1]]), np.array([0, 2]), "_idx.npz", "'lens' is int64 of shape (1, 2), not a 1-D"),
+    (np.array([1, 2, 3]), np.array([2.0, 1.0]), np.array([0, 2]), "_idx.npz", "'lens' is float64"),
+    (None, np.array([2, 1]), np.array([0, 2]), "_ids.npy", "unreadable legacy token array"),
+])
+def test_legacy_pair_refuses_what_would_read_as_garbage(tmp_path, ids, lens, docs, bad, expect):
+    """Each complaint names the broken file of the pair (a garbage _ids.npy was blamed on the _idx.npz)."""
+    prefix = str(tmp_path / "leg")
+    if ids is None:
+        (tmp_path / "leg_ids.npy").write_bytes(b"not an npy file at all")
+    else:
+        np.save(prefix + "_ids.npy", ids)
+    np.savez(prefix + "_idx.npz", lens=lens, docs=docs)
+    with pytest.raises(UserError) as e:
+        open_token_file(prefix)
+    assert str(e.value).startswith(prefix + bad + ": ") and expect in str(e.value), str(e.value)

@@ -117,3 +117,53 @@ def test_step_view_of_a_config_without_output_dir(corpus, tmp_path, capsys):
     assert _run("--config", tmp_path / "base.json", "--step", 2, "--json") == 0
     assert json.loads(capsys.readouterr().out)["trainer_state"] is None
     assert placeholders() == before  # the placeholder output_dir is removed again
+
+
+def test_tokenizer_check_is_the_one_train_and_check_do(corpus, tmp_path, capsys):
+    """A tokenizer retrained on other text to the same vocabulary size: every id is in range, only the sidecar's
+    fingerprint tells; `inspect-data --tokenizer` refuses it for one prefix and for a directory, as `check` does."""
+    d, tok, _ = corpus
+    same_size = make_tokenizer(tmp_path / "same_size", make_texts(50, seed=7), vocab_size=300)
+    (tmp_path / "dir").mkdir()
+    for ext in (".bin", ".idx", ".json"):
+        (tmp_path / "dir" / f"c{ext}").write_bytes((d / f"c{ext}").read_bytes())
+    for target in (d / "c", tmp_path / "dir"):
+        assert _run(target, "--tokenizer", tok) == 0
+        with pytest.raises(UserError) as e:
+            _run(target, "--tokenizer", same_size)
+        msg = str(e.value)
+        assert msg.startswith(f"{target if target.name == 'c' else target / 'c'}.json: made by another tokenizer than "
+                              f"{same_size} (tokenizer_fingerprint ") and "\n" not in msg
+        assert msg.endswith(f"re-run preprocess with {same_size}, or pass the --tokenizer that made it"), msg
+
+
+def _int32_tokens(prefix, ids):
+    import struct
+
+    import numpy as np
+
+    ids = np.asarray(ids, "<i4")
+    with open(f"{prefix}.bin", "wb") as f:
+        f.write(ids.tobytes())
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 4, 1, 2) + struct.pack("<i", ids.size)
+                + struct.pack("<qqq", 0, 0, 1))
+
+
+def test_negative_ids_are_refused_where_ids_beyond_the_vocabulary_are(tmp_path, corpus):
+    """`train` died at step 1 in the embedding; `check`, `inspect-data` and a directory said OK."""
+    from pretrain_cli.data import build_datasets
+
+    _, tok, _ = corpus
+    (tmp_path / "d").mkdir()
+    _int32_tokens(tmp_path / "d" / "neg", [5, -10, 39, 7] * 10)
+    want = f"{tmp_path / 'd' / 'neg'}.bin: token id -10 < 0 (int32); these are not a tokenizer's ids"
+    for argv in ([tmp_path / "d" / "neg"], [tmp_path / "d" / "neg", "--tokenizer", tok], [tmp_path / "d"]):
+        with pytest.raises(UserError) as e:
+            _run(*argv)
+        assert str(e.value).startswith(want), str(e.value)
+    with pytest.raises(UserError, match="token id -10 < 0"):
+        build_datasets(str(tmp_path / "d" / "neg"), "1", 8, 1, need=("train",), vocab_size=64)
+    _int32_tokens(tmp_path / "ok", [5, 10, 39, 7] * 10)
+    assert build_datasets(str(tmp_path / "ok"), "1", 8, 1, need=("train",), vocab_size=64).train is not None
+    assert _run(tmp_path / "ok") == 0

@@ -200,3 +200,25 @@ def test_the_shipped_tiny_tokenizer_has_qwen2s_pipeline():
 
     repo = Path(__file__).resolve().parents[2]
     assert transformers_mismatch(load_tokenizer(repo / "data" / "tiny" / "tokenizer"), "qwen2") is None
+
+
+def test_special_tokens_take_their_roles_by_position(tmp_path, capsys):
+    """`--special_tokens P B E U` gave no roles (special_tokens_map.json `{}`, then `preprocess --append_eos`: no
+    EOS token); 2 tokens, a duplicate or an empty one were silently accepted."""
+    write_jsonl(tmp_path / "c" / "a.jsonl", make_texts(100))
+    argv = ["--input_path", str(tmp_path / "c"), "--output_dir", str(tmp_path / "tok"), "--vocab_size", "300"]
+    assert _train(argv + ["--special_tokens", "<p>", "<b>", "<e>", "<u>", "<|x|>"]) == 0
+    roles = json.loads((tmp_path / "tok" / "special_tokens_map.json").read_text())
+    assert roles == {"pad_token": "<p>", "bos_token": "<b>", "eos_token": "<e>", "unk_token": "<u>"}
+    tok = tk.load_tokenizer(tmp_path / "tok")
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert tok.encode("a <|x|> b").count(tok.token_to_id("<|x|>")) == 1  # an extra one: kept whole, no role
+    assert "pad=<p> bos=<b> eos=<e> unk=<u>" in capsys.readouterr().out
+    for specials, want in ((["<p>", "<b>"], "2 tokens, but the first four are the pad, bos, eos and unk tokens"),
+                           (["<p>", "<b>", "<b>", "<u>"], "'<b>' is given twice"),
+                           (["<p>", "", "<e>", "<u>"], "token 2 is empty or blank")):
+        with pytest.raises(UserError) as e:
+            _train(["--input_path", str(tmp_path / "c"), "--output_dir", str(tmp_path / "refused"), "--vocab_size",
+                    "300", "--special_tokens", *specials])
+        assert str(e.value).startswith(f"--special_tokens: {want}") and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "refused").exists()

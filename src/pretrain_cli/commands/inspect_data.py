@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from pretrain_cli.data.inspect import check_vocab, describe_step, step_record, summarize, summarize_directory
+from pretrain_cli.data.inspect import check_ids, describe_step, step_record, summarize, summarize_directory
 from pretrain_cli.commands import check_counts
 from pretrain_cli.errors import UserError
 
@@ -121,8 +121,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.data.indexed import open_token_file
 
     ds = open_token_file(ns.prefix)
-    if tok is not None:
-        check_vocab(ds, tok, ns.tokenizer)
+    check_ids([ds], tok, ns.tokenizer)
     if ns.decode is not None:
         if tok is None:
             raise UserError("--decode: needs --tokenizer DIR to turn ids back into text")
@@ -153,12 +152,7 @@ def _directory(ns, tok) -> int:
     """A directory: one line per token file, totals, and whether all files share one tokenizer (exit 2 if not)."""
     if ns.decode is not None:
         raise UserError(f"--decode: {ns.prefix} is a directory; pass one token file PREFIX")
-    info = summarize_directory(ns.prefix)
-    if tok is not None:
-        from pretrain_cli.data.indexed import open_token_file
-
-        for row in info["files"]:
-            check_vocab(open_token_file(row["prefix"]), tok, ns.tokenizer)
+    info = summarize_directory(ns.prefix, tok, ns.tokenizer)
     if ns.json:
         print(json.dumps(info, sort_keys=True))
     else:

@@ -13,8 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab_size", type=int, required=True, help="tokens in the vocabulary, special tokens included")
     parser.add_argument("--min_frequency", type=int, default=2,
                         help="merges seen fewer times than this are not learned (default: %(default)s)")
-    parser.add_argument("--special_tokens", nargs="+", default=DEFAULT_SPECIALS,
-                        help=f"special tokens, in the roles pad, bos, eos, unk (default: {' '.join(DEFAULT_SPECIALS)})")
+    parser.add_argument("--special_tokens", nargs="+", default=DEFAULT_SPECIALS, metavar="TOKEN",
+                        help="the pad, bos, eos and unk tokens, in that order, then any extra special tokens "
+                             f"(no role; each kept whole in text) (default: {' '.join(DEFAULT_SPECIALS)})")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
     parser.add_argument("--skip_bad_lines", action="store_true", help="skip and count bad lines (default: a bad line "
                                                                        "is an error)")

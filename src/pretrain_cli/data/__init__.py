@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
-from pretrain_cli.data.indexed import IndexedDataset, open_token_file
+from pretrain_cli.data.indexed import IndexedDataset, check_token_ids, open_token_file
 from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
 from pretrain_cli.errors import UserError
 
@@ -53,22 +53,16 @@ class DataSplits:
         return lines
 
 
-def _check_vocab(src: IndexedDataset, vocab_size: int) -> None:
-    max_id = src.max_token_id()
-    if max_id >= vocab_size:
-        raise UserError(f"{src.prefix}.bin: max token id {max_id} >= vocab_size {vocab_size}; "
-                        "re-run preprocess with the model's tokenizer or use a model with a larger vocabulary")
-
-
-def check_tokenizer(prefixes: list[str], tokenizer, where: str = "") -> None:
+def check_tokenizer(prefixes: list[str], tokenizer, where: str = "", instead: str | None = None) -> None:
     """Token files made by another tokenizer than the run's (or, with none, by different ones) would train on
     ids that mean other text: refused, by their sidecars (`preprocess` writes them); `where` begins the line
-    (`eval --data` names its option)."""
+    (`eval --data` names its option), `instead` ends it (the other way out, where it is not a run's key:
+    `inspect-data --tokenizer`)."""
     from pretrain_cli.data.indexed import read_sidecar
     from pretrain_cli.data.merge import tokenizer_mismatches, tokenizer_problems
 
     items = [(p, read_sidecar(p)) for p in prefixes]
-    problems = (tokenizer_mismatches(items, tokenizer) if hasattr(tokenizer, "sha256")
+    problems = (tokenizer_mismatches(items, tokenizer, instead) if hasattr(tokenizer, "sha256")
                 else tokenizer_problems(items))
     if problems:
         more = f" ({len(problems)} such files)" if len(problems) > 1 else ""
@@ -107,7 +101,8 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
     for weight, prefix in parse_input_dir(input_dir):
         src = open_token_file(prefix)
         if vocab_size is not None:
-            _check_vocab(src, vocab_size)
+            check_token_ids(src, vocab_size, fix="re-run preprocess with the model's tokenizer or use a model with a "
+                                                 "larger vocabulary")
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
                                 document_mask, reset_position_ids, split_text)
         weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size

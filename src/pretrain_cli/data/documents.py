@@ -8,14 +8,18 @@ and whether a problem is fatal or skipped and counted (`--skip_bad_lines`).
 from __future__ import annotations
 
 import glob
+import json
 import os
 from pathlib import Path
 
+from pretrain_cli.data.indexed import SIDECAR_FORMAT
 from pretrain_cli.data.readers import FileReader, count_records, kind
+from pretrain_cli.data.tasks import PROGRESS_FORMAT
 from pretrain_cli.errors import UserError
 
 BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
 _REPORTED_BAD_LINES = 10
+_RECORD_BYTES = 1 << 20  # a sidecar or progress record is far smaller; larger .json files are not parsed twice
 INPUTS = ".jsonl/.json/.txt (plain, .gz, .zst, .bz2, .xz) or .parquet"
 
 
@@ -37,20 +41,45 @@ def _expand(arg: str) -> tuple[list[Path], bool]:
     raise UserError(f"{p}: input path not found; pass an existing file, directory or glob pattern to --input_path")
 
 
-def list_input_files(paths, exclude=None) -> tuple[list[Path], list[Path]]:
+def token_file_record(path: Path) -> bool:
+    """A `.json` that a token file or a preprocess task wrote (`<prefix>.json` beside its `.idx`/`_idx.npz`, or any
+    file carrying our sidecar's or progress record's format marker): statistics, never a corpus. Another job's
+    outputs in the input directory would otherwise be read as documents (and fail as bad JSON lines)."""
+    if path.suffix.lower() != ".json":
+        return False
+    stem = str(path)[: -len(".json")]
+    if os.path.exists(stem + ".idx") or os.path.exists(stem + "_idx.npz"):
+        return True
+    try:
+        if path.stat().st_size > _RECORD_BYTES:
+            return False
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and obj.get("format") in (SIDECAR_FORMAT, PROGRESS_FORMAT)
+
+
+def list_input_files(paths, exclude=None, note=None) -> tuple[list[Path], list[Path]]:
     """(files we read, files we skip), in a stable order: the --input_path values in the order given,
     each directory walked recursively and each glob expanded in sorted path order; a file listed twice
-    is read once. `exclude(path)` drops files found by walking or globbing (our own outputs)."""
+    (or reached again through a symbolic link) is read once. `exclude(path)` drops files found by walking or
+    globbing (our own outputs); token files' `.json` records are skipped, each said to `note`."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     files, skipped, seen = [], [], set()
     for arg in map(str, paths):
         cands, found = _expand(arg)
         for q in cands:
-            key = os.path.abspath(q)
+            key = os.path.realpath(q)
             if key in seen or (found and exclude is not None and exclude(q)):
                 continue
             seen.add(key)
+            if kind(q) and token_file_record(q):
+                if note is not None:
+                    note(f"note: skipped {q}: the statistics of a token file (or a preprocess task's progress), "
+                         "not a corpus")
+                continue
             (files if kind(q) else skipped).append(q)
     if not files:
         raise UserError(f"--input_path: no {INPUTS} files in {' '.join(map(str, paths))}; "
@@ -71,7 +100,8 @@ class DocumentReader:
                  files=None, exclude=None, note=None):
         """`note(line)`: where the warning for each of the first skipped lines goes (the command's stderr)."""
         self.note = note or (lambda line: None)
-        self.files, self.skipped_files = (files, []) if files is not None else list_input_files(paths, exclude)
+        self.files, self.skipped_files = ((files, []) if files is not None
+                                          else list_input_files(paths, exclude, self.note))
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
 

@@ -62,7 +62,7 @@ class IndexedDataset:
         self.sizes, self.pointers, self.doc_idx = sizes, pointers, doc_idx
         self.data, self.loss_mask = data, lsm
         self.dtype = data.dtype
-        self._max_id = None
+        self._min_id = self._max_id = None
 
     def __len__(self) -> int:
         return int(self.sizes.shape[0])
@@ -92,22 +92,48 @@ class IndexedDataset:
 
     def max_token_id(self) -> int:
         """Largest id in the file: from our sidecar if it matches, else one chunked scan."""
-        if self._max_id is not None:
-            return self._max_id
+        if self._max_id is None:
+            self._id_range(need_min=False)
+        return self._max_id
+
+    def min_token_id(self) -> int:
+        """Smallest id (negative only in a signed dtype): from our sidecar if it records it, else one chunked scan."""
+        if self._min_id is None:
+            self._id_range(need_min=True)
+        return self._min_id
+
+    def _id_range(self, need_min: bool) -> None:
+        """Both ends from a sidecar that matches, else from one scan (then cached in that sidecar: a sidecar from
+        before `min_token_id` was recorded costs one scan, once)."""
         meta = read_sidecar(self.prefix)
-        if meta and meta.get("tokens") == self.num_tokens and "max_token_id" in meta:
+        fits = meta is not None and meta.get("tokens") == self.num_tokens
+        if fits and "max_token_id" in meta and (not need_min or "min_token_id" in meta):
             self._max_id = int(meta["max_token_id"])
-            return self._max_id
-        best = -1
+            self._min_id = int(meta["min_token_id"]) if "min_token_id" in meta else None
+            return
+        lo, hi = None, -1
         for s in range(0, self.num_tokens, CHUNK):
-            best = max(best, int(self.data[s : s + CHUNK].max()))
-        self._max_id = best
-        if meta is not None and meta.get("tokens") == self.num_tokens:
+            chunk = self.data[s : s + CHUNK]
+            lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
+            hi = max(hi, int(chunk.max()))
+        self._min_id, self._max_id = lo, hi
+        if fits:
             try:
-                atomic.write_json(self.prefix + ".json", {**meta, "max_token_id": best}, sort_keys=True)
-            except OSError:  # read-only data directory: the in-memory value is enough
+                atomic.write_json(self.prefix + ".json", {**meta, "min_token_id": lo, "max_token_id": hi},
+                                  sort_keys=True)
+            except OSError:  # read-only data directory: the in-memory values are enough
                 pass
-        return best
+
+
+def check_token_ids(ds: IndexedDataset, vocab_size: int | None = None, vocab: str = "", fix: str = "") -> None:
+    """Ids that no embedding holds, refused when the data is opened instead of at the first step: below 0 (only a
+    signed dtype can hold one: unsigned files are never scanned for it) and, given `vocab_size`, at or above it
+    (`vocab` says whose vocabulary, `fix` what to do)."""
+    if ds.dtype.kind != "u" and ds.min_token_id() < 0:
+        _fail(ds.prefix + ".bin", f"token id {ds.min_token_id()} < 0 ({ds.dtype.name}); these are not a tokenizer's ids")
+    if vocab_size is not None and ds.max_token_id() >= vocab_size:
+        raise UserError(f"{ds.prefix}.bin: max token id {ds.max_token_id()} >= {vocab or f'vocab_size {vocab_size}'}; "
+                        f"{fix}")
 
 
 def _fail(path: str, problem: str, fix: str = "re-create it with `pretrain-cli preprocess`"):
@@ -192,15 +218,28 @@ def _open_lsm(prefix: str, total: int):
 
 
 def _open_legacy(prefix: str) -> IndexedDataset:
+    """PaddleNLP's `_ids.npy` + `_idx.npz`: each load and each array checked on its own, so the line names the file
+    that is broken (a token array of floats, or lens that are negative or not 1-D, would read as garbage samples)."""
     ids_path, idx_path = prefix + "_ids.npy", prefix + "_idx.npz"
     try:
         data = np.load(ids_path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        _fail(ids_path, f"unreadable legacy token array ({e})")
+    try:
         with np.load(idx_path, allow_pickle=False) as z:
-            lens, docs = np.asarray(z["lens"], np.int32), np.asarray(z["docs"], np.int64)
+            raw_lens, raw_docs = np.asarray(z["lens"]), np.asarray(z["docs"])
     except (ValueError, KeyError, OSError) as e:
-        _fail(idx_path, f"unreadable legacy token pair ({e})")
+        _fail(idx_path, f"unreadable legacy index ({e})")
     if data.ndim != 1:
         _fail(ids_path, f"expected a 1-D token array, got shape {data.shape}")
+    if data.dtype.kind not in "iu":
+        _fail(ids_path, f"token array of {data.dtype}, not integers")
+    for name, arr in (("lens", raw_lens), ("docs", raw_docs)):
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            _fail(idx_path, f"'{name}' is {arr.dtype} of shape {arr.shape}, not a 1-D integer array")
+    if (raw_lens < 0).any():
+        _fail(idx_path, f"negative length in 'lens' at sequence {int(np.argmax(raw_lens < 0))}")
+    lens, docs = raw_lens.astype(np.int32), raw_docs.astype(np.int64)
     itemsize = data.dtype.itemsize
     pointers = np.concatenate(([0], np.cumsum(lens[:-1], dtype=np.int64) * itemsize)) if lens.size else np.zeros(0, np.int64)
     _check_doc_idx(idx_path, docs, lens.shape[0])

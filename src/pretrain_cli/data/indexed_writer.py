@@ -15,6 +15,33 @@ from pretrain_cli.data.indexed import CHUNK, CODE_OF, MAGIC, strip_prefix
 from pretrain_cli.errors import UserError
 
 
+# every name a writer, preprocess or merge-data puts under a prefix (published, in progress, or the task's record)
+_OUTPUT_NAMES = (".bin", ".idx", ".json", ".lsm", ".progress.json", ".bin.tmp", ".idx.tmp", ".sizes.tmp",
+                 ".docs.tmp")
+
+
+def check_output_prefix(given: str, option: str, prefix: str | None = None) -> str:
+    """The output prefix `given` to `option`, refused before any work (`preprocess`, `merge-data`): one ending in a
+    separator (or empty) would write the hidden files `.bin`/`.idx`, which a directory `input_dir` then blends in;
+    one under a file, or whose output names (of `prefix`, a task's, if given) are directories, could only fail
+    after the whole corpus was read. Returns `given` without a .bin/.idx suffix."""
+    base = strip_prefix(given)
+    if not os.path.basename(base):
+        raise UserError(f"{option} {given!r}: names a directory, not the files' name; add one, "
+                        f"e.g. {os.path.join(base, 'corpus')}")
+    parent = os.path.dirname(os.path.abspath(base))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {given}: {parent} is a file, not a directory; choose a prefix in a directory")
+    stem = prefix or base
+    taken = next((stem + ext for ext in _OUTPUT_NAMES if os.path.isdir(stem + ext)), None)
+    if taken:
+        raise UserError(f"{option} {given}: {taken} is a directory, where an output file goes; move it or choose "
+                        "another prefix")
+    return base
+
+
 class IndexedDatasetWriter:
     """Streams tokens to `<prefix>.bin.tmp`, sequence sizes to `.sizes.tmp` and document ends to
     `.docs.tmp`, so memory stays flat for any corpus size; `finalize()` builds the index from them and

@@ -42,24 +42,27 @@ def summarize(ds, tokenizer=None) -> dict:
     return out
 
 
-def summarize_directory(directory: str) -> dict:
-    """Every token file in a directory (each opened, so each is checked): documents, tokens, dtype and the
-    tokenizer its sidecar records; `problems` lists disagreements (dtype, vocab size, EOS id, tokenizer hash)."""
+def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "") -> dict:
+    """Every token file in a directory (each opened, so each is checked, and its ids, with `tokenizer` also its
+    sidecar, as `check_ids`): documents, tokens, dtype and the tokenizer its sidecar records; `problems` lists
+    disagreements (dtype, vocab size, EOS id, tokenizer hash)."""
     from pretrain_cli.data.indexed import open_token_file, read_sidecar, token_prefixes
     from pretrain_cli.data.merge import TOKENIZER_FIELDS, tokenizer_problems
 
     prefixes = token_prefixes(directory)
     if not prefixes:
         raise UserError(f"{directory}: holds no .idx or _idx.npz token files; pass a directory of token files or a PREFIX")
-    rows, items = [], []
+    rows, items, datasets = [], [], []
     for p in prefixes:
         ds = open_token_file(p)
+        datasets.append(ds)
         meta = read_sidecar(p)
         items.append((p, meta))
         row = {"prefix": p, "format": ds.format, "dtype": ds.dtype.name, "documents": ds.num_documents,
                "tokens": ds.num_tokens, "sidecar": meta is not None}
         row.update({f: meta.get(f) for f in TOKENIZER_FIELDS} if meta else {})
         rows.append(row)
+    check_ids(datasets, tokenizer, tokenizer_dir)
     problems = tokenizer_problems(items)
     dtypes = sorted({r["dtype"] for r in rows})
     if len(dtypes) > 1:
@@ -71,11 +74,20 @@ def summarize_directory(directory: str) -> dict:
             "problems": problems}
 
 
-def check_vocab(ds, tokenizer, tokenizer_dir: str) -> None:
-    max_id = ds.max_token_id()
-    if max_id >= tokenizer.vocab_size:
-        raise UserError(f"{ds.prefix}.bin: max token id {max_id} >= vocab size {tokenizer.vocab_size} of {tokenizer_dir}; "
+def check_ids(datasets, tokenizer=None, tokenizer_dir: str = "") -> None:
+    """What `train` and `check` refuse, refused here too: ids below 0, and with a tokenizer, ids beyond its vocabulary
+    and files whose sidecar names another tokenizer (`data.check_tokenizer`: vocabulary size, EOS id, fingerprint;
+    a tokenizer retrained on other text has the same size and ids in range)."""
+    from pretrain_cli.data import check_tokenizer
+    from pretrain_cli.data.indexed import check_token_ids
+
+    for ds in datasets:
+        check_token_ids(ds, tokenizer.vocab_size if tokenizer is not None else None,
+                        f"vocab size {tokenizer.vocab_size} of {tokenizer_dir}" if tokenizer is not None else "",
                         "the file was made with another tokenizer: re-run preprocess with this one")
+    if tokenizer is not None:
+        check_tokenizer([ds.prefix for ds in datasets], tokenizer,
+                        instead="pass the --tokenizer that made it")
 
 
 def first_sample(step: int, batch: int, skipped_batches=()) -> int:

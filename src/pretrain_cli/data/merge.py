@@ -16,7 +16,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, open_token_file, read_sidecar, strip_prefix, token_prefixes
-from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
 from pretrain_cli.errors import UserError
 
 TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")
@@ -52,7 +52,7 @@ def tokenizer_problems(items) -> list[str]:
     return problems
 
 
-def tokenizer_mismatches(items, tok) -> list[str]:
+def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
     """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size, eos
     id, or the tokenizer's `fingerprint`; files without a sidecar are not judged). Same-sized vocabularies can
     still split text differently (a tokenizer retrained on other text), which only the fingerprint tells. A sidecar
@@ -64,15 +64,15 @@ def tokenizer_mismatches(items, tok) -> list[str]:
         field = next((f for f in want if m and m.get(f) is not None and m[f] != want[f]), None)
         if field is not None:
             problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}, the "
-                            f"run's {want[field]!s:.16}); re-run preprocess with {tok.path}, or set "
-                            f"tokenizer_name_or_path to the tokenizer that made it")
+                            f"run's {want[field]!s:.16}); re-run preprocess with {tok.path}, or "
+                            f"{instead or 'set tokenizer_name_or_path to the tokenizer that made it'}")
     return problems
 
 
 def merge(output: str, inputs) -> dict:
     """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar."""
+    out = check_output_prefix(str(output), "output")
     prefixes = expand_prefixes(inputs)
-    out = strip_prefix(output)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
     datasets = [open_token_file(p) for p in prefixes]  # every structural check before any write
@@ -85,6 +85,7 @@ def merge(output: str, inputs) -> dict:
     problems = tokenizer_problems(list(zip(prefixes, metas)))
     if problems:
         raise UserError("\n".join(problems))
+    _check_eos(prefixes, metas)
     with_lsm = [ds.loss_mask is not None for ds in datasets]
     if any(with_lsm) and not all(with_lsm):
         odd = datasets[with_lsm.index(not with_lsm[0])]
@@ -109,12 +110,26 @@ def merge(output: str, inputs) -> dict:
             "tokens": sum(d.num_tokens for d in datasets), "dtype": first.dtype.name,
             "max_token_id": max(d.max_token_id() for d in datasets), "merged_from": prefixes,
             "inputs_without_sidecar": len(prefixes) - len(known)}
+    if first.dtype.kind != "u":  # what `check` needs of a signed file (no id below 0), so it need not scan it
+        meta["min_token_id"] = min(d.min_token_id() for d in datasets)
     for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key"):
         vals = {str(m.get(field)) for m in known if field in m}
         if len(vals) == 1:
             meta[field] = next(m[field] for m in known if field in m)
     atomic.write_json(out + ".json", meta, sort_keys=True)
     return meta
+
+
+def _check_eos(prefixes, metas) -> None:
+    """Inputs preprocessed with and without `--append_eos` are refused: joined, the files without EOS would run their
+    documents together in packed samples (EOS is the only separator), and the output could not say whether it has
+    EOS. Files without a sidecar are not judged."""
+    known = [(p, m["eos_appended"]) for p, m in zip(prefixes, metas) if m and m.get("eos_appended") is not None]
+    odd = next(((p, v) for p, v in known if v != known[0][1]), None)
+    if odd is not None:
+        with_eos, without = (odd[0], known[0][0]) if odd[1] else (known[0][0], odd[0])
+        raise UserError(f"{without}.json: made without --append_eos, unlike {with_eos}.json (eos_appended); "
+                        f"re-run preprocess for one of them so that all inputs agree")
 
 
 def merge_summary(output: str, meta: dict) -> str:

@@ -26,7 +26,7 @@ from pretrain_cli import atomic
 from pretrain_cli.data import tasks
 from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
-from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
 
@@ -160,44 +160,29 @@ def _results(job: Job, work, dtype, eos, tok):
             yield window.popleft().get()
 
 
-def _inputs(job: Job, base: str):
+def _inputs(job: Job, base: str, note: Callable[[str], None]):
     """(this task's files, files skipped by name, files in the whole job)."""
-    all_files, skipped = list_input_files(job.input_path, exclude=lambda p: tasks.is_own_output(p, base))
+    all_files, skipped = list_input_files(job.input_path, lambda p: tasks.is_own_output(p, base), note)
     clash = [str(f) for f in all_files if tasks.is_own_output(f, base)]
     if clash:
         raise UserError(f"--output_prefix: {base} would overwrite the input {clash[0]}; choose another prefix")
     return tasks.task_share(all_files, job.num_tasks, job.task_index), skipped, len(all_files)
 
 
-def _check_prefix(output_prefix: str) -> None:
-    """A prefix ending in a separator (or empty) would write the hidden files `.bin`/`.idx`, which a directory
-    `input_dir` then blends in; one under a file could not be written at all."""
-    base = strip_prefix(output_prefix)
-    if not os.path.basename(base):
-        raise UserError(f"--output_prefix {output_prefix!r}: names a directory, not the files' name; add one, "
-                        f"e.g. {os.path.join(base, 'corpus')}")
-    parent = os.path.dirname(os.path.abspath(base))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UserError(f"--output_prefix {output_prefix}: {parent} is a file, not a directory; choose a prefix "
-                        f"in a directory")
-
-
 def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[str], None] = _quiet) -> int:
     """Tokenize `job.input_path` (this task's share) into `<output_prefix>[-iiiii-of-nnnnn]`.bin/.idx/.json.
     `say`: the outcome lines (the command's stdout); `note`: progress and warnings (its stderr)."""
     tasks.check_task(job.num_tasks, job.task_index)
-    _check_prefix(job.output_prefix)
+    base = check_output_prefix(job.output_prefix, "--output_prefix",
+                               tasks.task_prefix(strip_prefix(job.output_prefix), job.num_tasks, job.task_index))
     tok = load_tokenizer(job.tokenizer)
     eos = None
     if job.append_eos:
         eos = tok.eos_token_id
         if eos is None:
             raise UserError(f"{job.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop --append_eos")
-    base = strip_prefix(job.output_prefix)
     prefix = tasks.task_prefix(base, job.num_tasks, job.task_index)
-    files, skipped, n_all = _inputs(job, base)
+    files, skipped, n_all = _inputs(job, base, note)
     task = f" (task {job.task_index} of {job.num_tasks}: files {len(files)} of {n_all})" if job.num_tasks > 1 else ""
     if not files:
         say(f"preprocess: nothing to do{task}: {n_all} input files for {job.num_tasks} tasks")
@@ -224,11 +209,12 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         tasks.remove_progress(prefix)
         writer = IndexedDatasetWriter(prefix, dtype)
     reader = DocumentReader(None, job.json_key, job.skip_bad_lines, job.max_doc_num, files=files, note=note)
-    start, stats = 0, {"written": 0, "tokens": 0, "max_id": -1, "empty_after": 0}
+    start, stats = 0, {"written": 0, "tokens": 0, "min_id": -1, "max_id": -1, "empty_after": 0}
     if rec is not None:
         reader.restore(rec["counters"])
         start = rec["done_files"]
-        stats = {k: int(rec["counters"][k]) for k in stats}
+        # a record from before min_id was kept: the finished files' smallest id is unknown (-2), never recorded
+        stats = {k: int(rec["counters"].get(k, -2 if k == "min_id" else v)) for k, v in stats.items()}
         note(f"preprocess: resuming {prefix} after {start} of {len(files)} files (last: {rec['last_file']}; "
              f"{stats['written']} documents kept)")
     try:
@@ -243,6 +229,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     docs, tokens, empty = stats["written"], stats["tokens"], reader.empty + stats["empty_after"]
     atomic.write_json(prefix + ".json", {
         "format": SIDECAR_FORMAT, "documents": docs, "tokens": tokens, "max_token_id": stats["max_id"],
+        **({"min_token_id": stats["min_id"]} if stats["min_id"] >= 0 else {}),
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(job.tokenizer),
         "tokenizer_sha256": tok.sha256, "tokenizer_fingerprint": tok.fingerprint,
         "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
@@ -279,6 +266,9 @@ def _run(t: _Task, start: int, stats: dict, note: Callable[[str], None]) -> tupl
         stats["written"] += lengths.size
         stats["tokens"] += int(flat.size)
         stats["max_id"] = max(stats["max_id"], batch_max)
+        if flat.size and stats["min_id"] != -2:  # recorded so that `check` need not scan an int32 file for ids < 0
+            low = int(flat.min())
+            stats["min_id"] = low if stats["min_id"] == -1 else min(stats["min_id"], low)
         stats["empty_after"] += n_empty
         if job.log_interval and stats["written"] >= next_log:
             next_log = stats["written"] + job.log_interval

@@ -150,6 +150,10 @@ class FileReader:
         if not isinstance(text, str):
             self.bad(where, f"no string field {self.json_key!r}", "fix it, pass --json_key KEY")
             return None
+        problem = not_unicode(text)
+        if problem:
+            self.bad(where, problem, "fix it")
+            return None
         return text
 
     def _paragraphs(self, f):
@@ -224,6 +228,20 @@ class FileReader:
                     raise
                 self.bad(f"{self.path}: row group {rg}", f"corrupt ({_first_line(e)})",
                          "re-download or re-create the file", part=True)
+
+
+def not_unicode(text: str) -> str | None:
+    """Why a JSON line's text is not valid Unicode, or None. JSON's `\\ud800` escapes (and the surrogate bytes
+    `json.loads` decodes with 'surrogatepass') give Python strings with lone surrogates, which the tokenizer refuses
+    mid-run and no UTF-8 file can hold. Text and Parquet strings are decoded strictly, so never hold one. ASCII
+    strings (a flag CPython keeps) are never encoded."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"not valid Unicode (a lone surrogate U+{ord(text[e.start]):04X} at character {e.start} of the text)"
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -260,8 +260,27 @@ def export_files(tokenizer_dir, dest) -> None:
 
 
 def _roles_for(special_tokens: list[str]) -> dict[str, str | None]:
+    """Roles by the tokens' names (the fallbacks `load_tokenizer` knows), for tokenizers built in code."""
     present = set(special_tokens)
     return {role: next((t for t in fb if t in present), None) for role, fb in _FALLBACK.items()}
+
+
+def roles_by_position(special_tokens: list[str]) -> dict[str, str]:
+    """`train-tokenizer --special_tokens PAD BOS EOS UNK [EXTRA...]`: the first four are the pad, bos, eos and unk
+    tokens whatever their names (a name-based guess left `<p> <b> <e> <u>` without an EOS, which `preprocess
+    --append_eos` then lacks); further ones are special tokens with no role (kept whole in text). Fewer than four,
+    an empty or blank token, or one given twice (which the trainer would silently keep once) are refused."""
+    tokens = list(special_tokens)
+    blank = next((i for i, t in enumerate(tokens) if not t.strip()), None)
+    if blank is not None:
+        raise UserError(f"--special_tokens: token {blank + 1} is empty or blank; pass non-blank tokens")
+    twice = next((t for i, t in enumerate(tokens) if t in tokens[:i]), None)
+    if twice is not None:
+        raise UserError(f"--special_tokens: {twice!r} is given twice; pass each token once")
+    if len(tokens) < len(_FALLBACK):
+        raise UserError(f"--special_tokens: {len(tokens)} tokens, but the first four are the pad, bos, eos and unk "
+                        f"tokens, in that order (e.g. {' '.join(DEFAULT_SPECIALS)}); pass at least four")
+    return dict(zip(("pad", "bos", "eos", "unk"), tokens))
 
 
 def _check_output_dir(out: Path) -> None:
@@ -281,6 +300,7 @@ def train_tokenizer(ns) -> int:
     from pretrain_cli.data.documents import DocumentReader, count_documents
 
     _check_output_dir(Path(ns.output_dir))
+    roles = roles_by_position(ns.special_tokens)
     min_vocab = 256 + len(ns.special_tokens)
     if ns.vocab_size < min_vocab:
         raise UserError(f"--vocab_size: {ns.vocab_size} is below the byte alphabet plus special tokens "
@@ -295,7 +315,6 @@ def train_tokenizer(ns) -> int:
     if reader.documents == 0:
         raise UserError(f"--input_path: no non-empty documents in {' '.join(ns.input_path)}; check the files and --json_key")
     out = Path(ns.output_dir)
-    roles = _roles_for(list(ns.special_tokens))
     if out.exists():  # keep unrelated files (e.g. a model config); each of ours is replaced atomically
         Tokenizer(tok, str(out), roles, "").save(out)
     else:  # a new directory appears complete or not at all
@@ -308,8 +327,8 @@ def train_tokenizer(ns) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     loaded = load_tokenizer(out)
-    print(f"train-tokenizer: {reader.documents} documents -> {out} (vocab {loaded.vocab_size}, "
-          f"bos={roles['bos']} eos={roles['eos']} pad={roles['pad']}, sha256 {loaded.sha256[:12]})")
+    print(f"train-tokenizer: {reader.documents} documents -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
+          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}, sha256 {loaded.sha256[:12]})")
     if reader.bad_lines:
         print(f"train-tokenizer: skipped {reader.bad_lines} bad lines", file=sys.stderr)
     return 0

@@ -1,0 +1,57 @@
+"""merge-data: its output prefix checked before any work, as preprocess checks it, and inputs with and without EOS
+refused."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl, write_mmidx_reference
+from pretrain_cli import cli
+from pretrain_cli.data import merge as merge_module
+from pretrain_cli.data.merge import merge
+from pretrain_cli.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
+
+
+def test_the_output_prefix_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tasks").mkdir()
+    write_mmidx_reference(str(tmp_path / "tasks" / "a"), [[1, 2], [3]])
+    (tmp_path / "corpus.txt").write_text("x")
+    (tmp_path / "jd" / "x.bin").mkdir(parents=True)
+    monkeypatch.setattr(merge_module, "open_token_file", lambda p: pytest.fail("an input opened before the check"))
+    cases = ((f"{tmp_path / 'joined2'}/", f"output '{tmp_path / 'joined2'}/': names a directory, not the files' name; "
+                                          f"add one, e.g. {tmp_path / 'joined2' / 'corpus'}"),
+             (f"{tmp_path / 'corpus.txt'}/x", f"output {tmp_path / 'corpus.txt'}/x: {tmp_path / 'corpus.txt'} is a "
+                                              "file, not a directory; choose a prefix in a directory"),
+             (str(tmp_path / "jd" / "x"), f"output {tmp_path / 'jd' / 'x'}: {tmp_path / 'jd' / 'x.bin'} is a "
+                                          "directory, where an output file goes; move it or choose another prefix"))
+    for out, want in cases:
+        with pytest.raises(UserError) as e:
+            merge(out, [tmp_path / "tasks"])
+        assert str(e.value) == want
+        assert cli.main(["merge-data", out, str(tmp_path / "tasks")]) == 2
+        assert capsys.readouterr().err == f"error: {want}\n"
+    assert not (tmp_path / "joined2").exists() and os.listdir(tmp_path / "jd") == ["x.bin"]
+
+
+def test_inputs_with_and_without_eos_are_refused(tmp_path, tok_dir, capsys):
+    write_jsonl(tmp_path / "t.jsonl", make_texts(20, seed=3))
+    argv = ["--input_path", tmp_path / "t.jsonl", "--tokenizer", tok_dir]
+    run_preprocess(*argv, "--output_prefix", tmp_path / "d" / "a", "--append_eos")
+    run_preprocess(*argv, "--output_prefix", tmp_path / "d" / "b")
+    run_preprocess(*argv, "--output_prefix", tmp_path / "d" / "c", "--append_eos")
+    capsys.readouterr()
+    assert cli.main(["merge-data", str(tmp_path / "m"), str(tmp_path / "d")]) == 2
+    want = (f"error: {tmp_path / 'd' / 'b'}.json: made without --append_eos, unlike {tmp_path / 'd' / 'a'}.json "
+            "(eos_appended); re-run preprocess for one of them so that all inputs agree\n")
+    assert capsys.readouterr().err == want
+    assert not list(tmp_path.glob("m*"))
+    meta = merge(str(tmp_path / "m"), [tmp_path / "d" / "a", tmp_path / "d" / "c"])  # the same setting: joined
+    assert meta["eos_appended"] is True
+    assert json.loads((tmp_path / "m.json").read_text())["eos_appended"] is True
