@@ -179,8 +179,6 @@ def a_model_heads(d):
     (d / "m").mkdir()
     (d / "m" / "config.json").write_text(json.dumps(c))
     return cfg(d, model_name_or_path="m"), ["m/config.json"]
-def a_seq_above_positions(d):
-    return cfg(d, max_seq_length=1024), ["max_seq_length", "1024", "256"]
 def a_continue_without_weights(d):
     return cfg(d, continue_training=True), ["micro-qwen2", "safetensors"]
 def a_layers_zero(d):
@@ -248,7 +246,7 @@ def t_legacy_pickle(d):
     with open(d / "data" / "c_ids.npy", "wb") as f:
         np.save(f, arr, allow_pickle=True)
     np.savez(d / "data" / "c_idx.npz", lens=np.array([2]), docs=np.array([0, 1]))
-    return cfg(d), ["data/c_idx.npz", "unreadable legacy", "Python objects"]
+    return cfg(d), ["data/c_ids.npy", "unreadable legacy", "Python objects"]
 def t_blend_negative_weight(d):
     return cfg(d, input_dir="-1 data/c"), ["input_dir", "must be positive"]
 def t_blend_odd(d):

@@ -167,3 +167,11 @@ def test_negative_ids_are_refused_where_ids_beyond_the_vocabulary_are(tmp_path, 
     _int32_tokens(tmp_path / "ok", [5, 10, 39, 7] * 10)
     assert build_datasets(str(tmp_path / "ok"), "1", 8, 1, need=("train",), vocab_size=64).train is not None
     assert _run(tmp_path / "ok") == 0
+
+
+def test_eval_on_a_token_file_refuses_negative_ids_too(tmp_path, capsys):
+    from pretrain_cli.cli import main as cli_main
+
+    _int32_tokens(tmp_path / "neg", [5, -10, 39, 7] * 10)
+    assert cli_main(["eval", "--model", "micro-qwen2", "--data", str(tmp_path / "neg"), "--max_seq_length", "8"]) == 2
+    assert f"{tmp_path / 'neg'}.bin: token id -10 < 0 (int32)" in capsys.readouterr().err

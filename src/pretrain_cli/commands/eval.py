@@ -200,7 +200,7 @@ def main(ns: argparse.Namespace) -> int:
                   file=sys.stderr)
     if ns.max_seq_length is None:
         raise UserError("eval: pass --max_seq_length (--model is no directory a run wrote, so it has no default)")
-    from pretrain_cli.data.indexed import open_token_file
+    from pretrain_cli.data.indexed import check_token_ids, open_token_file
     from pretrain_cli.models.config import check_seq_len
     from pretrain_cli.training.evaluation import (document_starts, perplexity, read_tokens, window_batches,
                                                   window_count)
@@ -211,10 +211,8 @@ def main(ns: argparse.Namespace) -> int:
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
     model_dir, cfg = _model_config(ns.model)
     check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
-    top = open_token_file(ns.data).max_token_id()  # sidecar value, else one chunked scan
-    if top >= cfg.vocab_size:
-        raise UserError(f"--data: token id {top} is outside the model's vocabulary ({cfg.vocab_size}); "
-                        f"the data was tokenized for another model")
+    check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
+                    fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)
     _check_tokenizer(ns.data, model_dir)
     from pretrain_cli.orchestration.prepare import inference_kernels
     from pretrain_cli.orchestration.recorded import differences

@@ -15,14 +15,12 @@ layout), `swiglu_packed` (the kernel of `[..., 2·inter]` laid out [gate | up]).
 - `grouped_mlp_gpu`: Paddle's `batched_gemm` (`paddle.incubate.nn.functional`), a grouped GEMM over the segments
   of the stacked weights; GPU only (`ops.kernels.select` never picks it on CPU). Paddle registers no backward for
   it (3.3.1 has no grad node: its outputs would come out with `stop_gradient` and the experts would never train),
-  so `_BatchedGemm` is its autograd: dx = dy·Wᵀ (`trans_rhs`: each segment times rhs[e] transposed) and
+  so `grouped_gemm_layer.BatchedGemm` is its autograd: dx = dy·Wᵀ (`trans_rhs`: each segment times rhs[e] transposed) and
   dW[e] = x_eᵀ·dy_e (`trans_lhs`: the segments of lhs transposed times the same segments of rhs, out
   `[experts, in, out]`), the kernel's own contract (its GPU and MUSA kernels, `phi/kernels/legacy/`). Its kernel
   is registered for fp32 and bf16 only, so an fp16 run takes the padded or segment path.
 """
 from __future__ import annotations
-
-import functools
 
 
 def _stacked(weights):
@@ -78,47 +76,13 @@ def grouped_mlp_cpu(x, counts, weights, swiglu_packed):
     return grouped_mlp_segments(x, counts, weights, swiglu_packed)
 
 
-def _batched_gemm(lhs, rhs, counts, trans_lhs=False, trans_rhs=False):
-    from paddle.incubate.nn.functional import batched_gemm
-
-    out = batched_gemm(lhs, rhs, counts, trans_lhs, trans_rhs)
-    return out[0] if isinstance(out, (tuple, list)) else out  # documented as a tuple, returned as a Tensor
-
-
-@functools.lru_cache(maxsize=None)
-def _batched_gemm_layer():
-    from paddle.autograd import PyLayer
-
-    class _BatchedGemm(PyLayer):
-        """x `[rows, in]` (segments by `counts`) times w `[experts, in, out]` → `[rows, out]`, with a backward."""
-
-        @staticmethod
-        def forward(ctx, x, w, counts):
-            ctx.save_for_backward(x, w)
-            ctx.counts = counts
-            return _batched_gemm(x, w, counts)
-
-        @staticmethod
-        def backward(ctx, dy):
-            import paddle
-
-            x, w = ctx.saved_tensor()
-            dx = _batched_gemm(dy, w, ctx.counts, trans_rhs=True)  # [rows, in]
-            dw = _batched_gemm(x, dy, ctx.counts, trans_lhs=True)  # [experts, in, out]
-            if 0 in ctx.counts:  # an expert without rows: a GEMM with k = 0, whose output is not promised to be 0
-                keep = paddle.to_tensor([n > 0 for n in ctx.counts]).reshape([-1, 1, 1])  # [experts, 1, 1]
-                dw = paddle.where(keep, dw, paddle.zeros_like(dw))
-            return dx, dw
-
-    return _BatchedGemm
-
-
 def grouped_mlp_gpu(x, counts, weights, swiglu_packed):
     import paddle
 
     if x.dtype == paddle.float16:  # batched_gemm's kernel has fp32 and bf16 only
         return grouped_mlp_cpu(x, counts, weights, swiglu_packed)
-    gemm = _batched_gemm_layer()
+    from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm as gemm
+
     counts = [int(n) for n in counts]
     gate_up, down = _stacked(weights)
     h = swiglu_packed(gemm.apply(x, gate_up, counts))  # [rows, inter]
