@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
                              "sharding stage, tensor-parallel and pipeline degree for the fastest layout whose "
                              "steady state and start-up fit --device")
-    parser.add_argument("--margin", type=float, default=fit_search.DEFAULT_MARGIN,
-                        help="with --fit: fraction of device memory kept free (default: %(default)s)")
+    parser.add_argument("--margin", type=float, default=None,
+                        help=f"with --fit: fraction of device memory kept free (default: {fit_search.DEFAULT_MARGIN})")
     parser.add_argument("-o", "--output", default=None,
                         help="with --fit: write the fitted argument file here (the file with the changed keys; a "
                              "fitted file there is replaced, any other file refused; default: none, only print)")
@@ -102,10 +102,16 @@ def check_output(path: str, config: str | None) -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    if ns.output and not ns.fit:
+    # --fit's own options are refused without it, not ignored: the user meant them to change something
+    if ns.output is not None and not ns.fit:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
+    if ns.margin is not None and not ns.fit:
+        raise UserError("--margin: only used with --fit; add --fit")
+    if ns.output is not None and not ns.output.strip():
+        raise UserError("-o: empty path; give the fitted file's path, e.g. -o fitted.json")
     if ns.output:
         check_output(ns.output, ns.config)
+    margin = fit_search.DEFAULT_MARGIN if ns.margin is None else ns.margin
     from pretrain_cli.orchestration import planned
 
     node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
@@ -114,7 +120,7 @@ def main(ns: argparse.Namespace) -> int:
                               node=node)
         print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
         return 0
-    args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, ns.margin, ns.peak_tflops,
+    args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node)
     said = write_fitted(args, f["change"], ns.output) if ns.output and f["after"] is not None else ""
     if not ns.json and f["notes"]:

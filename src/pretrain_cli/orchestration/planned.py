@@ -21,7 +21,8 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import Device, device_note, more_devices, report, suggest, target_device
+from pretrain_cli.planning.plan import (Device, device_note, minimal, more_devices, report, suggest,
+                                       target_device)
 from pretrain_cli.planning.report import Plan
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
     if gpus < 1:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
+    if gpus > node.gpus and gpus % node.gpus:  # the launcher starts as many processes on every node
+        fits = sorted({gpus // node.gpus * node.gpus, -(-gpus // node.gpus) * node.gpus})
+        per = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0][0]
+        raise UserError(f"--gpus_per_node: --gpus {gpus} is not a whole number of nodes of {node.gpus} (every node "
+                        f"runs the same number of processes); use --gpus {' or '.join(map(str, fits))}, or "
+                        f"--gpus_per_node {per}")
     if mfu is not None and not 0 < mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
@@ -86,16 +93,15 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
     does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
     `candidate`: a layout the search tries (`Target.candidate`)."""
-    dev = target_device(device, node)
+    dev = target_device(device, node, gpus)
     run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         found = suggest(run, out, replan)
-        if not any(s["fits"] for s in found):  # nothing fits these devices: more of them, first
-            scale = more_devices(out, found, replan)
-            found[:0] = [scale] if scale else []
+        if not any(s["fits"] for s in found):  # no one key fits: several together, else more devices, first
+            found[:0] = _layout_or_more_devices(args, out, found, replan)
         out = dataclasses.replace(out, suggestions=tuple(found))
     return out
 
@@ -116,15 +122,36 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
         base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
         notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
                      f"(bf16: false, fp16: true; loss scaling keeps it stable)")
-    current = {k: args.get(k) for k in SEARCHED}
-    current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
-    current["pipeline_parallel_degree"] = max(current["pipeline_parallel_degree"], 1)
-    current["context_parallel_degree"] = max(current["context_parallel_degree"], 1)
-    current["expert_parallel_degree"] = max(current["expert_parallel_degree"], 1)
+    current = _current(args)
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
+
+
+def _current(args: Arguments) -> dict:
+    """The file's values of the keys `--fit` searches, degrees as numbers (the search's starting point)."""
+    current = {k: args.get(k) for k in SEARCHED}
+    current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
+    for key in ("pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
+        current[key] = max(current[key], 1)
+    return current
+
+
+def _layout_or_more_devices(args: Arguments, base: Plan, singles: list[dict], replan) -> list[dict]:
+    """The suggestion to put first when no single key fits: the fewest keys of `--fit`'s search that fit the
+    devices asked for together (tensor, pipeline, expert degrees with the rest), else the fewest devices
+    (`more_devices`), which also tries the search's smallest layout there, as the single keys leave those degrees
+    as they are (a Mixture-of-Experts model whose experts are split over a fixed group needs them to change)."""
+    found = fit_search.search(_current(args), base, replan, base.device.memory_gib, by_speed=False)
+    if found["best"] is not None:
+        change, r = minimal(found["best"]["change"], base.gpus, replan)
+        return [{"change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
+                 "why": f"no one key fits {base.gpus} x {base.device.name}, these together do (the fewest of "
+                        f"`--fit`'s layouts; --fit ranks them by speed)"}]
+    small = found["smallest"]
+    scale = more_devices(base, singles, replan, [small["change"]] if small and small["change"] else [])
+    return [scale] if scale else []
 
 
 def _precision_for(args: Arguments, device: str) -> dict:
@@ -168,7 +195,7 @@ def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tup
     larger of the steady-state step and start-up (`Plan.peak_gib`), so a run that ran out of memory while
     it was being built is re-fitted against its start-up too."""
     predicted = plan(args, model_cfg, device, gpus, suggest_changes=False).peak_gib
-    budget = min(predicted, target_device(device).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
+    budget = min(predicted, target_device(device, gpus=gpus).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
     return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
 
 

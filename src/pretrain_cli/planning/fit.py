@@ -147,7 +147,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
         r = replan(change, world)
         return None if r is None else dataclasses.replace(r, fits=r.peak_gib <= budget_gib)
 
-    out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget)
+    out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget,
+                                       [small["change"]] if small else [])
     return out
 
 
@@ -190,7 +191,7 @@ def format_fit(f: dict) -> str:
                          f"with at least {_gib(need['memory_gib'] / (1 - f['margin']))} (with the margin)")
         if f.get("more_devices"):
             m = f["more_devices"]
-            change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items())
+            change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items()) or "no key changed"
             lines.append(f"  or more devices: --gpus {m['gpus']} with {change} -> {_gib(m['memory_gib'])} per device "
                          f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
         return "\n".join(lines)

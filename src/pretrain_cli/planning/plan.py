@@ -31,6 +31,7 @@ class Device:
     entry: hardware.Device | None
     memory_gib: float
     node: hardware.Node = hardware.Node()
+    sharing: int = 1  # cpu: the processes of one node that share its memory (each has memory_gib)
 
     @property
     def is_gpu(self) -> bool:
@@ -45,10 +46,13 @@ class Device:
         return hardware.links(self.entry, self.node)
 
 
-def target_device(name: str, node: hardware.Node = hardware.Node()) -> Device:
-    """`--device`: a hardware-table entry (H100 -> H100-SXM), or `cpu` (this machine's memory); `node`: its nodes."""
+def target_device(name: str, node: hardware.Node = hardware.Node(), gpus: int = 1) -> Device:
+    """`--device`: a hardware-table entry (H100 -> H100-SXM), or `cpu`; `node`: its nodes. A GPU's memory is its
+    own, but `cpu` processes share this machine's memory: each of the min(gpus, gpus_per_node) processes a node runs
+    gets an equal part of it (one process per device is what `train` launches)."""
     if name.lower() == "cpu":
-        return Device(None, hardware.cpu_memory_gib(), node)
+        sharing = max(min(gpus, node.gpus), 1)
+        return Device(None, hardware.cpu_memory_gib() / sharing, node, sharing)
     dev = hardware.lookup(name)
     if dev is None:
         raise UserError(f"--device: unknown device {name!r}; use one of "
@@ -57,8 +61,15 @@ def target_device(name: str, node: hardware.Node = hardware.Node()) -> Device:
 
 
 def device_note(name: str, dev: Device) -> list[str]:
-    """A note when `--device` named a family and the table picked one variant of it (H100 -> H100-SXM)."""
-    if dev.entry is None or name.lower() == dev.entry.name.lower():
+    """A note when `--device` named a family and the table picked one variant of it (H100 -> H100-SXM); on `cpu`,
+    what each process's memory is (its part of this machine's) and what the memory model leaves out there."""
+    if dev.entry is None:
+        share = (f"{dev.memory_gib * dev.sharing:.1f} GiB of this machine's memory shared by the {dev.sharing} "
+                 f"processes of a node (--gpus_per_node {dev.node.gpus}): {dev.memory_gib:.2f} GiB each"
+                 if dev.sharing > 1 else f"this machine's memory, {dev.memory_gib:.1f} GiB")
+        return [f"device: cpu: {share}; framework is 0 here: the memory model counts the tensors Paddle's host "
+                f"allocator holds, not the ~0.3 GiB each process takes to load Paddle: leave that free per process"]
+    if name.lower() == dev.entry.name.lower():
         return []
     e = dev.entry
     others = [d.name for d in hardware.DEVICES.values() if d.name.split("-")[0] == e.name.split("-")[0] and d != e]
@@ -244,8 +255,8 @@ def suggest(run: RunConfig, base: Plan, replan) -> list[dict]:
     out.sort(key=lambda x: -x["saves_gib"])
     if out and not any(x["fits"] for x in out) and len(out) > 1:
         combined = {k: v for x in out if "max_seq_length" not in x["change"] for k, v in x["change"].items()}
-        r = replan(combined)
-        if r is not None and len(combined) > 1:
+        r = replan(combined)  # (not when it is one of the above: the union of a single group is that group)
+        if r is not None and len(combined) > 1 and _key(combined) not in {_key(x["change"]) for x in out}:
             out.append({"change": combined, "memory_gib": r.peak_gib,
                         "saves_gib": base.peak_gib - r.peak_gib, "fits": r.fits,
                         "why": "all of the above except a shorter sequence"})
@@ -254,27 +265,80 @@ def suggest(run: RunConfig, base: Plan, replan) -> list[dict]:
 
 MAX_DEVICES = 4096
 
+# The order `minimal` tries dropping the keys of a change that fits in: the dearest lever first (recompute costs
+# about a third more compute), the sharding stage last (it is then lowered instead). Keys in one tuple go together:
+# micro-batch and accumulation keep the global batch only as a pair.
+_DROP_ORDER = (("recompute", "recompute_granularity"), ("per_device_train_batch_size", "gradient_accumulation_steps"),
+               ("use_flash_attention",))
 
-def more_devices(base: Plan, singles: list[dict], replan) -> dict | None:
-    """When no setting fits on the devices asked for: the fewest devices (powers of two) and the lowest
-    sharding stage at which the run fits, re-planned with `replan(change, gpus)`; at each size stage3
-    is also tried with the single-device savings (recompute, smaller micro-batch) added."""
-    # (the axes `config.refusals` refuses with ZeRO-3 are left out: pipeline, sequence and context parallelism)
+
+def _key_groups(change: dict) -> list[tuple]:
+    groups = [tuple(k for k in g if k in change) for g in _DROP_ORDER]
+    grouped = {k for g in groups for k in g} | {"sharding"}
+    groups += [(k,) for k in change if k not in grouped] + [("sharding",) if "sharding" in change else ()]
+    return [g for g in groups if g]
+
+
+def minimal(change: dict, world: int, replan) -> tuple[dict, Plan]:
+    """`change` (which fits on `world` devices) without each group of keys it still fits without, then with the
+    lowest sharding stage that still fits: a suggestion names no key the fit does not need, so none whose effect is
+    nil (a sharding stage over one data rank re-plans to the same memory, and is dropped)."""
+    dropped = True
+    while dropped:  # until no group can go: then none of the keys left can go alone
+        dropped = False
+        for group in _key_groups(change):
+            fewer = {k: v for k, v in change.items() if k not in group}
+            r = replan(fewer, world)
+            if r is not None and r.fits:
+                change, dropped = fewer, True
+                break
+    stage = str(change.get("sharding", ""))
+    for k in range(1, int(stage[-1]) if stage.startswith("stage") else 1):
+        r = replan({**change, "sharding": f"stage{k}"}, world)
+        if r is not None and r.fits:
+            change = {**change, "sharding": f"stage{k}"}
+            break
+    return change, replan(change, world)
+
+
+def device_counts(gpus: int, per_node: int) -> list[int]:
+    """The device counts above `gpus` the fewest-devices search tries, fewest first: powers of two within a node,
+    then whole nodes (a power of two of them), since the launcher runs as many processes on every node."""
+    within = [2 ** i for i in range(1, 13) if 2 ** i < per_node]
+    nodes = [per_node * 2 ** i for i in range(13)]
+    return [w for w in sorted(set(within + nodes)) if gpus < w <= MAX_DEVICES]
+
+
+def _key(change: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in change.items()))
+
+
+def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = ()) -> dict | None:
+    """When no setting fits on the devices asked for: the fewest devices (`device_counts`) at which the run fits,
+    re-planned with `replan(change, gpus)`, and the fewest keys it needs there (`minimal`). At each size: the file
+    as it is, each sharding stage, the single-device savings (recompute, smaller micro-batch, …) alone and with
+    stage3, and each of `layouts` (the `--fit` search's smallest layout at `--gpus`: tensor, pipeline, expert
+    degrees, which the single-device savings do not change)."""
+    # (the axes `config.refusals` refuses with ZeRO-3 are left out of the savings: pipeline, sequence and context
+    # parallelism; a layout of `layouts` keeps them, as it was resolved with them)
     extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
         "max_seq_length", "sharding", "pipeline_parallel_degree", "virtual_pp_degree", "sequence_parallel",
         "context_parallel_degree")}
-    world = 2
-    while world <= base.gpus:
-        world *= 2
-    while world <= MAX_DEVICES:
-        changes = [{"sharding": f"stage{k}"} for k in (1, 2, 3)] + ([{"sharding": "stage3", **extra}] if extra else [])
-        for change in changes:
+    tries = [{}] + [{"sharding": f"stage{k}"} for k in (1, 2, 3)]
+    tries += [extra, {"sharding": "stage3", **extra}] if extra else []
+    tries += [dict(x) for x in layouts if x]
+    tries = list({_key(c): c for c in tries}.values())  # each once, in order
+    for world in device_counts(base.gpus, base.device.links.gpus_per_node):
+        for change in tries:
             r = replan(change, world)
             if r is None or not r.fits:
                 continue
-            why = (f"fewest devices that fit: the model's state does not fit {base.gpus} x {base.device.name} "
-                   f"at any setting; sharding spreads it over {world}")
+            change, r = minimal(change, world, replan)
+            why = f"fewest devices that fit: no setting fits {base.gpus} x {base.device.name}"
+            if "sharding" in change and r.parallel.sharding_stage:
+                why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
+            why += ("; without any one of these keys it does not fit there" if change
+                    else "; the file as written fits there")
             return {"gpus": world, "change": change, "memory_gib": r.peak_gib,
                     "saves_gib": base.peak_gib - r.peak_gib, "fits": True, "why": why}
-        world *= 2
     return None

@@ -252,8 +252,8 @@ def format_report(r: Plan) -> str:
         lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                      "device) or set peak_tflops in the argument file")
     if r.suggestions:
-        lines.append("suggestions (each re-estimated; more devices first when no setting fits on these; then "
-                     "ranked by memory saved):")
+        lines.append("suggestions (each re-estimated; when no one key fits, first the fewest keys or devices that "
+                     "do; then ranked by memory saved):")
         for i, sg in enumerate(r.suggestions, 1):
             change = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sg["change"].items())
             if "gpus" in sg:

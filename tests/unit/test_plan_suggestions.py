@@ -1,0 +1,101 @@
+"""`plan`'s suggestions name only keys that change something, each once, and the first says how many devices when no
+setting fits; `plan`'s flags refuse what they would silently ignore or cannot launch; `--device cpu` splits the
+machine's memory over the processes of a node."""
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.cli import main as cli_main
+from pretrain_cli.planning import hardware
+from plan_helpers import plan
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+LLAMA3_8B = str(CONFIGS / "llama-3-8b_pretrain.json")  # tp 2, sharding stage1, bf16 O2
+QWEN = str(CONFIGS / "qwen2.5-0.5b_pretrain.json")
+
+
+def _tokens(change: dict) -> list[str]:
+    return [t for k, v in change.items() for t in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
+
+
+def test_more_devices_names_no_sharding_stage_that_shards_nothing():
+    """On 2 devices with tp 2 there is one data rank: a sharding stage re-plans to the same memory, so the fewest-
+    devices suggestion is recompute alone, and its reason does not credit sharding with the saving."""
+    r = plan(LLAMA3_8B)
+    first = r["suggestions"][0]
+    assert first["gpus"] == 2 and first["change"] == {"recompute": True} and "shards" not in first["why"]
+    assert plan(LLAMA3_8B, _tokens(first["change"]), gpus=2, suggest_changes=False)["memory_gib"] == \
+        pytest.approx(first["memory_gib"])
+    for key in first["change"]:  # each key it names is needed there
+        rest = {k: v for k, v in first["change"].items() if k != key}
+        assert not plan(LLAMA3_8B, _tokens(rest), gpus=2, suggest_changes=False)["fits"]
+
+
+def test_no_fitting_setting_on_these_devices_first_suggests_how_many(tmp_path):
+    """DeepSeek-V3 with its experts over 8 data ranks fits no setting of 8 x A100-80GB: the first suggestion is a
+    device count with the layout keys that fit there (the single keys alone leave ep and tp as they are)."""
+    cfg = tmp_path / "dsv3.json"
+    cfg.write_text(json.dumps({
+        "model_name_or_path": "deepseek-v3", "per_device_train_batch_size": 1, "gradient_accumulation_steps": 32,
+        "max_seq_length": 4096, "bf16": True, "fp16_opt_level": "O2", "tensor_parallel_degree": 1,
+        "expert_parallel_degree": 8, "max_steps": 1000, "do_train": True, "input_dir": str(tmp_path / "data"),
+        "output_dir": str(tmp_path / "out")}))
+    over = ["--pipeline_parallel_config", "", "--sharding", ""]
+    r = plan(str(cfg), over, device="A100-80GB", gpus=8)
+    first = r["suggestions"][0]
+    assert not r["fits"] and first["fits"] and first["gpus"] > 8
+    assert plan(str(cfg), over + _tokens(first["change"]), device="A100-80GB", gpus=first["gpus"],
+                suggest_changes=False)["fits"]
+    assert not plan(str(cfg), over + _tokens(first["change"]), device="A100-80GB", gpus=first["gpus"] // 2,
+                    suggest_changes=False)["fits"]
+
+
+def test_each_suggestion_is_listed_once(capsys):
+    """When only the micro-batch saves besides the sequence, the 'all of the above' union is that same change."""
+    over = ["--per_device_train_batch_size", "2", "--max_seq_length", "131072", "--recompute", "true"]
+    changes = [json.dumps(s["change"], sort_keys=True) for s in plan(QWEN, over, device="T4")["suggestions"]]
+    assert len(changes) >= 2 and len(changes) == len(set(changes))
+
+
+def test_device_counts_are_powers_of_two_in_a_node_then_whole_nodes():
+    from pretrain_cli.planning.plan import device_counts
+
+    assert device_counts(1, 8)[:5] == [2, 4, 8, 16, 32]
+    assert device_counts(2, 3)[:4] == [3, 6, 12, 24]
+    assert all(w % 6 == 0 for w in device_counts(6, 6))
+
+
+def test_cpu_processes_share_the_machines_memory(capsys):
+    ram = hardware.cpu_memory_gib()
+    cfg = str(CONFIGS / "llama-171m_pretrain.json")
+    assert plan(cfg, device="cpu")["device"]["memory_gib"] == pytest.approx(ram)
+    assert plan(cfg, device="cpu", gpus=8)["device"]["memory_gib"] == pytest.approx(ram / 8)
+    four = plan(cfg, device="cpu", gpus=8, node=hardware.Node(4), suggest_changes=False)
+    assert four["device"]["memory_gib"] == pytest.approx(ram / 4)  # two nodes of 4 processes
+    assert any("shared by the 4 processes" in n and "framework is 0" in n for n in four["notes"])
+    assert cli_main(["plan", cfg, "--device", "cpu", "--gpus", "8"]) == 0
+    assert f"on 8 x cpu ({ram / 8:.1f} GiB each)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--margin", "5"], "--margin: only used with --fit; add --fit"),
+    (["--margin", "0.2"], "--margin: only used with --fit; add --fit"),
+    (["--fit", "-o", ""], "-o: empty path"),
+])
+def test_fit_flags_without_effect_are_refused_in_one_line(argv, message, capsys):
+    assert cli_main(["plan", QWEN, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert cli_main(["plan", QWEN, "--fit", "--margin", "0.2", "--json"]) == 0  # where they belong, they are taken
+
+
+def test_a_world_of_part_nodes_is_refused_part_of_one_node_is_not(capsys):
+    """The launcher starts the same devices on every node: 8 ranks on nodes of 3 is no layout `train` launches;
+    2 of one node's 3, or 2 whole nodes, are."""
+    assert cli_main(["plan", QWEN, "--gpus", "8", "--gpus_per_node", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus_per_node: --gpus 8 is not a whole number of nodes of 3" in err and "--gpus 6 or 9" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli_main(["plan", QWEN, "--gpus", "2", "--gpus_per_node", "3"]) == 0
+    assert cli_main(["plan", QWEN, "--gpus", "6", "--gpus_per_node", "3"]) == 0
