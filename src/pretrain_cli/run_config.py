@@ -199,6 +199,9 @@ class MoeConfig:
     z_loss_coef: float = 0.0
     bias_update_rate: float = 0.0
     capacity_factor: float = 0.0
+    # the router keeps an e_score_correction_bias even at bias_update_rate 0 (frozen): a checkpoint trained with
+    # the bias is evaluated, generated from or resumed with the routing it was trained with
+    routing_bias: bool = False
     # DeepSeek-V3's multi-token prediction objective (`models.mtp`), a training choice of the same models: λ of
     # `λ/D · Σ_k L_k` added to the training loss (0.3 in DeepSeek-V3's first 10T tokens, then 0.1)
     mtp_loss_weight: float = 0.3

@@ -42,13 +42,14 @@ class EngineTraits:
     placed_pieces: bool = False  # parameters or optimizer state are placed pieces / freed stages: a rollback rebuilds
     distributed_tensors: bool = False  # semi-auto DistTensors: ZeRO-3 gathers, CPU logits
     eager: str = ""  # why the forward stays eager (to_static off), or "" when it can be captured
+    global_batch: bool = False  # every loss term is computed over the global batch (each rank's batch a piece of it)
 
 
 ENGINE_TRAITS = {
     "single": EngineTraits(),
     "data_parallel": EngineTraits(dp_buffers=True),
     "fleet_zero1": EngineTraits(whole_gradients=False),
-    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True),
+    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True, global_batch=True),
     "pipeline": EngineTraits(whole_gradients=False, placed_pieces=True,
                              eager="pipeline parallelism (fleet runs each stage's layers eagerly)"),
     "tensor_parallel": EngineTraits(whole_gradients=False, placed_pieces=True,

@@ -114,3 +114,27 @@ def test_loss_free_balancing_bias_is_checkpointed_resumed_and_left_out_of_the_ex
     assert name not in load_file(str(tmp_path / "whole" / "model.safetensors"))
     train = [r for r in _records(tmp_path / "whole") if r["kind"] == "train"]
     assert any(r["moe_dropped_share"] > 0 for r in train) and all(r["moe_dropped_share"] < 0.5 for r in train)
+
+
+def test_a_resume_at_bias_rate_0_keeps_the_checkpoints_bias_frozen(corpus, tmp_path, capsys):
+    """Resumed with moe_router_bias_update_rate 0, a run trained with the bias routes with it (frozen, said in a
+    note) instead of dropping it: its next step's loss is the continued run's (the update comes after the step)."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    cfg = write_config(tmp_path, corpus, model_name_or_path="micro-qwen3-moe", max_steps=4, save_steps=4,
+                       learning_rate=0.01, moe_router_bias_update_rate=0.05)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    shutil.copytree(out / "checkpoint-4", tmp_path / "frozen" / "checkpoint-4")
+    assert cli_main(["train", cfg, "--max_steps", "5"]) == 0  # the bias moving on
+    capsys.readouterr()
+    assert cli_main(["train", cfg, "--max_steps", "5", "--output_dir", str(tmp_path / "frozen"),
+                     "--moe_router_bias_update_rate", "0"]) == 0
+    assert "freezes checkpoint-4's e_score_correction_bias" in capsys.readouterr().out
+    assert train_losses(tmp_path / "frozen")[-1] == pytest.approx(train_losses(out)[-1], abs=1e-6)
+    frozen = load_file(str(tmp_path / "frozen" / "checkpoint-5" / "model.safetensors"))
+    saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    bias = [n for n in saved if n.endswith("e_score_correction_bias")]
+    assert bias and all(np.array_equal(frozen[n], saved[n]) for n in bias)  # kept, not updated

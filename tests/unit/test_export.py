@@ -126,3 +126,26 @@ def test_a_final_directory_exports_and_a_truncated_one_is_refused(tmp_path, caps
     assert main(["export", str(final), str(tmp_path / "b")]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert "exists and is not empty" in lines[-2] and "is truncated" in lines[-1], lines
+
+
+def test_deepseeks_router_stays_fp32_in_a_bf16_export(tmp_path):
+    """transformers keeps DeepSeek-V3's `mlp.gate.weight` and `e_score_correction_bias` in fp32 in every dtype
+    (`_keep_in_fp32_modules_strict`); rounded to bf16 they would choose other experts. Everything else is bf16."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.convert import hf_params, save_hf
+    from pretrain_cli.storage.shard_files import File
+
+    paddle.seed(0)
+    cfg = ModelConfig.from_file(str(PRESET.parent / "micro-deepseek-v3"))
+    model = build_model(cfg)
+    save_hf(model, cfg, str(tmp_path), dtype="bfloat16")
+    shard = File(tmp_path / "model.safetensors")
+    kept = {n for n in shard.tensors if n.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias"))}
+    assert kept and all(shard.tensors[n]["dtype"] == "F32" for n in kept)
+    assert {shard.tensors[n]["dtype"] for n in shard.tensors if n not in kept} == {"BF16"}
+    params = {name: (p, tr) for name, p, tr in hf_params(model)}
+    for n in kept:
+        p, tr = params[n]
+        assert np.array_equal(shard.read(n), p.numpy().T if tr else p.numpy()), n  # exact, not rounded

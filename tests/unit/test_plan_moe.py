@@ -139,3 +139,13 @@ def test_expert_groups_are_consecutive_data_ranks_and_replicas_hold_the_same_exp
     assert topo.expert_group() == (4, 5, 6, 7) and topo.expert_rank() == 1
     assert topo.expert_replicas() == (1, 5)
     assert sorted({topo.expert_group(r) for r in range(8)}) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+def test_the_dispatch_counts_deepseek_v3s_multi_token_prediction_layer():
+    """DeepSeek-V3's MTP module is a sparse decoder layer whose experts expert parallelism dispatches too."""
+    cfg = _cfg("micro-deepseek-v3")
+    assert cfg.num_nextn_predict_layers == 1
+    sparse = len(cfg.sparse_layers)
+    shape = dict(model=cfg, recompute="selective", micro_batch=1, seq_len=64, compute_bytes=2, device="cpu", ep=2)
+    per_layer = 4 * (2 - 1) * 64 * cfg.hidden_size * 2
+    assert dispatch_bytes(SimpleNamespace(**shape), cfg.num_hidden_layers) == pytest.approx((sparse + 1) * per_layer)

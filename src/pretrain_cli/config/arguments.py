@@ -75,7 +75,9 @@ class ModelArguments:
     )
     moe_router_bias_update_rate: float = _f(
         0.0, "Auxiliary-loss-free balancing (DeepSeek-V3): each expert's routing bias moves by this much per step "
-        "toward the less-loaded experts (1e-3 in DeepSeek-V3); 0: off. The bias is checkpointed, never exported.",
+        "toward the less-loaded experts (1e-3 in DeepSeek-V3); 0: off (a checkpoint's bias is then kept, frozen). "
+        "The bias is checkpointed, and exported where transformers' model has it (DeepSeek), not for Qwen MoE "
+        "(whose exported model routes without it; eval and generate on a checkpoint route with it).",
         "extension",
     )
     capacity_factor: float = _f(

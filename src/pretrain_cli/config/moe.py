@@ -47,6 +47,20 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
                      "which is wired when every rank is a data rank (dp/sharding, or tp with expert_parallel_degree); "
                      "use micro_batch with pipeline or context parallelism, or tensor parallelism without expert "
                      "parallelism")
+    scope = m.moe_aux_loss_scope
+    if moe_model and parallel is not None and parallel.world_size > 1 and parallel.traits.global_batch:
+        if scope != "global" and model_cfg.model_type not in DEEPSEEK_ALPHA:
+            notes.append("moe_aux_loss_scope: global: with sharding stage2/3 the balance loss is computed over the "
+                         "global batch (Paddle's semi-auto engine sees each rank's batch as a piece of it), so "
+                         "micro_batch is not available; global is the same objective on every layout")
+        scope = "global"
+    if moe_model and model_cfg.model_type in DEEPSEEK_ALPHA and "moe_aux_loss_scope" in args.explicit:
+        notes.append(f"moe_aux_loss_scope: no effect on {model_cfg.model_type}: its balance loss is DeepSeek's "
+                     f"sequence-wise one, per sequence whatever the layout")
+    if (model_cfg is not None and "mtp_loss_weight" in args.explicit
+            and not model_cfg.num_nextn_predict_layers):
+        notes.append("mtp_loss_weight: the model has no multi-token prediction module (config.json "
+                     "num_nextn_predict_layers); no effect")
     for key in ("router_aux_loss_coef", "router_z_loss_coef", "moe_router_bias_update_rate", "capacity_factor",
                 "mtp_loss_weight"):
         val = getattr(m, key)
@@ -63,6 +77,6 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         notes.append(f"moe_router_bias_update_rate: {rate} (DeepSeek-V3's γ, the default for its noaux_tc routing; "
                      f"set 0 to freeze the checkpoint's e_score_correction_bias)")
     aux = aux_coefficient(args, model_cfg) if moe_model else m.router_aux_loss_coef
-    return MoeConfig(aux_loss_coef=aux, aux_loss_scope=m.moe_aux_loss_scope,
+    return MoeConfig(aux_loss_coef=aux, aux_loss_scope=scope,
                      z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
                      capacity_factor=m.capacity_factor, mtp_loss_weight=m.mtp_loss_weight)

@@ -64,7 +64,10 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         problems.add(f"tensor_parallel_degree: {tp}{with_pp} does not divide the world size {world * pp}; use a "
                      f"divisor of it")
         tp = 1
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+    sliced = ["num_attention_heads", "num_key_value_heads", "intermediate_size"]
+    if model_cfg.sparse_layers:  # the experts' and shared experts' SwiGLU widths are cut over tp too
+        sliced += [n for n in ("moe_intermediate_size", "shared_expert_intermediate_size") if getattr(model_cfg, n)]
+    for name in sliced:
         if tp > 1 and getattr(model_cfg, name) % tp:
             problems.add(f"tensor_parallel_degree: {tp} does not divide the model's {name} "
                          f"({getattr(model_cfg, name)}); use a divisor of it")

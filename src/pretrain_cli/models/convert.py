@@ -212,18 +212,27 @@ def has_weights(model_dir) -> bool:
 _CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
+def export_dtype(hf_name: str, cfg: ModelConfig, dtype: str) -> str:
+    """The dtype tensor `hf_name` is exported in: `dtype`, except what transformers keeps in fp32 in every dtype
+    (`Family.hf_fp32`: DeepSeek's router weight and bias; rounded to bf16 they would route otherwise)."""
+    return "float32" if hf_name.endswith(FAMILIES[cfg.model_type].hf_fp32) else dtype
+
+
 def save_hf(model, cfg: ModelConfig, out_dir: str, dtype: str = "float32",
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
     """Write an HF-loadable directory from `model`'s own (whole) parameters, one tensor at a time."""
-    def produce(p, transpose):
+    def produce(p, transpose, to):
         t = p.detach()
-        if str(t.dtype).split(".")[-1] != dtype:
-            t = t.astype(dtype)
+        if str(t.dtype).split(".")[-1] != to:
+            t = t.astype(to)
         arr = t.numpy()
         return arr.T if transpose else arr  # laid out a few rows at a time by the writer
 
-    entries = [(hf, _CODES[dtype], tuple(reversed(p.shape)) if tr else tuple(p.shape),
-                lambda p=p, tr=tr: produce(p, tr)) for hf, p, tr in hf_params(model)]
+    entries = []
+    for hf, p, tr in hf_params(model):
+        to = export_dtype(hf, cfg, dtype)
+        entries.append((hf, _CODES[to], tuple(reversed(p.shape)) if tr else tuple(p.shape),
+                        lambda p=p, tr=tr, to=to: produce(p, tr, to)))
     return write_hf_dir(entries, cfg, out_dir, dtype, max_shard_bytes)
 
 

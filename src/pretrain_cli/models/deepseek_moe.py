@@ -52,7 +52,8 @@ class GroupLimitedRouter(nn.Linear):
         self.top_k, self.normalise = cfg.num_experts_per_tok, self.sigmoid and cfg.norm_topk_prob  # V2: never
         self.groups, self.kept = cfg.n_group, cfg.topk_group
         # V3 always stores the bias (its checkpoints carry it); V2 only when balancing by it
-        self.e_score_correction_bias = balancing_bias(self, cfg) if self.sigmoid or moe.bias_update_rate > 0 else None
+        keep = self.sigmoid or moe.bias_update_rate > 0 or moe.routing_bias
+        self.e_score_correction_bias = balancing_bias(self, cfg) if keep else None
 
     def forward(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]

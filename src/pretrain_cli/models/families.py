@@ -24,6 +24,8 @@ class Family:
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
     hf_router_bias: bool = False  # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
+    # tensors HF keeps in fp32 whatever the model's dtype (its `_keep_in_fp32_modules_strict`): exported fp32 always
+    hf_fp32: tuple = ()
     # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
     defaults: tuple = ()
 
@@ -57,13 +59,13 @@ FAMILIES = {f.model_type: f for f in (
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
            defaults=(("num_experts", 64), ("moe_intermediate_size", 1407), ("n_shared_experts", 2),
                      ("first_k_dense_replace", 0), ("routed_scaling_factor", 1.0), ("topk_method", "greedy"),
-                     ("norm_topk_prob", False))),
+                     ("norm_topk_prob", False)), hf_fp32=("mlp.gate.weight",)),
     Family("deepseek_v3", "DeepseekV3ForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
            defaults=(("num_experts", 256), ("num_experts_per_tok", 8), ("moe_intermediate_size", 2048),
                      ("n_shared_experts", 1), ("first_k_dense_replace", 3), ("n_group", 8), ("topk_group", 4),
                      ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True)),
-           hf_router_bias=True),
+           hf_router_bias=True, hf_fp32=("mlp.gate.weight", "mlp.gate.e_score_correction_bias")),
 )}
 MODEL_TYPES = tuple(FAMILIES)
 

@@ -79,7 +79,8 @@ class SoftmaxTopKRouter(nn.Linear):
         super().__init__(cfg.hidden_size, cfg.num_experts, weight_attr=normal_attr(cfg.initializer_range),
                          bias_attr=False)
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.e_score_correction_bias = balancing_bias(self, cfg) if moe.bias_update_rate > 0 else None
+        self.e_score_correction_bias = (balancing_bias(self, cfg) if moe.bias_update_rate > 0 or moe.routing_bias
+                                        else None)
 
     def forward(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]

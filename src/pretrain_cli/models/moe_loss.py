@@ -118,7 +118,10 @@ def layer_sums(block, terms: RouterTerms) -> RouterSums:
 
 def balance_from(prob_sum, counts, rows: int, num_experts: int, top_k: int, reduce_counts=_identity):
     """transformers' `E · Σ_e f_e · P_e` from the sums over layers and tokens (fp32 scalar)."""
-    global_counts = reduce_counts(counts.detach())
+    counts = counts.detach()
+    # a DistTensor's counts (the semi-auto engine: ZeRO-2/3) are the global batch's already; summing them again
+    # over the ranks would count each token world times (and gloo's all_reduce cannot take one)
+    global_counts = counts if counts.is_dist() else reduce_counts(counts)
     share = global_counts / paddle.clip(global_counts.sum() / top_k, min=1.0)  # [experts]: f_e
     return (share * (prob_sum / max(rows, 1))).sum() * num_experts
 

@@ -310,6 +310,15 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(check_seq_len, built[1], args.data.max_seq_length)
     # without the model's shape, a placeholder that passes every check still finds the argument problems
     run = problems.run(resolve, args, built[1] if built else _placeholder_config(), target)
+    # a file for CPU (a GPU file checked here is checked as the GPU run it is; `train` on CPU checks again)
+    if built is not None and run is not None and args.training.device == "cpu" and run.parallel.world_size == 1 \
+            and run.loop.do_train and not target.planned:
+        from pretrain_cli.planning.hardware import host_memory_problem
+
+        # fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter before any activation
+        problem = host_memory_problem(built[1], 16, "training")
+        if problem:
+            problems.add(problem)
     if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too
         problems.run(_tokenizer, args, built[1] if built else None)
         if args.data.input_dir is not None:
@@ -352,6 +361,13 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         spec.run = run = keep_global_batch(args, run, model_cfg, target, saved)
         spec.run = run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
+        if model_cfg.sparse_layers and run.moe.bias_update_rate == 0 and not run.moe.routing_bias:
+            from pretrain_cli.training.weight_source import holds_router_bias
+
+            if holds_router_bias(saved):
+                spec.run = run = replace(run, moe=replace(run.moe, routing_bias=True), notes=(
+                    *run.notes, f"moe_router_bias_update_rate: 0 freezes {saved.name}'s e_score_correction_bias "
+                                f"(kept, and the routing with it; no longer updated)"))
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
         spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))

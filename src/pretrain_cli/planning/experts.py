@@ -64,6 +64,8 @@ def dispatch_bytes(s, layers: float) -> float:
     if e is None or s.ep <= 1:
         return 0.0
     trips = 4 + (2 if s.recompute == "full" else 0)
-    sparse = e.sparse_layers * layers / s.model.num_hidden_layers
+    # DeepSeek-V3's multi-token prediction layers (`models.mtp`) are sparse decoder layers too, on the last stage:
+    # the stage the pipeline waits for
+    sparse = e.sparse_layers * layers / s.model.num_hidden_layers + (s.model.num_nextn_predict_layers or 0)
     rows = (s.ep - 1) / s.ep * e.top_k if all_to_all(s) else s.ep - 1  # per token, per collective
     return sparse * trips * rows * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes

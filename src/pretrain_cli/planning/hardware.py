@@ -168,6 +168,22 @@ def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:
     return device.fp32_tflops
 
 
+def host_memory_problem(cfg, bytes_per_param: int, doing: str) -> str | None:
+    """One line when `cfg`'s parameters alone, `bytes_per_param` each, exceed this machine's memory: a CPU run of a
+    model that large grows until the kernel's OOM killer ends it (SIGKILL: no error of ours can be printed then),
+    so it is refused before anything is allocated. None when it may fit or the memory is unknown."""
+    from pretrain_cli.models.flops import param_counts
+
+    counts = param_counts(cfg)
+    params = counts["total"] + counts.get("mtp", 0)
+    need, have = params * bytes_per_param / 2**30, cpu_memory_gib()
+    if not need > have:  # (NaN: unknown)
+        return None
+    return (f"model_name_or_path: {doing} {cfg.model_type} with {params / 1e9:.2f} B parameters on this CPU needs at "
+            f"least {need:.0f} GiB ({bytes_per_param} bytes a parameter) and this machine has {have:.1f} GiB; "
+            f"choose a smaller model (`pretrain-cli plan FILE --device cpu` shows the whole breakdown)")
+
+
 def cpu_memory_gib() -> float:
     """This machine's memory (GiB) from /proc/meminfo, the device `plan --device cpu` plans for; NaN when unknown."""
     try:

@@ -51,7 +51,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
     (default: `out`'s checkpoint-`step`); from `model` itself when that checkpoint does not exist (its weights
     are then whole on this rank)."""
     from pretrain_cli.distributed.layout.pieces import split_name
-    from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, save_hf, write_hf_dir
+    from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, export_dtype, save_hf, write_hf_dir
     from pretrain_cli.storage.shard_files import CODES, cast
     from pretrain_cli.training.weight_source import open_reader
 
@@ -61,9 +61,12 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
         return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit)
     reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
-        tensors, code = reader.index["tensors"], CODES[dtype]
-        entries = [(n, code, tuple(tensors[n]["shape"]), lambda n=n: cast(reader.read(n), tensors[n]["dtype"], code))
-                   for n in _hf_order(model, [n for n in tensors if split_name(n)[1] is None])]
+        tensors = reader.index["tensors"]
+        entries = []
+        for n in _hf_order(model, [n for n in tensors if split_name(n)[1] is None]):
+            code = CODES[export_dtype(n, cfg, dtype)]  # (the router DeepSeek keeps fp32 stays so)
+            entries.append((n, code, tuple(tensors[n]["shape"]),
+                            lambda n=n, code=code: cast(reader.read(n), tensors[n]["dtype"], code)))
         return write_hf_dir(entries, cfg, str(out), dtype, limit)
     finally:
         reader.close()

@@ -29,6 +29,13 @@ from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 def run(spec) -> int:
     """Build everything, train, evaluate, predict, save, holding `output_dir`'s run lock (global rank 0 takes it:
     a second run in the same directory is refused before it writes anything). Returns the process exit code."""
+    r = spec.run
+    if r.device == "cpu" and r.parallel.world_size == 1 and r.loop.do_train:  # before anything is written
+        from pretrain_cli.planning.hardware import host_memory_problem
+
+        problem = host_memory_problem(spec.model_cfg, 16, "training")  # fp32 weights, gradients, AdamW's moments
+        if problem:
+            raise UserError(problem)
     lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
     signals = StopSignals()  # a run stopped by one ignores further signals until its lock is released
     try:
@@ -331,7 +338,8 @@ def train_results(trainer) -> dict:
     s = trainer.state
     runtime_s = max(s.train_seconds, 1e-9)
     here = trainer.throughput.tokens_this_process
-    return {"train_runtime": round(runtime_s, 4), "train_loss": s.loss_sum / max(s.global_step, 1),
+    loss = (s.loss_sum + s.interval_loss) / max(s.global_step, 1)  # (the steps after the last log line: a stop)
+    return {"train_runtime": round(runtime_s, 4), "train_loss": loss,
             "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
             # goodput: all tokens over all restarts' training time; and this process alone
             "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,

@@ -45,7 +45,7 @@ class TrainerState:
     rollbacks: list = field(default_factory=list)  # {"spike_step", "checkpoint_step", "window": [start, end)}
     train_seconds: float = 0.0  # summed over restarts (goodput)
     last_batch_hash: str = ""
-    loss_sum: float = 0.0  # sum of per-step losses, for the run's mean train_loss
+    loss_sum: float = 0.0  # sum of the logged steps' losses (the ranks' mean), for the run's mean train_loss
     interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
     interval_steps: int = 0
     log_history: list = field(default_factory=list)
@@ -241,8 +241,7 @@ class Trainer:
         s.consecutive_skips = 0
         s.global_step += 1
         s.tokens_seen += self.global_batch * self.seq_len
-        s.loss_sum += loss
-        s.interval_loss += loss
+        s.interval_loss += loss  # this rank's: the ranks' mean is taken at the log line (and at a save)
         s.interval_steps += 1
         if self.throughput is not None:
             self.throughput.step()
@@ -302,7 +301,9 @@ class Trainer:
 
     def _log(self, grad_norm: float) -> None:
         s = self.state
-        values = {"loss": self.comm.mean(s.interval_loss / max(1, s.interval_steps)),
+        mean = self.comm.mean(s.interval_loss / max(1, s.interval_steps))  # every data rank's batches
+        s.loss_sum += mean * s.interval_steps  # the run's train_loss: the ranks' mean, as the log line's
+        values = {"loss": mean,
                   "learning_rate": self.schedule.lr_at(s.global_step), "global_step": s.global_step}
         if self.schedule.phase(s.global_step):  # warmup_stable_decay: warmup, stable, decay
             values["lr_phase"] = self.schedule.phase(s.global_step)
@@ -342,6 +343,8 @@ class Trainer:
         progress.mark("save", self.state.global_step)
         if self.saver is not None:
             pieces = self.strategy.pieces(self.raw_model, self.optimizer)  # no collective, no copy
+            # the losses since the last log line as the ranks' mean: rank 0 writes the state every rank resumes from
+            self.state.interval_loss = self.comm.mean(self.state.interval_loss)
             state = self.state_dict() if self.parallel.is_rank0 else None  # (a deep copy)
             self.record_event("checkpoint", self.saver(self.state.global_step, pieces, state))
         if self.writer is not None and self.state.global_step < self.loop.max_steps:

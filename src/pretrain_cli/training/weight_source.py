@@ -178,6 +178,18 @@ def load_weights(model, path, what: str = "model directory", comm=None) -> str:
     return source.layout
 
 
+def holds_router_bias(ckpt) -> bool:
+    """Whether directory `ckpt`'s weights hold a router bias (a run trained with `moe_router_bias_update_rate` > 0):
+    a model built without one would drop it and route otherwise than the run did."""
+    from pretrain_cli.models.convert import ROUTER_BIAS
+
+    reader, _ = open_reader(ckpt, "weights")
+    try:
+        return any(name.endswith(ROUTER_BIAS) for name in reader.index["tensors"])
+    finally:
+        reader.close()
+
+
 def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when it has none
     (a preset). A directory with weights that cannot be read is an error, never a random init. `request` on
@@ -192,8 +204,19 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
     weights = has_weights(model_dir)
     if weights:
         find_weights(model_dir)  # a damaged index fails here, before the model is built
+    if not str(device or paddle.device.get_device()).startswith(("gpu", "cuda")):
+        from pretrain_cli.planning.hardware import host_memory_problem
+
+        problem = host_memory_problem(cfg, 4, "running")  # fp32 weights, nothing else counted
+        if problem:
+            raise UserError(problem)
     paddle.seed(seed)
-    model = build_model(cfg, select(request, device or paddle.device.get_device()))
+    moe = None
+    if weights and cfg.sparse_layers and holds_router_bias(model_dir):  # the routing the run trained with
+        from pretrain_cli.run_config import MoeConfig
+
+        moe = MoeConfig(routing_bias=True)
+    model = build_model(cfg, select(request, device or paddle.device.get_device()), moe)
     if weights:
         try:
             load_weights(model, model_dir)

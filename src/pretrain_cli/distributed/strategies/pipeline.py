@@ -10,7 +10,7 @@ stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage
 backward fleet all-reduces the two copies' gradients, so both get the same update, as the one weight of one process
 does. The gradient norm counts the copy once, the checkpoint writes it once (from the first stage). The MTP loss
 and a MoE model's router losses are logged from the last stage's values, summed over its data ranks
-(`Pipeline.share_logged`), the per-layer expert load from every stage's layers and data ranks
+(`Strategy.share_logged`), the per-layer expert load from every stage's layers and data ranks
 (`Pipeline.whole_model_rows`).
 
 Per step `forward_backward` hands the step's micro-batches to fleet's 1F1B schedule
@@ -29,7 +29,6 @@ from pretrain_cli.distributed.strategies.hybrid import Hybrid, stage_of  # noqa:
 from pretrain_cli.run_config import Loop
 from pretrain_cli.run_layout import ParallelConfig
 
-LOGGED = ("aux_loss", "z_loss", "mtp_loss")  # what a pipeline's last stage logs for rank 0 (`Pipeline.share_logged`)
 
 
 def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
@@ -133,23 +132,10 @@ class Pipeline(Hybrid):
             loss = model.engine.forward_backward_pipeline([first, labels], amp.scaler)
         return paddle.reshape(loss, [])
 
-    def share_logged(self, sums: dict) -> None:
-        """The logged losses (`LOGGED`: {name: (sum, forwards)} since the last log line) as one process logs them,
-        on every rank, at log time: the last stage's loss computes them (`models.mtp.mtp_term`,
-        `models.moe_loss.router_loss`) while rank 0, on the first, writes the log line. Summed over every rank (the
-        other stages add zeros), so with several data ranks the mean is over all their micro-batches, as one
-        process's over the same ones (a tp rank's copy adds the same value and a forward more: the mean is
-        unchanged). One small all-reduce a log line, exact in fp32."""
-        import paddle
-        import paddle.distributed as dist
-
-        last = self.topology.stage == self.parallel.pp_degree - 1
-        mine = [sums.get(name, (0.0, 0)) if last else (0.0, 0) for name in LOGGED]
-        both = paddle.to_tensor([float(x) for pair in mine for x in pair], dtype="float32")  # [2 * names]
-        dist.all_reduce(both, op=dist.ReduceOp.SUM)
-        for i, (total, n) in enumerate(both.numpy().reshape([-1, 2])):  # [names, 2]
-            if n:
-                sums[LOGGED[i]] = (float(total), int(n))
+    def _computes_logged(self) -> bool:
+        """The last stage's loss computes the logged losses (`models.mtp.mtp_term`, `models.moe_loss.router_loss`)
+        while rank 0, on the first, writes the log line: the other stages add zeros (`Strategy.share_logged`)."""
+        return self.topology.stage == self.parallel.pp_degree - 1
 
     def whole_model_rows(self, rows):
         """Every stage's per-layer load rows (`models.moe_loss.load_rows`), in stage order, hence layer order (the

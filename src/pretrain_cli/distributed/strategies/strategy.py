@@ -33,6 +33,9 @@ def _nbytes(t) -> int:
     return int(v.numel()) * v.element_size()
 
 
+LOGGED = ("aux_loss", "z_loss", "mtp_loss")  # the losses logged apart, each rank's summed at log time (`share_logged`)
+
+
 class Strategy:
     """One process: the model and optimizer as they are."""
 
@@ -151,8 +154,26 @@ class Strategy:
         return self.sequence.to_host(tensor) if self.sequence is not None else tensor
 
     def share_logged(self, sums: dict) -> None:
-        """A MoE model's logged router losses ({name: (sum, forwards)}) as one process logs them, at log time: as
-        they are here (every rank computes them); a pipeline's come from its last stage."""
+        """The logged losses (`LOGGED`: {name: (sum, forwards)} since the last log line) as one process logs them,
+        on every rank, at log time: summed over every rank, so with several data ranks the mean is over all their
+        micro-batches, as one process's over the same ones (a tp rank's copy adds the same value and a forward
+        more: the mean is unchanged). Only ranks that compute them add theirs (`_computes_logged`: a pipeline's
+        last stage). The semi-auto engine computes them over the global batch on every rank already. One small
+        all-reduce a log line, exact in fp32."""
+        if self.parallel.world_size == 1 or self.global_batch:
+            return
+        import paddle
+        import paddle.distributed as dist
+
+        mine = [sums.get(name, (0.0, 0)) if self._computes_logged() else (0.0, 0) for name in LOGGED]
+        both = paddle.to_tensor([float(x) for pair in mine for x in pair], dtype="float32")  # [2 * names]
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        for i, (total, n) in enumerate(both.numpy().reshape([-1, 2])):  # [names, 2]
+            if n:
+                sums[LOGGED[i]] = (float(total), int(n))
+
+    def _computes_logged(self) -> bool:
+        return True
 
     def whole_model_rows(self, rows):
         """A MoE model's per-layer load rows (`models.moe_loss.load_rows`) of the whole model from this rank's: the
