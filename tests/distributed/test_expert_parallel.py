@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, read_checkpoint,
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
                             read_weights, resume_from, single, write_config)
 
 MOE = {"model_name_or_path": "micro-qwen3-moe", "save_steps": 5, "router_aux_loss_coef": 0.05,
@@ -58,6 +58,14 @@ def test_expert_parallel_layouts_match_one_process(runs, layout):
     if layout == "ep2_zero1":  # fleet's ZeRO-1 over the rest: each rank wrote only its slice of their AdamW state
         assert "sharding stage1" in e.log(0)
     assert_close_losses(e.losses(0), r.losses(0), range(1, STEPS + 1))
+    # the logged balance loss is the ranks' mean (`Strategy.share_logged`), one process's, not rank 0's own
+    # (2.001334 against 2.000636 at step 1 before); and so is the run's train_loss
+    ours, ref = logged(e.log(0), "aux_loss"), logged(r.log(0), "aux_loss")
+    assert ours.keys() == ref.keys() and all(abs(ours[k] - ref[k]) < 1e-5 for k in ref), (ours, ref)
+    import json
+
+    train_loss = [json.loads((d / "train_results.json").read_text())["train_loss"] for d in (eout, rout)]
+    assert abs(train_loss[0] - train_loss[1]) < 1e-5, train_loss
     # each rank wrote its own experts: the checkpoint and the final (HF per-expert) export hold every expert, equal
     # to one process's; after 10 AdamW steps the summation order's noise in gradients near 0 (rare tokens' embedding
     # rows) reaches 1.6e-5, hence the final weights' looser bound
