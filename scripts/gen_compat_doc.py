@@ -71,7 +71,9 @@ def render() -> str:
     lines += ["\n## PaddleNLP's other names\n", "| key | read as |", "|---|---|"]
     lines += [f"| `{k}` | `{v}` |" for k, v in ALIASES.items()]
     lines += ["\n## Flag strings\n", "Space- or comma-separated, as PaddleNLP splits them; a flag not listed is an "
-              "error, as in PaddleNLP. (`pipeline_parallel_config`'s flags: docs/DISTRIBUTED.md.)\n",
+              "error where PaddleNLP checks it: tensor parallelism's with tp > 1, sharding's with a sharding degree "
+              "> 1, data parallelism's with more than one data rank, the unified checkpoint's always. "
+              "(`pipeline_parallel_config`'s flags: docs/DISTRIBUTED.md.)\n",
               "| key | flags |", "|---|---|"]
     lines += [f"| `{k}` | {', '.join(f'`{f}`' for f in v)} |" for k, v in FLAGS.items()]
     lines += ["| `hybrid_parallel_topo_order` | `pp_first`, `sharding_first` |"]

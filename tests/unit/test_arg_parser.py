@@ -177,64 +177,6 @@ def test_hf_trainer_keys_paddlenlp_files_carry_are_accepted_and_said_to_do_nothi
     assert not any("accepted but" in n for n in resolve_run("--max_steps", "10", "--save_strategy", "steps").notes)
 
 
-def test_paddlenlps_other_training_keys_parse_with_a_note_and_stay_out_of_args_json(tmp_path):
-    """PaddleNLP's own files set keys of its TrainingArguments (and the legacy run_pretrain.py's model keys) that
-    have no field here: a file with them runs; a value other than PaddleNLP's default is a note; args.json keeps
-    our keys only."""
-    cfg = write(tmp_path, {**BASE, "model_type": "llama", "pp_recompute_interval": 1, "eval_accumulation_steps": 16,
-                           "load_best_model_at_end": True, "config_name": None})
-    args = parse_config(cfg, ["--do_export", "false", "--ckpt_quant_stage", "O1"])
-    assert "eval_accumulation_steps" not in args.to_dict() and args.extra["eval_accumulation_steps"] == 16
-    r = resolve(args, model_config("micro-qwen2"), Target("cpu", 1, 0, 0, None))
-    said = [n.split(":")[0] for n in r.notes if "accepted but has no effect here" in n]
-    assert sorted(said) == ["ckpt_quant_stage", "eval_accumulation_steps", "load_best_model_at_end"]
-
-
-def test_paddlenlps_other_names_are_read_as_ours_and_both_in_one_place_are_refused(tmp_path):
-    r = resolve_run("--use_async_save", "true")
-    assert r.loop.async_save and "use_async_save: read as async_save" in "\n".join(r.notes)
-    assert parse_config(None, ["--sharding_degree", "2"]).training.sharding_parallel_degree == 2
-    with pytest.raises(UserError, match="`sharding_degree` and `sharding_parallel_degree` are one key"):
-        parse_config(write(tmp_path, {**BASE, "sharding_degree": 2, "sharding_parallel_degree": 4}))
-
-
-@pytest.mark.parametrize("key,value", [("tensor_parallel_config", "enable_mp_async_allreduce typo_flag"),
-                                       ("sharding_parallel_config", "enable_stage1_overlap,bogus"),
-                                       ("data_parallel_config", "bogus"),
-                                       ("unified_checkpoint_config", "bogus"),
-                                       ("hybrid_parallel_topo_order", "bogus")])
-def test_a_flag_paddlenlp_would_refuse_is_refused(key, value):
-    with pytest.raises(UserError, match=f"{key}: .*bogus|{key}: unknown flag 'typo_flag'"):
-        resolve_run("--max_steps", "10", f"--{key}", value)
-
-
-def test_unified_checkpoint_async_save_saves_in_the_background_unless_async_save_says_otherwise():
-    assert resolve_run("--max_steps", "10", "--unified_checkpoint_config", "async_save").loop.async_save
-    assert resolve_run("--max_steps", "10", "--unified_checkpoint_config", "enable_all_options").loop.async_save
-    assert not resolve_run("--max_steps", "10", "--unified_checkpoint_config", "async_save",
-                           "--async_save", "false").loop.async_save
-    r = resolve_run("--max_steps", "10", "--unified_checkpoint_config", "skip_save_model_weight")
-    assert not r.loop.async_save and "skip_save_model_weight has no effect here" in "\n".join(r.notes)
-
-
-def test_paddlenlps_post_init_rules_and_fallbacks():
-    """evaluation_strategy steps turns do_eval on; eval_steps 0 falls back to logging_steps; fp16_opt_level O0 is
-    fp32 (Paddle's AMP level O0 casts nothing); the sharding error names the whole world and every axis."""
-    r = resolve_run("--max_steps", "10", "--evaluation_strategy", "steps", "--eval_steps", "0", "--logging_steps", "4")
-    assert r.loop.do_eval and r.loop.eval_steps == 4
-    assert "evaluation_strategy: steps turns on do_eval" in "\n".join(r.notes)
-    assert not resolve_run("--max_steps", "10", "--evaluation_strategy", "no").loop.do_eval
-    r = resolve_run("--max_steps", "10", "--bf16", "--fp16_opt_level", "O0", device="gpu", gpu_name="A100-80GB")
-    assert r.precision.amp_dtype is None and "O0 runs no op in half precision" in "\n".join(r.notes)
-    r = resolve_run("--max_steps", "16", "--gradient_accumulation_steps", "8", "--pipeline_parallel_degree", "2",
-                    "--do_eval", "--per_device_eval_batch_size", "4", world=2, model="tiny-llama")
-    assert "per_device_eval_batch_size = micro-batch x gradient_accumulation_steps = 64" in "\n".join(r.notes)
-    with pytest.raises(UserError, match=r"does not divide the 2 data-parallel processes \(world 16 / \(tp 2 x pp 4\)\)"):
-        resolve_run("--max_steps", "16", "--gradient_accumulation_steps", "8", "--tensor_parallel_degree", "2",
-                    "--pipeline_parallel_degree", "4", "--sharding", "stage1", "--sharding_parallel_degree", "4",
-                    world=16, model="tiny-llama")
-
-
 def test_multi_process_tensor_parallel_must_divide_the_model():
     # micro-qwen2: 4 heads, 2 KV heads, intermediate 128
     assert resolve_run("--tensor_parallel_degree", "2", world=4).parallel.tp_degree == 2
@@ -248,7 +190,6 @@ def test_multi_process_tensor_parallel_must_divide_the_model():
     assert any("stay whole on every tensor-parallel rank" in n for n in both.notes)
     with pytest.raises(UserError, match="tensor_parallel_degree: 4 does not divide the model's num_key_value_heads"):
         resolve_run("--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "4", world=8)
-
 
 
 def test_multi_head_latent_attention_takes_the_tp_step_except_under_zero3():

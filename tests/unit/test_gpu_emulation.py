@@ -188,6 +188,31 @@ def test_an_overflow_on_another_rank_skips_this_ranks_update_too(monkeypatch):
     assert float(layout.amp.scaler._scale) == pytest.approx(512.0)
 
 
+def test_another_ranks_non_finite_loss_sends_this_rank_down_the_same_branch(monkeypatch):
+    """This rank's loss is finite and the global norm inf; another rank's loss is inf (an fp16 activation overflow
+    there). Every rank must take the non-finite branch (nan_policy), not this one the overflow branch: its step runs
+    the strategy's collectives while the other rank stops alone (a hang)."""
+    from pretrain_cli.distributed.strategies.strategy import Strategy
+    from pretrain_cli.run_config import MoeConfig, Schedule
+    from pretrain_cli.training.step import Step
+
+    layout, _ = _layout(monkeypatch, Strategy, plain=True)
+    monkeypatch.setattr(Strategy, "grad_norm", lambda self, model: paddle.to_tensor(float("inf")))
+    asked = []
+
+    class OtherRankBad:
+        def any(self, flag):
+            asked.append(flag)
+            return True
+
+    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
+                          optimizer=SimpleNamespace(max_grad_norm=0.0), moe=MoeConfig())
+    ids = np.arange(6, dtype="int64").reshape(1, 6)
+    result = Step(run, comm=OtherRankBad())(layout, iter([{"input_ids": ids, "labels": ids}]),
+                                            SimpleNamespace(global_step=0))
+    assert asked == [False] and result.outcome == "non_finite"
+
+
 def test_a_skipped_step_moves_the_scale_by_its_own_verdict_not_the_last_steps(monkeypatch):
     """After an overflow, a step dropped for a spike (finite gradients) must not lower the scale again (the
     scaler's `update` would read the overflow's flag); a non-finite one lowers it."""

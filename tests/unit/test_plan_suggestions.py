@@ -99,3 +99,16 @@ def test_a_world_of_part_nodes_is_refused_part_of_one_node_is_not(capsys):
     assert len(err.strip().splitlines()) == 1
     assert cli_main(["plan", QWEN, "--gpus", "2", "--gpus_per_node", "3"]) == 0
     assert cli_main(["plan", QWEN, "--gpus", "6", "--gpus_per_node", "3"]) == 0
+
+
+def test_a_device_count_that_needs_no_key_says_so(capsys):
+    """The file as written fits on more devices: the suggestion names the count and that no key changes (it
+    printed `--gpus 32 with   -> ...`)."""
+    from pathlib import Path
+
+    from pretrain_cli.cli import main as cli_main
+
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "llama-3.1-70b_pretrain.json"
+    assert cli_main(["plan", str(cfg), "--device", "A100", "--gpus", "1"]) == 0
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  1. "))
+    assert first.startswith("  1. --gpus 32, no key changed  -> "), first

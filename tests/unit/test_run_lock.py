@@ -101,3 +101,24 @@ def test_the_holder_beats_and_says_when_its_lock_was_taken_over(tmp_path, monkey
     assert "was taken over by pid 4242 on host node-7" in capsys.readouterr().err
     lock.release()
     assert json.loads(path.read_text())["beat"] == 7  # the other run's lock is left alone
+
+
+def test_a_failed_read_during_the_watch_is_no_verdict(tmp_path, monkeypatch):
+    """On NFS a read can fail around the holder's rename (ESTALE): that is no information, not a dead holder; a
+    live lock whose reads fail now and then is still refused at its next beat, never taken over."""
+    monkeypatch.setattr(run_lock, "STALE_SECONDS", 5.0)
+    path = tmp_path / run_lock.LOCK_FILE
+    _beating_holder(path)
+    real, reads = run_lock._read, []
+
+    def flaky(p):
+        reads.append(p)
+        return None if len(reads) in (2, 3) else real(p)
+
+    monkeypatch.setattr(run_lock, "_read", flaky)
+    beating = threading.Timer(1.0, _beating_holder, args=(path, 1))
+    beating.start()
+    with pytest.raises(UserError, match="pid 4242 on host node-7"):
+        run_lock.acquire(tmp_path)
+    beating.join()
+    assert json.loads(path.read_text())["beat"] == 1  # never removed

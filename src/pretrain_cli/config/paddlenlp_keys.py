@@ -95,12 +95,17 @@ def flags(text) -> list[str]:
     return str(text or "").replace(",", " ").split()
 
 
-def check_flags(args, problems, notes) -> bool:
-    """Each `*_config` flag against PaddleNLP's list, and `hybrid_parallel_topo_order`. Returns whether checkpoints
-    are saved in the background: `unified_checkpoint_config`'s `async_save` (or `enable_all_options`) asks for it
-    unless `async_save` itself is set."""
+def check_flags(args, parallel, problems, notes) -> bool:
+    """Each `*_config` flag against PaddleNLP's list where PaddleNLP checks it (tensor parallelism's with tp > 1,
+    sharding's with a sharding degree > 1, data parallelism's with more than one data rank; the unified
+    checkpoint's always), and `hybrid_parallel_topo_order`. Returns whether checkpoints are saved in the background:
+    `unified_checkpoint_config`'s `async_save` (or `enable_all_options`) asks for it unless `async_save` is set."""
     t = args.training
+    checked = {"tensor_parallel_config": parallel.tp_degree > 1, "sharding_parallel_config": parallel.sharding_degree > 1,
+               "data_parallel_config": parallel.data_world_size > 1, "unified_checkpoint_config": True}
     for key, known in FLAGS.items():
+        if not checked[key]:  # PaddleNLP reads no flag of an axis the run does not have
+            continue
         for flag in flags(getattr(t, key)):
             if flag not in known:
                 problems.add(f"{key}: unknown flag {flag!r} (PaddleNLP refuses it too); known: {', '.join(known)}")

@@ -111,15 +111,17 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
         if t.warmup_ratio > 0:
             notes.append(f"warmup: warmup_steps={t.warmup_steps} wins over warmup_ratio={t.warmup_ratio}")
     else:
-        # PaddleNLP's run_pretrain.py: warmup_ratio x max_steps as it is, a fraction of a step included (its
-        # schedulers divide by it); transformers' WSD schedule takes the ceiling (`get_warmup_steps`)
+        # PaddleNLP's run_pretrain.py hands warmup_ratio x max_steps as it is, a fraction of a step included, to its
+        # linear and cosine schedulers (which divide by it); every other type takes the Trainer's ceiling
+        # (`get_warmup_steps`, as transformers' WSD schedule does)
         warmup = t.warmup_ratio * max_steps
-        if t.lr_scheduler_type == "warmup_stable_decay":
+        fraction = t.lr_scheduler_type in ("linear", "cosine")
+        if not fraction:
             warmup = math.ceil(warmup)
         elif warmup == int(warmup):
             warmup = int(warmup)
         if t.warmup_ratio > 0:
-            how = "ceil(…)" if t.lr_scheduler_type == "warmup_stable_decay" else "as PaddleNLP, a fraction kept"
+            how = "as PaddleNLP, a fraction kept" if fraction else "its ceiling"
             notes.append(f"warmup: {warmup:g} steps = warmup_ratio {t.warmup_ratio} x max_steps {max_steps} ({how})")
     decay = t.decay_steps if t.decay_steps is not None else max_steps
     if t.decay_steps is None and t.max_steps > 0 and warmup > max_steps:  # a first short run of a long file
@@ -311,7 +313,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         if spec.support == "ignored" and args.get(key) != spec.default:
             notes.append(f"{key}: accepted but has no effect here: {spec.help}")
     notes.extend(paddlenlp_keys.notes_for(args))
-    async_save = paddlenlp_keys.check_flags(args, problems, notes)
+    async_save = paddlenlp_keys.check_flags(args, parallel, problems, notes)
     problems.raise_if_any()
     loop = Loop(do_train=t.do_train, do_eval=t.do_eval, do_predict=t.do_predict, max_steps=t.max_steps,
                 micro_batch=t.per_device_train_batch_size, grad_accum=t.gradient_accumulation_steps,

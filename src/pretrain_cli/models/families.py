@@ -24,7 +24,8 @@ class Family:
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
     hf_router_bias: bool = False  # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
-    # tensors HF keeps in fp32 whatever the model's dtype (its `_keep_in_fp32_modules_strict`): exported fp32 always
+    # tensors HF keeps in fp32 whatever the model's dtype (`_keep_in_fp32_modules_strict` of transformers 5.x, the test
+    # extra's: DeepSeek-V3 its router weight and bias, V2 its router weight): exported fp32 always
     hf_fp32: tuple = ()
     # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
     defaults: tuple = ()

@@ -311,12 +311,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     # without the model's shape, a placeholder that passes every check still finds the argument problems
     run = problems.run(resolve, args, built[1] if built else _placeholder_config(), target)
     # a file for CPU (a GPU file checked here is checked as the GPU run it is; `train` on CPU checks again)
-    if built is not None and run is not None and args.training.device == "cpu" and run.parallel.world_size == 1 \
-            and run.loop.do_train and not target.planned:
-        from pretrain_cli.planning.hardware import host_memory_problem
+    if built is not None and run is not None and args.training.device == "cpu" and not target.planned:
+        from pretrain_cli.planning.hardware import training_memory_problem
 
-        # fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter before any activation
-        problem = host_memory_problem(built[1], 16, "training")
+        problem = training_memory_problem(run, built[1])
         if problem:
             problems.add(problem)
     if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too
@@ -381,11 +379,14 @@ def eval_repeats(run: RunConfig, splits) -> list[str]:
         ds = splits.get(split)
         need = per * lp.eval_iters * lp.eval_batch * world
         if on and ds is not None and len(ds) < need:
-            times = "" if per == 1 else "10 x "
-            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than {times}eval_iters "
+            once = len(ds) // (per * lp.eval_batch * world)  # the eval_iters that read each sample at most once
+            fix = (f"eval_iters {once} reads each once" if once else
+                   f"no eval_iters reads each once ({per} x per_device_eval_batch_size {lp.eval_batch} x {world} is "
+                   f"more already): give the {split} split a larger share of `split`, or lower "
+                   f"per_device_eval_batch_size")
+            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than {'10 x ' * (per > 1)}eval_iters "
                          f"{lp.eval_iters} x per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = "
-                         f"{need}, so evaluation repeats samples; eval_iters "
-                         f"{max(1, len(ds) // (per * lp.eval_batch * world))} reads each once")
+                         f"{need}, so evaluation repeats samples; {fix}")
     return notes
 
 

@@ -184,6 +184,14 @@ def host_memory_problem(cfg, bytes_per_param: int, doing: str) -> str | None:
             f"choose a smaller model (`pretrain-cli plan FILE --device cpu` shows the whole breakdown)")
 
 
+def training_memory_problem(run, cfg) -> str | None:
+    """`host_memory_problem` for a one-process CPU training run (fp32 weights, gradients and AdamW's two moments:
+    16 bytes a parameter before any activation); None for any other run."""
+    if run.device != "cpu" or run.parallel.world_size != 1 or not run.loop.do_train:
+        return None
+    return host_memory_problem(cfg, 16, "training")
+
+
 def cpu_memory_gib() -> float:
     """This machine's memory (GiB) from /proc/meminfo, the device `plan --device cpu` plans for; NaN when unknown."""
     try:

@@ -257,7 +257,7 @@ def format_report(r: Plan) -> str:
         for i, sg in enumerate(r.suggestions, 1):
             change = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sg["change"].items())
             if "gpus" in sg:
-                change = f"--gpus {sg['gpus']} with {change}"
+                change = f"--gpus {sg['gpus']} with {change}" if change else f"--gpus {sg['gpus']}, no key changed"
             lines.append(f"  {i}. {change}  -> {sg['memory_gib']:.2f} GiB (saves {sg['saves_gib']:.2f})"
                          f"{'  fits' if sg['fits'] else ''}; {sg['why']}")
         lines.append("  --fit searches these together for the fastest layout that fits (same global batch); -o writes it")

@@ -29,13 +29,11 @@ from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 def run(spec) -> int:
     """Build everything, train, evaluate, predict, save, holding `output_dir`'s run lock (global rank 0 takes it:
     a second run in the same directory is refused before it writes anything). Returns the process exit code."""
-    r = spec.run
-    if r.device == "cpu" and r.parallel.world_size == 1 and r.loop.do_train:  # before anything is written
-        from pretrain_cli.planning.hardware import host_memory_problem
+    from pretrain_cli.planning.hardware import training_memory_problem
 
-        problem = host_memory_problem(spec.model_cfg, 16, "training")  # fp32 weights, gradients, AdamW's moments
-        if problem:
-            raise UserError(problem)
+    problem = training_memory_problem(spec.run, spec.model_cfg)  # before anything is written
+    if problem:
+        raise UserError(problem)
     lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
     signals = StopSignals()  # a run stopped by one ignores further signals until its lock is released
     try:

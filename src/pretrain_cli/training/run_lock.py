@@ -45,18 +45,16 @@ class RunLock:
     def __init__(self, path: Path, me: dict, created_dir: Path | None):
         self.path, self.me, self.created_dir = path, me, created_dir
         self._stop = threading.Event()
-        self._lost: dict | None = None
         self._beater = threading.Thread(target=self._beat_loop, name="run-lock-beat", daemon=True)
         self._beater.start()
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             holder = _read(self.path)
-            if not _same_holder(holder, self.me):  # taken over while this process could not beat
-                self._lost = holder
+            if not _same_holder(holder, self.me):  # taken over while this process could not beat (paused > the watch)
                 print(f"error: {self.path} was taken over by {_who(holder)}: another run now writes "
-                      f"{self.path.parent}; stop one of them", file=sys.stderr, flush=True)
-                return
+                      f"{self.path.parent} too; stop one of them", file=sys.stderr, flush=True)
+                return  # (this run goes on: stopping it here could only end it without its last save)
             self.me["beat"] += 1
             try:
                 atomic.write_json(self.path, self.me)  # a whole file renamed over the name
@@ -91,8 +89,15 @@ def _who(holder: dict | None) -> str:
 def _judge(path: Path, holder: dict | None, here: str) -> str:
     """'free' (no lock now), 'stale' (its run is gone: take it over), 'alive', or 'unknown' (another host's
     lock without a beat). Another host's lock with a beat is watched for up to STALE_SECONDS."""
-    if holder is None:
-        return "free" if not path.exists() else "stale"  # unreadable: a lock is written whole, so not a run's
+    if holder is None:  # unreadable: a lock is written whole, so not a run's, unless the read itself failed
+        for _ in range(5):  # (NFS can fail a read around the holder's rename: ESTALE; so ask a few more times)
+            if not path.exists():
+                return "free"
+            time.sleep(0.2)
+            holder = _read(path)
+            if holder is not None:
+                return _judge(path, holder, here)
+        return "stale"
     if holder.get("host") == here:
         return "alive" if processes.alive(holder.get("pid"), holder.get("start_ticks")) else "stale"
     if not isinstance(holder.get("beat"), int):
@@ -103,8 +108,10 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
     while time.monotonic() < deadline:
         time.sleep(min(1.0, STALE_SECONDS / 10))
         now = _read(path)
-        if now is None and not path.exists():
-            return "free"
+        if now is None:  # gone, or a read that failed (no information: keep watching)
+            if not path.exists():
+                return "free"
+            continue
         if not _same_holder(now, holder):
             return _judge(path, now, here)  # another run took it meanwhile: judge that one
         if now.get("beat") != holder.get("beat"):
@@ -113,8 +120,9 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
 
 
 def _unlink_if(path: Path, holder: dict | None) -> None:
-    """Remove the stale lock only if it is still the one judged stale (not a lock taken meanwhile)."""
-    if holder is None or _same_holder(_read(path), holder):
+    """Remove the stale lock only if it is still the one judged stale (not a lock taken meanwhile): an unreadable
+    one only while it stays unreadable."""
+    if _same_holder(_read(path), holder) or (holder is None and _read(path) is None):
         path.unlink(missing_ok=True)
 
 

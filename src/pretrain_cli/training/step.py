@@ -97,14 +97,19 @@ class Step:
         # the one host sync of the step
         stats = np.array([float(layout.strategy.to_host(total)), float(norm)], dtype=np.float64)
         loss_v, norm_v = float(stats[0]), float(stats[1])
-        if layout.amp.overflowed(loss_v, norm_v):
+        finite = math.isfinite(loss_v)
+        if not math.isfinite(norm_v) and self.comm is not None:  # (the norm is global: every rank is here)
+            # each rank's loss is its own: one rank's inf (an fp16 activation overflow) must send every rank down
+            # the same branch, or the others step (a collective) while it stops alone
+            finite = not self.comm.any(not finite)
+        if layout.amp.overflowed(loss_v if finite else math.nan, norm_v):
             # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
             # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
             layout.amp.step(layout.optimizer, layout.strategy.step, overflow=True)
             layout.optimizer.clear_grad()
             log.warning(f"step {state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
             return StepResult(loss_v, norm_v, "overflow")
-        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+        if not (finite and math.isfinite(norm_v)):
             layout.optimizer.clear_grad()
             layout.amp.skip(layout.optimizer, overflow=not math.isfinite(norm_v))
             return StepResult(loss_v, norm_v, "non_finite")
