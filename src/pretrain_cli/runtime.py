@@ -257,6 +257,13 @@ def import_paddle():
     try:
         with contextlib.redirect_stderr(buf):
             import paddle  # noqa: F401
+    except ImportError as e:  # a Ctrl-C during the import: Paddle raises an ImportError from the KeyboardInterrupt
+        cause = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from None  # what the CLI answers with `error: interrupted`, 130
+        raise
     finally:
         try:
             before = signal.getsignal(signal.SIGTERM)  # Python's view: Paddle's C++ handler is not in it
