@@ -113,6 +113,32 @@ def test_finished_run_saves_its_last_step_and_extends_from_there(corpus, tmp_pat
     steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
     assert steps == list(range(1, 9))  # steps 5 and 6 were not trained twice
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+    assert cli_main(["check", cfg, "--max_steps", "8"]) == 0  # `train` would train nothing: check says so
+    assert "check: OK — already at max_steps=8: nothing to train" in capsys.readouterr().out
+
+
+def test_check_and_a_lower_max_steps_say_what_train_will_do(corpus, tmp_path, capsys):
+    """`check` said "training would start" where `train` would be refused (a live run holds the directory's lock);
+    a run stopped at step 4 of 8 and given max_steps 3 trained nothing and exported step 4 without a word."""
+    import os
+    import socket
+
+    from pretrain_cli.training import run_lock
+
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=4)
+    out = tmp_path / "out"
+    assert cli_main(["train", cfg, "--max_steps", "4"]) == 0
+    (out / "all_results.json").unlink()  # as if stopped at step 4 before its export
+    capsys.readouterr()
+    (out / run_lock.LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                      "started": "then"}))
+    assert cli_main(["check", cfg]) == 2
+    assert "is in use by another run" in capsys.readouterr().err
+    (out / run_lock.LOCK_FILE).unlink()
+    assert cli_main(["train", cfg, "--max_steps", "3"]) == 0
+    said = capsys.readouterr().out
+    assert "already at step 4, past max_steps=3: nothing to train; raise max_steps above 4 to continue; evaluating " \
+           "and writing the final model of step 4" in said
 
 
 def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):

@@ -99,7 +99,7 @@ def test_eval_and_generate_on_a_run_stopped_before_its_export_take_its_newest_ch
             p.unlink()
     capsys.readouterr()
     newest = out / "checkpoint-4"
-    note = f"note: {out} holds no final model (its run stopped before the export): using its newest checkpoint, {newest}"
+    note = f"note: {out} holds no final model yet (its run stopped before the export): using its newest checkpoint, {newest}"
     results = []
     for argv in (["eval", "--model", str(out)], ["generate", "--model", str(out), "--prompt", "The",
                  "--max_new_tokens", "3"], ["eval", "--config", str(out / "args.json")]):
@@ -111,6 +111,17 @@ def test_eval_and_generate_on_a_run_stopped_before_its_export_take_its_newest_ch
     assert by_model["model"] == by_config["model"] == str(newest) and by_model["loss"] == by_config["loss"]
     assert by_model["split"] == "valid" and generated["model"] == str(newest)
     assert generated["model_weights"] == "trained weights"
+    # a run still training there (its lock held by a live process of this host): said so; export points at the newest
+    import os
+    import socket
+
+    from pretrain_cli.training import run_lock
+
+    (out / run_lock.LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    assert cli_main(["eval", "--model", str(out), "--json"]) == 0
+    assert f"holds no final model yet (its run is still training: pid {os.getpid()})" in capsys.readouterr().err
+    assert cli_main(["export", str(out), str(tmp_path / "hf")]) == 2
+    assert f"export its newest checkpoint, {newest}" in capsys.readouterr().err
 
 
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):

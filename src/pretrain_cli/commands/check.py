@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pretrain_cli.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the resolved run as one JSON object")
@@ -62,6 +64,19 @@ def main(ns: argparse.Namespace) -> int:
         print(f"  note: --world_size {ns.world_size} checks the run as an {ns.world_size}-GPU launch (device gpu, "
               f"its precision and kernels); this machine has no GPU build, where `check` without --world_size "
               f"shows the CPU run it would start")
+    from pretrain_cli.training.run_lock import refusal
+
+    held = refusal(spec.run.output.output_dir)  # what `train` would meet first (its lock)
+    if held:
+        raise UserError(held)
     simulated = f" on {ns.world_size} processes (simulated)" if ns.world_size is not None else ""
+    if spec.resume is not None and spec.run.loop.do_train:
+        from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+        from pretrain_cli.training.run import nothing_to_train
+
+        step = CheckpointDir(spec.resume).state["global_step"]
+        if step >= spec.run.loop.max_steps:
+            print(f"check: OK — {nothing_to_train(step, spec.run.loop.max_steps)}{simulated}")
+            return 0
     print(f"check: OK — training would start{simulated}")
     return 0

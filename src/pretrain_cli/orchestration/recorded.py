@@ -28,8 +28,19 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     ckpt = run_dir.latest_checkpoint(out)
     if ckpt is None:
         return None, None
-    return ckpt, f"note: {out} holds no final model (its run stopped before the export): using its newest " \
-                 f"checkpoint, {ckpt}"
+    from pretrain_cli.processes import alive
+    from pretrain_cli.training.run_lock import LOCK_FILE, holder
+
+    import socket
+
+    who = holder(out / LOCK_FILE) or {}
+    if who.get("host") == socket.gethostname() and alive(who.get("pid"), who.get("start_ticks")):
+        why = f"its run is still training: pid {who.get('pid')}"
+    elif who.get("host") not in (None, socket.gethostname()):
+        why = f"its run on host {who.get('host')} holds its lock: still training, or stopped there"
+    else:
+        why = "its run stopped before the export"
+    return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}"
 
 
 def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:

@@ -86,6 +86,10 @@ def export_checkpoint(src: Path, out: Path, dtype: str, max_shard_bytes: int | N
     meta = CheckpointDir(src)  # its state and index read once: checked, then read from
     reason = intact.export_problem(meta)
     if reason is not None:
+        newest = run_dir.latest_checkpoint(src)  # a run's output_dir before its final export (still training?)
+        if newest is not None:
+            raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "
+                            f"training, or stopped before it); export its newest checkpoint, {newest}")
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory)")
     cfg = ModelConfig.from_file(str(src))
     paddle = runtime.import_paddle()

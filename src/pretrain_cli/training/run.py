@@ -66,6 +66,8 @@ def _run(spec, signals: StopSignals) -> int:
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
+    if done is not None and done >= r.loop.max_steps:  # stopped earlier, never exported: this run only finishes it
+        log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched
         state = resume_state(r, model_cfg, resume)

@@ -81,6 +81,11 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def holder(path) -> dict | None:
+    """The lock file's holder (host, pid, start time, beat), or None: no lock, or unreadable."""
+    return _read(Path(path))
+
+
 def _who(holder: dict | None) -> str:
     holder = holder or {}
     return f"pid {holder.get('pid')} on host {holder.get('host')}"
