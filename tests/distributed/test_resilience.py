@@ -342,6 +342,7 @@ def test_a_stop_by_signal_under_launch_sh_saves_exits_0_and_is_not_restarted(cor
     assert "restart" not in err and "ended the job" not in err, err[-3000:]
     step = json.loads((sorted((tmp_path / "out").glob("checkpoint-*"))[-1] / "trainer_state.json").read_text())
     assert f"stopped at step {step['global_step']} and saved" in log0
+    assert f"launch.sh: stopped at step {step['global_step']} and saved" in err  # on the console too
     assert not (tmp_path / "out" / "run.lock").exists()
     assert "died" not in log1 and "Traceback" not in log0 + log1 + err
 

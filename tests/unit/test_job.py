@@ -43,10 +43,13 @@ def test_ctrl_c_is_never_retried(tmp_path):
 def test_ranks_that_stopped_on_a_signal_and_saved_end_the_job_with_0(tmp_path):
     """Paddle's launcher exits with the signal's number (2: a usage error's code, 15: a failure to retry); the
     ranks' own "stopped" records decide: a stop, exit 0. A rank that died beside them still fails the job."""
-    d = _verdicts(tmp_path, {"rank": 0, "exit": 0, "kind": "stopped", "time": 1.0},
-                  {"rank": 1, "exit": 0, "kind": "stopped", "time": 1.1})
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 0, "kind": "stopped", "time": 1.0,
+                             "line": "stopped at step 96 and saved; re-run the same command to resume from checkpoint-96"},
+                  {"rank": 1, "exit": 0, "kind": "stopped", "time": 1.1, "line": "x"})
     assert job.decide(d, 2) == (0, "stop") and job.decide(d, 15) == (0, "stop")
-    assert job.cause(d) is None  # no rank ended the job
+    # no rank ended the job; the console says where it stopped (the line was only in workerlog.0)
+    assert job.cause(d) == ("launch.sh: stopped at step 96 and saved; re-run the same command to resume from "
+                            "checkpoint-96")
     (d / "rank-1.json").write_text(json.dumps({"rank": 1, "exit": 137, "kind": "died", "time": 1.2, "line": "x"}))
     assert job.decide(d, 15) == (137, "retry")
     assert job.decide(tmp_path / "none", 143) == (143, "stop")  # paddle_launch.py's SIGTERM: no rank recorded

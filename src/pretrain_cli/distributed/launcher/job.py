@@ -99,13 +99,17 @@ def wait_for_watchers(directory, seconds: float = 15.0) -> None:
 
 def cause(directory) -> str | None:
     """The console's line on why the job ended: the first rank's own record (the rank that died or hung first, a
-    usage error), or None."""
+    usage error), or where a signal stopped it and saved (rank 0's line), or None."""
     records = []
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text(encoding="utf-8")))
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
+    stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
+                     key=lambda r: r.get("rank", 0))
+    if not own and stopped:  # a signal stopped it and the ranks saved: where, and how to go on (else only in the logs)
+        return f"launch.sh: {str(stopped[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
     if not own or not own[0].get("line"):
         return None
     line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
