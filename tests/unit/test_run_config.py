@@ -171,6 +171,12 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
     # the same run resumed on 2 ranks again: nothing changes, nothing is said
     same = resolve_run(*common, world=2)
     assert keep_global_batch(parse_config(None, [*BASE, *common]), same, cfg, Target("cpu", 2), ckpt) == same
+    # on the same 2 ranks with another micro-batch: the global batch changes, said once (it was silent)
+    args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 2)), cfg, Target("cpu", 2), ckpt)
+    assert [n for n in run.notes if n.startswith("batch:")] == [
+        "batch: checkpoint-5 was trained on 8 sequences a step (2 data rank(s) x 4 x acc 1); this run takes 4 "
+        "from here on"]
     # the user changed the batch keys: their choice, named
     args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
     run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)

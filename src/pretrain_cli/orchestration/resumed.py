@@ -30,8 +30,15 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     lp, ranks = run.loop, run.parallel.data_world_size
-    if saved is None or saved["ranks"] == ranks:
+    if saved is None:
         return run
+    if saved["ranks"] == ranks:  # the same ranks: a changed batch key is what the user asked for, said once
+        was = saved["micro"] * saved["acc"] * saved["ranks"]
+        if run.global_batch_size == was:
+            return run
+        return replace(run, notes=(*run.notes, (
+            f"batch: {resume.name} was trained on {was} sequences a step ({saved['ranks']} data rank(s) x "
+            f"{saved['micro']} x acc {saved['acc']}); this run takes {run.global_batch_size} from here on")))
     was = saved["micro"] * saved["acc"] * saved["ranks"]
     how = (f"{resume.name} was trained on {saved['ranks']} data rank(s) x {saved['micro']} x acc {saved['acc']} = "
            f"{was} sequences a step; this run has {ranks} data rank(s)")
