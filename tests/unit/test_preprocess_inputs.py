@@ -103,3 +103,20 @@ def test_an_output_name_that_is_a_directory_is_refused_before_any_work(tmp_path,
     with pytest.raises(UserError, match="y-00001-of-00002.idx is a directory"):
         run_preprocess("--input_path", tmp_path / "a.jsonl", "--output_prefix", tmp_path / "od" / "y",
                        "--tokenizer", tok_dir, "--num_tasks", 2, "--task_index", 1)
+
+
+def test_replacing_existing_token_files_is_said(tmp_path, tok_dir, capsys):
+    """A second preprocess into the same prefix replaced the files without a word (a 4k-vocab file gone under a
+    2k tokenizer's): it says so, naming another tokenizer when the sidecar's fingerprint differs."""
+    write_jsonl(tmp_path / "a.jsonl", make_texts(20, seed=5))
+    write_jsonl(tmp_path / "b.jsonl", make_texts(20, seed=6))
+    other = make_tokenizer(tmp_path / "tok2", texts=make_texts(200, seed=9), vocab_size=320)
+    assert run_preprocess("--input_path", tmp_path / "a.jsonl", "--output_prefix", tmp_path / "o",
+                          "--tokenizer", tok_dir) == 0
+    assert "replacing" not in capsys.readouterr().err  # nothing there before
+    assert run_preprocess("--input_path", tmp_path / "b.jsonl", "--output_prefix", tmp_path / "o",
+                          "--tokenizer", tok_dir) == 0
+    assert f"replacing {tmp_path / 'o'}.bin/.idx, made from other inputs or settings" in capsys.readouterr().err
+    assert run_preprocess("--input_path", tmp_path / "b.jsonl", "--output_prefix", tmp_path / "o",
+                          "--tokenizer", other) == 0
+    assert f"replacing {tmp_path / 'o'}.bin/.idx, made from another tokenizer" in capsys.readouterr().err
