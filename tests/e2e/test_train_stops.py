@@ -34,6 +34,31 @@ def test_a_signal_stop_puts_the_processs_handlers_back_when_the_run_ends(corpus,
     assert state["global_step"] == at_step
 
 
+def test_a_signal_after_the_last_step_lets_the_run_evaluate_and_export_and_exit_0(corpus, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """SIGTERM while the run evaluates or writes its final model (after the last step's checkpoint): it killed the
+    export (143) and left run.lock; now it is said, ignored, and the run ends as it would have, exit 0."""
+    import os
+    import signal
+
+    from pretrain_cli.training import export as export_mod
+
+    real = export_mod.write_weights
+
+    def signalled_then_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_mod, "write_weights", signalled_then_write)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert cli_main(["train", write_config(tmp_path, corpus, max_steps=3, save_steps=10)]) == 0
+    out = tmp_path / "out"
+    assert (out / "model.safetensors").is_file() and (out / "all_results.json").is_file()
+    assert not (out / "run.lock").exists()
+    assert "received SIGTERM after the last step (saved): finishing" in capsys.readouterr().out
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
     import pretrain_cli.training.step as step_mod  # where the step computes its loss

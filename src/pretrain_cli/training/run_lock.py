@@ -51,10 +51,13 @@ class RunLock:
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             holder = _read(self.path)
-            if not _same_holder(holder, self.me):  # taken over while this process could not beat (paused > the watch)
-                print(f"error: {self.path} was taken over by {_who(holder)}: another run now writes "
-                      f"{self.path.parent} too; stop one of them", file=sys.stderr, flush=True)
-                return  # (this run goes on: stopping it here could only end it without its last save)
+            if holder is not None and not _same_holder(holder, self.me):  # (unreadable: no verdict, beat on)
+                # taken over while this process could not beat (paused past the watch): the other run owns
+                # output_dir now, and two runs writing it would break each other's saves (both died at the next
+                # one): this one ends at once, without saving, as a kill -9 would (its checkpoints stay whole)
+                print(f"error: {self.path} was taken over by {_who(holder)} while this run was paused; this run "
+                      f"stops without saving (that run owns {self.path.parent} now)", file=sys.stderr, flush=True)
+                os._exit(1)
             self.me["beat"] += 1
             try:
                 atomic.write_json(self.path, self.me)  # a whole file renamed over the name
@@ -170,6 +173,8 @@ def refusal(output_dir) -> str | None:
     out = Path(output_dir)
     path = out / LOCK_FILE
     holder, here = _read(path), socket.gethostname()
+    if holder is not None and holder.get("host") != here and isinstance(holder.get("beat"), int):
+        return None  # another host's beating lock: rank 0's `acquire` watches it (watching here too doubled the wait)
     if _judge(path, holder, here) in ("free", "stale"):
         return None
     return _refusal(out, path, _read(path) or holder, here)

@@ -8,8 +8,11 @@ benchmarks build it, makes its own):
   last files and released its lock. A second signal is common (the launcher's SIGTERM after a terminal's Ctrl-C);
   its default action would kill the saves, and a Python handler would interrupt the system call it lands in (a
   store wait fails with EINTR). The launcher's force-kill still ends a stop that never finishes;
+- `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
+  the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
+  ends at once anyway, exit 0);
 - `restore()`: the handlers the process had before (idempotent), by `run` after the lock is released, or by
-  the loop itself when it ended without a signal.
+  the loop itself when it ended without a signal and owns this object (a `Trainer` built without `run`).
 """
 from __future__ import annotations
 
@@ -33,6 +36,14 @@ class StopSignals:
         previous = {s: signal.signal(s, handler) for s in SIGNALS}
         if self._previous is None:  # (a second loop of the same run keeps the process's own)
             self._previous = previous
+
+    def finishing(self) -> None:
+        def handler(signum, frame):
+            log.warning(f"received {signal.Signals(signum).name} after the last step (saved): finishing the "
+                        f"evaluation and the final export, then exiting")
+
+        for s in SIGNALS:
+            signal.signal(s, handler)
 
     def hold(self) -> None:
         for s in SIGNALS:

@@ -94,7 +94,8 @@ class Trainer:
         self.last_eval: dict = {}
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self._started: float | None = None  # when this process's training loop began, while it runs
-        self.signals = signals or StopSignals()  # `run` restores them after the lock (stop_signals.py)
+        self._own_signals = signals is None  # (`run` restores its own after the lock: stop_signals.py)
+        self.signals = signals or StopSignals()
         if resumed is not None:
             self.load_state_dict(resumed)
 
@@ -215,8 +216,10 @@ class Trainer:
             batches.close()
             if self.signals.requested:  # until `run` has written its last files and released its lock
                 self.signals.hold()
-            else:
+            elif self._own_signals:
                 self.signals.restore()
+            else:  # the last step is saved: `run` evaluates and exports, a signal there said and ignored
+                self.signals.finishing()
             if bar is not None:
                 bar.close()
         return {"stopped_by_signal": stopped_by_signal}
