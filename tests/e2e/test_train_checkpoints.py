@@ -49,7 +49,14 @@ def test_incompatible_resume_is_refused(corpus, tmp_path, capsys):
     assert cli_main(["train", cfg, "--max_steps", "8", "--max_seq_length", "48"]) == 2
     assert "max_seq_length=32" in capsys.readouterr().err
     assert cli_main(["train", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama"]) == 2
-    assert "model_type=qwen2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "model_type=qwen2" in err and "set overwrite_output_dir: true to start over" in err
+    # a checkpoint named by resume_from_checkpoint: overwrite_output_dir does not drop it, so the fix is another
+    assert cli_main(["train", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama", "--output_dir",
+                     str(tmp_path / "other"), "--resume_from_checkpoint", str(tmp_path / "out" / "checkpoint-4"),
+                     "--overwrite_output_dir", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "drop resume_from_checkpoint to start over" in err and "overwrite_output_dir" not in err
 
 
 def test_training_time_is_summed_over_a_resume(corpus, tmp_path):
@@ -208,3 +215,38 @@ def test_resume_verifies_the_files_it_reads_and_falls_back_past_an_altered_one(c
     assert f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous checkpoint" in said
     assert "checkpoint-2 at step 2" in said
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+
+
+def test_resuming_an_older_checkpoint_beside_later_ones_is_refused_without_overwrite(corpus, tmp_path, capsys):
+    """resume_from_checkpoint of checkpoint-4 in a directory that holds checkpoint-8: rotation removed the run's own
+    new save (it sorts by step) and a plain re-run resumed the other branch's checkpoint-8. Refused in one line,
+    naming the fix; with overwrite_output_dir the later ones go."""
+    cfg = write_config(tmp_path, corpus, max_steps=8, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    older = ["--resume_from_checkpoint", str(out / "checkpoint-4"), "--learning_rate", "0.001"]
+    assert cli_main(["train", cfg, *older]) == 2
+    err = capsys.readouterr().err
+    assert "resume_from_checkpoint: checkpoint-4 is step 4, but" in err and "holds checkpoint-8 past it" in err
+    assert cli_main(["train", cfg, *older, "--overwrite_output_dir", "true"]) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8  # retrained 5..8
+
+
+def test_a_training_run_takes_the_final_exports_mark_until_it_writes_its_own(corpus, tmp_path, monkeypatch):
+    """all_results.json marks a complete final export (`run.exported`): an earlier run's, at the step a new run's
+    checkpoint will also reach, made a re-run after a kill during the new export keep the old model."""
+    from pretrain_cli.training import trainer as trainer_mod
+    from pretrain_cli.training.run import exported
+
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    assert exported(out, 4)
+
+    def killed(self, batches):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", killed)
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
+    assert not (out / "all_results.json").exists() and not exported(out, 4)

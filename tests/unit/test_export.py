@@ -149,3 +149,13 @@ def test_deepseeks_router_stays_fp32_in_a_bf16_export(tmp_path):
     for n in kept:
         p, tr = params[n]
         assert np.array_equal(shard.read(n), p.numpy().T if tr else p.numpy()), n  # exact, not rounded
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "1e-12", "0", "-1"])
+def test_a_shard_size_that_is_no_size_is_one_line(tmp_path, capsys, size):
+    """nan and inf printed a traceback; 1e-12 rounded to 0 bytes and exported unsharded."""
+    ckpt = _two_rank_checkpoint(tmp_path / "run", _model())
+    assert main(["export", str(ckpt), str(tmp_path / "hf"), "--max_shard_size_gib", size]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max_shard_size_gib: must be a number of GiB" in err, err
+    assert not (tmp_path / "hf").exists()

@@ -28,8 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(ns: argparse.Namespace) -> int:
     src, out = Path(ns.checkpoint).resolve(), Path(ns.out_dir).resolve()
-    if ns.max_shard_size_gib <= 0:
-        raise UserError(f"--max_shard_size_gib: must be > 0, got {ns.max_shard_size_gib}")
+    import math
+
+    if not (math.isfinite(ns.max_shard_size_gib) and 2**-20 <= ns.max_shard_size_gib <= 2**20):
+        raise UserError(f"--max_shard_size_gib: must be a number of GiB from 2^-20 (1 KiB) to 2^20, got "
+                        f"{ns.max_shard_size_gib}")
     if out == src or src in out.parents:
         raise UserError(f"{ns.out_dir}: inside the checkpoint {ns.checkpoint}; choose a directory outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

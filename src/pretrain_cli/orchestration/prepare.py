@@ -349,10 +349,19 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         spec.resume = problems.run(find_resume, run)
     saved = CheckpointDir(spec.resume) if spec.resume is not None else None  # its files read once, here
+    if saved is not None and run.output.resume_from and not run.output.overwrite and run.loop.do_train:
+        from pretrain_cli.run_dir import list_checkpoints
+
+        step = saved.state["global_step"]
+        later = [p.name for n, p in list_checkpoints(run.output.output_dir) if n > step]
+        if later:  # another branch's: a plain re-run would resume them, and rotation would remove this run's saves
+            problems.add(f"resume_from_checkpoint: {saved.name} is step {step}, but {run.output.output_dir} holds "
+                         f"{', '.join(later)} past it (another run's, which a plain re-run would resume); set "
+                         f"overwrite_output_dir: true to remove them, or choose another output_dir")
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
         from pretrain_cli.training.checkpoint import check_compatible
 
-        problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length)
+        problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     problems.raise_if_any()
     if saved is not None and run.loop.do_train:
         from pretrain_cli.orchestration.resumed import keep_global_batch

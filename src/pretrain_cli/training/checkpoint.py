@@ -136,11 +136,14 @@ def newest_state(output_dir) -> tuple[dict | None, Path | None]:
     return best, where
 
 
-def check_compatible(ckpt, model_cfg, max_seq_length: int) -> None:
+def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) -> None:
     """Refuse a resume whose model shape or sequence length differs from the checkpoint's (`ckpt`: a
-    `CheckpointDir`, or a path)."""
+    `CheckpointDir`, or a path). `named`: the checkpoint is `resume_from_checkpoint`'s, which overwrite_output_dir
+    does not drop (the fix is another checkpoint, or no resume_from_checkpoint)."""
     from pretrain_cli.models.config import ModelConfig
 
+    fix = ("resume_from_checkpoint another checkpoint of this model, or drop resume_from_checkpoint to start over"
+           if named else "set overwrite_output_dir: true to start over")
     ckpt = CheckpointDir.of(ckpt)
     saved = ModelConfig.from_file(str(ckpt))
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -148,11 +151,11 @@ def check_compatible(ckpt, model_cfg, max_seq_length: int) -> None:
         a, b = getattr(saved, key), getattr(model_cfg, key)
         if a != b:
             raise UserError(f"{ckpt}: checkpoint has {key}={a} but this run's model has {key}={b}; resume with the "
-                            f"same model, or set overwrite_output_dir: true to start over")
+                            f"same model, or {fix}")
     saved_len = ((ckpt.args or {}).get("arguments") or {}).get("max_seq_length")
     if saved_len is not None and saved_len != max_seq_length:
         raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
-                        f"{max_seq_length}; resume with the same max_seq_length or set overwrite_output_dir: true")
+                        f"{max_seq_length}; resume with the same max_seq_length, or {fix}")
 
 
 def data_changes(ckpt, run) -> list[str]:

@@ -212,7 +212,7 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
     are read by `lay_out`, each rank only its blocks."""
     if resume is None:
         return None
-    checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length)
+    checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     return resume.state
 
 
@@ -234,6 +234,9 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None):
                      f"step {start}, where this run starts)")
     if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
         atomic.write_json(out / run_dir.ARGS_FILE, record)
+        # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would
+        # make a re-run after a kill during this one's export find "nothing to train" and keep the old model
+        (out / "all_results.json").unlink(missing_ok=True)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
     return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
 
