@@ -349,32 +349,21 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         spec.resume = problems.run(find_resume, run)
     saved = CheckpointDir(spec.resume) if spec.resume is not None else None  # its files read once, here
-    if saved is not None and run.output.resume_from and not run.output.overwrite and run.loop.do_train:
-        from pretrain_cli.run_dir import list_checkpoints
+    if saved is not None:
+        from pretrain_cli.orchestration.resumed import later_checkpoints
 
-        step = saved.state["global_step"]
-        later = [p.name for n, p in list_checkpoints(run.output.output_dir) if n > step]
-        if later:  # another branch's: a plain re-run would resume them, and rotation would remove this run's saves
-            problems.add(f"resume_from_checkpoint: {saved.name} is step {step}, but {run.output.output_dir} holds "
-                         f"{', '.join(later)} past it (another run's, which a plain re-run would resume); set "
-                         f"overwrite_output_dir: true to remove them, or choose another output_dir")
+        problems.run(later_checkpoints, run, saved)
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
         from pretrain_cli.training.checkpoint import check_compatible
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     problems.raise_if_any()
     if saved is not None and run.loop.do_train:
-        from pretrain_cli.orchestration.resumed import keep_global_batch
+        from pretrain_cli.orchestration.resumed import keep_global_batch, keep_router_bias
 
         spec.run = run = keep_global_batch(args, run, model_cfg, target, saved)
         spec.run = run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
-        if model_cfg.sparse_layers and run.moe.bias_update_rate == 0 and not run.moe.routing_bias:
-            from pretrain_cli.training.weight_source import holds_router_bias
-
-            if holds_router_bias(saved):
-                spec.run = run = replace(run, moe=replace(run.moe, routing_bias=True), notes=(
-                    *run.notes, f"moe_router_bias_update_rate: 0 freezes {saved.name}'s e_score_correction_bias "
-                                f"(kept, and the routing with it; no longer updated)"))
+        spec.run = run = keep_router_bias(run, model_cfg, saved)
     if spec.splits is not None:
         spec.data_lines = spec.splits.describe()
         spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))

@@ -1,5 +1,6 @@
-"""What a resumed run keeps from its checkpoint when the number of processes changed: the global batch
-(and the eval windows), which decide what a step means and what an eval loss averages."""
+"""What a resumed run keeps from its checkpoint: the global batch (and the eval windows) when the number of
+processes changed, which decide what a step means and what an eval loss averages; a MoE router's bias at rate 0;
+and the refusal of an older checkpoint beside another branch's later ones."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -69,3 +70,33 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
         args.get("eval_iters") != lp.eval_iters else run
     return replace(new, notes=(*run.notes, *notes))
+
+
+def later_checkpoints(run: RunConfig, saved: CheckpointDir) -> None:
+    """`resume_from_checkpoint` of an older checkpoint beside later ones in output_dir, without overwrite: those are
+    another branch's, which a plain re-run would resume and among which rotation (by step) would remove this run's
+    own saves: refused in one line."""
+    if not run.output.resume_from or run.output.overwrite or not run.loop.do_train:
+        return
+    from pretrain_cli.run_dir import list_checkpoints
+
+    step = saved.state["global_step"]
+    later = [p.name for n, p in list_checkpoints(run.output.output_dir) if n > step]
+    if later:
+        raise UserError(f"resume_from_checkpoint: {saved.name} is step {step}, but {run.output.output_dir} holds "
+                        f"{', '.join(later)} past it (another run's, which a plain re-run would resume); set "
+                        f"overwrite_output_dir: true to remove them, or choose another output_dir")
+
+
+def keep_router_bias(run: RunConfig, model_cfg, saved: CheckpointDir) -> RunConfig:
+    """A MoE checkpoint trained with the routing bias, resumed at `moe_router_bias_update_rate` 0: the bias is kept,
+    frozen (a model built without it dropped it and routed otherwise), with a note."""
+    if not model_cfg.sparse_layers or run.moe.bias_update_rate != 0 or run.moe.routing_bias:
+        return run
+    from pretrain_cli.training.weight_source import holds_router_bias
+
+    if not holds_router_bias(saved):
+        return run
+    return replace(run, moe=replace(run.moe, routing_bias=True), notes=(
+        *run.notes, f"moe_router_bias_update_rate: 0 freezes {saved.name}'s e_score_correction_bias (kept, and the "
+                    f"routing with it; no longer updated)"))
