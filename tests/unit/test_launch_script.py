@@ -203,20 +203,16 @@ def test_the_launchers_exit_on_a_signal_is_the_shells_not_the_signals_number(tmp
 
 
 def test_a_ctrl_c_while_paddle_is_imported_is_error_interrupted_130(tmp_path):
-    """Interrupted inside the import (Paddle's library mapped, the launcher not started): one line, 130."""
-    import signal
+    """Interrupted inside Paddle's import (the launcher not started): one line, 130. A stand-in `paddle` raises what
+    Paddle's import raises then (an ImportError from the KeyboardInterrupt): a real signal's timing under load made
+    this flaky, and Paddle's own handler swallows one in part of the import."""
+    import sys
 
-    proc = _paddle_launch(tmp_path)
+    from test_interrupted_import import interrupted_paddle
 
-    def importing():
-        try:
-            return "libpaddle" in (Path("/proc") / str(proc.pid) / "maps").read_text()
-        except OSError:
-            return False
-
-    _wait(importing, proc)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err
-    # (had the launcher started already, its own handler ran instead: still 130, its log directory made)
-    assert err.strip().splitlines()[-1] == "error: interrupted" or (tmp_path / "log").exists(), err
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
+                           "--log_dir", str(tmp_path / "log"), str(tmp_path / "sleep.py")], capture_output=True,
+                          text=True, cwd=tmp_path, env=interrupted_paddle(tmp_path), timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: interrupted", proc.stderr
