@@ -208,6 +208,12 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
                      "per_device_eval_batch_size 8 x 1 is more already): give the test split a larger share of "
                      "`split`, or lower per_device_eval_batch_size"]
     assert run.loop.test_iters == 40  # PaddleNLP's run_pretrain.py: test_iters = eval_iters * 10
+    # a resume that raised eval_iters to keep its checkpoint's eval windows is not told to lower it again
+    import dataclasses
+
+    kept = dataclasses.replace(run, notes=("eval: eval_iters 2 -> 4 keeps the 32 eval windows of checkpoint-5's run",))
+    assert eval_repeats(kept, splits)[0].endswith("so evaluation repeats samples; as the checkpoint's run did (its "
+                                                  "eval windows are kept, above, so the curve goes on comparable)")
 
 
 def test_parallel_degrees_follow_paddlenlp_arithmetic():

@@ -378,7 +378,9 @@ def eval_repeats(run: RunConfig, splits) -> list[str]:
         need = per * lp.eval_iters * lp.eval_batch * world
         if on and ds is not None and len(ds) < need:
             once = len(ds) // (per * lp.eval_batch * world)  # the eval_iters that read each sample at most once
-            fix = (f"eval_iters {once} reads each once" if once else
+            kept = per == 1 and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
+            fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
+                   if kept else f"eval_iters {once} reads each once" if once else
                    f"no eval_iters reads each once ({per} x per_device_eval_batch_size {lp.eval_batch} x {world} is "
                    f"more already): give the {split} split a larger share of `split`, or lower "
                    f"per_device_eval_batch_size")
