@@ -250,3 +250,23 @@ def test_a_training_run_takes_the_final_exports_mark_until_it_writes_its_own(cor
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", killed)
     assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
     assert not (out / "all_results.json").exists() and not exported(out, 4)
+
+
+def test_a_tracker_that_fails_to_start_changes_no_file(corpus, tmp_path, monkeypatch):
+    """wandb not logged in fails at its start: the run had already rewritten args.json, metrics.jsonl and the other
+    trackers' files. The trackers now start first, wandb first among them."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.training import trackers
+
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4, report_to=["visualdl"])
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def not_logged_in(*args, **kwargs):
+        raise UserError("report_to: wandb: not logged in; run `wandb login` or set WANDB_MODE=offline")
+
+    monkeypatch.setattr(trackers, "Wandb", not_logged_in)
+    assert cli_main(["train", cfg, "--max_steps", "6", "--report_to", "visualdl", "wandb"]) == 2
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before

@@ -142,7 +142,7 @@ class MetricsWriter:
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        history = []
+        history, kept = [], None
         if keep_until is not None and self.path.is_file():
             kept = []
             for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -153,13 +153,15 @@ class MetricsWriter:
                 if record.get("step", 0) <= keep_until:
                     kept.append(line + "\n")
                     history.append(record)
-            atomic.write_text(self.path, "".join(kept))
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
         self._plotted_at = time.monotonic()  # when the last one started, or the writer (time.monotonic)
         self.logging_dir = logging_dir or str(self.output_dir / "runs")
         names = [n for n in (report_to or ()) if n != "none"]
-        history = [r for r in history if r.get("kind") not in UNTRACKED]  # a resume replays what was tracked
-        self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, history)
+        tracked = [r for r in history if r.get("kind") not in UNTRACKED]  # a resume replays what was tracked
+        # the trackers before any file is rewritten: one that fails to start (wandb not logged in) changes nothing
+        self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config, tracked)
+        if kept is not None:
+            atomic.write_text(self.path, "".join(kept))
         self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
 
     def write(self, kind: str, step: int, values: dict) -> None:

@@ -226,6 +226,9 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None):
     out = Path(r.output.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_leftovers(out)
+    keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
+    # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were
+    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
     if r.loop.do_train and r.output.overwrite:
         start = state["global_step"] if state is not None else 0
         removed = checkpoint.remove_past(out, start)
@@ -237,8 +240,7 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None):
         # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would
         # make a re-run after a kill during this one's export find "nothing to train" and keep the old model
         (out / "all_results.json").unlink(missing_ok=True)
-    keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    return metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
+    return writer
 
 
 def build_throughput(r: RunConfig, model_cfg) -> metrics.Throughput:

@@ -88,7 +88,7 @@ def open_trackers(names, logdir: str, output_dir: str, config: dict | None, hist
     """The writers for `names` (VisualDL and TensorBoard files in `logdir`, wandb's run under `output_dir`)."""
     opened = []
     try:
-        for name in names:
+        for name in sorted(names, key=lambda n: n != "wandb"):  # the one that can fail to start (a login) first
             opened.append({"visualdl": VisualDL, "tensorboard": TensorBoard, "wandb": Wandb}[name](
                 logdir, output_dir, config or {}, history))
     except BaseException:
