@@ -270,3 +270,18 @@ def test_a_tracker_that_fails_to_start_changes_no_file(corpus, tmp_path, monkeyp
     assert cli_main(["train", cfg, "--max_steps", "6", "--report_to", "visualdl", "wandb"]) == 2
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_finishing_an_interrupted_export_records_its_last_evaluations_once(corpus, tmp_path):
+    """Killed during its final export (after the last checkpoint and its evaluations), a run re-run to finish it
+    evaluated again and appended eval and test records of that step a second time (metrics.jsonl, trainer_state)."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4, eval_steps=4, do_eval=True, do_predict=True)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    (out / "all_results.json").unlink()  # as a kill during the export leaves it: not exported
+    assert cli_main(["train", cfg]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    at_end = [r["kind"] for r in records if r["step"] == 4 and r["kind"] in ("eval", "test")]
+    assert sorted(at_end) == ["eval", "test"], at_end
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert sorted(e["kind"] for e in history if e["step"] == 4 and e["kind"] in ("eval", "test")) == ["eval", "test"]

@@ -135,10 +135,12 @@ class MetricsWriter:
     """metrics.jsonl + the trackers of `report_to` (`training.trackers`); rank 0 only (the caller guarantees it)."""
 
     def __init__(self, output_dir: str, logging_dir: str | None, report_to, keep_until: float | None,
-                 config: dict | None = None):
+                 config: dict | None = None, redo: tuple = ()):
         """`report_to`: the resolved tracker names. `keep_until`: None starts a new file; a step number keeps the
         records up to it and appends (a resume drops what the interrupted run logged after its checkpoint, so no
-        step appears twice). `config`: the run's record (args.json), given to every tracker."""
+        step appears twice). `config`: the run's record (args.json), given to every tracker. `redo`: the kinds
+        of record at `keep_until` itself that this run writes again (a run resumed at its last step only to
+        evaluate and export: its eval and test records of that step)."""
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +152,8 @@ class MetricsWriter:
                     record = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by a kill
                     continue
-                if record.get("step", 0) <= keep_until:
+                step = record.get("step", 0)
+                if step < keep_until or (step == keep_until and record.get("kind") not in redo):
                     kept.append(line + "\n")
                     history.append(record)
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)

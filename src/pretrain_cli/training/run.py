@@ -78,7 +78,11 @@ def _run(spec, signals: StopSignals) -> int:
             resume = _opened(previous_checkpoint(r.output, resume.path, e))
             model = build_model(r, model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
-    writer = open_output_dir(r, record, state)
+    finishing = state is not None and r.loop.do_train and state["global_step"] >= r.loop.max_steps
+    if finishing:  # its evaluations at the last step are recomputed below: not recorded a second time
+        state["log_history"] = [e for e in state.get("log_history", [])
+                                if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
+    writer = open_output_dir(r, record, state, FINAL_KINDS if finishing else ())
     if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
         startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
@@ -216,7 +220,10 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
     return resume.state
 
 
-def open_output_dir(r: RunConfig, record: dict, state: dict | None):
+FINAL_KINDS = ("eval", "test")  # what a run evaluates at its last step after the checkpoint (the final results)
+
+
+def open_output_dir(r: RunConfig, record: dict, state: dict | None, redo: tuple = ()):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
     untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks)."""
     if not r.parallel.is_rank0:
@@ -228,7 +235,7 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None):
     checkpoint.clean_leftovers(out)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
     # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were
-    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record)
+    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record, redo)
     if r.loop.do_train and r.output.overwrite:
         start = state["global_step"] if state is not None else 0
         removed = checkpoint.remove_past(out, start)
