@@ -196,7 +196,20 @@ def test_the_launchers_exit_on_a_signal_is_the_shells_not_the_signals_number(tmp
     import signal
 
     proc = _paddle_launch(tmp_path)
-    _wait(lambda: (tmp_path / "log" / "workerlog.0").is_file(), proc)  # the launcher runs its rank
+
+    def rank_running():  # the launcher's child runs sleep.py (its log file exists a moment before, mid-deploy)
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().split(b"\0")
+                parent = (cmdline.parent / "stat").read_text().split(") ", 1)[1].split()[1]
+            except (OSError, IndexError):
+                continue
+            exec_d = not any(a.endswith(b"paddle_launch.py") for a in args)  # the child itself, not a fork of its parent
+            if exec_d and any(a.endswith(b"sleep.py") for a in args) and parent == str(proc.pid):
+                return True
+        return False
+
+    _wait(rank_running, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "Traceback" not in err, err
