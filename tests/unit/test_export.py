@@ -149,6 +149,11 @@ def test_deepseeks_router_stays_fp32_in_a_bf16_export(tmp_path):
     for n in kept:
         p, tr = params[n]
         assert np.array_equal(shard.read(n), p.numpy().T if tr else p.numpy()), n  # exact, not rounded
+    from pretrain_cli.models.convert import export_dtype
+
+    v2 = ModelConfig.from_file(str(PRESET.parent / "deepseek-v2-lite"))  # transformers keeps V2's router weight fp32
+    assert export_dtype("model.layers.1.mlp.gate.weight", v2, "bfloat16") == "float32"
+    assert export_dtype("model.layers.1.mlp.experts.0.gate_proj.weight", v2, "bfloat16") == "bfloat16"
 
 
 @pytest.mark.parametrize("size", ["nan", "inf", "1e-12", "0", "-1"])

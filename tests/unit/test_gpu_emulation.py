@@ -371,14 +371,14 @@ def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(mon
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.errors import UserError
-    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.orchestration import targets
     from pretrain_cli.planning import hardware
     from pretrain_cli.run_config import Target
 
     monkeypatch.setattr(runtime, "gpu_build_installed", lambda: True)
     monkeypatch.setattr(runtime, "gpu_name", lambda: "NVIDIA GeForce RTX 2080 Ti")  # Turing, 7.5: not in the table
     monkeypatch.setattr(runtime, "gpu_capability", lambda: (7, 5))
-    target = prepare.launcher_target()
+    target = targets.launcher_target()
     assert target.gpu_capability == (7, 5) and hardware.lookup(target.gpu_name) is None
     fp16 = parse_config(None, [*BASE, "--use_flash_attention", "true", "--fp16", "--device", "gpu"])
     run = resolve(fp16, model_config(), target)
@@ -393,5 +393,5 @@ def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(mon
     assert any(n.startswith("bf16: WARNING: V100-32GB has no bf16") for n in planned.notes)
     # an Ampere card the table does not know: its driver capability gives it flash attention and bf16
     monkeypatch.setattr(runtime, "gpu_capability", lambda: (8, 6))
-    assert resolve(bf16, model_config(), prepare.launcher_target()).kernels.attention == "flash"
+    assert resolve(bf16, model_config(), targets.launcher_target()).kernels.attention == "flash"
     assert hardware.pre_ampere(hardware.capability("T4")) and not hardware.pre_ampere(hardware.capability("H100"))

@@ -73,6 +73,9 @@ def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it_trains_the_experts
 
     def batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
         calls.append((trans_lhs, trans_rhs))
+        # the op's contract: rows cut by batch_sizes; rhs one matrix per segment, or (trans_lhs) rows as lhs's
+        assert sum(batch_sizes) == lhs.shape[0]
+        assert rhs.shape[0] == (lhs.shape[0] if trans_lhs else len(batch_sizes))
         a, b, out, at = lhs.numpy(), rhs.numpy(), [], 0
         for e, n in enumerate(batch_sizes):
             if trans_lhs:

@@ -298,7 +298,7 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     import json
     from dataclasses import asdict
 
-    from pretrain_cli.orchestration.prepare import resume_schedule
+    from pretrain_cli.orchestration.resumed import resume_schedule
 
     sched = ["--lr_scheduler_type", "cosine", "--warmup_steps", "10", "--learning_rate", "3e-4",
              "--min_learning_rate", "3e-5"]
@@ -328,14 +328,14 @@ def test_plan_and_train_apply_one_hardware_rule(monkeypatch):
 
     from pretrain_cli import runtime
     from pretrain_cli.config.parser import parse_config
-    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.orchestration import targets
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
     from pretrain_cli.training import metrics
 
     monkeypatch.setattr(runtime, "gpu_build_installed", lambda: True)
     monkeypatch.setattr(runtime, "gpu_name", lambda: "Tesla V100-SXM2-32GB")
-    train_target = prepare.launcher_target()
+    train_target = targets.launcher_target()
     assert train_target.device == "gpu" and train_target.gpu_name == "Tesla V100-SXM2-32GB"
     args = parse_config(None, [*BASE, "--use_flash_attention", "true", "--fp16", "--device", "gpu"])
     trained = resolve(args, model_config(), train_target)

@@ -132,3 +132,17 @@ def test_a_failed_read_during_the_watch_is_no_verdict(tmp_path, monkeypatch):
         run_lock.acquire(tmp_path)
     beating.join()
     assert json.loads(path.read_text())["beat"] == 1  # never removed
+
+
+def test_whose_names_the_holder_without_waiting(tmp_path):
+    """What `eval` says of a run's output_dir without its final model: a live process here, another host's run (not
+    watched: no 30 s wait), or nobody (no lock, a dead holder's). launch.sh's pre-check does not watch either."""
+    assert run_lock.whose(tmp_path) is None
+    _holder(tmp_path / run_lock.LOCK_FILE, os.getpid(), start_ticks=processes.start_ticks(os.getpid()))
+    assert run_lock.whose(tmp_path) == f"pid {os.getpid()}"
+    _holder(tmp_path / run_lock.LOCK_FILE, 2**22 + 7)  # gone
+    assert run_lock.whose(tmp_path) is None
+    _beating_holder(tmp_path / run_lock.LOCK_FILE)
+    t0 = time.monotonic()
+    assert run_lock.whose(tmp_path) == "host node-7" and run_lock.refusal(tmp_path) is None
+    assert time.monotonic() - t0 < 1  # rank 0's acquire watches it, once

@@ -46,7 +46,8 @@ def list_models() -> list[str]:
 
 
 def main(ns: argparse.Namespace) -> int:
-    from pretrain_cli.orchestration.prepare import launcher_target, prepare, simulated_target
+    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.orchestration.targets import launcher_target, simulated_target
 
     if ns.list_models:
         print("\n".join(list_models()))

@@ -123,7 +123,8 @@ def _trained_model(config: str, out: str) -> str:
 
 def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
-    from pretrain_cli.orchestration.prepare import inference_kernels, inference_target, prepare
+    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.orchestration.targets import inference_kernels, inference_target
     from pretrain_cli.orchestration.recorded import differences
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
@@ -214,7 +215,7 @@ def main(ns: argparse.Namespace) -> int:
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)
     _check_tokenizer(ns.data, model_dir)
-    from pretrain_cli.orchestration.prepare import inference_kernels
+    from pretrain_cli.orchestration.targets import inference_kernels
     from pretrain_cli.orchestration.recorded import differences
     from pretrain_cli.training.weight_source import load_for_inference
 

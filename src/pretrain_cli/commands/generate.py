@@ -77,7 +77,7 @@ def _window_note(prompt_len: int, new_tokens: int, limit: int) -> str | None:
 
 def main(ns: argparse.Namespace) -> int:
     _check_options(ns)
-    from pretrain_cli.orchestration.prepare import inference_kernels
+    from pretrain_cli.orchestration.targets import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
     from pretrain_cli.orchestration.recorded import model_argument, run_arguments
     from pretrain_cli.data.tokenizer import load_tokenizer

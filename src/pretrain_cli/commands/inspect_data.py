@@ -67,7 +67,8 @@ def _config_step_view(ns, tok) -> tuple:
     which holds no trainer state and so no skipped batches."""
     import tempfile
 
-    from pretrain_cli.orchestration.prepare import inference_target, load_arguments, prepare
+    from pretrain_cli.orchestration.prepare import load_arguments, prepare
+    from pretrain_cli.orchestration.targets import inference_target
 
     overrides = ["--input_dir", ns.prefix] if ns.prefix else []
     with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:

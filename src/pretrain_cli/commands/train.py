@@ -25,7 +25,8 @@ def main(ns: argparse.Namespace) -> int:
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
     from pretrain_cli import runtime
-    from pretrain_cli.orchestration.prepare import launcher_target, prepare
+    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.orchestration.targets import launcher_target
     from pretrain_cli.distributed.launcher import launch
 
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle

@@ -1,4 +1,5 @@
-"""Everything decided before Paddle is imported: arguments, run configuration, model, tokenizer, data, resume.
+"""Everything decided before Paddle is imported: arguments, run configuration, model, tokenizer, data, resume
+(which checkpoint and what it keeps: `resumed`; where the run executes: `targets`).
 
 `check` runs exactly this and stops; `train` runs it and hands the `RunSpec` to `training.run`,
 so bad input fails in well under a second and both commands validate the same things. Independent
@@ -15,7 +16,7 @@ from pathlib import Path
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
-from pretrain_cli.run_config import KernelConfig, RunConfig, Schedule, Target
+from pretrain_cli.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
 
@@ -188,105 +189,6 @@ def check_output_dir(output_dir: str) -> Path:
     return out
 
 
-def find_resume(run: RunConfig) -> Path | None:
-    """`resume_from_checkpoint` (refused when `storage.intact` finds it incomplete or damaged), else the newest
-    complete `checkpoint-N` of a training run (unless overwritten). Rank 0 verifies; the others take its choice."""
-    out = run.output
-    from pretrain_cli.storage import intact
-
-    if out.resume_from:
-        path = Path(out.resume_from)
-        if not path.is_dir():
-            raise UserError(f"resume_from_checkpoint: {path} is not a directory")
-        reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
-        if reason is not None:
-            raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
-                            f"resume from the newest complete one")
-        return path
-    if out.overwrite or not run.loop.do_train:
-        return None
-    # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
-    # the files it reads (`training.weight_source.verify_read`)
-    return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
-
-
-def _saved(ckpt: CheckpointDir) -> tuple[Schedule | None, int | None]:
-    """(the schedule the checkpoint was trained on, its step); None where its files do not say."""
-    try:
-        saved = Schedule(**ckpt.run("schedule"))
-    except (ValueError, TypeError):
-        saved = None
-    try:
-        step = ckpt.state["global_step"]
-    except UserError:
-        step = None
-    return saved, step
-
-
-def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
-    """The schedule a resumed run continues on, with a note naming the old and the new one when they differ.
-
-    PaddleNLP rebuilds its scheduler from the new arguments and only restores the step, so raising max_steps
-    silently re-stretches the decay (a cosine run at its minimum rate at step 100 climbs back up when continued
-    to 150). `lr_schedule_on_resume` chooses: stretch (that), keep (the saved schedule goes on), restart."""
-    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
-    saved, step = _saved(resume)
-    new = run.schedule
-    if saved is None or step is None or saved == new or step >= run.loop.max_steps:
-        return run
-    if choice == "keep":
-        new = saved
-    elif choice == "restart":
-        new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1),
-                      decay_start=max(new.decay_start - step, new.warmup_steps))
-    what = {"stretch": "stretched to this run's", "keep": "kept", "restart": "restarted"}[choice]
-    others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
-    note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "
-            f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}); "
-            f"lr_schedule_on_resume: {others} to change that")
-    return replace(run, schedule=new, notes=(*run.notes, note))
-
-
-def launcher_target() -> Target:
-    """This process as `paddle.distributed.launch` started it, on the device kind this Paddle build runs."""
-    from pretrain_cli import runtime
-    from pretrain_cli.distributed.launcher import launch
-
-    gpu = runtime.gpu_build_installed()
-    return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
-                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None,
-                  gpu_capability=runtime.gpu_capability() if gpu else None)
-
-
-def inference_target() -> Target:
-    """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
-    from pretrain_cli import runtime
-
-    gpu = runtime.gpu_build_installed()
-    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None,
-                  gpu_capability=runtime.gpu_capability() if gpu else None)
-
-
-def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
-    """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
-    as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an
-    argument file with no kernel keys resolves to here."""
-    if run is not None:
-        return run.kernels, run.device
-    from pretrain_cli.config.resolve import kernels_for
-
-    target = inference_target()
-    return kernels_for(arguments if arguments is not None else parse_config(None, []), target), target.device
-
-
-def simulated_target(world_size: int) -> Target:
-    """Rank 0 of a `world_size`-process launch, without a launcher (`check --world_size`): the file's `device`
-    is kept (a GPU run is checked as one on any machine), so every rule `train` applies to that world runs."""
-    if world_size < 1:
-        raise UserError(f"--world_size: must be >= 1, got {world_size}")
-    return Target(device="gpu", world_size=world_size)
-
-
 def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments:
     if config is not None and not config.endswith(".json"):
         raise UserError(f"{config}: the argument file must be a .json file")
@@ -347,6 +249,8 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
         problems.run(_open_token_files, run.data.input_dir)
     if problems.run(check_output_dir, run.output.output_dir) is not None:
+        from pretrain_cli.orchestration.resumed import find_resume
+
         spec.resume = problems.run(find_resume, run)
     saved = CheckpointDir(spec.resume) if spec.resume is not None else None  # its files read once, here
     if saved is not None:
@@ -359,7 +263,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     problems.raise_if_any()
     if saved is not None and run.loop.do_train:
-        from pretrain_cli.orchestration.resumed import keep_global_batch, keep_router_bias
+        from pretrain_cli.orchestration.resumed import keep_global_batch, keep_router_bias, resume_schedule
 
         spec.run = run = keep_global_batch(args, run, model_cfg, target, saved)
         spec.run = run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)

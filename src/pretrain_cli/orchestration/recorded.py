@@ -28,18 +28,11 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     ckpt = run_dir.latest_checkpoint(out)
     if ckpt is None:
         return None, None
-    from pretrain_cli.processes import alive
-    from pretrain_cli.training.run_lock import LOCK_FILE, holder
+    from pretrain_cli.training.run_lock import whose
 
-    import socket
-
-    who = holder(out / LOCK_FILE) or {}
-    if who.get("host") == socket.gethostname() and alive(who.get("pid"), who.get("start_ticks")):
-        why = f"its run is still training: pid {who.get('pid')}"
-    elif who.get("host") not in (None, socket.gethostname()):
-        why = f"its run on host {who.get('host')} holds its lock: still training, or stopped there"
-    else:
-        why = "its run stopped before the export"
+    who = whose(out)
+    why = ("its run stopped before the export" if who is None else f"its run is still training: {who}"
+           if who.startswith("pid") else f"its run on {who} holds its lock: still training, or stopped there")
     return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}"
 
 

@@ -1,14 +1,16 @@
-"""What a resumed run keeps from its checkpoint: the global batch (and the eval windows) when the number of
-processes changed, which decide what a step means and what an eval loss averages; a MoE router's bias at rate 0;
-and the refusal of an older checkpoint beside another branch's later ones."""
+"""Which checkpoint a run resumes (`find_resume`) and what it keeps from it: the schedule (`resume_schedule`), the
+global batch (and the eval windows) when the number of processes changed, which decide what a step means and what
+an eval loss averages; a MoE router's bias at rate 0; and the refusal of an older checkpoint beside another
+branch's later ones."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_config import RunConfig, Target
+from pretrain_cli.run_config import RunConfig, Schedule, Target
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
@@ -76,8 +78,8 @@ def later_checkpoints(run: RunConfig, saved: CheckpointDir) -> None:
     """`resume_from_checkpoint` of an older checkpoint beside later ones in output_dir, without overwrite: those are
     another branch's, which a plain re-run would resume and among which rotation (by step) would remove this run's
     own saves: refused in one line."""
-    if not run.output.resume_from or run.output.overwrite or not run.loop.do_train:
-        return
+    if not run.output.resume_from or run.output.overwrite or not run.loop.do_train or not run.parallel.is_rank0:
+        return  # (rank 0 judges the directory, as it verifies the checkpoint: the others take its verdict)
     from pretrain_cli.run_dir import list_checkpoints
 
     step = saved.state["global_step"]
@@ -100,3 +102,62 @@ def keep_router_bias(run: RunConfig, model_cfg, saved: CheckpointDir) -> RunConf
     return replace(run, moe=replace(run.moe, routing_bias=True), notes=(
         *run.notes, f"moe_router_bias_update_rate: 0 freezes {saved.name}'s e_score_correction_bias (kept, and the "
                     f"routing with it; no longer updated)"))
+
+
+def find_resume(run: RunConfig) -> Path | None:
+    """`resume_from_checkpoint` (refused when `storage.intact` finds it incomplete or damaged), else the newest
+    complete `checkpoint-N` of a training run (unless overwritten). Rank 0 verifies; the others take its choice."""
+    out = run.output
+    from pretrain_cli.storage import intact
+
+    if out.resume_from:
+        path = Path(out.resume_from)
+        if not path.is_dir():
+            raise UserError(f"resume_from_checkpoint: {path} is not a directory")
+        reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
+        if reason is not None:
+            raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
+                            f"resume from the newest complete one")
+        return path
+    if out.overwrite or not run.loop.do_train:
+        return None
+    # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
+    # the files it reads (`training.weight_source.verify_read`)
+    return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
+
+
+def _saved(ckpt: CheckpointDir) -> tuple[Schedule | None, int | None]:
+    """(the schedule the checkpoint was trained on, its step); None where its files do not say."""
+    try:
+        saved = Schedule(**ckpt.run("schedule"))
+    except (ValueError, TypeError):
+        saved = None
+    try:
+        step = ckpt.state["global_step"]
+    except UserError:
+        step = None
+    return saved, step
+
+
+def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
+    """The schedule a resumed run continues on, with a note naming the old and the new one when they differ.
+
+    PaddleNLP rebuilds its scheduler from the new arguments and only restores the step, so raising max_steps
+    silently re-stretches the decay (a cosine run at its minimum rate at step 100 climbs back up when continued
+    to 150). `lr_schedule_on_resume` chooses: stretch (that), keep (the saved schedule goes on), restart."""
+    resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
+    saved, step = _saved(resume)
+    new = run.schedule
+    if saved is None or step is None or saved == new or step >= run.loop.max_steps:
+        return run
+    if choice == "keep":
+        new = saved
+    elif choice == "restart":
+        new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1),
+                      decay_start=max(new.decay_start - step, new.warmup_steps))
+    what = {"stretch": "stretched to this run's", "keep": "kept", "restart": "restarted"}[choice]
+    others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
+    note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "
+            f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}); "
+            f"lr_schedule_on_resume: {others} to change that")
+    return replace(run, schedule=new, notes=(*run.notes, note))

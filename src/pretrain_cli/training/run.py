@@ -20,7 +20,8 @@ from pretrain_cli.training.precision import build_amp
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.stop_signals import StopSignals
-from pretrain_cli.training.trainer import Collaborators, NonFiniteError, Trainer
+from pretrain_cli.training.trainer import Trainer
+from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError
 from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_everywhere
 from pretrain_cli.run_config import RunConfig
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir

@@ -84,9 +84,15 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def holder(path) -> dict | None:
-    """The lock file's holder (host, pid, start time, beat), or None: no lock, or unreadable."""
-    return _read(Path(path))
+def whose(output_dir) -> str | None:
+    """Who holds `output_dir`'s lock now, in words, without waiting: a live process of this host, or another
+    host's run (which cannot be asked); None when no run holds it (no lock, or a dead holder's)."""
+    holder, here = _read(Path(output_dir) / LOCK_FILE), socket.gethostname()
+    if holder is None:
+        return None
+    if holder.get("host") == here:
+        return f"pid {holder.get('pid')}" if processes.alive(holder.get("pid"), holder.get("start_ticks")) else None
+    return f"host {holder.get('host')}"
 
 
 def _who(holder: dict | None) -> str:

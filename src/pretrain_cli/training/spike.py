@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pretrain_cli.training.metrics import log
+from pretrain_cli.training.trainer_state import TrainerState
 
 
 class SpikeError(Exception):
@@ -63,7 +64,7 @@ class Recoverable(Protocol):
     record, booking a skipped step, recording a rollback, the newest checkpoint, and a reload from one.
     Nothing of the model, optimizer or layout."""
 
-    state: object  # the `trainer.TrainerState`, read only (not imported: the trainer imports this module)
+    state: TrainerState  # read only
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None: ...
 

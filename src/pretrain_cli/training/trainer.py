@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from pretrain_cli.data.loader import BatchIterator
@@ -25,48 +25,8 @@ from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_g
 from pretrain_cli.training.spike import SpikePolicy
 from pretrain_cli.training.step import Layout, Step, StepResult
 from pretrain_cli.training.stop_signals import StopSignals
+from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError, TrainerState
 from pretrain_cli.run_config import RunConfig
-
-
-class NonFiniteError(Exception):
-    """Loss or gradient became NaN/inf under `nan_policy: stop` (or too many consecutive skips)."""
-
-
-@dataclass
-class TrainerState:
-    global_step: int = 0
-    consumed_samples: int = 0  # global training samples consumed (all data ranks)
-    tokens_seen: int = 0
-    skipped_steps: int = 0
-    consecutive_skips: int = 0
-    skipped_batches: list = field(default_factory=list)  # consumed_samples where a skipped step's batch began
-    # (non-finite and spike skips behind; rollback windows possibly ahead: the loop jumps over them)
-    spike_stats: dict = field(default_factory=dict)  # running means of the spike guard (training.spike)
-    rollbacks: list = field(default_factory=list)  # {"spike_step", "checkpoint_step", "window": [start, end)}
-    train_seconds: float = 0.0  # summed over restarts (goodput)
-    last_batch_hash: str = ""
-    loss_sum: float = 0.0  # sum of the logged steps' losses (the ranks' mean), for the run's mean train_loss
-    interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
-    interval_steps: int = 0
-    log_history: list = field(default_factory=list)
-
-
-@dataclass
-class Collaborators:
-    """What the loop reports to and saves through, given at construction (None: not wanted, as in the
-    benchmarks and tests that only step): rank 0's metrics writer, the throughput meter, the
-    `checkpoint.Saver`, and for a rollback on the semi-auto engine, `path -> Layout` built again from it.
-    Whoever builds them closes them (`close`); the trainer only uses them."""
-
-    writer: object = None
-    throughput: object = None
-    saver: object = None
-    rebuild: object = None
-
-    def close(self) -> None:
-        """The metrics writer's files and trackers (a drawing in flight is waited for)."""
-        if self.writer is not None:
-            self.writer.close()
 
 
 class Trainer:

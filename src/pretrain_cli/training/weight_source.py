@@ -14,7 +14,7 @@ Every entry goes through it: resume, a spike rollback's rebuild and `continue_tr
 `eval` and `generate` fill a model whole from it (`load_weights`, `load_for_inference`).
 
 A checkpoint's checksums are verified by whoever read it: resume's rank 0 checks only that its files are present
-and of the recorded sizes (`orchestration.prepare.find_resume`); each rank then checks the crc32 of the files it
+and of the recorded sizes (`orchestration.resumed.find_resume`); each rank then checks the crc32 of the files it
 read (`verify_everywhere`), so the pass over a 1.1 TiB checkpoint is spread over the ranks instead of done by one.
 A rollback (with or without rebuild) verifies the same way.
 """
@@ -193,7 +193,7 @@ def holds_router_bias(ckpt) -> bool:
 def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when it has none
     (a preset). A directory with weights that cannot be read is an error, never a random init. `request` on
-    `device`: the kernels (`orchestration.prepare.inference_kernels`; None: `ops.kernels`' defaults)."""
+    `device`: the kernels (`orchestration.targets.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
     from pretrain_cli.models.convert import find_weights, has_weights
 

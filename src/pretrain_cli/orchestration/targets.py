@@ -1,0 +1,48 @@
+"""Where a run executes, as `config.resolve` needs it (`run_config.Target`): this process under Paddle's launcher
+(`train`, `check`), one process of this Paddle build's device kind (`eval`, `generate`), or a simulated launch
+(`check --world_size`); and the kernels `eval` and `generate` build a model with."""
+from __future__ import annotations
+
+from pretrain_cli.config.parser import Arguments, parse_config
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import KernelConfig, RunConfig, Target
+
+
+def launcher_target() -> Target:
+    """This process as `paddle.distributed.launch` started it, on the device kind this Paddle build runs."""
+    from pretrain_cli import runtime
+    from pretrain_cli.distributed.launcher import launch
+
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", world_size=launch.world_size(), rank=launch.rank(),
+                  local_rank=launch.local_rank(), gpu_name=runtime.gpu_name() if gpu else None,
+                  gpu_capability=runtime.gpu_capability() if gpu else None)
+
+
+def inference_target() -> Target:
+    """One process on the device kind this Paddle build runs: where `eval` and `generate` run."""
+    from pretrain_cli import runtime
+
+    gpu = runtime.gpu_build_installed()
+    return Target(device="gpu" if gpu else "cpu", gpu_name=runtime.gpu_name() if gpu else None,
+                  gpu_capability=runtime.gpu_capability() if gpu else None)
+
+
+def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
+    """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
+    as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an
+    argument file with no kernel keys resolves to here."""
+    if run is not None:
+        return run.kernels, run.device
+    from pretrain_cli.config.resolve import kernels_for
+
+    target = inference_target()
+    return kernels_for(arguments if arguments is not None else parse_config(None, []), target), target.device
+
+
+def simulated_target(world_size: int) -> Target:
+    """Rank 0 of a `world_size`-process launch, without a launcher (`check --world_size`): the file's `device`
+    is kept (a GPU run is checked as one on any machine), so every rule `train` applies to that world runs."""
+    if world_size < 1:
+        raise UserError(f"--world_size: must be >= 1, got {world_size}")
+    return Target(device="gpu", world_size=world_size)
