@@ -212,9 +212,39 @@ def test_resume_verifies_the_files_it_reads_and_falls_back_past_an_altered_one(c
     capsys.readouterr()
     assert cli_main(["train", cfg, "--max_steps", "6"]) == 0
     said = "".join(capsys.readouterr())
-    assert f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous checkpoint" in said
+    skipped = said.index(f"not resuming from checkpoint-4: {f} does not match its checksum; trying the previous "
+                         f"checkpoint")
     assert "checkpoint-2 at step 2" in said
+    # what the run keeps from its checkpoint is decided again for the one it resumes: the schedule's note names it
+    assert "schedule: checkpoint-4 was trained on" in said[:skipped]
+    assert "note: schedule: checkpoint-2 was trained on" in said[skipped:] and "(LR at step 3:" in said[skipped:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+
+
+def test_check_verify_reads_the_checksums_train_would_and_names_the_fallback(corpus, tmp_path, capsys):
+    """`check` checks presence and sizes only, as train's start does; `--verify` reads the files against their
+    checksums and shows the checkpoint train would fall back to, and the run it would resume (its schedule note)."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert cli_main(["check", cfg, "--max_steps", "6", "--verify"]) == 0
+    said = capsys.readouterr().out
+    assert "verify: checkpoint-4 matches its checksums" in said and "resumes from" in said
+    for name in ("checkpoint-4", "checkpoint-2"):  # a flipped byte, same size: only the checksum finds it
+        f = next((out / name).glob("model*.safetensors"))
+        data = f.read_bytes()
+        f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        if name == "checkpoint-4":
+            assert cli_main(["check", cfg, "--max_steps", "6"]) == 0
+            assert "verify:" not in capsys.readouterr().out
+            assert cli_main(["check", cfg, "--max_steps", "6", "--verify"]) == 0
+            said = capsys.readouterr().out
+            assert f"warning: not resuming from checkpoint-4: {f} does not match its checksum" in said
+            assert "verify: checkpoint-2 matches its checksums; train would resume from it" in said
+            assert "schedule: checkpoint-2 was trained on" in said and f"resumes from {out / 'checkpoint-2'}" in said
+    assert cli_main(["check", cfg, "--max_steps", "6", "--verify"]) == 2
+    assert "every checkpoint is damaged" in capsys.readouterr().err
 
 
 def test_resuming_an_older_checkpoint_beside_later_ones_is_refused_without_overwrite(corpus, tmp_path, capsys):

@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check the run as rank 0 of this many processes, on any machine (batch arithmetic, "
                              "heads/KV heads/intermediate vs tensor_parallel_degree, sharding degree, data per "
                              "rank; default: the launcher's world, 1 outside a launch)")
+    parser.add_argument("--verify", action="store_true",
+                        help="also read every file of the checkpoint train would resume from and check it against "
+                             "its checksums, as train does while loading it (a full read: slow for a large model); "
+                             "a damaged one shows the checkpoint train would fall back to")
     parser.add_argument("--list-models", "--list_models", dest="list_models", action="store_true",
                         help="print every shipped model preset (parameters, shape, the hub names that select it) "
                              "and exit; no argument file needed")
@@ -45,6 +49,25 @@ def list_models() -> list[str]:
     return lines
 
 
+def verified(spec) -> object | None:
+    """`--verify`: None when the checkpoint `train` would resume from matches its checksums (or there is none), else
+    the previous intact one it would fall back to, after one line naming the damage. `resume_from_checkpoint` was
+    verified in full by `prepare` already; when no intact checkpoint is left, train's own refusal."""
+    from pretrain_cli.storage import intact
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    if spec.resume is None or spec.run.output.resume_from or not spec.run.loop.do_train:
+        return None
+    reason = intact.problem(spec.resume)
+    if reason is None:
+        print(f"verify: {spec.resume.name} matches its checksums")
+        return None
+    print(f"warning: {intact.skipping(spec.resume, reason)}")
+    older = intact.previous(spec.run.output.output_dir, CheckpointDir(spec.resume).state["global_step"], reason)
+    print(f"verify: {older.name} matches its checksums; train would resume from it")
+    return older
+
+
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import launcher_target, simulated_target
@@ -54,6 +77,9 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
     spec = prepare(ns.config, ns.overrides, target)
+    fallback = verified(spec) if ns.verify else None
+    if fallback is not None:
+        spec = spec.resuming(fallback)
     if ns.json:
         print(json.dumps(spec.summary(), indent=2, default=str))
         return 0

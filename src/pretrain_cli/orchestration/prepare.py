@@ -8,6 +8,7 @@ reported at once.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,19 @@ class RunSpec:
     splits: object | None = None  # data.DataSplits
     data_lines: list = field(default_factory=list)
     resume: Path | None = None  # the checkpoint this run continues from (rank 0's view; ranks agree in training)
+    # what the resume's decisions start from: the arguments and run before them, and the launch they resolve for
+    unresumed: tuple | None = None
+
+    def resuming(self, path) -> RunSpec:
+        """This run resuming from `path` instead: `train`'s fallback when the files of the checkpoint chosen here
+        were found altered while reading them. The resume's decisions (compatibility, batch, schedule, router
+        bias) are made again for the checkpoint it now resumes from, as `prepare` made them for the first."""
+        from pretrain_cli.training.checkpoint import check_compatible
+
+        saved = CheckpointDir(path)
+        check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, False)
+        args, run = _resumed(self, saved)
+        return replace(self, resume=Path(path), args=args, run=run)
 
     def record(self) -> dict:
         """What args.json holds: the arguments as written and as resolved."""
@@ -262,16 +276,28 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     problems.raise_if_any()
+    spec.unresumed = (copy.deepcopy(args), run, target)  # (keep_global_batch sets keys of the arguments it gets)
+    spec.args, spec.run = _resumed(spec, saved)
+    if spec.splits is not None:
+        spec.data_lines = spec.splits.describe()
+    return spec
+
+
+def _resumed(spec: RunSpec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfig]:
+    """(arguments, run) as the run resumes from `saved` (None: as it starts): what it keeps from the checkpoint
+    (the keys it sets recorded in the arguments), then the notes on its evaluation windows, which those decisions
+    can change."""
+    args, run, target = spec.unresumed
+    args = copy.deepcopy(args)
     if saved is not None and run.loop.do_train:
         from pretrain_cli.orchestration.resumed import keep_global_batch, keep_router_bias, resume_schedule
 
-        spec.run = run = keep_global_batch(args, run, model_cfg, target, saved)
-        spec.run = run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
-        spec.run = run = keep_router_bias(run, model_cfg, saved)
+        run = keep_global_batch(args, run, spec.model_cfg, target, saved)
+        run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
+        run = keep_router_bias(run, spec.model_cfg, saved)
     if spec.splits is not None:
-        spec.data_lines = spec.splits.describe()
-        spec.run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
-    return spec
+        run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
+    return args, run
 
 
 def eval_repeats(run: RunConfig, splits) -> list[str]:

@@ -181,3 +181,14 @@ def newest(output_dir, verify: bool = True, checksums: bool = True, before: int 
         logging.getLogger("pretrain_cli").warning(skipping(path, reason))
     raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
                     f"or set overwrite_output_dir: true")
+
+
+def previous(output_dir, step: int, reason: str, checksums: bool = True) -> Path:
+    """Where a run falls back to when its checkpoint of `step` is damaged (`reason`): the newest intact one before it;
+    none left, one line (exit 2). `train` finds the damage while reading (each rank then checks the files it reads,
+    so `checksums` False here); `check --verify` before it."""
+    older = newest(output_dir, checksums=checksums, before=step)
+    if older is None:
+        raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start "
+                        f"over, or set overwrite_output_dir: true")
+    return older

@@ -67,8 +67,6 @@ def _run(spec, signals: StopSignals) -> int:
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
-    if done is not None and done >= r.loop.max_steps:  # stopped earlier, never exported: this run only finishes it
-        log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched
         state = resume_state(r, model_cfg, resume)
@@ -76,11 +74,19 @@ def _run(spec, signals: StopSignals) -> int:
             layout = lay_out(r, model, comm, resume, pretrained)
             break
         except DamagedCheckpoint as e:
-            resume = _opened(previous_checkpoint(r.output, resume.path, e))
+            older = previous_checkpoint(r.output, resume.path, e)
+            notes = set(r.notes)
+            spec = spec.resuming(older)  # what the run keeps from a checkpoint, decided again for this one
+            r, record, resume = spec.run, spec.record(), _opened(older)
+            for note in (n for n in r.notes if n not in notes):
+                log.info(f"note: {note}")
             model = build_model(r, model_cfg)
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     finishing = state is not None and r.loop.do_train and state["global_step"] >= r.loop.max_steps
-    if finishing:  # its evaluations at the last step are recomputed below: not recorded a second time
+    if finishing:  # stopped earlier, never exported: this run only finishes it (the checkpoint it did resume)
+        done = state["global_step"]
+        log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
+        # its evaluations at the last step are recomputed below: not recorded a second time
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
     writer = open_output_dir(r, record, state, FINAL_KINDS if finishing else ())
@@ -121,11 +127,7 @@ def previous_checkpoint(out, damaged: Path, e: DamagedCheckpoint) -> Path:
         raise UserError(f"resume_from_checkpoint: {damaged}: {e}; resume from another checkpoint")
     log.warning(intact.skipping(damaged, str(e)))
     step = next(n for n, p in list_checkpoints(out.output_dir) if p.name == damaged.name)
-    older = intact.newest(out.output_dir, checksums=False, before=step)
-    if older is None:
-        raise UserError(f"{out.output_dir}: every checkpoint is damaged (the oldest: {e}); remove them to start "
-                        f"over, or set overwrite_output_dir: true")
-    return older
+    return intact.previous(out.output_dir, step, str(e), checksums=False)
 
 
 def _opened(path) -> CheckpointDir | None:
