@@ -18,9 +18,9 @@ from pretrain_cli.models.generation import generate  # noqa: E402
 
 
 def _model(model_type="llama", **kw):
-    cfg = ModelConfig(model_type=model_type, vocab_size=97, hidden_size=32, intermediate_size=48,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64, initializer_range=0.2, **kw)
+    cfg = ModelConfig(**{**dict(model_type=model_type, vocab_size=97, hidden_size=32, intermediate_size=48,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=64, initializer_range=0.2), **kw})
     paddle.seed(0)
     model = build_model(cfg)
     for name, p in model.named_parameters():  # non-zero biases and q/k norms exercise the cached path with them
@@ -83,14 +83,25 @@ def test_seeded_sampling_is_reproducible():
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "qwen2_moe"])
+MLA = dict(num_key_value_heads=4, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+                                        "deepseek_v3"])
 def test_greedy_matches_hf_generate(model_type, tmp_path):
     import torch
     import transformers
     from pretrain_cli.models import convert
 
     extra = {"qwen3": {"head_dim": 12},  # MoE: the routing and the shared expert see one new token per step
-             "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 24}}.get(model_type, {})
+             "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 24}, "qwen3_moe": {**MOE, "head_dim": 12},
+             # MLA's latent K/V cached expanded; V2-Lite's one q_proj, V3's low-rank q, its sigmoid routing with a
+             # balancing bias (perturbed like every bias) and an MTP module that generation does not run
+             "deepseek_v2": {**MLA, "q_lora_rank": None, "topk_method": "greedy", "routed_scaling_factor": 1.5},
+             "deepseek_v3": {**MLA, "q_lora_rank": 10, "topk_method": "noaux_tc", "n_group": 2, "topk_group": 1,
+                             "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                             "num_nextn_predict_layers": 1}}.get(model_type, {})
     model, cfg = _model(model_type, rope_theta=5e4, **extra)
     convert.save_hf(model, cfg, str(tmp_path))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), torch_dtype=torch.float32).eval()

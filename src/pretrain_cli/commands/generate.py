@@ -3,7 +3,7 @@
 Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
 comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files); the
 kernels from the run that wrote the directory (its args.json, with `--key value` overrides), as `train`
-resolved them.
+resolved them. It stops where transformers' `generate` stops on the same directory (`_stop_ids`).
 """
 from __future__ import annotations
 
@@ -75,6 +75,28 @@ def _window_note(prompt_len: int, new_tokens: int, limit: int) -> str | None:
             f"that slid on with every generated token")
 
 
+def _stop_ids(model_dir, cfg, tok) -> set[int]:
+    """Where generation ends: the EOS ids transformers' `generate` stops at on this directory (its
+    generation_config.json's `eos_token_id`, one id or a list, else config.json's), and the tokenizer's EOS (the
+    id `preprocess --append_eos` ended every document with)."""
+    from pathlib import Path
+
+    from pretrain_cli.models.generation import stop_ids
+
+    path, eos = Path(model_dir) / "generation_config.json", cfg.eos_token_id
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id", eos)
+        except (OSError, ValueError, AttributeError) as e:
+            raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
+    try:
+        stops = stop_ids(eos)
+    except (TypeError, ValueError):
+        raise UserError(f"{path if path.is_file() else Path(model_dir) / 'config.json'}: eos_token_id must be a "
+                        f"token id or a list of them, got {eos!r}") from None
+    return stops | stop_ids(tok.eos_token_id)
+
+
 def main(ns: argparse.Namespace) -> int:
     _check_options(ns)
     from pretrain_cli.orchestration.targets import inference_kernels
@@ -103,14 +125,16 @@ def main(ns: argparse.Namespace) -> int:
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
+    stops = _stop_ids(model_dir, cfg, tok)
     out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
-                   eos_token_id=tok.eos_token_id, seed=ns.seed)
+                   eos_token_id=stops, seed=ns.seed)
     new = [int(t) for t in out[0][len(ids):]]
     window = _window_note(len(ids), len(new), cfg.max_position_embeddings)
     if window:
         print(window, file=sys.stderr)
-    if tok.eos_token_id is not None and tok.eos_token_id in new:
-        new = new[: new.index(tok.eos_token_id)]
+    ended = [i for i, t in enumerate(new) if t in stops]
+    if ended:
+        new = new[: ended[0]]
     text = tok.decode(new)
     if ns.json:
         print(json.dumps({"prompt": ns.prompt, "completion": text, "tokens": new, "model": str(model_dir),

@@ -13,10 +13,17 @@ import numpy as np
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
                 top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
     """Next token per row from fp32 logits `[bsz, vocab]`; temperature 0 means greedy."""
-    logits = logits.astype(np.float64)
     if temperature <= 0:
-        return logits.argmax(-1)
-    logits = logits / temperature
+        return logits.astype(np.float64).argmax(-1)
+    probs = next_token_probs(logits, temperature, top_k, top_p)
+    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
+
+
+def next_token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The distribution `sample_next` draws from, `[bsz, vocab]` float64: logits / temperature, then the `top_k`
+    best (ties kept), then the smallest set holding `top_p` of the mass (the top token always): transformers'
+    temperature, top-k and top-p warpers, in their order."""
+    logits = logits.astype(np.float64) / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = np.sort(logits, axis=-1)[:, -top_k][:, None]
         logits = np.where(logits < kth, -np.inf, logits)
@@ -30,7 +37,7 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
         np.put_along_axis(keep, order, keep_sorted, -1)
         probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(-1, keepdims=True)
-    return np.array([rng.choice(probs.shape[-1], p=row) for row in probs])
+    return probs
 
 
 def first_slid_token(prompt_len: int, new_tokens: int, limit: int) -> int | None:
@@ -41,20 +48,31 @@ def first_slid_token(prompt_len: int, new_tokens: int, limit: int) -> int | None
     return first if first <= new_tokens else None
 
 
+def stop_ids(eos_token_id) -> set[int]:
+    """The ids `eos_token_id` names: None, one id, or a list of them (as config.json may hold)."""
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (list, tuple, set)):
+        return {int(i) for i in eos_token_id if i is not None}
+    return {int(eos_token_id)}
+
+
 def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
+             top_p: float = 1.0, eos_token_id=None, seed: int = 0,
              max_length: int | None = None, use_cache: bool = True) -> np.ndarray:
     """Append up to `max_new_tokens` tokens to `input_ids` `[bsz, seq]` (int); returns int64 numpy.
 
-    Rows that produced `eos_token_id` keep emitting it; the context is cut to the last
-    `max_length` tokens (default `max_position_embeddings`). Same seed → same tokens;
-    `use_cache=False` re-runs the prefix each step (the reference the cache is tested against).
+    `eos_token_id`: one id or several (transformers' `generation_config.eos_token_id` may be a list); a row
+    that produced one keeps emitting it; the context is cut to the last `max_length` tokens (default
+    `max_position_embeddings`). Same seed → same tokens; `use_cache=False` re-runs the prefix each step (the
+    reference the cache is tested against).
     """
     import paddle
 
     rng = np.random.default_rng(seed)
     ids = np.asarray(input_ids, dtype=np.int64)
     limit = max_length or model.config.max_position_embeddings
+    stops = np.array(sorted(stop_ids(eos_token_id)), dtype=np.int64)
     done = np.zeros(ids.shape[0], dtype=bool)
     model.eval()
     cache = None
@@ -69,9 +87,9 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
                 out = model(paddle.to_tensor(ids[:, -1:]), cache)  # [bsz, 1, vocab]
             logits = out[:, -1, :].astype("float32").numpy()  # [bsz, vocab]
             nxt = sample_next(logits, rng, temperature, top_k, top_p)
-            if eos_token_id is not None:
-                nxt = np.where(done, eos_token_id, nxt)
-                done |= nxt == eos_token_id
+            if stops.size:
+                nxt = np.where(done, ids[:, -1], nxt)  # a finished row repeats the EOS it produced
+                done |= np.isin(nxt, stops)
             ids = np.concatenate([ids, nxt[:, None].astype(np.int64)], axis=1)  # [bsz, seq+1]
             if done.all():
                 break

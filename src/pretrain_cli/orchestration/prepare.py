@@ -160,6 +160,27 @@ def _tokenizer(args: Arguments, model_cfg):
     return tok_dir, tok
 
 
+def tokenizer_ids(model_cfg, tokenizer) -> tuple[object, list[str]]:
+    """(`model_cfg` with the tokenizer's bos/eos/pad ids, notes): the config.json a run writes (checkpoints, final
+    export) names the tokens its data holds, so transformers' `generate` stops at the EOS the model learned, where
+    `pretrain-cli generate` stops. A preset's ids are its published tokenizer's (Qwen's 151643): with another
+    tokenizer they name another token, or none in the vocabulary. An eos list that holds the tokenizer's EOS
+    (Llama-3-Instruct's) is kept; a role the tokenizer lacks keeps the config's id; an id the config lacked is
+    filled in without a note."""
+    changes, replaced = {}, []
+    for role in ("bos", "eos", "pad"):
+        key, ours = f"{role}_token_id", getattr(tokenizer, f"{role}_token_id")
+        have = getattr(model_cfg, key)
+        if ours is None or have == ours or (isinstance(have, list) and ours in have):
+            continue
+        changes[key] = ours
+        if have is not None:
+            replaced.append(f"{key} {ours} ({tokenizer.special_tokens.get(role)}) for {have}")
+    notes = [f"token ids: the run's config.json takes the tokenizer's {', '.join(replaced)} (the model's), the ids "
+             f"its token files hold, so transformers' generate stops where pretrain-cli generate does"] if replaced else []
+    return (replace(model_cfg, **changes) if changes else model_cfg), notes
+
+
 def _data(run: RunConfig, model_cfg, tokenizer):
     from pretrain_cli.data import build_datasets
 
@@ -258,6 +279,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
+        if spec.tokenizer is not None:
+            spec.model_cfg, id_notes = tokenizer_ids(model_cfg, spec.tokenizer)
+            spec.run = run = replace(run, notes=(*run.notes, *id_notes))
     if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(_data, run, model_cfg, spec.tokenizer)
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
