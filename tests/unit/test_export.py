@@ -164,3 +164,35 @@ def test_a_shard_size_that_is_no_size_is_one_line(tmp_path, capsys, size):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max_shard_size_gib: must be a number of GiB" in err, err
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_trained_routing_bias_left_out_of_a_qwen_moe_export_is_said(tmp_path, capsys):
+    """transformers' Qwen3-MoE has no routing bias, so the export leaves it out; one the run trained made other
+    experts win, so the exported model's outputs differ from the checkpoint's: it did so without a word."""
+    paddle = runtime.import_paddle()
+    from pretrain_cli.distributed.comms.comm import NoComm
+    from pretrain_cli.distributed.strategies.strategy import Strategy
+    from pretrain_cli.models import build_model
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.run_config import MoeConfig
+    from pretrain_cli.training import checkpoint
+
+    cfg = ModelConfig.from_file(str(PRESET.parent / "micro-qwen3-moe"))
+    paddle.seed(0)
+    model = build_model(cfg, None, MoeConfig(routing_bias=True))
+    biases = [p for n, p in model.named_parameters() if n.endswith("e_score_correction_bias")]
+    opt = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
+    strategy = Strategy(ParallelConfig(world_size=1, rank=0, dp_degree=1))
+    for step, value in ((1, 0.0), (2, 0.03)):  # balancing off (zeros: exact without it), then a trained bias
+        for b in biases:
+            b.set_value(paddle.full(b.shape, value) * paddle.to_tensor([1.0, -1.0] * (b.shape[0] // 2)))
+        saver = checkpoint.Saver(tmp_path / "run", cfg, NoComm(), {}, None, "float32", None, rank=0, world_size=1,
+                                 layout=strategy.name)
+        saver(step, strategy.pieces(model, opt), {"global_step": step, "consumed_samples": 0})
+    assert biases and main(["export", str(tmp_path / "run" / "checkpoint-1"), str(tmp_path / "zero")]) == 0
+    assert "routing bias" not in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "run" / "checkpoint-2"), str(tmp_path / "trained")]) == 0
+    err = capsys.readouterr().err
+    assert ("note: the routing bias the run trained (moe_router_bias_update_rate; largest |bias| 0.03) is not "
+            "exported: transformers' Qwen3MoeForCausalLM has none") in err
+    assert not any(n.endswith("e_score_correction_bias") for n in load_file(str(tmp_path / "trained" / "model.safetensors")))

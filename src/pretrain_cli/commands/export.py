@@ -39,7 +39,9 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"{ns.out_dir}: exists and is not empty; choose a new directory or remove it")
     from pretrain_cli.training.export import export_checkpoint
 
-    files, step = export_checkpoint(src, out, ns.dtype, int(ns.max_shard_size_gib * 1024**3))
+    files, step, note = export_checkpoint(src, out, ns.dtype, int(ns.max_shard_size_gib * 1024**3))
+    if note:
+        print(note, file=sys.stderr)
     at = f" (step {step})" if step is not None else ""
     tok = "" if (out / "tokenizer.json").is_file() else "; no tokenizer files (the run had none)"
     print(f"exported {src}{at} to {out}: {len(files)} safetensors file(s), {ns.dtype}{tok}", file=sys.stderr)
