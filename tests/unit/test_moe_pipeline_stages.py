@@ -122,7 +122,24 @@ def test_pipeline_stages_carry_deepseeks_sequence_loss_bias_and_mtp():
 
 
 def test_a_first_stage_without_sparse_layers_passes_the_sums_on():
-    """DeepSeek-V3's dense first layer alone on the first stage: the sums reach the second stage as zeros that stop
-    gradient (fleet then sends no gradient back for them); the loss and gradients still equal one process's."""
+    """DeepSeek-V3's dense first layer alone on the first stage: the sums reach the second stage as zeros (with
+    gradient, which reaches nothing on the first stage); the loss and gradients still equal one process's."""
     model = _model("micro-deepseek-v3", MoeConfig(aux_loss_coef=0.2, z_loss_coef=0.05, mtp_loss_weight=0.3))
     _compare(model, cut=1)
+
+
+def test_a_dense_and_a_sparse_chunk_send_the_stream_with_the_same_gradient_pattern():
+    """Under `virtual_pp_degree` a stage sends from several chunks each step, and fleet's interleaved schedule
+    checks every send against the step's first by the shapes of the tensors with gradient: DeepSeek-V3's dense
+    layer 0 sent the sums without gradient and its sparse layer 1 with, and pp 4 x 2 virtual stages of an 8-layer
+    DeepSeek-V3 stopped at step 1 (`send_shape_message: ([1, 32, 64],), actual_shape: ([1, 32, 64], [10])`)."""
+    model = _model("micro-deepseek-v3", MoeConfig(aux_loss_coef=0.2, bias_update_rate=0.01, mtp_loss_weight=0.3))
+    dec, router = model.model, RouterStream(model)
+    ids = paddle.to_tensor(np.random.default_rng(1).integers(0, 512, (2, 12)))
+    x = Embed(dec.embed_tokens, True, router)(ids)
+    dense, sparse = (Block(layer, dec.rotary_emb, carry_ids=True, router=router) for layer in dec.layers[:2])
+    assert not sparse_blocks(dec.layers[0]) and sparse_blocks(dec.layers[1])
+    after_dense = dense(x)
+    after_sparse = sparse(_sent(after_dense))
+    assert [t.stop_gradient for t in after_dense] == [t.stop_gradient for t in after_sparse]
+    assert [t.shape for t in after_dense] == [t.shape for t in after_sparse]
