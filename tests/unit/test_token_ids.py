@@ -142,3 +142,16 @@ def test_sampling_draws_from_transformers_distribution():
         x = TopKLogitsWarper(k)(None, x) if k else x
         x = TopPLogitsWarper(p)(None, x) if p < 1 else x
         np.testing.assert_allclose(next_token_probs(logits, t, k, p), torch.softmax(x, -1).numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{\"eos_token_id\": \"two\"}", "{not json"])
+def test_an_unreadable_generation_config_is_one_line(model_dir, tmp_path, capsys, text):
+    from pretrain_cli.cli import main as cli_main
+
+    d = tmp_path / "bad"
+    shutil.copytree(model_dir, d)
+    (d / "generation_config.json").write_text(text)
+    assert cli_main(["generate", "--model", str(d), "--prompt", "the", "--max_new_tokens", "2"]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {d / 'generation_config.json'}: ") and out.out == "", lines

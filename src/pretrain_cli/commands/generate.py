@@ -121,11 +121,11 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.generation import generate
 
     cfg = ModelConfig.from_file(str(model_dir))
+    stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
-    stops = _stop_ids(model_dir, cfg, tok)
     out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
                    eos_token_id=stops, seed=ns.seed)
     new = [int(t) for t in out[0][len(ids):]]
