@@ -313,6 +313,25 @@ def test_a_checkpoint_from_before_the_index_is_complete_unless_truncated(tmp_pat
     assert "optimizer.safetensors is truncated" in intact.problem(ckpt)
 
 
+def test_a_one_process_checkpoint_whose_index_was_deleted_is_damaged_not_taken_for_one_from_before_it(tmp_path):
+    """One process writes whole `model.safetensors` + `optimizer.safetensors`, the names a checkpoint from before the
+    index has; its files' headers record their pieces (`pretrain_cli.pieces`), which the older ones do not. Without
+    its index such a checkpoint had no checksum left to check: a flipped byte passed `check --verify` and a named
+    `resume_from_checkpoint` and loaded."""
+    from pretrain_cli.storage import checkpoint_index, intact
+    from pretrain_cli.storage.shard_files import write
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2, "consumed_samples": 16}')
+    (ckpt / "config.json").write_text("{}")
+    arr = np.ones((4, 4), np.float32)
+    for name, tensor in (("model.safetensors", "w"), ("optimizer.safetensors", "w/moment1")):
+        piece = {"name": tensor, "offsets": [0, 0], "global_shape": [4, 4]}
+        write(ckpt / name, [(tensor, "F32", arr.shape, lambda: arr)], checkpoint_index.file_metadata([piece]))
+    assert intact.problem(ckpt) == f"{ckpt / checkpoint_index.INDEX} is missing"
+
+
 def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
     """bf16 weights travel as their uint16 bits; a directory of pieces reads back as whole bf16 tensors (the
     reader `eval` and `generate` read a checkpoint of pieces with)."""

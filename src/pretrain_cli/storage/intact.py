@@ -8,7 +8,8 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 - `config.json`: present and a JSON object, as every other JSON file it holds (`args.json`, transformers'
   `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
-  (`model-0000k-of-0000n.safetensors`), or no `optimizer.safetensors` of a checkpoint from before the index;
+  (`model-0000k-of-0000n.safetensors`), no `optimizer.safetensors` of a checkpoint from before the index, or
+  files whose headers record their pieces (one process's, written with an index);
 - every file the index lists: present, of the listed size, its own record of the pieces it holds (its
   safetensors header: `checkpoint_index.against_file`) agreeing with the index and, with `checksums`, the listed
   crc32 (`damage`); a checkpoint from before the index: every safetensors header readable and its data present.
@@ -138,15 +139,18 @@ def _weight_files(meta: CheckpointDir) -> list[str] | None:
 
 def _unindexed(ckpt: Path) -> str | None:
     """A checkpoint without `checkpoint.index.json`: one from before the index (whole `optimizer.safetensors`,
-    headers and data sizes checked), or one whose index is gone."""
+    headers and data sizes checked), or one whose index is gone. One process writes the same two file names, so
+    its files' own record of their pieces (`pretrain_cli.pieces`, which the older files lack) tells it apart:
+    without its index it would have no checksum left to check."""
     shards = sorted(ckpt.glob("*-of-*.safetensors"))
     if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
         return f"{ckpt / checkpoint_index.INDEX} is missing"
-    return _headers(sorted(ckpt.glob("*.safetensors")))
+    return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=f"{ckpt / checkpoint_index.INDEX} is missing")
 
 
-def _headers(paths) -> str | None:
-    """The first of the safetensors files `paths` whose header is unreadable or whose data is cut short."""
+def _headers(paths, indexed_format: str | None = None) -> str | None:
+    """The first of the safetensors files `paths` whose header is unreadable or whose data is cut short; with
+    `indexed_format`, that line for a file whose header records its pieces (written with an index)."""
     for path in paths:
         try:
             f = File(path)
@@ -155,6 +159,8 @@ def _headers(paths) -> str | None:
         end = max((t["data_offsets"][1] for t in f.tensors.values()), default=0)
         if f.start + end > f.size:
             return f"{path} is truncated ({f.size} bytes, its tensors end at {f.start + end})"
+        if indexed_format and checkpoint_index.PIECES_KEY in (f.metadata or {}):
+            return indexed_format
     return None
 
 
