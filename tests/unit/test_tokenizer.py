@@ -222,3 +222,28 @@ def test_special_tokens_take_their_roles_by_position(tmp_path, capsys):
                     "300", "--special_tokens", *specials])
         assert str(e.value).startswith(f"--special_tokens: {want}") and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_tokenizer_saved_by_transformers_reads_the_token_files_of_its_original(tmp_path):
+    """transformers 5 writes a no-op post-processor into every tokenizer it saves (`save_pretrained`, as with a model
+    from the hub); the ids do not change (`encode` adds no special tokens), yet its fingerprint did, so a run of
+    that tokenizer refused the token files the original made. A sidecar written before the post-processor was left
+    out of the fingerprint names the whole serialisation's: still accepted."""
+    import transformers
+
+    from pretrain_cli.data.merge import tokenizer_mismatches
+
+    src = make_tokenizer(tmp_path / "ours")
+    transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(tmp_path / "saved"))
+    ours, saved = tk.load_tokenizer(src), tk.load_tokenizer(tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "tokenizer.json").read_text())["post_processor"] is not None
+    text = " ".join(make_texts(5))
+    assert saved.encode(text) == ours.encode(text) and saved.fingerprint == ours.fingerprint
+    meta = {"vocab_size": ours.vocab_size, "eos_token_id": ours.eos_token_id, "tokenizer_fingerprint": ours.fingerprint}
+    assert tokenizer_mismatches([("a", meta)], saved) == [] and tokenizer_mismatches([("a", meta)], ours) == []
+    import hashlib
+
+    whole = hashlib.sha256(saved._tok.to_str().encode("utf-8")).hexdigest()  # what such a sidecar holds
+    assert whole != saved.fingerprint
+    assert tokenizer_mismatches([("a", {**meta, "tokenizer_fingerprint": whole})], saved) == []
+    assert tokenizer_mismatches([("a", {**meta, "tokenizer_fingerprint": "0" * 64})], saved) != []

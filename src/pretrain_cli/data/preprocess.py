@@ -198,7 +198,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         say(f"preprocess: {prefix}.bin/.idx already complete for these inputs and settings{task}; nothing to do")
         return 0
     if meta and os.path.exists(prefix + ".bin"):  # other inputs or settings: the token files are replaced
-        other = ("another tokenizer" if meta.get("tokenizer_fingerprint") not in (None, tok.fingerprint)
+        other = ("another tokenizer" if meta.get("tokenizer_fingerprint") not in (None, *tok.fingerprints)
                  else "other inputs or settings")
         note(f"preprocess: replacing {prefix}.bin/.idx, made from {other}; the new files are published when "
              f"complete")

@@ -72,12 +72,27 @@ class Tokenizer:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the tokenizer as `tokenizers` serialises it: the same for every copy of one tokenizer, however
-        its tokenizer.json is formatted (a run's export writes a pretty-printed one for a vocab.json + merges.txt
-        source), where `sha256` is of the file's bytes. What token files are checked against (`data.merge`)."""
+        """sha256 of the tokenizer as `tokenizers` serialises it, without its post-processor: the same for every
+        copy of one tokenizer, however its tokenizer.json is formatted (a run's export writes a pretty-printed one
+        for a vocab.json + merges.txt source), where `sha256` is of the file's bytes. What token files are checked
+        against (`data.merge`). The post-processor only adds special tokens, which `encode` never asks for, and
+        transformers 5 writes a no-op one into every tokenizer it saves: counted, a model's tokenizer saved by
+        transformers refused the token files its original made."""
         if getattr(self, "_fingerprint", None) is None:
-            self._fingerprint = hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()
+            spec = json.loads(self._tok.to_str())
+            text = self._tok.to_str()
+            if spec.get("post_processor") is not None:
+                spec["post_processor"] = None
+                text = type(self._tok).from_str(json.dumps(spec)).to_str()  # the same canonical serialisation
+            self._fingerprint = hashlib.sha256(text.encode("utf-8")).hexdigest()
         return self._fingerprint
+
+    @property
+    def fingerprints(self) -> tuple[str, ...]:
+        """The fingerprints a token file's sidecar may name for this tokenizer: `fingerprint`, and the one of the
+        whole serialisation that sidecars written before the post-processor was left out hold."""
+        whole = hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()
+        return (self.fingerprint,) if whole == self.fingerprint else (self.fingerprint, whole)
 
     def _id(self, role: str) -> int | None:
         text = self.special_tokens.get(role)
