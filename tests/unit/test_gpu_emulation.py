@@ -237,7 +237,7 @@ def test_zero2_pipeline_releases_gradients_it_does_not_own_under_fp16_loss_scali
             return super(Pipeline, self).forward_backward(model, batches, amp, forward_loss)
 
     layout, hpo = _layout(monkeypatch, Stage, parallel=SimpleNamespace(sharding_stage=2, data_world_size=2),
-                          _seq_params=[])
+                          _tp_summed=[])
     layout.strategy._owned = layout.strategy._params[:1]
     layout.optimizer.clear_grad = lambda set_to_zero=True: None  # keep what the step left, to look at it
     _step(layout)

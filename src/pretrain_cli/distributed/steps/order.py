@@ -26,8 +26,8 @@ group). Adding a parallel axis means adding a step here, not an engine.
 Each step's `build` (optional) changes the kernel table the model is built with (`build_kernels`: nothing is
 assigned onto a live layer); its `apply` (optional) takes the finished model and the shared `Placement` and
 returns the model. `Placement` is what the steps leave for the strategy: which parameters are tensor-parallel
-slices and on which dim (`tp_dims`: the checkpoint's pieces), which gradients cover this rank's positions only
-(`seq_params`), the pipeline's layer, loss and bounds.
+slices and on which dim (`tp_dims`: the checkpoint's pieces), which gradients cover this rank's part only
+(`tp_summed`: its positions, its heads), the pipeline's layer, loss and bounds.
 """
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ class Placement:
     source: object = None
     recompute: object = None  # run_config.Recompute or None
     tp_dims: dict = field(default_factory=dict)  # HF name -> the Paddle dim its tensor-parallel slice is cut on
-    seq_params: list = field(default_factory=list)  # SP: parameters whose gradients cover this rank's positions
+    # parameters whose gradients cover this rank's part only, summed over the tp group once a step: sequence
+    # parallelism's norms (its positions), Qwen3's q/k norms (its heads: `tensor_parallel.head_shared`)
+    tp_summed: list = field(default_factory=list)
     pipeline: tuple | None = None  # (PipelineLayer, StageLoss, bounds) after the `pp` step
     experts: object = None  # the `ep` step's groups and held experts (`expert_parallel.ExpertSide`)
     sequence: object = None  # context parallelism's batch side (`context.ContextSide`): the pipeline's loss reads it
@@ -80,18 +82,20 @@ class Step:
 # ---------------------------------------------------------------------------------------------------- the steps
 def _split_tp(model, placement: Placement):
     """`tp` (+ `sequence_parallel`): each decoder layer of this stage cut to this rank's slice over the mp group;
-    a lazily built tensor-parallel weight created as its slice only."""
-    from pretrain_cli.distributed.steps.tensor_parallel import split_layers
+    a lazily built tensor-parallel weight created as its slice only; the whole weights whose gradient is this rank's
+    part listed for the strategy to sum (`tp_summed`)."""
+    from pretrain_cli.distributed.steps.tensor_parallel import head_shared, split_layers
 
     p, topo, backend = placement.parallel, placement.topology, placement.backend
-    group, regions = placement.group("mp"), None
+    group, regions, summed = placement.group("mp"), None, []
     if p.sequence_parallel:
         from pretrain_cli.distributed.steps import sequence_parallel as sp
 
         shard = sp.SeqShard(group, p.tp_degree, topo.tp_rank, backend)
-        placement.seq_params = sp.hook_model(model, shard)
+        summed = sp.hook_model(model, shard)
         regions = sp.regions(shard)
     dims = split_layers(model.model.layers, p.tp_degree, topo.tp_rank, group, placement.source, regions)
+    placement.tp_summed = summed + head_shared(model.model.layers)
     placement.tp_dims = {name: dims[id(w)] for name, w in model.named_parameters() if id(w) in dims}  # HF names
     return model
 

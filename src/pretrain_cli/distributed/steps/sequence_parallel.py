@@ -14,7 +14,7 @@ normalises `seq_len / tp` positions of them; attention and the MLP still see the
   post-hook on the final norm: every tp rank computes the same loss over the whole sequence, so the backward is
   just this rank's slice);
 - the norms' weights (and a row-parallel bias, added after the sum) now see only this rank's positions: their
-  gradients are summed over the tp group once per step (`sum_grads`).
+  gradients are summed over the tp group once per step (`tensor_parallel.sum_grads`).
 
 Which TP form runs it: this one (`tensor_parallel`'s PyLayers over the topology's "mp" group), for a pipeline's
 stages and for plain TP (`distributed.strategies.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
@@ -90,7 +90,7 @@ def regions(shard: SeqShard) -> tuple:
 
 def hook_model(lm, shard: SeqShard) -> list:
     """The decoder's boundaries: the residual stream cut entering the first decoder layer, whole again after the
-    final norm. Returns the parameters whose gradients `sum_grads` must sum over the tp group (every RMSNorm's
+    final norm. Returns the parameters whose gradients `tensor_parallel.sum_grads` must sum over the tp group (every RMSNorm's
     weight between the regions and a row-parallel bias); `tensor_parallel.split_layers` hooks the regions."""
     dec = lm.model
 
@@ -108,12 +108,3 @@ def hook_model(lm, shard: SeqShard) -> list:
         out += [b for b in (layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias) if b is not None]
     return out
 
-
-def sum_grads(params: list, group) -> None:
-    """The norms' (and a row-parallel bias's) gradients each cover this rank's positions only: summed over the
-    tp group, once per step, they are the whole sequence's."""
-    import paddle.distributed as dist
-
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)

@@ -16,7 +16,9 @@ Each rank keeps its slice of the projections on the dim the one TP plan gives (`
 `[in, out]`): q/k/v and gate/up column-parallel (the output dimension, so each rank has num_heads / tp heads and num_key_value_heads / tp KV heads, intermediate /
 tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the embedding and the LM head
 stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
-the two functions is. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
+the two functions is. A whole weight inside a region that every head shares (Qwen3's `q_norm` / `k_norm`, one
+`[head_dim]` weight over all heads) gets only this rank's heads' part of its gradient: `head_shared` lists them and
+`sum_grads` sums them over the tp group once a step (`Hybrid.sync_grads`), as sequence parallelism's norms. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
 when it broadcasts the replicated ones over the tp group. A Mixture-of-Experts layer's routed experts are each cut
 like an MLP, with the two functions around the experts alone and its router whole (`TPDispatch`; why:
 `moe_layouts`).
@@ -139,6 +141,28 @@ def split_layers(layers, tp: int, tp_rank: int, group, source=None, regions=None
                 for name in MLP + ROW[1:]:
                     keep_slice(experts[e], name, f"model.layers.{i}.mlp.experts.{e}")  # (run by `TPDispatch`)
     return split
+
+
+def head_shared(layers) -> list:
+    """The whole weights of this stage's attention regions that every head shares (Qwen3's `q_norm` / `k_norm`): each
+    tp rank applies them to its own heads only, so its gradient is those heads' part, which `sum_grads` sums over the
+    tp group (without it the tp ranks' copies drifted apart and the checkpoint kept the first's: Qwen3 and Qwen3-MoE
+    under tp x pp, tp + sp, tp x cp and ep x tp left one process by 2.8e-5 to 7.8e-5 in 6 steps)."""
+    out = []
+    for layer in list(layers) + list(getattr(layers, "mtp", [])):
+        if not layer.input_layernorm.weight._is_initialized():  # another stage's layer
+            continue
+        out += [norm.weight for norm in (getattr(layer.self_attn, "q_norm", None),
+                                         getattr(layer.self_attn, "k_norm", None)) if norm is not None]
+    return out
+
+
+def sum_grads(params: list, group) -> None:
+    """Gradients that each cover this rank's part only (its heads: `head_shared`; its positions: sequence
+    parallelism's norms, `sequence_parallel.hook_model`) summed over the tp `group`, once a step: the whole one."""
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
 
 
 def split_latent(attn, prefix: str, keep_slice, leave, group) -> None:

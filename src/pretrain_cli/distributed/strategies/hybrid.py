@@ -5,8 +5,8 @@ on one stage (`distributed.strategies.tensor_engine.TensorParallel`) share.
 `place` creates this rank's parameters (its stage's; tensor-parallel weights as their slices only) and runs the
 layout steps (`distributed.steps.order`: tp, cp, recompute, the pipeline cut); what they leave (`Placement`) says which
 parameters are tensor-parallel slices and on which dim (`tp_dims`, read by `local_box` for the checkpoint's pieces)
-and which gradients cover this rank's positions only (sequence parallelism). The gradient side: sequence
-parallelism's norms summed over the tp group, then fleet's ZeRO-1/2 over each stage's sharding group (ZeRO-2
+and which gradients cover this rank's part only (sequence parallelism's norms: its positions; Qwen3's q/k norms:
+its heads). The gradient side: those summed over the tp group, then fleet's ZeRO-1/2 over each stage's sharding group (ZeRO-2
 releasing the gradients it does not own after each update), or the mean over the stage's data and cp ranks; the
 norm summed over tp slices, owners and stages, a tied embedding's second copy counted once.
 """
@@ -42,7 +42,7 @@ class Hybrid(FleetHybrid):
         super().__init__(parallel, device, step_kernels, recompute)
         self.lm = self.loss = self.bounds = None
         self.tp_dims: dict = {}  # HF name -> the Paddle dim its tensor-parallel slice is cut on
-        self._seq_params: list = []  # SP: the parameters whose gradients cover this rank's positions only
+        self._tp_summed: list = []  # the parameters whose gradients cover this rank's part only (`Placement.tp_summed`)
 
     # ------------------------------------------------------------------ building
     def place(self, model, source=None):
@@ -65,7 +65,7 @@ class Hybrid(FleetHybrid):
             fill(model, source, lambda name: (stage_of(name, bounds, pp) == stage and not (tp and cut_by_tp(name)))
                  or (copy and name == "model.embed_tokens.weight"))
         layer = self.apply_steps(model, source)
-        self.tp_dims, self._seq_params = self.placement.tp_dims, self.placement.seq_params
+        self.tp_dims, self._tp_summed = self.placement.tp_dims, self.placement.tp_summed
         if self.placement.pipeline is None:  # one stage (`TensorParallel`): the model runs whole
             self.bounds = stage_bounds(len(model.model.layers), 1)  # `pieces` keeps everything
             return layer
@@ -98,12 +98,13 @@ class Hybrid(FleetHybrid):
 
     # ------------------------------------------------------------------ a step
     def sync_grads(self) -> None:
-        """Sequence parallelism: the norms' gradients summed over the tp group first. Then ZeRO-1/2: fleet's
-        optimizer (`FleetHybrid`: each gradient reduced to its owner); else the mean over this stage's replicas."""
-        if self._seq_params:  # a stage's own (another stage's norms have no gradient here)
-            from pretrain_cli.distributed.steps import sequence_parallel as sp
+        """The gradients that cover this rank's part only (sequence parallelism's norms, Qwen3's q/k norms) summed
+        over the tp group first. Then ZeRO-1/2: fleet's optimizer (`FleetHybrid`: each gradient reduced to its owner);
+        else the mean over this stage's replicas."""
+        if self._tp_summed:  # a stage's own (another stage's norms have no gradient here)
+            from pretrain_cli.distributed.steps.tensor_parallel import sum_grads
 
-            sp.sum_grads(self._seq_params, self.hcg.get_model_parallel_group())
+            sum_grads(self._tp_summed, self.hcg.get_model_parallel_group())
         if self._hpo is not None:
             return super().sync_grads()
         from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients_with_group
