@@ -57,14 +57,15 @@ def setup_logging(rank: int = 0) -> None:
 
 
 def host_memory_gib() -> tuple[float, float]:
-    """(current RSS, peak RSS) of this process in GiB."""
+    """(current RSS, peak RSS) of this process in GiB. The kernel updates `ru_maxrss` lazily, so just after the
+    RSS grew it can read below the current figure: the peak is at least the current RSS."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     try:
         with open("/proc/self/statm") as f:
             current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
     except OSError:
         current = peak
-    return current, peak
+    return current, max(peak, current)
 
 
 # fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
