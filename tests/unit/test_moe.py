@@ -396,9 +396,19 @@ def test_moe_keys_resolve_with_one_line_errors_and_a_note_on_a_dense_model(tmp_p
     assert errors == ["capacity_factor: must be a finite number >= 0, got -1.0"]
     _, notes, _ = resolved("micro-qwen2", router_aux_loss_coef=0.01)
     assert notes == ["router_aux_loss_coef: the model (qwen2) has no experts; no effect"]
-    tp2 = ParallelConfig(world_size=2, tp_degree=2)
-    _, _, errors = resolved("micro-qwen3-moe", tp2, moe_aux_loss_scope="global")
+    pp2 = ParallelConfig(world_size=2, pp_degree=2)
+    _, _, errors = resolved("micro-qwen3-moe", pp2, moe_aux_loss_scope="global")
     assert len(errors) == 1 and errors[0].startswith("moe_aux_loss_scope: global sums")
+    assert errors[0].endswith("use micro_batch with pipeline_parallel_degree")
+    # the semi-auto engine (tp alone or with ZeRO-2/3) counts over the global batch whatever the file says, and
+    # DeepSeek's balance loss is per sequence (a note): neither is refused (both were, and the user who then set
+    # micro_batch was told that micro_batch is not available there)
+    for model, parallel in (("micro-qwen3-moe", ParallelConfig(world_size=2, tp_degree=2)),
+                            ("micro-qwen3-moe", ParallelConfig(world_size=4, dp_degree=2, tp_degree=2,
+                                                               sharding_stage=3)),
+                            ("micro-deepseek-v3", ParallelConfig(world_size=2, tp_degree=2, manual_tp=True)),
+                            ("micro-deepseek-v3", pp2)):
+        assert not resolved(model, parallel, moe_aux_loss_scope="global")[2], (model, parallel)
     _, _, errors = resolved("micro-qwen3-moe", ParallelConfig(world_size=2, pp_degree=2))
     assert not errors  # the layouts a MoE model runs under: config.refusals' MoE rows (tests/unit/test_layout_steps.py)
     _, _, errors = resolved("micro-deepseek-v3", ParallelConfig(world_size=2, tp_degree=2))

@@ -40,19 +40,23 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
     if moe_model and model_cfg.model_type == "deepseek_v2" and model_cfg.norm_topk_prob:
         notes.append("norm_topk_prob: true has no effect on DeepSeek-V2's routing, as in transformers (its weights are "
                      "the scores x routed_scaling_factor; DeepSeek's own V2 code normalises instead of scaling)")
+    # the scope decides something for transformers' balance loss only (DeepSeek's is per sequence: a note below),
+    # and not on the semi-auto engine (tp alone or with ZeRO-2/3: over the global batch whatever the file says)
     tp_copies = parallel.tp_degree if parallel is not None and parallel.ep_degree > 1 else 1
-    if (m.moe_aux_loss_scope == "global" and parallel is not None
+    if (m.moe_aux_loss_scope == "global" and moe_model and model_cfg.model_type not in DEEPSEEK_ALPHA
+            and parallel is not None and not parallel.traits.global_batch
             and parallel.data_world_size * tp_copies != parallel.world_size):
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
-                     "which is wired when every rank is a data rank (dp/sharding, or tp with expert_parallel_degree); "
-                     "use micro_batch with pipeline or context parallelism, or tensor parallelism without expert "
-                     "parallelism")
+                     "which is wired when every rank is a data rank (dp/sharding, tp with expert_parallel_degree, "
+                     "or tp and ZeRO-2/3 on the semi-auto engine, which count over the global batch), not across "
+                     "pipeline stages; use micro_batch with pipeline_parallel_degree")
     scope = m.moe_aux_loss_scope
     if moe_model and parallel is not None and parallel.world_size > 1 and parallel.traits.global_batch:
         if scope != "global" and model_cfg.model_type not in DEEPSEEK_ALPHA:
-            notes.append("moe_aux_loss_scope: global: with sharding stage2/3 the balance loss is computed over the "
-                         "global batch (Paddle's semi-auto engine sees each rank's batch as a piece of it), so "
-                         "micro_batch is not available; global is the same objective on every layout")
+            notes.append("moe_aux_loss_scope: global: with sharding stage2/3 or tensor parallelism alone the balance "
+                         "loss is computed over the global batch (Paddle's semi-auto engine sees each rank's batch as "
+                         "a piece of it), so micro_batch is not available; global is the same objective on every "
+                         "layout")
         scope = "global"
     if moe_model and model_cfg.model_type in DEEPSEEK_ALPHA and "moe_aux_loss_scope" in args.explicit:
         notes.append(f"moe_aux_loss_scope: no effect on {model_cfg.model_type}: its balance loss is DeepSeek's "
