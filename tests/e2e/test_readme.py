@@ -103,6 +103,10 @@ def test_every_readme_command_runs_after_the_quickstart(demo, monkeypatch, capsy
             # tests/unit/test_evaluate.py::test_cli_subcommand_json (every window's tokens counted)
             assert cli_main([*argv[1:], "--max_batches", "2"]) == 0, argv
             kinds.append("eval")
+        elif argv[0] == "printf" and len(argv) == 4 and argv[2] == ">":  # printf 'a\nb\n' > demo/prompts.txt
+            with open(argv[3], "w") as f:
+                subprocess.run(["printf", argv[1]], stdout=f, check=True)
+            kinds.append("printf")
         elif argv[0] == "pretrain-cli":
             assert cli_main(argv[1:]) == 0, argv
             kinds.append(argv[1])

@@ -180,3 +180,44 @@ def test_bad_sampling_options_are_one_line_errors(model_dir, capsys, option, val
     code, out = _cli(capsys, "--model", model_dir, "--prompt", "the", "--temperature", "1", option, value)
     lines = out.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {option}: must be") and out.out == ""
+
+
+def test_a_prompt_file_continues_each_prompt_as_prompt_would(model_dir, capsys, tmp_path):
+    """--prompt_file loads the model once and continues every prompt exactly as a --prompt call (same seed, same
+    text), in order: lines of text, or a .jsonl file's "prompt"/"text" strings."""
+    prompts = ["the quick", "brown fox jumps", "over"]
+    alone = []
+    for p in prompts:
+        code, out = _cli(capsys, "--model", model_dir, "--prompt", p, "--max_new_tokens", "4", "--temperature",
+                         "0.8", "--seed", "3", "--json")
+        alone.append(json.loads(out.out))
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("\n".join([prompts[0], "", *prompts[1:]]) + "\n")
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"prompt": p} if i else {"text": p}) for i, p in enumerate(prompts)))
+    for f in (lines, jsonl):
+        code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(f), "--max_new_tokens", "4",
+                         "--temperature", "0.8", "--seed", "3", "--json")
+        got = [json.loads(line) for line in out.out.splitlines()]
+        assert code == 0 and [(g["prompt"], g["tokens"]) for g in got] == [(a["prompt"], a["tokens"]) for a in alone]
+    code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(lines), "--max_new_tokens", "4",
+                     "--temperature", "0.8", "--seed", "3")
+    assert code == 0 and out.out == "\n\n".join(a["prompt"] + a["completion"] for a in alone) + "\n"
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 5)
+    lines.write_text(f"the\n{long}\n")
+    code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(lines), "--max_new_tokens", "1")
+    assert code == 0 and f"note: the prompt at {lines}:2 is " in out.err
+
+
+@pytest.mark.parametrize("content, said", [("", "holds no prompt"), ("{\"prompt\": 3}\n", ":1: needs a \"prompt\""),
+                                           ("\n[1\n", ":2: not a JSON object")])
+def test_a_bad_prompt_file_is_one_line_naming_the_line(model_dir, capsys, tmp_path, content, said):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(f))
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0] and out.out == ""
+    code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(tmp_path / "missing.txt"))
+    assert code == 2 and "error: --prompt_file: cannot read" in out.err
+    code, out = _cli(capsys, "--model", model_dir, "--prompt_file", str(f), "--prompt", "x")
+    assert code == 2 and "not allowed with argument" in out.err

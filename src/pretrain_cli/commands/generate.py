@@ -3,7 +3,9 @@
 Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
 comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files); the
 kernels from the run that wrote the directory (its args.json, with `--key value` overrides), as `train`
-resolved them. It stops where transformers' `generate` stops on the same directory (`_stop_ids`).
+resolved them. It stops where transformers' `generate` stops on the same directory (`_stop_ids`). A
+`--prompt_file` is many `--prompt` calls with the model loaded once: each prompt alone, with the same seed, so
+a prompt's text does not depend on the others (no batch, no padding).
 """
 from __future__ import annotations
 
@@ -18,16 +20,22 @@ TAKES_RUN_OVERRIDES = True  # `--key value`: the training keys, applied to the r
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "pretrain-cli generate --model DIR --prompt TEXT [options] [--key value ...]"
+    parser.usage = "pretrain-cli generate --model DIR (--prompt TEXT | --prompt_file FILE) [options] [--key value ...]"
     parser.epilog = ("--key value after the options: training keys (docs/COMPATIBILITY.md) applied to the settings of "
                      "the run that wrote --model (its args.json), as `train` applies them: e.g. --use_flash_attention "
                      "false or --cpu_fused_ops false to generate with other kernels")
     parser.add_argument("--model", required=True,
                         help="checkpoint / HF model directory, or a preset (random init); a run's output_dir "
                              "without its final model stands for its newest checkpoint")
-    parser.add_argument("--prompt", required=True,
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt",
                         help="text to continue; once prompt + generated tokens exceed the model's "
                              "max_position_embeddings, the model sees only the last that many (a note says so)")
+    prompt.add_argument("--prompt_file",
+                        help="many prompts, the model loaded once: a .jsonl file of objects with a \"prompt\" (or "
+                             "\"text\") string, else one prompt per non-empty line; each continued as --prompt "
+                             "would (same seed, same text), printed in order, a blank line between them (--json: one "
+                             "object per line)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -57,7 +65,38 @@ def _check_options(ns: argparse.Namespace) -> None:
         raise UserError(f"--seed: must be in [0, 2^32), got {ns.seed}")
 
 
-def _window_note(prompt_len: int, new_tokens: int, limit: int) -> str | None:
+def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
+    """[(where, text)]: `--prompt`, or each prompt of `--prompt_file` with its line (what an error names)."""
+    if ns.prompt_file is None:
+        return [("--prompt", ns.prompt)]
+    from pathlib import Path
+
+    path = Path(ns.prompt_file)
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prompt_file: cannot read {path} ({getattr(e, 'strerror', None) or e})") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise UserError(f"{where}: not a JSON object ({e}); one object per line") from None
+            text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                raise UserError(f"{where}: needs a \"prompt\" (or \"text\") string")
+            line = text
+        prompts.append((where, line))
+    if not prompts:
+        raise UserError(f"--prompt_file: {path} holds no prompt; one per line (.jsonl: {{\"prompt\": ...}} per line)")
+    return prompts
+
+
+def _window_note(prompt_len: int, new_tokens: int, limit: int, what: str = "--prompt") -> str | None:
     """Where the context outgrew max_position_embeddings, the model saw a sliding window of the last `limit`
     tokens (`models.generation.first_slid_token`): the text from there on is not what a model reading the
     whole context would write, so say from which token on."""
@@ -67,10 +106,11 @@ def _window_note(prompt_len: int, new_tokens: int, limit: int) -> str | None:
     if first is None:
         return None
     if prompt_len > limit:
-        return (f"note: --prompt is {prompt_len} tokens, more than the model's max_position_embeddings ({limit}): "
+        return (f"note: {what} is {prompt_len} tokens, more than the model's max_position_embeddings ({limit}): "
                 f"it saw only the last {limit} (the first {prompt_len - limit} were dropped), a window that slid on "
                 f"with every generated token")
-    return (f"note: prompt + generated tokens exceeded the model's max_position_embeddings ({limit}) from generated "
+    whose = "" if what == "--prompt" else f" ({what})"
+    return (f"note: prompt + generated tokens{whose} exceeded the model's max_position_embeddings ({limit}) from generated "
             f"token {first} of {new_tokens} on: from there the model saw only the last {limit} tokens, a window "
             f"that slid on with every generated token")
 
@@ -114,9 +154,12 @@ def main(ns: argparse.Namespace) -> int:
     if tok_dir is None:
         raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")
     tok = load_tokenizer(tok_dir)
-    ids = tok.encode(ns.prompt)
-    if not ids:
-        raise UserError("--prompt: encodes to no tokens; give some text")
+    prompts = []
+    for where, text in _prompts(ns):
+        ids = tok.encode(text)
+        if not ids:
+            raise UserError(f"{where}: the prompt encodes to no tokens; give some text")
+        prompts.append((where if where == "--prompt" else f"the prompt at {where}", text, ids))
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.models.generation import generate
 
@@ -126,19 +169,20 @@ def main(ns: argparse.Namespace) -> int:
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
-    out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
-                   eos_token_id=stops, seed=ns.seed)
-    new = [int(t) for t in out[0][len(ids):]]
-    window = _window_note(len(ids), len(new), cfg.max_position_embeddings)
-    if window:
-        print(window, file=sys.stderr)
-    ended = [i for i, t in enumerate(new) if t in stops]
-    if ended:
-        new = new[: ended[0]]
-    text = tok.decode(new)
-    if ns.json:
-        print(json.dumps({"prompt": ns.prompt, "completion": text, "tokens": new, "model": str(model_dir),
-                          "model_weights": source, "kernels": model.kernels.describe()}))
-    else:
-        print(ns.prompt + text)
+    for i, (where, prompt, ids) in enumerate(prompts):
+        out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
+                       eos_token_id=stops, seed=ns.seed)
+        new = [int(t) for t in out[0][len(ids):]]
+        window = _window_note(len(ids), len(new), cfg.max_position_embeddings, where)
+        if window:
+            print(window, file=sys.stderr)
+        ended = [j for j, t in enumerate(new) if t in stops]
+        if ended:
+            new = new[: ended[0]]
+        text = tok.decode(new)
+        if ns.json:
+            print(json.dumps({"prompt": prompt, "completion": text, "tokens": new, "model": str(model_dir),
+                              "model_weights": source, "kernels": model.kernels.describe()}), flush=True)
+        else:
+            print(("\n" if i else "") + prompt + text, flush=True)
     return 0
