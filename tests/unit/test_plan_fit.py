@@ -346,3 +346,19 @@ def test_plan_and_fit_print_both_links(capsys):
     assert cli_main(["plan", str(QWEN), "--device", "H100", "--gpus", "16", "--fit", "--json"]) == 0
     links = json.loads(capsys.readouterr().out)["device"]["links"]
     assert (links["in_node_gbps"], links["cross_node_gbps"], links["gpus_per_node"]) == (450, 50, 8)
+
+
+def test_the_fit_flags_help_names_every_axis_the_search_varies():
+    """`plan --help` said "... tensor-parallel and pipeline degree": the search also varies sequence parallelism,
+    the context-parallel degree and, for a Mixture-of-Experts model, the expert-parallel degree (its report line
+    names them, `fit_search.format_fit`)."""
+    import argparse
+
+    from pretrain_cli.commands import plan as plan_command
+
+    parser = argparse.ArgumentParser()
+    plan_command.add_arguments(parser)
+    text = " ".join(next(a.help for a in parser._actions if "--fit" in a.option_strings).split())
+    for axis in ("micro-batch", "recompute", "flash attention", "sharding stage", "tensor-parallel",
+                 "sequence parallelism", "pipeline", "context-parallel", "expert-parallel"):
+        assert axis in text, axis

@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
-                             "sharding stage, tensor-parallel and pipeline degree for the fastest layout whose "
-                             "steady state and start-up fit --device")
+                             "sharding stage, tensor-parallel degree (with or without sequence parallelism), "
+                             "pipeline, context-parallel and (Mixture-of-Experts) expert-parallel degree for the "
+                             "fastest layout whose steady state and start-up fit --device")
     parser.add_argument("--margin", type=float, default=None,
                         help=f"with --fit: fraction of device memory kept free (default: {fit_search.DEFAULT_MARGIN})")
     parser.add_argument("-o", "--output", default=None,
