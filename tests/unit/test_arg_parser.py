@@ -86,7 +86,9 @@ def test_unknown_key_suggests_closest(tmp_path):
 
 
 def test_no_prefix_abbreviations():
-    with pytest.raises(UserError, match="unknown key `max_seq`"):
+    """PaddleNLP's argparse takes `--max_seq` for the one key it begins, `max_seq_length`: here it is refused, and
+    the suggestion is that key (the nearest by spelling was `max_steps`, another setting altogether)."""
+    with pytest.raises(UserError, match=r"unknown key `max_seq`; did you mean `max_seq_length`\?"):
         parse_config(None, ["--max_seq", "5"])
 
 

@@ -94,9 +94,12 @@ def _type_name(spec: KeySpec) -> str:
 
 def _unknown(key: str, where: str, options=()) -> UserError:
     """Did-you-mean over the training keys and `options`, the command's own `--options` (`generate --max_new_token`
-    means `--max_new_tokens`, not the nearest training key)."""
+    means `--max_new_tokens`, not the nearest training key). A key that begins exactly one name is that name's
+    abbreviation, which PaddleNLP's argparse would have taken (`--max_seq`: `max_seq_length`, not the nearer
+    spelling `max_steps`)."""
     own = {o.lstrip("-").replace("-", "_"): o for o in options}
-    close = difflib.get_close_matches(key, [*own, *KEYS], n=1, cutoff=0.6)
+    begun = [name for name in [*own, *KEYS] if name.startswith(key)]
+    close = begun if len(begun) == 1 else difflib.get_close_matches(key, [*own, *KEYS], n=1, cutoff=0.6)
     if close and close[0] in own:
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
     hint = f"; did you mean `{close[0]}`?" if close else "; see docs/COMPATIBILITY.md for the accepted keys"
