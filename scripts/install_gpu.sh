@@ -7,7 +7,7 @@
 # Usage: scripts/install_gpu.sh [cu118|cu126|cu129]   (default cu126; the CUDA version of the build, which the
 #        driver must support: `nvidia-smi` shows the newest it runs; Blackwell GPUs need cu129)
 #   The variants are the ones Paddle's index publishes paddlepaddle-gpu 3.3.x for (its stable/cu123/ index holds
-#   only 3.0 pre-releases, so cu123 is not offered); see PERFORMANCE.md, "GPU-only call sites".
+#   only 3.0 pre-releases, so cu123 is not offered); see PERFORMANCE.md §8.
 #   env: PYTHON (the interpreter that creates the environment; default python3), VENV (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
