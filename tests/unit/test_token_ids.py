@@ -155,3 +155,37 @@ def test_an_unreadable_generation_config_is_one_line(model_dir, tmp_path, capsys
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {d / 'generation_config.json'}: ") and out.out == "", lines
+
+
+@pytest.mark.parametrize("eos, written", [([7, 2], [7, 2]), ([7, 9], 2)])
+def test_a_model_directorys_generation_config_is_written_on(tmp_path, eos, written):
+    """A run from a model directory (Qwen2.5's, Llama-3-Instruct's) wrote a bare generation_config.json: its sampling
+    defaults and eos list were lost in every checkpoint and export. They are written on; the token ids follow the
+    run's config.json, except an eos list that holds its EOS."""
+    from pretrain_cli.models import convert
+
+    tok_dir = make_tokenizer(tmp_path / "tok")
+    src, export = tmp_path / "model", tmp_path / "export"
+    src.mkdir(), export.mkdir()
+    convert.write_model_config(ModelConfig(model_type="llama", vocab_size=300, hidden_size=16, intermediate_size=24,
+                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                           bos_token_id=1, eos_token_id=2), str(src), "float32")
+    gen = {"bos_token_id": 1, "eos_token_id": eos, "do_sample": True, "temperature": 0.7, "top_p": 0.8,
+           "transformers_version": "4.45.0"}
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"model_name_or_path": str(src), "tokenizer_name_or_path": str(tok_dir),
+                                "input_dir": write_tokens(tmp_path / "data"), "output_dir": str(tmp_path / "out"),
+                                "do_train": True, "max_seq_length": 16, "max_steps": 2, "split": "1,1,1",
+                                "device": "cpu"}))
+    cfg = prepare(str(args), [], Target()).model_cfg
+    convert.write_model_config(cfg, str(export), "float32")
+    got = json.loads((export / "generation_config.json").read_text())
+    assert got == {**gen, "eos_token_id": written, "pad_token_id": 0}
+    assert "generation" not in json.loads((export / "config.json").read_text())
+    assert ModelConfig.from_file(str(export)).generation == got  # what eval/generate/export read
+    (src / "generation_config.json").write_text("[1")
+    from pretrain_cli.errors import UserError
+
+    with pytest.raises(UserError, match="generation_config.json: not a readable JSON object"):
+        prepare(str(args), [], Target())

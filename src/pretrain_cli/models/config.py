@@ -83,6 +83,9 @@ class ModelConfig:
     rope_interleave: bool | None = None  # DeepSeek's RoPE pairs adjacent dims (V2 always; V3 unless false)
     num_nextn_predict_layers: int = 0  # DeepSeek-V3's multi-token prediction modules (`models.mtp`); 1 if absent
     extra: dict = field(default_factory=dict, repr=False, compare=False)  # unknown HF keys, kept for round-trips
+    # the model directory's generation_config.json (sampling defaults, an eos list), kept for the directories a run
+    # writes; its token ids follow the fields above (`write_generation`)
+    generation: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -166,7 +169,7 @@ class ModelConfig:
                 d[key] = value
         if fam.moe and d.get("mlp_only_layers") is None:
             d["mlp_only_layers"] = []
-        names = {f.name for f in fields(cls)} - {"extra"}
+        names = {f.name for f in fields(cls)} - {"extra", "generation"}
         known = {k: v for k, v in d.items() if k in names}
         # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
         # (`training.weight_source`, block by block), so what this config describes is never FP8
@@ -193,12 +196,15 @@ class ModelConfig:
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: invalid JSON ({e})") from None
-        return cls.from_dict(d, source=path)
+        cfg = cls.from_dict(d, source=path)
+        cfg.generation = read_generation(os.path.dirname(path))
+        return cfg
 
     def to_hf_dict(self, dtype: str | None = None) -> dict[str, Any]:
         """A `config.json` that `transformers.AutoConfig` reads back to the same architecture."""
         d = asdict(self)
         extra = d.pop("extra")
+        d.pop("generation")
         out = {
             "architectures": [family(self.model_type).architecture],
             **{k: v for k, v in extra.items() if k not in ("architectures", "torch_dtype", "dtype")},
@@ -276,3 +282,34 @@ def check_seq_len(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq_
             f"({cfg.max_position_embeddings}); lower max_seq_length or raise max_position_embeddings "
             f"in config.json"
         )
+
+
+def read_generation(model_dir) -> dict:
+    """A model directory's generation_config.json as a dict ({} when it has none), so a run continuing a model
+    (Qwen2.5's, Llama-3-Instruct's: sampling defaults, several EOS ids) writes it on; unreadable: one line."""
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            gen = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
+    if not isinstance(gen, dict):
+        raise UserError(f"{path}: must hold a JSON object; fix or remove it")
+    return gen
+
+
+def generation_dict(cfg: ModelConfig) -> dict:
+    """generation_config.json for `cfg`: the one it was read with, its token ids those of config.json (a
+    tokenizer's ids replace a preset's: `orchestration.prepare.tokenizer_ids`), except an eos list that holds
+    config.json's EOS (Llama-3-Instruct's end-of-turn ids), kept; without one, what transformers derives from
+    config.json."""
+    gen = dict(cfg.generation) or {"_from_model_config": True}
+    eos = gen.get("eos_token_id")
+    if not (isinstance(eos, list) and (cfg.eos_token_id in eos or eos == cfg.eos_token_id)):
+        eos = cfg.eos_token_id
+    gen.update(bos_token_id=cfg.bos_token_id, eos_token_id=eos)
+    if cfg.pad_token_id is not None:
+        gen["pad_token_id"] = cfg.pad_token_id
+    return gen

@@ -276,8 +276,7 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
 
 def write_model_config(cfg: ModelConfig, out_dir: str, dtype: str) -> None:
     """config.json and generation_config.json, as transformers writes them next to the weights."""
+    from pretrain_cli.models.config import generation_dict
+
     atomic.write_json(os.path.join(out_dir, "config.json"), cfg.to_hf_dict(dtype=dtype))
-    gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
-    if cfg.pad_token_id is not None:
-        gen["pad_token_id"] = cfg.pad_token_id
-    atomic.write_json(os.path.join(out_dir, "generation_config.json"), gen)
+    atomic.write_json(os.path.join(out_dir, "generation_config.json"), generation_dict(cfg))

@@ -106,7 +106,7 @@ class RunSpec:
 def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.config import ModelConfig, read_generation
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
     path = model_dir / "config.json"
@@ -136,6 +136,7 @@ def build_model_config(args: Arguments):
         args.rewritten += (f"max_position_embeddings: raised from {limit} to max_seq_length {seq} for the new "
                            f"model (as in PaddleNLP)",)
     cfg = ModelConfig.from_dict(raw, source=str(path))
+    cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate()
     return model_dir, cfg
 
