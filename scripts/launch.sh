@@ -14,6 +14,8 @@
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
 #      checkpoint of output_dir; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
 #      times; also passed to the launcher as --max_restart),
+#      RENDEZVOUS_TIMEOUT (several nodes: seconds a node waits at MASTER for the others, default 600, 0: no limit;
+#      then one line says how far the meeting got, exit 75; a wait is said after 10 s),
 #      LAUNCH_LOG_LEVEL (the launcher's own log level, default WARNING: its ~30 `LAUNCH INFO` lines of
 #      configuration say nothing a user acts on; INFO brings them back), OMP_NUM_THREADS (threads per process:
 #      kept as PRETRAIN_CLI_THREADS, since the launcher's own Paddle import pins OMP_NUM_THREADS=1 for every

@@ -7,8 +7,14 @@ Its exit code on a signal, too: Paddle's launcher stops its ranks and exits with
 SIGINT, 15 for SIGTERM), which collides with a usage error (2) and reads as a failure to retry (15); here it
 becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported (which
 Paddle re-raises as an ImportError from the KeyboardInterrupt) is `error: interrupted`, 130, as the CLI's own, not a
-traceback."""
+traceback.
+
+Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is limited to RENDEZVOUS_TIMEOUT seconds
+(default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently."""
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 if __name__ == "__main__":
     try:
@@ -32,6 +38,9 @@ if __name__ == "__main__":
         signal.signal = _noting
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
+        from pretrain_cli.distributed.launcher import rendezvous
+
+        rendezvous.guard()
         try:
             runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
         except SystemExit as e:

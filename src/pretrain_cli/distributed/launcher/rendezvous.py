@@ -1,0 +1,109 @@
+"""The nodes' meeting at MASTER, with a limit: Paddle's launcher (its HTTP master, `--master ip:port`) waits for the
+other nodes forever and says nothing while it waits (its `Waiting peer start...` is an INFO line, below launch.sh's
+WARNING level). A second node never started, or started with another MASTER port (on the master's own host it then
+hosts a master of its own, elsewhere it polls a port nothing answers), left every node waiting silently, for ever.
+
+`guard(timeout)` (scripts/paddle_launch.py, in the launcher's own process, before it runs) wraps the master's
+`sync_peers`, the one call in which a node waits for the others: after `NOTICE` s one line says what this node waits
+for, and after `timeout` s (`RENDEZVOUS_TIMEOUT`, default `DEFAULT`; 0: no limit) one line says how far the meeting
+got (nothing answered at MASTER, or k of n nodes joined) and what to do, and the launcher exits `EXIT` (75,
+EX_TEMPFAIL: no rank has started, so nothing was written; launch.sh restarts it under MAX_RESTART). What the line
+reports is what the launcher's own KV client saw: whether MASTER answered, and how many nodes had registered.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+TIMEOUT_ENV = "RENDEZVOUS_TIMEOUT"
+DEFAULT = 600.0  # seconds: time to start the other nodes by hand, far below "for ever"
+NOTICE = 10.0  # a wait longer than this is said once, so a silent console is explained
+EXIT = 75  # EX_TEMPFAIL, as a failed join of the process group: nothing has run
+
+
+def timeout_seconds() -> float:
+    """`RENDEZVOUS_TIMEOUT` in seconds (0: wait for ever); a value that is not a number >= 0 is the default."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT))
+    except ValueError:
+        return DEFAULT
+    return value if value >= 0 and value == value else DEFAULT
+
+
+class Meeting:
+    """What this node's launcher saw of the meeting: whether MASTER answered, how many nodes had registered."""
+
+    def __init__(self, master: str, nodes: int):
+        self.master, self.nodes = master, nodes
+        self.answered, self.joined = False, 0
+
+    def waiting(self, seconds: float) -> str:
+        node = os.environ.get("NODE_RANK")
+        who = f"node {node}" if node else "this node"
+        so_far = (f"{self.joined} of {self.nodes} nodes have joined" if self.answered
+                  else "nothing answers there yet")
+        until = f"it gives up after {seconds:.0f} s" if seconds else "it waits with no limit"
+        return f"launch.sh: {who} waits for the other nodes at MASTER {self.master} ({so_far}); {until} ({TIMEOUT_ENV})"
+
+    def failed(self, seconds: float) -> str:
+        node = os.environ.get("NODE_RANK")
+        who = f"node {node}" if node else "this node"
+        if not self.answered:
+            return (f"launch.sh: {who}: nothing answered at MASTER {self.master} for {seconds:.0f} s; start the "
+                    f"node that hosts it (NODE_RANK=0, on that address) and give every node the same MASTER "
+                    f"ip:port ({TIMEOUT_ENV} sets this wait, 0: no limit)")
+        return (f"launch.sh: {who}: only {self.joined} of {self.nodes} nodes joined at MASTER {self.master} in "
+                f"{seconds:.0f} s; start the other node(s) with the same MASTER and NNODES={self.nodes} (a node given "
+                f"another MASTER port waits there alone) ({TIMEOUT_ENV} sets this wait, 0: no limit)")
+
+
+def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
+    """Limit Paddle's HTTP master's wait for the other nodes to `timeout` s (`timeout_seconds()` when None)."""
+    from paddle.distributed.launch.controllers import master as masters
+    from paddle.distributed.launch.utils.kv_client import KVClient
+
+    limit = timeout_seconds() if timeout is None else timeout
+    meeting: list[Meeting] = []  # the meeting under way (sync_peers runs once per launch, on the main thread)
+    ready, get_prefix, sync = KVClient.wait_server_ready, KVClient.get_prefix, masters.HTTPMaster.sync_peers
+
+    def wait_server_ready(self, timeout=3):
+        ok = ready(self, timeout)
+        if ok and meeting:
+            meeting[-1].answered = True
+        return ok
+
+    def seen(self, key):
+        found = get_prefix(self, key)
+        if found and meeting:
+            meeting[-1].answered, meeting[-1].joined = True, len(found)
+        return found
+
+    def sync_peers(self, prefix, key, value, size, rank=-1):
+        if size < 2 or not limit and not notice:
+            return sync(self, prefix, key, value, size, rank)
+        meeting.append(Meeting(self.ctx.args.master or "?", size))
+        done = threading.Event()
+        threading.Thread(target=_watch, args=(meeting[-1], done, limit, notice), daemon=True).start()
+        try:
+            return sync(self, prefix, key, value, size, rank)
+        finally:
+            done.set()
+
+    KVClient.wait_server_ready, KVClient.get_prefix, masters.HTTPMaster.sync_peers = wait_server_ready, seen, sync_peers
+
+
+def _watch(meeting: Meeting, done: threading.Event, limit: float, notice: float) -> None:
+    """Say a long wait once (after `notice` s); end the launcher when the meeting has not happened within `limit` s
+    (0: no limit)."""
+    rest = limit
+    if notice and (not limit or notice < limit):
+        if done.wait(notice):
+            return
+        print(meeting.waiting(limit), file=sys.stderr, flush=True)
+        rest = limit - notice
+    if not limit or done.wait(rest):
+        return
+    print(meeting.failed(limit), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT)  # no rank has started; the KV server (node 0's) is a thread of this process

@@ -1,0 +1,62 @@
+"""The nodes' meeting at MASTER has a limit (scripts/paddle_launch.py, `distributed.launcher.rendezvous`): a node whose
+peers never come, or that was given another MASTER port, ends with one line saying how far the meeting got and what
+to do, exit 75, instead of Paddle's launcher waiting silently for ever. No rank is started."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.distributed.launcher import rendezvous
+from pretrain_cli.distributed.launcher.job import reserve
+
+LAUNCH = Path(__file__).resolve().parents[2] / "scripts" / "paddle_launch.py"
+
+
+def _alone(tmp_path, host: str, **env):
+    """paddle_launch.py as node 1 of 2 at MASTER host:<a port held for this test>, RENDEZVOUS_TIMEOUT 2 s."""
+    import os
+
+    held = reserve()
+    try:
+        (tmp_path / "rank.py").write_text("open('started', 'w').close()\n")
+        e = {k: v for k, v in os.environ.items() if k not in (rendezvous.TIMEOUT_ENV, "NODE_RANK")}
+        e.update({rendezvous.TIMEOUT_ENV: "2", "NODE_RANK": "1", **env})
+        master = f"{host}:{held.base}"  # the block's first port: no launcher of this host takes it
+        out = subprocess.run([sys.executable, str(LAUNCH), "--master", master, "--nnodes", "2", "--nproc_per_node",
+                              "1", "--log_dir", str(tmp_path / "log"), str(tmp_path / "rank.py")], env=e,
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    finally:
+        held.release()
+    assert out.returncode == rendezvous.EXIT and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "started").exists()  # no rank ran
+    return master, [line for line in out.stderr.splitlines() if line.startswith("launch.sh:")]
+
+
+def test_a_node_whose_peers_never_come_ends_with_one_line(tmp_path):
+    # MASTER on this host: this launcher hosts the master itself, and no other node joins it
+    master, lines = _alone(tmp_path, "127.0.0.1")
+    assert lines[-1] == (f"launch.sh: node 1: only 1 of 2 nodes joined at MASTER {master} in 2 s; start the other "
+                         f"node(s) with the same MASTER and NNODES=2 (a node given another MASTER port waits there "
+                         f"alone) (RENDEZVOUS_TIMEOUT sets this wait, 0: no limit)")
+
+
+def test_a_master_that_never_answers_is_named(tmp_path):
+    # another address (a loopback one this launcher does not take for its own): nothing listens there
+    master, lines = _alone(tmp_path, "127.0.0.2")
+    assert lines[-1].startswith(f"launch.sh: node 1: nothing answered at MASTER {master} for 2 s; start the node "
+                                f"that hosts it (NODE_RANK=0"), lines
+
+
+@pytest.mark.parametrize("value, seconds", [("30", 30.0), ("0", 0.0), ("soon", rendezvous.DEFAULT),
+                                            ("-1", rendezvous.DEFAULT), ("nan", rendezvous.DEFAULT)])
+def test_the_limit_is_read_from_the_environment(monkeypatch, value, seconds):
+    monkeypatch.setenv(rendezvous.TIMEOUT_ENV, value)
+    assert rendezvous.timeout_seconds() == seconds
+
+
+def test_a_long_wait_is_said_once_before_the_limit():
+    m = rendezvous.Meeting("10.0.0.1:8090", 2)
+    assert "(nothing answers there yet); it gives up after 600 s (RENDEZVOUS_TIMEOUT)" in m.waiting(600)
+    m.answered, m.joined = True, 1
+    assert m.waiting(0).endswith("(1 of 2 nodes have joined); it waits with no limit (RENDEZVOUS_TIMEOUT)")
