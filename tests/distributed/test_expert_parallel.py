@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
-                            read_weights, resume_from, single, write_config)
+from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, expert_shares, launch_joined, logged,
+                            read_checkpoint, read_weights, resume_from, single, write_config)
 
 MOE = {"model_name_or_path": "micro-qwen3-moe", "save_steps": 5, "router_aux_loss_coef": 0.05,
        "moe_aux_loss_scope": "global"}
@@ -62,6 +62,9 @@ def test_expert_parallel_layouts_match_one_process(runs, layout):
     # (2.001334 against 2.000636 at step 1 before); and so is the run's train_loss
     ours, ref = logged(e.log(0), "aux_loss"), logged(r.log(0), "aux_loss")
     assert ours.keys() == ref.keys() and all(abs(ours[k] - ref[k]) < 1e-5 for k in ref), (ours, ref)
+    # the busiest expert's share per layer is every data rank's tokens' (`Strategy.whole_model_rows`), one
+    # process's: rank 0's own counts were logged before ([0.1602, 0.1719] against [0.1582, 0.1895] at step 1)
+    assert expert_shares(e.log(0)) == expert_shares(r.log(0)) and len(expert_shares(r.log(0))) == STEPS
     import json
 
     train_loss = [json.loads((d / "train_results.json").read_text())["train_loss"] for d in (eout, rout)]

@@ -176,9 +176,19 @@ class Strategy:
         return True
 
     def whole_model_rows(self, rows):
-        """A MoE model's per-layer load rows (`models.moe_loss.load_rows`) of the whole model from this rank's: the
-        same here (every rank runs every layer); a pipeline gathers its stages'."""
-        return rows
+        """A MoE model's per-layer load rows (`models.moe_loss.load_rows`) of the whole model from this rank's:
+        every rank runs every layer here, so summed over every rank, the counts of all data ranks' tokens as one
+        process counts them (a tp rank's copy doubles a layer's every count: its shares are unchanged; rank 0's
+        own were logged before, another batch than one process's); a pipeline gathers its stages'. One all-reduce
+        at log time."""
+        if self.parallel.world_size == 1:
+            return rows
+        import paddle
+        import paddle.distributed as dist
+
+        out = paddle.to_tensor(rows)  # [layers, experts + 1]
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.numpy()
 
     # ------------------------------------------------------------------ checkpoints and reports
     def holders(self, tensor, kind: str) -> tuple:
