@@ -301,7 +301,8 @@ def _cli(argv, capsys):
     (["merge-data"], "merge-data OUTPUT INPUTS...", "required: output, inputs"),
     (["inspect-data", "--step", "x"], "inspect-data [PREFIX] [options]", "argument --step: invalid int value"),
     (["plan", "--gpus", "x"], "plan [config.json] [--key value ...]", "argument --gpus: invalid int value"),
-    (["generate", "--model", "m"], "generate --model DIR --prompt TEXT", "required: --prompt"),
+    (["generate", "--model", "m"], "generate --model DIR (--prompt TEXT | --prompt_file FILE)",
+     "one of the arguments --prompt --prompt_file is required"),
     (["check", "--world_size", "x"], "check [config.json] [--key value ...]", "argument --world_size: invalid int"),
 ])
 def test_a_usage_error_is_the_usage_line_and_one_error_line(argv, usage, error, capsys):
