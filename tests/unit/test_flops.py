@@ -79,7 +79,7 @@ def test_hub_names_resolve_to_the_new_presets():
 def test_models_doc_lists_every_preset_with_its_plan_count():
     from pathlib import Path
 
-    from pretrain_cli.config.presets import preset_names
+    from pretrain_cli.config.presets import HUB_NAMES, preset_names
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "MODELS.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if line.startswith("| `")}
@@ -87,3 +87,5 @@ def test_models_doc_lists_every_preset_with_its_plan_count():
         c = param_counts(ModelConfig.from_file(str(PRESET_DIR / name)))
         assert name in rows, f"docs/MODELS.md has no row for preset {name}"
         assert f"| {c['total']:,} | {c['embedding']:,} | {c['non_embedding']:,} |" in rows[name], name
+        listed = rows[name].rstrip().removesuffix("|").split("|")[-1].strip()  # hub names, as `check --list-models`
+        assert listed == ", ".join(f"`{h}`" for h in HUB_NAMES.get(name, ())), name
