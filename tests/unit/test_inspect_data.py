@@ -117,6 +117,10 @@ def test_step_view_of_a_config_without_output_dir(corpus, tmp_path, capsys):
     assert _run("--config", tmp_path / "base.json", "--step", 2, "--json") == 0
     assert json.loads(capsys.readouterr().out)["trainer_state"] is None
     assert placeholders() == before  # the placeholder output_dir is removed again
+    del cfg["do_train"]  # a base file that leaves the do_* keys to the command line too: the step is training's
+    (tmp_path / "base.json").write_text(json.dumps(cfg))
+    assert _run("--config", tmp_path / "base.json", "--step", 2) == 0
+    assert "step 2: global samples [2, 4)" in capsys.readouterr().out
 
 
 def test_tokenizer_check_is_the_one_train_and_check_do(corpus, tmp_path, capsys):

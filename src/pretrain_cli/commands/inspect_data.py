@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, metavar="K",
                         help="show the samples and batch hashes of optimizer step K (default: statistics)")
     parser.add_argument("--config", help="training argument file: its data keys and batch sizes for --step; "
-                                         "output_dir may be absent (default: the flags below)")
+                                         "output_dir and do_train may be absent (default: the flags below)")
     parser.add_argument("--max_seq_length", type=int, default=1024, help="for --step (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="for --step (default: %(default)s)")
     parser.add_argument("--split", default="949,50,1", help="for --step (default: %(default)s)")
@@ -64,7 +64,7 @@ def _step_view(ns, tok) -> tuple:
 def _config_step_view(ns, tok) -> tuple:
     """--config: the run's data keys and batch sizes. A file without output_dir (a base config that leaves it to
     the command line) is inspected too: only training needs one, so an empty placeholder directory stands in,
-    which holds no trainer state and so no skipped batches."""
+    which holds no trainer state and so no skipped batches; so is one that sets no do_train."""
     import tempfile
 
     from pretrain_cli.orchestration.prepare import load_arguments, prepare
@@ -73,7 +73,9 @@ def _config_step_view(ns, tok) -> tuple:
     overrides = ["--input_dir", ns.prefix] if ns.prefix else []
     with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:
         has_output = bool(str(load_arguments(ns.config, overrides).training.output_dir or "").strip())
-        changes = None if has_output else {"output_dir": placeholder}
+        # the step's samples are the train split's, whatever do_train the file sets (a base file may leave the
+        # do_* keys to the command line, as it may output_dir)
+        changes = {"do_train": True, **({} if has_output else {"output_dir": placeholder})}
         # one process on this machine's device, as `eval` and `generate` resolve
         spec = prepare(ns.config, overrides, inference_target(), changes)
     skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
