@@ -22,6 +22,12 @@ from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.training import trackers
 
 
+# keys a node may set otherwise: paths (each node's mounts; what they hold is compared instead), what rank 0 alone
+# acts on (its output records, its choice of the checkpoint every rank resumes from)
+NODE_KEYS = ("model_name_or_path", "tokenizer_name_or_path", "input_dir", "data_cache", "output_dir", "logging_dir",
+             "resume_from_checkpoint", "overwrite_output_dir", "report_to", "run_name")
+
+
 @dataclass
 class RunSpec:
     """A prepared run: the resolved configuration plus what it points at, opened and validated."""
@@ -55,6 +61,15 @@ class RunSpec:
 
         return {"version": __version__, "arguments": self.args.to_dict(), "run": self.run.to_dict(),
                 "notes": list(self.run.notes)}
+
+    def fingerprint(self) -> dict:
+        """What every rank of a run must agree on (`training.same_run`): the arguments without the paths, which may
+        differ between nodes (their mounts), nor the keys only rank 0 acts on; what the paths hold instead."""
+        out = {k: v for k, v in self.args.to_dict().items() if k not in NODE_KEYS}
+        out["model config.json"] = self.model_cfg.to_hf_dict()
+        out["tokenizer vocabulary"] = getattr(self.tokenizer, "vocab_size", None)
+        out["token files"] = [line.removeprefix("data: ").split(";")[0] for line in self.data_lines]  # (the rest: seq)
+        return out
 
     def summary(self) -> dict:
         """`check --json`."""

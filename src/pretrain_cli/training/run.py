@@ -13,7 +13,7 @@ from pretrain_cli.distributed.launcher import progress, watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
-from pretrain_cli.training import checkpoint, metrics, run_lock, startup
+from pretrain_cli.training import checkpoint, metrics, run_lock, same_run, startup
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
@@ -53,6 +53,7 @@ def _run(spec, signals: StopSignals) -> int:
     with runtime.without_flags_banner():
         init_process_group(r.parallel, r.loop.seed, r.loop, r.device)
     comm = build_comm(r.parallel)
+    same_run.check(comm, spec.fingerprint(), r.output.output_dir)  # every node the same run, one output_dir
     watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout)
     for line in spec.describe():
         log.info(line)

@@ -35,7 +35,8 @@ STALE_SECONDS = 3 * BEAT_SECONDS  # three missed beats: a holder descheduled for
 _IDENTITY = ("host", "pid", "start_ticks", "started")
 
 
-def _same_holder(a: dict | None, b: dict | None) -> bool:
+def same_holder(a: dict | None, b: dict | None) -> bool:
+    """Whether two reads of a lock are the same run's (its beat aside)."""
     return a is not None and b is not None and all(a.get(k) == b.get(k) for k in _IDENTITY)
 
 
@@ -51,7 +52,7 @@ class RunLock:
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             holder = _read(self.path)
-            if holder is not None and not _same_holder(holder, self.me):  # (unreadable: no verdict, beat on)
+            if holder is not None and not same_holder(holder, self.me):  # (unreadable: no verdict, beat on)
                 # taken over while this process could not beat (paused past the watch): the other run owns
                 # output_dir now, and two runs writing it would break each other's saves (both died at the next
                 # one): this one ends at once, without saving, as a kill -9 would (its checkpoints stay whole)
@@ -67,7 +68,7 @@ class RunLock:
     def release(self) -> None:
         self._stop.set()
         self._beater.join()
-        if _same_holder(_read(self.path), self.me):
+        if same_holder(_read(self.path), self.me):
             self.path.unlink(missing_ok=True)
         if self.created_dir is not None:  # a run that wrote nothing leaves no empty directory behind
             try:
@@ -82,6 +83,16 @@ def _read(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def holder(output_dir) -> dict | None:
+    """The run lock in `output_dir` as read now (None: none, or unreadable)."""
+    return _read(Path(output_dir) / LOCK_FILE)
+
+
+def describe(lock: dict | None) -> str:
+    """`pid P on host H`: who holds `lock` (a read of it)."""
+    return _who(lock)
 
 
 def whose(output_dir) -> str | None:
@@ -126,7 +137,7 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
             if not path.exists():
                 return "free"
             continue
-        if not _same_holder(now, holder):
+        if not same_holder(now, holder):
             return _judge(path, now, here)  # another run took it meanwhile: judge that one
         if now.get("beat") != holder.get("beat"):
             return "alive"
@@ -136,7 +147,7 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
 def _unlink_if(path: Path, holder: dict | None) -> None:
     """Remove the stale lock only if it is still the one judged stale (not a lock taken meanwhile): an unreadable
     one only while it stays unreadable."""
-    if _same_holder(_read(path), holder) or (holder is None and _read(path) is None):
+    if same_holder(_read(path), holder) or (holder is None and _read(path) is None):
         path.unlink(missing_ok=True)
 
 

@@ -39,6 +39,15 @@ class NoComm:
     def agree_on_resume(self, mine: Path | None) -> Path | None:
         return mine
 
+    def publish(self, name: str, text: str) -> None:
+        pass
+
+    def read(self, name: str) -> str:
+        return ""
+
+    def tally(self, name: str, n: int = 0) -> int:
+        return n
+
     def rank0_done(self, ok: bool = True) -> None:
         pass
 
@@ -102,6 +111,18 @@ class Comm(NoComm):
             raise UserError(f"rank {self.rank}: rank 0 resumes from {path}, which this node cannot see; put "
                             f"output_dir on a file system shared by all nodes")
         return path
+
+    def publish(self, name: str, text: str) -> None:
+        """`text` under `name` in the launcher's TCP store, for any rank to `read` (small values: a few KB)."""
+        self._store().set(f"{_KEY}/{name}", text.encode())
+
+    def read(self, name: str) -> str:
+        """What a rank published under `name`, waiting until it is there (the store's own timeout bounds the wait)."""
+        return bytes(self._store().get(f"{_KEY}/{name}")).decode()
+
+    def tally(self, name: str, n: int = 0) -> int:
+        """Add `n` to the counter `name` (every rank's, in the store) and return it: `tally(name)` reads it."""
+        return int(self._store().add(f"{_KEY}/{name}", n))
 
     def rank0_done(self, ok: bool = True) -> None:
         """Rank 0: the rank-0-only work of this round (a save) is over."""

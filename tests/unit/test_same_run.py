@@ -1,0 +1,128 @@
+"""Every rank of a launch runs the same run in the same output_dir (`training.same_run`), checked once the group is
+joined: a node started with another max_seq_length, model or token files, or writing its own output_dir, stops every
+rank with one line naming it (they trained silently on mixed data, or met a 30 s gloo timeout or a hang verdict).
+The ranks are threads over an in-memory stand-in of the launcher's TCP store."""
+import json
+import shutil
+import threading
+
+import pytest
+
+from data_helpers import write_tokens
+from pretrain_cli.distributed.comms.comm import Comm
+from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration.prepare import prepare
+from pretrain_cli.run_config import Target
+from pretrain_cli.training import run_lock, same_run
+
+
+class Store:
+    """The TCP store's set / blocking get / add."""
+
+    def __init__(self):
+        self.values, self.cond = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            self.values[key] = value
+            self.cond.notify_all()
+
+    def get(self, key):
+        with self.cond:
+            assert self.cond.wait_for(lambda: key in self.values, timeout=60), key
+            return self.values[key]
+
+    def add(self, key, n):
+        with self.cond:
+            self.values[key] = self.values.get(key, 0) + n
+            return self.values[key]
+
+
+def _ranks(fingerprints, output_dirs):
+    """Run `same_run.check` on one thread per rank; each rank's outcome: None, or its error line."""
+    store, outcome = Store(), {}
+
+    def rank(r):
+        comm = Comm(r, len(fingerprints))
+        comm._store = lambda: store
+        try:
+            same_run.check(comm, fingerprints[r], output_dirs[r])
+            outcome[r] = None
+        except UserError as e:
+            outcome[r] = str(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(fingerprints))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return [outcome[r] for r in range(len(fingerprints))]
+
+
+def _tokens(directory, **kw):
+    directory.mkdir(parents=True)
+    write_tokens(directory / "corpus", **kw)
+
+
+def _spec(tmp_path, data, out, *more):
+    return prepare(None, ["--model_name_or_path", "micro-qwen2", "--input_dir", str(data), "--output_dir", str(out),
+                          "--do_train", "--max_steps", "5", "--max_seq_length", "16", "--split", "98,2,0",
+                          "--device", "cpu", *more], Target("cpu", 2, 0, 0))
+
+
+@pytest.fixture
+def lock(tmp_path):
+    """Rank 0's run lock in `tmp_path/out` (taken before joining, as `training.run.run` does)."""
+    held = run_lock.acquire(tmp_path / "out")
+    yield tmp_path / "out"
+    held.release()
+
+
+def test_the_same_run_on_other_mounts_passes_on_every_rank(tmp_path, lock):
+    _tokens(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same token files under another path (another mount)
+    first, other = _spec(tmp_path, tmp_path / "a", lock), _spec(tmp_path, tmp_path / "b", tmp_path / "elsewhere")
+    assert first.fingerprint() == other.fingerprint()
+    same = first.fingerprint()
+    assert _ranks([same, same, same], [lock, lock, lock]) == [None, None, None]
+
+
+def test_another_configuration_on_one_node_stops_every_rank_with_the_keys_that_differ(tmp_path, lock):
+    _tokens(tmp_path / "a")
+    _tokens(tmp_path / "c", n_docs=41)  # other token files
+    first = _spec(tmp_path, tmp_path / "a", lock).fingerprint()
+    seq = _spec(tmp_path, tmp_path / "a", lock, "--max_seq_length", "32").fingerprint()
+    data = _spec(tmp_path, tmp_path / "c", lock).fingerprint()
+    lines = _ranks([first, first, seq], [lock] * 3)
+    assert lines[0] == lines[1] == lines[2] and lines[0].startswith(
+        "rank 2 (host "), lines  # every rank: the same line, naming the rank that differs
+    assert "runs another configuration than rank 0 (host " in lines[0]
+    assert ": max_seq_length 32 (rank 0: 16); start every node with the same argument file" in lines[0]
+    line = _ranks([first, data], [lock] * 2)[0]
+    assert "token files 'corpus weight 1.000: 41 documents, 2624 tokens (uint16)' (rank 0: 'corpus weight 1.000: " \
+           "40 documents, 2560 tokens (uint16)')" in line, line
+    layers = _spec(tmp_path, tmp_path / "a", lock, "--num_hidden_layers", "3").fingerprint()
+    line = _ranks([first, layers], [lock] * 2)[1]
+    assert "num_hidden_layers 3 (rank 0: unset); model config.json: num_hidden_layers 3 (rank 0: 2)" in line, line
+
+
+def test_an_output_dir_that_is_not_shared_stops_every_rank_naming_both_directories(tmp_path, lock, monkeypatch):
+    monkeypatch.setattr(same_run, "SEE_SECONDS", 0.0)  # (a shared file system's lag is waited for up to 10 s)
+    _tokens(tmp_path / "a")
+    fp = _spec(tmp_path, tmp_path / "a", lock).fingerprint()
+    own = tmp_path / "node1" / "out"  # node 1's own disk, the same path there
+    own.mkdir(parents=True)
+    lines = _ranks([fp, fp], [lock, own])
+    assert lines[0] == lines[1], lines
+    assert lines[0].startswith(f"output_dir: rank 1 (host ") and f"sees no run lock in {own}/run.lock, not the one " \
+        f"rank 0" in lines[0] and f"holds in {lock}/run.lock: the nodes do not share output_dir" in lines[0], lines
+    (own / "run.lock").write_text(json.dumps({"host": "node9", "pid": 12, "started": "then", "beat": 3}))
+    line = _ranks([fp, fp], [lock, own])[0]
+    assert "sees another run's lock (pid 12 on host node9) in" in line, line
+
+
+def test_one_process_checks_nothing(tmp_path):
+    class One:
+        world, rank = 1, 0
+
+    same_run.check(One(), {"a": 1}, tmp_path)  # no store to ask
