@@ -8,8 +8,11 @@ it fails where the GPU would (docs/PERFORMANCE.md, "GPU-only call sites", lists 
   `seqlen_k − seqlen_q` offset: a non-square causal mask is aligned TOP-LEFT, query i sees keys 0..i); fp16/bf16
   only (the GPU kernel is registered for those two);
 - `amp_cast`: the dtype an op's inputs get under `paddle.amp.auto_cast` (paddle/amp/amp_lists.py 3.3.1: the white
-  list runs in the half dtype, the black list in fp32; O1 "gray" ops run in fp32 when any floating input is fp32
-  (type promotion), O2 every op but the black list in the half dtype);
+  list runs in the half dtype, the black list in fp32 (O1: FP16_BLACK_LIST | EXTRA_BLACK_LIST, O2: EXTRA_BLACK_LIST
+  only); "gray" ops run in fp32 when any floating input is fp32 (type promotion: eager `GetAmpDestDtype` with
+  `use_promote`, auto_cast's default, at O1 and O2 alike), else in the half dtype); `fake_auto_cast` stands for
+  `paddle.amp.auto_cast` itself (on: these rules, `enable=False`: none, as on a GPU) and `ref_matmul` for a
+  white-listed `paddle.matmul` under it;
 - `sdpa_backend`: which path `F.scaled_dot_product_attention` takes (paddle/nn/functional/sdpa.py 3.3.1,
   `select_sdp_for_sdpa`): flash only for q, k, v of one half dtype, head_dim a multiple of 8 and ≤ 256, no scale,
   and causal only with equal lengths (`check_flash_causal_non_square_seqlens`); memory-efficient for one dtype;
@@ -39,6 +42,7 @@ AMP_WHITE = {"matmul", "matmul_v2", "linear_v2", "einsum", "fused_rotary_positio
 AMP_BLACK_O1 = {"exp", "log", "rsqrt", "pow", "square", "reduce_sum", "mean", "reduce_mean", "softmax",
                 "log_softmax", "layer_norm", "cross_entropy", "cross_entropy2", "softmax_with_cross_entropy",
                 "c_softmax_with_cross_entropy", "lookup_table_v2"}  # a subset of FP16_BLACK_LIST | EXTRA_BLACK_LIST
+AMP_BLACK_O2 = {"lookup_table_v2", "lookup_table", "scatter"}  # a subset of EXTRA_BLACK_LIST, O2's whole black list
 
 
 def check_amp_lists():
@@ -47,6 +51,8 @@ def check_amp_lists():
 
     assert AMP_WHITE <= amp_lists.WHITE_LIST, AMP_WHITE - amp_lists.WHITE_LIST
     assert AMP_BLACK_O1 <= amp_lists.black_list()["bfloat16"]["O1"], AMP_BLACK_O1 - amp_lists.black_list()["bfloat16"]["O1"]
+    assert AMP_BLACK_O2 <= amp_lists.black_list()["bfloat16"]["O2"], AMP_BLACK_O2 - amp_lists.black_list()["bfloat16"]["O2"]
+    assert not AMP_WHITE & amp_lists.black_list()["bfloat16"]["O2"]
     for op in ("flashmask_attention", "rms_norm", "fused_rms_norm", "scaled_dot_product_attention"):
         assert op not in amp_lists.WHITE_LIST and op not in amp_lists.black_list()["bfloat16"]["O1"], op
 
@@ -65,14 +71,41 @@ def amp_cast(op: str, *tensors):
     floats = [t for t in tensors if t is not None and t.dtype in (paddle.float32, *HALF)]
     if op in AMP_WHITE:
         dst = Amp.dtype
-    elif op in AMP_BLACK_O1 and Amp.level == "O1":
+    elif op in (AMP_BLACK_O1 if Amp.level == "O1" else AMP_BLACK_O2):
         dst = paddle.float32
-    elif Amp.level == "O1":  # gray: promoted to fp32 when any floating input is fp32
+    else:  # gray: promoted to fp32 when any floating input is fp32 (O1 and O2: `use_promote`)
         dst = paddle.float32 if any(t.dtype == paddle.float32 for t in floats) else Amp.dtype
-    else:
-        dst = Amp.dtype
     return tuple(t.astype(dst) if t is not None and t.dtype != dst and t.dtype in (paddle.float32, *HALF) else t
                  for t in tensors)
+
+
+@contextlib.contextmanager
+def fake_auto_cast(enable=True, custom_white_list=None, custom_black_list=None, level="O1", dtype="float16",
+                   use_promote=True):
+    """`paddle.amp.auto_cast` as on a GPU, for the stand-ins: inside, `Amp` holds the level and dtype (`enable=False`:
+    no autocast, also nested inside an enabled one, as amp_guard restores the outer state on exit). On CPU the
+    real one is a no-op (ARCHITECTURE.md facts: AMP)."""
+    saved = Amp.level, Amp.dtype
+    Amp.level = level if enable else None
+    if enable:
+        Amp.dtype = paddle.bfloat16 if dtype == "bfloat16" else paddle.float16
+    try:
+        yield
+    finally:
+        Amp.level, Amp.dtype = saved
+
+
+MATMULS: list = []  # the dtype each `ref_matmul` call computed in
+
+
+def ref_matmul(x, y, transpose_x=False, transpose_y=False, name=None, _real=paddle.matmul):
+    """`paddle.matmul` (white list) under the emulated auto_cast: its inputs cast to the half dtype, the product's
+    values those of the GPU's half GEMM (fp32 accumulation, the output rounded to half). Records the dtype it
+    computed in; the result is held fp32, so the fp32-only CPU ops after it run (the GPU would hold it half)."""
+    x, y = amp_cast("matmul", x, y)
+    MATMULS.append(x.dtype)
+    out = _real(x.astype("float32"), y.astype("float32"), transpose_x, transpose_y)
+    return out.astype(x.dtype).astype("float32")
 
 
 def half_only(op: str, *tensors):

@@ -35,7 +35,7 @@ import paddle.nn as nn
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.layers import MLP, normal_attr
-from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias
+from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias, fp32_router, router_autocast_off
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.run_config import MoeConfig
 
@@ -54,8 +54,13 @@ class GroupLimitedRouter(nn.Linear):
         # V3 always stores the bias (its checkpoints carry it); V2 only when balancing by it
         keep = self.sigmoid or moe.bias_update_rate > 0 or moe.routing_bias
         self.e_score_correction_bias = balancing_bias(self, cfg) if keep else None
+        fp32_router(self)  # weights and bias fp32 under O2, the forward outside autocast (`models.moe`)
 
     def forward(self, x) -> Routing:
+        with router_autocast_off():
+            return self._route(x)
+
+    def _route(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]
         scores = nn.functional.sigmoid(logits) if self.sigmoid else nn.functional.softmax(logits, axis=-1)
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias

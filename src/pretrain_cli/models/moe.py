@@ -3,7 +3,9 @@
 Interface (what the decoder, the balance losses, expert parallelism and other routers rely on):
 
 - **Router** (`SoftmaxTopKRouter`; HF `mlp.gate`): `router(x [tokens, hidden]) -> Routing`. It always works in
-  float32, whatever the activations' dtype, and is pluggable: the block only calls it and reads the `Routing`, so
+  float32, whatever the activations' dtype, under mixed precision too (`fp32_router`: its weights and bias stay
+  fp32 through AMP's O2 cast and it runs outside autocast, as PaddleNLP's and Megatron's routers do), and is
+  pluggable: the block only calls it and reads the `Routing`, so
   DeepSeek-V3's sigmoid group-limited router is another class with the same call. A router may hold
   `e_score_correction_bias` (float32 `[experts]`, no gradient: the auxiliary-loss-free balancing bias, DeepSeek's
   name); it is added to the scores to *choose* experts only, never to the combine weights.
@@ -61,6 +63,22 @@ class MoeRecord(NamedTuple):
     dropped: paddle.Tensor  # [] fp32: assignments dropped by the capacity (0 when dropless)
 
 
+def fp32_router(router: nn.Layer) -> None:
+    """Keep `router`'s parameters float32 under AMP's O2 cast (`paddle.amp.decorate` leaves a layer whose
+    `_cast_to_low_precision` is off in fp32: amp/auto_cast.py 3.3.1, `need_keep_fp32`). Cast to bf16, the balancing
+    bias could not move by its rate (bf16 keeps 8 bits: at |bias| >= 0.5 a step of 1e-3 rounds to no change) and
+    the gate weight would route from bf16 values; the optimizer updates an fp32 parameter as its own master copy."""
+    router._cast_to_low_precision = False
+
+
+def router_autocast_off():
+    """The routers' forward runs with autocast off: under `auto_cast` a matmul is on AMP's white list at O1 and O2
+    (amp/amp_lists.py 3.3.1), so fp32 inputs would be cast to half and the logits, scores and combine weights come
+    out bf16/fp16, close logits tie, and top-k picks other experts than fp32 routing (transformers') does. Off
+    autocast (CPU, fp32 runs) it changes nothing."""
+    return paddle.amp.auto_cast(enable=False)
+
+
 def balancing_bias(router: nn.Layer, cfg: ModelConfig):
     """Aux-loss-free balancing's per-expert bias (`e_score_correction_bias`): a checkpointed fp32 parameter, zero
     at first, no gradient, no optimizer touches it (`moe_loss.update_expert_bias` moves it)."""
@@ -81,8 +99,13 @@ class SoftmaxTopKRouter(nn.Linear):
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.e_score_correction_bias = (balancing_bias(self, cfg) if moe.bias_update_rate > 0 or moe.routing_bias
                                         else None)
+        fp32_router(self)
 
     def forward(self, x) -> Routing:
+        with router_autocast_off():
+            return self._route(x)
+
+    def _route(self, x) -> Routing:
         logits = paddle.matmul(x.astype("float32"), self.weight.astype("float32"))  # [tokens, experts]
         scores = nn.functional.softmax(logits, axis=-1)  # [tokens, experts]
         if self.e_score_correction_bias is None:

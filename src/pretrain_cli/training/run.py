@@ -159,7 +159,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     each rank then checks the checksums of the files it read (`DamagedCheckpoint` on every rank when any rank
     found one altered). Weights are read only into a lazily built model (`build_model`); an eagerly built one
     (the benchmark harness, tests) starts from its own values."""
-    from pretrain_cli.distributed.layout.materialize import InitSource, pending
+    from pretrain_cli.distributed.layout.materialize import InitSource, after_o2, pending
     from pretrain_cli.ops.kernels import select_step
 
     read = None
@@ -179,7 +179,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
                                     adamw=step_kernels.adamw)
         model, optimizer, amp = build_amp(model, optimizer, run.precision)
         if run.precision.master_weights:  # O2 cast what exists; what is created later (ZeRO-3) is created cast
-            source.dtype = run.precision.amp_dtype
+            after_o2(source, raw_model, run.precision.amp_dtype)  # (but the routers O2 leaves fp32)
         if run.kernels.to_static:
             from pretrain_cli.ops.kernels import compile_forward
 

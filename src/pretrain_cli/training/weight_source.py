@@ -83,6 +83,7 @@ class WeightSource:
     or eagerly: only names and shapes are asked)."""
 
     dtype = None  # as `distributed.layout.materialize.InitSource.dtype`
+    kept = frozenset()  # as `InitSource.kept`
 
     def __init__(self, path, model, what: str = "checkpoint", fallback=None):
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has

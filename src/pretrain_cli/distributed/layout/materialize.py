@@ -23,6 +23,7 @@ class InitSource:
     """The initial values of `cfg`'s parameters for run seed `seed`."""
 
     dtype = None  # the dtype blocks are created in: the parameter's, or (set by `lay_out` after AMP's O2 cast) O2's
+    kept = frozenset()  # ids of the parameters O2 leaves fp32 (`after_o2`), created in their own dtype
 
     def __init__(self, cfg, seed: int, workers: int = 1):
         """`workers`: the threads drawing a tensor's chunks at once (the process's CPU threads)."""
@@ -32,6 +33,16 @@ class InitSource:
         from pretrain_cli.models.init import block
 
         return block(self.cfg, self.seed, name, box.global_shape, box.offsets, box.shape, self.workers)
+
+
+def after_o2(source, model, dtype: str) -> None:
+    """Blocks `source` creates from now on (ZeRO-3's, after AMP's O2 cast) take O2's `dtype`, but those of the
+    parameters O2 leaves fp32 keep theirs: the layers whose `_cast_to_low_precision` is off, which
+    `paddle.amp.decorate` skips (amp/auto_cast.py 3.3.1, `need_keep_fp32`; the MoE routers, `models.moe.fp32_router`)."""
+    source.dtype = dtype
+    source.kept = frozenset(id(p) for layer in model.sublayers(include_self=True)
+                            if not getattr(layer, "_cast_to_low_precision", True)
+                            for p in layer.parameters(include_sublayers=False))
 
 
 def pending(param) -> bool:
@@ -58,12 +69,13 @@ def fill_whole(name: str, param, source) -> None:
 def read_block(name: str, param, source, box: Box):
     """`box` of parameter `param` (HF name `name`) read from `source` as a Paddle tensor in the dtype the run
     holds it in: `source.dtype` when set (AMP's O2 cast dtype, which a parameter without storage does not take
-    on: it keeps the dtype it was built in), else the parameter's own. One rule for every layout that creates a
-    parameter as its block only (`fill_placed`, `tensor_parallel.split_layers`)."""
+    on: it keeps the dtype it was built in) unless O2 leaves the parameter fp32 (`after_o2`), else the parameter's
+    own. One rule for every layout that creates a parameter as its block only (`fill_placed`,
+    `tensor_parallel.split_layers`)."""
     import paddle
 
     block = paddle.to_tensor(source(name, box))  # box.shape
-    dtype = source.dtype or param.dtype
+    dtype = param.dtype if source.dtype is None or id(param) in getattr(source, "kept", ()) else source.dtype
     return block.astype(dtype) if block.dtype != dtype else block
 
 
