@@ -122,6 +122,18 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
         assert refusals(runs) == [], runs
 
 
+def test_distributed_md_lists_each_refusal_row_by_its_name():
+    """docs/DISTRIBUTED.md's "What stays refused" table names the rows of `REFUSED`: it still named "cp with
+    ZeRO-2/3" and "sp with ZeRO-2/3" (and told users to drop stage2) after ZeRO-2 ran with context and sequence
+    parallelism."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "DISTRIBUTED.md").read_text()
+    table = text.split("### What stays refused", 1)[1].split("\n\n", 3)[2]  # after the heading and its paragraph
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]  # (below the header and its rule)
+    assert sorted(rows) == sorted(r.name for r in REFUSED)
+
+
 def test_the_collectives_backend_is_chosen_from_the_device_once():
     cpu, gpu = for_device("cpu"), for_device("gpu")
     assert (cpu.gloo, cpu.ring_edges, cpu.name) == (True, True, "gloo")

@@ -222,8 +222,8 @@ class TrainingArguments:
                                            "parallelism and ZeRO-1/2, not with ZeRO-3 (docs/DISTRIBUTED.md).")
     virtual_pp_degree: int = _f(1, "Interleaved pipeline chunks per stage; only with pipeline parallelism.")
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism with tensor parallelism: norms and residuals "
-                                        "cut on the sequence over the tp ranks (with dp, ZeRO-1 and pipeline "
-                                        "stages; not ZeRO-2/3; docs/DISTRIBUTED.md).")
+                                        "cut on the sequence over the tp ranks (with dp, ZeRO-1/2, pipeline "
+                                        "stages and context parallelism; not ZeRO-3; docs/DISTRIBUTED.md).")
     sharding: str = _f("", "Sharded data parallel (ZeRO): 'stage1' shards the optimizer state, 'stage2' also the "
                            "gradients, 'stage3' also the parameters; 'offload' is reported and ignored. No effect "
                            "with one process.")
