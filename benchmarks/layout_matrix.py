@@ -7,7 +7,9 @@ Axes: tp, pp, cp and the data ranks d (dp, or the ZeRO ranks) each in {1, 2}; Ze
 where something can be sharded (d = 2, or cp = 2 for stage1); sequence parallelism off/on with tp = 2. The
 global batch is 8 sequences of 32 tokens in every layout (per-device batch 8 / (d x micro-batches); a pipeline
 runs 2 micro-batches). Each row compares every step's loss rank 0 logs (the global batch's) and the final
-weights with one process's.
+weights with one process's: over the whole batch for a dense model; for a Mixture-of-Experts one in the micro-batches
+its balance loss is computed over (`reference_batch`: its default scope, `micro_batch`, is a loss per micro-batch
+of each rank, so two ranks of 4 sequences equal one process's two micro-batches of 4, not one of 8).
 
     python benchmarks/layout_matrix.py [--steps 3] [--max_procs 8] [--only tp2,cp2] [--layouts tp2_pp2_cp2,...]
                                        [--model micro-deepseek-v3] [--ep 2] [--check_only] [--json]
@@ -68,6 +70,35 @@ def layouts(max_procs: int, ep: int = 1) -> list[tuple[str, dict, int]]:
     return out
 
 
+def reference_batch(keys: dict, world: int, moe: bool) -> tuple[int, int]:
+    """(per_device_train_batch_size, gradient_accumulation_steps) of the one-process run a row of `keys` on `world`
+    processes is compared with: the global batch of 8 in micro-batches of the size a Mixture-of-Experts model's
+    balance loss is computed over. In the default scope that is each rank's micro-batch (the pipeline tests' rule);
+    the semi-auto engine (tp alone, ZeRO-2/3) computes it over the global batch, every data rank's micro-batch
+    together. A dense model's loss is a token mean, the same in any micro-batches: its reference is one batch of 8."""
+    from pretrain_cli.run_layout import ENGINE_TRAITS, engine_for
+
+    if not moe:
+        return 8, 1
+    tp, pp, cp = (keys.get(k, 1) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
+                                          "context_parallel_degree"))
+    stage = int(keys.get("sharding", "")[-1:] or 0)
+    engine = engine_for(world, tp, stage, pp, cp, keys.get("sequence_parallel", False))
+    micro = keys["per_device_train_batch_size"]
+    if ENGINE_TRAITS[engine].global_batch:
+        micro *= world // (tp * pp * cp)  # every data rank's micro-batch
+    return micro, 8 // micro
+
+
+def is_moe(preset: str) -> bool:
+    """Whether `preset` (a name or a model directory) is a Mixture-of-Experts model (`num_experts`, DeepSeek's
+    `n_routed_experts`)."""
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    cfg = json.loads((resolve_model_dir(preset) / "config.json").read_text())
+    return bool(cfg.get("num_experts") or cfg.get("n_routed_experts"))
+
+
 def refusal(cfg: Path, world: int) -> str | None:
     """The line `pretrain-cli check --world_size N` refuses the layout with, or None when it runs."""
     p = subprocess.run([sys.executable, "-m", "pretrain_cli", "check", str(cfg), "--world_size", str(world)],
@@ -99,15 +130,18 @@ def main(argv=None) -> int:
     corpus = root / "data"
     write_corpus(corpus / "walk")
     common = dict(max_steps=args.steps, save_steps=1000, warmup_steps=1, model_name_or_path=args.model)
-    ref_out = root / "ref" / "out"
-    ref = None
-    if not args.check_only:
-        (root / "ref").mkdir()
-        ref = single(write_config(root / "ref.json", corpus, ref_out, per_device_train_batch_size=8, **common),
-                     root / "ref" / "log", timeout=600)
-        if ref.returncode != 0:
-            print(ref.explain())
-            return 1
+    moe, refs = is_moe(args.model), {}
+
+    def reference(batch: tuple[int, int]):
+        """(Run, output dir) of one process in micro-batches `batch` (`reference_batch`), run once."""
+        if batch not in refs:
+            d = root / f"ref_{batch[0]}x{batch[1]}"
+            d.mkdir()
+            refs[batch] = single(write_config(d / "c.json", corpus, d / "out", per_device_train_batch_size=batch[0],
+                                              gradient_accumulation_steps=batch[1], **common),
+                                 d / "log", timeout=600), d / "out"
+        return refs[batch]
+
     rows, failed = [], 0
     wanted = [part for part in args.only.split(",") if part]
     exact = {name for name in args.layouts.split(",") if name}
@@ -125,6 +159,10 @@ def main(argv=None) -> int:
             row.update(result="runs")
         else:
             run = launch_joined(cfg, d / "log", world, timeout=900)
+            ref, ref_out = reference(reference_batch(keys, world, moe))
+            if ref.returncode != 0:
+                print(ref.explain())
+                return 1
             if run.returncode != 0:
                 failed += 1
                 row.update(result="FAILED", line=run.explain()[-1500:])
