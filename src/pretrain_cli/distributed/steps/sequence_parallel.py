@@ -90,8 +90,9 @@ def regions(shard: SeqShard) -> tuple:
 
 def hook_model(lm, shard: SeqShard) -> list:
     """The decoder's boundaries: the residual stream cut entering the first decoder layer, whole again after the
-    final norm. Returns the parameters whose gradients `tensor_parallel.sum_grads` must sum over the tp group (every RMSNorm's
-    weight between the regions and a row-parallel bias); `tensor_parallel.split_layers` hooks the regions."""
+    final norm. Returns the parameters whose gradients `tensor_parallel.sum_grads` must sum over the tp group
+    (every RMSNorm's weight between the regions and a row-parallel bias); `tensor_parallel.split_layers` hooks the
+    regions."""
     dec = lm.model
 
     def cut(layer, inputs):

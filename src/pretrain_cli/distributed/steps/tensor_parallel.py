@@ -18,7 +18,8 @@ tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the e
 stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
 the two functions is. A whole weight inside a region that every head shares (Qwen3's `q_norm` / `k_norm`, one
 `[head_dim]` weight over all heads) gets only this rank's heads' part of its gradient: `head_shared` lists them and
-`sum_grads` sums them over the tp group once a step (`Hybrid.sync_grads`), as sequence parallelism's norms. Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
+`sum_grads` sums them over the tp group once a step (`Hybrid.sync_grads`), as sequence parallelism's norms.
+Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
 when it broadcasts the replicated ones over the tp group. A Mixture-of-Experts layer's routed experts are each cut
 like an MLP, with the two functions around the experts alone and its router whole (`TPDispatch`; why:
 `moe_layouts`).

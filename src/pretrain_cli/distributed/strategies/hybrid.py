@@ -6,9 +6,9 @@ on one stage (`distributed.strategies.tensor_engine.TensorParallel`) share.
 layout steps (`distributed.steps.order`: tp, cp, recompute, the pipeline cut); what they leave (`Placement`) says which
 parameters are tensor-parallel slices and on which dim (`tp_dims`, read by `local_box` for the checkpoint's pieces)
 and which gradients cover this rank's part only (sequence parallelism's norms: its positions; Qwen3's q/k norms:
-its heads). The gradient side: those summed over the tp group, then fleet's ZeRO-1/2 over each stage's sharding group (ZeRO-2
-releasing the gradients it does not own after each update), or the mean over the stage's data and cp ranks; the
-norm summed over tp slices, owners and stages, a tied embedding's second copy counted once.
+its heads). The gradient side: those summed over the tp group, then fleet's ZeRO-1/2 over each stage's sharding
+group (ZeRO-2 releasing the gradients it does not own after each update), or the mean over the stage's data and cp
+ranks; the norm summed over tp slices, owners and stages, a tied embedding's second copy counted once.
 """
 from __future__ import annotations
 
