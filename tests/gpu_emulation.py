@@ -98,14 +98,21 @@ def fake_auto_cast(enable=True, custom_white_list=None, custom_black_list=None, 
 MATMULS: list = []  # the dtype each `ref_matmul` call computed in
 
 
-def ref_matmul(x, y, transpose_x=False, transpose_y=False, name=None, _real=paddle.matmul):
+def ref_matmul(x, y, transpose_x=False, transpose_y=False, name=None, _real=paddle.matmul, _held=True):
     """`paddle.matmul` (white list) under the emulated auto_cast: its inputs cast to the half dtype, the product's
     values those of the GPU's half GEMM (fp32 accumulation, the output rounded to half). Records the dtype it
-    computed in; the result is held fp32, so the fp32-only CPU ops after it run (the GPU would hold it half)."""
+    computed in; the result is held fp32, so the fp32-only CPU ops after it run (the GPU would hold it half;
+    `ref_matmul_typed` returns it half, for code that casts it before anything the CPU lacks)."""
     x, y = amp_cast("matmul", x, y)
+    assert x.dtype == y.dtype, f"a GEMM of mixed dtypes {x.dtype}, {y.dtype}"
     MATMULS.append(x.dtype)
-    out = _real(x.astype("float32"), y.astype("float32"), transpose_x, transpose_y)
-    return out.astype(x.dtype).astype("float32")
+    out = _real(x.astype("float32"), y.astype("float32"), transpose_x, transpose_y).astype(x.dtype)
+    return out.astype("float32") if _held else out
+
+
+def ref_matmul_typed(x, y, transpose_x=False, transpose_y=False, name=None):
+    """`ref_matmul` returning the GPU's dtype."""
+    return ref_matmul(x, y, transpose_x, transpose_y, _held=False)
 
 
 def half_only(op: str, *tensors):

@@ -285,3 +285,36 @@ def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():
         plain, again = (context_traffic_bytes(model, 1, 4096, cp, 2, r) for r in ("none", "full"))
         assert again - plain == pytest.approx(3 * (cp - 1) / cp * kv * 2)  # one more forward: bf16 K/V blocks
         assert plain == pytest.approx(3 * (2 * (cp - 1) / cp * kv * 2 + kv * 4))  # fwd + bwd K/V, fp32 dK/dV
+
+
+def test_materialised_blocks_score_and_backpropagate_in_fp32_under_gpu_autocast(monkeypatch):
+    """A block flash attention does not run (a document mask) under bf16 autocast, emulated (tests/gpu_emulation.py):
+    the ring's forward runs inside the step's autocast, and a pipeline's schedule runs the backward there too, where
+    a matmul is on AMP's white list. The scores' product and the backward's GEMMs must stay fp32 (autocast off, as
+    flash keeps its lse fp32): before, the forward's lse came from bf16-rounded scores and the backward's GEMMs ran
+    in bf16."""
+    import paddle
+
+    from pretrain_cli.ops.block_attention import block_backward, block_forward
+
+    _, q, k, v = _qkv(s=12)
+    qh, kh, vh = (_heads(t, 2).astype("bfloat16") for t in (q, k, v))  # [2, 2, 2|1, 12, 8]
+    tri = paddle.tril(paddle.ones([12, 12], dtype="bool"))
+    visible = paddle.logical_and(tri, paddle.arange(12).reshape([1, 12]) >= 5).reshape([1, 1, 1, 12, 12])
+    visible = paddle.logical_or(visible, paddle.eye(12).astype("bool").reshape([1, 1, 1, 12, 12]))  # rows < 5: self
+    f32 = [t.astype("float32") for t in (qh, kh, vh)]
+    want_out, want_lse = block_forward(*f32, visible)
+    dout = paddle.to_tensor(np.random.default_rng(4).standard_normal(want_out.shape).astype("float32"))
+    want_grads = block_backward(*f32, want_out, want_lse, dout, visible)
+    monkeypatch.setattr(paddle.amp, "auto_cast", emu.fake_auto_cast)
+    monkeypatch.setattr(paddle, "matmul", emu.ref_matmul)
+    emu.MATMULS.clear()
+    with emu.fake_auto_cast(True, level="O2", dtype="bfloat16"):
+        out, lse = block_forward(qh, kh, vh, visible)
+        assert emu.MATMULS == [paddle.float32, paddle.bfloat16], emu.MATMULS  # the scores; p·V in bf16 as flash
+        assert float((lse - want_lse).abs().max()) < 1e-5
+        emu.MATMULS.clear()
+        grads = block_backward(qh, kh, vh, want_out.astype("bfloat16"), want_lse, dout.astype("bfloat16"), visible)
+    assert emu.MATMULS == [paddle.float32] * 5, emu.MATMULS
+    for g, w in zip(grads, want_grads):
+        assert float((g.astype("float32") - w).abs().max()) < 5e-2 * float(w.abs().max())  # inputs rounded to bf16

@@ -184,3 +184,38 @@ def test_fp16_gradients_keep_the_small_probabilities_a_loss_scale_would_save(mon
     np.testing.assert_allclose(wt.grad.numpy().astype("float32")[:, small], dw_want[:, small], rtol=2e-2, atol=2e-7)
     dh_want = want[1] / 0.37 * scale  # (its logits are fp16 here, rounded at 21 by 1/64: a looser match)
     np.testing.assert_allclose(ht.grad.numpy().astype("float32"), dh_want, atol=2e-2 * np.abs(dh_want).max())
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_fp16_gradient_gemms_stay_fp32_under_gpu_autocast(monkeypatch, level):
+    """The loss above under fp16 autocast, emulated (tests/gpu_emulation.py): a matmul is on AMP's white list, so it
+    runs in fp16 whatever the code cast its inputs to, unless autocast is off around it. O2: h and the weight are
+    fp16; O1: both fp32 (the norm's output is promoted to fp32, the weights stay fp32) and autocast makes the logits
+    fp16. Either way the small probabilities must reach dW: before, O2's gradient GEMMs were cast back to fp16 and
+    O1 formed them in fp16 outright, and the small columns came out 0."""
+    import gpu_emulation as emu
+
+    rng = np.random.default_rng(3)
+    labels = rng.permutation(V)[:N].astype("int64")
+    h = rng.standard_normal((N, D)).astype("float32")
+    h *= np.sqrt(21.0) / np.linalg.norm(h, axis=1, keepdims=True)
+    w = np.zeros((D, V), dtype="float32")
+    w[:, labels] = h.T  # the right token's logit 21, other columns 0: probabilities e^-21 ~ 8e-10
+    h16, w16 = h.astype("float16").astype("float32"), w.astype("float16").astype("float32")
+    scale = 2.0 ** 15 / N
+    want = _run(None, h16, w16, labels, False)  # fp32 reference on the fp16 values, d(loss) 0.37
+    dw_want = want[2] / 0.37 * scale
+    small = np.setdiff1d(np.arange(V), labels)  # the columns of tokens no row is labelled with
+    assert 1e-6 < np.abs(dw_want[:, small]).max() < 1e-4
+    monkeypatch.setattr(paddle.amp, "auto_cast", emu.fake_auto_cast)
+    monkeypatch.setattr(paddle, "matmul", emu.ref_matmul_typed)
+    dtype = paddle.float16 if level == "O2" else paddle.float32
+    ht, wt = paddle.to_tensor(h16).astype(dtype), paddle.to_tensor(w16).astype(dtype)
+    ht.stop_gradient = wt.stop_gradient = False
+    emu.MATMULS.clear()
+    with emu.fake_auto_cast(True, level=level, dtype="float16"):  # the step's autocast (training.precision.Amp)
+        total = linear_loss.linear_cross_entropy_chunked(ht, wt, paddle.to_tensor(labels), IGNORE_INDEX, False)
+    (total * scale).backward()
+    assert emu.MATMULS == [paddle.float16, paddle.float32, paddle.float32] * 3, emu.MATMULS  # 3 chunks
+    assert ht.grad.dtype == wt.grad.dtype == dtype
+    np.testing.assert_allclose(wt.grad.numpy().astype("float32")[:, small], dw_want[:, small], rtol=2e-2, atol=2e-7)

@@ -35,7 +35,8 @@ import paddle.nn as nn
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.layers import MLP, normal_attr
-from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias, fp32_router, router_autocast_off
+from pretrain_cli.models.moe import Routing, SparseMoeBlock, balancing_bias, fp32_router
+from pretrain_cli.ops.fp32 import autocast_off
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.run_config import MoeConfig
 
@@ -57,7 +58,7 @@ class GroupLimitedRouter(nn.Linear):
         fp32_router(self)  # weights and bias fp32 under O2, the forward outside autocast (`models.moe`)
 
     def forward(self, x) -> Routing:
-        with router_autocast_off():
+        with autocast_off():
             return self._route(x)
 
     def _route(self, x) -> Routing:

@@ -4,7 +4,8 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
 
 - **Router** (`SoftmaxTopKRouter`; HF `mlp.gate`): `router(x [tokens, hidden]) -> Routing`. It always works in
   float32, whatever the activations' dtype, under mixed precision too (`fp32_router`: its weights and bias stay
-  fp32 through AMP's O2 cast and it runs outside autocast, as PaddleNLP's and Megatron's routers do), and is
+  fp32 through AMP's O2 cast and it runs with autocast off, `ops.fp32.autocast_off`: under autocast the gate's
+  matmul would run in bf16 and close experts tie; as PaddleNLP's and Megatron's routers do), and is
   pluggable: the block only calls it and reads the `Routing`, so
   DeepSeek-V3's sigmoid group-limited router is another class with the same call. A router may hold
   `e_score_correction_bias` (float32 `[experts]`, no gradient: the auxiliary-loss-free balancing bias, DeepSeek's
@@ -44,6 +45,7 @@ import paddle.nn as nn
 
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.layers import MLP, linear, normal_attr
+from pretrain_cli.ops.fp32 import autocast_off
 from pretrain_cli.ops.kernels import Kernels
 from pretrain_cli.run_config import MoeConfig
 
@@ -71,14 +73,6 @@ def fp32_router(router: nn.Layer) -> None:
     router._cast_to_low_precision = False
 
 
-def router_autocast_off():
-    """The routers' forward runs with autocast off: under `auto_cast` a matmul is on AMP's white list at O1 and O2
-    (amp/amp_lists.py 3.3.1), so fp32 inputs would be cast to half and the logits, scores and combine weights come
-    out bf16/fp16, close logits tie, and top-k picks other experts than fp32 routing (transformers') does. Off
-    autocast (CPU, fp32 runs) it changes nothing."""
-    return paddle.amp.auto_cast(enable=False)
-
-
 def balancing_bias(router: nn.Layer, cfg: ModelConfig):
     """Aux-loss-free balancing's per-expert bias (`e_score_correction_bias`): a checkpointed fp32 parameter, zero
     at first, no gradient, no optimizer touches it (`moe_loss.update_expert_bias` moves it)."""
@@ -102,7 +96,7 @@ class SoftmaxTopKRouter(nn.Linear):
         fp32_router(self)
 
     def forward(self, x) -> Routing:
-        with router_autocast_off():
+        with autocast_off():  # fp32 routing under GPU autocast too (`ops.fp32`)
             return self._route(x)
 
     def _route(self, x) -> Routing:

@@ -58,7 +58,15 @@ def _safe(m):
 
 
 def block_forward(q, k, v, visible=None, causal: bool = False):
-    """(out `[bsz, n_kv, n_rep, q_len, head_dim]` in q's dtype, lse `[bsz, n_kv, n_rep, q_len, 1]` fp32)."""
+    """(out `[bsz, n_kv, n_rep, q_len, head_dim]` in q's dtype, lse `[bsz, n_kv, n_rep, q_len, 1]` fp32). With
+    autocast off (`ops.fp32`): the ring's forward runs under GPU autocast, which would make the scores' GEMM half."""
+    from pretrain_cli.ops.fp32 import autocast_off
+
+    with autocast_off():
+        return _block_forward(q, k, v, visible)
+
+
+def _block_forward(q, k, v, visible):
     import paddle
 
     s = _scores(q, k, visible)
@@ -87,7 +95,15 @@ def merge(out_a, lse_a, out_b, lse_b):
 
 def block_backward(q, k, v, out, lse, dout, visible=None):
     """(dq `[bsz, n_kv, n_rep, q_len, head_dim]`, dk, dv `[bsz, n_kv, 1, k_len, head_dim]`) of this block's share,
-    from the final (merged over every block) `out` and `lse` of these queries and the upstream `dout`."""
+    from the final (merged over every block) `out` and `lse` of these queries and the upstream `dout`. Its GEMMs
+    fp32 with autocast off (`ops.fp32`): a pipeline's schedule runs the backward under autocast."""
+    from pretrain_cli.ops.fp32 import autocast_off
+
+    with autocast_off():
+        return _block_backward(q, k, v, out, lse, dout, visible)
+
+
+def _block_backward(q, k, v, out, lse, dout, visible):
     import paddle
 
     scale = 1.0 / math.sqrt(q.shape[-1])

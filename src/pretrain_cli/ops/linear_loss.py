@@ -79,19 +79,23 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
     """(loss sum, dh or None, dW fp32 or None), one chunk of rows at a time."""
     import paddle
 
+    from pretrain_cli.ops.fp32 import autocast_off
+
     n, vocab = int(h.shape[0]), _vocab(w, vocab_major)
     rows = chunk_rows(vocab, "gpu" if h.place.is_gpu_place() else "cpu")
     wc = w if w.dtype == h.dtype else w.astype(h.dtype)  # one cast of the weight, not one per chunk
     # fp16: the gradients of the loss SUM come out here, before any loss scale: softmax − onehot in fp16 flushes
-    # probabilities below ~6e-8 to 0 and rounds those below 6e-5 coarsely, so the two gradient GEMMs run in fp32
-    # and dh, dW stay fp32 until backward has scaled them (bf16 has fp32's range: its GEMMs stay half)
-    fp16 = h.dtype == paddle.float16
-    wg = w.astype("float32") if fp16 else wc  # the gradient GEMMs' weight
+    # probabilities below ~6e-8 to 0 and rounds those below 6e-5 coarsely, so the two gradient GEMMs run in fp32,
+    # with autocast off (under autocast a matmul runs in fp16 whatever its inputs: `ops.fp32`), and dh, dW stay
+    # fp32 until backward has scaled them (bf16 has fp32's range: its GEMMs stay half). Whether the run computes in
+    # fp16 is the logits' dtype: under O1 h comes fp32 out of the (promoted) norm and autocast makes the GEMM fp16
+    fp16, wg = False, None  # wg: the fp32 gradient GEMMs' weight
     total = paddle.zeros([], dtype="float32")
     dhs, dw = [], None
     for c0 in range(0, n, rows):
         hc, lc = h[c0:c0 + rows], labels[c0:c0 + rows]  # [m, hidden], [m]
-        logits = paddle.matmul(hc, wc, transpose_y=vocab_major)  # [m, V] in the compute dtype
+        logits = paddle.matmul(hc, wc, transpose_y=vocab_major)  # [m, V] in the compute dtype (autocast's)
+        fp16 = logits.dtype == paddle.float16
         x = logits if logits.dtype == paddle.float32 else logits.astype("float32")  # [m, V]: the softmax in fp32
         valid = lc != ignore_index
         safe = paddle.where(valid, lc, paddle.zeros_like(lc))  # [m]
@@ -104,10 +108,12 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
         # softmax − onehot, zero rows for ignored labels: in place on the chunk (no further [m, V] buffers)
         p = x.subtract_(lse.unsqueeze(-1)).exp_()  # [m, V]
         p = p.put_along_axis_(safe.unsqueeze(-1), -1.0, 1, reduce="add").multiply_(vf.unsqueeze(-1))
-        hg = hc.astype("float32") if fp16 else hc
-        p = p if fp16 else p.astype(logits.dtype)
-        dhs.append(paddle.matmul(p, wg, transpose_y=not vocab_major))  # [m, hidden]
-        part = paddle.matmul(p, hg, transpose_x=True) if vocab_major else paddle.matmul(hg, p, transpose_x=True)
+        if fp16:
+            wg = w.astype("float32") if wg is None else wg
+            with autocast_off():
+                part = _grad_gemms(p, hc.astype("float32"), wg, vocab_major, dhs)
+        else:
+            part = _grad_gemms(p.astype(logits.dtype), hc, wc, vocab_major, dhs)
         part = part.astype("float32")  # [V, hidden] or [hidden, V]
         dw = part if dw is None else dw.add_(part)
     if not grad:
@@ -116,6 +122,14 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
     dh = paddle.concat(dhs, axis=0).astype(keep or h.dtype) if dhs else paddle.zeros(h.shape, keep or h.dtype)
     dw = (dw if dw is not None else paddle.zeros(w.shape, dtype="float32")).astype(keep or w.dtype)  # dh [N, hidden]
     return total, dh, dw
+
+
+def _grad_gemms(p, hc, w, vocab_major: bool, dhs: list):
+    """A chunk's `dh = P·Wᵀ` (appended to `dhs`) and its share of dW, returned (`[V, hidden]` or `[hidden, V]`)."""
+    import paddle
+
+    dhs.append(paddle.matmul(p, w, transpose_y=not vocab_major))  # [m, hidden]
+    return paddle.matmul(p, hc, transpose_x=True) if vocab_major else paddle.matmul(hc, p, transpose_x=True)
 
 
 def linear_cross_entropy_chunked(h, w, labels, ignore_index: int, vocab_major: bool):
