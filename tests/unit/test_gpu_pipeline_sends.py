@@ -1,0 +1,51 @@
+"""fleet's stage-to-stage sends on NCCL, decided by fleet's own code (pp_utils/p2p_communication.py, Paddle 3.3.1):
+with partial sends on (fleet's default), each tp rank sends 1/tp of its activation and the receiving stage all-gathers
+the pieces over the tp group, which is right only when every tp rank holds the same tensor. Under sequence
+parallelism each tp rank holds its own part of the sequence, so before the fix (NCCL kept fleet's default) a tp x pp
+x sp run on GPUs fed every later stage pieces of different tensors."""
+import numpy as np
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+
+def _fleet_partial_send(pieces: list, enabled: bool) -> list:
+    """What each receiving tp rank holds after fleet's send/recv of the tp ranks' `pieces` (one tensor each):
+    `send_partial` of rank t's t-th flat slice, then `all_gather_partial` over the tp group, when
+    `_is_valid_send_recv_partial` says so; else each receives its own sender's whole tensor."""
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication as p2p
+
+    tp = len(pieces)
+    saved = p2p._enable_partial_send_recv
+    p2p._enable_partial_send_recv = enabled  # what PipelineParallel hands initialize_p2p_groups
+    try:
+        partial = p2p._is_valid_send_recv_partial(pieces[0], tp)
+    finally:
+        p2p._enable_partial_send_recv = saved
+    if not partial:
+        return [p.numpy() for p in pieces]
+    flat = [p.numpy().reshape(-1) for p in pieces]
+    size = flat[0].size // tp
+    whole = np.concatenate([flat[t][t * size:(t + 1) * size] for t in range(tp)])  # slice t from tp rank t
+    return [whole.reshape(pieces[0].shape) for _ in range(tp)]
+
+
+def test_nccl_pipelines_send_each_tp_ranks_whole_sequence_parallel_piece():
+    from paddle.distributed.fleet import DistributedStrategy
+
+    from pretrain_cli.distributed.comms.collectives import Collectives
+
+    strategy = DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 2}
+    flags = Collectives(gloo=False).pipeline_flags({"accumulate_steps": 2, "micro_batch_size": 1},
+                                                   strategy.hybrid_configs)
+    strategy.pipeline_configs = flags  # as `Topology.init_fleet` sets them
+    assert strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm  # NCCL: batched sends
+    enabled = strategy.pipeline_configs["enable_partial_send_recv"]
+    rng = np.random.default_rng(0)
+    pieces = [paddle.to_tensor(rng.standard_normal((1, 4, 8)).astype("float32")) for _ in range(2)]  # [b, s/tp, h]
+    got = _fleet_partial_send(pieces, enabled)
+    for t in range(2):
+        np.testing.assert_array_equal(got[t], pieces[t].numpy())
+    assert not Collectives(gloo=True).pipeline_flags({}, strategy.hybrid_configs)["enable_partial_send_recv"]
