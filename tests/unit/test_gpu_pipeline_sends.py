@@ -31,16 +31,24 @@ def _fleet_partial_send(pieces: list, enabled: bool) -> list:
     return [whole.reshape(pieces[0].shape) for _ in range(tp)]
 
 
-def test_nccl_pipelines_send_each_tp_ranks_whole_sequence_parallel_piece():
+def _flags(gloo: bool, sequence_parallel: bool):
     from paddle.distributed.fleet import DistributedStrategy
 
     from pretrain_cli.distributed.comms.collectives import Collectives
+    from pretrain_cli.distributed.strategies.pipeline import pipeline_configs
+    from pretrain_cli.run_config import Loop
+    from pretrain_cli.run_layout import ParallelConfig
 
     strategy = DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 2}
-    flags = Collectives(gloo=False).pipeline_flags({"accumulate_steps": 2, "micro_batch_size": 1},
-                                                   strategy.hybrid_configs)
-    strategy.pipeline_configs = flags  # as `Topology.init_fleet` sets them
+    parallel = ParallelConfig(world_size=4, tp_degree=2, pp_degree=2, sequence_parallel=sequence_parallel)
+    configs = pipeline_configs(Loop(micro_batch=1, grad_accum=2), parallel)
+    strategy.pipeline_configs = Collectives(gloo=gloo).pipeline_flags(configs, strategy.hybrid_configs)
+    return strategy  # as `Topology.init_fleet` sets it
+
+
+def test_nccl_pipelines_send_each_tp_ranks_whole_sequence_parallel_piece():
+    strategy = _flags(gloo=False, sequence_parallel=True)
     assert strategy.hybrid_configs["pp_configs"].use_batch_p2p_comm  # NCCL: batched sends
     enabled = strategy.pipeline_configs["enable_partial_send_recv"]
     rng = np.random.default_rng(0)
@@ -48,4 +56,15 @@ def test_nccl_pipelines_send_each_tp_ranks_whole_sequence_parallel_piece():
     got = _fleet_partial_send(pieces, enabled)
     for t in range(2):
         np.testing.assert_array_equal(got[t], pieces[t].numpy())
-    assert not Collectives(gloo=True).pipeline_flags({}, strategy.hybrid_configs)["enable_partial_send_recv"]
+
+
+def test_nccl_pipelines_keep_fleets_partial_send_where_the_tp_ranks_hold_one_tensor():
+    """Without sequence parallelism every tp rank holds the same activation: fleet's partial send (1/tp of the
+    bytes each) delivers it whole, and stays on (PaddleNLP's choice); gloo has no partial send kernel."""
+    strategy = _flags(gloo=False, sequence_parallel=False)
+    assert strategy.pipeline_configs["enable_partial_send_recv"]
+    same = paddle.to_tensor(np.random.default_rng(1).standard_normal((1, 8, 8)).astype("float32"))
+    for got in _fleet_partial_send([same, same.clone()], True):
+        np.testing.assert_array_equal(got, same.numpy())
+    for sp in (False, True):
+        assert not _flags(gloo=True, sequence_parallel=sp).pipeline_configs["enable_partial_send_recv"]

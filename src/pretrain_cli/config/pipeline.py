@@ -10,7 +10,9 @@ from __future__ import annotations
 PP_FLAGS = {
     "disable_p2p_cache_shape": None,  # shapes are sent with every message (evaluation uses another batch size)
     "enable_clear_every_step_cache": None,  # nothing is cached between steps (see above)
-    "disable_partial_send_recv": None,  # activations are sent whole (`Collectives.pipeline_flags`)
+    "disable_partial_send_recv": "activations go whole to the next stage under sequence parallelism and on CPU; "
+                                 "elsewhere (GPU, every tp rank holding the same activation) fleet's partial send "
+                                 "delivers the same tensor with 1/tp of the bytes (`Collectives.pipeline_flags`)",
     "enable_delay_scale_loss": "each micro-batch's loss is divided by gradient_accumulation_steps as it is "
                                "computed (the same gradients up to rounding); the trainer owns the update",
     "enable_dp_comm_overlap": "a GPU overlap of the data-parallel all-reduce with backward; the all-reduce runs "

@@ -11,7 +11,7 @@ answered here, so when Paddle's gloo is fixed the workarounds go in one place:
 | MoE token dispatch (`all_to_all_dispatch`) | all-to-all (`expert_all_to_all.AllToAllDispatch`) | all-gather (`expert_parallel.GatherDispatch`): exact, and fewer bytes than the emulated all-to-all |
 | a new group | `dist.new_group` | the same, each group with a TCP store of its own (`stores`: `gloo.separate_stores`) |
 | ring neighbour exchange | `batch_isend_irecv` on the group | blocking send/recv over a two-rank group per directed edge (`ring_edges`) |
-| fleet's pipeline sends | batched, whole | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
+| fleet's pipeline sends | batched; whole under sequence parallelism, else 1/tp each | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
 | sharded (semi-auto) gradients | Partial → Shard by reduce-scatter | all-reduced whole (`gradient_hook`: `to_replicated`) |
 """
 from __future__ import annotations
@@ -43,15 +43,14 @@ class Collectives:
         return self.gloo
 
     def pipeline_flags(self, configs: dict, hybrid) -> dict:
-        """fleet's pipeline settings for this backend: whole activations between stages on both, and on gloo
-        unbatched sends (`hybrid`: the strategy's `hybrid_configs`, whose `pp_configs` it sets). fleet's default,
-        partial sends, has each tp rank send 1/tp of its activation and the receiver all-gather the pieces over the
-        tp group (pp_utils/p2p_communication.py 3.3.1, whenever the element count divides by tp): right only when
-        every tp rank holds the same tensor, and under sequence parallelism each holds its own part of the sequence,
-        so the next stage would get pieces of different tensors (PaddleNLP turns it off there too). gloo has no
-        partial send kernel at all."""
+        """fleet's pipeline settings for this backend (`hybrid`: the strategy's `hybrid_configs`, whose
+        `pp_configs` it sets): on gloo unbatched sends of whole activations, as gloo has no partial send kernel; on
+        NCCL what `configs` asks. fleet's partial send has each tp rank send 1/tp of its activation and the
+        receiver all-gather the pieces over the tp group (pp_utils/p2p_communication.py 3.3.1, whenever the
+        element count divides by tp): 1/tp of the bytes, right only when every tp rank holds the same tensor, so
+        `strategies.pipeline.pipeline_configs` turns it off under sequence parallelism (as PaddleNLP does)."""
         hybrid["pp_configs"].use_batch_p2p_comm = not self.gloo
-        return dict(configs, enable_partial_send_recv=False)
+        return dict(configs, enable_partial_send_recv=bool(configs.get("enable_partial_send_recv")) and not self.gloo)
 
     def neighbour_sends(self, hcg) -> None:
         """The pipeline group's send/recv over two-rank groups per stage pair (gloo counts tags per group)."""

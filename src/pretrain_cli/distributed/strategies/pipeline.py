@@ -34,9 +34,13 @@ from pretrain_cli.run_layout import ParallelConfig
 def pipeline_configs(loop: Loop, parallel: ParallelConfig) -> dict:
     """fleet's `pipeline_configs` for the run's micro-batching (`Topology.init_fleet` hands them to fleet). Shapes
     are sent with every message (evaluation sends another batch size than training); fleet's interleaved schedule
-    insists on its shape cache, which fleet then clears after every step instead (`Topology.init_fleet`)."""
+    insists on its shape cache, which fleet then clears after every step instead (`Topology.init_fleet`).
+    Activations go whole to the next stage under sequence parallelism, where each tp rank holds its own part of
+    the sequence (fleet's partial send is right only for a tensor every tp rank holds alike; the backend may
+    send whole anyway: `Collectives.pipeline_flags`)."""
     return {"accumulate_steps": loop.grad_accum, "micro_batch_size": loop.micro_batch,
-            "p2p_cache_shape": parallel.virtual_pp_degree > 1}
+            "p2p_cache_shape": parallel.virtual_pp_degree > 1,
+            "enable_partial_send_recv": not parallel.sequence_parallel}
 
 
 class Pipelined:
