@@ -13,6 +13,7 @@ JOB = Path(__file__).resolve().parents[2] / "scripts" / "job.py"
 
 
 def _verdicts(tmp_path, *records):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for r in records:
         (tmp_path / f"rank-{r['rank']}.json").write_text(json.dumps(r))
     return tmp_path
@@ -53,6 +54,22 @@ def test_ranks_that_stopped_on_a_signal_and_saved_end_the_job_with_0(tmp_path):
     (d / "rank-1.json").write_text(json.dumps({"rank": 1, "exit": 137, "kind": "died", "time": 1.2, "line": "x"}))
     assert job.decide(d, 15) == (137, "retry")
     assert job.decide(tmp_path / "none", 143) == (143, "stop")  # paddle_launch.py's SIGTERM: no rank recorded
+
+
+def test_a_node_whose_ranks_were_stopped_by_another_nodes_failure_says_which_and_exits_1(tmp_path):
+    """Each node has its own launch.sh: on the node whose ranks only stopped (their watchers' "peer" records) the job
+    ended with the launcher's 247 and no line; a rank ended by gloo for a rank of another host ("lost") is named as
+    such, not as the rank that ended the job."""
+    line = ("[pretrain-cli] rank 0: rank 1 (pid 7 on vm) died: killed by SIGKILL; this rank stops too. See that "
+            "rank's workerlog for its cause; re-run to resume from the newest complete checkpoint-N.")
+    d = _verdicts(tmp_path / "peer", {"rank": 0, "exit": 1, "kind": "peer", "time": 1.0, "line": line})
+    assert job.decide(d, 247) == (1, "retry")
+    assert job.cause(d) == "launch.sh: " + line.removeprefix("[pretrain-cli] ")
+    lost = ("[pretrain-cli] rank 0 (pid 8 on node1) was aborted by the collective library (killed by SIGABRT): it "
+            "lost a rank on another host (rank 1 on node0), which died, failed or stopped answering; …")
+    d = _verdicts(tmp_path / "lost", {"rank": 0, "exit": 1, "kind": "lost", "time": 1.0, "line": lost})
+    assert job.decide(d, 250) == (1, "retry")
+    assert job.cause(d) == "launch.sh: " + lost.removeprefix("[pretrain-cli] ")
 
 
 def test_a_failed_rendezvous_is_its_own_action(tmp_path):

@@ -21,8 +21,8 @@ usually a rank stopped because another one died (rank 0 killed by its watcher af
 usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
-first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`), retried while
-MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
+first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`; 1 for a node whose
+ranks were all stopped by another node's failure), retried while MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
 waits for them (`wait_for_watchers`), and `cause` gives the console the record's line: the launcher's own
 `Container rank 0 status failed` names the lowest rank it saw stop, usually one stopped because another died.
 """
@@ -59,8 +59,8 @@ def verdict_dir() -> Path | None:
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
-    another rank failed), "died", "hung", "stopped" (by a signal, after saving: exit 0); "joining" while it joins
-    the process group, cleared once joined), when
+    another rank failed), "died", "hung", "lost" (ended by gloo after a rank on another host failed), "stopped" (by a
+    signal, after saving: exit 0); "joining" while it joins the process group, cleared once joined), when
     launched by launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
@@ -108,11 +108,16 @@ def cause(directory) -> str | None:
                  key=lambda r: r.get("time", 0))
     stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
                      key=lambda r: r.get("rank", 0))
+    peers = sorted((r for r in records if r.get("kind") == "peer" and r.get("line")), key=lambda r: r.get("time", 0))
     if not own and stopped:  # a signal stopped it and the ranks saved: where, and how to go on (else only in the logs)
         return f"launch.sh: {str(stopped[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
+    if not own and peers:  # every rank of this node stopped because a rank of another node failed: which, and how
+        return f"launch.sh: {str(peers[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
     if not own or not own[0].get("line"):
         return None
     line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
+    if own[0].get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
+        return f"launch.sh: {line}"
     if own[0].get("kind") in ("died", "hung"):
         line = (f"{line.rstrip('.')} (the launcher's `Container rank N status failed` above names the first rank it "
                 f"saw stop, not the cause).")
@@ -139,6 +144,8 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
         return int(own[0]["exit"]), "retry"
     if any(r.get("kind") == "stopped" for r in records):  # a signal stopped it and every rank saved: done
         return 0, "stop"
+    if any(r.get("kind") == "peer" for r in records):  # stopped because a rank of another node failed
+        return 1, "retry"
     if launcher_rc in (USAGE, 130, 143):  # a usage error (the launcher's own), interrupted, terminated: not retried
         return launcher_rc, "stop"
     return launcher_rc, "retry"

@@ -28,8 +28,11 @@ watcher still reading it.
 A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `watcher.HANG_POLL` s) is named the same way:
 `rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
 own rank (a stopped process too) and the hung rank's watcher records exit `watcher.HUNG` for launch.sh. A straggler is
-named once in every log of the host. Peers on other hosts are not watched: gloo's abort names nothing there
-(docs/RELIABILITY.md).
+named once in every log of the host. Peers on other hosts are not watched, but a rank alone on its host (one CPU
+process per node, launch.sh's default) has a watcher too: without it a `kill -STOP` there hung its node for ever,
+and a kill there was named nowhere. When every death on a host is gloo's abort (or its timeout) and no rank of the
+host hung, the cause is a rank on another host: the line says so and points at that node's log
+(`Watcher._lost`, docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
@@ -48,8 +51,9 @@ _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd
 
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
-    """Start this rank's watcher (a job of one process, or with no other rank on this host, needs none);
-    `hang_timeout`: the run's key (`distributed.launcher.progress.allowance`)."""
+    """Start this rank's watcher (a job of one process needs none; a rank alone on its host gets one too: it names
+    its own rank's death or hang, and a gloo abort as the loss of a rank on another host); `hang_timeout`: the run's
+    key (`distributed.launcher.progress.allowance`)."""
     if parallel.world_size <= 1:
         return
     import socket
@@ -65,18 +69,19 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
     store.set(f"{_KEY}/peer/{me}", f"{host}:{os.getpid()}".encode())
     if me == 0:
         store.set(f"{_KEY}/job", uuid.uuid4().hex.encode())
-    ranks = {me: os.getpid()}
+    ranks, remote = {me: os.getpid()}, {}
     for r in range(parallel.world_size):
         if r != me:
             h, pid = bytes(store.get(f"{_KEY}/peer/{r}")).decode().rsplit(":", 1)
             if h == host:
                 ranks[r] = int(pid)
-    if len(ranks) == 1:
-        return
-    shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}"
+            else:
+                remote[r] = h
+    # the host's own directory, even where TMPDIR is shared between hosts: a verdict is about this host's ranks
+    shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}-{host}"
     shared.mkdir(exist_ok=True)
     progress.open_record(shared / f"progress.{me}")
-    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout))
+    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote))
 
 
 def _spawn(watcher: Watcher) -> None:

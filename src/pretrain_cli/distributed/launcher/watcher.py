@@ -26,6 +26,7 @@ POLL = 0.05
 SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
 HANG_POLL = 0.5  # how often the progress records are read
 HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
+LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 
 
 def exit_fds(ranks: dict) -> dict:
@@ -41,9 +42,10 @@ class Watcher:
     key)."""
 
     def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float,
-                 hang_timeout: float | None = None):
+                 hang_timeout: float | None = None, remote: dict | None = None):
         self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
         self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
+        self.remote = dict(remote or {})  # the job's ranks on other hosts -> their host (not watched from here)
         self.evidence = Evidence(me, ranks, shared)
         self.stopping = False
         self.named: set = set()  # stragglers named in this rank's log already
@@ -97,7 +99,35 @@ class Watcher:
                     last_words.append(more)
             self.evidence.observe(self.evidence.gone())
             time.sleep(POLL)
-        self._end(self.evidence.decided() or self.evidence.publish(self.evidence.death_cause()), last_words, pipe, log)
+        self._end(self.evidence.decided() or self.evidence.publish(self._lost(self.evidence.death_cause())), last_words,
+                  pipe, log)
+
+    def _lost(self, cause: dict) -> dict:
+        """`cause` as the loss of a rank on another host ("lost") when every death it names is the collective
+        library's reaction (gloo's abort, SIGABRT; or its timeout or a lost rank 0, exit 1 with no error of the rank's
+        own recorded) and the job has ranks elsewhere: the rank that failed is there, and this host cannot see it."""
+        if cause["kind"] != "died" or not self.remote:
+            return cause
+        for r, status in zip(cause["ranks"], cause["statuses"]):
+            aborted = status is not None and status & 0x7F == signal.SIGABRT
+            gave_up = processes.exit_code(status) == 1 and self._recorded(r) in ("", "peer")
+            if not (aborted or gave_up):
+                return cause
+        return {**cause, "kind": "lost"}
+
+    def _recorded(self, rank: int) -> str | None:
+        """The kind of end rank `rank` of this host recorded for launch.sh ("" when it recorded none: the ranks of a
+        node share one launch.sh), or None when that cannot be read (not launched by launch.sh)."""
+        import json
+
+        if self.verdicts is None:
+            return None
+        try:
+            return str(json.loads((self.verdicts / f"rank-{rank}.json").read_text()).get("kind", ""))
+        except FileNotFoundError:
+            return ""
+        except (OSError, ValueError):
+            return None
 
     def _end(self, cause: dict, last_words: list, pipe: int | None, log: int) -> None:
         """Say `cause` (the host's one verdict) in this rank's log, stopping this rank first; record it for
@@ -109,12 +139,16 @@ class Watcher:
             if pipe is not None:
                 os.write(log, self._read_available(pipe))
         os.write(log, self._line(cause).encode())
-        if self.me in culprits and self.verdicts is not None:
+        if self.verdicts is not None:
             from pretrain_cli.distributed.launcher import job
 
-            code = HUNG if cause["kind"] == "hung" else processes.exit_code(cause["statuses"][culprits.index(self.me)])
-            job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),
-                       directory=self.verdicts, overwrite=False)
+            if self.me in culprits:
+                code = (HUNG if cause["kind"] == "hung" else LOST if cause["kind"] == "lost" else
+                        processes.exit_code(cause["statuses"][culprits.index(self.me)]))
+                job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),
+                           directory=self.verdicts, overwrite=False)
+            else:  # stopped because of another rank: its line is the console's when no rank of this node failed
+                job.record(self.me, LOST, "peer", self._line(cause).strip(), directory=self.verdicts, overwrite=False)
         self._finish()
 
     def _check_progress(self, log: int) -> dict | None:
@@ -159,13 +193,28 @@ class Watcher:
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses = cause["ranks"], cause["statuses"]
-        if cause["kind"] == "hung":
+        elsewhere = ", ".join(f"rank {r} on {h}" for r, h in sorted(self.remote.items())[:4])
+        elsewhere += ", …" if len(self.remote) > 4 else ""
+        if cause["kind"] == "lost":
+            named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
+                              + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
+                                 else "stopped") + f" ({processes.describe_status(st)})"
+                              for r, st in zip(causes, statuses))
+            named += (f": it lost a rank on another host ({elsewhere}), which died, failed or stopped answering; "
+                      f"that node's workerlog (scripts/launch.sh: output_dir/log/node-N) names it")
+        elif cause["kind"] == "hung":
             r = causes[0]
             named = (f"rank {r} (pid {self.ranks[r]} on {self.host}) made no progress for {cause['seconds']:.0f} s "
                      f"while in {cause['phase']} at step {cause['step']}")
+            if cause["phase"] == "collective" and self.remote:  # every rank here waits: for a rank elsewhere
+                named += f", waiting for a rank on another host ({elsewhere}), which that node's workerlog names"
         else:
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
                               for r, st in zip(causes, statuses))
+        if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
+            lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
+            return (f"\n[pretrain-cli] {lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
+                    f"resume from the newest complete checkpoint-N.\n")
         usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
         if self.me in causes or own:
             todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
