@@ -67,3 +67,42 @@ def test_nothing_to_wait_for_without_rounds_or_on_other_ranks(monkeypatch):
     rank1.wait_until_seen(timeout=5)  # not rank 0
     NoComm().wait_until_seen()
     assert clock.sleeps == 0 and not store.values
+
+
+def test_a_rank_told_of_rank_0s_failure_ends_after_rank_0_so_rank_0_is_named(monkeypatch):
+    """Rank 0's save fails (disk full): a waiting rank that ended at once, before rank 0 had printed its error and
+    left, was named the cause by its host's watchers. It waits for rank 0's store to go (rank 0 gone), then says
+    rank 0 failed; or gives up after FAILED_WAIT s."""
+    import pytest
+
+    from pretrain_cli import waiting
+    from pretrain_cli.errors import PeerFailed
+
+    class GoneAfter(FakeStore):
+        """Rank 0's store, answering `polls` more times before its process is gone."""
+
+        polls = 3
+
+        def add(self, key, n):
+            if key.endswith("/save/1") and n == 0:
+                self.polls -= 1
+                if self.polls < 0:
+                    raise RuntimeError("Connection reset by peer")
+            return super().add(key, n)
+
+    clock = FakeClock()
+    monkeypatch.setattr(comm_module, "time", clock)
+    monkeypatch.setattr(waiting, "time", clock)
+    store = GoneAfter()
+    rank0, rank1 = _comms(2, store)
+    rank0.rank0_done(ok=False)
+    with pytest.raises(PeerFailed, match="rank 1: rank 0 failed while publishing checkpoint-5; see workerlog.0"):
+        rank1.wait_for_rank0("publishing checkpoint-5")
+    assert store.polls < 0  # it asked until rank 0's store was gone
+    store = GoneAfter()
+    store.polls = 10**9  # rank 0 never leaves
+    rank0, rank1 = _comms(2, store)
+    rank0.rank0_done(ok=False)
+    with pytest.raises(PeerFailed, match="rank 0 failed while publishing"):
+        rank1.wait_for_rank0("publishing checkpoint-5")
+    assert clock.now >= comm_module.FAILED_WAIT

@@ -232,8 +232,20 @@ class Saver:
         from pretrain_cli.distributed.comms.comm import rank0_round
 
         if self.rank != 0:
-            self._write(step, self.rank, self.world_size, self.layout, pieces, state)
+            failed = None
+            try:
+                self._write(step, self.rank, self.world_size, self.layout, pieces, state)
+            except OSError as e:  # its part failed (disk full), or rank 0 failed first and removed the directory
+                from pretrain_cli.training.metrics import log
+
+                log.warning(f"checkpoint-{step}: this rank's part failed ({e}); rank 0 fails the save")
+                failed = e
+            # rank 0 decides the save (it reads this rank's error record): ending only after rank 0 has ended, this
+            # rank is never the first death its host's watchers name (its error then raced rank 0's own, and its
+            # `No such file or directory` in a directory rank 0 had just removed was named as the cause)
             self.comm.wait_for_rank0(f"publishing checkpoint-{step}")
+            if failed is not None:
+                raise failed
             return
         with rank0_round(self.comm):
             self._write(step, 0, self.world_size, self.layout, pieces, state)

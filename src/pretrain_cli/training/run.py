@@ -293,6 +293,8 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
         watchdog.stop()
         _wait_for_saves(collaborators.saver, quiet=True)
+        if isinstance(e, UserError):  # its own exit code and kind: a PeerFailed (rank 0 failed) is 1, retried
+            raise
         raise UserError(str(e)) from None
     except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):

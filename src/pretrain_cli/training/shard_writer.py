@@ -27,6 +27,14 @@ from pretrain_cli.storage import checkpoint_index, shard_files
 RECORD = "rank-{:05d}.done.json"
 
 
+class PartFailed(UserError):
+    """Another rank could not write its part of a checkpoint (disk full, permissions): the system's refusal, exit 1
+    as that rank's own error would be (2, a usage error, is never restarted by launch.sh)."""
+
+    exit_code = 1
+    kind = "system"
+
+
 def tmp_dir(final: Path) -> Path:
     return final.with_name(final.name + ".tmp")
 
@@ -71,7 +79,7 @@ def collect(tmp: Path, world: int, step: int) -> list[dict]:
             if r not in records and path.is_file():
                 rec = json.loads(path.read_text(encoding="utf-8"))
                 if "error" in rec:
-                    raise UserError(f"rank {r} could not write its part of checkpoint-{step}: {rec['error']}; "
+                    raise PartFailed(f"rank {r} could not write its part of checkpoint-{step}: {rec['error']}; "
                                     f"free space or fix the file system, then re-run")
                 records[r] = rec
         return [records[r] for r in range(world)] if len(records) == world else None

@@ -16,6 +16,7 @@ from pretrain_cli.errors import PeerFailed, UserError
 from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
+FAILED_WAIT = 30.0  # how long a rank waits for rank 0 to leave after rank 0 reported a failure
 
 
 class NoComm:
@@ -130,18 +131,26 @@ class Comm(NoComm):
         self._store().add(f"{_KEY}/save/{self._rounds}", 1 if ok else -(10**6))
 
     def wait_for_rank0(self, what: str, timeout: float | None = None) -> None:
-        """Other ranks: poll the TCP store (not a gloo collective: no 30 s limit) until rank 0 is done."""
+        """Other ranks: poll the TCP store (not a gloo collective: no 30 s limit) until rank 0 is done. When rank 0
+        reports a failure this rank stays until rank 0 has left (its store gone; at most `FAILED_WAIT` s), so that
+        rank 0, whose error line is the cause, is the first to end: a rank ending first is named as the cause."""
         self._rounds += 1
         key = f"{_KEY}/save/{self._rounds}"
-        store = self._store()
+        store, failed = self._store(), []
 
         def done():
             try:
                 value = store.add(key, 0)
             except Exception as e:  # the store lives in rank 0's process: rank 0 is gone
-                raise PeerFailed(f"rank {self.rank}: lost rank 0 while it was {what} ({e}); see workerlog.0") from None
+                if failed:
+                    raise PeerFailed(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0") from None
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise PeerFailed(f"rank {self.rank}: lost rank 0 while it was {what} ({why}); see workerlog.0") from None
             if value < 0:
-                raise PeerFailed(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
+                failed.append(time.monotonic())
+                if time.monotonic() - failed[0] > FAILED_WAIT:
+                    raise PeerFailed(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0")
+                return None
             return True if value > 0 else None
 
         waiting.poll(done, timeout, lambda s: UserError(f"rank {self.rank}: rank 0 has been {what} for more than "

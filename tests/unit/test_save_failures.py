@@ -1,0 +1,90 @@
+"""A save that fails on one rank of several (`training.checkpoint.Saver`): rank 0, which decides the save, is the
+first to end, with the line that names the failure. Rank 0's disk full removes checkpoint-N.tmp at once (freeing the
+space); another rank still writing into it then failed with `No such file or directory` and, ending first, was
+named by its host's watchers as the cause; a rank whose own part failed ended before rank 0 could remove the
+partial directory. Such a rank now records its error for rank 0 and waits for rank 0's verdict (`Comm.wait_for_rank0`,
+which raises once rank 0 has ended)."""
+import errno
+
+import pytest
+
+from pretrain_cli.distributed.comms.comm import NoComm
+from pretrain_cli.errors import PeerFailed
+from pretrain_cli.training import checkpoint, shard_writer
+
+
+class Waits(NoComm):
+    """Rank 1's comm: rank 0 failed the save (`wait_for_rank0` raises as the real one does once rank 0 has ended)."""
+
+    rank, world = 1, 2
+
+    def __init__(self):
+        self.waited = []
+
+    def wait_for_rank0(self, what, timeout=None):
+        self.waited.append(what)
+        raise PeerFailed(f"rank 1: rank 0 failed while {what}; see workerlog.0")
+
+
+def _saver(tmp_path, comm):
+    return checkpoint.Saver(tmp_path, None, comm, {}, None, "float32", None, rank=1, world_size=2, layout="dp")
+
+
+def test_a_rank_whose_checkpoint_tmp_rank_0_removed_waits_for_rank_0s_verdict(tmp_path, monkeypatch):
+    def rank_0_dropped_it(tmp, rank, world, pieces):
+        tmp.mkdir(parents=True)
+        shard_writer.drop(tmp)  # rank 0, out of space, removes the directory this rank is writing into
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp / "rank-00001.done.json"))
+
+    monkeypatch.setattr(shard_writer, "write_rank", rank_0_dropped_it)
+    comm = Waits()
+    with pytest.raises(PeerFailed, match="rank 0 failed while publishing checkpoint-6"):
+        _saver(tmp_path, comm)._write_sync(6, [], None)  # not its `No such file or directory`
+    assert comm.waited == ["publishing checkpoint-6"]
+
+
+def test_a_rank_whose_own_part_fails_tells_rank_0_and_waits_for_it(tmp_path, monkeypatch):
+    def full(tmp, rank, world, pieces):
+        tmp.mkdir(parents=True)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "optimizer-00002-of-00002.safetensors"))
+
+    monkeypatch.setattr(shard_writer, "write_rank", full)
+    comm = Waits()
+    with pytest.raises(PeerFailed):
+        _saver(tmp_path, comm)._write_sync(6, [], None)
+    record = (tmp_path / "checkpoint-6.tmp" / "rank-00001.done.json").read_text()
+    assert "No space left on device" in record  # rank 0 fails the save with this rank's error, naming it
+    assert comm.waited == ["publishing checkpoint-6"]
+
+
+def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path):
+    """`training.run.finish` turned every UserError of the loop into a plain one: a PeerFailed (rank 0 failed while
+    this rank waited for its save) became exit 2, "usage", which launch.sh never restarts, on the node whose rank
+    only lost rank 0."""
+    from types import SimpleNamespace
+
+    from run_helpers import resolve_run
+
+    from pretrain_cli.errors import PeerFailed
+    from pretrain_cli.training import run
+
+    class Trainer:
+        state = SimpleNamespace(global_step=39)
+
+        def train(self):
+            raise PeerFailed("rank 1: lost rank 0 while it was publishing checkpoint-40 (Broken pipe); see workerlog.0")
+
+    closed = []
+    collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None), close=lambda: closed.append(1))
+    with pytest.raises(PeerFailed) as e:
+        run.finish(resolve_run("--max_steps", "60"), Trainer(), NoComm(), collaborators)
+    assert e.value.exit_code == 1 and e.value.kind == "peer" and closed
+
+
+def test_rank_0_fails_the_save_with_another_ranks_error_as_a_system_error(tmp_path):
+    """Exit 1, as that rank's own disk-full error would be: it was 2 (a usage error), which launch.sh never restarts."""
+    tmp = tmp_path / "checkpoint-4.tmp"
+    shard_writer.report_failure(tmp, 1, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(shard_writer.PartFailed, match="rank 1 could not write its part of checkpoint-4: OSError") as e:
+        shard_writer.collect(tmp, 2, 4)
+    assert e.value.exit_code == 1 and e.value.kind == "system"
