@@ -48,6 +48,14 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
             Topology.of(parallel).init_fleet(seed, for_device(device), pipeline)
         else:
             dist.init_parallel_env()
+    except ValueError as e:  # gloo binds its sockets to the address this host's name resolves to
+        if "cannot be obtained" not in str(e):
+            raise
+        import socket
+
+        raise UserError(f"rank {parallel.rank}: gloo cannot resolve this host's name ({socket.gethostname()}) to an "
+                        f"address; add it to /etc/hosts, or set GLOO_SOCKET_IFNAME to the network interface the nodes "
+                        f"reach each other on (`ip -br addr` lists them; lo on one machine)") from None
     except (RuntimeError, OSError) as e:
         last = str(e).strip().splitlines()[-1] if str(e).strip() else e
         raise RendezvousFailed(f"rank {parallel.rank}: could not join the process group of {parallel.world_size} "
