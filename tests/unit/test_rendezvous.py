@@ -1,6 +1,7 @@
 """The nodes' meeting at MASTER has a limit (scripts/paddle_launch.py, `distributed.launcher.rendezvous`): a node whose
 peers never come, or that was given another MASTER port, ends with one line saying how far the meeting got and what
 to do, exit 75, instead of Paddle's launcher waiting silently for ever. No rank is started."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,35 @@ def test_a_long_wait_is_said_once_before_the_limit():
     assert "(nothing answers there yet); it gives up after 600 s (RENDEZVOUS_TIMEOUT)" in m.waiting(600)
     m.answered, m.joined = True, 1
     assert m.waiting(0).endswith("(1 of 2 nodes have joined); it waits with no limit (RENDEZVOUS_TIMEOUT)")
+
+
+def test_nodes_started_with_different_nnodes_both_end_at_once_naming_it(tmp_path):
+    """NNODES 2 on one node, 3 on the other: the first started its rank with the second, whose launcher waited for a
+    third node, so that rank waited in the join of a process group whose other half never started."""
+    import os
+
+    held = reserve()
+    (tmp_path / "rank.py").write_text("open('started', 'w').close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "NODE_RANK"}
+    env[rendezvous.TIMEOUT_ENV] = "120"  # (what ends them is the disagreement, long before this)
+    try:
+        nodes = [subprocess.Popen([sys.executable, str(LAUNCH), "--master", f"127.0.0.1:{held.base}", "--nnodes", n,
+                                   "--nproc_per_node", "1", "--log_dir", str(tmp_path / f"log{n}"),
+                                   str(tmp_path / "rank.py")], env=env, stderr=subprocess.PIPE, text=True,
+                                  cwd=tmp_path, stdout=subprocess.DEVNULL) for n in ("2", "3")]
+        ends = [(p.wait(timeout=100), p.stderr.read()) for p in nodes]
+    finally:
+        held.release()
+    for (code, err), (mine, other) in zip(ends, ((2, 3), (3, 2))):
+        assert code == rendezvous.USAGE and "Traceback" not in err, err
+        assert (f"launch.sh: this node: the nodes at MASTER 127.0.0.1:{held.base} were started with different NNODES "
+                f"(this node {mine}, another {other}); start every node with the same NNODES") in err, err
+    assert not (tmp_path / "started").exists()
+
+
+def test_a_registration_carries_the_nodes_it_was_started_for():
+    tagged = rendezvous._tagged('{"name": "a", "replicas": 1}', 2)
+    assert json.loads(tagged) == {"name": "a", "replicas": 1, rendezvous.NODES_KEY: 2}
+    assert rendezvous._tagged("not json", 2) == "not json"
+    m = rendezvous.Meeting("m:1", 3)
+    assert m.other_count([tagged]) == 2 and m.other_count(['{"name": "b"}', "x"]) is None

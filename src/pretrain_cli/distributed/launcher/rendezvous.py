@@ -9,9 +9,14 @@ for, and after `timeout` s (`RENDEZVOUS_TIMEOUT`, default `DEFAULT`; 0: no limit
 got (nothing answered at MASTER, or k of n nodes joined) and what to do, and the launcher exits `EXIT` (75,
 EX_TEMPFAIL: no rank has started, so nothing was written; launch.sh restarts it under MAX_RESTART). What the line
 reports is what the launcher's own KV client saw: whether MASTER answered, and how many nodes had registered.
+
+Each node also registers the number of nodes it was started for (NNODES): a node that sees another number ends at
+once, exit 2 (with NNODES 2 and 3 the first node started its ranks with the second, whose launcher waited for a third
+node: its ranks waited in the join of a process group whose other half never started).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -20,6 +25,8 @@ TIMEOUT_ENV = "RENDEZVOUS_TIMEOUT"
 DEFAULT = 600.0  # seconds: time to start the other nodes by hand, far below "for ever"
 NOTICE = 10.0  # a wait longer than this is said once, so a silent console is explained
 EXIT = 75  # EX_TEMPFAIL, as a failed join of the process group: nothing has run
+USAGE = 2  # the nodes were started with different NNODES: a usage error, never retried
+NODES_KEY = "pretrain_cli_nnodes"
 
 
 def timeout_seconds() -> float:
@@ -45,6 +52,23 @@ class Meeting:
                   else "nothing answers there yet")
         until = f"it gives up after {seconds:.0f} s" if seconds else "it waits with no limit"
         return f"launch.sh: {who} waits for the other nodes at MASTER {self.master} ({so_far}); {until} ({TIMEOUT_ENV})"
+
+    def other_count(self, registrations) -> int | None:
+        """Another number of nodes a registered node was started for (its NNODES), or None."""
+        for value in registrations:
+            try:
+                nodes = json.loads(value).get(NODES_KEY)
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(nodes, int) and nodes != self.nodes:
+                return nodes
+        return None
+
+    def disagree(self, other: int) -> str:
+        node = os.environ.get("NODE_RANK")
+        who = f"node {node}" if node else "this node"
+        return (f"launch.sh: {who}: the nodes at MASTER {self.master} were started with different NNODES (this node "
+                f"{self.nodes}, another {other}); start every node with the same NNODES")
 
     def failed(self, seconds: float) -> str:
         node = os.environ.get("NODE_RANK")
@@ -77,12 +101,20 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
         found = get_prefix(self, key)
         if found and meeting:
             meeting[-1].answered, meeting[-1].joined = True, len(found)
+            other = meeting[-1].other_count(found.values())
+            if other is not None:  # a node started with another NNODES: the meeting can never be right
+                print(meeting[-1].disagree(other), file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(USAGE)
         return found
 
     def sync_peers(self, prefix, key, value, size, rank=-1):
-        if size < 2 or not limit and not notice:
+        if size < 2:
             return sync(self, prefix, key, value, size, rank)
         meeting.append(Meeting(self.ctx.args.master or "?", size))
+        value = _tagged(value, size)
+        if not limit and not notice:
+            return sync(self, prefix, key, value, size, rank)
         done = threading.Event()
         threading.Thread(target=_watch, args=(meeting[-1], done, limit, notice), daemon=True).start()
         try:
@@ -91,6 +123,16 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
             done.set()
 
     KVClient.wait_server_ready, KVClient.get_prefix, masters.HTTPMaster.sync_peers = wait_server_ready, seen, sync_peers
+
+
+def _tagged(value: str, nodes: int) -> str:
+    """The node's registration (the launcher's JSON) with the number of nodes it was started for: each node checks
+    the others' (`Meeting.other_count`). The launcher reads its own keys of it and ignores this one."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return value
+    return json.dumps({**data, NODES_KEY: nodes}) if isinstance(data, dict) else value
 
 
 def _watch(meeting: Meeting, done: threading.Event, limit: float, notice: float) -> None:
