@@ -49,6 +49,7 @@ def test_context_with_tensor_or_pipeline_parallelism_matches_one_process(product
     assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL)
     assert_checkpoint_matches(out / "checkpoint-5", rout / "checkpoint-5", WEIGHT_TOL)  # weights and AdamW state
     assert layout in run.log(0), run.log(0)[-2000:]
+    assert "head+loss=cpu" in run.log(0)  # each rank's own tokens through the fused head + loss (a whole head)
     assert all("Traceback" not in run.log(n) for n in range(4))
     got, want = evals(run), evals(r)  # (the document-masked pipeline evaluates: the same tokens, counted once)
     assert len(got) == len(want) and [t for _, t in got] == [t for _, t in want]

@@ -35,6 +35,7 @@ def runs(corpus, tmp_path_factory):
 def test_ep2_tp2_matches_one_process(runs):
     (ref, rout), (run, out) = runs["one"], runs["ep2_tp2"]
     assert "ep 2" in run.log(0) and "tp 2" in run.log(0) and "aux_loss: " in run.log(0)
+    assert "head+loss=cpu" in run.log(0)  # the `tp` step leaves the head whole: the fused head + loss runs
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     # each rank wrote its experts' tp slices: checkpoint-5 holds every expert whole, equal to one process's (weights
     # and AdamW moments); the final export in HF's per-expert names, within the bound test_expert_parallel.py gives

@@ -90,6 +90,7 @@ def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_pa
     one process resumed from it continues the same curve."""
     (ref, rout), (run, out) = split["one"], split["tp2"]
     assert "tensor parallel" in run.log(0) and "mtp_loss" in run.log(0)
+    assert "head+loss=cpu" in run.log(0)  # the `tp` step's whole head: the fused head + loss (the MTP depth's too)
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     weights, want = (read_checkpoint(d / "checkpoint-5", "weights") for d in (out, rout))
     assert "model.layers.2.self_attn.kv_b_proj.weight" in weights  # the MTP module's, whole again
@@ -106,7 +107,7 @@ def test_tp2_matches_one_process_and_its_checkpoint_resumes_there(corpus, tmp_pa
 @pytest.mark.parametrize("layout", sorted(PIPELINE))
 def test_pipeline_layouts_match_one_process(pipeline, layout):
     (ref, rout), (run, out) = pipeline[PIPELINE[layout][0]], pipeline[layout]
-    assert "pipeline" in run.log(0)
+    assert "pipeline" in run.log(0) and "head+loss=cpu" in run.log(0)  # the last stage's whole head, fused
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)
 
@@ -117,5 +118,6 @@ def test_tp2_zero3_matches_one_process(split):
     contiguous outputs, the loss reshaped 0-D)."""
     (ref, rout), (run, out) = split["one"], split["tp2_zero3"]
     assert "semi-auto" in run.log(0) and "mtp_loss" in run.log(0)
+    assert "head+loss=off" in run.log(0)  # vocab_size 512 split over tp 2: the vocabulary-split head keeps the logits
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(out), read_weights(rout), tol=1e-4)

@@ -42,6 +42,8 @@ def test_tp2_sp_matches_one_process_step_by_step(tp_sp, doc_ref):
     assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
     assert "layout: tensor parallel + sequence parallel" in run.log(0) and "tp 2 + sp" in run.log(0)
     assert "attention_mask_type = \"document\"" in run.log(0) and "recompute full" in run.log(0)
+    # the final norm's output is gathered whole on each tp rank, the head whole: the fused head + loss reads them
+    assert "head+loss=cpu" in run.log(0)
     assert all("Traceback" not in run.log(n) for n in range(2))
 
 

@@ -48,6 +48,8 @@ def test_tp2_pp2_matches_one_process_step_by_step(tp_pp, doc_ref):
     assert len(got) == len(want) == 2 and [t for _, t in got] == [t for _, t in want]  # the same tokens counted once
     assert all(abs(float(a) - float(b)) <= 1e-5 for (a, _), (b, _) in zip(got, want)), (got, want)
     assert "layout: pipeline (fleet 1F1B): pp 2 x tp 2 x dp 1" in run.log(0) and "recompute full" in run.log(0)
+    # the last stage's head is whole on each tp rank: the fused head + loss runs there, as on one process
+    assert "head+loss=cpu" in run.log(0)  # (rank 0 logs the kernels; every rank builds the same table)
     assert all("Traceback" not in run.log(n) for n in range(4))
 
 

@@ -282,16 +282,49 @@ def test_attention_mask_type_and_reset_position_ids_are_resolved_once():
     assert doc.to_dict()["data"]["attention_mask_type"] == "document"  # recorded in args.json
 
 
-def test_fused_loss_is_the_default_and_off_only_under_tensor_parallelism():
+def test_fused_loss_is_the_default_and_off_only_where_tp_splits_the_vocabulary():
+    """The fused head + loss reads the whole head weight: it runs wherever tensor parallelism leaves the head whole
+    (the layout steps' split: inside pipeline stages, with sequence, context or expert parallelism, multi-head latent
+    attention; the semi-auto engine over a vocabulary tp does not divide) and only a vocabulary-split head keeps
+    the logits, with a note when the file asked for the fused loss."""
+    import dataclasses
+
     assert resolve_run().kernels.fused_loss
     assert not resolve_run("--use_fused_linear_cross_entropy", "false").kernels.fused_loss
     tp = resolve_run("--tensor_parallel_degree", "2", "--use_fused_linear_cross_entropy", "true", world=2)
-    assert tp.parallel.engine == "semi_auto" and not tp.kernels.fused_loss
-    assert any(n.startswith("use_fused_linear_cross_entropy:") for n in tp.notes)
+    assert tp.parallel.engine == "semi_auto" and tp.parallel.vocab_parallel and not tp.kernels.fused_loss
+    assert [n for n in tp.notes if n.startswith("use_fused_linear_cross_entropy:")] == [
+        "use_fused_linear_cross_entropy: tensor_parallel_degree 2 splits the LM head over the vocabulary (it divides "
+        "vocab_size 512); the run keeps the logits and the unfused loss"]
+    assert not any(n.startswith("use_fused_linear_cross_entropy:") for n in resolve_run(
+        "--tensor_parallel_degree", "2", world=2).notes)  # the default is not the file's request: no note
     for stage in ("stage2", "stage3"):  # the semi-auto engine without TP: each rank's rows, the whole head
         zero = resolve_run("--sharding", stage, "--use_fused_linear_cross_entropy", "true", world=2)
         assert zero.parallel.engine == "semi_auto" and zero.kernels.fused_loss
         assert not any(n.startswith("use_fused_linear_cross_entropy:") for n in zero.notes)
+    whole = [  # (engine, world, model, keys): the layout steps' tp, the embedding and LM head whole on each tp rank
+        ("pipeline", 4, "micro-qwen2", ["--pipeline_parallel_degree", "2"]),
+        ("tensor_parallel", 2, "micro-qwen2", ["--sequence_parallel", "true"]),
+        ("tensor_parallel", 4, "micro-qwen2", ["--context_parallel_degree", "2"]),
+        ("tensor_parallel", 4, "micro-qwen3-moe", ["--expert_parallel_degree", "2"]),
+        ("tensor_parallel", 2, "micro-deepseek-v3", []),  # multi-head latent attention
+    ]
+    for engine, world, model, keys in whole:
+        run = resolve_run("--tensor_parallel_degree", "2", "--use_fused_linear_cross_entropy", "true", *keys,
+                          world=world, model=model)
+        assert (run.parallel.engine, run.parallel.vocab_parallel, run.kernels.fused_loss) == (engine, False, True)
+        assert not any(n.startswith("use_fused_linear_cross_entropy:") for n in run.notes)
+    from run_helpers import BASE
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+
+    cfg = model_config()
+    odd = dataclasses.replace(cfg, vocab_size=cfg.vocab_size + 1)  # 513: semi-auto keeps the head whole
+    args = parse_config(None, [*BASE, "--tensor_parallel_degree", "2", "--use_fused_linear_cross_entropy", "true"])
+    run = resolve(args, odd, Target("cpu", 2))
+    assert (run.parallel.engine, run.parallel.vocab_parallel, run.kernels.fused_loss) == ("semi_auto", False, True)
 
 
 def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path):

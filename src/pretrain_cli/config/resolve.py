@@ -283,11 +283,15 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     else:  # (its notes in the same place as a file's)
         parallel = probed
         notes.extend(probed_notes)
-    if kernels.fused_loss and parallel.tp_degree > 1:  # distributed.steps.local_kernels: no vocabulary-split kernel
+    # the fused head + loss reads the whole head weight: wherever tp leaves the head whole (the layout steps' split,
+    # a vocabulary tp does not divide) it runs; only a vocabulary-split head keeps the logits
+    # (distributed.steps.local_kernels: no vocabulary-split kernel)
+    if kernels.fused_loss and parallel.vocab_parallel:
         kernels = replace(kernels, fused_loss=False)
         if "use_fused_linear_cross_entropy" in args.explicit:
-            notes.append("use_fused_linear_cross_entropy: tensor parallelism splits the LM head over the vocabulary; "
-                         "it keeps the logits and the unfused loss")
+            notes.append(f"use_fused_linear_cross_entropy: tensor_parallel_degree {parallel.tp_degree} splits the LM "
+                         f"head over the vocabulary (it divides vocab_size {model_cfg.vocab_size}); the run keeps the "
+                         f"logits and the unfused loss")
     kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
     if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)

@@ -16,9 +16,11 @@ local gradient the kernel returns is summed across ranks by Paddle, not dropped.
 (≤ 1e-6) against one process for DP, ZeRO-1/2/3, TP and dp × tp on CPU (docs/DISTRIBUTED.md).
 
 The fused LM head + loss (`ops.linear_loss`) runs on each rank's rows against the whole head weight
-(gathered under ZeRO-3, Partial like RMSNorm's); the ranks' loss sums are added by Paddle.
-Under tensor parallelism the head is split over the vocabulary and each rank would need all of it, so
-`config.resolve` keeps the logits and the localized cross-entropy there (`linear_cross_entropy` is None).
+(gathered under ZeRO-3, Partial like RMSNorm's); the ranks' loss sums are added by Paddle. Under tensor
+parallelism over a vocabulary tp does not divide the head is whole (Replicate on "mp") and every tp rank runs the
+same rows, whose loss pieces are Replicate on "mp" like the rows: the sum counts them once. Where tp splits the
+vocabulary each rank would need all of the head, so `config.resolve` keeps the logits and the localized
+cross-entropy there (`linear_cross_entropy` is None).
 """
 from __future__ import annotations
 
