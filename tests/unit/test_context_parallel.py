@@ -185,7 +185,10 @@ def test_plan_models_each_rank_holding_a_share_of_the_sequence(tmp_path):
     assert cp8["memory_breakdown_gib"]["optimizer_state"] == pytest.approx(8.03e9 * 8 / 8 / 2**30, rel=0.01)
 
 
-def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_where_nothing_else_fits(tmp_path):
+def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_over_tp_with_sequence_parallelism(tmp_path):
+    """cp8 is the fastest layout that fits. Without context parallelism only tp 4 + sequence parallelism fits (the
+    fused head + loss runs on the `tp` step's whole head: no [131,072, 128,256] logits), slower; with the loss
+    unfused, no layout without CP fits."""
     from pretrain_cli.planning import fit as fit_search
 
     path = tmp_path / "l.json"
@@ -196,27 +199,34 @@ def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_where_nothing_e
     again = plan(str(path), [tok for k, val in f["change"].items() for tok in (f"--{k}", json.dumps(val)
                  if isinstance(val, bool) else str(val))], device="H100", gpus=8, suggest_changes=False)
     assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["parallel"]["cp"] == 8
-    # without context parallelism no candidate fits
     from pretrain_cli.orchestration import planned
     from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
 
-    args = load_arguments(str(path), [])
-    cfg = build_model_config(args)[1]
-    base = planned.plan(args, cfg, "H100", 8, suggest_changes=False)
     current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "recompute": False,
                "recompute_granularity": "full", "use_flash_attention": True, "sharding": "",
                "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "context_parallel_degree": 1}
+    found = {}
+    for fused in ("true", "false"):
+        args = load_arguments(str(path), ["--use_fused_linear_cross_entropy", fused])
+        cfg = build_model_config(args)[1]
+        base = planned.plan(args, cfg, "H100", 8, suggest_changes=False)
 
-    def replan(change):
-        if change.get("context_parallel_degree", 1) > 1:
-            return None
-        try:
-            return planned.plan(planned.with_changes(args, change), cfg, "H100", 8, suggest_changes=False)
-        except UserError:  # a layout resolve refuses (as `fit`'s own replanner drops it)
-            return None
+        def replan(change, args=args, cfg=cfg):
+            if change.get("context_parallel_degree", 1) > 1:
+                return None
+            try:
+                return planned.plan(planned.with_changes(args, change), cfg, "H100", 8, suggest_changes=False)
+            except UserError:  # a layout resolve refuses (as `fit`'s own replanner drops it)
+                return None
 
-    found = fit_search.search(current, base, replan, f["budget_gib"])
-    assert found["best"] is None and found["smallest"]["report"].memory_gib > f["budget_gib"]
+        found[fused] = fit_search.search(current, base, replan, f["budget_gib"])
+    best = found["true"]["best"]
+    assert best is not None and best["report"].memory_gib <= f["budget_gib"]
+    assert (best["change"]["tensor_parallel_degree"], best["change"]["sequence_parallel"]) == (4, True)
+    assert best["report"].memory_breakdown_gib["logits_loss"] < 8  # dh, the fp32 dW, a chunk: not 188 GiB of logits
+    assert best["speed"]["tokens_per_sec"] < f["after"]["speed"]["tokens_per_sec"]  # cp8 is faster
+    unfused = found["false"]
+    assert unfused["best"] is None and unfused["smallest"]["report"].memory_gib > f["budget_gib"]
 
 
 def test_short_sequences_are_not_offered_context_parallelism():

@@ -285,10 +285,12 @@ def test_the_cpu_attention_kernels_probabilities_are_planned_at_their_size():
     assert 0.51 < attention_probs_per_head(4096, 4096) / 4096**2 < 0.52
 
 
-def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(write_args):
+def test_fused_loss_replaces_the_logits_term_wherever_the_lm_head_is_whole(write_args):
     """Qwen's 151,936-token vocabulary at 4 x 2048 tokens: the [b, s, V] logits (fp16 + fp32 copy + fp32 grad +
     fp16 grad) are ~11.6 GiB; the fused head + loss keeps dh, the fp32 dW buffers and one chunk instead, on one
-    device and under ZeRO-2/3 alike. A tensor-parallel layout (vocabulary-split head) keeps the logits."""
+    device, under ZeRO-2/3 and under the layout steps' tensor parallelism (the head whole on each tp rank: inside
+    pipeline stages, with sequence or context parallelism) alike. Only a vocabulary-split head (semi-auto tp, which
+    divides the vocabulary) keeps the logits, ÷ tp."""
     shape = dict(per_device_train_batch_size=4, max_seq_length=2048)
     fused = plan(write_args(**shape), device="A100-80GB")["memory_breakdown_gib"]["logits_loss"]
     unfused = plan(write_args(**shape, use_fused_linear_cross_entropy=False),
@@ -300,6 +302,14 @@ def test_fused_loss_replaces_the_logits_term_except_under_tensor_parallelism(wri
     assert tp[0] == tp[1] == pytest.approx(unfused / 2, rel=1e-3)
     zero3 = plan(write_args(**shape, sharding="stage3"), device="A100-80GB", gpus=2)["memory_breakdown_gib"]
     assert zero3["logits_loss"] == pytest.approx(fused, rel=1e-3)  # the same per-device term as one device
+    # (gpus, keys, tokens per rank as a share of the sequence): the whole head on each tp rank; cp's tokens ÷ 2
+    whole = [(4, dict(pipeline_parallel_degree=2), 1), (2, dict(sequence_parallel=True), 1),
+             (4, dict(context_parallel_degree=2), 2)]
+    for gpus, keys, cp in whole:
+        got = [plan(write_args(**shape, **keys, tensor_parallel_degree=2, use_fused_linear_cross_entropy=f),
+                    device="A100-80GB", gpus=gpus)["memory_breakdown_gib"]["logits_loss"] for f in (True, False)]
+        assert got[0] < 2.0 and got[0] == pytest.approx(fused, rel=0.01), keys  # dW dominates: (almost) as one device
+        assert got[1] == pytest.approx(unfused / cp, rel=1e-3), keys  # unfused: every rank's whole logits
 
 
 def test_new_user_notes_device_family_data_ranks_and_too_small_models(capsys):

@@ -50,7 +50,7 @@ class Setup:
     distributed_tensors: bool = False  # run_layout.EngineTraits: the semi-auto engine's DistTensors
     document_mask: bool = False  # attention_mask_type: document (packed samples carry doc_start)
     reset_positions: bool = False  # ... and position_ids that restart per document
-    fused_loss: bool = False  # the fused LM head + loss (never under tensor parallelism: it keeps the logits)
+    fused_loss: bool = False  # the fused LM head + loss (config.resolve: off only for a vocabulary-split head)
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
     cp: int = 1  # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
