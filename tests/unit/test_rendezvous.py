@@ -14,15 +14,15 @@ from pretrain_cli.distributed.launcher.job import reserve
 LAUNCH = Path(__file__).resolve().parents[2] / "scripts" / "paddle_launch.py"
 
 
-def _alone(tmp_path, host: str, **env):
-    """paddle_launch.py as node 1 of 2 at MASTER host:<a port held for this test>, RENDEZVOUS_TIMEOUT 2 s."""
+def _alone(tmp_path, host: str, seconds: int, **env):
+    """paddle_launch.py as node 1 of 2 at MASTER host:<a port held for this test>, RENDEZVOUS_TIMEOUT `seconds`."""
     import os
 
     held = reserve()
     try:
         (tmp_path / "rank.py").write_text("open('started', 'w').close()\n")
         e = {k: v for k, v in os.environ.items() if k not in (rendezvous.TIMEOUT_ENV, "NODE_RANK")}
-        e.update({rendezvous.TIMEOUT_ENV: "2", "NODE_RANK": "1", **env})
+        e.update({rendezvous.TIMEOUT_ENV: str(seconds), "NODE_RANK": "1", **env})
         master = f"{host}:{held.base}"  # the block's first port: no launcher of this host takes it
         out = subprocess.run([sys.executable, str(LAUNCH), "--master", master, "--nnodes", "2", "--nproc_per_node",
                               "1", "--log_dir", str(tmp_path / "log"), str(tmp_path / "rank.py")], env=e,
@@ -36,15 +36,16 @@ def _alone(tmp_path, host: str, **env):
 
 def test_a_node_whose_peers_never_come_ends_with_one_line(tmp_path):
     # MASTER on this host: this launcher hosts the master itself, and no other node joins it
-    master, lines = _alone(tmp_path, "127.0.0.1")
-    assert lines[-1] == (f"launch.sh: node 1: only 1 of 2 nodes joined at MASTER {master} in 2 s; start the other "
+    # (10 s: before its first registration the launcher sleeps up to 2 s and starts its master, slower under load)
+    master, lines = _alone(tmp_path, "127.0.0.1", 10)
+    assert lines[-1] == (f"launch.sh: node 1: only 1 of 2 nodes joined at MASTER {master} in 10 s; start the other "
                          f"node(s) with the same MASTER and NNODES=2 (a node given another MASTER port waits there "
                          f"alone) (RENDEZVOUS_TIMEOUT sets this wait, 0: no limit)")
 
 
 def test_a_master_that_never_answers_is_named(tmp_path):
     # another address (a loopback one this launcher does not take for its own): nothing listens there
-    master, lines = _alone(tmp_path, "127.0.0.2")
+    master, lines = _alone(tmp_path, "127.0.0.2", 2)
     assert lines[-1].startswith(f"launch.sh: node 1: nothing answered at MASTER {master} for 2 s; start the node "
                                 f"that hosts it (NODE_RANK=0"), lines
 
