@@ -65,9 +65,11 @@ def _qwen3():
     return ModelConfig.from_dict({**cfg, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
 
 
-def _model(cfg):
-    # the tp step's kernel table (`order._tp_kernels`): the row-parallel outputs summed before the residual add
-    table = replace(kernels.select(None, "cpu"), linear_residual=None, linear_add_rms_norm=None)
+def _model(cfg, fused_loss: bool = True):
+    # the tp step's kernel table (`order._tp_kernels`): the row-parallel outputs summed before the residual add;
+    # the fused head + loss by default, as `config.resolve` leaves it under the step (the LM head whole on each rank)
+    table = kernels.select(kernels.KernelConfig(fused_loss=fused_loss), "cpu")
+    table = replace(table, linear_residual=None, linear_add_rms_norm=None)
     paddle.seed(0)
     return build_model(cfg, table)
 
@@ -78,8 +80,10 @@ def _grads(model, ids, labels) -> dict:
     return {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_the_tp_steps_gradients_after_its_sum_are_one_process(monkeypatch, sequence_parallel):
+@pytest.mark.parametrize("sequence_parallel,fused_loss", [(False, True), (True, True), (True, False)])
+def test_the_tp_steps_gradients_after_its_sum_are_one_process(monkeypatch, sequence_parallel, fused_loss):
+    """One process runs the fused head + loss; the tp ranks run it too, or (with sequence parallelism: the head's
+    input gathered whole) the logits and the unfused loss, which give the same gradients."""
     cfg = _qwen3()
     rng = np.random.default_rng(3)
     ids = paddle.to_tensor(rng.integers(3, 512, (2, 16)))
@@ -91,7 +95,7 @@ def test_the_tp_steps_gradients_after_its_sum_are_one_process(monkeypatch, seque
     monkeypatch.setattr(paddle.distributed, "all_gather", hub.all_gather)  # sequence parallelism's
     monkeypatch.setattr(order.Placement, "group", lambda self, axis: None)
     got, errors = {}, []
-    models = [_model(cfg) for _ in range(TP)]  # here: the weights are drawn from Paddle's one generator
+    models = [_model(cfg, fused_loss) for _ in range(TP)]  # here: the weights are drawn from Paddle's one generator
 
     def rank(r: int):
         threading.current_thread().rank = r
