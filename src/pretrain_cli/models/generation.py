@@ -69,6 +69,8 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     """
     import paddle
 
+    from pretrain_cli.ops.tensors import from_numpy  # (paddle.to_tensor leaks at every call: every token)
+
     rng = np.random.default_rng(seed)
     ids = np.asarray(input_ids, dtype=np.int64)
     limit = max_length or model.config.max_position_embeddings
@@ -79,12 +81,12 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     with paddle.no_grad():
         for _ in range(max_new_tokens):
             if not use_cache:
-                out = model(paddle.to_tensor(ids[:, -limit:]))  # [bsz, ctx_len, vocab]
+                out = model(from_numpy(ids[:, -limit:]))  # [bsz, ctx_len, vocab]
             elif cache is None or cache.offset + 1 > limit:  # prefill, or the window slid: rebuild
                 cache = model.new_cache()
-                out = model(paddle.to_tensor(ids[:, -limit:]), cache)  # [bsz, ctx_len, vocab]
+                out = model(from_numpy(ids[:, -limit:]), cache)  # [bsz, ctx_len, vocab]
             else:
-                out = model(paddle.to_tensor(ids[:, -1:]), cache)  # [bsz, 1, vocab]
+                out = model(from_numpy(ids[:, -1:]), cache)  # [bsz, 1, vocab]
             logits = out[:, -1, :].astype("float32").numpy()  # [bsz, vocab]
             nxt = sample_next(logits, rng, temperature, top_k, top_p)
             if stops.size:

@@ -50,6 +50,8 @@ def grouped_mlp_padded(x, counts, weights, swiglu_packed):
     import numpy as np
     import paddle
 
+    from pretrain_cli.ops.tensors import from_numpy
+
     rows, hidden = x.shape
     cap = max(counts) if counts else 0
     if rows == 0 or cap == 0:
@@ -57,7 +59,7 @@ def grouped_mlp_padded(x, counts, weights, swiglu_packed):
     n = len(counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype("int64")
     expert = np.repeat(np.arange(n, dtype="int64"), counts)  # [rows]
-    slot = paddle.to_tensor(expert * cap + (np.arange(rows, dtype="int64") - starts[expert]))  # [rows]
+    slot = from_numpy(expert * cap + (np.arange(rows, dtype="int64") - starts[expert]))  # [rows] (to_tensor leaks)
     gate_up, down = _stacked(weights)
     padded = paddle.zeros([n * cap, hidden], dtype=x.dtype)
     padded = paddle.scatter(padded, slot, x, overwrite=True).reshape([n, cap, hidden])  # [experts, cap, hidden]

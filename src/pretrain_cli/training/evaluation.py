@@ -22,14 +22,14 @@ def perplexity(loss: float) -> float:
 def model_inputs(batch: dict, shard=None) -> tuple:
     """(input_ids, {name: tensor} of the packed-document fields the batch carries, labels) as tensors for
     `model(ids, **kw)`; a causal batch carries no fields, so the call is the plain `model(ids)`. `shard` (a
-    distributed strategy's `shard_batch`) declares each one this rank's piece of the global batch."""
-    import paddle
-
+    distributed strategy's `shard_batch`) declares each one this rank's piece of the global batch. Made by
+    `ops.tensors.from_numpy`: `paddle.to_tensor` leaks host memory at every call, so at every micro-batch."""
     from pretrain_cli.data.loader import DOCUMENT_FIELDS
+    from pretrain_cli.ops.tensors import from_numpy
 
     shard = shard or (lambda tensor: tensor)
-    extra = {k: shard(paddle.to_tensor(batch[k])) for k in DOCUMENT_FIELDS if k in batch}  # int64 [b, seq_len] each
-    return shard(paddle.to_tensor(batch["input_ids"])), extra, shard(paddle.to_tensor(batch["labels"]))
+    extra = {k: shard(from_numpy(batch[k])) for k in DOCUMENT_FIELDS if k in batch}  # int64 [b, seq_len] each
+    return shard(from_numpy(batch["input_ids"])), extra, shard(from_numpy(batch["labels"]))
 
 
 def loss_sum(model, batches, autocast=None, progress=None, shard=None, to_host=None) -> tuple[float, float, int]:

@@ -65,10 +65,12 @@ class Comm(NoComm):
         self._rounds = 0
 
     def _reduce(self, value: float, op) -> float:
-        import paddle
+        import numpy as np
         import paddle.distributed as dist
 
-        t = paddle.to_tensor([float(value)], dtype="float64")
+        from pretrain_cli.ops.tensors import from_numpy
+
+        t = from_numpy(np.array([float(value)], dtype=np.float64))  # every step (`any`): to_tensor would leak
         dist.all_reduce(t, op=op)
         return float(t.numpy()[0])
 

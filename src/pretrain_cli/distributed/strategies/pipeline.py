@@ -122,9 +122,10 @@ class Pipeline(Hybrid):
         import paddle
 
         from pretrain_cli.data.loader import DOCUMENT_FIELDS
+        from pretrain_cli.ops.tensors import from_numpy
 
         # int64 [micro, seq_len] each (context parallelism: this rank's [micro, seq_len / cp] chunks)
-        column = lambda key: [self.shard_batch(paddle.to_tensor(b[key])) for b in batches]  # noqa: E731
+        column = lambda key: [self.shard_batch(from_numpy(b[key])) for b in batches]  # noqa: E731 (to_tensor leaks)
         fields = [k for k in DOCUMENT_FIELDS if k in batches[0]]
         columns = {k: column(k) for k in ["input_ids", *fields]}
         firsts = [inputs_of(ids, {k: columns[k][i] for k in fields}, self.sequence)
