@@ -41,8 +41,9 @@ class DataSplits:
                 if ds is not None:
                     line += f"; {name} {ds.num_docs} docs / {ds.samples_per_epoch} samples per epoch"
             train = s["splits"].get("train")
-            if train_samples and train is not None:
-                line += f"; {train.epochs_for(train_samples * share):.2f} epochs"
+            if train_samples and train is not None:  # a run that reads a small corpus many times says so at start
+                line += (f"; the run's {round(train_samples * share):,} train samples from it: "
+                         f"{train.epochs_for(train_samples * share):.2f} epochs")
             lines.append(line)
         for name in SPLIT_NAMES:
             ds = getattr(self, name)

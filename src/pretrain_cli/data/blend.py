@@ -98,6 +98,14 @@ class BlendedDataset:
         k, j = self.locate(int(i))
         return self.datasets[k][j]
 
+    def epochs_begun(self, first: int, count: int) -> list[tuple[str, int]]:
+        """(source name, epoch) of each source epoch whose first sample is among positions [first, first + count)."""
+        out = []
+        for i in range(first, first + count):
+            k, j = self.locate(i)
+            out += self.datasets[k].epochs_begun(j, 1)
+        return out
+
     def source_counts(self, n: int) -> np.ndarray:
         counts = np.zeros(len(self.datasets), np.int64)
         for c in range(0, (n + _CHUNK - 1) // _CHUNK):

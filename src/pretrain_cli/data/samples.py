@@ -115,6 +115,13 @@ class _SplitBase:
     def epochs_for(self, num_samples: int) -> float:
         return num_samples / self.samples_per_epoch
 
+    def epochs_begun(self, first: int, count: int) -> list[tuple[str, int]]:
+        """(source name, epoch) of each epoch whose first sample is among samples [first, first + count): where a
+        reader of those samples wraps around to the start of the split, its documents in a new order."""
+        n = self.samples_per_epoch
+        name = os.path.basename(self.source.prefix) or self.source.prefix
+        return [(name, e) for e in range(-(-first // n), (first + count - 1) // n + 1)]
+
     def _build_epoch(self, epoch: int) -> tuple:
         raise NotImplementedError
 

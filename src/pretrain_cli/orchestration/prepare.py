@@ -318,8 +318,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     problems.raise_if_any()
     spec.unresumed = (copy.deepcopy(args), run, target)  # (keep_global_batch sets keys of the arguments it gets)
     spec.args, spec.run = _resumed(spec, saved)
-    if spec.splits is not None:
-        spec.data_lines = spec.splits.describe()
+    if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
+        r = spec.run
+        spec.data_lines = spec.splits.describe(r.loop.max_steps * r.global_batch_size if r.loop.do_train else None)
     return spec
 
 

@@ -138,6 +138,7 @@ class Trainer:
                     batches.close()
                     batches = self._open_batches()
                 first_sample = self.state.consumed_samples
+                self._note_epochs(first_sample)
                 result = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
                 if result.outcome == "spike":
@@ -188,6 +189,14 @@ class Trainer:
         lp, topo = self.loop, self.strategy.topology
         return BatchIterator(self.splits.train, self.state.consumed_samples, lp.micro_batch, topo.data_rank,
                              topo.data_world_size, prefetch=lp.prefetch)  # 0: read in the step (~0.1 ms)
+
+    def _note_epochs(self, first_sample: int) -> None:
+        """One line where the step about to run wraps around the train split (a source's, in a blend): the run is
+        past one reading of its data, which a long run on a small corpus reaches unnoticed otherwise."""
+        for name, epoch in self.splits.train.epochs_begun(first_sample, self.global_batch):
+            if epoch > 0:
+                log.info(f"data: step {self.state.global_step + 1} starts epoch {epoch + 1} of {name}'s train split: "
+                         f"its samples again, in a new order")
 
     def _skip_ahead(self) -> bool:
         """Move past recorded batches that must not be trained (rollback windows); True if it moved."""
