@@ -158,6 +158,7 @@ class MetricsWriter:
                     kept.append(line + "\n")
                     history.append(record)
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
+        self._curve = None  # its series (`plot.Curve`), kept between drawings: each reads only the new lines
         self._plotted_at = time.monotonic()  # when the last one started, or the writer (time.monotonic)
         self.logging_dir = logging_dir or str(self.output_dir / "runs")
         names = [n for n in (report_to or ()) if n != "none"]
@@ -187,7 +188,7 @@ class MetricsWriter:
         waits, so the final export's curve is the last one written."""
         import threading
 
-        from pretrain_cli.training.plot import write_loss_curve
+        from pretrain_cli.training.plot import Curve, write_loss_curve
 
         self._raise_plot_error()
         if self._plotter is not None and self._plotter.is_alive():
@@ -195,10 +196,12 @@ class MetricsWriter:
         if not stopping and time.monotonic() - self._plotted_at < REDRAW_SECONDS:
             return
         self._plotted_at = time.monotonic()
+        if self._curve is None:  # (created after `__init__` rewrote metrics.jsonl for a resume)
+            self._curve = Curve(self.path)
 
         def draw():
             try:
-                write_loss_curve(self.output_dir)
+                write_loss_curve(self.output_dir, curve=self._curve)
             except OSError as e:  # disk full, read-only: raised on the training thread, like any write
                 self._plot_error = e
 
