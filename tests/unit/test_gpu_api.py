@@ -151,7 +151,27 @@ def scan_source(source: str, filename: str) -> list[Use]:
 
 def _resolve(path: str):
     """The object `path` names, as Python's import would find it: an attribute before a submodule of the same
-    name (`paddle.amp.auto_cast` is a function and a module); raises if any piece is missing."""
+    name (`paddle.amp.auto_cast` is a function and a module); where that chain breaks, the longest module the path
+    begins with, as `from paddle.distributed.launch.controllers import master` finds it (`paddle.distributed.launch`
+    is also a function); raises if any piece is missing."""
+    try:
+        return _by_attributes(path)
+    except AttributeError as first:
+        parts = path.split(".")
+        for k in range(len(parts) - 1, 1, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+            except ImportError:
+                continue
+            for attr in parts[k:]:
+                if not hasattr(obj, attr):
+                    raise first from None
+                obj = getattr(obj, attr)
+            return obj
+        raise
+
+
+def _by_attributes(path: str):
     parts = path.split(".")
     obj = importlib.import_module(parts[0])
     for i, attr in enumerate(parts[1:], start=1):
