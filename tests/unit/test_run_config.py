@@ -376,3 +376,30 @@ def test_plan_and_train_apply_one_hardware_rule(monkeypatch):
     assert trained.kernels.attention == planned.kernels.attention == "math"
     assert any("predates Ampere" in n for n in trained.notes)
     assert metrics.resolve_peak("gpu", "float16", None)[0] == 125.0  # the table's V100 fp16 peak, as `plan` reads it
+
+
+def test_the_gpu_default_runs_the_fused_loss_only_where_it_saves_memory_at_the_head():
+    """On a GPU the fused head + loss only buys memory, and keeps the head's fp32 dW (3·4·V·hidden) instead of the
+    logits: PaddleNLP's Llama-3.1-70B shape (tp 8 x pp 4, 4,096 tokens a micro-batch under hidden 8,192) holds less
+    unfused, so the default is off there, with a note giving both terms; at 32,768 tokens it is on, unless context
+    parallelism leaves each rank 4,096 again. The file's true is obeyed; on CPU (the faster kernel) it stays on."""
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+    from pretrain_cli.run_config import Target
+
+    def run(*overrides, device="gpu"):
+        args = load_arguments("configs/llama-3.1-70b_pretrain.json", list(overrides))
+        target = Target(device, 64, gpu_name="H100-SXM" if device == "gpu" else None, planned=True)
+        out = resolve(args, build_model_config(args)[1], target)
+        return out.kernels.fused_loss, [n for n in out.notes if n.startswith("use_fused_linear_cross_entropy:")]
+
+    assert run() == (False, [
+        "use_fused_linear_cross_entropy: off (the file does not set it): at 4,096 tokens a micro-batch at the LM head "
+        "(hidden 8,192, vocab 128,256) the fused head + loss would hold 11.99 GiB (the head's fp32 dW) against the "
+        "logits' 5.49 GiB; set it true to run it anyway"])
+    assert run("--max_seq_length", "32768") == (True, [])
+    off, [note] = run("--max_seq_length", "32768", "--context_parallel_degree", "8", "--tensor_parallel_degree", "2")
+    assert not off and "at 4,096 tokens a micro-batch" in note  # 32,768 / cp 8 at the head of each rank
+    assert run("--use_fused_linear_cross_entropy", "true") == (True, [])
+    assert run("--max_seq_length", "32768", "--use_fused_linear_cross_entropy", "false") == (False, [])
+    assert run(device="cpu") == (True, [])

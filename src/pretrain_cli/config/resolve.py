@@ -197,6 +197,27 @@ def kernels_for(args: Arguments, target: Target) -> KernelConfig:
     return _kernels(args, target, _precision(args, target.device, target, notes, Problems()), notes)
 
 
+def _fused_loss_default(args: Arguments, model_cfg, run: RunConfig) -> RunConfig:
+    """On a GPU the fused head + loss (Paddle's ops) buys memory only, and costs some where a micro-batch holds few
+    tokens at the head: it keeps the head's fp32 dW (3·4·V·hidden) where the logits are ~12·tokens·V in bf16. Unless
+    the file sets the key, it runs there only where it is the smaller `logits_loss` term by `plan`'s own model
+    (`planning.plan.fused_loss_on_gpu`), with a note when it is turned off. On CPU it is the faster kernel: on."""
+    if (run.device != "gpu" or not run.kernels.fused_loss or model_cfg is None
+            or "use_fused_linear_cross_entropy" in args.explicit):
+        return run
+    from pretrain_cli.planning.plan import fused_loss_on_gpu
+
+    fused, unfused = fused_loss_on_gpu(run, model_cfg)
+    if fused < unfused:
+        return run
+    tokens = run.loop.micro_batch * run.data.max_seq_length // run.parallel.cp_degree
+    note = (f"use_fused_linear_cross_entropy: off (the file does not set it): at {tokens:,} tokens a micro-batch at "
+            f"the LM head (hidden {model_cfg.hidden_size:,}, vocab {model_cfg.vocab_size:,}) the fused head + loss "
+            f"would hold {fused / 2**30:.2f} GiB (the head's fp32 dW) against the logits' {unfused / 2**30:.2f} GiB; "
+            f"set it true to run it anyway")
+    return replace(run, kernels=replace(run.kernels, fused_loss=False), notes=run.notes + (note,))
+
+
 def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
     """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
     scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
@@ -330,7 +351,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
                 memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops,
                 async_save=async_save, hang_timeout=t.hang_timeout)
-    return RunConfig(
+    return _fused_loss_default(args, model_cfg, RunConfig(
         device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
         schedule=schedule,
         optimizer=OptimizerConfig(t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay, t.max_grad_norm),
@@ -340,4 +361,4 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         model=ModelSource(m.model_name_or_path, m.tokenizer_name_or_path, m.continue_training, m.num_hidden_layers),
         output=Output(str(t.output_dir), t.overwrite_output_dir, t.resume_from_checkpoint, t.logging_dir,
                       report_to, precision.amp_dtype or "float32" if t.export_dtype == "auto" else t.export_dtype),
-        spike=spike, moe=moe, notes=tuple(notes))
+        spike=spike, moe=moe, notes=tuple(notes)))

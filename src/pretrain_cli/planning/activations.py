@@ -158,6 +158,14 @@ def logits_live_bytes(s) -> float:
     return max(logits_bytes(s) - redo, grad)
 
 
+def head_loss_bytes(s) -> float:
+    """The `logits_loss` term of the device that holds the LM head (one process's, a pipeline's last stage's):
+    the main head + loss at its peak and, outside a pipeline, the multi-token prediction heads' (pipeline stages
+    do not model the MTP modules). `config.resolve` decides the GPU default of the fused head + loss by this same
+    term, evaluated both ways, so `plan` and `train` make one choice."""
+    return logits_live_bytes(s) + (mtp_head_bytes(s) if s.pp == 1 else 0.0)
+
+
 def document_mask_bytes(s) -> float:
     """What `attention_mask_type: document` adds to a step: int64 doc_start (+ position_ids) per token; the
     per-token cos/sin rows the reference RoPE gathers once per forward; on the math path the fp32

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
-                                               logits_live_bytes, mtp_head_bytes, norm_bytes)
+                                               head_loss_bytes, norm_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
 
@@ -159,7 +159,7 @@ def pipeline_stages(s: Setup) -> list[dict[str, float]]:
         last = stage == s.pp - 1
         flight = min(s.pp - stage, max(s.micro_batches, 1))
         acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo + (final_norm if last else 0.0)
-        out.append(_parts(s, stage_params(s, stage), acts, logits_live_bytes(s) if last else 0.0,
+        out.append(_parts(s, stage_params(s, stage), acts, head_loss_bytes(s) if last else 0.0,
                           flight * document_mask_bytes(s)))
     return out
 
@@ -173,7 +173,7 @@ def estimate(s: Setup) -> dict[str, float]:
     one is the working set); and on CPU the vocabulary-split logits are gathered whole for the loss."""
     if s.pp > 1:
         return max(pipeline_stages(s), key=lambda parts: sum(parts.values()))
-    return _parts(s, _device_params(s), activation_bytes(s), logits_live_bytes(s) + mtp_head_bytes(s),
+    return _parts(s, _device_params(s), activation_bytes(s), head_loss_bytes(s),
                   document_mask_bytes(s))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import hardware, layout
+from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
@@ -80,7 +81,21 @@ def device_note(name: str, dev: Device) -> list[str]:
 
 def setup_for(run: RunConfig, model_cfg, device: Device, baseline_bytes: float = 0.0) -> Setup:
     """The memory model's view of a resolved run on one device."""
-    gpu, prec, p, k = device.is_gpu, run.precision, run.parallel, run.kernels
+    return _setup(run, model_cfg, device.is_gpu, baseline_bytes)
+
+
+def fused_loss_on_gpu(run: RunConfig, model_cfg) -> tuple[float, float]:
+    """(with the fused head + loss, without) bytes of the `logits_loss` term `plan` gives the GPU holding the LM
+    head of `run`: its tokens there (micro-batch x max_seq_length / cp), compute dtype, vocabulary, hidden size and
+    recompute. `config.resolve` keeps the fused loss on a GPU, unless the file sets it, only where the first is
+    the smaller, so the run `plan` models is the one `train` builds."""
+    s = _setup(run, model_cfg, True, 0.0)
+    return head_loss_bytes(dataclasses.replace(s, fused_loss=True)), head_loss_bytes(
+        dataclasses.replace(s, fused_loss=False))
+
+
+def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup:
+    prec, p, k = run.precision, run.parallel, run.kernels
     return Setup(
         model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length // p.cp_degree,
         compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
