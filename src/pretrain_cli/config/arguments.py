@@ -267,11 +267,13 @@ class TrainingArguments:
         True, "true: the LM head and cross-entropy computed together over chunks of tokens, never holding the "
         "[tokens, vocab] logits or their gradient (~5 GB fp32 at 151,936 x 8192 tokens); a C++ kernel on CPU, "
         "Paddle's ops on GPU; same loss. false: the logits, then the loss. PaddleNLP's default is false (its "
-        "version is a Triton GPU kernel); here it is true because it saves memory at no cost in speed wherever a "
-        "micro-batch holds more tokens than the hidden size (below that the logits are smaller: plan shows both). "
-        "Only a vocabulary-split head (semi-auto tensor parallelism whose degree divides vocab_size) keeps the "
-        "unfused loss; every other layout runs it: ZeRO-1/2/3, pipelines, and tensor parallelism that keeps the head "
-        "whole (the layout steps' split, or a vocabulary the degree does not divide).")
+        "version is a Triton GPU kernel). Not set: on CPU true (the C++ kernel is faster); on a GPU, where it only "
+        "saves memory, true only where plan's memory model gives the fused head + loss (the head's fp32 dW) less "
+        "than the logits for the run's tokens at the head, about where a micro-batch holds more tokens than the "
+        "hidden size, else false with a note giving both (plan models the same choice). Only a vocabulary-split "
+        "head (semi-auto tensor parallelism whose degree divides vocab_size) keeps the unfused loss when set true; "
+        "every other layout runs it: ZeRO-1/2/3, pipelines, and tensor parallelism that keeps the head whole (the "
+        "layout steps' split, or a vocabulary the degree does not divide).")
     enable_linear_fused_grad_add: bool = _f(False, "PaddleNLP fused linear-grad-add layers.", "ignored")
     offload_optim: bool = _f(False, "Optimizer state offloaded to host memory between steps.", "ignored")
     autotuner_benchmark: bool = _f(False, "PaddleNLP autotuner mode.", "ignored")
