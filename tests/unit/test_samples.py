@@ -331,6 +331,43 @@ def test_where_a_reader_wraps_around_the_train_split_and_the_line_the_trainer_lo
     assert lines == [f"data: step {step} starts epoch 2 of c's train split: its samples again, in a new order"]
 
 
+def test_a_blend_located_from_two_threads_at_once_evicts_each_chunk_once(monkeypatch):
+    """The trainer's thread (`Trainer._note_epochs` -> `epochs_begun`) and the loader's prefetch thread locate
+    positions of one blend at once. Both evicting the oldest cached chunk at the same moment popped the same key
+    twice (KeyError, or 'dictionary changed size during iteration', in the training loop). Here the other thread
+    evicts exactly while this one is between choosing the chunk to drop and dropping it."""
+    import threading
+
+    from pretrain_cli.data import blend as blend_module
+
+    monkeypatch.setattr(blend_module, "_CHUNK", 4)
+    monkeypatch.setattr(blend_module, "_CHUNKS_IN_MEMORY", 2)
+    blend = BlendedDataset([range(100), range(100)], [0.5, 0.5])
+    for position in (0, 4):  # chunks 0 and 1: the cache is full
+        blend.locate(position)
+    errors, other = [], []
+
+    def prefetch():
+        try:
+            blend.locate(12)  # chunk 3: evicts the oldest too
+        except Exception as e:  # noqa: BLE001 (what the race raised)
+            errors.append(repr(e))
+
+    class Chunks(dict):
+        def pop(self, key, *default):
+            if not other:  # the first eviction: the prefetch thread runs now (with the fix it waits its turn)
+                other.append(threading.Thread(target=prefetch))
+                other[0].start()
+                other[0].join(1.0)
+            return super().pop(key, *default)
+
+    blend._chunks = Chunks(blend._chunks)
+    blend.locate(8)  # chunk 2: evicts chunk 0
+    other[0].join(60)
+    assert not other[0].is_alive() and errors == [] and len(blend._chunks) == 2
+    assert blend.locate(12) == blend_module.BlendedDataset([range(100), range(100)], [0.5, 0.5]).locate(12)
+
+
 def test_the_start_up_data_line_says_how_many_epochs_the_run_reads(tmp_path):
     prefix, _ = _corpus(tmp_path / "c")
     splits = build_datasets(prefix, "90,5,5", 16, 7, need=("train",))

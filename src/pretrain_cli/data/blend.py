@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,9 @@ class BlendedDataset:
         self.names = names or [str(k) for k in range(len(datasets))]
         self.seq_len = getattr(datasets[0], "seq_len", None)
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # two threads locate positions at once: the loader's prefetch thread and the trainer's (`epochs_begun`);
+        # unguarded, both evicting the oldest chunk raised KeyError or "dictionary changed size during iteration"
+        self._evicting = threading.Lock()
 
     def __len__(self) -> int:
         """Sum of the sources' samples per epoch (indexing beyond it is valid)."""
@@ -82,9 +86,10 @@ class BlendedDataset:
         start = p0 - int(lo.sum())
         sel = order[start : start + _CHUNK]
         hit = (ks[sel], js[sel])
-        if len(self._chunks) >= _CHUNKS_IN_MEMORY:
-            self._chunks.pop(next(iter(self._chunks)))
-        self._chunks[c] = hit
+        with self._evicting:
+            while len(self._chunks) >= _CHUNKS_IN_MEMORY:
+                self._chunks.pop(next(iter(self._chunks)))
+            self._chunks[c] = hit
         return hit
 
     def locate(self, i: int) -> tuple[int, int]:
