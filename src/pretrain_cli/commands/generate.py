@@ -117,23 +117,20 @@ def _window_note(prompt_len: int, new_tokens: int, limit: int, what: str = "--pr
 
 def _stop_ids(model_dir, cfg, tok) -> set[int]:
     """Where generation ends: the EOS ids transformers' `generate` stops at on this directory (its
-    generation_config.json's `eos_token_id`, one id or a list, else config.json's), and the tokenizer's EOS (the
-    id `preprocess --append_eos` ended every document with)."""
+    generation_config.json's `eos_token_id`, one id or a list, else config.json's; `ModelConfig.from_file` read
+    that file, an unreadable one already one line), and the tokenizer's EOS (the id `preprocess --append_eos` ended
+    every document with)."""
     from pathlib import Path
 
     from pretrain_cli.models.generation import stop_ids
 
-    path, eos = Path(model_dir) / "generation_config.json", cfg.eos_token_id
-    if path.is_file():
-        try:
-            eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id", eos)
-        except (OSError, ValueError, AttributeError) as e:
-            raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
+    eos = cfg.generation.get("eos_token_id", cfg.eos_token_id)
     try:
         stops = stop_ids(eos)
     except (TypeError, ValueError):
-        raise UserError(f"{path if path.is_file() else Path(model_dir) / 'config.json'}: eos_token_id must be a "
-                        f"token id or a list of them, got {eos!r}") from None
+        where = "generation_config.json" if "eos_token_id" in cfg.generation else "config.json"
+        raise UserError(f"{Path(model_dir) / where}: eos_token_id must be a token id or a list of them, got "
+                        f"{eos!r}") from None
     return stops | stop_ids(tok.eos_token_id)
 
 
