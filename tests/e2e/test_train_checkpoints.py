@@ -243,6 +243,11 @@ def test_check_verify_reads_the_checksums_train_would_and_names_the_fallback(cor
             assert f"warning: not resuming from checkpoint-4: {f} does not match its checksum" in said
             assert "verify: checkpoint-2 matches its checksums; train would resume from it" in said
             assert "schedule: checkpoint-2 was trained on" in said and f"resumes from {out / 'checkpoint-2'}" in said
+            # --json: stdout is the one JSON object (of the run resuming checkpoint-2), the verify lines on stderr
+            assert cli_main(["check", cfg, "--max_steps", "6", "--verify", "--json"]) == 0
+            said = capsys.readouterr()
+            assert json.loads(said.out)["resume"] == str(out / "checkpoint-2"), said.out
+            assert "verify: checkpoint-2 matches its checksums; train would resume from it" in said.err
     assert cli_main(["check", cfg, "--max_steps", "6", "--verify"]) == 2
     assert "every checkpoint is damaged" in capsys.readouterr().err
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pretrain_cli.errors import UserError
 
@@ -49,10 +50,11 @@ def list_models() -> list[str]:
     return lines
 
 
-def verified(spec) -> object | None:
+def verified(spec, out=None) -> object | None:
     """`--verify`: None when the checkpoint `train` would resume from matches its checksums (or there is none), else
     the previous intact one it would fall back to, after one line naming the damage. `resume_from_checkpoint` was
-    verified in full by `prepare` already; when no intact checkpoint is left, train's own refusal."""
+    verified in full by `prepare` already; when no intact checkpoint is left, train's own refusal. `out`: where the
+    lines go (stdout; stderr under --json, whose stdout is one JSON object)."""
     from pretrain_cli.storage import intact
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
@@ -60,11 +62,11 @@ def verified(spec) -> object | None:
         return None
     reason = intact.problem(spec.resume)
     if reason is None:
-        print(f"verify: {spec.resume.name} matches its checksums")
+        print(f"verify: {spec.resume.name} matches its checksums", file=out)
         return None
-    print(f"warning: {intact.skipping(spec.resume, reason)}")
+    print(f"warning: {intact.skipping(spec.resume, reason)}", file=out)
     older = intact.previous(spec.run.output.output_dir, CheckpointDir(spec.resume).state["global_step"], reason)
-    print(f"verify: {older.name} matches its checksums; train would resume from it")
+    print(f"verify: {older.name} matches its checksums; train would resume from it", file=out)
     return older
 
 
@@ -77,7 +79,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
     spec = prepare(ns.config, ns.overrides, target)
-    fallback = verified(spec) if ns.verify else None
+    fallback = verified(spec, sys.stderr if ns.json else None) if ns.verify else None
     if fallback is not None:
         spec = spec.resuming(fallback)
     if ns.json:
