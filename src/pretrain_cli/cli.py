@@ -160,6 +160,21 @@ def _main(argv: list[str] | None) -> int:
             traceback.print_exc()
         print(f"error: {os_error_line(e)}", file=sys.stderr)
         return _verdict(OS_ERROR_EXIT_CODE, "system", os_error_line(e))
+    except Exception as e:  # a bug (its traceback follows), or the collective library giving up on a lost peer
+        if not collective_failure(e):  # (a rank on another host: its watcher says so, from no record of this one's)
+            line = next(iter(str(e).strip().splitlines()), "")
+            _verdict(1, "crashed", f"{type(e).__name__}: {line}".rstrip(": ")[:300])
+        raise
+
+
+COLLECTIVE_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed out", "broken pipe")
+
+
+def collective_failure(e: Exception) -> bool:
+    """Whether `e` is the collective library's error (gloo's or NCCL's: a peer gone, a timeout) rather than a bug of
+    this rank: a lost rank on another host ends this one so, with nothing of this rank's own to say."""
+    text = f"{type(e).__name__} {e}".lower()
+    return any(marker in text for marker in COLLECTIVE_FAILURES)
 
 
 def _verdict(code: int, kind: str, line: str) -> int:

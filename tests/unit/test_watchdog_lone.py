@@ -87,6 +87,8 @@ def test_its_own_error_or_a_kill_is_its_own_death_not_a_loss(tmp_path):
     assert lost["kind"] == "lost" and ("[pretrain-cli] rank 0 (pid 10 on node1) stopped (exited with code 1): it lost "
                                        "a rank on another host (rank 1 on node0)") in w._line(lost)
     assert w._lost({**died, "statuses": [signal.SIGKILL]})["kind"] == "died"
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "exit": 1, "kind": "crashed", "line": "KeyError: 3"}))
+    assert w._lost(died)["kind"] == "died"  # a bug of its own (`cli.main`'s record): this host's rank, not a loss
     alone = watcher.Watcher(0, {0: 10, 1: 11}, "h", tmp_path, None, grace=1.0)  # every rank on this host
     assert alone._lost({**died, "statuses": [signal.SIGABRT]})["kind"] == "died"
 
@@ -122,3 +124,28 @@ def test_a_rank_alone_on_its_host_starts_a_watcher_that_knows_the_other_hosts(mo
     # its host's own watch directory, even with TMPDIR shared between hosts (another host's verdict names ranks this
     # watcher does not know: it failed on them and said nothing)
     assert w.shared.parent == tmp_path and w.shared.name.endswith(f"-{socket.gethostname()}")
+
+
+def test_an_unexpected_exception_is_recorded_as_this_ranks_crash_and_a_collective_error_is_not(monkeypatch, tmp_path):
+    """An exit 1 with no record was taken for gloo's reaction to a lost peer, so a plain bug on a node's only rank had
+    both nodes say they lost a rank on the other. `cli.main` records a bug ("crashed", its traceback still printed);
+    the collective library's own errors leave no record, as before."""
+    import pytest
+
+    from pretrain_cli import cli
+
+    monkeypatch.setenv("PRETRAIN_CLI_VERDICTS", str(tmp_path))
+    monkeypatch.setattr(cli, "_run", lambda argv: {}["missing"])
+    with pytest.raises(KeyError):
+        cli.main(["train", "x.json"])
+    rec = json.loads((tmp_path / "rank-0.json").read_text())
+    assert (rec["kind"], rec["exit"], rec["line"]) == ("crashed", 1, "KeyError: 'missing'")
+    (tmp_path / "rank-0.json").unlink()
+
+    def gloo_gave_up(argv):
+        raise RuntimeError("[/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+
+    monkeypatch.setattr(cli, "_run", gloo_gave_up)
+    with pytest.raises(RuntimeError):
+        cli.main(["train", "x.json"])
+    assert not (tmp_path / "rank-0.json").exists()

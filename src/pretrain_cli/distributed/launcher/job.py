@@ -59,9 +59,9 @@ def verdict_dir() -> Path | None:
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
-    another rank failed), "died", "hung", "lost" (ended by gloo after a rank on another host failed), "stopped" (by a
-    signal, after saving: exit 0); "joining" while it joins the process group, cleared once joined), when
-    launched by launch.sh; best effort, never raises."""
+    another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
+    rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
+    process group, cleared once joined), when launched by launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
