@@ -29,13 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without its final model stands for its newest checkpoint")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt",
-                        help="text to continue; once prompt + generated tokens exceed the model's "
-                             "max_position_embeddings, the model sees only the last that many (a note says so)")
+                        help="text to continue (this or --prompt_file is required); once prompt + generated tokens "
+                             "exceed the model's max_position_embeddings, the model sees only the last that many (a "
+                             "note says so)")
     prompt.add_argument("--prompt_file",
-                        help="many prompts, the model loaded once: a .jsonl file of objects with a \"prompt\" (or "
-                             "\"text\") string, else one prompt per non-empty line; each continued as --prompt "
-                             "would (same seed, same text), printed in order, a blank line between them (--json: one "
-                             "object per line)")
+                        help="many prompts, the model loaded once (this or --prompt is required): a .jsonl file of "
+                             "objects with a \"prompt\" (or \"text\") string, else one prompt per non-empty line; "
+                             "each continued as --prompt would (same seed, same text), printed in order, a blank line "
+                             "between them (--json: one object per line)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0,
