@@ -81,6 +81,39 @@ def test_a_pipelines_last_stage_holds_the_mtp_module_and_an_embedding_copy():
     assert extra[3] == pytest.approx(sum(mtp_params(with_mtp)) + V * H)
 
 
+@pytest.mark.parametrize("fused,recompute", [(True, "full"), (False, "full"), (False, None)])
+def test_a_pipelines_last_stage_carries_the_mtp_modules_share_of_every_term(fused, recompute):
+    """At pp 2 the last stage runs the MTP module in its loss (`pipeline_stages.StageLoss`): its bytes less the same
+    stage's without the module are the one-process plan's MTP share term by term (one micro-batch in flight there, so
+    the same activations and head + loss), its parameters' terms plus the embedding's copy; the first stage's are
+    unchanged."""
+    from pretrain_cli.planning.activations import mtp_activation_bytes, mtp_head_bytes
+    from pretrain_cli.planning.memory import pipeline_stages
+
+    kw = dict(ep=1, recompute=recompute, fused_loss=fused, micro_batches=8)
+    with_mtp, bare = _setups(pp=2, **kw)
+    one, one_bare = _setups(pp=1, **kw)
+    first, last = [{k: a[k] - b[k] for k in a} for a, b in zip(pipeline_stages(with_mtp), pipeline_stages(bare))]
+    share = {k: v - estimate(one_bare)[k] for k, v in estimate(one).items()}
+    assert first == {k: 0 for k in first}
+    assert last["activations"] == pytest.approx(share["activations"]) == pytest.approx(mtp_activation_bytes(one))
+    assert last["logits_loss"] == pytest.approx(share["logits_loss"]) == pytest.approx(mtp_head_bytes(one))
+    assert mtp_head_bytes(one) > 0 and mtp_activation_bytes(one) > 0
+    copy = V * H  # the embedding's table on the last stage, for the MTP lookups (untied)
+    for part, b in (("weights", 2), ("gradients", 2), ("optimizer_state", 8), ("master_weights", 4)):
+        assert last[part] == pytest.approx(share[part] + b * copy)
+
+
+def test_the_gpu_fused_loss_default_weighs_the_mtp_heads_under_a_pipeline_too():
+    """`config.resolve`'s GPU default of the fused head + loss compares `head_loss_bytes` fused and unfused; the
+    last stage of a pipeline holds the MTP heads as one process does, so the term is the same at pp 1 and pp 4."""
+    from pretrain_cli.planning.activations import head_loss_bytes
+
+    for fused in (True, False):
+        s, _ = _setups(pp=4, fused_loss=fused, recompute="full", micro_batches=8)
+        assert head_loss_bytes(s) == pytest.approx(head_loss_bytes(dataclasses.replace(s, pp=1)))
+
+
 @pytest.mark.parametrize("preset", ["micro-deepseek-v3", "micro-qwen2-moe", "micro-qwen3-moe", "micro-qwen2"])
 def test_what_tp_leaves_whole_is_what_the_tp_plan_leaves_whole_in_the_built_model(preset):
     """`param_counts`' "tp_whole" and "mtp_tp_whole" (what `plan` keeps whole on a tp rank: norms, routers, the

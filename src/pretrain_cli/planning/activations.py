@@ -160,10 +160,11 @@ def logits_live_bytes(s) -> float:
 
 def head_loss_bytes(s) -> float:
     """The `logits_loss` term of the device that holds the LM head (one process's, a pipeline's last stage's):
-    the main head + loss at its peak and, outside a pipeline, the multi-token prediction heads' (pipeline stages
-    do not model the MTP modules). `config.resolve` decides the GPU default of the fused head + loss by this same
-    term, evaluated both ways, so `plan` and `train` make one choice."""
-    return logits_live_bytes(s) + (mtp_head_bytes(s) if s.pp == 1 else 0.0)
+    the main head + loss at its peak and the multi-token prediction heads' (a pipeline runs the MTP modules in its
+    last stage's loss, `distributed.steps.pipeline_stages.StageLoss`, beside the main head). `config.resolve`
+    decides the GPU default of the fused head + loss by this same term, evaluated both ways, so `plan` and `train`
+    make one choice."""
+    return logits_live_bytes(s) + mtp_head_bytes(s)
 
 
 def document_mask_bytes(s) -> float:

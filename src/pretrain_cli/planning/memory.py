@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
-                                               head_loss_bytes, norm_bytes)
+                                               head_loss_bytes, mtp_activation_bytes, norm_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
 
@@ -147,7 +147,10 @@ def startup_parts(s: Setup) -> dict[str, float]:
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
     """`estimate` for each pipeline stage: its own parameters, gradients and states; the 1F1B schedule keeps the
     activations of min(pp - stage, micro-batches) micro-batches in flight (the first stage the most), plus one
-    layer's recompute working set; only the last stage computes the logits and the loss."""
+    layer's recompute working set; only the last stage computes the logits and the loss, and it runs the
+    multi-token prediction modules in that loss (`distributed.steps.pipeline_stages.StageLoss`): their
+    activations (`mtp_activation_bytes`) and heads + losses (in `head_loss_bytes`) are the last stage's, as their
+    parameters are (`stage_params`)."""
     cfg = s.model
     kept, redo = activation_parts(s)
     tokens = s.micro_batch * s.seq_len
@@ -158,7 +161,8 @@ def pipeline_stages(s: Setup) -> list[dict[str, float]]:
     for stage in range(s.pp):
         last = stage == s.pp - 1
         flight = min(s.pp - stage, max(s.micro_batches, 1))
-        acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo + (final_norm if last else 0.0)
+        acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo
+        acts += flight * (final_norm + mtp_activation_bytes(s)) if last else 0.0  # (the last stage's flight: 1)
         out.append(_parts(s, stage_params(s, stage), acts, head_loss_bytes(s) if last else 0.0,
                           flight * document_mask_bytes(s)))
     return out
