@@ -179,7 +179,7 @@ _, cfg = build_model_config(args)
 run = resolve(args, cfg, launcher_target())
 core = paddle.base.core
 base = core.host_memory_stat_current_value("Allocated", 0)
-init_process_group(run.parallel)
+init_process_group(run.parallel, run.loop.seed, run.loop, run.device)  # (a pipeline reads the loop)
 comm = build_comm(run.parallel)
 trainer = Trainer(lay_out(run, build_model(run, cfg), comm), None, run, comm)
 trainer.model.train()

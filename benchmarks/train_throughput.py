@@ -72,7 +72,7 @@ def build_our_step(cfg: dict, a):
     overrides = [tok for k, v in arguments.items() for tok in (f"--{k}", json.dumps(v).strip('"'))]
     mcfg = ModelConfig.from_dict(cfg["model"])
     run = resolve(parse_config(None, overrides), mcfg, Target("cpu", world, rank))
-    init_process_group(run.parallel)
+    init_process_group(run.parallel, run.loop.seed, run.loop, run.device)  # (a pipeline reads the loop)
     comm = build_comm(run.parallel)
     trainer = Trainer(lay_out(run, build_model(run, mcfg), comm), None, run, comm)
     trainer.model.train()
