@@ -155,17 +155,22 @@ def test_final_directory_of_a_sharded_run_loads_in_transformers(runs, ref):
                                   read_checkpoint(ckpt, "weights")["model.norm.weight"])
 
 
+def _odd_model(path, **over):
+    """micro-qwen2 with `over` (vocab_size 513: a custom tokenizer's size no degree divides) as a local HF config."""
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    path.mkdir()
+    cfg = json.loads((PRESET_DIR / "micro-qwen2" / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, **over)))
+    return str(path)
+
+
 def test_tp2_over_a_vocabulary_it_does_not_divide_runs_the_fused_loss(corpus, tmp_path):
     """vocab_size 513: semi-auto tp2 keeps the embedding and LM head whole (Replicate on "mp"), so the fused head +
     loss runs on each rank's local rows of the distributed tensors (`local_kernels`: the tp ranks' pieces Replicate,
     summed once) and equals one process; only a vocabulary-split head keeps the logits."""
-    from pretrain_cli.config.presets import PRESET_DIR
-
-    model = tmp_path / "micro-qwen2-513"
-    model.mkdir()
-    cfg = json.loads((PRESET_DIR / "micro-qwen2" / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps(dict(cfg, vocab_size=513)))
-    keys = dict(model_name_or_path=str(model), per_device_train_batch_size=8)
+    keys = dict(model_name_or_path=_odd_model(tmp_path / "micro-qwen2-513", vocab_size=513),
+                per_device_train_batch_size=8)
     one = single(write_config(tmp_path / "one.json", corpus, tmp_path / "one", **keys), tmp_path / "one_log")
     assert one.returncode == 0, one.explain()
     run = launch(write_config(tmp_path / "tp2.json", corpus, tmp_path / "tp2", tensor_parallel_degree=2, **keys),
@@ -176,6 +181,32 @@ def test_tp2_over_a_vocabulary_it_does_not_divide_runs_the_fused_loss(corpus, tm
     # one mlp.gate_proj entry 2.5e-5 off (1.7e-5 with the loss unfused): the row-parallel sums' order (WEIGHT_TOL)
     assert_close_tensors(read_weights(tmp_path / "tp2"), read_weights(tmp_path / "one"), 3e-5)
 
+
+
+def test_stage3_over_dimensions_it_does_not_divide_matches_one_process(corpus, tmp_path):
+    """ZeRO-3 over 2 ranks with vocab_size 513 and intermediate_size 129: the embedding's and down_proj's dp pieces
+    are 257 and 256 rows (Paddle's split), created with the parameter's global shape (`materialize.fill_placed`), so
+    their gathers agree; before, each rank declared its piece x 2 as the whole (514 and 512 rows) and gloo aborted
+    the first embedding lookup. Equal to one process, its checkpoint the same tensors, and it resumes one process's."""
+    keys = dict(model_name_or_path=_odd_model(tmp_path / "m", vocab_size=513, intermediate_size=129), save_steps=5)
+    one = single(write_config(tmp_path / "one.json", corpus, tmp_path / "one", per_device_train_batch_size=8,
+                              **keys), tmp_path / "one_log")
+    assert one.returncode == 0, one.explain()
+    run = launch(write_config(tmp_path / "z3.json", corpus, tmp_path / "z3", sharding="stage3", **keys),
+                 tmp_path / "z3_log")
+    assert run.returncode == 0, run.explain()
+    assert "head+loss=cpu" in run.log(0) and "Traceback" not in run.log(0) + run.log(1)
+    assert_close_losses(run.losses(0), one.losses(0), range(1, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "z3"), read_weights(tmp_path / "one"), WEIGHT_TOL["stage3"])
+    saved, want = read_checkpoint(tmp_path / "z3" / "checkpoint-5"), read_checkpoint(tmp_path / "one" / "checkpoint-5")
+    assert sorted(saved) == sorted(want) and saved["model.embed_tokens.weight/moment1"].shape == (513, 64)
+    assert_close_tensors(saved, want, WEIGHT_TOL["stage3"])
+    cfg = write_config(tmp_path / "r.json", corpus, tmp_path / "r", sharding="stage3", overwrite_output_dir=False,
+                       resume_from_checkpoint=str(tmp_path / "one" / "checkpoint-5"), **keys)
+    resumed = launch(cfg, tmp_path / "r_log")
+    assert resumed.returncode == 0, resumed.explain()
+    assert_close_losses(resumed.losses(0), one.losses(0), range(6, STEPS + 1))
+    assert_close_tensors(read_weights(tmp_path / "r"), read_weights(tmp_path / "one"), WEIGHT_TOL["stage3"])
 
 def _long_documents(prefix) -> None:
     """1,000 documents of 1,100 tokens: every split of '949,50,1' holds a sample of the 256 tokens trained (the

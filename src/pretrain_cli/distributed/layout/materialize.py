@@ -82,12 +82,19 @@ def read_block(name: str, param, source, box: Box):
 def fill_placed(name: str, param, source, mesh, placements, rank: int):
     """`param` as a DistTensor parameter on `mesh` with `placements`, created from this rank's block only
     (what `dist.shard_tensor` would cut from the whole tensor, without the whole tensor ever existing). The
-    parameter object stays the same (a lazy DistTensor parameter, placed without storage, takes `placements`)."""
-    from paddle.distributed.auto_parallel.api import dtensor_from_local
+    parameter object stays the same (a lazy DistTensor parameter, placed without storage, takes `placements`).
 
-    box, _ = placed_box(tuple(int(d) for d in param.shape), mesh, placements, rank)
+    The DistTensor is given the parameter's global shape: `dtensor_from_local` would infer it as the local block
+    times the ranks, which differs between ranks when a dimension does not split evenly (vocab_size 513 over 2:
+    blocks of 257 and 256 rows, "global" shapes 514 and 512), and the gathers of ZeRO-3's pieces then disagree on
+    the sizes (gloo: "op.preamble.length <= op.nbytes", an abort)."""
+    import paddle
+
+    shape = [int(d) for d in param.shape]
+    box, _ = placed_box(tuple(shape), mesh, placements, rank)
     local = read_block(name, param, source, box)
-    param._set_impl(dtensor_from_local(local, mesh, placements))  # the same parameter object, now placed
+    placed = paddle.Tensor(local, dims=shape, process_mesh=mesh, placements=placements, place=local.place)
+    param._set_impl(placed)  # the same parameter object, now placed
     return param
 
 
