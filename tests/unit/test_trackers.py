@@ -73,3 +73,38 @@ def test_a_tensorboard_file_opened_in_the_same_second_as_the_last_is_a_new_file(
         files = list(tmp_path.glob("events.out.tfevents.*"))
         assert len(files) == 1 and files[0].stat().st_size > 0, (n, files)
         history.append({"kind": "train", "step": n + 2, "loss": 1.0, "time": 1796445047.0})
+
+
+def test_a_resume_reads_a_long_runs_metrics_without_holding_them(tmp_path, monkeypatch):
+    """metrics.jsonl grows by a line per log step for the whole run; a resume keeps its lines up to the checkpoint
+    and gives the trackers the kept records. It held every record as a dict (and every kept line) at once: ~5 KB
+    a record, 520 MB at 100,000. Now it streams: its peak does not grow with the file (counted by tracemalloc)."""
+    import tracemalloc
+
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    record = {"loss": 1.25, "learning_rate": 3e-4, "interval_runtime": 0.05, "tokens_per_sec": 1e4, "mfu": 0.02,
+              "host_memory_gib": 0.33, "grad_norm": 1.5, "tokens_seen": 640, "batch_hash": "997edc330f3a"}
+    n = 20_000
+    lines = [json.dumps({"kind": "startup", "step": 0, "rank": 0})]
+    lines += [json.dumps({"kind": "train", "step": s, "time": 1.0, **record}) for s in range(1, n + 1)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tra')  # a last line cut by a kill
+    seen = []
+
+    def fake_open(names, logdir, output_dir, config, history):
+        for _ in range(2):  # two trackers, each reading the history
+            seen.append(sum(1 for _ in history))
+        return []
+
+    monkeypatch.setattr(trackers, "open_trackers", fake_open)
+    keep = n - 500  # the checkpoint the run resumes from: the 500 steps logged after it are dropped
+    tracemalloc.start()
+    try:
+        writer = MetricsWriter(str(tmp_path), None, ["visualdl"], keep)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    writer.close()
+    assert seen == [keep, keep]  # the startup record is not tracked
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines[: keep + 1]
+    assert peak < 2e6, peak  # the old reading: ~60 MB for these 20,000 records
