@@ -216,3 +216,12 @@ def test_a_checkpoints_drawing_reads_only_the_lines_written_since_the_last_one(t
     whole = plot.Curve(tmp_path / "metrics.jsonl").update()
     assert {k: [list(a) for a in v] for k, v in whole.series.items()} == \
         {k: [list(a) for a in v] for k, v in plot.Curve.of([{"kind": "train", "step": 1, "loss": 9.0}]).series.items()}
+
+
+def test_a_long_runs_many_evaluations_are_a_line_not_a_band_of_dots():
+    from pretrain_cli.training.plot import MAX_EVAL_DOTS
+
+    many = [{"kind": "eval", "step": 50 * k, "eval_loss": 2.0} for k in range(1, 241)]  # 12,000 steps, eval every 50
+    evals = loss_figure(_records()[:5] + many, "long").axes[0].get_lines()[1]
+    assert evals.get_marker() == "None" and evals.get_linestyle() == "-" and len(many) > MAX_EVAL_DOTS
+    assert loss_figure(_records(), "short").axes[0].get_lines()[1].get_marker() == "o"

@@ -34,6 +34,8 @@ def read_records(metrics_path: Path) -> list[dict]:
     return records
 
 
+MAX_EVAL_DOTS = 60  # more evaluations than this are drawn as a plain line
+
 # (record kind, key) of every series the figure draws
 SERIES = (("train", "loss"), ("train", "learning_rate"), ("eval", "eval_loss"), ("test", "test_loss"))
 
@@ -108,8 +110,10 @@ def loss_figure(records, run_name: str):
     if steps:
         lines += ax.plot(steps, loss, color="C0", linewidth=1.5, label="training loss")
     steps, loss = _series(curve, "eval", "eval_loss")
-    if steps:
-        lines += ax.plot(steps, loss, color="C3", marker="o", linestyle=":", label="eval loss", zorder=3)
+    if steps:  # a dot per evaluation while they are few: a long run's hundreds of dots hid both curves
+        dots = len(steps) <= MAX_EVAL_DOTS
+        lines += ax.plot(steps, loss, color="C3", marker="o" if dots else "None", linestyle=":" if dots else "-",
+                         label="eval loss", zorder=3)
     steps, loss = _series(curve, "test", "test_loss")
     if steps:  # a hollow, larger square: the eval point at the same step stays visible inside it
         lines += ax.plot(steps, loss, color="C1", marker="s", markersize=10, markerfacecolor="none",
