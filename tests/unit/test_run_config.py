@@ -204,8 +204,8 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
     assert notes == ["eval: the valid split holds 22 samples, fewer than eval_iters 4 x per_device_eval_batch_size 8 "
                      "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once",
                      "eval: the test split holds 40 samples, fewer than 10 x eval_iters 4 x per_device_eval_batch_size "
-                     "8 x 1 data rank(s) = 320, so evaluation repeats samples; no eval_iters reads each once (10 x "
-                     "per_device_eval_batch_size 8 x 1 is more already): give the test split a larger share of "
+                     "8 x 1 data rank(s) = 320, so evaluation repeats samples; even eval_iters 1 reads 80 samples here "
+                     "(10 x per_device_eval_batch_size 8 x 1 data rank(s)): give the test split a larger share of "
                      "`split`, or lower per_device_eval_batch_size"]
     assert run.loop.test_iters == 40  # PaddleNLP's run_pretrain.py: test_iters = eval_iters * 10
     # a resume that raised eval_iters to keep its checkpoint's eval windows is not told to lower it again

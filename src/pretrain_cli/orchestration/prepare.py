@@ -352,9 +352,9 @@ def eval_repeats(run: RunConfig, splits) -> list[str]:
             kept = per == 1 and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
             fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
                    if kept else f"eval_iters {once} reads each once" if once else
-                   f"no eval_iters reads each once ({per} x per_device_eval_batch_size {lp.eval_batch} x {world} is "
-                   f"more already): give the {split} split a larger share of `split`, or lower "
-                   f"per_device_eval_batch_size")
+                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here ({'10 x ' * (per > 1)}"
+                   f"per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s)): give the {split} split a "
+                   f"larger share of `split`, or lower per_device_eval_batch_size")
             notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than {'10 x ' * (per > 1)}eval_iters "
                          f"{lp.eval_iters} x per_device_eval_batch_size {lp.eval_batch} x {world} data rank(s) = "
                          f"{need}, so evaluation repeats samples; {fix}")
