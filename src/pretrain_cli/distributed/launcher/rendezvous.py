@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 TIMEOUT_ENV = "RENDEZVOUS_TIMEOUT"
 DEFAULT = 600.0  # seconds: time to start the other nodes by hand, far below "for ever"
@@ -27,6 +28,7 @@ NOTICE = 10.0  # a wait longer than this is said once, so a silent console is ex
 EXIT = 75  # EX_TEMPFAIL, as a failed join of the process group: nothing has run
 USAGE = 2  # the nodes were started with different NNODES: a usage error, never retried
 NODES_KEY = "pretrain_cli_nnodes"
+LINGER = 5.0  # s the node hosting MASTER's store keeps it up after a disagreement: the others poll it every 0.5 s
 
 
 def timeout_seconds() -> float:
@@ -44,6 +46,7 @@ class Meeting:
     def __init__(self, master: str, nodes: int):
         self.master, self.nodes = master, nodes
         self.answered, self.joined = False, 0
+        self.hosting = False  # this launcher serves MASTER's store (it ends with it)
 
     def waiting(self, seconds: float) -> str:
         node = os.environ.get("NODE_RANK")
@@ -105,6 +108,8 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
             if other is not None:  # a node started with another NNODES: the meeting can never be right
                 print(meeting[-1].disagree(other), file=sys.stderr, flush=True)
                 sys.stdout.flush()
+                if meeting[-1].hosting:  # the others learn it from this store: up until their next polls
+                    time.sleep(LINGER)
                 os._exit(USAGE)
         return found
 
@@ -112,6 +117,8 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
         if size < 2:
             return sync(self, prefix, key, value, size, rank)
         meeting.append(Meeting(self.ctx.args.master or "?", size))
+        self.lazy_init()  # (sync's first step: whether this node serves the store is known after it)
+        meeting[-1].hosting = getattr(self, "server", None) is not None
         value = _tagged(value, size)
         if not limit and not notice:
             return sync(self, prefix, key, value, size, rank)
