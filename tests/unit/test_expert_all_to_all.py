@@ -11,7 +11,6 @@ the backward, and that both ranks run the same collectives; NCCL's `alltoall_sin
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,26 +26,13 @@ from pretrain_cli.distributed.steps.expert_all_to_all import AllToAllDispatch  #
 from pretrain_cli.distributed.steps.expert_parallel import GatherDispatch, held_range, keep_held  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from thread_ranks import Hub  # noqa: E402
 from pretrain_cli.models.moe import Routing, dispatch_local  # noqa: E402
 from pretrain_cli.models.moe_loss import sparse_blocks  # noqa: E402
 from pretrain_cli.ops import kernels  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 
 EXPERTS, TOP_K, TOKENS, HIDDEN = 6, 2, 8, 8  # TOKENS: each rank's
-
-
-class Hub:
-    """Where the two thread-ranks meet: each puts its tensor in, both wait, each reads both."""
-
-    def __init__(self, ranks: int):
-        self.ranks, self.slots, self.barrier, self.me = ranks, {}, threading.Barrier(ranks, timeout=60), threading.local()
-
-    def exchange(self, x) -> list:
-        self.slots[self.me.rank] = x.numpy()
-        self.barrier.wait()
-        parts = [self.slots[r] for r in range(self.ranks)]
-        self.barrier.wait()  # every rank has read before the next exchange writes
-        return parts
 
 
 @dataclass(frozen=True)
@@ -99,35 +85,24 @@ def _two_ranks(kind, x, indices, weights):
     """The same tokens split over an expert group of 2 thread-ranks (rank r: tokens r·T/2 …, experts r·E/2 …), each
     dispatching with `kind`; the results joined as one process's."""
     hub, half = Hub(2), TOKENS
-    results, errors = {}, []
+    results = {}
 
     blocks = [_block() for _ in range(2)]  # built here: the threads would share Paddle's one random generator
     for r, block in enumerate(blocks):
         keep_held(paddle.nn.LayerList([block]), held_range(EXPERTS, 2, r))
 
     def rank(r):
-        try:
-            hub.me.rank = r
-            block = blocks[r]
-            rows = slice(r * half, (r + 1) * half)
-            xt = paddle.to_tensor(x[rows], stop_gradient=False)
-            wt = paddle.to_tensor(weights[rows], stop_gradient=False)
-            dispatch = kind(None, 2, r, ThreadRanks(gloo=True, hub=hub))
-            out, counts, _ = dispatch(xt, Routing(None, None, paddle.to_tensor(indices[rows]), wt), block.experts,
-                                      EXPERTS)
-            (out * paddle.to_tensor(_probe((2 * half, HIDDEN))[rows])).sum().backward()
-            results[r] = out.numpy(), xt.grad.numpy(), wt.grad.numpy(), _grads(block), counts.numpy()
-        except Exception as e:  # noqa: BLE001 - reported below, with the other rank released
-            errors.append(e)
-            hub.barrier.abort()
+        block = blocks[r]
+        rows = slice(r * half, (r + 1) * half)
+        xt = paddle.to_tensor(x[rows], stop_gradient=False)
+        wt = paddle.to_tensor(weights[rows], stop_gradient=False)
+        dispatch = kind(None, 2, r, ThreadRanks(gloo=True, hub=hub))
+        out, counts, _ = dispatch(xt, Routing(None, None, paddle.to_tensor(indices[rows]), wt), block.experts,
+                                  EXPERTS)
+        (out * paddle.to_tensor(_probe((2 * half, HIDDEN))[rows])).sum().backward()
+        results[r] = out.numpy(), xt.grad.numpy(), wt.grad.numpy(), _grads(block), counts.numpy()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    hub.run(rank)
     joined = [np.concatenate([results[r][i] for r in range(2)]) for i in range(3)]
     return (*joined, {**results[0][3], **results[1][3]}, [results[r][4] for r in range(2)])
 
@@ -170,14 +145,9 @@ def test_the_emulated_all_to_all_single_sends_each_block_to_its_rank():
     data = {0: np.arange(8, dtype="float32").reshape(4, 2), 1: np.zeros((0, 2), "float32")}
 
     def rank(r):
-        hub.me.rank = r
         out[r] = ThreadRanks(gloo=True, hub=hub).all_to_all_single(paddle.to_tensor(data[r]), matrix, r, None).numpy()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    hub.run(rank)
     np.testing.assert_array_equal(out[0], data[0][:1])
     np.testing.assert_array_equal(out[1], data[0][1:])
     assert not ThreadRanks(gloo=True).all_to_all_dispatch and Collectives(gloo=False).all_to_all_dispatch

@@ -149,6 +149,25 @@ def test_eval_loss_is_the_same_with_and_without_the_fused_head():
     np.testing.assert_allclose(sums[0][0], sums[1][0], rtol=1e-6)
 
 
+def _confident():
+    """Logits the fused loss's fp16 gradients must not flush: every token its own label column, the right token's
+    logit 21 and the others 0 (probabilities e^-21 ~ 8e-10), on fp16-representable values. Returns (labels, h, w,
+    the loss scale, the fp32 reference `_run`, its dW after the scale, the columns no row is labelled with)."""
+    rng = np.random.default_rng(3)
+    labels = rng.permutation(V)[:N].astype("int64")
+    h = rng.standard_normal((N, D)).astype("float32")
+    h *= np.sqrt(21.0) / np.linalg.norm(h, axis=1, keepdims=True)
+    w = np.zeros((D, V), dtype="float32")
+    w[:, labels] = h.T
+    h16, w16 = h.astype("float16").astype("float32"), w.astype("float16").astype("float32")
+    scale = 2.0 ** 15 / N
+    want = _run(None, h16, w16, labels, False)  # fp32 reference on the fp16 values, d(loss) 0.37
+    dw_want = want[2] / 0.37 * scale
+    small = np.setdiff1d(np.arange(V), labels)
+    assert 1e-6 < np.abs(dw_want[:, small]).max() < 1e-4  # fp16 subnormals after the scale; 0 before it
+    return labels, h16, w16, scale, want, dw_want, small
+
+
 def test_fp16_gradients_keep_the_small_probabilities_a_loss_scale_would_save(monkeypatch):
     """fp16 (a GPU before Ampere): the fused loss forms the gradients of the loss SUM in its forward, before the
     loss scale. Confident logits leave the other tokens probabilities of ~1e-9, which fp16 flushes to 0: the two
@@ -164,23 +183,12 @@ def test_fp16_gradients_keep_the_small_probabilities_a_loss_scale_would_save(mon
         return real(x, y, transpose_x, transpose_y)
 
     monkeypatch.setattr(paddle, "matmul", matmul)
-    rng = np.random.default_rng(3)
-    labels = rng.permutation(V)[:N].astype("int64")  # every token its own label column
-    h = rng.standard_normal((N, D)).astype("float32")
-    h *= np.sqrt(21.0) / np.linalg.norm(h, axis=1, keepdims=True)
-    w = np.zeros((D, V), dtype="float32")
-    w[:, labels] = h.T  # the right token's logit 21, other columns 0: probabilities e^-21 ~ 8e-10
-    h16, w16 = h.astype("float16").astype("float32"), w.astype("float16").astype("float32")
-    scale = 2.0 ** 15 / N
-    want = _run(None, h16, w16, labels, False)  # fp32 reference on the fp16 values, d(loss) 0.37
+    labels, h16, w16, scale, want, dw_want, small = _confident()
     ht, wt = paddle.to_tensor(h16).astype("float16"), paddle.to_tensor(w16).astype("float16")
     ht.stop_gradient = wt.stop_gradient = False
     total = linear_loss.linear_cross_entropy_chunked(ht, wt, paddle.to_tensor(labels), IGNORE_INDEX, False)
     (total * scale).backward()
     assert ht.grad.dtype == paddle.float16 and wt.grad.dtype == paddle.float16
-    dw_want = want[2] / 0.37 * scale
-    small = np.setdiff1d(np.arange(V), labels)  # the columns of tokens no row is labelled with
-    assert 1e-6 < np.abs(dw_want[:, small]).max() < 1e-4  # fp16 subnormals after the scale; 0 before it
     np.testing.assert_allclose(wt.grad.numpy().astype("float32")[:, small], dw_want[:, small], rtol=2e-2, atol=2e-7)
     dh_want = want[1] / 0.37 * scale  # (its logits are fp16 here, rounded at 21 by 1/64: a looser match)
     np.testing.assert_allclose(ht.grad.numpy().astype("float32"), dh_want, atol=2e-2 * np.abs(dh_want).max())
@@ -195,18 +203,7 @@ def test_fp16_gradient_gemms_stay_fp32_under_gpu_autocast(monkeypatch, level):
     O1 formed them in fp16 outright, and the small columns came out 0."""
     import gpu_emulation as emu
 
-    rng = np.random.default_rng(3)
-    labels = rng.permutation(V)[:N].astype("int64")
-    h = rng.standard_normal((N, D)).astype("float32")
-    h *= np.sqrt(21.0) / np.linalg.norm(h, axis=1, keepdims=True)
-    w = np.zeros((D, V), dtype="float32")
-    w[:, labels] = h.T  # the right token's logit 21, other columns 0: probabilities e^-21 ~ 8e-10
-    h16, w16 = h.astype("float16").astype("float32"), w.astype("float16").astype("float32")
-    scale = 2.0 ** 15 / N
-    want = _run(None, h16, w16, labels, False)  # fp32 reference on the fp16 values, d(loss) 0.37
-    dw_want = want[2] / 0.37 * scale
-    small = np.setdiff1d(np.arange(V), labels)  # the columns of tokens no row is labelled with
-    assert 1e-6 < np.abs(dw_want[:, small]).max() < 1e-4
+    labels, h16, w16, scale, want, dw_want, small = _confident()
     monkeypatch.setattr(paddle.amp, "auto_cast", emu.fake_auto_cast)
     monkeypatch.setattr(paddle, "matmul", emu.ref_matmul_typed)
     dtype = paddle.float16 if level == "O2" else paddle.float32

@@ -13,7 +13,6 @@ launches (tests/distributed/test_sequence_parallel.py, test_tp_pipeline.py) run 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import replace
 
 import numpy as np
@@ -23,6 +22,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
+from thread_ranks import Hub  # noqa: E402
 from pretrain_cli.config.presets import PRESET_DIR  # noqa: E402
 from pretrain_cli.distributed.comms.collectives import for_device  # noqa: E402
 from pretrain_cli.distributed.layout.topology import Topology  # noqa: E402
@@ -38,18 +38,8 @@ MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm
             "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 
 
-class Hub:
-    """Where the thread-ranks meet: each puts its tensor in, both wait, each reads the sum (or all the parts)."""
-
-    def __init__(self):
-        self.slots, self.barrier = {}, threading.Barrier(TP, timeout=60)
-
-    def exchange(self, tensor) -> list:
-        self.slots[threading.current_thread().rank] = tensor.numpy()
-        self.barrier.wait()
-        parts = [self.slots[r] for r in range(TP)]
-        self.barrier.wait()  # every rank has read before the next call writes
-        return parts
+class TpHub(Hub):
+    """The tp group's all-reduce and all-gather between the thread-ranks (`paddle.distributed`'s, patched in)."""
 
     def all_reduce(self, tensor, op=None, group=None, sync_op=True):
         tensor.set_value(paddle.to_tensor(np.sum(self.exchange(tensor), axis=0), dtype=tensor.dtype))
@@ -90,35 +80,24 @@ def test_the_tp_steps_gradients_after_its_sum_are_one_process(monkeypatch, seque
     labels = paddle.to_tensor(rng.integers(3, 512, (2, 16)))
     want = _grads(_model(cfg), ids, labels)
 
-    hub = Hub()
+    hub = TpHub(TP)
     monkeypatch.setattr(paddle.distributed, "all_reduce", hub.all_reduce)
     monkeypatch.setattr(paddle.distributed, "all_gather", hub.all_gather)  # sequence parallelism's
     monkeypatch.setattr(order.Placement, "group", lambda self, axis: None)
-    got, errors = {}, []
+    got = {}
     models = [_model(cfg, fused_loss) for _ in range(TP)]  # here: the weights are drawn from Paddle's one generator
 
     def rank(r: int):
-        threading.current_thread().rank = r
-        try:
-            parallel = ParallelConfig(world_size=TP, rank=r, tp_degree=TP, manual_tp=True,
-                                      sequence_parallel=sequence_parallel)
-            placement = order.Placement(parallel, Topology.of(parallel), for_device("cpu"))
-            model = order._split_tp(models[r], placement)
-            grads = _grads(model, ids, labels)
-            sum_grads(placement.tp_summed, None)  # what `Hybrid.sync_grads` does first
-            grads = {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
-            got[r] = grads, placement.tp_dims
-        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
-            errors.append(e)
-            hub.barrier.abort()
+        parallel = ParallelConfig(world_size=TP, rank=r, tp_degree=TP, manual_tp=True,
+                                  sequence_parallel=sequence_parallel)
+        placement = order.Placement(parallel, Topology.of(parallel), for_device("cpu"))
+        model = order._split_tp(models[r], placement)
+        _grads(model, ids, labels)  # (this rank's backward)
+        sum_grads(placement.tp_summed, None)  # what `Hybrid.sync_grads` does first
+        grads = {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+        got[r] = grads, placement.tp_dims
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(TP)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    hub.run(rank)
     assert any(".self_attn.q_norm." in n for n in want) and any(".self_attn.k_norm." in n for n in want)
     for r, (grads, dims) in got.items():
         assert sorted(grads) == sorted(want), r

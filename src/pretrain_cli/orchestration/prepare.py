@@ -316,7 +316,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     problems.raise_if_any()
-    spec.unresumed = (copy.deepcopy(args), run, target)  # (keep_global_batch sets keys of the arguments it gets)
+    spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)
     spec.args, spec.run = _resumed(spec, saved)
     if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
         r = spec.run
