@@ -42,7 +42,7 @@ DISAGREE = {
     "qwen2.5-32b": ("32.5", 32_763_876_352),
 }
 TEST_SIZES = {"llama-171m", "tiny-llama", "tiny-qwen2", "micro-llama", "micro-qwen2", "micro-qwen3-moe",
-              "micro-qwen2-moe", "micro-deepseek-v3"}
+              "micro-qwen2-moe", "micro-deepseek-v3", "micro-deepseek-v2"}
 ACTIVE = {"qwen3-30b-a3b": "3.3", "qwen3-235b-a22b": "22", "qwen2-57b-a14b": "14", "qwen1.5-moe-a2.7b": "2.7",
           "deepseek-v3": "37"}  # DeepSeek-V3's README: 37B activated
 
@@ -161,3 +161,18 @@ def test_readme_model_table_is_what_the_script_and_plan_print():
     # but tiny-llama and the Mixture-of-Experts presets (`plan --fit` for them is not in the table)
     assert "fits: as shipped" in rows[2 + table.presets().index("qwen2-7b")]
     assert "does not fit" in rows[2 + table.presets().index("llama-3.1-405b")]
+
+
+def test_the_deepseek_v2_lite_file_scales_down_to_a_preset_of_its_family():
+    """PaddleNLP's llm/config/deepseek-v2/pretrain_argument.json on CPU: every other PaddleNLP file's family has a
+    micro preset for a scaled-down run of the file (`--model_name_or_path micro-...`); DeepSeek-V2-Lite's had none,
+    and `--num_hidden_layers 2 --vocab_size 512` of its own leaves 668 M parameters (10 GiB to train, `plan --device
+    cpu`). The file's pp 8 on one process is a note."""
+    from run_helpers import resolve_run
+
+    cfg = ModelConfig.from_file(str(PRESET_DIR / "micro-deepseek-v2"))
+    assert (cfg.model_type, cfg.q_lora_rank, cfg.topk_method) == ("deepseek_v2", None, "greedy")  # V2-Lite's kind
+    assert param_counts(cfg)["total"] < 200_000
+    run = resolve_run("--pipeline_parallel_degree", "8", "--gradient_accumulation_steps", "32", "--recompute",
+                      "--max_seq_length", "64", model="micro-deepseek-v2")
+    assert run.moe is not None and run.recompute is not None
