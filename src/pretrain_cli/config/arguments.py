@@ -240,7 +240,8 @@ class TrainingArguments:
                                          "collectives here.", "ignored")
     pipeline_parallel_config: str = _f("", "PaddleNLP's PP feature flags: each one is applied, or named in a note "
                                            "saying why it has no effect here (docs/DISTRIBUTED.md).")
-    sharding_parallel_config: str = _f("", "Sharding feature flags (fusion/overlap tuning).", "ignored")
+    sharding_parallel_config: str = _f("", "fleet's sharding tuning flags (fusion, overlap, split_param); the ZeRO "
+                                           "stage of `sharding` alone decides what is sharded here.", "ignored")
     data_parallel_config: str = _f("", "DP feature flags.", "ignored")
     hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology; here pipeline stages are "
                                                     "outermost (the link between nodes carries the stages' activations).",
@@ -275,7 +276,8 @@ class TrainingArguments:
         "every other layout runs it: ZeRO-1/2/3, pipelines, and tensor parallelism that keeps the head whole (the "
         "layout steps' split, or a vocabulary the degree does not divide).")
     enable_linear_fused_grad_add: bool = _f(False, "PaddleNLP fused linear-grad-add layers.", "ignored")
-    offload_optim: bool = _f(False, "Optimizer state offloaded to host memory between steps.", "ignored")
+    offload_optim: bool = _f(False, "PaddleNLP/PaddleFormers move the optimizer state to host memory between steps; "
+                                    "here it stays in device memory (where `plan` counts it).", "ignored")
     autotuner_benchmark: bool = _f(False, "PaddleNLP autotuner mode.", "ignored")
     # --- checkpoints
     save_steps: int = _f(500, "Save output_dir/checkpoint-N every N optimizer steps.")

@@ -1,11 +1,15 @@
-"""PaddleNLP's keys that are not fields of our argument dataclasses, and PaddleNLP's flag strings.
+"""PaddleNLP's (and PaddleFormers') keys that are not fields of our argument dataclasses, and PaddleNLP's flag
+strings.
 
 PaddleNLP's `TrainingArguments` (paddlenlp/trainer/training_args.py) has more fields than a pretraining run
 uses, and its shipped argument files set some of them (`eval_accumulation_steps` in
 llm/llama/pretrain-llama_13b-pp4tp2sd2_stage1.json; the legacy llm/llama/run_pretrain.py's `model_type`,
-`config_name`, `pp_recompute_interval`). They parse here, so PaddleNLP's files run: `IGNORED` holds each with
-PaddleNLP's default and why it changes nothing here (a value other than the default is a note), `ALIASES` the
-two that are another name for one of our keys. They are no dataclass fields, so they never reach `args.json`.
+`config_name`, `pp_recompute_interval`). PaddleFormers, its successor, renamed the parallel degrees Megatron's
+way (`tensor_model_parallel_size`, ...) and its pretraining files (examples/experiments/*_pretrain/config/
+pretrain_argument.json) use those names and a few keys of its own. They parse here, so those files run:
+`IGNORED` holds each key without effect here with its default there and why it changes nothing here (a value
+other than the default is a note), `ALIASES` the ones that are another name for one of our keys (`ALIAS_OF`:
+whose name it is). They are no dataclass fields, so they never reach `args.json`.
 
 `FLAGS` are the values PaddleNLP accepts in its space- or comma-separated `*_config` strings; it raises
 `ValueError("Found unknown … config …")` for any other (training_args.py `__post_init__`), and so does `check`
@@ -65,10 +69,26 @@ IGNORED = {
     "log_level_replica": ("warning", "only global rank 0 logs"),
     "save_safetensors": (True, "checkpoints are safetensors always"),
     "data_parallel_degree": (1, "computed from the world size and the other degrees"),
+    # PaddleFormers' own keys (its pretraining files set them)
+    "data_parallel_size": (1, "computed from the world size and the other degrees"),
+    "reorder_pipeline_priority": (False, "PaddleFormers' sharding-before-pipeline rank order; here pipeline stages "
+                                         "are outermost"),
+    "using_fake_gate": (False, "PaddleFormers' benchmark stand-in for the router's logits (its FakeGate); the "
+                               "router here always routes by its own scores"),
+    "num_nextn_predict_layers": (None, "config.json's num_nextn_predict_layers decides the multi-token prediction "
+                                       "modules here (mtp_loss_weight their loss's weight)"),
 }
 
-# PaddleNLP's other name -> our key
-ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "async_save"}
+# another project's name -> our key (`ALIAS_OF`: whose name it is)
+ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "async_save",
+           # PaddleFormers' training arguments (Megatron's names for the degrees) and model arguments
+           "tensor_model_parallel_size": "tensor_parallel_degree",
+           "pipeline_model_parallel_size": "pipeline_parallel_degree",
+           "virtual_pipeline_model_parallel_size": "virtual_pp_degree",
+           "sharding_parallel_size": "sharding_parallel_degree", "sep_parallel_size": "sep_parallel_degree",
+           "context_parallel_size": "context_parallel_degree", "expert_model_parallel_size": "expert_parallel_degree",
+           "fuse_rms_norm": "use_fused_rms_norm", "apply_rope_fusion": "use_fused_rope"}
+ALIAS_OF = {key: "PaddleNLP" if key in ("sharding_degree", "use_async_save") else "PaddleFormers" for key in ALIASES}
 
 FLAGS = {
     "tensor_parallel_config": ("enable_mp_async_allreduce", "enable_mp_skip_c_identity",
@@ -82,6 +102,12 @@ FLAGS = {
                                   "async_save", "enable_all_options", "ignore_merge_optimizer"),
 }
 TOPO_ORDERS = ("pp_first", "sharding_first")
+
+
+def whose(key: str) -> str:
+    """"PaddleNLP's" or "PaddleFormers'": the project an alias is the name of, as a possessive."""
+    project = ALIAS_OF[key]
+    return project + ("'" if project.endswith("s") else "'s")
 
 
 def differs(key: str, value) -> bool:
@@ -125,9 +151,10 @@ def check_flags(args, parallel, problems, notes) -> bool:
 
 
 def notes_for(args) -> list[str]:
-    """The notes for the PaddleNLP keys the parser set aside (`Arguments.extra`) and the aliases it read."""
+    """The notes for the PaddleNLP and PaddleFormers keys the parser set aside (`Arguments.extra`) and the aliases
+    it read."""
     out = list(args.rewritten)
-    out += [f"{key}: read as {ALIASES[key]} (PaddleNLP's other name for it)" for key in args.aliased]
+    out += [f"{key}: read as {ALIASES[key]} ({whose(key)} name for it)" for key in args.aliased]
     out += [f"{key}: accepted but has no effect here: {IGNORED[key][1]}" for key, value in args.extra.items()
             if differs(key, value)]
     return out

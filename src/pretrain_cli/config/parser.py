@@ -15,8 +15,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
-from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED
-from pretrain_cli.errors import UserError
+from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, whose
+from pretrain_cli.errors import Problems, UserError
 
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
@@ -66,7 +66,7 @@ class Arguments:
     config_path: str | None
     explicit: dict  # key -> "file" | "command line"
     extra: dict = field(default_factory=dict)  # PaddleNLP's keys with no field here (paddlenlp_keys.IGNORED) -> value
-    aliased: tuple = ()  # PaddleNLP's other names that were read as ours (paddlenlp_keys.ALIASES)
+    aliased: tuple = ()  # PaddleNLP's and PaddleFormers' other names that were read as ours (paddlenlp_keys.ALIASES)
     rewritten: tuple = ()  # the notes of PaddleNLP's own rewrites of its keys (`_post_init`)
 
     def to_dict(self) -> dict:
@@ -248,21 +248,33 @@ def check_override_keys(tokens: list[str], options=()) -> None:
 
 
 def parse_config(config_path: str | None, overrides: list[str] | None = None) -> Arguments:
-    """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file."""
+    """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file. Every unknown key
+    and bad value of the file and the command line is named at once (a PaddleFormers file can hold ten of them)."""
     values: dict[str, object] = {}
     explicit: dict[str, str] = {}
     extra: dict[str, object] = {}
     aliased: list[str] = []
+    problems = Problems()
 
     def own_name(key: str, where: str, given) -> str:
-        """Our name for `key`; PaddleNLP's two names of one key in one place are refused (which one wins?)."""
+        """Our name for `key`; two names of one key in one place are refused (which one wins?)."""
         if key not in ALIASES:
             return key
         ours = ALIASES[key]
-        if ours in given:
-            raise UserError(f"{where}: `{key}` and `{ours}` are one key (PaddleNLP's two names); set only {ours}")
+        other = next((k for k in given if k != key and (k == ours or ALIASES.get(k) == ours)), None)
+        if other is not None:
+            theirs = "ours" if other == ours else whose(other)
+            raise UserError(f"{where}: `{key}` and `{other}` are one key ({whose(key)} name and {theirs}); "
+                            f"set only {ours}")
         aliased.append(key)
         return ours
+
+    def from_file(key: str, raw, given) -> None:
+        key = own_name(key, config_path, given)
+        if key not in KEYS:
+            raise _unknown(key, config_path)
+        values[key] = coerce(KEYS[key], raw, config_path)
+        explicit[key] = "file"
 
     if config_path is not None:
         given = arguments_of(load_json(config_path))
@@ -270,43 +282,45 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
             if key in IGNORED:
                 extra[key] = raw
                 continue
-            key = own_name(key, config_path, given)
-            if key not in KEYS:
-                raise _unknown(key, config_path)
-            values[key] = coerce(KEYS[key], raw, config_path)
-            explicit[key] = "file"
+            problems.run(from_file, key, raw, given)
     pairs = split_overrides(overrides or [])
     for key, raw in pairs:
-        where = "command line"
-        if key in IGNORED:
-            extra[key] = " ".join(raw) if raw else True
-            continue
-        key = own_name(key, where, {k for k, _ in pairs})
-        if key not in KEYS:
-            if _negated_flag(key, raw):
-                values[key[3:]] = False
-                explicit[key[3:]] = where
-                continue
-            raise _unknown(key, where)
-        spec = KEYS[key]
-        if not raw:
-            if spec.base is not bool or spec.is_list:
-                raise UserError(f"{where}: --{key} needs a value ({_type_name(spec)})")
-            value = True
-        elif spec.is_list:
-            value = coerce(spec, raw, where, from_text=True)
-        elif len(raw) > 1:
-            raise UserError(f"{where}: --{key} takes one value, got {len(raw)}: {' '.join(raw)}")
-        else:
-            value = coerce(spec, raw[0], where, from_text=True)
-        values[key] = value
-        explicit[key] = where
+        problems.run(_from_command_line, key, raw, pairs, own_name, values, explicit, extra)
+    problems.raise_if_any()
     sections = {}
     for sec, cls in SECTIONS:
         kw = {f.name: values[f.name] for f in fields(cls) if f.name in values}
         sections[sec] = cls(**kw)
     return Arguments(config_path=config_path, explicit=explicit, extra=extra, aliased=tuple(dict.fromkeys(aliased)),
                      rewritten=_post_init(sections["training"]), **sections)
+
+
+def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, explicit: dict, extra: dict) -> None:
+    """One `--key value...` of the command line into `values` (or `extra`, for a key without effect here)."""
+    where = "command line"
+    if key in IGNORED:
+        extra[key] = " ".join(raw) if raw else True
+        return
+    key = own_name(key, where, [k for k, _ in pairs])
+    if key not in KEYS:
+        if _negated_flag(key, raw):
+            values[key[3:]] = False
+            explicit[key[3:]] = where
+            return
+        raise _unknown(key, where)
+    spec = KEYS[key]
+    if not raw:
+        if spec.base is not bool or spec.is_list:
+            raise UserError(f"{where}: --{key} needs a value ({_type_name(spec)})")
+        value = True
+    elif spec.is_list:
+        value = coerce(spec, raw, where, from_text=True)
+    elif len(raw) > 1:
+        raise UserError(f"{where}: --{key} takes one value, got {len(raw)}: {' '.join(raw)}")
+    else:
+        value = coerce(spec, raw[0], where, from_text=True)
+    values[key] = value
+    explicit[key] = where
 
 
 def _post_init(t: TrainingArguments) -> tuple:
