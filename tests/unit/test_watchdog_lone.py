@@ -149,3 +149,54 @@ def test_an_unexpected_exception_is_recorded_as_this_ranks_crash_and_a_collectiv
     with pytest.raises(RuntimeError):
         cli.main(["train", "x.json"])
     assert not (tmp_path / "rank-0.json").exists()
+
+
+OWES = r"""
+import os, signal, sys, time
+from pathlib import Path
+from pretrain_cli.distributed.launcher import watchdog, watcher
+from pretrain_cli.training import shard_writer
+shared, verdicts, tmp, how = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+watchdog._spawn(watcher.Watcher(1, {1: os.getpid()}, "node1", shared, verdicts, grace=5.0, remote={0: "node0"}))
+with watchdog.owing(tmp / shard_writer.RECORD.format(1)):  # its part of checkpoint-40, as shard_writer.write_rank
+    if how == "wrote":
+        (tmp / shard_writer.RECORD.format(1)).write_text('{"rank": 1, "files": {}, "pieces": []}')
+    os.kill(os.getpid(), signal.SIGKILL)  # dies half-way through its files
+"""
+
+
+def _owes(tmp_path, how: str):
+    shared, verdicts, tmp = (tmp_path / how / d for d in ("shared", "verdicts", "checkpoint-40.tmp"))
+    for d in (shared, verdicts):
+        d.mkdir(parents=True)
+    if how == "wrote":
+        tmp.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", OWES, str(shared), str(verdicts), str(tmp), how],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()  # until the watcher, which holds the log, is done
+    assert p.wait(timeout=60) == -signal.SIGKILL, out
+    return p, tmp
+
+
+def test_a_rank_dying_while_it_owes_its_part_of_a_save_leaves_rank_0_a_death_notice(tmp_path):
+    """Rank 0 polls the checkpoint's directory for every rank's record, in no collective: a rank on another host that
+    died while writing its part was never seen there, and rank 0 waited out hang_timeout, then was named hung itself.
+    The dead rank's watcher writes a notice in place of the record it owed, which rank 0 reads as the rank's loss."""
+    import pytest
+
+    from pretrain_cli.errors import PeerFailed
+    from pretrain_cli.training import shard_writer
+
+    p, tmp = _owes(tmp_path, "died")  # (it died before the save's directory existed: the watcher makes it)
+    notice = json.loads((tmp / "rank-00001.done.json").read_text())
+    assert notice == {"rank": 1, "lost": f"rank 1 (pid {p.pid} on node1) died: killed by SIGKILL"}
+    (tmp / "rank-00000.done.json").write_text('{"rank": 0, "files": {}, "pieces": []}')
+    with pytest.raises(PeerFailed) as e:
+        shard_writer.collect(tmp, 2, 40)
+    assert str(e.value).startswith(f"rank 0: rank 1 (pid {p.pid} on node1) died: killed by SIGKILL, while writing its "
+                                   f"part of checkpoint-40; this rank stops too. ")
+
+
+def test_a_record_written_before_the_death_stands(tmp_path):
+    _, tmp = _owes(tmp_path, "wrote")
+    assert json.loads((tmp / "rank-00001.done.json").read_text()) == {"rank": 1, "files": {}, "pieces": []}

@@ -10,7 +10,9 @@ for every record, merges them into `checkpoint.index.json` (`storage.checkpoint_
 leaves a directory named `checkpoint-N`. Waiting on files rather than in a collective lets the same
 code run in `async_save`'s background threads, which must never issue a collective, and keeps slow
 saves clear of gloo's 30 s collective timeout. A rank that fails leaves an error record instead, which
-rank 0 reports as the save's error.
+rank 0 reports as the save's error; a rank that dies or hangs while it owes its record gets a death notice in its
+place from its watcher (`distributed.launcher.watchdog.owing`), which rank 0 reports as the loss of that rank: no
+collective is in flight to tell rank 0 of a death on another host.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from pretrain_cli import atomic, waiting
-from pretrain_cli.errors import UserError
+from pretrain_cli.distributed.launcher import watchdog
+from pretrain_cli.errors import PeerFailed, UserError
 from pretrain_cli.storage import checkpoint_index, shard_files
 
 RECORD = "rank-{:05d}.done.json"
@@ -41,7 +44,12 @@ def tmp_dir(final: Path) -> Path:
 
 def write_rank(tmp: Path, rank: int, world: int, pieces) -> dict:
     """This rank's files for `pieces` [(Piece, produce)] (`produce()` the block as numpy, HF layout), then its
-    completion record; returns the record."""
+    completion record; returns the record. Until the record is written its watcher owes rank 0 a death notice."""
+    with watchdog.owing(tmp / RECORD.format(rank)):
+        return _write_rank(tmp, rank, world, pieces)
+
+
+def _write_rank(tmp: Path, rank: int, world: int, pieces) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     files, recs = {}, []
     for kind, stem in (("weights", "model"), ("optimizer", "optimizer")):
@@ -69,8 +77,9 @@ def report_failure(tmp: Path, rank: int, error: BaseException) -> None:
 
 
 def collect(tmp: Path, world: int, step: int) -> list[dict]:
-    """Rank 0: every rank's record, polling the directory (a dead rank is the watchdog's to report) for up to
-    `waiting.TIMEOUT_ENV` seconds."""
+    """Rank 0: every rank's record, polling the directory for up to `waiting.TIMEOUT_ENV` seconds; a rank's error
+    record fails the save (`PartFailed`), a death notice (its watcher's, `watchdog.owing`) ends this rank
+    (`PeerFailed`: the rank lost is elsewhere, its host's watchers name it)."""
     records = {}
 
     def all_in():
@@ -78,6 +87,11 @@ def collect(tmp: Path, world: int, step: int) -> list[dict]:
             path = tmp / RECORD.format(r)
             if r not in records and path.is_file():
                 rec = json.loads(path.read_text(encoding="utf-8"))
+                if "lost" in rec:  # its watcher's notice: it died or hung while writing (`watchdog.owing`)
+                    raise PeerFailed(f"rank 0: {rec['lost']}, while writing its part of checkpoint-{step}; this rank "
+                                     f"stops too. That rank's workerlog (scripts/launch.sh: output_dir/log/node-N) "
+                                     f"says more; re-run the same command (or launch with MAX_RESTART) to resume from "
+                                     f"the newest complete checkpoint-N")
                 if "error" in rec:
                     raise PartFailed(f"rank {r} could not write its part of checkpoint-{step}: {rec['error']}; "
                                     f"free space or fix the file system, then re-run")

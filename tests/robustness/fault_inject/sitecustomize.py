@@ -19,6 +19,11 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   preprocess_batch   IndexedDatasetWriter.add_documents has written a batch -> SIGKILL
   preprocess_rename  os.replace(... -> *.idx) is about to run              -> SIGKILL
 
+PCLI_FAULT_RANK = "<r>": the faults act only in launched rank r (PADDLE_TRAINER_ID), not in the other ranks or the
+launcher that share the environment.
+PCLI_HOSTNAME = "<name>": the host name a launched rank's watcher knows it by (`watchdog.start`'s, not gloo's), so two
+nodes launched on this machine are two hosts to the watchers (each watches only its own host's ranks).
+
 Modules are patched right after they are first imported (a meta-path finder wraps their
 loader), so the product imports them exactly as usual; a module already imported (a run forked from
 tests/forkserver.py, which runs this file before the CLI) is patched on the spot. Every patch replaces a
@@ -36,10 +41,12 @@ import threading
 _SPEC = os.environ.get("PCLI_FAULT", "")
 _TARGETS = dict(item.split(":") for item in _SPEC.split(",") if item)
 _COUNTS = {}
+_RANK = os.environ.get("PCLI_FAULT_RANK")
+_HOST = os.environ.get("PCLI_HOSTNAME")
 
 
 def _hit(point: str) -> bool:
-    if point not in _TARGETS:
+    if point not in _TARGETS or (_RANK is not None and os.environ.get("PADDLE_TRAINER_ID") != _RANK):
         return False
     _COUNTS[point] = _COUNTS.get(point, 0) + 1
     return _COUNTS[point] == int(_TARGETS[point])
@@ -112,6 +119,22 @@ def _patch_indexed(mod):
     mod.IndexedDatasetWriter.add_documents = add_documents
 
 
+def _patch_watchdog(mod):
+    import socket
+
+    original = mod.start
+
+    def start(*a, **kw):
+        real = socket.gethostname
+        socket.gethostname = lambda: _HOST
+        try:
+            return original(*a, **kw)
+        finally:
+            socket.gethostname = real
+
+    mod.start = start
+
+
 _PATCHES = {
     "pretrain_cli.models.decoder": _patch_decoder,
     "paddle.optimizer": _patch_optimizer,
@@ -171,9 +194,12 @@ def _install_os_patches():
     shutil.rmtree = patched_rmtree
 
 
-if _TARGETS:
+if _HOST:
+    _PATCHES["pretrain_cli.distributed.launcher.watchdog"] = _patch_watchdog
+if _TARGETS or _HOST:
     for _name, _patch in _PATCHES.items():
         if _name in sys.modules:
             _patch(sys.modules[_name])
     sys.meta_path.insert(0, _Finder())
+if _TARGETS:
     _install_os_patches()

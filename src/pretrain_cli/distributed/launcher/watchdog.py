@@ -33,6 +33,11 @@ process per node, launch.sh's default) has a watcher too: without it a `kill -ST
 and a kill there was named nowhere. When every death on a host is gloo's abort (or its timeout) and no rank of the
 host hung, the cause is a rank on another host: the line says so and points at that node's log
 (`Watcher._lost`, docs/RELIABILITY.md).
+
+A rank's part of a save is waited for by rank 0 in no collective (it polls the checkpoint's directory for the rank's
+completion record), so neither gloo nor rank 0's host's watchers tell rank 0 of a death on another host: while a
+rank writes a record someone waits for (`owing`), its watcher writes a death notice in its place if the rank dies
+or hangs first (`Watcher._pay`), and rank 0 ends at once, naming the rank (`training.shard_writer.collect`).
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ from pretrain_cli.distributed.launcher.watcher import Watcher
 from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
-_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir) while one runs
+_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir, rank) while one runs
 
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
@@ -108,7 +113,7 @@ def _spawn(watcher: Watcher) -> None:
     os.close(read_end)
     os.close(log)
     global _WATCHER
-    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared)
+    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared, watcher.me)
     os.dup2(write_end, 1)
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -122,7 +127,7 @@ def stop() -> None:
         return
     import sys
 
-    child, out, err, shared = _WATCHER
+    child, out, err, shared, _ = _WATCHER
     _WATCHER = None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -140,3 +145,24 @@ def stop() -> None:
                 os.waitpid(child, 0)
                 break
             time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def owing(path: Path):
+    """While this rank writes `path` (its completion record of a save, which rank 0 waits for by polling the
+    directory, in no collective), its watcher writes a death notice there if the rank dies or hangs first
+    (`Watcher._pay`): rank 0, on another host too, reads the death at once instead of waiting out `hang_timeout`.
+    Nothing without a watcher (one process)."""
+    if _WATCHER is None:
+        yield
+        return
+    from pretrain_cli import atomic
+
+    note = _WATCHER[3] / f"owed.{_WATCHER[4]}"  # what the watcher reads: the host's watch directory
+    with contextlib.suppress(OSError):
+        atomic.write_text(note, str(Path(path).absolute()))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            note.unlink(missing_ok=True)

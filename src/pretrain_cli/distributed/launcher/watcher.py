@@ -138,6 +138,8 @@ class Watcher:
             os.write(log, b"".join(last_words))
             if pipe is not None:
                 os.write(log, self._read_available(pipe))
+            own = [cause["statuses"][culprits.index(self.me)]]
+            self._pay(self._named({**cause, "ranks": [self.me], "statuses": own}))
         os.write(log, self._line(cause).encode())
         if self.verdicts is not None:
             from pretrain_cli.distributed.launcher import job
@@ -150,6 +152,24 @@ class Watcher:
             else:  # stopped because of another rank: its line is the console's when no rank of this node failed
                 job.record(self.me, LOST, "peer", self._line(cause).strip(), directory=self.verdicts, overwrite=False)
         self._finish()
+
+    def _pay(self, named: str) -> None:
+        """The record its rank owed when it died or hung (`watchdog.owing`: its part of a save), written as a death
+        notice `{"rank", "lost": named}`: rank 0 waits for that record by polling the checkpoint's directory, in no
+        collective, so gloo never tells it of a death on another host, and it waited out `hang_timeout`. A record
+        the rank wrote before it died stands."""
+        import json
+
+        from pretrain_cli import atomic
+
+        try:
+            target = Path((self.shared / f"owed.{self.me}").read_text())
+        except OSError:
+            return
+        with contextlib.suppress(OSError):
+            if not target.exists():
+                target.parent.mkdir(exist_ok=True)  # (it died before its save made the directory)
+                atomic.write_text(target, json.dumps({"rank": self.me, "lost": named}))
 
     def _check_progress(self, log: int) -> dict | None:
         """A hung rank of this host as the host's verdict (published), or None; names new stragglers."""
@@ -191,10 +211,13 @@ class Watcher:
                 os.kill(self.parent, signal.SIGKILL)
             time.sleep(0.02)
 
-    def _line(self, cause: dict, own: bool = False) -> str:
-        causes, statuses = cause["ranks"], cause["statuses"]
+    def _elsewhere(self) -> str:
         elsewhere = ", ".join(f"rank {r} on {h}" for r, h in sorted(self.remote.items())[:4])
-        elsewhere += ", …" if len(self.remote) > 4 else ""
+        return elsewhere + (", …" if len(self.remote) > 4 else "")
+
+    def _named(self, cause: dict) -> str:
+        """The ranks `cause` names and what became of them: `rank R (pid P on H) died: killed by SIGKILL`."""
+        causes, statuses, elsewhere = cause["ranks"], cause["statuses"], self._elsewhere()
         if cause["kind"] == "lost":
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
                               + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
@@ -211,6 +234,10 @@ class Watcher:
         else:
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
                               for r, st in zip(causes, statuses))
+        return named
+
+    def _line(self, cause: dict, own: bool = False) -> str:
+        causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
             return (f"\n[pretrain-cli] {lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
