@@ -49,8 +49,10 @@ def test_every_memory_term_carries_the_mtp_module(ep, fused):
     from pretrain_cli.planning.activations import activation_parts
 
     assert a["activations"] - b["activations"] > activation_parts(bare)[1]
-    # a second LM head + loss: the fused path's fp32 dW and dh, or a whole set of logits buffers
-    head = 4 * V * H + SEQ * H * 2 if fused else SEQ * V * (2 + 4 + 4 + 2)
+    # a second LM head + loss: the fused path's fp32 dW and dh, or the fp32 softmax its cross-entropy keeps (its
+    # logits, their fp32 copy and the gradient's cast are live only as the main head's are: measured,
+    # test_plan_calibration.py)
+    head = 4 * V * H + SEQ * H * 2 if fused else SEQ * V * 4
     assert a["logits_loss"] - b["logits_loss"] == pytest.approx(head)
     assert checkpoint_bytes(with_mtp)["weights"] - checkpoint_bytes(bare)["weights"] == 2 * c["mtp"]
 

@@ -118,11 +118,16 @@ def mtp_activation_bytes(s) -> float:
 
 
 def mtp_head_bytes(s) -> float:
-    """Each multi-token prediction depth's LM head + loss, kept until its backward beside the main head's: the
-    fused path's dh and fp32 dW (what `fused_loss_bytes` keeps), or a whole set of logits buffers (`logits_bytes`)."""
+    """What each multi-token prediction depth's LM head + loss keeps until its backward beyond the main head's peak
+    (`logits_live_bytes`): the fused path's dh and fp32 dW (what `fused_loss_bytes` keeps), or unfused the fp32
+    softmax `[b·s, V]` its cross-entropy keeps for backward (÷ tp when the vocabulary is split). A depth's logits
+    (and under half their fp32 copy) live only while its cross-entropy runs, as large as the main head's were at
+    its peak, which `logits_live_bytes` already counts; so each depth adds one fp32 `[b·s, V]`, not a whole set of
+    logits buffers (measured on CPU: docs/PLAN.md, DeepSeek-V2/V3)."""
     cfg = s.model
-    one = (4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * s.compute_bytes
-           if s.fused_loss else logits_bytes(s))
+    tokens = s.micro_batch * s.seq_len
+    one = (4 * cfg.vocab_size * cfg.hidden_size + tokens * cfg.hidden_size * s.compute_bytes
+           if s.fused_loss else 4 * tokens * cfg.vocab_size / s.vocab_tp)
     return cfg.num_nextn_predict_layers * one
 
 
