@@ -104,6 +104,16 @@ def test_every_unknown_key_and_bad_value_of_a_file_is_named_at_once(tmp_path):
     assert any(line.startswith("command line: key `max_steps`") for line in lines)
 
 
+@pytest.mark.parametrize("folder", sorted(UNBUILT))
+def test_a_model_of_a_family_not_built_here_is_refused_as_such(folder):
+    """PaddleNLP's Mixtral, Baichuan, ChatGLM2, Yuan and GPT files name models no download makes trainable here:
+    the line says so (it said to download the model, which config.json's model_type would then refuse)."""
+    with pytest.raises(UserError) as e:
+        resolve_model_dir(UNBUILT[folder])
+    message = str(e.value)
+    assert "a family pretrain-cli does not build" in message and "deepseek_v3" in message
+    assert "huggingface-cli download" not in message
+
 
 def test_the_note_on_offload_optim_says_what_happens_here(tmp_path):
     """Both PaddleFormers files set offload_optim: its note read "accepted but has no effect here: Optimizer state

@@ -34,10 +34,12 @@ class ModelArguments:
     model_name_or_path: str = _f(
         "tiny-qwen2",
         "Model source: a local directory with an HF config.json (and weights when continue_training), "
-        "or a shipped preset (every published Qwen2, Qwen2.5, Qwen3, Llama 2, 3, 3.1 and 3.2 dense size and the "
-        "Qwen3-MoE, Qwen2-MoE and Qwen1.5-MoE models under their hub names, e.g. 'Qwen/Qwen2-7B', "
-        "'Qwen/Qwen3-30B-A3B' or 'meta-llama/Llama-3.1-70B', and test sizes such as tiny-qwen2; "
-        "`pretrain-cli check --list-models` lists them). Nothing is downloaded.",
+        "or a shipped preset (every published Qwen2, Qwen2.5, Qwen3, Llama 2, 3, 3.1 and 3.2 dense size, the "
+        "Qwen3-MoE, Qwen2-MoE and Qwen1.5-MoE models, DeepSeek-V3 (and R1), DeepSeek-V2-Lite and Moonlight under "
+        "their hub names, e.g. 'Qwen/Qwen2-7B', 'Qwen/Qwen3-30B-A3B', 'deepseek-ai/DeepSeek-V3' or "
+        "'meta-llama/Llama-3.1-70B', and test sizes such as tiny-qwen2; `pretrain-cli check --list-models` lists "
+        "them). Nothing is downloaded; a model of another family (Mixtral, Baichuan, ChatGLM, Yuan, GPT, ...) is "
+        "refused by name.",
     )
     tokenizer_name_or_path: Optional[str] = _f(
         None, "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt); None = model_name_or_path."

@@ -1,14 +1,16 @@
 """Where `model_name_or_path` / `tokenizer_name_or_path` point: a local directory or a shipped preset.
 
 Nothing is ever downloaded. A hub-style name that is neither a local directory nor a preset
-gets an error that says how to place the files locally; so does `continue_training` with a preset, which is
-architecture only (`require_pretrained`).
+gets an error that says how to place the files locally (unless it names a family no download would make
+trainable here, `UNBUILT`); so does `continue_training` with a preset, which is architecture only
+(`require_pretrained`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.models.families import MODEL_TYPES
 
 PRESET_DIR = Path(__file__).resolve().with_name("presets")
 
@@ -57,6 +59,16 @@ HUB_NAMES = {
     "tiny-llama": ("__internal_testing__/tiny-random-llama",),
 }
 ALIASES = {hub.lower(): preset for preset, hubs in HUB_NAMES.items() for hub in hubs}
+
+# The families of PaddleNLP's other llm/config/* folders (their files name these models), which the model code here
+# does not build: a name beginning with one of these (lower case) is refused as that family, not answered with a
+# download command whose config.json `models.config` would then refuse. name prefix -> family
+UNBUILT = {
+    "mistralai/mixtral": "Mixtral", "mistralai/mistral": "Mistral", "baichuan-inc/": "Baichuan",
+    "thudm/chatglm": "ChatGLM", "zai-org/chatglm": "ChatGLM", "ieityuan/yuan": "Yuan",
+    "gpt2": "GPT", "gpt3": "GPT", "openai-community/gpt2": "GPT",  # HF's gpt2* and PaddleNLP's gpt2-*-en, gpt3-*
+    "google/gemma": "Gemma", "bigscience/bloom": "BLOOM", "facebook/opt": "OPT",
+}
 
 
 LIST_HINT = "`pretrain-cli check --list-models` lists them"
@@ -115,6 +127,11 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
     if "/" in name and local.parent.is_dir():  # a local path with a typo (a hub name's org is no directory here)
         raise UserError(f"{key}: the directory {name} does not exist{_nearest_dir(local)}")
+    unbuilt = next((fam for prefix, fam in UNBUILT.items() if name.lower().startswith(prefix)), None)
+    if unbuilt is not None:
+        raise UserError(f"{key}: {name!r} is a {unbuilt} model, a family pretrain-cli does not build, downloaded "
+                        f"or not: it trains {', '.join(MODEL_TYPES)} (model_type); set {key} to a preset of one "
+                        f"({LIST_HINT}) or to a directory holding one")
     close = _nearest_name(name)
     hint = f"; did you mean {close!r}? ({LIST_HINT})" if close else f" ({LIST_HINT})"
     raise UserError(
