@@ -122,3 +122,14 @@ def test_the_note_on_offload_optim_says_what_happens_here(tmp_path):
     notes = resolve(args, model_config("micro-qwen3-moe"), Target("cpu", 1, 0, 0, None)).notes
     said = {n.split(":")[0]: n for n in notes}
     assert "stays in device memory" in said["offload_optim"]
+
+
+def test_paddlenlp_deepseek_v3_layout_refused_and_its_remedy_noted():
+    """Its pp2 x sharding 4 x ep 4 is refused (an engine limit); the remedy the line gives, sharding '', leaves
+    sharding_parallel_degree 4 without effect, which is now a note (PaddleNLP warns the same) instead of silence."""
+    keys = [f"--{k}={v}" for k, v in PADDLENLP_DEEPSEEK_V3_LAYOUT.items()]
+    with pytest.raises(UserError, match="set sharding to ''"):
+        resolve_run(*keys, world=8, model="micro-deepseek-v3")
+    notes = resolve_run(*keys, "--sharding=", world=8, model="micro-deepseek-v3").notes
+    assert any(n.startswith("sharding_parallel_degree: 4 has no effect without a sharding stage") for n in notes)
+

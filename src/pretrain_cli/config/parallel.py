@@ -83,6 +83,10 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
             sharding = 1
         elif sharding * cp == 1:
             notes.append(f"sharding: {t.sharding!r} over 1 process shards nothing; it has no effect")
+    elif degree(t.sharding_parallel_degree) > 1:  # PaddleNLP warns the same and makes them data-parallel ranks
+        notes.append(f"sharding_parallel_degree: {t.sharding_parallel_degree} has no effect without a sharding stage "
+                     f"(sharding is {t.sharding!r}): its ranks are data-parallel ranks, each holding the whole "
+                     f"optimizer state")
     moe = model_cfg.model_type if model_cfg.sparse_layers else ""
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,

@@ -77,7 +77,8 @@ REFUSED = (
                       f"{f'pipeline_parallel_degree {d.pp}' if d.pp > 1 else f'tensor_parallel_degree {d.tp}'} and "
                       f"sharding is not supported yet (on fleet's hybrid groups the experts are kept out of the "
                       f"data-parallel mean, not yet out of fleet's sharding optimizer, whose owners take every "
-                      f"sharding rank to hold the same parameters); set sharding to ''"),
+                      f"sharding rank to hold the same parameters); set sharding to '' (each data rank then holds "
+                      f"the whole optimizer state of its parameters: `plan` says whether that fits)"),
     Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet (ZeRO-2/3 "
                       f"run on the semi-auto engine, whose placements take every data rank to hold the same "
