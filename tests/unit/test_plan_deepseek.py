@@ -147,3 +147,28 @@ def test_what_tp_leaves_whole_is_what_the_tp_plan_leaves_whole_in_the_built_mode
     assert decoder > 2 * L * cfg.hidden_size if cfg.num_experts else decoder == 2 * L * cfg.hidden_size
     if cfg.mla:  # the latents' down-projections, whole: q_a_proj and kv_a_proj_with_mqa on each layer
         assert decoder > L * cfg.hidden_size * (cfg.q_lora_rank + cfg.kv_lora_rank) and mtp > 0
+
+
+@pytest.mark.parametrize("ep,fused,pp", [(1, False, 1), (1, True, 1), (64, False, 1), (1, False, 2), (1, True, 2)])
+def test_o1_keeps_a_half_cast_of_every_weight_a_matmul_reads_the_mtp_modules_too(ep, fused, pp):
+    """O1 autocast casts each weight a matmul reads and keeps the cast for backward (Paddle caches no casts): on
+    the rank (or the pipeline's last stage) running the MTP module, its own weights' casts, and unfused the LM
+    head's again per depth; never an untied embedding's (looked up) or the fused head + loss's head; under expert
+    parallelism the casts of this rank's experts only. Before, the MTP module's weights were left out and every
+    routed expert of the model counted on each rank."""
+    from pretrain_cli.planning.memory import _device_params, mtp_params, pipeline_stages, stage_params
+
+    def o1(s):
+        return dataclasses.replace(s, compute_bytes=2, amp_level="O1")
+
+    with_mtp, bare = (o1(x) for x in _setups(ep=ep, fused_loss=fused, pp=pp, recompute="full", micro_batches=8))
+    parts = (lambda s: pipeline_stages(s)[-1]) if pp > 1 else estimate
+    own = sum(mtp_params(with_mtp))
+    head = 0 if fused else 2 * V * H  # its head's cast of the LM head weight
+    copy = 4 * V * H if pp > 1 else 0  # the last stage's fp32 copy of the embedding (untied: looked up, no cast)
+    assert parts(with_mtp)["weights"] - parts(bare)["weights"] == pytest.approx((4 + 2) * own + head + copy)
+    # the whole: fp32 weights and a half cast of all but the looked-up table (the embedding or, at pp 2, the last
+    # stage's copy of it) and a fused head
+    held = stage_params(with_mtp, pp - 1) if pp > 1 else _device_params(with_mtp)
+    looked_up = V * H * (1 + fused)
+    assert parts(with_mtp)["weights"] == pytest.approx(4 * held + 2 * (held - looked_up) + head)

@@ -164,7 +164,7 @@ def pipeline_stages(s: Setup) -> list[dict[str, float]]:
         acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo
         acts += flight * (final_norm + mtp_activation_bytes(s)) if last else 0.0  # (the last stage's flight: 1)
         out.append(_parts(s, stage_params(s, stage), acts, head_loss_bytes(s) if last else 0.0,
-                          flight * document_mask_bytes(s)))
+                          flight * document_mask_bytes(s), stage))
     return out
 
 
@@ -219,18 +219,36 @@ def _cpu_zero3_sharded_grads(s: Setup) -> float:
     return vocab / s.vocab_tp + dense * 2 * cfg.hidden_size * cfg.intermediate_size / s.tp
 
 
-def _parts(s: Setup, n: float, activations: float, logits: float, document: float) -> dict[str, float]:
-    """The parts for `n` parameters on this device and the given step memory."""
-    counts = param_counts(s.model)
+def _half_copies(s: Setup, n: float, stage: int) -> float:
+    """Elements of the half casts O1 keeps for backward on a rank holding `n` parameters of pipeline stage `stage`:
+    autocast casts a weight each time a matmul reads it (Paddle's autocast keeps no cache of casts, unlike torch's)
+    and the matmul keeps that cast for its backward. So every parameter the rank holds (its routed experts ÷ ep, the
+    multi-token prediction modules' where they run) but those no matmul reads: an untied embedding (looked up, as
+    its last-stage copy for the MTP lookups is) and a head the fused head + loss reads (its PyLayer,
+    `ops.linear_loss`, keeps dh and dW, no cast); plus, unfused, the head cast again by each MTP depth's head
+    (`models.mtp.mtp_losses`). Norms and routers are counted too (small: an upper bound)."""
+    cfg = s.model
+    table = cfg.vocab_size * cfg.hidden_size / s.vocab_tp  # the embedding's or the LM head's elements on this rank
+    first, last, tied = stage == 0, stage == s.pp - 1, bool(cfg.tie_word_embeddings)
+    looked_up = table if first and not (tied and s.pp == 1) else 0.0  # (tied, one process: it is the head too)
+    if last and s.pp > 1 and not tied and cfg.num_nextn_predict_layers:
+        looked_up += table  # the last stage's copy the MTP lookups read (`stage_params`)
+    if last and s.fused_loss:
+        looked_up += table
+    mtp_heads = cfg.num_nextn_predict_layers * table if last and not s.fused_loss else 0.0
+    return n - looked_up + mtp_heads
+
+
+def _parts(s: Setup, n: float, activations: float, logits: float, document: float,
+           stage: int = 0) -> dict[str, float]:
+    """The parts for `n` parameters on this device (of pipeline stage `stage`) and the given step memory."""
     o2 = s.amp_level == "O2"
     weight_b = s.compute_bytes if o2 else 4
     grad_b = 4 if (not o2 or s.master_grad) else s.compute_bytes
     deg = max(s.sharding_degree, 1) if s.sharding_stage else 1
     weights = n * weight_b / (deg if s.sharding_stage >= 3 else 1)
     if s.amp_level == "O1":  # autocast casts each matmul weight to half and keeps it for backward
-        head = s.model.vocab_size * s.model.hidden_size
-        body = counts["non_embedding"] - (0 if s.model.tie_word_embeddings else head)
-        weights += (body / s.tp + head / s.vocab_tp) * s.compute_bytes * n / _device_params(s)
+        weights += _half_copies(s, n, stage) * s.compute_bytes
     # expert parallelism keeps its experts' optimizer state whole under ZeRO-1 (each rank updates its own:
     # `distributed.strategies.expert_strategy.ExpertZero1`); the rest is sharded over the sharding ranks
     own = expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0.0
