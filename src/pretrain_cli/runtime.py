@@ -239,6 +239,36 @@ def without_flags_banner():
             sys.stderr.write(rest)
 
 
+@contextlib.contextmanager
+def interrupt_kept():
+    """A Ctrl-C during the block ends it with KeyboardInterrupt, also where code inside swallows the interrupt.
+
+    Why: Paddle's import asks `which nvcc` and `which ccache` in subprocesses under a bare `except:`
+    (paddle/utils/cpp_extension/extension_utils.py: find_cuda_home, find_ccache_home), which catches the
+    KeyboardInterrupt of a Ctrl-C pressed then (and the error of the `which` that the terminal's SIGINT killed):
+    the import went on and the command ran as if no key had been pressed. So a Ctrl-C in the block is noted as it
+    is raised, and a block that ends without raising it raises it then. Where Python's own Ctrl-C handler is not
+    the one in place (SIGINT ignored, the caller's handler, a thread other than the main one) nothing changes.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pressed = []
+
+    def noted(signum, frame):
+        pressed.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:  # (the block swallowed it)
+        raise KeyboardInterrupt
+
+
 def import_paddle():
     """Import Paddle after `setup_env()`; the only sanctioned way to get the module."""
     setup_env()
@@ -255,7 +285,7 @@ def import_paddle():
     # Python handler, the trainer's, is left alone.)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if first else None
     try:
-        with contextlib.redirect_stderr(buf):
+        with interrupt_kept(), contextlib.redirect_stderr(buf):
             import paddle  # noqa: F401
     except ImportError as e:  # a Ctrl-C during the import: Paddle raises an ImportError from the KeyboardInterrupt
         cause = e
