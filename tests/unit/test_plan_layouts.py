@@ -68,9 +68,12 @@ def test_tp_and_pp_traffic_by_hand():
     r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
     act = 1 * 4096 * H * 2  # one [b, s, hidden] bf16 activation
     t = r.traffic_gb_per_step
-    # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation
-    assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
-    assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act) and t["zero3"] == 0
+    # 16 micro-batches x 20 layers of this stage x 4 all-reduces x 2(t-1)/t of the activation, + the pipeline's
+    # partial sends: the receiver all-gathers the tp pieces of each activation and gradient over the tp group
+    assert t["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act + 16 * 2 * 7 / 8 * act)
+    # fleet's partial send on NCCL without sequence parallelism: each tp rank sends 1/8 of the activation and of
+    # its gradient, per micro-batch (before, the whole activation was counted: 8 x these bytes)
+    assert t["pp"] * 1e9 == pytest.approx(16 * 2 * act / 8) and t["zero3"] == 0
     # once per step the ZeRO-1 pair moves an all-reduce's worth of the bf16 gradients of a stage's TP slice
     params = V * H * 2 + L * LAYER + H
     assert t["dp"] * 1e9 == pytest.approx(2 * (2 - 1) / 2 * params / 8 / 4 * 2)
@@ -79,6 +82,27 @@ def test_tp_and_pp_traffic_by_hand():
     # the TP group is one node (H100 NVLink: 900 GB/s both ways, 450 one way); the pipeline and the pair cross nodes
     assert (r.device.links.in_node_gbps, r.device.links.cross_node_gbps) == (450, 50)
     assert sp["comm_seconds"] == pytest.approx(t["tp"] / 450 + (t["pp"] + t["dp"]) / 50)
+
+
+@pytest.mark.parametrize("sequence_parallel,device", [(True, "H100"), (False, "cpu")])
+def test_pipeline_sends_are_whole_where_fleet_sends_them_whole(sequence_parallel, device):
+    """Under sequence parallelism each tp rank sends its own 1/t of the sequence whole (`pipeline_configs` turns the
+    partial send off); on gloo (CPU) every tp rank sends the whole activation (`Collectives.pipeline_flags`); neither
+    all-gathers what it receives."""
+    from pretrain_cli.planning.plan import setup_for
+    from pretrain_cli.planning.speed import partial_sends, traffic
+    from pretrain_cli.models.flops import param_counts
+
+    run, cfg, dev = _tp8_pp4_stage1()
+    run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, sequence_parallel=sequence_parallel))
+    if device == "cpu":
+        dev = target_device("cpu")
+    setup = setup_for(run, cfg, dev)
+    act = 1 * 4096 * H * setup.compute_bytes
+    t = traffic(setup, run.parallel, param_counts(cfg))
+    assert not partial_sends(setup, run.parallel)
+    assert t["pp"] == pytest.approx(16 * 2 * act / (8 if sequence_parallel else 1))
+    assert t["tp"] == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act)
 
 
 def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
@@ -94,7 +118,7 @@ def test_plan_explains_the_axis_split_tp_inside_a_node_pp_across():
            "inside a node" in text
     assert "pp 4: 16 pipeline groups (one activation per micro-batch between stages) of ranks 16 apart " \
            "(0, 16, 32, 48): across 4 nodes" in text
-    assert "traffic per device per step: TP all-reduces 150 GB (in-node 450 GB/s), pipeline p2p 2.15 GB (cross-node " \
+    assert "traffic per device per step: TP collectives 152 GB (in-node 450 GB/s), pipeline p2p 0.268 GB (cross-node " \
            "50 GB/s), data-parallel gradients 4.41 GB (cross-node 50 GB/s)" in text
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pretrain_cli.planning.hardware import GPUS_PER_NODE
 from pretrain_cli.run_layout import ParallelConfig
 
-AXES = ("tp", "pp", "cp", "data", "ep")  # what each group carries: TP all-reduces, pipeline p2p, CP K/V, data/ZeRO,
+AXES = ("tp", "pp", "cp", "data", "ep")  # what each group carries: TP collectives, pipeline p2p, CP K/V, data/ZeRO,
 # the experts' dispatch (ep groups are drawn from the data ranks)
 
 

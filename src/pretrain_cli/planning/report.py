@@ -220,7 +220,7 @@ def format_report(r: Plan) -> str:
         lines.append(f"links per GPU: in-node {ln.in_node_gbps:g} GB/s ({ln.source}), cross-node "
                      f"{ln.cross_node_gbps:g} GB/s; {ln.gpus_per_node} GPUs per node")
     traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})" for k, name in
-                             (("tp", "TP all-reduces"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
+                             (("tp", "TP collectives"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
                               ("cp", "CP K/V gathers"), ("ep", "expert dispatch"),
                               ("dp", "data-parallel gradients"))
                              if r.traffic_gb_per_step.get(k))

@@ -19,15 +19,28 @@ def pipeline_bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+def partial_sends(setup: Setup, par: ParallelConfig) -> bool:
+    """Whether a pipeline stage sends each tensor-parallel rank's 1/tp of its activation (fleet's partial send:
+    `enable_partial_send_recv`, which `strategies.pipeline.pipeline_configs` turns off under sequence parallelism and
+    `comms.collectives.Collectives.pipeline_flags` on gloo, and which fleet applies when the tensor's element count
+    divides by tp: pp_utils/p2p_communication.py 3.3.1)."""
+    elements = setup.micro_batch * setup.seq_len * setup.model.hidden_size  # one [b, s, hidden]
+    return (par.pp_degree > 1 and par.tp_degree > 1 and not par.sequence_parallel and setup.device != "cpu"
+            and elements % par.tp_degree == 0)
+
+
 def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]:
     """Bytes one device sends per optimizer step on each group (the speed model's terms, docs/PLAN.md):
 
     tp    = acc × its stage's layers × (n_attn + n_mlp × r) × 2(t−1)/t × b·s·hidden·c  (all-reduces per layer of the
             attention and MLP outputs: n_attn = n_mlp = 2, forward and backward; + 1 each under `full`, + 1 attention
             under `full_attn` recompute; r = `experts.mlp_reduce_rows`, 1 for a dense model, top_k (+1 shared)
-            on a MoE model's sparse layers)
-    pp    = acc × 2 × b·s·hidden·c  (one activation forward, its gradient back, per micro-batch; whole on every
-            tensor-parallel rank, or its 1/t of the sequence under sequence parallelism)
+            on a MoE model's sparse layers), + acc × 2 × (t−1)/t × b·s·hidden·c under a pipeline's partial sends
+            (the receiver all-gathers the pieces of each activation and gradient over the tp group)
+    pp    = acc × 2 × b·s·hidden·c / t  (one activation forward, its gradient back, per micro-batch: on NCCL without
+            sequence parallelism fleet's partial send, each tp rank 1/t of the activation they all hold
+            (`partial_sends`); under sequence parallelism each rank's own 1/t of the sequence, whole; on gloo (CPU)
+            the whole activation from every tp rank, without the /t)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
     cp    = acc × `context.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
@@ -43,12 +56,14 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
     out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
+    partial = partial_sends(setup, par)
     if tp > 1:
         n_attn, n_mlp = 2 + (setup.recompute in ("full", "full_attn")), 2 + (setup.recompute == "full")
         n = n_attn + n_mlp * mlp_reduce_rows(setup)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
+        out["tp"] += acc * 2 * (tp - 1) / tp * act if partial else 0.0  # the received pieces all-gathered
     if pp > 1:
-        out["pp"] = acc * 2 * act / (tp if par.sequence_parallel else 1)  # SP: only the cut stream travels
+        out["pp"] = acc * 2 * act / (tp if par.sequence_parallel or partial else 1)
     if par.sharding_stage == 3 and deg > 1:
         weight_bytes = params_total / tp / pp * (2 if setup.amp_level == "O2" else 4)
         out["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
