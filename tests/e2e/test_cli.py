@@ -205,7 +205,7 @@ def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corp
         assert cli_main(["check", name, "--world_size", "8"]) == 0, name
         out = capsys.readouterr().out
         assert "check: OK — training would start on 8 processes (simulated)" in out and layout in out, out
-        assert "note: --world_size 8 checks the run as an 8-GPU launch (device gpu" in out
+        assert "note: --world_size 8 checks the run as a launch on 8 GPUs (device gpu" in out
         assert ("pretrained weights" in out) == name.startswith("qwen")
         assert "precision bfloat16 O2" in out and "recompute " + ("full" if name.startswith("qwen") else "off") in out
         assert cli_main(["plan", name, "--device", "A100-80GB", "--gpus", "8"]) == 0
@@ -311,6 +311,21 @@ def test_check_world_size_simulates_a_launch_on_any_machine(corpus, tmp_path, ca
     assert "tensor_parallel_degree: 4 does not divide the world size 6" in capsys.readouterr().err
     assert cli_main(["check", cfg, "--world_size", "0"]) == 2
     assert "--world_size: must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_check_world_size_says_its_count_in_english(corpus, tmp_path, monkeypatch, capsys, world):
+    """A GPU file checked on this CPU machine as a launch of `world` GPUs: "on 1 process", "a launch on 1 GPU" (it
+    said "an 1-GPU launch" and "on 1 processes"; "an 2-GPU launch" too)."""
+    from pretrain_cli import runtime
+
+    monkeypatch.setattr(runtime, "gpu_build_installed", lambda: False)  # (as on a GPU machine's CPU-only checkout)
+    cfg = write_config(tmp_path, corpus, device="gpu")
+    assert cli_main(["check", cfg, "--world_size", str(world)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    gpus, processes = ("1 GPU", "1 process") if world == 1 else (f"{world} GPUs", f"{world} processes")
+    assert f"note: --world_size {world} checks the run as a launch on {gpus} (device gpu" in out, out
+    assert out.strip().splitlines()[-1] == f"check: OK — training would start on {processes} (simulated)"
 
 
 OOM_CHILD = """
