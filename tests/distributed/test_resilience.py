@@ -22,8 +22,8 @@ import uuid
 import numpy as np
 import pytest
 
-from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, job_pids, launch, parse_losses,
-                            rank_pid, read_weights, write_config)
+from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, job_pids, launch, launch_joined,
+                            parse_losses, rank_pid, read_weights, write_config)
 
 STEPS, SAVE = 40, 10
 
@@ -231,6 +231,34 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(corpus, tmp
     assert re.search(r"resumed from \S+/checkpoint-20 at step 20,", log0), log0[-3000:]
     assert sorted(parse_losses(log0)) == list(range(21, 43))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 42
+
+
+def test_a_pipeline_resumes_on_more_data_ranks_and_falls_back_past_a_damaged_checkpoint_of_another_count(
+        corpus, tmp_path):
+    """pp2 on 2 processes (1 data rank, 1 x acc 4) saves checkpoint-2; the same file on 4 processes (pp2 x dp2)
+    resumes it keeping 4 sequences a step (acc 2: the ranks other than 0 learn it after joining the group, fleet
+    was handed acc 4 there) and saves checkpoint-4; a byte of checkpoint-4 flipped, the same file on 4 processes
+    again: checkpoint-4 (as many data ranks: acc 4) fails its checksum while loading and the run falls back to
+    checkpoint-2 (acc 2). fleet's schedule kept the accumulation of the join: `length of data should be 4, but it
+    is 2`, a traceback on every rank; it now follows the run's (`distributed.setup.follow_micro_batching`)."""
+    out = tmp_path / "out"
+    keys = dict(pipeline_parallel_degree=2, per_device_train_batch_size=1, gradient_accumulation_steps=4,
+                save_steps=2, overwrite_output_dir=False)
+    for name, nproc, steps in (("first", 2, 2), ("more", 4, 4), ("fallback", 4, 6)):
+        if name == "fallback":
+            shard = sorted((out / "checkpoint-4").glob("model-*.safetensors"))[-1]
+            data = bytearray(shard.read_bytes())
+            data[-1] ^= 1  # (the same size: the listing check passes, the ranks' checksums do not)
+            shard.write_bytes(bytes(data))
+        cfg = write_config(tmp_path / f"{name}.json", corpus, out, max_steps=steps, **keys)
+        run = launch_joined(cfg, tmp_path / f"log_{name}", nproc, timeout=400)
+        assert run.returncode == 0, run.explain()
+    log0 = run.log(0)
+    assert "not resuming from checkpoint-4: " in log0 and "does not match its checksum" in log0, log0[-3000:]
+    assert "gradient_accumulation_steps 4 -> 2 keeps 4 sequences a step" in log0, log0[-3000:]
+    assert re.search(r"resumed from \S+/checkpoint-2 at step 2,", log0), log0[-3000:]
+    assert sorted(parse_losses(log0)) == [3, 4, 5, 6]
+    assert json.loads((out / "trainer_state.json").read_text())["consumed_samples"] == 4 * 6
 
 
 def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_path, restart_ref):

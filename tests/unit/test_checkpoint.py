@@ -284,7 +284,6 @@ def test_resume_skips_any_damaged_checkpoint_with_one_warning(tmp_path, caplog, 
         assert intact.newest(tmp_path) == tmp_path / "checkpoint-3"
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith("not resuming from checkpoint-6: ")
     assert reason in caplog.records[0].getMessage() and "\n" not in caplog.records[0].getMessage()
-    assert intact.newest(tmp_path, verify=False) == tmp_path / "checkpoint-6"  # other ranks take rank 0's choice
 
 
 def test_resume_stops_with_one_line_when_every_checkpoint_is_damaged(tmp_path):

@@ -5,6 +5,7 @@ The ranks are threads over an in-memory stand-in of the launcher's TCP store."""
 import json
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -38,25 +39,30 @@ class Store:
             return self.values[key]
 
 
-def _ranks(fingerprints, output_dirs):
-    """Run `same_run.check` on one thread per rank; each rank's outcome: None, or its error line."""
+def _threads(world: int, work):
+    """`work(comm, rank)` on one thread per rank over one store; each rank's outcome: what it returned, or its error
+    line."""
     store, outcome = Store(), {}
 
     def rank(r):
-        comm = Comm(r, len(fingerprints))
+        comm = Comm(r, world)
         comm._store = lambda: store
         try:
-            same_run.check(comm, fingerprints[r], output_dirs[r])
-            outcome[r] = None
+            outcome[r] = work(comm, r)
         except UserError as e:
             outcome[r] = str(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(fingerprints))]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    return [outcome[r] for r in range(len(fingerprints))]
+    return [outcome[r] for r in range(world)]
+
+
+def _ranks(fingerprints, output_dirs):
+    """Run `same_run.check` on one thread per rank; each rank's outcome: None, or its error line."""
+    return _threads(len(fingerprints), lambda comm, r: same_run.check(comm, fingerprints[r], output_dirs[r]))
 
 
 def _tokens(directory, **kw):
@@ -64,10 +70,10 @@ def _tokens(directory, **kw):
     write_tokens(directory / "corpus", **kw)
 
 
-def _spec(tmp_path, data, out, *more):
+def _spec(tmp_path, data, out, *more, world: int = 2, rank: int = 0):
     return prepare(None, ["--model_name_or_path", "micro-qwen2", "--input_dir", str(data), "--output_dir", str(out),
                           "--do_train", "--max_steps", "5", "--max_seq_length", "16", "--split", "98,2,0",
-                          "--device", "cpu", *more], Target("cpu", 2, 0, 0))
+                          "--device", "cpu", *more], Target("cpu", world, rank, rank))
 
 
 @pytest.fixture
@@ -126,3 +132,58 @@ def test_one_process_checks_nothing(tmp_path):
         world, rank = 1, 0
 
     same_run.check(One(), {"a": 1}, tmp_path)  # no store to ask
+
+
+def _checkpoint(spec, step: int):
+    """`checkpoint-<step>` of `spec`'s run in its output_dir, complete by `storage.intact` (one process's files from
+    before the index: what a resume's decisions read, its args.json, config.json and trainer state, is real)."""
+    import numpy as np
+
+    from pretrain_cli.storage.shard_files import write
+
+    ckpt = Path(spec.run.output.output_dir) / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "args.json").write_text(json.dumps(spec.record(), default=str))
+    (ckpt / "config.json").write_text(json.dumps(spec.model_cfg.to_hf_dict()))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "consumed_samples": step * 2}))
+    ones = np.ones((4, 4), np.float32)
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        write(ckpt / name, [("w", "F32", ones.shape, lambda: ones)])
+    return ckpt
+
+
+HARMS = {"optimizer.safetensors truncated": lambda c: (c / "optimizer.safetensors").write_bytes(
+             (c / "optimizer.safetensors").read_bytes()[:-4]),
+         "config.json deleted": lambda c: (c / "config.json").unlink()}
+
+
+@pytest.mark.parametrize("harm", sorted(HARMS))
+def test_ranks_resume_rank_0s_checkpoint_as_rank_0_does_when_it_skipped_a_damaged_newest(tmp_path, lock, harm):
+    """checkpoint-2 of one process (1 x acc 2), checkpoint-4 of two (the same file: acc 1 kept the 2 sequences a
+    step), damaged; the same file again on two processes. Rank 0 skips checkpoint-4 and resumes checkpoint-2 on
+    another number of data ranks: acc 1. The other ranks took checkpoint-4 unverified, on as many data ranks: acc
+    2, and the fingerprint's arguments differed (`gradient_accumulation_steps 2 (rank 0: 1)`: the launch refused);
+    a config.json missing from it stopped them in prepare. Now they choose none before joining and take rank 0's
+    checkpoint and decisions after the check."""
+    _tokens(tmp_path / "a")
+    spec = lambda world, rank: _spec(tmp_path, tmp_path / "a", lock, "--per_device_train_batch_size", "1",  # noqa: E731
+                                     "--gradient_accumulation_steps", "2", world=world, rank=rank)
+    _checkpoint(spec(1, 0), 2)
+    two = spec(2, 0)
+    assert (two.resume.name, two.run.loop.grad_accum, two.run.global_batch_size) == ("checkpoint-2", 1, 2)
+    HARMS[harm](_checkpoint(two, 4))
+    specs = [spec(2, 0), spec(2, 1)]
+
+    def joined(comm, r):  # as `training.run` does once the group is joined
+        same_run.check(comm, specs[r].fingerprint(), lock)
+        return same_run.resume(comm, specs[r])
+
+    outcome = _threads(2, joined)
+    assert not any(isinstance(o, str) for o in outcome), outcome
+    for r in range(2):
+        run = outcome[r].run
+        assert (outcome[r].resume.name, run.loop.grad_accum, run.global_batch_size) == ("checkpoint-2", 1, 2), r
+        assert outcome[r].record()["arguments"] == outcome[0].record()["arguments"]
+        assert [n for n in run.notes if n.startswith("batch:")] == [
+            "batch: checkpoint-2 was trained on 1 data rank(s) x 1 x acc 2 = 2 sequences a step; this run has 2 "
+            "data rank(s): gradient_accumulation_steps 2 -> 1 keeps 2 sequences a step"]

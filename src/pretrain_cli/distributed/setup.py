@@ -68,6 +68,20 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
                         f"launcher said {parallel.world_size}; launch with python -m paddle.distributed.launch")
 
 
+def follow_micro_batching(parallel: ParallelConfig, loop: Loop) -> None:
+    """fleet's pipeline micro-batching set to `loop`'s before the model is wrapped, when fleet reads it: the join
+    handed fleet the accumulation this rank knew then, which a resume decided after the join changes on another
+    number of data ranks (the ranks other than 0 take rank 0's checkpoint, and the global batch kept from it, once
+    joined: `training.same_run.resume`; a damaged checkpoint's fallback resumes an older one). Only a pipeline."""
+    if not parallel.distributed or parallel.engine != "pipeline":
+        return
+    from paddle.distributed import fleet
+
+    kept = ("accumulate_steps", "micro_batch_size")  # (the others are the backend's: `Topology.init_fleet`)
+    fleet.fleet._user_defined_strategy.pipeline_configs = {
+        k: v for k, v in pipeline_configs(loop, parallel).items() if k in kept}
+
+
 def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None) -> Strategy:
     """The strategy for `parallel.engine` (decided in config, modelled by planning.memory); `step_kernels`
     (`ops.kernels.select_step`) is the optimizer step one process and plain data parallel run; `recompute`

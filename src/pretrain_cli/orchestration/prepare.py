@@ -40,20 +40,24 @@ class RunSpec:
     tokenizer: object | None = None
     splits: object | None = None  # data.DataSplits
     data_lines: list = field(default_factory=list)
-    resume: Path | None = None  # the checkpoint this run continues from (rank 0's view; ranks agree in training)
+    # the checkpoint this run continues from: rank 0's choice (the other ranks of a launch take it once joined,
+    # `training.same_run.resume`; before that they have chosen none, or the one resume_from_checkpoint names)
+    resume: Path | None = None
     # what the resume's decisions start from: the arguments and run before them, and the launch they resolve for
     unresumed: tuple | None = None
 
     def resuming(self, path) -> RunSpec:
-        """This run resuming from `path` instead: `train`'s fallback when the files of the checkpoint chosen here
-        were found altered while reading them. The resume's decisions (compatibility, batch, schedule, router
-        bias) are made again for the checkpoint it now resumes from, as `prepare` made them for the first."""
+        """This run resuming from `path` (None: starting afresh) instead: a rank other than 0 taking rank 0's
+        choice once joined (`training.same_run.resume`), and `train`'s fallback when the files of the checkpoint
+        chosen here were found altered while reading them. The resume's decisions (compatibility, batch, schedule,
+        router bias) are made again for the checkpoint it now resumes from, as `prepare` made them for the first."""
         from pretrain_cli.training.checkpoint import check_compatible
 
-        saved = CheckpointDir(path)
-        check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, False)
+        saved = CheckpointDir(path) if path is not None else None
+        if saved is not None:
+            check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, bool(self.run.output.resume_from))
         args, run = _resumed(self, saved)
-        return replace(self, resume=Path(path), args=args, run=run)
+        return replace(self, resume=Path(path) if path is not None else None, args=args, run=run)
 
     def record(self) -> dict:
         """What args.json holds: the arguments as written and as resolved."""
@@ -63,9 +67,12 @@ class RunSpec:
                 "notes": list(self.run.notes)}
 
     def fingerprint(self) -> dict:
-        """What every rank of a run must agree on (`training.same_run`): the arguments without the paths, which may
-        differ between nodes (their mounts), nor the keys only rank 0 acts on; what the paths hold instead."""
-        out = {k: v for k, v in self.args.to_dict().items() if k not in NODE_KEYS}
+        """What every rank of a run must agree on (`training.same_run`): the arguments as the user set them, before
+        the resume's decisions (which rank 0 alone makes: the others take them once joined, `same_run.resume`),
+        without the paths, which may differ between nodes (their mounts), nor the keys only rank 0 acts on; what
+        the paths hold instead."""
+        args = self.unresumed[0] if self.unresumed is not None else self.args
+        out = {k: v for k, v in args.to_dict().items() if k not in NODE_KEYS}
         out["model config.json"] = self.model_cfg.to_hf_dict()
         out["tokenizer vocabulary"] = getattr(self.tokenizer, "vocab_size", None)
         out["token files"] = [line.removeprefix("data: ").split(";")[0] for line in self.data_lines]  # (the rest: seq)

@@ -106,7 +106,10 @@ def keep_router_bias(run: RunConfig, model_cfg, saved: CheckpointDir) -> RunConf
 
 def find_resume(run: RunConfig) -> Path | None:
     """`resume_from_checkpoint` (refused when `storage.intact` finds it incomplete or damaged), else the newest
-    complete `checkpoint-N` of a training run (unless overwritten). Rank 0 verifies; the others take its choice."""
+    complete `checkpoint-N` of a training run (unless overwritten). Rank 0 verifies; the other ranks of a launch
+    choose none here and take rank 0's choice once joined (`training.same_run.resume`): the newest checkpoint
+    unverified can be a damaged one rank 0 skips, and what they kept from it (the global batch on another number
+    of data ranks, the schedule) was not rank 0's, its damage (a missing config.json) stopped them alone."""
     out = run.output
     from pretrain_cli.storage import intact
 
@@ -119,11 +122,11 @@ def find_resume(run: RunConfig) -> Path | None:
             raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
                             f"resume from the newest complete one")
         return path
-    if out.overwrite or not run.loop.do_train:
+    if out.overwrite or not run.loop.do_train or not run.parallel.is_rank0:
         return None
     # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
     # the files it reads (`training.weight_source.verify_read`)
-    return intact.newest(out.output_dir, verify=run.parallel.is_rank0, checksums=False)
+    return intact.newest(out.output_dir, checksums=False)
 
 
 def _saved(ckpt: CheckpointDir) -> tuple[Schedule | None, int | None]:

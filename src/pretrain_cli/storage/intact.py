@@ -170,16 +170,15 @@ def skipping(ckpt, reason: str) -> str:
     return f"not resuming from {Path(ckpt).name}: {reason}; trying the previous checkpoint"
 
 
-def newest(output_dir, verify: bool = True, checksums: bool = True, before: int | None = None) -> Path | None:
+def newest(output_dir, checksums: bool = True, before: int | None = None) -> Path | None:
     """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
     none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
-    (exit 2). `verify` False (ranks other than 0, whose choice is replaced by rank 0's) takes the newest
-    unchecked; `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
+    (exit 2). `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
     import logging
 
     ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
-    if not verify or not ckpts:
-        return ckpts[-1][1] if ckpts else None
+    if not ckpts:
+        return None
     for _, path in reversed(ckpts):
         reason = problem(path, checksums)
         if reason is None:

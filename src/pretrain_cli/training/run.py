@@ -11,7 +11,7 @@ from pathlib import Path
 from pretrain_cli import run_dir, runtime
 from pretrain_cli.distributed.launcher import progress, watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
-from pretrain_cli.distributed.setup import build_strategy, init_process_group
+from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.training import checkpoint, metrics, run_lock, same_run, startup
 from pretrain_cli.training.metrics import log
@@ -47,20 +47,22 @@ def run(spec) -> int:
 
 def _run(spec, signals: StopSignals) -> int:
     paddle = runtime.import_paddle()
-    r, model_cfg, record = spec.run, spec.model_cfg, spec.record()
+    r, model_cfg = spec.run, spec.model_cfg
     metrics.setup_logging(r.parallel.rank)
     paddle.set_device(r.device)
     with runtime.without_flags_banner():
         init_process_group(r.parallel, r.loop.seed, r.loop, r.device)
     comm = build_comm(r.parallel)
     same_run.check(comm, spec.fingerprint(), r.output.output_dir)  # every node the same run, one output_dir
+    spec = same_run.resume(comm, spec)  # rank 0's checkpoint on every rank, and what the run keeps from it
+    r, record = spec.run, spec.record()
     watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout)
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
     model = build_model(r, model_cfg)
     log.info(f"kernels: {model.kernels.describe()}")
-    resume = _opened(comm.agree_on_resume(spec.resume if r.parallel.is_rank0 else None))
+    resume = _opened(spec.resume)
     done = resume.state["global_step"] if resume is not None and r.loop.do_train else None
     finished = (done is not None and done >= r.loop.max_steps and r.parallel.is_rank0
                 and exported(r.output.output_dir, done))
@@ -172,6 +174,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
                            None if resume is not None else init) if weights is not None else init)
     try:
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
+        follow_micro_batching(run.parallel, run.loop)  # (a resume decided after the join can change it)
         strategy = build_strategy(run.parallel, run.device, step_kernels, run.recompute)
         raw_model = model  # what checkpoints read: the whole model (a pipeline's stages are built over its sublayers)
         model = strategy.place(model, source)  # this rank's parameters created: before the optimizer exists

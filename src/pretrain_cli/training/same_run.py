@@ -13,6 +13,14 @@ paths, which may differ between nodes, and what the paths hold: the model's conf
 token files' documents and tokens) and whose run lock it sees in its `output_dir` (rank 0 took it before joining:
 `training.run_lock`). Every other rank compares itself with rank 0 and publishes its finding; rank 0 publishes the
 first one; every rank raises that same line (`UserError`, exit 2: launch.sh never retries it). Store traffic is O(world).
+
+The fingerprint holds the arguments as the user set them, not as a resume set them: only rank 0 chooses the checkpoint
+to resume (it alone verifies them and skips a damaged one), and what a run keeps from it (the global batch on another
+number of data ranks, through the keys that sets) follows from that choice. The other ranks choose none before
+joining and take rank 0's checkpoint, and decide what they keep from it, once this check passed (`resume`). Before,
+they took the newest checkpoint unverified: with a damaged one rank 0 skipped, trained on another number of data
+ranks, their accumulation differed from rank 0's and this check refused the launch (a missing config.json in it
+stopped them in `prepare`).
 """
 from __future__ import annotations
 
@@ -52,6 +60,13 @@ def check(comm, fingerprint: dict, output_dir) -> None:
             time.sleep(0.05)  # the store lives in this process: it stays until every rank has read the finding
     if verdict:
         raise UserError(verdict)
+
+
+def resume(comm, spec):
+    """`spec` (the prepared `RunSpec`) resuming the checkpoint rank 0 chose, with what the run keeps from it decided
+    for that checkpoint as rank 0 decided it (`RunSpec.resuming`); `spec` itself on rank 0 and with one process."""
+    chosen = comm.agree_on_resume(spec.resume if comm.rank == 0 else None)
+    return spec if chosen == spec.resume else spec.resuming(chosen)
 
 
 def _holder(output_dir, expected: dict | None) -> dict | None:
