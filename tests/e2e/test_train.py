@@ -90,6 +90,23 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     assert args["arguments"]["max_seq_length"] == 32 and args["run"]["data"]["max_seq_length"] == 32
 
 
+def test_epoch_strategies_evaluate_and_save_once_after_the_last_step(corpus, tmp_path, capsys):
+    """PaddleNLP's `evaluation_strategy` / `save_strategy: epoch` (its ChatGLM2 file; refused before): its Trainer's
+    one epoch is the whole run, so one evaluation and one checkpoint, both at the last step, whatever eval_steps and
+    save_steps say. Two epochs of the data (the log names the wrap) change nothing."""
+    cfg = write_config(tmp_path, corpus, max_steps=6, eval_steps=1, save_steps=2, evaluation_strategy="epoch",
+                       save_strategy="epoch", split="2,49,49", per_device_train_batch_size=8)
+    assert cli_main(["train", cfg]) == 0
+    out_text = capsys.readouterr().out
+    assert "evaluation_strategy: epoch evaluates once, after the last step (6)" in out_text
+    assert "starts epoch 2 of" in out_text, out_text  # the train split wrapped: still one evaluation
+    out = tmp_path / "out"
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "eval"] == [6]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-6"]
+    assert math.isfinite(json.loads((out / "all_results.json").read_text())["eval_loss"])
+
+
 @pytest.mark.parametrize("logging_steps", [1, 3])  # 3: a log interval straddles the checkpoint
 def test_resume_is_bitwise_identical_and_extends_without_reshuffle(corpus, tmp_path, logging_steps):
     a, b = tmp_path / "a", tmp_path / "b"

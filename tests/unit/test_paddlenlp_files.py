@@ -92,7 +92,7 @@ def test_every_unknown_key_and_bad_value_of_a_file_is_named_at_once(tmp_path):
     """A file is fixed in one round: all its unknown keys and bad values, each on its own line (the first one alone
     stopped the parse)."""
     keys = {**PADDLEFORMERS_QWEN3_MOE, "moe_router_topk_scaling_factor": 1.0, "stage": "PT",
-            "evaluation_strategy": "epoch", "save_strategy": "epoch"}
+            "evaluation_strategy": "epochs", "save_strategy": "step"}
     with pytest.raises(UserError) as e:
         parse_config(_write(tmp_path, keys), ["--max_steps", "x"])
     lines = e.value.lines

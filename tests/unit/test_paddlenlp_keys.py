@@ -73,3 +73,24 @@ def test_paddlenlps_post_init_rules_and_fallbacks():
         resolve_run("--max_steps", "16", "--gradient_accumulation_steps", "8", "--tensor_parallel_degree", "2",
                     "--pipeline_parallel_degree", "4", "--sharding", "stage1", "--sharding_parallel_degree", "4",
                     world=16, model="tiny-llama")
+
+
+def test_epoch_strategies_evaluate_and_save_once_after_the_last_step_as_paddlenlps_one_epoch():
+    """PaddleNLP's ChatGLM2 file's `evaluation_strategy` / `save_strategy: epoch` (refused before): run_pretrain.py's
+    train dataset holds max_steps global batches, so its Trainer's one epoch ends at the last step, where
+    DefaultFlowCallback's on_epoch_end evaluates and saves; eval_steps and save_steps act only under `steps`."""
+    r = resolve_run("--max_steps", "10", "--eval_steps", "2", "--save_steps", "5", "--evaluation_strategy", "epoch",
+                    "--save_strategy", "epoch")
+    assert r.loop.do_eval and (r.loop.eval_steps, r.loop.save_steps) == (10, 10)
+    text = "\n".join(r.notes)
+    assert "evaluation_strategy: epoch turns on do_eval" in text
+    assert "evaluation_strategy: epoch evaluates once, after the last step (10)" in text and "eval_steps unused" in text
+    assert "save_strategy: epoch saves one checkpoint, after the last step (10)" in text
+    assert "accepted but" not in text
+    r = resolve_run("--max_steps", "10", "--eval_steps", "2", "--save_steps", "5", "--evaluation_strategy", "steps",
+                    "--logging_strategy", "epoch")
+    assert (r.loop.eval_steps, r.loop.save_steps) == (2, 5)
+    assert "logging_strategy: accepted but has no effect here" in "\n".join(r.notes)
+    with pytest.raises(UserError, match="save_strategy: epoch saves only the last step, so spike_policy: rollback has "
+                                        "no checkpoint to roll back to; set save_strategy: steps"):
+        resolve_run("--max_steps", "10", "--save_strategy", "epoch", "--spike_policy", "rollback")

@@ -155,13 +155,20 @@ class TrainingArguments:
     gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
     eval_steps: Optional[int] = _f(None, "Evaluate every N optimizer steps (None or 0 = logging_steps, as PaddleNLP "
                                          "falls back).")
-    evaluation_strategy: str = _f("no", "steps turns on do_eval, as PaddleNLP's __post_init__ does; no leaves do_eval "
-                                        "as set.", choices=("no", "steps"))
-    logging_strategy: str = _f("steps", "PaddleNLP's no logs nothing; here logging_steps alone decides (a log line "
-                                        "is also how a run reports progress).", "ignored", choices=("no", "steps"))
-    save_strategy: str = _f("steps", "PaddleNLP's no saves no checkpoint; here save_steps alone decides, and the last "
-                                     "step is always saved (what a resume and the export read).", "ignored",
-                            choices=("no", "steps"))
+    evaluation_strategy: str = _f(
+        "no", "steps or epoch turns on do_eval, as PaddleNLP's __post_init__ does; no leaves do_eval as set. epoch "
+        "evaluates once, after the last step, eval_steps unused: PaddleNLP's epoch is one pass over run_pretrain.py's "
+        "train dataset, which it builds to hold max_steps global batches, so the run is one epoch (whatever the blend "
+        "and however often its sources wrap: the log names each wrap).", choices=("no", "steps", "epoch"))
+    logging_strategy: str = _f("steps", "PaddleNLP's no logs nothing, its epoch logs at the end of the run; here "
+                                        "logging_steps alone decides (a log line is also how a run reports progress).",
+                               "ignored", choices=("no", "steps", "epoch"))
+    save_strategy: str = _f(
+        "steps", "steps: a checkpoint every save_steps and at the last step. epoch: one checkpoint, at the last step, "
+        "save_steps unused (PaddleNLP's epoch is the whole run, as for evaluation_strategy; refused with spike_policy: "
+        "rollback, which would have no checkpoint to go back to). no: accepted without effect, as steps (PaddleNLP's "
+        "saves no checkpoint; here the last step is always saved: what a resume and the export read).",
+        choices=("no", "steps", "epoch"))
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
                                         "a micro-batch takes ~0.1 ms, so this rarely matters).")

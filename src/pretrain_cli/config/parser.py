@@ -325,9 +325,9 @@ def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, 
 
 def _post_init(t: TrainingArguments) -> tuple:
     """PaddleNLP's `TrainingArguments.__post_init__` rewrites one key from another, so its files mean that:
-    `evaluation_strategy: steps` turns on `do_eval` ("if self.do_eval is False and self.evaluation_strategy !=
-    IntervalStrategy.NO: self.do_eval = True")."""
-    if t.evaluation_strategy == "steps" and not t.do_eval:
+    `evaluation_strategy: steps` or `epoch` turns on `do_eval` ("if self.do_eval is False and
+    self.evaluation_strategy != IntervalStrategy.NO: self.do_eval = True")."""
+    if t.evaluation_strategy != "no" and not t.do_eval:
         t.do_eval = True
-        return ("evaluation_strategy: steps turns on do_eval (as in PaddleNLP)",)
+        return (f"evaluation_strategy: {t.evaluation_strategy} turns on do_eval (as in PaddleNLP)",)
     return ()

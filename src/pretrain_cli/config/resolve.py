@@ -247,6 +247,37 @@ def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, 
                             and parallel.traits.placed_pieces)  # placed pieces / freed stages
 
 
+def _intervals(args: Arguments, problems: Problems, notes: list) -> tuple[int, int]:
+    """(eval_steps, save_steps) as the strategies make them. PaddleNLP's `epoch` is its Trainer's: one pass over
+    run_pretrain.py's train dataset, which it builds to hold max_steps global batches, so a pretraining run is one
+    epoch and `epoch` evaluates or saves once, after the last step; the step interval is unused (DefaultFlowCallback
+    acts on it only under `steps`). Not the wrap of the token files (a blend's sources wrap each on its own)."""
+    t = args.training
+    last = max(t.max_steps, 1)  # (an eval-only run trains no step)
+    eval_steps = t.eval_steps or t.logging_steps  # (0, like None, falls back, as in PaddleNLP)
+    if t.evaluation_strategy == "epoch":
+        eval_steps = last
+        if t.do_train:
+            notes.append(f"evaluation_strategy: epoch evaluates once, after the last step ({t.max_steps}): the run is "
+                         f"PaddleNLP's one epoch{'; eval_steps unused' if t.eval_steps else ''} (steps: every "
+                         f"eval_steps)")
+    elif t.do_eval and not t.eval_steps:
+        notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
+    if t.save_strategy == "no":
+        notes.append(f"save_strategy: accepted but has no effect here: PaddleNLP's no saves no checkpoint; here "
+                     f"save_steps decides ({t.save_steps}), and the last step is always saved (what a resume and the "
+                     f"export read)")
+    if t.save_strategy != "epoch":
+        return eval_steps, t.save_steps
+    if t.do_train and t.spike_policy == "rollback":
+        problems.add("save_strategy: epoch saves only the last step, so spike_policy: rollback has no checkpoint to "
+                     "roll back to; set save_strategy: steps (a checkpoint every save_steps) or spike_policy: skip")
+    elif t.do_train:
+        notes.append(f"save_strategy: epoch saves one checkpoint, after the last step ({t.max_steps}): the run is "
+                     f"PaddleNLP's one epoch; save_steps unused (steps: a checkpoint every save_steps, {t.save_steps})")
+    return eval_steps, last
+
+
 def _document_mask(args: Arguments, notes: list) -> tuple[str, bool]:
     """(attention_mask_type, reset_position_ids) as they will run: a padded sample is one document already."""
     d = args.data
@@ -319,15 +350,13 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
-    eval_steps = t.eval_steps or t.logging_steps  # (0, like None, falls back, as in PaddleNLP)
+    eval_steps, save_steps = _intervals(args, problems, notes)
     paddlenlp_eval = t.per_device_train_batch_size * t.gradient_accumulation_steps
     if parallel.pp_degree > 1 and t.do_eval and t.per_device_eval_batch_size != paddlenlp_eval:
         notes.append(f"eval: PaddleNLP evaluates a pipeline with per_device_eval_batch_size = micro-batch x "
                      f"gradient_accumulation_steps = {paddlenlp_eval} whatever the file says; here the file's "
                      f"{t.per_device_eval_batch_size} runs as one micro-batch through the stages (set "
                      f"{paddlenlp_eval} to average PaddleNLP's samples, if its activations fit)")
-    if t.do_eval and not t.eval_steps:
-        notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
     spike = _spike_guard(args, parallel, problems, notes)
@@ -344,7 +373,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 micro_batch=t.per_device_train_batch_size, grad_accum=t.gradient_accumulation_steps,
                 eval_batch=t.per_device_eval_batch_size, eval_iters=t.eval_iters, test_iters=10 * t.eval_iters,
                 eval_steps=eval_steps,
-                logging_steps=t.logging_steps, logging_first_step=t.logging_first_step, save_steps=t.save_steps,
+                logging_steps=t.logging_steps, logging_first_step=t.logging_first_step, save_steps=save_steps,
                 save_total_limit=t.save_total_limit, seed=t.seed, nan_policy=t.nan_policy,
                 nan_skip_limit=t.nan_skip_limit, prefetch=t.dataloader_num_workers,
                 ignore_data_skip=t.ignore_data_skip,
