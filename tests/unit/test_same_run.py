@@ -187,3 +187,48 @@ def test_ranks_resume_rank_0s_checkpoint_as_rank_0_does_when_it_skipped_a_damage
         assert [n for n in run.notes if n.startswith("batch:")] == [
             "batch: checkpoint-2 was trained on 1 data rank(s) x 1 x acc 2 = 2 sequences a step; this run has 2 "
             "data rank(s): gradient_accumulation_steps 2 -> 1 keeps 2 sequences a step"]
+
+
+@pytest.mark.parametrize("layout", [(), ("--pipeline_parallel_degree", "2")], ids=["dp", "pp2"])
+def test_a_resume_on_the_processes_of_the_last_resume_keeps_the_global_batch(tmp_path, lock, layout):
+    """1 data rank x 1 x acc 2 (eval_iters 2) saves checkpoint-2; the same file on 2 data ranks keeps 2 sequences a
+    step with acc 1 (and the eval windows with eval_iters 1) and saves checkpoint-4; the same file on those 2 data
+    ranks again (a MAX_RESTART, a re-run) keeps acc 1 and eval_iters 1 on every rank. Before, checkpoint-4's args.json held only the derived acc 1, so the file's 2 counted as the user's new
+    choice: 'this run takes 4 from here on'. Under a pipeline (2 stages: 2 then 4 processes) the same. A batch key the
+    user does change is theirs; a checkpoint from before `user_arguments` reads its derived acc from its notes."""
+    _tokens(tmp_path / "a")
+    pp = 2 if layout else 1
+    spec = lambda world, rank, *more: _spec(tmp_path, tmp_path / "a", lock, "--per_device_train_batch_size", "1",  # noqa: E731
+                                            "--gradient_accumulation_steps", "2", "--do_eval", "true", "--eval_iters",
+                                            "2", *layout, *more, world=world * pp,
+                                            rank=rank)
+    _checkpoint(spec(1, 0), 2)
+    two = spec(2, 0)
+    assert (two.resume.name, two.run.loop.grad_accum, two.run.global_batch_size) == ("checkpoint-2", 1, 2)
+    four = _checkpoint(two, 4)
+    specs = [spec(2, r) for r in range(2 * pp)]
+
+    def joined(comm, r):  # as `training.run` does once the group is joined
+        same_run.check(comm, specs[r].fingerprint(), lock)
+        return same_run.resume(comm, specs[r])
+
+    outcome = _threads(2 * pp, joined)
+    assert not any(isinstance(o, str) for o in outcome), outcome
+    for r, again in enumerate(outcome):
+        assert (again.resume.name, again.run.loop.grad_accum, again.run.global_batch_size) == ("checkpoint-4", 1, 2), r
+        assert [n for n in again.run.notes if n.startswith("batch:")] == [
+            "batch: checkpoint-4 was trained on 2 data rank(s) x 1 x acc 1 = 2 sequences a step, kept from a run on "
+            "another number of data ranks with these batch keys: gradient_accumulation_steps 2 -> 1 keeps 2 "
+            "sequences a step"], again.run.notes
+        assert again.run.loop.eval_iters == 1 and "eval: eval_iters 2 -> 1 keeps the" in " ".join(again.run.notes)
+        assert again.record()["user_arguments"]["gradient_accumulation_steps"] == 2
+        assert again.record()["arguments"]["gradient_accumulation_steps"] == 1
+    changed = spec(2, 0, "--gradient_accumulation_steps", "4")  # the user's own change: theirs, said
+    assert (changed.run.loop.grad_accum, changed.run.global_batch_size) == (4, 8)
+    assert "this run takes 8 from here on" in " ".join(changed.run.notes)
+    record = json.loads((four / "args.json").read_text())
+    del record["user_arguments"]  # as written before: only the derived acc, and the note that derived it
+    (four / "args.json").write_text(json.dumps(record))
+    old = spec(2, 0)
+    assert (old.resume.name, old.run.loop.grad_accum, old.run.global_batch_size, old.run.loop.eval_iters) == (
+        "checkpoint-4", 1, 2, 1)

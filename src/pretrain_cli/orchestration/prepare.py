@@ -59,20 +59,27 @@ class RunSpec:
         args, run = _resumed(self, saved)
         return replace(self, resume=Path(path) if path is not None else None, args=args, run=run)
 
+    @property
+    def user_args(self) -> Arguments:
+        """The arguments as the user set them: before the resume's decisions, which set keys (`unresumed`)."""
+        return self.unresumed[0] if self.unresumed is not None else self.args
+
     def record(self) -> dict:
-        """What args.json holds: the arguments as written and as resolved."""
+        """What args.json holds: the arguments as the run takes them (`arguments`, with the keys a resume set: the
+        accumulation that kept the global batch on another number of processes), as the user set them
+        (`user_arguments`: what the next resume compares its own with, so that it tells a batch key the user
+        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved."""
         from pretrain_cli import __version__
 
-        return {"version": __version__, "arguments": self.args.to_dict(), "run": self.run.to_dict(),
-                "notes": list(self.run.notes)}
+        return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
+                "run": self.run.to_dict(), "notes": list(self.run.notes)}
 
     def fingerprint(self) -> dict:
         """What every rank of a run must agree on (`training.same_run`): the arguments as the user set them, before
         the resume's decisions (which rank 0 alone makes: the others take them once joined, `same_run.resume`),
         without the paths, which may differ between nodes (their mounts), nor the keys only rank 0 acts on; what
         the paths hold instead."""
-        args = self.unresumed[0] if self.unresumed is not None else self.args
-        out = {k: v for k, v in args.to_dict().items() if k not in NODE_KEYS}
+        out = {k: v for k, v in self.user_args.to_dict().items() if k not in NODE_KEYS}
         out["model config.json"] = self.model_cfg.to_hf_dict()
         out["tokenizer vocabulary"] = getattr(self.tokenizer, "vocab_size", None)
         out["token files"] = [line.removeprefix("data: ").split(";")[0] for line in self.data_lines]  # (the rest: seq)

@@ -4,6 +4,7 @@ an eval loss averages; a MoE router's bias at rate 0; and the refusal of an olde
 branch's later ones."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,41 +15,62 @@ from pretrain_cli.run_config import RunConfig, Schedule, Target
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
+TRAIN_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")  # what a step's global batch is made of
+EVAL_KEYS = ("per_device_eval_batch_size", "eval_iters")  # and an evaluation's windows
+# a resume's own note on a key it set (below), which records the value the user had set in a checkpoint written before
+# args.json's `user_arguments`
+_DERIVED = re.compile(r"\b(gradient_accumulation_steps|eval_iters) (\d+) -> \d+ keeps\b")
+
+
 def _saved_batches(ckpt: CheckpointDir) -> dict | None:
-    """The batch arithmetic a checkpoint was trained with (its args.json), or None where it does not say."""
+    """The batch arithmetic a checkpoint was trained with (its args.json), and its batch keys as the user set them
+    (`set`), or None where it does not say."""
     try:
         loop, par = ckpt.run("loop"), ckpt.run("parallel")
         ranks = int(par["dp_degree"]) * int(par["sharding_degree"])
-        return {"micro": int(loop["micro_batch"]), "acc": int(loop["grad_accum"]), "ranks": ranks,
-                "eval_batch": int(loop["eval_batch"]), "eval_iters": int(loop["eval_iters"])}
+        saved = {"micro": int(loop["micro_batch"]), "acc": int(loop["grad_accum"]), "ranks": ranks,
+                 "eval_batch": int(loop["eval_batch"]), "eval_iters": int(loop["eval_iters"])}
     except (ValueError, TypeError, KeyError):
         return None
+    user = (ckpt.args or {}).get("user_arguments")
+    if isinstance(user, dict):
+        return {**saved, "set": {k: user.get(k) for k in (*TRAIN_KEYS, *EVAL_KEYS)}}
+    # written before `user_arguments`: the values it trained with, which a resume on another number of data ranks
+    # set where its notes say so (else the file's: the next resume took them for the user's new choice)
+    was = dict(zip((*TRAIN_KEYS, *EVAL_KEYS), (saved["micro"], saved["acc"], saved["eval_batch"], saved["eval_iters"])))
+    for note in (ckpt.args or {}).get("notes") or ():
+        if isinstance(note, str) and (derived := _DERIVED.search(note)):
+            was[derived[1]] = int(derived[2])
+    return {**saved, "set": was}
 
 
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
-    """A resumed run on another number of data ranks keeps the checkpoint's global batch (and its eval
-    windows): gradient accumulation (eval_iters) takes up the difference where it divides, with a note;
-    where it does not, one line names the keys to set. A run that changed the batch keys itself gets
-    what it asked for, with a note."""
+    """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
+    from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
+    another number of data ranks gradient accumulation (eval_iters) takes up the difference where it divides, with a
+    note; where it does not, one line names the keys to set. Set to set, not to what a resume derived: re-run on the
+    processes of a resume that derived the accumulation (a restart), the file's own value is no new choice, and the
+    global batch stays. A run that changed the batch keys itself gets what it asked for, with a note."""
     resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
-    lp, ranks = run.loop, run.parallel.data_world_size
     if saved is None:
         return run
-    if saved["ranks"] == ranks:  # the same ranks: a changed batch key is what the user asked for, said once
-        was = saved["micro"] * saved["acc"] * saved["ranks"]
-        if run.global_batch_size == was:
-            return run
-        return replace(run, notes=(*run.notes, (
-            f"batch: {resume.name} was trained on {was} sequences a step ({saved['ranks']} data rank(s) x "
-            f"{saved['micro']} x acc {saved['acc']}); this run takes {run.global_batch_size} from here on")))
+    lp, ranks = run.loop, run.parallel.data_world_size
+
+    def changed(keys) -> bool:
+        return any(args.get(k) != saved["set"][k] for k in keys)
+
     was = saved["micro"] * saved["acc"] * saved["ranks"]
     how = (f"{resume.name} was trained on {saved['ranks']} data rank(s) x {saved['micro']} x acc {saved['acc']} = "
-           f"{was} sequences a step; this run has {ranks} data rank(s)")
+           f"{was} sequences a step" + (f"; this run has {ranks} data rank(s)" if saved["ranks"] != ranks else
+                                        ", kept from a run on another number of data ranks with these batch keys"))
     notes = []
     if run.global_batch_size == was:
         pass
-    elif (lp.micro_batch, lp.grad_accum) != (saved["micro"], saved["acc"]):
+    elif changed(TRAIN_KEYS) and saved["ranks"] == ranks:  # what the user asked for, said once
+        notes.append(f"batch: {resume.name} was trained on {was} sequences a step ({saved['ranks']} data rank(s) x "
+                     f"{saved['micro']} x acc {saved['acc']}); this run takes {run.global_batch_size} from here on")
+    elif changed(TRAIN_KEYS):
         notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
                      f"{lp.grad_accum}: {run.global_batch_size} sequences a step from here on")
     elif was % (lp.micro_batch * ranks):
@@ -60,7 +82,7 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
                      f"{was // (lp.micro_batch * ranks)} keeps {was} sequences a step")
     eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
-    if lp.eval_batch == saved["eval_batch"] and lp.eval_iters == saved["eval_iters"] and run.loop.do_eval:
+    if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
         if eval_was % (lp.eval_batch * ranks) == 0:
             args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
             notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
