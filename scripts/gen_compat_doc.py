@@ -12,11 +12,15 @@ from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
 HEADER = """# PaddleNLP argument-file compatibility
 
 `pretrain-cli train cfg.json` and `python scripts/run_pretrain.py cfg.json` read the same flat JSON
-files as PaddleNLP's `llm/run_pretrain.py`; both of PaddleNLP's shipped files
+files as PaddleNLP's `llm/run_pretrain.py`, and the same keys in a `.yaml`/`.yml` file (PaddleFormers'
+`paddleformers-cli train config.yaml` format: one flat mapping, `key: value` lines; a key written twice and a
+syntax error are one line naming the file and line; YAML 1.1's readings stand, so `3e-5` without a dot is the string
+"3e-5", which a float key reads, and `yes`/`on` are true; a date stays its text). `check`, `plan` (`-o fitted.yaml`
+writes YAML), `inspect-data --config`, `eval --config` and resuming a run take either. Both of PaddleNLP's shipped files
 (`llm/config/qwen/pretrain_argument_0p5b.json`, `llm/config/llama/pretrain_argument.json`) pass
 `pretrain-cli check` with only local paths changed (tests/e2e/test_cli.py); what each of PaddleNLP's and
 PaddleFormers' other pretraining files meets is the last section. PaddleFormers' names for our keys
-(`tensor_model_parallel_size`, ...) are read as ours. Precedence: default < JSON file < `--key value` on the
+(`tensor_model_parallel_size`, ...) are read as ours. Precedence: default < file < `--key value` on the
 command line.
 
 Status of every key:

@@ -19,7 +19,7 @@ from pretrain_cli.errors import UserError
 
 # name -> (module, one-line help, takes an argument file + --key value overrides)
 COMMANDS = {
-    "train": ("pretrain_cli.commands.train", "train from a PaddleNLP-style JSON argument file", True),
+    "train": ("pretrain_cli.commands.train", "train from a PaddleNLP-style JSON (or YAML) argument file", True),
     "check": ("pretrain_cli.commands.check", "validate an argument file and print the resolved run, without training", True),
     "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time before any GPU time; --fit: the fastest layout that fits", True),
     "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
@@ -82,7 +82,7 @@ class CommandParser(argparse.ArgumentParser):
 def build_parser(name: str) -> tuple[CommandParser, object, bool]:
     module_name, help_, takes_config = COMMANDS[name]
     module = importlib.import_module(module_name)
-    usage = f"pretrain-cli {name} [config.json] [--key value ...]" if takes_config else None
+    usage = f"pretrain-cli {name} [config.json|config.yaml] [--key value ...]" if takes_config else None
     parser = CommandParser(prog=f"pretrain-cli {name}", description=help_, usage=usage, allow_abbrev=False)
     module.add_arguments(parser)
     parser.finish()
@@ -115,8 +115,8 @@ def _run(argv: list[str]) -> int:
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
         if config is None and not overrides and not getattr(ns, "list_models", False):  # check --list-models needs no file
-            parser.fail(f"no argument file given: `pretrain-cli {name}` needs a JSON argument file "
-                        f"(configs/demo_cpu.json, for one) or its keys as --key value")
+            parser.fail(f"no argument file given: `pretrain-cli {name}` needs a JSON or YAML argument "
+                        f"file (configs/demo_cpu.json, for one) or its keys as --key value")
     else:
         ns, overrides = parser.parse_known_args(tail)
         if overrides and not getattr(module, "TAKES_RUN_OVERRIDES", False):

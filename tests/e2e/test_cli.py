@@ -361,3 +361,31 @@ def test_out_of_memory_is_one_line_with_the_step_and_the_fitted_layout(corpus, t
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
     assert not [p for p in (tmp_path / "out").iterdir() if "tmp" in p.name]
+
+
+def test_a_yaml_argument_file_runs_every_command_a_json_one_does(corpus, tmp_path, capsys):
+    """PaddleFormers' format (`paddleformers-cli train config.yaml`): `check`, `train` and its resume (the same-run
+    checks), `inspect-data --config` and `eval --config` read a .yaml file as they read the .json one; the run's
+    record (args.json) and its step-2 batch are the JSON file's. Before, each said "must be a .json file"."""
+    import yaml
+
+    cfg = json.loads(Path(write_config(tmp_path, corpus, max_steps=2, save_steps=2, do_eval=True)).read_text())
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    yml = str(tmp_path / "cfg.yaml")
+    assert cli_main(["check", yml]) == 0 and "check: OK — training would start" in capsys.readouterr().out
+    assert cli_main(["train", yml]) == 0
+    assert cli_main(["train", yml, "--max_steps", "3"]) == 0  # continues checkpoint-2
+    assert "resum" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    recorded = json.loads((out / "args.json").read_text())["arguments"]
+    assert {k: recorded[k] for k in cfg if k in recorded} == {**cfg, "max_steps": 3}
+    steps = []
+    for source in (yml, str(tmp_path / "cfg.json")):
+        assert cli_main(["inspect-data", "--config", source, "--step", "2", "--json"]) == 0
+        steps.append({k: v for k, v in json.loads(capsys.readouterr().out).items() if k != "data"})
+    assert steps[0] == steps[1]
+    assert cli_main(["eval", "--config", yml, "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["split"] == "valid" and evaluated["loss"] == pytest.approx(
+        json.loads((out / "all_results.json").read_text())["eval_loss"], abs=1e-5)

@@ -251,8 +251,8 @@ def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
 
     assert main([command]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"usage: pretrain-cli {command} [config.json] [--key value ...]"
-    assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON argument file")
+    assert err[0] == f"usage: pretrain-cli {command} [config.json|config.yaml] [--key value ...]"
+    assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON or YAML argument file")
     assert len(err) == 2  # not "do_train, do_eval, do_predict: all false" and "output_dir: required"
 
 
@@ -300,10 +300,10 @@ def _cli(argv, capsys):
     (["export", "a"], "export CHECKPOINT OUT_DIR [options]", "required: out_dir"),
     (["merge-data"], "merge-data OUTPUT INPUTS...", "required: output, inputs"),
     (["inspect-data", "--step", "x"], "inspect-data [PREFIX] [options]", "argument --step: invalid int value"),
-    (["plan", "--gpus", "x"], "plan [config.json] [--key value ...]", "argument --gpus: invalid int value"),
+    (["plan", "--gpus", "x"], "plan [config.json|config.yaml] [--key value ...]", "argument --gpus: invalid int value"),
     (["generate", "--model", "m"], "generate --model DIR (--prompt TEXT | --prompt_file FILE)",
      "one of the arguments --prompt --prompt_file is required"),
-    (["check", "--world_size", "x"], "check [config.json] [--key value ...]", "argument --world_size: invalid int"),
+    (["check", "--world_size", "x"], "check [config.json|config.yaml] [--key value ...]", "argument --world_size: invalid int"),
 ])
 def test_a_usage_error_is_the_usage_line_and_one_error_line(argv, usage, error, capsys):
     code, err = _cli(argv, capsys)

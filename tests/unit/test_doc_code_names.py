@@ -16,7 +16,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TOKEN = re.compile(r"`([^`\n]+)`")
 NAME = re.compile(r"(?<![\w./-])((?:[a-z_][a-z0-9_]*/)*[a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w/(-])")
 SUFFIXES = ("json", "md", "py", "sh", "bin", "idx", "jsonl", "safetensors", "png", "txt", "so", "gz", "zst", "lsm",
-            "npy", "npz", "cc", "h", "toml", "log", "tmp", "lock", "parquet", "bz2", "xz", "zstd", "pdparams")
+            "npy", "npz", "cc", "h", "toml", "yaml", "yml", "log", "tmp", "lock", "parquet", "bz2", "xz", "zstd", "pdparams")
 
 
 def _modules() -> dict[str, Path]:

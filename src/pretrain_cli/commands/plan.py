@@ -50,17 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_fitted(args, change: dict, path: str) -> str:
-    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically;
-    returns what the printed line says about its output directory.
+    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically:
+    JSON, or YAML where `path` ends in .yaml/.yml (whichever the source was); returns what the printed line says
+    about its output directory.
 
     Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
     accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
     checkpoint (a run that ran out of memory), the fitted file resumes from the newest one by name
     (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch."""
     from pretrain_cli import atomic, run_dir
-    from pretrain_cli.config.parser import load_json
+    from pretrain_cli.config.parser import YAML_SUFFIXES, read_argument_file
 
-    raw = load_json(args.config_path) if args.config_path is not None else {}  # its keys, in the user's order
+    raw = read_argument_file(args.config_path) if args.config_path is not None else {}  # its keys, in the user's order
     for key, where in args.explicit.items():
         if where != "file":
             raw[key] = args.get(key)
@@ -72,7 +73,13 @@ def write_fitted(args, change: dict, path: str) -> str:
     if ckpts:
         raw["resume_from_checkpoint"] = str(ckpts[-1][1])
         said += f", resuming from {ckpts[-1][1]}"
-    atomic.write_text(path, json.dumps(raw, indent=4) + "\n")  # an OSError is one `error:` line, exit 1 (cli.py)
+    if Path(path).suffix.lower() in YAML_SUFFIXES:  # -o names the format, whatever the source's
+        import yaml
+
+        text = yaml.safe_dump(raw, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    else:
+        text = json.dumps(raw, indent=4) + "\n"
+    atomic.write_text(path, text)  # an OSError is one `error:` line, exit 1 (cli.py)
     return said
 
 
@@ -81,7 +88,7 @@ def check_output(path: str, config: str | None) -> None:
     (the rename would fail naming its temporary), the argument file being fitted (the source would be lost),
     and an existing file that is not a fitted file (`output_dir` ending in `-fitted`, as `write_fitted` writes it).
     A fitted file is replaced, so re-running the same `plan --fit -o` refreshes it."""
-    from pretrain_cli.config.parser import KEYS, load_json
+    from pretrain_cli.config.parser import KEYS, read_argument_file
 
     out = Path(path)
     if out.is_dir():
@@ -94,7 +101,7 @@ def check_output(path: str, config: str | None) -> None:
     if config is not None and out.resolve() == Path(config).resolve():
         raise UserError(f"-o {path}: is the argument file being fitted; write the fitted file to another path")
     try:
-        raw = load_json(path)
+        raw = read_argument_file(path)
     except UserError:
         raw = {}
     if not (set(raw) <= set(KEYS) and str(raw.get("output_dir", "")).endswith("-fitted")):

@@ -1,6 +1,7 @@
-"""Flat JSON argument file + `--key value` overrides → the three argument dataclasses.
+"""Flat JSON (or YAML) argument file + `--key value` overrides → the three argument dataclasses.
 
-Precedence: dataclass default < JSON file < command line. Unlike PaddleNLP's JSON → argv →
+Precedence: dataclass default < file < command line. A `.yaml`/`.yml` file (PaddleFormers') holds the same flat keys
+and meets the same checks (`config.yaml_file`). Unlike PaddleNLP's JSON → argv →
 argparse round trip, values are typed directly: JSON `null` means None (never the string
 "None") for an optional key and is refused for another, dicts are rejected for scalar keys, a key written twice
 is refused (json would keep the last silently), and there are no prefix abbreviations
@@ -193,7 +194,22 @@ def _no_repeated_keys(path: str):
     return hook
 
 
-def load_json(path: str) -> dict:
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def read_argument_file(path: str) -> dict:
+    """The user's argument file as {key: value}, by its name: JSON (PaddleNLP's `.json`), or YAML (PaddleFormers'
+    `.yaml`/`.yml`, the same flat keys), each with the same checks; any other name is refused before it is read."""
+    suffix = Path(path).suffix.lower()
+    if suffix in YAML_SUFFIXES:
+        return load_yaml_file(path)
+    if suffix != ".json":
+        raise UserError(f"{path}: the argument file must be a .json file (PaddleNLP's) or a .yaml/.yml file "
+                        f"(PaddleFormers'), one flat mapping of keys; name it for its format")
+    return load_json(path)
+
+
+def _read_text(path: str, kind: str) -> str:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{path}: argument file not found")
@@ -202,13 +218,30 @@ def load_json(path: str) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the argument file ({e})") from None
     if not text.strip():
-        raise UserError(f"{path}: the argument file is empty; it must hold one JSON object of keys")
+        raise UserError(f"{path}: the argument file is empty; it must hold one {kind} of keys")
+    return text
+
+
+def load_json(path: str) -> dict:
+    text = _read_text(path, "JSON object")
     try:
         obj = json.loads(text, object_pairs_hook=_no_repeated_keys(path))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got {type(obj).__name__}")
+    return obj
+
+
+def load_yaml_file(path: str) -> dict:
+    from pretrain_cli.config.yaml_file import load_yaml
+
+    obj = load_yaml(path, _read_text(path, "YAML mapping"))
+    if obj is None:  # comments only
+        raise UserError(f"{path}: the argument file holds no keys; it must hold one YAML mapping of keys (key: value)")
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: the argument file must hold a YAML mapping of keys (key: value lines), got "
+                        f"{type(obj).__name__}")
     return obj
 
 
@@ -277,7 +310,7 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
         explicit[key] = "file"
 
     if config_path is not None:
-        given = arguments_of(load_json(config_path))
+        given = arguments_of(read_argument_file(config_path))
         for key, raw in given.items():
             if key in IGNORED:
                 extra[key] = raw

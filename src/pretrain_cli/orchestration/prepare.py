@@ -255,8 +255,7 @@ def check_output_dir(output_dir: str) -> Path:
 
 
 def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments:
-    if config is not None and not config.endswith(".json"):
-        raise UserError(f"{config}: the argument file must be a .json file")
+    """The file (.json or .yaml/.yml: `config.parser.read_argument_file` decides) with the command line's keys."""
     return parse_config(config, overrides)
 
 
