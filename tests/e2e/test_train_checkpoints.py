@@ -150,7 +150,8 @@ def test_check_and_a_lower_max_steps_say_what_train_will_do(corpus, tmp_path, ca
 
 def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):
     """`report_to: all` (VisualDL, TensorBoard, wandb offline): each holds the same loss series as
-    metrics.jsonl, as one curve across two resumes and a killed run's stray line, and the run's configuration."""
+    metrics.jsonl, as one curve across two resumes and a killed run's stray line, and the run's configuration.
+    VisualDL's file and TensorBoard's first one are cut back to the checkpoint's mark and kept, not written anew."""
     import tracker_readers
     from visualdl import LogReader
 
@@ -167,7 +168,7 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     (out / "metrics.jsonl").open("a").write('{"kind": "train", "step": 7, "loss": 1.0}\n')  # killed run
     assert cli_main(["train", cfg, "--max_steps", "9"]) == 0  # resumes from checkpoint-6
     files = sorted(runs.glob("vdlrecords.*"))
-    assert len(files) == 1 and files[0].name > first[-1]  # VisualDL shows the newest file: the only one
+    assert [p.name for p in files] == first  # VisualDL shows the newest file: the first run's, written on
     reader = LogReader(file_path=str(files[0]))
     steps = [r.id for r in reader.get_data("scalar", "train/loss")]
     assert steps == list(range(1, 10))  # one continuous curve: no gap at a resume, no step twice
@@ -176,9 +177,11 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     losses = [r["loss"] for r in records if r["kind"] == "train"]
     eval_losses = [(r["step"], r["eval_loss"]) for r in records if r["kind"] == "eval"]
     assert [r.value for r in reader.get_data("scalar", "train/loss")] == pytest.approx(losses)
-    assert json.loads(reader.get_data("text", "config")[0].text.encoded_text_string)["arguments"]["max_steps"] == 9
+    configs = reader.get_data("text", "config")
+    assert [c.id for c in configs] == [0, 4, 6]  # each start's configuration, at the step it started from
+    assert json.loads(configs[-1].text.encoded_text_string)["arguments"]["max_steps"] == 9
 
-    assert len(list(runs.glob("events.out.tfevents.*"))) == 1  # TensorBoard reads every file: only the newest
+    assert len(list(runs.glob("events.out.tfevents.*"))) == 3  # TensorBoard reads every file: one per start
     scalars, texts = tracker_readers.tensorboard(runs)
     assert [s for s, _ in scalars["train/loss"]] == steps
     assert [v for _, v in scalars["train/loss"]] == pytest.approx(losses)

@@ -1,5 +1,8 @@
-"""`report_to` as PaddleNLP spells it, decided in config; an absent optional tracker is one line at start."""
+"""`report_to` as PaddleNLP spells it, decided in config; an absent optional tracker is one line at start; what a
+resume writes into the trackers' files."""
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +94,7 @@ def test_a_resume_reads_a_long_runs_metrics_without_holding_them(tmp_path, monke
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tra')  # a last line cut by a kill
     seen = []
 
-    def fake_open(names, logdir, output_dir, config, history):
+    def fake_open(names, logdir, output_dir, config, history, start=None):
         for _ in range(2):  # two trackers, each reading the history
             seen.append(sum(1 for _ in history))
         return []
@@ -108,3 +111,128 @@ def test_a_resume_reads_a_long_runs_metrics_without_holding_them(tmp_path, monke
     assert seen == [keep, keep]  # the startup record is not tracked
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines[: keep + 1]
     assert peak < 2e6, peak  # the old reading: ~60 MB for these 20,000 records
+
+
+def _log(writer, first: int, last: int, offset: float = 0.0) -> dict:
+    """What the trainer writes from step `first` to `last`, saving every 5 steps: the writer's mark as a saved step
+    begins logging (its checkpoint keeps it), that step's train record, its evaluation and its checkpoint record.
+    Returns {step: mark}."""
+    marks = {}
+    for s in range(first, last + 1):
+        if s % 5 == 0:
+            marks[s] = writer.mark()
+        writer.write("train", s, {"loss": 10.0 - s / 10 + offset})
+        if s % 5 == 0:
+            writer.write("eval", s, {"eval_loss": 9.0 - s / 10})
+            writer.write("checkpoint", s, {"stall_seconds": 0.1})
+    return marks
+
+
+def _curves(runs):
+    """{tracker: {tag: [(step, value)]}} as VisualDL (its newest file, all it shows) and TensorBoard (every file,
+    in name order) read them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+    import tracker_readers
+    from visualdl import LogReader
+
+    reader = LogReader(file_path=str(max(runs.glob("vdlrecords.*"))))
+    vdl = {tag: [(r.id, r.value) for r in reader.get_data("scalar", tag)]
+           for tag in ("train/loss", "eval/eval_loss", "checkpoint/stall_seconds")}
+    vdl["config"] = [r.id for r in reader.get_data("text", "config")]
+    return {"visualdl": vdl, "tensorboard": tracker_readers.tensorboard(runs)[0]}
+
+
+def test_a_resume_cuts_the_tracker_files_back_to_its_checkpoint_instead_of_writing_the_history_again(tmp_path,
+                                                                                                      monkeypatch):
+    """A resume wrote the whole history into new VisualDL and TensorBoard files before its first step: 15 minutes
+    on rank 0 for 10^6 records, and in a launch of two processes past gloo's 30 s at 50,000 (TensorBoard), the
+    other rank waiting. Now each file is cut back to where the checkpoint's mark says it stood, and only the kept
+    records of that step are written again: one curve per tag, none of an interrupted run's records past the
+    checkpoint, whatever the history's length."""
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    names = ["visualdl", "tensorboard"]
+    writer = MetricsWriter(str(tmp_path), None, names, None, {"max_steps": 12})
+    marks = _log(writer, 1, 12, offset=5.0)  # killed at step 12: checkpoint-10 is the newest
+    writer.close()
+    written, add = [], trackers._Records.add
+
+    def counted(self, record):
+        written.append((self.name, record["step"]))
+        add(self, record)
+
+    monkeypatch.setattr(trackers._Records, "add", counted)
+    writer = MetricsWriter(str(tmp_path), None, names, 10, {"max_steps": 20}, (), marks[10])
+    monkeypatch.undo()
+    # nothing before step 10 is written again; of step 10 the records after the mark (train, eval, checkpoint)
+    assert written == [(name, 10) for name in names for _ in range(3)]
+    writer.write("startup", 10, {"rank": 0})
+    marks = _log(writer, 11, 17)  # killed again at 17: resumed from checkpoint-15
+    writer.close()
+    writer = MetricsWriter(str(tmp_path), None, names, 15, {"max_steps": 20}, (), marks[15])
+    _log(writer, 16, 20)
+    writer.close()
+
+    runs = tmp_path / "runs"
+    assert len(list(runs.glob("vdlrecords.*"))) == 1 and len(list(runs.glob("events.out.tfevents.*"))) == 3
+    expected = [(s, pytest.approx(10.0 - s / 10 + (5.0 if s <= 10 else 0.0))) for s in range(1, 21)]
+    for tracker, curves in _curves(runs).items():
+        assert curves["train/loss"] == expected, tracker  # no step twice, none of the killed runs' later steps
+        assert [s for s, _ in curves["eval/eval_loss"]] == [5, 10, 15, 20], tracker
+        assert [s for s, _ in curves["checkpoint/stall_seconds"]] == [5, 10, 15, 20], tracker
+    assert _curves(runs)["visualdl"]["config"] == [0, 10, 15]  # each process's configuration, at its start
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [(r["kind"], r["step"]) for r in records if r["kind"] == "train"] == [("train", s) for s in range(1, 21)]
+    assert [r["step"] for r in records if r["kind"] in ("startup", "checkpoint")] == [5, 10, 10, 15, 20]
+
+
+def test_a_resume_without_an_intact_mark_writes_that_trackers_history_again(tmp_path):
+    """No mark (a checkpoint from before marks), a tracker the run did not report to before, or a file changed
+    since its mark: that tracker's history is written anew from metrics.jsonl, as before; the others are cut."""
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    writer = MetricsWriter(str(tmp_path), None, ["visualdl"], None, {})
+    marks = _log(writer, 1, 12)
+    writer.close()
+    runs = tmp_path / "runs"
+    vdl = max(runs.glob("vdlrecords.*"))
+    writer = MetricsWriter(str(tmp_path), None, ["visualdl", "tensorboard"], 10, {}, (), marks[10])
+    writer.close()
+    assert max(runs.glob("vdlrecords.*")) == vdl  # cut back and written on
+    curves = _curves(runs)
+    assert [s for s, _ in curves["tensorboard"]["train/loss"]] == list(range(1, 11))  # added: the history
+    assert curves["visualdl"]["train/loss"] == curves["tensorboard"]["train/loss"]
+
+    with open(vdl, "r+b") as f:  # a byte the mark saw, changed: the file is rewritten, not cut
+        f.seek(marks[10]["files"]["visualdl"][vdl.name][0] - 1)
+        f.write(b"\xff")
+    writer = MetricsWriter(str(tmp_path), None, ["visualdl"], 10, {}, (), marks[10])
+    writer.close()
+    assert [vdl.name] != [p.name for p in runs.glob("vdlrecords.*")]
+    assert [s for s, _ in _curves(runs)["visualdl"]["train/loss"]] == list(range(1, 11))
+    writer = MetricsWriter(str(tmp_path), None, ["visualdl"], 5, {})  # no mark at all
+    writer.close()
+    assert [s for s, _ in _curves(runs)["visualdl"]["train/loss"]] == list(range(1, 6))
+
+
+def test_finishing_a_run_writes_its_last_evaluations_again_once(tmp_path):
+    """A run killed in its final export, re-run to finish it: its last step's eval and test records are the ones the
+    new process writes (`redo`); of the records after the mark the train and checkpoint ones stay. metrics.jsonl
+    then keeps lines that do not all come first: it is published whole, its first part copied as it is."""
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    names = ["visualdl", "tensorboard"]
+    writer = MetricsWriter(str(tmp_path), None, names, None, {})
+    marks = _log(writer, 1, 10)
+    writer.write("test", 10, {"test_loss": 8.0})
+    writer.close()
+    writer = MetricsWriter(str(tmp_path), None, names, 10, {}, ("eval", "test"), marks[10])
+    writer.write("eval", 10, {"eval_loss": 7.75})  # (the same weights: the same loss, here another to tell them apart)
+    writer.write("test", 10, {"test_loss": 7.5})
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [(r["kind"], r["step"]) for r in records if r["step"] == 10] == [
+        ("train", 10), ("checkpoint", 10), ("eval", 10), ("test", 10)]
+    for tracker, curves in _curves(tmp_path / "runs").items():
+        assert curves["eval/eval_loss"] == [(5, pytest.approx(8.5)), (10, 7.75)], tracker
+        assert [s for s, _ in curves["train/loss"]] == list(range(1, 11)), tracker

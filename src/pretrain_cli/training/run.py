@@ -241,8 +241,10 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None, redo: tuple 
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_leftovers(out)
     keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were
-    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record, redo)
+    # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were;
+    # a resume cuts their files back to where its checkpoint's mark says they stood (`record_files`)
+    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record, redo,
+                                   state.get("record_files") if state is not None else None)
     if r.loop.do_train and r.output.overwrite:
         start = state["global_step"] if state is not None else 0
         removed = checkpoint.remove_past(out, start)

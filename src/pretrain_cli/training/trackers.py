@@ -8,16 +8,22 @@ metrics.jsonl record as the scalar `<kind>/<key>` at the record's step (`train/l
 `config.resolve` asks `missing` at start and a run that names an absent one stops with one line naming
 the `pip install` (`all` takes the installed ones).
 
-A tracker opened after a resume first receives the history (metrics.jsonl up to the step this process
-continues from), so each shows the whole run as one curve, with no step twice after a rollback to a
-checkpoint: VisualDL and TensorBoard get a new records file and the older ones are removed once it is on
-disk; wandb starts a new run (offline with `WANDB_MODE=offline`: a local run for `wandb sync`) whose steps
-are the `train/global_step` value, as in transformers' integration, so its own step counter never refuses
-an earlier step.
+Each shows the whole run as one curve across resumes, with no step twice and none of an interrupted run's
+records past the checkpoint it resumes from. VisualDL and TensorBoard keep their files: a resume cuts them back
+to where its checkpoint's mark says they stood when that step began logging (`training.record_files`), writes
+that step's kept records again and goes on, VisualDL in the same file (it shows only the newest), TensorBoard
+in a new one; its start-up cost is that of a few records, whatever the run's length. Without an intact mark (a
+checkpoint from before marks, another `logging_dir`, a tracker added on resume, files rewritten since) the
+history up to the resume step is written into a new file from metrics.jsonl and the older files are removed
+once it is on disk. wandb starts a new run (offline with `WANDB_MODE=offline`: a local run for `wandb sync`)
+that receives the whole history at every start, its steps the `train/global_step` value, as in transformers'
+integration, so its own step counter never refuses an earlier step.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -26,6 +32,8 @@ from pathlib import Path
 
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
+from pretrain_cli.training import record_files
+from pretrain_cli.training.record_files import Start
 
 # tracker -> (the module its writer comes from, what installs it)
 PACKAGES = {"visualdl": ("visualdl", "pip install visualdl"),
@@ -84,13 +92,15 @@ def scalars(record: dict) -> dict:
     return out
 
 
-def open_trackers(names, logdir: str, output_dir: str, config: dict | None, history: list) -> list:
-    """The writers for `names` (VisualDL and TensorBoard files in `logdir`, wandb's run under `output_dir`)."""
+def open_trackers(names, logdir: str, output_dir: str, config: dict | None, history, start: Start | None = None) -> list:
+    """The writers for `names` (VisualDL and TensorBoard files in `logdir`, wandb's run under `output_dir`).
+    `history`: the records up to where this run starts, iterable once per tracker that writes them anew;
+    `start` (`record_files.Start`): where this run starts in each tracker's files."""
     opened = []
     try:
         for name in sorted(names, key=lambda n: n != "wandb"):  # the one that can fail to start (a login) first
             opened.append({"visualdl": VisualDL, "tensorboard": TensorBoard, "wandb": Wandb}[name](
-                logdir, output_dir, config or {}, history))
+                logdir, output_dir, config or {}, history, start))
     except BaseException:
         for tracker in opened:
             tracker.close()
@@ -99,16 +109,43 @@ def open_trackers(names, logdir: str, output_dir: str, config: dict | None, hist
 
 
 class _Records:
-    """A tracker whose records are files in one directory, rebuilt from the history at every start."""
+    """A tracker whose records are files in one directory. A resume cuts the files back to where its checkpoint's
+    mark says they stood and writes on from there (`start.files`); without an intact mark the history is written
+    into a new file, and the older ones are removed once it is on disk."""
 
+    name: str
     pattern: re.Pattern
 
-    def __init__(self, logdir: str, output_dir: str, config: dict, history: list):
+    def __init__(self, logdir: str, output_dir: str, config: dict, history, start: Start | None = None):
         self.root = Path(logdir)
         self.root.mkdir(parents=True, exist_ok=True)
-        old = [p for p in self.root.iterdir() if self.pattern.match(p.name) and p.is_file()]
+        old = self.files()
+        start = start or Start(0)
+        marked = start.files(self.name, self.root)
+        if marked is not None:
+            self._continue(old, marked, config, start)
+        else:
+            self._rebuild(old, config, history, start.step)
+
+    def _continue(self, old: list, marked: dict, config: dict, start: Start) -> None:
+        """The files as the mark saw them (later files removed: they hold only records past it), then this run's
+        configuration and the records after the mark that the resume keeps."""
+        later = [path for path in old if path not in marked]
+        for path in later:
+            path.unlink(missing_ok=True)
+        if later:
+            atomic.fsync_dir(self.root)
+        for path, size in marked.items():
+            record_files.cut(path, size)
+        self.open(old, append=max(marked))
+        self.text("config", json.dumps(config, indent=2, default=str), int(start.step))
+        for record in start.tail:
+            self.add(record)
+        self.flush()
+
+    def _rebuild(self, old: list, config: dict, history, step) -> None:
         self.open(old)
-        self.text("config", json.dumps(config, indent=2, default=str))
+        self.text("config", json.dumps(config, indent=2, default=str), int(step))
         for record in history:
             self.add(record)
         self.writer.flush()
@@ -124,64 +161,89 @@ class _Records:
             atomic.fsync_dir(self.root)
 
     def files(self) -> list[Path]:
-        return [p for p in self.root.iterdir() if self.pattern.match(p.name) and p.is_file()]
+        return sorted(p for p in self.root.iterdir() if self.pattern.match(p.name) and p.is_file())
 
     def add(self, record: dict) -> None:
         walltime = record["time"] if isinstance(record.get("time"), (int, float)) else None
         for tag, val in scalars(record).items():
             self.scalar(tag, val, int(record["step"]), walltime)
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
 class VisualDL(_Records):
-    """VisualDL shows only the newest `vdlrecords.*.log` of a directory, so the new file gets a name that sorts
-    after every existing one."""
+    """VisualDL shows only the newest `vdlrecords.*.log` of a directory: a resume writes on in the marked one (the
+    newest, once later ones are removed), and a file written anew gets a name that sorts after every existing one."""
 
-    pattern = re.compile(r"^vdlrecords\.(\d+)\.log")
+    name, pattern = "visualdl", re.compile(r"^vdlrecords\.(\d+)\.log")
 
-    def open(self, old: list) -> None:
+    def open(self, old: list, append: Path | None = None) -> None:
         from visualdl import LogWriter
 
+        if append is not None:  # (it prints that it adds to an existing file: the run says where it starts)
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.writer = LogWriter(logdir=str(self.root), file_name=append.name)
+            return
         stamp = max([int(time.time())] + [int(self.pattern.match(p.name).group(1)) + 1 for p in old])
         self.writer = LogWriter(logdir=str(self.root), file_name=f"vdlrecords.{stamp:010d}.log")
 
-    def text(self, tag: str, text: str) -> None:
-        self.writer.add_text(tag, text, 0)
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
 
     def scalar(self, tag, val, step, walltime) -> None:
         self.writer.add_scalar(tag, val, step, None if walltime is None else round(walltime * 1000))
 
 
 class TensorBoard(_Records):
-    """TensorBoard reads every `events.out.tfevents.*` file of the directory; only the new one is kept.
+    """TensorBoard reads every `events.out.tfevents.*` file of the directory, in the order of their names (the
+    seconds they were created at): a resume keeps the marked files and writes on in a new one, read after them.
 
-    tensorboardX names its file `events.out.tfevents.<whole seconds>.<hostname>` and opens it for writing from the
-    start: a run resumed within the same second as the previous one started (a short run, or the same host's
-    second process) got the name of the file it was about to replace, truncated it, and then removed it as an old
-    file, leaving no file at all. So the file also carries this process's id and the time in nanoseconds."""
+    The events are written in the caller's thread (tensorboardX's `EventsWriter`, the file under its
+    `SummaryWriter`): the SummaryWriter queues them for a thread of its own, and its `flush` does not wait for that
+    queue, so a mark taken after it could miss events already added (a resume then cut them off). tensorboardX
+    names the file `events.out.tfevents.<whole seconds>.<hostname>` and creates it from the start: a run resumed
+    within the same second as the previous one started (a short run, or the same host's second process) got the
+    name of the file it was about to replace. So the file also carries this process's id and the time in
+    nanoseconds."""
 
-    pattern = re.compile(r"^events\.out\.tfevents\.")
+    name, pattern = "tensorboard", re.compile(r"^events\.out\.tfevents\.")
 
-    def open(self, old: list) -> None:
-        from tensorboardX import SummaryWriter
+    def open(self, old: list, append: Path | None = None) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
 
-        self.writer = SummaryWriter(logdir=str(self.root), flush_secs=10,
-                                    filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+        self.writer = EventsWriter(str(self.root / "events"), f".{os.getpid()}.{time.time_ns()}")
 
-    def text(self, tag: str, text: str) -> None:
-        self.writer.add_text(tag, text, 0)
+    def add(self, record: dict) -> None:
+        super().add(record)
+        self.writer.flush()  # a record at a time, as metrics.jsonl: a viewer sees it now, not a buffer later
+
+    def _write(self, summary, step: int, walltime) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+
+        self.writer.write_event(Event(summary=summary, step=int(step),
+                                      wall_time=time.time() if walltime is None else walltime))
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboardX.summary import text as summary
+
+        self._write(summary(tag, text), step, None)
 
     def scalar(self, tag, val, step, walltime) -> None:
-        self.writer.add_scalar(tag, val, step, walltime)
+        from tensorboardX.summary import scalar
+
+        self._write(scalar(tag, val), step, walltime)
 
 
 class Wandb:
     """One wandb run per process (project `WANDB_PROJECT`, default pretrain-cli; named after output_dir; its
-    files under `output_dir/wandb` unless `WANDB_DIR` says where), holding the whole history."""
+    files under `output_dir/wandb` unless `WANDB_DIR` says where), holding the whole history: a resume writes
+    the history again (`start` is not read), at wandb's pace."""
 
-    def __init__(self, logdir: str, output_dir: str, config: dict, history: list):
+    def __init__(self, logdir: str, output_dir: str, config: dict, history, start: Start | None = None):
         import wandb
 
         out = Path(output_dir).resolve()

@@ -52,6 +52,7 @@ class Trainer:
         self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
         self.last_eval: dict = {}
+        self._marked: tuple | None = None  # (step, the writer's mark taken as that step began logging)
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)
         self._started: float | None = None  # when this process's training loop began, while it runs
         self._own_signals = signals is None  # (`run` restores its own after the lock: stop_signals.py)
@@ -157,6 +158,9 @@ class Trainer:
                 step = self.state.global_step
                 if bar is not None:
                     bar.update(1)
+                saving = step % lp.save_steps == 0 or step == lp.max_steps  # the last step is resumable too
+                if saving and self.writer is not None:  # rank 0: where the record files stand before this step's
+                    self._marked = (step, self.writer.mark())  # records, for its checkpoint (record_files)
                 if step % lp.logging_steps == 0 or (lp.logging_first_step and step == 1) or step == lp.max_steps:
                     self._log(norm)
                     if bar is not None:
@@ -165,7 +169,7 @@ class Trainer:
                     self.evaluate("valid")
                     self.model.train()
                 stop = self.comm.any(self.signals.requested)
-                if step % lp.save_steps == 0 or stop or step == lp.max_steps:  # the last step is resumable too
+                if saving or stop:
                     self._save(stopping=stop)
                 if stop:  # (this rank's own signal, or another rank's: `comm.any`)
                     stopped_by_signal, self.signals.requested = step < lp.max_steps, True
@@ -318,6 +322,9 @@ class Trainer:
             # the losses since the last log line as the ranks' mean: rank 0 writes the state every rank resumes from
             self.state.interval_loss = self.comm.mean(self.state.interval_loss)
             state = self.state_dict() if self.parallel.is_rank0 else None  # (a deep copy)
+            if state is not None and self.writer is not None:  # (a stop between saves: the files as they are now)
+                step, marks = self._marked or (None, None)
+                state["record_files"] = marks if step == self.state.global_step else self.writer.mark()
             self.record_event("checkpoint", self.saver(self.state.global_step, pieces, state))
         if self.writer is not None and self.state.global_step < self.loop.max_steps:
             # rank 0: the loss curve up to this checkpoint; the one at max_steps is the final export's to draw, with
