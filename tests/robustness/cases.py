@@ -114,8 +114,14 @@ def a_not_object(d):
 def a_json_string(d):
     return raw(d, '"max_steps=10"'), ["run.json", "JSON object", "str"]
 def a_not_json_suffix(d):
-    (d / "run.yaml").write_text("max_steps: 10\n")
-    return ["check", "run.yaml"], ["run.yaml", ".json"]
+    (d / "run.toml").write_text("max_steps = 10\n")
+    return ["check", "run.toml"], ["run.toml", "must be a .json file (PaddleNLP's) or a .yaml/.yml file"]
+def a_yaml_key_twice(d):
+    (d / "run.yaml").write_text("max_steps: 10\nseed: 1\nmax_steps: 20\n")
+    return ["check", "run.yaml"], ["run.yaml:3:", "`max_steps` appears more than once"]
+def a_yaml_syntax_error(d):
+    (d / "run.yml").write_text("max_steps: 10\nseed: [1,\n")
+    return ["check", "run.yml"], ["run.yml:3:1:", "invalid YAML"]
 def a_not_utf8(d):
     (d / "run.json").write_bytes(b'{"output_dir": "\xff\xfe"}')
     return CHECK, ["run.json", "cannot read"]
