@@ -3,7 +3,9 @@
 Three states, one object for the whole run (`training.run.run` makes it; a `Trainer` built without one, as the
 benchmarks build it, makes its own):
 - `listen()`, while the training loop runs: a signal only sets `requested` (the loop agrees on it across ranks,
-  finishes the step and saves);
+  finishes the step and saves), and from then on further signals are ignored: Paddle's launcher sends its SIGTERM up
+  to 3 times 0.2 s apart, and one landing in the save's store wait failed it with EINTR (`TCP receive error ...
+  Interrupted system call`: rank 0 crashed after a Ctrl-C under launch.sh, its checkpoint saved but the job exit 1);
 - `hold()`, once the loop stops on one: further signals are ignored, not handled, until the run has written its
   last files and released its lock. A second signal is common (the launcher's SIGTERM after a terminal's Ctrl-C);
   its default action would kill the saves, and a Python handler would interrupt the system call it lands in (a
@@ -31,6 +33,8 @@ class StopSignals:
     def listen(self) -> None:
         def handler(signum, frame):
             self.requested = True
+            for s in SIGNALS:  # one request is the stop: a further signal only interrupts what the stop waits in
+                signal.signal(s, signal.SIG_IGN)
             log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
 
         previous = {s: signal.signal(s, handler) for s in SIGNALS}
