@@ -148,9 +148,15 @@ def test_a_block_stays_reserved_while_a_node_started_on_it_lives():
     os.close(fd)
 
 
-def test_a_registration_carries_the_nodes_it_was_started_for():
-    tagged = rendezvous._tagged('{"name": "a", "replicas": 1}', 2)
-    assert json.loads(tagged) == {"name": "a", "replicas": 1, rendezvous.NODES_KEY: 2}
+def test_a_registration_carries_the_nodes_it_was_started_for(monkeypatch):
+    import socket
+
+    from pretrain_cli.distributed.launcher import joining
+
+    monkeypatch.setenv("NODE_RANK", "1")
+    tagged = rendezvous._tagged('{"name": "a", "replicas": 1}', 2, True)
+    assert json.loads(tagged) == {"name": "a", "replicas": 1, rendezvous.NODES_KEY: 2, joining.NODE_KEY: "1",
+                                  joining.HOST_KEY: socket.gethostname(), joining.SERVES_KEY: True}
     assert rendezvous._tagged("not json", 2) == "not json"
     m = rendezvous.Meeting("m:1", 3)
     assert m.other_count([tagged]) == 2 and m.other_count(['{"name": "b"}', "x"]) is None

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 VERDICTS_ENV = "PRETRAIN_CLI_VERDICTS"
+JOIN_ENV = "PRETRAIN_CLI_JOIN_DIR"  # where the ranks mark their join for their launcher (`launcher.joining`)
 BLOCK_ENV = "PRETRAIN_CLI_PORT_BLOCK"  # the first port of the block the job holds (set by `exec_with_ports`)
 BLOCK = 128
 LOCK_UNIT = 32  # ports per lock file (a block is BLOCK // LOCK_UNIT of them)
@@ -61,7 +62,10 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
-    process group, cleared once joined), when launched by launch.sh; best effort, never raises."""
+    process group, cleared once joined), when launched by launch.sh; best effort, never raises. "joining" is also
+    marked for the launcher's join watch (`joined`)."""
+    if kind == "joining":
+        joined(rank, False)
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -74,11 +78,29 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
 
 
 def clear(rank: int) -> None:
-    """Forget this rank's record (its join succeeded)."""
+    """Forget this rank's record: its join succeeded (marked for the launcher's join watch too)."""
+    joined(rank, True)
+    forget(rank)
+
+
+def forget(rank: int) -> None:
+    """Remove rank `rank`'s record, if any."""
     directory = verdict_dir()
     if directory is not None:
         with contextlib.suppress(OSError):
             (directory / f"rank-{rank}.json").unlink(missing_ok=True)
+
+
+def joined(rank: int, done: bool) -> None:
+    """Mark this rank inside the join of the process group (`joining.R`, holding its pid) or through it
+    (`joined.R`) in the directory its launcher's join watch reads (`JOIN_ENV`, set by scripts/paddle_launch.py on
+    several nodes: `launcher.joining`); nothing without one. Best effort."""
+    value = os.environ.get(JOIN_ENV)
+    if value:
+        from pretrain_cli import atomic
+
+        with contextlib.suppress(OSError):
+            atomic.write_text(Path(value) / f"{'joined' if done else 'joining'}.{rank}", str(os.getpid()))
 
 
 def wait_for_watchers(directory, seconds: float = 15.0) -> None:

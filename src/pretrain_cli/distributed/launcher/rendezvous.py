@@ -12,7 +12,9 @@ reports is what the launcher's own KV client saw: whether MASTER answered, and h
 
 Each node also registers the number of nodes it was started for (NNODES): a node that sees another number ends at
 once, exit 2 (with NNODES 2 and 3 the first node started its ranks with the second, whose launcher waited for a third
-node: its ranks waited in the join of a process group whose other half never started).
+node: its ranks waited in the join of a process group whose other half never started). It registers its NODE_RANK,
+host name and whether it serves MASTER's store too, for the watch of the join that follows the meeting
+(`distributed.launcher.joining`: a node lost before the ranks joined is named, and the waiting nodes end).
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
+
+from pretrain_cli.distributed.launcher import job, joining
 
 TIMEOUT_ENV = "RENDEZVOUS_TIMEOUT"
 DEFAULT = 600.0  # seconds: time to start the other nodes by hand, far below "for ever"
@@ -119,27 +124,48 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
         meeting.append(Meeting(self.ctx.args.master or "?", size))
         self.lazy_init()  # (sync's first step: whether this node serves the store is known after it)
         meeting[-1].hosting = getattr(self, "server", None) is not None
-        value = _tagged(value, size)
-        if not limit and not notice:
-            return sync(self, prefix, key, value, size, rank)
+        value = _tagged(value, size, meeting[-1].hosting)
         done = threading.Event()
-        threading.Thread(target=_watch, args=(meeting[-1], done, limit, notice), daemon=True).start()
+        if limit or notice:
+            threading.Thread(target=_watch, args=(meeting[-1], done, limit, notice), daemon=True).start()
         try:
-            return sync(self, prefix, key, value, size, rank)
+            peers, me = sync(self, prefix, key, value, size, rank)
         finally:
             done.set()
+        if peers:  # met: the ranks start now; their join is watched until they are through it
+            self.ctx.envs[job.JOIN_ENV] = _join_dir()
+            joining.start(joining.Store(self.client.endpoint), prefix.rsplit("/", 1)[0], me, peers,
+                          Path(self.ctx.envs[job.JOIN_ENV]), meeting[-1].master)
+        return peers, me
 
     KVClient.wait_server_ready, KVClient.get_prefix, masters.HTTPMaster.sync_peers = wait_server_ready, seen, sync_peers
 
 
-def _tagged(value: str, nodes: int) -> str:
-    """The node's registration (the launcher's JSON) with the number of nodes it was started for: each node checks
-    the others' (`Meeting.other_count`). The launcher reads its own keys of it and ignores this one."""
+def _tagged(value: str, nodes: int, serves: bool = False) -> str:
+    """The node's registration (the launcher's JSON) with the number of nodes it was started for (each node checks
+    the others': `Meeting.other_count`), and what the join's watch names it by (`joining.nodes_of`). The launcher
+    reads its own keys of it and ignores these."""
+    import socket
+
     try:
         data = json.loads(value)
     except ValueError:
         return value
-    return json.dumps({**data, NODES_KEY: nodes}) if isinstance(data, dict) else value
+    if not isinstance(data, dict):
+        return value
+    return json.dumps({**data, NODES_KEY: nodes, joining.NODE_KEY: os.environ.get("NODE_RANK"),
+                       joining.HOST_KEY: socket.gethostname(), joining.SERVES_KEY: serves})
+
+
+def _join_dir() -> str:
+    """A directory of this launcher's own (removed at its exit) where its ranks mark their join (`job.joined`)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="pretrain-cli-join-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _watch(meeting: Meeting, done: threading.Event, limit: float, notice: float) -> None:
