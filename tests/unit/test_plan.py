@@ -139,7 +139,7 @@ def test_llama_8gpu_tensor_parallel(tmp_path):
     r = plan(str(path), device="A100-80GB", gpus=8)
     assert r["parallel"] == {"world": 8, "dp": 1, "sharding_stage": 2, "sharding_degree": 4, "tp": 2,
                              "data_ranks": 4, "pp": 1, "pipeline_bubble": 0.0, "cp": 1, "sequence_parallel": False,
-                             "ep": 1}
+                             "ep": 1, "vpp": 1}
     assert r["tokens_per_step"] == 262_144
     assert r["flops_per_token"]["model"] == pytest.approx(5.147e10, rel=1e-3)
     assert not any("not supported" in n for n in r["notes"])  # train runs this layout: nothing to warn about

@@ -84,6 +84,41 @@ def test_tp_and_pp_traffic_by_hand():
     assert sp["comm_seconds"] == pytest.approx(t["tp"] / 450 + (t["pp"] + t["dp"]) / 50)
 
 
+def test_interleaved_pipeline_by_hand():
+    """virtual_pp_degree 2: 4 stages x 2 chunks of 10 layers, 16 micro-batches. fleet's interleaved 1F1B idles
+    (P-1)/(V·m+P-1) of the step, runs 2(P-1-s) + (V-1)(P + m mod P) chunk forwards on stage s before its first
+    backward (so holds one more at its peak), and each micro-batch crosses every stage boundary once per chunk.
+    The plan ignored the chunks before: the 1F1B bubble 3/19, 4 x 20 layers in flight on the first stage, and
+    one send a micro-batch each way."""
+    run, cfg, dev = _tp8_pp4_stage1()
+    run = dataclasses.replace(run, parallel=dataclasses.replace(run.parallel, virtual_pp_degree=2))
+    stages = pipeline_stages(setup_for(run, cfg, dev))
+    per_layer, tokens = 101160, 4096  # bytes per token per layer, as in the 1F1B test above
+    # stage 0: 2·3 + 1·4 = 10 forwards, then one more: 11 chunks of 10 layers (Megatron: P·(1 + (P-1)/(P·V))
+    # micro-batches of a stage's 20 layers = 4 · 11/8)
+    assert stages[0]["activations"] == pytest.approx(11 * 10 * per_layer * tokens)
+    assert stages[1]["activations"] == pytest.approx(9 * 10 * per_layer * tokens)
+    # the last stage: 1·4 + 1 chunks, and of them one in its last chunk: the final norm (fused: 2·c·h + 4) once
+    assert stages[3]["activations"] == pytest.approx((5 * 10 * per_layer + 2 * 2 * H + 4) * tokens)
+    assert stages[3]["logits_loss"] == pytest.approx(pipeline_stages(setup_for(_tp8_pp4_stage1()[0], cfg, dev))[3][
+        "logits_loss"])
+    r = report(run, cfg, dev, groups=planned.rank_groups(run.parallel))
+    assert r.parallel.pipeline_bubble == pytest.approx(3 / (2 * 16 + 3)) and r.parallel.vpp == 2
+    assert r.memory_gib * GIB == pytest.approx(sum(stages[0].values()))
+    act = 1 * 4096 * H * 2
+    assert r.traffic_gb_per_step["pp"] * 1e9 == pytest.approx(16 * 2 * 2 * act / 8)  # 2 chunks, partial sends
+    assert r.traffic_gb_per_step["tp"] * 1e9 == pytest.approx(16 * 20 * 4 * 2 * 7 / 8 * act + 16 * 2 * 2 * 7 / 8 * act)
+    assert "x pp 4 x 2 virtual" in format_report(r)
+    from pretrain_cli.planning.memory import in_flight
+
+    # m not a multiple of P: fleet's first pass per chunk is P + m mod P micro-batches (18: 6)
+    assert in_flight(4, 2, 18, 0) == (2 * 3 + 6 + 1, 0)
+    # pp 3 x 2 chunks, 7 micro-batches (the CPU measurement, docs/PLAN.md): the last stage holds 5 chunks, two of
+    # them in its last chunk at once; 1F1B is unchanged (min(P - s, m) stages, one micro-batch at the end)
+    assert [in_flight(3, 2, 7, s) for s in range(3)] == [(9, 0), (7, 0), (5, 2)]
+    assert [in_flight(4, 1, 16, s) for s in range(4)] == [(4, 1), (3, 1), (2, 1), (1, 1)]
+
+
 @pytest.mark.parametrize("sequence_parallel,device", [(True, "H100"), (False, "cpu")])
 def test_pipeline_sends_are_whole_where_fleet_sends_them_whole(sequence_parallel, device):
     """Under sequence parallelism each tp rank sends its own 1/t of the sequence whole (`pipeline_configs` turns the

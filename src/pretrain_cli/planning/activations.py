@@ -124,11 +124,23 @@ def mtp_head_bytes(s) -> float:
     (and under half their fp32 copy) live only while its cross-entropy runs, as large as the main head's were at
     its peak, which `logits_live_bytes` already counts; so each depth adds one fp32 `[b·s, V]`, not a whole set of
     logits buffers (measured on CPU: docs/PLAN.md, DeepSeek-V2/V3)."""
-    cfg = s.model
-    tokens = s.micro_batch * s.seq_len
-    one = (4 * cfg.vocab_size * cfg.hidden_size + tokens * cfg.hidden_size * s.compute_bytes
-           if s.fused_loss else 4 * tokens * cfg.vocab_size / s.vocab_tp)
-    return cfg.num_nextn_predict_layers * one
+    return s.model.num_nextn_predict_layers * _one_head_kept(s)
+
+
+def _one_head_kept(s) -> float:
+    """What one LM head + loss keeps from its forward to its backward: fused, dh and the fp32 dW; unfused, the fp32
+    softmax `[b·s, V]` of its cross-entropy (÷ tp with a split vocabulary)."""
+    cfg, tokens = s.model, s.micro_batch * s.seq_len
+    if s.fused_loss:
+        return 4 * cfg.vocab_size * cfg.hidden_size + tokens * cfg.hidden_size * s.compute_bytes
+    return 4 * tokens * cfg.vocab_size / s.vocab_tp
+
+
+def head_kept_bytes(s) -> float:
+    """What a micro-batch's main and multi-token prediction heads + losses keep until its backward: what a pipeline's
+    last stage holds for each further micro-batch whose loss has run and whose backward has not (the interleaved
+    schedule's, `memory.in_flight`), beside the one at its peak (`head_loss_bytes`)."""
+    return (1 + s.model.num_nextn_predict_layers) * _one_head_kept(s)
 
 
 def logits_bytes(s) -> float:

@@ -52,10 +52,13 @@ def _explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int) -
     return out
 
 
-def format_layout(lay: dict) -> list[str]:
-    """The `plan` lines for a layout over more than one axis or node: one per axis with more than one rank."""
+def format_layout(lay: dict, vpp: int = 1) -> list[str]:
+    """The `plan` lines for a layout over more than one axis or node: one per axis with more than one rank; `vpp`:
+    the model chunks per pipeline stage (an activation crosses each stage boundary once per chunk)."""
+    sends = ("one activation per micro-batch" if vpp == 1
+             else f"one activation per micro-batch and chunk, {vpp} chunks a stage,")
     what = {"tp": "tensor-parallel groups (all-reduces every layer)",
-            "pp": "pipeline groups (one activation per micro-batch between stages)",
+            "pp": f"pipeline groups ({sends} between stages)",
             "cp": "context-parallel groups (K/V gathered every layer)",
             "data": "data/ZeRO groups (gradients, ZeRO shards)",
             "ep": "expert groups (tokens to their experts and back, every sparse layer)"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pretrain_cli.models.flops import param_counts
 from pretrain_cli.models.stages import stage_bounds
 from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
-                                               head_loss_bytes, mtp_activation_bytes, norm_bytes)
+                                               head_kept_bytes, head_loss_bytes, mtp_activation_bytes, norm_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
 
@@ -53,6 +53,7 @@ class Setup:
     fused_loss: bool = False  # the fused LM head + loss (config.resolve: off only for a vocabulary-split head)
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
+    vpp: int = 1  # virtual_pp_degree: each stage runs vpp model chunks under fleet's interleaved 1F1B (`in_flight`)
     cp: int = 1  # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
     sp: bool = False  # sequence parallelism with tp (distributed.steps.sequence_parallel): norms and residuals ÷ tp
     ep: int = 1  # expert parallelism (distributed.steps.expert_parallel): each rank holds 1/ep of the routed experts
@@ -144,13 +145,46 @@ def startup_parts(s: Setup) -> dict[str, float]:
     return max(out, key=lambda parts: sum(parts.values()))
 
 
+def in_flight(pp: int, vpp: int, micro_batches: int, stage: int) -> tuple[int, int]:
+    """(model chunks x micro-batches whose activations `stage` holds at its peak, of them the most that are of the
+    model's last chunk at once: on the last stage the ones holding the final norm, the MTP modules and a loss).
+
+    1F1B (`vpp` 1, fleet's `PipelineParallel`): stage s runs min(pp - s, m) forwards before its first backward,
+    a whole stage each; the last stage one. Interleaved 1F1B (`vpp` V > 1, fleet's `PipelineParallelWithInterleave`,
+    a chunk being layers / (pp · V)): stage s runs w = 2(pp - s - 1) + (V - 1)(pp + m mod pp) chunk forwards before
+    its first backward (fleet 3.3.1's `startup_steps`), then one forward before each backward: w + 1 chunks, at
+    most m · V. With m a multiple of pp the first stage holds (pp·V + pp - 1) / V stages' worth of micro-batches,
+    pp · (1 + (pp - 1)/(pp·V)) (Megatron's interleaved schedule, Narayanan et al. 2021, 2.2), and the last
+    stage (pp + 1) / V, not 1, but only one of them in its last chunk; with m not a multiple, fleet's first
+    pp + m mod pp micro-batches per chunk let the last stage hold more in its last chunk, counted here by
+    walking fleet's chunk order (`_get_virtual_pp_rank`), and added to the peak as if at once (an upper bound)."""
+    m = max(micro_batches, 1)
+    if vpp <= 1:
+        return min(pp - stage, m), 1
+    steps, first = m * vpp, pp + m % pp  # chunk forwards a step; micro-batches of fleet's first pass per chunk
+    warm = min(2 * (pp - stage - 1) + (vpp - 1) * first, steps)
+    if stage != pp - 1:
+        return min(warm + 1, steps), 0
+
+    def chunk(i: int) -> int:  # the chunk of fleet's i-th forward (its backward: vpp - 1 - this)
+        return i // first if i < first * vpp else (i - first * vpp) % (pp * vpp) // pp
+
+    live = most = sum(chunk(i) == vpp - 1 for i in range(warm))
+    for i in range(steps - warm):  # the steady phase: a forward, then a backward
+        live += chunk(warm + i) == vpp - 1
+        most = max(most, live)
+        live -= chunk(i) == 0
+    return min(warm + 1, steps), max(most, 1)
+
+
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
-    """`estimate` for each pipeline stage: its own parameters, gradients and states; the 1F1B schedule keeps the
-    activations of min(pp - stage, micro-batches) micro-batches in flight (the first stage the most), plus one
-    layer's recompute working set; only the last stage computes the logits and the loss, and it runs the
-    multi-token prediction modules in that loss (`distributed.steps.pipeline_stages.StageLoss`): their
-    activations (`mtp_activation_bytes`) and heads + losses (in `head_loss_bytes`) are the last stage's, as their
-    parameters are (`stage_params`)."""
+    """`estimate` for each pipeline stage: its own parameters, gradients and states; the schedule keeps the
+    activations of the model chunks in flight `in_flight` gives (1F1B: min(pp - stage, micro-batches) whole
+    stages, the first stage the most), plus one layer's recompute working set; only the last stage computes the
+    logits and the loss, and it runs the multi-token prediction modules in that loss
+    (`distributed.steps.pipeline_stages.StageLoss`): their activations (`mtp_activation_bytes`) and heads + losses
+    (in `head_loss_bytes`) are the last stage's, as their parameters are (`stage_params`), once per micro-batch in
+    flight in its last chunk (a second one's loss keeps what its backward reads: `head_kept_bytes`)."""
     cfg = s.model
     kept, redo = activation_parts(s)
     tokens = s.micro_batch * s.seq_len
@@ -160,11 +194,11 @@ def pipeline_stages(s: Setup) -> list[dict[str, float]]:
     out = []
     for stage in range(s.pp):
         last = stage == s.pp - 1
-        flight = min(s.pp - stage, max(s.micro_batches, 1))
-        acts = flight * per_layer * (bounds[stage + 1] - bounds[stage]) + redo
-        acts += flight * (final_norm + mtp_activation_bytes(s)) if last else 0.0  # (the last stage's flight: 1)
-        out.append(_parts(s, stage_params(s, stage), acts, head_loss_bytes(s) if last else 0.0,
-                          flight * document_mask_bytes(s), stage))
+        chunks, ends = in_flight(s.pp, s.vpp, s.micro_batches, stage)  # a chunk: 1/vpp of the stage's layers
+        acts = chunks * per_layer * (bounds[stage + 1] - bounds[stage]) / s.vpp + redo
+        acts += ends * (final_norm + mtp_activation_bytes(s)) if last else 0.0
+        head = head_loss_bytes(s) + (ends - 1) * head_kept_bytes(s) if last else 0.0
+        out.append(_parts(s, stage_params(s, stage), acts, head, chunks * document_mask_bytes(s), stage))
     return out
 
 

@@ -106,7 +106,7 @@ def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, dp_buffers=p.traits.dp_buffers,
         distributed_tensors=p.traits.distributed_tensors,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss, pp=p.pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
+        fused_loss=k.fused_loss, pp=p.pp_degree, vpp=p.virtual_pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
         sp=p.sequence_parallel, ep=p.ep_degree)
 
 
@@ -165,7 +165,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
-    bubble = pipeline_bubble(par.pp_degree, lp.grad_accum)
+    bubble = pipeline_bubble(par.pp_degree, lp.grad_accum, par.virtual_pp_degree)
     eta = None if eta is None else eta / (1 - bubble)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
@@ -184,7 +184,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         precision=PlannedPrecision(run.precision.amp_dtype or "float32", setup.amp_level),
         parallel=PlannedLayout(par.world_size, par.dp_degree, par.sharding_stage, par.sharding_degree, par.tp_degree,
                                par.data_world_size, par.pp_degree, bubble, par.cp_degree,
-                               par.sequence_parallel, par.ep_degree),
+                               par.sequence_parallel, par.ep_degree, par.virtual_pp_degree),
         micro_batch=lp.micro_batch, gradient_accumulation_steps=lp.grad_accum,
         max_seq_length=s, recompute=setup.recompute, attention=setup.attention,
         attention_mask_type=run.data.attention_mask_type,

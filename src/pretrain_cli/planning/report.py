@@ -54,7 +54,7 @@ class PlannedPrecision:
 
 @dataclass(frozen=True)
 class PlannedLayout:
-    """The resolved degrees as `plan --json` names them (`parallel`), and the 1F1B bubble."""
+    """The resolved degrees as `plan --json` names them (`parallel`), and the pipeline's bubble."""
 
     world: int
     dp: int
@@ -67,6 +67,7 @@ class PlannedLayout:
     cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
     sequence_parallel: bool = False  # with tp: norms and residual stream cut over the tp ranks
     ep: int = 1  # expert-parallel ranks (drawn from the data ranks): each holds 1/ep of the routed experts
+    vpp: int = 1  # virtual_pp_degree: model chunks per stage (fleet's interleaved 1F1B)
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,8 @@ def format_report(r: Plan) -> str:
     lines.append(f"precision {r.precision.amp_dtype} {r.precision.amp_level or ''}; world {par.world} "
                  f"= {_data_ranks(par)} x tp {par.tp}" + (f" x cp {par.cp}" if par.cp > 1 else "")
                  + (f" (ep {par.ep}: experts split over groups of {par.ep} data ranks)" if par.ep > 1 else "")
-                 + (f" x pp {par.pp} (the fullest stage below, bubble {par.pipeline_bubble:.1%})" if par.pp > 1
+                 + (f" x pp {par.pp}{f' x {par.vpp} virtual' if par.vpp > 1 else ''} (the fullest stage below, "
+                    f"bubble {par.pipeline_bubble:.1%})" if par.pp > 1
                     else "") + "; "
                  f"recompute {r.recompute or 'off'}; attention {r.attention}, {r.attention_mask_type} mask")
     lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {par.data_ranks} data "
@@ -214,7 +216,7 @@ def format_report(r: Plan) -> str:
     if r.schedule:
         lines.append(f"schedule: {r.schedule}")
     if r.layout and (par.tp > 1 or par.pp > 1 or par.ep > 1):
-        lines += layout.format_layout(r.layout)
+        lines += layout.format_layout(r.layout, par.vpp)
     if r.gpus > 1:
         ln = d.links
         lines.append(f"links per GPU: in-node {ln.in_node_gbps:g} GB/s ({ln.source}), cross-node "

@@ -1,7 +1,7 @@
 """The speed model `plan` and `plan --fit` rank layouts by (docs/PLAN.md): per optimizer step on one device,
-compute over the pipeline's stages and its 1F1B bubble, plus the bytes it sends on its tensor-parallel, pipeline,
-ZeRO-3, context-parallel and expert-parallel groups, each over the link its group uses: in-node or cross-node
-(`planning.hardware.links`). Each formula is written once here. No Paddle.
+compute over the pipeline's stages and its bubble (1F1B or interleaved), plus the bytes it sends on its
+tensor-parallel, pipeline, ZeRO-3, context-parallel and expert-parallel groups, each over the link its group uses:
+in-node or cross-node (`planning.hardware.links`). Each formula is written once here. No Paddle.
 """
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from pretrain_cli.run_layout import ParallelConfig
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 
 
-def pipeline_bubble(stages: int, micro_batches: int) -> float:
-    """The share of a step each stage idles under 1F1B: (P − 1)/(m + P − 1) (docs/DISTRIBUTED.md)."""
-    return (stages - 1) / (micro_batches + stages - 1)
+def pipeline_bubble(stages: int, micro_batches: int, virtual: int = 1) -> float:
+    """The share of a step each stage idles: (P − 1)/(V·m + P − 1) with V model chunks per stage (1F1B: V = 1;
+    interleaved 1F1B: each of the P − 1 idle slots at either end is one chunk's, 1/V of a stage's, Megatron's
+    (P − 1)/(V·m) of the busy time). fleet's interleaved schedule (3.3.1) has exactly this bubble also when m is
+    not a multiple of P (its order simulated with unit chunk times: docs/PLAN.md, Speed model)."""
+    return (stages - 1) / (virtual * micro_batches + stages - 1)
 
 
 def partial_sends(setup: Setup, par: ParallelConfig) -> bool:
@@ -35,12 +38,14 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     tp    = acc × its stage's layers × (n_attn + n_mlp × r) × 2(t−1)/t × b·s·hidden·c  (all-reduces per layer of the
             attention and MLP outputs: n_attn = n_mlp = 2, forward and backward; + 1 each under `full`, + 1 attention
             under `full_attn` recompute; r = `experts.mlp_reduce_rows`, 1 for a dense model, top_k (+1 shared)
-            on a MoE model's sparse layers), + acc × 2 × (t−1)/t × b·s·hidden·c under a pipeline's partial sends
+            on a MoE model's sparse layers), + acc × 2V × (t−1)/t × b·s·hidden·c under a pipeline's partial sends
             (the receiver all-gathers the pieces of each activation and gradient over the tp group)
-    pp    = acc × 2 × b·s·hidden·c / t  (one activation forward, its gradient back, per micro-batch: on NCCL without
-            sequence parallelism fleet's partial send, each tp rank 1/t of the activation they all hold
-            (`partial_sends`); under sequence parallelism each rank's own 1/t of the sequence, whole; on gloo (CPU)
-            the whole activation from every tp rank, without the /t)
+    pp    = acc × 2V × b·s·hidden·c / t  (one activation forward, its gradient back, per micro-batch and model chunk,
+            V = virtual_pp_degree: what a middle stage sends, the end stages 2V − 1; the interleaved schedule's last
+            stage sends its chunks' outputs back to the first stage's next chunk; on NCCL without sequence parallelism
+            fleet's partial send, each tp rank 1/t of the activation they all hold (`partial_sends`); under
+            sequence parallelism each rank's own 1/t of the sequence, whole; on gloo (CPU) the whole activation
+            from every tp rank, without the /t)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
     cp    = acc × `context.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
@@ -54,6 +59,7 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
     `params` is `models.flops.param_counts` of the model."""
     params_total = params["total"]
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
+    vpp = par.virtual_pp_degree  # each micro-batch crosses every stage boundary once per model chunk
     act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
     out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
     partial = partial_sends(setup, par)
@@ -61,9 +67,9 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
         n_attn, n_mlp = 2 + (setup.recompute in ("full", "full_attn")), 2 + (setup.recompute == "full")
         n = n_attn + n_mlp * mlp_reduce_rows(setup)
         out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
-        out["tp"] += acc * 2 * (tp - 1) / tp * act if partial else 0.0  # the received pieces all-gathered
+        out["tp"] += acc * 2 * vpp * (tp - 1) / tp * act if partial else 0.0  # the received pieces all-gathered
     if pp > 1:
-        out["pp"] = acc * 2 * act / (tp if par.sequence_parallel or partial else 1)
+        out["pp"] = acc * 2 * vpp * act / (tp if par.sequence_parallel or partial else 1)
     if par.sharding_stage == 3 and deg > 1:
         weight_bytes = params_total / tp / pp * (2 if setup.amp_level == "O2" else 4)
         out["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
