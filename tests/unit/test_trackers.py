@@ -236,3 +236,37 @@ def test_finishing_a_run_writes_its_last_evaluations_again_once(tmp_path):
     for tracker, curves in _curves(tmp_path / "runs").items():
         assert curves["eval/eval_loss"] == [(5, pytest.approx(8.5)), (10, 7.75)], tracker
         assert [s for s, _ in curves["train/loss"]] == list(range(1, 11)), tracker
+
+
+def test_the_other_ranks_wait_for_rank_0s_trackers_on_the_store_not_in_a_collective(tmp_path, monkeypatch):
+    """Rank 0 opens metrics.jsonl and the trackers while the other ranks go on to the start-up gather, a gloo
+    collective that ends after 30 s: a tracker getting a long history anew (wandb, or one without its checkpoint's
+    mark) ended a 2-process resume there. The other ranks now wait for rank 0's round on the launcher's store."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.training import run as run_module
+
+    class Comm:
+        def __init__(self):
+            self.calls = []
+
+        def wait_for_rank0(self, what, timeout=None):
+            self.calls.append(("wait", what))
+
+        def rank0_done(self, ok=True):
+            self.calls.append(("done", ok))
+
+    def config(rank0):
+        return SimpleNamespace(parallel=SimpleNamespace(is_rank0=rank0), loop=SimpleNamespace(do_train=True),
+                               output=SimpleNamespace(output_dir=str(tmp_path / "out"), logging_dir=None,
+                                                      report_to=["visualdl"], overwrite=False))
+
+    opened = []
+    monkeypatch.setattr(run_module.metrics, "MetricsWriter", lambda *args: opened.append(args) or "writer")
+    rank1 = Comm()
+    assert run_module.open_output_dir(config(False), {}, None, rank1) is None
+    assert rank1.calls == [("wait", "opening output_dir (metrics.jsonl and the trackers of report_to)")]
+    assert not opened and not (tmp_path / "out").exists()
+    rank0 = Comm()
+    assert run_module.open_output_dir(config(True), {"a": 1}, None, rank0) == "writer"
+    assert rank0.calls == [("done", True)] and len(opened) == 1 and (tmp_path / "out" / "args.json").is_file()

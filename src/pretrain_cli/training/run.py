@@ -92,7 +92,7 @@ def _run(spec, signals: StopSignals) -> int:
         # its evaluations at the last step are recomputed below: not recorded a second time
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
-    writer = open_output_dir(r, record, state, FINAL_KINDS if finishing else ())
+    writer = open_output_dir(r, record, state, comm, FINAL_KINDS if finishing else ())
     if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
         startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
@@ -230,32 +230,37 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
 FINAL_KINDS = ("eval", "test")  # what a run evaluates at its last step after the checkpoint (the final results)
 
 
-def open_output_dir(r: RunConfig, record: dict, state: dict | None, redo: tuple = ()):
+def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: tuple = ()):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
-    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks)."""
+    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks). The other ranks
+    wait for it on the launcher's store (`comm.wait_for_rank0`), not in the collective that follows: gloo ends a
+    collective after 30 s, and a tracker that gets the run's history anew (wandb; one without its checkpoint's
+    mark, `training.record_files`) takes longer on a long run."""
     if not r.parallel.is_rank0:
+        comm.wait_for_rank0("opening output_dir (metrics.jsonl and the trackers of report_to)")
         return None
     from pretrain_cli import atomic
 
-    out = Path(r.output.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint.clean_leftovers(out)
-    keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
-    # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were;
-    # a resume cuts their files back to where its checkpoint's mark says they stood (`record_files`)
-    writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record, redo,
-                                   state.get("record_files") if state is not None else None)
-    if r.loop.do_train and r.output.overwrite:
-        start = state["global_step"] if state is not None else 0
-        removed = checkpoint.remove_past(out, start)
-        if removed:
-            log.info(f"overwrite_output_dir: removed {', '.join(p.name for p in removed)} (an earlier run's, past "
-                     f"step {start}, where this run starts)")
-    if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
-        atomic.write_json(out / run_dir.ARGS_FILE, record)
-        # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would
-        # make a re-run after a kill during this one's export find "nothing to train" and keep the old model
-        (out / "all_results.json").unlink(missing_ok=True)
+    with rank0_round(comm):
+        out = Path(r.output.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.clean_leftovers(out)
+        keep_until = state["global_step"] if state is not None else (None if r.loop.do_train else float("inf"))
+        # the trackers start first: one that fails (wandb not logged in) leaves the directory's records as they were;
+        # a resume cuts their files back to where its checkpoint's mark says they stood (`record_files`)
+        writer = metrics.MetricsWriter(str(out), r.output.logging_dir, r.output.report_to, keep_until, record, redo,
+                                       state.get("record_files") if state is not None else None)
+        if r.loop.do_train and r.output.overwrite:
+            start = state["global_step"] if state is not None else 0
+            removed = checkpoint.remove_past(out, start)
+            if removed:
+                log.info(f"overwrite_output_dir: removed {', '.join(p.name for p in removed)} (an earlier run's, "
+                         f"past step {start}, where this run starts)")
+        if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
+            atomic.write_json(out / run_dir.ARGS_FILE, record)
+            # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would
+            # make a re-run after a kill during this one's export find "nothing to train" and keep the old model
+            (out / "all_results.json").unlink(missing_ok=True)
     return writer
 
 
