@@ -96,8 +96,6 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
                 "ep with tp inside a pipeline": Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
-                "ep with a pipeline or tp, and sharding": Degrees(ep=2, pp=2, stage=1, sharding=2, data=2,
-                                                                  moe="qwen3_moe"),
                 "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3")}
@@ -118,7 +116,12 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(tp=2, stage=3, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(pp=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, stage=1, sharding=2, data=2, moe="qwen3_moe"),
-                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe"), Degrees(ep=2, tp=2, data=2, moe="qwen2_moe")):
+                 Degrees(ep=2, pp=2, data=2, moe="qwen3_moe"), Degrees(ep=2, tp=2, data=2, moe="qwen2_moe"),
+                 # ZeRO-1 with the experts kept out of fleet's sharding optimizer on its hybrid groups (`ExpertHybrid`):
+                 # PaddleNLP's DeepSeek-V3 layout; with tp too, over fewer ranks than the data ranks (not semi-auto)
+                 Degrees(ep=4, pp=2, stage=1, sharding=4, data=4, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(ep=2, pp=2, stage=1, sharding=2, data=4, moe="qwen3_moe"),
+                 Degrees(ep=2, tp=2, stage=1, sharding=2, data=4, moe="qwen2_moe")):
         assert refusals(runs) == [], runs
 
 

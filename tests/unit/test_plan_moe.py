@@ -121,8 +121,9 @@ def _tokens(change: dict) -> list[str]:
     (["--model_name_or_path", "Qwen/Qwen3-8B"], "needs a Mixture-of-Experts model"),
     (["--expert_parallel_degree", "3"], r"does not divide num_experts \(128\)"),
     (["--expert_parallel_degree", "32"], "does not divide the 16 data ranks"),
-    (["--tensor_parallel_degree", "2", "--sharding", "stage1"], "tensor_parallel_degree 2 and sharding is not"),
+    (["--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2"], "inside pipeline_parallel_degree 2 stages"),
     (["--sharding", "stage2"], "with sharding: stage2 is not supported yet"),
+    (["--pipeline_parallel_degree", "2", "--sharding", "stage2"], "ZeRO-2 with a pipeline or tp is fleet's ZeRO-1"),
     (["--capacity_factor", "1.25"], "runs dropless"),
 ])
 def test_expert_parallel_degree_is_refused_in_one_line(extra, says):
@@ -131,6 +132,16 @@ def test_expert_parallel_degree_is_refused_in_one_line(extra, says):
         plan(str(LLAMA), base + extra, device="H100", gpus=16, suggest_changes=False)
     assert any(line.startswith("expert_parallel_degree: ") and says.replace("\\", "") in line
                for line in str(e.value).splitlines())
+
+
+@pytest.mark.parametrize("extra", [["--pipeline_parallel_degree", "2", "--sharding", "stage1"],
+                                   ["--tensor_parallel_degree", "2", "--sharding", "stage1"]])
+def test_expert_parallelism_with_zero1_in_a_pipeline_or_with_tp_is_planned(extra):
+    """EP x ZeRO-1 on fleet's hybrid groups runs (`ExpertHybrid`: PaddleNLP's DeepSeek-V3 layout); both were refused."""
+    parallel = plan(str(LLAMA), [*Q30, *DP, "--expert_parallel_degree", "8", *extra], device="H100", gpus=16,
+                    suggest_changes=False)["parallel"]
+    assert (parallel["ep"], parallel["sharding_stage"], parallel["sharding_degree"], parallel["pp"] * parallel["tp"]) \
+        == (8, 1, 8, 2)
 
 
 def test_expert_groups_are_consecutive_data_ranks_and_replicas_hold_the_same_experts():

@@ -71,19 +71,13 @@ REFUSED = (
                       f"pipeline_parallel_degree {d.pp} stages is not supported yet (each axis runs with the experts "
                       f"on its own, but the three together, 8 processes at the least, have not been run against one "
                       f"process here); drop one of the three"),
-    Refusal("ep with a pipeline or tp, and sharding",
-            lambda d: bool(d.moe) and d.ep > 1 and (d.pp > 1 or d.tp > 1) and d.stage > 0,
-            lambda d: f"expert_parallel_degree: {d.ep} with "
-                      f"{f'pipeline_parallel_degree {d.pp}' if d.pp > 1 else f'tensor_parallel_degree {d.tp}'} and "
-                      f"sharding is not supported yet (on fleet's hybrid groups the experts are kept out of the "
-                      f"data-parallel mean, not yet out of fleet's sharding optimizer, whose owners take every "
-                      f"sharding rank to hold the same parameters); set sharding to '' (each data rank then holds "
-                      f"the whole optimizer state of its parameters: `plan` says whether that fits)"),
     Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
-            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet (ZeRO-2/3 "
-                      f"run on the semi-auto engine, whose placements take every data rank to hold the same "
-                      f"parameters, while each rank of an expert group holds other experts); use sharding: stage1 "
-                      f"(ZeRO-1 over the rest of the model) or ''"),
+            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet ("
+                      + (f"ZeRO-2 with a pipeline or tp is fleet's ZeRO-1 releasing the gradients a rank does not own, "
+                         f"not run with the experts kept out of it here" if d.stage == 2 and (d.pp > 1 or d.tp > 1)
+                         else f"ZeRO-2/3 run on the semi-auto engine, whose placements take every data rank to hold "
+                              f"the same parameters, while each rank of an expert group holds other experts")
+                      + "); use sharding: stage1 (ZeRO-1 over the rest of the model) or ''"),
     Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
             lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
                       f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of MLA sums "
@@ -91,8 +85,8 @@ REFUSED = (
                       f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
                       f"context_parallel_degree: 1 and sequence_parallel: false"),
     Refusal("semi-auto sharding below the data ranks",
-            lambda d: d.pp == 1 and d.cp == 1 and not d.sp and (d.tp > 1 and not d.mla or d.stage in (2, 3))
-            and 1 < d.sharding < d.data,
+            lambda d: d.pp == 1 and d.cp == 1 and not d.sp
+            and (d.tp > 1 and not d.mla and not (d.moe and d.ep > 1) or d.stage in (2, 3)) and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
                       f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
                       f"use -1 (shard over all {d.data})"),

@@ -17,7 +17,9 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
   which spans nodes when the expert group fills one.
 
 On fleet's hybrid groups (`ExpertHybrid`, the same data side over `Hybrid`'s engines): `ExpertPipeline` inside
-pipeline stages and `ExpertTensor` with tensor parallelism on one stage (each held expert also a tp slice).
+pipeline stages and `ExpertTensor` with tensor parallelism on one stage (each held expert also a tp slice), the rest
+averaged over the stage's data ranks or, under `sharding: stage1`, through fleet's ZeRO-1 over the stage's sharding
+group with the experts kept out of it as `ExpertZero1` keeps them (`ExpertGrads.leave_out` / `rejoin` / `update`).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class ExpertGrads:
     def __init__(self, side: ExpertSide, data_ranks: int, step_kernels):
         self.side, self.data_ranks, self.step_kernels = side, data_ranks, step_kernels
         self.ids = {id(p) for p in side.params}
+        self._inner = None  # the AdamW under fleet's sharding optimizer (`rejoin`), which `update` steps them with
 
     def reduce(self) -> None:
         """Summed over the ranks holding the same experts, divided by the data ranks (the dispatch's backward
@@ -50,6 +53,34 @@ class ExpertGrads:
                 if self.side.replicas is not None:
                     dist.all_reduce(p.grad, group=self.side.replicas)
                 p.grad.scale_(1.0 / self.data_ranks)
+
+    def leave_out(self, optimizer) -> list:
+        """This rank's experts taken out of `optimizer`'s list before fleet's sharding optimizer is built over it
+        (its owners and broadcasts take every sharding rank to hold the same parameters, and it keys them by
+        Paddle's names, which an expert another rank holds shares); returned, for `rejoin`."""
+        held = [p for p in optimizer._parameter_list if id(p) in self.ids]
+        optimizer._parameter_list = optimizer._param_groups = [p for p in optimizer._parameter_list
+                                                               if id(p) not in self.ids]
+        return held
+
+    def rejoin(self, hpo, held: list) -> None:
+        """`held` (`leave_out`) back in the lists of fleet's optimizer `hpo` that are not its owners': the list
+        fleet clears gradients of, and the AdamW's own (its accumulators for them are created, checkpointed and
+        loaded like any, `training.checkpoint`); `update` steps them."""
+        from pretrain_cli.distributed.layout.pieces import inner_optimizer
+
+        dso = hpo._inner_opt
+        dso._parameter_list = list(dso._origin_parameter_list) + held  # (`_origin_parameter_list` stays the rest)
+        self._inner = inner_optimizer(hpo)
+        self._inner._parameter_list = self._inner._param_groups = list(self._inner._parameter_list) + held
+
+    def update(self) -> None:
+        """This rank's experts stepped by the AdamW under fleet's sharding optimizer (after fleet's own step)."""
+        import paddle
+
+        with paddle.no_grad():
+            self._inner._apply_optimize(loss=None, startup_program=None,
+                                        params_grads=[(p, p.grad) for p in self.side.params])
 
     def sq_norm(self):
         """The experts' squared gradient norm, summed over the expert group (each rank holds different ones)."""
@@ -131,7 +162,6 @@ class ExpertZero1(FleetZero1):
     name = "expert parallel + ZeRO-1 (experts over the data ranks, the rest fleet's DygraphShardingOptimizer)"
 
     experts: ExpertGrads | None = None  # set by `place`
-    _inner = None  # the AdamW under fleet's wrappers, set by `wrap`
 
     place = ExpertParallel.place
     dense = ExpertParallel.dense
@@ -142,14 +172,9 @@ class ExpertZero1(FleetZero1):
         the list fleet clears gradients of. Not `fleet.distributed_model`: its start-up broadcast of every
         parameter from the first sharding rank would overwrite this rank's experts with another's (the other
         parameters are equal on every rank already: each rank creates them from the same seed or checkpoint)."""
-        from pretrain_cli.distributed.layout.pieces import inner_optimizer
-
-        held = [p for p in optimizer._parameter_list if id(p) in self.experts.ids]
-        optimizer._parameter_list = optimizer._param_groups = self.dense(optimizer._parameter_list)
+        held = self.experts.leave_out(optimizer)
         self.shard_optimizer(optimizer)
-        self._dso._parameter_list = self._params + held  # (a new list: `_origin_parameter_list` stays the rest)
-        self._inner = inner_optimizer(optimizer)
-        self._inner._parameter_list = self._inner._param_groups = list(self._inner._parameter_list) + held
+        self.experts.rejoin(self._hpo, held)
         return self.model_inputs(model), self._hpo
 
     def no_sync(self, model, last_micro_batch: bool):
@@ -171,12 +196,8 @@ class ExpertZero1(FleetZero1):
 
     def step(self, optimizer) -> None:
         """fleet's update of the owned slice and its broadcast, then this rank's experts by the same AdamW."""
-        import paddle
-
         super().step(optimizer)
-        with paddle.no_grad():
-            self._inner._apply_optimize(loss=None, startup_program=None,
-                                        params_grads=[(p, p.grad) for p in self.experts.side.params])
+        self.experts.update()
 
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)
@@ -187,9 +208,11 @@ class ExpertHybrid:
     parallelism on one stage, `ExpertTensor`): each stage's expert groups are drawn from its own data ranks at one
     tp position (`Topology.expert_group` keeps the stage and tp coordinates), its sparse layers dispatch over them
     (every rank of a group runs the same schedule, so the same collectives in the same order), and the rest is
-    averaged over the data ranks as `Hybrid` does (no sharding: "What stays refused"). Under tensor parallelism
-    each held expert is a tp slice too (the `tp` step cuts it like an MLP), so its share of the norm is summed
-    over the tp group as well."""
+    reduced as `Hybrid` reduces it: averaged over the stage's data ranks, or under `sharding: stage1` through
+    fleet's ZeRO-1 over the stage's sharding group, which is given the rest only (`trained`) and the experts after
+    it as `ExpertZero1` does (PaddleNLP's DeepSeek-V3 layout: pp × ZeRO-1 × ep). Under tensor parallelism each
+    held expert is a tp slice too (the `tp` step cuts it like an MLP), so its share of the norm is summed over the
+    tp group as well."""
 
     experts: ExpertGrads | None = None  # set by `place`
 
@@ -213,12 +236,17 @@ class ExpertHybrid:
         self.experts = ExpertGrads(side, self.parallel.data_world_size, self.step_kernels)
         return layer
 
+    def trained(self, model) -> list:
+        """The rest: what `Hybrid` reduces, shards and counts in its norm (the experts are the strategy's own)."""
+        return self.dense(super().trained(model))
+
     def shard(self, model, optimizer):
-        """`Hybrid.shard`, with the experts out of the stage's data-parallel mean and norm (the strategy's own)."""
+        """`Hybrid.shard` over the rest; under ZeRO-1 the experts are out of the optimizer's list while fleet's
+        sharding optimizer is built, then back in the lists it clears and the AdamW steps (`ExpertGrads.rejoin`)."""
+        held = self.experts.leave_out(optimizer) if self.parallel.sharding_stage else []
         optimizer = super().shard(model, optimizer)
-        self._params = self.dense(self._params)
-        self._owned = self._params
-        self._counted = tuple(self.dense(ps) for ps in self._counted)
+        if self._hpo is not None:
+            self.experts.rejoin(self._hpo, held)
         return optimizer
 
     def sync_grads(self) -> None:
@@ -229,21 +257,33 @@ class ExpertHybrid:
         return list(self._owned) + list(self.experts.side.params)
 
     def grad_norm(self, model):
-        """`Hybrid.grad_norm`'s stage sum with this stage's experts (summed over their group, and over the tp
-        group when they are tp slices) added before the sum over the stages."""
+        """`Hybrid.grad_norm`'s stage sum with this stage's experts added before the sum over the stages: the rest's
+        squares (tp slices summed over the tp group; ZeRO-1's owned parts over the sharding group), the experts'
+        summed over their group (and over the tp group when they are tp slices), never over the sharding group,
+        whose ranks hold other experts or the same ones."""
         import paddle
         import paddle.distributed as dist
 
         whole, sliced = ([p.grad for p in ps if p.grad is not None] for ps in self._counted)
         sq = self.step_kernels.global_sq_norm(whole).astype("float32")
-        part = self.experts.sq_norm()  # [] fp32, over the expert group
-        if self.parallel.tp_degree > 1:  # the tp slices' squares (the experts' among them) summed over the tp group
-            if sliced:
-                part = part + self.step_kernels.global_sq_norm(sliced).astype("float32")
-            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
-        sq = sq + part
+        experts = self.experts.sq_norm()  # [] fp32, over the expert group
+        if self.parallel.tp_degree > 1:  # the tp slices' squares, the experts' and the rest's, over the tp group
+            part = self.step_kernels.global_sq_norm(sliced).astype("float32") if sliced else paddle.zeros_like(sq)
+            both = paddle.stack([part, experts])  # [2]: one all-reduce
+            dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.hcg.get_model_parallel_group())
+            sq, experts = sq + both[0], both[1]
+        if self._hpo is not None:  # the owners' parts of the rest
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.hcg.get_sharding_parallel_group())
+        sq = sq + experts
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
         return paddle.sqrt(sq)
+
+    def step(self, optimizer) -> None:
+        """`Hybrid`'s step (fleet's update of the owned slice and its broadcast, or the AdamW over everything);
+        under ZeRO-1 then this rank's experts by the same AdamW."""
+        super().step(optimizer)
+        if self._hpo is not None:
+            self.experts.update()
 
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)

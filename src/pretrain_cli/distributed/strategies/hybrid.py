@@ -76,6 +76,12 @@ class Hybrid(FleetHybrid):
                 p._clear_data()
         return layer
 
+    def trained(self, model) -> list:
+        """The parameters whose gradients `sync_grads` reduces and fleet's ZeRO-1 shards: the optimizer's
+        (`training.optim`; DeepSeek's balancing bias, no gradient and its own update, is no sharding owner's, which
+        fleet's optimizer would look up). Expert parallelism leaves its experts out (`ExpertHybrid`)."""
+        return [p for p in model.parameters() if not p.stop_gradient]
+
     def shard(self, model, optimizer):
         """fleet's ZeRO-1 (also ZeRO-2's) over each stage's sharding group, and which gradients this rank counts
         in the norm (its owned ones; the embedding's last-stage copy not; tp slices apart from whole tensors)."""
@@ -83,9 +89,7 @@ class Hybrid(FleetHybrid):
 
         self.hcg = fleet.get_hybrid_communicate_group()
         self.pp_group = self.hcg.get_pipe_parallel_group()
-        # the optimizer's parameters (`training.optim`): DeepSeek's balancing bias (no gradient, its own update) is
-        # no sharding owner's, which fleet's optimizer would look up
-        self._params = [p for p in model.parameters() if not p.stop_gradient]
+        self._params = self.trained(model)
         self._owned, self._hpo = self._params, None
         if self.parallel.sharding_stage:
             optimizer = self._hpo = fleet.distributed_optimizer(optimizer)
