@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from pretrain_cli.config.paddlenlp_keys import ALIAS_OF, ALIASES, FLAGS, IGNORED  # noqa: E402
+from pretrain_cli.config.paddlenlp_keys import ALIAS_OF, ALIASES, FLAGS, IGNORED, SWITCHES  # noqa: E402
 from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
@@ -20,8 +20,10 @@ writes YAML), `inspect-data --config`, `eval --config` and resuming a run take e
 (`llm/config/qwen/pretrain_argument_0p5b.json`, `llm/config/llama/pretrain_argument.json`) pass
 `pretrain-cli check` with only local paths changed (tests/e2e/test_cli.py); what each of PaddleNLP's and
 PaddleFormers' other pretraining files meets is the last section. PaddleFormers' names for our keys
-(`tensor_model_parallel_size`, ...) are read as ours. Precedence: default < file < `--key value` on the
-command line.
+(`tensor_model_parallel_size`, `max_seq_len`, `min_lr`, ...) are read as ours, its flags promoted to keys
+(`use_dualpipev`, `overlap_p2p_comm`, `split_param`) and its `stage` are accepted with a note, and the values that
+would train something else (a `stage` that is not pretraining, `moe_router_force_load_balancing: true`) are refused.
+Precedence: default < file < `--key value` on the command line.
 
 Status of every key:
 - **supported** — implemented with PaddleNLP's meaning (or a documented better one);
@@ -55,11 +57,18 @@ REJECTED = [
     ("`fp16` and `bf16` both true", "contradictory"),
     ("`max_steps` <= 0 with `do_train`", "the run length must be explicit (num_train_epochs is ignored)"),
     ("a `split` share of 0 for a requested phase", "e.g. `do_eval` with split '100,0,0'"),
+    ("PaddleFormers' `stage` other than PT, PT-V2, dsv3_pretrain, auto-parallel, ernie_pretrain (SFT, DPO, VL-*, "
+     "...)", "its fine-tuning, preference and vision-language workflows train other data with other losses; "
+     "pretrain-cli pretrains (paddleformers/cli/train/tuner.py picks the workflow by it; its default is SFT)"),
+    ("`moe_router_force_load_balancing: true` (PaddleFormers' benchmark and CI files)", "PaddleFleet's router then "
+     "replaces its logits with random ones (Megatron's benchmark mode): tokens are routed at random and the router "
+     "learns nothing, which is not built here; false routes by the router's scores, as here"),
 ]
 
 # What `check`, `plan` and a scaled-down `train` give on each published pretraining file as copied (run by hand on
-# PaddleNLP's llm/config/*/pretrain_argument*.json and PaddleFormers' examples/experiments/*_pretrain/config/; the
-# PaddleFormers files' keys: tests/unit/test_paddlenlp_files.py)
+# PaddleNLP's llm/config/*/pretrain_argument*.json and PaddleFormers' examples/experiments/*_pretrain/config/,
+# examples/best_practices/DeepSeek-V3/pretrain/config/ and its stage PT YAML files; the PaddleFormers files' keys:
+# tests/unit/test_paddlenlp_files.py, tests/unit/test_paddleformers_files.py)
 FILES = """
 ## PaddleNLP's and PaddleFormers' own pretraining files
 
@@ -80,6 +89,12 @@ test split under one 4,096-token sample).
 | PaddleNLP `llm/config/{mixtral, baichuan, chatglm2, yuan, gpt-3}/pretrain_argument.json` | Mixtral, Baichuan2, ChatGLM2, Yuan2, GPT | refused by name: a family pretrain-cli does not build (chatglm2's `evaluation_strategy` and `save_strategy: epoch` are PaddleNLP's: one evaluation and one checkpoint, after the last step) | none |
 | PaddleFormers `examples/experiments/qwen3_moe_pretrain/config/pretrain_argument.json` | `./config/` (a 4-layer Qwen3-MoE config.json, no tokenizer) | the tokenizer line (`./config/` holds none) and `./data`; `sharding: stage1` x 4 passes `check --world_size 4`; `offload_optim`, `reorder_pipeline_priority` and the other keys without effect here are notes | `micro-qwen3-moe` |
 | PaddleFormers `examples/experiments/deepseek_v3_pretrain/config/pretrain_argument.json` | `./config/` (a 29-layer DeepSeek-V3, 8 routed experts) | its degrees under PaddleFormers' names read as ours; its config.json is refused (top-8 routing over 4 kept groups of one expert each: raise `topk_group`); the tokenizer and `./data` lines; on 8 processes pp 4 x `sharding: stage1` x 2 with ep 2 passes `check --world_size 8` (with the `deepseek-ai/DeepSeek-V3` preset in its config's place) | `micro-deepseek-v3` |
+| PaddleFormers `examples/best_practices/DeepSeek-V3/pretrain/config/pretrain_argument.yaml` (`paddleformers-cli train`) | `./config` (the JSON file's config.json) | `max_seq_len` and `min_lr` read as `max_seq_length` and `min_learning_rate`; `stage: dsv3_pretrain`, `use_dualpipev`, `overlap_p2p_comm`, `split_param` and `pre_alloc_memory` are notes; `moe_router_force_load_balancing: false` is what runs here; then the JSON file's config.json refusal and the tokenizer (its `./config` ships a tokenizer.json, not copied here) and `./data` lines; its layout is the JSON file's and passes `check --world_size 8` as it does | `micro-deepseek-v3` |
+| PaddleFormers `examples/experiments/deepseek_v3_pretrain/config/pretrain_argument.yaml` | `./config/` | the same keys with the flag strings; the config.json, tokenizer and `./data` lines; its pp 8 x `sharding: stage1` x 32 with ep 32 (256 processes) is refused: ep 32 does not divide the 8 routed experts of its config.json | `micro-deepseek-v3` |
+| PaddleFormers' `stage: PT` files: `examples/config/pt/{full, full_tp_pp, full_tp_pp_ep}.yaml`, `benchmark/config/pt/Qwen3-30B-A3B-Base.yaml`, `PaddleFormers/tests/config/ci/{qwen_pt, qwen3_multicard_pt}.yaml` | Qwen3-0.6B-Base, Qwen3-30B-A3B | their data is PaddleFormers' jsonl pipeline (`train_dataset_path`, `packing`, `mix_strategy`, ...), not read here: 16 to 29 error lines (unknown keys: also `fine_tuning`, `recompute_method`, the flex-checkpoint formats, its GPU fusions); the CI files' `moe_router_force_load_balancing: true` is refused | none (tokenize the jsonl with `pretrain-cli preprocess`) |
+| PaddleFormers `examples/config/pt/full_offline_data.yaml` (`stage: PT` on .bin/.idx) | `Qwen/Qwen3-0.6B-Base` | four unknown keys: `dataset_type`, `mix_strategy`, `attn_impl`, `fine_tuning` | none |
+| PaddleFormers `PaddleFormers/tests/config/ci/qwen3_pt.yaml` | `./Qwen3-30B-A3B-Base` | `moe_router_fusion` is written twice: refused (PaddleFormers' `yaml.safe_load` keeps the last) | none |
+| PaddleFormers `PaddleFormers/tests/config/benchmark/config/pt/DeepSeek-V3.yaml` (`stage: dsv3_pretrain`) | `./config/` | `moe_router_force_load_balancing: true` refused; unknown `pad_token_id`, `global_batch_size`, `tensorwise_offload_optimizer`, `moe_deep_gemm` | none |
 """
 
 
@@ -98,11 +113,16 @@ def render() -> str:
     lines += ["\n## Other PaddleNLP keys: accepted, ignored\n",
               "Fields of PaddleNLP's `TrainingArguments` (and the legacy `llm/llama/run_pretrain.py`'s model keys, and "
               "the PaddleFormers keys its pretraining files set) a pretraining run has no use for here: any value "
-              "parses, one other than the default there is a note. They are not written to `args.json`.\n",
+              "parses, one other than the default there is a note (PaddleFormers' flags promoted to keys: true is "
+              "a note, as their flag strings' flags are). They are not written to `args.json`.\n",
               "| key | default there | why no effect |", "|---|---|---|"]
-    lines += [f"| `{k}` | `{json.dumps(d)}` | {why} |" for k, (d, why) in IGNORED.items()]
+    lines += [f"| `{k}` | `{json.dumps(d)}` | {why}{' (a note when true)' if k in SWITCHES else ''} |"
+              for k, (d, why) in IGNORED.items()]
     lines += ["\n## PaddleNLP's and PaddleFormers' other names\n",
-              "Both names of one key in one file are refused (which would win?).\n",
+              "Both names of one key in one file are refused (which would win?). PaddleFormers' `max_seq_len` is the "
+              "token dataset's sequence length as PaddleNLP's `max_seq_length` is (its deepseek_v3_pretrain and "
+              "auto-parallel workflows hand it to the same dataset builder); its `min_lr` is the rate the linear and "
+              "cosine schedules decay to, absolute, not a ratio (`min_lr_ratio` here is one).\n",
               "| key | read as | whose name |", "|---|---|---|"]
     lines += [f"| `{k}` | `{v}` | {ALIAS_OF[k]} |" for k, v in ALIASES.items()]
     lines += ["\n## Flag strings\n", "Space- or comma-separated, as PaddleNLP splits them; a flag not listed is an "

@@ -81,8 +81,9 @@ def test_lists_and_list_on_command_line(tmp_path):
 
 
 def test_unknown_key_suggests_closest(tmp_path):
-    with pytest.raises(UserError, match=r"unknown key `max_seq_len`; did you mean `max_seq_length`\?"):
-        parse_config(write(tmp_path, {**BASE, "max_seq_len": 5}))
+    """(`max_seq_len`, the example here before, is PaddleFormers' name for max_seq_length now: read as it.)"""
+    with pytest.raises(UserError, match=r"unknown key `max_seq_lenght`; did you mean `max_seq_length`\?"):
+        parse_config(write(tmp_path, {**BASE, "max_seq_lenght": 5}))
 
 
 def test_no_prefix_abbreviations():

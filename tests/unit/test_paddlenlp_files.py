@@ -91,14 +91,14 @@ def test_two_names_of_one_degree_in_one_file_are_refused(tmp_path):
 def test_every_unknown_key_and_bad_value_of_a_file_is_named_at_once(tmp_path):
     """A file is fixed in one round: all its unknown keys and bad values, each on its own line (the first one alone
     stopped the parse)."""
-    keys = {**PADDLEFORMERS_QWEN3_MOE, "moe_router_topk_scaling_factor": 1.0, "stage": "PT",
+    keys = {**PADDLEFORMERS_QWEN3_MOE, "moe_router_topk_scaling_factor": 1.0, "stage": "SFT",
             "evaluation_strategy": "epochs", "save_strategy": "step"}
     with pytest.raises(UserError) as e:
         parse_config(_write(tmp_path, keys), ["--max_steps", "x"])
     lines = e.value.lines
     assert len(lines) == 5, lines
     assert any("unknown key `moe_router_topk_scaling_factor`" in line for line in lines)
-    assert any("unknown key `stage`" in line for line in lines)
+    assert any("stage: 'SFT' is not pretraining" in line for line in lines)  # (a PaddleFormers key: its SFT refused)
     assert any("`evaluation_strategy` must be one of" in line for line in lines)
     assert any("`save_strategy` must be one of" in line for line in lines)
     assert any(line.startswith("command line: key `max_steps`") for line in lines)

@@ -5,17 +5,26 @@ PaddleNLP's `TrainingArguments` (paddlenlp/trainer/training_args.py) has more fi
 uses, and its shipped argument files set some of them (`eval_accumulation_steps` in
 llm/llama/pretrain-llama_13b-pp4tp2sd2_stage1.json; the legacy llm/llama/run_pretrain.py's `model_type`,
 `config_name`, `pp_recompute_interval`). PaddleFormers, its successor, renamed the parallel degrees Megatron's
-way (`tensor_model_parallel_size`, ...) and its pretraining files (examples/experiments/*_pretrain/config/
-pretrain_argument.json) use those names and a few keys of its own. They parse here, so those files run:
-`IGNORED` holds each key without effect here with its default there and why it changes nothing here (a value
-other than the default is a note), `ALIASES` the ones that are another name for one of our keys (`ALIAS_OF`:
-whose name it is). They are no dataclass fields, so they never reach `args.json`.
+way (`tensor_model_parallel_size`, ...), promoted the flags of the `*_parallel_config` strings to keys of their own
+(`use_dualpipev`, `overlap_p2p_comm`, `split_param`), and its pretraining files (examples/experiments/*_pretrain/
+config/pretrain_argument.json and .yaml, examples/best_practices/DeepSeek-V3/pretrain/config/pretrain_argument.yaml)
+use those names and a few keys of its own. They parse here, so those files run: `IGNORED` holds each key without
+effect here with its default there and why it changes nothing here (a value other than the default is a note; a
+promoted flag, `SWITCHES`, is a note when it asks for its feature), `ALIASES` the ones that are another name for one
+of our keys (`ALIAS_OF`: whose name it is), `REFUSED` the values of a key without effect here that would change the
+training if run without it (refused by the parser, one line each). They are no dataclass fields, so they never
+reach `args.json`.
 
 `FLAGS` are the values PaddleNLP accepts in its space- or comma-separated `*_config` strings; it raises
 `ValueError("Found unknown … config …")` for any other (training_args.py `__post_init__`), and so does `check`
 here, where PaddleNLP would have refused the file too.
 """
 from __future__ import annotations
+
+import json
+
+from pretrain_cli.config.pipeline import PP_FLAGS
+from pretrain_cli.errors import UserError
 
 # key -> (PaddleNLP's default, why it has no effect here)
 IGNORED = {
@@ -77,6 +86,49 @@ IGNORED = {
                                "router here always routes by its own scores"),
     "num_nextn_predict_layers": (None, "config.json's num_nextn_predict_layers decides the multi-token prediction "
                                        "modules here (mtp_loss_weight their loss's weight)"),
+    # PaddleFormers' paddleformers-cli keys (its ModelArguments' `stage`, TrainingArguments' promoted flags)
+    "stage": ("SFT", "PaddleFormers' choice of workflow; pretrain-cli runs pretraining from .bin/.idx token files "
+                     "whatever the stage (a stage that is not pretraining is refused)"),
+    "use_dualpipev": (False, PP_FLAGS["use_dualpipev"]),
+    "overlap_p2p_comm": (True, PP_FLAGS["enable_overlap_p2p_comm"]),
+    "split_param": (True, "fleet's sharding stage1 V2 (each rank owning an even slice of one flat buffer of the "
+                          "parameters); sharding: stage1 here is fleet's V1 (each rank owning whole parameters), the "
+                          "same update"),
+    "pre_alloc_memory": (0, "PaddleFormers allocates and frees this many GiB of device memory at start (one large "
+                            "block against fragmentation); memory here is allocated as the run needs it"),
+    "moe_router_force_load_balancing": (False, "false routes every token by the router's own scores, as here "
+                                               "(true is refused)"),
+}
+
+# PaddleFormers' flags of the `*_parallel_config` strings promoted to keys: a note when one asks for its feature
+# (true), whatever its default there (`overlap_p2p_comm` and `split_param` are on by default there: a file that
+# sets them asks for them, as its flag string did)
+SWITCHES = ("use_dualpipev", "overlap_p2p_comm", "split_param")
+
+# PaddleFormers' `stage`s that pretrain a text model: dsv3_pretrain and auto-parallel read .bin/.idx token files
+# as run_pretrain.py does; PT and PT-V2 are its pretraining through the SFT workflow's data (their data keys are
+# not read here); ernie_pretrain's model is refused by its config.json
+PRETRAINING_STAGES = ("PT", "PT-V2", "dsv3_pretrain", "auto-parallel", "ernie_pretrain")
+_FALSE = ("false", "f", "no", "n", "0", "off")
+
+
+def _shown(value) -> str:
+    """A bool as the file writes it (`true`), anything else as it came."""
+    return json.dumps(value) if isinstance(value, bool) else repr(value)
+
+
+# key -> (whether a value is refused, why): a key without effect here whose other values change what is trained
+REFUSED = {
+    "stage": (lambda v: str(v) not in PRETRAINING_STAGES,
+              lambda v: f"stage: {v!r} is not pretraining (PaddleFormers' SFT, DPO and vision-language stages train "
+                        f"chat, preference or image data with their own losses, which pretrain-cli does not build); "
+                        f"for a pretraining run set it to one of {', '.join(PRETRAINING_STAGES)}, or leave it out"),
+    "moe_router_force_load_balancing": (
+        lambda v: str(v).strip().lower() not in _FALSE,
+        lambda v: f"moe_router_force_load_balancing: {_shown(v)} routes every token by random router logits "
+                  f"(PaddleFleet's and Megatron's benchmark mode: a throughput measurement, the router learns "
+                  f"nothing), which is not built here; set it to false (routing by the router's scores) or leave "
+                  f"it out"),
 }
 
 # another project's name -> our key (`ALIAS_OF`: whose name it is)
@@ -87,7 +139,10 @@ ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "asy
            "virtual_pipeline_model_parallel_size": "virtual_pp_degree",
            "sharding_parallel_size": "sharding_parallel_degree", "sep_parallel_size": "sep_parallel_degree",
            "context_parallel_size": "context_parallel_degree", "expert_model_parallel_size": "expert_parallel_degree",
-           "fuse_rms_norm": "use_fused_rms_norm", "apply_rope_fusion": "use_fused_rope"}
+           "fuse_rms_norm": "use_fused_rms_norm", "apply_rope_fusion": "use_fused_rope",
+           # its DataArguments' sequence length (the token dataset's seq_length, as PaddleNLP's max_seq_length) and
+           # its TrainingArguments' floor of the linear and cosine schedules (an absolute rate, not a ratio)
+           "max_seq_len": "max_seq_length", "min_lr": "min_learning_rate"}
 ALIAS_OF = {key: "PaddleNLP" if key in ("sharding_degree", "use_async_save") else "PaddleFormers" for key in ALIASES}
 
 FLAGS = {
@@ -111,9 +166,19 @@ def whose(key: str) -> str:
 
 
 def differs(key: str, value) -> bool:
-    """Whether an IGNORED key's value is other than PaddleNLP's default (`"False"` on a command line is False)."""
+    """Whether an IGNORED key's value calls for a note: other than PaddleNLP's default (`"False"` on a command line
+    is False), or for a `SWITCHES` key, true."""
+    if key in SWITCHES:
+        return str(value).strip().lower() not in _FALSE
     default = IGNORED[key][0]
     return str(value).strip().lower() != str(default).lower()
+
+
+def check_value(key: str, value, where: str) -> None:
+    """Raises for a value of an IGNORED key that `REFUSED` refuses (the parser reports it with the file's other
+    problems)."""
+    if key in REFUSED and REFUSED[key][0](value):
+        raise UserError(f"{where}: {REFUSED[key][1](value)}")
 
 
 def flags(text) -> list[str]:

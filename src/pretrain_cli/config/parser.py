@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
-from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, whose
+from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, check_value, whose
 from pretrain_cli.errors import Problems, UserError
 
 _TRUE = {"true", "t", "yes", "y", "1"}
@@ -314,6 +314,7 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
         for key, raw in given.items():
             if key in IGNORED:
                 extra[key] = raw
+                problems.run(check_value, key, raw, config_path)
                 continue
             problems.run(from_file, key, raw, given)
     pairs = split_overrides(overrides or [])
@@ -333,6 +334,7 @@ def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, 
     where = "command line"
     if key in IGNORED:
         extra[key] = " ".join(raw) if raw else True
+        check_value(key, extra[key], where)
         return
     key = own_name(key, where, [k for k, _ in pairs])
     if key not in KEYS:
