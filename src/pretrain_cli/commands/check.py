@@ -70,13 +70,8 @@ def verified(spec, out=None) -> object | None:
     return older
 
 
-def _count(n: int, noun: str) -> str:
-    """`1 process`, `8 processes`: `--world_size` may be 1 (a one-process GPU file checked on a CPU machine)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
-
-
 def main(ns: argparse.Namespace) -> int:
-    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.orchestration.prepare import count, prepare
     from pretrain_cli.orchestration.targets import launcher_target, simulated_target
 
     if ns.list_models:
@@ -95,7 +90,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli import runtime
 
     if ns.world_size is not None and spec.run.device == "gpu" and not runtime.gpu_build_installed():
-        print(f"  note: --world_size {ns.world_size} checks the run as a launch on {_count(ns.world_size, 'GPU')} "
+        print(f"  note: --world_size {ns.world_size} checks the run as a launch on {count(ns.world_size, 'GPU')} "
               f"(device gpu, its precision and kernels); this machine has no GPU build, where `check` without "
               f"--world_size shows the CPU run it would start")
     from pretrain_cli.training.run_lock import refusal
@@ -103,7 +98,7 @@ def main(ns: argparse.Namespace) -> int:
     held = refusal(spec.run.output.output_dir)  # what `train` would meet first (its lock)
     if held:
         raise UserError(held)
-    simulated = f" on {_count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
+    simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir
         from pretrain_cli.training.run import nothing_to_train

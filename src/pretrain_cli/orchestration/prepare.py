@@ -113,23 +113,41 @@ class RunSpec:
                      f"attention {r.kernels.attention}, {r.data.attention_mask_type} mask"
                      f"{' (positions restart per document)' if r.data.reset_position_ids else ''}; "
                      f"recompute {r.recompute_granularity or 'off'}")
-        lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {r.parallel.data_world_size} data ranks = "
-                     f"{r.global_batch_size} sequences = {r.tokens_per_step:,} tokens/step; {lp.max_steps} steps = "
-                     f"{r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
+        ranks, batch = count(r.parallel.data_world_size, "data rank"), count(r.global_batch_size, "sequence")
+        lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {ranks} = {batch} = {r.tokens_per_step:,} "
+                     f"tokens/step; {count(lp.max_steps, 'step')} = {r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
         if r.parallel.distributed:
             p = r.parallel
             split = (f" x pp {p.pp_degree} stages" if p.pp_degree > 1 else "") + f" x tp {p.tp_degree}"
             split += f" x cp {p.cp_degree} (each holds 1/{p.cp_degree} of every sequence)" if p.cp_degree > 1 else ""
-            lines.append(f"  ranks: {p.world_size} processes = {p.data_world_size} data ranks{split}; "
-                         f"each data rank reads {lp.micro_batch * lp.grad_accum} sequences ({lp.micro_batch} per "
-                         f"micro-step) = {lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
+            lines.append(f"  ranks: {p.world_size} processes = {ranks}{split}; each data rank reads "
+                         f"{count(lp.micro_batch * lp.grad_accum, 'sequence')} ({lp.micro_batch} per micro-step) = "
+                         f"{lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
         s = r.schedule
         sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
         sched = f"  schedule: {s.describe()}" if s.phase(1) else sched  # warmup_stable_decay: its phases
-        lines.append(sched + (f"; eval every {lp.eval_steps} steps" if lp.do_eval else ""))
+        lines.append(sched + (f"; {self._evaluations()}" if lp.do_eval else ""))
         lines += [f"  {line}" for line in self.data_lines]
         lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
         return lines
+
+    def _evaluations(self) -> str:
+        """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final
+        results, the loop's own when it just evaluated); under `epoch` only then (PaddleNLP's one epoch:
+        `resolve._intervals`)."""
+        lp = self.run.loop
+        if not lp.do_train:
+            return "eval once (no training steps)"
+        if lp.eval_steps >= lp.max_steps:
+            past = lp.eval_steps > lp.max_steps and self.args.training.evaluation_strategy != "epoch"
+            return f"eval once, after the last step (step {lp.max_steps}{'; eval_steps is past it' if past else ''})"
+        every = f"eval every {count(lp.eval_steps, 'step')}"
+        return every if lp.max_steps % lp.eval_steps == 0 else f"{every} and after the last step ({lp.max_steps})"
+
+
+def count(n: int, noun: str) -> str:
+    """`1 data rank`, `8 data ranks`, `1 process`: the lines a run describes itself with, for any count."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def build_model_config(args: Arguments):

@@ -1,0 +1,48 @@
+"""The run `check` and `train` describe (`RunSpec.describe`): counts in English, and when evaluation runs as the
+strategy makes it (`epoch`: once, after the last step; `steps`: every eval_steps and after the last step)."""
+import json
+
+from data_helpers import write_tokens
+from pretrain_cli.orchestration.prepare import count, prepare
+from pretrain_cli.run_config import Target
+
+
+def _describe(tmp_path, **keys) -> str:
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"model_name_or_path": "micro-llama", "input_dir": write_tokens(tmp_path / "data"),
+                                "output_dir": str(tmp_path / "out"), "do_train": True, "do_eval": True,
+                                "max_seq_length": 16, "split": "1,1,1", "tokenizer_name_or_path": None,
+                                "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, **keys}))
+    return "\n".join(prepare(str(path), [], Target()).describe())
+
+
+def test_one_of_each_is_said_in_the_singular(tmp_path):
+    """It said `1 x acc 1 x 1 data ranks = 1 sequences = 16 tokens/step; 1 steps = 16 tokens`."""
+    text = _describe(tmp_path, max_steps=1, eval_steps=1)
+    assert "batch: 1 x acc 1 x 1 data rank = 1 sequence = 16 tokens/step; 1 step = 16 tokens" in text, text
+    assert "eval once, after the last step (step 1)" in text
+    assert "eval every 1 step\n" in _describe(tmp_path, max_steps=2, eval_steps=1)
+
+
+def test_epoch_evaluates_once_after_the_last_step(tmp_path):
+    """`evaluation_strategy: epoch` evaluates once, after the last step (PaddleNLP's one epoch); the line said
+    `eval every 6 steps` (eval_steps made max_steps), as if it were an interval."""
+    text = _describe(tmp_path, max_steps=6, eval_steps=2, evaluation_strategy="epoch")
+    assert "eval once, after the last step (step 6)" in text and "eval every" not in text, text
+    assert "batch: 1 x acc 1 x 1 data rank = 1 sequence = 16 tokens/step; 6 steps = 96 tokens" in text
+
+
+def test_steps_say_when_the_run_evaluates(tmp_path):
+    """The run also evaluates after its last step (training.run's final results): an eval_steps past the run's
+    length gives that one evaluation, and a last step between two intervals gets one too."""
+    text = _describe(tmp_path, max_steps=3, eval_steps=1000)
+    assert "eval once, after the last step (step 3; eval_steps is past it)" in text, text
+    schedule = {k: next(line for line in _describe(tmp_path, max_steps=k, eval_steps=2).splitlines()
+                        if line.startswith("  schedule: ")) for k in (4, 5)}
+    assert schedule[4].endswith("; eval every 2 steps") and schedule[5].endswith("; eval every 2 steps and after the "
+                                                                                 "last step (5)"), schedule
+
+
+def test_count():
+    assert [count(1, "process"), count(2, "process"), count(1, "GPU"), count(0, "step")] == \
+        ["1 process", "2 processes", "1 GPU", "0 steps"]
