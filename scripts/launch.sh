@@ -22,7 +22,21 @@
 #      worker; unset, each process takes cores / processes on this node, runtime.decide_threads).
 # Fails fast, before starting the launcher, when MASTER's port is already taken on the master node
 # (Paddle's launcher would otherwise treat the foreign listener as its master and wait forever).
+# SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C), to this script alone or to its whole process group: the ranks
+# finish their step and save, and this script exits once they have, with the job's code (0: stopped and saved),
+# never restarting it (a scheduler that saw this script end would take the job for ended and kill the rest).
 set -euo pipefail
+# A stop by signal: passed on to the launcher as SIGUSR1 (for SIGTERM) / SIGUSR2 (SIGINT), which makes one stop of it
+# whether or not the launcher got the signal itself (scripts/paddle_launch.py); the ranks are not in this process
+# group (the launcher starts each in its own session). Before the launcher runs: exit 128 + the signal, nothing run.
+stop=""      # TERM or INT once a signal asked the job to stop
+launcher=""  # the launcher's pid while it runs
+on_stop() {  # $1: the signal received, $2: the one the launcher is sent
+  stop=${stop:-$1}
+  if [ -n "$launcher" ]; then kill -s "$2" "$launcher" 2>/dev/null || true; fi
+}
+trap 'on_stop TERM USR1' TERM
+trap 'on_stop INT USR2' INT
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=${PYTHON:-python}
 out=""  # the run's output_dir: from --output_dir, else the file
@@ -109,11 +123,28 @@ rendezvous=0
 extra=()
 while true; do
   rm -f "$verdicts"/rank-*.json
-  rc=0
-  "${cmd[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
+  if [ -n "$stop" ]; then exit $((128 + $(kill -l "$stop"))); fi
+  # In the background, so that a signal's trap runs while the job runs (with SIGINT not ignored, stdin kept)
+  ( trap - INT TERM; exec "${cmd[@]}" ${extra[@]+"${extra[@]}"} ) <&0 &
+  launcher=$!
+  while true; do
+    rc=0
+    wait "$launcher" || rc=$?
+    if [ "$rc" -le 128 ] || ! kill -0 "$launcher" 2>/dev/null; then
+      if [ "$rc" -gt 128 ]; then rc=0; wait "$launcher" || rc=$?; fi  # (its own status, had a trap ended the wait)
+      break
+    fi  # else a trap ended the wait: the launcher is stopping the ranks
+  done
+  launcher=""
   if [ "$rc" -eq 0 ]; then exit 0; fi
   read -r code action < <("$PY" "$HERE/job.py" decide "$verdicts" "$rc" 2>/dev/null || echo "$rc retry")
   "$PY" "$HERE/job.py" cause "$verdicts" >&2 2>/dev/null || true  # who ended the job (not the launcher's guess)
+  if [ -n "$stop" ]; then  # stopped by a signal: the ranks' code, no restart
+    if [ "$action" != "stop" ] && { [ "$rc" -eq 138 ] || [ "$rc" -eq 140 ]; }; then  # SIGUSR1/2 before any rank
+      code=$((128 + $(kill -l "$stop")))
+    fi
+    exit "$code"
+  fi
   if [ "$action" = "stop" ]; then exit "$code"; fi
   if [ "$action" = "rendezvous" ] && [ "$rendezvous" -lt 3 ]; then
     rendezvous=$((rendezvous + 1))

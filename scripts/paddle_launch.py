@@ -6,47 +6,122 @@ kept out of the console; the launcher's own lines follow `--log_level` as before
 Its exit code on a signal, too: Paddle's launcher stops its ranks and exits with the signal's number (2 for
 SIGINT, 15 for SIGTERM), which collides with a usage error (2) and reads as a failure to retry (15); here it
 becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported (which
-Paddle re-raises as an ImportError from the KeyboardInterrupt) is `error: interrupted`, 130, as the CLI's own, not a
-traceback.
+Paddle re-raises as an ImportError from the KeyboardInterrupt, or swallows in part of the import:
+`runtime.interrupt_kept`) is `error: interrupted`, 130, as the CLI's own, not a traceback.
+
+One stop per signal, however it arrives (`Stops`). launch.sh passes on a SIGTERM / SIGINT it receives as SIGUSR1 /
+SIGUSR2: it cannot tell whether the launcher got the signal too (a terminal's Ctrl-C and a scheduler signalling the
+job's process group, or every process of the job, reach both; a container's PID 1 signalled, or `kill` of launch.sh,
+only launch.sh). The first request of either kind stops the job (Paddle's handler: SIGTERM to every rank, which
+finish their step and save); launch.sh's copy of a signal the launcher had itself is dropped, and so is the
+launcher's own copy of one whose copy came first (Python runs pending handlers by signal number: SIGUSR1 before
+SIGTERM). A further signal is Paddle's second one, which ends the ranks 10 s later.
 
 Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is limited to RENDEZVOUS_TIMEOUT seconds
 (default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently."""
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+PASSED_ON = {signal.SIGUSR1: signal.SIGTERM, signal.SIGUSR2: signal.SIGINT}  # launch.sh's copies of a signal
+
+
+def end(code) -> None:
+    """Exit now with `code` (the shell's 128 + n for the signal n), the streams flushed."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
+class Stops:
+    """The launcher's SIGINT/SIGTERM handlers, run behind `direct`; launch.sh's copies (`PASSED_ON`): `passed_on`."""
+
+    def __init__(self):
+        self.install = signal.signal
+        self.handlers = {}  # SIGINT / SIGTERM -> the launcher's own handler, once it installs one
+        self.received = set()  # the signals handed to those handlers: the launcher's exit code names one (128 + n)
+        self.began = None  # how the stop began: "direct" or "passed on"
+        self.dropped = False  # the launcher's own copy of a signal launch.sh passed on first: dropped, once
+        self.early = None  # a stop requested before the launcher's handlers: the signal
+
+    def start(self) -> None:
+        for num in (signal.SIGINT, signal.SIGTERM):
+            self.install(num, self.direct)
+        for num in PASSED_ON:
+            self.install(num, self.passed_on)
+        signal.signal = self.replacing
+
+    def replacing(self, signum, handler):
+        """`signal.signal` for the launcher: its SIGINT/SIGTERM handlers are kept, to run behind `direct`."""
+        if signum in (signal.SIGINT, signal.SIGTERM) and callable(handler):
+            previous, self.handlers[signum] = self.handlers.get(signum, self.direct), handler
+            return previous
+        return self.install(signum, handler)
+
+    def direct(self, signum, frame):
+        if self.began == "passed on" and not self.dropped:  # the same stop: launch.sh's copy was handled first
+            self.dropped = True
+            return None
+        self.began = self.began or "direct"
+        return self._stop(signum, frame)
+
+    def passed_on(self, signum, frame):
+        if self.began is None:  # else the launcher had the signal itself: the stop is under way
+            self.began = "passed on"
+            return self._stop(PASSED_ON[signum], frame)
+        return None
+
+    def _stop(self, signum, frame):
+        handler = self.handlers.get(signum)
+        if handler is not None:
+            self.received.add(signum)
+            try:
+                return handler(signum, frame)
+            except SystemExit as e:  # (Paddle's stop is done: the ranks stopped, or killed by its second signal)
+                # Ended here: raised on, a bare `except:` of Paddle's swallows it (its KV client's requests while a
+                # node waits for the others at MASTER: the wait went on until RENDEZVOUS_TIMEOUT).
+                end(128 + e.code if e.code in self.received else e.code)
+        if self.early is None:  # no rank started yet: the launcher ends here
+            self.early = signum
+            self.again()
+        return None
+
+    def again(self) -> None:
+        """Raise the early stop (again, where Paddle's import swallowed it: a bare `except:` catches both)."""
+        if self.early == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.early is not None:
+            raise SystemExit(128 + self.early)
+
 
 if __name__ == "__main__":
     try:
         import logging
         import runpy
-        import signal
 
-        received = set()
-        _install = signal.signal
-
-        def _noting(signum, handler):
-            """The launcher's handlers, noting which signal arrived before they run."""
-            if signum in (signal.SIGINT, signal.SIGTERM) and callable(handler):
-                def noted(num, frame, _handler=handler):
-                    received.add(num)
-                    return _handler(num, frame)
-
-                return _install(signum, noted)
-            return _install(signum, handler)
-
-        signal.signal = _noting
+        stops = Stops()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        stops.start()
+        try:
+            import paddle  # noqa: F401  (here, where a stop it swallows is raised again)
+        finally:
+            stops.start()  # over the SIGTERM handler Paddle's import installs (a C++ report, then death)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a SIGTERM held back meanwhile arrives here
+            stops.again()
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
         from pretrain_cli.distributed.launcher import rendezvous
 
         rendezvous.guard()
-        try:
-            runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
-        except SystemExit as e:
-            if isinstance(e.code, int) and e.code in received:
-                sys.exit(128 + e.code)
-            raise
+        runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
     except Exception as e:  # Paddle's import turns a KeyboardInterrupt into an ImportError raised from it
         cause = e
         while cause is not None and not isinstance(cause, KeyboardInterrupt):

@@ -43,11 +43,15 @@ def test_a_ctrl_c_while_a_command_imports_paddle_is_error_interrupted_130(tmp_pa
     assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "error: interrupted", proc.stderr
 
 
-# A stand-in for `which`, `ldd` and `g++`: the call "$STALL" (name and arguments) says it started and waits; every
-# other call is the real program's.
+# A stand-in for `which`, `ldd` and `g++`: the call "$STALL" (name and arguments) says it started and waits until
+# "$STALL_MARK.go" exists (or a signal ends it), then fails; every other call is the real program's.
 STAND_IN = """#!/bin/sh
 name=$(basename "$0")
-if [ "$name $*" = "$STALL" ]; then : > "$STALL_MARK"; exec sleep 60; fi
+if [ "$name $*" = "$STALL" ]; then
+  : > "$STALL_MARK"
+  while [ ! -e "$STALL_MARK.go" ]; do sleep 0.05; done
+  exit 1
+fi
 PATH=$REAL_PATH exec "$name" "$@"
 """
 
@@ -85,6 +89,7 @@ def test_a_ctrl_c_at_any_moment_of_paddles_import_ends_the_run_with_one_line_130
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGINT)  # the command and its `stall` child, as a terminal's Ctrl-C
+        (tmp_path / "stalled.go").touch()
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -3,6 +3,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch.sh"
 
 FAKE_PYTHON = """#!/usr/bin/env bash
@@ -218,7 +220,7 @@ def test_the_launchers_exit_on_a_signal_is_the_shells_not_the_signals_number(tmp
 def test_a_ctrl_c_while_paddle_is_imported_is_error_interrupted_130(tmp_path):
     """Interrupted inside Paddle's import (the launcher not started): one line, 130. A stand-in `paddle` raises what
     Paddle's import raises then (an ImportError from the KeyboardInterrupt): a real signal's timing under load made
-    this flaky, and Paddle's own handler swallows one in part of the import."""
+    this flaky (the part of the import that swallows one: the next test)."""
     import sys
 
     from test_interrupted_import import interrupted_paddle
@@ -229,3 +231,43 @@ def test_a_ctrl_c_while_paddle_is_imported_is_error_interrupted_130(tmp_path):
                           text=True, cwd=tmp_path, env=interrupted_paddle(tmp_path), timeout=60)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: interrupted", proc.stderr
+
+
+@pytest.mark.parametrize("sig, code, line", [
+    ("SIGINT", 130, "error: interrupted"),  # Ctrl-C: the job's process group
+    ("SIGTERM", 143, None),  # a scheduler's SIGTERM to the group (Paddle's own handler answered it with a report)
+    ("SIGUSR1", 143, None),  # launch.sh passing on a SIGTERM it had alone
+])
+def test_a_stop_in_the_part_of_paddles_import_that_swallows_it_ends_the_launcher_before_any_rank(tmp_path, sig, code,
+                                                                                                line):
+    """Paddle's import asks `which nvcc` under a bare `except:`: a Ctrl-C then was swallowed and the launcher went on
+    to start its ranks. The signal lands there for sure: a stand-in `which` says it started and waits."""
+    import signal
+    import sys
+
+    from test_interrupted_import import STAND_IN
+
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "which").write_text(STAND_IN)
+    (tmp_path / "bin" / "which").chmod(0o755)
+    mark = tmp_path / "stalled"
+    env = {**os.environ, "STALL": "which nvcc", "STALL_MARK": str(mark), "REAL_PATH": os.environ["PATH"],
+           "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
+                             "--log_dir", str(tmp_path / "log"), str(tmp_path / "sleep.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        _wait(mark.exists, proc)
+        (os.kill if sig == "SIGUSR1" else os.killpg)(proc.pid, getattr(signal, sig))
+        (tmp_path / "stalled.go").touch()  # (a SIGTERM is held back during the import: `which` too has it blocked)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code and "Traceback" not in err and "Termination signal" not in err, err[-3000:]
+    if line:
+        assert err.strip().splitlines()[-1] == line, err
+    assert not (tmp_path / "log").exists()  # no rank started

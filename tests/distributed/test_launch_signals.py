@@ -1,0 +1,97 @@
+"""scripts/launch.sh stopped by SIGTERM as a scheduler sends it: to the job's whole process group (Slurm's preemption,
+`kill -TERM -PGID`) or to launch.sh alone (a container's PID 1, `kill PID`). Either way every rank finishes its step
+and saves, and launch.sh ends only after the ranks (a scheduler takes the main process's end for the job's and kills
+the rest), exit 0, not restarted under MAX_RESTART. Before, launch.sh died at once of the signal (-15): in the group
+the ranks were still saving; signalled alone, the launcher never heard of it and the job trained on, orphaned.
+(Ctrl-C, SIGINT to the group: tests/distributed/test_resilience.py.)"""
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from launch_helpers import REPO, child_env, job_pids, write_config
+
+
+def _log(path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+@pytest.mark.parametrize("to, nproc", [("process group", 2), ("launch.sh alone", 1)])
+def test_sigterm_to_launch_sh_saves_and_launch_sh_ends_after_its_ranks(corpus, tmp_path, to, nproc):
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC=str(nproc), MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
+               PCLI_JOB=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "global_step: 3," not in _log(tmp_path / "log" / "workerlog.0"):
+            assert proc.poll() is None and time.monotonic() < deadline, _log(tmp_path / "log" / "workerlog.0")
+            time.sleep(0.1)
+        if to == "process group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = job_pids(marker)  # the moment launch.sh has ended: nothing of its job may still run
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in job_pids(marker):  # the ranks and their watchers sit in sessions of their own
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    log0, log1 = _log(tmp_path / "log" / "workerlog.0"), _log(tmp_path / "log" / "workerlog.1")
+    assert not left, (left, err[-2000:])
+    assert proc.returncode == 0, err[-3000:] + log0[-3000:]
+    assert "restart" not in err and "ended the job" not in err, err[-3000:]
+    step = json.loads((sorted((tmp_path / "out").glob("checkpoint-*"))[-1] / "trainer_state.json").read_text())
+    assert "received SIGTERM" in log0 and f"stopped at step {step['global_step']} and saved" in log0, log0[-3000:]
+    assert f"launch.sh: stopped at step {step['global_step']} and saved" in err
+    assert not (tmp_path / "out" / "run.lock").exists()
+    assert "Traceback" not in log0 + log1 + err and "died" not in log0 + log1, (log0 + log1)[-3000:]
+
+
+def test_sigterm_while_a_node_waits_at_master_for_the_others_ends_it_at_once(corpus, tmp_path):
+    """One node of two started (MASTER on loopback): it waits at MASTER (said after 10 s); SIGTERM to its group: exit
+    143 at once, no traceback, nothing left running. Before, launch.sh died of it at once with the launcher still
+    there; and the launcher's own exit, raised inside a request of its KV client, is swallowed by that client's bare
+    `except:` (by hand, 1 signal in 5: `AssertionError: No container in the pod`, exit 1, a failure MAX_RESTART
+    retries; once the wait went on to RENDEZVOUS_TIMEOUT), which `scripts/paddle_launch.py` now rules out by ending the
+    process where Paddle's handler exits. Where the signal lands is not chosen here: that part is not pinned."""
+    from launch_helpers import free_port
+
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=3)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="1", PYTHON=sys.executable, PCLI_JOB=marker, MASTER=f"127.0.0.1:{free_port()}", NNODES="2",
+               NODE_RANK="0", RENDEZVOUS_TIMEOUT="600")
+    err_file = tmp_path / "stderr"
+    with open(err_file, "w") as err_out:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err_out, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "waits for the other nodes at MASTER" not in _log(err_file):
+            assert proc.poll() is None and time.monotonic() < deadline, _log(err_file)
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = job_pids(marker)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in job_pids(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    err = _log(err_file)
+    assert proc.returncode == 143 and not left, (left, err[-2000:])
+    assert "Traceback" not in err and "nodes joined" not in err, err[-2000:]
