@@ -434,3 +434,31 @@ def test_check_and_train_start_by_saying_how_many_epochs_the_run_reads(tmp_path)
     (line,) = prepare(str(args), [], Target()).data_lines
     assert "train 40 docs / 79 samples per epoch" in line and line.endswith(
         "; the run's 240 train samples from it: 3.04 epochs")
+
+
+def test_every_rank_reads_its_data_ranks_batches_itself(tmp_path):
+    """What the `distributed_dataloader` note says: the ranks of one data rank (its tp and cp ranks, its pipeline
+    stages) each read the same micro-batches from the token files themselves, as `Trainer` opens the loader on every
+    rank with its `Topology.data_rank`: nothing to distribute. The note said "Only meaningful with TP/PP" on every
+    PaddleNLP file, the DeepSeek-V3 one with its pipeline too."""
+    from pathlib import Path
+
+    from pretrain_cli.distributed.layout.topology import Topology
+    from pretrain_cli.orchestration.planned import from_file
+    from pretrain_cli.run_layout import ParallelConfig
+
+    ds = build_datasets(_corpus(tmp_path / "c")[0], "1", 8, 42, need=("train",)).train
+    par = ParallelConfig(world_size=16, pp_degree=2, dp_degree=2, cp_degree=2, tp_degree=2)
+    by_data_rank: dict = {}
+    for rank in range(16):
+        topo = Topology.of(ParallelConfig(**{**par.__dict__, "rank": rank}))
+        ids = micro_batch(ds, 8, 2, topo.data_rank, topo.data_world_size)["input_ids"]
+        by_data_rank.setdefault(topo.data_rank, []).append(ids)
+    assert sorted(by_data_rank) == [0, 1] and all(len(v) == 8 for v in by_data_rank.values())  # 2 x tp x cp x pp
+    for same in by_data_rank.values():
+        assert all(np.array_equal(ids, same[0]) for ids in same)
+    assert not np.array_equal(by_data_rank[0][0], by_data_rank[1][0])
+    dsv3 = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "deepseek_v3_pretrain_argument.json"
+    note = next(n for n in from_file(str(dsv3), [], device="H100", gpus=8, suggest_changes=False).notes
+                if n.startswith("distributed_dataloader:"))
+    assert "Only meaningful with TP/PP" not in note and "pipeline stages read the same ones" in note

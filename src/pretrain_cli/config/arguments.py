@@ -173,7 +173,9 @@ class TrainingArguments:
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
                                         "a micro-batch takes ~0.1 ms, so this rarely matters).")
     dataloader_drop_last: bool = _f(False, "Samples are drawn from an endless index; there is never a partial batch.", "ignored")
-    distributed_dataloader: bool = _f(False, "Only meaningful with TP/PP (each data rank reads its own slice here).", "ignored")
+    distributed_dataloader: bool = _f(False, "Every rank reads its micro-batches itself from the memory-mapped token "
+                                             "files (a data rank's tp and cp ranks and pipeline stages read the same "
+                                             "ones): none reads for others and broadcasts.", "ignored")
     ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it stopped.")
     # --- optimizer and schedule
     learning_rate: float = _f(5e-5, "Peak learning rate.")
