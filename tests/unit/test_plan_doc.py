@@ -11,7 +11,8 @@ from pretrain_cli.cli import main as cli_main
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = REPO / "tests" / "e2e" / "paddlenlp_configs"
 NAMES = {"pretrain_argument_0p5b.json": "qwen_pretrain_argument_0p5b.json",  # llm/config/qwen/
-         "pretrain_argument.json": "llama_pretrain_argument.json"}  # llm/config/llama/
+         "pretrain_argument.json": "llama_pretrain_argument.json",  # llm/config/llama/
+         "deepseek_v3_pretrain_argument.json": "deepseek_v3_pretrain_argument.json"}  # llm/config/deepseek-v3/
 
 
 def examples() -> list[tuple[str, list[str], int]]:
@@ -53,6 +54,12 @@ def test_plan_md_has_its_worked_examples():
     assert any("DeepSeek-V2-Lite" in cmd and "--gpus 8 --fit" in cmd for cmd, _, _ in found)
     assert any("DeepSeek-V3" in cmd and any("multi-token prediction" in line for line in out)
                for cmd, out, _ in found)
+    # how many H100s PaddleNLP's DeepSeek-V3 file needs: the fewest whole nodes, from plan and from --fit
+    assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" not in cmd
+               and any("  1. --gpus 160 with" in line and "(20 nodes of 8)" in line for line in out)
+               for cmd, out, _ in found)
+    assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" in cmd
+               and any("or more devices: --gpus 184 (23 nodes of 8)" in line for line in out) for cmd, out, _ in found)
 
 
 @pytest.mark.parametrize("command,expected,code", examples(), ids=lambda x: x if isinstance(x, str) else "")

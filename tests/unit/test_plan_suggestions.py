@@ -8,11 +8,13 @@ import pytest
 
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.planning import hardware
-from plan_helpers import plan
+from plan_helpers import fit, plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 LLAMA3_8B = str(CONFIGS / "llama-3-8b_pretrain.json")  # tp 2, sharding stage1, bf16 O2
 QWEN = str(CONFIGS / "qwen2.5-0.5b_pretrain.json")
+# PaddleNLP's llm/config/deepseek-v3/pretrain_argument.json (00b572e), as published
+DSV3 = str(CONFIGS.parent / "tests" / "e2e" / "paddlenlp_configs" / "deepseek_v3_pretrain_argument.json")
 
 
 def _tokens(change: dict) -> list[str]:
@@ -49,6 +51,32 @@ def test_no_fitting_setting_on_these_devices_first_suggests_how_many(tmp_path):
                 suggest_changes=False)["fits"]
     assert not plan(str(cfg), over + _tokens(first["change"]), device="A100-80GB", gpus=first["gpus"] // 2,
                     suggest_changes=False)["fits"]
+
+
+def test_how_many_gpus_deepseek_v3_needs_whole_nodes_and_a_layout():
+    """PaddleNLP's DeepSeek-V3 file (pp 2 x ep 4; its sharding off, as the refusal of EP with a pipeline and sharding
+    says) on one node of 8 H100: no layout fits, and the first suggestion is the fewest whole nodes on which one does,
+    20 (tp 8 x ZeRO-3 over 20 data ranks, recompute: its 682.6 B parameters' state is 63.6 GiB a rank there), with no
+    layout of the search (each at its least memory) fitting on 19; `--fit`, with its 10 % margin, needs 23. Before,
+    the fewest-devices search tried the file's own degrees, the sharding stages and the single savings on 16, 32,
+    ... devices, all refused or too large (ZeRO-3 needs pp 1 and ep 1, and the file's sharding_parallel_degree 4
+    does not divide other worlds' data ranks), so `plan` suggested only max_seq_length 256 and recompute."""
+    over = ["--sharding", ""]
+    r = plan(DSV3, over, device="H100", gpus=8)
+    first = r["suggestions"][0]
+    assert not r["fits"] and first["fits"] and first["gpus"] == 160 and "(20 nodes of 8)" in first["why"]
+    assert first["change"]["sharding"] == "stage3" and first["change"]["tensor_parallel_degree"] == 8
+    assert plan(DSV3, over + _tokens(first["change"]), device="H100", gpus=160, suggest_changes=False)["fits"]
+    from pretrain_cli.orchestration import planned
+    from pretrain_cli.planning.fit import lean_layouts
+
+    args, cfg = planned.parse(DSV3, over)
+    replan = planned._replanner(args, cfg, "H100", 8, None, 0.0, None)
+    layouts = lean_layouts(planned._current(args), 152, 4096, 256)
+    assert len(layouts) > 100 and not any((x := replan(c, 152)) is not None and x.fits for c in layouts)
+    f = fit(DSV3, over, device="H100", gpus=8)
+    assert f["after"] is None and f["more_devices"]["gpus"] == 184
+    assert f["more_devices"]["memory_gib"] <= f["budget_gib"] < first["memory_gib"]
 
 
 def test_each_suggestion_is_listed_once(capsys):
@@ -103,12 +131,11 @@ def test_a_world_of_part_nodes_is_refused_part_of_one_node_is_not(capsys):
 
 def test_a_device_count_that_needs_no_key_says_so(capsys):
     """The file as written fits on more devices: the suggestion names the count and that no key changes (it
-    printed `--gpus 32 with   -> ...`)."""
-    from pathlib import Path
-
+    printed `--gpus 32 with   -> ...`). Llama-3-8B under ZeRO-3 with recompute: its state alone is 119.7 GiB, on
+    two devices 60 GiB each."""
     from pretrain_cli.cli import main as cli_main
 
-    cfg = Path(__file__).resolve().parents[2] / "configs" / "llama-3.1-70b_pretrain.json"
-    assert cli_main(["plan", str(cfg), "--device", "A100", "--gpus", "1"]) == 0
+    assert cli_main(["plan", LLAMA3_8B, "--device", "A100", "--gpus", "1", "--tensor_parallel_degree", "1",
+                     "--sharding", "stage3", "--recompute", "true"]) == 0
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  1. "))
-    assert first.startswith("  1. --gpus 32, no key changed  -> "), first
+    assert first.startswith("  1. --gpus 2, no key changed  -> "), first

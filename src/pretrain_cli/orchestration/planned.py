@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
-            "use_flash_attention", "sharding", "tensor_parallel_degree", "pipeline_parallel_degree",
-            "context_parallel_degree", "sequence_parallel", "expert_parallel_degree")
+            "use_flash_attention", "sharding", "sharding_parallel_degree", "tensor_parallel_degree",
+            "pipeline_parallel_degree", "context_parallel_degree", "sequence_parallel", "expert_parallel_degree")
 
 
 def with_changes(args: Arguments, change: dict, where: str = "command line") -> Arguments:
@@ -89,13 +89,15 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int, candidate: 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None,
-         node: hardware.Node = hardware.Node(), candidate: bool = False) -> Plan:
+         node: hardware.Node = hardware.Node(), candidate: bool = False, layout: bool = True) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
     does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
-    `candidate`: a layout the search tries (`Target.candidate`)."""
+    `candidate`: a layout the search tries (`Target.candidate`); `layout`: with the groups of ranks (`Plan.layout`,
+    which the speed model's links read; the memory does not)."""
     dev = target_device(device, node, gpus)
     run = _resolved(args, model_cfg, dev, gpus, candidate)
-    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops, rank_groups(run.parallel))
+    out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
+                 rank_groups(run.parallel) if layout else None)
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
@@ -149,8 +151,10 @@ def _layout_or_more_devices(args: Arguments, base: Plan, singles: list[dict], re
         return [{"change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
                  "why": f"no one key fits {base.gpus} x {base.device.name}, these together do (the fewest of "
                         f"`--fit`'s layouts; --fit ranks them by speed)"}]
-    small = found["smallest"]
-    scale = more_devices(base, singles, replan, [small["change"]] if small and small["change"] else [])
+    small, current = found["smallest"], _current(args)
+    scale = more_devices(base, singles, replan, [small["change"]] if small and small["change"] else [],
+                         lean=lambda world: fit_search.lean_layouts(current, world, base.max_seq_length,
+                                                                    base.model.experts))
     return [scale] if scale else []
 
 
@@ -201,12 +205,13 @@ def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tup
 
 def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops,
                node: hardware.Node = hardware.Node()):
-    """`replan(change, world=gpus)`: the plan of `args` with `change` applied, or None when `train` would refuse
-    it (`config.resolve` raises); what the suggestions and the `--fit` search call for every candidate."""
-    def replan(change: dict, world: int = gpus):
+    """`replan(change, world=gpus, layout=True)`: the plan of `args` with `change` applied, or None when `train`
+    would refuse it (`config.resolve` raises); what the suggestions and the `--fit` search call for every candidate.
+    `layout=False`: without the groups of ranks (`Plan.layout` None), for a question of memory only."""
+    def replan(change: dict, world: int = gpus, layout: bool = True):
         try:
             return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops,
-                        node, candidate=True)
+                        node, candidate=True, layout=layout)
         except UserError:
             return None
 

@@ -35,44 +35,69 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
-    """Every layout to try, as key changes against `current` (the file's values of the searched keys).
-
-    Tensor-parallel × pipeline degrees are every pair whose product divides `gpus`; context-parallel degrees (the
-    divisors of `gpus`, alone) from `seq_len` >= CONTEXT_MIN_SEQ on. For each, micro-batch × accumulation = global
-    batch / data ranks, so a split that leaves a fraction is skipped. A Mixture-of-Experts model of `experts` routed
-    experts also tries every expert-parallel degree that divides both them and the data ranks. Sharding stages are
-    tried only when there are data ranks (or context-parallel ranks: ZeRO-1 shards over cp × sharding) to shard
-    over. Nothing here decides which layouts can run: what `config.resolve` refuses (a degree that does not divide
-    the heads, a product in `config.refusals`' table, ...) is refused when the caller re-resolves the candidate, by
-    the same rule `train` applies.
-    """
-    out = []
-    flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
+def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
+    """Each (data ranks, layout keys) of `gpus` devices: tensor-parallel × pipeline degrees whose product divides
+    `gpus`, context-parallel degrees (alone) from `seq_len` >= CONTEXT_MIN_SEQ on, each sharding stage where there
+    are data (or cp) ranks to shard over, with and without sequence parallelism under tp, every expert-parallel
+    degree dividing both the `experts` and the data ranks. A sharding stage also comes with `sharding_parallel_degree`
+    -1 (every data rank) when the file fixes a degree, which other layouts' data ranks need not divide (and which
+    ZeRO-2/3 and tensor parallelism do not take)."""
     splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     if seq_len >= CONTEXT_MIN_SEQ:
         splits += [(1, 1, cp) for cp in _divisors(gpus) if cp > 1]
+    fixed = current.get("sharding_parallel_degree", -1) not in (-1, 0)
     for tp, pp, cp in splits:
         data_ranks = gpus // (tp * pp * cp)
-        if global_batch % data_ranks:
-            continue
-        per_rank = global_batch // data_ranks
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
         stages = ["", "stage1"] if cp > 1 else stages  # ZeRO-1 over cp x sharding; resolve refuses 2/3 with CP
         sps = [False, True] if tp > 1 and gpus > 1 else [current.get("sequence_parallel", False)]
         eps = [e for e in _divisors(data_ranks) if experts % e == 0] if experts and gpus > 1 else \
             [current.get("expert_parallel_degree", 1)]
-        for micro, gran, fa, stage, sp, ep in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash,
-                                                                stages, sps, eps):
-            want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
-                    "recompute": gran is not None, "use_flash_attention": fa, "sharding": stage,
-                    "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
+        for stage, sp, ep in itertools.product(stages, sps, eps):
+            keys = {"sharding": stage, "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
                     "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
                     "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1),
                     "sequence_parallel": sp, "expert_parallel_degree": ep}
+            yield data_ranks, keys
+            if fixed and stage:
+                yield data_ranks, {**keys, "sharding_parallel_degree": -1}
+
+
+def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
+    """Every layout to try, as key changes against `current` (the file's values of the searched keys).
+
+    The layouts are `_splits`'; for each, micro-batch × accumulation = global batch / data ranks, so a split that
+    leaves a fraction is skipped, with every recompute granularity and flash attention. Nothing here decides which
+    layouts can run: what `config.resolve` refuses (a degree that does not divide the heads, a product in
+    `config.refusals`' table, ...) is refused when the caller re-resolves the candidate, by the same rule `train`
+    applies.
+    """
+    out = []
+    flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
+    for data_ranks, keys in _splits(current, gpus, seq_len, experts):
+        if global_batch % data_ranks:
+            continue
+        per_rank = global_batch // data_ranks
+        for micro, gran, fa in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash):
+            want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
+                    "recompute": gran is not None, "use_flash_attention": fa, **keys}
             if gran is not None:
                 want["recompute_granularity"] = gran
             out.append({k: v for k, v in want.items() if current.get(k) != v})
+    return out
+
+
+def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
+    """Each layout of `_splits` on `gpus` devices at its least memory: micro-batch 1, full recompute, flash
+    attention, every data rank keeping the file's samples a step (micro-batch × accumulation: the global batch grows
+    with the data ranks). What the fewest-devices search (`plan.more_devices`) tries at a device count: whether any
+    layout fits there, which `plan.minimal` then strips of the keys it does not need."""
+    per_rank = current["per_device_train_batch_size"] * current["gradient_accumulation_steps"]
+    out = []
+    for _, keys in _splits(current, gpus, seq_len, experts):
+        want = {**keys, "per_device_train_batch_size": 1, "gradient_accumulation_steps": per_rank, "recompute": True,
+                "recompute_granularity": "full", "use_flash_attention": True}
+        out.append({k: v for k, v in want.items() if current.get(k) != v})
     return out
 
 
@@ -143,20 +168,22 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
                            "memory_gib": small["report"].peak_gib}
 
-    def within_budget(change: dict, world: int):
-        r = replan(change, world)
+    def within_budget(change: dict, world: int, **kw):
+        r = replan(change, world, **kw)
         return None if r is None else dataclasses.replace(r, fits=r.peak_gib <= budget_gib)
 
     out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget,
-                                       [small["change"]] if small else [])
+                                       [small["change"]] if small else [], budget_gib=budget_gib,
+                                       lean=lambda world: lean_layouts(current, world, base.max_seq_length,
+                                                                       base.model.experts))
     return out
 
 
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
     order = ("tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree", "context_parallel_degree",
-             "expert_parallel_degree", "sharding", "per_device_train_batch_size", "gradient_accumulation_steps",
-             "recompute", "recompute_granularity", "use_flash_attention")
+             "expert_parallel_degree", "sharding", "sharding_parallel_degree", "per_device_train_batch_size",
+             "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
 
 
@@ -192,7 +219,9 @@ def format_fit(f: dict) -> str:
         if f.get("more_devices"):
             m = f["more_devices"]
             change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items()) or "no key changed"
-            lines.append(f"  or more devices: --gpus {m['gpus']} with {change} -> {_gib(m['memory_gib'])} per device "
+            per = dev["links"]["gpus_per_node"]
+            nodes = f" ({m['gpus'] // per} nodes of {per})" if m["gpus"] > per else ""
+            lines.append(f"  or more devices: --gpus {m['gpus']}{nodes} with {change} -> {_gib(m['memory_gib'])} per device "
                          f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
         return "\n".join(lines)
     if not f["diff"]:

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.models.flops import _cached
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, startup_parts
@@ -23,6 +24,7 @@ from pretrain_cli.run_config import RunConfig
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
 
 MFU_HALF, MFU_FP32 = 0.40, 0.30  # typical well-tuned dense training; override with --mfu
+_BARE: dict = {}  # `mtp_share`'s model configs without the multi-token prediction modules
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,9 @@ def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict
 
     cfg = setup.model
     if not cfg.num_nextn_predict_layers:
-        return {}
-    bare = dataclasses.replace(setup, model=dataclasses.replace(cfg, num_nextn_predict_layers=0))
+        return {}  # (the model without them once per config: its counts are cached by the config, `_cached`)
+    bare = dataclasses.replace(setup, model=_cached(_BARE, cfg, lambda c: dataclasses.replace(
+        c, num_nextn_predict_layers=0)))
     counts = param_counts(cfg)
     flops = model_fpt - flops_per_token(bare.model, seq_len)
     return {"modules": cfg.num_nextn_predict_layers, "first_layer": cfg.num_hidden_layers, "params": counts["mtp"],
@@ -317,8 +320,9 @@ def minimal(change: dict, world: int, replan) -> tuple[dict, Plan]:
 
 
 def device_counts(gpus: int, per_node: int) -> list[int]:
-    """The device counts above `gpus` the fewest-devices search tries, fewest first: powers of two within a node,
-    then whole nodes (a power of two of them), since the launcher runs as many processes on every node."""
+    """The device counts above `gpus` the fewest-devices search tries first, fewest first: powers of two within a
+    node, then whole nodes (a power of two of them), since the launcher runs as many processes on every node; the
+    counts between the last that does not fit and the first that does are tried after (`more_devices`)."""
     within = [2 ** i for i in range(1, 13) if 2 ** i < per_node]
     nodes = [per_node * 2 ** i for i in range(13)]
     return [w for w in sorted(set(within + nodes)) if gpus < w <= MAX_DEVICES]
@@ -328,12 +332,19 @@ def _key(change: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in change.items()))
 
 
-def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = ()) -> dict | None:
-    """When no setting fits on the devices asked for: the fewest devices (`device_counts`) at which the run fits,
-    re-planned with `replan(change, gpus)`, and the fewest keys it needs there (`minimal`). At each size: the file
-    as it is, each sharding stage, the single-device savings (recompute, smaller micro-batch, …) alone and with
-    stage3, and each of `layouts` (the `--fit` search's smallest layout at `--gpus`: tensor, pipeline, expert
-    degrees, which the single-device savings do not change)."""
+def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = (), lean=None,
+                 budget_gib: float | None = None) -> dict | None:
+    """When no setting fits on the devices asked for: the fewest devices at which the run fits within `budget_gib`
+    (device memory), re-planned with `replan(change, gpus)`, and the fewest keys it needs there (`minimal`).
+
+    None fits on fewer devices than the model's state needs, every parameter's weights, gradients and AdamW state
+    held once over them all (a checkpoint and the weights again: `Plan.checkpoint`), so the search starts there. At
+    each of `device_counts` the file as it is, each sharding stage, the single-device savings (recompute, smaller
+    micro-batch, …) alone and with stage3, each of `layouts` (the `--fit` search's smallest layout at `--gpus`),
+    and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding stage at its
+    least memory). Then each whole number of nodes (within a node, each count) between the last count that did not
+    fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer devices also
+    fits on more (its state split over more ranks), not the other way round."""
     # (the axes `config.refusals` refuses with ZeRO-3 are left out of the savings: pipeline, sequence and context
     # parallelism; a layout of `layouts` keeps them, as it was resolved with them)
     extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
@@ -342,18 +353,35 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     tries = [{}] + [{"sharding": f"stage{k}"} for k in (1, 2, 3)]
     tries += [extra, {"sharding": "stage3", **extra}] if extra else []
     tries += [dict(x) for x in layouts if x]
-    tries = list({_key(c): c for c in tries}.values())  # each once, in order
-    for world in device_counts(base.gpus, base.device.links.gpus_per_node):
-        for change in tries:
-            r = replan(change, world)
-            if r is None or not r.fits:
-                continue
-            change, r = minimal(change, world, replan)
-            why = f"fewest devices that fit: no setting fits {base.gpus} x {base.device.name}"
-            if "sharding" in change and r.parallel.sharding_stage:
-                why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
-            why += ("; without any one of these keys it does not fit there" if change
-                    else "; the file as written fits there")
-            return {"gpus": world, "change": change, "memory_gib": r.peak_gib,
-                    "saves_gib": base.peak_gib - r.peak_gib, "fits": True, "why": why}
-    return None
+    per_node, budget = base.device.links.gpus_per_node, base.device.memory_gib if budget_gib is None else budget_gib
+    least = (base.checkpoint.per_checkpoint_gib + base.checkpoint.final_weights_gib) / budget  # (+ the gradients)
+
+    def fitting(changes: list[dict], world: int) -> list[dict]:
+        seen, out = set(), []
+        for change in list({_key(c): c for c in changes}.values()):  # each once, in order
+            r = replan(change, world, layout=False)  # (memory only: no groups of ranks)
+            if r is not None and r.fits and (r.parallel, r.micro_batch, r.recompute, r.attention) not in seen:
+                seen.add((r.parallel, r.micro_batch, r.recompute, r.attention))
+                out.append(change)
+        return out
+
+    below, found = base.gpus, []
+    for world in device_counts(base.gpus, per_node):
+        found = fitting(tries + (lean(world) if lean else []), world) if world >= least else []
+        if found:
+            break
+        below = world
+    if not found:
+        return None
+    for fewer in range(below + 1, world):  # what fits at `world`, on whole nodes fewer
+        if fewer >= least and (fewer < per_node or fewer % per_node == 0) and (here := fitting(found, fewer)):
+            world, found = fewer, here
+            break
+    change, r = minimal(min(found, key=len), world, replan)
+    nodes = f" ({world // per_node} nodes of {per_node})" if world > per_node else ""
+    why = f"fewest devices that fit{nodes}: no setting fits {base.gpus} x {base.device.name}"
+    if "sharding" in change and r.parallel.sharding_stage:
+        why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
+    why += "; without any one of these keys it does not fit there" if change else "; the file as written fits there"
+    return {"gpus": world, "change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
+            "fits": True, "why": why}
