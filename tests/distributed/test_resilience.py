@@ -187,6 +187,11 @@ def test_spike_rollback_is_the_same_decision_on_every_rank(dp_rollback, tmp_path
     # step 16 is trained again from checkpoint-15's weights and optimizer state: the same loss to the last digit
     step16 = re.findall(r"\bloss: ([0-9.]+), learning_rate: \S+ global_step: 16,", run.log(0))
     assert len(step16) == 2 and step16[0] == step16[1], step16
+    # metrics.jsonl keeps one record per step: rank 0 cut it back to checkpoint-15 while the other rank waited
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 21))
+    (spike,) = [r for r in records if r["kind"] == "spike"]
+    assert spike["dropped"]["steps"] == [16, 16] and spike["dropped"]["loss"][0][1] == pytest.approx(float(step16[0]))
     # the semi-auto engine rebuilds, saying so (rank 0 logs INFO lines); the kernels line stays the run's only one
     assert ("rebuilding the model and its layout from checkpoint-15" in run.log(0)) == (name != "dp")
     assert run.log(0).count("kernels: ") == 1

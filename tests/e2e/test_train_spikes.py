@@ -108,9 +108,8 @@ def test_rollback_skips_the_window_and_a_resume_after_it_matches(poisoned, tmp_p
     assert state["skipped_batches"] == [first] and state["consumed_samples"] == 23 * 4
     assert state["rollbacks"] == [{"spike_step": SPIKE_STEP, "checkpoint_step": 15, "window": [first, first + 4]}]
     steps = [r["step"] for r in _records(a, "train")]
-    assert steps == list(range(1, 17)) + list(range(16, 23))  # step 16 replayed after the rollback
-    losses = [r["loss"] for r in _records(a, "train") if r["step"] == 16]
-    assert losses[0] == losses[1]  # the reload is exact
+    assert steps == list(range(1, 23))  # step 16 trained again after the rollback: its first record was dropped
+    assert event["dropped"]["loss"] == [[16, _losses(a)[16]]]  # the reload is exact: the same loss again
 
     real = spike.SpikePolicy.handle
 
@@ -130,6 +129,7 @@ def test_rollback_skips_the_window_and_a_resume_after_it_matches(poisoned, tmp_p
     la, lb = _losses(a), _losses(b)
     assert [lb[s] for s in range(17, 23)] == [la[s] for s in range(17, 23)]
     assert _state(b)["consumed_samples"] == 23 * 4
+    assert [r["step"] for r in _records(b, "train")] == list(range(1, 23))  # cut at the rollback, then at the resume
 
 
 def test_a_rollback_to_a_damaged_checkpoint_stops_with_one_line(poisoned, tmp_path, monkeypatch, capsys):
@@ -154,3 +154,47 @@ def test_a_rollback_to_a_damaged_checkpoint_stops_with_one_line(poisoned, tmp_pa
     assert len(err) == 1, err
     assert "spike rollback" in err[0] and "checkpoint-15/model.safetensors does not match its checksum" in err[0]
     assert not (tmp_path / "out" / "model.safetensors").exists()  # no final export from the altered weights
+
+
+def test_a_rollback_leaves_one_record_per_step_in_metrics_and_every_tracker(poisoned, tmp_path, monkeypatch):
+    """The steps a rollback trains again were logged a second time after the first: metrics.jsonl, VisualDL,
+    TensorBoard and wandb held two points for step 16 (a zig-zag curve), and the checkpoints' log_history two records.
+    The record files are now cut back to checkpoint-15's mark, as a resume from it cuts them, and the run writes on:
+    one point per step, of the weights the run went on from. The rollback is one `spike` record, which says what was
+    dropped (step 16's train record and its loss); the trackers show it once, as `spike/*` at step 17."""
+    import tracker_readers
+    from visualdl import LogReader
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    cfg = _config(poisoned, tmp_path, spike_policy="rollback", max_steps=22,
+                  report_to=["visualdl", "tensorboard", "wandb"])
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
+    assert [s for s, _ in train] == list(range(1, 23))
+    (event,) = [r for r in records if r["kind"] == "spike"]
+    assert event["dropped"] == {"steps": [16, 16], "records": {"train": 1}, "loss": [[16, dict(train)[16]]]}
+    kinds = [(r["kind"], r["step"]) for r in records if r["kind"] != "startup"]
+    at = kinds.index(("spike", 17))  # after checkpoint-15's records, before the step trained again
+    assert kinds[at - 2: at + 2] == [("train", 15), ("checkpoint", 15), ("spike", 17), ("train", 16)]
+
+    runs = out / "runs"
+    (vdl,) = runs.glob("vdlrecords.*")
+    reader = LogReader(file_path=str(vdl))
+    tensorboard, _ = tracker_readers.tensorboard(runs)
+    curves = {"visualdl": [(r.id, r.value) for r in reader.get_data("scalar", "train/loss")],
+              "tensorboard": tensorboard["train/loss"]}
+    spikes = {"visualdl": [r.id for r in reader.get_data("scalar", "spike/loss")],
+              "tensorboard": [s for s, _ in tensorboard["spike/loss"]]}
+    wandb_runs = sorted((out / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
+    rows, _ = tracker_readers.wandb_run(wandb_runs[-1])  # the run the rollback started, holding the whole history
+    curves["wandb"] = [(row["train/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
+    spikes["wandb"] = [row["train/global_step"] for row in rows if "spike/loss" in row]
+    for tracker, curve in curves.items():
+        assert [s for s, _ in curve] == list(range(1, 23)), tracker
+        assert [v for _, v in curve] == pytest.approx([v for _, v in train]), tracker
+        assert spikes[tracker] == [17], tracker
+    history = _state(tmp_path, "checkpoint-20/trainer_state.json")["log_history"]
+    assert [e["step"] for e in history if e["kind"] == "train"] == list(range(1, 21))

@@ -270,3 +270,87 @@ def test_the_other_ranks_wait_for_rank_0s_trackers_on_the_store_not_in_a_collect
     rank0 = Comm()
     assert run_module.open_output_dir(config(True), {"a": 1}, None, rank0) == "writer"
     assert rank0.calls == [("done", True)] and len(opened) == 1 and (tmp_path / "out" / "args.json").is_file()
+
+
+def _rollback(writer, marks: dict, step: int, to: int = 10) -> dict:
+    """What the trainer does on rank 0 at a spike at `step` rolled back to checkpoint-`to`: the records cut back to
+    its mark, then the rollback's record (`spike.SpikePolicy`). Returns what was dropped."""
+    dropped = writer.rewind(to, marks[to])
+    writer.write("spike", step, {"action": "rollback", "loss": 50.0, "checkpoint_step": to, "dropped": dropped})
+    return dropped
+
+
+def test_a_spike_rollback_cuts_the_record_files_back_to_its_checkpoint_and_says_what_it_dropped(tmp_path,
+                                                                                                 monkeypatch):
+    """A rollback to checkpoint-10 trains steps 11 on again, and they were logged a second time after the first: two
+    points per step in metrics.jsonl and both trackers (a zig-zag curve), and in the loss curve. `rewind` cuts the
+    files back to the checkpoint's mark, as a resume from it does: one record per step, of the weights the run went
+    on from. Each rollback's record says what went (steps, records, losses) and stays, also through a second
+    rollback to the same checkpoint; the configuration is not written again; the loss curve's next drawing reads
+    metrics.jsonl from its start again (it had read past where the cut file then grew)."""
+    from pretrain_cli.training import plot
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    drawn = []
+    monkeypatch.setattr(plot, "write_loss_curve",
+                        lambda out, curve: drawn.append(list(curve.update().series[("train", "loss")][0])))
+    names = ["visualdl", "tensorboard"]
+    writer = MetricsWriter(str(tmp_path), None, names, None, {"max_steps": 20})
+    marks = _log(writer, 1, 12, offset=5.0)
+    writer.plot(stopping=True)
+    dropped = _rollback(writer, marks, 13)
+    assert dropped == {"steps": [11, 12], "records": {"train": 2},
+                       "loss": [[11, pytest.approx(13.9)], [12, pytest.approx(13.8)]]}
+    _log(writer, 11, 13, offset=2.0)
+    dropped = _rollback(writer, marks, 14)  # the same checkpoint again: the first rollback's record stays
+    assert dropped == {"steps": [11, 13], "records": {"train": 3},
+                       "loss": [[11, pytest.approx(10.9)], [12, pytest.approx(10.8)], [13, pytest.approx(10.7)]]}
+    _log(writer, 11, 20)
+    writer.plot(stopping=True)
+    writer.close()
+
+    assert drawn == [list(range(1, 13)), list(range(1, 21))]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 21))
+    assert [(r["step"], r["dropped"]["steps"]) for r in records if r["kind"] == "spike"] == [(13, [11, 12]),
+                                                                                            (14, [11, 13])]
+    expected = [(s, pytest.approx(10.0 - s / 10 + (5.0 if s <= 10 else 0.0))) for s in range(1, 21)]
+    curves = _curves(tmp_path / "runs")
+    for tracker, curve in curves.items():
+        assert curve["train/loss"] == expected, tracker
+        assert [s for s, _ in curve["eval/eval_loss"]] == [5, 10, 15, 20], tracker
+        assert [s for s, _ in curve["checkpoint/stall_seconds"]] == [5, 10, 15, 20], tracker
+    assert [s for s, _ in curves["tensorboard"]["spike/loss"]] == [13, 14]
+    assert curves["visualdl"]["config"] == [0]  # the process's configuration, once
+
+
+def test_a_rollback_without_an_intact_mark_writes_the_files_anew_and_one_at_the_start_writes_its_configuration(
+        tmp_path):
+    """A rollback to a checkpoint without marks (saved before them) rewrites metrics.jsonl and the trackers' files
+    from the records it keeps, as such a resume does: the same one record per step. A rollback to the checkpoint its
+    process resumed from cuts that process's configuration away with the rest, so it is written again, once."""
+    from pretrain_cli.training.metrics import MetricsWriter
+
+    names = ["visualdl", "tensorboard"]
+    writer = MetricsWriter(str(tmp_path), None, names, None, {})
+    marks = _log(writer, 1, 12, offset=5.0)
+    dropped = _rollback(writer, {10: None}, 13)
+    assert dropped["steps"] == [11, 12] and dropped["records"] == {"train": 2}
+    _log(writer, 11, 12)
+    writer.close()
+    assert [s for s, _ in _curves(tmp_path / "runs")["visualdl"]["train/loss"]] == list(range(1, 13))
+
+    writer = MetricsWriter(str(tmp_path), None, names, 10, {}, (), marks[10])  # (its bytes changed: written anew)
+    marks = _log(writer, 11, 17)
+    writer.close()
+    writer = MetricsWriter(str(tmp_path), None, names, 15, {}, (), marks[15])  # resumed from checkpoint-15 ...
+    _log(writer, 16, 17)
+    assert _rollback(writer, marks, 18, to=15)["steps"] == [16, 17]  # ... and rolled back to it
+    _log(writer, 16, 18)
+    writer.close()
+    curves = _curves(tmp_path / "runs")
+    assert curves["visualdl"]["config"] == [10, 15]  # (the first file was written anew from step 10)
+    for tracker, curve in curves.items():
+        assert [s for s, _ in curve["train/loss"]] == list(range(1, 19)), tracker
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 19))

@@ -128,36 +128,7 @@ def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) ->
     return peak, source if peak is not None else f"{source}: no MFU (set peak_tflops to report one)"
 
 
-# per-rank records (`startup`): a tracker's series has one value per step, so these stay in metrics.jsonl only
-UNTRACKED = ("startup",)
-
-
-class _Kept:
-    """The lines of metrics.jsonl a resumed run keeps, read from the file each time: a long run's file (a line per
-    log step, ~680 bytes per train record) is never held whole (its records as dicts took ~5 KB each: 520 MB at
-    100,000 records, at every resume). Iterated, the kept records the trackers get (each tracker anew)."""
-
-    def __init__(self, path: Path, keep_until: float, redo: tuple):
-        self.path, self.keep_until, self.redo = path, keep_until, redo
-
-    def keeps(self, record: dict) -> bool:
-        """Whether the resume keeps `record`: before its step, or of its step and not of a kind it writes again."""
-        step = record.get("step", 0)
-        return step < self.keep_until or (step == self.keep_until and record.get("kind") not in self.redo)
-
-    def lines(self):
-        """(line, record) of every kept line, in order."""
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a kill
-                    continue
-                if self.keeps(record):
-                    yield (line if line.endswith("\n") else line + "\n"), record
-
-    def __iter__(self):
-        return (record for _, record in self.lines() if record.get("kind") not in UNTRACKED)
+UNTRACKED = record_files.UNTRACKED  # (per-rank `startup` records: metrics.jsonl only)
 
 
 class MetricsWriter:
@@ -175,32 +146,58 @@ class MetricsWriter:
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = _Kept(self.path, keep_until, redo) if keep_until is not None and self.path.is_file() else None
         self._plotter, self._plot_error = None, None  # the background loss-curve drawing (`plot`)
         self._curve = None  # its series (`plot.Curve`), kept between drawings: each reads only the new lines
         self._plotted_at = time.monotonic()  # when the last one started, or the writer (time.monotonic)
         self.logging_dir = logging_dir or str(self.output_dir / "runs")
-        names = [n for n in (report_to or ()) if n != "none"]
+        self._names, self._config = [n for n in (report_to or ()) if n != "none"], config
+        self._started_at = keep_until if keep_until is not None else 0  # the step this process's records begin at
+        self._trackers: list = []
+        self._open(keep_until, redo, marks)
+
+    def _open(self, keep_until: float | None, redo: tuple, marks: dict | None, also: tuple = ()) -> list:
+        """metrics.jsonl and the trackers, as of `keep_until` (None: new files); returns the records dropped."""
+        kept = record_files.Kept(self.path, keep_until, redo, also) \
+            if keep_until is not None and self.path.is_file() else None
         tail = record_files.tail(self.path, marks, kept.keeps) if kept is not None else None
         if tail is not None:  # the history stays where it is; the kept records after the mark are written again
             start = record_files.Start(keep_until, marks, self.output_dir / str(marks.get("logdir", "")),
-                                       [r for _, r, k in tail if k and r.get("kind") not in UNTRACKED])
+                                       [r for _, r, k in tail if k and r.get("kind") not in UNTRACKED],
+                                       configured=keep_until > self._started_at)
         else:
             start = record_files.Start(keep_until if keep_until is not None else 0)
-        anew = [n for n in names if kept is not None and start.files(n, Path(self.logging_dir)) is None]
+        anew = [n for n in self._names if kept is not None and start.files(n, Path(self.logging_dir)) is None]
         if anew and self.path.stat().st_size > 10e6:  # ~15,000 records: seconds, said
             log.info(f"report_to: {', '.join(anew)} first get the run's history, "
                      f"{self.path.stat().st_size / 1e6:.0f} MB of {METRICS_FILE} (VisualDL ~0.5, TensorBoard ~0.4, "
                      f"wandb ~0.6 CPU-s per 1,000 records)")
         # the trackers before any file is rewritten: one that fails to start (wandb not logged in) changes nothing
-        self._trackers = trackers.open_trackers(names, self.logging_dir, str(self.output_dir), config,
+        self._trackers = trackers.open_trackers(self._names, self.logging_dir, str(self.output_dir), self._config,
                                                 kept if kept is not None else (), start)
+        dropped = []
         if tail is not None:
             record_files.keep_tail(self.path, int(marks["metrics"][0]), tail)
+            dropped = [r for _, r, k in tail if r is not None and not k]
         elif kept is not None:
             with atomic.publishing(self.path, "w", encoding="utf-8") as f:
-                f.writelines(line for line, _ in kept.lines())
+                f.writelines(line for line, _ in kept.lines(dropped))
         self._jsonl = open(self.path, "a" if keep_until is not None else "w", encoding="utf-8")
+        return dropped
+
+    def rewind(self, step: int, marks: dict | None) -> dict:
+        """A spike rollback to the checkpoint of `step` (`marks`: its `record_files`): metrics.jsonl and the
+        trackers as a resume from it would leave them, so the steps trained again keep one record each, the
+        rollbacks' own records kept (`record_files.ROLLBACK_KEEPS`). Returns what was dropped
+        (`record_files.dropped`), for the rollback's record. The loss curve is read again from the start at its
+        next drawing (the file is shorter, then grows past where the drawing had read)."""
+        if self._plotter is not None:
+            self._plotter.join()  # (it reads metrics.jsonl)
+        self._curve = None
+        self._jsonl.close()
+        for tracker in self._trackers:  # (their files are cut, or written anew, by the ones opened next)
+            tracker.close()
+        self._trackers = []
+        return record_files.dropped(self._open(step, (), marks, record_files.ROLLBACK_KEEPS))
 
     def mark(self) -> dict:
         """Where metrics.jsonl and each tracker's files stand now, their writers flushed: a checkpoint keeps it, and

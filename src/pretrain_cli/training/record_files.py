@@ -11,12 +11,20 @@ are read from metrics.jsonl's tail and written again (`Start`). Writing the whol
 collective: a run of 10^6 log steps took 15 minutes or more to resume, and a launch of several processes ended in
 gloo's 30 s timeout from ~50,000 records (TensorBoard).
 
+A spike rollback (`spike_policy: rollback`) goes back to a checkpoint within the run and trains the steps after it
+again: the files are cut back to that checkpoint's mark in the same way (`MetricsWriter.rewind`), so each step keeps
+one record, the one of the weights the run went on from, instead of a second one after the first (a zig-zag
+curve). What the cut drops is not lost without a word: the rollback's own record says which records it dropped
+and their losses (`dropped`), and it, like the records of earlier rollbacks to the same checkpoint, is kept
+(`ROLLBACK_KEEPS`).
+
 A mark holds each file's length and a digest of the bytes before it. A file that is shorter, or whose bytes
 there differ (rewritten since: a resume of an older checkpoint, a file restored from elsewhere), is not cut;
 the caller writes that file's history again from metrics.jsonl (`training.metrics`, `training.trackers`).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -25,6 +33,58 @@ from pathlib import Path
 from pretrain_cli import atomic
 
 TAIL = 64  # bytes before a mark whose digest says the file still holds what the mark saw
+# per-rank records (`startup`): a tracker's series has one value per step, so these stay in metrics.jsonl only
+UNTRACKED = ("startup",)
+# what a rollback keeps past its checkpoint's step: the records of the process, not of a step trained again (the
+# rollbacks themselves, the first step's `layout`)
+ROLLBACK_KEEPS = ("spike", "layout")
+
+
+class Kept:
+    """The lines of metrics.jsonl a resumed (or rolled back) run keeps, read from the file each time: a long run's
+    file (a line per log step, ~680 bytes per train record) is never held whole (its records as dicts took ~5 KB
+    each: 520 MB at 100,000 records, at every resume). Iterated, the kept records the trackers get (each tracker
+    anew). `also`: kinds kept whatever their step (`ROLLBACK_KEEPS`)."""
+
+    def __init__(self, path: Path, keep_until: float, redo: tuple = (), also: tuple = ()):
+        self.path, self.keep_until, self.redo, self.also = path, keep_until, redo, also
+
+    def keeps(self, record: dict) -> bool:
+        """Whether the run keeps `record`: before its step, of its step and not of a kind it writes again, or of a
+        kind it keeps whatever the step."""
+        step, kind = record.get("step", 0), record.get("kind")
+        return step < self.keep_until or (step == self.keep_until and kind not in self.redo) or kind in self.also
+
+    def lines(self, dropped: list | None = None):
+        """(line, record) of every kept line, in order; the records not kept are appended to `dropped`."""
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+                if self.keeps(record):
+                    yield (line if line.endswith("\n") else line + "\n"), record
+                elif dropped is not None:
+                    dropped.append(record)
+
+    def __iter__(self):
+        return (record for _, record in self.lines() if record.get("kind") not in UNTRACKED)
+
+
+def dropped(records: list) -> dict:
+    """What a rollback's cut removed, for its record: the first and last step, the records of each kind, and the
+    train and eval losses ([step, loss]), so that metrics.jsonl still says what those steps did."""
+    records = [r for r in records if isinstance(r, dict)]
+    steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
+    out = {"steps": [min(steps), max(steps)] if steps else [],
+           "records": dict(collections.Counter(str(r.get("kind")) for r in records))}
+    for kind, key in (("train", "loss"), ("eval", "eval_loss")):
+        values = [[r["step"], r[key]] for r in records
+                  if r.get("kind") == kind and isinstance(r.get(key), (int, float)) and "step" in r]
+        if values:
+            out[key] = values
+    return out
 
 
 def _digest(path: Path, size: int) -> str:
@@ -66,14 +126,16 @@ def where(logdir: Path, output_dir: Path) -> str:
 
 
 class Start:
-    """Where a resumed run starts in its record files: `step`; the tracker files of the checkpoint's mark
-    (`marks`, `MetricsWriter.mark`) in `logdir`, which `files` gives a tracker when intact; and `tail`, the
-    records written after the mark that the run keeps, for the trackers to write again. `Start(step)`, no mark:
-    every tracker writes its history again."""
+    """Where a resumed (or rolled back) run starts in its record files: `step`; the tracker files of the
+    checkpoint's mark (`marks`, `MetricsWriter.mark`) in `logdir`, which `files` gives a tracker when intact; and
+    `tail`, the records written after the mark that the run keeps, for the trackers to write again. `Start(step)`,
+    no mark: every tracker writes its history again. `configured`: the files as marked already hold this process's
+    configuration (a rollback to a checkpoint after the step the process started from), not written again."""
 
-    def __init__(self, step: float, marks: dict | None = None, logdir: Path | None = None, tail: list = ()):
+    def __init__(self, step: float, marks: dict | None = None, logdir: Path | None = None, tail: list = (),
+                 configured: bool = False):
         self.step = 0 if step == float("inf") else step  # (an evaluation-only run without a checkpoint)
-        self.tail = list(tail)
+        self.tail, self.configured = list(tail), configured
         self._files = marks.get("files") if isinstance(marks, dict) and isinstance(marks.get("files"), dict) else {}
         self._logdir = logdir
 

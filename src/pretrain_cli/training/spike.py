@@ -13,7 +13,9 @@ the replicas).
 
 Policies: `skip` drops the update and consumes the batch (like `nan_policy: skip`); `rollback`
 reloads the newest checkpoint and marks the batches that produced the spike as skipped, so a replay
-(and any later resume, which reads `skipped_batches` from the checkpoint) jumps over them; `stop`
+(and any later resume, which reads `skipped_batches` from the checkpoint) jumps over them, and cuts the
+record files back to that checkpoint, so the steps trained again are not logged twice (the rollback's
+record says what was dropped); `stop`
 ends the run without saving anything new. The policy acts through `Recoverable`, the members the
 trainer offers, so it cannot come to depend on the model, the optimizer or how a checkpoint is read; it
 reads the run's state and changes none of it itself (the trainer books a skip, the same way for a
@@ -61,8 +63,8 @@ class SpikeGuard:
 
 class Recoverable(Protocol):
     """All the spike policy may touch of a run (the `Trainer` implements it): its state to read, the metrics
-    record, booking a skipped step, recording a rollback, the newest checkpoint, and a reload from one.
-    Nothing of the model, optimizer or layout."""
+    record, booking a skipped step, recording a rollback, the newest checkpoint, a reload from one, and cutting the
+    record files back to it. Nothing of the model, optimizer or layout."""
 
     state: TrainerState  # read only
 
@@ -75,6 +77,8 @@ class Recoverable(Protocol):
     def newest_checkpoint(self) -> Path | None: ...
 
     def reload(self, path: Path) -> dict: ...
+
+    def rewind_records(self, state: dict) -> dict | None: ...
 
 
 class SpikePolicy:
@@ -130,8 +134,16 @@ class SpikePolicy:
         for r in earlier:
             skipped |= set(range(r["window"][0], r["window"][1], gb))
         run.note_rollback(sorted(skipped), earlier + [record])
+        # the steps after the checkpoint are trained again: their records go, said in this one (rank 0's `dropped`)
+        dropped = run.rewind_records(state)
         run.record_event("spike", {**event, "action": "rollback", "checkpoint_step": state["global_step"],
-                                   "skipped_samples": record["window"]}, step)
+                                   "skipped_samples": record["window"],
+                                   **({"dropped": dropped} if dropped is not None else {})}, step)
+        gone = ""
+        if dropped and dropped["steps"]:
+            n, (a, b) = sum(dropped["records"].values()), dropped["steps"]
+            gone = (f"; {n} record{'s' if n > 1 else ''} of step{f's {a}-{b}' if a != b else f' {a}'} removed "
+                    f"from metrics.jsonl and the trackers (listed in the spike record)")
         log.warning(f"step {step}: loss spike ({reason}); rolled back to {path.name}, skipping global samples "
-                    f"[{start}, {first_sample + gb}) ({len(window)} batch{'es' if len(window) > 1 else ''})")
+                    f"[{start}, {first_sample + gb}) ({len(window)} batch{'es' if len(window) > 1 else ''}){gone}")
         return True

@@ -8,16 +8,18 @@ metrics.jsonl record as the scalar `<kind>/<key>` at the record's step (`train/l
 `config.resolve` asks `missing` at start and a run that names an absent one stops with one line naming
 the `pip install` (`all` takes the installed ones).
 
-Each shows the whole run as one curve across resumes, with no step twice and none of an interrupted run's
-records past the checkpoint it resumes from. VisualDL and TensorBoard keep their files: a resume cuts them back
-to where its checkpoint's mark says they stood when that step began logging (`training.record_files`), writes
-that step's kept records again and goes on, VisualDL in the same file (it shows only the newest), TensorBoard
-in a new one; its start-up cost is that of a few records, whatever the run's length. Without an intact mark (a
-checkpoint from before marks, another `logging_dir`, a tracker added on resume, files rewritten since) the
-history up to the resume step is written into a new file from metrics.jsonl and the older files are removed
-once it is on disk. wandb starts a new run (offline with `WANDB_MODE=offline`: a local run for `wandb sync`)
-that receives the whole history at every start, its steps the `train/global_step` value, as in transformers'
-integration, so its own step counter never refuses an earlier step.
+Each shows the whole run as one curve across resumes and spike rollbacks, with no step twice and none of an
+interrupted run's records past the checkpoint it resumes from (nor the first records of the steps a rollback
+trains again: the trackers are opened again as of its checkpoint, `MetricsWriter.rewind`). VisualDL and
+TensorBoard keep their files: a resume cuts them back to where its checkpoint's mark says they stood when that
+step began logging (`training.record_files`), writes that step's kept records again and goes on, VisualDL in the
+same file (it shows only the newest), TensorBoard in a new one; its start-up cost is that of a few records,
+whatever the run's length. Without an intact mark (a checkpoint from before marks, another `logging_dir`, a
+tracker added on resume, files rewritten since) the history up to the resume step is written into a new file
+from metrics.jsonl and the older files are removed once it is on disk. wandb starts a new run (offline with
+`WANDB_MODE=offline`: a local run for `wandb sync`) that receives the whole history at every start and rollback,
+its steps the `train/global_step` value, as in transformers' integration, so its own step counter never refuses
+an earlier step.
 """
 from __future__ import annotations
 
@@ -129,7 +131,8 @@ class _Records:
 
     def _continue(self, old: list, marked: dict, config: dict, start: Start) -> None:
         """The files as the mark saw them (later files removed: they hold only records past it), then this run's
-        configuration and the records after the mark that the resume keeps."""
+        configuration (unless they hold it already: a rollback past this process's start) and the records after
+        the mark that the resume keeps."""
         later = [path for path in old if path not in marked]
         for path in later:
             path.unlink(missing_ok=True)
@@ -138,7 +141,8 @@ class _Records:
         for path, size in marked.items():
             record_files.cut(path, size)
         self.open(old, append=max(marked))
-        self.text("config", json.dumps(config, indent=2, default=str), int(start.step))
+        if not start.configured:
+            self.text("config", json.dumps(config, indent=2, default=str), int(start.step))
         for record in start.tail:
             self.add(record)
         self.flush()
@@ -239,9 +243,9 @@ class TensorBoard(_Records):
 
 
 class Wandb:
-    """One wandb run per process (project `WANDB_PROJECT`, default pretrain-cli; named after output_dir; its
-    files under `output_dir/wandb` unless `WANDB_DIR` says where), holding the whole history: a resume writes
-    the history again (`start` is not read), at wandb's pace."""
+    """One wandb run per process and per spike rollback in it (project `WANDB_PROJECT`, default pretrain-cli; named
+    after output_dir; its files under `output_dir/wandb` unless `WANDB_DIR` says where), holding the whole history:
+    a wandb run cannot be cut back, so each gets the history again (`start` is not read), at wandb's pace."""
 
     def __init__(self, logdir: str, output_dir: str, config: dict, history, start: Start | None = None):
         import wandb

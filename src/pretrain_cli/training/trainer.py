@@ -91,9 +91,10 @@ class Trainer:
         return self.saver.newest(self.parallel.is_rank0) if self.saver is not None else None
 
     def reload(self, path: Path) -> dict:
-        """Weights, optimizer state and trainer state from checkpoint `path` (this process's time and log
-        are not undone); returns the checkpoint's trainer state. The semi-auto engine's placed pieces
-        cannot be written into mid-run, so there the layout is built again (`Collaborators.rebuild`)."""
+        """Weights, optimizer state and trainer state from checkpoint `path` (this process's time is not undone,
+        its log only past the checkpoint's step: the steps trained again log anew); returns the checkpoint's
+        trainer state. The semi-auto engine's placed pieces cannot be written into mid-run, so there the layout is
+        built again (`Collaborators.rebuild`)."""
         from pretrain_cli.training.weight_source import DamagedCheckpoint
 
         ckpt = CheckpointDir(path)
@@ -108,11 +109,28 @@ class Trainer:
         except DamagedCheckpoint as e:  # checked as a resume checks it: every file read, by its checksum
             raise UserError(f"spike rollback: {e}; the checkpoint to roll back to is damaged: resume from an earlier "
                             f"one (resume_from_checkpoint), or set spike_policy: skip") from None
-        seconds, history = self.state.train_seconds, self.state.log_history
+        seconds = self.state.train_seconds
+        history = [e for e in self.state.log_history if e.get("step", 0) <= state["global_step"]]
         self.load_state_dict(state)
         s = self.state
         s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
         return state
+
+    def rewind_records(self, state: dict) -> dict | None:
+        """Every rank, after a rollback's reload: rank 0 cuts metrics.jsonl and the trackers back to where the
+        checkpoint's mark (`state["record_files"]`) says they stood (`MetricsWriter.rewind`) and returns what it
+        dropped; the others wait for it on the launcher's store, as for a save (a tracker written anew, wandb, takes
+        longer than a collective waits). None where there is no writer."""
+        from pretrain_cli.distributed.comms.comm import rank0_round
+
+        self._marked = None  # (a mark past the cut)
+        if not self.parallel.is_rank0:
+            self.comm.wait_for_rank0(f"cutting the record files back to step {state['global_step']}")
+            return None
+        with rank0_round(self.comm):
+            if self.writer is None:
+                return None
+            return self.writer.rewind(state["global_step"], state.get("record_files"))
 
     @property
     def global_batch(self) -> int:
