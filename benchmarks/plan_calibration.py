@@ -14,10 +14,12 @@ it adds the ~300 MB import and allocator caching that the planner does not model
 Parallel layouts (`--layouts`): the same model trained by the product's own build order
 (`Trainer` over `training.run.lay_out` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
 parallel, fleet's ZeRO-1, ZeRO-2/3 and tensor parallelism on 2 processes; the largest rank's
-allocator peak over the second step against `plan --device cpu --gpus 2`.
+allocator peak over the second step against `plan --device cpu --gpus 2`. Pipeline stages (`--stages`): DeepSeek's
+pipeline x expert parallelism with and without ZeRO-1 on 4 processes, each stage's largest peak against its own plan.
 
     python benchmarks/plan_calibration.py            # table (markdown)
     python benchmarks/plan_calibration.py --layouts  # the parallel layouts
+    python benchmarks/plan_calibration.py --stages   # pp2 x ep2 with and without ZeRO-1, each stage (4 processes)
     python benchmarks/plan_calibration.py --json     # rows as JSON
 """
 from __future__ import annotations
@@ -192,8 +194,8 @@ it = batches()
 trainer.train_step(it)
 core.host_memory_stat_reset_peak_value("Allocated", 0)
 trainer.train_step(it)
-print("RESULT " + json.dumps({"baseline": base, "peak": core.host_memory_stat_peak_value("Allocated", 0) - base}),
-      flush=True)
+print("RESULT " + json.dumps({"baseline": base, "peak": core.host_memory_stat_peak_value("Allocated", 0) - base,
+                             "stage": Topology.of(run.parallel).stage}), flush=True)
 """
 
 
@@ -213,6 +215,11 @@ def measure_layout(args_path: Path, nproc: int, log_dir: Path, launch=_fresh_ran
     launcher and returns what ended it (`returncode`, `stderr`): the tests fork the ranks from processes that have
     imported Paddle (tests/distributed/rank_shim.py). What is measured is the same either way: each rank's own
     allocator's peak over the second step, above what it held before building the run."""
+    return max(measure_ranks(args_path, nproc, log_dir, launch), key=lambda r: r["peak"])
+
+
+def measure_ranks(args_path: Path, nproc: int, log_dir: Path, launch=_fresh_ranks) -> list[dict]:
+    """Every rank's {baseline, peak, stage} (its pipeline stage: 0 without one), as `measure_layout` measures them."""
     child = log_dir.parent / "layout_child.py"
     child.write_text(_LAYOUT_CHILD)
     out = launch(child, args_path, log_dir, nproc)
@@ -221,7 +228,7 @@ def measure_layout(args_path: Path, nproc: int, log_dir: Path, launch=_fresh_ran
     if out.returncode or len(results) != nproc:
         logs = "".join(f.read_text(errors="replace")[-1500:] for f in log_dir.glob("workerlog.*"))
         raise RuntimeError(f"layout measurement failed ({out.returncode}): {out.stderr[-1500:]}{logs}")
-    return max(results, key=lambda r: r["peak"])
+    return results
 
 
 def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> list[dict]:
@@ -247,6 +254,50 @@ def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> 
     return rows
 
 
+# DeepSeek's pipeline x expert parallelism, with and without ZeRO-1 (PaddleNLP's V3 file at its smallest): a widened
+# micro-deepseek-v3 of 4 layers, the first dense, 8 routed experts (÷ ep 2 on a rank) and an MTP module whose layer is
+# sparse, so stage 0 holds one sparse layer and stage 1 two and the MTP module's
+MICRO_V3 = {"hidden_size": 128, "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4,
+            "first_k_dense_replace": 1, "vocab_size": 2048}
+STAGE_LAYOUTS = [
+    ("pp2 x ep2 DP b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2, "gradient_accumulation_steps": 2}),
+    ("pp2 x ep2 x ZeRO-1 b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2, "sharding": "stage1",
+                                  "gradient_accumulation_steps": 2}),
+]
+
+
+def calibrate_stages(layouts=STAGE_LAYOUTS, launch=_fresh_ranks, model=MICRO_V3, preset="micro-deepseek-v3",
+                     b: int = 2, s: int = 128) -> list[dict]:
+    """A row per pipeline stage of each layout: the stage's largest rank peak (`measure_ranks`) against the plan of
+    that stage (`memory.pipeline_stages`, with that rank's baseline), not only the fullest stage's as `plan` prints."""
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.orchestration.planned import parse
+    from pretrain_cli.planning.memory import pipeline_stages, stage_params
+    from pretrain_cli.planning.plan import setup_for, target_device
+    from pretrain_cli.run_config import Target
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for i, (name, nproc, keys) in enumerate(layouts):
+            model_dir, args_path = _write(Path(d), f"stages{i}", preset, model, b, s, None, {})
+            args = json.loads(args_path.read_text())
+            args.update(keys, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
+            args_path.write_text(json.dumps(args))
+            ranks = measure_ranks(args_path, nproc, Path(d) / f"log{i}", launch)
+            parsed, cfg = parse(str(args_path), [])
+            run = resolve(parsed, cfg, Target(device="cpu", world_size=nproc, planned=True))
+            for stage in sorted({r["stage"] for r in ranks}):
+                worst = max((r for r in ranks if r["stage"] == stage), key=lambda r: r["peak"])
+                setup = setup_for(run, cfg, target_device("cpu", gpus=nproc), worst["baseline"])
+                parts, pred = pipeline_stages(setup)[stage], sum(pipeline_stages(setup)[stage].values())
+                rows.append({"config": f"{name} stage {stage}", "params": stage_params(setup, stage), "micro_batch": b,
+                             "seq": s,
+                             "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": worst["peak"] / 2**20,
+                             "error": pred / worst["peak"] - 1, "rss_delta_mib": float("nan"),
+                             "breakdown_mib": {k: v / 2**20 for k, v in parts.items()}})
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     out = ["| config | params | recompute | predicted MiB | measured MiB | error | max-RSS delta MiB |",
            "|---|---|---|---|---|---|---|"]
@@ -260,8 +311,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--layouts", action="store_true", help="the parallel layouts (2 processes each)")
+    ap.add_argument("--stages", action="store_true", help="pipeline x expert parallelism, each stage (4 processes each)")
     ns = ap.parse_args()
-    rows = calibrate_layouts() if ns.layouts else calibrate()
+    rows = calibrate_layouts() if ns.layouts else calibrate_stages() if ns.stages else calibrate()
     print(json.dumps(rows, indent=2) if ns.json else table(rows))
     return 0
 

@@ -92,16 +92,17 @@ def test_ep_with_tp_plans_each_expert_cut_tp_ways_on_its_holders():
 @pytest.mark.parametrize("model,gpus,change", [
     ("Qwen/Qwen3-30B-A3B", 16, {"pipeline_parallel_degree": 16, "expert_parallel_degree": None,
                                 "tensor_parallel_degree": None}),
-    ("Qwen/Qwen3-235B-A22B", 64, {"pipeline_parallel_degree": 32, "expert_parallel_degree": 2, "sharding": "",
+    ("Qwen/Qwen3-235B-A22B", 64, {"pipeline_parallel_degree": 32, "expert_parallel_degree": 2, "sharding": None,
                                   "recompute": True}),
 ])
 def test_fit_finds_a_layout_that_runs_for_qwen3_moe(model, gpus, change):
     """Two nodes of 8 H100 for Qwen3-30B-A3B, eight for Qwen3-235B-A22B, with config.json's balance loss on (a
     pipeline runs it). Qwen3-30B-A3B: 16 stages of 3 layers (only activations cross the nodes; EP 8 x ZeRO-1,
     PaddleNLP's layout, is predicted slower: docs/PLAN.md). Qwen3-235B-A22B: 32 stages with EP 2 over each stage's two
-    data ranks (EP's replicated 8 B parameters and whole expert state do not fit without the pipeline; tp 4 x ZeRO-3
-    fits but gathers across the nodes). Steady state and start-up both within the budget, and re-planned it says
-    so."""
+    data ranks and the file's ZeRO-1 kept (each stage's own experts' state whole, the rest's sharded; it dropped
+    ZeRO-1 when every stage's experts were planned as unsharded state) (EP's replicated 8 B parameters and whole
+    expert state do not fit without the pipeline; tp 4 x ZeRO-3 fits but gathers across the nodes). Steady state
+    and start-up both within the budget, and re-planned it says so."""
     base = ["--model_name_or_path", model, "--tensor_parallel_degree", "1", "--sharding", "stage1"]
     f = fit(str(LLAMA), base, device="H100", gpus=gpus)
     assert f["after"] is not None, f

@@ -88,6 +88,7 @@ def _experts(cfg: ModelConfig) -> Experts:
 
 _SHAPES: dict = {}  # `experts`' answers by the config they describe
 _COUNTS: dict = {}  # `param_counts`' answers, likewise
+_LAYERS: dict = {}  # `layer_counts`' answers, likewise
 
 
 def _cached(store: dict, cfg: ModelConfig, make):
@@ -146,11 +147,26 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     return dict(_cached(_COUNTS, cfg, _param_counts))
 
 
+def layer_counts(cfg: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    """Per decoder layer (all, what tensor parallelism leaves whole, the routed experts): what a pipeline stage's
+    share is summed from (`planning.memory.stage_params`), as its layers differ: DeepSeek's first
+    `first_k_dense_replace` layers are dense MLPs (V3: 396 M parameters each), the rest 256 routed experts (11.3 B)."""
+    return _cached(_LAYERS, cfg, _layer_counts)
+
+
+def _layer_counts(cfg: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    e = experts(cfg)
+    routed = e.routed * e.expert_params(cfg.hidden_size) if e else 0
+    return tuple((_layer_params(cfg, i), _layer_whole(cfg, i), routed if cfg.is_sparse_layer(i) else 0)
+                 for i in range(cfg.num_hidden_layers))
+
+
 def _param_counts(cfg: ModelConfig) -> dict[str, int]:
     embedding = cfg.vocab_size * cfg.hidden_size
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     rest = embedding + cfg.hidden_size + head
-    total = rest + sum(_layer_params(cfg, i) for i in range(cfg.num_hidden_layers))
+    layers = layer_counts(cfg)
+    total = rest + sum(n for n, _, _ in layers)
     active = rest + sum(_layer_params(cfg, i, active=True) for i in range(cfg.num_hidden_layers))
     e = experts(cfg)
     out = {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active,
@@ -166,7 +182,7 @@ def _param_counts(cfg: ModelConfig) -> dict[str, int]:
                              if cfg.is_sparse_layer(i)) if e else 0
     # what tensor parallelism leaves whole on each tp rank: the decoder layers' (`_layer_whole`), and the MTP
     # modules' (their layer's, the two input norms, eh_proj and the head's norm)
-    out["tp_whole"] = sum(_layer_whole(cfg, i) for i in range(L))
+    out["tp_whole"] = sum(whole for _, whole, _ in layers)
     out["mtp_tp_whole"] = sum(_layer_whole(cfg, L + i) + 2 * h * h + 3 * h for i in range(k))
     return out
 

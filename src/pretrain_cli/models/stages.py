@@ -1,6 +1,6 @@
 """How the decoder's layers divide into consecutive pipeline stages: the one split `plan` models and
-`distributed.strategies.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1,
-with the embedding on the first stage and the final norm, LM head and loss on the last (and the multi-token
+`distributed.strategies.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1
+(under virtual stages, chunks of them interleaved over the stages: `stage_layers`), with the embedding on the first stage and the final norm, LM head and loss on the last (and the multi-token
 prediction modules, `model.layers.{num_hidden_layers + k}`, after the last decoder layer)."""
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def _bounds(num_layers: int, stages: int) -> tuple[int, ...]:
     for size in sizes:
         bounds.append(bounds[-1] + size)
     return tuple(bounds)
+
+
+@functools.lru_cache(maxsize=1024)
+def stage_layers(num_layers: int, stages: int, virtual: int = 1) -> tuple[tuple[int, ...], ...]:
+    """Each pipeline stage's decoder layers, as `build_pipeline_layer` splits them: `stage_bounds` over stages ×
+    `virtual` model chunks, chunk c on stage c mod stages (fleet's interleaved PipelineLayer runs chunks s, s + P, ...
+    on stage s). Without virtual stages one run of layers each; with them V runs of L/(P·V): 12 layers at pp 3 × 2
+    virtual put 0-1 and 6-7 on stage 0, not 0-3, which matters where layers differ (DeepSeek's first
+    `first_k_dense_replace` are dense). Cached as `_bounds` is (`plan --fit`)."""
+    bounds = _bounds(num_layers, stages * virtual)
+    return tuple(tuple(i for c in range(s, stages * virtual, stages) for i in range(bounds[c], bounds[c + 1]))
+                 for s in range(stages))
 
 
 def last_stage_embeds(cfg) -> bool:

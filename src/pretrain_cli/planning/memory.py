@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain_cli.models.flops import param_counts
-from pretrain_cli.models.stages import stage_bounds
+from pretrain_cli.models.flops import layer_counts, param_counts
+from pretrain_cli.models.stages import stage_bounds, stage_layers
 from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
                                                head_kept_bytes, head_loss_bytes, mtp_activation_bytes, norm_bytes)
 from pretrain_cli.planning.context import context_working_bytes
@@ -71,27 +71,37 @@ def _largest_weight(s: Setup) -> float:
 
 
 def stage_params(s: Setup, stage: int) -> float:
-    """Parameters one rank of a pipeline stage holds: its decoder layers ÷ tp, the embedding on the first stage,
-    the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the embedding's
-    copy there: fleet keeps one per stage). What tp leaves whole (norms, routers, MLA's latent down-projections:
-    `param_counts`' "tp_whole") is counted whole, spread evenly over the layers (their share is small); a
-    Mixture-of-Experts model's routed experts as `experts.expert_params`, the stage's share of the layers. The
-    multi-token prediction modules (`mtp_params`) and, untied, the embedding's copy their lookups read are on the
-    last stage too (`models.stages.last_stage_embeds`)."""
+    """Parameters one rank of a pipeline stage holds: its own decoder layers (`models.stages.stage_layers`, virtual
+    stages' chunks included) summed layer by layer (`flops.layer_counts`: DeepSeek's first dense layers' MLPs are
+    not the sparse layers' shared experts), each ÷ tp but what tp leaves whole (norms, routers, MLA's latent
+    down-projections: "tp_whole"), its routed experts ÷ (ep · tp) (`stage_experts`); the embedding on the first
+    stage, the final norm and the LM head on the last (÷ tp when the vocabulary is split; a tied head is the
+    embedding's copy there: fleet keeps one per stage). The multi-token prediction modules (`mtp_params`) and,
+    untied, the embedding's copy their lookups read are on the last stage too (`models.stages.last_stage_embeds`)."""
     cfg, counts = s.model, param_counts(s.model)
     head = cfg.vocab_size * cfg.hidden_size
-    routed = counts["experts"]
-    whole = counts["tp_whole"] / cfg.num_hidden_layers  # a layer's norms, routers, latents: whole on a tp rank
-    per_layer = (counts["non_embedding"] - cfg.hidden_size - (0 if cfg.tie_word_embeddings else head) - routed) / \
-        cfg.num_hidden_layers - whole
-    bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
-    layers = bounds[stage + 1] - bounds[stage]
-    n = (per_layer / s.tp + whole) * layers + expert_params(s) * layers / cfg.num_hidden_layers
+    layers = layer_counts(cfg)  # per layer (all, tp-whole, routed experts)
+    n = sum((layers[i][0] - layers[i][1] - layers[i][2]) / s.tp + layers[i][1]
+            for i in stage_layers(cfg.num_hidden_layers, s.pp, s.vpp)[stage])
+    n += stage_experts(s, stage)  # the stage's routed experts, the MTP modules' among them on the last stage
     n += counts["embedding"] / s.vocab_tp if stage == 0 else 0
     n += cfg.hidden_size + head / s.vocab_tp if stage == s.pp - 1 else 0
     if stage == s.pp - 1 and cfg.num_nextn_predict_layers:
-        n += sum(mtp_params(s)) + (0 if cfg.tie_word_embeddings else counts["embedding"] / s.vocab_tp)
+        n += mtp_params(s)[0] + (0 if cfg.tie_word_embeddings else counts["embedding"] / s.vocab_tp)
     return n
+
+
+def stage_experts(s: Setup, stage: int = 0) -> float:
+    """The routed experts' parameters one rank holds (÷ ep · tp, as `experts.expert_params`): on one process every
+    sparse layer's and the multi-token prediction modules' (`mtp_params`); under a pipeline its stage's sparse
+    layers' only, and the modules' on the last stage. What expert parallelism keeps out of ZeRO-1's sharding
+    (`_parts`): counting every stage's there planned DeepSeek-V3 at pp 16 × ep 16 with `sharding: stage1` at
+    293 GiB of optimizer state a rank, 42 GiB without sharding."""
+    if s.pp <= 1:
+        return expert_params(s) + mtp_params(s)[1]
+    layers = layer_counts(s.model)
+    routed = sum(layers[i][2] for i in stage_layers(s.model.num_hidden_layers, s.pp, s.vpp)[stage])
+    return routed / (max(s.ep, 1) * s.tp) + (mtp_params(s)[1] if stage == s.pp - 1 else 0.0)
 
 
 def largest_tensor(s: Setup, stage: int = 0) -> float:
@@ -285,7 +295,7 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         weights += _half_copies(s, n, stage) * s.compute_bytes
     # expert parallelism keeps its experts' optimizer state whole under ZeRO-1 (each rank updates its own:
     # `distributed.strategies.expert_strategy.ExpertZero1`); the rest is sharded over the sharding ranks
-    own = expert_params(s) + mtp_params(s)[1] if s.ep > 1 else 0.0
+    own = stage_experts(s, stage) if s.ep > 1 else 0.0  # (this pipeline stage's only)
     state_n = (n - own) / (deg if s.sharding_stage >= 1 else 1) + own
     # ÷ S only where the gradients are reduce-scattered in backward (semi-auto on GPU; on CPU under ZeRO-3 only
     # some: `_cpu_zero3_sharded_grads`); fleet's stage2 (a pipeline's, sequence or context parallelism's)
