@@ -106,3 +106,19 @@ def test_plan_fits_a_yaml_file_and_writes_the_fitted_file_in_the_format_o_names(
     assert planned(tmp_path / "fitted.yaml") == planned(tmp_path / "fitted.json")
     # the same -o again replaces the fitted YAML file it wrote (read back as a fitted file)
     assert cli_main(["plan", str(tmp_path / "qwen.yaml"), *at, "--fit", "-o", str(tmp_path / "fitted.yaml")]) == 0
+
+
+def test_plan_fit_puts_a_key_in_the_place_of_the_files_other_name_for_it(tmp_path, capsys):
+    """A key the command line sets, written into the fitted file, replaces the file's other name for it (PaddleFormers'
+    min_lr for min_learning_rate) where it stood: `plan --fit -o` wrote both names, a file `plan` and `train` refused
+    ("`min_lr` and `min_learning_rate` are one key")."""
+    import yaml
+
+    source = {("min_lr" if k == "min_learning_rate" else k): v for k, v in json.loads(QWEN.read_text()).items()}
+    (tmp_path / "qwen.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
+    fitted = tmp_path / "fitted.yaml"
+    at = ["--max_seq_length", "4096", "--device", "V100-16GB", "--gpus", "8", "--min_learning_rate", "2e-6"]
+    assert cli_main(["plan", str(tmp_path / "qwen.yaml"), *at, "--fit", "-o", str(fitted)]) == 0
+    keys = list(yaml.safe_load(fitted.read_text()))
+    assert "min_lr" not in keys and keys.index("min_learning_rate") == list(source).index("min_lr")
+    assert parse_config(str(fitted)).training.min_learning_rate == 2e-6

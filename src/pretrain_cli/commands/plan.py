@@ -62,10 +62,8 @@ def write_fitted(args, change: dict, path: str) -> str:
     from pretrain_cli.config.parser import YAML_SUFFIXES, read_argument_file
 
     raw = read_argument_file(args.config_path) if args.config_path is not None else {}  # its keys, in the user's order
-    for key, where in args.explicit.items():
-        if where != "file":
-            raw[key] = args.get(key)
-    raw.update(change)
+    for key, value in [*((k, args.get(k)) for k, where in args.explicit.items() if where != "file"), *change.items()]:
+        raw = _put(raw, key, value)
     source = str(args.get("output_dir")).rstrip("/") or "."
     raw["output_dir"] = f"{source}-fitted"
     said = f"output_dir {raw['output_dir']} (the source's {source} is left to its run)"
@@ -81,6 +79,16 @@ def write_fitted(args, change: dict, path: str) -> str:
         text = json.dumps(raw, indent=4) + "\n"
     atomic.write_text(path, text)  # an OSError is one `error:` line, exit 1 (cli.py)
     return said
+
+
+def _put(raw: dict, key: str, value) -> dict:
+    """`raw` with `key` set, in the place of the file's other name for it (PaddleNLP's or PaddleFormers', e.g.
+    `tensor_model_parallel_size`, `attn_impl`): a file holding both names of one key is refused when read."""
+    from pretrain_cli.config.paddlenlp_keys import ALIASES
+
+    if not any(ALIASES.get(k) == key for k in raw):
+        return {**raw, key: value}
+    return {key if ALIASES.get(k) == key else k: value if ALIASES.get(k) == key else v for k, v in raw.items()}
 
 
 def check_output(path: str, config: str | None) -> None:
