@@ -6,7 +6,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from pretrain_cli.config.paddlenlp_keys import ALIAS_OF, ALIASES, FLAGS, IGNORED, SWITCHES  # noqa: E402
+from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPELINE  # noqa: E402
+from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
+                                                PADDLEFORMERS_IGNORED, SWITCHES)
 from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
@@ -20,10 +22,13 @@ writes YAML), `inspect-data --config`, `eval --config` and resuming a run take e
 (`llm/config/qwen/pretrain_argument_0p5b.json`, `llm/config/llama/pretrain_argument.json`) pass
 `pretrain-cli check` with only local paths changed (tests/e2e/test_cli.py); what each of PaddleNLP's and
 PaddleFormers' other pretraining files meets is the last section. PaddleFormers' names for our keys
-(`tensor_model_parallel_size`, `max_seq_len`, `min_lr`, ...) are read as ours, its flags promoted to keys
-(`use_dualpipev`, `overlap_p2p_comm`, `split_param`) and its `stage` are accepted with a note, and the values that
-would train something else (a `stage` that is not pretraining, `moe_router_force_load_balancing: true`) are refused.
-Precedence: default < file < `--key value` on the command line.
+(`tensor_model_parallel_size`, `max_seq_len`, `min_lr`, `attn_impl`, ...) are read as ours, its flags promoted to
+keys (`use_dualpipev`, `overlap_p2p_comm`, `split_param`) and its `stage` are accepted with a note, and the values that
+would train something else (a `stage` that is not pretraining, `moe_router_force_load_balancing: true`,
+`fine_tuning: LoRA`) are refused; its jsonl data pipeline is one line naming the `pretrain-cli preprocess` command that
+makes its jsonl the token files read here, and a PaddleFormers file that leaves out a key whose default differs there
+takes PaddleFormers' default ("PaddleFormers' files" below). Precedence: default < file < `--key value` on the command
+line.
 
 Status of every key:
 - **supported** — implemented with PaddleNLP's meaning (or a documented better one);
@@ -63,12 +68,34 @@ REJECTED = [
     ("`moe_router_force_load_balancing: true` (PaddleFormers' benchmark and CI files)", "PaddleFleet's router then "
      "replaces its logits with random ones (Megatron's benchmark mode): tokens are routed at random and the router "
      "learns nothing, which is not built here; false routes by the router's scores, as here"),
+    ("PaddleFormers' `fine_tuning: LoRA` (its default)", "LoRA adapters train beside a frozen model, which is not built "
+     "here; `full` (any other value) trains every parameter, as here"),
+    ("PaddleFormers' `attn_impl` / `_attn_implementation` other than flashmask, sdpa, eager", "`sink` (learned attention "
+     "sinks) belongs to models not built here"),
+    ("PaddleFormers' jsonl data pipeline (`train_dataset_path`, ..., `dataset_type` other than `pretrain`)", "one line "
+     "for all its keys, naming the `pretrain-cli preprocess` command for the file's jsonl and the `input_dir` to set "
+     "(\"PaddleFormers' files\" above)"),
 ]
+
+PADDLEFORMERS = """
+## PaddleFormers' files: the jsonl data pipeline and the defaults
+
+A `stage: PT` file of `paddleformers-cli train` (its `examples/config/pt/*.yaml`) reads its data through the jsonl
+pipeline of its DataArguments, which `train` does not build (it trains on .bin/.idx token files). Its keys (below,
+with `dataset_type` other than `pretrain`) are one error line together, naming the command that makes the file's jsonl
+those token files, e.g. `pretrain-cli preprocess --input_path ./tests/fixtures/dummy/pt/train.jsonl --output_prefix
+data/train --tokenizer Qwen/Qwen3-0.6B-Base --append_eos`, and `input_dir: data/train`: each document's tokens and an
+EOS, concatenated and cut into `max_seq_len` samples, which is PaddleFormers' PT packing; several sources with their
+`train_dataset_prob` weights become a weighted `input_dir`; the valid share of `split` takes `eval_dataset_path`'s
+place. `dataset_type: pretrain` is PaddleFormers' own reading of `input_dir`'s .bin/.idx files (its
+`examples/config/pt/full_offline_data.yaml`), as here: these keys change nothing then (a note when set off their
+default); `dataset_type: offline` (PaddleFormers' own pre-tokenized files) is the same line.
+"""
 
 # What `check`, `plan` and a scaled-down `train` give on each published pretraining file as copied (run by hand on
 # PaddleNLP's llm/config/*/pretrain_argument*.json and PaddleFormers' examples/experiments/*_pretrain/config/,
 # examples/best_practices/DeepSeek-V3/pretrain/config/ and its stage PT YAML files; the PaddleFormers files' keys:
-# tests/unit/test_paddlenlp_files.py, tests/unit/test_paddleformers_files.py)
+# tests/unit/test_paddlenlp_files.py, tests/unit/test_paddleformers_files.py, tests/unit/test_paddleformers_pt_files.py)
 FILES = """
 ## PaddleNLP's and PaddleFormers' own pretraining files
 
@@ -91,10 +118,11 @@ test split under one 4,096-token sample).
 | PaddleFormers `examples/experiments/deepseek_v3_pretrain/config/pretrain_argument.json` | `./config/` (a 29-layer DeepSeek-V3, 8 routed experts) | its degrees under PaddleFormers' names read as ours; its config.json is refused (top-8 routing over 4 kept groups of one expert each: raise `topk_group`); the tokenizer and `./data` lines; on 8 processes pp 4 x `sharding: stage1` x 2 with ep 2 passes `check --world_size 8` (with the `deepseek-ai/DeepSeek-V3` preset in its config's place) | `micro-deepseek-v3` |
 | PaddleFormers `examples/best_practices/DeepSeek-V3/pretrain/config/pretrain_argument.yaml` (`paddleformers-cli train`) | `./config` (the JSON file's config.json) | `max_seq_len` and `min_lr` read as `max_seq_length` and `min_learning_rate`; `stage: dsv3_pretrain`, `use_dualpipev`, `overlap_p2p_comm`, `split_param` and `pre_alloc_memory` are notes; `moe_router_force_load_balancing: false` is what runs here; then the JSON file's config.json refusal and the tokenizer (its `./config` ships a tokenizer.json, not copied here) and `./data` lines; its layout is the JSON file's and passes `check --world_size 8` as it does | `micro-deepseek-v3` |
 | PaddleFormers `examples/experiments/deepseek_v3_pretrain/config/pretrain_argument.yaml` | `./config/` | the same keys with the flag strings; the config.json, tokenizer and `./data` lines; its pp 8 x `sharding: stage1` x 32 with ep 32 (256 processes) is refused: ep 32 does not divide the 8 routed experts of its config.json | `micro-deepseek-v3` |
-| PaddleFormers' `stage: PT` files: `examples/config/pt/{full, full_tp_pp, full_tp_pp_ep}.yaml`, `benchmark/config/pt/Qwen3-30B-A3B-Base.yaml`, `PaddleFormers/tests/config/ci/{qwen_pt, qwen3_multicard_pt}.yaml` | Qwen3-0.6B-Base, Qwen3-30B-A3B | their data is PaddleFormers' jsonl pipeline (`train_dataset_path`, `packing`, `mix_strategy`, ...), not read here: 16 to 29 error lines (unknown keys: also `fine_tuning`, `recompute_method`, the flex-checkpoint formats, its GPU fusions); the CI files' `moe_router_force_load_balancing: true` is refused | none (tokenize the jsonl with `pretrain-cli preprocess`) |
-| PaddleFormers `examples/config/pt/full_offline_data.yaml` (`stage: PT` on .bin/.idx) | `Qwen/Qwen3-0.6B-Base` | four unknown keys: `dataset_type`, `mix_strategy`, `attn_impl`, `fine_tuning` | none |
+| PaddleFormers `examples/config/pt/{full, full_tp_pp, full_tp_pp_ep}.yaml` (`stage: PT`) | `Qwen/Qwen3-0.6B-Base` (preset) | one line: its jsonl pipeline (8 or 9 keys) with `pretrain-cli preprocess --input_path ./tests/fixtures/dummy/pt/train.jsonl --output_prefix data/train --tokenizer Qwen/Qwen3-0.6B-Base --append_eos` and `input_dir: data/train`. Done so, every other key reads: `_attn_implementation: flashmask` as `use_flash_attention: true`, `min_lr` and `continue_training` left out as PaddleFormers' 0.0 and true (fetch the weights, or set it 0), `recompute_granularity: full` without `recompute` a note, the promoted flags and checkpoint formats notes; then full and full_tp_pp's `max_steps: -1` (PaddleFormers counts `num_train_epochs` over its jsonl) needs a number, full_tp_pp's tp 2 x pp 2 with `sharding: stage1` passes `check --world_size 4` (and 16), and full_tp_pp_ep's `expert_model_parallel_size: 4` is refused on the dense model | `micro-qwen2` (full.yaml's jsonl tokenized as the line says: trained) |
+| PaddleFormers `PaddleFormers/tests/config/benchmark/config/pt/Qwen3-30B-A3B-Base.yaml`, `PaddleFormers/tests/config/ci/{qwen_pt, qwen3_multicard_pt}.yaml` (`stage: PT`) | Qwen3-30B-A3B | the jsonl line, then 7 to 14 lines: PaddleFleet's GPU tunings not known here (`stage1_overlap`, `moe_grouped_gemm`, `fuse_swiglu`, `use_paddlefleet`, ...), qwen_pt's `recompute_granularity: ""`; the CI files' `moe_router_force_load_balancing: true` is refused | none |
+| PaddleFormers `examples/config/pt/full_offline_data.yaml` (`stage: PT`, `dataset_type: pretrain`: .bin/.idx) | `Qwen/Qwen3-0.6B-Base` (preset) | every key reads (`attn_impl: flashmask` as `use_flash_attention: true`, `min_lr` and `continue_training` left out as PaddleFormers' 0.0 and true); the weights line (fetch them, or set `continue_training` 0) and `./data`'s; its pp 3 x `sharding: stage1` x 8 with ep 8 passes `check --world_size 24` with the `micro-qwen3-moe` preset (3 layers) in its model's place and `--split 90,10` on a small corpus | `micro-qwen3-moe` (check) |
 | PaddleFormers `PaddleFormers/tests/config/ci/qwen3_pt.yaml` | `./Qwen3-30B-A3B-Base` | `moe_router_fusion` is written twice: refused (PaddleFormers' `yaml.safe_load` keeps the last) | none |
-| PaddleFormers `PaddleFormers/tests/config/benchmark/config/pt/DeepSeek-V3.yaml` (`stage: dsv3_pretrain`) | `./config/` | `moe_router_force_load_balancing: true` refused; unknown `pad_token_id`, `global_batch_size`, `tensorwise_offload_optimizer`, `moe_deep_gemm` | none |
+| PaddleFormers `PaddleFormers/tests/config/benchmark/config/pt/DeepSeek-V3.yaml` (`stage: dsv3_pretrain`) | `./config/` | `moe_router_force_load_balancing: true` refused, its one line; `pad_token_id`, `global_batch_size` and `tensorwise_offload_optimizer` are notes | none |
 """
 
 
@@ -116,8 +144,8 @@ def render() -> str:
               "parses, one other than the default there is a note (PaddleFormers' flags promoted to keys: true is "
               "a note, as their flag strings' flags are). They are not written to `args.json`.\n",
               "| key | default there | why no effect |", "|---|---|---|"]
-    lines += [f"| `{k}` | `{json.dumps(d)}` | {why}{' (a note when true)' if k in SWITCHES else ''} |"
-              for k, (d, why) in IGNORED.items()]
+    lines += [f"| `{k}` | `{json.dumps(d)}` | {why}{' (a note when true)' if k in SWITCHES else ''}"
+              f"{f' (no note for {AS_HERE[k][1]})' if k in AS_HERE else ''} |" for k, (d, why) in IGNORED.items()]
     lines += ["\n## PaddleNLP's and PaddleFormers' other names\n",
               "Both names of one key in one file are refused (which would win?). PaddleFormers' `max_seq_len` is the "
               "token dataset's sequence length as PaddleNLP's `max_seq_length` is (its deepseek_v3_pretrain and "
@@ -125,6 +153,24 @@ def render() -> str:
               "cosine schedules decay to, absolute, not a ratio (`min_lr_ratio` here is one).\n",
               "| key | read as | whose name |", "|---|---|---|"]
     lines += [f"| `{k}` | `{v}` | {ALIAS_OF[k]} |" for k, v in ALIASES.items()]
+    lines += ["\nPaddleFormers' attention implementations (`attn_impl`, `_attn_implementation`) read as "
+              "`use_flash_attention`: " + ", ".join(f"`{k}`: `{json.dumps(v)}`" for k, v in ATTENTION.items()) +
+              " (`flashmask`, its default, and `sdpa`, Paddle's scaled_dot_product_attention, take the flash-attn "
+              "kernel on GPU); another one (`sink`) is refused."]
+    lines += [PADDLEFORMERS,
+              "| key | default there |", "|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(d)}` |" for k, d in PIPELINE.items()]
+    lines += [f"\nA file is PaddleFormers' when it sets a key only PaddleFormers has: its names in the table above, its "
+              f"keys of the accepted-ignored table from `{next(iter(PADDLEFORMERS_IGNORED))}` on, its data keys. Where "
+              f"it leaves out one of these keys, it takes PaddleFormers' default, with a note naming both (a key the "
+              f"file or the command line sets keeps its value):\n",
+              "| key | PaddleFormers' default | PaddleNLP's (and a file without PaddleFormers' keys) | where it comes "
+              "from there |", "|---|---|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(v)}` | `{json.dumps(OUR_DEFAULTS[k])}` | {src} |"
+              for k, (v, src) in DEFAULTS.items()]
+    lines += ["\nTwo differences are notes only: a `recompute_granularity` without `recompute` (PaddleFormers "
+              "recomputes whenever it is set, here only with `recompute: true`), and a `stage: PT` file without "
+              "`fine_tuning` (PaddleFormers' default, LoRA, trains adapters; every parameter trains here)."]
     lines += ["\n## Flag strings\n", "Space- or comma-separated, as PaddleNLP splits them; a flag not listed is an "
               "error where PaddleNLP checks it: tensor parallelism's with tp > 1, sharding's with a sharding degree "
               "> 1, data parallelism's with more than one data rank, the unified checkpoint's always. "

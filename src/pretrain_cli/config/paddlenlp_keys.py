@@ -11,9 +11,11 @@ config/pretrain_argument.json and .yaml, examples/best_practices/DeepSeek-V3/pre
 use those names and a few keys of its own. They parse here, so those files run: `IGNORED` holds each key without
 effect here with its default there and why it changes nothing here (a value other than the default is a note; a
 promoted flag, `SWITCHES`, is a note when it asks for its feature), `ALIASES` the ones that are another name for one
-of our keys (`ALIAS_OF`: whose name it is), `REFUSED` the values of a key without effect here that would change the
-training if run without it (refused by the parser, one line each). They are no dataclass fields, so they never
-reach `args.json`.
+of our keys (`ALIAS_OF`: whose name it is; `ATTENTION` reads PaddleFormers' attention implementation as
+`use_flash_attention`), `REFUSED` the values of a key without effect here that would change the training if run
+without it (refused by the parser, one line each); `PADDLEFORMERS_IGNORED` and PaddleFormers' aliases are keys only
+its files have (`config.paddleformers_keys`: its data pipeline and its defaults). They are no dataclass fields, so
+they never reach `args.json`.
 
 `FLAGS` are the values PaddleNLP accepts in its space- or comma-separated `*_config` strings; it raises
 `ValueError("Found unknown … config …")` for any other (training_args.py `__post_init__`), and so does `check`
@@ -27,7 +29,7 @@ from pretrain_cli.config.pipeline import PP_FLAGS
 from pretrain_cli.errors import UserError
 
 # key -> (PaddleNLP's default, why it has no effect here)
-IGNORED = {
+PADDLENLP_IGNORED = {
     "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type decides"),
     "config_name": (None, "the legacy separate config path; here model_name_or_path's config.json (or preset) is it"),
     "pp_recompute_interval": (1, "the legacy pipeline recompute interval; recompute and no_recompute_layers decide"),
@@ -78,7 +80,10 @@ IGNORED = {
     "log_level_replica": ("warning", "only global rank 0 logs"),
     "save_safetensors": (True, "checkpoints are safetensors always"),
     "data_parallel_degree": (1, "computed from the world size and the other degrees"),
-    # PaddleFormers' own keys (its pretraining files set them)
+}
+# PaddleFormers' keys of its own (no PaddleNLP file has them) -> (its default, why it has no effect here)
+PADDLEFORMERS_IGNORED = {
+    # its pretraining files' keys
     "data_parallel_size": (1, "computed from the world size and the other degrees"),
     "reorder_pipeline_priority": (False, "PaddleFormers' sharding-before-pipeline rank order; here pipeline stages "
                                          "are outermost"),
@@ -98,7 +103,40 @@ IGNORED = {
                             "block against fragmentation); memory here is allocated as the run needs it"),
     "moe_router_force_load_balancing": (False, "false routes every token by the router's own scores, as here "
                                                "(true is refused)"),
+    # its stage PT files' keys (examples/config/pt/*.yaml: ModelArguments, TrainingArguments)
+    "fine_tuning": ("LoRA", "PaddleFormers' choice of LoRA adapters or full training; every parameter trains here "
+                            "(LoRA is refused)"),
+    "recompute_method": (None, "Megatron's choice of recomputed layers: uniform recomputes every layer in units of "
+                               "recompute_num_layers layers, block only the first recompute_num_layers layers of each "
+                               "pipeline stage; recompute: true here recomputes every layer, each its own unit "
+                               "(no_recompute_layers leaves some out)"),
+    "recompute_num_layers": (None, "the layers of one recompute unit (uniform) or of each stage (block); here each "
+                                   "layer is its own unit, as uniform with 1"),
+    "save_checkpoint_format": ("flex_checkpoint", "checkpoints here are pretrain-cli's safetensors pieces with an "
+                                                  "index, which load on any layout (docs/CHECKPOINTS.md)"),
+    "load_checkpoint_format": ("flex_checkpoint", "any checkpoint of pretrain-cli loads on any layout "
+                                                  "(docs/CHECKPOINTS.md)"),
+    "moe_token_dispatcher_type": ("alltoall", "PaddleFleet's sending of tokens to the expert-parallel ranks "
+                                              "(deepep: DeepEP's GPU kernels); expert_parallel_degree's own dispatch "
+                                              "runs here (docs/DISTRIBUTED.md)"),
+    "batch_p2p_comm": (None, PP_FLAGS["disable_non_batch_p2p_comm"]),
+    "clear_every_step_cache": (False, "nothing is cached between a pipeline's steps here"),
+    "partial_send_recv": (True, PP_FLAGS["disable_partial_send_recv"]),
+    "tp_sync_param": (False, "parameters that are not split over tensor-parallel ranks are kept equal by equal "
+                             "updates of whole gradients; none is broadcast after the step"),
+    "sync_grad": (False, "gradients of parameters that are not split over tensor-parallel ranks are whole on every "
+                         "tp rank already; none is broadcast"),
+    "global_batch_size": (None, "computed: per_device_train_batch_size x data ranks x gradient_accumulation_steps "
+                                "(`check` prints it), as PaddleFormers' FinetuningArguments recomputes it over the "
+                                "file's value"),
+    "pad_token_id": (0, "the padding token's id; packed samples hold no padding, and padded samples (sample_mode: "
+                        "padded) take the tokenizer's pad token"),
+    "tensorwise_offload_optimizer": (False, "PaddleFormers moves the optimizer state to host memory between steps; "
+                                            "here it stays in device memory (where `plan` counts it)"),
+    "moe_deep_gemm": (False, "DeepGEMM's FP8 grouped GEMM for the experts (GPU); the experts run as one grouped "
+                             "computation in the training precision here"),
 }
+IGNORED = {**PADDLENLP_IGNORED, **PADDLEFORMERS_IGNORED}
 
 # PaddleFormers' flags of the `*_parallel_config` strings promoted to keys: a note when one asks for its feature
 # (true), whatever its default there (`overlap_p2p_comm` and `split_param` are on by default there: a file that
@@ -117,6 +155,11 @@ def _shown(value) -> str:
     return json.dumps(value) if isinstance(value, bool) else repr(value)
 
 
+# values of a key without effect here that are what runs here, so no note: key -> (test, the values, as the doc says)
+AS_HERE = {"fine_tuning": (lambda v: str(v).strip().lower() != "lora", "any value but LoRA: full training"),
+           "recompute_method": (lambda v: str(v).strip() == "uniform", "uniform"),
+           "recompute_num_layers": (lambda v: str(v).strip() == "1", "1")}
+
 # key -> (whether a value is refused, why): a key without effect here whose other values change what is trained
 REFUSED = {
     "stage": (lambda v: str(v) not in PRETRAINING_STAGES,
@@ -129,6 +172,10 @@ REFUSED = {
                   f"(PaddleFleet's and Megatron's benchmark mode: a throughput measurement, the router learns "
                   f"nothing), which is not built here; set it to false (routing by the router's scores) or leave "
                   f"it out"),
+    "fine_tuning": (lambda v: str(v).strip().lower() == "lora",
+                    lambda v: f"fine_tuning: {v!r} trains LoRA adapters beside a frozen model (PaddleFormers' "
+                              f"default), which pretrain-cli does not build; set it to full (every parameter trains, "
+                              f"as here)"),
 }
 
 # another project's name -> our key (`ALIAS_OF`: whose name it is)
@@ -142,8 +189,15 @@ ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "asy
            "fuse_rms_norm": "use_fused_rms_norm", "apply_rope_fusion": "use_fused_rope",
            # its DataArguments' sequence length (the token dataset's seq_length, as PaddleNLP's max_seq_length) and
            # its TrainingArguments' floor of the linear and cosine schedules (an absolute rate, not a ratio)
-           "max_seq_len": "max_seq_length", "min_lr": "min_learning_rate"}
+           "max_seq_len": "max_seq_length", "min_lr": "min_learning_rate",
+           # its attention implementation (ModelArguments' attn_impl, later _attn_implementation): `ATTENTION`
+           "attn_impl": "use_flash_attention", "_attn_implementation": "use_flash_attention"}
 ALIAS_OF = {key: "PaddleNLP" if key in ("sharding_degree", "use_async_save") else "PaddleFormers" for key in ALIASES}
+
+# PaddleFormers' attention implementations -> use_flash_attention: flashmask (its default) and sdpa (Paddle's
+# scaled_dot_product_attention, which takes the flash-attn kernel on GPU) never hold the [b, heads, s, s] scores,
+# eager materialises them; sink (learned attention sinks) belongs to models not built here
+ATTENTION = {"flashmask": True, "sdpa": True, "eager": False}
 
 FLAGS = {
     "tensor_parallel_config": ("enable_mp_async_allreduce", "enable_mp_skip_c_identity",
@@ -167,11 +221,24 @@ def whose(key: str) -> str:
 
 def differs(key: str, value) -> bool:
     """Whether an IGNORED key's value calls for a note: other than PaddleNLP's default (`"False"` on a command line
-    is False), or for a `SWITCHES` key, true."""
+    is False), or for a `SWITCHES` key, true; never a value `AS_HERE` (what runs here)."""
+    if key in AS_HERE:
+        return not AS_HERE[key][0](value)
     if key in SWITCHES:
         return str(value).strip().lower() not in _FALSE
     default = IGNORED[key][0]
     return str(value).strip().lower() != str(default).lower()
+
+
+def attention(key: str, value, where: str) -> tuple[bool, str]:
+    """PaddleFormers' attention implementation (`attn_impl`, `_attn_implementation`) as use_flash_attention, with
+    its note; another one raises."""
+    if value not in ATTENTION:
+        raise UserError(f"{where}: {key}: {value!r} is not an attention implementation run here; set it to one of "
+                        f"{', '.join(ATTENTION)} (flashmask and sdpa: use_flash_attention true, eager: false)")
+    on = ATTENTION[value]
+    return on, (f"{key}: {value} read as use_flash_attention: {json.dumps(on)} (the attention path that "
+                f"{'never holds' if on else 'materialises'} the [batch, heads, seq, seq] scores)")
 
 
 def check_value(key: str, value, where: str) -> None:
@@ -219,7 +286,8 @@ def notes_for(args) -> list[str]:
     """The notes for the PaddleNLP and PaddleFormers keys the parser set aside (`Arguments.extra`) and the aliases
     it read."""
     out = list(args.rewritten)
-    out += [f"{key}: read as {ALIASES[key]} ({whose(key)} name for it)" for key in args.aliased]
+    out += [f"{key}: read as {ALIASES[key]} ({whose(key)} name for it)" for key in args.aliased
+            if ALIASES[key] != "use_flash_attention"]  # (their values are read: `attention`'s note)
     out += [f"{key}: accepted but has no effect here: {IGNORED[key][1]}" for key, value in args.extra.items()
             if differs(key, value)]
     return out

@@ -16,7 +16,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
-from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, check_value, whose
+from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defaults
+from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
 from pretrain_cli.errors import Problems, UserError
 
 _TRUE = {"true", "t", "yes", "y", "1"}
@@ -65,10 +66,11 @@ class Arguments:
     data: DataArguments
     training: TrainingArguments
     config_path: str | None
-    explicit: dict  # key -> "file" | "command line"
+    explicit: dict  # key -> "file" | "command line" | "PaddleFormers' default" (`paddleformers_keys.take_defaults`)
     extra: dict = field(default_factory=dict)  # PaddleNLP's keys with no field here (paddlenlp_keys.IGNORED) -> value
     aliased: tuple = ()  # PaddleNLP's and PaddleFormers' other names that were read as ours (paddlenlp_keys.ALIASES)
-    rewritten: tuple = ()  # the notes of PaddleNLP's own rewrites of its keys (`_post_init`)
+    rewritten: tuple = ()  # the notes of PaddleNLP's own rewrites of its keys (`_post_init`) and of PaddleFormers'
+    # readings (its attention implementation, its data keys, its defaults: `config.paddleformers_keys`)
 
     def to_dict(self) -> dict:
         """Flat {key: value}, the same shape as the user's file (written as args.json)."""
@@ -195,6 +197,7 @@ def _no_repeated_keys(path: str):
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
+DATA_KEYS = (*PIPELINE, "dataset_type")  # PaddleFormers' data keys: `paddleformers_keys.pipeline` reads them together
 
 
 def read_argument_file(path: str) -> dict:
@@ -276,17 +279,19 @@ def check_override_keys(tokens: list[str], options=()) -> None:
     """Refuse an unknown `--key` among a command's overrides before anything runs, suggesting the nearest of the
     training keys and the command's own `options` (cli.py passes them)."""
     for key, raw in split_overrides(tokens):
-        if key not in KEYS and key not in IGNORED and key not in ALIASES and not _negated_flag(key, raw):
+        if key not in (*KEYS, *IGNORED, *ALIASES, *DATA_KEYS) and not _negated_flag(key, raw):
             raise _unknown(key, "command line", options)
 
 
 def parse_config(config_path: str | None, overrides: list[str] | None = None) -> Arguments:
     """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file. Every unknown key
-    and bad value of the file and the command line is named at once (a PaddleFormers file can hold ten of them)."""
+    and bad value of the file and the command line is named at once (a PaddleFormers file can hold ten of them), its
+    jsonl data keys in one line; a PaddleFormers file's omitted keys take its defaults (`config.paddleformers_keys`)."""
     values: dict[str, object] = {}
     explicit: dict[str, str] = {}
     extra: dict[str, object] = {}
     aliased: list[str] = []
+    notes: list[str] = []  # PaddleFormers' readings
     problems = Problems()
 
     def own_name(key: str, where: str, given) -> str:
@@ -303,40 +308,54 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
         return ours
 
     def from_file(key: str, raw, given) -> None:
-        key = own_name(key, config_path, given)
-        if key not in KEYS:
-            raise _unknown(key, config_path)
-        values[key] = coerce(KEYS[key], raw, config_path)
-        explicit[key] = "file"
+        ours = own_name(key, config_path, given)
+        if ours not in KEYS:
+            raise _unknown(ours, config_path)
+        if ALIASES.get(key) == "use_flash_attention":  # PaddleFormers' attention implementations (`ATTENTION`)
+            raw, note = attention(key, raw, config_path)
+            notes.append(note)
+        values[ours] = coerce(KEYS[ours], raw, config_path)
+        explicit[ours] = "file"
 
-    if config_path is not None:
-        given = arguments_of(read_argument_file(config_path))
-        for key, raw in given.items():
-            if key in IGNORED:
-                extra[key] = raw
-                problems.run(check_value, key, raw, config_path)
-                continue
-            problems.run(from_file, key, raw, given)
+    given = arguments_of(read_argument_file(config_path)) if config_path is not None else {}
     pairs = split_overrides(overrides or [])
+    data = {k: v for k, v in given.items() if k in DATA_KEYS}  # PaddleFormers' data keys: one line together
+    data.update((k, " ".join(raw) or True) for k, raw in pairs if k in DATA_KEYS)
+    notes += problems.run(pipeline, data, given, config_path if set(data) & set(given) else "command line") or []
+    for key, raw in given.items():
+        if key in DATA_KEYS:
+            continue
+        if key in IGNORED:
+            extra[key] = raw
+            problems.run(check_value, key, raw, config_path)
+            continue
+        problems.run(from_file, key, raw, given)
     for key, raw in pairs:
-        problems.run(_from_command_line, key, raw, pairs, own_name, values, explicit, extra)
+        if key not in DATA_KEYS:
+            problems.run(_from_command_line, key, raw, pairs, own_name, values, explicit, extra, notes)
+    notes += take_defaults(given, values, explicit)
     problems.raise_if_any()
     sections = {}
     for sec, cls in SECTIONS:
         kw = {f.name: values[f.name] for f in fields(cls) if f.name in values}
         sections[sec] = cls(**kw)
     return Arguments(config_path=config_path, explicit=explicit, extra=extra, aliased=tuple(dict.fromkeys(aliased)),
-                     rewritten=_post_init(sections["training"]), **sections)
+                     rewritten=_post_init(sections["training"]) + tuple(notes), **sections)
 
 
-def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, explicit: dict, extra: dict) -> None:
+def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, explicit: dict, extra: dict,
+                       notes: list) -> None:
     """One `--key value...` of the command line into `values` (or `extra`, for a key without effect here)."""
     where = "command line"
     if key in IGNORED:
         extra[key] = " ".join(raw) if raw else True
         check_value(key, extra[key], where)
         return
-    key = own_name(key, where, [k for k, _ in pairs])
+    theirs, key = key, own_name(key, where, [k for k, _ in pairs])
+    if ALIASES.get(theirs) == "use_flash_attention" and len(raw) == 1:  # PaddleFormers' values (`ATTENTION`)
+        on, note = attention(theirs, raw[0], where)
+        raw = [str(on)]
+        notes.append(note)
     if key not in KEYS:
         if _negated_flag(key, raw):
             values[key[3:]] = False

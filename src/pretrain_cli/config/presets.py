@@ -146,18 +146,21 @@ def is_preset(path: Path) -> bool:
     return Path(path).resolve().parent == PRESET_DIR
 
 
-def require_pretrained(name: str, model_dir: Path, key: str = "model_name_or_path") -> bool:
+def require_pretrained(name: str, model_dir: Path, key: str = "model_name_or_path", source: str | None = None) -> bool:
     """`continue_training` loads pretrained weights: a preset has none, so say how to fetch them (True: not a
-    preset, look for the weights)."""
+    preset, look for the weights). `source`: where continue_training came from (`Arguments.explicit`), named when
+    the file left it out (PaddleFormers' default)."""
     if not is_preset(model_dir):
         return True
     start = "or set continue_training to 0 to start from a random init"
+    what = "continue_training" + (f" ({source}: the file leaves it out)" if source and source not in
+                                  ("file", "command line") else "")
     if name.lower() in ALIASES:  # a published model: its weights are one download away
         raise UserError(
-            f"{key}: continue_training loads pretrained weights, but {name!r} is a preset here (architecture only, "
+            f"{key}: {what} loads pretrained weights, but {name!r} is a preset here (architecture only, "
             f"nothing is downloaded): fetch config.json and the *.safetensors with `huggingface-cli download {name} "
             f"--local-dir {name}` where you start training (a local directory wins over the preset), {start}")
-    raise UserError(f"{key}: continue_training loads pretrained weights, but {name!r} is a shipped preset "
+    raise UserError(f"{key}: {what} loads pretrained weights, but {name!r} is a shipped preset "
                     f"(architecture only, no weights): point {key} at a directory holding config.json and "
                     f"*.safetensors weights, {start}")
 
