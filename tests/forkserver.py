@@ -50,7 +50,11 @@ def run(args, cwd=None, env=None, timeout=None, inject: str | None = None,
     `inject`: a Python file executed in the forked child before the run (the fault injector); a run that would
     need a fresh interpreter cannot take one.
     `spawns`: the run only starts other interpreters (a launcher), which read `env` themselves: forked whatever
-    `env` holds."""
+    `env` holds.
+    A forked run that outlives `timeout` is killed with every process it started (`process_tree.kill_tree`: a
+    launcher's ranks and their watchers, in sessions of their own; with `spawns`, the ranks the rank servers forked
+    for it too) before TimeoutExpired is raised: a caller that then releases the run's port block hands no port of it
+    to the next run while a rank of this one still reads or serves it."""
     args = [str(a) for a in args]
     full = dict(os.environ if env is None else env)
     server = _server() if args and (args[0] in ("-m", "-c") or not args[0].startswith("-")) else None
@@ -60,7 +64,7 @@ def run(args, cwd=None, env=None, timeout=None, inject: str | None = None,
                              f"starts a fresh interpreter")
         return subprocess.run([sys.executable, *args], cwd=cwd, env=full, capture_output=True, text=True,
                               timeout=timeout)
-    return server.run(args, str(cwd or os.getcwd()), full, timeout, inject)
+    return server.run(args, str(cwd or os.getcwd()), full, timeout, inject, spawns)
 
 
 def _forkable(env: dict, base: dict) -> bool:
@@ -104,6 +108,17 @@ _instance = None
 _rank_clients: dict = {}
 
 
+def _forked_ranks() -> list[int]:
+    """The processes the rank servers run for launches (each rank's middle process, whose child is the rank): not
+    the launcher's descendants, so not found from it. Launches from one test process run one at a time, so these are
+    the timed-out launch's (or leftovers of an earlier one)."""
+    from process_tree import parents
+
+    with _lock:
+        servers = [c.proc.pid for clients in _rank_clients.values() for c in clients if c.proc.poll() is None]
+    return [pid for pid, parent in parents().items() if parent in servers]
+
+
 def _server() -> "_Client":
     global _instance
     with _lock:
@@ -128,7 +143,7 @@ class _Client:
             raise RuntimeError(f"fork server did not start (said {ready!r}, exit {self.proc.poll()})")
         return self
 
-    def run(self, args, cwd, env, timeout, inject) -> subprocess.CompletedProcess:
+    def run(self, args, cwd, env, timeout, inject, spawns=False) -> subprocess.CompletedProcess:
         out, err = (tempfile.TemporaryFile("w+b", dir=self.dir) for _ in range(2))
         with out, err, socket.socket(socket.AF_UNIX) as s:
             s.connect(self.path)
@@ -141,7 +156,9 @@ class _Client:
             try:
                 status = reply.readline()
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
+                from process_tree import kill_tree
+
+                kill_tree([pid, *(_forked_ranks() if spawns else ())])
                 raise subprocess.TimeoutExpired([sys.executable, *args], timeout) from None
             out.seek(0)
             err.seek(0)

@@ -21,10 +21,10 @@ if mode == "exit":
     sys.exit(3)
 if mode == "segv":
     os.kill(os.getpid(), signal.SIGSEGV)
-if mode == "watcher" and os.fork() == 0:  # a child in a session of its own, as the product's rank watcher
+if mode in ("watcher", "stays") and os.fork() == 0:  # a child in a session of its own, as the product's rank watcher
     os.setsid()
     print(os.getpid(), flush=True)
-    time.sleep(5)
+    time.sleep(5 if mode == "watcher" else 60)
     os._exit(0)
 time.sleep(60)
 '''
@@ -104,6 +104,31 @@ def test_an_orphaned_shim_leaves_and_its_rank_goes_with_it(rank_script):
     launcher.kill()
     launcher.wait()
     assert _dead(rank) and _dead(shim)
+
+
+# a launcher as paddle.distributed.launch starts a rank (the shim, in a session of its own), which then waits for ever
+LAUNCHER = """import os, subprocess, sys, time
+with open("pids", "w") as out:
+    shim = subprocess.Popen([sys.executable, "-u", *sys.argv[1:], "stays"], stdout=out, start_new_session=True,
+                            env=dict(os.environ, PADDLE_TRAINER_ID="0"))
+    out.write(f"{shim.pid}\\n")
+time.sleep(600)
+"""
+
+
+def test_a_launch_timed_out_is_killed_with_its_ranks_and_their_watchers_before_its_ports_are_given_up(rank_script,
+                                                                                                      tmp_path):
+    """A forked launcher that outlives its timeout (launch_helpers._launched, then its port block released): only the
+    launcher was killed, so its shim, the forked rank and the rank's watcher (each in a session of its own) ran on, and
+    the next test handed that block could read a live rank's registrations (the flake class of 3a4a36f)."""
+    from process_tree import _state
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver.run(["-c", LAUNCHER, str(SHIM), forkserver.rank_servers(child_env()), str(rank_script)],
+                       cwd=tmp_path, env=child_env(), timeout=10, spawns=True)
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3, pids  # the shim, the forked rank, its watcher: all there before the timeout
+    assert [_state(pid) in (None, "Z", "X") for pid in pids] == [True] * 3, pids  # ... and gone when it is raised
 
 
 def test_a_rank_whose_environment_paddle_reads_at_import_differs_starts_afresh(rank_script):

@@ -30,18 +30,19 @@ def launcher(master: str, nodes: str, log_dir: Path, script: Path, job: str) -> 
 def nodes_on(held, cmds, **popen):
     """Start each of `cmds` holding the port block `held` itself (its lock's descriptors inherited: the block stays
     reserved while any of them lives, whatever the test does with its own hold), each in its own session; on the way
-    out every one still running is killed and reaped before the block is released. A block released while a node
-    of it still polled its port once handed that port to the next test: its stray node (NNODES 3) registered there."""
+    out every one still running is killed with every process it started (its ranks, each in a session of its own:
+    `process_tree.kill_tree`) and reaped before the block is released. A block released while a node of it still
+    polled its port once handed that port to the next test: its stray node (NNODES 3) registered there."""
+    from process_tree import kill_tree
+
     procs = []
     try:
         for cmd in cmds:
             procs.append(subprocess.Popen(cmd, pass_fds=held.fds, start_new_session=True, **popen))
         yield procs
     finally:
+        kill_tree([p.pid for p in procs if p.poll() is None])
         for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         held.release()
 
