@@ -1,12 +1,13 @@
 """What Linux says about another process, by pid: whether it is alive, when it started, how it ended.
 
-Two callers ask: the run lock (is the run that holds `run.lock` still there, or is the lock stale?) and the
-rank watcher (has a peer rank died, and of what? is it stopped?). Both read `/proc/<pid>/stat`; elsewhere (no /proc) a
+Three callers ask: the run lock (is the run that holds `run.lock` still there, or is the lock stale?), the
+rank watcher (has a peer rank died, and of what? is it stopped?) and a launcher's join watch (which of its ranks are
+alive in the join; its children, the ranks, to stop). Each reads `/proc/<pid>/stat`; elsewhere (no /proc) a
 process that answers `kill(pid, 0)` counts as alive and its start time and exit status are unknown.
 
 `/proc/<pid>/stat` fields (proc(5)), counted after the `(comm)` field, which may itself hold spaces: state
-(3), flags (9), starttime (22), exit_code (52, the `waitpid` status, readable until the parent reaps the
-process). A process counts as dead from the moment it starts exiting (PF_EXITING in its flags): it closes
+(3), the parent's pid (4), flags (9), starttime (22), exit_code (52, the `waitpid` status, readable until the parent
+reaps the process). A process counts as dead from the moment it starts exiting (PF_EXITING in its flags): it closes
 its sockets before it turns into a zombie, so a peer may see the closed socket before the zombie.
 """
 from __future__ import annotations
@@ -49,6 +50,20 @@ def alive(pid: int, started: str | None = None) -> bool:
     if fields[0] in (b"Z", b"X") or (len(fields) > 6 and int(fields[6]) & _PF_EXITING):
         return False
     return started is None or len(fields) <= 19 or fields[19].decode() == started
+
+
+def children(pid: int) -> list[int]:
+    """The pids of process `pid`'s children ([] without /proc): a launcher's ranks before they said who they are."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    out = []
+    for name in filter(str.isdigit, names):
+        fields = _stat(int(name))
+        if fields is not None and len(fields) > 1 and fields[1] == str(pid).encode():  # field 4: the parent's pid
+            out.append(int(name))
+    return out
 
 
 def stopped(pid: int) -> bool:

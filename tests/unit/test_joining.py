@@ -1,15 +1,20 @@
 """A node lost after the nodes met at MASTER but before its ranks joined the process group (`distributed.launcher.
 joining`): the other nodes' ranks waited in Paddle's own join with no limit, and nothing was said. Each launcher now
 beats at MASTER's store until its ranks have joined; a node that left, stopped beating, or whose MASTER stopped
-answering is named in one line once this node's ranks wait in the join, they are killed, and the launcher exits 1.
+answering is named in one line once this node's ranks wait in the join, they are killed, and the launcher ends with
+the class of the first cause (a node that left says how its launch.sh ends it: a usage error, 2, stops every node; a
+failed join, 75, has every node join again with new ports; else 1). A node alive whose ranks never reach the join is
+named after the run's start-up allowance (124), and ends too.
 
 The watch's reading of the beats is tested on its own (no processes); then two nodes on this machine
 (scripts/paddle_launch.py twice on loopback, one process each), the node that waits running the product's join
-(`distributed.setup.init_process_group`): the other node's rank fails before its join (its launcher says it left),
-or that node, which serves MASTER, is killed with SIGKILL (its store goes silent)."""
+(`distributed.setup.init_process_group`): the other node's rank fails before its join (its launcher says it left, and
+how it ends: exit 3; a usage error; a rank that died inside the join), that node, which serves MASTER, is killed with
+SIGKILL (its store goes silent), or its rank stalls before the join (`PCLI_FAULT=join_stall`)."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from test_rendezvous import LAUNCH, nodes_on
 
 from pretrain_cli.distributed.launcher import job, joining
@@ -85,10 +91,103 @@ def test_only_ranks_all_alive_inside_the_join_are_stopped(tmp_path):
 def test_the_join_marks_it_reads(tmp_path, monkeypatch):
     monkeypatch.setenv(job.JOIN_ENV, str(tmp_path))
     monkeypatch.delenv(job.VERDICTS_ENV, raising=False)
-    job.record(3, 75, "joining", "died while joining the process group")  # as distributed.setup, before the join
-    assert (tmp_path / "joining.3").read_text() == str(os.getpid())
+    job.joined(3, False, 600.0)  # as distributed.setup, before the join: its pid and the run's start-up allowance
+    assert (tmp_path / "joining.3").read_text() == f"{os.getpid()} 600.0"
+    job.joined(4, False, None)  # hang_timeout: 0
+    assert (tmp_path / "joining.4").read_text() == f"{os.getpid()} none"
     job.clear(3)  # ... and once through it
     assert (tmp_path / "joined.3").is_file()
+
+
+def _beats(w, t, value, seconds, reads=None):
+    """`reads` reads of node 1's beat `value` (a function of the read's number) over `seconds` from `t`; the nodes
+    lost at the last."""
+    reads = reads or int(seconds)
+    for i in range(1, reads + 1):
+        lost = w.observe(t + seconds * i / reads, {"/job/pretrain_cli_alive/1": value(i)})
+    return lost
+
+
+def test_a_node_whose_ranks_are_not_all_in_the_join_by_the_runs_start_up_allowance_is_late(tmp_path):
+    w = _watch(tmp_path, 0)  # node 0: rank 0; node 1 (ranks 1-2) beats on, its ranks still starting up
+    t = w.last
+    assert w.waiting() is None and w.overdue() == []  # this node's own ranks still start up: nothing to act on
+    (tmp_path / "joining.0").write_text(f"{os.getpid()} 20.0")  # this node's rank in the join: 20 s allowed
+    assert w.waiting() == [os.getpid()] and w.allowance == 20.0
+    _beats(w, t, str, 19)  # a counter: beating, its ranks not all in the join
+    assert w.overdue() == []
+    _beats(w, t + 19, lambda i: str(19 + i), 1)
+    assert w.overdue() == [(1, "late")]
+    assert w.line(w.overdue(), w.ending(w.overdue())) == (
+        "launch.sh: this node: node 1 (host b, 10.0.0.2; ranks 1-2) has not brought its ranks to the join of the "
+        "process group 20 s after the nodes met at MASTER (a start-up stalled there, or slower than the 20 s the run "
+        "allows it: hang_timeout's start-up allowance; its workerlog says where its ranks are); this node's rank 0 "
+        "stops too, exit 124. Find what holds that node's ranks and re-run on every node (MAX_RESTART restarts this "
+        "one)")
+    w = _watch(tmp_path, 0)
+    t = w.last
+    w.waiting()
+    _beats(w, t, lambda i: f"{i} in", 60)  # its ranks all wait in the join: not late, however long
+    assert w.overdue() == []
+    assert w.observe(t + 600, {"/job/pretrain_cli_alive/1": "61 in"}) == [] and w.overdue() == []
+    w = _watch(tmp_path, 0)
+    t = w.last
+    w.waiting()
+    _beats(w, t + 3600, str, 5, reads=1)  # this launcher's own stall: CAP of it
+    assert w.late[1] == joining.CAP and w.overdue() == []
+    (tmp_path / "joining.0").write_text(f"{os.getpid()} none")  # hang_timeout 0: no deadline
+    w.waiting()
+    _beats(w, t + 3605, str, 3600)
+    assert w.allowance is None and w.overdue() == []
+
+
+def test_a_node_that_left_says_how_it_ends_and_this_node_ends_so(tmp_path, monkeypatch):
+    class Store:
+        def put(self, key, value):
+            self.value = value
+            return True
+
+    verdicts = tmp_path / "verdicts"
+    verdicts.mkdir()
+    monkeypatch.setenv(job.VERDICTS_ENV, str(verdicts))
+    monkeypatch.setattr(joining, "_ENDED", [])
+    cases = [([("usage", 2)], 2, False, "left 2 stop"),
+             ([("joining", 75)], 250, False, "left 75 rendezvous"),  # 250: the rank's SIGABRT
+             ([], -9, False, "left 247 retry"),  # Paddle's launcher's own code: -9, a rank killed
+             ([("interrupted", 130)], 130, False, "left 130 stop"),
+             ([("joining", 75)], 143, True, "left 143 stop")]  # the launcher's SIGTERM: its ranks stopped in the join
+    for records, code, signalled, said in cases:
+        for f in verdicts.glob("*"):
+            f.unlink()
+        for kind, exit_code in records:  # its ranks' own ends, as launch.sh reads them
+            job.record(1, exit_code, kind, "")
+        joining.note_end(code, signalled)
+        w = joining.Watch(Store(), "/job", 1, joining.nodes_of(PEERS), tmp_path, "m:1")
+        w.leave()
+        assert w.store.value == said
+    w = _watch(tmp_path, 0)
+    ends = {}
+    for said in ("left 2 stop", "left 75 rendezvous", "left 247 retry", "left 130 stop", "left 124 retry", "left"):
+        lost = w.observe(w.last + 1, {"/job/pretrain_cli_alive/1": said})
+        ends[said] = (w.ending(lost), w.line(lost).split("the process group: ", 1)[1])
+    assert ends == {
+        "left 2 stop": ((2, "stop"), "it left with a usage error (exit 2: its console says which); this node's rank 0 "
+                                     "stops too, exit 2, not restarted: fix what that node's console names and re-run "
+                                     "on every node"),
+        "left 75 rendezvous": ((75, "rendezvous"), "its ranks could not join the process group (its launcher ended, "
+                                                   "exit 75: its console says why); this node's rank 0 stops too, exit "
+                                                   "75: launch.sh tries again with new ports, as that node's does"),
+        "left 247 retry": ((1, "retry"), "it left (its launcher ended, exit 247: its console says why); this node's "
+                                         "rank 0 stops too. Start that node again and re-run on every node "
+                                         "(MAX_RESTART restarts this one)"),
+        "left 130 stop": ((130, "stop"), "it was stopped (exit 130: Ctrl-C or SIGTERM there); this node's rank 0 stops "
+                                         "too, exit 130, not restarted (that node was stopped)"),
+        "left 124 retry": ((1, "retry"), "it left (its launcher ended, exit 124: its console says why); this node's "
+                                         "rank 0 stops too. Start that node again and re-run on every node "
+                                         "(MAX_RESTART restarts this one)"),
+        "left": ((1, "retry"), "it left (its launcher ended, exit 1: its console says why); this node's rank 0 stops "
+                               "too. Start that node again and re-run on every node (MAX_RESTART restarts this one)"),
+    }
 
 
 JOINS = """
@@ -96,15 +195,33 @@ import os, sys
 open(sys.argv[1], "w").write(str(os.getpid()))
 import paddle
 paddle.set_device("cpu")
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.distributed.setup import init_process_group
+from pretrain_cli.run_config import Loop
 from pretrain_cli.run_layout import ParallelConfig
+hang = os.environ.get("TEST_HANG_TIMEOUT")  # the run's hang_timeout: how long the others' ranks may take to come
+if hang:
+    progress.START = 0.0  # (the test's allowance alone: the product's is at least 600 s)
 world, rank = int(os.environ["PADDLE_TRAINERS_NUM"]), int(os.environ["PADDLE_TRAINER_ID"])
-init_process_group(ParallelConfig(world_size=world, rank=rank, dp_degree=world))
+init_process_group(ParallelConfig(world_size=world, rank=rank, dp_degree=world),
+                   loop=Loop(hang_timeout=float(hang) if hang else None))
 open(sys.argv[2], "w").close()
 """
 # the lost node's rank: fails before its join, or sleeps until the test kills its node
 FAILS = "import sys; sys.exit(3)\n"
 SLEEPS = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
+# ... or ends with a usage error (the product's own: an unknown key), or dies inside the join (gloo's store asserting)
+USAGE = ("import runpy, sys\nsys.argv = ['run_pretrain.py', sys.argv[1]]\n"
+         f"runpy.run_path({str(REPO / 'scripts' / 'run_pretrain.py')!r}, run_name='__main__')\n")
+DIES_JOINING = """
+import os, signal
+from pretrain_cli.distributed.launcher import job
+rank = int(os.environ["PADDLE_TRAINER_ID"])
+job.record(rank, 75, "joining", "died while joining the process group")  # as distributed.setup before its join
+job.joined(rank, False, 600.0)
+os.kill(os.getpid(), signal.SIGABRT)
+"""
+FAULTS = REPO / "tests" / "robustness" / "fault_inject"
 SHORT = ("import runpy, sys\nfrom pretrain_cli.distributed.launcher import joining\njoining.SILENCE = 3.0\n"
          "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
 
@@ -122,31 +239,33 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _two_nodes(tmp_path, first: list[str], second: list[str], held, kill=None):
-    """Start `first` (node 0, which serves MASTER), once it does `second` (node 1); `kill(procs)` once node 0's rank
-    goes for its join; (code, stderr) of each node. The ranks (each in its own session) are killed on the way out."""
+def _two_nodes(tmp_path, first: list[str], second: list[str], held, kill=None, envs=({}, {})):
+    """Start `first` (node 0, which serves MASTER), once it does `second` (node 1), each with its `envs` too;
+    `kill(procs)` once node 0's rank goes for its join; (code, stderr) of each node. The ranks (each in its own session)
+    are killed on the way out."""
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "PADDLE_TRAINER_ID")}
     env.update(PYTHONPATH=str(REPO / "src"), RENDEZVOUS_TIMEOUT="120")
-    try:
-        return _started(tmp_path, first, second, held, kill, env)
-    finally:
-        for name in ("going", "pid"):  # (the ranks write their pids there)
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int((tmp_path / name).read_text()), signal.SIGKILL)
+    envs = [dict(env, NODE_RANK=str(n), **envs[n]) for n in (0, 1)]
+    with nodes_on(held, [first], env=envs[0], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                  cwd=tmp_path) as procs:
+        try:
+            return _started(tmp_path, procs, second, held, kill, envs)
+        finally:  # a rank its node left behind, before the block is released
+            for name in ("going", "pid", "stalls"):  # (the ranks write their pids there)
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int((tmp_path / name).read_text()), signal.SIGKILL)
 
 
-def _started(tmp_path, first, second, held, kill, env):
-    with nodes_on(held, [first], env=dict(env, NODE_RANK="0"), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                  text=True, cwd=tmp_path) as procs:
-        deadline = time.monotonic() + 120
-        while not _listening(held.base):
-            assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].stderr.read()
-            time.sleep(0.1)
-        procs.append(subprocess.Popen(second, pass_fds=held.fds, start_new_session=True, env=dict(env, NODE_RANK="1"),
-                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path))
-        if kill is not None:
-            kill(procs)
-        return [(p.wait(timeout=150), p.stderr.read()) for p in procs]
+def _started(tmp_path, procs, second, held, kill, envs):
+    deadline = time.monotonic() + 120
+    while not _listening(held.base):
+        assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].stderr.read()
+        time.sleep(0.1)
+    procs.append(subprocess.Popen(second, pass_fds=held.fds, start_new_session=True, env=envs[1],
+                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path))
+    if kill is not None:
+        kill(procs)
+    return [(p.wait(timeout=150), p.stderr.read()) for p in procs]
 
 
 def _line(err: str) -> str:
@@ -161,9 +280,9 @@ def test_a_node_whose_ranks_fail_before_joining_ends_the_nodes_waiting_in_the_jo
     (code, err), (other, _) = ends
     assert code == joining.LOST and "Traceback" not in err, err
     assert _line(err) == (f"launch.sh: node 0: lost node 1 (host {socket.gethostname()}, 127.0.0.1; rank 1) before "
-                          f"the ranks joined the process group: it left (its launcher ended: its console says why); "
-                          f"this node's rank 0 stops too. Start that node again and re-run on every node (MAX_RESTART "
-                          f"restarts this one)"), err
+                          f"the ranks joined the process group: it left (its launcher ended, exit 3: its console says "
+                          f"why); this node's rank 0 stops too. Start that node again and re-run on every node "
+                          f"(MAX_RESTART restarts this one)"), err
     assert (tmp_path / "going").exists() and not (tmp_path / "in").exists()  # its rank went for the join, never through
     assert other == 3
 
@@ -192,7 +311,69 @@ def test_a_node_serving_master_killed_before_its_ranks_join_is_named_by_the_othe
     assert not (tmp_path / "in").exists()
 
 
-def test_no_beat_lands_after_leaving(tmp_path):
+@pytest.mark.parametrize("cause", ["usage", "transient"])
+def test_a_node_leaving_before_the_join_ends_the_waiting_nodes_with_its_own_class(tmp_path, cause):
+    """A node's rank fails with a usage error (exit 2: never restarted; here node 0's, which serves MASTER's store: its
+    `left` outlives it there for LINGER s), or dies inside the join (75: launch.sh joins again with new ports; node
+    1's).
+    The waiting node ended with 1 either way (restarted only under MAX_RESTART): after a usage error it restarted for
+    nothing, and after a failed join it stopped while the other node joined again alone and waited at MASTER until
+    RENDEZVOUS_TIMEOUT. Each node's launch.sh reads its own verdict directory."""
+    held, job_id = reserve(), uuid.uuid4().hex
+    master, verdicts = f"127.0.0.1:{held.base}", [tmp_path / f"verdicts-{n}" for n in (0, 1)]
+    for d in verdicts:
+        d.mkdir()
+    (tmp_path / "bad.json").write_text(json.dumps({"model_name_or_path": "micro-qwen2", "no_such_key": 1}))
+    waits = _node(tmp_path, "waits", master, job_id, JOINS, tmp_path / "going", tmp_path / "in")
+    if cause == "usage":
+        nodes, lost = [_node(tmp_path, "fails", master, job_id, USAGE, tmp_path / "bad.json"), waits], 0
+    else:
+        nodes, lost = [waits, _node(tmp_path, "fails", master, job_id, DIES_JOINING)], 1
+    ends = _two_nodes(tmp_path, *nodes, held, envs=[{job.VERDICTS_ENV: str(d)} for d in verdicts])
+    (other, other_err), (code, err) = ends[lost], ends[1 - lost]
+    want = (2, "stop") if cause == "usage" else (75, "rendezvous")
+    assert job.decide(verdicts[lost], other) == want, other_err  # how the failed node's own launch.sh ends it ...
+    assert (code, job.decide(verdicts[1 - lost], code)) == (want[0], want), err  # ... and the waiting node's, the same
+    how = ("it left with a usage error (exit 2: its console says which); this node's rank 1 stops too, exit 2, not "
+           "restarted: fix what that node's console names and re-run on every node" if cause == "usage" else
+           "its ranks could not join the process group (its launcher ended, exit 75: its console says why); this "
+           "node's rank 0 stops too, exit 75: launch.sh tries again with new ports, as that node's does")
+    assert _line(err) == (f"launch.sh: node {1 - lost}: lost node {lost} (host {socket.gethostname()}, 127.0.0.1; rank "
+                          f"{lost}) before the ranks joined the process group: {how}"), err
+    assert "Traceback" not in err and not (tmp_path / "in").exists()
+
+
+def test_a_node_whose_rank_stalls_before_the_join_is_named_after_the_start_up_allowance_and_both_end(tmp_path):
+    """Node 1 alive, its rank stalled before the join (`PCLI_FAULT=join_stall`): it beats on, and node 0's rank waited
+    in Paddle's join for ever. Node 0 names it once the run's start-up allowance has passed since the meeting (here
+    hang_timeout 3 s), exit 124; node 1, told so, names its own rank and ends too, that rank killed."""
+    from pretrain_cli import processes
+
+    held, job_id = reserve(), uuid.uuid4().hex
+    master = f"127.0.0.1:{held.base}"
+    fault = {"PYTHONPATH": f"{FAULTS}{os.pathsep}{REPO / 'src'}", "PCLI_FAULT": "join_stall:1"}
+    ends = _two_nodes(tmp_path, _node(tmp_path, "waits", master, job_id, JOINS, tmp_path / "going", tmp_path / "in"),
+                      _node(tmp_path, "stalls", master, job_id, JOINS, tmp_path / "stalls", tmp_path / "in1"), held,
+                      envs=({"TEST_HANG_TIMEOUT": "3"}, fault))
+    (code, err), (other, other_err) = ends
+    host = re.escape(socket.gethostname())
+    assert code == joining.HUNG and "Traceback" not in err, err
+    assert re.fullmatch(rf"launch\.sh: node 0: node 1 \(host {host}, 127\.0\.0\.1; rank 1\) has not brought its ranks "
+                        r"to the join of the process group \d+ s after the nodes met at MASTER \(a start-up stalled "
+                        r"there, or slower than the 3 s the run allows it: hang_timeout's start-up allowance; its "
+                        r"workerlog says where its ranks are\); this node's rank 0 stops too, exit 124\. Find what "
+                        r"holds that node's ranks and re-run on every node \(MAX_RESTART restarts this one\)",
+                        _line(err)), err
+    assert other == joining.HUNG and "Traceback" not in other_err, other_err
+    assert re.fullmatch(rf"launch\.sh: node 1: node 0 \(host {host}, 127\.0\.0\.1; rank 0\) gave up waiting for this "
+                        r"node's ranks to join the process group: rank 1 has not reached the join \d+ s after the "
+                        r"nodes met at MASTER \(.*\); this node's rank 1 stops too, exit 124\. Find what holds them "
+                        r"and re-run on every node \(MAX_RESTART restarts this one\)", _line(other_err)), other_err
+    assert not processes.alive(int((tmp_path / "stalls").read_text()))  # the stalled rank, killed by its node
+    assert not (tmp_path / "in").exists() and not (tmp_path / "in1").exists()
+
+
+def test_no_beat_lands_after_leaving(tmp_path, monkeypatch):
     """The thread's beat after the launcher's `left` turned it back into a counter, which then fell silent: the other
     nodes waited SILENCE s, and named a node that had left as one killed."""
     class Store:
@@ -202,8 +383,10 @@ def test_no_beat_lands_after_leaving(tmp_path):
             self.values[key] = value
             return True
 
+    monkeypatch.delenv(job.VERDICTS_ENV, raising=False)
+    monkeypatch.setattr(joining, "_ENDED", [])
     w = joining.Watch(Store(), "/job", 1, joining.nodes_of(PEERS), tmp_path, "m:1")
     w.beat()
     w.leave()
     w.beat()
-    assert Store.values == {"/job/pretrain_cli_alive/1": "left"}
+    assert Store.values == {"/job/pretrain_cli_alive/1": "left 1 retry"}

@@ -36,10 +36,13 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
         return
     import paddle.distributed as dist
 
-    from pretrain_cli.distributed.launcher import job
+    from pretrain_cli.distributed.launcher import job, progress
 
     # a rank that dies inside the join (gloo's store asserting in C++) leaves this record: a transient failure
     job.record(parallel.rank, RendezvousFailed.exit_code, "joining", "died while joining the process group")
+    # ... and its launcher's join watch learns it waits there, and how long the run lets the other nodes' ranks take
+    # to come (the start-up allowance of hang_timeout: a node alive whose ranks never come is named after it)
+    job.joined(parallel.rank, False, progress.allowance("start-up", loop.hang_timeout if loop else None, 0.0))
     try:
         fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (parallel.engine == "context_parallel"
                                                                           and parallel.sharding_stage in (1, 2))

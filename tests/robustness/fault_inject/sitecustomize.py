@@ -18,6 +18,9 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   rotate             shutil.rmtree(*.deleting) has removed one file        -> SIGKILL
   preprocess_batch   IndexedDatasetWriter.add_documents has written a batch -> SIGKILL
   preprocess_rename  os.replace(... -> *.idx) is about to run              -> SIGKILL
+  join_stall         a launched rank is about to mark itself in the join   -> sleeps an hour: a start-up stalled
+                     of the process group (distributed.setup's `joining`     before the join (its node's launcher
+                     record, pretrain_cli.distributed.launcher.job.record)   beats on)
 
 PCLI_FAULT_RANK = "<r>": the faults act only in launched rank r (PADDLE_TRAINER_ID), not in the other ranks or the
 launcher that share the environment.
@@ -119,6 +122,19 @@ def _patch_indexed(mod):
     mod.IndexedDatasetWriter.add_documents = add_documents
 
 
+def _patch_job(mod):
+    import time
+
+    original = mod.record
+
+    def record(rank, code, kind, *a, **kw):
+        if kind == "joining" and _hit("join_stall"):
+            time.sleep(3600)
+        return original(rank, code, kind, *a, **kw)
+
+    mod.record = record
+
+
 def _patch_watchdog(mod):
     import socket
 
@@ -141,6 +157,7 @@ _PATCHES = {
     "pretrain_cli.training.optim": _patch_fused_optimizer,
     "pretrain_cli.storage.shard_files": _patch_shard_files,
     "pretrain_cli.data.indexed_writer": _patch_indexed,
+    "pretrain_cli.distributed.launcher.job": _patch_job,
 }
 
 

@@ -62,10 +62,7 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
-    process group, cleared once joined), when launched by launch.sh; best effort, never raises. "joining" is also
-    marked for the launcher's join watch (`joined`)."""
-    if kind == "joining":
-        joined(rank, False)
+    process group, cleared once joined), when launched by launch.sh; best effort, never raises."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -91,16 +88,18 @@ def forget(rank: int) -> None:
             (directory / f"rank-{rank}.json").unlink(missing_ok=True)
 
 
-def joined(rank: int, done: bool) -> None:
-    """Mark this rank inside the join of the process group (`joining.R`, holding its pid) or through it
-    (`joined.R`) in the directory its launcher's join watch reads (`JOIN_ENV`, set by scripts/paddle_launch.py on
-    several nodes: `launcher.joining`); nothing without one. Best effort."""
+def joined(rank: int, done: bool, allowance: float | None = None) -> None:
+    """Mark this rank inside the join of the process group (`joining.R`: its pid, and `allowance`, the seconds its
+    run lets the other nodes' ranks take to come there, `none` for no limit) or through it (`joined.R`) in the
+    directory its launcher's join watch reads (`JOIN_ENV`, set by scripts/paddle_launch.py on several nodes:
+    `launcher.joining`); nothing without one. Best effort."""
     value = os.environ.get(JOIN_ENV)
     if value:
         from pretrain_cli import atomic
 
+        mark = str(os.getpid()) if done else f"{os.getpid()} {'none' if allowance is None else allowance}"
         with contextlib.suppress(OSError):
-            atomic.write_text(Path(value) / f"{'joined' if done else 'joining'}.{rank}", str(os.getpid()))
+            atomic.write_text(Path(value) / f"{'joined' if done else 'joining'}.{rank}", mark)
 
 
 def wait_for_watchers(directory, seconds: float = 15.0) -> None:

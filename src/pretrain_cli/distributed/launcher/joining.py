@@ -1,22 +1,33 @@
 """The nodes' join after their meeting at MASTER, watched by each node's launcher (scripts/paddle_launch.py): a node
-lost between the meeting and the join of the process group is named, and this node's ranks stopped, instead of
-waiting in Paddle's own join (its TCP store, then gloo's rendezvous through it) without a word: a rank there was still
-waiting after 17 minutes when it was stopped.
+lost between the meeting and the join of the process group, or alive but with ranks that never come to the join, is
+named and this node's ranks stopped, instead of waiting in Paddle's own join (its TCP store, then gloo's rendezvous
+through it) without a word: a rank there was still waiting after 17 minutes when it was stopped.
 
 After the meeting (`rendezvous.guard`) every launcher beats at MASTER's store: a counter under
-`/<job id>/pretrain_cli_alive/<node>` every `BEAT` s, `joined` once its ranks have all joined (then it stops),
-`left` when it exits before that (its ranks failed at start-up, or it was stopped). Until its own ranks have joined
-it reads the others': a node that left, whose beat has not changed for `SILENCE` s (killed, its host down, the
-network cut), or whose MASTER has not answered for `SILENCE` s (the node serving MASTER's store is gone: the store is
-a thread of its launcher) is lost. Silence is counted in this launcher's own reads, each at most `CAP` s: a launcher
-that was itself not scheduled for a while counts no one silent for it.
+`/<job id>/pretrain_cli_alive/<node>` every `BEAT` s (`<n> in` once every rank of its node waits in the join),
+`joined` once its ranks have all joined (then it stops), and `left <code> <action>` when it ends before that: how
+launch.sh ends that node (`own_end`: `job.decide` on its ranks' records and the launcher's own code), said when Paddle's
+launcher has decided that code and before it stops MASTER's store (`note_end`); a node serving that store keeps it up
+`LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a node that left, whose beat has not changed for `SILENCE` s
+(killed, its host down, the network cut), or whose MASTER has not answered for `SILENCE` s (the node serving MASTER's
+store is gone: the store is a thread of its launcher) is lost; a node whose ranks are not all in the join the start-up
+allowance after the meeting is late (alive, but a start-up stalled there: it beats on for ever). The allowance is the
+run's own (`hang_timeout`, at least `progress.START` s; 0: none), which each rank of this node marks with its join.
+Silence and lateness are counted in this launcher's own reads, each at most `CAP` s: a launcher that was itself not
+scheduled for a while counts no one silent or late for it.
 
-A lost node is acted on once every rank of this node waits in the join: each rank marks `joining.R` (its pid) and
-`joined.R` in the directory `JOIN_ENV` names (`job.record` / `job.clear`, around `distributed.setup`'s join). A rank
-of this node still starting up may yet fail on its own (the same bad key on every node), and a rank that died is
-its own failure: both are the launcher's to report, as before. Then one line names the lost node, this node's ranks
-are killed and the launcher exits `LOST` (1, as a rank lost on another host: restarted under MAX_RESTART).
-Plain HTTP with a timeout (`Store`): Paddle's own client waits for ever on a host that is gone.
+A lost or late node is acted on once every rank of this node waits in the join: each rank marks `joining.R` (its pid
+and allowance) and `joined.R` in the directory `JOIN_ENV` names (`job.joined`, around `distributed.setup`'s join). A
+rank of this node still starting up may yet fail on its own (the same bad key on every node), and a rank that died is
+its own failure: both are the launcher's to report, as before. Then one line names the node, this node's ranks are
+killed and the launcher ends with the class of the first cause, so that every node's launch.sh does the same
+(`follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so, never
+restarted; one whose ranks could not join (75, which its launch.sh retries with new ports) ends them with 75 and the
+records that make theirs retry too; any other end, a node lost, is `LOST` (1) and a late node `HUNG` (124), restarted
+under MAX_RESTART. A node whose own ranks still start up when another left with `HUNG` is late itself (the others name
+every node not in the join by their deadline): it ends too, its ranks killed, `HUNG`, where its stalled rank would
+otherwise hold it for ever. Plain HTTP with a timeout (`Store`): Paddle's own client waits for ever on a host that
+is gone.
 """
 from __future__ import annotations
 
@@ -29,14 +40,60 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import job, progress, watcher
 
 BEAT = 1.0  # s between beats (and reads)
 SILENCE = 30.0  # s without a beat, or without an answer from MASTER: the node is lost
-CAP = 3.0  # the most one read adds to a silence (this launcher's own stall is nobody's silence)
-LOST = 1  # the exit code: a rank failed elsewhere (`watcher.LOST`)
+CAP = 3.0  # the most one read adds to a silence or a lateness (this launcher's own stall is nobody's)
+LINGER = 5.0  # s a node serving MASTER's store keeps it up after its `left`: the others read it every BEAT s
+LOST, HUNG = watcher.LOST, watcher.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
 ALIVE = "pretrain_cli_alive"
+IN = "in"  # a beat's second word once every rank of its node waits in the join
 NODE_KEY, HOST_KEY, SERVES_KEY = "pretrain_cli_node", "pretrain_cli_host", "pretrain_cli_serves"
+SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
+_ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
+_WATCHES: list = []  # the watch this launcher runs (`start`)
+
+
+def note_end(code: int, signalled: bool = False) -> None:
+    """Paddle's launcher is about to end with `code` (its ranks' code, or 128 + the signal that stops it: `signalled`),
+    as the shell will see it (`rendezvous.guard` calls it before Paddle stops MASTER's store, which this launcher may
+    serve): a node whose ranks have not joined leaves now, saying how launch.sh ends it (`Watch.leave`)."""
+    _ENDED.append((code % 256, signalled))
+    for watch in _WATCHES:
+        watch.leave()
+
+
+def own_end() -> tuple[int, str]:
+    """(code, action) launch.sh will end this node's launch with: stopped by SIGINT / SIGTERM, not restarted (its ranks
+    are stopped in the join, whose records would read as a failed join); else `job.decide` on its ranks' records and
+    the launcher's own code (`LOST` when not known)."""
+    code, signalled = _ENDED[-1] if _ENDED else (LOST, False)
+    if signalled and code in SIGNALLED:
+        return code, "stop"
+    return job.decide(job.verdict_dir(), code)
+
+
+def follow(code: int, action: str) -> tuple[int, str]:
+    """This node's end when another node left before the join ending as (`code`, `action`): the same class, so that
+    launch.sh does the same here (a usage error or a stop by signal: not restarted; a failed join: tried again with
+    new ports; anything else: a rank lost elsewhere, restarted under MAX_RESTART)."""
+    if action == "rendezvous":
+        return job.TRANSIENT, "rendezvous"
+    if action == "stop" and code in (job.USAGE, *SIGNALLED):
+        return code, "stop"
+    return LOST, "retry"
+
+
+def left(value) -> tuple[int, str] | None:
+    """How a node that left ends (`left <code> <action>`; a bare `left`: `LOST`, "retry"), or None for a beat."""
+    parts = str(value).split()
+    if not parts or parts[0] != "left":
+        return None
+    try:
+        return int(parts[1]), parts[2]
+    except (IndexError, ValueError):
+        return LOST, "retry"
 
 
 class Store:
@@ -104,10 +161,17 @@ class Watch:
     def __init__(self, store: Store, prefix: str, me: int, nodes: list[dict], join_dir: Path, master: str):
         self.store, self.prefix, self.me, self.nodes, self.join_dir = store, prefix, me, nodes, Path(join_dir)
         self.master, self.count, self.done, self.gone = master, 0, False, False
-        self.lock = threading.Lock()  # a beat of the thread never lands after `leave` (it would undo it)
+        self.lock = threading.RLock()  # a beat never lands after `leave` (it would undo it); RLock: a signal handler
+        # may call `leave` (`note_end`) on the thread already inside it
         self.quiet = {j: 0.0 for j in range(len(nodes)) if j != me}  # each other node's silence so far
         self.values: dict = {j: None for j in self.quiet}
-        self.unanswered, self.last = 0.0, time.monotonic()
+        self.late = dict.fromkeys(self.quiet, 0.0)  # each other node's time so far with ranks not all in the join
+        self.arrived: set = set()  # the other nodes whose ranks all wait in the join now
+        self.ends: dict = {}  # node -> (code, action) of each node that left
+        self.unanswered, self.last, self.since = 0.0, time.monotonic(), 0.0  # since: the meeting, in own reads
+        self.left_at = None  # when this node said `left`
+        self.inside = False  # every rank of this node has marked its join
+        self.allowance = progress.allowance("start-up", None, 0.0)  # (its ranks' own, once they mark it)
 
     def key(self, node: int) -> str:
         return f"{self.prefix}/{ALIVE}/{node}"
@@ -116,78 +180,136 @@ class Watch:
         with self.lock:
             self.count += 1
             if not self.gone:
-                self.store.put(self.key(self.me), "joined" if self.done else str(self.count))
+                value = "joined" if self.done else f"{self.count} {IN}" if self.inside else str(self.count)
+                self.store.put(self.key(self.me), value)
 
-    def leave(self) -> None:
-        """At the launcher's exit: a node whose ranks never joined says so (`left`): the others stop waiting now."""
+    def leave(self, end: tuple[int, str] | None = None) -> None:
+        """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `own_end()`):
+        the others stop waiting now, and end the same way (`follow`). A node serving MASTER's store keeps it up
+        `LINGER` s more: the store ends with this launcher, and the others poll it."""
         with self.lock:
             if not self.done and not self.gone:
-                self.store.put(self.key(self.me), "left")
+                code, action = end or own_end()
+                self.store.put(self.key(self.me), f"left {code} {action}")
+                self.left_at = time.monotonic()
             self.gone = True
+        if self.left_at is not None and self.nodes[self.me]["serves"]:
+            time.sleep(max(0.0, self.left_at + LINGER - time.monotonic()))
 
     def observe(self, now: float, seen: dict | None) -> list[tuple[int, str]]:
         """The nodes lost by now, each with why (`left`, `silent`, `master`), from one read of the beats (`seen`,
-        None: MASTER did not answer)."""
+        None: MASTER did not answer); counts each other node's lateness too (`overdue`)."""
         step, self.last = min(max(now - self.last, 0.0), CAP), now
-        if seen is None:
+        self.since += step
+        if seen is None:  # (a node that left is gone for good: the one serving MASTER's store too)
             self.unanswered += step
             serving = [j for j, n in enumerate(self.nodes) if n["serves"] and j != self.me]
-            return [(serving[0], "master")] if serving and self.unanswered >= SILENCE else []
+            gone = [(j, "left") for j in sorted(self.ends)]
+            return gone or ([(serving[0], "master")] if serving and self.unanswered >= SILENCE else [])
         self.unanswered, lost = 0.0, []
         for j in list(self.quiet):
             value = seen.get(self.key(j))
             if value == "joined":  # its ranks joined: all of this node's are in the join too, or about to be
                 del self.quiet[j]
-            elif value == "left":
+                self.arrived.add(j)
+            elif left(value) is not None or j in self.ends:
+                self.ends[j] = left(value) or self.ends[j]
                 lost.append((j, "left"))
-            elif value != self.values[j]:
-                self.values[j], self.quiet[j] = value, 0.0
             else:
-                self.quiet[j] += step
-                if self.quiet[j] >= SILENCE:
-                    lost.append((j, "silent"))
-        return lost
+                if IN in str(value).split()[1:]:
+                    self.arrived.add(j)
+                else:
+                    self.arrived.discard(j)
+                    self.late[j] += step
+                if value != self.values[j]:
+                    self.values[j], self.quiet[j] = value, 0.0
+                else:
+                    self.quiet[j] += step
+                    if self.quiet[j] >= SILENCE:
+                        lost.append((j, "silent"))
+        return sorted(lost, key=lambda x: x[1] != "left")  # a node that left says how it ends: that class first
+
+    def overdue(self) -> list[tuple[int, str]]:
+        """The nodes alive whose ranks are not all in the join this node's start-up allowance after the meeting."""
+        if self.allowance is None:  # hang_timeout: 0, not watched
+            return []
+        return [(j, "late") for j in self.quiet if j not in self.arrived and self.late[j] >= self.allowance]
 
     def local_ranks(self) -> range:
         mine = self.nodes[self.me]
         return range(mine["first"], mine["first"] + mine["count"])
 
     def waiting(self) -> list[int] | None:
-        """The pids of this node's ranks when every one of them is alive inside the join, else None; marks the watch
-        done once they have all joined."""
+        """The pids of this node's ranks when every one of them is alive inside the join (their allowance noted),
+        else None; marks the watch done once they have all joined."""
         from pretrain_cli import processes
 
         if all((self.join_dir / f"joined.{r}").exists() for r in self.local_ranks()):
             self.done = True
             return None
-        pids = []
+        marks = {}
         for r in self.local_ranks():
+            with contextlib.suppress(OSError):
+                marks[r] = (self.join_dir / f"joining.{r}").read_text().split()  # "<pid> <allowance s | none>"
+        self.inside = len(marks) == len(self.local_ranks())
+        if not self.inside:
+            return None  # still starting up: it may fail on its own yet
+        pids, allowances = [], []
+        for r, mark in marks.items():
             try:
-                pids.append(int((self.join_dir / f"joining.{r}").read_text()))
-            except (OSError, ValueError):
-                return None  # still starting up: it may fail on its own yet
+                pids.append(int(mark[0]))
+                allowances.append(None if mark[1:2] == ["none"] else float(mark[1]) if mark[1:] else self.allowance)
+            except (IndexError, ValueError):
+                return None
             if (self.join_dir / f"joined.{r}").exists() or not processes.alive(pids[-1]):
                 return None
+        self.allowance = None if None in allowances else max(allowances)
         return pids
 
-    def line(self, lost: list[tuple[int, str]]) -> str:
+    def starting(self) -> list[int]:
+        """This node's ranks that have not marked their join."""
+        return [r for r in self.local_ranks() if not (self.join_dir / f"joining.{r}").exists()]
+
+    def ending(self, lost: list[tuple[int, str]]) -> tuple[int, str]:
+        """(code, action) this node ends with for `lost` (its first): the class of a node that left, else a lost
+        node's (`LOST`) or a late one's (`HUNG`)."""
+        j, why = lost[0]
+        return follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else (LOST, "retry")
+
+    def line(self, lost: list[tuple[int, str]], end: tuple[int, str] | None = None) -> str:
+        """The one line naming the first of `lost` (and how many more), and how this node ends (`end`, else
+        `ending(lost)`)."""
         node = os.environ.get("NODE_RANK")
         who = f"node {node}" if node else "this node"
         j, why = lost[0]
-        how = {"left": "it left (its launcher ended: its console says why)",
-               "silent": f"it has not beaten at MASTER for {SILENCE:.0f} s (killed, or its host down or unreachable)",
-               "master": f"MASTER {self.master}, which it serves, has not answered for {SILENCE:.0f} s (killed, or its "
-                         f"host down or unreachable)"}[why]
-        more = f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
         mine = self.local_ranks()
         ranks = f"rank {mine[0]} stops" if len(mine) == 1 else f"ranks {mine[0]}-{mine[-1]} stop"
+        tail, more = _tail(*(end or self.ending(lost))), f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
+        if why == "late":
+            return (f"launch.sh: {who}: {describe(self.nodes[j])}{more} has not brought its ranks to the join of the "
+                    f"process group {self.late[j]:.0f} s after the nodes met at MASTER (a start-up stalled there, or "
+                    f"slower than the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its "
+                    f"workerlog says where its ranks are); this node's {ranks} too{tail}")
+        how = self._how(j) if why == "left" else {
+            "silent": f"it has not beaten at MASTER for {SILENCE:.0f} s (killed, or its host down or unreachable)",
+            "master": f"MASTER {self.master}, which it serves, has not answered for {SILENCE:.0f} s (killed, or its "
+                      f"host down or unreachable)"}[why]
         return (f"launch.sh: {who}: lost {describe(self.nodes[j])}{more} before the ranks joined the process group: "
-                f"{how}; this node's {ranks} too. Start that node again and re-run on every node (MAX_RESTART "
-                f"restarts this one)")
+                f"{how}; this node's {ranks} too{tail}")
+
+    def _how(self, j: int) -> str:
+        code, action = self.ends[j]
+        if action == "rendezvous":
+            return f"its ranks could not join the process group (its launcher ended, exit {code}: its console says why)"
+        if action == "stop" and code == job.USAGE:
+            return f"it left with a usage error (exit {code}: its console says which)"
+        if action == "stop" and code in SIGNALLED:
+            return f"it was stopped (exit {code}: Ctrl-C or SIGTERM there)"
+        return f"it left (its launcher ended, exit {code}: its console says why)"
 
     def run(self, end=os._exit) -> None:
-        """Beat and read every BEAT s until this node's ranks have joined; end the launcher (`end(LOST)`) once a lost
-        node leaves them waiting in the join."""
+        """Beat and read every BEAT s until this node's ranks have joined; end the launcher (`end(code)`) once a lost
+        or late node leaves them waiting in the join, or once this node is late itself."""
         while True:
             self.beat()
             if self.done:
@@ -197,18 +319,61 @@ class Watch:
             if self.done:
                 self.beat()  # `joined`: the others stop counting this node's silence
                 return
-            if lost and pids:
-                print(self.line(lost), file=sys.stderr, flush=True)
-                for pid in pids:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-                for r in self.local_ranks():  # not a failed join to retry with new ports (`job.decide`)
-                    job.forget(r)
-                self.leave()  # the others learn it now, not after SILENCE (this launcher may serve MASTER)
-                sys.stdout.flush()
-                end(LOST)
-                return
+            cause = (lost or self.overdue()) if pids else []
+            if cause:
+                end_as = self.ending(cause)
+                return self._stop(self.line(cause, end_as), pids, end_as, end)
+            gave_up = [j for j, why in lost if why == "left" and self.ends[j][0] == HUNG]
+            if gave_up and not self.inside:  # a node gave up on the ranks not in the join: this node's are not
+                return self._stop(self.late_line(gave_up[0]), self.children(), (HUNG, "retry"), end)
             time.sleep(BEAT)
+
+    def late_line(self, j: int) -> str:
+        node = os.environ.get("NODE_RANK")
+        who = f"node {node}" if node else "this node"
+        waited, mine = self.starting(), self.local_ranks()
+        names = f"rank {waited[0]} has" if len(waited) == 1 else f"ranks {', '.join(map(str, waited))} have"
+        ranks = f"rank {mine[0]} stops" if len(mine) == 1 else f"ranks {mine[0]}-{mine[-1]} stop"
+        return (f"launch.sh: {who}: {describe(self.nodes[j])} gave up waiting for this node's ranks to join the "
+                f"process group: {names} not reached the join {self.since:.0f} s after the nodes met at MASTER (a "
+                f"start-up stalled here, or slower than hang_timeout's start-up allowance: this node's workerlog says "
+                f"where); this node's {ranks} too{_tail(HUNG, 'retry', 'them')}")
+
+    @staticmethod
+    def children() -> list[int]:
+        """This launcher's ranks, by its children: a rank still starting up has marked no pid yet."""
+        from pretrain_cli import processes
+
+        return processes.children(os.getpid())
+
+    def _stop(self, line: str, pids: list[int], end_as: tuple[int, str], end) -> None:
+        """Say `line`, leave records that make launch.sh end as `end_as` (a failed join's for "rendezvous", none else:
+        `job.decide` then reads the launcher's code), leave (lingering, when this node serves MASTER: its ranks wait
+        on meanwhile, so Paddle's launcher does not end first), kill `pids` (this node's ranks), `end(code)`."""
+        print(line, file=sys.stderr, flush=True)
+        for r in self.local_ranks():
+            if end_as[1] == "rendezvous":
+                job.record(r, job.TRANSIENT, "joining", "died while joining the process group")
+            else:  # not a failed join to retry with new ports (`job.decide`)
+                job.forget(r)
+        self.leave(end_as)  # the others learn it now, not after SILENCE
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        sys.stdout.flush()
+        end(end_as[0])
+
+
+def _tail(code: int, action: str, whose: str = "that node's ranks") -> str:
+    """What the line of a node ending as (`code`, `action`) says it does, and what to do."""
+    if action == "rendezvous":
+        return f", exit {code}: launch.sh tries again with new ports, as that node's does"
+    if action == "stop":
+        why = ": fix what that node's console names and re-run on every node" if code == job.USAGE else " (that node " \
+              "was stopped)"
+        return f", exit {code}, not restarted{why}"
+    again = f", exit {code}. Find what holds {whose}" if code == HUNG else ". Start that node again"
+    return f"{again} and re-run on every node (MAX_RESTART restarts this one)"
 
 
 def start(store: Store, prefix: str, me: int, peers: list, join_dir: Path, master: str) -> Watch:
@@ -216,6 +381,7 @@ def start(store: Store, prefix: str, me: int, peers: list, join_dir: Path, maste
     import atexit
 
     watch = Watch(store, prefix, me, nodes_of(peers), join_dir, master)
-    atexit.register(watch.leave)
+    _WATCHES.append(watch)
+    atexit.register(watch.leave)  # (and at any other exit: `note_end` is the one before MASTER's store stops)
     threading.Thread(target=watch.run, daemon=True, name="pretrain-cli-join-watch").start()
     return watch

@@ -14,7 +14,9 @@ Each node also registers the number of nodes it was started for (NNODES): a node
 once, exit 2 (with NNODES 2 and 3 the first node started its ranks with the second, whose launcher waited for a third
 node: its ranks waited in the join of a process group whose other half never started). It registers its NODE_RANK,
 host name and whether it serves MASTER's store too, for the watch of the join that follows the meeting
-(`distributed.launcher.joining`: a node lost before the ranks joined is named, and the waiting nodes end).
+(`distributed.launcher.joining`: a node lost before the ranks joined, or whose ranks never come, is named, and the
+waiting nodes end); and the code the launcher exits with goes to that watch first (`_note_ends`), so that a node
+leaving before the join tells the others how it ends.
 """
 from __future__ import annotations
 
@@ -139,6 +141,28 @@ def guard(timeout: float | None = None, notice: float = NOTICE) -> None:
         return peers, me
 
     KVClient.wait_server_ready, KVClient.get_prefix, masters.HTTPMaster.sync_peers = wait_server_ready, seen, sync_peers
+    _note_ends()
+
+
+def _note_ends() -> None:
+    """Tell the join's watch the code Paddle's launcher ends with (its ranks' code once they are all done, or 128 +
+    the signal that stops it) before Paddle stops MASTER's store (`finalize`, `signal_handler`: `self.master.stop()`):
+    a node that leaves before its ranks joined says there how launch.sh ends it, and the other nodes end the same way
+    (`joining.note_end`, `joining.own_end`)."""
+    from paddle.distributed.launch.controllers.controller import ControllerBase
+
+    finalize, stopped = ControllerBase.finalize, ControllerBase.signal_handler
+
+    def finalize_noted(self, exit=True):
+        self.pod.join()  # (finalize's own first step: the code is its ranks' once they are all done)
+        joining.note_end(self.pod.exit_code)
+        return finalize(self, exit)
+
+    def stopped_noted(self, sigint, frame):
+        joining.note_end(128 + sigint, signalled=True)
+        return stopped(self, sigint, frame)
+
+    ControllerBase.finalize, ControllerBase.signal_handler = finalize_noted, stopped_noted
 
 
 def _tagged(value: str, nodes: int, serves: bool = False) -> str:
