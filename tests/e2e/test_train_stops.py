@@ -59,6 +59,40 @@ def test_a_signal_after_the_last_step_lets_the_run_evaluate_and_export_and_exit_
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_stop_agreed_on_another_ranks_signal_ignores_this_ranks_own_during_the_save(corpus, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A rank that stops because another rank's signal reached it first (`comm.any`) gets its own first SIGTERM from
+    the launcher only later, during the save: it was handled there (and so could interrupt the save's store wait with
+    EINTR, as a second signal did before 2f079be). Signals are ignored from the agreement on: here the "other rank"
+    agrees at step 2 and the launcher's SIGTERM lands as the save begins."""
+    import os
+    import signal
+
+    from pretrain_cli.distributed.comms import comm as comm_mod
+    from pretrain_cli.training import trainer as trainer_mod
+
+    real_step, real_save, steps, during_save = trainer_mod.Trainer.train_step, trainer_mod.Trainer._save, [], []
+
+    def counted(self, batches):
+        steps.append(1)
+        return real_step(self, batches)
+
+    def signalled_save(self, stopping=False):
+        if stopping:
+            during_save.append((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))
+            os.kill(os.getpid(), signal.SIGTERM)  # the launcher's SIGTERM, after the ranks agreed to stop
+        return real_save(self, stopping)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", counted)
+    monkeypatch.setattr(trainer_mod.Trainer, "_save", signalled_save)
+    monkeypatch.setattr(comm_mod.NoComm, "any", lambda self, flag: flag or len(steps) == 2)  # another rank's signal
+    assert cli_main(["train", write_config(tmp_path, corpus, max_steps=5, save_steps=10)]) == 0
+    assert during_save == [(signal.SIG_IGN, signal.SIG_IGN)]
+    assert "received SIGTERM" not in capsys.readouterr().out  # not handled: no handler ran mid-save
+    state = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+
+
 def _poison_step(monkeypatch, bad_steps):
     """Make the loss NaN on the given (1-based) micro-batch calls."""
     import pretrain_cli.training.step as step_mod  # where the step computes its loss

@@ -6,10 +6,11 @@ benchmarks build it, makes its own):
   finishes the step and saves), and from then on further signals are ignored: Paddle's launcher sends its SIGTERM up
   to 3 times 0.2 s apart, and one landing in the save's store wait failed it with EINTR (`TCP receive error ...
   Interrupted system call`: rank 0 crashed after a Ctrl-C under launch.sh, its checkpoint saved but the job exit 1);
-- `hold()`, once the loop stops on one: further signals are ignored, not handled, until the run has written its
-  last files and released its lock. A second signal is common (the launcher's SIGTERM after a terminal's Ctrl-C);
-  its default action would kill the saves, and a Python handler would interrupt the system call it lands in (a
-  store wait fails with EINTR). The launcher's force-kill still ends a stop that never finishes;
+- `hold()`, once the ranks agreed to stop, before the stop's save (a rank stopped by another rank's signal gets its
+  own first SIGTERM from the launcher only then, mid-save): further signals are ignored, not handled, until the run
+  has written its last files and released its lock. A second signal is common (the launcher's SIGTERM after a
+  terminal's Ctrl-C); its default action would kill the saves, and a Python handler would interrupt the system call
+  it lands in (a store wait fails with EINTR). The launcher's force-kill still ends a stop that never finishes;
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
   ends at once anyway, exit 0);
@@ -29,6 +30,7 @@ class StopSignals:
     def __init__(self):
         self.requested = False
         self._previous: dict | None = None  # the handlers before `listen`, until `restore`
+        self._held = False  # `hold` said so (once: the loop holds at the agreement and again as it ends)
 
     def listen(self) -> None:
         def handler(signum, frame):
@@ -50,11 +52,15 @@ class StopSignals:
             signal.signal(s, handler)
 
     def hold(self) -> None:
+        self.requested = True
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
+        if not self._held:
+            log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
+            self._held = True
 
     def restore(self) -> None:
+        self._held = False
         if self._previous is not None:
             for s, h in self._previous.items():
                 signal.signal(s, h)
