@@ -8,7 +8,8 @@
 # Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
 #      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
-#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file;
+#      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file,
+#      JSON or YAML;
 #      with MASTER set <output_dir>/log/node-<NODE_RANK> (node-<host name> without NODE_RANK), so nodes sharing
 #      output_dir keep their workerlog.N apart),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
@@ -46,9 +47,8 @@ for a in "$@"; do
   case $a in --output_dir=*) out=${a#*=};; esac
   prev=$a
 done
-if [ -z "$out" ]; then
-  out=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("output_dir") or "")' "${1:-}" \
-        2>/dev/null || true)
+if [ -z "$out" ]; then  # the argument file read as the run reads it: JSON, or YAML by its name
+  out=$("$PY" "$HERE/job.py" output_dir "${1:-}" 2>/dev/null || true)
 fi
 # One node: a live run holding output_dir refuses this launch before the launcher opens its logs, which are
 # that run's (output_dir/log). (Several nodes start together and one of them takes the lock: not asked there.)

@@ -8,10 +8,10 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "launch.sh"
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# '-c' probes (is this a GPU build?) answer "no", the output_dir probe runs; the launcher call is recorded.
-if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
-# job.py ports -- PYTHON CMD...: the launcher call itself (recorded below); job.py decide: the real one
-case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
+# '-c' probes (is this a GPU build?) answer "no"; the launcher call is recorded.
+if [ "$1" = "-c" ]; then exit 1; fi
+# job.py ports -- PYTHON CMD...: the launcher call itself (recorded below); job.py decide, held, output_dir: the real one
+case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec "${REAL_PYTHON:-python3}" "$@"; fi;; esac
 echo "$@" > "$RECORD"
 echo "$PYTHONWARNINGS" > "$RECORD.warnings"
 echo "${PRETRAIN_CLI_THREADS:-unset}" > "$RECORD.threads"
@@ -84,7 +84,7 @@ def test_nproc_overrides_and_no_math_environment_is_forced(tmp_path):
 # A launcher that fails with the exit codes listed in $CODES (one per call, then 0), recording each call; at call
 # n it leaves $VERDICT_n (if set) as rank 1's own verdict, as a rank launched by launch.sh does.
 FLAKY_PYTHON = """#!/usr/bin/env bash
-if [ "$1" = "-c" ]; then case "$2" in *output_dir*) exec python3 "$@";; esac; exit 1; fi
+if [ "$1" = "-c" ]; then exit 1; fi
 # job.py ports -- PYTHON CMD...: the launcher call itself (recorded below); job.py decide: the real one
 case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
 echo "$@" >> "$RECORD"
@@ -171,6 +171,37 @@ def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_op
     assert "--log_dir" in _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7, "started": "then"}))  # gone
     assert "--log_dir" in _launch(tmp_path)
+
+
+def test_a_yaml_argument_files_output_dir_holds_the_logs_and_its_live_run_refuses_the_launch(tmp_path):
+    """launch.sh read output_dir with json.load: a YAML argument file's logs went to ./log and the check of a live
+    run holding its output_dir was skipped. It reads the file as the run does (config/parser.read_argument_file)."""
+    import json
+    import socket
+    import sys
+
+    (tmp_path / "cfg.yaml").write_text("# PaddleFormers' form of the same keys\noutput_dir: ./runs/y/\nmax_steps: 3\n")
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER", "LOG_DIR", "NPROC", "MAX_RESTART")}
+    env.update(PYTHON=str(fake), RECORD=str(tmp_path / "cmd.txt"), REAL_PYTHON=sys.executable)
+
+    def launch():
+        return subprocess.run(["bash", str(SCRIPT), "cfg.yaml"], env=env, capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+
+    out = launch()
+    cmd = (tmp_path / "cmd.txt").read_text().split()
+    assert out.returncode == 0 and cmd[cmd.index("--log_dir") + 1] == "./runs/y/log", out.stderr
+    (tmp_path / "cmd.txt").unlink()
+    (tmp_path / "runs" / "y").mkdir(parents=True)
+    (tmp_path / "runs" / "y" / "run.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                                   "started": "then"}))
+    out = launch()
+    assert out.returncode == 2 and not (tmp_path / "cmd.txt").exists()
+    assert out.stderr.strip() == (f"error: output_dir: runs/y is in use by another run (pid {os.getpid()} on this "
+                                  f"host, started then); wait for it to finish, stop it, or choose another output_dir")
 
 
 def _paddle_launch(tmp_path):
@@ -271,3 +302,4 @@ def test_a_stop_in_the_part_of_paddles_import_that_swallows_it_ends_the_launcher
     if line:
         assert err.strip().splitlines()[-1] == line, err
     assert not (tmp_path / "log").exists()  # no rank started
+
