@@ -18,7 +18,10 @@ launcher's own copy of one whose copy came first (Python runs pending handlers b
 SIGTERM). A further signal is Paddle's second one, which ends the ranks 10 s later.
 
 Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is limited to RENDEZVOUS_TIMEOUT seconds
-(default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently."""
+(default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently.
+
+A stop gives the ranks STOP_TIMEOUT seconds (default 900; 0: no limit) to finish their step and save before they are
+killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`)."""
 import os
 import signal
 import sys
@@ -107,6 +110,13 @@ if __name__ == "__main__":
         import logging
         import runpy
 
+        from pretrain_cli.distributed.launcher import stopping
+
+        try:
+            stop_limit = stopping.timeout_seconds()
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            sys.exit(2)
         stops = Stops()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         stops.start()
@@ -116,6 +126,7 @@ if __name__ == "__main__":
             stops.start()  # over the SIGTERM handler Paddle's import installs (a C++ report, then death)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a SIGTERM held back meanwhile arrives here
             stops.again()
+        stopping.install(stop_limit)  # Paddle's 30 s for a stop: a longer save was killed, its checkpoint lost
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
         from pretrain_cli.distributed.launcher import rendezvous

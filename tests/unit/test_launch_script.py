@@ -303,3 +303,62 @@ def test_a_stop_in_the_part_of_paddles_import_that_swallows_it_ends_the_launcher
         assert err.strip().splitlines()[-1] == line, err
     assert not (tmp_path / "log").exists()  # no rank started
 
+
+# A rank whose stop takes 3 s: at the launcher's SIGTERM (its first; the launcher sends up to 3) it "saves", then ends.
+SAVING_RANK = """import signal, sys, time
+from pathlib import Path
+stops = []
+def stop(signum, frame):
+    stops.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, stop)
+Path(sys.argv[1]).write_text("ready")
+while not stops:
+    time.sleep(0.05)
+time.sleep(3)
+Path(sys.argv[2]).write_text("saved")
+"""
+
+
+@pytest.mark.parametrize("limit, saved", [("1", False), ("20", True), ("0", True)])
+def test_a_stop_gets_stop_timeout_seconds_to_save_not_paddles_30(tmp_path, limit, saved):
+    """Paddle's launcher SIGKILLed its ranks 30 s after its stop's SIGTERM (`pod.stop(timeout=30)`): a longer save was
+    lost, whatever the scheduler allowed. paddle_launch.py gives them STOP_TIMEOUT seconds (0: no limit): a 3 s save
+    is kept under 20 and 0 and killed under 1, with one line saying so (the old code kept it under 1 too)."""
+    import signal
+    import sys
+
+    (tmp_path / "rank.py").write_text(SAVING_RANK)
+    ready, done = tmp_path / "ready", tmp_path / "saved"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
+                             "--log_dir", str(tmp_path / "log"), str(tmp_path / "rank.py"), str(ready), str(done)],
+                            env={**os.environ, "STOP_TIMEOUT": limit}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        _wait(ready.exists, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert done.exists() == saved, err
+    said = [x for x in err.splitlines() if "had not finished their stop" in x]
+    assert said == ([] if saved else [f"launch.sh: the ranks had not finished their stop {limit} s after the signal "
+                                      f"(STOP_TIMEOUT); killing them: the checkpoint they were saving is lost (a re-run "
+                                      f"resumes from the newest complete one). Give a stop more time with STOP_TIMEOUT "
+                                      f"(and the scheduler's grace period before its SIGKILL)"]), err
+
+
+def test_a_stop_timeout_that_is_no_whole_number_of_seconds_is_one_line_before_any_rank(tmp_path):
+    import sys
+
+    proc = subprocess.run([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
+                           "--log_dir", str(tmp_path / "log"), str(tmp_path / "rank.py")],
+                          env={**os.environ, "STOP_TIMEOUT": "10m"}, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "launch.sh: STOP_TIMEOUT='10m': give the seconds the ranks get to finish their step and save after a stop's "
+        "signal as a whole number (default 900; 0: no limit)"), proc.stderr
+    assert not (tmp_path / "log").exists()

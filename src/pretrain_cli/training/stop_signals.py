@@ -10,7 +10,7 @@ benchmarks build it, makes its own):
   own first SIGTERM from the launcher only then, mid-save): further signals are ignored, not handled, until the run
   has written its last files and released its lock. A second signal is common (the launcher's SIGTERM after a
   terminal's Ctrl-C); its default action would kill the saves, and a Python handler would interrupt the system call
-  it lands in (a store wait fails with EINTR). The launcher's force-kill still ends a stop that never finishes;
+  it lands in (a store wait fails with EINTR). The launcher still kills ranks not done after STOP_TIMEOUT;
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
   ends at once anyway, exit 0);
