@@ -121,7 +121,10 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  # PaddleNLP's DeepSeek-V3 layout; with tp too, over fewer ranks than the data ranks (not semi-auto)
                  Degrees(ep=4, pp=2, stage=1, sharding=4, data=4, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, pp=2, stage=1, sharding=2, data=4, moe="qwen3_moe"),
-                 Degrees(ep=2, tp=2, stage=1, sharding=2, data=4, moe="qwen2_moe")):
+                 Degrees(ep=2, tp=2, stage=1, sharding=2, data=4, moe="qwen2_moe"),
+                 # and ZeRO-2 there: fleet's ZeRO-1 releasing the rest's unowned gradients (test_expert_zero1_hybrid)
+                 Degrees(ep=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(ep=2, tp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3")):
         assert refusals(runs) == [], runs
 
 

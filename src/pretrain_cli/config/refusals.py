@@ -71,13 +71,15 @@ REFUSED = (
                       f"pipeline_parallel_degree {d.pp} stages is not supported yet (each axis runs with the experts "
                       f"on its own, but the three together, 8 processes at the least, have not been run against one "
                       f"process here); drop one of the three"),
-    Refusal("ep with ZeRO-2/3", lambda d: bool(d.moe) and d.ep > 1 and d.stage in (2, 3),
-            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported yet ("
-                      + (f"ZeRO-2 with a pipeline or tp is fleet's ZeRO-1 releasing the gradients a rank does not own, "
-                         f"not run with the experts kept out of it here" if d.stage == 2 and (d.pp > 1 or d.tp > 1)
-                         else f"ZeRO-2/3 run on the semi-auto engine, whose placements take every data rank to hold "
-                              f"the same parameters, while each rank of an expert group holds other experts")
-                      + "); use sharding: stage1 (ZeRO-1 over the rest of the model) or ''"),
+    Refusal("ep with ZeRO-2/3",
+            lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == 1 and d.tp == 1),
+            lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported"
+                      f"{'' if d.stage == 3 else ' without a pipeline or tensor parallelism'} ("
+                      f"{'ZeRO-3' if d.stage == 3 else 'ZeRO-2 alone'} runs on the semi-auto engine, whose placements "
+                      f"take every data rank to hold the same parameters, while each rank of an expert group holds "
+                      f"other experts); use sharding: stage1 (ZeRO-1 over the rest of the model) or ''"
+                      + ("" if d.stage == 3 else " (stage2 runs with pipeline_parallel_degree or "
+                                                 "tensor_parallel_degree > 1: fleet's ZeRO-2 over the rest)")),
     Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
             lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
                       f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of MLA sums "

@@ -18,8 +18,11 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
 
 On fleet's hybrid groups (`ExpertHybrid`, the same data side over `Hybrid`'s engines): `ExpertPipeline` inside
 pipeline stages and `ExpertTensor` with tensor parallelism on one stage (each held expert also a tp slice), the rest
-averaged over the stage's data ranks or, under `sharding: stage1`, through fleet's ZeRO-1 over the stage's sharding
-group with the experts kept out of it as `ExpertZero1` keeps them (`ExpertGrads.leave_out` / `rejoin` / `update`).
+averaged over the stage's data ranks or, under `sharding: stage1/2`, through fleet's ZeRO-1/2 over the stage's
+sharding group with the experts kept out of it as `ExpertZero1` keeps them (`ExpertGrads.leave_out` / `rejoin` /
+`update`). ZeRO-2 there is fleet's ZeRO-1 releasing the rest's gradients a rank does not own after each update
+(`FleetHybrid.step`, over `Hybrid.trained`: the rest only); a rank's experts' gradients are all its own to update,
+so they stay.
 """
 from __future__ import annotations
 
@@ -208,9 +211,10 @@ class ExpertHybrid:
     parallelism on one stage, `ExpertTensor`): each stage's expert groups are drawn from its own data ranks at one
     tp position (`Topology.expert_group` keeps the stage and tp coordinates), its sparse layers dispatch over them
     (every rank of a group runs the same schedule, so the same collectives in the same order), and the rest is
-    reduced as `Hybrid` reduces it: averaged over the stage's data ranks, or under `sharding: stage1` through
-    fleet's ZeRO-1 over the stage's sharding group, which is given the rest only (`trained`) and the experts after
-    it as `ExpertZero1` does (PaddleNLP's DeepSeek-V3 layout: pp × ZeRO-1 × ep). Under tensor parallelism each
+    reduced as `Hybrid` reduces it: averaged over the stage's data ranks, or under `sharding: stage1/2` through
+    fleet's ZeRO-1/2 over the stage's sharding group, which is given the rest only (`trained`) and the experts after
+    it as `ExpertZero1` does (PaddleNLP's DeepSeek-V3 layout: pp × ZeRO-1 × ep; ZeRO-2 releases only the rest's
+    unowned gradients). Under tensor parallelism each
     held expert is a tp slice too (the `tp` step cuts it like an MLP), so its share of the norm is summed over the
     tp group as well."""
 
@@ -241,7 +245,7 @@ class ExpertHybrid:
         return self.dense(super().trained(model))
 
     def shard(self, model, optimizer):
-        """`Hybrid.shard` over the rest; under ZeRO-1 the experts are out of the optimizer's list while fleet's
+        """`Hybrid.shard` over the rest; under ZeRO-1/2 the experts are out of the optimizer's list while fleet's
         sharding optimizer is built, then back in the lists it clears and the AdamW steps (`ExpertGrads.rejoin`)."""
         held = self.experts.leave_out(optimizer) if self.parallel.sharding_stage else []
         optimizer = super().shard(model, optimizer)
@@ -279,8 +283,9 @@ class ExpertHybrid:
         return paddle.sqrt(sq)
 
     def step(self, optimizer) -> None:
-        """`Hybrid`'s step (fleet's update of the owned slice and its broadcast, or the AdamW over everything);
-        under ZeRO-1 then this rank's experts by the same AdamW."""
+        """`Hybrid`'s step (fleet's update of the owned slice and its broadcast, ZeRO-2 then releasing the rest's
+        unowned gradients; or the AdamW over everything); under ZeRO-1/2 then this rank's experts by the same
+        AdamW."""
         super().step(optimizer)
         if self._hpo is not None:
             self.experts.update()
