@@ -19,6 +19,8 @@ four one-process runs in all.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launch_helpers import (assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
@@ -73,3 +75,19 @@ def test_expert_parallel_with_zero1_or_zero2_on_hybrid_groups_matches_one_proces
 def test_checkpoint_resumes_on_one_process(runs, corpus, tmp_path, layout):
     run = resume_from(runs[layout][1] / "checkpoint-2", corpus, tmp_path, 1, gradient_accumulation_steps=8, **KEYS)
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(3, STEPS + 1))
+
+
+def _held(out) -> list[dict]:
+    """Each rank's bytes held between steps, from the run's `layout` record."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "layout"][0]["per_rank"]
+
+
+@pytest.mark.parametrize("axis", ["pp", "tp"])
+def test_zero2_releases_the_rests_unowned_gradients_and_the_record_counts_the_experts(runs, axis):
+    """The layout record's gradients held between steps: under ZeRO-1 every trained parameter's, the experts' too,
+    so all the rank's parameters but the balancing biases (no gradient; 32 bytes a sparse layer here): it counted
+    the rest's only (`ExpertHybrid.local_bytes`). Under ZeRO-2 fewer on every rank: the rest's unowned released."""
+    one, two = (_held(runs[f"{axis}2_zero{k}_ep2"][1]) for k in (1, 2))
+    assert all(0 <= r["parameters"] - r["gradients"] < 1024 for r in one), one
+    assert all(0 < b["gradients"] < a["gradients"] for a, b in zip(one, two)), (one, two)

@@ -290,6 +290,14 @@ class ExpertHybrid:
         if self._hpo is not None:
             self.experts.update()
 
+    def local_bytes(self, model, optimizer) -> dict:
+        """`Hybrid.local_bytes` (whose gradients are the rest's, `trained`) with this rank's experts' gradients,
+        which every rank keeps whole between steps under any sharding stage (each updates its own experts)."""
+        out = super().local_bytes(model, optimizer)
+        out["gradients"] += sum(int(p.grad.numel()) * p.grad.element_size() for p in self.experts.side.params
+                                if p.grad is not None and p.grad._is_initialized())
+        return out
+
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)
 
