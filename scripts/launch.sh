@@ -27,7 +27,8 @@
 # finish their step and save, and this script exits once they have, with the job's code (0: stopped and saved),
 # never restarting it (a scheduler that saw this script end would take the job for ended and kill the rest).
 # STOP_TIMEOUT (seconds the ranks get for that, default 900, 0: no limit; Paddle's launcher alone gives 30): ranks
-# still running then are killed, said in one line, their checkpoint lost (scripts/paddle_launch.py).
+# still running then are killed, said in one line, their checkpoint lost (scripts/paddle_launch.py). The ranks die
+# with the launcher (SIGKILL to this script's process group kills it): none outlives it.
 set -euo pipefail
 # A stop by signal: passed on to the launcher as SIGUSR1 (for SIGTERM) / SIGUSR2 (SIGINT), which makes one stop of it
 # whether or not the launcher got the signal itself (scripts/paddle_launch.py); the ranks are not in this process

@@ -21,7 +21,9 @@ Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is l
 (default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently.
 
 A stop gives the ranks STOP_TIMEOUT seconds (default 900; 0: no limit) to finish their step and save before they are
-killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`)."""
+killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`). And its ranks die with it: Paddle
+starts each in a session of its own, so this process killed with its group left them running
+(`distributed/launcher/launch.py`: `end_with_launcher`, told this process by `PRETRAIN_CLI_LAUNCHER`)."""
 import os
 import signal
 import sys
@@ -110,7 +112,7 @@ if __name__ == "__main__":
         import logging
         import runpy
 
-        from pretrain_cli.distributed.launcher import stopping
+        from pretrain_cli.distributed.launcher import launch, stopping
 
         try:
             stop_limit = stopping.timeout_seconds()
@@ -127,6 +129,7 @@ if __name__ == "__main__":
             signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a SIGTERM held back meanwhile arrives here
             stops.again()
         stopping.install(stop_limit)  # Paddle's 30 s for a stop: a longer save was killed, its checkpoint lost
+        os.environ[launch.LAUNCHER] = launch.launcher_mark()  # the ranks' environment is copied from this one
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
         from pretrain_cli.distributed.launcher import rendezvous

@@ -95,3 +95,35 @@ def test_sigterm_while_a_node_waits_at_master_for_the_others_ends_it_at_once(cor
     err = _log(err_file)
     assert proc.returncode == 143 and not left, (left, err[-2000:])
     assert "Traceback" not in err and "nodes joined" not in err, err[-2000:]
+
+
+def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, tmp_path):
+    """SIGKILL to launch.sh's process group (`kill -9 -PGID`, a test's clean-up, a scheduler's kill after its grace
+    period) mid-training: the ranks die with their launcher. Paddle's launcher starts each rank in a session of its
+    own, so the group's SIGKILL missed them: the ranks and their watchers went on with PPID 1 (two of a test's were
+    found 30 minutes later), training on or waiting for a peer until hang_timeout."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    marker = uuid.uuid4().hex
+    env = child_env()
+    env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "global_step: 3," not in _log(tmp_path / "log" / "workerlog.0"):
+            assert proc.poll() is None and time.monotonic() < deadline, _log(tmp_path / "log" / "workerlog.0")
+            time.sleep(0.1)
+        assert sum(r is not None for r, _, _ in job_pids(marker).values()) == 4  # 2 ranks and their 2 watchers
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 60  # (they end within a second: a bound, not a measurement)
+        while job_pids(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = job_pids(marker)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in job_pids(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, left
