@@ -124,6 +124,37 @@ def test_eval_and_generate_on_a_run_stopped_before_its_export_take_its_newest_ch
     assert f"export its newest checkpoint, {newest}" in capsys.readouterr().err
 
 
+def test_eval_on_a_multi_process_runs_directory_reads_the_windows_its_evaluation_read(corpus, tmp_path, capsys):
+    """A run on D data ranks evaluates eval_iters global batches of per_device_eval_batch_size x D windows, each
+    rank its slice: eval --model on its directory reads eval_iters x D batches, the same windows, so it says the
+    logged eval_loss. It read eval_iters batches (PaddleNLP's DeepSeek-V3 file on 8 processes, pp 2 x ZeRO-1 over 4:
+    10 of its 40 windows, loss 6.2464 against the run's 6.2423). A one-process run of eval_iters 4 batches of 2 is
+    what a 2-data-rank run of eval_iters 2 evaluates, so its record is rewritten as that run's."""
+    cfg = write_config(tmp_path, corpus, max_steps=1, save_steps=1, do_eval=True, do_predict=True,
+                       per_device_eval_batch_size=2, eval_iters=4)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    logged = json.loads((out / "all_results.json").read_text())
+    record = json.loads((out / "args.json").read_text())
+    for part in ("arguments", "user_arguments"):
+        record[part]["eval_iters"] = 2
+    record["run"]["loop"].update(eval_iters=2, test_iters=20)
+    record["run"]["parallel"].update(world_size=2, sharding_degree=2, sharding_stage=1)
+    (out / "args.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    for split, loss in (("valid", logged["eval_loss"]), ("test", logged["test_loss"])):
+        assert cli_main(["eval", "--model", str(out), "--split", split, "--json"]) == 0
+        printed = capsys.readouterr()
+        again = json.loads(printed.out)
+        per_rank = 2 if split == "valid" else 20  # the one-process run's 4 (40) batches of 2
+        assert again["batches"] == 2 * per_rank and again["loss"] == pytest.approx(loss, abs=1e-6)
+        assert (f"note: {out}/args.json: its run evaluated {per_rank} batches of 2 on each of 2 data ranks; the same "
+                f"{per_rank * 4} windows here, as {per_rank * 2} batches of 2") in printed.err
+    assert cli_main(["eval", "--model", str(out), "--max_batches", "2", "--json"]) == 0  # the user's count stands
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["batches"] == 2 and "data ranks" not in printed.err
+
+
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=4)
     assert cli_main(["train", cfg]) == 0

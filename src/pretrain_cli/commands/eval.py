@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --config, the run's max_seq_length for its split)")
     parser.add_argument("--config", default=None,
                         help="a training argument file (or a run's args.json): evaluate its --split (valid/test) "
-                             "on the same batches the trainer uses (valid: eval_iters, test: 10 x eval_iters); "
+                             "on the same batches the trainer uses (valid: eval_iters, test: 10 x eval_iters; a "
+                             "run's args.json: times the data ranks it ran on, each of which read its slice); "
                              "`--key value` after the options "
                              "overrides its keys as in `train` (default: none)")
     parser.add_argument("--split", default=None, choices=("valid", "test"),
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per_device_eval_batch_size, which this overrides)")
     parser.add_argument("--max_batches", type=int, default=None,
                         help="stop after this many batches (default: the whole file; with --config, the run's: "
-                             "eval_iters for valid, 10 x eval_iters for test)")
+                             "eval_iters for valid, 10 x eval_iters for test, times a recorded run's data ranks)")
     parser.add_argument("--attention_mask_type", default=None, choices=("causal", "document"),
                         help="document: a token attends only to earlier tokens of its own document (boundaries "
                              "from the token file's index), as a run with attention_mask_type: document trains "
@@ -125,7 +126,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
-    from pretrain_cli.orchestration.recorded import differences
+    from pretrain_cli.orchestration.recorded import data_ranks, differences
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
@@ -151,8 +152,12 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     t0 = time.perf_counter()
-    run_batches = lp.eval_iters if ns.split == "valid" else lp.test_iters  # what the run's own evaluation read
-    batches, bs = run_batches if ns.max_batches is None else ns.max_batches, lp.eval_batch
+    # what the run's own evaluation read: its iterations' global batches, on each of its data ranks a slice
+    per_rank, ranks = lp.eval_iters if ns.split == "valid" else lp.test_iters, data_ranks(ns.config)
+    batches, bs = per_rank * ranks if ns.max_batches is None else ns.max_batches, lp.eval_batch
+    if ranks > 1 and ns.max_batches is None:
+        print(f"note: {ns.config}: its run evaluated {per_rank} batches of {bs} on each of {ranks} data ranks; "
+              f"the same {per_rank * ranks * bs} windows here, as {batches} batches of {bs}", file=sys.stderr)
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
     mask = spec.run.data.attention_mask_type

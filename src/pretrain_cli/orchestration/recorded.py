@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.errors import UserError
+from pretrain_cli.run_dir import ARGS_FILE
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
@@ -65,6 +66,21 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
                             f"pass --config FILE, or a --model directory a run wrote (it holds args.json)")
         return None
     return parse_config(source, overrides)
+
+
+def data_ranks(config: str) -> int:
+    """The data ranks (dp x sharding) of the run whose record `config` is (a run's args.json), 1 for an argument file
+    no run wrote: that run's evaluation read `eval_iters` global batches of `per_device_eval_batch_size` x that many
+    windows, each data rank its slice, so one process averages the same windows in `eval_iters` x that many batches."""
+    path = Path(config)
+    ckpt = CheckpointDir.of(path.parent)
+    if path.name != ARGS_FILE or ckpt.record is None:
+        return 1
+    parallel = ckpt.run("parallel")
+    try:
+        return max(1, int(parallel["dp_degree"]) * int(parallel["sharding_degree"]))
+    except (TypeError, KeyError, ValueError):  # a record that does not say: judged as one process's
+        return 1
 
 
 def differences(model_dir, max_seq_length: int, attention_mask_type: str, reset_position_ids) -> list[str]:
