@@ -155,6 +155,36 @@ def test_eval_on_a_multi_process_runs_directory_reads_the_windows_its_evaluation
     assert json.loads(printed.out)["batches"] == 2 and "data ranks" not in printed.err
 
 
+def test_inspect_data_resolves_a_run_on_its_data_ranks(corpus, tmp_path, capsys):
+    """inspect-data --config --step K shows the step as train ran it: a run's record (args.json) on the data ranks
+    it had, and --dp_size N as a launch on N would resume (the checkpoint's global batch kept by the accumulation).
+    It resolved one process: PaddleNLP's DeepSeek-V3 file's record (8 processes, 4 data ranks x acc 10) said
+    'micro_bs 1 x dp 1 x acc 40', with --dp_size 4 'dp 4 x acc 40': step 2 read samples [160, 320), the run's
+    steps 5-8 (its step 8's logged batch_hash among them)."""
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2, per_device_train_batch_size=2,
+                       gradient_accumulation_steps=4)  # 8 sequences a step
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    capsys.readouterr()
+
+    def step(*argv):
+        assert cli_main(["inspect-data", "--config", *map(str, argv), "--step", "2", "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        return info["samples"], len(info["micro_steps"]), len(info["micro_steps"][0]["ranks"])
+
+    assert step(cfg) == ([8, 16], 4, 1)  # the run itself
+    assert step(cfg, "--dp_size", 2) == ([8, 16], 2, 2)  # a resume on 2 data ranks keeps 8: acc 2
+    for where in (out, out / "checkpoint-2"):  # as a 2-data-rank run of the same batch records them
+        record = json.loads((where / "args.json").read_text())
+        for part in ("arguments", "user_arguments"):
+            record[part]["gradient_accumulation_steps"] = 2
+        record["run"]["loop"]["grad_accum"] = 2
+        record["run"]["parallel"].update(world_size=2, dp_degree=2)
+        (where / "args.json").write_text(json.dumps(record))
+    assert step(out / "args.json") == ([8, 16], 2, 2)
+    assert step(out / "args.json", "--dp_size", 1) == ([8, 16], 4, 1)
+
+
 def test_generate_is_seeded_and_greedy_is_deterministic(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=4)
     assert cli_main(["train", cfg]) == 0

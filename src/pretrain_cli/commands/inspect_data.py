@@ -34,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=8,
                         help="per-device micro-batch, for --step (default: %(default)s)")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="for --step (default: %(default)s)")
-    parser.add_argument("--dp_size", type=int, default=1,
-                        help="data-parallel ranks (dp x sharding), for --step (default: %(default)s)")
+    parser.add_argument("--dp_size", type=int, default=None,
+                        help="data-parallel ranks (dp x sharding), for --step; with --config the run is resolved "
+                             "on as many, as `train` on that launch would be (default: 1; --config of a run's "
+                             "args.json: the data ranks that run had)")
 
 
 def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
@@ -48,8 +50,8 @@ def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
 
 
 def _step_view(ns, tok) -> tuple:
-    """--step K: (data lines, train split, micro_bs, acc, tokenizer, skipped batches, trainer state path) from the
-    run's own configuration, data and trainer state (--config), or from the flags."""
+    """--step K: (data lines, train split, micro_bs, acc, tokenizer, skipped batches, trainer state path, data
+    ranks) from the run's own configuration, data and trainer state (--config), or from the flags."""
     if ns.config:
         return _config_step_view(ns, tok)
     if not ns.prefix:
@@ -58,38 +60,52 @@ def _step_view(ns, tok) -> tuple:
 
     splits = build_datasets(ns.prefix, ns.split, ns.max_seq_length, ns.seed, ns.sample_mode, tokenizer=tok,
                             need=("train",), vocab_size=tok.vocab_size if tok else None)
-    return splits.describe(), splits.train, ns.batch_size, ns.gradient_accumulation_steps, tok, [], None
+    return splits.describe(), splits.train, ns.batch_size, ns.gradient_accumulation_steps, tok, [], None, \
+        ns.dp_size or 1
 
 
 def _config_step_view(ns, tok) -> tuple:
-    """--config: the run's data keys and batch sizes. A file without output_dir (a base config that leaves it to
-    the command line) is inspected too: only training needs one, so an empty placeholder directory stands in,
-    which holds no trainer state and so no skipped batches; so is one that sets no do_train."""
+    """--config: the run's data keys and batch sizes, resolved on its data ranks (--dp_size, else a run's record's,
+    else one), as `train` resolves them there: a resume keeps its checkpoint's global batch by the accumulation
+    for that many ranks. A file without output_dir (a base config that leaves it to the command line) is inspected
+    too: only training needs one, so an empty placeholder directory stands in, which holds no trainer state and so
+    no skipped batches; so is one that sets no do_train."""
     import tempfile
 
     from pretrain_cli.orchestration.prepare import load_arguments, prepare
-    from pretrain_cli.orchestration.targets import inference_target
+    from pretrain_cli.orchestration.recorded import data_ranks
+    from pretrain_cli.orchestration.targets import inference_target, simulated_target
 
     overrides = ["--input_dir", ns.prefix] if ns.prefix else []
+    ranks = ns.dp_size if ns.dp_size is not None else data_ranks(ns.config)
     with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:
-        has_output = bool(str(load_arguments(ns.config, overrides).training.output_dir or "").strip())
+        args = load_arguments(ns.config, overrides)
+        has_output = bool(str(args.training.output_dir or "").strip())
         # the step's samples are the train split's, whatever do_train the file sets (a base file may leave the
         # do_* keys to the command line, as it may output_dir)
         changes = {"do_train": True, **({} if has_output else {"output_dir": placeholder})}
-        # one process on this machine's device, as `eval` and `generate` resolve
-        spec = prepare(ns.config, overrides, inference_target(), changes)
+        # one process on this machine's device, as `eval` and `generate` resolve; on several data ranks the launch
+        # of that many (`check --world_size`'s), with the file's tensor, pipeline and context degrees beside them
+        model = 1
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+            model *= max(1, int(args.get(key) or 1))
+        spec = prepare(ns.config, overrides, inference_target() if ranks == 1 else simulated_target(ranks * model),
+                       changes)
+    if spec.run.parallel.data_world_size != ranks:  # (a world the file's degrees split otherwise)
+        raise UserError(f"--dp_size {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
+                        f"{spec.run.parallel.world_size} processes; pass --dp_size {spec.run.parallel.data_world_size}")
     skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
     lines = spec.splits.describe()
     if where:
         lines.append(f"trainer state: {where} ({len(skipped)} skipped batches; steps after it assume none)")
     lp = spec.run.loop
-    return lines, spec.splits.train, lp.micro_batch, lp.grad_accum, tok or spec.tokenizer, skipped, where
+    return lines, spec.splits.train, lp.micro_batch, lp.grad_accum, tok or spec.tokenizer, skipped, where, ranks
 
 
-def _step_object(view, step: int, dp_size: int) -> dict:
+def _step_object(view, step: int) -> dict:
     """`--step K --json`: `data.inspect.step_record` (what `describe_step` prints), with the data lines and the
     trainer state it read, for a script to compare a run's logged hashes with."""
-    lines, dataset, micro_bs, acc, tok, skipped, where = view
+    lines, dataset, micro_bs, acc, tok, skipped, where, dp_size = view
     rec = step_record(dataset, step, micro_bs, acc, dp_size, tok, skipped_batches=skipped)
     return {**rec, "trainer_state": str(where) if where else None, "data": lines}
 
@@ -100,10 +116,10 @@ def _step(ns, tok) -> int:
         raise UserError(f"--step: {ns.step} must be >= 1 (steps are counted from 1, as in the training log)")
     view = _step_view(ns, tok)
     if ns.json:
-        print(json.dumps(_step_object(view, ns.step, ns.dp_size)))
+        print(json.dumps(_step_object(view, ns.step)))
         return 0
-    lines, dataset, micro_bs, acc, tok, skipped, _ = view
-    for line in lines + describe_step(dataset, ns.step, micro_bs, acc, ns.dp_size, tok, skipped_batches=skipped):
+    lines, dataset, micro_bs, acc, tok, skipped, _, dp_size = view
+    for line in lines + describe_step(dataset, ns.step, micro_bs, acc, dp_size, tok, skipped_batches=skipped):
         print(line)
     return 0
 
