@@ -1,21 +1,23 @@
 """Expert parallelism with fleet's ZeRO-1 and ZeRO-2 on fleet's hybrid groups (`ExpertHybrid`): PaddleNLP's DeepSeek-V3
 layout (`llm/config/deepseek-v3/pretrain_argument.json`: pp 2 x `sharding: stage1` x 4 x ep 4 on 8 processes) at its
 smallest, pp2 x ZeRO-1 over 2 data ranks x ep2 on 4 processes, and tp2 x ZeRO-1 x ep2 on 4 (no pipeline), each also
-under `sharding: stage2`, each equal to one process step by step, and the pipeline's checkpoints (and tp2 x ZeRO-2's)
-resumed on one process on the same curve.
+under `sharding: stage2`, and the three axes together, pp2 x tp2 x ZeRO-1 x ep2 on 8 processes; each equal to one
+process step by step, and the checkpoints of the pipelines (and tp2 x ZeRO-2's) resumed on one process on the same
+curve.
 
 What makes it run: fleet's sharding optimizer is built over the rest of the model only (`ExpertHybrid.trained`; its
 owners and broadcasts take every sharding rank to hold the same parameters, and it keys them by Paddle's names, which
 the experts of other ranks share), each rank's experts join the AdamW's own list after it and are stepped after
-fleet's step, and the gradient norm sums the experts' squares over their expert group, never over the sharding
-group (`ExpertHybrid.grad_norm`). ZeRO-2 is the same with the rest's unowned gradients released after each update
-(`FleetHybrid.step` over the rest only). Before, all four layouts were refused (`config.refusals`).
+fleet's step, and the gradient norm sums the experts' squares over their expert group (and under tp their tp group),
+never over the sharding group (`ExpertHybrid.grad_norm`). ZeRO-2 is the same with the rest's unowned gradients
+released after each update (`FleetHybrid.step` over the rest only). Before, the ZeRO-2 layouts and pp x tp x ep were
+refused (`config.refusals`).
 
 The model is `micro-deepseek-v3` (8 routed experts in 4 groups, a shared expert, a dense first layer, an MTP module
 whose layer is sparse too) with its sequence-wise balance loss, z-loss and balancing bias on. Every layout runs 8
 micro-batches of 1 sequence a step (2 data ranks x 4), so one process with 8 micro-batches of 1 is the reference of
-all (the sequence-wise loss is a loss per micro-batch). 4 steps, a checkpoint at step 2: four 4-process launches and
-four one-process runs in all.
+all (the sequence-wise loss is a loss per micro-batch). 4 steps, a checkpoint at step 2: four 4-process launches, one
+8-process launch and five one-process runs in all.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ LAYOUTS = {f"{axis}2_zero{stage}_ep2": {axis_key: 2, "sharding": f"stage{stage}"
                                         "gradient_accumulation_steps": 4}
            for axis, axis_key in (("pp", "pipeline_parallel_degree"), ("tp", "tensor_parallel_degree"))
            for stage in (1, 2)}
+LAYOUTS["pp2_tp2_zero1_ep2"] = dict(pipeline_parallel_degree=2, tensor_parallel_degree=2, sharding="stage1",
+                                    expert_parallel_degree=2, gradient_accumulation_steps=4)  # (8 processes)
 # as tests/distributed/test_mtp_pipeline.py: a few weights whose AdamW steps turn rounding-level gradient differences
 # (another summation order on each stage and rank) into a visible fraction of the learning rate
 TOL_WEIGHTS = 5e-5
@@ -46,7 +50,7 @@ def runs(corpus, shared, tmp_path_factory):
     out = {"one": reference(shared, corpus, gradient_accumulation_steps=8, **KEYS)}
     for name, over in LAYOUTS.items():
         run = launch_joined(write_config(root / f"{name}.json", corpus, root / name, **KEYS, **over),
-                            root / f"{name}_log", 4)
+                            root / f"{name}_log", 8 if "tp2" in name and "pp2" in name else 4)
         assert run.returncode == 0, run.explain()
         out[name] = run, root / name
     return out
@@ -71,7 +75,7 @@ def test_expert_parallel_with_zero1_or_zero2_on_hybrid_groups_matches_one_proces
     assert_close_tensors(read_weights(out), read_weights(rout), tol=TOL_WEIGHTS)
 
 
-@pytest.mark.parametrize("layout", ["pp2_zero1_ep2", "pp2_zero2_ep2", "tp2_zero2_ep2"])
+@pytest.mark.parametrize("layout", ["pp2_zero1_ep2", "pp2_zero2_ep2", "tp2_zero2_ep2", "pp2_tp2_zero1_ep2"])
 def test_checkpoint_resumes_on_one_process(runs, corpus, tmp_path, layout):
     run = resume_from(runs[layout][1] / "checkpoint-2", corpus, tmp_path, 1, gradient_accumulation_steps=8, **KEYS)
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(3, STEPS + 1))

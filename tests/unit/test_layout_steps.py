@@ -95,7 +95,6 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "sp with ZeRO-3": Degrees(tp=2, sp=True, stage=3, sharding=2, data=2),
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
-                "ep with tp inside a pipeline": Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
                 "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
                 "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
                 "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3")}
@@ -124,7 +123,11 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(ep=2, tp=2, stage=1, sharding=2, data=4, moe="qwen2_moe"),
                  # and ZeRO-2 there: fleet's ZeRO-1 releasing the rest's unowned gradients (test_expert_zero1_hybrid)
                  Degrees(ep=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
-                 Degrees(ep=2, tp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3")):
+                 Degrees(ep=2, tp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 # all three: ExpertPipeline with the tp step in its stages (test_expert_zero1_hybrid, 8 processes)
+                 Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
+                 Degrees(ep=2, tp=2, pp=2, stage=1, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(ep=2, tp=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3")):
         assert refusals(runs) == [], runs
 
 

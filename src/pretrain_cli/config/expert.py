@@ -5,10 +5,10 @@ Expert parallelism spreads a Mixture-of-Experts model's routed experts over grou
 layer's experts and the tokens routed to them are sent to it. It runs on the data ranks (of each pipeline stage), with
 the rest of the model data-parallel or under fleet's ZeRO-1 (`sharding: stage1`; the experts' gradients reduced
 over the ranks holding the same experts and their AdamW state kept whole, `distributed.strategies.expert_strategy`),
-inside a pipeline or with tensor parallelism on one stage (the data ranks of each tp position; the experts also cut
-by the `tp` step), there also under fleet's ZeRO-2 (`sharding: stage2`: ZeRO-1 releasing the rest's gradients a rank
-does not own); the products with the other engines, which place the weights themselves, are `config.refusals`' ep
-rows.
+inside a pipeline, with tensor parallelism, or with both (the data ranks of each stage and tp position; the experts
+also cut by the `tp` step), there also under fleet's ZeRO-2 (`sharding: stage2`: ZeRO-1 releasing the rest's gradients
+a rank does not own); the products with the other engines, which place the weights themselves, are
+`config.refusals`' ep rows.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
                      (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
                       f"from; use a divisor of them"),
-                     (cp > 1 or stage == 3 or stage == 2 and tp == pp == 1 or (tp > 1 and pp > 1),
+                     (cp > 1 or stage == 3 or stage == 2 and tp == pp == 1,
                       ""),  # config.refusals' ep rows
                      (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
                       f"the batch a capacity is counted over): set capacity_factor to 0")):

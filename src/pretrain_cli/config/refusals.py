@@ -66,11 +66,6 @@ REFUSED = (
                       f"sequence, and the experts' tensor-parallel split needs every tp rank to route the same ones; "
                       f"not built here); set context_parallel_degree: 1 and sequence_parallel: false (tp, pp, "
                       f"ZeRO-1/2/3 and expert parallelism run)"),
-    Refusal("ep with tp inside a pipeline", lambda d: bool(d.moe) and d.ep > 1 and d.tp > 1 and d.pp > 1,
-            lambda d: f"expert_parallel_degree: {d.ep} with tensor_parallel_degree {d.tp} inside "
-                      f"pipeline_parallel_degree {d.pp} stages is not supported yet (each axis runs with the experts "
-                      f"on its own, but the three together, 8 processes at the least, have not been run against one "
-                      f"process here); drop one of the three"),
     Refusal("ep with ZeRO-2/3",
             lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == 1 and d.tp == 1),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported"

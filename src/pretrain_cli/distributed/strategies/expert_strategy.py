@@ -17,12 +17,12 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
   which spans nodes when the expert group fills one.
 
 On fleet's hybrid groups (`ExpertHybrid`, the same data side over `Hybrid`'s engines): `ExpertPipeline` inside
-pipeline stages and `ExpertTensor` with tensor parallelism on one stage (each held expert also a tp slice), the rest
-averaged over the stage's data ranks or, under `sharding: stage1/2`, through fleet's ZeRO-1/2 over the stage's
-sharding group with the experts kept out of it as `ExpertZero1` keeps them (`ExpertGrads.leave_out` / `rejoin` /
-`update`). ZeRO-2 there is fleet's ZeRO-1 releasing the rest's gradients a rank does not own after each update
-(`FleetHybrid.step`, over `Hybrid.trained`: the rest only); a rank's experts' gradients are all its own to update,
-so they stay.
+pipeline stages (with or without tp in them) and `ExpertTensor` with tensor parallelism on one stage (under tp each
+held expert also a tp slice), the rest averaged over the stage's data ranks or, under `sharding: stage1/2`, through
+fleet's ZeRO-1/2 over the stage's sharding group with the experts kept out of it as `ExpertZero1` keeps them
+(`ExpertGrads.leave_out` / `rejoin` / `update`). ZeRO-2 there is fleet's ZeRO-1 releasing the rest's gradients a
+rank does not own after each update (`FleetHybrid.step`, over `Hybrid.trained`: the rest only); a rank's experts'
+gradients are all its own to update, so they stay.
 """
 from __future__ import annotations
 
@@ -207,16 +207,15 @@ class ExpertZero1(FleetZero1):
 
 
 class ExpertHybrid:
-    """Expert parallelism on fleet's hybrid groups (`Hybrid`'s engines: a pipeline, `ExpertPipeline`; tensor
-    parallelism on one stage, `ExpertTensor`): each stage's expert groups are drawn from its own data ranks at one
-    tp position (`Topology.expert_group` keeps the stage and tp coordinates), its sparse layers dispatch over them
-    (every rank of a group runs the same schedule, so the same collectives in the same order), and the rest is
-    reduced as `Hybrid` reduces it: averaged over the stage's data ranks, or under `sharding: stage1/2` through
-    fleet's ZeRO-1/2 over the stage's sharding group, which is given the rest only (`trained`) and the experts after
-    it as `ExpertZero1` does (PaddleNLP's DeepSeek-V3 layout: pp × ZeRO-1 × ep; ZeRO-2 releases only the rest's
-    unowned gradients). Under tensor parallelism each
-    held expert is a tp slice too (the `tp` step cuts it like an MLP), so its share of the norm is summed over the
-    tp group as well."""
+    """Expert parallelism on fleet's hybrid groups (`Hybrid`'s engines: a pipeline, with or without tp in its
+    stages, `ExpertPipeline`; tensor parallelism on one stage, `ExpertTensor`): each stage's expert groups are drawn
+    from its own data ranks at one tp position (`Topology.expert_group` keeps the stage and tp coordinates), its
+    sparse layers dispatch over them (every rank of a group runs the same schedule, so the same collectives in the
+    same order), and the rest is reduced as `Hybrid` reduces it: averaged over the stage's data ranks, or under
+    `sharding: stage1/2` through fleet's ZeRO-1/2 over the stage's sharding group, which is given the rest only
+    (`trained`) and the experts after it as `ExpertZero1` does (PaddleNLP's DeepSeek-V3 layout: pp × ZeRO-1 × ep;
+    ZeRO-2 releases only the rest's unowned gradients). Under tensor parallelism each held expert is a tp slice too
+    (the `tp` step cuts it like an MLP), so its share of the norm is summed over the tp group as well."""
 
     experts: ExpertGrads | None = None  # set by `place`
 
@@ -303,7 +302,8 @@ class ExpertHybrid:
 
 
 class ExpertPipeline(ExpertHybrid, Pipeline):
-    """Expert parallelism inside pipeline stages (`ExpertHybrid`)."""
+    """Expert parallelism inside pipeline stages (`ExpertHybrid`), with tp in the stages too: each held expert then
+    a tp slice (the `tp` step runs inside each stage as for a dense model), its groups at one stage and tp position."""
 
     def wrap(self, model, optimizer):
         """fleet's pipeline engine; its start-up broadcast of every parameter from the stage's first data rank
