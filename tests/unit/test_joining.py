@@ -99,12 +99,12 @@ def test_the_join_marks_it_reads(tmp_path, monkeypatch):
     assert (tmp_path / "joined.3").is_file()
 
 
-def _beats(w, t, value, seconds, reads=None):
-    """`reads` reads of node 1's beat `value` (a function of the read's number) over `seconds` from `t`; the nodes
-    lost at the last."""
+def _beats(w, t, value, seconds, reads=None, waiting=True):
+    """`reads` reads of node 1's beat `value` (a function of the read's number) over `seconds` from `t`, this node's
+    ranks all in the join (`waiting`) or not; the nodes lost at the last."""
     reads = reads or int(seconds)
     for i in range(1, reads + 1):
-        lost = w.observe(t + seconds * i / reads, {"/job/pretrain_cli_alive/1": value(i)})
+        lost = w.observe(t + seconds * i / reads, {"/job/pretrain_cli_alive/1": value(i)}, waiting)
     return lost
 
 
@@ -112,18 +112,19 @@ def test_a_node_whose_ranks_are_not_all_in_the_join_by_the_runs_start_up_allowan
     w = _watch(tmp_path, 0)  # node 0: rank 0; node 1 (ranks 1-2) beats on, its ranks still starting up
     t = w.last
     assert w.waiting() is None and w.overdue() == []  # this node's own ranks still start up: nothing to act on
+    _beats(w, t, str, 3600, reads=3600, waiting=False)  # ... and the others' lateness is not counted meanwhile
+    t += 3600
     (tmp_path / "joining.0").write_text(f"{os.getpid()} 20.0")  # this node's rank in the join: 20 s allowed
-    assert w.waiting() == [os.getpid()] and w.allowance == 20.0
+    assert w.waiting() == [os.getpid()] and w.allowance == 20.0 and w.overdue() == []
     _beats(w, t, str, 19)  # a counter: beating, its ranks not all in the join
     assert w.overdue() == []
     _beats(w, t + 19, lambda i: str(19 + i), 1)
     assert w.overdue() == [(1, "late")]
     assert w.line(w.overdue(), w.ending(w.overdue())) == (
         "launch.sh: this node: node 1 (host b, 10.0.0.2; ranks 1-2) has not brought its ranks to the join of the "
-        "process group 20 s after the nodes met at MASTER (a start-up stalled there, or slower than the 20 s the run "
-        "allows it: hang_timeout's start-up allowance; its workerlog says where its ranks are); this node's rank 0 "
-        "stops too, exit 124. Find what holds that node's ranks and re-run on every node (MAX_RESTART restarts this "
-        "one)")
+        "process group 20 s after this node's (a start-up stalled there, or slower than the 20 s the run allows it: "
+        "hang_timeout's start-up allowance; its workerlog says where its ranks are); this node's rank 0 stops too, "
+        "exit 124. Find what holds that node's ranks and re-run on every node (MAX_RESTART restarts this one)")
     w = _watch(tmp_path, 0)
     t = w.last
     w.waiting()
@@ -345,8 +346,8 @@ def test_a_node_leaving_before_the_join_ends_the_waiting_nodes_with_its_own_clas
 
 def test_a_node_whose_rank_stalls_before_the_join_is_named_after_the_start_up_allowance_and_both_end(tmp_path):
     """Node 1 alive, its rank stalled before the join (`PCLI_FAULT=join_stall`): it beats on, and node 0's rank waited
-    in Paddle's join for ever. Node 0 names it once the run's start-up allowance has passed since the meeting (here
-    hang_timeout 3 s), exit 124; node 1, told so, names its own rank and ends too, that rank killed."""
+    in Paddle's join for ever. Node 0 names it once the run's start-up allowance has passed since its own rank waits in
+    the join (here hang_timeout 3 s), exit 124; node 1, told so, names its own rank and ends too, that rank killed."""
     from pretrain_cli import processes
 
     held, job_id = reserve(), uuid.uuid4().hex
@@ -359,7 +360,7 @@ def test_a_node_whose_rank_stalls_before_the_join_is_named_after_the_start_up_al
     host = re.escape(socket.gethostname())
     assert code == joining.HUNG and "Traceback" not in err, err
     assert re.fullmatch(rf"launch\.sh: node 0: node 1 \(host {host}, 127\.0\.0\.1; rank 1\) has not brought its ranks "
-                        r"to the join of the process group \d+ s after the nodes met at MASTER \(a start-up stalled "
+                        r"to the join of the process group \d+ s after this node's \(a start-up stalled "
                         r"there, or slower than the 3 s the run allows it: hang_timeout's start-up allowance; its "
                         r"workerlog says where its ranks are\); this node's rank 0 stops too, exit 124\. Find what "
                         r"holds that node's ranks and re-run on every node \(MAX_RESTART restarts this one\)",

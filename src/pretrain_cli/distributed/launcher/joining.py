@@ -11,10 +11,11 @@ launcher has decided that code and before it stops MASTER's store (`note_end`); 
 `LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a node that left, whose beat has not changed for `SILENCE` s
 (killed, its host down, the network cut), or whose MASTER has not answered for `SILENCE` s (the node serving MASTER's
 store is gone: the store is a thread of its launcher) is lost; a node whose ranks are not all in the join the start-up
-allowance after the meeting is late (alive, but a start-up stalled there: it beats on for ever). The allowance is the
-run's own (`hang_timeout`, at least `progress.START` s; 0: none), which each rank of this node marks with its join.
-Silence and lateness are counted in this launcher's own reads, each at most `CAP` s: a launcher that was itself not
-scheduled for a while counts no one silent or late for it.
+allowance after this node's ranks all were is late (alive, but a start-up stalled there: it beats on for ever). The
+allowance is the run's own (`hang_timeout`, at least `progress.START` s; 0: none), which each rank of this node marks
+with its join; it is counted from this node's own arrival, not from the meeting, so a start-up that is as slow on
+every node is nobody's lateness. Silence and lateness are counted in this launcher's own reads, each at most `CAP` s:
+a launcher that was itself not scheduled for a while counts no one silent or late for it.
 
 A lost or late node is acted on once every rank of this node waits in the join: each rank marks `joining.R` (its pid
 and allowance) and `joined.R` in the directory `JOIN_ENV` names (`job.joined`, around `distributed.setup`'s join). A
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -165,7 +167,7 @@ class Watch:
         # may call `leave` (`note_end`) on the thread already inside it
         self.quiet = {j: 0.0 for j in range(len(nodes)) if j != me}  # each other node's silence so far
         self.values: dict = {j: None for j in self.quiet}
-        self.late = dict.fromkeys(self.quiet, 0.0)  # each other node's time so far with ranks not all in the join
+        self.late = dict.fromkeys(self.quiet, 0.0)  # each other node's time not all in the join while this one is
         self.arrived: set = set()  # the other nodes whose ranks all wait in the join now
         self.ends: dict = {}  # node -> (code, action) of each node that left
         self.unanswered, self.last, self.since = 0.0, time.monotonic(), 0.0  # since: the meeting, in own reads
@@ -196,9 +198,10 @@ class Watch:
         if self.left_at is not None and self.nodes[self.me]["serves"]:
             time.sleep(max(0.0, self.left_at + LINGER - time.monotonic()))
 
-    def observe(self, now: float, seen: dict | None) -> list[tuple[int, str]]:
+    def observe(self, now: float, seen: dict | None, waiting: bool = False) -> list[tuple[int, str]]:
         """The nodes lost by now, each with why (`left`, `silent`, `master`), from one read of the beats (`seen`,
-        None: MASTER did not answer); counts each other node's lateness too (`overdue`)."""
+        None: MASTER did not answer); counts each other node's lateness too while this node's ranks all wait in the
+        join (`waiting`; `overdue`)."""
         step, self.last = min(max(now - self.last, 0.0), CAP), now
         self.since += step
         if seen is None:  # (a node that left is gone for good: the one serving MASTER's store too)
@@ -220,7 +223,7 @@ class Watch:
                     self.arrived.add(j)
                 else:
                     self.arrived.discard(j)
-                    self.late[j] += step
+                    self.late[j] += step if waiting else 0.0
                 if value != self.values[j]:
                     self.values[j], self.quiet[j] = value, 0.0
                 else:
@@ -230,7 +233,7 @@ class Watch:
         return sorted(lost, key=lambda x: x[1] != "left")  # a node that left says how it ends: that class first
 
     def overdue(self) -> list[tuple[int, str]]:
-        """The nodes alive whose ranks are not all in the join this node's start-up allowance after the meeting."""
+        """The nodes alive whose ranks are not all in the join this node's start-up allowance after its own were."""
         if self.allowance is None:  # hang_timeout: 0, not watched
             return []
         return [(j, "late") for j in self.quiet if j not in self.arrived and self.late[j] >= self.allowance]
@@ -287,9 +290,9 @@ class Watch:
         tail, more = _tail(*(end or self.ending(lost))), f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
         if why == "late":
             return (f"launch.sh: {who}: {describe(self.nodes[j])}{more} has not brought its ranks to the join of the "
-                    f"process group {self.late[j]:.0f} s after the nodes met at MASTER (a start-up stalled there, or "
-                    f"slower than the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its "
-                    f"workerlog says where its ranks are); this node's {ranks} too{tail}")
+                    f"process group {self.late[j]:.0f} s after this node's (a start-up stalled there, or slower than "
+                    f"the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its workerlog says "
+                    f"where its ranks are); this node's {ranks} too{tail}")
         how = self._how(j) if why == "left" else {
             "silent": f"it has not beaten at MASTER for {SILENCE:.0f} s (killed, or its host down or unreachable)",
             "master": f"MASTER {self.master}, which it serves, has not answered for {SILENCE:.0f} s (killed, or its "
@@ -314,11 +317,11 @@ class Watch:
             self.beat()
             if self.done:
                 return
-            lost = self.observe(time.monotonic(), self.store.get_prefix(f"{self.prefix}/{ALIVE}/"))
             pids = self.waiting()
             if self.done:
                 self.beat()  # `joined`: the others stop counting this node's silence
                 return
+            lost = self.observe(time.monotonic(), self.store.get_prefix(f"{self.prefix}/{ALIVE}/"), bool(pids))
             cause = (lost or self.overdue()) if pids else []
             if cause:
                 end_as = self.ending(cause)
@@ -349,7 +352,8 @@ class Watch:
     def _stop(self, line: str, pids: list[int], end_as: tuple[int, str], end) -> None:
         """Say `line`, leave records that make launch.sh end as `end_as` (a failed join's for "rendezvous", none else:
         `job.decide` then reads the launcher's code), leave (lingering, when this node serves MASTER: its ranks wait
-        on meanwhile, so Paddle's launcher does not end first), kill `pids` (this node's ranks), `end(code)`."""
+        on meanwhile, so Paddle's launcher does not end first), kill `pids` (this node's ranks), remove the join's
+        marks, `end(code)`."""
         print(line, file=sys.stderr, flush=True)
         for r in self.local_ranks():
             if end_as[1] == "rendezvous":
@@ -360,6 +364,7 @@ class Watch:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.join_dir, ignore_errors=True)  # (`end` skips the launcher's exit functions, which would)
         sys.stdout.flush()
         end(end_as[0])
 
