@@ -124,6 +124,7 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  # and ZeRO-2 there: fleet's ZeRO-1 releasing the rest's unowned gradients (test_expert_zero1_hybrid)
                  Degrees(ep=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, tp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(ep=2, tp=2, stage=2, sharding=2, data=4, moe="qwen2_moe"),  # fleet's ZeRO-2 below the data ranks
                  # all three: ExpertPipeline with the tp step in its stages (test_expert_zero1_hybrid, 8 processes)
                  Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
                  Degrees(ep=2, tp=2, pp=2, stage=1, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),

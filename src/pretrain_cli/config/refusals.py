@@ -83,7 +83,8 @@ REFUSED = (
                       f"context_parallel_degree: 1 and sequence_parallel: false"),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp
-            and (d.tp > 1 and not d.mla and not (d.moe and d.ep > 1) or d.stage in (2, 3)) and 1 < d.sharding < d.data,
+            and (d.tp > 1 and not d.mla and not (d.moe and d.ep > 1) or d.stage == 3
+                 or d.stage == 2 and not (d.tp > 1 and d.moe and d.ep > 1)) and 1 < d.sharding < d.data,
             lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
                       f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
                       f"use -1 (shard over all {d.data})"),
