@@ -185,6 +185,9 @@ def render() -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.strip()).parse_args()  # --help prints this and writes nothing
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "COMPATIBILITY.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write(render())

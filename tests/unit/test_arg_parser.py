@@ -180,6 +180,26 @@ def test_hf_trainer_keys_paddlenlp_files_carry_are_accepted_and_said_to_do_nothi
     assert not any("accepted but" in n for n in resolve_run("--max_steps", "10", "--save_strategy", "steps").notes)
 
 
+def test_an_ignored_key_s_note_reads_as_one_sentence():
+    """Each ignored key's note goes on after "here: " in lower case ("... here: every rank reads ..."), not with a
+    capital as a new sentence would: only a name keeps its capital (PaddleNLP, DP, HF's; PaddleNLP's other keys'
+    reasons name Llama, Megatron and Baidu)."""
+    from pretrain_cli.config.paddlenlp_keys import IGNORED
+
+    names = {"Llama", "Megatron's", "Baidu"}
+
+    def plain_capital(reason: str) -> bool:
+        word = reason.split()[0]
+        return word[0].isupper() and not any(c.isupper() for c in word[1:]) and word not in names
+
+    r = resolve_run("--max_steps", "10", "--distributed_dataloader", "true", "--run_name", "exp1")
+    assert "distributed_dataloader: accepted but has no effect here: every rank reads its micro-batches" in "\n".join(
+        r.notes)
+    keys = [k for k, s in KEYS.items() if s.support == "ignored"]
+    assert len(keys) > 20 and [k for k in keys if plain_capital(KEYS[k].help)] == []
+    assert [k for k, (_, why) in IGNORED.items() if plain_capital(why)] == []
+
+
 def test_multi_process_tensor_parallel_must_divide_the_model():
     # micro-qwen2: 4 heads, 2 KV heads, intermediate 128
     assert resolve_run("--tensor_parallel_degree", "2", world=4).parallel.tp_degree == 2

@@ -59,7 +59,7 @@ class ModelArguments:
         None, "PaddleNLP fuses gate/up into one Linear; we keep HF names and layout.", "ignored"
     )
     use_fast_layer_norm: bool = _f(
-        False, "Selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
+        False, "selects PaddleNLP's custom `fast_ln` op; fused RMSNorm here uses Paddle's native op.", "ignored"
     )
     # --- Mixture-of-Experts routing and balance (qwen3_moe, qwen2_moe; no effect on a dense model)
     router_aux_loss_coef: Optional[float] = _f(
@@ -91,9 +91,9 @@ class ModelArguments:
         "mean MTP loss added to the training loss (0.3, later 0.1, in DeepSeek-V3); logged apart as mtp_loss.",
         "extension",
     )
-    hidden_dropout_prob: float = _f(0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
+    hidden_dropout_prob: float = _f(0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
     attention_probs_dropout_prob: float = _f(
-        0.1, "Only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"
+        0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"
     )
 
 
@@ -146,7 +146,7 @@ class TrainingArguments:
     do_eval: bool = _f(False, "Evaluate on the valid split every eval_steps.")
     do_predict: bool = _f(False, "Evaluate once on the test split at the end.")
     max_steps: int = _f(-1, "Optimizer steps to train; must be > 0.")
-    num_train_epochs: float = _f(1.0, "Ignored when max_steps > 0 (which is required here).", "ignored")
+    num_train_epochs: float = _f(1.0, "ignored when max_steps > 0 (which is required here).", "ignored")
     seed: int = _f(42, "Seed for model init and data order.")
     device: str = _f("gpu", "cpu, gpu (falls back to cpu with a note when Paddle has no GPU build).", choices=("cpu", "gpu"))
     # --- batches
@@ -172,8 +172,8 @@ class TrainingArguments:
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
                                         "a micro-batch takes ~0.1 ms, so this rarely matters).")
-    dataloader_drop_last: bool = _f(False, "Samples are drawn from an endless index; there is never a partial batch.", "ignored")
-    distributed_dataloader: bool = _f(False, "Every rank reads its micro-batches itself from the memory-mapped token "
+    dataloader_drop_last: bool = _f(False, "samples are drawn from an endless index; there is never a partial batch.", "ignored")
+    distributed_dataloader: bool = _f(False, "every rank reads its micro-batches itself from the memory-mapped token "
                                              "files (a data rank's tp and cp ranks and pipeline stages read the same "
                                              "ones): none reads for others and broadcasts.", "ignored")
     ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it stopped.")
@@ -203,9 +203,9 @@ class TrainingArguments:
         "decay_steps the rate stays at min_learning_rate), or restart (warmup and decay anew from the saved step "
         "over the remaining steps). The choice is printed at start. docs/TRAINING.md.", "extension",
         choices=("stretch", "keep", "restart"))
-    num_cycles: float = _f(0.5, "Only for PaddleNLP's own cosine scheduler, not the pretraining one.", "ignored")
-    lr_end: float = _f(1e-7, "Only for PaddleNLP's polynomial scheduler.", "ignored")
-    power: float = _f(1.0, "Only for PaddleNLP's polynomial scheduler.", "ignored")
+    num_cycles: float = _f(0.5, "only for PaddleNLP's own cosine scheduler, not the pretraining one.", "ignored")
+    lr_end: float = _f(1e-7, "only for PaddleNLP's polynomial scheduler.", "ignored")
+    power: float = _f(1.0, "only for PaddleNLP's polynomial scheduler.", "ignored")
     weight_decay: float = _f(0.0, "Decoupled AdamW weight decay; never applied to biases and norm weights.")
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.999, "AdamW beta2.")
@@ -254,10 +254,10 @@ class TrainingArguments:
     sharding_parallel_config: str = _f("", "fleet's sharding tuning flags (fusion, overlap, split_param); the ZeRO "
                                            "stage of `sharding` alone decides what is sharded here.", "ignored")
     data_parallel_config: str = _f("", "DP feature flags.", "ignored")
-    hybrid_parallel_topo_order: Optional[str] = _f(None, "Group order of the hybrid topology; here pipeline stages are "
+    hybrid_parallel_topo_order: Optional[str] = _f(None, "group order of the hybrid topology; here pipeline stages are "
                                                     "outermost (the link between nodes carries the stages' activations).",
                                                     "ignored")
-    tensor_parallel_output: bool = _f(True, "Vocab-parallel logits: with tensor parallelism the LM head is split over "
+    tensor_parallel_output: bool = _f(True, "vocab-parallel logits: with tensor parallelism the LM head is split over "
                                           "the vocabulary whenever the degree divides it.", "ignored")
     # --- memory and kernels
     recompute: bool = _f(False, "Activation recomputation (checkpointing).")
@@ -293,13 +293,13 @@ class TrainingArguments:
     # --- checkpoints
     save_steps: int = _f(500, "Save output_dir/checkpoint-N every N optimizer steps.")
     save_total_limit: Optional[int] = _f(None, "Keep at most this many checkpoint-N directories (newest kept).")
-    unified_checkpoint: bool = _f(True, "Checkpoints are always unified (topology-free safetensors) here.", "ignored")
+    unified_checkpoint: bool = _f(True, "checkpoints are always unified (topology-free safetensors) here.", "ignored")
     unified_checkpoint_config: str = _f("", "PaddleNLP's unified-checkpoint flags (an unknown one is refused, as PaddleNLP "
                                             "does): async_save or enable_all_options saves in the background as "
                                             "async_save: true does; the others concern PaddleNLP's master-weight "
                                             "files and are noted as having no effect.")
     save_on_each_node: bool = _f(
-        False, "Every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
+        False, "every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
         "(docs/CHECKPOINTS.md).", "ignored")
     export_dtype: str = _f(
         "auto", "dtype of the final export's weights in output_dir (`pretrain-cli export --dtype` for any checkpoint): "
@@ -318,8 +318,8 @@ class TrainingArguments:
     )
     skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line (on CPU they are "
                                          "always there).")
-    log_on_each_node: bool = _f(True, "Only global rank 0 logs here.", "ignored")
-    run_name: Optional[str] = _f(None, "Trackers name the run by output_dir here.", "ignored")
+    log_on_each_node: bool = _f(True, "only global rank 0 logs here.", "ignored")
+    run_name: Optional[str] = _f(None, "trackers name the run by output_dir here.", "ignored")
     skip_profile_timer: bool = _f(True, "PaddleNLP's per-phase timers; the log line's timings are the step's.",
                                   "ignored")
     # --- extensions
