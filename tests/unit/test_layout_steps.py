@@ -125,11 +125,46 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  Degrees(ep=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, tp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, tp=2, stage=2, sharding=2, data=4, moe="qwen2_moe"),  # fleet's ZeRO-2 below the data ranks
+                 # multi-head latent attention's tp (the `tp` step, fleet's groups) with fleet's ZeRO-2 below the data
+                 # ranks, without EP: DeepSeek's MoE and a dense MLA model (docs/DISTRIBUTED.md, by hand)
+                 Degrees(tp=2, stage=2, sharding=2, data=4, moe="deepseek_v3", mla="deepseek_v3"),
+                 Degrees(tp=2, stage=2, sharding=2, data=4, mla="deepseek_v2"),
                  # all three: ExpertPipeline with the tp step in its stages (test_expert_zero1_hybrid, 8 processes)
                  Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
                  Degrees(ep=2, tp=2, pp=2, stage=1, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
                  Degrees(ep=2, tp=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3")):
         assert refusals(runs) == [], runs
+
+
+@pytest.mark.parametrize("model", ["micro-qwen2", "micro-qwen2-moe", "micro-deepseek-v3"])
+def test_sharding_below_the_data_ranks_is_refused_exactly_where_the_semi_auto_engine_runs(model):
+    """"semi-auto sharding below the data ranks" names the semi-auto engine, so it refuses the layouts that engine runs
+    and no other: each one-stage layout of 8 processes with ZeRO over 2 of its data ranks is refused by it exactly when
+    the same layout over every data rank resolves to the semi-auto engine. It refused multi-head latent attention's tp
+    with stage2 too (fleet's groups: it runs, equal to one process), and said "stage1 and no tensor parallelism only"
+    where MLA's and expert parallelism's tp run under stage1/2."""
+    from pretrain_cli.errors import UserError
+    from run_helpers import resolve_run
+
+    moe = model != "micro-qwen2"
+    for tp, stage, ep in ((tp, stage, ep) for tp in (1, 2) for stage in (1, 2, 3) for ep in ((1, 2) if moe else (1,))):
+        keys = ["--tensor_parallel_degree", str(tp), "--sharding", f"stage{stage}", "--expert_parallel_degree", str(ep)]
+        try:
+            engine = resolve_run(*keys, world=8, model=model).parallel.engine
+        except UserError:  # refused over every data rank too (ep with ZeRO-3, ...): another row's
+            continue
+        try:
+            resolve_run(*keys, "--sharding_parallel_degree", "2", world=8, model=model)
+            line = ""
+        except UserError as e:
+            line = str(e)
+        semi_auto = "sharding_parallel_degree: 2 of the " in line and "semi-auto engine" in line
+        assert semi_auto == (engine == "semi_auto"), (tp, stage, ep, engine, line)
+        assert line == "" or semi_auto, line  # nothing else refuses the smaller group
+        if semi_auto:
+            asked = " and ".join(k for k, on in ((f"sharding: stage{stage}", True),
+                                                 (f"tensor_parallel_degree: {tp}", tp > 1)) if on)
+            assert f"not supported with {asked} (" in line and f"use -1 (shard over all {8 // tp})" in line, line
 
 
 def test_distributed_md_lists_each_refusal_row_by_its_name():

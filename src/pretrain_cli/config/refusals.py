@@ -82,13 +82,30 @@ REFUSED = (
                       f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
                       f"context_parallel_degree: 1 and sequence_parallel: false"),
     Refusal("semi-auto sharding below the data ranks",
-            lambda d: d.pp == 1 and d.cp == 1 and not d.sp
-            and (d.tp > 1 and not d.mla and not (d.moe and d.ep > 1) or d.stage == 3
-                 or d.stage == 2 and not (d.tp > 1 and d.moe and d.ep > 1)) and 1 < d.sharding < d.data,
-            lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is supported with "
-                      f"stage1 and no tensor parallelism only (the semi-auto engine shards over every data rank); "
-                      f"use -1 (shard over all {d.data})"),
+            lambda d: d.pp == 1 and d.cp == 1 and not d.sp and not fleet_tp(d)
+            and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,
+            lambda d: f"sharding_parallel_degree: {d.sharding} of the {d.data} data-parallel ranks is not supported "
+                      f"with {_semi_auto_keys(d)} (that layout runs on the semi-auto engine, whose sharding axis is "
+                      f"every data rank; fewer run on fleet's groups: stage1 without tensor parallelism, and stage1/2 "
+                      f"with a pipeline, sequence or context parallelism, or with multi-head latent attention's or "
+                      f"expert parallelism's tensor parallelism); use -1 (shard over all {d.data})"),
 )
+
+
+def fleet_tp(d: Degrees) -> bool:
+    """Whether the tensor parallelism of `d` on one stage without sequence or context parallelism is the `tp` layout
+    step's on fleet's groups (its ZeRO-1/2 fleet's, over any sharding group), not the semi-auto engine's: multi-head
+    latent attention except under ZeRO-3, and routed experts over expert groups. `config.parallel`'s `manual_tp`
+    decides the engine, from the resolved expert degree (here the one asked: where they differ another line refuses);
+    test_layout_steps checks this row against the engine it resolves."""
+    return d.tp > 1 and (bool(d.mla) and d.stage != 3 or bool(d.moe) and d.ep > 1)
+
+
+def _semi_auto_keys(d: Degrees) -> str:
+    """The keys that put a layout of one stage on the semi-auto engine: ZeRO-2/3, or tensor parallelism alone."""
+    stage = f"sharding: stage{d.stage}" if d.stage else ""
+    tp = f"tensor_parallel_degree: {d.tp}" if d.tp > 1 else ""
+    return " and ".join(k for k in (stage, tp) if k)
 
 
 def refusals(degrees: Degrees) -> list[str]:
