@@ -122,3 +122,27 @@ def test_plan_fit_puts_a_key_in_the_place_of_the_files_other_name_for_it(tmp_pat
     keys = list(yaml.safe_load(fitted.read_text()))
     assert "min_lr" not in keys and keys.index("min_learning_rate") == list(source).index("min_lr")
     assert parse_config(str(fitted)).training.min_learning_rate == 2e-6
+
+
+def test_yaml_11s_words_no_and_off_are_text_to_a_text_key_and_false_to_a_bool_key(tmp_path):
+    """`evaluation_strategy: no` (HF's and PaddleNLP's value, as a YAML file writes it) was YAML 1.1's False: refused as
+    "key `evaluation_strategy` expects string, got False", with nothing saying to quote it. A text key now takes the
+    word as written; a bool key still reads yes/no/on/off as YAML 1.1 does."""
+    (tmp_path / "cfg.yaml").write_text("model_name_or_path: micro-qwen2\nevaluation_strategy: no\nsave_strategy: no\n"
+                                       "logging_strategy: 'no'\ndo_eval: off\ndo_train: on\nbf16: yes\nfp16: NO\n")
+    args = parse_config(str(tmp_path / "cfg.yaml"))
+    t = args.training
+    assert (t.evaluation_strategy, t.save_strategy, t.logging_strategy) == ("no", "no", "no")
+    assert (t.do_eval, t.do_train, t.bf16, t.fp16) == (False, True, True, False)
+
+
+@pytest.mark.parametrize("value, read, fix", [("010", "8 (octal)", "without the leading zero"),
+                                              ("1:30", "90 (base 60)", "without colons")])
+def test_an_integer_yaml_11_reads_as_another_number_is_one_line(tmp_path, value, read, fix):
+    """`save_steps: 010` was YAML 1.1's octal 8 (and `1:30` its base-60 90), taken in silence; JSON refuses a leading
+    zero and PaddleNLP's argv reads 10."""
+    (tmp_path / "cfg.yaml").write_text(f"model_name_or_path: micro-qwen2\nsave_steps: {value}\n")
+    with pytest.raises(UserError) as e:
+        parse_config(str(tmp_path / "cfg.yaml"))
+    assert e.value.lines == [f"{tmp_path / 'cfg.yaml'}:2: `{value}` is read by YAML 1.1 as {read}; write the number "
+                             f"{fix}, or quote it for text"]

@@ -197,6 +197,8 @@ def _no_repeated_keys(path: str):
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
+# the keys whose values are text, by any name: a YAML file's `evaluation_strategy: no` is the word (`yaml_file`)
+TEXT_KEYS = frozenset(k for k in (*KEYS, *ALIASES) if KEYS[ALIASES.get(k, k)].base is str)
 DATA_KEYS = (*PIPELINE, "dataset_type")  # PaddleFormers' data keys: `paddleformers_keys.pipeline` reads them together
 
 
@@ -239,7 +241,7 @@ def load_json(path: str) -> dict:
 def load_yaml_file(path: str) -> dict:
     from pretrain_cli.config.yaml_file import load_yaml
 
-    obj = load_yaml(path, _read_text(path, "YAML mapping"))
+    obj = load_yaml(path, _read_text(path, "YAML mapping"), TEXT_KEYS)
     if obj is None:  # comments only
         raise UserError(f"{path}: the argument file holds no keys; it must hold one YAML mapping of keys (key: value)")
     if not isinstance(obj, dict):
