@@ -83,7 +83,8 @@ def test_outputs_eval_predict_and_falling_loss(corpus, tmp_path, capsys):
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds.count("eval") == 2 and kinds.count("test") == 1  # steps 12 and 24; the final eval reuses step 24
     train_results = json.loads((out / "train_results.json").read_text())
-    assert train_results["tokens_this_process"] == 96 * 32 and train_results["effective_tokens_per_second_this_process"] > 0
+    assert train_results["tokens_this_launch"] == 96 * 32  # all of it: the run's one launch
+    assert train_results["effective_tokens_per_second_this_launch"] > 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 24 and state["consumed_samples"] == 96 and state["tokens_seen"] == 96 * 32
     args = json.loads((out / "checkpoint-12" / "args.json").read_text())

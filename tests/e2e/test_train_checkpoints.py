@@ -71,7 +71,10 @@ def test_training_time_is_summed_over_a_resume(corpus, tmp_path):
     assert cli_main(["train", cfg, "--max_steps", "4"]) == 0
     results = json.loads((out / "train_results.json").read_text())
     assert results["train_runtime"] > whole
-    assert results["train_runtime"] > results["tokens_this_process"] / results["effective_tokens_per_second_this_process"]
+    assert results["train_runtime"] > results["tokens_this_launch"] / results["effective_tokens_per_second_this_launch"]
+    # this launch's steps 3-4, every rank's tokens (the global batch's), named so: not "this process"
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert results["tokens_this_launch"] == state["tokens_seen"] // 2 and "tokens_this_process" not in results
 
 
 def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):

@@ -299,7 +299,7 @@ class Throughput:
         self.start = self.last = time.perf_counter()
         self._ends = collections.deque([self.start], maxlen=ETA_WINDOW + 1)  # when each recent step ended
         self.steps_since = 0
-        self.tokens_this_process = 0
+        self.tokens_this_launch = 0  # every rank's tokens (the global batch) since this launch began, not a resume's
         self.over_peak = False
 
     @classmethod
@@ -314,7 +314,7 @@ class Throughput:
     def step(self) -> None:
         self._ends.append(time.perf_counter())
         self.steps_since += 1
-        self.tokens_this_process += self.global_batch * self.seq_len
+        self.tokens_this_launch += self.global_batch * self.seq_len
 
     def time_remaining(self, steps_left: int) -> str:
         """`steps_left` at the mean step time of the recent window, as h:mm:ss."""

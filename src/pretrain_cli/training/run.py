@@ -363,13 +363,16 @@ def nothing_to_train(step: int, max_steps: int) -> str:
 
 
 def train_results(trainer) -> dict:
+    """train_results.json's train keys (docs/TRAINING.md, "Final output directory"): PaddleNLP's, and ours for this
+    launch: `tokens_this_launch` is every rank's tokens (the global batch's) since this launch began (the keys were
+    `tokens_this_process` and `effective_tokens_per_second_this_process`, which read as one process's share)."""
     s = trainer.state
     runtime_s = max(s.train_seconds, 1e-9)
-    here = trainer.throughput.tokens_this_process
+    here = trainer.throughput.tokens_this_launch
     loss = (s.loss_sum + s.interval_loss) / max(s.global_step, 1)  # (the steps after the last log line: a stop)
     return {"train_runtime": round(runtime_s, 4), "train_loss": loss,
             "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
-            # goodput: all tokens over all restarts' training time; and this process alone
+            # goodput: all tokens over all restarts' training time; and this launch's alone (all its ranks)
             "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,
-            "effective_tokens_per_second_this_process": round(here / max(trainer.process_seconds, 1e-9), 4),
-            "tokens_this_process": here, "skipped_steps": s.skipped_steps}
+            "effective_tokens_per_second_this_launch": round(here / max(trainer.process_seconds, 1e-9), 4),
+            "tokens_this_launch": here, "skipped_steps": s.skipped_steps}
