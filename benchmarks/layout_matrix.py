@@ -70,23 +70,31 @@ def layouts(max_procs: int, ep: int = 1) -> list[tuple[str, dict, int]]:
     return out
 
 
-def reference_batch(keys: dict, world: int, moe: bool) -> tuple[int, int]:
+def reference_batch(keys: dict, world: int, model: str) -> tuple[int, int]:
     """(per_device_train_batch_size, gradient_accumulation_steps) of the one-process run a row of `keys` on `world`
-    processes is compared with: the global batch of 8 in micro-batches of the size a Mixture-of-Experts model's
-    balance loss is computed over. In the default scope that is each rank's micro-batch (the pipeline tests' rule);
-    the semi-auto engine (tp alone, ZeRO-2/3) computes it over the global batch, every data rank's micro-batch
-    together. A dense model's loss is a token mean, the same in any micro-batches: its reference is one batch of 8."""
-    from pretrain_cli.run_layout import ENGINE_TRAITS, engine_for
+    processes of `model` is compared with: the global batch of 8 in micro-batches of the size a Mixture-of-Experts
+    model's balance loss is computed over. In the default scope that is each rank's micro-batch (the pipeline tests'
+    rule); the semi-auto engine (tp alone, ZeRO-2/3) computes it over the global batch, every data rank's micro-batch
+    together. Which engine runs the row is `config.resolve`'s decision, asked here: tp alone runs on fleet's groups,
+    per rank, for multi-head latent attention (except under ZeRO-3) and with expert parallelism, which the degrees
+    alone do not say (their tp rows were compared with one batch of 8: micro-qwen2-moe's tp2_d2_ep2 printed max
+    |dloss| 2.3e-5 and |dweight| 4.1e-3 where it equals one process). A dense model's loss is a token mean, the same
+    in any micro-batches: its reference is one batch of 8."""
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.run_config import Target
 
-    if not moe:
+    if not is_moe(model):
         return 8, 1
-    tp, pp, cp = (keys.get(k, 1) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
-                                          "context_parallel_degree"))
-    stage = int(keys.get("sharding", "")[-1:] or 0)
-    engine = engine_for(world, tp, stage, pp, cp, keys.get("sequence_parallel", False))
+    given = [arg for key, value in keys.items() for arg in (f"--{key}", str(value))]
+    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "3",
+                               "--device", "cpu", *given])  # (a row `main` launches: one `config.refusals` passes)
+    parallel = resolve(args, ModelConfig.from_file(str(resolve_model_dir(model))), Target("cpu", world)).parallel
     micro = keys["per_device_train_batch_size"]
-    if ENGINE_TRAITS[engine].global_batch:
-        micro *= world // (tp * pp * cp)  # every data rank's micro-batch
+    if parallel.traits.global_batch:
+        micro *= parallel.data_world_size  # every data rank's micro-batch
     return micro, 8 // micro
 
 
@@ -130,7 +138,7 @@ def main(argv=None) -> int:
     corpus = root / "data"
     write_corpus(corpus / "walk")
     common = dict(max_steps=args.steps, save_steps=1000, warmup_steps=1, model_name_or_path=args.model)
-    moe, refs = is_moe(args.model), {}
+    refs = {}
 
     def reference(batch: tuple[int, int]):
         """(Run, output dir) of one process in micro-batches `batch` (`reference_batch`), run once."""
@@ -159,7 +167,7 @@ def main(argv=None) -> int:
             row.update(result="runs")
         else:
             run = launch_joined(cfg, d / "log", world, timeout=900)
-            ref, ref_out = reference(reference_batch(keys, world, moe))
+            ref, ref_out = reference(reference_batch(keys, world, args.model))
             if ref.returncode != 0:
                 print(ref.explain())
                 return 1
