@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """launch.sh's helper: `job.py ports -- CMD...` runs CMD holding a block of rendezvous ports;
 `job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next (`distributed/launcher/job.py`);
+`job.py verdicts PID` makes the verdict directory of launch.sh (process PID) and prints it, removing those of launches
+killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 `job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
 (`training/run_lock.py`: a layer the launcher's own module does not reach into); `job.py output_dir FILE` prints the
 argument file's output_dir (empty when it has none or cannot be read: the ranks then name the file's problem), read

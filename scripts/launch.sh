@@ -28,7 +28,8 @@
 # never restarting it (a scheduler that saw this script end would take the job for ended and kill the rest).
 # STOP_TIMEOUT (seconds the ranks get for that, default 900, 0: no limit; Paddle's launcher alone gives 30): ranks
 # still running then are killed, said in one line, their checkpoint lost (scripts/paddle_launch.py). The ranks die
-# with the launcher (SIGKILL to this script's process group kills it): none outlives it.
+# with the launcher (SIGKILL to this script's process group kills it): none outlives it. What such a kill leaves in
+# TMPDIR (this script's verdict directory, the launcher's join directory) the next launch on the host removes.
 set -euo pipefail
 # A stop by signal: passed on to the launcher as SIGUSR1 (for SIGTERM) / SIGUSR2 (SIGINT), which makes one stop of it
 # whether or not the launcher got the signal itself (scripts/paddle_launch.py); the ranks are not in this process
@@ -43,6 +44,11 @@ trap 'on_stop TERM USR1' TERM
 trap 'on_stop INT USR2' INT
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=${PYTHON:-python}
+# This launch's verdict directory (below), in TMPDIR, named by this script's pid: making it first removes what
+# launches killed with SIGKILL (no trap runs then) left there, their verdict and join directories
+# (distributed/launcher/tempdirs.py).
+verdicts=$("$PY" "$HERE/job.py" verdicts $$)
+trap 'rm -rf "$verdicts"' EXIT
 out=""  # the run's output_dir: from --output_dir, else the file
 prev=""
 for a in "$@"; do
@@ -118,8 +124,6 @@ max_restart=${MAX_RESTART:-0}
 # stop the others; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
 # resumes from the newest complete checkpoint: `--overwrite_output_dir false` makes sure a run started with
 # overwrite_output_dir: true continues rather than starting over.
-verdicts=$(mktemp -d "${TMPDIR:-/tmp}/pretrain-cli-verdicts.XXXXXX")
-trap 'rm -rf "$verdicts"' EXIT
 export PRETRAIN_CLI_VERDICTS=$verdicts
 attempt=0
 rendezvous=0

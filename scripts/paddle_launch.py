@@ -23,7 +23,9 @@ Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is l
 A stop gives the ranks STOP_TIMEOUT seconds (default 900; 0: no limit) to finish their step and save before they are
 killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`). And its ranks die with it: Paddle
 starts each in a session of its own, so this process killed with its group left them running
-(`distributed/launcher/launch.py`: `end_with_launcher`, told this process by `PRETRAIN_CLI_LAUNCHER`)."""
+(`distributed/launcher/launch.py`: `end_with_launcher`, told this process by `PRETRAIN_CLI_LAUNCHER`). Its join
+directory (several nodes) is removed when it ends, stopped by a signal too, and what a launch killed with SIGKILL left
+in TMPDIR is removed when the next one starts (`distributed/launcher/tempdirs.py`)."""
 import os
 import signal
 import sys
@@ -34,9 +36,13 @@ PASSED_ON = {signal.SIGUSR1: signal.SIGTERM, signal.SIGUSR2: signal.SIGINT}  # l
 
 
 def end(code) -> None:
-    """Exit now with `code` (the shell's 128 + n for the signal n), the streams flushed."""
+    """Exit now with `code` (the shell's 128 + n for the signal n), the streams flushed, this launcher's join directory
+    removed (`os._exit` skips the exit functions that would: a stop by signal left it in TMPDIR)."""
     import logging
 
+    from pretrain_cli.distributed.launcher import tempdirs
+
+    tempdirs.remove_own()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -112,8 +118,9 @@ if __name__ == "__main__":
         import logging
         import runpy
 
-        from pretrain_cli.distributed.launcher import launch, stopping
+        from pretrain_cli.distributed.launcher import launch, stopping, tempdirs
 
+        tempdirs.sweep()  # what launches on this host killed with SIGKILL left in TMPDIR
         try:
             stop_limit = stopping.timeout_seconds()
         except ValueError as e:

@@ -101,7 +101,14 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
     """SIGKILL to launch.sh's process group (`kill -9 -PGID`, a test's clean-up, a scheduler's kill after its grace
     period) mid-training: the ranks die with their launcher. Paddle's launcher starts each rank in a session of its
     own, so the group's SIGKILL missed them: the ranks and their watchers went on with PPID 1 (two of a test's were
-    found 30 minutes later), training on or waiting for a peer until hang_timeout."""
+    found 30 minutes later), training on or waiting for a peer until hang_timeout. launch.sh's verdict directory, which
+    its EXIT trap cannot remove then, is named by it, and the next launch removes it (`tempdirs.sweep`: before, one
+    `pretrain-cli-verdicts.*` stayed in TMPDIR per run of this test)."""
+    import tempfile
+    from pathlib import Path
+
+    from pretrain_cli.distributed.launcher import tempdirs
+
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
     marker = uuid.uuid4().hex
     env = child_env()
@@ -116,6 +123,7 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
         assert sum(r is not None for r, _, _ in job_pids(marker).values()) == 4  # 2 ranks and their 2 watchers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        verdicts = list(Path(tempfile.gettempdir()).glob(f"pretrain-cli-verdicts-{proc.pid}-*"))
         deadline = time.monotonic() + 60  # (they end within a second: a bound, not a measurement)
         while job_pids(marker) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -127,3 +135,6 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     assert not left, left
+    assert len(verdicts) == 1  # left by the SIGKILL ...
+    tempdirs.sweep()  # ... until the next launch's first step
+    assert not verdicts[0].exists()

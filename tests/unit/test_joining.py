@@ -230,9 +230,10 @@ SHORT = ("import runpy, sys\nfrom pretrain_cli.distributed.launcher import joini
 def _node(tmp_path, name: str, master: str, job_id: str, script: str, *args, short: bool = False) -> list[str]:
     (tmp_path / f"{name}.py").write_text(script)
     head = [sys.executable, "-c", SHORT] if short else [sys.executable]  # SILENCE 3 s: the test's, not 30
-    return [sys.executable, str(REPO / "scripts" / "job.py"), "ports", "--", *head, str(LAUNCH), "--job_id", job_id,
-            "--master", master, "--nnodes", "2", "--nproc_per_node", "1", "--log_dir", str(tmp_path / f"log-{name}"),
-            str(tmp_path / f"{name}.py"), *map(str, args)]
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the launchers' TMPDIR (their join directories); the port locks' shared
+    return [sys.executable, str(REPO / "scripts" / "job.py"), "ports", "--", "env", f"TMPDIR={tmp_path / 'tmp'}",
+            *head, str(LAUNCH), "--job_id", job_id, "--master", master, "--nnodes", "2", "--nproc_per_node", "1",
+            "--log_dir", str(tmp_path / f"log-{name}"), str(tmp_path / f"{name}.py"), *map(str, args)]
 
 
 def _listening(port: int) -> bool:
@@ -240,24 +241,24 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _two_nodes(tmp_path, first: list[str], second: list[str], held, kill=None, envs=({}, {})):
+def _two_nodes(tmp_path, first: list[str], second: list[str], held, kill=None, envs=({}, {}), killed=()):
     """Start `first` (node 0, which serves MASTER), once it does `second` (node 1), each with its `envs` too;
-    `kill(procs)` once node 0's rank goes for its join; (code, stderr) of each node. The ranks (each in its own session)
-    are killed on the way out."""
+    `kill(procs)` once node 0's rank goes for its join; (code, stderr) of each node. No node leaves its join directory
+    but those `killed` (SIGKILLed by `kill`). The ranks (each in its own session) are killed on the way out."""
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "PADDLE_TRAINER_ID")}
     env.update(PYTHONPATH=str(REPO / "src"), RENDEZVOUS_TIMEOUT="120")
     envs = [dict(env, NODE_RANK=str(n), **envs[n]) for n in (0, 1)]
     with nodes_on(held, [first], env=envs[0], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                   cwd=tmp_path) as procs:
         try:
-            return _started(tmp_path, procs, second, held, kill, envs)
+            return _started(tmp_path, procs, second, held, kill, envs, killed)
         finally:  # a rank its node left behind, before the block is released
             for name in ("going", "pid", "stalls"):  # (the ranks write their pids there)
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int((tmp_path / name).read_text()), signal.SIGKILL)
 
 
-def _started(tmp_path, procs, second, held, kill, envs):
+def _started(tmp_path, procs, second, held, kill, envs, killed):
     deadline = time.monotonic() + 120
     while not _listening(held.base):
         assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].stderr.read()
@@ -266,7 +267,10 @@ def _started(tmp_path, procs, second, held, kill, envs):
                                   stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path))
     if kill is not None:
         kill(procs)
-    return [(p.wait(timeout=150), p.stderr.read()) for p in procs]
+    ends = [(p.wait(timeout=150), p.stderr.read()) for p in procs]
+    left = [p.name for p in (tmp_path / "tmp").glob("pretrain-cli-join-*")]  # only a SIGKILLed node's (its pid's)
+    assert all(any(n.startswith(f"pretrain-cli-join-{procs[i].pid}-") for i in killed) for n in left), left
+    return ends
 
 
 def _line(err: str) -> str:
@@ -302,7 +306,7 @@ def test_a_node_serving_master_killed_before_its_ranks_join_is_named_by_the_othe
 
     ends = _two_nodes(tmp_path, _node(tmp_path, "dies", master, job_id, SLEEPS, tmp_path / "pid"),
                       _node(tmp_path, "waits", master, job_id, JOINS, tmp_path / "going", tmp_path / "in", short=True),
-                      held, kill)
+                      held, kill, killed=(0,))
     code, err = ends[1]
     assert code == joining.LOST and "Traceback" not in err, err
     assert _line(err) == (f"launch.sh: node 1: lost node 0 (host {socket.gethostname()}, 127.0.0.1; rank 0) before "

@@ -17,7 +17,8 @@ rank), then `GROUP_STORES` ports for the TCP stores of the gloo groups (`group_s
 
 **Verdicts.** Paddle's launcher exits with the code of the lowest-numbered rank that failed, which is
 usually a rank stopped because another one died (rank 0 killed by its watcher after rank 1's usage error:
-247). So each rank records its own end in `$PRETRAIN_CLI_VERDICTS/rank-R.json` (the CLI: the exit code of a
+247). So each rank records its own end in `$PRETRAIN_CLI_VERDICTS/rank-R.json` (launch.sh's own directory, named by
+it: `job.py verdicts`, `tempdirs`; the CLI: the exit code of a
 usage error, a system error, a failed rendezvous; the rank watcher: the signal or code of a rank that died
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
@@ -271,9 +272,20 @@ def exec_with_ports(cmd: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`)."""
+    """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`) |
+    `verdicts PID` (prints a new verdict directory for launch.sh, process PID: `tempdirs`)."""
     if argv[:2] == ["ports", "--"] and len(argv) > 2:
         exec_with_ports(argv[2:])
+    if len(argv) == 2 and argv[0] == "verdicts" and argv[1].isdigit():
+        from pretrain_cli.distributed.launcher import tempdirs
+
+        try:
+            print(tempdirs.create(tempdirs.VERDICTS, int(argv[1])))
+        except OSError as e:
+            print(f"launch.sh: cannot make the job's verdict directory in TMPDIR ({tempfile.gettempdir()}): "
+                  f"{e.strerror or e}; set TMPDIR to a writable directory", file=sys.stderr)
+            return 1
+        return 0
     if len(argv) == 3 and argv[0] == "decide":
         wait_for_watchers(argv[1])
         code, action = decide(argv[1], int(argv[2]))
@@ -284,5 +296,5 @@ def main(argv: list[str]) -> int:
         if line:
             print(line)
         return 0
-    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR", file=sys.stderr)
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR | verdicts PID", file=sys.stderr)
     return 2

@@ -182,14 +182,11 @@ def _tagged(value: str, nodes: int, serves: bool = False) -> str:
 
 
 def _join_dir() -> str:
-    """A directory of this launcher's own (removed at its exit) where its ranks mark their join (`job.joined`)."""
-    import atexit
-    import shutil
-    import tempfile
+    """A directory of this launcher's own where its ranks mark their join (`job.joined`): removed at its exit, by a
+    signal too; named by this launcher, so that the next launch on the host removes it after a SIGKILL (`tempdirs`)."""
+    from pretrain_cli.distributed.launcher import tempdirs
 
-    path = tempfile.mkdtemp(prefix="pretrain-cli-join-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
+    return str(tempdirs.create(tempdirs.JOIN))
 
 
 def _watch(meeting: Meeting, done: threading.Event, limit: float, notice: float) -> None:
