@@ -86,3 +86,16 @@ def test_a_reader_never_sees_a_half_written_or_unwritten_record(tmp_path):
         rec.close()
     assert all(r["since"] > 1e9 and r["pid"] > 0 for r in seen), min(r["since"] for r in seen)
     assert len({r["step"] for r in seen}) > 1  # the reads did overlap the marks
+
+
+def test_hang_timeouts_help_says_the_allowances_the_watchers_and_the_nodes_join_take():
+    """The key's help (docs/COMPATIBILITY.md is made from it) says the numbers used here, and that the watch of the
+    nodes' join (`launcher.joining`: each rank marks `allowance("start-up", hang_timeout)` there) takes it too."""
+    from dataclasses import fields
+
+    from pretrain_cli.config.arguments import TrainingArguments
+
+    text = next(f for f in fields(TrainingArguments) if f.name == "hang_timeout").metadata["help"]
+    assert f"Default: {progress.DEFAULT:.0f}, or {progress.STEPS} steps" in text
+    assert f"at least {progress.START:.0f}" in text and f"(at least {progress.START:.0f} s; 0: no limit)" in text
+    assert "start-up allowance of the nodes' join" in text and "every node ends with exit 124" in text

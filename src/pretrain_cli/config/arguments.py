@@ -352,7 +352,10 @@ class TrainingArguments:
     hang_timeout: Optional[float] = _f(
         None, "Seconds a rank of a multi-process run may make no progress (in its data, forward/backward, collective, "
         "save or eval phase) before it is named and the job ends with exit 124 (0: not watched). Default: 300, or 20 "
-        "steps when the run's steps are slower; start-up, a save and an evaluation at least 600. docs/RELIABILITY.md.", "extension",
+        "steps when the run's steps are slower; start-up, a save and an evaluation at least 600. It is also the "
+        "start-up allowance of the nodes' join under scripts/launch.sh on several nodes: a node whose ranks have not "
+        "all reached the join of the process group this long (at least 600 s; 0: no limit) after this node's ranks "
+        "did is named, and every node ends with exit 124. docs/RELIABILITY.md.", "extension",
     )
     peak_tflops: Optional[float] = _f(
         None, "Peak dense TFLOPS of one device for MFU (default: the known-GPU table; on CPU the cores' "
