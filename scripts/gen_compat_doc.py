@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPELINE  # noqa: E402
 from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
-                                                PADDLEFORMERS_IGNORED, SWITCHES)
+                                                SWITCHES)
 from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
@@ -16,8 +16,10 @@ HEADER = """# PaddleNLP argument-file compatibility
 `pretrain-cli train cfg.json` and `python scripts/run_pretrain.py cfg.json` read the same flat JSON
 files as PaddleNLP's `llm/run_pretrain.py`, and the same keys in a `.yaml`/`.yml` file (PaddleFormers'
 `paddleformers-cli train config.yaml` format: one flat mapping, `key: value` lines; a key written twice and a
-syntax error are one line naming the file and line; YAML 1.1's readings stand, so `3e-5` without a dot is the string
-"3e-5", which a float key reads, and `yes`/`on` are true; a date stays its text). `check`, `plan` (`-o fitted.yaml`
+syntax error are one line naming the file and line; YAML 1.1's readings stand with three exceptions: a date stays its
+text, `yes`/`no`/`on`/`off` are true/false to a bool key but the word as written to a text key (`evaluation_strategy:
+no` is "no"), and an integer YAML 1.1 reads as octal or base 60 (`save_steps: 010`, `1:30`) is one line asking for the
+number as meant; `3e-5` without a dot is the string "3e-5", which a float key reads). `check`, `plan` (`-o fitted.yaml`
 writes YAML), `inspect-data --config`, `eval --config` and resuming a run take either. Both of PaddleNLP's shipped files
 (`llm/config/qwen/pretrain_argument_0p5b.json`, `llm/config/llama/pretrain_argument.json`) pass
 `pretrain-cli check` with only local paths changed (tests/e2e/test_cli.py); what each of PaddleNLP's and
@@ -160,12 +162,16 @@ def render() -> str:
     lines += [PADDLEFORMERS,
               "| key | default there |", "|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(d)}` |" for k, d in PIPELINE.items()]
-    lines += [f"\nA file is PaddleFormers' when it sets a key only PaddleFormers has: its names in the table above, its "
-              f"keys of the accepted-ignored table from `{next(iter(PADDLEFORMERS_IGNORED))}` on, its data keys. Where "
-              f"it leaves out one of these keys, it takes PaddleFormers' default, with a note naming both (a key the "
-              f"file or the command line sets keeps its value):\n",
-              "| key | PaddleFormers' default | PaddleNLP's (and a file without PaddleFormers' keys) | where it comes "
-              "from there |", "|---|---|---|---|"]
+    lines += ["\nA file is PaddleFormers' when it sets a key that names PaddleFormers as its reader: one of its names "
+              "for PaddleNLP's keys (the names table above, PaddleFormers' rows, and `data_parallel_size`) or `stage` "
+              "(its paddleformers-cli workflow). Its other keys do not count, nor does YAML alone: PaddleNLP's own "
+              "llm/config/deepseek-v3/sft_128k_argument.json sets `using_fake_gate`, `pre_alloc_memory` and "
+              "`tensorwise_offload_optimizer`, other Paddle trainers' files `global_batch_size` or "
+              "`num_nextn_predict_layers`, and such a file, JSON or YAML, keeps PaddleNLP's defaults. Where a "
+              "PaddleFormers file leaves out one of these keys, it takes PaddleFormers' default, with a note naming "
+              "both (a key the file or the command line sets keeps its value):\n",
+              "| key | PaddleFormers' default | PaddleNLP's (and any other file's) | where it comes from there |",
+              "|---|---|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(v)}` | `{json.dumps(OUR_DEFAULTS[k])}` | {src} |"
               for k, (v, src) in DEFAULTS.items()]
     lines += ["\nTwo differences are notes only: a `recompute_granularity` without `recompute` (PaddleFormers "

@@ -10,6 +10,7 @@ paddleformers/trainer/training_args.py (min_lr 0.0, pad_token_id, the promoted f
 (dataset_type pretrain: input_dir's .bin/.idx files) and datasets/SFTDataset.py (PT packing: tokens + EOS per
 document, concatenated and cut into max_seq_len samples).
 """
+import json
 import re
 import shlex
 
@@ -348,7 +349,7 @@ def test_a_paddleformers_file_takes_its_defaults_where_it_leaves_a_key_out(tmp_p
     said = _notes(args)
     assert said["min_learning_rate"] == (
         "min_learning_rate: 0.0, PaddleFormers' default (its TrainingArguments' min_lr, the floor its linear and cosine "
-        "schedules decay to), as the file is PaddleFormers' (it sets stage); a file without PaddleFormers' keys gets "
+        "schedules decay to), as the file is PaddleFormers' (it sets stage); a file without its names or stage gets "
         "1e-05 (PaddleNLP's)")
     assert "attn_impl flashmask" in said["use_flash_attention"] and "compute_type" in said["bf16"]
     run = resolve(args, model_config("micro-qwen2"), Target("cpu", 1, 0, 0, None))
@@ -378,6 +379,37 @@ def test_what_the_file_or_the_command_line_sets_and_a_paddlenlp_file_keep_their_
     args = parse_config(nlp)
     assert (args.training.min_learning_rate, args.training.use_flash_attention, args.training.bf16) == (1e-5, False, False)
     assert not any("PaddleFormers" in n for n in _notes(args).values())
+
+
+# keys PaddleFormers reads that PaddleNLP-era files carry too: PaddleNLP's own llm/config/deepseek-v3/
+# sft_128k_argument.json sets the first three; the last two are common to other Paddle trainers' files
+SHARED_KEYS = {"using_fake_gate": False, "pre_alloc_memory": 60, "tensorwise_offload_optimizer": True,
+               "global_batch_size": 32, "num_nextn_predict_layers": 1}
+
+
+@pytest.mark.parametrize("name", ["nlp.json", "nlp.yaml"])
+def test_a_paddlenlp_file_with_keys_paddleformers_also_reads_keeps_paddlenlp_defaults(tmp_path, name):
+    """Keys without effect here that PaddleFormers also reads do not make a file PaddleFormers', in JSON or YAML: it
+    trains with PaddleNLP's min_learning_rate, attention, precision and fresh weights, no PaddleFormers note."""
+    path = _write(tmp_path, json.dumps({"input_dir": "d", "output_dir": "o", "max_steps": 5, "do_train": True,
+                                        "device": "cpu", "tensor_parallel_degree": 1, **SHARED_KEYS}), name)
+    args = parse_config(path)
+    t = args.training
+    assert (t.min_learning_rate, t.use_flash_attention, t.bf16, args.model.continue_training) == (1e-5, False, False,
+                                                                                                   False)
+    assert not any("PaddleFormers' default" in n for n in args.rewritten), args.rewritten
+    assert "PaddleFormers' default" not in args.explicit.values()
+
+
+@pytest.mark.parametrize("key,value", [("max_seq_len", 64), ("tensor_model_parallel_size", 1),
+                                       ("data_parallel_size", 1), ("stage", "PT")])
+def test_a_paddleformers_name_or_stage_makes_the_file_paddleformers(tmp_path, key, value):
+    """Its own name for a PaddleNLP key, or its workflow's `stage`, is PaddleFormers' evidence, with the keys it
+    shares with PaddleNLP-era files beside it or not."""
+    text = "".join(f"{k}: {str(v).lower()}\n" for k, v in SHARED_KEYS.items()) + f"{key}: {value}\ninput_dir: d\n"
+    args = parse_config(_write(tmp_path, text, "pf.yaml"))
+    assert (args.training.min_learning_rate, args.training.bf16, args.model.continue_training) == (0.0, True, True)
+    assert any(f"as the file is PaddleFormers' (it sets {key})" in n for n in args.rewritten), args.rewritten
 
 
 @pytest.mark.parametrize("value,on", [("flashmask", True), ("sdpa", True), ("eager", False)])

@@ -8,10 +8,16 @@ its PT packing is this one (each document's tokens and an EOS, concatenated and 
 paddleformers/datasets/SFTDataset.py). `dataset_type: pretrain` is its own reading of .bin/.idx files from
 `input_dir` (`create_pretrained_dataset`, Megatron's sample index), as here: the pipeline's keys change nothing then.
 
-A file is PaddleFormers' when it sets a key only PaddleFormers has (`OWN`: its names for our keys, its keys without
-effect here, its data keys). Where such a file leaves out a key whose default differs there (`DEFAULTS`), the parser
-takes PaddleFormers' value with a note naming both, so that the file trains as it does there; a PaddleNLP file, or a
-key the file or the command line sets, keeps its value.
+A file is PaddleFormers' when it sets a key that names PaddleFormers as its reader (`IDENTIFYING`): its own names for
+keys PaddleNLP names otherwise (`tensor_model_parallel_size`, `max_seq_len`, `min_lr`, `attn_impl`, ...,
+`data_parallel_size`) and `stage`, its paddleformers-cli workflow (no field of PaddleNLP's run_pretrain.py or llm/
+finetune argument classes). Its other keys without effect here do not count: PaddleNLP's own files set some
+(llm/config/deepseek-v3/sft_128k_argument.json: `using_fake_gate`, `pre_alloc_memory`, `tensorwise_offload_optimizer`),
+others are common to other Paddle trainers' files (`global_batch_size`, `num_nextn_predict_layers`), and such a file
+trains with PaddleNLP's defaults. Nor does YAML alone: every command here takes a YAML argument file of PaddleNLP's
+keys. Where a PaddleFormers file leaves out a key whose default differs there (`DEFAULTS`), the parser takes
+PaddleFormers' value with a note naming both, so that the file trains as it does there; another file, or a key the
+file or the command line sets, keeps its value.
 """
 from __future__ import annotations
 
@@ -35,8 +41,8 @@ PIPELINE = {
 # here; "offline" its own pre-tokenized files (input_dir/train, input_dir/eval), another format than .bin/.idx
 READS_TOKEN_FILES = "pretrain"
 
-OWN = frozenset({*PADDLEFORMERS_IGNORED, *(k for k, who in ALIAS_OF.items() if who == "PaddleFormers"), *PIPELINE,
-                 "dataset_type"})
+# the keys that make a file PaddleFormers': its names for PaddleNLP's keys (PaddleNLP defines none of them) and `stage`
+IDENTIFYING = frozenset({*(k for k, who in ALIAS_OF.items() if who == "PaddleFormers"), "data_parallel_size", "stage"})
 
 # our key -> (PaddleFormers' value where its file leaves the key out, where the value comes from there)
 DEFAULTS = {
@@ -53,8 +59,9 @@ def _shown(value) -> str:
 
 
 def whose_file(given: dict) -> str | None:
-    """The first key of the file that only PaddleFormers has (the file is PaddleFormers'), or None."""
-    return next((key for key in given if key in OWN), None)
+    """The first key of the file that names PaddleFormers as its reader (`IDENTIFYING`: the file is PaddleFormers'),
+    or None."""
+    return next((key for key in given if key in IDENTIFYING), None)
 
 
 def take_defaults(given: dict, values: dict, explicit: dict) -> list[str]:
@@ -71,7 +78,7 @@ def take_defaults(given: dict, values: dict, explicit: dict) -> list[str]:
             continue
         values[key], explicit[key] = value, "PaddleFormers' default"
         notes.append(f"{key}: {_shown(value)}, PaddleFormers' default ({source}), as {why}; a file without "
-                     f"PaddleFormers' keys gets {_shown(OUR_DEFAULTS[key])} (PaddleNLP's)")
+                     f"its names or stage gets {_shown(OUR_DEFAULTS[key])} (PaddleNLP's)")
     if "recompute_granularity" in given and "recompute" not in values:
         notes.append(f"recompute_granularity: {given['recompute_granularity']} without recompute: PaddleFormers "
                      f"recomputes whenever recompute_granularity is set (its dsv3_pretrain workflow), here only with "
