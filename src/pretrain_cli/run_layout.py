@@ -118,16 +118,30 @@ class ParallelConfig:
         return replace(traits, placed_pieces=True) if self.ep_degree > 1 else traits
 
     def describe(self) -> str:
-        parts = [f"world {self.world_size}", f"dp {self.dp_degree}"]
+        """`check`'s and the start-up's resolved line: "world 8, dp 1, sharding stage1 x4, pp 2, ep 4"."""
+        return ", ".join([f"world {self.world_size}", self.axes()]
+                         + ([f"ep {self.ep_degree}"] if self.ep_degree > 1 else []))
+
+    def axes(self) -> str:
+        """The degrees in `distributed.layout.topology.Topology`'s words ("dp 1, sharding stage1 x4, pp 2": its
+        dp and sharding axes, tp for its mp, cp, pp), which the strategies' names (the start-up's `layout:` line)
+        say after the engine, so that line and `describe` name a layout alike; expert parallelism, drawn from the
+        data ranks, follows as `describe`'s and `ExpertHybrid`'s ", ep N"."""
+        parts = [f"dp {self.dp_degree}"]
         if self.sharding_stage:
             parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}")
         if self.tp_degree > 1:
             parts.append(f"tp {self.tp_degree}" + (" + sp" if self.sequence_parallel else ""))
         if self.cp_degree > 1:
             parts.append(f"cp {self.cp_degree}")
-        if self.ep_degree > 1:
-            parts.append(f"ep {self.ep_degree}")
         if self.pp_degree > 1:
             parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
                                                    else ""))
         return ", ".join(parts)
+
+    def fleet_sharding(self) -> str:
+        """What fleet's sharding group is under context parallelism (fleet has no cp axis: it spans sharding x cp),
+        for the names of fleet's engines; "" otherwise."""
+        if not (self.sharding_stage and self.cp_degree > 1):
+            return ""
+        return f" (fleet's sharding group: sharding x cp, {self.sharding_degree * self.cp_degree} ranks)"

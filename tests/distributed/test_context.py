@@ -78,7 +78,7 @@ def test_cp2_matches_one_process(runs):
     got, want = _eval_losses(run), _eval_losses(ref)
     assert len(got) == len(want) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(got, want)), (got, want)
     log = run.log(0)
-    assert "layout: context parallel: cp 2 x dp 1" in log
+    assert "layout: context parallel (load-balanced chunks, ring attention): dp 1, cp 2" in log
     assert "Traceback" not in log + run.log(1)
 
 
@@ -92,7 +92,7 @@ def test_cp4_ring_of_four_matches_one_process(runs, corpus, tmp_path):
                        **doc)
     run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
     assert run.returncode == 0, run.explain()
-    assert "layout: context parallel: cp 4 x dp 1 (load-balanced chunks, ring attention)" in run.log(0)
+    assert "layout: context parallel (load-balanced chunks, ring attention): dp 1, cp 4" in run.log(0)
     ref, rout = runs["one_doc" if doc else "one"]
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(rout), 2e-5 if doc else 1e-5)
@@ -121,7 +121,7 @@ def test_cp2_with_zero1_shards_the_optimizer_state_over_the_cp_ranks(runs, corpu
                        resume_from_checkpoint=str(runs["one"][1] / "checkpoint-5"), **SEQ, **CP2)
     run = launch(cfg, tmp_path / "log", nproc=2, timeout=300)
     assert run.returncode == 0, run.explain()
-    assert "ZeRO-1 over cp x sharding 2" in run.log(0)
+    assert "dp 1, sharding stage1 x1, cp 2 (fleet's sharding group: sharding x cp, 2 ranks)" in run.log(0)
     assert "resumed from" in run.log(0) and "at step 5" in run.log(0)
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(6, STEPS + 1))
     assert_close_tensors(read_weights(tmp_path / "out"), read_weights(runs["one"][1]))
@@ -138,7 +138,7 @@ def test_dp2_by_cp2_matches_one_process(runs, corpus, tmp_path):
                        recompute=True, **CP2)
     run = launch(cfg, tmp_path / "log", nproc=4, timeout=400)
     assert run.returncode == 0, run.explain()
-    assert "layout: context parallel: cp 2 x dp 2" in run.log(0)
+    assert "layout: context parallel (load-balanced chunks, ring attention): dp 2, cp 2" in run.log(0)
     # the causal ring from step 1 (rank 0 logs the global batch's loss), its checkpoint-5 and final weights
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(1, STEPS + 1))
     assert_close_tensors(read_checkpoint(tmp_path / "out" / "checkpoint-5", "weights"),

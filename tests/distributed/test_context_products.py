@@ -38,10 +38,10 @@ def products(corpus, tmp_path_factory, ref, doc_ref):
 
 
 @pytest.mark.parametrize("name,layout", [
-    ("cp2_tp2", "layout: tensor parallel (distributed.steps.tensor_parallel): tp 2 x cp 2 x dp 1"),
-    ("cp2_tp2_sp_zero2", "layout: tensor parallel + sequence parallel (distributed.steps.tensor_parallel): tp 2 x cp 2 x "
-                         "dp 1, ZeRO-2 over 2"),
-    ("cp2_pp2_doc", "layout: pipeline (fleet 1F1B): pp 2 x dp 1 x cp 2"),
+    ("cp2_tp2", "layout: tensor parallel (distributed.steps.tensor_parallel): dp 1, tp 2, cp 2;"),
+    ("cp2_tp2_sp_zero2", "layout: tensor parallel (distributed.steps.tensor_parallel): dp 1, sharding stage2 x1, "
+                         "tp 2 + sp, cp 2 (fleet's sharding group: sharding x cp, 2 ranks);"),
+    ("cp2_pp2_doc", "layout: pipeline (fleet 1F1B): dp 1, cp 2, pp 2;"),
 ])
 def test_context_with_tensor_or_pipeline_parallelism_matches_one_process(products, name, layout):
     run, out, (r, rout) = products[name]

@@ -106,7 +106,7 @@ def test_each_rank_reports_what_it_holds_and_it_shrinks(runs, ref):
         assert rank["parameters"] < 0.55 * params and rank["optimizer_state"] < 0.55 * moments
     for rank in both:  # dp2 x tp2 x ZeRO-3: a quarter
         assert rank["parameters"] < 0.3 * params and rank["optimizer_state"] < 0.3 * moments
-    assert "layout: semi-auto: dp 2 x tp 2, ZeRO-3; rank 0 parameters" in runs["dp2_tp2_stage3"][0].log(0)
+    assert "layout: semi-auto: dp 1, sharding stage3 x2, tp 2; rank 0 parameters" in runs["dp2_tp2_stage3"][0].log(0)
 
 
 # saved under -> resumed under: every layout saves once and loads once or more (DP2 and stage1 saved: test_dist.py);
@@ -265,11 +265,11 @@ def test_shipped_multi_gpu_files_train_under_the_launcher(tmp_path, name, model)
     log = run.log(0)
     assert sorted(run.losses(0)) == [1, 2, 3]
     if "qwen" in name:
-        assert "bf16 is not applicable on cpu" in log and "semi-auto: dp 2 x tp 1, ZeRO-2" in log
+        assert "bf16 is not applicable on cpu" in log and "semi-auto: dp 1, sharding stage2 x2;" in log
         assert "recompute full" in log and "pretrained weights" in log
         norm = read_weights(tmp_path / "out")["model.norm.weight"]  # loaded 3.0, three steps at lr 3e-5
         assert abs(float(norm.mean()) - 3.0) < 0.01
     else:
-        assert "semi-auto: dp 1 x tp 2" in log and "sharding: 'stage2' over 1 process shards nothing" in log
+        assert "semi-auto: dp 1, tp 2;" in log and "sharding: 'stage2' over 1 process shards nothing" in log
     assert (tmp_path / "out" / "checkpoint-3" / "optimizer-00002-of-00002.safetensors").is_file()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "Traceback" not in log + run.log(1)

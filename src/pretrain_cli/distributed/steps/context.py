@@ -285,10 +285,8 @@ class ContextSide:
 
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
         self.group = cp_group(parallel, backend).group
-        zero = (f", ZeRO-{parallel.sharding_stage} over cp x sharding {parallel.cp_degree * parallel.sharding_degree}"
-                if parallel.sharding_stage else "")
-        self.name = (f"context parallel: cp {self.cp} x dp {parallel.data_world_size} (load-balanced chunks, "
-                     f"ring attention){zero}")
+        self.name = (f"context parallel (load-balanced chunks, ring attention): {parallel.axes()}"
+                     f"{parallel.fleet_sharding()}")  # check's words
 
         self._positions: dict = {}
 

@@ -103,12 +103,7 @@ class Pipeline(Hybrid):
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
         super().__init__(parallel, device, step_kernels, recompute)
-        zero = f", ZeRO-{parallel.sharding_stage} over {parallel.sharding_degree}" if parallel.sharding_stage else ""
-        virtual = f" x{parallel.virtual_pp_degree} virtual" if parallel.virtual_pp_degree > 1 else ""
-        tp = f" x tp {parallel.tp_degree}" if parallel.tp_degree > 1 else ""
-        cp = f" x cp {parallel.cp_degree}" if parallel.cp_degree > 1 else ""
-        self.name = (f"pipeline (fleet 1F1B): pp {parallel.pp_degree}{virtual}{tp} x dp {parallel.data_world_size}{zero}"
-                     f"{cp}")
+        self.name = f"pipeline (fleet 1F1B): {parallel.axes()}{parallel.fleet_sharding()}"  # check's words
 
     def wrap(self, model, optimizer):
         from paddle.distributed import fleet

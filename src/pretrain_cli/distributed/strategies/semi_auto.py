@@ -29,8 +29,7 @@ class SemiAuto(Strategy):
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
         super().__init__(parallel, device, step_kernels, recompute)
         self.hook = self.backend.gradient_hook  # gloo: Partial gradients all-reduced whole (None on NCCL)
-        stage = f"ZeRO-{parallel.sharding_stage}" if parallel.sharding_stage else "no sharding"
-        self.name = f"semi-auto: dp {parallel.data_world_size} x tp {parallel.tp_degree}, {stage}"
+        self.name = f"semi-auto: {parallel.axes()}"  # check's words
         self.mesh = None
         self.vocab = parallel.vocab_parallel  # config.resolve: the embedding and LM head split over the vocabulary
 

@@ -20,12 +20,8 @@ class TensorParallel(Hybrid):
 
     def __init__(self, parallel: ParallelConfig, device: str = "cpu", step_kernels=None, recompute=None):
         super().__init__(parallel, device, step_kernels, recompute)
-        zero = (f", ZeRO-{parallel.sharding_stage} over {parallel.sharding_degree * parallel.cp_degree}"
-                if parallel.sharding_stage else "")
-        sp = " + sequence parallel" if parallel.sequence_parallel else ""
-        cp = f" x cp {parallel.cp_degree}" if parallel.cp_degree > 1 else ""
-        self.name = (f"tensor parallel{sp} (distributed.steps.tensor_parallel): tp {parallel.tp_degree}{cp} x "
-                     f"dp {parallel.data_world_size}{zero}")
+        self.name = (f"tensor parallel (distributed.steps.tensor_parallel): {parallel.axes()}"
+                     f"{parallel.fleet_sharding()}")  # check's words
 
     def wrap(self, model, optimizer):
         return self.model_inputs(model), self.shard(model, optimizer)  # the model runs whole: no pipeline engine
