@@ -21,7 +21,7 @@ from launch_helpers import (STEPS, assert_close_losses, assert_close_tensors, ex
 
 ROUTER = dict(model_name_or_path="micro-deepseek-v3", router_aux_loss_coef=0.01, router_z_loss_coef=0.001,
               moe_router_bias_update_rate=0.01, save_steps=5)
-LOGGED = ("mtp_loss", "aux_loss", "z_loss")
+LOGGED = ("mtp_loss", "aux_loss", "z_loss", "lm_loss")  # lm_loss: the LM part of the loss, what eval_loss measures
 MICRO = dict(gradient_accumulation_steps=4, per_device_train_batch_size=2)  # the pipeline's micro-batches
 # The weights after 5 steps, where AdamW divides each gradient by its own running RMS: a few elements whose
 # gradients differ by rounding (one process at 2 threads, each stage at 1: MKL sums in another order) move by a

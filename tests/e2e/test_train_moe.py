@@ -138,3 +138,19 @@ def test_a_resume_at_bias_rate_0_keeps_the_checkpoints_bias_frozen(corpus, tmp_p
     saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))
     bias = [n for n in saved if n.endswith("e_score_correction_bias")]
     assert bias and all(np.array_equal(frozen[n], saved[n]) for n in bias)  # kept, not updated
+
+
+def test_deepseek_v3_with_mtp_logs_the_lm_loss_its_eval_loss_compares_to(corpus, tmp_path):
+    """The logged `loss` is the loss optimized: the LM loss + 0.3 x mtp_loss + the router terms, which eval_loss
+    leaves out, so the loss curve sat well above the eval points. Each record carries the LM part too, `lm_loss`, and
+    the terms add up to `loss` (every step applied, logged every 2 steps of 2 micro-batches)."""
+    cfg = write_config(tmp_path, corpus, model_name_or_path="micro-deepseek-v3", max_steps=4, logging_steps=2,
+                       save_steps=4, gradient_accumulation_steps=2, router_aux_loss_coef=0.01,
+                       router_z_loss_coef=0.001)
+    assert cli_main(["train", cfg]) == 0
+    train = [r for r in _records(tmp_path / "out") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 4]
+    for r in train:
+        weighted = r["lm_loss"] + 0.3 * r["mtp_loss"] + 0.01 * r["aux_loss"] + 0.001 * r["z_loss"]
+        assert r["loss"] == pytest.approx(weighted, abs=1e-5), r
+        assert r["loss"] - r["lm_loss"] > 1.0  # ~0.3 x mtp_loss: ~ln(512) untrained

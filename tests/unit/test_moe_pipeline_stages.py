@@ -103,7 +103,7 @@ def test_pipeline_stages_carry_transformers_balance_loss_and_z_loss():
     per-layer losses) and the z-loss; the router's gradient on the first stage comes back through the second's."""
     model = _model("micro-qwen2-moe", MoeConfig(aux_loss_coef=0.3, z_loss_coef=0.1))
     logged = _compare(model, cut=1)
-    assert set(logged) == {"aux_loss", "z_loss"} and logged["aux_loss"] > 1.0  # ~top_k at balance
+    assert set(logged) == {"aux_loss", "z_loss", "lm_loss"} and logged["aux_loss"] > 1.0  # ~top_k at balance
 
 
 def test_pipeline_stages_carry_deepseeks_sequence_loss_bias_and_mtp():
@@ -115,10 +115,32 @@ def test_pipeline_stages_carry_deepseeks_sequence_loss_bias_and_mtp():
     doc_start = paddle.to_tensor(np.array([[0] * 5 + [5] * 7, [0] * 12], dtype="int64"))  # [2, 12]
     for extra in ({}, {"doc_start": doc_start}):
         logged = _compare(model, cut=2, extra=extra)
-        assert set(logged) == {"aux_loss", "z_loss", "mtp_loss"}
+        assert set(logged) == {"aux_loss", "z_loss", "mtp_loss", "lm_loss"}
     update_expert_bias(model, 0.01)
     biases = [b.gate.e_score_correction_bias.numpy() for b in sparse_blocks(model)]
     assert len(biases) == 3 and all(np.abs(x).max() == 0.01 for x in biases)
+
+
+def test_the_logged_lm_loss_is_the_loss_less_its_weighted_terms():
+    """The training loss of DeepSeek-V3 with MTP is the language-model loss + λ x mtp_loss + the router terms; the
+    LM part is logged apart as lm_loss (equal on a pipeline's last stage: `_compare`), which the loss curve draws
+    beside the eval curve. A dense model logs none (its loss is the LM loss)."""
+    model = _model("micro-deepseek-v3", MoeConfig(aux_loss_coef=0.2, z_loss_coef=0.05, mtp_loss_weight=0.3))
+    rng = np.random.default_rng(1)
+    ids, labels = (paddle.to_tensor(rng.integers(0, 512, (2, 12))) for _ in range(2))
+    model.router_losses.clear()
+    total, count = model(ids, labels=labels)
+    logged = {k: float(v[0]) / v[1] for k, v in model.router_losses.items()}
+    terms = 0.3 * logged["mtp_loss"] + 0.2 * logged["aux_loss"] + 0.05 * logged["z_loss"]
+    assert logged["lm_loss"] > 5 and logged["mtp_loss"] > 5  # ~ln(512) each, untrained
+    assert abs(float(total / count) - (logged["lm_loss"] + terms)) < 1e-5
+    model.eval()  # evaluation: the LM loss alone, nothing logged
+    model.router_losses.clear()
+    model(ids, labels=labels)
+    assert model.router_losses == {}
+    dense = _model("micro-qwen2", None)
+    dense(ids, labels=labels)
+    assert dense.router_losses == {}
 
 
 def test_a_first_stage_without_sparse_layers_passes_the_sums_on():

@@ -30,6 +30,24 @@ def test_figure_has_labelled_axes_legend_and_the_run_name():
     assert lr_ax.get_lines()[0].get_ydata()[-1] == 1e-3
 
 
+def test_the_lm_part_of_a_loss_with_router_and_mtp_terms_is_drawn_beside_it():
+    """DeepSeek-V3 with MTP logs `loss` = LM loss + 0.3 x mtp_loss (+ router terms), ~1.7 above the eval curve; the
+    curve drew that line alone, labelled "training loss". Its logged LM part (`lm_loss`) is drawn too, and the legend
+    says which is which; a run without it (a dense model) keeps the one line and its label."""
+    recs = _records()
+    for r in recs:
+        if r["kind"] == "train":
+            r["lm_loss"] = r["loss"] - 1.7
+    fig = loss_figure(recs, "v3")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "training loss (optimized: LM + router/MTP terms)", "training LM loss (as eval)", "eval loss", "test loss",
+        "learning rate"]
+    train, lm = ax.get_lines()[:2]
+    assert list(lm.get_xdata()) == list(train.get_xdata())
+    assert np.allclose(np.asarray(train.get_ydata()) - np.asarray(lm.get_ydata()), 1.7)
+
+
 def test_png_bytes_and_atomic_write(tmp_path):
     import matplotlib.image
 

@@ -132,6 +132,10 @@ class CausalLM(nn.Layer):
             h = self.model(input_ids) if cache is None else self.model(input_ids, cache)  # [bsz, seq_len, hidden]
         if labels is not None:
             total, count = self.loss_sum(h, labels)
+            if self.training and (self.sparse or self.mtp_depth):  # the LM part, logged apart as lm_loss
+                from pretrain_cli.models.moe_loss import add_lm_loss
+
+                add_lm_loss(self, total, count)
             if self.training and self.mtp_depth:  # + λ/D · Σ_k L_k per counted token (`models.mtp`)
                 extra = mtp_term(self, h, input_ids, labels, position_ids, doc_start)  # logged as mtp_loss
                 total = total + extra * count.detach().astype(total.dtype)

@@ -172,6 +172,17 @@ def router_loss(model, carried: RouterSums | None = None, blocks: list | None = 
     return total
 
 
+def add_lm_loss(model, total, count) -> None:
+    """A training forward's language-model loss, the mean over its counted tokens of `total` (the sum `loss_sum`
+    gives: what `eval_loss` measures), logged apart as `lm_loss` where training adds terms to it (the router losses,
+    DeepSeek-V3's multi-token prediction): the logged `loss` is the loss optimized, above the eval curve by those
+    terms, and the loss curve draws both (`training.plot`). One function for one process (`CausalLM.forward`) and a
+    pipeline's last stage (`distributed.steps.pipeline_stages.StageLoss`)."""
+    if model.mtp_depth or router_terms(model).on:
+        add_logged(model.router_losses, "lm_loss",
+                   total.detach().astype("float32") / paddle.clip(count.detach().astype("float32"), min=1.0))
+
+
 def add_logged(sums: dict, name: str, value) -> None:
     """`value` (a scalar tensor) added to `sums[name]` = (sum, count): what `log_values` averages."""
     s, n = sums.get(name, (0.0, 0))

@@ -192,6 +192,12 @@ class StageLoss:
         total, count = self.lm.loss_sum(h, labels)
         if self.sequence is not None:
             total, count = self.sequence.whole_sequence(total, count)
+        final = self._final[0]  # its mode is the schedule's; without it (an item-level test) the MTP modules'
+        training = final.training if final is not None else self.mtp is not None and self.mtp.training
+        if training and (self.lm.sparse or self.lm.mtp_depth):  # the LM part, logged apart as lm_loss
+            from pretrain_cli.models.moe_loss import add_lm_loss
+
+            add_lm_loss(self.lm, total, count)
         if self.mtp is not None and self.mtp.training:
             from pretrain_cli.models.mtp import mtp_term
 

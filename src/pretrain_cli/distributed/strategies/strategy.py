@@ -33,7 +33,7 @@ def _nbytes(t) -> int:
     return int(v.numel()) * v.element_size()
 
 
-LOGGED = ("aux_loss", "z_loss", "mtp_loss")  # the losses logged apart, each rank's summed at log time (`share_logged`)
+LOGGED = ("aux_loss", "z_loss", "mtp_loss", "lm_loss")  # logged apart, each rank's summed at log time (`share_logged`)
 
 
 class Strategy:
