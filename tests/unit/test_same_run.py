@@ -232,3 +232,28 @@ def test_a_resume_on_the_processes_of_the_last_resume_keeps_the_global_batch(tmp
     old = spec(2, 0)
     assert (old.resume.name, old.run.loop.grad_accum, old.run.global_batch_size, old.run.loop.eval_iters) == (
         "checkpoint-4", 1, 2, 1)
+
+
+def test_training_from_a_runs_args_json_reads_what_its_user_set(tmp_path, lock):
+    """A run's args.json passed as the argument file of `train` (or `check`, `plan`): 1 data rank x acc 2 saves
+    checkpoint-2, 2 data ranks keep 2 sequences a step with acc 1 and save checkpoint-4, whose args.json holds the
+    derived acc 1 in `arguments` and the user's 2 in `user_arguments`. Training from that file on 1 data rank read
+    `arguments`: the derived acc 1 counted as the user's change and the global batch halved ('this run takes 1 from
+    here on'). It reads `user_arguments`, with a note, and keeps 2 sequences a step; `eval` and `inspect-data`
+    (`record="arguments"`) read what the run took."""
+    from pretrain_cli.config.parser import parse_config
+
+    _tokens(tmp_path / "a")
+    spec = lambda world: _spec(tmp_path, tmp_path / "a", lock, "--per_device_train_batch_size", "1",  # noqa: E731
+                               "--gradient_accumulation_steps", "2", world=world)
+    _checkpoint(spec(1), 2)
+    four = _checkpoint(spec(2), 4)
+    record = str(four / "args.json")
+    again = prepare(record, [], Target("cpu", 1, 0, 0))
+    assert (again.resume.name, again.run.loop.grad_accum, again.run.global_batch_size) == ("checkpoint-4", 2, 2)
+    assert not any("from here on" in n for n in again.run.notes), again.run.notes
+    assert f"{record}: a run's record: its user_arguments are read (the keys as that run's user set them), not its " \
+           f"arguments (gradient_accumulation_steps 1: what its resume derived)" in again.run.notes
+    assert parse_config(record).training.gradient_accumulation_steps == 1  # (eval's, inspect-data's reading)
+    assert prepare(record, [], Target("cpu", 1, 0, 0), {"do_train": False, "do_eval": True},
+                   record="arguments").args.training.gradient_accumulation_steps == 1

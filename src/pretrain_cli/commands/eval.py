@@ -140,7 +140,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         changes["max_seq_length"] = ns.max_seq_length
     if ns.batch_size is not None:
         changes["per_device_eval_batch_size"] = ns.batch_size
-    spec = prepare(ns.config, overrides, inference_target(), changes)
+    spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     model_dir, cfg = _model_config(model_name)

@@ -79,7 +79,7 @@ def _config_step_view(ns, tok) -> tuple:
     overrides = ["--input_dir", ns.prefix] if ns.prefix else []
     ranks = ns.dp_size if ns.dp_size is not None else data_ranks(ns.config)
     with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:
-        args = load_arguments(ns.config, overrides)
+        args = load_arguments(ns.config, overrides, record="arguments")  # a run's record: as the run took them
         has_output = bool(str(args.training.output_dir or "").strip())
         # the step's samples are the train split's, whatever do_train the file sets (a base file may leave the
         # do_* keys to the command line, as it may output_dir)
@@ -90,7 +90,7 @@ def _config_step_view(ns, tok) -> tuple:
         for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
             model *= max(1, int(args.get(key) or 1))
         spec = prepare(ns.config, overrides, inference_target() if ranks == 1 else simulated_target(ranks * model),
-                       changes)
+                       changes, record="arguments")
     if spec.run.parallel.data_world_size != ranks:  # (a world the file's degrees split otherwise)
         raise UserError(f"--dp_size {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
                         f"{spec.run.parallel.world_size} processes; pass --dp_size {spec.run.parallel.data_world_size}")

@@ -69,8 +69,8 @@ class Arguments:
     explicit: dict  # key -> "file" | "command line" | "PaddleFormers' default" (`paddleformers_keys.take_defaults`)
     extra: dict = field(default_factory=dict)  # PaddleNLP's keys with no field here (paddlenlp_keys.IGNORED) -> value
     aliased: tuple = ()  # PaddleNLP's and PaddleFormers' other names that were read as ours (paddlenlp_keys.ALIASES)
-    rewritten: tuple = ()  # the notes of PaddleNLP's own rewrites of its keys (`_post_init`) and of PaddleFormers'
-    # readings (its attention implementation, its data keys, its defaults: `config.paddleformers_keys`)
+    rewritten: tuple = ()  # the notes of the args.json record read, PaddleNLP's own rewrites of its keys (`_post_init`)
+    # and PaddleFormers' readings (its attention implementation, its data keys, its defaults: `paddleformers_keys`)
 
     def to_dict(self) -> dict:
         """Flat {key: value}, the same shape as the user's file (written as args.json)."""
@@ -250,12 +250,20 @@ def load_yaml_file(path: str) -> dict:
     return obj
 
 
-def arguments_of(obj: dict) -> dict:
-    """The argument keys of a file: the file itself, or for a run's own record (`args.json`: version,
-    arguments, run, notes) the arguments it was started with, so a run can be re-run or evaluated from it."""
-    if isinstance(obj.get("arguments"), dict) and "version" in obj and "run" in obj:
-        return obj["arguments"]
-    return obj
+def arguments_of(obj: dict, record: str = "arguments", path: str = "") -> tuple[dict, list]:
+    """(keys, notes) of a file: the file itself, or of a run's own record (`args.json`: version, arguments,
+    user_arguments, run, notes) its `record`: `arguments`, what the run took (a resume's derived keys in: what `eval`
+    and `inspect-data` read it for), or `user_arguments`, what its user set (what `train`, `check` and `plan` start a
+    run from, so that a resume on other data ranks keeps the global batch; with a note). A record from before
+    `user_arguments` has only `arguments`."""
+    if not (isinstance(obj.get("arguments"), dict) and "version" in obj and "run" in obj):
+        return obj, []
+    took, user = obj["arguments"], obj.get("user_arguments")
+    if record == "arguments" or not isinstance(user, dict):
+        return took, []
+    derived = ", ".join(f"{k} {json.dumps(took[k])}" for k in took if k in user and user[k] != took[k])
+    return user, [f"{path}: a run's record: its user_arguments are read (the keys as that run's user set them), not "
+                  f"its arguments" + (f" ({derived}: what its resume derived)" if derived else "")]
 
 
 def split_overrides(tokens: list[str]) -> list[tuple[str, list[str]]]:
@@ -285,15 +293,15 @@ def check_override_keys(tokens: list[str], options=()) -> None:
             raise _unknown(key, "command line", options)
 
 
-def parse_config(config_path: str | None, overrides: list[str] | None = None) -> Arguments:
+def parse_config(config_path: str | None, overrides: list[str] | None = None, record: str = "arguments") -> Arguments:
     """Parse and type-check; no cross-key validation (see `validate`) and no I/O beyond the file. Every unknown key
     and bad value of the file and the command line is named at once (a PaddleFormers file can hold ten of them), its
-    jsonl data keys in one line; a PaddleFormers file's omitted keys take its defaults (`config.paddleformers_keys`)."""
+    jsonl data keys in one line; a PaddleFormers file's omitted keys take its defaults (`config.paddleformers_keys`).
+    `record`: which keys of a run's args.json (`arguments_of`)."""
     values: dict[str, object] = {}
     explicit: dict[str, str] = {}
     extra: dict[str, object] = {}
     aliased: list[str] = []
-    notes: list[str] = []  # PaddleFormers' readings
     problems = Problems()
 
     def own_name(key: str, where: str, given) -> str:
@@ -319,7 +327,8 @@ def parse_config(config_path: str | None, overrides: list[str] | None = None) ->
         values[ours] = coerce(KEYS[ours], raw, config_path)
         explicit[ours] = "file"
 
-    given = arguments_of(read_argument_file(config_path)) if config_path is not None else {}
+    given, notes = (arguments_of(read_argument_file(config_path), record, config_path) if config_path is not None
+                    else ({}, []))  # notes: which record of a run's args.json, then PaddleFormers' readings
     pairs = split_overrides(overrides or [])
     data = {k: v for k, v in given.items() if k in DATA_KEYS}  # PaddleFormers' data keys: one line together
     data.update((k, " ".join(raw) or True) for k, raw in pairs if k in DATA_KEYS)

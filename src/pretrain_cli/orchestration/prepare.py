@@ -272,19 +272,20 @@ def check_output_dir(output_dir: str) -> Path:
     return out
 
 
-def load_arguments(config: str | None, overrides: list[str] | None) -> Arguments:
-    """The file (.json or .yaml/.yml: `config.parser.read_argument_file` decides) with the command line's keys."""
-    return parse_config(config, overrides)
+def load_arguments(config: str | None, overrides: list[str] | None, record: str = "user_arguments") -> Arguments:
+    """The file (.json/.yaml/.yml; of a run's args.json its `record`: `parser.arguments_of`) with the command line's."""
+    return parse_config(config, overrides, record)
 
 
-def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None) -> RunSpec:
-    """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes`
-    ({key: value}): what the calling command itself decides (`eval`: evaluate one split, train nothing), applied
-    over the file and the user's `--key value` overrides and type-checked as they are, never turned into text."""
+def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None,
+            record: str = "user_arguments") -> RunSpec:
+    """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes` ({key:
+    value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
+    overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`)."""
     from pretrain_cli.config.parser import KEYS, coerce
     from pretrain_cli.models.config import check_seq_len
 
-    args = load_arguments(config, overrides)
+    args = load_arguments(config, overrides, record)
     for key, value in (changes or {}).items():
         args.set(key, coerce(KEYS[key], value, "command line"))
         args.explicit[key] = "command line"
