@@ -42,7 +42,7 @@ def main() -> None:
         started = f.read().rsplit(b")", 1)[1].split()[19].decode()
     # SIGINT ignored when this process started (a launcher run in the background: a shell starts background jobs
     # so): a fresh rank's interpreter would then leave it ignored rather than raise KeyboardInterrupt, and so does
-    # the forked one (forkserver._child), whatever the server's own start left it
+    # the forked one (forkserver_server._child), whatever the server's own start left it
     ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     request = {"args": script, "cwd": os.getcwd(), "env": dict(os.environ), "inject": None,
                "rank": {"pid": os.getpid(), "started": started, "unbuffered": sys.stdout.write_through,
