@@ -15,11 +15,12 @@ Parallel layouts (`--layouts`): the same model trained by the product's own buil
 (`Trainer` over `training.run.lay_out` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
 parallel, fleet's ZeRO-1, ZeRO-2/3 and tensor parallelism on 2 processes; the largest rank's
 allocator peak over the second step against `plan --device cpu --gpus 2`. Pipeline stages (`--stages`): DeepSeek's
-pipeline x expert parallelism with and without ZeRO-1 on 4 processes, each stage's largest peak against its own plan.
+pipeline x expert parallelism with and without ZeRO-1 on 4 processes (and with experts 4x as large), each stage's largest
+peak against its own plan.
 
     python benchmarks/plan_calibration.py            # table (markdown)
     python benchmarks/plan_calibration.py --layouts  # the parallel layouts
-    python benchmarks/plan_calibration.py --stages   # pp2 x ep2 with and without ZeRO-1, each stage (4 processes)
+    python benchmarks/plan_calibration.py --stages   # pp2 x ep2 with and without ZeRO-1 (and experts 4x), each stage
     python benchmarks/plan_calibration.py --json     # rows as JSON
 """
 from __future__ import annotations
@@ -264,6 +265,10 @@ STAGE_LAYOUTS = [
     ("pp2 x ep2 x ZeRO-1 b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2, "sharding": "stage1",
                                   "gradient_accumulation_steps": 2}),
 ]
+# the experts 4x as large (16 of width 512: 6 MiB a sparse layer on a rank): what a copy of their weights kept for
+# backward would add shows (it did: the plan 15 % under each stage's peak, ops/grouped_gemm_layer.py)
+MICRO_V3_LARGE_EXPERTS = {**MICRO_V3, "moe_intermediate_size": 512, "n_routed_experts": 16}
+LARGE_EXPERT_LAYOUTS = [("pp2 x ep2 DP b2, experts 4x", *STAGE_LAYOUTS[0][1:])]
 
 
 def calibrate_stages(layouts=STAGE_LAYOUTS, launch=_fresh_ranks, model=MICRO_V3, preset="micro-deepseek-v3",
@@ -313,7 +318,10 @@ def main() -> int:
     ap.add_argument("--layouts", action="store_true", help="the parallel layouts (2 processes each)")
     ap.add_argument("--stages", action="store_true", help="pipeline x expert parallelism, each stage (4 processes each)")
     ns = ap.parse_args()
-    rows = calibrate_layouts() if ns.layouts else calibrate_stages() if ns.stages else calibrate()
+    if ns.stages:
+        rows = calibrate_stages() + calibrate_stages(LARGE_EXPERT_LAYOUTS, model=MICRO_V3_LARGE_EXPERTS)
+    else:
+        rows = calibrate_layouts() if ns.layouts else calibrate()
     print(json.dumps(rows, indent=2) if ns.json else table(rows))
     return 0
 

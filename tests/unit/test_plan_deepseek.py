@@ -153,22 +153,24 @@ def test_what_tp_leaves_whole_is_what_the_tp_plan_leaves_whole_in_the_built_mode
 def test_o1_keeps_a_half_cast_of_every_weight_a_matmul_reads_the_mtp_modules_too(ep, fused, pp):
     """O1 autocast casts each weight a matmul reads and keeps the cast for backward (Paddle caches no casts): on
     the rank (or the pipeline's last stage) running the MTP module, its own weights' casts, and unfused the LM
-    head's again per depth; never an untied embedding's (looked up) or the fused head + loss's head; under expert
-    parallelism the casts of this rank's experts only. Before, the MTP module's weights were left out and every
-    routed expert of the model counted on each rank."""
-    from pretrain_cli.planning.memory import _device_params, mtp_params, pipeline_stages, stage_params
+    head's again per depth; never an untied embedding's (looked up) or the fused head + loss's head, nor a routed
+    expert's (their GEMMs keep the parameters and cast again in backward: `ops.grouped_gemm_layer.StackedGemm`).
+    Before, the MTP module's weights were left out and every routed expert of the model counted on each rank."""
+    from pretrain_cli.planning.memory import _device_params, mtp_params, pipeline_stages, stage_experts, stage_params
 
     def o1(s):
         return dataclasses.replace(s, compute_bytes=2, amp_level="O1")
 
     with_mtp, bare = (o1(x) for x in _setups(ep=ep, fused_loss=fused, pp=pp, recompute="full", micro_batches=8))
     parts = (lambda s: pipeline_stages(s)[-1]) if pp > 1 else estimate
-    own = sum(mtp_params(with_mtp))
+    own, routed = sum(mtp_params(with_mtp)), mtp_params(with_mtp)[1]
     head = 0 if fused else 2 * V * H  # its head's cast of the LM head weight
     copy = 4 * V * H if pp > 1 else 0  # the last stage's fp32 copy of the embedding (untied: looked up, no cast)
-    assert parts(with_mtp)["weights"] - parts(bare)["weights"] == pytest.approx((4 + 2) * own + head + copy)
+    assert parts(with_mtp)["weights"] - parts(bare)["weights"] == pytest.approx(4 * own + 2 * (own - routed)
+                                                                                + head + copy)
     # the whole: fp32 weights and a half cast of all but the looked-up table (the embedding or, at pp 2, the last
-    # stage's copy of it) and a fused head
+    # stage's copy of it), a fused head and the routed experts
     held = stage_params(with_mtp, pp - 1) if pp > 1 else _device_params(with_mtp)
     looked_up = V * H * (1 + fused)
-    assert parts(with_mtp)["weights"] == pytest.approx(4 * held + 2 * (held - looked_up) + head)
+    experts = stage_experts(with_mtp, pp - 1)
+    assert parts(with_mtp)["weights"] == pytest.approx(4 * held + 2 * (held - looked_up - experts) + head)

@@ -15,32 +15,35 @@ layout), `swiglu_packed` (the kernel of `[..., 2·inter]` laid out [gate | up]).
 - `grouped_mlp_gpu`: Paddle's `batched_gemm` (`paddle.incubate.nn.functional`), a grouped GEMM over the segments
   of the stacked weights; GPU only (`ops.kernels.select` never picks it on CPU). Paddle registers no backward for
   it (3.3.1 has no grad node: its outputs would come out with `stop_gradient` and the experts would never train),
-  so `grouped_gemm_layer.BatchedGemm` is its autograd: dx = dy·Wᵀ (`trans_rhs`: each segment times rhs[e] transposed) and
-  dW[e] = x_eᵀ·dy_e (`trans_lhs`: the segments of lhs transposed times the same segments of rhs, out
+  so `grouped_gemm_layer.BatchedGemm` gives it one: dx = dy·Wᵀ (`trans_rhs`: each segment times rhs[e] transposed)
+  and dW[e] = x_eᵀ·dy_e (`trans_lhs`: the segments of lhs transposed times the same segments of rhs, out
   `[experts, in, out]`), the kernel's own contract (its GPU and MUSA kernels, `phi/kernels/legacy/`). Its kernel
   is registered for fp32 and bf16 only, so an fp16 run takes the padded or segment path.
+
+Every path multiplies by packed (gate | up) or stacked weights through `grouped_gemm_layer.stacked_gemm`, which keeps
+the expert parameters for backward and packs them again there, never the packed copy: a sparse layer keeps no copy
+of its experts' weights from forward to backward (`plan` counts none).
 """
 from __future__ import annotations
 
 
-def _stacked(weights):
-    import paddle
-
-    gate_up = paddle.stack([paddle.concat([g, u], axis=1) for g, u, _ in weights])  # [experts, hidden, 2*inter]
-    down = paddle.stack([d for _, _, d in weights])  # [experts, inter, hidden]
-    return gate_up, down
+def _gate_up(weights) -> list:
+    """Each expert's gate and up, in turn: the two pieces of its packed `[hidden, 2·inter]` (`stacked_gemm`)."""
+    return [t for g, u, _ in weights for t in (g, u)]
 
 
 def grouped_mlp_segments(x, counts, weights, swiglu_packed):
     import paddle
+
+    from pretrain_cli.ops.grouped_gemm_layer import Matmul, stacked_gemm
 
     parts = paddle.split(x, counts, axis=0) if len(counts) > 1 else [x]  # [count_e, hidden] each
     outs = []
     for part, (g, u, d), n in zip(parts, weights, counts):
         if n == 0:
             continue
-        h = swiglu_packed(paddle.matmul(part, paddle.concat([g, u], axis=1)))  # [count_e, inter]
-        outs.append(paddle.matmul(h, d))  # [count_e, hidden]
+        h = swiglu_packed(stacked_gemm(part, Matmul, [g, u], 2, stack=False))  # [count_e, inter]
+        outs.append(stacked_gemm(h, Matmul, [d], 1, stack=False))  # [count_e, hidden]
     if not outs:
         return paddle.zeros_like(x)
     return paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]  # [rows, hidden]
@@ -50,6 +53,7 @@ def grouped_mlp_padded(x, counts, weights, swiglu_packed):
     import numpy as np
     import paddle
 
+    from pretrain_cli.ops.grouped_gemm_layer import Bmm, stacked_gemm
     from pretrain_cli.ops.tensors import from_numpy
 
     rows, hidden = x.shape
@@ -60,11 +64,10 @@ def grouped_mlp_padded(x, counts, weights, swiglu_packed):
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype("int64")
     expert = np.repeat(np.arange(n, dtype="int64"), counts)  # [rows]
     slot = from_numpy(expert * cap + (np.arange(rows, dtype="int64") - starts[expert]))  # [rows] (to_tensor leaks)
-    gate_up, down = _stacked(weights)
     padded = paddle.zeros([n * cap, hidden], dtype=x.dtype)
     padded = paddle.scatter(padded, slot, x, overwrite=True).reshape([n, cap, hidden])  # [experts, cap, hidden]
-    h = swiglu_packed(paddle.bmm(padded, gate_up))  # [experts, cap, inter]
-    out = paddle.bmm(h, down).reshape([n * cap, hidden])  # [experts*cap, hidden]
+    h = swiglu_packed(stacked_gemm(padded, Bmm, _gate_up(weights), 2))  # [experts, cap, inter]
+    out = stacked_gemm(h, Bmm, [d for _, _, d in weights], 1).reshape([n * cap, hidden])  # [experts*cap, hidden]
     return paddle.gather(out, slot)  # [rows, hidden]
 
 
@@ -83,9 +86,8 @@ def grouped_mlp_gpu(x, counts, weights, swiglu_packed):
 
     if x.dtype == paddle.float16:  # batched_gemm's kernel has fp32 and bf16 only
         return grouped_mlp_cpu(x, counts, weights, swiglu_packed)
-    from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm as gemm
+    from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm, stacked_gemm
 
-    counts = [int(n) for n in counts]
-    gate_up, down = _stacked(weights)
-    h = swiglu_packed(gemm.apply(x, gate_up, counts))  # [rows, inter]
-    return gemm.apply(h, down, counts)  # [rows, hidden]
+    gemm = BatchedGemm([int(n) for n in counts])
+    h = swiglu_packed(stacked_gemm(x, gemm, _gate_up(weights), 2))  # [rows, inter]
+    return stacked_gemm(h, gemm, [d for _, _, d in weights], 1)  # [rows, hidden]

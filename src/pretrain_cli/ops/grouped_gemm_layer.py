@@ -1,10 +1,20 @@
-"""The autograd function of Paddle's grouped GEMM (`paddle.incubate.nn.functional.batched_gemm`), which Paddle 3.3.1
-registers without a backward: its outputs would carry no gradient to the experts (`ops.grouped.grouped_mlp_gpu`).
+"""The experts' GEMMs with their weights packed (each expert's gate | up side by side) or stacked per expert, as
+one autograd function that keeps the parameters for backward, not the packed copy (`StackedGemm`), and Paddle's
+grouped GEMM (`paddle.incubate.nn.functional.batched_gemm`), which Paddle 3.3.1 registers without a backward.
 
-Imported by `grouped_mlp_gpu` only, on a GPU (Paddle at the top): the rest of `ops.grouped` imports no Paddle.
-The backward uses the op's own flags (its GPU and MUSA kernels under `phi/kernels/legacy/`): `trans_rhs` multiplies
-segment e of lhs by rhs[e] transposed, `trans_lhs` segment e of lhs transposed by segment e of rhs, out
-`[experts, in, out]`.
+Why one function: a GEMM keeps its operands for backward, so `matmul(x, concat([g, u]))` or `bmm(x, stack(ws))` kept
+a copy of the experts' weights per sparse layer and micro-batch in flight (on one process every routed expert's
+weights again; under a pipeline without recompute, that times the micro-batches a stage holds), which `plan` did not
+count (docs/PLAN.md, Mixture-of-Experts). `StackedGemm` keeps the parameters themselves, which live anyway, and
+stacks them again in backward, one piece at a time for the one layer whose backward runs, as the old path's
+backward copied the stack's gradient apart: measured on benchmarks/configs/moe.json's shape (one process, the old
+and new path alternated in one run), a step's allocator peak 166 -> 139 MiB and its time unchanged (0.99-1.01x
+wall, 0.95-1.01x CPU). Its products: `Matmul` (one expert's rows, the segments path), `Bmm` (the padded path's
+`[experts, cap, in]`), `BatchedGemm` (the GPU's grouped GEMM over row segments).
+
+`batched_gemm`'s backward uses the op's own flags (its GPU and MUSA kernels under `phi/kernels/legacy/`): `trans_rhs`
+multiplies segment e of lhs by rhs[e] transposed, `trans_lhs` segment e of lhs transposed by segment e of rhs, out
+`[experts, in, out]`. Imported by `ops.grouped`'s functions, after Paddle (Paddle at the top here).
 """
 from __future__ import annotations
 
@@ -19,21 +29,102 @@ def batched_gemm(lhs, rhs, counts, trans_lhs=False, trans_rhs=False):
     return out[0] if isinstance(out, (tuple, list)) else out  # documented as a tuple, returned as a Tensor
 
 
-class BatchedGemm(PyLayer):
-    """x `[rows, in]` (segments by `counts`) times w `[experts, in, out]` → `[rows, out]`, with a backward."""
+class Matmul:
+    """x `[rows, in]` times w `[in, out]`: one expert's rows (`grouped_mlp_segments`)."""
 
     @staticmethod
-    def forward(ctx, x, w, counts):
-        ctx.save_for_backward(x, w)
-        ctx.counts = counts
-        return batched_gemm(x, w, counts)
+    def forward(x, w):
+        return paddle.matmul(x, w)  # [rows, out]
+
+    @staticmethod
+    def dx(dy, w):
+        return paddle.matmul(dy, w, transpose_y=True)  # [rows, in]
+
+    @staticmethod
+    def dw(x, dy):
+        return paddle.matmul(x, dy, transpose_x=True)  # [in, out]
+
+
+class Bmm(Matmul):
+    """x `[experts, cap, in]` times w `[experts, in, out]` (`grouped_mlp_padded`): `Matmul`'s products batched."""
+
+    @staticmethod
+    def forward(x, w):
+        return paddle.bmm(x, w)  # [experts, cap, out]
+
+
+class BatchedGemm:
+    """x `[rows, in]` (segments by `counts`) times w `[experts, in, out]` → `[rows, out]` (`grouped_mlp_gpu`)."""
+
+    def __init__(self, counts: list[int]):
+        self.counts = counts
+
+    def forward(self, x, w):
+        return batched_gemm(x, w, self.counts)  # [rows, out]
+
+    def dx(self, dy, w):
+        return batched_gemm(dy.contiguous(), w, self.counts, trans_rhs=True)  # [rows, in]
+
+    def dw(self, x, dy):
+        dw = batched_gemm(x, dy.contiguous(), self.counts, trans_lhs=True)  # [experts, in, out]
+        if 0 in self.counts:  # an expert without rows: a GEMM with k = 0, whose output is not promised to be 0
+            keep = paddle.to_tensor([n > 0 for n in self.counts]).reshape([-1, 1, 1])  # [experts, 1, 1]
+            dw = paddle.where(keep, dw, paddle.zeros_like(dw))
+        return dw
+
+
+def packed(ws, stack: bool):
+    """Weights as a product reads them: the experts' `[in, out]` stacked to `[experts, in, out]`, or (not `stack`)
+    the one expert's tensor itself."""
+    return paddle.stack(ws) if stack else ws[0]
+
+
+class StackedGemm(PyLayer):
+    """x times each expert's `pieces` consecutive tensors of `ws` side by side on the last axis (gate | up: the
+    output `[..., 2·inter]` `swiglu_packed` reads), the experts stacked when `stack`; x and the tensors of `ws` are
+    what it keeps for backward, never the stacked copies.
+
+    One piece at a time, forward and backward (y = [x·G | x·U], dx = dy_G·Gᵀ + dy_U·Uᵀ, dG = xᵀ·dy_G): one piece's
+    weights stacked are all a layer holds beyond its parameters while it runs, and without `stack` (one expert's
+    rows) nothing is copied. Each parameter's gradient is a view of its piece's dW `[experts, in, out]` (Paddle
+    3.3.1's stride kernels), a contiguous one: ZeRO-3's gradient hook all-reduces the buffer as laid out, and
+    strided views of [dG | dU] gave it wrong values (tests/distributed/test_moe_layouts.py).
+
+    Dtypes: the weights are taken to x's dtype in forward and to the gradient's in backward, each gradient back to
+    its input's: no-ops under fp32 (CPU) and O2; under O1 on a GPU (fp32 weights; autocast runs in forward only)
+    the backward's products run in the dtype the forward's did. Read, not run: there is no GPU here."""
+
+    @staticmethod
+    def forward(ctx, x, product, pieces: int, stack: bool, *ws):
+        ctx.product, ctx.pieces, ctx.stack = product, pieces, stack
+        ctx.save_for_backward(x, *ws)
+        ys = [product.forward(x, _as(packed(ws[p::pieces], stack), x.dtype))  # [..., out_p] each
+              for p in range(pieces)]
+        return paddle.concat(ys, axis=-1) if pieces > 1 else ys[0]  # [..., Σ out_p]
 
     @staticmethod
     def backward(ctx, dy):
-        x, w = ctx.saved_tensor()
-        dx = batched_gemm(dy, w, ctx.counts, trans_rhs=True)  # [rows, in]
-        dw = batched_gemm(x, dy, ctx.counts, trans_lhs=True)  # [experts, in, out]
-        if 0 in ctx.counts:  # an expert without rows: a GEMM with k = 0, whose output is not promised to be 0
-            keep = paddle.to_tensor([n > 0 for n in ctx.counts]).reshape([-1, 1, 1])  # [experts, 1, 1]
-            dw = paddle.where(keep, dw, paddle.zeros_like(dw))
-        return dx, dw
+        x, *ws = ctx.saved_tensor()
+        product, pieces, stack = ctx.product, ctx.pieces, ctx.stack
+        widths = [t.shape[-1] for t in ws[:pieces]]
+        bounds = [sum(widths[:p]) for p in range(pieces + 1)]
+        xc = _as(x, dy.dtype)
+        dx, dws = None, []
+        for p in range(pieces):  # dx = Σ_p dy_p · W_pᵀ, dW_p = xᵀ · dy_p
+            dy_p = dy[..., bounds[p]:bounds[p + 1]] if pieces > 1 else dy  # [..., out_p], a view
+            part = product.dx(dy_p, _as(packed(ws[p::pieces], stack), dy.dtype))  # x's shape
+            dx = part if dx is None else dx + part
+            dws.append(product.dw(xc, dy_p))  # [experts, in, out_p] (stacked) or [in, out_p]
+        # each expert's gradient a contiguous view of its piece's dW (an all-reduce hook reads the buffer as laid out)
+        per = [paddle.unbind(d, axis=0) if stack else [d] for d in dws]  # [pieces][experts]
+        grads = [per[p][e] for e in range(len(ws) // pieces) for p in range(pieces)]
+        return (_as(dx, x.dtype), *(_as(g, t.dtype) for g, t in zip(grads, ws)))
+
+
+def _as(t, dtype):
+    return t if t.dtype == dtype else t.astype(dtype)
+
+
+def stacked_gemm(x, product, weights, pieces: int, stack: bool = True):
+    """`StackedGemm` of `weights` (a flat list, `pieces` tensors per expert)."""
+    return StackedGemm.apply(x, product, pieces, stack, *weights)

@@ -106,15 +106,19 @@ def activation_bytes(s) -> float:
 
 def mtp_activation_bytes(s) -> float:
     """What the multi-token prediction modules keep for backward, per micro-batch: each depth's three norms (of the
-    shifted tokens' embedding, of the previous depth's hidden states, the head's), the projection's concatenated
-    input `[2·hidden]`, and one decoder layer whole (recompute wraps the decoder layers only, `models.recompute`;
-    an average layer of the model, as `_parts_per_token` gives it). Their head + loss: `mtp_head_bytes`."""
-    depth, h = s.model.num_nextn_predict_layers, s.model.hidden_size
+    shifted tokens' embedding, of the previous depth's hidden states, the head's) less the second one's input (the
+    main model's final norm output, or the previous depth's output, which its head's norm keeps: counted there;
+    counted twice before, 0.25 MiB of micro-deepseek-v3's 13.2 MiB share in tests/unit/test_plan_calibration.py),
+    the projection's concatenated input `[2·hidden]`, and one decoder layer whole (recompute wraps the decoder layers
+    only, `models.recompute`; an average layer of the model, as `_parts_per_token` gives it). Their head + loss:
+    `mtp_head_bytes`."""
+    depth, h, c = s.model.num_nextn_predict_layers, s.model.hidden_size, s.compute_bytes
     if not depth:
         return 0.0
     p = _parts_per_token(s)
     layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
-    return depth * s.micro_batch * s.seq_len * (3 * norm_bytes(s, h) + 2 * s.compute_bytes * h + layer)
+    norms = 3 * norm_bytes(s, h) - c * h  # (hnorm's input counted where it is made)
+    return depth * s.micro_batch * s.seq_len * (norms + 2 * c * h + layer)
 
 
 def mtp_head_bytes(s) -> float:

@@ -266,10 +266,11 @@ def _cpu_zero3_sharded_grads(s: Setup) -> float:
 def _half_copies(s: Setup, n: float, stage: int) -> float:
     """Elements of the half casts O1 keeps for backward on a rank holding `n` parameters of pipeline stage `stage`:
     autocast casts a weight each time a matmul reads it (Paddle's autocast keeps no cache of casts, unlike torch's)
-    and the matmul keeps that cast for its backward. So every parameter the rank holds (its routed experts ÷ ep, the
-    multi-token prediction modules' where they run) but those no matmul reads: an untied embedding (looked up, as
-    its last-stage copy for the MTP lookups is) and a head the fused head + loss reads (its PyLayer,
-    `ops.linear_loss`, keeps dh and dW, no cast); plus, unfused, the head cast again by each MTP depth's head
+    and the matmul keeps that cast for its backward. So every parameter the rank holds (the multi-token prediction
+    modules' where they run) but those no matmul keeps: an untied embedding (looked up, as its last-stage copy for
+    the MTP lookups is), a head the fused head + loss reads (its PyLayer, `ops.linear_loss`, keeps dh and dW, no
+    cast) and the routed experts (`stage_experts`: their GEMMs, `ops.grouped_gemm_layer.StackedGemm`, keep the
+    parameters and cast again in backward); plus, unfused, the head cast again by each MTP depth's head
     (`models.mtp.mtp_losses`). Norms and routers are counted too (small: an upper bound)."""
     cfg = s.model
     table = cfg.vocab_size * cfg.hidden_size / s.vocab_tp  # the embedding's or the LM head's elements on this rank
@@ -280,7 +281,7 @@ def _half_copies(s: Setup, n: float, stage: int) -> float:
     if last and s.fused_loss:
         looked_up += table
     mtp_heads = cfg.num_nextn_predict_layers * table if last and not s.fused_loss else 0.0
-    return n - looked_up + mtp_heads
+    return n - looked_up - stage_experts(s, stage) + mtp_heads
 
 
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float,
