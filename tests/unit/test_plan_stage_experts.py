@@ -83,3 +83,30 @@ def test_each_stage_holds_the_built_models_parameters_of_its_layers(layers, firs
         assert parts["optimizer_state"] == pytest.approx(8 * ((held[st] - experts[st]) / 2 + experts[st]))
         assert parts["weights"] == pytest.approx(4 * held[st])
         assert parts["gradients"] == pytest.approx(4 * held[st])
+
+
+@pytest.mark.parametrize("ep", [2, 1])
+def test_data_parallel_traffic_reduces_each_stages_own_experts(ep):
+    """`traffic`'s dp term under pp 2 on 8 ranks (4 data ranks): micro-deepseek-v3 with 4 layers, the first dense,
+    so stage 0 holds one sparse layer and stage 1 two and the MTP module's. By hand, one sparse layer's 8 experts
+    are 8 x 3 x 64 x 32 = 49,152 parameters (÷ ep on a rank); the rest, a 1/2 share of the model without its routed
+    experts and, on the last stage, the MTP module's own. With ep 2 the fullest stage's three layers of experts go
+    over their 2 holders, the rest over the 4 data ranks; with ep 1 all of it over the 4. Before, every stage counted
+    all four sparse layers' experts (and the module's rest): ep 2 planned 4 layers' worth over the holders."""
+    from pretrain_cli.models.flops import param_counts
+    from pretrain_cli.planning.memory import mtp_params
+    from pretrain_cli.planning.speed import traffic
+    from pretrain_cli.run_layout import ParallelConfig
+
+    cfg = dataclasses.replace(MICRO, num_hidden_layers=4, first_k_dense_replace=1)
+    counts = param_counts(cfg)
+    layer = 8 * 3 * 64 * 32
+    assert counts["experts"] == 3 * layer and mtp_params(Setup(model=cfg, micro_batch=1, seq_len=16))[1] == layer
+    s = Setup(model=cfg, micro_batch=1, seq_len=16, pp=2, ep=ep, micro_batches=2)
+    par = ParallelConfig(world_size=8, dp_degree=4, pp_degree=2, ep_degree=ep)
+    rest = (counts["total"] - counts["experts"]) / 2 + mtp_params(s)[0]  # the last stage's
+    if ep == 2:
+        want = 2 * 3 / 4 * rest + 2 * 1 / 2 * 3 * layer / 2
+    else:
+        want = 2 * 3 / 4 * (rest + 3 * layer)
+    assert traffic(s, par, counts)["dp"] == pytest.approx(4 * want)  # fp32 gradients
