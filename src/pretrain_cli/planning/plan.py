@@ -15,7 +15,7 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.models.flops import _cached
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
-from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, startup_parts
+from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
 from pretrain_cli.planning.speed import pipeline_bubble, traffic
@@ -207,10 +207,12 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
 
 
 def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict:
-    """What the multi-token prediction modules (`models.mtp`) add to a plan: their own parameters, and the model
-    FLOPs per token and the memory per device of the plan less those of the same plan without them (so every term
-    the models give them counts: weights, gradients, optimizer state, activations, their head + loss); {} for a
-    model without them."""
+    """What the multi-token prediction modules (`models.mtp`) add to a plan: their own parameters, the model FLOPs
+    per token, and the memory of the device that runs them less the same device's without them (so every term the
+    models give them counts: weights, gradients, optimizer state, activations, their head + loss); {} for a model
+    without them. Under a pipeline that device is the last stage's (`stage`), while the plan's memory is the
+    fullest stage's (`reported_stage`): the difference of the two plans' peaks would be the fullest stage's, which
+    for DeepSeek-V3 at pp 2 is the first stage's, where the modules cost nothing (it printed 0.00 GiB)."""
     from pretrain_cli.models.flops import flops_per_token, param_counts
 
     cfg = setup.model
@@ -220,9 +222,14 @@ def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict
         c, num_nextn_predict_layers=0)))
     counts = param_counts(cfg)
     flops = model_fpt - flops_per_token(bare.model, seq_len)
-    return {"modules": cfg.num_nextn_predict_layers, "first_layer": cfg.num_hidden_layers, "params": counts["mtp"],
-            "active": counts["mtp_active"], "flops_per_token": flops, "flops_share": flops / model_fpt,
-            "memory_gib": (sum(parts.values()) - sum(estimate(bare).values())) / GIB}
+    out = {"modules": cfg.num_nextn_predict_layers, "first_layer": cfg.num_hidden_layers, "params": counts["mtp"],
+           "active": counts["mtp_active"], "flops_per_token": flops, "flops_share": flops / model_fpt}
+    if setup.pp == 1:
+        return {**out, "memory_gib": (sum(parts.values()) - sum(estimate(bare).values())) / GIB,
+                "stage": None, "reported_stage": None}
+    stages = [sum(p.values()) for p in pipeline_stages(setup)]
+    return {**out, "memory_gib": (stages[-1] - sum(pipeline_stages(bare)[-1].values())) / GIB,
+            "stage": setup.pp - 1, "reported_stage": stages.index(max(stages))}  # (`estimate`'s pick: the first max)
 
 
 def _first_fitting(changes: list[dict], replan):

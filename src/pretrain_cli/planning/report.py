@@ -173,6 +173,17 @@ def _data_ranks(par: PlannedLayout) -> str:
     return f"{n} data ranks ({groups})"
 
 
+def _mtp_stage(mtp: dict, pp: int) -> str:
+    """Where the multi-token prediction modules' memory is counted: a pipeline's last stage runs them."""
+    return "" if mtp.get("stage") is None else f" on stage {mtp['stage']}, the last of {pp}, which runs it"
+
+
+def _reported_stage(mtp: dict) -> str:
+    """Which stage the memory lines below are, when a pipeline's fullest stage is not the one running the modules."""
+    seen = mtp.get("reported_stage")
+    return "" if seen is None or seen == mtp.get("stage") else f"; the memory below is stage {seen}'s, the fullest"
+
+
 def format_report(r: Plan) -> str:
     """`plan`'s printed report."""
     d, p, par, m = r.device, r.params, r.parallel, r.model
@@ -195,7 +206,8 @@ def format_report(r: Plan) -> str:
                      f"{first}{f'-{last}' if last > first else ''}), {_si(t['params'])} parameters of its own "
                      f"[{t['params']:,}] ({_si(t['active'])} active per token), outside the total as transformers "
                      f"loads none: {t['flops_share']:.1%} of the model FLOPs/token, {t['memory_gib']:.2f} GiB of the "
-                     f"memory per device (weights, gradients, optimizer state, activations, its LM head + loss)")
+                     f"memory per device{_mtp_stage(t, par.pp)} (weights, gradients, optimizer state, activations, "
+                     f"its LM head + loss){_reported_stage(t)}")
     f = r.flops_per_token
     hardware_flops = f", {f.hardware:.4g} hardware (with recompute)" if r.recompute else ""
     lines.append(f"FLOPs/token: {f.model:.4g} model (6N{'_active' if p['experts'] else ''} + 12·L·H·d·S, "
@@ -203,7 +215,8 @@ def format_report(r: Plan) -> str:
                  f"PaddleNLP formula {f.paddlenlp:.4g}"
                  + ("; document masking does less attention than counted (MFU stays comparable with causal runs)"
                     if r.attention_mask_type == "document" else ""))
-    lines.append(f"precision {r.precision.amp_dtype} {r.precision.amp_level or ''}; world {par.world} "
+    level = f" {r.precision.amp_level}" if r.precision.amp_level else ""  # (none in float32)
+    lines.append(f"precision {r.precision.amp_dtype}{level}; world {par.world} "
                  f"= {_data_ranks(par)} x tp {par.tp}" + (f" x cp {par.cp}" if par.cp > 1 else "")
                  + (f" (ep {par.ep}: experts split over groups of {par.ep} data ranks)" if par.ep > 1 else "")
                  + (f" x pp {par.pp}{f' x {par.vpp} virtual' if par.vpp > 1 else ''} (the fullest stage below, "
