@@ -39,3 +39,37 @@ def test_precision_without_a_level_has_no_stray_space():
     assert "precision float32; world 8" in text and "float32 ;" not in text
     assert "precision bfloat16 O2; world 8" in format_report(planned.from_file(V3_FILE, [], "H100", 8))
 
+
+def test_plan_without_gpus_plans_the_processes_the_file_was_written_for(capsys):
+    """`plan <file>` planned one device, on which the file's pp 2 x ep 4 x ZeRO-1 over 4 has no effect, and its
+    note named check's option (`check --world_size 8`). Without --gpus it plans the 8 processes the layout needs
+    and says so; with --gpus 1 the note names plan's own option."""
+    from pretrain_cli.cli import main as cli_main
+
+    assert cli_main(["plan", V3_FILE, "--device", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan: ") and " on 8 x H100-SXM " in out.splitlines()[0]
+    assert ("note: gpus: --gpus not given: planned on the 8 processes the file's layout needs (pipeline_parallel_degree "
+            "2 x 4 data ranks for expert_parallel_degree 4 and sharding_parallel_degree 4); --gpus N plans it on N") in out
+    assert "world 8 = 4 data ranks (one ZeRO stage-1 group of 4)" in out
+    one = "\n".join(planned.from_file(V3_FILE, [], "H100", 1).notes)
+    assert "the file's layout needs 8 processes: `plan --gpus 8` plans it as they run it" in one
+    assert "check --world_size" not in one
+    args, f = planned.fit_file(V3_FILE, [], "H100", None)  # --fit too: on the file's 8
+    assert f["gpus"] == 8 and f["global_batch"] == 40  # 1 x acc 10 x the 4 data ranks
+    assert f["notes"][0].startswith("gpus: --gpus not given: planned on the 8 processes")
+
+
+@pytest.mark.parametrize("keys,need", [([], 1), (["--tensor_parallel_degree", "2"], 2),
+                                       (["--sharding", "stage1", "--sharding_parallel_degree", "4",
+                                         "--expert_parallel_degree", "8"], 8),  # data ranks: lcm(4, 8)
+                                       (["--sharding", "", "--sharding_parallel_degree", "4"], 1)])
+def test_the_fewest_processes_are_the_degrees_and_the_data_ranks_they_need(keys, need):
+    from pretrain_cli.config.one_process import fewest_processes
+
+    base = ["--tensor_parallel_degree", "1", "--pipeline_parallel_degree", "1", "--expert_parallel_degree", "1",
+            "--sharding", "stage1", "--sharding_parallel_degree", "-1"]
+    args, _ = planned.parse(V3_FILE, base + keys)
+    assert fewest_processes(args)[0] == need
+    if need > 1:  # and the world it names resolves
+        assert planned.from_file(V3_FILE, base + keys, "H100", None).gpus == need

@@ -23,7 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
                              f"{', '.join(d.name for d in hardware.DEVICES.values())}; default: %(default)s)")
-    parser.add_argument("--gpus", type=int, default=1, help="devices (processes) in the run (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="devices (processes) in the run (default: the fewest the file's parallel keys run on: "
+                             "tensor x pipeline x context parallel degree x the data ranks expert_parallel_degree "
+                             "and sharding_parallel_degree divide; 1 for a file without them)")
     parser.add_argument("--mfu", type=float, default=None,
                         help=f"assumed model-FLOPs utilisation for the ETA (default: {MFU_HALF} with fp16/bf16, "
                              f"{MFU_FP32} in fp32)")

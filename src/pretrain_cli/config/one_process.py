@@ -1,15 +1,38 @@
 """What a multi-process file's parallel keys mean when it runs as one process (`train` without the launcher,
-`check` without `--world_size`): every degree has no effect, each noted the way a launch notes a setting it
-ignores, and the note names the launch the file was written for, so `check` says what to check it with."""
+`check` without `--world_size`, `plan --gpus 1`): every degree has no effect, each noted the way a launch notes a
+setting it ignores, and the note names the launch the file was written for (`fewest_processes`), so `check` says
+what to check it with and `plan` what to plan it on; `plan` without `--gpus` plans on that many."""
 from __future__ import annotations
+
+import math
 
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.errors import Problems
 
 
-def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, problems: Problems) -> None:
-    """Notes for `degrees` ({key: degree}: tensor, pipeline, sep, context) and sharding `stage` on one process;
-    `sequence_parallel` and `virtual_pp_degree` get the notes they get on many when they are without their axis."""
+def fewest_processes(args) -> tuple[int, str]:
+    """(the fewest processes the file's parallel keys run on, the degrees that make it, e.g. "pipeline_parallel_degree
+    2 x 4 data ranks for expert_parallel_degree 4 and sharding_parallel_degree 4"): tp x pp x sep x cp x the data
+    ranks, which expert_parallel_degree and, under a sharding stage, sharding_parallel_degree must divide (the least
+    common multiple of both; `config.parallel` refuses a world they do not divide). (1, "") for a file without them."""
+    t = args.training
+    axes = [(k, max(getattr(t, k), 1)) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
+                                                 "sep_parallel_degree", "context_parallel_degree")]
+    data = [("expert_parallel_degree", max(t.expert_parallel_degree, 1))]
+    if t.sharding.strip():
+        data.append(("sharding_parallel_degree", max(t.sharding_parallel_degree, 1)))
+    ranks = math.lcm(*(d for _, d in data))
+    parts = [f"{k} {d}" for k, d in axes if d > 1]
+    if ranks > 1:
+        parts.append(f"{ranks} data ranks for {' and '.join(f'{k} {d}' for k, d in data if d > 1)}")
+    return math.prod(d for _, d in axes) * ranks, " x ".join(parts)
+
+
+def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, problems: Problems,
+                      planned: bool = False) -> None:
+    """Notes for `degrees` ({key: degree}: tensor, pipeline, sep, context, expert) and sharding `stage` on one
+    process; `sequence_parallel` and `virtual_pp_degree` get the notes they get on many when they are without their
+    axis. `planned`: for `plan`, whose option for the processes is `--gpus` (`check`'s is `--world_size`)."""
     t = args.training
     dropped = [f"{k}={v}" for k, v in degrees.items() if v > 1]
     tp, pp = degrees["tensor_parallel_degree"], degrees["pipeline_parallel_degree"]
@@ -19,12 +42,10 @@ def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, p
         dropped.append(f"virtual_pp_degree={t.virtual_pp_degree}")
     if stage:
         dropped.append(f"sharding={t.sharding!r}")
-    need = 1
-    for v in degrees.values():
-        need *= v
+    need = fewest_processes(args)[0]
     if dropped:
-        launch = (f"; the file's layout needs {need} processes: `check --world_size {need}` checks it as they run "
-                  f"it" if need > 1 else "")
+        how = f"`plan --gpus {need}` plans it" if planned else f"`check --world_size {need}` checks it"
+        launch = f"; the file's layout needs {need} processes: {how} as they run it" if need > 1 else ""
         notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect{launch}")
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")

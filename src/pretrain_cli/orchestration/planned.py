@@ -47,9 +47,10 @@ def with_changes(args: Arguments, change: dict, where: str = "command line") -> 
     return out
 
 
-def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
+def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
                 node: hardware.Node = hardware.Node()) -> None:
-    """`plan`'s own options, checked before the file is read."""
+    """`plan`'s own options, checked before the file is read (`gpus` None: the file's, checked once it is read:
+    `file_gpus`)."""
     if node.gpus < 1:
         raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
     if not 0 < node.cross_node_gbps < float("inf"):
@@ -57,19 +58,26 @@ def check_flags(device: str, gpus: int, mfu: float | None, peak_tflops: float | 
                         f"got {node.cross_node_gbps}")
     if not 0 <= margin < 1:
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
-    if gpus < 1:
-        raise UserError(f"--gpus: must be >= 1, got {gpus}")
-    if gpus > node.gpus and gpus % node.gpus:  # the launcher starts as many processes on every node
-        fits = sorted({gpus // node.gpus * node.gpus, -(-gpus // node.gpus) * node.gpus})
-        per = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0][0]
-        raise UserError(f"--gpus_per_node: --gpus {gpus} is not a whole number of nodes of {node.gpus} (every node "
-                        f"runs the same number of processes); use --gpus {' or '.join(map(str, fits))}, or "
-                        f"--gpus_per_node {per}")
+    if gpus is not None:
+        check_gpus(gpus, node)
     if mfu is not None and not 0 < mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
         raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
     target_device(device)
+
+
+def check_gpus(gpus: int, node: hardware.Node, why: str = "") -> None:
+    """`--gpus` (or, `why` saying so, the file's number of processes) against the nodes: the launcher starts as
+    many processes on every node."""
+    if gpus < 1:
+        raise UserError(f"--gpus: must be >= 1, got {gpus}")
+    if gpus > node.gpus and gpus % node.gpus:
+        fits = sorted({gpus // node.gpus * node.gpus, -(-gpus // node.gpus) * node.gpus})
+        per = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0][0]
+        raise UserError(f"--gpus_per_node: --gpus {gpus}{why} is not a whole number of nodes of {node.gpus} (every "
+                        f"node runs the same number of processes); use --gpus {' or '.join(map(str, fits))}, or "
+                        f"--gpus_per_node {per}")
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
@@ -226,21 +234,42 @@ def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, M
     return args, build_model_config(args)[1]
 
 
-def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-              mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
+def file_gpus(args: Arguments, gpus: int | None, node: hardware.Node) -> tuple[int, list[str]]:
+    """(`--gpus` as given, else the fewest processes the file's parallel keys run on, `config.one_process`'s
+    `fewest_processes`; the note saying so): `plan <file>` plans the layout the file was written for, where it
+    planned one device, on which every parallel key has no effect."""
+    from pretrain_cli.config.one_process import fewest_processes
+
+    if gpus is not None:
+        return gpus, []
+    need, why = fewest_processes(args)
+    if need == 1:
+        return 1, []
+    check_gpus(need, node, f" (not given: the {need} processes the file's layout needs, {why})")
+    return need, [f"gpus: --gpus not given: planned on the {need} processes the file's layout needs ({why}); "
+                  f"--gpus N plans it on N"]
+
+
+def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
+              gpus: int | None = 1, mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
               peak_tflops: float | None = None, node: hardware.Node = hardware.Node()) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
-    not fit: the command's flags checked once, the file parsed once."""
+    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's (`file_gpus`)."""
     check_flags(device, gpus, mfu, peak_tflops, node=node)
-    return plan(*parse(config, overrides), device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node)
+    args, model_cfg = parse(config, overrides)
+    gpus, said = file_gpus(args, gpus, node)
+    out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node)
+    return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
 
 
-def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE, gpus: int = 1,
-             mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None,
-             budget_gib: float | None = None, baseline_bytes: float = 0.0,
+def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
+             gpus: int | None = 1, mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN,
+             peak_tflops: float | None = None, budget_gib: float | None = None, baseline_bytes: float = 0.0,
              node: hardware.Node = hardware.Node()) -> tuple[Arguments, dict]:
     """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
-    parsed once."""
+    parsed once. `gpus` None: the file's (`file_gpus`)."""
     check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = parse(config, overrides)
-    return args, fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node)
+    gpus, said = file_gpus(args, gpus, node)
+    f = fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node)
+    return args, {**f, "notes": [*said, *f["notes"]]} if said else f
