@@ -104,6 +104,7 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
     found 30 minutes later), training on or waiting for a peer until hang_timeout. launch.sh's verdict directory, which
     its EXIT trap cannot remove then, is named by it, and the next launch removes it (`tempdirs.sweep`: before, one
     `pretrain-cli-verdicts.*` stayed in TMPDIR per run of this test)."""
+    import socket
     import tempfile
     from pathlib import Path
 
@@ -123,7 +124,7 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
         assert sum(r is not None for r, _, _ in job_pids(marker).values()) == 4  # 2 ranks and their 2 watchers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        verdicts = list(Path(tempfile.gettempdir()).glob(f"pretrain-cli-verdicts-{proc.pid}-*"))
+        verdicts = list(Path(tempfile.gettempdir()).glob(f"pretrain-cli-verdicts-{socket.gethostname()}-{proc.pid}-*"))
         deadline = time.monotonic() + 60  # (they end within a second: a bound, not a measurement)
         while job_pids(marker) and time.monotonic() < deadline:
             time.sleep(0.1)

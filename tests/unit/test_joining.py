@@ -269,7 +269,8 @@ def _started(tmp_path, procs, second, held, kill, envs, killed):
         kill(procs)
     ends = [(p.wait(timeout=150), p.stderr.read()) for p in procs]
     left = [p.name for p in (tmp_path / "tmp").glob("pretrain-cli-join-*")]  # only a SIGKILLed node's (its pid's)
-    assert all(any(n.startswith(f"pretrain-cli-join-{procs[i].pid}-") for i in killed) for n in left), left
+    mine = [f"pretrain-cli-join-{socket.gethostname()}-{procs[i].pid}-" for i in killed]
+    assert all(n.startswith(tuple(mine)) for n in left), left
     return ends
 
 

@@ -6,6 +6,7 @@ launch.sh left a `pretrain-cli-verdicts.*` and each launcher killed or stopped b
 of the test's own; the two-node launchers' own ends: tests/unit/test_joining.py."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from pretrain_cli import processes
 from pretrain_cli.distributed.launcher import tempdirs
 
 REPO = Path(__file__).resolve().parents[2]
+HOST = socket.gethostname()
 SRC = REPO / "src"
 # '-c' probes (a GPU build?) answer "no"; job.py's other commands run for real; the launcher (after `job.py ports --
 # PYTHON`) says which verdict directory it was given, then ends at once or waits to be killed (STALL)
@@ -76,7 +78,7 @@ def test_a_launch_sh_killed_leaves_its_directories_to_the_next_launch_which_remo
         proc = _launch_sh(tmp_path, STALL="1")
         try:
             verdicts = Path(_until_launched(tmp_path, proc))
-            assert verdicts.parent == tmp and verdicts.name.startswith(f"pretrain-cli-verdicts-{proc.pid}-")
+            assert verdicts.parent == tmp and verdicts.name.startswith(f"pretrain-cli-verdicts-{HOST}-{proc.pid}-")
             assert _ours(tmp) == sorted([old.name, live, verdicts.name])  # the dead launcher's, removed
             os.killpg(proc.pid, signal.SIGKILL)  # launch.sh and its launcher: no EXIT trap runs
             proc.wait()
@@ -109,18 +111,18 @@ def test_a_launch_sh_stopped_by_a_signal_leaves_nothing(tmp_path):
     assert _ours(tmp_path / "tmp") == []
 
 
-def test_a_directory_is_its_owners_by_pid_and_start_time(tmp_path):
+def test_a_directory_is_its_owners_by_host_pid_and_start_time(tmp_path):
     """A pid reused since (another start time) is not the owner; the start time unknown (no /proc), the pid alone
-    decides; this process's own directory goes with `remove_own`."""
-    me, ticks = os.getpid(), processes.start_ticks(os.getpid())
-    names = {"mine": f"pretrain-cli-join-{me}-{ticks}-abc", "reused": f"pretrain-cli-verdicts-{me}-{int(ticks) + 1}-x1",
-             "unknown": f"pretrain-cli-join-{me}-0-q_7", "other": "pretrain-cli-watch-0123-host"}
-    for name in names.values():
+    decides; another host's pid says nothing here (a TMPDIR shared between hosts): left alone."""
+    me, ticks, gone = os.getpid(), processes.start_ticks(os.getpid()), 2 ** 22 + 1  # (above Linux's PID_MAX_LIMIT)
+    kept = [f"pretrain-cli-join-{HOST}-{me}-{ticks}-abc", f"pretrain-cli-join-{HOST}-{me}-0-q_7",
+            f"pretrain-cli-join-other-host-{gone}-5-x", "pretrain-cli-watch-0123-host"]
+    swept = [f"pretrain-cli-join-{HOST}-{gone}-5-z", f"pretrain-cli-verdicts-{HOST}-{me}-{int(ticks) + 1}-x1"]
+    for name in kept + swept:
         (tmp_path / name).mkdir()
-    (tmp_path / f"pretrain-cli-join-{2 ** 22 + 1}-5-zz").write_text("")  # not a directory: left alone
-    assert [p.name for p in tempdirs.sweep(tmp_path)] == [names["reused"]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["mine"], names["unknown"], names["other"],
-                                                                   f"pretrain-cli-join-{2 ** 22 + 1}-5-zz"])
+    (tmp_path / f"pretrain-cli-join-{HOST}-{gone}-5-f").write_text("")  # not a directory: left alone
+    assert sorted(p.name for p in tempdirs.sweep(tmp_path)) == swept
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, f"pretrain-cli-join-{HOST}-{gone}-5-f"])
 
 
 def test_a_launcher_removes_at_its_start_what_launchers_killed_before_it_left(tmp_path):

@@ -5,11 +5,12 @@ Two kinds: launch.sh's verdict directory (each rank's end for `job.decide`; remo
 node's launcher's join directory (its ranks' join marks for `joining`; removed when scripts/paddle_launch.py ends, by
 a signal too: `remove_own`). A SIGKILL runs neither removal (launch.sh killed with its process group: a scheduler's
 kill after its grace period, a test's clean-up; a node's launcher killed), and a long-lived node collected them for
-ever. So each is named `<kind>-<owner pid>-<owner start ticks>-<random>` (the random part is `mkdtemp`'s: TMPDIR is
-shared, and a name another user could guess would be theirs to take first), and `sweep` (run by `create`, and at
-every start of scripts/paddle_launch.py) removes this user's directories of either kind whose owner is gone: no
-process with that pid and start time, so a pid reused since is not the owner. A directory named the older way
-(`pretrain-cli-join-<random>`, `pretrain-cli-verdicts.<random>`) names no owner and is left as it is.
+ever. So each is named `<kind>-<host>-<owner pid>-<owner start ticks>-<random>` (the random part is `mkdtemp`'s: TMPDIR
+is shared, and a name another user could guess would be theirs to take first), and `sweep` (run by `create`, and at
+every start of scripts/paddle_launch.py) removes this user's directories of either kind made on this host whose owner
+is gone: no process with that pid and start time, so a pid reused since is not the owner (and another host's pids say
+nothing here, where TMPDIR is shared between hosts). A directory named the older way (`pretrain-cli-join-<random>`,
+`pretrain-cli-verdicts.<random>`) names no owner and is left as it is.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -24,7 +26,8 @@ from pathlib import Path
 from pretrain_cli import processes
 
 JOIN, VERDICTS = "pretrain-cli-join", "pretrain-cli-verdicts"
-_NAME = re.compile(rf"(?:{JOIN}|{VERDICTS})-(\d+)-(\d+)-[a-z0-9_]+")  # (mkdtemp's random part: no '-' in it)
+# kind, host, pid, start ticks, mkdtemp's random part (which has no '-')
+_NAME = re.compile(rf"(?:{JOIN}|{VERDICTS})-(.+)-(\d+)-(\d+)-[a-z0-9_]+")
 _OWN: list[Path] = []  # the directories this process made for itself (`remove_own`)
 
 
@@ -33,7 +36,7 @@ def create(kind: str, owner: int | None = None) -> Path:
     its exit, and by `remove_own`), after a `sweep`. OSError when TMPDIR takes none."""
     sweep()
     pid = owner or os.getpid()
-    path = Path(tempfile.mkdtemp(prefix=f"{kind}-{pid}-{processes.start_ticks(pid) or 0}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"{kind}-{_host()}-{pid}-{processes.start_ticks(pid) or 0}-"))
     if pid == os.getpid():
         if not _OWN:
             import atexit
@@ -44,9 +47,9 @@ def create(kind: str, owner: int | None = None) -> Path:
 
 
 def sweep(root: str | os.PathLike | None = None) -> list[Path]:
-    """Remove this user's directories of either kind in `root` (TMPDIR when None) whose owner is gone; the ones
-    removed. Another user's, and anything not a directory, are left alone."""
-    where = Path(root or tempfile.gettempdir())
+    """Remove this user's directories of either kind made on this host in `root` (TMPDIR when None) whose owner is
+    gone; the ones removed. Another host's or user's, and anything not a directory, are left alone."""
+    where, host = Path(root or tempfile.gettempdir()), _host()
     try:
         names = os.listdir(where)
     except OSError:
@@ -54,7 +57,7 @@ def sweep(root: str | os.PathLike | None = None) -> list[Path]:
     removed = []
     for name in names:
         match = _NAME.fullmatch(name)
-        if match is None or processes.alive(int(match[1]), None if match[2] == "0" else match[2]):
+        if match is None or match[1] != host or processes.alive(int(match[2]), None if match[3] == "0" else match[3]):
             continue
         path = where / name
         with contextlib.suppress(OSError):
@@ -70,3 +73,7 @@ def remove_own() -> None:
     `end`, whose `os._exit` skips the exit functions."""
     while _OWN:
         shutil.rmtree(_OWN.pop(), ignore_errors=True)
+
+
+def _host() -> str:
+    return socket.gethostname().replace(os.sep, "_")
