@@ -41,7 +41,7 @@ def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
     are data (or cp) ranks to shard over, with and without sequence parallelism under tp, every expert-parallel
     degree dividing both the `experts` and the data ranks. A sharding stage also comes with `sharding_parallel_degree`
     -1 (every data rank) when the file fixes a degree, which other layouts' data ranks need not divide (and which
-    ZeRO-2/3 and tensor parallelism do not take)."""
+    the layouts the semi-auto engine runs do not take: it shards over every data rank)."""
     splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     if seq_len >= CONTEXT_MIN_SEQ:
         splits += [(1, 1, cp) for cp in _divisors(gpus) if cp > 1]
