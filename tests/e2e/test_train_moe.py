@@ -154,3 +154,26 @@ def test_deepseek_v3_with_mtp_logs_the_lm_loss_its_eval_loss_compares_to(corpus,
         weighted = r["lm_loss"] + 0.3 * r["mtp_loss"] + 0.01 * r["aux_loss"] + 0.001 * r["z_loss"]
         assert r["loss"] == pytest.approx(weighted, abs=1e-5), r
         assert r["loss"] - r["lm_loss"] > 1.0  # ~0.3 x mtp_loss: ~ln(512) untrained
+
+
+def test_a_dense_model_with_mtp_logs_its_mtp_and_lm_loss(corpus, tmp_path):
+    """A model whose decoder layers are all dense (DeepSeek-V3's first_k_dense_replace = every layer) with an MTP
+    module adds 0.3 x mtp_loss to its loss as well: its records carry mtp_loss and lm_loss too (they were logged only
+    for decoders with sparse layers, so its loss sat above its eval points unexplained)."""
+    import json
+    import shutil
+
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    model = tmp_path / "dense-mtp"
+    shutil.copytree(resolve_model_dir("micro-deepseek-v3"), model)
+    hf = json.loads((model / "config.json").read_text())
+    hf["first_k_dense_replace"] = hf["num_hidden_layers"]
+    (model / "config.json").write_text(json.dumps(hf))
+    cfg = write_config(tmp_path, corpus, model_name_or_path=str(model), max_steps=2, logging_steps=1, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    train = [r for r in _records(tmp_path / "out") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert r["loss"] == pytest.approx(r["lm_loss"] + 0.3 * r["mtp_loss"], abs=1e-5), r
+        assert len(r["moe_expert_share_per_layer"]) == 1  # only the MTP module's own layer routes (DeepSeek's)

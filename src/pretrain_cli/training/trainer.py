@@ -316,7 +316,8 @@ class Trainer:
         values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": s.tokens_seen,
                        "consumed_samples": s.consumed_samples, "batch_hash": s.last_batch_hash,
                        "progress_or_epoch": round(s.global_step / self.loop.max_steps, 4)})
-        if getattr(getattr(self.layout.raw_model, "config", None), "sparse_layers", None):  # MoE: router losses, load
+        cfg = getattr(self.layout.raw_model, "config", None)  # MoE: router losses, load; MTP (dense too): its loss
+        if getattr(cfg, "sparse_layers", None) or getattr(cfg, "num_nextn_predict_layers", 0):
             from pretrain_cli.models.moe_loss import log_values
 
             values.update(log_values(self.layout.raw_model, self.layout.strategy))
