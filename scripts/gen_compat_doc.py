@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPELINE  # noqa: E402
 from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
                                                 SWITCHES)
-from pretrain_cli.config.parser import KEYS, _type_name  # noqa: E402
+from pretrain_cli.config.keys import KEYS, type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
 
@@ -139,7 +139,7 @@ def render() -> str:
                 continue
             choices = f" One of: {', '.join(s.choices)}." if s.choices else ""
             help_ = (s.help + choices).replace("|", "\\|")
-            lines.append(f"| `{key}` | {_type_name(s)} | `{json.dumps(s.default)}` | {status[s.support]} | {help_} |")
+            lines.append(f"| `{key}` | {type_name(s)} | `{json.dumps(s.default)}` | {status[s.support]} | {help_} |")
     lines += ["\n## Other PaddleNLP keys: accepted, ignored\n",
               "Fields of PaddleNLP's `TrainingArguments` (and the legacy `llm/llama/run_pretrain.py`'s model keys, and "
               "the PaddleFormers keys its pretraining files set) a pretraining run has no use for here: any value "

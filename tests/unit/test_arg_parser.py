@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from pretrain_cli.config.parser import KEYS, parse_config
+from pretrain_cli.config.keys import KEYS
+from pretrain_cli.config.parser import parse_config
 from pretrain_cli.errors import UserError
 from pretrain_cli.config.parallel import parse_sharding
 from pretrain_cli.data.samples import parse_split

@@ -2,7 +2,7 @@
 import importlib.util
 from pathlib import Path
 
-from pretrain_cli.config.parser import KEYS
+from pretrain_cli.config.keys import KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 

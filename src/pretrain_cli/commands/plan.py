@@ -99,7 +99,8 @@ def check_output(path: str, config: str | None) -> None:
     (the rename would fail naming its temporary), the argument file being fitted (the source would be lost),
     and an existing file that is not a fitted file (`output_dir` ending in `-fitted`, as `write_fitted` writes it).
     A fitted file is replaced, so re-running the same `plan --fit -o` refreshes it."""
-    from pretrain_cli.config.parser import KEYS, read_argument_file
+    from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.parser import read_argument_file
 
     out = Path(path)
     if out.is_dir():

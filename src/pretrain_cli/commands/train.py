@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(ns: argparse.Namespace) -> int:
     if ns.help_keys:
-        from pretrain_cli.config.parser import KEYS
+        from pretrain_cli.config.keys import KEYS
 
         for key, s in KEYS.items():
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")

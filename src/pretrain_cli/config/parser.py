@@ -2,7 +2,7 @@
 
 Precedence: dataclass default < file < command line. A `.yaml`/`.yml` file (PaddleFormers') holds the same flat keys
 and meets the same checks (`config.yaml_file`). Unlike PaddleNLP's JSON → argv →
-argparse round trip, values are typed directly: JSON `null` means None (never the string
+argparse round trip, values are typed directly (each key's type: `config.keys`): JSON `null` means None (never the string
 "None") for an optional key and is refused for another, dicts are rejected for scalar keys, a key written twice
 is refused (json would keep the last silently), and there are no prefix abbreviations
 (`--max_seq 5` is an unknown key with a did-you-mean suggestion, not `max_seq_length=5`).
@@ -11,51 +11,14 @@ from __future__ import annotations
 
 import difflib
 import json
-import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
+from pretrain_cli.config.keys import KEYS, coerce, type_name
 from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defaults
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
 from pretrain_cli.errors import Problems, UserError
-
-_TRUE = {"true", "t", "yes", "y", "1"}
-_FALSE = {"false", "f", "no", "n", "0"}
-
-
-@dataclass
-class KeySpec:
-    name: str
-    section: str
-    base: type  # bool, int, float, str
-    is_list: bool
-    optional: bool
-    default: object
-    help: str
-    support: str
-    choices: tuple | None
-
-
-def _spec_for(section: str, cls) -> list[KeySpec]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in fields(cls):
-        tp = hints[f.name]
-        optional = False
-        if typing.get_origin(tp) is typing.Union:
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            optional, tp = True, args[0]
-        is_list = typing.get_origin(tp) in (list, typing.List)
-        base = typing.get_args(tp)[0] if is_list else tp
-        default = f.default if f.default is not MISSING else f.default_factory()
-        out.append(KeySpec(f.name, section, base, is_list, optional, default,
-                           f.metadata.get("help", ""), f.metadata.get("support", "supported"),
-                           f.metadata.get("choices")))
-    return out
-
-
-KEYS: dict[str, KeySpec] = {s.name: s for sec, cls in SECTIONS for s in _spec_for(sec, cls)}
 
 
 @dataclass
@@ -88,13 +51,6 @@ class Arguments:
         setattr(getattr(self, KEYS[key].section), key, value)
 
 
-def _type_name(spec: KeySpec) -> str:
-    name = {bool: "bool (true/false/1/0)", int: "int", float: "float", str: "string"}[spec.base]
-    if spec.is_list:
-        name = f"list of {name}"
-    return f"{name} or null" if spec.optional else name
-
-
 def _unknown(key: str, where: str, options=()) -> UserError:
     """Did-you-mean over the training keys and `options`, the command's own `--options` (`generate --max_new_token`
     means `--max_new_tokens`, not the nearest training key). A key that begins exactly one name is that name's
@@ -107,80 +63,6 @@ def _unknown(key: str, where: str, options=()) -> UserError:
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
     hint = f"; did you mean `{close[0]}`?" if close else "; see docs/COMPATIBILITY.md for the accepted keys"
     return UserError(f"{where}: unknown key `{key}`{hint}")
-
-
-def _scalar(spec: KeySpec, value, where: str):
-    """Coerce one scalar: a JSON value, or a command-line string (both accept text the way PaddleNLP's argv does)."""
-    def bad() -> UserError:  # built only when raised: `plan --fit` coerces every candidate's keys
-        return UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {value!r}")
-
-    base = spec.base
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
-        raise bad()
-    if base is int:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):  # PaddleNLP passes every JSON value through argv, so "100" works there too
-            try:
-                return int(value.strip())
-            except ValueError:
-                try:
-                    f = float(value)
-                except ValueError:
-                    raise bad() from None
-                if f.is_integer():
-                    return int(f)
-        raise bad()
-    if base is float:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise bad() from None
-        raise bad()
-    # str
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # e.g. "split": 949 — PaddleNLP str()s every value
-    raise bad()
-
-
-def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
-    if value is None or (from_text and isinstance(value, str) and value == "null"):
-        if spec.optional or spec.default is None:
-            return None
-        # PaddleNLP's JSON -> argv round trip refuses it too (int("None")); a silent default would surface later
-        # as a complaint about a value the user never wrote (`max_steps: must be > 0, got -1`)
-        raise UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got null; give a value, or leave "
-                        f"the key out for its default ({json.dumps(spec.default)})")
-    if spec.is_list:
-        if isinstance(value, str) and not from_text:
-            value = value.split() if spec.base is not str or " " in value else [value]
-        if not isinstance(value, list):
-            value = [value]
-        return [_scalar(spec, v, where) for v in value]
-    if isinstance(value, (list, dict)):
-        kind = "a list" if isinstance(value, list) else "an object"
-        raise UserError(f"{where}: key `{spec.name}` expects {_type_name(spec)}, got {kind}")
-    out = _scalar(spec, value, where)
-    if spec.choices and out not in spec.choices:
-        raise UserError(f"{where}: key `{spec.name}` must be one of {', '.join(spec.choices)}; got {out!r}")
-    return out
 
 
 def _no_repeated_keys(path: str):
@@ -376,7 +258,7 @@ def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, 
     spec = KEYS[key]
     if not raw:
         if spec.base is not bool or spec.is_list:
-            raise UserError(f"{where}: --{key} needs a value ({_type_name(spec)})")
+            raise UserError(f"{where}: --{key} needs a value ({type_name(spec)})")
         value = True
     elif spec.is_list:
         value = coerce(spec, raw, where, from_text=True)
