@@ -224,7 +224,7 @@ def test_full_attn_recompute_keeps_o_proj_inside_the_recomputed_block(reentrant)
     of the fused op there, so it runs again in the backward (twice per layer per step), as before the op existed; with
     the op (no recompute) it runs once, inside the op. Both ways of recomputing."""
     from pretrain_cli.config.parser import parse_config
-    from pretrain_cli.config.resolve import kernels_for
+    from pretrain_cli.config.compute import kernels_for
     from pretrain_cli.models import build_model
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.recompute import apply_recompute

@@ -14,12 +14,13 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config import paddlenlp_keys
+from pretrain_cli.config.compute import fused_loss_default, optimizer_path, resolve_kernels, resolve_precision
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.parallel import resolve_parallel
 from pretrain_cli.config.parser import KEYS, Arguments
 from pretrain_cli.config.schedule import wsd_schedule
-from pretrain_cli.run_config import (ATTENTION_PATHS, DataConfig, KernelConfig, Loop, ModelSource, OptimizerConfig,
-                                     Output, Precision, Recompute, RunConfig, Schedule, SpikeGuardConfig, Target)
+from pretrain_cli.run_config import (DataConfig, Loop, ModelSource, OptimizerConfig, Output, Recompute, RunConfig,
+                                     Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.data.samples import parse_split
 from pretrain_cli.errors import Problems
@@ -140,94 +141,6 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
     return Schedule(t.lr_scheduler_type, t.learning_rate, t.min_learning_rate, warmup, decay)
 
 
-def _precision(args: Arguments, device: str, target: Target, notes: list, problems: Problems) -> Precision:
-    from pretrain_cli.planning.hardware import capability, no_bf16
-
-    t = args.training
-    if t.fp16 and t.bf16:
-        problems.add("fp16, bf16: both are true; choose one precision")
-    want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
-    if want and t.fp16_opt_level == "O0":  # Paddle's AMP level O0 casts nothing: fp32 computation
-        notes.append(f"fp16_opt_level: O0 runs no op in half precision (Paddle's AMP level O0); the run is fp32 "
-                     f"({'bf16' if t.bf16 else 'fp16'} has no effect)")
-        want = None
-    why = no_bf16(target.gpu_name, capability(target.gpu_name, target.gpu_capability)) if device == "gpu" else None
-    if want == "bfloat16" and why and target.planned:  # `plan` models the file as written; `plan --fit` moves it
-        notes.append(f"bf16: WARNING: {why}; set bf16: false and fp16: true (loss scaling keeps fp16 stable), "
-                     f"or use an Ampere-or-newer GPU")
-    elif want == "bfloat16" and why:  # `train`/`check` on this GPU (the driver's capability)
-        problems.add(f"bf16: {why}, and Paddle's AMP would silently run fp32; set bf16: false and fp16: true "
-                     f"(loss-scaled fp16), or bf16: false alone for fp32")
-    if want and device == "cpu":
-        notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
-                     f"matmul kernels); the run stays fp32")
-        want = None
-    if t.amp_master_grad and want is None:
-        notes.append("amp_master_grad: ignored without fp16/bf16 mixed precision")
-    return Precision(want, t.fp16_opt_level if want else "O1", bool(t.amp_master_grad and want), t.scale_loss,
-                     tuple(t.amp_custom_black_list or ()), tuple(t.amp_custom_white_list or ()))
-
-
-def _kernels(args: Arguments, target: Target, precision: Precision, notes: list) -> KernelConfig:
-    """`use_flash_attention` decides memory-light vs materialised attention on every device."""
-    t, gpu = args.training, target.device == "gpu"
-    attention = "flash" if t.use_flash_attention else "math"
-    if attention == "flash" and gpu and not precision.enabled:
-        notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
-        attention = "math"
-    from pretrain_cli.planning.hardware import capability, pre_ampere
-
-    # the driver's compute capability on a GPU, the hardware table's for `plan`'s device
-    if attention == "flash" and gpu and pre_ampere(capability(target.gpu_name, target.gpu_capability)):
-        notes.append(f"use_flash_attention: {target.gpu_name or 'this GPU'} predates Ampere (no flash-attn-2); "
-                     f"the math path runs")
-        attention = "math"
-    assert attention in ATTENTION_PATHS
-    return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
-                        rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
-                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static,
-                        fused_loss=t.use_fused_linear_cross_entropy,
-                        fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
-
-
-def kernels_for(args: Arguments, target: Target) -> KernelConfig:
-    """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
-    build the model with (the default arguments' when they have no argument file)."""
-    notes: list = []
-    return _kernels(args, target, _precision(args, target.device, target, notes, Problems()), notes)
-
-
-def _fused_loss_default(args: Arguments, model_cfg, run: RunConfig) -> RunConfig:
-    """On a GPU the fused head + loss (Paddle's ops) buys memory only, and costs some where a micro-batch holds few
-    tokens at the head: it keeps the head's fp32 dW (3·4·V·hidden) where the logits are ~12·tokens·V in bf16. Unless
-    the file sets the key, it runs there only where it is the smaller `logits_loss` term by `plan`'s own model
-    (`planning.plan.fused_loss_on_gpu`), with a note when it is turned off. On CPU it is the faster kernel: on."""
-    if (run.device != "gpu" or not run.kernels.fused_loss or model_cfg is None
-            or "use_fused_linear_cross_entropy" in args.explicit):
-        return run
-    from pretrain_cli.planning.plan import fused_loss_on_gpu
-
-    fused, unfused = fused_loss_on_gpu(run, model_cfg)
-    if fused < unfused:
-        return run
-    tokens = run.loop.micro_batch * run.data.max_seq_length // run.parallel.cp_degree
-    note = (f"use_fused_linear_cross_entropy: off (the file does not set it): at {tokens:,} tokens a micro-batch at "
-            f"the LM head (hidden {model_cfg.hidden_size:,}, vocab {model_cfg.vocab_size:,}) the fused head + loss "
-            f"would hold {fused / 2**30:.2f} GiB (the head's fp32 dW) against the logits' {unfused / 2**30:.2f} GiB; "
-            f"set it true to run it anyway")
-    return replace(run, kernels=replace(run.kernels, fused_loss=False), notes=run.notes + (note,))
-
-
-def _optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
-    """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
-    scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
-    tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
-    t = args.training
-    fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
-             and parallel.traits.whole_gradients and not parallel.sharding_stage)
-    return "fused" if fused else "paddle"
-
-
 def _spike_guard(args: Arguments, parallel: ParallelConfig, problems: Problems, notes: list) -> SpikeGuardConfig:
     """The loss-spike guard's bounds. A factor of 0 turns its check off; one at or below 1 would call every
     ordinary step a spike."""
@@ -327,9 +240,9 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         device = "cpu"
         notes.append("device: gpu requested but this Paddle has no GPU build; running on cpu "
                      "(install paddlepaddle-gpu for GPUs, or set device: cpu to silence this)")
-    precision = _precision(args, device, target, notes, problems)
+    precision = resolve_precision(args, device, target, notes, problems)
     here = replace(target, device=device)
-    kernels = _kernels(args, here, precision, notes)
+    kernels = resolve_kernels(args, here, precision, notes)
     if probed is None:
         parallel = resolve_parallel(args, model_cfg, here, notes, problems)
     else:  # (its notes in the same place as a file's)
@@ -344,7 +257,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
             notes.append(f"use_fused_linear_cross_entropy: tensor_parallel_degree {parallel.tp_degree} splits the LM "
                          f"head over the vocabulary (it divides vocab_size {model_cfg.vocab_size}); the run keeps the "
                          f"logits and the unfused loss")
-    kernels = replace(kernels, optimizer=_optimizer_path(args, device, precision, parallel))
+    kernels = replace(kernels, optimizer=optimizer_path(args, device, precision, parallel))
     if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)
         notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
@@ -380,7 +293,7 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
                 progress_bar=None if t.disable_tqdm is None else not t.disable_tqdm,
                 memory_metrics=not t.skip_memory_metrics or device == "cpu", peak_tflops=t.peak_tflops,
                 async_save=async_save, hang_timeout=t.hang_timeout)
-    return _fused_loss_default(args, model_cfg, RunConfig(
+    return fused_loss_default(args, model_cfg, RunConfig(
         device=device, precision=precision, kernels=kernels, parallel=parallel, recompute=recompute,
         schedule=schedule,
         optimizer=OptimizerConfig(t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay, t.max_grad_norm),

@@ -34,7 +34,7 @@ def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None 
     argument file with no kernel keys resolves to here."""
     if run is not None:
         return run.kernels, run.device
-    from pretrain_cli.config.resolve import kernels_for
+    from pretrain_cli.config.compute import kernels_for
 
     target = inference_target()
     return kernels_for(arguments if arguments is not None else parse_config(None, []), target), target.device

@@ -1,0 +1,103 @@
+"""How one process computes: its precision, the kernel request (`KernelConfig`) and the optimizer path.
+
+`config.resolve` decides these with the rest of the run; `kernels_for` applies the same rules alone, for `eval` and
+`generate`, which build a model without a run to resolve. Precision comes first because the kernels depend on it
+(flash attention needs fp16/bf16 on a GPU; the fused AdamW only runs in fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pretrain_cli.config.parser import Arguments
+from pretrain_cli.errors import Problems
+from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig, Precision, RunConfig, Target
+
+
+def resolve_precision(args: Arguments, device: str, target: Target, notes: list, problems: Problems) -> Precision:
+    """The AMP dtype and level the run computes in on `device`: fp16/bf16 only where Paddle's AMP would really run
+    them (not at level O0, not on CPU; bf16 refused on a GPU without it, a warning for `plan`), each drop a note."""
+    from pretrain_cli.planning.hardware import capability, no_bf16
+
+    t = args.training
+    if t.fp16 and t.bf16:
+        problems.add("fp16, bf16: both are true; choose one precision")
+    want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
+    if want and t.fp16_opt_level == "O0":  # Paddle's AMP level O0 casts nothing: fp32 computation
+        notes.append(f"fp16_opt_level: O0 runs no op in half precision (Paddle's AMP level O0); the run is fp32 "
+                     f"({'bf16' if t.bf16 else 'fp16'} has no effect)")
+        want = None
+    why = no_bf16(target.gpu_name, capability(target.gpu_name, target.gpu_capability)) if device == "gpu" else None
+    if want == "bfloat16" and why and target.planned:  # `plan` models the file as written; `plan --fit` moves it
+        notes.append(f"bf16: WARNING: {why}; set bf16: false and fp16: true (loss scaling keeps fp16 stable), "
+                     f"or use an Ampere-or-newer GPU")
+    elif want == "bfloat16" and why:  # `train`/`check` on this GPU (the driver's capability)
+        problems.add(f"bf16: {why}, and Paddle's AMP would silently run fp32; set bf16: false and fp16: true "
+                     f"(loss-scaled fp16), or bf16: false alone for fp32")
+    if want and device == "cpu":
+        notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
+                     f"matmul kernels); the run stays fp32")
+        want = None
+    if t.amp_master_grad and want is None:
+        notes.append("amp_master_grad: ignored without fp16/bf16 mixed precision")
+    return Precision(want, t.fp16_opt_level if want else "O1", bool(t.amp_master_grad and want), t.scale_loss,
+                     tuple(t.amp_custom_black_list or ()), tuple(t.amp_custom_white_list or ()))
+
+
+def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes: list) -> KernelConfig:
+    """`use_flash_attention` decides memory-light vs materialised attention on every device."""
+    t, gpu = args.training, target.device == "gpu"
+    attention = "flash" if t.use_flash_attention else "math"
+    if attention == "flash" and gpu and not precision.enabled:
+        notes.append("use_flash_attention: flash attention needs fp16/bf16 on GPU; the fp32 run uses the math path")
+        attention = "math"
+    from pretrain_cli.planning.hardware import capability, pre_ampere
+
+    # the driver's compute capability on a GPU, the hardware table's for `plan`'s device
+    if attention == "flash" and gpu and pre_ampere(capability(target.gpu_name, target.gpu_capability)):
+        notes.append(f"use_flash_attention: {target.gpu_name or 'this GPU'} predates Ampere (no flash-attn-2); "
+                     f"the math path runs")
+        attention = "math"
+    assert attention in ATTENTION_PATHS
+    return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
+                        rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
+                        cpu_ops=t.cpu_fused_ops, to_static=t.to_static,
+                        fused_loss=t.use_fused_linear_cross_entropy,
+                        fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
+
+
+def kernels_for(args: Arguments, target: Target) -> KernelConfig:
+    """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
+    build the model with (the default arguments' when they have no argument file)."""
+    notes: list = []
+    return resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, Problems()), notes)
+
+
+def fused_loss_default(args: Arguments, model_cfg, run: RunConfig) -> RunConfig:
+    """On a GPU the fused head + loss (Paddle's ops) buys memory only, and costs some where a micro-batch holds few
+    tokens at the head: it keeps the head's fp32 dW (3·4·V·hidden) where the logits are ~12·tokens·V in bf16. Unless
+    the file sets the key, it runs there only where it is the smaller `logits_loss` term by `plan`'s own model
+    (`planning.plan.fused_loss_on_gpu`), with a note when it is turned off. On CPU it is the faster kernel: on."""
+    if (run.device != "gpu" or not run.kernels.fused_loss or model_cfg is None
+            or "use_fused_linear_cross_entropy" in args.explicit):
+        return run
+    from pretrain_cli.planning.plan import fused_loss_on_gpu
+
+    fused, unfused = fused_loss_on_gpu(run, model_cfg)
+    if fused < unfused:
+        return run
+    tokens = run.loop.micro_batch * run.data.max_seq_length // run.parallel.cp_degree
+    note = (f"use_fused_linear_cross_entropy: off (the file does not set it): at {tokens:,} tokens a micro-batch at "
+            f"the LM head (hidden {model_cfg.hidden_size:,}, vocab {model_cfg.vocab_size:,}) the fused head + loss "
+            f"would hold {fused / 2**30:.2f} GiB (the head's fp32 dW) against the logits' {unfused / 2**30:.2f} GiB; "
+            f"set it true to run it anyway")
+    return replace(run, kernels=replace(run.kernels, fused_loss=False), notes=run.notes + (note,))
+
+
+def optimizer_path(args: Arguments, device: str, precision: Precision, parallel) -> str:
+    """The fused multi-tensor AdamW only where it is exactly Paddle's: CPU fp32 (no master weights, no loss
+    scaler) with whole parameters and gradients on every rank (one process, `paddle.DataParallel`); ZeRO and
+    tensor parallelism keep their engines' optimizers, and the GPU keeps Paddle's."""
+    t = args.training
+    fused = (device == "cpu" and t.cpu_fused_ops and t.cpu_fused_optimizer and not precision.enabled
+             and parallel.traits.whole_gradients and not parallel.sharding_stage)
+    return "fused" if fused else "paddle"
