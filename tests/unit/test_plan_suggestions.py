@@ -87,7 +87,7 @@ def test_each_suggestion_is_listed_once(capsys):
 
 
 def test_device_counts_are_powers_of_two_in_a_node_then_whole_nodes():
-    from pretrain_cli.planning.plan import device_counts
+    from pretrain_cli.planning.suggestions import device_counts
 
     assert device_counts(1, 8)[:5] == [2, 4, 8, 16, 32]
     assert device_counts(2, 3)[:4] == [3, 6, 12, 24]

@@ -21,8 +21,8 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import (Device, device_note, minimal, more_devices, report, suggest,
-                                       target_device)
+from pretrain_cli.planning.plan import Device, device_note, report, target_device
+from pretrain_cli.planning.suggestions import minimal, more_devices, suggest
 from pretrain_cli.planning.report import Plan
 
 if TYPE_CHECKING:

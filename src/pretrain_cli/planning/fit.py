@@ -21,7 +21,7 @@ import itertools
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 import dataclasses
 
-from pretrain_cli.planning.plan import more_devices
+from pretrain_cli.planning.suggestions import more_devices
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed
 
@@ -90,8 +90,8 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, ex
 def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
     """Each layout of `_splits` on `gpus` devices at its least memory: micro-batch 1, full recompute, flash
     attention, every data rank keeping the file's samples a step (micro-batch × accumulation: the global batch grows
-    with the data ranks). What the fewest-devices search (`plan.more_devices`) tries at a device count: whether any
-    layout fits there, which `plan.minimal` then strips of the keys it does not need."""
+    with the data ranks). What the fewest-devices search (`suggestions.more_devices`) tries at a device count: whether any
+    layout fits there, which `suggestions.minimal` then strips of the keys it does not need."""
     per_rank = current["per_device_train_batch_size"] * current["gradient_accumulation_steps"]
     out = []
     for _, keys in _splits(current, gpus, seq_len, experts):
@@ -139,7 +139,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
 def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
         carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
     """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
-    and when nothing fits the smallest layout and the fewest devices (`plan.more_devices`) within the budget.
+    and when nothing fits the smallest layout and the fewest devices (`suggestions.more_devices`) within the budget.
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
