@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from test_rendezvous import LAUNCH, nodes_on
 
-from pretrain_cli.distributed.launcher import job, joining
+from pretrain_cli.distributed.launcher import job, joining, leaving
 from pretrain_cli.distributed.launcher.job import reserve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def test_a_node_that_left_says_how_it_ends_and_this_node_ends_so(tmp_path, monke
     verdicts = tmp_path / "verdicts"
     verdicts.mkdir()
     monkeypatch.setenv(job.VERDICTS_ENV, str(verdicts))
-    monkeypatch.setattr(joining, "_ENDED", [])
+    monkeypatch.setattr(leaving, "_ENDED", [])
     cases = [([("usage", 2)], 2, False, "left 2 stop"),
              ([("joining", 75)], 250, False, "left 75 rendezvous"),  # 250: the rank's SIGABRT
              ([], -9, False, "left 247 retry"),  # Paddle's launcher's own code: -9, a rank killed
@@ -162,7 +162,7 @@ def test_a_node_that_left_says_how_it_ends_and_this_node_ends_so(tmp_path, monke
             f.unlink()
         for kind, exit_code in records:  # its ranks' own ends, as launch.sh reads them
             job.record(1, exit_code, kind, "")
-        joining.note_end(code, signalled)
+        leaving.note_end(code, signalled)
         w = joining.Watch(Store(), "/job", 1, joining.nodes_of(PEERS), tmp_path, "m:1")
         w.leave()
         assert w.store.value == said
@@ -390,7 +390,7 @@ def test_no_beat_lands_after_leaving(tmp_path, monkeypatch):
             return True
 
     monkeypatch.delenv(job.VERDICTS_ENV, raising=False)
-    monkeypatch.setattr(joining, "_ENDED", [])
+    monkeypatch.setattr(leaving, "_ENDED", [])
     w = joining.Watch(Store(), "/job", 1, joining.nodes_of(PEERS), tmp_path, "m:1")
     w.beat()
     w.leave()

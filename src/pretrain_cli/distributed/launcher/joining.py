@@ -6,8 +6,8 @@ through it) without a word: a rank there was still waiting after 17 minutes when
 After the meeting (`rendezvous.guard`) every launcher beats at MASTER's store: a counter under
 `/<job id>/pretrain_cli_alive/<node>` every `BEAT` s (`<n> in` once every rank of its node waits in the join),
 `joined` once its ranks have all joined (then it stops), and `left <code> <action>` when it ends before that: how
-launch.sh ends that node (`own_end`: `job.decide` on its ranks' records and the launcher's own code), said when Paddle's
-launcher has decided that code and before it stops MASTER's store (`note_end`); a node serving that store keeps it up
+launch.sh ends that node (`leaving.own_end`: `job.decide` on its ranks' records and the launcher's own code), said when Paddle's
+launcher has decided that code and before it stops MASTER's store (`leaving.note_end`); a node serving that store keeps it up
 `LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a node that left, whose beat has not changed for `SILENCE` s
 (killed, its host down, the network cut), or whose MASTER has not answered for `SILENCE` s (the node serving MASTER's
 store is gone: the store is a thread of its launcher) is lost; a node whose ranks are not all in the join the start-up
@@ -22,7 +22,7 @@ and allowance) and `joined.R` in the directory `JOIN_ENV` names (`job.joined`, a
 rank of this node still starting up may yet fail on its own (the same bad key on every node), and a rank that died is
 its own failure: both are the launcher's to report, as before. Then one line names the node, this node's ranks are
 killed and the launcher ends with the class of the first cause, so that every node's launch.sh does the same
-(`follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so, never
+(`leaving.follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so, never
 restarted; one whose ranks could not join (75, which its launch.sh retries with new ports) ends them with 75 and the
 records that make theirs retry too; any other end, a node lost, is `LOST` (1) and a late node `HUNG` (124), restarted
 under MAX_RESTART. A node whose own ranks still start up when another left with `HUNG` is late itself (the others name
@@ -42,60 +42,16 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job, progress, watcher
+from pretrain_cli.distributed.launcher import job, leaving, progress
 
 BEAT = 1.0  # s between beats (and reads)
 SILENCE = 30.0  # s without a beat, or without an answer from MASTER: the node is lost
 CAP = 3.0  # the most one read adds to a silence or a lateness (this launcher's own stall is nobody's)
 LINGER = 5.0  # s a node serving MASTER's store keeps it up after its `left`: the others read it every BEAT s
-LOST, HUNG = watcher.LOST, watcher.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
+LOST, HUNG = leaving.LOST, leaving.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
 ALIVE = "pretrain_cli_alive"
 IN = "in"  # a beat's second word once every rank of its node waits in the join
 NODE_KEY, HOST_KEY, SERVES_KEY = "pretrain_cli_node", "pretrain_cli_host", "pretrain_cli_serves"
-SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
-_ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
-_WATCHES: list = []  # the watch this launcher runs (`start`)
-
-
-def note_end(code: int, signalled: bool = False) -> None:
-    """Paddle's launcher is about to end with `code` (its ranks' code, or 128 + the signal that stops it: `signalled`),
-    as the shell will see it (`rendezvous.guard` calls it before Paddle stops MASTER's store, which this launcher may
-    serve): a node whose ranks have not joined leaves now, saying how launch.sh ends it (`Watch.leave`)."""
-    _ENDED.append((code % 256, signalled))
-    for watch in _WATCHES:
-        watch.leave()
-
-
-def own_end() -> tuple[int, str]:
-    """(code, action) launch.sh will end this node's launch with: stopped by SIGINT / SIGTERM, not restarted (its ranks
-    are stopped in the join, whose records would read as a failed join); else `job.decide` on its ranks' records and
-    the launcher's own code (`LOST` when not known)."""
-    code, signalled = _ENDED[-1] if _ENDED else (LOST, False)
-    if signalled and code in SIGNALLED:
-        return code, "stop"
-    return job.decide(job.verdict_dir(), code)
-
-
-def follow(code: int, action: str) -> tuple[int, str]:
-    """This node's end when another node left before the join ending as (`code`, `action`): the same class, so that
-    launch.sh does the same here (a usage error or a stop by signal: not restarted; a failed join: tried again with
-    new ports; anything else: a rank lost elsewhere, restarted under MAX_RESTART)."""
-    if action == "rendezvous":
-        return job.TRANSIENT, "rendezvous"
-    if action == "stop" and code in (job.USAGE, *SIGNALLED):
-        return code, "stop"
-    return LOST, "retry"
-
-
-def left(value) -> tuple[int, str] | None:
-    """How a node that left ends (`left <code> <action>`; a bare `left`: `LOST`, "retry"), or None for a beat."""
-    parts = str(value).split()
-    if not parts or parts[0] != "left":
-        return None
-    try:
-        return int(parts[1]), parts[2]
-    except (IndexError, ValueError):
-        return LOST, "retry"
 
 
 class Store:
@@ -164,7 +120,7 @@ class Watch:
         self.store, self.prefix, self.me, self.nodes, self.join_dir = store, prefix, me, nodes, Path(join_dir)
         self.master, self.count, self.done, self.gone = master, 0, False, False
         self.lock = threading.RLock()  # a beat never lands after `leave` (it would undo it); RLock: a signal handler
-        # may call `leave` (`note_end`) on the thread already inside it
+        # may call `leave` (`leaving.note_end`) on the thread already inside it
         self.quiet = {j: 0.0 for j in range(len(nodes)) if j != me}  # each other node's silence so far
         self.values: dict = {j: None for j in self.quiet}
         self.late = dict.fromkeys(self.quiet, 0.0)  # each other node's time not all in the join while this one is
@@ -186,12 +142,12 @@ class Watch:
                 self.store.put(self.key(self.me), value)
 
     def leave(self, end: tuple[int, str] | None = None) -> None:
-        """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `own_end()`):
-        the others stop waiting now, and end the same way (`follow`). A node serving MASTER's store keeps it up
+        """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `leaving.own_end()`):
+        the others stop waiting now, and end the same way (`leaving.follow`). A node serving MASTER's store keeps it up
         `LINGER` s more: the store ends with this launcher, and the others poll it."""
         with self.lock:
             if not self.done and not self.gone:
-                code, action = end or own_end()
+                code, action = end or leaving.own_end()
                 self.store.put(self.key(self.me), f"left {code} {action}")
                 self.left_at = time.monotonic()
             self.gone = True
@@ -215,8 +171,8 @@ class Watch:
             if value == "joined":  # its ranks joined: all of this node's are in the join too, or about to be
                 del self.quiet[j]
                 self.arrived.add(j)
-            elif left(value) is not None or j in self.ends:
-                self.ends[j] = left(value) or self.ends[j]
+            elif leaving.left(value) is not None or j in self.ends:
+                self.ends[j] = leaving.left(value) or self.ends[j]
                 lost.append((j, "left"))
             else:
                 if IN in str(value).split()[1:]:
@@ -277,7 +233,7 @@ class Watch:
         """(code, action) this node ends with for `lost` (its first): the class of a node that left, else a lost
         node's (`LOST`) or a late one's (`HUNG`)."""
         j, why = lost[0]
-        return follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else (LOST, "retry")
+        return leaving.follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else (LOST, "retry")
 
     def line(self, lost: list[tuple[int, str]], end: tuple[int, str] | None = None) -> str:
         """The one line naming the first of `lost` (and how many more), and how this node ends (`end`, else
@@ -287,28 +243,18 @@ class Watch:
         j, why = lost[0]
         mine = self.local_ranks()
         ranks = f"rank {mine[0]} stops" if len(mine) == 1 else f"ranks {mine[0]}-{mine[-1]} stop"
-        tail, more = _tail(*(end or self.ending(lost))), f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
+        tail, more = leaving.tail(*(end or self.ending(lost))), f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
         if why == "late":
             return (f"launch.sh: {who}: {describe(self.nodes[j])}{more} has not brought its ranks to the join of the "
                     f"process group {self.late[j]:.0f} s after this node's (a start-up stalled there, or slower than "
                     f"the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its workerlog says "
                     f"where its ranks are); this node's {ranks} too{tail}")
-        how = self._how(j) if why == "left" else {
+        how = leaving.how(*self.ends[j]) if why == "left" else {
             "silent": f"it has not beaten at MASTER for {SILENCE:.0f} s (killed, or its host down or unreachable)",
             "master": f"MASTER {self.master}, which it serves, has not answered for {SILENCE:.0f} s (killed, or its "
                       f"host down or unreachable)"}[why]
         return (f"launch.sh: {who}: lost {describe(self.nodes[j])}{more} before the ranks joined the process group: "
                 f"{how}; this node's {ranks} too{tail}")
-
-    def _how(self, j: int) -> str:
-        code, action = self.ends[j]
-        if action == "rendezvous":
-            return f"its ranks could not join the process group (its launcher ended, exit {code}: its console says why)"
-        if action == "stop" and code == job.USAGE:
-            return f"it left with a usage error (exit {code}: its console says which)"
-        if action == "stop" and code in SIGNALLED:
-            return f"it was stopped (exit {code}: Ctrl-C or SIGTERM there)"
-        return f"it left (its launcher ended, exit {code}: its console says why)"
 
     def run(self, end=os._exit) -> None:
         """Beat and read every BEAT s until this node's ranks have joined; end the launcher (`end(code)`) once a lost
@@ -340,7 +286,7 @@ class Watch:
         return (f"launch.sh: {who}: {describe(self.nodes[j])} gave up waiting for this node's ranks to join the "
                 f"process group: {names} not reached the join {self.since:.0f} s after the nodes met at MASTER (a "
                 f"start-up stalled here, or slower than hang_timeout's start-up allowance: this node's workerlog says "
-                f"where); this node's {ranks} too{_tail(HUNG, 'retry', 'them')}")
+                f"where); this node's {ranks} too{leaving.tail(HUNG, 'retry', 'them')}")
 
     @staticmethod
     def children() -> list[int]:
@@ -369,24 +315,12 @@ class Watch:
         end(end_as[0])
 
 
-def _tail(code: int, action: str, whose: str = "that node's ranks") -> str:
-    """What the line of a node ending as (`code`, `action`) says it does, and what to do."""
-    if action == "rendezvous":
-        return f", exit {code}: launch.sh tries again with new ports, as that node's does"
-    if action == "stop":
-        why = ": fix what that node's console names and re-run on every node" if code == job.USAGE else " (that node " \
-              "was stopped)"
-        return f", exit {code}, not restarted{why}"
-    again = f", exit {code}. Find what holds {whose}" if code == HUNG else ". Start that node again"
-    return f"{again} and re-run on every node (MAX_RESTART restarts this one)"
-
-
 def start(store: Store, prefix: str, me: int, peers: list, join_dir: Path, master: str) -> Watch:
     """Watch the join of node `me` of the meeting's `peers` (a daemon thread of the launcher); `leave` at its exit."""
     import atexit
 
     watch = Watch(store, prefix, me, nodes_of(peers), join_dir, master)
-    _WATCHES.append(watch)
-    atexit.register(watch.leave)  # (and at any other exit: `note_end` is the one before MASTER's store stops)
+    leaving.watch_ends(watch)
+    atexit.register(watch.leave)  # (and at any other exit: `leaving.note_end` is the one before MASTER's store stops)
     threading.Thread(target=watch.run, daemon=True, name="pretrain-cli-join-watch").start()
     return watch

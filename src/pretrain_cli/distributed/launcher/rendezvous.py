@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job, joining
+from pretrain_cli.distributed.launcher import job, joining, leaving
 
 TIMEOUT_ENV = "RENDEZVOUS_TIMEOUT"
 DEFAULT = 600.0  # seconds: time to start the other nodes by hand, far below "for ever"
@@ -148,18 +148,18 @@ def _note_ends() -> None:
     """Tell the join's watch the code Paddle's launcher ends with (its ranks' code once they are all done, or 128 +
     the signal that stops it) before Paddle stops MASTER's store (`finalize`, `signal_handler`: `self.master.stop()`):
     a node that leaves before its ranks joined says there how launch.sh ends it, and the other nodes end the same way
-    (`joining.note_end`, `joining.own_end`)."""
+    (`leaving.note_end`, `leaving.own_end`)."""
     from paddle.distributed.launch.controllers.controller import ControllerBase
 
     finalize, stopped = ControllerBase.finalize, ControllerBase.signal_handler
 
     def finalize_noted(self, exit=True):
         self.pod.join()  # (finalize's own first step: the code is its ranks' once they are all done)
-        joining.note_end(self.pod.exit_code)
+        leaving.note_end(self.pod.exit_code)
         return finalize(self, exit)
 
     def stopped_noted(self, sigint, frame):
-        joining.note_end(128 + sigint, signalled=True)
+        leaving.note_end(128 + sigint, signalled=True)
         return stopped(self, sigint, frame)
 
     ControllerBase.finalize, ControllerBase.signal_handler = finalize_noted, stopped_noted

@@ -1,0 +1,86 @@
+"""How a node's launcher ends before its ranks joined, and how the others end after it (`distributed.launcher.joining`
+watches the join; this module owns the ends): a node that leaves says how its launch.sh ends it (`left <code>
+<action>` at MASTER's store): `own_end` (`job.decide` on its ranks' records and the launcher's own code), decided when
+Paddle's launcher has its code and before it stops MASTER's store (`note_end`, which makes this launcher's watches
+leave). A waiting node ends with the same class (`follow`), so that every node's launch.sh does the same: a usage
+error (2) or a stop by a signal (130, 143) ends the others so, never restarted; a failed join (75) ends them with 75,
+retried with new ports; any other end is `LOST` (1), restarted under MAX_RESTART. `how` and `tail` word that end in
+the one line a waiting node says.
+"""
+from __future__ import annotations
+
+from pretrain_cli.distributed.launcher import job, watcher
+
+LOST, HUNG = watcher.LOST, watcher.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
+SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
+_ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
+_WATCHES: list = []  # the watches this launcher runs (`joining.start`, through `watch_ends`): each leaves at `note_end`
+
+
+def note_end(code: int, signalled: bool = False) -> None:
+    """Paddle's launcher is about to end with `code` (its ranks' code, or 128 + the signal that stops it: `signalled`),
+    as the shell will see it (`rendezvous.guard` calls it before Paddle stops MASTER's store, which this launcher may
+    serve): a node whose ranks have not joined leaves now, saying how launch.sh ends it (`Watch.leave`)."""
+    _ENDED.append((code % 256, signalled))
+    for watch in _WATCHES:
+        watch.leave()
+
+
+def watch_ends(watch) -> None:
+    """Have `watch` (a `joining.Watch`) leave once Paddle's launcher has decided this launcher's code (`note_end`)."""
+    _WATCHES.append(watch)
+
+
+def own_end() -> tuple[int, str]:
+    """(code, action) launch.sh will end this node's launch with: stopped by SIGINT / SIGTERM, not restarted (its ranks
+    are stopped in the join, whose records would read as a failed join); else `job.decide` on its ranks' records and
+    the launcher's own code (`LOST` when not known)."""
+    code, signalled = _ENDED[-1] if _ENDED else (LOST, False)
+    if signalled and code in SIGNALLED:
+        return code, "stop"
+    return job.decide(job.verdict_dir(), code)
+
+
+def follow(code: int, action: str) -> tuple[int, str]:
+    """This node's end when another node left before the join ending as (`code`, `action`): the same class, so that
+    launch.sh does the same here (a usage error or a stop by signal: not restarted; a failed join: tried again with
+    new ports; anything else: a rank lost elsewhere, restarted under MAX_RESTART)."""
+    if action == "rendezvous":
+        return job.TRANSIENT, "rendezvous"
+    if action == "stop" and code in (job.USAGE, *SIGNALLED):
+        return code, "stop"
+    return LOST, "retry"
+
+
+def left(value) -> tuple[int, str] | None:
+    """How a node that left ends (`left <code> <action>`; a bare `left`: `LOST`, "retry"), or None for a beat."""
+    parts = str(value).split()
+    if not parts or parts[0] != "left":
+        return None
+    try:
+        return int(parts[1]), parts[2]
+    except (IndexError, ValueError):
+        return LOST, "retry"
+
+
+def how(code: int, action: str) -> str:
+    """Why a node that left ending as (`code`, `action`) is lost, in the waiting node's line."""
+    if action == "rendezvous":
+        return f"its ranks could not join the process group (its launcher ended, exit {code}: its console says why)"
+    if action == "stop" and code == job.USAGE:
+        return f"it left with a usage error (exit {code}: its console says which)"
+    if action == "stop" and code in SIGNALLED:
+        return f"it was stopped (exit {code}: Ctrl-C or SIGTERM there)"
+    return f"it left (its launcher ended, exit {code}: its console says why)"
+
+
+def tail(code: int, action: str, whose: str = "that node's ranks") -> str:
+    """What the line of a node ending as (`code`, `action`) says it does, and what to do."""
+    if action == "rendezvous":
+        return f", exit {code}: launch.sh tries again with new ports, as that node's does"
+    if action == "stop":
+        why = ": fix what that node's console names and re-run on every node" if code == job.USAGE else " (that node " \
+              "was stopped)"
+        return f", exit {code}, not restarted{why}"
+    again = f", exit {code}. Find what holds {whose}" if code == HUNG else ". Start that node again"
+    return f"{again} and re-run on every node (MAX_RESTART restarts this one)"
