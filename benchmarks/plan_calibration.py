@@ -169,7 +169,7 @@ import numpy as np
 from pretrain_cli import runtime
 paddle = runtime.import_paddle()
 from pretrain_cli.config.parser import parse_config
-from pretrain_cli.orchestration.prepare import build_model_config
+from pretrain_cli.orchestration.opened import build_model_config
 from pretrain_cli.orchestration.targets import launcher_target
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.distributed.comms.comm import build_comm

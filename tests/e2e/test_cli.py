@@ -262,7 +262,7 @@ def test_fresh_clone_check_and_shipped_configs_parse():
     r = run("check", "configs/tiny_cpu.json", cwd=REPO)
     assert r.returncode == 0 and "check: OK" in r.stdout, r.stderr
     from pretrain_cli.config.parser import parse_config
-    from pretrain_cli.orchestration.prepare import build_model_config
+    from pretrain_cli.orchestration.opened import build_model_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
 

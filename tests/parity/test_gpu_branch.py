@@ -256,7 +256,8 @@ def _gpu_run(name: str):
     """PaddleNLP's argument file resolved for 8 GPUs as `train` resolves it (the model swapped for a tiny one)."""
     from pathlib import Path
 
-    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+    from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.orchestration.prepare import load_arguments
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
 

@@ -200,7 +200,8 @@ def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_over_tp_with_se
                  if isinstance(val, bool) else str(val))], device="H100", gpus=8, suggest_changes=False)
     assert again["memory_gib"] == pytest.approx(f["after"]["memory_gib"]) and again["parallel"]["cp"] == 8
     from pretrain_cli.orchestration import planned
-    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+    from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.orchestration.prepare import load_arguments
 
     current = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "recompute": False,
                "recompute_granularity": "full", "use_flash_attention": True, "sharding": "",

@@ -384,7 +384,8 @@ def test_the_gpu_default_runs_the_fused_loss_only_where_it_saves_memory_at_the_h
     unfused, so the default is off there, with a note giving both terms; at 32,768 tokens it is on, unless context
     parallelism leaves each rank 4,096 again. The file's true is obeyed; on CPU (the faster kernel) it stays on."""
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+    from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.orchestration.prepare import load_arguments
     from pretrain_cli.run_config import Target
 
     def run(*overrides, device="gpu"):

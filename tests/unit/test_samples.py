@@ -150,7 +150,7 @@ def test_directory_input_and_disk_cache(tmp_path):
 def test_a_run_splits_by_the_fractions_it_resolved(tmp_path, monkeypatch):
     """`split` is parsed once, by `config.resolve`; the data layer reads `RunConfig.data.split`."""
     import pretrain_cli.data as data
-    from pretrain_cli.orchestration import prepare
+    from pretrain_cli.orchestration import opened
     from run_helpers import model_config, resolve_run
 
     prefix, _ = _corpus(tmp_path / "c")
@@ -158,7 +158,7 @@ def test_a_run_splits_by_the_fractions_it_resolved(tmp_path, monkeypatch):
     assert run.data.split == pytest.approx((0.8, 0.1, 0.1)) and run.data.split_text == "8/1/1"
     want = build_datasets(prefix, "8/1/1", 8, run.loop.seed, need=("train", "valid"))
     monkeypatch.setattr(data, "parse_split", lambda text: pytest.fail(f"split {text!r} parsed again"))
-    got = prepare._data(run, model_config(), None)
+    got = opened.open_splits(run, model_config(), None)
     assert [got.valid[i]["input_ids"].tolist() for i in range(3)] == [want.valid[i]["input_ids"].tolist()
                                                                       for i in range(3)]
     with pytest.raises(UserError, match=r"split: '1/0/0' leaves the valid split empty"):  # as the user wrote it

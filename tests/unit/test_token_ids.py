@@ -10,7 +10,8 @@ import pytest
 from data_helpers import make_tokenizer, write_tokens
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.models.config import ModelConfig
-from pretrain_cli.orchestration.prepare import prepare, tokenizer_ids
+from pretrain_cli.orchestration.opened import tokenizer_ids
+from pretrain_cli.orchestration.prepare import prepare
 from pretrain_cli.run_config import Target
 
 

@@ -302,7 +302,7 @@ def read_generation(model_dir) -> dict:
 
 def generation_dict(cfg: ModelConfig) -> dict:
     """generation_config.json for `cfg`: the one it was read with, its token ids those of config.json (a
-    tokenizer's ids replace a preset's: `orchestration.prepare.tokenizer_ids`), except an eos list that holds
+    tokenizer's ids replace a preset's: `orchestration.opened.tokenizer_ids`), except an eos list that holds
     config.json's EOS (Llama-3-Instruct's end-of-turn ids), kept; without one, what transformers derives from
     config.json."""
     gen = dict(cfg.generation) or {"_from_model_config": True}

@@ -1,0 +1,143 @@
+"""What a run names, opened and checked before Paddle is imported: the model config (a local directory or a preset,
+with the keys that resize it), the tokenizer (against the model's vocabulary; its bos/eos/pad ids for the config.json
+a run writes), the token files and their splits, and the output directory `train` will write in. `prepare` decides
+when each runs and collects what they report; `plan` builds the model config the same way (`planned`)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from pretrain_cli.config.parser import Arguments
+from pretrain_cli.errors import UserError
+from pretrain_cli.run_config import RunConfig
+
+
+def build_model_config(args: Arguments):
+    """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models.config import ModelConfig, read_generation
+
+    model_dir = resolve_model_dir(args.model.model_name_or_path)
+    path = model_dir / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON model config ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: must hold a JSON object")
+    if args.model.num_hidden_layers is not None and args.model.num_hidden_layers >= 1:
+        if args.model.continue_training and args.model.num_hidden_layers != raw.get("num_hidden_layers"):
+            # (`train` would stop at the weights: "unexpected tensor 'model.layers.1…'", blaming the directory)
+            raise UserError(f"num_hidden_layers: {args.model.num_hidden_layers} changes the model, but "
+                            f"continue_training loads pretrained weights of {raw.get('num_hidden_layers')} layers; "
+                            f"drop one of them")
+        raw["num_hidden_layers"] = args.model.num_hidden_layers
+    if args.model.vocab_size is not None and args.model.vocab_size >= 1:
+        if args.model.continue_training:
+            raise UserError(f"vocab_size: {args.model.vocab_size} resizes the model, but continue_training loads "
+                            f"pretrained weights of vocab_size {raw.get('vocab_size')}; drop one of them")
+        raw["vocab_size"] = args.model.vocab_size
+    seq, limit = args.data.max_seq_length, raw.get("max_position_embeddings")
+    if not args.model.continue_training and isinstance(limit, int) and isinstance(seq, int) and seq > limit:
+        # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two); pretrained
+        # weights keep the range they were trained for (check_seq_len refuses more)
+        raw["max_position_embeddings"] = seq
+        args.rewritten += (f"max_position_embeddings: raised from {limit} to max_seq_length {seq} for the new "
+                           f"model (as in PaddleNLP)",)
+    cfg = ModelConfig.from_dict(raw, source=str(path))
+    cfg.generation = read_generation(model_dir)  # (a preset has none)
+    cfg.validate()
+    return model_dir, cfg
+
+
+def open_tokenizer(args: Arguments, model_cfg):
+    """(directory, tokenizer) or (None, None); checked against the model's vocabulary when it is known."""
+    from pretrain_cli.config.presets import resolve_tokenizer_dir
+
+    tok_dir = resolve_tokenizer_dir(args.model.tokenizer_name_or_path, args.model.model_name_or_path)
+    if tok_dir is None:
+        if args.data.sample_mode == "padded":
+            raise UserError("tokenizer_name_or_path: sample_mode 'padded' needs a tokenizer for [BOT]/[EOT]/[PAD]; "
+                            "set tokenizer_name_or_path to a tokenizer directory")
+        return None, None
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tok_dir)
+    if model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
+        raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
+                        f"model's vocab_size is {model_cfg.vocab_size}; build the model to the tokenizer's size "
+                        f"with --vocab_size {tok.vocab_size} (the key vocab_size), or use a smaller tokenizer")
+    return tok_dir, tok
+
+
+def tokenizer_ids(model_cfg, tokenizer) -> tuple[object, list[str]]:
+    """(`model_cfg` with the tokenizer's bos/eos/pad ids, notes): the config.json a run writes (checkpoints, final
+    export) names the tokens its data holds, so transformers' `generate` stops at the EOS the model learned, where
+    `pretrain-cli generate` stops. A preset's ids are its published tokenizer's (Qwen's 151643): with another
+    tokenizer they name another token, or none in the vocabulary. An eos list that holds the tokenizer's EOS
+    (Llama-3-Instruct's) is kept; a role the tokenizer lacks keeps the config's id; an id the config lacked is
+    filled in without a note."""
+    changes, replaced = {}, []
+    for role in ("bos", "eos", "pad"):
+        key, ours = f"{role}_token_id", getattr(tokenizer, f"{role}_token_id")
+        have = getattr(model_cfg, key)
+        if ours is None or have == ours or (isinstance(have, list) and ours in have):
+            continue
+        changes[key] = ours
+        if have is not None:
+            replaced.append(f"{key} {ours} ({tokenizer.special_tokens.get(role)}) for {have}")
+    notes = [f"token ids: the run's config.json takes the tokenizer's {', '.join(replaced)} (the model's), the ids "
+             f"its token files hold, so transformers' generate stops where pretrain-cli generate does"] if replaced else []
+    return (replace(model_cfg, **changes) if changes else model_cfg), notes
+
+
+def open_splits(run: RunConfig, model_cfg, tokenizer):
+    from pretrain_cli.data import build_datasets
+
+    lp, d = run.loop, run.data
+    need = tuple(name for name, flag in (("train", lp.do_train), ("valid", lp.do_eval), ("test", lp.do_predict))
+                 if flag)
+    return build_datasets(input_dir=d.input_dir, split=d.split, max_seq_length=d.max_seq_length, seed=lp.seed,
+                          sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
+                          vocab_size=model_cfg.vocab_size, document_mask=d.document_mask,
+                          reset_position_ids=d.reset_position_ids, split_text=d.split_text)
+
+
+def open_token_files(input_dir: str) -> None:
+    """Every source of `input_dir` opens as a token file (what `open_splits` needs first, whatever the split)."""
+    from pretrain_cli.data import open_token_file
+    from pretrain_cli.data.blend import parse_input_dir
+
+    for _, prefix in parse_input_dir(input_dir):
+        open_token_file(prefix)
+
+
+def check_output_dir(output_dir: str) -> Path:
+    """`output_dir` is a directory this process can create and write in (what `train` needs before its first
+    save; `check` asks the same). Probed by creating and removing an empty directory: permission bits do not
+    tell (root passes `access()` on /sys and on read-only mounts, where mkdir still fails)."""
+    import tempfile
+
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir: {out} is a file, not a directory; choose another output_dir")
+    here = out
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        raise UserError(f"output_dir: {here} (part of {out}) is a file, not a directory; choose another output_dir")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pretrain-cli-probe-", dir=here))
+    except OSError as e:
+        raise UserError(f"output_dir: cannot create {out} ({here}: {e.strerror}); choose a directory you can "
+                        f"write to") from None
+    return out
+
+
+def placeholder_config():
+    """A model shape that passes every check, so argument problems are still found when config.json is broken."""
+    from pretrain_cli.models.config import ModelConfig
+
+    return ModelConfig(num_attention_heads=1, num_key_value_heads=1, intermediate_size=1)
