@@ -279,7 +279,7 @@ def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
 
 
 def test_check_output_dir_refuses_a_file_and_a_directory_that_cannot_be_created(tmp_path):
-    from pretrain_cli.orchestration.prepare import check_output_dir
+    from pretrain_cli.orchestration.opened import check_output_dir
 
     f = tmp_path / "notes.md"
     f.write_text("x")

@@ -228,7 +228,8 @@ def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline
 
 def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, ModelConfig]:
     """(Arguments, ModelConfig): the file and its overrides parsed once; every candidate re-resolves these."""
-    from pretrain_cli.orchestration.prepare import build_model_config, load_arguments
+    from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.orchestration.prepare import load_arguments
 
     args = load_arguments(config, list(overrides or []))
     return args, build_model_config(args)[1]
