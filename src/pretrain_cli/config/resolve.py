@@ -17,7 +17,8 @@ from pretrain_cli.config import paddlenlp_keys
 from pretrain_cli.config.compute import fused_loss_default, optimizer_path, resolve_kernels, resolve_precision
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.parallel import resolve_parallel
-from pretrain_cli.config.parser import KEYS, Arguments
+from pretrain_cli.config.keys import KEYS
+from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (DataConfig, Loop, ModelSource, OptimizerConfig, Output, Recompute, RunConfig,
                                      Schedule, SpikeGuardConfig, Target)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.parallel import degree
-from pretrain_cli.config.parser import KEYS, Arguments, coerce
+from pretrain_cli.config.keys import KEYS, coerce
+from pretrain_cli.config.parser import Arguments
 from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError

@@ -162,7 +162,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes` ({key:
     value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
     overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`)."""
-    from pretrain_cli.config.parser import KEYS, coerce
+    from pretrain_cli.config.keys import KEYS, coerce
     from pretrain_cli.models.config import check_seq_len
 
     args = load_arguments(config, overrides, record)
