@@ -97,7 +97,7 @@ default); `dataset_type: offline` (PaddleFormers' own pre-tokenized files) is th
 # What `check`, `plan` and a scaled-down `train` give on each published pretraining file as copied (run by hand on
 # PaddleNLP's llm/config/*/pretrain_argument*.json and PaddleFormers' examples/experiments/*_pretrain/config/,
 # examples/best_practices/DeepSeek-V3/pretrain/config/ and its stage PT YAML files; the PaddleFormers files' keys:
-# tests/unit/test_paddlenlp_files.py, tests/unit/test_paddleformers_files.py, tests/unit/test_paddleformers_pt_files.py)
+# tests/unit/test_paddlenlp_files.py, tests/unit/test_paddleformers_files.py, tests/unit/test_paddleformers_pt_*.py)
 FILES = """
 ## PaddleNLP's and PaddleFormers' own pretraining files
 
