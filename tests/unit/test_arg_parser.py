@@ -363,7 +363,8 @@ def test_did_you_mean_knows_the_commands_own_options(argv, suggestion, capsys):
     (["eval", "--config", "c.json", "--max_batches", "0"], "--max_batches: must be >= 1, got 0"),
     (["eval", "--model", "m", "--data", "d", "--batch_size", "-2"], "--batch_size: must be >= 1, got -2"),
     (["inspect-data", "d", "--step", "1", "--batch_size", "0"], "--batch_size: must be >= 1, got 0"),
-    (["inspect-data", "d", "--step", "1", "--dp_size", "0"], "--dp_size: must be >= 1, got 0"),
+    (["inspect-data", "d", "--step", "1", "--data_ranks", "0"], "--data_ranks: must be >= 1, got 0"),
+    (["inspect-data", "d", "--step", "1", "--dp_size", "0"], "--data_ranks: must be >= 1, got 0"),  # its older name
     (["inspect-data", "d", "--step", "1", "--gradient_accumulation_steps", "0"],
      "--gradient_accumulation_steps: must be >= 1, got 0"),
     (["preprocess", "--input_path", "x", "--output_prefix", "o", "--tokenizer", "t", "--workers", "0"],

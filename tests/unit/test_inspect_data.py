@@ -87,6 +87,24 @@ def test_no_paddle_import():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
+def test_step_view_counts_data_ranks_in_train_s_words(corpus, capsys):
+    """The step line names the batch as `train`'s `batch:` line does ("2 data ranks"): it said "dp 2", which a user of
+    sharding or expert parallelism reads as the dp degree (PaddleNLP's DeepSeek-V3 file: dp 1, 4 data ranks).
+    --data_ranks is the option's name, --dp_size its older one; --json says "data_ranks" too."""
+    d, _, _ = corpus
+    argv = (d / "c", "--step", 2, "--max_seq_length", 16, "--split", "1", "--batch_size", 2,
+            "--gradient_accumulation_steps", 2)
+    assert _run(*argv, "--data_ranks", 2) == 0
+    text = capsys.readouterr().out
+    assert "step 2: global samples [8, 16) (micro_bs 2 x 2 data ranks x acc 2)" in text and " dp " not in text
+    assert _run(*argv, "--dp_size", 2) == 0 and capsys.readouterr().out == text  # the older name: the same run
+    assert _run(*argv, "--data_ranks", 1) == 0
+    assert "(micro_bs 2 x 1 data rank x acc 2)" in capsys.readouterr().out
+    assert _run(*argv, "--data_ranks", 2, "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["data_ranks"] == 2 and "dp_size" not in info
+
+
 def test_step_view_json_is_one_object_with_the_texts_hashes(corpus, capsys):
     d, tok, _ = corpus
     argv = (d / "c", "--step", 2, "--max_seq_length", 16, "--split", "1", "--batch_size", 2, "--dp_size", 2,

@@ -34,10 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int, default=8,
                         help="per-device micro-batch, for --step (default: %(default)s)")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="for --step (default: %(default)s)")
-    parser.add_argument("--dp_size", type=int, default=None,
-                        help="data-parallel ranks (dp x sharding), for --step; with --config the run is resolved "
-                             "on as many, as `train` on that launch would be (default: 1; --config of a run's "
-                             "args.json: the data ranks that run had)")
+    parser.add_argument("--data_ranks", "--dp_size", dest="data_ranks", type=int, default=None, metavar="N",
+                        help="data ranks, for --step: the ranks that each read their own batch (dp x sharding, "
+                             "as train's `batch:` line counts them; --dp_size is the older name); with --config "
+                             "the run is resolved on as many, as `train` on that launch would be (default: 1; "
+                             "--config of a run's args.json: the data ranks that run had)")
 
 
 def _skipped_batches(output_dir: str) -> tuple[list, str | None]:
@@ -61,11 +62,11 @@ def _step_view(ns, tok) -> tuple:
     splits = build_datasets(ns.prefix, ns.split, ns.max_seq_length, ns.seed, ns.sample_mode, tokenizer=tok,
                             need=("train",), vocab_size=tok.vocab_size if tok else None)
     return splits.describe(), splits.train, ns.batch_size, ns.gradient_accumulation_steps, tok, [], None, \
-        ns.dp_size or 1
+        ns.data_ranks or 1
 
 
 def _config_step_view(ns, tok) -> tuple:
-    """--config: the run's data keys and batch sizes, resolved on its data ranks (--dp_size, else a run's record's,
+    """--config: the run's data keys and batch sizes, resolved on its data ranks (--data_ranks, else a run's record's,
     else one), as `train` resolves them there: a resume keeps its checkpoint's global batch by the accumulation
     for that many ranks. A file without output_dir (a base config that leaves it to the command line) is inspected
     too: only training needs one, so an empty placeholder directory stands in, which holds no trainer state and so
@@ -77,7 +78,7 @@ def _config_step_view(ns, tok) -> tuple:
     from pretrain_cli.orchestration.targets import inference_target, simulated_target
 
     overrides = ["--input_dir", ns.prefix] if ns.prefix else []
-    ranks = ns.dp_size if ns.dp_size is not None else data_ranks(ns.config)
+    ranks = ns.data_ranks if ns.data_ranks is not None else data_ranks(ns.config)
     with tempfile.TemporaryDirectory(prefix="pretrain-cli-inspect-") as placeholder:
         args = load_arguments(ns.config, overrides, record="arguments")  # a run's record: as the run took them
         has_output = bool(str(args.training.output_dir or "").strip())
@@ -92,8 +93,8 @@ def _config_step_view(ns, tok) -> tuple:
         spec = prepare(ns.config, overrides, inference_target() if ranks == 1 else simulated_target(ranks * model),
                        changes, record="arguments")
     if spec.run.parallel.data_world_size != ranks:  # (a world the file's degrees split otherwise)
-        raise UserError(f"--dp_size {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
-                        f"{spec.run.parallel.world_size} processes; pass --dp_size {spec.run.parallel.data_world_size}")
+        raise UserError(f"--data_ranks {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
+                        f"{spec.run.parallel.world_size} processes; pass --data_ranks {spec.run.parallel.data_world_size}")
     skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
     lines = spec.splits.describe()
     if where:
@@ -105,8 +106,8 @@ def _config_step_view(ns, tok) -> tuple:
 def _step_object(view, step: int) -> dict:
     """`--step K --json`: `data.inspect.step_record` (what `describe_step` prints), with the data lines and the
     trainer state it read, for a script to compare a run's logged hashes with."""
-    lines, dataset, micro_bs, acc, tok, skipped, where, dp_size = view
-    rec = step_record(dataset, step, micro_bs, acc, dp_size, tok, skipped_batches=skipped)
+    lines, dataset, micro_bs, acc, tok, skipped, where, ranks = view
+    rec = step_record(dataset, step, micro_bs, acc, ranks, tok, skipped_batches=skipped)
     return {**rec, "trainer_state": str(where) if where else None, "data": lines}
 
 
@@ -118,14 +119,14 @@ def _step(ns, tok) -> int:
     if ns.json:
         print(json.dumps(_step_object(view, ns.step)))
         return 0
-    lines, dataset, micro_bs, acc, tok, skipped, _, dp_size = view
-    for line in lines + describe_step(dataset, ns.step, micro_bs, acc, dp_size, tok, skipped_batches=skipped):
+    lines, dataset, micro_bs, acc, tok, skipped, _, ranks = view
+    for line in lines + describe_step(dataset, ns.step, micro_bs, acc, ranks, tok, skipped_batches=skipped):
         print(line)
     return 0
 
 
 def main(ns: argparse.Namespace) -> int:
-    check_counts(ns, "max_seq_length", "batch_size", "gradient_accumulation_steps", "dp_size")
+    check_counts(ns, "max_seq_length", "batch_size", "gradient_accumulation_steps", "data_ranks")
     tok = None
     if ns.tokenizer:
         from pretrain_cli.data.tokenizer import load_tokenizer

@@ -100,23 +100,25 @@ def first_sample(step: int, batch: int, skipped_batches=()) -> int:
     return first
 
 
-def step_record(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
+def step_record(dataset, step: int, micro_bs: int, acc: int, data_ranks: int, tokenizer=None,
                 decode_chars: int = 120, skipped_batches=()) -> dict:
     """Samples and hashes of optimizer step `step` (1-based, as logged): step k consumes the global samples
-    [first, first + B), B = micro_bs*dp_size*acc (`first_sample`); micro-step m on rank r takes its slice. The one
+    [first, first + B), B = micro_bs*data_ranks*acc (`first_sample`); micro-step m on data rank r takes its slice.
+    `data_ranks` counts every rank that reads its own batch (dp x sharding, ARCHITECTURE.md facts: degrees), not
+    the dp degree alone: a sharding or expert-parallel run's data ranks are its sharding ranks too. The one
     computation behind `describe_step`'s lines and `inspect-data --step K --json`."""
     from pretrain_cli.data.loader import batch_hash, micro_batch
 
     if step < 1:
         raise UserError(f"--step: {step} must be >= 1 (steps are counted from 1, as in the training log)")
-    g = micro_bs * dp_size
+    g = micro_bs * data_ranks
     first = first_sample(step, g * acc, skipped_batches)
     micro_steps = []
     for m in range(acc):
         consumed = first + m * g
         ranks = []
-        for r in range(dp_size):
-            part = micro_batch(dataset, consumed, micro_bs, r, dp_size)
+        for r in range(data_ranks):
+            part = micro_batch(dataset, consumed, micro_bs, r, data_ranks)
             rank = {"rank": r, "samples": [consumed + r * micro_bs, consumed + (r + 1) * micro_bs],
                     "hash": batch_hash(part)}
             if tokenizer is not None:
@@ -124,16 +126,18 @@ def step_record(dataset, step: int, micro_bs: int, acc: int, dp_size: int, token
             ranks.append(rank)
         micro_steps.append({"micro_step": m, "samples": [consumed, consumed + g],
                             "hash": batch_hash(micro_batch(dataset, consumed, g, 0, 1)), "ranks": ranks})
-    return {"step": step, "samples": [first, first + g * acc], "micro_batch_size": micro_bs, "dp_size": dp_size,
+    return {"step": step, "samples": [first, first + g * acc], "micro_batch_size": micro_bs, "data_ranks": data_ranks,
             "gradient_accumulation_steps": acc, "skipped_batches": len(skipped_batches), "micro_steps": micro_steps}
 
 
-def describe_step(dataset, step: int, micro_bs: int, acc: int, dp_size: int, tokenizer=None,
+def describe_step(dataset, step: int, micro_bs: int, acc: int, data_ranks: int, tokenizer=None,
                   decode_chars: int = 120, skipped_batches=()) -> list[str]:
-    """`step_record` as the lines `inspect-data --step K` prints."""
-    rec = step_record(dataset, step, micro_bs, acc, dp_size, tokenizer, decode_chars, skipped_batches)
+    """`step_record` as the lines `inspect-data --step K` prints; the batch in the words of `train`'s `batch:` line
+    ("N data ranks", never "dp N", which a sharding or expert-parallel user reads as the dp degree alone)."""
+    rec = step_record(dataset, step, micro_bs, acc, data_ranks, tokenizer, decode_chars, skipped_batches)
     (first, end), skipped = rec["samples"], rec["skipped_batches"]
-    lines = [f"step {step}: global samples [{first}, {end}) (micro_bs {micro_bs} x dp {dp_size} x acc {acc}"
+    ranks = f"{data_ranks} data rank{'s' if data_ranks != 1 else ''}"
+    lines = [f"step {step}: global samples [{first}, {end}) (micro_bs {micro_bs} x {ranks} x acc {acc}"
              f"{f'; after {skipped} skipped batches' if skipped else ''})"]
     for ms in rec["micro_steps"]:
         lo, hi = ms["samples"]
