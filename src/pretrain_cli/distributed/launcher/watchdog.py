@@ -23,7 +23,8 @@ every dead rank was aborted, a live rank whose last progress mark is older than 
 the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
 publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log
 names the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a
-watcher still reading it.
+watcher still reading it, and, when every rank and watcher of the host was killed at once (SIGKILL: none finished),
+by the next launch or rank on the host (`tempdirs.watch_dir`: each rank and its watcher hold a lock on it).
 
 A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `watcher.HANG_POLL` s) is named the same way:
 `rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
@@ -53,6 +54,7 @@ from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir, rank) while one runs
+_OWNERS = None  # this rank's descriptor holding its shared lock on the watch directory (`tempdirs.watch_dir`)
 
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
@@ -62,12 +64,11 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
     if parallel.world_size <= 1:
         return
     import socket
-    import tempfile
     import uuid
 
     from paddle.base import core
 
-    from pretrain_cli.distributed.launcher import job
+    from pretrain_cli.distributed.launcher import job, tempdirs
 
     store = core.create_or_get_global_tcp_store()
     host, me = socket.gethostname(), parallel.rank
@@ -82,15 +83,17 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
                 ranks[r] = int(pid)
             else:
                 remote[r] = h
-    # the host's own directory, even where TMPDIR is shared between hosts: a verdict is about this host's ranks
-    shared = Path(tempfile.gettempdir()) / f"pretrain-cli-watch-{bytes(store.get(f'{_KEY}/job')).decode()}-{host}"
-    shared.mkdir(exist_ok=True)
+    # the host's own directory, even where TMPDIR is shared between hosts: a verdict is about this host's ranks; held
+    # (`_OWNERS`) by this rank and its watcher, so that a launch after a SIGKILL of both removes it (`tempdirs`)
+    global _OWNERS
+    shared, _OWNERS = tempdirs.watch_dir(bytes(store.get(f"{_KEY}/job")).decode())
     progress.open_record(shared / f"progress.{me}")
     _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote))
 
 
 def _spawn(watcher: Watcher) -> None:
-    """Fork `watcher` and send this process's stdout and stderr through it."""
+    """Fork `watcher` and send this process's stdout and stderr through it; the watcher keeps this rank's lock on the
+    watch directory (`_OWNERS`, as fd 5): it outlives its rank at a death, and uses the directory until it ends."""
     import sys
 
     sys.stdout.flush()
@@ -104,7 +107,9 @@ def _spawn(watcher: Watcher) -> None:
             os.close(write_end)
             os.dup2(read_end, 3)
             os.dup2(log, 4)
-            os.closerange(5, 4096)  # no socket of the rank's stays open here
+            if _OWNERS is not None:
+                os.dup2(_OWNERS, 5)
+            os.closerange(5 if _OWNERS is None else 6, 4096)  # no socket of the rank's stays open here
             watcher.announce(True)
             watcher.run(3, 4)
         finally:
