@@ -60,3 +60,11 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
     lrs = {r["step"]: r["learning_rate"] for r in _rows(out) if r["kind"] == "train"}
     assert lrs[7] == lrs[8] == 0.0004 and lrs[6] == 0.0004
     assert not (out / run_lock.LOCK_FILE).exists()
+
+    # a schedule restarted at step 8: the resolved line counts its steps as the run and the note do (it said 'by
+    # step 4', the schedule's own count, where the note said 'by step 12')
+    assert cli_main(["check", cfg, "--max_steps", "12", "--warmup_steps", "1", "--lr_schedule_on_resume",
+                     "restart"]) == 0
+    printed = capsys.readouterr().out
+    assert "restarted: cosine from step 8, warmup 1, decay to 0.0004 by step 12" in printed
+    assert "  schedule: cosine from step 8, warmup 1, decay to 0.0004 by step 12; " in printed

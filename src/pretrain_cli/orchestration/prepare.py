@@ -125,10 +125,8 @@ class RunSpec:
             lines.append(f"  ranks: {p.world_size} processes = {ranks}{split}; each data rank reads "
                          f"{count(lp.micro_batch * lp.grad_accum, 'sequence')} ({lp.micro_batch} per micro-step) = "
                          f"{lp.micro_batch * lp.grad_accum * r.data.max_seq_length:,} tokens per step")
-        s = r.schedule
-        sched = f"  schedule: {s.kind}, warmup {s.warmup_steps}, decay to {s.min_lr} by step {s.decay_steps}"
-        sched = f"  schedule: {s.describe()}" if s.phase(1) else sched  # warmup_stable_decay: its phases
-        lines.append(sched + (f"; {self._evaluations()}" if lp.do_eval else ""))
+        # the resume note's words: a restarted schedule's steps counted as the run counts them
+        lines.append(f"  schedule: {r.schedule.describe()}" + (f"; {self._evaluations()}" if lp.do_eval else ""))
         lines += [f"  {line}" for line in self.data_lines]
         lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
         return lines
