@@ -18,8 +18,11 @@ multiplies segment e of lhs by rhs[e] transposed, `trans_lhs` segment e of lhs t
 """
 from __future__ import annotations
 
+import numpy as np
 import paddle
 from paddle.autograd import PyLayer
+
+from pretrain_cli.ops.tensors import from_numpy
 
 
 def batched_gemm(lhs, rhs, counts, trans_lhs=False, trans_rhs=False):
@@ -54,10 +57,16 @@ class Bmm(Matmul):
 
 
 class BatchedGemm:
-    """x `[rows, in]` (segments by `counts`) times w `[experts, in, out]` → `[rows, out]` (`grouped_mlp_gpu`)."""
+    """x `[rows, in]` (segments by `counts`) times w `[experts, in, out]` → `[rows, out]` (`grouped_mlp_gpu`).
+
+    An expert without rows gets a zero dW: its GEMM has k = 0, whose output the kernel does not write as 0 by
+    contract. The mask saying which experts have rows is made once per layer call (three dW products use it), from
+    the host counts by `ops.tensors.from_numpy`: `paddle.to_tensor` leaked a list each time, ~3 per sparse layer
+    and micro-batch on a GPU."""
 
     def __init__(self, counts: list[int]):
         self.counts = counts
+        self._has_rows = None
 
     def forward(self, x, w):
         return batched_gemm(x, w, self.counts)  # [rows, out]
@@ -68,8 +77,9 @@ class BatchedGemm:
     def dw(self, x, dy):
         dw = batched_gemm(x, dy.contiguous(), self.counts, trans_lhs=True)  # [experts, in, out]
         if 0 in self.counts:  # an expert without rows: a GEMM with k = 0, whose output is not promised to be 0
-            keep = paddle.to_tensor([n > 0 for n in self.counts]).reshape([-1, 1, 1])  # [experts, 1, 1]
-            dw = paddle.where(keep, dw, paddle.zeros_like(dw))
+            if self._has_rows is None:
+                self._has_rows = from_numpy(np.array(self.counts) > 0).reshape([-1, 1, 1])  # [experts, 1, 1]
+            dw = paddle.where(self._has_rows, dw, paddle.zeros_like(dw))
         return dw
 
 

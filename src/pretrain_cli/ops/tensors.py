@@ -9,8 +9,13 @@ ever. A tensor an op creates (`paddle.empty`) leaks nothing, so `from_numpy` cre
 array into it through a numpy view of its memory (DLPack, no second copy): also ~20x faster than
 `to_tensor` for a [64, 4096] int64 batch (0.08 ms against 1.7 ms, measured on CPU).
 
-On a GPU (any current device other than the CPU) the array still goes through `paddle.to_tensor`: that
-path is not measured here (no GPU on the machines this was written on).
+On a GPU (any current device other than the CPU) the leak is the same (the constructor is the device's too), and
+there a MoE layer asks for host tensors per micro-batch as well (the all-to-all's split sizes, the grouped GEMM's
+idle experts). The array goes into a CPU tensor made as above (`paddle.empty(device=CPUPlace())`) and
+`Tensor._copy_to(place, True)` copies it to the device: a blocking copy is phi::Copy with no stream, the
+synchronous `cudaMemcpy` from pageable memory that `to_tensor`'s own copy is (`SetTensorFromPyArray`), so the
+device side is unchanged; `_copy_to` takes positional arguments and leaks nothing (counted on CPU;
+eager_method.cc `tensor_method__copy_to`, phi/core/tensor_utils.cc `Copy`, Paddle 3.x). Not run on a GPU here.
 """
 from __future__ import annotations
 
@@ -25,8 +30,10 @@ def from_numpy(array):
     import paddle
 
     array = np.asarray(array)
-    if paddle.get_device() != "cpu" or array.size == 0 or array.dtype.name not in _SAME_DTYPE:
+    if array.size == 0 or array.dtype.name not in _SAME_DTYPE:
         return paddle.to_tensor(array)
-    tensor = paddle.empty(list(array.shape), dtype=str(array.dtype))
-    np.from_dlpack(tensor)[...] = array  # a view of the tensor's own memory: the one copy
-    return tensor
+    host = paddle.empty(list(array.shape), dtype=str(array.dtype), device=paddle.CPUPlace())
+    np.from_dlpack(host)[...] = array  # a view of the tensor's own memory: the one host copy
+    if paddle.get_device() == "cpu":
+        return host
+    return host._copy_to(paddle.framework._current_expected_place(), True)  # the synchronous copy to_tensor makes

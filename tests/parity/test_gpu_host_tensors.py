@@ -1,0 +1,135 @@
+"""The GPU branch's host -> device tensors leak nothing per call, executed on CPU with the device emulated.
+
+`paddle.to_tensor` leaks one Python list per call in Paddle 3.3.1 on every device (tests/unit/test_host_tensors.py
+counts it on CPU), and a GPU run made tensors with it per micro-batch: the batch (`ops.tensors.from_numpy` kept
+`to_tensor` for any device but the CPU), a MoE layer's all-to-all split sizes (`Collectives.split_matrix`) and its
+grouped GEMM's idle-expert mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch). Here
+`paddle.get_device()` answers "gpu:0" and the expected place is a CPU place standing in for the GPU's, so the
+GPU branch runs; counted, not timed: the gc-tracked objects alive after N calls. Paddle's GPU-only `batched_gemm`
+stands behind a reference of its contract that, like the kernel, does not promise zeros for an expert without
+rows (a GEMM with k = 0): it writes NaN there.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+import paddle.incubate.nn.functional as IF  # noqa: E402
+
+from pretrain_cli.distributed.comms.collectives import Collectives  # noqa: E402
+from pretrain_cli.ops import grouped, kernels  # noqa: E402
+from pretrain_cli.ops.tensors import from_numpy  # noqa: E402
+
+
+def _alive_after(fn, n: int = 300) -> int:
+    fn()  # anything made once (caches, imports) is not a leak
+    gc.collect()
+    before = len(gc.get_objects())
+    for _ in range(n):
+        fn()
+    gc.collect()
+    return len(gc.get_objects()) - before
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """The current device a GPU (`paddle.get_device()`), its place a CPU place standing in for it; returns the
+    places `Tensor._copy_to` was asked for and the number of `paddle.to_tensor` calls."""
+    device_place = paddle.CPUPlace()
+    seen = {"copies": [], "to_tensor": 0}
+    copy_to, to_tensor = paddle.Tensor._copy_to, paddle.to_tensor
+
+    def counted_copy(self, place, blocking):
+        seen["copies"].append((place, blocking))
+        return copy_to(self, place, blocking)
+
+    def counted_to_tensor(*args, **kwargs):
+        seen["to_tensor"] += 1
+        return to_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
+    monkeypatch.setattr(paddle.framework, "_current_expected_place", lambda: device_place)
+    monkeypatch.setattr(paddle.Tensor, "_copy_to", counted_copy)
+    monkeypatch.setattr(paddle, "to_tensor", counted_to_tensor)
+    seen["place"] = device_place
+    return seen
+
+
+def test_from_numpy_on_a_gpu_copies_a_host_tensor_to_the_device_and_leaks_nothing(on_gpu):
+    batch = np.arange(32, dtype=np.int64).reshape(2, 16)
+    t = from_numpy(batch)
+    assert on_gpu["to_tensor"] == 0 and on_gpu["copies"] == [(on_gpu["place"], True)]  # to_tensor's synchronous copy
+    assert (t.dtype, t.shape, t.stop_gradient) == (paddle.int64, [2, 16], True)
+    np.testing.assert_array_equal(t.numpy(), batch)
+    for a in (np.array([1.5, 2.5]), np.array([True, False]), np.arange(6, dtype=np.int32).reshape(2, 3)[:, 1:]):
+        got, want = from_numpy(a), paddle.to_tensor(a)  # the dtypes `to_tensor` gives, non-contiguous views too
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        np.testing.assert_array_equal(got.numpy(), a)
+    on_gpu["to_tensor"] = 0
+    assert _alive_after(lambda: from_numpy(batch)) < 10  # was one list per call: 300
+    assert on_gpu["to_tensor"] == 0
+
+
+def test_the_all_to_all_split_sizes_go_in_without_a_leak(on_gpu, monkeypatch):
+    """`split_matrix` runs per sparse layer and micro-batch on NCCL; its row of sends is int64, one row per rank
+    after the all-gather (here a group of one: the all-gather is the row itself)."""
+    rows = {}
+
+    def gather(self, x, group, axis):
+        rows["sent"] = (x.dtype, x.shape)
+        return x
+
+    monkeypatch.setattr(Collectives, "all_gather", gather)
+    nccl = Collectives(gloo=False)
+    assert nccl.split_matrix([3, 0, 5], None) == [[3, 0, 5]]
+    assert rows["sent"] == (paddle.int64, [1, 3])
+    assert _alive_after(lambda: nccl.split_matrix([3, 0, 5], None)) < 10  # was one list per call: 300
+    assert on_gpu["to_tensor"] == 0
+
+
+def _batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
+    """Paddle's `batched_gemm` (phi/kernels/legacy/gpu/batched_gemm.cu): row segment e of lhs times rhs[e]
+    (`trans_rhs`: rhs[e] transposed); `trans_lhs`: segment e of lhs transposed times segment e of rhs, out
+    `[experts, in, out]`, where a segment without rows is a k = 0 GEMM whose output is not promised: NaN here.
+    fp32 and bf16 only, one dtype, no backward (its outputs are constants to autograd). Made by `paddle.assign`,
+    which leaks nothing, so the count below is the code's."""
+    assert lhs.dtype == rhs.dtype and lhs.dtype in (paddle.float32, paddle.bfloat16)
+    assert sum(batch_sizes) == lhs.shape[0] and rhs.shape[0] == (lhs.shape[0] if trans_lhs else len(batch_sizes))
+    a, b, out, at = lhs.numpy(), rhs.numpy(), [], 0
+    for e, n in enumerate(batch_sizes):
+        if trans_lhs:
+            out.append(a[at:at + n].T @ b[at:at + n] if n else np.full((a.shape[1], b.shape[1]), np.nan, a.dtype))
+        else:
+            out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
+        at += n
+    return paddle.assign(np.stack(out) if trans_lhs else np.concatenate(out))
+
+
+def test_the_grouped_gemm_gives_idle_experts_zero_gradients_without_a_leak(on_gpu, monkeypatch):
+    monkeypatch.setattr(IF, "batched_gemm", _batched_gemm, raising=False)
+    counts, rng = [2, 0, 5, 1], np.random.default_rng(3)
+    init = [[rng.standard_normal(s).astype("float32") * 0.3 for s in ((8, 6), (8, 6), (6, 8))] for _ in counts]
+    x0 = rng.standard_normal((8, 8)).astype("float32")
+
+    def step():
+        ws = [tuple(paddle.assign(a) for a in trio) for trio in init]
+        for trio in ws:
+            for w in trio:
+                w.stop_gradient = False
+        x = paddle.assign(x0)
+        x.stop_gradient = False
+        grouped.grouped_mlp_gpu(x, counts, ws, kernels.swiglu_packed).sum().backward()
+        return ws
+
+    ws = step()
+    for (g, u, d), n in zip(ws, counts):
+        for w in (g, u, d):
+            assert np.all(np.isfinite(w.grad.numpy())) and (n or not np.any(w.grad.numpy()))  # idle: exactly 0
+    assert _alive_after(step, 50) < 10  # was a list per dW product with an idle expert: 150
+    assert on_gpu["to_tensor"] == 0
