@@ -64,8 +64,9 @@ def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
     for p, m in items:
         field = next((f for f in want if m and m.get(f) is not None and m[f] not in accepted[f]), None)
         if field is not None:
-            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}, the "
-                            f"run's {want[field]!s:.16}); re-run preprocess with {tok.path}, or "
+            # `tok`'s value named by its path, not "the run's": inspect-data and eval have no run
+            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}; "
+                            f"{tok.path} has {want[field]!s:.16}); re-run preprocess with {tok.path}, or "
                             f"{instead or 'set tokenizer_name_or_path to the tokenizer that made it'}")
     return problems
 
