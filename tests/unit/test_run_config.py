@@ -201,12 +201,16 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
                       "--per_device_eval_batch_size", "8")
     splits = SimpleNamespace(get={"valid": list(range(22)), "test": list(range(40))}.get)
     notes = eval_repeats(run, splits)
+    # the test pass's factor 10 is named where it comes from (it read "10 x eval_iters 4", unexplained)
     assert notes == ["eval: the valid split holds 22 samples, fewer than eval_iters 4 x per_device_eval_batch_size 8 "
-                     "x 1 data rank(s) = 32, so evaluation repeats samples; eval_iters 2 reads each once",
-                     "eval: the test split holds 40 samples, fewer than 10 x eval_iters 4 x per_device_eval_batch_size "
-                     "8 x 1 data rank(s) = 320, so evaluation repeats samples; even eval_iters 1 reads 80 samples here "
-                     "(10 x per_device_eval_batch_size 8 x 1 data rank(s)): give the test split a larger share of "
-                     "`split`, or lower per_device_eval_batch_size"]
+                     "x 1 data rank = 32, so evaluation repeats samples; eval_iters 2 reads each once",
+                     "eval: the test split holds 40 samples, fewer than test_iters 40 (10 x eval_iters 4: the test pass "
+                     "reads ten times as many batches, as PaddleNLP's run_pretrain.py) x per_device_eval_batch_size 8 "
+                     "x 1 data rank = 320, so evaluation repeats samples; even eval_iters 1 reads 80 samples here "
+                     "(test_iters 10 x per_device_eval_batch_size 8 x 1 data rank): give the test split a larger share "
+                     "of `split`, or lower per_device_eval_batch_size"]
+    on_two = resolve_run("--do_eval", "true", "--eval_iters", "4", "--per_device_eval_batch_size", "8", world=2)
+    assert "x 2 data ranks = 64," in eval_repeats(on_two, splits)[0]
     assert run.loop.test_iters == 40  # PaddleNLP's run_pretrain.py: test_iters = eval_iters * 10
     # a resume that raised eval_iters to keep its checkpoint's eval windows is not told to lower it again
     import dataclasses
