@@ -24,8 +24,10 @@ its own failure: both are the launcher's to report, as before. Then one line nam
 killed and the launcher ends with the class of the first cause, so that every node's launch.sh does the same
 (`leaving.follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so, never
 restarted; one whose ranks could not join (75, which its launch.sh retries with new ports) ends them with 75 and the
-records that make theirs retry too; any other end, a node lost, is `LOST` (1) and a late node `HUNG` (124), restarted
-under MAX_RESTART. A node whose own ranks still start up when another left with `HUNG` is late itself (the others name
+records that make theirs retry too; a node that vanished without a word (silent, or MASTER gone with the node serving
+it: killed, its host down, the network cut) ends them as a failed join does, 75 (`leaving.VANISHED`: nothing has run, a
+new launch may succeed, so launch.sh meets the nodes at MASTER again with new ports, and a scheduler reads
+EX_TEMPFAIL); any other end is `LOST` (1) and a late node `HUNG` (124), restarted under MAX_RESTART. A node whose own ranks still start up when another left with `HUNG` is late itself (the others name
 every node not in the join by their deadline): it ends too, its ranks killed, `HUNG`, where its stalled rank would
 otherwise hold it for ever. Plain HTTP with a timeout (`Store`): Paddle's own client waits for ever on a host that
 is gone.
@@ -230,10 +232,10 @@ class Watch:
         return [r for r in self.local_ranks() if not (self.join_dir / f"joining.{r}").exists()]
 
     def ending(self, lost: list[tuple[int, str]]) -> tuple[int, str]:
-        """(code, action) this node ends with for `lost` (its first): the class of a node that left, else a lost
-        node's (`LOST`) or a late one's (`HUNG`)."""
+        """(code, action) this node ends with for `lost` (its first): the class of a node that left, a vanished
+        node's (`leaving.VANISHED`: a failed join's) or a late one's (`HUNG`)."""
         j, why = lost[0]
-        return leaving.follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else (LOST, "retry")
+        return leaving.follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else leaving.VANISHED
 
     def line(self, lost: list[tuple[int, str]], end: tuple[int, str] | None = None) -> str:
         """The one line naming the first of `lost` (and how many more), and how this node ends (`end`, else
@@ -243,7 +245,8 @@ class Watch:
         j, why = lost[0]
         mine = self.local_ranks()
         ranks = f"rank {mine[0]} stops" if len(mine) == 1 else f"ranks {mine[0]}-{mine[-1]} stop"
-        tail, more = leaving.tail(*(end or self.ending(lost))), f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
+        tail = leaving.tail(*(end or self.ending(lost)), vanished=why in ("silent", "master"))
+        more = f" and {len(lost) - 1} more node(s)" if len(lost) > 1 else ""
         if why == "late":
             return (f"launch.sh: {who}: {describe(self.nodes[j])}{more} has not brought its ranks to the join of the "
                     f"process group {self.late[j]:.0f} s after this node's (a start-up stalled there, or slower than "

@@ -4,8 +4,11 @@ watches the join; this module owns the ends): a node that leaves says how its la
 Paddle's launcher has its code and before it stops MASTER's store (`note_end`, which makes this launcher's watches
 leave). A waiting node ends with the same class (`follow`), so that every node's launch.sh does the same: a usage
 error (2) or a stop by a signal (130, 143) ends the others so, never restarted; a failed join (75) ends them with 75,
-retried with new ports; any other end is `LOST` (1), restarted under MAX_RESTART. `how` and `tail` word that end in
-the one line a waiting node says.
+retried with new ports; any other end is `LOST` (1), restarted under MAX_RESTART. A node that vanished without saying
+how it ends (SIGKILL, its host down, the network cut: `joining` hears no beat, or no MASTER) ends them as `VANISHED`, a
+failed join's class: no rank has run, and a new meeting may succeed (its own launch.sh, when alive, joins again as its
+ranks' join records say; a host back up is met again), where `LOST` restarted only under MAX_RESTART and told a
+scheduler nothing. `how` and `tail` word that end in the one line a waiting node says.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pretrain_cli.distributed.launcher import job, watcher
 
 LOST, HUNG = watcher.LOST, watcher.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
 SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
+VANISHED = (job.TRANSIENT, "rendezvous")  # how the others end after a node that vanished before the join (EX_TEMPFAIL)
 _ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
 _WATCHES: list = []  # the watches this launcher runs (`joining.start`, through `watch_ends`): each leaves at `note_end`
 
@@ -74,8 +78,12 @@ def how(code: int, action: str) -> str:
     return f"it left (its launcher ended, exit {code}: its console says why)"
 
 
-def tail(code: int, action: str, whose: str = "that node's ranks") -> str:
-    """What the line of a node ending as (`code`, `action`) says it does, and what to do."""
+def tail(code: int, action: str, whose: str = "that node's ranks", vanished: bool = False) -> str:
+    """What the line of a node ending as (`code`, `action`) says it does, and what to do (`vanished`: after a node that
+    said nothing)."""
+    if action == "rendezvous" and vanished:
+        return (f", exit {code} (nothing has run: a new meeting may succeed): launch.sh tries again with new ports at "
+                f"MASTER for RENDEZVOUS_TIMEOUT s; start that node again if it does not come back by itself")
     if action == "rendezvous":
         return f", exit {code}: launch.sh tries again with new ports, as that node's does"
     if action == "stop":
