@@ -3,7 +3,7 @@ layout (`llm/config/deepseek-v3/pretrain_argument.json`: pp 2 x `sharding: stage
 smallest, pp2 x ZeRO-1 over 2 data ranks x ep2 on 4 processes, and tp2 x ZeRO-1 x ep2 on 4 (no pipeline), each also
 under `sharding: stage2`, and the three axes together, pp2 x tp2 x ZeRO-1 x ep2 on 8 processes; each equal to one
 process step by step, and the checkpoints of the pipelines (and tp2 x ZeRO-2's) resumed on one process on the same
-curve.
+curve; pp2 x ZeRO-1 x ep2's also on its own layout, where the run goes on to the bit as if never stopped.
 
 What makes it run: fleet's sharding optimizer is built over the rest of the model only (`ExpertHybrid.trained`; its
 owners and broadcasts take every sharding rank to hold the same parameters, and it keys them by Paddle's names, which
@@ -16,13 +16,14 @@ refused (`config.refusals`).
 The model is `micro-deepseek-v3` (8 routed experts in 4 groups, a shared expert, a dense first layer, an MTP module
 whose layer is sparse too) with its sequence-wise balance loss, z-loss and balancing bias on. Every layout runs 8
 micro-batches of 1 sequence a step (2 data ranks x 4), so one process with 8 micro-batches of 1 is the reference of
-all (the sequence-wise loss is a loss per micro-batch). 4 steps, a checkpoint at step 2: four 4-process launches, one
-8-process launch and five one-process runs in all.
+all (the sequence-wise loss is a loss per micro-batch). 4 steps, a checkpoint at step 2: five 4-process launches (one the
+same-layout resume), one 8-process launch and five one-process runs in all.
 """
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from launch_helpers import (assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
@@ -80,6 +81,28 @@ def test_expert_parallel_with_zero1_or_zero2_on_hybrid_groups_matches_one_proces
 def test_checkpoint_resumes_on_one_process(runs, corpus, tmp_path, layout):
     run = resume_from(runs[layout][1] / "checkpoint-2", corpus, tmp_path, 1, gradient_accumulation_steps=8, **KEYS)
     assert_close_losses(run.losses(0), runs["one"][0].losses(0), range(3, STEPS + 1))
+
+
+def test_pp2_zero1_ep2_checkpoint_resumes_on_the_same_layout(runs, corpus, tmp_path):
+    """checkpoint-2 of pp2 x ZeRO-1 x ep2 resumed on pp2 x ZeRO-1 x ep2 (4 processes): each rank reads back its stage's
+    experts with their AdamW state and its ZeRO-1 slice of the rest's, and the run goes on as if never stopped: steps
+    3-4 log the uninterrupted run's losses (and one process's), checkpoint-4 (weights and AdamW state) and the final
+    export are the uninterrupted run's to the bit (measured: 0 apart)."""
+    (ref, _), (whole, out) = runs["one"], runs["pp2_zero1_ep2"]
+    run = resume_from(out / "checkpoint-2", corpus, tmp_path, 4, **KEYS, **LAYOUTS["pp2_zero1_ep2"])
+    line = next(x for x in run.log(0).splitlines() if "- layout: " in x).split(";")[0]
+    assert "sharding stage1 x2" in line and line.endswith(", ep 2"), run.log(0)[-2000:]
+    assert sorted(run.losses(0)) == [3, 4]
+    assert {s: run.losses(0)[s] for s in (3, 4)} == {s: whole.losses(0)[s] for s in (3, 4)}
+    assert_close_losses(run.losses(0), ref.losses(0), range(3, STEPS + 1))
+    resumed = tmp_path / "resumed"
+    for got, want in ((read_checkpoint(resumed / "checkpoint-4", kind), read_checkpoint(out / "checkpoint-4", kind))
+                      for kind in ("weights", "optimizer")):
+        assert sorted(got) == sorted(want) and any(".layers.2.mlp.experts.7." in n for n in got)
+        assert all(np.array_equal(got[n], want[n]) for n in want), [n for n in want if not np.array_equal(got[n],
+                                                                                                           want[n])]
+    got, want = read_weights(resumed), read_weights(out)
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
 
 
 def _held(out) -> list[dict]:
