@@ -195,9 +195,10 @@ def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monk
     assert not [tag for tag in scalars if tag.startswith("startup")]
     assert not [tag for tag in reader.get_tags().get("scalar", []) if tag.startswith("startup")]
 
-    wandb_runs = sorted((out / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
-    assert len(wandb_runs) == 3  # one per process; the last holds the whole run (`wandb sync` uploads it)
-    rows, config = tracker_readers.wandb_run(wandb_runs[-1])
+    wandb_runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 3  # a directory per process, all of one run: each resume rewinds it to its checkpoint
+    assert tracker_readers.wandb_run(wandb_runs[-1])[0][0]["train/global_step"] == 6  # from checkpoint-6: no history
+    ((rows, config),) = tracker_readers.wandb_runs(out / "wandb").values()  # the run as `wandb sync` leaves it
     train = [(row["train/global_step"], row["train/loss"]) for row in rows if "train/loss" in row]
     assert [s for s, _ in train] == steps and [v for _, v in train] == pytest.approx(losses)
     assert [(row["train/global_step"], pytest.approx(row["eval/eval_loss"])) for row in rows

@@ -72,3 +72,24 @@ def wandb_run(run_dir: Path) -> tuple[list, dict]:
             for item in (rec.config if kind == "config" else rec.run.config).update:
                 config[item.key] = json.loads(item.value_json)
     return rows, config
+
+
+def wandb_runs(wandb_dir: Path) -> dict:
+    """{run id: (history rows, config)} as `wandb sync` of every `offline-run-*` directory in `wandb_dir` would leave
+    the runs, were each directory's branch point applied in the order the directories started (their names): a
+    resume's directory (`resume_from`, a branch point in its own run) keeps the run's rows up to the point and goes
+    on after it, a fork's (`fork_from`, another run's point) starts a new run with the other's rows up to it."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    runs = {}
+    for run_dir in sorted(wandb_dir.glob("offline-run-*")):
+        rows, config = wandb_run(run_dir)
+        (log,) = run_dir.glob("run-*.wandb")
+        for chunk in _wandb_chunks(log.read_bytes()):
+            rec = Record.FromString(chunk)
+            if rec.WhichOneof("record_type") == "run":
+                run, point = rec.run.run_id, rec.run.branch_point
+                break
+        before = [row for row in runs[point.run][0] if row["_step"] <= point.value] if point.run else []
+        runs[run] = (before + rows, config)
+    return runs

@@ -94,7 +94,7 @@ def test_a_resume_reads_a_long_runs_metrics_without_holding_them(tmp_path, monke
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tra')  # a last line cut by a kill
     seen = []
 
-    def fake_open(names, logdir, output_dir, config, history, start=None):
+    def fake_open(names, logdir, output_dir, config, history, start=None, begin=None):
         for _ in range(2):  # two trackers, each reading the history
             seen.append(sum(1 for _ in history))
         return []

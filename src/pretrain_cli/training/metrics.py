@@ -142,7 +142,8 @@ class MetricsWriter:
         of record at `keep_until` itself that this run writes again (a run resumed at its last step only to
         evaluate and export: its eval and test records of that step). `marks`: where the record files stood
         when the checkpoint's step began logging (`mark`, in its trainer state): the files are cut back there
-        (`training.record_files`); without them, or where a file changed since, it is written anew."""
+        (`training.record_files`) and the wandb run rewound there; without them, or where a file changed since, it
+        is written anew (wandb: `trackers.Wandb`)."""
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,14 +167,18 @@ class MetricsWriter:
                                        configured=keep_until > self._started_at)
         else:
             start = record_files.Start(keep_until if keep_until is not None else 0)
-        anew = [n for n in self._names if kept is not None and start.files(n, Path(self.logging_dir)) is None]
+        anew = [n for n in self._names if kept is not None and n != "wandb"
+                and start.files(n, Path(self.logging_dir)) is None]  # (wandb: `trackers.Wandb` says what it does)
         if anew and self.path.stat().st_size > 10e6:  # ~15,000 records: seconds, said
             log.info(f"report_to: {', '.join(anew)} first get the run's history, "
-                     f"{self.path.stat().st_size / 1e6:.0f} MB of {METRICS_FILE} (VisualDL ~0.5, TensorBoard ~0.4, "
-                     f"wandb ~0.6 CPU-s per 1,000 records)")
+                     f"{self.path.stat().st_size / 1e6:.0f} MB of {METRICS_FILE} (VisualDL ~0.5, TensorBoard ~0.4 "
+                     f"CPU-s per 1,000 records)")
+        # the wandb run this one continues: the checkpoint's (`mark`), rewound where metrics.jsonl is as it marked
+        begin = trackers.WandbFrom(marks.get("wandb") if isinstance(marks, dict) else None, tail is not None,
+                                   self.path.stat().st_size if kept is not None else 0)
         # the trackers before any file is rewritten: one that fails to start (wandb not logged in) changes nothing
         self._trackers = trackers.open_trackers(self._names, self.logging_dir, str(self.output_dir), self._config,
-                                                kept if kept is not None else (), start)
+                                                kept if kept is not None else (), start, begin=begin)
         dropped = []
         if tail is not None:
             record_files.keep_tail(self.path, int(marks["metrics"][0]), tail)
@@ -200,17 +205,21 @@ class MetricsWriter:
         return record_files.dropped(self._open(step, (), marks, record_files.ROLLBACK_KEEPS))
 
     def mark(self) -> dict:
-        """Where metrics.jsonl and each tracker's files stand now, their writers flushed: a checkpoint keeps it, and
-        a resume from that checkpoint cuts the files back there (`record_files`). Taken when the checkpoint's step
+        """Where metrics.jsonl and each tracker's files stand now, their writers flushed, and the wandb run's next
+        row (`wandb`): a checkpoint keeps it, and a resume from that checkpoint cuts the files back there
+        (`record_files`) and rewinds the wandb run there (`trackers.Wandb`). Taken when the checkpoint's step
         begins logging, so that every record of that step, the ones a resume writes again too, comes after it."""
         self._jsonl.flush()
-        files = {}
+        files, wandb = {}, None
         for tracker in self._trackers:
             if hasattr(tracker, "files"):
                 tracker.flush()
                 files[tracker.name] = {p.name: record_files.mark(p) for p in tracker.files()}
+            elif isinstance(tracker, trackers.Wandb):  # its run and the wandb step of the next row
+                wandb = tracker.mark()
         return {"metrics": record_files.mark(self.path), "files": files,
-                "logdir": record_files.where(Path(self.logging_dir), self.output_dir)}
+                "logdir": record_files.where(Path(self.logging_dir), self.output_dir),
+                **({"wandb": wandb} if wandb is not None else {})}
 
     def write(self, kind: str, step: int, values: dict) -> None:
         """One record into metrics.jsonl and, unless of an `UNTRACKED` kind, the trackers."""
