@@ -273,6 +273,11 @@ def test_resuming_an_older_checkpoint_beside_later_ones_is_refused_without_overw
     assert "resume_from_checkpoint: checkpoint-4 is step 4, but" in err and "holds checkpoint-8 past it" in err
     assert cli_main(["train", cfg, *older, "--overwrite_output_dir", "true"]) == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8  # retrained 5..8
+    capsys.readouterr()
+    # a mistyped one: missing (it said "is not a directory"), with the checkpoints the directory holds
+    assert cli_main(["check", cfg, "--resume_from_checkpoint", str(out / "checkpoint-80")]) == 2
+    assert capsys.readouterr().err == (f"error: resume_from_checkpoint: {out / 'checkpoint-80'} does not exist; name a "
+                                       f"checkpoint-N directory ({out} holds checkpoint-4, checkpoint-8)\n")
 
 
 def test_a_training_run_takes_the_final_exports_mark_until_it_writes_its_own(corpus, tmp_path, monkeypatch):

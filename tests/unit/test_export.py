@@ -95,6 +95,21 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.tmp").exists()
 
 
+def test_a_mistyped_checkpoint_is_said_missing_with_the_ones_its_run_holds(tmp_path, capsys):
+    """export run/checkpoint-40 where the run saved checkpoint-4: it said "is not a directory", as if a file stood
+    there; now it is missing, and the line names the checkpoints beside it."""
+    _two_rank_checkpoint(tmp_path / "run", _model())
+    assert main(["export", str(tmp_path / "run" / "checkpoint-40"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint-40 does not exist" in err, err
+    assert err.rstrip().endswith(f"{tmp_path / 'run'} holds checkpoint-4"), err
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(tmp_path / "file"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "file is not a directory; export another checkpoint-N (or the final directory)\n" in err, err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_a_damaged_optimizer_state_does_not_stop_an_export(tmp_path, capsys):
     """An export reads the weights only: its damaged optimizer state is a resume's problem, not the export's."""
     ckpt = _two_rank_checkpoint(tmp_path / "run", _model())

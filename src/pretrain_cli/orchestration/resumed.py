@@ -133,12 +133,15 @@ def find_resume(run: RunConfig) -> Path | None:
     unverified can be a damaged one rank 0 skips, and what they kept from it (the global batch on another number
     of data ranks, the schedule) was not rank 0's, its damage (a missing config.json) stopped them alone."""
     out = run.output
+    from pretrain_cli.run_dir import list_checkpoints
     from pretrain_cli.storage import intact
 
     if out.resume_from:
         path = Path(out.resume_from)
-        if not path.is_dir():
-            raise UserError(f"resume_from_checkpoint: {path} is not a directory")
+        if not path.is_dir():  # a mistyped checkpoint-N: said so, with the ones its directory holds
+            saved = [p.name for _, p in list_checkpoints(path.parent)]
+            raise UserError(f"resume_from_checkpoint: {intact.problem(path)}; name a checkpoint-N directory"
+                            + (f" ({path.parent} holds {', '.join(saved)})" if saved else ""))
         reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
         if reason is not None:
             raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "

@@ -45,6 +45,12 @@ def _json_object(path: Path, required: bool) -> str | None:
     return None if isinstance(obj, dict) else f"{path} is not a JSON object"
 
 
+def _not_a_directory(path) -> str:
+    """A path that is no directory: one that is not there said so (a mistyped checkpoint-N read "is not a
+    directory", as if something else stood in its place)."""
+    return f"{path} is not a directory" if os.path.lexists(path) else f"{path} does not exist"
+
+
 def problem(ckpt, checksums: bool = True, files=None) -> str | None:
     """Why checkpoint `ckpt` (a path or a `CheckpointDir`, whose state and index are then read once for all who
     ask it) cannot be resumed from (one line naming the file), or None when it is complete; `files`: only those
@@ -52,7 +58,7 @@ def problem(ckpt, checksums: bool = True, files=None) -> str | None:
     meta = CheckpointDir.of(ckpt)
     ckpt = meta.path
     if not ckpt.is_dir():
-        return f"{ckpt} is not a directory"
+        return _not_a_directory(ckpt)
     try:
         meta.state
     except UserError as e:
@@ -115,7 +121,7 @@ def export_problem(path) -> str | None:
     meta = CheckpointDir.of(path)
     path = meta.path
     if not path.is_dir():
-        return f"{path} is not a directory"
+        return _not_a_directory(path)
     if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
         return problem(meta, files=_weight_files(meta))
     reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)

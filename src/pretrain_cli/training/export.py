@@ -115,7 +115,9 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         if newest is not None:
             raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "
                             f"training, or stopped before it); export its newest checkpoint, {newest}")
-        raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory)")
+        saved = run_dir.list_checkpoints(src.parent)  # a mistyped checkpoint-N: the ones its run directory holds
+        there = f": {src.parent} holds {', '.join(p.name for _, p in saved)}" if saved and not src.exists() else ""
+        raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory){there}")
     cfg = ModelConfig.from_file(str(src))
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model
