@@ -13,7 +13,9 @@ def test_a_moe_row_is_compared_in_its_own_micro_batches():
     m = _matrix()
     rows = {name: (keys, world) for name, keys, world in m.layouts(4)}
     want = {"d2": (4, 2), "d2_zero1": (4, 2), "pp2": (4, 2), "pp2_d2": (2, 4), "tp2_pp2": (4, 2), "tp2": (8, 1),
-            # (cp2 is refused for a MoE model: never launched, no reference)
+            # context parallelism: a cp group's micro-batch is its data rank's (each cp rank routes its chunks, the
+            # balance loss's sums taken over the group: tests/distributed/test_moe_context.py); it was refused
+            "cp2": (8, 1), "cp2_zero2": (8, 1), "cp2_d2": (4, 2), "pp2_cp2": (4, 2),
             # the semi-auto engine (tp alone, ZeRO-2/3) computes it over the global batch
             "tp2_d2": (8, 1), "d2_zero2": (8, 1), "d2_zero3": (8, 1), "tp2_d2_zero3": (8, 1)}
     for name, batch in want.items():

@@ -96,8 +96,10 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                 "pp with ZeRO-3": Degrees(pp=2, stage=3, sharding=2, data=2),
                 "semi-auto sharding below the data ranks": Degrees(stage=2, sharding=2, data=4),
                 "ep with ZeRO-2/3": Degrees(ep=2, stage=2, sharding=2, data=2, moe="qwen3_moe"),
-                "MoE with context or sequence parallelism": Degrees(cp=2, moe="qwen3_moe"),
-                "MLA with context or sequence parallelism": Degrees(cp=2, mla="deepseek_v3")}
+                "MoE with sequence parallelism or tp x cp": Degrees(cp=2, tp=2, moe="qwen3_moe"),
+                "MTP with cp": Degrees(cp=2, mtp=1),
+                "ep x cp x pp": Degrees(ep=2, cp=2, pp=2, data=2, moe="qwen3_moe"),
+                "MLA with sequence parallelism or tp x cp": Degrees(tp=2, sp=True, mla="deepseek_v3")}
     assert sorted(products) == sorted(r.name for r in REFUSED)
     for name, degrees in products.items():
         lines = refusals(degrees)
@@ -132,7 +134,14 @@ def test_every_refusal_row_refuses_its_product_alone_in_one_line():
                  # all three: ExpertPipeline with the tp step in its stages (test_expert_zero1_hybrid, 8 processes)
                  Degrees(ep=2, tp=2, pp=2, data=2, moe="qwen3_moe"),
                  Degrees(ep=2, tp=2, pp=2, stage=1, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
-                 Degrees(ep=2, tp=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3")):
+                 Degrees(ep=2, tp=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v3", mla="deepseek_v3"),
+                 # a MoE model under context parallelism, with dp, ZeRO-1/2, pp or ep (test_moe_context), MLA too
+                 Degrees(cp=2, moe="qwen3_moe"), Degrees(cp=2, data=2, moe="qwen2_moe"),
+                 Degrees(cp=2, stage=1, sharding=1, data=1, moe="qwen3_moe"),
+                 Degrees(cp=2, ep=2, stage=2, sharding=2, data=2, moe="qwen2_moe"),
+                 Degrees(cp=2, ep=2, data=2, moe="qwen3_moe"), Degrees(cp=2, pp=2, moe="qwen3_moe"),
+                 Degrees(cp=2, moe="deepseek_v2", mla="deepseek_v2"), Degrees(cp=2, mla="deepseek_v2"),
+                 Degrees(cp=2, pp=2, stage=2, sharding=2, data=2, moe="deepseek_v2", mla="deepseek_v2")):
         assert refusals(runs) == [], runs
 
 

@@ -7,8 +7,9 @@ the rest of the model data-parallel or under fleet's ZeRO-1 (`sharding: stage1`;
 over the ranks holding the same experts and their AdamW state kept whole, `distributed.strategies.expert_strategy`),
 inside a pipeline, with tensor parallelism, or with both (the data ranks of each stage and tp position; the experts
 also cut by the `tp` step), there also under fleet's ZeRO-2 (`sharding: stage2`: ZeRO-1 releasing the rest's gradients
-a rank does not own); the products with the other engines, which place the weights themselves, are
-`config.refusals`' ep rows.
+a rank does not own), and with context parallelism (each cp position's data ranks one expert group, the experts'
+holders at every cp position; ZeRO-1/2 fleet's); the products with the other engines, which place the weights
+themselves, and with both a pipeline and cp, are `config.refusals`' ep rows.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
                      (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
                       f"from; use a divisor of them"),
-                     (cp > 1 or stage == 3 or stage == 2 and tp == pp == 1,
+                     (cp > 1 and tp > 1 or stage == 3 or stage == 2 and tp == pp == cp == 1,
                       ""),  # config.refusals' ep rows
                      (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
                       f"the batch a capacity is counted over): set capacity_factor to 0")):

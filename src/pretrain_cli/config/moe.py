@@ -42,14 +42,20 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
                      "the scores x routed_scaling_factor; DeepSeek's own V2 code normalises instead of scaling)")
     # the scope decides something for transformers' balance loss only (DeepSeek's is per sequence: a note below),
     # and not on the semi-auto engine (tp alone or with ZeRO-2/3: over the global batch whatever the file says)
+    # (context parallelism's ranks count other tokens of the same sequences: summed over every rank, once each)
     tp_copies = parallel.tp_degree if parallel is not None and parallel.ep_degree > 1 else 1
     if (m.moe_aux_loss_scope == "global" and moe_model and model_cfg.model_type not in DEEPSEEK_ALPHA
             and parallel is not None and not parallel.traits.global_batch
-            and parallel.data_world_size * tp_copies != parallel.world_size):
+            and parallel.data_world_size * tp_copies * parallel.cp_degree != parallel.world_size):
         problems.add("moe_aux_loss_scope: global sums the experts' token counts over the data-parallel ranks, "
-                     "which is wired when every rank is a data rank (dp/sharding, tp with expert_parallel_degree, "
-                     "or tp and ZeRO-2/3 on the semi-auto engine, which count over the global batch), not across "
-                     "pipeline stages; use micro_batch with pipeline_parallel_degree")
+                     "which is wired when every rank is a data rank (dp/sharding, cp, tp with "
+                     "expert_parallel_degree, or tp and ZeRO-2/3 on the semi-auto engine, which count over the "
+                     "global batch), not across pipeline stages; use micro_batch with pipeline_parallel_degree")
+    if moe_model and parallel is not None and parallel.cp_degree > 1 and m.capacity_factor > 0:
+        problems.add(f"capacity_factor: {m.capacity_factor} with context_parallel_degree {parallel.cp_degree} is not "
+                     f"supported (each cp rank routes its chunks of the sequences, not the micro-batch a capacity is "
+                     f"counted over, so other assignments would be dropped than on one process); set capacity_factor "
+                     f"to 0 (dropless)")
     scope = m.moe_aux_loss_scope
     if moe_model and parallel is not None and parallel.world_size > 1 and parallel.traits.global_batch:
         if scope != "global" and model_cfg.model_type not in DEEPSEEK_ALPHA:

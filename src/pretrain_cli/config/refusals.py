@@ -30,6 +30,7 @@ class Degrees:
     ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
+    mtp: int = 0  # the multi-token prediction modules (config.json num_nextn_predict_layers)
 
 
 @dataclass(frozen=True)
@@ -60,27 +61,46 @@ REFUSED = (
             lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
                       f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "
                       f"with a pipeline, or stage3 without one"),
-    Refusal("MoE with context or sequence parallelism", lambda d: bool(d.moe) and (d.cp > 1 or d.sp),
-            lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with a "
-                      f"Mixture-of-Experts model ({d.moe}) is not supported (both give ranks different tokens of a "
-                      f"sequence, and the experts' tensor-parallel split needs every tp rank to route the same ones; "
-                      f"not built here); set context_parallel_degree: 1 and sequence_parallel: false (tp, pp, "
-                      f"ZeRO-1/2/3 and expert parallelism run)"),
+    Refusal("MoE with sequence parallelism or tp x cp", lambda d: bool(d.moe) and (d.sp or d.cp > 1 and d.tp > 1),
+            lambda d: f"{'sequence_parallel: true' if d.sp else f'context_parallel_degree: {d.cp}'} with "
+                      f"{'' if d.sp else f'tensor_parallel_degree: {d.tp} and '}a Mixture-of-Experts model ({d.moe}) "
+                      f"is not supported ("
+                      + ("sequence parallelism gives the tp ranks different tokens, and the experts' tensor-parallel "
+                         "split needs every tp rank to route the same ones; not built here" if d.sp else
+                         "the experts' tensor-parallel split under the ring attention is not built or tested here")
+                      + ("); set sequence_parallel: false" if d.sp else
+                         "); set tensor_parallel_degree: 1 (context parallelism runs with dp, ZeRO-1/2, pp and "
+                         "expert parallelism)")),
+    Refusal("MTP with cp", lambda d: d.mtp > 0 and d.cp > 1,
+            lambda d: f"context_parallel_degree: {d.cp} with a multi-token prediction module (config.json "
+                      f"num_nextn_predict_layers: {d.mtp}) is not supported (the module reads each token's next "
+                      f"token, which for the last token of a chunk is on another cp rank; not built here); set "
+                      f"context_parallel_degree: 1, or num_nextn_predict_layers: 0 in a copy of config.json"),
+    Refusal("ep x cp x pp", lambda d: bool(d.moe) and d.ep > 1 and d.cp > 1 and d.pp > 1,
+            lambda d: f"expert_parallel_degree: {d.ep} with context_parallel_degree: {d.cp} and "
+                      f"pipeline_parallel_degree: {d.pp} is not supported (expert parallelism inside pipeline stages "
+                      f"over context parallelism's chunks is not verified here: its smallest layout takes 8 "
+                      f"processes); use two of the three (cp x ep, cp x pp and pp x ep run)"),
     Refusal("ep with ZeRO-2/3",
-            lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == 1 and d.tp == 1),
+            lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == d.tp == d.cp == 1),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported"
-                      f"{'' if d.stage == 3 else ' without a pipeline or tensor parallelism'} ("
+                      f"{'' if d.stage == 3 else ' without a pipeline, tensor or context parallelism'} ("
                       f"{'ZeRO-3' if d.stage == 3 else 'ZeRO-2 alone'} runs on the semi-auto engine, whose placements "
                       f"take every data rank to hold the same parameters, while each rank of an expert group holds "
                       f"other experts); use sharding: stage1 (ZeRO-1 over the rest of the model) or ''"
-                      + ("" if d.stage == 3 else " (stage2 runs with pipeline_parallel_degree or "
-                                                 "tensor_parallel_degree > 1: fleet's ZeRO-2 over the rest)")),
-    Refusal("MLA with context or sequence parallelism", lambda d: bool(d.mla) and not d.moe and (d.cp > 1 or d.sp),
-            lambda d: f"{f'context_parallel_degree: {d.cp}' if d.cp > 1 else 'sequence_parallel: true'} with "
-                      f"multi-head latent attention ({d.mla}) is not supported (the tp step's split of MLA sums "
-                      f"the latents' gradients over the tp group itself, which sequence parallelism's reduce-scatter "
-                      f"would sum again; MLA's RoPE key under the ring attention is not built or tested); set "
-                      f"context_parallel_degree: 1 and sequence_parallel: false"),
+                      + ("" if d.stage == 3 else " (stage2 runs with pipeline_parallel_degree, "
+                                                 "tensor_parallel_degree or context_parallel_degree > 1: fleet's "
+                                                 "ZeRO-2 over the rest)")),
+    Refusal("MLA with sequence parallelism or tp x cp",
+            lambda d: bool(d.mla) and not d.moe and (d.sp or d.cp > 1 and d.tp > 1),
+            lambda d: f"{'sequence_parallel: true' if d.sp else f'context_parallel_degree: {d.cp}'} with "
+                      f"{'' if d.sp else f'tensor_parallel_degree: {d.tp} and '}multi-head latent attention "
+                      f"({d.mla}) is not supported ("
+                      + ("the tp step's split of MLA sums the latents' gradients over the tp group itself, which "
+                         "sequence parallelism's reduce-scatter would sum again" if d.sp else
+                         "MLA's tensor-parallel split under the ring attention is not built or tested")
+                      + ("); set sequence_parallel: false" if d.sp else
+                         "); set tensor_parallel_degree: 1 (context parallelism runs MLA without tp)")),
     Refusal("semi-auto sharding below the data ranks",
             lambda d: d.pp == 1 and d.cp == 1 and not d.sp and not fleet_tp(d)
             and (d.tp > 1 or d.stage in (2, 3)) and 1 < d.sharding < d.data,

@@ -96,7 +96,9 @@ def build_strategy(parallel: ParallelConfig, device: str = "cpu", step_kernels=N
         from pretrain_cli.distributed.strategies.expert_strategy import (ExpertParallel, ExpertPipeline, ExpertTensor,
                                                                          ExpertZero1)
 
+        # ZeRO-2 under context parallelism is fleet's (cp's data side): ZeRO-1 releasing the rest's unowned gradients
+        fleet_zero = parallel.sharding_stage == 1 or parallel.sharding_stage == 2 and parallel.cp_degree > 1
         kind = (ExpertPipeline if parallel.pp_degree > 1 else ExpertTensor if parallel.tp_degree > 1
-                else ExpertZero1 if parallel.sharding_stage == 1 else ExpertParallel)
+                else ExpertZero1 if fleet_zero else ExpertParallel)
         return kind(parallel, device, step_kernels, recompute)
     return engines[parallel.engine](parallel, device, step_kernels, recompute)

@@ -87,17 +87,25 @@ class GroupLimitedRouter(nn.Linear):
         return paddle.where(keep > 0, choice, paddle.full_like(choice, float("-inf")))
 
 
-def sequence_balance_loss(routing: Routing, bsz: int, seq_len: int, top_k: int, normalise: bool):
+def sequence_balance_loss(routing: Routing, bsz: int, seq_len: int, top_k: int, normalise: bool, split=None):
     """One layer's `mean over sequences of Σ_i f_i · P_i` (fp32 scalar); `normalise`: divide the (sigmoid)
-    scores by their sum over the experts first (V3's s'_{i,t})."""
+    scores by their sum over the experts first (V3's s'_{i,t}). `split` (context parallelism's
+    `sequence_sums`: this rank holds `seq_len` of each sequence's `seq_len × split.ranks` tokens): f_i from the
+    sequence's counts summed over the cp group, P_i this rank's tokens' part of the sequence's mean, so the cp
+    ranks' losses add up to the whole sequences' (`moe_loss.router_loss` takes that sum)."""
     experts = routing.scores.shape[-1]
     scores = routing.scores
     if normalise:
         scores = scores / (scores.sum(axis=-1, keepdim=True) + 1e-20)
-    p = scores.reshape([bsz, seq_len, experts]).mean(axis=1)  # [bsz, experts]
+    scores = scores.reshape([bsz, seq_len, experts])  # [bsz, seq_len, experts]
     chosen = nn.functional.one_hot(routing.indices, experts).sum(axis=1)  # [tokens, experts]
-    counts = chosen.reshape([bsz, seq_len, experts]).sum(axis=1)  # [bsz, experts]
-    f = counts.astype("float32") * (experts / (top_k * seq_len))  # [bsz, experts]
+    counts = chosen.reshape([bsz, seq_len, experts]).sum(axis=1).astype("float32")  # [bsz, experts]
+    if split is None:
+        p = scores.mean(axis=1)  # [bsz, experts]
+    else:
+        seq_len = seq_len * split.ranks  # the whole sequence's tokens
+        p, counts = scores.sum(axis=1) / seq_len, split.counts(counts)  # [bsz, experts] each
+    f = counts * (experts / (top_k * seq_len))  # [bsz, experts]
     return (f.detach() * p).sum(axis=-1).mean()
 
 
@@ -115,6 +123,7 @@ class DeepseekMoeBlock(SparseMoeBlock):
         else:
             self.shared_experts = None
         self.seq_shape = None
+        self.split = kernels.sequence_sums  # context parallelism: the cp group holds the rest of each sequence
 
     def forward(self, x):
         self.seq_shape = tuple(x.shape[:2])  # (bsz, seq_len): the sequences the balance loss is taken over
@@ -123,4 +132,4 @@ class DeepseekMoeBlock(SparseMoeBlock):
 
     def balance_loss(self):
         """This layer's sequence-wise balance loss over its last forward (unweighted)."""
-        return sequence_balance_loss(self.record.routing, *self.seq_shape, self.top_k, self.normalise)
+        return sequence_balance_loss(self.record.routing, *self.seq_shape, self.top_k, self.normalise, self.split)

@@ -9,6 +9,8 @@ auxiliary-loss-free bias update, all from the sparse blocks' `MoeRecord`s (`mode
 - `z_loss`: ST-MoE's router z-loss, mean over tokens of logsumexp(logits)², averaged over the sparse layers.
 - `router_loss(model)`: `aux_coef · load_balancing + z_coef · z`, what `CausalLM` adds per counted token to
   the loss it returns (so the training loss, like transformers' with `output_router_logits`, includes it).
+  Under context parallelism each rank routes its own chunks of the sequences; the sums over tokens are taken over
+  the cp group (the kernel table's `sequence_sums`, with their gradient), so every cp rank forms one process's loss.
   Every term is formed from `RouterSums` (sums over the layers, each layer's from `layer_sums`), so a pipeline's
   stages add their layers' sums to the ones carried with the hidden states and the last stage forms the same
   losses (`router_loss(model, carried, blocks)`; `distributed.steps.pipeline_stages`).
@@ -153,19 +155,27 @@ def router_loss(model, carried: RouterSums | None = None, blocks: list | None = 
     for b in sparse_blocks(model) if blocks is None else blocks:
         sums = add_sums(sums, layer_sums(b, terms))
     prob_sum, counts, z_sum, seq_sum, layers, rows = sums
+    split = model.kernels.sequence_sums  # context parallelism: the other chunks of these sequences on the cp group
     total = paddle.zeros([], dtype="float32")
     parts = {}
     if terms.balance == "sequence":
         # reshaped 0-D: on the semi-auto engine the sum of the layers' losses (each a mean over a batch-sharded
-        # tensor, Partial) comes back as shape [1], which would make the step's loss [1]
-        parts["aux_loss"] = seq_sum.reshape([])
+        # tensor, Partial) comes back as shape [1], which would make the step's loss [1]; under cp each rank's
+        # layers gave its tokens' part of every sequence's loss (`deepseek_moe.sequence_balance_loss`)
+        parts["aux_loss"] = (seq_sum if split is None else split.sum(seq_sum)).reshape([])
     elif terms.balance:
         reduce = model.kernels.reduce_counts if model.moe.aux_loss_scope == "global" else None
+        if split is not None:  # the micro-batch is the cp group's chunks: P_e over all of its tokens
+            prob_sum, rows = split.sum(prob_sum), rows * split.ranks
+            # (the global scope's `reduce_counts` sums over every rank, the cp ranks among them)
+            reduce = reduce or split.counts
         parts["aux_loss"] = balance_from(prob_sum, counts, rows, terms.experts, terms.top_k, reduce or _identity)
     if "aux_loss" in parts:
         total = total + terms.aux_coef * parts["aux_loss"]
     if terms.z_coef:
-        parts["z_loss"] = (z_sum / layers).reshape([])
+        # under cp each rank's layers took the mean over its S / C tokens of each sequence: their mean is the whole's
+        z = z_sum if split is None else split.sum(z_sum) / split.ranks
+        parts["z_loss"] = (z / layers).reshape([])
         total = total + terms.z_coef * parts["z_loss"]
     for name, value in parts.items():
         add_logged(model.router_losses, name, value)

@@ -212,6 +212,10 @@ class Kernels:
     # the expert counts `[experts]` of this rank's tokens -> the data ranks' sum (the global balance scope, the
     # balancing bias); None: this process's tokens are the whole batch
     reduce_counts: Callable | None = None
+    # the ranks holding other tokens of this rank's sequences (context parallelism's `context.SequenceSums`:
+    # `ranks`, `sum` with its gradient, `counts` without): the router losses' sums over a sequence's or a
+    # micro-batch's tokens are taken over them; None: this process holds whole sequences
+    sequence_sums: object | None = None
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

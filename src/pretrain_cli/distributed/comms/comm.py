@@ -202,8 +202,9 @@ def sum_over_ranks(tensor):
 
 def sum_over_stage_data_ranks(tensor):
     """A copy of `tensor` summed over the data-parallel ranks of this rank's pipeline stage (fleet's "dp" then
-    "sharding" groups; no gradient): a pipeline's counts, whose layers are this stage's alone. Its tp ranks route
-    the same tokens and are not summed; the other stages count other layers."""
+    "sharding" groups, the latter spanning sharding × cp under context parallelism, so a cp rank's tokens count too;
+    no gradient): a pipeline's counts, whose layers are this stage's alone. Its tp ranks route the same tokens and
+    are not summed; the other stages count other layers."""
     import paddle.distributed as dist
     from paddle.distributed import fleet
 

@@ -23,7 +23,8 @@ fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans shard
 Expert parallelism (`ep`, `distributed.steps.expert_parallel`) is not an axis of its own: it is drawn from the data ranks
 (PaddleNLP's `moe_group: data`). Consecutive data ranks form an expert group (`expert_group`: data rank // ep, on
 one node when ep data ranks fit in it), each holding num_experts / ep of the experts (`expert_rank`: data rank % ep);
-the ranks holding the same experts (`expert_replicas`) reduce those experts' gradients.
+the ranks holding the same experts (`expert_replicas`: one per expert group, at every cp position) reduce those
+experts' gradients.
 """
 from __future__ import annotations
 
@@ -71,9 +72,11 @@ def _all_groups(degrees: tuple, ep: int) -> dict[str, list[tuple[int, ...]]]:
     def place(c) -> tuple:  # what an expert group's ranks share besides their data ranks
         return c["pp"], c["cp"], c["mp"]
 
+    # the holders of the same experts: one per expert group, at every cp position (context parallelism's ranks
+    # route other tokens of the same sequences through the same experts, whose gradients are summed over all)
     return {"tp": along("mp"), "pp": along("pp"), "cp": along("cp"), "data": by(lambda c: (c["pp"], c["mp"])),
             "ep": by(lambda c: (*place(c), topo._data_rank(c) // ep)),
-            "ep_replicas": by(lambda c: (*place(c), topo._data_rank(c) % ep))}
+            "ep_replicas": by(lambda c: (c["pp"], c["mp"], topo._data_rank(c) % ep))}
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Topology:
         """{"tp" | "pp" | "cp" | "data" | "ep" | "ep_replicas": every group of ranks of that kind, sorted}: a tp, pp
         or cp group shares every coordinate but that axis's; a data group (dp × sharding, with cp) its stage and tp
         position; an expert group the stage, cp and tp position and data rank // ep (consecutive data ranks), an
-        expert-replica group the same place and data rank % ep. Each rank's coordinates computed once, cached per
+        expert-replica group the stage, tp position and data rank % ep (every cp position). Each rank's coordinates computed once, cached per
         layout of degrees (`plan --fit` asks for thousands of candidates over a few dozen layouts)."""
         return _all_groups(self.degrees, self.ep)
 

@@ -29,6 +29,10 @@ scaled by C. The model stays single-device: it is built with the ring as its att
 spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.steps.order`); the strategy's
 `ContextSide` cuts the batch and wraps the model in `ContextModel` (positions in, whole-sequence loss out) inside
 whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × sharding ranks, or tensor parallelism.
+
+**Mixture-of-Experts.** The router and the experts are per token: each rank routes its own chunks. The router
+losses' sums over a sequence's or a micro-batch's tokens are the cp group's (`SequenceSums`, the kernel table's
+`sequence_sums`), so every cp rank forms one process's balance and z losses and its part of their gradient.
 """
 from __future__ import annotations
 
@@ -251,10 +255,57 @@ def context_kernels(kernels, parallel, backend):
     from pretrain_cli.distributed.layout.topology import Topology
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
-    causal, document = context_attention(cp_group(parallel, backend), cp, cp_rank, kernels.attention_block)
+    exchange = cp_group(parallel, backend)
+    causal, document = context_attention(exchange, cp, cp_rank, kernels.attention_block)
     name = f"context({kernels.attention_block_name} blocks)"
     return replace(kernels, attention=causal, attention_document=document, attention_name=name,
-                   attention_document_name=name, rope_span=cp)
+                   attention_document_name=name, rope_span=cp, sequence_sums=SequenceSums(cp, exchange.group))
+
+
+class SequenceSums:
+    """The sums a Mixture-of-Experts model's router losses take over a sequence's (or a micro-batch's) tokens, taken
+    over the cp group, whose ranks hold the other chunks of the same sequences (the kernel table's `sequence_sums`;
+    `models.moe_loss.router_loss`, `models.deepseek_moe.sequence_balance_loss`). The router and the experts are per
+    token, so each rank routes its own chunks; only these sums see the whole sequence. `sum` keeps the gradient
+    (`_SumOverGroup`), so every cp rank forms the one-process loss and its rank's part of the gradient; `counts`
+    (the expert choices' counts) has none. Every rank of a chunk holds S / C tokens of each sequence (`ranks`)."""
+
+    def __init__(self, ranks: int, group):
+        self.ranks, self.group = ranks, group
+
+    def sum(self, tensor):
+        return _SumOverGroup.apply(tensor, self.group)
+
+    def counts(self, tensor):
+        import paddle.distributed as dist
+
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out
+
+
+class _SumOverGroup(paddle.autograd.PyLayer):
+    """Forward: the sum over the cp group. Backward: the sum over the group of the incoming gradients (the adjoint
+    of a sum every rank uses): each rank's loss is its tokens' share × C (`ContextModel`), and the strategy averages
+    gradients over the cp ranks, so the rank's part of the gradient comes out × 1, whatever share of the tokens
+    (and so of the router loss's weight) each rank holds."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import paddle.distributed as dist
+
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        import paddle.distributed as dist
+
+        grad = dout.clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad
 
 
 class ContextModel(nn.Layer):
@@ -286,7 +337,8 @@ class ContextSide:
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
         self.group = cp_group(parallel, backend).group
         self.name = (f"context parallel (load-balanced chunks, ring attention): {parallel.axes()}"
-                     f"{parallel.fleet_sharding()}")  # check's words
+                     f"{parallel.fleet_sharding()}"
+                     f"{f', ep {parallel.ep_degree}' if parallel.ep_degree > 1 else ''}")  # check's words
 
         self._positions: dict = {}
 

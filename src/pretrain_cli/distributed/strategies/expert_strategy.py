@@ -44,8 +44,8 @@ class ExpertGrads:
         self._inner = None  # the AdamW under fleet's sharding optimizer (`rejoin`), which `update` steps them with
 
     def reduce(self) -> None:
-        """Summed over the ranks holding the same experts, divided by the data ranks (the dispatch's backward
-        already summed the expert group's tokens into them)."""
+        """Summed over the ranks holding the same experts (at every cp position), divided by the data ranks (× cp:
+        `_averaged_over`; the dispatch's backward already summed the expert group's tokens into them)."""
         import paddle
         import paddle.distributed as dist
 
@@ -117,7 +117,7 @@ class ExpertParallel(Strategy):
         if source is not None:
             fill(model, source)
         model = self.apply_steps(model, source)
-        self.experts = ExpertGrads(self.placement.experts, self.parallel.data_world_size, self.step_kernels)
+        self.experts = ExpertGrads(self.placement.experts, _averaged_over(self.parallel), self.step_kernels)
         return model
 
     def dense(self, params) -> list:
@@ -144,6 +144,12 @@ class ExpertParallel(Strategy):
 
     def local_box(self, tensor, name: str | None = None):
         return expert_box(self, super().local_box(tensor, name), name)
+
+
+def _averaged_over(parallel) -> int:
+    """The ranks the experts' summed gradients are averaged over, as the rest's: the data ranks, and under context
+    parallelism their cp ranks too (each rank's loss is its chunks' share × C: `distributed.steps.context`)."""
+    return parallel.data_world_size * parallel.cp_degree
 
 
 def expert_box(strategy, box_holders: tuple, name: str | None) -> tuple:
@@ -236,7 +242,7 @@ class ExpertHybrid:
         stage = {id(p) for p in layer.parameters()}
         side = self.placement.experts
         side = ExpertSide(side.group, side.replicas, side.held, [p for p in side.params if id(p) in stage])
-        self.experts = ExpertGrads(side, self.parallel.data_world_size, self.step_kernels)
+        self.experts = ExpertGrads(side, _averaged_over(self.parallel), self.step_kernels)
         return layer
 
     def trained(self, model) -> list:

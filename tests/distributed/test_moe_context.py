@@ -1,0 +1,92 @@
+"""Mixture-of-Experts models under context parallelism (long-context MoE training), through the real launcher against
+one process: each cp rank routes its own chunks of every sequence, and the router losses' sums over a sequence's or a
+micro-batch's tokens are taken over the cp group (`distributed.steps.context.SequenceSums`), so the loss, the
+gradient norm and the weights equal one process's.
+
+- cp2, `micro-qwen3-moe` (2 processes): transformers' load-balancing loss over the micro-batch (0.05).
+- cp2, `micro-deepseek-v2` (2 processes): multi-head latent attention under the ring attention, DeepSeek's
+  sequence-wise balance loss (per sequence: its counts and mean scores summed over the cp ranks).
+- cp2 x ep2 x ZeRO-2, `micro-qwen2-moe` (4 processes: 2 data ranks, one expert group at each cp position; the
+  balance loss over the global batch): the experts' gradients summed over their holders at every cp position.
+- cp2 x pp2, `micro-qwen3-moe` (4 processes; the balance loss per micro-batch: 4 of 2, one process the same 4).
+
+Every layout with the z-loss and the auxiliary-loss-free balancing bias on too (its counts summed over every rank,
+or a stage's data and cp ranks). Every step's loss, logged aux/z losses and gradient norm as one process's,
+checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint resumes on one process, and one process's on
+cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context parallelism
+(and without the cp sums cp2 left one process by 1.1e-4 in the loss and 6.3e-3 in the router's weights).
+"""
+from __future__ import annotations
+
+import pytest
+
+from launch_helpers import (assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
+                            read_weights, reference, resume_from, write_config)
+
+STEPS = 6
+# the balance loss, the z-loss and the balancing bias (its counts summed over every rank, or a stage's data and cp
+# ranks) on; clipped at most steps, so a wrong gradient norm would change the update
+ROUTER = dict(router_aux_loss_coef=0.05, router_z_loss_coef=0.001, moe_router_bias_update_rate=0.01,
+              max_steps=STEPS, save_steps=3, max_grad_norm=0.5)
+QWEN3 = dict(ROUTER, model_name_or_path="micro-qwen3-moe")
+DEEPSEEK = dict(ROUTER, model_name_or_path="micro-deepseek-v2", router_aux_loss_coef=0.01)
+QWEN2_GLOBAL = dict(ROUTER, model_name_or_path="micro-qwen2-moe", moe_aux_loss_scope="global")
+# name -> (model keys, processes, layout keys, one process's keys: the same micro-batches)
+LAYOUTS = {
+    "cp2_qwen3": (QWEN3, 2, dict(context_parallel_degree=2, per_device_train_batch_size=8),
+                  dict(per_device_train_batch_size=8)),
+    "cp2_deepseek": (DEEPSEEK, 2, dict(context_parallel_degree=2, per_device_train_batch_size=8),
+                     dict(per_device_train_batch_size=8)),
+    "cp2_ep2_zero2_qwen2": (QWEN2_GLOBAL, 4, dict(context_parallel_degree=2, expert_parallel_degree=2,
+                                                  sharding="stage2", per_device_train_batch_size=4),
+                            dict(per_device_train_batch_size=8)),
+    "cp2_pp2_qwen3": (QWEN3, 4, dict(context_parallel_degree=2, pipeline_parallel_degree=2,
+                                     per_device_train_batch_size=2, gradient_accumulation_steps=4),
+                      dict(per_device_train_batch_size=2, gradient_accumulation_steps=4)),
+}
+WEIGHT_TOL = 5e-5  # AdamW on near-zero gradients (rare tokens' embedding rows), as test_expert_zero1_hybrid.py
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, shared, tmp_path_factory):
+    """name -> ((one process's run, its output dir), (the launch, its output dir))."""
+    root = tmp_path_factory.mktemp("moe_context")
+    out = {}
+    for name, (model, nproc, layout, one) in LAYOUTS.items():
+        ref = reference(shared, corpus, **model, **one)
+        run = launch_joined(write_config(root / f"{name}.json", corpus, root / name, **model, **layout),
+                            root / f"{name}_log", nproc)
+        assert run.returncode == 0, run.explain()
+        out[name] = ref, (run, root / name)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_moe_under_context_parallelism_matches_one_process(runs, name):
+    (ref, rout), (run, out) = runs[name]
+    assert "cp 2" in run.log(0) and all("Traceback" not in run.log(n) for n in range(LAYOUTS[name][1]))
+    assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
+    for term in ("aux_loss", "z_loss"):
+        assert_close_losses(logged(run.log(0), term), logged(ref.log(0), term), range(1, STEPS + 1))
+    got, want = logged(run.log(0), "grad_norm"), logged(ref.log(0), "grad_norm")  # logged to 4 digits
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert all(abs(got[s] - want[s]) <= 1.01e-4 for s in want), (got, want)
+    saved, expected = (read_checkpoint(d / "checkpoint-3") for d in (out, rout))  # AdamW state
+    assert_close_tensors(saved, expected)
+    saved, expected = (read_checkpoint(d / "checkpoint-3", "weights") for d in (out, rout))
+    bias = [n for n in saved if n.endswith("e_score_correction_bias")]  # moved by the same sign updates
+    assert bias and all(float(abs(saved[n] - expected[n]).max()) == 0.0 for n in bias)
+    assert all(float(abs(saved[n]).max()) > 0 for n in bias)
+    assert_close_tensors(saved, expected, WEIGHT_TOL)
+    assert_close_tensors(read_weights(out), read_weights(rout), WEIGHT_TOL)
+
+
+@pytest.mark.parametrize("saved,under", [("cp2_qwen3", "one"), ("one", "cp2_ep2_zero2_qwen2")])
+def test_checkpoint_resumes_on_another_layout(runs, corpus, tmp_path, saved, under):
+    """cp2's checkpoint on one process, and one process's on cp2 x ep2 x ZeRO-2 (each rank reading its experts)."""
+    name = saved if under == "one" else under
+    model, nproc, layout, one = LAYOUTS[name]
+    (ref, rout), (_, out) = runs[name]
+    nproc, over = (1, one) if under == "one" else (nproc, layout)
+    run = resume_from((rout if saved == "one" else out) / "checkpoint-3", corpus, tmp_path, nproc, **model, **over)
+    assert_close_losses(run.losses(0), ref.losses(0), range(4, STEPS + 1))
