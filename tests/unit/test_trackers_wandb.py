@@ -23,10 +23,10 @@ class FakeWandb(types.ModuleType):
     """wandb as far as the tracker uses it. `accepts`: the branching arguments its `init` takes (an older wandb takes
     fewer); `refuse`: the ways to start that raise, as a server without rewind does."""
 
-    def __init__(self, accepts=("resume_from", "fork_from"), refuse=()):
+    def __init__(self, accepts=("resume_from", "fork_from"), refuse=(), offline=False):
         super().__init__("wandb")
         self.__version__ = "0.31.0"
-        self.inits, self.logged, self.runs, self.refuse = [], [], {}, refuse
+        self.inits, self.logged, self.runs, self.refuse, self.offline = [], [], {}, refuse, offline
 
         def init(project=None, name=None, config=None, dir=None, id=None, resume_from=None, fork_from=None):
             return self._init(project=project, name=name, config=config, dir=dir, id=id, resume_from=resume_from,
@@ -60,7 +60,7 @@ class FakeWandb(types.ModuleType):
 
 class FakeRun:
     def __init__(self, wandb, run_id, step):
-        self.wandb, self.id, self.step, self.offline, self.finished = wandb, run_id, step, False, False
+        self.wandb, self.id, self.step, self.offline, self.finished = wandb, run_id, step, wandb.offline, False
 
     def define_metric(self, *args, **kwargs):
         pass
@@ -136,10 +136,12 @@ def test_a_resume_rewinds_the_same_wandb_run_to_its_checkpoint_without_replaying
     assert _steps(rows, "eval/eval_loss") == [5, 10, 15, 20]
 
 
-def test_a_spike_rollback_rewinds_the_run_instead_of_starting_another(tmp_path, fake):
+def test_a_spike_rollback_rewinds_the_run_instead_of_starting_another(tmp_path, fake, caplog):
     """A rollback finished the wandb run and started a new one holding the whole history. Now it rewinds the same run to
-    the checkpoint's mark: the steps trained again have one row each, and the rollback's record is kept."""
-    wandb = fake()
+    the checkpoint's mark: the steps trained again have one row each, and the rollback's record is kept. Offline
+    (no server to rewind) it is the same call, and the line says where the rows go."""
+    caplog.set_level(logging.INFO, logger="pretrain_cli")
+    wandb = fake(offline=True)
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], None, {})
     marks = _log(writer, 1, 12, offset=5.0)
     run_id = writer._trackers[0].run.id
@@ -148,6 +150,9 @@ def test_a_spike_rollback_rewinds_the_run_instead_of_starting_another(tmp_path, 
     assert dropped["steps"] == [11, 12]
     assert wandb.inits[-1]["resume_from"] == f"{run_id}?_step=10" and wandb.inits[-1]["id"] == run_id
     assert wandb.logged == [(run_id, 10)] * 3  # no history
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("report_to: wandb:")] == [
+        f"report_to: wandb: run {run_id} rewound to checkpoint-10's mark (wandb step 11) and continued; offline: in "
+        f"a new directory offline-run-*-{run_id}, which `wandb sync` uploads after the run's earlier ones"]
     writer.write("spike", 13, {"loss": 50.0, "checkpoint_step": 10})
     _log(writer, 11, 20)
     writer.close()
