@@ -120,8 +120,9 @@ class Trainer(TrainLog):
     def rewind_records(self, state: dict) -> dict | None:
         """Every rank, after a rollback's reload: rank 0 cuts metrics.jsonl and the trackers back to where the
         checkpoint's mark (`state["record_files"]`) says they stood (`MetricsWriter.rewind`) and returns what it
-        dropped; the others wait for it on the launcher's store, as for a save (a tracker written anew, wandb, takes
-        longer than a collective waits). None where there is no writer."""
+        dropped; the others wait for it on the launcher's store, as for a save (a tracker that cannot rewind, a new
+        wandb run given the history up to `REPLAY_BYTES`, takes longer than a collective waits). None where there is
+        no writer."""
         from pretrain_cli.distributed.comms.comm import rank0_round
 
         self._marked = None  # (a mark past the cut)
