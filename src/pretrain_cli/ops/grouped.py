@@ -18,7 +18,12 @@ layout), `swiglu_packed` (the kernel of `[..., 2·inter]` laid out [gate | up]).
   so `grouped_gemm_layer.BatchedGemm` gives it one: dx = dy·Wᵀ (`trans_rhs`: each segment times rhs[e] transposed)
   and dW[e] = x_eᵀ·dy_e (`trans_lhs`: the segments of lhs transposed times the same segments of rhs, out
   `[experts, in, out]`), the kernel's own contract (its GPU and MUSA kernels, `phi/kernels/legacy/`). Its kernel
-  is registered for fp32 and bf16 only, so an fp16 run takes the padded or segment path.
+  is registered for fp32 and bf16 only, so an fp16 run takes the padded or segment path. Under autocast the rows
+  go in as autocast's half dtype and the output comes back in x's: `batched_gemm` and `bmm` are on neither of
+  AMP's lists (amp/amp_lists.py 3.3.1), so at O1, where x comes fp32 out of the norm (promoted by its fp32
+  weight), they ran the experts' GEMMs in fp32 (and an fp16 run's padded path too, its segments in fp16: the
+  white-listed matmul), while the dense MLP's and shared experts' matmuls ran in half; the combine after them
+  sees x's dtype as before.
 
 Every path multiplies by packed (gate | up) or stacked weights through `grouped_gemm_layer.stacked_gemm`, which keeps
 the expert parameters for backward and packs them again there, never the packed copy: a sparse layer keeps no copy
@@ -81,9 +86,21 @@ def grouped_mlp_cpu(x, counts, weights, swiglu_packed):
     return grouped_mlp_segments(x, counts, weights, swiglu_packed)
 
 
+def autocast_half():
+    """The half dtype a white-listed GEMM computes in under the active `paddle.amp.auto_cast`, or None (off)."""
+    import paddle
+
+    if not paddle.amp.is_autocast_enabled():
+        return None
+    return paddle.bfloat16 if paddle.amp.get_autocast_dtype() == "bfloat16" else paddle.float16
+
+
 def grouped_mlp_gpu(x, counts, weights, swiglu_packed):
     import paddle
 
+    half = autocast_half()
+    if half is not None and x.dtype != half:  # O1: x came fp32 out of the promoted norm (module docstring)
+        return grouped_mlp_gpu(x.astype(half), counts, weights, swiglu_packed).astype(x.dtype)
     if x.dtype == paddle.float16:  # batched_gemm's kernel has fp32 and bf16 only
         return grouped_mlp_cpu(x, counts, weights, swiglu_packed)
     from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm, stacked_gemm
