@@ -220,6 +220,22 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
                                                   "eval windows are kept, above, so the curve goes on comparable)")
 
 
+def test_plan_of_a_cpu_file_says_which_device_it_plans_and_how_to_plan_this_machine():
+    """`plan configs/demo_cpu.json` (no --device) said "planning for gpu as --device asks": no --device was given
+    (plan's default, A100-80GB, was planned) and the device was named by its kind."""
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.run_config import Target
+    from run_helpers import BASE
+
+    args = parse_config(None, BASE)  # device cpu
+    run = resolve(args, model_config(), Target("gpu", 1, gpu_name="A100-80GB", planned=True))
+    note = [n for n in run.notes if n.startswith("device:")]
+    assert note == ["device: the file says 'cpu'; planning for A100-80GB (plan's --device, or its default); "
+                    "`plan --device cpu` plans this machine"]
+    assert "as --device asks" not in " ".join(run.notes)
+
+
 def test_parallel_degrees_follow_paddlenlp_arithmetic():
     p = resolve_run("--sharding", "stage1", world=8, rank=5).parallel
     assert (p.dp_degree, p.sharding_degree, p.sharding_stage, p.data_world_size, Topology.of(p).data_rank) == (1, 8, 1, 8, 5)

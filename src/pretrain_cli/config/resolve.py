@@ -235,7 +235,10 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     device = t.device
     if target.planned:
         if t.device != target.device:
-            notes.append(f"device: the file says {t.device!r}; planning for {target.device} as --device asks")
+            # plan's --device has a default: "as --device asks" was said with no --device given
+            here = "; `plan --device cpu` plans this machine" if t.device == "cpu" else ""
+            notes.append(f"device: the file says {t.device!r}; planning for {target.gpu_name or target.device} "
+                         f"(plan's --device, or its default){here}")
         device = target.device
     elif t.device == "gpu" and target.device != "gpu":
         device = "cpu"
