@@ -68,3 +68,25 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
     printed = capsys.readouterr().out
     assert "restarted: cosine from step 8, warmup 1, decay to 0.0004 by step 12" in printed
     assert "  schedule: cosine from step 8, warmup 1, decay to 0.0004 by step 12; " in printed
+
+
+def test_a_resume_with_another_batch_counts_the_tokens_the_run_reads(corpus, tmp_path, capsys):
+    """A run of 4 steps of 4 sequences continued to 6 with per_device_train_batch_size 2: `check` said '6 steps = 384
+    tokens' and 'the run's 24 train samples' (every step at the new batch); the run reads 16 + 2 x 2 = 20 sequences
+    (640 tokens of 32), as train's consumed_samples says after it."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    more = ["--max_steps", "6", "--per_device_train_batch_size", "2"]
+    assert cli_main(["check", cfg, *more]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    batch = next(ln for ln in lines if ln.startswith("  batch: "))
+    assert batch.endswith("6 steps = 640 tokens (checkpoint-4's 16 sequences, then 2 steps of 2)"), batch
+    assert "the run's 20 train samples from it" in next(ln for ln in lines if ln.startswith("  data: "))
+    assert cli_main(["check", cfg, *more, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_tokens"] == 640
+    assert cli_main(["train", cfg, *more]) == 0
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["consumed_samples"] == 20
+    capsys.readouterr()
+    assert cli_main(["check", cfg, "--max_steps", "8", "--overwrite_output_dir", "true"]) == 0  # one batch throughout
+    assert "tokens/step; 8 steps = 1,024 tokens\n" in capsys.readouterr().out

@@ -47,6 +47,8 @@ class RunSpec:
     resume: Path | None = None
     # what the resume's decisions start from: the arguments and run before them, and the launch they resolve for
     unresumed: tuple | None = None
+    # (global_step, consumed_samples) of the checkpoint resumed: the steps before it read at its own global batch
+    resumed_at: tuple | None = None
 
     def resuming(self, path) -> RunSpec:
         """This run resuming from `path` (None: starting afresh) instead: a rank other than 0 taking rank 0's
@@ -59,7 +61,15 @@ class RunSpec:
         if saved is not None:
             check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, bool(self.run.output.resume_from))
         args, run = _resumed(self, saved)
-        return replace(self, resume=Path(path) if path is not None else None, args=args, run=run)
+        return replace(self, resume=Path(path) if path is not None else None, args=args, run=run,
+                       resumed_at=_progress(saved))
+
+    def train_samples(self) -> int:
+        """The sequences the whole run reads by max_steps: a resumed run's checkpoint's own (at the global batch it
+        had, which a batch key changed on resume makes another) and this run's steps after it; the batch line, the
+        data line's epochs and `check --json` count it (they counted every step at this run's batch)."""
+        lp, step, done = self.run.loop, *(self.resumed_at or (0, 0))
+        return done + max(lp.max_steps - step, 0) * self.run.global_batch_size
 
     @property
     def user_args(self) -> Arguments:
@@ -92,7 +102,7 @@ class RunSpec:
         return {**self.record(), "model_dir": str(self.model_dir),
                 "tokenizer_dir": str(self.tokenizer_dir) if self.tokenizer_dir else None,
                 "global_batch_size": self.run.global_batch_size, "tokens_per_step": self.run.tokens_per_step,
-                "total_tokens": self.run.tokens_per_step * max(self.run.loop.max_steps, 0),
+                "total_tokens": self.train_samples() * self.run.data.max_seq_length,
                 "resume": str(self.resume) if self.resume else None, "data": list(self.data_lines)}
 
     def describe(self) -> list[str]:
@@ -116,8 +126,11 @@ class RunSpec:
                      f"{' (positions restart per document)' if r.data.reset_position_ids else ''}; "
                      f"recompute {r.recompute_granularity or 'off'}")
         ranks, batch = count(r.parallel.data_world_size, "data rank"), count(r.global_batch_size, "sequence")
+        samples, (step, done) = self.train_samples(), self.resumed_at or (0, 0)
+        before = (f" ({self.resume.name}'s {count(done, 'sequence')}, then {count(lp.max_steps - step, 'step')} of "
+                  f"{r.global_batch_size})" if samples != max(lp.max_steps, 0) * r.global_batch_size else "")
         lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {ranks} = {batch} = {r.tokens_per_step:,} "
-                     f"tokens/step; {count(lp.max_steps, 'step')} = {r.tokens_per_step * max(lp.max_steps, 0):,} tokens")
+                     f"tokens/step; {count(lp.max_steps, 'step')} = {samples * r.data.max_seq_length:,} tokens{before}")
         if r.parallel.distributed:
             p = r.parallel
             split = (f" x pp {p.pp_degree} stages" if p.pp_degree > 1 else "") + f" x tp {p.tp_degree}"
@@ -228,10 +241,15 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     problems.raise_if_any()
     spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)
     spec.args, spec.run = _resumed(spec, saved)
+    spec.resumed_at = _progress(saved)
     if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
-        r = spec.run
-        spec.data_lines = spec.splits.describe(r.loop.max_steps * r.global_batch_size if r.loop.do_train else None)
+        spec.data_lines = spec.splits.describe(spec.train_samples() if spec.run.loop.do_train else None)
     return spec
+
+
+def _progress(saved: CheckpointDir | None) -> tuple | None:
+    """(global_step, consumed_samples) of the checkpoint a run resumes, None for a run that starts afresh."""
+    return None if saved is None else (int(saved.state["global_step"]), int(saved.state.get("consumed_samples", 0)))
 
 
 def _resumed(spec: RunSpec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfig]:
