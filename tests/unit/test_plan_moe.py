@@ -122,7 +122,7 @@ def _tokens(change: dict) -> list[str]:
     (["--model_name_or_path", "Qwen/Qwen3-8B"], "needs a Mixture-of-Experts model"),
     (["--expert_parallel_degree", "3"], r"does not divide num_experts \(128\)"),
     (["--expert_parallel_degree", "32"], "does not divide the 16 data ranks"),
-    (["--sharding", "stage2"], "with sharding: stage2 is not supported without a pipeline or tensor parallelism"),
+    (["--sharding", "stage2"], "with sharding: stage2 is not supported without a pipeline, tensor or context parallelism"),
     (["--sharding", "stage3"], "with sharding: stage3 is not supported"),
     (["--capacity_factor", "1.25"], "runs dropless"),
 ])
