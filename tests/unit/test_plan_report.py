@@ -14,12 +14,16 @@ V3_FILE = str(Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" 
 
 
 def test_the_mtp_line_gives_the_modules_memory_on_the_stage_that_runs_them():
-    """At pp 2 the plan's memory is stage 0's (the fullest), where the module costs nothing: the line said
-    "0.00 GiB of the memory per device". It gives the last stage's cost now, and names both stages."""
+    """At pp 2 with 2 sequences a micro-batch the plan's memory is stage 0's (the fullest), where the module costs
+    nothing: the line said "0.00 GiB of the memory per device". It gives the last stage's cost now, and names both
+    stages. The file as it is (1 sequence) is fullest on its last stage, the one that runs the module: the line names
+    that stage alone (stage 0 was the fuller one while every stage was planned with an average layer's activations
+    and MLA's at its padded head width)."""
     import dataclasses
 
-    r = planned.from_file(V3_FILE, [], "H100", 8)
-    args, cfg = planned.parse(V3_FILE, [])
+    over = ["--per_device_train_batch_size", "2"]
+    r = planned.from_file(V3_FILE, over, "H100", 8)
+    args, cfg = planned.parse(V3_FILE, over)
     run = planned._resolved(args, cfg, target_device("H100", gpus=8), 8)
     s = setup_for(run, cfg, target_device("H100", gpus=8))
     bare = dataclasses.replace(s, model=dataclasses.replace(cfg, num_nextn_predict_layers=0))
@@ -29,6 +33,10 @@ def test_the_mtp_line_gives_the_modules_memory_on_the_stage_that_runs_them():
     line = next(x for x in format_report(r).splitlines() if "multi-token prediction" in x)
     assert f"{last:.2f} GiB of the memory per device on stage 1, the last of 2, which runs it" in line
     assert line.endswith("; the memory below is stage 0's, the fullest") and "0.00 GiB" not in line
+    as_is = planned.from_file(V3_FILE, [], "H100", 8)  # the last stage is the fullest: named once
+    assert as_is.mtp["stage"] == as_is.mtp["reported_stage"] == 1
+    line = next(x for x in format_report(as_is).splitlines() if "multi-token prediction" in x)
+    assert "on stage 1, the last of 2, which runs it" in line and "the memory below" not in line
     one = planned.from_file(V3_FILE, ["--pipeline_parallel_degree", "1"], "H100", 8)  # no pipeline: as before
     assert one.mtp["stage"] is None and "stage" not in next(
         x for x in format_report(one).splitlines() if "multi-token prediction" in x)

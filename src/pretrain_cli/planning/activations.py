@@ -34,8 +34,9 @@ def attention_widths(cfg) -> tuple[int, int]:
     return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
 
-def _parts_per_token(s) -> dict[str, float]:
-    """Bytes kept per token per layer, by the part of the layer that a recompute granularity drops.
+def _parts_per_token(s, sparse: bool = False) -> dict[str, float]:
+    """Bytes kept per token by one decoder layer, dense or (`sparse`) a Mixture-of-Experts one, by the part of the
+    layer that a recompute granularity drops.
 
     Tensor-parallel ranks hold 1/tp of the projections' outputs; norms and residuals stay whole, or with
     sequence parallelism 1/tp of them too (this rank's positions), except the norm's output the projections
@@ -48,14 +49,13 @@ def _parts_per_token(s) -> dict[str, float]:
     seq_tp = tp if s.sp else 1  # the ranks the norm and residual positions are split over
     whole = norm_bytes(s, cfg.hidden_size)
     norm = (whole - c * cfg.hidden_size) / seq_tp + c * cfg.hidden_size  # its output whole (gathered under SP)
-    qkv = c * (h + 2 * kv) / tp
-    if cfg.mla:  # + the latents MLA keeps for backward: q's (and its norm), the kv latent + shared RoPE key (+ norm)
-        q_latent = cfg.q_lora_rank or 0
-        qkv += (c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + norm_bytes(s, cfg.kv_lora_rank)
-                + (c * q_latent + norm_bytes(s, q_latent) if q_latent else 0))
+    if cfg.mla:
+        qkv, rotated, out = _mla_terms(s)
+    else:
+        qkv, rotated, out = c * (h + 2 * kv) / tp, (h + kv) / tp, c * h / tp
     if family(cfg.model_type).qk_norm:  # Qwen3: an RMSNorm over head_dim on q and on k (input counted in qkv)
         qkv += (norm_bytes(s, h) - c * h + norm_bytes(s, kv) - c * kv) / tp
-    rope = 0.0 if s.fused_rope else (4 * (h + kv) + (4 * (h + kv) if half else 0)) / tp
+    rope = 0.0 if s.fused_rope else (4 * rotated + (4 * rotated if half else 0))
     if s.cp > 1:  # distributed.steps.context replaces the attention kernel: `context_core_per_token`
         core, scores = context_core_per_token(s), 0.0
     elif s.attention == "flash" and s.device == "gpu":
@@ -75,29 +75,65 @@ def _parts_per_token(s) -> dict[str, float]:
         "attn_pre": norm - c * cfg.hidden_size / seq_tp + qkv + rope,
         "core": core + scores,
         "core_inputs": c * (h + kv) / tp,  # q, k after RoPE: kept instead of `core` under core_attn
-        "attn_out": c * h / tp,
-        "mlp": norm + mlp_per_token(s),
+        "attn_out": out,
+        "mlp": norm + mlp_per_token(s, sparse),
     }
 
 
-def activation_parts(s) -> tuple[float, float]:
-    """(kept through the forward, working set recomputed per layer in backward) for one micro-batch."""
-    p = _parts_per_token(s)
-    tokens, L = s.micro_batch * s.seq_len, s.model.num_hidden_layers
+def _mla_terms(s) -> tuple[float, float, float]:
+    """Multi-head latent attention's (`models.mla`) projection outputs and latents (bytes), the elements RoPE
+    rotates, and the output projection's input (bytes), per token, counted at their own widths as the dense
+    attention's are: q_b_proj's (or q_proj's) heads·qk_head_dim and kv_b_proj's heads·(qk_nope + v_head_dim)
+    (÷ tp), the shared RoPE key (qk_rope_head_dim) and each latent's RMSNorm (its input, the kv_a / q_a output, counted
+    there once), both whole under tp; RoPE rotates only each head's qk_rope_head_dim and the one shared key; o_proj
+    reads heads·v_head_dim. The core's q, k and v are the padded one head width (`attention_widths`). Counted before at
+    the padded width everywhere, the latents' norm inputs twice: +2.5 KB a token on the widened micro-deepseek-v3
+    (6.7 KB planned beyond the norm, 4.2 measured; Llama's terms at that shape: 7.2 and 5.1)."""
+    cfg, c, tp = s.model, s.compute_bytes, s.tp
+    heads, rope = cfg.num_attention_heads, cfg.qk_rope_head_dim
+    qkv = c * heads * (cfg.qk_head_dim + cfg.qk_nope_head_dim + cfg.v_head_dim) / tp
+    qkv += c * rope + norm_bytes(s, cfg.kv_lora_rank) + (norm_bytes(s, cfg.q_lora_rank) if cfg.q_lora_rank else 0)
+    return qkv, heads * rope / tp + rope, c * heads * cfg.v_head_dim / tp
+
+
+def _granularity(s, p: dict) -> tuple[float, float]:
+    """(kept through the forward, working set recomputed in backward) per token of a layer of parts `p`."""
     full_layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
     if s.recompute is None:
-        kept, redo = full_layer, 0.0
-    elif s.recompute == "full":
-        kept, redo = p["input"], full_layer
-    elif s.recompute == "full_attn":
-        kept, redo = p["input"] + p["mlp"], p["attn_pre"] + p["core"] + p["attn_out"]
-    elif s.recompute == "core_attn":
-        kept = full_layer - p["core"] + p["core_inputs"]
-        redo = p["core"]
-    else:
-        raise ValueError(f"unknown recompute granularity {s.recompute!r}")
-    final_norm = norm_bytes(s, s.model.hidden_size) / (s.tp if s.sp else 1)  # gathered after it for the loss
-    return tokens * (L * kept + final_norm), tokens * redo
+        return full_layer, 0.0
+    if s.recompute == "full":
+        return p["input"], full_layer
+    if s.recompute == "full_attn":
+        return p["input"] + p["mlp"], p["attn_pre"] + p["core"] + p["attn_out"]
+    if s.recompute == "core_attn":
+        return full_layer - p["core"] + p["core_inputs"], p["core"]
+    raise ValueError(f"unknown recompute granularity {s.recompute!r}")
+
+
+def layer_bytes(s, layers) -> tuple[float, float]:
+    """(kept through the forward, working set recomputed in backward) for one micro-batch of the decoder layers
+    `layers` (indices: a pipeline stage's, `models.stages.stage_layers`): each layer's own, dense or sparse, summed,
+    and the largest layer's working set, as one layer is recomputed at a time. Averaged over the model's layers
+    before, a DeepSeek stage of dense layers was planned with the sparse layers' MLP terms and one of sparse layers
+    with the dense ones' (`memory.pipeline_stages`)."""
+    sparse = set(s.model.sparse_layers)  # (none for a dense model)
+    tokens, kinds = s.micro_batch * s.seq_len, {}
+    for i in layers:
+        kinds[i in sparse] = kinds.get(i in sparse, 0) + 1
+    parts = {kind: _granularity(s, _parts_per_token(s, kind)) for kind in kinds}
+    kept = sum(n * parts[kind][0] for kind, n in kinds.items())
+    return tokens * kept, tokens * max((redo for _, redo in parts.values()), default=0.0)
+
+
+def final_norm_bytes(s) -> float:
+    """The final norm of one micro-batch (÷ tp under sequence parallelism; gathered after it for the loss)."""
+    return s.micro_batch * s.seq_len * norm_bytes(s, s.model.hidden_size) / (s.tp if s.sp else 1)
+
+
+def activation_parts(s) -> tuple[float, float]:
+    """(kept through the forward, working set recomputed per layer in backward) for one micro-batch, every layer."""
+    kept, redo = layer_bytes(s, range(s.model.num_hidden_layers))
+    return kept + final_norm_bytes(s), redo
 
 
 def activation_bytes(s) -> float:
@@ -110,15 +146,18 @@ def mtp_activation_bytes(s) -> float:
     main model's final norm output, or the previous depth's output, which its head's norm keeps: counted there;
     counted twice before, 0.25 MiB of micro-deepseek-v3's 13.2 MiB share in tests/unit/test_plan_calibration.py),
     the projection's concatenated input `[2·hidden]`, and one decoder layer whole (recompute wraps the decoder layers
-    only, `models.recompute`; an average layer of the model, as `_parts_per_token` gives it). Their head + loss:
+    only, `models.recompute`): the module's own, `model.layers.{num_hidden_layers + k}`, sparse or dense by the
+    decoder's rule (`ModelConfig.is_sparse_layer`; an average layer of the model before). Their head + loss:
     `mtp_head_bytes`."""
-    depth, h, c = s.model.num_nextn_predict_layers, s.model.hidden_size, s.compute_bytes
-    if not depth:
+    cfg, c = s.model, s.compute_bytes
+    if not cfg.num_nextn_predict_layers:
         return 0.0
-    p = _parts_per_token(s)
-    layer = p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
-    norms = 3 * norm_bytes(s, h) - c * h  # (hnorm's input counted where it is made)
-    return depth * s.micro_batch * s.seq_len * (norms + 2 * c * h + layer)
+    norms = 3 * norm_bytes(s, cfg.hidden_size) - c * cfg.hidden_size  # (hnorm's input counted where it is made)
+    out = 0.0
+    for k in range(cfg.num_nextn_predict_layers):
+        p = _parts_per_token(s, cfg.is_sparse_layer(cfg.num_hidden_layers + k))
+        out += norms + 2 * c * cfg.hidden_size + p["input"] + p["attn_pre"] + p["core"] + p["attn_out"] + p["mlp"]
+    return s.micro_batch * s.seq_len * out
 
 
 def mtp_head_bytes(s) -> float:

@@ -7,24 +7,27 @@ from __future__ import annotations
 from pretrain_cli.models.flops import experts, param_counts
 
 
-def mlp_per_token(s) -> float:
-    """The MLP's bytes kept per token, averaged over the layers. A dense layer: gate, up, silu and product,
-    4·c·I ÷ tp. A sparse layer (Mixture-of-Experts): the router's fp32 logits and probabilities (2·4·E), each of the
-    token's k routed copies through its expert (the gathered input and the weighted output whole, gate, up, silu and
-    product ÷ tp: k·c·(2h + 4F/tp)), the shared expert (÷ tp) and its gate (4·c·Fs/tp + c·h + 4); under expert
-    parallelism the dispatch that runs (`all_to_all`) keeps on a GPU the rows it received and the outputs before
-    they are sent back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their
-    reduce-scatter (2·ep·c·h). Modelled, not calibrated: balanced routing (a busy expert's rank holds more)."""
+def mlp_per_token(s, sparse: bool) -> float:
+    """One layer's MLP bytes kept per token: a dense layer's (`sparse` false, or a dense model) or a sparse layer's
+    (Mixture-of-Experts). Dense: gate, up, silu and product, 4·c·I ÷ tp. Sparse: the router's fp32 logits and
+    probabilities (2·4·E), each of the token's k routed copies through its expert (the gathered input and the
+    weighted output whole, gate, up, silu and product ÷ tp: k·c·(2h + 4F/tp)), Qwen2-MoE's gated shared expert
+    (÷ tp) and its gate (4·c·Fs/tp + c·h + 4), DeepSeek's ungated shared experts, one MLP n_shared · F wide that
+    keeps what a dense one does (4·c·Fu/tp, `models.deepseek_moe.DeepseekMoeBlock`; not counted before: 4.0 of the
+    13.5-13.9 KB a token a sparse layer of the widened micro-deepseek-v3 keeps, measured); under expert parallelism
+    the dispatch that runs (`all_to_all`) keeps on a GPU the rows it received and the outputs before they are sent
+    back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their reduce-scatter
+    (2·ep·c·h). Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers differ
+    (DeepSeek's first `first_k_dense_replace` are dense), so callers sum each layer's own
+    (`activations.layer_bytes`)."""
     cfg, c, tp = s.model, s.compute_bytes, s.tp
-    dense = 4 * c * cfg.intermediate_size / tp
     e = experts(cfg)
-    if e is None:
-        return dense
+    if e is None or not sparse:
+        return 4 * c * cfg.intermediate_size / tp
     h, k = cfg.hidden_size, e.top_k
-    sparse = 8 * e.routed + k * c * (2 * h + 4 * e.width / tp) + (4 * c * e.shared_width / tp + c * h + 4
-                                                                   if e.shared_width else 0) \
-        + (2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0)
-    return (e.sparse_layers * sparse + (cfg.num_hidden_layers - e.sparse_layers) * dense) / cfg.num_hidden_layers
+    gated = 4 * c * e.shared_width / tp + c * h + 4 if e.shared_width else 0
+    dispatch = 2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0
+    return 8 * e.routed + k * c * (2 * h + 4 * e.width / tp) + gated + 4 * c * e.ungated_width / tp + dispatch
 
 
 def mlp_reduce_rows(s) -> float:

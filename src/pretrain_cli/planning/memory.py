@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain_cli.models.flops import layer_counts, param_counts
-from pretrain_cli.models.stages import stage_bounds, stage_layers
-from pretrain_cli.planning.activations import (activation_bytes, activation_parts, document_mask_bytes,
-                                               head_kept_bytes, head_loss_bytes, mtp_activation_bytes, norm_bytes)
+from pretrain_cli.models.stages import stage_layers
+from pretrain_cli.planning.activations import (activation_bytes, document_mask_bytes, final_norm_bytes,
+                                               head_kept_bytes, head_loss_bytes, layer_bytes, mtp_activation_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
 
@@ -190,22 +190,22 @@ def in_flight(pp: int, vpp: int, micro_batches: int, stage: int) -> tuple[int, i
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
     """`estimate` for each pipeline stage: its own parameters, gradients and states; the schedule keeps the
     activations of the model chunks in flight `in_flight` gives (1F1B: min(pp - stage, micro-batches) whole
-    stages, the first stage the most), plus one layer's recompute working set; only the last stage computes the
+    stages, the first stage the most), of the stage's own layers as the pipeline splits them (`stage_layers`,
+    virtual stages' chunks included; a chunk counted as 1/vpp of them), each dense or sparse (`layer_bytes`; an
+    average layer of the model before: DeepSeek-V3's stage 0 at pp 16, layers 0-2, all dense, was planned with
+    1.95x its own layers' activations), plus its largest layer's recompute working set; only the last stage computes the
     logits and the loss, and it runs the multi-token prediction modules in that loss
     (`distributed.steps.pipeline_stages.StageLoss`): their activations (`mtp_activation_bytes`) and heads + losses
     (in `head_loss_bytes`) are the last stage's, as their parameters are (`stage_params`), once per micro-batch in
     flight in its last chunk (a second one's loss keeps what its backward reads: `head_kept_bytes`)."""
     cfg = s.model
-    kept, redo = activation_parts(s)
-    tokens = s.micro_batch * s.seq_len
-    final_norm = tokens * norm_bytes(s, cfg.hidden_size)
-    per_layer = (kept - final_norm) / cfg.num_hidden_layers
-    bounds = stage_bounds(cfg.num_hidden_layers, s.pp)
+    final_norm = final_norm_bytes(s)
     out = []
-    for stage in range(s.pp):
+    for stage, layers in enumerate(stage_layers(cfg.num_hidden_layers, s.pp, s.vpp)):
         last = stage == s.pp - 1
         chunks, ends = in_flight(s.pp, s.vpp, s.micro_batches, stage)  # a chunk: 1/vpp of the stage's layers
-        acts = chunks * per_layer * (bounds[stage + 1] - bounds[stage]) / s.vpp + redo
+        kept, redo = layer_bytes(s, layers)  # the stage's own layers, dense or sparse (`stage_params`' split)
+        acts = chunks * kept / s.vpp + redo
         acts += ends * (final_norm + mtp_activation_bytes(s)) if last else 0.0
         head = head_loss_bytes(s) + (ends - 1) * head_kept_bytes(s) if last else 0.0
         out.append(_parts(s, stage_params(s, stage), acts, head, chunks * document_mask_bytes(s), stage))
