@@ -137,6 +137,7 @@ if __name__ == "__main__":
             stops.again()
         stopping.install(stop_limit)  # Paddle's 30 s for a stop: a longer save was killed, its checkpoint lost
         os.environ[launch.LAUNCHER] = launch.launcher_mark()  # the ranks' environment is copied from this one
+        os.environ[stopping.LIMIT_ENV] = str(stop_limit)  # (a rank knows its stop's time: not Paddle's 30 s)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
         from pretrain_cli.distributed.launcher import rendezvous

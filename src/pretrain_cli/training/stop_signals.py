@@ -10,7 +10,10 @@ benchmarks build it, makes its own):
   own first SIGTERM from the launcher only then, mid-save): further signals are ignored, not handled, until the run
   has written its last files and released its lock. A second signal is common (the launcher's SIGTERM after a
   terminal's Ctrl-C); its default action would kill the saves, and a Python handler would interrupt the system call
-  it lands in (a store wait fails with EINTR). The launcher still kills ranks not done after STOP_TIMEOUT;
+  it lands in (a store wait fails with EINTR). The launcher still kills ranks not done after its limit (STOP_TIMEOUT
+  under scripts/launch.sh, 30 s under Paddle's launcher run directly): the stop's start is noted for the rank's
+  watcher, which names such a kill so (`distributed.launcher.stopping`), and when this run's last save took longer
+  than the stop has left, one line says so before the save (`hold(step)`);
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
   ends at once anyway, exit 0);
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import signal
 
+from pretrain_cli.distributed.launcher import progress, stopping, watchdog
 from pretrain_cli.training.metrics import log
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -37,6 +41,7 @@ class StopSignals:
             self.requested = True
             for s in SIGNALS:  # one request is the stop: a further signal only interrupts what the stop waits in
                 signal.signal(s, signal.SIG_IGN)
+            watchdog.stop_began()  # the launcher's limit counts from its signal
             log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
 
         previous = {s: signal.signal(s, handler) for s in SIGNALS}
@@ -51,12 +56,16 @@ class StopSignals:
         for s in SIGNALS:
             signal.signal(s, handler)
 
-    def hold(self) -> None:
+    def hold(self, step: int | None = None) -> None:
         self.requested = True
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         if not self._held:
+            watchdog.stop_began()  # (a stop agreed on another rank's signal: the launcher's is about to come here too)
             log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
+            short = None if step is None else stopping.short(step, progress.last_save())
+            if short is not None:  # the save this stop makes will likely outlast the launcher's limit: said first
+                log.warning(short)
             self._held = True
 
     def restore(self) -> None:

@@ -190,7 +190,7 @@ class Trainer(TrainLog):
                     self.model.train()
                 stop = self.comm.any(self.signals.requested)
                 if stop:  # agreed, maybe on another rank's signal: from here on none interrupts this rank's save
-                    self.signals.hold()
+                    self.signals.hold(step)
                 if saving or stop:
                     self._save(stopping=stop)
                 if stop:  # (this rank's own signal, or another rank's: `comm.any`)

@@ -62,12 +62,15 @@ class Record:
             os.close(fd)
         self.step, self.phase, self.since = 0, 0, time.time()
         self.started = None  # wall time of this step's `data` mark
+        self.saved = None  # seconds the last finished save took (its `save` mark to the next): `last_save`
         self.own = 0.0  # this step's own work so far: its data phase, its forward passes (`worked`)
         self.steps, self.busy = deque(maxlen=WINDOW), deque(maxlen=WINDOW)
         self._write()
 
     def mark(self, phase: str, step: int) -> None:
         now = time.time()
+        if self.phase == PHASES.index("save") and phase != "save":
+            self.saved = now - self.since
         if phase == "data":  # a step starts: the previous one, from its data mark to this one, is timed
             if self.started is not None and step != self.step:
                 self.steps.append(now - self.started)
@@ -109,6 +112,12 @@ def mark(phase: str, step: int) -> None:
     """This rank enters `phase` of step `step` (nothing when no watcher reads it: one process, one rank per host)."""
     if _CURRENT is not None:
         _CURRENT.mark(phase, step)
+
+
+def last_save() -> float | None:
+    """Seconds this rank's last finished save took (the wait of an asynchronous one: its copy), or None (none yet,
+    or no watcher reads this rank: one process)."""
+    return None if _CURRENT is None else _CURRENT.saved
 
 
 def worked(seconds: float) -> None:

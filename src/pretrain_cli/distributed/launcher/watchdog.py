@@ -152,6 +152,21 @@ def stop() -> None:
             time.sleep(0.01)
 
 
+def stop_began(clock=None) -> None:
+    """This rank's stop begins (`training.stop_signals`: its signal, or the ranks' agreement on another's): noted once
+    (`stopping.began`), and left for the host's watchers as `stopping.<rank>` in the watch directory, so that a SIGKILL
+    during the stop is named as the launcher's limit (`Watcher._in_stop`). Best effort; no file without a watcher."""
+    from pretrain_cli.distributed.launcher import stopping
+
+    text = stopping.began(clock)
+    if _WATCHER is None or text is None:
+        return
+    from pretrain_cli import atomic
+
+    with contextlib.suppress(OSError):
+        atomic.write_text(_WATCHER[3] / f"stopping.{_WATCHER[4]}", text)
+
+
 @contextlib.contextmanager
 def owing(path: Path):
     """While this rank writes `path` (its completion record of a save, which rank 0 waits for by polling the

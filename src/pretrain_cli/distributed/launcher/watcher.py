@@ -233,8 +233,22 @@ class Watcher:
                 named += f", waiting for a rank on another host ({elsewhere}), which that node's workerlog names"
         else:
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
-                              for r, st in zip(causes, statuses))
+                              f"{self._in_stop(r, st)}" for r, st in zip(causes, statuses))
         return named
+
+    def _in_stop(self, rank: int, status: int | None) -> str:
+        """For a rank SIGKILLed once its stop had begun (its `stopping.R` note, `stopping.began`): how far into the
+        stop, doing what, most likely whose limit, and how to give a stop longer (`stopping.killed`); else ""."""
+        from pretrain_cli.distributed.launcher import stopping
+
+        if status is None or status & 0x7F != signal.SIGKILL:
+            return ""
+        try:
+            mark = (self.shared / f"stopping.{rank}").read_text()
+        except OSError:
+            return ""
+        record = progress.read(self.shared, [rank]).get(rank, {})
+        return stopping.killed(mark, time.time(), record.get("phase", "?"), record.get("step", 0))
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
