@@ -247,3 +247,52 @@ def test_a_tokenizer_saved_by_transformers_reads_the_token_files_of_its_original
     assert whole != saved.fingerprint
     assert tokenizer_mismatches([("a", {**meta, "tokenizer_fingerprint": whole})], saved) == []
     assert tokenizer_mismatches([("a", {**meta, "tokenizer_fingerprint": "0" * 64})], saved) != []
+
+
+def test_a_ctrl_c_during_training_ends_the_command_at_once(tmp_path, monkeypatch):
+    """The Rust BPE trainer neither returns to Python during its merges nor stopped on a Ctrl-C while it read:
+    `train-tokenizer` answered the key only when the whole training had ended, and then wrote the tokenizer. A
+    trainer that swallows the interrupt as it does (here: its Python stand-in, which then trains for real) is left
+    behind: the command raises KeyboardInterrupt (the CLI's `error: interrupted`, exit 130) and writes nothing."""
+    import os
+    import signal
+    import threading
+
+    import tokenizers
+
+    real, release = tokenizers.Tokenizer, threading.Event()
+
+    class Deaf:
+        """tokenizers.Tokenizer whose training, like the Rust one, does not stop on a Ctrl-C."""
+
+        def __init__(self, model):
+            object.__setattr__(self, "_tok", real(model))
+
+        def __getattr__(self, name):
+            return getattr(self._tok, name)
+
+        def __setattr__(self, name, value):
+            setattr(self._tok, name, value)
+
+        def train_from_iterator(self, texts, trainer, length=None):
+            for i in range(40):  # the trainer's own work, deaf to it (bounded: the old code runs it to the end)
+                try:
+                    if i == 0:
+                        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, delivered to the main thread
+                    if release.wait(0.05):
+                        return
+                except KeyboardInterrupt:
+                    pass
+            self._tok.train_from_iterator(texts, trainer=trainer, length=length)
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", Deaf)
+    write_jsonl(tmp_path / "a.jsonl", make_texts(50))
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own Ctrl-C, as in the CLI
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _train(["--input_path", str(tmp_path / "a.jsonl"), "--output_dir", str(tmp_path / "tok"),
+                    "--vocab_size", "300"])
+    finally:
+        release.set()  # the stand-in's thread ends; the real one is a daemon that ends with the process
+        signal.signal(signal.SIGINT, before)
+    assert not (tmp_path / "tok").exists() and not list(tmp_path.glob(".tok.tmp*"))

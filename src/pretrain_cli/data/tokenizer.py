@@ -198,8 +198,34 @@ def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: 
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    _interruptible(lambda: tok.train_from_iterator(texts, trainer=trainer, length=length))
     return tok
+
+
+def _interruptible(work) -> None:
+    """Run `work` on a daemon thread while the main thread waits for it, so that a Ctrl-C ends the command at once.
+
+    Why: the Rust BPE trainer runs its merges without returning to Python, where a signal handler could raise
+    KeyboardInterrupt, and its reading of the iterator did not stop on one either: a Ctrl-C in `train-tokenizer`
+    was answered only when the whole training had ended (7 s after the key on a 13 MB corpus; hours on a large one).
+    It releases the GIL meanwhile, so the waiting main thread takes the KeyboardInterrupt as it comes; the thread,
+    a daemon, ends with the process, before anything is written."""
+    import threading
+
+    failed = []
+
+    def run():
+        try:
+            work()
+        except BaseException as e:  # handed to the main thread, which raises it as the trainer's own
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="train-tokenizer", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failed:
+        raise failed[0]
 
 
 def _qwen2_pipeline(tok) -> None:
