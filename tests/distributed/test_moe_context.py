@@ -11,17 +11,17 @@ gradient norm and the weights equal one process's.
 - cp2 x pp2, `micro-qwen3-moe` (4 processes; the balance loss per micro-batch: 4 of 2, one process the same 4).
 
 Every layout with the z-loss and the auxiliary-loss-free balancing bias on too (its counts summed over every rank,
-or a stage's data and cp ranks). Every step's loss, logged aux/z losses and gradient norm as one process's,
-checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint resumes on one process, and one process's on
-cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context parallelism
+or a stage's data and cp ranks). Every step's loss, logged aux/z/LM losses, expert shares and gradient norm as one
+process's, checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint resumes on one process, and one
+process's on cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context parallelism
 (and without the cp sums cp2 left one process by 1.1e-4 in the loss and 6.3e-3 in the router's weights).
 """
 from __future__ import annotations
 
 import pytest
 
-from launch_helpers import (assert_close_losses, assert_close_tensors, launch_joined, logged, read_checkpoint,
-                            read_weights, reference, resume_from, write_config)
+from launch_helpers import (assert_close_losses, assert_close_tensors, expert_shares, launch_joined, logged,
+                            read_checkpoint, read_weights, reference, resume_from, write_config)
 
 STEPS = 6
 # the balance loss, the z-loss and the balancing bias (its counts summed over every rank, or a stage's data and cp
@@ -66,8 +66,10 @@ def test_moe_under_context_parallelism_matches_one_process(runs, name):
     (ref, rout), (run, out) = runs[name]
     assert "cp 2" in run.log(0) and all("Traceback" not in run.log(n) for n in range(LAYOUTS[name][1]))
     assert_close_losses(run.losses(0), ref.losses(0), range(1, STEPS + 1))
-    for term in ("aux_loss", "z_loss"):
+    for term in ("aux_loss", "z_loss", "lm_loss"):
         assert_close_losses(logged(run.log(0), term), logged(ref.log(0), term), range(1, STEPS + 1))
+    # the busiest expert's share per layer: every rank's tokens counted (the bias moves the choices from step 2 on)
+    assert expert_shares(run.log(0)) == expert_shares(ref.log(0)) and len(expert_shares(ref.log(0))) == STEPS
     got, want = logged(run.log(0), "grad_norm"), logged(ref.log(0), "grad_norm")  # logged to 4 digits
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     assert all(abs(got[s] - want[s]) <= 1.01e-4 for s in want), (got, want)
