@@ -13,8 +13,8 @@ gradient norm and the weights equal one process's.
 Every layout with the z-loss and the auxiliary-loss-free balancing bias on too (its counts summed over every rank,
 or a stage's data and cp ranks). Every step's loss, logged aux/z/LM losses, expert shares and gradient norm as one
 process's, checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint resumes on one process, and one
-process's on cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context parallelism
-(and without the cp sums cp2 left one process by 1.1e-4 in the loss and 6.3e-3 in the router's weights).
+process's on cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context
+parallelism (and without the cp sums cp2 left one process by 1.1e-4 in the loss and 6.3e-3 in the router's weights).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
 | `pipeline_parallel_degree > 1` (with tp, sp, cp, dp, stage1/2) | `Pipeline` (`hybrid.Hybrid` + the 1F1B schedule) | fleet `PipelineLayer` + `PipelineParallel`; the layout steps |
 | `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1/2) | `TensorParallel` (`tensor_engine`) | fleet's groups; the layout steps |
 | `context_parallel_degree > 1` (with dp) | `DataParallel` + `context.ContextSide` | our attention over the cp group + `paddle.DataParallel` |
-| `expert_parallel_degree > 1` (with dp; `sharding: stage1`; a pipeline, tp or both, also with `sharding: stage1/2`) | `expert_strategy.ExpertParallel` (`ExpertZero1`, `ExpertPipeline`, `ExpertTensor`) | the experts over groups of data ranks (of each stage and tp position), stepped by the AdamW itself; the rest averaged over them or through fleet's ZeRO-1/2 (fleet's 1F1B; the tp step on fleet's groups) |
+| `expert_parallel_degree > 1` (with dp; `sharding: stage1`; a pipeline, tp or both, or cp, also with `sharding: stage1/2`) | `expert_strategy.ExpertParallel` (`ExpertZero1`, `ExpertPipeline`, `ExpertTensor`) | the experts over groups of data ranks (of each stage, cp and tp position), stepped by the AdamW itself; the rest averaged over them or through fleet's ZeRO-1/2 (fleet's 1F1B; the tp step on fleet's groups) |
 | ... with `sharding: stage1/2` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding (stage2: unowned gradients released after each update) |
 
 The model side of every layout is `distributed.steps.order` (tp, cp, ep, recompute, pp in that order); the table above

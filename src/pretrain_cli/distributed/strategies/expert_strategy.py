@@ -7,8 +7,9 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
   after the step's last backward (fleet's `fused_allreduce_gradients_with_group`); every rank updates everything
   it holds. Not `paddle.DataParallel`, which reduces every parameter of the model unless each expert parameter
   carries a `no_sync` attribute: the strategy keeps the list instead.
-- `ExpertZero1` (`sharding: stage1`, the layout PaddleNLP's Qwen3-MoE recipes use): the non-expert parameters
-  through fleet's ZeRO-1 as `FleetZero1` runs them (each sharding rank owns, updates and keeps the AdamW state of
+- `ExpertZero1` (`sharding: stage1`, the layout PaddleNLP's Qwen3-MoE recipes use; under context parallelism
+  `stage2` too, fleet's ZeRO-1 releasing the rest's unowned gradients after each update, as cp's data side does):
+  the non-expert parameters through fleet's ZeRO-1 as `FleetZero1` runs them (each sharding rank owns, updates and keeps the AdamW state of
   a slice; gradients reduced to the owner, the owners' updates broadcast). The experts are not given to fleet's
   sharding optimizer, whose owners and broadcasts take every sharding rank to hold the same parameters: each
   rank updates its own experts itself (their gradients summed over `Topology.expert_replicas`), and keeps their
