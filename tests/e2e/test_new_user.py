@@ -26,6 +26,11 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
     assert cli_main(["train", cfg]) == 0
     assert "already at max_steps=6: nothing to train; raise max_steps to continue" in capsys.readouterr().out
     assert _rows(out) == rows and not (out / run_lock.LOCK_FILE).exists()
+    # check of the finished run on a simulated launch: the launch before the advice (it printed "...; raise
+    # max_steps to continue on 1 process (simulated)", as if that were how to continue)
+    assert cli_main(["check", cfg, "--world_size", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == ("check: OK on 1 process (simulated) — already at max_steps=6: "
+                                                        "nothing to train; raise max_steps to continue")
 
     # check refuses what train refuses: another model type, another max_seq_length, an output_dir that is a file
     assert cli_main(["check", cfg, "--max_steps", "8", "--model_name_or_path", "micro-llama"]) == 2

@@ -105,7 +105,8 @@ def main(ns: argparse.Namespace) -> int:
 
         step = CheckpointDir(spec.resume).state["global_step"]
         if step >= spec.run.loop.max_steps:
-            print(f"check: OK — {nothing_to_train(step, spec.run.loop.max_steps)}{simulated}")
+            # the launch simulated before the words: "raise max_steps to continue on 4 processes" read as advice
+            print(f"check: OK{simulated} — {nothing_to_train(step, spec.run.loop.max_steps)}")
             return 0
     print(f"check: OK — training would start{simulated}")
     return 0
