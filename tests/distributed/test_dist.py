@@ -18,6 +18,7 @@ import pytest
 
 from launch_helpers import (SCRIPT, STEPS, assert_close_losses, assert_close_tensors, child_env, launch,
                             launch_cmd, parse_losses, read_checkpoint, read_weights, single, write_config)
+from launched_jobs import read_log, started
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +90,10 @@ def test_resume_two_to_one_keeps_the_global_batch(corpus, tmp_path, ref, dp):
 
 @contextlib.contextmanager
 def _job_at_step(cfg, log_dir, step: int):
-    """A 2-rank launch, yielded once rank 0 has logged `step`; killed as a group if still alive afterwards."""
-    proc = subprocess.Popen(launch_cmd(cfg, log_dir), cwd=str(log_dir.parent), env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while f"global_step: {step}," not in _read(log_dir / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _read(log_dir / "workerlog.0")
-            time.sleep(0.2)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    """A 2-rank launch, yielded once rank 0 has logged `step`; killed with its ranks if still alive afterwards."""
+    with started(launch_cmd(cfg, log_dir), log_dir.parent, stderr=subprocess.STDOUT) as job:
+        job.wait_for(log_dir / "workerlog.0", f"global_step: {step},", seconds=90, poll=0.2)
+        yield job.proc
 
 
 PP2 = {"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2}
@@ -153,10 +146,10 @@ def _assert_blamed(log_dir, victim: int, dead: int) -> None:
     want = {dead: f"[pretrain-cli] {named}; the other ranks stop too", other: f"[pretrain-cli] rank {other}: {named}"}
     # the watchers run in their own sessions and may finish writing just after the launcher has exited
     deadline = time.monotonic() + 10
-    while not all(want[r] in _read(log_dir / f"workerlog.{r}") for r in (0, 1)) and time.monotonic() < deadline:
+    while not all(want[r] in read_log(log_dir / f"workerlog.{r}") for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for r in (0, 1):
-        log = _read(log_dir / f"workerlog.{r}")
+        log = read_log(log_dir / f"workerlog.{r}")
         assert want[r] in log, log[-3000:]
         assert f"rank {other} (pid" not in log, log[-3000:]
         assert "C++ Traceback" not in log and "FatalError" not in log and "terminate called" not in log, log[-3000:]
@@ -176,7 +169,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path,
     with _job_at_step(cfg, log_dir, 5) as proc:
         os.kill(_worker_pid(proc.pid, log_dir, rank=1), signal.SIGTERM)
         out = _communicate(proc, 90)
-    log0, log1 = _read(log_dir / "workerlog.0"), _read(log_dir / "workerlog.1")
+    log0, log1 = read_log(log_dir / "workerlog.0"), read_log(log_dir / "workerlog.1")
     assert proc.returncode == 0, out + log0 + log1
     assert "received SIGTERM" in log1 and "received SIGTERM" not in log0
     ckpts = sorted((tmp_path / "out").glob("checkpoint-*"))
@@ -215,13 +208,6 @@ def test_master_port_in_use(corpus, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def _read(path) -> str:
-    try:
-        return open(path, errors="replace").read()
-    except OSError:
-        return ""
-
-
 def _communicate(proc, timeout: float) -> str:
     try:
         return proc.communicate(timeout=timeout)[0]

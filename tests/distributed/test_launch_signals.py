@@ -4,52 +4,32 @@ and saves, and launch.sh ends only after the ranks (a scheduler takes the main p
 the rest), exit 0, not restarted under MAX_RESTART. Before, launch.sh died at once of the signal (-15): in the group
 the ranks were still saving; signalled alone, the launcher never heard of it and the job trained on, orphaned.
 (Ctrl-C, SIGINT to the group: tests/distributed/test_resilience.py.)"""
-import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import uuid
 
 import pytest
 
-from launch_helpers import REPO, child_env, job_pids, write_config
-
-
-def _log(path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
+from launch_helpers import write_config
+from launched_jobs import launch_sh, read_log
 
 
 @pytest.mark.parametrize("to, nproc", [("process group", 2), ("launch.sh alone", 1)])
 def test_sigterm_to_launch_sh_saves_and_launch_sh_ends_after_its_ranks(corpus, tmp_path, to, nproc):
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC=str(nproc), MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
-               PCLI_JOB=marker)
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "global_step: 3," not in _log(tmp_path / "log" / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _log(tmp_path / "log" / "workerlog.0")
-            time.sleep(0.1)
+    with launch_sh(cfg, tmp_path, NPROC=str(nproc), MAX_RESTART="1", LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
         if to == "process group":
             os.killpg(proc.pid, signal.SIGTERM)
         else:
             os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
-        left = job_pids(marker)  # the moment launch.sh has ended: nothing of its job may still run
+        left = job.pids()  # the moment launch.sh has ended: nothing of its job may still run
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in job_pids(marker):  # the ranks and their watchers sit in sessions of their own
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    log0, log1 = _log(tmp_path / "log" / "workerlog.0"), _log(tmp_path / "log" / "workerlog.1")
+    log0, log1 = read_log(tmp_path / "log" / "workerlog.0"), read_log(tmp_path / "log" / "workerlog.1")
     assert not left, (left, err[-2000:])
     assert proc.returncode == 0, err[-3000:] + log0[-3000:]
     assert "restart" not in err and "ended the job" not in err, err[-3000:]
@@ -70,29 +50,16 @@ def test_sigterm_while_a_node_waits_at_master_for_the_others_ends_it_at_once(cor
     from launch_helpers import free_port
 
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=3)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC="1", PYTHON=sys.executable, PCLI_JOB=marker, MASTER=f"127.0.0.1:{free_port()}", NNODES="2",
-               NODE_RANK="0", RENDEZVOUS_TIMEOUT="600")
     err_file = tmp_path / "stderr"
-    with open(err_file, "w") as err_out:
-        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err_out, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "waits for the other nodes at MASTER" not in _log(err_file):
-            assert proc.poll() is None and time.monotonic() < deadline, _log(err_file)
-            time.sleep(0.1)
+    with open(err_file, "w") as err_out, launch_sh(
+            cfg, tmp_path, stdout=subprocess.DEVNULL, stderr=err_out, NPROC="1", MASTER=f"127.0.0.1:{free_port()}",
+            NNODES="2", NODE_RANK="0", RENDEZVOUS_TIMEOUT="600") as job:
+        proc = job.proc
+        job.wait_for(err_file, "waits for the other nodes at MASTER")
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
-        left = job_pids(marker)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in job_pids(marker):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    err = _log(err_file)
+        left = job.pids()
+    err = read_log(err_file)
     assert proc.returncode == 143 and not left, (left, err[-2000:])
     assert "Traceback" not in err and "nodes joined" not in err, err[-2000:]
 
@@ -111,30 +78,18 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
     from pretrain_cli.distributed.launcher import tempdirs
 
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "global_step: 3," not in _log(tmp_path / "log" / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _log(tmp_path / "log" / "workerlog.0")
-            time.sleep(0.1)
-        assert sum(r is not None for r, _, _ in job_pids(marker).values()) == 4  # 2 ranks and their 2 watchers
+    with launch_sh(cfg, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, NPROC="2",
+                   LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
+        assert sum(r is not None for r, _, _ in job.pids().values()) == 4  # 2 ranks and their 2 watchers
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         verdicts = list(Path(tempfile.gettempdir()).glob(f"pretrain-cli-verdicts-{socket.gethostname()}-{proc.pid}-*"))
         deadline = time.monotonic() + 60  # (they end within a second: a bound, not a measurement)
-        while job_pids(marker) and time.monotonic() < deadline:
+        while job.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = job_pids(marker)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in job_pids(marker):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        left = job.pids()
     assert not left, left
     assert len(verdicts) == 1  # left by the SIGKILL ...
     tempdirs.sweep()  # ... until the next launch's first step

@@ -10,11 +10,13 @@ Two nodes on this machine, each its own scripts/launch.sh with one process, two 
 save (`PCLI_FAULT`, only in rank 1: the nodes deal out their ranks in arrival order). `hang_timeout` is an hour: on the
 old code the job outlives this test's wait.
 """
+import contextlib
+import os
 import re
-import subprocess
-import sys
+import signal
 
 from launch_helpers import REPO, child_env, write_config
+from launched_jobs import launch_sh
 
 from pretrain_cli.distributed.launcher.job import reserve
 
@@ -22,29 +24,20 @@ FAULTS = REPO / "tests" / "robustness" / "fault_inject"
 
 
 def test_a_rank_elsewhere_dying_mid_save_ends_rank_0_at_once_naming_it(corpus, tmp_path):
-    import contextlib
-    import os
-    import signal
-
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=4, save_steps=2, hang_timeout=3600)
     held = reserve()
-    procs = []
     try:
-        for node in (0, 1):
-            env = child_env()
-            env.update(NPROC="1", PYTHON=sys.executable, MASTER=f"127.0.0.1:{held.base}", NNODES="2",
-                       NODE_RANK=str(node), PCLI_HOSTNAME=f"host{node}", PCLI_FAULT="save_weights:1,save_optimizer:1",
-                       PCLI_FAULT_RANK="1", PYTHONPATH=f"{FAULTS}{os.pathsep}{env['PYTHONPATH']}")
-            procs.append(subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path,
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          pass_fds=held.fds, start_new_session=True))
-        ends = [p.communicate(timeout=300) for p in procs]
+        with contextlib.ExitStack() as stack:
+            jobs = []
+            for node in (0, 1):  # one job: the nodes share its marker
+                jobs.append(stack.enter_context(launch_sh(
+                    cfg, tmp_path, marker=jobs[0].marker if jobs else None, pass_fds=held.fds, NPROC="1",
+                    MASTER=f"127.0.0.1:{held.base}", NNODES="2", NODE_RANK=str(node), PCLI_HOSTNAME=f"host{node}",
+                    PCLI_FAULT="save_weights:1,save_optimizer:1", PCLI_FAULT_RANK="1",
+                    PYTHONPATH=f"{FAULTS}{os.pathsep}{child_env()['PYTHONPATH']}")))
+            procs = [job.proc for job in jobs]
+            ends = [p.communicate(timeout=300) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
         held.release()
     errs = [err for _, err in ends]
     first = [n for n in (0, 1) if "launch.sh: rank 0:" in errs[n]]

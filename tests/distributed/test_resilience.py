@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
 
-from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, job_pids, launch, launch_joined,
+from launch_helpers import (REPO, TOL, assert_close_tensors, child_env, free_port, launch, launch_joined,
                             parse_losses, rank_pid, read_weights, write_config)
+from launched_jobs import launch_sh, read_log, wait_until
 
 STEPS, SAVE = 40, 10
 
@@ -48,24 +48,14 @@ def test_killed_rank_restarts_and_resumes_from_the_newest_checkpoint(corpus, tmp
     # overwrite_output_dir: true, as in every distributed test here; checkpoints written in the background
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE,
                        async_save=True)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"),
-               PCLI_JOB=marker)
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the job ended"
-            time.sleep(0.05)
-        pid = rank_pid(marker, 1)
+    with launch_sh(cfg, tmp_path, NPROC="2", MAX_RESTART="1", LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        wait_until([job], (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir, 240,
+                   lambda: "no checkpoint before the job ended", poll=0.05)
+        pid = rank_pid(job.marker, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     log0 = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
     assert proc.returncode == 0, f"{err[-3000:]}\n{log0[-3000:]}"
     assert "launch.sh: the job failed" in err and "restart 1 of 1" in err
@@ -87,27 +77,20 @@ def test_killed_rank_on_one_of_two_nodes_restarts_both_and_they_resume_together(
     job's losses. Also what two nodes look like (test_dist.py's former two-node test): each node's workerlogs land
     in its own output_dir/log/node-<NODE_RANK>, and neither console shows the launcher's HTTP polling."""
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=STEPS, save_steps=SAVE)
-    marker, port = uuid.uuid4().hex, free_port()
-    procs = []
-    for node in (0, 1):
-        env = child_env()
-        env.update(NPROC="1", MAX_RESTART="1", PYTHON=sys.executable, MASTER=f"127.0.0.1:{port}", NNODES="2",
-                   NODE_RANK=str(node), PCLI_JOB=marker)
-        procs.append(subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir():
-            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
-        pid = rank_pid(marker, 1)
+    port = free_port()
+    with contextlib.ExitStack() as stack:
+        jobs = []
+        for node in (0, 1):  # one job: the nodes share its marker
+            jobs.append(stack.enter_context(launch_sh(cfg, tmp_path, marker=jobs[0].marker if jobs else None,
+                                                      NPROC="1", MAX_RESTART="1", MASTER=f"127.0.0.1:{port}",
+                                                      NNODES="2", NODE_RANK=str(node))))
+        procs = [job.proc for job in jobs]
+        wait_until(jobs, (tmp_path / "out" / f"checkpoint-{SAVE}").is_dir, 240, lambda: "no checkpoint in time",
+                   poll=0.05)
+        pid = rank_pid(jobs[0].marker, 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     log_dir = tmp_path / "out" / "log"
     assert sorted(p.name for p in log_dir.iterdir()) == ["node-0", "node-1"]
     logs = {node: "".join(f.read_text(errors="replace") for f in sorted((log_dir / f"node-{node}").glob("workerlog.*")))
@@ -298,23 +281,18 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_re
     and the console name rank 1, its pid, the phase and the step; the job exits 124; no process of it remains
     (the stopped rank is SIGKILLed too)."""
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=400, hang_timeout=10)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC="2", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "out" / "metrics.jsonl"
-    try:
-        deadline = time.monotonic() + 240
-        while not (metrics.is_file() and metrics.read_text().count('"train"') >= 3):  # training, past start-up
-            assert proc.poll() is None and time.monotonic() < deadline, "no training step before the job ended"
-            time.sleep(0.05)
-        victim = rank_pid(marker, 1)
+    with launch_sh(cfg, tmp_path, NPROC="2", LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        wait_until([job], lambda: metrics.is_file() and metrics.read_text().count('"train"') >= 3,  # past start-up
+                   240, lambda: "no training step before the job ended", poll=0.05)
+        victim = rank_pid(job.marker, 1)
         os.kill(victim, signal.SIGSTOP)
         out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        deadline = time.monotonic() + 10  # (what is left is killed on the way out: looked for before that)
+        while job.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = job.pids()
     logs = [(tmp_path / "log" / f"workerlog.{n}").read_text(errors="replace") for n in (0, 1)]
     assert proc.returncode == 124, f"{err[-3000:]}\n{logs[0][-2000:]}\n{logs[1][-2000:]}"
     named = re.compile(rf"rank 1 \(pid {victim} on \S+\) made no progress for \d+ s while in "
@@ -323,10 +301,7 @@ def test_a_stopped_rank_is_named_by_every_rank_and_the_console_and_no_process_re
         assert len(named.findall(log)) == 1, f"workerlog.{n}: {log[-3000:]}"
     assert named.search(err) and "launch.sh: rank 1 ended the job" in err, err[-3000:]
     assert "FatalError" not in logs[0] and "C++ Traceback" not in logs[0], logs[0][-3000:]
-    deadline = time.monotonic() + 10
-    while job_pids(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not job_pids(marker), job_pids(marker)
+    assert not left, left
 
 
 def _launcher_pid(marker: str) -> int | None:
@@ -349,28 +324,15 @@ def test_a_stop_by_signal_under_launch_sh_saves_exits_0_and_is_not_restarted(cor
     exits with the signal's number, 2 or 15: a usage error and a failure to retry), and the run lock is released
     (the launcher's SIGTERM reaching rank 0 after the Ctrl-C was fatal once it had stopped training)."""
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
-    marker = uuid.uuid4().hex
-    env = child_env()
-    env.update(NPROC="2", MAX_RESTART="1", PYTHON=sys.executable, LOG_DIR=str(tmp_path / "log"), PCLI_JOB=marker)
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "launch.sh"), str(cfg)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "global_step: 3," not in _read_log(tmp_path / "log" / "workerlog.0"):
-            assert proc.poll() is None and time.monotonic() < deadline, _read_log(tmp_path / "log" / "workerlog.0")
-            time.sleep(0.1)
+    with launch_sh(cfg, tmp_path, NPROC="2", MAX_RESTART="1", LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
         if how == "ctrl_c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
-            os.kill(_launcher_pid(marker), signal.SIGTERM)
+            os.kill(_launcher_pid(job.marker), signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in job_pids(marker):  # a restarted launcher's ranks are in their own process groups
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    log0, log1 = _read_log(tmp_path / "log" / "workerlog.0"), _read_log(tmp_path / "log" / "workerlog.1")
+    log0, log1 = read_log(tmp_path / "log" / "workerlog.0"), read_log(tmp_path / "log" / "workerlog.1")
     assert proc.returncode == 0, err[-3000:] + log0[-3000:]
     assert "restart" not in err and "ended the job" not in err, err[-3000:]
     step = json.loads((sorted((tmp_path / "out").glob("checkpoint-*"))[-1] / "trainer_state.json").read_text())
@@ -378,7 +340,3 @@ def test_a_stop_by_signal_under_launch_sh_saves_exits_0_and_is_not_restarted(cor
     assert f"launch.sh: stopped at step {step['global_step']} and saved" in err  # on the console too
     assert not (tmp_path / "out" / "run.lock").exists()
     assert "died" not in log1 and "Traceback" not in log0 + log1 + err
-
-
-def _read_log(path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
