@@ -175,7 +175,7 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
     args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
     run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 2)), cfg, Target("cpu", 2), ckpt)
     assert [n for n in run.notes if n.startswith("batch:")] == [
-        "batch: checkpoint-5 was trained on 8 sequences a step (2 data rank(s) x 4 x acc 1); this run takes 4 "
+        "batch: checkpoint-5 was trained on 8 sequences a step (4 x acc 1 x 2 data ranks); this run takes 4 "
         "from here on"]
     # the user changed the batch keys: their choice, named
     args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
@@ -186,8 +186,10 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
     odd.mkdir()
     ckpt = _checkpoint_of(odd, resolve_run("--per_device_train_batch_size", "3", world=2))
     args = parse_config(None, [*BASE, "--per_device_train_batch_size", "3"])
-    with pytest.raises(UserError, match=r"gradient_accumulation_steps: checkpoint-5 was trained on 2 data rank\(s\) "
-                                        r"x 3 x acc 1 = 6 sequences .* set per_device_train_batch_size and "
+    # in the batch: line's words and order (it said "2 data rank(s) x 3 x acc 1")
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps: checkpoint-5 was trained on 3 x acc 1 x 2 data "
+                                        r"ranks = 6 sequences a step; this run has 4 data ranks, .* set "
+                                        r"per_device_train_batch_size and "
                                         r"gradient_accumulation_steps so that their product x 4 = 6"):
         keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt)
 

@@ -185,8 +185,8 @@ def test_ranks_resume_rank_0s_checkpoint_as_rank_0_does_when_it_skipped_a_damage
         assert (outcome[r].resume.name, run.loop.grad_accum, run.global_batch_size) == ("checkpoint-2", 1, 2), r
         assert outcome[r].record()["arguments"] == outcome[0].record()["arguments"]
         assert [n for n in run.notes if n.startswith("batch:")] == [
-            "batch: checkpoint-2 was trained on 1 data rank(s) x 1 x acc 2 = 2 sequences a step; this run has 2 "
-            "data rank(s): gradient_accumulation_steps 2 -> 1 keeps 2 sequences a step"]
+            "batch: checkpoint-2 was trained on 1 x acc 2 x 1 data rank = 2 sequences a step; this run has 2 "
+            "data ranks: gradient_accumulation_steps 2 -> 1 keeps 2 sequences a step"]
 
 
 @pytest.mark.parametrize("layout", [(), ("--pipeline_parallel_degree", "2")], ids=["dp", "pp2"])
@@ -217,7 +217,7 @@ def test_a_resume_on_the_processes_of_the_last_resume_keeps_the_global_batch(tmp
     for r, again in enumerate(outcome):
         assert (again.resume.name, again.run.loop.grad_accum, again.run.global_batch_size) == ("checkpoint-4", 1, 2), r
         assert [n for n in again.run.notes if n.startswith("batch:")] == [
-            "batch: checkpoint-4 was trained on 2 data rank(s) x 1 x acc 1 = 2 sequences a step, kept from a run on "
+            "batch: checkpoint-4 was trained on 1 x acc 1 x 2 data ranks = 2 sequences a step, kept from a run on "
             "another number of data ranks with these batch keys: gradient_accumulation_steps 2 -> 1 keeps 2 "
             "sequences a step"], again.run.notes
         assert again.run.loop.eval_iters == 1 and "eval: eval_iters 2 -> 1 keeps the" in " ".join(again.run.notes)

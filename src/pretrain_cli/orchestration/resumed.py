@@ -44,6 +44,10 @@ def _saved_batches(ckpt: CheckpointDir) -> dict | None:
     return {**saved, "set": was}
 
 
+def _data_ranks(n: int) -> str:
+    return f"{n} data rank{'s' if n != 1 else ''}"
+
+
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
     """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
     from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
@@ -61,15 +65,17 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         return any(args.get(k) != saved["set"][k] for k in keys)
 
     was = saved["micro"] * saved["acc"] * saved["ranks"]
-    how = (f"{resume.name} was trained on {saved['ranks']} data rank(s) x {saved['micro']} x acc {saved['acc']} = "
-           f"{was} sequences a step" + (f"; this run has {ranks} data rank(s)" if saved["ranks"] != ranks else
-                                        ", kept from a run on another number of data ranks with these batch keys"))
+    # in the words of the run's `batch:` line: micro-batch x acc x data ranks
+    batch = f"{saved['micro']} x acc {saved['acc']} x {_data_ranks(saved['ranks'])}"
+    how = (f"{resume.name} was trained on {batch} = {was} sequences a step" +
+           (f"; this run has {_data_ranks(ranks)}" if saved["ranks"] != ranks else
+            ", kept from a run on another number of data ranks with these batch keys"))
     notes = []
     if run.global_batch_size == was:
         pass
     elif changed(TRAIN_KEYS) and saved["ranks"] == ranks:  # what the user asked for, said once
-        notes.append(f"batch: {resume.name} was trained on {was} sequences a step ({saved['ranks']} data rank(s) x "
-                     f"{saved['micro']} x acc {saved['acc']}); this run takes {run.global_batch_size} from here on")
+        notes.append(f"batch: {resume.name} was trained on {was} sequences a step ({batch}); this run takes "
+                     f"{run.global_batch_size} from here on")
     elif changed(TRAIN_KEYS):
         notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
                      f"{lp.grad_accum}: {run.global_batch_size} sequences a step from here on")
@@ -90,7 +96,7 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         else:
             notes.append(f"eval: {resume.name}'s run evaluated {eval_was} windows; this one evaluates "
                          f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
-                         f"{ranks} data ranks), so eval losses before and after differ in what they average")
+                         f"{_data_ranks(ranks)}), so eval losses before and after differ in what they average")
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
         args.get("eval_iters") != lp.eval_iters else run
     return replace(new, notes=(*run.notes, *notes))
