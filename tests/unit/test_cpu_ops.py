@@ -1,10 +1,12 @@
-"""The fused CPU kernels (csrc/) against the reference ops they replace, forward and backward.
+"""The fused CPU kernels (csrc/) other than attention against the reference ops they replace, forward and backward:
+RMSNorm (alone and after the residual add), SwiGLU, the MLP's input half, RoPE, cross entropy and the fused AdamW
+step; strided, NaN, degenerate and out-of-range inputs. Attention: test_cpu_attention.py; which kernels a run
+selects: test_cpu_kernel_selection.py.
 
 Shapes are deliberately odd (hidden 40, head_dim 10, vocab 37) so vector tails and thread splits are
 exercised; GQA, KV-cache-style q_len < k_len and strided (transposed) inputs are included.
 """
 import os
-import warnings
 
 import numpy as np
 import pytest
@@ -13,33 +15,10 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-import paddle.nn.functional as F  # noqa: E402
-
+from cpu_kernel_checks import _check, _t, _threads  # noqa: E402
 from pretrain_cli.ops import cpu_ops, kernels, reference  # noqa: E402
 
 OPS = cpu_ops.load()
-
-
-def _t(a, grad=True):
-    t = paddle.to_tensor(a)
-    t.stop_gradient = not grad
-    return t
-
-
-def _check(fast, ref, arrays, atol=2e-6, grad_mask=None):
-    """Same outputs and same input gradients for a random upstream gradient."""
-    grad_mask = grad_mask or [True] * len(arrays)
-    outs = []
-    for fn in (fast, ref):
-        ts = [_t(a, g) for a, g in zip(arrays, grad_mask)]
-        y = fn(*ts)
-        g = paddle.to_tensor(np.random.default_rng(9).standard_normal(y.shape).astype("float32"))
-        grads = paddle.grad([y], [t for t, m in zip(ts, grad_mask) if m], [g])
-        outs.append([y.numpy()] + [x.numpy() for x in grads])
-    for a, b in zip(*outs):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=1e-5)
-
-
 RNG = np.random.default_rng(0)
 
 
@@ -103,125 +82,6 @@ def test_rope_matches_gemm_rope_for_q_and_k():
     for i in (0, 1):
         _check(lambda a, b: kernels.rope_cpu(a, b, cos, sin)[i], lambda a, b: kernels.rope_reference(a, b, cos, sin)[i],
                [q, k], grad_mask=[i == 0, i == 1])
-
-
-@pytest.mark.parametrize("q_len,k_len,heads,kv_heads", [
-    (6, 6, 4, 2),  # one block, GQA
-    (70, 70, 4, 2),  # two query blocks (64 + 6): the second multiplies all 70 keys, the first only 64
-    (130, 130, 2, 1),  # three blocks, MQA
-    (128, 128, 4, 2),  # rows of 128 keys are 64-byte aligned: the probabilities go out with non-temporal stores
-    (67, 75, 4, 4),  # KV-cache prefill over cached keys: bottom-right aligned, blocks straddle the shift
-    (1, 9, 4, 2),  # one-token decode step
-])
-def test_attention_matches_naive_attention(q_len, k_len, heads, kv_heads):
-    q = RNG.standard_normal((2, q_len, heads, 10)).astype("float32")
-    k = RNG.standard_normal((2, k_len, kv_heads, 10)).astype("float32")
-    v = RNG.standard_normal((2, k_len, kv_heads, 10)).astype("float32")
-    _check(kernels.attention_cpu, kernels.attention_math, [q, k, v], atol=1e-5)
-
-
-def test_attention_after_rope_views_matches_reference_path():
-    """The production pairing: `rope_cpu` hands attention views of its head-major buffers."""
-    q = RNG.standard_normal((2, 70, 4, 8)).astype("float32")
-    k = RNG.standard_normal((2, 70, 2, 8)).astype("float32")
-    v = RNG.standard_normal((2, 70, 2, 8)).astype("float32")
-    ang = RNG.standard_normal((70, 8)).astype("float32")
-    cos, sin = paddle.to_tensor(np.cos(ang)), paddle.to_tensor(np.sin(ang))
-
-    def fast(a, b, c):
-        return kernels.attention_cpu(*kernels.rope_cpu(a, b, cos, sin), c)
-
-    def ref(a, b, c):
-        return kernels.attention_math(*kernels.rope_reference(a, b, cos, sin), c)
-
-    _check(fast, ref, [q, k, v], atol=1e-5)
-
-
-def _doc_start(seq_len, *cuts_per_row):
-    """int64 [rows, seq_len]: for each row, the latest document start (from `cuts`, which include 0) <= i."""
-    out = np.zeros((len(cuts_per_row), seq_len), np.int64)
-    for b, cuts in enumerate(cuts_per_row):
-        for c in sorted(cuts):
-            out[b, c:] = c
-    return out
-
-
-@pytest.mark.parametrize("seq_len,heads,kv_heads,cuts", [
-    (70, 4, 2, ([0, 5, 64, 66], [0, 1, 2, 40])),  # a document starting at the block edge 64; 1-token documents
-    (130, 2, 1, ([0, 60, 129], [0, 63, 65, 127])),  # documents spanning two block edges, MQA, odd tails
-    (67, 3, 3, ([0, 33], [0, 1, 2, 3, 4, 5, 66])),  # odd sizes, MHA, a run of 1-token documents
-    (9, 4, 2, ([0], [0, 8])),  # one block; a row with one document (= causal) next to two
-    (128, 4, 2, ([0, 16, 64, 100], [0, 3])),  # blocks of widths that are and are not multiples of 16 (stores)
-])
-def test_document_attention_matches_masked_math_forward_and_backward(seq_len, heads, kv_heads, cuts):
-    q = RNG.standard_normal((2, seq_len, heads, 10)).astype("float32")
-    k = RNG.standard_normal((2, seq_len, kv_heads, 10)).astype("float32")
-    v = RNG.standard_normal((2, seq_len, kv_heads, 10)).astype("float32")
-    start = paddle.to_tensor(_doc_start(seq_len, *cuts))
-    _check(lambda a, b, c: kernels.attention_cpu_document(a, b, c, start),
-           lambda a, b, c: kernels.attention_math(a, b, c, start), [q, k, v], atol=1e-5)
-
-
-def test_document_attention_rows_at_document_starts_and_single_documents():
-    q, k, v = (RNG.standard_normal((1, 70, 2, 8)).astype("float32") for _ in range(3))
-    every_row = paddle.to_tensor(np.arange(70, dtype=np.int64)[None])  # each token its own document
-    out = kernels.attention_cpu_document(*(paddle.to_tensor(a) for a in (q, k, v)), every_row).numpy()
-    np.testing.assert_array_equal(out, v)  # a row that sees only itself returns its own value exactly
-    one_doc = paddle.to_tensor(np.zeros((1, 70), np.int64))
-    same = kernels.attention_cpu_document(*(paddle.to_tensor(a) for a in (q, k, v)), one_doc).numpy()
-    np.testing.assert_array_equal(same, kernels.attention_cpu(*(paddle.to_tensor(a) for a in (q, k, v))).numpy())
-
-
-def test_document_attention_rejects_inconsistent_starts():
-    q = paddle.zeros([1, 6, 1, 4])
-    with pytest.raises(Exception, match="neither continues the previous document"):
-        kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[0, 0, 1, 1, 1, 1]], np.int64)))
-    with pytest.raises(Exception, match="must be 0"):
-        kernels.attention_cpu_document(q, q, q, paddle.to_tensor(np.array([[2, 2, 2, 3, 3, 3]], np.int64)))
-
-
-@pytest.mark.parametrize("q_len,k_len", [(256, 256), (70, 70), (5, 40), (64, 64), (1, 300), (130, 131)])
-def test_attention_keeps_only_its_blocks_probabilities(q_len, k_len):
-    """The buffer the forward hands its backward holds each 64-row query block's keys only: its size is
-    `cpu_ops.attention_probs_per_head` (what the planner counts), about half of [q_len, k_len] for long ones."""
-    from paddle import _C_ops
-
-    q, k = paddle.zeros([2, 3, q_len, 8]), paddle.zeros([2, 1, k_len, 8])
-    v = paddle.zeros([2, k_len, 1, 8])
-    probs = _C_ops._run_custom_op("pcl_causal_attention", q, k, v, 0.5)[1]
-    assert probs.shape == [2, 3, cpu_ops.attention_probs_per_head(q_len, k_len)]
-    assert cpu_ops.attention_probs_per_head(q_len, k_len) <= q_len * k_len
-    starts = paddle.to_tensor(_doc_start(k_len, [0, k_len // 3], [0]))
-    if q_len == k_len:
-        probs = _C_ops._run_custom_op("pcl_document_attention", q, k, v, starts, 0.5)[1]
-        assert probs.shape == [2, 3, cpu_ops.attention_probs_per_head(q_len, k_len)]
-
-
-def test_the_kept_probabilities_closed_form_is_the_sum():
-    """`attention_probs_per_head` (closed form, for the planner) equals attention.cc's row-by-row sum."""
-    for q_len in range(0, 200):
-        for k_len in (q_len, q_len + 1, q_len + 63, q_len + 64, q_len + 139):
-            assert cpu_ops.attention_probs_per_head(q_len, k_len) == sum(
-                min(k_len, k_len - q_len + i + cpu_ops.ATTENTION_BLOCK) for i in range(q_len)), (q_len, k_len)
-
-
-def test_every_document_blocking_fits_the_kept_probabilities():
-    """attention.cc cuts query blocks at document starts (`block_rows`), each multiplying its document's keys up to
-    its last row: for any documents the blocks' rows × keys stay within `attention_probs_per_head`, the buffer's
-    size (else the forward would write past a head's share)."""
-    rng = np.random.default_rng(3)
-    for _ in range(300):
-        s = int(rng.integers(1, 300))
-        cuts = sorted({0, *rng.integers(0, s, int(rng.integers(0, 12))).tolist()})
-        st = _doc_start(s, cuts)[0]
-        used, i0 = 0, 0
-        while i0 < s:
-            m = 1
-            while m < cpu_ops.ATTENTION_BLOCK and i0 + m < s and st[i0 + m] == st[i0]:
-                m += 1
-            used += m * (i0 + m - st[i0])
-            i0 += m
-        assert used <= cpu_ops.attention_probs_per_head(s, s), (s, cuts)
 
 
 def test_rope_with_position_ids_matches_reference_forward_and_backward():
@@ -302,38 +162,6 @@ def test_out_of_vocabulary_label_is_an_error_not_a_wild_read():
         kernels.cross_entropy_cpu(paddle.randn([2, 5]), paddle.to_tensor(np.array([1, 7])), -100)
 
 
-# ------------------------------------------------------------------------------ selection
-def _threads(n: int) -> None:
-    paddle.base.core.set_num_threads(n)  # the OpenMP runtime the kernels share with MKL
-
-
-def test_attention_backward_with_one_kv_head_is_parallel_and_the_same_on_any_thread_count():
-    """Batch 1 with one KV head is one (batch, KV head) item: its query blocks are sliced over the threads
-    (each slice with its own dK/dV, added in a fixed order), so 1, 2 and 3 threads give the same bits."""
-    q = RNG.standard_normal((1, 300, 4, 10)).astype("float32")  # 5 query blocks, GQA 4:1
-    k = RNG.standard_normal((1, 300, 1, 10)).astype("float32")
-    v = RNG.standard_normal((1, 300, 1, 10)).astype("float32")
-    start = paddle.to_tensor(_doc_start(300, [0, 3, 64, 200]))
-    paths = {"causal": kernels.attention_cpu, "document": lambda a, b, c: kernels.attention_cpu_document(a, b, c, start)}
-    before = int(os.environ.get("OMP_NUM_THREADS", "1"))  # what `runtime` set before the import
-    try:
-        for name, fn in paths.items():
-            grads = []
-            for n in (1, 2, 3):
-                _threads(n)
-                ts = [_t(a) for a in (q, k, v)]
-                y = fn(*ts)
-                g = paddle.to_tensor(np.random.default_rng(9).standard_normal(y.shape).astype("float32"))
-                grads.append([x.numpy() for x in paddle.grad([y], ts, [g])])
-            for other in grads[1:]:
-                assert all(np.array_equal(a, b) for a, b in zip(grads[0], other)), name
-    finally:
-        _threads(before)
-    ref = lambda a, b, c: kernels.attention_math(a, b, c, start)  # noqa: E731
-    _check(paths["document"], ref, [q, k, v], atol=1e-5)
-    _check(paths["causal"], kernels.attention_math, [q, k, v], atol=1e-5)
-
-
 def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
     """`adamw_cpu` with decay exclusions and a clipping coefficient against Paddle's AdamW after `scale_`
     (bit for bit where the code paths agree, as on the AVX-512 and reference paths checked here), and the
@@ -387,61 +215,3 @@ def test_fused_adamw_is_paddles_adamw_and_independent_of_threads():
     assert norms == norms3
     for mine, exact in norms:
         assert mine == pytest.approx(exact, rel=1e-6)
-
-
-def test_cpu_selection_uses_the_fused_kernels_silently():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        k = kernels.select(kernels.KernelConfig(attention="flash"), "cpu")
-        fused_requests = kernels.select(kernels.KernelConfig(rms_norm="fused", rope="fused", swiglu="fused"), "cpu")
-    assert (k.attention, k.rms_norm, k.rope, k.cross_entropy, k.swiglu_packed) == (
-        kernels.attention_cpu, kernels.rms_norm_cpu, kernels.rope_cpu, kernels.cross_entropy_cpu,
-        kernels.swiglu_packed_cpu)
-    assert k.attention_cached is kernels.attention_cpu and k.add_rms_norm is kernels.add_rms_norm_cpu
-    assert k.mlp_in is kernels.mlp_in_cpu and "gate|up GEMM + SwiGLU as one op" in k.describe()
-    assert k.attention_document is kernels.attention_cpu_document and "documents: cpu_document" in k.describe()
-    assert fused_requests.rms_norm is kernels.rms_norm_cpu  # a fused request is served by the CPU kernel
-    assert "attention=cpu" in k.describe()
-
-
-def test_cpu_ops_off_is_the_paddle_only_path(monkeypatch):
-    """`cpu_fused_ops: false` is the one switch (no environment variable): nothing loads the fused CPU kernels."""
-    from run_helpers import resolve_run
-
-    assert resolve_run("--use_flash_attention").kernels.cpu_ops is True
-    off = resolve_run("--use_flash_attention", "--cpu_fused_ops", "false").kernels
-    assert off.cpu_ops is False
-    k = kernels.select(off, "cpu")
-    assert (k.attention, k.rms_norm, k.cross_entropy, k.add_rms_norm, k.mlp_in) == (
-        kernels.attention_sdpa_mask, kernels.rms_norm_reference, kernels.cross_entropy_reference, None, None)
-    assert k.attention_document is kernels.attention_sdpa_mask  # with the per-sample document mask
-    monkeypatch.setattr(cpu_ops, "load", lambda: pytest.fail("cpu_fused_ops false loaded the fused CPU kernels"))
-    h = paddle.randn([6, 8])
-    h.stop_gradient = False
-    w = paddle.randn([8, 11])
-    w.stop_gradient = False
-    k.linear_cross_entropy(h, w, paddle.to_tensor(np.arange(6) % 11), -100, False).backward()  # the chunked path
-    assert k.linear_cross_entropy_name == "chunked" and h.grad is not None and w.grad is not None
-
-
-def test_failed_build_falls_back_with_one_warning_naming_why(monkeypatch):
-    monkeypatch.setattr(cpu_ops, "_STATE", {"error": "compiler failed: g++ not found"})
-    with pytest.warns(RuntimeWarning) as rec:
-        k = kernels.select(kernels.KernelConfig(), "cpu")
-    msgs = [str(w.message) for w in rec if str(w.message).startswith("kernels on")]
-    assert len(msgs) == 1 and "g++ not found" in msgs[0]
-    assert k.attention is kernels.attention_sdpa_mask and k.rms_norm is kernels.rms_norm_reference
-    with pytest.warns(RuntimeWarning, match="fused AdamW step needs the fused CPU kernels.*g\\+\\+ not found"):
-        step = kernels.select_step(kernels.KernelConfig(), "cpu")
-    assert step.adamw is None and step.global_sq_norm is kernels.global_sq_norm_reference
-
-
-def test_step_selection_follows_the_run_configuration():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fused = kernels.select_step(kernels.KernelConfig(), "cpu")
-        paddle_step = kernels.select_step(kernels.KernelConfig(optimizer="paddle"), "cpu")
-        no_cpu_ops = kernels.select_step(kernels.KernelConfig(cpu_ops=False), "cpu")
-    assert (fused.name, fused.adamw, fused.global_sq_norm) == ("fused_cpu", kernels.adamw_cpu,
-                                                               kernels.global_sq_norm_cpu)
-    assert paddle_step.adamw is None and no_cpu_ops.adamw is None

@@ -140,7 +140,7 @@ def test_swiglu_reference_matches_numpy():
 
 
 def test_paddle_only_cpu_selection_is_silent():
-    """`cpu_fused_ops: false` (the fused CPU kernels are tested in test_cpu_ops.py)."""
+    """`cpu_fused_ops: false` (the fused CPU kernels are tested in test_cpu_ops.py and test_cpu_attention.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         k = kernels.select(kernels.KernelConfig(attention="math", cpu_ops=False), "cpu")
