@@ -88,6 +88,11 @@ def test_a_resume_on_other_data_is_said(corpus, tmp_path, capsys):
     assert "resuming with input_dir" not in out and "resuming with split" not in out
     assert cli_main(["train", cfg, "--max_steps", "4", "--seed", "11"]) == 0
     assert "resuming with" not in capsys.readouterr().out  # checkpoint-3 was trained with seed 11
+    # check says it before the run does (it said nothing: the warning came only once train had loaded the checkpoint)
+    assert cli_main(["check", cfg, "--max_steps", "5", "--seed", "12"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("warning: resuming with seed 12, where checkpoint-4 was trained with 11: its ") and \
+        out[-1] == "check: OK — training would start"
 
 
 def test_metrics_after_resume_and_eval_only_run_keep_history(corpus, tmp_path):

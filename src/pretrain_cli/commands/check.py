@@ -103,10 +103,14 @@ def main(ns: argparse.Namespace) -> int:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir
         from pretrain_cli.training.run import nothing_to_train
 
+        from pretrain_cli.training.checkpoint import data_changes
+
         step = CheckpointDir(spec.resume).state["global_step"]
         if step >= spec.run.loop.max_steps:
             # the launch simulated before the words: "raise max_steps to continue on 4 processes" read as advice
             print(f"check: OK{simulated} — {nothing_to_train(step, spec.run.loop.max_steps)}")
             return 0
+        for line in data_changes(spec.resume, spec.run):  # the warnings train logs as it resumes, said here first
+            print(f"warning: {line}")
     print(f"check: OK — training would start{simulated}")
     return 0
