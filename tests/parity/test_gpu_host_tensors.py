@@ -2,12 +2,13 @@
 
 `paddle.to_tensor` leaks one Python list per call in Paddle 3.3.1 on every device (tests/unit/test_host_tensors.py
 counts it on CPU), and a GPU run made tensors with it per micro-batch: the batch (`ops.tensors.from_numpy` kept
-`to_tensor` for any device but the CPU), a MoE layer's all-to-all split sizes (`Collectives.split_matrix`) and its
-grouped GEMM's idle-expert mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch). Here
-`paddle.get_device()` answers "gpu:0" and the expected place is a CPU place standing in for the GPU's, so the
-GPU branch runs; counted, not timed: the gc-tracked objects alive after N calls. Paddle's GPU-only `batched_gemm`
-stands behind a reference of its contract that, like the kernel, does not promise zeros for an expert without
-rows (a GEMM with k = 0): it writes NaN there.
+`to_tensor` for any device but the CPU), a MoE layer's all-to-all split sizes (`Collectives.split_matrix`, since
+replaced by counts made on the device: tests/unit/test_expert_all_to_all_gpu.py) and its grouped GEMM's idle-expert
+mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch). Here `paddle.get_device()` answers
+"gpu:0" and the expected place is a CPU place standing in for the GPU's, so the GPU branch runs; counted, not
+timed: the gc-tracked objects alive after N calls. Paddle's GPU-only `batched_gemm` stands behind a reference of its
+contract that, like the kernel, does not promise zeros for an expert without rows (a GEMM with k = 0): it writes NaN
+there.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ paddle = runtime.import_paddle()
 
 import paddle.incubate.nn.functional as IF  # noqa: E402
 
-from pretrain_cli.distributed.comms.collectives import Collectives  # noqa: E402
 from pretrain_cli.ops import grouped, kernels  # noqa: E402
 from pretrain_cli.ops.tensors import from_numpy  # noqa: E402
 
@@ -73,23 +73,6 @@ def test_from_numpy_on_a_gpu_copies_a_host_tensor_to_the_device_and_leaks_nothin
         np.testing.assert_array_equal(got.numpy(), a)
     on_gpu["to_tensor"] = 0
     assert _alive_after(lambda: from_numpy(batch)) < 10  # was one list per call: 300
-    assert on_gpu["to_tensor"] == 0
-
-
-def test_the_all_to_all_split_sizes_go_in_without_a_leak(on_gpu, monkeypatch):
-    """`split_matrix` runs per sparse layer and micro-batch on NCCL; its row of sends is int64, one row per rank
-    after the all-gather (here a group of one: the all-gather is the row itself)."""
-    rows = {}
-
-    def gather(self, x, group, axis):
-        rows["sent"] = (x.dtype, x.shape)
-        return x
-
-    monkeypatch.setattr(Collectives, "all_gather", gather)
-    nccl = Collectives(gloo=False)
-    assert nccl.split_matrix([3, 0, 5], None) == [[3, 0, 5]]
-    assert rows["sent"] == (paddle.int64, [1, 3])
-    assert _alive_after(lambda: nccl.split_matrix([3, 0, 5], None)) < 10  # was one list per call: 300
     assert on_gpu["to_tensor"] == 0
 
 

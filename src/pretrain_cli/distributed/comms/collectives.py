@@ -96,17 +96,6 @@ class Collectives:
         has no all-to-all: the emulation below is for tests of the all-to-all dispatcher, not for runs)."""
         return not self.gloo
 
-    def split_matrix(self, sends: list[int], group) -> list[list[int]]:
-        """The split sizes of an all-to-all over `group` as host ints `[ranks][ranks]`: row j the rows rank j sends
-        to each rank (every rank's `sends` all-gathered, the same on both backends). Asked per sparse layer and
-        micro-batch, so the row goes in by `ops.tensors.from_numpy` (`paddle.to_tensor` leaks a list per call)."""
-        import numpy as np
-
-        from pretrain_cli.ops.tensors import from_numpy
-
-        row = from_numpy(np.array([sends], dtype=np.int64))  # [1, ranks]
-        return self.all_gather(row, group, axis=0).numpy().tolist()  # [ranks, ranks]
-
     def all_to_all_single(self, x, matrix: list[list[int]], me: int, group):
         """Rank `me`'s rows of `x` (`[sum(matrix[me]), ...]`: blocks of matrix[me][j] rows for rank j, in rank
         order) sent out, and the blocks every rank j sent here (matrix[j][me] rows each) concatenated in rank

@@ -14,13 +14,20 @@ Per sparse layer, with the same inputs and outputs as `GatherDispatch` and `moe.
 
 1. this rank's assignments sorted by expert (stable); a rank holds a contiguous block of experts
    (`expert_parallel.held_range`), so they are sorted by destination rank too;
-2. the rows each rank gets, all-gathered into the group's split matrix (`Collectives.split_matrix`: host ints,
-   the all-to-all needs its sizes before it runs);
+2. this rank's assignments per expert counted on the device (`index_add` of ones: a GPU `bincount` copies its
+   input's max to the host to size its output, a host sync each call), the counts of every rank all-gathered
+   (`[ep, experts]` int64) and read on the host once: the one host sync of the dispatch, as torchtitan's (an
+   all-to-all of the counts, one blocking copy) and Megatron-Core's (one sync point). From that matrix come the
+   all-to-all's split sizes (row j: what rank j sends each rank, its experts' counts summed by holder) and the rows
+   each held expert receives (its column summed over the senders), which the grouped GEMM needs as host ints;
 3. the rows (`AllToAll`: its backward is the reverse all-to-all) and their expert indices (no gradient) sent;
+   under autocast (a GPU run at O1, where the norm before the experts hands them fp32 rows) the rows go as
+   autocast's half dtype, the dtype the experts compute in (`ops.grouped.grouped_mlp_gpu`) and the one `plan`
+   charges the dispatch at: half the bytes, and the same values, as the experts cast them anyway;
 4. the received rows sorted by held expert (stable: by sender, then its order), the held experts run once over them
    (under tensor parallelism their slices, `GatherDispatch.compute`), and put back in the received order;
-5. the outputs sent back (`AllToAll` with the transposed matrix), weighted by the combine weights and summed into
-   their tokens here.
+5. the outputs sent back (`AllToAll` with the transposed matrix; half under autocast, as they left the experts),
+   returned to x's dtype, weighted by the combine weights and summed into their tokens here.
 
 Every rank runs the same collectives in the same order whatever it receives: a rank that gets no row still sends
 and receives (zero rows), and its experts take part (`Experts.idle`). Dropless only.
@@ -30,6 +37,7 @@ from __future__ import annotations
 from paddle.autograd import PyLayer  # imported lazily, after the environment
 
 from pretrain_cli.distributed.steps.expert_parallel import GatherDispatch
+from pretrain_cli.ops.grouped import autocast_half
 
 
 class AllToAll(PyLayer):
@@ -60,15 +68,20 @@ class AllToAllDispatch(GatherDispatch):
             raise ValueError("expert parallelism runs dropless (config refuses a capacity factor with it)")
         top_k = routing.indices.shape[1]
         flat = routing.indices.reshape([-1])  # [tokens·top_k]
-        counts = paddle.bincount(flat, minlength=num_experts).astype("float32")  # [experts]
-        order = paddle.argsort(flat, stable=True)  # [tokens·top_k]: by expert, so by the rank holding it
+        mine = paddle.index_add(paddle.zeros([num_experts], dtype="int64"), flat, 0,
+                                paddle.ones_like(flat))  # [experts]: this rank's assignments per expert, on the device
+        every = self.backend.all_gather(mine.unsqueeze(0), self.group, axis=0).numpy()  # [ep, experts]: the one sync
         per = num_experts // self.ep  # experts a rank holds
-        sends = [int(n) for n in paddle.bincount(flat // per, minlength=self.ep).numpy()]
-        matrix = self.backend.split_matrix(sends, self.group)  # [ep][ep]
-        rows = AllToAll.apply(paddle.gather(x, order // top_k), self, matrix)  # [received, hidden]
+        matrix = every.reshape([self.ep, self.ep, per]).sum(-1).tolist()  # [ep][ep]: row j, what rank j sends each rank
+        host_counts = every[:, experts.first:experts.first + experts.count].sum(0).tolist()  # [held]: rows received
+        order = paddle.argsort(flat, stable=True)  # [tokens·top_k]: by expert, so by the rank holding it
+        sent = paddle.gather(x, order // top_k)  # [tokens·top_k, hidden]
+        half = autocast_half()
+        if half is not None and sent.dtype != half:  # O1: the experts compute in half (module docstring, 3.)
+            sent = sent.astype(half)
+        rows = AllToAll.apply(sent, self, matrix)  # [received, hidden]
         ids = self.backend.all_to_all_single(paddle.gather(flat, order), matrix, self.me, self.group)  # [received]
         local = ids - experts.first  # the held expert of each received row
-        host_counts = [int(n) for n in paddle.bincount(local, minlength=experts.count).numpy()]
         if rows.shape[0]:
             by_expert = paddle.argsort(local, stable=True)  # [received]
             done = self.compute(experts)(paddle.gather(rows, by_expert), host_counts)  # [received, hidden]
@@ -77,8 +90,9 @@ class AllToAllDispatch(GatherDispatch):
         else:  # nothing came: the (empty) rows and the experts still take part, so backward runs the same collectives
             done, idle = rows * 1.0, experts.idle([0] * experts.count)
         back = AllToAll.apply(done, self, [list(col) for col in zip(*matrix)])  # [tokens·top_k, hidden]
+        back = back.astype(x.dtype)  # (O1: the half rows back to fp32 before the fp32 combine, as before)
         w = paddle.gather(routing.weights.reshape([-1]), order).astype(back.dtype).unsqueeze(-1)  # [tokens·top_k, 1]
         out = paddle.index_add(paddle.zeros_like(x), order // top_k, 0, back * w)  # [tokens, hidden]
         if idle is not None:
             out = out + (idle + 0.0 * rows.sum()).astype(out.dtype)
-        return out, counts, paddle.zeros([], dtype="float32")
+        return out, mine.astype("float32"), paddle.zeros([], dtype="float32")
