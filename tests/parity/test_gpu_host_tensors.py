@@ -4,11 +4,11 @@
 counts it on CPU), and a GPU run made tensors with it per micro-batch: the batch (`ops.tensors.from_numpy` kept
 `to_tensor` for any device but the CPU), a MoE layer's all-to-all split sizes (`Collectives.split_matrix`, since
 replaced by counts made on the device: tests/unit/test_expert_all_to_all_gpu.py) and its grouped GEMM's idle-expert
-mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch). Here `paddle.get_device()` answers
-"gpu:0" and the expected place is a CPU place standing in for the GPU's, so the GPU branch runs; counted, not
-timed: the gc-tracked objects alive after N calls. Paddle's GPU-only `batched_gemm` stands behind a reference of its
-contract that, like the kernel, does not promise zeros for an expert without rows (a GEMM with k = 0): it writes NaN
-there.
+mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch); and per step, fp16's overflow
+verdict for the loss scaler (`training.precision.Amp.step`). Here `paddle.get_device()` answers "gpu:0" and the
+expected place is a CPU place standing in for the GPU's, so the GPU branch runs; counted, not timed: the gc-tracked
+objects alive after N calls. Paddle's GPU-only `batched_gemm` stands behind a reference of its contract that, like
+the kernel, does not promise zeros for an expert without rows (a GEMM with k = 0): it writes NaN there.
 """
 from __future__ import annotations
 
@@ -73,6 +73,31 @@ def test_from_numpy_on_a_gpu_copies_a_host_tensor_to_the_device_and_leaks_nothin
         np.testing.assert_array_equal(got.numpy(), a)
     on_gpu["to_tensor"] = 0
     assert _alive_after(lambda: from_numpy(batch)) < 10  # was one list per call: 300
+    assert on_gpu["to_tensor"] == 0
+
+
+def test_an_fp16_step_hands_the_scaler_the_steps_verdict_without_a_leak(on_gpu):
+    """`Amp.step` (fp16 only, a GPU only) sets the scaler's `found_inf` to the step's verdict at every step: a bool
+    `[1]` tensor, as `paddle.to_tensor([overflow])` made it (and leaked a list per step)."""
+    from pretrain_cli.training.precision import Amp
+
+    class Scaler:
+        """GradScaler's part `Amp.step` drives: its `step` reads `_found_inf` and runs the optimizer's step once."""
+
+        def step(self, view):
+            self.seen = self._found_inf
+            view.step()
+
+        def update(self):
+            pass
+
+    amp, ran = Amp(None, Scaler()), []
+    for overflow in (True, False):
+        amp.step("the optimizer", ran.append, overflow=overflow)
+        f = amp.scaler.seen
+        assert (f.dtype, f.shape, f.stop_gradient, bool(f.numpy()[0])) == (paddle.bool, [1], True, overflow)
+    assert ran == ["the optimizer"] * 2 and on_gpu["to_tensor"] == 0
+    assert _alive_after(lambda: amp.step("the optimizer", lambda o: None)) < 10  # was one list per step: 300
     assert on_gpu["to_tensor"] == 0
 
 

@@ -55,3 +55,47 @@ def test_from_numpy_is_to_tensor_for_what_the_code_passes_it():
     t = from_numpy(a)
     a[0] = 9  # the tensor owns its memory: a later change of the array is not seen
     assert int(t.numpy()[0]) == 0
+
+
+def test_the_log_lines_all_reduces_leave_nothing_behind(monkeypatch):
+    """Each log line of a multi-process run all-reduces the logged losses (`Strategy.share_logged`) and a MoE model's
+    per-layer load (`whole_model_rows`; a pipeline's two all-reduces): their tensors were `paddle.to_tensor`'s, a
+    list left behind each. The all-reduce here is a group of one (each tensor as it is), recorded."""
+    from types import SimpleNamespace
+
+    import paddle.distributed as dist
+
+    from pretrain_cli.distributed.strategies.pipeline import Pipeline
+    from pretrain_cli.distributed.strategies.strategy import LOGGED, Strategy
+
+    reduced, made, to_tensor = [], [0], paddle.to_tensor
+    sums = {"aux_loss": (paddle.full([], 1.5), 3)}  # a sum of scalar tensors, as `moe_loss.add_logged` keeps it
+
+    def counted_to_tensor(*args, **kwargs):
+        made[0] += 1
+        return to_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, **kw: reduced.append((t.dtype, t.shape)))
+    monkeypatch.setattr(paddle, "to_tensor", counted_to_tensor)
+
+    def strategy(cls):
+        s = object.__new__(cls)  # the parts these methods read: two ranks, a pipeline's last stage of two
+        s.parallel, s.topology = SimpleNamespace(world_size=2, pp_degree=2), SimpleNamespace(stage=1)
+        return s
+
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)  # [layers, experts + 1]
+    plain, piped = strategy(Strategy), strategy(Pipeline)
+    plain.share_logged(sums)
+    assert sums == {"aux_loss": (1.5, 3)} and reduced == [(paddle.float32, [2 * len(LOGGED)])]
+    np.testing.assert_array_equal(plain.whole_model_rows(rows), rows)
+    np.testing.assert_array_equal(piped.whole_model_rows(rows), rows)  # the last stage's rows after none of the first's
+    assert reduced[1:] == [(paddle.float32, [3, 4]), (paddle.float32, [2]), (paddle.float32, [3, 4])]
+
+    def log_line():
+        plain.share_logged(dict(sums))
+        plain.whole_model_rows(rows)
+        piped.whole_model_rows(rows)
+
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, **kw: None)  # (the records would stay alive)
+    assert _alive_after(log_line) < 10  # was 4 lists per call: 1,200
+    assert made == [0]

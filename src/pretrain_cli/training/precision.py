@@ -113,11 +113,14 @@ class Amp(Fp32):
 
     def step(self, optimizer, step_fn, overflow: bool = False) -> None:
         if self.scaler:
-            import paddle
+            import numpy as np
+
+            from pretrain_cli.ops.tensors import from_numpy
 
             view = self.view(optimizer)
             view.step_fn = step_fn
-            self.scaler._found_inf = paddle.to_tensor([overflow])  # the ranks' common verdict, not this rank's flag
+            # the ranks' common verdict, not this rank's flag; every step, so not by `paddle.to_tensor` (it leaks)
+            self.scaler._found_inf = from_numpy(np.array([overflow]))  # [1] bool
             self.scaler.step(view)  # the strategy's step once; the update skipped on overflow
             self.scaler.update()  # and the scale lowered
         else:

@@ -142,20 +142,21 @@ class Pipeline(Hybrid):
         last stage's MTP layers last, as one process lists them), each summed over the stage's ranks: the counts of
         all data ranks' tokens, as one process counts them (a tp rank's copy doubles a layer's every count: its
         shares are unchanged). Two all-reduces over every rank (the stages' row counts, then the rows, each in its
-        stage's place), at log time only."""
+        stage's place), at log time only (their tensors by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks)."""
         import numpy as np
-        import paddle
         import paddle.distributed as dist
+
+        from pretrain_cli.ops.tensors import from_numpy
 
         pp, stage = self.parallel.pp_degree, self.topology.stage
         counts = np.zeros([pp], dtype="float32")
         counts[stage] = len(rows)
-        sizes = paddle.to_tensor(counts)  # [stages]
+        sizes = from_numpy(counts)  # [stages]
         dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
         sizes = [int(x) for x in sizes.numpy()]
         whole = np.zeros([sum(sizes), rows.shape[1]], dtype="float32")  # [layers, experts + 1]
         start = sum(sizes[:stage])
         whole[start:start + len(rows)] = rows
-        out = paddle.to_tensor(whole)
+        out = from_numpy(whole)  # [layers, experts + 1]
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.numpy()

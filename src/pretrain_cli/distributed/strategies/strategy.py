@@ -159,14 +159,16 @@ class Strategy:
         micro-batches, as one process's over the same ones (a tp rank's copy adds the same value and a forward
         more: the mean is unchanged). Only ranks that compute them add theirs (`_computes_logged`: a pipeline's
         last stage). The semi-auto engine computes them over the global batch on every rank already. One small
-        all-reduce a log line, exact in fp32."""
+        all-reduce a log line, exact in fp32 (its tensor by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks)."""
         if self.parallel.world_size == 1 or self.global_batch:
             return
-        import paddle
+        import numpy as np
         import paddle.distributed as dist
 
+        from pretrain_cli.ops.tensors import from_numpy
+
         mine = [sums.get(name, (0.0, 0)) if self._computes_logged() else (0.0, 0) for name in LOGGED]
-        both = paddle.to_tensor([float(x) for pair in mine for x in pair], dtype="float32")  # [2 * names]
+        both = from_numpy(np.array([float(x) for pair in mine for x in pair], dtype=np.float32))  # [2 * names]
         dist.all_reduce(both, op=dist.ReduceOp.SUM)
         for i, (total, n) in enumerate(both.numpy().reshape([-1, 2])):  # [names, 2]
             if n:
@@ -180,13 +182,14 @@ class Strategy:
         every rank runs every layer here, so summed over every rank, the counts of all data ranks' tokens as one
         process counts them (a tp rank's copy doubles a layer's every count: its shares are unchanged; rank 0's
         own were logged before, another batch than one process's); a pipeline gathers its stages'. One all-reduce
-        at log time."""
+        at log time (its tensor by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks)."""
         if self.parallel.world_size == 1:
             return rows
-        import paddle
         import paddle.distributed as dist
 
-        out = paddle.to_tensor(rows)  # [layers, experts + 1]
+        from pretrain_cli.ops.tensors import from_numpy
+
+        out = from_numpy(rows)  # [layers, experts + 1]
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.numpy()
 
