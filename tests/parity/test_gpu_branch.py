@@ -1,36 +1,13 @@
-"""The GPU kernel branch of `ops.kernels`, executed on CPU: reference implementations stand behind the exact
-Paddle entry points it calls, the kernel selection a GPU run makes is forced, and the model must match HF.
+"""The GPU kernel branch of `ops.kernels`, executed on CPU: reference implementations (gpu_references.py, written
+from Paddle's documentation and checked in test_gpu_references.py) stand behind the exact Paddle entry points it
+calls, the kernel selection a GPU run makes is forced, and the model must match HF.
 
-Paddle's fused GPU ops cannot run on a CPU (`fused_rms_norm` is a SIGILL there, flashmask has no CPU kernel),
-so each is replaced by a reference written from Paddle's documented semantics (the docstrings of Paddle 3.3's
-`paddle.incubate.nn.functional.fused_rms_norm` / `fused_rotary_position_embedding` / `swiglu` and
-`paddle.nn.functional.scaled_dot_product_attention` / `flashmask_attention` / `swiglu`):
-
-- `fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis, bias=None, residual=None, ...)` returns
-  the tuple `(out, residual_out, inv_var)` (the static-graph branch of the wrapper creates these three outputs);
-  the norm runs over axes `begin_norm_axis..`, of `x + bias + residual`; `out` has x's dtype.
-- `fused_rotary_position_embedding(q, k, v, sin, cos, position_ids, use_neox_rotary_style, time_major)` returns
-  `(out_q, out_k, out_v)` (None where not given): q/k/v `[batch, seq, heads, head_dim]`, sin/cos `[seq, head_dim]`
-  or `[1, seq, 1, head_dim]`, `position_ids` int64 `[batch, seq]` picks each token's table row;
-  `use_neox_rotary_style=False` pairs the front half with the back half (HF rotate-half), True pairs
-  adjacent numbers.
-- `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, ..., enable_gqa=True)`: layout
-  `[batch, seq, heads, head_dim]`, scale 1/sqrt(head_dim), GQA when k/v have fewer heads.
-- `flashmask_attention(q, k, v, startend_row_indices, *, causal, ...)`: q/k/v fp16/bf16 `[batch, seq, heads,
-  head_dim]`; with `causal=True` and `startend_row_indices` int32 `[batch, 1 or kv_heads, k_seq, 1]`, key
-  column j is hidden from rows >= startend_row_indices[..., j, 0] (on top of the causal mask); returns the
-  output only (no `return_softmax_lse`).
-- `swiglu(x, y=None)`: silu(x) * y; with y None, x's last axis is split in halves [gate | up].
-
-Each reference is checked against numpy on random inputs (and, where Paddle's CPU wheel runs the real op —
-`scaled_dot_product_attention` in fp32, `swiglu` — against the real op), then the model built with the GPU
-selection (flash attention, flashmask for packed documents, fused RMSNorm/RoPE/SwiGLU, the chunked fused head +
-loss) is compared with HF transformers at the tolerances of tests/parity/test_hf_parity.py. The real-kernel
-tests stay in tests/gpu for GPU machines.
+The model built with the GPU selection (flash attention, flashmask for packed documents, fused RMSNorm/RoPE/SwiGLU,
+the chunked fused head + loss) is compared with HF transformers at the tolerances of
+tests/parity/test_hf_parity.py. The real-kernel tests stay in tests/gpu for GPU machines.
 """
 import dataclasses
 import functools
-import math
 from collections import Counter
 
 import numpy as np
@@ -44,214 +21,17 @@ import paddle.incubate.nn.functional as IF  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
 import torch  # noqa: E402
 
+from gpu_references import _t, ref_flashmask, ref_fused_rms_norm, ref_fused_rope, ref_sdpa, ref_swiglu  # noqa: E402
 from pretrain_cli.data.samples import document_fields  # noqa: E402
-from pretrain_cli.models import convert  # noqa: E402
 from pretrain_cli.ops import cpu_ops, kernels, linear_loss  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
 from parity_helpers import hf_loss_backward, load  # noqa: E402
 from test_hf_document_parity import DOCS, SEQ, _hf, _pieces  # noqa: E402
 from test_hf_parity import CASES, _hf_model, _ids  # noqa: E402
 
-HALF = (paddle.float16, paddle.bfloat16)
 rng = np.random.default_rng(0)
 
 
-# ---------------------------------------------------------------- references, from Paddle's documentation
-def ref_fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis=1, bias=None, residual=None,
-                       quant_scale=-1, quant_round_type=0, quant_max_bound=0, quant_min_bound=0):
-    assert quant_scale <= 0, "the reference covers the unquantised op"
-    axis = begin_norm_axis + x.ndim if begin_norm_axis < 0 else begin_norm_axis
-    assert 0 <= axis < x.ndim and list(norm_weight.shape) == [int(np.prod(x.shape[axis:]))]
-    h = x.astype("float32")  # the sums in fp32 (Paddle's CPU kernels have no bf16 add)
-    h = h if bias is None else h + bias.astype("float32")
-    h = h if residual is None else h + residual.astype("float32")
-    h32 = h.reshape([*h.shape[:axis], -1])  # [..., normalised]
-    inv = paddle.rsqrt(paddle.mean(h32 * h32, axis=-1, keepdim=True) + epsilon)  # [..., 1]
-    out = h32 * inv * norm_weight.astype("float32")
-    if norm_bias is not None:
-        out = out + norm_bias.astype("float32")
-    return out.reshape(x.shape).astype(x.dtype), h.astype(x.dtype), inv.reshape(x.shape[:axis])
-
-
-def ref_fused_rope(q, k=None, v=None, sin=None, cos=None, position_ids=None, use_neox_rotary_style=True,
-                   time_major=False, rotary_emb_base=10000.0):
-    assert sin is not None and cos is not None and not time_major, "the reference covers the tabled form"
-
-    def table(t):  # [seq, head_dim] or [1, seq, 1, head_dim] -> fp32 [seq, head_dim]
-        assert t.ndim == 2 or (t.ndim == 4 and t.shape[0] == 1 and t.shape[2] == 1), t.shape
-        return t.reshape([t.shape[-3] if t.ndim == 4 else t.shape[0], t.shape[-1]]).astype("float32")
-
-    c, s = table(cos), table(sin)
-
-    def rows(tab, x):  # each token's row: [1 or batch, seq, 1, head_dim]
-        bsz, seq = x.shape[0], x.shape[1]
-        if position_ids is None:
-            return tab[:seq].reshape([1, seq, 1, -1])
-        assert position_ids.dtype == paddle.int64 and list(position_ids.shape) == [bsz, seq]
-        return paddle.gather(tab, position_ids.reshape([-1]), axis=0).reshape([bsz, seq, 1, -1])
-
-    def rotate(x):
-        x32, half = x.astype("float32"), x.shape[-1] // 2
-        if use_neox_rotary_style:  # adjacent pairs (2i, 2i+1)
-            rot = paddle.stack([-x32[..., 1::2], x32[..., 0::2]], axis=-1).reshape(x32.shape)
-        else:  # front half with back half
-            rot = paddle.concat([-x32[..., half:], x32[..., :half]], axis=-1)
-        return (x32 * rows(c, x) + rot * rows(s, x)).astype(x.dtype)
-
-    return tuple(None if t is None else rotate(t) for t in (q, k, v))
-
-
-def _attend(query, key, value, hidden, scale):
-    """softmax(q·kᵀ·scale, hidden → -inf) · v in fp32, GQA by repeating K/V heads; `hidden`: [b|1, h|1, sq, sk]
-    bool."""
-    bsz, sq, heads, dim = query.shape
-    rep = heads // key.shape[2]
-    qt = query.astype("float32").transpose([0, 2, 1, 3])  # [b, h, sq, d]
-    kt = paddle.repeat_interleave(key.astype("float32"), rep, axis=2).transpose([0, 2, 1, 3])  # [b, h, sk, d]
-    vt = paddle.repeat_interleave(value.astype("float32"), rep, axis=2).transpose([0, 2, 1, 3])  # [b, h, sk, d]
-    scores = paddle.matmul(qt, kt, transpose_y=True) * (scale or 1.0 / math.sqrt(dim))  # [b, h, sq, sk]
-    scores = paddle.where(hidden, paddle.full([1], float("-inf"), "float32"), scores)
-    out = paddle.matmul(F.softmax(scores, axis=-1), vt)  # [b, h, sq, d]
-    return out.transpose([0, 2, 1, 3]).astype(query.dtype)  # [b, sq, h, d]
-
-
-def _above_diagonal(sq, sk):
-    return (paddle.arange(sk).reshape([1, sk]) > paddle.arange(sq).reshape([sq, 1])).reshape([1, 1, sq, sk])
-
-
-def ref_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, training=True, backend=None,
-             scale=None, enable_gqa=True, name=None):
-    assert dropout_p == 0.0 and backend is None and query.ndim == 4
-    sq, sk, heads, kv_heads = query.shape[1], key.shape[1], query.shape[2], key.shape[2]
-    assert heads % kv_heads == 0 and (heads == kv_heads or enable_gqa)
-    if is_causal:
-        assert sq == sk, "the reference covers self-attention"
-        hidden = _above_diagonal(sq, sk)
-    elif attn_mask is not None:
-        assert attn_mask.dtype == paddle.bool, "the reference covers bool masks"
-        hidden = paddle.logical_not(attn_mask)
-    else:
-        hidden = paddle.zeros([1, 1, sq, sk], dtype="bool")
-    return _attend(query, key, value, hidden, scale)
-
-
-def ref_flashmask(query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False, window_size=None,
-                  return_softmax_lse=False, return_seed_offset=False, fixed_seed_offset=None, rng_name="",
-                  training=True, name=None, softmax_scale=None, block_mask=None, half_only=True):
-    assert dropout == 0.0 and window_size is None and block_mask is None and not return_seed_offset
-    if half_only and query.dtype not in HALF:
-        raise ValueError(f"flashmask_attention: dtype must be float16 or bfloat16, got {query.dtype}")
-    bsz, sq, _, _ = query.shape
-    sk, kv_heads = key.shape[1], key.shape[2]
-    idx = startend_row_indices
-    assert causal and idx is not None, "the reference covers causal masks with row indices"
-    assert idx.dtype == paddle.int32, f"startend_row_indices must be int32, got {idx.dtype}"
-    assert idx.ndim == 4 and idx.shape[0] == bsz and idx.shape[1] in (1, kv_heads) and idx.shape[2] == sk
-    assert idx.shape[3] == 1, "the reference covers the lower-triangular start form [..., 1]"
-    start = idx[..., 0].astype("int64").unsqueeze(2)  # [b, 1|kv_heads, 1, sk]
-    if start.shape[1] == kv_heads and kv_heads > 1:  # a KV head's mask serves its group of query heads
-        start = paddle.repeat_interleave(start, query.shape[2] // kv_heads, axis=1)
-    rows = paddle.arange(sq, dtype="int64").reshape([1, 1, sq, 1])
-    hidden = paddle.logical_or(rows >= start, _above_diagonal(sq, sk))  # [b, h|1, sq, sk]
-    out = _attend(query, key, value, hidden, softmax_scale)
-    assert not return_softmax_lse, "the GPU branch takes the output only"
-    return out
-
-
-def ref_swiglu(x, y=None, name=None):
-    if y is None:
-        x, y = paddle.chunk(x, 2, axis=-1)
-    return (F.silu(x.astype("float32")) * y.astype("float32")).astype(x.dtype)
-
-
-# ---------------------------------------------------------------- the references against numpy
-def _np(t):
-    return t.astype("float32").numpy()
-
-
-def _t(a, dtype="float32"):
-    return paddle.to_tensor(np.asarray(a, dtype=np.float32)).astype(dtype)
-
-
-def _attention_np(q, k, v, visible):
-    """q [b, sq, h, d], k/v [b, sk, kv, d], visible [b, sq, sk] bool → [b, sq, h, d]."""
-    rep = q.shape[2] // k.shape[2]
-    k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    s = np.where(visible[:, None], s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
-
-
-@pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("bfloat16", 3e-2)])
-def test_fused_rms_norm_reference(dtype, atol):
-    x, w, res = rng.standard_normal((2, 5, 16)), rng.standard_normal(16), rng.standard_normal((2, 5, 16))
-    out, residual_out, inv_var = ref_fused_rms_norm(_t(x, dtype), _t(w, dtype), None, 1e-6, 2, residual=_t(res, dtype))
-    h = (x + res).astype(np.float32)
-    want = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-6) * w
-    assert out.dtype == paddle.to_tensor(0.0).astype(dtype).dtype and list(inv_var.shape) == [2, 5]
-    np.testing.assert_allclose(_np(out), want, atol=atol * 4, rtol=atol)
-    np.testing.assert_allclose(_np(residual_out), h, atol=atol * 4)
-
-
-@pytest.mark.parametrize("neox", [False, True])
-def test_fused_rope_reference(neox):
-    q, k = rng.standard_normal((2, 6, 4, 8)), rng.standard_normal((2, 6, 2, 8))
-    ang = np.outer(np.arange(6), 1.0 / 10000 ** (np.arange(0, 8, 2) / 8))
-    emb = np.concatenate([ang, ang], -1) if not neox else np.repeat(ang, 2, axis=-1)  # each style's table layout
-    pos = np.array([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]])
-
-    def rope_np(x):
-        c, s = np.cos(emb)[pos][:, :, None], np.sin(emb)[pos][:, :, None]
-        if neox:
-            rot = np.stack([-x[..., 1::2], x[..., 0::2]], -1).reshape(x.shape)
-        else:
-            rot = np.concatenate([-x[..., 4:], x[..., :4]], -1)
-        return x * c + rot * s
-
-    for shape in ([6, 8], [1, 6, 1, 8]):  # both documented table shapes
-        cos, sin = _t(np.cos(emb)).reshape(shape), _t(np.sin(emb)).reshape(shape)
-        out_q, out_k, out_v = ref_fused_rope(_t(q), _t(k), None, sin=sin, cos=cos,
-                                             position_ids=paddle.to_tensor(pos), use_neox_rotary_style=neox)
-        assert out_v is None
-        np.testing.assert_allclose(out_q.numpy(), rope_np(q), atol=1e-5)
-        np.testing.assert_allclose(out_k.numpy(), rope_np(k), atol=1e-5)
-
-
-def test_sdpa_reference_matches_numpy_and_paddles_own_cpu_op():
-    q, k, v = rng.standard_normal((2, 7, 4, 8)), rng.standard_normal((2, 7, 2, 8)), rng.standard_normal((2, 7, 2, 8))
-    causal = np.broadcast_to(np.tril(np.ones((7, 7), bool)), (2, 7, 7))
-    got = ref_sdpa(_t(q), _t(k), _t(v), is_causal=True).numpy()
-    np.testing.assert_allclose(got, _attention_np(q, k, v, causal), atol=1e-5)
-    rep = lambda a: _t(np.repeat(a, 2, axis=2))  # noqa: E731 (Paddle's CPU math path, on MHA inputs)
-    np.testing.assert_allclose(got, F.scaled_dot_product_attention(_t(q), rep(k), rep(v), is_causal=True).numpy(),
-                               atol=1e-5)
-
-
-def test_flashmask_reference_hides_columns_below_their_start_row():
-    q, k, v = rng.standard_normal((2, 9, 4, 8)), rng.standard_normal((2, 9, 2, 8)), rng.standard_normal((2, 9, 2, 8))
-    ends = np.array([[3, 3, 3, 7, 7, 7, 7, 9, 9], [9] * 9], np.int32)  # row 0: documents [0,3) [3,7) [7,9)
-    visible = np.tril(np.ones((9, 9), bool))[None] & (np.arange(9)[None, :, None] < ends[:, None, :])
-    idx = paddle.to_tensor(ends.reshape(2, 1, 9, 1))
-    got = ref_flashmask(_t(q, "bfloat16"), _t(k, "bfloat16"), _t(v, "bfloat16"), idx, causal=True)
-    assert got.dtype == paddle.bfloat16
-    np.testing.assert_allclose(_np(got), _attention_np(q, k, v, visible), atol=3e-2)
-    with pytest.raises(ValueError, match="float16 or bfloat16"):
-        ref_flashmask(_t(q), _t(k), _t(v), idx, causal=True)
-    with pytest.raises(AssertionError, match="int32"):
-        ref_flashmask(_t(q, "bfloat16"), _t(k, "bfloat16"), _t(v, "bfloat16"), idx.astype("int64"), causal=True)
-
-
-def test_swiglu_reference_matches_numpy_and_paddles_own_op():
-    g, u = rng.standard_normal((3, 8)), rng.standard_normal((3, 8))
-    want = g / (1 + np.exp(-g)) * u
-    np.testing.assert_allclose(ref_swiglu(_t(g), _t(u)).numpy(), want, atol=1e-6)
-    packed = _t(np.concatenate([g, u], -1))
-    np.testing.assert_allclose(ref_swiglu(packed).numpy(), want, atol=1e-6)
-    np.testing.assert_allclose(F.swiglu(packed).numpy(), want, atol=1e-6)  # the real op runs on CPU
-
-
-# ---------------------------------------------------------------- the GPU branch with the references behind it
 def _gpu_run(name: str):
     """PaddleNLP's argument file resolved for 8 GPUs as `train` resolves it (the model swapped for a tiny one)."""
     from pathlib import Path
@@ -285,7 +65,8 @@ def gpu_branch(monkeypatch):
     monkeypatch.setattr(IF, "swiglu", counted("swiglu", ref_swiglu))
     monkeypatch.setattr(F, "swiglu", counted("swiglu", ref_swiglu))
     monkeypatch.setattr(F, "scaled_dot_product_attention", counted("sdpa", ref_sdpa))
-    # fp32 here, so HF can be matched at fp32 tolerances (the op-level test above holds the fp16/bf16 rule)
+    # fp32 here, so HF can be matched at fp32 tolerances (test_gpu_references.py's op-level test holds the
+    # fp16/bf16 rule)
     monkeypatch.setattr(F, "flashmask_attention", counted("flashmask", functools.partial(ref_flashmask,
                                                                                           half_only=False)))
     monkeypatch.setattr(kernels, "_gpu_available", lambda device: str(device).lower().startswith(("gpu", "cuda")))
