@@ -10,9 +10,10 @@ array into it through a numpy view of its memory (DLPack, no second copy): also 
 `to_tensor` for a [64, 4096] int64 batch (0.08 ms against 1.7 ms, measured on CPU).
 
 On a GPU (any current device other than the CPU) the leak is the same (the constructor is the device's too), and
-there a MoE layer asks for host tensors per micro-batch as well (the all-to-all's split sizes, the grouped GEMM's
-idle experts). The array goes into a CPU tensor made as above (`paddle.empty(device=CPUPlace())`) and
-`Tensor._copy_to(place, True)` copies it to the device: a blocking copy is phi::Copy with no stream, the
+there a MoE layer asks for host tensors per micro-batch as well (the grouped GEMM's idle experts; the all-to-all's
+split sizes are counted on the device now), and fp16 one per step (the loss scaler's overflow verdict). The array
+goes into a CPU tensor made as above (`paddle.empty(device=CPUPlace())`) and `Tensor._copy_to(place, True)` copies
+it to the device: a blocking copy is phi::Copy with no stream, the
 synchronous `cudaMemcpy` from pageable memory that `to_tensor`'s own copy is (`SetTensorFromPyArray`), so the
 device side is unchanged; `_copy_to` takes positional arguments and leaks nothing (counted on CPU;
 eager_method.cc `tensor_method__copy_to`, phi/core/tensor_utils.cc `Copy`, Paddle 3.x). Not run on a GPU here.
