@@ -52,6 +52,19 @@ def test_where_a_reader_wraps_around_the_train_split_and_the_line_the_trainer_lo
         logger.setLevel(level)
     step = (n - 1) // 3 + 1  # the step whose batch holds sample n, the first of epoch 2
     assert lines == [f"data: step {step} starts epoch 2 of c's train split: its samples again, in a new order"]
+    # a global batch of more than an epoch starts several at once: one line for them (it logged a line each)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        del lines[:]
+        trainer = SimpleNamespace(splits=SimpleNamespace(train=ds), global_batch=4 * n + 1,
+                                  state=SimpleNamespace(global_step=0))
+        Trainer._note_epochs(trainer, 0)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert lines == ["data: step 1 starts epochs 2-5 (its global batch holds more than an epoch) of c's train split: "
+                     "its samples again, in a new order"]
 
 def test_the_start_up_data_line_says_how_many_epochs_the_run_reads(tmp_path):
     prefix, _ = corpus(tmp_path / "c")
