@@ -144,6 +144,26 @@ def test_zero_documents_and_missing(tmp_path):
         open_token_file(tmp_path / "nothing")
 
 
+def test_a_directory_where_a_prefix_belongs_names_the_prefixes_inside(tmp_path):
+    """A blend's entry (or eval's --data) names token files by prefix; a directory there said "no token files with
+    this prefix" of a directory that holds them. input_dir alone takes a directory."""
+    from pretrain_cli.data import build_datasets
+
+    idx = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 1, 2) + struct.pack("<iqqq", 3, 0, 0, 1)
+    (tmp_path / "web").mkdir()
+    (tmp_path / "web" / "a.idx").write_bytes(idx)
+    (tmp_path / "web" / "a.bin").write_bytes(struct.pack("<3H", 5, 6, 7))
+    assert open_token_file(tmp_path / "web" / "a").num_documents == 1
+    blend = f"0.7 {tmp_path / 'web'} 0.3 {tmp_path / 'web' / 'a'}"
+    with pytest.raises(UserError) as e:
+        build_datasets(blend, "1", 2, 1, need=("train",))
+    assert str(e.value) == (f"{tmp_path / 'web'}: is a directory, not a token file prefix; name its token files by "
+                            f"their prefix ({tmp_path / 'web' / 'a'})")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="empty: is a directory, not a token file prefix; it holds no .bin/.idx pair"):
+        open_token_file(tmp_path / "empty")
+
+
 def test_writer_abort_leaves_no_files(tmp_path):
     prefix = str(tmp_path / "crash")
     with pytest.raises(RuntimeError):

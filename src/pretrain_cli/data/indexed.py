@@ -258,6 +258,12 @@ def open_token_file(path: str | os.PathLike) -> IndexedDataset:
         return _open_legacy(prefix)
     if os.path.exists(prefix + ".idx"):
         return _open_mmidx(prefix)
+    if os.path.isdir(prefix):  # a blend's entry (or eval's --data) names files, where input_dir alone takes a directory
+        inside = token_prefixes(prefix)
+        _fail(prefix, "is a directory, not a token file prefix", f"name its token files by their prefix ("
+              f"{', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''})"
+              if inside else "it holds no .bin/.idx pair; create them with `pretrain-cli preprocess --output_prefix "
+              "PREFIX`")
     literal = " (paths are used as written, not shell-expanded)" if prefix.startswith("~") or "$" in prefix else ""
     _fail(prefix, f"no token files (.bin/.idx or _ids.npy/_idx.npz) with this prefix{literal}",
           "check the path, or create them with `pretrain-cli preprocess --output_prefix PREFIX`")
