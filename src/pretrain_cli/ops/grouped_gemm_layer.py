@@ -14,7 +14,12 @@ wall, 0.95-1.01x CPU). Its products: `Matmul` (one expert's rows, the segments p
 
 `batched_gemm`'s backward uses the op's own flags (its GPU and MUSA kernels under `phi/kernels/legacy/`): `trans_rhs`
 multiplies segment e of lhs by rhs[e] transposed, `trans_lhs` segment e of lhs transposed by segment e of rhs, out
-`[experts, in, out]`. Imported by `ops.grouped`'s functions, after Paddle (Paddle at the top here).
+`[experts, in, out]`.
+
+The dense MLP's gate|up GEMM (`ops.reference.gate_up_packed`, every dense MLP and shared expert on a GPU) kept its
+`[hidden, 2·inter]` concatenation the same way; `PackedGemm` is its form of this: one GEMM, as before, the
+parameters kept instead of the copy. Imported by `ops.grouped`'s and `ops.reference`'s functions, after Paddle
+(Paddle at the top here).
 """
 from __future__ import annotations
 
@@ -129,6 +134,58 @@ class StackedGemm(PyLayer):
         per = [paddle.unbind(d, axis=0) if stack else [d] for d in dws]  # [pieces][experts]
         grads = [per[p][e] for e in range(len(ws) // pieces) for p in range(pieces)]
         return (_as(dx, x.dtype), *(_as(g, t.dtype) for g, t in zip(grads, ws)))
+
+
+class PackedGemm(PyLayer):
+    """x · [w_0 | w_1 | …] (the dense MLP's gate | up: `ops.reference.gate_up_packed`) as ONE GEMM on the weights
+    concatenated on their last axis, keeping x and the weights themselves for backward, never the concatenation.
+
+    Why: `matmul(x, concat([g, u]))` keeps its operand, a `[hidden, 2·inter]` copy of the two weights, per layer and
+    micro-batch in flight until backward (under O1 autocast's half cast of it instead): on a tiny model's forward
+    (tests/unit/test_packed_gemm.py) exactly one such copy per decoder layer more than this form keeps. Here the
+    concatenation is made in forward and again in backward and dropped after each, as `StackedGemm` re-forms the
+    experts' stacks; the price is that second concatenation, one weight-sized copy per layer's backward.
+
+    Numerics are the old path's, bit for bit: the forward runs the same ops (under the active autocast, as a
+    `PyLayer` forward does), and the backward runs the same kernel the old path's grad node ran
+    (`_C_ops.matmul_grad` on the x and the weight the GEMM read), then splits dW as `concat`'s backward did, each
+    piece contiguous (an all-reduce hook reads a gradient's buffer as laid out). Under O1 (fp32 x and weights, a
+    half GEMM) x is kept as the half copy the GEMM read, as the old path's matmul kept it, and the gradients go back
+    to their inputs' dtypes as autocast's casts did; autocast is off in backward (fleet's pipeline runs backward
+    under it), where every operand is already in dy's dtype. (O1 is checked on CPU one dtype wider, fp64 through an
+    fp32 GEMM, in the test above: there is no GPU here.)"""
+
+    @staticmethod
+    def forward(ctx, x, *ws):
+        out = paddle.matmul(x, paddle.concat(ws, axis=-1))  # [..., Σ out_i]; the concat freed on return
+        ctx.x_dtype = x.dtype
+        ctx.wanted = [not t.stop_gradient for t in (x, *ws)]  # Paddle wants None for an input without a gradient
+        ctx.save_for_backward(_as(x, out.dtype), *ws)  # O1: x as the half GEMM read it
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, *ws = ctx.saved_tensor()
+        with _autocast_off():
+            w = _as(paddle.concat(ws, axis=-1), dy.dtype)  # [in, Σ out_i], again, for this backward only
+            dx, dw = paddle._C_ops.matmul_grad(x, w, dy, False, False)  # x's shape, [in, Σ out_i]
+            dws = paddle.split(dw, [t.shape[-1] for t in ws], axis=-1)  # [in, out_i] each
+        grads = (_as(dx, ctx.x_dtype), *(_as(d.contiguous(), t.dtype) for d, t in zip(dws, ws)))
+        return tuple(g if wanted else None for g, wanted in zip(grads, ctx.wanted))
+
+
+def packed_gemm(x, *weights):
+    """`PackedGemm` of x and the weights `[in, out_i]`: `[..., Σ out_i]`."""
+    return PackedGemm.apply(x, *weights)
+
+
+def _autocast_off():
+    """Autocast off where it is on (entering Paddle's context costs ~40 µs on CPU, where it is never on)."""
+    import contextlib
+
+    from pretrain_cli.ops.fp32 import autocast_off
+
+    return autocast_off() if paddle.amp.is_autocast_enabled() else contextlib.nullcontext()
 
 
 def _as(t, dtype):

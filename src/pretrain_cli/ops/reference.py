@@ -31,13 +31,15 @@ def gate_up_packed(x, gate_w, up_w, gate_b=None, up_b=None):
     """`x @ [gate_w | up_w]` (+ biases) as one GEMM: `[..., 2·inter]` laid out [gate | up].
 
     The concat of two `[hidden, inter]` weights costs far less than a second GEMM's fixed overhead
-    (docs/PERFORMANCE.md). A kernel, not model code, so a parallel layout can supply its own (each rank
-    concatenates its own pieces).
+    (docs/PERFORMANCE.md); `ops.grouped_gemm_layer.PackedGemm` makes it for the GEMM and drops it, so backward keeps
+    x and the two parameters, not a `[hidden, 2·inter]` copy per layer and micro-batch. A kernel, not model code,
+    so a parallel layout can supply its own (each rank concatenates its own pieces).
     """
     import paddle
 
-    w = paddle.concat([gate_w, up_w], axis=1)  # [hidden, 2*inter]
-    out = paddle.matmul(x, w)  # [..., 2*inter]
+    from pretrain_cli.ops.grouped_gemm_layer import packed_gemm
+
+    out = packed_gemm(x, gate_w, up_w)  # [..., 2*inter]
     if gate_b is not None:
         out = out + paddle.concat([gate_b, up_b])  # [2*inter]
     return out
