@@ -95,3 +95,5 @@ def test_a_resume_with_another_batch_counts_the_tokens_the_run_reads(corpus, tmp
     capsys.readouterr()
     assert cli_main(["check", cfg, "--max_steps", "8", "--overwrite_output_dir", "true"]) == 0  # one batch throughout
     assert "tokens/step; 8 steps = 1,024 tokens\n" in capsys.readouterr().out
+    assert cli_main(["check", cfg, "--max_steps", "5"]) == 0  # past it: nothing to train, the file's arithmetic
+    assert "tokens/step; 5 steps = 640 tokens\n" in capsys.readouterr().out

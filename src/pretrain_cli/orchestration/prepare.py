@@ -69,7 +69,9 @@ class RunSpec:
         had, which a batch key changed on resume makes another) and this run's steps after it; the batch line, the
         data line's epochs and `check --json` count it (they counted every step at this run's batch)."""
         lp, step, done = self.run.loop, *(self.resumed_at or (0, 0))
-        return done + max(lp.max_steps - step, 0) * self.run.global_batch_size
+        if step >= lp.max_steps:  # nothing to train (`check`'s and `train`'s line says so): the file's arithmetic
+            return max(lp.max_steps, 0) * self.run.global_batch_size
+        return done + (lp.max_steps - step) * self.run.global_batch_size
 
     @property
     def user_args(self) -> Arguments:
@@ -127,7 +129,7 @@ class RunSpec:
                      f"recompute {r.recompute_granularity or 'off'}")
         ranks, batch = count(r.parallel.data_world_size, "data rank"), count(r.global_batch_size, "sequence")
         samples, (step, done) = self.train_samples(), self.resumed_at or (0, 0)
-        before = (f" ({self.resume.name}'s {count(done, 'sequence')}, then {count(lp.max_steps - step, 'step')} of "
+        before = (f" ({self.resume.name}'s {done:,} sequences, then {count(lp.max_steps - step, 'step')} of "
                   f"{r.global_batch_size})" if samples != max(lp.max_steps, 0) * r.global_batch_size else "")
         lines.append(f"  batch: {lp.micro_batch} x acc {lp.grad_accum} x {ranks} = {batch} = {r.tokens_per_step:,} "
                      f"tokens/step; {count(lp.max_steps, 'step')} = {samples * r.data.max_seq_length:,} tokens{before}")
