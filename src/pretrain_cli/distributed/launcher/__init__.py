@@ -1,9 +1,9 @@
 """The launcher side of a multi-process run, no Paddle at import: what `paddle.distributed.launch` told this process,
-and a launched rank's tie to its launcher (`launch`); a job's ports, verdicts and restart decision for scripts/launch.sh
-(`job`); what scripts/paddle_launch.py adds to Paddle's launcher: the nodes' limited meeting at MASTER (`rendezvous`),
-the watch of their join after it, which names a node lost or late (`joining`), how a node that leaves before the
-join ends and the others after it (`leaving`), and the time its ranks get to stop
-after a signal (`stopping`); the launch's directories in TMPDIR, removed after a SIGKILL by the next launch
-(`tempdirs`); each rank's progress record (`progress`); and the rank watchers that name a dead or hung rank
-(`watchdog`: the rank's side; `watcher`: the forked watcher; `verdict`: the evidence the host's watchers share and
-their one verdict)."""
+and a launched rank's tie to its launcher (`launch`); a job's ports, verdicts and restart decision for
+scripts/launch.sh (`job`); what scripts/paddle_launch.py adds to Paddle's launcher: the nodes' limited meeting at
+MASTER (`rendezvous`), the watch of their join after it, which names a node lost or late (`joining`), how a node that
+leaves before the join ends and the others after it (`leaving`), a rank's own limit on the join where no launcher
+watches it (`join_deadline`), and the time its ranks get to stop after a signal (`stopping`); the launch's
+directories in TMPDIR, removed after a SIGKILL by the next launch (`tempdirs`); each rank's progress record
+(`progress`); and the rank watchers that name a dead or hung rank (`watchdog`: the rank's side; `watcher`: the forked
+watcher; `verdict`: the evidence the host's watchers share and their one verdict)."""

@@ -93,14 +93,23 @@ def joined(rank: int, done: bool, allowance: float | None = None) -> None:
     """Mark this rank inside the join of the process group (`joining.R`: its pid, and `allowance`, the seconds its
     run lets the other nodes' ranks take to come there, `none` for no limit) or through it (`joined.R`) in the
     directory its launcher's join watch reads (`JOIN_ENV`, set by scripts/paddle_launch.py on several nodes:
-    `launcher.joining`); nothing without one. Best effort."""
+    `launcher.joining`). Without one, the rank limits its own wait to `allowance` (`join_deadline`). Best effort."""
     value = os.environ.get(JOIN_ENV)
+    if not value:
+        from pretrain_cli.distributed.launcher import join_deadline
+
+        join_deadline.disarm() if done else join_deadline.arm(rank, allowance, _world_size(), record)
     if value:
         from pretrain_cli import atomic
 
         mark = str(os.getpid()) if done else f"{os.getpid()} {'none' if allowance is None else allowance}"
         with contextlib.suppress(OSError):
             atomic.write_text(Path(value) / f"{'joined' if done else 'joining'}.{rank}", mark)
+
+
+def _world_size() -> int | None:
+    value = os.environ.get("PADDLE_TRAINERS_NUM", "")
+    return int(value) if value.isdigit() else None
 
 
 def wait_for_watchers(directory, seconds: float = 15.0) -> None:

@@ -27,10 +27,10 @@ restarted; one whose ranks could not join (75, which its launch.sh retries with 
 records that make theirs retry too; a node that vanished without a word (silent, or MASTER gone with the node serving
 it: killed, its host down, the network cut) ends them as a failed join does, 75 (`leaving.VANISHED`: nothing has run, a
 new launch may succeed, so launch.sh meets the nodes at MASTER again with new ports, and a scheduler reads
-EX_TEMPFAIL); any other end is `LOST` (1) and a late node `HUNG` (124), restarted under MAX_RESTART. A node whose own ranks still start up when another left with `HUNG` is late itself (the others name
-every node not in the join by their deadline): it ends too, its ranks killed, `HUNG`, where its stalled rank would
-otherwise hold it for ever. Plain HTTP with a timeout (`Store`): Paddle's own client waits for ever on a host that
-is gone.
+EX_TEMPFAIL); any other end is `LOST` (1) and a late node `HUNG` (124), restarted under MAX_RESTART. A node whose own
+ranks still start up when another left with `HUNG` is late itself (the others name every node not in the join by their
+deadline): it ends too, its ranks killed, `HUNG`, where its stalled rank would otherwise hold it for ever. Plain HTTP
+with a timeout (`Store`): Paddle's own client waits for ever on a host that is gone.
 """
 from __future__ import annotations
 
@@ -235,7 +235,9 @@ class Watch:
         """(code, action) this node ends with for `lost` (its first): the class of a node that left, a vanished
         node's (`leaving.VANISHED`: a failed join's) or a late one's (`HUNG`)."""
         j, why = lost[0]
-        return leaving.follow(*self.ends[j]) if why == "left" else (HUNG, "retry") if why == "late" else leaving.VANISHED
+        if why == "left":
+            return leaving.follow(*self.ends[j])
+        return (HUNG, "retry") if why == "late" else leaving.VANISHED
 
     def line(self, lost: list[tuple[int, str]], end: tuple[int, str] | None = None) -> str:
         """The one line naming the first of `lost` (and how many more), and how this node ends (`end`, else

@@ -14,13 +14,13 @@ Launcher side: no Paddle at import (`install` imports the launcher's controller 
 Rank side, for every launch form (a bare `python -m paddle.distributed.launch` too, whose 30 s nothing here can
 lengthen: SIGTERM three times 0.2 s apart to each rank in turn, 30 s, three more, then SIGKILL to the rank's pid, so a
 rank is killed 30 + 0.6 x (ranks on the node + 1) s after its first SIGTERM: measured 31.8 s on both of 2 ranks, the
-launcher's exit 15 at 33.2 s): a rank knows the time its launcher
-gives a stop (`rank_limit`: `LIMIT_ENV`, which scripts/paddle_launch.py sets, else Paddle's `PADDLE` when launched);
-its stop's start is noted (`began`, through `watchdog.stop_began` from `training.stop_signals`) for its watcher, which names a SIGKILL during the stop
-as the launcher's limit and says how to give a stop longer (`killed`); and when this run's last save took longer than
-the stop has left, the stop says so before it saves (`short`). Paddle's launcher echoes rank 0's log only from its
-watch loop, which its signal handler holds for the whole stop: under a bare launch these lines reach the workerlogs,
-not the console.
+launcher's exit 15 at 33.2 s): a rank knows the time its launcher gives a stop (`rank_limit`: `LIMIT_ENV`, which
+scripts/paddle_launch.py sets, else Paddle's `PADDLE` when launched); its stop's start is noted (`began`, through
+`watchdog.stop_began` from `training.stop_signals`) for its watcher, which names a SIGKILL during the stop as the
+launcher's limit and says how to give a stop longer (`killed`); and when this run's last save took longer than the stop
+has left, the stop says so before it saves (`short`). Paddle's launcher echoes rank 0's log only from its watch loop,
+which its signal handler holds for the whole stop: under a bare launch these lines reach the workerlogs, not the
+console.
 """
 from __future__ import annotations
 
@@ -132,8 +132,8 @@ def killed(mark: str, now: float, phase: str, step: int) -> str:
 
 def _who(limit: int, source: str) -> str:
     if source == "paddle":
-        return (f"Paddle's launcher, run directly (python -m paddle.distributed.launch), kills the ranks {limit} s after "
-                f"its signal")
+        return (f"Paddle's launcher, run directly (python -m paddle.distributed.launch), kills the ranks {limit} s "
+                f"after its signal")
     return f"the launcher kills the ranks ({ENV}={limit} s: scripts/launch.sh)"
 
 
