@@ -117,3 +117,21 @@ def test_the_ranks_of_a_host_share_one_directory_held_while_any_of_them_lives(tm
         assert made == first and (made / tempdirs.OWNERS).is_file()
     finally:
         os.close(fd)
+
+
+def test_a_watcher_outliving_its_rank_holds_the_directory_too(tmp_path):
+    """The watcher holds its rank's lock (its fd 5), whatever descriptor the rank's was: a rank dead, its watcher still
+    at work (stopped here, so it cannot finish and remove the directory itself), is no directory to sweep."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    rank, watcher, shared = _rank(tmp_path, "outlived")
+    try:
+        os.kill(watcher, signal.SIGSTOP)
+        _killed(rank.pid)
+        rank.wait()
+        assert tempdirs.sweep(tmp) == [] and shared.is_dir()
+    finally:
+        os.kill(watcher, signal.SIGKILL)
+        rank.wait()
+    _killed(watcher)
+    assert tempdirs.sweep(tmp) == [shared] and not shared.exists()

@@ -43,6 +43,7 @@ or hangs first (`Watcher._pay`), and rank 0 ends at once, naming the rank (`trai
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import time
@@ -105,11 +106,13 @@ def _spawn(watcher: Watcher) -> None:
         try:
             os.setsid()  # its own session: a launcher tearing down the job's process group must not kill it first
             os.close(write_end)
+            # (the lock first moved clear of 3-5, which it may hold: a dup2 onto it would drop it)
+            held = None if _OWNERS is None else fcntl.fcntl(_OWNERS, fcntl.F_DUPFD, 64)
             os.dup2(read_end, 3)
             os.dup2(log, 4)
-            if _OWNERS is not None:
-                os.dup2(_OWNERS, 5)
-            os.closerange(5 if _OWNERS is None else 6, 4096)  # no socket of the rank's stays open here
+            if held is not None:
+                os.dup2(held, 5)
+            os.closerange(5 if held is None else 6, 4096)  # no socket of the rank's stays open here
             watcher.announce(True)
             watcher.run(3, 4)
         finally:
