@@ -97,3 +97,24 @@ def test_a_resume_with_another_batch_counts_the_tokens_the_run_reads(corpus, tmp
     assert "tokens/step; 8 steps = 1,024 tokens\n" in capsys.readouterr().out
     assert cli_main(["check", cfg, "--max_steps", "5"]) == 0  # past it: nothing to train, the file's arithmetic
     assert "tokens/step; 5 steps = 640 tokens\n" in capsys.readouterr().out
+
+
+def test_an_output_dir_holding_a_model_no_run_wrote_is_refused(corpus, tmp_path, capsys):
+    """output_dir set to a downloaded or exported model's directory (the one continue_training reads, say): check and
+    train said OK, and the run's final model replaced its weights. Refused in one line unless overwrite_output_dir;
+    a run's own directory (its args.json) resumes as before."""
+    model = tmp_path / "hf"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=2, output_dir=str(model))
+    for command in ("check", "train"):
+        assert cli_main([command, cfg]) == 2
+        assert capsys.readouterr().err == (f"error: output_dir: {model} holds a model no run wrote there "
+                                           "(model.safetensors, no args.json), which this run's final model would "
+                                           "replace; choose another output_dir, or set overwrite_output_dir: true to "
+                                           "replace it\n")
+    assert sorted(p.name for p in model.iterdir()) == ["model.safetensors"]  # nothing written
+    assert cli_main(["check", cfg, "--overwrite_output_dir", "true"]) == 0
+    run = write_config(tmp_path, corpus, max_steps=2, save_steps=2)  # a run's own directory: its final model
+    assert cli_main(["train", run]) == 0
+    assert cli_main(["check", run, "--max_steps", "3"]) == 0 and "resumes from" in capsys.readouterr().out

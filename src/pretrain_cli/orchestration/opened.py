@@ -136,6 +136,24 @@ def check_output_dir(output_dir: str) -> Path:
     return out
 
 
+def foreign_model(run) -> None:
+    """A training run's `output_dir` that holds model weights no run wrote there (no args.json: a downloaded or
+    exported model, often the one `model_name_or_path` reads with continue_training): the run's final model
+    replaces them at its end, so it is refused unless `overwrite_output_dir` says to (as transformers' example
+    scripts refuse a non-empty output_dir). A run's own directory, which has its args.json, resumes as before."""
+    from pretrain_cli.run_dir import ARGS_FILE
+
+    out = Path(run.output.output_dir)
+    if not run.loop.do_train or run.output.overwrite or not out.is_dir() or (out / ARGS_FILE).exists():
+        return
+    weights = [n for n in ("model.safetensors", "model.safetensors.index.json", "model_state.pdparams")
+               if (out / n).is_file()]
+    if weights:
+        raise UserError(f"output_dir: {out} holds a model no run wrote there ({weights[0]}, no {ARGS_FILE}), which "
+                        f"this run's final model would replace; choose another output_dir, or set "
+                        f"overwrite_output_dir: true to replace it")
+
+
 def placeholder_config():
     """A model shape that passes every check, so argument problems are still found when config.json is broken."""
     from pretrain_cli.models.config import ModelConfig

@@ -19,8 +19,8 @@ from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems
-from pretrain_cli.orchestration.opened import (build_model_config, check_output_dir, open_splits, open_token_files,
-                                               open_tokenizer, placeholder_config, tokenizer_ids)
+from pretrain_cli.orchestration.opened import (build_model_config, check_output_dir, foreign_model, open_splits,
+                                               open_token_files, open_tokenizer, placeholder_config, tokenizer_ids)
 from pretrain_cli.training import trackers
 
 
@@ -230,6 +230,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         from pretrain_cli.orchestration.resumed import find_resume
 
+        problems.run(foreign_model, run)
         spec.resume = problems.run(find_resume, run)
     saved = CheckpointDir(spec.resume) if spec.resume is not None else None  # its files read once, here
     if saved is not None:
