@@ -153,6 +153,15 @@ def test_eval_on_a_multi_process_runs_directory_reads_the_windows_its_evaluation
     assert cli_main(["eval", "--model", str(out), "--max_batches", "2", "--json"]) == 0  # the user's count stands
     printed = capsys.readouterr()
     assert json.loads(printed.out)["batches"] == 2 and "data ranks" not in printed.err
+    assert "samples repeat" not in printed.err
+    # more batches than the split holds: said (it printed "N samples" of a split that holds fewer, repeated silently)
+    from pretrain_cli.data import build_datasets
+
+    held = len(build_datasets(str(corpus / "data"), "90,5,5", 32, 7, need=("valid",)).get("valid"))
+    many = held // 2 + 3  # batches of 2
+    assert cli_main(["eval", "--model", str(out), "--max_batches", str(many), "--json"]) == 0
+    assert (f"note: the valid split holds {held} samples: {many} batches of 2 read {2 * many}, so samples repeat; "
+            f"--max_batches {held // 2} reads each at most once\n") in capsys.readouterr().err
 
 
 def test_inspect_data_resolves_a_run_on_its_data_ranks(corpus, tmp_path, capsys):

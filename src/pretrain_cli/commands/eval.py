@@ -158,6 +158,11 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ranks > 1 and ns.max_batches is None:
         print(f"note: {ns.config}: its run evaluated {per_rank} batches of {bs} on each of {ranks} data ranks; "
               f"the same {per_rank * ranks * bs} windows here, as {batches} batches of {bs}", file=sys.stderr)
+    held = len(spec.splits.get(ns.split))
+    if ns.max_batches is not None and batches * bs > held:  # (the run's own count: its start-up note said so)
+        once = f"; --max_batches {held // bs} reads each at most once" if held >= bs else ""
+        print(f"note: the {ns.split} split holds {held} samples: {batches} batches of {bs} read {batches * bs}, "
+              f"so samples repeat{once}", file=sys.stderr)
     total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
     loss = total / max(count, 1.0)
     mask = spec.run.data.attention_mask_type
