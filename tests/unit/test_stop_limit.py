@@ -68,9 +68,9 @@ def test_a_rank_killed_by_paddles_launcher_mid_stop_is_said_to_be_its_30_s_limit
 def test_under_launch_sh_the_kill_names_stop_timeout(tmp_path):
     out, _ = _killed_in_stop(tmp_path, {"PADDLE_TRAINER_ID": "0", stopping.LIMIT_ENV: "20"})
     assert (" s into its stop after a signal, while saving checkpoint-40: most likely the launcher kills the ranks "
-            "(STOP_TIMEOUT=20 s: scripts/launch.sh); that checkpoint is lost (a re-run resumes from the newest "
-            "complete one), give a stop more time with STOP_TIMEOUT (and the scheduler's grace period before its "
-            "SIGKILL)") in out, out
+            "STOP_TIMEOUT=20 s after its signal (scripts/launch.sh); that checkpoint is lost (a re-run resumes from the "
+            "newest complete one), give a stop more time with STOP_TIMEOUT (and the scheduler's grace period before "
+            "its SIGKILL)") in out, out
 
 
 def test_each_launch_forms_limit():

@@ -134,7 +134,7 @@ def _who(limit: int, source: str) -> str:
     if source == "paddle":
         return (f"Paddle's launcher, run directly (python -m paddle.distributed.launch), kills the ranks {limit} s "
                 f"after its signal")
-    return f"the launcher kills the ranks ({ENV}={limit} s: scripts/launch.sh)"
+    return f"the launcher kills the ranks {ENV}={limit} s after its signal (scripts/launch.sh)"
 
 
 def _longer(source: str) -> str:
