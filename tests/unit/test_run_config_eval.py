@@ -26,6 +26,8 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
                      "of `split`, or lower per_device_eval_batch_size"]
     on_two = resolve_run("--do_eval", "true", "--eval_iters", "4", "--per_device_eval_batch_size", "8", world=2)
     assert "x 2 data ranks = 64," in eval_repeats(on_two, splits)[0]
+    one = SimpleNamespace(get={"valid": [0], "test": [0]}.get)  # (a max_seq_length the split holds once)
+    assert eval_repeats(run, one)[0].startswith("eval: the valid split holds 1 sample, fewer than")
     assert run.loop.test_iters == 40  # PaddleNLP's run_pretrain.py: test_iters = eval_iters * 10
     # a resume that raised eval_iters to keep its checkpoint's eval windows is not told to lower it again
     import dataclasses

@@ -293,7 +293,7 @@ def eval_repeats(run: RunConfig, splits) -> list[str]:
                    f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here ({'test_iters 10 x ' * (per > 1)}"
                    f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
                    f"`split`, or lower per_device_eval_batch_size")
-            notes.append(f"eval: the {split} split holds {len(ds)} samples, fewer than {read} x "
+            notes.append(f"eval: the {split} split holds {count(len(ds), 'sample')}, fewer than {read} x "
                          f"per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}, so evaluation repeats "
                          f"samples; {fix}")
     return notes
