@@ -38,7 +38,7 @@ constexpr int64_t kBlock = 64;  // cpu_ops.ATTENTION_BLOCK, which the planner's 
 // The probabilities one head keeps: a bound on the sum of its blocks' m·w over every causal and document
 // blocking. A row i sits in a block of at most kBlock rows that starts at or before it, and the block multiplies
 // keys up to its last row's, so its w is at most min(SK, SK - S + i + kBlock). (Mirrored by
-// cpu_ops.attention_probs_per_head; tests/unit/test_cpu_ops.py checks the two agree.)
+// cpu_ops.attention_probs_per_head; tests/unit/test_cpu_attention.py checks the two agree.)
 int64_t probs_per_head(int64_t S, int64_t SK) {
   if (S < 0 || SK < 0) return -1;  // a length not known yet (shape inference under to_static): unknown too
   int64_t t = 0;
