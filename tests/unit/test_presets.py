@@ -116,6 +116,10 @@ def test_a_mistyped_model_name_gets_a_did_you_mean():
             resolve_model_dir(typo)
     with pytest.raises(UserError, match="huggingface-cli download org/unrelated-model"):
         resolve_model_dir("org/unrelated-model")
+    # a preset's name mistyped has no hub repository to fetch: it said "`huggingface-cli download tiny-qwen ...`"
+    with pytest.raises(UserError) as e:
+        resolve_model_dir("tiny-qwen")
+    assert "download" not in str(e.value) and str(e.value).endswith("(`pretrain-cli check --list-models` lists them)")
 
 
 def test_each_family_carries_its_published_architecture_details():

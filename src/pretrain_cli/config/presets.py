@@ -134,6 +134,8 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
                         f"({LIST_HINT}) or to a directory holding one")
     close = _nearest_name(name)
     hint = f"; did you mean {close!r}? ({LIST_HINT})" if close else f" ({LIST_HINT})"
+    if close and "/" not in name:  # a preset's name mistyped: no hub repository to fetch ("download tiny-qwen")
+        raise UserError(f"{key}: {name!r} is neither a local directory nor a preset{hint}{_literal_hint(name)}")
     raise UserError(
         f"{key}: {name!r} is neither a local directory nor a preset{hint}{_literal_hint(name)}; nothing is "
         f"downloaded: fetch the model yourself (e.g. `huggingface-cli download {name} --local-dir ./models/x`) "
