@@ -156,9 +156,9 @@ class PackedGemm(PyLayer):
     fp32 GEMM, in the test above: there is no GPU here.)"""
 
     @staticmethod
-    def forward(ctx, x, *ws):
-        out = paddle.matmul(x, paddle.concat(ws, axis=-1))  # [..., Σ out_i]; the concat freed on return
-        ctx.x_dtype = x.dtype
+    def forward(ctx, x, packing, *ws):
+        out = paddle.matmul(x, packing.pack(ws))  # [..., Σ out_i]; the concat freed on return
+        ctx.packing, ctx.x_dtype = packing, x.dtype
         ctx.wanted = [not t.stop_gradient for t in (x, *ws)]  # Paddle wants None for an input without a gradient
         ctx.save_for_backward(_as(x, out.dtype), *ws)  # O1: x as the half GEMM read it
         return out
@@ -167,16 +167,34 @@ class PackedGemm(PyLayer):
     def backward(ctx, dy):
         x, *ws = ctx.saved_tensor()
         with _autocast_off():
-            w = _as(paddle.concat(ws, axis=-1), dy.dtype)  # [in, Σ out_i], again, for this backward only
-            dx, dw = paddle._C_ops.matmul_grad(x, w, dy, False, False)  # x's shape, [in, Σ out_i]
-            dws = paddle.split(dw, [t.shape[-1] for t in ws], axis=-1)  # [in, out_i] each
-        grads = (_as(dx, ctx.x_dtype), *(_as(d.contiguous(), t.dtype) for d, t in zip(dws, ws)))
+            w = _as(ctx.packing.pack(ws), dy.dtype)  # [in, Σ out_i], again, for this backward only
+            dx, dw = ctx.packing.products(x, w, dy)  # x's shape, [in, Σ out_i]
+            dws = ctx.packing.unpack(dw, ws)  # [in, out_i] each
+        grads = (_as(dx, ctx.x_dtype), *(_as(d, t.dtype) for d, t in zip(dws, ws)))
         return tuple(g if wanted else None for g, wanted in zip(grads, ctx.wanted))
 
 
-def packed_gemm(x, *weights):
+class Concat:
+    """How `PackedGemm` packs on one device: the weights side by side on their last axis, the backward's products
+    by the old grad node's kernel, the packed gradient cut back into contiguous pieces. A layout whose weights are
+    distributed tensors passes its own (`distributed.steps.local_kernels`: each rank packs its own pieces)."""
+
+    @staticmethod
+    def pack(ws):
+        return paddle.concat(ws, axis=-1)  # [in, Σ out_i]
+
+    @staticmethod
+    def products(x, w, dy):
+        return paddle._C_ops.matmul_grad(x, w, dy, False, False)
+
+    @staticmethod
+    def unpack(dw, ws):
+        return [d.contiguous() for d in paddle.split(dw, [t.shape[-1] for t in ws], axis=-1)]  # [in, out_i] each
+
+
+def packed_gemm(x, *weights, packing=Concat):
     """`PackedGemm` of x and the weights `[in, out_i]`: `[..., Σ out_i]`."""
-    return PackedGemm.apply(x, *weights)
+    return PackedGemm.apply(x, packing, *weights)
 
 
 def _autocast_off():

@@ -115,6 +115,37 @@ def _same_graph(grouped_mlp):
     return grouped_mlp_padded if grouped_mlp is grouped_mlp_cpu else grouped_mlp
 
 
+class _RankPieces:
+    """`PackedGemm`'s packing on distributed tensors: gate and up side by side per rank, `[hidden, 2·inter/tp]` laid
+    out [g_r | u_r], declared with gate's placements; the backward's two products as Paddle's distributed matmuls
+    (`_C_ops.matmul_grad` refuses distributed tensors: "The output tensor is nullptr"); the packed gradient made
+    non-Partial in gate's placements and cut back into each weight's own."""
+
+    @staticmethod
+    def pack(ws):
+        import paddle
+
+        return _dist(paddle.concat([_local(w) for w in ws], axis=-1), ws[0])  # [hidden, 2*inter]
+
+    @staticmethod
+    def products(x, w, dy):
+        import paddle
+
+        dx = paddle.matmul(dy, w, transpose_y=True)  # x's shape
+        dw = paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
+        return dx, dw  # [hidden, 2*inter]
+
+    @staticmethod
+    def unpack(dw, ws):
+        import paddle
+        import paddle.distributed as dist
+
+        if list(dw.placements) != list(ws[0].placements):
+            dw = dist.reshard(dw, dw.process_mesh, ws[0].placements)
+        pieces = paddle.split(_local(dw), [_local(w).shape[-1] for w in ws], axis=-1)
+        return [_dist(p.contiguous(), w) for p, w in zip(pieces, ws)]
+
+
 def localize(k, hook: bool):
     """`k` (an `ops.kernels.Kernels`) with every op running on local pieces of distributed tensors (`_on_pieces`;
     the three that need more than that below), and `whole_weight` gathering a weight ZeRO-3 keeps in pieces.
@@ -128,14 +159,21 @@ def localize(k, hook: bool):
 
     def gate_up(x, gate_w, up_w, gate_b=None, up_b=None):
         """Each rank concatenates its own gate and up pieces, `[hidden, 2·inter/tp]` laid out [g_r | u_r],
-        declared with gate's placements; so `swiglu_packed` sees this rank's halves."""
+        declared with gate's placements; so `swiglu_packed` sees this rank's halves. One GEMM that keeps x and
+        the two weights for backward, not the concatenation (`ops.grouped_gemm_layer.PackedGemm`). Not under
+        ZeRO-3: there the weights it would keep are the gathered copies, as many bytes as the concatenation (O1:
+        fp32 against its half cast), so the matmul keeps the concatenation as before."""
         import paddle
 
         if not gate_w.is_dist():
             return k.gate_up(x, gate_w, up_w, gate_b, up_b)
+        from pretrain_cli.ops.grouped_gemm_layer import packed_gemm
+
         g, u = gather_zero(gate_w, hook), gather_zero(up_w, hook)
-        w = _dist(paddle.concat([_local(g), _local(u)], axis=1), g)  # [hidden, 2*inter]
-        out = paddle.matmul(x, w)  # [bsz, seq_len, 2*inter], per rank [g_r | u_r]
+        if g is gate_w and u is up_w:
+            out = packed_gemm(x, g, u, packing=_RankPieces)  # [bsz, seq_len, 2*inter], per rank [g_r | u_r]
+        else:
+            out = paddle.matmul(x, _RankPieces.pack([g, u]))  # the same, keeping the gathered [hidden, 2*inter]
         if gate_b is not None:
             gb, ub = gather_zero(gate_b, hook), gather_zero(up_b, hook)
             out = out + _dist(paddle.concat([_local(gb), _local(ub)]), gb)  # [2*inter]
