@@ -12,4 +12,5 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pretrain_cli.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main(["train", *sys.argv[1:]]))
+    # its usage line and errors name this script as the user ran it, not `pretrain-cli train`
+    raise SystemExit(main(["train", *sys.argv[1:]], prog=f"python {sys.argv[0]}"))

@@ -79,17 +79,20 @@ class CommandParser(argparse.ArgumentParser):
         return [s for a in self._actions for s in a.option_strings if s.startswith("--")]
 
 
-def build_parser(name: str) -> tuple[CommandParser, object, bool]:
+def build_parser(name: str, prog: str | None = None) -> tuple[CommandParser, object, bool]:
+    """The subcommand's parser; `prog`: the command as the user typed it, where it is not `pretrain-cli <name>`
+    (`python scripts/run_pretrain.py` is `train`: its usage and errors name the script the user ran)."""
     module_name, help_, takes_config = COMMANDS[name]
     module = importlib.import_module(module_name)
-    usage = f"pretrain-cli {name} [config.json|config.yaml] [--key value ...]" if takes_config else None
-    parser = CommandParser(prog=f"pretrain-cli {name}", description=help_, usage=usage, allow_abbrev=False)
+    prog = prog or f"pretrain-cli {name}"
+    usage = f"{prog} [config.json|config.yaml] [--key value ...]" if takes_config else None
+    parser = CommandParser(prog=prog, description=help_, usage=usage, allow_abbrev=False)
     module.add_arguments(parser)
     parser.finish()
     return parser, module, takes_config
 
 
-def _run(argv: list[str]) -> int:
+def _run(argv: list[str], prog: str | None = None) -> int:
     if argv and argv[0] in ("-h", "--help", "help"):
         print(_top_help())
         return 0
@@ -108,14 +111,14 @@ def _run(argv: list[str]) -> int:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f"; did you mean `{close[0]}`?" if close else f"; commands: {', '.join(COMMANDS)}"
         raise UserError(f"unknown command {name!r}{hint}")
-    parser, module, takes_config = build_parser(name)
+    parser, module, takes_config = build_parser(name, prog)
     if takes_config:
         config = tail[0] if tail and not tail[0].startswith("-") else None
         rest = tail[1:] if config is not None else tail
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
         if config is None and not overrides and not getattr(ns, "list_models", False):  # check --list-models needs no file
-            parser.fail(f"no argument file given: `pretrain-cli {name}` needs a JSON or YAML argument "
+            parser.fail(f"no argument file given: `{parser.prog}` needs a JSON or YAML argument "
                         f"file (configs/demo_cpu.json, for one) or its keys as --key value")
     else:
         ns, overrides = parser.parse_known_args(tail)
@@ -129,8 +132,10 @@ def _run(argv: list[str]) -> int:
     return int(module.main(ns) or 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv's); `prog`: what the user ran, where it is not `pretrain-cli
+    <command>` (scripts/run_pretrain.py: `python scripts/run_pretrain.py`, which runs `train`)."""
+    code = _main(argv, prog)
     from pretrain_cli import runtime
 
     if runtime.process_group_up():  # a launched rank: its exit code, without the teardown that can crash it
@@ -138,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     try:
-        return _run(argv)
+        return _run(argv, prog)
     except UserError as e:
         if debug:
             traceback.print_exc()

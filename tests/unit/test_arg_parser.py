@@ -275,6 +275,28 @@ def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"usage: pretrain-cli {command} [config.json|config.yaml] [--key value ...]"
     assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON or YAML argument file")
+
+
+def test_run_pretrain_py_names_itself_in_its_usage_and_errors(capsys, monkeypatch):
+    """`python scripts/run_pretrain.py` with no argument file (or a bad option) answered `usage: pretrain-cli train`:
+    a command the user did not run. The script's usage line and errors name the script as it was run."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "run_pretrain.py")
+    usage = f"usage: python {script} [config.json|config.yaml] [--key value ...]"
+    for argv in ([], ["--help"]):
+        monkeypatch.setattr(sys, "argv", [script, *argv])
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(script, run_name="__main__")
+        captured = capsys.readouterr()
+        if argv:  # --help: the usage line first, on stdout
+            assert e.value.code == 0 and captured.out.splitlines()[0] == usage, captured.out
+            continue
+        err = captured.err.splitlines()
+        assert e.value.code == 2 and err[0] == usage, err
+        assert err[1].startswith(f"error: no argument file given: `python {script}` needs a JSON or YAML"), err
     assert len(err) == 2  # not "do_train, do_eval, do_predict: all false" and "output_dir: required"
 
 
