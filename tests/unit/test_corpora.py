@@ -242,7 +242,7 @@ def test_inspect_directory_notes_files_without_sidecar(tmp_path, tok_dir, capsys
     assert info["without_sidecar"] == 1 and info["problems"] == [] and info["documents"] == 22
     assert info["files"][0]["vocab_size"] == 300 and info["files"][0]["eos_token_id"] is not None
     assert cli.main(["inspect-data", str(tmp_path / "d")]) == 0
-    assert "note: 1 files have no .json sidecar" in capsys.readouterr().out
+    assert "note: 1 file has no .json sidecar" in capsys.readouterr().out
 
 
 def test_token_files_of_another_tokenizer_are_refused(tmp_path, tok_dir):

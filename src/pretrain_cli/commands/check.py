@@ -71,7 +71,8 @@ def verified(spec, out=None) -> object | None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    from pretrain_cli.orchestration.prepare import count, prepare
+    from pretrain_cli.counts import count
+    from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import launcher_target, simulated_target
 
     if ns.list_models:

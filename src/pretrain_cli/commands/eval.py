@@ -7,6 +7,7 @@ import sys
 import time
 
 from pretrain_cli.commands import check_counts
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 # `--key value` after the options: the training keys, applied to --config's file or to the record of the run that
@@ -156,22 +157,24 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     per_rank, ranks = lp.eval_iters if ns.split == "valid" else lp.test_iters, data_ranks(ns.config)
     batches, bs = per_rank * ranks if ns.max_batches is None else ns.max_batches, lp.eval_batch
     if ranks > 1 and ns.max_batches is None:
-        print(f"note: {ns.config}: its run evaluated {per_rank} batches of {bs} on each of {ranks} data ranks; "
-              f"the same {per_rank * ranks * bs} windows here, as {batches} batches of {bs}", file=sys.stderr)
+        print(f"note: {ns.config}: its run evaluated {count(per_rank, 'batch')} of {bs} on each of "
+              f"{count(ranks, 'data rank')}; the same {count(per_rank * ranks * bs, 'window')} here, as "
+              f"{count(batches, 'batch')} of {bs}", file=sys.stderr)
     held = len(spec.splits.get(ns.split))
     if ns.max_batches is not None and batches * bs > held:  # (the run's own count: its start-up note said so)
         once = f"; --max_batches {held // bs} reads each at most once" if held >= bs else ""
-        print(f"note: the {ns.split} split holds {held} samples: {batches} batches of {bs} read {batches * bs}, "
+        print(f"note: the {ns.split} split holds {count(held, 'sample')}: {count(batches, 'batch')} of {bs} read "
+              f"{batches * bs}, "
               f"so samples repeat{once}", file=sys.stderr)
-    total, count, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
-    loss = total / max(count, 1.0)
+    total, predicted, samples = _loss_sum(model, split_batches(spec.splits.get(ns.split), bs, batches), batches)
+    loss = total / max(predicted, 1.0)
     mask = spec.run.data.attention_mask_type
-    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "batches": batches,
+    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(predicted), "batches": batches,
               "model": model_name, "config": ns.config, "split": ns.split, "model_weights": source,
               "attention_mask_type": mask, "kernels": model.kernels.describe()}
     masked = ", document-masked" if mask == "document" else ""
-    return _report(ns, result, t0, f"{samples} samples of {spec.run.data.max_seq_length} tokens from the {ns.split} "
-                   f"split of {ns.config} ({batches} batches of {bs}{masked})")
+    return _report(ns, result, t0, f"{count(samples, 'sample')} of {spec.run.data.max_seq_length} tokens from the "
+                   f"{ns.split} split of {ns.config} ({count(batches, 'batch')} of {bs}{masked})")
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -218,7 +221,7 @@ def main(ns: argparse.Namespace) -> int:
 
     tokens, loss_mask = read_tokens(ns.data)
     if (len(tokens) - 1) // ns.max_seq_length < 1:
-        raise UserError(f"--data: {ns.data} has {len(tokens)} tokens, fewer than one window of "
+        raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
     model_dir, cfg = _model_config(ns.model)
     check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
@@ -240,12 +243,13 @@ def main(ns: argparse.Namespace) -> int:
     documents = document_starts(ns.data) if mask == "document" else None
     batches = window_batches(tokens, ns.max_seq_length, ns.batch_size, ns.max_batches, loss_mask, documents,
                              ns.reset_position_ids != "false")
-    total, count, _ = _loss_sum(model, batches, n_batches)
-    if count == 0:
+    total, predicted, _ = _loss_sum(model, batches, n_batches)
+    if predicted == 0:
         raise UserError(f"--data: {ns.data}.lsm masks every target token of these windows; nothing to evaluate")
-    loss = total / count
-    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(count), "windows": n_windows,
+    loss = total / predicted
+    result = {"loss": loss, "ppl": perplexity(loss), "tokens": int(predicted), "windows": n_windows,
               "model": ns.model, "data": ns.data, "max_seq_length": ns.max_seq_length, "model_weights": source,
               "attention_mask_type": mask, "kernels": model.kernels.describe()}
     masked = ", document-masked" if documents is not None else ""
-    return _report(ns, result, t0, f"{n_windows:,} windows of {ns.max_seq_length} tokens from {ns.data}{masked}")
+    return _report(ns, result, t0, f"{count(n_windows, 'window', grouped=True)} of {ns.max_seq_length} tokens from "
+                   f"{ns.data}{masked}")

@@ -10,6 +10,7 @@ import numpy as np
 
 from pretrain_cli.data.inspect import check_ids, describe_step, step_record, summarize, summarize_directory
 from pretrain_cli.commands import check_counts
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 
@@ -94,7 +95,7 @@ def _config_step_view(ns, tok) -> tuple:
                        changes, record="arguments")
     if spec.run.parallel.data_world_size != ranks:  # (a world the file's degrees split otherwise)
         raise UserError(f"--data_ranks {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
-                        f"{spec.run.parallel.world_size} processes; pass --data_ranks {spec.run.parallel.data_world_size}")
+                        f"{count(spec.run.parallel.world_size, 'process')}; pass --data_ranks {spec.run.parallel.data_world_size}")
     skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
     lines = spec.splits.describe()
     if where:
@@ -146,7 +147,7 @@ def main(ns: argparse.Namespace) -> int:
         if tok is None:
             raise UserError("--decode: needs --tokenizer DIR to turn ids back into text")
         if not 0 <= ns.decode < ds.num_documents:
-            raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has {ds.num_documents} documents")
+            raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has {count(ds.num_documents, 'document')}")
         a, b = int(ds.doc_idx[ns.decode]), int(ds.doc_idx[ns.decode + 1])
         ids = np.concatenate([ds.get(i) for i in range(a, b)]) if b > a else np.zeros(0, np.int64)
         print(tok.decode(ids))
@@ -163,8 +164,8 @@ def main(ns: argparse.Namespace) -> int:
     if "eos_rate" in info:
         print(f"documents ending in EOS: {100 * info['eos_rate']:.1f}%")
     width = max(info["length_histogram"].values(), default=1)
-    for bucket, count in info["length_histogram"].items():
-        print(f"  {bucket:>15} {count:>9} {'#' * max(1, round(40 * count / width))}")
+    for bucket, n in info["length_histogram"].items():
+        print(f"  {bucket:>15} {n:>9} {'#' * max(1, round(40 * n / width))}")
     return 0
 
 
@@ -177,7 +178,8 @@ def _directory(ns, tok) -> int:
         print(json.dumps(info, sort_keys=True))
     else:
         rows = info["files"]
-        print(f"{info['directory']}: {len(rows)} token files, {info['documents']} documents, {info['tokens']} tokens")
+        print(f"{info['directory']}: {count(len(rows), 'token file')}, {count(info['documents'], 'document')}, "
+              f"{count(info['tokens'], 'token')}")
         width = max(len(os.path.basename(r["prefix"])) for r in rows)
         for r in rows:
             made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  tokenizer {str(r.get('tokenizer_sha256'))[:12]}"
@@ -188,11 +190,16 @@ def _directory(ns, tok) -> int:
             known = [r for r in rows if r["sidecar"]]
             if known:
                 k = known[0]
-                print(f"tokenizer: the {len(known)} files with a sidecar agree (vocab {k.get('vocab_size')}, "
+                which = "the file with a sidecar says" if len(known) == 1 else \
+                    f"the {count(len(known), 'file')} with a sidecar agree"
+                print(f"tokenizer: {which} (vocab {k.get('vocab_size')}, "
                       f"eos {k.get('eos_token_id')}, sha256 {str(k.get('tokenizer_sha256'))[:12]}); dtype {rows[0]['dtype']}")
         if info["without_sidecar"]:
-            print(f"note: {info['without_sidecar']} files have no .json sidecar (Megatron, PaddleNLP or an older "
-                  "pretrain-cli made them): their tokenizer is unknown; --tokenizer DIR checks their ids against one")
+            n = info["without_sidecar"]
+            its, has = ("its", "has") if n == 1 else ("their", "have")
+            print(f"note: {count(n, 'file')} {has} no .json sidecar (Megatron, PaddleNLP or an older pretrain-cli "
+                  f"made {'it' if n == 1 else 'them'}): {its} tokenizer is unknown; --tokenizer DIR checks {its} ids "
+                  f"against one")
     if info["problems"]:
         raise UserError("\n".join(info["problems"]))
     return 0

@@ -24,6 +24,7 @@ from pretrain_cli.run_config import (DataConfig, Loop, ModelSource, OptimizerCon
                                      Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.data.samples import parse_split
+from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
 from pretrain_cli.training import trackers
 
@@ -133,7 +134,7 @@ def _schedule(args: Arguments, notes: list, problems: Problems) -> Schedule:
         warmup = max_steps
     inputs_valid = t.max_steps > 0 and 0 <= t.warmup_ratio <= 1 and (t.decay_steps is None or t.decay_steps >= 1)
     if inputs_valid and decay < warmup:  # (a bad input is reported once, not again as this consequence)
-        problems.add(f"decay_steps: {decay} ends before warmup ({warmup} steps) is over; "
+        problems.add(f"decay_steps: {decay} ends before warmup ({count(warmup, 'step')}) is over; "
                      f"raise decay_steps/max_steps or shorten warmup")
     if t.lr_scheduler_type == "warmup_stable_decay":  # its own keys (config/schedule.py)
         return wsd_schedule(args, warmup, notes, problems)
@@ -176,7 +177,7 @@ def _intervals(args: Arguments, problems: Problems, notes: list) -> tuple[int, i
                          f"PaddleNLP's one epoch{'; eval_steps unused' if t.eval_steps else ''} (steps: every "
                          f"eval_steps)")
     elif t.do_eval and not t.eval_steps:
-        notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {eval_steps} steps")
+        notes.append(f"eval: eval_steps not set, evaluating every logging_steps = {count(eval_steps, 'step')}")
     if t.save_strategy == "no":
         notes.append(f"save_strategy: accepted but has no effect here: PaddleNLP's no saves no checkpoint; here "
                      f"save_steps decides ({t.save_steps}), and the last step is always saved (what a resume and the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from pretrain_cli.errors import Problems
+from pretrain_cli.counts import count
 from pretrain_cli.run_config import Schedule
 
 DEFAULT_DECAY_FRACTION = 0.1  # MiniCPM's and OLMo 2's annealing share when num_decay_steps is not set
@@ -22,7 +23,7 @@ def wsd_schedule(args, warmup: int, notes: list, problems: Problems) -> Schedule
     decay = t.num_decay_steps
     if decay is None:
         decay = max(1, math.ceil(DEFAULT_DECAY_FRACTION * max_steps))
-        notes.append(f"warmup_stable_decay: num_decay_steps not set; the last {decay} steps decay "
+        notes.append(f"warmup_stable_decay: num_decay_steps not set; the last {count(decay, 'step')} decay "
                      f"({DEFAULT_DECAY_FRACTION:.0%} of max_steps {max_steps})")
     elif decay < 1:
         problems.add(f"num_decay_steps: must be >= 1, got {decay}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
+from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import IndexedDataset, check_token_ids, open_token_file
 from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
 from pretrain_cli.errors import UserError
@@ -34,12 +35,12 @@ class DataSplits:
         for s in self.sources:
             src = s["dataset"]
             share = s["weight"] / total_w
-            line = (f"data: {source_name(src.prefix)} weight {share:.3f}: {src.num_documents} documents, "
-                    f"{src.num_tokens} tokens ({src.dtype.name})")
+            line = (f"data: {source_name(src.prefix)} weight {share:.3f}: {count(src.num_documents, 'document')}, "
+                    f"{count(src.num_tokens, 'token')} ({src.dtype.name})")
             for name in SPLIT_NAMES:
                 ds = s["splits"].get(name)
                 if ds is not None:
-                    line += f"; {name} {ds.num_docs} docs / {ds.samples_per_epoch} samples per epoch"
+                    line += f"; {name} {count(ds.num_docs, 'doc')} / {count(ds.samples_per_epoch, 'sample')} per epoch"
             train = s["splits"].get("train")
             if train_samples and train is not None:  # a run that reads a small corpus many times says so at start
                 line += (f"; the run's {round(train_samples * share):,} train samples from it: "

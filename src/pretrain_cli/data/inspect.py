@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 _CHUNK = 1 << 20
@@ -136,9 +137,9 @@ def describe_step(dataset, step: int, micro_bs: int, acc: int, data_ranks: int, 
     ("N data ranks", never "dp N", which a sharding or expert-parallel user reads as the dp degree alone)."""
     rec = step_record(dataset, step, micro_bs, acc, data_ranks, tokenizer, decode_chars, skipped_batches)
     (first, end), skipped = rec["samples"], rec["skipped_batches"]
-    ranks = f"{data_ranks} data rank{'s' if data_ranks != 1 else ''}"
-    lines = [f"step {step}: global samples [{first}, {end}) (micro_bs {micro_bs} x {ranks} x acc {acc}"
-             f"{f'; after {skipped} skipped batches' if skipped else ''})"]
+    after = f"; after {count(skipped, 'skipped batch')}" if skipped else ""
+    lines = [f"step {step}: global samples [{first}, {end}) (micro_bs {micro_bs} x {count(data_ranks, 'data rank')} x "
+             f"acc {acc}{after})"]
     for ms in rec["micro_steps"]:
         lo, hi = ms["samples"]
         lines.append(f"  micro-step {ms['micro_step']}: samples [{lo}, {hi}) global hash {ms['hash']}")

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from pretrain_cli import atomic
+from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, open_token_file, read_sidecar, strip_prefix, token_prefixes
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
 from pretrain_cli.errors import UserError
@@ -137,6 +138,6 @@ def _check_eos(prefixes, metas) -> None:
 def merge_summary(output: str, meta: dict) -> str:
     note = (f"; {meta['inputs_without_sidecar']} inputs had no .json sidecar, so their tokenizer is unchecked"
             if meta["inputs_without_sidecar"] else "")
-    return (f"merge-data: wrote {strip_prefix(output)}.bin/.idx from {len(meta['merged_from'])} files: "
-            f"{meta['documents']} documents, {meta['tokens']} tokens ({meta['dtype']}){note}")
+    return (f"merge-data: wrote {strip_prefix(output)}.bin/.idx from {count(len(meta['merged_from']), 'file')}: "
+            f"{count(meta['documents'], 'document')}, {count(meta['tokens'], 'token')} ({meta['dtype']}){note}")
 

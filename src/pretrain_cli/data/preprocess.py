@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from pretrain_cli import atomic
+from pretrain_cli.counts import count
 from pretrain_cli.data import tasks
 from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
@@ -185,7 +186,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     files, skipped, n_all = _inputs(job, base, note)
     task = f" (task {job.task_index} of {job.num_tasks}: files {len(files)} of {n_all})" if job.num_tasks > 1 else ""
     if not files:
-        say(f"preprocess: nothing to do{task}: {n_all} input files for {job.num_tasks} tasks")
+        say(f"preprocess: nothing to do{task}: {count(n_all, 'input file')} for {count(job.num_tasks, 'task')}")
         return 0
     dtype = dtype_for_vocab(tok.vocab_size)
     settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": job.json_key,
@@ -220,8 +221,8 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         start = rec["done_files"]
         # a record from before min_id was kept: the finished files' smallest id is unknown (-2), never recorded
         stats = {k: int(rec["counters"].get(k, -2 if k == "min_id" else v)) for k, v in stats.items()}
-        note(f"preprocess: resuming {prefix} after {start} of {len(files)} files (last: {rec['last_file']}; "
-             f"{stats['written']} documents kept)")
+        note(f"preprocess: resuming {prefix} after {start} of {count(len(files), 'file')} (last: {rec['last_file']}; "
+             f"{count(stats['written'], 'document')} kept)")
     try:
         el, new_tokens, new_bytes = _run(_Task(job, reader, writer, files, prefix, settings, dtype, eos, tok),
                                          start, stats, note)
@@ -246,7 +247,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     for f in skipped[:5]:
         note(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)")
     corrupt = f", {reader.bad_parts} corrupt parts skipped" if reader.bad_parts else ""
-    say(f"preprocess: wrote {prefix}.bin/.idx{task}: {docs} documents, {tokens} tokens ({dtype.name}), "
+    say(f"preprocess: wrote {prefix}.bin/.idx{task}: {count(docs, 'document')}, {count(tokens, 'token')} ({dtype.name}), "
         f"max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped{corrupt}, "
         f"{el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
     return 0

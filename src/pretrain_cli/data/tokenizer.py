@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pretrain_cli import atomic
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 DEFAULT_SPECIALS = ["[PAD]", "[BOT]", "[EOT]", "[UNK]"]
@@ -368,7 +369,7 @@ def train_tokenizer(ns) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     loaded = load_tokenizer(out)
-    print(f"train-tokenizer: {reader.documents} documents -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
+    print(f"train-tokenizer: {count(reader.documents, 'document')} -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
           f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}, sha256 {loaded.sha256[:12]})")
     if reader.bad_lines:
         print(f"train-tokenizer: skipped {reader.bad_lines} bad lines", file=sys.stderr)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.resolve import resolve
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import RunConfig, Schedule, Target
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
@@ -45,7 +46,7 @@ def _saved_batches(ckpt: CheckpointDir) -> dict | None:
 
 
 def _data_ranks(n: int) -> str:
-    return f"{n} data rank{'s' if n != 1 else ''}"
+    return count(n, "data rank")
 
 
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
@@ -67,18 +68,18 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     was = saved["micro"] * saved["acc"] * saved["ranks"]
     # in the words of the run's `batch:` line: micro-batch x acc x data ranks
     batch = f"{saved['micro']} x acc {saved['acc']} x {_data_ranks(saved['ranks'])}"
-    how = (f"{resume.name} was trained on {batch} = {was} sequences a step" +
+    how = (f"{resume.name} was trained on {batch} = {count(was, 'sequence')} a step" +
            (f"; this run has {_data_ranks(ranks)}" if saved["ranks"] != ranks else
             ", kept from a run on another number of data ranks with these batch keys"))
     notes = []
     if run.global_batch_size == was:
         pass
     elif changed(TRAIN_KEYS) and saved["ranks"] == ranks:  # what the user asked for, said once
-        notes.append(f"batch: {resume.name} was trained on {was} sequences a step ({batch}); this run takes "
+        notes.append(f"batch: {resume.name} was trained on {count(was, 'sequence')} a step ({batch}); this run takes "
                      f"{run.global_batch_size} from here on")
     elif changed(TRAIN_KEYS):
         notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
-                     f"{lp.grad_accum}: {run.global_batch_size} sequences a step from here on")
+                     f"{lp.grad_accum}: {count(run.global_batch_size, 'sequence')} a step from here on")
     elif was % (lp.micro_batch * ranks):
         raise UserError(f"gradient_accumulation_steps: {how}, which no accumulation of {lp.micro_batch}-sequence "
                         f"micro-batches makes; set per_device_train_batch_size and gradient_accumulation_steps so "
@@ -86,15 +87,15 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     else:
         args.set("gradient_accumulation_steps", was // (lp.micro_batch * ranks))
         notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
-                     f"{was // (lp.micro_batch * ranks)} keeps {was} sequences a step")
+                     f"{was // (lp.micro_batch * ranks)} keeps {count(was, 'sequence')} a step")
     eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
     if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
         if eval_was % (lp.eval_batch * ranks) == 0:
             args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
             notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
-                         f"{eval_was} eval windows of {resume.name}'s run")
+                         f"{count(eval_was, 'eval window')} of {resume.name}'s run")
         else:
-            notes.append(f"eval: {resume.name}'s run evaluated {eval_was} windows; this one evaluates "
+            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}; this one evaluates "
                          f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
                          f"{_data_ranks(ranks)}), so eval losses before and after differ in what they average")
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \

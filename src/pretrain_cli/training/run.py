@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
+from pretrain_cli.counts import count
 from pretrain_cli.distributed.launcher import progress, watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
@@ -104,7 +105,7 @@ def _run(spec, signals: StopSignals) -> int:
     trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state, signals=signals)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
-                 f"{trainer.state.consumed_samples} samples consumed")
+                 f"{count(trainer.state.consumed_samples, 'sample')} consumed")
         for line in checkpoint.data_changes(resume, r):
             log.warning(line)
     results = finish(r, trainer, comm, collaborators)
