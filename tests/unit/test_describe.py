@@ -3,7 +3,8 @@ strategy makes it (`epoch`: once, after the last step; `steps`: every eval_steps
 import json
 
 from data_helpers import write_tokens
-from pretrain_cli.orchestration.prepare import count, prepare
+from pretrain_cli.counts import count
+from pretrain_cli.orchestration.prepare import prepare
 from pretrain_cli.run_config import Target
 
 
@@ -46,3 +47,24 @@ def test_steps_say_when_the_run_evaluates(tmp_path):
 def test_count():
     assert [count(1, "process"), count(2, "process"), count(1, "GPU"), count(0, "step")] == \
         ["1 process", "2 processes", "1 GPU", "0 steps"]
+
+
+def test_the_attention_it_names_is_the_kernel_the_run_logs(tmp_path):
+    """On CPU the resolved line said `attention flash` where the `kernels:` line of the same run said `attention=cpu`
+    (there is no flash-attn on CPU: use_flash_attention picks the fused block-causal kernel). It names the kernel
+    `ops.kernels.select` runs for each request, its documents' kernel under a document mask."""
+    from pretrain_cli import runtime
+
+    runtime.import_paddle()
+    from pretrain_cli.ops.kernels import select
+
+    for keys in ({}, {"use_flash_attention": False}, {"cpu_fused_ops": False},
+                 {"attention_mask_type": "document"}, {"attention_mask_type": "document", "use_flash_attention": False}):
+        keys = {"use_flash_attention": True, "max_steps": 1, **keys}
+        spec_text = _describe(tmp_path, **keys)
+        line = next(x for x in spec_text.splitlines() if x.startswith("  device cpu"))
+        run = prepare(str(tmp_path / "args.json"), [], Target()).run
+        chosen = select(run.kernels, "cpu")
+        want = chosen.attention_document_name if keys.get("attention_mask_type") == "document" else \
+            chosen.attention_name
+        assert f"; attention {want} (" in line and "flash," not in line, (keys, line)

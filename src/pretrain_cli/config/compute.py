@@ -65,6 +65,34 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
                         fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
+_SCORES = "the [b, heads, s, s] scores materialised"
+# (device, memory-light, CPU kernels) -> the attention kernel `ops.kernels.select` runs, by mask: its `attention_name`
+# and `attention_document_name`, the names of the `kernels:` line `train`, `eval` and `generate` print
+_ATTENTION_KERNELS = {
+    ("gpu", True): {"causal": ("sdpa_causal", "flash-attn"), "document": ("flashmask", "flash-attn's document mask")},
+    ("cpu", True): {"causal": ("cpu", "the fused block-causal CPU kernel, memory-light: no flash-attn on CPU"),
+                    "document": ("cpu_document", "the fused CPU kernel, skipping other documents' blocks, "
+                                                 "memory-light: no flash-attn on CPU")},
+}
+
+
+def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) -> str:
+    """The attention a run of `kernels` on `device` runs, named as its `kernels:` line names it (`ops.kernels.select`:
+    `attention=cpu`), with what that is: the resolved run's `attention` words. `use_flash_attention` asks for the
+    memory-light path, which is flash-attn on a GPU and the fused block-causal kernel on CPU, where the word `flash`
+    named a kernel that does not run there. CPU kernels that fail to build are `select`'s one warning at run time.
+    `cp` > 1: context parallelism's ring attention over the cp group (`distributed.steps.context.context_kernels`),
+    flash-attn's blocks where a GPU runs flash, else the reference blocks."""
+    if cp > 1:
+        blocks = "flash" if device == "gpu" and kernels.attention == "flash" else "reference"
+        return f"context({blocks} blocks) (ring attention over {cp} cp ranks, {mask} mask in each block)"
+    light = kernels.attention == "flash" and (device == "gpu" or kernels.cpu_ops)
+    name, what = _ATTENTION_KERNELS.get((device, light), {}).get(mask, ("sdpa_mask", _SCORES))
+    if kernels.attention == "flash" and not light:  # on CPU without its kernels: Paddle's ops hold the scores
+        what += "; cpu_fused_ops false leaves no memory-light attention on CPU"
+    return f"{name} ({what})"
+
+
 def kernels_for(args: Arguments, target: Target) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (the default arguments' when they have no argument file)."""

@@ -14,7 +14,9 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pretrain_cli.counts import count
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+from pretrain_cli.config.compute import attention_words
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
@@ -124,7 +126,8 @@ class RunSpec:
         lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
-                     f"attention {r.kernels.attention}, {r.data.attention_mask_type} mask"
+                     f"attention {attention_words(r.kernels, r.device, r.data.attention_mask_type, r.parallel.cp_degree)}, "
+                     f"{r.data.attention_mask_type} mask"
                      f"{' (positions restart per document)' if r.data.reset_position_ids else ''}; "
                      f"recompute {r.recompute_granularity or 'off'}")
         ranks, batch = count(r.parallel.data_world_size, "data rank"), count(r.global_batch_size, "sequence")
@@ -158,11 +161,6 @@ class RunSpec:
             return f"eval once, after the last step (step {lp.max_steps}{'; eval_steps is past it' if past else ''})"
         every = f"eval every {count(lp.eval_steps, 'step')}"
         return every if lp.max_steps % lp.eval_steps == 0 else f"{every} and after the last step ({lp.max_steps})"
-
-
-def count(n: int, noun: str) -> str:
-    """`1 data rank`, `8 data ranks`, `1 process`: the lines a run describes itself with, for any count."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 def load_arguments(config: str | None, overrides: list[str] | None, record: str = "user_arguments") -> Arguments:
