@@ -65,14 +65,21 @@ def shift_left(t, fill):
 
 def mtp_losses(lm, h, input_ids, labels, cos, sin, position_ids=None, doc_start=None) -> list:
     """Each depth's mean loss (0-D fp32), from the main model's final hidden states `h`. Depth k reads the
-    embedding of the input k positions on and is scored on the label k positions on (`IGNORE_INDEX` past the end)."""
+    embedding of the input k positions on and is scored on the label k positions on (`IGNORE_INDEX` past the end).
+    The kernel table decides where those are (`next_tokens`: under context parallelism the next token of a chunk's
+    last one is another rank's) and over whose tokens the mean is taken (`sequence_sums`: the cp group's, so each
+    depth's loss is the whole sequence's as one process's; its sum keeps the gradient of every rank's part)."""
+    kernels = lm.kernels
+    shift, sums = kernels.next_tokens or shift_left, kernels.sequence_sums
     losses = []
     ids, targets = input_ids, labels
     for module in lm.model.layers.mtp:
-        ids, targets = shift_left(ids, 0), shift_left(targets, IGNORE_INDEX)
-        emb = lm.kernels.embedding(ids, lm.kernels.whole_weight(lm.model.embed_tokens.weight))
+        ids, targets = shift(ids, 0), shift(targets, IGNORE_INDEX)  # [bsz, seq_len] each
+        emb = kernels.embedding(ids, kernels.whole_weight(lm.model.embed_tokens.weight))
         h = module(h, emb, cos, sin, position_ids, doc_start)
         total, count = lm.loss_sum(module.shared_head.norm(h), targets)
+        if sums is not None:
+            total, count = sums.sum(total), sums.counts(count)
         losses.append(total / paddle.clip(count.astype(total.dtype), min=1.0))
     return losses
 
@@ -84,7 +91,8 @@ def mtp_term(lm, h, input_ids, labels, position_ids=None, doc_start=None):
     input ids passed along the stages), so both add the same term."""
     from pretrain_cli.models.moe_loss import add_logged
 
-    cos, sin = lm.model.rotary_emb(input_ids.shape[1])
+    seq_len = input_ids.shape[1]  # with `position_ids`, a cp rank's share of a sequence `rope_span` x as long
+    cos, sin = lm.model.rotary_emb(seq_len if position_ids is None else seq_len * lm.kernels.rope_span)
     losses = mtp_losses(lm, h, input_ids, labels, cos, sin, position_ids, doc_start)
     extra = paddle.add_n(losses) / len(losses)  # [] the mean over the depths
     add_logged(lm.router_losses, "mtp_loss", extra)

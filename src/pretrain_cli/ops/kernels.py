@@ -214,8 +214,13 @@ class Kernels:
     reduce_counts: Callable | None = None
     # the ranks holding other tokens of this rank's sequences (context parallelism's `context.SequenceSums`:
     # `ranks`, `sum` with its gradient, `counts` without): the router losses' sums over a sequence's or a
-    # micro-batch's tokens are taken over them; None: this process holds whole sequences
+    # micro-batch's tokens are taken over them, and so are the multi-token prediction losses' (`models.mtp`);
+    # None: this process holds whole sequences
     sequence_sums: object | None = None
+    # (t [bsz, len], fill) -> each position's next value, `fill` past the sequence's end: what multi-token prediction
+    # reads (`models.mtp`); context parallelism's crosses its chunks (`steps.context_shift.NextTokens`); None: this
+    # process holds whole sequences (`models.mtp.shift_left`)
+    next_tokens: Callable | None = None
 
     def describe(self) -> str:
         return (f"attention={self.attention_name} (documents: {self.attention_document_name}) "

@@ -33,6 +33,11 @@ whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × shardin
 **Mixture-of-Experts.** The router and the experts are per token: each rank routes its own chunks. The router
 losses' sums over a sequence's or a micro-batch's tokens are the cp group's (`SequenceSums`, the kernel table's
 `sequence_sums`), so every cp rank forms one process's balance and z losses and its part of their gradient.
+
+**Multi-token prediction** (DeepSeek-V3, `models.mtp`): each depth reads the token after each position, which for a
+chunk's last one is on another rank: the kernel table's `next_tokens` (`steps.context_shift`) gives each rank its
+chunks of the whole sequence's shift. The module's attention is the ring, its RoPE the whole sequence's; each
+depth's mean loss is over the cp group's counted tokens (`SequenceSums`), as one process's over the whole sequence.
 """
 from __future__ import annotations
 
@@ -250,16 +255,20 @@ def context_attention(exchange, cp: int, cp_rank: int, block, tile: int = ROW_TI
 
 def context_kernels(kernels, parallel, backend):
     """The `cp` layout step's build side (`distributed.steps.order`): the kernel table with the ring attention over this
-    rank's cp group for both the causal and the document-masked call, and a RoPE table spanning the whole sequence
-    (`rope_span`: a rank's tokens sit anywhere in it). Chosen before the model exists: no live layer changes."""
+    rank's cp group for both the causal and the document-masked call, a RoPE table spanning the whole sequence
+    (`rope_span`: a rank's tokens sit anywhere in it), the sums over the cp group's tokens (`sequence_sums`) and
+    multi-token prediction's next tokens across the chunks (`next_tokens`). Chosen before the model exists: no live
+    layer changes."""
     from pretrain_cli.distributed.layout.topology import Topology
+    from pretrain_cli.distributed.steps.context_shift import NextTokens
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
     exchange = cp_group(parallel, backend)
     causal, document = context_attention(exchange, cp, cp_rank, kernels.attention_block)
     name = f"context({kernels.attention_block_name} blocks)"
     return replace(kernels, attention=causal, attention_document=document, attention_name=name,
-                   attention_document_name=name, rope_span=cp, sequence_sums=SequenceSums(cp, exchange.group))
+                   attention_document_name=name, rope_span=cp, sequence_sums=SequenceSums(cp, exchange.group),
+                   next_tokens=NextTokens(cp, cp_rank, exchange, local_positions))
 
 
 class SequenceSums:
