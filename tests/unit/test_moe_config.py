@@ -127,7 +127,7 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
     (["--tensor_parallel_degree", "2", "--sequence_parallel", "true"], 2,
      "sequence_parallel: true with a Mixture-of-Experts model (qwen3_moe) is not supported"),
     # context parallelism runs (tests/distributed/test_moe_context.py), with expert parallelism and fleet's ZeRO-2 too;
-    # with tp, with a capacity, or with ep inside a pipeline it is refused
+    # with tp or with a capacity it is refused
     (["--context_parallel_degree", "2"], 2, None),
     (["--context_parallel_degree", "2", "--expert_parallel_degree", "2", "--sharding", "stage2"], 4, None),
     (["--context_parallel_degree", "2", "--moe_aux_loss_scope", "global"], 2, None),
@@ -136,13 +136,13 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
      "supported"),
     (["--context_parallel_degree", "2", "--capacity_factor", "1.5"], 2,
      "capacity_factor: 1.5 with context_parallel_degree 2 is not supported"),
+    # ep x cp x pp (tests/distributed/test_moe_context_pipeline.py, 8 processes): it was refused
     (["--context_parallel_degree", "2", "--expert_parallel_degree", "2", "--pipeline_parallel_degree", "2",
-      "--gradient_accumulation_steps", "4"], 8,
-     "expert_parallel_degree: 2 with context_parallel_degree: 2 and pipeline_parallel_degree: 2 is not supported"),
+      "--gradient_accumulation_steps", "4"], 8, None),
 ])
 def test_moe_layouts_resolve_or_are_refused_in_one_line(keys, world, refused):
-    """tp, ZeRO-3, a pipeline with every router term on and context parallelism resolve for a MoE model; sequence
-    parallelism, tp x cp, a capacity under cp and ep x cp x pp are refused by config.refusals' MoE rows (or the
+    """tp, ZeRO-3, a pipeline with every router term on and context parallelism (also ep x cp x pp) resolve for a MoE
+    model; sequence parallelism, tp x cp and a capacity under cp are refused by config.refusals' MoE row (or the
     capacity's line in config.moe), in one line each."""
     from run_helpers import resolve_run
 
@@ -156,17 +156,16 @@ def test_moe_layouts_resolve_or_are_refused_in_one_line(keys, world, refused):
     assert len(lines) == 1, str(e.value)
 
 
-def test_context_parallelism_resolves_for_moe_and_mla_and_is_refused_with_mtp():
+def test_context_parallelism_resolves_for_moe_and_mla_and_mtp():
     """cp2 x ep2 x ZeRO-2 keeps its expert degree (fleet's ZeRO-2 under cp: `ExpertZero1`), DeepSeek-V2's MLA and
-    sequence-wise loss run under cp (tests/distributed/test_moe_context.py); DeepSeek-V3's multi-token prediction
-    module reads the next token across the chunks and is refused in one line. All were refused before."""
+    sequence-wise loss run under cp (tests/distributed/test_moe_context.py), and DeepSeek-V3's multi-token prediction
+    module, whose next tokens cross the chunks (tests/distributed/test_mtp_context.py). All were refused before."""
     from run_helpers import resolve_run
 
     run = resolve_run("--context_parallel_degree", "2", "--expert_parallel_degree", "2", "--sharding", "stage2",
                       world=4, model="micro-qwen2-moe")
     assert (run.parallel.cp_degree, run.parallel.ep_degree, run.parallel.sharding_stage) == (2, 2, 2)
     assert resolve_run("--context_parallel_degree", "2", world=2, model="micro-deepseek-v2").parallel.cp_degree == 2
-    with pytest.raises(UserError) as e:
-        resolve_run("--context_parallel_degree", "2", world=2, model="micro-deepseek-v3")
-    lines = [line for line in str(e.value).splitlines() if "multi-token prediction" in line]
-    assert len(lines) == 1 and "num_nextn_predict_layers: 1" in lines[0], str(e.value)
+    run = resolve_run("--context_parallel_degree", "2", "--pipeline_parallel_degree", "2", world=4,
+                      model="micro-deepseek-v3")
+    assert (run.parallel.cp_degree, run.parallel.pp_degree) == (2, 2)

@@ -30,7 +30,6 @@ class Degrees:
     ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
-    mtp: int = 0  # the multi-token prediction modules (config.json num_nextn_predict_layers)
 
 
 @dataclass(frozen=True)
@@ -71,16 +70,6 @@ REFUSED = (
                       + ("); set sequence_parallel: false" if d.sp else
                          "); set tensor_parallel_degree: 1 (context parallelism runs with dp, ZeRO-1/2, pp and "
                          "expert parallelism)")),
-    Refusal("MTP with cp", lambda d: d.mtp > 0 and d.cp > 1,
-            lambda d: f"context_parallel_degree: {d.cp} with a multi-token prediction module (config.json "
-                      f"num_nextn_predict_layers: {d.mtp}) is not supported (the module reads each token's next "
-                      f"token, which for the last token of a chunk is on another cp rank; not built here); set "
-                      f"context_parallel_degree: 1, or num_nextn_predict_layers: 0 in a copy of config.json"),
-    Refusal("ep x cp x pp", lambda d: bool(d.moe) and d.ep > 1 and d.cp > 1 and d.pp > 1,
-            lambda d: f"expert_parallel_degree: {d.ep} with context_parallel_degree: {d.cp} and "
-                      f"pipeline_parallel_degree: {d.pp} is not supported (expert parallelism inside pipeline stages "
-                      f"over context parallelism's chunks is not verified here: its smallest layout takes 8 "
-                      f"processes); use two of the three (cp x ep, cp x pp and pp x ep run)"),
     Refusal("ep with ZeRO-2/3",
             lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == d.tp == d.cp == 1),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported"
