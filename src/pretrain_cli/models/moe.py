@@ -170,26 +170,40 @@ def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
     return max(1, math.ceil(factor * tokens * top_k / num_experts))
 
 
+def expert_counts(flat, num_experts: int):
+    """Int64 `[experts]`: how many of `flat`'s expert indices (int64 `[assignments]`) name each expert, on the device:
+    an `index_add` of ones, where a GPU `bincount` copies its input's max to the host, blocking, to size its output
+    (phi/kernels/gpu/bincount_kernel.cu), a wait per sparse layer and micro-batch (docs/PERFORMANCE.md §8)."""
+    return paddle.index_add(paddle.zeros([num_experts], dtype="int64"), flat, 0, paddle.ones_like(flat))
+
+
 def dispatch_local(x, routing: Routing, experts: Experts, num_experts: int, capacity_factor: float = 0.0):
     """(combined output `[tokens, hidden]`, per-expert counts fp32 `[experts]`, dropped fp32 `[]`): every
     (token, choice) assignment sorted by expert (stable, so a token's copies keep token order within an expert),
-    the experts run once over the sorted rows, each row weighted and summed back into its token."""
+    the experts run once over the sorted rows, each row weighted and summed back into its token.
+
+    One host read a call, the counts the grouped GEMM needs as host ints: the counts are made on the device
+    (`expert_counts`) and the capacity's kept rows cut at their number from those host counts (`masked_select`
+    sizes its output from its mask: a second read)."""
     tokens, top_k = routing.indices.shape
     flat = routing.indices.reshape([-1])  # [tokens*top_k]
     weights = routing.weights.reshape([-1])  # [tokens*top_k]
     order = paddle.argsort(flat, stable=True)  # [tokens*top_k]: assignments grouped by expert
-    sorted_experts = paddle.gather(flat, order)  # [tokens*top_k]
-    counts = paddle.bincount(flat, minlength=num_experts)  # [experts] int64
+    counts = expert_counts(flat, num_experts)  # [experts] int64
     dropped = paddle.zeros([], dtype="float32")
+    keep = None
     if capacity_factor > 0:
         cap = capacity(tokens, top_k, num_experts, capacity_factor)
+        sorted_experts = paddle.gather(flat, order)  # [tokens*top_k]
         starts = paddle.cumsum(counts) - counts  # [experts]: first sorted row of each expert
         slot = paddle.arange(flat.shape[0], dtype="int64") - paddle.gather(starts, sorted_experts)  # [tokens*top_k]
         keep = slot < cap  # [tokens*top_k] in sorted order: the first `cap` of each expert
         dropped = (~keep).astype("float32").sum()
-        order = paddle.masked_select(order, keep)  # [kept]
         counts = paddle.clip(counts, max=cap)
     host_counts = [int(c) for c in counts.numpy()]  # the grouped GEMM needs each segment's length on the host
+    if keep is not None:  # the kept assignments first, in sorted order (a stable sort of the drop flag), cut there
+        kept_first = paddle.argsort((~keep).astype("int32"), stable=True)  # [tokens*top_k]
+        order = paddle.gather(order, kept_first[:sum(host_counts)])  # [kept]
     rows = paddle.gather(x, order // top_k)  # [kept, hidden]
     out_rows = experts(rows, host_counts)  # [kept, hidden]
     w = paddle.gather(weights, order).astype(out_rows.dtype).unsqueeze(-1)  # [kept, 1]

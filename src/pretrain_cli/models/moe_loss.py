@@ -94,10 +94,13 @@ def router_terms(model) -> RouterTerms:
 
 
 def _balance_sums(layer_logits, num_experts: int, top_k: int):
-    """One layer's (softmax probabilities summed over its tokens `[experts]`, top-k choice counts `[experts]`)."""
+    """One layer's (softmax probabilities summed over its tokens `[experts]`, top-k choice counts `[experts]`). The
+    counts stay on the device (`moe.expert_counts`): nothing here reads them on the host."""
+    from pretrain_cli.models.moe import expert_counts
+
     probs = paddle.nn.functional.softmax(layer_logits.astype("float32"), axis=-1)  # [tokens, experts]
     _, chosen = paddle.topk(probs, top_k, axis=-1)  # [tokens, top_k]
-    counts = paddle.bincount(chosen.reshape([-1]), minlength=num_experts).astype("float32")  # [experts]
+    counts = expert_counts(chosen.reshape([-1]), num_experts).astype("float32")  # [experts]
     return probs.sum(axis=0), counts
 
 
