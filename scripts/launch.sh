@@ -131,6 +131,9 @@ extra=()
 while true; do
   rm -f "$verdicts"/rank-*.json
   if [ -n "$stop" ]; then exit $((128 + $(kill -l "$stop"))); fi
+  # which restart this is (0: the first launch): rank 0, finding the lock the failed attempt left, says only where
+  # that attempt ended, the failure being named by the line above (training/run_lock.py, `unfinished`)
+  export PRETRAIN_CLI_RESTART=$attempt
   # In the background, so that a signal's trap runs while the job runs (with SIGINT not ignored, stdin kept)
   ( trap - INT TERM; exec "${cmd[@]}" ${extra[@]+"${extra[@]}"} ) <&0 &
   launcher=$!

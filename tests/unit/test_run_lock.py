@@ -146,3 +146,81 @@ def test_whose_names_the_holder_without_waiting(tmp_path):
     t0 = time.monotonic()
     assert run_lock.whose(tmp_path) == "host node-7" and run_lock.refusal(tmp_path) is None
     assert time.monotonic() - t0 < 1  # rank 0's acquire watches it, once
+
+
+_KILLED_RUN = """
+import json, os, signal, sys, time
+from pathlib import Path
+from pretrain_cli.training import run_lock
+out = Path(sys.argv[1])
+lock = run_lock.acquire(out, ranks=int(sys.argv[2]))
+with open(out / "metrics.jsonl", "w") as f:
+    for step in range(1, 8):
+        f.write(json.dumps({"kind": "train", "step": step, "loss": 1.0}) + "\\n")
+    f.write(json.dumps({"kind": "checkpoint", "step": 5}) + "\\n")
+    f.write('{"kind": "train", "step": 8, "lo')  # the line the kill cut
+(out / "checkpoint-5").mkdir()
+os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends it: no finally, no release
+"""
+
+
+def _killed_run(out, ranks=1):
+    proc = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(out), str(ranks)], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    return json.loads((out / run_lock.LOCK_FILE).read_text())
+
+
+def test_the_next_start_after_a_killed_run_says_where_it_ended(tmp_path, capsys, monkeypatch):
+    """A run SIGKILLed (the out-of-memory killer, a scheduler) left its lock, which the next start took over without a
+    word: nothing said that the previous run did not finish. `check` (`previous_end`) and `train` (`acquire`) now say
+    it in one line, with the last step logged and the last checkpoint; nothing for a run that ended cleanly, nor for
+    one still alive (refused)."""
+    monkeypatch.delenv("PRETRAIN_CLI_RESTART", raising=False)
+    out = tmp_path / "out"
+    holder = _killed_run(out)
+    want = (f"note: the previous run in {out} (pid {holder['pid']}, started {holder['started']}) did not finish: last "
+            f"step logged 7 (metrics.jsonl), last checkpoint checkpoint-5; it was killed (SIGKILL; the kernel's "
+            f"out-of-memory killer: see `dmesg`; a scheduler's limit: see its log) or crashed without a word of its own")
+    assert run_lock.previous_end(out) == want  # check's line: nothing taken
+    assert (out / run_lock.LOCK_FILE).exists()
+    lock = run_lock.acquire(out)
+    assert capsys.readouterr().err.splitlines() == [want]
+    assert run_lock.previous_end(out) is None  # alive: this run holds it (a second run is refused instead)
+    lock.release()  # a clean end: the next start says nothing
+    assert run_lock.previous_end(out) is None
+    run_lock.acquire(out).release()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_killed_launch_and_a_launch_sh_restart_say_it_in_their_words(tmp_path, capsys, monkeypatch):
+    """A launch of several ranks points at the workerlogs (its rank 0 may have been killed by its watcher after
+    another rank died); under launch.sh's restart, whose own line named the failure, only where the attempt ended."""
+    monkeypatch.delenv("PRETRAIN_CLI_RESTART", raising=False)
+    out = tmp_path / "out"
+    _killed_run(out, ranks=2)
+    assert run_lock.previous_end(out).endswith("; with its 2 ranks: the workerlogs name the rank that ended first")
+    monkeypatch.setenv("PRETRAIN_CLI_RESTART", "1")
+    holder = json.loads((out / run_lock.LOCK_FILE).read_text())
+    run_lock.acquire(out, ranks=2).release()
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: launch.sh's restart 1: the previous attempt in {out} (started {holder['started']}) ended at: last "
+        f"step logged 7 (metrics.jsonl), last checkpoint checkpoint-5"]
+
+
+def test_check_says_the_previous_run_did_not_finish(tmp_path, capsys, monkeypatch):
+    from data_helpers import write_tokens
+    from pretrain_cli import cli
+
+    monkeypatch.delenv("PRETRAIN_CLI_RESTART", raising=False)
+    out = tmp_path / "out"
+    _killed_run(out)
+    (out / "checkpoint-5").rmdir()  # (a stand-in, not a checkpoint check could resume)
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"model_name_or_path": "micro-llama", "input_dir": write_tokens(tmp_path / "data"),
+                                "output_dir": str(out), "do_train": True, "max_steps": 10, "max_seq_length": 16,
+                                "split": "1,1,1", "per_device_train_batch_size": 1, "save_steps": 5}))
+    assert cli.main(["check", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(x.startswith(f"note: the previous run in {out} (pid ") and "did not finish: last step logged 7 (metrics.jsonl), last checkpoint none;" in x
+               for x in lines), lines
+    assert (out / run_lock.LOCK_FILE).exists()  # check takes nothing over

@@ -94,11 +94,14 @@ def main(ns: argparse.Namespace) -> int:
         print(f"  note: --world_size {ns.world_size} checks the run as a launch on {count(ns.world_size, 'GPU')} "
               f"(device gpu, its precision and kernels); this machine has no GPU build, where `check` without "
               f"--world_size shows the CPU run it would start")
-    from pretrain_cli.training.run_lock import refusal
+    from pretrain_cli.training.run_lock import previous_end, refusal
 
     held = refusal(spec.run.output.output_dir)  # what `train` would meet first (its lock)
     if held:
         raise UserError(held)
+    unfinished = previous_end(spec.run.output.output_dir)  # a lock a killed run left: train says it too
+    if unfinished:
+        print(unfinished)
     simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir

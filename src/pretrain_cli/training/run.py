@@ -36,7 +36,8 @@ def run(spec) -> int:
     problem = training_memory_problem(spec.run, spec.model_cfg)  # before anything is written
     if problem:
         raise UserError(problem)
-    lock = run_lock.acquire(spec.run.output.output_dir) if spec.run.parallel.is_rank0 else None
+    lock = (run_lock.acquire(spec.run.output.output_dir, spec.run.parallel.world_size) if spec.run.parallel.is_rank0
+            else None)  # (a lock a killed run left: one line saying where it ended, `run_lock.unfinished`)
     signals = StopSignals()  # a run stopped by one ignores further signals until its lock is released
     try:
         return _run(spec, signals)

@@ -15,6 +15,13 @@ alive (refused); none means that run is gone (a node that died, a job requeued e
 and the lock is taken over. The watch compares the counter, not clocks, so hosts' clocks need not agree; it
 costs up to `STALE_SECONDS` at start, and only when another host's lock is there. A lock without a counter
 (written before the beat existed) cannot be judged: the line names the file to remove.
+
+The lock is also how the next start learns that a run did not finish: every end of the run that runs Python's
+`finally` (its last step, an error, Ctrl-C, a SIGTERM stop) releases it, so a lock whose holder is gone was left by a
+process that ended without that (SIGKILL, the kernel's out-of-memory killer, a crash in native code, its host down).
+The next `train` (and `check`) says so in one line, with the last step `metrics.jsonl` logged and the last checkpoint
+(`unfinished`); under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just
+before, it says only where the previous attempt ended.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_cli import atomic, processes
+from pretrain_cli import atomic, processes, run_dir
 from pretrain_cli.errors import UserError
 
 LOCK_FILE = "run.lock"
@@ -151,15 +158,17 @@ def _unlink_if(path: Path, holder: dict | None) -> None:
         path.unlink(missing_ok=True)
 
 
-def acquire(output_dir) -> RunLock:
-    """Take `output_dir`'s lock for this process, or raise a one-line UserError naming the run that holds it."""
+def acquire(output_dir, ranks: int = 1) -> RunLock:
+    """Take `output_dir`'s lock for this process, or raise a one-line UserError naming the run that holds it. A lock
+    left by a run that did not finish is taken over with one line saying so (`unfinished`). `ranks`: the launch's
+    processes, recorded for that line."""
     out = Path(output_dir)
     created = None if out.exists() else out
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
     here = socket.gethostname()
     me = {"host": here, "pid": os.getpid(), "start_ticks": processes.start_ticks(os.getpid()),
-          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "beat": 0}
+          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "beat": 0, "ranks": ranks}
     candidate = atomic.tmp_path(path)  # complete before it gets the lock's name; cleaned up if we die
     atomic.write_json(candidate, me)
     try:
@@ -174,6 +183,8 @@ def acquire(output_dir) -> RunLock:
                     if holder is not None and holder.get("host") != here:
                         print(f"{path}: {_who(holder)} has not beaten for {STALE_SECONDS:.0f} s: its run is "
                               f"gone; taking the lock over", file=sys.stderr, flush=True)
+                    if holder is not None:
+                        print(unfinished(out, holder, here), file=sys.stderr, flush=True)
                     _unlink_if(path, holder)
                 if verdict in ("stale", "free"):
                     continue
@@ -195,6 +206,69 @@ def refusal(output_dir) -> str | None:
     if _judge(path, holder, here) in ("free", "stale"):
         return None
     return _refusal(out, path, _read(path) or holder, here)
+
+
+def previous_end(output_dir) -> str | None:
+    """`check`'s word on the run before: `unfinished`'s line when `output_dir` holds the lock of a run of this host
+    that is gone, else None (no lock; a live run, which `refusal` names; another host's lock, which only `train`'s
+    watch of its heartbeat can judge)."""
+    out = Path(output_dir)
+    holder, here = _read(out / LOCK_FILE), socket.gethostname()
+    if holder is None or holder.get("host") != here or processes.alive(holder.get("pid"), holder.get("start_ticks")):
+        return None
+    return unfinished(out, holder, here)
+
+
+def unfinished(out: Path, holder: dict, here: str) -> str:
+    """The one line for a lock its run left behind (`holder`, gone): when it started, the last step it logged and
+    its last checkpoint, and what ends a run without releasing its lock. Under launch.sh's restart the failure was
+    named by launch.sh's line before: only where the previous attempt ended."""
+    step = last_logged_step(out)
+    ckpt = run_dir.latest_checkpoint(out)
+    where = (f"last step logged {step if step is not None else 'none'} ({run_dir.METRICS_FILE}), last checkpoint "
+             f"{ckpt.name if ckpt is not None else 'none'}")
+    restart = os.environ.get("PRETRAIN_CLI_RESTART", "")
+    if restart.isdigit() and int(restart) > 0:
+        return (f"note: launch.sh's restart {restart}: the previous attempt in {out} (started "
+                f"{holder.get('started', '?')}) ended at: {where}")
+    who = f"pid {holder.get('pid')}" + ("" if holder.get("host") == here else f" on host {holder.get('host')}")
+    how = ("it was killed (SIGKILL; the kernel's out-of-memory killer: see `dmesg`; a scheduler's limit: see its log) "
+           "or crashed without a word of its own")
+    if holder.get("host") != here:
+        how = "its lock stopped beating: it was killed, or its host went down"
+    elif int(holder.get("ranks") or 1) > 1:
+        how += f"; with its {holder.get('ranks')} ranks: the workerlogs name the rank that ended first"
+    return (f"note: the previous run in {out} ({who}, started {holder.get('started', '?')}) did not finish: {where}; "
+            f"{how}")
+
+
+def last_logged_step(out: Path) -> int | None:
+    """The step of the last training record in `out`'s metrics.jsonl, or None: its last 64 KiB read first, the whole
+    file line by line only when they hold none (all eval and checkpoint lines)."""
+    path = Path(out) / run_dir.METRICS_FILE
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - 65536))
+            step = _train_step(f.read().splitlines())
+            if step is None and size > 65536:
+                f.seek(0)
+                step = _train_step(f)
+            return step
+    except OSError:
+        return None
+
+
+def _train_step(lines) -> int | None:
+    step = None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut by the kill, or the tail's first, partial line
+            continue
+        if isinstance(record, dict) and record.get("kind") == "train" and isinstance(record.get("step"), int):
+            step = record["step"]
+    return step
 
 
 def _refusal(out: Path, path: Path, holder: dict, here: str) -> str:
