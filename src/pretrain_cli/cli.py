@@ -123,6 +123,7 @@ def _run(argv: list[str], prog: str | None = None) -> int:
     else:
         ns, overrides = parser.parse_known_args(tail)
         if overrides and not getattr(module, "TAKES_RUN_OVERRIDES", False):
+            _no_training_keys(parser, overrides)
             parser.error(f"unrecognized arguments: {' '.join(overrides)}")
         ns.overrides = overrides
     if overrides:  # a misspelt option of the command is suggested as that, not as the nearest training key
@@ -130,6 +131,25 @@ def _run(argv: list[str], prog: str | None = None) -> int:
 
         check_override_keys(overrides, parser.option_names())
     return int(module.main(ns) or 0)
+
+
+def _no_training_keys(parser: CommandParser, overrides: list[str]) -> None:
+    """A training key on the command line of a command that takes none (`export`, `inspect-data`, ...) is named as
+    one, as `eval` and `generate` name the training keys that change nothing they compute: `--learning_rate 3` is
+    no typo of an option of the command, and the user may think it matters."""
+    from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.paddlenlp_keys import IGNORED
+    from pretrain_cli.config.parser import override_keys
+
+    try:
+        keys = [typed for typed, ours in override_keys(overrides) if ours in KEYS or ours in IGNORED]
+    except UserError:  # (a value before any --key: argparse's own line)
+        return
+    if keys:
+        one = len(keys) == 1
+        parser.fail(f"{', '.join('--' + k for k in keys)}: {'a training key' if one else 'training keys'}, which "
+                    f"`{parser.prog}` does not take (it changes nothing {parser.prog.split()[-1]} does); drop "
+                    f"{'it' if one else 'them'} (`{parser.prog} --help` lists the options)")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

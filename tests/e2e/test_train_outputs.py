@@ -75,8 +75,11 @@ def test_eval_and_generate_take_the_runs_settings_and_overrides(corpus, tmp_path
     assert windows["max_seq_length"] == 32 and windows["kernels"] == trained and "note:" not in err
     _, err = run("eval", "--model", out, "--data", data, "--max_batches", "2", "--max_seq_length", "16", "--json")
     assert "note: 16-token windows; the model was trained on 32-token ones" in err
-    _, err = run("eval", "--config", cfg, "--num_hidden_layers", "1", "--data", data, "--max_batches", "1", "--json")
+    _, err = run("eval", "--config", cfg, "--data", data, "--max_batches", "1", "--json")
     assert f"note: --data {data}: its windows, in {cfg}'s settings" in err
+    # --data's windows come from the model the file's output_dir holds: its num_hidden_layers changes nothing here
+    assert cli_main(["eval", "--config", cfg, "--num_hidden_layers", "1", "--data", data]) == 2
+    assert capsys.readouterr().err.startswith("error: --num_hidden_layers: a training key that changes nothing eval")
     generated, err = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json")
     assert generated["kernels"] == trained
     flash_off, _ = run("generate", "--model", out, "--prompt", "The", "--max_new_tokens", "2", "--json",

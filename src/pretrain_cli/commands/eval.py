@@ -127,10 +127,11 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
-    from pretrain_cli.orchestration.recorded import data_ranks, differences
+    from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, no_effect
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
+    no_effect(overrides, "eval", SPLIT_KEYS)  # (--learning_rate 3 changes nothing here: said, not ignored)
     ns.split = ns.split or "valid"
     changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
     if ns.attention_mask_type is not None:
@@ -179,7 +180,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
 
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.orchestration.recorded import model_argument, record_path, run_arguments
+    from pretrain_cli.orchestration.recorded import WINDOW_KEYS, model_argument, no_effect, record_path, run_arguments
 
     check_counts(ns, "max_seq_length", "batch_size", "max_batches")  # 0 is no "use the run's"
     if not 0 <= ns.seed < 2**32:  # train's range for its seed; Paddle refuses a negative one with a traceback
@@ -198,11 +199,14 @@ def main(ns: argparse.Namespace) -> int:
             ns.config = str(record)
     if ns.config is not None and ns.data is None:
         return _main_config(ns, overrides)
+    reads = WINDOW_KEYS  # --data's windows: their length and mask, and the kernels
     if ns.config is not None and ns.model is None:
         ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval").training.output_dir)
+        reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")
+    no_effect(overrides, "eval", reads)
     if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
         d = args.data
         ns.max_seq_length = d.max_seq_length if ns.max_seq_length is None else ns.max_seq_length

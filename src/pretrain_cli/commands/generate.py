@@ -139,7 +139,7 @@ def main(ns: argparse.Namespace) -> int:
     _check_options(ns)
     from pretrain_cli.orchestration.targets import inference_kernels
     from pretrain_cli.config.presets import has_tokenizer, resolve_model_dir
-    from pretrain_cli.orchestration.recorded import model_argument, run_arguments
+    from pretrain_cli.orchestration.recorded import model_argument, no_effect, run_arguments
     from pretrain_cli.data.tokenizer import load_tokenizer
     from pretrain_cli.models.config import ModelConfig
 
@@ -148,6 +148,7 @@ def main(ns: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     model_dir = resolve_model_dir(name, key="--model")
     args = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
+    no_effect(list(getattr(ns, "overrides", None) or []), "generate")  # only the kernels: said, not ignored
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:
         raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")

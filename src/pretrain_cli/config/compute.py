@@ -65,6 +65,10 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
                         fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
+# the keys `kernels_for` reads (`resolve_precision` for the attention rule, `resolve_kernels`): the training keys that
+# change how `eval` and `generate` compute (`orchestration.recorded.no_effect`)
+KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear_cross_entropy",
+               "cpu_fused_ops", "to_static", "recompute", "recompute_granularity", "fp16", "bf16", "fp16_opt_level")
 _SCORES = "the [b, heads, s, s] scores materialised"
 # (device, memory-light, CPU kernels) -> the attention kernel `ops.kernels.select` runs, by mask: its `attention_name`
 # and `attention_document_name`, the names of the `kernels:` line `train`, `eval` and `generate` print

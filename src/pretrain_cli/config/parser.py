@@ -167,6 +167,16 @@ def _negated_flag(key: str, raw: list[str]) -> bool:
     return key.startswith("no_") and key[3:] in KEYS and KEYS[key[3:]].base is bool and not raw
 
 
+def override_keys(tokens: list[str]) -> list[tuple[str, str]]:
+    """(as typed, our name) of each `--key` among `tokens`: another name (`ALIASES`) as ours, `--no_<flag>` as the
+    flag; a key of no name of ours (`IGNORED`, an unknown one) as typed."""
+    out = []
+    for key, raw in split_overrides(tokens):
+        ours = key[3:] if _negated_flag(key, raw) else ALIASES.get(key, key)
+        out.append((key, ours))
+    return out
+
+
 def check_override_keys(tokens: list[str], options=()) -> None:
     """Refuse an unknown `--key` among a command's overrides before anything runs, suggesting the nearest of the
     training keys and the command's own `options` (cli.py passes them)."""

@@ -68,6 +68,32 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     return parse_config(source, overrides)
 
 
+# what else `eval` reads of a run's settings: its windows of --data; of a run's split (`--config`, a run's --model)
+# the whole data side `prepare` opens, the model and tokenizer it checks, its eval batches and output_dir's model
+WINDOW_KEYS = ("max_seq_length", "attention_mask_type", "reset_position_ids")
+SPLIT_KEYS = (*WINDOW_KEYS, "input_dir", "split", "data_impl", "skip_warmup", "share_folder", "data_cache", "sample_mode",
+              "seed", "per_device_eval_batch_size", "eval_iters", "output_dir", "device", "model_name_or_path",
+              "tokenizer_name_or_path", "num_hidden_layers", "vocab_size")
+
+
+def no_effect(overrides: list[str], command: str, reads: tuple = ()) -> None:
+    """Refuse `--key value` overrides that change nothing `command` computes (`--learning_rate 3` on `eval`: the
+    user thinks it matters), in one line naming them and the keys that do: the kernels (`compute.KERNEL_KEYS`) and
+    what `reads` names. `export` and `inspect-data` take no training key on their command line at all."""
+    from pretrain_cli.config.compute import KERNEL_KEYS
+    from pretrain_cli.config.parser import override_keys
+
+    takes = (*KERNEL_KEYS, *reads)
+    idle = [typed for typed, ours in override_keys(overrides) if ours not in takes]
+    if not idle:
+        return
+    names = ", ".join(f"--{k}" for k in dict.fromkeys(idle))
+    what = "a training key that changes" if len(set(idle)) == 1 else "training keys that change"
+    raise UserError(f"{names}: {what} nothing {command} computes; drop {'it' if len(set(idle)) == 1 else 'them'} "
+                    f"({command}'s --key value overrides take the kernels: {', '.join(KERNEL_KEYS)}"
+                    f"{'; and ' + ', '.join(reads) if reads else ''})")
+
+
 def data_ranks(config: str) -> int:
     """The data ranks (dp x sharding) of the run whose record `config` is (a run's args.json), 1 for an argument file
     no run wrote: that run's evaluation read `eval_iters` global batches of `per_device_eval_batch_size` x that many
