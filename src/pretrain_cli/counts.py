@@ -1,6 +1,7 @@
-"""Counts in English: `1 token file`, `3 token files`, `2 batches`, `1 process`. Every line that states a count
-with its noun (the resolved run, `eval`, `inspect-data`, `merge-data`, the data lines) says it through `count`, so
-no count of one reads as `1 files`. A base module: the data layer's lines use it as much as the commands'."""
+"""Counts in English: `1 token file`, `3 token files`, `2 batches`, `1 process`. The lines that state a count with
+its noun where it can be one (the resolved run and its notes, `eval`, `inspect-data`, `merge-data`, `preprocess`, the
+data lines) say it through `count`, so no count of one reads as `1 files`. A base module: the data layer's lines use
+it as much as the commands'."""
 from __future__ import annotations
 
 
