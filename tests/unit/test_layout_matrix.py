@@ -37,3 +37,12 @@ def test_a_tp_row_on_fleets_groups_is_compared_in_each_ranks_micro_batches():
         rows = {name: (keys, world) for name, keys, world in m.layouts(4, ep)}
         for name, batch in want.items():
             assert m.reference_batch(*rows[name], model) == batch, (model, name)
+
+
+def test_an_ep_cp_pp_row_is_compared_in_each_ranks_micro_batches():
+    """ep x cp x pp runs (tests/distributed/test_moe_context_pipeline.py): its 8-process rows are compared with one
+    process in 4 micro-batches of 2, each data rank's 2 micro-batches of 2 (resolving them raised: "ep x cp x pp")."""
+    m = _matrix()
+    rows = {name: (keys, world) for name, keys, world in m.layouts(8, 2)}
+    for name in ("pp2_cp2_d2_ep2", "pp2_cp2_d2_zero1_ep2", "pp2_cp2_d2_zero2_ep2"):
+        assert m.reference_batch(*rows[name], "micro-qwen3-moe") == (2, 4), name

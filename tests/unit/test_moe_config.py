@@ -127,7 +127,7 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
     (["--tensor_parallel_degree", "2", "--sequence_parallel", "true"], 2,
      "sequence_parallel: true with a Mixture-of-Experts model (qwen3_moe) is not supported"),
     # context parallelism runs (tests/distributed/test_moe_context.py), with expert parallelism and fleet's ZeRO-2 too;
-    # with tp, with a capacity, or with ep inside a pipeline it is refused
+    # with tp or with a capacity it is refused
     (["--context_parallel_degree", "2"], 2, None),
     (["--context_parallel_degree", "2", "--expert_parallel_degree", "2", "--sharding", "stage2"], 4, None),
     (["--context_parallel_degree", "2", "--moe_aux_loss_scope", "global"], 2, None),
@@ -136,13 +136,13 @@ def test_a_paddlenlp_saved_qwen2_moe_loads_by_its_prefix_and_layout(tmp_path):
      "supported"),
     (["--context_parallel_degree", "2", "--capacity_factor", "1.5"], 2,
      "capacity_factor: 1.5 with context_parallel_degree 2 is not supported"),
+    # ep x cp x pp (tests/distributed/test_moe_context_pipeline.py, 8 processes): it was refused
     (["--context_parallel_degree", "2", "--expert_parallel_degree", "2", "--pipeline_parallel_degree", "2",
-      "--gradient_accumulation_steps", "4"], 8,
-     "expert_parallel_degree: 2 with context_parallel_degree: 2 and pipeline_parallel_degree: 2 is not supported"),
+      "--gradient_accumulation_steps", "4"], 8, None),
 ])
 def test_moe_layouts_resolve_or_are_refused_in_one_line(keys, world, refused):
-    """tp, ZeRO-3, a pipeline with every router term on and context parallelism resolve for a MoE model; sequence
-    parallelism, tp x cp, a capacity under cp and ep x cp x pp are refused by config.refusals' MoE rows (or the
+    """tp, ZeRO-3, a pipeline with every router term on and context parallelism (also ep x cp x pp) resolve for a MoE
+    model; sequence parallelism, tp x cp and a capacity under cp are refused by config.refusals' MoE row (or the
     capacity's line in config.moe), in one line each."""
     from run_helpers import resolve_run
 

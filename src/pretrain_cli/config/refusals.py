@@ -70,11 +70,6 @@ REFUSED = (
                       + ("); set sequence_parallel: false" if d.sp else
                          "); set tensor_parallel_degree: 1 (context parallelism runs with dp, ZeRO-1/2, pp and "
                          "expert parallelism)")),
-    Refusal("ep x cp x pp", lambda d: bool(d.moe) and d.ep > 1 and d.cp > 1 and d.pp > 1,
-            lambda d: f"expert_parallel_degree: {d.ep} with context_parallel_degree: {d.cp} and "
-                      f"pipeline_parallel_degree: {d.pp} is not supported (expert parallelism inside pipeline stages "
-                      f"over context parallelism's chunks is not verified here: its smallest layout takes 8 "
-                      f"processes); use two of the three (cp x ep, cp x pp and pp x ep run)"),
     Refusal("ep with ZeRO-2/3",
             lambda d: bool(d.moe) and d.ep > 1 and (d.stage == 3 or d.stage == 2 and d.pp == d.tp == d.cp == 1),
             lambda d: f"expert_parallel_degree: {d.ep} with sharding: stage{d.stage} is not supported"
