@@ -203,20 +203,26 @@ def add_logged(sums: dict, name: str, value) -> None:
 
 
 def log_values(model, strategy=None) -> dict:
-    """What a log line and metrics.jsonl record of a MoE model since the last call: the mean router losses
-    (unweighted), the busiest expert's share of its layer's assignments (the maximum over layers, and per layer),
-    the dropped share; then resets. {} for a dense model. `strategy` (the layout's; a pipeline's stages hold other
-    layers, its last stage computes the losses): `share_logged` makes the sums one process's, `whole_model_rows`
-    this rank's `load_rows` every sparse layer's, in layer order."""
+    """What a log line and metrics.jsonl record of a MoE model or one with MTP modules since the last call: the mean
+    router, MTP and LM losses (unweighted), and with experts the busiest expert's share of its layer's assignments
+    (the maximum over layers, and per layer), the dropped share; then resets. {} for a dense model without MTP.
+    `strategy` (the layout's; a pipeline's stages hold other layers, its last stage computes the losses):
+    `share_logged` makes the sums one process's, `whole_model_rows` this rank's `load_rows` every sparse layer's, in
+    layer order. A model without a sparse block (a dense model with MTP modules) has no expert load to gather: asked
+    anyway, the layout all-reduced an empty array, which gloo refuses (`opts.elements > 0`) at the first log line.
+    Every rank holds the whole model's blocks (a pipeline stage too, the other stages' without storage), so every
+    rank takes the same branch."""
     if strategy is not None:
         strategy.share_logged(model.router_losses)
     out = {name: float(s) / max(n, 1) for name, (s, n) in model.router_losses.items()}
     model.router_losses.clear()
+    if not sparse_blocks(model):  # no experts: no load rows, and no collective for them
+        return out
     rows = load_rows(model)
     if strategy is not None:
         rows = strategy.whole_model_rows(rows)
     load = shares(rows)
-    if not load:  # a dense model
+    if not load:  # nothing counted since the last reset
         return out
     out["moe_max_expert_share"] = max(load["max_expert_share"])
     out["moe_dropped_share"] = sum(load["dropped_share"]) / len(load["dropped_share"])

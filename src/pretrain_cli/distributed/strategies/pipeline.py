@@ -142,7 +142,9 @@ class Pipeline(Hybrid):
         last stage's MTP layers last, as one process lists them), each summed over the stage's ranks: the counts of
         all data ranks' tokens, as one process counts them (a tp rank's copy doubles a layer's every count: its
         shares are unchanged). Two all-reduces over every rank (the stages' row counts, then the rows, each in its
-        stage's place), at log time only (their tensors by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks)."""
+        stage's place), at log time only (their tensors by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks). A
+        stage without sparse layers (DeepSeek's first, dense ones) sends no rows but its place in the counts; the
+        rows' all-reduce is skipped on every rank alike when no stage has any (gloo takes no zero-element one)."""
         import numpy as np
         import paddle.distributed as dist
 
@@ -155,6 +157,8 @@ class Pipeline(Hybrid):
         dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
         sizes = [int(x) for x in sizes.numpy()]
         whole = np.zeros([sum(sizes), rows.shape[1]], dtype="float32")  # [layers, experts + 1]
+        if not whole.size:  # (the same sizes on every rank)
+            return whole
         start = sum(sizes[:stage])
         whole[start:start + len(rows)] = rows
         out = from_numpy(whole)  # [layers, experts + 1]

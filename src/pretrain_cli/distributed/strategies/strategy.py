@@ -182,7 +182,9 @@ class Strategy:
         every rank runs every layer here, so summed over every rank, the counts of all data ranks' tokens as one
         process counts them (a tp rank's copy doubles a layer's every count: its shares are unchanged; rank 0's
         own were logged before, another batch than one process's); a pipeline gathers its stages'. One all-reduce
-        at log time (its tensor by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks)."""
+        at log time (its tensor by `ops.tensors.from_numpy`: `paddle.to_tensor` leaks). Asked only of a model with
+        sparse blocks (`log_values`): here every rank's rows are the same shape, never empty (gloo takes no
+        zero-element all-reduce)."""
         if self.parallel.world_size == 1:
             return rows
         import paddle.distributed as dist
