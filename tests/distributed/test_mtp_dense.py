@@ -8,8 +8,12 @@ the all-reduce of that empty array died at the first log line (gloo's `opts.elem
 rank, every layout below). The log step now gathers expert counts only for a model that has experts.
 
 - dp2 (`paddle.DataParallel`) and cp2 on DeepSeek-V3 made dense (`micro-deepseek-v3`, first_k_dense_replace 3);
-- pp2 (fleet's 1F1B, the module on the last stage) and tp2 (the semi-auto engine) on Qwen2 with one MTP module
-  (`micro-qwen2` + num_nextn_predict_layers 1, its head tied to the embedding).
+- pp2 (fleet's 1F1B, the module on the last stage), tp2 (the semi-auto engine) and tp2 with sequence parallelism
+  (the `tp` step) on Qwen2 with one MTP module (`micro-qwen2` + num_nextn_predict_layers 1, its head tied to the
+  embedding). Under sequence parallelism the MTP module's layer got the decoder layers' regions but a whole input,
+  which its attention gathered to twice the sequence ('rope: cos/sin must be [seq_len, head_dim]'): its input is now
+  cut and its output made whole as the decoder's, its norms' gradients summed over the tp group
+  (`distributed.steps.sequence_parallel.hook_model`; unsummed, its layer norm's weight ends 1e-2 off).
 
 And in one process, without a launch: the log line of a dense MTP model asks no collective of the layout, and a
 pipeline's gather of the load rows makes no zero-element one (each all-reduce here refuses one, as gloo does).
@@ -31,6 +35,8 @@ LAYOUTS = {
     "cp2": ("v3_dense", 2, dict(context_parallel_degree=2, per_device_train_batch_size=8), ONE),
     "pp2": ("qwen2_mtp", 2, dict(MICRO, pipeline_parallel_degree=2), MICRO),
     "tp2": ("qwen2_mtp", 2, dict(tensor_parallel_degree=2, per_device_train_batch_size=8), ONE),
+    "tp2_sp": ("qwen2_mtp", 2, dict(tensor_parallel_degree=2, sequence_parallel=True, per_device_train_batch_size=8),
+               ONE),
 }
 LOGGED = ("mtp_loss", "lm_loss")
 WEIGHT_TOL = 5e-5  # AdamW on near-zero gradients, as test_mtp_context.py and test_mtp_pipeline.py

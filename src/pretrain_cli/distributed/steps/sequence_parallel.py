@@ -12,7 +12,8 @@ normalises `seq_len / tp` positions of them; attention and the MLP still see the
 - the residual stream enters the decoder cut (`scatter`: a pre-hook on the first decoder layer; backward
   all-gather, so the embedding's gradient is whole and equal on every tp rank) and leaves it whole (`gather`, a
   post-hook on the final norm: every tp rank computes the same loss over the whole sequence, so the backward is
-  just this rank's slice);
+  just this rank's slice); a multi-token prediction module's decoder layer the same (cut entering it, whole leaving
+  it), its projection, its norms around the layer and the head computed whole as the main model's head;
 - the norms' weights (and a row-parallel bias, added after the sum) now see only this rank's positions: their
   gradients are summed over the tp group once per step (`tensor_parallel.sum_grads`).
 
@@ -90,9 +91,10 @@ def regions(shard: SeqShard) -> tuple:
 
 def hook_model(lm, shard: SeqShard) -> list:
     """The decoder's boundaries: the residual stream cut entering the first decoder layer, whole again after the
-    final norm. Returns the parameters whose gradients `tensor_parallel.sum_grads` must sum over the tp group
-    (every RMSNorm's weight between the regions and a row-parallel bias); `tensor_parallel.split_layers` hooks the
-    regions."""
+    final norm; each MTP module's layer cut entering it and whole leaving it (`split_layers` hooks its regions as a
+    decoder layer's, which gathered a whole input to twice the sequence). Returns the parameters whose gradients
+    `tensor_parallel.sum_grads` must sum over the tp group (every RMSNorm's weight between the regions and a
+    row-parallel bias); `tensor_parallel.split_layers` hooks the regions."""
     dec = lm.model
 
     def cut(layer, inputs):
@@ -104,7 +106,11 @@ def hook_model(lm, shard: SeqShard) -> list:
     dec.layers[0].register_forward_pre_hook(cut)
     dec.norm.register_forward_post_hook(whole)
     out = [dec.norm.weight]
-    for layer in dec.layers:
+    mtp = list(getattr(dec.layers, "mtp", []))  # `models.mtp.MTPModule`: its layer is `_block[0]`
+    for module in mtp:
+        module._block[0].register_forward_pre_hook(cut)
+        module._block[0].register_forward_post_hook(whole)
+    for layer in list(dec.layers) + mtp:
         out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         out += [b for b in (layer.self_attn.o_proj.bias, layer.mlp.down_proj.bias) if b is not None]
     return out
