@@ -17,8 +17,11 @@ def mlp_per_token(s, sparse: bool) -> float:
     13.5-13.9 KB a token a sparse layer of the widened micro-deepseek-v3 keeps, measured); under expert parallelism
     the dispatch that runs (`all_to_all`) keeps on a GPU the rows it received and the outputs before they are sent
     back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their reduce-scatter
-    (2·ep·c·h). Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers differ
-    (DeepSeek's first `first_k_dense_replace` are dense), so callers sum each layer's own
+    (2·ep·c·h); in half precision the router's fp32 copy of its input (4h, whole under tp: the routers of
+    `models.moe` and `models.deepseek_moe` route in fp32, and the matmul keeps the copy for the gate's gradient;
+    in fp32 the cast is the input itself. Measured on CPU, a bf16 input: 4.0·h bytes a token more than fp32;
+    not counted before). Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers
+    differ (DeepSeek's first `first_k_dense_replace` are dense), so callers sum each layer's own
     (`activations.layer_bytes`)."""
     cfg, c, tp = s.model, s.compute_bytes, s.tp
     e = experts(cfg)
@@ -27,7 +30,8 @@ def mlp_per_token(s, sparse: bool) -> float:
     h, k = cfg.hidden_size, e.top_k
     gated = 4 * c * e.shared_width / tp + c * h + 4 if e.shared_width else 0
     dispatch = 2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0
-    return 8 * e.routed + k * c * (2 * h + 4 * e.width / tp) + gated + 4 * c * e.ungated_width / tp + dispatch
+    router = 8 * e.routed + (4 * h if c != 4 else 0)  # fp32 logits and probabilities; the input's fp32 copy
+    return router + k * c * (2 * h + 4 * e.width / tp) + gated + 4 * c * e.ungated_width / tp + dispatch
 
 
 def mlp_reduce_rows(s) -> float:
