@@ -182,7 +182,7 @@ def _one_head_kept(s) -> float:
 def head_kept_bytes(s) -> float:
     """What a micro-batch's main and multi-token prediction heads + losses keep until its backward: what a pipeline's
     last stage holds for each further micro-batch whose loss has run and whose backward has not (the interleaved
-    schedule's, `memory.in_flight`), beside the one at its peak (`head_loss_bytes`)."""
+    schedule's, `schedule.in_flight`), beside the one at its peak (`head_loss_bytes`)."""
     return (1 + s.model.num_nextn_predict_layers) * _one_head_kept(s)
 
 

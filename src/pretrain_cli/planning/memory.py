@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain_cli.models.flops import layer_counts, param_counts
-from pretrain_cli.models.stages import stage_layers
+from pretrain_cli.models.stages import stage_bounds, stage_layers
 from pretrain_cli.planning.activations import (activation_bytes, document_mask_bytes, final_norm_bytes,
                                                head_kept_bytes, head_loss_bytes, layer_bytes, mtp_activation_bytes)
 from pretrain_cli.planning.context import context_working_bytes
 from pretrain_cli.planning.experts import expert_params
+from pretrain_cli.planning.schedule import in_flight, live_chunks  # (in_flight: read here by the tests too)
 
 GIB = float(2**30)
 # CUDA context + cuBLAS/cuDNN workspaces (~0.75 GiB on A100/H100 with CUDA 12), plus the caching
@@ -155,60 +156,32 @@ def startup_parts(s: Setup) -> dict[str, float]:
     return max(out, key=lambda parts: sum(parts.values()))
 
 
-def in_flight(pp: int, vpp: int, micro_batches: int, stage: int) -> tuple[int, int]:
-    """(model chunks x micro-batches whose activations `stage` holds at its peak, of them the most that are of the
-    model's last chunk at once: on the last stage the ones holding the final norm, the MTP modules and a loss).
-
-    1F1B (`vpp` 1, fleet's `PipelineParallel`): stage s runs min(pp - s, m) forwards before its first backward,
-    a whole stage each; the last stage one. Interleaved 1F1B (`vpp` V > 1, fleet's `PipelineParallelWithInterleave`,
-    a chunk being layers / (pp · V)): stage s runs w = 2(pp - s - 1) + (V - 1)(pp + m mod pp) chunk forwards before
-    its first backward (fleet 3.3.1's `startup_steps`), then one forward before each backward: w + 1 chunks, at
-    most m · V. With m a multiple of pp the first stage holds (pp·V + pp - 1) / V stages' worth of micro-batches,
-    pp · (1 + (pp - 1)/(pp·V)) (Megatron's interleaved schedule, Narayanan et al. 2021, 2.2), and the last
-    stage (pp + 1) / V, not 1, but only one of them in its last chunk; with m not a multiple, fleet's first
-    pp + m mod pp micro-batches per chunk let the last stage hold more in its last chunk, counted here by
-    walking fleet's chunk order (`_get_virtual_pp_rank`), and added to the peak as if at once (an upper bound)."""
-    m = max(micro_batches, 1)
-    if vpp <= 1:
-        return min(pp - stage, m), 1
-    steps, first = m * vpp, pp + m % pp  # chunk forwards a step; micro-batches of fleet's first pass per chunk
-    warm = min(2 * (pp - stage - 1) + (vpp - 1) * first, steps)
-    if stage != pp - 1:
-        return min(warm + 1, steps), 0
-
-    def chunk(i: int) -> int:  # the chunk of fleet's i-th forward (its backward: vpp - 1 - this)
-        return i // first if i < first * vpp else (i - first * vpp) % (pp * vpp) // pp
-
-    live = most = sum(chunk(i) == vpp - 1 for i in range(warm))
-    for i in range(steps - warm):  # the steady phase: a forward, then a backward
-        live += chunk(warm + i) == vpp - 1
-        most = max(most, live)
-        live -= chunk(i) == 0
-    return min(warm + 1, steps), max(most, 1)
-
-
 def pipeline_stages(s: Setup) -> list[dict[str, float]]:
     """`estimate` for each pipeline stage: its own parameters, gradients and states; the schedule keeps the
-    activations of the model chunks in flight `in_flight` gives (1F1B: min(pp - stage, micro-batches) whole
-    stages, the first stage the most), of the stage's own layers as the pipeline splits them (`stage_layers`,
-    virtual stages' chunks included; a chunk counted as 1/vpp of them), each dense or sparse (`layer_bytes`; an
-    average layer of the model before: DeepSeek-V3's stage 0 at pp 16, layers 0-2, all dense, was planned with
-    1.95x its own layers' activations), plus its largest layer's recompute working set; only the last stage computes the
-    logits and the loss, and it runs the multi-token prediction modules in that loss
-    (`distributed.steps.pipeline_stages.StageLoss`): their activations (`mtp_activation_bytes`) and heads + losses
-    (in `head_loss_bytes`) are the last stage's, as their parameters are (`stage_params`), once per micro-batch in
-    flight in its last chunk (a second one's loss keeps what its backward reads: `head_kept_bytes`)."""
+    activations of the model chunks in flight at the stage's peak (`schedule.live_chunks`, walked in fleet's order:
+    1F1B min(pp - stage, micro-batches) whole stages, the first stage the most; interleaved, each of the stage's
+    chunks as many times as fleet has run it and not yet its backward), each chunk its own layers as the pipeline
+    splits them (chunk c of stage s: layers of `stage_bounds` over pp·V, number s + c·pp), each dense or sparse
+    (`layer_bytes`; an average layer of the model before: DeepSeek-V3's stage 0 at pp 16, layers 0-2, all dense, was
+    planned with 1.95x its own layers' activations; and under virtual stages every chunk 1/V of the stage's layers,
+    where DeepSeek's first stage holds more of its chunk 0 than of the others), plus its largest layer's recompute
+    working set; only the last stage computes the logits and the loss, and it runs the multi-token prediction modules
+    in that loss (`distributed.steps.pipeline_stages.StageLoss`): their activations (`mtp_activation_bytes`) and heads
+    + losses (in `head_loss_bytes`) are the last stage's, as their parameters are (`stage_params`), once per
+    micro-batch in flight in its last chunk (a second one's loss keeps what its backward reads: `head_kept_bytes`)."""
     cfg = s.model
     final_norm = final_norm_bytes(s)
+    bounds = stage_bounds(cfg.num_hidden_layers, s.pp * s.vpp)  # chunk g: layers bounds[g] .. bounds[g + 1] - 1
     out = []
-    for stage, layers in enumerate(stage_layers(cfg.num_hidden_layers, s.pp, s.vpp)):
+    for stage in range(s.pp):
         last = stage == s.pp - 1
-        chunks, ends = in_flight(s.pp, s.vpp, s.micro_batches, stage)  # a chunk: 1/vpp of the stage's layers
-        kept, redo = layer_bytes(s, layers)  # the stage's own layers, dense or sparse (`stage_params`' split)
-        acts = chunks * kept / s.vpp + redo
+        chunks = [layer_bytes(s, range(bounds[g], bounds[g + 1])) for g in range(stage, s.pp * s.vpp, s.pp)]
+        live = live_chunks(s.pp, s.vpp, s.micro_batches, stage, tuple(kept for kept, _ in chunks))
+        _, ends = in_flight(s.pp, s.vpp, s.micro_batches, stage)
+        acts = sum(n * kept for n, (kept, _) in zip(live, chunks)) + max(redo for _, redo in chunks)
         acts += ends * (final_norm + mtp_activation_bytes(s)) if last else 0.0
         head = head_loss_bytes(s) + (ends - 1) * head_kept_bytes(s) if last else 0.0
-        out.append(_parts(s, stage_params(s, stage), acts, head, chunks * document_mask_bytes(s), stage))
+        out.append(_parts(s, stage_params(s, stage), acts, head, sum(live) * document_mask_bytes(s), stage))
     return out
 
 
