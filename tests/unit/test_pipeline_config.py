@@ -92,9 +92,15 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
     one = plan(str(tmp_path / "a.json"), gpus=4, device="A100-80GB")
     pp = plan(str(tmp_path / "b.json"), gpus=4, device="A100-80GB")
     assert pp["parallel"]["pp"] == 4 and pp["parallel"]["pipeline_bubble"] == pytest.approx(3 / 11)
-    # same tokens per step on 4 devices (dp 4 vs pp 4 with 4x the accumulation per data rank): the bubble costs time
+    # same tokens per step on 4 devices (dp 4 vs pp 4 with 4x the accumulation per data rank): the bubble costs time,
+    # and the last stage, which also runs the LM head, sets the step (`speed.pipeline_seconds` of the stages' FLOPs)
+    from pretrain_cli.planning.speed import pipeline_seconds, stage_flops_per_token
+
+    per = stage_flops_per_token(Setup(model=model_config("qwen2.5-0.5b"), micro_batch=1, seq_len=1024, pp=4), False)
+    slowest = pipeline_seconds(per, 8) / (sum(per) / 4 / (1 - 3 / 11))
+    assert slowest > 1.3  # 6 layers of 0.5 B's 24 and its 136 M-parameter head on the last stage
     assert pp["eta_hours"] == pytest.approx(one["eta_hours"] * 4 / 4 / (1 - 3 / 11) * pp["tokens_per_step"]
-                                            / one["tokens_per_step"])
+                                            / one["tokens_per_step"] * slowest)
     assert pp["memory_breakdown_gib"]["weights"] < 0.5 * one["memory_breakdown_gib"]["weights"]
     cfg = model_config("qwen2.5-0.5b")  # tied, 24 layers
     setup = Setup(model=cfg, micro_batch=1, seq_len=1024, pp=4, micro_batches=8)
@@ -135,8 +141,10 @@ def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
             "input_dir": str(tmp_path / "d"), "output_dir": str(tmp_path / "o")}
     (tmp_path / "a.json").write_text(json.dumps(args))
     flat = planned.plan(*parsed(str(tmp_path / "a.json"), []), "A100-80GB", 1, suggest_changes=False)
+    sends = {"tp": 0.0, "pp": 8 * 2 * 1024 * 896 * 2 / 1e9, "zero3": 0.0}
+    quarter = {**flat.stages[0], "tflops_per_step": flat.stages[0]["tflops_per_step"] / 4, "traffic_gb_per_step": sends}
     report = dataclasses.replace(flat, parallel=dataclasses.replace(flat.parallel, pp=4, pipeline_bubble=3 / 11),
-                                 traffic_gb_per_step={"tp": 0.0, "pp": 8 * 2 * 1024 * 896 * 2 / 1e9, "zero3": 0.0})
+                                 traffic_gb_per_step=sends, stages=(quarter,) * 4)  # 4 equal stages
     sp, one = fit.speed(report), fit.speed(flat)
     assert sp["compute_seconds"] == pytest.approx(one["compute_seconds"] / 4 / (1 - 3 / 11))
     assert sp["comm_seconds"] > 0 == one["comm_seconds"]

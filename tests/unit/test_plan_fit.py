@@ -280,7 +280,8 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
 
     def faster(change):  # every other layout is (nominally) faster
         flops = dataclasses.replace(base.flops_per_token, hardware=base.flops_per_token.hardware / 2)
-        return dataclasses.replace(base, recompute=str(change), flops_per_token=flops)
+        stages = tuple({**st, "tflops_per_step": st["tflops_per_step"] / 2} for st in base.stages)  # (speed's)
+        return dataclasses.replace(base, recompute=str(change), flops_per_token=flops, stages=stages)
 
     assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
     assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}

@@ -90,19 +90,20 @@ def test_ep_with_tp_plans_each_expert_cut_tp_ways_on_its_holders():
 
 
 @pytest.mark.parametrize("model,gpus,change", [
-    ("Qwen/Qwen3-30B-A3B", 16, {"pipeline_parallel_degree": 16, "expert_parallel_degree": None,
-                                "tensor_parallel_degree": None}),
-    ("Qwen/Qwen3-235B-A22B", 64, {"pipeline_parallel_degree": 32, "expert_parallel_degree": 2, "sharding": None,
+    ("Qwen/Qwen3-30B-A3B", 16, {"pipeline_parallel_degree": 4, "expert_parallel_degree": None,
+                                "tensor_parallel_degree": 2}),
+    ("Qwen/Qwen3-235B-A22B", 64, {"pipeline_parallel_degree": 8, "expert_parallel_degree": 8, "sharding": None,
                                   "recompute": True}),
 ])
 def test_fit_finds_a_layout_that_runs_for_qwen3_moe(model, gpus, change):
     """Two nodes of 8 H100 for Qwen3-30B-A3B, eight for Qwen3-235B-A22B, with config.json's balance loss on (a
-    pipeline runs it). Qwen3-30B-A3B: 16 stages of 3 layers (only activations cross the nodes; EP 8 x ZeRO-1,
-    PaddleNLP's layout, is predicted slower: docs/PLAN.md). Qwen3-235B-A22B: 32 stages with EP 2 over each stage's two
-    data ranks and the file's ZeRO-1 kept (each stage's own experts' state whole, the rest's sharded; it dropped
-    ZeRO-1 when every stage's experts were planned as unsharded state) (EP's replicated 8 B parameters and whole
-    expert state do not fit without the pipeline; tp 4 x ZeRO-3 fits but gathers across the nodes). Steady state
-    and start-up both within the budget, and re-planned it says so."""
+    pipeline runs it). Qwen3-30B-A3B: 4 stages of 12 layers x tp 2 (the tp pair on NVLink, the stages across the
+    nodes; EP 8 x ZeRO-1, PaddleNLP's layout, is predicted slower: docs/PLAN.md). Qwen3-235B-A22B: 8 stages with EP 8
+    over each stage's eight data ranks and the file's ZeRO-1 kept (each stage's own experts' state whole, the rest's
+    sharded) (EP's replicated 8 B parameters and whole expert state do not fit without the pipeline; tp 4 x ZeRO-3
+    fits but gathers across the nodes). The last stage also runs the LM head (151,936 x hidden), so many short
+    stages leave it the slowest by far: while every stage was an average one the fit chose 16 stages of 3 layers
+    and 32 of 3 (or 4). Steady state and start-up both within the budget, and re-planned it says so."""
     base = ["--model_name_or_path", model, "--tensor_parallel_degree", "1", "--sharding", "stage1"]
     f = fit(str(LLAMA), base, device="H100", gpus=gpus)
     assert f["after"] is not None, f
@@ -164,4 +165,11 @@ def test_the_dispatch_counts_deepseek_v3s_multi_token_prediction_layer():
     sparse = len(cfg.sparse_layers)
     shape = dict(model=cfg, recompute="selective", micro_batch=1, seq_len=64, compute_bytes=2, device="cpu", ep=2)
     per_layer = 4 * (2 - 1) * 64 * cfg.hidden_size * 2
-    assert dispatch_bytes(SimpleNamespace(**shape), cfg.num_hidden_layers) == pytest.approx((sparse + 1) * per_layer)
+    assert dispatch_bytes(SimpleNamespace(**shape), sparse + 1) == pytest.approx((sparse + 1) * per_layer)
+    from pretrain_cli.planning.memory import Setup
+    from pretrain_cli.planning.speed import stage_traffic
+    from pretrain_cli.run_layout import ParallelConfig
+
+    s = Setup(model=cfg, micro_batch=1, seq_len=64, compute_bytes=2, device="cpu", ep=2)  # one stage: all of them
+    t = stage_traffic(s, ParallelConfig(world_size=2, dp_degree=2, ep_degree=2), param_counts(cfg))
+    assert len(t) == 1 and t[0]["ep"] == pytest.approx((sparse + 1) * per_layer)

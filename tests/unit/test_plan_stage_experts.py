@@ -87,7 +87,7 @@ def test_each_stage_holds_the_built_models_parameters_of_its_layers(layers, firs
 
 @pytest.mark.parametrize("ep", [2, 1])
 def test_data_parallel_traffic_reduces_each_stages_own_experts(ep):
-    """`traffic`'s dp term under pp 2 on 8 ranks (4 data ranks): micro-deepseek-v3 with 4 layers, the first dense,
+    """`stage_traffic`'s dp term under pp 2 on 8 ranks (4 data ranks): micro-deepseek-v3 with 4 layers, the first dense,
     so stage 0 holds one sparse layer and stage 1 two and the MTP module's. By hand, one sparse layer's 8 experts
     are 8 x 3 x 64 x 32 = 49,152 parameters (÷ ep on a rank); the rest, a 1/2 share of the model without its routed
     experts and, on the last stage, the MTP module's own. With ep 2 the fullest stage's three layers of experts go
@@ -95,7 +95,7 @@ def test_data_parallel_traffic_reduces_each_stages_own_experts(ep):
     all four sparse layers' experts (and the module's rest): ep 2 planned 4 layers' worth over the holders."""
     from pretrain_cli.models.flops import param_counts
     from pretrain_cli.planning.memory import mtp_params
-    from pretrain_cli.planning.speed import traffic
+    from pretrain_cli.planning.speed import stage_traffic
     from pretrain_cli.run_layout import ParallelConfig
 
     cfg = dataclasses.replace(MICRO, num_hidden_layers=4, first_k_dense_replace=1)
@@ -109,4 +109,4 @@ def test_data_parallel_traffic_reduces_each_stages_own_experts(ep):
         want = 2 * 3 / 4 * rest + 2 * 1 / 2 * 3 * layer / 2
     else:
         want = 2 * 3 / 4 * (rest + 3 * layer)
-    assert traffic(s, par, counts)["dp"] == pytest.approx(4 * want)  # fp32 gradients
+    assert stage_traffic(s, par, counts)[-1]["dp"] == pytest.approx(4 * want)  # fp32 gradients

@@ -34,16 +34,16 @@ def mlp_per_token(s, sparse: bool) -> float:
     return router + k * c * (2 * h + 4 * e.width / tp) + gated + 4 * c * e.ungated_width / tp + dispatch
 
 
-def mlp_reduce_rows(s) -> float:
-    """Rows per token the MLP's tensor-parallel all-reduce carries, averaged over the layers: 1 for a dense layer;
-    for a sparse one the k routed copies (the experts' row-parallel outputs are summed before the combine weights
-    multiply them: `distributed.steps.moe_layouts`) and 1 for a shared expert."""
-    cfg = s.model
-    e = experts(cfg)
-    if e is None:
+def mlp_reduce_rows(s, sparse: bool) -> float:
+    """Rows per token the MLP's tensor-parallel all-reduce carries in one layer: 1 for a dense layer (`sparse`
+    false, or a dense model); for a sparse one the k routed copies (the experts' row-parallel outputs are summed
+    before the combine weights multiply them: `distributed.steps.moe_layouts`) and 1 for a shared expert. Per
+    layer, as each pipeline stage's traffic counts its own layers (`speed.stage_traffic`); averaged over the
+    model's layers before, a DeepSeek stage of dense layers was charged the sparse layers' k copies."""
+    e = experts(s.model)
+    if e is None or not sparse:
         return 1.0
-    sparse = e.top_k + (1 if e.shared_width else 0)
-    return (e.sparse_layers * sparse + cfg.num_hidden_layers - e.sparse_layers) / cfg.num_hidden_layers
+    return float(e.top_k + (1 if e.shared_width else 0))
 
 
 def expert_params(s) -> float:
@@ -59,20 +59,19 @@ def all_to_all(s) -> bool:
     return s.device == "gpu"
 
 
-def dispatch_bytes(s, layers: float) -> float:
-    """Bytes one rank sends per micro-batch on its expert group, over `layers` decoder layers (a pipeline stage's):
-    the dispatch that runs (`all_to_all`), 4 collectives per sparse layer (2 in forward, their reverse in backward;
-    `full` recompute reruns the forward's two). On a GPU (NCCL) the all-to-all form (`expert_all_to_all`): each
-    token's k rows to their experts' ranks and back, (ep − 1)/ep × top_k × b·s·hidden·c from a rank under balanced
-    routing. On CPU (gloo) the all-gather form (`expert_parallel.GatherDispatch`): the group's tokens all-gathered and
-    the experts' outputs reduce-scattered, (ep − 1) × b·s·hidden·c each: ep/top_k times more above ep = top_k, the
-    same at it (Qwen3-MoE: 8). The router's indices and weights and the split sizes are small."""
+def dispatch_bytes(s, sparse_layers: float) -> float:
+    """Bytes one rank sends per micro-batch on its expert group, over `sparse_layers` sparse decoder layers (a
+    pipeline stage's own: `speed.stage_traffic` counts them, DeepSeek-V3's multi-token prediction layers among them
+    on the last stage; a dense layer sends nothing here): the dispatch that runs (`all_to_all`), 4 collectives per
+    sparse layer (2 in forward, their reverse in backward; `full` recompute reruns the forward's two). On a GPU
+    (NCCL) the all-to-all form (`expert_all_to_all`): each token's k rows to their experts' ranks and back,
+    (ep − 1)/ep × top_k × b·s·hidden·c from a rank under balanced routing. On CPU (gloo) the all-gather form
+    (`expert_parallel.GatherDispatch`): the group's tokens all-gathered and the experts' outputs reduce-scattered,
+    (ep − 1) × b·s·hidden·c each: ep/top_k times more above ep = top_k, the same at it (Qwen3-MoE: 8). The router's
+    indices and weights and the split sizes are small."""
     e = experts(s.model)
     if e is None or s.ep <= 1:
         return 0.0
     trips = 4 + (2 if s.recompute == "full" else 0)
-    # DeepSeek-V3's multi-token prediction layers (`models.mtp`) are sparse decoder layers too, on the last stage:
-    # the stage the pipeline waits for
-    sparse = e.sparse_layers * layers / s.model.num_hidden_layers + (s.model.num_nextn_predict_layers or 0)
     rows = (s.ep - 1) / s.ep * e.top_k if all_to_all(s) else s.ep - 1  # per token, per collective
-    return sparse * trips * rows * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes
+    return sparse_layers * trips * rows * s.micro_batch * s.seq_len * s.model.hidden_size * s.compute_bytes

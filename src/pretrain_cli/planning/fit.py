@@ -8,8 +8,9 @@ proposes and ranks them: the caller (`orchestration.planned`) re-resolves the pa
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
 
-Ranked by `planning.speed.speed` (docs/PLAN.md): compute over the stages and the bubble, plus TP, PP, DP/ZeRO
-and CP traffic, each over the in-node or the cross-node link its group uses (context-parallel candidates from
+Ranked by `planning.speed.speed` (docs/PLAN.md): each pipeline stage's compute and TP, PP, ZeRO-3, CP and EP
+traffic from its own layers, each over the in-node or the cross-node link its group uses, the step set by the
+slowest stage with the pipeline's fill and drain, plus the DP/ZeRO gradients (context-parallel candidates from
 CONTEXT_MIN_SEQ tokens on). Flash and math
 attention count the same FLOPs; among equally fast candidates the one running flash wins (it is the faster
 kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer, larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.

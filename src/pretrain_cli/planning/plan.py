@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.flops import _cached
+from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
-from pretrain_cli.planning.speed import pipeline_bubble, traffic
+from pretrain_cli.planning.speed import (pipeline_bubble, pipeline_seconds, speed,
+                                         stage_flops_per_token, stage_traffic)
 from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
@@ -160,19 +162,25 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     peak_tflops, peak_source = peak(run, device, peak_tflops)
     if mfu is None:
         mfu = MFU_HALF if run.precision.enabled else MFU_FP32
-    eta = None if peak_tflops is None else total_tokens * model_fpt / (par.world_size * peak_tflops * 1e12 * mfu) / 3600
+    tokens = lp.micro_batch * lp.grad_accum * setup.seq_len / par.tp_degree  # one device's share of its stage's
+    model_flops = [f * tokens for f in stage_flops_per_token(setup, hardware=False)]  # per device per step
+    eta = None if peak_tflops is None else max(lp.max_steps, 0) * pipeline_seconds(
+        model_flops, lp.grad_accum, par.virtual_pp_degree) / (peak_tflops * 1e12 * mfu) / 3600  # the slowest stage
     notes = list(run.notes)
     if peak_tflops is not None and device.is_gpu:
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
     bubble = pipeline_bubble(par.pp_degree, lp.grad_accum, par.virtual_pp_degree)
-    eta = None if eta is None else eta / (1 - bubble)
     ck = checkpoint_bytes(setup)
     per_ck = sum(ck.values())
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
     kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
-    return Plan(
+    stages = tuple({"layers": len(layers), "sparse_layers": len(set(layers) & set(cfg.sparse_layers)),
+                    "tflops_per_step": f * tokens / 1e12, "traffic_gb_per_step": {k: v / 1e9 for k, v in t.items()}}
+                   for layers, f, t in zip(stage_layers(cfg.num_hidden_layers, par.pp_degree, par.virtual_pp_degree),
+                                           stage_flops_per_token(setup), stage_traffic(setup, par, param_counts(cfg))))
+    r = Plan(
         config=config, device=PlannedDevice(device.name, device.memory_gib, peak_tflops, peak_source,
                                                   device.links),
         gpus=par.world_size,
@@ -199,10 +207,11 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                   (kept * per_ck + ck["weights"]) / GIB, per_ck / par.world_size / GIB,
                                   SAVE_GB_PER_S, per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)),
         mfu=mfu, eta_hours=eta, notes=tuple(notes),
-        traffic_gb_per_step={k: v / 1e9 for k, v in traffic(setup, par, param_counts(cfg)).items()},
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
-        mtp=mtp_share(setup, s, parts, model_fpt),
+        mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
     )
+    slowest = speed(r)["slowest_stage"]  # the device whose traffic the report shows: the one that sets the step
+    return dataclasses.replace(r, traffic_gb_per_step=stages[slowest]["traffic_gb_per_step"], slowest_stage=slowest)
 
 
 def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict:

@@ -118,6 +118,10 @@ class Plan:
     layout: dict | None = None  # planning.layout.explain
     schedule: str = ""  # warmup_stable_decay's phases (`Schedule.describe`); other schedules are not printed
     mtp: dict = dataclasses.field(default_factory=dict)  # the multi-token prediction modules' share (`plan.mtp_share`)
+    # per pipeline stage (one without a pipeline): its decoder layers, sparse ones, TFLOPs and traffic per device per
+    # step, from its own layers (`speed.stage_flops_per_token`, `speed.stage_traffic`); the speed model reads them
+    stages: tuple = ()
+    slowest_stage: int = 0  # the stage that sets the step (`speed.speed`): `traffic_gb_per_step` is its traffic
 
     @property
     def peak_gib(self) -> float:
@@ -240,7 +244,8 @@ def format_report(r: Plan) -> str:
                               ("dp", "data-parallel gradients"))
                              if r.traffic_gb_per_step.get(k))
     if traffic_text:
-        lines.append(f"traffic per device per step: {traffic_text}")
+        which = f" (stage {r.slowest_stage}, the slowest)" if par.pp > 1 else ""
+        lines.append(f"traffic per device per step{which}: {traffic_text}")
     lines.append("memory per device (GiB):")
     for k, v in r.memory_breakdown_gib.items():
         lines.append(f"  {k:<16} {v:9.2f}")
@@ -261,6 +266,9 @@ def format_report(r: Plan) -> str:
                  else f"peak: unknown ({d.peak_source})")
     if r.eta_hours is not None:
         bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
+        even = r.total_tokens * f.model / (r.gpus * d.peak_tflops * 1e12 * r.mfu) / (1 - par.pipeline_bubble) / 3600
+        uneven = r.eta_hours / even if even else 1.0  # the slowest stage over an average one (`plan.report`)
+        bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
         lines.append(f"ETA: {r.total_tokens * f.model:.3g} FLOPs / ({r.gpus} x {peak_text} x MFU "
                      f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h")
     else:

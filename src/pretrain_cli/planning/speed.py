@@ -1,10 +1,13 @@
-"""The speed model `plan` and `plan --fit` rank layouts by (docs/PLAN.md): per optimizer step on one device,
-compute over the pipeline's stages and its bubble (1F1B or interleaved), plus the bytes it sends on its
-tensor-parallel, pipeline, ZeRO-3, context-parallel and expert-parallel groups, each over the link its group uses:
-in-node or cross-node (`planning.hardware.links`). Each formula is written once here. No Paddle.
+"""The speed model `plan` and `plan --fit` rank layouts by (docs/PLAN.md): per optimizer step, each pipeline
+stage's compute and the bytes it sends on its tensor-parallel, pipeline, ZeRO-3, context-parallel and
+expert-parallel groups, from the stage's own layers, each term over the link its group uses (in-node or cross-node:
+`planning.hardware.links`); the step from the slowest stage with the pipeline's fill and drain (1F1B or
+interleaved), then the data-parallel gradients. Each formula is written once here. No Paddle.
 """
 from __future__ import annotations
 
+from pretrain_cli.models.flops import experts, flops_per_token, layer_counts
+from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning.experts import dispatch_bytes, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes
 from pretrain_cli.planning.memory import Setup, mtp_params, stage_experts
@@ -32,14 +35,16 @@ def partial_sends(setup: Setup, par: ParallelConfig) -> bool:
             and elements % par.tp_degree == 0)
 
 
-def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]:
-    """Bytes one device sends per optimizer step on each group (the speed model's terms, docs/PLAN.md):
+def stage_traffic(setup: Setup, par: ParallelConfig, params: dict) -> list[dict[str, float]]:
+    """Per pipeline stage (one entry without a pipeline), bytes one device of it sends per optimizer step on each
+    group (the speed model's terms, docs/PLAN.md), from the stage's own layers (`models.stages.stage_layers`, the
+    split the pipeline runs; DeepSeek-V3's multi-token prediction layers on the last stage, after the decoder's):
 
-    tp    = acc × its stage's layers × (n_attn + n_mlp × r) × 2(t−1)/t × b·s·hidden·c  (all-reduces per layer of the
+    tp    = acc × Σ over its layers (n_attn + n_mlp × r) × 2(t−1)/t × b·s·hidden·c  (all-reduces per layer of the
             attention and MLP outputs: n_attn = n_mlp = 2, forward and backward; + 1 each under `full`, + 1 attention
-            under `full_attn` recompute; r = `experts.mlp_reduce_rows`, 1 for a dense model, top_k (+1 shared)
-            on a MoE model's sparse layers), + acc × 2V × (t−1)/t × b·s·hidden·c under a pipeline's partial sends
-            (the receiver all-gathers the pieces of each activation and gradient over the tp group)
+            under `full_attn` recompute; r = `experts.mlp_reduce_rows`: 1 for a dense layer, top_k (+1 shared) for a
+            sparse one), + acc × 2V × (t−1)/t × b·s·hidden·c under a pipeline's partial sends (the receiver
+            all-gathers the pieces of each activation and gradient over the tp group)
     pp    = acc × 2V × b·s·hidden·c / t  (one activation forward, its gradient back, per micro-batch and model chunk,
             V = virtual_pp_degree: what a middle stage sends, the end stages 2V − 1; the interleaved schedule's last
             stage sends its chunks' outputs back to the first stage's next chunk; on NCCL without sequence parallelism
@@ -48,48 +53,59 @@ def traffic(setup: Setup, par: ParallelConfig, params: dict) -> dict[str, float]
             from every tp rank, without the /t)
     zero3 = acc × 3 × weight bytes of its stage and TP slice × (S−1)/S  (gathered for forward and backward, gradients
             reduce-scattered, per micro-batch)
-    cp    = acc × `context.context_traffic_bytes` (per layer ring attention's K/V blocks, again under full/full_attn
-            recompute, and its dK/dV blocks)
-    ep    = acc × `experts.dispatch_bytes` (the expert group's tokens gathered, the experts' outputs reduce-scattered)
+    cp    = acc × `context.context_traffic_bytes` × the stage's layers (the MTP modules' too) ÷ the decoder's (per
+            layer ring attention's K/V blocks, again under full/full_attn recompute, and its dK/dV blocks; every
+            stage was charged every decoder layer's before)
+    ep    = acc × `experts.dispatch_bytes` over the stage's sparse layers (a stage of dense layers sends nothing)
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
             holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
             all-gather move the same bytes; under ZeRO-3 the gradients are in `zero3`; under expert parallelism
-            a rank's routed experts are reduced over their D/ep holders instead; under a pipeline each stage's own
-            experts (`memory.stage_experts`) and the multi-token prediction modules' gradients on the last stage
-            (`memory.mtp_params`), the most of any stage (`_stage_gradient_bytes`)
-    `params` is `models.flops.param_counts` of the model."""
-    params_total = params["total"]
+            a rank's routed experts are reduced over their D/ep holders instead; each stage its own experts
+            (`memory.stage_experts`) and the last the multi-token prediction modules' gradients (`memory.mtp_params`:
+            `_stage_gradient_bytes`)
+    Every stage was charged an average layer's tp and ep traffic before (and every stage the MTP layers' dispatch),
+    so a DeepSeek stage of dense layers was given all-to-all time it never spends. `params` is
+    `models.flops.param_counts` of the model."""
+    cfg = setup.model
     acc, tp, pp, deg = setup.micro_batches, par.tp_degree, par.pp_degree, par.sharding_degree
     vpp = par.virtual_pp_degree  # each micro-batch crosses every stage boundary once per model chunk
-    act = setup.micro_batch * setup.seq_len * setup.model.hidden_size * setup.compute_bytes  # one [b, s, hidden]
-    out = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
+    act = setup.micro_batch * setup.seq_len * cfg.hidden_size * setup.compute_bytes  # one [b, s, hidden]
     partial = partial_sends(setup, par)
-    if tp > 1:
-        n_attn, n_mlp = 2 + (setup.recompute in ("full", "full_attn")), 2 + (setup.recompute == "full")
-        n = n_attn + n_mlp * mlp_reduce_rows(setup)
-        out["tp"] = acc * setup.model.num_hidden_layers / pp * n * 2 * (tp - 1) / tp * act
-        out["tp"] += acc * 2 * vpp * (tp - 1) / tp * act if partial else 0.0  # the received pieces all-gathered
-    if pp > 1:
-        out["pp"] = acc * 2 * vpp * act / (tp if par.sequence_parallel or partial else 1)
-    if par.sharding_stage == 3 and deg > 1:
-        weight_bytes = params_total / tp / pp * (2 if setup.amp_level == "O2" else 4)
-        out["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
-    if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence
-        out["cp"] = acc * context_traffic_bytes(setup.model, setup.micro_batch, setup.seq_len * par.cp_degree,
-                                                par.cp_degree, setup.compute_bytes, setup.recompute)
-    if setup.ep > 1:
-        out["ep"] = acc * dispatch_bytes(setup, setup.model.num_hidden_layers / pp)
+    n_attn, n_mlp = 2 + (setup.recompute in ("full", "full_attn")), 2 + (setup.recompute == "full")
+    sparse = set(cfg.sparse_layers)
+    mtp = tuple(range(cfg.num_hidden_layers, cfg.num_hidden_layers + (cfg.num_nextn_predict_layers or 0)))
     replicas = par.data_world_size * par.cp_degree
-    if replicas > 1 and par.sharding_stage < 3:
-        out["dp"] = max(_stage_gradient_bytes(setup, params, replicas, stage) for stage in range(pp))
+    out = []
+    for stage, layers in enumerate(stage_layers(cfg.num_hidden_layers, pp, vpp)):
+        ran = layers + (mtp if stage == pp - 1 else ())  # the decoder layers this stage runs, the MTP modules' too
+        kinds = [i in sparse if i < cfg.num_hidden_layers else cfg.is_sparse_layer(i) for i in ran]
+        t = {"tp": 0.0, "pp": 0.0, "zero3": 0.0, "cp": 0.0, "ep": 0.0, "dp": 0.0}
+        if tp > 1:
+            rows = sum(n_attn + n_mlp * mlp_reduce_rows(setup, kind) for kind in kinds)
+            t["tp"] = acc * rows * 2 * (tp - 1) / tp * act
+            t["tp"] += acc * 2 * vpp * (tp - 1) / tp * act if partial else 0.0  # the received pieces all-gathered
+        if pp > 1:
+            t["pp"] = acc * 2 * vpp * act / (tp if par.sequence_parallel or partial else 1)
+        if par.sharding_stage == 3 and deg > 1:
+            weight_bytes = params["total"] / tp / pp * (2 if setup.amp_level == "O2" else 4)
+            t["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
+        if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence; per decoder layer
+            t["cp"] = acc * context_traffic_bytes(cfg, setup.micro_batch, setup.seq_len * par.cp_degree,
+                                                  par.cp_degree, setup.compute_bytes, setup.recompute) \
+                * len(ran) / cfg.num_hidden_layers
+        if setup.ep > 1:
+            t["ep"] = acc * dispatch_bytes(setup, sum(kinds))
+        if replicas > 1 and par.sharding_stage < 3:
+            t["dp"] = _stage_gradient_bytes(setup, params, replicas, stage)
+        out.append(t)
     return out
 
 
 def _stage_gradient_bytes(setup: Setup, params: dict, replicas: int, stage: int) -> float:
-    """`traffic`'s dp term for pipeline stage `stage`: a 1/pp share of all but the routed experts (and on the last
+    """`stage_traffic`'s dp term for pipeline stage `stage`: a 1/pp share of all but the routed experts (and on the last
     stage the multi-token prediction modules' other parameters) over the `replicas`, and the stage's own routed
     experts (`memory.stage_experts`: its sparse layers', the modules' on the last stage) over their replicas / ep
-    holders, or with the rest without expert parallelism. Every stage reduces at the step's end; `traffic` takes
+    holders, or with the rest without expert parallelism. Every stage reduces at the step's end; `speed` takes
     the most. Counting every stage's experts (and the modules') on each planned DeepSeek-V3 at pp 16 x ep 8 on 256
     ranks at 171.57 GB a step; its fullest stage sends 16.55."""
     grad_bytes = 2 if setup.amp_level == "O2" and not setup.master_grad else 4
@@ -103,16 +119,60 @@ def _stage_gradient_bytes(setup: Setup, params: dict, replicas: int, stage: int)
     return (2 * (replicas - 1) / replicas * rest + 2 * (holders - 1) / holders * routed) * grad_bytes
 
 
+def stage_flops_per_token(s: Setup, hardware: bool = True) -> list[float]:
+    """Per pipeline stage (one entry without a pipeline), the training FLOPs per token of the model's tokens that
+    its layers do (`models.flops.flops_per_token`'s terms, layer by layer): each decoder layer 6 × its active
+    parameters (a dense layer its MLP, a sparse one its router, shared experts and top_k routed experts) + its
+    attention, and with `hardware` the forward `recompute` reruns; the last stage also the final norm, the LM head
+    and the multi-token prediction modules (what `flops_per_token` counts beyond the decoder layers). The stages
+    sum to `flops_per_token`. Each stage was given 1/pp of it before: DeepSeek-V3's first stage at pp 16 (3 dense
+    layers) as much as one of 4 sparse layers."""
+    cfg, seq = s.model, s.seq_len * s.cp
+    recompute = s.recompute if hardware else None
+    plain = flops_per_token(cfg, seq)
+    n_layers = cfg.num_hidden_layers
+    attn = (flops_per_token(cfg, seq, "core_attn", hardware=True) - plain) / n_layers  # one layer's QKᵀ and PV
+    again = {"full_attn": (flops_per_token(cfg, seq, "full_attn", hardware=True) - plain) / n_layers,
+             "core_attn": attn}.get(recompute, 0.0)  # a layer's recomputed forward, the same in every layer
+    e = experts(cfg)
+
+    def layer(counts: tuple) -> float:
+        total, _, routed = counts
+        active = total - routed + (routed * e.top_k / e.routed if e else 0)  # its top_k routed experts of all
+        return 6 * active + 3 * attn + (2 * active + attn if recompute == "full" else again)
+
+    per_layer = [layer(c) for c in layer_counts(cfg)]
+    out = [sum(per_layer[i] for i in layers) for layers in stage_layers(n_layers, s.pp, s.vpp)]
+    out[-1] += flops_per_token(cfg, seq, recompute, hardware) - sum(per_layer)  # the head, norm, MTP modules
+    return out
+
+
+def pipeline_seconds(stages: list[float], micro_batches: int, virtual: int = 1) -> float:
+    """A step's time from each stage's busy time `stages` (all its micro-batches and chunks): the slowest stage
+    runs its V·m chunks back to back, and the others' one chunk of a micro-batch each fills and drains the pipeline
+    around it: max + (Σ − max)/(V·m). With equal stages T, T·(V·m + P − 1)/(V·m) = T/(1 − `pipeline_bubble`);
+    one stage: its time. An average stage's T/(1 − bubble) before, whatever the stages' layers."""
+    slowest = max(stages)
+    return slowest + (sum(stages) - slowest) / (virtual * max(micro_batches, 1))
+
+
 def speed(r: Plan) -> dict:
-    """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout: compute over the
-    pipeline's stages and bubble, plus the plan's TP, PP, ZeRO-3 and CP traffic (`traffic`), each term over the link
-    its group uses (`report.link_gbps`: in-node when the group stays inside a node, else cross-node)."""
+    """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout: each pipeline stage's
+    busy time from its own layers (`Plan.stages`: its FLOPs with recompute / (peak × MFU), plus its TP, PP, ZeRO-3,
+    CP and EP traffic, each term over the link its group uses, `report.link_gbps`), the step from the slowest stage
+    and the fill and drain of the others (`pipeline_seconds`), then the data-parallel gradients' exchange once per
+    step (the most any stage sends). `slowest_stage`: the stage that sets the step."""
     par, peak = r.parallel, r.device.peak_tflops
-    flops = r.micro_batch * r.gradient_accumulation_steps * r.max_seq_length * r.flops_per_token.hardware
-    compute = flops / par.tp / par.pp / par.cp / ((peak or NOMINAL_TFLOPS) * 1e12 * r.mfu) / (1 - par.pipeline_bubble)
-    comm = sum(gb / link_gbps(r, term) for term, gb in r.traffic_gb_per_step.items())
-    step = compute + comm
+    rate = (peak or NOMINAL_TFLOPS) * 1e12 * r.mfu
+    compute = [st["tflops_per_step"] * 1e12 / rate for st in r.stages]
+    busy = [c + sum(gb / link_gbps(r, term) for term, gb in st["traffic_gb_per_step"].items() if term != "dp")
+            for c, st in zip(compute, r.stages)]
+    m, v = r.gradient_accumulation_steps, par.vpp
+    dp = max(st["traffic_gb_per_step"].get("dp", 0.0) for st in r.stages) / link_gbps(r, "dp")
+    step = pipeline_seconds(busy, m, v) + dp
+    flops = pipeline_seconds(compute, m, v)
     known = peak is not None
-    return {"step_seconds": step if known else None, "compute_seconds": compute if known else None,
-            "comm_seconds": comm if known else None, "tokens_per_sec": r.tokens_per_step / step if known else None,
-            "rank_seconds": step}
+    return {"step_seconds": step if known else None, "compute_seconds": flops if known else None,
+            "comm_seconds": step - flops if known else None,
+            "tokens_per_sec": r.tokens_per_step / step if known else None,
+            "rank_seconds": step, "slowest_stage": busy.index(max(busy))}
