@@ -69,10 +69,13 @@ def _document_add_masks(doc_start, dtype) -> list:
     the `[bsz, kv, rep, s, s]` scores broadcasts over middle dimensions, which Paddle's CPU kernel does 2–3×
     slower than the whole causal add. Built once per forward and shared by every layer: the model passes
     the same `doc_start` tensor to all of them, so it is keyed by identity (the entry keeps the tensor
-    alive, so the id cannot be reused).
+    alive, so the id cannot be reused). to_static's SOT cannot trace that key: `psdb.fallback` has it run this
+    function eagerly (`ops.rope`).
     """
     import paddle
+    from paddle.jit.sot import psdb
 
+    psdb.fallback(recursive=True)  # to_static: SOT runs this function eagerly; else a no-op
     key = (id(doc_start), str(dtype))
     hit = _DOC_MASKS.get(key)
     if hit is None or hit[0] is not doc_start:

@@ -21,6 +21,8 @@ Qwen heads have none).
 """
 from __future__ import annotations
 
+import functools
+
 from pretrain_cli.ops import cpu_ops
 
 # logits held per chunk on the Paddle-op path: 8 Mi fp32 values (32 MiB) on CPU, 32 Mi (128 MiB) on GPU, where
@@ -132,13 +134,15 @@ def _grad_gemms(p, hc, w, vocab_major: bool, dhs: list):
     return paddle.matmul(p, hc, transpose_x=True) if vocab_major else paddle.matmul(hc, p, transpose_x=True)
 
 
+def _loss_sum(h, w, labels, ignore_index: int, vocab_major: bool):
+    return _chunks(h, w, labels, ignore_index, vocab_major, False)[0]
+
+
 def linear_cross_entropy_chunked(h, w, labels, ignore_index: int, vocab_major: bool):
-    """Chunks of `chunk_rows(V, device)` rows; fp16/bf16 matmuls where the run computes in them."""
+    """Chunks of `chunk_rows(V, device)` rows; fp16/bf16 matmuls where the run computes in them.
 
-    def loss_only(h, w, labels):
-        return _chunks(h, w, labels, ignore_index, vocab_major, False)[0]
-
-    def with_grad(h, w, labels):
-        return _chunks(h, w, labels, ignore_index, vocab_major, True)
-
+    The passes are partials, not closures: to_static's SOT ran a closure called inside the autograd function with
+    its cells for values (Paddle 3.3.1: `matmul(): argument (position 4) must be bool, but got cell`)."""
+    loss_only = functools.partial(_loss_sum, ignore_index=ignore_index, vocab_major=vocab_major)
+    with_grad = functools.partial(_chunks, ignore_index=ignore_index, vocab_major=vocab_major, grad=True)
     return _apply(h, w, labels, loss_only, with_grad)

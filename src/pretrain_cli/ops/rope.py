@@ -2,6 +2,11 @@
 
 The rotation is done as a GEMM with an exact ±1 rotate-half matrix (cheaper on CPU than slicing and
 concatenating); cached per (head_dim, dtype, place) and per cos/sin table.
+
+The per-table caches are keyed by tensor identity, which to_static's SOT cannot trace (Paddle 3.3.1 raised
+`InnerError: [DictVariable] received (...) as key` at the first compiled forward with `cpu_fused_ops: false`).
+The functions that read them call `psdb.fallback(recursive=True)` first: under SOT that runs the function eagerly
+(a graph break), so a compiled forward reads the same cached tables as an eager one; outside SOT it does nothing.
 """
 from __future__ import annotations
 
@@ -58,6 +63,9 @@ def _rope_mats(cos, sin):
     call; tables that need no gradient (all of them in this project) are keyed by identity (the
     entry keeps the tensors alive, so ids cannot be reused). Anything else is built per call.
     """
+    from paddle.jit.sot import psdb
+
+    psdb.fallback(recursive=True)  # to_static: SOT runs this function eagerly (module docstring); else a no-op
     if not (cos.stop_gradient and sin.stop_gradient):
         return _build_rope_mats(cos, sin)
     key = (id(cos), id(sin))
@@ -78,7 +86,9 @@ def _rope_rows(cos, sin, position_ids):
     """Each token's cos/sin rows `[bsz, seq_len, 1, head_dim]` (fp32), gathered once per forward: every layer
     gets the same table and `position_ids` objects, so they are keyed by identity (kept alive by the entry)."""
     import paddle
+    from paddle.jit.sot import psdb
 
+    psdb.fallback(recursive=True)  # to_static: SOT runs this function eagerly (module docstring); else a no-op
     key = (id(cos), id(position_ids))
     hit = _ROPE_ROWS.get(key)
     if hit is None or hit[0] is not cos or hit[1] is not sin or hit[2] is not position_ids:
