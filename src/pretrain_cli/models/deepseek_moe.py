@@ -93,12 +93,12 @@ def sequence_balance_loss(routing: Routing, bsz: int, seq_len: int, top_k: int, 
     `sequence_sums`: this rank holds `seq_len` of each sequence's `seq_len × split.ranks` tokens): f_i from the
     sequence's counts summed over the cp group, P_i this rank's tokens' part of the sequence's mean, so the cp
     ranks' losses add up to the whole sequences' (`moe_loss.router_loss` takes that sum)."""
-    experts = routing.scores.shape[-1]
-    scores = routing.scores
+    _, scores, indices, _ = routing  # (by position: to_static's SOT can hand a Routing over as a plain tuple)
+    experts = scores.shape[-1]
     if normalise:
         scores = scores / (scores.sum(axis=-1, keepdim=True) + 1e-20)
     scores = scores.reshape([bsz, seq_len, experts])  # [bsz, seq_len, experts]
-    chosen = nn.functional.one_hot(routing.indices, experts).sum(axis=1)  # [tokens, experts]
+    chosen = nn.functional.one_hot(indices, experts).sum(axis=1)  # [tokens, experts]
     counts = chosen.reshape([bsz, seq_len, experts]).sum(axis=1).astype("float32")  # [bsz, experts]
     if split is None:
         p = scores.mean(axis=1)  # [bsz, experts]

@@ -34,10 +34,11 @@ LATENT_NORM_EPS = 1e-6  # transformers builds q_a_layernorm / kv_a_layernorm wit
 
 def deinterleave(x):
     """`[..., d]` laid out in pairs (x0, x1), (x2, x3), … → `[evens | odds]` (the rotate-half layout)."""
-    *lead, d = x.shape
-    x = x.reshape([*lead, d // 2, 2])  # [..., d/2, 2]
-    x = x.transpose([*range(len(lead)), len(lead) + 1, len(lead)])  # [..., 2, d/2]
-    return x.reshape([*lead, d])  # [..., d]
+    # (no `*lead, d = x.shape`: under to_static, SOT built `[*lead, d // 2, 2]` without `d // 2`, Paddle 3.3.1)
+    lead, d, n = list(x.shape[:-1]), x.shape[-1], x.ndim - 1
+    x = x.reshape(lead + [d // 2, 2])  # [..., d/2, 2]
+    x = x.transpose(list(range(n)) + [n + 1, n])  # [..., 2, d/2]
+    return x.reshape(lead + [d])  # [..., d]
 
 
 class LatentAttention(nn.Layer):

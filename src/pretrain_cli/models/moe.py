@@ -185,9 +185,10 @@ def dispatch_local(x, routing: Routing, experts: Experts, num_experts: int, capa
     One host read a call, the counts the grouped GEMM needs as host ints: the counts are made on the device
     (`expert_counts`) and the capacity's kept rows cut at their number from those host counts (`masked_select`
     sizes its output from its mask: a second read)."""
-    tokens, top_k = routing.indices.shape
-    flat = routing.indices.reshape([-1])  # [tokens*top_k]
-    weights = routing.weights.reshape([-1])  # [tokens*top_k]
+    _, _, indices, weights = routing  # (by position: to_static's SOT can hand the gate's Routing over as a plain tuple)
+    tokens, top_k = indices.shape
+    flat = indices.reshape([-1])  # [tokens*top_k]
+    weights = weights.reshape([-1])  # [tokens*top_k]
     order = paddle.argsort(flat, stable=True)  # [tokens*top_k]: assignments grouped by expert
     counts = expert_counts(flat, num_experts)  # [experts] int64
     dropped = paddle.zeros([], dtype="float32")
@@ -241,7 +242,8 @@ class SparseMoeBlock(nn.Layer):
         flat = x.reshape([-1, hidden])  # [tokens, hidden]
         routing = self.gate(flat)
         out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, self.capacity_factor)
-        self.record = MoeRecord(routing, counts, dropped)
+        # (a Routing again: under to_static SOT can hand the gate's over as a plain tuple, which moe_loss reads by name)
+        self.record = MoeRecord(Routing(*routing), counts, dropped)
         if self.training:  # an evaluation's tokens neither move the balancing bias nor show in the logged load
             self.load = counts if self.load is None else self.load + counts
             self.step_load = counts if self.step_load is None else self.step_load + counts
