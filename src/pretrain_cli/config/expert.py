@@ -24,8 +24,13 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
     if ep == 1:
         return 1
     experts = model_cfg.num_experts
-    for bad, why in ((not experts, f"needs a Mixture-of-Experts model (num_experts in config.json); "
-                      f"{model_cfg.model_type} has no experts: remove the key"),
+    # whether any layer holds them (an MTP module's layer counts): a DeepSeek with first_k_dense_replace past its
+    # layers has num_experts but none to split
+    held = bool(model_cfg.expert_layers)
+    for bad, why in ((not held, f"needs a Mixture-of-Experts model (num_experts in config.json); "
+                      f"{model_cfg.model_type} has no experts" + (" in any layer (first_k_dense_replace, "
+                      f"decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
+                      + ": remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
                      (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
                       f"from; use a divisor of them"),

@@ -31,7 +31,7 @@ def aux_coefficient(args, model_cfg) -> float:
 
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
-    moe_model = model_cfg is not None and bool(model_cfg.sparse_layers)
+    moe_model = model_cfg is not None and bool(model_cfg.expert_layers)  # an MTP module's experts count
     if moe_model and args.training.recompute and args.training.recompute_use_reentrant:
         problems.add("recompute_use_reentrant: true loses the router losses' gradients of a Mixture-of-Experts model "
                      "(the reentrant recompute runs the first forward without autograd); set it to false")
@@ -79,7 +79,7 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
     if 0 < m.capacity_factor < 1:
         notes.append(f"capacity_factor: {m.capacity_factor} < 1 drops tokens even under perfect balance")
     set_here = [k for k in KEYS if k in args.explicit]
-    if set_here and model_cfg is not None and not model_cfg.sparse_layers:
+    if set_here and model_cfg is not None and not moe_model:
         notes.append(f"{', '.join(set_here)}: the model ({model_cfg.model_type}) has no experts; no effect")
     rate = m.moe_router_bias_update_rate
     if moe_model and model_cfg.topk_method == "noaux_tc" and "moe_router_bias_update_rate" not in args.explicit:

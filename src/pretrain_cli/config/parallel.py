@@ -65,7 +65,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
                      f"divisor of it")
         tp = 1
     sliced = ["num_attention_heads", "num_key_value_heads", "intermediate_size"]
-    if model_cfg.sparse_layers:  # the experts' and shared experts' SwiGLU widths are cut over tp too
+    if model_cfg.expert_layers:  # the experts' and shared experts' SwiGLU widths are cut over tp too
         sliced += [n for n in ("moe_intermediate_size", "shared_expert_intermediate_size") if getattr(model_cfg, n)]
     for name in sliced:
         if tp > 1 and getattr(model_cfg, name) % tp:
@@ -87,7 +87,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         notes.append(f"sharding_parallel_degree: {t.sharding_parallel_degree} has no effect without a sharding stage "
                      f"(sharding is {t.sharding!r}): its ranks are data-parallel ranks, each holding the whole "
                      f"optimizer state")
-    moe = model_cfg.model_type if model_cfg.sparse_layers else ""
+    moe = model_cfg.model_type if model_cfg.expert_layers else ""  # (an MTP module's experts count)
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
                                  mla=model_cfg.model_type if model_cfg.mla else "")):

@@ -256,9 +256,21 @@ class ModelConfig:
     def sparse_layers(self) -> list[int]:
         """`is_sparse_layer`'s rule over the decoder layers at once (`plan --fit` asks this of every candidate it
         resolves, tens of thousands on a 94-layer model: one call per layer was most of the search's time; so the
-        rule runs once per distinct set of the fields it reads)."""
+        rule runs once per distinct set of the fields it reads). The decoder layers only, for per-layer and
+        per-stage arithmetic; whether the model has experts is `expert_layers`' question."""
         return list(_sparse_layers(self.model_type, self.num_experts, tuple(self.mlp_only_layers),
                                    self.decoder_sparse_step, self.first_k_dense_replace, self.num_hidden_layers))
+
+    @property
+    def expert_layers(self) -> list[int]:
+        """Every layer that holds experts: `sparse_layers`, then the MTP modules' layers (`num_hidden_layers + k`)
+        that `is_sparse_layer` makes sparse, as the model builds them (PaddleNLP's MTP layer is a decoder layer of
+        that index; DeepSeek-V3's published layer 61 is sparse). Every "does the model have experts" decision asks
+        this: with `first_k_dense_replace == num_hidden_layers` only the MTP layer is sparse, and its experts still
+        take the balance loss, the bias update, the tp / ep checks and the MoE refusals."""
+        first = self.num_hidden_layers
+        mtp = range(first, first + int(self.num_nextn_predict_layers or 0))
+        return self.sparse_layers + [i for i in mtp if self.is_sparse_layer(i)]
 
     @property
     def n_rep(self) -> int:

@@ -107,7 +107,8 @@ class CausalLM(nn.Layer):
         self.config = cfg
         self.kernels = kernels
         self.moe = moe or MoeConfig()
-        self.sparse = bool(cfg.sparse_layers)  # a Mixture-of-Experts model (a plain bool: to_static traces it)
+        # a Mixture-of-Experts model, its MTP modules' layers counted (a plain bool: to_static traces it)
+        self.sparse = bool(cfg.expert_layers)
         self.mtp_depth = int(cfg.num_nextn_predict_layers)  # DeepSeek-V3's MTP modules (a plain int, as `sparse`)
         self.router_losses: dict = {}  # {name: (sum, forwards)} since the last log line (`moe_loss.log_values`)
         self.model = DecoderModel(cfg, kernels, self.moe)

@@ -122,7 +122,7 @@ def later_checkpoints(run: RunConfig, saved: CheckpointDir) -> None:
 def keep_router_bias(run: RunConfig, model_cfg, saved: CheckpointDir) -> RunConfig:
     """A MoE checkpoint trained with the routing bias, resumed at `moe_router_bias_update_rate` 0: the bias is kept,
     frozen (a model built without it dropped it and routed otherwise), with a note."""
-    if not model_cfg.sparse_layers or run.moe.bias_update_rate != 0 or run.moe.routing_bias:
+    if not model_cfg.expert_layers or run.moe.bias_update_rate != 0 or run.moe.routing_bias:
         return run
     from pretrain_cli.training.weight_source import holds_router_bias
 

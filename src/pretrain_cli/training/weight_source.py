@@ -213,7 +213,7 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
             raise UserError(problem)
     paddle.seed(seed)
     moe = None
-    if weights and cfg.sparse_layers and holds_router_bias(model_dir):  # the routing the run trained with
+    if weights and cfg.expert_layers and holds_router_bias(model_dir):  # the routing the run trained with
         from pretrain_cli.run_config import MoeConfig
 
         moe = MoeConfig(routing_bias=True)
