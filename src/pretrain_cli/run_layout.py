@@ -49,7 +49,9 @@ ENGINE_TRAITS = {
     "single": EngineTraits(),
     "data_parallel": EngineTraits(dp_buffers=True),
     "fleet_zero1": EngineTraits(whole_gradients=False),
-    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True, global_batch=True),
+    "semi_auto": EngineTraits(whole_gradients=False, placed_pieces=True, distributed_tensors=True, global_batch=True,
+                              eager="the semi-auto engine (tensor parallelism, ZeRO-2/3: SOT fails on its distributed "
+                                    "tensors at the first forward)"),
     "pipeline": EngineTraits(whole_gradients=False, placed_pieces=True,
                              eager="pipeline parallelism (fleet runs each stage's layers eagerly)"),
     "tensor_parallel": EngineTraits(whole_gradients=False, placed_pieces=True,

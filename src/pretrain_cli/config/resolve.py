@@ -266,6 +266,10 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)
         notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
+    if kernels.to_static and t.recompute and not t.recompute_use_reentrant and t.recompute_granularity != "core_attn":
+        problems.add(f"to_static: not supported with recompute_granularity {t.recompute_granularity} and "
+                     f"recompute_use_reentrant false (Paddle's recompute fails in the backward of a compiled layer); "
+                     f"set to_static false (or recompute_use_reentrant true, or recompute_granularity core_attn)")
     recompute = Recompute(t.recompute_granularity, t.recompute_use_reentrant,
                           tuple(t.no_recompute_layers or ())) if t.recompute else None
     eval_steps, save_steps = _intervals(args, problems, notes)
