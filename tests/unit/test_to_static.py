@@ -148,7 +148,12 @@ def test_config_refuses_or_ignores_what_sot_cannot_run_in_one_line():
     assert [n for n in tp.notes if n.startswith("to_static:")] == [
         "to_static: not with the semi-auto engine (tensor parallelism, ZeRO-2/3: SOT fails on its distributed tensors "
         "at the first forward); ignored"]
+    ep = resolve_run("--to_static", "true", "--expert_parallel_degree", "2", world=2, model="micro-qwen2-moe")
+    assert not ep.kernels.to_static and [n for n in ep.notes if n.startswith("to_static:")] == [
+        "to_static: not with expert parallelism (SOT fails in its all-gather of the tokens at the first forward); "
+        "ignored"]
     assert resolve_run("--to_static", "true", "--per_device_train_batch_size", "1", world=2).kernels.to_static  # dp
+    assert resolve_run("--to_static", "true", "--context_parallel_degree", "2", world=2).kernels.to_static
 
 
 def test_fused_cpu_kernels_still_compile(monkeypatch):

@@ -266,6 +266,10 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
     if kernels.to_static and parallel.traits.eager:
         kernels = replace(kernels, to_static=False)
         notes.append(f"to_static: not with {parallel.traits.eager}; ignored")
+    if kernels.to_static and parallel.ep_degree > 1:
+        kernels = replace(kernels, to_static=False)
+        notes.append("to_static: not with expert parallelism (SOT fails in its all-gather of the tokens at the first "
+                     "forward); ignored")
     if kernels.to_static and t.recompute and not t.recompute_use_reentrant and t.recompute_granularity != "core_attn":
         problems.add(f"to_static: not supported with recompute_granularity {t.recompute_granularity} and "
                      f"recompute_use_reentrant false (Paddle's recompute fails in the backward of a compiled layer); "
