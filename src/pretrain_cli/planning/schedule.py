@@ -48,6 +48,8 @@ def live_chunks(pp: int, vpp: int, micro_batches: int, stage: int, sizes=None) -
     moment the most chunks are live, the first of them). With equal chunks that is w + 1 chunks after the warm-up,
     whatever their kinds; with unequal ones the same count, but of the chunks fleet runs first (the first stage at pp
     4 x 2 virtual, m 8: 7 forwards of chunk 0 and 4 of chunk 1 live, not 5.5 of each)."""
+    if vpp <= 1:  # 1F1B: one chunk, its peak after the warm-up and one more forward (`plan --fit` asks it often)
+        return (min(pp - stage, max(micro_batches, 1)),)
     sizes = sizes or (1.0,) * vpp
     live, best, at = [0] * vpp, -1.0, (0,) * vpp
     for forward, chunk in order(pp, vpp, micro_batches, stage):
