@@ -9,6 +9,7 @@ import pytest
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.errors import UserError
 from pretrain_cli.training import trackers
+from trainer_records import log_steps
 
 
 def test_report_to_names_are_resolved_once(monkeypatch):
@@ -113,21 +114,6 @@ def test_a_resume_reads_a_long_runs_metrics_without_holding_them(tmp_path, monke
     assert peak < 2e6, peak  # the old reading: ~60 MB for these 20,000 records
 
 
-def _log(writer, first: int, last: int, offset: float = 0.0) -> dict:
-    """What the trainer writes from step `first` to `last`, saving every 5 steps: the writer's mark as a saved step
-    begins logging (its checkpoint keeps it), that step's train record, its evaluation and its checkpoint record.
-    Returns {step: mark}."""
-    marks = {}
-    for s in range(first, last + 1):
-        if s % 5 == 0:
-            marks[s] = writer.mark()
-        writer.write("train", s, {"loss": 10.0 - s / 10 + offset})
-        if s % 5 == 0:
-            writer.write("eval", s, {"eval_loss": 9.0 - s / 10})
-            writer.write("checkpoint", s, {"stall_seconds": 0.1})
-    return marks
-
-
 def _curves(runs):
     """{tracker: {tag: [(step, value)]}} as VisualDL (its newest file, all it shows) and TensorBoard (every file,
     in name order) read them."""
@@ -153,7 +139,7 @@ def test_a_resume_cuts_the_tracker_files_back_to_its_checkpoint_instead_of_writi
 
     names = ["visualdl", "tensorboard"]
     writer = MetricsWriter(str(tmp_path), None, names, None, {"max_steps": 12})
-    marks = _log(writer, 1, 12, offset=5.0)  # killed at step 12: checkpoint-10 is the newest
+    marks = log_steps(writer, 1, 12, offset=5.0)  # killed at step 12: checkpoint-10 is the newest
     writer.close()
     written, add = [], trackers._Records.add
 
@@ -167,10 +153,10 @@ def test_a_resume_cuts_the_tracker_files_back_to_its_checkpoint_instead_of_writi
     # nothing before step 10 is written again; of step 10 the records after the mark (train, eval, checkpoint)
     assert written == [(name, 10) for name in names for _ in range(3)]
     writer.write("startup", 10, {"rank": 0})
-    marks = _log(writer, 11, 17)  # killed again at 17: resumed from checkpoint-15
+    marks = log_steps(writer, 11, 17)  # killed again at 17: resumed from checkpoint-15
     writer.close()
     writer = MetricsWriter(str(tmp_path), None, names, 15, {"max_steps": 20}, (), marks[15])
-    _log(writer, 16, 20)
+    log_steps(writer, 16, 20)
     writer.close()
 
     runs = tmp_path / "runs"
@@ -192,7 +178,7 @@ def test_a_resume_without_an_intact_mark_writes_that_trackers_history_again(tmp_
     from pretrain_cli.training.metrics import MetricsWriter
 
     writer = MetricsWriter(str(tmp_path), None, ["visualdl"], None, {})
-    marks = _log(writer, 1, 12)
+    marks = log_steps(writer, 1, 12)
     writer.close()
     runs = tmp_path / "runs"
     vdl = max(runs.glob("vdlrecords.*"))
@@ -223,7 +209,7 @@ def test_finishing_a_run_writes_its_last_evaluations_again_once(tmp_path):
 
     names = ["visualdl", "tensorboard"]
     writer = MetricsWriter(str(tmp_path), None, names, None, {})
-    marks = _log(writer, 1, 10)
+    marks = log_steps(writer, 1, 10)
     writer.write("test", 10, {"test_loss": 8.0})
     writer.close()
     writer = MetricsWriter(str(tmp_path), None, names, 10, {}, ("eval", "test"), marks[10])
@@ -296,16 +282,16 @@ def test_a_spike_rollback_cuts_the_record_files_back_to_its_checkpoint_and_says_
                         lambda out, curve: drawn.append(list(curve.update().series[("train", "loss")][0])))
     names = ["visualdl", "tensorboard"]
     writer = MetricsWriter(str(tmp_path), None, names, None, {"max_steps": 20})
-    marks = _log(writer, 1, 12, offset=5.0)
+    marks = log_steps(writer, 1, 12, offset=5.0)
     writer.plot(stopping=True)
     dropped = _rollback(writer, marks, 13)
     assert dropped == {"steps": [11, 12], "records": {"train": 2},
                        "loss": [[11, pytest.approx(13.9)], [12, pytest.approx(13.8)]]}
-    _log(writer, 11, 13, offset=2.0)
+    log_steps(writer, 11, 13, offset=2.0)
     dropped = _rollback(writer, marks, 14)  # the same checkpoint again: the first rollback's record stays
     assert dropped == {"steps": [11, 13], "records": {"train": 3},
                        "loss": [[11, pytest.approx(10.9)], [12, pytest.approx(10.8)], [13, pytest.approx(10.7)]]}
-    _log(writer, 11, 20)
+    log_steps(writer, 11, 20)
     writer.plot(stopping=True)
     writer.close()
 
@@ -333,20 +319,20 @@ def test_a_rollback_without_an_intact_mark_writes_the_files_anew_and_one_at_the_
 
     names = ["visualdl", "tensorboard"]
     writer = MetricsWriter(str(tmp_path), None, names, None, {})
-    marks = _log(writer, 1, 12, offset=5.0)
+    marks = log_steps(writer, 1, 12, offset=5.0)
     dropped = _rollback(writer, {10: None}, 13)
     assert dropped["steps"] == [11, 12] and dropped["records"] == {"train": 2}
-    _log(writer, 11, 12)
+    log_steps(writer, 11, 12)
     writer.close()
     assert [s for s, _ in _curves(tmp_path / "runs")["visualdl"]["train/loss"]] == list(range(1, 13))
 
     writer = MetricsWriter(str(tmp_path), None, names, 10, {}, (), marks[10])  # (its bytes changed: written anew)
-    marks = _log(writer, 11, 17)
+    marks = log_steps(writer, 11, 17)
     writer.close()
     writer = MetricsWriter(str(tmp_path), None, names, 15, {}, (), marks[15])  # resumed from checkpoint-15 ...
-    _log(writer, 16, 17)
+    log_steps(writer, 16, 17)
     assert _rollback(writer, marks, 18, to=15)["steps"] == [16, 17]  # ... and rolled back to it
-    _log(writer, 16, 18)
+    log_steps(writer, 16, 18)
     writer.close()
     curves = _curves(tmp_path / "runs")
     assert curves["visualdl"]["config"] == [10, 15]  # (the first file was written anew from step 10)

@@ -17,6 +17,7 @@ import pytest
 
 from pretrain_cli.training import trackers
 from pretrain_cli.training.metrics import MetricsWriter
+from trainer_records import log_steps
 
 
 class FakeWandb(types.ModuleType):
@@ -75,20 +76,6 @@ class FakeRun:
         self.finished = True
 
 
-def _log(writer, first: int, last: int, offset: float = 0.0) -> dict:
-    """The trainer's records from `first` to `last`, saving every 5 steps (the mark as a saved step begins logging,
-    its train, eval and checkpoint records). Returns {step: mark}."""
-    marks = {}
-    for s in range(first, last + 1):
-        if s % 5 == 0:
-            marks[s] = writer.mark()
-        writer.write("train", s, {"loss": 10.0 - s / 10 + offset})
-        if s % 5 == 0:
-            writer.write("eval", s, {"eval_loss": 9.0 - s / 10})
-            writer.write("checkpoint", s, {"stall_seconds": 0.1})
-    return marks
-
-
 def _steps(rows, tag="train/loss"):
     return [row["train/global_step"] for row in rows if tag in row]
 
@@ -110,7 +97,7 @@ def test_a_resume_rewinds_the_same_wandb_run_to_its_checkpoint_without_replaying
     kept records are logged again, none of the steps before, none of the killed run's steps past the checkpoint."""
     wandb = fake()
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], None, {"max_steps": 20})
-    marks = _log(writer, 1, 12, offset=5.0)  # killed at step 12 (no close): checkpoint-10 is the newest
+    marks = log_steps(writer, 1, 12, offset=5.0)  # killed at step 12 (no close): checkpoint-10 is the newest
     (first,) = wandb.inits
     assert "resume_from" not in first and "fork_from" not in first and "id" not in first
     run_id = writer._trackers[0].run.id
@@ -121,11 +108,11 @@ def test_a_resume_rewinds_the_same_wandb_run_to_its_checkpoint_without_replaying
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], 10, {"max_steps": 20}, (), marks[10])
     assert wandb.inits[-1] == {**first, "config": {"max_steps": 20}, "id": run_id, "resume_from": f"{run_id}?_step=10"}
     assert wandb.logged == [(run_id, 10)] * 3  # step 10's train, eval and checkpoint records: no history
-    marks = _log(writer, 11, 17)
+    marks = log_steps(writer, 11, 17)
     writer.close()
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], 15, {"max_steps": 20}, (), marks[15])
     assert wandb.inits[-1]["resume_from"] == f"{run_id}?_step={marks[15]['wandb']['step'] - 1}"
-    _log(writer, 16, 20)
+    log_steps(writer, 16, 20)
     writer.close()
     assert list(wandb.runs) == [run_id]  # one run
     rows = wandb.runs[run_id]
@@ -143,7 +130,7 @@ def test_a_spike_rollback_rewinds_the_run_instead_of_starting_another(tmp_path, 
     caplog.set_level(logging.INFO, logger="pretrain_cli")
     wandb = fake(offline=True)
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], None, {})
-    marks = _log(writer, 1, 12, offset=5.0)
+    marks = log_steps(writer, 1, 12, offset=5.0)
     run_id = writer._trackers[0].run.id
     wandb.logged.clear()
     dropped = writer.rewind(10, marks[10])
@@ -154,7 +141,7 @@ def test_a_spike_rollback_rewinds_the_run_instead_of_starting_another(tmp_path, 
         f"report_to: wandb: run {run_id} rewound to checkpoint-10's mark (wandb step 11) and continued; offline: in "
         f"a new directory offline-run-*-{run_id}, which `wandb sync` uploads after the run's earlier ones"]
     writer.write("spike", 13, {"loss": 50.0, "checkpoint_step": 10})
-    _log(writer, 11, 20)
+    log_steps(writer, 11, 20)
     writer.close()
     assert list(wandb.runs) == [run_id]
     rows = wandb.runs[run_id]
@@ -168,7 +155,7 @@ def test_a_resume_into_another_output_dir_forks_the_run_and_leaves_it_as_it_was(
     the new directory's run forks from it at the mark (`fork_from`, a new id, named in the new wandb_run.json)."""
     wandb = fake()
     writer = MetricsWriter(str(tmp_path / "a"), None, ["wandb"], None, {})
-    marks = _log(writer, 1, 12)
+    marks = log_steps(writer, 1, 12)
     writer.close()
     source = writer._trackers[0].run.id
     before = list(wandb.runs[source])
@@ -179,7 +166,7 @@ def test_a_resume_into_another_output_dir_forks_the_run_and_leaves_it_as_it_was(
     forked = writer._trackers[0].run.id
     assert forked != source and wandb.logged == []  # nothing replayed
     assert json.loads((tmp_path / "b" / trackers.WANDB_RUN_FILE).read_text())["id"] == forked
-    _log(writer, 11, 12)
+    log_steps(writer, 11, 12)
     writer.close()
     assert wandb.runs[source] == before
     # its rows up to the mark, then this directory's (step 10's own records came after the mark: in neither)
@@ -199,7 +186,7 @@ def test_an_older_wandb_or_a_server_without_rewind_forks_then_starts_a_new_run(t
     def resumed(**kwargs):
         wandb = fake(**kwargs)
         writer = MetricsWriter(str(tmp_path), None, ["wandb"], None, {})
-        marks = _log(writer, 1, 12)
+        marks = log_steps(writer, 1, 12)
         writer.close()
         wandb.logged.clear()
         caplog.clear()
@@ -230,11 +217,11 @@ def test_a_resume_after_metrics_changed_since_its_mark_starts_a_new_run(tmp_path
     gets the history from metrics.jsonl (within REPLAY_BYTES)."""
     wandb = fake()
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], None, {})
-    marks = _log(writer, 1, 12)
+    marks = log_steps(writer, 1, 12)
     writer.close()
     MetricsWriter(str(tmp_path), None, ["wandb"], 5, {}, (), marks[5]).close()  # back to checkpoint-5 ...
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], 5, {}, (), marks[5])
-    _log(writer, 6, 7, offset=1.0)  # ... which writes other records where checkpoint-10's mark was
+    log_steps(writer, 6, 7, offset=1.0)  # ... which writes other records where checkpoint-10's mark was
     writer.close()
     wandb.logged.clear()
     MetricsWriter(str(tmp_path), None, ["wandb"], 10, {}, (), marks[10]).close()
@@ -249,17 +236,17 @@ def test_the_real_wandb_offline_continues_one_run_across_a_resume_and_a_rollback
     code = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_trackers_wandb import _log
+from trainer_records import log_steps
 from pretrain_cli.training.metrics import MetricsWriter
 out = {str(tmp_path / "out")!r}
 writer = MetricsWriter(out, None, ["wandb"], None, {{"max_steps": 20}})
-marks = _log(writer, 1, 12, offset=5.0)
+marks = log_steps(writer, 1, 12, offset=5.0)
 writer.close()
 writer = MetricsWriter(out, None, ["wandb"], 10, {{"max_steps": 20}}, (), marks[10])
-marks = _log(writer, 11, 17)
+marks = log_steps(writer, 11, 17)
 writer.rewind(15, marks[15])
 writer.write("spike", 18, {{"loss": 50.0}})
-_log(writer, 16, 20)
+log_steps(writer, 16, 20)
 writer.close()
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
