@@ -20,6 +20,10 @@ it fails where the GPU would (docs/PERFORMANCE.md, "GPU-only call sites", lists 
 - `enabled_scaler`: `paddle.amp.GradScaler` enabled on CPU (its constructor disables itself off CUDA/XPU/custom
   places, paddle/amp/grad_scaler.py 3.3.1), everything else the real class: `unscale_`, `step` (which calls
   `optimizer.step()` once, after handing `found_inf` to the optimizer), `update`;
+- `as_gpu_device`: `paddle.get_device()` a GPU, the expected place a CPU place standing in for it (the code's GPU
+  branches run); `gpu_experts`: the routed experts' GPU path, Paddle's GPU-only `batched_gemm` behind
+  `RefBatchedGemm` (its contract: segments, flags, fp32/bf16, no backward, a gray op under the emulated auto_cast)
+  and autocast's queries answered from `Amp`; `ref_swiglu`: the packed SwiGLU in a half dtype the CPU lacks;
 - `HybridOptimizerStandIn`: fleet's `HybridParallelOptimizer` with its real `step`/`_hybrid_sync_grad`/`_step`
   (paddle/distributed/fleet/meta_optimizers/dygraph_optimizer/hybrid_parallel_optimizer.py 3.3.1) over a
   one-process sharding stand-in that counts `reduce_gradients` calls (each one is a reduce of every gradient to
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 
+import numpy as np
 import pytest
 
 from pretrain_cli import runtime
@@ -157,6 +162,64 @@ def sdpa_backend(query, key, value, attn_mask=None, is_causal=False, scale=None)
     if same and dtypes[0] in (*HALF, paddle.float32):
         return "mem_efficient"
     return "math"
+
+
+def as_gpu_device(monkeypatch, place=None):
+    """The current device a GPU: `paddle.get_device()` answers "gpu:0" and the expected place is `place` (a CPU place
+    standing in for the GPU's; a new one each call when None), so the code's GPU branches run."""
+    monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
+    monkeypatch.setattr(paddle.framework, "_current_expected_place",
+                        (lambda: place) if place is not None else (lambda: paddle.CPUPlace()))
+
+
+class RefBatchedGemm:
+    """`paddle.incubate.nn.functional.batched_gemm` (GPU only, phi/kernels/legacy/gpu/batched_gemm.cu): row segment e
+    of lhs (cut by `batch_sizes`) times rhs[e] (`trans_rhs`: rhs[e] transposed); `trans_lhs`: segment e of lhs
+    transposed times segment e of rhs, out `[experts, in, out]`, where a segment without rows is a k = 0 GEMM whose
+    output the kernel does not promise: `idle` there (NaN catches code that reads it). fp32 and bf16 only, one
+    dtype; a gray op under the emulated auto_cast (`amp_cast`), its product in its inputs' dtype (fp32 values
+    rounded, as a half GEMM with fp32 accumulation); no backward (no grad node in Paddle 3.3.1: its outputs are
+    constants to autograd). Made by `paddle.assign`, which leaks nothing, so a leak count through it is the code's.
+    `calls`: (trans_lhs, trans_rhs, the dtype it computed in) of each call."""
+
+    def __init__(self, idle: float = 0.0):
+        self.idle, self.calls = idle, []
+
+    def __call__(self, lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
+        lhs, rhs = amp_cast("batched_gemm", lhs, rhs)
+        assert lhs.dtype == rhs.dtype and lhs.dtype in (paddle.float32, paddle.bfloat16), (lhs.dtype, rhs.dtype)
+        assert sum(batch_sizes) == lhs.shape[0] and rhs.shape[0] == (lhs.shape[0] if trans_lhs else len(batch_sizes))
+        self.calls.append((trans_lhs, trans_rhs, lhs.dtype))
+        a, b, out, at = lhs.astype("float32").numpy(), rhs.astype("float32").numpy(), [], 0
+        for e, n in enumerate(batch_sizes):
+            if trans_lhs:  # [in, out] per segment
+                idle = np.full((a.shape[1], b.shape[1]), self.idle, a.dtype)
+                out.append(a[at:at + n].T @ b[at:at + n] if n else idle)
+            else:
+                out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
+            at += n
+        return paddle.assign(np.stack(out) if trans_lhs else np.concatenate(out)).astype(lhs.dtype)
+
+
+def ref_swiglu(h):
+    """The packed SwiGLU (`[..., 2f]` gate | up -> `[..., f]`) in h's dtype, computed in fp32: the CPU has no bf16
+    kernel of it."""
+    gate, up = paddle.chunk(h.astype("float32"), 2, axis=-1)
+    return (paddle.nn.functional.silu(gate) * up).astype(h.dtype)
+
+
+def gpu_experts(monkeypatch, idle: float = 0.0) -> RefBatchedGemm:
+    """The routed experts' GPU path (`ops.grouped.grouped_mlp_gpu`) on CPU: `batched_gemm` a `RefBatchedGemm`
+    (returned: its `calls`), and autocast's queries (`paddle.amp.is_autocast_enabled`, `get_autocast_dtype`)
+    answered from the emulated auto_cast (`Amp`; off, as on CPU, outside `fake_auto_cast`)."""
+    import paddle.incubate.nn.functional as incubate
+
+    gemm = RefBatchedGemm(idle)
+    monkeypatch.setattr(incubate, "batched_gemm", gemm, raising=False)
+    monkeypatch.setattr(paddle.amp, "is_autocast_enabled", lambda *a: Amp.level is not None)
+    monkeypatch.setattr(paddle.amp, "get_autocast_dtype",
+                        lambda *a: "bfloat16" if Amp.dtype == paddle.bfloat16 else "float16")
+    return gemm
 
 
 @contextlib.contextmanager

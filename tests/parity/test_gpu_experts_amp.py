@@ -5,9 +5,10 @@
 gets are fp32 (the norm before it is promoted by its fp32 weight), so the experts' GEMMs ran in fp32 while the
 white-listed matmuls of the dense MLP and the shared experts ran in half. Executed on CPU: `tests/gpu_emulation`'s
 `fake_auto_cast` holds the level and dtype, `paddle.amp.is_autocast_enabled` / `get_autocast_dtype` answer from it,
-and `batched_gemm` stands behind a reference of its contract that casts its inputs as autocast would (`amp_cast`),
-records the dtype it computed in and returns its product in that dtype (fp32 values rounded, as a half GEMM with
-fp32 accumulation); SwiGLU, which the CPU has no bf16 kernel of, computes in fp32 and rounds to its input's dtype.
+and `batched_gemm` stands behind a reference of its contract (`gpu_emulation.gpu_experts`) that casts its inputs as
+autocast would (`amp_cast`), records the dtype it computed in and returns its product in that dtype (fp32 values
+rounded, as a half GEMM with fp32 accumulation); SwiGLU, which the CPU has no bf16 kernel of, computes in fp32 and
+rounds to its input's dtype.
 """
 from __future__ import annotations
 
@@ -17,41 +18,14 @@ import pytest
 import gpu_emulation as emu
 from gpu_emulation import paddle
 
-import paddle.incubate.nn.functional as IF  # noqa: E402
-
-from pretrain_cli.ops import grouped  # noqa: E402
-
-COMPUTED: list = []  # (trans_lhs, trans_rhs, dtype) of each batched_gemm call
-
-
-def _batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
-    """phi/kernels/legacy/gpu/batched_gemm.cu's contract (tests/parity/test_gpu_host_tensors.py has its flags),
-    under the emulated autocast: a gray op."""
-    lhs, rhs = emu.amp_cast("batched_gemm", lhs, rhs)
-    assert lhs.dtype == rhs.dtype and lhs.dtype in (paddle.float32, paddle.bfloat16), (lhs.dtype, rhs.dtype)
-    COMPUTED.append((trans_lhs, trans_rhs, lhs.dtype))
-    a, b, out, at = lhs.astype("float32").numpy(), rhs.astype("float32").numpy(), [], 0
-    for e, n in enumerate(batch_sizes):
-        if trans_lhs:
-            out.append(a[at:at + n].T @ b[at:at + n])
-        else:
-            out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
-        at += n
-    return paddle.assign(np.stack(out) if trans_lhs else np.concatenate(out)).astype(lhs.dtype)
-
-
-def _swiglu(h):
-    gate, up = paddle.chunk(h.astype("float32"), 2, axis=-1)
-    return (paddle.nn.functional.silu(gate) * up).astype(h.dtype)
+from pretrain_cli.ops import grouped
 
 
 @pytest.fixture
-def gpu_autocast(monkeypatch):
-    monkeypatch.setattr(IF, "batched_gemm", _batched_gemm, raising=False)
-    monkeypatch.setattr(paddle.amp, "is_autocast_enabled", lambda *a: emu.Amp.level is not None)
-    monkeypatch.setattr(paddle.amp, "get_autocast_dtype",
-                        lambda *a: "bfloat16" if emu.Amp.dtype == paddle.bfloat16 else "float16")
-    COMPUTED.clear()
+def computed(monkeypatch) -> list:
+    """The experts' GPU path under the emulated autocast (`gpu_emulation.gpu_experts`); returns the (trans_lhs,
+    trans_rhs, dtype) of each `batched_gemm` call."""
+    return emu.gpu_experts(monkeypatch).calls
 
 
 def _experts(counts, rng=np.random.default_rng(4)):
@@ -61,26 +35,26 @@ def _experts(counts, rng=np.random.default_rng(4)):
     return x, ws
 
 
-def test_o1_bf16_experts_compute_in_bf16_and_return_fp32(gpu_autocast):
+def test_o1_bf16_experts_compute_in_bf16_and_return_fp32(computed):
     counts = [3, 2, 4, 1]
     x, ws = _experts(counts)
-    want = grouped.grouped_mlp_gpu(x, counts, ws, _swiglu)  # autocast off: fp32 throughout
-    assert {d for _, _, d in COMPUTED} == {paddle.float32}
-    COMPUTED.clear()
+    want = grouped.grouped_mlp_gpu(x, counts, ws, emu.ref_swiglu)  # autocast off: fp32 throughout
+    assert {d for _, _, d in computed} == {paddle.float32}
+    computed.clear()
     with emu.fake_auto_cast(level="O1", dtype="bfloat16"):
-        got = grouped.grouped_mlp_gpu(x, counts, ws, _swiglu)  # x fp32, as the promoted norm gives it at O1
-    assert [d for _, _, d in COMPUTED] == [paddle.bfloat16] * 3  # gate, up, down: they ran fp32 before
+        got = grouped.grouped_mlp_gpu(x, counts, ws, emu.ref_swiglu)  # x fp32, as the promoted norm gives it at O1
+    assert [d for _, _, d in computed] == [paddle.bfloat16] * 3  # gate, up, down: they ran fp32 before
     assert got.dtype == paddle.float32  # the combine after the experts sees x's dtype, as before
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0.05, atol=0.03)  # bf16's rounding
     # (the backward, whose products StackedGemm runs in dy's dtype, needs bf16 adds the CPU build lacks: not run)
 
 
-def test_o1_fp16_experts_take_the_half_paths_in_fp16(gpu_autocast, monkeypatch):
+def test_o1_fp16_experts_take_the_half_paths_in_fp16(computed, monkeypatch):
     """fp16 has no batched_gemm kernel: the padded or segment path, in fp16 (the padded path's `bmm` is gray too,
     so it ran fp32 at O1 while the segments' white-listed matmul ran fp16: the routing's balance chose)."""
     seen = []
     monkeypatch.setattr(grouped, "grouped_mlp_cpu", lambda x, *a: seen.append(x.dtype) or x)
     x, ws = _experts([3, 2, 4, 1])
     with emu.fake_auto_cast(level="O1", dtype="float16"):
-        out = grouped.grouped_mlp_gpu(x, [3, 2, 4, 1], ws, _swiglu)
-    assert seen == [paddle.float16] and out.dtype == paddle.float32 and not COMPUTED
+        out = grouped.grouped_mlp_gpu(x, [3, 2, 4, 1], ws, emu.ref_swiglu)
+    assert seen == [paddle.float16] and out.dtype == paddle.float32 and not computed

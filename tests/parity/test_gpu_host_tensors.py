@@ -8,33 +8,20 @@ mask (`grouped_gemm_layer.BatchedGemm.dw`, ~3 per sparse layer and micro-batch);
 verdict for the loss scaler (`training.precision.Amp.step`). Here `paddle.get_device()` answers "gpu:0" and the
 expected place is a CPU place standing in for the GPU's, so the GPU branch runs; counted, not timed: the gc-tracked
 objects alive after N calls. Paddle's GPU-only `batched_gemm` stands behind a reference of its contract that, like
-the kernel, does not promise zeros for an expert without rows (a GEMM with k = 0): it writes NaN there.
+the kernel, does not promise zeros for an expert without rows (a GEMM with k = 0): it writes NaN there
+(`gpu_emulation.gpu_experts`).
 """
 from __future__ import annotations
-
-import gc
 
 import numpy as np
 import pytest
 
-from pretrain_cli import runtime
+import gpu_emulation as emu
+from gpu_emulation import paddle
+from object_leaks import alive_after
 
-paddle = runtime.import_paddle()
-
-import paddle.incubate.nn.functional as IF  # noqa: E402
-
-from pretrain_cli.ops import grouped, kernels  # noqa: E402
-from pretrain_cli.ops.tensors import from_numpy  # noqa: E402
-
-
-def _alive_after(fn, n: int = 300) -> int:
-    fn()  # anything made once (caches, imports) is not a leak
-    gc.collect()
-    before = len(gc.get_objects())
-    for _ in range(n):
-        fn()
-    gc.collect()
-    return len(gc.get_objects()) - before
+from pretrain_cli.ops import grouped, kernels
+from pretrain_cli.ops.tensors import from_numpy
 
 
 @pytest.fixture
@@ -53,8 +40,7 @@ def on_gpu(monkeypatch):
         seen["to_tensor"] += 1
         return to_tensor(*args, **kwargs)
 
-    monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
-    monkeypatch.setattr(paddle.framework, "_current_expected_place", lambda: device_place)
+    emu.as_gpu_device(monkeypatch, device_place)
     monkeypatch.setattr(paddle.Tensor, "_copy_to", counted_copy)
     monkeypatch.setattr(paddle, "to_tensor", counted_to_tensor)
     seen["place"] = device_place
@@ -72,7 +58,7 @@ def test_from_numpy_on_a_gpu_copies_a_host_tensor_to_the_device_and_leaks_nothin
         assert (got.dtype, got.shape) == (want.dtype, want.shape)
         np.testing.assert_array_equal(got.numpy(), a)
     on_gpu["to_tensor"] = 0
-    assert _alive_after(lambda: from_numpy(batch)) < 10  # was one list per call: 300
+    assert alive_after(lambda: from_numpy(batch)) < 10  # was one list per call: 300
     assert on_gpu["to_tensor"] == 0
 
 
@@ -97,30 +83,12 @@ def test_an_fp16_step_hands_the_scaler_the_steps_verdict_without_a_leak(on_gpu):
         f = amp.scaler.seen
         assert (f.dtype, f.shape, f.stop_gradient, bool(f.numpy()[0])) == (paddle.bool, [1], True, overflow)
     assert ran == ["the optimizer"] * 2 and on_gpu["to_tensor"] == 0
-    assert _alive_after(lambda: amp.step("the optimizer", lambda o: None)) < 10  # was one list per step: 300
+    assert alive_after(lambda: amp.step("the optimizer", lambda o: None)) < 10  # was one list per step: 300
     assert on_gpu["to_tensor"] == 0
 
 
-def _batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
-    """Paddle's `batched_gemm` (phi/kernels/legacy/gpu/batched_gemm.cu): row segment e of lhs times rhs[e]
-    (`trans_rhs`: rhs[e] transposed); `trans_lhs`: segment e of lhs transposed times segment e of rhs, out
-    `[experts, in, out]`, where a segment without rows is a k = 0 GEMM whose output is not promised: NaN here.
-    fp32 and bf16 only, one dtype, no backward (its outputs are constants to autograd). Made by `paddle.assign`,
-    which leaks nothing, so the count below is the code's."""
-    assert lhs.dtype == rhs.dtype and lhs.dtype in (paddle.float32, paddle.bfloat16)
-    assert sum(batch_sizes) == lhs.shape[0] and rhs.shape[0] == (lhs.shape[0] if trans_lhs else len(batch_sizes))
-    a, b, out, at = lhs.numpy(), rhs.numpy(), [], 0
-    for e, n in enumerate(batch_sizes):
-        if trans_lhs:
-            out.append(a[at:at + n].T @ b[at:at + n] if n else np.full((a.shape[1], b.shape[1]), np.nan, a.dtype))
-        else:
-            out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
-        at += n
-    return paddle.assign(np.stack(out) if trans_lhs else np.concatenate(out))
-
-
 def test_the_grouped_gemm_gives_idle_experts_zero_gradients_without_a_leak(on_gpu, monkeypatch):
-    monkeypatch.setattr(IF, "batched_gemm", _batched_gemm, raising=False)
+    emu.gpu_experts(monkeypatch, idle=float("nan"))  # no zeros promised for an expert without rows: NaN there
     counts, rng = [2, 0, 5, 1], np.random.default_rng(3)
     init = [[rng.standard_normal(s).astype("float32") * 0.3 for s in ((8, 6), (8, 6), (6, 8))] for _ in counts]
     x0 = rng.standard_normal((8, 8)).astype("float32")
@@ -139,5 +107,5 @@ def test_the_grouped_gemm_gives_idle_experts_zero_gradients_without_a_leak(on_gp
     for (g, u, d), n in zip(ws, counts):
         for w in (g, u, d):
             assert np.all(np.isfinite(w.grad.numpy())) and (n or not np.any(w.grad.numpy()))  # idle: exactly 0
-    assert _alive_after(step, 50) < 10  # was a list per dW product with an idle expert: 150
+    assert alive_after(step, 50) < 10  # was a list per dW product with an idle expert: 150
     assert on_gpu["to_tensor"] == 0

@@ -7,7 +7,8 @@ wait for the stream. The dispatcher made six per sparse layer and micro-batch (t
 `.numpy()`s); the split sizes need one, an all-gather of the per-expert counts read once, as torchtitan's and
 Megatron-Core's dispatchers do. Counted here: the calls the project's code makes (directly or through Paddle's
 Python), not the test's stand-ins', on two thread-ranks of an expert group with the device emulated as
-tests/parity/test_gpu_host_tensors.py does and the experts on `grouped_mlp_gpu` (its `batched_gemm` a reference).
+tests/parity/test_gpu_host_tensors.py does and the experts on `grouped_mlp_gpu` (its `batched_gemm` a reference):
+`gpu_emulation.as_gpu_device` and `gpu_experts`.
 
 O1: the norm before the experts hands them fp32 rows, which the dispatcher sent as they were (twice the bytes `plan`
 charges: `planning.experts.dispatch_bytes` counts `compute_bytes`, 2 for bf16) while the experts cast them to bf16
@@ -26,8 +27,6 @@ import pytest
 
 import gpu_emulation as emu
 from gpu_emulation import paddle
-
-import paddle.incubate.nn.functional as IF  # noqa: E402
 
 import pretrain_cli  # noqa: E402
 from pretrain_cli.distributed.steps.expert_all_to_all import AllToAllDispatch  # noqa: E402
@@ -51,29 +50,13 @@ def _ours() -> bool:
     return f is not None and f.f_code.co_filename.startswith(SRC)
 
 
-def _batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
-    """`batched_gemm`'s contract (tests/parity/test_gpu_experts_amp.py): a gray op under the emulated autocast,
-    the product in its inputs' dtype."""
-    lhs, rhs = emu.amp_cast("batched_gemm", lhs, rhs)
-    a, b, out, at = lhs.astype("float32").numpy(), rhs.astype("float32").numpy(), [], 0
-    for e, n in enumerate(batch_sizes):
-        if trans_lhs:
-            out.append(a[at:at + n].T @ b[at:at + n] if n else np.zeros((a.shape[1], b.shape[1]), a.dtype))
-        else:
-            out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
-        at += n
-    return paddle.assign(np.stack(out) if trans_lhs else np.concatenate(out)).astype(lhs.dtype)
-
-
-def _swiglu(h):
-    gate, up = paddle.chunk(h.astype("float32"), 2, axis=-1)
-    return (paddle.nn.functional.silu(gate) * up).astype(h.dtype)
+_swiglu = emu.ref_swiglu  # (test_moe_host_syncs.py takes it from here)
 
 
 @pytest.fixture
 def on_gpu(monkeypatch):
-    """The device a GPU as test_gpu_host_tensors emulates it, `batched_gemm` and autocast's queries answered as
-    test_gpu_experts_amp does; returns {thread: [what was read or sized by data]} and the tensors sent."""
+    """The device a GPU, `batched_gemm` and autocast's queries emulated (`gpu_emulation.as_gpu_device`,
+    `gpu_experts`); returns {thread: [what was read or sized by data]} and the tensors sent."""
     seen = {"syncs": {}, "sent": {}}
 
     def counted(name, real):
@@ -87,12 +70,8 @@ def on_gpu(monkeypatch):
         monkeypatch.setattr(paddle.Tensor, name, counted(name, getattr(paddle.Tensor, name)))
     for name in SIZED_BY_DATA:
         monkeypatch.setattr(paddle, name, counted(name, getattr(paddle, name)))
-    monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
-    monkeypatch.setattr(paddle.framework, "_current_expected_place", lambda: paddle.CPUPlace())
-    monkeypatch.setattr(IF, "batched_gemm", _batched_gemm, raising=False)
-    monkeypatch.setattr(paddle.amp, "is_autocast_enabled", lambda *a: emu.Amp.level is not None)
-    monkeypatch.setattr(paddle.amp, "get_autocast_dtype",
-                        lambda *a: "bfloat16" if emu.Amp.dtype == paddle.bfloat16 else "float16")
+    emu.as_gpu_device(monkeypatch)
+    emu.gpu_experts(monkeypatch)
     return seen
 
 

@@ -5,38 +5,25 @@ with it, so a long run's host memory grew at every micro-batch. Counted, not tim
 alive after N calls."""
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import paddle
 
+from object_leaks import N, alive_after
 from pretrain_cli.ops.tensors import from_numpy
 from pretrain_cli.training.evaluation import model_inputs
-
-N = 300
-
-
-def _alive_after(fn, n: int = N) -> int:
-    fn()  # anything made once (caches, imports) is not a leak
-    gc.collect()
-    before = len(gc.get_objects())
-    for _ in range(n):
-        fn()
-    gc.collect()
-    return len(gc.get_objects()) - before
 
 
 def test_paddle_to_tensor_still_leaks_so_the_workaround_is_needed():
     a = np.zeros((2, 8), np.int64)
     # one list per call; if this fails, Paddle fixed it: ops/tensors.py can go
-    assert _alive_after(lambda: paddle.to_tensor(a)) > N // 2
+    assert alive_after(lambda: paddle.to_tensor(a)) > N // 2
 
 
 def test_a_steps_batch_tensors_leave_nothing_behind():
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(0, 500, (2, 16)), "labels": rng.integers(0, 500, (2, 16)),
              "doc_start": np.zeros((2, 16), np.int64), "position_ids": np.tile(np.arange(16), (2, 1))}
-    assert _alive_after(lambda: model_inputs(batch)) < 10  # was 4 lists per call: 1,200
+    assert alive_after(lambda: model_inputs(batch)) < 10  # was 4 lists per call: 1,200
     ids, extra, labels = model_inputs(batch)
     assert ids.dtype == paddle.int64 and ids.stop_gradient and labels.shape == [2, 16]
     np.testing.assert_array_equal(ids.numpy(), batch["input_ids"])
@@ -97,5 +84,5 @@ def test_the_log_lines_all_reduces_leave_nothing_behind(monkeypatch):
         piped.whole_model_rows(rows)
 
     monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, **kw: None)  # (the records would stay alive)
-    assert _alive_after(log_line) < 10  # was 4 lists per call: 1,200
+    assert alive_after(log_line) < 10  # was 4 lists per call: 1,200
     assert made == [0]

@@ -4,13 +4,12 @@ weights a forward keeps for backward."""
 import numpy as np
 import pytest
 
-from pretrain_cli import runtime
+import gpu_emulation as emu
+from gpu_emulation import paddle
 
-paddle = runtime.import_paddle()
-
-from moe_helpers import expert_np  # noqa: E402
-from pretrain_cli.ops import kernels  # noqa: E402
-from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_padded, grouped_mlp_segments  # noqa: E402
+from moe_helpers import expert_np
+from pretrain_cli.ops import kernels
+from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_padded, grouped_mlp_segments
 
 nn_silu = paddle.nn.functional.silu
 
@@ -35,31 +34,6 @@ def test_grouped_expert_compute_equals_one_expert_at_a_time(grouped):
     assert grouped(paddle.zeros([0, 8]), [0] * 6, ws, kernels.swiglu_packed).shape == [0, 8]
 
 
-def _stand_in_batched_gemm(monkeypatch) -> list:
-    """Paddle's GPU-only `batched_gemm` replaced by a reference of its contract (below); returns the list of the
-    (trans_lhs, trans_rhs) flags of its calls."""
-    import paddle.incubate.nn.functional as incubate
-
-    calls = []
-
-    def batched_gemm(lhs, rhs, batch_sizes, trans_lhs=False, trans_rhs=False):
-        calls.append((trans_lhs, trans_rhs))
-        # the op's contract: rows cut by batch_sizes; rhs one matrix per segment, or (trans_lhs) rows as lhs's
-        assert sum(batch_sizes) == lhs.shape[0]
-        assert rhs.shape[0] == (lhs.shape[0] if trans_lhs else len(batch_sizes))
-        a, b, out, at = lhs.numpy(), rhs.numpy(), [], 0
-        for e, n in enumerate(batch_sizes):
-            if trans_lhs:
-                out.append(a[at:at + n].T @ b[at:at + n])
-            else:
-                out.append(a[at:at + n] @ (b[e].T if trans_rhs else b[e]))
-            at += n
-        return paddle.to_tensor(np.stack(out) if trans_lhs else np.concatenate(out))  # stop_gradient: no backward
-
-    monkeypatch.setattr(incubate, "batched_gemm", batched_gemm, raising=False)
-    return calls
-
-
 def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it_trains_the_experts(monkeypatch):
     """`grouped_mlp_gpu` calls Paddle's `batched_gemm(lhs [rows, in], rhs [experts, in, out], batch_sizes)` (its
     docstring: row segment e times rhs[e]). The GPU op cannot run here, so a reference of its contract stands
@@ -69,7 +43,7 @@ def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it_trains_the_experts
     time, an expert without rows included; fp16, which the kernel lacks, takes another path."""
     from pretrain_cli.ops import grouped
 
-    calls = _stand_in_batched_gemm(monkeypatch)
+    calls = emu.gpu_experts(monkeypatch).calls
     counts = [2, 0, 5, 1]
 
     def run(fn):  # the same weights and rows each time, a gradient of its own
@@ -81,7 +55,8 @@ def test_the_gpu_grouped_gemm_call_with_a_reference_behind_it_trains_the_experts
         return out.numpy(), x.grad.numpy(), [[t.grad for t in trio] for trio in ws]
 
     got, want = run(grouped.grouped_mlp_gpu), run(grouped_mlp_segments)
-    assert (True, False) in calls and (False, True) in calls  # the backward ran through the op's own flags
+    # the backward ran through the op's own flags
+    assert (True, False, paddle.float32) in calls and (False, True, paddle.float32) in calls
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
     for e, (g_trio, w_trio) in enumerate(zip(got[2], want[2])):
@@ -104,11 +79,11 @@ def test_the_experts_keep_no_copy_of_their_weights_for_backward(path, monkeypatc
     count (benchmarks/plan_calibration.py --stages: 15 % over the plan with experts as large as here). Now a forward
     leaves its activations allocated and no weights (here under 1/4 of the weights; it was them and more), and every
     gradient is the plain per-expert products' (x's too), each a contiguous tensor (ZeRO-3's hook all-reduces the
-    buffer as laid out). The GPU path behind `_stand_in_batched_gemm`."""
+    buffer as laid out). The GPU path behind `gpu_emulation.gpu_experts`."""
     from pretrain_cli.ops import grouped
 
     if path == "gpu":
-        _stand_in_batched_gemm(monkeypatch)
+        emu.gpu_experts(monkeypatch)
     fn = {"padded": grouped_mlp_padded, "segments": grouped_mlp_segments, "gpu": grouped.grouped_mlp_gpu}[path]
     core = paddle.base.core
     counts, h, f = [8, 3, 12, 5, 9, 7, 10, 10], 64, 256  # 64 rows; 8 experts of 3 x 64 x 256 fp32: 1.5 MiB
