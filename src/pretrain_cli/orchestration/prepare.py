@@ -186,11 +186,16 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(check_seq_len, built[1], args.data.max_seq_length)
     # without the model's shape, a placeholder that passes every check still finds the argument problems
     run = problems.run(resolve, args, built[1] if built else placeholder_config(), target)
-    # a file for CPU (a GPU file checked here is checked as the GPU run it is; `train` on CPU checks again)
-    if built is not None and run is not None and args.training.device == "cpu" and not target.planned:
+    # a run on this CPU (a GPU file checked here is checked as the GPU run it is): its parameters alone, then the
+    # whole plan against what this host has available for its processes (`host_fit`: a note when close)
+    if built is not None and run is not None and run.device == "cpu" and not target.planned:
+        from pretrain_cli.orchestration import host_fit
         from pretrain_cli.planning.hardware import training_memory_problem
 
         problem = training_memory_problem(run, built[1])
+        if not problem:
+            problem, note = host_fit.check(run, built[1], args.config_path, host_fit.processes_here(target.world_size))
+            run = replace(run, notes=(*run.notes, note)) if note else run
         if problem:
             problems.add(problem)
     if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too

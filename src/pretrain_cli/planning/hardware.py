@@ -192,6 +192,49 @@ def training_memory_problem(run, cfg) -> str | None:
     return host_memory_problem(cfg, 16, "training")
 
 
+def host_available_gib(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> tuple[float, str]:
+    """(GiB a new run on this machine may still take, where the figure comes from): /proc/meminfo's MemAvailable
+    (what the kernel can hand out without swapping), lowered to the room under this container's cgroup limit when
+    one is set (v2 `memory.max` less `memory.current`, its inactive page cache added back; v1's
+    `memory/memory.limit_in_bytes` the same way): the limit is what the out-of-memory killer enforces, whatever the
+    machine has free. NaN when neither can be read. Read again at each call: other work changes it."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        have, source = kib / 2**20, "MemAvailable"
+    except (OSError, StopIteration, ValueError, IndexError):
+        have, source = float("nan"), ""
+    room = _cgroup_room(cgroup)
+    if room is not None and not room[0] >= have:  # (a NaN `have`: the cgroup's figure alone)
+        have, source = room
+    return have, source or "unknown"
+
+
+def _cgroup_room(root: str) -> tuple[float, str] | None:
+    """(GiB left under the cgroup's memory limit, its description), or None without a limit."""
+    for limit, current, inactive, stat in (("memory.max", "memory.current", "inactive_file", "memory.stat"),
+                                           ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes",
+                                            "total_inactive_file", "memory/memory.stat")):
+        try:
+            with open(f"{root}/{limit}", encoding="ascii") as f:
+                text = f.read().strip()
+            if text == "max" or int(text) >= 2**60:  # v2's "max", v1's page-rounded 2^63: no limit
+                return None
+            with open(f"{root}/{current}", encoding="ascii") as f:
+                used = int(f.read().strip())
+            cached = 0
+            try:
+                with open(f"{root}/{stat}", encoding="ascii") as f:
+                    cached = next((int(v) for k, v in (line.split() for line in f) if k == inactive), 0)
+            except (OSError, ValueError):
+                pass
+        except (OSError, ValueError):
+            continue
+        room = max(int(text) - used + cached, 0) / 2**30
+        return room, f"the cgroup limit {int(text) / 2**30:.1f} GiB ({root}/{limit}), {room:.1f} GiB of it free"
+    return None
+
+
 def cpu_memory_gib() -> float:
     """This machine's memory (GiB) from /proc/meminfo, the device `plan --device cpu` plans for; NaN when unknown."""
     try:
