@@ -135,14 +135,14 @@ def test_an_unexpected_exception_is_recorded_as_this_ranks_crash_and_a_collectiv
     from pretrain_cli import cli
 
     monkeypatch.setenv("PRETRAIN_CLI_VERDICTS", str(tmp_path))
-    monkeypatch.setattr(cli, "_run", lambda argv: {}["missing"])
+    monkeypatch.setattr(cli, "_run", lambda argv, prog=None: {}["missing"])
     with pytest.raises(KeyError):
         cli.main(["train", "x.json"])
     rec = json.loads((tmp_path / "rank-0.json").read_text())
     assert (rec["kind"], rec["exit"], rec["line"]) == ("crashed", 1, "KeyError: 'missing'")
     (tmp_path / "rank-0.json").unlink()
 
-    def gloo_gave_up(argv):
+    def gloo_gave_up(argv, prog=None):
         raise RuntimeError("[/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer")
 
     monkeypatch.setattr(cli, "_run", gloo_gave_up)
