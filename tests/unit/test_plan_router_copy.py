@@ -62,8 +62,8 @@ def test_the_routers_fp32_copy_of_a_half_input_is_kept_and_planned(kept, preset)
         for c in (2, 4):
             s = Setup(model=cfg, micro_batch=1, seq_len=128, compute_bytes=c, tp=tp)
             others = (8 * e.routed + e.top_k * c * (2 * h + 4 * e.width / tp)
-                      + (4 * c * e.shared_width / tp + c * h + 4 if e.shared_width else 0)
-                      + 4 * c * e.ungated_width / tp)
+                      + (3 * c * e.shared_width / tp + c * h + 4 if e.shared_width else 0)
+                      + 3 * c * e.ungated_width / tp)
             assert mlp_per_token(s, True) - others == pytest.approx(4 * h if c == 2 else 0)
     dense = dataclasses.replace(Setup(model=cfg, micro_batch=1, seq_len=128, compute_bytes=2), tp=1)
-    assert mlp_per_token(dense, False) == 4 * 2 * cfg.intermediate_size  # a dense layer has no router
+    assert mlp_per_token(dense, False) == 3 * 2 * cfg.intermediate_size  # a dense layer has no router

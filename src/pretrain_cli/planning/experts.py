@@ -9,12 +9,17 @@ from pretrain_cli.models.flops import experts, param_counts
 
 def mlp_per_token(s, sparse: bool) -> float:
     """One layer's MLP bytes kept per token: a dense layer's (`sparse` false, or a dense model) or a sparse layer's
-    (Mixture-of-Experts). Dense: gate, up, silu and product, 4·c·I ÷ tp. Sparse: the router's fp32 logits and
-    probabilities (2·4·E), each of the token's k routed copies through its expert (the gathered input and the
-    weighted output whole, gate, up, silu and product ÷ tp: k·c·(2h + 4F/tp)), Qwen2-MoE's gated shared expert
-    (÷ tp) and its gate (4·c·Fs/tp + c·h + 4), DeepSeek's ungated shared experts, one MLP n_shared · F wide that
-    keeps what a dense one does (4·c·Fu/tp, `models.deepseek_moe.DeepseekMoeBlock`; not counted before: 4.0 of the
-    13.5-13.9 KB a token a sparse layer of the widened micro-deepseek-v3 keeps, measured); under expert parallelism
+    (Mixture-of-Experts). Dense: the packed gate|up GEMM's output `[2·I]` (SwiGLU's input) and the SwiGLU product
+    `[I]` (the down projection's input), 3·c·I ÷ tp, on every path: `ops.grouped_gemm_layer.PackedGemm` (the GPU's
+    and the CPU's without the fused kernels) and the CPU's fused `pcl_mlp_in` alike keep those two and no more
+    (measured on CPU, fp32: 3.0·c·I a token for a Llama MLP and a Qwen2-MoE shared expert, both paths, b 2 × s 128
+    and b 4 × s 64). Counted as 4·c·I before (gate, up, silu and product), which matched only while the GEMM kept its
+    `[hidden, 2·I]` weight copy, c·I a token at the calibration's b·s = 256 and hidden 128 (d60dd5e). Sparse: the
+    router's fp32 logits and probabilities (2·4·E), each of the token's k routed copies through its expert (the
+    gathered input and the weighted output whole, gate, up, silu and product ÷ tp: k·c·(2h + 4F/tp)), Qwen2-MoE's
+    gated shared expert, a dense MLP (÷ tp), and its gate (3·c·Fs/tp + c·h + 4), DeepSeek's ungated shared experts,
+    one MLP n_shared · F wide that keeps what a dense one does (3·c·Fu/tp, `models.deepseek_moe.DeepseekMoeBlock`:
+    12.4 KB a token a sparse layer of the widened micro-deepseek-v3 keeps, measured); under expert parallelism
     the dispatch that runs (`all_to_all`) keeps on a GPU the rows it received and the outputs before they are sent
     back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their reduce-scatter
     (2·ep·c·h); in half precision the router's fp32 copy of its input (4h, whole under tp: the routers of
@@ -26,12 +31,18 @@ def mlp_per_token(s, sparse: bool) -> float:
     cfg, c, tp = s.model, s.compute_bytes, s.tp
     e = experts(cfg)
     if e is None or not sparse:
-        return 4 * c * cfg.intermediate_size / tp
+        return dense_mlp_per_token(s, cfg.intermediate_size)
     h, k = cfg.hidden_size, e.top_k
-    gated = 4 * c * e.shared_width / tp + c * h + 4 if e.shared_width else 0
+    gated = dense_mlp_per_token(s, e.shared_width) + c * h + 4 if e.shared_width else 0
     dispatch = 2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0
     router = 8 * e.routed + (4 * h if c != 4 else 0)  # fp32 logits and probabilities; the input's fp32 copy
-    return router + k * c * (2 * h + 4 * e.width / tp) + gated + 4 * c * e.ungated_width / tp + dispatch
+    return router + k * c * (2 * h + 4 * e.width / tp) + gated + dense_mlp_per_token(s, e.ungated_width) + dispatch
+
+
+def dense_mlp_per_token(s, width: int) -> float:
+    """Bytes a token one dense SwiGLU MLP `width` wide keeps for backward (`models.layers.MLP`: a dense layer's, a
+    shared expert's): its gate|up output and SwiGLU product, 3·c·width ÷ tp (`mlp_per_token`)."""
+    return 3 * s.compute_bytes * width / s.tp
 
 
 def mlp_reduce_rows(s, sparse: bool) -> float:
