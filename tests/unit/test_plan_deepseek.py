@@ -154,9 +154,12 @@ def test_o1_keeps_a_half_cast_of_every_weight_a_matmul_reads_the_mtp_modules_too
     """O1 autocast casts each weight a matmul reads and keeps the cast for backward (Paddle caches no casts): on
     the rank (or the pipeline's last stage) running the MTP module, its own weights' casts, and unfused the LM
     head's again per depth; never an untied embedding's (looked up) or the fused head + loss's head, nor a routed
-    expert's (their GEMMs keep the parameters and cast again in backward: `ops.grouped_gemm_layer.StackedGemm`).
-    Before, the MTP module's weights were left out and every routed expert of the model counted on each rank."""
-    from pretrain_cli.planning.memory import _device_params, mtp_params, pipeline_stages, stage_experts, stage_params
+    expert's (their GEMMs keep the parameters and cast again in backward: `ops.grouped_gemm_layer.StackedGemm`), nor
+    a dense MLP's or shared expert's gate and up (`PackedGemm` likewise: `memory.packed_gate_up`, the MTP layer's
+    shared experts too). Before, the MTP module's weights were left out and every routed expert of the model counted
+    on each rank; and the gate|up casts counted after the packed GEMM stopped keeping them (d60dd5e)."""
+    from pretrain_cli.planning.memory import (_device_params, mtp_params, packed_gate_up, pipeline_stages,
+                                              stage_experts, stage_params)
 
     def o1(s):
         return dataclasses.replace(s, compute_bytes=2, amp_level="O1")
@@ -166,11 +169,14 @@ def test_o1_keeps_a_half_cast_of_every_weight_a_matmul_reads_the_mtp_modules_too
     own, routed = sum(mtp_params(with_mtp)), mtp_params(with_mtp)[1]
     head = 0 if fused else 2 * V * H  # its head's cast of the LM head weight
     copy = 4 * V * H if pp > 1 else 0  # the last stage's fp32 copy of the embedding (untied: looked up, no cast)
-    assert parts(with_mtp)["weights"] - parts(bare)["weights"] == pytest.approx(4 * own + 2 * (own - routed)
+    gate_up = packed_gate_up(with_mtp, pp - 1) - packed_gate_up(bare, pp - 1)  # the MTP layer's shared experts'
+    assert gate_up > 0
+    assert parts(with_mtp)["weights"] - parts(bare)["weights"] == pytest.approx(4 * own + 2 * (own - routed - gate_up)
                                                                                 + head + copy)
     # the whole: fp32 weights and a half cast of all but the looked-up table (the embedding or, at pp 2, the last
     # stage's copy of it), a fused head and the routed experts
     held = stage_params(with_mtp, pp - 1) if pp > 1 else _device_params(with_mtp)
     looked_up = V * H * (1 + fused)
     experts = stage_experts(with_mtp, pp - 1)
-    assert parts(with_mtp)["weights"] == pytest.approx(4 * held + 2 * (held - looked_up - experts) + head)
+    gate_up = packed_gate_up(with_mtp, pp - 1)
+    assert parts(with_mtp)["weights"] == pytest.approx(4 * held + 2 * (held - looked_up - experts - gate_up) + head)

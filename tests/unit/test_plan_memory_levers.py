@@ -1,6 +1,7 @@
 """`pretrain-cli plan`'s memory model: every memory lever (sharding, recompute, flash attention, precision, tensor
 parallelism, document masking, the fused head + loss, more devices) moves the estimate the right way, and the
 suggestions built from them are ranked and each reduces it (the command itself: test_plan.py)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -246,3 +247,28 @@ def test_zero3_on_cpu_shards_the_gradients_no_matmul_reads_its_weight_for(write_
     assert r["memory_breakdown_gib"]["gradients"] * 2**30 == pytest.approx(4 * (whole + sharded / 2))
     gpu = plan(write_args(**keys), device="A100-80GB", gpus=2)  # NCCL reduce-scatters every gradient
     assert gpu["memory_breakdown_gib"]["gradients"] * 2**30 == pytest.approx(4 * r["params"]["total"] / 2)
+
+
+def test_o1_keeps_no_half_cast_of_the_packed_gate_up_but_semi_auto_zero3_keeps_the_concatenation():
+    """The dense MLP's gate|up GEMM (`ops.grouped_gemm_layer.PackedGemm`) keeps x and its two fp32 weights, not the
+    half cast of their concatenation O1's matmul kept: widening the MLP by dI adds, per layer, 3·h·dI parameters
+    (fp32: 12 bytes each) and the half casts only of the down projection (2·h·dI: 2 bytes of h·dI), 14·h·dI in
+    all; planned 18·h·dI before (the gate and up casts too). Under the semi-auto engine's ZeRO-3 the gate_up kernel
+    keeps the gathered `[hidden, 2·inter]` concatenation instead (`distributed.steps.local_kernels`), in the
+    weights' dtype at O2 (2·2·h·dI a layer more in `gathered_weights`), and at O1 its half cast (every weight's)."""
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.planning.memory import Setup, estimate
+
+    cfg = ModelConfig.from_file(str(resolve_model_dir("tiny-llama")))
+    h, layers, d_inter = cfg.hidden_size, cfg.num_hidden_layers, 64
+    wide = dataclasses.replace(cfg, intermediate_size=cfg.intermediate_size + d_inter)
+
+    def delta(part, **kw):
+        s = Setup(model=cfg, micro_batch=1, seq_len=64, compute_bytes=2, **kw)
+        return estimate(dataclasses.replace(s, model=wide))[part] - estimate(s)[part]
+
+    assert delta("weights", amp_level="O1") == 14 * h * d_inter * layers
+    zero3 = dict(sharding_stage=3, sharding_degree=2, distributed_tensors=True)
+    assert delta("gathered_weights", amp_level="O2", **zero3) == 2 * 2 * h * d_inter * layers
+    assert delta("weights", amp_level="O1", **zero3) == (4 * 3 / 2 + 2 * 3) * h * d_inter * layers

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain_cli.models.flops import layer_counts, param_counts
+from pretrain_cli.models.flops import experts, layer_counts, param_counts
 from pretrain_cli.models.stages import stage_bounds, stage_layers
 from pretrain_cli.planning.activations import (activation_bytes, document_mask_bytes, final_norm_bytes,
                                                head_kept_bytes, head_loss_bytes, layer_bytes, mtp_activation_bytes)
@@ -244,7 +244,10 @@ def _half_copies(s: Setup, n: float, stage: int) -> float:
     the MTP lookups is), a head the fused head + loss reads (its PyLayer, `ops.linear_loss`, keeps dh and dW, no
     cast) and the routed experts (`stage_experts`: their GEMMs, `ops.grouped_gemm_layer.StackedGemm`, keep the
     parameters and cast again in backward); plus, unfused, the head cast again by each MTP depth's head
-    (`models.mtp.mtp_losses`). Norms and routers are counted too (small: an upper bound)."""
+    (`models.mtp.mtp_losses`); and the dense MLPs' and shared experts' gate and up weights (`packed_gate_up`: their
+    GEMM, `ops.grouped_gemm_layer.PackedGemm`, keeps x and the two fp32 weights and casts again in backward), except
+    under the semi-auto engine's ZeRO-3 (`zero3_keeps_packed`), whose matmul keeps the half cast of the gathered
+    concatenation as the old path's did for every layout. Norms and routers are counted too (small: an upper bound)."""
     cfg = s.model
     table = cfg.vocab_size * cfg.hidden_size / s.vocab_tp  # the embedding's or the LM head's elements on this rank
     first, last, tied = stage == 0, stage == s.pp - 1, bool(cfg.tie_word_embeddings)
@@ -254,7 +257,30 @@ def _half_copies(s: Setup, n: float, stage: int) -> float:
     if last and s.fused_loss:
         looked_up += table
     mtp_heads = cfg.num_nextn_predict_layers * table if last and not s.fused_loss else 0.0
-    return n - looked_up - stage_experts(s, stage) + mtp_heads
+    packed = 0.0 if zero3_keeps_packed(s) else packed_gate_up(s, stage)
+    return n - looked_up - stage_experts(s, stage) - packed + mtp_heads
+
+
+def zero3_keeps_packed(s: Setup) -> bool:
+    """Whether the dense MLPs' gate|up GEMM keeps its `[hidden, 2·inter/tp]` concatenation for backward: under the
+    semi-auto engine's ZeRO-3 (`distributed.steps.local_kernels.localize`'s gate_up), where the weights it would keep
+    instead are the gathered copies, as many bytes; every other layout runs `PackedGemm`, which keeps none."""
+    return s.distributed_tensors and s.sharding_stage >= 3 and s.sharding_degree > 1
+
+
+def packed_gate_up(s: Setup, stage: int = 0) -> float:
+    """Elements of the gate and up weights of every dense SwiGLU MLP one rank of pipeline stage `stage` holds: a
+    dense layer's (2·hidden·intermediate_size ÷ tp), a sparse layer's shared experts' (Qwen2-MoE's
+    shared_expert_intermediate_size, DeepSeek's n_shared_experts · moe_intermediate_size), and on the last stage the
+    multi-token prediction modules' layers' (`models.mtp`), each by the decoder's rule. Their concatenation is
+    what the packed gate|up GEMM kept per layer and micro-batch (`zero3_keeps_packed`)."""
+    cfg, e = s.model, experts(s.model)
+    shared = (e.shared_width + e.ungated_width) if e else 0
+    layers = stage_layers(cfg.num_hidden_layers, s.pp, s.vpp)[stage]
+    if stage == s.pp - 1:
+        layers += tuple(range(cfg.num_hidden_layers, cfg.num_hidden_layers + (cfg.num_nextn_predict_layers or 0)))
+    width = sum(shared if cfg.is_sparse_layer(i) and e else cfg.intermediate_size for i in layers)
+    return 2 * cfg.hidden_size * width / s.tp
 
 
 def _parts(s: Setup, n: float, activations: float, logits: float, document: float,
@@ -293,6 +319,8 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         out["context_attention"] = context_working_bytes(s)
     if s.distributed_tensors and s.sharding_stage == 3 and deg > 1:
         out["gathered_weights"] = _largest_weight(s) * weight_b
+        if s.amp_level != "O1":  # each dense MLP's gathered gate|up concatenation, kept for backward (O1: its half
+            out["gathered_weights"] += packed_gate_up(s, stage) * weight_b  # cast, in `_half_copies`)
     if s.distributed_tensors and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
