@@ -173,3 +173,27 @@ def test_the_dispatch_counts_deepseek_v3s_multi_token_prediction_layer():
     s = Setup(model=cfg, micro_batch=1, seq_len=64, compute_bytes=2, device="cpu", ep=2)  # one stage: all of them
     t = stage_traffic(s, ParallelConfig(world_size=2, dp_degree=2, ep_degree=2), param_counts(cfg))
     assert len(t) == 1 and t[0]["ep"] == pytest.approx((sparse + 1) * per_layer)
+
+
+def test_fit_tries_moe_under_context_parallelism_with_a_pipeline_zero2_and_ep():
+    """Mixture-of-Experts under context parallelism runs with a pipeline, ZeRO-1/2 and EP (docs/DISTRIBUTED.md), which
+    --fit tried only as cp alone with ""/stage1. Qwen3-30B-A3B at 64K tokens on 16 H100: cp 4 x pp 4 fits (65.2 GiB
+    of the 72 budget; nothing else does: cp alone leaves every rank all 30.5 B parameters, tp and ZeRO-3 are refused
+    with cp for MoE). The candidates now hold cp x pp, cp with stage2 and cp x ep with stage2, each resolved by
+    `config.resolve` (no refusal). At 32K on 8 H100 nothing fits either way: cp splits no parameter, so the cp
+    layouts keep >= 88 GiB (cp 2 x pp 4), and without cp the least is tp 2 x pp 4's 74.7 GiB."""
+    from pretrain_cli.planning.fit import _splits
+
+    current = {"sharding": "stage1", "tensor_parallel_degree": 1}
+    keys = [k for _, k in _splits(current, 8, 32768, experts=128)]
+    for want in ({"context_parallel_degree": 2, "pipeline_parallel_degree": 4, "sharding": "stage1"},
+                 {"context_parallel_degree": 8, "sharding": "stage2", "pipeline_parallel_degree": 1},
+                 {"context_parallel_degree": 2, "expert_parallel_degree": 4, "sharding": "stage2",
+                  "pipeline_parallel_degree": 1}):
+        assert any(all(k.get(a) == b for a, b in want.items()) for k in keys), want
+        plan(str(LLAMA), Q30 + ["--tensor_parallel_degree", "1", "--max_seq_length", "32768"]
+             + _tokens(want), device="H100", gpus=8, suggest_changes=False)  # resolves: no UserError
+    base = Q30 + ["--tensor_parallel_degree", "1", "--sharding", "stage1", "--max_seq_length", "65536"]
+    f = fit(str(LLAMA), base, device="H100", gpus=16)
+    assert f["after"] is not None and f["change"]["context_parallel_degree"] > 1
+    assert f["change"]["pipeline_parallel_degree"] > 1, f["change"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 
+from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 import dataclasses
 
@@ -38,19 +39,23 @@ def _divisors(n: int) -> list[int]:
 
 def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
     """Each (data ranks, layout keys) of `gpus` devices: tensor-parallel × pipeline degrees whose product divides
-    `gpus`, context-parallel degrees (alone) from `seq_len` >= CONTEXT_MIN_SEQ on, each sharding stage where there
-    are data (or cp) ranks to shard over, with and without sequence parallelism under tp, every expert-parallel
-    degree dividing both the `experts` and the data ranks. A sharding stage also comes with `sharding_parallel_degree`
-    -1 (every data rank) when the file fixes a degree, which other layouts' data ranks need not divide (and which
-    the layouts the semi-auto engine runs do not take: it shards over every data rank)."""
+    `gpus`, context-parallel degrees from `seq_len` >= CONTEXT_MIN_SEQ on (alone for a dense model; for a
+    Mixture-of-Experts one, `experts` > 0, also with each pipeline degree: MoE under cp runs with dp, ZeRO-1/2, a
+    pipeline and EP, docs/DISTRIBUTED.md), each sharding stage where there are data (or cp) ranks to shard over (with
+    cp ""/stage1/stage2: ZeRO-3 is refused with it, and stage2 was left out as if it were too), with
+    and without sequence parallelism under tp, every expert-parallel degree dividing both the `experts` and the data
+    ranks. A sharding stage also comes with `sharding_parallel_degree` -1 (every data rank) when the file fixes a
+    degree, which other layouts' data ranks need not divide (and which the layouts the semi-auto engine runs do not
+    take: it shards over every data rank)."""
     splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     if seq_len >= CONTEXT_MIN_SEQ:
-        splits += [(1, 1, cp) for cp in _divisors(gpus) if cp > 1]
+        splits += [(1, pp, cp) for cp in _divisors(gpus) if cp > 1
+                   for pp in (_divisors(gpus // cp) if experts else [1])]
     fixed = current.get("sharding_parallel_degree", -1) not in (-1, 0)
     for tp, pp, cp in splits:
         data_ranks = gpus // (tp * pp * cp)
         stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
-        stages = ["", "stage1"] if cp > 1 else stages  # ZeRO-1 over cp x sharding; resolve refuses 2/3 with CP
+        stages = ["", "stage1", "stage2"] if cp > 1 else stages  # over cp x sharding (`config.refusals`: not 3)
         sps = [False, True] if tp > 1 and gpus > 1 else [current.get("sequence_parallel", False)]
         eps = [e for e in _divisors(data_ranks) if experts % e == 0] if experts and gpus > 1 else \
             [current.get("expert_parallel_degree", 1)]
@@ -208,7 +213,7 @@ def format_fit(f: dict) -> str:
     ln = dev["links"]
     if f["gpus"] > 1:  # one device sends nothing
         lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
-                     f"{ln['cross_node_gbps']:g} GB/s; {ln['gpus_per_node']} GPUs per node")
+                     f"{ln['cross_node_gbps']:g} GB/s; {count(ln['gpus_per_node'], 'GPU')} per node")
     before = f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])}), {_tok(f['before']['speed'])}"
     if f["after"] is None:
         need = f["smallest"]
