@@ -81,3 +81,17 @@ def test_the_fewest_processes_are_the_degrees_and_the_data_ranks_they_need(keys,
     assert fewest_processes(args)[0] == need
     if need > 1:  # and the world it names resolves
         assert planned.from_file(V3_FILE, base + keys, "H100", None).gpus == need
+
+
+def test_counts_read_in_english_and_the_attention_is_the_kernel_the_run_runs(write_args):
+    """One data rank, one step, one GPU per node are said as such ("1 data ranks", "1 steps", "1 GPUs per node"
+    before: `counts.count`), and a CPU plan with `use_flash_attention` names the CPU kernel the run's `kernels:` line
+    does (`config.compute.attention_words`), where it said "attention flash"; a GPU plan names flash-attn."""
+    path = write_args(model_name_or_path="tiny-llama", max_steps=1, use_flash_attention=True, sharding="")
+    cpu = format_report(planned.from_file(path, [], "cpu", 1, baseline_bytes=0))
+    assert "x 1 data rank x" in cpu and "; 1 step = " in cpu, cpu
+    assert "attention cpu (the fused block-causal CPU kernel" in cpu and "attention flash" not in cpu, cpu
+    from pretrain_cli.planning.hardware import Node
+
+    gpu = format_report(planned.from_file(path, [], "H100", 2, node=Node(gpus=1)))
+    assert "; 1 GPU per node" in gpu and "attention sdpa_causal (flash-attn), causal mask" in gpu, gpu

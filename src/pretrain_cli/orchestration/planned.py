@@ -14,6 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
+from pretrain_cli.config.compute import attention_words
 from pretrain_cli.config.parallel import degree
 from pretrain_cli.config.keys import KEYS, coerce
 from pretrain_cli.config.parser import Arguments
@@ -107,7 +108,8 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
                  rank_groups(run.parallel) if layout else None)
-    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes))
+    words = attention_words(run.kernels, run.device, run.data.attention_mask_type, run.parallel.cp_degree)
+    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes), attention_words=words)
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         found = suggest(run, out, replan)

@@ -10,6 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from pretrain_cli.counts import count
 from pretrain_cli.planning import layout
 from pretrain_cli.planning.hardware import Links
 
@@ -122,6 +123,9 @@ class Plan:
     # step, from its own layers (`speed.stage_flops_per_token`, `speed.stage_traffic`); the speed model reads them
     stages: tuple = ()
     slowest_stage: int = 0  # the stage that sets the step (`speed.speed`): `traffic_gb_per_step` is its traffic
+    # the attention kernel the run's `kernels:` line names (`config.compute.attention_words`, which the caller above
+    # planning fills in: `orchestration.planned.plan`); `attention` is the path ("flash" on CPU is the CPU kernel)
+    attention_words: str = ""
 
     @property
     def peak_gib(self) -> float:
@@ -172,9 +176,9 @@ def _data_ranks(par: PlannedLayout) -> str:
     dp x sharding), so "dp 1" never reads as one data rank."""
     n, dp, deg, stage = par.data_ranks, par.dp, par.sharding_degree, par.sharding_stage
     if not stage:
-        return f"{n} data rank{'s' if n > 1 else ''}"
+        return count(n, "data rank")
     groups = f"one ZeRO stage-{stage} group of {deg}" if dp == 1 else f"{dp} replicas of a ZeRO stage-{stage} group of {deg}"
-    return f"{n} data ranks ({groups})"
+    return f"{count(n, 'data rank')} ({groups})"
 
 
 def _mtp_stage(mtp: dict, pp: int) -> str:
@@ -194,7 +198,7 @@ def format_report(r: Plan) -> str:
     peak_text = f"{d.peak_tflops:g} TFLOPS" if d.peak_tflops else "unknown"
     lines = [f"plan: {r.config or 'command line'} on {r.gpus} x {d.name} ({d.memory_gib:.1f} GiB each)"]
     lines += [f"  note: {n}" for n in r.notes]
-    lines.append(f"model: {m.model_type}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
+    lines.append(f"model: {m.model_type}, {count(m.layers, 'layer')}, hidden {m.hidden}, heads {m.heads}/"
                  f"{m.kv_heads} kv, vocab {m.vocab}"
                  + (f", {m.experts} experts ({m.experts_per_token} per token)" if m.experts else ""))
     lines.append(f"params: {_si(p['total'])} total = {_si(p['embedding'])} embedding + {_si(p['non_embedding'])} "
@@ -226,9 +230,10 @@ def format_report(r: Plan) -> str:
                  + (f" x pp {par.pp}{f' x {par.vpp} virtual' if par.vpp > 1 else ''} (the fullest stage below, "
                     f"bubble {par.pipeline_bubble:.1%})" if par.pp > 1
                     else "") + "; "
-                 f"recompute {r.recompute or 'off'}; attention {r.attention}, {r.attention_mask_type} mask")
-    lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {par.data_ranks} data "
-                 f"ranks x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; {r.max_steps} steps = "
+                 f"recompute {r.recompute or 'off'}; attention {r.attention_words or r.attention}, "
+                 f"{r.attention_mask_type} mask")
+    lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {count(par.data_ranks, 'data rank')}"
+                 f" x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; {count(r.max_steps, 'step')} = "
                  f"{r.total_tokens:,} tokens")
     if r.schedule:
         lines.append(f"schedule: {r.schedule}")
@@ -237,7 +242,7 @@ def format_report(r: Plan) -> str:
     if r.gpus > 1:
         ln = d.links
         lines.append(f"links per GPU: in-node {ln.in_node_gbps:g} GB/s ({ln.source}), cross-node "
-                     f"{ln.cross_node_gbps:g} GB/s; {ln.gpus_per_node} GPUs per node")
+                     f"{ln.cross_node_gbps:g} GB/s; {count(ln.gpus_per_node, 'GPU')} per node")
     traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})" for k, name in
                              (("tp", "TP collectives"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
                               ("cp", "CP K/V gathers"), ("ep", "expert dispatch"),
