@@ -8,7 +8,7 @@ process, with the sequence-wise balance loss, the router z-loss and DeepSeek-V3'
 Every step's loss, logged MTP, LM, aux and z losses, expert share and gradient norm as one process's; the final
 weights too, the MTP layer's routing bias (moved by the update) among them. Before, the run saw no experts
 (`ModelConfig.sparse_layers` holds the decoder's only): no balance loss, no z-loss, the bias never updated
-(tests/unit/test_mtp_experts.py: the decisions one by one).
+(tests/unit/test_mtp_expert_layers.py: the decisions one by one).
 """
 from __future__ import annotations
 

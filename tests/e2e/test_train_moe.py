@@ -159,7 +159,8 @@ def test_deepseek_v3_with_mtp_logs_the_lm_loss_its_eval_loss_compares_to(corpus,
 def test_a_dense_model_with_mtp_logs_its_mtp_and_lm_loss(corpus, tmp_path):
     """A model whose decoder layers are all dense (DeepSeek-V3's first_k_dense_replace = every layer) with an MTP
     module adds 0.3 x mtp_loss to its loss as well: its records carry mtp_loss and lm_loss too (they were logged only
-    for decoders with sparse layers, so its loss sat above its eval points unexplained)."""
+    for decoders with sparse layers, so its loss sat above its eval points unexplained); the module's layer, sparse as
+    DeepSeek's published one, adds its balance loss."""
     import json
     import shutil
 
@@ -175,5 +176,8 @@ def test_a_dense_model_with_mtp_logs_its_mtp_and_lm_loss(corpus, tmp_path):
     train = [r for r in _records(tmp_path / "out") if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
-        assert r["loss"] == pytest.approx(r["lm_loss"] + 0.3 * r["mtp_loss"], abs=1e-5), r
+        # the MTP module's layer is the model's one sparse layer (`ModelConfig.expert_layers`): its balance loss
+        # counts (x DeepSeek-V3's aux_loss_alpha, 1e-4)
+        assert r["loss"] == pytest.approx(r["lm_loss"] + 0.3 * r["mtp_loss"] + 1e-4 * r["aux_loss"], abs=1e-6), r
+        assert r["aux_loss"] > 0
         assert len(r["moe_expert_share_per_layer"]) == 1  # only the MTP module's own layer routes (DeepSeek's)

@@ -94,7 +94,12 @@ def test_nonzero_biases_the_model_has_not_are_still_refused(tmp_path):
         build_for_run(spec)
 
 
-def test_without_weights_one_line_says_how_to_get_them(tmp_path):
+def test_without_weights_one_line_says_how_to_get_them(tmp_path, monkeypatch):
+    from pretrain_cli.planning import hardware
+
+    # a machine whose memory holds an 8 B model's training (this one's would add its own line: `host_fit`)
+    monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 2000.0)
+    monkeypatch.setattr(hardware, "host_available_gib", lambda *a, **k: (2000.0, "MemAvailable"))
     with pytest.raises(UserError) as e:
         prepare(_args(tmp_path, "Qwen/Qwen3-8B"), [], Target())
     lines = str(e.value).splitlines()
