@@ -7,6 +7,7 @@ again in backward and drops it each time, with the old path's numbers bit for bi
 (`host_memory_stat_current_value`): what is allocated across a forward is what autograd keeps (and the outputs).
 """
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -66,9 +67,12 @@ def test_a_tiny_models_forward_keeps_one_copy_less_per_layer():
     assert base.mlp_in is None and base.gate_up is gate_up_packed
     ids = paddle.to_tensor(np.random.default_rng(1).integers(0, 97, (2, 16)))
     kept, grads = {}, {}
-    for name, k in (("old", dataclasses.replace(base, gate_up=concat_matmul)), ("new", base)):
+    # twice, the second round measured: whatever a first forward caches for the process (in the suite, after other
+    # tests, some of it was counted in the old path's bytes: 56,832 saved against 36,864) is there for both
+    for name, k in [("old", dataclasses.replace(base, gate_up=concat_matmul)), ("new", base)] * 2:
         paddle.seed(3)
         model = build_model(cfg, k)
+        gc.collect()  # (another test's tensors freed during the forward would count as saved)
         before = _allocated()
         loss = model(ids).mean()
         kept[name] = _allocated() - before
