@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.runtime import collective_failure
 
 # name -> (module, one-line help, takes an argument file + --key value overrides)
 COMMANDS = {
@@ -190,16 +191,6 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
             line = next(iter(str(e).strip().splitlines()), "")
             _verdict(1, "crashed", f"{type(e).__name__}: {line}".rstrip(": ")[:300])
         raise
-
-
-COLLECTIVE_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed out", "broken pipe")
-
-
-def collective_failure(e: Exception) -> bool:
-    """Whether `e` is the collective library's error (gloo's or NCCL's: a peer gone, a timeout) rather than a bug of
-    this rank: a lost rank on another host ends this one so, with nothing of this rank's own to say."""
-    text = f"{type(e).__name__} {e}".lower()
-    return any(marker in text for marker in COLLECTIVE_FAILURES)
 
 
 def _verdict(code: int, kind: str, line: str) -> int:

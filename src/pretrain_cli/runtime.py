@@ -344,3 +344,14 @@ def end_process(code: int) -> None:
         except (OSError, ValueError):  # a closed or broken pipe: nothing more to say on it
             pass
     os._exit(code)
+
+
+COLLECTIVE_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed out", "broken pipe")
+
+
+def collective_failure(e: Exception) -> bool:
+    """Whether `e` is the collective library's error (gloo's or NCCL's: a peer gone, a timeout) rather than a bug of
+    this rank: a lost rank on another host ends this one so, with nothing of this rank's own to say (`cli`), and
+    to_static's compiled forward passes it on unchanged (`ops.kernels`)."""
+    text = f"{type(e).__name__} {e}".lower()
+    return any(marker in text for marker in COLLECTIVE_FAILURES)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pretrain_cli.ops import cpu_ops
+from pretrain_cli.runtime import collective_failure
 from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
@@ -352,10 +353,6 @@ def compile_forward(model):
     return model
 
 
-# what a lost peer's error names (as cli.COLLECTIVE_FAILURES): not to_static's failure, so it passes unchanged
-_PEER_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed out", "broken pipe")
-
-
 class _CompiledForward:
     """The compiled forward; what fails inside it (SOT's own errors, or an op SOT handed wrong arguments: Paddle 3.3.1
     passed a closure's cells as values) becomes a `UserError` naming to_static, the traceback kept as its cause
@@ -379,7 +376,7 @@ class _CompiledForward:
             if isinstance(e, UserError) or (isinstance(e, OSError) and e.errno is not None):  # (Paddle's own errors
                 raise  # come as OSError without an errno: those are to_static's)
             text = " ".join(str(e).split())
-            if is_out_of_memory(e) or any(m in f"{type(e).__name__} {text}".lower() for m in _PEER_FAILURES):
+            if is_out_of_memory(e) or collective_failure(e):
                 raise
             raise UserError(f"to_static: Paddle's compiled forward failed ({type(e).__name__}: {text[:200]}); set "
                             f"to_static false to train eagerly (same losses; --debug shows the traceback)") from e
