@@ -187,6 +187,12 @@ class KernelConfig:
     # `full_attn` recompute, whose recomputed block ends with o_proj (the op would keep its input besides)
     fuse_o_proj: bool = True
 
+    def light_attention(self, device: str) -> bool:
+        """Whether the memory-light attention `flash` asks for runs on `device`: flash-attn on a GPU, the block-causal
+        kernel on CPU, one of the fused CPU kernels (`cpu_ops` false leaves Paddle's ops, which hold the scores). One
+        rule for the run's `kernels:` words (`config.compute.attention_words`) and `plan`'s memory (`planning.plan`)."""
+        return self.attention == "flash" and (device == "gpu" or self.cpu_ops)
+
 
 @dataclass(frozen=True)
 class MoeConfig:

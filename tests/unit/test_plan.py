@@ -67,6 +67,18 @@ def test_cpu_mode_is_fp32_without_framework_constant(write_args):
     assert r["attention"] == "math"
 
 
+def test_cpu_plan_models_the_attention_kernel_that_runs(write_args):
+    """`use_flash_attention` on CPU runs the block-causal kernel only with the fused CPU kernels; with
+    `cpu_fused_ops: false` Paddle's ops hold the scores, and plan (host_fit with it) counts them."""
+    def cpu(**keys):
+        return plan(write_args(model_name_or_path="tiny-llama", max_seq_length=512, **keys), device="cpu")
+    light, off = cpu(use_flash_attention=True), cpu(use_flash_attention=True, cpu_fused_ops=False)
+    math = cpu(use_flash_attention=False, cpu_fused_ops=False)
+    assert light["attention"] == "flash" and off["attention"] == "math"
+    assert off["memory_breakdown_gib"] == math["memory_breakdown_gib"]
+    assert off["memory_breakdown_gib"]["activations"] > light["memory_breakdown_gib"]["activations"]
+
+
 def test_plan_does_not_import_paddle(write_args):
     code = ("import sys; from pretrain_cli.cli import main; rc = main(['plan', sys.argv[1], '--json']); "
             "assert 'paddle' not in sys.modules, 'paddle imported'; sys.exit(rc)")

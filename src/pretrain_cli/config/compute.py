@@ -90,7 +90,7 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
     if cp > 1:
         blocks = "flash" if device == "gpu" and kernels.attention == "flash" else "reference"
         return f"context({blocks} blocks) (ring attention over {cp} cp ranks, {mask} mask in each block)"
-    light = kernels.attention == "flash" and (device == "gpu" or kernels.cpu_ops)
+    light = kernels.light_attention(device)
     name, what = _ATTENTION_KERNELS.get((device, light), {}).get(mask, ("sdpa_mask", _SCORES))
     if kernels.attention == "flash" and not light:  # on CPU without its kernels: Paddle's ops hold the scores
         what += "; cpu_fused_ops false leaves no memory-light attention on CPU"

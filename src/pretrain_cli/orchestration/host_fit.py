@@ -48,9 +48,7 @@ def processes_here(world_size: int) -> int:
 def planned_gib(run, model_cfg, micro_batch: int | None = None, recompute: str | None | bool = False) -> float:
     """One process's planned peak (GiB): the larger of the steady-state step and start-up, plus `RUNTIME_GIB`;
     `micro_batch` / `recompute` (a granularity, or None for off) replace the run's to ask what a change would need."""
-    setup = setup_for(run, model_cfg, Device(None, 0.0))
-    if not run.kernels.cpu_ops:  # without the CPU kernels the scores are materialised (`config.compute`'s
-        setup = dataclasses.replace(setup, attention="math")  # attention_words); `setup_for` plans the CPU kernel's
+    setup = setup_for(run, model_cfg, Device(None, 0.0))  # (attention: the kernel that runs, as plan)
     if micro_batch is not None:
         setup = dataclasses.replace(setup, micro_batch=micro_batch)
     if recompute is not False:

@@ -104,7 +104,8 @@ def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup
         compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
         master_grad=prec.master_grad, sharding_stage=p.sharding_stage,
         sharding_degree=p.sharding_degree * (p.cp_degree if p.sharding_stage else 1),  # ZeRO-1 under CP: cp x sharding
-        tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity, attention=k.attention,
+        tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity,
+        attention="flash" if k.light_attention("gpu" if gpu else "cpu") else "math",  # the kernel that runs
         fused_rms_norm=gpu and k.rms_norm == "fused", fused_rope=gpu and k.rope == "fused",
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, dp_buffers=p.traits.dp_buffers,
         distributed_tensors=p.traits.distributed_tensors,
