@@ -83,6 +83,18 @@ def check(run, model_cfg, config_path: str | None, processes: int = 1,
                   f"{fix}")
 
 
+def gpu_question(args) -> str:
+    """What a refusal for this machine's memory adds when the user did not ask for a CPU run (no `device: cpu`):
+    the file was resolved to this CPU only because this Paddle has no GPU build (a login node), and the question
+    its author means, whether it fits the GPUs it is written for, is `plan`'s (`--device`: `planning.hardware`)."""
+    if args.training.device == "cpu":
+        return ""
+    where = {"command line": "the command line"}.get(args.explicit.get("device"), "the file")
+    said = f"{where} asks for device gpu" if "device" in args.explicit else "the file does not set device"
+    return (f"; {said} and this Paddle has no GPU build, so this is the run on this machine's CPU: for GPUs, ask "
+            f"`pretrain-cli plan {args.config_path or 'FILE'} --device H100` (or another of plan's --device names)")
+
+
 def _what_fits(run, model_cfg, room: float, config_path: str | None) -> str:
     """What to lower, with the largest micro-batch dividing this one whose highest measured peak is within `room`
     GiB a process (gradient_accumulation_steps raised to keep the global batch), and whether `full` recompute alone

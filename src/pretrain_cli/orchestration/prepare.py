@@ -197,7 +197,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
             problem, note = host_fit.check(run, built[1], args.config_path, host_fit.processes_here(target.world_size))
             run = replace(run, notes=(*run.notes, note)) if note else run
         if problem:
-            problems.add(problem)
+            problems.add(problem + host_fit.gpu_question(args))
     if built is None or run is None:  # the tokenizer and token files do not depend on what failed: check them too
         problems.run(open_tokenizer, args, built[1] if built else None)
         if args.data.input_dir is not None:
