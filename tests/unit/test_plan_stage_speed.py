@@ -8,13 +8,12 @@ import dataclasses
 
 import pytest
 
-from plan_helpers import plan
+from fleet_schedule import play
 from pretrain_cli.config.presets import PRESET_DIR, resolve_model_dir
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.flops import flops_per_token
 from pretrain_cli.planning.memory import Setup
 from pretrain_cli.planning.speed import pipeline_bubble, pipeline_seconds, stage_flops_per_token
-from test_plan_interleaved import _fleet_orders
 from test_plan_moe import LLAMA
 
 # DeepSeek-V3's shape at 8 layers, the first 2 dense, its MTP module (layer 8, sparse) on the last stage
@@ -95,28 +94,9 @@ def test_the_step_is_the_slowest_stages_with_the_others_fill_and_drain():
 
 
 def _play(pp: int, vpp: int, m: int, times: list[float]) -> float:
-    """The makespan of fleet's order (`_fleet_orders`) with stage s busy `times[s]` per micro-batch (its chunks
-    alike, backward twice the forward) and the stages' data dependencies."""
-    orders = _fleet_orders(pp, vpp, m)
-    done, free, pos, moved = {}, [0.0] * pp, [0] * pp, True
-    while moved:
-        moved = False
-        for s in range(pp):
-            while pos[s] < len(orders[s]):
-                kind, v, j = orders[s][pos[s]]
-                if kind == "F":
-                    dep = None if s == v == 0 else (s - 1, v, j, "F") if s else (pp - 1, v - 1, j, "F")
-                else:
-                    dep = ((s, v, j, "F") if s == pp - 1 and v == vpp - 1 else (s + 1, v, j, "B") if s < pp - 1
-                           else (0, v + 1, j, "B"))
-                if dep is not None and dep not in done:
-                    break
-                share = 1 / 3 if kind == "F" else 2 / 3
-                free[s] = max(free[s], done[dep] if dep else 0.0) + times[s] / vpp * share
-                done[(s, v, j, kind)] = free[s]
-                pos[s] += 1
-                moved = True
-    return max(free)
+    """The makespan of fleet's order (`fleet_schedule.play`) with stage s busy `times[s]` per micro-batch (its chunks
+    alike, backward twice the forward)."""
+    return play(pp, vpp, m, lambda s, kind: times[s] / vpp * (1 / 3 if kind == "F" else 2 / 3))
 
 
 @pytest.mark.parametrize("pp,vpp,m,times", [

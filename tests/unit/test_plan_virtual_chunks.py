@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
+from fleet_schedule import fleet_orders
 from pretrain_cli.config.presets import PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.planning.activations import layer_bytes
 from pretrain_cli.planning.memory import Setup, pipeline_stages
 from pretrain_cli.planning.schedule import live_chunks
-from test_plan_interleaved import _fleet_orders
 
 WIDE = {"hidden_size": 128, "intermediate_size": 512, "moe_intermediate_size": 256, "vocab_size": 2048}
 V3 = dataclasses.replace(ModelConfig.from_file(str(PRESET_DIR / "micro-deepseek-v3")), **WIDE, num_hidden_layers=8,
@@ -21,9 +21,9 @@ V3 = dataclasses.replace(ModelConfig.from_file(str(PRESET_DIR / "micro-deepseek-
 
 def _fleets_live(pp: int, vpp: int, m: int, stage: int) -> list[tuple[int, ...]]:
     """Per chunk, the micro-batches live on `stage` after each forward of fleet's own order (its
-    `_get_virtual_pp_rank` and `startup_steps`, `test_plan_interleaved._fleet_orders`)."""
+    `_get_virtual_pp_rank` and `startup_steps`, `fleet_schedule.fleet_orders`)."""
     live, out = [0] * vpp, []
-    for kind, chunk, _ in _fleet_orders(pp, vpp, m)[stage]:
+    for kind, chunk, _ in fleet_orders(pp, vpp, m)[stage]:
         live[chunk] += 1 if kind == "F" else -1
         if kind == "F":
             out.append(tuple(live))
