@@ -6,6 +6,7 @@ record for args.json), never the user's arguments.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
@@ -36,18 +37,32 @@ def run(spec) -> int:
     problem = training_memory_problem(spec.run, spec.model_cfg)  # before anything is written
     if problem:
         raise UserError(problem)
-    lock = (run_lock.acquire(spec.run.output.output_dir, spec.run.parallel.world_size) if spec.run.parallel.is_rank0
-            else None)  # (a lock a killed run left: one line saying where it ended, `run_lock.unfinished`)
+    told: list[str] = []  # a lock a killed run left: where it ended (`run_lock.unfinished`), context for what follows
+    lock = (run_lock.acquire(spec.run.output.output_dir, spec.run.parallel.world_size, told.append)
+            if spec.run.parallel.is_rank0 else None)
     signals = StopSignals()  # a run stopped by one ignores further signals until its lock is released
     try:
-        return _run(spec, signals)
+        return _run(spec, signals, told)
+    except BaseException as e:  # stopped before `_run` logged `told`: an error is the news, `told` its context
+        if told and isinstance(e, UserError):
+            e.args = (f"{e} — for context, {'; '.join(line.removeprefix('note: ') for line in told)}",)
+        elif told:  # a crash's traceback, Ctrl-C: the lines as they were
+            print("\n".join(told), file=sys.stderr, flush=True)
+        raise
     finally:
         if lock is not None:
             lock.release()
         signals.restore()
 
 
-def _run(spec, signals: StopSignals) -> int:
+def _log_told(told: list[str]) -> None:
+    """How the run before ended (`run`'s `told`), as notes of a run that got going: no error will carry it now."""
+    for line in told:
+        log.info(line)
+    told.clear()
+
+
+def _run(spec, signals: StopSignals, told: list[str]) -> int:
     paddle = runtime.import_paddle()
     r, model_cfg = spec.run, spec.model_cfg
     metrics.setup_logging(r.parallel.rank)
@@ -69,6 +84,7 @@ def _run(spec, signals: StopSignals) -> int:
     finished = (done is not None and done >= r.loop.max_steps and r.parallel.is_rank0
                 and exported(r.output.output_dir, done))
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
+        _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
         watchdog.stop()
         return 0
@@ -95,6 +111,7 @@ def _run(spec, signals: StopSignals) -> int:
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
     writer = open_output_dir(r, record, state, comm, FINAL_KINDS if finishing else ())
+    _log_told(told)  # past every check (the checkpoint read, the layout in place, output_dir open)
     if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
         startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(

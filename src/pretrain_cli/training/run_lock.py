@@ -158,10 +158,12 @@ def _unlink_if(path: Path, holder: dict | None) -> None:
         path.unlink(missing_ok=True)
 
 
-def acquire(output_dir, ranks: int = 1) -> RunLock:
+def acquire(output_dir, ranks: int = 1, say=None) -> RunLock:
     """Take `output_dir`'s lock for this process, or raise a one-line UserError naming the run that holds it. A lock
-    left by a run that did not finish is taken over with one line saying so (`unfinished`). `ranks`: the launch's
+    left by a run that did not finish is taken over with one line saying so (`unfinished`), handed to `say` (default:
+    printed on stderr; `training.run` holds it as the context of what the run meets next). `ranks`: the launch's
     processes, recorded for that line."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(output_dir)
     created = None if out.exists() else out
     out.mkdir(parents=True, exist_ok=True)
@@ -181,10 +183,10 @@ def acquire(output_dir, ranks: int = 1) -> RunLock:
                 verdict = _judge(path, holder, here)
                 if verdict == "stale":
                     if holder is not None and holder.get("host") != here:
-                        print(f"{path}: {_who(holder)} has not beaten for {STALE_SECONDS:.0f} s: its run is "
-                              f"gone; taking the lock over", file=sys.stderr, flush=True)
+                        say(f"{path}: {_who(holder)} has not beaten for {STALE_SECONDS:.0f} s: its run is gone; "
+                            f"taking the lock over")
                     if holder is not None:
-                        print(unfinished(out, holder, here), file=sys.stderr, flush=True)
+                        say(unfinished(out, holder, here))
                     _unlink_if(path, holder)
                 if verdict in ("stale", "free"):
                     continue
