@@ -1,6 +1,6 @@
 """Mixture-of-Experts models under context parallelism (long-context MoE training), through the real launcher against
 one process: each cp rank routes its own chunks of every sequence, and the router losses' sums over a sequence's or a
-micro-batch's tokens are taken over the cp group (`distributed.steps.context.SequenceSums`), so the loss, the
+micro-batch's tokens are taken over the cp group (`distributed.steps.context_sums.SequenceSums`), so the loss, the
 gradient norm and the weights equal one process's.
 
 - cp2, `micro-qwen3-moe` (2 processes): transformers' load-balancing loss over the micro-batch (0.05).

@@ -213,7 +213,7 @@ class Kernels:
     # the expert counts `[experts]` of this rank's tokens -> the data ranks' sum (the global balance scope, the
     # balancing bias); None: this process's tokens are the whole batch
     reduce_counts: Callable | None = None
-    # the ranks holding other tokens of this rank's sequences (context parallelism's `context.SequenceSums`:
+    # the ranks holding other tokens of this rank's sequences (context parallelism's `context_sums.SequenceSums`:
     # `ranks`, `sum` with its gradient, `counts` without): the router losses' sums over a sequence's or a
     # micro-batch's tokens are taken over them, and so are the multi-token prediction losses' (`models.mtp`);
     # None: this process holds whole sequences

@@ -31,13 +31,14 @@ spanning the whole sequence (`context_kernels`, the `cp` step of `distributed.st
 whatever the data side is: `DataParallel`, fleet's ZeRO-1 over the cp × sharding ranks, or tensor parallelism.
 
 **Mixture-of-Experts.** The router and the experts are per token: each rank routes its own chunks. The router
-losses' sums over a sequence's or a micro-batch's tokens are the cp group's (`SequenceSums`, the kernel table's
-`sequence_sums`), so every cp rank forms one process's balance and z losses and its part of their gradient.
+losses' sums over a sequence's or a micro-batch's tokens are the cp group's (`context_sums.SequenceSums`, the kernel
+table's `sequence_sums`), so every cp rank forms one process's balance and z losses and its part of their gradient.
 
 **Multi-token prediction** (DeepSeek-V3, `models.mtp`): each depth reads the token after each position, which for a
 chunk's last one is on another rank: the kernel table's `next_tokens` (`steps.context_shift`) gives each rank its
 chunks of the whole sequence's shift. The module's attention is the ring, its RoPE the whole sequence's; each
-depth's mean loss is over the cp group's counted tokens (`SequenceSums`), as one process's over the whole sequence.
+depth's mean loss is over the cp group's counted tokens (`context_sums.SequenceSums`), as one process's over the
+whole sequence.
 """
 from __future__ import annotations
 
@@ -261,6 +262,7 @@ def context_kernels(kernels, parallel, backend):
     layer changes."""
     from pretrain_cli.distributed.layout.topology import Topology
     from pretrain_cli.distributed.steps.context_shift import NextTokens
+    from pretrain_cli.distributed.steps.context_sums import SequenceSums
 
     cp, cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
     exchange = cp_group(parallel, backend)
@@ -269,52 +271,6 @@ def context_kernels(kernels, parallel, backend):
     return replace(kernels, attention=causal, attention_document=document, attention_name=name,
                    attention_document_name=name, rope_span=cp, sequence_sums=SequenceSums(cp, exchange.group),
                    next_tokens=NextTokens(cp, cp_rank, exchange, local_positions))
-
-
-class SequenceSums:
-    """The sums a Mixture-of-Experts model's router losses take over a sequence's (or a micro-batch's) tokens, taken
-    over the cp group, whose ranks hold the other chunks of the same sequences (the kernel table's `sequence_sums`;
-    `models.moe_loss.router_loss`, `models.deepseek_moe.sequence_balance_loss`). The router and the experts are per
-    token, so each rank routes its own chunks; only these sums see the whole sequence. `sum` keeps the gradient
-    (`_SumOverGroup`), so every cp rank forms the one-process loss and its rank's part of the gradient; `counts`
-    (the expert choices' counts) has none. Every rank of a chunk holds S / C tokens of each sequence (`ranks`)."""
-
-    def __init__(self, ranks: int, group):
-        self.ranks, self.group = ranks, group
-
-    def sum(self, tensor):
-        return _SumOverGroup.apply(tensor, self.group)
-
-    def counts(self, tensor):
-        import paddle.distributed as dist
-
-        out = tensor.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out
-
-
-class _SumOverGroup(paddle.autograd.PyLayer):
-    """Forward: the sum over the cp group. Backward: the sum over the group of the incoming gradients (the adjoint
-    of a sum every rank uses): each rank's loss is its tokens' share × C (`ContextModel`), and the strategy averages
-    gradients over the cp ranks, so the rank's part of the gradient comes out × 1, whatever share of the tokens
-    (and so of the router loss's weight) each rank holds."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        import paddle.distributed as dist
-
-        ctx.group = group
-        out = x.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        import paddle.distributed as dist
-
-        grad = dout.clone()
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
-        return grad
 
 
 class ContextModel(nn.Layer):
