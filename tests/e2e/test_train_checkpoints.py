@@ -308,7 +308,7 @@ def test_a_tracker_that_fails_to_start_changes_no_file(corpus, tmp_path, monkeyp
     """wandb not logged in fails at its start: the run had already rewritten args.json, metrics.jsonl and the other
     trackers' files. The trackers now start first, wandb first among them."""
     from pretrain_cli.errors import UserError
-    from pretrain_cli.training import trackers
+    from pretrain_cli.training import trackers_wandb
 
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4, report_to=["visualdl"])
     assert cli_main(["train", cfg]) == 0
@@ -318,7 +318,7 @@ def test_a_tracker_that_fails_to_start_changes_no_file(corpus, tmp_path, monkeyp
     def not_logged_in(*args, **kwargs):
         raise UserError("report_to: wandb: not logged in; run `wandb login` or set WANDB_MODE=offline")
 
-    monkeypatch.setattr(trackers, "Wandb", not_logged_in)
+    monkeypatch.setattr(trackers_wandb, "Wandb", not_logged_in)
     assert cli_main(["train", cfg, "--max_steps", "6", "--report_to", "visualdl", "wandb"]) == 2
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before

@@ -48,8 +48,8 @@ def test_wandb_that_cannot_start_is_one_line_naming_the_offline_mode(tmp_path):
     import subprocess
     import sys
 
-    code = ("from pretrain_cli.training import trackers\nfrom pretrain_cli.errors import UserError\n"
-            "try:\n    trackers.Wandb('runs', 'out', {}, [])\nexcept UserError as e:\n    print(e)\n")
+    code = ("from pretrain_cli.training import trackers_wandb\nfrom pretrain_cli.errors import UserError\n"
+            "try:\n    trackers_wandb.Wandb('runs', 'out', {}, [])\nexcept UserError as e:\n    print(e)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**env, "HOME": str(tmp_path)}, stdin=subprocess.DEVNULL)

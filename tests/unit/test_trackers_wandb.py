@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_cli.training import trackers
+from pretrain_cli.training import trackers_wandb
 from pretrain_cli.training.metrics import MetricsWriter
 from trainer_records import log_steps
 
@@ -102,7 +102,8 @@ def test_a_resume_rewinds_the_same_wandb_run_to_its_checkpoint_without_replaying
     assert "resume_from" not in first and "fork_from" not in first and "id" not in first
     run_id = writer._trackers[0].run.id
     assert marks[10]["wandb"] == {"id": run_id, "step": 11, "project": "pretrain-cli"}  # rows 0-10: steps 1-9, 5's
-    assert json.loads((tmp_path / trackers.WANDB_RUN_FILE).read_text()) == {"id": run_id, "project": "pretrain-cli"}
+    run_file = json.loads((tmp_path / trackers_wandb.WANDB_RUN_FILE).read_text())
+    assert run_file == {"id": run_id, "project": "pretrain-cli"}
 
     wandb.logged.clear()
     writer = MetricsWriter(str(tmp_path), None, ["wandb"], 10, {"max_steps": 20}, (), marks[10])
@@ -165,14 +166,14 @@ def test_a_resume_into_another_output_dir_forks_the_run_and_leaves_it_as_it_was(
     assert call["fork_from"] == f"{source}?_step=10" and "id" not in call and "resume_from" not in call
     forked = writer._trackers[0].run.id
     assert forked != source and wandb.logged == []  # nothing replayed
-    assert json.loads((tmp_path / "b" / trackers.WANDB_RUN_FILE).read_text())["id"] == forked
+    assert json.loads((tmp_path / "b" / trackers_wandb.WANDB_RUN_FILE).read_text())["id"] == forked
     log_steps(writer, 11, 12)
     writer.close()
     assert wandb.runs[source] == before
     # its rows up to the mark, then this directory's (step 10's own records came after the mark: in neither)
     assert _steps(wandb.runs[forked]) == list(range(1, 10)) + [11, 12]
     # the same directory without its wandb_run.json (lost): not known to be this run's, so forked, not rewound
-    (tmp_path / "a" / trackers.WANDB_RUN_FILE).unlink()
+    (tmp_path / "a" / trackers_wandb.WANDB_RUN_FILE).unlink()
     MetricsWriter(str(tmp_path / "a"), None, ["wandb"], 10, {}, (), marks[10]).close()
     assert "fork_from" in wandb.inits[-1] and wandb.runs[source] == before
 
@@ -204,7 +205,7 @@ def test_an_older_wandb_or_a_server_without_rewind_forks_then_starts_a_new_run(t
     assert set(wandb.inits[-1]) == {"project", "name", "config", "dir"}
     assert sorted(set(s for _, s in wandb.logged)) == list(range(1, 11))  # the history: metrics.jsonl is small
     assert line.startswith("report_to: wandb: new run run1 from step 10, holding the history (0.0 MB of metrics.jsonl)")
-    monkeypatch.setattr(trackers, "REPLAY_BYTES", 100)
+    monkeypatch.setattr(trackers_wandb, "REPLAY_BYTES", 100)
     wandb, line = resumed(refuse=("rewind", "fork"))
     assert wandb.logged == [("run1", 10)] * 3  # over the bound: the records from the checkpoint on, no history
     assert "without the history (the steps before are in metrics.jsonl" in line

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pretrain_cli import atomic
 from pretrain_cli.run_dir import METRICS_FILE
-from pretrain_cli.training import record_files, trackers
+from pretrain_cli.training import record_files, trackers, trackers_wandb
 from pretrain_cli.run_config import RunConfig
 
 log = logging.getLogger("pretrain_cli")
@@ -143,7 +143,7 @@ class MetricsWriter:
         evaluate and export: its eval and test records of that step). `marks`: where the record files stood
         when the checkpoint's step began logging (`mark`, in its trainer state): the files are cut back there
         (`training.record_files`) and the wandb run rewound there; without them, or where a file changed since, it
-        is written anew (wandb: `trackers.Wandb`)."""
+        is written anew (wandb: `trackers_wandb.Wandb`)."""
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,13 +168,13 @@ class MetricsWriter:
         else:
             start = record_files.Start(keep_until if keep_until is not None else 0)
         anew = [n for n in self._names if kept is not None and n != "wandb"
-                and start.files(n, Path(self.logging_dir)) is None]  # (wandb: `trackers.Wandb` says what it does)
+                and start.files(n, Path(self.logging_dir)) is None]  # (wandb: `trackers_wandb.Wandb` says what it does)
         if anew and self.path.stat().st_size > 10e6:  # ~15,000 records: seconds, said
             log.info(f"report_to: {', '.join(anew)} first get the run's history, "
                      f"{self.path.stat().st_size / 1e6:.0f} MB of {METRICS_FILE} (VisualDL ~0.5, TensorBoard ~0.4 "
                      f"CPU-s per 1,000 records)")
         # the wandb run this one continues: the checkpoint's (`mark`), rewound where metrics.jsonl is as it marked
-        begin = trackers.WandbFrom(marks.get("wandb") if isinstance(marks, dict) else None, tail is not None,
+        begin = trackers_wandb.WandbFrom(marks.get("wandb") if isinstance(marks, dict) else None, tail is not None,
                                    self.path.stat().st_size if kept is not None else 0)
         # the trackers before any file is rewritten: one that fails to start (wandb not logged in) changes nothing
         self._trackers = trackers.open_trackers(self._names, self.logging_dir, str(self.output_dir), self._config,
@@ -207,7 +207,7 @@ class MetricsWriter:
     def mark(self) -> dict:
         """Where metrics.jsonl and each tracker's files stand now, their writers flushed, and the wandb run's next
         row (`wandb`): a checkpoint keeps it, and a resume from that checkpoint cuts the files back there
-        (`record_files`) and rewinds the wandb run there (`trackers.Wandb`). Taken when the checkpoint's step
+        (`record_files`) and rewinds the wandb run there (`trackers_wandb.Wandb`). Taken when the checkpoint's step
         begins logging, so that every record of that step, the ones a resume writes again too, comes after it."""
         self._jsonl.flush()
         files, wandb = {}, None
@@ -215,7 +215,7 @@ class MetricsWriter:
             if hasattr(tracker, "files"):
                 tracker.flush()
                 files[tracker.name] = {p.name: record_files.mark(p) for p in tracker.files()}
-            elif isinstance(tracker, trackers.Wandb):  # its run and the wandb step of the next row
+            elif isinstance(tracker, trackers_wandb.Wandb):  # its run and the wandb step of the next row
                 wandb = tracker.mark()
         return {"metrics": record_files.mark(self.path), "files": files,
                 "logdir": record_files.where(Path(self.logging_dir), self.output_dir),

@@ -254,7 +254,7 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: 
     untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks). The other ranks
     wait for it on the launcher's store (`comm.wait_for_rank0`), not in the collective that follows: gloo ends a
     collective after 30 s, and a tracker that gets the run's history anew (one without its checkpoint's mark,
-    `training.record_files`; a new wandb run, up to `trackers.REPLAY_BYTES`) takes longer on a long run."""
+    `training.record_files`; a new wandb run, up to `trackers_wandb.REPLAY_BYTES`) takes longer on a long run."""
     if not r.parallel.is_rank0:
         comm.wait_for_rank0("opening output_dir (metrics.jsonl and the trackers of report_to)")
         return None
