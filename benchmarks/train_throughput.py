@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (the compiled HF worker: at least 3)")
     ap.add_argument("--rounds", type=int, default=1, help="alternate the frameworks this many times")
     ap.add_argument("--to-static", action="store_true",
-                    help="compile the forward with kernels.compile_forward (SOT) even if the config says no")
+                    help="compile the forward with compiled_forward.compile_forward (SOT) even if the config says no")
     ap.add_argument("--threads", type=int, default=None, help="threads per process (default cores/procs); with --through-cli the `train` run's too")
     ap.add_argument("--procs", type=int, default=1, help="data-parallel processes for OUR step")
     ap.add_argument("--mkl-cpu-type", default="auto",

@@ -352,6 +352,6 @@ COLLECTIVE_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed
 def collective_failure(e: Exception) -> bool:
     """Whether `e` is the collective library's error (gloo's or NCCL's: a peer gone, a timeout) rather than a bug of
     this rank: a lost rank on another host ends this one so, with nothing of this rank's own to say (`cli`), and
-    to_static's compiled forward passes it on unchanged (`ops.kernels`)."""
+    to_static's compiled forward passes it on unchanged (`ops.compiled_forward`)."""
     text = f"{type(e).__name__} {e}".lower()
     return any(marker in text for marker in COLLECTIVE_FAILURES)

@@ -14,7 +14,7 @@ from moe_helpers import moe_cfg  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.moe_loss import (load_balancing_loss, log_values, sparse_blocks,  # noqa: E402
                                           update_expert_bias, z_loss)
-from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.ops import compiled_forward, kernels  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 
 
@@ -159,7 +159,7 @@ def test_to_static_traces_the_moe_model_to_the_eager_loss_gradients_and_load():
         paddle.seed(0)
         model = build_model(cfg, kernels.select(None, "cpu"), MoeConfig(0.5))
         if static:
-            model = kernels.compile_forward(model)
+            model = compiled_forward.compile_forward(model)
         total, count = model(ids, labels=ids)
         (total / count).backward()
         return float(total / count), model.model.layers[0].mlp.gate.weight.grad.numpy(), log_values(model)

@@ -3,7 +3,7 @@
 Reference: Paddle's ops only (`cpu_fused_ops: false`): naive attention (`attention_math`), separate gate/up
 GEMMs, slice/concat RoPE, Paddle's RMSNorm ops and cross-entropy, eager.
 Fast: the default CPU selection (the fused kernels of csrc/ for attention, RoPE, RMSNorm,
-SwiGLU and the fused LM head + loss; packed gate|up GEMM), with and without `kernels.compile_forward`
+SwiGLU and the fused LM head + loss; packed gate|up GEMM), with and without `compiled_forward.compile_forward`
 (to_static SOT). The fused head + loss alone (C++ kernel and the chunked Paddle-op path) against the logits
 and Paddle's cross-entropy, tied and untied. All run `Trainer.train_step`.
 """
@@ -20,7 +20,7 @@ from run_helpers import resolve_run  # noqa: E402
 from pretrain_cli.distributed.comms.comm import NoComm  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.ops import compiled_forward, kernels  # noqa: E402
 from pretrain_cli.training.run import lay_out  # noqa: E402
 from pretrain_cli.training.trainer import Trainer  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_compile_forward_keeps_the_layer_and_its_names():
     paddle.seed(1)
     model = build_model(CFG)
     names = list(model.state_dict())
-    assert kernels.compile_forward(model) is model  # checkpoints keep using the same object
+    assert compiled_forward.compile_forward(model) is model  # checkpoints keep using the same object
     assert list(model.state_dict()) == names
 
 

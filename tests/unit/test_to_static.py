@@ -1,6 +1,6 @@
-"""`to_static: true` (`kernels.compile_forward`, Paddle's SOT) on every kernel path a user can set: the compiled
-forward gives the eager loss and gradients, what SOT cannot run is refused or ignored in one line by config, and a
-failure inside the compiled forward is one line naming to_static. Micro models, one forward and backward each
+"""`to_static: true` (`compiled_forward.compile_forward`, Paddle's SOT) on every kernel path a user can set: the
+compiled forward gives the eager loss and gradients, what SOT cannot run is refused or ignored in one line by config,
+and a failure inside the compiled forward is one line naming to_static. Micro models, one forward and backward each
 (every compiled model is traced anew: a few seconds each)."""
 import dataclasses
 import subprocess
@@ -20,7 +20,7 @@ from run_helpers import resolve_run  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.ops import kernels, linear_loss  # noqa: E402
+from pretrain_cli.ops import compiled_forward, kernels, linear_loss  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 
 # what the forwards import lazily, imported before any trace: under pytest a first import inside a compiled forward
@@ -40,7 +40,7 @@ def _loss_and_grads(cfg, chosen, compiled: bool, moe=None, documents=False):
     paddle.seed(0)
     model = build_model(cfg, chosen, moe) if moe is not None else build_model(cfg, chosen)
     if compiled:
-        model = kernels.compile_forward(model)
+        model = compiled_forward.compile_forward(model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 33)).astype("int64")
     ids, labels = paddle.to_tensor(tokens[:, :-1]), paddle.to_tensor(tokens[:, 1:])  # two tensors, as `train`'s
     extra = {}
@@ -122,7 +122,7 @@ def test_a_failure_inside_the_compiled_forward_is_one_line_naming_to_static():
                 raise TypeError("(InvalidType) matmul(): argument (position 4) must be bool, but got cell")
             return y.mean()
 
-    model = kernels.compile_forward(Broken())
+    model = compiled_forward.compile_forward(Broken())
     with pytest.raises(UserError) as got:
         model(paddle.ones([3, 4]))
     line = str(got.value)
@@ -134,7 +134,7 @@ def test_a_failure_inside_the_compiled_forward_is_one_line_naming_to_static():
             raise MemoryError("(ResourceExhausted) out of memory")
 
     with pytest.raises(MemoryError):  # not to_static's failure: the run's out-of-memory handling reads it
-        kernels.compile_forward(OutOfMemory())(paddle.ones([2]))
+        compiled_forward.compile_forward(OutOfMemory())(paddle.ones([2]))
 
 
 def test_config_refuses_or_ignores_what_sot_cannot_run_in_one_line():

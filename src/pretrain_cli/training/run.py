@@ -203,7 +203,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         if run.precision.master_weights:  # O2 cast what exists; what is created later (ZeRO-3) is created cast
             after_o2(source, raw_model, run.precision.amp_dtype)  # (but the routers O2 leaves fp32)
         if run.kernels.to_static:
-            from pretrain_cli.ops.kernels import compile_forward
+            from pretrain_cli.ops.compiled_forward import compile_forward
 
             model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
         model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
