@@ -1,11 +1,15 @@
 """AdamW with PaddleNLP's decay exclusions; the learning rate comes from `run_config.Schedule`.
-from pretrain_cli.run_config import OptimizerConfig, Schedule
 
 Clipping is done by the trainer (it needs the global norm for logging and the NaN policy anyway),
 so the optimizer gets no `grad_clip`; the trainer sets the rate each step from `schedule.lr_at`.
 On CPU (`ops.kernels.select_step`) the same AdamW is stepped by one multi-tensor kernel (`FusedAdamW`).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pretrain_cli.run_config import OptimizerConfig, Schedule
 
 
 def no_decay(structured_name: str) -> bool:
