@@ -10,7 +10,7 @@ per path, the median over rounds, and each path's ratio to the one the runtime p
 those GEMMs cost in one training step (layers × one layer's + the head's, in ms): the step's time from
 `train_throughput.py` minus that is what the step spends outside its projection, MLP and head GEMMs.
 
-    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch,openblas] [--rounds 3] [--threads T]
+    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch,torch-bf16,openblas] [--rounds 3] [--threads T]
 
 A path this CPU cannot run (type 7 = AVX-512 kernels on a CPU without AVX-512) is skipped, not tried:
 it would die on an illegal instruction.
@@ -77,12 +77,17 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
         def run_calls(lo, hi):
             for x, w, c in ops[lo:hi]:
                 np.matmul(x, w, out=c)
-    elif path == "torch":
+    elif path in ("torch", "torch-bf16"):
         import torch
 
         torch.set_num_threads(threads)
-        ops = [((torch.from_numpy(x).t() if ta else torch.from_numpy(x)),
-                (torch.from_numpy(w).t() if tb else torch.from_numpy(w)), torch.empty(m, n))
+        # torch-bf16: the same products in bf16 (oneDNN's AMX kernels where the CPU has AMX): what a bf16 step's
+        # GEMMs could cost here. Not a path of the product: Paddle's CPU wheel has no bf16 matmul kernel, and the
+        # CPU step trains in fp32 (§4 of docs/PERFORMANCE.md).
+        dtype = torch.bfloat16 if path == "torch-bf16" else torch.float32
+        ops = [((torch.from_numpy(x).to(dtype).t() if ta else torch.from_numpy(x).to(dtype)),
+                (torch.from_numpy(w).to(dtype).t() if tb else torch.from_numpy(w).to(dtype)),
+                torch.empty(m, n, dtype=dtype))
                for (ta, tb, m, n, _), (x, w) in zip(calls, mats)]
 
         def run_calls(lo, hi):
@@ -115,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="bench", help="bench | small | path/to/config.json")
     ap.add_argument("--paths", default="auto,5,7,torch",
                     help="auto = runtime.mkl_cpu_type's choice, a number = that MKL_DEBUG_CPU_TYPE, unset, torch, "
+                         "torch-bf16 (the same GEMMs in bf16: AMX where the CPU has it; not a product path), "
                          "openblas (numpy's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
@@ -142,7 +148,7 @@ def main(argv=None) -> int:
         for p in paths:
             env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")}
             env["OPENBLAS_NUM_THREADS"] = str(threads)  # read once, when numpy loads OpenBLAS
-            if p not in ("torch", "unset", "openblas"):
+            if p not in ("torch", "torch-bf16", "unset", "openblas"):
                 env["MKL_DEBUG_CPU_TYPE"] = p
             out = subprocess.run([sys.executable, __file__, "--config", a.config, "--threads", str(threads),
                                   "--worker", p], env=env, capture_output=True, text=True, check=True)
@@ -154,7 +160,8 @@ def main(argv=None) -> int:
           f"runtime.mkl_cpu_type() here = {chosen}")
     for p, vals in results.items():
         med = statistics.median(vals)
-        name = {"torch": "torch matmul", "openblas": "numpy OpenBLAS"}.get(p, f"paddle MKL type {p}")
+        name = {"torch": "torch matmul", "torch-bf16": "torch matmul, bf16", "openblas": "numpy OpenBLAS"}.get(
+            p, f"paddle MKL type {p}")
         ratio = f"  {med / base:.3f}x the runtime's choice" if base else ""
         print(f"  {name:22} {med:7.1f} GFLOP/s (rounds: {', '.join(f'{v:.1f}' for v in vals)}){ratio}")
         print(f"  {'':22} one step's {cfg['model']['num_hidden_layers']} layers + head: "
