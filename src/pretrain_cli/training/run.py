@@ -203,9 +203,9 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
         if run.precision.master_weights:  # O2 cast what exists; what is created later (ZeRO-3) is created cast
             after_o2(source, raw_model, run.precision.amp_dtype)  # (but the routers O2 leaves fp32)
         if run.kernels.to_static:
-            from pretrain_cli.ops.compiled_forward import compile_forward
+            from pretrain_cli.ops.compiled_forward import CompiledBackward, compile_forward
 
-            model = compile_forward(model)  # same object: raw_model and checkpoints are unaffected
+            model, amp = compile_forward(model), CompiledBackward(amp)  # (same model object: checkpoints unaffected)
         model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
         amp.wrap_scaler(strategy.wrap_scaler)
         if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
