@@ -15,7 +15,7 @@ from pretrain_cli.distributed.launcher import progress, watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
-from pretrain_cli.training import checkpoint, metrics, run_lock, same_run, startup
+from pretrain_cli.training import checkpoint, metrics, rank_exit, run_lock, same_run, startup
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
@@ -86,7 +86,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
-        watchdog.stop()
+        rank_exit.leave_together(comm)
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched
@@ -309,8 +309,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
                 message = stop_message(r.output, trainer.state.global_step)
                 job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
                 log.warning(message)
-                watchdog.stop()
-                comm.wait_until_seen()
+                rank_exit.leave_together(comm)  # no rank leaves while another's watcher runs (it would kill that rank)
                 return None
         if r.loop.do_train:
             results.update(train_results(trainer))
