@@ -11,29 +11,31 @@ def context_core_per_token(s) -> float:
     """Attention's bytes kept per local token per layer under context parallelism (`distributed.steps.context`): the
     head-major q and the output, fp32 log-sum-exp per head, and the rank's own K and V (ring attention passes
     the other ranks' blocks through, it keeps none of them). No `[s, s]` scores are kept: each block's are
-    recomputed in backward."""
+    recomputed in backward. Under tensor parallelism each tp rank rings its own heads: ÷ tp."""
     cfg, c = s.model, s.compute_bytes
     h, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    return c * (2 * h + 2 * kv) + 4 * cfg.num_attention_heads
+    return (c * (2 * h + 2 * kv) + 4 * cfg.num_attention_heads) / s.tp
 
 
 def context_working_bytes(s) -> float:
     """The transient peak of one context-parallel attention call: one block's fp32 scores, probabilities and
     their gradient `[b, heads, rows, chunk]` (chunk = max_seq_length / 2cp, rows = at most `ROW_TILE` of them),
     and the ring's two K/V blocks (the one computed, the one arriving) with, in backward, their two fp32 dK/dV
-    accumulators; a block is one rank's `seq_len` tokens, whatever cp is."""
+    accumulators; a block is one rank's `seq_len` tokens, whatever cp is. Each tp rank's heads only: ÷ tp."""
     cfg, c = s.model, s.compute_bytes
     chunk = s.seq_len // 2
     block = 3 * 4 * s.micro_batch * cfg.num_attention_heads * min(chunk, ROW_TILE) * chunk
-    return block + 2 * (c + 4) * s.micro_batch * s.seq_len * 2 * cfg.num_key_value_heads * cfg.head_dim
+    return (block + 2 * (c + 4) * s.micro_batch * s.seq_len * 2 * cfg.num_key_value_heads * cfg.head_dim) / s.tp
 
 
-def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute) -> float:
+def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, compute_bytes: int, recompute,
+                          tp: int = 1) -> float:
     """Bytes one rank sends per micro-batch for ring attention (`distributed.comms.ring`): per layer C−1 K/V blocks in
     forward ((cp−1)/cp of the sequence's K and V; again when `full`/`full_attn` recompute reruns the forward), C−1
-    again in backward and C fp32 dK/dV blocks travelling with them. `seq_len` is the whole sequence."""
+    again in backward and C fp32 dK/dV blocks travelling with them. `seq_len` is the whole sequence; under tensor
+    parallelism a rank's ring carries its own heads' K and V (÷ tp)."""
     if cp <= 1:
         return 0.0
-    kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim  # the sequence's K and V, elements
+    kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim / tp  # the sequence's K and V here
     forwards = 2 if recompute in ("full", "full_attn") else 1
     return model.num_hidden_layers * kv / cp * ((forwards + 1) * (cp - 1) * compute_bytes + cp * 4)

@@ -39,9 +39,10 @@ def _divisors(n: int) -> list[int]:
 
 def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
     """Each (data ranks, layout keys) of `gpus` devices: tensor-parallel × pipeline degrees whose product divides
-    `gpus`, context-parallel degrees from `seq_len` >= CONTEXT_MIN_SEQ on (alone for a dense model; for a
-    Mixture-of-Experts one, `experts` > 0, also with each pipeline degree: MoE under cp runs with dp, ZeRO-1/2, a
-    pipeline and EP, docs/DISTRIBUTED.md), each sharding stage where there are data (or cp) ranks to shard over (with
+    `gpus`, context-parallel degrees from `seq_len` >= CONTEXT_MIN_SEQ on (for a dense model with each tensor-parallel
+    × pipeline product the rest divides; for a Mixture-of-Experts one, `experts` > 0, with each pipeline degree only:
+    MoE under cp runs with dp, ZeRO-1/2, a pipeline and EP, not tp, `config.refusals`; docs/DISTRIBUTED.md), each
+    sharding stage where there are data (or cp) ranks to shard over (with
     cp ""/stage1/stage2: ZeRO-3 is refused with it, and stage2 was left out as if it were too), with
     and without sequence parallelism under tp, every expert-parallel degree dividing both the `experts` and the data
     ranks. A sharding stage also comes with `sharding_parallel_degree` -1 (every data rank) when the file fixes a
@@ -49,8 +50,8 @@ def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
     take: it shards over every data rank)."""
     splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     if seq_len >= CONTEXT_MIN_SEQ:
-        splits += [(1, pp, cp) for cp in _divisors(gpus) if cp > 1
-                   for pp in (_divisors(gpus // cp) if experts else [1])]
+        splits += [(tp, pp, cp) for cp in _divisors(gpus) if cp > 1
+                   for tp in ([1] if experts else _divisors(gpus // cp)) for pp in _divisors(gpus // cp // tp)]
     fixed = current.get("sharding_parallel_degree", -1) not in (-1, 0)
     for tp, pp, cp in splits:
         data_ranks = gpus // (tp * pp * cp)

@@ -91,7 +91,7 @@ def stage_traffic(setup: Setup, par: ParallelConfig, params: dict) -> list[dict[
             t["zero3"] = acc * 3 * weight_bytes * (deg - 1) / deg
         if par.cp_degree > 1:  # `setup.seq_len` is one rank's share of the sequence; per decoder layer
             t["cp"] = acc * context_traffic_bytes(cfg, setup.micro_batch, setup.seq_len * par.cp_degree,
-                                                  par.cp_degree, setup.compute_bytes, setup.recompute) \
+                                                  par.cp_degree, setup.compute_bytes, setup.recompute, tp) \
                 * len(ran) / cfg.num_hidden_layers
         if setup.ep > 1:
             t["ep"] = acc * dispatch_bytes(setup, sum(kinds))
