@@ -46,6 +46,16 @@ class _Stdout(logging.StreamHandler):
     def stream(self, _value):  # (set by StreamHandler's constructor and setStream; always the current one)
         pass
 
+    def emit(self, record):
+        """On a terminal the progress bar (stderr) and the log lines (stdout) share one screen line: a line
+        written over the bar would follow its text (`train: 20%|██ | 20/100 [...][2026-…] INFO - loss: …`), so
+        the bar is cleared first and redrawn below the line (tqdm's `external_write_mode`; no bar: as before)."""
+        tqdm = sys.modules.get("tqdm")
+        if tqdm is None or not getattr(tqdm.tqdm, "_instances", None):
+            return super().emit(record)
+        with tqdm.tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
+
 
 def setup_logging(rank: int = 0) -> None:
     """PaddleNLP's line format: `[2025-01-01 12:00:00,123] [    INFO] - message`. Only rank 0 logs INFO."""
