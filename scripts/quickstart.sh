@@ -5,6 +5,20 @@
 # Usage: scripts/quickstart.sh [--key value ...]   (overrides for configs/demo_cpu.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Ctrl-C reaches the running command too: `train` stops after its step, saves and exits 0, and the script would
+# then go on to evaluate and generate from whatever model demo/output held before. Stop here instead.
+stage=set-up
+interrupted() {
+  echo
+  if [ "$stage" = train ]; then
+    echo "== interrupted: \`.venv/bin/pretrain-cli train configs/demo_cpu.json${*:+ $*}\` continues the training" \
+         "from its newest checkpoint in demo/output, if it saved one (quickstart.sh starts over)"
+  else
+    echo "== interrupted"
+  fi
+  exit 130
+}
+trap 'interrupted "$@"' INT
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "== set-up: creating the virtual environment .venv/"
@@ -25,7 +39,9 @@ $CLI inspect-data demo/data/pydoc --tokenizer demo/tokenizer
 echo "== 4/6 train (configs/demo_cpu.json): tiny-qwen2 on CPU, eval every 100 steps"
 $CLI check configs/demo_cpu.json --overwrite_output_dir true "$@" >/dev/null
 python_args=(configs/demo_cpu.json --overwrite_output_dir true "$@")
+stage=train
 $CLI train "${python_args[@]}"
+stage=after
 echo "== 5/6 evaluate the trained model on the token file"
 $CLI eval --model demo/output --data demo/data/pydoc --max_seq_length 256 --max_batches 20
 echo "== 6/6 generate"
