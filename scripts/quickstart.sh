@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded end-to-end demo, on a fresh machine, with no downloads:
 #   corpus from Python's own documentation -> tokenizer -> .bin/.idx -> train a tiny Qwen2 on CPU
-#   (with eval, a falling loss and checkpoints) -> evaluate -> generate a sample.
+#   (with eval, a falling loss and checkpoints) -> evaluate on the test split -> generate a sample.
 # Usage: scripts/quickstart.sh [--key value ...]   (overrides for configs/demo_cpu.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +42,8 @@ python_args=(configs/demo_cpu.json --overwrite_output_dir true "$@")
 stage=train
 $CLI train "${python_args[@]}"
 stage=after
-echo "== 5/6 evaluate the trained model on the token file"
-$CLI eval --model demo/output --data demo/data/pydoc --max_seq_length 256 --max_batches 20
+echo "== 5/6 evaluate the trained model on the held-out test split (documents training never read), each window once"
+$CLI eval --model demo/output --split test --max_batches 4
 echo "== 6/6 generate"
 $CLI generate --model demo/output --prompt "The with statement" --max_new_tokens 60
 echo

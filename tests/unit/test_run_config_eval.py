@@ -71,3 +71,24 @@ def test_one_perplexity_rule_for_every_evaluation():
     values = trainer.evaluate("valid")
     assert values["eval_loss"] > 50
     assert values["eval_ppl"] == pytest.approx(math.exp(values["eval_loss"]), rel=1e-6)
+
+
+def test_the_quickstart_run_reads_no_sample_twice():
+    """configs/demo_cpu.json on the quickstart's corpus (valid 24 samples, test 37: split 96,2,2 of the pydoc
+    documents) noted at every start that its test pass, 10 x eval_iters batches of 8 = 240 samples, repeats the 37;
+    the quickstart evaluates the test split itself, once through (`eval --split test --max_batches 4`)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.orchestration.prepare import eval_repeats
+    from pretrain_cli.run_config import Target
+
+    repo = Path(__file__).resolve().parents[2]
+    run = resolve(parse_config(str(repo / "configs" / "demo_cpu.json")), model_config("tiny-qwen2"), Target("cpu", 1))
+    splits = SimpleNamespace(get={"valid": list(range(24)), "test": list(range(37))}.get)
+    assert run.loop.do_eval and eval_repeats(run, splits) == []
+    quickstart = (repo / "scripts" / "quickstart.sh").read_text()
+    assert "eval --model demo/output --split test --max_batches 4" in quickstart
+    assert 4 * run.loop.eval_batch <= 37  # the quickstart's eval: 32 of the test split's 37 windows, each once
