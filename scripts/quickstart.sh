@@ -44,8 +44,8 @@ $CLI train "${python_args[@]}"
 stage=after
 echo "== 5/6 evaluate the trained model on the held-out test split (documents training never read), each window once"
 $CLI eval --model demo/output --split test --max_batches 4
-echo "== 6/6 generate"
-$CLI generate --model demo/output --prompt "The with statement" --max_new_tokens 60
+echo "== 6/6 generate (sampled: temperature 0.8, top-p 0.9; greedy decoding of so small a model repeats one line)"
+$CLI generate --model demo/output --prompt "The with statement" --max_new_tokens 60 --temperature 0.8 --top_p 0.9 --seed 1
 echo
 echo "Done. Outputs in demo/output: model.safetensors (loads in transformers), checkpoint-*/, metrics.jsonl,"
 echo "loss_curve.png, runs/. To use pretrain-cli (and python -m paddle...) in this shell, enter the environment:"
