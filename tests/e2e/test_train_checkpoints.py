@@ -286,10 +286,10 @@ def test_resuming_an_older_checkpoint_beside_later_ones_is_refused_without_overw
 
 
 def test_a_training_run_takes_the_final_exports_mark_until_it_writes_its_own(corpus, tmp_path, monkeypatch):
-    """all_results.json marks a complete final export (`run.exported`): an earlier run's, at the step a new run's
+    """all_results.json marks a complete final export (`run_end.exported`): an earlier run's, at the step a new run's
     checkpoint will also reach, made a re-run after a kill during the new export keep the old model."""
     from pretrain_cli.training import trainer as trainer_mod
-    from pretrain_cli.training.run import exported
+    from pretrain_cli.training.run_end import exported
 
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=4)
     assert cli_main(["train", cfg]) == 0

@@ -147,7 +147,7 @@ def test_nan_policy_skip_counts_and_limits(corpus, tmp_path, monkeypatch, capsys
 def test_stop_message_says_how_to_continue():
     from types import SimpleNamespace
 
-    from pretrain_cli.training.run import stop_message
+    from pretrain_cli.training.run_end import stop_message
 
     def output(overwrite):
         return SimpleNamespace(overwrite=overwrite, output_dir="o")

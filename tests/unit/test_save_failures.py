@@ -58,7 +58,7 @@ def test_a_rank_whose_own_part_fails_tells_rank_0_and_waits_for_it(tmp_path, mon
 
 
 def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path):
-    """`training.run.finish` turned every UserError of the loop into a plain one: a PeerFailed (rank 0 failed while
+    """`training.run_end.finish` turned every UserError of the loop into a plain one: a PeerFailed (rank 0 failed while
     this rank waited for its save) became exit 2, "usage", which launch.sh never restarts, on the node whose rank
     only lost rank 0."""
     from types import SimpleNamespace
@@ -66,7 +66,7 @@ def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path
     from run_helpers import resolve_run
 
     from pretrain_cli.errors import PeerFailed
-    from pretrain_cli.training import run
+    from pretrain_cli.training import run_end
 
     class Trainer:
         state = SimpleNamespace(global_step=39)
@@ -77,7 +77,7 @@ def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path
     closed = []
     collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None), close=lambda: closed.append(1))
     with pytest.raises(PeerFailed) as e:
-        run.finish(resolve_run("--max_steps", "60"), Trainer(), NoComm(), collaborators)
+        run_end.finish(resolve_run("--max_steps", "60"), Trainer(), NoComm(), collaborators)
     assert e.value.exit_code == 1 and e.value.kind == "peer" and closed
 
 

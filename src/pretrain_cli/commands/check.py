@@ -105,7 +105,7 @@ def main(ns: argparse.Namespace) -> int:
     simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir
-        from pretrain_cli.training.run import nothing_to_train
+        from pretrain_cli.training.run_end import nothing_to_train
 
         from pretrain_cli.training.checkpoint import data_changes
 

@@ -11,19 +11,19 @@ from pathlib import Path
 
 from pretrain_cli import run_dir, runtime
 from pretrain_cli.counts import count
-from pretrain_cli.distributed.launcher import progress, watchdog
+from pretrain_cli.distributed.launcher import watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
-from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
+from pretrain_cli.errors import UserError
 from pretrain_cli.training import checkpoint, metrics, rank_exit, run_lock, same_run, startup
+from pretrain_cli.training.run_end import FINAL_KINDS, exported, finish, nothing_to_train
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
 from pretrain_cli.training.precision import build_amp
-from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.step import Layout
 from pretrain_cli.training.stop_signals import StopSignals
 from pretrain_cli.training.trainer import Trainer
-from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError
+from pretrain_cli.training.trainer_state import Collaborators
 from pretrain_cli.training.weight_source import DamagedCheckpoint, WeightSource, verify_everywhere
 from pretrain_cli.run_config import RunConfig
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
@@ -246,9 +246,6 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
     return resume.state
 
 
-FINAL_KINDS = ("eval", "test")  # what a run evaluates at its last step after the checkpoint (the final results)
-
-
 def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: tuple = ()):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
     untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks). The other ranks
@@ -291,106 +288,3 @@ def build_throughput(r: RunConfig, model_cfg) -> metrics.Throughput:
         log.info(f"flops: {tp.flops:.4g} model FLOPs/token (6N + 12·L·H·d·S), mfu against {source}" if peak
                  else f"flops: mfu unknown ({source})")
     return tp
-
-
-def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | None:
-    """Train, evaluate, predict; returns the results rank 0 writes into the final directory (None: stopped by
-    a signal, or another rank, which waits for rank 0 to write it). The collaborators `_run` built are closed
-    here, once the loop and evaluation are done with them."""
-    results = {}
-    try:
-        if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
-            stopped = trainer.train()["stopped_by_signal"]
-            progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
-            _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
-            if stopped:
-                from pretrain_cli.distributed.launcher import job
-
-                message = stop_message(r.output, trainer.state.global_step)
-                job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
-                log.warning(message)
-                rank_exit.leave_together(comm)  # no rank leaves while another's watcher runs (it would kill that rank)
-                return None
-        if r.loop.do_train:
-            results.update(train_results(trainer))
-        if r.loop.do_eval:  # the loop may have just evaluated this very step: reuse it
-            fresh = trainer.last_eval.get("global_step") == trainer.state.global_step
-            results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
-        if r.loop.do_predict:
-            results.update(trainer.evaluate("test"))
-    except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
-        watchdog.stop()
-        _wait_for_saves(collaborators.saver, quiet=True)
-        if isinstance(e, UserError):  # its own exit code and kind: a PeerFailed (rank 0 failed) is 1, retried
-            raise
-        raise UserError(str(e)) from None
-    except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
-        if not is_out_of_memory(e):
-            raise
-        watchdog.stop()
-        raise DeviceOutOfMemory(trainer.state.global_step + 1) from e
-    finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
-        collaborators.close()
-    watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
-    if not r.parallel.is_rank0:
-        comm.wait_for_rank0("writing the final model")
-        return None
-    return results
-
-
-def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
-    """An asynchronous save in flight is published before the run moves on or ends (its error raised,
-    unless the run is already failing for another reason)."""
-    try:
-        saver.wait()
-    except Exception as e:
-        if not quiet:
-            raise
-        log.warning(f"the checkpoint being written in the background failed too: {e}")
-
-
-def stop_message(output, step: int) -> str:
-    """`output`: the run's `Output` (overwrite_output_dir and output_dir)."""
-    if output.overwrite:
-        return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
-                f"command starts again from step 0: to continue, set resume_from_checkpoint to "
-                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
-    return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
-
-
-def exported(output_dir, step: int) -> bool:
-    """Whether output_dir holds the complete final export of step `step`: its trainer_state.json, all_results.json,
-    and the loss curve drawn after them (the export draws it last; a checkpoint draws it before), nothing
-    half-written. A run killed while exporting has to export again."""
-    from pretrain_cli import atomic
-
-    out = Path(output_dir)
-    try:
-        state = CheckpointDir(out).state
-        written, curve = (out / run_dir.STATE_FILE).stat(), (out / "loss_curve.png").stat()
-    except (OSError, UserError):
-        return False
-    return (state["global_step"] == step and (out / "all_results.json").is_file()
-            and curve.st_mtime_ns >= written.st_mtime_ns and not atomic.stale_temporaries(out))
-
-
-def nothing_to_train(step: int, max_steps: int) -> str:
-    if step == max_steps:
-        return f"already at max_steps={max_steps}: nothing to train; raise max_steps to continue"
-    return f"already at step {step}, past max_steps={max_steps}: nothing to train; raise max_steps above {step} to continue"
-
-
-def train_results(trainer) -> dict:
-    """train_results.json's train keys (docs/TRAINING.md, "Final output directory"): PaddleNLP's, and ours for this
-    launch: `tokens_this_launch` is every rank's tokens (the global batch's) since this launch began (the keys were
-    `tokens_this_process` and `effective_tokens_per_second_this_process`, which read as one process's share)."""
-    s = trainer.state
-    runtime_s = max(s.train_seconds, 1e-9)
-    here = trainer.throughput.tokens_this_launch
-    loss = (s.loss_sum + s.interval_loss) / max(s.global_step, 1)  # (the steps after the last log line: a stop)
-    return {"train_runtime": round(runtime_s, 4), "train_loss": loss,
-            "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
-            # goodput: all tokens over all restarts' training time; and this launch's alone (all its ranks)
-            "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,
-            "effective_tokens_per_second_this_launch": round(here / max(trainer.process_seconds, 1e-9), 4),
-            "tokens_this_launch": here, "skipped_steps": s.skipped_steps}
