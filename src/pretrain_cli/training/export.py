@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
 
 from pretrain_cli import atomic, run_dir
-from pretrain_cli.data.tokenizer import export_files
+from pretrain_cli.data.tokenizer import TOKENIZER_FILES, export_files
 from pretrain_cli.models.convert import ROUTER_BIAS
 from pretrain_cli.run_config import RunConfig
 
@@ -48,6 +49,39 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     atomic.write_json(out / "all_results.json", results)
     atomic.write_json(out / run_dir.ARGS_FILE, record)
     write_loss_curve(out)
+
+
+FINAL_FILES = (run_dir.STATE_FILE, "train_results.json", "all_results.json", "loss_curve.png", "config.json",
+               "generation_config.json", *TOKENIZER_FILES)  # what `write_final` writes beside the weights and args.json
+
+
+def final_files(out) -> list[Path]:
+    """The files of a final export in run directory `out` (`write_final`'s: the weights, single or transformers'
+    shards and their index, and `FINAL_FILES`; not args.json, which every training run rewrites at its start,
+    nor anything else the directory holds)."""
+    from pretrain_cli.models.convert import INDEX_FILE, SINGLE_FILE
+
+    out = Path(out)
+    shards = sorted(p for p in out.glob("model-*-of-*.safetensors") if re.fullmatch(r"model-\d+-of-\d+\.safetensors",
+                                                                                     p.name))
+    return [*shards, *(out / n for n in (SINGLE_FILE, INDEX_FILE, *FINAL_FILES) if (out / n).is_file())]
+
+
+def remove_final(out) -> str | None:
+    """An earlier run's final export in `out`, removed by a run that starts over there (`overwrite_output_dir`):
+    left in place, until this run writes its own, `eval` and `generate` on `out` (and transformers) took it for
+    this run's model, beside this run's checkpoints. Returns the line saying what went, or None."""
+    files = final_files(out)
+    if not any(f.suffix == ".safetensors" for f in files):  # no final model: a stopped run's loss curve at most
+        return None
+    try:
+        step = f" of step {json.loads((Path(out) / run_dir.STATE_FILE).read_text(encoding='utf-8'))['global_step']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        step = ""  # (an export killed before its trainer_state.json)
+    for f in files:
+        f.unlink(missing_ok=True)
+    return (f"overwrite_output_dir: removed the final model{step} an earlier run exported to {out} "
+            f"({', '.join(f.name for f in files)}): this run writes its own at its end")
 
 
 def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | None = None,

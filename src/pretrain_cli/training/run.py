@@ -110,7 +110,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
         # its evaluations at the last step are recomputed below: not recorded a second time
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
-    writer = open_output_dir(r, record, state, comm, FINAL_KINDS if finishing else ())
+    writer = open_output_dir(r, record, state, comm, FINAL_KINDS if finishing else (),
+                             (spec.model_dir, spec.tokenizer_dir))
     _log_told(told)  # past every check (the checkpoint read, the layout in place, output_dir open)
     if r.loop.do_train:  # (an evaluation-only run has no first step and leaves the training run's record alone)
         startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
@@ -246,9 +247,11 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
     return resume.state
 
 
-def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: tuple = ()):
+def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: tuple = (), reads: tuple = ()):
     """Rank 0 only, and only now that a resume checkpoint has fully loaded (a bad one leaves output_dir
-    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks). The other ranks
+    untouched): the directory, args.json (`record`), and the metrics writer (None on other ranks). Starting over
+    (`overwrite_output_dir`) in a run's directory, the earlier final export goes too, unless the run reads its model
+    or tokenizer from there (`reads`: the directories it does). The other ranks
     wait for it on the launcher's store (`comm.wait_for_rank0`), not in the collective that follows: gloo ends a
     collective after 30 s, and a tracker that gets the run's history anew (one without its checkpoint's mark,
     `training.record_files`; a new wandb run, up to `trackers_wandb.REPLAY_BYTES`) takes longer on a long run."""
@@ -272,6 +275,11 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: 
             if removed:
                 log.info(f"overwrite_output_dir: removed {', '.join(p.name for p in removed)} (an earlier run's, "
                          f"past step {start}, where this run starts)")
+            if (out / run_dir.ARGS_FILE).is_file() and not any(d and Path(d).resolve() == out.resolve() for d in reads):
+                from pretrain_cli.training.export import remove_final
+
+                if line := remove_final(out):
+                    log.info(line)
         if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
             atomic.write_json(out / run_dir.ARGS_FILE, record)
             # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would

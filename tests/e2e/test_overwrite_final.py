@@ -1,0 +1,62 @@
+"""A run that starts over in its output_dir (overwrite_output_dir) and the earlier run's final model there: left in
+place, `eval --model OUT` and `generate` took it for the new run's model until the new run exported its own."""
+import json
+
+from pretrain_cli.cli import main as cli_main
+
+from e2e_helpers import write_config
+
+
+def _interrupted_at(monkeypatch, step: int) -> None:
+    """Ctrl-C during step `step` (the checkpoints before it saved), as a terminal's SIGINT stops a run mid-step."""
+    from pretrain_cli.training import trainer as trainer_mod
+
+    real, calls = trainer_mod.Trainer.train_step, []
+
+    def step_or_interrupt(self, *a, **k):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_or_interrupt)
+
+
+def test_starting_over_removes_the_earlier_runs_final_model(corpus, tmp_path, monkeypatch, capsys):
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    (out / "notes.txt").write_text("mine")  # a file of the user's: no export wrote it
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    capsys.readouterr()
+    _interrupted_at(monkeypatch, 3)  # the new run saves checkpoint-2, then is stopped before its export
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
+    left = sorted(p.name for p in out.iterdir())
+    for name in ("model.safetensors", "config.json", "generation_config.json", "trainer_state.json",
+                 "train_results.json", "all_results.json", "tokenizer.json"):
+        assert name not in left, left
+    assert "notes.txt" in left and "args.json" in left and "checkpoint-2" in left
+    logged = capsys.readouterr().out  # (the run's log lines are on stdout)
+    assert "overwrite_output_dir: removed the final model of step 4 an earlier run exported to" in logged, logged
+    monkeypatch.undo()
+    # eval on the directory takes the new run's newest checkpoint, and says it is not a final model
+    assert cli_main(["eval", "--model", str(out), "--max_batches", "1"]) == 0
+    captured = capsys.readouterr()
+    assert f"note: {out} holds no final model yet (its run stopped before the export): using its newest " \
+           f"checkpoint, {out / 'checkpoint-2'}" in captured.err, captured.err
+    assert f"{out / 'checkpoint-2'}, trained weights" in captured.out, captured.out
+
+
+def test_starting_over_keeps_a_model_no_run_exported(corpus, tmp_path, monkeypatch, capsys):
+    """A directory without args.json (a downloaded model the run may replace at its end) is nobody's final export:
+    nothing of it goes when the run starts."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"someone's weights")
+    (out / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    _interrupted_at(monkeypatch, 1)
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
+    assert (out / "model.safetensors").read_bytes() == b"someone's weights"
+    assert json.loads((out / "config.json").read_text()) == {"model_type": "qwen2"}
+    assert "removed the final model" not in capsys.readouterr().out
