@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT during a run: a request to stop after the current step and save, never an abort mid-step.
+"""SIGTERM/SIGINT (and SIGHUP) during a run: a request to stop after the current step and save, never an abort mid-step.
 
 Three states, one object for the whole run (`training.run.run` makes it; a `Trainer` built without one, as the
 benchmarks build it, makes its own):
@@ -19,9 +19,21 @@ benchmarks build it, makes its own):
   ends at once anyway, exit 0);
 - `restore()`: the handlers the process had before (idempotent), by `run` after the lock is released, or by
   the loop itself when it ended without a signal and owns this object (a `Trainer` built without `run`).
+
+SIGHUP (the terminal closed, an ssh session dropped) is a stop as SIGTERM is when the process started with its
+default action, which kills the run mid-step, unsaved, its lock left for the next start to blame on a SIGKILL; one
+started ignoring it (`nohup`) keeps ignoring it. Once it came, writes to the terminal fail (EIO): logging and tqdm's
+bar swallow that, but a `print` (an error's one line) raises, and Python's last flush of a buffered line at exit
+turns exit 0 into 1 (measured in a pty whose master was closed). So stdout and stderr, where they were the terminal
+at the start, are pointed at /dev/null (`_detach`); one redirected to a file or pipe is left alone. /dev/null, not a
+file: nobody reads the terminal any more, and what the stop would have said there is on disk anyway (the checkpoint,
+metrics.jsonl; the next start's `resumed from` line). In every state after the first signal a SIGHUP only detaches
+(with SA_RESTART, so a system call it lands in goes on: no EINTR in a store wait), never ignored: the terminal can
+close during the stop's save too.
 """
 from __future__ import annotations
 
+import os
 import signal
 
 from pretrain_cli.distributed.launcher import progress, stopping, watchdog
@@ -35,31 +47,42 @@ class StopSignals:
         self.requested = False
         self._previous: dict | None = None  # the handlers before `listen`, until `restore`
         self._held = False  # `hold` said so (once: the loop holds at the agreement and again as it ends)
+        # the disposition at the start decides: default, a stop; ignored (nohup), left so
+        self._hangup = signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        self._signals = SIGNALS + ((signal.SIGHUP,) if self._hangup else ())
+        self._ttys = [fd for fd in (1, 2) if _is_terminal(fd)] if self._hangup else []  # (after a hang-up: no tty)
 
     def listen(self) -> None:
         def handler(signum, frame):
+            if signum == signal.SIGHUP:
+                self._detach()
             self.requested = True
             for s in SIGNALS:  # one request is the stop: a further signal only interrupts what the stop waits in
                 signal.signal(s, signal.SIG_IGN)
+            self._detach_on_hangup()
             watchdog.stop_began()  # the launcher's limit counts from its signal
-            log.warning(f"received {signal.Signals(signum).name}: finishing the current step, then saving")
+            hung_up = " (the terminal hung up: its output goes to /dev/null)" if signum == signal.SIGHUP else ""
+            log.warning(f"received {signal.Signals(signum).name}{hung_up}: finishing the current step, then saving")
 
-        previous = {s: signal.signal(s, handler) for s in SIGNALS}
+        previous = {s: signal.signal(s, handler) for s in self._signals}
         if self._previous is None:  # (a second loop of the same run keeps the process's own)
             self._previous = previous
 
     def finishing(self) -> None:
         def handler(signum, frame):
+            if signum == signal.SIGHUP:
+                self._detach()
             log.warning(f"received {signal.Signals(signum).name} after the last step (saved): finishing the "
                         f"evaluation and the final export, then exiting")
 
-        for s in SIGNALS:
+        for s in self._signals:
             signal.signal(s, handler)
 
     def hold(self, step: int | None = None) -> None:
         self.requested = True
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+        self._detach_on_hangup()
         if not self._held:
             watchdog.stop_began()  # (a stop agreed on another rank's signal: the launcher's is about to come here too)
             log.info("stopping: a further SIGINT/SIGTERM is ignored until the run has written its last files")
@@ -74,3 +97,29 @@ class StopSignals:
             for s, h in self._previous.items():
                 signal.signal(s, h)
             self._previous = None
+
+    def _detach_on_hangup(self) -> None:
+        """During the stop: a SIGHUP only detaches from the terminal, and restarts the system call it lands in."""
+        if self._hangup:
+            signal.signal(signal.SIGHUP, lambda signum, frame: self._detach())
+            signal.siginterrupt(signal.SIGHUP, False)
+
+    def _detach(self) -> None:
+        """stdout and stderr that were the terminal now go to /dev/null (the module's docstring says why); what
+        Python still buffers for them goes there at its next flush."""
+        if not self._ttys:
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in self._ttys:
+                os.dup2(null, fd)
+        finally:
+            os.close(null)
+        self._ttys = []
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
