@@ -42,6 +42,18 @@ on_stop() {  # $1: the signal received, $2: the one the launcher is sent
 }
 trap 'on_stop TERM USR1' TERM
 trap 'on_stop INT USR2' INT
+# A hang-up (the terminal closed, an ssh session dropped) is a SIGTERM stop; under nohup it stays ignored (bash keeps a
+# signal ignored at its start so). What went to the terminal goes to /dev/null from then on: a write to a gone
+# terminal fails (EIO), and under `set -e` a failed echo would end this script before its ranks.
+tty_out=""; tty_err=""
+if [ -t 1 ]; then tty_out=1; fi
+if [ -t 2 ]; then tty_err=1; fi
+on_hangup() {
+  if [ -n "$tty_out" ]; then exec >/dev/null; fi
+  if [ -n "$tty_err" ]; then exec 2>/dev/null; fi
+  on_stop TERM USR1
+}
+trap on_hangup HUP
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=${PYTHON:-python}
 # This launch's verdict directory (below), in TMPDIR, named by this script's pid: making it first removes what

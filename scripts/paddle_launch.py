@@ -15,7 +15,9 @@ job's process group, or every process of the job, reach both; a container's PID 
 only launch.sh). The first request of either kind stops the job (Paddle's handler: SIGTERM to every rank, which
 finish their step and save); launch.sh's copy of a signal the launcher had itself is dropped, and so is the
 launcher's own copy of one whose copy came first (Python runs pending handlers by signal number: SIGUSR1 before
-SIGTERM). A further signal is Paddle's second one, which ends the ranks 10 s later.
+SIGTERM). A further signal is Paddle's second one, which ends the ranks 10 s later. A hang-up (SIGHUP: the terminal
+closed) is a SIGTERM stop, unless ignored from the start (nohup); its default action kills the launcher, and the
+ranks with it.
 
 Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is limited to RENDEZVOUS_TIMEOUT seconds
 (default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently.
@@ -62,10 +64,16 @@ class Stops:
         self.began = None  # how the stop began: "direct" or "passed on"
         self.dropped = False  # the launcher's own copy of a signal launch.sh passed on first: dropped, once
         self.early = None  # a stop requested before the launcher's handlers: the signal
+        # a hang-up (the terminal closed) is a SIGTERM stop, unless ignored from the start (nohup): left so
+        self.hangup = signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        self.ttys = [fd for fd in (1, 2) if os.isatty(fd)]  # (a gone terminal is no tty)
+        self.hung_up = False
 
     def start(self) -> None:
         for num in (signal.SIGINT, signal.SIGTERM):
             self.install(num, self.direct)
+        if self.hangup:
+            self.install(signal.SIGHUP, self.hang_up)
         for num in PASSED_ON:
             self.install(num, self.passed_on)
         signal.signal = self.replacing
@@ -83,6 +91,19 @@ class Stops:
             return None
         self.began = self.began or "direct"
         return self._stop(signum, frame)
+
+    def hang_up(self, signum, frame):
+        """The terminal went: its stdout/stderr to /dev/null (a write to it fails: EIO), then one SIGTERM stop. A
+        further SIGHUP (bash's copy to its jobs, the kernel's to the foreground group) is no second signal, which
+        would have Paddle kill the ranks 10 s later."""
+        if self.hung_up:
+            return None
+        self.hung_up = True
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in self.ttys:
+            os.dup2(null, fd)
+        os.close(null)
+        return self.direct(signal.SIGTERM, frame)
 
     def passed_on(self, signum, frame):
         if self.began is None:  # else the launcher had the signal itself: the stop is under way

@@ -40,6 +40,28 @@ def test_sigterm_to_launch_sh_saves_and_launch_sh_ends_after_its_ranks(corpus, t
     assert "Traceback" not in log0 + log1 + err and "died" not in log0 + log1, (log0 + log1)[-3000:]
 
 
+def test_a_hang_up_of_launch_shs_process_group_is_one_stop_that_saves(corpus, tmp_path):
+    """SIGHUP to launch.sh's process group, twice (a closed terminal: bash's copy to its jobs, then the kernel's to
+    the foreground group once bash is gone): one SIGTERM stop, saved, exit 0. Before, launch.sh and the launcher
+    died of it at once (-1), the rank with them at step 5, unsaved, its run.lock left behind."""
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    with launch_sh(cfg, tmp_path, NPROC="1", MAX_RESTART="1", LOG_DIR=str(tmp_path / "log")) as job:
+        proc = job.proc
+        job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
+        os.killpg(proc.pid, signal.SIGHUP)
+        job.wait_for(tmp_path / "log" / "workerlog.0", "received SIGTERM")
+        os.killpg(proc.pid, signal.SIGHUP)  # no second signal: Paddle would kill the ranks 10 s after one
+        proc.wait(timeout=120)
+        left = job.pids()
+        _, err = proc.communicate(timeout=60)
+    log0 = read_log(tmp_path / "log" / "workerlog.0")
+    assert proc.returncode == 0 and not left, (proc.returncode, left, err[-3000:] + log0[-3000:])
+    step = json.loads((sorted((tmp_path / "out").glob("checkpoint-*"))[-1] / "trainer_state.json").read_text())
+    assert f"launch.sh: stopped at step {step['global_step']} and saved" in err, err[-3000:]
+    assert log0.count("received SIGTERM") == 1 and "Traceback" not in log0 + err, log0[-3000:]
+    assert not (tmp_path / "out" / "run.lock").exists()
+
+
 def test_sigterm_while_a_node_waits_at_master_for_the_others_ends_it_at_once(corpus, tmp_path):
     """One node of two started (MASTER on loopback): it waits at MASTER (said after 10 s); SIGTERM to its group: exit
     143 at once, no traceback, nothing left running. Before, launch.sh died of it at once with the launcher still
