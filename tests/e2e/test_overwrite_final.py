@@ -60,3 +60,20 @@ def test_starting_over_keeps_a_model_no_run_exported(corpus, tmp_path, monkeypat
     assert (out / "model.safetensors").read_bytes() == b"someone's weights"
     assert json.loads((out / "config.json").read_text()) == {"model_type": "qwen2"}
     assert "removed the final model" not in capsys.readouterr().out
+
+
+def test_a_final_model_older_than_the_runs_newest_checkpoint_is_named_so(corpus, tmp_path, monkeypatch, capsys):
+    """A finished run resumed with a higher max_steps and stopped before its export: its final model (step 4) is still
+    the directory's, and eval on the directory used it without a word about the newer checkpoint."""
+    cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    out = tmp_path / "out"
+    _interrupted_at(monkeypatch, 3)  # steps 5 and 6 (checkpoint-6 saved), then Ctrl-C in step 7
+    assert cli_main(["train", cfg, "--max_steps", "8"]) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert cli_main(["eval", "--model", str(out), "--max_batches", "1"]) == 0
+    captured = capsys.readouterr()
+    assert f"note: {out} holds the final model of step 4; its run trained on to checkpoint-6, not exported yet: " \
+           f"pass {out / 'checkpoint-6'} for that one" in captured.err, captured.err
+    assert f"{out}, trained weights" in captured.out, captured.out

@@ -25,7 +25,7 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
 
     out = Path(output_dir)
     if has_weights(out):
-        return out, None
+        return out, older_final(out)
     ckpt = run_dir.latest_checkpoint(out)
     if ckpt is None:
         return None, None
@@ -37,6 +37,22 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}"
 
 
+def older_final(out: Path) -> str | None:
+    """A `note:` when run directory `out`'s final model is older than its newest checkpoint-N (a run resumed with a
+    higher max_steps and stopped before its own export): the final model is used, and the newer one named."""
+    from pretrain_cli import run_dir
+
+    saved = run_dir.list_checkpoints(out)
+    try:
+        step = CheckpointDir(out).state["global_step"]
+    except (UserError, OSError, KeyError, TypeError):
+        return None
+    if not saved or saved[-1][0] <= step:
+        return None
+    return (f"note: {out} holds the final model of step {step}; its run trained on to {saved[-1][1].name}, not "
+            f"exported yet: pass {saved[-1][1]} for that one")
+
+
 def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     """(model, note) for `--model NAME`: a run's output_dir without its final export (args.json and checkpoint-N/
     but no weights of its own) stands for its newest checkpoint, as `eval --config` takes it; any other name is
@@ -44,8 +60,10 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     from pretrain_cli.models.convert import has_weights
 
     path = Path(name)
-    if not path.is_dir() or record_path(path) is None or has_weights(path):
+    if not path.is_dir() or record_path(path) is None:
         return name, None
+    if has_weights(path):
+        return name, older_final(path)
     model, note = trained_model(path)
     if model is not None:
         return str(model), note
