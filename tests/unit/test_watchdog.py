@@ -242,3 +242,52 @@ def test_the_dead_ranks_status_is_read_before_the_slow_shares(tmp_path, monkeypa
         for p in (dead, alive):
             p.kill()
             p.wait()
+
+
+def test_a_survivors_line_is_in_its_log_before_the_survivor_exits(tmp_path):
+    """A survivor of a death is held (SIGSTOP) until its watcher's line is written and only then killed: Paddle's
+    launcher ends once its ranks have exited, and whatever ends the job with it kills the watchers too. So what the
+    log holds at the moment the survivor is reaped names the dead peer already."""
+    import select
+
+    p, _ = _rank(tmp_path, "peer")
+    p.wait(timeout=60)  # reaped: the launcher could end now
+    log = p.stdout.fileno()
+    before = b""
+    while select.select([log], [], [], 0)[0]:  # what the log held then, without waiting for the watcher's end
+        chunk = os.read(log, 1 << 16)
+        if not chunk:
+            break
+        before += chunk
+    peer = before.split()[1].decode()
+    assert p.returncode == -signal.SIGKILL
+    assert f"[pretrain-cli] rank 0: rank 1 (pid {peer} on h) died: killed by SIGKILL" in before.decode(), before
+
+
+def test_a_rank_held_by_its_watcher_is_not_taken_for_a_stopped_one(tmp_path):
+    """`kill -STOP` of a rank is a hang's evidence (`stopped.R`); its watcher's hold of a survivor (`held.R`, shared
+    before its SIGSTOP) is not, or a survivor whose last mark is older than the dead rank's would be named hung."""
+    from pretrain_cli.distributed.launcher.verdict import Evidence
+
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead.kill()
+        dead.wait()
+        os.kill(stopped.pid, signal.SIGSTOP)
+        while not watcher.processes.stopped(stopped.pid):
+            pass
+        for held in (False, True):
+            shared = tmp_path / str(held)
+            shared.mkdir()
+            if held:
+                (shared / "held.1").write_text("")
+            evidence = Evidence(0, {0: dead.pid, 1: stopped.pid}, shared)
+            evidence.mark({0})
+            assert (shared / "outlived.1").exists()
+            assert (shared / "stopped.1").exists() is not held
+            assert evidence.stopped_now(1) is not held
+    finally:
+        for p in (dead, stopped):
+            p.kill()
+            p.wait()

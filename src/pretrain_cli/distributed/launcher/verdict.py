@@ -35,9 +35,9 @@ class Evidence:
 
     def mark(self, gone: set) -> None:
         """Every rank alive next to a dead one outlived it: it is not the cause (unless it is stopped: `stopped.R`,
-        read before any watcher kills it)."""
+        read before any watcher kills or holds it)."""
         for r in set(self.ranks) - gone:
-            if processes.stopped(self.ranks[r]):
+            if self.stopped_now(r):
                 self.share(f"stopped.{r}", "")
             self.share(f"outlived.{r}", ",".join(map(str, sorted(gone))))
 
@@ -128,7 +128,12 @@ class Evidence:
         return {"kind": "died", "ranks": causes, "statuses": statuses}
 
     def _stopped(self, r: int) -> bool:
-        return processes.stopped(self.ranks[r]) or (self.shared / f"stopped.{r}").exists()
+        return self.stopped_now(r) or (self.shared / f"stopped.{r}").exists()
+
+    def stopped_now(self, r: int) -> bool:
+        """Whether rank `r` is stopped (`kill -STOP`, a debugger), and not by its watcher, which holds a survivor of a
+        death stopped until the host's lines are out (`held.R`, shared before its SIGSTOP: `Watcher._hold_parent`)."""
+        return processes.stopped(self.ranks[r]) and not (self.shared / f"held.{r}").exists()
 
     # ------------------------------------------------------------------ the one verdict of the host
     def decided(self) -> dict | None:

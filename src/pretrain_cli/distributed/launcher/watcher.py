@@ -6,9 +6,15 @@ The loop (`Watcher.run`): output is passed on only while every rank of the host 
 after a peer's death is gloo's abort: dropped); the ranks are checked every `POLL` s and at once when one exits
 (a pidfd per rank wakes the loop: the death's exit status is read from /proc before Paddle's launcher, which polls
 its children once a second, reaps it), every `HANG_POLL` s the progress records (a hung rank, stragglers:
-`distributed.launcher.progress`). At a death it kills its own rank
+`distributed.launcher.progress`). At a death it stops its own rank
 first, shares what it sees for `SETTLE` s or until a verdict stands, then writes one line and, when its own rank
 is the cause, records that rank's end for launch.sh (`job.record`: the signal or code, `HUNG` for a hang).
+
+A survivor of a death is held (SIGSTOP, `Watcher._hold_parent`), not killed, until its watcher and the host's other
+watchers have written their lines (for at most `HELD` s), and only then SIGKILLed: Paddle's launcher run directly ends
+once its ranks have exited (its poll sees the death 0-1 s after it, while the lines come `SETTLE` s after it), and
+whatever ends the job with the launcher (a scheduler's step, a container, a test's clean-up) kills the watchers with
+it: a survivor killed at once let the launcher end before the lines, which were then lost.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 POLL = 0.05
 SETTLE = 0.5  # after the first death: how long the other deaths (its consequences) take to be seen
 HANG_POLL = 0.5  # how often the progress records are read
+HELD = 2.0  # the longest a held survivor waits for the host's other lines (Paddle's launcher kills it at ~3.6 s)
 HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
 LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 
@@ -48,6 +55,7 @@ class Watcher:
         self.remote = dict(remote or {})  # the job's ranks on other hosts -> their host (not watched from here)
         self.evidence = Evidence(me, ranks, shared)
         self.stopping = False
+        self.held = False  # its rank, a survivor of a death, is held stopped until the host's lines are out
         self.named: set = set()  # stragglers named in this rank's log already
 
     # ------------------------------------------------------------------ the loop
@@ -55,6 +63,7 @@ class Watcher:
         import select
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        self.evidence.share(f"watcher.{self.me}", str(os.getpid()))  # a survivor's watcher waits for this one's line
         exits = exit_fds(self.ranks)
         open_pipe, next_check = True, time.monotonic() + HANG_POLL
         while True:
@@ -89,7 +98,7 @@ class Watcher:
         last_words = [chunk]
         if self.me not in gone:  # a survivor: what it writes from now on is the abort, not news
             last_words = []
-            self._stop_parent()
+            self._hold_parent()
         self.evidence.observe(gone)
         deadline = time.monotonic() + SETTLE
         while time.monotonic() < deadline and self.evidence.decided() is None:
@@ -130,9 +139,11 @@ class Watcher:
             return None
 
     def _end(self, cause: dict, last_words: list, pipe: int | None, log: int) -> None:
-        """Say `cause` (the host's one verdict) in this rank's log, stopping this rank first; record it for
-        launch.sh when this rank is the cause; leave once the others are done with the shared records."""
-        self._stop_parent()  # (a hung rank too: SIGKILL reaches a stopped process)
+        """Say `cause` (the host's one verdict) in this rank's log, stopping this rank first (a held one once the
+        host's lines are out, `_finish`); record it for launch.sh when this rank is the cause; leave once the others
+        are done with the shared records."""
+        if not self.held:
+            self._stop_parent()  # (a hung rank too: SIGKILL reaches a stopped process)
         culprits = cause["ranks"]
         if self.me in culprits:  # its own output up to its death is the story (its error line, its traceback)
             os.write(log, b"".join(last_words))
@@ -174,7 +185,7 @@ class Watcher:
     def _check_progress(self, log: int) -> dict | None:
         """A hung rank of this host as the host's verdict (published), or None; names new stragglers."""
         records = progress.read(self.shared, self.ranks)
-        stopped = {r for r in records if processes.stopped(self.ranks[r])}
+        stopped = {r for r in records if self.evidence.stopped_now(r)}
         found = progress.hung(records, time.time(), self.hang_timeout, stopped)
         if found is not None:
             return self.evidence.publish(hung_cause(found[0], records[found[0]], found[1]))
@@ -196,14 +207,44 @@ class Watcher:
             path.write_text(str(os.getpid())) if running else path.unlink(missing_ok=True)
 
     def _finish(self) -> None:
-        """This watcher is done with the shared records; the last of the host's removes them."""
+        """This watcher is done with the shared records (its line is written); a held rank is killed once the host's
+        other watchers are done too; the last of the host's removes the records."""
         import shutil
 
         self.evidence.share(f"done.{self.me}", "")
+        if self.held:
+            self._await_lines()
+            self._stop_parent()
         if all((self.shared / f"done.{r}").exists() for r in self.ranks):
             shutil.rmtree(self.shared, ignore_errors=True)
 
+    def _await_lines(self) -> None:
+        """Until every other watcher of the host that still runs is done (`done.R`: its line written), for at most
+        `HELD` s; a rank without a watcher (`watcher.R`), or whose watcher was killed, is not waited for."""
+        deadline = time.monotonic() + HELD
+        while time.monotonic() < deadline and self.shared.is_dir():
+            if not any(self._watching(r) for r in self.ranks if r != self.me):
+                return
+            time.sleep(POLL)
+
+    def _watching(self, rank: int) -> bool:
+        """Whether rank `rank`'s watcher runs and has not written its line yet."""
+        if (self.shared / f"done.{rank}").exists():
+            return False
+        try:
+            return processes.alive(int((self.shared / f"watcher.{rank}").read_text()))
+        except (OSError, ValueError):
+            return False
+
     # ------------------------------------------------------------------ acting
+    def _hold_parent(self) -> None:
+        """Stop this rank (SIGSTOP: it writes and exits nothing more) until the host's lines are out (`_finish`);
+        `held.R` first, so that no watcher takes the stop for a `kill -STOP` (a hang's evidence, `Evidence.mark`)."""
+        self.evidence.share(f"held.{self.me}", "")
+        self.held = True
+        with contextlib.suppress(OSError):
+            os.kill(self.parent, signal.SIGSTOP)
+
     def _stop_parent(self) -> None:
         deadline = time.monotonic() + self.grace
         while processes.alive(self.parent) and time.monotonic() < deadline:
