@@ -68,7 +68,7 @@ def test_parallel_layouts_within_20_percent_of_measured_peak():
 def test_pipeline_expert_zero1_stages_and_what_zero1_saves_on_each():
     """DeepSeek's pp x ep x ZeRO-1 at its smallest (benchmarks/plan_calibration.py --stages: pp2 x ep2 on 4 processes,
     with DP and with ZeRO-1 over the 2 data ranks; micro-deepseek-v3 widened, the first layer dense): each stage's
-    largest rank peak within 10 % of its own plan (+5.1/+7.7 % DP, +5.5/+8.2 % ZeRO-1: each stage's own layers, dense or
+    largest rank peak within 10 % of its own plan (+4.1/+6.6 % DP, +4.4/+7.1 % ZeRO-1: each stage's own layers, dense or
     sparse, the ungated shared experts and MLA at its tensors' own widths; +5.7/+2.4 % and +6.1/+2.5 % with an average
     layer's on each stage, those experts uncounted and MLA at its padded width), and what ZeRO-1 saves on each
     stage (the DP peak less the ZeRO-1 one: half the AdamW state of all but the stage's own experts) within 5 %

@@ -39,3 +39,16 @@ def context_traffic_bytes(model, micro_batch: int, seq_len: int, cp: int, comput
     kv = micro_batch * seq_len * 2 * model.num_key_value_heads * model.head_dim / tp  # the sequence's K and V here
     forwards = 2 if recompute in ("full", "full_attn") else 1
     return model.num_hidden_layers * kv / cp * ((forwards + 1) * (cp - 1) * compute_bytes + cp * 4)
+
+
+def mtp_shift_bytes(model, micro_batch: int, seq_len: int, cp: int) -> float:
+    """Bytes one rank sends per micro-batch for the multi-token prediction modules' next tokens under context
+    parallelism (`distributed.steps.context_shift.NextTokens`: each depth all-gathers the input ids and the labels,
+    int64, over the cp group, forward only: they carry no gradient, and recompute reruns decoder layers only):
+    2 × depths × (C−1) × b × S/C × 8, `seq_len` S the whole sequence. Small beside the ring's K/V (one value a token
+    where a block carries 2·kv_heads·head_dim), but a collective per field and depth each micro-batch; uncounted
+    before. The loss sums over the cp group (`context_sums`) are a few scalars a depth: not counted."""
+    depths = model.num_nextn_predict_layers or 0
+    if cp <= 1 or not depths:
+        return 0.0
+    return 2.0 * depths * (cp - 1) * micro_batch * (seq_len / cp) * 8

@@ -4,7 +4,15 @@ each token to its experts and back. `s` is a `planning.memory.Setup`. No Paddle.
 """
 from __future__ import annotations
 
+import math
+
 from pretrain_cli.models.flops import experts, param_counts
+from pretrain_cli.ops.grouped import PAD_WASTE
+
+# Bytes per routed token-expert pair beside the expert's own tensors: the int64 sort order, the token indices its
+# gather and combine keep, the padded path's slots, the top-k indices and the fp32 combine weights. Measured on CPU
+# (fp32, Paddle's ops): 54 for Qwen3-MoE's softmax router, 72 for DeepSeek-V2's (docs/PLAN.md, Mixture-of-Experts).
+ROUTING_BYTES = 64
 
 
 def mlp_per_token(s, sparse: bool) -> float:
@@ -15,8 +23,8 @@ def mlp_per_token(s, sparse: bool) -> float:
     (measured on CPU, fp32: 3.0·c·I a token for a Llama MLP and a Qwen2-MoE shared expert, both paths, b 2 × s 128
     and b 4 × s 64). Counted as 4·c·I before (gate, up, silu and product), which matched only while the GEMM kept its
     `[hidden, 2·I]` weight copy, c·I a token at the calibration's b·s = 256 and hidden 128 (d60dd5e). Sparse: the
-    router's fp32 logits and probabilities (2·4·E), each of the token's k routed copies through its expert (the
-    gathered input and the weighted output whole, gate, up, silu and product ÷ tp: k·c·(2h + 4F/tp)), Qwen2-MoE's
+    router's fp32 logits and probabilities (2·4·E), each of the token's k routed copies through its expert
+    (`routed_per_token`), Qwen2-MoE's
     gated shared expert, a dense MLP (÷ tp), and its gate (3·c·Fs/tp + c·h + 4), DeepSeek's ungated shared experts,
     one MLP n_shared · F wide that keeps what a dense one does (3·c·Fu/tp, `models.deepseek_moe.DeepseekMoeBlock`:
     12.4 KB a token a sparse layer of the widened micro-deepseek-v3 keeps, measured); under expert parallelism
@@ -28,7 +36,7 @@ def mlp_per_token(s, sparse: bool) -> float:
     not counted before). Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers
     differ (DeepSeek's first `first_k_dense_replace` are dense), so callers sum each layer's own
     (`activations.layer_bytes`)."""
-    cfg, c, tp = s.model, s.compute_bytes, s.tp
+    cfg, c = s.model, s.compute_bytes
     e = experts(cfg)
     if e is None or not sparse:
         return dense_mlp_per_token(s, cfg.intermediate_size)
@@ -36,7 +44,37 @@ def mlp_per_token(s, sparse: bool) -> float:
     gated = dense_mlp_per_token(s, e.shared_width) + c * h + 4 if e.shared_width else 0
     dispatch = 2 * (k if all_to_all(s) else s.ep) * c * h if s.ep > 1 else 0
     router = 8 * e.routed + (4 * h if c != 4 else 0)  # fp32 logits and probabilities; the input's fp32 copy
-    return router + k * c * (2 * h + 4 * e.width / tp) + gated + dense_mlp_per_token(s, e.ungated_width) + dispatch
+    return router + routed_per_token(s) + gated + dense_mlp_per_token(s, e.ungated_width) + dispatch
+
+
+def routed_per_token(s) -> float:
+    """Bytes a token's k routed copies keep through their experts (`models.moe.dispatch_local`, `ops.grouped`):
+    per copy the weighted output the combine's multiply keeps (c·h, whole), the GEMMs' input row, the gate|up output
+    SwiGLU keeps and the SwiGLU product the down GEMM keeps (c·(h + 3F/tp)) on every row the GEMMs run
+    (`padded_rows`), and `ROUTING_BYTES` of indices and weights. Counted as c·(2h + 4F/tp) before (a silu and a
+    product kept apart, no padding, no indices): measured on CPU (fp32, Paddle's ops, micro-qwen3-moe and
+    micro-deepseek-v2 at b 2 × s 128, b 4 × s 256 and widened to h = F = 128), a sparse layer's MLP −5.0 % to +7.0 %
+    of what it keeps, now −0.2 % to +4.4 % (docs/PLAN.md, Mixture-of-Experts)."""
+    cfg, c = s.model, s.compute_bytes
+    e, h = experts(cfg), cfg.hidden_size
+    return e.top_k * (c * h + padded_rows(s) * c * (h + 3 * e.width / s.tp) + ROUTING_BYTES)
+
+
+def padded_rows(s) -> float:
+    """Rows the experts' GEMMs run per routed row. A GPU's grouped GEMM runs the segments as they are (1); the CPU's
+    (`ops.grouped.grouped_mlp_cpu`) pads every expert to the busiest one's rows while that wastes at most `PAD_WASTE`,
+    else runs the segments (1). The busiest of E experts holding m rows on average under balanced routing (each
+    copy to an expert at random): m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at m = 64 and E = 8, 1.13 at
+    m = 256 (measured: 1.20, 1.10). Under expert parallelism a rank's E/ep experts take the group's rows."""
+    e = experts(s.model)
+    if s.device != "cpu" or e is None:
+        return 1.0
+    local = max(e.routed // max(s.ep, 1), 1)
+    mean = s.micro_batch * s.seq_len * e.top_k / local  # rows an expert of this rank runs, on average
+    if local < 2 or mean <= 0:
+        return 1.0
+    pad = 1 + math.sqrt(2 * math.log(local) / mean)
+    return pad if pad <= PAD_WASTE else 1.0
 
 
 def dense_mlp_per_token(s, width: int) -> float:

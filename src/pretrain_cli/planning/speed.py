@@ -9,7 +9,7 @@ from __future__ import annotations
 from pretrain_cli.models.flops import experts, flops_per_token, layer_counts
 from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning.experts import dispatch_bytes, mlp_reduce_rows
-from pretrain_cli.planning.context import context_traffic_bytes
+from pretrain_cli.planning.context import context_traffic_bytes, mtp_shift_bytes
 from pretrain_cli.planning.memory import Setup, mtp_params, stage_experts
 from pretrain_cli.planning.report import Plan, link_gbps
 from pretrain_cli.run_layout import ParallelConfig
@@ -55,7 +55,8 @@ def stage_traffic(setup: Setup, par: ParallelConfig, params: dict) -> list[dict[
             reduce-scattered, per micro-batch)
     cp    = acc × `context.context_traffic_bytes` × the stage's layers (the MTP modules' too) ÷ the decoder's (per
             layer ring attention's K/V blocks, again under full/full_attn recompute, and its dK/dV blocks; every
-            stage was charged every decoder layer's before)
+            stage was charged every decoder layer's before); on the last stage + acc × `context.mtp_shift_bytes`
+            (DeepSeek-V3's multi-token prediction: each depth's ids and labels all-gathered over the cp group)
     ep    = acc × `experts.dispatch_bytes` over the stage's sparse layers (a stage of dense layers sends nothing)
     dp    = 2(D−1)/D × gradient bytes of its stage and TP slice, once per step, D = data ranks × cp (the ranks
             holding the same slice): DP's all-reduce, ZeRO-1's reduce and broadcast, ZeRO-2's reduce-scatter and
@@ -93,6 +94,8 @@ def stage_traffic(setup: Setup, par: ParallelConfig, params: dict) -> list[dict[
             t["cp"] = acc * context_traffic_bytes(cfg, setup.micro_batch, setup.seq_len * par.cp_degree,
                                                   par.cp_degree, setup.compute_bytes, setup.recompute, tp) \
                 * len(ran) / cfg.num_hidden_layers
+            if stage == pp - 1:  # the MTP modules' next tokens, gathered where they run
+                t["cp"] += acc * mtp_shift_bytes(cfg, setup.micro_batch, setup.seq_len * par.cp_degree, par.cp_degree)
         if setup.ep > 1:
             t["ep"] = acc * dispatch_bytes(setup, sum(kinds))
         if replicas > 1 and par.sharding_stage < 3:
