@@ -64,10 +64,13 @@ def assert_saved_state_matches(out: Path, rout: Path, checkpoint: str) -> tuple[
 def resume_on_another_layout(runs: dict, layouts: dict, saved: str, under: str, corpus: Path, tmp_path: Path,
                              checkpoint: str = "checkpoint-3"):
     """A layout's checkpoint resumed on one process (`under` "one"), or one process's on a layout (`saved` "one"),
-    of the `launch_layouts` runs. Returns (the resumed run, one process's run it continues)."""
+    of the `launch_layouts` runs; its final weights must be one process's (within WEIGHT_TOL): the steps after the
+    checkpoint updated them with the AdamW state and schedule it read. Returns (the resumed run, one process's run
+    it continues)."""
     name = saved if under == "one" else under
     model, nproc, layout, one = layouts[name]
     (ref, rout), (_, out) = runs[name]
     nproc, over = (1, one) if under == "one" else (nproc, layout)
     run = resume_from((rout if saved == "one" else out) / checkpoint, corpus, tmp_path, nproc, **model, **over)
+    assert_close_tensors(read_weights(tmp_path / "resumed"), read_weights(rout), WEIGHT_TOL)
     return run, ref

@@ -12,9 +12,10 @@ gradient norm and the weights equal one process's.
 
 Every layout with the z-loss and the auxiliary-loss-free balancing bias on too (its counts summed over every rank,
 or a stage's data and cp ranks). Every step's loss, logged aux/z/LM losses, expert shares and gradient norm as one
-process's, checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint resumes on one process, and one
-process's on cp2 x ep2 x ZeRO-2, on the same curve. Before, `config.refusals` refused every MoE model with context
-parallelism (and without the cp sums cp2 left one process by 1.1e-4 in the loss and 6.3e-3 in the router's weights).
+process's, checkpoint-1's and checkpoint-3's weights, AdamW state and biases too; cp2's checkpoint-1 resumes on one
+process, and one process's on cp2 x ep2 x ZeRO-2, on the same curve to the same final weights. Before,
+`config.refusals` refused every MoE model with context parallelism (and without the cp sums cp2 left one process by
+1.1e-4 in the loss and 6.3e-3 in the router's weights).
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from against_one_process import (assert_saved_state_matches, assert_steps_match,
                                  resume_on_another_layout)
 from launch_helpers import assert_close_losses
 
-STEPS = 6
+# 3 steps, checkpoint-1 resumed for the last two: a wrong gradient, router sum or update shows in the next step's
+# loss, a wrong resumed AdamW state in the last step's loss and the final weights
+STEPS, SAVED = 3, 1
 # the balance loss, the z-loss and the balancing bias (its counts summed over every rank, or a stage's data and cp
-# ranks) on; clipped at most steps, so a wrong gradient norm would change the update
+# ranks) on; clipped at every step, so a wrong gradient norm would change the update
 ROUTER = dict(router_aux_loss_coef=0.05, router_z_loss_coef=0.001, moe_router_bias_update_rate=0.01,
-              max_steps=STEPS, save_steps=3, max_grad_norm=0.5)
+              max_steps=STEPS, save_steps=SAVED, max_grad_norm=0.5)
 QWEN3 = dict(ROUTER, model_name_or_path="micro-qwen3-moe")
 DEEPSEEK = dict(ROUTER, model_name_or_path="micro-deepseek-v2", router_aux_loss_coef=0.01)
 QWEN2_GLOBAL = dict(ROUTER, model_name_or_path="micro-qwen2-moe", moe_aux_loss_scope="global")
@@ -59,14 +62,15 @@ def test_moe_under_context_parallelism_matches_one_process(runs, name):
     assert "cp 2" in run.log(0)
     # the busiest expert's share per layer: every rank's tokens counted (the bias moves the choices from step 2 on)
     assert_steps_match(run, ref, STEPS, LAYOUTS[name][1], ("aux_loss", "z_loss", "lm_loss"))
-    _, saved, expected = assert_saved_state_matches(out, rout, "checkpoint-3")  # AdamW state, weights
-    bias = [n for n in saved if n.endswith("e_score_correction_bias")]  # moved by the same sign updates
-    assert bias and all(float(abs(saved[n] - expected[n]).max()) == 0.0 for n in bias)
-    assert all(float(abs(saved[n]).max()) > 0 for n in bias)
+    for checkpoint in (f"checkpoint-{SAVED}", f"checkpoint-{STEPS}"):  # the one resumed below, the last
+        _, saved, expected = assert_saved_state_matches(out, rout, checkpoint)  # AdamW state, weights
+        bias = [n for n in saved if n.endswith("e_score_correction_bias")]  # moved by the same sign updates
+        assert bias and all(float(abs(saved[n] - expected[n]).max()) == 0.0 for n in bias)
+        assert all(float(abs(saved[n]).max()) > 0 for n in bias)
 
 
 @pytest.mark.parametrize("saved,under", [("cp2_qwen3", "one"), ("one", "cp2_ep2_zero2_qwen2")])
 def test_checkpoint_resumes_on_another_layout(runs, corpus, tmp_path, saved, under):
     """cp2's checkpoint on one process, and one process's on cp2 x ep2 x ZeRO-2 (each rank reading its experts)."""
-    run, ref = resume_on_another_layout(runs, LAYOUTS, saved, under, corpus, tmp_path)
-    assert_close_losses(run.losses(0), ref.losses(0), range(4, STEPS + 1))
+    run, ref = resume_on_another_layout(runs, LAYOUTS, saved, under, corpus, tmp_path, f"checkpoint-{SAVED}")
+    assert_close_losses(run.losses(0), ref.losses(0), range(SAVED + 1, STEPS + 1))

@@ -10,9 +10,10 @@ router z-loss and the auxiliary-loss-free balancing bias on.
 What makes it run: the module's next tokens cross the chunks (the kernel table's `next_tokens`:
 `distributed.steps.context_shift.NextTokens`, each rank's chunks of the whole sequence's shift), its attention is
 the ring, its RoPE the whole sequence's, and each depth's mean loss is over the cp group's tokens (`sequence_sums`).
-Every step's loss, logged MTP, LM, aux and z losses, expert shares and gradient norm as one process's; checkpoint-3's
-weights and AdamW state too; cp2's checkpoint resumes on one process, and one process's on cp2 x pp2, on the same
-curve. Before, `config.refusals` refused every layout here ('MTP with cp').
+Every step's loss, logged MTP, LM, aux and z losses, expert shares and gradient norm as one process's; checkpoint-1's
+and checkpoint-3's weights and AdamW state too; cp2's checkpoint-1 resumes on one process, and one process's on
+cp2 x pp2, on the same curve to the same final weights. Before, `config.refusals` refused every layout here ('MTP
+with cp').
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from against_one_process import (assert_saved_state_matches, assert_steps_match,
                                  resume_on_another_layout)
 from launch_helpers import assert_close_losses, logged
 
-STEPS = 6
-# clipped at most steps (max_grad_norm 0.5), so a wrong gradient norm would change the update
+# 3 steps, checkpoint-1 resumed for the last two: a wrong gradient, next-token shift or update shows in the next step's
+# loss, a wrong resumed AdamW state in the last step's loss and the final weights
+STEPS, SAVED = 3, 1
+# clipped at every step (max_grad_norm 0.5), so a wrong gradient norm would change the update
 V3 = dict(model_name_or_path="micro-deepseek-v3", router_aux_loss_coef=0.01, router_z_loss_coef=0.001,
-          moe_router_bias_update_rate=0.01, max_steps=STEPS, save_steps=3, max_grad_norm=0.5)
+          moe_router_bias_update_rate=0.01, max_steps=STEPS, save_steps=SAVED, max_grad_norm=0.5)
 DOCS = dict(V3, attention_mask_type="document", recompute=True)
 MICRO = dict(per_device_train_batch_size=2, gradient_accumulation_steps=4)  # the pipeline's micro-batches
 # name -> (model keys, processes, layout keys, one process's keys: the same micro-batches)
@@ -53,14 +56,15 @@ def test_mtp_under_context_parallelism_matches_one_process(runs, name):
     shares = assert_steps_match(run, ref, STEPS, LAYOUTS[name][1], LOGGED)
     assert all(v > 1.0 for v in logged(ref.log(0), "mtp_loss").values())  # a real cross-entropy, not a missing term
     assert len(shares[0].split(",")) == 2
-    _, saved, _ = assert_saved_state_matches(out, rout, "checkpoint-3")  # AdamW state, weights
-    assert "model.layers.2.eh_proj.weight" in saved
+    for checkpoint in (f"checkpoint-{SAVED}", f"checkpoint-{STEPS}"):  # the one resumed below, the last
+        _, saved, _ = assert_saved_state_matches(out, rout, checkpoint)  # AdamW state, weights
+        assert "model.layers.2.eh_proj.weight" in saved
 
 
 @pytest.mark.parametrize("saved,under", [("cp2_docs", "one"), ("one", "cp2_pp2")])
 def test_checkpoint_resumes_on_another_layout(runs, corpus, tmp_path, saved, under):
     """cp2's checkpoint on one process, and one process's on cp2 x pp2 (each stage reading its layers)."""
-    run, ref = resume_on_another_layout(runs, LAYOUTS, saved, under, corpus, tmp_path)
-    assert_close_losses(run.losses(0), ref.losses(0), range(4, STEPS + 1))
+    run, ref = resume_on_another_layout(runs, LAYOUTS, saved, under, corpus, tmp_path, f"checkpoint-{SAVED}")
+    assert_close_losses(run.losses(0), ref.losses(0), range(SAVED + 1, STEPS + 1))
     for term in ("mtp_loss", "lm_loss"):
-        assert_close_losses(logged(run.log(0), term), logged(ref.log(0), term), range(4, STEPS + 1))
+        assert_close_losses(logged(run.log(0), term), logged(ref.log(0), term), range(SAVED + 1, STEPS + 1))
