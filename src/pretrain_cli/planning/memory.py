@@ -66,7 +66,10 @@ class Setup:
 
 
 def _largest_weight(s: Setup) -> float:
-    """Elements of the largest single weight one rank gathers whole for use under ZeRO-3."""
+    """Elements of the largest single weight one rank gathers whole for use under ZeRO-3 and drops after it (`_parts`
+    adds what the semi-auto engine keeps gathered until backward: the dense MLPs' gate|up concatenations and every
+    sparse layer's routed experts, whose grouped GEMM keeps the gathered weights it read:
+    `ops.grouped_gemm_layer.StackedGemm`)."""
     cfg = s.model
     return max(cfg.vocab_size * cfg.hidden_size / s.vocab_tp, cfg.hidden_size * cfg.intermediate_size / s.tp)
 
@@ -224,16 +227,17 @@ def _cpu_zero3_sharded_grads(s: Setup) -> float:
     docs/PLAN.md). A weight a matmul reads as it is gets a Partial gradient, which the gloo hook all-reduces whole
     (`comms.collectives.to_replicated`) and which then persists whole: the attention projections, the down
     projection, an unfused LM head. A weight another op reads first gets its gradient back as its shard: the
-    embedding (the lookup), the packed gate|up (their concatenation: `ops.kernels.gate_up_packed`), and the LM
-    head under the fused head + loss. Routed and shared experts are counted whole (not measured: the estimate
-    stays an upper bound there)."""
+    embedding (the lookup), the packed gate|up (their concatenation: `ops.kernels.gate_up_packed`), the LM
+    head under the fused head + loss, and the routed experts (`distributed.steps.moe_layouts.LocalDispatch` gathers
+    them for the grouped GEMM: 24.0 of 48.0 MiB on a rank, measured on a widened micro-qwen3-moe at S 2; counted
+    whole before). Shared experts are counted whole (not measured: the estimate stays an upper bound there)."""
     cfg = s.model
     head = cfg.vocab_size * cfg.hidden_size
     tied = cfg.tie_word_embeddings
     embedding = head if s.fused_loss or not tied else 0  # (a tied head without the fused loss: a matmul reads it)
     vocab = embedding + (head if s.fused_loss and not tied else 0)
     dense = sum(1 for i in range(cfg.num_hidden_layers) if not cfg.is_sparse_layer(i))
-    return vocab / s.vocab_tp + dense * 2 * cfg.hidden_size * cfg.intermediate_size / s.tp
+    return vocab / s.vocab_tp + dense * 2 * cfg.hidden_size * cfg.intermediate_size / s.tp + stage_experts(s)
 
 
 def _half_copies(s: Setup, n: float, stage: int) -> float:
@@ -259,6 +263,19 @@ def _half_copies(s: Setup, n: float, stage: int) -> float:
     mtp_heads = cfg.num_nextn_predict_layers * table if last and not s.fused_loss else 0.0
     packed = 0.0 if zero3_keeps_packed(s) else packed_gate_up(s, stage)
     return n - looked_up - stage_experts(s, stage) - packed + mtp_heads
+
+
+def _gathered_experts(s: Setup) -> float:
+    """Elements of routed experts the semi-auto engine's ZeRO-3 keeps gathered at the step's peak: each sparse layer's
+    grouped GEMM keeps the gathered weights it read until its backward (`distributed.steps.moe_layouts.LocalDispatch`
+    hands it the gathered copies; `ops.grouped_gemm_layer.StackedGemm` keeps its operands), so every sparse layer's
+    and the multi-token prediction modules' (÷ tp); under `full` recompute the decoder layers' forward is rerun one
+    layer at a time, so one sparse layer's and the modules' (which recompute does not wrap). Measured on CPU without
+    recompute (docs/PLAN.md, the memory model); the `full` case read from the code, not measured."""
+    if s.recompute != "full":
+        return stage_experts(s)
+    sparse = max(len(s.model.sparse_layers), 1)
+    return expert_params(s) / sparse + mtp_params(s)[1]
 
 
 def zero3_keeps_packed(s: Setup) -> bool:
@@ -321,6 +338,7 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         out["gathered_weights"] = _largest_weight(s) * weight_b
         if s.amp_level != "O1":  # each dense MLP's gathered gate|up concatenation, kept for backward (O1: its half
             out["gathered_weights"] += packed_gate_up(s, stage) * weight_b  # cast, in `_half_copies`)
+        out["gathered_weights"] += _gathered_experts(s) * weight_b
     if s.distributed_tensors and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
