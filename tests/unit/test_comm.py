@@ -4,16 +4,7 @@ import threading
 
 from pretrain_cli.distributed.comms import comm as comm_module
 from pretrain_cli.distributed.comms.comm import Comm, NoComm, rank0_round
-
-
-class FakeStore:
-    def __init__(self):
-        self.values, self.lock = {}, threading.Lock()
-
-    def add(self, key, n):
-        with self.lock:
-            self.values[key] = self.values.get(key, 0) + n
-            return self.values[key]
+from fake_store import FakeStore
 
 
 class FakeClock:

@@ -6,16 +6,7 @@ import time
 
 from pretrain_cli.distributed.comms.comm import Comm, NoComm
 from pretrain_cli.training import rank_exit
-
-
-class FakeStore:
-    def __init__(self):
-        self.values, self.lock = {}, threading.Lock()
-
-    def add(self, key, n):
-        with self.lock:
-            self.values[key] = self.values.get(key, 0) + n
-            return self.values[key]
+from fake_store import FakeStore
 
 
 class FakeWatchdog:
