@@ -13,6 +13,7 @@ from data_helpers import write_tokens
 from pretrain_cli import cli, runtime
 from pretrain_cli.errors import UserError
 from pretrain_cli.training import run as run_mod
+from pretrain_cli.planning import hardware
 from pretrain_cli.training import run_lock, startup
 
 DAMAGED = "resume_from_checkpoint: out/checkpoint-5: model.safetensors was altered; resume from another checkpoint"
@@ -83,3 +84,20 @@ def test_a_crash_before_the_run_gets_going_prints_the_note_above_its_traceback(k
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["train", str(path)])
     assert capsys.readouterr().err.splitlines() == [f"note: {_note(out, holder)}"]
+
+
+def test_out_of_memory_building_the_model_is_one_line_carrying_the_note(killed, monkeypatch, capsys):
+    """Not a `UserError` when it leaves `run`: `commands.train` writes its out-of-memory line, the note at its end."""
+    path, out, holder = killed
+    monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 2000.0)
+    monkeypatch.setattr(hardware, "host_available_gib", lambda *a, **k: (2000.0, "MemAvailable"))
+
+    def out_of_memory(*a, **k):
+        raise MemoryError("(ResourceExhausted) Fail to alloc memory of 8589934592 size")
+
+    monkeypatch.setattr(run_mod, "build_model", out_of_memory)
+    assert cli.main(["train", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: out of memory before the first step (building the run)"), err
+    assert err[0].endswith(f" — for context, {_note(out, holder)}") and err[0].count("did not finish") == 1, err

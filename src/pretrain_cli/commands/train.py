@@ -33,16 +33,17 @@ def main(ns: argparse.Namespace) -> int:
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target())
     from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, is_out_of_memory
-    from pretrain_cli.training.run import run
+    from pretrain_cli.training.run import in_context, run
 
     try:
         return run(spec)
-    except DeviceOutOfMemory as e:
-        raise DeviceOutOfMemory(e.step, out_of_memory_line(ns, spec, e.step, peak_memory(spec.run.device))) from e
+    except DeviceOutOfMemory as e:  # its line written anew, keeping a killed run's note (`in_context`)
+        line = out_of_memory_line(ns, spec, e.step, peak_memory(spec.run.device))
+        raise DeviceOutOfMemory(e.step, in_context(line, e)) from e
     except OUT_OF_MEMORY as e:  # building the model or the optimizer, before the first step
         if not is_out_of_memory(e):
             raise
-        raise DeviceOutOfMemory(0, out_of_memory_line(ns, spec, 0, peak_memory(spec.run.device))) from e
+        raise DeviceOutOfMemory(0, in_context(out_of_memory_line(ns, spec, 0, peak_memory(spec.run.device)), e)) from e
 
 
 def peak_memory(device: str) -> str:

@@ -14,7 +14,7 @@ from pretrain_cli.counts import count
 from pretrain_cli.distributed.launcher import watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import UserError, is_out_of_memory
 from pretrain_cli.training import checkpoint, metrics, rank_exit, run_lock, same_run, startup
 from pretrain_cli.training.run_end import FINAL_KINDS, exported, finish, nothing_to_train
 from pretrain_cli.training.metrics import log
@@ -44,8 +44,10 @@ def run(spec) -> int:
     try:
         return _run(spec, signals, told)
     except BaseException as e:  # stopped before `_run` logged `told`: an error is the news, `told` its context
-        if told and isinstance(e, UserError):
-            e.args = (f"{e} — for context, {'; '.join(line.removeprefix('note: ') for line in told)}",)
+        if told and (isinstance(e, UserError) or is_out_of_memory(e)):  # one line; `in_context` for one written anew
+            e.told = f"for context, {'; '.join(line.removeprefix('note: ') for line in told)}"
+            if isinstance(e, UserError):
+                e.args = (in_context(str(e), e),)
         elif told:  # a crash's traceback, Ctrl-C: the lines as they were
             print("\n".join(told), file=sys.stderr, flush=True)
         raise
@@ -53,6 +55,13 @@ def run(spec) -> int:
         if lock is not None:
             lock.release()
         signals.restore()
+
+
+def in_context(line: str, e: BaseException) -> str:
+    """`line` followed by the note `run` attached to `e` (how a killed run before it ended), if any: for the
+    one line that reports `e`, which `commands.train` writes anew for an out-of-memory error."""
+    told = getattr(e, "told", None)
+    return f"{line} — {told}" if told else line
 
 
 def _log_told(told: list[str]) -> None:
