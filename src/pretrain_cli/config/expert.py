@@ -29,15 +29,15 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
     held = bool(model_cfg.expert_layers)
     for bad, why in ((not held, f"needs a Mixture-of-Experts model (num_experts in config.json); "
                       f"{model_cfg.model_type} has no experts" + (" in any layer (first_k_dense_replace, "
-                      f"decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
+                      "decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
                       + ": remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
                      (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
                       f"from; use a divisor of them"),
                      (cp > 1 and tp > 1 or stage == 3 or stage == 2 and tp == pp == cp == 1,
                       ""),  # config.refusals' ep rows
-                     (args.model.capacity_factor > 0, f"runs dropless (each rank sees its expert group's tokens, not "
-                      f"the batch a capacity is counted over): set capacity_factor to 0")):
+                     (args.model.capacity_factor > 0, "runs dropless (each rank sees its expert group's tokens, not "
+                      "the batch a capacity is counted over): set capacity_factor to 0")):
         if bad:
             if why:
                 problems.add(f"expert_parallel_degree: {ep} {why}")

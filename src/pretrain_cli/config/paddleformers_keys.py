@@ -26,7 +26,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS
-from pretrain_cli.config.paddlenlp_keys import ALIAS_OF, PADDLEFORMERS_IGNORED
+from pretrain_cli.config.paddlenlp_keys import ALIAS_OF
 from pretrain_cli.errors import UserError
 
 # its DataArguments' jsonl pipeline (paddleformers/cli/hparams/data_args.py) -> its default

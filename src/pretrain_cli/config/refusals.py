@@ -53,9 +53,9 @@ REFUSED = (
                       f"sends dense blocks over the cp group; fleet's own stage 3 asserts CUDA); use sharding: "
                       f"stage1 or stage2 (the optimizer state split over cp x sharding ranks)"),
     Refusal("sp with ZeRO-3", lambda d: d.sp and d.stage == 3,
-            lambda d: f"sequence_parallel: not supported with sharding: stage3 (ZeRO-3 runs on the semi-auto engine, "
-                      f"and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo lacks); use "
-                      f"stage1 or stage2, or set sequence_parallel: false"),
+            lambda d: "sequence_parallel: not supported with sharding: stage3 (ZeRO-3 runs on the semi-auto engine, "
+                      "and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo lacks); use "
+                      "stage1 or stage2, or set sequence_parallel: false"),
     Refusal("pp with ZeRO-3", lambda d: d.pp > 1 and d.stage == 3,
             lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
                       f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "

@@ -287,7 +287,7 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
         if hi <= lo:
             if name in need:
                 fix = (f"give {name} a non-zero share (e.g. \"949,50,1\")" if fractions[k] == 0
-                       else f"its share rounds to 0 documents: raise it or use more documents")
+                       else "its share rounds to 0 documents: raise it or use more documents")
                 raise UserError(f"split: {split!r} leaves the {name} split empty (0 of {len(source)} documents in "
                                 f"{source.prefix}) but {PHASE_OF[name]} needs it; {fix}, or turn off {PHASE_OF[name]}")
             out[name] = None

@@ -191,7 +191,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: int = 2, length: int | None = None):
     """Byte-level BPE: every byte is in the alphabet, so no text is ever unencodable."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     _qwen2_pipeline(tok)
