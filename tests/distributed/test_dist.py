@@ -192,6 +192,27 @@ def test_unsupported_layout_is_refused_on_every_rank_before_any_work(corpus, tmp
     assert not (tmp_path / "out").exists(), "refused before any work"
 
 
+def test_a_loss_non_finite_on_every_rank_ends_each_with_its_line_and_leaves_no_lock(corpus, tmp_path):
+    """nan_policy stop at step 1, decided on both ranks (rms_norm_eps < 0 in the model's config.json: the norms take
+    the square root of a negative): each rank's log ends with the error, the job exits 2. The ranks leave together
+    (training.rank_exit): a rank that left first had the other's watcher kill it, with a false 'rank N (...) died:
+    exited with code 2' in its log and, when the one killed was rank 0, run.lock left in output_dir."""
+    from pretrain_cli.config.presets import PRESET_DIR
+
+    (tmp_path / "model").mkdir()
+    config = json.loads((PRESET_DIR / "micro-qwen2" / "config.json").read_text())
+    (tmp_path / "model" / "config.json").write_text(json.dumps(dict(config, rms_norm_eps=-1000.0)))
+    cfg = write_config(tmp_path / "nan.json", corpus, tmp_path / "out", model_name_or_path=str(tmp_path / "model"))
+    run = launch(cfg, tmp_path / "log", timeout=120)
+    assert run.returncode == 2, run.explain()
+    for n in range(2):
+        log = run.log(n)
+        assert "error: step 1: loss nan / gradient norm nan is not finite" in log, run.explain()
+        assert "died" not in log and "Traceback" not in log, run.explain()
+    assert not (tmp_path / "out" / "run.lock").exists(), run.explain()
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
 def test_master_port_in_use(corpus, tmp_path):
     """Paddle's launcher takes a foreign listener on --master's port for its master and waits forever;
     scripts/launch.sh refuses that port up front on the master node."""

@@ -45,12 +45,20 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
             results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
         if r.loop.do_predict:
             results.update(trainer.evaluate("test"))
-    except (NonFiniteError, SpikeError, UserError) as e:  # every rank stops here together: not a death
+    except (NonFiniteError, SpikeError) as e:  # decided on every rank at the same step: not a death
+        # (a non-finite step: by the global gradient norm, which a rank's non-finite loss makes non-finite too,
+        # and `comm.any` of the losses; a spike: by the ranks' mean loss)
+        progress.mark("save", trainer.state.global_step)  # a background write in flight is given a save's time
+        _wait_for_saves(collaborators.saver, quiet=True)
+        rank_exit.leave_together(comm)  # no rank leaves while another's watcher runs (it would kill that rank)
+        raise UserError(str(e)) from None
+    except UserError:  # its own exit code and kind: a PeerFailed (rank 0 failed) is 1, retried
+        # not left together: mostly raised on some ranks only (a PeerFailed once rank 0 has gone, rank 0's failed
+        # save, a rollback's checkpoint file missing on one rank, a wait's timeout): waiting for the others there
+        # would keep rank 0 2 x 30 s and another rank until rank 0 ends (`rank_exit.leave_together`)
         watchdog.stop()
         _wait_for_saves(collaborators.saver, quiet=True)
-        if isinstance(e, UserError):  # its own exit code and kind: a PeerFailed (rank 0 failed) is 1, retried
-            raise
-        raise UserError(str(e)) from None
+        raise
     except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
             raise
