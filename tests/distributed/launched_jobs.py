@@ -61,15 +61,23 @@ def end(proc: subprocess.Popen, marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def default_hangup() -> None:
+    """SIGHUP's default action in a child: a test runner started under `nohup` (or any that ignores SIGHUP) passes the
+    ignored disposition on to every process it starts, and a process started ignoring SIGHUP keeps ignoring it (bash
+    cannot even trap it), as the product means it to; a test of what a hang-up does needs the terminal's default."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def started(cmd: list[str], cwd: Path, marker: str | None = None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(), **env: str):
+            pass_fds=(), preexec_fn=None, **env: str):
     """`cmd` in a session of its own, with `child_env()` + `env` + `PCLI_JOB=<marker>` (a fresh one unless given:
-    the nodes of one job share theirs); yields its `Job` and ends it (`end`) on the way out."""
+    the nodes of one job share theirs); yields its `Job` and ends it (`end`) on the way out. `preexec_fn`: run in the
+    child before `cmd` (`default_hangup`: a test of SIGHUP under a runner that ignores it, as `nohup` does)."""
     marker = marker or uuid.uuid4().hex
     full_env = dict(child_env(), PCLI_JOB=marker, **env)
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=stdout, stderr=stderr, text=True, pass_fds=pass_fds,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=preexec_fn)
     try:
         yield Job(proc, marker)
     finally:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from launch_helpers import write_config
-from launched_jobs import launch_sh, read_log
+from launched_jobs import default_hangup, launch_sh, read_log
 
 
 @pytest.mark.parametrize("to, nproc", [("process group", 2), ("launch.sh alone", 1)])
@@ -45,7 +45,8 @@ def test_a_hang_up_of_launch_shs_process_group_is_one_stop_that_saves(corpus, tm
     the foreground group once bash is gone): one SIGTERM stop, saved, exit 0. Before, launch.sh and the launcher
     died of it at once (-1), the rank with them at step 5, unsaved, its run.lock left behind."""
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
-    with launch_sh(cfg, tmp_path, NPROC="1", MAX_RESTART="1", LOG_DIR=str(tmp_path / "log")) as job:
+    with launch_sh(cfg, tmp_path, NPROC="1", MAX_RESTART="1", LOG_DIR=str(tmp_path / "log"),
+                   preexec_fn=default_hangup) as job:  # (a runner under nohup passes SIGHUP on ignored)
         proc = job.proc
         job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
         os.killpg(proc.pid, signal.SIGHUP)

@@ -39,6 +39,7 @@ def test_a_closed_terminal_stops_the_run_after_its_step_and_saves(corpus, tmp_pa
     out = tmp_path / "out"
     pid, master = pty.fork()
     if pid == 0:  # the child: a session of its own whose controlling terminal is the pty, as a login shell's job
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal job's default (a runner under nohup ignores it)
         os.execv(sys.executable, [sys.executable, "-m", "pretrain_cli", "train", cfg])
     seen = b""
     try:
