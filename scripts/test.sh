@@ -13,6 +13,6 @@ echo "== set-up: pip install -e '.[test]' into .venv/ (CPU Paddle, CPU torch, tr
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -W "ignore:No ccache found" -c "import paddle, torch, transformers, pretrain_cli" >/dev/null
 # tests/gpu needs a GPU build of Paddle and a GPU; run it there with `pytest tests/gpu`.
-echo "== running the test suite on 2 workers (~14 min on 2 AMD Zen 4 cores: 13.8 min for 1,818 tests; more on slower cores or when other work shares them)"
+echo "== running the test suite on 2 workers (its budget: ~15 min on 2 idle cores; longer on slower cores or when other work shares them)"
 # Two workers, one per core (tests/conftest.py groups the tests so the multi-process ones share one worker).
 exec .venv/bin/python -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu -n 2 "$@"
