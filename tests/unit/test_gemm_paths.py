@@ -30,8 +30,7 @@ def test_the_gemm_set_is_every_linear_forward_and_both_gradients():
 
 
 def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):
-    """The MKL and OpenBLAS workers (the torch twin differs in the two lines that call `torch.matmul`; importing torch
-    would double the test's time)."""
+    """The MKL and OpenBLAS workers (torch's are the next test's: importing torch in this run would double its time)."""
     from pretrain_cli import runtime
 
     cfg = tmp_path / "tiny.json"
@@ -47,3 +46,19 @@ def test_a_run_names_the_runtimes_path_and_times_it(tmp_path):
     assert theirs and float(theirs.group(1)) > 0, out.stdout
     step = re.search(r"one step's 2 layers \+ head: ([0-9.]+) ms of these GEMMs", out.stdout)
     assert step and float(step.group(1)) > 0, out.stdout
+
+
+def test_the_torch_paths_run_and_the_bf16_row_is_named(tmp_path):
+    """`torch` and `torch-bf16` (the same GEMMs in bf16, AMX where the CPU has it): each worker ran its products and
+    timed them, each row under its own name; neither is the runtime's path, so no ratio is printed against one."""
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    out = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--paths", "torch,torch-bf16", "--rounds",
+                          "1", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = re.findall(r"^  (torch matmul(?:, bf16)?) +([0-9.]+) GFLOP/s \(rounds: [0-9.]+\)$", out.stdout, re.M)
+    assert [name for name, _ in rows] == ["torch matmul", "torch matmul, bf16"], out.stdout
+    assert all(float(gflops) > 0 for _, gflops in rows), out.stdout
+    # each row's step time (printed to 0.1 ms: the tiny shapes' fp32 one may round to 0.0)
+    assert len(re.findall(r"one step's 2 layers \+ head: [0-9.]+ ms of these GEMMs", out.stdout)) == 2, out.stdout
+    assert "paddle MKL" not in out.stdout and "runtime's choice" not in out.stdout
