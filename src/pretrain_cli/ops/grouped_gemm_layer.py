@@ -9,8 +9,12 @@ count (docs/PLAN.md, Mixture-of-Experts). `StackedGemm` keeps the parameters the
 stacks them again in backward, one piece at a time for the one layer whose backward runs, as the old path's
 backward copied the stack's gradient apart: measured on benchmarks/configs/moe.json's shape (one process, the old
 and new path alternated in one run), a step's allocator peak 166 -> 139 MiB and its time unchanged (0.99-1.01x
-wall, 0.95-1.01x CPU). Its products: `Matmul` (one expert's rows, the segments path), `Bmm` (the padded path's
-`[experts, cap, in]`), `BatchedGemm` (the GPU's grouped GEMM over row segments).
+wall, 0.95-1.01x CPU). Under ZeRO-3 the parameters it keeps are this rank's shards (`Gathered`): it gathers each
+weight whole where a product reads it, in forward and again in backward, and returns the shards' gradients, so a
+sparse layer keeps no gathered experts until its backward (tests/unit/test_zero3_expert_gather.py: 48 MiB less
+kept by a forward of 4 sparse layers, the step bit for bit the same). Its products: `Matmul` (one expert's rows,
+the segments path), `Bmm` (the padded path's `[experts, cap, in]`), `BatchedGemm` (the GPU's grouped GEMM over row
+segments).
 
 `batched_gemm`'s backward uses the op's own flags (its GPU and MUSA kernels under `phi/kernels/legacy/`): `trans_rhs`
 multiplies segment e of lhs by rhs[e] transposed, `trans_lhs` segment e of lhs transposed by segment e of rhs, out
@@ -105,35 +109,63 @@ class StackedGemm(PyLayer):
     3.3.1's stride kernels), a contiguous one: ZeRO-3's gradient hook all-reduces the buffer as laid out, and
     strided views of [dG | dU] gave it wrong values (tests/distributed/test_moe_layouts.py).
 
+    `gathers` (None, or one `Gathered.gather` per tensor of `ws`): the tensors are this rank's shards of weights
+    read whole (ZeRO-3's routed experts), and the shards are what it keeps; each weight is gathered whole where the
+    product reads it, in forward and again in backward, and the whole weight's gradient goes back to its shard by
+    the gather's own backward (`gather.shard_grad`), so no gathered weight outlives the product that read it.
+
     Dtypes: the weights are taken to x's dtype in forward and to the gradient's in backward, each gradient back to
     its input's: no-ops under fp32 (CPU) and O2; under O1 on a GPU (fp32 weights; autocast runs in forward only)
     the backward's products run in the dtype the forward's did. Read, not run: there is no GPU here."""
 
     @staticmethod
-    def forward(ctx, x, product, pieces: int, stack: bool, *ws):
-        ctx.product, ctx.pieces, ctx.stack = product, pieces, stack
+    def forward(ctx, x, product, pieces: int, stack: bool, gathers, *ws):
+        ctx.product, ctx.pieces, ctx.stack, ctx.gathers = product, pieces, stack, gathers
         ctx.save_for_backward(x, *ws)
-        ys = [product.forward(x, _as(packed(ws[p::pieces], stack), x.dtype))  # [..., out_p] each
+        ys = [product.forward(x, _as(packed(_whole(ws, gathers, p, pieces), stack), x.dtype))  # [..., out_p] each
               for p in range(pieces)]
         return paddle.concat(ys, axis=-1) if pieces > 1 else ys[0]  # [..., Σ out_p]
 
     @staticmethod
     def backward(ctx, dy):
         x, *ws = ctx.saved_tensor()
-        product, pieces, stack = ctx.product, ctx.pieces, ctx.stack
-        widths = [t.shape[-1] for t in ws[:pieces]]
-        bounds = [sum(widths[:p]) for p in range(pieces + 1)]
+        product, pieces, stack, gathers = ctx.product, ctx.pieces, ctx.stack, ctx.gathers
         xc = _as(x, dy.dtype)
-        dx, dws = None, []
+        dx, dws, start = None, [], 0  # dws: [pieces][experts]
         for p in range(pieces):  # dx = Σ_p dy_p · W_pᵀ, dW_p = xᵀ · dy_p
-            dy_p = dy[..., bounds[p]:bounds[p + 1]] if pieces > 1 else dy  # [..., out_p], a view
-            part = product.dx(dy_p, _as(packed(ws[p::pieces], stack), dy.dtype))  # x's shape
+            w = _as(packed(_whole(ws, gathers, p, pieces), stack), dy.dtype)  # [experts, in, out_p] or [in, out_p]
+            end = start + w.shape[-1]
+            dy_p = dy[..., start:end] if pieces > 1 else dy  # [..., out_p], a view
+            part = product.dx(dy_p, w)  # x's shape
+            del w  # (a gathered stack: dropped before the next piece's is made)
             dx = part if dx is None else dx + part
-            dws.append(product.dw(xc, dy_p))  # [experts, in, out_p] (stacked) or [in, out_p]
-        # each expert's gradient a contiguous view of its piece's dW (an all-reduce hook reads the buffer as laid out)
-        per = [paddle.unbind(d, axis=0) if stack else [d] for d in dws]  # [pieces][experts]
-        grads = [per[p][e] for e in range(len(ws) // pieces) for p in range(pieces)]
-        return (_as(dx, x.dtype), *(_as(g, t.dtype) for g, t in zip(grads, ws)))
+            dw = product.dw(xc, dy_p)  # [experts, in, out_p] (stacked) or [in, out_p]
+            # each expert's gradient a contiguous view of the piece's dW (an all-reduce hook reads the buffer as
+            # laid out); a gathered one goes to its shard at once, so one piece's whole dW is alive at a time
+            per = [_as(d, t.dtype) for d, t in zip(paddle.unbind(dw, axis=0) if stack else [dw], ws[p::pieces])]
+            dws.append(per if gathers is None else [g.shard_grad(d) for g, d in zip(gathers[p::pieces], per)])
+            start, per, dw = end, None, None
+        grads = [dws[p][e] for e in range(len(ws) // pieces) for p in range(pieces)]
+        return (_as(dx, x.dtype), *grads)
+
+
+def _whole(ws, gathers, p: int, pieces: int) -> list:
+    """Piece `p`'s tensors of every expert as the product reads them: gathered whole where `gathers` says how."""
+    if gathers is None:
+        return ws[p::pieces]
+    return [g.whole() for g in gathers[p::pieces]]
+
+
+class Gathered:
+    """A weight this rank keeps as a shard and reads whole only inside `StackedGemm` (ZeRO-3's routed experts:
+    `distributed.steps.local_kernels.ZeroGather`). `shard` is the tensor autograd sees and the GEMM keeps (this
+    rank's block of the parameter, no copy); `gather` makes the weight whole, `gather.whole()` (a tensor without a
+    graph, dropped after use), and takes the whole weight's gradient back to the shard, `gather.shard_grad(dw)`
+    (the collectives the gather's autograd would run). Both are collectives: every rank runs them in the same order
+    (every rank builds the same graph: `local_kernels._same_graph`)."""
+
+    def __init__(self, shard, gather):
+        self.shard, self.gather = shard, gather
 
 
 class PackedGemm(PyLayer):
@@ -211,5 +243,9 @@ def _as(t, dtype):
 
 
 def stacked_gemm(x, product, weights, pieces: int, stack: bool = True):
-    """`StackedGemm` of `weights` (a flat list, `pieces` tensors per expert)."""
-    return StackedGemm.apply(x, product, pieces, stack, *weights)
+    """`StackedGemm` of `weights` (a flat list, `pieces` per expert): tensors, or `Gathered` shards, all one or
+    the other."""
+    if weights and isinstance(weights[0], Gathered):
+        return StackedGemm.apply(x, product, pieces, stack, tuple(w.gather for w in weights),
+                                 *(w.shard for w in weights))
+    return StackedGemm.apply(x, product, pieces, stack, None, *weights)

@@ -13,7 +13,9 @@ table (`distributed.steps.order.build_kernels`: the semi-auto `data` step's buil
 Weights a kernel reads whole (RMSNorm, and ZeRO-3's sharded pieces of any weight) are gathered
 with `dist.reshard` and handed over "Partial" on the axes where the activation is sharded, so the
 local gradient the kernel returns is summed across ranks by Paddle, not dropped. Measured exact
-(≤ 1e-6) against one process for DP, ZeRO-1/2/3, TP and dp × tp on CPU (docs/DISTRIBUTED.md).
+(≤ 1e-6) against one process for DP, ZeRO-1/2/3, TP and dp × tp on CPU (docs/DISTRIBUTED.md). The routed
+experts' ZeRO-3 shards are gathered inside the grouped GEMM instead (`ZeroGather`), which would otherwise keep
+every sparse layer's gathered experts from its forward to its backward.
 
 The fused LM head + loss (`ops.linear_loss`) runs on each rank's rows against the whole head weight
 (gathered under ZeRO-3, Partial like RMSNorm's); the ranks' loss sums are added by Paddle. Under tensor
@@ -66,6 +68,42 @@ def gather_zero(w, hook: bool):
     if not (w.is_dist() and w.placements[0].is_shard()):
         return w
     return _replicate_grad(dist.reshard(w, w.process_mesh, [dist.Replicate(), *w.placements[1:]]), hook)
+
+
+class ZeroGather:
+    """How the experts' GEMM reads a routed expert's ZeRO-3 shard `w` whole (`ops.grouped_gemm_layer.Gathered`,
+    `moe_layouts.LocalDispatch`): inside the GEMM, in forward and again in backward, so a sparse layer keeps only
+    the shards from its forward to its backward, not its experts whole. `whole()` is `gather_zero`'s all-gather
+    (this rank's tp slice whole on "dp"); `shard_grad(dw)` is what autograd ran on the gathered copy's gradient: the
+    local dW declared Partial on "dp" where the tokens (`like`) are sharded, all-reduced by the CPU hook
+    (`to_replicated`), then resharded to the shard's placements (this rank's slice; NCCL: a reduce-scatter)."""
+
+    def __init__(self, w, like, hook: bool):
+        import paddle.distributed as dist
+
+        self.w, self.hook = w, hook
+        self.gathered = [dist.Replicate(), *w.placements[1:]]
+        self.partial = [dist.Partial() if like.placements[0].is_shard() else dist.Replicate(), *w.placements[1:]]
+
+    def whole(self):
+        import paddle
+        import paddle.distributed as dist
+        from paddle.distributed.auto_parallel.api import dtensor_to_local
+
+        with paddle.no_grad():
+            return dtensor_to_local(dist.reshard(self.w, self.w.process_mesh, self.gathered), self.w.process_mesh,
+                                    self.gathered)
+
+    def shard_grad(self, dw):
+        import paddle
+        import paddle.distributed as dist
+        from paddle.distributed.auto_parallel.api import dtensor_from_local
+
+        mesh = self.w.process_mesh
+        with paddle.no_grad():
+            g = dtensor_from_local(dw, mesh, self.partial)
+            g = dist.reshard(to_replicated(g) if self.hook else g, mesh, self.w.placements)
+            return _local(g)
 
 
 def _weight_for(w, like, hook: bool):

@@ -14,10 +14,13 @@ combine weights' gradient (`dy · expert_out`) needs the summed expert output, n
 
 **Under the semi-auto engine** activations are distributed tensors and the dispatch (a sort by expert, a host
 read of the counts, gathers) has no SPMD rule that keeps it local: `LocalDispatch` runs `moe.dispatch_local` on
-this rank's tokens (its piece of the global batch) with this rank's blocks of the expert weights (ZeRO-3's pieces
-gathered, the tp slice kept; the local gradient declared Partial on "dp" like every weight a kernel reads,
-`local_kernels`), and declares the output a piece of the global batch again. The router, its losses and the
-shared expert stay on Paddle's SPMD rules, so the balance loss is the global batch's, as one process computes it.
+this rank's tokens (its piece of the global batch) with this rank's blocks of the expert weights (the tp slice kept;
+the local gradient declared Partial on "dp" like every weight a kernel reads, `local_kernels`), and declares the
+output a piece of the global batch again. ZeRO-3's shards go to the grouped GEMM as shards, which gathers each
+weight whole where it reads it, in forward and again in backward (`local_kernels.ZeroGather`): a sparse layer keeps
+its experts' shards until its backward, not the experts whole (a DeepSeek-V3 layer's are 21 GiB in bf16 at tp 1).
+The router, its losses and the shared expert stay on Paddle's SPMD rules, so the balance loss is the global batch's,
+as one process computes it.
 """
 from __future__ import annotations
 
@@ -33,16 +36,19 @@ class LocalDispatch:
         self.group, self.hook = group, hook
 
     def _weight(self, w, like):
-        """This rank's block of expert weight `w` as a local tensor: ZeRO-3's dp pieces gathered, the tp slice
-        kept; its gradient declared Partial where the tokens (`like`) are sharded."""
+        """This rank's block of expert weight `w` as a local tensor, its gradient declared Partial where the tokens
+        (`like`) are sharded; a ZeRO-3 shard as itself, gathered by the grouped GEMM where it reads it
+        (`local_kernels.ZeroGather`), the tp slice kept."""
         import paddle.distributed as dist
         from paddle.distributed.auto_parallel.api import dtensor_to_local
 
-        from pretrain_cli.distributed.steps.local_kernels import gather_zero
+        from pretrain_cli.distributed.steps.local_kernels import ZeroGather, _local
+        from pretrain_cli.ops.grouped_gemm_layer import Gathered
 
         if not w.is_dist():
             return w
-        w = gather_zero(w, self.hook)
+        if w.placements[0].is_shard():  # ZeRO-3: kept as the shard until the GEMM (and its backward) reads it
+            return Gathered(_local(w), ZeroGather(w, like, self.hook is not None))
         placements = [dist.Partial() if p.is_shard() else dist.Replicate() for p in like.placements[:1]]
         return dtensor_to_local(w, w.process_mesh, placements + list(w.placements[1:]))
 
