@@ -52,10 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fitted file there is replaced, any other file refused; default: none, only print)")
 
 
-def write_fitted(args, change: dict, path: str) -> str:
+def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) -> str:
     """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically:
     JSON, or YAML where `path` ends in .yaml/.yml (whichever the source was); returns what the printed line says
     about its output directory.
+
+    A file that says `device: cpu` fitted for a GPU (`device`, plan's --device) gets `device: gpu`: the layout is
+    the GPU's, and kept at cpu the GPU machine would run it on its host, the layout the fit chose included.
 
     Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
     accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
@@ -70,6 +73,9 @@ def write_fitted(args, change: dict, path: str) -> str:
     source = str(args.get("output_dir")).rstrip("/") or "."
     raw["output_dir"] = f"{source}-fitted"
     said = f"output_dir {raw['output_dir']} (the source's {source} is left to its run)"
+    if device.lower() != "cpu" and args.get("device") == "cpu":
+        raw = _put(raw, "device", "gpu")
+        said += f"; device gpu (the source's cpu: the layout was fitted for {device})"
     ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
     if ckpts:
         raw["resume_from_checkpoint"] = str(ckpts[-1][1])
@@ -142,7 +148,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node)
-    said = write_fitted(args, f["change"], ns.output) if ns.output and f["after"] is not None else ""
+    said = write_fitted(args, f["change"], ns.output, ns.device) if ns.output and f["after"] is not None else ""
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
     print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))

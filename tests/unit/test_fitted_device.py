@@ -1,0 +1,31 @@
+"""`plan --fit -o` for a GPU from a CPU argument file: the fitted file must run on the GPU it was fitted for."""
+import json
+
+from pretrain_cli.cli import main as cli_main
+
+
+def _cpu_moe_file(tmp_path):
+    cfg = tmp_path / "moe_cpu.json"
+    cfg.write_text(json.dumps({"model_name_or_path": "Qwen/Qwen3-30B-A3B", "device": "cpu", "bf16": True,
+                               "input_dir": "data", "output_dir": str(tmp_path / "out"), "max_seq_length": 4096,
+                               "per_device_train_batch_size": 8, "max_steps": 20, "do_train": True}, indent=2))
+    return cfg
+
+
+def test_a_cpu_file_fitted_for_a_gpu_is_written_for_the_gpu(tmp_path, capsys):
+    """The walk from a CPU try-out to 8 H100s: the fitted layout (pipeline, expert parallelism, ZeRO-1) was
+    written with the source's `device: cpu`, so `train` on the GPU node would have run it on the host."""
+    cfg, out = _cpu_moe_file(tmp_path), tmp_path / "fitted.json"
+    assert cli_main(["plan", str(cfg), "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    fitted = json.loads(out.read_text())
+    assert fitted["device"] == "gpu" and list(fitted)[:3] == ["model_name_or_path", "device", "bf16"]
+    assert fitted["expert_parallel_degree"] > 1  # the layout the fit chose for the GPUs
+    assert "device gpu (the source's cpu: the layout was fitted for H100)" in text
+
+
+def test_a_cpu_file_fitted_for_the_cpu_keeps_its_device(tmp_path, capsys):
+    cfg, out = _cpu_moe_file(tmp_path), tmp_path / "fitted.json"
+    assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
+                     "--device", "cpu", "--fit", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["device"] == "cpu" and "device gpu" not in capsys.readouterr().out
