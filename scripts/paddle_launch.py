@@ -23,9 +23,10 @@ Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is l
 (default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently.
 
 A stop gives the ranks STOP_TIMEOUT seconds (default 900; 0: no limit) to finish their step and save before they are
-killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`). And its ranks die with it: Paddle
-starts each in a session of its own, so this process killed with its group left them running
-(`distributed/launcher/launch.py`: `end_with_launcher`, told this process by `PRETRAIN_CLI_LAUNCHER`). Its join
+killed, where Paddle's launcher gave them 30 s (`distributed/launcher/stopping.py`). And its ranks stop when it dies,
+as at its SIGTERM, ending STOP_TIMEOUT s later at the latest (900 if 0): Paddle starts each in a session of its own, so
+this process killed with its group left them running (`distributed/launcher/launch.py`: `end_with_launcher`, told
+this process by `PRETRAIN_CLI_LAUNCHER`). Its join
 directory (several nodes) is removed when it ends, stopped by a signal too, and what a launch killed with SIGKILL left
 in TMPDIR is removed when the next one starts (`distributed/launcher/tempdirs.py`)."""
 import os

@@ -11,9 +11,10 @@ benchmarks build it, makes its own):
   has written its last files and released its lock. A second signal is common (the launcher's SIGTERM after a
   terminal's Ctrl-C); its default action would kill the saves, and a Python handler would interrupt the system call
   it lands in (a store wait fails with EINTR). The launcher still kills ranks not done after its limit (STOP_TIMEOUT
-  under scripts/launch.sh, 30 s under Paddle's launcher run directly): the stop's start is noted for the rank's
-  watcher, which names such a kill so (`distributed.launcher.stopping`), and when this run's last save took longer
-  than the stop has left, one line says so before the save (`hold(step)`);
+  under scripts/launch.sh, 30 s under Paddle's launcher run directly; a rank whose launcher died, which the kernel
+  sent SIGTERM, SIGKILLs itself after the same limit: `distributed.launcher.launch.end_with_launcher`): the stop's
+  start is noted for the rank's watcher, which names such a kill so (`distributed.launcher.stopping`), and when this
+  run's last save took longer than the stop has left, one line says so before the save (`hold(step)`);
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
   ends at once anyway, exit 0);
@@ -36,7 +37,7 @@ from __future__ import annotations
 import os
 import signal
 
-from pretrain_cli.distributed.launcher import progress, stopping, watchdog
+from pretrain_cli.distributed.launcher import launch, progress, stopping, watchdog
 from pretrain_cli.training.metrics import log
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -61,8 +62,11 @@ class StopSignals:
                 signal.signal(s, signal.SIG_IGN)
             self._detach_on_hangup()
             watchdog.stop_began()  # the launcher's limit counts from its signal
-            hung_up = " (the terminal hung up: its output goes to /dev/null)" if signum == signal.SIGHUP else ""
-            log.warning(f"received {signal.Signals(signum).name}{hung_up}: finishing the current step, then saving")
+            why = " (the terminal hung up: its output goes to /dev/null)" if signum == signal.SIGHUP else ""
+            gone = launch.launcher_gone() if signum == signal.SIGTERM else None
+            if gone is not None:  # the kernel's signal at the launcher's death (`launch.end_with_launcher`)
+                why = f" (its launcher died: this rank ends itself {gone} s after that, saved or not)"
+            log.warning(f"received {signal.Signals(signum).name}{why}: finishing the current step, then saving")
 
         previous = {s: signal.signal(s, handler) for s in self._signals}
         if self._previous is None:  # (a second loop of the same run keeps the process's own)

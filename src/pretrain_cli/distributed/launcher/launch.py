@@ -1,7 +1,8 @@
 """What `paddle.distributed.launch` told this process: world size and ranks, read from its environment.
 
 The one place that reads the launcher's variables (no Paddle import: `train` needs the world size
-to resolve the run before Paddle starts); and a launched rank's tie to its launcher (`end_with_launcher`).
+to resolve the run before Paddle starts); and a launched rank's tie to its launcher (`end_with_launcher`: it stops
+when its launcher dies, and ends by a deadline).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def master() -> str:
 
 LAUNCHER = "PRETRAIN_CLI_LAUNCHER"  # "pid:start ticks" of scripts/paddle_launch.py, in its ranks' environment
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_TIED: list = []  # (the launcher's pid, the seconds this rank outlives it at most), once `end_with_launcher` tied it
 
 
 def launcher_mark() -> str:
@@ -50,22 +52,74 @@ def launcher_mark() -> str:
 
 
 def end_with_launcher() -> None:
-    """A launched rank is SIGKILLed by the kernel when its launcher dies (Linux's parent-death signal).
+    """A launched rank stops when its launcher dies, as at the launcher's SIGTERM, and ends by a deadline.
 
-    Why: Paddle's launcher starts every rank in a session of its own (`os.setsid`), so a launcher killed with its
-    process group (`kill -9 -PGID` of launch.sh, a test's clean-up, a scheduler's SIGKILL after its grace period)
-    left its ranks and their watchers running with PPID 1: training on, or waiting for a peer for up to
-    `hang_timeout`. A launcher that ends on its own has ended or killed its ranks first, so this changes nothing
-    there. A launcher that died before this call (`LAUNCHER` names it) ends the rank here."""
+    Why: Paddle's launcher starts every rank in a session of its own (`os.setsid`), so a launcher that died (a
+    hang-up of Paddle's launcher run directly, which does not handle SIGHUP; `kill -9 -PGID` of launch.sh; a
+    scheduler's SIGKILL after its grace period) left its ranks and their watchers running with PPID 1: training on,
+    or waiting for a peer for up to `hang_timeout`. So the kernel sends the rank SIGTERM at its launcher's death
+    (Linux's parent-death signal): in the training loop that is the stop `training.stop_signals` handles (the step
+    finishes, the ranks agree, the checkpoint is saved, the lock released, exit 0); before it, SIGTERM's default
+    action ends the rank at once. A rank still running `deadline_seconds` after its launcher's death (stuck in a
+    collective, a peer gone) SIGKILLs itself (`_end_after`, a thread: Paddle's collectives and store waits release
+    the GIL; a rank stopped by `kill -STOP` runs no thread, and its watchers end it as hung). A launcher that ends
+    on its own has ended or killed its ranks first, so this changes nothing there. A launcher that died before this
+    call (`LAUNCHER` names it) ends the rank here, at once."""
     if not os.environ.get("PADDLE_TRAINER_ID", "").strip() or not sys.platform.startswith("linux"):
         return
     import ctypes
     import signal
+    import threading
 
     from pretrain_cli import processes
 
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         return
     pid, _, started = os.environ.get(LAUNCHER, "").partition(":")
     if pid.isdigit() and not processes.alive(int(pid), started or None):
         os.kill(os.getpid(), signal.SIGKILL)
+    _TIED[:] = [os.getppid(), deadline_seconds()]
+    threading.Thread(target=_end_after, args=tuple(_TIED), name="launcher-deadline", daemon=True).start()
+
+
+def deadline_seconds(environ=os.environ) -> int:
+    """How long a rank outlives its launcher at most: the time that launcher gives its ranks' stop after its own
+    SIGTERM (`stopping.rank_limit`: STOP_TIMEOUT under scripts/launch.sh, Paddle's 30 s run directly), since a
+    launcher's death is the same stop; the stop's own warnings and its watcher's naming of a SIGKILL in it
+    (`stopping.short`, `stopping.killed`) count with that limit already. Where a stop has no limit (STOP_TIMEOUT=0)
+    `stopping.DEFAULT`: the step under way and a save as long as the watchers allow them with the default
+    `hang_timeout` before they call a rank hung."""
+    from pretrain_cli.distributed.launcher import stopping
+
+    return stopping.rank_limit(environ)[0] or stopping.DEFAULT
+
+
+def launcher_gone() -> int | None:
+    """The seconds this rank has from its launcher's death (`deadline_seconds`) when its launcher is gone, else None
+    (not launched, or the launcher runs)."""
+    return _TIED[1] if _TIED and os.getppid() != _TIED[0] else None
+
+
+def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> None:
+    """Wait for `launcher` (this process's parent) to die, then give this rank `seconds` to stop before `end`
+    (SIGKILL to itself). The launcher's pidfd wakes the wait at its death; where Linux offers none, its parent's pid
+    is polled every `poll` s. A pidfd opened while the parent is still `launcher` is that process's: its pid cannot be
+    reused before its children are handed to another parent."""
+    import select
+    import signal
+    import time
+
+    from pretrain_cli import processes
+
+    fd = processes.exit_fd(launcher)
+    try:
+        if fd is not None and os.getppid() == launcher:
+            select.select([fd], [], [])
+        else:
+            while os.getppid() == launcher:
+                time.sleep(poll)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    time.sleep(seconds)
+    (end or (lambda: os.kill(os.getpid(), signal.SIGKILL)))()

@@ -1,0 +1,40 @@
+"""Paddle's launcher run directly (`python -m paddle.distributed.launch`, 2 ranks) dies mid-training: of a hang-up (a
+closed terminal, a dropped ssh session: it does not handle SIGHUP) or of SIGKILL. Its ranks, in sessions of their own,
+get the kernel's SIGTERM at its death (`distributed.launcher.launch.end_with_launcher`): they finish the step, agree
+the stop, save, release the run lock and exit. Before, the kernel SIGKILLed them: the work since the last checkpoint
+was lost and run.lock left behind. (The deadline for a rank that cannot stop: tests/unit/test_launcher_deadline.py.)"""
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from launch_helpers import launch_cmd, read_checkpoint, write_config
+from launched_jobs import default_hangup, read_log, started, wait_until
+
+
+@pytest.mark.parametrize("kill", [signal.SIGHUP, signal.SIGKILL], ids=["hang-up", "SIGKILL"])
+def test_ranks_whose_launcher_dies_stop_save_and_end(corpus, tmp_path, kill):
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    log = tmp_path / "log"
+    logs = lambda: read_log(log / "workerlog.0")[-3000:] + read_log(log / "workerlog.1")[-3000:]  # noqa: E731
+    with started(launch_cmd(cfg, log, 2), tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 preexec_fn=default_hangup) as job:  # (a runner under nohup passes SIGHUP on ignored)
+        job.wait_for(log / "workerlog.0", "global_step: 3,")
+        assert sum(r is not None for r, _, _ in job.pids().values()) == 4  # 2 ranks and their 2 watchers
+        os.killpg(job.proc.pid, kill)  # the launcher's group: the ranks, in sessions of their own, are not in it
+        job.proc.wait(timeout=60)
+        assert job.proc.returncode == -kill
+        # (a stop takes seconds here; the ranks' own deadline is Paddle's 30 s: a bound, not a measurement)
+        wait_until([], lambda: not job.pids(), 120, lambda: f"{job.pids()}\n{logs()}", poll=0.5)
+    log0, log1 = read_log(log / "workerlog.0"), read_log(log / "workerlog.1")
+    ckpt = sorted((tmp_path / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    step = json.loads((ckpt / "trainer_state.json").read_text())["global_step"]
+    assert step >= 3 and f"stopped at step {step} and saved" in log0, logs()
+    for text in (log0, log1):
+        assert "received SIGTERM (its launcher died: this rank ends itself 30 s after that" in text, logs()
+    assert not (tmp_path / "out" / "run.lock").exists()
+    assert "Traceback" not in log0 + log1 and ") died: " not in log0 + log1, logs()  # no watcher saw a death
+    weights, optimizer = read_checkpoint(ckpt, "weights"), read_checkpoint(ckpt)
+    assert weights and optimizer and all(v.size for v in weights.values())
