@@ -55,3 +55,71 @@ def test_one_process_stops_its_watcher_and_leaves(monkeypatch):
     monkeypatch.setattr(rank_exit, "watchdog", FakeWatchdog(events, slow=-1))
     rank_exit.leave_together(NoComm())
     assert events == [("stopped", 0)]
+
+
+class Recorder:
+    """`watchdog` for `rank_exit.leave`: what each kind of end did."""
+
+    def __init__(self):
+        self.calls = []
+
+    def stop(self):
+        self.calls.append(("stop",))
+
+    def leave_alone(self, line):
+        self.calls.append(("leave_alone", line))
+
+
+def test_each_kind_of_end_leaves_its_one_way(monkeypatch):
+    fake = Recorder()
+    monkeypatch.setattr(rank_exit, "watchdog", fake)
+    rank_exit.leave(NoComm(), rank_exit.AGREED)  # together: the watcher stopped, then rank 0's rounds
+    rank_exit.leave(NoComm(), rank_exit.DONE)
+    rank_exit.leave(NoComm(), rank_exit.ALONE, ValueError("rank 1: its file is missing\nsecond line"))
+    assert fake.calls == [("stop",), ("stop",), ("leave_alone", "rank 1: its file is missing")]
+
+
+def _finish_ending_with(monkeypatch, train):
+    """`run_end.finish` on one rank whose loop ends by `train()` (a result or an error): the kind of end it left by,
+    what it raised."""
+    from types import SimpleNamespace as NS
+
+    from pretrain_cli.training import run_end
+
+    ends = []
+    monkeypatch.setattr(rank_exit, "leave", lambda comm, kind, error=None: ends.append((kind, type(error).__name__)))
+    r = NS(loop=NS(do_train=True, max_steps=5, do_eval=False, do_predict=False),
+           output=NS(overwrite=False, output_dir="out"), parallel=NS(rank=0, is_rank0=True))
+    trainer = NS(state=NS(global_step=2, train_seconds=1.0, consumed_samples=8, tokens_seen=64, loss_sum=1.0,
+                          interval_loss=0.0, skipped_steps=0),
+                 train=train, throughput=NS(tokens_this_launch=64), process_seconds=1.0)
+    collaborators = NS(saver=NS(wait=lambda: None), close=lambda: None)
+    try:
+        out = run_end.finish(r, trainer, NoComm(), collaborators)
+    except Exception as e:  # noqa: BLE001 - what the end raised, for the assertion
+        out = e
+    return ends, out
+
+
+def _raises(e):
+    def train():
+        raise e
+    return train
+
+
+def test_run_end_names_the_kind_of_each_end_once(monkeypatch):
+    from pretrain_cli.errors import PeerFailed, UserError
+    from pretrain_cli.training.trainer_state import NonFiniteError
+
+    ends, out = _finish_ending_with(monkeypatch, lambda: {"stopped_by_signal": True})
+    assert ends == [(rank_exit.AGREED, "NoneType")] and out is None
+    ends, out = _finish_ending_with(monkeypatch, _raises(NonFiniteError("step 3: loss nan")))
+    assert ends == [(rank_exit.AGREED, "UserError")] and str(out) == "step 3: loss nan"
+    ends, out = _finish_ending_with(monkeypatch, _raises(PeerFailed("rank 1: lost rank 0")))
+    assert ends == [(rank_exit.ALONE, "PeerFailed")] and isinstance(out, PeerFailed)
+    ends, out = _finish_ending_with(monkeypatch, _raises(MemoryError()))
+    assert ends == [(rank_exit.ALONE, "DeviceOutOfMemory")] and isinstance(out, UserError) and out.step == 3
+    ends, out = _finish_ending_with(monkeypatch, lambda: {"stopped_by_signal": False})
+    assert ends == [(rank_exit.DONE, "NoneType")] and out["global_step"] == 2
+    ends, out = _finish_ending_with(monkeypatch, _raises(RuntimeError("gloo: connection reset")))
+    assert ends == [] and isinstance(out, RuntimeError)  # (a crash: the watcher stays, to name what it sees)

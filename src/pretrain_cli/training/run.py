@@ -83,6 +83,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     spec = same_run.resume(comm, spec)  # rank 0's checkpoint on every rank, and what the run keeps from it
     r, record = spec.run, spec.record()
     watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout)
+    if r.parallel.is_rank0:  # its watcher frees the lock should another rank's error end this one without `finally`
+        watchdog.holding(Path(r.output.output_dir) / run_lock.LOCK_FILE)
     for line in spec.describe():
         log.info(line)
     log.info(runtime.threads_line())
@@ -95,7 +97,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
-        rank_exit.leave_together(comm)
+        rank_exit.leave(comm, rank_exit.AGREED)  # (`comm.any`: every rank is here)
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pretrain_cli import run_dir
-from pretrain_cli.distributed.launcher import progress, watchdog
+from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
 from pretrain_cli.training import checkpoint, rank_exit
 from pretrain_cli.training.metrics import log
@@ -23,53 +23,57 @@ FINAL_KINDS = ("eval", "test")  # what a run evaluates at its last step after th
 def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | None:
     """Train, evaluate, predict; returns the results rank 0 writes into the final directory (None: stopped by
     a signal, or another rank, which waits for rank 0 to write it). The collaborators `_run` built are closed
-    here, once the loop and evaluation are done with them."""
-    results = {}
+    here, once the loop and evaluation are done with them. Every end leaves through `rank_exit.leave`, which says
+    how the ranks leave after each kind."""
+    results, end, error = None, rank_exit.DONE, None
     try:
+        stopped = False
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
             stopped = trainer.train()["stopped_by_signal"]
             progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
-            if stopped:
-                from pretrain_cli.distributed.launcher import job
+        if stopped:  # agreed after the step (`comm.any`): every rank stops at it
+            from pretrain_cli.distributed.launcher import job
 
-                message = stop_message(r.output, trainer.state.global_step)
-                job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
-                log.warning(message)
-                rank_exit.leave_together(comm)  # no rank leaves while another's watcher runs (it would kill that rank)
-                return None
-        if r.loop.do_train:
-            results.update(train_results(trainer))
-        if r.loop.do_eval:  # the loop may have just evaluated this very step: reuse it
-            fresh = trainer.last_eval.get("global_step") == trainer.state.global_step
-            results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
-        if r.loop.do_predict:
-            results.update(trainer.evaluate("test"))
+            message = stop_message(r.output, trainer.state.global_step)
+            job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
+            log.warning(message)
+            end = rank_exit.AGREED
+        else:
+            results = _final_results(r, trainer)
     except (NonFiniteError, SpikeError) as e:  # decided on every rank at the same step: not a death
-        # (a non-finite step: by the global gradient norm, which a rank's non-finite loss makes non-finite too,
-        # and `comm.any` of the losses; a spike: by the ranks' mean loss)
+        # (a non-finite step: by the verdict `step.Step` agrees on over the ranks; a spike: by their mean loss)
         progress.mark("save", trainer.state.global_step)  # a background write in flight is given a save's time
         _wait_for_saves(collaborators.saver, quiet=True)
-        rank_exit.leave_together(comm)  # no rank leaves while another's watcher runs (it would kill that rank)
-        raise UserError(str(e)) from None
-    except UserError:  # its own exit code and kind: a PeerFailed (rank 0 failed) is 1, retried
-        # not left together: mostly raised on some ranks only (a PeerFailed once rank 0 has gone, rank 0's failed
-        # save, a rollback's checkpoint file missing on one rank, a wait's timeout): waiting for the others there
-        # would keep rank 0 2 x 30 s and another rank until rank 0 ends (`rank_exit.leave_together`)
-        watchdog.stop()
-        _wait_for_saves(collaborators.saver, quiet=True)
-        raise
+        end, error = rank_exit.AGREED, UserError(str(e))
+    except UserError as e:  # its own exit code and kind (a PeerFailed, rank 0 failed: 1, retried); often one rank's
+        end, error = rank_exit.ALONE, e
     except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
             raise
-        watchdog.stop()
-        raise DeviceOutOfMemory(trainer.state.global_step + 1) from e
+        end, error = rank_exit.ALONE, DeviceOutOfMemory(trainer.state.global_step + 1)
+        error.__cause__ = e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         collaborators.close()
-    watchdog.stop()  # past the last collective: a rank exiting from here on is not a death
-    if not r.parallel.is_rank0:
+    rank_exit.leave(comm, end, error)
+    if end == rank_exit.ALONE:  # a background write is published or given up (it may wait for a rank now gone)
+        _wait_for_saves(collaborators.saver, quiet=True)
+    if error is not None:
+        raise error
+    if results is not None and not r.parallel.is_rank0:
         comm.wait_for_rank0("writing the final model")
         return None
+    return results
+
+
+def _final_results(r: RunConfig, trainer) -> dict:
+    """The train keys, then the evaluations at the last step (the loop's own, if it just evaluated this step)."""
+    results = train_results(trainer) if r.loop.do_train else {}
+    if r.loop.do_eval:
+        fresh = trainer.last_eval.get("global_step") == trainer.state.global_step
+        results.update(trainer.last_eval if fresh else trainer.evaluate("valid"))
+    if r.loop.do_predict:
+        results.update(trainer.evaluate("test"))
     return results
 
 

@@ -155,6 +155,26 @@ def stop() -> None:
             time.sleep(0.01)
 
 
+def leave_alone(line: str) -> None:
+    """Stop this rank's watcher as a rank that leaves alone, on purpose, with its own error (`line`): noted first for
+    the host's other watchers, which then take its exit for no death (`departure`)."""
+    if _WATCHER is not None:
+        from pretrain_cli.distributed.launcher import departure
+
+        departure.note(_WATCHER[3], _WATCHER[4], line)
+    stop()
+
+
+def holding(path: Path) -> None:
+    """This rank holds the file `path`, which names its pid (rank 0: the run lock): should the rank end without its
+    `finally` after another rank left with its error, its watcher removes it for it (`departure`)."""
+    if _WATCHER is not None:
+        from pretrain_cli import atomic
+
+        with contextlib.suppress(OSError):
+            atomic.write_text(_WATCHER[3] / f"holds.{_WATCHER[4]}", str(Path(path).absolute()))
+
+
 def stop_began(clock=None) -> None:
     """This rank's stop begins (`training.stop_signals`: its signal, or the ranks' agreement on another's): noted once
     (`stopping.began`), and left for the host's watchers as `stopping.<rank>` in the watch directory, so that a SIGKILL

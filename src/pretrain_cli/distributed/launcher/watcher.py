@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import progress
+from pretrain_cli.distributed.launcher import departure, progress
 from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 
 POLL = 0.05
@@ -88,6 +88,9 @@ class Watcher:
                     if cause is not None:
                         return self._end(cause, [], pipe if open_pipe else None, log)
                 continue
+            left = departure.announced(self.shared, gone)
+            if left:  # a rank that left on purpose, with its own error: no death (`departure`)
+                return departure.follow(self, left, pipe if open_pipe else None, log)
             self._handle(gone, chunk, pipe if open_pipe else None, log)
             return
 

@@ -1,0 +1,86 @@
+"""A rank that leaves alone, on purpose, with its own error (`distributed.launcher.departure`): its host's other
+watchers name no death; each lets its rank end by itself (what it writes meanwhile dropped), or SIGKILLs it after
+`departure.GRACE`; one line names the rank that left and its error; a "peer" record for launch.sh; the run lock its
+rank held is removed when its rank ended without removing it. A "rank" here is a plain Python process with a peer
+that leaves as a rank leaving alone does (`departure.note`, then its exit)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+RANK = r"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+from pretrain_cli.distributed.launcher import departure, watchdog, watcher
+shared, verdicts, then = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+departure.GRACE = 1.0  # (the forked watcher's copy)
+peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(2)"], stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+lock, holder = Path(sys.argv[4]), int(sys.argv[5]) or os.getpid()
+lock.write_text(json.dumps({"pid": holder, "host": "h"}))  # as run_lock's: its holder's pid
+watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
+watchdog.holding(lock)
+print("before", peer.pid, flush=True)
+departure.note(shared, 1, "rank 1: its file is missing; put it back")  # rank 1 leaves alone, with its error
+peer.stdin.close()
+while peer.poll() is None:
+    time.sleep(0.001)
+print("C++ Traceback: FatalError: Process abort signal", file=sys.stderr, flush=True)  # what gloo would add
+if then == "ends":  # its collective with the rank that left failed: it ends through its `finally`
+    time.sleep(0.2)
+    lock.unlink()
+    sys.exit(1)
+if then == "leaves":  # it leaves with an error of its own too: its watcher stopped first, its own line after
+    time.sleep(0.2)
+    watchdog.leave_alone("rank 0: lost rank 1")
+    print("error: rank 0: lost rank 1", flush=True)
+    sys.exit(1)
+time.sleep(20)  # busy with work of its own, which nothing interrupts (or aborted by gloo: it never runs `finally`)
+print("still running", flush=True)
+"""
+
+
+def _rank(tmp_path, then: str, lock_pid: int = 0):
+    shared, verdicts, lock = tmp_path / "shared", tmp_path / "verdicts", tmp_path / "run.lock"
+    shared.mkdir()
+    verdicts.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", RANK, str(shared), str(verdicts), then, str(lock), str(lock_pid)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = p.communicate(timeout=60)
+    return p, out, verdicts, lock
+
+
+LEFT = "[pretrain-cli] rank 0: rank 1 (pid {} on h) left with an error: rank 1: its file is missing; put it back; " \
+       "this rank stops too."
+
+
+def test_a_rank_that_ends_by_itself_after_a_departure_names_no_death(tmp_path):
+    p, out, verdicts, lock = _rank(tmp_path, "ends")
+    peer = out.split()[1]
+    assert p.returncode == 1, out  # its own end, not its watcher's SIGKILL
+    assert out.count(LEFT.format(peer)) == 1, out
+    assert "died" not in out and "C++ Traceback" not in out, out  # written after the departure: dropped
+    record = json.loads((verdicts / "rank-0.json").read_text())
+    assert record["kind"] == "peer" and record["exit"] == 1 and LEFT.format(peer) in record["line"]
+    assert not lock.exists()
+
+
+def test_a_rank_that_does_not_end_is_killed_after_the_grace_and_its_lock_removed(tmp_path):
+    p, out, _, lock = _rank(tmp_path, "stays")
+    assert p.returncode == -signal.SIGKILL and "still running" not in out, out
+    assert out.count(LEFT.format(out.split()[1])) == 1 and "died" not in out, out
+    assert not lock.exists()  # it never ran its `finally`: its watcher removed the lock it held
+
+
+def test_a_lock_another_process_holds_is_left_alone(tmp_path):
+    p, out, _, lock = _rank(tmp_path, "stays", lock_pid=os.getpid())
+    assert p.returncode == -signal.SIGKILL, out
+    assert lock.exists()  # (taken over by another run meanwhile: not this rank's to remove)
+
+
+def test_a_rank_that_leaves_too_says_its_own_line_and_its_watcher_none(tmp_path):
+    p, out, verdicts, _ = _rank(tmp_path, "leaves")
+    assert p.returncode == 1, out
+    assert "error: rank 0: lost rank 1" in out and "[pretrain-cli]" not in out and "died" not in out, out
+    assert not (verdicts / "rank-0.json").exists()  # (the rank's own, through the CLI, would be its record)
