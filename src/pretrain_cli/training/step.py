@@ -97,24 +97,24 @@ class Step:
         # the one host sync of the step
         stats = np.array([float(layout.strategy.to_host(total)), float(norm)], dtype=np.float64)
         loss_v, norm_v = float(stats[0]), float(stats[1])
-        finite = math.isfinite(loss_v)
-        if not math.isfinite(norm_v) and self.comm is not None:  # (the norm is global: every rank is here)
-            # each rank's loss is its own: one rank's inf (an fp16 activation overflow) must send every rank down
-            # the same branch, or the others step (a collective) while it stops alone
-            finite = not self.comm.any(not finite)
-        if layout.amp.overflowed(loss_v if finite else math.nan, norm_v):
+        # the verdict, agreed: each rank's loss is its own (one rank's inf or NaN, an fp16 activation overflow, leaves
+        # the global norm finite when its gradients are), so the branch below is chosen from the ranks' summed loss,
+        # the same number on every rank, or two ranks would part (one stepping, a collective, one stopping alone)
+        summed = self.comm.sum(loss_v) if self.comm is not None else loss_v
+        agreed = summed if math.isfinite(summed) else math.nan  # nan: some rank's loss is not finite
+        if layout.amp.overflowed(agreed, norm_v):
             # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
             # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
             layout.amp.step(layout.optimizer, layout.strategy.step, overflow=True)
             layout.optimizer.clear_grad()
             log.warning(f"step {state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
             return StepResult(loss_v, norm_v, "overflow")
-        if not (finite and math.isfinite(norm_v)):
+        if not (math.isfinite(agreed) and math.isfinite(norm_v)):
             layout.optimizer.clear_grad()
             layout.amp.skip(layout.optimizer, overflow=not math.isfinite(norm_v))
-            return StepResult(loss_v, norm_v, "non_finite")
+            return StepResult(loss_v if math.isfinite(agreed) else summed, norm_v, "non_finite")
         if self.guard is not None:
-            global_loss = self.comm.mean(loss_v)  # the same verdict on every rank
+            global_loss = agreed / getattr(self.comm, "world", 1)  # the ranks' mean: the same verdict on every rank
             reason = self.guard.check(state.spike_stats, global_loss, norm_v)
             if reason is not None:
                 layout.optimizer.clear_grad()
