@@ -1,4 +1,5 @@
-"""`plan --fit -o` for a GPU from a CPU argument file: the fitted file must run on the GPU it was fitted for."""
+"""`plan --fit -o` for a GPU from a CPU try-out's argument file: the fitted file must run on the GPU it was fitted
+for, and must not resume the try-out's checkpoint of another model."""
 import json
 
 from pretrain_cli.cli import main as cli_main
@@ -29,3 +30,27 @@ def test_a_cpu_file_fitted_for_the_cpu_keeps_its_device(tmp_path, capsys):
     assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
                      "--device", "cpu", "--fit", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["device"] == "cpu" and "device gpu" not in capsys.readouterr().out
+
+
+def test_the_source_runs_checkpoint_of_another_model_is_not_resumed(tmp_path, capsys):
+    """The try-out trained the file's small model into output_dir; plan's command line swapped in a published one:
+    resuming that checkpoint, `check` and `train` refused the fitted file (hidden_size=64 against 2048)."""
+    import shutil
+
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    cfg, out = _cpu_moe_file(tmp_path), tmp_path / "fitted.json"
+    ckpt = tmp_path / "out" / "checkpoint-20"
+    ckpt.mkdir(parents=True)
+    shutil.copy(resolve_model_dir("micro-qwen3-moe") / "config.json", ckpt / "config.json")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 20}))
+    assert cli_main(["plan", str(cfg), "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    fitted = json.loads(out.read_text())
+    assert "resume_from_checkpoint" not in fitted and fitted["output_dir"] == str(tmp_path / "out") + "-fitted"
+    assert (f"starting over ({ckpt}: checkpoint has hidden_size=64 but this run's model has hidden_size=2048)"
+            in capsys.readouterr().out)
+    # the same model (here, a smaller one the source's checkpoint is of) still resumes by name
+    assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
+                     "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["resume_from_checkpoint"] == str(ckpt)
+    assert f"resuming from {ckpt}" in capsys.readouterr().out

@@ -63,7 +63,9 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
     accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
     checkpoint (a run that ran out of memory), the fitted file resumes from the newest one by name
-    (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch."""
+    (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch. Not when
+    plan's command line changed the model or `max_seq_length` (a CPU try-out's file planned for a published model):
+    `train` would refuse that checkpoint, so the fitted run starts over and the printed line says why."""
     from pretrain_cli import atomic, run_dir
     from pretrain_cli.config.parser import YAML_SUFFIXES, read_argument_file
 
@@ -73,13 +75,16 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     source = str(args.get("output_dir")).rstrip("/") or "."
     raw["output_dir"] = f"{source}-fitted"
     said = f"output_dir {raw['output_dir']} (the source's {source} is left to its run)"
+    ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
+    other = _another_run(args, ckpts[-1][1]) if ckpts else None
+    if ckpts and other is None:
+        raw["resume_from_checkpoint"] = str(ckpts[-1][1])
+        said += f", resuming from {ckpts[-1][1]}"
+    elif ckpts:
+        said += f", starting over ({ckpts[-1][1]}: {other})"
     if device.lower() != "cpu" and args.get("device") == "cpu":
         raw = _put(raw, "device", "gpu")
         said += f"; device gpu (the source's cpu: the layout was fitted for {device})"
-    ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
-    if ckpts:
-        raw["resume_from_checkpoint"] = str(ckpts[-1][1])
-        said += f", resuming from {ckpts[-1][1]}"
     if Path(path).suffix.lower() in YAML_SUFFIXES:  # -o names the format, whatever the source's
         import yaml
 
@@ -88,6 +93,25 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
         text = json.dumps(raw, indent=4) + "\n"
     atomic.write_text(path, text)  # an OSError is one `error:` line, exit 1 (cli.py)
     return said
+
+
+def _another_run(args, ckpt) -> str | None:
+    """What makes checkpoint `ckpt` another model's or another sequence length's than the fitted run's (as `train`
+    would refuse it: `training.checkpoint.check_compatible`), or None; None too when its config.json cannot be
+    read, which `train` names as it resumes."""
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.training.checkpoint import check_compatible
+
+    try:
+        ModelConfig.from_file(str(ckpt))
+    except (UserError, OSError, ValueError):
+        return None
+    try:
+        check_compatible(ckpt, build_model_config(args)[1], args.get("max_seq_length"))
+    except UserError as e:  # "<ckpt>: checkpoint has hidden_size=128 but this run's model has ...; resume with ..."
+        return str(e).split(": ", 1)[-1].split("; ")[0]
+    return None
 
 
 def _put(raw: dict, key: str, value) -> dict:
