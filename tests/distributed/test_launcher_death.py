@@ -2,15 +2,18 @@
 closed terminal, a dropped ssh session: it does not handle SIGHUP) or of SIGKILL. Its ranks, in sessions of their own,
 get the kernel's SIGTERM at its death (`distributed.launcher.launch.end_with_launcher`): they finish the step, agree
 the stop, save, release the run lock and exit. Before, the kernel SIGKILLed them: the work since the last checkpoint
-was lost and run.lock left behind. (The deadline for a rank that cannot stop: tests/unit/test_launcher_deadline.py.)"""
+was lost and run.lock left behind. On two nodes the other node's rank agrees the stop and saves with it, and its
+launcher ends with exit 0. (The deadline for a rank that cannot stop: tests/unit/test_launcher_deadline.py.)"""
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
-from launch_helpers import launch_cmd, read_checkpoint, write_config
+from launch_helpers import REPO, SCRIPT, child_env, launch_cmd, read_checkpoint, write_config
 from launched_jobs import default_hangup, read_log, started, wait_until
 
 
@@ -38,3 +41,37 @@ def test_ranks_whose_launcher_dies_stop_save_and_end(corpus, tmp_path, kill):
     assert "Traceback" not in log0 + log1 and ") died: " not in log0 + log1, logs()  # no watcher saw a death
     weights, optimizer = read_checkpoint(ckpt, "weights"), read_checkpoint(ckpt)
     assert weights and optimizer and all(v.size for v in weights.values())
+
+
+def test_the_other_nodes_rank_agrees_the_stop_when_one_nodes_launcher_dies(corpus, tmp_path):
+    """Two nodes on loopback (`PCLI_HOSTNAME`: two hosts to the watchers), one rank each; node 0's launcher
+    SIGKILLed."""
+    from pretrain_cli.distributed.launcher.job import reserve
+
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
+    faults = REPO / "tests" / "robustness" / "fault_inject"
+    logs = [tmp_path / f"log{node}" / "workerlog.0" for node in (0, 1)]
+    held = reserve()
+    try:
+        with contextlib.ExitStack() as stack:
+            jobs = []
+            for node in (0, 1):  # one job: the nodes share its marker
+                cmd = [sys.executable, "-m", "paddle.distributed.launch", "--master", f"127.0.0.1:{held.base}",
+                       "--nnodes", "2", "--nproc_per_node", "1", "--log_dir", str(logs[node].parent), str(SCRIPT),
+                       str(cfg)]
+                jobs.append(stack.enter_context(started(
+                    cmd, tmp_path, marker=jobs[0].marker if jobs else None, pass_fds=held.fds,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, PCLI_HOSTNAME=f"host{node}",
+                    PYTHONPATH=f"{faults}{os.pathsep}{child_env()['PYTHONPATH']}")))
+            said = lambda: "\n".join(read_log(log)[-3000:] for log in logs)  # noqa: E731
+            wait_until(jobs, lambda: any("global_step: 3," in read_log(log) for log in logs), 300, said)  # rank 0's
+            os.killpg(jobs[0].proc.pid, signal.SIGKILL)
+            assert jobs[1].proc.wait(timeout=120) == 0, said()  # its rank stopped and saved: a clean end
+            wait_until([], lambda: not jobs[0].pids(), 120, lambda: f"{jobs[0].pids()}\n{said()}", poll=0.5)
+    finally:
+        held.release()
+    ckpt = sorted((tmp_path / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    step = json.loads((ckpt / "trainer_state.json").read_text())["global_step"]
+    assert all(f"stopped at step {step} and saved" in read_log(log) for log in logs), said()
+    assert "received SIGTERM (its launcher died" in read_log(logs[0]), said()
+    assert not (tmp_path / "out" / "run.lock").exists() and read_checkpoint(ckpt, "weights")
