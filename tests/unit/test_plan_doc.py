@@ -56,7 +56,7 @@ def test_plan_md_has_its_worked_examples():
                for cmd, out, _ in found)
     # how many H100s PaddleNLP's DeepSeek-V3 file needs: the fewest whole nodes, from plan and from --fit
     assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" not in cmd
-               and any("  1. --gpus 176 with" in line and "(22 nodes of 8)" in line for line in out)
+               and any("  1. --gpus 168 with" in line and "(21 nodes of 8)" in line for line in out)
                for cmd, out, _ in found)
     assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" in cmd
                and any("or more devices: --gpus 192 (24 nodes of 8)" in line for line in out) for cmd, out, _ in found)

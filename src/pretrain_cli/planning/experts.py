@@ -102,6 +102,17 @@ def expert_params(s) -> float:
     return param_counts(s.model)["experts"] / (max(s.ep, 1) * s.tp)
 
 
+def gathered_layer(s) -> float:
+    """Elements of routed experts the semi-auto engine's ZeRO-3 holds gathered at a time: one sparse layer's whole
+    (÷ tp), a transient like any ZeRO-3 weight's (`memory._largest_weight`), 0 for a dense model. The grouped GEMM
+    keeps the experts' shards and gathers the weights where it reads them, one piece (gate, up or down of every
+    expert) at a time with its stacked copy, in forward and again in backward (`ops.grouped_gemm_layer.StackedGemm`,
+    `distributed.steps.local_kernels.ZeroGather`), so a layer's experts are an upper bound and nothing gathered
+    outlives the layer (measured on CPU: tests/unit/test_zero3_expert_gather.py)."""
+    e = experts(s.model)
+    return 0.0 if e is None else e.routed * e.expert_params(s.model.hidden_size) / s.tp
+
+
 def all_to_all(s) -> bool:
     """Whether expert parallelism's dispatch is the all-to-all form (NCCL, a GPU) rather than the all-gather one
     (gloo, CPU): `Collectives.all_to_all_dispatch`, by the planned device."""

@@ -17,7 +17,7 @@ from pretrain_cli.models.stages import stage_bounds, stage_layers
 from pretrain_cli.planning.activations import (activation_bytes, document_mask_bytes, final_norm_bytes,
                                                head_kept_bytes, head_loss_bytes, layer_bytes, mtp_activation_bytes)
 from pretrain_cli.planning.context import context_working_bytes
-from pretrain_cli.planning.experts import expert_params
+from pretrain_cli.planning.experts import expert_params, gathered_layer
 from pretrain_cli.planning.schedule import in_flight, live_chunks  # (in_flight: read here by the tests too)
 
 GIB = float(2**30)
@@ -66,12 +66,12 @@ class Setup:
 
 
 def _largest_weight(s: Setup) -> float:
-    """Elements of the largest single weight one rank gathers whole for use under ZeRO-3 and drops after it (`_parts`
-    adds what the semi-auto engine keeps gathered until backward: the dense MLPs' gate|up concatenations and every
-    sparse layer's routed experts, whose grouped GEMM keeps the gathered weights it read:
-    `ops.grouped_gemm_layer.StackedGemm`)."""
+    """Elements of the largest weight one rank gathers whole for use under ZeRO-3 and drops after it, on the
+    semi-auto engine one sparse layer's routed experts among them (`experts.gathered_layer`; `_parts` adds what it
+    keeps gathered until backward: the dense MLPs' gate|up concatenations)."""
     cfg = s.model
-    return max(cfg.vocab_size * cfg.hidden_size / s.vocab_tp, cfg.hidden_size * cfg.intermediate_size / s.tp)
+    return max(cfg.vocab_size * cfg.hidden_size / s.vocab_tp, cfg.hidden_size * cfg.intermediate_size / s.tp,
+               gathered_layer(s) if s.distributed_tensors else 0.0)
 
 
 def stage_params(s: Setup, stage: int) -> float:
@@ -265,19 +265,6 @@ def _half_copies(s: Setup, n: float, stage: int) -> float:
     return n - looked_up - stage_experts(s, stage) - packed + mtp_heads
 
 
-def _gathered_experts(s: Setup) -> float:
-    """Elements of routed experts the semi-auto engine's ZeRO-3 keeps gathered at the step's peak: each sparse layer's
-    grouped GEMM keeps the gathered weights it read until its backward (`distributed.steps.moe_layouts.LocalDispatch`
-    hands it the gathered copies; `ops.grouped_gemm_layer.StackedGemm` keeps its operands), so every sparse layer's
-    and the multi-token prediction modules' (÷ tp); under `full` recompute the decoder layers' forward is rerun one
-    layer at a time, so one sparse layer's and the modules' (which recompute does not wrap). Measured on CPU without
-    recompute (docs/PLAN.md, the memory model); the `full` case read from the code, not measured."""
-    if s.recompute != "full":
-        return stage_experts(s)
-    sparse = max(len(s.model.sparse_layers), 1)
-    return expert_params(s) / sparse + mtp_params(s)[1]
-
-
 def zero3_keeps_packed(s: Setup) -> bool:
     """Whether the dense MLPs' gate|up GEMM keeps its `[hidden, 2·inter/tp]` concatenation for backward: under the
     semi-auto engine's ZeRO-3 (`distributed.steps.local_kernels.localize`'s gate_up), where the weights it would keep
@@ -338,7 +325,6 @@ def _parts(s: Setup, n: float, activations: float, logits: float, document: floa
         out["gathered_weights"] = _largest_weight(s) * weight_b
         if s.amp_level != "O1":  # each dense MLP's gathered gate|up concatenation, kept for backward (O1: its half
             out["gathered_weights"] += packed_gate_up(s, stage) * weight_b  # cast, in `_half_copies`)
-        out["gathered_weights"] += _gathered_experts(s) * weight_b
     if s.distributed_tensors and s.vocab_parallel and s.device == "cpu":
         out["logits_loss"] += s.micro_batch * s.seq_len * s.model.vocab_size * 4  # the gathered fp32 logits
     if s.document_mask:
