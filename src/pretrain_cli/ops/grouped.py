@@ -2,7 +2,8 @@
 
 Inputs of every path: `x` `[rows, hidden]` grouped by expert, `counts` (host ints, rows per expert),
 `weights` [(gate `[hidden, inter]`, up `[hidden, inter]`, down `[inter, hidden]`)] per expert (Paddle's Linear
-layout), `swiglu_packed` (the kernel of `[..., 2·inter]` laid out [gate | up]). Output `[rows, hidden]`, same order.
+layout; under ZeRO-3 each a `grouped_gemm_layer.Gathered` shard, which only `stacked_gemm` reads), `swiglu_packed`
+(the kernel of `[..., 2·inter]` laid out [gate | up]). Output `[rows, hidden]`, same order.
 
 - `grouped_mlp_padded`: the experts' weights stacked to `[experts, hidden, 2·inter]` and
   `[experts, inter, hidden]`, the rows scattered into `[experts, max_count, hidden]` (zero padding), two batched
