@@ -37,7 +37,7 @@ subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], start_new_session=True)
 time.sleep(120)
 """
 # The observer: a child subreaper (PR_SET_CHILD_SUBREAPER), so the rank, orphaned by its launcher's SIGKILL, becomes
-# its child; prints how the rank ended and how long after its launcher's death.
+# its child; prints how the rank ended and how long after its launcher's kill.
 OBSERVER = """import ctypes, json, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
 launcher = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]])
@@ -46,11 +46,11 @@ while not os.path.exists(sys.argv[3]) or not open(sys.argv[3]).read():
     assert launcher.poll() is None and time.monotonic() < deadline
     time.sleep(0.02)
 rank = int(open(sys.argv[3]).read())
+killed = time.monotonic()  # (before the kill: the rank's deadline counts from the death, which comes after)
 launcher.kill()
 launcher.wait()
-died = time.monotonic()
 _, status = os.waitpid(rank, 0)
-print(json.dumps({"status": status, "after": time.monotonic() - died}))
+print(json.dumps({"status": status, "after": time.monotonic() - killed}))
 """
 
 
