@@ -14,7 +14,8 @@ import json, os, subprocess, sys, time
 from pathlib import Path
 from pretrain_cli.distributed.launcher import departure, watchdog, watcher
 shared, verdicts, then = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-departure.GRACE = 1.0  # (the forked watcher's copy)
+# (the forked watcher's copy) 1 s where the rank stays; where it ends by itself, more than any delay of a loaded host
+departure.GRACE = 1.0 if then == "stays" else 60.0
 peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(2)"], stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 lock, holder = Path(sys.argv[4]), int(sys.argv[5]) or os.getpid()
