@@ -51,9 +51,9 @@ def _forked_ranks(script, args_path, log_dir, nproc):
 def test_parallel_layouts_within_20_percent_of_measured_peak():
     """DP, ZeRO-2, ZeRO-3 and TP on 2 processes (the whole table: benchmarks/plan_calibration.py --layouts): the largest
     rank's allocator peak over a real `train_step` of the product's own build order. The table's llama-52m with 4
-    layers and an 8,000-token vocabulary (20 M parameters; errors +5.7, +8.0, +9.2 and +1.3 %, docs/PLAN.md);
-    the ranks forked (`launch`), which measure the same peaks to the byte as fresh ones (the same rows at 52 M:
-    1297.1, 912.1, 799.3 and 1388.2 MiB either way)."""
+    layers and an 8,000-token vocabulary (20 M parameters; errors +8.1, +11.6, +12.5 and −0.7 %, docs/PLAN.md);
+    the ranks forked (`launch`), which measure the same peaks to the byte as fresh ones (513.1, 360.5, 333.4 and
+    555.4 MiB either way)."""
     bench = _bench()
     model = dict(bench.LLAMA_52M, num_hidden_layers=4, vocab_size=8000)
     rows = bench.calibrate_layouts([x for x in bench.LAYOUTS if x[0] in ("data parallel b2", "ZeRO-2 b2", "ZeRO-3 b2",

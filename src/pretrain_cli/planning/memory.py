@@ -68,7 +68,10 @@ class Setup:
 def _largest_weight(s: Setup) -> float:
     """Elements of the largest weight one rank gathers whole for use under ZeRO-3 and drops after it, on the
     semi-auto engine one sparse layer's routed experts among them (`experts.gathered_layer`; `_parts` adds what it
-    keeps gathered until backward: the dense MLPs' gate|up concatenations)."""
+    keeps gathered until backward: the dense MLPs' gate|up concatenations). The embedding or LM head counts whole:
+    the fused head + loss's forward holds the gathered head beside its dW and a chunk of logits, the step's peak on
+    CPU from a few hundred tokens a micro-batch on (measured: docs/PLAN.md, the memory model), and on a GPU, whose
+    backward of the head holds only dW and its 1/S shard (no gloo all-reduce copy; not measured there)."""
     cfg = s.model
     return max(cfg.vocab_size * cfg.hidden_size / s.vocab_tp, cfg.hidden_size * cfg.intermediate_size / s.tp,
                gathered_layer(s) if s.distributed_tensors else 0.0)
