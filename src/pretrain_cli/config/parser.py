@@ -61,8 +61,21 @@ def _unknown(key: str, where: str, options=()) -> UserError:
     close = begun if len(begun) == 1 else difflib.get_close_matches(key, [*own, *KEYS], n=1, cutoff=0.6)
     if close and close[0] in own:
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
+    if key in _model_keys():  # `num_experts` is the model's, not a key with a near spelling (`no_recompute_layers`)
+        return UserError(f"{where}: `{key}` is a key of the model's config.json, not of the argument file; write it "
+                         f"in the config.json of a model directory and name that directory as model_name_or_path "
+                         f'(docs/MOE.md, "Your own model size")')
     hint = f"; did you mean `{close[0]}`?" if close else "; see docs/COMPATIBILITY.md for the accepted keys"
     return UserError(f"{where}: unknown key `{key}`{hint}")
+
+
+def _model_keys() -> set[str]:
+    """config.json's keys (`ModelConfig`'s, and transformers' other names for the number of experts), which a user
+    sizing a model from the command line reaches for first."""
+    from pretrain_cli.models.config import ModelConfig
+
+    fixed = {f.name for f in fields(ModelConfig)} - {"extra", "generation"}
+    return fixed | {"n_routed_experts", "num_local_experts", "aux_loss_alpha", "seq_aux"}
 
 
 def _no_repeated_keys(path: str):
