@@ -96,14 +96,16 @@ def autocast_half():
     return paddle.bfloat16 if paddle.amp.get_autocast_dtype() == "bfloat16" else paddle.float16
 
 
-def grouped_mlp_gpu(x, counts, weights, swiglu_packed):
+def grouped_mlp_gpu(x, counts, weights, swiglu_packed, fp16_path=None):
+    """`fp16_path`: the path an fp16 run takes instead, `grouped_mlp_cpu` unless given (`local_kernels._same_graph`
+    passes the padded one, whose calls do not depend on the counts)."""
     import paddle
 
     half = autocast_half()
     if half is not None and x.dtype != half:  # O1: x came fp32 out of the promoted norm (module docstring)
-        return grouped_mlp_gpu(x.astype(half), counts, weights, swiglu_packed).astype(x.dtype)
+        return grouped_mlp_gpu(x.astype(half), counts, weights, swiglu_packed, fp16_path).astype(x.dtype)
     if x.dtype == paddle.float16:  # batched_gemm's kernel has fp32 and bf16 only
-        return grouped_mlp_cpu(x, counts, weights, swiglu_packed)
+        return (fp16_path or grouped_mlp_cpu)(x, counts, weights, swiglu_packed)
     from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm, stacked_gemm
 
     gemm = BatchedGemm([int(n) for n in counts])

@@ -146,10 +146,16 @@ def _same_graph(grouped_mlp):
     own tokens): the CPU choice between padded GEMMs and per-expert segments follows the local counts, and the
     segments skip an expert without rows, so ranks would build different backward graphs. Their weights' Partial
     gradients are all-reduced by hooks as backward reaches them (`to_replicated`), so a different order (or a
-    missing gradient) pairs different tensors in one collective (gloo: "op.preamble.length <= op.nbytes"). The
-    padded path uses every expert's weights in the same ops whatever the counts."""
-    from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_padded
+    missing gradient) pairs different tensors in one collective (gloo: "op.preamble.length <= op.nbytes"), and
+    under ZeRO-3 each expert's gathers run where its GEMM reads it (`ZeroGather`), so a rank that skipped one would
+    hang the others. The padded path uses every expert's weights in the same ops whatever the counts; so does the
+    GPU's grouped GEMM, whose fp16 runs (no fp16 kernel) take the padded path here instead of the CPU's choice."""
+    import functools
 
+    from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu, grouped_mlp_padded
+
+    if grouped_mlp is grouped_mlp_gpu:
+        return functools.partial(grouped_mlp_gpu, fp16_path=grouped_mlp_padded)
     return grouped_mlp_padded if grouped_mlp is grouped_mlp_cpu else grouped_mlp
 
 
