@@ -89,9 +89,10 @@ def test_sigterm_while_a_node_waits_at_master_for_the_others_ends_it_at_once(cor
 
 def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, tmp_path):
     """SIGKILL to launch.sh's process group (`kill -9 -PGID`, a test's clean-up, a scheduler's kill after its grace
-    period) mid-training: the ranks die with their launcher. Paddle's launcher starts each rank in a session of its
-    own, so the group's SIGKILL missed them: the ranks and their watchers went on with PPID 1 (two of a test's were
-    found 30 minutes later), training on or waiting for a peer until hang_timeout. launch.sh's verdict directory, which
+    period) mid-training: the ranks, told by the kernel's SIGTERM at their launcher's death, stop, save and end
+    (`distributed.launcher.launch.end_with_launcher`). Paddle's launcher starts each rank in a session of its own, so
+    the group's SIGKILL missed them: the ranks and their watchers went on with PPID 1 (two of a test's were found 30
+    minutes later), training on or waiting for a peer until hang_timeout. launch.sh's verdict directory, which
     its EXIT trap cannot remove then, is named by it, and the next launch removes it (`tempdirs.sweep`: before, one
     `pretrain-cli-verdicts.*` stayed in TMPDIR per run of this test)."""
     import socket
@@ -109,11 +110,18 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         verdicts = list(Path(tempfile.gettempdir()).glob(f"pretrain-cli-verdicts-{socket.gethostname()}-{proc.pid}-*"))
-        deadline = time.monotonic() + 60  # (they end within a second: a bound, not a measurement)
+        deadline = time.monotonic() + 60  # (they stop and save within seconds: a bound, not a measurement)
         while job.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
         left = job.pids()
     assert not left, left
+    log0 = read_log(tmp_path / "log" / "workerlog.0")
+    saved = sorted((tmp_path / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert saved, log0[-3000:]  # (before: the kernel SIGKILLed the ranks at their launcher's death, unsaved)
+    step = json.loads((saved[-1] / "trainer_state.json").read_text())["global_step"]
+    assert step >= 3 and f"stopped at step {step} and saved" in log0, log0[-3000:]
+    assert "received SIGTERM (its launcher died: this rank ends itself 900 s after that" in log0, log0[-3000:]
+    assert not (tmp_path / "out" / "run.lock").exists()
     assert len(verdicts) == 1  # left by the SIGKILL ...
     tempdirs.sweep()  # ... until the next launch's first step
     assert not verdicts[0].exists()
