@@ -16,8 +16,8 @@ only launch.sh). The first request of either kind stops the job (Paddle's handle
 finish their step and save); launch.sh's copy of a signal the launcher had itself is dropped, and so is the
 launcher's own copy of one whose copy came first (Python runs pending handlers by signal number: SIGUSR1 before
 SIGTERM). A further signal is Paddle's second one, which ends the ranks 10 s later. A hang-up (SIGHUP: the terminal
-closed) is a SIGTERM stop, unless ignored from the start (nohup); its default action kills the launcher, and the
-ranks with it.
+closed) is a SIGTERM stop, unless ignored from the start (nohup); its default action would kill the launcher, whose
+ranks then stop as at its death (below).
 
 Several nodes (`--master ip:port --nnodes N`): the wait for the other nodes is limited to RENDEZVOUS_TIMEOUT seconds
 (default 600) and said after 10 s (`distributed/launcher/rendezvous.py`); Paddle's own waits for ever, silently.

@@ -29,7 +29,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration.targets import launcher_target
     from pretrain_cli.distributed.launcher import launch
 
-    launch.end_with_launcher()  # a launched rank: none outlives its launcher
+    launch.end_with_launcher()  # a launched rank stops at its launcher's death, and ends by a deadline
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target())
     from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, is_out_of_memory
