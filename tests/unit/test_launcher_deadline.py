@@ -60,7 +60,7 @@ def _observe(tmp_path: Path, mode: str, **env) -> dict:
     out = subprocess.run([sys.executable, "-c", OBSERVER, LAUNCHER, RANK, str(mark), mode], env=full_env,
                          capture_output=True, text=True, timeout=120, start_new_session=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    return {**json.loads(out.stdout), "term": (tmp_path / "rank.pid.term").read_text()}
+    return {**json.loads(out.stdout), "term": (tmp_path / "rank.pid.term").read_text(), "said": out.stderr}
 
 
 def test_a_rank_whose_launcher_dies_gets_the_stop_signal_and_its_stop_ends_it(tmp_path):
@@ -74,6 +74,8 @@ def test_a_rank_that_does_not_stop_kills_itself_at_its_deadline(tmp_path):
     assert os.WIFSIGNALED(seen["status"]) and os.WTERMSIG(seen["status"]) == signal.SIGKILL, seen
     assert seen["term"] == "2"
     assert seen["after"] >= 2  # (not before its deadline: the thread sleeps it out from the launcher's death)
+    assert ("[pretrain-cli] rank 0: its launcher died 2 s ago and this rank has not ended since (stuck in a collective, "
+            "a peer gone, or a save longer than that): it ends itself now (SIGKILL)") in seen["said"], seen
 
 
 @pytest.mark.parametrize("environ, seconds", [
@@ -87,5 +89,5 @@ def test_the_deadline_is_the_time_the_launcher_gives_a_stop(environ, seconds):
 
 def test_a_launcher_gone_already_starts_the_deadline_at_once():
     ended = []  # (-1 is not this process's parent: its launcher, so named, is gone)
-    launch._end_after(-1, 0, end=lambda: ended.append(1), poll=0.01)
-    assert ended == [1] and launch.launcher_gone() is None  # (this process tied itself to no launcher)
+    launch._end_after(-1, 0, end=ended.append, poll=0.01)
+    assert ended == [0] and launch.launcher_gone() is None  # (this process tied itself to no launcher)

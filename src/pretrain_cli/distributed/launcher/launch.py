@@ -102,11 +102,10 @@ def launcher_gone() -> int | None:
 
 def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> None:
     """Wait for `launcher` (this process's parent) to die, then give this rank `seconds` to stop before `end`
-    (SIGKILL to itself). The launcher's pidfd wakes the wait at its death; where Linux offers none, its parent's pid
+    (`_end_now`). The launcher's pidfd wakes the wait at its death; where Linux offers none, its parent's pid
     is polled every `poll` s. A pidfd opened while the parent is still `launcher` is that process's: its pid cannot be
     reused before its children are handed to another parent."""
     import select
-    import signal
     import time
 
     from pretrain_cli import processes
@@ -122,4 +121,19 @@ def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> No
         if fd is not None:
             os.close(fd)
     time.sleep(seconds)
-    (end or (lambda: os.kill(os.getpid(), signal.SIGKILL)))()
+    (end or _end_now)(seconds)
+
+
+def _end_now(seconds: float) -> None:
+    """SIGKILL this rank, one line first in its log: its watcher names the SIGKILL, but as the launcher's limit or a
+    scheduler's (`stopping.killed`), while here the launcher is gone and the rank ended itself."""
+    import contextlib
+    import signal
+
+    rank = os.environ.get("PADDLE_TRAINER_ID", "?").strip()
+    with contextlib.suppress(OSError):  # (its watcher's pipe may be gone)
+        os.write(2, (f"\n[pretrain-cli] rank {rank}: its launcher died {seconds:.0f} s ago and this rank has not ended "
+                     f"since (stuck in a collective, a peer gone, or a save longer than that): it ends itself now "
+                     f"(SIGKILL), a checkpoint it was saving lost (`distributed.launcher.launch.end_with_launcher`)\n"
+                     ).encode())
+    os.kill(os.getpid(), signal.SIGKILL)
