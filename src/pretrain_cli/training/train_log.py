@@ -1,5 +1,6 @@
 """What a training run records of itself: the train log line's values (`_log`), the history the trainer state keeps
-and metrics.jsonl's records (`_record`, `record_event`), the one-time layout report and rank 0's progress bar.
+and metrics.jsonl's records (`_record`, `record_event`), the routing-collapse warning of a MoE model
+(`training.routing_watch`), the one-time layout report and rank 0's progress bar.
 
 A mixin of `trainer.Trainer`, apart from the loop so the loop reads as its stop conditions and bookkeeping: it
 uses the trainer's `state`, `loop`, `schedule`, `parallel`, `device`, `comm`, `layout` and its collaborators
@@ -44,6 +45,27 @@ class TrainLog:
         s.interval_loss, s.interval_steps = 0.0, 0
         log.info(format_line(values))
         self._record("train", values)
+        if "moe_expert_share_per_layer" in values:
+            self._watch_routing(values["moe_expert_share_per_layer"])
+
+    def _watch_routing(self, per_layer: list) -> None:
+        """A MoE layer collapsed onto one expert (`routing_watch`): a warning and a `routing_collapse` record,
+        once per layer. Every rank sees the same shares (gathered over the ranks), so every rank's log agrees."""
+        from pretrain_cli.models.moe_loss import router_terms
+        from pretrain_cli.training.routing_watch import CollapseWatch
+
+        model = self.layout.raw_model
+        watch = getattr(self, "_collapse_watch", None)
+        if watch is None:
+            cfg = model.config
+            watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers)
+        for layer, share in watch.see(per_layer):
+            rate, coef = float(model.moe.bias_update_rate or 0.0), router_terms(model).aux_coef
+            log.warning(watch.message(self.state.global_step, layer, share, rate, coef))
+            self.record_event("routing_collapse", {"layer": layer, "max_expert_share": share,
+                                                   "top_k": watch.top_k, "experts": watch.experts,
+                                                   "moe_router_bias_update_rate": rate,
+                                                   "router_aux_loss_coef": coef})
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""
