@@ -17,6 +17,7 @@ from pathlib import Path
 from pretrain_cli.counts import count
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.config.compute import attention_words
+from pretrain_cli.config.moe import DEEPSEEK_ALPHA
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
@@ -123,6 +124,8 @@ class RunSpec:
         lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers, hidden "
                      f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
                      f"{cfg.vocab_size}); {start}")
+        if cfg.expert_layers:
+            lines.append(f"  {self._experts()}")
         lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
@@ -148,6 +151,20 @@ class RunSpec:
         lines += [f"  {line}" for line in self.data_lines]
         lines.append(f"  report_to: metrics.jsonl + {', '.join(r.output.report_to) or 'no tracker'}")
         return lines
+
+    def _experts(self) -> str:
+        """A MoE model's routing as this run trains it: config.json's experts, top-k and `norm_topk_prob`, and the
+        balancing decided in `config.moe` (the weight in effect where the file leaves it to config.json or the
+        paper, the bias rate a DeepSeek-V3 run gets unasked), so a run's balancing is read before its first step."""
+        cfg, moe, p = self.model_cfg, self.run.moe, self.run.parallel
+        shared = cfg.n_shared_experts or (1 if cfg.shared_expert_intermediate_size else 0)  # Qwen2-MoE: one
+        kind = "sequence-wise" if cfg.model_type in DEEPSEEK_ALPHA else f"load-balancing, {moe.aux_loss_scope} scope"
+        rate = f"{moe.bias_update_rate:g}" if moe.bias_update_rate else "0 (off)"
+        return (f"experts: {cfg.num_experts} routed + {shared} shared in {len(cfg.expert_layers)} of "
+                f"{cfg.num_hidden_layers + (cfg.num_nextn_predict_layers or 0)} layers, top-{cfg.num_experts_per_tok},"
+                f" norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; balance loss weight "
+                f"{moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; expert parallel degree "
+                f"{p.ep_degree}")
 
     def _evaluations(self) -> str:
         """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final
