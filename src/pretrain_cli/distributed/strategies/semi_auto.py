@@ -136,5 +136,6 @@ class SemiAuto(Strategy):
             return tensor
         if not all(p.is_replicated() for p in tensor.placements):
             tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() for _ in tensor.placements])
-        return tensor._local_value()
+        # replicated, the local value is the whole; in the global shape (a 0-d loss's can come as [1]: DeepSeek-V2's)
+        return tensor._local_value().reshape(tensor.shape)
 
