@@ -1,7 +1,8 @@
 """DeepSeek-V2's shape (`micro-deepseek-v2`: MLA, greedy softmax routing with a sequence-level balance loss, no
 multi-token prediction) on the semi-auto engine's ZeRO-2 over two data ranks, through the real launcher, equal to
 one process step by step. Its loss is a 0-d distributed tensor whose local value Paddle 3.3.1 gives the shape [1]
-(Qwen3-MoE's comes 0-d), which the step's host read (`SemiAuto.to_host`) must still hand over as a scalar: before, `float()` of it ended rank 0 at step 1 ("only 0-dimensional arrays can be converted")."""
+(Qwen3-MoE's comes 0-d), which the step's host read (`SemiAuto.to_host`) must still hand over as a scalar:
+before, `float()` of it ended rank 0 at step 1 ("only 0-dimensional arrays can be converted")."""
 from launch_helpers import assert_close_losses, launch, single, write_config
 
 STEPS = 3
