@@ -62,7 +62,7 @@ dispatch = moe.dispatch_local
 def skewed(x, routing, experts, num_experts, capacity_factor=0.0):
     if routing.indices.is_dist():  # (not the local call LocalDispatch makes)
         return dispatch(x, routing, experts, num_experts, capacity_factor)
-    if data_rank == 0 and "even" not in sys.argv:  # this rank's tokens never reach expert 0: its choices of 0 go to expert 1
+    if data_rank == 0:  # this rank's tokens never reach expert 0: its choices of 0 go to expert 1
         routing = moe.Routing(None, None, paddle.where(routing.indices == 0, paddle.ones_like(routing.indices),
                                                        routing.indices), routing.weights)
     out, counts, dropped = dispatch(x, routing, experts, num_experts, capacity_factor)
