@@ -28,11 +28,24 @@ def fewest_processes(args) -> tuple[int, str]:
     return math.prod(d for _, d in axes) * ranks, " x ".join(parts)
 
 
+def _launch_words(need: int, device: str) -> str:
+    """How to run `need` processes from here: under scripts/launch.sh (it exports `job.VERDICTS_ENV` to its ranks)
+    its own setting, NPROC on CPU and DEVICES on GPUs, since the user is launching, not checking; else `check`'s."""
+    from pretrain_cli.distributed.launcher.job import verdict_dir
+
+    if verdict_dir() is None:
+        return f"`check --world_size {need}` checks it as they run it"
+    if device == "cpu":
+        return f"`NPROC={need} scripts/launch.sh` starts them"
+    return f"`DEVICES={','.join(map(str, range(need)))} scripts/launch.sh` starts them, one per GPU"
+
+
 def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, problems: Problems,
-                      planned: bool = False) -> None:
+                      planned: bool = False, device: str = "cpu") -> None:
     """Notes for `degrees` ({key: degree}: tensor, pipeline, sep, context, expert) and sharding `stage` on one
     process; `sequence_parallel` and `virtual_pp_degree` get the notes they get on many when they are without their
-    axis. `planned`: for `plan`, whose option for the processes is `--gpus` (`check`'s is `--world_size`)."""
+    axis. `planned`: for `plan`, whose option for the processes is `--gpus` (`check`'s is `--world_size`);
+    `device`: the run's, which decides what starts more processes under scripts/launch.sh."""
     t = args.training
     dropped = [f"{k}={v}" for k, v in degrees.items() if v > 1]
     tp, pp = degrees["tensor_parallel_degree"], degrees["pipeline_parallel_degree"]
@@ -44,8 +57,8 @@ def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, p
         dropped.append(f"sharding={t.sharding!r}")
     need = fewest_processes(args)[0]
     if dropped:
-        how = f"`plan --gpus {need}` plans it" if planned else f"`check --world_size {need}` checks it"
-        launch = f"; the file's layout needs {need} processes: {how} as they run it" if need > 1 else ""
+        how = f"`plan --gpus {need}` plans it as they run it" if planned else _launch_words(need, device)
+        launch = f"; the file's layout needs {need} processes: {how}" if need > 1 else ""
         notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect{launch}")
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")

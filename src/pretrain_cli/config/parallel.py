@@ -51,7 +51,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         one_process_notes(args, model_cfg, {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
                                             "sep_parallel_degree": sep, "context_parallel_degree": cp,
                                             "expert_parallel_degree": degree(t.expert_parallel_degree)}, stage,
-                          notes, problems, target.planned)
+                          notes, problems, target.planned, target.device)
         return ParallelConfig(world_size=1, rank=target.rank, local_rank=target.local_rank)
     cp = context_degree(args, world, problems)
     sp = bool(t.sequence_parallel) and tp > 1
