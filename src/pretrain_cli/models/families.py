@@ -33,25 +33,29 @@ class Family:
 
 FAMILIES = {f.model_type: f for f in (
     # HF `attention_bias` puts a bias on q/k/v *and* o; `mlp_bias` on gate/up/down
-    Family("llama", "LlamaForCausalLM", "llama.", lambda cfg: (cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias)),
+    Family("llama", "LlamaForCausalLM", "llama.", lambda cfg: (cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias),
+           defaults=(("max_position_embeddings", 2048),)),
     # q/k/v always carry a bias, o_proj and the MLP never do (HF Qwen2Attention)
-    Family("qwen2", "Qwen2ForCausalLM", "qwen2.", lambda cfg: (True, False, False)),
+    Family("qwen2", "Qwen2ForCausalLM", "qwen2.", lambda cfg: (True, False, False),
+           defaults=(("max_position_embeddings", 32768),)),
     # HF Qwen3Attention: `attention_bias` (false in every released model) on q/k/v and o, no MLP bias;
     # q_norm / k_norm per head; head_dim explicit (128 with hidden 1024 and 16 heads in Qwen3-0.6B).
     # PaddleNLP's Qwen3 uses HF's `model.` prefix with Paddle's [in, out] Linear layout: `convert` tells it by shape
     Family("qwen3", "Qwen3ForCausalLM", None,
-           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True),
+           lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True,
+           defaults=(("max_position_embeddings", 32768),)),
     # transformers `Qwen3MoeConfig` / `Qwen3MoeAttention`: Qwen3's attention, no shared expert
     Family("qwen3_moe", "Qwen3MoeForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), qk_norm=True, moe=True,
            defaults=(("num_experts", 128), ("num_experts_per_tok", 8), ("moe_intermediate_size", 768),
-                     ("norm_topk_prob", False), ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001))),
+                     ("norm_topk_prob", False), ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001),
+                     ("max_position_embeddings", 32768))),
     # transformers `Qwen2MoeConfig` / `Qwen2MoeAttention`: q/k/v bias by `qkv_bias` (default true), o_proj none
     Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe.",
            lambda cfg: (bool(cfg.extra.get("qkv_bias", True)), False, False), moe=True, shared_expert=True,
            defaults=(("num_experts", 60), ("num_experts_per_tok", 4), ("moe_intermediate_size", 1408),
                      ("shared_expert_intermediate_size", 5632), ("norm_topk_prob", False),
-                     ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001))),
+                     ("decoder_sparse_step", 1), ("router_aux_loss_coef", 0.001), ("max_position_embeddings", 32768))),
     # HF DeepseekV2/V3Attention: `attention_bias` on q_a_proj, kv_a_proj_with_mqa and o_proj only (the
     # tuple's q/k/v slot means those two down-projections); no MLP bias
     # its MoE (`models.deepseek_moe`): shared experts without a gate, layers from first_k_dense_replace on sparse;
@@ -60,12 +64,13 @@ FAMILIES = {f.model_type: f for f in (
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
            defaults=(("num_experts", 64), ("moe_intermediate_size", 1407), ("n_shared_experts", 2),
                      ("first_k_dense_replace", 0), ("routed_scaling_factor", 1.0), ("topk_method", "greedy"),
-                     ("norm_topk_prob", False)), hf_fp32=("mlp.gate.weight",)),
+                     ("norm_topk_prob", False), ("max_position_embeddings", 2048)), hf_fp32=("mlp.gate.weight",)),
     Family("deepseek_v3", "DeepseekV3ForCausalLM", None,
            lambda cfg: (cfg.attention_bias, cfg.attention_bias, False), attention="mla", moe=True,
            defaults=(("num_experts", 256), ("num_experts_per_tok", 8), ("moe_intermediate_size", 2048),
                      ("n_shared_experts", 1), ("first_k_dense_replace", 3), ("n_group", 8), ("topk_group", 4),
-                     ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True)),
+                     ("routed_scaling_factor", 2.5), ("topk_method", "noaux_tc"), ("norm_topk_prob", True),
+                     ("max_position_embeddings", 4096)),
            hf_router_bias=True, hf_fp32=("mlp.gate.weight", "mlp.gate.e_score_correction_bias")),
 )}
 MODEL_TYPES = tuple(FAMILIES)

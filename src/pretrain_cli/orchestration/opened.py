@@ -18,6 +18,7 @@ def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models.config import ModelConfig, read_generation
+    from pretrain_cli.models.families import FAMILIES
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
     path = model_dir / "config.json"
@@ -40,12 +41,17 @@ def build_model_config(args: Arguments):
                             f"pretrained weights of vocab_size {raw.get('vocab_size')}; drop one of them")
         raw["vocab_size"] = args.model.vocab_size
     seq, limit = args.data.max_seq_length, raw.get("max_position_embeddings")
+    left_out = limit is None and raw.get("model_type") in FAMILIES
+    if left_out:  # what transformers' configuration class reads the directory as (`Family.defaults`)
+        limit = dict(FAMILIES[raw["model_type"]].defaults)["max_position_embeddings"]
     if not args.model.continue_training and isinstance(limit, int) and isinstance(seq, int) and seq > limit:
-        # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two); pretrained
-        # weights keep the range they were trained for (check_seq_len refuses more)
+        # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two), whether
+        # config.json writes the range or leaves it to transformers' default; pretrained weights keep the range
+        # they were trained for (check_seq_len refuses more)
         raw["max_position_embeddings"] = seq
-        args.rewritten += (f"max_position_embeddings: raised from {limit} to max_seq_length {seq} for the new "
-                           f"model (as in PaddleNLP)",)
+        whose = " (transformers' default: config.json leaves it out)" if left_out else ""
+        args.rewritten += (f"max_position_embeddings: raised from {limit}{whose} to max_seq_length {seq} for the "
+                           f"new model, whose positions are the ones it trains on (as in PaddleNLP)",)
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate()

@@ -1,0 +1,43 @@
+"""A config.json's `max_position_embeddings` left out means transformers' default of its configuration class
+(Qwen3MoeConfig 32768, LlamaConfig 2048, ...), and a new model is raised to a longer max_seq_length whether the key
+is written or left out (`orchestration.opened.build_model_config`); pretrained weights keep their range."""
+import json
+
+import pytest
+
+from pretrain_cli.config.parser import parse_config
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.config import check_seq_len
+from pretrain_cli.orchestration.opened import build_model_config
+
+TINY = {"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+
+
+def _built(tmp_path, config: dict, seq: int, *flags: str):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = parse_config(None, ["--model_name_or_path", str(tmp_path), "--max_seq_length", str(seq), *flags])
+    _, cfg = build_model_config(args)
+    check_seq_len(cfg, seq)  # what `prepare` asks next
+    return cfg, list(args.rewritten)
+
+
+def test_left_out_is_transformers_default(tmp_path):
+    """It was 2048 for every family: max_seq_length 4096 on the tiny Qwen3-MoE stopped with 'exceeds the model's
+    max_position_embeddings (2048)', where transformers reads that config.json as 32768."""
+    cfg, notes = _built(tmp_path, TINY, 4096)
+    assert cfg.max_position_embeddings == 32768 and notes == []
+
+
+def test_a_new_model_is_raised_whether_the_key_is_written_or_left_out(tmp_path):
+    llama = {k: v for k, v in TINY.items() if not k.startswith(("num_experts", "moe_"))} | {"model_type": "llama"}
+    cfg, notes = _built(tmp_path, llama, 4096)  # LlamaConfig's default: 2048
+    assert cfg.max_position_embeddings == 4096
+    assert notes == ["max_position_embeddings: raised from 2048 (transformers' default: config.json leaves it out) to "
+                     "max_seq_length 4096 for the new model, whose positions are the ones it trains on (as in "
+                     "PaddleNLP)"]
+    cfg, notes = _built(tmp_path, {**llama, "max_position_embeddings": 256}, 4096)
+    assert cfg.max_position_embeddings == 4096 and notes[0].startswith("max_position_embeddings: raised from 256 to")
+    with pytest.raises(UserError, match=r"4096 exceeds the model's max_position_embeddings \(2048\)"):
+        _built(tmp_path, llama, 4096, "--continue_training", "1")  # pretrained weights: their range, the default's
