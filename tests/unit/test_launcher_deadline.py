@@ -87,6 +87,34 @@ def test_the_deadline_is_the_time_the_launcher_gives_a_stop(environ, seconds):
     assert launch.deadline_seconds(environ) == seconds
 
 
+# A launcher whose main thread, which started the rank, ends before its other thread (as in a SIGKILLed launcher with a
+# server thread): the kernel's SIGTERM comes while the rank's parent is still that pid.
+THREADED_LAUNCHER = """import ctypes, os, subprocess, sys, threading, time
+subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], start_new_session=True)
+while not os.path.exists(sys.argv[2]) or not open(sys.argv[2]).read():
+    time.sleep(0.02)
+threading.Thread(target=lambda: (time.sleep(5), os._exit(0))).start()
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)  # SYS_exit: the main thread alone
+"""
+
+
+def test_a_launcher_whose_main_thread_ended_first_is_gone_for_the_ranks_stop(tmp_path):
+    import time
+
+    mark = tmp_path / "rank.pid"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PADDLE_TRAINER_ID": "0", "PRETRAIN_CLI_STOP_LIMIT": "60"}
+    launcher = subprocess.Popen([sys.executable, "-c", THREADED_LAUNCHER, RANK, str(mark), "stops"], env=env,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "rank.pid.term").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (tmp_path / "rank.pid.term").read_text() == "60"  # before: "None", a plain SIGTERM's line
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
 def test_a_launcher_gone_already_starts_the_deadline_at_once():
     ended = []  # (-1 is not this process's parent: its launcher, so named, is gone)
     launch._end_after(-1, 0, end=ended.append, poll=0.01)

@@ -96,8 +96,16 @@ def deadline_seconds(environ=os.environ) -> int:
 
 def launcher_gone() -> int | None:
     """The seconds this rank has from its launcher's death (`deadline_seconds`) when its launcher is gone, else None
-    (not launched, or the launcher runs)."""
-    return _TIED[1] if _TIED and os.getppid() != _TIED[0] else None
+    (not launched, or the launcher runs). Gone from the moment the launcher's main thread ends (`processes.alive`:
+    a zombie leader), not only once this rank has another parent: the kernel's signal comes as the thread that
+    started the rank ends, and a launcher with more threads (Paddle's serving the nodes' meeting, a `--master` on
+    its node) that is SIGKILLed may end that thread first, handing the rank to a thread of its own, same pid, that
+    ends a moment later (seen: 1 of 2 two-node runs said a plain `received SIGTERM`)."""
+    if not _TIED:
+        return None
+    from pretrain_cli import processes
+
+    return _TIED[1] if os.getppid() != _TIED[0] or not processes.alive(_TIED[0]) else None
 
 
 def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> None:
