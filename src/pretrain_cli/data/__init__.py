@@ -71,6 +71,21 @@ def check_tokenizer(prefixes: list[str], tokenizer, where: str = "", instead: st
         raise UserError(where + problems[0] + more)
 
 
+def _vocabulary_fix(src, tokenizer) -> str:
+    """What to do about ids the model's vocabulary does not hold, by what the run knows of them. A tokenizer the run
+    loaded fits the model (`open_tokenizer` refuses a larger one), so ids past the model's are past the tokenizer's
+    too: the files were made with another tokenizer, and preprocess is the fix. Without one (none named, or refused
+    as larger than the model, whose line names --vocab_size) the ids are most likely a larger tokenizer's: a new
+    model takes a vocabulary that holds them; pretrained weights keep theirs, so the data must be the model's."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if size is not None:
+        return (f"these are not the ids of the run's tokenizer ({size} tokens): re-run preprocess with it "
+                f"(tokenizer_name_or_path)")
+    return (f"a new model holds them with --vocab_size {src.max_token_id() + 1} or more (the key vocab_size: the "
+            f"size of the tokenizer that made them); pretrained weights keep their vocabulary: re-run preprocess "
+            f"with the model's tokenizer")
+
+
 def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode: str = "packed",
                    tokenizer=None, data_cache: str | None = None, need=("train", "valid", "test"),
                    vocab_size: int | None = None, document_mask: bool = False,
@@ -103,8 +118,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
     for weight, prefix in parse_input_dir(input_dir):
         src = open_token_file(prefix)
         if vocab_size is not None:
-            check_token_ids(src, vocab_size, fix="re-run preprocess with the model's tokenizer or use a model with a "
-                                                 "larger vocabulary")
+            check_token_ids(src, vocab_size, fix=_vocabulary_fix(src, tokenizer))
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
                                 document_mask, reset_position_ids, split_text)
         weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
