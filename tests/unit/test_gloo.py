@@ -1,6 +1,6 @@
 """The gloo groups' own TCP stores (`distributed.comms.gloo.separate_stores`): the n-th group of more than one rank is
 served by its lowest rank on the n-th group port of the job's reserved block (`distributed.launcher.job`), published in the
-global store for the other members; a group's store is installed only while that group is created."""
+global store for the other members once it listens; a group's store is installed only while that group is created."""
 from __future__ import annotations
 
 from pretrain_cli import runtime
@@ -37,6 +37,8 @@ class _Core:
 
     def TCPStore(self, host, port, is_master, world, timeout):  # noqa: N802 (Paddle's name)
         self.stores.append((host, port, is_master, world))
+        # the port is published only once its server listens (a member's connect refused sleeps 3 s)
+        assert not is_master or not any(v == str(port).encode() for v in self.shared.values.values())
         return ("store", port)
 
 
@@ -52,7 +54,8 @@ def test_the_server_takes_the_blocks_group_port_and_the_members_read_it(monkeypa
     gloo._group_store(member, 2, [1, 3], 3, ENDPOINTS)
     port = job.group_store_port(2)
     assert base + job.LAUNCHER_PORTS < port < base + job.BLOCK
-    assert server.stores == [("127.0.0.1", port, True, 2)] and member.stores == [("127.0.0.1", port, False, 2)]
+    # no store waits for the members to connect (world 0): gloo's rendezvous waits for each member's key
+    assert server.stores == [("127.0.0.1", port, True, 0)] and member.stores == [("127.0.0.1", port, False, 0)]
     assert shared.values[gloo.PORT_KEY.format(2)] == str(port).encode()
 
 
@@ -61,7 +64,7 @@ def test_without_a_block_the_server_takes_a_free_port(monkeypatch):
     core = _Core(_Shared())
     gloo._group_store(core, 1, [0, 1], 0, ENDPOINTS)
     (host, port, is_master, world), = core.stores
-    assert (host, is_master, world) == ("127.0.0.1", True, 2) and port > 0  # a port the kernel handed out
+    assert (host, is_master, world) == ("127.0.0.1", True, 0) and port > 0  # a port the kernel handed out
 
 
 def test_groups_are_numbered_alike_on_every_rank_and_one_rank_groups_take_no_port(monkeypatch):

@@ -18,6 +18,7 @@ is the data side each engine adds.
 from __future__ import annotations
 
 from pretrain_cli.distributed.launcher import launch
+from pretrain_cli.distributed.comms import store
 from pretrain_cli.distributed.comms.collectives import for_device
 from pretrain_cli.distributed.strategies.pipeline import Pipeline, pipeline_configs
 from pretrain_cli.distributed.strategies.semi_auto import SemiAuto
@@ -44,6 +45,7 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     # to come (the start-up allowance of hang_timeout: a node alive whose ranks never come is named after it)
     job.joined(parallel.rank, False, progress.allowance("start-up", loop.hang_timeout if loop else None, 0.0))
     try:
+        store.join_global(parallel.rank)  # without the fixed waits of Paddle's store client (its docstring)
         fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (parallel.engine == "context_parallel"
                                                                           and parallel.sharding_stage in (1, 2))
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology

@@ -11,9 +11,9 @@ data-parallel groups, join and run on CPU.
    another group size) and fails with "Connection refused", a hang, or "address.cc … 136 vs 45". Whether a join
    succeeds is a race, lost more often the more groups there are (4 ranks, 3+ stages or disjoint dp groups) and
    the more loaded the machine. Here each group gets a TCP store of its own (served by its lowest rank, its port
-   published in the global store under a key of this module), so no key is ever read stale. The n-th group's
-   port is `job.group_store_port(n)`: inside the block of ports the job holds (launch.sh and the tests), apart
-   from the launcher's own; under a bare launcher, which holds none, a free port the kernel hands out.
+   published in the global store under a key of this module once it listens), so no key is ever read stale. The
+   n-th group's port is `job.group_store_port(n)`: inside the block of ports the job holds (launch.sh and the
+   tests), apart from the launcher's own; under a bare launcher, which holds none, a free port the kernel hands out.
 
 2. **Send/recv tags counted per group** (`neighbour_sends`). A gloo process group numbers every operation it
    runs (`next_tag`), and a send matches only the receive with the same number. fleet's pipeline sends between
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
+from pretrain_cli.distributed.comms import store
 from pretrain_cli.distributed.launcher import job
 
 PORT_KEY = "pretrain_cli/gloo_group_store/{}"  # in the global store: the port of the n-th group's own store
@@ -69,7 +70,9 @@ def separate_stores(gloo: bool = True):
 
 def _group_store(core, n: int, members: list, me: int, endpoints: list):
     """The n-th group's own TCP store: its lowest rank serves it on the n-th group port of its host's block and
-    publishes the port (a rank on another node holds another block)."""
+    publishes the port once it listens (a rank on another node holds another block), so no member's connect is
+    refused (Paddle's client then sleeps 3 s: `distributed.comms.store`). Made for no number of members: no store
+    waits for the others to connect (gloo's rendezvous waits for each member's key); each client sends at once."""
     shared, key = core.create_or_get_global_tcp_store(), PORT_KEY.format(n)
     host = endpoints[members[0]].split(":")[0]
     if me == members[0]:
@@ -78,10 +81,14 @@ def _group_store(core, n: int, members: list, me: int, endpoints: list):
             with socket.socket() as s:
                 s.bind((host, 0))
                 port = s.getsockname()[1]
-        shared.set(key, str(port).encode())  # before serving: the server waits for every member to connect
-        return core.TCPStore(host, port, True, len(members), 900)
-    shared.wait(key)
-    return core.TCPStore(host, int(bytes(shared.get(key)).decode()), False, len(members), 900)
+        own = core.TCPStore(host, port, True, 0, 900)  # listening once made
+        shared.set(key, str(port).encode())
+    else:
+        shared.wait(key)
+        port = int(bytes(shared.get(key)).decode())
+        own = core.TCPStore(host, port, False, 0, 900)
+    store.no_delay(host, port)
+    return own
 
 
 def neighbour_sends(hcg) -> None:

@@ -1,0 +1,105 @@
+"""The TCP store clients without Paddle's two fixed waits (`distributed.comms.store`): a rank tries rank 0's port
+until it listens (Paddle's client sleeps 3 s after a refused connect), and every client socket of a store is found
+and sent without Nagle's delay (~40 ms a request otherwise)."""
+from __future__ import annotations
+
+import socket
+
+from pretrain_cli import runtime
+from pretrain_cli.distributed.comms import store
+
+paddle = runtime.import_paddle()
+
+
+def _nodelay(sock) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_delay_finds_the_sockets_connected_to_the_store_and_only_those():
+    with socket.socket() as server, socket.socket() as other:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        other.bind(("127.0.0.1", 0))
+        other.listen(4)
+        port = server.getsockname()[1]
+        mine, elsewhere = socket.create_connection(("127.0.0.1", port)), socket.create_connection(other.getsockname())
+        with mine, elsewhere:
+            assert _nodelay(mine) == 0 and _nodelay(elsewhere) == 0  # Python's default, as Paddle's client's
+            assert store.no_delay("127.0.0.1", port) == 1
+            assert _nodelay(mine) == 1 and _nodelay(elsewhere) == 0
+            mine.sendall(b"x")  # the socket is still open and usable: only a second descriptor of it was closed
+
+
+def test_paddles_store_clients_are_found_and_still_answer():
+    port = _free_port()
+    core = paddle.base.core
+    served = core.TCPStore("127.0.0.1", port, True, 0, 60)  # its own client connects too
+    client = core.TCPStore("127.0.0.1", port, False, 0, 60)
+    assert store.no_delay("127.0.0.1", port) == 2
+    served.set("key", b"value")
+    assert bytes(client.get("key")) == b"value"
+
+
+def test_a_rank_tries_the_port_until_it_listens(monkeypatch):
+    port, pauses, listener = _free_port(), [], socket.socket()
+
+    def sleep(seconds):  # the port starts listening during the third pause
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+
+    monkeypatch.setattr(store.time, "sleep", sleep)
+    with listener:
+        store.await_listening("127.0.0.1", port)
+        assert pauses == [0.002, 0.004, 0.008]
+        listener.settimeout(5)
+        probe, _ = listener.accept()  # the probe that found it listening (closed again at once)
+        probe.close()
+
+
+def test_pauses_grow_to_a_tenth_of_a_second(monkeypatch):
+    port, pauses, listener = _free_port(), [], socket.socket()
+
+    def sleep(seconds):
+        pauses.append(seconds)
+        if len(pauses) == 9:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+
+    monkeypatch.setattr(store.time, "sleep", sleep)
+    with listener:
+        store.await_listening("127.0.0.1", port)
+    assert pauses[-1] == store.LAST_PAUSE and max(pauses) == store.LAST_PAUSE and pauses[5] == 0.064
+
+
+def test_a_host_that_does_not_resolve_is_left_to_paddle(monkeypatch):
+    def unresolved(*args, **kwargs):
+        raise socket.gaierror("Name or service not known")
+
+    monkeypatch.setattr(store.socket, "getaddrinfo", unresolved)
+    monkeypatch.setattr(store.time, "sleep", lambda s: (_ for _ in ()).throw(AssertionError("waited")))
+    store.await_listening("node0", 1234)  # returns at once: Paddle's own connect reports the name
+
+
+def test_the_master_address_is_read_as_paddle_reads_it(monkeypatch):
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.2:6170,10.0.0.3:6170")
+    monkeypatch.setenv("PADDLE_MASTER", "10.0.0.1:6000")
+    assert store.master() == ("10.0.0.1", 6000)
+    monkeypatch.delenv("PADDLE_MASTER")
+    assert store.master() == ("10.0.0.2", 6170)
+    monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS")
+    assert store.master() is None
+
+
+def test_without_an_address_the_join_is_left_to_paddle(monkeypatch):
+    monkeypatch.delenv("PADDLE_MASTER", raising=False)
+    monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS", raising=False)
+    monkeypatch.setattr(store, "await_listening", lambda *a: (_ for _ in ()).throw(AssertionError("probed")))
+    assert store.join_global(1) is None
