@@ -103,7 +103,7 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
 
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
     with launch_sh(cfg, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, NPROC="2",
-                   LOG_DIR=str(tmp_path / "log")) as job:
+                   LOG_DIR=str(tmp_path / "log"), STOP_TIMEOUT="900") as job:  # (the default, whatever CI's is)
         proc = job.proc
         job.wait_for(tmp_path / "log" / "workerlog.0", "global_step: 3,")
         assert sum(r is not None for r, _, _ in job.pids().values()) == 4  # 2 ranks and their 2 watchers
