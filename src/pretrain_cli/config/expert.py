@@ -13,7 +13,22 @@ themselves, and with both a pipeline and cp, are `config.refusals`' ep rows.
 """
 from __future__ import annotations
 
+import math
+
+from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
+
+
+def _more_ranks(ep: int, data_ranks: int, tp: int, pp: int, cp: int) -> str:
+    """Both ways out of an `ep` the data ranks do not divide: more processes (the fewest whose data ranks it
+    divides, the other axes kept), which is what a file written for more processes needs, or a smaller degree."""
+    ranks = math.lcm(data_ranks, ep)
+    world = ranks * tp * pp * cp
+    axes = "".join(f" x {n} {d}" for n, d in (("tp", tp), ("pp", pp), ("cp", cp)) if d > 1)
+    smaller = "remove the key (1: off)" if data_ranks == 1 else f"use a divisor of {data_ranks} (1: off)"
+    return (f"does not divide the {count(data_ranks, 'data rank')} (dp x sharding) it is drawn from; run it on "
+            f"{count(world, 'process')} ({count(ranks, 'data rank')}{axes}: `check --world_size {world}`, "
+            f"`NPROC={world} scripts/launch.sh` on CPU), or {smaller}")
 
 
 def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, stage: int,
@@ -32,8 +47,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                       "decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
                       + ": remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
-                     (data_ranks % ep, f"does not divide the {data_ranks} data ranks (dp x sharding) it is drawn "
-                      f"from; use a divisor of them"),
+                     (data_ranks % ep, _more_ranks(ep, data_ranks, tp, pp, cp)),
                      (cp > 1 and tp > 1 or stage == 3 or stage == 2 and tp == pp == cp == 1,
                       ""),  # config.refusals' ep rows
                      (args.model.capacity_factor > 0, "runs dropless (each rank sees its expert group's tokens, not "
