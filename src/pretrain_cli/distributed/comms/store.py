@@ -4,7 +4,7 @@ its client that every multi-process start paid for nothing, on either backend.
 1. **A connect before the server listens sleeps 3 s.** The client retries a refused connection after a fixed 3 s
    (`kDelay`, phi/core/distributed/store/tcp_utils.h). Every rank but 0 connects to rank 0's global store, and the
    ranks start together: one that gets there before rank 0 listens waits 3 s, and so does every rank, as rank 0's
-   store waits for all of them (measured: 3.0 s of a ~4 s join in most 2- and 4-rank CPU launches). `join_global`
+   store waits for all of them (measured: 3.0 s more in about two of three CPU launches, 2 and 4 ranks). `join_global`
    has those ranks try the port themselves, every few milliseconds, before Paddle connects; a gloo group's own store
    is published only once it listens (`distributed.comms.gloo`).
 2. **Every request waits ~40 ms for an acknowledgement.** The client keeps Nagle's algorithm on (it never sets
