@@ -208,10 +208,13 @@ def dense_mlps(mlp, prefix: str) -> list:
 class SlicedExperts:
     """Stands in for `moe.Experts` inside `moe.dispatch_local` (which only calls `experts(rows, counts)`): the
     grouped kernel over `weights` (this rank's [(gate, up, down)] blocks), between Megatron's two functions over
-    the tp `group` (None: no tensor parallelism)."""
+    the tp `group` (None: no tensor parallelism). `idle` (`moe.Experts.idle`, or None where the data ranks' reduction
+    does not need it): the zero term that gives an expert no row reached a zero gradient, not none, as one
+    process's `Experts` adds it (the segmented kernel skips an empty expert; a data rank without its gradient
+    would reduce other tensors than the rest)."""
 
-    def __init__(self, kernels, weights: list, group):
-        self.kernels, self.weights, self.group = kernels, weights, group
+    def __init__(self, kernels, weights: list, group, idle=None):
+        self.kernels, self.weights, self.group, self.idle = kernels, weights, group, idle
 
     def __call__(self, rows, counts: list[int]):
         if self.group is not None:
@@ -219,7 +222,8 @@ class SlicedExperts:
         out = self.kernels.grouped_mlp(rows, counts, self.weights, self.kernels.swiglu_packed)  # [rows, hidden]
         if self.group is not None:
             out = ReduceFromTP.apply(out, self.group)  # the row-parallel parts summed before the combine weights
-        return out
+        idle = self.idle(counts) if self.idle is not None else None  # (a tp group's ranks route alike)
+        return out if idle is None else out + idle.astype(out.dtype)  # [rows, hidden]
 
 
 def expert_weights(experts, read) -> list:
@@ -241,5 +245,5 @@ class TPDispatch:
     def __call__(self, x, routing, experts, num_experts: int, capacity_factor: float = 0.0):
         from pretrain_cli.models.moe import dispatch_local
 
-        sliced = SlicedExperts(experts.kernels, expert_weights(experts, lambda w: w), self.group)
+        sliced = SlicedExperts(experts.kernels, expert_weights(experts, lambda w: w), self.group, experts.idle)
         return dispatch_local(x, routing, sliced, num_experts, capacity_factor)
