@@ -120,8 +120,8 @@ def _check(tmp_path, case: str):
     preset, nproc, over = CASES[case]
     old, old_w = _run(tmp_path, preset, nproc, over, "old", "stage3")
     new, new_w = _run(tmp_path, preset, nproc, over, "new", "stage3")
-    # the reference: ZeRO-2 on the two data ranks alone (without tp: ZeRO-1/2 x tp2 gives DeepSeek's step-1 gradient
-    # norm 2.6e-4 off here, with the old gather and the new alike, when an expert has no rows on one data rank)
+    # the reference: ZeRO-2 on the two data ranks alone (the semi-auto engine, experts whole; under tp2 ZeRO-2 is
+    # fleet's, on the `tp` step: the last test's)
     z2, _ = _run(tmp_path, preset, 2, {k: v for k, v in over.items() if k != "tensor_parallel_degree"}, "new",
                  "stage2")
     want = np.mean([r["steps"] for r in z2.values()], axis=0)  # [steps, (loss, grad norm)]: ZeRO-2's are per rank
