@@ -3,6 +3,7 @@ until it listens (Paddle's client sleeps 3 s after a refused connect), and every
 and sent without Nagle's delay (~40 ms a request otherwise)."""
 from __future__ import annotations
 
+import os
 import socket
 
 from pretrain_cli import runtime
@@ -44,6 +45,43 @@ def test_paddles_store_clients_are_found_and_still_answer():
     assert store.no_delay("127.0.0.1", port) == 2
     served.set("key", b"value")
     assert bytes(client.get("key")) == b"value"
+
+
+def test_a_default_socket_timeout_leaves_every_socket_blocking():
+    """A second descriptor shares the socket's O_NONBLOCK: Python's socket made from it under a default timeout set
+    it on every socket of the process, and Paddle's blocking client then failed ("Resource temporarily unavailable")."""
+    port, before = _free_port(), socket.getdefaulttimeout()
+    core = paddle.base.core
+    served = core.TCPStore("127.0.0.1", port, True, 0, 60)
+    client = core.TCPStore("127.0.0.1", port, False, 0, 60)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        elsewhere = socket.create_connection(other.getsockname())
+        try:
+            socket.setdefaulttimeout(5.0)  # (some library's, or a user's sitecustomize)
+            assert store.no_delay("127.0.0.1", port) == 2
+        finally:
+            socket.setdefaulttimeout(before)
+        with elsewhere:
+            assert os.get_blocking(elsewhere.fileno())  # not the store's: its flags untouched
+    for key in range(20):  # each reply read by a blocking recv
+        served.set(f"key{key}", b"value")
+        assert bytes(client.get(f"key{key}")) == b"value"
+
+
+def test_a_descriptor_reused_for_a_file_meanwhile_is_passed_over_and_left_open(monkeypatch, tmp_path):
+    path = tmp_path / "file"
+    path.write_bytes(b"kept")
+    fd = os.open(path, os.O_RDONLY)
+    readlink = os.readlink
+    # /proc said a socket; by the time it is looked at, the number is a file's (another thread closed and opened)
+    monkeypatch.setattr(store.os, "readlink", lambda p: "socket:[1]" if p == f"/proc/self/fd/{fd}" else readlink(p))
+    try:
+        assert store.no_delay("127.0.0.1", _free_port()) == 0
+        assert os.pread(fd, 4, 0) == b"kept"  # only the second descriptor was closed
+    finally:
+        os.close(fd)
 
 
 def test_a_rank_tries_the_port_until_it_listens(monkeypatch):

@@ -67,7 +67,11 @@ def await_listening(host: str, port: int) -> None:
 
 def no_delay(host: str, port: int) -> int:
     """TCP_NODELAY on every socket of this process connected to `host:port` (the TCP store clients made so far: their
-    sockets are Paddle's, found by their peer in /proc/self/fd); how many. None found (no /proc) changes nothing."""
+    sockets are Paddle's, found by their peer in /proc/self/fd); how many. None found (no /proc) changes nothing.
+    Every socket of the process is looked at through a second descriptor, which shares its file status flags: one
+    made with its family and type given and SOCK_NONBLOCK in the type leaves them alone, where Python otherwise sets
+    O_NONBLOCK under a `socket.setdefaulttimeout` (Paddle's blocking client then fails, "Resource temporarily
+    unavailable"), and the real family and type are read from the socket before its peer."""
     try:
         peers = {a[4][0] for a in socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)}
         fds = os.listdir("/proc/self/fd")
@@ -82,13 +86,14 @@ def no_delay(host: str, port: int) -> int:
         except (OSError, ValueError):  # closed meanwhile
             continue
         try:
-            sock = socket.socket(fileno=copy)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK, 0, copy)
         except OSError:  # reused meanwhile for something else
             os.close(copy)
             continue
         with sock:
             try:
-                if sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM:
+                if (sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_INET
+                        and sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM):
                     peer_host, peer_port = sock.getpeername()
                     if peer_port == port and peer_host in peers:
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
