@@ -130,6 +130,8 @@ def test_the_master_address_is_read_as_paddle_reads_it(monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.2:6170,10.0.0.3:6170")
     monkeypatch.setenv("PADDLE_MASTER", "10.0.0.1:6000")
     assert store.master() == ("10.0.0.1", 6000)
+    monkeypatch.setenv("PADDLE_MASTER", "")  # set, empty: Paddle's join refuses it (no endpoint to probe for ever)
+    assert store.master() is None
     monkeypatch.delenv("PADDLE_MASTER")
     assert store.master() == ("10.0.0.2", 6170)
     monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS")

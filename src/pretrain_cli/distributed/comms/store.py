@@ -23,9 +23,10 @@ FIRST_PAUSE, LAST_PAUSE = 0.002, 0.1  # seconds between two tries of a port not 
 
 
 def master() -> tuple[str, int] | None:
-    """(host, port) of the global store, read as Paddle's C++ reads it: PADDLE_MASTER, else the first trainer
+    """(host, port) of the global store, read as Paddle's C++ reads it: PADDLE_MASTER when set (empty too: then
+    Paddle's join refuses it, where the first trainer endpoint would be probed for ever), else the first trainer
     endpoint; None when neither is set or readable."""
-    endpoint = os.environ.get("PADDLE_MASTER") or os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
+    endpoint = os.environ.get("PADDLE_MASTER", os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0])
     host, _, port = endpoint.rpartition(":")
     return (host, int(port)) if host and port.isdigit() else None
 
