@@ -3,6 +3,7 @@ until it listens (Paddle's client sleeps 3 s after a refused connect), and every
 and sent without Nagle's delay (~40 ms a request otherwise)."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
@@ -115,6 +116,27 @@ def test_pauses_grow_to_a_tenth_of_a_second(monkeypatch):
     with listener:
         store.await_listening("127.0.0.1", port)
     assert pauses[-1] == store.LAST_PAUSE and max(pauses) == store.LAST_PAUSE and pauses[5] == 0.064
+
+
+def test_a_rank_says_where_it_waits_as_paddles_client_did(monkeypatch, capsys):
+    """Paddle's client wrote "Retry to connect to <host:port> ..." at each try: the one word in a rank's log of a
+    store it cannot reach. The probe says so after SAY_AFTER s, then at doubling intervals."""
+    port, clock, listener = _free_port(), [0.0], socket.socket()
+
+    def sleep(seconds):  # the port starts listening 45 s in
+        clock[0] += seconds
+        if clock[0] >= 45 and listener.getsockname()[1] == 0:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+
+    monkeypatch.setattr(store.time, "sleep", sleep)
+    monkeypatch.setattr(store.time, "monotonic", lambda: clock[0])
+    with listener:
+        store.await_listening("127.0.0.1", port)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("(")[1].split(" s ")[0] for line in lines] == ["10", "20", "40"]
+    assert lines[0] == store.waiting_line("127.0.0.1", port, 10.0, errno.ECONNREFUSED)
+    assert f"127.0.0.1:{port}" in lines[0] and "Connection refused" in lines[0]
 
 
 def test_a_host_that_does_not_resolve_is_left_to_paddle(monkeypatch):

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 FIRST_PAUSE, LAST_PAUSE = 0.002, 0.1  # seconds between two tries of a port not listening yet (doubling)
+SAY_AFTER = 10.0  # seconds of tries before a rank says where it waits (then at doubling intervals)
 
 
 def master() -> tuple[str, int] | None:
@@ -50,20 +52,34 @@ def join_global(rank: int) -> None:
 def await_listening(host: str, port: int) -> None:
     """Returns once `host:port` accepts a connection (closed again at once), trying every 2 ms at first, then less
     often up to every 0.1 s; as long as it takes, as Paddle's own connect would (the join's own deadline stops a
-    rank whose store never comes, `distributed.launcher.join_deadline`). A host that does not resolve returns at
+    rank whose store never comes, `distributed.launcher.join_deadline`, or on several nodes the launchers' join watch,
+    `distributed.launcher.joining`). Paddle's client said where it waited at each of its tries, every 3 s ("Retry to
+    connect to ..."), the one word in a rank's log of a store it cannot reach (a firewall, a wrong address): this
+    says so `SAY_AFTER` s in, then at doubling intervals (`waiting_line`). A host that does not resolve returns at
     once: Paddle's connect reports it."""
     try:
         addresses = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
         return
-    pause = FIRST_PAUSE
+    pause, start, say_at = FIRST_PAUSE, time.monotonic(), SAY_AFTER
     while True:
         for family, kind, proto, _, address in addresses:
             with socket.socket(family, kind, proto) as probe:
-                if probe.connect_ex(address) == 0:
+                error = probe.connect_ex(address)
+                if error == 0:
                     return
+        waited = time.monotonic() - start
+        if waited >= say_at:
+            print(waiting_line(host, port, waited, error), file=sys.stderr, flush=True)
+            say_at = 2 * waited
         time.sleep(pause)
         pause = min(2 * pause, LAST_PAUSE)
+
+
+def waiting_line(host: str, port: int, waited: float, error: int) -> str:
+    return (f"[pretrain-cli] waiting for rank 0's TCP store at {host}:{port} to accept a connection ({waited:.0f} s so "
+            f"far; the last try: {os.strerror(error)}): rank 0 has not started serving it yet, or this host cannot "
+            f"reach it there (a firewall, the wrong address)")
 
 
 def no_delay(host: str, port: int) -> int:
