@@ -201,16 +201,16 @@ def test_another_ranks_non_finite_loss_sends_this_rank_down_the_same_branch(monk
     asked = []
 
     class OtherRankBad:
-        def any(self, flag):
-            asked.append(flag)
-            return True
+        def sums(self, values):  # [loss, stop]: another rank's loss is inf
+            asked.append(values[1])
+            return [float("inf"), values[1]]
 
     run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
                           optimizer=SimpleNamespace(max_grad_norm=0.0), moe=MoeConfig())
     ids = np.arange(6, dtype="int64").reshape(1, 6)
     result = Step(run, comm=OtherRankBad())(layout, iter([{"input_ids": ids, "labels": ids}]),
                                             SimpleNamespace(global_step=0))
-    assert asked == [False] and result.outcome == "non_finite"
+    assert asked == [0.0] and result.outcome == "non_finite"
 
 
 def test_a_skipped_step_moves_the_scale_by_its_own_verdict_not_the_last_steps(monkeypatch):
