@@ -139,6 +139,30 @@ def test_a_rank_says_where_it_waits_as_paddles_client_did(monkeypatch, capsys):
     assert f"127.0.0.1:{port}" in lines[0] and "Connection refused" in lines[0]
 
 
+def test_a_log_that_cannot_be_written_does_not_end_the_wait(monkeypatch):
+    port, clock, listener = _free_port(), [0.0], socket.socket()
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")  # (launch.sh's reader of the rank's output gone)
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def sleep(seconds):  # the port starts listening 15 s in, after the first line (10 s)
+        clock[0] += seconds
+        if clock[0] >= 15 and listener.getsockname()[1] == 0:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1)
+
+    monkeypatch.setattr(store.sys, "stderr", Gone())
+    monkeypatch.setattr(store.time, "sleep", sleep)
+    monkeypatch.setattr(store.time, "monotonic", lambda: clock[0])
+    with listener:
+        store.await_listening("127.0.0.1", port)  # returns once it listens, as it would have said it waits
+        assert clock[0] >= 15
+
+
 def test_a_host_that_does_not_resolve_is_left_to_paddle(monkeypatch):
     def unresolved(*args, **kwargs):
         raise socket.gaierror("Name or service not known")

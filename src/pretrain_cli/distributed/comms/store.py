@@ -15,6 +15,7 @@ its client that every multi-process start paid for nothing, on either backend.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -70,7 +71,8 @@ def await_listening(host: str, port: int) -> None:
                     return
         waited = time.monotonic() - start
         if waited >= say_at:
-            print(waiting_line(host, port, waited, error), file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # (a log gone, a pipe without reader: the wait goes on, as Paddle's)
+                print(waiting_line(host, port, waited, error), file=sys.stderr, flush=True)
             say_at = 2 * waited
         time.sleep(pause)
         pause = min(2 * pause, LAST_PAUSE)
