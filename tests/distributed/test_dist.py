@@ -156,13 +156,13 @@ def _assert_blamed(log_dir, victim: int, dead: int) -> None:
         assert "C++ Traceback" not in log and "FatalError" not in log and "terminate called" not in log, log[-3000:]
 
 
-# The agreement (the step's verdict all-reduce, `StepResult.stop`) is one code path; the unscheduled save is each
-# engine's own: the semi-auto engine's pieces (stage3: each rank its shard) and the pipeline's stages (pp2). Data parallelism's and ZeRO-1's saves at a
+# The agreement (`comm.any`) is one code path; the unscheduled save is each engine's own: the semi-auto engine's
+# pieces (stage3: each rank its shard) and the pipeline's stages (pp2). Data parallelism's and ZeRO-1's saves at a
 # SIGTERM are their scheduled saves' code (test_dp_with_recompute_matches_single_process, test_stage1_...).
 @pytest.mark.parametrize("layout", [{"sharding": "stage3"}, PP2], ids=["stage3", "pp2"])
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path, layout):
     """Only rank 1 gets SIGTERM (as when a scheduler signals one process); the ranks agree on the step
-    (in every step's verdict all-reduce), rank 0 saves that checkpoint (ZeRO-3: gathered from both ranks), and the
+    (`comm.any` after every step), rank 0 saves that checkpoint (ZeRO-3: gathered from both ranks), and the
     job ends cleanly with exit 0."""
     cfg = write_config(tmp_path / "t.json", corpus, tmp_path / "out", max_steps=100000, logging_steps=1,
                        save_steps=100000, **layout)

@@ -81,7 +81,7 @@ def test_the_expert_load_counts_training_forwards_only_and_a_skipped_step_s_load
     opt = paddle.optimizer.SGD(learning_rate=0.0, parameters=model.parameters())
     from pretrain_cli.distributed.comms.comm import NoComm
 
-    step = Step(run, NoComm(), guard)  # one process: the verdict's sums are its own values
+    step = Step(run, NoComm(), guard)  # one process: the verdict's sum is its own loss
     layout = Layout(model, opt, Fp32(), Strategy(ParallelConfig()), model)
     state = SimpleNamespace(global_step=0, spike_stats={})
     data = iter(batches[1:])

@@ -1,8 +1,7 @@
 """Every rank takes the same branch of a step (`training.step.Step`): the non-finite verdict comes from the ranks'
-summed loss, one all-reduce a step (the spike guard's mean and the stop agreement ride on it), the same numbers on
-every rank. Before, a rank's NaN loss with a finite global gradient norm was judged on that rank alone: it skipped
-(or stopped) while the others stepped. Two ranks as threads over a fake all-reduce; the step's layout is fakes that
-only count."""
+summed loss, one scalar all-reduce a step (the spike guard's mean rides on it), the same number on every rank. Before,
+a rank's NaN loss with a finite global gradient norm was judged on that rank alone: it skipped (or stopped) while the
+others stepped. Two ranks as threads over a fake all-reduce; the step's layout is fakes that only count."""
 from __future__ import annotations
 
 import math
@@ -13,19 +12,21 @@ from pretrain_cli.training.step import Step
 
 
 class ThreadComm:
-    """`Comm.sums` over thread-ranks: each puts its values in, all wait, each reads the elementwise sums; `calls`
-    counts the all-reduces."""
+    """`Comm.sum` over thread-ranks: each puts its value in, all wait, each reads the sum; `calls` counts them."""
 
     def __init__(self, hub: dict, rank: int, world: int):
         self.hub, self.rank, self.world, self.calls = hub, rank, world, 0
 
-    def sums(self, values: list) -> list:
+    def sum(self, value: float) -> float:
         self.calls += 1
-        self.hub["values"][self.rank] = list(values)
+        self.hub["values"][self.rank] = value
         self.hub["barrier"].wait()
-        total = [sum(self.hub["values"][r][i] for r in range(self.world)) for i in range(len(values))]
+        total = sum(self.hub["values"][r] for r in range(self.world))
         self.hub["barrier"].wait()  # every rank has read before the next sum writes
         return total
+
+    def mean(self, value: float) -> float:
+        return self.sum(value) / self.world
 
 
 class Fake:
@@ -78,10 +79,9 @@ class Guard:
         pass
 
 
-def _steps(losses: list, norm: float = 1.0, guard: bool = False, stops: list | None = None) -> list:
-    """One step on each of len(losses) thread-ranks, rank r's loss `losses[r]` (and its own stop request `stops[r]`):
-    (outcome, loss reported, its comm's all-reduces, the update applied, the loss the guard judged, the agreed stop)
-    per rank."""
+def _steps(losses: list, norm: float = 1.0, guard: bool = False) -> list:
+    """One step on each of len(losses) thread-ranks, rank r's loss `losses[r]`: (outcome, loss reported, its comm's
+    all-reduces, the update applied, the loss the guard judged) per rank."""
     world = len(losses)
     hub = {"values": {}, "barrier": threading.Barrier(world, timeout=30)}  # a rank that skips the sum times out
     run = NS(loop=NS(grad_accum=1), schedule=NS(lr_at=lambda t: 1e-3), optimizer=NS(max_grad_norm=0.0),
@@ -92,9 +92,8 @@ def _steps(losses: list, norm: float = 1.0, guard: bool = False, stops: list | N
         try:
             comm, fake, g = ThreadComm(hub, r, world), Fake(losses[r], norm), Guard() if guard else None
             layout = NS(model=None, optimizer=fake, amp=Amp(), strategy=fake, raw_model=None)
-            asked = (lambda: stops[r]) if stops is not None else None
-            result = Step(run, comm, g, asked)(layout, iter([{"input_ids": [[r]]}]), NS(global_step=4, spike_stats={}))
-            out[r] = (result.outcome, result.loss, comm.calls, fake.updates, g.seen if g else None, result.stop)
+            result = Step(run, comm, g)(layout, iter([{"input_ids": [[r]]}]), NS(global_step=4, spike_stats={}))
+            out[r] = (result.outcome, result.loss, comm.calls, fake.updates, g.seen if g else None)
         except BaseException as e:  # noqa: BLE001 - the thread's error, for the assertion
             errors.append(e)
             hub["barrier"].abort()
@@ -126,24 +125,3 @@ def test_the_spike_guard_judges_the_ranks_mean_loss_from_the_same_all_reduce():
     out = _steps([2.0, 4.0], guard=True)
     assert [o[0] for o in out] == ["applied", "applied"]
     assert [o[4] for o in out] == [[3.0], [3.0]] and [o[2] for o in out] == [1, 1], out  # no second all-reduce
-    out = _steps([2.0, 4.0], guard=True, stops=[True, False])  # a stop request leaves the guard's number alone
-    assert [o[4] for o in out] == [[3.0], [3.0]] and [o[5] for o in out] == [True, True], out
-
-
-def test_one_ranks_stop_request_reaches_every_rank_from_the_verdicts_all_reduce():
-    """The stop agreement rides on the verdict's all-reduce: rank 1's signal stops both ranks after this step,
-    with its update applied, and costs no second all-reduce; no request, no stop."""
-    out = _steps([2.0, 3.0], stops=[False, True])
-    assert [(o[0], o[5], o[3], o[2]) for o in out] == [("applied", True, 1, 1)] * 2, out
-    assert [o[5] for o in _steps([2.0, 3.0], stops=[False, False])] == [False, False]
-    assert [o[5] for o in _steps([2.0, 3.0])] == [False, False]  # a step without a stop source (the benchmarks)
-
-
-def test_a_signal_on_one_rank_while_anothers_loss_is_nan_gives_both_verdicts_on_every_rank():
-    """Rank 0 is asked to stop while rank 1's loss is NaN: each slot of the one all-reduce is summed apart, so every
-    rank reads both the non-finite verdict (no update anywhere) and the stop; neither swallows the other."""
-    for stops in ([True, False], [False, True]):
-        out = _steps([2.0, math.nan], stops=stops)
-        assert [o[0] for o in out] == ["non_finite", "non_finite"], out
-        assert [o[5] for o in out] == [True, True], out  # the stop is agreed even though the loss slot is NaN
-        assert [o[3] for o in out] == [0, 0] and [o[2] for o in out] == [1, 1], out

@@ -32,7 +32,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
             stopped = trainer.train()["stopped_by_signal"]
             progress.mark("save", trainer.state.global_step)  # the watchers allow the background write a save's time
             _wait_for_saves(collaborators.saver)  # the last checkpoint is on disk before anything else happens
-        if stopped:  # agreed in the step's verdict all-reduce (`StepResult.stop`): every rank stops at it
+        if stopped:  # agreed after the step (`comm.any`): every rank stops at it
             from pretrain_cli.distributed.launcher import job
 
             message = stop_message(r.output, trainer.state.global_step)

@@ -2,22 +2,19 @@
 
 Three states, one object for the whole run (`training.run.run` makes it; a `Trainer` built without one, as the
 benchmarks build it, makes its own):
-- `listen()`, while the training loop runs: a signal only sets `requested` (the ranks agree on it in a step's
-  verdict all-reduce, `training.step`, which sums every rank's flag with the losses; the loop finishes that step and
-  saves: a signal after the verdict, during the update, log line or evaluation, is agreed in the next step), and from
-  then on further signals are ignored: Paddle's launcher sends its SIGTERM up to 3 times 0.2 s apart, and one landing
-  in the save's store wait failed it with EINTR (`TCP receive error ... Interrupted system call`: rank 0 crashed
-  after a Ctrl-C under launch.sh, its checkpoint saved but the job exit 1);
-- `hold()`, once the ranks agreed to stop, before the rest of that step and the stop's save (a rank stopped by
-  another rank's signal gets its own first SIGTERM from the launcher only then, mid-save): further signals are
-  ignored, not handled, until the run has written its last files and released its lock. A second signal is common
-  (the launcher's SIGTERM after a terminal's Ctrl-C); its default action would kill the saves, and a Python handler
-  would interrupt the system call it lands in (a store wait fails with EINTR). The launcher still kills ranks not
-  done after its limit (STOP_TIMEOUT under scripts/launch.sh, 30 s under Paddle's launcher run directly; a rank whose
-  launcher died, which the kernel sent SIGTERM, SIGKILLs itself after the same limit:
-  `distributed.launcher.launch.end_with_launcher`): the stop's start is noted for the rank's watcher, which names
-  such a kill so (`distributed.launcher.stopping`), and when this run's last save took longer than the stop has
-  left, one line says so before the save (`hold(step)`);
+- `listen()`, while the training loop runs: a signal only sets `requested` (the loop agrees on it across ranks,
+  finishes the step and saves), and from then on further signals are ignored: Paddle's launcher sends its SIGTERM up
+  to 3 times 0.2 s apart, and one landing in the save's store wait failed it with EINTR (`TCP receive error ...
+  Interrupted system call`: rank 0 crashed after a Ctrl-C under launch.sh, its checkpoint saved but the job exit 1);
+- `hold()`, once the ranks agreed to stop, before the stop's save (a rank stopped by another rank's signal gets its
+  own first SIGTERM from the launcher only then, mid-save): further signals are ignored, not handled, until the run
+  has written its last files and released its lock. A second signal is common (the launcher's SIGTERM after a
+  terminal's Ctrl-C); its default action would kill the saves, and a Python handler would interrupt the system call
+  it lands in (a store wait fails with EINTR). The launcher still kills ranks not done after its limit (STOP_TIMEOUT
+  under scripts/launch.sh, 30 s under Paddle's launcher run directly; a rank whose launcher died, which the kernel
+  sent SIGTERM, SIGKILLs itself after the same limit: `distributed.launcher.launch.end_with_launcher`): the stop's
+  start is noted for the rank's watcher, which names such a kill so (`distributed.launcher.stopping`), and when this
+  run's last save took longer than the stop has left, one line says so before the save (`hold(step)`);
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
   ends at once anyway, exit 0);

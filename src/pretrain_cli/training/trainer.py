@@ -50,6 +50,7 @@ class Trainer(TrainLog):
         self.writer, self.throughput, self.saver, self.rebuild = c.writer, c.throughput, c.saver, c.rebuild
         self.spike = (SpikePolicy(run.spike, run.loop.nan_skip_limit, self.global_batch)
                       if run.spike.enabled else None)
+        self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
         self.last_eval: dict = {}
         self._marked: tuple | None = None  # (step, the writer's mark taken as that step began logging)
@@ -57,8 +58,6 @@ class Trainer(TrainLog):
         self._started: float | None = None  # when this process's training loop began, while it runs
         self._own_signals = signals is None  # (`run` restores its own after the lock: stop_signals.py)
         self.signals = signals or StopSignals()
-        self.step = Step(run, comm, self.spike.guard if self.spike is not None else None,
-                         lambda: self.signals.requested)  # (the stop agreement rides on the step's all-reduce)
         if resumed is not None:
             self.load_state_dict(resumed)
 
@@ -152,7 +151,7 @@ class Trainer(TrainLog):
         batches = self._open_batches()
         self.model.train()
         start = self._started = time.perf_counter()
-        stopped_by_signal, reported, stop = False, False, False
+        stopped_by_signal, reported = False, False
         bar = self._progress_bar()
         try:
             while self.state.global_step < lp.max_steps:
@@ -163,9 +162,6 @@ class Trainer(TrainLog):
                 self._note_epochs(first_sample)
                 result = self.train_step(batches)
                 self.state.consumed_samples += self.global_batch
-                if result.stop and not stop:  # agreed in the step's verdict, maybe on another rank's signal: from
-                    stop = True  # here on none interrupts this rank's save (a skipped step's: the next applied one's)
-                    self.signals.hold(self.state.global_step + 1)
                 if result.outcome == "spike":
                     if self.spike.handle(self, result.reason, result.loss, result.grad_norm, first_sample):
                         batches.close()
@@ -192,9 +188,12 @@ class Trainer(TrainLog):
                 if lp.do_eval and step % lp.eval_steps == 0:
                     self.evaluate("valid")
                     self.model.train()
+                stop = self.comm.any(self.signals.requested)
+                if stop:  # agreed, maybe on another rank's signal: from here on none interrupts this rank's save
+                    self.signals.hold(step)
                 if saving or stop:
                     self._save(stopping=stop)
-                if stop:  # (this rank's own signal, or another rank's: `StepResult.stop`)
+                if stop:  # (this rank's own signal, or another rank's: `comm.any`)
                     stopped_by_signal, self.signals.requested = step < lp.max_steps, True
                     break
         finally:

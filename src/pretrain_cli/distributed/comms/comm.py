@@ -27,10 +27,6 @@ class NoComm:
     def sum(self, value: float) -> float:
         return value
 
-    def sums(self, values: list[float]) -> list[float]:
-        """Each of `values` summed over the ranks, in one all-reduce (a step's loss and stop flag: `training.step`)."""
-        return [float(v) for v in values]
-
     def mean(self, value: float) -> float:
         return value
 
@@ -68,23 +64,20 @@ class Comm(NoComm):
         self.rank, self.world = rank, world
         self._rounds = 0
 
-    def _reduce(self, values: list[float], op) -> list[float]:
+    def _reduce(self, value: float, op) -> float:
         import numpy as np
         import paddle.distributed as dist
 
         from pretrain_cli.ops.tensors import from_numpy
 
-        t = from_numpy(np.array([float(v) for v in values], dtype=np.float64))  # [n]; every step: to_tensor would leak
+        t = from_numpy(np.array([float(value)], dtype=np.float64))  # every step (`any`): to_tensor would leak
         dist.all_reduce(t, op=op)
-        return [float(x) for x in t.numpy()]
+        return float(t.numpy()[0])
 
     def sum(self, value: float) -> float:
-        return self.sums([value])[0]
-
-    def sums(self, values: list[float]) -> list[float]:
         import paddle.distributed as dist
 
-        return self._reduce(values, dist.ReduceOp.SUM)
+        return self._reduce(value, dist.ReduceOp.SUM)
 
     def mean(self, value: float) -> float:
         return self.sum(value) / self.world
@@ -93,7 +86,7 @@ class Comm(NoComm):
         """All ranks stop at the same step, or none does (a stop on one rank alone would hang the rest)."""
         import paddle.distributed as dist
 
-        return self._reduce([1.0 if flag else 0.0], dist.ReduceOp.MAX)[0] > 0
+        return self._reduce(1.0 if flag else 0.0, dist.ReduceOp.MAX) > 0
 
     def gather_object(self, obj) -> list:
         import paddle.distributed as dist
