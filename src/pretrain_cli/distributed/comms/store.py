@@ -54,10 +54,11 @@ def await_listening(host: str, port: int) -> None:
     """Returns once `host:port` accepts a connection (closed again at once), trying every 2 ms at first, then less
     often up to every 0.1 s; as long as it takes, as Paddle's own connect would (the join's own deadline stops a
     rank whose store never comes, `distributed.launcher.join_deadline`, or on several nodes the launchers' join watch,
-    `distributed.launcher.joining`). Paddle's client said where it waited at each of its tries, every 3 s ("Retry to
-    connect to ..."), the one word in a rank's log of a store it cannot reach (a firewall, a wrong address): this
-    says so `SAY_AFTER` s in, then at doubling intervals (`waiting_line`). A host that does not resolve returns at
-    once: Paddle's connect reports it."""
+    `distributed.launcher.joining`). Paddle's client says where it waits at each of its tries, every 3 s ("Retry to
+    connect to ..."), the one word in a rank's log of a store it cannot reach (a firewall, a wrong address): so this
+    says so `SAY_AFTER` s in, then at doubling intervals (`waiting_line`; a try that a firewall drops lasts the
+    kernel's ~2 min SYN retries first, as Paddle's does). A host that does not resolve returns at once: Paddle's
+    connect reports it."""
     try:
         addresses = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
