@@ -359,9 +359,11 @@ def test_out_of_memory_is_one_line_with_the_step_and_the_fitted_layout(corpus, t
     errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, r.stderr[-3000:]
     line = errors[0]
-    # cpu has no peak, so no speed estimate: of the layouts that fit, plan --fit takes the fewest changes
+    # cpu's peak is the cores' assumed one (`train`'s MFU peak): the fastest layout that fits, the micro-batch halved
+    # (recompute, the fewest changes, would add a forward)
     assert re.match(r"error: out of memory at step 3 \(process peak \d+\.\d\d GiB\) on 1 x cpu: top plan suggestion "
-                    r"for this run: recompute false -> true \(predicted ", line), line
+                    r"for this run: per_device_train_batch_size 16384 -> 8192, gradient_accumulation_steps 1 -> 2 "
+                    r"\(predicted ", line), line
     assert f"pretrain-cli plan {cfg} --device cpu --gpus 1 --fit -o fitted.json" in line
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before

@@ -97,7 +97,7 @@ def test_bf16_without_bf16_hardware_is_a_warning_with_the_fix(write_args, capsys
     assert "note: bf16: WARNING: V100-16GB has no bf16" in capsys.readouterr().out
 
 
-def test_peak_tflops_flag_wins_and_the_source_is_named(write_args, capsys):
+def test_peak_tflops_flag_wins_and_the_source_is_named(write_args, capsys, monkeypatch):
     cfg = write_args(bf16=True, fp16=False, peak_tflops=50.0)
     assert plan(write_args(bf16=True, fp16=False), device="A100-80GB")["device"]["peak_tflops"] == 312.0
     from_file = plan(cfg, device="A100-80GB")["device"]
@@ -105,6 +105,9 @@ def test_peak_tflops_flag_wins_and_the_source_is_named(write_args, capsys):
     flag = plan(cfg, device="A100-80GB", peak_tflops=123.0)
     assert flag["device"]["peak_tflops"] == 123.0 and flag["device"]["peak_source"] == "--peak_tflops on the command line"
     assert flag["eta_hours"] == pytest.approx(10_240_000 * flag["flops_per_token"]["model"] / (123e12 * 0.4) / 3600)
+    from pretrain_cli.planning import hardware
+
+    monkeypatch.setattr(hardware, "cpu_peak_tflops", lambda **kw: (None, "this CPU reports no clock or vector flags"))
     assert cli_main(["plan", write_args(), "--device", "cpu"]) == 0  # no peak known: the report says how to give one
     assert "ETA: unknown: no peak for this device and precision; pass --peak_tflops N" in capsys.readouterr().out
     assert cli_main(["plan", cfg, "--device", "cpu", "--peak_tflops", "2.5"]) == 0

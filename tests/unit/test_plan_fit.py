@@ -8,6 +8,7 @@ from pretrain_cli.cli import main as cli_main
 from plan_helpers import fit, plan
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
+from pretrain_cli.planning import hardware
 
 QWEN = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "qwen_pretrain_argument_0p5b.json"
 AT_4096 = ["--max_seq_length", "4096"]
@@ -162,7 +163,7 @@ def test_margin_flag_and_errors(capsys):
     assert json.loads(capsys.readouterr().out)["after"]["memory_gib"] <= 16 * 0.9
 
 
-def test_speed_model_terms():
+def test_speed_model_terms(monkeypatch):
     r = _plan([], "A100-80GB", 4)
     plain = fit_search.speed(r)
     # 4 data ranks in one node: their gradient all-reduce over the A100's NVLink (600 GB/s both ways, 300 one way)
@@ -177,6 +178,7 @@ def test_speed_model_terms():
     assert tp["comm_seconds"] > 0 and tp["compute_seconds"] == pytest.approx(plain["compute_seconds"])
     assert rc["compute_seconds"] > plain["compute_seconds"]
     assert rc["comm_seconds"] == pytest.approx(plain["comm_seconds"])
+    monkeypatch.setattr(hardware, "cpu_peak_tflops", lambda **kw: (None, "this CPU reports no clock or vector flags"))
     cpu = fit_search.speed(_plan([], "cpu"))
     assert cpu["tokens_per_sec"] is None and cpu["rank_seconds"] > 0  # no peak: ranked, not shown
 
@@ -267,7 +269,8 @@ def test_bf16_on_a_v100_keeps_the_warning_and_fits_in_fp16(tmp_path, capsys):
     assert fitted["bf16"] is False and fitted["fp16"] is True
 
 
-def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so():
+def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_peak_tflops", lambda **kw: (None, "this CPU reports no clock or vector flags"))
     f = fit(str(QWEN), AT_4096, device="cpu", gpus=1)
     assert f["ranked_by"] == "fewest changes" and any("no estimate" in n and "fewest changes" in n for n in f["notes"])
     assert f["after"] is not None and f["after"]["speed"]["tokens_per_sec"] is None

@@ -70,6 +70,23 @@ def verified(spec, out=None) -> object | None:
     return older
 
 
+def checkpoint_warning(spec, on_this_host: bool) -> list[str]:
+    """`plan`'s checkpoints warning for the run `check` resolved (`planning.suggestions.checkpoint_disk_note`):
+    checkpoints its `save_total_limit` lets pile up, and (`on_this_host`: not a simulated --world_size, so this is
+    the machine that writes them) more than output_dir's disk has free. Only the checkpoint sizes of the plan are
+    read, which do not depend on the device planned."""
+    from pretrain_cli.planning import hardware
+    from pretrain_cli.planning.plan import report, target_device
+    from pretrain_cli.planning.suggestions import checkpoint_disk_note
+
+    run = spec.run
+    if not run.loop.do_train:
+        return []
+    c = report(run, spec.model_cfg, target_device("cpu", gpus=run.parallel.world_size)).checkpoint
+    free = hardware.disk_free_gib(run.output.output_dir) if on_this_host else None
+    return [f"warning: {n.replace('WARNING: ', '', 1)}" for n in checkpoint_disk_note(c, run.loop.save_total_limit, free)]
+
+
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.counts import count
     from pretrain_cli.orchestration.prepare import prepare
@@ -102,6 +119,8 @@ def main(ns: argparse.Namespace) -> int:
     unfinished = previous_end(spec.run.output.output_dir)  # a lock a killed run left: train says it too
     if unfinished:
         print(unfinished)
+    for line in checkpoint_warning(spec, ns.world_size is None):
+        print(line)
     simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir

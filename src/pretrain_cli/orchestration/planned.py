@@ -23,8 +23,9 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import Device, device_note, report, target_device
-from pretrain_cli.planning.suggestions import minimal, more_devices, suggest
+from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
+from pretrain_cli.planning.speed import fp32_on_gpu_note
+from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, more_devices, suggest
 from pretrain_cli.planning.report import Plan
 
 if TYPE_CHECKING:
@@ -109,7 +110,9 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
                  rank_groups(run.parallel) if layout else None)
     words = attention_words(run.kernels, run.device, run.data.attention_mask_type, run.parallel.cp_degree)
-    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes), attention_words=words)
+    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *_advice(args, run, out, dev, mfu,
+                                                                                        peak_tflops)),
+                              attention_words=words)
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         found = suggest(run, out, replan)
@@ -117,6 +120,17 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
             found[:0] = _layout_or_more_devices(args, out, found, replan)
         out = dataclasses.replace(out, suggestions=tuple(found))
     return out
+
+
+def _advice(args: Arguments, run, out: Plan, dev: Device, mfu, peak_tflops) -> list[str]:
+    """The warnings of what the file leaves to defaults that `train` on the target would regret: fp32 on a GPU
+    (neither bf16 nor fp16 set) and checkpoints the disk will not hold (output_dir's disk is known only when the
+    target is this machine: `--device cpu`)."""
+    given = peak_tflops is not None or run.loop.peak_tflops is not None
+    fp32 = dev.is_gpu and not (args.training.bf16 or args.training.fp16)
+    free = None if dev.is_gpu else hardware.disk_free_gib(run.output.output_dir)
+    return [*(fp32_on_gpu_note(dev.entry, out, mfu, given, MFU_HALF) if fp32 else []),
+            *checkpoint_disk_note(out.checkpoint, run.loop.save_total_limit, free)]
 
 
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,

@@ -1,4 +1,5 @@
-"""Known accelerators: dense peak TFLOPS and memory, shared by the trainer's MFU and the planner.
+"""Known accelerators: dense peak TFLOPS and memory, shared by the trainer's MFU and the planner; this machine's
+CPU peak, memory and disk, which `plan --device cpu` plans for and the trainer's CPU MFU reads.
 
 Versioned table (peaks are the vendor's dense, non-sparse figures). MFU against a wrong peak is
 the most common silent error in the field (torchtitan #668: TF32 peak, 2x off; nanoGPT #464:
@@ -6,7 +7,9 @@ A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a gu
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 TABLE_VERSION = "2026-11"
 
@@ -145,12 +148,16 @@ def no_bf16(name: str | None, cap: tuple[int, int] | None) -> str | None:
 
 
 def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,
-                 given: tuple[float | None, str] | None = None) -> tuple[float | None, str]:
+                 given: tuple[float | None, str] | None = None, processes: int = 1) -> tuple[float | None, str]:
     """(peak TFLOPS per device, where it came from): a peak the user gave (`given`: value, its source), else
-    the table's dense peak for `amp_dtype` (fp16/bf16 under AMP, non-tensor-core fp32 otherwise), else None
-    with the reason. What `plan`'s ETA and the trainer's MFU both use; `name` is what was looked up."""
+    the table's dense peak for `amp_dtype` (fp16/bf16 under AMP, non-tensor-core fp32 otherwise), else for `name`
+    "cpu" the cores' assumed fp32 peak of each of `processes` processes sharing this machine (`cpu_peak_tflops`,
+    the peak `train` logs its CPU MFU against), else None with the reason. What `plan`'s ETA and the trainer's
+    MFU both use; `name` is what was looked up."""
     if given is not None:
         return given
+    if device is None and name == "cpu":
+        return cpu_peak_tflops(processes=processes)
     if device is None:
         return None, f"{name} has no table entry"
     value = peak_tflops(device, amp_dtype)
@@ -158,6 +165,53 @@ def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,
     if value is None:
         return None, f"{device.name} has no {kind} peak in pretrain_cli.planning.hardware"
     return value, f"pretrain_cli.planning.hardware table {TABLE_VERSION}: {device.name} dense {kind}"
+
+
+# fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
+# x86 core has): an upper bound, never an estimate that a fast run could pass.
+_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8), ("asimd", 16))
+
+
+def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None, max_khz: list[int] | None = None,
+                    processes: int = 1) -> tuple[float | None, str]:
+    """(theoretical fp32 peak of the cores one process computes with, how it was reckoned), or (None, why).
+
+    A matmul timed at start-up is no peak: on a shared machine it ranged 15.7-214.8 GFLOP/s across runs and
+    training then ran faster than it, logging mfu above 1. The bound here is the same in every run on one
+    machine: cores (the process's threads, at most its share of the cores it may use when `processes` share
+    them: `plan --device cpu --gpus N`) x the highest clock the kernel reports (cpuinfo_max_freq, else `cpu MHz`)
+    x FLOPs per cycle from the vector flags."""
+    from pretrain_cli.runtime import decide_threads, default_threads
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    if max_khz is None:
+        max_khz = []
+        for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+            try:
+                max_khz.append(int(f.read_text().strip()))
+            except (OSError, ValueError):
+                pass
+    mhz = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines()
+           if line.startswith("cpu MHz") and ":" in line and line.split(":", 1)[1].strip()]
+    ghz = max([k / 1e6 for k in max_khz] + [m / 1e3 for m in mhz], default=0.0)
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")) and ":" in line:
+            flags = set(line.split(":", 1)[1].split())
+            break
+    per_cycle = next((n for flag, n in _FLOPS_PER_CYCLE if flag in flags), None)
+    if cores is None:
+        cores = min(decide_threads()[0], default_threads(processes))
+    if not ghz or per_cycle is None:
+        return None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)"
+    flag = next(f for f, n in _FLOPS_PER_CYCLE if n == per_cycle and f in flags)
+    peak = cores * ghz * per_cycle / 1e3
+    return peak, (f"an assumed fp32 peak of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
+                  f"{per_cycle} FLOP/cycle ({flag}, two FMA units; an upper bound, set peak_tflops to use another)")
 
 
 def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:
@@ -243,3 +297,15 @@ def cpu_memory_gib() -> float:
     except (OSError, StopIteration, ValueError):
         return float("nan")
     return kib / 2**20
+
+
+def disk_free_gib(path: str) -> tuple[float, str]:
+    """(GiB free on the filesystem that will hold `path`, that filesystem's directory as found): `path`'s nearest
+    existing directory, as an output_dir not yet made will be created under it. NaN when none can be read."""
+    where = Path(path).absolute()
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free / 2**30, str(where)
+    except OSError:
+        return float("nan"), str(where)

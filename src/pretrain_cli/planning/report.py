@@ -192,6 +192,17 @@ def _reported_stage(mtp: dict) -> str:
     return "" if seen is None or seen == mtp.get("stage") else f"; the memory below is stage {seen}'s, the fullest"
 
 
+def _cpu_eta(r: Plan) -> str:
+    """What a CPU plan's ETA rests on: the cores' theoretical peak (the one `train` logs its CPU MFU against, unless a
+    peak was given) is an upper bound, and the MFU is the fp32 default unless --mfu gave the one `train` logs, so
+    the time is a lower bound; in minutes too, as a CPU try-out's hours round to 0.00."""
+    tell = "--mfu with the mfu `train` logs, or a few timed steps, tell"
+    if not r.device.peak_source.startswith("an assumed"):  # (a peak given: --peak_tflops, the file's peak_tflops)
+        return f" ({r.eta_hours * 60:.1f} min); cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
+    return (f" ({r.eta_hours * 60:.1f} min); cpu: the assumed peak above is an upper bound and MFU {r.mfu:.2f} an "
+            f"assumption, so this is a lower bound: {tell}")
+
+
 def format_report(r: Plan) -> str:
     """`plan`'s printed report."""
     d, p, par, m = r.device, r.params, r.parallel, r.model
@@ -275,7 +286,7 @@ def format_report(r: Plan) -> str:
         uneven = r.eta_hours / even if even else 1.0  # the slowest stage over an average one (`plan.report`)
         bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
         lines.append(f"ETA: {r.total_tokens * f.model:.3g} FLOPs / ({r.gpus} x {peak_text} x MFU "
-                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h")
+                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h" + (_cpu_eta(r) if d.name == "cpu" else ""))
     else:
         lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                      "device) or set peak_tflops in the argument file")

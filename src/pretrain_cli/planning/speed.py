@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pretrain_cli.models.flops import experts, flops_per_token, layer_counts
 from pretrain_cli.models.stages import stage_layers
+from pretrain_cli.planning import hardware
 from pretrain_cli.planning.experts import dispatch_bytes, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes, mtp_shift_bytes
 from pretrain_cli.planning.memory import Setup, mtp_params, stage_experts
@@ -179,3 +180,25 @@ def speed(r: Plan) -> dict:
             "comm_seconds": step - flops if known else None,
             "tokens_per_sec": r.tokens_per_step / step if known else None,
             "rank_seconds": step, "slowest_stage": busy.index(max(busy))}
+
+
+def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_half: float) -> list[str]:
+    """One line when a GPU plan (`entry`: its hardware-table device) is fp32 because the file asks for neither bf16
+    nor fp16 (the caller's test: a CPU try-out's file planned for a GPU): `train` there would run fp32 too, so the
+    plan stays fp32, but its speed is the non-tensor-core peak's; the line gives the half-precision key and its peak
+    and ETA (the same model FLOPs at that peak and, without --mfu, MFU `mfu_half`). Without bf16 (pre-Ampere) the
+    key is fp16. A peak the user gave (`peak_given`) is not scaled: the key alone."""
+    fp16 = hardware.no_bf16(entry.name, entry.capability) is not None
+    key, kind = ("fp16: true", "fp16") if fp16 else ("bf16: true", "bf16")
+    half = hardware.peak_tflops(entry, "float16" if fp16 else "bfloat16")
+    head = (f"precision: WARNING: the file sets neither bf16 nor fp16, so `train` on {entry.name} runs fp32 as "
+            f"planned here")
+    if peak_given or half is None or r.eta_hours is None or not r.device.peak_tflops:
+        return [f"{head}; set `{key}` (with `fp16_opt_level: O2` for half-precision weights) to train on its "
+                f"{kind} tensor cores, and plan again"]
+    half_mfu = mfu if mfu is not None else mfu_half
+    faster = half * half_mfu / (r.device.peak_tflops * r.mfu)
+    return [f"{head} ({r.device.peak_tflops:g} TFLOPS non-tensor-core, ETA {r.eta_hours:.2f} h); `{key}` (with "
+            f"`fp16_opt_level: O2` for half-precision weights) trains on its {half:g} TFLOPS {kind} tensor cores: "
+            f"ETA {r.eta_hours / faster:.2f} h at MFU {half_mfu:.2f}, {faster:.3g}x sooner (plan it with "
+            f"--{key.replace(': ', ' ')} for its memory)"]

@@ -170,3 +170,34 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     why += "; without any one of these keys it does not fit there" if change else "; the file as written fits there"
     return {"gpus": world, "change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
             "fits": True, "why": why}
+
+
+# `save_total_limit` unset keeps every save: a warning beyond this many (a fixed count, the same on every machine,
+# as `plan` for a GPU cannot see the training host's disk); the limit the warning suggests keeps a fallback for a
+# damaged newest checkpoint (`storage.intact`)
+MAX_KEPT, KEEP = 10, 2
+
+
+def checkpoint_disk_note(c, limit: int | None, free: tuple[float, str] | None = None) -> list[str]:
+    """One line when the checkpoints `plan` counts (`c`: `Plan.checkpoint`; `limit`: the file's save_total_limit)
+    will not be kept on disk: more than MAX_KEPT of them with `save_total_limit` unset, or (`free`: GiB free on the
+    filesystem of output_dir, its directory: `hardware.disk_free_gib`, given when the run is planned for this
+    machine) more than that disk has free. It names the disk it compared with and the `save_total_limit` that fits."""
+    free_gib, where = free if free is not None else (float("nan"), "")
+    if c.total_gib > free_gib:
+        why = (f"{c.total_gib:.2f} GiB of checkpoints is more than the {free_gib:.2f} GiB free on the filesystem of "
+               f"{where} (output_dir's nearest existing directory, on this machine)")
+    elif not limit and c.kept > MAX_KEPT:
+        why = f"save_total_limit is not set, so all {c.kept} saves are kept: {c.total_gib:.2f} GiB on disk"
+    else:
+        return []
+    fits = [n for n in range(min(KEEP, c.kept - 1), 0, -1)
+            if not n * c.per_checkpoint_gib + c.final_weights_gib > free_gib]  # (NaN: any)
+    if fits:
+        n = fits[0]
+        fix = (f"`save_total_limit: {n}` keeps the newest {n}: {n * c.per_checkpoint_gib + c.final_weights_gib:.2f} "
+               f"GiB with the final weights")
+    else:
+        fix = "free space there or choose another output_dir (one checkpoint and the final weights need " \
+              f"{c.per_checkpoint_gib + c.final_weights_gib:.2f} GiB)"
+    return [f"checkpoints: WARNING: {why}; {fix}"]

@@ -4,7 +4,8 @@ Names keep PaddleNLP's meaning where it is the same (`interval_tokens_per_second
 and get new names where we change it: TFLOPs are 1e12 FLOP/s (PaddleNLP divides by 2^40 and
 under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is printed with its peak and
 the peak's source, or as "unknown" rather than a wrong number (never above 1). On CPU the peak is
-the cores' theoretical one, stated as the assumption it is (`cpu_peak_tflops`).
+the cores' theoretical one, stated as the assumption it is (`planning.hardware.cpu_peak_tflops`, which
+`plan --device cpu`'s ETA uses too).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import atomic
+from pretrain_cli.planning.hardware import cpu_peak_tflops
 from pretrain_cli.run_dir import METRICS_FILE
 from pretrain_cli.training import record_files, trackers, trackers_wandb
 from pretrain_cli.run_config import RunConfig
@@ -76,52 +78,6 @@ def host_memory_gib() -> tuple[float, float]:
     except OSError:
         current = peak
     return current, max(peak, current)
-
-
-# fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
-# x86 core has): an upper bound, never an estimate that a fast run could pass.
-_FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8), ("asimd", 16))
-
-
-def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None,
-                    max_khz: list[int] | None = None) -> tuple[float | None, str]:
-    """(theoretical fp32 peak of the cores this process computes with, how it was reckoned), or (None, why).
-
-    A matmul timed at start-up is no peak: on a shared machine it ranged 15.7-214.8 GFLOP/s across runs and
-    training then ran faster than it, logging mfu above 1. The bound here is the same in every run on one
-    machine: cores (this process's threads, at most the cores it may use) x the highest clock the kernel
-    reports (cpuinfo_max_freq, else `cpu MHz`) x FLOPs per cycle from the vector flags."""
-    from pretrain_cli.runtime import decide_threads, default_threads
-
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            cpuinfo = ""
-    if max_khz is None:
-        max_khz = []
-        for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
-            try:
-                max_khz.append(int(f.read_text().strip()))
-            except (OSError, ValueError):
-                pass
-    mhz = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines()
-           if line.startswith("cpu MHz") and ":" in line and line.split(":", 1)[1].strip()]
-    ghz = max([k / 1e6 for k in max_khz] + [m / 1e3 for m in mhz], default=0.0)
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")) and ":" in line:
-            flags = set(line.split(":", 1)[1].split())
-            break
-    per_cycle = next((n for flag, n in _FLOPS_PER_CYCLE if flag in flags), None)
-    if cores is None:
-        cores = min(decide_threads()[0], default_threads(1))
-    if not ghz or per_cycle is None:
-        return None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)"
-    flag = next(f for f, n in _FLOPS_PER_CYCLE if n == per_cycle and f in flags)
-    peak = cores * ghz * per_cycle / 1e3
-    return peak, (f"an assumed fp32 peak of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
-                  f"{per_cycle} FLOP/cycle ({flag}, two FMA units; an upper bound, set peak_tflops to use another)")
 
 
 def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) -> tuple[float | None, str]:
