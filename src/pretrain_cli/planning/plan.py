@@ -120,7 +120,7 @@ def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tu
     if peak_tflops is not None:
         return peak_tflops, "--peak_tflops on the command line"
     given = (run.loop.peak_tflops, "peak_tflops in the argument file") if run.loop.peak_tflops is not None else None
-    return hardware.resolve_peak(device.entry, device.name, run.precision.amp_dtype, given)
+    return hardware.resolve_peak(device.entry, device.name, run.precision.amp_dtype, given, device.sharing)
 
 
 # A GPU training step runs roughly this many eager ops per decoder layer (forward, backward, optimizer),
