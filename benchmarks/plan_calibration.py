@@ -14,9 +14,10 @@ it adds the ~300 MB import and allocator caching that the planner does not model
 Parallel layouts (`--layouts`): the same model trained by the product's own build order
 (`Trainer` over `training.run.lay_out` + `Trainer.train_step`) under `python -m paddle.distributed.launch`, data
 parallel, fleet's ZeRO-1, ZeRO-2/3 and tensor parallelism on 2 processes; the largest rank's
-allocator peak over the second step against `plan --device cpu --gpus 2`. Pipeline stages (`--stages`): DeepSeek's
-pipeline x expert parallelism with and without ZeRO-1 on 4 processes (and with experts 4x as large), each stage's largest
-peak against its own plan.
+allocator peak over the second step against `plan --device cpu --gpus 2`; the head + loss fused (the CPU default)
+and unfused (a GPU's where it holds less), at b 2 x s 256 and at b 1 x s 64, where the LM head's backward peaks.
+Pipeline stages (`--stages`): DeepSeek's pipeline x expert parallelism with and without ZeRO-1 on 4 processes (and
+with experts 4x as large), each stage's largest peak against its own plan.
 
     python benchmarks/plan_calibration.py            # table (markdown)
     python benchmarks/plan_calibration.py --layouts  # the parallel layouts
@@ -161,6 +162,17 @@ LAYOUTS = [
     ("ZeRO-3 b2", 2, {"sharding": "stage3"}),
     ("TP2 b2", 2, {"tensor_parallel_degree": 2}),
     ("TP2 b8", 2, {"tensor_parallel_degree": 2, "per_device_train_batch_size": 8}),
+    # a few tokens a micro-batch: the LM head's backward (a new whole dW, the gloo all-reduce's copy) is the step's
+    # peak, not the logits (`planning.activations.head_backward_bytes`)
+    ("data parallel b1 s64 unfused", 2, {"per_device_train_batch_size": 1, "max_seq_length": 64, **UNFUSED}),
+    ("ZeRO-2 b1 s64 unfused", 2, {"sharding": "stage2", "per_device_train_batch_size": 1, "max_seq_length": 64,
+                                  **UNFUSED}),
+    ("ZeRO-3 b1 s64 unfused", 2, {"sharding": "stage3", "per_device_train_batch_size": 1, "max_seq_length": 64,
+                                  **UNFUSED}),
+    ("ZeRO-2 b1 s64", 2, {"sharding": "stage2", "per_device_train_batch_size": 1, "max_seq_length": 64}),
+    ("ZeRO-3 b1 s64", 2, {"sharding": "stage3", "per_device_train_batch_size": 1, "max_seq_length": 64}),
+    ("ZeRO-2 b2 unfused", 2, {"sharding": "stage2", **UNFUSED}),
+    ("ZeRO-3 b2 unfused", 2, {"sharding": "stage3", **UNFUSED}),
 ]
 
 _LAYOUT_CHILD = r"""
@@ -249,7 +261,7 @@ def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> 
                           baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30
             rows.append({"config": name, "params": r["params"]["total"], "micro_batch": args["per_device_train_batch_size"],
-                         "seq": 256, "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,
+                         "seq": args["max_seq_length"], "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,
                          "error": pred / m["peak"] - 1, "rss_delta_mib": float("nan"),
                          "breakdown_mib": {k: v * 1024 for k, v in r["memory_breakdown_gib"].items()}})
     return rows

@@ -49,9 +49,9 @@ def _forked_ranks(script, args_path, log_dir, nproc):
 
 
 def test_parallel_layouts_within_20_percent_of_measured_peak():
-    """DP, ZeRO-2, ZeRO-3 and TP on 2 processes (the whole table: benchmarks/plan_calibration.py --layouts): the largest
-    rank's allocator peak over a real `train_step` of the product's own build order. The table's llama-52m with 4
-    layers and an 8,000-token vocabulary (20 M parameters; errors +8.1, +11.6, +12.5 and −0.7 %, docs/PLAN.md);
+    """DP, ZeRO-2, ZeRO-3 and TP on 2 processes (the first rows of benchmarks/plan_calibration.py --layouts): the
+    largest rank's allocator peak over a real `train_step` of the product's own build order. The table's llama-52m with 4
+    layers and an 8,000-token vocabulary (20 M parameters; errors +2.0, +2.9, +3.1 and −0.7 %, docs/PLAN.md);
     the ranks forked (`launch`), which measure the same peaks to the byte as fresh ones (513.1, 360.5, 333.4 and
     555.4 MiB either way)."""
     bench = _bench()
@@ -62,6 +62,23 @@ def test_parallel_layouts_within_20_percent_of_measured_peak():
     assert min(r["params"] for r in rows) > 19e6
     bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
            for r in rows if abs(r["error"]) > 0.20]
+    assert not bad, "\n" + bench.table(rows)
+
+
+def test_head_backward_at_few_tokens_is_not_under_the_plan():
+    """ZeRO-2 and ZeRO-3 with the loss unfused (a GPU's default where the fused head + loss holds more) at b 1 × s 64:
+    the step peaks in the LM head's backward, on a new whole dW and the gloo all-reduce's copy of it, where the logits
+    are small (`planning.activations.head_backward_bytes`). The 20 M model of the test above; the plan at or above
+    each peak and within 15 % (llama-52m: docs/PLAN.md's layouts table; it was 14.9 % and 8.6 % under there, and
+    here 9.7 % and 5.4 %: 245.0 and 225.6 MiB planned, 271.4 and 238.5 measured; now 272.3 and 253.0)."""
+    bench = _bench()
+    model = dict(bench.LLAMA_52M, num_hidden_layers=4, vocab_size=8000)
+    names = ("ZeRO-2 b1 s64 unfused", "ZeRO-3 b1 s64 unfused")
+    rows = bench.calibrate_layouts([x for x in bench.LAYOUTS if x[0] in names], launch=_forked_ranks, model=model)
+    assert [r["config"] for r in rows] == list(names) and {r["seq"] for r in rows} == {64}
+    print(bench.table(rows))
+    bad = [f"{r['config']}: predicted {r['predicted_mib']:.1f} MiB, measured {r['measured_mib']:.1f} MiB"
+           for r in rows if not 0 <= r["error"] <= 0.15]
     assert not bad, "\n" + bench.table(rows)
 
 

@@ -149,10 +149,11 @@ def test_fused_loss_is_the_default_and_off_only_where_tp_splits_the_vocabulary()
 
 
 def test_the_gpu_default_runs_the_fused_loss_only_where_it_saves_memory_at_the_head():
-    """On a GPU the fused head + loss only buys memory, and keeps the head's fp32 dW (3·4·V·hidden) instead of the
-    logits: PaddleNLP's Llama-3.1-70B shape (tp 8 x pp 4, 4,096 tokens a micro-batch under hidden 8,192) holds less
-    unfused, so the default is off there, with a note giving both terms; at 32,768 tokens it is on, unless context
-    parallelism leaves each rank 4,096 again. The file's true is obeyed; on CPU (the faster kernel) it stays on."""
+    """On a GPU the fused head + loss only buys memory, and keeps the head's fp32 dW (3·4·V·hidden from three chunks
+    of rows on) instead of the logits: PaddleNLP's Llama-3.1-70B shape (tp 8 x pp 4, 4,096 tokens a micro-batch
+    under hidden 8,192) holds less unfused, so the default is off there, with a note giving both terms; at 32,768
+    tokens it is on, unless context parallelism leaves each rank 4,096 again. The file's true is obeyed; on CPU (the
+    faster kernel) it stays on."""
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.orchestration.opened import build_model_config
     from pretrain_cli.orchestration.prepare import load_arguments

@@ -194,28 +194,66 @@ def logits_bytes(s) -> float:
     return s.micro_batch * s.seq_len * s.model.vocab_size * per / s.vocab_tp
 
 
+def fused_dw_buffers(s) -> int:
+    """dW-sized fp32 buffers the fused head + loss's chunk loop (`ops.linear_loss._chunks`, Paddle's ops: the GPU
+    path) holds at once: the first chunk's product becomes dW, the second's lives beside it until it is added, and
+    from the third on the previous chunk's product is still bound while the next one is made. So min(chunks, 3):
+    measured on CPU at llama-52m's head (V 32,000, 262 rows a chunk): 1.0, 2.0, 3.0 and 3.0 heads above dh and a
+    chunk of logits at 1, 2, 3 and 4 chunks (benchmarks/plan_phases.py --chunks). Three were counted at any count
+    before, 62.5 MiB over every 2-rank layout's b 2 × s 256 (2 chunks a rank)."""
+    rows = chunk_rows(s.model.vocab_size, s.device)
+    return min(3, -(-s.micro_batch * s.seq_len // rows))
+
+
 def fused_loss_bytes(s) -> float:
     """The fused LM head + loss (ops.linear_loss): no `[b, s, V]` logits. Kept from forward to backward: dh
-    `[b·s, hidden]` and the head's fp32 dW; at the end of the forward also one chunk's dW product and a
-    copy Paddle makes (a third dW-sized buffer, measured), and one chunk of fp32 logits `[rows, V]` (+ its
-    half-precision original). Calibrated on CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
+    `[b·s, hidden]` and the head's fp32 dW; at the end of the forward up to two more dW-sized buffers
+    (`fused_dw_buffers`), and one chunk of fp32 logits `[rows, V]` (+ its half-precision original). Calibrated on
+    CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
     c, cfg = s.compute_bytes, s.model
     rows = min(chunk_rows(cfg.vocab_size, s.device), s.micro_batch * s.seq_len)
     chunk = rows * cfg.vocab_size * (4 + (c if c != 4 else 0))
-    return 3 * 4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * c + chunk
+    return (fused_dw_buffers(s) * 4 * cfg.vocab_size * cfg.hidden_size + s.micro_batch * s.seq_len * cfg.hidden_size * c
+            + chunk)
+
+
+def head_backward_bytes(s) -> float:
+    """What the LM head's backward holds beside the activations: the weight's new gradient dW, whole (÷ tp where the
+    vocabulary is split: `[hidden, V]` fp32, under O1 also its half original; O2 without master gradients in half),
+    added to the gradient kept across steps only after its all-reduce; with, unfused, the logits' gradient it is
+    computed from (`[b·s, V]`: the `grad` of `logits_live_bytes`) or, fused, dh (the dW it keeps is this one). On CPU
+    over data ranks a second dW, the gloo all-reduce's result while dW lives (the semi-auto engine's hook,
+    `comms.collectives.to_replicated`, measured; `paddle.DataParallel`'s fused all-reduce, whose gloo copy at that
+    size was a 76.5 MiB transient: counted as this copy). Unfused, the logits' gradient is freed before that copy is
+    made. A GPU reduces in place (NCCL under DataParallel) or into a 1/S shard (ZeRO-2's reduce-scatter; ZeRO-3's is
+    within the gathered head `memory._largest_weight` counts): read from the code, not measured. At a few tokens a
+    micro-batch this is the head's peak (measured at llama-52m, b 1 × s 64 unfused on 2 gloo ranks: ZeRO-2 140.2 MiB
+    above what a rank holds between steps, 15.2 of it activations; planned 33.8 before, the plan 14.9 % under)."""
+    cfg, c, tokens = s.model, s.compute_bytes, s.micro_batch * s.seq_len
+    o2_half = s.amp_level == "O2" and not s.master_grad
+    dw = cfg.vocab_size * cfg.hidden_size / s.vocab_tp * (c if o2_half else 4 + (c if s.amp_level == "O1" else 0))
+    copy = dw if s.device == "cpu" and s.data_ranks > 1 else 0.0
+    if s.device != "cpu" and s.distributed_tensors and s.sharding_stage == 2 and s.sharding_degree > 1:
+        copy = dw / s.sharding_degree
+    if s.fused_loss:
+        return dw + tokens * cfg.hidden_size * c + copy
+    grad = tokens * cfg.vocab_size * (4 + (c if c != 4 else 0)) / s.vocab_tp
+    return dw + max(grad, copy)
 
 
 def logits_live_bytes(s) -> float:
-    """Logits/loss memory at the step's peak. Without recompute the peak is the end of the forward
-    (all logits buffers live). With recompute, the first layer's re-forward runs after the logits are
-    freed but while their gradient (fp32, plus the half cast) still is, so the working set reuses the
-    rest; calibrated on CPU (docs/PLAN.md). The fused head + loss: `fused_loss_bytes`."""
+    """Logits/loss memory at the step's peak. Without recompute the end of the forward (all logits buffers live; the
+    fused head + loss: `fused_loss_bytes`) or the head's backward (`head_backward_bytes`), the larger. With recompute,
+    the first layer's re-forward runs after the logits are freed but while their gradient (fp32, plus the half cast)
+    still is, so the working set reuses the rest; the head's backward runs before any recompute. Calibrated on CPU
+    (docs/PLAN.md)."""
+    _, redo = activation_parts(s)
+    backward = head_backward_bytes(s) - redo
     if s.fused_loss:
-        return fused_loss_bytes(s)
+        return max(fused_loss_bytes(s), backward)
     c = s.compute_bytes
     grad = s.micro_batch * s.seq_len * s.model.vocab_size * (4 + (c if c != 4 else 0)) / s.vocab_tp
-    _, redo = activation_parts(s)
-    return max(logits_bytes(s) - redo, grad)
+    return max(logits_bytes(s) - redo, grad, backward)
 
 
 def head_loss_bytes(s) -> float:

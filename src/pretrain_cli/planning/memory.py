@@ -58,6 +58,7 @@ class Setup:
     cp: int = 1  # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
     sp: bool = False  # sequence parallelism with tp (distributed.steps.sequence_parallel): norms and residuals ÷ tp
     ep: int = 1  # expert parallelism (distributed.steps.expert_parallel): each rank holds 1/ep of the routed experts
+    data_ranks: int = 1  # dp × sharding: ranks whose gradients are all-reduced (on CPU over gloo: `head_backward_bytes`)
 
     @property
     def vocab_tp(self) -> int:
