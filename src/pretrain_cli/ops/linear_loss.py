@@ -118,6 +118,8 @@ def _chunks(h, w, labels, ignore_index: int, vocab_major: bool, grad: bool):
             part = _grad_gemms(p.astype(logits.dtype), hc, wc, vocab_major, dhs)
         part = part.astype("float32")  # [V, hidden] or [hidden, V]
         dw = part if dw is None else dw.add_(part)
+        # unbound before the next chunk's GEMMs make their product: dW and one product at most, not a third head
+        del part
     if not grad:
         return total, None, None
     keep = "float32" if fp16 else None  # fp16: cast by backward, after the scale (linear_loss_layer)
