@@ -77,3 +77,43 @@ def test_a_process_not_launched_is_left_alone(tmp_path):
     rank = subprocess.run([sys.executable, "-c", RANK.replace("time.sleep(120)", ""), str(tmp_path / "rank.pid")],
                           env=env, timeout=60)
     assert rank.returncode == 0 and (tmp_path / "rank.pid").exists()
+
+
+def test_a_sigterm_during_paddles_import_in_a_tied_rank_ends_it_quietly(tmp_path):
+    """A rank tied to its launcher, SIGTERMed while it imports Paddle (the launcher stops it after another rank's usage
+    error): it dies of the signal with no `FatalError: Termination signal` report. The main thread holds SIGTERM back
+    during the import (`runtime.import_paddle`), so the kernel gives a process's SIGTERM to a thread that takes it:
+    the tie's own thread did, and ran Paddle's handler. Sent to the process, as a launcher sends it, once the import
+    is well past Paddle's core, from a thread that takes no SIGTERM itself (a fresh interpreter)."""
+    code = ("import os, signal, sys, threading, time\n"
+            "from pretrain_cli import runtime\nfrom pretrain_cli.distributed.launcher import launch\n"
+            "launch.end_with_launcher()\n"
+            "assert [t for t in threading.enumerate() if t.name == 'launcher-deadline']\n"
+            "def stop_it():\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+            "    while 'paddle.nn' not in sys.modules:\n        time.sleep(0.001)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "threading.Thread(target=stop_it, daemon=True).start()\n"
+            "runtime.import_paddle()\ntime.sleep(30)\nprint('survived')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == -signal.SIGTERM, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "FatalError" not in p.stdout + p.stderr and "survived" not in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_the_tie_thread_takes_no_stop_signal(tmp_path):
+    """The tie's thread blocks SIGTERM, SIGINT and SIGHUP (its mask, read from /proc), and the caller's mask is as
+    it was: the stop signals go to the threads that handle them."""
+    code = ("import signal, threading\nfrom pretrain_cli.distributed.launcher import launch\n"
+            "launch.end_with_launcher()\n"
+            "tie = [t for t in threading.enumerate() if t.name == 'launcher-deadline'][0]\n"
+            "def blocked(tid):\n"
+            "    line = [l for l in open(f'/proc/self/task/{tid}/status') if l.startswith('SigBlk:')][0]\n"
+            "    mask = int(line.split()[1], 16)\n"
+            "    return sorted(int(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if mask >> (s - 1) & 1)\n"
+            "print(blocked(tie.native_id), blocked(threading.get_native_id()), sep=';')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    tie, caller = p.stdout.strip().split(";")
+    assert tie == str(sorted([int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP)])) and caller == "[]", p.stdout

@@ -79,7 +79,15 @@ def end_with_launcher() -> None:
     if pid.isdigit() and not processes.alive(int(pid), started or None):
         os.kill(os.getpid(), signal.SIGKILL)
     _TIED[:] = [os.getppid(), deadline_seconds()]
-    threading.Thread(target=_end_after, args=tuple(_TIED), name="launcher-deadline", daemon=True).start()
+    # the thread takes no stop signal (it inherits this mask): the kernel gives a process's SIGTERM to any thread
+    # that takes it, so while the main thread holds SIGTERM back during Paddle's import (`runtime.import_paddle`)
+    # this one would, and run Paddle's handler: `C++ Traceback ... FatalError: Termination signal` in the log of a
+    # rank its launcher stops after another rank's error
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    try:
+        threading.Thread(target=_end_after, args=tuple(_TIED), name="launcher-deadline", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def deadline_seconds(environ=os.environ) -> int:
