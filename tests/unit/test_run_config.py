@@ -149,7 +149,7 @@ def test_fused_loss_is_the_default_and_off_only_where_tp_splits_the_vocabulary()
 
 
 def test_the_gpu_default_runs_the_fused_loss_only_where_it_saves_memory_at_the_head():
-    """On a GPU the fused head + loss only buys memory, and keeps the head's fp32 dW (3·4·V·hidden from three chunks
+    """On a GPU the fused head + loss only buys memory, and keeps the head's fp32 dW (2·4·V·hidden from two chunks
     of rows on) instead of the logits: PaddleNLP's Llama-3.1-70B shape (tp 8 x pp 4, 4,096 tokens a micro-batch
     under hidden 8,192) holds less unfused, so the default is off there, with a note giving both terms; at 32,768
     tokens it is on, unless context parallelism leaves each rank 4,096 again. The file's true is obeyed; on CPU (the
@@ -167,7 +167,7 @@ def test_the_gpu_default_runs_the_fused_loss_only_where_it_saves_memory_at_the_h
 
     assert run() == (False, [
         "use_fused_linear_cross_entropy: off (the file does not set it): at 4,096 tokens a micro-batch at the LM head "
-        "(hidden 8,192, vocab 128,256) the fused head + loss would hold 11.99 GiB (the head's fp32 dW) against the "
+        "(hidden 8,192, vocab 128,256) the fused head + loss would hold 8.08 GiB (the head's fp32 dW) against the "
         "logits' 5.51 GiB; set it true to run it anyway"])
     assert run("--max_seq_length", "32768") == (True, [])
     off, [note] = run("--max_seq_length", "32768", "--context_parallel_degree", "8", "--tensor_parallel_degree", "2")

@@ -106,7 +106,7 @@ def kernels_for(args: Arguments, target: Target) -> KernelConfig:
 
 def fused_loss_default(args: Arguments, model_cfg, run: RunConfig) -> RunConfig:
     """On a GPU the fused head + loss (Paddle's ops) buys memory only, and costs some where a micro-batch holds few
-    tokens at the head: it keeps the head's fp32 dW (3·4·V·hidden from three chunks of rows on) where the logits are
+    tokens at the head: it keeps the head's fp32 dW (2·4·V·hidden from two chunks of rows on) where the logits are
     ~12·tokens·V in bf16. Unless the file sets the key, it runs there only where it is the smaller `logits_loss`
     term by `plan`'s own model (`planning.plan.fused_loss_on_gpu`), with a note when it is turned off. On CPU it is
     the faster kernel: on."""

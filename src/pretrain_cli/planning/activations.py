@@ -196,20 +196,19 @@ def logits_bytes(s) -> float:
 
 def fused_dw_buffers(s) -> int:
     """dW-sized fp32 buffers the fused head + loss's chunk loop (`ops.linear_loss._chunks`, Paddle's ops: the GPU
-    path) holds at once: the first chunk's product becomes dW, the second's lives beside it until it is added, and
-    from the third on the previous chunk's product is still bound while the next one is made. So min(chunks, 3):
-    measured on CPU at llama-52m's head (V 32,000, 262 rows a chunk): 1.0, 2.0, 3.0 and 3.0 heads above dh and a
-    chunk of logits at 1, 2, 3 and 4 chunks (benchmarks/plan_phases.py --chunks). Three were counted at any count
-    before, 62.5 MiB over every 2-rank layout's b 2 × s 256 (2 chunks a rank)."""
+    path) holds at once: the first chunk's product becomes dW, and each later one lives beside it until it is added
+    (and is unbound before the next is made). So min(chunks, 2): measured on CPU at llama-52m's head (V 32,000, 262
+    rows a chunk): 1.0, 2.0, 2.0 and 2.0 heads above dh and a chunk of logits at 1, 2, 3 and 4 chunks
+    (benchmarks/plan_phases.py --chunks; tests/unit/test_linear_loss_memory.py)."""
     rows = chunk_rows(s.model.vocab_size, s.device)
-    return min(3, -(-s.micro_batch * s.seq_len // rows))
+    return min(2, -(-s.micro_batch * s.seq_len // rows))
 
 
 def fused_loss_bytes(s) -> float:
     """The fused LM head + loss (ops.linear_loss): no `[b, s, V]` logits. Kept from forward to backward: dh
-    `[b·s, hidden]` and the head's fp32 dW; at the end of the forward up to two more dW-sized buffers
-    (`fused_dw_buffers`), and one chunk of fp32 logits `[rows, V]` (+ its half-precision original). Calibrated on
-    CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
+    `[b·s, hidden]` and the head's fp32 dW; in the forward from its second chunk on one more dW-sized buffer
+    (`fused_dw_buffers` counts both), and one chunk of fp32 logits `[rows, V]` (+ its half-precision original).
+    Calibrated on CPU on the Paddle-op path, the GPU's (docs/PLAN.md)."""
     c, cfg = s.compute_bytes, s.model
     rows = min(chunk_rows(cfg.vocab_size, s.device), s.micro_batch * s.seq_len)
     chunk = rows * cfg.vocab_size * (4 + (c if c != 4 else 0))
