@@ -14,7 +14,7 @@ from pretrain_cli.config.presets import PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import activations
-from pretrain_cli.planning.experts import mlp_per_token
+from pretrain_cli.planning.experts import backward_bytes, mlp_per_token
 from pretrain_cli.planning.memory import Setup, pipeline_stages
 
 # micro-deepseek-v3 widened as benchmarks/plan_calibration.py's MICRO_V3, 8 layers (the first 2 dense)
@@ -43,6 +43,8 @@ def test_each_pipeline_stage_plans_its_own_layers(recompute):
     if recompute is None:  # fleet runs micro-batches 0-1 through chunk 0, 0-1 through chunk 1, then 2 through 0
         kw = dict(pp=2, vpp=2, micro_batches=4)
         three_two = (3 * _acts(dense, **kw)[0] + 2 * _acts(sparse, **kw)[0]) / 5  # (each all one kind: 5 chunks)
+        three_two += 3 / 5 * backward_bytes(Setup(model=V3, micro_batch=2, seq_len=128, device="cpu",
+                                                  attention="math", **kw))  # (the stage's one sparse working set)
         assert _acts(V3, **kw)[0] == pytest.approx(three_two)  # (2.5 of each before: test_plan_virtual_chunks.py)
 
 

@@ -43,16 +43,29 @@ def _forked_ranks(script, args_path, log_dir, nproc):
     return launch(args_path, log_dir, nproc=nproc, timeout=600, rank_script=script)
 
 
-def test_a_moe_models_zero3_peak_is_planned(tmp_path):
-    """The largest rank's allocator peak over the second step, 157.5 MiB measured: planned 158.7 (+0.8 %; ZeRO-2 on
-    the same model −5.8 %). When the grouped GEMM kept every layer's gathered experts until backward, 203.6 measured
-    and 197.7 planned."""
+def _planned_and_measured(tmp_path, sharding: str) -> tuple[float, float]:
+    """(planned, measured) bytes: the largest rank's allocator peak over the second step and its plan."""
     bench = load("plan_calibration")
     _, args_path = bench._write(tmp_path, "moe", "micro-qwen3-moe", WIDE, 2, 128, None, {})
     args = json.loads(args_path.read_text())
-    args.update(sharding="stage3", cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
+    args.update(sharding=sharding, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
     args_path.write_text(json.dumps(args))
     m = bench.measure_layout(args_path, 2, tmp_path / "log", _forked_ranks)
     r = from_file(str(args_path), [], device="cpu", gpus=2, suggest_changes=False, baseline_bytes=m["baseline"])
-    planned = r.to_json()["memory_gib"] * 2**30
-    assert abs(planned / m["peak"] - 1) <= 0.05, (planned / 2**20, m["peak"] / 2**20)
+    return r.to_json()["memory_gib"] * 2**30, m["peak"]
+
+
+def test_a_moe_models_zero3_peak_is_planned(tmp_path):
+    """The largest rank's allocator peak over the second step, 157.5 MiB measured: planned 158.7 (+0.8 %). When the
+    grouped GEMM kept every layer's gathered experts until backward, 203.6 measured and 197.7 planned."""
+    planned, peak = _planned_and_measured(tmp_path, "stage3")
+    assert abs(planned / peak - 1) <= 0.05, (planned / 2**20, peak / 2**20)
+
+
+def test_a_moe_models_zero2_peak_is_planned(tmp_path):
+    """ZeRO-2 on the same model peaks in the last sparse layer's SwiGLU backward, on d(gate|up) beside the down
+    projection's whole dW (`experts.backward_bytes`): 208.2 MiB measured, planned 205.1 (−1.5 %; the rest is the
+    routing: the padded path ran 1.64 and 1.92 rows a routed row on the two ranks, 1.25 planned for balanced
+    routing). Uncounted before: 196.1 planned (−5.8 %)."""
+    planned, peak = _planned_and_measured(tmp_path, "stage2")
+    assert -0.03 <= planned / peak - 1 <= 0.05, (planned / 2**20, peak / 2**20)

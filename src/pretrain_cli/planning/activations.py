@@ -11,7 +11,7 @@ from pretrain_cli.models.families import family
 from pretrain_cli.ops.cpu_ops import attention_probs_per_head
 from pretrain_cli.ops.linear_loss import chunk_rows
 from pretrain_cli.planning.context import context_core_per_token
-from pretrain_cli.planning.experts import mlp_per_token
+from pretrain_cli.planning.experts import backward_bytes, mlp_per_token
 
 
 def norm_bytes(s, width: int) -> float:
@@ -113,7 +113,8 @@ def _granularity(s, p: dict) -> tuple[float, float]:
 def layer_bytes(s, layers) -> tuple[float, float]:
     """(kept through the forward, working set recomputed in backward) for one micro-batch of the decoder layers
     `layers` (indices: a pipeline stage's, `models.stages.stage_layers`): each layer's own, dense or sparse, summed,
-    and the largest layer's working set, as one layer is recomputed at a time. Averaged over the model's layers
+    and the largest layer's working set, as one layer is recomputed at a time (a sparse layer's with what its
+    experts' backward holds beyond it, `experts.backward_bytes`). Averaged over the model's layers
     before, a DeepSeek stage of dense layers was planned with the sparse layers' MLP terms and one of sparse layers
     with the dense ones' (`memory.pipeline_stages`)."""
     sparse = set(s.model.sparse_layers)  # (none for a dense model)
@@ -122,7 +123,8 @@ def layer_bytes(s, layers) -> tuple[float, float]:
         kinds[i in sparse] = kinds.get(i in sparse, 0) + 1
     parts = {kind: _granularity(s, _parts_per_token(s, kind)) for kind in kinds}
     kept = sum(n * parts[kind][0] for kind, n in kinds.items())
-    return tokens * kept, tokens * max((redo for _, redo in parts.values()), default=0.0)
+    working = (tokens * redo + (backward_bytes(s) if kind else 0.0) for kind, (_, redo) in parts.items())
+    return tokens * kept, max(working, default=0.0)
 
 
 def final_norm_bytes(s) -> float:
@@ -131,7 +133,8 @@ def final_norm_bytes(s) -> float:
 
 
 def activation_parts(s) -> tuple[float, float]:
-    """(kept through the forward, working set recomputed per layer in backward) for one micro-batch, every layer."""
+    """(kept through the forward, the largest layer's working set in backward: `layer_bytes`) for one micro-batch,
+    every layer."""
     kept, redo = layer_bytes(s, range(s.model.num_hidden_layers))
     return kept + final_norm_bytes(s), redo
 
@@ -242,8 +245,9 @@ def head_backward_bytes(s) -> float:
 
 def logits_live_bytes(s) -> float:
     """Logits/loss memory at the step's peak. Without recompute the end of the forward (all logits buffers live; the
-    fused head + loss: `fused_loss_bytes`) or the head's backward (`head_backward_bytes`), the larger. With recompute,
-    the first layer's re-forward runs after the logits are freed but while their gradient (fp32, plus the half cast)
+    fused head + loss: `fused_loss_bytes`) or the head's backward (`head_backward_bytes`), the larger. With recompute
+    (and a sparse layer's experts' backward, `experts.backward_bytes`: in the same working set), the first layer's
+    re-forward runs after the logits are freed but while their gradient (fp32, plus the half cast)
     still is, so the working set reuses the rest; the head's backward runs before any recompute. Calibrated on CPU
     (docs/PLAN.md)."""
     _, redo = activation_parts(s)

@@ -63,9 +63,11 @@ def routed_per_token(s) -> float:
 def padded_rows(s) -> float:
     """Rows the experts' GEMMs run per routed row. A GPU's grouped GEMM runs the segments as they are (1); the CPU's
     (`ops.grouped.grouped_mlp_cpu`) pads every expert to the busiest one's rows while that wastes at most `PAD_WASTE`,
-    else runs the segments (1). The busiest of E experts holding m rows on average under balanced routing (each
-    copy to an expert at random): m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at m = 64 and E = 8, 1.13 at
-    m = 256 (measured: 1.20, 1.10). Under expert parallelism a rank's E/ep experts take the group's rows."""
+    else runs the segments (1); under the semi-auto engine it always pads (one graph on every rank:
+    `distributed.steps.local_kernels._same_graph`). The busiest of E experts holding m rows on average under
+    balanced routing (each copy to an expert at random): m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at
+    m = 64 and E = 8, 1.13 at m = 256 (measured: 1.20, 1.10). Under expert parallelism a rank's E/ep experts take
+    the group's rows."""
     e = experts(s.model)
     if s.device != "cpu" or e is None:
         return 1.0
@@ -74,7 +76,39 @@ def padded_rows(s) -> float:
     if local < 2 or mean <= 0:
         return 1.0
     pad = 1 + math.sqrt(2 * math.log(local) / mean)
-    return pad if pad <= PAD_WASTE else 1.0
+    return pad if pad <= PAD_WASTE or s.distributed_tensors else 1.0  # the semi-auto engine always pads
+
+
+def backward_bytes(s) -> float:
+    """Bytes one sparse layer's routed experts hold in their backward beyond what the layer keeps (one layer at a
+    time: `activations.layer_bytes` adds it to the largest working set). The experts' GEMMs (`ops.grouped_gemm_layer.
+    StackedGemm`, stacked: the CPU's padded path, a GPU's grouped GEMM) make the down projection's input gradient
+    dh (c·F/tp a row they run) beside its stacked weights (E/ep·F·h/tp), then its dW (both in the weights' dtype);
+    SwiGLU's backward then makes d(gate|up) (2·c·F/tp a row) while dh lives and the kept product is freed. Where
+    the weights reach the GEMMs as tensors made from the parameters (the semi-auto engine's
+    `distributed.steps.moe_layouts.LocalDispatch`: `dtensor_to_local`, on a GPU too), Paddle's engine runs SwiGLU's
+    backward before their gradients are accumulated, so the down projection's whole dW lives beside it (÷ S under
+    ZeRO-3, whose GEMM hands its shards back at once, and whose gathered experts, `gathered_layer`, are a transient
+    of this same backward, taken off); leaf parameters' gradients are accumulated first (one process, fleet's
+    layouts). The CPU's gloo hook (`comms.collectives.to_replicated`) copies one expert's gradient at a time, after
+    that peak: not counted. Measured on CPU (micro-qwen3-moe widened, 2 gloo ranks, ZeRO-2): the step peaks in the
+    last layer's SwiGLU backward, 11.2 MiB above what the layer keeps (d(gate|up) 7.7 and the down dW 4.0, the
+    product 3.8 and the GEMM's dy 0.5 freed), uncounted before (the plan −5.8 % under)."""
+    cfg, c, e = s.model, s.compute_bytes, experts(s.model)
+    if e is None:
+        return 0.0
+    local = e.routed / max(s.ep, 1)
+    rows = s.micro_batch * s.seq_len * e.top_k * padded_rows(s)  # rows the GEMMs run on this rank (balanced)
+    dh = rows * c * e.width / s.tp
+    # the stack and dW in the weights' dtype; O1 also the half cast the products read or write
+    wb = c if s.amp_level == "O2" else 4 + (c if s.amp_level == "O1" else 0)
+    piece = local * e.width * cfg.hidden_size / s.tp * wb  # one projection of this rank's experts
+    zero3 = s.distributed_tensors and s.sharding_stage >= 3 and s.sharding_degree > 1
+    held = piece / (s.sharding_degree if zero3 else 1) if s.distributed_tensors else 0.0
+    out = max(dh + piece, 2 * dh + held)  # the down GEMM's backward; then SwiGLU's
+    if zero3:
+        out -= gathered_layer(s) * (c if s.amp_level == "O2" else 4)
+    return max(out, 0.0)
 
 
 def dense_mlp_per_token(s, width: int) -> float:
