@@ -53,16 +53,17 @@ def test_llama_70b_on_64_h100_fit_recommends_a_layout_whose_start_up_fits():
 
 
 def test_pp8_stage1_start_up_by_hand():
-    """What the fit recommended before start-up was modelled (pp 8, ZeRO-1, recompute: 66.97 GiB steady with the
-    fused head + loss, 59.37 with the logits, the GPU default at 4,096 tokens under hidden 8,192): its first
-    stage builds 10 layers and the embedding in fp32 plus the embedding once more as the transient."""
+    """What the fit recommended before start-up was modelled (pp 8, ZeRO-1, recompute: 62.86 GiB steady with the
+    fused head + loss, its two head-sized dW buffers (ops.linear_loss), 59.37 with the logits, the GPU default at
+    4,096 tokens under hidden 8,192): its first stage builds 10 layers and the embedding in fp32 plus the embedding
+    once more as the transient."""
     keys = TO_70B + ["--tensor_parallel_degree", "1", "--pipeline_parallel_degree", "8", "--sharding", "stage1",
                      "--gradient_accumulation_steps", "64", "--recompute", "true"]
     r = plan(str(LLAMA), keys, device="H100", gpus=64, suggest_changes=False)
     assert r["memory_gib"] == pytest.approx(59.37, abs=0.05)
     fused = plan(str(LLAMA), keys + ["--use_fused_linear_cross_entropy", "true"], device="H100", gpus=64,
                  suggest_changes=False)
-    assert fused["memory_gib"] == pytest.approx(66.97, abs=0.05) and fused["startup_gib"] == r["startup_gib"]
+    assert fused["memory_gib"] == pytest.approx(62.86, abs=0.05) and fused["startup_gib"] == r["startup_gib"]
     weights, transient = (10 * LAYER + V * H) * 4, V * H * 4
     assert r["startup_breakdown_gib"]["weights"] * GIB == pytest.approx(weights)
     assert r["startup_breakdown_gib"]["transient"] * GIB == pytest.approx(transient)
