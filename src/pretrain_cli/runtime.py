@@ -269,6 +269,29 @@ def interrupt_kept():
         raise KeyboardInterrupt
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_HELD: list = []  # the main thread's signal mask before `hold_stop_signals`, while it holds them
+
+
+def hold_stop_signals() -> None:
+    """Block SIGTERM, SIGINT and SIGHUP on the main thread until `release_stop_signals` (`import_paddle`, once it has
+    set SIGTERM's disposition), so that every thread started meanwhile blocks them for good.
+
+    Why: a thread inherits its creator's mask, and the kernel gives a process's signal to any thread not blocking
+    it. numpy's OpenBLAS workers, started by `train`'s `prepare` before Paddle's import, took a launcher's SIGTERM
+    during that import and ran the C++ handler it installs (`FatalError: Termination signal` in the rank's log). A
+    signal sent meanwhile waits and then reaches the main thread, once: SIGTERM's quiet default end, Ctrl-C's
+    `error: interrupted`. Main thread only; a second hold does nothing."""
+    if not _HELD and threading.current_thread() is threading.main_thread():
+        _HELD.append(signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS))
+
+
+def release_stop_signals() -> None:
+    """End `hold_stop_signals`, if held: a signal sent meanwhile is delivered now, to this (the main) thread."""
+    if _HELD and threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_SETMASK, _HELD.pop())
+
+
 def import_paddle():
     """Import Paddle after `setup_env()`; the only sanctioned way to get the module."""
     setup_env()
@@ -303,6 +326,7 @@ def import_paddle():
         finally:
             if held is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            release_stop_signals()  # (`train`'s hold: SIGTERM's disposition is decided)
     if first:
         # What the import made (modules, their functions and classes: ~0.5 M objects) lives as long as the process,
         # so the cyclic garbage collector is told to stop walking it: Paddle's to_static (SOT) runs a full

@@ -25,6 +25,18 @@ def main(ns: argparse.Namespace) -> int:
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
     from pretrain_cli import runtime
+
+    # before any import that starts threads (numpy's OpenBLAS, in prepare): they block the stop signals as this
+    # thread does, until Paddle's import has decided SIGTERM's disposition (`runtime.hold_stop_signals`)
+    runtime.hold_stop_signals()
+    try:
+        return _train(ns)
+    finally:
+        runtime.release_stop_signals()  # (a run that ended before Paddle's import: a usage error)
+
+
+def _train(ns: argparse.Namespace) -> int:
+    from pretrain_cli import runtime
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import launcher_target
     from pretrain_cli.distributed.launcher import launch
