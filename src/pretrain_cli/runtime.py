@@ -269,19 +269,20 @@ def interrupt_kept():
         raise KeyboardInterrupt
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM,)  # the one Paddle's import gives a C++ handler
 _HELD: list = []  # the main thread's signal mask before `hold_stop_signals`, while it holds them
 
 
 def hold_stop_signals() -> None:
-    """Block SIGTERM, SIGINT and SIGHUP on the main thread until `release_stop_signals` (`import_paddle`, once it has
-    set SIGTERM's disposition), so that every thread started meanwhile blocks them for good.
+    """Block SIGTERM on the main thread until `release_stop_signals` (`import_paddle`, once it has set SIGTERM's
+    disposition), so that every thread started meanwhile blocks it for good.
 
     Why: a thread inherits its creator's mask, and the kernel gives a process's signal to any thread not blocking
     it. numpy's OpenBLAS workers, started by `train`'s `prepare` before Paddle's import, took a launcher's SIGTERM
     during that import and ran the C++ handler it installs (`FatalError: Termination signal` in the rank's log). A
-    signal sent meanwhile waits and then reaches the main thread, once: SIGTERM's quiet default end, Ctrl-C's
-    `error: interrupted`. Main thread only; a second hold does nothing."""
+    SIGTERM sent meanwhile waits and then reaches the main thread, once: its quiet default end. SIGINT and SIGHUP
+    are not held: Paddle's import gives them no native handler (Python's and the default stay), and a Ctrl-C during
+    a long `prepare` must act at once. Main thread only; a second hold does nothing."""
     if not _HELD and threading.current_thread() is threading.main_thread():
         _HELD.append(signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS))
 

@@ -26,7 +26,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     from pretrain_cli import runtime
 
-    # before any import that starts threads (numpy's OpenBLAS, in prepare): they block the stop signals as this
+    # before any import that starts threads (numpy's OpenBLAS, in prepare): they block SIGTERM as this
     # thread does, until Paddle's import has decided SIGTERM's disposition (`runtime.hold_stop_signals`)
     runtime.hold_stop_signals()
     try:
