@@ -7,7 +7,7 @@ Its exit code on a signal, too: Paddle's launcher stops its ranks and exits with
 SIGINT, 15 for SIGTERM), which collides with a usage error (2) and reads as a failure to retry (15); here it
 becomes the shell's 130 / 143, which `job.py decide` stops on. A Ctrl-C while Paddle is still being imported (which
 Paddle re-raises as an ImportError from the KeyboardInterrupt, or swallows in part of the import:
-`runtime.interrupt_kept`) is `error: interrupted`, 130, as the CLI's own, not a traceback.
+`start_signals.interrupt_kept`) is `error: interrupted`, 130, as the CLI's own, not a traceback.
 
 One stop per signal, however it arrives (`Stops`). launch.sh passes on a SIGTERM / SIGINT it receives as SIGUSR1 /
 SIGUSR2: it cannot tell whether the launcher got the signal too (a terminal's Ctrl-C and a scheduler signalling the

@@ -4,7 +4,7 @@ Paddle re-raises a KeyboardInterrupt inside its native module's initialisation a
 ("initialization failed"), which printed a 40-line traceback and exit 1 (`runtime.import_paddle` turns it back): a
 stand-in `paddle` package ahead on the path raises exactly that. And Paddle's import asks `which nvcc` and `which
 ccache` under a bare `except:`, which swallowed a Ctrl-C pressed then: the run went on as if no key had been pressed
-(`runtime.interrupt_kept`). Those are real Ctrl-Cs at chosen moments of the real import: a stand-in program on PATH
+(`start_signals.interrupt_kept`). Those are real Ctrl-Cs at chosen moments of the real import: a stand-in program on PATH
 (`which`, `ldd`, `g++`) says it started and waits, and the test sends SIGINT to the command's process group then, as
 a terminal does. Every moment: `error: interrupted`, 130, nothing written."""
 import json

@@ -1,5 +1,5 @@
 """`train` holds SIGTERM back from its first line until Paddle's import has decided SIGTERM's
-disposition (`runtime.hold_stop_signals`), so every thread started meanwhile (numpy's OpenBLAS workers, in
+disposition (`start_signals.hold_stop_signals`), so every thread started meanwhile (numpy's OpenBLAS workers, in
 `prepare`) blocks it too: a launcher's SIGTERM during Paddle's import ran the C++ handler that import installs on
 such a thread (`FatalError: Termination signal` in the rank's log)."""
 import json
@@ -55,16 +55,16 @@ def test_a_signal_held_at_start_up_reaches_the_main_thread_once_released(tmp_pat
     """While held: a thread started then blocks SIGTERM for good (not SIGINT: a Ctrl-C acts at once), and a SIGTERM
     waits; released: it reaches the main thread, once, and ends the process by its default action (a fresh
     interpreter)."""
-    code = ("import os, signal, threading, time\nfrom pretrain_cli import runtime\n"
+    code = ("import os, signal, threading, time\nfrom pretrain_cli import start_signals\n"
             "def blocked(tid):\n"
             "    line = [l for l in open(f'/proc/self/task/{tid}/status') if l.startswith('SigBlk:')][0]\n"
             "    mask = int(line.split()[1], 16)\n"
             "    return sorted(int(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if mask >> (s - 1) & 1)\n"
-            "runtime.hold_stop_signals()\nruntime.hold_stop_signals()\n"
+            "start_signals.hold_stop_signals()\nstart_signals.hold_stop_signals()\n"
             "t = threading.Thread(target=time.sleep, args=(30,), daemon=True)\nt.start()\n"
             "print(blocked(t.native_id), blocked(threading.get_native_id()), sep=';', flush=True)\n"
             "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.2)\nprint('held', flush=True)\n"
-            "runtime.release_stop_signals()\ntime.sleep(0.5)\nprint('survived', flush=True)\n")
+            "start_signals.release_stop_signals()\ntime.sleep(0.5)\nprint('survived', flush=True)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(SRC)},
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == -signal.SIGTERM, (p.returncode, p.stdout, p.stderr[-2000:])

@@ -24,15 +24,15 @@ def main(ns: argparse.Namespace) -> int:
         for key, s in KEYS.items():
             print(f"--{key} ({s.section}, default {json.dumps(s.default)}): {s.help}")
         return 0
-    from pretrain_cli import runtime
+    from pretrain_cli import start_signals
 
     # before any import that starts threads (numpy's OpenBLAS, in prepare): they block SIGTERM as this
-    # thread does, until Paddle's import has decided SIGTERM's disposition (`runtime.hold_stop_signals`)
-    runtime.hold_stop_signals()
+    # thread does, until Paddle's import has decided SIGTERM's disposition (`start_signals.hold_stop_signals`)
+    start_signals.hold_stop_signals()
     try:
         return _train(ns)
     finally:
-        runtime.release_stop_signals()  # (a run that ended before Paddle's import: a usage error)
+        start_signals.release_stop_signals()  # (a run that ended before Paddle's import: a usage error)
 
 
 def _train(ns: argparse.Namespace) -> int:
