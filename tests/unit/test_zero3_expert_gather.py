@@ -3,62 +3,26 @@ forward to its backward as this rank's shards, gathered whole inside the grouped
 backward (`distributed.steps.local_kernels.ZeroGather`, `ops.grouped_gemm_layer.StackedGemm`), with the step's
 results bit for bit those of the path that handed the GEMM the gathered copies (which it kept until backward).
 
-Both paths run in the same child (`_CHILD`, 2 gloo ranks forked as tests/unit/test_plan_zero3_experts.py's are), one
+Both paths run in the same child (`_CHILD` after tests/unit/zero3_expert_child.py's start, 2 gloo ranks forked as tests/unit/test_plan_zero3_experts.py's are), one
 launch each: the old one is `LocalDispatch._weight` as it was, restored in the child. Bytes are each rank's host
 allocator's (`host_memory_stat_current_value`), in its own process: what a forward leaves allocated when it returns,
 before its backward, is what autograd keeps (with the loss)."""
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 from bench_scripts import load
+from zero3_expert_child import run_child
 
 from pretrain_cli.config.presets import PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.planning.memory import Setup, stage_experts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from launch_helpers import launch  # noqa: E402
-
 # micro-qwen3-moe widened so its experts (48 MiB on a rank, whole) outweigh the rest: 4 sparse layers of 12 MiB
 WIDE = {"hidden_size": 128, "intermediate_size": 512, "moe_intermediate_size": 1024, "num_hidden_layers": 4,
         "vocab_size": 2048, "head_dim": 32}
 
-_CHILD = r"""
-import json, sys
-import numpy as np
-from pretrain_cli import runtime
-paddle = runtime.import_paddle()
-from pretrain_cli.config.parser import parse_config
-from pretrain_cli.orchestration.opened import build_model_config
-from pretrain_cli.orchestration.targets import launcher_target
-from pretrain_cli.config.resolve import resolve
-from pretrain_cli.distributed.comms.comm import build_comm
-from pretrain_cli.distributed.setup import init_process_group
-from pretrain_cli.distributed.layout.topology import Topology
-from pretrain_cli.distributed.steps import moe_layouts
-from pretrain_cli.training.run import build_model, lay_out
-from pretrain_cli.training.step import Step
-from pretrain_cli.training.trainer import Trainer
-
-
-def old_weight(self, w, like):  # the path before: the gathered copy handed to the GEMM, which kept it
-    import paddle.distributed as dist
-    from paddle.distributed.auto_parallel.api import dtensor_to_local
-    from pretrain_cli.distributed.steps.local_kernels import gather_zero
-
-    if not w.is_dist():
-        return w
-    w = gather_zero(w, self.hook)
-    placements = [dist.Partial() if p.is_shard() else dist.Replicate() for p in like.placements[:1]]
-    return dtensor_to_local(w, w.process_mesh, placements + list(w.placements[1:]))
-
-
-if sys.argv[2] == "old":
-    moe_layouts.LocalDispatch._weight = old_weight
-core = paddle.base.core
+_CHILD = r"""core = paddle.base.core
 kept = []
 forward_loss = Step._forward_loss
 
@@ -92,10 +56,6 @@ print("RESULT " + json.dumps({"rank": rank, "kept": kept, "steps": [[s.loss, s.g
 """
 
 
-def _forked_ranks(script, args_path, log_dir, nproc, extra):
-    return launch(args_path, log_dir, nproc=nproc, extra=extra, timeout=600, rank_script=script)
-
-
 def _run(tmp_path, path: str) -> tuple[dict, dict]:
     """{rank: what it printed}, {rank: its parameters' local values after two steps} of `path` ("old", "new")."""
     bench = load("plan_calibration")
@@ -103,14 +63,7 @@ def _run(tmp_path, path: str) -> tuple[dict, dict]:
     args = json.loads(args_path.read_text())
     args.update(sharding="stage3", cpu_fused_ops=False, use_flash_attention=False, report_to=["none"])
     args_path.write_text(json.dumps(args))
-    child, log_dir = tmp_path / "child.py", tmp_path / f"log_{path}"
-    child.write_text(_CHILD)
-    out = _forked_ranks(child, args_path, log_dir, 2, [path, tmp_path / path])
-    results = {r["rank"]: r for f in sorted(log_dir.glob("workerlog.*"))
-               for line in f.read_text(errors="replace").splitlines() if line.startswith("RESULT ")
-               for r in [json.loads(line.split("RESULT ", 1)[1])]}
-    assert out.returncode == 0 and sorted(results) == [0, 1], out.explain()
-    return results, {r: dict(np.load(tmp_path / f"{path}.{r}.npz")) for r in results}
+    return run_child(_CHILD, tmp_path, args_path, path, path, 2)
 
 
 def test_zero3_keeps_the_experts_shards_not_the_gathered_experts_with_the_same_step(tmp_path):

@@ -8,48 +8,12 @@ others, here until the launch's timeout), and the step must be the one the gathe
 `LocalDispatch._weight` restored in the child), bit for bit, and ZeRO-2's (experts whole, no gather) within float
 rounding. 2 gloo ranks (4 for tp2), forked as test_zero3_expert_gather.py's are."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 from bench_scripts import load
+from zero3_expert_child import run_child
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from launch_helpers import launch  # noqa: E402
-
-_CHILD = r"""
-import json, sys
-import numpy as np
-from pretrain_cli import runtime
-paddle = runtime.import_paddle()
-import paddle.distributed as dist
-from pretrain_cli.config.parser import parse_config
-from pretrain_cli.orchestration.opened import build_model_config
-from pretrain_cli.orchestration.targets import launcher_target
-from pretrain_cli.config.resolve import resolve
-from pretrain_cli.distributed.comms.comm import build_comm
-from pretrain_cli.distributed.setup import init_process_group
-from pretrain_cli.distributed.layout.topology import Topology
-from pretrain_cli.distributed.steps import moe_layouts
-from pretrain_cli.models import moe
-from pretrain_cli.training.run import build_model, lay_out
-from pretrain_cli.training.trainer import Trainer
-
-
-def old_weight(self, w, like):  # the path before: the gathered copy handed to the GEMM, which kept it
-    from paddle.distributed.auto_parallel.api import dtensor_to_local
-    from pretrain_cli.distributed.steps.local_kernels import gather_zero
-
-    if not w.is_dist():
-        return w
-    w = gather_zero(w, self.hook)
-    placements = [dist.Partial() if p.is_shard() else dist.Replicate() for p in like.placements[:1]]
-    return dtensor_to_local(w, w.process_mesh, placements + list(w.placements[1:]))
-
-
-if sys.argv[2] == "old":
-    moe_layouts.LocalDispatch._weight = old_weight
-args = parse_config(sys.argv[1], [])
+_CHILD = r"""args = parse_config(sys.argv[1], [])
 _, cfg = build_model_config(args)
 run = resolve(args, cfg, launcher_target())
 init_process_group(run.parallel, run.loop.seed, run.loop, run.device)
@@ -93,10 +57,6 @@ CASES = {"recompute": ("micro-qwen3-moe", 2, dict(recompute=True, recompute_gran
          "tp2_mla": ("micro-deepseek-v3", 4, dict(tensor_parallel_degree=2))}
 
 
-def _forked_ranks(script, args_path, log_dir, nproc, extra):
-    return launch(args_path, log_dir, nproc=nproc, extra=extra, timeout=600, rank_script=script)
-
-
 def _run(tmp_path, preset: str, nproc: int, over: dict, path: str, sharding: str) -> tuple[dict, dict]:
     """{rank: what it printed}, {rank: its parameters' local values after two steps}."""
     bench = load("plan_calibration")
@@ -106,14 +66,7 @@ def _run(tmp_path, preset: str, nproc: int, over: dict, path: str, sharding: str
     args.update(sharding=sharding, cpu_fused_ops=False, use_flash_attention=False, report_to=["none"],
                 gradient_accumulation_steps=2, **over)
     args_path.write_text(json.dumps(args))
-    child, log_dir = tmp_path / "child.py", tmp_path / f"log_{name}"
-    child.write_text(_CHILD)
-    out = _forked_ranks(child, args_path, log_dir, nproc, [path, tmp_path / name])
-    results = {r["rank"]: r for f in sorted(log_dir.glob("workerlog.*"))
-               for line in f.read_text(errors="replace").splitlines() if line.startswith("RESULT ")
-               for r in [json.loads(line.split("RESULT ", 1)[1])]}
-    assert out.returncode == 0 and sorted(results) == list(range(nproc)), out.explain()
-    return results, {r: dict(np.load(tmp_path / f"{name}.{r}.npz")) for r in results}
+    return run_child(_CHILD, tmp_path, args_path, name, path, nproc)
 
 
 def _check(tmp_path, case: str):
