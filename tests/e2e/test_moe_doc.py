@@ -2,6 +2,7 @@
 tests/e2e/test_readme.py does for the README): the cheap ones run, training and launcher commands run `check` with
 the same arguments on as many processes, the transformers snippet runs on the shipped tiny model trained 2 steps.
 A command this test does not know fails it, so the guide cannot grow an untested command."""
+import json
 import os
 import re
 import shlex
@@ -104,6 +105,24 @@ def test_every_guide_command_runs_after_the_quickstart(demo, monkeypatch, capsys
         assert kind in kinds, kind
     fitted = (demo / "qwen3-30b-a3b_8xh100.json").read_text()
     assert '"device": "gpu"' in fitted and '"expert_parallel_degree"' in fitted
+
+
+def test_the_guides_fit_numbers_are_what_plan_prints(monkeypatch, capsys):
+    """The prose after the `--fit` command (memory after the fit, as the file stands, tokens/s) is what `plan --fit
+    --json` prints for that command now."""
+    text = GUIDE.read_text()
+    (command,) = [c for c in guide_commands() if "--fit" in c]
+    found = re.search(r"([\d.]+) GiB a GPU of the 72 .*?\(([\d,.]+) GiB as the file stands\), ([\d,]+) tokens/s",
+                      text, re.S)
+    assert found, "docs/MOE.md: the --fit figures' sentence"
+    after, before, speed = (float(g.replace(",", "")) for g in found.groups())
+    monkeypatch.chdir(REPO)
+    argv = [a for a in command[1:] if a not in ("-o", "qwen3-30b-a3b_8xh100.json")]
+    capsys.readouterr()
+    assert cli_main([*argv, "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert round(fit["after"]["memory_gib"], 2) == after and round(fit["before"]["memory_gib"], 2) == before
+    assert round(fit["after"]["speed"]["tokens_per_sec"]) == speed
 
 
 def test_the_transformers_snippet_loads_the_run(demo, monkeypatch, capsys):

@@ -110,9 +110,8 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
                  rank_groups(run.parallel) if layout else None)
     words = attention_words(run.kernels, run.device, run.data.attention_mask_type, run.parallel.cp_degree)
-    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *_advice(args, run, out, dev, mfu,
-                                                                                        peak_tflops)),
-                              attention_words=words)
+    advice = () if candidate else _advice(args, run, out, dev, mfu, peak_tflops)  # (a candidate's are never shown)
+    out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *advice), attention_words=words)
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         found = suggest(run, out, replan)

@@ -167,6 +167,8 @@ def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,
     return value, f"pretrain_cli.planning.hardware table {TABLE_VERSION}: {device.name} dense {kind}"
 
 
+ASSUMED_PEAK = "an assumed fp32 peak"  # how `cpu_peak_tflops`'s source starts: the report tells it from a peak given
+
 # fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
 # x86 core has): an upper bound, never an estimate that a fast run could pass.
 _FLOPS_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8), ("asimd", 16))
@@ -203,14 +205,13 @@ def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None, max_kh
         if line.startswith(("flags", "Features")) and ":" in line:
             flags = set(line.split(":", 1)[1].split())
             break
-    per_cycle = next((n for flag, n in _FLOPS_PER_CYCLE if flag in flags), None)
+    flag, per_cycle = next(((f, n) for f, n in _FLOPS_PER_CYCLE if f in flags), (None, None))
     if cores is None:
         cores = min(decide_threads()[0], default_threads(processes))
     if not ghz or per_cycle is None:
         return None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)"
-    flag = next(f for f, n in _FLOPS_PER_CYCLE if n == per_cycle and f in flags)
     peak = cores * ghz * per_cycle / 1e3
-    return peak, (f"an assumed fp32 peak of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
+    return peak, (f"{ASSUMED_PEAK} of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
                   f"{per_cycle} FLOP/cycle ({flag}, two FMA units; an upper bound, set peak_tflops to use another)")
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from pretrain_cli.counts import count
-from pretrain_cli.planning import layout
+from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.hardware import Links
 
 
@@ -197,7 +197,7 @@ def _cpu_eta(r: Plan) -> str:
     peak was given) is an upper bound, and the MFU is the fp32 default unless --mfu gave the one `train` logs, so
     the time is a lower bound; in minutes too, as a CPU try-out's hours round to 0.00."""
     tell = "--mfu with the mfu `train` logs, or a few timed steps, tell"
-    if not r.device.peak_source.startswith("an assumed"):  # (a peak given: --peak_tflops, the file's peak_tflops)
+    if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):  # (a peak given: --peak_tflops, the file's peak_tflops)
         return f" ({r.eta_hours * 60:.1f} min); cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
     return (f" ({r.eta_hours * 60:.1f} min); cpu: the assumed peak above is an upper bound and MFU {r.mfu:.2f} an "
             f"assumption, so this is a lower bound: {tell}")

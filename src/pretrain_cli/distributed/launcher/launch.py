@@ -79,10 +79,11 @@ def end_with_launcher() -> None:
     if pid.isdigit() and not processes.alive(int(pid), started or None):
         os.kill(os.getpid(), signal.SIGKILL)
     _TIED[:] = [os.getppid(), deadline_seconds()]
-    # the thread takes no stop signal (it inherits this mask): the kernel gives a process's SIGTERM to any thread
-    # that takes it, so while the main thread holds SIGTERM back during Paddle's import (`runtime.import_paddle`)
-    # this one would, and run Paddle's handler: `C++ Traceback ... FatalError: Termination signal` in the log of a
-    # rank its launcher stops after another rank's error
+    # the thread lives as long as the rank and only waits, so it takes no process-directed stop signal (it inherits
+    # this mask): the kernel gives such a signal to any thread not blocking it, and each of these must reach the
+    # main thread, where the rank's own handling is (SIGTERM held back until Paddle's import has set it:
+    # `start_signals`; otherwise Paddle's handler ran here: `C++ Traceback ... FatalError: Termination signal`;
+    # SIGINT's KeyboardInterrupt and SIGHUP's stop, which Python runs on the main thread only)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     try:
         threading.Thread(target=_end_after, args=tuple(_TIED), name="launcher-deadline", daemon=True).start()
