@@ -7,7 +7,8 @@ import pytest
 
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.errors import UserError
-from pretrain_cli.models.config import check_seq_len
+from pretrain_cli.models.config import ModelConfig, check_seq_len
+from pretrain_cli.models.families import FAMILIES
 from pretrain_cli.orchestration.opened import build_model_config
 
 TINY = {"model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
@@ -41,3 +42,33 @@ def test_a_new_model_is_raised_whether_the_key_is_written_or_left_out(tmp_path):
     assert cfg.max_position_embeddings == 4096 and notes[0].startswith("max_position_embeddings: raised from 256 to")
     with pytest.raises(UserError, match=r"4096 exceeds the model's max_position_embeddings \(2048\)"):
         _built(tmp_path, llama, 4096, "--continue_training", "1")  # pretrained weights: their range, the default's
+
+
+def _left_out(model_type: str) -> dict:
+    """A config.json of the family that leaves `max_position_embeddings` out: its micro preset's, else the tiny
+    Qwen3-MoE's without experts (Qwen3 has no micro preset)."""
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    if model_type == "qwen3":
+        config = {k: v for k, v in TINY.items() if not k.startswith(("num_experts", "moe_"))}
+        config["model_type"] = "qwen3"
+    else:
+        name = {"llama": "micro-llama", "qwen2": "micro-qwen2", "qwen2_moe": "micro-qwen2-moe",
+                "qwen3_moe": "micro-qwen3-moe", "deepseek_v2": "micro-deepseek-v2",
+                "deepseek_v3": "micro-deepseek-v3"}[model_type]
+        config = json.loads((resolve_model_dir(name) / "config.json").read_text())
+    config.pop("max_position_embeddings", None)
+    return config
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_the_default_a_note_names_is_the_one_the_model_gets(tmp_path, model_type):
+    """The raise's note reads the family's default where `ModelConfig.from_dict` fills it (`Family.with_defaults`):
+    the number it says it raised from is the range the same config.json builds without the raise."""
+    config = _left_out(model_type)
+    built = ModelConfig.from_dict(config).max_position_embeddings
+    cfg, notes = _built(tmp_path, config, 1 << 20)
+    assert cfg.max_position_embeddings == 1 << 20
+    assert notes[0].startswith(f"max_position_embeddings: raised from {built} (transformers' default: config.json "
+                               f"leaves it out) to max_seq_length {1 << 20} ")
+    assert _built(tmp_path, config, 16)[0].max_position_embeddings == built  # not raised: the family's default

@@ -164,9 +164,7 @@ class ModelConfig:
         if fam.moe and "num_local_experts" in d:  # transformers 5 writes Qwen3-MoE's num_experts under this name
             d.setdefault("num_experts", d["num_local_experts"])
             del d["num_local_experts"]
-        for key, value in fam.defaults:  # what transformers' config class assumes for a key left out
-            if d.get(key) is None:
-                d[key] = value
+        d = fam.with_defaults(d)  # what transformers' config class assumes for a key left out
         if fam.moe and d.get("mlp_only_layers") is None:
             d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra", "generation"}

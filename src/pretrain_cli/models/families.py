@@ -30,6 +30,12 @@ class Family:
     # HF's defaults for keys a config.json of this family may leave out (transformers' configuration class)
     defaults: tuple = ()
 
+    def with_defaults(self, d: dict) -> dict:
+        """`d` as transformers' configuration class reads it: a key of `defaults` it leaves out or writes null takes
+        the family's value. `ModelConfig.from_dict` builds the model through it and `orchestration.opened` reads the
+        position range it names in a note through it, so the note's number is the one the model gets."""
+        return {**d, **{key: value for key, value in self.defaults if d.get(key) is None}}
+
 
 FAMILIES = {f.model_type: f for f in (
     # HF `attention_bias` puts a bias on q/k/v *and* o; `mlp_bias` on gate/up/down

@@ -42,8 +42,8 @@ def build_model_config(args: Arguments):
         raw["vocab_size"] = args.model.vocab_size
     seq, limit = args.data.max_seq_length, raw.get("max_position_embeddings")
     left_out = limit is None and raw.get("model_type") in FAMILIES
-    if left_out:  # what transformers' configuration class reads the directory as (`Family.defaults`)
-        limit = dict(FAMILIES[raw["model_type"]].defaults)["max_position_embeddings"]
+    if left_out:  # what transformers' configuration class reads the directory as, and ModelConfig.from_dict too
+        limit = FAMILIES[raw["model_type"]].with_defaults(raw)["max_position_embeddings"]
     if not args.model.continue_training and isinstance(limit, int) and isinstance(seq, int) and seq > limit:
         # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two), whether
         # config.json writes the range or leaves it to transformers' default; pretrained weights keep the range
