@@ -50,8 +50,29 @@ def test_a_gpu_plan_of_a_file_without_half_precision_says_fp32_and_what_bf16_wou
     assert "`fp16: true`" in next(n for n in plan(fp32, device="V100-32GB")["notes"] if "neither" in n)  # no bf16
     given = next(n for n in plan(fp32, device="H100", peak_tflops=50.0)["notes"] if "neither" in n)
     assert "set `bf16: true`" in given and "ETA" not in given  # a peak the user gave is not scaled
+    filed = write_args(fp16=False, fp16_opt_level="O1", peak_tflops=50.0)
+    assert [n for n in plan(filed, device="H100")["notes"] if "neither" in n] == [given]  # the file's too
     assert not [n for n in plan(write_args(), device="H100")["notes"] if "neither" in n]  # fp16 O2: no note
     assert not [n for n in plan(fp32, device="cpu")["notes"] if "neither" in n]  # the CPU runs fp32 anyway
+
+
+def test_the_fp32_note_scales_no_peak_the_user_gave():
+    """A peak the user gave (--peak_tflops, the file's peak_tflops) is theirs, not the table's non-tensor-core one:
+    the table's half-precision peak over it would be no speed-up of anything, so the note names the key alone."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.planning.speed import fp32_on_gpu_note
+
+    r = SimpleNamespace(eta_hours=10.0, mfu=0.3, device=SimpleNamespace(peak_tflops=67.0))
+    head = "precision: WARNING: the file sets neither bf16 nor fp16, so `train` on {} runs fp32 as planned here; "
+    tail = ("set `{}: true` (with `fp16_opt_level: O2` for half-precision weights) to train on its {} tensor cores, "
+            "and plan again")
+    h100, v100 = hardware.lookup("H100"), hardware.lookup("V100")
+    assert fp32_on_gpu_note(h100, r, None, True, 0.4) == [head.format("H100-SXM") + tail.format("bf16", "bf16")]
+    assert fp32_on_gpu_note(v100, r, 0.5, True, 0.4) == [head.format("V100-32GB") + tail.format("fp16", "fp16")]
+    sooner = 989 * 0.4 / (67 * 0.3)  # the same plan with the table's peak: the ETA at bf16's
+    assert "(67 TFLOPS non-tensor-core, ETA 10.00 h)" in fp32_on_gpu_note(h100, r, None, False, 0.4)[0]
+    assert f"ETA {10 / sooner:.2f} h at MFU 0.40" in fp32_on_gpu_note(h100, r, None, False, 0.4)[0]
 
 
 def test_checkpoints_every_save_keeps_are_warned_with_the_limit_to_set(write_args, machine):
@@ -93,8 +114,9 @@ def test_a_cpu_plan_compares_checkpoints_with_output_dirs_disk(write_args, machi
 def test_a_cpu_plan_has_an_eta_from_the_peak_train_logs_its_mfu_against(write_args, machine, capsys):
     """`plan --device cpu` printed "ETA: unknown" while `train` logs an assumed CPU peak: the same function gives
     the plan's peak now (each of N processes its share of the cores), and the ETA says what it rests on."""
-    assert metrics.cpu_peak_tflops is REAL_PEAK  # train's MFU peak is this one function
     one, two = plan(write_args(), device="cpu"), plan(write_args(), device="cpu", gpus=2)
+    # train's MFU peak is this one, in the same words (through `hardware.cpu_peak_tflops`, faked here)
+    assert metrics.resolve_peak("cpu", None, None) == (one["device"]["peak_tflops"], one["device"]["peak_source"])
     assert one["device"]["peak_tflops"] == pytest.approx(8 * 2.59615 * 64 / 1e3)
     assert two["device"]["peak_tflops"] == pytest.approx(4 * 2.59615 * 64 / 1e3)  # 8 cores / 2 processes
     assert "an assumed fp32 peak of 1329.2 GFLOP/s = 8 core(s)" in one["device"]["peak_source"]

@@ -70,6 +70,26 @@ def test_plan_and_train_apply_one_hardware_rule(monkeypatch):
     assert trained.kernels.attention == planned.kernels.attention == "math"
     assert any("predates Ampere" in n for n in trained.notes)
     assert metrics.resolve_peak("gpu", "float16", None)[0] == 125.0  # the table's V100 fp16 peak, as `plan` reads it
+    assert metrics.resolve_peak("gpu", "bfloat16", None) == (  # no peak: the plan's reason, then what to set
+        None, "V100-32GB has no bf16 peak in pretrain_cli.planning.hardware: no MFU (set peak_tflops to report one)")
+    assert metrics.resolve_peak("gpu", "bfloat16", 90.0) == (90.0, "peak_tflops from the argument file")
+
+
+def test_train_reads_the_cpu_peak_plan_reads_in_the_same_words(monkeypatch):
+    """One place decides a CPU run's peak and its words (`hardware.resolve_peak`): the trainer's MFU line and
+    `plan --device cpu`'s ETA, with a reason that already says what to set kept as it is, and a GPU machine's
+    driver never asked for a CPU run's peak."""
+    from pretrain_cli import runtime
+    from pretrain_cli.planning import hardware
+    from pretrain_cli.training import metrics
+
+    monkeypatch.setattr(runtime, "gpu_name", lambda: pytest.fail("a CPU run's peak asked the GPU driver"))
+    answer = [(0.5, f"{hardware.ASSUMED_PEAK} here")]
+    monkeypatch.setattr(hardware, "cpu_peak_tflops", lambda processes=1: answer[0])
+    assert metrics.resolve_peak("cpu", None, None) == hardware.resolve_peak(None, "cpu", None) == answer[0]
+    assert metrics.resolve_peak("cpu", None, 2.0) == (2.0, "peak_tflops from the argument file")
+    none = answer[0] = (None, f"this CPU reports no clock or vector flags: {hardware.NO_MFU}")
+    assert metrics.resolve_peak("cpu", None, None) == none  # not "...: no MFU (...): no MFU (...)"
 
 
 def test_hardware_flops_count_the_recomputed_forward():
@@ -89,7 +109,7 @@ ZEN4 = "processor\t: 0\ncpu MHz\t\t: 2596.150\nflags\t\t: fpu sse2 avx fma avx2 
 def test_cpu_peak_is_the_cores_theoretical_bound_stated_as_an_assumption():
     """The same figure in every run on one machine (no timed matmul, which ranged 15.7-214.8 GFLOP/s on a
     shared machine): cores x the highest reported clock x FLOPs/cycle of the widest FMA flag."""
-    from pretrain_cli.training.metrics import cpu_peak_tflops
+    from pretrain_cli.planning.hardware import cpu_peak_tflops
 
     peak, why = cpu_peak_tflops(ZEN4, cores=2, max_khz=[])
     assert peak == pytest.approx(2 * 2.59615 * 64 / 1e3)
@@ -100,6 +120,35 @@ def test_cpu_peak_is_the_cores_theoretical_bound_stated_as_an_assumption():
     assert cpu_peak_tflops(avx2, cores=1, max_khz=[])[0] == pytest.approx(2.59615 * 32 / 1e3)
     assert cpu_peak_tflops("processor\t: 0\n", cores=1, max_khz=[]) == (
         None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)")
+
+
+def test_the_hosts_cpu_facts_are_read_once_per_process(monkeypatch):
+    """`plan --fit` reckons the CPU peak for every candidate layout: /proc/cpuinfo and sysfs's clocks are read at the
+    first call only, and a caller that passes its own (`cpuinfo`, `max_khz`) reads neither."""
+    import pathlib
+
+    from pretrain_cli.planning import hardware
+
+    reads, real_read, real_glob = [], pathlib.Path.read_text, pathlib.Path.glob
+
+    def read_text(self, *args, **kwargs):
+        reads.append(str(self))
+        return real_read(self, *args, **kwargs)
+
+    def glob(self, pattern, *args, **kwargs):
+        reads.append(str(self))
+        return real_glob(self, pattern, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+    monkeypatch.setattr(pathlib.Path, "glob", glob)
+    hardware._host_cpuinfo.cache_clear()
+    hardware._host_max_khz.cache_clear()
+    assert hardware.cpu_peak_tflops(ZEN4, cores=1, max_khz=[])[0] == pytest.approx(2.59615 * 64 / 1e3)
+    assert reads == []
+    first = hardware.cpu_peak_tflops(cores=1)
+    assert hardware.cpu_peak_tflops(cores=1) == first
+    hardware.cpu_peak_tflops(cores=2)
+    assert reads.count("/proc/cpuinfo") == 1 and reads.count("/sys/devices/system/cpu") == 1
 
 
 def test_mfu_above_one_is_never_reported(caplog):

@@ -7,6 +7,7 @@ A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a gu
 """
 from __future__ import annotations
 
+import functools
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -168,6 +169,7 @@ def resolve_peak(device: Device | None, name: str, amp_dtype: str | None,
 
 
 ASSUMED_PEAK = "an assumed fp32 peak"  # how `cpu_peak_tflops`'s source starts: the report tells it from a peak given
+NO_MFU = "no MFU (set peak_tflops to report one)"  # how a reason for no peak ends in `train`'s log
 
 # fp32 FLOPs per cycle per core at the widest vector FMA the core announces, with two FMA units (the most any
 # x86 core has): an upper bound, never an estimate that a fast run could pass.
@@ -182,21 +184,12 @@ def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None, max_kh
     training then ran faster than it, logging mfu above 1. The bound here is the same in every run on one
     machine: cores (the process's threads, at most its share of the cores it may use when `processes` share
     them: `plan --device cpu --gpus N`) x the highest clock the kernel reports (cpuinfo_max_freq, else `cpu MHz`)
-    x FLOPs per cycle from the vector flags."""
+    x FLOPs per cycle from the vector flags. `cpuinfo` and `max_khz` default to this host's, read once per process
+    (`_host_cpuinfo`, `_host_max_khz`)."""
     from pretrain_cli.runtime import decide_threads, default_threads
 
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            cpuinfo = ""
-    if max_khz is None:
-        max_khz = []
-        for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
-            try:
-                max_khz.append(int(f.read_text().strip()))
-            except (OSError, ValueError):
-                pass
+    cpuinfo = _host_cpuinfo() if cpuinfo is None else cpuinfo
+    max_khz = _host_max_khz() if max_khz is None else max_khz
     mhz = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines()
            if line.startswith("cpu MHz") and ":" in line and line.split(":", 1)[1].strip()]
     ghz = max([k / 1e6 for k in max_khz] + [m / 1e3 for m in mhz], default=0.0)
@@ -209,10 +202,33 @@ def cpu_peak_tflops(cpuinfo: str | None = None, cores: int | None = None, max_kh
     if cores is None:
         cores = min(decide_threads()[0], default_threads(processes))
     if not ghz or per_cycle is None:
-        return None, "this CPU reports no clock or vector flags: no MFU (set peak_tflops to report one)"
+        return None, f"this CPU reports no clock or vector flags: {NO_MFU}"
     peak = cores * ghz * per_cycle / 1e3
     return peak, (f"{ASSUMED_PEAK} of {peak * 1e3:.1f} GFLOP/s = {cores} core(s) x {ghz:.2f} GHz x "
                   f"{per_cycle} FLOP/cycle ({flag}, two FMA units; an upper bound, set peak_tflops to use another)")
+
+
+@functools.cache
+def _host_cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" when unreadable), read once per process: `plan --fit` reckons the CPU peak for
+    every candidate layout, and the host's clock and flags are facts of the machine, not of the candidate."""
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+@functools.cache
+def _host_max_khz() -> tuple[int, ...]:
+    """Each core's highest clock (kHz) as cpufreq reports it (sysfs cpuinfo_max_freq; none without cpufreq), read
+    once per process like `_host_cpuinfo`."""
+    max_khz = []
+    for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+        try:
+            max_khz.append(int(f.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    return tuple(max_khz)
 
 
 def peak_tflops(device: Device, amp_dtype: str | None) -> float | None:

@@ -4,7 +4,7 @@ Names keep PaddleNLP's meaning where it is the same (`interval_tokens_per_second
 and get new names where we change it: TFLOPs are 1e12 FLOP/s (PaddleNLP divides by 2^40 and
 under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is printed with its peak and
 the peak's source, or as "unknown" rather than a wrong number (never above 1). On CPU the peak is
-the cores' theoretical one, stated as the assumption it is (`planning.hardware.cpu_peak_tflops`, which
+the cores' theoretical one, stated as the assumption it is (`planning.hardware.resolve_peak`, which
 `plan --device cpu`'s ETA uses too).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import atomic
-from pretrain_cli.planning.hardware import cpu_peak_tflops
+from pretrain_cli.planning import hardware
 from pretrain_cli.run_dir import METRICS_FILE
 from pretrain_cli.training import record_files, trackers, trackers_wandb
 from pretrain_cli.run_config import RunConfig
@@ -81,17 +81,19 @@ def host_memory_gib() -> tuple[float, float]:
 
 
 def resolve_peak(device: str, amp_dtype: str | None, user_peak: float | None) -> tuple[float | None, str]:
-    """(peak TFLOPS per device, where it came from) for MFU."""
-    if user_peak:
-        return user_peak, "peak_tflops from the argument file"
-    if device == "cpu":
-        return cpu_peak_tflops()
-    from pretrain_cli import runtime
-    from pretrain_cli.planning import hardware
+    """(peak TFLOPS per device, where it came from) for MFU: `planning.hardware.resolve_peak`, so the trainer's MFU
+    and `plan`'s ETA rest on one peak (on CPU the cores' assumed one) named in the same words; without one, the
+    reason ends with what to set (`hardware.NO_MFU`)."""
+    given = (user_peak, "peak_tflops from the argument file") if user_peak else None
+    if device == "cpu":  # a CPU run's peak is the CPU's, on a machine with a GPU too: the driver is not asked
+        name, entry = "cpu", None
+    else:
+        from pretrain_cli import runtime
 
-    name = runtime.gpu_name() or device  # the driver's name, looked up once per process
-    peak, source = hardware.resolve_peak(hardware.lookup(name), name, amp_dtype)  # `plan`'s resolver
-    return peak, source if peak is not None else f"{source}: no MFU (set peak_tflops to report one)"
+        name = runtime.gpu_name() or device  # the driver's name, looked up once per process
+        entry = hardware.lookup(name)
+    peak, source = hardware.resolve_peak(entry, name, amp_dtype, given)
+    return peak, source if peak is not None or source.endswith(hardware.NO_MFU) else f"{source}: {hardware.NO_MFU}"
 
 
 UNTRACKED = record_files.UNTRACKED  # (per-rank `startup` records: metrics.jsonl only)
