@@ -1,5 +1,5 @@
 """A user error raised on one rank only, mid-run, under scripts/launch.sh: the job ends with that rank's one line and
-code, the other rank names no death, and no run lock is left (`training.rank_exit.ALONE`,
+code, the other rank names no death, and no run lock is left (`training.rank_exit.End.ALONE`,
 `distributed.launcher.departure`).
 
 The error and the race are injected in the fresh ranks by a sitecustomize.py on PYTHONPATH: the failing rank raises a

@@ -73,9 +73,9 @@ class Recorder:
 def test_each_kind_of_end_leaves_its_one_way(monkeypatch):
     fake = Recorder()
     monkeypatch.setattr(rank_exit, "watchdog", fake)
-    rank_exit.leave(NoComm(), rank_exit.AGREED)  # together: the watcher stopped, then rank 0's rounds
-    rank_exit.leave(NoComm(), rank_exit.DONE)
-    rank_exit.leave(NoComm(), rank_exit.ALONE, ValueError("rank 1: its file is missing\nsecond line"))
+    rank_exit.leave(NoComm(), rank_exit.End.AGREED)  # together: the watcher stopped, then rank 0's rounds
+    rank_exit.leave(NoComm(), rank_exit.End.DONE)
+    rank_exit.leave(NoComm(), rank_exit.End.ALONE, ValueError("rank 1: its file is missing\nsecond line"))
     assert fake.calls == [("stop",), ("stop",), ("leave_alone", "rank 1: its file is missing")]
 
 
@@ -112,14 +112,14 @@ def test_run_end_names_the_kind_of_each_end_once(monkeypatch):
     from pretrain_cli.training.trainer_state import NonFiniteError
 
     ends, out = _finish_ending_with(monkeypatch, lambda: {"stopped_by_signal": True})
-    assert ends == [(rank_exit.AGREED, "NoneType")] and out is None
+    assert ends == [(rank_exit.End.AGREED, "NoneType")] and out is None
     ends, out = _finish_ending_with(monkeypatch, _raises(NonFiniteError("step 3: loss nan")))
-    assert ends == [(rank_exit.AGREED, "UserError")] and str(out) == "step 3: loss nan"
+    assert ends == [(rank_exit.End.AGREED, "UserError")] and str(out) == "step 3: loss nan"
     ends, out = _finish_ending_with(monkeypatch, _raises(PeerFailed("rank 1: lost rank 0")))
-    assert ends == [(rank_exit.ALONE, "PeerFailed")] and isinstance(out, PeerFailed)
+    assert ends == [(rank_exit.End.ALONE, "PeerFailed")] and isinstance(out, PeerFailed)
     ends, out = _finish_ending_with(monkeypatch, _raises(MemoryError()))
-    assert ends == [(rank_exit.ALONE, "DeviceOutOfMemory")] and isinstance(out, UserError) and out.step == 3
+    assert ends == [(rank_exit.End.ALONE, "DeviceOutOfMemory")] and isinstance(out, UserError) and out.step == 3
     ends, out = _finish_ending_with(monkeypatch, lambda: {"stopped_by_signal": False})
-    assert ends == [(rank_exit.DONE, "NoneType")] and out["global_step"] == 2
+    assert ends == [(rank_exit.End.DONE, "NoneType")] and out["global_step"] == 2
     ends, out = _finish_ending_with(monkeypatch, _raises(RuntimeError("gloo: connection reset")))
     assert ends == [] and isinstance(out, RuntimeError)  # (a crash: the watcher stays, to name what it sees)

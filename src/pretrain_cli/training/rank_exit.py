@@ -7,37 +7,42 @@ launch.sh, between its `stopped at step N and saved` line and its `finally`, whi
 stop (exit 0) left `run.lock` in output_dir, and workerlog.0 said `rank 1 (...) died: exited with code 0` (rank 1 had
 left first). Rank 0 leaving first had rank 1 killed the same way.
 
-- `AGREED`: every rank ends at the same point, decided by a collective (a stop by signal, nothing to train, a
+- `End.AGREED`: every rank ends at the same point, decided by a collective (a stop by signal, nothing to train, a
   non-finite loss or a loss spike that stops the run): together, once every rank's watcher is stopped
   (`leave_together`).
-- `ALONE`: this rank's own error (a `UserError` raised on some ranks only: a `PeerFailed`, rank 0's failed save, a
+- `End.ALONE`: this rank's own error (a `UserError` raised on some ranks only: a `PeerFailed`, rank 0's failed save, a
   rollback's checkpoint file missing on one rank, a wait's timeout; an out-of-memory step). The others may be in a
   collective that never completes, so no point is shared: the rank tells its host's watchers it leaves on purpose,
   then stops its own (`watchdog.leave_alone`); they let their ranks end by themselves and name no death
   (`distributed.launcher.departure`). Waiting for the others there would keep rank 0 2 x 30 s, another rank until
   rank 0 ends.
-- `DONE`: past the last collective of a run that ran to its end: each rank stops its watcher; the final export's
+- `End.DONE`: past the last collective of a run that ran to its end: each rank stops its watcher; the final export's
   round (rank 0 writes, the others wait for it on the store, rank 0 stays until they have seen it) ends them together.
 """
 from __future__ import annotations
 
+from enum import Enum
+
 from pretrain_cli.distributed.launcher import watchdog
 
-AGREED, ALONE, DONE = "agreed", "alone", "done"
+
+class End(Enum):
+    """The kinds of end above: a caller names one of these, never a string, so `leave` has no unknown kind."""
+    AGREED = "agreed"
+    ALONE = "alone"
+    DONE = "done"
 
 
-def leave(comm, kind: str, error: BaseException | None = None) -> None:
+def leave(comm, kind: End, error: BaseException | None = None) -> None:
     """Make this rank ready to exit after an end of `kind` (`comm`: the run's `NoComm` or `Comm`; `error`: what ends
-    an `ALONE` rank, whose first line its host's watchers repeat)."""
-    if kind == AGREED:
+    an `End.ALONE` rank, whose first line its host's watchers repeat)."""
+    if kind is End.AGREED:
         leave_together(comm)
-    elif kind == ALONE:
+    elif kind is End.ALONE:
         text = str(error).strip() if error is not None else ""
         watchdog.leave_alone(text.splitlines()[0] if text else type(error).__name__)
-    elif kind == DONE:
+    else:  # End.DONE
         watchdog.stop()
-    else:
-        raise ValueError(f"rank_exit.leave: no kind of end {kind!r}")
 
 
 def leave_together(comm) -> None:

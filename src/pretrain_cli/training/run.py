@@ -97,7 +97,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
-        rank_exit.leave(comm, rank_exit.AGREED)  # (`comm.any`: every rank is here)
+        rank_exit.leave(comm, rank_exit.End.AGREED)  # (`comm.any`: every rank is here)
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
     while True:  # a bad checkpoint fails here, before output_dir is touched

@@ -25,7 +25,7 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     a signal, or another rank, which waits for rank 0 to write it). The collaborators `_run` built are closed
     here, once the loop and evaluation are done with them. Every end leaves through `rank_exit.leave`, which says
     how the ranks leave after each kind."""
-    results, end, error = None, rank_exit.DONE, None
+    results, end, error = None, rank_exit.End.DONE, None
     try:
         stopped = False
         if r.loop.do_train and trainer.state.global_step < r.loop.max_steps:
@@ -38,25 +38,25 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
             message = stop_message(r.output, trainer.state.global_step)
             job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
             log.warning(message)
-            end = rank_exit.AGREED
+            end = rank_exit.End.AGREED
         else:
             results = _final_results(r, trainer)
     except (NonFiniteError, SpikeError) as e:  # decided on every rank at the same step: not a death
         # (a non-finite step: by the verdict `step.Step` agrees on over the ranks; a spike: by their mean loss)
         progress.mark("save", trainer.state.global_step)  # a background write in flight is given a save's time
         _wait_for_saves(collaborators.saver, quiet=True)
-        end, error = rank_exit.AGREED, UserError(str(e))
+        end, error = rank_exit.End.AGREED, UserError(str(e))
     except UserError as e:  # its own exit code and kind (a PeerFailed, rank 0 failed: 1, retried); often one rank's
-        end, error = rank_exit.ALONE, e
+        end, error = rank_exit.End.ALONE, e
     except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
         if not is_out_of_memory(e):
             raise
-        end, error = rank_exit.ALONE, DeviceOutOfMemory(trainer.state.global_step + 1)
+        end, error = rank_exit.End.ALONE, DeviceOutOfMemory(trainer.state.global_step + 1)
         error.__cause__ = e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         collaborators.close()
     rank_exit.leave(comm, end, error)
-    if end == rank_exit.ALONE:  # a background write is published or given up (it may wait for a rank now gone)
+    if end == rank_exit.End.ALONE:  # a background write is published or given up (it may wait for a rank now gone)
         _wait_for_saves(collaborators.saver, quiet=True)
     if error is not None:
         raise error
