@@ -9,7 +9,10 @@ that comes and goes is ignored; two in a row is a collapse that stayed for `2 x 
 Qwen3-MoE of docs/MOE.md shows both: 0.2327 then 0.25 and 0.2456 then 0.2498 at top-4 (collapsed, warned), and
 0.2404 between 0.216 and 0.19 (a swing, not warned). Why 0.9 of 1/top_k: a share under it is an imbalanced layer
 still spreading its tokens (0.19 in those runs); over it nine tokens in ten pick the one expert.
-The count restarts in a resumed process, which warns again of a layer still collapsed.
+The count restarts in a resumed process, which warns again of a layer still collapsed: accepted, as that run's log
+may be the only one read, and the layer is still to be mended. Under several ranks each rank warns once, at the same
+step (the shares are gathered over the ranks), in its own log: its workerlog.N, and the launcher's console shows
+only local rank 0's; the `routing_collapse` record is rank 0's alone (the one metrics.jsonl writer).
 """
 from __future__ import annotations
 
