@@ -132,15 +132,10 @@ def test_a_cpu_plan_has_an_eta_from_the_peak_train_logs_its_mfu_against(write_ar
 def test_check_warns_of_the_checkpoints_too_against_the_disk_only_on_the_host(write_args, machine, tmp_path):
     """`check` runs where `train` will: the same warning, against output_dir's disk unless --world_size simulates a
     launch elsewhere (then the count alone)."""
-    from types import SimpleNamespace
-
     from pretrain_cli.commands.check import checkpoint_warning
-    from pretrain_cli.orchestration import planned
-    from pretrain_cli.planning.plan import target_device
 
     def spec(**keys):
-        args, cfg = planned.parse(write_args(output_dir=str(tmp_path / "out"), **keys), [])
-        return SimpleNamespace(run=planned._resolved(args, cfg, target_device("cpu"), 1), model_cfg=cfg)
+        return _check_spec(write_args(output_dir=str(tmp_path / "out"), **keys))
 
     kept = plan(write_args(), device="cpu")["checkpoint"]
     assert checkpoint_warning(spec(), True) == []
@@ -151,3 +146,36 @@ def test_check_warns_of_the_checkpoints_too_against_the_disk_only_on_the_host(wr
     many = checkpoint_warning(spec(save_total_limit=None, save_steps=10), False)
     assert many and many[0].startswith("warning: checkpoints: save_total_limit is not set, so all 1000 saves are kept")
     assert checkpoint_warning(spec(do_train=False, do_eval=True), True) == []  # no training: no checkpoints
+
+
+def _check_spec(path):
+    """What `check` hands `checkpoint_warning`: the file resolved for this machine's CPU, and its model."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.orchestration import planned
+    from pretrain_cli.planning.plan import target_device
+
+    args, cfg = planned.parse(path, [])
+    return SimpleNamespace(run=planned._resolved(args, cfg, target_device("cpu"), 1), model_cfg=cfg)
+
+
+def test_check_sizes_the_checkpoints_without_the_whole_plan(write_args, machine, tmp_path, monkeypatch):
+    """`check` ran the whole planner (memory, speed, layout) for the checkpoint sizes alone: it reads
+    `planning.plan.checkpoint_plan` now, the plan's own figures, and words the plan's advice as its warning."""
+    import dataclasses
+
+    from pretrain_cli.commands.check import checkpoint_warning
+    from pretrain_cli.planning import plan as planner
+
+    path = write_args(output_dir=str(tmp_path / "out"), save_total_limit=None, save_steps=10)
+    r = plan(path, device="cpu")
+    note = next(n for n in r["notes"] if n.startswith("checkpoints: WARNING: "))
+
+    def whole_plan(*a, **k):
+        raise AssertionError("check ran the whole planner for the checkpoint sizes")
+
+    monkeypatch.setattr(planner, "report", whole_plan)
+    spec = _check_spec(path)
+    assert dataclasses.asdict(planner.checkpoint_plan(spec.run, spec.model_cfg)) == r["checkpoint"]
+    assert checkpoint_warning(spec, True) == [f"warning: checkpoints: {note.removeprefix('checkpoints: WARNING: ')}"]
+    assert "all 1000 saves are kept" in note

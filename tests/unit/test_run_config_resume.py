@@ -86,3 +86,38 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     assert restarted.lr_at(101) == pytest.approx(3e-4 / 10) and restarted.lr_at(110) == pytest.approx(3e-4)
     assert restarted.lr_at(150) == pytest.approx(3e-5) and restarted.describe().endswith("by step 150")
     assert resume_schedule(old, ckpt, "stretch") is old  # the same schedule: nothing to say
+
+
+def test_mismatch_names_what_differs_and_check_compatible_refuses_with_it(tmp_path):
+    """`mismatch` is the one reading of the checkpoint against the run: its reason is what `train` refuses with
+    (`check_compatible`, then the fix) and what `plan --fit -o` says when its fitted file starts over."""
+    import dataclasses
+    import json
+    import shutil
+
+    from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.training.checkpoint import check_compatible, mismatch
+
+    cfg = model_config()
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    shutil.copy(resolve_model_dir("micro-qwen2") / "config.json", ckpt / "config.json")
+    (ckpt / "args.json").write_text(json.dumps({"arguments": {"max_seq_length": 128}}))
+    assert mismatch(ckpt, cfg, 128) is None
+    check_compatible(ckpt, cfg, 128)  # compatible: no refusal
+    wider = dataclasses.replace(cfg, hidden_size=cfg.hidden_size * 2)
+    reason = f"checkpoint has hidden_size={cfg.hidden_size} but this run's model has hidden_size={wider.hidden_size}"
+    assert mismatch(ckpt, wider, 128) == reason
+    with pytest.raises(UserError) as e:
+        check_compatible(ckpt, wider, 128)
+    assert str(e.value) == (f"{ckpt}: {reason}; resume with the same model, or set overwrite_output_dir: true to "
+                            f"start over")
+    reason = "checkpoint was trained with max_seq_length=128, this run asks for 256"
+    assert mismatch(ckpt, cfg, 256) == reason
+    with pytest.raises(UserError) as e:
+        check_compatible(ckpt, cfg, 256, named=True)
+    assert str(e.value) == (f"{ckpt}: {reason}; resume with the same max_seq_length, or resume_from_checkpoint "
+                            f"another checkpoint of this model, or drop resume_from_checkpoint to start over")
+    (ckpt / "config.json").unlink()
+    with pytest.raises(UserError):  # no config.json: the reader's own error, not a reason
+        mismatch(ckpt, cfg, 128)

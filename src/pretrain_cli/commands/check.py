@@ -71,20 +71,19 @@ def verified(spec, out=None) -> object | None:
 
 
 def checkpoint_warning(spec, on_this_host: bool) -> list[str]:
-    """`plan`'s checkpoints warning for the run `check` resolved (`planning.suggestions.checkpoint_disk_note`):
+    """`plan`'s checkpoints warning for the run `check` resolved (`orchestration.planned.checkpoint_advice`):
     checkpoints its `save_total_limit` lets pile up, and (`on_this_host`: not a simulated --world_size, so this is
-    the machine that writes them) more than output_dir's disk has free. Only the checkpoint sizes of the plan are
-    read, which do not depend on the device planned."""
-    from pretrain_cli.planning import hardware
-    from pretrain_cli.planning.plan import report, target_device
-    from pretrain_cli.planning.suggestions import checkpoint_disk_note
+    the machine that writes them) more than output_dir's disk has free. Only the checkpoint sizes are computed
+    (`planning.plan.checkpoint_plan`), not the whole plan: they do not depend on the device planned."""
+    from pretrain_cli.orchestration.planned import checkpoint_advice
+    from pretrain_cli.planning.plan import checkpoint_plan
 
     run = spec.run
     if not run.loop.do_train:
         return []
-    c = report(run, spec.model_cfg, target_device("cpu", gpus=run.parallel.world_size)).checkpoint
-    free = hardware.disk_free_gib(run.output.output_dir) if on_this_host else None
-    return [f"warning: {n.replace('WARNING: ', '', 1)}" for n in checkpoint_disk_note(c, run.loop.save_total_limit, free)]
+    advice = checkpoint_advice(checkpoint_plan(run, spec.model_cfg), run.loop.save_total_limit,
+                               run.output.output_dir if on_this_host else None)
+    return [f"warning: checkpoints: {advice}"] if advice else []
 
 
 def main(ns: argparse.Namespace) -> int:

@@ -97,21 +97,16 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
 
 def _another_run(args, ckpt) -> str | None:
     """What makes checkpoint `ckpt` another model's or another sequence length's than the fitted run's (as `train`
-    would refuse it: `training.checkpoint.check_compatible`), or None; None too when its config.json cannot be
-    read, which `train` names as it resumes."""
-    from pretrain_cli.models.config import ModelConfig
+    would refuse it: `training.checkpoint.mismatch`), or None; None too when its config.json cannot be read, which
+    `train` names as it resumes."""
     from pretrain_cli.orchestration.opened import build_model_config
-    from pretrain_cli.training.checkpoint import check_compatible
+    from pretrain_cli.training.checkpoint import mismatch
 
+    model_cfg = build_model_config(args)[1]
     try:
-        ModelConfig.from_file(str(ckpt))
-    except (UserError, OSError, ValueError):
+        return mismatch(ckpt, model_cfg, args.get("max_seq_length"))
+    except (UserError, OSError, ValueError):  # its config.json unreadable or not a model's
         return None
-    try:
-        check_compatible(ckpt, build_model_config(args)[1], args.get("max_seq_length"))
-    except UserError as e:  # "<ckpt>: checkpoint has hidden_size=128 but this run's model has ...; resume with ..."
-        return str(e).split(": ", 1)[-1].split("; ")[0]
-    return None
 
 
 def _put(raw: dict, key: str, value) -> dict:

@@ -26,7 +26,7 @@ from pretrain_cli.planning import hardware
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
 from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, more_devices, suggest
-from pretrain_cli.planning.report import Plan
+from pretrain_cli.planning.report import CheckpointPlan, Plan
 
 if TYPE_CHECKING:
     from pretrain_cli.models.config import ModelConfig
@@ -127,9 +127,18 @@ def _advice(args: Arguments, run, out: Plan, dev: Device, mfu, peak_tflops) -> l
     target is this machine: `--device cpu`)."""
     given = peak_tflops is not None or run.loop.peak_tflops is not None
     fp32 = dev.is_gpu and not (args.training.bf16 or args.training.fp16)
-    free = None if dev.is_gpu else hardware.disk_free_gib(run.output.output_dir)
+    disk = checkpoint_advice(out.checkpoint, run.loop.save_total_limit, None if dev.is_gpu else run.output.output_dir)
     return [*(fp32_on_gpu_note(dev.entry, out, mfu, given, MFU_HALF) if fp32 else []),
-            *checkpoint_disk_note(out.checkpoint, run.loop.save_total_limit, free)]
+            *([f"checkpoints: WARNING: {disk}"] if disk else [])]
+
+
+def checkpoint_advice(c: CheckpointPlan, limit: int | None, output_dir: str | None) -> str | None:
+    """Why the checkpoints `c` (`planning.plan.checkpoint_plan`) of a run whose save_total_limit is `limit` will not
+    be kept on disk, and the limit that fits (`planning.suggestions.checkpoint_disk_note`), or None: `plan`'s note
+    and `check`'s warning. `output_dir`: the run's when this machine writes it (its disk is compared); None when
+    another does (a GPU plan, `check --world_size`), where only the count of saves kept is known."""
+    free = hardware.disk_free_gib(output_dir) if output_dir is not None else None
+    return checkpoint_disk_note(c, limit, free)
 
 
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,

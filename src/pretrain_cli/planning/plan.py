@@ -173,10 +173,6 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
     bubble = pipeline_bubble(par.pp_degree, lp.grad_accum, par.virtual_pp_degree)
-    ck = checkpoint_bytes(setup)
-    per_ck = sum(ck.values())
-    n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
-    kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
     stages = tuple({"layers": len(layers), "sparse_layers": len(set(layers) & set(cfg.sparse_layers)),
                     "tflops_per_step": f * tokens / 1e12, "traffic_gb_per_step": {k: v / 1e9 for k, v in t.items()}}
                    for layers, f, t in zip(stage_layers(cfg.num_hidden_layers, par.pp_degree, par.virtual_pp_degree),
@@ -203,16 +199,28 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         memory_breakdown_gib={k: v / GIB for k, v in parts.items()},
         memory_gib=total, startup_breakdown_gib={k: v / GIB for k, v in start.items()},
         startup_gib=startup, fits=bool(max(total, startup) <= device.memory_gib),
-        # every rank writes its own pieces at once, replicas spread over their holders (docs/CHECKPOINTS.md)
-        checkpoint=CheckpointPlan(per_ck / GIB, {k: v / GIB for k, v in ck.items()}, kept, ck["weights"] / GIB,
-                                  (kept * per_ck + ck["weights"]) / GIB, per_ck / par.world_size / GIB,
-                                  SAVE_GB_PER_S, per_ck / par.world_size / (SAVE_GB_PER_S * 1e9)),
+        checkpoint=checkpoint_plan(run, cfg),
         mfu=mfu, eta_hours=eta, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
         mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
     )
     slowest = speed(r)["slowest_stage"]  # the device whose traffic the report shows: the one that sets the step
     return dataclasses.replace(r, traffic_gb_per_step=stages[slowest]["traffic_gb_per_step"], slowest_stage=slowest)
+
+
+def checkpoint_plan(run: RunConfig, model_cfg) -> CheckpointPlan:
+    """What `run` keeps in output_dir: one checkpoint-N (`checkpoint_bytes`) x the saves `save_total_limit` keeps,
+    the final weights, and each rank's share and time to write. It depends on the model, precision and loop, not
+    on the device planned, so `check` has it without a whole `report`."""
+    lp = run.loop
+    ck = checkpoint_bytes(_setup(run, model_cfg, False, 0.0))  # (the device changes no term of it)
+    per_ck, world = sum(ck.values()), run.parallel.world_size
+    n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
+    kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
+    # every rank writes its own pieces at once, replicas spread over their holders (docs/CHECKPOINTS.md)
+    return CheckpointPlan(per_ck / GIB, {k: v / GIB for k, v in ck.items()}, kept, ck["weights"] / GIB,
+                          (kept * per_ck + ck["weights"]) / GIB, per_ck / world / GIB, SAVE_GB_PER_S,
+                          per_ck / world / (SAVE_GB_PER_S * 1e9))
 
 
 def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict:

@@ -178,11 +178,12 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
 MAX_KEPT, KEEP = 10, 2
 
 
-def checkpoint_disk_note(c, limit: int | None, free: tuple[float, str] | None = None) -> list[str]:
-    """One line when the checkpoints `plan` counts (`c`: `Plan.checkpoint`; `limit`: the file's save_total_limit)
+def checkpoint_disk_note(c, limit: int | None, free: tuple[float, str] | None = None) -> str | None:
+    """Why, when the checkpoints `plan` counts (`c`: `Plan.checkpoint`; `limit`: the file's save_total_limit)
     will not be kept on disk: more than MAX_KEPT of them with `save_total_limit` unset, or (`free`: GiB free on the
     filesystem of output_dir, its directory: `hardware.disk_free_gib`, given when the run is planned for this
-    machine) more than that disk has free. It names the disk it compared with and the `save_total_limit` that fits."""
+    machine) more than that disk has free, else None. It names the disk it compared with and the `save_total_limit`
+    that fits; `plan` and `check` each frame it as their warning (`orchestration.planned.checkpoint_advice`)."""
     free_gib, where = free if free is not None else (float("nan"), "")
     if c.total_gib > free_gib:
         why = (f"{c.total_gib:.2f} GiB of checkpoints is more than the {free_gib:.2f} GiB free on the filesystem of "
@@ -190,7 +191,7 @@ def checkpoint_disk_note(c, limit: int | None, free: tuple[float, str] | None = 
     elif not limit and c.kept > MAX_KEPT:
         why = f"save_total_limit is not set, so all {c.kept} saves are kept: {c.total_gib:.2f} GiB on disk"
     else:
-        return []
+        return None
     fits = [n for n in range(min(KEEP, c.kept - 1), 0, -1)
             if not n * c.per_checkpoint_gib + c.final_weights_gib > free_gib]  # (NaN: any)
     if fits:
@@ -200,4 +201,4 @@ def checkpoint_disk_note(c, limit: int | None, free: tuple[float, str] | None = 
     else:
         fix = "free space there or choose another output_dir (one checkpoint and the final weights need " \
               f"{c.per_checkpoint_gib + c.final_weights_gib:.2f} GiB)"
-    return [f"checkpoints: WARNING: {why}; {fix}"]
+    return f"{why}; {fix}"

@@ -136,26 +136,43 @@ def newest_state(output_dir) -> tuple[dict | None, Path | None]:
     return best, where
 
 
-def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) -> None:
-    """Refuse a resume whose model shape or sequence length differs from the checkpoint's (`ckpt`: a
-    `CheckpointDir`, or a path). `named`: the checkpoint is `resume_from_checkpoint`'s, which overwrite_output_dir
-    does not drop (the fix is another checkpoint, or no resume_from_checkpoint)."""
+def mismatch(ckpt, model_cfg, max_seq_length: int) -> str | None:
+    """Why checkpoint `ckpt` (a `CheckpointDir`, or a path) is another model's or another sequence length's than
+    the run's, or None when a resume may load it: what `check_compatible` refuses, and what `plan --fit -o` says
+    when its fitted file starts over instead of resuming. Its config.json unreadable: the `UserError` saying so."""
+    found = _mismatch(CheckpointDir.of(ckpt), model_cfg, max_seq_length)
+    return found[0] if found else None
+
+
+def _mismatch(ckpt: CheckpointDir, model_cfg, max_seq_length: int) -> tuple[str, str] | None:
+    """(the reason, what a resume must keep the same: "model" or "max_seq_length"), or None."""
     from pretrain_cli.models.config import ModelConfig
 
-    fix = ("resume_from_checkpoint another checkpoint of this model, or drop resume_from_checkpoint to start over"
-           if named else "set overwrite_output_dir: true to start over")
-    ckpt = CheckpointDir.of(ckpt)
     saved = ModelConfig.from_file(str(ckpt))
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
         a, b = getattr(saved, key), getattr(model_cfg, key)
         if a != b:
-            raise UserError(f"{ckpt}: checkpoint has {key}={a} but this run's model has {key}={b}; resume with the "
-                            f"same model, or {fix}")
+            return f"checkpoint has {key}={a} but this run's model has {key}={b}", "model"
     saved_len = ((ckpt.args or {}).get("arguments") or {}).get("max_seq_length")
     if saved_len is not None and saved_len != max_seq_length:
-        raise UserError(f"{ckpt}: checkpoint was trained with max_seq_length={saved_len}, this run asks for "
-                        f"{max_seq_length}; resume with the same max_seq_length, or {fix}")
+        return (f"checkpoint was trained with max_seq_length={saved_len}, this run asks for {max_seq_length}",
+                "max_seq_length")
+    return None
+
+
+def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) -> None:
+    """Refuse a resume whose model shape or sequence length differs from the checkpoint's (`mismatch`). `named`:
+    the checkpoint is `resume_from_checkpoint`'s, which overwrite_output_dir does not drop (the fix is another
+    checkpoint, or no resume_from_checkpoint)."""
+    ckpt = CheckpointDir.of(ckpt)
+    found = _mismatch(ckpt, model_cfg, max_seq_length)
+    if found is None:
+        return
+    reason, same = found
+    fix = ("resume_from_checkpoint another checkpoint of this model, or drop resume_from_checkpoint to start over"
+           if named else "set overwrite_output_dir: true to start over")
+    raise UserError(f"{ckpt}: {reason}; resume with the same {same}, or {fix}")
 
 
 def data_changes(ckpt, run) -> list[str]:
