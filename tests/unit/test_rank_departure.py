@@ -22,8 +22,7 @@ lock, holder = Path(sys.argv[4]), int(sys.argv[5]) or os.getpid()
 lock.write_text(json.dumps({"pid": holder, "host": "h"}))  # as run_lock's: its holder's pid
 watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
 watchdog.holding(lock)
-# its pid for the test, in a file: a line printed here can be dropped with what follows the departure (the watcher
-# may see the departure before it forwarded the line, and drops everything it reads from then on)
+# its pid for the test, in a file (a line printed here reaches the log too: tests/unit/test_watcher_lines.py)
 Path(sys.argv[1]).with_name("peer.pid").write_text(str(peer.pid))
 departure.note(shared, 1, "rank 1: its file is missing; put it back")  # rank 1 leaves alone, with its error
 peer.stdin.close()

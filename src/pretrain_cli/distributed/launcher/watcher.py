@@ -2,12 +2,13 @@
 output to its workerlog, watches the ranks of its host, and at a death or a hang says the host's one verdict
 (`distributed.launcher.verdict`) in this rank's log and stops its rank. Started by `distributed.launcher.watchdog`.
 
-The loop (`Watcher.run`): output is passed on only while every rank of the host is alive (what a survivor writes
-after a peer's death is gloo's abort: dropped); the ranks are checked every `POLL` s and at once when one exits
-(a pidfd per rank wakes the loop: the death's exit status is read from /proc before Paddle's launcher, which polls
-its children once a second, reaps it), every `HANG_POLL` s the progress records (a hung rank, stragglers:
-`distributed.launcher.progress`). At a death it stops its own rank
-first, shares what it sees for `SETTLE` s or until a verdict stands, then writes one line and, when its own rank
+The loop (`Watcher.run`): output is passed on while every rank of the host is alive; when a rank's death or
+departure is seen, what the pipe holds then is passed on too (a survivor's up to the first line of gloo's or Paddle's
+reaction to the loss, `before_abort`), and what a survivor writes after it (gloo's abort) is dropped. The ranks are
+checked every `POLL` s and at once when one exits (a pidfd per rank wakes the loop: the death's exit status is read
+from /proc before Paddle's launcher, which polls its children once a second, reaps it), every `HANG_POLL` s the
+progress records (a hung rank, stragglers: `distributed.launcher.progress`). At a death it stops its own rank first,
+shares what it sees for `SETTLE` s or until a verdict stands, then writes one line and, when its own rank
 is the cause, records that rank's end for launch.sh (`job.record`: the signal or code, `HUNG` for a hang).
 
 A survivor of a death is held (SIGSTOP, `Watcher._hold_parent`), not killed, until its watcher and the host's other
@@ -34,6 +35,22 @@ HANG_POLL = 0.5  # how often the progress records are read
 HELD = 2.0  # the longest a held survivor waits for the host's other lines (Paddle's launcher kills it at ~3.6 s)
 HUNG = 124  # the exit code of a job ended because a rank made no progress (as timeout(1)'s)
 LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
+
+
+ABORT = (b"terminate called", b"Traceback (most recent call last)", b"FatalError", b"Error Message Summary", b"gloo")
+
+
+def before_abort(out: bytes) -> bytes:
+    """`out`, a survivor's output read when a peer's death or departure was seen, up to its first line of the
+    reaction to it (`ABORT`: gloo's abort, `terminate called ... gloo::IoException`; Paddle's `C++ Traceback ...
+    FatalError`; a Python traceback of the failed collective). Why: what the rank wrote before the loss (a step's
+    line, a warning) is its own and was lost with the rest, while the reaction, which may already be in the pipe when
+    the watcher looks (the peer's sockets close before its exit wakes the watcher), says nothing of who was lost."""
+    lines = out.splitlines(keepends=True)
+    for n, line in enumerate(lines):
+        if any(mark in line for mark in ABORT):
+            return b"".join(lines[:n])
+    return out
 
 
 def exit_fds(ranks: dict) -> dict:
@@ -88,10 +105,17 @@ class Watcher:
                     if cause is not None:
                         return self._end(cause, [], pipe if open_pipe else None, log)
                 continue
+            # what its rank wrote until the loss was seen, read before anything is done about it (the departure's
+            # and the death's handling drop what a survivor writes from then on)
+            pending = chunk + (self._read_available(pipe) if open_pipe else b"")
+            if self.me not in gone:
+                os.write(log, before_abort(pending))
             left = departure.announced(self.shared, gone)
             if left:  # a rank that left on purpose, with its own error: no death (`departure`)
+                if self.me in gone:
+                    os.write(log, pending)
                 return departure.follow(self, left, pipe if open_pipe else None, log)
-            self._handle(gone, chunk, pipe if open_pipe else None, log)
+            self._handle(gone, pending if self.me in gone else b"", pipe if open_pipe else None, log)
             return
 
     def _handle(self, gone: set, chunk: bytes, pipe: int | None, log: int) -> None:
