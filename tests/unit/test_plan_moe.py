@@ -176,12 +176,13 @@ def test_the_dispatch_counts_deepseek_v3s_multi_token_prediction_layer():
 
 
 def test_fit_tries_moe_under_context_parallelism_with_a_pipeline_zero2_and_ep():
-    """Mixture-of-Experts under context parallelism runs with a pipeline, ZeRO-1/2 and EP (docs/DISTRIBUTED.md), which
-    --fit tried only as cp alone with ""/stage1. Qwen3-30B-A3B at 64K tokens on 16 H100: cp 4 x pp 4 fits (65.2 GiB
-    of the 72 budget; nothing else does: cp alone leaves every rank all 30.5 B parameters, tp and ZeRO-3 are refused
-    with cp for MoE). The candidates now hold cp x pp, cp with stage2 and cp x ep with stage2, each resolved by
-    `config.resolve` (no refusal). At 32K on 8 H100 nothing fits either way: cp splits no parameter, so the cp
-    layouts keep >= 88 GiB (cp 2 x pp 4), and without cp the least is tp 2 x pp 4's 74.7 GiB."""
+    """Mixture-of-Experts under context parallelism runs with a pipeline, ZeRO-1/2 and EP (docs/DISTRIBUTED.md), so
+    --fit's candidates hold cp x pp, cp with stage2 and cp x ep with stage2, each resolved by `config.resolve` (no
+    refusal). Qwen3-30B-A3B at 64K tokens on 16 H100: the fastest layout that fits is cp 4 x pp 4 (64.42 GiB of the
+    72 budget; cp alone would leave every rank all 30.5 B parameters, and tp and ZeRO-3 are refused with cp for MoE);
+    layouts without cp fit too, slower, pp 2 x ep 8 the fastest of them (62.23 GiB with ZeRO-1; docs/PLAN.md's CP
+    row). At 32K on 8 H100 nothing fits: cp splits no parameter, so the least a cp layout needs is cp 2 x pp 4's
+    87.27 GiB, and without cp tp 4 x pp 2's 74.22 GiB."""
     from pretrain_cli.planning.fit import _splits
 
     current = {"sharding": "stage1", "tensor_parallel_degree": 1}
