@@ -148,6 +148,8 @@ if __name__ == "__main__":
         except ValueError as e:
             print(e, file=sys.stderr)
             sys.exit(2)
+        if stopping.unlimited(stop_limit):  # (0: the deadline at this launcher's death is said, not no limit)
+            print(stopping.unlimited(stop_limit), file=sys.stderr, flush=True)
         stops = Stops()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         stops.start()

@@ -328,6 +328,8 @@ def test_a_stop_gets_stop_timeout_seconds_to_save_not_paddles_30(tmp_path, limit
     import signal
     import sys
 
+    from pretrain_cli.distributed.launcher import stopping
+
     (tmp_path / "rank.py").write_text(SAVING_RANK)
     ready, done = tmp_path / "ready", tmp_path / "saved"
     proc = subprocess.Popen([sys.executable, str(SCRIPT.parent / "paddle_launch.py"), "--nproc_per_node", "1",
@@ -344,6 +346,8 @@ def test_a_stop_gets_stop_timeout_seconds_to_save_not_paddles_30(tmp_path, limit
             proc.wait()
     assert proc.returncode == 143 and "Traceback" not in err, err
     assert done.exists() == saved, err
+    note = [x for x in err.splitlines() if x.startswith("launch.sh: STOP_TIMEOUT=0: ")]  # the deadline 0 leaves
+    assert note == ([stopping.unlimited(0)] if limit == "0" else []), err
     said = [x for x in err.splitlines() if "had not finished their stop" in x]
     assert said == ([] if saved else [f"launch.sh: the ranks had not finished their stop {limit} s after the signal "
                                       f"(STOP_TIMEOUT); killing them: the checkpoint they were saving is lost (a re-run "

@@ -87,6 +87,15 @@ def test_the_deadline_is_the_time_the_launcher_gives_a_stop(environ, seconds):
     assert launch.deadline_seconds(environ) == seconds
 
 
+def test_a_stop_without_limit_says_the_deadline_its_launchers_death_still_gives():
+    assert stopping.unlimited(0) == (
+        "launch.sh: STOP_TIMEOUT=0: a stop by signal waits for the ranks however long they take to save; should the "
+        "launcher die (launch.sh killed with its process group, a hang-up), each rank still ends itself "
+        f"{launch.deadline_seconds({'PRETRAIN_CLI_STOP_LIMIT': '0', 'PADDLE_TRAINER_ID': '0'})} s after that, saved "
+        "or not: give STOP_TIMEOUT the seconds to set both")
+    assert stopping.unlimited(900) is None and stopping.unlimited(1) is None
+
+
 # A launcher whose main thread, which started the rank, ends before its other thread (as in a SIGKILLed launcher with a
 # server thread): the kernel's SIGTERM comes while the rank's parent is still that pid.
 THREADED_LAUNCHER = """import ctypes, os, subprocess, sys, threading, time

@@ -5,9 +5,10 @@ paddle/distributed/launch/controllers/controller.py) sends SIGTERM to every rank
 which SIGKILLs every rank still running 30 s later (`Container.terminate(force=True)`). A rank stopped by a signal
 finishes its step and saves (`training.stop_signals`): a save longer than that was killed half-way and its checkpoint
 lost, however long the scheduler would have waited. `install` replaces that one call: the ranks get `STOP_TIMEOUT`
-seconds in all from the launcher's signal (`DEFAULT`; 0: no limit), and a stop that outlasts them is said in one
-line before they are killed. Paddle's second signal, its force quit (`pod.stop(timeout=10)`), is left as it is:
-whoever sends a second signal means it.
+seconds in all from the launcher's signal (`DEFAULT`; 0: no limit, while a launcher's death still gives them
+`DEFAULT`, which its start says: `unlimited`), and a stop that outlasts them is said in one line before they are
+killed. Paddle's second signal, its force quit (`pod.stop(timeout=10)`), is left as it is: whoever sends a second
+signal means it.
 
 Launcher side: no Paddle at import (`install` imports the launcher's controller module when it is called).
 
@@ -46,6 +47,18 @@ def timeout_seconds(environ=os.environ) -> int:
         raise ValueError(f"launch.sh: {ENV}={raw!r}: give the seconds the ranks get to finish their step and save "
                          f"after a stop's signal as a whole number (default {DEFAULT}; 0: no limit)")
     return int(raw)
+
+
+def unlimited(limit: int) -> str | None:
+    """The line the launcher says at its start when a stop has no limit (`limit` 0), else None. Why: its ranks'
+    deadline after its own death stays `DEFAULT` s (`launch.deadline_seconds`): then nothing is left to wait for them
+    or to kill them, and a rank stuck in a collective (its peer gone, `hang_timeout: 0`) would outlive the job for
+    ever; 0 reads as no limit at all, so the deadline in force is said."""
+    if limit:
+        return None
+    return (f"launch.sh: {ENV}=0: a stop by signal waits for the ranks however long they take to save; should the "
+            f"launcher die (launch.sh killed with its process group, a hang-up), each rank still ends itself "
+            f"{DEFAULT} s after that, saved or not: give {ENV} the seconds to set both")
 
 
 def install(limit: int) -> None:
