@@ -9,7 +9,7 @@ calls only, no Paddle, its own session) that
 - carries the rank's stdout and stderr to its workerlog through a pipe, checking before it passes any output
   on that every rank of this host is still alive: output written after a peer's death (gloo's abort, its
   traceback) is dropped, since a process is counted dead from the moment it starts exiting, before its
-  sockets close (`processes`);
+  sockets close (`processes`), while what the rank wrote before it is kept (`watcher.before_abort`);
 - polls the ranks of this host every 0.05 s and, at a death, writes one line naming the rank that died,
   its host, pid and how it ended (`killed by SIGKILL`, `exited with code 2`), and stops its own rank;
 - records, for launch.sh, how its own rank ended when that rank is the one that died (`job.record`).
