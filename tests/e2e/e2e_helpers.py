@@ -1,6 +1,13 @@
 """Helpers for the end-to-end tests (importable as a plain module)."""
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config(path: Path, corpus: Path, **overrides) -> str:
@@ -35,3 +42,34 @@ def write_config(path: Path, corpus: Path, **overrides) -> str:
 def train_losses(out: Path) -> list:
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in recs if r["kind"] == "train"]
+
+
+def bash_commands(doc: Path) -> list[list[str]]:
+    """argv of every command in a doc's ```bash blocks (continuations joined, comments dropped): what a reader
+    would paste, so the doc tests run exactly that."""
+    blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(encoding="utf-8"), re.S)
+    return [argv for block in blocks for line in block.replace("\\\n", " ").splitlines()
+            if (argv := shlex.split(line, comments=True))]
+
+
+def demo_root(root: Path, corpus_mb: int, train_args: list[str]) -> Path:
+    """`root` laid out as scripts/quickstart.sh leaves the repo (configs/ and scripts/ linked, demo/corpus.jsonl,
+    demo/tokenizer, demo/data/pydoc.*), then `train train_args` run in it: the directory the doc tests run a
+    guide's commands in."""
+    from pretrain_cli.cli import main as cli_main
+
+    for name in ("configs", "scripts"):
+        (root / name).symlink_to(REPO / name)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_demo_corpus.py"), str(root / "demo" / "corpus.jsonl"),
+                    "--max_mb", str(corpus_mb)], check=True, capture_output=True)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert cli_main(["train-tokenizer", "--input_path", "demo/corpus.jsonl", "--output_dir", "demo/tokenizer",
+                         "--vocab_size", "2048"]) == 0
+        assert cli_main(["preprocess", "--input_path", "demo/corpus.jsonl", "--output_prefix", "demo/data/pydoc",
+                         "--tokenizer", "demo/tokenizer", "--append_eos"]) == 0
+        assert cli_main(["train", *train_args]) == 0
+    finally:
+        os.chdir(cwd)
+    return root

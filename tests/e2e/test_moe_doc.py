@@ -6,15 +6,13 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from e2e_helpers import REPO, bash_commands, demo_root
 from pretrain_cli.cli import main as cli_main
 
-REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "MOE.md"
 TINY = "configs/qwen3-moe-tiny_cpu.json"
 
@@ -24,31 +22,15 @@ def blocks(kind: str) -> list[str]:
 
 
 def guide_commands() -> list[list[str]]:
-    """argv of every command in the guide's ```bash blocks (continuations joined, comments dropped)."""
-    return [argv for block in blocks("bash") for line in block.replace("\\\n", " ").splitlines()
-            if (argv := shlex.split(line, comments=True))]
+    return bash_commands(GUIDE)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """configs/, scripts/ and demo/ as quickstart.sh leaves them, and the tiny MoE trained 2 steps into demo/moe."""
-    root = tmp_path_factory.mktemp("moe_doc")
-    for name in ("configs", "scripts"):
-        (root / name).symlink_to(REPO / name)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_demo_corpus.py"), str(root / "demo" / "corpus.jsonl"),
-                    "--max_mb", "4"], check=True, capture_output=True)  # quickstart.sh's
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        assert cli_main(["train-tokenizer", "--input_path", "demo/corpus.jsonl", "--output_dir", "demo/tokenizer",
-                         "--vocab_size", "2048"]) == 0
-        assert cli_main(["preprocess", "--input_path", "demo/corpus.jsonl", "--output_prefix", "demo/data/pydoc",
-                         "--tokenizer", "demo/tokenizer", "--append_eos"]) == 0
-        assert cli_main(["train", TINY, "--max_steps", "2", "--warmup_steps", "1", "--save_steps", "2",
-                         "--eval_steps", "2", "--eval_iters", "1", "--logging_steps", "1", "--report_to", "none"]) == 0
-    finally:
-        os.chdir(cwd)
-    return root
+    return demo_root(tmp_path_factory.mktemp("moe_doc"), 4, [
+        TINY, "--max_steps", "2", "--warmup_steps", "1", "--save_steps", "2", "--eval_steps", "2", "--eval_iters", "1",
+        "--logging_steps", "1", "--report_to", "none"])
 
 
 def _check(args: list[str], processes: int) -> None:

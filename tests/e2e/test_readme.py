@@ -4,52 +4,27 @@
 exist. A command this test does not know fails it, so the README cannot grow an untested command."""
 import json
 import os
-import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from e2e_helpers import REPO, bash_commands, demo_root
 from pretrain_cli.cli import main as cli_main
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def readme_commands() -> list[list[str]]:
-    """argv of every command in the README's ```bash blocks (continuations joined, comments dropped)."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
-    out = []
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            argv = shlex.split(line, comments=True)
-            if argv:
-                out.append(argv)
-    return out
+    return bash_commands(REPO / "README.md")
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """configs/, scripts/ and demo/{corpus.jsonl, tokenizer, data/pydoc.*, output} as quickstart.sh leaves them."""
-    root = tmp_path_factory.mktemp("readme")
-    for name in ("configs", "scripts"):
-        (root / name).symlink_to(REPO / name)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_demo_corpus.py"), str(root / "demo" / "corpus.jsonl"),
-                    "--max_mb", "1"], check=True, capture_output=True)
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        assert cli_main(["train-tokenizer", "--input_path", "demo/corpus.jsonl", "--output_dir", "demo/tokenizer",
-                         "--vocab_size", "2048"]) == 0
-        assert cli_main(["preprocess", "--input_path", "demo/corpus.jsonl", "--output_prefix", "demo/data/pydoc",
-                         "--tokenizer", "demo/tokenizer", "--append_eos"]) == 0
-        assert cli_main(["train", "configs/demo_cpu.json", "--overwrite_output_dir", "true", "--max_steps", "2",
-                         "--warmup_steps", "1", "--save_steps", "2", "--eval_steps", "2", "--eval_iters", "1",
-                         "--logging_steps", "1"]) == 0
-    finally:
-        os.chdir(cwd)
-    return root
+    return demo_root(tmp_path_factory.mktemp("readme"), 1, [
+        "configs/demo_cpu.json", "--overwrite_output_dir", "true", "--max_steps", "2", "--warmup_steps", "1",
+        "--save_steps", "2", "--eval_steps", "2", "--eval_iters", "1", "--logging_steps", "1"])
 
 
 def _output_dir(argv: list[str], root: Path) -> str:
