@@ -189,8 +189,9 @@ def test_plan_models_each_rank_holding_a_share_of_the_sequence(tmp_path):
 
 def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_over_tp_with_sequence_parallelism(tmp_path):
     """A context-parallel layout is the fastest that fits (tp 2 × cp 2 with sequence parallelism, a hair ahead of cp
-    8 alone). Without context parallelism only tp 4 + sequence parallelism fits (the fused head + loss runs on the
-    `tp` step's whole head: no [131,072, 128,256] logits), slower; with the loss unfused, no layout without CP fits."""
+    8 alone). Without context parallelism the layouts that fit are tensor parallel with sequence parallelism (tp 4, tp 8,
+    tp 2/4 × pp 2, tp 2 × pp 4: the fused head + loss runs on the `tp` step's whole head, so no [131,072, 128,256]
+    logits), all slower; with the loss unfused, no layout without CP fits (docs/DISTRIBUTED.md, "CP, SP or TP?")."""
     from pretrain_cli.planning import fit as fit_search
 
     path = tmp_path / "l.json"
