@@ -115,6 +115,34 @@ def test_without_weights_one_line_says_how_to_get_them(tmp_path, monkeypatch):
         prepare(_args(tmp_path, str(pdparams)), [], Target())
 
 
+def test_paddlenlp_fused_projections_are_one_line_saying_how_to_unfuse_them(tmp_path):
+    """A PaddleNLP run with fuse_attention_qkv / fuse_attention_ffn saves q|k|v and gate|up as one tensor each:
+    `check` (from the files' headers) and `train` (the name map) say so, not that a k_proj tensor is missing."""
+    from safetensors.numpy import load_file
+
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    spec = prepare(_args(tmp_path, str(path)), [], Target())  # unfused, as saved: it passes
+    tensors = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+        shard.unlink()
+    (path / "model.safetensors.index.json").unlink()
+    for layer in range(2):
+        at = f"model.layers.{layer}."
+        fused = {"self_attn.qkv_proj.weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],
+                 "mlp.gate_up_fused_proj.weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}
+        for name, parts in fused.items():  # [in, out] weights: the outputs side by side
+            tensors[at + name] = np.concatenate([tensors.pop(at + p) for p in parts], axis=1)
+        for p in "qkv":
+            tensors.pop(f"{at}self_attn.{p}_proj.bias")
+    save_file(tensors, str(path / "model.safetensors"))
+    line = r"holds PaddleNLP's fused 'model.layers.0.mlp.gate_up_fused_proj.weight' \(4 fused in total.*both false"
+    with pytest.raises(UserError, match=line):
+        build_for_run(spec)
+    with pytest.raises(UserError, match=line):
+        prepare(_args(tmp_path, str(path)), [], Target())
+
+
 def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weights_keep_theirs(tmp_path):
     """PaddleNLP's run_pretrain.py sizes a new model's max_position_embeddings to max_seq_length (the max of the
     two), which a preset's user cannot edit; weights trained for a shorter range are refused, as before."""

@@ -111,6 +111,7 @@ def name_map(stored: dict, model, where, what: str = "checkpoint", is_zero=None,
             zeros.add(ours)
     missing = sorted(set(params) - set(names) - zeros)
     if missing:
+        refuse_fused(where, stored)
         raise UserError(f"{where}: tensor {missing[0]!r} is missing ({len(missing)} missing in total); the {what} "
                         f"does not match config.json")
     known = {name for name, _ in names.values()}
@@ -132,6 +133,33 @@ def name_map(stored: dict, model, where, what: str = "checkpoint", is_zero=None,
             raise UserError(f"{where}: tensor {name!r} has shape {found} but config.json implies {want}; use the "
                             f"config.json that belongs to these weights")
     return NameMap(names, frozenset(zeros), layout)
+
+
+# PaddleNLP's fused projections, which a run with fuse_attention_qkv / fuse_attention_ffn: true saves: q, k and v
+# (interleaved by KV head group) or gate and up in one tensor, a layout of its own that is not read here
+PADDLENLP_FUSED = ("self_attn.qkv_proj.weight", "mlp.gate_up_fused_proj.weight")
+
+
+def refuse_fused(where, names) -> None:
+    """One line for a source holding PaddleNLP's fused projections, naming the way PaddleNLP itself unfuses them
+    (its from_pretrained splits them when config.json says unfused); else the missing q/k/v or gate/up tensors
+    would be the error, which does not say why."""
+    fused = sorted(n for n in names if n.endswith(PADDLENLP_FUSED))
+    if fused:
+        raise UserError(f"{where}: holds PaddleNLP's fused {fused[0]!r} ({len(fused)} fused in total: saved with "
+                        f"fuse_attention_qkv or fuse_attention_ffn true), which is not read; in PaddleNLP load it "
+                        f"with both false (from_pretrained splits them) and save it with "
+                        f"`model.save_pretrained(dir, safe_serialization=True)`")
+
+
+def readable_weights(src_dir) -> list[str]:
+    """`find_weights`, and the fused projections `name_map` would refuse, found from the files' headers alone
+    (what `check` reads of a pretrained directory)."""
+    from pretrain_cli.storage.shard_files import File
+
+    files = find_weights(src_dir)
+    refuse_fused(src_dir, [n for path in files for n in File(path, "model weights").tensors])
+    return files
 
 
 def _ignored(hf: str, cfg: ModelConfig, tied: bool) -> bool:

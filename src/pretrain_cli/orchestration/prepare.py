@@ -228,11 +228,11 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     spec = RunSpec(args, run, model_dir, model_cfg)
     if run.model.continue_training:
         from pretrain_cli.config.presets import require_pretrained
-        from pretrain_cli.models.convert import find_weights
+        from pretrain_cli.models.convert import readable_weights
 
         if problems.run(require_pretrained, args.model.model_name_or_path, model_dir,
                         source=args.explicit.get("continue_training")):
-            problems.run(find_weights, model_dir)  # names the directory when there are no weights
+            problems.run(readable_weights, model_dir)  # names the directory when there are no weights
     tok = problems.run(open_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok
