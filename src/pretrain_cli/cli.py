@@ -118,7 +118,8 @@ def _run(argv: list[str], prog: str | None = None) -> int:
         rest = tail[1:] if config is not None else tail
         ns, overrides = parser.parse_known_args(rest)
         ns.config, ns.overrides = config, overrides
-        if config is None and not overrides and not getattr(ns, "list_models", False):  # check --list-models needs no file
+        listing = getattr(ns, "list_models", False) or getattr(ns, "help_keys", False)  # (check's, train's lists)
+        if config is None and not overrides and not listing:  # a list needs no file
             parser.fail(f"no argument file given: `{parser.prog}` needs a JSON or YAML argument "
                         f"file (configs/demo_cpu.json, for one) or its keys as --key value")
     else:

@@ -14,6 +14,16 @@ def test_no_argument_file_says_so_with_the_usage_line(command, capsys):
     assert err[1].startswith(f"error: no argument file given: `pretrain-cli {command}` needs a JSON or YAML argument file")
 
 
+def test_help_keys_needs_no_argument_file(capsys):
+    """`pretrain-cli train --help-keys`, which train's --help names for the keys' meanings, answered "no argument
+    file given": a list of the keys needs none."""
+    from pretrain_cli.cli import main
+
+    assert main(["train", "--help-keys"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("--max_steps (") for line in out) and len(out) > 100
+
+
 def test_run_pretrain_py_names_itself_in_its_usage_and_errors(capsys, monkeypatch):
     """`python scripts/run_pretrain.py` with no argument file (or a bad option) answered `usage: pretrain-cli train`:
     a command the user did not run. The script's usage line and errors name the script as it was run."""
