@@ -149,6 +149,8 @@ def find_resume(run: RunConfig) -> Path | None:
             saved = [p.name for _, p in list_checkpoints(path.parent)]
             raise UserError(f"resume_from_checkpoint: {intact.problem(path)}; name a checkpoint-N directory"
                             + (f" ({path.parent} holds {', '.join(saved)})" if saved else ""))
+        if foreign := intact.paddlenlp_checkpoint(path):
+            raise UserError(f"resume_from_checkpoint: {foreign}")
         reason = intact.problem(path) if run.parallel.is_rank0 else None  # the others take rank 0's choice
         if reason is not None:
             raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "

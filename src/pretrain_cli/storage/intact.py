@@ -16,7 +16,8 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 
 Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
 warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
-line when damaged (orchestration.prepare). `damage(ckpt, files=...)` checks a subset of the files: a rank that
+line when damaged (orchestration.prepare). A checkpoint PaddleNLP's Trainer wrote is no damage: either way it is
+one line of its own (`paddlenlp_checkpoint`), no other checkpoint tried. `damage(ckpt, files=...)` checks a subset of the files: a rank that
 reads only some of them can verify just those, and an export only the weights' (`export_problem`).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_dir import OPTIMIZER_FILE, STATE_FILE, list_checkpoints
+from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, list_checkpoints
 from pretrain_cli.storage import checkpoint_index
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.storage.shard_files import File, checksum
@@ -170,6 +171,25 @@ def _headers(paths, indexed_format: str | None = None) -> str | None:
     return None
 
 
+# what PaddleNLP's Trainer writes into each checkpoint-N (TRAINING_ARGS_NAME, SCHEDULER_NAME, its per-rank RNG state)
+PADDLENLP_MARKS = ("training_args.bin", "scheduler.pdparams", "rng_state*.pth")
+
+
+def paddlenlp_checkpoint(ckpt) -> str | None:
+    """One line when `ckpt` is a checkpoint-N PaddleNLP's Trainer wrote (a PaddleNLP run's output_dir reused here,
+    or one named by resume_from_checkpoint): not damage, so no other checkpoint is tried nor their removal
+    suggested; its trainer_state.json has no consumed_samples and its optimizer and schedule are PaddleNLP's
+    pickles, so only its weights carry over. None for any other directory (one of ours has its args.json, whatever
+    else lies in it)."""
+    ckpt = Path(ckpt)
+    marks = [p.name for pattern in PADDLENLP_MARKS for p in sorted(ckpt.glob(pattern))]
+    if not marks or (ckpt / ARGS_FILE).exists():
+        return None
+    return (f"{ckpt} is a checkpoint of PaddleNLP's Trainer ({marks[0]}), which pretrain-cli does not resume (its "
+            f"optimizer state, schedule and data position are PaddleNLP's); start from its weights instead: "
+            f"model_name_or_path: {ckpt}, continue_training: true, and another output_dir")
+
+
 def skipping(ckpt, reason: str) -> str:
     """The one warning line of a damaged checkpoint skipped for the previous one, whoever found the damage (rank 0's
     listing check here, or a rank's checksum of the files it read: `training.run.previous_checkpoint`)."""
@@ -186,6 +206,8 @@ def newest(output_dir, checksums: bool = True, before: int | None = None) -> Pat
     if not ckpts:
         return None
     for _, path in reversed(ckpts):
+        if foreign := paddlenlp_checkpoint(path):
+            raise UserError(foreign)
         reason = problem(path, checksums)
         if reason is None:
             return path
