@@ -88,6 +88,18 @@ def test_bad_lines(tmp_path, tok_dir):
         run_preprocess("--input_path", f, "--output_prefix", tmp_path / "p", "--tokenizer", tok_dir)
 
 
+def test_bad_json_line_says_where_in_the_line(tmp_path, tok_dir):
+    """json's message without its position: an unterminated string read "not valid JSON (Invalid control character
+    at)", a sentence cut off before the column that says where the line went wrong."""
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"text": "good one"}\n{"text": "unterminated\n{"text": broken}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: not valid JSON \(Invalid control character at column 23\);"):
+        run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+    f.write_text('{"text": broken}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:1: not valid JSON \(Expecting value at column 10\);"):
+        run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
+
+
 def test_empty_corpus_and_clobber(tmp_path, tok_dir):
     write_jsonl(tmp_path / "e.jsonl", ["", " "])
     with pytest.raises(UserError, match="no non-empty documents"):

@@ -144,7 +144,7 @@ class FileReader:
             self.bad(where, f"not UTF-8 ({e.reason} at byte {e.start} of the line)", "re-encode the file as UTF-8")
             return None
         except ValueError as e:
-            self.bad(where, f"not valid JSON ({getattr(e, 'msg', e)})", "fix it")
+            self.bad(where, f"not valid JSON ({_json_problem(e)})", "fix it")
             return None
         text = obj.get(self.json_key) if isinstance(obj, dict) else None
         if not isinstance(text, str):
@@ -242,6 +242,14 @@ def not_unicode(text: str) -> str | None:
     except UnicodeEncodeError as e:
         return f"not valid Unicode (a lone surrogate U+{ord(text[e.start]):04X} at character {e.start} of the text)"
     return None
+
+
+def _json_problem(e: ValueError) -> str:
+    """json's words and the column: its `msg` alone stops at "at" for some ("Invalid control character at", where
+    a string runs to the line's end), and "line 1" of one JSONL line says nothing."""
+    if not isinstance(e, json.JSONDecodeError):
+        return str(e)
+    return f"{e.msg.removesuffix(' at')} at column {e.colno}"
 
 
 def _first_line(e: BaseException) -> str:
