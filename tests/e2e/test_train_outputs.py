@@ -167,6 +167,24 @@ def test_eval_on_a_multi_process_runs_directory_reads_the_windows_its_evaluation
             f"--max_batches {held // 2} reads each at most once\n") in capsys.readouterr().err
 
 
+def test_eval_of_a_runs_test_split_says_when_its_own_count_repeats_samples(corpus, tmp_path, capsys):
+    """`eval --model OUT --split test` reads the run's 10 x eval_iters batches; on a small corpus the test split holds
+    fewer samples, and the loss came from samples read several times without a word (a user's 183-document corpus:
+    240 samples of a 50-sample split). Said as for a --max_batches that large."""
+    from pretrain_cli.data import build_datasets
+
+    held = len(build_datasets(str(corpus / "data"), "90,5,5", 32, 7, need=("test",)).get("test"))
+    eval_iters = held // 20 + 1  # the test split: 10 x eval_iters batches of 2 > held samples
+    cfg = write_config(tmp_path, corpus, max_steps=1, save_steps=1, per_device_eval_batch_size=2, eval_iters=eval_iters)
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    assert cli_main(["eval", "--model", str(tmp_path / "out"), "--split", "test", "--json"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["batches"] == 10 * eval_iters
+    assert (f"note: the test split holds {held} samples: {10 * eval_iters} batches of 2 read {20 * eval_iters}, so "
+            f"samples repeat; --max_batches {held // 2} reads each at most once\n") in printed.err
+
+
 def test_inspect_data_resolves_a_run_on_its_data_ranks(corpus, tmp_path, capsys):
     """inspect-data --config --step K shows the step as train ran it: a run's record (args.json) on the data ranks
     it had, and --dp_size N as a launch on N would resume (the checkpoint's global batch kept by the accumulation).

@@ -162,7 +162,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
               f"{count(ranks, 'data rank')}; the same {count(per_rank * ranks * bs, 'window')} here, as "
               f"{count(batches, 'batch')} of {bs}", file=sys.stderr)
     held = len(spec.splits.get(ns.split))
-    if ns.max_batches is not None and batches * bs > held:  # (the run's own count: its start-up note said so)
+    if batches * bs > held:  # the run's count too: its start-up note (the test split's: do_predict only) is in its log
         once = f"; --max_batches {held // bs} reads each at most once" if held >= bs else ""
         print(f"note: the {ns.split} split holds {count(held, 'sample')}: {count(batches, 'batch')} of {bs} read "
               f"{batches * bs}, "
