@@ -73,3 +73,20 @@ def demo_root(root: Path, corpus_mb: int, train_args: list[str]) -> Path:
     finally:
         os.chdir(cwd)
     return root
+
+
+def header_only_shards(model_dir: Path, shards: list[str]) -> None:
+    """`shards` in `model_dir` holding, a quarter each in turn, the tensors of the model its config.json builds
+    (HF names and shapes, from a lazily built model): safetensors headers without data, what `check` reads of a
+    downloaded model."""
+    from pretrain_cli import runtime
+    from pretrain_cli.models import build_model, convert
+    from pretrain_cli.models.config import ModelConfig
+
+    with runtime.import_paddle().LazyGuard():
+        model = build_model(ModelConfig.from_file(str(model_dir)))
+    names = [(n, list(reversed(p.shape)) if t else list(p.shape)) for n, p, t in convert.hf_params(model)]
+    for i, f in enumerate(shards):
+        head = json.dumps({n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}
+                           for n, s in names[i::len(shards)]}).encode()
+        (model_dir / f).write_bytes(len(head).to_bytes(8, "little") + head)

@@ -14,7 +14,7 @@ import pytest
 
 from pretrain_cli.cli import main as cli_main
 
-from e2e_helpers import write_config
+from e2e_helpers import header_only_shards, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 PADDLENLP = Path(__file__).with_name("paddlenlp_configs")
@@ -197,14 +197,13 @@ def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "continue_training" in err[0] and "'Qwen/Qwen2-7B' is a preset" in err[0]
     assert "`huggingface-cli download Qwen/Qwen2-7B --local-dir Qwen/Qwen2-7B`" in err[0]
-    local = tmp_path / "Qwen" / "Qwen2-7B"  # the download's layout: config.json and shards (contents not read by check)
+    local = tmp_path / "Qwen" / "Qwen2-7B"  # the download's layout: config.json and shards (check reads the headers)
     local.mkdir(parents=True)
     shutil.copy(PRESET_DIR / "qwen2-7b" / "config.json", local / "config.json")
     shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
     (local / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"t{i}": f for i, f in
                                                                                   enumerate(shards)}}))
-    for f in shards:
-        (local / f).write_bytes(b"")
+    header_only_shards(local, shards)
     for name, layout in (("qwen_pretrain_argument.json", "sharding stage2 x8"),
                          ("llama_pretrain_argument.json", "sharding stage2 x4")):
         assert cli_main(["check", name, "--world_size", "8"]) == 0, name

@@ -143,6 +143,21 @@ def test_paddlenlp_fused_projections_are_one_line_saying_how_to_unfuse_them(tmp_
         prepare(_args(tmp_path, str(path)), [], Target())
 
 
+def test_check_finds_weights_that_do_not_belong_to_the_config_json(tmp_path, capsys):
+    """`check` reads the pretrained directory's headers through train's name map: a config.json of another size
+    is its error line (exit 2), where it said OK and `train` stopped after its start-up."""
+    from pretrain_cli.cli import main as cli_main
+
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    args = _args(tmp_path, str(path))
+    assert cli_main(["check", args]) == 0 and "check: OK" in capsys.readouterr().out
+    (path / "config.json").write_text(json.dumps(ModelConfig(**{**QWEN3, "intermediate_size": 40}).to_hf_dict()))
+    assert cli_main(["check", args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: tensor 'model.layers.0.") and err.count("\n") == 1
+    assert "but config.json implies" in err and err.endswith("use the config.json that belongs to these weights\n")
+
+
 def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weights_keep_theirs(tmp_path):
     """PaddleNLP's run_pretrain.py sizes a new model's max_position_embeddings to max_seq_length (the max of the
     two), which a preset's user cannot edit; weights trained for a shorter range are refused, as before."""

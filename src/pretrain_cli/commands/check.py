@@ -70,6 +70,25 @@ def verified(spec, out=None) -> object | None:
     return older
 
 
+def pretrained_weights(spec) -> None:
+    """`continue_training` from a directory (not a resume): its tensors' names, shapes and dtypes against the model
+    its config.json builds, through the name map `train` reads them by (`training.weight_source.WeightSource` over
+    a lazily built model: the files' headers only), so weights that do not belong to the config.json are check's
+    error, not train's after its start-up. Paddle is imported only for this."""
+    if spec.resume is not None or not spec.run.model.continue_training or spec.model_dir is None:
+        return
+    from pretrain_cli import runtime
+    from pretrain_cli.distributed.layout.materialize import InitSource
+    from pretrain_cli.models import build_model
+    from pretrain_cli.training.weight_source import WeightSource
+
+    paddle = runtime.import_paddle()
+    with paddle.LazyGuard():
+        model = build_model(spec.model_cfg, None, spec.run.moe)
+    init = InitSource(spec.model_cfg, spec.run.loop.seed)  # as train: multi-token prediction modules may be absent
+    WeightSource(spec.model_dir, model, "model directory", init).close()
+
+
 def checkpoint_warning(spec, on_this_host: bool) -> list[str]:
     """`plan`'s checkpoints warning for the run `check` resolved (`orchestration.planned.checkpoint_advice`):
     checkpoints its `save_total_limit` lets pile up, and (`on_this_host`: not a simulated --world_size, so this is
@@ -96,6 +115,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
     spec = prepare(ns.config, ns.overrides, target)
+    pretrained_weights(spec)
     fallback = verified(spec, sys.stderr if ns.json else None) if ns.verify else None
     if fallback is not None:
         spec = spec.resuming(fallback)
