@@ -78,6 +78,23 @@ def open_tokenizer(args: Arguments, model_cfg):
     return tok_dir, tok
 
 
+def unused_vocab(args: Arguments, model_cfg, tokenizer) -> list[str]:
+    """A note when most of a new model's vocabulary is rows no token id reaches: a preset's 151,936 with an 8,192-token
+    tokenizer of one's own are 147 M of Qwen3-0.6B's parameters trained, saved and in every softmax for nothing. Not
+    for pretrained weights (their vocabulary is theirs), a vocab_size the user set, or a vocabulary padded past its
+    tokenizer (Qwen's 151,665 tokens in 151,936 rows): only a model at least twice its tokenizer's size."""
+    have, used = model_cfg.vocab_size, tokenizer.vocab_size
+    if args.model.continue_training or args.model.vocab_size or have < 2 * used:
+        return []
+    from pretrain_cli.models.flops import param_counts
+
+    rows = (have - used) * model_cfg.hidden_size * (1 if model_cfg.tie_word_embeddings else 2)  # embedding (+ head)
+    share = rows / param_counts(model_cfg)["total"]
+    return [f"vocab_size: the model has {have:,} rows, its tokenizer {used:,} tokens: {rows / 1e6:.1f} M parameters "
+            f"({share:.0%} of the model) that no token id reaches, trained, saved and in the head's softmax; "
+            f"--vocab_size {used} builds the model to the tokenizer's size"]
+
+
 def tokenizer_ids(model_cfg, tokenizer) -> tuple[object, list[str]]:
     """(`model_cfg` with the tokenizer's bos/eos/pad ids, notes): the config.json a run writes (checkpoints, final
     export) names the tokens its data holds, so transformers' `generate` stops at the EOS the model learned, where

@@ -23,7 +23,8 @@ from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems
 from pretrain_cli.orchestration.opened import (build_model_config, check_output_dir, foreign_model, open_splits,
-                                               open_token_files, open_tokenizer, placeholder_config, tokenizer_ids)
+                                               open_token_files, open_tokenizer, placeholder_config, tokenizer_ids,
+                                               unused_vocab)
 from pretrain_cli.training import trackers
 
 
@@ -242,7 +243,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
         if spec.tokenizer is not None:
             spec.model_cfg, id_notes = tokenizer_ids(model_cfg, spec.tokenizer)
-            spec.run = run = replace(run, notes=(*run.notes, *id_notes))
+            spec.run = run = replace(run, notes=(*run.notes, *id_notes, *unused_vocab(args, model_cfg, spec.tokenizer)))
     if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(open_splits, run, model_cfg, spec.tokenizer)
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
