@@ -36,6 +36,20 @@ def test_train_tokenizer_subcommand(tmp_path, capsys):
     assert "train-tokenizer" in capsys.readouterr().out
 
 
+def test_train_tokenizer_says_what_it_made_that_was_not_asked(tmp_path, capsys):
+    """A corpus too small for --vocab_size gave fewer tokens without a word (a 4 MB corpus asked for 64,000 gave
+    27,763), and the extra special tokens were not in the summary line."""
+    write_jsonl(tmp_path / "a.jsonl", make_texts(40))
+    out = tmp_path / "tok"
+    assert _train(["--input_path", str(tmp_path / "a.jsonl"), "--output_dir", str(out), "--vocab_size", "5000",
+                   "--special_tokens", "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]) == 0
+    made = tk.load_tokenizer(out).vocab_size
+    printed = capsys.readouterr()
+    assert made < 5000 and ", extra <|im_start|> <|im_end|>, sha256 " in printed.out
+    assert (f"note: --vocab_size 5000: the corpus gave {made} tokens: every merge seen at least --min_frequency 2 "
+            f"times is learned; more text or --min_frequency 1 gives more\n") in printed.err
+
+
 def test_saved_tokenizer_loads_in_transformers(tmp_path):
     import transformers
     d = make_tokenizer(tmp_path / "tok")

@@ -369,8 +369,14 @@ def train_tokenizer(ns) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     loaded = load_tokenizer(out)
+    extra = f", extra {' '.join(ns.special_tokens[4:])}" if len(ns.special_tokens) > 4 else ""
     print(f"train-tokenizer: {count(reader.documents, 'document')} -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
-          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}, sha256 {loaded.sha256[:12]})")
+          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, sha256 {loaded.sha256[:12]})")
+    if loaded.vocab_size < ns.vocab_size:  # the trainer ran out of frequent pairs: said, as a model sized to the
+        lower = " or --min_frequency 1" if ns.min_frequency > 1 else ""  # number asked for would not match it
+        print(f"note: --vocab_size {ns.vocab_size}: the corpus gave {loaded.vocab_size} tokens: every merge seen at "
+              f"least --min_frequency {ns.min_frequency} times is learned; more text{lower} gives more",
+              file=sys.stderr)
     if reader.bad_lines:
         print(f"train-tokenizer: skipped {reader.bad_lines} bad lines", file=sys.stderr)
     return 0
