@@ -58,6 +58,32 @@ def build_model_config(args: Arguments):
     return model_dir, cfg
 
 
+def beside_the_file(args: Arguments) -> str | None:
+    """The line for a run started elsewhere than its file's directory: the file's relative paths are read from the
+    current one (as PaddleNLP reads them), and the ones missing there but present beside the file are named, with
+    where to run. A path from the command line is the current directory's, and is not judged."""
+    if not args.config_path:
+        return None
+    here, there = Path.cwd(), Path(args.config_path).resolve().parent
+    if here == there:
+        return None
+    values = {"model_name_or_path": args.model.model_name_or_path,
+              "tokenizer_name_or_path": args.model.tokenizer_name_or_path, "input_dir": args.data.input_dir}
+    keys = [key for key, value in values.items() if args.explicit.get(key) == "file" and isinstance(value, str)
+            and value.strip() and " " not in value.strip() and not Path(value).is_absolute()
+            and not _present(here / value) and _present(there / value)]  # (a blend's weights: not judged)
+    if not keys:
+        return None
+    return (f"{args.config_path}: {', '.join(keys)} {'are' if len(keys) > 1 else 'is'} read from the current directory "
+            f"({here}), not the file's, and {'are' if len(keys) > 1 else 'is'} there beside the file: run from "
+            f"{there}, or give absolute paths")
+
+
+def _present(path: Path) -> bool:
+    """A directory or file, or a token-file prefix (`data/c` for data/c.bin/.idx)."""
+    return path.exists() or path.with_name(path.name + ".idx").exists()
+
+
 def open_tokenizer(args: Arguments, model_cfg):
     """(directory, tokenizer) or (None, None); checked against the model's vocabulary when it is known."""
     from pretrain_cli.config.presets import resolve_tokenizer_dir

@@ -22,9 +22,9 @@ from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems
-from pretrain_cli.orchestration.opened import (build_model_config, check_output_dir, foreign_model, open_splits,
-                                               open_token_files, open_tokenizer, placeholder_config, tokenizer_ids,
-                                               unused_vocab)
+from pretrain_cli.orchestration.opened import (beside_the_file, build_model_config, check_output_dir, foreign_model,
+                                               open_splits, open_token_files, open_tokenizer, placeholder_config,
+                                               tokenizer_ids, unused_vocab)
 from pretrain_cli.training import trackers
 
 
@@ -222,6 +222,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
             problems.run(open_token_files, args.data.input_dir)
         if args.training.output_dir:
             problems.run(check_output_dir, str(args.training.output_dir))
+        _elsewhere(problems, args)
         problems.raise_if_any()
     model_dir, model_cfg = built
     for message in trackers.missing(run.output.report_to):
@@ -262,6 +263,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         from pretrain_cli.training.checkpoint import check_compatible
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
+    _elsewhere(problems, args)
     problems.raise_if_any()
     spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)
     spec.args, spec.run = _resumed(spec, saved)
@@ -269,6 +271,13 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
         spec.data_lines = spec.splits.describe(spec.train_samples() if spec.run.loop.do_train else None)
     return spec
+
+
+def _elsewhere(problems: Problems, args: Arguments) -> None:
+    """After the problems a file's relative paths met run from another directory, one line naming where to run."""
+    line = beside_the_file(args) if problems.items else None
+    if line:
+        problems.add(line)
 
 
 def _progress(saved: CheckpointDir | None) -> tuple | None:

@@ -1,0 +1,45 @@
+"""Relative paths in an argument file are read from the current directory (PaddleNLP's convention). Run from
+elsewhere, `check` said three lines of "does not exist" / "is neither a local tokenizer directory nor a preset" /
+"no token files", listing the current directory, with no word that each path is there, beside the file."""
+import json
+
+import pytest
+
+from data_helpers import make_tokenizer, write_tokens
+from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration.prepare import prepare
+from pretrain_cli.run_config import Target
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "project"
+    make_tokenizer(root / "tok")
+    write_tokens(root / "data")
+    (root / "cfg.json").write_text(json.dumps({
+        "model_name_or_path": "micro-qwen2", "tokenizer_name_or_path": "./tok", "input_dir": "./data",
+        "output_dir": "./out", "do_train": True, "max_seq_length": 16, "max_steps": 2, "split": "1,1,1",
+        "device": "cpu"}))
+    return root
+
+
+def test_paths_that_are_beside_the_file_are_named_with_where_to_run(project, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        prepare(str(project / "cfg.json"), [], Target())
+    assert e.value.lines[-1] == (
+        f"{project / 'cfg.json'}: tokenizer_name_or_path, input_dir are read from the current directory "
+        f"({tmp_path}), not the file's, and are there beside the file: run from {project}, or give "
+        f"absolute paths")
+    monkeypatch.chdir(project)
+    assert prepare("cfg.json", [], Target()).tokenizer is not None  # from there the same file is whole
+
+
+def test_a_path_missing_beside_the_file_too_gets_no_such_line(project, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for part in project.glob("data.*"):  # (write_tokens's prefix: data.bin/.idx)
+        part.unlink()
+    (project / "tok" / "tokenizer.json").unlink()
+    with pytest.raises(UserError) as e:
+        prepare(str(project / "cfg.json"), ["--tokenizer_name_or_path", "./tok"], Target())
+    assert not any("beside the file" in line for line in e.value.lines)  # (a command-line path is the cwd's)
