@@ -171,6 +171,26 @@ def has_tokenizer(path: Path) -> bool:
     return (path / "tokenizer.json").is_file() or ((path / "vocab.json").is_file() and (path / "merges.txt").is_file())
 
 
+# sentencepiece models a tokenizer directory may hold instead: transformers' name (Llama 2's tokenizer.model) and
+# PaddleNLP's (its LlamaTokenizer saves sentencepiece.bpe.model, a name transformers does not look for)
+SENTENCEPIECE = ("tokenizer.model", "sentencepiece.bpe.model")
+
+
+def no_tokenizer(key: str, name: str, local: Path) -> UserError:
+    """The line for a directory without the tokenizer files read here. One with a sentencepiece model (Llama 2's,
+    PaddleNLP's) gets transformers' conversion, which keeps its ids, where a new tokenizer would not fit the token
+    files already made with it."""
+    sp = next((f for f in SENTENCEPIECE if (local / f).is_file()), None)
+    if sp is None:
+        return UserError(f"{key}: {name} holds no tokenizer.json (or vocab.json + merges.txt); "
+                         f"train one with `pretrain-cli train-tokenizer`")
+    rename = f"rename it {SENTENCEPIECE[0]} (transformers' name), then " if sp != SENTENCEPIECE[0] else ""
+    return UserError(f"{key}: {name} holds a sentencepiece model ({sp}) but no tokenizer.json, which is what is read; "
+                     f"{rename}write one beside it with transformers (and the sentencepiece package): `python -c "
+                     f"\"from transformers import AutoTokenizer as T; T.from_pretrained('{local}').save_pretrained("
+                     f"'{local}')\"`")
+
+
 def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokenizer_name_or_path") -> Path | None:
     """The tokenizer directory, or None when the source (e.g. a preset) ships no tokenizer files."""
     if name is None:
@@ -179,8 +199,7 @@ def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokeniz
     local = Path(name)
     if local.is_dir():
         if not has_tokenizer(local):
-            raise UserError(f"{key}: {name} holds no tokenizer.json (or vocab.json + merges.txt); "
-                            f"train one with `pretrain-cli train-tokenizer`")
+            raise no_tokenizer(key, name, local)
         return local
     preset = _preset(name)
     if preset is not None and has_tokenizer(preset):
