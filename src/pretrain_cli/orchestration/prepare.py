@@ -111,6 +111,16 @@ class RunSpec:
                 "total_tokens": self.train_samples() * self.run.data.max_seq_length,
                 "resume": str(self.resume) if self.resume else None, "data": list(self.data_lines)}
 
+    def _no_tokenizer(self) -> str:
+        """The tokenizer line of a run without one; a model directory with only a sentencepiece model (Llama 2's,
+        PaddleNLP's) says so, since eval and generate on the run's output will want its tokenizer.json."""
+        from pretrain_cli.config.presets import SENTENCEPIECE
+
+        sp = next((f for f in SENTENCEPIECE if (Path(self.model_dir) / f).is_file()), None)
+        return "none (checkpoints will carry no tokenizer files)" + (
+            f"; {self.model_dir} holds a sentencepiece model ({sp}), which is not read: set tokenizer_name_or_path "
+            f"to a directory with its tokenizer.json (docs/DATA.md, \"Tokenizers and transformers\")" if sp else "")
+
     def describe(self) -> list[str]:
         a, r = self.args, self.run
         lp, cfg = r.loop, self.model_cfg
@@ -127,7 +137,7 @@ class RunSpec:
                      f"{cfg.vocab_size}); {start}")
         if cfg.expert_layers:
             lines.append(f"  {self._experts()}")
-        lines.append(f"  tokenizer: {self.tokenizer_dir or 'none (checkpoints will carry no tokenizer files)'}")
+        lines.append(f"  tokenizer: {self.tokenizer_dir or self._no_tokenizer()}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
                      f"attention {attention_words(r.kernels, r.device, r.data.attention_mask_type, r.parallel.cp_degree)}, "
