@@ -49,10 +49,26 @@ def test_decode(corpus, capsys):
     d, tok, texts = corpus
     assert _run(d / "c", "--tokenizer", tok, "--decode", 3) == 0
     assert capsys.readouterr().out.rstrip("\n") == texts[3] + "[EOT]"
-    with pytest.raises(UserError, match="--decode: needs --tokenizer"):
-        _run(d / "c", "--decode", 3)
     with pytest.raises(UserError, match="document 80 out of range"):
         _run(d / "c", "--tokenizer", tok, "--decode", 80)
+
+
+def test_decode_without_tokenizer_takes_the_one_the_sidecar_names(corpus, tmp_path, capsys):
+    """`inspect-data data/c --decode 3` stopped with "needs --tokenizer DIR" though c.json names the tokenizer that
+    made the file (and its sha256): that one, unchanged, decodes with a note; a changed or missing one does not."""
+    d, tok, texts = corpus
+    assert _run(d / "c", "--decode", 3) == 0
+    printed = capsys.readouterr()
+    assert printed.out.rstrip("\n") == texts[3] + "[EOT]"
+    assert printed.err == f"note: --decode: with {tok}, the tokenizer {d / 'c'}.json names as the one that made it\n"
+    sidecar = json.loads((d / "c.json").read_text())
+    for name, path in (("other", str(make_tokenizer(tmp_path / "other", make_texts(50, seed=1)))),
+                       ("gone", str(tmp_path / "gone"))):
+        (tmp_path / f"c_{name}.json").write_text(json.dumps({**sidecar, "tokenizer": path}))
+        for ext in (".bin", ".idx"):
+            (tmp_path / f"c_{name}{ext}").write_bytes((d / f"c{ext}").read_bytes())
+        with pytest.raises(UserError, match=r"^--decode: needs --tokenizer DIR to turn ids back into text$"):
+            _run(tmp_path / f"c_{name}", "--decode", 3)
 
 
 def test_step_view_matches_loader(corpus, capsys):

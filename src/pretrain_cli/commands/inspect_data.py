@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -19,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                   "or a directory of token files: one line per file and a check "
                                                   "that all share one tokenizer")
     parser.add_argument("--tokenizer", help="tokenizer directory: checks ids against its vocab, enables --decode "
-                                            "(default: none; ids are checked against the file alone)")
+                                            "(default: none; ids are checked against the file alone, and --decode "
+                                            "takes the tokenizer the file's sidecar names, if there unchanged)")
     parser.add_argument("--decode", type=int, metavar="N", help="print document N as text (default: statistics)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of the summary (with --step: of the step's samples)")
@@ -126,6 +128,26 @@ def _step(ns, tok) -> int:
     return 0
 
 
+def _made_with(prefix: str):
+    """The tokenizer the files' sidecar names as the one preprocess made them with, if it is there unchanged (its
+    sha256), with a note: --decode of a file preprocess wrote needs no --tokenizer. Else None."""
+    from pretrain_cli.data.indexed import read_sidecar
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    meta = read_sidecar(prefix) or {}
+    path = meta.get("tokenizer")
+    if not isinstance(path, str) or not os.path.isdir(path):
+        return None
+    try:
+        tok = load_tokenizer(path)
+    except UserError:
+        return None
+    if tok.sha256 != meta.get("tokenizer_sha256"):
+        return None
+    print(f"note: --decode: with {path}, the tokenizer {prefix}.json names as the one that made it", file=sys.stderr)
+    return tok
+
+
 def main(ns: argparse.Namespace) -> int:
     check_counts(ns, "max_seq_length", "batch_size", "gradient_accumulation_steps", "data_ranks")
     tok = None
@@ -144,6 +166,7 @@ def main(ns: argparse.Namespace) -> int:
     ds = open_token_file(ns.prefix)
     check_ids([ds], tok, ns.tokenizer)
     if ns.decode is not None:
+        tok = tok or _made_with(ds.prefix)
         if tok is None:
             raise UserError("--decode: needs --tokenizer DIR to turn ids back into text")
         if not 0 <= ns.decode < ds.num_documents:
