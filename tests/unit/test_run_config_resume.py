@@ -48,17 +48,24 @@ def test_resume_on_fewer_data_ranks_keeps_the_global_batch_or_says_which_keys(tm
     args = parse_config(None, [*BASE, *common, "--per_device_train_batch_size", "2"])
     run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt)
     assert run.global_batch_size == 2 and any("2 sequences a step from here on" in n for n in run.notes)
-    # 2 ranks x 3 = 6 sequences on 4 ranks of 3: no accumulation makes 6
+    # 2 ranks x 3 = 6 sequences on 3 ranks of 3: no accumulation makes 6, a micro-batch of 2 would
     odd = tmp_path / "odd"
     odd.mkdir()
     ckpt = _checkpoint_of(odd, resolve_run("--per_device_train_batch_size", "3", world=2))
     args = parse_config(None, [*BASE, "--per_device_train_batch_size", "3"])
     # in the batch: line's words and order (it said "2 data rank(s) x 3 x acc 1")
     with pytest.raises(UserError, match=r"gradient_accumulation_steps: checkpoint-5 was trained on 3 x acc 1 x 2 data "
-                                        r"ranks = 6 sequences a step; this run has 4 data ranks, .* set "
+                                        r"ranks = 6 sequences a step; this run has 3 data ranks, .* set "
                                         r"per_device_train_batch_size and "
-                                        r"gradient_accumulation_steps so that their product x 4 = 6"):
+                                        r"gradient_accumulation_steps so that their product x 3 = 6"):
+        keep_global_batch(args, resolve(args, cfg, Target("cpu", 3)), cfg, Target("cpu", 3), ckpt)
+    # on 4 ranks no batch keys make 6 (it asked for a product x 4 = 6): the nearest batches 4 ranks make, named
+    with pytest.raises(UserError) as e:
         keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt)
+    assert str(e.value).endswith("this run has 4 data ranks, over which 6 sequences do not split evenly; resume on a "
+                                 "number of data ranks that divides 6, or take another global batch on purpose: "
+                                 "per_device_train_batch_size x gradient_accumulation_steps = 1 or 2 makes 4 or 8 "
+                                 "sequences a step here")
 
 
 def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path):

@@ -80,6 +80,13 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     elif changed(TRAIN_KEYS):
         notes.append(f"batch: {how} and per_device_train_batch_size {lp.micro_batch} x gradient_accumulation_steps "
                      f"{lp.grad_accum}: {count(run.global_batch_size, 'sequence')} a step from here on")
+    elif was % ranks:  # no batch keys make it here: the nearest global batches this many ranks make, named
+        near = [n for n in (was // ranks, was // ranks + 1) if n]
+        raise UserError(f"gradient_accumulation_steps: {how}, over which {was} sequences do not split evenly; resume "
+                        f"on a number of data ranks that divides {was}, or take another global batch on purpose: "
+                        f"per_device_train_batch_size x gradient_accumulation_steps = "
+                        f"{' or '.join(str(n) for n in near)} makes {' or '.join(str(n * ranks) for n in near)} "
+                        f"sequences a step here")
     elif was % (lp.micro_batch * ranks):
         raise UserError(f"gradient_accumulation_steps: {how}, which no accumulation of {lp.micro_batch}-sequence "
                         f"micro-batches makes; set per_device_train_batch_size and gradient_accumulation_steps so "
