@@ -5,7 +5,7 @@
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=0 scripts/launch.sh cfg.json   # on the master node
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=1 scripts/launch.sh cfg.json   # on the other node
 #
-# Env: DEVICES (GPU ids, default: all visible), NPROC (CPU processes per node, default 1:
+# Env: DEVICES (GPU ids, default: all visible; without a usable GPU one line says NPROC decides), NPROC (CPU processes per node, default 1:
 #      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
 #      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file,
@@ -121,6 +121,10 @@ if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() an
 else
   # CPU: `--devices` fails on CPU. One process per node: with the fused CPU kernels it uses every core and
   # beats one process per core; the math environment (threads, MKL's code path on AMD) is set by runtime.setup_env.
+  if [ -n "${DEVICES:-}" ]; then  # GPU ids asked for here run NPROC CPU processes, not one per id: said
+    echo "launch.sh: DEVICES=${DEVICES} names GPUs, which this Paddle cannot use (no GPU build, or no GPU visible):" \
+         "running NPROC=${NPROC:-1} CPU process(es); NPROC sets how many" >&2
+  fi
   args+=(--nproc_per_node "${NPROC:-1}")
 fi
 # Every launch holds its own block of rendezvous ports (job.py ports: a host-wide lock per block, PORT_RANGE

@@ -29,6 +29,7 @@ def _launch(tmp_path, *extra, **env):
     out = subprocess.run(["bash", str(SCRIPT), "cfg.json", "--max_steps", "3", *extra], env=e, capture_output=True,
                          text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    (tmp_path / "stderr.txt").write_text(out.stderr)
     return record.read_text().split()
 
 
@@ -39,6 +40,14 @@ def test_cpu_defaults_to_one_process_per_node(tmp_path):
     assert "--devices" not in cmd
     assert cmd[-3:] == ["cfg.json", "--max_steps", "3"]
     assert cmd[cmd.index("--log_dir") + 1] == "log"  # no readable cfg.json: no output_dir to put it in
+
+
+def test_gpu_ids_on_a_cpu_machine_are_said_to_run_nproc_processes(tmp_path):
+    """DEVICES=0,1 (a GPU user's habit) on a machine whose Paddle has no GPU: one line says NPROC decides."""
+    cmd = _launch(tmp_path, DEVICES="0,1")
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "1" and "--devices" not in cmd
+    assert ("launch.sh: DEVICES=0,1 names GPUs, which this Paddle cannot use (no GPU build, or no GPU visible): "
+            "running NPROC=1 CPU process(es); NPROC sets how many") in (tmp_path / "stderr.txt").read_text()
 
 
 def test_launcher_logs_go_to_the_runs_output_dir_and_its_warning_is_quiet(tmp_path):
