@@ -44,3 +44,13 @@ def test_a_paddlenlp_checkpoint_is_named_as_such_not_as_damage(tmp_path):
         assert "\n" not in str(e.value) and "damaged" not in str(e.value)
     (ckpt / "args.json").write_text("{}")  # one of ours, whatever else lies in it, is checked as ours
     assert intact.paddlenlp_checkpoint(ckpt) is None and "consumed_samples" in intact.problem(ckpt)
+
+
+def test_overwrite_output_dir_does_not_remove_a_paddlenlp_checkpoint(tmp_path):
+    """PaddleNLP's overwrite_output_dir only stops its resume; here it removes an earlier run's checkpoints, which a
+    PaddleNLP checkpoint is not: refused, and the checkpoint stays."""
+    ckpt = _paddlenlp_checkpoint(tmp_path / "pnlp" / "checkpoint-10")
+    with pytest.raises(UserError, match=rf"^output_dir: {ckpt} is a checkpoint of PaddleNLP's Trainer, which "
+                                        rf"overwrite_output_dir would remove"):
+        prepare(_args(tmp_path, output_dir=str(tmp_path / "pnlp"), overwrite_output_dir=True), [], Target())
+    assert (ckpt / "training_args.bin").is_file()

@@ -163,6 +163,12 @@ def find_resume(run: RunConfig) -> Path | None:
             raise UserError(f"resume_from_checkpoint: {reason}; name a complete checkpoint-N, or remove the key to "
                             f"resume from the newest complete one")
         return path
+    if out.overwrite and run.loop.do_train:  # it removes the checkpoints past its start: never PaddleNLP's
+        for _, ckpt in list_checkpoints(out.output_dir):
+            if intact.paddlenlp_checkpoint(ckpt):
+                raise UserError(f"output_dir: {ckpt} is a checkpoint of PaddleNLP's Trainer, which "
+                                f"overwrite_output_dir would remove as an earlier run's (PaddleNLP's only stops its "
+                                f"resume); choose another output_dir, or move it out of {out.output_dir}")
     if out.overwrite or not run.loop.do_train or not run.parallel.is_rank0:
         return None
     # a damaged one is skipped, with a warning; rank 0 checks presence and sizes here, every rank the checksums of
