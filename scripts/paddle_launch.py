@@ -164,9 +164,10 @@ if __name__ == "__main__":
         os.environ[stopping.LIMIT_ENV] = str(stop_limit)  # (a rank knows its stop's time: not Paddle's 30 s)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle/distributed/launch/utils/kv_client.py polls
         sys.argv[0] = "paddle.distributed.launch"
-        from pretrain_cli.distributed.launcher import rendezvous
+        from pretrain_cli.distributed.launcher import failure_report, rendezvous
 
         rendezvous.guard()
+        failure_report.install()  # a usage error said once: not again in Paddle's failure report
         runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
     except Exception as e:  # Paddle's import turns a KeyboardInterrupt into an ImportError raised from it
         cause = e

@@ -72,7 +72,8 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
         if overwrite or not path.exists():
             from pretrain_cli import atomic
 
-            atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time()})
+            atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time(),
+                                     "local": os.environ.get("PADDLE_LOCAL_RANK", "")})
 
 
 def clear(rank: int) -> None:
@@ -128,13 +129,18 @@ def wait_for_watchers(directory, seconds: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def cause(directory) -> str | None:
-    """The console's line on why the job ended: the first rank's own record (the rank that died or hung first, a
-    usage error), or where a signal stopped it and saved (rank 0's line), or None."""
+def _read(directory) -> list[dict]:
     records = []
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text(encoding="utf-8")))
+    return records
+
+
+def cause(directory) -> str | None:
+    """The console's line on why the job ended: the first rank's own record (the rank that died or hung first, a
+    usage error), or where a signal stopped it and saved (rank 0's line), or None."""
+    records = _read(directory)
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
     stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
@@ -146,6 +152,8 @@ def cause(directory) -> str | None:
         return f"launch.sh: {str(peers[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
     if not own or not own[0].get("line"):
         return None
+    if own[0].get("kind") == "usage" and own[0].get("line") == _console_usage(records):
+        return None  # the console has it already, as that rank's own `error:` line (`failure_report`)
     line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
     if own[0].get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
         return f"launch.sh: {line}"
@@ -155,12 +163,20 @@ def cause(directory) -> str | None:
     return f"launch.sh: rank {own[0].get('rank')} ended the job: {line}"
 
 
+def _console_usage(records: list[dict]) -> str | None:
+    """The usage error's line the node's first rank (local rank 0) recorded, or None: Paddle's launcher copies that
+    rank's output, its `error:` line too, into launch.sh's console."""
+    return next((str(r.get("line")) for r in records if r.get("local") == "0" and r.get("kind") == "usage"), None)
+
+
+def console_rank_erred(directory) -> bool:
+    """Whether the node's first rank, whose output is the console's, recorded a usage error of its own."""
+    return _console_usage(_read(directory)) is not None
+
+
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
     """(the job's exit code, "stop" / "retry" / "rendezvous") from the ranks' records and the launcher's code."""
-    records = []
-    for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
-        with contextlib.suppress(OSError, ValueError):
-            records.append(json.loads(path.read_text(encoding="utf-8")))
+    records = _read(directory)
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
     if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):

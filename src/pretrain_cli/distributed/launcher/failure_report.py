@@ -1,0 +1,54 @@
+"""What Paddle's launcher says when its ranks end with a usage error: nothing of its own, so the error is said once.
+
+Paddle's launcher copies the node's first rank (local rank 0) into its own stdout as it runs, and when a rank fails it
+logs `LAUNCH ERROR ... Container failed !!!` with the failed rank's command, then copies again the last 3000 bytes of
+the failed rank's log (`Container.tail`); launch.sh then prints the cause's line (`job.cause`). A typo'd key, which
+every rank finds, reached the console three times (rank 0's copy, the tail, launch.sh's line) under the launcher's
+noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, never retried, as one process exits), the
+launcher's report and tail are left out (`install`); the first rank's log is copied to its end once the ranks are done
+(`_finalize`), so that its own `error:` line is surely on the console, and launch.sh leaves out a line that repeats it
+(`job.cause`). Any other failure keeps the launcher's report, which launch.sh's line refers to.
+"""
+from __future__ import annotations
+
+import logging
+
+from pretrain_cli.distributed.launcher import job
+
+FAILED = "Container failed"  # the start of the launcher's ERROR record of a failed rank (controllers/controller.py)
+
+
+def usage_ended() -> bool:
+    """Whether a rank of this node recorded a usage error (launch.sh's verdicts; False without launch.sh)."""
+    directory = job.verdict_dir()
+    return directory is not None and job.decide(directory, 1) == (job.USAGE, "stop")
+
+
+class _Quiet(logging.Filter):
+    """Drops the launcher's `Container failed` record after a usage error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith(FAILED) and usage_ended())
+
+
+def install() -> None:
+    """In Paddle's launcher process, before it runs: leave its failure report out after a usage error."""
+    from paddle.distributed.launch.controllers.controller import ControllerBase
+    from paddle.distributed.launch.job.container import Container
+
+    logging.getLogger("LAUNCH").addFilter(_Quiet())
+    tail, finalize = Container.tail, ControllerBase.finalize
+
+    def quiet_tail(self, length=3000):
+        if not usage_ended():
+            return tail(self, length)
+        return None
+
+    def finalize_copied(self, exit=True):
+        self.pod.join()  # (finalize's own first step: the ranks are done, their logs complete)
+        if usage_ended() and job.console_rank_erred(job.verdict_dir()):
+            while self.pod.logs():  # the first rank's log to its end: its own error line, which launch.sh omits
+                pass
+        return finalize(self, exit)
+
+    Container.tail, ControllerBase.finalize = quiet_tail, finalize_copied
