@@ -35,6 +35,12 @@ and a kill there was named nowhere. When every death on a host is gloo's abort (
 host hung, the cause is a rank on another host: the line says so and points at that node's log
 (`Watcher._lost`, docs/RELIABILITY.md).
 
+A watcher that ends while its rank runs (killed: `kill -9` of the wrong pid, an OOM killer's choice) is said once by
+its rank (`_watch_watcher`, a thread of the rank woken by the watcher's pidfd): the rank's output goes to its
+workerlog directly again (the watcher's pipe has no reader left: a write there fails), and one line says that training
+goes on unwatched. Ending a healthy run for it would lose the steps since the last checkpoint; the host's other ranks'
+watchers, if any, still name a death or hang of any rank of the host in their own logs.
+
 A rank's part of a save is waited for by rank 0 in no collective (it polls the checkpoint's directory for the rank's
 completion record), so neither gloo nor rank 0's host's watchers tell rank 0 of a death on another host: while a
 rank writes a record someone waits for (`owing`), its watcher writes a death notice in its place if the rank dies
@@ -46,6 +52,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +62,7 @@ from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
 _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir, rank) while one runs
+_LOCK = threading.Lock()  # who ends the watcher's part of `_WATCHER`: `stop`, or `_gone` after its death
 _OWNERS = None  # this rank's descriptor holding its shared lock on the watch directory (`tempdirs.watch_dir`)
 
 
@@ -125,18 +133,72 @@ def _spawn(watcher: Watcher) -> None:
     os.dup2(write_end, 1)
     os.dup2(write_end, 2)
     os.close(write_end)
+    # (the thread takes no process-directed stop signal: each must reach the main thread, as in `launch`)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    try:
+        threading.Thread(target=_watch_watcher, args=(child,), name="watcher-watch", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _watch_watcher(child: int, poll: float = 1.0) -> None:
+    """Wait for the watcher `child` to end (its pidfd; without one, polled every `poll` s), then `_gone`."""
+    import select
+
+    from pretrain_cli import processes
+
+    fd = processes.exit_fd(child)
+    try:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while processes.alive(child):
+                time.sleep(poll)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    _gone(child)
+
+
+def _gone(child: int) -> None:
+    """The watcher `child` ended while its rank runs (not by `stop`): the rank's output to its workerlog directly,
+    one line there; the host's watch directory stays this rank's for its notes (`leave_alone`, `stop_began`)."""
+    global _WATCHER
+    with _LOCK:
+        if _WATCHER is None or _WATCHER[0] != child:  # stopped by its rank (`stop`): nothing gone
+            return
+        _, out, err, shared, me = _WATCHER
+        _WATCHER = (None, None, None, shared, me)
+    from pretrain_cli import processes
+
+    status = None
+    with contextlib.suppress(OSError):
+        status = os.waitpid(child, 0)[1]
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    with contextlib.suppress(OSError):
+        os.write(2, (f"\n[pretrain-cli] rank {me}: its watcher (pid {child}) ended: "
+                     f"{processes.describe_status(status)}; training goes on unwatched: a rank of this host that dies "
+                     f"or hangs is no longer named in this log (only in the logs of the host's other ranks, if any)\n"
+                     ).encode())
 
 
 def stop() -> None:
     """Stop this rank's watcher (its output passed on first); every rank calls it after its last collective,
     before any rank may exit."""
     global _WATCHER
-    if _WATCHER is None:
+    with _LOCK:
+        if _WATCHER is None:
+            return
+        child, out, err, shared, _ = _WATCHER
+        _WATCHER = None
+    if child is None:  # it ended before (`_gone`): the output goes to the workerlog already
+        progress.close_record()
         return
     import sys
 
-    child, out, err, shared, _ = _WATCHER
-    _WATCHER = None
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(out, 1)
