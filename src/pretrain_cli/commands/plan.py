@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cross_node_gbps", type=float, default=hardware.CROSS_NODE_GBPS,
                         help="GB/s per GPU one way between nodes, for groups that span nodes (default: %(default)s: "
                              "one 400 Gb/s InfiniBand adapter per GPU)")
+    parser.add_argument("--tokens", default=None,
+                        help="the run's length in tokens (10B, 500M, 1e10): max_steps becomes them over the tokens "
+                             "of a step, rounded up (default: the file's max_steps)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument("--fit", action="store_true",
                         help="search micro-batch/accumulation (same global batch), recompute, flash attention, "
@@ -146,6 +150,22 @@ def check_output(path: str, config: str | None) -> None:
                         f"choose another path, or remove it")
 
 
+def _token_count(text: str, overrides: list[str]) -> float:
+    """--tokens as a number: 10B, 500M, 2.5T, 1e10 or 10000000000; with --max_steps too the length is given twice."""
+    from pretrain_cli.config.parser import override_keys
+
+    if any(ours == "max_steps" for _, ours in override_keys(overrides)):
+        raise UserError(f"--tokens {text} and --max_steps both set the run's length; give one")
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(text.strip()[-1:].upper(), 1.0)
+    try:
+        tokens = float(text.strip()[:-1] if scale != 1.0 else text) * scale
+    except ValueError:
+        tokens = 0.0
+    if not 0 < tokens < float("inf"):
+        raise UserError(f"--tokens: {text!r} is no token count; give one such as 10B, 500M or 1e10")
+    return tokens
+
+
 def main(ns: argparse.Namespace) -> int:
     # --fit's own options are refused without it, not ignored: the user meant them to change something
     if ns.output is not None and not ns.fit:
@@ -160,6 +180,11 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration import planned
 
     node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
+    if ns.tokens is not None:  # a step's tokens as this target runs the file (its data ranks), then the steps
+        tokens = _token_count(ns.tokens, ns.overrides)
+        per_step = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
+                                     node=node).tokens_per_step  # (--fit keeps the global batch: the same steps)
+        ns.overrides = [*ns.overrides, "--max_steps", str(math.ceil(tokens / per_step))]
     if not ns.fit:
         r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
                               node=node)
