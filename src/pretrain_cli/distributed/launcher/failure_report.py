@@ -5,8 +5,9 @@ logs `LAUNCH ERROR ... Container failed !!!` with the failed rank's command, the
 the failed rank's log (`Container.tail`); launch.sh then prints the cause's line (`job.cause`). A typo'd key, which
 every rank finds, reached the console three times (rank 0's copy, the tail, launch.sh's line) under the launcher's
 noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, never retried, as one process exits), the
-launcher's report and tail are left out (`install`); the first rank's log is copied to its end once the ranks are done
-(`_finalize`), so that its own `error:` line is surely on the console, and launch.sh leaves out a line that repeats it
+launcher's report and tail are left out (`install`). When the first rank said the error (its own `error:` line, or its
+watcher's line on the rank that left with it, `departure`), its log is copied to its end once the ranks and their
+watchers are done, so that the line is surely on the console, and launch.sh leaves out its line, which would repeat it
 (`job.cause`). Any other failure keeps the launcher's report, which launch.sh's line refers to.
 """
 from __future__ import annotations
@@ -46,9 +47,11 @@ def install() -> None:
 
     def finalize_copied(self, exit=True):
         self.pod.join()  # (finalize's own first step: the ranks are done, their logs complete)
-        if usage_ended() and job.console_rank_erred(job.verdict_dir()):
-            while self.pod.logs():  # the first rank's log to its end: its own error line, which launch.sh omits
-                pass
+        if usage_ended():
+            job.wait_for_watchers(job.verdict_dir())  # (a watcher writes its line after its rank has ended)
+            if job.said_on_console(job.verdict_dir()):
+                while self.pod.logs():  # the first rank's log to its end: the error's line, which launch.sh omits
+                    pass
         return finalize(self, exit)
 
     Container.tail, ControllerBase.finalize = quiet_tail, finalize_copied

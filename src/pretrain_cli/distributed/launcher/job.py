@@ -152,8 +152,8 @@ def cause(directory) -> str | None:
         return f"launch.sh: {str(peers[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
     if not own or not own[0].get("line"):
         return None
-    if own[0].get("kind") == "usage" and own[0].get("line") == _console_usage(records):
-        return None  # the console has it already, as that rank's own `error:` line (`failure_report`)
+    if _on_console(records, own[0]):
+        return None  # the console has it already, from the node's first rank (`failure_report`)
     line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
     if own[0].get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
         return f"launch.sh: {line}"
@@ -163,15 +163,23 @@ def cause(directory) -> str | None:
     return f"launch.sh: rank {own[0].get('rank')} ended the job: {line}"
 
 
-def _console_usage(records: list[dict]) -> str | None:
-    """The usage error's line the node's first rank (local rank 0) recorded, or None: Paddle's launcher copies that
-    rank's output, its `error:` line too, into launch.sh's console."""
-    return next((str(r.get("line")) for r in records if r.get("local") == "0" and r.get("kind") == "usage"), None)
+def _on_console(records: list[dict], first_own: dict) -> bool:
+    """Whether `first_own`, the record that ended the job, is a usage error the node's first rank (local rank 0) said:
+    its own `error:` line, or its watcher's line on a rank that left with that error (`departure`). Paddle's launcher
+    copies that rank's output into launch.sh's console."""
+    line = str(first_own.get("line") or "")
+    first = next((r for r in records if r.get("local") == "0"), {})
+    return (first_own.get("kind") == "usage" and bool(line) and first.get("kind") in ("usage", "peer")
+            and line in str(first.get("line") or ""))
 
 
-def console_rank_erred(directory) -> bool:
-    """Whether the node's first rank, whose output is the console's, recorded a usage error of its own."""
-    return _console_usage(_read(directory)) is not None
+def said_on_console(directory) -> bool:
+    """Whether the job's end is a usage error the node's first rank said (`_on_console`), read once the ranks and
+    their watchers are done."""
+    records = _read(directory)
+    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
+                 key=lambda r: r.get("time", 0))
+    return bool(own) and _on_console(records, own[0])
 
 
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
