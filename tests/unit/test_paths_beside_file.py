@@ -29,10 +29,23 @@ def test_paths_that_are_beside_the_file_are_named_with_where_to_run(project, tmp
         prepare(str(project / "cfg.json"), [], Target())
     assert e.value.lines[-1] == (
         f"{project / 'cfg.json'}: tokenizer_name_or_path, input_dir are read from the current directory "
-        f"({tmp_path}), not the file's, and are there beside the file: run from {project}, or give "
-        f"absolute paths")
+        f"({tmp_path}), and are found from {project}: run from there, or give absolute paths")
     monkeypatch.chdir(project)
     assert prepare("cfg.json", [], Target()).tokenizer is not None  # from there the same file is whole
+
+
+def test_a_file_in_a_subdirectory_or_a_runs_record_names_the_directory_above(project, tmp_path, monkeypatch):
+    """configs/demo_cpu.json names ./demo/...: from the repository's root; a run's out/args.json (and
+    out/checkpoint-N/args.json), which `eval --model out` reads, names the paths the run was started with."""
+    (project / "configs").mkdir()
+    (project / "configs" / "cfg.json").write_text((project / "cfg.json").read_text())
+    (project / "out" / "checkpoint-2").mkdir(parents=True)
+    (project / "out" / "checkpoint-2" / "args.json").write_text((project / "cfg.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    for cfg in (project / "configs" / "cfg.json", project / "out" / "checkpoint-2" / "args.json"):
+        with pytest.raises(UserError) as e:
+            prepare(str(cfg), [], Target())
+        assert e.value.lines[-1].endswith(f"are found from {project}: run from there, or give absolute paths")
 
 
 def test_a_path_missing_beside_the_file_too_gets_no_such_line(project, tmp_path, monkeypatch):

@@ -59,24 +59,25 @@ def build_model_config(args: Arguments):
 
 
 def beside_the_file(args: Arguments) -> str | None:
-    """The line for a run started elsewhere than its file's directory: the file's relative paths are read from the
-    current one (as PaddleNLP reads them), and the ones missing there but present beside the file are named, with
-    where to run. A path from the command line is the current directory's, and is not judged."""
+    """The line for a run started elsewhere than where its file's relative paths lead: they are read from the current
+    directory (as PaddleNLP reads them), and the ones missing there but found from the file's directory or one or
+    two above it (a file in `configs/` naming `./demo/data`; a run's `out/args.json` or `out/checkpoint-N/args.json`
+    naming the paths it was started with) are named, with where to run. A command-line path is not judged."""
     if not args.config_path:
         return None
     here, there = Path.cwd(), Path(args.config_path).resolve().parent
-    if here == there:
-        return None
     values = {"model_name_or_path": args.model.model_name_or_path,
               "tokenizer_name_or_path": args.model.tokenizer_name_or_path, "input_dir": args.data.input_dir}
-    keys = [key for key, value in values.items() if args.explicit.get(key) == "file" and isinstance(value, str)
-            and value.strip() and " " not in value.strip() and not Path(value).is_absolute()
-            and not _present(here / value) and _present(there / value)]  # (a blend's weights: not judged)
+    missing = {key: value for key, value in values.items() if args.explicit.get(key) == "file"
+               and isinstance(value, str) and value.strip() and " " not in value.strip()  # (a blend: not judged)
+               and not Path(value).is_absolute() and not _present(here / value)}
+    tried = [([k for k, v in missing.items() if _present(d / v)], d) for d in (there, *there.parents[:2]) if d != here]
+    keys, where = max(tried, key=lambda t: len(t[0]), default=([], None))  # the most found; of equals the nearest
     if not keys:
         return None
-    return (f"{args.config_path}: {', '.join(keys)} {'are' if len(keys) > 1 else 'is'} read from the current directory "
-            f"({here}), not the file's, and {'are' if len(keys) > 1 else 'is'} there beside the file: run from "
-            f"{there}, or give absolute paths")
+    are = "are" if len(keys) > 1 else "is"
+    return (f"{args.config_path}: {', '.join(keys)} {are} read from the current directory ({here}), and {are} found "
+            f"from {where}: run from there, or give absolute paths")
 
 
 def _present(path: Path) -> bool:
