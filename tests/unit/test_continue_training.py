@@ -173,3 +173,19 @@ def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weig
     _, pretrained = _paddlenlp_qwen3(tmp_path / "pretrained")
     with pytest.raises(UserError, match="128 exceeds the model's max_position_embeddings \\(64\\)"):
         prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target())
+
+
+def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys, monkeypatch):
+    """Names and shapes do not depend on the kernels: `check` builds its model with reference ones, where the
+    run's default would compile the fused CPU kernels (~40 CPU-s on a first check) or warn without a compiler."""
+    from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.ops import cpu_ops
+
+    def load():
+        raise AssertionError("check called cpu_ops.load")
+
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    args = _args(tmp_path, str(path))
+    monkeypatch.setattr(cpu_ops, "load", load)
+    assert cli_main(["check", args]) == 0
+    assert "check: OK" in capsys.readouterr().out

@@ -1,10 +1,11 @@
 """`pretrain-cli check`: everything `train` would validate, without training.
 
 Runs the same `orchestration.prepare` as `train` (arguments, run configuration, model config, tokenizer,
-token files, batch arithmetic; no Paddle) and prints the resolved run. `--world_size N` resolves it
-for rank 0 of an N-process launch instead of the launcher's environment, so a 16-GPU file is checked
-by the same code on a laptop. Exit 0 means training would
-start; otherwise every problem found is listed, one per line.
+token files, batch arithmetic) and prints the resolved run. Paddle is imported only for `continue_training` from
+a model directory: the model is built lazily to read the weights' names and shapes as `train` does.
+`--world_size N` resolves the run for rank 0 of an N-process launch instead of the launcher's environment, so a
+16-GPU file is checked by the same code on a laptop. Exit 0 means training would start; otherwise every problem
+found is listed, one per line.
 """
 from __future__ import annotations
 
@@ -72,21 +73,18 @@ def verified(spec, out=None) -> object | None:
 
 def pretrained_weights(spec) -> None:
     """`continue_training` from a directory (not a resume): its tensors' names, shapes and dtypes against the model
-    its config.json builds, through the name map `train` reads them by (`training.weight_source.WeightSource` over
-    a lazily built model: the files' headers only), so weights that do not belong to the config.json are check's
-    error, not train's after its start-up. Paddle is imported only for this."""
+    its config.json builds, read as `train` reads them (`training.run.check_pretrained`: the same opening over a
+    lazily built model; the files' headers, and the data of any tensor the model has no parameter for), so weights
+    that do not belong to the config.json are check's error, not train's after its start-up. Paddle is imported
+    only for this."""
     if spec.resume is not None or not spec.run.model.continue_training or spec.model_dir is None:
         return
     from pretrain_cli import runtime
-    from pretrain_cli.distributed.layout.materialize import InitSource
-    from pretrain_cli.models import build_model
-    from pretrain_cli.training.weight_source import WeightSource
 
-    paddle = runtime.import_paddle()
-    with paddle.LazyGuard():
-        model = build_model(spec.model_cfg, None, spec.run.moe)
-    init = InitSource(spec.model_cfg, spec.run.loop.seed)  # as train: multi-token prediction modules may be absent
-    WeightSource(spec.model_dir, model, "model directory", init).close()
+    runtime.import_paddle()  # (before training.run's imports reach Paddle: its environment set, its noise quiet)
+    from pretrain_cli.training.run import check_pretrained
+
+    check_pretrained(spec.run, spec.model_cfg, spec.model_dir)
 
 
 def checkpoint_warning(spec, on_this_host: bool) -> list[str]:

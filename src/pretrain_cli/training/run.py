@@ -192,17 +192,14 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     each rank then checks the checksums of the files it read (`DamagedCheckpoint` on every rank when any rank
     found one altered). Weights are read only into a lazily built model (`build_model`); an eagerly built one
     (the benchmark harness, tests) starts from its own values."""
-    from pretrain_cli.distributed.layout.materialize import InitSource, after_o2, pending
+    from pretrain_cli.distributed.layout.materialize import after_o2, pending
     from pretrain_cli.ops.kernels import select_step
 
     read = None
     weights = resume if resume is not None else pretrained
     if weights is not None and not any(pending(p) for p in model.parameters()):
         raise RuntimeError("lay_out reads weights into a lazily built model only (training.run.build_model)")
-    init = InitSource(model.config, run.loop.seed, runtime.threads())
-    # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
-    source = (WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
-                           None if resume is not None else init) if weights is not None else init)
+    source = open_weights(run, model, resume, pretrained)
     try:
         step_kernels = select_step(run.kernels, run.device)  # the fused multi-tensor AdamW where config chose it
         follow_micro_batching(run.parallel, run.loop)  # (a resume decided after the join can change it)
@@ -230,10 +227,35 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     return Layout(model, optimizer, amp, strategy, raw_model, resume_bytes_read=read)
 
 
-def build_model(run: RunConfig, model_cfg):
+def open_weights(run: RunConfig, model, resume=None, pretrained=None):
+    """Where `model`'s parameters come from: a `WeightSource` over the `resume` checkpoint or the `pretrained`
+    directory (its names, shapes and dtypes checked against the model's now, before any tensor is read), else
+    the initial values. `lay_out` places from it and `check` opens it (`check_pretrained`), so both read a
+    model directory by the same name map."""
+    from pretrain_cli.distributed.layout.materialize import InitSource
+
+    init = InitSource(model.config, run.loop.seed, runtime.threads())
+    weights = resume if resume is not None else pretrained
+    if weights is None:
+        return init
+    # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
+    return WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
+                        None if resume is not None else init)
+
+
+def check_pretrained(run: RunConfig, model_cfg, model_dir) -> None:
+    """`check`'s reading of `continue_training`'s `model_dir`: opened as `lay_out` opens it (`open_weights`) over
+    the model `build_model` builds, there with reference kernels. A mismatch is the `UserError` train would stop
+    with."""
+    open_weights(run, build_model(run, model_cfg, reference=True), pretrained=model_dir).close()
+
+
+def build_model(run: RunConfig, model_cfg, reference: bool = False):
     """The single-device model with the kernels the run asked for, built lazily (`paddle.LazyGuard`: names,
     shapes and dtypes, no storage): `lay_out` creates on each rank only what it holds (initialised, or read
-    from a checkpoint or `continue_training`'s pretrained weights)."""
+    from a checkpoint or `continue_training`'s pretrained weights). `reference`: Paddle's ops and no layout
+    entries instead, for a model that never runs (`check_pretrained`): its names and shapes are the same, and the
+    run's kernels would compile the fused CPU ones and the layout's want its process groups."""
     import paddle
 
     from pretrain_cli.distributed.comms.collectives import for_device
@@ -244,7 +266,8 @@ def build_model(run: RunConfig, model_cfg):
     paddle.seed(run.loop.seed)
     # the layout's kernels (context parallelism's ring, the semi-auto engine's local pieces, a MoE block's dispatch
     # and expert counts): chosen before the model exists, so no live layer is changed
-    table = build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device))
+    table = (kernels.Kernels() if reference
+             else build_kernels(kernels.select(run.kernels, run.device), run.parallel, for_device(run.device)))
     with paddle.LazyGuard():
         return build_causal_lm(model_cfg, table, run.moe)
 
