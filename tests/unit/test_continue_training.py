@@ -189,3 +189,24 @@ def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys,
     monkeypatch.setattr(cpu_ops, "load", load)
     assert cli_main(["check", args]) == 0
     assert "check: OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "header"])
+def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, damage):
+    """A shard the index names but the directory lacks, or one cut short, is the download's fault: one line saying
+    to download it again, not the checkpoint advice ("resume from another checkpoint") a model directory cannot
+    follow."""
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    shard = path / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(data[:len(data) // 2] if damage == "truncated" else data[:6])
+    with pytest.raises(UserError) as e:
+        prepare(_args(tmp_path, str(path)), [], Target())
+    line = str(e.value)
+    assert line.startswith(f"{shard}: ") and "\n" not in line and "checkpoint" not in line
+    assert {"missing": "missing, though model.safetensors.index.json names it", "truncated": "truncated (",
+            "header": "unreadable safetensors header"}[damage] in line
+    assert line.endswith("download it again, or point model_name_or_path to a complete directory")
