@@ -49,8 +49,10 @@ def install() -> None:
         self.pod.join()  # (finalize's own first step: the ranks are done, their logs complete)
         if usage_ended():
             job.wait_for_watchers(job.verdict_dir())  # (a watcher writes its line after its rank has ended)
-            if job.said_on_console(job.verdict_dir()):
-                while self.pod.logs():  # the first rank's log to its end: the error's line, which launch.sh omits
+            if job.said_on_console(job.verdict_dir()) and self.pod.containers:
+                # the first rank's log to its end (the error's line, which launch.sh omits): each call copies at most
+                # 1000 lines and says True while more may follow (Container.logs; Pod.logs says nothing)
+                while self.pod.containers[0].logs():
                     pass
         return finalize(self, exit)
 
