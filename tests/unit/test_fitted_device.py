@@ -54,3 +54,17 @@ def test_the_source_runs_checkpoint_of_another_model_is_not_resumed(tmp_path, ca
                      "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["resume_from_checkpoint"] == str(ckpt)
     assert f"resuming from {ckpt}" in capsys.readouterr().out
+
+
+def test_a_paddlenlp_checkpoint_in_the_source_output_dir_is_not_resumed(tmp_path, capsys):
+    """A PaddleNLP run's output_dir reused: its newest checkpoint-N is PaddleNLP's Trainer's, which `train` refuses to
+    resume; the fitted file starts over and the printed line says why."""
+    cfg, out = _cpu_moe_file(tmp_path), tmp_path / "fitted.json"
+    ckpt = tmp_path / "out" / "checkpoint-10"
+    ckpt.mkdir(parents=True)
+    for name in ("training_args.bin", "scheduler.pdparams", "trainer_state.json"):
+        (ckpt / name).write_bytes(b"{}")
+    assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
+                     "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
+    assert "resume_from_checkpoint" not in json.loads(out.read_text())
+    assert f"starting over ({ckpt}: PaddleNLP's Trainer wrote it, and train does not resume" in capsys.readouterr().out

@@ -68,8 +68,9 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
     checkpoint (a run that ran out of memory), the fitted file resumes from the newest one by name
     (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch. Not when
-    plan's command line changed the model or `max_seq_length` (a CPU try-out's file planned for a published model):
-    `train` would refuse that checkpoint, so the fitted run starts over and the printed line says why."""
+    plan's command line changed the model or `max_seq_length` (a CPU try-out's file planned for a published model),
+    nor when PaddleNLP's Trainer wrote it (a PaddleNLP run's output_dir): `train` would refuse that checkpoint, so
+    the fitted run starts over and the printed line says why."""
     from pretrain_cli import atomic, run_dir
     from pretrain_cli.config.parser import YAML_SUFFIXES, read_argument_file
 
@@ -100,12 +101,17 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
 
 
 def _another_run(args, ckpt) -> str | None:
-    """What makes checkpoint `ckpt` another model's or another sequence length's than the fitted run's (as `train`
-    would refuse it: `training.checkpoint.mismatch`), or None; None too when its config.json cannot be read, which
-    `train` names as it resumes."""
+    """What makes checkpoint `ckpt` one `train` would refuse to resume the fitted run from, or None: PaddleNLP's
+    Trainer wrote it (`storage.intact.paddlenlp_checkpoint`), or it is another model's or another sequence length's
+    (`training.checkpoint.mismatch`). None too when its config.json cannot be read, which `train` names as it
+    resumes."""
     from pretrain_cli.orchestration.opened import build_model_config
+    from pretrain_cli.storage.intact import paddlenlp_checkpoint
     from pretrain_cli.training.checkpoint import mismatch
 
+    if paddlenlp_checkpoint(ckpt):
+        return ("PaddleNLP's Trainer wrote it, and train does not resume PaddleNLP's checkpoints; its weights can "
+                "start a run: model_name_or_path: it, continue_training: true")
     model_cfg = build_model_config(args)[1]
     try:
         return mismatch(ckpt, model_cfg, args.get("max_seq_length"))
