@@ -113,6 +113,7 @@ def _run(argv: list[str], prog: str | None = None) -> int:
         hint = f"; did you mean `{close[0]}`?" if close else f"; commands: {', '.join(COMMANDS)}"
         raise UserError(f"unknown command {name!r}{hint}")
     parser, module, takes_config = build_parser(name, prog)
+    _misspelt_options(parser, tail, takes_config or getattr(module, "TAKES_RUN_OVERRIDES", False))
     if takes_config:
         config = tail[0] if tail and not tail[0].startswith("-") else None
         rest = tail[1:] if config is not None else tail
@@ -133,6 +134,29 @@ def _run(argv: list[str], prog: str | None = None) -> int:
 
         check_override_keys(overrides, parser.option_names())
     return int(module.main(ns) or 0)
+
+
+def _misspelt_options(parser: CommandParser, tail: list[str], takes_keys: bool) -> None:
+    """An unknown `--name` nearest one of the command's own options (`preprocess --input`, `--append-eos`), as
+    `config.parser` names one among the training keys, before argparse answers "the following arguments are
+    required: --input_path" or "unrecognized arguments" without the option meant. Training keys are left to the
+    checks after parsing; a command that takes them (`takes_keys`) weighs them as candidates too."""
+    import difflib
+
+    from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED
+
+    own = {o[2:].replace("-", "_"): o for o in parser.option_names()}
+    for token in tail:
+        typed = token.split("=", 1)[0]
+        key = typed[2:].replace("-", "_")
+        if not typed.startswith("--") or typed in own.values() or key in KEYS or key in ALIASES or key in IGNORED:
+            continue
+        names = [*own, *KEYS] if takes_keys else list(own)
+        begun = [name for name in names if name.startswith(key)]
+        close = begun if len(begun) == 1 else difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        if close and close[0] in own:
+            raise UserError(f"command line: unknown option `{typed}`; did you mean `{own[close[0]]}`?")
 
 
 def _no_training_keys(parser: CommandParser, overrides: list[str]) -> None:

@@ -94,6 +94,14 @@ def test_no_command_is_a_usage_error(capsys):
      "unknown option `--max_seq_lenght`; did you mean `--max_seq_length`?"),
     (["generate", "--model", "m", "--prompt", "hi", "--use_flash_atention", "0"],
      "unknown key `use_flash_atention`; did you mean `use_flash_attention`?"),  # a training key stays one
+    # before argparse's "the following arguments are required: --input_path" / "unrecognized arguments: --append-eos"
+    (["preprocess", "--input", "c.jsonl", "--output_prefix", "o", "--tokenizer", "t"],
+     "unknown option `--input`; did you mean `--input_path`?"),
+    (["preprocess", "--input_path", "c.jsonl", "--output_prefix", "o", "--tokenizer", "t", "--append-eos"],
+     "unknown option `--append-eos`; did you mean `--append_eos`?"),
+    (["train-tokenizer", "--input_path", "c.jsonl", "--output", "t", "--vocab_size", "300"],
+     "unknown option `--output`; did you mean `--output_dir`?"),
+    (["generate", "--model", "m", "--promt", "hi"], "unknown option `--promt`; did you mean `--prompt`?"),
 ])
 def test_did_you_mean_knows_the_commands_own_options(argv, suggestion, capsys):
     code, err = _cli(argv, capsys)
