@@ -4,6 +4,8 @@ which takes any exit of a rank of its host for a death and SIGKILLs its own rank
 import threading
 import time
 
+import pytest
+
 from pretrain_cli.distributed.comms.comm import Comm, NoComm
 from pretrain_cli.training import rank_exit
 from fake_store import FakeStore
@@ -77,6 +79,9 @@ def test_each_kind_of_end_leaves_its_one_way(monkeypatch):
     rank_exit.leave(NoComm(), rank_exit.End.DONE)
     rank_exit.leave(NoComm(), rank_exit.End.ALONE, ValueError("rank 1: its file is missing\nsecond line"))
     assert fake.calls == [("stop",), ("stop",), ("leave_alone", "rank 1: its file is missing")]
+    with pytest.raises(TypeError, match="kind must be an End, not 'done'"):
+        rank_exit.leave(NoComm(), "done")  # a string is no kind: loud, not taken for DONE
+    assert len(fake.calls) == 3
 
 
 def _finish_ending_with(monkeypatch, train):

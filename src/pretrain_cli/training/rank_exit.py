@@ -27,7 +27,7 @@ from pretrain_cli.distributed.launcher import watchdog
 
 
 class End(Enum):
-    """The kinds of end above: a caller names one of these, never a string, so `leave` has no unknown kind."""
+    """The kinds of end above: a caller names one of these, never a string (`leave` raises TypeError for any other)."""
     AGREED = "agreed"
     ALONE = "alone"
     DONE = "done"
@@ -41,8 +41,10 @@ def leave(comm, kind: End, error: BaseException | None = None) -> None:
     elif kind is End.ALONE:
         text = str(error).strip() if error is not None else ""
         watchdog.leave_alone(text.splitlines()[0] if text else type(error).__name__)
-    else:  # End.DONE
+    elif kind is End.DONE:
         watchdog.stop()
+    else:  # a string or another enum's member: no kind of end, and leaving by a guess could hang the other ranks
+        raise TypeError(f"rank_exit.leave: kind must be an End, not {kind!r}")
 
 
 def leave_together(comm) -> None:
