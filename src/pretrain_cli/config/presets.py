@@ -176,11 +176,17 @@ def has_tokenizer(path: Path) -> bool:
 SENTENCEPIECE = ("tokenizer.model", "sentencepiece.bpe.model")
 
 
+def sentencepiece_model(path) -> str | None:
+    """The name of the sentencepiece model directory `path` holds (`SENTENCEPIECE`, transformers' name first), or
+    None: what `no_tokenizer` and the tokenizer line of a run without one (`orchestration.prepare`) name."""
+    return next((f for f in SENTENCEPIECE if (Path(path) / f).is_file()), None)
+
+
 def no_tokenizer(key: str, name: str, local: Path) -> UserError:
     """The line for a directory without the tokenizer files read here. One with a sentencepiece model (Llama 2's,
     PaddleNLP's) gets transformers' conversion, which keeps its ids, where a new tokenizer would not fit the token
     files already made with it."""
-    sp = next((f for f in SENTENCEPIECE if (local / f).is_file()), None)
+    sp = sentencepiece_model(local)
     if sp is None:
         return UserError(f"{key}: {name} holds no tokenizer.json (or vocab.json + merges.txt); "
                          f"train one with `pretrain-cli train-tokenizer`")

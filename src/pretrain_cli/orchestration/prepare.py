@@ -114,9 +114,9 @@ class RunSpec:
     def _no_tokenizer(self) -> str:
         """The tokenizer line of a run without one; a model directory with only a sentencepiece model (Llama 2's,
         PaddleNLP's) says so, since eval and generate on the run's output will want its tokenizer.json."""
-        from pretrain_cli.config.presets import SENTENCEPIECE
+        from pretrain_cli.config.presets import sentencepiece_model
 
-        sp = next((f for f in SENTENCEPIECE if (Path(self.model_dir) / f).is_file()), None)
+        sp = sentencepiece_model(self.model_dir)
         return "none (checkpoints will carry no tokenizer files)" + (
             f"; {self.model_dir} holds a sentencepiece model ({sp}), which is not read: set tokenizer_name_or_path "
             f"to a directory with its tokenizer.json (docs/DATA.md, \"Tokenizers and transformers\")" if sp else "")
