@@ -17,8 +17,9 @@ lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()`
 Auto-resume (`newest`) takes the newest checkpoint without a problem, skipping each damaged one with one
 warning line; a checkpoint named by `resume_from_checkpoint` is checked the same way and refused with one
 line when damaged (orchestration.prepare). A checkpoint PaddleNLP's Trainer wrote is no damage: either way it is
-one line of its own (`paddlenlp_checkpoint`), no other checkpoint tried. `damage(ckpt, files=...)` checks a subset of the files: a rank that
-reads only some of them can verify just those, and an export only the weights' (`export_problem`).
+one line of its own (`paddlenlp_checkpoint`), no other checkpoint tried. `damage(ckpt, files=...)` checks a
+subset of the files: a rank that reads only some of them can verify just those, and an export only the weights'
+(`export_problem`).
 """
 from __future__ import annotations
 
@@ -199,7 +200,9 @@ def skipping(ckpt, reason: str) -> str:
 def newest(output_dir, checksums: bool = True, before: int | None = None) -> Path | None:
     """The newest `checkpoint-N` of `output_dir` (N < `before` when given) without a `problem` (None when there is
     none at all). A damaged one is skipped with one warning line; when every checkpoint is damaged, a UserError
-    (exit 2). `checksums` False checks presence and sizes only (each rank then checks the files it reads)."""
+    (exit 2). The first checkpoint PaddleNLP's Trainer wrote, met newest first, is a UserError with its own line
+    (`paddlenlp_checkpoint`) at once: older checkpoints are not tried. `checksums` False checks presence and sizes
+    only (each rank then checks the files it reads)."""
     import logging
 
     ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
