@@ -183,6 +183,11 @@ def test_eval_of_a_runs_test_split_says_when_its_own_count_repeats_samples(corpu
     assert json.loads(printed.out)["batches"] == 10 * eval_iters
     assert (f"note: the test split holds {held} samples: {10 * eval_iters} batches of 2 read {20 * eval_iters}, so "
             f"samples repeat; --max_batches {held // 2} reads each at most once\n") in printed.err
+    # a batch larger than the split: no --max_batches reads each once, a batch of the split's size does
+    assert cli_main(["eval", "--model", str(tmp_path / "out"), "--split", "test", "--batch_size", str(held + 1),
+                     "--max_batches", "1", "--json"]) == 0
+    assert (f"note: the test split holds {held} samples: 1 batch of {held + 1} read {held + 1}, so samples repeat; "
+            f"--batch_size {held} --max_batches 1 reads each once\n") in capsys.readouterr().err
 
 
 def test_inspect_data_resolves_a_run_on_its_data_ranks(corpus, tmp_path, capsys):

@@ -163,7 +163,8 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
               f"{count(batches, 'batch')} of {bs}", file=sys.stderr)
     held = len(spec.splits.get(ns.split))
     if batches * bs > held:  # the run's count too: its start-up note (the test split's: do_predict only) is in its log
-        once = f"; --max_batches {held // bs} reads each at most once" if held >= bs else ""
+        once = (f"; --max_batches {held // bs} reads each at most once" if held >= bs
+                else f"; --batch_size {held} --max_batches 1 reads each once" if held else "")  # (a batch > the split)
         print(f"note: the {ns.split} split holds {count(held, 'sample')}: {count(batches, 'batch')} of {bs} read "
               f"{batches * bs}, "
               f"so samples repeat{once}", file=sys.stderr)
