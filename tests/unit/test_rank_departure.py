@@ -6,35 +6,28 @@ that leaves as a rank leaving alone does (`departure.note`, then its exit)."""
 import json
 import os
 import signal
-import subprocess
-import sys
+
+from watched_rank_child import peer_pid, run
 
 RANK = r"""
-import json, os, subprocess, sys, time
-from pathlib import Path
-from pretrain_cli.distributed.launcher import departure, watchdog, watcher
-shared, verdicts, then = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+import json
+then, lock, holder = args[0], Path(args[1]), int(args[2]) or os.getpid()
 # (the forked watcher's copy) 1 s where the rank stays; where it ends by itself, more than any delay of a loaded host
 departure.GRACE = 1.0 if then == "stays" else 60.0
-peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(2)"], stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-lock, holder = Path(sys.argv[4]), int(sys.argv[5]) or os.getpid()
 lock.write_text(json.dumps({"pid": holder, "host": "h"}))  # as run_lock's: its holder's pid
-watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
+peer = watched(shared, verdicts, LEAVES)  # (its pid in a file: a line printed here reaches the log too)
 watchdog.holding(lock)
-# its pid for the test, in a file (a line printed here reaches the log too: tests/unit/test_watcher_lines.py)
-Path(sys.argv[1]).with_name("peer.pid").write_text(str(peer.pid))
 departure.note(shared, 1, "rank 1: its file is missing; put it back")  # rank 1 leaves alone, with its error
 peer.stdin.close()
 while peer.poll() is None:
     time.sleep(0.001)
 print("C++ Traceback: FatalError: Process abort signal", file=sys.stderr, flush=True)  # what gloo would add
-if then == "ends":  # its collective with the rank that left failed: it ends through its `finally`
-    time.sleep(0.2)
+if then == "ends":  # its collective with the rank that left failed: it ends through its `finally`, once its watcher
+    wait_followed(shared)  # has taken up the departure (ended before, it was seen gone too)
     lock.unlink()
     sys.exit(1)
-if then == "leaves":  # it leaves with an error of its own too: its watcher stopped first, its own line after
-    time.sleep(0.2)
+if then == "leaves":  # it leaves with an error of its own too, after its watcher took up rank 1's departure: its
+    wait_followed(shared)  # watcher stopped first, its own line after
     watchdog.leave_alone("rank 0: lost rank 1")
     print("error: rank 0: lost rank 1", flush=True)
     sys.exit(1)
@@ -44,17 +37,9 @@ print("still running", flush=True)
 
 
 def _rank(tmp_path, then: str, lock_pid: int = 0):
-    shared, verdicts, lock = tmp_path / "shared", tmp_path / "verdicts", tmp_path / "run.lock"
-    shared.mkdir()
-    verdicts.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", RANK, str(shared), str(verdicts), then, str(lock), str(lock_pid)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = p.communicate(timeout=60)
-    return p, out, verdicts, lock
-
-
-def _peer(tmp_path) -> str:
-    return (tmp_path / "peer.pid").read_text()
+    lock = tmp_path / "run.lock"
+    p, out = run(tmp_path, RANK, then, str(lock), str(lock_pid))
+    return p, out, tmp_path / "verdicts", lock
 
 
 LEFT = "[pretrain-cli] rank 0: rank 1 (pid {} on h) left with an error: rank 1: its file is missing; put it back; " \
@@ -63,7 +48,7 @@ LEFT = "[pretrain-cli] rank 0: rank 1 (pid {} on h) left with an error: rank 1: 
 
 def test_a_rank_that_ends_by_itself_after_a_departure_names_no_death(tmp_path):
     p, out, verdicts, lock = _rank(tmp_path, "ends")
-    peer = _peer(tmp_path)
+    peer = peer_pid(tmp_path)
     assert p.returncode == 1, out  # its own end, not its watcher's SIGKILL
     assert out.count(LEFT.format(peer)) == 1, out
     assert "died" not in out and "C++ Traceback" not in out, out  # written after the departure: dropped
@@ -75,7 +60,7 @@ def test_a_rank_that_ends_by_itself_after_a_departure_names_no_death(tmp_path):
 def test_a_rank_that_does_not_end_is_killed_after_the_grace_and_its_lock_removed(tmp_path):
     p, out, _, lock = _rank(tmp_path, "stays")
     assert p.returncode == -signal.SIGKILL and "still running" not in out, out
-    assert out.count(LEFT.format(_peer(tmp_path))) == 1 and "died" not in out, out
+    assert out.count(LEFT.format(peer_pid(tmp_path))) == 1 and "died" not in out, out
     assert not lock.exists()  # it never ran its `finally`: its watcher removed the lock it held
 
 

@@ -6,20 +6,13 @@ peer leaves or dies, and the rank writes the abort gloo would, so all of it is i
 again. A "rank" here is a plain Python process with a peer."""
 import json
 import signal
-import subprocess
-import sys
+
+from watched_rank_child import peer_pid, run
 
 RANK = r"""
-import os, signal, subprocess, sys, time
-from pathlib import Path
-from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import departure, watchdog, watcher
-shared, verdicts, loss, then = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+loss, then = args
 departure.GRACE = 60.0  # (the forked watcher's copy) more than any delay of a loaded host: the rank ends by itself
-peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(2)"],  # (or killed first)
-                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-watchdog._spawn(watcher.Watcher(0, {0: os.getpid(), 1: peer.pid}, "h", shared, verdicts, grace=5.0))
-Path(sys.argv[1]).with_name("peer.pid").write_text(str(peer.pid))
+peer = watched(shared, verdicts, LEAVES if loss == "departure" else SLEEPS)  # (a leaving peer, or one killed first)
 own = watchdog._WATCHER[0]
 while not (shared / "watcher.0").exists():  # its loop has begun (its pipe's ends set up: a copy of peer's stdin closed)
     time.sleep(0.001)
@@ -44,8 +37,8 @@ if then == "leaves":  # it leaves with an error of its own at once: its watcher 
     watchdog.leave_alone("rank 0: lost rank 1")
     print("error: rank 0: lost rank 1", flush=True)
     sys.exit(1)
-if then == "ends":  # its collective with the rank that left failed: it ends through its `finally`
-    time.sleep(0.2)
+if then == "ends":  # its collective with the rank that left failed: it ends through its `finally`, once its watcher
+    wait_followed(shared)  # has taken up the departure (ended before, it was seen gone too)
     sys.exit(1)
 time.sleep(30)  # stuck in a collective: its watcher kills it
 print("still running", flush=True)
@@ -53,13 +46,8 @@ print("still running", flush=True)
 
 
 def _rank(tmp_path, loss: str, then: str):
-    shared, verdicts = tmp_path / "shared", tmp_path / "verdicts"
-    shared.mkdir()
-    verdicts.mkdir()
-    p = subprocess.Popen([sys.executable, "-c", RANK, str(shared), str(verdicts), loss, then],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = p.communicate(timeout=60)
-    return p, out, (tmp_path / "peer.pid").read_text(), verdicts
+    p, out = run(tmp_path, RANK, loss, then)
+    return p, out, peer_pid(tmp_path), tmp_path / "verdicts"
 
 
 def _no_abort(out: str) -> bool:
@@ -101,3 +89,18 @@ def test_a_survivors_output_is_kept_up_to_its_first_line_of_the_abort():
     assert before_abort(out) == b"step 7: loss 2.5\nwarning: slow disk\n"
     assert before_abort(b"Traceback (most recent call last):\n  File x\n") == b""
     assert before_abort(b"step 8: loss 2.4\nstep 9: lo") == b"step 8: loss 2.4\nstep 9: lo"  # no abort: all of it
+
+
+def test_a_line_of_the_ranks_own_that_mentions_gloo_is_no_abort():
+    """Only a line that starts as the reaction does (leading blanks aside), or holds gloo's own forms, ends what is kept:
+    a bare "gloo" anywhere dropped a user's line (a corpus path) and every line after it."""
+    from pretrain_cli.distributed.launcher.watcher import before_abort
+
+    own = b"loading /data/gloo_corpus/part-0.bin\nstep 8: loss 2.4\nwarning: gloo process group 2 is slow\n"
+    assert before_abort(own) == own
+    assert before_abort(own + b"  C++ Traceback (most recent call last):\n") == own
+    timeout = b"RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:80] TIMEOUT self_rank\n"
+    assert before_abort(own + timeout) == own  # gloo's own error, as a rank's log showed it
+    assert before_abort(own + b"ValueError: [enforce fail at gloo/allreduce.cc:105] opts.elements > 0.\n") == own
+    assert before_abort(b"step 9\n  what():  [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error\n"
+                        ) == b"step 9\n"

@@ -36,9 +36,10 @@ host hung, the cause is a rank on another host: the line says so and points at t
 (`Watcher._lost`, docs/RELIABILITY.md).
 
 A watcher that ends while its rank runs (killed: `kill -9` of the wrong pid, an OOM killer's choice) is said once by
-its rank (`_watch_watcher`, a thread of the rank woken by the watcher's pidfd): the rank's output goes to its
-workerlog directly again (the watcher's pipe has no reader left: a write there fails), and one line says that training
-goes on unwatched. Ending a healthy run for it would lose the steps since the last checkpoint; the host's other ranks'
+its rank (`_watch_watcher`, a thread of the rank woken by the watcher's pidfd): what the watcher's pipe still holds is
+copied to the workerlog, the rank's output goes there directly again, and one line says that training goes on
+unwatched. The rank holds a close-on-exec copy of the pipe's read end meanwhile, so that a write between the death and
+the take-over waits in the pipe instead of failing (EPIPE: a lost line, a print that raises). Ending a healthy run for it would lose the steps since the last checkpoint; the host's other ranks'
 watchers, if any, still name a death or hang of any rank of the host in their own logs.
 
 A rank's part of a save is waited for by rank 0 in no collective (it polls the checkpoint's directory for the rank's
@@ -61,7 +62,8 @@ from pretrain_cli.distributed.launcher.watcher import Watcher
 from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
-_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir, rank) while one runs
+_WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd, shared dir, rank, the pipe's read
+# end kept by the rank) while one runs
 _LOCK = threading.Lock()  # who ends the watcher's part of `_WATCHER`: `stop`, or `_gone` after its death
 _OWNERS = None  # this rank's descriptor holding its shared lock on the watch directory (`tempdirs.watch_dir`)
 
@@ -126,10 +128,10 @@ def _spawn(watcher: Watcher) -> None:
         finally:
             watcher.announce(False)
             os._exit(0)
-    os.close(read_end)
     os.close(log)
     global _WATCHER
-    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared, watcher.me)
+    # read_end stays open here (close-on-exec, as os.pipe makes it): the pipe keeps a reader should the watcher die
+    _WATCHER = (child, os.dup(1), os.dup(2), watcher.shared, watcher.me, read_end)
     os.dup2(write_end, 1)
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -161,21 +163,28 @@ def _watch_watcher(child: int, poll: float = 1.0) -> None:
 
 
 def _gone(child: int) -> None:
-    """The watcher `child` ended while its rank runs (not by `stop`): the rank's output to its workerlog directly,
-    one line there; the host's watch directory stays this rank's for its notes (`leave_alone`, `stop_began`)."""
+    """The watcher `child` ended while its rank runs (not by `stop`): what its pipe holds, then the rank's output, to
+    the workerlog directly, one line there; the host's watch directory stays this rank's for its notes (`leave_alone`,
+    `stop_began`)."""
     global _WATCHER
     with _LOCK:
         if _WATCHER is None or _WATCHER[0] != child:  # stopped by its rank (`stop`): nothing gone
             return
-        _, out, err, shared, me = _WATCHER
-        _WATCHER = (None, None, None, shared, me)
+        _, out, err, shared, me, kept = _WATCHER
+        _WATCHER = (None, None, None, shared, me, None)
     from pretrain_cli import processes
+    from pretrain_cli.distributed.launcher.watcher import read_held
 
     status = None
     with contextlib.suppress(OSError):
         status = os.waitpid(child, 0)[1]
+    with contextlib.suppress(OSError):  # what the rank wrote since the watcher's last read: before the pipe goes
+        os.write(err, read_held(kept))
     os.dup2(out, 1)
     os.dup2(err, 2)
+    with contextlib.suppress(OSError):  # a write that raced the dup2 (it reached the pipe): copied too
+        os.write(2, read_held(kept))
+    os.close(kept)
     os.close(out)
     os.close(err)
     with contextlib.suppress(OSError):
@@ -192,7 +201,7 @@ def stop() -> None:
     with _LOCK:
         if _WATCHER is None:
             return
-        child, out, err, shared, _ = _WATCHER
+        child, out, err, shared, _, kept = _WATCHER
         _WATCHER = None
     if child is None:  # it ended before (`_gone`): the output goes to the workerlog already
         progress.close_record()
@@ -205,6 +214,7 @@ def stop() -> None:
     os.dup2(err, 2)
     os.close(out)
     os.close(err)
+    os.close(kept)  # (no write of the rank's goes to the pipe now: the watcher reads the rest)
     progress.close_record()
     with contextlib.suppress(OSError):
         os.kill(child, signal.SIGTERM)  # it passes on what is left in the pipe and exits (`_finish`)

@@ -37,20 +37,46 @@ HUNG = 124  # the exit code of a job ended because a rank made no progress (as t
 LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 
 
-ABORT = (b"terminate called", b"Traceback (most recent call last)", b"FatalError", b"Error Message Summary", b"gloo")
+# how a line of the reaction to a lost peer starts (leading blanks aside): gloo's C++ abort, Paddle's C++ and Python
+# tracebacks and their summary, a Python error raised by gloo (`RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`)
+ABORT = (b"terminate called", b"what():", b"C++ Traceback", b"Traceback (most recent call last)", b"FatalError",
+         b"Error Message Summary")
+# gloo's own forms, anywhere in a line: its C++ names, Paddle's gloo process group, gloo's enforce and source paths
+GLOO = (b"gloo::", b"process_group_gloo", b"[enforce fail at", b"/gloo/gloo/")
 
 
 def before_abort(out: bytes) -> bytes:
     """`out`, a survivor's output read when a peer's death or departure was seen, up to its first line of the
-    reaction to it (`ABORT`: gloo's abort, `terminate called ... gloo::IoException`; Paddle's `C++ Traceback ...
-    FatalError`; a Python traceback of the failed collective). Why: what the rank wrote before the loss (a step's
-    line, a warning) is its own and was lost with the rest, while the reaction, which may already be in the pipe when
-    the watcher looks (the peer's sockets close before its exit wakes the watcher), says nothing of who was lost."""
+    reaction to it (a line starting as `ABORT` says, or holding one of `GLOO`). Why: what the rank wrote before the
+    loss (a step's line, a warning) is its own and was lost with the rest, while the reaction, which may already be in
+    the pipe when the watcher looks (the peer's sockets close before its exit wakes the watcher), says nothing of who
+    was lost. Anchored: a line of the rank's own that merely mentions gloo (a path `/data/gloo_corpus`, an error of
+    ours about a gloo group) is no reaction, and dropping it dropped everything after it."""
     lines = out.splitlines(keepends=True)
     for n, line in enumerate(lines):
-        if any(mark in line for mark in ABORT):
+        if line.lstrip().startswith(ABORT) or any(mark in line for mark in GLOO):
             return b"".join(lines[:n])
     return out
+
+
+def read_held(pipe: int) -> bytes:
+    """What the pipe `pipe` holds now: as many bytes as its FIONREAD count says at the call, never more. Why: a rank
+    that keeps writing would keep a read to the pipe's end going, and the caller's next act (reading a dead rank's
+    exit status before Paddle's launcher reaps it, within a second) would wait for it."""
+    import array
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    fcntl.ioctl(pipe, termios.FIONREAD, count)
+    left, out = count[0], []
+    while left > 0:
+        chunk = os.read(pipe, left)
+        if not chunk:
+            break
+        out.append(chunk)
+        left -= len(chunk)
+    return b"".join(out)
 
 
 def exit_fds(ranks: dict) -> dict:
@@ -107,7 +133,7 @@ class Watcher:
                 continue
             # what its rank wrote until the loss was seen, read before anything is done about it (the departure's
             # and the death's handling drop what a survivor writes from then on)
-            pending = chunk + (self._read_available(pipe) if open_pipe else b"")
+            pending = chunk + (read_held(pipe) if open_pipe else b"")
             if self.me not in gone:
                 os.write(log, before_abort(pending))
             left = departure.announced(self.shared, gone)
@@ -130,7 +156,7 @@ class Watcher:
         deadline = time.monotonic() + SETTLE
         while time.monotonic() < deadline and self.evidence.decided() is None:
             if pipe is not None:
-                more = self._read_available(pipe)
+                more = read_held(pipe)
                 if self.me in gone:
                     last_words.append(more)
             self.evidence.observe(self.evidence.gone())
@@ -175,7 +201,7 @@ class Watcher:
         if self.me in culprits:  # its own output up to its death is the story (its error line, its traceback)
             os.write(log, b"".join(last_words))
             if pipe is not None:
-                os.write(log, self._read_available(pipe))
+                os.write(log, read_held(pipe))
             own = [cause["statuses"][culprits.index(self.me)]]
             self._pay(self._named({**cause, "ranks": [self.me], "statuses": own}))
         os.write(log, self._line(cause).encode())
@@ -332,18 +358,6 @@ class Watcher:
         todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
         return f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
-    @staticmethod
-    def _read_available(pipe: int) -> bytes:
-        import select
-
-        out = []
-        while select.select([pipe], [], [], 0)[0]:
-            chunk = os.read(pipe, 1 << 16)
-            if not chunk:
-                break
-            out.append(chunk)
-        return b"".join(out)
-
     def _drain(self, pipe: int, log: int | None) -> None:
         if log is not None:
-            os.write(log, self._read_available(pipe))
+            os.write(log, read_held(pipe))
