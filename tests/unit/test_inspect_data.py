@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -62,13 +63,19 @@ def test_decode_without_tokenizer_takes_the_one_the_sidecar_names(corpus, tmp_pa
     assert printed.out.rstrip("\n") == texts[3] + "[EOT]"
     assert printed.err == f"note: --decode: with {tok}, the tokenizer {d / 'c'}.json names as the one that made it\n"
     sidecar = json.loads((d / "c.json").read_text())
-    for name, path in (("other", str(make_tokenizer(tmp_path / "other", make_texts(50, seed=1)))),
-                       ("gone", str(tmp_path / "gone"))):
+    other = str(make_tokenizer(tmp_path / "other", make_texts(50, seed=1)))
+    for name, path, why in (("other", other, "but its files changed since (their sha256 is not the one {p}.json "
+                                             "records)"),
+                            ("gone", str(tmp_path / "gone"), f"which is not a directory from here ({os.getcwd()})"),
+                            ("none", None, None)):
         (tmp_path / f"c_{name}.json").write_text(json.dumps({**sidecar, "tokenizer": path}))
         for ext in (".bin", ".idx"):
             (tmp_path / f"c_{name}{ext}").write_bytes((d / f"c{ext}").read_bytes())
-        with pytest.raises(UserError, match=r"^--decode: needs --tokenizer DIR to turn ids back into text$"):
+        with pytest.raises(UserError) as e:
             _run(tmp_path / f"c_{name}", "--decode", 3)
+        p = tmp_path / f"c_{name}"  # the error says why the sidecar's tokenizer cannot be used, and how to go on
+        assert str(e.value) == "--decode: needs --tokenizer DIR to turn ids back into text" + (
+            f": {p}.json names {path} as the tokenizer that made it, {why.format(p=p)}" if why else "")
 
 
 def test_step_view_matches_loader(corpus, capsys):

@@ -129,23 +129,27 @@ def _step(ns, tok) -> int:
 
 
 def _made_with(prefix: str):
-    """The tokenizer the files' sidecar names as the one preprocess made them with, if it is there unchanged (its
-    sha256), with a note: --decode of a file preprocess wrote needs no --tokenizer. Else None."""
+    """(the tokenizer the files' sidecar names as the one preprocess made them with, if it is there unchanged (its
+    sha256), with a note: --decode of a file preprocess wrote needs no --tokenizer; else None, why it cannot be used
+    ("" when the sidecar names none))."""
     from pretrain_cli.data.indexed import read_sidecar
     from pretrain_cli.data.tokenizer import load_tokenizer
 
     meta = read_sidecar(prefix) or {}
     path = meta.get("tokenizer")
-    if not isinstance(path, str) or not os.path.isdir(path):
-        return None
+    named = f"{prefix}.json names {path} as the tokenizer that made it"
+    if not isinstance(path, str):
+        return None, ""
+    if not os.path.isdir(path):
+        return None, f"{named}, which is not a directory from here ({os.getcwd()})"
     try:
         tok = load_tokenizer(path)
-    except UserError:
-        return None
+    except UserError as e:
+        return None, f"{named}, which does not load ({e})"
     if tok.sha256 != meta.get("tokenizer_sha256"):
-        return None
+        return None, f"{named}, but its files changed since (their sha256 is not the one {prefix}.json records)"
     print(f"note: --decode: with {path}, the tokenizer {prefix}.json names as the one that made it", file=sys.stderr)
-    return tok
+    return tok, ""
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -166,9 +170,11 @@ def main(ns: argparse.Namespace) -> int:
     ds = open_token_file(ns.prefix)
     check_ids([ds], tok, ns.tokenizer)
     if ns.decode is not None:
-        tok = tok or _made_with(ds.prefix)
+        why = ""
         if tok is None:
-            raise UserError("--decode: needs --tokenizer DIR to turn ids back into text")
+            tok, why = _made_with(ds.prefix)
+        if tok is None:
+            raise UserError("--decode: needs --tokenizer DIR to turn ids back into text" + (f": {why}" if why else ""))
         if not 0 <= ns.decode < ds.num_documents:
             raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has {count(ds.num_documents, 'document')}")
         a, b = int(ds.doc_idx[ns.decode]), int(ds.doc_idx[ns.decode + 1])
