@@ -3,14 +3,11 @@ noise of Paddle's launcher after it, and exits 2 (`distributed.launcher.failure_
 typo'd key (which every rank finds) was on the console three times: rank 0's copy, the launcher's tail of the failed
 rank's log after `LAUNCH ERROR ... Container failed !!!`, and launch.sh's `rank 1 ended the job: ...`."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from launched_jobs import launch_sh
 
 
 @pytest.mark.parametrize("key, value, line", [
@@ -22,11 +19,9 @@ def test_a_usage_error_of_every_rank_is_one_line_on_the_console_and_exit_2(tmp_p
            "max_seq_length": 32, "per_device_train_batch_size": 2, "max_steps": 3, "do_train": True,
            "report_to": ["none"], key: value}
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LOG_DIR", "MAX_RESTART"))}
-    env.update(PYTHON=sys.executable, NPROC="2", OMP_NUM_THREADS="1")
-    p = subprocess.run(["bash", str(REPO / "scripts" / "launch.sh"), "cfg.json"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=180)
-    console = p.stdout + p.stderr
+    with launch_sh(Path("cfg.json"), tmp_path, NPROC="2") as job:  # (killed with all it started, however it ends)
+        out, err = job.proc.communicate(timeout=180)
+    p, console = job.proc, out + err
     logs = [(tmp_path / "out" / "log" / f"workerlog.{n}").read_text() for n in (0, 1)]
     assert p.returncode == 2, console[-3000:]  # as one process exits
     assert console.count(line.removeprefix("error: ").split(";")[0]) == 1, console[-3000:]
