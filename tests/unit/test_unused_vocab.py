@@ -26,7 +26,30 @@ def test_a_preset_vocabulary_mostly_out_of_the_tokenizers_reach_is_noted_with_th
     assert _notes(tmp_path) == [
         f"vocab_size: the model has 151,936 rows, its tokenizer 300 tokens: {rows / 1e6:.1f} M parameters "
         f"({rows / total:.0%} of the model) that no token id reaches, trained, saved and in the head's softmax; "
-        f"--vocab_size 300 builds the model to the tokenizer's size"]
+        f"--vocab_size 384 builds the model to the tokenizer's size rounded up to a multiple of 128"]
+
+
+def test_the_size_named_is_the_tokenizers_rounded_up_to_128_per_tensor_parallel_slice():
+    """An unpadded size (300) gives the head ragged matmul tiles, and one tensor_parallel_degree does not divide
+    cannot be split: the note names 128 x tp's next multiple, and none when that is no smaller than the model."""
+    from types import SimpleNamespace as NS
+
+    from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.orchestration.opened import unused_vocab
+
+    cfg = ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+
+    def note(tokens, tp):
+        args = NS(model=NS(continue_training=False, vocab_size=None), training=NS(tensor_parallel_degree=tp))
+        return [n.split("; ")[-1] for n in unused_vocab(args, cfg, NS(vocab_size=tokens))]
+
+    assert note(300, 1) == ["--vocab_size 384 builds the model to the tokenizer's size rounded up to a multiple of 128"]
+    assert note(300, 4) == ["--vocab_size 512 builds the model to the tokenizer's size rounded up to a multiple of "
+                            "128 x tensor_parallel_degree 4 = 512"]
+    assert note(1024, 2) == ["--vocab_size 1024 builds the model to the tokenizer's size rounded up to a multiple of "
+                             "128 x tensor_parallel_degree 2 = 256"]
+    assert note(1900, 32) == []  # 4096, the model's own size
 
 
 def test_a_vocab_size_the_user_set_is_not_noted(tmp_path):

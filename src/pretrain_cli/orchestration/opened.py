@@ -109,9 +109,15 @@ def unused_vocab(args: Arguments, model_cfg, tokenizer) -> list[str]:
     """A note when most of a new model's vocabulary is rows no token id reaches: a preset's 151,936 with an 8,192-token
     tokenizer of one's own are 147 M of Qwen3-0.6B's parameters trained, saved and in every softmax for nothing. Not
     for pretrained weights (their vocabulary is theirs), a vocab_size the user set, or a vocabulary padded past its
-    tokenizer (Qwen's 151,665 tokens in 151,936 rows): only a model at least twice its tokenizer's size."""
+    tokenizer (Qwen's 151,665 tokens in 151,936 rows): only a model at least twice its tokenizer's size. The size
+    it names is the tokenizer's rounded up to a multiple of 128 x tensor_parallel_degree, as Megatron pads a
+    vocabulary: whole 128-row tiles for the head's matmul on each tensor-parallel slice."""
     have, used = model_cfg.vocab_size, tokenizer.vocab_size
     if args.model.continue_training or args.model.vocab_size or have < 2 * used:
+        return []
+    tp = max(1, int(args.training.tensor_parallel_degree or 1))
+    fit = -(-used // (128 * tp)) * 128 * tp  # the tokenizer's size, rounded up
+    if fit >= have:  # the padding asked for is no smaller than what the model has
         return []
     from pretrain_cli.models.flops import param_counts
 
@@ -119,7 +125,8 @@ def unused_vocab(args: Arguments, model_cfg, tokenizer) -> list[str]:
     share = rows / param_counts(model_cfg)["total"]
     return [f"vocab_size: the model has {have:,} rows, its tokenizer {used:,} tokens: {rows / 1e6:.1f} M parameters "
             f"({share:.0%} of the model) that no token id reaches, trained, saved and in the head's softmax; "
-            f"--vocab_size {used} builds the model to the tokenizer's size"]
+            f"--vocab_size {fit} builds the model to the tokenizer's size rounded up to a multiple of "
+            f"{f'128 x tensor_parallel_degree {tp} = {128 * tp}' if tp > 1 else '128'}"]
 
 
 def tokenizer_ids(model_cfg, tokenizer) -> tuple[object, list[str]]:
