@@ -12,7 +12,7 @@ from launched_jobs import launch_sh
 
 @pytest.mark.parametrize("key, value, line", [
     ("learnig_rate", 0.1, "error: cfg.json: unknown key `learnig_rate`; did you mean `learning_rate`?"),
-    ("input_dir", "nodata", "error: nodata: no token files"),
+    ("input_dir", "nodata", "error: input_dir: nodata: no token files"),
 ])
 def test_a_usage_error_of_every_rank_is_one_line_on_the_console_and_exit_2(tmp_path, key, value, line):
     cfg = {"model_name_or_path": "micro-qwen2", "device": "cpu", "input_dir": "data", "output_dir": "out",

@@ -88,7 +88,7 @@ def test_check_lists_every_problem_in_one_run(tmp_path):
     assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), lines
     assert lines[0].startswith("error: split: '100,0,0' gives the valid split a share of 0")
     assert lines[1].startswith("error: tokenizer_name_or_path: './tok'") and "train-tokenizer" in lines[1]
-    assert lines[2].startswith("error: ./data: no token files") and "pretrain-cli preprocess" in lines[2]
+    assert lines[2].startswith("error: input_dir: ./data: no token files") and "pretrain-cli preprocess" in lines[2]
 
 
 def _big_corpus(root: Path) -> None:

@@ -24,7 +24,7 @@ def idx_header(d: Path):
 
 
 def t_missing_prefix(d):
-    return cfg(d, input_dir="data/nothere"), ["data/nothere", "no token files"]
+    return cfg(d, input_dir="data/nothere"), ["input_dir: data/nothere", "no token files"]
 def t_empty_dir(d):
     (d / "empty").mkdir()
     return cfg(d, input_dir="empty"), ["input_dir", "empty", "no .idx"]

@@ -157,7 +157,8 @@ def test_a_directory_where_a_prefix_belongs_names_the_prefixes_inside(tmp_path):
     blend = f"0.7 {tmp_path / 'web'} 0.3 {tmp_path / 'web' / 'a'}"
     with pytest.raises(UserError) as e:
         build_datasets(blend, "1", 2, 1, need=("train",))
-    assert str(e.value) == (f"{tmp_path / 'web'}: is a directory, not a token file prefix; name its token files by "
+    assert str(e.value) == (f"input_dir: {tmp_path / 'web'}: is a directory, not a token file prefix; name its "
+                            f"token files by "
                             f"their prefix ({tmp_path / 'web' / 'a'})")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="empty: is a directory, not a token file prefix; it holds no .bin/.idx pair"):

@@ -116,7 +116,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
         special = special_ids(tokenizer, getattr(tokenizer, "path", "tokenizer"))
     sources = []
     for weight, prefix in parse_input_dir(input_dir):
-        src = open_token_file(prefix)
+        src = open_token_file(prefix, key="input_dir")
         if vocab_size is not None:
             check_token_ids(src, vocab_size, fix=_vocabulary_fix(src, tokenizer))
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,

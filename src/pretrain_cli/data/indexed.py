@@ -251,8 +251,20 @@ def _open_legacy(prefix: str) -> IndexedDataset:
     return IndexedDataset(prefix, lens, pointers.astype(np.int64), docs, data, _open_lsm(prefix, total), "legacy")
 
 
-def open_token_file(path: str | os.PathLike) -> IndexedDataset:
-    """Open `<prefix>` (legacy pair first, as PaddleNLP does, then MMIDIDX)."""
+def open_token_file(path: str | os.PathLike, key: str | None = None) -> IndexedDataset:
+    """Open `<prefix>` (legacy pair first, as PaddleNLP does, then MMIDIDX). `key`: the argument that named it
+    (`input_dir`), put first in an error line, since the user edits the key, not the file."""
+    if key is None:
+        return _open_token_file(path)
+    try:
+        return _open_token_file(path)
+    except UserError as e:
+        if type(e) is not UserError:
+            raise
+        raise UserError(f"{key}: {e}") from None
+
+
+def _open_token_file(path: str | os.PathLike) -> IndexedDataset:
     prefix = strip_prefix(path)
     if os.path.exists(prefix + "_ids.npy") and os.path.exists(prefix + "_idx.npz"):
         return _open_legacy(prefix)

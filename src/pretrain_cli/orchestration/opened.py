@@ -168,7 +168,7 @@ def open_token_files(input_dir: str) -> None:
     from pretrain_cli.data.blend import parse_input_dir
 
     for _, prefix in parse_input_dir(input_dir):
-        open_token_file(prefix)
+        open_token_file(prefix, key="input_dir")
 
 
 def check_output_dir(output_dir: str) -> Path:
