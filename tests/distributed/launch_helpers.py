@@ -94,6 +94,14 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return ranks[0] if ranks else None
 
 
+def watcher_pid(marker: str, rank: int) -> int | None:
+    """The pid of training rank `rank`'s watcher (`distributed.launcher.watchdog`): a fork of the rank, with its
+    command line and environment, whose parent is the rank (`rank_pid`)."""
+    parent = rank_pid(marker, rank)
+    found = [pid for pid, (r, ppid, trains) in job_pids(marker).items() if r == rank and trains and ppid == parent]
+    return found[0] if found else None
+
+
 def child_env() -> dict:
     env = dict(os.environ)
     env.pop("PADDLE_TRAINER_ID", None)
