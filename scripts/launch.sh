@@ -5,8 +5,9 @@
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=0 scripts/launch.sh cfg.json   # on the master node
 #   MASTER=10.0.0.1:8090 NNODES=2 NODE_RANK=1 scripts/launch.sh cfg.json   # on the other node
 #
-# Env: DEVICES (GPU ids, default: all visible; without a usable GPU one line says NPROC decides), NPROC (CPU processes per node, default 1:
-#      with the fused CPU kernels one process using every core is the fastest layout, docs/PERFORMANCE.md), MASTER, NNODES,
+# Env: DEVICES (GPU ids, default: all visible; without a usable GPU one line says NPROC decides), NPROC (CPU
+#      processes per node, default 1: with the fused CPU kernels one process using every core is the fastest layout,
+#      docs/PERFORMANCE.md), MASTER, NNODES,
 #      NODE_RANK (0 on the node that hosts MASTER: its port must be free), PYTHON,
 #      LOG_DIR (the launcher's workerlog.N files; default <output_dir>/log, output_dir from --output_dir or the file,
 #      JSON or YAML;
@@ -106,13 +107,15 @@ except OSError:
 sys.exit(1)
 PYEOF
     then
-      echo "launch.sh: --master port ${port} is already in use on this node (${MASTER}); stop the process that holds it or pick another MASTER port" >&2
+      echo "launch.sh: --master port ${port} is already in use on this node (${MASTER}); stop the process that" \
+           "holds it or pick another MASTER port" >&2
       exit 2
     fi
   fi
 fi
 
-if "$PY" -c "import paddle, sys; sys.exit(0 if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else 1)" 2>/dev/null; then
+if "$PY" -c "import paddle, sys
+sys.exit(0 if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0 else 1)" 2>/dev/null; then
   if [ -z "${DEVICES:-}" ]; then
     n=$("$PY" -c "import paddle; print(paddle.device.cuda.device_count())" 2>/dev/null)
     DEVICES=$(seq -s, 0 $((n - 1)))
@@ -122,7 +125,7 @@ else
   # CPU: `--devices` fails on CPU. One process per node: with the fused CPU kernels it uses every core and
   # beats one process per core; the math environment (threads, MKL's code path on AMD) is set by runtime.setup_env.
   if [ -n "${DEVICES:-}" ]; then  # GPU ids asked for here run NPROC CPU processes, not one per id: said
-    echo "launch.sh: DEVICES=${DEVICES} names GPUs, which this Paddle cannot use (no GPU build, or no GPU visible):" \
+    echo "launch.sh: DEVICES=${DEVICES} names GPUs, but there is no usable GPU (or Paddle failed to import):" \
          "running NPROC=${NPROC:-1} CPU process(es); NPROC sets how many" >&2
   fi
   args+=(--nproc_per_node "${NPROC:-1}")
@@ -153,6 +156,7 @@ while true; do
   # In the background, so that a signal's trap runs while the job runs (with SIGINT not ignored, stdin kept)
   ( trap - INT TERM; exec "${cmd[@]}" ${extra[@]+"${extra[@]}"} ) <&0 &
   launcher=$!
+  export PRETRAIN_CLI_STOP_NOTE_SAID=1  # (STOP_TIMEOUT=0's note: said by the first launcher only, stopping.py)
   while true; do
     rc=0
     wait "$launcher" || rc=$?
@@ -185,5 +189,6 @@ while true; do
   fi
   attempt=$((attempt + 1))
   extra=(--overwrite_output_dir false)
-  echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, resuming from the newest checkpoint" >&2
+  echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, resuming from the newest" \
+       "checkpoint" >&2
 done

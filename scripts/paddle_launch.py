@@ -148,8 +148,9 @@ if __name__ == "__main__":
         except ValueError as e:
             print(e, file=sys.stderr)
             sys.exit(2)
-        if stopping.unlimited(stop_limit):  # (0: the deadline at this launcher's death is said, not no limit)
-            print(stopping.unlimited(stop_limit), file=sys.stderr, flush=True)
+        note = stopping.start_note(stop_limit)  # (0: the deadline at this launcher's death is said, once a job)
+        if note:
+            print(note, file=sys.stderr, flush=True)
         stops = Stops()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         stops.start()

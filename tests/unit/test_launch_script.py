@@ -46,7 +46,7 @@ def test_gpu_ids_on_a_cpu_machine_are_said_to_run_nproc_processes(tmp_path):
     """DEVICES=0,1 (a GPU user's habit) on a machine whose Paddle has no GPU: one line says NPROC decides."""
     cmd = _launch(tmp_path, DEVICES="0,1")
     assert cmd[cmd.index("--nproc_per_node") + 1] == "1" and "--devices" not in cmd
-    assert ("launch.sh: DEVICES=0,1 names GPUs, which this Paddle cannot use (no GPU build, or no GPU visible): "
+    assert ("launch.sh: DEVICES=0,1 names GPUs, but there is no usable GPU (or Paddle failed to import): "
             "running NPROC=1 CPU process(es); NPROC sets how many") in (tmp_path / "stderr.txt").read_text()
 
 

@@ -34,6 +34,7 @@ ENV = "STOP_TIMEOUT"
 # hang_timeout (300 s a step, 600 s a save: distributed.launcher.progress.allowance) before they call a rank hung
 DEFAULT = 900
 LIMIT_ENV = "PRETRAIN_CLI_STOP_LIMIT"  # the seconds scripts/paddle_launch.py gives its ranks' stop (0: no limit)
+SAID_ENV = "PRETRAIN_CLI_STOP_NOTE_SAID"  # set by launch.sh once its job's first launcher has started (`start_note`)
 PADDLE = 30  # Paddle 3.3.1's launcher run directly: `pod.stop(timeout=30)`, then SIGKILL
 _BEGAN: list = []  # when this rank's stop began (wall time), once `began`
 
@@ -59,6 +60,13 @@ def unlimited(limit: int) -> str | None:
     return (f"launch.sh: {ENV}=0: a stop by signal waits for the ranks however long they take to save; should the "
             f"launcher die (launch.sh killed with its process group, a hang-up), each rank still ends itself "
             f"{DEFAULT} s after that, saved or not: give {ENV} the seconds to set both")
+
+
+def start_note(limit: int, environ=os.environ) -> str | None:
+    """`unlimited`'s line at the launcher's start, unless an earlier launcher of the same launch.sh said it: launch.sh
+    starts one again after a failed rendezvous (up to 3 times) and for each MAX_RESTART restart, with `SAID_ENV` set;
+    the line, the same each time, is said once a job."""
+    return None if environ.get(SAID_ENV) else unlimited(limit)
 
 
 def install(limit: int) -> None:
