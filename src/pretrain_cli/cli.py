@@ -146,11 +146,12 @@ def _misspelt_options(parser: CommandParser, tail: list[str], takes_keys: bool) 
     from pretrain_cli.config.keys import KEYS
     from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED
 
-    own = {o[2:].replace("-", "_"): o for o in parser.option_names()}
+    spelt = parser.option_names()  # every spelling the command takes (`--list-models` and `--list_models`)
+    own = {o[2:].replace("-", "_"): o for o in spelt}
     for token in tail:
         typed = token.split("=", 1)[0]
         key = typed[2:].replace("-", "_")
-        if not typed.startswith("--") or typed in own.values() or key in KEYS or key in ALIASES or key in IGNORED:
+        if not typed.startswith("--") or typed in spelt or key in KEYS or key in ALIASES or key in IGNORED:
             continue
         names = [*own, *KEYS] if takes_keys else list(own)
         begun = [name for name in names if name.startswith(key)]
