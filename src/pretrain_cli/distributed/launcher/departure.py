@@ -52,12 +52,10 @@ def announced(shared: Path, gone: set) -> dict:
 def follow(w, left: dict, pipe: int | None, log: int) -> None:
     """The watcher `w` (a `watcher.Watcher`) after the ranks of `left` left with their errors: its rank ends by
     itself within `GRACE` s (else SIGKILL), its output meanwhile dropped; one line in its log, a "peer" record."""
-    from pretrain_cli.distributed.launcher.watcher import read_held
-
     deadline = time.monotonic() + GRACE
     while not w.stopping and processes.alive(w.parent) and time.monotonic() < deadline:
         if pipe is not None:
-            read_held(pipe)  # dropped: the consequence of the departure, not news
+            w.read_held(pipe)  # dropped: the consequence of the departure, not news
         time.sleep(POLL)
     if w.stopping:  # its rank stopped this watcher: it leaves on purpose too, with its own lines
         return w._finish()

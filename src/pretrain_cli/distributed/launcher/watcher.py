@@ -358,6 +358,8 @@ class Watcher:
         todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
         return f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
+    read_held = staticmethod(read_held)  # (for `departure.follow`, which cannot import this module: a circle)
+
     def _drain(self, pipe: int, log: int | None) -> None:
         if log is not None:
             os.write(log, read_held(pipe))
