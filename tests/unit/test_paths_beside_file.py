@@ -48,11 +48,19 @@ def test_a_file_in_a_subdirectory_or_a_runs_record_names_the_directory_above(pro
         assert e.value.lines[-1].endswith(f"are found from {project}: run from there, or give absolute paths")
 
 
-def test_a_path_missing_beside_the_file_too_gets_no_such_line(project, tmp_path, monkeypatch):
+def test_a_command_line_path_and_a_path_missing_beside_the_file_too_get_no_such_line(project, tmp_path, monkeypatch):
+    """A path given on the command line is the current directory's: ./tok beside the file (whole there) is not named
+    as found from there; a path missing beside the file too gets no such line either."""
     monkeypatch.chdir(tmp_path)
+    command_line = ["--tokenizer_name_or_path", "./tok"]
+    with pytest.raises(UserError) as e:
+        prepare(str(project / "cfg.json"), command_line, Target())
+    assert e.value.lines[-1] == (
+        f"{project / 'cfg.json'}: input_dir is read from the current directory ({tmp_path}), and is found from "
+        f"{project}: run from there, or give absolute paths")
     for part in project.glob("data.*"):  # (write_tokens's prefix: data.bin/.idx)
         part.unlink()
-    (project / "tok" / "tokenizer.json").unlink()
     with pytest.raises(UserError) as e:
-        prepare(str(project / "cfg.json"), ["--tokenizer_name_or_path", "./tok"], Target())
-    assert not any("beside the file" in line for line in e.value.lines)  # (a command-line path is the cwd's)
+        prepare(str(project / "cfg.json"), command_line, Target())
+    assert e.value.lines[0].startswith("tokenizer_name_or_path: './tok' is neither"), e.value.lines
+    assert not any("found from" in line for line in e.value.lines), e.value.lines
