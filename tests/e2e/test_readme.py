@@ -14,7 +14,6 @@ from e2e_helpers import REPO, bash_commands, demo_root
 from pretrain_cli.cli import main as cli_main
 
 
-
 def readme_commands() -> list[list[str]]:
     return bash_commands(REPO / "README.md")
 

@@ -117,7 +117,6 @@ def test_prose_figure_is_what_its_command_prints(pieces, field, figure, tmp_path
     assert (f"{round(value):,}" if field.endswith(SPEED) else f"{value:.2f}") == figure
 
 
-
 def test_memory_model_figures_the_report_does_not_print(tmp_path, monkeypatch):
     """DeepSeek-V3's MTP share part by part (the 256-H100 block's plan less it without the module, `plan.mtp_share`)
     and its first two stages' activations at pp 16: PLAN.md's prose quotes them beside the plan they come from."""
