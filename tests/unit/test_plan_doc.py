@@ -88,6 +88,12 @@ Q30 = ("pretrain-cli plan pretrain_argument.json --model_name_or_path Qwen/Qwen3
        "--sharding stage1 --max_seq_length 65536 --device H100 --gpus 16 --fit")
 SPEED, Q32 = "speed.tokens_per_sec", "--max_seq_length 32768 --gpus 8"
 P2E8 = "--pipeline_parallel_degree 2 --expert_parallel_degree 8 --gradient_accumulation_steps 32 --recompute true"
+Q30_FIT = ("pretrain-cli plan pretrain_argument.json --model_name_or_path Qwen/Qwen3-30B-A3B "
+           "--tensor_parallel_degree 1 --sharding stage1 --device H100 --gpus 16 --fit")
+Q235_FIT = Q30_FIT.replace("Qwen3-30B-A3B", "Qwen3-235B-A22B").replace("--gpus 16", "--gpus 64")
+V3 = ("pretrain-cli plan pretrain_argument.json --model_name_or_path deepseek-ai/DeepSeek-V3 "
+      "--tensor_parallel_degree 1 --sharding \"\" --pipeline_parallel_degree 16")
+V3_EP8, V3_PP16 = V3 + " --expert_parallel_degree 8 --device H100 --gpus 256", V3 + " --device H100 --gpus 16"
 PROSE = [  # (the pieces of a command PLAN.md's prose gives, in order, the --json field it quotes, the figure)
     ((L70,), "after." + SPEED, "12,069"), ((L8,), "after." + SPEED, "9,379"),
     ((L70, "--tensor_parallel_degree 8 --pipeline_parallel_degree 2 --sequence_parallel true "
@@ -100,7 +106,13 @@ PROSE = [  # (the pieces of a command PLAN.md's prose gives, in order, the --jso
     ((Q30, P2E8), "before.memory_gib", "62.23"), ((Q30, P2E8), "before." + SPEED, "25,679"),
     ((Q30, Q32), "smallest.memory_gib", "74.22"),  # a field of no --fit part ("memory_gib"): run without --fit
     ((Q30, Q32, "--pipeline_parallel_degree 4 --context_parallel_degree 2 --gradient_accumulation_steps 128 "
-      "--recompute true"), "memory_gib", "87.27")]
+      "--recompute true"), "memory_gib", "87.27"),
+    # the pipeline's last stage setting the step (MoE worked examples), and the DeepSeek-V3 figures beside commands
+    ((Q30_FIT, "--pipeline_parallel_degree 16 --gradient_accumulation_steps 256"), "before." + SPEED, "108,117"),
+    ((Q235_FIT, "--pipeline_parallel_degree 32 --expert_parallel_degree 2 --gradient_accumulation_steps 512 "
+      "--recompute true"), "before." + SPEED, "85,036"),
+    ((V3_EP8,), "traffic_gb_per_step.dp", "16.55"),
+    ((V3_PP16,), "mtp.memory_gib", "201.36"), ((V3_PP16,), "memory_gib", "892.59")]
 
 
 @pytest.mark.parametrize("pieces,field,figure", PROSE, ids=[f"{x[1]}={x[2]}" for x in PROSE])
@@ -140,5 +152,23 @@ def test_memory_model_figures_the_report_does_not_print(tmp_path, monkeypatch):
            *(stage["activations"] / g for stage in memory.pipeline_stages(pp16)[:2])]
     figures = [f"{x:.2f}" for x in [*gib, (own + experts) / 1e9, own / 1e9, experts * 64 / 1e9]]
     assert figures == ["8.25", "3.86", "1.97", "0.70", "3.51", "77.37", "163.49", "0.51", "0.34", "11.27"]
+    text = " ".join((REPO / "docs" / "PLAN.md").read_text(encoding="utf-8").split())
+    assert all(f in text for f in figures)
+
+
+def test_the_v3_files_first_stage_the_report_does_not_print(tmp_path, monkeypatch):
+    """PaddleNLP's DeepSeek-V3 file at pp 2 on 8 H100: the report prints its fullest stage, the last; PLAN.md's prose
+    quotes the first stage's total and activations too (`memory.pipeline_stages`), which it does not print."""
+    from pretrain_cli.orchestration.planned import from_file
+    from pretrain_cli.planning import memory, plan as planning
+
+    seen, share = [], planning.mtp_share
+    monkeypatch.setattr(planning, "mtp_share", lambda setup, *a: seen.append(setup) or share(setup, *a))
+    _checkout(tmp_path, monkeypatch)
+    from_file("deepseek_v3_pretrain_argument.json", [], "H100", 8, suggest_changes=False)
+    first, last = memory.pipeline_stages(seen[0])
+    g = memory.GIB
+    figures = [f"{sum(first.values()) / g:,.2f}", f"{first['activations'] / g:.2f}", f"{sum(last.values()) / g:,.2f}"]
+    assert figures == ["1,572.43", "260.85", "1,582.48"]
     text = " ".join((REPO / "docs" / "PLAN.md").read_text(encoding="utf-8").split())
     assert all(f in text for f in figures)
