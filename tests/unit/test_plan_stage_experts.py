@@ -1,8 +1,8 @@
 """`plan` under a pipeline of a Mixture-of-Experts model: each stage holds its own layers (DeepSeek's first dense ones,
 the sparse ones' routed experts ÷ ep, the MTP module's on the last stage), and under expert parallelism with ZeRO-1
-only those experts' AdamW state stays whole (`memory.stage_experts`). Before, every stage counted the whole model's
-experts (÷ ep) as its unsharded state and a uniform 1/pp share of them as its parameters, so DeepSeek-V3 at pp 16 ×
-ep 16 planned 293 GiB of optimizer state with `sharding: stage1` against 42 GiB without."""
+only those experts' AdamW state stays whole (`memory.stage_experts`). Counting the whole model's experts (÷ ep) on
+every stage as its unsharded state, and a uniform 1/pp share of them as its parameters, would plan DeepSeek-V3 at
+pp 16 × ep 16 at 293 GiB of optimizer state with `sharding: stage1` against 42 GiB without."""
 import dataclasses
 
 import pytest
@@ -92,8 +92,8 @@ def test_data_parallel_traffic_reduces_each_stages_own_experts(ep):
     so stage 0 holds one sparse layer and stage 1 two and the MTP module's. By hand, one sparse layer's 8 experts
     are 8 x 3 x 64 x 32 = 49,152 parameters (÷ ep on a rank); the rest, a 1/2 share of the model without its routed
     experts and, on the last stage, the MTP module's own. With ep 2 the fullest stage's three layers of experts go
-    over their 2 holders, the rest over the 4 data ranks; with ep 1 all of it over the 4. Before, every stage counted
-    all four sparse layers' experts (and the module's rest): ep 2 planned 4 layers' worth over the holders."""
+    over their 2 holders, the rest over the 4 data ranks; with ep 1 all of it over the 4. A stage counting
+    all four sparse layers' experts (and the module's rest) would plan 4 layers' worth over the holders at ep 2."""
     from pretrain_cli.models.flops import param_counts
     from pretrain_cli.planning.memory import mtp_params
     from pretrain_cli.planning.speed import stage_traffic

@@ -21,8 +21,8 @@ def mlp_per_token(s, sparse: bool) -> float:
     `[I]` (the down projection's input), 3·c·I ÷ tp, on every path: `ops.grouped_gemm_layer.PackedGemm` (the GPU's
     and the CPU's without the fused kernels) and the CPU's fused `pcl_mlp_in` alike keep those two and no more
     (measured on CPU, fp32: 3.0·c·I a token for a Llama MLP and a Qwen2-MoE shared expert, both paths, b 2 × s 128
-    and b 4 × s 64). Counted as 4·c·I before (gate, up, silu and product), which matched only while the GEMM kept its
-    `[hidden, 2·I]` weight copy, c·I a token at the calibration's b·s = 256 and hidden 128 (d60dd5e). Sparse: the
+    and b 4 × s 64). A count of 4·c·I (gate, up, silu and product) would match only a GEMM that keeps its
+    `[hidden, 2·I]` weight copy, c·I a token at the calibration's b·s = 256 and hidden 128. Sparse: the
     router's fp32 logits and probabilities (2·4·E), each of the token's k routed copies through its expert
     (`routed_per_token`), Qwen2-MoE's
     gated shared expert, a dense MLP (÷ tp), and its gate (3·c·Fs/tp + c·h + 4), DeepSeek's ungated shared experts,
@@ -32,8 +32,8 @@ def mlp_per_token(s, sparse: bool) -> float:
     back (2·k·c·h), on CPU the expert group's gathered tokens and the outputs before their reduce-scatter
     (2·ep·c·h); in half precision the router's fp32 copy of its input (4h, whole under tp: the routers of
     `models.moe` and `models.deepseek_moe` route in fp32, and the matmul keeps the copy for the gate's gradient;
-    in fp32 the cast is the input itself. Measured on CPU, a bf16 input: 4.0·h bytes a token more than fp32;
-    not counted before). Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers
+    in fp32 the cast is the input itself. Measured on CPU, a bf16 input: 4.0·h bytes a token more than fp32).
+    Modelled, not calibrated: balanced routing (a busy expert's rank holds more). The layers
     differ (DeepSeek's first `first_k_dense_replace` are dense), so callers sum each layer's own
     (`activations.layer_bytes`)."""
     cfg, c = s.model, s.compute_bytes
@@ -51,10 +51,10 @@ def routed_per_token(s) -> float:
     """Bytes a token's k routed copies keep through their experts (`models.moe.dispatch_local`, `ops.grouped`):
     per copy the weighted output the combine's multiply keeps (c·h, whole), the GEMMs' input row, the gate|up output
     SwiGLU keeps and the SwiGLU product the down GEMM keeps (c·(h + 3F/tp)) on every row the GEMMs run
-    (`padded_rows`), and `ROUTING_BYTES` of indices and weights. Counted as c·(2h + 4F/tp) before (a silu and a
-    product kept apart, no padding, no indices): measured on CPU (fp32, Paddle's ops, micro-qwen3-moe and
-    micro-deepseek-v2 at b 2 × s 128, b 4 × s 256 and widened to h = F = 128), a sparse layer's MLP −5.0 % to +7.0 %
-    of what it keeps, now −0.2 % to +4.4 % (docs/PLAN.md, Mixture-of-Experts)."""
+    (`padded_rows`), and `ROUTING_BYTES` of indices and weights. Measured on CPU (fp32, Paddle's ops,
+    micro-qwen3-moe and micro-deepseek-v2 at b 2 × s 128, b 4 × s 256 and widened to h = F = 128), these terms plan a
+    sparse layer's MLP −0.2 % to +4.4 % of what it keeps, where c·(2h + 4F/tp) (a silu and a product kept apart, no
+    padding, no indices) would plan −5.0 % to +7.0 % (docs/PLAN.md, Mixture-of-Experts)."""
     cfg, c = s.model, s.compute_bytes
     e, h = experts(cfg), cfg.hidden_size
     return e.top_k * (c * h + padded_rows(s) * c * (h + 3 * e.width / s.tp) + ROUTING_BYTES)
