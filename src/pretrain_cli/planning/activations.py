@@ -88,8 +88,8 @@ def _mla_terms(s) -> tuple[float, float, float]:
     there once), both whole under tp; RoPE rotates only each head's qk_rope_head_dim and the one shared key; o_proj
     reads heads·v_head_dim. The core's q, k and v are the padded one head width (`attention_widths`). Counting the
     padded width everywhere and the latents' norm inputs twice would plan 6.7 KB a token on the widened
-    micro-deepseek-v3 against these terms' 5.5 (docs/PLAN.md; Llama's terms at that shape: 7.2 planned, 5.1
-    measured)."""
+    micro-deepseek-v3 against these terms' 5.5, beyond the norm, and 4.2 measured (docs/PLAN.md; Llama's terms at
+    that shape: 7.2 planned, 5.1 measured)."""
     cfg, c, tp = s.model, s.compute_bytes, s.tp
     heads, rope = cfg.num_attention_heads, cfg.qk_rope_head_dim
     qkv = c * heads * (cfg.qk_head_dim + cfg.qk_nope_head_dim + cfg.v_head_dim) / tp
