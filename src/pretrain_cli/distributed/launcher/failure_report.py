@@ -8,11 +8,16 @@ noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, neve
 launcher's report and tail are left out (`install`). When the first rank said the error (its own `error:` line, or its
 watcher's line on the rank that left with it, `departure`), its log is copied to its end once the ranks and their
 watchers are done, so that the line is surely on the console, and launch.sh leaves out its line, which would repeat it
-(`job.cause`). Any other failure keeps the launcher's report, which launch.sh's line refers to.
+(`job.cause`). The copy goes on from where the launcher's own copy stopped: at a failure the launcher stops the ranks
+(`Pod.stop`) before it finishes, and `Container.terminate` closes the log it copies from, so `install` keeps that
+position and the copy reopens the log file there (`_copy_rest`). Any other failure keeps the launcher's report, which
+launch.sh's line refers to.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 
 from pretrain_cli.distributed.launcher import job
 
@@ -38,22 +43,45 @@ def install() -> None:
     from paddle.distributed.launch.job.container import Container
 
     logging.getLogger("LAUNCH").addFilter(_Quiet())
-    tail, finalize = Container.tail, ControllerBase.finalize
+    tail, finalize, terminate = Container.tail, ControllerBase.finalize, Container.terminate
 
     def quiet_tail(self, length=3000):
         if not usage_ended():
             return tail(self, length)
         return None
 
+    def terminate_kept(self, force=False):
+        if self._log_handler is not None:  # how far the launcher's copy got, before terminate closes the log
+            with contextlib.suppress(OSError, ValueError):
+                self._pretrain_cli_kept = self._log_handler.tell()
+        return terminate(self, force)
+
     def finalize_copied(self, exit=True):
         self.pod.join()  # (finalize's own first step: the ranks are done, their logs complete)
         if usage_ended():
             job.wait_for_watchers(job.verdict_dir())  # (a watcher writes its line after its rank has ended)
             if job.said_on_console(job.verdict_dir()) and self.pod.containers:
-                # the first rank's log to its end (the error's line, which launch.sh omits): each call copies at most
-                # 1000 lines and says True while more may follow (Container.logs; Pod.logs says nothing)
-                while self.pod.containers[0].logs():
-                    pass
+                _copy_rest(self.pod.containers[0])
         return finalize(self, exit)
 
-    Container.tail, ControllerBase.finalize = quiet_tail, finalize_copied
+    Container.tail, Container.terminate, ControllerBase.finalize = quiet_tail, terminate_kept, finalize_copied
+
+
+def _copy_rest(rank) -> None:
+    """The first rank's log (`rank`, Paddle's Container), from where the launcher's copy stopped to its end, onto
+    this process's stdout (the error's line, which launch.sh omits). With its log still open (the ranks ended by
+    themselves) Container.logs copies it, at most 1000 lines a call, True while more may follow (Pod.logs says
+    nothing); once `terminate` closed it, the file is reopened at the position `terminate_kept` saved."""
+    if rank._log_handler is not None:
+        while rank.logs():
+            pass
+        return
+    kept = getattr(rank, "_pretrain_cli_kept", None)
+    if kept is None or not rank._out:
+        return
+    with contextlib.suppress(OSError, ValueError, UnicodeError):
+        with open(rank._out, errors="replace") as log:  # (text, as Paddle opened it: `kept` is its tell() cookie)
+            log.seek(kept)
+            for line in log:
+                sys.stdout.write(line)
+    sys.stdout.flush()
