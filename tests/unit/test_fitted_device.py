@@ -67,4 +67,7 @@ def test_a_paddlenlp_checkpoint_in_the_source_output_dir_is_not_resumed(tmp_path
     assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
                      "--device", "H100", "--gpus", "8", "--fit", "-o", str(out)]) == 0
     assert "resume_from_checkpoint" not in json.loads(out.read_text())
-    assert f"starting over ({ckpt}: PaddleNLP's Trainer wrote it, and train does not resume" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # train's own refusal (storage.intact.paddlenlp_checkpoint), its advice naming the checkpoint's path
+    assert f"starting over ({ckpt} is a checkpoint of PaddleNLP's Trainer (training_args.bin)" in out
+    assert f"start from its weights instead: model_name_or_path: {ckpt}, continue_training: true" in out

@@ -86,7 +86,7 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
         raw["resume_from_checkpoint"] = str(ckpts[-1][1])
         said += f", resuming from {ckpts[-1][1]}"
     elif ckpts:
-        said += f", starting over ({ckpts[-1][1]}: {other})"
+        said += f", starting over ({other})"
     if device.lower() != "cpu" and args.get("device") == "cpu":
         raw = _put(raw, "device", "gpu")
         said += f"; device gpu (the source's cpu: the layout was fitted for {device})"
@@ -101,22 +101,23 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
 
 
 def _another_run(args, ckpt) -> str | None:
-    """What makes checkpoint `ckpt` one `train` would refuse to resume the fitted run from, or None: PaddleNLP's
-    Trainer wrote it (`storage.intact.paddlenlp_checkpoint`), or it is another model's or another sequence length's
+    """The line naming checkpoint `ckpt` and what makes it one `train` would refuse to resume the fitted run from,
+    or None: PaddleNLP's Trainer wrote it (`storage.intact.paddlenlp_checkpoint`'s own line, the one `train` refuses
+    it with, its advice naming `ckpt`), or it is another model's or another sequence length's
     (`training.checkpoint.mismatch`). None too when its config.json cannot be read, which `train` names as it
     resumes."""
     from pretrain_cli.orchestration.opened import build_model_config
     from pretrain_cli.storage.intact import paddlenlp_checkpoint
     from pretrain_cli.training.checkpoint import mismatch
 
-    if paddlenlp_checkpoint(ckpt):
-        return ("PaddleNLP's Trainer wrote it, and train does not resume PaddleNLP's checkpoints; its weights can "
-                "start a run: model_name_or_path: it, continue_training: true")
+    if foreign := paddlenlp_checkpoint(ckpt):
+        return foreign
     model_cfg = build_model_config(args)[1]
     try:
-        return mismatch(ckpt, model_cfg, args.get("max_seq_length"))
+        reason = mismatch(ckpt, model_cfg, args.get("max_seq_length"))
     except (UserError, OSError, ValueError):  # its config.json unreadable or not a model's
         return None
+    return None if reason is None else f"{ckpt}: {reason}"
 
 
 def _put(raw: dict, key: str, value) -> dict:
