@@ -210,3 +210,30 @@ def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, d
     assert {"missing": "missing, though model.safetensors.index.json names it", "truncated": "truncated (",
             "header": "unreadable safetensors header"}[damage] in line
     assert line.endswith("download it again, or point model_name_or_path to a complete directory")
+
+
+def test_a_shard_that_cannot_be_opened_says_why(tmp_path, monkeypatch):
+    """A shard that is there but unreadable (its permissions) is neither missing nor damaged: one line with the
+    system's reason and what fixes it, not "download it again". As root chmod 000 still lets it be read, so the
+    open is made to fail as it would for another user."""
+    import builtins
+    import os
+
+    from pretrain_cli.storage import shard_files
+
+    _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
+    shard = path / "model-00002-of-00002.safetensors"
+    shard.chmod(0)
+    if os.access(shard, os.R_OK):  # root: the permission bits do not stop it
+        def denying_open(file, *a, **k):
+            if os.fspath(file) == os.fspath(shard):
+                raise PermissionError(13, "Permission denied", os.fspath(file))
+            return builtins.open(file, *a, **k)
+
+        monkeypatch.setattr(shard_files, "open", denying_open, raising=False)
+    try:
+        with pytest.raises(UserError) as e:
+            prepare(_args(tmp_path, str(path)), [], Target())
+    finally:
+        shard.chmod(0o644)
+    assert str(e.value) == f"{shard}: unreadable (Permission denied); fix its permissions"

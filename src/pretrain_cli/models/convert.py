@@ -157,27 +157,15 @@ INCOMPLETE = "download it again, or point model_name_or_path to a complete direc
 
 def readable_weights(src_dir) -> list[str]:
     """`find_weights`, and the fused projections `name_map` would refuse, found from the files' headers alone
-    (what `check` reads of a pretrained directory). A shard the index names but the directory lacks, or one cut
-    short (a download stopped halfway), is one line saying to download it again: `File`'s own words advise another
-    checkpoint, which a model directory has not."""
+    (what `check` reads of a pretrained directory). A shard the index names but the directory lacks, one cut short
+    (a download stopped halfway) or with a damaged header is one line saying to download it again (`File`'s
+    checkpoint advice, another checkpoint, is none a model directory has)."""
     from pretrain_cli.storage.shard_files import File
 
     files, names = find_weights(src_dir), []
+    listed_in = INDEX_FILE if os.path.isfile(os.path.join(src_dir, INDEX_FILE)) else None  # else each was found
     for path in files:
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: missing, though {INDEX_FILE} names it: the model directory is incomplete; "
-                            f"{INCOMPLETE}")
-        try:
-            file = File(path, "model weights")
-        except UserError as e:
-            why = f" ({e.__context__})" if e.__context__ is not None else ""  # the header's fault, as File found it
-            raise UserError(f"{path}: unreadable safetensors header{why}; the file is damaged or truncated: "
-                            f"{INCOMPLETE}") from None
-        ends = [info["data_offsets"][1] for info in file.tensors.values()
-                if isinstance(info, dict) and len(info.get("data_offsets") or ()) == 2]
-        if ends and file.start + max(ends) > file.size:
-            raise UserError(f"{path}: truncated ({file.size:,} bytes, its header says {file.start + max(ends):,}); "
-                            f"{INCOMPLETE}")
+        file = File(path, "safetensors header", advice=INCOMPLETE, listed_in=listed_in).require_data()
         names.extend(file.tensors)
     refuse_fused(src_dir, names)
     return files

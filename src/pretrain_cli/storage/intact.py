@@ -164,9 +164,8 @@ def _headers(paths, indexed_format: str | None = None) -> str | None:
             f = File(path)
         except UserError as e:
             return str(e).split("; ")[0]
-        end = max((t["data_offsets"][1] for t in f.tensors.values()), default=0)
-        if f.start + end > f.size:
-            return f"{path} is truncated ({f.size} bytes, its tensors end at {f.start + end})"
+        if f.data_end > f.size:
+            return f"{path} is truncated ({f.size} bytes, its tensors end at {f.data_end})"
         if indexed_format and checkpoint_index.PIECES_KEY in (f.metadata or {}):
             return indexed_format
     return None

@@ -115,11 +115,20 @@ def checksum(path) -> dict:
     return {"bytes": total, "crc32": f"{crc:08x}"}
 
 
-class File:
-    """One safetensors file opened for block reads: its header parsed, its data section memory-mapped lazily."""
+CHECKPOINT_ADVICE = "resume from another checkpoint"  # `File`'s advice unless told another (a model directory's)
 
-    def __init__(self, path, what: str = "safetensors file"):
-        self.path = Path(path)
+
+class File:
+    """One safetensors file opened for block reads: its header parsed, its data section memory-mapped lazily.
+
+    Every line it raises ends with `advice`, what the reader of this file can do about it: a checkpoint's reader
+    can resume from another checkpoint, a model directory's cannot (`models.convert.readable_weights`). A file
+    that is there but whose permissions keep it from being opened says so instead: it may well be whole."""
+
+    def __init__(self, path, what: str = "safetensors file", advice: str = CHECKPOINT_ADVICE,
+                 listed_in: str | None = None):
+        """`listed_in`: the index that names this file, said when the file is missing (what makes it expected)."""
+        self.path, self.advice = Path(path), advice
         try:
             size = os.path.getsize(self.path)
             with open(self.path, "rb") as f:
@@ -128,26 +137,43 @@ class File:
                     raise ValueError(f"header of {n} bytes in a file of {size}")
                 head = json.loads(f.read(n))
         except FileNotFoundError:
-            raise UserError(f"{self.path}: missing; the checkpoint is incomplete: resume from another "
-                            f"checkpoint") from None
-        except (OSError, ValueError, struct.error) as e:
-            raise UserError(f"{self.path}: unreadable {what} ({e}); it is damaged or truncated: resume from "
-                            f"another checkpoint") from None
+            listed = f", though {listed_in} names it" if listed_in else ""
+            raise UserError(f"{self.path}: missing{listed}; {advice}") from None
+        except PermissionError as e:
+            raise UserError(f"{self.path}: unreadable ({e.strerror}); fix its permissions") from None
+        except OSError as e:  # a directory in its place, an I/O error: the reason, as the system gives it
+            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {advice}") from None
+        except (ValueError, struct.error) as e:
+            raise UserError(f"{self.path}: unreadable {what} ({e}); it is damaged or truncated: {advice}") from None
         self.metadata = head.pop("__metadata__", {})
         self.tensors, self.start, self.size = head, 8 + n, size
         self._map = None
         self.bytes_read = 0  # of tensor data, by `read` (what a block read touches)
 
+    @property
+    def data_end(self) -> int:
+        """Where the header says the last tensor's data ends: past `size`, the file was cut short."""
+        ends = [info["data_offsets"][1] for info in self.tensors.values()
+                if isinstance(info, dict) and len(info.get("data_offsets") or ()) == 2]
+        return self.start + max(ends, default=0)
+
+    def require_data(self) -> "File":
+        """This file, once every tensor's data is found present (the header alone read: a few KiB), else one line
+        with `advice`: a file cut short fails here rather than at the first `read` past its end."""
+        if self.data_end > self.size:
+            raise UserError(f"{self.path}: truncated ({self.size:,} bytes, its header says {self.data_end:,}); "
+                            f"{self.advice}")
+        return self
+
     def read(self, name: str, offsets=None, shape=None) -> np.ndarray:
         """The block `offsets` + `shape` (default: all) of tensor `name`, copied out of the file."""
         info = self.tensors.get(name)
         if info is None:
-            raise UserError(f"{self.path}: tensor {name!r} is missing; the checkpoint is damaged: resume from "
-                            f"another checkpoint")
+            raise UserError(f"{self.path}: tensor {name!r} is missing; {self.advice}")
         begin, end = info["data_offsets"]
         if self.start + end > self.size:
-            raise UserError(f"{self.path}: truncated ({self.size} bytes, tensor {name!r} ends at "
-                            f"{self.start + end}); resume from another checkpoint")
+            raise UserError(f"{self.path}: truncated ({self.size:,} bytes, tensor {name!r} ends at "
+                            f"{self.start + end:,}); {self.advice}")
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         dtype = NUMPY[info["dtype"]]
