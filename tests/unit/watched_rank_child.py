@@ -42,8 +42,31 @@ def start(tmp_path: Path, body: str, *args: str) -> subprocess.Popen:
 def run(tmp_path: Path, body: str, *args: str, timeout: float = 60) -> tuple[subprocess.Popen, str]:
     """`start`, to the child's end (a bound, not a measurement): (the process, all it wrote)."""
     p = start(tmp_path, body, *args)
-    out, _ = p.communicate(timeout=timeout)
-    return p, out
+    return p, communicate(tmp_path, p, timeout)
+
+
+def communicate(tmp_path: Path, p: subprocess.Popen, timeout: float = 60) -> str:
+    """All the child `p` writes to its end; past `timeout` (a bound: a hung child), the child, its peer and its
+    watcher (its own session: no process group reaches it) are SIGKILLed before the error goes on, so that no test
+    leaves them running."""
+    try:
+        return p.communicate(timeout=timeout)[0]
+    except BaseException:
+        end(tmp_path, p)
+        raise
+
+
+def end(tmp_path: Path, p: subprocess.Popen) -> None:
+    """SIGKILL the child `p`, then its peer (`peer.pid`) and watcher (`watcher-0.pid`, while it runs) if still there."""
+    import contextlib
+    import signal
+
+    p.kill()
+    for pid_file in [tmp_path / "peer.pid", *(tmp_path / "verdicts").glob("watcher-*.pid")]:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.communicate(timeout=10)
 
 
 def peer_pid(tmp_path: Path) -> str:

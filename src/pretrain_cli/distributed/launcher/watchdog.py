@@ -15,32 +15,36 @@ calls only, no Paddle, its own session) that
 - records, for launch.sh, how its own rank ended when that rank is the one that died (`job.record`).
 
 Which rank died first is decided from what the watchers saw, shared in a directory of this host
-(`distributed.launcher.verdict`): a rank
-seen alive while another was already dead is not the cause (`outlived.R`); each death's exit status is
-read from /proc while the launcher has not reaped it yet (it polls once a second) (`status.R`); when all
-that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other, and when
-every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.launcher.progress`) is
-the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
-publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log
-names the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a
-watcher still reading it, and, when every rank and watcher of the host was killed at once (SIGKILL: none finished),
-by the next launch or rank on the host (`tempdirs.watch_dir`: each rank and its watcher hold a lock on it).
+(`distributed.launcher.verdict`): a rank seen alive while another was already dead is not the cause (`outlived.R`); each
+death's exit status is read from /proc while the launcher has not reaped it yet (it polls once a second) (`status.R`);
+when all that leaves two candidates, a rank aborted by SIGABRT (gloo's abort) is the consequence of the other, and when
+every dead rank was aborted, a live rank whose last progress mark is older than theirs (`distributed.launcher.progress`)
+is the cause: it hung, and gloo gave up waiting for it. The verdict is decided once: the first watcher to settle
+publishes it (`cause`, created exclusively) and every other watcher of the host writes what it says, so every log names
+the same rank; the shared directory is removed by the last watcher to finish (`done.R`), never under a watcher still
+reading it, and, when every rank and watcher of the host was killed at once (SIGKILL: none finished), by the next launch
+or rank on the host (`tempdirs.watch_dir`: each rank and its watcher hold a lock on it).
 
-A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `watcher.HANG_POLL` s) is named the same way:
-`rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs its
-own rank (a stopped process too) and the hung rank's watcher records exit `watcher.HUNG` for launch.sh. A straggler is
-named once in every log of the host. Peers on other hosts are not watched, but a rank alone on its host (one CPU
-process per node, launch.sh's default) has a watcher too: without it a `kill -STOP` there hung its node for ever,
-and a kill there was named nowhere. When every death on a host is gloo's abort (or its timeout) and no rank of the
-host hung, the cause is a rank on another host: the line says so and points at that node's log
-(`Watcher._lost`, docs/RELIABILITY.md).
+A rank that makes no progress (`distributed.launcher.progress.hung`, checked every `watcher.HANG_POLL` s) is named the
+same way: `rank R (pid P on H) made no progress for N s while in <phase> at step S`; every watcher of the host SIGKILLs
+its own rank (a stopped process too) and the hung rank's watcher records exit `watcher.HUNG` for launch.sh. A straggler
+is named once in every log of the host. Peers on other hosts are not watched, but a rank alone on its host (one CPU
+process per node, launch.sh's default) has a watcher too: without it a `kill -STOP` there hung its node for ever, and a
+kill there was named nowhere. When every death on a host is gloo's abort (or its timeout) and no rank of the host hung,
+the cause is a rank on another host: the line says so and points at that node's log (`Watcher._lost`,
+docs/RELIABILITY.md).
 
 A watcher that ends while its rank runs (killed: `kill -9` of the wrong pid, an OOM killer's choice) is said once by
 its rank (`_watch_watcher`, a thread of the rank woken by the watcher's pidfd): what the watcher's pipe still holds is
 copied to the workerlog, the rank's output goes there directly again, and one line says that training goes on
 unwatched. The rank holds a close-on-exec copy of the pipe's read end meanwhile, so that a write between the death and
-the take-over waits in the pipe instead of failing (EPIPE: a lost line, a print that raises). Ending a healthy run for it would lose the steps since the last checkpoint; the host's other ranks'
-watchers, if any, still name a death or hang of any rank of the host in their own logs.
+the take-over waits in the pipe instead of failing (EPIPE: a lost line, a print that raises). The bound: the pipe holds
+as much as the system lets it (`_spawn`: 1 MiB or `/proc/sys/fs/pipe-max-size` if less; 64 KiB where raising it
+fails), and a write waits once that much is unread; the take-over that drains it is a Python thread needing the GIL
+and `_LOCK`, so a rank writing that much after the death from C++ while it holds the GIL (glog, std::cerr in a pybind
+call, a C++ abort's text), or from a native thread while its main thread holds the GIL, blocks for good; alone on its
+host, nothing names it. Ending a healthy run for the watcher's death would lose the steps since the last checkpoint;
+the host's other ranks' watchers, if any, still name a death or hang of any rank of the host in their own logs.
 
 A rank's part of a save is waited for by rank 0 in no collective (it polls the checkpoint's directory for the rank's
 completion record), so neither gloo nor rank 0's host's watchers tell rank 0 of a death on another host: while a
@@ -58,7 +62,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli.distributed.launcher import progress
-from pretrain_cli.distributed.launcher.watcher import Watcher
+from pretrain_cli.distributed.launcher.watcher import Watcher, read_held
 from pretrain_cli.run_layout import ParallelConfig
 
 _KEY = "pretrain_cli"
@@ -110,6 +114,7 @@ def _spawn(watcher: Watcher) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
+    _widen(write_end)
     log = os.dup(2)  # the workerlog the launcher opened
     child = os.fork()
     if child == 0:
@@ -143,6 +148,22 @@ def _spawn(watcher: Watcher) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+def _widen(pipe: int, most: int = 1 << 20) -> None:
+    """Raise the pipe's capacity to `most` bytes, or the system's limit if lower (best effort: the kernel's 64 KiB
+    stays where it refuses): what the rank may write after its watcher's death before a write waits (module doc)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, min(most, limit))
+
+
+def _drain(kept: int, to: int) -> None:
+    """Copy what the pipe's read end `kept` holds to `to`, until it holds nothing: a write that waited on a full pipe
+    goes on as it is read, and what it adds is copied too."""
+    with contextlib.suppress(OSError):
+        while chunk := read_held(kept):
+            os.write(to, chunk)
+
+
 def _watch_watcher(child: int, poll: float = 1.0) -> None:
     """Wait for the watcher `child` to end (its pidfd; without one, polled every `poll` s), then `_gone`."""
     import select
@@ -173,7 +194,6 @@ def _gone(child: int) -> None:
         _, out, err, shared, me, kept = _WATCHER
         _WATCHER = (None, None, None, shared, me, None)
     from pretrain_cli import processes
-    from pretrain_cli.distributed.launcher.watcher import read_held
 
     status = None
     with contextlib.suppress(OSError):
@@ -182,8 +202,7 @@ def _gone(child: int) -> None:
         os.write(err, read_held(kept))
     os.dup2(out, 1)
     os.dup2(err, 2)
-    with contextlib.suppress(OSError):  # a write that raced the dup2 (it reached the pipe): copied too
-        os.write(2, read_held(kept))
+    _drain(kept, 2)  # writes that raced the dup2 (they reached the pipe, or waited on it full): copied too
     os.close(kept)
     os.close(out)
     os.close(err)
@@ -214,8 +233,16 @@ def stop() -> None:
     os.dup2(err, 2)
     os.close(out)
     os.close(err)
-    os.close(kept)  # (no write of the rank's goes to the pipe now: the watcher reads the rest)
+    # (no write of the rank's goes to the pipe now: the watcher reads the rest, or, dead already, leaves it to us)
+    dead = False
+    with contextlib.suppress(OSError):
+        dead = os.waitpid(child, os.WNOHANG)[0] != 0
+    if dead:
+        _drain(kept, 2)
+    os.close(kept)
     progress.close_record()
+    if dead:  # (reaped: its pid may be another process's now)
+        return
     with contextlib.suppress(OSError):
         os.kill(child, signal.SIGTERM)  # it passes on what is left in the pipe and exits (`_finish`)
         deadline = time.monotonic() + 5.0
