@@ -1,6 +1,7 @@
 """A rank's watcher SIGKILLed mid-run under scripts/launch.sh (2 processes): the rank says once, in its workerlog,
 that its watcher is gone and training goes on unwatched, and the run ends as it would have, exit 0
-(`distributed.launcher.watchdog._gone`). Before, nothing said it, and the rank's output went into a pipe nobody read.
+(`distributed.launcher.watchdog._gone`); its output goes to its workerlog directly from then on, not into a pipe
+nobody reads.
 
 Rank 1 is held as it enters step 3 until the test has killed its watcher (a sitecustomize.py on PYTHONPATH, as in
 test_rank_error_end): the kill lands mid-run however fast the machine runs the 40 steps."""

@@ -93,7 +93,7 @@ def test_a_survivors_output_is_kept_up_to_its_first_line_of_the_abort():
 
 def test_a_line_of_the_ranks_own_that_mentions_gloo_is_no_abort():
     """Only a line that starts as the reaction does (leading blanks aside), or holds gloo's own forms, ends what is kept:
-    a bare "gloo" anywhere dropped a user's line (a corpus path) and every line after it."""
+    a user's line that mentions gloo (a corpus path) is kept, with every line after it."""
     from pretrain_cli.distributed.launcher.watcher import before_abort
 
     own = b"loading /data/gloo_corpus/part-0.bin\nstep 8: loss 2.4\nwarning: gloo process group 2 is slow\n"
@@ -104,3 +104,7 @@ def test_a_line_of_the_ranks_own_that_mentions_gloo_is_no_abort():
     assert before_abort(own + b"ValueError: [enforce fail at gloo/allreduce.cc:105] opts.elements > 0.\n") == own
     assert before_abort(b"step 9\n  what():  [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error\n"
                         ) == b"step 9\n"
+    # gloo's source place, from a build whose path is not the wheel's: its error, not a line of the rank's own
+    built = b"RuntimeError: [/src/gloo/transport/tcp/unbound_buffer.cc:80] TIMEOUT self_rank = 0\n"
+    assert before_abort(own + built) == own
+    assert before_abort(own + b"IoException: [/opt/gloo/gloo/common/linux.h:42] bad\n") == own

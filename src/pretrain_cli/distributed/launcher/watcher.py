@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -41,20 +42,23 @@ LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 # tracebacks and their summary, a Python error raised by gloo (`RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`)
 ABORT = (b"terminate called", b"what():", b"C++ Traceback", b"Traceback (most recent call last)", b"FatalError",
          b"Error Message Summary")
-# gloo's own forms, anywhere in a line: its C++ names, Paddle's gloo process group, gloo's enforce and source paths
-GLOO = (b"gloo::", b"process_group_gloo", b"[enforce fail at", b"/gloo/gloo/")
+# gloo's own forms, anywhere in a line: its C++ names, Paddle's gloo process group, gloo's enforce
+GLOO = (b"gloo::", b"process_group_gloo", b"[enforce fail at")
+# ... and a place in gloo's sources, as its errors cite it wherever gloo was built (the wheel's
+# `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
+GLOO_SOURCE = re.compile(rb"gloo/[\w/]+\.(?:cc|h):\d+")
 
 
 def before_abort(out: bytes) -> bytes:
     """`out`, a survivor's output read when a peer's death or departure was seen, up to its first line of the
-    reaction to it (a line starting as `ABORT` says, or holding one of `GLOO`). Why: what the rank wrote before the
-    loss (a step's line, a warning) is its own and was lost with the rest, while the reaction, which may already be in
-    the pipe when the watcher looks (the peer's sockets close before its exit wakes the watcher), says nothing of who
-    was lost. Anchored: a line of the rank's own that merely mentions gloo (a path `/data/gloo_corpus`, an error of
-    ours about a gloo group) is no reaction, and dropping it dropped everything after it."""
+    reaction to it (a line starting as `ABORT` says, or holding one of `GLOO` or a `GLOO_SOURCE` place). Why: what
+    the rank wrote before the loss (a step's line, a warning) is its own and is kept, while the reaction, which may
+    already be in the pipe when the watcher looks (the peer's sockets close before its exit wakes the watcher), says
+    nothing of who was lost. Anchored: a line of the rank's own that merely mentions gloo (a path `/data/gloo_corpus`,
+    an error of ours about a gloo group) is no reaction, since everything from the first reaction line on is dropped."""
     lines = out.splitlines(keepends=True)
     for n, line in enumerate(lines):
-        if line.lstrip().startswith(ABORT) or any(mark in line for mark in GLOO):
+        if line.lstrip().startswith(ABORT) or any(mark in line for mark in GLOO) or GLOO_SOURCE.search(line):
             return b"".join(lines[:n])
     return out
 
