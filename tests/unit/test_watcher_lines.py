@@ -92,8 +92,8 @@ def test_a_survivors_output_is_kept_up_to_its_first_line_of_the_abort():
 
 
 def test_a_line_of_the_ranks_own_that_mentions_gloo_is_no_abort():
-    """Only a line that starts as the reaction does (leading blanks aside), or holds gloo's own forms, ends what is kept:
-    a user's line that mentions gloo (a corpus path) is kept, with every line after it."""
+    """Only a line that starts as the reaction does (leading blanks aside), or holds gloo's own forms, ends what is
+    kept: a user's line that mentions gloo (a corpus path) is kept, with every line after it."""
     from pretrain_cli.distributed.launcher.watcher import before_abort
 
     own = b"loading /data/gloo_corpus/part-0.bin\nstep 8: loss 2.4\nwarning: gloo process group 2 is slow\n"

@@ -4,14 +4,14 @@ Paddle's launcher copies the node's first rank (local rank 0) into its own stdou
 logs `LAUNCH ERROR ... Container failed !!!` with the failed rank's command, then copies again the last 3000 bytes of
 the failed rank's log (`Container.tail`); launch.sh then prints the cause's line (`job.cause`). Left so, a typo'd key,
 which every rank finds, would reach the console three times (rank 0's copy, the tail, launch.sh's line) under the
-launcher's noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, never retried, as one process exits), the
-launcher's report and tail are left out (`install`). When the first rank said the error (its own `error:` line, or its
-watcher's line on the rank that left with it, `departure`), its log is copied to its end once the ranks and their
-watchers are done, so that the line is surely on the console, and launch.sh leaves out its line, which would repeat it
-(`job.cause`). The copy goes on from where the launcher's own copy stopped: at a failure the launcher stops the ranks
-(`Pod.stop`) before it finishes, and `Container.terminate` closes the log it copies from, so `install` keeps that
-position and the copy reopens the log file there (`_copy_rest`). Any other failure keeps the launcher's report, which
-launch.sh's line refers to.
+launcher's noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, never retried, as one process
+exits), the launcher's report and tail are left out (`install`). When the first rank said the error (its own `error:`
+line, or its watcher's line on the rank that left with it, `departure`), its log is copied to its end once the ranks and
+their watchers are done, so that the line is surely on the console, and launch.sh leaves out its line, which would
+repeat it (`job.cause`). The copy goes on from where the launcher's own copy stopped: at a failure the launcher stops
+the ranks (`Pod.stop`) before it finishes, and `Container.terminate` closes the log it copies from, so `install` keeps
+that position and the copy reopens the log file there (`_copy_rest`). Any other failure keeps the launcher's report,
+which launch.sh's line refers to.
 """
 from __future__ import annotations
 
