@@ -144,3 +144,20 @@ def test_a_checkpoint_directory_is_read_once(tmp_path, src):
     assert meta.state["global_step"] == 3 and meta.run("loop", "micro_batch") == 2 and meta.run("schedule") is None
     assert meta.index["world_size"] == 2 and meta.record == ckpt / "args.json"
     assert CheckpointDir(tmp_path).args is None and CheckpointDir(tmp_path).record is None  # no run wrote it
+
+
+@pytest.mark.parametrize("trainer_state, advice", [(False, convert.INCOMPLETE), (True, shard_files.CHECKPOINT_ADVICE)])
+def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
+    """A model directory (transformers', PaddleNLP's: no trainer state) whose weights file is damaged is to be
+    downloaded again; a checkpoint's, to be resumed from another checkpoint."""
+    from pretrain_cli.run_dir import STATE_FILE
+    from pretrain_cli.training.weight_source import open_reader
+
+    save_file({"model.embed_tokens.weight": np.ones((4, 2), np.float32)}, str(tmp_path / "model.safetensors"))
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:8] + b"{not json" + data[17:])  # the header spoiled
+    if trainer_state:
+        (tmp_path / STATE_FILE).write_text("{}")
+    with pytest.raises(UserError) as e:
+        open_reader(tmp_path, "weights")
+    assert str(e.value).startswith(f"{tmp_path / 'model.safetensors'}: unreadable") and str(e.value).endswith(advice)

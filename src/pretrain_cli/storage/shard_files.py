@@ -194,8 +194,8 @@ class Files:
     the index), read block by block like the pieces of an indexed checkpoint (`checkpoint_index.Reader`: the same
     `index`, `read`, `bytes_read`, `opened`, `close`)."""
 
-    def __init__(self, paths, what: str):
-        self.files, self.index, self._where = [File(p, what) for p in paths], {"tensors": {}}, {}
+    def __init__(self, paths, what: str, advice: str = CHECKPOINT_ADVICE):
+        self.files, self.index, self._where = [File(p, what, advice=advice) for p in paths], {"tensors": {}}, {}
         for f in self.files:
             for n, t in f.tensors.items():
                 self.index["tensors"][n] = {"shape": t["shape"], "dtype": t["dtype"]}

@@ -57,9 +57,11 @@ def verify_everywhere(comm, ckpt, files) -> None:
 
 def open_reader(ckpt, kind: str):
     """(reader of `kind` "weights" / "optimizer" tensors of directory `ckpt` (a path or a `CheckpointDir`), the
-    file to name in errors): the index's pieces where it has one, else its whole safetensors files."""
-    from pretrain_cli.models.convert import find_weights
-    from pretrain_cli.run_dir import OPTIMIZER_FILE
+    file to name in errors): the index's pieces where it has one, else its whole safetensors files. A damaged file
+    of a model directory (no trainer state: transformers', PaddleNLP's) is to be downloaded again, not resumed
+    from another checkpoint."""
+    from pretrain_cli.models.convert import INCOMPLETE, find_weights
+    from pretrain_cli.run_dir import OPTIMIZER_FILE, STATE_FILE
     from pretrain_cli.storage import checkpoint_index
     from pretrain_cli.storage.shard_files import Files
 
@@ -68,7 +70,9 @@ def open_reader(ckpt, kind: str):
         return checkpoint_index.Reader(meta.path, meta.index), meta.path / checkpoint_index.INDEX
     if kind == "optimizer":
         return Files([meta.path / OPTIMIZER_FILE], "optimizer state"), meta.path / OPTIMIZER_FILE
-    return Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights"), meta.path
+    advice = {} if (meta.path / STATE_FILE).is_file() else {"advice": INCOMPLETE}
+    return (Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights", **advice),
+            meta.path)
 
 
 def as_float32(arr: np.ndarray, code: str) -> np.ndarray:
