@@ -1,7 +1,7 @@
 """A usage error under scripts/launch.sh with 2 processes: the console says it once, as one process does, with no
-noise of Paddle's launcher after it, and exits 2 (`distributed.launcher.failure_report`, `job.cause`). Before, a
-typo'd key (which every rank finds) was on the console three times: rank 0's copy, the launcher's tail of the failed
-rank's log after `LAUNCH ERROR ... Container failed !!!`, and launch.sh's `rank 1 ended the job: ...`."""
+noise of Paddle's launcher after it, and exits 2 (`distributed.launcher.failure_report`, `job.cause`). A typo'd key
+(which every rank finds) could reach the console three times: rank 0's copy, the launcher's tail of the failed rank's
+log after `LAUNCH ERROR ... Container failed !!!`, and launch.sh's `rank 1 ended the job: ...`."""
 import json
 from pathlib import Path
 
