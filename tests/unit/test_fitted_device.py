@@ -71,3 +71,20 @@ def test_a_paddlenlp_checkpoint_in_the_source_output_dir_is_not_resumed(tmp_path
     # train's own refusal (storage.intact.paddlenlp_checkpoint), its advice naming the checkpoint's path
     assert f"starting over ({ckpt} is a checkpoint of PaddleNLP's Trainer (training_args.bin)" in out
     assert f"start from its weights instead: model_name_or_path: {ckpt}, continue_training: true" in out
+
+
+def test_the_written_line_checks_and_launches_the_gpu_file_as_it_will_run(tmp_path, capsys):
+    """Followed on a GPU-less laptop, `check fitted.json` checked the GPU file as this CPU's one-process run and
+    refused it for memory; `--world_size N` checks it as the N-GPU launch. The launch names the nodes it needs."""
+    cfg, out = _cpu_moe_file(tmp_path), tmp_path / "fitted.json"
+    assert cli_main(["plan", str(cfg), "--device", "H100", "--gpus", "16", "--fit", "-o", str(out)]) == 0
+    assert (f"`pretrain-cli check {out} --world_size 16` validates it on any machine, `MASTER=<node 0's ip:port> "
+            f"NNODES=2 NODE_RANK=<0..1> scripts/launch.sh {out}` on each of its 2 nodes runs it (8 GPUs a node)"
+            in capsys.readouterr().out)
+    assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
+                     "--device", "H100", "--gpus", "4", "--fit", "-o", str(out)]) == 0
+    assert f"--world_size 4` validates it on any machine, `DEVICES=0,1,2,3 scripts/launch.sh {out}`" in (
+        capsys.readouterr().out)
+    assert cli_main(["plan", str(cfg), "--model_name_or_path", "micro-qwen3-moe", "--max_seq_length", "128",
+                     "--device", "cpu", "--fit", "-o", str(out)]) == 0
+    assert f"`pretrain-cli check {out}` validates it, `pretrain-cli train {out}` runs it" in capsys.readouterr().out

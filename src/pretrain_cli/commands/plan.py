@@ -204,5 +204,22 @@ def main(ns: argparse.Namespace) -> int:
         print("\n".join(f"note: {n}" for n in f["notes"]))
     print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
-        print(f"wrote {ns.output}: {said}; `pretrain-cli check {ns.output}` validates it, `train` runs it")
+        print(f"wrote {ns.output}: {said}; {next_steps(ns.output, ns.device, f['gpus'], ns.gpus_per_node)}")
     return 0 if f["after"] is not None else 1
+
+
+def next_steps(path: str, device: str, gpus: int, per_node: int) -> str:
+    """How to check and start the fitted file where it will run. A GPU file checked on a GPU-less laptop without
+    `--world_size` is checked as this CPU's one-process run (and refused for memory); `scripts/launch.sh` starts
+    every visible GPU of a node, or NPROC CPU processes (docs/DISTRIBUTED.md), so a part of a node is named."""
+    gpu = device.lower() != "cpu"
+    check = f"`pretrain-cli check {path}{f' --world_size {gpus}' if gpu or gpus > 1 else ''}` validates it" + (
+        " on any machine" if gpu else "")
+    if gpus <= 1:
+        return f"{check}, `pretrain-cli train {path}` runs it"
+    nodes, here = (gpus // per_node, per_node) if gpus > per_node else (1, gpus)
+    env = f"NPROC={here} " if not gpu else f"DEVICES={','.join(map(str, range(here)))} " if here < per_node else ""
+    if nodes > 1:
+        env += f"MASTER=<node 0's ip:port> NNODES={nodes} NODE_RANK=<0..{nodes - 1}> "
+    return (f"{check}, `{env}scripts/launch.sh {path}` {f'on each of its {nodes} nodes ' if nodes > 1 else ''}"
+            f"runs it ({here} {'GPUs' if gpu else 'processes'} a node)")
