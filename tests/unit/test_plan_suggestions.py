@@ -143,3 +143,13 @@ def test_a_device_count_that_needs_no_key_says_so(capsys):
                      "--sharding", "stage3", "--recompute", "true"]) == 0
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  1. "))
     assert first.startswith("  1. --gpus 2, no key changed  -> "), first
+
+
+def test_when_only_keys_together_fit_they_are_the_first_suggestion():
+    """Qwen3-30B-A3B at 8K on 8 H100 with the Llama file's tp 2 + ZeRO-1: no one key fits, recompute with ZeRO-3
+    does; the report's heading says that answer comes first, where it had been listed last, after a 512-token
+    sequence."""
+    over = ["--model_name_or_path", "Qwen/Qwen3-30B-A3B", "--max_seq_length", "8192"]
+    sugg = plan(LLAMA3_8B, over, device="H100", gpus=8)["suggestions"]
+    assert [s["fits"] for s in sugg] == [True] + [False] * (len(sugg) - 1)
+    assert sugg[0]["change"] == {"recompute": True, "sharding": "stage3"} and len(sugg) >= 3

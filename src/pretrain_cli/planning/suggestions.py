@@ -60,9 +60,13 @@ def suggest(run: RunConfig, base: Plan, replan) -> list[dict]:
         combined = {k: v for x in out if "max_seq_length" not in x["change"] for k, v in x["change"].items()}
         r = replan(combined)  # (not when it is one of the above: the union of a single group is that group)
         if r is not None and len(combined) > 1 and _key(combined) not in {_key(x["change"]) for x in out}:
-            out.append({"change": combined, "memory_gib": r.peak_gib,
-                        "saves_gib": base.peak_gib - r.peak_gib, "fits": r.fits,
-                        "why": "all of the above except a shorter sequence"})
+            why = "all of the above except a shorter sequence"
+            if r.fits:  # the answer to "what fits", so first, as the report's heading says, and made minimal
+                combined, r = minimal(combined, base.gpus, lambda change, world: replan(change))
+                why = "no one key fits, these together do (the fewest of the above)"
+            entry = {"change": combined, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
+                     "fits": r.fits, "why": why}
+            out.insert(0 if r.fits else len(out), entry)
     return out
 
 
