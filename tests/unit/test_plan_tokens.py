@@ -33,3 +33,20 @@ def test_tokens_sets_max_steps_to_cover_them(write_args, capsys, gpus):
 def test_bad_tokens_are_one_line(write_args, capsys, argv, error):
     assert cli_main(["plan", write_args(), *argv]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"error: {error}"
+
+
+def test_fit_says_how_long_the_tokens_take_at_each_speed(capsys):
+    """"Will Llama-3.1-8B at 8K fit 8 H100 and how long for 100B tokens?": --fit gave tokens/s before and after
+    but no hours, which plan's ETA (MFU only, no traffic) does not give for the fitted layout either."""
+    from pathlib import Path
+
+    cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3-8b_pretrain.json")
+    argv = ["plan", cfg, "--model_name_or_path", "meta-llama/Llama-3.1-8B", "--max_seq_length", "8192",
+            "--device", "H100", "--gpus", "8", "--tokens", "100B", "--fit"]
+    assert cli_main([*argv, "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    hours = [f["total_tokens"] / f[k]["speed"]["tokens_per_sec"] / 3600 for k in ("before", "after")]
+    assert f["total_tokens"] >= 100e9 and 24 * 14 < min(hours)  # weeks, not hours
+    assert cli_main(argv) == 0
+    assert (f"  time for {f['total_tokens']:,} tokens at that speed: {hours[0]:,.1f} h -> {hours[1]:,.1f} h "
+            f"({hours[0] / 24:,.1f} -> {hours[1] / 24:,.1f} days)") in capsys.readouterr().out.splitlines()

@@ -191,7 +191,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
            "experts": base.model.experts,
            "budget_gib": budget_gib, "mfu": base.mfu, "global_batch": base.global_batch,
-           "tried": found["tried"], "valid": found["valid"], "skipped": found["skipped"],
+           "total_tokens": base.total_tokens, "tried": found["tried"], "valid": found["valid"], "skipped": found["skipped"],
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "speed": speed(as_written)},
            "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
@@ -233,6 +233,16 @@ def _tok(sp: dict) -> str:
     return f"{sp['tokens_per_sec']:,.0f} tokens/s" if sp["tokens_per_sec"] is not None else "tokens/s unknown (no peak)"
 
 
+def _run_time(f: dict, *speeds: dict) -> str:
+    """The "how long" of a fit: the run's tokens (max_steps, or --tokens) at each predicted speed, in hours and days;
+    "" without a speed (no peak)."""
+    if not f.get("total_tokens") or any(sp["tokens_per_sec"] is None for sp in speeds):
+        return ""
+    hours = [f["total_tokens"] / sp["tokens_per_sec"] / 3600 for sp in speeds]
+    days = f" ({' -> '.join(f'{h / 24:,.1f}' for h in hours)} days)" if max(hours) >= 48 else ""
+    return f"\n  time for {f['total_tokens']:,} tokens at that speed: {' -> '.join(f'{h:,.1f} h' for h in hours)}{days}"
+
+
 def format_fit(f: dict) -> str:
     """The `plan --fit` section: budget, the key diff, memory and tokens/s before and after."""
     dev = f["device"]
@@ -265,7 +275,8 @@ def format_fit(f: dict) -> str:
                          f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
         return "\n".join(lines)
     if not f["diff"]:
-        lines.append(f"  no change: the file is already the fastest layout that fits ({before})")
+        lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
+                     + _run_time(f, f["before"]["speed"]))
         return "\n".join(lines)
     lines.append("  changes (old -> new):")
     lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]]
@@ -276,7 +287,7 @@ def format_fit(f: dict) -> str:
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
                  f"{'/EP' if f.get('experts') else ''} traffic over "
-                 f"the link each group uses)")
+                 f"the link each group uses)" + _run_time(f, f["before"]["speed"], f["after"]["speed"]))
     return "\n".join(lines)
 
 
