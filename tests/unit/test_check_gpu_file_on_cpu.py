@@ -38,7 +38,11 @@ def test_the_8b_file_without_device_is_refused_with_plans_question(login_node, c
     assert line.startswith("error: model_name_or_path: training llama with 8.03 B parameters on this CPU needs")
     assert "this machine has 23.5 GiB" in line
     assert "the file does not set device and this Paddle has no GPU build" in line
-    assert line.endswith(f"`pretrain-cli plan {LLAMA_8B} {HINT}")
+    assert f"`pretrain-cli plan {LLAMA_8B} {HINT}" in line
+    # followed, the second hint checks the file as the GPU launch it is written for (tp 2: a multiple of 2)
+    assert line.endswith(f"`pretrain-cli check {LLAMA_8B} --world_size N` (N: the GPUs, a multiple of 2)")
+    cli_main(["check", str(LLAMA_8B), "--world_size", "8"])
+    assert not [x for x in capsys.readouterr().err.splitlines() if "GiB" in x]
 
 
 def test_asked_for_gpu_on_the_command_line_says_so(login_node, capsys):

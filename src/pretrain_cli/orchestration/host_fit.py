@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pretrain_cli.config.one_process import fewest_processes
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, estimate, startup_parts
 from pretrain_cli.planning.plan import Device, setup_for
@@ -92,8 +93,11 @@ def gpu_question(args) -> str:
         return ""
     where = {"command line": "the command line"}.get(args.explicit.get("device"), "the file")
     said = f"{where} asks for device gpu" if "device" in args.explicit else "the file does not set device"
+    least = fewest_processes(args)[0]
     return (f"; {said} and this Paddle has no GPU build, so this is the run on this machine's CPU: for GPUs, ask "
-            f"`pretrain-cli plan {args.config_path or 'FILE'} --device H100` (or another of plan's --device names)")
+            f"`pretrain-cli plan {args.config_path or 'FILE'} --device H100` (or another of plan's --device names), "
+            f"and check it as their launch with `pretrain-cli check {args.config_path or 'FILE'} --world_size N` "
+            f"(N: the GPUs{f', a multiple of {least}' if least > 1 else ''})")
 
 
 def _what_fits(run, model_cfg, room: float, config_path: str | None) -> str:
