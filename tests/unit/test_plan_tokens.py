@@ -50,3 +50,16 @@ def test_fit_says_how_long_the_tokens_take_at_each_speed(capsys):
     assert cli_main(argv) == 0
     assert (f"  time for {f['total_tokens']:,} tokens at that speed: {hours[0]:,.1f} h -> {hours[1]:,.1f} h "
             f"({hours[0] / 24:,.1f} -> {hours[1] / 24:,.1f} days)") in capsys.readouterr().out.splitlines()
+
+
+def test_a_long_runs_eta_is_also_in_days(capsys):
+    """100B tokens of Llama-3.1-8B at 8K on 8 H100 is "508.32 h": three weeks, said so."""
+    from pathlib import Path
+
+    cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3-8b_pretrain.json")
+    argv = ["plan", cfg, "--model_name_or_path", "meta-llama/Llama-3.1-8B", "--max_seq_length", "8192",
+            "--device", "H100", "--gpus", "8", "--tokens", "100B"]
+    eta = _plan(capsys, *argv[1:])["eta_hours"]
+    assert cli_main(argv) == 0 and eta > 48
+    assert [x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA: ")][0].endswith(
+        f" = {eta:.2f} h ({eta / 24:.1f} days)")

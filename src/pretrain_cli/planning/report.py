@@ -287,7 +287,9 @@ def format_report(r: Plan) -> str:
         uneven = r.eta_hours / even if even else 1.0  # the slowest stage over an average one (`plan.report`)
         bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
         lines.append(f"ETA: {r.total_tokens * f.model:.3g} FLOPs / ({r.gpus} x {peak_text} x MFU "
-                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h" + (_cpu_eta(r) if d.name == "cpu" else ""))
+                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h"
+                     + (f" ({r.eta_hours / 24:.1f} days)" if r.eta_hours >= 48 else "")  # a long run's, readable
+                     + (_cpu_eta(r) if d.name == "cpu" else ""))
     else:
         lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                      "device) or set peak_tflops in the argument file")
