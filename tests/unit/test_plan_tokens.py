@@ -63,3 +63,20 @@ def test_a_long_runs_eta_is_also_in_days(capsys):
     assert cli_main(argv) == 0 and eta > 48
     assert [x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA: ")][0].endswith(
         f" = {eta:.2f} h ({eta / 24:.1f} days)")
+
+
+def test_fit_gives_no_time_before_for_a_file_that_does_not_fit(capsys):
+    """Qwen3-30B-A3B at 8K on 16 H100 with the Llama file's tp 2 + ZeRO-1 needs 139.7 GiB as written: a run that
+    cannot start has no time to compare the fitted layout's with."""
+    from pathlib import Path
+
+    cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3-8b_pretrain.json")
+    argv = ["plan", cfg, "--model_name_or_path", "Qwen/Qwen3-30B-A3B", "--max_seq_length", "8192",
+            "--device", "H100", "--gpus", "16", "--tokens", "100B", "--fit"]
+    assert cli_main([*argv, "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert f["before"]["memory_gib"] > f["device"]["memory_gib"] and f["diff"]
+    hours = f["total_tokens"] / f["after"]["speed"]["tokens_per_sec"] / 3600
+    assert cli_main(argv) == 0
+    assert (f"  time for {f['total_tokens']:,} tokens at that speed: {hours:,.1f} h ({hours / 24:,.1f} days); "
+            f"as written the file does not fit: no time before") in capsys.readouterr().out.splitlines()

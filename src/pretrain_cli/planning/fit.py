@@ -235,12 +235,15 @@ def _tok(sp: dict) -> str:
 
 def _run_time(f: dict, *speeds: dict) -> str:
     """The "how long" of a fit: the run's tokens (max_steps, or --tokens) at each predicted speed, in hours and days;
-    "" without a speed (no peak)."""
+    "" without a speed (no peak). A file that does not fit as written has no time before: its speed is of a run
+    that cannot start (DeepSeek-V3 as written on 208 H100: 7.7 days, beside the fitted layout's 63.2)."""
     if not f.get("total_tokens") or any(sp["tokens_per_sec"] is None for sp in speeds):
         return ""
     hours = [f["total_tokens"] / sp["tokens_per_sec"] / 3600 for sp in speeds]
     days = f" ({' -> '.join(f'{h / 24:,.1f}' for h in hours)} days)" if max(hours) >= 48 else ""
-    return f"\n  time for {f['total_tokens']:,} tokens at that speed: {' -> '.join(f'{h:,.1f} h' for h in hours)}{days}"
+    alone = "; as written the file does not fit: no time before" if f["diff"] and len(speeds) == 1 else ""
+    return (f"\n  time for {f['total_tokens']:,} tokens at that speed: {' -> '.join(f'{h:,.1f} h' for h in hours)}"
+            f"{days}{alone}")
 
 
 def format_fit(f: dict) -> str:
@@ -278,6 +281,7 @@ def format_fit(f: dict) -> str:
         lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
                      + _run_time(f, f["before"]["speed"]))
         return "\n".join(lines)
+    ran = max(f["before"]["memory_gib"], f["before"]["startup_gib"]) <= dev["memory_gib"]  # a time to compare
     lines.append("  changes (old -> new):")
     lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]]
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
@@ -287,7 +291,8 @@ def format_fit(f: dict) -> str:
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
                  f"{'/EP' if f.get('experts') else ''} traffic over "
-                 f"the link each group uses)" + _run_time(f, f["before"]["speed"], f["after"]["speed"]))
+                 f"the link each group uses)" + _run_time(f, *([f["before"]["speed"]] if ran else []),
+                                                          f["after"]["speed"]))
     return "\n".join(lines)
 
 
