@@ -52,8 +52,10 @@ def test_text_report_and_overrides(write_args, capsys):
 
 
 def test_user_errors(write_args):
-    with pytest.raises(UserError, match="unknown device"):
+    with pytest.raises(UserError, match="unknown device 'Z80'; use one of"):
         plan(write_args(), device="Z80")
+    with pytest.raises(UserError, match=r"unknown device 'H10' \(did you mean H100, H20 or A10\?\); use one of"):
+        plan(write_args(), device="H10")  # a typo: the nearest names first
     with pytest.raises(UserError, match="--gpus"):
         plan(write_args(), gpus=0)
     with pytest.raises(UserError, match="pipeline_parallel_degree: 3 does not divide the world size 2"):

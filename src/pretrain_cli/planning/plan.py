@@ -58,8 +58,14 @@ def target_device(name: str, node: hardware.Node = hardware.Node(), gpus: int = 
         sharing = max(min(gpus, node.gpus), 1)
         return Device(None, hardware.cpu_memory_gib() / sharing, node, sharing)
     dev = hardware.lookup(name)
-    if dev is None:
-        raise UserError(f"--device: unknown device {name!r}; use one of "
+    if dev is None:  # a typo ("H10") is answered with the nearest names, before the whole list
+        import difflib
+
+        names = {**{k: k.upper() for k in hardware.ALIASES if k[0].isalpha()},
+                 **{d.name.lower(): d.name for d in hardware.DEVICES.values()}}
+        near = [names[k] for k in difflib.get_close_matches(name.lower(), list(names), 3, 0.6)]
+        guess = f" (did you mean {', '.join(near[:-1]) + ' or ' if near[1:] else ''}{near[-1]}?)" if near else ""
+        raise UserError(f"--device: unknown device {name!r}{guess}; use one of "
                         f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu")
     return Device(dev, float(dev.memory_gib), node)
 
