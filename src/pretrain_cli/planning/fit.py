@@ -24,11 +24,11 @@ from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 import dataclasses
 
-from pretrain_cli.planning.suggestions import more_devices
+from pretrain_cli.planning.suggestions import FIT_MARGIN, more_devices
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed
 
-DEFAULT_MARGIN = 0.10  # of device memory kept free: allocator fragmentation and what the model misses
+DEFAULT_MARGIN = FIT_MARGIN  # of device memory kept free: allocator fragmentation and what the model misses
 SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
 # shorter sequences' activations fit a device next to any layout's weights; below it CP only adds traffic
 CONTEXT_MIN_SEQ = 8192

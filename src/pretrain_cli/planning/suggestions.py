@@ -71,6 +71,7 @@ def suggest(run: RunConfig, base: Plan, replan) -> list[dict]:
 
 
 MAX_DEVICES = 4096
+FIT_MARGIN = 0.10  # `plan --fit`'s default share of device memory kept free (`planning.fit.DEFAULT_MARGIN`)
 
 # The order `minimal` tries dropping the keys of a change that fits in: the dearest lever first (recompute costs
 # about a third more compute), the sharding stage last (it is then lowered instead). Keys in one tuple go together:
@@ -172,6 +173,9 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     if "sharding" in change and r.parallel.sharding_stage:
         why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
     why += "; without any one of these keys it does not fit there" if change else "; the file as written fits there"
+    if budget_gib is None and r.peak_gib > base.device.memory_gib * (1 - FIT_MARGIN):  # plan's count, not --fit's
+        why += (f"; {r.peak_gib:.2f} of {base.device.memory_gib:g} GiB leaves less than `plan --fit`'s "
+                f"{FIT_MARGIN:.0%} margin, so --fit asks for more devices")
     return {"gpus": world, "change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
             "fits": True, "why": why}
 
