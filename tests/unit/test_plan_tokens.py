@@ -25,6 +25,12 @@ def test_tokens_sets_max_steps_to_cover_them(write_args, capsys, gpus):
     assert _plan(capsys, cfg, "--gpus", gpus, "--tokens", "1e10")["max_steps"] == steps
 
 
+def test_the_steps_of_a_long_run_are_grouped_as_its_tokens(write_args, capsys):
+    """'190735 steps = 100,000,000,000 tokens' read as one more number to count the digits of."""
+    assert cli_main(["plan", write_args(), "--tokens", "10B"]) == 0
+    assert "1,024 tokens/step; 9,765,625 steps = 10,000,000,000 tokens" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv,error", [
     (["--tokens", "ten"], "--tokens: 'ten' is no token count; give one such as 10B, 500M or 1e10"),
     (["--tokens", "0"], "--tokens: '0' is no token count; give one such as 10B, 500M or 1e10"),

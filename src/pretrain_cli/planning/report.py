@@ -245,8 +245,8 @@ def format_report(r: Plan) -> str:
                  f"recompute {r.recompute or 'off'}; attention {r.attention_words or r.attention}, "
                  f"{r.attention_mask_type} mask")
     lines.append(f"tokens: {r.micro_batch} x acc {r.gradient_accumulation_steps} x {count(par.data_ranks, 'data rank')}"
-                 f" x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; {count(r.max_steps, 'step')} = "
-                 f"{r.total_tokens:,} tokens")
+                 f" x {r.max_seq_length} = {r.tokens_per_step:,} tokens/step; "
+                 f"{count(r.max_steps, 'step', grouped=True)} = {r.total_tokens:,} tokens")
     if r.schedule:
         lines.append(f"schedule: {r.schedule}")
     if r.layout and (par.tp > 1 or par.pp > 1 or par.ep > 1):
