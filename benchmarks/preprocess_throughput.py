@@ -131,7 +131,8 @@ def main() -> None:
     ap.add_argument("--micro_bs", type=int, default=8)
     a = ap.parse_args()
 
-    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, train_bpe
+    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for
+    from pretrain_cli.data.tokenizer_training import train_bpe
 
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
           "(shared: other jobs may run during the measurement)")

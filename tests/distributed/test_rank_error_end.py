@@ -67,6 +67,9 @@ def test_a_user_error_on_one_rank_ends_the_job_with_its_line_and_code_and_no_loc
     # said once on the console, by rank 0 (the launcher copies its output): its own error, or rank 1's departure
     said = f"error: {error}" if failing == 0 else f"left with an error: {error}; this rank stops too."
     assert (console + err).count(error) == 1 and said in console, everything
+    # the console line names the rank that ended the job, as launch.sh's 'rank N ended the job' did
+    line = next(x for x in console.splitlines() if said in x)
+    assert failing == 0 or f"rank {failing} (pid" in line, everything
     assert "LAUNCH ERROR" not in err and "ended the job" not in err, everything
     assert f"rank {1 - failing}: rank {failing} (pid" in other, everything  # the other rank says why it ends
     assert f"left with an error: {error}; this rank stops too." in other, everything

@@ -49,7 +49,8 @@ def write_jsonl(path: Path, docs) -> Path:
 
 def make_tokenizer(directory: Path, vocab_size: int = TOK_VOCAB, specials=None, pad_to: int | None = None) -> Path:
     """A tiny byte-level BPE; `pad_to` adds filler tokens until the vocabulary has that many ids."""
-    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, train_bpe
+    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for
+    from pretrain_cli.data.tokenizer_training import train_bpe
 
     specials = list(DEFAULT_SPECIALS if specials is None else specials)
     tok = train_bpe(texts(200), vocab_size, specials, min_frequency=1)

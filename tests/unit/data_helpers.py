@@ -26,7 +26,8 @@ def write_jsonl(path: Path, texts, key: str = "text") -> Path:
 
 def make_tokenizer(directory: Path, texts=None, vocab_size: int = 300) -> Path:
     """Train and save a tiny byte-level BPE with the tutorial's special tokens."""
-    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for, train_bpe
+    from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS, Tokenizer, _roles_for
+    from pretrain_cli.data.tokenizer_training import train_bpe
 
     tok = train_bpe(texts or make_texts(200), vocab_size, DEFAULT_SPECIALS, min_frequency=1)
     Tokenizer(tok, str(directory), _roles_for(DEFAULT_SPECIALS), "").save(directory)

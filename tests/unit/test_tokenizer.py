@@ -10,6 +10,7 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, write_jsonl
 from pretrain_cli.commands import train_tokenizer as cmd
 from pretrain_cli.data import tokenizer as tk
+from pretrain_cli.data import tokenizer_training
 from pretrain_cli.errors import UserError
 
 
@@ -128,7 +129,7 @@ def _hf_written(kind: str, d):
     from tokenizers import Regex, decoders, pre_tokenizers, processors
 
     texts = make_texts(300) + _CODE * 30
-    tok = tk.train_bpe(texts, 600, tk.DEFAULT_SPECIALS, min_frequency=1)
+    tok = tokenizer_training.train_bpe(texts, 600, tk.DEFAULT_SPECIALS, min_frequency=1)
     model = json.loads(tok.to_str())["model"]
     if kind == "hf-qwen2":
         hf = transformers.Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]],

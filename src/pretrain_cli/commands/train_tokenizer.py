@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.commands import check_counts
-    from pretrain_cli.data.tokenizer import train_tokenizer
+    from pretrain_cli.data.tokenizer_training import train_tokenizer
 
     check_counts(ns, "min_frequency", minimum=0)  # the BPE trainer takes it unsigned: below 0 is a traceback
 
