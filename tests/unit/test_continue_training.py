@@ -212,6 +212,28 @@ def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, d
     assert line.endswith("download it again, or point model_name_or_path to a complete directory")
 
 
+@pytest.mark.parametrize("damage", ["missing", "truncated", "header"])
+def test_a_damaged_checkpoint_continued_from_says_what_is_wrong_before_what_to_do(tmp_path, damage):
+    """The same damage in a run's checkpoint (its trainer_state.json) is no download's: the line says what it makes
+    of the checkpoint (incomplete, damaged), then to name another of the run's checkpoints."""
+    _, path = _paddlenlp_qwen3(tmp_path / "checkpoint-4")
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    shard = path / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(data[:len(data) // 2] if damage == "truncated" else data[:6])
+    with pytest.raises(UserError) as e:
+        prepare(_args(tmp_path, str(path)), [], Target())
+    state = "damaged" if damage == "header" else "incomplete"
+    assert str(e.value) == f"{shard}: " + {
+        "missing": "missing, though model.safetensors.index.json names it",
+        "truncated": f"truncated ({len(data) // 2:,} bytes, its header says {len(data):,})",
+        "header": "unreadable safetensors header (unpack requires a buffer of 8 bytes), damaged or truncated",
+    }[damage] + f"; the checkpoint is {state}: point model_name_or_path to another of the run's checkpoints"
+
+
 def test_a_shard_that_cannot_be_opened_says_why(tmp_path, monkeypatch):
     """A shard that is there but unreadable (its permissions) is neither missing nor damaged: one line with the
     system's reason and what fixes it, not "download it again". As root chmod 000 still lets it be read, so the

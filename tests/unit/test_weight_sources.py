@@ -146,10 +146,12 @@ def test_a_checkpoint_directory_is_read_once(tmp_path, src):
     assert CheckpointDir(tmp_path).args is None and CheckpointDir(tmp_path).record is None  # no run wrote it
 
 
-@pytest.mark.parametrize("trainer_state, advice", [(False, convert.INCOMPLETE), (True, shard_files.CHECKPOINT_ADVICE)])
+@pytest.mark.parametrize("trainer_state, advice", [
+    (False, "; " + convert.INCOMPLETE),
+    (True, f"; the checkpoint is damaged: {shard_files.CHECKPOINT_ADVICE}")])
 def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
     """A model directory (transformers', PaddleNLP's: no trainer state) whose weights file is damaged is to be
-    downloaded again; a checkpoint's, to be resumed from another checkpoint."""
+    downloaded again; a checkpoint's says what that makes of the checkpoint, then to resume from another."""
     from pretrain_cli.run_dir import STATE_FILE
     from pretrain_cli.training.weight_source import open_reader
 
@@ -161,3 +163,24 @@ def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_st
     with pytest.raises(UserError) as e:
         open_reader(tmp_path, "weights")
     assert str(e.value).startswith(f"{tmp_path / 'model.safetensors'}: unreadable") and str(e.value).endswith(advice)
+
+
+@pytest.mark.parametrize("trainer_state, advice", [
+    (False, "; " + convert.INCOMPLETE),
+    (True, f"; the checkpoint is incomplete: {shard_files.CHECKPOINT_ADVICE}")])
+def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
+    """A weights file cut short in a checkpoint-N: the line says the checkpoint is incomplete before what to do; a
+    model directory's keeps its "download it again"."""
+    from pretrain_cli.run_dir import STATE_FILE
+    from pretrain_cli.training.weight_source import open_reader
+
+    save_file({"model.embed_tokens.weight": np.ones((4, 2), np.float32)}, str(tmp_path / "model.safetensors"))
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:-8])  # the last 8 bytes of the tensor's data gone
+    if trainer_state:
+        (tmp_path / STATE_FILE).write_text("{}")
+    reader, _ = open_reader(tmp_path, "weights")
+    with pytest.raises(UserError) as e:
+        reader.read("model.embed_tokens.weight")
+    assert str(e.value) == (f"{tmp_path / 'model.safetensors'}: truncated ({len(data) - 8:,} bytes, tensor "
+                            f"'model.embed_tokens.weight' ends at {len(data):,}){advice}")

@@ -153,19 +153,24 @@ def refuse_fused(where, names) -> None:
 
 
 INCOMPLETE = "download it again, or point model_name_or_path to a complete directory"
+ANOTHER_CHECKPOINT = "point model_name_or_path to another of the run's checkpoints"
 
 
 def readable_weights(src_dir) -> list[str]:
     """`find_weights`, and the fused projections `name_map` would refuse, found from the files' headers alone
     (what `check` reads of a pretrained directory). A shard the index names but the directory lacks, one cut short
-    (a download stopped halfway) or with a damaged header is one line saying to download it again (`File`'s
-    checkpoint advice, another checkpoint, is none a model directory has)."""
+    or with a damaged header is one line: in a model directory (a download stopped halfway) saying to download it
+    again, as it has no other checkpoint to turn to; in a run's own directory (its trainer state: `continue_training`
+    from a checkpoint-N) saying the checkpoint is incomplete (or damaged), and to name another."""
+    from pretrain_cli.run_dir import STATE_FILE
     from pretrain_cli.storage.shard_files import File
 
     files, names = find_weights(src_dir), []
     listed_in = INDEX_FILE if os.path.isfile(os.path.join(src_dir, INDEX_FILE)) else None  # else each was found
+    holder = ({"fix": ANOTHER_CHECKPOINT} if os.path.isfile(os.path.join(src_dir, STATE_FILE))
+              else {"advice": INCOMPLETE})
     for path in files:
-        file = File(path, "safetensors header", advice=INCOMPLETE, listed_in=listed_in).require_data()
+        file = File(path, "safetensors header", listed_in=listed_in, **holder).require_data()
         names.extend(file.tensors)
     refuse_fused(src_dir, names)
     return files

@@ -115,20 +115,23 @@ def checksum(path) -> dict:
     return {"bytes": total, "crc32": f"{crc:08x}"}
 
 
-CHECKPOINT_ADVICE = "resume from another checkpoint"  # `File`'s advice unless told another (a model directory's)
+CHECKPOINT_ADVICE = "resume from another checkpoint"  # what a checkpoint's reader can do (`File`'s default)
 
 
 class File:
     """One safetensors file opened for block reads: its header parsed, its data section memory-mapped lazily.
 
-    Every line it raises ends with `advice`, what the reader of this file can do about it: a checkpoint's reader
-    can resume from another checkpoint, a model directory's cannot (`models.convert.readable_weights`). A file
-    that is there but whose permissions keep it from being opened says so instead: it may well be whole."""
+    Every line it raises says what is wrong with the file, then what its reader can do about it. A checkpoint's
+    file (no `advice`) also says what that makes of the checkpoint (incomplete: a file missing or cut short;
+    damaged), then `fix`; a model directory has no other checkpoint to turn to, so its reader gives its own
+    advice, said as given (`models.convert.INCOMPLETE`: download it again). A file that is there but whose
+    permissions keep it from being opened says so instead: it may well be whole."""
 
-    def __init__(self, path, what: str = "safetensors file", advice: str = CHECKPOINT_ADVICE,
-                 listed_in: str | None = None):
-        """`listed_in`: the index that names this file, said when the file is missing (what makes it expected)."""
-        self.path, self.advice = Path(path), advice
+    def __init__(self, path, what: str = "safetensors file", advice: str | None = None,
+                 listed_in: str | None = None, fix: str = CHECKPOINT_ADVICE):
+        """`listed_in`: the index that names this file, said when the file is missing (what makes it expected);
+        `fix`: what a checkpoint's reader can do (`continue_training` from one: `models.convert.ANOTHER_CHECKPOINT`)."""
+        self.path, self.advice, self.fix = Path(path), advice, fix
         try:
             size = os.path.getsize(self.path)
             with open(self.path, "rb") as f:
@@ -138,17 +141,22 @@ class File:
                 head = json.loads(f.read(n))
         except FileNotFoundError:
             listed = f", though {listed_in} names it" if listed_in else ""
-            raise UserError(f"{self.path}: missing{listed}; {advice}") from None
+            raise UserError(f"{self.path}: missing{listed}; {self._advised('incomplete')}") from None
         except PermissionError as e:
             raise UserError(f"{self.path}: unreadable ({e.strerror}); fix its permissions") from None
         except OSError as e:  # a directory in its place, an I/O error: the reason, as the system gives it
-            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {advice}") from None
+            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {self._advised('damaged')}") from None
         except (ValueError, struct.error) as e:
-            raise UserError(f"{self.path}: unreadable {what} ({e}); it is damaged or truncated: {advice}") from None
+            raise UserError(f"{self.path}: unreadable {what} ({e}), damaged or truncated; "
+                            f"{self._advised('damaged')}") from None
         self.metadata = head.pop("__metadata__", {})
         self.tensors, self.start, self.size = head, 8 + n, size
         self._map = None
         self.bytes_read = 0  # of tensor data, by `read` (what a block read touches)
+
+    def _advised(self, state: str) -> str:
+        """What to do, after what `state` ("incomplete", "damaged") makes of a checkpoint; or the advice given."""
+        return self.advice or f"the checkpoint is {state}: {self.fix}"
 
     @property
     def data_end(self) -> int:
@@ -158,22 +166,22 @@ class File:
         return self.start + max(ends, default=0)
 
     def require_data(self) -> "File":
-        """This file, once every tensor's data is found present (the header alone read: a few KiB), else one line
-        with `advice`: a file cut short fails here rather than at the first `read` past its end."""
+        """This file, once every tensor's data is found present (the header alone read: a few KiB), else one line:
+        a file cut short fails here rather than at the first `read` past its end."""
         if self.data_end > self.size:
             raise UserError(f"{self.path}: truncated ({self.size:,} bytes, its header says {self.data_end:,}); "
-                            f"{self.advice}")
+                            f"{self._advised('incomplete')}")
         return self
 
     def read(self, name: str, offsets=None, shape=None) -> np.ndarray:
         """The block `offsets` + `shape` (default: all) of tensor `name`, copied out of the file."""
         info = self.tensors.get(name)
         if info is None:
-            raise UserError(f"{self.path}: tensor {name!r} is missing; {self.advice}")
+            raise UserError(f"{self.path}: tensor {name!r} is missing; {self._advised('damaged')}")
         begin, end = info["data_offsets"]
         if self.start + end > self.size:
             raise UserError(f"{self.path}: truncated ({self.size:,} bytes, tensor {name!r} ends at "
-                            f"{self.start + end:,}); {self.advice}")
+                            f"{self.start + end:,}); {self._advised('incomplete')}")
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         dtype = NUMPY[info["dtype"]]
@@ -194,7 +202,7 @@ class Files:
     the index), read block by block like the pieces of an indexed checkpoint (`checkpoint_index.Reader`: the same
     `index`, `read`, `bytes_read`, `opened`, `close`)."""
 
-    def __init__(self, paths, what: str, advice: str = CHECKPOINT_ADVICE):
+    def __init__(self, paths, what: str, advice: str | None = None):
         self.files, self.index, self._where = [File(p, what, advice=advice) for p in paths], {"tensors": {}}, {}
         for f in self.files:
             for n, t in f.tensors.items():
