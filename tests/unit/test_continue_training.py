@@ -160,7 +160,8 @@ def test_check_finds_weights_that_do_not_belong_to_the_config_json(tmp_path, cap
 
 def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weights_keep_theirs(tmp_path):
     """PaddleNLP's run_pretrain.py sizes a new model's max_position_embeddings to max_seq_length (the max of the
-    two), which a preset's user cannot edit; weights trained for a shorter range are refused, as before."""
+    two), which a preset's user cannot edit; weights trained for a shorter range train past it and keep their
+    range, with a note, as PaddleNLP's continue_training does."""
     path = tmp_path / "qwen3"
     path.mkdir()
     (path / "config.json").write_text(json.dumps(ModelConfig(**QWEN3).to_hf_dict()))  # max_position_embeddings 64
@@ -171,8 +172,10 @@ def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weig
     assert spec.model_cfg.max_position_embeddings == 128
     assert "max_position_embeddings: raised from 64 to max_seq_length 128" in "\n".join(spec.run.notes)
     _, pretrained = _paddlenlp_qwen3(tmp_path / "pretrained")
-    with pytest.raises(UserError, match="128 exceeds the model's max_position_embeddings \\(64\\)"):
-        prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target())
+    spec = prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target())
+    assert spec.model_cfg.max_position_embeddings == 64 and spec.run.data.max_seq_length == 128
+    assert [n for n in spec.run.notes if n.startswith("max_seq_length: 128 is past the model's "
+                                                       "max_position_embeddings (64): positions 64-127 take")]
 
 
 def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys, monkeypatch):

@@ -116,8 +116,17 @@ def test_errors(corpus, model_dir):
     prefix, _ = corpus
     with pytest.raises(UserError, match="fewer than one window"):
         evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=64))
-    with pytest.raises(UserError, match="max_position_embeddings"):
-        evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=40))
+
+
+def test_windows_past_the_models_range_are_evaluated_with_a_note(corpus, model_dir, capsys):
+    """RoPE has no table to run out of: windows of 40 on a model of max_position_embeddings 32 are evaluated (as
+    transformers runs them), with one note naming the positions past the model's range."""
+    prefix, _ = corpus
+    evaluate.main(_ns(model=model_dir[0], data=prefix, max_seq_length=40, json=True))
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["windows"] == 1  # (45 - 1) // 40
+    assert ("note: --max_seq_length: 40 is past the model's max_position_embeddings (32): positions 32-39 take RoPE "
+            "angles") in captured.err
 
 
 def test_a_zero_window_length_is_refused_not_read_as_the_runs_own(corpus, model_dir, capsys):

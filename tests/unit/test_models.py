@@ -11,7 +11,7 @@ paddle = runtime.import_paddle()
 
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.ops.loss import causal_lm_loss_sum, mean_loss  # noqa: E402
-from pretrain_cli.models import build_model, check_seq_len  # noqa: E402
+from pretrain_cli.models import build_model, past_positions  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.models.rope_scaling import rope_inv_freq  # noqa: E402
 from pretrain_cli.models.recompute import apply_recompute  # noqa: E402
@@ -104,12 +104,20 @@ def test_validate_errors_are_one_line(kw, words):
     assert "\n" not in msg and all(w in msg for w in words)
 
 
-def test_from_dict_unknown_model_type_and_seq_len_check():
+def test_from_dict_unknown_model_type_and_positions_past_the_range():
+    """Samples past max_position_embeddings are a note, not a refusal (RoPE has no table to run out of): it names
+    the positions, and the rope_scaling they are rotated under."""
     with pytest.raises(UserError, match="use one of llama, qwen2"):
         ModelConfig.from_dict({"model_type": "mistral"})
-    check_seq_len(tiny(), 64)
-    with pytest.raises(UserError, match="exceeds the model's max_position_embeddings"):
-        check_seq_len(tiny(), 65)
+    assert past_positions(tiny(), 64) is None
+    assert past_positions(tiny(), 65) == (
+        "max_seq_length: 65 is past the model's max_position_embeddings (64): position 64 takes RoPE angles "
+        "computed as transformers computes them (RoPE has no position table), angles a model pretrained to 64 has "
+        "not seen")
+    scaled = tiny(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16})
+    assert ", under rope_scaling llama3 (factor 8.0, original_max_position_embeddings 16) as config.json sets it: " \
+           "its frequencies do not change with the length, angles" in past_positions(scaled, 100, "--max_seq_length")
 
 
 def test_hf_dict_round_trip_and_rope_formats():

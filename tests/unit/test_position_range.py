@@ -1,13 +1,13 @@
 """A config.json's `max_position_embeddings` left out means transformers' default of its configuration class
 (Qwen3MoeConfig 32768, LlamaConfig 2048, ...), and a new model is raised to a longer max_seq_length whether the key
-is written or left out (`orchestration.opened.build_model_config`); pretrained weights keep their range."""
+is written or left out (`orchestration.opened.build_model_config`); pretrained weights keep their range and train
+past it with a note."""
 import json
 
 import pytest
 
 from pretrain_cli.config.parser import parse_config
-from pretrain_cli.errors import UserError
-from pretrain_cli.models.config import ModelConfig, check_seq_len
+from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import FAMILIES
 from pretrain_cli.orchestration.opened import build_model_config
 
@@ -20,7 +20,6 @@ def _built(tmp_path, config: dict, seq: int, *flags: str):
     (tmp_path / "config.json").write_text(json.dumps(config))
     args = parse_config(None, ["--model_name_or_path", str(tmp_path), "--max_seq_length", str(seq), *flags])
     _, cfg = build_model_config(args)
-    check_seq_len(cfg, seq)  # what `prepare` asks next
     return cfg, list(args.rewritten)
 
 
@@ -40,8 +39,12 @@ def test_a_new_model_is_raised_whether_the_key_is_written_or_left_out(tmp_path):
                      "PaddleNLP)"]
     cfg, notes = _built(tmp_path, {**llama, "max_position_embeddings": 256}, 4096)
     assert cfg.max_position_embeddings == 4096 and notes[0].startswith("max_position_embeddings: raised from 256 to")
-    with pytest.raises(UserError, match=r"4096 exceeds the model's max_position_embeddings \(2048\)"):
-        _built(tmp_path, llama, 4096, "--continue_training", "1")  # pretrained weights: their range, the default's
+    cfg, notes = _built(tmp_path, llama, 4096, "--continue_training", "1")  # pretrained weights: their range
+    assert cfg.max_position_embeddings == 2048  # (the default's), and a note
+    assert notes == ["max_seq_length: 4096 is past the model's max_position_embeddings (2048): positions 2048-4095 "
+                     "take RoPE angles computed as transformers computes them (RoPE has no position table), angles a "
+                     "model pretrained to 2048 has not seen; this run trains on them, and the config.json it saves "
+                     "keeps max_position_embeddings 2048, as PaddleNLP's continue_training does"]
 
 
 def _left_out(model_type: str) -> dict:

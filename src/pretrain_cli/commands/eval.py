@@ -220,7 +220,7 @@ def main(ns: argparse.Namespace) -> int:
     if ns.max_seq_length is None:
         raise UserError("eval: pass --max_seq_length (--model is no directory a run wrote, so it has no default)")
     from pretrain_cli.data.indexed import check_token_ids, open_token_file
-    from pretrain_cli.models.config import check_seq_len
+    from pretrain_cli.models.config import past_positions
     from pretrain_cli.training.evaluation import (document_starts, perplexity, read_tokens, window_batches,
                                                   window_count)
 
@@ -229,7 +229,8 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
     model_dir, cfg = _model_config(ns.model)
-    check_seq_len(cfg, ns.max_seq_length, source="--max_seq_length")
+    if past := past_positions(cfg, ns.max_seq_length, source="--max_seq_length"):
+        print(f"note: {past}", file=sys.stderr)
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)
     _check_tokenizer(ns.data, model_dir)

@@ -6,7 +6,7 @@ Importing the package does not import Paddle, so `models.config`, `models.famili
 """
 from __future__ import annotations
 
-from pretrain_cli.models.config import ModelConfig, check_seq_len
+from pretrain_cli.models.config import ModelConfig, past_positions
 
 
 def build_model(cfg: ModelConfig, kernels=None, moe=None):
@@ -25,4 +25,4 @@ def build_model(cfg: ModelConfig, kernels=None, moe=None):
     return CausalLM(cfg, kernels or kernels_mod.select(None, paddle.device.get_device()), moe)
 
 
-__all__ = ["ModelConfig", "build_model", "check_seq_len"]
+__all__ = ["ModelConfig", "build_model", "past_positions"]

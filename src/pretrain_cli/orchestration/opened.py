@@ -17,7 +17,7 @@ from pretrain_cli.run_config import RunConfig
 def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.models.config import ModelConfig, read_generation
+    from pretrain_cli.models.config import ModelConfig, past_positions, read_generation
     from pretrain_cli.models.families import FAMILIES
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
@@ -47,7 +47,7 @@ def build_model_config(args: Arguments):
     if not args.model.continue_training and isinstance(limit, int) and isinstance(seq, int) and seq > limit:
         # a new model is sized to its samples, as PaddleNLP's run_pretrain.py does (max of the two), whether
         # config.json writes the range or leaves it to transformers' default; pretrained weights keep the range
-        # they were trained for (check_seq_len refuses more)
+        # they were trained for (below)
         raw["max_position_embeddings"] = seq
         whose = " (transformers' default: config.json leaves it out)" if left_out else ""
         args.rewritten += (f"max_position_embeddings: raised from {limit}{whose} to max_seq_length {seq} for the "
@@ -55,6 +55,14 @@ def build_model_config(args: Arguments):
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate()
+    if past := past_positions(cfg, seq):
+        # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
+        # under llama3/yarn scaling it is part of the frequencies (transformers reads it as
+        # original_max_position_embeddings where rope_scaling leaves that out; `rope_scaling._yarn_factor` divides
+        # it where factor is left out), so another number would save another model; transformers runs any length
+        args.rewritten += (f"{past}; this run trains on them, and the config.json it saves keeps "
+                           f"max_position_embeddings {cfg.max_position_embeddings}, as PaddleNLP's "
+                           f"continue_training does",)
     return model_dir, cfg
 
 

@@ -202,7 +202,6 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
     overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`)."""
     from pretrain_cli.config.keys import KEYS, coerce
-    from pretrain_cli.models.config import check_seq_len
 
     args = load_arguments(config, overrides, record)
     for key, value in (changes or {}).items():
@@ -210,8 +209,6 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         args.explicit[key] = "command line"
     problems = Problems()
     built = problems.run(build_model_config, args)
-    if built is not None:
-        problems.run(check_seq_len, built[1], args.data.max_seq_length)
     # without the model's shape, a placeholder that passes every check still finds the argument problems
     run = problems.run(resolve, args, built[1] if built else placeholder_config(), target)
     # a run on this CPU (a GPU file checked here is checked as the GPU run it is): its parameters alone, then the
