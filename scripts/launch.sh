@@ -168,7 +168,9 @@ while true; do
   launcher=""
   if [ "$rc" -eq 0 ]; then exit 0; fi
   read -r code action < <("$PY" "$HERE/job.py" decide "$verdicts" "$rc" 2>/dev/null || echo "$rc retry")
-  "$PY" "$HERE/job.py" cause "$verdicts" >&2 2>/dev/null || true  # who ended the job (not the launcher's guess)
+  # who ended the job and how, once, on stderr, with where its full log is (Paddle's report is left out:
+  # distributed/launcher/failure_report.py)
+  "$PY" "$HERE/job.py" cause "$verdicts" "$LOG_DIR" >&2 2>/dev/null || true
   if [ -n "$stop" ]; then  # stopped by a signal: the ranks' code, no restart
     if [ "$action" != "stop" ] && { [ "$rc" -eq 138 ] || [ "$rc" -eq 140 ]; }; then  # SIGUSR1/2 before any rank
       code=$((128 + $(kill -l "$stop")))

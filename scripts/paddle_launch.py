@@ -168,7 +168,7 @@ if __name__ == "__main__":
         from pretrain_cli.distributed.launcher import failure_report, rendezvous
 
         rendezvous.guard()
-        failure_report.install()  # a usage error said once: not again in Paddle's failure report
+        failure_report.install()  # under launch.sh a rank's end is said once, by launch.sh: not in Paddle's report
         runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
     except Exception as e:  # Paddle's import turns a KeyboardInterrupt into an ImportError raised from it
         cause = e

@@ -1,7 +1,7 @@
-"""A usage error under scripts/launch.sh with 2 processes: the console says it once, as one process does, with no
-noise of Paddle's launcher after it, and exits 2 (`distributed.launcher.failure_report`, `job.cause`). A typo'd key
-(which every rank finds) could reach the console three times: rank 0's copy, the launcher's tail of the failed rank's
-log after `LAUNCH ERROR ... Container failed !!!`, and launch.sh's `rank 1 ended the job: ...`."""
+"""A usage error under scripts/launch.sh with 2 processes: the console says it once, on stderr, as one process does,
+with no noise of Paddle's launcher, and exits 2 (`distributed.launcher.failure_report`). A typo'd key (which every rank
+finds) could reach the console three times: rank 0's copy (on stdout), the launcher's tail of the failed rank's log
+after `LAUNCH ERROR ... Container failed !!!`, and launch.sh's `rank 1 ended the job: ...`."""
 import json
 from pathlib import Path
 
@@ -25,6 +25,7 @@ def test_a_usage_error_of_every_rank_is_one_line_on_the_console_and_exit_2(tmp_p
     logs = [(tmp_path / "out" / "log" / f"workerlog.{n}").read_text() for n in (0, 1)]
     assert p.returncode == 2, console[-3000:]  # as one process exits
     assert console.count(line.removeprefix("error: ").split(";")[0]) == 1, console[-3000:]
-    assert line in console and "LAUNCH ERROR" not in console and "Container" not in console, console[-3000:]
+    assert err.startswith(line) and err.count("\n") == 1, console[-3000:]  # stderr: that line alone, as one process
+    assert "LAUNCH ERROR" not in console and "Container" not in console, console[-3000:]
     assert "ended the job" not in console and "Traceback" not in console, console[-3000:]
     assert all(line in log for log in logs), logs  # each rank's log keeps its own

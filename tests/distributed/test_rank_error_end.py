@@ -53,24 +53,21 @@ def test_a_user_error_on_one_rank_ends_the_job_with_its_line_and_code_and_no_loc
     waiting for it in the step, ends without naming a death)."""
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
-    out, logs = tmp_path / "out", tmp_path / "log"
+    out, log_dir = tmp_path / "out", tmp_path / "log"
     cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=40, logging_steps=1, save_steps=1000)
     path = f"{tmp_path / 'inject'}:{child_env()['PYTHONPATH']}"
-    with launch_sh(cfg, tmp_path, NPROC="2", LOG_DIR=str(logs), PYTHONPATH=path, PCLI_TEST_FAILING=str(failing),
+    with launch_sh(cfg, tmp_path, NPROC="2", LOG_DIR=str(log_dir), PYTHONPATH=path, PCLI_TEST_FAILING=str(failing),
                    preexec_fn=default_hangup) as job:
         console, err = job.proc.communicate(timeout=300)
-    logs = [read_log(logs / f"workerlog.{n}") for n in (0, 1)]
+    logs = [read_log(log_dir / f"workerlog.{n}") for n in (0, 1)]
     everything = f"{err[-3000:]}\n--- workerlog.0\n{logs[0][-3000:]}\n--- workerlog.1\n{logs[1][-3000:]}"
     error, other = ERROR.format(failing), logs[1 - failing]
     assert job.proc.returncode == 2, everything  # the failing rank's own code: a usage error, not restarted
     assert logs[failing].count(f"error: {error}") == 1, everything
-    # said once on the console, by rank 0 (the launcher copies its output): its own error, or rank 1's departure
-    said = f"error: {error}" if failing == 0 else f"left with an error: {error}; this rank stops too."
-    assert (console + err).count(error) == 1 and said in console, everything
-    # the console line names the rank that ended the job, as launch.sh's 'rank N ended the job' did
-    line = next(x for x in console.splitlines() if said in x)
-    assert failing == 0 or f"rank {failing} (pid" in line, everything
-    assert "LAUNCH ERROR" not in err and "ended the job" not in err, everything
+    # said once on the console, on stderr, naming the rank, its code and its log (not in rank 0's copy on stdout)
+    said = f"launch.sh: rank {failing} ended the job (exit 2): {error}. Its full log: {log_dir}/workerlog.{failing}"
+    assert (console + err).count(error) == 1 and said in err.splitlines(), everything
+    assert "LAUNCH ERROR" not in err and "Container" not in console + err, everything
     assert f"rank {1 - failing}: rank {failing} (pid" in other, everything  # the other rank says why it ends
     assert f"left with an error: {error}; this rank stops too." in other, everything
     for log in logs:

@@ -272,9 +272,10 @@ def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_
     assert "Traceback" not in log0
     log1 = (tmp_path / "log" / "workerlog.1").read_text(errors="replace")  # stopped by the launcher's SIGTERM
     assert "C++ Traceback" not in log1 and "FatalError" not in log1, log1[-3000:]
-    # said once on the console: rank 0's own line (the launcher copies rank 0's output), not again by launch.sh
-    assert proc.stdout.count(f"error: resume_from_checkpoint: {shard} is missing") == 1, proc.stdout[-3000:]
-    assert f"{shard} is missing" not in proc.stderr and "LAUNCH ERROR" not in proc.stderr, proc.stderr[-3000:]
+    # said once on the console, on stderr by launch.sh, as one process says it; not in rank 0's copy on stdout
+    assert proc.stderr.startswith(f"error: resume_from_checkpoint: {shard} is missing"), proc.stderr[-3000:]
+    assert proc.stderr.count(f"resume_from_checkpoint: {shard} is missing") == 1, proc.stderr[-3000:]
+    assert f"{shard} is missing" not in proc.stdout and "LAUNCH ERROR" not in proc.stderr, proc.stderr[-3000:]
 
 
 # ------------------------------------------------------------------ a rank that makes no progress

@@ -1,42 +1,52 @@
-"""After a usage error the first rank said itself, Paddle's launcher copies that rank's log to its end before it
-finishes (`failure_report.install`), so the error's line is surely on the console however long the log: the copy goes
-on from where the launcher's own copy stopped, past `Container.logs`' 1000 lines a call, and also after the launcher's
-`Pod.stop` has closed the log it copies from (`Container.terminate`), which it does at every failure before `finalize`.
+"""Paddle's launcher under launch.sh (`failure_report.install`): its copy of the first rank's log onto stdout leaves out
+the lines that say how the job ended (the CLI's `error:` lines, the rank watchers' verdicts), which launch.sh says once
+on stderr; its failure report (`Container failed`, the log's tail) is held back, and given only when no rank recorded
+its end; after a failure the first rank's log is copied on to its end (past `Container.logs`' 1000 lines a call, and
+after the launcher's `Pod.stop` closed the log it copies from, which it does at every failure before `finalize`).
 """
+import logging
+import signal
 import types
 
 from paddle.distributed.launch.controllers.controller import ControllerBase
 from paddle.distributed.launch.job.container import Container
 
 from pretrain_cli.distributed.launcher import failure_report, job
+from pretrain_cli.distributed.launcher.verdict import hung_cause
+from pretrain_cli.distributed.launcher.watcher import Watcher
 
 ERROR = "error: cfg.json: unknown key `learnig_rate`\n"
+DIED = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) died: killed by SIGKILL; this rank stops too. See that rank's "
+        "workerlog for its cause; re-run to resume from the newest complete checkpoint-N.\n")
 
 
-def _finalize(tmp_path, monkeypatch, stopped: bool):
-    """Paddle's failure path on a first rank whose log holds 2500 lines and the error: the watch loop's last copy
-    (`Pod.logs`: 1000 lines), then, when `stopped`, `Pod.stop`'s terminate, then finalize; (what finalize still ran,
-    the log's lines on stdout after the watch loop's copy)."""
+def _installed(tmp_path, monkeypatch, said: str | None):
+    """`install` as paddle_launch.py runs it under launch.sh (`said`: what `cause` finds the ranks recorded)."""
+    for name in ("logs", "tail", "terminate"):  # (restored after: install replaces them)
+        monkeypatch.setattr(Container, name, getattr(Container, name))
+    monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: None)
+    monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
+    monkeypatch.setattr(job, "wait_for_watchers", lambda directory: None)
+    monkeypatch.setattr(job, "cause", lambda directory, log_dir=None: said)
+    monkeypatch.setattr(logging.getLogger("LAUNCH"), "filters", [])
+    failure_report.install()
+
+
+def _failure(tmp_path, monkeypatch, stopped: bool, said: str | None = "launch.sh: rank 1 ended the job: ..."):
+    """Paddle's failure path on a first rank whose log holds 2500 lines, then the watcher's verdict, then the error:
+    the watch loop's last copy (`Pod.logs`: 1000 lines), its `Container failed` record and tail, then, when
+    `stopped`, `Pod.stop`'s terminate, then finalize; returns rank 0's Container."""
     log = tmp_path / "workerlog.0"
-    log.write_text("".join(f"step {n}\n" for n in range(2500)) + ERROR)
+    log.write_text("".join(f"step {n}\n" for n in range(2500)) + DIED + ERROR)
+    _installed(tmp_path, monkeypatch, said)
     rank0 = Container()
     rank0.outfile = str(log)
     rank0._log_handler, rank0._log_start_offset = open(log), 0  # as Container.start opens it: nothing read yet
-    finalized = []
-    monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: finalized.append(exit))
-    for name in ("tail", "terminate"):  # (restored after: install replaces them)
-        monkeypatch.setattr(Container, name, getattr(Container, name))
-    monkeypatch.setattr(failure_report, "usage_ended", lambda: True)
-    monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
-    monkeypatch.setattr(job, "wait_for_watchers", lambda directory: None)
-    monkeypatch.setattr(job, "said_on_console", lambda directory: True)
-    monkeypatch.setattr(failure_report.logging.getLogger("LAUNCH"), "filters", [])
-    failure_report.install()
     pod = types.SimpleNamespace(join=lambda: None, containers=[rank0])
-    copied = []
     try:
-        rank0.logs(fn=types.SimpleNamespace(write=copied.append))  # the watch loop's copy, not to stdout
-        assert len(copied) == 1000
+        assert rank0.logs() is True  # the watch loop's copy: 1000 lines, onto stdout
+        logging.getLogger("LAUNCH").error(f"Container failed !!!\n{rank0}")
+        rank0.tail()
         if stopped:
             rank0.terminate()  # Pod.stop's: no process here (`_proc` None); the log it copies from is closed
             assert rank0._log_handler is None
@@ -44,19 +54,67 @@ def _finalize(tmp_path, monkeypatch, stopped: bool):
     finally:
         if rank0._log_handler is not None:
             rank0._log_handler.close()
-    return finalized
+    return rank0
 
 
-def test_after_the_launcher_stopped_the_ranks_the_first_ranks_log_is_copied_on_to_its_end(tmp_path, monkeypatch,
-                                                                                           capsys):
-    finalized = _finalize(tmp_path, monkeypatch, stopped=True)
-    out = capsys.readouterr().out
-    assert finalized == [False]  # Paddle's own finalize still runs after the copy
-    assert out.count("\n") == 1501 and out.startswith("step 1000\n") and out.endswith(ERROR), out[-200:]
+def test_after_the_launcher_stopped_the_ranks_the_first_ranks_log_is_copied_on_without_the_ending(
+        tmp_path, monkeypatch, capsys):
+    _failure(tmp_path, monkeypatch, stopped=True)
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 2500 and out.startswith("step 0\n") and out.endswith("step 2499\n"), out[-300:]
+    assert "error:" not in out and "died" not in out  # launch.sh says it, once, on stderr
+    assert "Container failed" not in out + err and "ERROR LOG" not in out + err
 
 
 def test_a_log_still_open_is_copied_on_past_1000_lines(tmp_path, monkeypatch, capsys):
-    finalized = _finalize(tmp_path, monkeypatch, stopped=False)
+    _failure(tmp_path, monkeypatch, stopped=False)
     out = capsys.readouterr().out
-    assert finalized == [False]
-    assert out.count("\n") == 1501 and out.startswith("step 1000\n") and out.endswith(ERROR), out[-200:]
+    assert out.count("\n") == 2500 and out.endswith("step 2499\n"), out[-300:]
+
+
+def test_with_no_rank_record_the_launchers_report_and_tail_are_given(tmp_path, monkeypatch, capsys):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("LAUNCH").addHandler(handler)
+    try:
+        _failure(tmp_path, monkeypatch, stopped=True, said=None)
+    finally:
+        logging.getLogger("LAUNCH").removeHandler(handler)
+    out = capsys.readouterr().out
+    assert [r.getMessage().split(" !!!")[0] for r in records] == ["Container failed"]
+    assert out.endswith("step 2499\n" + DIED + ERROR) and out.count(ERROR) == 1  # the tail (3000 bytes): all there is
+
+
+def test_the_ending_lines_are_the_watchers_verdicts_and_the_clis_errors(tmp_path):
+    """`ENDING` matches what the rank watchers write at a death, a hang, a loss elsewhere (`Watcher._line`), a
+    departure (`departure.follow`), and the CLI's `error:` line; not a straggler's line or a training line."""
+    w = Watcher(0, {0: 10, 1: 11}, "h", tmp_path, None, 1.0, remote={2: "other"})
+    died = {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL]}
+    lost = {"kind": "lost", "ranks": [0], "statuses": [signal.SIGABRT]}
+    hung = hung_cause(1, {"phase": "collective", "step": 4}, 30.0)
+    ending = [w._line(died), w._line(died, own=True), w._line(lost), w._line(hung), ERROR,
+              "[pretrain-cli] rank 0: rank 1 (pid 11 on h) left with an error: out: missing; this rank stops too.\n"]
+    for line in ending:
+        assert failure_report.ENDING.match(line.strip("\n")), line
+    kept = ["[pretrain-cli] rank 0: rank 1 (pid 11 on h) is a straggler: its own work per step takes 3.0x\n",
+            "[2026-12-07 10:53:50,941] [    INFO] - loss: 6.25, global_step: 1\n",
+            "[pretrain-cli] rank 1: its watcher (pid 9) ended: killed by SIGKILL; training goes on unwatched\n"]
+    for line in kept:
+        assert not failure_report.ENDING.match(line), line
+
+
+def test_a_line_read_before_it_was_whole_is_judged_whole(capsys):
+    console = failure_report._Console()
+    for part in ("step 1\nerr", "or: out: no space\n", "\n", "[pretrain-cli] rank 0: rank 1 (pid 7 on h) di",
+                 "ed: killed by SIGKILL\nstep 2\n\npartial"):
+        console.write(part)
+    console.flush()
+    assert capsys.readouterr().out == "step 1\nstep 2\n\npartial"
+
+
+def test_without_launch_sh_the_launchers_report_stands(monkeypatch):
+    monkeypatch.setattr(job, "verdict_dir", lambda: None)
+    tail = Container.tail
+    failure_report.install()
+    assert Container.tail is tail

@@ -1,54 +1,96 @@
-"""What Paddle's launcher says when its ranks end with a usage error: nothing of its own, so the error is said once.
+"""What the console says when a rank ends a job launched by scripts/launch.sh: one account, on stderr, said once.
 
 Paddle's launcher copies the node's first rank (local rank 0) into its own stdout as it runs, and when a rank fails it
-logs `LAUNCH ERROR ... Container failed !!!` with the failed rank's command, then copies again the last 3000 bytes of
-the failed rank's log (`Container.tail`); launch.sh then prints the cause's line (`job.cause`). Left so, a typo'd key,
-which every rank finds, would reach the console three times (rank 0's copy, the tail, launch.sh's line) under the
-launcher's noise. When this node's ranks recorded a usage error (`job.decide`: exit 2, never retried, as one process
-exits), the launcher's report and tail are left out (`install`). When the first rank said the error (its own `error:`
-line, or its watcher's line on the rank that left with it, `departure`), its log is copied to its end once the ranks and
-their watchers are done, so that the line is surely on the console, and launch.sh leaves out its line, which would
-repeat it (`job.cause`). The copy goes on from where the launcher's own copy stopped: at a failure the launcher stops
-the ranks (`Pod.stop`) before it finishes, and `Container.terminate` closes the log it copies from, so `install` keeps
-that position and the copy reopens the log file there (`_copy_rest`). Any other failure keeps the launcher's report,
-which launch.sh's line refers to.
+logs `LAUNCH ERROR ... Container failed !!!` with the command of the lowest rank it saw stop (usually one stopped
+because another died), then copies again the last 3000 bytes of that rank's log (`Container.tail`). Left so, a rank's
+end would reach the console up to three times (its `error:` line in rank 0's copy, the tail, launch.sh's line), on
+stdout, under the launcher's noise, and a death (SIGKILL) would follow a `Container rank 0 status failed` naming the
+wrong rank. The ranks record how each ended (`job.record`: its own `error:` line, or its watcher's verdict), and
+launch.sh says the first of them once, on stderr, after the launcher (`job.cause`: which rank ended the job and how, its
+line, where its full log is; a usage error that every rank of the node found is its `error:` lines, as one process
+says them). So, under launch.sh (`install`), the launcher's copy of rank 0 onto stdout leaves out the lines that say
+how the job ended (`ENDING`: the CLI's `error:` lines, the rank watchers' verdicts), and its failure report and tail
+are held back; once the ranks and their watchers are done (`finalize`), the rest of rank 0's log is copied (the
+launcher stops copying when it stops the ranks: `Pod.stop`, whose `Container.terminate` closes the log; `install`
+keeps the position), and the held report is given only when no rank recorded its end, so that something says it.
+Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 
 from pretrain_cli.distributed.launcher import job
 
 FAILED = "Container failed"  # the start of the launcher's ERROR record of a failed rank (controllers/controller.py)
+# the lines that say how the job ended, which launch.sh says once on stderr: the CLI's one-line errors, and the rank
+# watchers' verdicts (`watcher.Watcher._line`, `departure.follow`), for this rank or another
+ENDING = re.compile(r"error: |\[pretrain-cli\] (rank \d+: )?rank \d+ \(pid \d+ on [^)]*\) (died|left with an error|"
+                    r"made no progress|was aborted by the collective library|stopped \()")
 
 
-def usage_ended() -> bool:
-    """Whether a rank of this node recorded a usage error (launch.sh's verdicts; False without launch.sh)."""
-    directory = job.verdict_dir()
-    return directory is not None and job.decide(directory, 1) == (job.USAGE, "stop")
+class _Console:
+    """The launcher's copy of rank 0 onto stdout, without the lines of `ENDING` and the blank lines before them (a
+    watcher sets its verdict apart so); a line is judged whole (a part read before its writer finished it waits for
+    its end)."""
+
+    def __init__(self):
+        self.part, self.blank = "", ""
+
+    def write(self, text: str) -> None:
+        text, self.part = self.part + text, ""
+        for line in text.splitlines(keepends=True):
+            if not line.endswith("\n"):
+                self.part = line
+            elif not line.strip():
+                self.blank += line
+            else:
+                if not ENDING.match(line):
+                    sys.stdout.write(self.blank + line)
+                self.blank = ""
+
+    def flush(self) -> None:
+        if self.part and not ENDING.match(self.part):
+            sys.stdout.write(self.blank + self.part)
+        self.part = self.blank = ""
+        sys.stdout.flush()
 
 
-class _Quiet(logging.Filter):
-    """Drops the launcher's `Container failed` record after a usage error."""
+class _Held(logging.Filter):
+    """Holds the launcher's `Container failed` record back (`held`); lets it through once `released`."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+        self.released = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (str(record.msg).startswith(FAILED) and usage_ended())
+        if self.released or not str(record.msg).startswith(FAILED):
+            return True
+        self.held.append(record)
+        return False
 
 
 def install() -> None:
-    """In Paddle's launcher process, before it runs: leave its failure report out after a usage error."""
+    """In Paddle's launcher process, before it runs: under launch.sh, its console copy without the lines launch.sh
+    says, its failure report held back and given only when no rank recorded its end."""
+    if job.verdict_dir() is None:
+        return
     from paddle.distributed.launch.controllers.controller import ControllerBase
     from paddle.distributed.launch.job.container import Container
 
-    logging.getLogger("LAUNCH").addFilter(_Quiet())
-    tail, finalize, terminate = Container.tail, ControllerBase.finalize, Container.terminate
+    held, console, tails = _Held(), _Console(), []
+    launch_log = logging.getLogger("LAUNCH")
+    launch_log.addFilter(held)
+    logs, finalize, terminate = Container.logs, ControllerBase.finalize, Container.terminate
 
-    def quiet_tail(self, length=3000):
-        if not usage_ended():
-            return tail(self, length)
-        return None
+    def console_logs(self, fn=None, offset=0, whence=1, limit=1000):
+        return logs(self, console if fn is None else fn, offset, whence, limit)
+
+    def tail_held(self, length=3000):
+        tails.append((self, length))
 
     def terminate_kept(self, force=False):
         if self._log_handler is not None:  # how far the launcher's copy got, before terminate closes the log
@@ -56,22 +98,30 @@ def install() -> None:
                 self._pretrain_cli_kept = self._log_handler.tell()
         return terminate(self, force)
 
-    def finalize_copied(self, exit=True):
+    def finalize_said(self, exit=True):
         self.pod.join()  # (finalize's own first step: the ranks are done, their logs complete)
-        if usage_ended():
-            job.wait_for_watchers(job.verdict_dir())  # (a watcher writes its line after its rank has ended)
-            if job.said_on_console(job.verdict_dir()) and self.pod.containers:
-                _copy_rest(self.pod.containers[0])
+        if held.held or tails:  # a rank failed: the ranks' records say how, once the watchers have written them
+            job.wait_for_watchers(job.verdict_dir())
+            if self.pod.containers:
+                _copy_rest(self.pod.containers[0], console)
+            if job.cause(job.verdict_dir()) is None:  # no rank recorded its end: Paddle's report is all there is
+                held.released = True
+                for record in held.held:
+                    launch_log.handle(record)
+                for rank, length in tails:
+                    _tail(rank, length)
+        console.flush()
         return finalize(self, exit)
 
-    Container.tail, Container.terminate, ControllerBase.finalize = quiet_tail, terminate_kept, finalize_copied
+    Container.logs, Container.tail, Container.terminate = console_logs, tail_held, terminate_kept
+    ControllerBase.finalize = finalize_said
 
 
-def _copy_rest(rank) -> None:
+def _copy_rest(rank, console: _Console) -> None:
     """The first rank's log (`rank`, Paddle's Container), from where the launcher's copy stopped to its end, onto
-    this process's stdout (the error's line, which launch.sh omits). With its log still open (the ranks ended by
-    themselves) Container.logs copies it, at most 1000 lines a call, True while more may follow (Pod.logs says
-    nothing); once `terminate` closed it, the file is reopened at the position `terminate_kept` saved."""
+    `console`. With its log still open (the ranks ended by themselves) Container.logs copies it, at most 1000 lines a
+    call, True while more may follow (Pod.logs says nothing); once `terminate` closed it, the file is reopened at the
+    position `terminate_kept` saved."""
     if rank._log_handler is not None:
         while rank.logs():
             pass
@@ -83,5 +133,15 @@ def _copy_rest(rank) -> None:
         with open(rank._out, errors="replace") as log:  # (text, as Paddle opened it: `kept` is its tell() cookie)
             log.seek(kept)
             for line in log:
-                sys.stdout.write(line)
+                console.write(line)
+
+
+def _tail(rank, length: int) -> None:
+    """Paddle's `Container.tail`: the last `length` bytes of the failed rank's log onto stdout (read from the file:
+    the launcher closed its own handle when it stopped the ranks)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        with open(rank._out, "rb") as log:
+            log.seek(0, 2)
+            log.seek(max(log.tell() - length, 0))
+            sys.stdout.write(log.read().decode(errors="replace"))
     sys.stdout.flush()

@@ -24,8 +24,8 @@ first), and `decide()` reads them: a usage error on any rank is exit 2 and is no
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
 first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`; 1 for a node whose
 ranks were all stopped by another node's failure), retried while MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
-waits for them (`wait_for_watchers`), and `cause` gives the console the record's line: the launcher's own
-`Container rank 0 status failed` names the lowest rank it saw stop, usually one stopped because another died.
+waits for them (`wait_for_watchers`), and `cause` gives the console, once, on stderr, the record's line, where Paddle's
+launcher named the lowest rank it saw stop, usually one stopped because another died (`failure_report`).
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ LAUNCHER_PORTS = 31  # the launcher takes 2 + ranks of this node (one launch; la
 GROUP_STORES = BLOCK - 1 - LAUNCHER_PORTS  # 96: PP4 on 4 ranks makes 7 gloo groups, 8-rank pipelines up to 20
 LOW, HIGH = 20000, 32000  # below Linux's default ephemeral range (32768-60999): the kernel never hands these out
 USAGE, TRANSIENT = 2, 75
+OOM = " (often the kernel's OOM killer: see dmesg)"  # after `killed by SIGKILL`, unless a stop's limit explains it
 RENDEZVOUS_TRIES = 3
 
 
@@ -129,7 +130,8 @@ def wait_for_watchers(directory, seconds: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def _read(directory) -> list[dict]:
+def read_records(directory) -> list[dict]:
+    """The ranks' records in `directory` (`record`), those that can be read."""
     records = []
     for path in sorted(Path(directory).glob("rank-*.json")) if directory else ():
         with contextlib.suppress(OSError, ValueError):
@@ -137,10 +139,11 @@ def _read(directory) -> list[dict]:
     return records
 
 
-def cause(directory) -> str | None:
-    """The console's line on why the job ended: the first rank's own record (the rank that died or hung first, a
-    usage error), or where a signal stopped it and saved (rank 0's line), or None."""
-    records = _read(directory)
+def cause(directory, log_dir=None) -> str | None:
+    """The console's account of why the job ended, from the ranks' records in `directory` (`log_dir`: the launcher's
+    workerlog.N directory, named so the user finds the full log), or None when no rank recorded one: the first rank's
+    own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node."""
+    records = read_records(directory)
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
     stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
@@ -152,39 +155,36 @@ def cause(directory) -> str | None:
         return f"launch.sh: {str(peers[0]['line']).removeprefix('[pretrain-cli] ').strip()}"
     if not own or not own[0].get("line"):
         return None
-    if _on_console(records, own[0]):
-        return None  # the console has it already, from the node's first rank (`failure_report`)
-    line = str(own[0]["line"]).removeprefix("[pretrain-cli] ").strip()
-    if own[0].get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
+    first = own[0]
+    line = str(first["line"]).removeprefix("[pretrain-cli] ").strip()
+    if first.get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
         return f"launch.sh: {line}"
-    if own[0].get("kind") in ("died", "hung"):
-        line = (f"{line.rstrip('.')} (the launcher's `Container rank N status failed` above names the first rank it "
-                f"saw stop, not the cause).")
-    return f"launch.sh: rank {own[0].get('rank')} ended the job: {line}"
+    log = Path(log_dir) / f"workerlog.{first.get('local') or first.get('rank')}" if log_dir else None
+    if all(r.get("kind") == "usage" and r.get("line") == first["line"] for r in records):
+        return "\n".join(_errors(log, line))  # every rank found it (a typo'd key): said as one process says it
+    how = ""
+    if first.get("kind") in ("died", "hung"):  # the line says how: `died: killed by SIGKILL`, `made no progress`
+        if first.get("exit") == 137 and "into its stop" not in line:
+            line = line.replace("killed by SIGKILL", "killed by SIGKILL" + OOM, 1)
+    else:
+        how = f" (exit {first.get('exit')})"
+    where = f" Its full log: {log}" if log is not None else ""
+    return f"launch.sh: rank {first.get('rank')} ended the job{how}: {line.rstrip('.')}.{where}"
 
 
-def _on_console(records: list[dict], first_own: dict) -> bool:
-    """Whether `first_own`, the record that ended the job, is a usage error the node's first rank (local rank 0) said:
-    its own `error:` line, or its watcher's line on a rank that left with that error (`departure`). Paddle's launcher
-    copies that rank's output into launch.sh's console."""
-    line = str(first_own.get("line") or "")
-    first = next((r for r in records if r.get("local") == "0"), {})
-    return (first_own.get("kind") == "usage" and bool(line) and first.get("kind") in ("usage", "peer")
-            and line in str(first.get("line") or ""))
-
-
-def said_on_console(directory) -> bool:
-    """Whether the job's end is a usage error the node's first rank said (`_on_console`), read once the ranks and
-    their watchers are done."""
-    records = _read(directory)
-    own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
-                 key=lambda r: r.get("time", 0))
-    return bool(own) and _on_console(records, own[0])
+def _errors(log: Path | None, line: str) -> list[str]:
+    """The `error:` lines the rank said (every problem its check found: the record holds the first), from its log
+    `log`; `error: <line>` alone when the log does not hold it."""
+    said = []
+    with contextlib.suppress(OSError, TypeError):
+        with open(log, errors="replace") as text:
+            said = list(dict.fromkeys(x.rstrip("\n") for x in text if x.startswith("error: ")))  # (in order, once each)
+    return said if f"error: {line}" in said else [f"error: {line}"]
 
 
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
     """(the job's exit code, "stop" / "retry" / "rendezvous") from the ranks' records and the launcher's code."""
-    records = _read(directory)
+    records = read_records(directory)
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
     if any(r.get("exit") == USAGE and r.get("kind") == "usage" for r in own):
@@ -324,10 +324,11 @@ def main(argv: list[str]) -> int:
         code, action = decide(argv[1], int(argv[2]))
         print(code, action)
         return 0
-    if len(argv) == 2 and argv[0] == "cause":
-        line = cause(argv[1])
+    if len(argv) in (2, 3) and argv[0] == "cause":
+        line = cause(argv[1], argv[2] if len(argv) == 3 else None)
         if line:
             print(line)
         return 0
-    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR | verdicts PID", file=sys.stderr)
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR] | verdicts PID",
+          file=sys.stderr)
     return 2
