@@ -43,8 +43,9 @@ def test_llama_70b_on_64_h100_fit_recommends_a_layout_whose_start_up_fits():
     topology._all_groups.cache_clear()
     f = fit(str(LLAMA), TO_70B, device="H100", gpus=64)
     assert f["after"] is not None and f["after"]["startup_gib"] <= f["budget_gib"] == pytest.approx(72.0)
-    # thousands of candidates, a few dozen layouts of degrees: the rank groups are laid out once per layout
-    assert f["tried"] > 2000 and topology._all_groups.cache_info().misses <= 64
+    # over a thousand candidates (tp within a node: 1, 2, 4, 8), a few dozen layouts of degrees: the rank groups are
+    # laid out once per layout
+    assert f["tried"] > 1000 and topology._all_groups.cache_info().misses <= 64
     assert f["after"]["memory_gib"] <= f["budget_gib"]
     tokens = [t for k, v in f["change"].items() for t in (f"--{k}", json.dumps(v) if isinstance(v, bool) else str(v))]
     again = plan(str(LLAMA), TO_70B + tokens, device="H100", gpus=64, suggest_changes=False)

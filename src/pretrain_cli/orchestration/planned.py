@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
@@ -23,6 +24,7 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
+from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
 from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, more_devices, suggest
@@ -53,7 +55,7 @@ def with_changes(args: Arguments, change: dict, where: str = "command line") -> 
 def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
                 node: hardware.Node = hardware.Node()) -> None:
     """`plan`'s own options, checked before the file is read (`gpus` None: the file's, checked once it is read:
-    `file_gpus`)."""
+    `file_gpus`, which also checks a given one against the nodes and the file's layout)."""
     if node.gpus < 1:
         raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
     if not 0 < node.cross_node_gbps < float("inf"):
@@ -61,8 +63,8 @@ def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: f
                         f"got {node.cross_node_gbps}")
     if not 0 <= margin < 1:
         raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
-    if gpus is not None:
-        check_gpus(gpus, node)
+    if gpus is not None and gpus < 1:
+        raise UserError(f"--gpus: must be >= 1, got {gpus}")
     if mfu is not None and not 0 < mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
@@ -70,17 +72,25 @@ def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: f
     target_device(device)
 
 
-def check_gpus(gpus: int, node: hardware.Node, why: str = "") -> None:
+def check_gpus(gpus: int, node: hardware.Node, why: str = "", need: tuple[int, str, int] = (1, "", 1)) -> None:
     """`--gpus` (or, `why` saying so, the file's number of processes) against the nodes: the launcher starts as
-    many processes on every node."""
+    many processes on every node. `need`: (the fewest processes the file's layout runs on, which divides every world
+    it runs on, the degrees that make it, its tensor-parallel degree): the counts and node sizes the error offers
+    are ones the layout runs on, with its tensor-parallel groups inside a node (`layout.tp_inside_node`)."""
     if gpus < 1:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
     if gpus > node.gpus and gpus % node.gpus:
-        fits = sorted({gpus // node.gpus * node.gpus, -(-gpus // node.gpus) * node.gpus})
-        per = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0][0]
+        unit, (least, degrees, tp) = math.lcm(node.gpus, need[0]), need
+        fits = sorted({gpus // unit * unit, -(-gpus // unit) * unit} - {0})
+        pers = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0 and gpus % least == 0
+                and tp_inside_node(tp, gpus, n)]
+        layout = f": whole nodes of {node.gpus} that the {least} processes the file's layout needs ({degrees}) " \
+                 f"divide" if least > 1 else ""
+        per = f", or --gpus_per_node {pers[0]}" + (f" (whole tensor-parallel groups of {tp} in each node)"
+                                                   if tp > 1 else "") if pers else ""
         raise UserError(f"--gpus_per_node: --gpus {gpus}{why} is not a whole number of nodes of {node.gpus} (every "
-                        f"node runs the same number of processes); use --gpus {' or '.join(map(str, fits))}, or "
-                        f"--gpus_per_node {per}")
+                        f"node runs the same number of processes); use --gpus {' or '.join(map(str, fits))}"
+                        f"{layout}{per}")
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
@@ -263,15 +273,18 @@ def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, M
 def file_gpus(args: Arguments, gpus: int | None, node: hardware.Node) -> tuple[int, list[str]]:
     """(`--gpus` as given, else the fewest processes the file's parallel keys run on, `config.one_process`'s
     `fewest_processes`; the note saying so): `plan <file>` plans the layout the file was written for, where it
-    planned one device, on which every parallel key has no effect."""
+    planned one device, on which every parallel key has no effect. Either is checked against the nodes once the
+    file's layout is known (`check_gpus`), so the counts offered are ones it runs on."""
     from pretrain_cli.config.one_process import fewest_processes
 
-    if gpus is not None:
-        return gpus, []
     need, why = fewest_processes(args)
+    layout = (need, why, degree(args.get("tensor_parallel_degree")))
+    if gpus is not None:
+        check_gpus(gpus, node, need=layout)
+        return gpus, []
     if need == 1:
         return 1, []
-    check_gpus(need, node, f" (not given: the {need} processes the file's layout needs, {why})")
+    check_gpus(need, node, f" (not given: the {need} processes the file's layout needs, {why})", layout)
     return need, [f"gpus: --gpus not given: planned on the {need} processes the file's layout needs ({why}); "
                   f"--gpus N plans it on N"]
 

@@ -24,6 +24,7 @@ from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 import dataclasses
 
+from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.suggestions import FIT_MARGIN, more_devices
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed
@@ -39,7 +40,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
+def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0, per_node: int = 0):
     """Each (data ranks, layout keys) of `gpus` devices: tensor-parallel × pipeline degrees whose product divides
     `gpus`, context-parallel degrees from `seq_len` >= CONTEXT_MIN_SEQ on (for a dense model with each tensor-parallel
     × pipeline product the rest divides; for a Mixture-of-Experts one, `experts` > 0, with each pipeline degree only:
@@ -49,11 +50,13 @@ def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
     and without sequence parallelism under tp, every expert-parallel degree dividing both the `experts` and the data
     ranks. A sharding stage also comes with `sharding_parallel_degree` -1 (every data rank) when the file fixes a
     degree, which other layouts' data ranks need not divide (and which the layouts the semi-auto engine runs do not
-    take: it shards over every data rank)."""
+    take: it shards over every data rank). `per_node` (nodes of that many devices; 0: no nodes): only the
+    tensor-parallel degrees whose groups stay inside a node (`layout.tp_inside_node`)."""
     splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
     if seq_len >= CONTEXT_MIN_SEQ:
         splits += [(tp, pp, cp) for cp in _divisors(gpus) if cp > 1
                    for tp in ([1] if experts else _divisors(gpus // cp)) for pp in _divisors(gpus // cp // tp)]
+    splits = [x for x in splits if not per_node or tp_inside_node(x[0], gpus, per_node)]
     fixed = current.get("sharding_parallel_degree", -1) not in (-1, 0)
     for tp, pp, cp in splits:
         data_ranks = gpus // (tp * pp * cp)
@@ -72,7 +75,8 @@ def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0):
                 yield data_ranks, {**keys, "sharding_parallel_degree": -1}
 
 
-def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
+def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0,
+               per_node: int = 0) -> list[dict]:
     """Every layout to try, as key changes against `current` (the file's values of the searched keys).
 
     The layouts are `_splits`'; for each, micro-batch × accumulation = global batch / data ranks, so a split that
@@ -83,7 +87,7 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, ex
     """
     out = []
     flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    for data_ranks, keys in _splits(current, gpus, seq_len, experts):
+    for data_ranks, keys in _splits(current, gpus, seq_len, experts, per_node):
         if global_batch % data_ranks:
             continue
         per_rank = global_batch // data_ranks
@@ -96,14 +100,14 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, ex
     return out
 
 
-def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0) -> list[dict]:
+def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0, per_node: int = 0) -> list[dict]:
     """Each layout of `_splits` on `gpus` devices at its least memory: micro-batch 1, full recompute, flash
     attention, every data rank keeping the file's samples a step (micro-batch × accumulation: the global batch grows
     with the data ranks). What the fewest-devices search (`suggestions.more_devices`) tries at a device count: whether any
     layout fits there, which `suggestions.minimal` then strips of the keys it does not need."""
     per_rank = current["per_device_train_batch_size"] * current["gradient_accumulation_steps"]
     out = []
-    for _, keys in _splits(current, gpus, seq_len, experts):
+    for _, keys in _splits(current, gpus, seq_len, experts, per_node):
         want = {**keys, "per_device_train_batch_size": 1, "gradient_accumulation_steps": per_rank, "recompute": True,
                 "recompute_granularity": "full", "use_flash_attention": True}
         out.append({k: v for k, v in want.items() if current.get(k) != v})
@@ -124,13 +128,15 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
     {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, a larger
     micro-batch of a layout already over the budget (`grows_with_micro_batch`): at 8,192 tokens on 64 H100s
-    Llama-3.1-70B's search plans 3,894 of its 9,325 candidates (1.1-1.5 s here; all of them 5.0-5.2 s), the same pick.
+    Llama-3.1-70B's search plans 2,562 of its 7,965 candidates (1.8-2.0 s here, shared; all of them 6.7-8.1 s), the
+    same pick.
     """
     seen: dict[tuple, dict] = {}
     tried = skipped = 0
     # a candidate's keys but the micro-batch's -> (the least micro-batch over the budget, its number of changes)
     too_big: dict[frozenset, tuple[int, int]] = {}
-    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts):
+    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts,
+                                    base.device.links.gpus_per_node):
         rest = frozenset((k, v) for k, v in change.items() if k not in MICRO_KEYS)
         micro = change.get("per_device_train_batch_size", current["per_device_train_batch_size"])
         over, changes = too_big.get(rest, (micro, 0))
@@ -213,7 +219,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget,
                                        [small["change"]] if small else [], budget_gib=budget_gib,
                                        lean=lambda world: lean_layouts(current, world, base.max_seq_length,
-                                                                       base.model.experts))
+                                                                       base.model.experts,
+                                                                       base.device.links.gpus_per_node))
     return out
 
 

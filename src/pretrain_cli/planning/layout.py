@@ -52,6 +52,14 @@ def _explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int) -
     return out
 
 
+def tp_inside_node(tp: int, world: int, per_node: int) -> bool:
+    """Whether tensor-parallel groups of `tp` ranks in a world of `world` stay inside nodes of `per_node`: the rank
+    rule puts a tp group on consecutive ranks (`Topology`), so they do where the world is one node or `tp` divides
+    `per_node`. The searches (`fit._splits`, `suggestions.more_devices`) propose only such layouts: tp all-reduces
+    every layer, and over the cross-node link it is never the layout to suggest while another fits."""
+    return world <= per_node or per_node % tp == 0
+
+
 def format_layout(lay: dict, vpp: int = 1) -> list[str]:
     """The `plan` lines for a layout over more than one axis or node: one per axis with more than one rank; `vpp`:
     the model chunks per pipeline stage (an activation crosses each stage boundary once per chunk)."""

@@ -6,6 +6,9 @@ Every candidate is re-planned through the caller's `replan` (which re-resolves t
 """
 from __future__ import annotations
 
+import dataclasses
+
+from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.run_config import RunConfig
 
@@ -122,6 +125,15 @@ def _key(change: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in change.items()))
 
 
+def _in_node(replan, per_node: int):
+    """`replan` whose plans with tensor-parallel groups across nodes do not fit (`layout.tp_inside_node`)."""
+    def in_node(change: dict, world: int, **kw):
+        r = replan(change, world, **kw)
+        return r if r is None or tp_inside_node(r.parallel.tp, world, per_node) else dataclasses.replace(r, fits=False)
+
+    return in_node
+
+
 def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = (), lean=None,
                  budget_gib: float | None = None) -> dict | None:
     """When no setting fits on the devices asked for: the fewest devices at which the run fits within `budget_gib`
@@ -134,7 +146,9 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding stage at its
     least memory). Then each whole number of nodes (within a node, each count) between the last count that did not
     fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer devices also
-    fits on more (its state split over more ranks), not the other way round."""
+    fits on more (its state split over more ranks), not the other way round. A layout whose tensor-parallel groups
+    would span nodes counts as not fitting (`layout.tp_inside_node`): more nodes with tp inside one are suggested
+    instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 200 H100, not tp 16 on 192)."""
     # (the axes `config.refusals` refuses with ZeRO-3 are left out of the savings: pipeline, sequence and context
     # parallelism; a layout of `layouts` keeps them, as it was resolved with them)
     extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
@@ -145,6 +159,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     tries += [dict(x) for x in layouts if x]
     per_node, budget = base.device.links.gpus_per_node, base.device.memory_gib if budget_gib is None else budget_gib
     least = (base.checkpoint.per_checkpoint_gib + base.checkpoint.final_weights_gib) / budget  # (+ the gradients)
+    replan = _in_node(replan, per_node)
 
     def fitting(changes: list[dict], world: int) -> list[dict]:
         seen, out = set(), []
