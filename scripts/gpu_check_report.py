@@ -17,11 +17,12 @@ def report(plan: dict, records: list[dict], skip: int = 5) -> str:
     tok = statistics.median(r["tokens_per_sec"] for r in train)
     mfus = [r["mfu"] for r in train if isinstance(r.get("mfu"), (int, float))]
     peak = max(r.get("max_memory_allocated", 0.0) for r in train)
-    planned_tok = plan["tokens_per_step"] * plan["max_steps"] / (plan["eta_hours"] * 3600)
+    eta = plan["eta_hours"]  # null where the plan has no time: no peak, or a layout it says does not fit
+    planned = f"{plan['tokens_per_step'] * plan['max_steps'] / (eta * 3600):>10.0f}" if eta else f"{'none':>10}"
     mfu = f"{statistics.median(mfus):>10.1%}" if mfus else f"{'unknown':>10}"
     return "\n".join([
         f"{'':22} {'measured':>10} {'plan':>10}",
-        f"{'tokens/s':22} {tok:>10.0f} {planned_tok:>10.0f}   (median of steps > {skip}; plan assumes MFU "
+        f"{'tokens/s':22} {tok:>10.0f} {planned}   (median of steps > {skip}; plan assumes MFU "
         f"{plan['mfu']:.0%} on {plan['device']['name']})",
         f"{'MFU':22} {mfu} {plan['mfu']:>10.1%}",
         f"{'peak memory (GiB)':22} {peak:>10.2f} {plan['memory_gib']:>10.2f}   (measured: max_memory_allocated)",

@@ -73,7 +73,8 @@ def test_a_stage_of_dense_layers_sends_nothing_on_its_expert_group():
 def test_the_step_is_the_slowest_stages_with_the_others_fill_and_drain():
     """`speed`: each stage busy for its FLOPs and its traffic (here the pipeline's and the dispatch's, both on
     NVLink), the step max + (Σ − max)/(V·m); the average stage's time / (1 − bubble) was the step before. The ETA
-    likewise from the model FLOPs, above the average stage's by the factor the report prints."""
+    is that step's (what --fit's time line gives), its compute part above the average stage's by the factor the
+    report prints, then its traffic."""
     from pretrain_cli.planning.report import format_report
     from pretrain_cli.planning.speed import speed
 
@@ -87,10 +88,12 @@ def test_the_step_is_the_slowest_stages_with_the_others_fill_and_drain():
     assert speed(r)["step_seconds"] > 1.01 * (sum(busy) / 4 / (1 - pipeline_bubble(4, 4)) + dp)
     setup = Setup(model=V3, micro_batch=1, seq_len=256, pp=4)
     model = [f * 4 * 256 for f in stage_flops_per_token(setup, hardware=False)]  # per device per step
-    eta = r.max_steps * (max(model) + (sum(model) - max(model)) / 4) / rate / 3600
-    assert r.eta_hours == pytest.approx(eta, rel=1e-9)
+    compute = r.max_steps * (max(model) + (sum(model) - max(model)) / 4) / rate / 3600
+    assert r.eta_hours == pytest.approx(r.max_steps * step / 3600, rel=1e-9)
+    assert r.eta_traffic_hours == pytest.approx(r.eta_hours - compute, rel=1e-9) and r.eta_traffic_hours > 0
     even = r.total_tokens * r.flops_per_token.model / (8 * rate) / (1 - r.parallel.pipeline_bubble) / 3600
-    assert f"x slowest stage {eta / even:.3f} = {eta:.2f} h" in format_report(r)
+    assert (f"x slowest stage {compute / even:.3f} = {compute * 60:.2f} min + traffic {r.eta_traffic_hours * 60:.2f} "
+            f"min (over the links above) = {r.eta_hours:.2f} h") in format_report(r)
 
 
 def _play(pp: int, vpp: int, m: int, times: list[float]) -> float:

@@ -18,8 +18,7 @@ from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
-from pretrain_cli.planning.speed import (pipeline_bubble, pipeline_seconds, speed,
-                                         stage_flops_per_token, stage_traffic)
+from pretrain_cli.planning.speed import pipeline_bubble, speed, stage_flops_per_token, stage_traffic
 from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
@@ -170,9 +169,6 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     if mfu is None:
         mfu = MFU_HALF if run.precision.enabled else MFU_FP32
     tokens = lp.micro_batch * lp.grad_accum * setup.seq_len / par.tp_degree  # one device's share of its stage's
-    model_flops = [f * tokens for f in stage_flops_per_token(setup, hardware=False)]  # per device per step
-    eta = None if peak_tflops is None else max(lp.max_steps, 0) * pipeline_seconds(
-        model_flops, lp.grad_accum, par.virtual_pp_degree) / (peak_tflops * 1e12 * mfu) / 3600  # the slowest stage
     notes = list(run.notes)
     if peak_tflops is not None and device.is_gpu:
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
@@ -206,12 +202,17 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         memory_gib=total, startup_breakdown_gib={k: v / GIB for k, v in start.items()},
         startup_gib=startup, fits=bool(max(total, startup) <= device.memory_gib),
         checkpoint=checkpoint_plan(run, cfg),
-        mfu=mfu, eta_hours=eta, notes=tuple(notes),
+        mfu=mfu, eta_hours=None, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
         mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
     )
-    slowest = speed(r)["slowest_stage"]  # the device whose traffic the report shows: the one that sets the step
-    return dataclasses.replace(r, traffic_gb_per_step=stages[slowest]["traffic_gb_per_step"], slowest_stage=slowest)
+    sp = speed(r)  # the speed `plan --fit` ranks by and times a layout with: one estimate per layout
+    slowest, steps = sp["slowest_stage"], max(lp.max_steps, 0)  # the device whose traffic the report shows
+    eta = traffic = None
+    if peak_tflops is not None and r.fits:  # a layout that does not fit cannot start: no time (`format_report`)
+        eta, traffic = steps * sp["step_seconds"] / 3600, steps * sp["comm_seconds"] / 3600
+    return dataclasses.replace(r, traffic_gb_per_step=stages[slowest]["traffic_gb_per_step"], slowest_stage=slowest,
+                               eta_hours=eta, eta_traffic_hours=traffic)
 
 
 def checkpoint_plan(run: RunConfig, model_cfg) -> CheckpointPlan:

@@ -112,7 +112,10 @@ class Plan:
     fits: bool
     checkpoint: CheckpointPlan
     mfu: float
+    # the run's time at `speed.speed`'s step (what `plan --fit` ranks and times by), None without a peak or where
+    # the layout does not fit (it cannot start); `eta_traffic_hours`: its part the step's traffic takes
     eta_hours: float | None
+    eta_traffic_hours: float | None = None
     notes: tuple = ()
     suggestions: tuple = ()  # JSON-ready dicts: each an argument-file key change and its effect
     traffic_gb_per_step: dict = dataclasses.field(default_factory=dict)
@@ -204,6 +207,33 @@ def _cpu_eta(r: Plan) -> str:
             f"{r.mfu:.2f}, an assumption too, can be off either way: {tell}")
 
 
+def eta_line(r: Plan) -> str:
+    """The ETA: the FLOPs with recompute over the peak x MFU (under a pipeline the bubble and the slowest stage),
+    plus the time the step's traffic takes over its links: `speed.speed`'s step, the one `plan --fit`'s time line
+    gives the same layout. No time for a layout that does not fit: it cannot start, as --fit says of such a file."""
+    d, par, f = r.device, r.parallel, r.flops_per_token
+    if not r.fits:
+        return (f"ETA: no time: as written the run does not fit {d.memory_gib:.1f} GiB per device (above), so it "
+                f"cannot start; a suggestion that fits, planned, or --fit gives a layout's time")
+    if r.eta_hours is None:
+        return ("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
+                "device) or set peak_tflops in the argument file")
+    traffic = r.eta_traffic_hours or 0.0
+    compute = r.eta_hours - traffic
+    flops = r.total_tokens * f.hardware  # f.hardware is f.model without recompute
+    bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
+    even = flops / (r.gpus * d.peak_tflops * 1e12 * r.mfu) / (1 - par.pipeline_bubble) / 3600
+    uneven = compute / even if even else 1.0  # the slowest stage over an average one (`speed.pipeline_seconds`)
+    bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
+    text = (f"ETA: {flops:.3g} FLOPs{' with recompute' if r.recompute else ''} / ({r.gpus} x {d.peak_tflops:g} "
+            f"TFLOPS x MFU {r.mfu:.2f}){bubble}")
+    part = (lambda h: f"{h:.2f} h") if r.eta_hours >= 1 else (lambda h: f"{h * 60:.2f} min")  # (a try-out's)
+    text += (f" = {part(compute)} + traffic {part(traffic)} (over the links above) = {r.eta_hours:.2f} h"
+             if traffic > 0 else f" = {r.eta_hours:.2f} h")
+    return (text + (f" ({r.eta_hours / 24:.1f} days)" if r.eta_hours >= 48 else "")  # a long run's, readable
+            + (_cpu_eta(r) if d.name == "cpu" else ""))
+
+
 def format_report(r: Plan) -> str:
     """`plan`'s printed report."""
     d, p, par, m = r.device, r.params, r.parallel, r.model
@@ -281,18 +311,7 @@ def format_report(r: Plan) -> str:
                  f"{c.disk_gb_per_s_per_rank:g} GB/s per rank (an assumed write rate; nothing is gathered)")
     lines.append(f"peak: {peak_text} per device, from {d.peak_source}" if d.peak_tflops
                  else f"peak: unknown ({d.peak_source})")
-    if r.eta_hours is not None:
-        bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
-        even = r.total_tokens * f.model / (r.gpus * d.peak_tflops * 1e12 * r.mfu) / (1 - par.pipeline_bubble) / 3600
-        uneven = r.eta_hours / even if even else 1.0  # the slowest stage over an average one (`plan.report`)
-        bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
-        lines.append(f"ETA: {r.total_tokens * f.model:.3g} FLOPs / ({r.gpus} x {peak_text} x MFU "
-                     f"{r.mfu:.2f}){bubble} = {r.eta_hours:.2f} h"
-                     + (f" ({r.eta_hours / 24:.1f} days)" if r.eta_hours >= 48 else "")  # a long run's, readable
-                     + (_cpu_eta(r) if d.name == "cpu" else ""))
-    else:
-        lines.append("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
-                     "device) or set peak_tflops in the argument file")
+    lines.append(eta_line(r))
     if r.suggestions:
         lines.append("suggestions (each re-estimated; when no one key fits, first the fewest keys or devices that "
                      "do; then ranked by memory saved):")

@@ -186,8 +186,8 @@ def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_ha
     """One line when a GPU plan (`entry`: its hardware-table device) is fp32 because the file asks for neither bf16
     nor fp16 (the caller's test: a CPU try-out's file planned for a GPU): `train` there would run fp32 too, so the
     plan stays fp32, but its speed is the non-tensor-core peak's; the line gives the half-precision key and its peak
-    and ETA (the same model FLOPs at that peak and, without --mfu, MFU `mfu_half`). Without bf16 (pre-Ampere) the
-    key is fp16. A peak the user gave (`peak_given`) is not scaled: the key alone."""
+    and ETA (the same FLOPs at that peak and, without --mfu, MFU `mfu_half`, and the same traffic time). Without bf16
+    (pre-Ampere) the key is fp16. A peak the user gave (`peak_given`) is not scaled: the key alone."""
     fp16 = hardware.no_bf16(entry.name, entry.capability) is not None
     key, kind = ("fp16: true", "fp16") if fp16 else ("bf16: true", "bf16")
     half = hardware.peak_tflops(entry, "float16" if fp16 else "bfloat16")
@@ -197,8 +197,9 @@ def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_ha
         return [f"{head}; set `{key}` (with `fp16_opt_level: O2` for half-precision weights) to train on its "
                 f"{kind} tensor cores, and plan again"]
     half_mfu = mfu if mfu is not None else mfu_half
-    faster = half * half_mfu / (r.device.peak_tflops * r.mfu)
+    traffic = r.eta_traffic_hours or 0.0  # (the fp32 run's traffic, unscaled: the half run's sends no more)
+    eta = (r.eta_hours - traffic) / (half * half_mfu / (r.device.peak_tflops * r.mfu)) + traffic
     return [f"{head} ({r.device.peak_tflops:g} TFLOPS non-tensor-core, ETA {r.eta_hours:.2f} h); `{key}` (with "
             f"`fp16_opt_level: O2` for half-precision weights) trains on its {half:g} TFLOPS {kind} tensor cores: "
-            f"ETA {r.eta_hours / faster:.2f} h at MFU {half_mfu:.2f}, {faster:.3g}x sooner (plan it with "
-            f"--{key.replace(': ', ' ')} for its memory)"]
+            f"ETA {eta:.2f} h at MFU {half_mfu:.2f}, {r.eta_hours / eta:.3g}x sooner (plan it with "
+            f"--{key.replace(': ', ' ')} for its memory and time)"]
