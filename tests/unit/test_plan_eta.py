@@ -63,7 +63,8 @@ def test_the_gpu_check_report_reads_a_plan_without_time():
     layout it says does not fit ran anyway) is `none` there, not a crash."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_check_report", CONFIGS.parent / "scripts" / "gpu_check_report.py")
+    path = CONFIGS.parent / "scripts" / "gpu_check_report.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_report", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     r = from_file(LLAMA3_8B, ["--tensor_parallel_degree", "1", "--sharding", ""], device="A100-40GB", gpus=1,
