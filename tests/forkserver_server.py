@@ -189,6 +189,8 @@ def _child(request: dict, fds) -> None:
         # as the shim's fresh interpreter would have it, not as the server started (the suite in a background job)
         ignored = request["rank"].get("sigint_ignored", False)
         signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+        # and with nothing blocked, as a launcher's rank starts, whatever mask the server inherited from its starter
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         if request["inject"]:
             runpy.run_path(request["inject"], run_name="sitecustomize")

@@ -1,6 +1,7 @@
 """The forked rank's stand-in (rank_shim.py) towards a launcher: the exit status, signals, SIGKILL, an orphaned shim,
 and the fallback to a fresh interpreter. A tiny script stands for the rank (no Paddle work), so each case costs a
 fork; the servers are the ones every `launch` of this worker uses (forkserver.rank_servers)."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -52,6 +53,31 @@ def _start(script, mode, **env):
     return proc, int(proc.stdout.readline())
 
 
+def _ended(proc, rank: int, within: float = 30.0):
+    """The shim's exit status; if it has not ended within `within` s, fail naming what the shim and its rank were
+    doing (state, kernel wait, signal masks: blocked, ignored, caught, pending), the one thing a rare hang in a full
+    suite leaves to read, then kill both."""
+    try:
+        return proc.wait(within)
+    except subprocess.TimeoutExpired:
+        seen = {name: _proc_state(pid) for name, pid in (("shim", proc.pid), ("rank", rank))}
+        for pid in (rank, proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+        pytest.fail(f"the shim had not ended {within:.0f} s after its signal: {seen}")
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            lines = [line.strip() for line in f if line.startswith(("State", "Threads", "Sig", "ShdPnd"))]
+        with open(f"/proc/{pid}/wchan") as f:
+            return "; ".join([*lines, f"wchan {f.read()}"])
+    except OSError as e:
+        return f"gone ({e.strerror})"
+
+
 def _dead(pid: int, within: float = 5.0) -> bool:
     """Whether `pid` is gone or a zombie within `within` seconds."""
     deadline = time.monotonic() + within
@@ -77,10 +103,10 @@ def test_signals_to_the_shim_reach_the_rank(rank_script):
     """The launcher's teardown (killpg SIGTERM) reaches the rank's handler; an unhandled SIGINT ends it by SIGINT."""
     proc, rank = _start(rank_script, "term")
     os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(30) == 7 and _dead(rank)
+    assert _ended(proc, rank) == 7 and _dead(rank)
     proc, rank = _start(rank_script, "sleep")
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(30) == -signal.SIGINT and _dead(rank)
+    assert _ended(proc, rank) == -signal.SIGINT and _dead(rank)
 
 
 def test_a_killed_shim_takes_its_rank_but_not_the_ranks_own_session(rank_script):
@@ -97,7 +123,7 @@ def test_a_killed_shim_takes_its_rank_but_not_the_ranks_own_session(rank_script)
 
 def test_an_orphaned_shim_leaves_and_its_rank_goes_with_it(rank_script):
     """The launcher killed (a test's timeout): its ranks must not run on unwatched."""
-    launcher = subprocess.Popen(["bash", "-c", f'"$0" -u "$1" "$2" "$3" sleep & echo $!; wait', sys.executable,
+    launcher = subprocess.Popen(["bash", "-c", '"$0" -u "$1" "$2" "$3" sleep & echo $!; wait', sys.executable,
                                  str(SHIM), forkserver.rank_servers(child_env()), str(rank_script)],
                                 env=dict(child_env(), PADDLE_TRAINER_ID="0"), stdout=subprocess.PIPE, text=True)
     shim, rank = int(launcher.stdout.readline()), int(launcher.stdout.readline())
