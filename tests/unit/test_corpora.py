@@ -257,7 +257,7 @@ def test_token_files_of_another_tokenizer_are_refused(tmp_path, tok_dir):
     run_preprocess("--input_path", tmp_path / "t.jsonl", "--output_prefix", tmp_path / "e" / "b", "--tokenizer", other)
     ok = build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok_dir), need=("train",))
     assert ok.train is not None
-    for tok, field in ((other, f"vocab_size 300; {other} has 280"), (same_size, "tokenizer_fingerprint")):
+    for tok, field in ((other, f"vocab_size 300; {other} has 280"), (same_size, "fingerprint")):
         with pytest.raises(UserError) as e:
             build_datasets(str(tmp_path / "d"), "90,5,5", 16, 1, tokenizer=load_tokenizer(tok), need=("train",))
         msg = str(e.value)

@@ -178,7 +178,7 @@ def test_tokenizer_check_is_the_one_train_and_check_do(corpus, tmp_path, capsys)
             _run(target, "--tokenizer", same_size)
         msg = str(e.value)
         assert msg.startswith(f"{target if target.name == 'c' else target / 'c'}.json: made by another tokenizer than "
-                              f"{same_size} (tokenizer_fingerprint ") and "\n" not in msg
+                              f"{same_size} (fingerprint ") and "\n" not in msg
         assert msg.endswith(f"re-run preprocess with {same_size}, or pass the --tokenizer that made it"), msg
         assert "the run's" not in msg  # inspect-data has no run: the value is --tokenizer's, named by its path
     larger = make_tokenizer(tmp_path / "larger", make_texts(50, seed=7), vocab_size=320)

@@ -46,7 +46,7 @@ def test_train_tokenizer_says_what_it_made_that_was_not_asked(tmp_path, capsys):
                    "--special_tokens", "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]) == 0
     made = tk.load_tokenizer(out).vocab_size
     printed = capsys.readouterr()
-    assert made < 5000 and ", extra <|im_start|> <|im_end|>, sha256 " in printed.out
+    assert made < 5000 and ", extra <|im_start|> <|im_end|>, fingerprint " in printed.out
     assert (f"note: --vocab_size 5000: the corpus gave {made} tokens: every merge seen at least --min_frequency 2 "
             f"times is learned; more text or --min_frequency 1 gives more\n") in printed.err
 

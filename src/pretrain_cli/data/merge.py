@@ -66,8 +66,10 @@ def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
         field = next((f for f in want if m and m.get(f) is not None and m[f] not in accepted[f]), None)
         if field is not None:
             # `tok`'s value named by its path, not "the run's": inspect-data and eval have no run
-            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({field} {m[field]!s:.16}; "
-                            f"{tok.path} has {want[field]!s:.16}); re-run preprocess with {tok.path}, or "
+            # a fingerprint by its first 12 characters, as train-tokenizer and inspect-data show it
+            name, width = ("fingerprint", 12) if field == "tokenizer_fingerprint" else (field, 16)
+            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({name} {m[field]!s:.{width}}; "
+                            f"{tok.path} has {want[field]!s:.{width}}); re-run preprocess with {tok.path}, or "
                             f"{instead or 'set tokenizer_name_or_path to the tokenizer that made it'}")
     return problems
 

@@ -119,7 +119,7 @@ def train_tokenizer(ns) -> int:
     loaded = load_tokenizer(out)
     extra = f", extra {' '.join(ns.special_tokens[4:])}" if len(ns.special_tokens) > 4 else ""
     print(f"train-tokenizer: {count(reader.documents, 'document')} -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
-          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, sha256 {loaded.sha256[:12]})")
+          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, fingerprint {loaded.fingerprint[:12]})")
     if loaded.vocab_size < ns.vocab_size:  # the trainer ran out of frequent pairs: said, as a model sized to the
         lower = " or --min_frequency 1" if ns.min_frequency > 1 else ""  # number asked for would not match it
         print(f"note: --vocab_size {ns.vocab_size}: the corpus gave {loaded.vocab_size} tokens: every merge seen at "
