@@ -243,3 +243,23 @@ def test_a_long_runs_many_evaluations_are_a_line_not_a_band_of_dots():
     evals = loss_figure(_records()[:5] + many, "long").axes[0].get_lines()[1]
     assert evals.get_marker() == "None" and evals.get_linestyle() == "-" and len(many) > MAX_EVAL_DOTS
     assert loss_figure(_records(), "short").axes[0].get_lines()[1].get_marker() == "o"
+
+
+def test_every_runs_legend_lies_inside_the_figure_and_below_the_x_axis():
+    """Dense, eval/test, MoE (`lm_loss`: its aux-loss terms) and DeepSeek with MTP (`lm_loss` too, and eval and
+    test): the legend was four long labels in one row for a MoE run with eval, cut at both edges of the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for lm in (False, True):
+        for kinds in ((), ("eval",), ("eval", "test")):
+            recs = [r for r in _records() if r["kind"] == "train" or r["kind"] in kinds]
+            for r in recs:
+                if lm and r["kind"] == "train":
+                    r["lm_loss"] = r["loss"] - 0.3
+            fig = loss_figure(recs, "demo/moe")
+            renderer = FigureCanvasAgg(fig).get_renderer()  # the canvas savefig draws with
+            legend = fig.legends[0].get_window_extent(renderer)
+            assert len(fig.legends[0].get_texts()) == 2 + lm + len(kinds)
+            inside = fig.bbox.x0 <= legend.x0 and legend.x1 <= fig.bbox.x1 and fig.bbox.y0 <= legend.y0
+            assert inside, (lm, kinds, legend.extents, fig.bbox.extents)
+            assert legend.y1 < fig.axes[0].get_tightbbox(renderer).y0, (lm, kinds)  # under the x axis' label

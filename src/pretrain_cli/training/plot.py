@@ -139,13 +139,34 @@ def loss_figure(records, run_name: str):
         lines += lr_ax.plot(steps, lr, color="C2", linestyle="--", linewidth=1, label="learning rate")
         lr_ax.set_ylabel("learning rate")
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    if lines:  # below the axes: it never hides a curve (two rows when the LM loss makes five long labels)
-        fig.legend(lines, [line.get_label() for line in lines], loc="lower center",
-                   ncols=len(lines) if len(lines) < 5 else 3, frameon=False)
+    if lines:
+        _legend_below(fig, ax, lines)
     else:
         ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(f"{run_name}: loss and learning rate", parse_math=False)  # a "$" in a path is not TeX
     return fig
+
+
+GAP_PX = 8  # between the x axis' label and the legend's top
+EDGE_PX = 10  # the legend's least distance from the figure's left and right edges
+
+
+def _legend_below(fig, ax, lines) -> None:
+    """The legend below the axes, where it never hides a curve, in the most columns that fit the figure's width
+    (its labels are measured, not counted: a MoE or DeepSeek run's four labels, two of them long, are wider than the
+    figure in one row), and the axes raised to leave room for its rows under the x axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = (fig.canvas if hasattr(fig.canvas, "get_renderer") else FigureCanvasAgg(fig)).get_renderer()
+    labels = [line.get_label() for line in lines]
+    for ncols in range(len(lines), 0, -1):  # fewest rows first
+        legend = fig.legend(lines, labels, loc="lower center", ncols=ncols, frameon=False)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width - 2 * EDGE_PX:
+            break
+        legend.remove()
+    below_axes = ax.bbox.y0 - ax.xaxis.get_tightbbox(renderer).y0  # px of tick labels and the x label
+    top = legend.get_window_extent(renderer).y1 + GAP_PX + below_axes
+    fig.subplots_adjust(bottom=top / fig.bbox.height)
 
 
 def render_png(records, run_name: str) -> bytes:
