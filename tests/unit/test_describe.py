@@ -73,7 +73,8 @@ def test_the_attention_it_names_is_the_kernel_the_run_logs(tmp_path):
 def test_a_moe_model_says_its_routing_and_balancing(tmp_path):
     """The resolved lines said nothing of the experts: a MoE run's balancing was read only in its log."""
     text = _describe(tmp_path, model_name_or_path="micro-qwen3-moe", max_steps=2, router_aux_loss_coef=0.01)
-    assert ("  experts: 8 routed + 0 shared in 2 of 2 layers, top-2, norm_topk_prob true; balance loss weight 0.01 "
+    assert ("  experts: 8 routed + 0 shared, 32 wide each, in 2 of 2 layers, top-2, norm_topk_prob true; balance loss "
+            "weight 0.01 "
             "(load-balancing, micro_batch scope), moe_router_bias_update_rate 0 (off); expert parallel degree 1\n"
             in text), text
     ds = _describe(tmp_path, model_name_or_path="micro-deepseek-v3", max_steps=2)  # the bias a DeepSeek-V3 run gets

@@ -103,6 +103,36 @@ def checkpoint_warning(spec, on_this_host: bool) -> list[str]:
     return [f"warning: checkpoints: {advice}"] if advice else []
 
 
+# Epochs of one source past which check warns: repeating data stops paying there (Muennighoff et al. 2023, "Scaling
+# Data-Constrained Language Models": up to ~4 epochs about as good as new tokens, the returns vanishing beyond)
+MANY_EPOCHS = 4
+
+
+def repetition_warning(spec) -> list[str]:
+    """A warning per source the run reads more than `MANY_EPOCHS` times (the data line's epochs, which said 501.96 in
+    a clause of the data line only), with what to change: more data, or the largest max_steps that reads it at most
+    `MANY_EPOCHS` times."""
+    from pretrain_cli.counts import count
+    from pretrain_cli.data import source_name
+
+    if spec.splits is None or not spec.run.loop.do_train:
+        return []
+    samples, batch, out = spec.train_samples(), spec.run.global_batch_size, []
+    total = sum(s["weight"] for s in spec.splits.sources)
+    for s in spec.splits.sources:
+        train, share = s["splits"].get("train"), s["weight"] / total
+        if train is None or not train.samples_per_epoch or train.epochs_for(samples * share) <= MANY_EPOCHS:
+            continue
+        steps = int(MANY_EPOCHS * train.samples_per_epoch / share) // batch
+        fewer = (f", or lower max_steps ({count(steps, 'step')} read it {train.epochs_for(steps * batch * share):.2f} "
+                 f"times)" if steps else "")
+        out.append(f"warning: data: the run reads {source_name(s['dataset'].prefix)}'s train split "
+                   f"{train.epochs_for(samples * share):.2f} times ({train.samples_per_epoch:,} samples per epoch): "
+                   f"past ~{MANY_EPOCHS} epochs repeated tokens stop helping (Muennighoff et al. 2023, data-constrained "
+                   f"scaling); give input_dir more data{fewer}")
+    return out
+
+
 def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.counts import count
     from pretrain_cli.orchestration.prepare import prepare
@@ -136,7 +166,7 @@ def main(ns: argparse.Namespace) -> int:
     unfinished = previous_end(spec.run.output.output_dir)  # a lock a killed run left: train says it too
     if unfinished:
         print(unfinished)
-    for line in checkpoint_warning(spec, ns.world_size is None):
+    for line in checkpoint_warning(spec, ns.world_size is None) + repetition_warning(spec):
         print(line)
     simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:

@@ -86,6 +86,8 @@ class ModelConfig:
     # the model directory's generation_config.json (sampling defaults, an eos list), kept for the directories a run
     # writes; its token ids follow the fields above (`write_generation`)
     generation: dict = field(default_factory=dict, repr=False, compare=False)
+    # the `Family.defaults` keys config.json left out, which took transformers' value (check's experts line names them)
+    defaulted: tuple = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -150,6 +152,7 @@ class ModelConfig:
             del d["layer_types"]  # all full attention, the default (and a layer-count override stays consistent)
         if d.get("head_dim") is None:
             d.pop("head_dim", None)
+        config_checks.misspelt_key(d, model_type, read_keys(model_type), source)
         fam = family(model_type)
         if fam.attention == "mla":
             d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
@@ -164,10 +167,11 @@ class ModelConfig:
         if fam.moe and "num_local_experts" in d:  # transformers 5 writes Qwen3-MoE's num_experts under this name
             d.setdefault("num_experts", d["num_local_experts"])
             del d["num_local_experts"]
+        defaulted = tuple(key for key, _ in fam.defaults if d.get(key) is None)
         d = fam.with_defaults(d)  # what transformers' config class assumes for a key left out
         if fam.moe and d.get("mlp_only_layers") is None:
             d["mlp_only_layers"] = []
-        names = {f.name for f in fields(cls)} - {"extra", "generation"}
+        names = {f.name for f in fields(cls)} - {"extra", "generation", "defaulted"}
         known = {k: v for k, v in d.items() if k in names}
         # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
         # (`training.weight_source`, block by block), so what this config describes is never FP8
@@ -176,7 +180,7 @@ class ModelConfig:
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)
         try:
-            cfg = cls(**known, extra=extra)
+            cfg = cls(**known, extra=extra, defaulted=defaulted)
         except TypeError as e:  # pragma: no cover - defensive
             raise UserError(f"{source}: {e}") from None
         cfg.validate(source)
@@ -202,7 +206,7 @@ class ModelConfig:
         """A `config.json` that `transformers.AutoConfig` reads back to the same architecture."""
         d = asdict(self)
         extra = d.pop("extra")
-        d.pop("generation")
+        d.pop("generation"), d.pop("defaulted")
         out = {
             "architectures": [family(self.model_type).architecture],
             **{k: v for k, v in extra.items() if k not in ("architectures", "torch_dtype", "dtype")},
@@ -274,6 +278,19 @@ class ModelConfig:
     def n_rep(self) -> int:
         """Query heads per KV head (GQA group size)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+
+@functools.lru_cache(maxsize=None)
+def read_keys(model_type: str) -> frozenset:
+    """The config.json keys `model_type`'s config is read from: those a config.json of the family is written with
+    (`to_hf_dict`, the ones every file gets aside), and transformers' other names for them, which `from_dict` takes.
+    A key outside them that is a near miss of one of them is a typo (`config_checks.misspelt_key`)."""
+    written = set(ModelConfig(model_type=model_type).to_hf_dict()) - {"architectures", "torch_dtype", "dtype",
+                                                                       "use_cache"}
+    return frozenset(written | {"rope_scaling", "rope_parameters", "torch_dtype", "dtype"}
+                     | ({"num_experts", "num_local_experts"} if family(model_type).moe else set())
+                     | ({"num_mtp_layers"} if "num_nextn_predict_layers" in written else set())
+                     | ({"qkv_bias"} if model_type == "qwen2_moe" else set()))
 
 
 @functools.lru_cache(maxsize=64)

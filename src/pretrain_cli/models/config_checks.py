@@ -3,11 +3,34 @@ UserError naming config.json's key and what to do. Kept apart from the fields an
 `config.py` owns; the families' own rules (MoE, multi-head latent attention, DeepSeek's routing) grow here."""
 from __future__ import annotations
 
+import difflib
+import json
+
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# names of one key: any of them in config.json means the key is there
+SAME_KEY = (("num_experts", "n_routed_experts", "num_local_experts"), ("num_nextn_predict_layers", "num_mtp_layers"),
+            ("torch_dtype", "dtype"))
+
+
+def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:
+    """A key the family does not read that is a near miss of one it reads and `d` leaves out: a typo, which would
+    leave that key to transformers' default (`num_expert` gave Qwen3-MoE's 128 experts, not the file's 16). HF's
+    config.json files carry many keys not read here (transformers_version, architectures, attention_dropout,
+    DeepSeek's scoring_func ...): only the near misses of a key left out are refused."""
+    present = set(d) | {name for names in SAME_KEY if set(names) & set(d) for name in names}
+    missing = sorted(read - present)
+    for key in d:
+        near = difflib.get_close_matches(key, missing, n=1, cutoff=0.8) if key not in read else []
+        if near:
+            name = next((names[0] for names in SAME_KEY if near[0] in names), near[0])  # the default's name
+            default = dict(family(model_type).defaults).get(name)
+            fallback = "a default" if default is None else f"transformers' default ({json.dumps(default)})"
+            raise UserError(f"{source}: {key} is not a key {model_type} reads; did you mean {near[0]}? (config.json "
+                            f"has no {near[0]}, so {fallback} would be used): rename {key} to {near[0]}")
 
 
 def validate(cfg: "ModelConfig", source: str = "config.json") -> None:

@@ -132,7 +132,9 @@ class RunSpec:
             start = f"resumes from {self.resume}"
         else:
             start = "pretrained weights" if r.model.continue_training else "random init"
-        lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers, hidden "
+        mtp = int(cfg.num_nextn_predict_layers or 0)  # DeepSeek-V3's multi-token prediction layers, built too
+        mtp = f" + {mtp} MTP (multi-token prediction) layer{'s' if mtp > 1 else ''}" if mtp else ""
+        lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers{mtp}, hidden "
                      f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
                      f"{cfg.vocab_size}); {start}")
         if cfg.expert_layers:
@@ -164,18 +166,33 @@ class RunSpec:
         return lines
 
     def _experts(self) -> str:
-        """A MoE model's routing as this run trains it: config.json's experts, top-k and `norm_topk_prob`, and the
-        balancing decided in `config.moe` (the weight in effect where the file leaves it to config.json or the
-        paper, the bias rate a DeepSeek-V3 run gets unasked), so a run's balancing is read before its first step."""
+        """A MoE model's routing as this run trains it: config.json's experts (their number and width, the layers
+        that hold them, the MTP layer counted apart as the model line counts it; each size config.json leaves to
+        transformers' default says so), top-k and `norm_topk_prob`, and the balancing decided in `config.moe` (the
+        weight in effect where the file leaves it to config.json or the paper, the bias rate a DeepSeek-V3 run gets
+        unasked), so a run's size and balancing are read before its first step."""
         cfg, moe, p = self.model_cfg, self.run.moe, self.run.parallel
-        shared = cfg.n_shared_experts or (1 if cfg.shared_expert_intermediate_size else 0)  # Qwen2-MoE: one
+
+        def said(*keys) -> str:  # the keys of this figure config.json left out: transformers' default built it
+            left = [k for k in keys if k in cfg.defaulted]
+            return f" (transformers' default: config.json has no {' or '.join(left)})" if left else ""
+
+        width = f"{cfg.moe_intermediate_size} wide each{said('moe_intermediate_size')}"
+        if cfg.shared_expert_intermediate_size:  # Qwen2-MoE: one shared expert of its own width
+            experts = (f"{cfg.num_experts} routed{said('num_experts')}, {width}, + 1 shared, "
+                       f"{cfg.shared_expert_intermediate_size} wide{said('shared_expert_intermediate_size')}")
+        else:
+            experts = (f"{cfg.num_experts} routed{said('num_experts')} + {cfg.n_shared_experts} "
+                       f"shared{said('n_shared_experts') if cfg.mla else ''}, {width}")
+        mtp = len(cfg.expert_layers) - len(cfg.sparse_layers)  # the MTP layers that hold experts
+        mtp = " + the MTP layer" if mtp == 1 else f" + {mtp} MTP layers" if mtp else ""
         kind = "sequence-wise" if cfg.model_type in DEEPSEEK_ALPHA else f"load-balancing, {moe.aux_loss_scope} scope"
         rate = f"{moe.bias_update_rate:g}" if moe.bias_update_rate else "0 (off)"
-        return (f"experts: {cfg.num_experts} routed + {shared} shared in {len(cfg.expert_layers)} of "
-                f"{cfg.num_hidden_layers + (cfg.num_nextn_predict_layers or 0)} layers, top-{cfg.num_experts_per_tok},"
-                f" norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; balance loss weight "
-                f"{moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; expert parallel degree "
-                f"{p.ep_degree}")
+        return (f"experts: {experts}, in {len(cfg.sparse_layers)} of {cfg.num_hidden_layers} layers{mtp}"
+                f"{said('first_k_dense_replace', 'decoder_sparse_step')}, top-{cfg.num_experts_per_tok}"
+                f"{said('num_experts_per_tok')}, norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; balance loss "
+                f"weight {moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; expert parallel "
+                f"degree {p.ep_degree}")
 
     def _evaluations(self) -> str:
         """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final
@@ -281,10 +298,23 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
 
 def _elsewhere(problems: Problems, args: Arguments) -> None:
-    """After the problems a file's relative paths met run from another directory, one line naming where to run."""
+    """After the problems a file's relative paths met run from another directory, one line naming where to run; or,
+    when they are the demo's files (the shipped files' `./demo/tokenizer`, `./demo/data`) and missing here, the
+    problem of each says what makes them: a fresh clone has no demo/ until the README's first command."""
     line = beside_the_file(args) if problems.items else None
     if line:
         problems.add(line)
+        return
+    values = {"tokenizer_name_or_path": args.model.tokenizer_name_or_path, "input_dir": args.data.input_dir,
+              "model_name_or_path": args.model.model_name_or_path}
+    for key, value in values.items():
+        path = Path(value.strip()) if isinstance(value, str) else None  # (a token-file prefix: its .idx)
+        demo = path is not None and path.parts[:1] == ("demo",) and not (
+            path.exists() or path.with_name(path.name + ".idx").exists())
+        for i, item in enumerate(problems.items if demo else ()):
+            if item.startswith(f"{key}: "):
+                problems.items[i] = (f"{item}; ./demo/ is made by scripts/quickstart.sh (the README's first command): "
+                                     f"run it first, or set {key} to your own")
 
 
 def _progress(saved: CheckpointDir | None) -> tuple | None:
