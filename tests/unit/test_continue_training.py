@@ -194,7 +194,12 @@ def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys,
     assert "check: OK" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "header"])
+def _damaged(data: bytes, damage: str) -> bytes:
+    """A shard's bytes cut in half, cut to 6 bytes (before its header's length ends), or with its header spoiled."""
+    return {"truncated": data[:len(data) // 2], "short": data[:6], "header": data[:8] + b"{not json" + data[17:]}[damage]
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "short", "header"])
 def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, damage):
     """A shard the index names but the directory lacks, or one cut short, is the download's fault: one line saying
     to download it again, not the checkpoint advice ("resume from another checkpoint") a model directory cannot
@@ -205,17 +210,17 @@ def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, d
     if damage == "missing":
         shard.unlink()
     else:
-        shard.write_bytes(data[:len(data) // 2] if damage == "truncated" else data[:6])
+        shard.write_bytes(_damaged(data, damage))
     with pytest.raises(UserError) as e:
         prepare(_args(tmp_path, str(path)), [], Target())
     line = str(e.value)
     assert line.startswith(f"{shard}: ") and "\n" not in line and "checkpoint" not in line
     assert {"missing": "missing, though model.safetensors.index.json names it", "truncated": "truncated (",
-            "header": "unreadable safetensors header"}[damage] in line
+            "short": "truncated (6 bytes", "header": "unreadable safetensors header"}[damage] in line
     assert line.endswith("download it again, or point model_name_or_path to a complete directory")
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "header"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "short", "header"])
 def test_a_damaged_checkpoint_continued_from_says_what_is_wrong_before_what_to_do(tmp_path, damage):
     """The same damage in a run's checkpoint (its trainer_state.json) is no download's: the line says what it makes
     of the checkpoint (incomplete, damaged), then to name another of the run's checkpoints."""
@@ -226,14 +231,16 @@ def test_a_damaged_checkpoint_continued_from_says_what_is_wrong_before_what_to_d
     if damage == "missing":
         shard.unlink()
     else:
-        shard.write_bytes(data[:len(data) // 2] if damage == "truncated" else data[:6])
+        shard.write_bytes(_damaged(data, damage))
     with pytest.raises(UserError) as e:
         prepare(_args(tmp_path, str(path)), [], Target())
     state = "damaged" if damage == "header" else "incomplete"
     assert str(e.value) == f"{shard}: " + {
         "missing": "missing, though model.safetensors.index.json names it",
         "truncated": f"truncated ({len(data) // 2:,} bytes, its header says {len(data):,})",
-        "header": "unreadable safetensors header (unpack requires a buffer of 8 bytes), damaged or truncated",
+        "short": "truncated (6 bytes, shorter than the 8 that give the header's length)",
+        "header": "unreadable safetensors header (Expecting property name enclosed in double quotes: line 1 column 2 "
+                  "(char 1))",
     }[damage] + f"; the checkpoint is {state}: point model_name_or_path to another of the run's checkpoints"
 
 

@@ -147,7 +147,7 @@ def test_a_checkpoint_directory_is_read_once(tmp_path, src):
 
 
 @pytest.mark.parametrize("trainer_state, advice", [
-    (False, "; " + convert.INCOMPLETE),
+    (False, "; download it again, or point model_name_or_path to a complete directory"),
     (True, f"; the checkpoint is damaged: {shard_files.CHECKPOINT_ADVICE}")])
 def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
     """A model directory (transformers', PaddleNLP's: no trainer state) whose weights file is damaged is to be
@@ -166,7 +166,7 @@ def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_st
 
 
 @pytest.mark.parametrize("trainer_state, advice", [
-    (False, "; " + convert.INCOMPLETE),
+    (False, "; download it again, or point model_name_or_path to a complete directory"),
     (True, f"; the checkpoint is incomplete: {shard_files.CHECKPOINT_ADVICE}")])
 def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
     """A weights file cut short in a checkpoint-N: the line says the checkpoint is incomplete before what to do; a

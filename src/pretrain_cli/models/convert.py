@@ -152,25 +152,19 @@ def refuse_fused(where, names) -> None:
                         f"`model.save_pretrained(dir, safe_serialization=True)`")
 
 
-INCOMPLETE = "download it again, or point model_name_or_path to a complete directory"
-ANOTHER_CHECKPOINT = "point model_name_or_path to another of the run's checkpoints"
-
-
 def readable_weights(src_dir) -> list[str]:
     """`find_weights`, and the fused projections `name_map` would refuse, found from the files' headers alone
-    (what `check` reads of a pretrained directory). A shard the index names but the directory lacks, one cut short
-    or with a damaged header is one line: in a model directory (a download stopped halfway) saying to download it
-    again, as it has no other checkpoint to turn to; in a run's own directory (its trainer state: `continue_training`
-    from a checkpoint-N) saying the checkpoint is incomplete (or damaged), and to name another."""
-    from pretrain_cli.run_dir import STATE_FILE
-    from pretrain_cli.storage.shard_files import File
+    (what `check` reads of a pretrained directory for `continue_training`). A shard the index names but the
+    directory lacks, one cut short or with a damaged header is one line ending as `shard_files.advice_for` says
+    for continuing from that directory: a model directory (a download stopped halfway) is downloaded again; a
+    run's checkpoint-N or final directory is incomplete (or damaged), and another of its run's is named."""
+    from pretrain_cli.storage.shard_files import File, advice_for
 
     files, names = find_weights(src_dir), []
     listed_in = INDEX_FILE if os.path.isfile(os.path.join(src_dir, INDEX_FILE)) else None  # else each was found
-    holder = ({"fix": ANOTHER_CHECKPOINT} if os.path.isfile(os.path.join(src_dir, STATE_FILE))
-              else {"advice": INCOMPLETE})
+    advice = advice_for(src_dir, "continue_training")
     for path in files:
-        file = File(path, "safetensors header", listed_in=listed_in, **holder).require_data()
+        file = File(path, "safetensors header", advice, listed_in).require_data()
         names.extend(file.tensors)
     refuse_fused(src_dir, names)
     return files

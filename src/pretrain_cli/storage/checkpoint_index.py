@@ -43,7 +43,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
-from pretrain_cli.storage.shard_files import File
+from pretrain_cli.storage.shard_files import RESUME, Advice, File
 
 INDEX = "checkpoint.index.json"
 FORMAT = "pretrain-cli sharded checkpoint"
@@ -233,8 +233,9 @@ def _tiling(shape: list[int], blocks: list[tuple[list[int], list[int]]]) -> str 
 class Reader:
     """Blocks of a sharded checkpoint's tensors, each read from only the pieces that intersect it."""
 
-    def __init__(self, ckpt, index: dict):
-        self.ckpt, self.index = Path(ckpt), index
+    def __init__(self, ckpt, index: dict, advice: Advice = RESUME):
+        """`advice`: how a damaged piece's line ends (`shard_files.advice_for`: a resume's unless told another)."""
+        self.ckpt, self.index, self.advice = Path(ckpt), index, advice
         self._files: dict = {}
 
     def names(self, kind: str) -> list[str]:
@@ -248,7 +249,8 @@ class Reader:
 
     def file(self, name: str) -> File:
         if name not in self._files:
-            self._files[name] = File(self.ckpt / name, "optimizer state" if name.startswith("optimizer") else "weights")
+            self._files[name] = File(self.ckpt / name, "optimizer state" if name.startswith("optimizer") else "weights",
+                                     self.advice)
         return self._files[name]
 
     def read(self, name: str, offsets=None, shape=None) -> np.ndarray:

@@ -15,6 +15,7 @@ import os
 import struct
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -115,48 +116,96 @@ def checksum(path) -> dict:
     return {"bytes": total, "crc32": f"{crc:08x}"}
 
 
-CHECKPOINT_ADVICE = "resume from another checkpoint"  # what a checkpoint's reader can do (`File`'s default)
+CHECKPOINT_ADVICE = "resume from another checkpoint"  # what a resume can do (`RESUME`, `File`'s default)
+MAX_HEADER = 100_000_000  # the longest header the safetensors format allows: a longer length read is damage
+USES = ("resume", "continue_training", "inference", "export")  # what a reader reads a directory for (`advice_for`)
+
+
+class Advice(NamedTuple):
+    """How a line about a damaged file ends: what that makes of the directory holding it (`holder`, e.g. "the
+    checkpoint": "the checkpoint is incomplete"; None: nothing said of it), then `fix`, what its reader can do."""
+
+    holder: str | None
+    fix: str
+
+    def said(self, state: str) -> str:
+        """The line's end, after what `state` ("incomplete": a file missing or cut short; "damaged") makes of it."""
+        return f"{self.holder} is {state}: {self.fix}" if self.holder else self.fix
+
+
+RESUME = Advice("the checkpoint", CHECKPOINT_ADVICE)
+
+
+def advice_for(directory, use: str) -> Advice:
+    """What a reader of `directory` that finds one of its files damaged tells its user, decided here alone from
+    what the directory is and what the command does with it (`use`, one of `USES`): a run's checkpoint (its
+    `trainer_state.json` and optimizer state, or a `checkpoint-N` name) has other checkpoints beside it; a run's
+    final directory (a trainer state alone) has its run's checkpoint-N inside it, or none (a run that saved none, a
+    copy); a model directory (no trainer state: transformers', PaddleNLP's) has neither: it is downloaded again. A
+    resume always reads a checkpoint and turns to another; the others name the argument that picked the directory
+    (`model_name_or_path`, `--model`)."""
+    from pretrain_cli.run_dir import CHECKPOINT, STATE_FILE, list_checkpoints
+
+    if use not in USES:
+        raise ValueError(f"use {use!r}: one of {USES}")
+    path = Path(directory)
+    point = {"inference": "point --model to", "export": "export"}.get(use, "point model_name_or_path to")
+    if not (path / STATE_FILE).is_file():
+        return Advice(None, f"download it again, or {point} a complete directory")
+    if use == "resume":
+        return RESUME
+    if CHECKPOINT.match(path.name) or any(path.glob("optimizer*.safetensors")):  # (a final directory has none)
+        return Advice("the checkpoint", {"continue_training": "point model_name_or_path to another of the run's "
+                                                              "checkpoints"}.get(use, f"{point} another checkpoint-N"))
+    saved = list_checkpoints(path)
+    if saved:
+        return Advice("the run's final model", f"{point} one of its checkpoints (the newest: {saved[-1][1]})")
+    return Advice("the run's final model", f"{point} another directory (no checkpoint-N of its run is in {path})")
+
+
+class _Short(Exception):
+    """A file that ends before its header does: cut short (incomplete), not damaged."""
 
 
 class File:
     """One safetensors file opened for block reads: its header parsed, its data section memory-mapped lazily.
 
-    Every line it raises says what is wrong with the file, then what its reader can do about it. A checkpoint's
-    file (no `advice`) also says what that makes of the checkpoint (incomplete: a file missing or cut short;
-    damaged), then `fix`; a model directory has no other checkpoint to turn to, so its reader gives its own
-    advice, said as given (`models.convert.INCOMPLETE`: download it again). A file that is there but whose
-    permissions keep it from being opened says so instead: it may well be whole."""
+    Every line it raises says what is wrong with the file, then `advice` (`advice_for` the directory holding it
+    and what its reader does with it): what that makes of the directory (a file missing or cut short leaves it
+    incomplete; one with a tensor its header lacks, or an unreadable header, damaged) and what to do. A file that
+    is there but whose permissions keep it from being opened says so instead: it may well be whole."""
 
-    def __init__(self, path, what: str = "safetensors file", advice: str | None = None,
-                 listed_in: str | None = None, fix: str = CHECKPOINT_ADVICE):
-        """`listed_in`: the index that names this file, said when the file is missing (what makes it expected);
-        `fix`: what a checkpoint's reader can do (`continue_training` from one: `models.convert.ANOTHER_CHECKPOINT`)."""
-        self.path, self.advice, self.fix = Path(path), advice, fix
+    def __init__(self, path, what: str = "safetensors file", advice: Advice = RESUME,
+                 listed_in: str | None = None):
+        """`listed_in`: the index that names this file, said when the file is missing (what makes it expected)."""
+        self.path, self.advice = Path(path), advice
         try:
             size = os.path.getsize(self.path)
             with open(self.path, "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
+                length = f.read(8)
+                if len(length) < 8:  # (an empty file too)
+                    raise _Short(f"{size:,} bytes, shorter than the 8 that give the header's length")
+                n = struct.unpack("<Q", length)[0]
+                if n > MAX_HEADER:
+                    raise ValueError(f"a header length of {n:,} bytes, past the format's {MAX_HEADER:,}")
                 if n > size - 8:
-                    raise ValueError(f"header of {n} bytes in a file of {size}")
+                    raise _Short(f"{size:,} bytes, its header alone says {8 + n:,}")
                 head = json.loads(f.read(n))
         except FileNotFoundError:
             listed = f", though {listed_in} names it" if listed_in else ""
-            raise UserError(f"{self.path}: missing{listed}; {self._advised('incomplete')}") from None
+            raise UserError(f"{self.path}: missing{listed}; {advice.said('incomplete')}") from None
         except PermissionError as e:
             raise UserError(f"{self.path}: unreadable ({e.strerror}); fix its permissions") from None
+        except _Short as e:
+            raise UserError(f"{self.path}: truncated ({e}); {advice.said('incomplete')}") from None
         except OSError as e:  # a directory in its place, an I/O error: the reason, as the system gives it
-            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {self._advised('damaged')}") from None
+            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {advice.said('damaged')}") from None
         except (ValueError, struct.error) as e:
-            raise UserError(f"{self.path}: unreadable {what} ({e}), damaged or truncated; "
-                            f"{self._advised('damaged')}") from None
+            raise UserError(f"{self.path}: unreadable {what} ({e}); {advice.said('damaged')}") from None
         self.metadata = head.pop("__metadata__", {})
         self.tensors, self.start, self.size = head, 8 + n, size
         self._map = None
         self.bytes_read = 0  # of tensor data, by `read` (what a block read touches)
-
-    def _advised(self, state: str) -> str:
-        """What to do, after what `state` ("incomplete", "damaged") makes of a checkpoint; or the advice given."""
-        return self.advice or f"the checkpoint is {state}: {self.fix}"
 
     @property
     def data_end(self) -> int:
@@ -170,18 +219,18 @@ class File:
         a file cut short fails here rather than at the first `read` past its end."""
         if self.data_end > self.size:
             raise UserError(f"{self.path}: truncated ({self.size:,} bytes, its header says {self.data_end:,}); "
-                            f"{self._advised('incomplete')}")
+                            f"{self.advice.said('incomplete')}")
         return self
 
     def read(self, name: str, offsets=None, shape=None) -> np.ndarray:
         """The block `offsets` + `shape` (default: all) of tensor `name`, copied out of the file."""
         info = self.tensors.get(name)
         if info is None:
-            raise UserError(f"{self.path}: tensor {name!r} is missing; {self._advised('damaged')}")
+            raise UserError(f"{self.path}: tensor {name!r} is missing; {self.advice.said('damaged')}")
         begin, end = info["data_offsets"]
         if self.start + end > self.size:
             raise UserError(f"{self.path}: truncated ({self.size:,} bytes, tensor {name!r} ends at "
-                            f"{self.start + end:,}); {self._advised('incomplete')}")
+                            f"{self.start + end:,}); {self.advice.said('incomplete')}")
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         dtype = NUMPY[info["dtype"]]
@@ -202,7 +251,7 @@ class Files:
     the index), read block by block like the pieces of an indexed checkpoint (`checkpoint_index.Reader`: the same
     `index`, `read`, `bytes_read`, `opened`, `close`)."""
 
-    def __init__(self, paths, what: str, advice: str | None = None):
+    def __init__(self, paths, what: str, advice: Advice = RESUME):
         self.files, self.index, self._where = [File(p, what, advice=advice) for p in paths], {"tensors": {}}, {}
         for f in self.files:
             for n, t in f.tensors.items():

@@ -99,7 +99,7 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
     if not Path(ckpt).is_dir():
         biases = [p.numpy() for n, p in model.named_parameters() if n.endswith(ROUTER_BIAS)]
         return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit), routing_bias_note(cfg, biases)
-    reader, _ = open_reader(ckpt, "weights")  # pieces, or whole tensors (a checkpoint from before the index)
+    reader, _ = open_reader(ckpt, "weights", "export")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
         tensors = reader.index["tensors"]
         entries = []
@@ -145,6 +145,11 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
     meta = CheckpointDir(src)  # its state and index read once: checked, then read from
     reason = intact.export_problem(meta)
     if reason is not None:
+        if (src / run_dir.STATE_FILE).is_file() and not run_dir.CHECKPOINT.match(src.name):  # a final model, harmed
+            from pretrain_cli.storage.shard_files import advice_for
+
+            state = "incomplete" if "truncated" in reason or reason.endswith(" is missing") else "damaged"
+            raise UserError(f"{src}: cannot export: {reason}; {advice_for(src, 'export').said(state)}")
         newest = run_dir.latest_checkpoint(src)  # a run's output_dir before its final export (still training?)
         if newest is not None:
             raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "

@@ -240,7 +240,7 @@ def open_weights(run: RunConfig, model, resume=None, pretrained=None):
         return init
     # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
     return WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
-                        None if resume is not None else init)
+                        None if resume is not None else init, "resume" if resume is not None else "continue_training")
 
 
 def check_pretrained(run: RunConfig, model_cfg, model_dir) -> None:

@@ -55,23 +55,23 @@ def verify_everywhere(comm, ckpt, files) -> None:
         raise DamagedCheckpoint(reason or found[0])
 
 
-def open_reader(ckpt, kind: str):
+def open_reader(ckpt, kind: str, use: str = "resume"):
     """(reader of `kind` "weights" / "optimizer" tensors of directory `ckpt` (a path or a `CheckpointDir`), the
-    file to name in errors): the index's pieces where it has one, else its whole safetensors files. A damaged file
-    of a model directory (no trainer state: transformers', PaddleNLP's) is to be downloaded again, not resumed
-    from another checkpoint."""
-    from pretrain_cli.models.convert import INCOMPLETE, find_weights
-    from pretrain_cli.run_dir import OPTIMIZER_FILE, STATE_FILE
+    file to name in errors): the index's pieces where it has one, else its whole safetensors files. A damaged file's
+    line ends as `shard_files.advice_for` says for `use`, what the command does with the directory (a model
+    directory's is to be downloaded again; a checkpoint read for inference is not resumed from another)."""
+    from pretrain_cli.models.convert import find_weights
+    from pretrain_cli.run_dir import OPTIMIZER_FILE
     from pretrain_cli.storage import checkpoint_index
-    from pretrain_cli.storage.shard_files import Files
+    from pretrain_cli.storage.shard_files import Files, advice_for
 
     meta = CheckpointDir.of(ckpt)
+    advice = advice_for(meta.path, use)
     if meta.index is not None:
-        return checkpoint_index.Reader(meta.path, meta.index), meta.path / checkpoint_index.INDEX
+        return checkpoint_index.Reader(meta.path, meta.index, advice), meta.path / checkpoint_index.INDEX
     if kind == "optimizer":
-        return Files([meta.path / OPTIMIZER_FILE], "optimizer state"), meta.path / OPTIMIZER_FILE
-    advice = {} if (meta.path / STATE_FILE).is_file() else {"advice": INCOMPLETE}
-    return (Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights", **advice),
+        return Files([meta.path / OPTIMIZER_FILE], "optimizer state", advice), meta.path / OPTIMIZER_FILE
+    return (Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights", advice),
             meta.path)
 
 
@@ -89,14 +89,15 @@ class WeightSource:
     dtype = None  # as `distributed.layout.materialize.InitSource.dtype`
     kept = frozenset()  # as `InitSource.kept`
 
-    def __init__(self, path, model, what: str = "checkpoint", fallback=None):
+    def __init__(self, path, model, what: str = "checkpoint", fallback=None, use: str = "resume"):
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
-        none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them."""
+        none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them.
+        `use`: what the command does with the directory (`open_reader`: what a damaged file's line advises)."""
         from pretrain_cli.distributed.layout.pieces import split_name
         from pretrain_cli.models.convert import is_mtp, name_map, quantization_block
 
         meta = CheckpointDir.of(path)
-        self.reader, self.where = open_reader(meta, "weights")
+        self.reader, self.where = open_reader(meta, "weights", use)
         stored = {n: t for n, t in self.reader.index["tensors"].items() if split_name(n)[1] is None}  # weights
         try:
             found = name_map(stored, model, self.where, what, self._all_zero, absent_mtp=fallback is not None)
@@ -157,12 +158,12 @@ def _kept(name, box):
     raise AssertionError(f"{name}: `load_weights` creates only what the directory holds")
 
 
-def load_weights(model, path, what: str = "model directory", comm=None) -> str:
+def load_weights(model, path, what: str = "model directory", comm=None, use: str = "resume") -> str:
     """The weights of directory `path` (any source; a path or a `CheckpointDir`) into `model`, whole; returns the
     layout the name map found ("hf" or "paddlenlp"). Multi-token prediction modules the directory has not keep
     their values. A checkpoint of ours (it has an index) is checked as a resume checks it: its files against the
     index (sizes, the pieces each header records) before any is read, the checksums of those read after (on every
-    rank of `comm`, which all learn of a damaged file): `DamagedCheckpoint` naming the file."""
+    rank of `comm`, which all learn of a damaged file): `DamagedCheckpoint` naming the file. `use`: `open_reader`'s."""
     from pretrain_cli.distributed.comms.comm import NoComm
     from pretrain_cli.distributed.layout.materialize import fill_whole
     from pretrain_cli.storage import intact
@@ -170,7 +171,7 @@ def load_weights(model, path, what: str = "model directory", comm=None) -> str:
     meta = CheckpointDir.of(path)
     if meta.index is not None and (reason := intact.damage(meta, checksums=False)) is not None:
         raise DamagedCheckpoint(reason)
-    source = WeightSource(meta, model, what, fallback=_kept)
+    source = WeightSource(meta, model, what, fallback=_kept, use=use)
     try:
         for name, param in model.named_parameters():  # created, or its values replaced
             if source.holds(name):
@@ -183,12 +184,12 @@ def load_weights(model, path, what: str = "model directory", comm=None) -> str:
     return source.layout
 
 
-def holds_router_bias(ckpt) -> bool:
+def holds_router_bias(ckpt, use: str = "resume") -> bool:
     """Whether directory `ckpt`'s weights hold a router bias (a run trained with `moe_router_bias_update_rate` > 0):
     a model built without one would drop it and route otherwise than the run did."""
     from pretrain_cli.models.convert import ROUTER_BIAS
 
-    reader, _ = open_reader(ckpt, "weights")
+    reader, _ = open_reader(ckpt, "weights", use)
     try:
         return any(name.endswith(ROUTER_BIAS) for name in reader.index["tensors"])
     finally:
@@ -217,14 +218,16 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
             raise UserError(problem)
     paddle.seed(seed)
     moe = None
-    if weights and cfg.expert_layers and holds_router_bias(model_dir):  # the routing the run trained with
+    if weights and cfg.expert_layers and holds_router_bias(model_dir, "inference"):  # the routing the run trained with
         from pretrain_cli.run_config import MoeConfig
 
         moe = MoeConfig(routing_bias=True)
     model = build_model(cfg, select(request, device or paddle.device.get_device()), moe)
     if weights:
         try:
-            load_weights(model, model_dir)
+            load_weights(model, model_dir, use="inference")
         except DamagedCheckpoint as e:
-            raise UserError(f"{e}; the checkpoint is damaged: use another checkpoint-N (or the final directory)") from None
+            from pretrain_cli.storage.shard_files import advice_for
+
+            raise UserError(f"{e}; {advice_for(model_dir, 'inference').said('damaged')}") from None
     return model, ("trained weights" if weights else f"random init (seed {seed})")

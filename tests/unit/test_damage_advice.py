@@ -1,0 +1,156 @@
+"""A damaged weights file's line ends with advice decided in one place (`storage.shard_files.advice_for`), from the
+directory holding it (a run's checkpoint-N, a run's final directory, a model directory) and what the command does
+with it (resume, continue_training, inference, export): eval of a run's final directory said "the checkpoint is
+incomplete: resume from another checkpoint" (it is no checkpoint, and eval resumes nothing)."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from pretrain_cli.distributed.layout.pieces import Box  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
+from pretrain_cli.models import build_model, convert  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.storage.shard_files import Advice, File, advice_for  # noqa: E402
+from pretrain_cli.training.run import open_weights  # noqa: E402
+from pretrain_cli.training.weight_source import load_for_inference  # noqa: E402
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+
+
+def _model_dir(d, state: bool = True, cut: bool = True):
+    """A model directory (with a trainer state: a run's) whose model.safetensors lost its last 8 bytes."""
+    paddle.seed(0)
+    convert.save_hf(build_model(CFG), CFG, str(d))
+    if state:
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": 2, "consumed_samples": 4}))
+    weights = d / "model.safetensors"
+    data = weights.read_bytes()
+    if cut:
+        weights.write_bytes(data[:-8])
+    return weights, len(data)
+
+
+@pytest.fixture
+def final(tmp_path):
+    """A run's final directory (its trainer state) holding its checkpoint-2, its model.safetensors cut short."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _model_dir(out / "checkpoint-2", cut=False)
+    weights, _ = _model_dir(out)
+    return out, weights
+
+
+def test_the_advice_is_decided_by_the_directory_and_the_use(tmp_path):
+    ckpt, bare, hf = tmp_path / "out" / "checkpoint-4", tmp_path / "bare", tmp_path / "hf"
+    for d in (ckpt, bare, hf):
+        d.mkdir(parents=True)
+    for d in (ckpt, tmp_path / "out", bare):
+        (d / "trainer_state.json").write_text("{}")
+    assert advice_for(ckpt, "resume") == Advice("the checkpoint", "resume from another checkpoint")
+    assert advice_for(ckpt, "continue_training").said("incomplete") == (
+        "the checkpoint is incomplete: point model_name_or_path to another of the run's checkpoints")
+    assert advice_for(ckpt, "inference").said("damaged") == (
+        "the checkpoint is damaged: point --model to another checkpoint-N")
+    assert advice_for(ckpt, "export").fix == "export another checkpoint-N"
+    named = tmp_path / "ckpt"  # a checkpoint by another name (resume_from_checkpoint takes any): its optimizer state
+    named.mkdir()
+    (named / "trainer_state.json").write_text("{}")
+    (named / "optimizer.safetensors").write_bytes(b"")
+    assert advice_for(named, "inference").holder == "the checkpoint"
+    assert advice_for(tmp_path / "out", "inference").said("incomplete") == (
+        f"the run's final model is incomplete: point --model to one of its checkpoints (the newest: {ckpt})")
+    assert advice_for(bare, "continue_training").said("incomplete") == (
+        f"the run's final model is incomplete: point model_name_or_path to another directory (no checkpoint-N of its "
+        f"run is in {bare})")
+    assert advice_for(hf, "continue_training").said("incomplete") == (
+        "download it again, or point model_name_or_path to a complete directory")
+    assert advice_for(hf, "inference").said("damaged") == "download it again, or point --model to a complete directory"
+    with pytest.raises(ValueError):
+        advice_for(hf, "train")
+
+
+def test_a_file_shorter_than_its_header_length_is_truncated_not_damaged(tmp_path):
+    """A 6-byte file said "damaged or truncated; the checkpoint is damaged": it is cut short, so incomplete."""
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00")
+    with pytest.raises(UserError) as e:
+        File(tmp_path / "model.safetensors")
+    assert str(e.value) == (f"{tmp_path / 'model.safetensors'}: truncated (6 bytes, shorter than the 8 that give the "
+                            f"header's length); the checkpoint is incomplete: resume from another checkpoint")
+
+
+def test_inference_of_a_runs_final_directory_names_its_checkpoints(final, tmp_path, capsys):
+    """`eval` of a run's final directory, its model.safetensors cut short: what that makes of the final model and
+    which of its run's checkpoints to point --model to; no resume, no "checkpoint is incomplete"."""
+    from pretrain_cli.cli import main
+    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
+
+    out, weights = final
+    with IndexedDatasetWriter(str(tmp_path / "c"), dtype=np.uint16) as w:
+        w.add_item(np.arange(3, 40))
+        w.end_document()
+        w.finalize()
+    assert main(["eval", "--model", str(out), "--data", str(tmp_path / "c"), "--max_seq_length", "8"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"error: {weights}: truncated (") and "resume" not in line
+    assert line.endswith(f"; the run's final model is incomplete: point --model to one of its checkpoints (the "
+                         f"newest: {out / 'checkpoint-2'})")
+
+
+def test_inference_of_a_checkpoint_names_another(tmp_path):
+    weights, size = _model_dir(tmp_path / "out" / "checkpoint-2")
+    with pytest.raises(UserError) as e:
+        load_for_inference(str(weights.parent), CFG, 0)
+    assert str(e.value).startswith(f"{weights}: truncated ({size - 8:,} bytes, tensor ")
+    assert str(e.value).endswith("; the checkpoint is incomplete: point --model to another checkpoint-N")
+
+
+def _read_all(source, model) -> None:
+    for name, p in model.named_parameters():
+        source(name, Box(tuple(p.shape), (0,) * len(p.shape), tuple(p.shape)))
+
+
+@pytest.mark.parametrize("use", ["continue_training", "resume"])
+def test_training_reads_advise_as_the_check_does(tmp_path, use):
+    """continue_training from a checkpoint-N read at train time (`open_weights`, the layout's source) said the
+    default "resume from another checkpoint" where check said to point model_name_or_path to another; a resume's
+    read says to resume from another."""
+    weights, _ = _model_dir(tmp_path / "out" / "checkpoint-2")
+    paddle.seed(0)
+    model = build_model(CFG)
+    run = SimpleNamespace(loop=SimpleNamespace(seed=0))
+    where = {"resume": weights.parent} if use == "resume" else {"pretrained": weights.parent}
+    source = open_weights(run, model, **where)
+    with pytest.raises(UserError) as e:
+        _read_all(source, model)
+    source.close()
+    assert str(e.value).endswith({
+        "continue_training": "; the checkpoint is incomplete: point model_name_or_path to another of the run's "
+                             "checkpoints",
+        "resume": "; the checkpoint is incomplete: resume from another checkpoint"}[use])
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_export_of_a_damaged_final_directory_says_so(tmp_path, checkpoints):
+    """export said "(the run has not written its final model: still training, or stopped before it)" of a final
+    directory it had written whole, since cut short."""
+    from pretrain_cli.training.export import export_checkpoint
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if checkpoints:
+        _model_dir(out / "checkpoint-2", cut=False)
+    weights, _ = _model_dir(out)
+    with pytest.raises(UserError) as e:
+        export_checkpoint(out, tmp_path / "hf", "float32")
+    fix = (f"export one of its checkpoints (the newest: {out / 'checkpoint-2'})" if checkpoints
+           else f"export another directory (no checkpoint-N of its run is in {out})")
+    line = str(e.value)
+    assert line.startswith(f"{out}: cannot export: {weights} is truncated") and "still training" not in line
+    assert line.endswith(f"; the run's final model is incomplete: {fix}")
