@@ -66,6 +66,17 @@ def _model_config(name: str):
     return model_dir, ModelConfig.from_file(model_dir)
 
 
+def _past_positions(cfg, model_dir: str, length: int, source: str) -> None:
+    """A note when windows of `length` reach positions the weights have not been trained on
+    (`models.config.past_positions`): past config.json's max_position_embeddings and past the length the run that
+    wrote `model_dir` trained at (its args.json: a run continued past that number keeps it in config.json)."""
+    from pretrain_cli.models.config import past_positions
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    if past := past_positions(cfg, length, source, trained=CheckpointDir(model_dir).trained_length):
+        print(f"note: {past}", file=sys.stderr)
+
+
 def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
     """Print one JSON object (`--json`) or one line that says in words what was measured (the kernels that
     measured it on stderr, as `train` logs them)."""
@@ -149,6 +160,8 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
         print(note, file=sys.stderr)
+    _past_positions(cfg, model_dir, d.max_seq_length,
+                    "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length")
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
@@ -208,6 +221,7 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")
     no_effect(overrides, "eval", reads)
+    source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
     if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
         d = args.data
         ns.max_seq_length = d.max_seq_length if ns.max_seq_length is None else ns.max_seq_length
@@ -220,7 +234,6 @@ def main(ns: argparse.Namespace) -> int:
     if ns.max_seq_length is None:
         raise UserError("eval: pass --max_seq_length (--model is no directory a run wrote, so it has no default)")
     from pretrain_cli.data.indexed import check_token_ids, open_token_file
-    from pretrain_cli.models.config import past_positions
     from pretrain_cli.training.evaluation import (document_starts, perplexity, read_tokens, window_batches,
                                                   window_count)
 
@@ -229,8 +242,7 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
     model_dir, cfg = _model_config(ns.model)
-    if past := past_positions(cfg, ns.max_seq_length, source="--max_seq_length"):
-        print(f"note: {past}", file=sys.stderr)
+    _past_positions(cfg, model_dir, ns.max_seq_length, source)
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)
     _check_tokenizer(ns.data, model_dir)

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt",
                         help="text to continue (this or --prompt_file is required); once prompt + generated tokens "
-                             "exceed the model's max_position_embeddings, the model sees only the last that many (a "
-                             "note says so)")
+                             "exceed the model's max_position_embeddings (or the longer max_seq_length the run that "
+                             "wrote --model trained at), the model sees only the last that many (a note says so)")
     prompt.add_argument("--prompt_file",
                         help="many prompts, the model loaded once (this or --prompt is required): a .jsonl file of "
                              "objects with a \"prompt\" (or \"text\") string, else one prompt per non-empty line; "
@@ -97,21 +97,24 @@ def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
     return prompts
 
 
-def _window_note(prompt_len: int, new_tokens: int, limit: int, what: str = "--prompt") -> str | None:
-    """Where the context outgrew max_position_embeddings, the model saw a sliding window of the last `limit`
-    tokens (`models.generation.first_slid_token`): the text from there on is not what a model reading the
-    whole context would write, so say from which token on."""
+def _window_note(prompt_len: int, new_tokens: int, limit: int, what: str = "--prompt",
+                 whose: str | None = None) -> str | None:
+    """Where the context outgrew the model's window (`models.generation.context_window`: `limit`, and `whose`
+    number it is), the model saw a sliding window of the last `limit` tokens
+    (`models.generation.first_slid_token`): the text from there on is not what a model reading the whole context
+    would write, so say from which token on."""
     from pretrain_cli.models.generation import first_slid_token
 
     first = first_slid_token(prompt_len, new_tokens, limit)
     if first is None:
         return None
+    whose = whose or f"the model's max_position_embeddings ({limit})"
     if prompt_len > limit:
-        return (f"note: {what} is {prompt_len} tokens, more than the model's max_position_embeddings ({limit}): "
+        return (f"note: {what} is {prompt_len} tokens, more than {whose}: "
                 f"it saw only the last {limit} (the first {prompt_len - limit} were dropped), a window that slid on "
                 f"with every generated token")
-    whose = "" if what == "--prompt" else f" ({what})"
-    return (f"note: prompt + generated tokens{whose} exceeded the model's max_position_embeddings ({limit}) from generated "
+    which = "" if what == "--prompt" else f" ({what})"
+    return (f"note: prompt + generated tokens{which} exceeded {whose} from generated "
             f"token {first} of {new_tokens} on: from there the model saw only the last {limit} tokens, a window "
             f"that slid on with every generated token")
 
@@ -160,19 +163,22 @@ def main(ns: argparse.Namespace) -> int:
             raise UserError(f"{where}: the prompt encodes to no tokens; give some text")
         prompts.append((where if where == "--prompt" else f"the prompt at {where}", text, ids))
     from pretrain_cli.training.weight_source import load_for_inference
-    from pretrain_cli.models.generation import generate
+    from pretrain_cli.models.generation import context_window, generate
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     cfg = ModelConfig.from_file(str(model_dir))
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
+    # the window slides at the length the weights were trained to read (the run's, past config.json's number)
+    limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
     for i, (where, prompt, ids) in enumerate(prompts):
         out = generate(model, [ids], ns.max_new_tokens, temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p,
-                       eos_token_id=stops, seed=ns.seed)
+                       eos_token_id=stops, seed=ns.seed, max_length=limit)
         new = [int(t) for t in out[0][len(ids):]]
-        window = _window_note(len(ids), len(new), cfg.max_position_embeddings, where)
+        window = _window_note(len(ids), len(new), limit, where, whose)
         if window:
             print(window, file=sys.stderr)
         ended = [j for j, t in enumerate(new) if t in stops]

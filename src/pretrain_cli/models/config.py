@@ -301,15 +301,18 @@ def _sparse_layers(model_type: str, num_experts: int, mlp_only: tuple, step: int
     return tuple(i for i in range(max(first_k_dense, 0), layers) if (i + 1) % step == 0 and i not in mlp_only)
 
 
-def past_positions(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq_length") -> str | None:
+def past_positions(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq_length",
+                   trained: int | None = None) -> str | None:
     """The note for samples longer than `max_position_embeddings` (None when they fit), not a refusal: every family
     here rotates by RoPE, which has no position table to run out of, only angles computed for any position id (as
     transformers' Llama, Qwen2/3 and DeepSeek compute them, and as PaddleNLP trains a pretrained model past its
     range). Every supported rope_scaling fixes its frequencies from config.json alone, whatever the length (no
     dynamic NTK), so the positions past the range are rotated as transformers rotates them; the note says the
-    model has not seen those angles, and which scaling they are taken under."""
+    model has not seen those angles, and which scaling they are taken under. `trained`: the length the weights'
+    own run trained at (its args.json), which may be past the number its config.json keeps: seen, not noted."""
     limit = cfg.max_position_embeddings
-    if not isinstance(max_seq_length, int) or max_seq_length <= limit:
+    seen = max(limit, trained) if isinstance(trained, int) else limit
+    if not isinstance(max_seq_length, int) or max_seq_length <= seen:
         return None
     sc, scaling = cfg.rope_scaling or {}, ""
     if sc.get("rope_type", "default") != "default":
@@ -317,10 +320,11 @@ def past_positions(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq
         scaling = (f", under rope_scaling {sc['rope_type']}{f' ({keys})' if keys else ''} as config.json sets it: "
                    f"its frequencies do not change with the length")
     last = max_seq_length - 1
-    span = f"position {limit} takes" if last == limit else f"positions {limit}-{last} take"
-    return (f"{source}: {max_seq_length} is past the model's max_position_embeddings ({limit}): {span} RoPE angles "
-            f"computed as transformers computes them (RoPE has no position table){scaling}, angles a model "
-            f"pretrained to {limit} has not seen")
+    span = f"position {seen} takes" if last == seen else f"positions {seen}-{last} take"
+    ran = f" and the {seen} tokens its run trained on" if seen > limit else ""
+    return (f"{source}: {max_seq_length} is past the model's max_position_embeddings ({limit}){ran}: {span} RoPE "
+            f"angles computed as transformers computes them (RoPE has no position table){scaling}, angles a model "
+            f"{'pretrained' if seen == limit else 'trained'} to {seen} has not seen")
 
 
 def read_generation(model_dir) -> dict:

@@ -40,6 +40,17 @@ def next_token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top
     return probs
 
 
+def context_window(max_position_embeddings: int, trained: int | None = None) -> tuple[int, str]:
+    """(the most tokens the model reads at once, what that number is, for a note): config.json's
+    max_position_embeddings, or the longer length the run that wrote the directory trained at (`trained`, its
+    args.json): a model continued past its range keeps the pretrained number in config.json
+    (`models.config.past_positions`), and a window cut there would drop context it was trained to read."""
+    if isinstance(trained, int) and trained > max_position_embeddings:
+        return trained, (f"the {trained} tokens its run trained on (args.json's max_seq_length; config.json keeps "
+                         f"max_position_embeddings {max_position_embeddings})")
+    return max_position_embeddings, f"the model's max_position_embeddings ({max_position_embeddings})"
+
+
 def first_slid_token(prompt_len: int, new_tokens: int, limit: int) -> int | None:
     """1-based number of the first of `new_tokens` generated tokens that `generate` predicted from a context cut
     to its last `limit` tokens (token j is predicted from prompt_len + j - 1 tokens), None when the context never
@@ -64,7 +75,7 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
 
     `eos_token_id`: one id or several (transformers' `generation_config.eos_token_id` may be a list); a row
     that produced one keeps emitting it; the context is cut to the last `max_length` tokens (default
-    `max_position_embeddings`). Same seed → same tokens; `use_cache=False` re-runs the prefix each step (the
+    `max_position_embeddings`; `context_window` gives the length a run trained past it). Same seed → same tokens; `use_cache=False` re-runs the prefix each step (the
     reference the cache is tested against).
     """
     import paddle

@@ -85,6 +85,14 @@ class CheckpointDir:
         a = self.args
         return self.path / ARGS_FILE if a is not None and isinstance(a.get("arguments"), dict) and "run" in a else None
 
+    @property
+    def trained_length(self) -> int | None:
+        """The max_seq_length the run that wrote this directory trained at (its args.json), None for a directory no
+        run of ours wrote: a run continued past config.json's max_position_embeddings keeps that number there
+        (`models.config.past_positions`), so the positions its weights were trained on are recorded here alone."""
+        length = self.run("data", "max_seq_length") if self.record is not None else None
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
     def run(self, *keys):
         """`args.json`'s resolved run at `keys` (`run("loop", "micro_batch")`), or None where it does not say."""
         value = (self.args or {}).get("run")
