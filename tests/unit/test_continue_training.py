@@ -178,6 +178,20 @@ def test_a_new_model_grows_its_position_range_to_the_samples_and_pretrained_weig
                                                        "max_position_embeddings (64): positions 64-127 take")]
 
 
+def test_continuing_a_run_that_trained_past_the_range_notes_only_what_it_has_not_seen(tmp_path):
+    """A run's checkpoint continued past config.json's max_position_embeddings keeps that number (64) and records
+    the length it trained at (its args.json: 96): continuing it at 96 notes nothing, at 128 only positions 96-127."""
+    _, pretrained = _paddlenlp_qwen3(tmp_path / "pretrained")
+    (pretrained / "args.json").write_text(json.dumps({"arguments": {"max_seq_length": 96},
+                                                      "run": {"data": {"max_seq_length": 96}}}))
+    spec = prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "96"], Target())
+    assert not [n for n in spec.run.notes if "is past the model's" in n]
+    spec = prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target())
+    assert [n for n in spec.run.notes if n.startswith("max_seq_length: 128 is past the model's "
+                                                       "max_position_embeddings (64) and the 96 tokens its run "
+                                                       "trained on: positions 96-127 take")]
+
+
 def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys, monkeypatch):
     """Names and shapes do not depend on the kernels: `check` builds its model with reference ones, where the
     run's default would compile the fused CPU kernels (~40 CPU-s on a first check) or warn without a compiler."""

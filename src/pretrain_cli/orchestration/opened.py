@@ -18,6 +18,7 @@ def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models.config import ModelConfig, past_positions, read_generation
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
     from pretrain_cli.models.families import FAMILIES
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
@@ -55,7 +56,7 @@ def build_model_config(args: Arguments):
     cfg = ModelConfig.from_dict(raw, source=str(path))
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate()
-    if past := past_positions(cfg, seq):
+    if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
         # under llama3/yarn scaling it is part of the frequencies (transformers reads it as
         # original_max_position_embeddings where rope_scaling leaves that out; `rope_scaling._yarn_factor` divides
