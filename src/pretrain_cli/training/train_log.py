@@ -58,8 +58,9 @@ class TrainLog:
         watch = getattr(self, "_collapse_watch", None)
         if watch is None:
             cfg = model.config
-            watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers)
-        for layer, share in watch.see(per_layer):
+            watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers,
+                                                         self.schedule.warmup_steps, cfg.num_hidden_layers)
+        for layer, share in watch.see(per_layer, self.state.global_step):
             rate, coef = float(model.moe.bias_update_rate or 0.0), router_terms(model).aux_coef
             log.warning(watch.message(self.state.global_step, layer, share, rate, coef))
             self.record_event("routing_collapse", {"layer": layer, "max_expert_share": share,
