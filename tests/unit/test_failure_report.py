@@ -22,7 +22,7 @@ DIED = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) died: killed by SIGKILL; t
 
 def _installed(tmp_path, monkeypatch, said: str | None):
     """`install` as paddle_launch.py runs it under launch.sh (`said`: what `cause` finds the ranks recorded)."""
-    for name in ("logs", "tail", "terminate"):  # (restored after: install replaces them)
+    for name in ("logs", "tail", "terminate", "start"):  # (restored after: install replaces them)
         monkeypatch.setattr(Container, name, getattr(Container, name))
     monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: None)
     monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
@@ -83,7 +83,9 @@ def test_with_no_rank_record_the_launchers_report_and_tail_are_given(tmp_path, m
         logging.getLogger("LAUNCH").removeHandler(handler)
     out = capsys.readouterr().out
     assert [r.getMessage().split(" !!!")[0] for r in records] == ["Container failed"]
-    assert out.endswith("step 2499\n" + DIED + ERROR) and out.count(ERROR) == 1  # the tail (3000 bytes): all there is
+    # rank 0's tail (its last 3000 bytes) is on stdout already: only the lines the copy left out follow, once
+    assert out.endswith("step 2499\n" + DIED.lstrip("\n") + ERROR) and out.count(ERROR) == 1, out[-300:]
+    assert out.count("step 2499\n") == 1 and out.count("\n") == 2502, out[-300:]
 
 
 def test_the_ending_lines_are_the_watchers_verdicts_and_the_clis_errors(tmp_path):
@@ -118,3 +120,46 @@ def test_without_launch_sh_the_launchers_report_stands(monkeypatch):
     tail = Container.tail
     failure_report.install()
     assert Container.tail is tail
+
+
+def test_lines_end_at_newline_only_as_paddles_readline_ends_them(capsys):
+    """`str.splitlines` also ends a line at \\x0c, \\u2028 and others: the text before one waited for the final flush,
+    and a part after one that starts `error: ` was dropped."""
+    console = failure_report._Console()
+    for part in ("step 1 sample: foo\u2028bar\n", "step 2 page\x0cerror: not a line of its own\n", "step 3\n"):
+        console.write(part)
+        assert capsys.readouterr().out == part  # (each whole line at once, not at the flush)
+    console.write("error: out: no space\n")
+    console.flush()
+    assert capsys.readouterr().out == ""
+
+
+def test_blank_lines_at_the_end_are_kept_when_no_ending_line_follows(capsys):
+    console = failure_report._Console()
+    console.write("step 1\n\n\n")
+    console.flush()
+    assert capsys.readouterr().out == "step 1\n\n\n"
+
+
+def test_each_ranks_log_start_is_left_for_launch_sh(tmp_path, monkeypatch):
+    """`Container.start` notes how long the (appended) log was before this launch's rank wrote to it
+    (`_log_start_offset`): `job.cause` quotes from there (`rank_log.since`)."""
+    import os
+    import sys
+
+    from pretrain_cli.distributed.launcher import rank_log
+
+    _installed(tmp_path, monkeypatch, said=None)
+    log = tmp_path / "log" / "workerlog.0"
+    log.parent.mkdir()
+    log.write_text("error: the last launch's\n")
+    rank = Container(entrypoint=[sys.executable, "-c", "print('error: this one')"],
+                     env={"PADDLE_LOG_DIR": str(log.parent), "PATH": os.environ.get("PATH", "")})
+    rank.outfile = rank.errfile = str(log)
+    try:
+        rank.start()
+        assert rank.wait(60)
+    finally:
+        rank.terminate()
+    assert (tmp_path / "start.workerlog.0").read_text() == str(len("error: the last launch's\n"))
+    assert rank_log.since(tmp_path, log) == ["error: this one", ""]

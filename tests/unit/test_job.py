@@ -50,7 +50,7 @@ def test_ranks_that_stopped_on_a_signal_and_saved_end_the_job_with_0(tmp_path):
     assert job.decide(d, 2) == (0, "stop") and job.decide(d, 15) == (0, "stop")
     # no rank ended the job; the console says where it stopped (the line was only in workerlog.0)
     assert job.cause(d) == ("launch.sh: stopped at step 96 and saved; re-run the same command to resume "
-                                       "from checkpoint-96")
+                            "from checkpoint-96")
     (d / "rank-1.json").write_text(json.dumps({"rank": 1, "exit": 137, "kind": "died", "time": 1.2, "line": "x"}))
     assert job.decide(d, 15) == (137, "retry")
     assert job.decide(tmp_path / "none", 143) == (143, "stop")  # paddle_launch.py's SIGTERM: no rank recorded

@@ -1,10 +1,10 @@
-"""launch.sh's account of why the job ended (`failure_report.cause`, printed on stderr): which rank ended it and how,
-its line, where its full log is; a usage error every rank of the node found, as one process says it (its `error:`
-lines). Paddle's launcher no longer says it (its report held back, the lines left out of its copy of rank 0), so this
-is the one place the console says it."""
+"""launch.sh's account of why the job ended (`job.cause`, printed on stderr): which rank ended it and how, its line,
+where its full log is; a usage error every rank of the node found, as one process says it (its `error:` lines); what
+it quotes from the rank's log is this launch's part only (`rank_log`). Paddle's launcher no longer says it (its report
+held back, the lines left out of its copy of rank 0), so this is the one place the console says it."""
 import json
 
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import job, rank_log
 
 TYPO = "cfg.json: unknown key `learnig_rate`; did you mean `learning_rate`?"
 
@@ -32,7 +32,7 @@ def test_a_usage_error_of_one_rank_names_the_rank_its_code_and_its_log(tmp_path)
     d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 1, "kind": "peer", "line": left, "time": 1.1, "local": "0"})
     assert job.cause(d, "out/log") == (f"launch.sh: rank 1 ended the job (exit 2): {TYPO}. Its full log: "
-                                                  f"out/log/workerlog.1")
+                                       f"out/log/workerlog.1")
     assert job.cause(tmp_path / "none") is None  # no record: nothing to say
 
 
@@ -59,10 +59,80 @@ def test_a_disk_full_on_rank_0_is_its_error_line_with_the_code(tmp_path):
     d = _verdicts(tmp_path, {"rank": 0, "exit": 1, "kind": "system", "line": full, "time": 1.0, "local": "0"},
                   {"rank": 1, "exit": 1, "kind": "peer", "line": "rank 1: rank 0 died", "time": 1.1, "local": "1"})
     assert job.cause(d, "out/log") == (f"launch.sh: rank 0 ended the job (exit 1): {full}. Its full log: "
-                                                  f"out/log/workerlog.0")
+                                       f"out/log/workerlog.0")
 
 
 def test_records_name_the_ranks_place_on_its_node(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLE_LOCAL_RANK", "0")
     job.record(3, 2, "usage", TYPO, directory=tmp_path)
     assert json.loads((tmp_path / "rank-3.json").read_text())["local"] == "0"
+
+
+def test_only_this_launchs_part_of_the_log_is_quoted(tmp_path):
+    """Paddle appends to workerlog.N across launches: a second launch's console said the first one's typo too. The
+    log's size as this launch's rank started (`rank_log.mark`, left by `failure_report`) bounds what is quoted."""
+    other = "cfg.json: unknown key `max_stepz`; did you mean `max_steps`?"
+    d = _verdicts(tmp_path, {"rank": 0, "exit": 2, "kind": "usage", "line": other, "time": 1.0, "local": "0"})
+    logs = tmp_path / "log"
+    logs.mkdir()
+    first = f"[INFO] arguments\nerror: {TYPO}\n"
+    (logs / "workerlog.0").write_text(first + f"[INFO] arguments\nerror: {other}\n")
+    rank_log.mark(d, logs / "workerlog.0", len(first.encode()))
+    assert job.cause(d, logs) == f"error: {other}"
+
+
+def test_a_usage_error_of_one_rank_says_its_other_problems_below_its_line(tmp_path):
+    second = "cfg.json: `max_steps` -3: not > 0"
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
+                  {"rank": 0, "exit": 1, "kind": "peer", "line": "x", "time": 1.1, "local": "0"})
+    (tmp_path / "workerlog.1").write_text(f"[INFO] arguments\nerror: {TYPO}\nerror: {second}\n")
+    assert job.cause(d, tmp_path).splitlines() == [
+        f"launch.sh: rank 1 ended the job (exit 2): {TYPO}. Its full log: {tmp_path}/workerlog.1", f"error: {second}"]
+
+
+TRACEBACK = ["Traceback (most recent call last):"] + [
+    x for n in range(12) for x in (f'  File "/src/m{n}.py", line {n}, in f{n}', f"    f{n + 1}()", "    ^^^^^^")] + [
+    "RuntimeError: injected bug", "", "[pretrain-cli] rank 1 (pid 7 on h) died: exited with code 1; the other ranks "
+    "stop too. Re-run the same command (or launch with MAX_RESTART) to resume from the newest complete checkpoint-N."]
+FATAL = ["step 2", "Fatal Python error: Segmentation fault", "", "Thread 0x00007f1 (most recent call first):",
+         '  File "/py/threading.py", line 331 in wait', "", "Current thread 0x00007f2 (most recent call first):"] + [
+    f'  File "/src/m{n}.py", line {n} in f{n}' for n in range(25)] + [
+    "", "Extension modules: numpy (total: 1)", "", "FatalError: `Segmentation fault` is detected by the operating "
+    "system.", "", "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGSEGV; the other ranks stop too."]
+
+
+def test_a_crashed_rank_is_followed_by_the_end_of_its_traceback_or_stack(tmp_path):
+    """An uncaught exception: its traceback's last lines (the `^` markers left out), ending with the exception; a fatal
+    signal: Python's fatal-error line and the crashed thread's innermost frames; 20 lines at most, this launch's."""
+    log = tmp_path / "workerlog.1"
+    log.write_text("\n".join(["old launch:", *FATAL, "new launch:", *TRACEBACK]) + "\n")
+    rank_log.mark(tmp_path, log, len(("\n".join(["old launch:", *FATAL]) + "\n").encode()))
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 1, "kind": "crashed", "line": "RuntimeError: injected bug",
+                             "time": 1.0, "local": "1"})
+    said = job.cause(d, tmp_path).splitlines()
+    assert said[0] == f"launch.sh: rank 1 ended the job (exit 1): RuntimeError: injected bug. Its full log: {log}"
+    assert said[1:4] == ["Traceback (most recent call last):", "  … (8 lines more in its full log)",
+                         '  File "/src/m4.py", line 4, in f4'], said
+    assert said[-3:] == ['  File "/src/m11.py", line 11, in f11', "    f12()", "RuntimeError: injected bug"], said
+    assert len(said) == 20 and "    ^^^^^^" not in said
+    log.write_text("\n".join(["new launch:", *FATAL]) + "\n")
+    rank_log.mark(tmp_path, log, 0)
+    _verdicts(tmp_path, {"rank": 1, "exit": 139, "kind": "died", "line": FATAL[-1], "time": 1.0, "local": "1"})
+    said = job.cause(d, tmp_path).splitlines()
+    assert said[1:4] == ["Fatal Python error: Segmentation fault", "Current thread 0x00007f2 (most recent call first):",
+                         '  File "/src/m0.py", line 0 in f0'], said
+    assert said[-1] == "  … (8 frames more in its full log)" and len(said) == 21, said
+    killed = "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
+    _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": killed, "time": 1.0, "local": "1"})
+    assert len(job.cause(d, tmp_path).splitlines()) == 1  # a SIGKILL leaves no stack of its own: nothing quoted
+
+
+def test_a_sigkill_of_our_own_is_said_as_ours_not_the_oom_killers(tmp_path, monkeypatch):
+    """`job.killed_here`, left by the launcher's kill after STOP_TIMEOUT (and a rank's own once its launcher is
+    gone): the rank's handler never ran (stuck in a native call), so its line has no `into its stop`."""
+    died = "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": died, "time": 1.0, "local": "1"})
+    monkeypatch.setenv(job.VERDICTS_ENV, str(d))
+    job.killed_here(1, "by the launcher, 3 s into the stop (STOP_TIMEOUT)")
+    assert job.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by the "
+                            "launcher, 3 s into the stop (STOP_TIMEOUT)); the other ranks stop too.")

@@ -12,8 +12,10 @@ says them). So, under launch.sh (`install`), the launcher's copy of rank 0 onto 
 how the job ended (`ENDING`: the CLI's `error:` lines, the rank watchers' verdicts), and its failure report and tail
 are held back; once the ranks and their watchers are done (`finalize`), the rest of rank 0's log is copied (the
 launcher stops copying when it stops the ranks: `Pod.stop`, whose `Container.terminate` closes the log; `install`
-keeps the position), and the held report is given only when no rank recorded its end, so that something says it.
-Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
+keeps the position), and the held report is given only when no rank recorded its end, so that something says it (its
+tail of rank 0 then only the lines the copy left out: the rest is on stdout already). `install` also notes where each
+rank's log begins this launch (`rank_log.mark`: Paddle appends to it), so that `job.cause` quotes this launch's lines
+only. Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import logging
 import re
 import sys
 
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import job, rank_log
 
 FAILED = "Container failed"  # the start of the launcher's ERROR record of a failed rank (controllers/controller.py)
 # the lines that say how the job ended, which launch.sh says once on stderr: the CLI's one-line errors, and the rank
@@ -33,26 +35,32 @@ ENDING = re.compile(r"error: |\[pretrain-cli\] (rank \d+: )?rank \d+ \(pid \d+ o
 
 class _Console:
     """The launcher's copy of rank 0 onto stdout, without the lines of `ENDING` and the blank lines before them (a
-    watcher sets its verdict apart so); a line is judged whole (a part read before its writer finished it waits for
-    its end)."""
+    watcher sets its verdict apart so; those left out are kept in `dropped`, the last `KEPT`); a line is judged whole
+    (a part read before its writer finished it waits for its end). Lines end at "\n" only, as Paddle's readline ends
+    them (`str.splitlines` would also end one at \x0c, \x1c-\x1e, \x85, \u2028, \u2029: its parts judged apart)."""
+
+    KEPT = 20
 
     def __init__(self):
         self.part, self.blank = "", ""
+        self.dropped: list[str] = []
 
     def write(self, text: str) -> None:
-        text, self.part = self.part + text, ""
-        for line in text.splitlines(keepends=True):
-            if not line.endswith("\n"):
-                self.part = line
-            elif not line.strip():
-                self.blank += line
+        *lines, self.part = (self.part + text).split("\n")
+        for line in lines:
+            if not line.strip():
+                self.blank += line + "\n"
             else:
-                if not ENDING.match(line):
-                    sys.stdout.write(self.blank + line)
+                if ENDING.match(line):
+                    self.dropped = [*self.dropped, line + "\n"][-self.KEPT:]
+                else:
+                    sys.stdout.write(self.blank + line + "\n")
                 self.blank = ""
 
     def flush(self) -> None:
-        if self.part and not ENDING.match(self.part):
+        if self.part and ENDING.match(self.part):
+            self.dropped = [*self.dropped, self.part][-self.KEPT:]
+        else:  # (blank lines with no ending line after them are the rank's own)
             sys.stdout.write(self.blank + self.part)
         self.part = self.blank = ""
         sys.stdout.flush()
@@ -84,7 +92,13 @@ def install() -> None:
     held, console, tails = _Held(), _Console(), []
     launch_log = logging.getLogger("LAUNCH")
     launch_log.addFilter(held)
-    logs, finalize, terminate = Container.logs, ControllerBase.finalize, Container.terminate
+    logs, finalize, terminate, start = Container.logs, ControllerBase.finalize, Container.terminate, Container.start
+
+    def start_marked(self):
+        started = start(self)
+        if self._out and getattr(self, "_log_start_offset", None) is not None:  # where this launch's part begins
+            rank_log.mark(job.verdict_dir(), self._out, self._log_start_offset)
+        return started
 
     def console_logs(self, fn=None, offset=0, whence=1, limit=1000):
         return logs(self, console if fn is None else fn, offset, whence, limit)
@@ -105,15 +119,20 @@ def install() -> None:
             if self.pod.containers:
                 _copy_rest(self.pod.containers[0], console)
             if job.cause(job.verdict_dir()) is None:  # no rank recorded its end: Paddle's report is all there is
+                console.flush()
                 held.released = True
                 for record in held.held:
                     launch_log.handle(record)
-                for rank, length in tails:
-                    _tail(rank, length)
+                for rank, length in tails:  # (rank 0's log is on stdout already, but for the lines left out)
+                    if self.pod.containers and rank is self.pod.containers[0]:
+                        sys.stdout.write("".join(console.dropped))
+                    else:
+                        _tail(rank, length)
         console.flush()
         return finalize(self, exit)
 
     Container.logs, Container.tail, Container.terminate = console_logs, tail_held, terminate_kept
+    Container.start = start_marked
     ControllerBase.finalize = finalize_said
 
 

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pretrain_cli.distributed.launcher import rank_log
+
 VERDICTS_ENV = "PRETRAIN_CLI_VERDICTS"
 JOIN_ENV = "PRETRAIN_CLI_JOIN_DIR"  # where the ranks mark their join for their launcher (`launcher.joining`)
 BLOCK_ENV = "PRETRAIN_CLI_PORT_BLOCK"  # the first port of the block the job holds (set by `exec_with_ports`)
@@ -49,7 +51,8 @@ LAUNCHER_PORTS = 31  # the launcher takes 2 + ranks of this node (one launch; la
 GROUP_STORES = BLOCK - 1 - LAUNCHER_PORTS  # 96: PP4 on 4 ranks makes 7 gloo groups, 8-rank pipelines up to 20
 LOW, HIGH = 20000, 32000  # below Linux's default ephemeral range (32768-60999): the kernel never hands these out
 USAGE, TRANSIENT = 2, 75
-OOM = " (often the kernel's OOM killer: see dmesg)"  # after `killed by SIGKILL`, unless a stop's limit explains it
+OOM = " (often the kernel's OOM killer: see dmesg)"  # after `killed by SIGKILL`, unless a stop's limit or a kill of
+# the job's own (`killed_here`) explains it
 RENDEZVOUS_TRIES = 3
 
 
@@ -142,7 +145,9 @@ def read_records(directory) -> list[dict]:
 def cause(directory, log_dir=None) -> str | None:
     """The console's account of why the job ended, from the ranks' records in `directory` (`log_dir`: the launcher's
     workerlog.N directory, named so the user finds the full log), or None when no rank recorded one: the first rank's
-    own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node."""
+    own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node.
+    Below the first rank's line, what its log says of it since this launch began (`rank_log`): its other `error:`
+    lines, or the end of its traceback (an uncaught exception) or of its stack (a fatal signal)."""
     records = read_records(directory)
     own = sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
                  key=lambda r: r.get("time", 0))
@@ -160,26 +165,43 @@ def cause(directory, log_dir=None) -> str | None:
     if first.get("kind") == "lost":  # this node's rank was ended by another host's failure: not "ended the job"
         return f"launch.sh: {line}"
     log = Path(log_dir) / f"workerlog.{first.get('local') or first.get('rank')}" if log_dir else None
+    said = rank_log.since(directory, log) if log is not None else []  # (this launch's part of its log only)
     if all(r.get("kind") == "usage" and r.get("line") == first["line"] for r in records):
-        return "\n".join(_errors(log, line))  # every rank found it (a typo'd key): said as one process says it
-    how = ""
+        return "\n".join(rank_log.errors(said, line))  # every rank found it (a typo'd key): as one process says it
+    how, more = "", []
     if first.get("kind") in ("died", "hung"):  # the line says how: `died: killed by SIGKILL`, `made no progress`
-        if first.get("exit") == 137 and "into its stop" not in line:
-            line = line.replace("killed by SIGKILL", "killed by SIGKILL" + OOM, 1)
+        if first.get("exit") == 137 and "into its stop" not in line:  # (else the stop's limit is named already)
+            why = _killed_why(directory, first.get("rank"))
+            line = line.replace("killed by SIGKILL", "killed by SIGKILL" + (f" ({why})" if why else OOM), 1)
+        if first.get("kind") == "died" and int(first.get("exit") or 0) > 128 and first.get("exit") != 137:
+            more = rank_log.crash(said)  # a fatal signal (SIGSEGV, SIGABRT, ...): its stack; a SIGKILL leaves none
     else:
         how = f" (exit {first.get('exit')})"
+        if first.get("kind") == "crashed":  # an uncaught exception: its traceback's end
+            more = rank_log.crash(said)
+        elif first.get("kind") in ("usage", "system"):  # the rank's other `error:` lines (its record holds the first)
+            more = [x for x in rank_log.errors(said, line) if x != f"error: {line}"]
     where = f" Its full log: {log}" if log is not None else ""
-    return f"launch.sh: rank {first.get('rank')} ended the job{how}: {line.rstrip('.')}.{where}"
+    return "\n".join([f"launch.sh: rank {first.get('rank')} ended the job{how}: {line.rstrip('.')}.{where}", *more])
 
 
-def _errors(log: Path | None, line: str) -> list[str]:
-    """The `error:` lines the rank said (every problem its check found: the record holds the first), from its log
-    `log`; `error: <line>` alone when the log does not hold it."""
-    said = []
-    with contextlib.suppress(OSError, TypeError):
-        with open(log, errors="replace") as text:
-            said = list(dict.fromkeys(x.rstrip("\n") for x in text if x.startswith("error: ")))  # (in order, once each)
-    return said if f"error: {line}" in said else [f"error: {line}"]
+def killed_here(rank, why: str) -> None:
+    """Before a SIGKILL of rank `rank` by this job itself (the launcher once a stop's STOP_TIMEOUT has passed,
+    `stopping.stop_ranks`; the rank on its own once its launcher is gone, `launch.end_with_launcher`): `why`, left
+    in launch.sh's verdict directory (`killed-R`), so that `cause` names that and not the kernel's OOM killer (the
+    rank's own note of its stop, `into its stop`, is missing when its handler never ran: stuck in a native call).
+    Best effort: without launch.sh, nothing."""
+    directory = verdict_dir()
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            (directory / f"killed-{rank}").write_text(why)
+
+
+def _killed_why(directory, rank) -> str | None:
+    try:
+        return (Path(directory) / f"killed-{rank}").read_text().strip() or None
+    except (OSError, TypeError):
+        return None
 
 
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
