@@ -62,9 +62,11 @@ def run_cli_fixture():
 _GROUPS = {"distributed": "multi-process", "robustness": "robustness"}
 _SECOND = ("distributed/test_context.py", "distributed/test_sequence_parallel.py", "distributed/test_tp_pipeline.py",
            "distributed/test_context_products.py", "distributed/test_resilience.py", "distributed/test_layouts.py",
-           "distributed/test_moe_context_pipeline.py", "distributed/test_mtp_context.py", "distributed/test_mtp_dense.py")
+           "distributed/test_moe_context_pipeline.py", "distributed/test_mtp_context.py", "distributed/test_mtp_dense.py",
+           "distributed/test_launch_failures.py")
 # (the two units: ~540 and ~510 s of the 2-core machine's time at 6813b8f; the MoE/MTP-under-cp and dense-MTP modules
-# since, ~190 s alone at 3 steps a launch: ~70 s of them in the first, ~120 s in the second)
+# since, ~190 s alone at 3 steps a launch: ~70 s of them in the first, ~120 s in the second; launch.sh's failure
+# lines, ~80 s alone, in the second)
 # The longest units first, by their time in the suite (xdist hands a worker its next unit when its current one is
 # nearly done), so the short modules even out the end: left in file order, test_perf_equivalence (~70 s) and the
 # plan modules came last and one worker finished them alone; xdist's own order (most tests first) started the
