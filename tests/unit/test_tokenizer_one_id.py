@@ -37,3 +37,46 @@ def test_train_tokenizer_inspect_data_and_check_name_one_id(tmp_path, capsys):
     assert cli.main(["check", str(tmp_path / "args.json")]) == 2
     err = capsys.readouterr().err
     assert f"(fingerprint {made}; {tmp_path / 'other'} has {other})" in err, err
+
+
+def test_files_of_one_tokenizer_and_its_resaved_copy_agree(tmp_path, capsys):
+    """inspect-data DIR and merge-data compare the files' tokenizers by fingerprint: a copy of a tokenizer re-saved
+    with another indent (another tokenizer.json sha256) is the same tokenizer. Files of another tokenizer of the same
+    size differ by fingerprint, and a sidecar from before the fingerprint is compared by its sha256, each named as
+    inspect-data's rows name it."""
+    write_jsonl(tmp_path / "a.jsonl", make_texts(60, seed=1))
+    write_jsonl(tmp_path / "b.jsonl", make_texts(60, seed=2))
+    made = _made(capsys, tmp_path / "tok", tmp_path / "a.jsonl")
+    (tmp_path / "tok2").mkdir()
+    for f in (tmp_path / "tok").iterdir():
+        (tmp_path / "tok2" / f.name).write_bytes(f.read_bytes())
+    j = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    (tmp_path / "tok2" / "tokenizer.json").write_text(json.dumps(j, indent=1))
+    for name, tok in (("a", "tok"), ("b", "tok2")):
+        run_preprocess("--input_path", tmp_path / f"{name}.jsonl", "--output_prefix", tmp_path / "d" / name,
+                       "--tokenizer", tmp_path / tok, "--append_eos")
+    metas = [json.loads((tmp_path / "d" / f"{n}.json").read_text()) for n in "ab"]
+    assert metas[0]["tokenizer_sha256"] != metas[1]["tokenizer_sha256"]  # the copy's bytes differ
+    capsys.readouterr()
+    assert cli.main(["inspect-data", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"tokenizer fingerprint {made}") >= 2, out
+    assert cli.main(["merge-data", str(tmp_path / "m"), str(tmp_path / "d")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["tokenizer_fingerprint"] == metas[0]["tokenizer_fingerprint"]
+    # another tokenizer of the same size: its fingerprint differs, said so
+    other = _made(capsys, tmp_path / "other", tmp_path / "b.jsonl")
+    run_preprocess("--input_path", tmp_path / "b.jsonl", "--output_prefix", tmp_path / "d" / "c",
+                   "--tokenizer", tmp_path / "other", "--append_eos")
+    capsys.readouterr()
+    assert cli.main(["inspect-data", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert f"c.json: tokenizer fingerprint {other} differs from {made} in " in err, err
+    # sidecars from before the fingerprint: their tokenizer.json sha256 is what they can compare
+    (tmp_path / "d" / "c.json").unlink()
+    for n, meta in zip("ab", metas):
+        meta.pop("tokenizer_fingerprint")
+        (tmp_path / "d" / f"{n}.json").write_text(json.dumps(meta))
+    assert cli.main(["inspect-data", str(tmp_path / "d")]) == 2
+    out, err = capsys.readouterr()
+    assert f"tokenizer.json sha256 {metas[0]['tokenizer_sha256'][:12]}" in out and "tokenizer tokenizer" not in out
+    assert f"b.json: tokenizer.json sha256 {metas[1]['tokenizer_sha256'][:12]} differs from" in err, err

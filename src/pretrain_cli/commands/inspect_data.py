@@ -202,7 +202,9 @@ def _tokenizer_id(row: dict) -> str:
     """The tokenizer a sidecar names, as train-tokenizer and check's errors name it: its fingerprint; a sidecar from
     before the fingerprint has only its tokenizer.json's sha256, said as such."""
     fp = row.get("tokenizer_fingerprint")
-    return f"fingerprint {fp[:12]}" if fp else f"tokenizer.json sha256 {str(row.get('tokenizer_sha256'))[:12]}"
+    if fp:
+        return f"tokenizer fingerprint {fp[:12]}"
+    return f"tokenizer.json sha256 {str(row.get('tokenizer_sha256'))[:12]}"
 
 
 def _directory(ns, tok) -> int:
@@ -218,7 +220,7 @@ def _directory(ns, tok) -> int:
               f"{count(info['tokens'], 'token')}")
         width = max(len(os.path.basename(r["prefix"])) for r in rows)
         for r in rows:
-            made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  tokenizer {_tokenizer_id(r)}"
+            made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  {_tokenizer_id(r)}"
                     if r["sidecar"] else "no sidecar")
             print(f"  {os.path.basename(r['prefix']):<{width}}  documents {r['documents']:>10}  tokens {r['tokens']:>13}  "
                   f"{r['dtype']:<6}  {made}")
@@ -229,7 +231,7 @@ def _directory(ns, tok) -> int:
                 which = "the file with a sidecar says" if len(known) == 1 else \
                     f"the {count(len(known), 'file')} with a sidecar agree"
                 print(f"tokenizer: {which} (vocab {k.get('vocab_size')}, "
-                      f"eos {k.get('eos_token_id')}, tokenizer {_tokenizer_id(k)}); dtype {rows[0]['dtype']}")
+                      f"eos {k.get('eos_token_id')}, {_tokenizer_id(k)}); dtype {rows[0]['dtype']}")
         if info["without_sidecar"]:
             n = info["without_sidecar"]
             its, has = ("its", "has") if n == 1 else ("their", "have")

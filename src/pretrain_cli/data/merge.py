@@ -39,9 +39,12 @@ def expand_prefixes(inputs) -> list[str]:
 
 
 def tokenizer_problems(items) -> list[str]:
-    """One line per tokenizer field on which the files' sidecars disagree (files without one are not judged)."""
+    """One line per tokenizer field on which the files' sidecars disagree (files without one are not judged). The
+    tokenizer itself is compared by its fingerprint where both sidecars have one: a reformatted copy of a tokenizer
+    (re-saved with another indent, or exported) has the same fingerprint and another sha256 of tokenizer.json's
+    bytes, and is the same tokenizer. Only a sidecar from before the fingerprint is compared by that sha256."""
     problems = []
-    for field in TOKENIZER_FIELDS:
+    for field in ("vocab_size", "eos_token_id"):
         vals = [(p, m[field]) for p, m in items if m and m.get(field) is not None]
         if not vals:
             continue
@@ -50,7 +53,26 @@ def tokenizer_problems(items) -> list[str]:
         if other is not None:
             problems.append(f"{other[0]}.json: {field} {other[1]!s:.16} differs from {v0!s:.16} in {p0}.json; "
                             "the files were made with different tokenizers: re-run preprocess with one tokenizer")
+    pair = _other_tokenizer([(p, m) for p, m in items if m])
+    if pair is not None:
+        (p0, v0), (p, v), name = pair
+        problems.append(f"{p}.json: {name} {v:.12} differs from {v0:.12} in {p0}.json; "
+                        "the files were made with different tokenizers: re-run preprocess with one tokenizer")
     return problems
+
+
+def _other_tokenizer(items):
+    """The first two sidecars naming different tokenizers, by the id both record (named as inspect-data's rows name
+    it), or None."""
+    for j, (p, m) in enumerate(items):
+        for p0, m0 in items[:j]:
+            for field, name in (("tokenizer_fingerprint", "tokenizer fingerprint"),
+                                ("tokenizer_sha256", "tokenizer.json sha256")):
+                if m0.get(field) is not None and m.get(field) is not None:
+                    if m0[field] != m[field]:
+                        return (p0, str(m0[field])), (p, str(m[field])), name
+                    break
+    return None
 
 
 def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
