@@ -16,6 +16,12 @@ ARGS_FILE = "args.json"
 METRICS_FILE = "metrics.jsonl"
 
 
+def is_record(args) -> bool:
+    """Whether `args` (args.json read) is the record a run of ours writes (its `arguments` and `run`), which is
+    what tells our run's directories from others that ship an args.json or a trainer state."""
+    return isinstance(args, dict) and isinstance(args.get("arguments"), dict) and "run" in args
+
+
 def checkpoint_dir(output_dir, step: int) -> Path:
     return Path(output_dir) / f"checkpoint-{step}"
 

@@ -75,7 +75,7 @@ def test_layout_matches_one_process(runs, refs, name):
     # what eval / generate / export read from it: the weights, assembled from the pieces
     from pretrain_cli.training.weight_source import open_reader
 
-    reader, _ = open_reader(ckpt, "weights")
+    reader, _ = open_reader(ckpt, "weights", "resume")
     assert_close_tensors({k: reader.read(k) for k in reader.names("weights")},
                          read_weights(rout / "checkpoint-5"), WEIGHT_TOL.get(name, 1e-5))
     assert "Traceback" not in run.log(0) + run.log(1)

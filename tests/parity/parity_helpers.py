@@ -23,7 +23,7 @@ def load(path, selected):
     """(model, cfg) from an HF directory with the given `kernels.select` result."""
     cfg = ModelConfig.from_file(str(path))
     model = build_model(cfg, selected)
-    load_weights(model, path)
+    load_weights(model, path, use="inference")
     return model, cfg
 
 

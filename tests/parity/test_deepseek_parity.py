@@ -83,7 +83,7 @@ def test_deepseek_logits_loss_grads_equal_transformers(case, tmp_path):
     for head, request in heads.items():
         cfg = ModelConfig.from_file(str(tmp_path))
         ours = build_model(cfg, kernels.select(request, "cpu"), MoeConfig(aux_loss_coef=0.0))  # HF: no aux loss
-        load_weights(ours, tmp_path)
+        load_weights(ours, tmp_path, use="inference")
         assert cfg.mla and cfg.q_lora_rank == kw["q_lora_rank"]
         # transformers' DeepseekV3Config defaults to one MTP module, which its model neither builds nor saves:
         # ours builds it (from init) and uses it only in training, so the main model is compared in eval mode

@@ -350,7 +350,7 @@ def test_bf16_pieces_are_assembled_for_eval_and_generate(tmp_path):
                                  checkpoint_index.file_metadata(pieces))
         records.append({"files": {fname: info}, "pieces": pieces})
     checkpoint_index.write_index(tmp_path, checkpoint_index.build(records, 2, "test"))
-    reader, _ = open_reader(tmp_path, "weights")
+    reader, _ = open_reader(tmp_path, "weights", "resume")
     assert reader.index["tensors"]["w"]["dtype"] == "BF16" and np.array_equal(reader.read("w"), bits)
     from safetensors.paddle import load_file
 

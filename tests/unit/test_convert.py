@@ -50,7 +50,7 @@ def test_save_hf_then_load_is_exact(tmp_path, model_type, tied):
     assert conf["model_type"] == model_type and conf["torch_dtype"] == "float32" and conf["architectures"]
     assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == 2
     dst = _fresh(cfg, 2)
-    assert load_weights(dst, str(tmp_path)) == "hf"
+    assert load_weights(dst, str(tmp_path), use="continue_training") == "hf"
     a, b = _params(src), _params(dst)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     cfg2 = ModelConfig.from_file(str(tmp_path))
@@ -67,7 +67,7 @@ def test_bf16_save_and_sharding(tmp_path):
     assert set(index["weight_map"].values()) == set(files)
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     dst = _fresh(cfg, 2)
-    load_weights(dst, str(tmp_path))
+    load_weights(dst, str(tmp_path), use="continue_training")
     a, b = _params(src), _params(dst)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-2, atol=1e-3)
@@ -83,7 +83,7 @@ def test_paddlenlp_layout_is_detected(tmp_path):
     pnlp = {n.replace("model.", "qwen2.", 1): v for n, v in _params(src).items()}  # [in, out] kept
     np_save(pnlp, str(tmp_path / "model.safetensors"))
     dst = _fresh(cfg, 2)
-    assert load_weights(dst, str(tmp_path)) == "paddlenlp"
+    assert load_weights(dst, str(tmp_path), use="continue_training") == "paddlenlp"
     a, b = _params(src), _params(dst)
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
@@ -96,11 +96,11 @@ def test_paddlenlp_qwen3_layout_is_recognised_by_its_shapes(tmp_path):
         src = _fresh(cfg, 1)
         np_save(_params(src), str(tmp_path / "model.safetensors"))  # [in, out], model.* names
         dst = _fresh(cfg, 2)
-        assert load_weights(dst, str(tmp_path)) == "paddlenlp"
+        assert load_weights(dst, str(tmp_path), use="continue_training") == "paddlenlp"
         a, b = _params(src), _params(dst)
         assert all(np.array_equal(a[k], b[k]) for k in a)
         convert.save_hf(src, cfg, str(tmp_path))  # the HF layout of the same weights is still read as HF
-        assert load_weights(_fresh(cfg, 3), str(tmp_path)) == "hf"
+        assert load_weights(_fresh(cfg, 3), str(tmp_path), use="continue_training") == "hf"
 
 
 def test_a_file_mixing_both_layouts_stops_with_a_shape_error(tmp_path):
@@ -110,7 +110,7 @@ def test_a_file_mixing_both_layouts_stops_with_a_shape_error(tmp_path):
     tensors[name] = np.ascontiguousarray(tensors[name].T)  # this one in HF's [out, in]
     np_save(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match="has shape"):
-        load_weights(_fresh(cfg, 2), str(tmp_path))
+        load_weights(_fresh(cfg, 2), str(tmp_path), use="continue_training")
 
 
 def test_shape_mismatch_names_tensor_and_shapes(tmp_path):
@@ -119,7 +119,7 @@ def test_shape_mismatch_names_tensor_and_shapes(tmp_path):
     bigger = cfg_for("qwen2")
     bigger.intermediate_size = 32
     with pytest.raises(UserError) as e:
-        load_weights(_fresh(bigger, 1), str(tmp_path))
+        load_weights(_fresh(bigger, 1), str(tmp_path), use="continue_training")
     msg = str(e.value)
     assert "\n" not in msg
     assert "model.layers.0.mlp.gate_proj.weight" in msg and "[24, 16]" in msg and "[32, 16]" in msg
@@ -132,12 +132,12 @@ def test_missing_and_unexpected_tensors(tmp_path):
     del tensors["model.norm.weight"]
     np_save(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UserError, match="'model.norm.weight' is missing"):
-        load_weights(_fresh(cfg, 1), str(tmp_path))
+        load_weights(_fresh(cfg, 1), str(tmp_path), use="continue_training")
     tensors["model.norm.weight"] = np.ones(16, "float32")
     tensors["model.layers.9.mlp.up_proj.weight"] = np.ones((24, 16), "float32")
     np_save(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match="unexpected tensor 'model.layers.9.mlp.up_proj.weight'"):
-        load_weights(_fresh(cfg, 1), str(tmp_path))
+        load_weights(_fresh(cfg, 1), str(tmp_path), use="continue_training")
 
 
 def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
@@ -147,7 +147,7 @@ def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1.0  # HF may store the tied copy; ignored
     np_save(tensors, str(tmp_path / "model.safetensors"))
     dst = _fresh(cfg, 2)
-    assert load_weights(dst, str(tmp_path)) == "hf"
+    assert load_weights(dst, str(tmp_path), use="continue_training") == "hf"
     got = {k: v.numpy() for k, v in hf_state_dict(dst).items()}
     assert "lm_head.weight" not in got and dst.lm_head is None
     for name, value in got.items():

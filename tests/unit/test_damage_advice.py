@@ -24,12 +24,21 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediat
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
 
 
+def _record(d) -> None:
+    """What makes `d` one of our run's directories: its args.json record (`CheckpointDir.record`)."""
+    arguments = {"model_name_or_path": "micro-llama", "output_dir": str(d), "max_seq_length": 8, "do_train": True}
+    (d / "args.json").write_text(json.dumps({"version": "test", "arguments": arguments, "user_arguments": arguments,
+                                             "run": {"data": {"max_seq_length": 8}}}))
+
+
 def _model_dir(d, state: bool = True, cut: bool = True):
-    """A model directory (with a trainer state: a run's) whose model.safetensors lost its last 8 bytes."""
+    """A model directory (with a trainer state and args.json: a run's) whose model.safetensors lost its last 8
+    bytes."""
     paddle.seed(0)
     convert.save_hf(build_model(CFG), CFG, str(d))
     if state:
         (d / "trainer_state.json").write_text(json.dumps({"global_step": 2, "consumed_samples": 4}))
+        _record(d)
     weights = d / "model.safetensors"
     data = weights.read_bytes()
     if cut:
@@ -53,17 +62,21 @@ def test_the_advice_is_decided_by_the_directory_and_the_use(tmp_path):
         d.mkdir(parents=True)
     for d in (ckpt, tmp_path / "out", bare):
         (d / "trainer_state.json").write_text("{}")
-    assert advice_for(ckpt, "resume") == Advice("the checkpoint", "resume from another checkpoint")
+    for d in (tmp_path / "out", bare):
+        _record(d)
+    assert advice_for(ckpt, "resume") == Advice("the checkpoint", "resume from another checkpoint", "checkpoint")
     assert advice_for(ckpt, "continue_training").said("incomplete") == (
         "the checkpoint is incomplete: point model_name_or_path to another of the run's checkpoints")
     assert advice_for(ckpt, "inference").said("damaged") == (
         "the checkpoint is damaged: point --model to another checkpoint-N")
     assert advice_for(ckpt, "export").fix == "export another checkpoint-N"
-    named = tmp_path / "ckpt"  # a checkpoint by another name (resume_from_checkpoint takes any): its optimizer state
+    named = tmp_path / "ckpt"  # our checkpoint by another name (resume_from_checkpoint takes any): its optimizer state
     named.mkdir()
     (named / "trainer_state.json").write_text("{}")
     (named / "optimizer.safetensors").write_bytes(b"")
+    _record(named)
     assert advice_for(named, "inference").holder == "the checkpoint"
+    assert advice_for(tmp_path / "out", "inference").kind == "final"
     assert advice_for(tmp_path / "out", "inference").said("incomplete") == (
         f"the run's final model is incomplete: point --model to one of its checkpoints (the newest: {ckpt})")
     assert advice_for(bare, "continue_training").said("incomplete") == (
@@ -154,3 +167,48 @@ def test_export_of_a_damaged_final_directory_says_so(tmp_path, checkpoints):
     line = str(e.value)
     assert line.startswith(f"{out}: cannot export: {weights} is truncated") and "still training" not in line
     assert line.endswith(f"; the run's final model is incomplete: {fix}")
+
+
+def test_a_model_directory_shipping_a_trainer_state_is_downloaded_again(tmp_path):
+    """A Hub snapshot may ship the trainer_state.json transformers' and PaddleNLP's save_state() write (a PaddleNLP
+    output_dir with its checkpoint-N too): no run of ours wrote it (no args.json record), so it is fetched again, not
+    "the run's final model is incomplete". Our run's output_dir before its final model (args.json, no trainer
+    state) is unfinished; a transformers checkpoint-N (trainer state, optimizer.pt) is a checkpoint."""
+    snap, pn, ours, hf_ckpt = (tmp_path / n for n in ("snap", "pn", "ours", "hf/checkpoint-500"))
+    for d in (snap, pn / "checkpoint-100", ours, hf_ckpt):
+        d.mkdir(parents=True)
+    for d in (snap, pn, pn / "checkpoint-100", hf_ckpt):
+        (d / "trainer_state.json").write_text("{}")
+    (hf_ckpt / "optimizer.pt").write_bytes(b"")
+    _record(ours)
+    for d in (snap, pn):
+        advice = advice_for(d, "inference")
+        assert advice.kind == "model" and advice.said("incomplete") == (
+            "download it again, or point --model to a complete directory"), d
+    assert advice_for(ours, "export").kind == "unfinished"
+    assert advice_for(hf_ckpt, "inference") == Advice("the checkpoint", "point --model to another checkpoint-N")
+
+
+def test_export_of_a_damaged_snapshot_is_not_called_a_final_model(tmp_path):
+    """export decided "final model" itself (a trainer state, no checkpoint-N name) and picked incomplete or damaged
+    by matching the reason's words: now `advice_for`'s kind and the reason's state (`storage.intact`) decide."""
+    from pretrain_cli.storage import intact
+    from pretrain_cli.training.export import export_checkpoint
+
+    snap = tmp_path / "snap"
+    weights, _ = _model_dir(snap)
+    (snap / "args.json").unlink()
+    with pytest.raises(UserError) as e:
+        export_checkpoint(snap, tmp_path / "hf", "float32")
+    assert "final model" not in str(e.value) and str(e.value).startswith(f"{snap}: cannot export: {weights} is "
+                                                                         f"truncated")
+    assert intact.export_problem(snap).state == "incomplete"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")  # a header that is no JSON: damaged
+    assert intact.export_problem(snap).state == "damaged"
+    out = tmp_path / "out"
+    weights, _ = _model_dir(out, cut=False)
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    with pytest.raises(UserError) as e:
+        export_checkpoint(out, tmp_path / "hf", "float32")
+    assert str(e.value).endswith(f"; the run's final model is damaged: export another directory (no checkpoint-N of "
+                                 f"its run is in {out})"), str(e.value)

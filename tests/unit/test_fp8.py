@@ -68,7 +68,7 @@ def test_fp8_checkpoint_loads_to_its_bf16_original(tmp_path):
     cfg = ModelConfig.from_file(str(src))
     assert "quantization_config" not in cfg.to_hf_dict()  # what we export is never FP8
     model = build_model(cfg)
-    load_weights(model, src)
+    load_weights(model, src, use="continue_training")
     params = {n: (p, t) for n, p, t in convert.hf_params(model)}
     for name, original in originals.items():
         p, transpose = params[name]
@@ -81,7 +81,7 @@ def test_fp8_checkpoint_loads_to_its_bf16_original(tmp_path):
 def test_fp8_blocks_read_by_train_equal_whole_dequantization(tmp_path):
     src, originals, torch_deq = _fp8_checkpoint(tmp_path)
     lazy = build_model(ModelConfig.from_file(str(src)))
-    source = WeightSource(src, lazy, "pretrained model")
+    source = WeightSource(src, lazy, "pretrained model", use="continue_training")
     try:
         name = "model.layers.0.mlp.down_proj.weight"  # Paddle [72, 40]: HF [40, 72], crossing 3 x 5 blocks
         whole = source(name, Box((72, 40), (0, 0), (72, 40)))

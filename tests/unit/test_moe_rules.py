@@ -68,7 +68,7 @@ def test_a_checkpoints_router_bias_routes_eval_and_a_frozen_resume(tmp_path):
         p.set_value(paddle.to_tensor(np.linspace(-1, 1, p.shape[0]).astype("float32") * (i + 1)))
     save_file({n: p.numpy() for n, p in trained.named_parameters()}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
-    assert holds_router_bias(tmp_path)
+    assert holds_router_bias(tmp_path, "resume")
     model, _ = load_for_inference(tmp_path, cfg, seed=0, device="cpu")
     loaded = dict(model.named_parameters())
     for name, p in biases.items():

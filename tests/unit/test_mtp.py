@@ -108,10 +108,10 @@ def test_a_directory_without_mtp_weights_is_said_to_start_them_from_init(tmp_pat
     save_file({n: t for n, t in load_file(weights).items() if not is_mtp(n, CFG)}, str(weights))
     monkeypatch.setattr(logging.getLogger("pretrain_cli"), "propagate", True)  # (a run's setup_logging: off)
     with caplog.at_level(logging.INFO, logger="pretrain_cli"):
-        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "hf")
+        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "hf", use="continue_training")
         assert "no multi-token prediction weights (transformers does not save them): the modules of layer 2, 3 " \
                "start from init" in caplog.text
         caplog.clear()
         convert.save_hf(model, CFG, str(tmp_path / "whole"))
-        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "whole")
+        load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "whole", use="continue_training")
         assert "multi-token prediction" not in caplog.text

@@ -94,13 +94,13 @@ def test_every_source_gives_the_same_weights_whole_and_as_blocks(tmp_path, src, 
     write(model, tmp_path / "d")
     # whole: eval, generate, a rollback without rebuild
     dst = _fresh(2)
-    assert load_weights(dst, tmp_path / "d") == layout
+    assert load_weights(dst, tmp_path / "d", use="continue_training") == layout
     for name, p in dst.named_parameters():
         np.testing.assert_array_equal(p.numpy(), want[name], err_msg=name)
     # as blocks: what the layout creates on a rank (a lazily built model), and one block off every piece's edge
     with paddle.LazyGuard():
         lazy = build_model(CFG)
-    source = WeightSource(tmp_path / "d", lazy)
+    source = WeightSource(tmp_path / "d", lazy, use="continue_training")
     try:
         assert fill(lazy, source) == len(want)
         for name, p in lazy.named_parameters():
@@ -120,13 +120,13 @@ def test_the_one_name_map_checks_every_source_alike(tmp_path, src):
         other = build_model(bigger)
     with pytest.raises(UserError, match=r"'model.layers.0.mlp.gate_proj.weight' has shape \[24, 16\] but config.json "
                                         r"implies \[32, 16\]"):
-        WeightSource(tmp_path / "sharded", other)
+        WeightSource(tmp_path / "sharded", other, use="resume")
     tensors = _hf_tensors(model)
     tensors["model.norm.weight"] = np.arange(16, dtype=np.int64)
     (tmp_path / "ints").mkdir()
     save_file(tensors, str(tmp_path / "ints" / "model.safetensors"))
     with pytest.raises(UserError, match="'model.norm.weight' has dtype I64, weights must be floating point"):
-        load_weights(_fresh(3), tmp_path / "ints")
+        load_weights(_fresh(3), tmp_path / "ints", use="continue_training")
 
 
 def test_a_checkpoint_directory_is_read_once(tmp_path, src):
@@ -146,11 +146,11 @@ def test_a_checkpoint_directory_is_read_once(tmp_path, src):
     assert CheckpointDir(tmp_path).args is None and CheckpointDir(tmp_path).record is None  # no run wrote it
 
 
-@pytest.mark.parametrize("trainer_state, advice", [
-    (False, "; download it again, or point model_name_or_path to a complete directory"),
-    (True, f"; the checkpoint is damaged: {shard_files.CHECKPOINT_ADVICE}")])
-def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
-    """A model directory (transformers', PaddleNLP's: no trainer state) whose weights file is damaged is to be
+@pytest.mark.parametrize("trainer_state, use, advice", [
+    (False, "continue_training", "; download it again, or point model_name_or_path to a complete directory"),
+    (True, "resume", f"; the checkpoint is damaged: {shard_files.CHECKPOINT_ADVICE}")])
+def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, use, advice):
+    """A model directory (transformers', PaddleNLP's: no run of ours wrote it) whose weights file is damaged is to be
     downloaded again; a checkpoint's says what that makes of the checkpoint, then to resume from another."""
     from pretrain_cli.run_dir import STATE_FILE
     from pretrain_cli.training.weight_source import open_reader
@@ -161,14 +161,14 @@ def test_a_damaged_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_st
     if trainer_state:
         (tmp_path / STATE_FILE).write_text("{}")
     with pytest.raises(UserError) as e:
-        open_reader(tmp_path, "weights")
+        open_reader(tmp_path, "weights", use)
     assert str(e.value).startswith(f"{tmp_path / 'model.safetensors'}: unreadable") and str(e.value).endswith(advice)
 
 
-@pytest.mark.parametrize("trainer_state, advice", [
-    (False, "; download it again, or point model_name_or_path to a complete directory"),
-    (True, f"; the checkpoint is incomplete: {shard_files.CHECKPOINT_ADVICE}")])
-def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, advice):
+@pytest.mark.parametrize("trainer_state, use, advice", [
+    (False, "continue_training", "; download it again, or point model_name_or_path to a complete directory"),
+    (True, "resume", f"; the checkpoint is incomplete: {shard_files.CHECKPOINT_ADVICE}")])
+def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_state, use, advice):
     """A weights file cut short in a checkpoint-N: the line says the checkpoint is incomplete before what to do; a
     model directory's keeps its "download it again"."""
     from pretrain_cli.run_dir import STATE_FILE
@@ -179,7 +179,7 @@ def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_
     (tmp_path / "model.safetensors").write_bytes(data[:-8])  # the last 8 bytes of the tensor's data gone
     if trainer_state:
         (tmp_path / STATE_FILE).write_text("{}")
-    reader, _ = open_reader(tmp_path, "weights")
+    reader, _ = open_reader(tmp_path, "weights", use)
     with pytest.raises(UserError) as e:
         reader.read("model.embed_tokens.weight")
     assert str(e.value) == (f"{tmp_path / 'model.safetensors'}: truncated ({len(data) - 8:,} bytes, tensor "

@@ -133,7 +133,7 @@ def keep_router_bias(run: RunConfig, model_cfg, saved: CheckpointDir) -> RunConf
         return run
     from pretrain_cli.training.weight_source import holds_router_bias
 
-    if not holds_router_bias(saved):
+    if not holds_router_bias(saved, "resume"):
         return run
     return replace(run, moe=replace(run.moe, routing_bias=True), notes=(
         *run.notes, f"moe_router_bias_update_rate: 0 freezes {saved.name}'s e_score_correction_bias (kept, and the "

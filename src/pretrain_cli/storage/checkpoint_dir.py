@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE
+from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, is_record
 
 
 def read_state(ckpt) -> dict:
@@ -82,8 +82,7 @@ class CheckpointDir:
     @property
     def record(self) -> Path | None:
         """`args.json` when it is a run's own record (its `arguments` and `run`), else None."""
-        a = self.args
-        return self.path / ARGS_FILE if a is not None and isinstance(a.get("arguments"), dict) and "run" in a else None
+        return self.path / ARGS_FILE if is_record(self.args) else None
 
     @property
     def trained_length(self) -> int | None:

@@ -31,40 +31,47 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, OPTIMIZER_FILE, STATE_FILE, list_checkpoints
 from pretrain_cli.storage import checkpoint_index
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
-from pretrain_cli.storage.shard_files import File, checksum
+from pretrain_cli.storage.shard_files import File, Problem, checksum
 
 CONFIG_FILE = "config.json"
 HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.convert.INDEX_FILE)
 
 
-def _json_object(path: Path, required: bool) -> str | None:
+def _json_object(path: Path, required: bool) -> Problem | None:
     if not path.is_file():
-        return f"{path} is missing" if required else None
+        return Problem(f"{path} is missing", "incomplete") if required else None
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return f"{path} is unreadable ({e})"
-    return None if isinstance(obj, dict) else f"{path} is not a JSON object"
+        return Problem(f"{path} is unreadable ({e})")
+    return None if isinstance(obj, dict) else Problem(f"{path} is not a JSON object")
 
 
-def _not_a_directory(path) -> str:
+def _said(e: UserError) -> Problem:
+    """The problem a reader's line names (its part before the advice): a `File`'s says its state; any other line is
+    of a file there but unreadable."""
+    return getattr(e, "problem", None) or Problem(str(e).split("; ")[0])
+
+
+def _not_a_directory(path) -> Problem:
     """A path that is no directory: one that is not there said so (a mistyped checkpoint-N read "is not a
     directory", as if something else stood in its place)."""
-    return f"{path} is not a directory" if os.path.lexists(path) else f"{path} does not exist"
+    return Problem(f"{path} is not a directory") if os.path.lexists(path) else Problem(f"{path} does not exist",
+                                                                                          "incomplete")
 
 
-def problem(ckpt, checksums: bool = True, files=None) -> str | None:
+def problem(ckpt, checksums: bool = True, files=None) -> Problem | None:
     """Why checkpoint `ckpt` (a path or a `CheckpointDir`, whose state and index are then read once for all who
-    ask it) cannot be resumed from (one line naming the file), or None when it is complete; `files`: only those
-    of the index's files (`damage`)."""
+    ask it) cannot be resumed from (one line naming the file, and its `state`: incomplete or damaged), or None when
+    it is complete; `files`: only those of the index's files (`damage`)."""
     meta = CheckpointDir.of(ckpt)
     ckpt = meta.path
     if not ckpt.is_dir():
         return _not_a_directory(ckpt)
     try:
         meta.state
-    except UserError as e:
-        return str(e).split("; ")[0]
+    except UserError as e:  # no trainer state at all: a save or copy that did not finish
+        return Problem(str(e).split("; ")[0], "damaged" if (ckpt / STATE_FILE).is_file() else "incomplete")
     reason = _json_object(ckpt / CONFIG_FILE, True)
     others = sorted(p for p in ckpt.glob("*.json") if p.name not in (STATE_FILE, CONFIG_FILE, checkpoint_index.INDEX))
     for path in others:  # args.json, transformers' weight index, tokenizer files: each a JSON object
@@ -72,7 +79,7 @@ def problem(ckpt, checksums: bool = True, files=None) -> str | None:
     return reason or damage(meta, checksums, files)
 
 
-def damage(ckpt, checksums: bool = True, files=None) -> str | None:
+def damage(ckpt, checksums: bool = True, files=None) -> Problem | None:
     """Why the weight and optimizer files of `ckpt` (a path or a `CheckpointDir`; only `files`, names as the index
     lists them, when given) cannot be read back: missing, truncated or altered; or None. Sizes come from the
     directory listing; `checksums` also re-reads every file (crc32, streamed)."""
@@ -83,7 +90,7 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
     except checkpoint_index.UnknownVersion:
         raise  # not damage: an older checkpoint is no substitute for one this code cannot read
     except UserError as e:
-        return str(e).split("; ")[0]
+        return _said(e)
     if index is None:
         return _unindexed(ckpt)
     listed, wanted = index["files"], None if files is None else set(files)
@@ -93,9 +100,10 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
         try:
             size = os.path.getsize(path)
         except OSError:
-            return f"{path} is missing"
-        if size != listed[name]["bytes"]:
-            return f"{path} has {size} bytes, the index says {listed[name]['bytes']}"
+            return Problem(f"{path} is missing", "incomplete")
+        if size != listed[name]["bytes"]:  # shorter: cut short
+            return Problem(f"{path} has {size} bytes, the index says {listed[name]['bytes']}",
+                           "incomplete" if size < listed[name]["bytes"] else "damaged")
     if checksums:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -103,19 +111,19 @@ def damage(ckpt, checksums: bool = True, files=None) -> str | None:
             sums = list(pool.map(lambda n: checksum(ckpt / n)["crc32"], names))
         for name, got in zip(names, sums):
             if got != listed[name]["crc32"]:
-                return f"{ckpt / name} does not match its checksum"
+                return Problem(f"{ckpt / name} does not match its checksum")
     for name in names:  # what each file says it holds against the index: the headers only, a few KiB per file
         try:
             f = File(ckpt / name)
         except UserError as e:
-            return str(e).split("; ")[0]
+            return _said(e)
         reason = checkpoint_index.against_file(index, name, f.tensors, f.metadata)
         if reason is not None:
-            return f"{ckpt / checkpoint_index.INDEX} and {ckpt / name} disagree: {reason}"
+            return Problem(f"{ckpt / checkpoint_index.INDEX} and {ckpt / name} disagree: {reason}")
     return None
 
 
-def export_problem(path) -> str | None:
+def export_problem(path) -> Problem | None:
     """Why `path` cannot be exported (`pretrain-cli export`), or None: a `checkpoint-N` (it holds optimizer state
     or an index) must pass `problem`; the final directory, or any HF directory, needs a readable `config.json`,
     every shard its `model.safetensors.index.json` lists, and every safetensors header and data present. `path`: a
@@ -130,9 +138,10 @@ def export_problem(path) -> str | None:
     if reason is None and (path / HF_INDEX).is_file():
         listed = json.loads((path / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
         missing = sorted(set(listed.values()) - {p.name for p in path.iterdir()}) if isinstance(listed, dict) else []
-        reason = f"{path / missing[0]} is missing" if missing else None
+        reason = Problem(f"{path / missing[0]} is missing", "incomplete") if missing else None
     weights = sorted(path.glob("*.safetensors"))
-    return reason or (None if weights else f"{path} holds no safetensors weights") or _headers(weights)
+    return (reason or (None if weights else Problem(f"{path} holds no safetensors weights", "incomplete"))
+            or _headers(weights))
 
 
 def _weight_files(meta: CheckpointDir) -> list[str] | None:
@@ -145,27 +154,28 @@ def _weight_files(meta: CheckpointDir) -> list[str] | None:
     return None if index is None else [n for n in index["files"] if not n.startswith("optimizer")]
 
 
-def _unindexed(ckpt: Path) -> str | None:
+def _unindexed(ckpt: Path) -> Problem | None:
     """A checkpoint without `checkpoint.index.json`: one from before the index (whole `optimizer.safetensors`,
     headers and data sizes checked), or one whose index is gone. One process writes the same two file names, so
     its files' own record of their pieces (`pretrain_cli.pieces`, which the older files lack) tells it apart:
     without its index it would have no checksum left to check."""
     shards = sorted(ckpt.glob("*-of-*.safetensors"))
+    missing = Problem(f"{ckpt / checkpoint_index.INDEX} is missing", "incomplete")
     if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
-        return f"{ckpt / checkpoint_index.INDEX} is missing"
-    return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=f"{ckpt / checkpoint_index.INDEX} is missing")
+        return missing
+    return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=missing)
 
 
-def _headers(paths, indexed_format: str | None = None) -> str | None:
+def _headers(paths, indexed_format: Problem | None = None) -> Problem | None:
     """The first of the safetensors files `paths` whose header is unreadable or whose data is cut short; with
     `indexed_format`, that line for a file whose header records its pieces (written with an index)."""
     for path in paths:
         try:
             f = File(path)
         except UserError as e:
-            return str(e).split("; ")[0]
+            return _said(e)
         if f.data_end > f.size:
-            return f"{path} is truncated ({f.size} bytes, its tensors end at {f.data_end})"
+            return Problem(f"{path} is truncated ({f.size} bytes, its tensors end at {f.data_end})", "incomplete")
         if indexed_format and checkpoint_index.PIECES_KEY in (f.metadata or {}):
             return indexed_format
     return None

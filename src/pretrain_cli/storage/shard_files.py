@@ -123,10 +123,15 @@ USES = ("resume", "continue_training", "inference", "export")  # what a reader r
 
 class Advice(NamedTuple):
     """How a line about a damaged file ends: what that makes of the directory holding it (`holder`, e.g. "the
-    checkpoint": "the checkpoint is incomplete"; None: nothing said of it), then `fix`, what its reader can do."""
+    checkpoint": "the checkpoint is incomplete"; None: nothing said of it), then `fix`, what its reader can do.
+    `kind`: what `advice_for` found the directory to be, "checkpoint" (a run's checkpoint), "final" (our run's final
+    directory, its final model written: a trainer state), "unfinished" (our run's output_dir before its final model:
+    still training, or stopped before it) or "model" (a directory no run of ours wrote), for a caller whose own line
+    depends on it."""
 
     holder: str | None
     fix: str
+    kind: str = "checkpoint"
 
     def said(self, state: str) -> str:
         """The line's end, after what `state` ("incomplete": a file missing or cut short; "damaged") makes of it."""
@@ -138,29 +143,57 @@ RESUME = Advice("the checkpoint", CHECKPOINT_ADVICE)
 
 def advice_for(directory, use: str) -> Advice:
     """What a reader of `directory` that finds one of its files damaged tells its user, decided here alone from
-    what the directory is and what the command does with it (`use`, one of `USES`): a run's checkpoint (its
-    `trainer_state.json` and optimizer state, or a `checkpoint-N` name) has other checkpoints beside it; a run's
-    final directory (a trainer state alone) has its run's checkpoint-N inside it, or none (a run that saved none, a
-    copy); a model directory (no trainer state: transformers', PaddleNLP's) has neither: it is downloaded again. A
-    resume always reads a checkpoint and turns to another; the others name the argument that picked the directory
-    (`model_name_or_path`, `--model`)."""
-    from pretrain_cli.run_dir import CHECKPOINT, STATE_FILE, list_checkpoints
+    what the directory is and what the command does with it (`use`, one of `USES`): a checkpoint (a `checkpoint-N`
+    with a trainer state or optimizer state, as ours, transformers' and PaddleNLP's Trainers write them, or one of
+    our run's checkpoints by another name: its args.json record and optimizer state) has other checkpoints beside
+    it; our run's final directory (its args.json record, `run_dir.is_record`) has its run's checkpoint-N inside
+    it, or none (a run that saved none, a copy); any other directory is a model downloaded or copied, to fetch
+    again, whatever it ships (a Hub snapshot may hold the trainer_state.json transformers' and PaddleNLP's
+    `save_state` write). A resume always reads a checkpoint and turns to another; the others name the argument
+    that picked the directory (`model_name_or_path`, `--model`)."""
+    from pretrain_cli.run_dir import ARGS_FILE, CHECKPOINT, STATE_FILE, is_record, list_checkpoints
 
     if use not in USES:
         raise ValueError(f"use {use!r}: one of {USES}")
     path = Path(directory)
-    point = {"inference": "point --model to", "export": "export"}.get(use, "point model_name_or_path to")
-    if not (path / STATE_FILE).is_file():
-        return Advice(None, f"download it again, or {point} a complete directory")
-    if use == "resume":
+    if use == "resume":  # (what it reads was found a checkpoint by its trainer state first)
         return RESUME
-    if CHECKPOINT.match(path.name) or any(path.glob("optimizer*.safetensors")):  # (a final directory has none)
+    point = {"inference": "point --model to", "export": "export"}.get(use, "point model_name_or_path to")
+    try:  # (`CheckpointDir.record`'s test; that module reads through this one)
+        ours = is_record(json.loads((path / ARGS_FILE).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError):
+        ours = False
+    optimizer = any(path.glob("optimizer*.safetensors"))
+    if (CHECKPOINT.match(path.name) and (optimizer or (path / STATE_FILE).is_file())) or (ours and optimizer):
         return Advice("the checkpoint", {"continue_training": "point model_name_or_path to another of the run's "
                                                               "checkpoints"}.get(use, f"{point} another checkpoint-N"))
+    if not ours:
+        return Advice(None, f"download it again, or {point} a complete directory", "model")
+    kind = "final" if (path / STATE_FILE).is_file() else "unfinished"
     saved = list_checkpoints(path)
     if saved:
-        return Advice("the run's final model", f"{point} one of its checkpoints (the newest: {saved[-1][1]})")
-    return Advice("the run's final model", f"{point} another directory (no checkpoint-N of its run is in {path})")
+        return Advice("the run's final model", f"{point} one of its checkpoints (the newest: {saved[-1][1]})", kind)
+    return Advice("the run's final model", f"{point} another directory (no checkpoint-N of its run is in {path})",
+                  kind)
+
+
+class Problem(str):
+    """Why a file or directory cannot be read (one line naming the file), and what that makes of the directory:
+    `state`, "incomplete" (a file missing or cut short: a copy or save that did not finish) or "damaged" (one there
+    whole but altered or unreadable), as `Advice.said` takes it; `storage.intact` returns these."""
+
+    def __new__(cls, text: str, state: str = "damaged"):
+        self = super().__new__(cls, text)
+        self.state = state
+        return self
+
+
+class FileError(UserError):
+    """A `File`'s line: its `problem`, then its advice said for the problem's state."""
+
+    def __init__(self, problem: Problem, advice: Advice):
+        super().__init__(f"{problem}; {advice.said(problem.state)}")
+        self.problem = problem
 
 
 class _Short(Exception):
@@ -193,15 +226,15 @@ class File:
                 head = json.loads(f.read(n))
         except FileNotFoundError:
             listed = f", though {listed_in} names it" if listed_in else ""
-            raise UserError(f"{self.path}: missing{listed}; {advice.said('incomplete')}") from None
+            raise FileError(Problem(f"{self.path}: missing{listed}", "incomplete"), advice) from None
         except PermissionError as e:
             raise UserError(f"{self.path}: unreadable ({e.strerror}); fix its permissions") from None
         except _Short as e:
-            raise UserError(f"{self.path}: truncated ({e}); {advice.said('incomplete')}") from None
+            raise FileError(Problem(f"{self.path}: truncated ({e})", "incomplete"), advice) from None
         except OSError as e:  # a directory in its place, an I/O error: the reason, as the system gives it
-            raise UserError(f"{self.path}: unreadable ({e.strerror or e}); {advice.said('damaged')}") from None
+            raise FileError(Problem(f"{self.path}: unreadable ({e.strerror or e})"), advice) from None
         except (ValueError, struct.error) as e:
-            raise UserError(f"{self.path}: unreadable {what} ({e}); {advice.said('damaged')}") from None
+            raise FileError(Problem(f"{self.path}: unreadable {what} ({e})"), advice) from None
         self.metadata = head.pop("__metadata__", {})
         self.tensors, self.start, self.size = head, 8 + n, size
         self._map = None

@@ -94,7 +94,7 @@ def load_optimizer(strategy, model, optimizer, ckpt) -> dict:
 
     from pretrain_cli.distributed.layout.pieces import inner_optimizer, local_value, split_name, state_tensors
 
-    reader, where = open_reader(ckpt, "optimizer")
+    reader, where = open_reader(ckpt, "optimizer", "resume")
     inner = inner_optimizer(optimizer)
     managed = {p.name for p in inner._parameter_list}
     params = dict(model.named_parameters())
@@ -322,5 +322,5 @@ class Saver:
         from pretrain_cli.training.weight_source import load_weights, verify_everywhere
 
         ckpt = CheckpointDir.of(path)
-        load_weights(model, ckpt, "checkpoint", self.comm)
+        load_weights(model, ckpt, "checkpoint", self.comm, use="resume")
         verify_everywhere(self.comm, ckpt, load_optimizer(strategy, model, optimizer, ckpt)["files"])

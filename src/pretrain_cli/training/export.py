@@ -145,11 +145,11 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
     meta = CheckpointDir(src)  # its state and index read once: checked, then read from
     reason = intact.export_problem(meta)
     if reason is not None:
-        if (src / run_dir.STATE_FILE).is_file() and not run_dir.CHECKPOINT.match(src.name):  # a final model, harmed
-            from pretrain_cli.storage.shard_files import advice_for
+        from pretrain_cli.storage.shard_files import advice_for
 
-            state = "incomplete" if "truncated" in reason or reason.endswith(" is missing") else "damaged"
-            raise UserError(f"{src}: cannot export: {reason}; {advice_for(src, 'export').said(state)}")
+        advice = advice_for(src, "export")
+        if advice.kind == "final":  # a run's final model, harmed
+            raise UserError(f"{src}: cannot export: {reason}; {advice.said(reason.state)}")
         newest = run_dir.latest_checkpoint(src)  # a run's output_dir before its final export (still training?)
         if newest is not None:
             raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "

@@ -239,8 +239,9 @@ def open_weights(run: RunConfig, model, resume=None, pretrained=None):
     if weights is None:
         return init
     # a pretrained directory without multi-token prediction modules (transformers saves none) starts them from init
-    return WeightSource(weights, model, "checkpoint" if resume is not None else "model directory",
-                        None if resume is not None else init, "resume" if resume is not None else "continue_training")
+    if resume is not None:
+        return WeightSource(weights, model, "checkpoint", use="resume")
+    return WeightSource(weights, model, "model directory", init, use="continue_training")
 
 
 def check_pretrained(run: RunConfig, model_cfg, model_dir) -> None:

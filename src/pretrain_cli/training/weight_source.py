@@ -55,7 +55,7 @@ def verify_everywhere(comm, ckpt, files) -> None:
         raise DamagedCheckpoint(reason or found[0])
 
 
-def open_reader(ckpt, kind: str, use: str = "resume"):
+def open_reader(ckpt, kind: str, use: str):
     """(reader of `kind` "weights" / "optimizer" tensors of directory `ckpt` (a path or a `CheckpointDir`), the
     file to name in errors): the index's pieces where it has one, else its whole safetensors files. A damaged file's
     line ends as `shard_files.advice_for` says for `use`, what the command does with the directory (a model
@@ -89,7 +89,7 @@ class WeightSource:
     dtype = None  # as `distributed.layout.materialize.InitSource.dtype`
     kept = frozenset()  # as `InitSource.kept`
 
-    def __init__(self, path, model, what: str = "checkpoint", fallback=None, use: str = "resume"):
+    def __init__(self, path, model, what: str = "checkpoint", fallback=None, *, use: str):
         """`fallback` (an `InitSource`): where multi-token prediction modules come from when the directory has
         none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them.
         `use`: what the command does with the directory (`open_reader`: what a damaged file's line advises)."""
@@ -158,7 +158,7 @@ def _kept(name, box):
     raise AssertionError(f"{name}: `load_weights` creates only what the directory holds")
 
 
-def load_weights(model, path, what: str = "model directory", comm=None, use: str = "resume") -> str:
+def load_weights(model, path, what: str = "model directory", comm=None, *, use: str) -> str:
     """The weights of directory `path` (any source; a path or a `CheckpointDir`) into `model`, whole; returns the
     layout the name map found ("hf" or "paddlenlp"). Multi-token prediction modules the directory has not keep
     their values. A checkpoint of ours (it has an index) is checked as a resume checks it: its files against the
@@ -184,7 +184,7 @@ def load_weights(model, path, what: str = "model directory", comm=None, use: str
     return source.layout
 
 
-def holds_router_bias(ckpt, use: str = "resume") -> bool:
+def holds_router_bias(ckpt, use: str) -> bool:
     """Whether directory `ckpt`'s weights hold a router bias (a run trained with `moe_router_bias_update_rate` > 0):
     a model built without one would drop it and route otherwise than the run did."""
     from pretrain_cli.models.convert import ROUTER_BIAS
