@@ -20,11 +20,14 @@ def report(plan: dict, records: list[dict], skip: int = 5) -> str:
     eta = plan["eta_hours"]  # null where the plan has no time: no peak, or a layout it says does not fit
     planned = f"{plan['tokens_per_step'] * plan['max_steps'] / (eta * 3600):>10.0f}" if eta else f"{'none':>10}"
     mfu = f"{statistics.median(mfus):>10.1%}" if mfus else f"{'unknown':>10}"
+    # train's mfu (model FLOPs over the wall time) beside the plan's prediction of that same figure, not beside the
+    # kernels' share plan assumes (`mfu`), to which the plan adds bubble and traffic
+    logged = plan.get("logged_mfu")
     return "\n".join([
         f"{'':22} {'measured':>10} {'plan':>10}",
-        f"{'tokens/s':22} {tok:>10.0f} {planned}   (median of steps > {skip}; plan assumes MFU "
-        f"{plan['mfu']:.0%} on {plan['device']['name']})",
-        f"{'MFU':22} {mfu} {plan['mfu']:>10.1%}",
+        f"{'tokens/s':22} {tok:>10.0f} {planned}   (median of steps > {skip}; plan assumes the kernels reach "
+        f"{plan['mfu']:.0%} of peak on {plan['device']['name']}, then adds bubble and traffic)",
+        f"{'mfu (as train logs it)':22} {mfu} " + (f"{logged:>10.1%}" if logged is not None else f"{'none':>10}"),
         f"{'peak memory (GiB)':22} {peak:>10.2f} {plan['memory_gib']:>10.2f}   (measured: max_memory_allocated)",
         f"fits (plan): {plan['fits']}",
     ])

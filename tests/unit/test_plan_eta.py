@@ -3,6 +3,7 @@ the FLOPs with recompute over peak x MFU, the pipeline's fill and drain, plus th
 and a layout that does not fit memory gets no time: it cannot start."""
 from pathlib import Path
 
+import pytest
 from plan_helpers import fit, plan
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.orchestration.planned import from_file
@@ -21,16 +22,17 @@ def test_plans_eta_is_the_time_fit_gives_the_same_layout(capsys):
     argv = ["plan", LLAMA3_8B, *AT_8K, "--device", "H100", "--gpus", "8", "--tokens", "100B"]
     assert cli_main(argv) == 0
     eta = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA: "))
-    assert eta == ("ETA: 5.79e+21 FLOPs / (8 x 989 TFLOPS x MFU 0.40) = 508.32 h + traffic 17.60 h (over the links "
-                   "above) = 525.92 h (21.9 days)")
+    assert eta == ("ETA: 5.79e+21 FLOPs / (8 x 989 TFLOPS x MFU 0.40, the kernels' share of peak: --mfu) = 508.32 h "
+                   "+ traffic 17.60 h (TP collectives 16.18 h over in-node 450 GB/s; not overlapped with compute) = "
+                   "525.92 h (21.9 days)")
     assert cli_main([*argv, "--fit"]) == 0
     assert "time for 100,000,071,680 tokens at that speed: 525.9 h -> " in capsys.readouterr().out
     r = from_file(LLAMA3_8B, AT_8K, device="H100", gpus=8)
     sp = speed(r)
-    assert r.eta_hours * 3600 == r.max_steps * sp["step_seconds"]
-    assert r.eta_traffic_hours * 3600 == r.max_steps * sp["comm_seconds"]
+    assert r.eta_hours * 3600 == pytest.approx(r.max_steps * sp["step_seconds"], rel=1e-12)
+    assert r.eta_traffic_hours * 3600 == pytest.approx(r.max_steps * sp["comm_seconds"], rel=1e-12)
     written = fit(LLAMA3_8B, AT_8K, device="H100", gpus=8)["before"]["speed"]
-    assert r.eta_hours * 3600 == r.total_tokens / written["tokens_per_sec"]
+    assert r.eta_hours * 3600 == pytest.approx(r.total_tokens / written["tokens_per_sec"], rel=1e-12)
 
 
 def test_recompute_counts_in_the_eta():
@@ -53,7 +55,8 @@ def test_a_layout_that_does_not_fit_gets_no_time():
     assert not r.fits and r.eta_hours is None and r.eta_traffic_hours is None
     line = next(x for x in format_report(r).splitlines() if x.startswith("ETA"))
     assert line == ("ETA: no time: as written the run does not fit 40.0 GiB per device (above), so it cannot start; "
-                    "a suggestion that fits, planned, or --fit gives a layout's time")
+                    "a suggestion that fits, planned, or --fit (whose layouts keep --margin, 10% by default, free) gives "
+                    "a layout's time")
     fits = plan(LLAMA3_8B, device="H100", gpus=8)
     assert fits["fits"] and fits["eta_hours"] > 0  # the file where it fits: a time
 
@@ -74,3 +77,9 @@ def test_the_gpu_check_report_reads_a_plan_without_time():
     assert "tokens/s                     1000       none" in text and "fits (plan): False" in text
     timed = script.report({**r, "eta_hours": 2.0}, records, skip=5)
     assert f"{r['tokens_per_step'] * r['max_steps'] / 7200:>10.0f}" in timed.splitlines()[1]
+    # train's mfu beside the plan's prediction of it (model FLOPs over the predicted time), not the kernels' share
+    fits = plan(LLAMA3_8B, device="H100", gpus=8)
+    row = next(x for x in script.report(fits, records, skip=5).splitlines() if x.startswith("mfu"))
+    assert row == f"{'mfu (as train logs it)':22} {0.3:>10.1%} {fits['logged_mfu']:>10.1%}"
+    assert fits["logged_mfu"] < fits["mfu"] and "none" in next(
+        x for x in text.splitlines() if x.startswith("mfu"))  # (no time, no prediction)

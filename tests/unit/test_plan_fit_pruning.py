@@ -33,7 +33,7 @@ def _whole(monkeypatch):
 def test_the_pruned_search_picks_what_the_whole_search_picks(path, overrides, device, gpus, monkeypatch):
     """The same result but the counts: the pick (its keys, memory, start-up and speed), the smallest layout and the
     fewest devices where nothing fits. (At 8,192 tokens on 64 H100s Llama-3.1-70B's search plans 2,562 of its 7,965
-    candidates, 1.8-2.0 s instead of 6.7-8.1 s on a shared 2-core machine, with the same pick.)"""
+    candidates, 1.8-2.0 s instead of 6.7-8.1 s, timed on a 2-core machine under other jobs' load, with the same pick.)"""
     _, pruned = planned.fit_file(str(path), overrides, device=device, gpus=gpus)
     _whole(monkeypatch)
     _, whole = planned.fit_file(str(path), overrides, device=device, gpus=gpus)

@@ -40,7 +40,31 @@ def test_part_nodes_are_answered_with_counts_and_node_sizes_the_files_tp_runs_on
     assert cli_main(["plan", DSV3, "--device", "H100", "--gpus_per_node", "6"]) == 2
     err = capsys.readouterr().err
     assert "use --gpus 24: whole nodes of 6 that the 8 processes the file's layout needs (pipeline_parallel_degree 2" \
-           in err and "--gpus_per_node" in err.split(";", 1)[0]
+           in err and err.strip().endswith("sharding_parallel_degree 4) divide, or --gpus_per_node 4")
+
+
+def test_no_count_offered_splits_the_files_tp_groups_across_nodes(capsys):
+    """tp 16 on --gpus 12 was told --gpus 16 (two nodes of 8 holding halves of the group), tp 3 --gpus 24 (tp 3
+    does not divide 8): a count whose tp groups would cross nodes is not offered; when none is, the line says so and
+    what keeps them inside one."""
+    tp16 = _refusal(capsys, LLAMA3_8B, "--tensor_parallel_degree", "16", "--gpus", "12")
+    assert tp16.endswith("no count of whole nodes of 8 keeps the file's tensor-parallel groups of 16 inside a node: "
+                         "set tensor_parallel_degree to a divisor of 8") and "--gpus 16" not in tp16
+    tp3 = _refusal(capsys, LLAMA3_8B, "--tensor_parallel_degree", "3", "--gpus", "12")
+    assert tp3.endswith("no count of whole nodes of 8 keeps the file's tensor-parallel groups of 3 inside a node: use "
+                        "--gpus_per_node 6 (whole tensor-parallel groups of 3 in each node)") and "--gpus 24" not in tp3
+
+
+def test_tp_inside_node_assumes_the_rank_rules_order():
+    """`tp_inside_node` is asked before any group exists, so it assumes tp innermost: the run's own rank rule
+    (`Topology`, what `plan`'s layout lines and `train` use) must agree on every layout it judges."""
+    from pretrain_cli.orchestration.planned import rank_groups
+    from pretrain_cli.run_layout import ParallelConfig
+
+    for world, tp, pp, per_node in ((16, 8, 1, 8), (16, 4, 2, 8), (24, 3, 1, 8), (32, 16, 1, 8), (12, 4, 1, 6)):
+        par = ParallelConfig(world_size=world, tp_degree=tp, pp_degree=pp, dp_degree=world // tp // pp)
+        inside = all(len({rank // per_node for rank in g}) == 1 for g in rank_groups(par)["tp"])
+        assert inside == tp_inside_node(tp, world, per_node), (world, tp, pp, per_node)
 
 
 def test_tp_groups_stay_inside_a_node_where_tp_divides_it():

@@ -93,7 +93,8 @@ def test_the_step_is_the_slowest_stages_with_the_others_fill_and_drain():
     assert r.eta_traffic_hours == pytest.approx(r.eta_hours - compute, rel=1e-9) and r.eta_traffic_hours > 0
     even = r.total_tokens * r.flops_per_token.model / (8 * rate) / (1 - r.parallel.pipeline_bubble) / 3600
     assert (f"x slowest stage {compute / even:.3f} = {compute * 60:.2f} min + traffic {r.eta_traffic_hours * 60:.2f} "
-            f"min (over the links above) = {r.eta_hours:.2f} h") in format_report(r)
+            f"min (") in format_report(r)
+    assert f"not overlapped with compute) = {r.eta_hours * 60:.2f} min\n" in format_report(r)  # (the parts' unit)
 
 
 def _play(pp: int, vpp: int, m: int, times: list[float]) -> float:

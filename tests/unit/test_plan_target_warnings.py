@@ -127,9 +127,9 @@ def test_a_cpu_plan_has_an_eta_from_the_peak_train_logs_its_mfu_against(write_ar
     eta = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA"))
     # not "a lower bound": a 4-layer Qwen3 (hidden 256) on 2 Xeon cores logged mfu 0.74-0.82 against this peak, and
     # its 300 steps took 3.6 min where the ETA at MFU 0.30 said 7.75 min "as a lower bound"
-    assert eta.endswith(f"= {one['eta_hours']:.2f} h ({one['eta_hours'] * 60:.1f} min); cpu: an estimate, not a "
-                        f"bound: the assumed peak above and MFU 0.30, an assumption too, can be off either way: --mfu "
-                        f"with the mfu `train` logs, or a few timed steps, tell")
+    assert eta.endswith(f"= {one['eta_hours']:.2f} h; cpu: an estimate, not a bound: the assumed peak above "
+                        f"and MFU 0.30, an assumption too, can be off either way: --measured_mfu with the mfu `train` "
+                        f"logs, or a few timed steps, tell")
 
 
 def test_check_warns_of_the_checkpoints_too_against_the_disk_only_on_the_host(write_args, machine, tmp_path):

@@ -28,8 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="devices (processes) in the run (default: the fewest the file's parallel keys run on: "
                              "tensor x pipeline x context parallel degree x the data ranks expert_parallel_degree "
                              "and sharding_parallel_degree divide; 1 for a file without them)")
+    parser.add_argument("--measured_mfu", type=float, default=None,
+                        help="the mfu `train` logged for this file's layout: the ETA is then model FLOPs / (devices x "
+                             "peak x it), nothing added, the run's time at that speed (not with --fit, which times "
+                             "other layouts)")
     parser.add_argument("--mfu", type=float, default=None,
-                        help=f"assumed model-FLOPs utilisation for the ETA (default: {MFU_HALF} with fp16/bf16, "
+                        help=f"the kernels' share of the peak on the FLOPs the devices run (recompute included), "
+                             f"to which the speed model adds the pipeline's bubble and the traffic; not the mfu "
+                             f"`train` logs, which has those inside it: give that one as --measured_mfu (default: "
+                             f"{MFU_HALF} with fp16/bf16, "
                              f"{MFU_FP32} in fp32)")
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
@@ -37,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus_per_node", type=int, default=hardware.GPUS_PER_NODE,
                         help="GPUs in one node: consecutive ranks share a node, and a parallel group inside one "
                              "uses the device's in-node link (NVLink, else PCIe) (default: %(default)s)")
-    parser.add_argument("--cross_node_gbps", type=float, default=hardware.CROSS_NODE_GBPS,
-                        help="GB/s per GPU one way between nodes, for groups that span nodes (default: %(default)s: "
-                             "one 400 Gb/s InfiniBand adapter per GPU)")
+    parser.add_argument("--cross_node_gbps", type=float, default=None,
+                        help="GB/s per GPU one way between nodes, for groups that span nodes (default: the device "
+                             "generation's 8-GPU node, one InfiniBand adapter per GPU: 50 for H100/H800/H20/H200 "
+                             "(400 Gb/s NDR), 25 for A100/A800 (200 Gb/s HDR), 12.5 for V100 (100 Gb/s EDR))")
     parser.add_argument("--tokens", default=None,
                         help="the run's length in tokens (10B, 500M, 1e10): max_steps becomes them over the tokens "
                              "of a step, rounded up (default: the file's max_steps)")
@@ -179,6 +187,9 @@ def main(ns: argparse.Namespace) -> int:
         raise UserError("-o: writes the fitted file, so it needs --fit; add --fit")
     if ns.margin is not None and not ns.fit:
         raise UserError("--margin: only used with --fit; add --fit")
+    if ns.measured_mfu is not None and ns.fit:
+        raise UserError("--measured_mfu: measured on the file's layout, and --fit times other layouts; give --fit "
+                        "the kernels' share of peak as --mfu, or plan the file without --fit")
     if ns.output is not None and not ns.output.strip():
         raise UserError("-o: empty path; give the fitted file's path, e.g. -o fitted.json")
     if ns.output:
@@ -194,7 +205,7 @@ def main(ns: argparse.Namespace) -> int:
         ns.overrides = [*ns.overrides, "--max_steps", str(math.ceil(tokens / per_step))]
     if not ns.fit:
         r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
-                              node=node)
+                              node=node, measured_mfu=ns.measured_mfu)
         print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,

@@ -24,6 +24,7 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
+from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
@@ -53,12 +54,12 @@ def with_changes(args: Arguments, change: dict, where: str = "command line") -> 
 
 
 def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
-                node: hardware.Node = hardware.Node()) -> None:
+                node: hardware.Node = hardware.Node(), measured_mfu: float | None = None) -> None:
     """`plan`'s own options, checked before the file is read (`gpus` None: the file's, checked once it is read:
     `file_gpus`, which also checks a given one against the nodes and the file's layout)."""
     if node.gpus < 1:
         raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
-    if not 0 < node.cross_node_gbps < float("inf"):
+    if node.cross_node_gbps is not None and not 0 < node.cross_node_gbps < float("inf"):
         raise UserError(f"--cross_node_gbps: must be a number > 0 (GB/s per GPU between nodes), "
                         f"got {node.cross_node_gbps}")
     if not 0 <= margin < 1:
@@ -67,6 +68,11 @@ def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: f
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
     if mfu is not None and not 0 < mfu <= 1:
         raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
+    if measured_mfu is not None and not 0 < measured_mfu <= 1:
+        raise UserError(f"--measured_mfu: must be in (0, 1] (the mfu `train` logged), got {measured_mfu}")
+    if measured_mfu is not None and mfu is not None:
+        raise UserError("--measured_mfu and --mfu: give one (--measured_mfu is train's logged mfu, which alone gives "
+                        "the ETA; --mfu the kernels' share of peak the speed model adds traffic to)")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
         raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
     target_device(device)
@@ -81,16 +87,22 @@ def check_gpus(gpus: int, node: hardware.Node, why: str = "", need: tuple[int, s
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
     if gpus > node.gpus and gpus % node.gpus:
         unit, (least, degrees, tp) = math.lcm(node.gpus, need[0]), need
-        fits = sorted({gpus // unit * unit, -(-gpus // unit) * unit} - {0})
+        fits = sorted(n for n in {gpus // unit * unit, -(-gpus // unit) * unit} - {0}
+                      if tp_inside_node(tp, n, node.gpus))
         pers = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0 and gpus % least == 0
                 and tp_inside_node(tp, gpus, n)]
         layout = f": whole nodes of {node.gpus} that the {least} processes the file's layout needs ({degrees}) " \
                  f"divide" if least > 1 else ""
         per = f", or --gpus_per_node {pers[0]}" + (f" (whole tensor-parallel groups of {tp} in each node)"
                                                    if tp > 1 else "") if pers else ""
-        raise UserError(f"--gpus_per_node: --gpus {gpus}{why} is not a whole number of nodes of {node.gpus} (every "
-                        f"node runs the same number of processes); use --gpus {' or '.join(map(str, fits))}"
-                        f"{layout}{per}")
+        head = (f"--gpus_per_node: --gpus {gpus}{why} is not a whole number of nodes of {node.gpus} (every node "
+                f"runs the same number of processes)")
+        if not fits:  # tp wider than a node and not a multiple of it: no count keeps its groups inside nodes
+            how = per[2:].replace("or --gpus_per_node", "use --gpus_per_node") if per else \
+                f"set tensor_parallel_degree to a divisor of {node.gpus}"
+            raise UserError(f"{head}; no count of whole nodes of {node.gpus} keeps the file's tensor-parallel groups "
+                            f"of {tp} inside a node: {how}")
+        raise UserError(f"{head}; use --gpus {' or '.join(map(str, fits))}{layout}{per}")
 
 
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
@@ -197,7 +209,8 @@ def _layout_or_more_devices(args: Arguments, base: Plan, singles: list[dict], re
     small, current = found["smallest"], _current(args)
     scale = more_devices(base, singles, replan, [small["change"]] if small and small["change"] else [],
                          lean=lambda world: fit_search.lean_layouts(current, world, base.max_seq_length,
-                                                                    base.model.experts))
+                                                                    base.model.experts,
+                                                                    base.device.links.gpus_per_node))
     return [scale] if scale else []
 
 
@@ -291,13 +304,16 @@ def file_gpus(args: Arguments, gpus: int | None, node: hardware.Node) -> tuple[i
 
 def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
               gpus: int | None = 1, mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
-              peak_tflops: float | None = None, node: hardware.Node = hardware.Node()) -> Plan:
+              peak_tflops: float | None = None, node: hardware.Node = hardware.Node(),
+              measured_mfu: float | None = None) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
-    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's (`file_gpus`)."""
-    check_flags(device, gpus, mfu, peak_tflops, node=node)
+    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's (`file_gpus`).
+    `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA (`eta.at_measured_mfu`)."""
+    check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
     args, model_cfg = parse(config, overrides)
     gpus, said = file_gpus(args, gpus, node)
     out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node)
+    out = at_measured_mfu(out, measured_mfu) if measured_mfu is not None else out
     return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
 
 

@@ -128,8 +128,8 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
     {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, a larger
     micro-batch of a layout already over the budget (`grows_with_micro_batch`): at 8,192 tokens on 64 H100s
-    Llama-3.1-70B's search plans 2,562 of its 7,965 candidates (1.8-2.0 s here, shared; all of them 6.7-8.1 s), the
-    same pick.
+    Llama-3.1-70B's search plans 2,562 of its 7,965 candidates (1.8-2.0 s, all of them 6.7-8.1 s, timed on a 2-core
+    machine under other jobs' load), the same pick.
     """
     seen: dict[tuple, dict] = {}
     tried = skipped = 0

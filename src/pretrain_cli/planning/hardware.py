@@ -28,9 +28,12 @@ class Device:
 
 
 GPUS_PER_NODE = 8  # an HGX/DGX node, the launcher's `--devices 0,...,7` on every node; `plan --gpus_per_node`
-# one 400 Gb/s InfiniBand NDR (or RoCE) adapter per GPU, 8 per HGX H100 node: 50 GB/s each way per GPU;
-# `plan --cross_node_gbps` for other fabrics (8 x 200 Gb/s HDR on A100 nodes: 25)
-CROSS_NODE_GBPS = 50.0
+# The cross-node link per GPU one way that `plan` assumes, by the GPU's generation (compute capability's major):
+# NVIDIA's 8-GPU node of it has one InfiniBand adapter per GPU: DGX H100/H800/H20 8 x 400 Gb/s NDR (50 GB/s), DGX
+# A100/A800 8 x 200 Gb/s HDR (25), DGX-2 V100 8 x 100 Gb/s EDR (12.5). A PCIe card takes its generation's (H100-PCIe
+# 50); Turing (T4) and Ada (L4, L40S, RTX4090) have no DGX of their own: Volta's and Ampere's. Only right for a fabric
+# like that one: `plan --cross_node_gbps` gives a cluster's own (RoCE, fewer adapters), and the ETA line says so.
+CROSS_NODE_GBPS = {7: 12.5, 8: 25.0, 9: 50.0}
 PCIE_GBPS = {3: 15.75, 4: 31.5, 5: 63.0}  # x16, one direction (GB/s)
 CPU_LINK_GBPS = 50.0  # `--device cpu`: gloo between processes, no table figure; ranks layouts, not a measurement
 
@@ -90,35 +93,44 @@ def lookup(name: str) -> Device | None:
 @dataclass(frozen=True)
 class Node:
     """What `plan` assumes of a node: its GPUs (consecutive ranks share one) and the cross-node link per GPU
-    (`--gpus_per_node`, `--cross_node_gbps`)."""
+    (`--gpus_per_node`, `--cross_node_gbps`; None: the device's generation's, `CROSS_NODE_GBPS`)."""
 
     gpus: int = GPUS_PER_NODE
-    cross_node_gbps: float = CROSS_NODE_GBPS
+    cross_node_gbps: float | None = None
 
 
 @dataclass(frozen=True)
 class Links:
     """The two links a group of ranks uses (GB/s one way per GPU): `in_node` between the GPUs of one node of
-    `gpus_per_node`, `cross_node` when a group spans nodes; `source` says where the in-node figure came from."""
+    `gpus_per_node`, `cross_node` when a group spans nodes; `source` says where the in-node figure came from,
+    `cross_node_source` the cross-node one (an assumption unless --cross_node_gbps gave it)."""
 
     gpus_per_node: int
     in_node_gbps: float
     cross_node_gbps: float
     source: str
+    cross_node_source: str = ""
 
 
 def links(device: Device | None, node: Node = Node()) -> Links:
     """The in-node link of `device`: half its bidirectional NVLink figure (the speed model counts the bytes one GPU
     sends, and a ring collective sends and receives at once; a ceiling, as the peak is for compute), else its PCIe
-    x16 one way. `device` None (`--device cpu`): CPU_LINK_GBPS for both."""
-    gpus_per_node, cross_node_gbps = node.gpus, node.cross_node_gbps
+    x16 one way; the cross-node link `node`'s, else the device's generation's (`CROSS_NODE_GBPS`). `device` None
+    (`--device cpu`): CPU_LINK_GBPS for both."""
+    gpus_per_node = node.gpus
     if device is None:
-        return Links(gpus_per_node, CPU_LINK_GBPS, CPU_LINK_GBPS, "cpu: no link table, a placeholder figure")
+        return Links(gpus_per_node, CPU_LINK_GBPS, CPU_LINK_GBPS, "cpu: no link table, a placeholder figure",
+                     "cpu: a placeholder figure")
+    if node.cross_node_gbps is not None:
+        cross, said = node.cross_node_gbps, "--cross_node_gbps"
+    else:
+        cross = CROSS_NODE_GBPS[(device.capability or (9, 0))[0]]
+        said = f"assumed for {device.name}'s generation of nodes, one InfiniBand adapter a GPU: --cross_node_gbps"
     if device.nvlink_gbps:
-        return Links(gpus_per_node, device.nvlink_gbps / 2, cross_node_gbps,
-                     f"{device.name} NVLink {device.nvlink_gbps:g} GB/s both directions, one way")
-    return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross_node_gbps,
-                 f"{device.name} PCIe {device.pcie_gen}.0 x16, one way")
+        return Links(gpus_per_node, device.nvlink_gbps / 2, cross,
+                     f"{device.name} NVLink {device.nvlink_gbps:g} GB/s both directions, one way", said)
+    return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross, f"{device.name} PCIe {device.pcie_gen}.0 x16, one way",
+                 said)
 
 
 def capability(name: str | None, reported: tuple[int, int] | None = None) -> tuple[int, int] | None:

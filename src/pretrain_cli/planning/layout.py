@@ -1,8 +1,11 @@
 """How a resolved layout's ranks fall onto nodes: which parallel groups stay inside a node and which cross nodes.
 
-`plan` explains a multi-dimensional layout (tensor × pipeline × data/ZeRO) before any GPU is rented. No rank is
-computed here: the groups of each axis are handed in by the caller (`orchestration.planned.rank_groups`, the run's own
-rank-to-axis rule), so this explanation follows the run's layout wherever that rule goes. No Paddle.
+`plan` explains a multi-dimensional layout (tensor × pipeline × data/ZeRO) before any GPU is rented. The explanation
+computes no rank: the groups of each axis are handed in by the caller (`orchestration.planned.rank_groups`, the run's
+own rank-to-axis rule), so it follows the run's layout wherever that rule goes. One rule does assume the rank order:
+`tp_inside_node`, which the searches ask before any group exists, takes tensor parallelism innermost, as
+`distributed.layout.topology`'s `AXES` (pp, dp, sharding, cp, mp) places it (tests/unit/test_plan_nodes.py checks
+it against that rule). No Paddle.
 """
 from __future__ import annotations
 
@@ -53,9 +56,9 @@ def _explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int) -
 
 
 def tp_inside_node(tp: int, world: int, per_node: int) -> bool:
-    """Whether tensor-parallel groups of `tp` ranks in a world of `world` stay inside nodes of `per_node`: the rank
-    rule puts a tp group on consecutive ranks (`Topology`), so they do where the world is one node or `tp` divides
-    `per_node`. The searches (`fit._splits`, `suggestions.more_devices`) propose only such layouts: tp all-reduces
+    """Whether tensor-parallel groups of `tp` ranks in a world of `world` stay inside nodes of `per_node`, assuming
+    the rank rule's order: tp (fleet's mp) innermost in `Topology`'s `AXES`, so a tp group is consecutive ranks, and
+    the groups stay inside nodes where the world is one node or `tp` divides `per_node`. The searches (`fit._splits`, `suggestions.more_devices`) propose only such layouts: tp all-reduces
     every layer, and over the cross-node link it is never the layout to suggest while another fits."""
     return world <= per_node or per_node % tp == 0
 

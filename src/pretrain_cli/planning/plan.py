@@ -18,7 +18,7 @@ from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
-from pretrain_cli.planning.speed import pipeline_bubble, speed, stage_flops_per_token, stage_traffic
+from pretrain_cli.planning.speed import pipeline_bubble, speed, stage_flops_per_token, stage_traffic, traffic_parts
 from pretrain_cli.run_config import RunConfig
 
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
@@ -208,11 +208,14 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     )
     sp = speed(r)  # the speed `plan --fit` ranks by and times a layout with: one estimate per layout
     slowest, steps = sp["slowest_stage"], max(lp.max_steps, 0)  # the device whose traffic the report shows
-    eta = traffic = None
-    if peak_tflops is not None and r.fits:  # a layout that does not fit cannot start: no time (`format_report`)
+    eta = traffic = logged = None
+    if peak_tflops is not None and r.fits:  # a layout that does not fit cannot start: no time (`planning.eta`)
         eta, traffic = steps * sp["step_seconds"] / 3600, steps * sp["comm_seconds"] / 3600
+        # the step as `train` logs mfu: a step's model FLOPs (no recompute) over the devices' peak for its time
+        logged = run.tokens_per_step * model_fpt / (par.world_size * peak_tflops * 1e12 * sp["step_seconds"])
     return dataclasses.replace(r, traffic_gb_per_step=stages[slowest]["traffic_gb_per_step"], slowest_stage=slowest,
-                               eta_hours=eta, eta_traffic_hours=traffic)
+                               eta_hours=eta, eta_traffic_hours=traffic, logged_mfu=logged,
+                               eta_traffic=traffic_parts(r, sp, steps) if eta is not None else {})
 
 
 def checkpoint_plan(run: RunConfig, model_cfg) -> CheckpointPlan:

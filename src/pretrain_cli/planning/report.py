@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pretrain_cli.counts import count
 from pretrain_cli.planning import hardware, layout
+from pretrain_cli.planning.eta import TRAFFIC_NAMES, eta_lines
 from pretrain_cli.planning.hardware import Links
 
 
@@ -116,6 +117,13 @@ class Plan:
     # the layout does not fit (it cannot start); `eta_traffic_hours`: its part the step's traffic takes
     eta_hours: float | None
     eta_traffic_hours: float | None = None
+    # that time as the mfu `train` logs (model FLOPs, no recompute, over the wall time: traffic and bubble inside it),
+    # None where there is no time; `measured_mfu`: `--measured_mfu`, which then alone gives the ETA (`planning.eta`)
+    logged_mfu: float | None = None
+    measured_mfu: float | None = None
+    # what the ETA's traffic part is (`speed.traffic_parts`): its largest term, that term's hours and link, whether
+    # the link's figure is assumed, how many terms, and the hours DataParallel's reducer overlaps with the backward
+    eta_traffic: dict = dataclasses.field(default_factory=dict)
     notes: tuple = ()
     suggestions: tuple = ()  # JSON-ready dicts: each an argument-file key change and its effect
     traffic_gb_per_step: dict = dataclasses.field(default_factory=dict)
@@ -146,7 +154,7 @@ class Plan:
         return out
 
 
-# traffic term -> the axis whose groups carry it
+# traffic term -> the axis whose groups carry it (its name in the traffic and ETA lines: `eta.TRAFFIC_NAMES`)
 TERM_AXIS = {"tp": "tp", "pp": "pp", "zero3": "data", "cp": "cp", "ep": "ep", "dp": "data"}
 
 
@@ -195,43 +203,15 @@ def _reported_stage(mtp: dict) -> str:
     return "" if seen is None or seen == mtp.get("stage") else f"; the memory below is stage {seen}'s, the fullest"
 
 
-def _cpu_eta(r: Plan) -> str:
-    """What a CPU plan's ETA rests on: the cores' theoretical peak (the one `train` logs its CPU MFU against, unless a
-    peak was given), and the MFU, the fp32 default unless --mfu gave the one `train` logs. No bound either way: a
-    small model's GEMMs reach 0.74-0.82 of that peak on 2 Xeon cores, under half the time the default's ETA says.
-    In minutes too, as a CPU try-out's hours round to 0.00."""
-    tell = "--mfu with the mfu `train` logs, or a few timed steps, tell"
+def cpu_eta_note(r: Plan) -> str:
+    """What a CPU plan's ETA (`planning.eta`) rests on: the cores' theoretical peak (the one `train` logs its CPU MFU
+    against, unless a peak was given), and the MFU, the fp32 default unless --mfu gave one. No bound either way: a
+    small model's GEMMs reach 0.74-0.82 of that peak on 2 Xeon cores, under half the time the default's ETA says."""
+    tell = "--measured_mfu with the mfu `train` logs, or a few timed steps, tell"
     if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):  # (a peak given: --peak_tflops, the file's peak_tflops)
-        return f" ({r.eta_hours * 60:.1f} min); cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
-    return (f" ({r.eta_hours * 60:.1f} min); cpu: an estimate, not a bound: the assumed peak above and MFU "
+        return f"; cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
+    return (f"; cpu: an estimate, not a bound: the assumed peak above and MFU "
             f"{r.mfu:.2f}, an assumption too, can be off either way: {tell}")
-
-
-def eta_line(r: Plan) -> str:
-    """The ETA: the FLOPs with recompute over the peak x MFU (under a pipeline the bubble and the slowest stage),
-    plus the time the step's traffic takes over its links: `speed.speed`'s step, the one `plan --fit`'s time line
-    gives the same layout. No time for a layout that does not fit: it cannot start, as --fit says of such a file."""
-    d, par, f = r.device, r.parallel, r.flops_per_token
-    if not r.fits:
-        return (f"ETA: no time: as written the run does not fit {d.memory_gib:.1f} GiB per device (above), so it "
-                f"cannot start; a suggestion that fits, planned, or --fit gives a layout's time")
-    if r.eta_hours is None:
-        return ("ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
-                "device) or set peak_tflops in the argument file")
-    traffic = r.eta_traffic_hours or 0.0
-    compute = r.eta_hours - traffic
-    flops = r.total_tokens * f.hardware  # f.hardware is f.model without recompute
-    bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
-    even = flops / (r.gpus * d.peak_tflops * 1e12 * r.mfu) / (1 - par.pipeline_bubble) / 3600
-    uneven = compute / even if even else 1.0  # the slowest stage over an average one (`speed.pipeline_seconds`)
-    bubble += f" x slowest stage {uneven:.3f}" if abs(uneven - 1) > 5e-4 else ""
-    text = (f"ETA: {flops:.3g} FLOPs{' with recompute' if r.recompute else ''} / ({r.gpus} x {d.peak_tflops:g} "
-            f"TFLOPS x MFU {r.mfu:.2f}){bubble}")
-    part = (lambda h: f"{h:.2f} h") if r.eta_hours >= 1 else (lambda h: f"{h * 60:.2f} min")  # (a try-out's)
-    text += (f" = {part(compute)} + traffic {part(traffic)} (over the links above) = {r.eta_hours:.2f} h"
-             if traffic > 0 else f" = {r.eta_hours:.2f} h")
-    return (text + (f" ({r.eta_hours / 24:.1f} days)" if r.eta_hours >= 48 else "")  # a long run's, readable
-            + (_cpu_eta(r) if d.name == "cpu" else ""))
 
 
 def format_report(r: Plan) -> str:
@@ -285,11 +265,8 @@ def format_report(r: Plan) -> str:
         ln = d.links
         lines.append(f"links per GPU: in-node {ln.in_node_gbps:g} GB/s ({ln.source}), cross-node "
                      f"{ln.cross_node_gbps:g} GB/s; {count(ln.gpus_per_node, 'GPU')} per node")
-    traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})" for k, name in
-                             (("tp", "TP collectives"), ("pp", "pipeline p2p"), ("zero3", "ZeRO-3 gathers"),
-                              ("cp", "CP K/V gathers"), ("ep", "expert dispatch"),
-                              ("dp", "data-parallel gradients"))
-                             if r.traffic_gb_per_step.get(k))
+    traffic_text = ", ".join(f"{name} {r.traffic_gb_per_step[k]:.3g} GB ({link_name(r, k)})"
+                             for k, name in TRAFFIC_NAMES.items() if r.traffic_gb_per_step.get(k))
     if traffic_text:
         which = f" (stage {r.slowest_stage}, the slowest)" if par.pp > 1 else ""
         lines.append(f"traffic per device per step{which}: {traffic_text}")
@@ -311,7 +288,7 @@ def format_report(r: Plan) -> str:
                  f"{c.disk_gb_per_s_per_rank:g} GB/s per rank (an assumed write rate; nothing is gathered)")
     lines.append(f"peak: {peak_text} per device, from {d.peak_source}" if d.peak_tflops
                  else f"peak: unknown ({d.peak_source})")
-    lines.append(eta_line(r))
+    lines += eta_lines(r, cpu_eta_note(r) if d.name == "cpu" and r.eta_hours is not None else "")
     if r.suggestions:
         lines.append("suggestions (each re-estimated; when no one key fits, first the fewest keys or devices that "
                      "do; then ranked by memory saved):")

@@ -12,8 +12,8 @@ from pretrain_cli.planning import hardware
 from pretrain_cli.planning.experts import dispatch_bytes, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes, mtp_shift_bytes
 from pretrain_cli.planning.memory import Setup, mtp_params, stage_experts
-from pretrain_cli.planning.report import Plan, link_gbps
-from pretrain_cli.run_layout import ParallelConfig
+from pretrain_cli.planning.report import Plan, in_node, link_gbps, link_name
+from pretrain_cli.run_layout import ENGINE_TRAITS, ParallelConfig, engine_for
 
 NOMINAL_TFLOPS = 1.0  # ranks candidates when the device has no known peak (tokens/s is then not shown)
 
@@ -160,26 +160,59 @@ def pipeline_seconds(stages: list[float], micro_batches: int, virtual: int = 1) 
     return slowest + (sum(stages) - slowest) / (virtual * max(micro_batches, 1))
 
 
+def reducer_overlap_seconds(r: Plan, compute_seconds: float) -> float:
+    """The backward time the data-parallel gradients' all-reduce hides behind: where `paddle.DataParallel` runs them
+    (no sharding, tensor, pipeline or expert parallelism: `run_layout`'s engines with its buffers), its reducer
+    all-reduces each bucket as the backward of the step's last micro-batch makes it (the others under `no_sync`),
+    so up to that backward's compute: 1/m of the step's, less its forward (a third of the model FLOPs; recompute's
+    forward is backward time). 0 elsewhere: fleet's ZeRO and the semi-auto engine reduce after the backward, and
+    Paddle 3.3.1's ShardingStage3 gathers each weight as it is used, without prefetch, so no traffic term but this
+    one is taken as overlapped with compute."""
+    par, f = r.parallel, r.flops_per_token
+    engine = engine_for(par.world, par.tp, par.sharding_stage, par.pp, par.cp, par.sequence_parallel)
+    if not ENGINE_TRAITS[engine].dp_buffers or par.sharding_stage or par.ep > 1 or not f.hardware:
+        return 0.0
+    return compute_seconds / max(r.gradient_accumulation_steps, 1) * (1 - f.model / 3 / f.hardware)
+
+
 def speed(r: Plan) -> dict:
     """Predicted seconds per optimizer step and tokens/s (whole run) for one planned layout: each pipeline stage's
     busy time from its own layers (`Plan.stages`: its FLOPs with recompute / (peak × MFU), plus its TP, PP, ZeRO-3,
-    CP and EP traffic, each term over the link its group uses, `report.link_gbps`), the step from the slowest stage
-    and the fill and drain of the others (`pipeline_seconds`), then the data-parallel gradients' exchange once per
-    step (the most any stage sends). `slowest_stage`: the stage that sets the step."""
+    CP and EP traffic, each term over the link its group uses, `report.link_gbps`, none overlapped with compute),
+    the step from the slowest stage and the fill and drain of the others (`pipeline_seconds`), then the data-parallel
+    gradients' exchange once per step (the most any stage sends), less what `paddle.DataParallel` overlaps with the
+    last backward (`reducer_overlap_seconds`). `slowest_stage`: the stage that sets the step; `traffic_seconds`:
+    its traffic terms and the gradients' exposed part, seconds a step (what the ETA line names the largest of)."""
     par, peak = r.parallel, r.device.peak_tflops
     rate = (peak or NOMINAL_TFLOPS) * 1e12 * r.mfu
     compute = [st["tflops_per_step"] * 1e12 / rate for st in r.stages]
-    busy = [c + sum(gb / link_gbps(r, term) for term, gb in st["traffic_gb_per_step"].items() if term != "dp")
-            for c, st in zip(compute, r.stages)]
+    sends = [{term: gb / link_gbps(r, term) for term, gb in st["traffic_gb_per_step"].items() if term != "dp" and gb}
+             for st in r.stages]
+    busy = [c + sum(s.values()) for c, s in zip(compute, sends)]
     m, v = r.gradient_accumulation_steps, par.vpp
-    dp = max(st["traffic_gb_per_step"].get("dp", 0.0) for st in r.stages) / link_gbps(r, "dp")
-    step = pipeline_seconds(busy, m, v) + dp
     flops = pipeline_seconds(compute, m, v)
-    known = peak is not None
+    sent = max(st["traffic_gb_per_step"].get("dp", 0.0) for st in r.stages) / link_gbps(r, "dp")
+    dp = sent - min(sent, reducer_overlap_seconds(r, flops))
+    step = pipeline_seconds(busy, m, v) + dp
+    known, slowest = peak is not None, busy.index(max(busy))
     return {"step_seconds": step if known else None, "compute_seconds": flops if known else None,
             "comm_seconds": step - flops if known else None,
             "tokens_per_sec": r.tokens_per_step / step if known else None,
-            "rank_seconds": step, "slowest_stage": busy.index(max(busy))}
+            "rank_seconds": step, "slowest_stage": slowest, "dp_overlapped_seconds": sent - dp,
+            "traffic_seconds": {**sends[slowest], **({"dp": dp} if dp else {})}}
+
+
+def traffic_parts(r: Plan, sp: dict, steps: int) -> dict:
+    """What the ETA line says of its traffic part (`Plan.eta_traffic`), from `speed`'s `sp` over `steps` steps: the
+    largest term, its hours and link (and whether that figure is an assumption: a cross-node link not given by
+    --cross_node_gbps), how many terms there are, and the hours DataParallel's reducer hides behind the backward."""
+    if not sp["traffic_seconds"]:
+        return {}
+    term, seconds = max(sp["traffic_seconds"].items(), key=lambda kv: kv[1])
+    assumed = not in_node(r, term) and r.device.links.cross_node_source != "--cross_node_gbps"
+    return {"largest": term, "largest_hours": seconds * steps / 3600, "link": link_name(r, term),
+            "link_assumed": assumed, "terms": len(sp["traffic_seconds"]),
+            "overlapped_hours": sp["dp_overlapped_seconds"] * steps / 3600}
 
 
 def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_half: float) -> list[str]:
