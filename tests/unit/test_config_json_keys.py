@@ -122,3 +122,37 @@ def test_deepseek_v3_counts_its_mtp_layer_in_both_lines(tmp_path):
     assert "  experts: 8 routed + 1 shared, 32 wide each, in 1 of 2 layers + the MTP layer, top-2," in text, text
     dense_only = {**_preset("micro-deepseek-v3"), "first_k_dense_replace": 2}  # only the MTP layer holds experts
     assert "in 0 of 2 layers + the MTP layer," in _describe(tmp_path, dense_only)
+
+
+def test_every_key_transformers_base_config_defines_is_accepted():
+    """A Llama config.json with sep_token_id (and no pad_token_id) was refused 'did you mean pad_token_id?': every
+    key transformers' PretrainedConfig itself defines is accepted, the list checked against the installed
+    transformers (its to_dict, and the generation settings it takes off a config on load)."""
+    import transformers
+    from transformers import GenerationConfig
+
+    from pretrain_cli.models.config_checks import PRETRAINED_CONFIG_KEYS
+
+    base = set(transformers.PretrainedConfig().to_dict())
+    generation = set(GenerationConfig._get_default_generation_params())
+    unlisted = (base | generation) - PRETRAINED_CONFIG_KEYS
+    assert base and generation and not unlisted, unlisted
+    llama = {k: v for k, v in _preset("micro-llama").items() if k != "pad_token_id"}
+    ids = {"sep_token_id": 4, "mask_token_id": 5, "cls_token_id": 6, "unk_token_id": 7, "eos_token_ids": [1, 2],
+           "decoder_start_token_id": 0, "forced_bos_token_id": None, "forced_eos_token_id": None}
+    for key, value in ids.items():
+        assert ModelConfig.from_dict({**llama, key: value}).model_type == "llama", key
+    assert ModelConfig.from_dict({**llama, **{k: 0 for k in PRETRAINED_CONFIG_KEYS if k.endswith("_token_id")},
+                                  "max_length": 20, "do_sample": False}).model_type == "llama"
+
+
+def test_deepseek_keys_from_dict_derives_or_paddlenlp_writes_are_accepted():
+    """qk_head_dim (transformers derives and writes it) with no head_dim was refused 'did you mean head_dim?';
+    PaddleNLP's rope_scaling_factor / rope_scaling_type with no routed_scaling_factor (a 0.9 difflib match) too."""
+    ds = {k: v for k, v in DEEPSEEK_V3.items() if k != "routed_scaling_factor"}
+    assert ModelConfig.from_dict({**ds, "qk_head_dim": 192}).qk_head_dim == 192
+    assert ModelConfig.from_dict({**ds, "rope_scaling_factor": 1.0, "rope_scaling_type": None}).model_type
+    no_quant = {k: v for k, v in ds.items() if k != "quantization_config"}
+    assert ModelConfig.from_dict({**no_quant, "qk_head_dim": 192}).model_type == "deepseek_v3"
+    with pytest.raises(UserError, match="did you mean routed_scaling_factor"):  # a real typo is still one
+        ModelConfig.from_dict({**ds, "routed_scaling_facter": 2.5})

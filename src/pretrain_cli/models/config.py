@@ -26,6 +26,10 @@ DEEPSEEK_MOE_KEYS = ("n_shared_experts", "first_k_dense_replace", "n_group", "to
                      "topk_method")
 NOT_DEEPSEEK_KEYS = ("shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
                      "router_aux_loss_coef")
+# what `from_dict` takes from a config.json and keeps out of `extra`: qk_head_dim, transformers derives it under
+# MLA (and writes it); quantization_config, FP8 weights are dequantized on load (`training.weight_source`, block by
+# block), so what this config describes is never FP8
+DERIVED_KEYS = ("dtype", "architectures", "qk_head_dim", "quantization_config")
 
 
 @dataclass
@@ -173,10 +177,7 @@ class ModelConfig:
             d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra", "generation", "defaulted"}
         known = {k: v for k, v in d.items() if k in names}
-        # qk_head_dim: transformers derives it under MLA; quantization_config: FP8 weights are dequantized on load
-        # (`training.weight_source`, block by block), so what this config describes is never FP8
-        derived_keys = ("dtype", "architectures", "qk_head_dim", "quantization_config")
-        extra = {k: v for k, v in d.items() if k not in names and k not in derived_keys}
+        extra = {k: v for k, v in d.items() if k not in names and k not in DERIVED_KEYS}
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)
         try:
@@ -206,7 +207,8 @@ class ModelConfig:
         """A `config.json` that `transformers.AutoConfig` reads back to the same architecture."""
         d = asdict(self)
         extra = d.pop("extra")
-        d.pop("generation"), d.pop("defaulted")
+        d.pop("generation")
+        d.pop("defaulted")
         out = {
             "architectures": [family(self.model_type).architecture],
             **{k: v for k, v in extra.items() if k not in ("architectures", "torch_dtype", "dtype")},
@@ -283,11 +285,13 @@ class ModelConfig:
 @functools.lru_cache(maxsize=None)
 def read_keys(model_type: str) -> frozenset:
     """The config.json keys `model_type`'s config is read from: those a config.json of the family is written with
-    (`to_hf_dict`, the ones every file gets aside), and transformers' other names for them, which `from_dict` takes.
-    A key outside them that is a near miss of one of them is a typo (`config_checks.misspelt_key`)."""
+    (`to_hf_dict`, the ones every file gets aside), transformers' other names for them, and the keys `from_dict`
+    derives or judges (`DERIVED_KEYS`, `layer_types`, `use_sliding_window`). A key outside them that is a near
+    miss of one of them is a typo (`config_checks.misspelt_key`)."""
     written = set(ModelConfig(model_type=model_type).to_hf_dict()) - {"architectures", "torch_dtype", "dtype",
                                                                        "use_cache"}
-    return frozenset(written | {"rope_scaling", "rope_parameters", "torch_dtype", "dtype"}
+    return frozenset(written | {"rope_scaling", "rope_parameters", "torch_dtype", "layer_types", "use_sliding_window"}
+                     | (set(DERIVED_KEYS) - {"architectures"})  # (a list of class names, no setting of the model)
                      | ({"num_experts", "num_local_experts"} if family(model_type).moe else set())
                      | ({"num_mtp_layers"} if "num_nextn_predict_layers" in written else set())
                      | ({"qkv_bias"} if model_type == "qwen2_moe" else set()))
@@ -310,8 +314,10 @@ def past_positions(cfg: ModelConfig, max_seq_length: int, source: str = "max_seq
     dynamic NTK), so the positions past the range are rotated as transformers rotates them; the note says the
     model has not seen those angles, and which scaling they are taken under. `trained`: the length the weights'
     own run trained at (its args.json), which may be past the number its config.json keeps: seen, not noted."""
+    from pretrain_cli.models.generation import context_window
+
     limit = cfg.max_position_embeddings
-    seen = max(limit, trained) if isinstance(trained, int) else limit
+    seen, _ = context_window(limit, trained)
     if not isinstance(max_seq_length, int) or max_seq_length <= seen:
         return None
     sc, scaling = cfg.rope_scaling or {}, ""

@@ -16,15 +16,42 @@ SAME_KEY = (("num_experts", "n_routed_experts", "num_local_experts"), ("num_next
             ("torch_dtype", "dtype"))
 
 
+# every key transformers' PretrainedConfig itself defines, in transformers 4 (its __init__: the generation settings
+# it kept, the tokenizer's ids) and 5 (`PretrainedConfig().to_dict()`), and the special-token ids model configs add:
+# a config.json of any model may carry them, and none is a typo of a key a family reads (`sep_token_id` is no
+# misspelt `pad_token_id`). tests/unit/test_config_json_keys.py checks the list against the installed transformers.
+PRETRAINED_CONFIG_KEYS = frozenset((
+    "_name_or_path", "_commit_hash", "_attn_implementation_autoset", "transformers_version", "model_type",
+    "architectures", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "torch_dtype", "dtype",
+    "use_bfloat16", "tf_legacy_loss", "pruned_heads", "tie_word_embeddings", "chunk_size_feed_forward",
+    "is_encoder_decoder", "is_decoder", "cross_attention_hidden_size", "add_cross_attention", "tie_encoder_decoder",
+    "finetuning_task", "id2label", "label2id", "num_labels", "tokenizer_class", "prefix", "task_specific_params",
+    "problem_type", "gradient_checkpointing", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id",
+    "eos_token_ids", "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id",
+    # the generation settings transformers 4 kept on the config and transformers 5 takes off it on load
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "encoder_repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "epsilon_cutoff", "eta_cutoff", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold", "assistant_lookbehind", "target_lookbehind"))
+# PaddleNLP's own RoPE keys (its LlamaConfig's), which config.json files PaddleNLP saved may carry for any model:
+# `rope_scaling_factor` is no misspelt `routed_scaling_factor`
+PADDLENLP_CONFIG_KEYS = frozenset(("rope_scaling_factor", "rope_scaling_type"))
+
+
 def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:
     """A key the family does not read that is a near miss of one it reads and `d` leaves out: a typo, which would
     leave that key to transformers' default (`num_expert` gave Qwen3-MoE's 128 experts, not the file's 16). HF's
-    config.json files carry many keys not read here (transformers_version, architectures, attention_dropout,
-    DeepSeek's scoring_func ...): only the near misses of a key left out are refused."""
+    config.json files carry many keys not read here (transformers_version, attention_dropout, DeepSeek's
+    scoring_func ...): only the near misses of a key left out are refused, and never a key transformers' or
+    PaddleNLP's base configs define (`PRETRAINED_CONFIG_KEYS`, `PADDLENLP_CONFIG_KEYS`)."""
     present = set(d) | {name for names in SAME_KEY if set(names) & set(d) for name in names}
     missing = sorted(read - present)
+    known = read | PRETRAINED_CONFIG_KEYS | PADDLENLP_CONFIG_KEYS
     for key in d:
-        near = difflib.get_close_matches(key, missing, n=1, cutoff=0.8) if key not in read else []
+        near = difflib.get_close_matches(key, missing, n=1, cutoff=0.8) if key not in known else []
         if near:
             name = next((names[0] for names in SAME_KEY if near[0] in names), near[0])  # the default's name
             default = dict(family(model_type).defaults).get(name)
