@@ -55,8 +55,8 @@ def test_a_layout_that_does_not_fit_gets_no_time():
     assert not r.fits and r.eta_hours is None and r.eta_traffic_hours is None
     line = next(x for x in format_report(r).splitlines() if x.startswith("ETA"))
     assert line == ("ETA: no time: as written the run does not fit 40.0 GiB per device (above), so it cannot start; "
-                    "a suggestion that fits, planned, or --fit (whose layouts keep --margin, 10% by default, free) gives "
-                    "a layout's time")
+                    "a suggestion that fits, planned, or --fit (whose layouts keep --margin, 10% by default, free) "
+                    "gives a layout's time")
     fits = plan(LLAMA3_8B, device="H100", gpus=8)
     assert fits["fits"] and fits["eta_hours"] > 0  # the file where it fits: a time
 

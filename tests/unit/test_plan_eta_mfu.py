@@ -50,7 +50,8 @@ def test_the_predicted_mfu_as_train_logs_it_fed_back_as_measured_gives_the_same_
     assert eta == (f"ETA: {100_000_071_680 * r.flops_per_token.model:.3g} model FLOPs / (8 x 989 TFLOPS x measured "
                    f"mfu {logged:.3f}) = {hours:.2f} h ({hours / 24:.1f} days): train's logged mfu holds the traffic, "
                    f"bubble and recompute, so nothing is added")
-    assert said == f"  the speed model predicts mfu {logged:.3f} as train logs it (MFU 0.40 of the kernels, --mfu, + traffic)"
+    assert said == (f"  the speed model predicts mfu {logged:.3f} as train logs it (MFU 0.40 of the kernels, --mfu, "
+                    "+ traffic)")
 
 
 def test_measured_mfu_is_refused_with_fit_with_mfu_and_out_of_range(capsys):

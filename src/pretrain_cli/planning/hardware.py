@@ -129,8 +129,8 @@ def links(device: Device | None, node: Node = Node()) -> Links:
     if device.nvlink_gbps:
         return Links(gpus_per_node, device.nvlink_gbps / 2, cross,
                      f"{device.name} NVLink {device.nvlink_gbps:g} GB/s both directions, one way", said)
-    return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross, f"{device.name} PCIe {device.pcie_gen}.0 x16, one way",
-                 said)
+    return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross,
+                 f"{device.name} PCIe {device.pcie_gen}.0 x16, one way", said)
 
 
 def capability(name: str | None, reported: tuple[int, int] | None = None) -> tuple[int, int] | None:
