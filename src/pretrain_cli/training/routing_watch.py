@@ -2,17 +2,21 @@
 
 Each log line carries each sparse layer's busiest-expert share of its assignments (`models.moe_loss.log_values`):
 1/experts at balance, 1/top_k when every token's top-k includes the same expert. A layer at `NEAR` x 1/top_k or
-more for `INTERVALS` log intervals in a row, both ending after step `WARMUPS` x warmup_steps, is warned of once in
-the run's process: its layer (as transformers names it, `model.layers.N.mlp`), its share and the two balancing keys
-to try.
-Why not before: a router trained from scratch sends nearly every token to the same experts while the learning rate
-warms up and for a while at its peak, whatever the balancing, and spreads them again. The shipped
-configs/qwen3-moe-tiny_cpu.json (warm-up 20) does in every run: three of its four layers at 0.24-0.25 of 0.25 by step
-10-25, all back under 0.225 by step 70 with `moe_router_bias_update_rate` 0.001 and by step 85 without (logged every
-5 steps); a warning every run of the shipped example gives is one a user learns to ignore. A collapse still there
-after twice the warm-up is warned of, and one that comes later.
-Why two intervals: one interval's share can be a swing the balance loss or the routing bias pulls back by the next,
-and a warning that comes and goes is ignored; two in a row is a collapse that stayed for `2 x logging_steps` steps.
+more in every log line over at least `SUSTAIN_STEPS` steps (and at least `INTERVALS` lines), all of it after the
+grace (`grace`), is warned of once in the run's process: its layer (as transformers names it,
+`model.layers.N.mlp`), its share, for how long, and the two balancing keys to try.
+Why a grace: a router trained from random init sends nearly every token to the same experts while the learning
+rate warms up and for a while at its peak, whatever the balancing, and spreads them again. The shipped
+configs/qwen3-moe-tiny_cpu.json (warm-up 20) does in every run, logged every 5 steps: three of its four layers at
+0.24-0.25 of 0.25 by step 10-25, the last back under 0.225 at step 85 without `moe_router_bias_update_rate` (0.233
+at 80) and at 70 with 0.001; a warning every run of the shipped example gives is one a user learns to ignore. So a
+router from init is judged only after step max(`WARMUPS` x warmup_steps, `GRACE_STEPS`): 100 is past the 85
+measured, and twice the warm-up keeps a longer warm-up's own spread. A router that starts trained
+(continue_training from a MoE model) has no such phase: judged from the first line.
+Why a span of steps, not of log lines: two lines were 10 steps at logging_steps 5 and 40 at 20, so whether a run was
+warned of depended on how often it logged; `SUSTAIN_STEPS` of 20 is a collapse that stayed, whatever the interval
+(a swing the balance loss or the routing bias pulls back lasts a line or two), and `INTERVALS` keeps one long
+interval's single share from being a verdict.
 Why 0.9 of 1/top_k: a share under it is an imbalanced layer still spreading its tokens (0.19 in docs/MOE.md's runs);
 over it nine tokens in ten pick the one expert.
 The count restarts in a resumed process, which warns again of a layer still collapsed: accepted, as that run's log
@@ -23,40 +27,55 @@ only local rank 0's; the `routing_collapse` record is rank 0's alone (the one me
 from __future__ import annotations
 
 NEAR = 0.9  # of 1/top_k
-INTERVALS = 2  # log intervals in a row
-WARMUPS = 2  # intervals ending at or before WARMUPS x warmup_steps are not judged
+SUSTAIN_STEPS = 20  # steps a layer stays near 1/top_k before it is warned of
+INTERVALS = 2  # and at least this many log lines
+WARMUPS = 2  # a router from init: lines before WARMUPS x warmup_steps (or GRACE_STEPS) are not judged
+GRACE_STEPS = 100
 SECTION = 'docs/MOE.md, "The routing-collapse warning"'
 
 
+def grace(warmup_steps: float, from_init: bool) -> float:
+    """The step before which no interval is judged: a router from random init spreads its tokens after an early
+    collapse (the module's docstring); a trained one is judged at once."""
+    return max(WARMUPS * warmup_steps, GRACE_STEPS) if from_init else 0
+
+
 class CollapseWatch:
-    """Counts each sparse layer's log intervals in a row near 1/top_k; `see` returns the layers to warn of now."""
+    """Follows each sparse layer's run of log lines near 1/top_k; `see` returns the layers to warn of now."""
 
     def __init__(self, experts: int, top_k: int, layers: list[int] | None = None, warmup_steps: float = 0,
-                 decoder_layers: int | None = None):
+                 decoder_layers: int | None = None, from_init: bool = True):
         """`layers`: the model's layer index of each sparse layer, in the order the shares come (none: their
         order among the sparse layers, said as such); `decoder_layers`: num_hidden_layers (the layers from it on are
-        the MTP modules')."""
+        the MTP modules'); `from_init`: the router started from random init in this run's lineage (`grace`)."""
         # with as many experts as choices every expert takes 1/top_k: that is balance, not collapse
         self.bar = NEAR / top_k if 0 < top_k < experts else None
         self.experts, self.top_k, self.layers, self.decoder_layers = experts, top_k, layers, decoder_layers
-        self.from_step = WARMUPS * warmup_steps
+        self.from_step = grace(warmup_steps, from_init)
         self.named = True  # the shares' count matched `layers`
-        self.in_a_row: dict[int, int] = {}
+        self.last_step: int | None = None  # the previous line's step: where the interval a line ends began
+        self.near: dict[int, tuple[int, int]] = {}  # layer: (the step its run near 1/top_k began, its lines)
         self.warned: set[int] = set()
 
     def see(self, per_layer: list[float], step: int) -> list[tuple[int, float]]:
-        """(layer, share) of each layer that has just stayed near 1/top_k for `INTERVALS` intervals ending at
-        `step`; the layer is the model's index, or with `layers` unknown or not matching, the sparse layers' count
-        (`name` says which)."""
+        """(layer, share) of each layer that has now stayed near 1/top_k for `SUSTAIN_STEPS` steps and `INTERVALS`
+        lines ending at `step`; the layer is the model's index, or with `layers` unknown or not matching, the sparse
+        layers' count (`name` says which). The first line a process sees began at its own step (its interval's
+        start is not known)."""
+        began = step if self.last_step is None else self.last_step
+        self.last_step = step
         if self.bar is None:
             return []
         self.named = self.layers is not None and len(self.layers) == len(per_layer)
         out = []
         for i, share in enumerate(per_layer):
             layer = self.layers[i] if self.named else i
-            judged = step > self.from_step and share >= self.bar
-            self.in_a_row[layer] = self.in_a_row.get(layer, 0) + 1 if judged else 0
-            if self.in_a_row[layer] >= INTERVALS and layer not in self.warned:
+            if began < self.from_step or share < self.bar:
+                self.near.pop(layer, None)
+                continue
+            since, lines = self.near.get(layer, (began, 0))
+            self.near[layer] = (since, lines + 1)
+            if lines + 1 >= INTERVALS and step - since >= SUSTAIN_STEPS and layer not in self.warned:
                 self.warned.add(layer)
                 out.append((layer, share))
         return out
@@ -72,7 +91,8 @@ class CollapseWatch:
         """The warning's one line: what happened and what to try, by the balancing in effect."""
         bias = (f"raise moe_router_bias_update_rate (now {bias_rate:g})" if bias_rate else
                 "set moe_router_bias_update_rate 0.001")
+        since, lines = self.near.get(layer, (step, 0))
         return (f"step {step}: {self.name(layer)} routes nearly every token to one expert: its busiest expert's "
-                f"share {share:.4f} for {INTERVALS} log intervals in a row (1/top_k = {1 / self.top_k:.4g}, "
-                f"balanced {1 / self.experts:.4g}); {bias}, or a larger router_aux_loss_coef (now {aux_coef:g}); "
-                f"{SECTION}")
+                f"share {share:.4f}, at {NEAR:g} x 1/top_k or more since step {since} ({lines} log lines; 1/top_k = "
+                f"{1 / self.top_k:.4g}, balanced {1 / self.experts:.4g}); {bias}, or a larger router_aux_loss_coef "
+                f"(now {aux_coef:g}); {SECTION}")

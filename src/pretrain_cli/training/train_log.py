@@ -3,8 +3,8 @@ and metrics.jsonl's records (`_record`, `record_event`), the routing-collapse wa
 (`training.routing_watch`), the one-time layout report and rank 0's progress bar.
 
 A mixin of `trainer.Trainer`, apart from the loop so the loop reads as its stop conditions and bookkeeping: it
-uses the trainer's `state`, `loop`, `schedule`, `parallel`, `device`, `comm`, `layout` and its collaborators
-`writer` and `throughput`, and changes nothing of the state but the log-interval losses and the history.
+uses the trainer's `state`, `loop`, `schedule`, `parallel`, `device`, `comm`, `layout`, `continued` and its
+collaborators `writer` and `throughput`, and changes nothing of the state but the log-interval losses and the history.
 """
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ class TrainLog:
         if watch is None:
             cfg = model.config
             watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers,
-                                                         self.schedule.warmup_steps, cfg.num_hidden_layers)
+                                                         self.schedule.warmup_steps, cfg.num_hidden_layers,
+                                                         from_init=not self.continued)
         for layer, share in watch.see(per_layer, self.state.global_step):
             rate, coef = float(model.moe.bias_update_rate or 0.0), router_terms(model).aux_coef
             log.warning(watch.message(self.state.global_step, layer, share, rate, coef))

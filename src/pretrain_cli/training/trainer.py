@@ -46,6 +46,7 @@ class Trainer(TrainLog):
         self.splits, self.comm = splits, comm
         self.loop, self.schedule = run.loop, run.schedule
         self.seq_len, self.parallel, self.device = run.data.max_seq_length, run.parallel, run.device
+        self.continued = run.model.continue_training  # weights (a MoE's router too) trained before this run's lineage
         c = collaborators or Collaborators()
         self.writer, self.throughput, self.saver, self.rebuild = c.writer, c.throughput, c.saver, c.rebuild
         self.spike = (SpikePolicy(run.spike, run.loop.nan_skip_limit, self.global_batch)
