@@ -162,4 +162,16 @@ def test_each_ranks_log_start_is_left_for_launch_sh(tmp_path, monkeypatch):
     finally:
         rank.terminate()
     assert (tmp_path / "start.workerlog.0").read_text() == str(len("error: the last launch's\n"))
-    assert rank_log.since(tmp_path, log) == ["error: this one", ""]
+    assert rank_log.since(tmp_path, log) == ["error: this one"]
+
+
+def test_the_held_tail_of_another_rank_is_this_launchs_part_only(tmp_path, capsys):
+    """Paddle's `Container.tail` clamps its 3000 bytes to `_log_start_offset`; the held one (no rank record) too: an
+    earlier launch's lines are not printed as this one's."""
+    log = tmp_path / "workerlog.1"
+    log.write_text("an earlier launch's end\nthis launch\n")
+    begin = len("an earlier launch's end\n")
+    failure_report._tail(types.SimpleNamespace(_out=str(log), _log_start_offset=begin), 3000)
+    assert capsys.readouterr().out == "this launch\n"
+    failure_report._tail(types.SimpleNamespace(_out=str(log), _log_start_offset=0), 7)
+    assert capsys.readouterr().out == "launch\n"  # (the last `length` bytes, as Paddle's)

@@ -128,11 +128,11 @@ def test_a_crashed_rank_is_followed_by_the_end_of_its_traceback_or_stack(tmp_pat
 
 
 def test_a_sigkill_of_our_own_is_said_as_ours_not_the_oom_killers(tmp_path, monkeypatch):
-    """`job.killed_here`, left by the launcher's kill after STOP_TIMEOUT (and a rank's own once its launcher is
-    gone): the rank's handler never ran (stuck in a native call), so its line has no `into its stop`."""
+    """`job.killed_here`, left by a rank's own kill once its launcher is gone (and the launcher's after STOP_TIMEOUT:
+    test_job_kills): the rank's handler never ran (stuck in a native call), so its line has no `into its stop`."""
     died = "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
     d = _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": died, "time": 1.0, "local": "1"})
     monkeypatch.setenv(job.VERDICTS_ENV, str(d))
-    job.killed_here(1, "by the launcher, 3 s into the stop (STOP_TIMEOUT)")
-    assert job.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by the "
-                            "launcher, 3 s into the stop (STOP_TIMEOUT)); the other ranks stop too.")
+    job.killed_here(1, "by itself, 900 s after its launcher died", 7)
+    assert job.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by "
+                            "itself, 900 s after its launcher died); the other ranks stop too.")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from pretrain_cli.distributed.launcher import job, stopping
@@ -20,6 +21,7 @@ class _Rank:
 
     def __init__(self, rank: int, ends: bool):
         self.env, self.ends, self.signals = {"PADDLE_TRAINER_ID": str(rank)}, ends, []
+        self._proc = types.SimpleNamespace(_proc=types.SimpleNamespace(pid=7))  # (ProcessContext's Popen)
 
     def terminate(self, force=False):
         self.signals.append("KILL" if force else "TERM")
@@ -28,9 +30,10 @@ class _Rank:
         return self.ends
 
 
-def _cause(directory: Path, rank: int) -> str:
+def _cause(directory: Path, rank: int, pid: int = 7) -> str:
     (directory / f"rank-{rank}.json").write_text(json.dumps(
-        {"rank": rank, "exit": 137, "kind": "died", "line": DIED.format(rank), "time": 1.0, "local": str(rank)}))
+        {"rank": rank, "exit": 137, "kind": "died", "line": DIED.format(rank).replace("pid 7", f"pid {pid}"),
+         "time": 1.0, "local": str(rank)}))
     return job.cause(directory)
 
 
@@ -41,16 +44,22 @@ def test_the_launchers_kill_after_stop_timeout_is_said_as_its_own(tmp_path, monk
     assert [r.signals for r in ranks] == [["TERM", "KILL"], ["TERM", "KILL"]]
     assert "had not finished their stop 3 s after the signal" in capsys.readouterr().err
     assert not (tmp_path / "killed-0").exists()  # (it ended within the stop: a later death is not ours)
-    assert _cause(tmp_path, 1) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by "
-                                   "the launcher, 3 s into the stop (STOP_TIMEOUT)); the other ranks stop too.")
+    # said once: the launcher's line has said the stop and what to do (no `ended the job`, no MAX_RESTART advice)
+    assert _cause(tmp_path, 1) == ("launch.sh: rank 1 (pid 7 on h) died: killed by SIGKILL (by the launcher, 3 s into "
+                                   "the stop (STOP_TIMEOUT)).")
+    assert job.OOM in _cause(tmp_path, 1, pid=8)  # a mark for another process of rank 1 (an earlier launch's): not it
     (tmp_path / "rank-1.json").unlink()
     assert job.OOM in _cause(tmp_path, 0)  # no mark: the OOM killer, most likely
 
 
 def test_a_ranks_own_kill_after_its_launchers_death_is_said_as_its_own(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SRC), "PADDLE_TRAINER_ID": "1", job.VERDICTS_ENV: str(tmp_path)}
-    p = subprocess.run([sys.executable, "-c", "from pretrain_cli.distributed.launcher import launch\n"
-                        "launch._end_now(900)"], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == -signal.SIGKILL and "it ends itself now (SIGKILL)" in p.stderr, p.stderr
-    assert "(by itself, 900 s after its launcher died)" in _cause(tmp_path, 1)
-    assert "OOM" not in _cause(tmp_path, 1)
+    p = subprocess.Popen([sys.executable, "-c", "from pretrain_cli.distributed.launcher import launch\n"
+                          "launch._end_now(900)"], env=env, stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL and "it ends itself now (SIGKILL)" in err, err
+    said = _cause(tmp_path, 1, pid=p.pid)
+    assert "ended the job: rank 1" in said and "(by itself, 900 s after its launcher died)" in said, said
+    assert "OOM" not in said
+    # the mark names the rank's process: the next launch's rank 1 (another pid) killed by the OOM killer is said so
+    assert job.OOM in _cause(tmp_path, 1, pid=p.pid + 1)

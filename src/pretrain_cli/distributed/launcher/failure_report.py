@@ -28,16 +28,17 @@ from pretrain_cli.distributed.launcher import job, rank_log
 
 FAILED = "Container failed"  # the start of the launcher's ERROR record of a failed rank (controllers/controller.py)
 # the lines that say how the job ended, which launch.sh says once on stderr: the CLI's one-line errors, and the rank
-# watchers' verdicts (`watcher.Watcher._line`, `departure.follow`), for this rank or another
-ENDING = re.compile(r"error: |\[pretrain-cli\] (rank \d+: )?rank \d+ \(pid \d+ on [^)]*\) (died|left with an error|"
-                    r"made no progress|was aborted by the collective library|stopped \()")
+# watchers' verdicts (`rank_log.VERDICT`), for this rank or another
+ENDING = re.compile(r"error: |" + rank_log.VERDICT.pattern)
 
 
 class _Console:
     """The launcher's copy of rank 0 onto stdout, without the lines of `ENDING` and the blank lines before them (a
     watcher sets its verdict apart so; those left out are kept in `dropped`, the last `KEPT`); a line is judged whole
-    (a part read before its writer finished it waits for its end). Lines end at "\n" only, as Paddle's readline ends
-    them (`str.splitlines` would also end one at \x0c, \x1c-\x1e, \x85, \u2028, \u2029: its parts judged apart)."""
+    (a part read before its writer finished it waits for its end). Paddle reads the log in text mode with universal
+    newlines, so "\r\n" and a lone "\r" reach `write` as "\n" already: lines end at "\n" only here
+    (`str.splitlines` would also end one at \x0c, \x1c-\x1e, \x85, \u2028, \u2029, which Paddle's readline does not:
+    its parts judged apart)."""
 
     KEPT = 20
 
@@ -156,11 +157,9 @@ def _copy_rest(rank, console: _Console) -> None:
 
 
 def _tail(rank, length: int) -> None:
-    """Paddle's `Container.tail`: the last `length` bytes of the failed rank's log onto stdout (read from the file:
-    the launcher closed its own handle when it stopped the ranks)."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        with open(rank._out, "rb") as log:
-            log.seek(0, 2)
-            log.seek(max(log.tell() - length, 0))
-            sys.stdout.write(log.read().decode(errors="replace"))
+    """Paddle's `Container.tail`: the last `length` bytes of the failed rank's log onto stdout, this launch's only (as
+    Paddle clamps it to `_log_start_offset`); read from the file: the launcher closed its own handle when it stopped
+    the ranks."""
+    begin = getattr(rank, "_log_start_offset", None) or 0
+    sys.stdout.write("".join(rank_log.read(getattr(rank, "_out", None), begin, length, whole=False)))
     sys.stdout.flush()

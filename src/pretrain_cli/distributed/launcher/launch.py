@@ -79,7 +79,7 @@ def end_with_launcher() -> None:
     if pid.isdigit() and not processes.alive(int(pid), started or None):
         from pretrain_cli.distributed.launcher import job
 
-        job.killed_here(rank(), "by itself: its launcher had died before it started")
+        job.killed_here(rank(), "by itself: its launcher had died before it started", os.getpid())
         os.kill(os.getpid(), signal.SIGKILL)
     _TIED[:] = [os.getppid(), deadline_seconds()]
     # the thread lives as long as the rank and only waits, so it takes no process-directed stop signal (it inherits
@@ -146,15 +146,17 @@ def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> No
 
 def _end_now(seconds: float) -> None:
     """SIGKILL this rank, one line first in its log: its watcher names the SIGKILL, but as the launcher's limit or a
-    scheduler's (`stopping.killed`), while here the launcher is gone and the rank ended itself; marked so for
-    launch.sh's line too (`job.killed_here`), which would otherwise suggest the OOM killer."""
+    scheduler's (`stopping.killed`), while here the launcher is gone and the rank ended itself. Marked so for
+    launch.sh's line too (`job.killed_here`, with this pid), which would otherwise suggest the OOM killer; launch.sh
+    reads it only while it still waits for this launch's records (a limit under `job.wait_for_watchers`' 15 s): by
+    then it has usually said its line and ended or started the next launch, and the line in the log is what says it."""
     import contextlib
     import signal
 
     from pretrain_cli.distributed.launcher import job
 
     rank = os.environ.get("PADDLE_TRAINER_ID", "?").strip()
-    job.killed_here(rank, f"by itself, {seconds:.0f} s after its launcher died")  # (for launch.sh's line, not OOM)
+    job.killed_here(rank, f"by itself, {seconds:.0f} s after its launcher died", os.getpid())  # (not OOM)
     with contextlib.suppress(OSError):  # (its watcher's pipe may be gone)
         os.write(2, (f"\n[pretrain-cli] rank {rank}: its launcher died {seconds:.0f} s ago and this rank has not ended "
                      f"since (stuck in a collective, a peer gone, or a save longer than that): it ends itself now "

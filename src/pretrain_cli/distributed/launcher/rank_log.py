@@ -1,28 +1,40 @@
-"""What launch.sh's console quotes from a rank's workerlog.N: only what this launch wrote there.
+"""What launch.sh's console quotes from a rank's workerlog.N: only what this launch wrote there, read from its end.
 
 Why this launch only: Paddle's launcher appends to workerlog.N (launch.sh passes no `--log_overwrite`), so after a
 restart, or a second launch into the same output_dir, the log holds the earlier launches' ends too, and the console
 said their `error:` lines again beside this one's. The launcher's `Container.start` notes the log's size as the rank
 starts (its `_log_start_offset`); `failure_report` leaves that in launch.sh's verdict directory (`mark`, `start.<log>`,
-removed by launch.sh before each launch), and `since` reads the log from there.
+removed by launch.sh before each launch), and `read` starts there. Why from its end, at most `WINDOW` bytes: a
+failure's account is at the end, and the host may have just run out of memory (a 100 MB log read whole and split
+took 0.5 s and 251 MB).
 
-What is quoted (`job.cause`): every `error:` line the rank said (`errors`: check reports every problem at once, its
+What is quoted (`job.cause`): the `error:` lines the rank said (`errors`: check reports every problem at once, its
 record holds the first), and for a rank that crashed the end of its Python traceback or of Python's fatal-error stack
 (`crash`), at most `LIMIT` lines: the console says what broke and where, the full log the rest.
 """
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-LIMIT = 20  # the most lines of a crash the console quotes
-# what starts a crash's account in a rank's log: an uncaught exception's traceback, a fatal signal's stack
-# (Python's faulthandler, on for every rank: `runtime.import_paddle`)
-TRACEBACK, FATAL = "Traceback (most recent call last):", "Fatal Python error: "
+LIMIT = 20  # the most lines of a crash, or `error:` lines, the console quotes
+WINDOW = 1 << 20  # the most bytes of a log's end read for it
+PREFIX = "[pretrain-cli] "  # what starts the lines of the ranks' watchers (and the records' lines)
+# a rank watcher's verdict on a rank (`watcher.Watcher._line`, `departure.follow`), for this rank or another
+VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^)]*\) (died|left with an error|"
+                     r"made no progress|was aborted by the collective library|stopped \()")
+# what starts a crash's account in a rank's log: an uncaught exception's traceback (an ExceptionGroup's, indented),
+# a fatal signal's stack (Python's faulthandler, on for every rank: `runtime.import_paddle`)
+TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):"
+FATAL = "Fatal Python error: "
+CHAINED = {"The above exception was the direct cause of the following exception:": "the direct cause",
+           "During handling of the above exception, another exception occurred:": "raised while handling"}
 STACK = re.compile(r"(Current thread 0x[0-9a-f]+|Stack) \(most recent call first\):")
 CARETS = re.compile(r"\s*[\^~]+\s*")  # Python 3.11's markers under a traceback's line: emphasis only
-OWN_END = "[pretrain-cli] rank "  # the rank's watcher's line after its end (`watcher.Watcher._line`)
 
 
 def mark(directory, log, offset: int) -> None:
@@ -31,48 +43,100 @@ def mark(directory, log, offset: int) -> None:
         (Path(directory) / f"start.{Path(log).name}").write_text(str(int(offset)))
 
 
-def since(directory, log) -> list[str]:
-    """The lines of `log` from this launch's start (`mark`; the whole log when none was left), [] when it cannot be
-    read. Split at "\\n" only, as the log's writers and Paddle's readline split it."""
-    start = 0
+def start(directory, log) -> int:
+    """Where this launch's part of `log` begins (`mark`), 0 when no mark was left."""
     with contextlib.suppress(OSError, ValueError, TypeError):
-        start = int((Path(directory) / f"start.{Path(log).name}").read_text())
+        return max(int((Path(directory) / f"start.{Path(log).name}").read_text()), 0)
+    return 0
+
+
+def read(log, begin: int = 0, length: int = WINDOW, whole: bool = True) -> Iterator[str]:
+    """The lines of `log` (each with its "\\n", but maybe the last) from byte `begin`, at most its last `length` bytes;
+    `whole`: without the part of a line the window cut. A log now shorter than `begin` (cut or rotated since) is read
+    from its beginning. Lines end as Paddle reads them (text mode, universal newlines: "\\n", "\\r\\n" or a lone
+    "\\r"); bytes that are not UTF-8 are replaced. Nothing when it cannot be read."""
     try:
-        with open(log, "rb") as text:
-            text.seek(start)
-            return [x.removesuffix("\r") for x in text.read().decode(errors="replace").split("\n")]
+        raw = open(log, "rb")
     except (OSError, ValueError, TypeError):
+        return
+    with raw, contextlib.suppress(OSError, ValueError):
+        size = os.fstat(raw.fileno()).st_size
+        begin = 0 if begin > size else begin
+        at = max(begin, size - length)
+        raw.seek(at)
+        lines = io.TextIOWrapper(raw, errors="replace", newline=None)
+        if whole and at > begin:
+            next(lines, None)
+        yield from lines
+
+
+def since(directory, log) -> list[str]:
+    """This launch's lines of `log` (from `start`; at most its last `WINDOW` bytes), without their line ends."""
+    return [x.removesuffix("\n") for x in read(log, start(directory, log))]
+
+
+def errors(lines: Iterable[str], line: str) -> list[str]:
+    """The `error:` lines among `lines`, in order, once each, the first `LIMIT` of them (and a line saying how many
+    more the log holds); `error: <line>` (the rank's record) alone when they do not hold it."""
+    said, seen = [], set()
+    for x in lines:
+        x = x.removesuffix("\n")
+        if x.startswith("error: ") and x not in seen:
+            seen.add(x)
+            if len(said) < LIMIT:
+                said.append(x)
+    if f"error: {line}" not in seen:
+        return [f"error: {line}"]
+    more = len(seen) - len(said)
+    return said + ([f"… ({more} more error: lines in its full log)"] if more else [])
+
+
+def crash(lines: list[str], fatal: bool = False) -> list[str]:
+    """The end of the last crash in `lines`, at most `LIMIT` lines, [] when there is none. An uncaught exception
+    (`fatal` False): its traceback's last lines, ending with the exception (the line it was raised from above it),
+    after a line naming the exception it was chained to, if any. A fatal signal: Python's `Fatal Python error` line
+    (with the C++ `terminate called` / `what():` lines before it, gloo's abort) and the crashed thread's innermost
+    frames. Each kind looks for its own start only: an exception whose interpreter then crashed at exit is its
+    traceback, a signal's death its stack, not whatever came last."""
+    starts = (FATAL,) if fatal else (TRACEBACK, GROUP)
+    at = max((n for n, x in enumerate(lines) if x.startswith(starts)), default=None)
+    if at is None:
         return []
+    return _fatal(lines, at) if fatal else _traceback(lines, at)
 
 
-def errors(lines: list[str], line: str) -> list[str]:
-    """The `error:` lines among `lines`, in order, once each; `error: <line>` (the rank's record) alone when they do
-    not hold it."""
-    said = list(dict.fromkeys(x for x in lines if x.startswith("error: ")))
-    return said if f"error: {line}" in said else [f"error: {line}"]
-
-
-def crash(lines: list[str]) -> list[str]:
-    """The end of the last crash in `lines`, at most `LIMIT` lines, [] when there is none. An uncaught exception: its
-    traceback's last lines, ending with the exception (the line it was raised from above it); a fatal signal: Python's
-    `Fatal Python error` line (with the C++ `terminate called` / `what():` lines before it, gloo's abort) and the
-    crashed thread's innermost frames."""
-    start = max((n for n, x in enumerate(lines) if x.startswith((TRACEBACK, FATAL))), default=None)
-    if start is None:
-        return []
-    end = next((n for n in range(start, len(lines)) if lines[n].startswith(OWN_END)), len(lines))
-    block = [x for x in lines[start:end] if not CARETS.fullmatch(x)]
+def _traceback(lines: list[str], at: int) -> list[str]:
+    group = lines[at].startswith(GROUP)
+    end = next((n for n in range(at + 1, len(lines)) if lines[n][:1] not in ("", " ")), len(lines))
+    # (a traceback ends at its exception, the first line after the frames not indented; a group's is indented)
+    block = [x for x in lines[at:end if group else end + 1] if not CARETS.fullmatch(x)]
     while block and not block[-1].strip():
         block.pop()
-    if lines[start].startswith(TRACEBACK):
-        if len(block) <= LIMIT:
-            return block
-        tail = block[-(LIMIT - 2):]
-        if tail[0].startswith("    "):  # (a frame's source line: from its `File` line on)
-            tail = tail[1:]
-        return [block[0], f"  … ({len(block) - 1 - len(tail)} lines more in its full log)", *tail]
-    head = [x for x in lines[max(start - 2, 0):start] if x.startswith(("terminate called", "  what():"))]
-    head.append(lines[start])
+    head = [block[0], *_chained(lines, at)]
+    if len(block) + len(head) - 1 <= LIMIT:
+        return [*head[1:], *block] if len(head) > 1 else block
+    tail = block[-(LIMIT - 1 - len(head)):]
+    if tail[0].startswith("    ") and not group:  # (a frame's source line: from its `File` line on)
+        tail = tail[1:]
+    return [*head[1:], block[0], f"  … ({len(block) - 1 - len(tail)} lines more in its full log)", *tail]
+
+
+def _chained(lines: list[str], at: int) -> list[str]:
+    """One line naming the exception the one at `at` was chained to (its traceback above it), or []."""
+    n = at - 1
+    while n >= 0 and not lines[n].strip():
+        n -= 1
+    if n < 0 or lines[n] not in CHAINED:
+        return []
+    earlier = next((x for x in reversed(lines[:n]) if x.strip() and x[:1] != " "), None)
+    return [f"({CHAINED[lines[n]]}: {earlier})"] if earlier else []
+
+
+def _fatal(lines: list[str], at: int) -> list[str]:
+    end = next((n for n in range(at, len(lines)) if VERDICT.match(lines[n])), len(lines))
+    block = lines[at:end]
+    head = [x for x in lines[max(at - 2, 0):at] if x.startswith(("terminate called", "  what():"))]
+    head.append(lines[at])
     frames = next((n for n, x in enumerate(block) if STACK.match(x)), None)
     if frames is None:  # (no stack: what follows the fatal line up to its first blank)
         rest = block[1:block.index("", 1)] if "" in block[1:] else block[1:]

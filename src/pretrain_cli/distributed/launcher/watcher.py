@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import departure, progress
+from pretrain_cli.distributed.launcher import departure, progress, rank_log
 from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 
 POLL = 0.05
@@ -352,15 +352,15 @@ class Watcher:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
-            return (f"\n[pretrain-cli] {lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
+            return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
                     f"resume from the newest complete checkpoint-N.\n")
         usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
         if self.me in causes or own:
             todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
                     "MAX_RESTART) to resume from the newest complete checkpoint-N")
-            return f"\n[pretrain-cli] {named}; the other ranks stop too. {todo}.\n"
+            return f"\n{rank_log.PREFIX}{named}; the other ranks stop too. {todo}.\n"
         todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
-        return f"\n[pretrain-cli] rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
+        return f"\n{rank_log.PREFIX}rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
     read_held = staticmethod(read_held)  # (for `departure.follow`, which cannot import this module: a circle)
 
