@@ -192,6 +192,29 @@ def test_continuing_a_run_that_trained_past_the_range_notes_only_what_it_has_not
                                                        "trained on: positions 96-127 take")]
 
 
+def test_a_run_records_the_longest_length_its_weights_trained_at(tmp_path):
+    """A run trained at 96 then continued at 32 recorded 32 (its own max_seq_length), and eval of the second run's
+    model noted positions 32-95 as unseen: args.json's trained_length carries the longest forward, and an older
+    args.json without it is read by its run's max_seq_length, or before `run` its arguments'."""
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    _, pretrained = _paddlenlp_qwen3(tmp_path / "pretrained")
+    (pretrained / "args.json").write_text(json.dumps({"arguments": {"max_seq_length": 96},
+                                                      "run": {"data": {"max_seq_length": 96}}}))
+    assert CheckpointDir(pretrained).trained_length == 96  # (from before trained_length: its run's)
+    spec = prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "32"], Target())
+    record = spec.record()
+    assert record["trained_length"] == 96 and record["run"]["data"]["max_seq_length"] == 32
+    (pretrained / "args.json").write_text(json.dumps(record))  # that run's record, continued again at 16
+    assert CheckpointDir(pretrained).trained_length == 96
+    assert prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "16"], Target()).record()[
+        "trained_length"] == 96
+    assert prepare(_args(tmp_path, str(pretrained)), ["--max_seq_length", "128"], Target()).record()[
+        "trained_length"] == 128
+    (pretrained / "args.json").write_text(json.dumps({"arguments": {"max_seq_length": 48}}))  # before `run`
+    assert CheckpointDir(pretrained).trained_length == 48
+
+
 def test_check_reads_the_weights_without_the_fused_cpu_kernels(tmp_path, capsys, monkeypatch):
     """Names and shapes do not depend on the kernels: `check` builds its model with reference ones, where the
     run's default would compile the fused CPU kernels (~40 CPU-s on a first check) or warn without a compiler."""

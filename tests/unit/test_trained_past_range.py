@@ -125,7 +125,7 @@ def test_generate_slides_its_window_at_the_length_its_run_trained_on(run, capsys
     assert "max_position_embeddings (16) from" not in out.err
     assert said == [
         f"note: prompt + generated tokens exceeded the {TRAINED} tokens its run trained on (args.json's "
-        f"max_seq_length; config.json keeps max_position_embeddings {LIMIT}) from generated token {first} of "
+        f"trained_length; config.json keeps max_position_embeddings {LIMIT}) from generated token {first} of "
         f"{len(ref)} on: from there the model saw only the last {TRAINED} tokens, a window that slid on with every "
         f"generated token"]
     assert generation.context_window(LIMIT, TRAINED)[0] == TRAINED
@@ -140,5 +140,5 @@ def test_generate_on_a_prompt_past_the_runs_length_names_it(run, capsys):
     assert n > TRAINED
     assert main(["generate", "--model", str(d), "--prompt", prompt, "--max_new_tokens", "1"]) == 0
     assert (f"note: --prompt is {n} tokens, more than the {TRAINED} tokens its run trained on (args.json's "
-            f"max_seq_length; config.json keeps max_position_embeddings {LIMIT}): it saw only the last {TRAINED} "
+            f"trained_length; config.json keeps max_position_embeddings {LIMIT}): it saw only the last {TRAINED} "
             f"(the first {n - TRAINED} were dropped)") in capsys.readouterr().err

@@ -86,11 +86,22 @@ class RunSpec:
         """What args.json holds: the arguments as the run takes them (`arguments`, with the keys a resume set: the
         accumulation that kept the global batch on another number of processes), as the user set them
         (`user_arguments`: what the next resume compares its own with, so that it tells a batch key the user
-        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved."""
+        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved; and the
+        longest length its weights have trained at (`trained_length`)."""
         from pretrain_cli import __version__
 
         return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
-                "run": self.run.to_dict(), "notes": list(self.run.notes)}
+                "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length()}
+
+    def trained_length(self) -> int:
+        """This run's max_seq_length, or the longer one the weights it starts from were trained at (the checkpoint it
+        resumes, the run directory it continues: `CheckpointDir.trained_length`): a run trained at 96 then continued
+        at 32 has trained its weights on positions up to 96, which eval and generate read beside config.json."""
+        from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+        starts = (self.resume, self.model_dir if self.run.model.continue_training else None)
+        before = [CheckpointDir(p).trained_length for p in starts if p is not None]
+        return max([self.run.data.max_seq_length, *(n for n in before if n is not None)])
 
     def fingerprint(self) -> dict:
         """What every rank of a run must agree on (`training.same_run`): the arguments as the user set them, before

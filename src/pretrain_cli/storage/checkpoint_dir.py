@@ -86,11 +86,20 @@ class CheckpointDir:
 
     @property
     def trained_length(self) -> int | None:
-        """The max_seq_length the run that wrote this directory trained at (its args.json), None for a directory no
-        run of ours wrote: a run continued past config.json's max_position_embeddings keeps that number there
-        (`models.config.past_positions`), so the positions its weights were trained on are recorded here alone."""
-        length = self.run("data", "max_seq_length") if self.record is not None else None
-        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+        """The longest max_seq_length the weights in this directory were trained at, over the runs that led to them
+        (args.json's `trained_length`, which each run carries forward from the checkpoint it resumed or continued
+        from: `orchestration.prepare.RunSpec.trained_length`), None for a directory no run of ours wrote. A run
+        continued past config.json's max_position_embeddings keeps that number there (`models.config.past_positions`),
+        so the positions its weights were trained on are recorded here alone. An args.json from before the key: its
+        run's max_seq_length (`run`), or before that its `arguments`'."""
+        a = self.args
+        if a is None or not isinstance(a.get("arguments"), dict):
+            return None
+        for length in (a.get("trained_length"), self.run("data", "max_seq_length"),
+                       a["arguments"].get("max_seq_length")):
+            if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                return length
+        return None
 
     def run(self, *keys):
         """`args.json`'s resolved run at `keys` (`run("loop", "micro_batch")`), or None where it does not say."""
