@@ -46,3 +46,18 @@ def test_many_epochs_are_a_warning_saying_what_to_change(tmp_path, capsys):
                       "input_dir more data, or lower max_steps (159 steps read it 4.00 times)"], out
     assert out[-1].startswith("check: OK")
     assert not [line for line in _check(tmp_path, capsys, 159) if line.startswith("warning: data:")]  # 4 epochs
+
+
+def test_a_resumed_run_past_the_step_is_not_told_to_lower_max_steps_to_it(tmp_path, capsys):
+    """A run resumed at step 200 was told 'lower max_steps (159 steps read it 4.00 times)': 159 is behind it."""
+    from dataclasses import replace
+
+    from pretrain_cli.commands.check import repetition_warning
+    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.run_config import Target
+
+    _check(tmp_path, capsys, 400)
+    spec = prepare(str(tmp_path / "args.json"), [], Target())
+    past, before = (repetition_warning(replace(spec, resumed_at=at)) for at in ((200, 800), (100, 400)))
+    assert len(past) == 1 and past[0].endswith("; give input_dir more data"), past
+    assert before[0].endswith("or lower max_steps (159 steps read it 4.00 times)"), before

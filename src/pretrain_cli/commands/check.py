@@ -111,13 +111,14 @@ MANY_EPOCHS = 4
 def repetition_warning(spec) -> list[str]:
     """A warning per source the run reads more than `MANY_EPOCHS` times (the data line's epochs, which said 501.96 in
     a clause of the data line only), with what to change: more data, or the largest max_steps that reads it at most
-    `MANY_EPOCHS` times."""
+    `MANY_EPOCHS` times, unless a resumed run is past that step already."""
     from pretrain_cli.counts import count
     from pretrain_cli.data import source_name
 
     if spec.splits is None or not spec.run.loop.do_train:
         return []
     samples, batch, out = spec.train_samples(), spec.run.global_batch_size, []
+    at = (spec.resumed_at or (0, 0))[0]  # the step a resume starts at: a max_steps below it trains nothing
     total = sum(s["weight"] for s in spec.splits.sources)
     for s in spec.splits.sources:
         train, share = s["splits"].get("train"), s["weight"] / total
@@ -125,7 +126,7 @@ def repetition_warning(spec) -> list[str]:
             continue
         steps = int(MANY_EPOCHS * train.samples_per_epoch / share) // batch
         fewer = (f", or lower max_steps ({count(steps, 'step')} read it {train.epochs_for(steps * batch * share):.2f} "
-                 f"times)" if steps else "")
+                 f"times)" if steps > at else "")
         out.append(f"warning: data: the run reads {source_name(s['dataset'].prefix)}'s train split "
                    f"{train.epochs_for(samples * share):.2f} times ({train.samples_per_epoch:,} samples per epoch): "
                    f"past ~{MANY_EPOCHS} epochs repeated tokens stop helping (Muennighoff et al. 2023, data-constrained "
