@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration.planned import DEFAULT_DEVICE
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF
+from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, MFU_MOE_CPU
 from pretrain_cli.planning.report import format_report
 
 
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"to which the speed model adds the pipeline's bubble and the traffic; not the mfu "
                              f"`train` logs, which has those inside it: give that one as --measured_mfu (default: "
                              f"{MFU_HALF} with fp16/bf16, "
-                             f"{MFU_FP32} in fp32)")
+                             f"{MFU_FP32} in fp32, {MFU_MOE_CPU} for a Mixture-of-Experts model on cpu)")
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="dense peak TFLOPS per device for the ETA; wins over the file's peak_tflops and the "
                              "hardware table (default: the table's peak for --device and the run's precision)")
@@ -216,7 +217,17 @@ def main(ns: argparse.Namespace) -> int:
     print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
         print(f"wrote {ns.output}: {said}; {next_steps(ns.output, ns.device, f['gpus'], ns.gpus_per_node)}")
+    elif ns.output and f["after"] is None:  # (under --json on stderr: stdout is the one JSON object)
+        print(nothing_written(ns.output, f), file=sys.stderr if ns.json else sys.stdout)
     return 0 if f["after"] is not None else 1
+
+
+def nothing_written(path: str, f: dict) -> str:
+    """The line `-o` gets when no layout fits: no file, and how to get one (the device count --fit found)."""
+    more = f.get("more_devices")
+    how = (f"; `--gpus {more['gpus']} --fit -o {path}` writes the layout that fits there" if more
+           else "; use devices with more memory")
+    return f"nothing written: -o {path}: no layout fits {f['gpus']} x {f['device']['name']} (above){how}"
 
 
 def next_steps(path: str, device: str, gpus: int, per_node: int) -> str:

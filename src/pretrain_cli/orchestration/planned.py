@@ -24,6 +24,7 @@ from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
+from pretrain_cli.planning.fit_precision import pick_precision
 from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
@@ -183,7 +184,16 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
-    return fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
+    found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
+    if base.precision.amp_level != "O1" or not base.device.peak_tflops:
+        return found
+    # a half-precision O1 file: O2 (half weights, fp32 master weights and AdamW state) searched too, as a lever
+    o2_args = with_changes(searched, {"fp16_opt_level": "O2"})
+    o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
+    o2 = fit_search.fit(current, o2_base, as_written, _replanner(o2_args, model_cfg, device, gpus, mfu,
+                                                                 baseline_bytes, peak_tflops, node),
+                        budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path)
+    return pick_precision(found, o2, base.precision.amp_dtype, "fp16_opt_level" in args.explicit)
 
 
 def _current(args: Arguments) -> dict:
@@ -192,6 +202,8 @@ def _current(args: Arguments) -> dict:
     current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
     for key in ("pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
         current[key] = max(current[key], 1)
+    for key in ("per_device_eval_batch_size", "eval_iters"):  # (`fit.fit_eval` keeps an evaluation's samples)
+        current[key] = args.get(key)
     return current
 
 

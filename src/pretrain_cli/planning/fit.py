@@ -27,7 +27,7 @@ import dataclasses
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.suggestions import FIT_MARGIN, more_devices
 from pretrain_cli.planning.report import Plan
-from pretrain_cli.planning.speed import speed
+from pretrain_cli.planning.speed import speed, traffic_bound
 
 DEFAULT_MARGIN = FIT_MARGIN  # of device memory kept free: allocator fragmentation and what the model misses
 SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
@@ -200,13 +200,15 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "total_tokens": base.total_tokens, "tried": found["tried"], "valid": found["valid"], "skipped": found["skipped"],
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "speed": speed(as_written)},
-           "after": None, "change": None, "diff": [], "smallest": None, "more_devices": None, "notes": notes,
+           "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
+        evaluation = fit_eval(current, best, replan, budget_gib)
+        change = {**best["change"], **evaluation.get("change", {})}
         out.update(after={"memory_gib": best["report"].memory_gib, "startup_gib": best["report"].startup_gib,
-                          "speed": best["speed"]},
-                   change={**{k: v for k, _, v in carried}, **best["change"]},
-                   diff=list(carried) + diff(current, best["change"]))
+                          "speed": best["speed"], "bound": traffic_bound(best["report"], best["speed"])},
+                   change={**{k: v for k, _, v in carried}, **change},
+                   diff=list(carried) + diff(current, change), eval=evaluation or None)
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
@@ -224,11 +226,39 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     return out
 
 
+def fit_eval(current: dict, best: dict, replan, budget_gib: float) -> dict:
+    """The evaluation of the chosen layout (`planning.eval_memory`: a forward of per_device_eval_batch_size samples
+    beside what the step leaves allocated) within the budget: {} when the run does not evaluate; else its batch and
+    peak, and where the file's batch is over the budget the largest smaller one under it ("change"), eval_iters
+    raised so that an evaluation reads the same samples (eval batch x eval_iters; a batch dividing them). The
+    training layout is the search's either way: the eval batch changes no step. "fits" false: even the smallest is
+    over (the eval's batch 1 beside the step's state)."""
+    r = best["report"]
+    if r.eval_memory_gib is None:
+        return {}
+    out = {"batch": r.eval_batch, "memory_gib": r.eval_memory_gib, "fits": r.eval_memory_gib <= budget_gib}
+    samples = r.eval_batch * current.get("eval_iters", 1)
+    if out["fits"]:
+        return out
+    for smaller in (b for b in range(r.eval_batch - 1, 0, -1) if samples % b == 0):
+        keys = {"per_device_eval_batch_size": smaller, "eval_iters": samples // smaller}
+        got = replan({**best["change"], **keys})
+        if got is not None and got.eval_memory_gib is not None:
+            out.update(change=keys, batch=smaller, memory_gib=got.eval_memory_gib,
+                       fits=got.eval_memory_gib <= budget_gib,
+                       was={"batch": r.eval_batch, "iters": current.get("eval_iters", 1),
+                            "memory_gib": r.eval_memory_gib})
+            if out["fits"]:
+                break
+    return out
+
+
 def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
     """(key, old, new) for every key the change sets to a new value, in a stable order."""
     order = ("tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree", "context_parallel_degree",
              "expert_parallel_degree", "sharding", "sharding_parallel_degree", "per_device_train_batch_size",
-             "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention")
+             "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention",
+             "per_device_eval_batch_size", "eval_iters")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
 
 
@@ -295,12 +325,37 @@ def format_fit(f: dict) -> str:
                  f"(budget {_gib(f['budget_gib'])})")
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
                  f"(what a rank builds + the block being created; within the budget too)")
+    if f.get("eval"):
+        lines.append(_eval_line(f["eval"], f["budget_gib"]))
     lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
                  f"{'/EP' if f.get('experts') else ''} traffic over "
                  f"the link each group uses)" + _run_time(f, *([f["before"]["speed"]] if ran else []),
                                                           f["after"]["speed"]))
+    if f["after"].get("bound"):
+        lines.append(_bound_line(f["after"]["bound"], f["gpus"], dev["peak_tflops"], f["mfu"]))
     return "\n".join(lines)
+
+
+def _bound_line(b: dict, gpus: int, peak: float, mfu: float) -> str:
+    """Why the chosen layout is slow when its traffic outweighs its compute (`speed.traffic_bound`)."""
+    terms = ", ".join(f"{t['name']} ({t['axis']}) {t['seconds']:.3g} s over the {t['link']} link"
+                      for t in b["terms"][:3])
+    return (f"  speed bound: traffic, not compute: {b['traffic_share']:.0%} of a {b['step_seconds']:.3g} s step is "
+            f"sending ({terms}; the compute {b['compute_seconds']:.3g} s), so the run reaches {b['peak_share']:.1%} of "
+            f"the {gpus} x {peak:g} TFLOPS peak in model FLOPs (MFU {mfu:.2f} assumed for the compute); faster "
+            f"links (--cross_node_gbps gives yours) or more devices, on which a layout sending less fits, move it")
+
+
+def _eval_line(e: dict, budget: float) -> str:
+    """The fit's evaluation: its peak at the eval batch kept, or lowered (the same samples an evaluation)."""
+    at = f"{_gib(e['memory_gib'])} at per_device_eval_batch_size {e['batch']}"
+    if "was" in e:
+        at = (f"{_gib(e['was']['memory_gib'])} at the file's per_device_eval_batch_size {e['was']['batch']}, over "
+              f"the budget -> {at} (eval_iters {e['was']['iters']} -> {e['change']['eval_iters']}: the same "
+              f"{e['was']['batch'] * e['was']['iters']} samples an evaluation)")
+    tail = "" if e["fits"] else "; still over the budget: set do_eval false or evaluate on larger devices"
+    return f"  eval per device (a forward without gradients beside the step's state): {at}{tail}"
 
 
 def json_value(v) -> str:

@@ -15,6 +15,7 @@ from pretrain_cli.models.flops import _cached
 from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
+from pretrain_cli.planning.eval_memory import eval_parts
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
@@ -24,6 +25,9 @@ from pretrain_cli.run_config import RunConfig
 SAVE_GB_PER_S = 1.0  # assumed: what one rank writes per second to the shared output_dir (plan's save-time line)
 
 MFU_HALF, MFU_FP32 = 0.40, 0.30  # typical well-tuned dense training; override with --mfu
+# a Mixture-of-Experts model on CPU: routing, the dispatch to the experts and their small GEMMs, not the active
+# parameters' FLOPs, set its step; measured on configs/qwen3-moe-tiny_cpu.json (docs/PLAN.md: the default MFU)
+MFU_MOE_CPU = 0.08
 _BARE: dict = {}  # `mtp_share`'s model configs without the multi-token prediction modules
 
 
@@ -151,6 +155,14 @@ def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) ->
             f"far too optimistic; time a few steps instead"]
 
 
+def default_mfu(run: RunConfig, cfg, device: Device) -> float:
+    """The MFU a plan assumes without --mfu: a half-precision run's, an fp32 one's, or on CPU a Mixture-of-Experts
+    model's measured one (its dense MFU, 0.30, made the tiny MoE's 200 CPU steps 0.5 min; they take ~2)."""
+    if not device.is_gpu and cfg.num_experts > 0:
+        return MFU_MOE_CPU
+    return MFU_HALF if run.precision.enabled else MFU_FP32
+
+
 def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
            config: str | None = None, peak_tflops: float | None = None, groups: dict | None = None) -> Plan:
     """The whole plan (`Plan.to_json` is what `plan --json` prints). `groups` ({"tp" | "pp" | "data": the groups
@@ -159,7 +171,10 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
 
     setup = setup_for(run, model_cfg, device, baseline_bytes)
     s, lp, par, cfg = run.data.max_seq_length, run.loop, run.parallel, model_cfg
-    parts = estimate(setup)
+    by_stage = pipeline_stages(setup) if setup.pp > 1 else [estimate(setup)]
+    parts = max(by_stage, key=lambda p: sum(p.values()))  # (`estimate`'s pick: the fullest stage)
+    evaluates = lp.do_eval or lp.do_predict
+    evaluation = eval_parts(setup, lp.eval_batch, by_stage) if evaluates else {}
     total = sum(parts.values()) / GIB
     start = startup_parts(setup)
     startup = sum(start.values()) / GIB
@@ -167,7 +182,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     total_tokens = run.tokens_per_step * max(lp.max_steps, 0)
     peak_tflops, peak_source = peak(run, device, peak_tflops)
     if mfu is None:
-        mfu = MFU_HALF if run.precision.enabled else MFU_FP32
+        mfu = default_mfu(run, cfg, device)
     tokens = lp.micro_batch * lp.grad_accum * setup.seq_len / par.tp_degree  # one device's share of its stage's
     notes = list(run.notes)
     if peak_tflops is not None and device.is_gpu:
@@ -205,6 +220,9 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         mfu=mfu, eta_hours=None, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
         mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
+        eval_batch=lp.eval_batch if evaluates else 0,
+        eval_breakdown_gib={k: v / GIB for k, v in evaluation.items()},
+        eval_memory_gib=sum(evaluation.values()) / GIB if evaluates else None,
     )
     sp = speed(r)  # the speed `plan --fit` ranks by and times a layout with: one estimate per layout
     slowest, steps = sp["slowest_stage"], max(lp.max_steps, 0)  # the device whose traffic the report shows
@@ -225,12 +243,31 @@ def checkpoint_plan(run: RunConfig, model_cfg) -> CheckpointPlan:
     lp = run.loop
     ck = checkpoint_bytes(_setup(run, model_cfg, False, 0.0))  # (the device changes no term of it)
     per_ck, world = sum(ck.values()), run.parallel.world_size
+    final = export_bytes(model_cfg, run.output.export_dtype)
     n_saves = -(-max(lp.max_steps, 0) // lp.save_steps)  # every save_steps, and at the last step
     kept = min(n_saves, lp.save_total_limit) if lp.save_total_limit else n_saves
     # every rank writes its own pieces at once, replicas spread over their holders (docs/CHECKPOINTS.md)
-    return CheckpointPlan(per_ck / GIB, {k: v / GIB for k, v in ck.items()}, kept, ck["weights"] / GIB,
-                          (kept * per_ck + ck["weights"]) / GIB, per_ck / world / GIB, SAVE_GB_PER_S,
+    return CheckpointPlan(per_ck / GIB, {k: v / GIB for k, v in ck.items()}, kept, final / GIB,
+                          (kept * per_ck + final) / GIB, per_ck / world / GIB, SAVE_GB_PER_S,
                           per_ck / world / (SAVE_GB_PER_S * 1e9))
+
+
+def export_bytes(cfg, dtype: str) -> float:
+    """The final export's bytes: every parameter trained (the multi-token prediction modules' too) in the resolved
+    `export_dtype` (`auto`: a bf16/fp16 run's half dtype), but the tensors transformers keeps fp32 in every dtype
+    (`Family.hf_fp32`, `models.convert.export_dtype`: the routers' weight, DeepSeek's correction bias too). Counted
+    in fp32 whatever the run before: 113.74 GiB for bf16 Qwen3-30B-A3B, whose export is 56.87."""
+    from pretrain_cli.models.families import FAMILIES
+    from pretrain_cli.models.flops import param_counts
+
+    counts = param_counts(cfg)
+    n = counts["total"] + counts["mtp"]
+    kept = FAMILIES[cfg.model_type].hf_fp32
+    layers = [i for i in range(cfg.num_hidden_layers + (cfg.num_nextn_predict_layers or 0)) if cfg.is_sparse_layer(i)]
+    router = cfg.num_experts * (cfg.hidden_size * any(k.endswith("gate.weight") for k in kept)
+                                + any(k.endswith("correction_bias") for k in kept)) if cfg.num_experts > 0 else 0
+    fp32 = len(layers) * router
+    return (n - fp32) * {"bfloat16": 2, "float16": 2}.get(dtype, 4) + 4 * fp32
 
 
 def mtp_share(setup: Setup, seq_len: int, parts: dict, model_fpt: float) -> dict:

@@ -137,6 +137,11 @@ class Plan:
     # the attention kernel the run's `kernels:` line names (`config.compute.attention_words`, which the caller above
     # planning fills in: `orchestration.planned.plan`); `attention` is the path ("flash" on CPU is the CPU kernel)
     attention_words: str = ""
+    # the evaluation (do_eval / do_predict; else eval_batch 0 and no memory): a forward of per_device_eval_batch_size
+    # samples beside what the step leaves allocated (`planning.eval_memory`), against the device's memory too
+    eval_batch: int = 0
+    eval_breakdown_gib: dict = dataclasses.field(default_factory=dict)
+    eval_memory_gib: float | None = None
 
     @property
     def peak_gib(self) -> float:
@@ -210,8 +215,26 @@ def cpu_eta_note(r: Plan) -> str:
     tell = "--measured_mfu with the mfu `train` logs, or a few timed steps, tell"
     if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):  # (a peak given: --peak_tflops, the file's peak_tflops)
         return f"; cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
+    moe = (" (without --mfu a Mixture-of-Experts model's on CPU, measured on configs/qwen3-moe-tiny_cpu.json: "
+           "docs/PLAN.md)" if r.model.experts else "")
     return (f"; cpu: an estimate, not a bound: the assumed peak above and MFU "
-            f"{r.mfu:.2f}, an assumption too, can be off either way: {tell}")
+            f"{r.mfu:.2f}{moe}, an assumption too, can be off either way: {tell}")
+
+
+def eval_line(r: Plan) -> str:
+    """The evaluation's peak (`planning.eval_memory`): its own batch, a forward without gradients, beside what the
+    step leaves allocated; a batch that does not fit is named with the key that lowers it."""
+    e, d = r.eval_breakdown_gib, r.device
+    if r.eval_memory_gib <= d.memory_gib:
+        verdict = "fits"
+    elif not r.fits:  # (what the step holds does not fit either: the verdict above is the one to act on)
+        verdict = "does not fit, as the step does not"
+    else:
+        verdict = ("DOES NOT FIT: the first evaluation runs out of memory; lower per_device_eval_batch_size "
+                   "(`plan --fit` lowers it to what fits)")
+    return (f"eval per device: {r.eval_memory_gib:.2f} GiB = held between steps {e['held']:.2f} + the forward of "
+            f"per_device_eval_batch_size {r.eval_batch} x {r.max_seq_length} tokens {e['forward']:.2f} (no gradients) "
+            f"+ framework {e['framework']:.2f}  of {d.memory_gib:.1f} -> {verdict}")
 
 
 def format_report(r: Plan) -> str:
@@ -280,6 +303,8 @@ def format_report(r: Plan) -> str:
     lines.append(f"start-up per device: {r.startup_gib:.2f} GiB = weights {s['weights']:.2f} (what this rank "
                  f"builds) + transient {s['transient']:.2f} (the block being created, fp32) + "
                  f"framework {s['framework']:.2f}  of {d.memory_gib:.1f} -> {verdict}")
+    if r.eval_memory_gib is not None:
+        lines.append(eval_line(r))
     c = r.checkpoint
     parts = " + ".join(f"{k} {v:.2f}" for k, v in c.parts_gib.items() if v)
     lines.append(f"checkpoints: {c.per_checkpoint_gib:.2f} GiB each ({parts}) x {c.kept} kept + final weights "

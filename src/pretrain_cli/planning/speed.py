@@ -202,6 +202,26 @@ def speed(r: Plan) -> dict:
             "traffic_seconds": {**sends[slowest], **({"dp": dp} if dp else {})}}
 
 
+def traffic_bound(r: Plan, sp: dict) -> dict | None:
+    """What bounds a layout whose predicted step (`speed`'s `sp`) is more traffic than compute, i.e. whose model
+    FLOPs reach under half the MFU assumed: its share of the devices' peak (model FLOPs), the step's share spent
+    on traffic, and each of its traffic terms (`sp["traffic_seconds"]`: the slowest stage's and the gradients'
+    exposed part) in seconds a step over the link its group uses, largest first. None when the compute is the
+    larger, or without a peak. DeepSeek-V3's tp 16 x ZeRO-3 on 208 H100 was --fit's pick at 4,069 tokens/s (0.6 %
+    of peak) with nothing saying why."""
+    from pretrain_cli.planning.eta import TRAFFIC_NAMES
+    from pretrain_cli.planning.report import TERM_AXIS
+
+    if sp["step_seconds"] is None or sp["comm_seconds"] <= sp["compute_seconds"]:
+        return None
+    terms = [{"term": t, "axis": TERM_AXIS[t], "name": TRAFFIC_NAMES[t], "seconds": x, "link": link_name(r, t)}
+             for t, x in sorted(sp["traffic_seconds"].items(), key=lambda kv: -kv[1])]
+    flops = sp["tokens_per_sec"] * r.flops_per_token.model
+    return {"peak_share": flops / (r.gpus * r.device.peak_tflops * 1e12), "traffic_share": sp["comm_seconds"] /
+            sp["step_seconds"], "compute_seconds": sp["compute_seconds"], "step_seconds": sp["step_seconds"],
+            "terms": terms}
+
+
 def traffic_parts(r: Plan, sp: dict, steps: int) -> dict:
     """What the ETA line says of its traffic part (`Plan.eta_traffic`), from `speed`'s `sp` over `steps` steps: the
     largest term, its hours and link (and whether that figure is an assumption: a cross-node link not given by

@@ -158,7 +158,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     tries += [extra, {"sharding": "stage3", **extra}] if extra else []
     tries += [dict(x) for x in layouts if x]
     per_node, budget = base.device.links.gpus_per_node, base.device.memory_gib if budget_gib is None else budget_gib
-    least = (base.checkpoint.per_checkpoint_gib + base.checkpoint.final_weights_gib) / budget  # (+ the gradients)
+    least = (base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]) / budget  # (+ the gradients)
     replan = _in_node(replan, per_node)
 
     def fitting(changes: list[dict], world: int) -> list[dict]:
