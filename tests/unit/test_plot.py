@@ -246,20 +246,25 @@ def test_a_long_runs_many_evaluations_are_a_line_not_a_band_of_dots():
 
 
 def test_every_runs_legend_lies_inside_the_figure_and_below_the_x_axis():
-    """Dense, eval/test, MoE (`lm_loss`: its aux-loss terms) and DeepSeek with MTP (`lm_loss` too, and eval and
-    test): the legend was four long labels in one row for a MoE run with eval, cut at both edges of the figure."""
+    """Dense, MoE (`lm_loss`: the loss without its router terms) and DeepSeek with MTP (`lm_loss`, and its `mtp_loss`
+    and router terms in the records, drawn by no line), each without eval, with eval, and with eval and test: the
+    legend was four long labels in one row for a MoE run with eval, cut at both edges of the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    for lm in (False, True):
+    for model in ("dense", "moe", "deepseek_mtp"):
+        lm = model != "dense"
         for kinds in ((), ("eval",), ("eval", "test")):
             recs = [r for r in _records() if r["kind"] == "train" or r["kind"] in kinds]
             for r in recs:
                 if lm and r["kind"] == "train":
                     r["lm_loss"] = r["loss"] - 0.3
+                    r["aux_loss"] = 0.01
+                if model == "deepseek_mtp" and r["kind"] == "train":
+                    r["mtp_loss"] = r["loss"] + 0.5
             fig = loss_figure(recs, "demo/moe")
             renderer = FigureCanvasAgg(fig).get_renderer()  # the canvas savefig draws with
             legend = fig.legends[0].get_window_extent(renderer)
             assert len(fig.legends[0].get_texts()) == 2 + lm + len(kinds)
             inside = fig.bbox.x0 <= legend.x0 and legend.x1 <= fig.bbox.x1 and fig.bbox.y0 <= legend.y0
-            assert inside, (lm, kinds, legend.extents, fig.bbox.extents)
-            assert legend.y1 < fig.axes[0].get_tightbbox(renderer).y0, (lm, kinds)  # under the x axis' label
+            assert inside, (model, kinds, legend.extents, fig.bbox.extents)
+            assert legend.y1 < fig.axes[0].get_tightbbox(renderer).y0, (model, kinds)  # under the x axis' label

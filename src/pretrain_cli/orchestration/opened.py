@@ -18,8 +18,8 @@ def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models.config import ModelConfig, past_positions, read_generation
-    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
     from pretrain_cli.models.families import FAMILIES
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
     path = model_dir / "config.json"
