@@ -62,16 +62,24 @@ def tokenizer_problems(items) -> list[str]:
 
 
 def _other_tokenizer(items):
-    """The first two sidecars naming different tokenizers, by the id both record (named as inspect-data's rows name
-    it), or None."""
-    for j, (p, m) in enumerate(items):
-        for p0, m0 in items[:j]:
-            for field, name in (("tokenizer_fingerprint", "tokenizer fingerprint"),
-                                ("tokenizer_sha256", "tokenizer.json sha256")):
-                if m0.get(field) is not None and m.get(field) is not None:
-                    if m0[field] != m[field]:
-                        return (p0, str(m0[field])), (p, str(m[field])), name
-                    break
+    """The first two sidecars found naming different tokenizers, by the id both record (named as inspect-data's rows
+    name it), or None. Every sidecar with a fingerprint is compared with the first such; one from before the
+    fingerprint with every other by sha256 (a few old files among many new ones: linear in the new)."""
+    printed = [(p, m["tokenizer_fingerprint"]) for p, m in items if m.get("tokenizer_fingerprint") is not None]
+    other = next(((p, v) for p, v in printed if v != printed[0][1]), None)
+    if other is not None:
+        return (printed[0][0], str(printed[0][1])), (other[0], str(other[1])), "tokenizer fingerprint"
+    hashed, old = [], []  # the sidecars seen with a sha256; of those, the ones without a fingerprint
+    for p, m in items:
+        if m.get("tokenizer_sha256") is None:
+            continue
+        new = m.get("tokenizer_fingerprint") is not None
+        for p0, m0 in old if new else hashed:  # two with fingerprints are compared above
+            if m0["tokenizer_sha256"] != m["tokenizer_sha256"]:
+                return (p0, str(m0["tokenizer_sha256"])), (p, str(m["tokenizer_sha256"])), "tokenizer.json sha256"
+        hashed.append((p, m))
+        if not new:
+            old.append((p, m))
     return None
 
 
