@@ -43,8 +43,9 @@ def next_token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top
 def context_window(max_position_embeddings: int, trained: int | None = None) -> tuple[int, str]:
     """(the most tokens the model reads at once, what that number is, for a note): config.json's
     max_position_embeddings, or the longer length the directory's weights were trained at (`trained`, its
-    args.json's `trained_length`: the longest over the runs that led to them): a model continued past its range keeps the pretrained number in config.json
-    (`models.config.past_positions`), and a window cut there would drop context it was trained to read."""
+    args.json's `trained_length`: the longest over the runs that led to them): a model continued past its range
+    keeps the pretrained number in config.json (`models.config.past_positions`), and a window cut there would drop
+    context it was trained to read."""
     if isinstance(trained, int) and trained > max_position_embeddings:
         return trained, (f"the {trained} tokens its run trained on (args.json's trained_length; config.json keeps "
                          f"max_position_embeddings {max_position_embeddings})")
