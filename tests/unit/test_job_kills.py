@@ -63,3 +63,26 @@ def test_a_ranks_own_kill_after_its_launchers_death_is_said_as_its_own(tmp_path)
     assert "OOM" not in said
     # the mark names the rank's process: the next launch's rank 1 (another pid) killed by the OOM killer is said so
     assert job.OOM in _cause(tmp_path, 1, pid=p.pid + 1)
+
+
+def test_a_death_reaped_before_its_watcher_read_it_is_the_jobs_own_kill_when_marked(tmp_path, monkeypatch):
+    """Paddle's launcher reaps its ranks once a second, so a watcher can find its dead rank's status gone
+    (`exit status unknown`, and then no record: launch.sh's code was the launcher's 1, not 137). The job's own kill
+    left its mark first: the watcher takes SIGKILL from it, for that pid only."""
+    from pretrain_cli.distributed.launcher.verdict import Evidence
+
+    monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: /proc holds no status to read
+    shared = tmp_path / "shared"
+    seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
+    seen.observe({0})
+    assert seen.statuses[0] is None  # unmarked: unknown, as before
+    job.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid + 1, stop=True)
+    seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
+    seen.observe({0})
+    assert seen.statuses[0] is None  # another process's mark
+    job.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid, stop=True)
+    seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
+    seen.observe({0})
+    assert seen.statuses[0] == signal.SIGKILL and (shared / "status.0").read_text() == "9"

@@ -229,6 +229,17 @@ def _killed(directory, rank, line: str) -> dict | None:
         return None
 
 
+def killed_status(rank, pid: int) -> int | None:
+    """SIGKILL's wait status when this job's own kill of rank `rank` (`killed_here`) was of process `pid`, else None:
+    for a watcher whose read of that death's status lost to the launcher's reap (Paddle's reaps once a second), so
+    the death is named and recorded as the SIGKILL it was, not as `exit status unknown` without a record."""
+    directory = verdict_dir()
+    with contextlib.suppress(OSError, TypeError, ValueError, KeyError):
+        if directory is not None and int(json.loads((directory / f"killed-{rank}").read_text())["pid"]) == pid:
+            return 9  # (as waitpid reports a death by signal 9)
+    return None
+
+
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
     """(the job's exit code, "stop" / "retry" / "rendezvous") from the ranks' records and the launcher's code."""
     records = read_records(directory)

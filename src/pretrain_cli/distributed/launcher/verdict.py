@@ -55,6 +55,10 @@ class Evidence:
         for r in gone:
             if wait and r not in self.statuses:
                 self.statuses[r] = self._status(self.ranks[r])
+            if self.statuses.get(r) is None:  # reaped before it was read: this job's own kill says how, if it was one
+                from pretrain_cli.distributed.launcher import job
+
+                self.statuses[r] = job.killed_status(r, self.ranks[r])
             if self.statuses.get(r) is not None:
                 self.share(f"status.{r}", str(self.statuses[r]))
 
