@@ -55,3 +55,31 @@ def test_inputs_with_and_without_eos_are_refused(tmp_path, tok_dir, capsys):
     meta = merge(str(tmp_path / "m"), [tmp_path / "d" / "a", tmp_path / "d" / "c"])  # the same setting: joined
     assert meta["eos_appended"] is True
     assert json.loads((tmp_path / "m.json").read_text())["eos_appended"] is True
+
+
+def test_an_input_repeated_inside_another_is_said(tmp_path, capsys):
+    """`all` (preprocessed from man + code) merged with `man` and `code` held both twice without a word: each input
+    whose sequences appear in a row in another, or that is the same as another, is named before the write."""
+    docs = [[i % 7 + 1] * (i % 5 + 1) + [i] for i in range(12)]
+    for d in "def":
+        (tmp_path / d).mkdir()
+    d = tmp_path / "d"
+    write_mmidx_reference(str(d / "all"), docs)
+    write_mmidx_reference(str(d / "code"), docs[8:])
+    write_mmidx_reference(str(d / "man"), docs[:8])
+    write_mmidx_reference(str(tmp_path / "e" / "man"), docs[:8])  # a copy
+    write_mmidx_reference(str(tmp_path / "e" / "code"), docs[8:])
+    write_mmidx_reference(str(tmp_path / "f" / "other"), [x[:-1] + [99] for x in docs[:8]])  # the lengths only
+    tail = "; joined, they are trained on twice: drop one input unless you mean to repeat them"
+    assert cli.main(["merge-data", str(tmp_path / "j"), str(d), str(tmp_path / "e" / "man"),
+                     str(tmp_path / "f" / "other")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"merge-data: warning: {d / 'code'}: its 4 sequences are sequences 8 to 11 of 12 of {d / 'all'}{tail}",
+        f"merge-data: warning: {d / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}{tail}",
+        f"merge-data: warning: {tmp_path / 'e' / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}"
+        f"{tail}"]
+    assert cli.main(["merge-data", str(tmp_path / "k"), str(tmp_path / "e" / "code"), str(d / "code")]) == 0
+    assert capsys.readouterr().err == f"merge-data: warning: {d / 'code'}: its 4 sequences are those of " \
+                                      f"{tmp_path / 'e' / 'code'}{tail}\n"  # the later input named
+    assert cli.main(["merge-data", str(tmp_path / "m"), str(d / "code"), str(d / "man"), str(tmp_path / "f")]) == 0
+    assert capsys.readouterr().err == ""

@@ -12,7 +12,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
+    import sys
+
     from pretrain_cli.data.merge import merge, merge_summary
 
-    print(merge_summary(ns.output, merge(ns.output, ns.inputs)))
+    def note(line: str) -> None:
+        print(f"merge-data: warning: {line}", file=sys.stderr, flush=True)
+
+    print(merge_summary(ns.output, merge(ns.output, ns.inputs, note)))
     return 0

@@ -104,8 +104,39 @@ def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
     return problems
 
 
-def merge(output: str, inputs) -> dict:
-    """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar."""
+def repeated_inputs(datasets) -> list[str]:
+    """One line per input whose sequences all appear, in a row, inside another input (an identical file, or a file
+    preprocessed from a superset of its corpus, e.g. `all` made from man + code merged with `man`): joined, those
+    documents would be trained on twice. Sidecars record only one sha256 of all of a file's inputs and settings,
+    which cannot tell that one corpus holds another, so the tokens are compared: every sequence length of the smaller
+    file against a window of the larger's, then the first and last sequences' tokens (a chance match of 100k
+    lengths and two documents' tokens is not a risk worth a scan of every token)."""
+    lines = []
+    for j, b in enumerate(datasets):
+        nb = len(b)
+        if nb == 0:
+            continue
+        sb = np.asarray(b.sizes)
+        for i, a in enumerate(datasets):
+            na = len(a)
+            if i == j or na < nb or (na == nb and i > j):  # an identical pair is said once
+                continue
+            sa = np.asarray(a.sizes)
+            starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
+            hit = next((int(k) for k in starts[:1000] if np.array_equal(sa[k : k + nb], sb)
+                        and np.array_equal(a.get(int(k)), b.get(0)) and np.array_equal(a.get(int(k) + nb - 1),
+                                                                                        b.get(nb - 1))), None)
+            if hit is not None:
+                where = "those" if na == nb else f"sequences {hit:,} to {hit + nb - 1:,} of {na:,}"
+                lines.append(f"{b.prefix}: its {count(nb, 'sequence', grouped=True)} are {where} of {a.prefix}; "
+                             "joined, they are trained on twice: drop one input unless you mean to repeat them")
+                break
+    return lines
+
+
+def merge(output: str, inputs, note=None) -> dict:
+    """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar. `note`
+    receives a line for each input repeated inside another (`repeated_inputs`) before anything is written."""
     out = check_output_prefix(str(output), "output")
     prefixes = expand_prefixes(inputs)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
@@ -121,6 +152,8 @@ def merge(output: str, inputs) -> dict:
     if problems:
         raise UserError("\n".join(problems))
     _check_eos(prefixes, metas)
+    for line in repeated_inputs(datasets) if note is not None else ():
+        note(line)
     with_lsm = [ds.loss_mask is not None for ds in datasets]
     if any(with_lsm) and not all(with_lsm):
         odd = datasets[with_lsm.index(not with_lsm[0])]
