@@ -89,3 +89,32 @@ def test_check_and_train_start_by_saying_how_many_epochs_the_run_reads(tmp_path)
     (line,) = prepare(str(args), [], Target()).data_lines
     assert "train 40 docs / 79 samples per epoch" in line and line.endswith(
         "; the run's 240 train samples from it: 3.04 epochs")
+
+
+def test_a_short_run_on_a_large_source_says_its_epochs_in_significant_digits(tmp_path):
+    """0.0127 epochs was shown as 0.00, as if the source were not read."""
+    from data_helpers import write_tokens
+
+    prefix = write_tokens(tmp_path / "d")  # 2,560 tokens: 79 samples of 32 per epoch
+    splits = build_datasets(prefix, "1", 32, 7, need=("train",))
+    assert splits.describe(train_samples=1)[0].endswith("; the run's 1 train samples from it: 0.013 epochs")
+    assert splits.describe(train_samples=79)[0].endswith("; the run's 79 train samples from it: 1.00 epochs")
+
+
+def test_a_split_too_small_for_one_sample_names_a_split_that_fits(tmp_path):
+    """'the valid split has 128 tokens ... use more data or a shorter max_seq_length' did not say that `split`
+    fixes it too: the line names a value that gives the split one sample, taken from train's share."""
+    import pytest
+
+    from data_helpers import write_tokens
+    from pretrain_cli.errors import UserError
+
+    prefix = write_tokens(tmp_path / "d")  # 40 documents of 64 tokens
+    with pytest.raises(UserError) as e:
+        build_datasets(prefix, "949,50,1", 200, 7, need=("train", "valid"))
+    assert str(e.value) == (f"{prefix}: the valid split has 128 tokens, fewer than one sample of max_seq_length+1 = "
+                            "201; use more data or a shorter max_seq_length, or set split: \"911,88,1\" (this "
+                            "source's valid split would then hold 256 tokens)")
+    assert build_datasets(prefix, "911,88,1", 200, 7, need=("train", "valid")).valid.samples_per_epoch == 1
+    with pytest.raises(UserError, match=r"a shorter max_seq_length$"):  # no split leaves train one sample: not named
+        build_datasets(prefix, "949,50,1", 1300, 7, need=("train", "valid"))

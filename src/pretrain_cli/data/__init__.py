@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
@@ -44,7 +45,7 @@ class DataSplits:
             train = s["splits"].get("train")
             if train_samples and train is not None:  # a run that reads a small corpus many times says so at start
                 line += (f"; the run's {round(train_samples * share):,} train samples from it: "
-                         f"{train.epochs_for(train_samples * share):.2f} epochs")
+                         f"{_epochs(train.epochs_for(train_samples * share))} epochs")
             lines.append(line)
         for name in SPLIT_NAMES:
             ds = getattr(self, name)
@@ -53,6 +54,14 @@ class DataSplits:
                 real = "/".join(f"{r:.3f}" for r in ds.realized_ratios(_RATIO_WINDOW))
                 lines.append(f"data: {name} blend requested {req}, realised {real} over the first {_RATIO_WINDOW} samples")
         return lines
+
+
+def _epochs(x: float) -> str:
+    """Two decimals, or two significant digits below 0.1: a short run on a large corpus reads 0.0008 of an epoch,
+    which two decimals showed as 0.00 (as if the source were not read)."""
+    if x >= 0.1 or x <= 0:
+        return f"{x:.2f}"
+    return f"{x:.{1 - math.floor(math.log10(x))}f}"
 
 
 def check_tokenizer(prefixes: list[str], tokenizer, where: str = "", instead: str | None = None) -> None:

@@ -299,8 +299,30 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
                                           reset_position_ids=reset_position_ids)
             else:
                 out[name] = PaddedDataset(*args, cache_dir=cache_dir, **special)
-        except UserError:
-            if name in need:
+        except UserError as e:
+            if name not in need:
+                out[name] = None  # too small to use, but nobody asked for it
+                continue
+            better = _split_for(source, fractions, k, seq_len + 1) if mode == "packed" and k else None
+            if better is None:
                 raise
-            out[name] = None  # too small to use, but nobody asked for it
+            raise UserError(f"{e}, or set split: \"{better[0]}\" (this source's {name} split would then hold "
+                            f"{better[1]:,} tokens)") from None
     return out
+
+
+def _split_for(source: IndexedDataset, fractions, k: int, need: int):
+    """(split text, tokens of split k) of the smallest share of split k, taken from train's, in thousandths, that
+    gives split k of `source` at least `need` tokens and leaves train as many; None if none does. A user who sees
+    a split too small for one sample is shown the `split` value that fixes it, not only more data or shorter
+    samples."""
+    parts = [int(round(f * 1000)) for f in fractions]
+    cum = np.concatenate(([0], np.cumsum(np.asarray(source.sizes, dtype=np.int64))))  # [n+1] tokens before doc i
+    for v in range(parts[k] + 1, parts[0] + parts[k]):
+        trial = list(parts)
+        trial[0], trial[k] = parts[0] + parts[k] - v, v
+        b = split_bounds([t / sum(trial) for t in trial], len(source))
+        got = int(cum[b[k + 1]] - cum[b[k]])
+        if got >= need and cum[b[1]] - cum[b[0]] >= need:
+            return ",".join(map(str, trial)), got
+    return None
