@@ -225,3 +225,34 @@ def test_eval_on_a_token_file_refuses_negative_ids_too(tmp_path, capsys):
     _int32_tokens(tmp_path / "neg", [5, -10, 39, 7] * 10)
     assert cli_main(["eval", "--model", "micro-qwen2", "--data", str(tmp_path / "neg"), "--max_seq_length", "8"]) == 2
     assert f"{tmp_path / 'neg'}.bin: token id -10 < 0 (int32)" in capsys.readouterr().err
+
+
+def test_tokenizer_check_is_said_and_a_file_without_sidecar_noted(corpus, tmp_path, capsys):
+    """`inspect-data DIR --tokenizer tok` printed what it printed without --tokenizer, the note telling the user to
+    pass --tokenizer included, though the ids were checked; one file without a sidecar had no note at all."""
+    import shutil
+
+    d, tok, _ = corpus
+    (tmp_path / "d").mkdir()
+    for ext in (".bin", ".idx", ".json"):
+        shutil.copy(str(d / "c") + ext, tmp_path / "d" / f"a{ext}")
+    for ext in (".bin", ".idx"):
+        shutil.copy(str(d / "c") + ext, tmp_path / "d" / f"old{ext}")
+    note = "(Megatron, PaddleNLP or an older pretrain-cli made it): its tokenizer is unknown; "
+    assert _run(tmp_path / "d", "--tokenizer", tok) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"ids checked against {tok}: all below its vocab 300; 1 sidecar agrees with it",
+        f"note: 1 file has no .json sidecar {note}only its ids' range was checked against {tok}"]
+    assert _run(tmp_path / "d") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"note: 1 file has no .json sidecar {note}--tokenizer DIR "
+                                                        "checks its ids against one")
+    assert _run(tmp_path / "d" / "old", "--tokenizer", tok) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"ids checked against {tok}: all below its vocab 300",
+        f"note: the file has no .json sidecar {note}only its ids' range was checked against {tok}"]
+    assert _run(tmp_path / "d" / "old") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (f"note: the file has no .json sidecar {note}--tokenizer DIR "
+                                                        "checks its ids against one")
+    assert _run(tmp_path / "d" / "a", "--tokenizer", tok) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"ids checked against {tok}: all below its vocab 300; its " \
+                                                       "sidecar agrees with it"

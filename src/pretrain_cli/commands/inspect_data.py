@@ -195,7 +195,34 @@ def main(ns: argparse.Namespace) -> int:
     width = max(info["length_histogram"].values(), default=1)
     for bucket, n in info["length_histogram"].items():
         print(f"  {bucket:>15} {n:>9} {'#' * max(1, round(40 * n / width))}")
+    from pretrain_cli.data.indexed import read_sidecar
+
+    for line in _tokenizer_notes(0 if read_sidecar(ds.prefix) else 1, 1, tok, ns.tokenizer, one=True):
+        print(line)
     return 0
+
+
+def _tokenizer_notes(without_sidecar: int, files: int, tok, tokenizer_dir: str | None, one: bool = False) \
+        -> list[str]:
+    """What the summary says of the files' tokenizer beyond their rows: that --tokenizer's check passed (else a
+    summary with --tokenizer reads as one without it, which checks nothing against a tokenizer), and which files'
+    tokenizer no sidecar records (such a file was checked against --tokenizer only by its ids' range). `one`: a
+    PREFIX, not a directory's files."""
+    lines = []
+    if tok is not None:
+        k = files - without_sidecar
+        named = "" if not k else "; its sidecar agrees with it" if one else \
+            f"; {count(k, 'sidecar')} agree{'s' if k == 1 else ''} with it"
+        lines.append(f"ids checked against {tokenizer_dir}: all below its vocab {tok.vocab_size}{named}")
+    if without_sidecar:
+        n = without_sidecar
+        its, has = ("its", "has") if n == 1 else ("their", "have")
+        what = f"{count(n, 'file')} {has}" if not one else "the file has"
+        fix = (f"only {its} ids' range was checked against {tokenizer_dir}" if tok is not None
+               else f"--tokenizer DIR checks {its} ids against one")
+        lines.append(f"note: {what} no .json sidecar (Megatron, PaddleNLP or an older pretrain-cli made "
+                     f"{'it' if n == 1 else 'them'}): {its} tokenizer is unknown; {fix}")
+    return lines
 
 
 def _tokenizer_id(row: dict) -> str:
@@ -232,12 +259,9 @@ def _directory(ns, tok) -> int:
                     f"the {count(len(known), 'file')} with a sidecar agree"
                 print(f"tokenizer: {which} (vocab {k.get('vocab_size')}, "
                       f"eos {k.get('eos_token_id')}, {_tokenizer_id(k)}); dtype {rows[0]['dtype']}")
-        if info["without_sidecar"]:
-            n = info["without_sidecar"]
-            its, has = ("its", "has") if n == 1 else ("their", "have")
-            print(f"note: {count(n, 'file')} {has} no .json sidecar (Megatron, PaddleNLP or an older pretrain-cli "
-                  f"made {'it' if n == 1 else 'them'}): {its} tokenizer is unknown; --tokenizer DIR checks {its} ids "
-                  f"against one")
+        if not info["problems"]:
+            for line in _tokenizer_notes(info["without_sidecar"], len(rows), tok, ns.tokenizer):
+                print(line)
     if info["problems"]:
         raise UserError("\n".join(info["problems"]))
     return 0
