@@ -86,3 +86,19 @@ def test_a_death_reaped_before_its_watcher_read_it_is_the_jobs_own_kill_when_mar
     seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
     seen.observe({0})
     assert seen.statuses[0] == signal.SIGKILL and (shared / "status.0").read_text() == "9"
+
+
+def test_a_first_look_without_waiting_leaves_an_exiting_rank_to_the_wait(tmp_path, monkeypatch):
+    """The watcher looks first without waiting (`observe(gone, wait=False)`), then waits for a rank still exiting
+    (`_status`, its 0.5 s pidfd wait): the first look must leave it unread, mark or none, so the wait still runs."""
+    from pretrain_cli.distributed.launcher import verdict
+
+    monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path))
+    waited = []
+    monkeypatch.setattr(verdict.processes, "exit_status", lambda pid: None)  # still exiting: not a zombie yet
+    monkeypatch.setattr(verdict.Evidence, "_status", staticmethod(lambda pid: waited.append(pid) or 9))
+    seen = verdict.Evidence(0, {0: 12345, 1: os.getpid()}, tmp_path / "shared")
+    seen.observe({0}, wait=False)
+    assert 0 not in seen.statuses
+    seen.observe({0})
+    assert waited == [12345] and seen.statuses[0] == 9

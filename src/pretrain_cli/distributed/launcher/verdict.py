@@ -55,10 +55,13 @@ class Evidence:
         for r in gone:
             if wait and r not in self.statuses:
                 self.statuses[r] = self._status(self.ranks[r])
-            if self.statuses.get(r) is None:  # reaped before it was read: this job's own kill says how, if it was one
+            # reaped before it was read: the job's own kill says how, if it was one (only after the wait: a first
+            # look, `wait` False, leaves a rank still exiting unread, so the second look waits for it)
+            if wait and self.statuses.get(r) is None:
                 from pretrain_cli.distributed.launcher import job
 
-                self.statuses[r] = job.killed_status(r, self.ranks[r])
+                if (killed := job.killed_status(r, self.ranks[r])) is not None:
+                    self.statuses[r] = killed
             if self.statuses.get(r) is not None:
                 self.share(f"status.{r}", str(self.statuses[r]))
 
