@@ -156,3 +156,32 @@ def test_deepseek_keys_from_dict_derives_or_paddlenlp_writes_are_accepted():
     assert ModelConfig.from_dict({**no_quant, "qk_head_dim": 192}).model_type == "deepseek_v3"
     with pytest.raises(UserError, match="did you mean routed_scaling_factor"):  # a real typo is still one
         ModelConfig.from_dict({**ds, "routed_scaling_facter": 2.5})
+
+
+@pytest.mark.parametrize("model_type, cls", [("llama", "LlamaConfig"), ("qwen2", "Qwen2Config"),
+                                             ("qwen3", "Qwen3Config"), ("qwen2_moe", "Qwen2MoeConfig"),
+                                             ("qwen3_moe", "Qwen3MoeConfig"), ("deepseek_v3", "DeepseekV3Config")])
+def test_every_key_of_the_familys_transformers_config_is_accepted_alone(model_type, cls):
+    """A Qwen config.json with sliding_window and no use_sliding_window was refused 'did you mean
+    use_sliding_window?': every key the installed transformers' config class for the family writes or takes,
+    alone in a file (so every key it is a near miss of is missing), is no typo."""
+    import inspect
+
+    import transformers
+
+    from pretrain_cli.models.config import read_keys
+    from pretrain_cli.models.config_checks import misspelt_key
+
+    config = getattr(transformers, cls)
+    keys = set(config().to_dict()) | set(inspect.signature(config.__init__).parameters) - {"self", "kwargs"}
+    assert ("sliding_window" in keys) == model_type.startswith("qwen"), keys
+    refused = {}
+    for key in sorted(keys):
+        try:
+            misspelt_key({key: None}, model_type, read_keys(model_type))
+        except UserError as e:
+            refused[key] = str(e)
+    assert not refused, refused
+    if model_type == "qwen3_moe":  # Qwen3-30B-A3B's config.json without use_sliding_window
+        published = {k: v for k, v in QWEN3_30B.items() if k != "use_sliding_window"}
+        assert ModelConfig.from_dict({**published, "sliding_window": 4096}).num_experts == 128

@@ -285,12 +285,14 @@ class ModelConfig:
 @functools.lru_cache(maxsize=None)
 def read_keys(model_type: str) -> frozenset:
     """The config.json keys `model_type`'s config is read from: those a config.json of the family is written with
-    (`to_hf_dict`, the ones every file gets aside), transformers' other names for them, and the keys `from_dict`
-    derives or judges (`DERIVED_KEYS`, `layer_types`, `use_sliding_window`). A key outside them that is a near
-    miss of one of them is a typo (`config_checks.misspelt_key`)."""
+    (`to_hf_dict`, the ones every file gets aside), transformers' other names for them, the keys `from_dict`
+    derives or judges (`DERIVED_KEYS`, `layer_types`, `use_sliding_window`) and the window's own keys
+    (`sliding_window`, `max_window_layers`: unused while `use_sliding_window` is false, and a file may carry them
+    without it). A key outside them that is a near miss of one of them is a typo (`config_checks.misspelt_key`)."""
     written = set(ModelConfig(model_type=model_type).to_hf_dict()) - {"architectures", "torch_dtype", "dtype",
                                                                        "use_cache"}
-    return frozenset(written | {"rope_scaling", "rope_parameters", "torch_dtype", "layer_types", "use_sliding_window"}
+    return frozenset(written | {"rope_scaling", "rope_parameters", "torch_dtype", "layer_types", "use_sliding_window",
+                                "sliding_window", "max_window_layers"}
                      | (set(DERIVED_KEYS) - {"architectures"})  # (a list of class names, no setting of the model)
                      | ({"num_experts", "num_local_experts"} if family(model_type).moe else set())
                      | ({"num_mtp_layers"} if "num_nextn_predict_layers" in written else set())
