@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the pad, bos, eos and unk tokens, in that order, then any extra special tokens "
                              f"(no role; each kept whole in text) (default: {' '.join(DEFAULT_SPECIALS)})")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
+    parser.add_argument("--max_doc_num", type=int, default=None, metavar="N",
+                        help="train on the first N documents only, a sample of a corpus too large for memory "
+                             "(docs/DATA.md: memory) (default: all)")
     parser.add_argument("--skip_bad_lines", action="store_true", help="skip and count bad lines (default: a bad line "
                                                                        "is an error)")
 
@@ -26,5 +29,6 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.data.tokenizer_training import train_tokenizer
 
     check_counts(ns, "min_frequency", minimum=0)  # the BPE trainer takes it unsigned: below 0 is a traceback
+    check_counts(ns, "max_doc_num")
 
     return train_tokenizer(ns)

@@ -14,30 +14,36 @@ from pretrain_cli.data.tokenizer import _FALLBACK, DEFAULT_SPECIALS, Tokenizer, 
 from pretrain_cli.errors import UserError
 
 
-def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: int = 2, length: int | None = None):
-    """Byte-level BPE: every byte is in the alphabet, so no text is ever unencodable."""
+def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: int = 2, length: int | None = None,
+              waiting=None):
+    """Byte-level BPE: every byte is in the alphabet, so no text is ever unencodable. `waiting(seconds)` is called
+    about every 0.1 s while the trainer works (`_interruptible`)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     _qwen2_pipeline(tok)
+    # its own bars cannot follow ours: show_progress is fixed for the whole call (setting it from the iterator
+    # raises "Already mutably borrowed"), and its reading bar would draw over the byte bar on the same line
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    _interruptible(lambda: tok.train_from_iterator(texts, trainer=trainer, length=length))
+    _interruptible(lambda: tok.train_from_iterator(texts, trainer=trainer, length=length), waiting)
     return tok
 
 
-def _interruptible(work) -> None:
+def _interruptible(work, waiting=None) -> None:
     """Run `work` on a daemon thread while the main thread waits for it, so that a Ctrl-C ends the command at once.
 
     Why: the Rust BPE trainer runs its merges without returning to Python, where a signal handler could raise
     KeyboardInterrupt, and its reading of the iterator did not stop on one either: a Ctrl-C in `train-tokenizer`
     was answered only when the whole training had ended (7 s after the key on a 13 MB corpus; hours on a large one).
     It releases the GIL meanwhile, so the waiting main thread takes the KeyboardInterrupt as it comes; the thread,
-    a daemon, ends with the process, before anything is written."""
+    a daemon, ends with the process, before anything is written. The waiting thread is also the one that can say
+    the merges are still going (`waiting`), since the trainer says nothing while it merges."""
     import threading
+    import time
 
     failed = []
 
@@ -48,11 +54,127 @@ def _interruptible(work) -> None:
             failed.append(e)
 
     thread = threading.Thread(target=run, name="train-tokenizer", daemon=True)
+    start = time.monotonic()
     thread.start()
     while thread.is_alive():
         thread.join(0.1)
+        if waiting is not None and thread.is_alive():
+            waiting(time.monotonic() - start)
     if failed:
         raise failed[0]
+
+
+PROGRESS_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal (a job's log)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def _decompressed_bytes(path: Path) -> int:
+    """Bytes the reader will count for one file: its size, or, compressed, its decompressed length (one streamed
+    pass, as the line count it replaces took); a corrupt tail is reported when the file is read."""
+    from pretrain_cli.data.readers import kind, open_binary
+
+    comp = (kind(path) or ("", ""))[1]
+    if not comp:
+        return path.stat().st_size
+    n = 0
+    try:
+        with open_binary(path, comp) as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                n += len(block)
+    except Exception:  # noqa: BLE001 - a bad file is reported when it is read
+        pass
+    return n
+
+
+class _Progress:
+    """What train-tokenizer says while it reads and merges. Reading is counted in the unit the total is exact in:
+    decompressed bytes against the files' sizes (a .txt document is a paragraph, not a line: a bar of lines stopped
+    at 9 % when reading ended), documents for Parquet rows or a --max_doc_num sample. On a terminal a tqdm bar, and
+    an elapsed-time line redrawn during the merges; in a log a line every PROGRESS_EVERY seconds. A line says when
+    reading ends and the merges begin, which the trainer does without a word."""
+
+    def __init__(self, reader, max_docs: int | None, vocab_size: int):
+        import time
+
+        from pretrain_cli.data.readers import PARQUET, count_records, kind
+
+        self.reader, self.vocab_size, self.tty = reader, vocab_size, sys.stderr.isatty()
+        if max_docs is not None:
+            self.unit, self.total = "doc", max_docs
+        elif any((kind(f) or ("",))[0] == PARQUET for f in reader.files):
+            self.unit, self.total = "doc", sum(count_records(f) for f in reader.files)
+        else:
+            self.unit, self.total = "B", sum(_decompressed_bytes(f) for f in reader.files)
+        self.start = self.next_line = time.monotonic()
+        self.next_line += PROGRESS_EVERY
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit=self.unit, unit_scale=True, desc="train-tokenizer: reading",
+                            file=sys.stderr)
+
+    def _done(self) -> int:
+        return self.reader.bytes if self.unit == "B" else self.reader.documents
+
+    def _amount(self, n: int) -> str:
+        return f"{n / 1e6:,.1f} MB" if self.unit == "B" else f"{n:,}"
+
+    def texts(self):
+        import time
+
+        shown = 0
+        for text in self.reader:
+            yield text
+            now = time.monotonic()
+            if self.bar is not None:
+                done = self._done()
+                self.bar.update(done - shown)
+                shown = done
+            elif now >= self.next_line:
+                self.next_line = now + PROGRESS_EVERY
+                done = self._done()
+                print(f"train-tokenizer: read {self._amount(done)} of {self._amount(self.total)} "
+                      f"({100 * done / max(1, self.total):.0f} %), {count(self.reader.documents, 'document', True)}, "
+                      f"{_clock(now - self.start)} elapsed", file=sys.stderr, flush=True)
+        self._reading_ended(time.monotonic())
+
+    def _reading_ended(self, now: float) -> None:
+        if self.bar is not None:
+            self.bar.update(self._done() - self.bar.n)
+            self.bar.close()
+        r = self.reader
+        self.merge_start = self.next_line = now
+        self.next_line += PROGRESS_EVERY
+        print(f"train-tokenizer: read {count(r.documents, 'document', True)} ({r.bytes / 1e6:,.1f} MB) in "
+              f"{_clock(now - self.start)}; training BPE on them (vocab {self.vocab_size}): the trainer reports no "
+              f"progress while it merges; "
+              + ("the elapsed time is shown" if self.tty else f"a line every {PROGRESS_EVERY:g} s says it is still "
+                                                              "merging"), file=sys.stderr, flush=True)
+        self.merging = True
+
+    def waiting(self, _seconds: float) -> None:
+        """Called while the trainer works: during the merges (after reading ended), the elapsed time."""
+        import time
+
+        if not getattr(self, "merging", False):
+            return
+        now = time.monotonic()
+        if self.tty and now >= self.next_line:  # redrawn once a second
+            self.next_line = now + 1.0
+            print(f"\rtrain-tokenizer: merging, {_clock(now - self.merge_start)} elapsed", end="", file=sys.stderr,
+                  flush=True)
+        elif now >= self.next_line:
+            self.next_line = now + PROGRESS_EVERY
+            print(f"train-tokenizer: merging, {_clock(now - self.merge_start)} elapsed", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        if self.tty and getattr(self, "merging", False):
+            print(file=sys.stderr, flush=True)  # ends the redrawn line
 
 
 def roles_by_position(special_tokens: list[str]) -> dict[str, str]:
@@ -87,7 +209,7 @@ def _check_output_dir(out: Path) -> None:
 
 def train_tokenizer(ns) -> int:
     """Train a byte-level BPE on `ns.input_path` and save it to `ns.output_dir` (the command's options)."""
-    from pretrain_cli.data.documents import DocumentReader, count_documents
+    from pretrain_cli.data.documents import DocumentReader
 
     _check_output_dir(Path(ns.output_dir))
     roles = roles_by_position(ns.special_tokens)
@@ -95,13 +217,15 @@ def train_tokenizer(ns) -> int:
     if ns.vocab_size < min_vocab:
         raise UserError(f"--vocab_size: {ns.vocab_size} is below the byte alphabet plus special tokens "
                         f"({min_vocab}); pass at least {min_vocab}")
-    reader = DocumentReader(ns.input_path, ns.json_key, ns.skip_bad_lines, note=lambda line: print(line, file=sys.stderr))
-    n_docs = count_documents(ns.input_path)  # cheap line count: tqdm and the trainer want a length
-    from tqdm import tqdm
-
-    texts = tqdm(reader, total=n_docs, unit="doc", desc="train-tokenizer", file=sys.stderr,
-                 disable=not sys.stderr.isatty())
-    tok = train_bpe(texts, ns.vocab_size, list(ns.special_tokens), ns.min_frequency, n_docs)
+    max_docs = ns.max_doc_num
+    reader = DocumentReader(ns.input_path, ns.json_key, ns.skip_bad_lines, max_docs=max_docs,
+                            note=lambda line: print(line, file=sys.stderr))
+    progress = _Progress(reader, max_docs, ns.vocab_size)
+    try:
+        tok = train_bpe(progress.texts(), ns.vocab_size, list(ns.special_tokens), ns.min_frequency,
+                        waiting=progress.waiting)
+    finally:
+        progress.end()
     if reader.documents == 0:
         raise UserError(f"--input_path: no non-empty documents in {' '.join(ns.input_path)}; check the files and --json_key")
     out = Path(ns.output_dir)
