@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
     parser.add_argument("--max_doc_num", type=int, default=None, metavar="N",
                         help="train on the first N documents only, a sample of a corpus too large for memory "
-                             "(docs/DATA.md: memory) (default: all)")
+                             '(DATA.md, "Speed and memory") (default: all)')
     parser.add_argument("--skip_bad_lines", action="store_true", help="skip and count bad lines (default: a bad line "
                                                                        "is an error)")
 
