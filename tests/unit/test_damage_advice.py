@@ -196,12 +196,12 @@ def test_export_of_a_damaged_snapshot_is_not_called_a_final_model(tmp_path):
     from pretrain_cli.training.export import export_checkpoint
 
     snap = tmp_path / "snap"
-    weights, _ = _model_dir(snap)
+    weights, size = _model_dir(snap)
     (snap / "args.json").unlink()
     with pytest.raises(UserError) as e:
         export_checkpoint(snap, tmp_path / "hf", "float32")
-    assert "final model" not in str(e.value) and str(e.value).startswith(f"{snap}: cannot export: {weights} is "
-                                                                         f"truncated")
+    assert str(e.value) == (f"{snap}: cannot export: {weights} is truncated ({size - 8} bytes, its tensors end at "
+                            f"{size}); download it again, or export a complete directory")
     assert intact.export_problem(snap).state == "incomplete"
     weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")  # a header that is no JSON: damaged
     assert intact.export_problem(snap).state == "damaged"
@@ -212,3 +212,41 @@ def test_export_of_a_damaged_snapshot_is_not_called_a_final_model(tmp_path):
         export_checkpoint(out, tmp_path / "hf", "float32")
     assert str(e.value).endswith(f"; the run's final model is damaged: export another directory (no checkpoint-N of "
                                  f"its run is in {out})"), str(e.value)
+
+
+def test_export_advice_follows_the_kind_of_directory(tmp_path):
+    """A PaddleNLP output_dir (its trainer state and checkpoint-100, no args.json of ours) was told "(the run has not
+    written its final model: still training ...)": it is a model to fetch again; that line is for our run's
+    output_dir before its final model (args.json, no trainer state) alone."""
+    from pretrain_cli.training.export import export_checkpoint
+
+    pn, ours = tmp_path / "pn", tmp_path / "ours"
+    for d in (pn, ours):
+        weights, size = _model_dir(d)
+        _model_dir(d / "checkpoint-100", cut=False)
+    (pn / "args.json").unlink()
+    (ours / "trainer_state.json").unlink()
+    with pytest.raises(UserError) as e:
+        export_checkpoint(pn, tmp_path / "hf", "float32")
+    assert str(e.value).endswith(f"its tensors end at {size}); download it again, or export a complete directory")
+    with pytest.raises(UserError) as e:
+        export_checkpoint(ours, tmp_path / "hf", "float32")
+    assert str(e.value).endswith(f"its tensors end at {size}) (the run has not written its final model: still "
+                                 f"training, or stopped before it); export its newest checkpoint, "
+                                 f"{ours / 'checkpoint-100'}")
+
+
+def test_inference_of_a_checkpoint_missing_a_shard_says_incomplete(tmp_path):
+    """load_for_inference said every finding of its checkpoint check "damaged": a shard missing is "incomplete"."""
+    from test_weight_sources import CFG as SHARDED_CFG
+    from test_weight_sources import _fresh, _sharded_checkpoint
+
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    ckpt.parent.mkdir()
+    _sharded_checkpoint(_fresh(0), ckpt)
+    (ckpt / "trainer_state.json").write_text("{}")
+    shard = sorted(ckpt.glob("model*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(UserError) as e:
+        load_for_inference(str(ckpt), SHARDED_CFG, 0)
+    assert str(e.value) == f"{shard} is missing; the checkpoint is incomplete: point --model to another checkpoint-N"

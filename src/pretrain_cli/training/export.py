@@ -148,12 +148,12 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         from pretrain_cli.storage.shard_files import advice_for
 
         advice = advice_for(src, "export")
-        if advice.kind == "final":  # a run's final model, harmed
+        if src.is_dir() and advice.kind != "checkpoint":  # a final model, an unfinished run's, one downloaded
+            newest = run_dir.latest_checkpoint(src) if advice.kind == "unfinished" else None
+            if newest is not None:  # our run's output_dir before its final export (still training?)
+                raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "
+                                f"training, or stopped before it); export its newest checkpoint, {newest}")
             raise UserError(f"{src}: cannot export: {reason}; {advice.said(reason.state)}")
-        newest = run_dir.latest_checkpoint(src)  # a run's output_dir before its final export (still training?)
-        if newest is not None:
-            raise UserError(f"{src}: cannot export: {reason} (the run has not written its final model: still "
-                            f"training, or stopped before it); export its newest checkpoint, {newest}")
         saved = run_dir.list_checkpoints(src.parent)  # a mistyped checkpoint-N: the ones its run directory holds
         there = f": {src.parent} holds {', '.join(p.name for _, p in saved)}" if saved and not src.exists() else ""
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory){there}")

@@ -229,5 +229,6 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
         except DamagedCheckpoint as e:
             from pretrain_cli.storage.shard_files import advice_for
 
-            raise UserError(f"{e}; {advice_for(model_dir, 'inference').said('damaged')}") from None
+            state = getattr(e.reason, "state", "damaged")  # (`storage.intact`'s Problem: incomplete or damaged)
+            raise UserError(f"{e}; {advice_for(model_dir, 'inference').said(state)}") from None
     return model, ("trained weights" if weights else f"random init (seed {seed})")
