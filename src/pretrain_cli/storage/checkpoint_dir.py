@@ -88,10 +88,12 @@ class CheckpointDir:
     def trained_length(self) -> int | None:
         """The longest max_seq_length the weights in this directory were trained at, over the runs that led to them
         (args.json's `trained_length`, which each run carries forward from the checkpoint it resumed or continued
-        from: `orchestration.prepare.RunSpec.trained_length`), None for a directory no run of ours wrote. A run
-        continued past config.json's max_position_embeddings keeps that number there (`models.config.past_positions`),
-        so the positions its weights were trained on are recorded here alone. An args.json from before the key: its
-        run's max_seq_length (`run`), or before that its `arguments`'."""
+        from: `orchestration.prepare.RunSpec.trained_length`), None without an args.json holding `arguments` (no
+        run of ours wrote the directory) or a length in it. A run continued past config.json's
+        max_position_embeddings keeps that number there (`models.config.past_positions`), so the positions its
+        weights were trained on are recorded here alone. An args.json from before the key: its run's max_seq_length
+        (`run`), or one from before `run` its `arguments`' (read here for the length alone: `record`, and so the
+        damage advice, take no args.json without `run` for a run's record)."""
         a = self.args
         if a is None or not isinstance(a.get("arguments"), dict):
             return None
