@@ -115,3 +115,42 @@ def test_a_directory_without_mtp_weights_is_said_to_start_them_from_init(tmp_pat
         convert.save_hf(model, CFG, str(tmp_path / "whole"))
         load_weights(build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), tmp_path / "whole", use="continue_training")
         assert "multi-token prediction" not in caplog.text
+
+
+def test_a_continued_runs_routers_from_init_are_the_ones_its_directory_lacks(tmp_path):
+    """The routing grace per layer: continuing from a directory without MTP weights, the load knows which parameters
+    it took from init (`WeightSource.initialised`), the trainer keeps the MoE layers whose router is among them in
+    its state (a resume's state brings them back), and a whole directory leaves none."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from run_helpers import resolve_run
+    from safetensors.numpy import load_file, save_file
+
+    from pretrain_cli.distributed.comms.comm import NoComm
+    from pretrain_cli.models import convert
+    from pretrain_cli.models.convert import is_mtp
+    from pretrain_cli.training.routing_watch import routers_from_init
+    from pretrain_cli.training.run import lay_out, open_weights
+    from pretrain_cli.training.trainer import Trainer
+
+    paddle.seed(0)
+    model = build_model(CFG, None, MoeConfig(aux_loss_coef=0.0))
+    for name in ("hf", "whole"):
+        convert.save_hf(model, CFG, str(tmp_path / name))
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file({n: t for n, t in load_file(weights).items() if not is_mtp(n, CFG)}, str(weights))
+    seed = SimpleNamespace(loop=SimpleNamespace(seed=0))
+    for name, fresh in (("hf", [2, 3]), ("whole", [])):
+        source = open_weights(seed, build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), pretrained=tmp_path / name)
+        source.close()
+        assert CFG.expert_layers == [1, 2, 3] and routers_from_init(source.initialised, CFG.expert_layers) == fresh
+    run = resolve_run("--max_steps", "4")
+    layout = dataclasses.replace(lay_out(run, model, NoComm()), initialised=source.initialised | {
+        "model.layers.3.mlp.gate.weight"})
+    continued = dataclasses.replace(run, model=dataclasses.replace(run.model, continue_training=True))
+    assert Trainer(layout, None, continued, NoComm()).state.routers_from_init == [3]
+    assert Trainer(layout, None, run, NoComm()).state.routers_from_init == []  # from init: every router's grace
+    resumed = Trainer(dataclasses.replace(layout, initialised=frozenset()), None, continued, NoComm(),
+                      resumed={"global_step": 2, "routers_from_init": [3]})
+    assert resumed.state.routers_from_init == [3] and resumed.state_dict()["routers_from_init"] == [3]

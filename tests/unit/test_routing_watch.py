@@ -107,14 +107,14 @@ def test_message_quotes_this_runs_numbers_alone():
 class _Log(TrainLog):
     """A trainer as far as `_log` reads it: a tiny Qwen3-MoE's config, one process, no writer of files."""
 
-    def __init__(self, events, continued: bool = False):
+    def __init__(self, events, continued: bool = False, fresh: list | None = None):
         cfg = SimpleNamespace(sparse_layers=[0, 1], num_nextn_predict_layers=0, num_experts=16, num_hidden_layers=2,
                               num_experts_per_tok=4, expert_layers=[0, 1], router_aux_loss_coef=0.001)
         model = SimpleNamespace(config=cfg, moe=SimpleNamespace(bias_update_rate=0.0, aux_loss_coef=None,
                                                                  z_loss_coef=0.0))
         self.layout, self.state = SimpleNamespace(raw_model=model, strategy=None), SimpleNamespace(
             interval_loss=8.0, interval_steps=2, loss_sum=0.0, global_step=0, tokens_seen=0, consumed_samples=0,
-            last_batch_hash="", log_history=[])
+            last_batch_hash="", log_history=[], routers_from_init=fresh or [])
         self.comm = SimpleNamespace(mean=lambda x: x)
         self.schedule = SimpleNamespace(lr_at=lambda step: 1e-3, phase=lambda step: None, warmup_steps=10)
         self.throughput = SimpleNamespace(time_remaining=lambda n: 0.0, interval=dict)
@@ -145,3 +145,44 @@ def test_train_log_warns_and_records_a_collapse(monkeypatch, caplog):
         assert events == [("routing_collapse", at, {"layer": 1, "max_expert_share": 0.25 if at == 140 else 0.2499,
                                                     "top_k": 4, "experts": 16, "moe_router_bias_update_rate": 0.0,
                                                     "router_aux_loss_coef": 0.001})], events
+
+
+def test_a_continued_models_router_from_init_alone_gets_the_grace(monkeypatch, caplog):
+    """Continuing a DeepSeek-V3 from an HF snapshot starts its MTP module (no weights saved) from init: that layer's
+    router gets the grace, the trained ones none (the grace was all-or-nothing: none for a continued run)."""
+    w = CollapseWatch(experts=16, top_k=4, layers=[1, 2], warmup_steps=20, decoder_layers=2, from_init=[2])
+    steps = (20, 40, 60, 80, 100, 110, 120)
+    assert [w.see([0.25, 0.25], s) for s in steps] == [[], [(1, 0.25)], [], [], [], [], [(2, 0.25)]]
+    monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {"moe_expert_share_per_layer": [0.25, 0.25]})
+    monkeypatch.setattr(moe_loss, "sparse_blocks", lambda model: [object()])
+    events = []
+    t = _Log(events, continued=True, fresh=[1])  # the trainer state's routers_from_init: layer 1's
+    for step in (20, 40, 60, 80):
+        t.state.global_step = step
+        t._log(grad_norm=1.0)
+    assert [(kind, step, v["layer"]) for kind, step, v in events] == [("routing_collapse", 40, 0)], events
+
+
+def test_a_run_ending_before_its_routing_is_judged_is_told_once(monkeypatch, caplog):
+    """A from-init run whose max_steps ends before the grace + 20 steps was never judged, silently: one note says
+    from which step routing is judged; none when the run gets there, or has no grace."""
+    w = CollapseWatch(experts=16, top_k=4, layers=[0, 1], warmup_steps=20)
+    assert w.note(60) == ("routing is judged for a collapse from step 100 (the grace of a router from random init: "
+                          "every MoE layer's here) and warned of 20 steps after: this run ends at step 60, so its "
+                          "routing is not judged; docs/MOE.md, \"The routing-collapse warning\"")
+    assert w.note(119).endswith("ends at step 119, so its routing is not judged; " + w.note(60).split("; ")[-1])
+    assert w.note(120) is None and _trained().note(10) is None
+    mtp = CollapseWatch(experts=16, top_k=4, layers=[1, 2], decoder_layers=2, from_init=[2])
+    assert "init: model.layers.2.mlp (the MTP module's) here) " in mtp.note(50) and "so that layer is" in mtp.note(50)
+    monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {"moe_expert_share_per_layer": [0.1, 0.1]})
+    monkeypatch.setattr(moe_loss, "sparse_blocks", lambda model: [object()])
+    monkeypatch.setattr(logging.getLogger("pretrain_cli"), "propagate", True)
+    for continued, said in ((False, 1), (True, 0)):  # max_steps 100, grace 100: from init told; trained: judged
+        t = _Log([], continued)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pretrain_cli"):
+            for step in (10, 20, 30):
+                t.state.global_step = step
+                t._log(grad_norm=1.0)
+        notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note: routing is judged")]
+        assert len(notes) == said and all("ends at step 100" in n for n in notes), notes

@@ -12,7 +12,10 @@ configs/qwen3-moe-tiny_cpu.json (warm-up 20) does in every run, logged every 5 s
 at 80) and at 70 with 0.001; a warning every run of the shipped example gives is one a user learns to ignore. So a
 router from init is judged only after step max(`WARMUPS` x warmup_steps, `GRACE_STEPS`): 100 is past the 85
 measured, and twice the warm-up keeps a longer warm-up's own spread. A router that starts trained
-(continue_training from a MoE model) has no such phase: judged from the first line.
+(continue_training from a MoE model) has no such phase: judged from the first line; but a continued model's router
+its directory does not hold (DeepSeek-V3's MTP module: transformers saves none) starts from init and gets the grace
+(`routers_from_init`, kept in the trainer state so a resume keeps it). A run that ends before a collapse could be
+warned of after its grace is told so once (`note`): a silent log would read as balanced routing.
 Why a span of steps, not of log lines: two lines were 10 steps at logging_steps 5 and 40 at 20, so whether a run was
 warned of depended on how often it logged; `SUSTAIN_STEPS` of 20 is a collapse that stayed, whatever the interval
 (a swing the balance loss or the routing bias pulls back lasts a line or two), and `INTERVALS` keeps one long
@@ -32,6 +35,7 @@ INTERVALS = 2  # and at least this many log lines
 WARMUPS = 2  # a router from init: lines before WARMUPS x warmup_steps (or GRACE_STEPS) are not judged
 GRACE_STEPS = 100
 SECTION = 'docs/MOE.md, "The routing-collapse warning"'
+ROUTER = "mlp.gate.weight"  # a MoE layer's router weight, under model.layers.N
 
 
 def grace(warmup_steps: float, from_init: bool) -> float:
@@ -40,18 +44,26 @@ def grace(warmup_steps: float, from_init: bool) -> float:
     return max(WARMUPS * warmup_steps, GRACE_STEPS) if from_init else 0
 
 
+def routers_from_init(initialised, layers: list[int]) -> list[int]:
+    """Of the model's MoE `layers`, those whose router weight is among the parameter names `initialised` (what a
+    load took from init because the directory lacks it: `WeightSource.initialised`)."""
+    return [i for i in layers if f"model.layers.{i}.{ROUTER}" in initialised]
+
+
 class CollapseWatch:
     """Follows each sparse layer's run of log lines near 1/top_k; `see` returns the layers to warn of now."""
 
     def __init__(self, experts: int, top_k: int, layers: list[int] | None = None, warmup_steps: float = 0,
-                 decoder_layers: int | None = None, from_init: bool = True):
+                 decoder_layers: int | None = None, from_init: bool | list[int] = True):
         """`layers`: the model's layer index of each sparse layer, in the order the shares come (none: their
         order among the sparse layers, said as such); `decoder_layers`: num_hidden_layers (the layers from it on are
-        the MTP modules'); `from_init`: the router started from random init in this run's lineage (`grace`)."""
+        the MTP modules'); `from_init`: every router started from random init in this run's lineage (`grace`), or
+        none did, or the model's layers whose router did (a continued model's that its directory lacked)."""
         # with as many experts as choices every expert takes 1/top_k: that is balance, not collapse
         self.bar = NEAR / top_k if 0 < top_k < experts else None
         self.experts, self.top_k, self.layers, self.decoder_layers = experts, top_k, layers, decoder_layers
-        self.from_step = grace(warmup_steps, from_init)
+        self.fresh = None if from_init is True else set(from_init or ())  # None: every layer's router
+        self.from_step = grace(warmup_steps, self.fresh is None or bool(self.fresh))
         self.named = True  # the shares' count matched `layers`
         self.last_step: int | None = None  # the previous line's step: where the interval a line ends began
         self.near: dict[int, tuple[int, int]] = {}  # layer: (the step its run near 1/top_k began, its lines)
@@ -70,7 +82,8 @@ class CollapseWatch:
         out = []
         for i, share in enumerate(per_layer):
             layer = self.layers[i] if self.named else i
-            if began < self.from_step or share < self.bar:
+            graced = self.fresh is None or layer in self.fresh or not self.named  # (unnamed: each may be fresh)
+            if (began < self.from_step and graced) or share < self.bar:
                 self.near.pop(layer, None)
                 continue
             since, lines = self.near.get(layer, (began, 0))
@@ -79,6 +92,18 @@ class CollapseWatch:
                 self.warned.add(layer)
                 out.append((layer, share))
         return out
+
+    def note(self, max_steps: int) -> str | None:
+        """The one line for a run that ends before a router in its grace could be warned of (`SUSTAIN_STEPS` past
+        `from_step`), or None."""
+        if self.bar is None or not self.from_step or max_steps >= self.from_step + SUSTAIN_STEPS:
+            return None
+        which = "every MoE layer's" if self.fresh is None else ", ".join(self.name(i) for i in sorted(self.fresh))
+        judged = ("its routing is" if self.fresh is None else
+                  "that layer is" if len(self.fresh) == 1 else "those layers are")
+        return (f"routing is judged for a collapse from step {self.from_step:g} (the grace of a router from random "
+                f"init: {which} here) and warned of {SUSTAIN_STEPS} steps after: this run ends at step {max_steps}, "
+                f"so {judged} not judged; {SECTION}")
 
     def name(self, layer: int) -> str:
         """The layer as a user finds it: transformers' module name (the MTP module's layer said so)."""

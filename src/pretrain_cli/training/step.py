@@ -43,6 +43,7 @@ class Layout:
     strategy: object
     raw_model: object
     resume_bytes_read: int | None = None
+    initialised: frozenset = frozenset()  # parameters from init though weights were read (`WeightSource.initialised`)
 
 
 class StepResult(NamedTuple):

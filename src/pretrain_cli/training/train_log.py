@@ -60,7 +60,10 @@ class TrainLog:
             cfg = model.config
             watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers,
                                                          self.schedule.warmup_steps, cfg.num_hidden_layers,
-                                                         from_init=not self.continued)
+                                                         from_init=self.state.routers_from_init if self.continued
+                                                         else True)
+            if (note := watch.note(self.loop.max_steps)) is not None:
+                log.info(f"note: {note}")
         for layer, share in watch.see(per_layer, self.state.global_step):
             rate, coef = float(model.moe.bias_update_rate or 0.0), router_terms(model).aux_coef
             log.warning(watch.message(self.state.global_step, layer, share, rate, coef))

@@ -53,6 +53,11 @@ class Trainer(TrainLog):
                       if run.spike.enabled else None)
         self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
+        layers = getattr(getattr(layout.raw_model, "config", None), "expert_layers", None)
+        if self.continued and layers:  # (a resume's state then says what the run's first process found)
+            from pretrain_cli.training.routing_watch import routers_from_init
+
+            self.state.routers_from_init = routers_from_init(layout.initialised, layers)
         self.last_eval: dict = {}
         self._marked: tuple | None = None  # (step, the writer's mark taken as that step began logging)
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)

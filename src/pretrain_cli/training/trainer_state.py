@@ -28,6 +28,9 @@ class TrainerState:
     interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
     interval_steps: int = 0
     log_history: list = field(default_factory=list)
+    # continue_training: the MoE layers whose router started from init (`routing_watch.routers_from_init`), kept
+    # so a resumed process gives them the grace too
+    routers_from_init: list = field(default_factory=list)
 
 
 @dataclass

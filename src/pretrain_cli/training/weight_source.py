@@ -106,8 +106,9 @@ class WeightSource:
             raise
         self.names, self.zeros, self.layout = found.names, found.zeros, found.layout
         self.fallback = fallback
-        absent = sorted({n.split(".")[2] for n, _ in model.named_parameters()
-                         if is_mtp(n, model.config) and not self.holds(n)})
+        # what `fallback` gives: a run continued from this directory trains these from init (routing_watch's grace)
+        self.initialised = frozenset(n for n, _ in model.named_parameters() if not self.holds(n))
+        absent = sorted({n.split(".")[2] for n in self.initialised if is_mtp(n, model.config)})
         if absent:  # said, or a first loss well above transformers' own looks like a wrong load
             from pretrain_cli.training.metrics import log
 
