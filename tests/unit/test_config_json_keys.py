@@ -160,7 +160,8 @@ def test_deepseek_keys_from_dict_derives_or_paddlenlp_writes_are_accepted():
 
 @pytest.mark.parametrize("model_type, cls", [("llama", "LlamaConfig"), ("qwen2", "Qwen2Config"),
                                              ("qwen3", "Qwen3Config"), ("qwen2_moe", "Qwen2MoeConfig"),
-                                             ("qwen3_moe", "Qwen3MoeConfig"), ("deepseek_v3", "DeepseekV3Config")])
+                                             ("qwen3_moe", "Qwen3MoeConfig"), ("deepseek_v2", "DeepseekV2Config"),
+                                             ("deepseek_v3", "DeepseekV3Config")])
 def test_every_key_of_the_familys_transformers_config_is_accepted_alone(model_type, cls):
     """A Qwen config.json with sliding_window and no use_sliding_window was refused 'did you mean
     use_sliding_window?': every key the installed transformers' config class for the family writes or takes,
