@@ -156,7 +156,8 @@ def test_preprocess_killed_midway(assets, workdir):
             "--append_eos"]
     p = run_cli(argv, cwd=workdir, faults="preprocess_batch:1")
     assert p.returncode == -9
-    assert sorted(x.name for x in (workdir / "new").iterdir()) == ["c.bin.tmp", "c.docs.tmp", "c.sizes.tmp"]
+    # (c.lock: its flock died with the process; the re-run takes the file and removes it)
+    assert sorted(x.name for x in (workdir / "new").iterdir()) == ["c.bin.tmp", "c.docs.tmp", "c.lock", "c.sizes.tmp"]
     p = run_cli(["inspect-data", "new/c"], cwd=workdir)
     check_one_line_error(p.returncode, p.stdout, p.stderr, ["new/c", "no token files"])
     p = run_cli(argv, cwd=workdir)

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from pretrain_cli import atomic
-from pretrain_cli.data.indexed import CHUNK, CODE_OF, MAGIC, strip_prefix
+from pretrain_cli.data.indexed import CHUNK, CODE_OF, DTYPE_CODES, HEADER_BYTES, MAGIC, strip_prefix
 from pretrain_cli.errors import UserError
 
 
 # every name a writer, preprocess or merge-data puts under a prefix (published, in progress, or the task's record)
 _OUTPUT_NAMES = (".bin", ".idx", ".json", ".lsm", ".progress.json", ".bin.tmp", ".idx.tmp", ".sizes.tmp",
-                 ".docs.tmp")
+                 ".docs.tmp", ".lock")
 
 
 def check_output_prefix(given: str, option: str, prefix: str | None = None) -> str:
@@ -40,6 +40,41 @@ def check_output_prefix(given: str, option: str, prefix: str | None = None) -> s
         raise UserError(f"{option} {given}: {taken} is a directory, where an output file goes; move it or choose "
                         "another prefix")
     return base
+
+
+def sidecar_mismatch(prefix: str, meta: dict) -> str | None:
+    """Why the published pair at `prefix` is not the one its sidecar `meta` (one sequence per document, as
+    `preprocess` writes) describes, or None. Reads the `.idx` header, its last size and pointer and both files'
+    lengths only: a re-run that finds its inputs' sidecar asks this before calling the files complete (a `.bin`
+    cut short, or written over by a second run, had been called complete, and `check` then refused it)."""
+    idx, bin_ = prefix + ".idx", prefix + ".bin"
+    try:
+        with open(idx, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            idx_bytes, bin_bytes = os.fstat(f.fileno()).st_size, os.path.getsize(bin_)
+            if len(head) < HEADER_BYTES or head[: len(MAGIC)] != MAGIC:
+                return f"{idx} is not an MMIDIDX index"
+            _, code, n, d = struct.unpack("<QBQQ", head[len(MAGIC):])
+            dtype = np.dtype(DTYPE_CODES[code]) if code in DTYPE_CODES else None
+            if dtype is None or dtype.name != meta.get("dtype"):
+                return f"{idx} holds dtype code {code}, the sidecar says {meta.get('dtype')}"
+            if idx_bytes != HEADER_BYTES + 12 * n + 8 * d:
+                return f"{idx} is {idx_bytes} bytes, its header counts {HEADER_BYTES + 12 * n + 8 * d}"
+            if (n, d) != (meta.get("documents"), (meta.get("documents") or 0) + 1):
+                return f"{idx} counts {n} sequences and {d - 1} documents, the sidecar {meta.get('documents')}"
+            want = int(meta.get("tokens") or 0) * dtype.itemsize
+            if bin_bytes != want:
+                return f"{bin_} is {bin_bytes} bytes, the sidecar's {meta.get('tokens')} tokens take {want}"
+            if n:  # the last sequence ends where the .bin does
+                f.seek(HEADER_BYTES + 4 * (n - 1))
+                size = int(np.frombuffer(f.read(4), "<i4")[0])
+                f.seek(HEADER_BYTES + 4 * n + 8 * (n - 1))
+                end = int(np.frombuffer(f.read(8), "<i8")[0]) + size * dtype.itemsize
+                if end != bin_bytes:
+                    return f"{idx}'s last sequence ends at byte {end} of {bin_}'s {bin_bytes}"
+    except OSError as e:
+        return f"{e.filename}: {e.strerror}"
+    return None
 
 
 class IndexedDatasetWriter:

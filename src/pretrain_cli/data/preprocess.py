@@ -4,7 +4,9 @@ Reading stays in the parent process (so a bad line names its file and line numbe
 tokenization runs in a worker pool fed through a bounded window of batches, because
 `Pool.imap` drains its input eagerly and would hold the whole corpus in memory. A batch never
 spans two input files, so when a file's last batch is written the task can record it as
-finished (`data/tasks.py`) and a re-run after a kill continues with the next file.
+finished (`data/tasks.py`) and a re-run after a kill continues with the next file. A task holds its prefix's
+lock (`data/prefix_lock.py`) from before it looks at the prefix's files until it ends: two runs sharing the
+in-progress files would publish a corrupt pair.
 
 The command builds the `Job` and says where the lines go (`say`: results, `note`: progress and warnings);
 this module prints nothing itself.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import os
 import queue
 import threading
@@ -24,10 +27,11 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.counts import count
-from pretrain_cli.data import tasks
+from pretrain_cli.data import long_documents, tasks
 from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
-from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
+from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix, sidecar_mismatch
+from pretrain_cli.data.prefix_lock import PrefixLock
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
 
@@ -59,7 +63,8 @@ def _quiet(line: str) -> None:
 @dataclass
 class _Task:
     """What the encoding loop works with, opened by `preprocess`: the job, its reader and writer, its files and
-    prefix, the settings recorded with its progress, the token dtype, the EOS id and the tokenizer."""
+    prefix, the settings recorded with its progress, the token dtype, the EOS id, the tokenizer and whether a long
+    document may be encoded in pieces."""
 
     job: Job
     reader: DocumentReader
@@ -70,20 +75,44 @@ class _Task:
     dtype: np.dtype
     eos: int | None
     tok: object
+    cuttable: bool
+
+
+def _done_files(prefix: str) -> int:
+    """Input files the task's progress record keeps (0: none, or no record)."""
+    try:
+        with open(tasks.progress_path(prefix), encoding="utf-8") as f:
+            return int(json.load(f).get("done_files", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _load(tokenizer_dir: str):
+    """The tokenizer as preprocess encodes with it: special tokens' text in documents is plain text (only
+    --append_eos adds an EOS), and whether a long document may be encoded in pieces (`data.long_documents`)."""
+    tok = load_tokenizer(tokenizer_dir).documents_as_text()
+    return tok, long_documents.cuttable(tok.pipeline())
 
 
 def _init_worker(tokenizer_dir: str, dtype: str, eos: int | None) -> None:
-    _WORKER.update(tok=load_tokenizer(tokenizer_dir), dtype=np.dtype(dtype), eos=eos)
+    tok, cuttable = _load(tokenizer_dir)
+    _WORKER.update(tok=tok, cuttable=cuttable, dtype=np.dtype(dtype), eos=eos)
 
 
 def _encode(texts: list[str]):
     """-> (flat tokens, lengths int64 [docs], max id, documents that tokenize to nothing, which are dropped)."""
-    ids = _WORKER["tok"].encode_batch(texts)
     eos = _WORKER["eos"]
-    if eos is not None:
-        ids = [x + [eos] if x else x for x in ids]
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
+    if _WORKER["cuttable"] and any(len(t) > long_documents.PIECE_CHARS for t in texts):
+        docs = long_documents.encode(_WORKER["tok"], texts, np.int64)  # memory bounded by a piece, not the document
+        lengths = np.fromiter((len(x) + (eos is not None and len(x) > 0) for x in docs), np.int64, len(docs))
+        parts = [part for x in docs if len(x) for part in ((x, [eos]) if eos is not None else (x,))]
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)  # (int64: `parts` are)
+    else:
+        ids = _WORKER["tok"].encode_batch(texts)
+        if eos is not None:
+            ids = [x + [eos] if x else x for x in ids]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
     max_id = int(flat.max()) if flat.size else -1
     return flat.astype(_WORKER["dtype"]), lengths[lengths > 0], max_id, int((lengths == 0).sum())
 
@@ -142,10 +171,10 @@ class _Raised:
         self.error = error
 
 
-def _results(job: Job, work, dtype, eos, tok):
+def _results(job: Job, work, dtype, eos, tok, cuttable: bool):
     """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
     if job.workers <= 1:
-        _WORKER.update(tok=tok, dtype=dtype, eos=eos)
+        _WORKER.update(tok=tok, cuttable=cuttable, dtype=dtype, eos=eos)
         for item in _prefetched(work):
             yield item if isinstance(item, _FileDone) else _encode(item)
         return
@@ -176,7 +205,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     tasks.check_task(job.num_tasks, job.task_index)
     base = check_output_prefix(job.output_prefix, "--output_prefix",
                                tasks.task_prefix(strip_prefix(job.output_prefix), job.num_tasks, job.task_index))
-    tok = load_tokenizer(job.tokenizer)
+    tok, cuttable = _load(job.tokenizer)
     eos = None
     if job.append_eos:
         eos = tok.eos_token_id
@@ -188,17 +217,31 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     if not files:
         say(f"preprocess: nothing to do{task}: {count(n_all, 'input file')} for {count(job.num_tasks, 'task')}")
         return 0
+    lock = PrefixLock(prefix)  # before anything under the prefix is read or written
+    try:
+        return _locked(job, prefix, files, skipped, task, tok, cuttable, eos, say, note)
+    finally:
+        lock.release()
+
+
+def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, cuttable: bool, eos: int | None,
+            say: Callable[[str], None], note: Callable[[str], None]) -> int:
+    """`preprocess`'s work once it holds the prefix's lock."""
     dtype = dtype_for_vocab(tok.vocab_size)
     settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": job.json_key,
-                "max_doc_num": job.max_doc_num}
+                "max_doc_num": job.max_doc_num, "special_tokens": "text"}  # (how a document's `</s>` is encoded)
     inputs_sha = tasks.files_sha256(files, settings)
     meta = read_sidecar(prefix)
-    if (meta and meta.get("inputs_sha256") == inputs_sha and os.path.exists(prefix + ".bin")
-            and os.path.exists(prefix + ".idx")):
+    ours = (meta and meta.get("inputs_sha256") == inputs_sha and os.path.exists(prefix + ".bin")
+            and os.path.exists(prefix + ".idx"))
+    broken = sidecar_mismatch(prefix, meta) if ours else None
+    if ours and not broken:
         tasks.remove_progress(prefix)
         say(f"preprocess: {prefix}.bin/.idx already complete for these inputs and settings{task}; nothing to do")
         return 0
-    if meta and os.path.exists(prefix + ".bin"):  # other inputs or settings: the token files are replaced
+    if broken:
+        note(f"preprocess: {prefix}.bin/.idx are not what their sidecar describes ({broken}); re-creating them")
+    elif meta and os.path.exists(prefix + ".bin"):  # other inputs or settings: the token files are replaced
         other = ("another tokenizer" if meta.get("tokenizer_fingerprint") not in (None, *tok.fingerprints)
                  else "other inputs or settings")
         note(f"preprocess: replacing {prefix}.bin/.idx, made from {other}; the new files are published when "
@@ -224,13 +267,19 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         note(f"preprocess: resuming {prefix} after {start} of {count(len(files), 'file')} (last: {rec['last_file']}; "
              f"{count(stats['written'], 'document')} kept)")
     try:
-        el, new_tokens, new_bytes = _run(_Task(job, reader, writer, files, prefix, settings, dtype, eos, tok),
-                                         start, stats, note)
-    except BaseException:
-        if os.path.exists(tasks.progress_path(prefix)):  # keep finished files for the re-run
+        el, new_tokens, new_bytes = _run(_Task(job, reader, writer, files, prefix, settings, dtype, eos, tok,
+                                               cuttable), start, stats, note)
+    except BaseException as e:
+        kept = _done_files(prefix)
+        if kept:  # keep finished files for the re-run
             writer.close()
         else:
             writer.abort()
+        if isinstance(e, KeyboardInterrupt):  # the CLI's own line says only "interrupted"
+            note(f"preprocess: interrupted: {kept} of {count(len(files), 'file')} kept in {tasks.progress_path(prefix)}; "
+                 "re-run the same command to resume" if kept else
+                 f"preprocess: interrupted before the first of {count(len(files), 'file')} was finished; nothing kept "
+                 f"(a re-run starts over)")
         raise
     docs, tokens, empty = stats["written"], stats["tokens"], reader.empty + stats["empty_after"]
     atomic.write_json(prefix + ".json", {
@@ -260,7 +309,7 @@ def _run(t: _Task, start: int, stats: dict, note: Callable[[str], None]) -> tupl
     t0 = time.perf_counter()
     bytes0, docs0, tokens0 = reader.bytes, stats["written"], stats["tokens"]
     next_log = docs0 + job.log_interval
-    for item in _results(job, _work(reader, files, start), t.dtype, t.eos, tok):
+    for item in _results(job, _work(reader, files, start), t.dtype, t.eos, tok, t.cuttable):
         if isinstance(item, _FileDone):
             tasks.save_progress(prefix, files, item.k + 1, settings, writer.checkpoint(), {**item.counters, **stats})
             continue

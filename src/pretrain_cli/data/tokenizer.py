@@ -108,6 +108,16 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self._id("pad")
 
+    def documents_as_text(self) -> "Tokenizer":
+        """This tokenizer, encoding special tokens' text as plain text (`preprocess`): a literal `</s>` in a document
+        would otherwise become the EOS id, a false document boundary in packed samples."""
+        self._tok.encode_special_tokens = True  # tokenizers >= 0.15.1; not serialised: no fingerprint changes
+        return self
+
+    def pipeline(self) -> dict:
+        """tokenizer.json's parts as `tokenizers` serialises them (what encoding depends on)."""
+        return json.loads(self._tok.to_str())
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

@@ -1,0 +1,100 @@
+"""Encoding a long document in pieces, so `preprocess`'s memory is bounded by a piece, not by its longest document.
+
+`tokenizers` holds about 100 bytes per byte of the text it encodes at once (a 5 MB document took 502 MB of RSS,
+a 20 MB one 2.03 GB). A document longer than `PIECE_CHARS` is cut into pieces that are encoded one group at a time
+and joined: the same ids as the whole, exactly, where a cut falls where the tokenizer's pre-tokenizer always splits
+whatever the context. For the byte-level pipelines of GPT-2, Llama 3 and Qwen2 (ours: `train-tokenizer`) that is
+before a space between two non-whitespace characters (the space starts the next word's pre-token, and every
+alternative of their split patterns ends at a non-whitespace character followed by a space) or after a newline
+between two non-whitespace characters (no alternative runs on from a newline into a non-whitespace character, and
+a lone newline ends every pre-token that holds it); NFC never composes across either (a space or newline is a
+starter that composes with nothing). `cuttable` admits only those pipelines (and no added token that holds or
+strips whitespace); any other tokenizer encodes each document whole (memory then grows with the longest document:
+docs/DATA.md, "Speed and memory"). tests/unit/test_preprocess_long.py compares every cut point of mixed text with
+the whole encoding for each admitted pattern.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from pretrain_cli.data.tokenizer import QWEN2_SPLIT
+
+PIECE_CHARS = 1 << 18  # 256 K characters: ~25 MB of the tokenizer's working memory per piece in flight
+GROUP_CHARS = 1 << 20  # pieces encoded together (one `encode_batch`: its threads share them)
+_WINDOW = 1 << 16  # a cut is looked for in the last 64 K characters before the piece's end
+_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")  # Python's \s covers the Unicode White_Space the patterns use
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+SPLITS = (QWEN2_SPLIT, LLAMA3_SPLIT, GPT2_SPLIT)
+
+
+def cuttable(pipeline: dict) -> bool:
+    """Whether documents encoded with this tokenizer (`Tokenizer.pipeline()`, special tokens' text as plain text)
+    may be cut at `cut`'s points with the same ids as the whole."""
+    norm, pre = pipeline.get("normalizer"), pipeline.get("pre_tokenizer") or {}
+    norms = norm.get("normalizers", []) if norm and norm.get("type") == "Sequence" else [norm] if norm else []
+    if any(n.get("type") != "NFC" for n in norms):
+        return False
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if len(parts) == 1:  # GPT-2's byte level, its split pattern built in
+        ok = _byte_level(parts[0], use_regex=True)
+    elif len(parts) == 2:
+        split, byte_level = parts
+        ok = (split.get("type") == "Split" and (split.get("pattern") or {}).get("Regex") in SPLITS
+              and split.get("behavior") == "Isolated" and not split.get("invert") and _byte_level(byte_level, False))
+    else:
+        ok = False
+    added = [t for t in pipeline.get("added_tokens") or [] if not t.get("special")]  # specials: text (see above)
+    return ok and not any(t.get("lstrip") or t.get("rstrip") or any(c.isspace() for c in t.get("content", ""))
+                          for t in added)
+
+
+def _byte_level(part: dict, use_regex: bool) -> bool:
+    return (part.get("type") == "ByteLevel" and not part.get("add_prefix_space")
+            and bool(part.get("use_regex", True)) == use_regex)
+
+
+def cut(text: str, limit: int | None = None):
+    """`text` in pieces of about `limit` (default `PIECE_CHARS`) characters, cut at `_CUT`'s points (the last one
+    before a piece's limit, else the first after it; text with no such point stays one piece). A generator: only
+    the pieces being encoded are copies."""
+    limit = limit or PIECE_CHARS
+    start = 0
+    while len(text) - start > limit:
+        end = start + limit
+        last = None
+        for last in _CUT.finditer(text, max(start + 1, end - _WINDOW), end):
+            pass
+        if last is None:
+            last = _CUT.search(text, end)
+            if last is None:
+                break
+        yield text[start : last.start()]
+        start = last.start()
+    yield text[start:]
+
+
+def encode(tok, texts: list[str], dtype) -> list[np.ndarray]:
+    """Each text's ids (`dtype`), a long one's encoded piece by piece and joined."""
+    out: list[list[np.ndarray]] = [[] for _ in texts]
+    group: list[tuple[int, str]] = []
+    size = 0
+
+    def flush():
+        for (k, _), ids in zip(group, tok.encode_batch([p for _, p in group])):
+            out[k].append(np.asarray(ids, dtype=dtype))
+        group.clear()
+
+    for k, text in enumerate(texts):
+        for piece in cut(text):
+            group.append((k, piece))
+            size += len(piece)
+            if size >= GROUP_CHARS:
+                flush()
+                size = 0
+    if group:
+        flush()
+    return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in out]

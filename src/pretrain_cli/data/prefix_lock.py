@@ -1,0 +1,93 @@
+"""One `preprocess` per output prefix: `PREFIX.lock`, held with `flock` for the whole task.
+
+Two runs into one prefix would share its in-progress names (`.bin.tmp`, `.sizes.tmp`, `.docs.tmp`): the second
+truncates the first's files, both write on, the first publishes a `.bin` its `.idx` does not count with a sidecar
+that calls it complete, and the second fails on a file the first renamed. The lock refuses the second at once,
+before it reads or writes anything under the prefix. The kernel drops a `flock` when its holder ends, however
+it ends (SIGKILL, the out-of-memory killer), so a lock file a dead run left never blocks the re-run; the file
+holds the holder's pid only for the refusal's line. Release removes the file (while still holding it), so a run
+that opened the name just before must check, once it holds a lock, that it holds the file under the name.
+A forked process (a tokenizer worker of `--workers N`) closes its copy of the descriptor at once: else the orphaned
+workers of a killed run keep the lock for seconds after it, and the re-run is refused naming a dead pid.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from pretrain_cli.errors import UserError
+
+_HELD: set[int] = set()  # this process's lock descriptors
+
+
+def _drop_in_child() -> None:
+    """After fork, in the child: close (never unlock: that would release the parent's lock) the inherited copies."""
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
+
+
+class PrefixLock:
+    """Held from construction until `release()`; refused (UserError) while another process holds it."""
+
+    def __init__(self, prefix: str, option: str = "--output_prefix"):
+        self.path = prefix + ".lock"
+        parent = Path(self.path).parent
+        # the outermost directory made for the lock: release() removes it if the run left it empty
+        self._created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+        parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(fd)
+                raise UserError(f"{prefix} is being written by another preprocess (pid {pid}); wait for it or choose "
+                                f"another {option}") from None
+            try:
+                held = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                held = False
+            if held:  # (else the holder removed the name between our open and our lock: take the new file)
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+        _HELD.add(fd)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+        _HELD.discard(self._fd)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        d = Path(self.path).parent
+        while self._created is not None:  # a run that wrote nothing leaves the tree as it found it
+            try:
+                d.rmdir()
+            except OSError:
+                break
+            if d == self._created:
+                break
+            d = d.parent
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False

@@ -1,0 +1,104 @@
+"""A long document is encoded in pieces (memory bounded by a piece: a 20 MB document had taken 2.03 GB), with
+exactly the ids of the whole: proved at every cut point of mixed text for each admitted pre-tokenizer, and end to
+end through preprocess."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import Regex, Tokenizer as HFTokenizer, models, normalizers, pre_tokenizers, trainers
+
+from data_helpers import make_texts, make_tokenizer, write_jsonl
+from pretrain_cli.data import long_documents
+from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.long_documents import GPT2_SPLIT, LLAMA3_SPLIT, cut, cuttable
+from pretrain_cli.data.preprocess import Job, preprocess
+from pretrain_cli.data.tokenizer import QWEN2_SPLIT, Tokenizer, load_tokenizer
+
+# letters, digits, punctuation, every kind of whitespace run, NFC-composable accents, CJK, a non-breaking and an
+# ideographic space, a record separator (Python's whitespace, not Unicode's) and a special token's text
+_ALPHABET = list("ab cd\n\n  \t\r.,!?'s'll12345e\u0301\u00e9\u00a0\u3000\u4e2d\u6587<>/|-_\x1c\u2028") + [" "] * 4
+
+
+def _text(rng, n):
+    return "".join(rng.choice(_ALPHABET) for _ in range(n))
+
+
+def _pipeline(split):
+    """A byte-level BPE trained on mixed text with `split`'s pattern (None: GPT-2's ByteLevel with its own)."""
+    rng = random.Random(1)
+    tok = HFTokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=1, special_tokens=["</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_text(rng, 200) for _ in range(200)], trainer)
+    return Tokenizer(tok, "t", {"eos": "</s>"}, "").documents_as_text()
+
+
+@pytest.mark.parametrize("split", [QWEN2_SPLIT, LLAMA3_SPLIT, GPT2_SPLIT, None], ids=["qwen2", "llama3", "gpt2-split",
+                                                                                    "gpt2-bytelevel"])
+def test_every_cut_point_gives_the_ids_of_the_whole(split):
+    tok = _pipeline(split)
+    assert cuttable(tok.pipeline())
+    rng, checked, differ = random.Random(2), 0, 0
+    for _ in range(120):
+        text = _text(rng, rng.randint(3, 80)) + "</s>" * rng.randint(0, 1) + _text(rng, rng.randint(0, 20))
+        whole = tok.encode(text)
+        for m in long_documents._CUT.finditer(text):
+            assert tok.encode(text[: m.start()]) + tok.encode(text[m.start():]) == whole, (text, m.start())
+            checked += 1
+        differ += sum(tok.encode(text[:p]) + tok.encode(text[p:]) != whole for p in range(1, len(text)))
+    assert checked > 500 and differ > 100  # (an arbitrary cut is not exact: the cut points are what make it so)
+
+
+def test_cut_keeps_the_text_and_bounds_the_pieces():
+    rng = random.Random(3)
+    text = " ".join(make_texts(400, seed=4)) + "\n" + "x" * 300 + "\n" + _text(rng, 3000)
+    pieces = list(cut(text, 100))
+    assert "".join(pieces) == text and len(pieces) > 40
+    assert max(map(len, pieces)) >= 300 and sorted(map(len, pieces))[-2] <= 100  # the one run without a cut point
+    assert list(cut("y" * 500, 100)) == ["y" * 500] and list(cut("short", 100)) == ["short"]
+
+
+def test_only_pipelines_where_the_cut_is_exact_are_cut(tmp_path):
+    ours = load_tokenizer(make_tokenizer(tmp_path / "tok"))  # train-tokenizer's Qwen2 pipeline
+    spec = ours.pipeline()
+    assert cuttable(spec)
+    pre = spec["pre_tokenizer"]["pretokenizers"]
+    assert not cuttable({**spec, "pre_tokenizer": {**pre[1], "add_prefix_space": True}})  # a space before each piece
+    assert not cuttable({**spec, "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                                                   "prepend_scheme": "first", "split": True}})
+    assert not cuttable({**spec, "normalizer": {"type": "Prepend", "prepend": "\u2581"}})  # Llama 2's
+    other = {**pre[0], "pattern": {"Regex": r"\S+|\s+"}}
+    assert not cuttable({**spec, "pre_tokenizer": {**spec["pre_tokenizer"], "pretokenizers": [other, pre[1]]}})
+    added = {"content": "a b", "special": False, "lstrip": False, "rstrip": False}
+    assert not cuttable({**spec, "added_tokens": spec["added_tokens"] + [added]})
+    assert not cuttable({**spec, "added_tokens": spec["added_tokens"] + [{**added, "content": "ab", "rstrip": True}]})
+    assert cuttable({**spec, "added_tokens": spec["added_tokens"] + [{**added, "content": "a b", "special": True}]})
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_preprocess_encodes_a_long_document_in_pieces_with_the_ids_of_the_whole(tmp_path, monkeypatch, workers):
+    tok_dir = make_tokenizer(tmp_path / "tok")
+    tok = load_tokenizer(tok_dir)
+    rng = random.Random(5)
+    long_doc = "\n".join(" ".join(make_texts(30, seed=s)) for s in range(12)) + " </s> " + _text(rng, 2000)
+    texts = ["short one.", long_doc, "short two.", long_doc[:700]]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    seen = []
+    batch = Tokenizer.encode_batch
+    monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, t: seen.extend(map(len, t)) or batch(self, t))
+    monkeypatch.setattr(long_documents, "PIECE_CHARS", 500)
+    monkeypatch.setattr(long_documents, "GROUP_CHARS", 1200)
+    assert preprocess(Job((str(tmp_path / "a.jsonl"),), str(tmp_path / "o"), str(tok_dir), append_eos=True,
+                          workers=workers)) == 0
+    ds = open_token_file(tmp_path / "o")
+    plain = load_tokenizer(tok_dir).documents_as_text()
+    assert [ds.get(i).tolist() for i in range(4)] == [plain.encode(t) + [tok.eos_token_id] for t in texts]
+    if workers == 1:  # (the pool's processes encode out of sight)
+        assert seen and max(seen) <= 500 < len(long_doc) // 10, max(seen)
