@@ -236,18 +236,22 @@ def _damaged(data: bytes, damage: str) -> bytes:
     return {"truncated": data[:len(data) // 2], "short": data[:6], "header": data[:8] + b"{not json" + data[17:]}[damage]
 
 
+def _damage(shard, damage: str):
+    """`shard` removed ("missing") or rewritten damaged (`_damaged`'s kinds); returns it."""
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(_damaged(shard.read_bytes(), damage))
+    return shard
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated", "short", "header"])
 def test_a_half_downloaded_model_directory_says_to_download_it_again(tmp_path, damage):
     """A shard the index names but the directory lacks, or one cut short, is the download's fault: one line saying
     to download it again, not the checkpoint advice ("resume from another checkpoint") a model directory cannot
     follow."""
     _, path = _paddlenlp_qwen3(tmp_path / "qwen3-paddlenlp")
-    shard = path / "model-00002-of-00002.safetensors"
-    data = shard.read_bytes()
-    if damage == "missing":
-        shard.unlink()
-    else:
-        shard.write_bytes(_damaged(data, damage))
+    shard = _damage(path / "model-00002-of-00002.safetensors", damage)
     with pytest.raises(UserError) as e:
         prepare(_args(tmp_path, str(path)), [], Target())
     line = str(e.value)
@@ -263,18 +267,14 @@ def test_a_damaged_checkpoint_continued_from_says_what_is_wrong_before_what_to_d
     of the checkpoint (incomplete, damaged), then to name another of the run's checkpoints."""
     _, path = _paddlenlp_qwen3(tmp_path / "checkpoint-4")
     (path / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
-    shard = path / "model-00002-of-00002.safetensors"
-    data = shard.read_bytes()
-    if damage == "missing":
-        shard.unlink()
-    else:
-        shard.write_bytes(_damaged(data, damage))
+    size = (path / "model-00002-of-00002.safetensors").stat().st_size
+    shard = _damage(path / "model-00002-of-00002.safetensors", damage)
     with pytest.raises(UserError) as e:
         prepare(_args(tmp_path, str(path)), [], Target())
     state = "damaged" if damage == "header" else "incomplete"
     assert str(e.value) == f"{shard}: " + {
         "missing": "missing, though model.safetensors.index.json names it",
-        "truncated": f"truncated ({len(data) // 2:,} bytes, its header says {len(data):,})",
+        "truncated": f"truncated ({size // 2:,} bytes, its header says {size:,})",
         "short": "truncated (6 bytes, shorter than the 8 that give the header's length)",
         "header": "unreadable safetensors header (Expecting property name enclosed in double quotes: line 1 column 2 "
                   "(char 1))",
