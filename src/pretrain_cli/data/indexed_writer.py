@@ -12,6 +12,7 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.data.indexed import CHUNK, CODE_OF, DTYPE_CODES, HEADER_BYTES, MAGIC, strip_prefix
+from pretrain_cli.data.prefix_lock import first_missing, remove_made_dirs
 from pretrain_cli.errors import UserError
 
 
@@ -91,7 +92,7 @@ class IndexedDatasetWriter:
             raise ValueError(f"dtype {self.dtype} has no MMIDIDX code")
         parent = Path(self.prefix).parent
         # the outermost directory we create, so abort() leaves the tree as it found it
-        self._created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+        self._created = first_missing(parent)
         parent.mkdir(parents=True, exist_ok=True)
         self._bin_tmp = self.prefix + ".bin.tmp"
         self._idx_tmp = self.prefix + ".idx.tmp"
@@ -206,16 +207,7 @@ class IndexedDatasetWriter:
         for p in (*self._parts.values(), self._idx_tmp):
             if os.path.exists(p):
                 os.remove(p)
-        if self._created is not None:  # remove the directories we made, if still empty
-            d = Path(self.prefix).parent
-            while True:
-                try:
-                    d.rmdir()
-                except OSError:
-                    break
-                if d == self._created:
-                    break
-                d = d.parent
+        remove_made_dirs(Path(self.prefix).parent, self._created)  # the directories this writer made, if empty
 
     def __enter__(self):
         return self

@@ -34,6 +34,24 @@ def _drop_in_child() -> None:
 os.register_at_fork(after_in_child=_drop_in_child)
 
 
+def first_missing(parent: Path) -> Path | None:
+    """The outermost directory of `parent`'s chain that does not exist yet: what a run will create to write there."""
+    return next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+
+
+def remove_made_dirs(d: Path, created: Path | None) -> None:
+    """Remove `d` and its parents up to `created` (`first_missing`'s answer before the run made them) while they are
+    empty: a run that leaves nothing there leaves the tree as it found it."""
+    while created is not None:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == created:
+            return
+        d = d.parent
+
+
 class PrefixLock:
     """Held from construction until `release()`; refused (UserError) while another process holds it."""
 
@@ -41,7 +59,7 @@ class PrefixLock:
         self.path = prefix + ".lock"
         parent = Path(self.path).parent
         # the outermost directory made for the lock: release() removes it if the run left it empty
-        self._created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+        self._created = first_missing(parent)
         parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -75,15 +93,7 @@ class PrefixLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
-        d = Path(self.path).parent
-        while self._created is not None:  # a run that wrote nothing leaves the tree as it found it
-            try:
-                d.rmdir()
-            except OSError:
-                break
-            if d == self._created:
-                break
-            d = d.parent
+        remove_made_dirs(Path(self.path).parent, self._created)  # a run that wrote nothing leaves the tree as found
 
     def __enter__(self):
         return self
