@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measured_mfu", type=float, default=None,
                         help="the mfu `train` logged for this file's layout: the ETA is then model FLOPs / (devices x "
                              "peak x it), nothing added, the run's time at that speed (not with --fit, which times "
-                             "other layouts)")
+                             "other layouts; default: none, the speed model's ETA at --mfu)")
     parser.add_argument("--mfu", type=float, default=None,
                         help=f"the kernels' share of the peak on the FLOPs the devices run (recompute included), "
                              f"to which the speed model adds the pipeline's bubble and the traffic; not the mfu "
