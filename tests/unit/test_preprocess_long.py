@@ -37,7 +37,7 @@ def _pipeline(split):
     trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=1, special_tokens=["</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_text(rng, 200) for _ in range(200)], trainer)
-    return Tokenizer(tok, "t", {"eos": "</s>"}, "").documents_as_text()
+    return Tokenizer(tok, "t", {"eos": "</s>"}, "").for_documents("text")
 
 
 @pytest.mark.parametrize("split", [QWEN2_SPLIT, LLAMA3_SPLIT, GPT2_SPLIT, None], ids=["qwen2", "llama3", "gpt2-split",
@@ -98,7 +98,7 @@ def test_preprocess_encodes_a_long_document_in_pieces_with_the_ids_of_the_whole(
     assert preprocess(Job((str(tmp_path / "a.jsonl"),), str(tmp_path / "o"), str(tok_dir), append_eos=True,
                           workers=workers)) == 0
     ds = open_token_file(tmp_path / "o")
-    plain = load_tokenizer(tok_dir).documents_as_text()
+    plain = load_tokenizer(tok_dir).for_documents("text")
     assert [ds.get(i).tolist() for i in range(4)] == [plain.encode(t) + [tok.eos_token_id] for t in texts]
     if workers == 1:  # (the pool's processes encode out of sight)
         assert seen and max(seen) <= 500 < len(long_doc) // 10, max(seen)

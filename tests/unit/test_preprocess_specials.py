@@ -47,12 +47,12 @@ def test_prompt_encoding_still_parses_special_tokens(tok_dir):
     special token typed in a prompt is still that token (a separate question)."""
     tok = load_tokenizer(tok_dir)
     assert tok.encode("</s>") == [tok.eos_token_id] and tok.encode("<pad>") == [tok.pad_token_id]
-    assert tok.documents_as_text().encode("</s>") != [tok.eos_token_id]
+    assert tok.for_documents("text").encode("</s>") != [tok.eos_token_id]
     assert load_tokenizer(tok_dir).encode("</s>") == [tok.eos_token_id]  # a flag of that one loaded copy only
 
 
 def test_the_fingerprint_does_not_change_with_the_flag(tok_dir):
     """Token files are matched to tokenizers by fingerprint (merge-data, check, train): encoding documents'
     special tokens as text is how preprocess uses the tokenizer, not another tokenizer."""
-    a, b = load_tokenizer(tok_dir), load_tokenizer(tok_dir).documents_as_text()
+    a, b = load_tokenizer(tok_dir), load_tokenizer(tok_dir).for_documents("text")
     assert a.fingerprint == b.fingerprint and a.sha256 == b.sha256

@@ -181,7 +181,11 @@ def main(ns: argparse.Namespace) -> int:
         ids = np.concatenate([ds.get(i) for i in range(a, b)]) if b > a else np.zeros(0, np.int64)
         print(tok.decode(ids))
         return 0
-    info = summarize(ds, tok)
+    from pretrain_cli.data.indexed import read_sidecar
+
+    info, meta = summarize(ds, tok), read_sidecar(ds.prefix)
+    if meta and meta.get("special_tokens_in_text") is not None:  # (sidecars from before the option have none)
+        info["special_tokens_in_text"] = meta["special_tokens_in_text"]
     if ns.json:
         print(json.dumps(info, sort_keys=True))
         return 0
@@ -192,12 +196,13 @@ def main(ns: argparse.Namespace) -> int:
     print(f"document length: min {dl['min']}  mean {dl['mean']:.1f}  max {dl['max']}")
     if "eos_rate" in info:
         print(f"documents ending in EOS: {100 * info['eos_rate']:.1f}%")
+    if "special_tokens_in_text" in info:
+        print(f"special tokens' text in documents became: {info['special_tokens_in_text']} "
+              "(preprocess --special_tokens_in_text)")
     width = max(info["length_histogram"].values(), default=1)
     for bucket, n in info["length_histogram"].items():
         print(f"  {bucket:>15} {n:>9} {'#' * max(1, round(40 * n / width))}")
-    from pretrain_cli.data.indexed import read_sidecar
-
-    for line in _tokenizer_notes(0 if read_sidecar(ds.prefix) else 1, 1, tok, ns.tokenizer, one=True):
+    for line in _tokenizer_notes(0 if meta else 1, 1, tok, ns.tokenizer, one=True):
         print(line)
     return 0
 
@@ -249,6 +254,8 @@ def _directory(ns, tok) -> int:
         for r in rows:
             made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  {_tokenizer_id(r)}"
                     if r["sidecar"] else "no sidecar")
+            if r.get("special_tokens_in_text") is not None:
+                made += f"  special tokens' text: {r['special_tokens_in_text']}"
             print(f"  {os.path.basename(r['prefix']):<{width}}  documents {r['documents']:>10}  tokens {r['tokens']:>13}  "
                   f"{r['dtype']:<6}  {made}")
         if not info["problems"]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from pretrain_cli.data.tokenizer import SPECIAL_TOKENS_IN_TEXT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
@@ -14,6 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet column "
                                                                  "(default: %(default)s)")
     parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document")
+    parser.add_argument("--special_tokens_in_text", choices=SPECIAL_TOKENS_IN_TEXT, default="text",
+                        help="what a special token's text inside a document becomes: text (plain text, so a "
+                             "literal </s> or <pad> is no EOS or pad id), special (every special token's id, as "
+                             "transformers does), extra (only the ids of special tokens with no pad/bos/eos/unk "
+                             "role, e.g. chat markers <|im_start|>; role tokens stay text) (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=1, help="tokenizer processes (default: %(default)s)")
     parser.add_argument("--log_interval", type=int, default=10000,
                         help="documents between progress lines; 0: none (default: %(default)s)")
@@ -39,5 +46,6 @@ def main(ns: argparse.Namespace) -> int:
     check_counts(ns, "log_interval", minimum=0)  # 0: no progress lines; below it, one per document
 
     job = Job(tuple(ns.input_path), ns.output_prefix, ns.tokenizer, ns.json_key, ns.append_eos, ns.workers,
-              ns.log_interval, ns.max_doc_num, ns.skip_bad_lines, ns.num_tasks, ns.task_index)
+              ns.log_interval, ns.max_doc_num, ns.skip_bad_lines, ns.num_tasks, ns.task_index,
+              ns.special_tokens_in_text)
     return preprocess(job, say=print, note=lambda line: print(line, file=sys.stderr, flush=True))

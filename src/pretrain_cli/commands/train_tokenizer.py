@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="merges seen fewer times than this are not learned (default: %(default)s)")
     parser.add_argument("--special_tokens", nargs="+", default=DEFAULT_SPECIALS, metavar="TOKEN",
                         help="the pad, bos, eos and unk tokens, in that order, then any extra special tokens "
-                             f"(no role; each kept whole in text) (default: {' '.join(DEFAULT_SPECIALS)})")
+                             "(no role; each kept whole by the tokenizer; preprocess --special_tokens_in_text "
+                             f"decides what a document's text makes of them) (default: {' '.join(DEFAULT_SPECIALS)})")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines (default: %(default)s)")
     parser.add_argument("--max_doc_num", type=int, default=None, metavar="N",
                         help="train on the first N documents only, a sample of a corpus too large for memory "

@@ -61,7 +61,8 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
         items.append((p, meta))
         row = {"prefix": p, "format": ds.format, "dtype": ds.dtype.name, "documents": ds.num_documents,
                "tokens": ds.num_tokens, "sidecar": meta is not None}
-        row.update({f: meta.get(f) for f in (*TOKENIZER_FIELDS, "tokenizer_fingerprint")} if meta else {})
+        row.update({f: meta.get(f) for f in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "special_tokens_in_text")}
+                   if meta else {})
         rows.append(row)
     check_ids(datasets, tokenizer, tokenizer_dir)
     problems = tokenizer_problems(items)

@@ -6,7 +6,9 @@ The join is Megatron-LM's `merge_datasets.py` / PaddleNLP's `merge_file_`: token
 sizes appended, pointers recomputed, each input's doc_idx shifted by the sequences before it, and
 the dtypes must agree. Inputs are streamed in chunks and the pair is published with the writer's
 renames, so memory stays flat and a crash leaves nothing under the output's name. Joining the
-outputs of `preprocess --num_tasks N` in task order gives exactly the bytes of one single run.
+outputs of `preprocess --num_tasks N` in task order gives exactly the bytes of one single run. The output
+prefix's lock (`data/prefix_lock.py`, as `preprocess` takes it) is held from before the inputs are opened until
+the sidecar is written: a merge and a preprocess (or two merges) into one prefix would share its in-progress files.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pretrain_cli import atomic
 from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, open_token_file, read_sidecar, strip_prefix, token_prefixes
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
+from pretrain_cli.data.prefix_lock import PrefixLock
 from pretrain_cli.errors import UserError
 
 TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")
@@ -141,6 +144,15 @@ def merge(output: str, inputs, note=None) -> dict:
     prefixes = expand_prefixes(inputs)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
+    lock = PrefixLock(out, "output prefix", "merge-data")  # before anything under the prefix is written
+    try:
+        return _merge(out, prefixes, note)
+    finally:
+        lock.release()
+
+
+def _merge(out: str, prefixes: list[str], note) -> dict:
+    """`merge`'s work once it holds the output prefix's lock."""
     datasets = [open_token_file(p) for p in prefixes]  # every structural check before any write
     metas = [read_sidecar(p) for p in prefixes]
     first = datasets[0]
@@ -180,7 +192,8 @@ def merge(output: str, inputs, note=None) -> dict:
             "inputs_without_sidecar": len(prefixes) - len(known)}
     if first.dtype.kind != "u":  # what `check` needs of a signed file (no id below 0), so it need not scan it
         meta["min_token_id"] = min(d.min_token_id() for d in datasets)
-    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key"):
+    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key",
+                  "special_tokens_in_text"):
         vals = {str(m.get(field)) for m in known if field in m}
         if len(vals) == 1:
             meta[field] = next(m[field] for m in known if field in m)

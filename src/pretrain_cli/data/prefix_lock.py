@@ -1,12 +1,12 @@
-"""One `preprocess` per output prefix: `PREFIX.lock`, held with `flock` for the whole task.
+"""One writer (`preprocess`, `merge-data`) per output prefix: `PREFIX.lock`, held with `flock` for the whole task.
 
 Two runs into one prefix would share its in-progress names (`.bin.tmp`, `.sizes.tmp`, `.docs.tmp`): the second
 truncates the first's files, both write on, the first publishes a `.bin` its `.idx` does not count with a sidecar
 that calls it complete, and the second fails on a file the first renamed. The lock refuses the second at once,
 before it reads or writes anything under the prefix. The kernel drops a `flock` when its holder ends, however
 it ends (SIGKILL, the out-of-memory killer), so a lock file a dead run left never blocks the re-run; the file
-holds the holder's pid only for the refusal's line. Release removes the file (while still holding it), so a run
-that opened the name just before must check, once it holds a lock, that it holds the file under the name.
+holds the holder's pid and command only for the refusal's line. Release removes the file (while still holding
+it), so a run that opened the name just before must check, once it holds a lock, that it holds the file under the name.
 A forked process (a tokenizer worker of `--workers N`) closes its copy of the descriptor at once: else the orphaned
 workers of a killed run keep the lock for seconds after it, and the re-run is refused naming a dead pid.
 """
@@ -55,7 +55,7 @@ def remove_made_dirs(d: Path, created: Path | None) -> None:
 class PrefixLock:
     """Held from construction until `release()`; refused (UserError) while another process holds it."""
 
-    def __init__(self, prefix: str, option: str = "--output_prefix"):
+    def __init__(self, prefix: str, option: str = "--output_prefix", command: str = "preprocess"):
         self.path = prefix + ".lock"
         parent = Path(self.path).parent
         # the outermost directory made for the lock: release() removes it if the run left it empty
@@ -66,10 +66,10 @@ class PrefixLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                pid, _, holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip().partition(" ")
                 os.close(fd)
-                raise UserError(f"{prefix} is being written by another preprocess (pid {pid}); wait for it or choose "
-                                f"another {option}") from None
+                raise UserError(f"{prefix} is being written by another {holder or 'run'} (pid {pid or 'unknown'}); "
+                                f"wait for it or choose another {option}") from None
             try:
                 held = os.path.samestat(os.fstat(fd), os.stat(self.path))
             except FileNotFoundError:
@@ -78,7 +78,7 @@ class PrefixLock:
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
         self._fd: int | None = fd
         _HELD.add(fd)
 

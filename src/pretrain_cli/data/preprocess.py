@@ -54,6 +54,7 @@ class Job:
     skip_bad_lines: bool = False
     num_tasks: int = 1
     task_index: int = 0
+    special_tokens_in_text: str = "text"  # what a document's special-token text becomes (`Tokenizer.for_documents`)
 
 
 def _quiet(line: str) -> None:
@@ -87,15 +88,16 @@ def _done_files(prefix: str) -> int:
         return 0
 
 
-def _load(tokenizer_dir: str):
-    """The tokenizer as preprocess encodes with it: special tokens' text in documents is plain text (only
-    --append_eos adds an EOS), and whether a long document may be encoded in pieces (`data.long_documents`)."""
-    tok = load_tokenizer(tokenizer_dir).documents_as_text()
+def _load(tokenizer_dir: str, special_tokens: str):
+    """The tokenizer as preprocess encodes with it: what special tokens' text in documents becomes (by default plain
+    text: only --append_eos adds an EOS), and whether a long document may be encoded in pieces
+    (`data.long_documents`)."""
+    tok = load_tokenizer(tokenizer_dir).for_documents(special_tokens)
     return tok, long_documents.cuttable(tok.pipeline())
 
 
-def _init_worker(tokenizer_dir: str, dtype: str, eos: int | None) -> None:
-    tok, cuttable = _load(tokenizer_dir)
+def _init_worker(tokenizer_dir: str, special_tokens: str, dtype: str, eos: int | None) -> None:
+    tok, cuttable = _load(tokenizer_dir, special_tokens)
     _WORKER.update(tok=tok, cuttable=cuttable, dtype=np.dtype(dtype), eos=eos)
 
 
@@ -180,7 +182,8 @@ def _results(job: Job, work, dtype, eos, tok, cuttable: bool):
         return
     import multiprocessing as mp
 
-    with mp.get_context("fork").Pool(job.workers, _init_worker, (job.tokenizer, dtype.str, eos)) as pool:
+    with mp.get_context("fork").Pool(job.workers, _init_worker,
+                                       (job.tokenizer, job.special_tokens_in_text, dtype.str, eos)) as pool:
         window = collections.deque()
         for item in work:
             window.append(item if isinstance(item, _FileDone) else pool.apply_async(_encode, (item,)))
@@ -205,7 +208,10 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     tasks.check_task(job.num_tasks, job.task_index)
     base = check_output_prefix(job.output_prefix, "--output_prefix",
                                tasks.task_prefix(strip_prefix(job.output_prefix), job.num_tasks, job.task_index))
-    tok, cuttable = _load(job.tokenizer)
+    tok, cuttable = _load(job.tokenizer, job.special_tokens_in_text)
+    if job.special_tokens_in_text == "extra" and not tok.extra_special_tokens():
+        note(f"preprocess: --special_tokens_in_text extra: {job.tokenizer} has no special token without a pad/bos/eos/"
+             f"unk role, so every special token's text in a document stays text, as with `text`")
     eos = None
     if job.append_eos:
         eos = tok.eos_token_id
@@ -229,7 +235,8 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
     """`preprocess`'s work once it holds the prefix's lock."""
     dtype = dtype_for_vocab(tok.vocab_size)
     settings = {"tokenizer_sha256": tok.sha256, "dtype": dtype.name, "eos": eos, "json_key": job.json_key,
-                "max_doc_num": job.max_doc_num, "special_tokens": "text"}  # (how a document's `</s>` is encoded)
+                "max_doc_num": job.max_doc_num,
+                "special_tokens": job.special_tokens_in_text}  # (what a document's `</s>` becomes: another file)
     inputs_sha = tasks.files_sha256(files, settings)
     meta = read_sidecar(prefix)
     ours = (meta and meta.get("inputs_sha256") == inputs_sha and os.path.exists(prefix + ".bin")
@@ -288,7 +295,8 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(job.tokenizer),
         "tokenizer_sha256": tok.sha256, "tokenizer_fingerprint": tok.fingerprint,
         "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
-        "json_key": job.json_key, "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,
+        "json_key": job.json_key, "special_tokens_in_text": job.special_tokens_in_text,
+        "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,
         "inputs_sha256": inputs_sha, "skipped_bad_lines": reader.bad_lines,
         "skipped_corrupt_parts": reader.bad_parts, "skipped_empty_documents": empty,
     }, sort_keys=True)

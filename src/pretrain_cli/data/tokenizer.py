@@ -25,6 +25,8 @@ from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 
 DEFAULT_SPECIALS = ["[PAD]", "[BOT]", "[EOT]", "[UNK]"]
+# what a document's special-token text becomes (`Tokenizer.for_documents`, `preprocess --special_tokens_in_text`)
+SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 # Fallbacks when the config files do not name a role: the seed tutorial's tokens first.
 _FALLBACK = {
     "bos": ["[BOT]", "<s>", "<|begin_of_text|>", "<bos>"],
@@ -67,6 +69,7 @@ class Tokenizer:
         self.special_tokens = special_tokens  # role -> token text (None if absent)
         self.sha256 = sha256
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._enc = tok  # what encode/encode_batch use (`for_documents`); `_tok` is the tokenizer as its file says
 
     @property
     def fingerprint(self) -> str:
@@ -108,22 +111,46 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self._id("pad")
 
-    def documents_as_text(self) -> "Tokenizer":
-        """This tokenizer, encoding special tokens' text as plain text (`preprocess`): a literal `</s>` in a document
-        would otherwise become the EOS id, a false document boundary in packed samples."""
-        self._tok.encode_special_tokens = True  # tokenizers >= 0.15.1; not serialised: no fingerprint changes
+    def for_documents(self, special_tokens: str = "text") -> "Tokenizer":
+        """This tokenizer as `preprocess` encodes documents (`--special_tokens_in_text`, docs/DATA.md): "text", a
+        special token's text in a document is plain text (a literal `</s>` as the EOS id would be a false document
+        boundary in packed samples); "special", each is its id (transformers' default); "extra", only the special
+        tokens with no pad/bos/eos/unk role are (a corpus's chat markers), the role tokens' text stays text.
+        `tokenizers` encodes a token flagged special as text under `encode_special_tokens` and still matches every
+        other added token, so the tokens to match lose the flag in a copy used for encoding only: the flag decides
+        nothing else of encoding (tests/unit/test_special_tokens_in_text.py compares "special" with tokenizers' own
+        matching). Fingerprint and sha256 stay the file's: it is not another tokenizer."""
+        if special_tokens not in SPECIAL_TOKENS_IN_TEXT:
+            raise ValueError(f"special_tokens {special_tokens!r} not in {SPECIAL_TOKENS_IN_TEXT}")
+        self._enc = self._tok
+        if special_tokens != "text":
+            spec = json.loads(self._tok.to_str())
+            matched = set(self.extra_special_tokens()) if special_tokens == "extra" else None  # None: every one
+            for t in spec.get("added_tokens") or []:
+                if t.get("special") and (matched is None or t["content"] in matched):
+                    t["special"] = False
+            self._enc = type(self._tok).from_str(json.dumps(spec))
+        self._enc.encode_special_tokens = True  # tokenizers >= 0.15.1; not serialised: no fingerprint changes
         return self
 
+    def extra_special_tokens(self) -> list[str]:
+        """The special tokens with no pad/bos/eos/unk role, as tokenizer.json lists them (what `for_documents("extra")`
+        matches)."""
+        roles = {t for t in self.special_tokens.values() if t is not None}
+        return [t["content"] for t in json.loads(self._tok.to_str()).get("added_tokens") or []
+                if t.get("special") and t["content"] not in roles]
+
     def pipeline(self) -> dict:
-        """tokenizer.json's parts as `tokenizers` serialises them (what encoding depends on)."""
-        return json.loads(self._tok.to_str())
+        """tokenizer.json's parts as `tokenizers` serialises them for encoding (what encoding depends on: with
+        `for_documents`, the special tokens that stay text are the ones flagged special)."""
+        return json.loads(self._enc.to_str())
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._enc.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        fast = getattr(self._tok, "encode_batch_fast", None)  # skips offsets; tokenizers >= 0.20
-        encs = (fast or self._tok.encode_batch)(texts, add_special_tokens=False)
+        fast = getattr(self._enc, "encode_batch_fast", None)  # skips offsets; tokenizers >= 0.20
+        encs = (fast or self._enc.encode_batch)(texts, add_special_tokens=False)
         return [e.ids for e in encs]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

@@ -180,8 +180,9 @@ class _Progress:
 def roles_by_position(special_tokens: list[str]) -> dict[str, str]:
     """`train-tokenizer --special_tokens PAD BOS EOS UNK [EXTRA...]`: the first four are the pad, bos, eos and unk
     tokens whatever their names (a name-based guess left `<p> <b> <e> <u>` without an EOS, which `preprocess
-    --append_eos` then lacks); further ones are special tokens with no role (kept whole in text). Fewer than four,
-    an empty or blank token, or one given twice (which the trainer would silently keep once) are refused."""
+    --append_eos` then lacks); further ones are special tokens with no role, each kept whole by the tokenizer
+    (`preprocess --special_tokens_in_text` decides what a document's text makes of them). Fewer than four, an empty
+    or blank token, or one given twice (which the trainer would silently keep once) are refused."""
     tokens = list(special_tokens)
     blank = next((i for i, t in enumerate(tokens) if not t.strip()), None)
     if blank is not None:
