@@ -3,8 +3,10 @@ published pair that is not what its sidecar says is redone (not "already complet
 kept and how to resume."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import struct
 import threading
 
@@ -13,7 +15,9 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, write_jsonl
 from pretrain_cli import cli
 from pretrain_cli.data.indexed import HEADER_BYTES, open_token_file
+from pretrain_cli.data import prefix_lock
 from pretrain_cli.data.indexed_writer import sidecar_mismatch
+from pretrain_cli.data.prefix_lock import _HELD, PrefixLock
 from pretrain_cli.data.preprocess import Job, preprocess
 from pretrain_cli.errors import UserError
 
@@ -155,8 +159,6 @@ def test_ctrl_c_in_the_first_file_says_nothing_is_kept(tmp_path, tok_dir):
 def test_a_forked_worker_does_not_keep_a_dead_runs_lock(tmp_path):
     """`--workers N` forks tokenizer processes; orphaned by a killed run they had held its lock for seconds, and
     the re-run was refused naming the dead pid. A forked child closes its copy: the holder's end ends the lock."""
-    from pretrain_cli.data.prefix_lock import PrefixLock
-
     lock = PrefixLock(str(tmp_path / "r"))
     r, w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -167,6 +169,7 @@ def test_a_forked_worker_does_not_keep_a_dead_runs_lock(tmp_path):
         os._exit(0)
     try:
         assert os.read(ready_r, 1) == b"x"
+        _HELD.discard(lock._fd)  # (else this process's next fork would close a number reused since)
         os.close(lock._fd)  # the holder dies (its descriptor closed by the kernel, no unlock, no cleanup)
         again = PrefixLock(str(tmp_path / "r"))  # refused if the child still held the lock
         again.release()
@@ -174,3 +177,57 @@ def test_a_forked_worker_does_not_keep_a_dead_runs_lock(tmp_path):
         os.write(w, b"x")
         os.waitpid(pid, 0)
     assert not (tmp_path / "r.lock").exists()
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_file_system_without_flock_is_said_once_and_the_run_goes_on(tmp_path, tok_dir, monkeypatch, capsys, code):
+    """NFS without lockd (ENOLCK), Lustre without -o flock (ENOSYS): preprocess had failed with 'error: system: No
+    locks available', naming no file, leaving an empty .lock and its descriptor open. Now one warning, the run
+    goes on, and nothing of the lock is left."""
+    def no_flock(fd, op):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(prefix_lock.fcntl, "flock", no_flock)
+    src = write_jsonl(tmp_path / "a.jsonl", make_texts(20, seed=9))
+    held, fds = set(_HELD), len(os.listdir("/proc/self/fd"))
+    out = tmp_path / "new" / "r"
+    assert cli.main(["preprocess", "--input_path", str(src), "--output_prefix", str(out), "--tokenizer",
+                     str(tok_dir)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "lock" in line]
+    assert err == [f"preprocess: warning: this file system cannot lock {out} ({os.strerror(code)}): two runs into "
+                   "it are not refused"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.bin", "r.idx", "r.json"]
+    assert _HELD == held and len(os.listdir("/proc/self/fd")) == fds  # no descriptor kept
+    lock = PrefixLock(str(tmp_path / "empty" / "r"), note=lambda line: None)
+    assert not (tmp_path / "empty" / "r.lock").exists()
+    lock.release()
+    assert not (tmp_path / "empty").exists()  # the directory it made, removed as a held lock's is
+
+
+def test_another_flock_error_names_the_lock_file(tmp_path, monkeypatch):
+    """Any other failure to lock is one line naming the file, with nothing of it left (was: 'error: system: ...')."""
+    def bad(fd, op):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(prefix_lock.fcntl, "flock", bad)
+    with pytest.raises(UserError) as e:
+        PrefixLock(str(tmp_path / "r"))
+    assert str(e.value) == (f"{tmp_path / 'r'}.lock: cannot lock it ({os.strerror(errno.EIO)}); choose another "
+                            "--output_prefix")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_lock_file_names_its_host_and_a_refusal_from_another_host_says_it(tmp_path):
+    """On a shared file system the holder can run on another machine, where its pid alone names nothing."""
+    lock = PrefixLock(str(tmp_path / "r"), command="merge-data")
+    try:
+        assert (tmp_path / "r.lock").read_text() == f"{os.getpid()}@{socket.gethostname()} merge-data\n"
+        with pytest.raises(UserError, match=rf"another merge-data \(pid {os.getpid()}\); wait"):
+            PrefixLock(str(tmp_path / "r"))
+        (tmp_path / "r.lock").write_text("4242@node-17 preprocess\n")  # (as that host's run wrote it)
+        with pytest.raises(UserError) as e:
+            PrefixLock(str(tmp_path / "r"))
+        assert str(e.value) == (f"{tmp_path / 'r'} is being written by another preprocess (pid 4242 on host "
+                                "node-17); wait for it or choose another --output_prefix")
+    finally:
+        lock.release()

@@ -144,7 +144,7 @@ def merge(output: str, inputs, note=None) -> dict:
     prefixes = expand_prefixes(inputs)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
-    lock = PrefixLock(out, "output prefix", "merge-data")  # before anything under the prefix is written
+    lock = PrefixLock(out, "output prefix", "merge-data", note)  # before anything under the prefix is written
     try:
         return _merge(out, prefixes, note)
     finally:

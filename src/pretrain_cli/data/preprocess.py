@@ -223,7 +223,8 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     if not files:
         say(f"preprocess: nothing to do{task}: {count(n_all, 'input file')} for {count(job.num_tasks, 'task')}")
         return 0
-    lock = PrefixLock(prefix)  # before anything under the prefix is read or written
+    # before anything under the prefix is read or written
+    lock = PrefixLock(prefix, note=lambda line: note(f"preprocess: warning: {line}"))
     try:
         return _locked(job, prefix, files, skipped, task, tok, cuttable, eos, say, note)
     finally:
