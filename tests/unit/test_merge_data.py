@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl, write_mmidx_reference
 from pretrain_cli import cli
 from pretrain_cli.data import merge as merge_module
+from pretrain_cli.data.indexed import open_token_file
 from pretrain_cli.data.merge import merge
 from pretrain_cli.errors import UserError
 
@@ -83,3 +85,31 @@ def test_an_input_repeated_inside_another_is_said(tmp_path, capsys):
                                       f"{tmp_path / 'e' / 'code'}{tail}\n"  # the later input named
     assert cli.main(["merge-data", str(tmp_path / "m"), str(d / "code"), str(d / "man"), str(tmp_path / "f")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def _pair(tmp_path, a_docs, b_docs):
+    write_mmidx_reference(str(tmp_path / "a"), a_docs)
+    write_mmidx_reference(str(tmp_path / "b"), b_docs)
+    return [open_token_file(tmp_path / "a"), open_token_file(tmp_path / "b")]
+
+
+def test_a_copy_far_into_a_file_of_equal_lengths_is_found(tmp_path):
+    """With every sequence 4 tokens long every start is a candidate by length; only the first 1000 were tried, so
+    a copy of sequences 5000-5999 went unsaid. Every start is tried now, the first sequence's tokens first."""
+    docs = np.random.default_rng(0).integers(0, 60000, (7000, 4)).tolist()
+    lines = merge_module.repeated_inputs(_pair(tmp_path, docs, docs[5000:6000]))
+    assert lines == [f"{tmp_path / 'b'}: its 1,000 sequences are sequences 5,000 to 5,999 of 7,000 of {tmp_path / 'a'}"
+                     "; joined, they are trained on twice: drop one input unless you mean to repeat them"]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_an_input_that_differs_inside_is_not_called_a_repeat(tmp_path, monkeypatch, whole):
+    """[1,2] [3,4] [5,6] against [1,2] [9,9] [5,6]: the lengths and the first and last sequences agree, and only those
+    were compared. The window is compared whole (under _WHOLE tokens) or at 8 interior sequences besides."""
+    if not whole:
+        monkeypatch.setattr(merge_module, "_WHOLE", 0)
+    assert merge_module.repeated_inputs(_pair(tmp_path, [[1, 2], [3, 4], [5, 6]], [[1, 2], [9, 9], [5, 6]])) == []
+    docs = [[i, i + 1] for i in range(1, 40)]
+    changed = [*docs[:21], [0, 0], *docs[22:]]  # sequence 21 of 0..38: one of the 10 compared
+    assert merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == []
+    assert len(merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], docs))) == 1  # the true repeat: said

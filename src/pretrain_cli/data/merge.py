@@ -107,34 +107,59 @@ def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
     return problems
 
 
+_WHOLE = 1_000_000  # tokens: a smaller repeated window is compared whole
+
+
 def repeated_inputs(datasets) -> list[str]:
     """One line per input whose sequences all appear, in a row, inside another input (an identical file, or a file
     preprocessed from a superset of its corpus, e.g. `all` made from man + code merged with `man`): joined, those
     documents would be trained on twice. Sidecars record only one sha256 of all of a file's inputs and settings,
-    which cannot tell that one corpus holds another, so the tokens are compared: every sequence length of the smaller
-    file against a window of the larger's, then the first and last sequences' tokens (a chance match of 100k
-    lengths and two documents' tokens is not a risk worth a scan of every token)."""
+    which cannot tell that one corpus holds another, so the tokens are compared (`_repeat_at`)."""
     lines = []
     for j, b in enumerate(datasets):
         nb = len(b)
         if nb == 0:
             continue
-        sb = np.asarray(b.sizes)
         for i, a in enumerate(datasets):
             na = len(a)
             if i == j or na < nb or (na == nb and i > j):  # an identical pair is said once
                 continue
-            sa = np.asarray(a.sizes)
-            starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
-            hit = next((int(k) for k in starts[:1000] if np.array_equal(sa[k : k + nb], sb)
-                        and np.array_equal(a.get(int(k)), b.get(0)) and np.array_equal(a.get(int(k) + nb - 1),
-                                                                                        b.get(nb - 1))), None)
+            hit = _repeat_at(a, b)
             if hit is not None:
                 where = "those" if na == nb else f"sequences {hit:,} to {hit + nb - 1:,} of {na:,}"
                 lines.append(f"{b.prefix}: its {count(nb, 'sequence', grouped=True)} are {where} of {a.prefix}; "
                              "joined, they are trained on twice: drop one input unless you mean to repeat them")
                 break
     return lines
+
+
+def _repeat_at(a, b) -> int | None:
+    """The first sequence of `a` from which all of `b`'s follow, or None. Every start is tried (sequences of
+    equal lengths make every start a candidate by length), filtered cheaply first: the first and last lengths,
+    the first token (one gather), the first sequence's tokens, then the window of lengths; a start past those
+    is checked on the tokens: the whole window under `_WHOLE` tokens, else the first, last and 8 evenly spaced
+    interior sequences (a chance match of every length and ten documents' tokens is no risk worth a full scan)."""
+    na, nb = len(a), len(b)
+    sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)
+    starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
+    first = np.asarray(b.get(0))
+    if len(first) and len(starts):
+        offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize
+        starts = starts[np.asarray(a.data[offsets]) == first[0]]
+    b0 = b.element_offset(0)
+    width = b.element_offset(nb - 1) + int(sb[-1]) - b0  # b's tokens, stored back to back
+    picks = np.unique(np.linspace(0, nb - 1, 10).round().astype(np.int64))  # first, last, 8 between
+    for k in map(int, starts):
+        if not (np.array_equal(a.get(k), first) and np.array_equal(sa[k : k + nb], sb)):
+            continue
+        if width < _WHOLE:
+            a0 = a.element_offset(k)
+            same = np.array_equal(a.tokens(a0, a0 + width), b.tokens(b0, b0 + width))
+        else:
+            same = all(np.array_equal(a.get(k + int(p)), b.get(int(p))) for p in picks)
+        if same:
+            return k
+    return None
 
 
 def merge(output: str, inputs, note=None) -> dict:
