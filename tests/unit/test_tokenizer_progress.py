@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import lzma
 import sys
 
 import pytest
 
 from data_helpers import make_texts, write_jsonl
 from pretrain_cli.commands import train_tokenizer as cmd
-from pretrain_cli.data import tokenizer_training
+from pretrain_cli.data import readers, tokenizer_training
 from pretrain_cli.data.documents import DocumentReader
 from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
@@ -29,18 +30,68 @@ def _paragraphs(path, n: int, seed: int) -> int:
     return path.stat().st_size
 
 
-def test_the_reading_bar_counts_bytes_against_the_files_sizes(tmp_path, monkeypatch):
-    """On a terminal: the bar's total is the files' bytes (decompressed, for .gz) and it ends full."""
+def test_the_reading_bar_counts_bytes_on_disk_against_the_files_sizes(tmp_path, monkeypatch):
+    """On a terminal: the bar's total is the files' sizes on disk, known without decompressing anything (a full
+    decompression of every compressed file came first: minutes, silent, for large .xz/.zst), and it ends full."""
     (tmp_path / "c").mkdir()
     size = _paragraphs(tmp_path / "c" / "a.txt", 30, 1)
-    raw = "\n\n".join(make_texts(20, seed=2)).encode()
+    raw = "\n\n".join(make_texts(400, seed=2)).encode()
     (tmp_path / "c" / "b.txt.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "c" / "d.txt.xz").write_bytes(lzma.compress(raw))
+    packed = (tmp_path / "c" / "b.txt.gz").stat().st_size + (tmp_path / "c" / "d.txt.xz").stat().st_size
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    reader = DocumentReader([tmp_path / "c"])
+
+    def no_decompression(*a, **k):
+        raise AssertionError("decompressed to size the bar")
+
+    with monkeypatch.context() as m:
+        m.setattr(readers, "open_binary", no_decompression)
+        progress = tokenizer_training._Progress(reader, None, 300)
+    assert (progress.unit, progress.total) == ("B", size + packed)
+    seen = []
+    for _ in progress.texts():
+        seen.append(reader.on_disk)
+    assert len(seen) == 830 == reader.documents and seen == sorted(seen) and 0 < seen[0] < size
+    assert progress.bar.n == progress.bar.total == size + packed  # a line count said 30 * 3 + 800 lines
+
+
+def test_a_parquet_and_text_mix_is_counted_in_bytes_and_ends_full(tmp_path, monkeypatch):
+    """A Parquet file beside .txt files was counted in records: rows, and lines for the text, whose documents are
+    paragraphs (the bar stopped at 9 %). Bytes on disk for both now, a Parquet file by the share of rows read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "c").mkdir()
+    size = _paragraphs(tmp_path / "c" / "a.txt", 30, 5)
+    pq.write_table(pa.table({"text": make_texts(3000, seed=6)}), tmp_path / "c" / "b.parquet", row_group_size=1000)
+    total = size + (tmp_path / "c" / "b.parquet").stat().st_size
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     reader = DocumentReader([tmp_path / "c"])
     progress = tokenizer_training._Progress(reader, None, 300)
-    assert (progress.unit, progress.total) == ("B", size + len(raw))
-    assert sum(1 for _ in progress.texts()) == 50 == reader.documents
-    assert progress.bar.n == progress.bar.total == size + len(raw)  # a line count said 30 * 3 + 20 lines
+    assert (progress.unit, progress.total) == ("B", total)
+    seen = [reader.on_disk for _ in progress.texts()]
+    assert seen == sorted(seen) and size < seen[-1] < total  # within the Parquet file by its rows, batch by batch
+    assert progress.bar.n == progress.bar.total == total
+
+
+def test_the_merges_get_a_still_merging_line_every_progress_every_seconds(tmp_path, capsys):
+    """The trainer says nothing while it merges; in a log a line every PROGRESS_EVERY (30) s says it still works
+    (driven by a fake clock: nothing before reading ends, nothing between the lines)."""
+    _paragraphs(tmp_path / "a.txt", 3, 7)
+    now = [100.0]
+    progress = tokenizer_training._Progress(DocumentReader([tmp_path / "a.txt"]), None, 300, clock=lambda: now[0])
+    progress.waiting(0)  # still reading: no merging line
+    assert capsys.readouterr().err == ""
+    assert sum(1 for _ in progress.texts()) == 3
+    assert capsys.readouterr().err.startswith("train-tokenizer: read 3 documents (")
+    for t in (110.0, 129.9, 130.0, 131.0, 159.9, 160.0, 3700.0):
+        now[0] = t
+        progress.waiting(t - 100)
+    progress.end()
+    assert capsys.readouterr().err.splitlines() == ["train-tokenizer: merging, 0:30 elapsed",
+                                                    "train-tokenizer: merging, 1:00 elapsed",
+                                                    "train-tokenizer: merging, 1:00:00 elapsed"]
 
 
 def test_a_log_gets_progress_lines_and_the_merges_are_announced(tmp_path, monkeypatch, capsys):

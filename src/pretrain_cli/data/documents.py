@@ -104,6 +104,7 @@ class DocumentReader:
                                           else list_input_files(paths, exclude, self.note))
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
+        self._disk_done, self._current = 0, None  # the finished files' bytes on disk; the file being read
 
     def counters(self) -> dict:
         return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
@@ -125,9 +126,15 @@ class DocumentReader:
             more = " (further skipped lines are only counted)" if n == _REPORTED_BAD_LINES else ""
             self.note(f"warning: skipped {where}: {problem}{more}")
 
+    @property
+    def on_disk(self) -> int:
+        """Bytes of the input files on disk read so far (compressed bytes for a compressed file): a bar's position
+        against the files' sizes, which, unlike the decompressed total, are known without reading them."""
+        return self._disk_done + (self._current.on_disk() if self._current is not None else 0)
+
     def read(self, path: Path):
         """The non-empty documents of one file (until max_docs)."""
-        fr = FileReader(path, self.json_key, self._bad)
+        fr = self._current = FileReader(path, self.json_key, self._bad)
         counted = 0
         try:
             for text in fr:
@@ -142,6 +149,11 @@ class DocumentReader:
                 yield text
         finally:
             self.bytes += fr.bytes - counted
+            self._current = None
+            try:
+                self._disk_done += Path(path).stat().st_size  # (a skipped corrupt tail, too: the file is done)
+            except OSError:
+                pass
 
     @property
     def exhausted(self) -> bool:

@@ -44,28 +44,31 @@ def _is_corrupt(e: BaseException) -> bool:
     return isinstance(e, _corrupt_errors()) or (isinstance(e, OSError) and e.errno is None)
 
 
-def open_binary(path: Path, compression: str):
-    """A buffered binary stream of the decompressed bytes."""
+def open_binary(path: Path, compression: str, raw=None):
+    """A buffered binary stream of the decompressed bytes. `raw`: `path` already opened binary, to read through
+    (the caller closes it; its `tell()` says how far into the file on disk reading is)."""
+    src = path if raw is None else raw
     if compression == ".gz":
-        return gzip.open(path, "rb")
+        return gzip.open(src, "rb")
     if compression == ".bz2":
-        return bz2.open(path, "rb")
+        return bz2.open(src, "rb")
     if compression == ".xz":
-        return lzma.open(path, "rb")
+        return lzma.open(src, "rb")
     if compression in (".zst", ".zstd"):
-        return io.BufferedReader(_ZstdFrames(path), 1 << 20)
-    return open(path, "rb", buffering=1 << 20)
+        return io.BufferedReader(_ZstdFrames(path, raw), 1 << 20)
+    return open(path, "rb", buffering=1 << 20) if raw is None else raw
 
 
 class _ZstdFrames(io.RawIOBase):
     """zstandard's decompressor frame after frame (files are often concatenated frames), raising ZstdError
     when the data ends inside a frame: zstandard's `stream_reader` returns a silent short read instead."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, raw=None):
         import zstandard
 
         self._zstd = zstandard
-        self._raw = open(path, "rb")
+        self._owned = raw is None  # (a caller's file is the caller's to close)
+        self._raw = open(path, "rb") if raw is None else raw
         # a 2 GiB window: The Pile and DCLM were written with long-distance matching
         self._dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
         self._obj, self._fed = self._dctx.decompressobj(), False
@@ -98,17 +101,31 @@ class _ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
     def close(self) -> None:
-        self._raw.close()
+        if self._owned:
+            self._raw.close()
         super().close()
 
 
 class FileReader:
-    """Texts of one file; `bytes` counts decompressed bytes read (for MB/s)."""
+    """Texts of one file; `bytes` counts decompressed bytes read (for MB/s), `on_disk()` how far into the file on
+    disk reading is (for a bar against the files' sizes, which need no decompression to know)."""
 
     def __init__(self, path: Path, json_key: str, bad):
         self.path, self.json_key, self.bad = path, json_key, bad
         self.format, self.compression = kind(path) or (path.suffix, "")
         self.bytes = 0
+        self._raw = None  # the file on disk, while it is read
+        self._rows = self._rows_read = self._size = 0  # Parquet: its rows, the rows read, its size
+
+    def on_disk(self) -> int:
+        """Bytes of the file on disk read so far: compressed bytes for a compressed file, the size's share of the
+        rows read for Parquet (read by row group, where no offset says how far)."""
+        if self._raw is not None:
+            try:
+                return self._raw.tell()
+            except ValueError:  # closed: the reading ended
+                return 0
+        return self._size * self._rows_read // self._rows if self._rows else 0
 
     def __iter__(self):
         if self.format == PARQUET:
@@ -118,7 +135,8 @@ class FileReader:
     def _lines(self):
         lineno = 0
         try:
-            with open_binary(self.path, self.compression) as f:
+            with open(self.path, "rb", buffering=1 << 20) as raw, open_binary(self.path, self.compression, raw) as f:
+                self._raw = raw
                 if self.format == ".txt":
                     yield from self._paragraphs(f)
                     return
@@ -197,6 +215,7 @@ class FileReader:
             self.bad(str(self.path), f"not a readable Parquet file ({_first_line(e)})",
                      "re-download or re-create the file", part=True)
             return
+        self._rows, self._size = pf.metadata.num_rows, self.path.stat().st_size
         schema = pf.schema_arrow
         if self.json_key not in schema.names:
             cols = ", ".join(schema.names[:8]) + (", ..." if len(schema.names) > 8 else "")
@@ -223,6 +242,7 @@ class FileReader:
                         self.bytes += len(text)
                         yield text
                     row += len(texts)
+                    self._rows_read += len(texts)
             except (pa.ArrowException, OSError) as e:
                 if isinstance(e, OSError) and not isinstance(e, pa.ArrowException) and e.errno is not None:
                     raise

@@ -72,44 +72,24 @@ def _clock(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
 
 
-def _decompressed_bytes(path: Path) -> int:
-    """Bytes the reader will count for one file: its size, or, compressed, its decompressed length (one streamed
-    pass, as the line count it replaces took); a corrupt tail is reported when the file is read."""
-    from pretrain_cli.data.readers import kind, open_binary
-
-    comp = (kind(path) or ("", ""))[1]
-    if not comp:
-        return path.stat().st_size
-    n = 0
-    try:
-        with open_binary(path, comp) as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                n += len(block)
-    except Exception:  # noqa: BLE001 - a bad file is reported when it is read
-        pass
-    return n
-
-
 class _Progress:
     """What train-tokenizer says while it reads and merges. Reading is counted in the unit the total is exact in:
-    decompressed bytes against the files' sizes (a .txt document is a paragraph, not a line: a bar of lines stopped
-    at 9 % when reading ended), documents for Parquet rows or a --max_doc_num sample. On a terminal a tqdm bar, and
-    an elapsed-time line redrawn during the merges; in a log a line every PROGRESS_EVERY seconds. A line says when
-    reading ends and the merges begin, which the trainer does without a word."""
+    bytes of the files on disk against their sizes (`DocumentReader.on_disk`: compressed bytes for a compressed
+    file, whose decompressed length only a full pass would tell; a .txt document is a paragraph, not a line: a bar
+    of lines stopped at 9 % when reading ended), documents for a --max_doc_num sample. On a terminal a tqdm bar,
+    and an elapsed-time line redrawn during the merges; in a log a line every PROGRESS_EVERY seconds. A line says
+    when reading ends and the merges begin, which the trainer does without a word. `clock`: seconds (a test's)."""
 
-    def __init__(self, reader, max_docs: int | None, vocab_size: int):
+    def __init__(self, reader, max_docs: int | None, vocab_size: int, clock=None):
         import time
 
-        from pretrain_cli.data.readers import PARQUET, count_records, kind
-
         self.reader, self.vocab_size, self.tty = reader, vocab_size, sys.stderr.isatty()
+        self.clock = clock or time.monotonic
         if max_docs is not None:
             self.unit, self.total = "doc", max_docs
-        elif any((kind(f) or ("",))[0] == PARQUET for f in reader.files):
-            self.unit, self.total = "doc", sum(count_records(f) for f in reader.files)
         else:
-            self.unit, self.total = "B", sum(_decompressed_bytes(f) for f in reader.files)
-        self.start = self.next_line = time.monotonic()
+            self.unit, self.total = "B", sum(f.stat().st_size for f in reader.files)
+        self.start = self.next_line = self.clock()
         self.next_line += PROGRESS_EVERY
         self.bar = None
         if self.tty:
@@ -119,18 +99,16 @@ class _Progress:
                             file=sys.stderr)
 
     def _done(self) -> int:
-        return self.reader.bytes if self.unit == "B" else self.reader.documents
+        return self.reader.on_disk if self.unit == "B" else self.reader.documents
 
     def _amount(self, n: int) -> str:
         return f"{n / 1e6:,.1f} MB" if self.unit == "B" else f"{n:,}"
 
     def texts(self):
-        import time
-
         shown = 0
         for text in self.reader:
             yield text
-            now = time.monotonic()
+            now = self.clock()
             if self.bar is not None:
                 done = self._done()
                 self.bar.update(done - shown)
@@ -141,7 +119,7 @@ class _Progress:
                 print(f"train-tokenizer: read {self._amount(done)} of {self._amount(self.total)} "
                       f"({100 * done / max(1, self.total):.0f} %), {count(self.reader.documents, 'document', True)}, "
                       f"{_clock(now - self.start)} elapsed", file=sys.stderr, flush=True)
-        self._reading_ended(time.monotonic())
+        self._reading_ended(self.clock())
 
     def _reading_ended(self, now: float) -> None:
         if self.bar is not None:
@@ -159,11 +137,9 @@ class _Progress:
 
     def waiting(self, _seconds: float) -> None:
         """Called while the trainer works: during the merges (after reading ended), the elapsed time."""
-        import time
-
         if not getattr(self, "merging", False):
             return
-        now = time.monotonic()
+        now = self.clock()
         if self.tty and now >= self.next_line:  # redrawn once a second
             self.next_line = now + 1.0
             print(f"\rtrain-tokenizer: merging, {_clock(now - self.merge_start)} elapsed", end="", file=sys.stderr,
