@@ -3,6 +3,7 @@ exactly the ids of the whole: proved at every cut point of mixed text for each a
 end through preprocess."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -90,9 +91,15 @@ def test_preprocess_encodes_a_long_document_in_pieces_with_the_ids_of_the_whole(
     long_doc = "\n".join(" ".join(make_texts(30, seed=s)) for s in range(12)) + " </s> " + _text(rng, 2000)
     texts = ["short one.", long_doc, "short two.", long_doc[:700]]
     write_jsonl(tmp_path / "a.jsonl", texts)
-    seen = []
+    log = tmp_path / "pieces"  # (appended to by whichever process encodes: the pool's forked workers too)
     batch = Tokenizer.encode_batch
-    monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, t: seen.extend(map(len, t)) or batch(self, t))
+
+    def recorded(self, t):
+        with open(log, "a") as f:
+            f.write("".join(f"{os.getpid()} {len(x)}\n" for x in t))
+        return batch(self, t)
+
+    monkeypatch.setattr(Tokenizer, "encode_batch", recorded)
     monkeypatch.setattr(long_documents, "PIECE_CHARS", 500)
     monkeypatch.setattr(long_documents, "GROUP_CHARS", 1200)
     assert preprocess(Job((str(tmp_path / "a.jsonl"),), str(tmp_path / "o"), str(tok_dir), append_eos=True,
@@ -100,5 +107,6 @@ def test_preprocess_encodes_a_long_document_in_pieces_with_the_ids_of_the_whole(
     ds = open_token_file(tmp_path / "o")
     plain = load_tokenizer(tok_dir).for_documents("text")
     assert [ds.get(i).tolist() for i in range(4)] == [plain.encode(t) + [tok.eos_token_id] for t in texts]
-    if workers == 1:  # (the pool's processes encode out of sight)
-        assert seen and max(seen) <= 500 < len(long_doc) // 10, max(seen)
+    pids, seen = zip(*(map(int, line.split()) for line in log.read_text().splitlines()))
+    assert max(seen) <= 500 < len(long_doc) // 10 and len(seen) > len(long_doc) // 500, max(seen)  # cut
+    assert (os.getpid() in pids) == (workers == 1)  # with 2, the pool's processes encoded every piece
