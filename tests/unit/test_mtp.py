@@ -145,6 +145,11 @@ def test_a_continued_runs_routers_from_init_are_the_ones_its_directory_lacks(tmp
         source = open_weights(seed, build_model(CFG, None, MoeConfig(aux_loss_coef=0.0)), pretrained=tmp_path / name)
         source.close()
         assert CFG.expert_layers == [1, 2, 3] and routers_from_init(source.initialised, CFG.expert_layers) == fresh
+    continued_run = resolve_run("--max_steps", "4", "--continue_training", "true", model=str(tmp_path / "hf"))
+    with paddle.LazyGuard():
+        lazy = build_model(CFG, None, MoeConfig(aux_loss_coef=0.0))
+    laid = lay_out(continued_run, lazy, NoComm(), pretrained=tmp_path / "hf")  # the run's own path to the Trainer
+    assert Trainer(laid, None, continued_run, NoComm()).state.routers_from_init == [2, 3]
     run = resolve_run("--max_steps", "4")
     layout = dataclasses.replace(lay_out(run, model, NoComm()), initialised=source.initialised | {
         "model.layers.3.mlp.gate.weight"})
