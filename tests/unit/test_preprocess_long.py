@@ -1,4 +1,4 @@
-"""A long document is encoded in pieces (memory bounded by a piece: a 20 MB document had taken 2.03 GB), with
+"""A long document is encoded in pieces (memory bounded by a piece: a 20 M-character one had taken 2.10 GiB), with
 exactly the ids of the whole: proved at every cut point of mixed text for each admitted pre-tokenizer, and end to
 end through preprocess."""
 from __future__ import annotations

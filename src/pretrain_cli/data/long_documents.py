@@ -1,7 +1,7 @@
 """Encoding a long document in pieces, so `preprocess`'s memory is bounded by a piece, not by its longest document.
 
-`tokenizers` holds about 100 bytes per byte of the text it encodes at once (a 5 MB document took 502 MB of RSS,
-a 20 MB one 2.03 GB). A document longer than `PIECE_CHARS` is cut into pieces that are encoded one group at a time
+`tokenizers` holds about 110 bytes per character of the text it encodes at once (words; 230 for CJK, 270 for
+minified JSON: benchmarks/long_document_rss.py, a 20 M-character document of words took 2.10 GiB). A document longer than `PIECE_CHARS` is cut into pieces that are encoded one group at a time
 and joined: the same ids as the whole, exactly, where a cut falls where the tokenizer's pre-tokenizer always splits
 whatever the context. For the byte-level pipelines of GPT-2, Llama 3 and Qwen2 (ours: `train-tokenizer`) that is
 before a space between two non-whitespace characters (the space starts the next word's pre-token, and every
@@ -10,7 +10,8 @@ between two non-whitespace characters (no alternative runs on from a newline int
 a lone newline ends every pre-token that holds it); NFC never composes across either (a space or newline is a
 starter that composes with nothing). `cuttable` admits only those pipelines (and no added token that holds or
 strips whitespace); any other tokenizer encodes each document whole (memory then grows with the longest document:
-docs/DATA.md, "Speed and memory"). tests/unit/test_preprocess_long.py compares every cut point of mixed text with
+docs/DATA.md, "Speed and memory"). Text with no cut point (CJK paragraphs between blank lines, minified JSON or
+JavaScript) stays one piece past `PIECE_CHARS` whatever the tokenizer, at the whole encoding's cost. tests/unit/test_preprocess_long.py compares every cut point of mixed text with
 the whole encoding for each admitted pattern.
 """
 from __future__ import annotations
@@ -32,8 +33,10 @@ SPLITS = (QWEN2_SPLIT, LLAMA3_SPLIT, GPT2_SPLIT)
 
 
 def cuttable(pipeline: dict) -> bool:
-    """Whether documents encoded with this tokenizer (`Tokenizer.pipeline()`, special tokens' text as plain text)
-    may be cut at `cut`'s points with the same ids as the whole."""
+    """Whether documents encoded with this tokenizer (`Tokenizer.pipeline()` of its `for_documents` copy) may be
+    cut at `cut`'s points with the same ids as the whole. Tokens still flagged special there are plain text
+    under every `--special_tokens_in_text` choice (their own text, cut like any); the ones a choice matches as
+    ids have lost the flag in that copy and are judged as any other added token."""
     norm, pre = pipeline.get("normalizer"), pipeline.get("pre_tokenizer") or {}
     norms = norm.get("normalizers", []) if norm and norm.get("type") == "Sequence" else [norm] if norm else []
     if any(n.get("type") != "NFC" for n in norms):
@@ -47,7 +50,7 @@ def cuttable(pipeline: dict) -> bool:
               and split.get("behavior") == "Isolated" and not split.get("invert") and _byte_level(byte_level, False))
     else:
         ok = False
-    added = [t for t in pipeline.get("added_tokens") or [] if not t.get("special")]  # specials: text (see above)
+    added = [t for t in pipeline.get("added_tokens") or [] if not t.get("special")]  # flagged special: text
     return ok and not any(t.get("lstrip") or t.get("rstrip") or any(c.isspace() for c in t.get("content", ""))
                           for t in added)
 
