@@ -73,6 +73,19 @@ def test_txt_paragraphs_and_max_doc_num(tmp_path, tok_dir):
     assert open_token_file(tmp_path / "m").num_documents == 2
 
 
+def test_max_doc_num_says_from_how_many_files_its_documents_came(tmp_path, tok_dir, capsys):
+    """--max_doc_num takes the first N documents in file order: the summary says how far into the files that was."""
+    for i in range(3):
+        write_jsonl(tmp_path / "in" / f"{i}.jsonl", make_texts(20, seed=i))
+    capsys.readouterr()
+    run_preprocess("--input_path", tmp_path / "in", "--output_prefix", tmp_path / "m", "--tokenizer", tok_dir,
+                   "--max_doc_num", "25")
+    assert capsys.readouterr().out.rstrip().endswith("; --max_doc_num 25: the first documents, from 2 of 3 files")
+    run_preprocess("--input_path", tmp_path / "in", "--output_prefix", tmp_path / "a", "--tokenizer", tok_dir,
+                   "--max_doc_num", "100")  # more than there are: nothing to say
+    assert "--max_doc_num" not in capsys.readouterr().out
+
+
 def test_bad_lines(tmp_path, tok_dir):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"text": "good one"}\n{"text": broken\n{"other": "x"}\n{"text": "good two"}\n')

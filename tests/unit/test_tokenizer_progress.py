@@ -109,13 +109,27 @@ def test_a_log_gets_progress_lines_and_the_merges_are_announced(tmp_path, monkey
     assert all(ln.startswith("train-tokenizer: merging, ") for ln in err[ended + 1 :]), err[ended + 1 :]
 
 
-def test_max_doc_num_trains_on_a_sample(tmp_path, capsys):
-    write_jsonl(tmp_path / "a.jsonl", make_texts(200, seed=4))
-    assert _train(["--input_path", tmp_path / "a.jsonl", "--output_dir", tmp_path / "tok", "--vocab_size", 300,
+def test_max_doc_num_trains_on_a_sample_and_says_how_far_into_the_files_it_reached(tmp_path, capsys):
+    """The first N documents in file order: the summary says from how many of the files they came."""
+    (tmp_path / "c").mkdir()
+    for i in range(3):
+        write_jsonl(tmp_path / "c" / f"{i}.jsonl", make_texts(40, seed=4 + i))
+    assert _train(["--input_path", tmp_path / "c", "--output_dir", tmp_path / "tok", "--vocab_size", 300,
                    "--max_doc_num", 50]) == 0
     out = capsys.readouterr()
-    assert "train-tokenizer: 50 documents -> " in out.out and "train-tokenizer: read 50 documents (" in out.err
+    assert "train-tokenizer: 50 documents (the first, from 2 of 3 files) -> " in out.out
+    assert "train-tokenizer: read 50 documents (" in out.err
     assert load_tokenizer(tmp_path / "tok").vocab_size == 300
     with pytest.raises(UserError, match=r"^--max_doc_num: must be >= 1, got 0$"):
         _train(["--input_path", tmp_path / "a.jsonl", "--output_dir", tmp_path / "t0", "--vocab_size", 300,
                 "--max_doc_num", 0])
+
+
+def test_a_max_doc_num_past_the_corpus_ends_the_bar_full(tmp_path, monkeypatch):
+    """The bar of a --max_doc_num sample counts documents to N; a corpus with fewer ends it at what was read."""
+    write_jsonl(tmp_path / "a.jsonl", make_texts(30, seed=9))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    reader = DocumentReader([tmp_path / "a.jsonl"], max_docs=1000)
+    progress = tokenizer_training._Progress(reader, 1000, 300)
+    assert sum(1 for _ in progress.texts()) == 30
+    assert progress.bar.n == progress.bar.total == 30 == progress.total

@@ -105,6 +105,7 @@ class DocumentReader:
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
         self._disk_done, self._current = 0, None  # the finished files' bytes on disk; the file being read
+        self.files_read = 0  # files opened by `read` (--max_doc_num stops before the rest)
 
     def counters(self) -> dict:
         return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
@@ -135,6 +136,7 @@ class DocumentReader:
     def read(self, path: Path):
         """The non-empty documents of one file (until max_docs)."""
         fr = self._current = FileReader(path, self.json_key, self._bad)
+        self.files_read += 1
         counted = 0
         try:
             for text in fr:

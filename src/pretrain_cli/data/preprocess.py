@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 import queue
 import threading
@@ -77,15 +76,6 @@ class _Task:
     eos: int | None
     tok: object
     cuttable: bool
-
-
-def _done_files(prefix: str) -> int:
-    """Input files the task's progress record keeps (0: none, or no record)."""
-    try:
-        with open(tasks.progress_path(prefix), encoding="utf-8") as f:
-            return int(json.load(f).get("done_files", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0
 
 
 def _load(tokenizer_dir: str, special_tokens: str):
@@ -216,7 +206,8 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     if job.append_eos:
         eos = tok.eos_token_id
         if eos is None:
-            raise UserError(f"{job.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop --append_eos")
+            raise UserError(f"{job.tokenizer}: no EOS token (tokenizer_config.json eos_token); set one or drop "
+                            "--append_eos")
     prefix = tasks.task_prefix(base, job.num_tasks, job.task_index)
     files, skipped, n_all = _inputs(job, base, note)
     task = f" (task {job.task_index} of {job.num_tasks}: files {len(files)} of {n_all})" if job.num_tasks > 1 else ""
@@ -278,14 +269,18 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
         el, new_tokens, new_bytes = _run(_Task(job, reader, writer, files, prefix, settings, dtype, eos, tok,
                                                cuttable), start, stats, note)
     except BaseException as e:
-        kept = _done_files(prefix)
+        try:  # the record this run (or the one it resumed) saved, judged as a re-run will judge it
+            rec = tasks.load_progress(prefix, files, settings)
+        except OSError:  # (an input gone meanwhile: a re-run could not resume either)
+            rec = None
+        kept = rec["done_files"] if rec else 0
         if kept:  # keep finished files for the re-run
             writer.close()
         else:
             writer.abort()
         if isinstance(e, KeyboardInterrupt):  # the CLI's own line says only "interrupted"
-            note(f"preprocess: interrupted: {kept} of {count(len(files), 'file')} kept in {tasks.progress_path(prefix)}; "
-                 "re-run the same command to resume" if kept else
+            note(f"preprocess: interrupted: {kept} of {count(len(files), 'file')} kept in "
+                 f"{tasks.progress_path(prefix)}; re-run the same command to resume" if kept else
                  f"preprocess: interrupted before the first of {count(len(files), 'file')} was finished; nothing kept "
                  f"(a re-run starts over)")
         raise
@@ -305,9 +300,13 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
     for f in skipped[:5]:
         note(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)")
     corrupt = f", {reader.bad_parts} corrupt parts skipped" if reader.bad_parts else ""
-    say(f"preprocess: wrote {prefix}.bin/.idx{task}: {count(docs, 'document')}, {count(tokens, 'token')} ({dtype.name}), "
-        f"max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped{corrupt}, "
-        f"{el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} MB/s)")
+    # --max_doc_num takes the first documents in file order: said, with how far into the files that reached
+    cap = (f"; --max_doc_num {job.max_doc_num}: the first documents, from {start + reader.files_read} of "
+           f"{count(len(files), 'file')}" if reader.exhausted else "")
+    say(f"preprocess: wrote {prefix}.bin/.idx{task}: {count(docs, 'document')}, {count(tokens, 'token')} "
+        f"({dtype.name}), max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped"
+        f"{corrupt}, {el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} "
+        f"MB/s){cap}")
     return 0
 
 

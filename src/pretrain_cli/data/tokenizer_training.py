@@ -122,7 +122,10 @@ class _Progress:
         self._reading_ended(self.clock())
 
     def _reading_ended(self, now: float) -> None:
+        if self.unit == "doc":  # a --max_doc_num larger than the corpus: the documents there were
+            self.total = min(self.total, self.reader.documents)
         if self.bar is not None:
+            self.bar.total = self.total
             self.bar.update(self._done() - self.bar.n)
             self.bar.close()
         r = self.reader
@@ -204,7 +207,8 @@ def train_tokenizer(ns) -> int:
     finally:
         progress.end()
     if reader.documents == 0:
-        raise UserError(f"--input_path: no non-empty documents in {' '.join(ns.input_path)}; check the files and --json_key")
+        raise UserError(f"--input_path: no non-empty documents in {' '.join(ns.input_path)}; check the files and "
+                        "--json_key")
     out = Path(ns.output_dir)
     if out.exists():  # keep unrelated files (e.g. a model config); each of ours is replaced atomically
         Tokenizer(tok, str(out), roles, "").save(out)
@@ -219,8 +223,10 @@ def train_tokenizer(ns) -> int:
             raise
     loaded = load_tokenizer(out)
     extra = f", extra {' '.join(ns.special_tokens[4:])}" if len(ns.special_tokens) > 4 else ""
-    print(f"train-tokenizer: {count(reader.documents, 'document')} -> {out} (vocab {loaded.vocab_size}, pad={roles['pad']} "
-          f"bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, fingerprint {loaded.fingerprint[:12]})")
+    # --max_doc_num takes the first documents in file order: said, with how far into the files that reached
+    cap = f" (the first, from {reader.files_read} of {count(len(reader.files), 'file')})" if reader.exhausted else ""
+    print(f"train-tokenizer: {count(reader.documents, 'document')}{cap} -> {out} (vocab {loaded.vocab_size}, "
+          f"pad={roles['pad']} bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, fingerprint {loaded.fingerprint[:12]})")
     if loaded.vocab_size < ns.vocab_size:  # the trainer ran out of frequent pairs: said, as a model sized to the
         lower = " or --min_frequency 1" if ns.min_frequency > 1 else ""  # number asked for would not match it
         print(f"note: --vocab_size {ns.vocab_size}: the corpus gave {loaded.vocab_size} tokens: every merge seen at "
