@@ -6,7 +6,8 @@ file or the complete new one, never half of one; on any error the temporary is r
 error propagates. Directories (checkpoints) are built under a temporary name, fsynced file by
 file, and published with one rename. A published file gets the mode `open()` would give it (0666 less
 the umask; 0777 less it when executable): libraries that write through a private temporary (safetensors
-creates 0600 files) would otherwise leave checkpoints that only their writer can read.
+creates 0600 files) would otherwise leave checkpoints that only their writer can read. A writer that
+ends with nothing published removes the directories it made (`first_missing`, `remove_made_dirs`).
 """
 from __future__ import annotations
 
@@ -155,3 +156,21 @@ def publish_dir(tmp, final) -> Path:
     os.replace(tmp, final)
     fsync_dir(final.parent)
     return final
+
+
+def first_missing(parent: Path) -> Path | None:
+    """The outermost directory of `parent`'s chain that does not exist yet: what a run will create to write there."""
+    return next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
+
+
+def remove_made_dirs(d: Path, created: Path | None) -> None:
+    """Remove `d` and its parents up to `created` (`first_missing`'s answer before the run made them) while they are
+    empty: a run that leaves nothing there leaves the tree as it found it."""
+    while created is not None:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == created:
+            return
+        d = d.parent

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from pretrain_cli import atomic
+from pretrain_cli.atomic import first_missing, remove_made_dirs
 from pretrain_cli.data.indexed import CHUNK, CODE_OF, DTYPE_CODES, HEADER_BYTES, MAGIC, strip_prefix
-from pretrain_cli.data.prefix_lock import first_missing, remove_made_dirs
 from pretrain_cli.errors import UserError
 
 

@@ -21,6 +21,7 @@ import os
 import socket
 from pathlib import Path
 
+from pretrain_cli.atomic import first_missing, remove_made_dirs
 from pretrain_cli.errors import UserError
 
 _HELD: set[int] = set()  # this process's lock descriptors
@@ -38,24 +39,6 @@ def _drop_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_drop_in_child)
-
-
-def first_missing(parent: Path) -> Path | None:
-    """The outermost directory of `parent`'s chain that does not exist yet: what a run will create to write there."""
-    return next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
-
-
-def remove_made_dirs(d: Path, created: Path | None) -> None:
-    """Remove `d` and its parents up to `created` (`first_missing`'s answer before the run made them) while they are
-    empty: a run that leaves nothing there leaves the tree as it found it."""
-    while created is not None:
-        try:
-            d.rmdir()
-        except OSError:
-            return
-        if d == created:
-            return
-        d = d.parent
 
 
 def _holder(fd: int) -> str:
