@@ -1,5 +1,6 @@
-"""Peak RSS of preprocess on one long document: encoded in pieces (`data/long_documents.py`) or whole, for text
-with cut points (words) and without (CJK paragraphs between blank lines, minified JSON), where no piece can be cut.
+"""Peak RSS of preprocess on one long document: encoded in pieces (`data/long_documents.py`) or whole, for words
+(a cut point at every space), CJK paragraphs between blank lines (cut only after the blank lines: Llama 3's and
+Qwen2's patterns, not GPT-2's) and minified JSON (no cut point: one piece whatever the tokenizer).
 
 Why: the tokenizer holds about 100 bytes per character of a text it encodes at once; docs/DATA.md ("Speed and
 memory") states what cutting saves and where it cannot. Each run is a fresh `pretrain-cli preprocess` process
@@ -27,8 +28,8 @@ _WORDS = ("alpha beta gamma delta the quick brown fox jumps over lazy dog lorem 
 
 
 def make_text(kind: str, n: int, seed: int = 0) -> str:
-    """`n` characters of `kind`: words (a cut point at every space), cjk (paragraphs of CJK characters between
-    blank lines: none), json (minified records: none)."""
+    """`n` characters of `kind`: words (space-separated lines), cjk (paragraphs of CJK characters between blank
+    lines), json (minified records on one line)."""
     rng, parts, size = random.Random(seed), [], 0
     while size < n:
         if kind == "words":

@@ -44,17 +44,26 @@ def _pipeline(split):
 @pytest.mark.parametrize("split", [QWEN2_SPLIT, LLAMA3_SPLIT, GPT2_SPLIT, None], ids=["qwen2", "llama3", "gpt2-split",
                                                                                     "gpt2-bytelevel"])
 def test_every_cut_point_gives_the_ids_of_the_whole(split):
+    """Llama 3's and Qwen2's patterns are cut after any newline run too (a blank line between paragraphs);
+    GPT-2's only after a lone newline: its ids differ at the wider points, which its answer leaves out."""
     tok = _pipeline(split)
-    assert cuttable(tok.pipeline())
-    rng, checked, differ = random.Random(2), 0, 0
+    points = cuttable(tok.pipeline())
+    gpt2 = split in (GPT2_SPLIT, None)
+    assert points is (long_documents._CUT if gpt2 else long_documents._CUT_AFTER_NEWLINES)
+    rng, checked, differ, wider, wider_differ = random.Random(2), 0, 0, 0, 0
     for _ in range(120):
         text = _text(rng, rng.randint(3, 80)) + "</s>" * rng.randint(0, 1) + _text(rng, rng.randint(0, 20))
         whole = tok.encode(text)
-        for m in long_documents._CUT.finditer(text):
+        for m in points.finditer(text):
             assert tok.encode(text[: m.start()]) + tok.encode(text[m.start():]) == whole, (text, m.start())
             checked += 1
+        for p in {m.start() for m in long_documents._CUT_AFTER_NEWLINES.finditer(text)} - {
+                m.start() for m in long_documents._CUT.finditer(text)}:  # after a blank line, before a character
+            wider += 1
+            wider_differ += tok.encode(text[:p]) + tok.encode(text[p:]) != whole
         differ += sum(tok.encode(text[:p]) + tok.encode(text[p:]) != whole for p in range(1, len(text)))
     assert checked > 500 and differ > 100  # (an arbitrary cut is not exact: the cut points are what make it so)
+    assert wider > 40 and (wider_differ > wider // 3 if gpt2 else wider_differ == 0), (wider, wider_differ)
 
 
 def test_cut_keeps_the_text_and_bounds_the_pieces():
@@ -110,3 +119,16 @@ def test_preprocess_encodes_a_long_document_in_pieces_with_the_ids_of_the_whole(
     pids, seen = zip(*(map(int, line.split()) for line in log.read_text().splitlines()))
     assert max(seen) <= 500 < len(long_doc) // 10 and len(seen) > len(long_doc) // 500, max(seen)  # cut
     assert (os.getpid() in pids) == (workers == 1)  # with 2, the pool's processes encoded every piece
+
+
+def test_paragraphs_between_blank_lines_are_cut_for_qwen2(tmp_path):
+    """CJK paragraphs between blank lines have no space and no newline between two characters: they stayed one
+    piece (~230 B/char). Qwen2's pattern (train-tokenizer's) is cut after the blank line, with the ids of the whole."""
+    rng = random.Random(7)
+    text = "\n\n".join("".join(chr(rng.randint(0x4E00, 0x4FFF)) for _ in range(60)) + "\u3002" for _ in range(40))
+    tok = load_tokenizer(make_tokenizer(tmp_path / "tok")).for_documents("text")
+    points = cuttable(tok.pipeline())
+    assert list(cut(text, 200, long_documents._CUT)) == [text]  # the narrower points: none
+    pieces = list(cut(text, 200, points))
+    assert "".join(pieces) == text and len(pieces) > 10 and max(map(len, pieces)) <= 200
+    assert [i for p in pieces for i in tok.encode(p)] == tok.encode(text)

@@ -75,7 +75,7 @@ class _Task:
     dtype: np.dtype
     eos: int | None
     tok: object
-    cuttable: bool
+    cuttable: object  # long_documents.cuttable's answer: where a long document may be cut, or None
 
 
 def _load(tokenizer_dir: str, special_tokens: str):
@@ -95,7 +95,8 @@ def _encode(texts: list[str]):
     """-> (flat tokens, lengths int64 [docs], max id, documents that tokenize to nothing, which are dropped)."""
     eos = _WORKER["eos"]
     if _WORKER["cuttable"] and any(len(t) > long_documents.PIECE_CHARS for t in texts):
-        docs = long_documents.encode(_WORKER["tok"], texts, np.int64)  # memory bounded by a piece, not the document
+        # memory bounded by a piece, not the document
+        docs = long_documents.encode(_WORKER["tok"], texts, np.int64, _WORKER["cuttable"])
         lengths = np.fromiter((len(x) + (eos is not None and len(x) > 0) for x in docs), np.int64, len(docs))
         parts = [part for x in docs if len(x) for part in ((x, [eos]) if eos is not None else (x,))]
         flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)  # (int64: `parts` are)
@@ -163,7 +164,7 @@ class _Raised:
         self.error = error
 
 
-def _results(job: Job, work, dtype, eos, tok, cuttable: bool):
+def _results(job: Job, work, dtype, eos, tok, cuttable):
     """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
     if job.workers <= 1:
         _WORKER.update(tok=tok, cuttable=cuttable, dtype=dtype, eos=eos)
@@ -222,7 +223,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         lock.release()
 
 
-def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, cuttable: bool, eos: int | None,
+def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, cuttable, eos: int | None,
             say: Callable[[str], None], note: Callable[[str], None]) -> int:
     """`preprocess`'s work once it holds the prefix's lock."""
     dtype = dtype_for_vocab(tok.vocab_size)
