@@ -184,7 +184,8 @@ def _merge(out: str, prefixes: list[str], note) -> dict:
     for ds in datasets[1:]:
         if ds.dtype != first.dtype:
             raise UserError(f"{ds.prefix}: dtype {ds.dtype.name} differs from {first.dtype.name} of {first.prefix}; "
-                            "token files can only be joined if they share a dtype (re-run preprocess with one tokenizer)")
+                            "token files can only be joined if they share a dtype (re-run preprocess with one "
+                            "tokenizer)")
     problems = tokenizer_problems(list(zip(prefixes, metas)))
     if problems:
         raise UserError("\n".join(problems))

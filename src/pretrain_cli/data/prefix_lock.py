@@ -9,9 +9,10 @@ holds the holder's `pid@host command` only for the refusal's line (on a shared f
 another machine, where its pid alone names nothing). A file system without `flock` (NFS without lockd: ENOLCK;
 Lustre without `-o flock`: ENOSYS; EOPNOTSUPP) cannot refuse a second run; that is said once and the run goes on
 (refusing would make preprocess unusable there), leaving no lock file behind. Release removes the file (while
-still holding it), so a run that opened the name just before must check, once it holds a lock, that it holds the file under the name.
-A forked process (a tokenizer worker of `--workers N`) closes its copy of the descriptor at once: else the orphaned
-workers of a killed run keep the lock for seconds after it, and the re-run is refused naming a dead pid.
+still holding it), so a run that opened the name just before must check, once it holds a lock, that it holds the
+file under the name. A forked process (a tokenizer worker of `--workers N`) closes its copy of the descriptor at
+once: else the orphaned workers of a killed run keep the lock for seconds after it, and the re-run is refused
+naming a dead pid.
 """
 from __future__ import annotations
 
