@@ -11,7 +11,7 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl, write_mmidx_reference
 from pretrain_cli import cli
 from pretrain_cli.data import merge as merge_module
-from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.indexed import open_token_file, read_sidecar
 from pretrain_cli.data.merge import merge
 from pretrain_cli.errors import UserError
 
@@ -113,3 +113,31 @@ def test_an_input_that_differs_inside_is_not_called_a_repeat(tmp_path, monkeypat
     changed = [*docs[:21], [0, 0], *docs[22:]]  # sequence 21 of 0..38: one of the 10 compared
     assert merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == []
     assert len(merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], docs))) == 1  # the true repeat: said
+
+
+def test_special_tokens_in_text_is_recorded_only_where_every_input_agrees(tmp_path, tok_dir, capsys):
+    """The output's sidecar records the inputs' --special_tokens_in_text only when every input with a sidecar records
+    the same one: a `special` input merged with one whose sidecar is from before the option was called `special`."""
+    d = tmp_path / "d"
+    for k, (name, mode) in enumerate((("s1", "special"), ("s2", "special"), ("t", "text"), ("old", "text"))):
+        write_jsonl(tmp_path / f"{name}.jsonl", make_texts(10, seed=40 + k))
+        assert run_preprocess("--input_path", tmp_path / f"{name}.jsonl", "--tokenizer", tok_dir, "--append_eos",
+                              "--output_prefix", d / name, "--special_tokens_in_text", mode) == 0
+    old = json.loads((d / "old.json").read_text())
+    del old["special_tokens_in_text"]  # a sidecar written before the option
+    (d / "old.json").write_text(json.dumps(old))
+    capsys.readouterr()
+    assert cli.main(["merge-data", str(tmp_path / "agree"), str(d / "s1"), str(d / "s2")]) == 0
+    assert capsys.readouterr().err == ""
+    assert read_sidecar(str(tmp_path / "agree"))["special_tokens_in_text"] == "special"
+    for out, names, differ in (("mixed", ("s1", "t"), f"special: {d / 's1'}; text: {d / 't'}"),
+                               ("missing", ("s1", "s2", "old"),
+                                f"special: {d / 's1'} and 1 more; not recorded: {d / 'old'}")):
+        assert cli.main(["merge-data", str(tmp_path / out), *(str(d / n) for n in names)]) == 0
+        assert capsys.readouterr().err == (
+            f"merge-data: note: the inputs' --special_tokens_in_text differ ({differ}): their special-token text is "
+            f"not alike, so {tmp_path / out}.json records none\n")
+        assert "special_tokens_in_text" not in read_sidecar(str(tmp_path / out))
+    meta = merge(str(tmp_path / "olds"), [d / "old", tmp_path / "agree"])  # the merged `special` file: still known
+    assert "special_tokens_in_text" not in meta
+    assert merge(str(tmp_path / "both"), [d / "s1", tmp_path / "agree"])["special_tokens_in_text"] == "special"

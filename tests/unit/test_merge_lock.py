@@ -86,10 +86,13 @@ def test_a_preprocess_into_a_prefix_a_merge_holds_is_told_it_is_a_merge(tmp_path
 
 def test_a_merge_releases_its_lock(tmp_path, parts):
     """Taken and released: the lock file goes with the merge, and the next writer gets the prefix."""
-    d, _ = parts
+    d, tok = parts
     merge(str(tmp_path / "m"), [str(d / "in" / "a"), str(d / "in" / "b")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin", "m.idx", "m.json"]
-    with pytest.raises(UserError, match="missing: no token files"):  # a failed merge releases it too
-        merge(str(tmp_path / "n"), [str(d / "in" / "a"), str(tmp_path / "missing")])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin", "m.idx", "m.json"]
-    PrefixLock(str(tmp_path / "n")).release()
+    src = write_jsonl(tmp_path / "c.jsonl", make_texts(10, seed=5))
+    assert preprocess(Job((str(src),), str(tmp_path / "in" / "c"), str(tok))) == 0  # no EOS: refused by the merge
+    out = tmp_path / "new" / "deeper" / "n"  # directories the lock makes
+    with pytest.raises(UserError, match="made without --append_eos"):  # a merge failing once it holds the lock
+        merge(str(out), [str(d / "in" / "a"), str(tmp_path / "in" / "c")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "in", "m.bin", "m.idx", "m.json"]  # no new/
+    PrefixLock(str(out)).release()  # not held either

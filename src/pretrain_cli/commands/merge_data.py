@@ -16,8 +16,8 @@ def main(ns: argparse.Namespace) -> int:
 
     from pretrain_cli.data.merge import merge, merge_summary
 
-    def note(line: str) -> None:
-        print(f"merge-data: warning: {line}", file=sys.stderr, flush=True)
+    def note(line: str) -> None:  # "warning: ..." or "note: ..."
+        print(f"merge-data: {line}", file=sys.stderr, flush=True)
 
     print(merge_summary(ns.output, merge(ns.output, ns.inputs, note)))
     return 0

@@ -164,12 +164,14 @@ def _repeat_at(a, b) -> int | None:
 
 def merge(output: str, inputs, note=None) -> dict:
     """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar. `note`
-    receives a line for each input repeated inside another (`repeated_inputs`) before anything is written."""
+    receives, before anything is written, a `warning: ` line for each input repeated inside another
+    (`repeated_inputs`) and a `note: ` line when the inputs' `--special_tokens_in_text` differ."""
     out = check_output_prefix(str(output), "output")
     prefixes = expand_prefixes(inputs)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
-    lock = PrefixLock(out, "output prefix", "merge-data", note)  # before anything under the prefix is written
+    warn = None if note is None else lambda line: note(f"warning: {line}")
+    lock = PrefixLock(out, "output prefix", "merge-data", warn)  # before anything under the prefix is written
     try:
         return _merge(out, prefixes, note)
     finally:
@@ -191,7 +193,11 @@ def _merge(out: str, prefixes: list[str], note) -> dict:
         raise UserError("\n".join(problems))
     _check_eos(prefixes, metas)
     for line in repeated_inputs(datasets) if note is not None else ():
-        note(line)
+        note(f"warning: {line}")
+    specials, mixed = _special_tokens_in_text(prefixes, metas)
+    if mixed is not None and note is not None:
+        note(f"note: the inputs' --special_tokens_in_text differ ({mixed}): their special-token text is not alike, "
+             f"so {out}.json records none")
     with_lsm = [ds.loss_mask is not None for ds in datasets]
     if any(with_lsm) and not all(with_lsm):
         odd = datasets[with_lsm.index(not with_lsm[0])]
@@ -218,13 +224,29 @@ def _merge(out: str, prefixes: list[str], note) -> dict:
             "inputs_without_sidecar": len(prefixes) - len(known)}
     if first.dtype.kind != "u":  # what `check` needs of a signed file (no id below 0), so it need not scan it
         meta["min_token_id"] = min(d.min_token_id() for d in datasets)
-    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key",
-                  "special_tokens_in_text"):
+    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key"):
         vals = {str(m.get(field)) for m in known if field in m}
         if len(vals) == 1:
             meta[field] = next(m[field] for m in known if field in m)
+    if specials is not None:
+        meta["special_tokens_in_text"] = specials
     atomic.write_json(out + ".json", meta, sort_keys=True)
     return meta
+
+
+def _special_tokens_in_text(prefixes, metas) -> tuple[str | None, str | None]:
+    """(the inputs' `special_tokens_in_text` if every input with a sidecar records the same one, else None; what
+    differs, for a note, or None). A sidecar from before the option records none, and its file may hold special
+    tokens' text as text or as ids (before 4862da56), so one such input leaves the output's unknown too."""
+    modes: dict = {}  # choice (None: not recorded) -> the inputs made with it
+    for p, m in zip(prefixes, metas):
+        if m:
+            modes.setdefault(m.get("special_tokens_in_text"), []).append(p)
+    if len(modes) <= 1:
+        return next(iter(modes), None), None
+    said = "; ".join(f"{mode or 'not recorded'}: {ps[0]}" + (f" and {len(ps) - 1} more" if len(ps) > 1 else "")
+                     for mode, ps in modes.items())
+    return None, said
 
 
 def _check_eos(prefixes, metas) -> None:
