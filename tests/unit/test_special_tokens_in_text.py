@@ -18,7 +18,7 @@ from pretrain_cli import cli
 from pretrain_cli.data import long_documents
 from pretrain_cli.data.indexed import open_token_file, read_sidecar
 from pretrain_cli.data.preprocess import Job, preprocess
-from pretrain_cli.data.tokenizer import Tokenizer, _roles_for, load_tokenizer
+from pretrain_cli.data.tokenizer import Tokenizer, _parts_before_model, _roles_for, load_tokenizer
 from pretrain_cli.data.tokenizer_training import train_bpe
 
 ROLES = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -174,3 +174,20 @@ def test_the_fingerprint_is_the_files_in_every_mode(tok_dir):
         tok = load_tokenizer(tok_dir).for_documents(mode)
         assert (tok.fingerprint, tok.fingerprints, tok.sha256) == (plain.fingerprint, plain.fingerprints, plain.sha256)
     assert load_tokenizer(tok_dir).extra_special_tokens() == EXTRAS
+
+
+@pytest.mark.parametrize("mode", ["text", "special", "extra"])
+def test_the_copy_is_made_from_the_parts_before_the_model_and_a_worker_keeps_only_it(tok_dir, mode):
+    """`for_documents` parses only the serialised parts before the model (a Qwen-size model is ~15 MB of JSON), and a
+    worker (`keep_original=False`) drops the tokenizer as its file says: the same ids and pipeline as a whole parse."""
+    main = load_tokenizer(tok_dir).for_documents(mode)
+    worker = load_tokenizer(tok_dir).for_documents(mode, keep_original=False)
+    whole = json.loads(main._enc.to_str())
+    assert list(whole)[-1] == "model" and main.pipeline() == {k: v for k, v in whole.items() if k != "model"}
+    assert worker.pipeline() == main.pipeline()
+    assert worker.encode(DOC) == main.encode(DOC) == _ids(tok_dir, mode, DOC)
+    assert (worker._tok is None) == (mode != "text")  # "text" makes no copy: there is one tokenizer
+    text = (tok_dir / "tokenizer.json").read_text()  # pretty-printed: whitespace between the parts
+    parts, (a, b) = _parts_before_model(text)
+    assert json.loads(text[a:b]) == json.loads(text)["added_tokens"] == parts["added_tokens"]
+    assert "model" not in parts and parts["pre_tokenizer"] == json.loads(text)["pre_tokenizer"]

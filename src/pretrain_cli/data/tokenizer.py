@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from pretrain_cli import atomic
@@ -70,6 +71,7 @@ class Tokenizer:
         self.sha256 = sha256
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self._enc = tok  # what encode/encode_batch use (`for_documents`); `_tok` is the tokenizer as its file says
+        self._pipeline: dict | None = None  # `pipeline()`, once parsed
 
     @property
     def fingerprint(self) -> str:
@@ -111,7 +113,7 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self._id("pad")
 
-    def for_documents(self, special_tokens: str = "text") -> "Tokenizer":
+    def for_documents(self, special_tokens: str = "text", keep_original: bool = True) -> "Tokenizer":
         """This tokenizer as `preprocess` encodes documents (`--special_tokens_in_text`, docs/DATA.md): "text", a
         special token's text in a document is plain text (a literal `</s>` as the EOS id would be a false document
         boundary in packed samples); "special", each is its id (transformers' default); "extra", only the special
@@ -119,31 +121,53 @@ class Tokenizer:
         `tokenizers` encodes a token flagged special as text under `encode_special_tokens` and still matches every
         other added token, so the tokens to match lose the flag in a copy used for encoding only: the flag decides
         nothing else of encoding (tests/unit/test_special_tokens_in_text.py compares "special" with tokenizers' own
-        matching). Fingerprint and sha256 stay the file's: it is not another tokenizer."""
+        matching). Fingerprint and sha256 stay the file's: it is not another tokenizer. The copy is built from one
+        parse of the serialised tokenizer (a Qwen-size one: ~15 MB of JSON); "text" and a choice that matches
+        nothing make none. `keep_original=False` (a worker, which only encodes) drops the tokenizer as its file says,
+        and with it `fingerprint`, `decode` and `save`: the copy alone is the memory of one tokenizer."""
         if special_tokens not in SPECIAL_TOKENS_IN_TEXT:
             raise ValueError(f"special_tokens {special_tokens!r} not in {SPECIAL_TOKENS_IN_TEXT}")
-        self._enc = self._tok
-        if special_tokens != "text":
-            spec = json.loads(self._tok.to_str())
-            matched = set(self.extra_special_tokens()) if special_tokens == "extra" else None  # None: every one
-            for t in spec.get("added_tokens") or []:
-                if t.get("special") and (matched is None or t["content"] in matched):
+        self._enc, self._pipeline = self._tok, None
+        matched = set()
+        if special_tokens != "text":  # (the roles' texts are what "extra" leaves text)
+            matched = set(self.extra_special_tokens() if special_tokens == "extra" else self._special_texts())
+        if matched:
+            text = self._tok.to_str()
+            parts, (a, b) = _parts_before_model(text)
+            for t in parts["added_tokens"]:
+                if t.get("special") and t["content"] in matched:
                     t["special"] = False
-            self._enc = type(self._tok).from_str(json.dumps(spec))
+            self._enc = type(self._tok).from_str(text[:a] + json.dumps(parts["added_tokens"]) + text[b:])
+            self._pipeline, text = parts, None
+            if not keep_original:
+                self._tok = None
         self._enc.encode_special_tokens = True  # tokenizers >= 0.15.1; not serialised: no fingerprint changes
         return self
 
+    def _special_texts(self) -> list[str]:
+        """The added tokens flagged special, in id order (read without serialising the tokenizer)."""
+        added = (self._tok if self._tok is not None else self._enc).get_added_tokens_decoder()
+        return [added[i].content for i in sorted(added) if added[i].special]
+
     def extra_special_tokens(self) -> list[str]:
-        """The special tokens with no pad/bos/eos/unk role, as tokenizer.json lists them (what `for_documents("extra")`
-        matches)."""
+        """The special tokens with no pad/bos/eos/unk role, in id order (what `for_documents("extra")` matches)."""
         roles = {t for t in self.special_tokens.values() if t is not None}
-        return [t["content"] for t in json.loads(self._tok.to_str()).get("added_tokens") or []
-                if t.get("special") and t["content"] not in roles]
+        return [t for t in self._special_texts() if t not in roles]
+
+    def role_special_tokens(self) -> list[str]:
+        """The special tokens that have a pad/bos/eos/unk role, in id order (what `for_documents("extra")` leaves
+        text)."""
+        roles = {t for t in self.special_tokens.values() if t is not None}
+        return [t for t in self._special_texts() if t in roles]
 
     def pipeline(self) -> dict:
-        """tokenizer.json's parts as `tokenizers` serialises them for encoding (what encoding depends on: with
-        `for_documents`, the special tokens that stay text are the ones flagged special)."""
-        return json.loads(self._enc.to_str())
+        """tokenizer.json's parts as `tokenizers` serialises them for encoding, those before the model (which it
+        writes last: its vocabulary and merges are most of the size). `long_documents.cuttable` reads the
+        normalizer, pre-tokenizer and added tokens: with `for_documents`, the special tokens that stay text are
+        the ones flagged special."""
+        if self._pipeline is None:
+            self._pipeline = _parts_before_model(self._enc.to_str())[0]
+        return self._pipeline
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, add_special_tokens=False).ids
@@ -171,6 +195,24 @@ class Tokenizer:
         }
         for name, text in files.items():
             atomic.write_text(d / name, text)
+
+
+def _parts_before_model(text: str) -> tuple[dict, tuple[int, int]]:
+    """The top-level parts of a serialised tokenizer before "model" (all of them if it has none), parsed one by
+    one, and where the "added_tokens" value lies in `text`: the model, ~15 MB of JSON in a Qwen-size tokenizer,
+    is never parsed. `to_str` writes the model last; were it not, the parts after it are simply not read."""
+    dec, ws = json.JSONDecoder(), re.compile(r"[\s,]*")
+    parts, span, i = {}, (0, 0), ws.match(text, text.index("{") + 1).end()
+    while i < len(text) and text[i] != "}":
+        key, i = dec.raw_decode(text, i)
+        i = ws.match(text, text.index(":", i) + 1).end()
+        if key == "model":
+            break
+        parts[key], end = dec.raw_decode(text, i)
+        if key == "added_tokens":
+            span = (i, end)
+        i = ws.match(text, end).end()
+    return parts, span
 
 
 def _config_for(special_tokens: dict[str, str | None]) -> dict:
