@@ -191,3 +191,22 @@ def test_the_copy_is_made_from_the_parts_before_the_model_and_a_worker_keeps_onl
     parts, (a, b) = _parts_before_model(text)
     assert json.loads(text[a:b]) == json.loads(text)["added_tokens"] == parts["added_tokens"]
     assert "model" not in parts and parts["pre_tokenizer"] == json.loads(text)["pre_tokenizer"]
+
+
+def test_extra_names_the_special_tokens_a_role_keeps_as_text(tmp_path):
+    """Qwen's instruct tokenizers make the chat marker `<|im_end|>` the EOS: under `extra` it stayed text without a
+    word, half a chat format. The note names each special token left text and its role, and what matches them."""
+    d = tmp_path / "qtok"
+    markers = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = train_bpe(make_texts(100) + ["<|im_start|>user\nhi<|im_end|>\n"] * 5, 350, markers, min_frequency=1)
+    Tokenizer(tok, str(d), {"pad": "<|endoftext|>", "bos": None, "eos": "<|im_end|>", "unk": None}, "").save(d)
+    write_jsonl(tmp_path / "a.jsonl", ["<|im_start|>user\nhi<|im_end|>\n"])
+    noted = []
+    assert preprocess(Job((str(tmp_path / "a.jsonl"),), str(tmp_path / "o"), str(d), special_tokens_in_text="extra"),
+                      note=noted.append) == 0
+    assert [line for line in noted if "--special_tokens_in_text" in line] == [
+        "preprocess: note: --special_tokens_in_text extra: the text of <|endoftext|> (pad), <|im_end|> (eos) in a "
+        f"document stays text, as those tokens have roles in {d}; use --special_tokens_in_text special to match them"]
+    ids = open_token_file(tmp_path / "o").get(0).tolist()
+    loaded = load_tokenizer(d)
+    assert ids[0] == loaded.token_to_id("<|im_start|>") and loaded.eos_token_id not in ids  # the marker as text

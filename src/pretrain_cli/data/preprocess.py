@@ -214,9 +214,8 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     base = check_output_prefix(job.output_prefix, "--output_prefix",
                                tasks.task_prefix(strip_prefix(job.output_prefix), job.num_tasks, job.task_index))
     tok, cuttable = _load(job.tokenizer, job.special_tokens_in_text)
-    if job.special_tokens_in_text == "extra" and not tok.extra_special_tokens():
-        note(f"preprocess: --special_tokens_in_text extra: {job.tokenizer} has no special token without a pad/bos/eos/"
-             f"unk role, so every special token's text in a document stays text, as with `text`")
+    if job.special_tokens_in_text == "extra":
+        _say_extra(job.tokenizer, tok, note)
     eos = None
     if job.append_eos:
         eos = tok.eos_token_id
@@ -235,6 +234,24 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
         return _locked(job, prefix, files, skipped, task, tok, cuttable, eos, say, note)
     finally:
         lock.release()
+
+
+def _say_extra(tokenizer: str, tok, note: Callable[[str], None]) -> None:
+    """`--special_tokens_in_text extra`'s note: no special token to match, or the special tokens left text for their
+    role, which may be half a chat format (Qwen's instruct tokenizers make the marker `<|im_end|>` the EOS)."""
+    if not tok.extra_special_tokens():
+        note(f"preprocess: note: --special_tokens_in_text extra: {tokenizer} has no special token without a pad/bos/"
+             f"eos/unk role, so every special token's text in a document stays text, as with `text`")
+        return
+    roles: dict[str, str] = {}  # token -> its roles ("pad/eos": one token may have two)
+    for r, t in tok.special_tokens.items():
+        if t is not None:
+            roles[t] = f"{roles[t]}/{r}" if t in roles else r
+    kept = [f"{t} ({roles[t]})" for t in tok.role_special_tokens()]
+    if kept:
+        note(f"preprocess: note: --special_tokens_in_text extra: the text of {', '.join(kept)} in a document stays "
+             f"text, as {'that token has a role' if len(kept) == 1 else 'those tokens have roles'} in {tokenizer}; "
+             f"use --special_tokens_in_text special to match them")
 
 
 def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, cuttable, eos: int | None,
