@@ -210,3 +210,24 @@ def test_extra_names_the_special_tokens_a_role_keeps_as_text(tmp_path):
     ids = open_token_file(tmp_path / "o").get(0).tolist()
     loaded = load_tokenizer(d)
     assert ids[0] == loaded.token_to_id("<|im_start|>") and loaded.eos_token_id not in ids  # the marker as text
+
+
+def test_text_keeps_the_inputs_hash_of_files_made_before_the_option(tmp_path, monkeypatch):
+    """`text` (the default) must keep the inputs hash sidecars written before --special_tokens_in_text hold, so a
+    re-run on those files says complete instead of re-creating them. The literal is what the code before the option
+    (da928064^) computed for this input and the shipped tokenizer; the file's key without its directory and time."""
+    import os
+    from pathlib import Path
+
+    from pretrain_cli.data import tasks
+
+    monkeypatch.setattr(tasks, "file_key", lambda p: f"{Path(p).name}\t{os.stat(p).st_size}\n")
+    write_jsonl(tmp_path / "a.jsonl", ["one document </s> with <pad> in it", "another"])
+    tok = Path(__file__).resolve().parents[2] / "data" / "tiny" / "tokenizer"
+    hashes = {}
+    for mode in ("text", "special"):
+        assert preprocess(Job((str(tmp_path / "a.jsonl"),), str(tmp_path / mode), str(tok), append_eos=True,
+                              special_tokens_in_text=mode)) == 0
+        hashes[mode] = read_sidecar(str(tmp_path / mode))["inputs_sha256"]
+    assert hashes["text"] == "8b4a402ed9078e7d1a0dd7fc73cb80684c337281391d7616d12e0dd070775811"
+    assert hashes["special"] != hashes["text"]  # another choice: another file
