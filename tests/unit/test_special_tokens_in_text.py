@@ -231,3 +231,16 @@ def test_text_keeps_the_inputs_hash_of_files_made_before_the_option(tmp_path, mo
         hashes[mode] = read_sidecar(str(tmp_path / mode))["inputs_sha256"]
     assert hashes["text"] == "8b4a402ed9078e7d1a0dd7fc73cb80684c337281391d7616d12e0dd070775811"
     assert hashes["special"] != hashes["text"]  # another choice: another file
+
+
+def test_preprocess_help_does_not_import_numpy():
+    """The choices are the command's own: importing them from data.tokenizer made `preprocess --help` import numpy
+    with the data package (~120 ms)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pretrain_cli.cli import main\ntry:\n    main(['preprocess', '--help'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\nassert 'numpy' not in sys.modules, 'numpy imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--special_tokens_in_text {text,special,extra}" in out.stdout

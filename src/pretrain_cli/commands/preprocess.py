@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from pretrain_cli.data.tokenizer import SPECIAL_TOKENS_IN_TEXT
+# what a document's special-token text becomes (`data.tokenizer.Tokenizer.for_documents`): here, not imported from
+# there, so that `preprocess --help` does not import numpy with the data package
+SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

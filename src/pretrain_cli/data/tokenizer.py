@@ -26,8 +26,6 @@ from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 
 DEFAULT_SPECIALS = ["[PAD]", "[BOT]", "[EOT]", "[UNK]"]
-# what a document's special-token text becomes (`Tokenizer.for_documents`, `preprocess --special_tokens_in_text`)
-SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 # Fallbacks when the config files do not name a role: the seed tutorial's tokens first.
 _FALLBACK = {
     "bos": ["[BOT]", "<s>", "<|begin_of_text|>", "<bos>"],
@@ -125,12 +123,15 @@ class Tokenizer:
         parse of the serialised tokenizer (a Qwen-size one: ~15 MB of JSON); "text" and a choice that matches
         nothing make none. `keep_original=False` (a worker, which only encodes) drops the tokenizer as its file says,
         and with it `fingerprint`, `decode` and `save`: the copy alone is the memory of one tokenizer."""
-        if special_tokens not in SPECIAL_TOKENS_IN_TEXT:
-            raise ValueError(f"special_tokens {special_tokens!r} not in {SPECIAL_TOKENS_IN_TEXT}")
         self._enc, self._pipeline = self._tok, None
-        matched = set()
-        if special_tokens != "text":  # (the roles' texts are what "extra" leaves text)
-            matched = set(self.extra_special_tokens() if special_tokens == "extra" else self._special_texts())
+        if special_tokens == "special":
+            matched = set(self._special_texts())
+        elif special_tokens == "extra":  # (the roles' texts are what it leaves text)
+            matched = set(self.extra_special_tokens())
+        elif special_tokens == "text":
+            matched = set()
+        else:  # the command's choices (commands/preprocess.py, SPECIAL_TOKENS_IN_TEXT) are these three
+            raise ValueError(f"special_tokens {special_tokens!r}: not text, special or extra")
         if matched:
             text = self._tok.to_str()
             parts, (a, b) = _parts_before_model(text)
