@@ -122,7 +122,8 @@ class Tokenizer:
         matching). Fingerprint and sha256 stay the file's: it is not another tokenizer. The copy is built from one
         parse of the serialised tokenizer (a Qwen-size one: ~15 MB of JSON); "text" and a choice that matches
         nothing make none. `keep_original=False` (a worker, which only encodes) drops the tokenizer as its file says,
-        and with it `fingerprint`, `decode` and `save`: the copy alone is the memory of one tokenizer."""
+        and with it all but `encode`, `encode_batch` and `pipeline` (`fingerprint`, `decode`, the role ids, `save`
+        fail): the copy alone is the memory of one tokenizer."""
         self._enc, self._pipeline = self._tok, None
         if special_tokens == "special":
             matched = set(self._special_texts())
