@@ -110,6 +110,17 @@ def test_the_guides_fit_numbers_are_what_plan_prints(monkeypatch, capsys):
     fit = json.loads(capsys.readouterr().out)
     assert round(fit["after"]["memory_gib"], 2) == after and round(fit["before"]["memory_gib"], 2) == before
     assert round(fit["after"]["speed"]["tokens_per_sec"]) == speed
+    # the evaluation's sentence: the file's eval batch at the pick, the lowered one, eval_iters and the samples kept
+    found = re.search(r"An evaluation's (\d+) samples of [\d,]+ tokens a GPU would need ([\d.]+) GiB .*?evaluates "
+                      r"(\d+) at a time, `eval_iters` (\d+): an evaluation still reads the file's (\d+) samples, "
+                      r"(\d+) on each of the (\d+) data\s+ranks", text, re.S)
+    assert found, "docs/MOE.md: the evaluation's sentence"
+    was, was_gib, batch, iters, samples, share, ranks = found.groups()
+    e = fit["eval"]
+    assert (e["was"]["batch"], f"{e['was']['memory_gib']:.2f}", e["batch"]) == (int(was), was_gib, int(batch))
+    assert e["change"] == {"per_device_eval_batch_size": int(batch), "eval_iters": int(iters)}
+    assert e["was"]["samples"] == int(samples) == int(share) * int(ranks) == int(batch) * int(iters) * int(ranks)
+    assert fit["after"]["memory_gib"] <= fit["budget_gib"] >= e["memory_gib"]
 
 
 def test_the_transformers_snippet_loads_the_run(demo, monkeypatch, capsys):

@@ -34,7 +34,15 @@ def test_the_predicted_mfu_as_train_logs_it_fed_back_as_measured_gives_the_same_
     r = from_file(LLAMA3_8B, [*RECOMPUTE_8K, "--max_steps", "1000"], device="H100", gpus=8)
     logged = r.logged_mfu
     step = speed(r)["step_seconds"]
-    assert logged == pytest.approx(r.tokens_per_step * r.flops_per_token.model / (8 * 989e12 * step), rel=1e-12)
+    # train's logged mfu (training.metrics.Throughput) of a run whose steps take the planned step
+    from pretrain_cli.orchestration.planned import _resolved, parse
+    from pretrain_cli.planning.plan import target_device
+    from pretrain_cli.training.metrics import Throughput
+
+    args, cfg = parse(LLAMA3_8B, [*RECOMPUTE_8K, "--max_steps", "1000"])
+    run = _resolved(args, cfg, target_device("H100", gpus=8), 8)
+    train = Throughput.for_run(run, cfg, 989)
+    assert train._mfu(r.tokens_per_step / step / 8) == pytest.approx(logged, abs=1e-6)  # (train rounds to 6 places)
     assert logged < 0.9 * r.mfu  # recompute and traffic: train would log less than the kernels' share
     measured = from_file(LLAMA3_8B, [*RECOMPUTE_8K, "--max_steps", "1000"], device="H100", gpus=8,
                          measured_mfu=logged)
@@ -125,3 +133,26 @@ def test_a_cpu_plan_that_does_not_fit_says_per_process_and_what_check_and_train_
     eta = next(x for x in format_report(r).splitlines() if x.startswith("ETA: "))
     assert eta == ("ETA: no time: as written the run does not fit 0.5 GiB per process (above): check and train will "
                    "refuse or note it; a suggestion that fits, planned, gives a time")
+
+
+def test_at_measured_mfu_the_fp32_note_quotes_no_unmeasured_eta():
+    """An fp32 file planned for A100 gets the bf16 note; without --measured_mfu it quotes fp32's ETA and bf16's, but
+    at --measured_mfu (the ETA then the measured one) it quoted the unmeasured ETA beside it: now the key alone."""
+    argv = ["--bf16", "false", "--fp16", "false"]
+    tiny = QWEN_05B
+    note = lambda r: next(n for n in r.notes if n.startswith("precision: WARNING"))  # noqa: E731
+    plain = from_file(tiny, argv, device="A100", gpus=8)
+    assert f"ETA {plain.eta_hours:.2f} h" in note(plain)
+    measured = from_file(tiny, argv, device="A100", gpus=8, measured_mfu=0.3)
+    assert "ETA" not in note(measured) and "set `bf16: true`" in note(measured)
+    assert measured.eta_hours != plain.eta_hours
+
+
+def test_the_moe_cpu_default_is_named_only_where_it_is_the_mfu():
+    """A Mixture-of-Experts CPU plan says its MFU is the measured MoE default only without --mfu."""
+    moe = str(CONFIGS / "qwen3-moe-tiny_cpu.json")
+    eta = lambda r: next(x for x in format_report(r).splitlines() if x.startswith("ETA"))  # noqa: E731
+    default = eta(from_file(moe, [], device="cpu"))
+    given = eta(from_file(moe, [], device="cpu", mfu=0.3))
+    assert "MFU 0.08" in default and "(peak and MFU assumed, a MoE's CPU default: docs/PLAN.md)" in default
+    assert "MFU 0.30" in given and "MoE" not in given and len(default) < 250  # (it was 430)

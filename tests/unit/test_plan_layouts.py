@@ -217,7 +217,8 @@ def test_fit_keeps_tensor_parallelism_where_it_stays_on_nvlink():
     cfg = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3.1-70b_pretrain.json")
     nvlink = fit(cfg, [], device="H100", gpus=64)
     assert nvlink["change"] == {"pipeline_parallel_degree": 1, "sharding": "stage2", "gradient_accumulation_steps": 8,
-                                "recompute": False}
+                                "recompute": False,  # and an evaluation's 2 x 10 x 2 data ranks kept on 8: 1 x 5
+                                "per_device_eval_batch_size": 1, "eval_iters": 5}
     apart = fit(cfg, [], device="H100", gpus=64, node=Node(1))
     assert apart["change"]["tensor_parallel_degree"] < 8
     assert apart["after"]["speed"]["tokens_per_sec"] < nvlink["after"]["speed"]["tokens_per_sec"]

@@ -29,11 +29,11 @@ def test_fit_offers_o2_where_the_file_trains_bf16_at_o1():
     assert round(f["after"]["speed"]["tokens_per_sec"]) == 71925
     assert f["change"]["expert_parallel_degree"] == 8 and "pipeline_parallel_degree" not in f["change"]
     (note,) = [n for n in f["notes"] if n.startswith("precision: fp16_opt_level O2")]
-    assert "runs at 71,925 tokens/s, where O1 (the file's, by default) runs at 66,788 tokens/s" in note
+    assert "runs at 71,925 tokens/s, O1 (the file's, by default) runs at 66,788 tokens/s" in note
     kept = fit(TINY, [*QWEN3_30B, "--fp16_opt_level", "O1"], device="H100", gpus=8)
     assert "fp16_opt_level" not in kept["change"] and kept["change"]["pipeline_parallel_degree"] == 2
     assert round(kept["after"]["speed"]["tokens_per_sec"]) == 66788
-    assert any("the file sets fp16_opt_level, so the search keeps it" in n for n in kept["notes"])
+    assert any("the file sets fp16_opt_level O1, so --fit keeps it" in n for n in kept["notes"])
 
 
 def test_fit_needs_fewer_devices_for_deepseek_v3_at_o2():
@@ -43,20 +43,20 @@ def test_fit_needs_fewer_devices_for_deepseek_v3_at_o2():
     f = fit(TINY, DSV3, device="H100", gpus=8)
     assert o1["after"] is None and o1["more_devices"]["gpus"] == 224
     assert f["after"] is None and f["more_devices"]["gpus"] == 192
-    assert any("needs --gpus 192, where O1 (the file's, by default) needs --gpus 224" in n for n in f["notes"])
+    assert any("needs --gpus 192, O1 (the file's, by default) needs --gpus 224" in n for n in f["notes"])
 
 
 def test_a_traffic_bound_layout_says_what_bounds_it():
     """DeepSeek-V3 on 256 H100: --fit's pick (tp 4 x ZeRO-3, O2) spends 91 % of its step sending, most of it the
-    ZeRO-3 gathers over the cross-node link; the line says so with the share of peak it reaches. A layout whose
-    compute outweighs its traffic gets no such line."""
+    ZeRO-3 gathers and reduce-scatters over the cross-node link; the line says so with the mfu train would log. A
+    layout whose compute outweighs its traffic gets no such line."""
     f = fit(TINY, DSV3, device="H100", gpus=256)
     (line,) = [x for x in format_fit(f).splitlines() if x.startswith("  speed bound:")]
-    assert line.startswith("  speed bound: traffic, not compute: 91% of a 359 s step is sending (ZeRO-3 gathers (data) "
-                           "317 s over the cross-node 50 GB/s link, TP collectives (tp) 10.1 s over the in-node 450 "
-                           "GB/s link")
-    assert "so the run reaches 2.7% of the 256 x 989 TFLOPS peak in model FLOPs" in line
+    assert line.startswith("  speed bound: traffic, 91% of a 359 s step (ZeRO-3 gathers and reduce-scatters 317 s over "
+                           "cross-node 50 GB/s, other traffic 10.1 s; compute 31.8 s): mfu as train logs it 0.027")
+    assert len(line) < 240
     b = f["after"]["bound"]
+    assert f"{b['logged_mfu']:.3f}" == "0.027"
     sp = f["after"]["speed"]
     assert b["traffic_share"] == sp["comm_seconds"] / sp["step_seconds"] > 0.5
     assert [t["term"] for t in b["terms"]][:2] == ["zero3", "tp"]
@@ -101,8 +101,9 @@ def test_eval_forward_holds_the_unfused_logits_or_one_fused_chunk():
 
 def test_fit_lowers_the_eval_batch_that_does_not_fit():
     """--fit's pick for Qwen3-30B-A3B on 8 H100 leaves 8 eval samples over the 72 GiB budget: it lowers
-    per_device_eval_batch_size to the largest under it (4) and raises eval_iters so an evaluation reads the same 24
-    samples; where the eval fits (do_eval off: none planned) no eval key changes."""
+    per_device_eval_batch_size to the largest under it (4) and raises eval_iters so an evaluation reads the file's
+    192 samples (24 on each of its 8 data ranks, as the pick's); where the eval fits (do_eval off: none planned) no
+    eval key changes."""
     f = fit(TINY, QWEN3_30B, device="H100", gpus=8)
     assert ("per_device_eval_batch_size", 8, 4) in f["diff"] and ("eval_iters", 3, 6) in f["diff"]
     assert f["eval"]["was"]["memory_gib"] > f["budget_gib"] >= f["eval"]["memory_gib"] and f["eval"]["fits"]

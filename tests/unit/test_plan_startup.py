@@ -124,7 +124,7 @@ def test_search_filters_on_the_larger_of_steady_state_and_start_up():
 
     def report(memory, startup, micro):
         return dataclasses.replace(real, memory_gib=memory, startup_gib=startup, micro_batch=micro,
-                                   tokens_per_step=real.max_seq_length * micro)
+                                   tokens_per_step=real.max_seq_length * micro, eval_least_gib=None)  # (no eval)
 
     base = report(50.0, 90.0, 2)
     cur = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "recompute": False,

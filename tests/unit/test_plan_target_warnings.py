@@ -64,7 +64,8 @@ def test_the_fp32_note_scales_no_peak_the_user_gave():
 
     from pretrain_cli.planning.speed import fp32_on_gpu_note
 
-    r = SimpleNamespace(eta_hours=10.0, eta_traffic_hours=0.0, mfu=0.3, device=SimpleNamespace(peak_tflops=67.0))
+    r = SimpleNamespace(eta_hours=10.0, eta_traffic_hours=0.0, mfu=0.3, device=SimpleNamespace(peak_tflops=67.0),
+                        measured_mfu=None)
     head = "precision: WARNING: the file sets neither bf16 nor fp16, so `train` on {} runs fp32 as planned here; "
     tail = ("set `{}: true` (with `fp16_opt_level: O2` for half-precision weights) to train on its {} tensor cores, "
             "and plan again")
@@ -127,9 +128,8 @@ def test_a_cpu_plan_has_an_eta_from_the_peak_train_logs_its_mfu_against(write_ar
     eta = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA"))
     # not "a lower bound": a 4-layer Qwen3 (hidden 256) on 2 Xeon cores logged mfu 0.74-0.82 against this peak, and
     # its 300 steps took 3.6 min where the ETA at MFU 0.30 said 7.75 min "as a lower bound"
-    assert eta.endswith(f"= {one['eta_hours']:.2f} h; cpu: an estimate, not a bound: the assumed peak above "
-                        f"and MFU 0.30, an assumption too, can be off either way: --measured_mfu with the mfu `train` "
-                        f"logs, or a few timed steps, tell")
+    assert eta.endswith(f"= {one['eta_hours']:.2f} h; cpu: an estimate, not a bound (peak and MFU assumed): "
+                        f"train's logged mfu as --measured_mfu times it")
 
 
 def test_check_warns_of_the_checkpoints_too_against_the_disk_only_on_the_host(write_args, machine, tmp_path):

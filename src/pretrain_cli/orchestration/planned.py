@@ -123,15 +123,18 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int, candidate: 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None,
-         node: hardware.Node = hardware.Node(), candidate: bool = False, layout: bool = True) -> Plan:
+         node: hardware.Node = hardware.Node(), candidate: bool = False, layout: bool = True,
+         measured_mfu: float | None = None) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
     does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
     `candidate`: a layout the search tries (`Target.candidate`); `layout`: with the groups of ranks (`Plan.layout`,
-    which the speed model's links read; the memory does not)."""
+    which the speed model's links read; the memory does not); `measured_mfu`: the ETA at it (`eta.at_measured_mfu`),
+    before the notes that quote it."""
     dev = target_device(device, node, gpus)
     run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
                  rank_groups(run.parallel) if layout else None)
+    out = at_measured_mfu(out, measured_mfu) if measured_mfu is not None else out
     words = attention_words(run.kernels, run.device, run.data.attention_mask_type, run.parallel.cp_degree)
     advice = () if candidate else _advice(args, run, out, dev, mfu, peak_tflops)  # (a candidate's are never shown)
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *advice), attention_words=words)
@@ -166,10 +169,12 @@ def checkpoint_advice(c: CheckpointPlan, limit: int | None, output_dir: str | No
 
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
         margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None, budget_gib: float | None = None,
-        baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node()) -> dict:
+        baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node(), levels: bool = True) -> dict:
     """The fastest layout that fits (`planning.fit.fit`), every candidate re-resolved by `train`'s rules.
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
+    `levels` False: the file's precision level only, no O2 search (`train`'s out-of-memory hint, whose "re-run to
+    resume" must not switch O1 to O2: the resume would build O2's master weights from half weights).
     """
     base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
@@ -185,15 +190,18 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
     found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
-    if base.precision.amp_level != "O1" or not base.device.peak_tflops:
+    if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
         return found
+    if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
+        return {**found, "notes": [*found["notes"], "precision: the file sets fp16_opt_level O1, so --fit keeps it "
+                                                    "(without the key it tries O2 too)"]}
     # a half-precision O1 file: O2 (half weights, fp32 master weights and AdamW state) searched too, as a lever
     o2_args = with_changes(searched, {"fp16_opt_level": "O2"})
     o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
     o2 = fit_search.fit(current, o2_base, as_written, _replanner(o2_args, model_cfg, device, gpus, mfu,
                                                                  baseline_bytes, peak_tflops, node),
                         budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path)
-    return pick_precision(found, o2, base.precision.amp_dtype, "fp16_opt_level" in args.explicit)
+    return pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
 
 
 def _current(args: Arguments) -> dict:
@@ -202,7 +210,7 @@ def _current(args: Arguments) -> dict:
     current["tensor_parallel_degree"] = degree(current["tensor_parallel_degree"])
     for key in ("pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
         current[key] = max(current[key], 1)
-    for key in ("per_device_eval_batch_size", "eval_iters"):  # (`fit.fit_eval` keeps an evaluation's samples)
+    for key in ("per_device_eval_batch_size", "eval_iters", "do_eval", "do_predict"):  # (`fit.fit_eval`'s)
         current[key] = args.get(key)
     return current
 
@@ -268,7 +276,7 @@ def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tup
     it was being built is re-fitted against its start-up too."""
     predicted = plan(args, model_cfg, device, gpus, suggest_changes=False).peak_gib
     budget = min(predicted, target_device(device, gpus=gpus).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
-    return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget)
+    return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget, levels=False)
 
 
 def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops,
@@ -324,8 +332,8 @@ def from_file(config: str | None, overrides: list[str] | None = None, device: st
     check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
     args, model_cfg = parse(config, overrides)
     gpus, said = file_gpus(args, gpus, node)
-    out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node)
-    out = at_measured_mfu(out, measured_mfu) if measured_mfu is not None else out
+    out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node,
+               measured_mfu=measured_mfu)
     return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
 
 

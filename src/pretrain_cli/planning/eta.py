@@ -15,8 +15,8 @@ import dataclasses
 
 # (no import of the planner's modules: `report.format_report` prints these lines, and `Plan` reaches here filled in,
 # its `eta_traffic` by `speed.traffic_parts`)
-TRAFFIC_NAMES = {"tp": "TP collectives", "pp": "pipeline p2p", "zero3": "ZeRO-3 gathers", "cp": "CP K/V gathers",
-                 "ep": "expert dispatch", "dp": "data-parallel gradients"}
+TRAFFIC_NAMES = {"tp": "TP collectives", "pp": "pipeline p2p", "zero3": "ZeRO-3 gathers and reduce-scatters",
+                 "cp": "CP K/V gathers", "ep": "expert dispatch", "dp": "data-parallel gradients"}
 SMALL_TRAFFIC = 0.005  # a traffic part under this share of the ETA is left out of the line (a CPU try-out's 0.00)
 
 

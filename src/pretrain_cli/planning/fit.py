@@ -152,7 +152,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
         key = _layout(r)
         if key in seen and len(seen[key]["change"]) <= len(change):
             continue
-        fits = r.peak_gib <= budget_gib  # steady state and start-up
+        fits = r.least_gib <= budget_gib  # steady state, start-up and an evaluation of 1 (`fit_eval` lowers it)
         seen[key] = {"change": change, "report": r, "speed": speed(r) if fits else None}  # (ranks only what fits)
     entries = list(seen.values())
     fitting = [e for e in entries if e["speed"] is not None]
@@ -160,7 +160,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
                                        e["report"].attention != "flash" if by_speed else 0,
                                        len(e["change"]), -e["report"].micro_batch, e["report"].peak_gib),
                default=None)
-    smallest = min(entries, key=lambda e: (e["report"].peak_gib, len(e["change"])), default=None)
+    smallest = min(entries, key=lambda e: (e["report"].least_gib, len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries), "skipped": skipped}
 
 
@@ -203,7 +203,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
-        evaluation = fit_eval(current, best, replan, budget_gib)
+        evaluation = fit_eval(current, best, replan, budget_gib, as_written.parallel.data_ranks)
         change = {**best["change"], **evaluation.get("change", {})}
         out.update(after={"memory_gib": best["report"].memory_gib, "startup_gib": best["report"].startup_gib,
                           "speed": best["speed"], "bound": traffic_bound(best["report"], best["speed"])},
@@ -212,11 +212,11 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
-                           "memory_gib": small["report"].peak_gib}
+                           "memory_gib": small["report"].least_gib}
 
     def within_budget(change: dict, world: int, **kw):
         r = replan(change, world, **kw)
-        return None if r is None else dataclasses.replace(r, fits=r.peak_gib <= budget_gib)
+        return None if r is None else dataclasses.replace(r, fits=r.least_gib <= budget_gib)
 
     out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget,
                                        [small["change"]] if small else [], budget_gib=budget_gib,
@@ -226,30 +226,34 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     return out
 
 
-def fit_eval(current: dict, best: dict, replan, budget_gib: float) -> dict:
+def fit_eval(current: dict, best: dict, replan, budget_gib: float, file_ranks: int = 1) -> dict:
     """The evaluation of the chosen layout (`planning.eval_memory`: a forward of per_device_eval_batch_size samples
     beside what the step leaves allocated) within the budget: {} when the run does not evaluate; else its batch and
-    peak, and where the file's batch is over the budget the largest smaller one under it ("change"), eval_iters
-    raised so that an evaluation reads the same samples (eval batch x eval_iters; a batch dividing them). The
-    training layout is the search's either way: the eval batch changes no step. "fits" false: even the smallest is
-    over (the eval's batch 1 beside the step's state)."""
+    peak, and where the file's batch is over the budget the largest smaller one under it ("change"). An evaluation
+    reads the file's samples: eval batch x eval_iters x the file's `file_ranks` data ranks (as a resume keeps them,
+    `orchestration.resumed`), eval_iters set for the layout's data ranks; where no batch makes that count, the same
+    samples per data rank ("per_rank"). The search counts an eval of 1 (`Plan.least_gib`), so one fits."""
     r = best["report"]
     if r.eval_memory_gib is None:
         return {}
-    out = {"batch": r.eval_batch, "memory_gib": r.eval_memory_gib, "fits": r.eval_memory_gib <= budget_gib}
-    samples = r.eval_batch * current.get("eval_iters", 1)
-    if out["fits"]:
-        return out
-    for smaller in (b for b in range(r.eval_batch - 1, 0, -1) if samples % b == 0):
-        keys = {"per_device_eval_batch_size": smaller, "eval_iters": samples // smaller}
-        got = replan({**best["change"], **keys})
-        if got is not None and got.eval_memory_gib is not None:
-            out.update(change=keys, batch=smaller, memory_gib=got.eval_memory_gib,
-                       fits=got.eval_memory_gib <= budget_gib,
-                       was={"batch": r.eval_batch, "iters": current.get("eval_iters", 1),
-                            "memory_gib": r.eval_memory_gib})
-            if out["fits"]:
-                break
+    ranks, iters = r.parallel.data_ranks, current.get("eval_iters", 1)
+    on = " and ".join(k for k in ("do_eval", "do_predict") if current.get(k)) or "do_eval"  # (what to turn off)
+    out = {"batch": r.eval_batch, "memory_gib": r.eval_memory_gib, "fits": r.eval_memory_gib <= budget_gib, "key": on}
+    was = {"batch": r.eval_batch, "iters": iters, "memory_gib": r.eval_memory_gib, "ranks": file_ranks,
+           "samples": r.eval_batch * iters * file_ranks}
+    per_rank = was["samples"] % ranks != 0
+    share = r.eval_batch * iters if per_rank else was["samples"] // ranks  # a rank's samples an evaluation
+    for batch in (b for b in range(r.eval_batch, 0, -1) if share % b == 0):
+        keys = {"per_device_eval_batch_size": batch, "eval_iters": share // batch}
+        got = r if batch == r.eval_batch else replan({**best["change"], **keys})
+        if got is None or got.eval_memory_gib is None or got.eval_memory_gib > budget_gib and batch > 1:
+            continue
+        keys = {k: v for k, v in keys.items() if v != {"per_device_eval_batch_size": r.eval_batch,
+                                                       "eval_iters": iters}[k]}
+        out.update(batch=batch, memory_gib=got.eval_memory_gib, fits=got.eval_memory_gib <= budget_gib)
+        if keys:
+            out.update(change=keys, was={**was, "per_rank": per_rank})
+        break
     return out
 
 
@@ -333,28 +337,37 @@ def format_fit(f: dict) -> str:
                  f"the link each group uses)" + _run_time(f, *([f["before"]["speed"]] if ran else []),
                                                           f["after"]["speed"]))
     if f["after"].get("bound"):
-        lines.append(_bound_line(f["after"]["bound"], f["gpus"], dev["peak_tflops"], f["mfu"]))
+        lines.append(_bound_line(f["after"]["bound"]))
     return "\n".join(lines)
 
 
-def _bound_line(b: dict, gpus: int, peak: float, mfu: float) -> str:
-    """Why the chosen layout is slow when its traffic outweighs its compute (`speed.traffic_bound`)."""
-    terms = ", ".join(f"{t['name']} ({t['axis']}) {t['seconds']:.3g} s over the {t['link']} link"
-                      for t in b["terms"][:3])
-    return (f"  speed bound: traffic, not compute: {b['traffic_share']:.0%} of a {b['step_seconds']:.3g} s step is "
-            f"sending ({terms}; the compute {b['compute_seconds']:.3g} s), so the run reaches {b['peak_share']:.1%} of "
-            f"the {gpus} x {peak:g} TFLOPS peak in model FLOPs (MFU {mfu:.2f} assumed for the compute); faster "
-            f"links (--cross_node_gbps gives yours) or more devices, on which a layout sending less fits, move it")
+def _bound_line(b: dict) -> str:
+    """Why the chosen layout is slow when its traffic outweighs its compute (`speed.traffic_bound`): its largest
+    term; docs/PLAN.md says what each term is and which overlap is assumed."""
+    top, rest = b["terms"][0], sum(t["seconds"] for t in b["terms"][1:])
+    terms = f"{top['name']} {top['seconds']:.3g} s over {top['link']}"
+    terms += f", other traffic {rest:.3g} s" if rest else ""
+    return (f"  speed bound: traffic, {b['traffic_share']:.0%} of a {b['step_seconds']:.3g} s step ({terms}; compute "
+            f"{b['compute_seconds']:.3g} s): mfu as train logs it {b['logged_mfu']:.3f}; faster links "
+            f"(--cross_node_gbps) or more devices help")
 
 
 def _eval_line(e: dict, budget: float) -> str:
-    """The fit's evaluation: its peak at the eval batch kept, or lowered (the same samples an evaluation)."""
+    """The fit's evaluation: its peak at the eval batch kept, or lowered (over the budget, or not dividing a data
+    rank's share of the samples), and eval_iters where the samples an evaluation reads (the file's, `fit_eval`)
+    need it."""
     at = f"{_gib(e['memory_gib'])} at per_device_eval_batch_size {e['batch']}"
-    if "was" in e:
-        at = (f"{_gib(e['was']['memory_gib'])} at the file's per_device_eval_batch_size {e['was']['batch']}, over "
-              f"the budget -> {at} (eval_iters {e['was']['iters']} -> {e['change']['eval_iters']}: the same "
-              f"{e['was']['batch'] * e['was']['iters']} samples an evaluation)")
-    tail = "" if e["fits"] else "; still over the budget: set do_eval false or evaluate on larger devices"
+    w = e.get("was")
+    if w and w["batch"] != e["batch"]:
+        at = (f"{_gib(w['memory_gib'])} at the file's per_device_eval_batch_size {w['batch']}, over the budget -> {at}"
+              if w["memory_gib"] > budget else f"{at}, as the file's {w['batch']} does not divide a data rank's "
+                                               f"{e['batch'] * e['change']['eval_iters']} samples")
+    if w and "eval_iters" in e["change"]:
+        keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
+                 f"the file's {w['samples']:,} samples an evaluation, {w['batch']} x {w['iters']} x its "
+                 f"{count(w['ranks'], 'data rank')}")
+        at += f" (eval_iters {w['iters']} -> {e['change']['eval_iters']}: {keeps})"
+    tail = "" if e["fits"] else f"; still over the budget at 1: set {e['key']} false or evaluate on larger devices"
     return f"  eval per device (a forward without gradients beside the step's state): {at}{tail}"
 
 

@@ -9,7 +9,8 @@ gradients of a step are accumulated over its micro-batches in the half dtype (`a
 fp32, 2 bytes a parameter more); the update is fp32. DeepSeek-V3 at 4,096 tokens on H100: O1 fits from 208 devices,
 O2 from 192; Qwen3-30B-A3B on 8: O2 fits without a pipeline (71,925 tokens/s predicted, O1's best 66,788).
 
-A file that names its level (the key in the file or on the command line) keeps it: the O2 result is one note.
+A file that names its level (the key in the file or on the command line) keeps it, and O2 is not searched (a
+second search, for a figure the file declined).
 """
 from __future__ import annotations
 
@@ -32,20 +33,16 @@ def _what(f: dict) -> str:
     return f"needs --gpus {more['gpus']}" if more else "fits no device count searched"
 
 
-def pick_precision(o1: dict, o2: dict, dtype: str, kept: bool) -> dict:
+def pick_precision(o1: dict, o2: dict, dtype: str, master_grad: bool) -> dict:
     """The fit to answer with of the file's O1 search `o1` and the O2 one `o2` (its change and diff carry
-    fp16_opt_level O2), with a note saying what O2 is and gave; `kept`: the file names its level, so `o1` with the
-    note. O1 where O2 is no better (fewer changes)."""
+    fp16_opt_level O2), with a note saying what O2 is and gave; `master_grad`: the file's resolved
+    amp_master_grad, which O2's figure ran with (fp32 gradients) or without (half ones). O1 where O2 is no better
+    (fewer changes). The note is short: docs/PLAN.md's --fit section says the rest."""
     if _rank(o2) >= _rank(o1):
         return o1
     half = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-    what = (f"fp16_opt_level O2 ({half} weights and gradients, the gradients accumulated over a step's micro-batches "
-            f"in {half}; fp32 master weights and AdamW state, the update fp32, the routers fp32: docs/TRAINING.md)")
-    if kept:
-        note = (f"precision: {what} {_what(o2)}, where the file's O1 {_what(o1)}; the file sets fp16_opt_level, so "
-                f"the search keeps it")
-        return {**o1, "notes": [*o1["notes"], note]}
-    note = (f"precision: {what} {_what(o2)}, where O1 (the file's, by default) {_what(o1)}: O1 holds fp32 weights "
-            f"and gradients and the half cast autocast keeps of each weight a matmul reads; `--fp16_opt_level O1` "
-            f"keeps O1, `amp_master_grad: true` fp32 gradients at O2 (2 bytes a parameter more)")
+    grads = "fp32 gradients (amp_master_grad)" if master_grad else f"{half} gradients"
+    also = "" if master_grad else ", `amp_master_grad: true` fp32 gradients"
+    note = (f"precision: fp16_opt_level O2 ({half} weights, {grads}, fp32 master weights and AdamW state) "
+            f"{_what(o2)}, O1 (the file's, by default) {_what(o1)}; `--fp16_opt_level O1` keeps O1{also}")
     return {**o2, "notes": [*o2["notes"], note]}

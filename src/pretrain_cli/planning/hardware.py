@@ -124,13 +124,21 @@ def links(device: Device | None, node: Node = Node()) -> Links:
     if node.cross_node_gbps is not None:
         cross, said = node.cross_node_gbps, "--cross_node_gbps"
     else:
-        cross = CROSS_NODE_GBPS[(device.capability or (9, 0))[0]]
+        cross = cross_node_gbps((device.capability or (9, 0))[0])
         said = f"assumed for {device.name}'s generation of nodes, one InfiniBand adapter a GPU: --cross_node_gbps"
     if device.nvlink_gbps:
         return Links(gpus_per_node, device.nvlink_gbps / 2, cross,
                      f"{device.name} NVLink {device.nvlink_gbps:g} GB/s both directions, one way", said)
     return Links(gpus_per_node, PCIE_GBPS[device.pcie_gen], cross,
                  f"{device.name} PCIe {device.pcie_gen}.0 x16, one way", said)
+
+
+def cross_node_gbps(major: int) -> float:
+    """`CROSS_NODE_GBPS` of a compute capability's major; one the table does not hold takes the nearest generation's
+    (a newer GPU the newest figure, an older one the oldest): a device added to the table, or a driver reporting a
+    newer capability, is planned, not refused."""
+    known = sorted(CROSS_NODE_GBPS)
+    return CROSS_NODE_GBPS.get(major, CROSS_NODE_GBPS[known[-1] if major > known[-1] else known[0]])
 
 
 def capability(name: str | None, reported: tuple[int, int] | None = None) -> tuple[int, int] | None:

@@ -181,6 +181,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     model_fpt = flops_per_token(cfg, s)
     total_tokens = run.tokens_per_step * max(lp.max_steps, 0)
     peak_tflops, peak_source = peak(run, device, peak_tflops)
+    mfu_given = mfu is not None
     if mfu is None:
         mfu = default_mfu(run, cfg, device)
     tokens = lp.micro_batch * lp.grad_accum * setup.seq_len / par.tp_degree  # one device's share of its stage's
@@ -217,12 +218,13 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         memory_gib=total, startup_breakdown_gib={k: v / GIB for k, v in start.items()},
         startup_gib=startup, fits=bool(max(total, startup) <= device.memory_gib),
         checkpoint=checkpoint_plan(run, cfg),
-        mfu=mfu, eta_hours=None, notes=tuple(notes),
+        mfu=mfu, mfu_given=mfu_given, eta_hours=None, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
         mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
         eval_batch=lp.eval_batch if evaluates else 0,
         eval_breakdown_gib={k: v / GIB for k, v in evaluation.items()},
         eval_memory_gib=sum(evaluation.values()) / GIB if evaluates else None,
+        eval_least_gib=sum(eval_parts(setup, 1, by_stage).values()) / GIB if evaluates else None,
     )
     sp = speed(r)  # the speed `plan --fit` ranks by and times a layout with: one estimate per layout
     slowest, steps = sp["slowest_stage"], max(lp.max_steps, 0)  # the device whose traffic the report shows

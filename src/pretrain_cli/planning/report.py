@@ -121,6 +121,7 @@ class Plan:
     # None where there is no time; `measured_mfu`: `--measured_mfu`, which then alone gives the ETA (`planning.eta`)
     logged_mfu: float | None = None
     measured_mfu: float | None = None
+    mfu_given: bool = False  # --mfu gave `mfu` (else the default for the run's precision and device: `default_mfu`)
     # what the ETA's traffic part is (`speed.traffic_parts`): its largest term, that term's hours and link, whether
     # the link's figure is assumed, how many terms, and the hours DataParallel's reducer overlaps with the backward
     eta_traffic: dict = dataclasses.field(default_factory=dict)
@@ -142,11 +143,18 @@ class Plan:
     eval_batch: int = 0
     eval_breakdown_gib: dict = dataclasses.field(default_factory=dict)
     eval_memory_gib: float | None = None
+    eval_least_gib: float | None = None  # the evaluation's peak at an eval batch of 1: no eval batch needs less
 
     @property
     def peak_gib(self) -> float:
         """The peak per device at any moment: the steady-state step or start-up, whichever is larger."""
         return max(self.memory_gib, self.startup_gib)
+
+    @property
+    def least_gib(self) -> float:
+        """What the layout needs whatever its eval batch: the step, start-up and an evaluation of one sample a
+        device (`plan --fit` lowers the eval batch, so a layout fits only where an eval of 1 fits too)."""
+        return max(self.peak_gib, self.eval_least_gib or 0.0)
 
     @property
     def global_batch(self) -> int:
@@ -212,13 +220,11 @@ def cpu_eta_note(r: Plan) -> str:
     """What a CPU plan's ETA (`planning.eta`) rests on: the cores' theoretical peak (the one `train` logs its CPU MFU
     against, unless a peak was given), and the MFU, the fp32 default unless --mfu gave one. No bound either way: a
     small model's GEMMs reach 0.74-0.82 of that peak on 2 Xeon cores, under half the time the default's ETA says."""
-    tell = "--measured_mfu with the mfu `train` logs, or a few timed steps, tell"
+    tell = "train's logged mfu as --measured_mfu times it"
     if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):  # (a peak given: --peak_tflops, the file's peak_tflops)
         return f"; cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
-    moe = (" (without --mfu a Mixture-of-Experts model's on CPU, measured on configs/qwen3-moe-tiny_cpu.json: "
-           "docs/PLAN.md)" if r.model.experts else "")
-    return (f"; cpu: an estimate, not a bound: the assumed peak above and MFU "
-            f"{r.mfu:.2f}{moe}, an assumption too, can be off either way: {tell}")
+    moe = ", a MoE's CPU default: docs/PLAN.md" if r.model.experts and not r.mfu_given else ""
+    return f"; cpu: an estimate, not a bound (peak and MFU assumed{moe}): {tell}"
 
 
 def eval_line(r: Plan) -> str:

@@ -204,7 +204,7 @@ def speed(r: Plan) -> dict:
 
 def traffic_bound(r: Plan, sp: dict) -> dict | None:
     """What bounds a layout whose predicted step (`speed`'s `sp`) is more traffic than compute, i.e. whose model
-    FLOPs reach under half the MFU assumed: its share of the devices' peak (model FLOPs), the step's share spent
+    FLOPs reach under half the MFU assumed: its mfu as train logs it (`Plan.logged_mfu`), the step's share spent
     on traffic, and each of its traffic terms (`sp["traffic_seconds"]`: the slowest stage's and the gradients'
     exposed part) in seconds a step over the link its group uses, largest first. None when the compute is the
     larger, or without a peak. DeepSeek-V3's tp 16 x ZeRO-3 on 208 H100 was --fit's pick at 4,069 tokens/s (0.6 %
@@ -216,8 +216,7 @@ def traffic_bound(r: Plan, sp: dict) -> dict | None:
         return None
     terms = [{"term": t, "axis": TERM_AXIS[t], "name": TRAFFIC_NAMES[t], "seconds": x, "link": link_name(r, t)}
              for t, x in sorted(sp["traffic_seconds"].items(), key=lambda kv: -kv[1])]
-    flops = sp["tokens_per_sec"] * r.flops_per_token.model
-    return {"peak_share": flops / (r.gpus * r.device.peak_tflops * 1e12), "traffic_share": sp["comm_seconds"] /
+    return {"logged_mfu": r.logged_mfu, "traffic_share": sp["comm_seconds"] /
             sp["step_seconds"], "compute_seconds": sp["compute_seconds"], "step_seconds": sp["step_seconds"],
             "terms": terms}
 
@@ -240,13 +239,14 @@ def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_ha
     nor fp16 (the caller's test: a CPU try-out's file planned for a GPU): `train` there would run fp32 too, so the
     plan stays fp32, but its speed is the non-tensor-core peak's; the line gives the half-precision key and its peak
     and ETA (the same FLOPs at that peak and, without --mfu, MFU `mfu_half`, and the same traffic time). Without bf16
-    (pre-Ampere) the key is fp16. A peak the user gave (`peak_given`) is not scaled: the key alone."""
+    (pre-Ampere) the key is fp16. A peak the user gave (`peak_given`), or an ETA at --measured_mfu (fp32's, which
+    says nothing of the half run's), is not scaled: the key alone."""
     fp16 = hardware.no_bf16(entry.name, entry.capability) is not None
     key, kind = ("fp16: true", "fp16") if fp16 else ("bf16: true", "bf16")
     half = hardware.peak_tflops(entry, "float16" if fp16 else "bfloat16")
     head = (f"precision: WARNING: the file sets neither bf16 nor fp16, so `train` on {entry.name} runs fp32 as "
             f"planned here")
-    if peak_given or half is None or r.eta_hours is None or not r.device.peak_tflops:
+    if peak_given or half is None or r.eta_hours is None or not r.device.peak_tflops or r.measured_mfu is not None:
         return [f"{head}; set `{key}` (with `fp16_opt_level: O2` for half-precision weights) to train on its "
                 f"{kind} tensor cores, and plan again"]
     half_mfu = mfu if mfu is not None else mfu_half
