@@ -1,8 +1,10 @@
 """Tiny corpora and tokenizers built in tmp dirs (no downloads), shared by the data tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +68,39 @@ def run_preprocess(*argv) -> int:
     p = argparse.ArgumentParser()
     preprocess.add_arguments(p)
     return preprocess.main(p.parse_args([str(a) for a in argv]))
+
+
+@contextlib.contextmanager
+def preprocess_held(src: Path, prefix: Path, tok: Path):
+    """A preprocess of `src` into `prefix` run in a thread and held at its first progress line (mid-run, holding the
+    prefix's lock and its in-progress files) for the block; then let go, and checked to have finished without
+    error. Yields the prefix directory's (name, size, mtime) listing as the block began."""
+    from pretrain_cli.data.preprocess import Job, preprocess
+
+    started, go, failed = threading.Event(), threading.Event(), []
+
+    def hold(line):
+        if " docs/s" in line and not started.is_set():
+            started.set()
+            go.wait(120)
+
+    def run():
+        try:
+            preprocess(Job((str(src),), str(prefix), str(tok), append_eos=True, log_interval=10), note=hold)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failed.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert started.wait(120)
+        yield tree(prefix.parent)
+    finally:
+        go.set()
+        t.join()
+    assert not failed, failed
+
+
+def tree(d: Path) -> list:
+    """`d`'s files as (name, size, mtime_ns): what 'nothing touched' compares."""
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())

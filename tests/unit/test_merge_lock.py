@@ -4,11 +4,10 @@ a pair neither wrote whole."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
-from data_helpers import make_texts, make_tokenizer, write_jsonl
+from data_helpers import make_texts, make_tokenizer, preprocess_held, tree, write_jsonl
 from pretrain_cli import cli
 from pretrain_cli.data.merge import merge
 from pretrain_cli.data.prefix_lock import PrefixLock
@@ -27,32 +26,11 @@ def parts(tmp_path_factory):
     return d, tok
 
 
-def _tree(d):
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())
-
-
 def test_a_merge_into_a_prefix_a_preprocess_is_writing_is_refused_and_touches_nothing(tmp_path, parts, capsys):
     d, tok = parts
     src = write_jsonl(tmp_path / "c.jsonl", make_texts(100, seed=7))
     out = tmp_path / "out"
-    started, go, failed = threading.Event(), threading.Event(), []
-
-    def hold(line):  # the preprocess's first progress line: it is mid-run, holding the prefix, until `go`
-        if " docs/s" in line and not started.is_set():
-            started.set()
-            go.wait(120)
-
-    def run():
-        try:
-            preprocess(Job((str(src),), str(out / "r"), str(tok), append_eos=True, log_interval=10), note=hold)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failed.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    try:
-        assert started.wait(120)
-        before = _tree(out)
+    with preprocess_held(src, out / "r", tok) as before:
         assert "r.bin.tmp" in [n for n, _, _ in before] and "r.lock" in [n for n, _, _ in before]
         capsys.readouterr()
         assert cli.main(["merge-data", str(out / "r"), str(d / "in" / "a"), str(d / "in" / "b")]) == 2
@@ -60,11 +38,7 @@ def test_a_merge_into_a_prefix_a_preprocess_is_writing_is_refused_and_touches_no
         assert captured.out == ""
         assert captured.err == (f"error: {out / 'r'} is being written by another preprocess (pid {os.getpid()}); "
                                 "wait for it or choose another output prefix\n")
-        assert _tree(out) == before  # nothing touched
-    finally:
-        go.set()
-        t.join()
-    assert not failed
+        assert tree(out) == before  # nothing touched
     assert sorted(p.name for p in out.iterdir()) == ["r.bin", "r.idx", "r.json"]  # the preprocess finished intact
 
 

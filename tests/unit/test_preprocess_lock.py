@@ -8,11 +8,10 @@ import json
 import os
 import socket
 import struct
-import threading
 
 import pytest
 
-from data_helpers import make_texts, make_tokenizer, write_jsonl
+from data_helpers import make_texts, make_tokenizer, preprocess_held, tree, write_jsonl
 from pretrain_cli import cli
 from pretrain_cli.data.indexed import HEADER_BYTES, open_token_file
 from pretrain_cli.data import prefix_lock
@@ -27,34 +26,13 @@ def tok_dir(tmp_path_factory):
     return make_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 
 
-def _tree(d):
-    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())
-
-
 def test_a_second_run_into_the_same_prefix_is_refused_and_the_first_finishes_intact(tmp_path, tok_dir, capsys):
     """Two runs into one prefix shared the in-progress files: the first published a .bin its .idx did not count
     and the second failed on a file the first had renamed. The second is now refused at once, naming the holder."""
     src = write_jsonl(tmp_path / "a.jsonl", make_texts(100, seed=7))
     assert preprocess(Job((str(src),), str(tmp_path / "ref" / "r"), str(tok_dir), append_eos=True)) == 0
     out = tmp_path / "out"
-    started, go, failed = threading.Event(), threading.Event(), []
-
-    def hold(line):  # the first run's first progress line: it is mid-run, holding the prefix, until `go`
-        if " docs/s" in line and not started.is_set():
-            started.set()
-            go.wait(120)
-
-    def first():
-        try:
-            preprocess(Job((str(src),), str(out / "r"), str(tok_dir), append_eos=True, log_interval=10), note=hold)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failed.append(e)
-
-    t = threading.Thread(target=first)
-    t.start()
-    try:
-        assert started.wait(120)
-        before = _tree(out)
+    with preprocess_held(src, out / "r", tok_dir) as before:
         assert "r.bin.tmp" in [n for n, _, _ in before] and "r.lock" in [n for n, _, _ in before]
         with pytest.raises(UserError) as e:
             preprocess(Job((str(src),), str(out / "r"), str(tok_dir), append_eos=True))
@@ -65,11 +43,7 @@ def test_a_second_run_into_the_same_prefix_is_refused_and_the_first_finishes_int
                          "--tokenizer", str(tok_dir)]) == 2  # the command line: one line, exit 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("error: ") and "is being written by another preprocess" in err
-        assert _tree(out) == before  # nothing touched
-    finally:
-        go.set()
-        t.join()
-    assert not failed
+        assert tree(out) == before  # nothing touched
     for ext in (".bin", ".idx"):
         assert (out / f"r{ext}").read_bytes() == (tmp_path / "ref" / f"r{ext}").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == ["r.bin", "r.idx", "r.json"]  # the lock is gone with its run
