@@ -18,13 +18,15 @@ from pretrain_cli.distributed.launcher.watcher import Watcher
 ERROR = "error: cfg.json: unknown key `learnig_rate`\n"
 DIED = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) died: killed by SIGKILL; this rank stops too. See that rank's "
         "workerlog for its cause; re-run to resume from the newest complete checkpoint-N.\n")
+FINALIZED = []  # the `exit` each call of Paddle's own finalize (as `install` leaves it) was given
 
 
 def _installed(tmp_path, monkeypatch, said: str | None):
     """`install` as paddle_launch.py runs it under launch.sh (`said`: what `cause` finds the ranks recorded)."""
     for name in ("logs", "tail", "terminate", "start"):  # (restored after: install replaces them)
         monkeypatch.setattr(Container, name, getattr(Container, name))
-    monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: None)
+    FINALIZED.clear()
+    monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: FINALIZED.append(exit))
     monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
     monkeypatch.setattr(job, "wait_for_watchers", lambda directory: None)
     monkeypatch.setattr(job, "cause", lambda directory, log_dir=None: said)
@@ -64,12 +66,14 @@ def test_after_the_launcher_stopped_the_ranks_the_first_ranks_log_is_copied_on_w
     assert out.count("\n") == 2500 and out.startswith("step 0\n") and out.endswith("step 2499\n"), out[-300:]
     assert "error:" not in out and "died" not in out  # launch.sh says it, once, on stderr
     assert "Container failed" not in out + err and "ERROR LOG" not in out + err
+    assert FINALIZED == [False]  # Paddle's own finalize still runs after the copy, with its `exit`
 
 
 def test_a_log_still_open_is_copied_on_past_1000_lines(tmp_path, monkeypatch, capsys):
     _failure(tmp_path, monkeypatch, stopped=False)
     out = capsys.readouterr().out
     assert out.count("\n") == 2500 and out.endswith("step 2499\n"), out[-300:]
+    assert FINALIZED == [False]
 
 
 def test_with_no_rank_record_the_launchers_report_and_tail_are_given(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ TYPO = "cfg.json: unknown key `learnig_rate`; did you mean `learning_rate`?"
 
 
 def _verdicts(tmp_path, *records):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for r in records:
         (tmp_path / f"rank-{r['rank']}.json").write_text(json.dumps(r))
     return tmp_path
@@ -31,9 +32,13 @@ def test_a_usage_error_of_one_rank_names_the_rank_its_code_and_its_log(tmp_path)
     left = f"[pretrain-cli] rank 0: rank 1 (pid 7 on h) left with an error: {TYPO}; this rank stops too."
     d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 1, "kind": "peer", "line": left, "time": 1.1, "local": "0"})
-    assert job.cause(d, "out/log") == (f"launch.sh: rank 1 ended the job (exit 2): {TYPO}. Its full log: "
-                                       f"out/log/workerlog.1")
+    assert job.cause(d, "out/log") == (f"launch.sh: rank 1 ended the job (exit 2): {TYPO} Its full log: "
+                                       f"out/log/workerlog.1")  # (its question mark ends it: no full stop added)
     assert job.cause(tmp_path / "none") is None  # no record: nothing to say
+    # two ranks with different usage errors: not one error every rank found; the first to end is named, with its line
+    two = _verdicts(tmp_path / "two", {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
+                    {"rank": 0, "exit": 2, "kind": "usage", "line": "out: not writable", "time": 1.1, "local": "0"})
+    assert job.cause(two) == f"launch.sh: rank 1 ended the job (exit 2): {TYPO}"
 
 
 def test_a_rank_killed_by_sigkill_is_said_with_the_oom_killer_and_its_log(tmp_path):
@@ -87,7 +92,7 @@ def test_a_usage_error_of_one_rank_says_its_other_problems_below_its_line(tmp_pa
                   {"rank": 0, "exit": 1, "kind": "peer", "line": "x", "time": 1.1, "local": "0"})
     (tmp_path / "workerlog.1").write_text(f"[INFO] arguments\nerror: {TYPO}\nerror: {second}\n")
     assert job.cause(d, tmp_path).splitlines() == [
-        f"launch.sh: rank 1 ended the job (exit 2): {TYPO}. Its full log: {tmp_path}/workerlog.1", f"error: {second}"]
+        f"launch.sh: rank 1 ended the job (exit 2): {TYPO} Its full log: {tmp_path}/workerlog.1", f"error: {second}"]
 
 
 TRACEBACK = ["Traceback (most recent call last):"] + [

@@ -191,7 +191,7 @@ def cause(directory, log_dir=None) -> str | None:
                 named = line.split("; the other ranks stop too", 1)[0]
                 if "into its stop" not in named:
                     named = named.replace("killed by SIGKILL", f"killed by SIGKILL ({killed['why']})", 1)
-                return f"launch.sh: {named.rstrip('.')}.{where}"
+                return f"launch.sh: {_sentence(named)}{where}"
             if "into its stop" not in line:  # (else the stop's limit is named already)
                 why = f" ({killed['why']})" if killed else OOM
                 line = line.replace("killed by SIGKILL", "killed by SIGKILL" + why, 1)
@@ -204,7 +204,13 @@ def cause(directory, log_dir=None) -> str | None:
         elif first.get("kind") in ("usage", "system") and log is not None:  # its other `error:` lines
             said = rank_log.read(log, rank_log.start(directory, log))
             more = [x for x in rank_log.errors(said, line) if x != f"error: {line}"]
-    return "\n".join([f"launch.sh: rank {first.get('rank')} ended the job{how}: {line.rstrip('.')}.{where}", *more])
+    return "\n".join([f"launch.sh: rank {first.get('rank')} ended the job{how}: {_sentence(line)}{where}", *more])
+
+
+def _sentence(line: str) -> str:
+    """`line` ended as a sentence: its own `?` or `!` kept (a did-you-mean question), else one full stop."""
+    line = line.rstrip()
+    return line if line.endswith(("?", "!")) else line.rstrip(".") + "."
 
 
 def killed_here(rank, why: str, pid: int, stop: bool = False) -> None:
