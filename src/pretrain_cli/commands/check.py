@@ -109,8 +109,8 @@ MANY_EPOCHS = 4
 
 
 def repetition_warning(spec) -> list[str]:
-    """A warning per source the run reads more than `MANY_EPOCHS` times (the data line's epochs, which said 501.96 in
-    a clause of the data line only), with what to change: more data, or the largest max_steps that reads it at most
+    """A warning per source the run reads more than `MANY_EPOCHS` times (the data line's epochs alone, a
+    clause among others, is easily read past at 500 epochs), with what to change: more data, or the largest max_steps that reads it at most
     `MANY_EPOCHS` times, unless a resumed run is past that step already."""
     from pretrain_cli.counts import count
     from pretrain_cli.data import source_name

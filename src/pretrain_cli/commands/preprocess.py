@@ -11,7 +11,7 @@ SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
-                             "directories (walked recursively) or quoted glob patterns; read in sorted order")
+                             "directories (walked recursively) or quoted glob patterns; read in the order given, each directory and glob in sorted order")
     parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json "
                                                                       "(PREFIX-iiiii-of-nnnnn.* with --num_tasks > 1)")
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")

@@ -5,7 +5,7 @@ speed model assumes of the kernels: their share of the peak on the FLOPs the dev
 included; the step adds the pipeline's bubble and the traffic to that compute (`speed.speed`). The `mfu` that
 `train` logs (training/metrics.py) is the model FLOPs, without recompute, over the wall time: compute, bubble,
 recompute and traffic are all inside it. Re-planning with `--mfu` set to train's figure would count those twice
-(Llama-3.1-8B at 8K with recompute on 8 H100: 1.37x the measured time), so `plan` prints the speed model's
+(Llama-3.1-8B at 8K with recompute on 8 H100: 1.37x the planned time), so `plan` prints the speed model's
 prediction as train logs it (`Plan.logged_mfu`) to compare like with like, and `--measured_mfu M` times the run at
 train's measured figure alone: model FLOPs / (devices x peak x M), nothing added.
 """
@@ -62,7 +62,7 @@ def eta_lines(r, cpu_note: str = "") -> list[str]:
     plus the time the step's traffic takes over its links: `speed.speed`'s step, the one `plan --fit`'s time line
     gives the same layout; then that time as the mfu `train` would log (`Plan.logged_mfu`). At `--measured_mfu`
     (`at_measured_mfu`) the model FLOPs at it alone. No time for a layout that does not fit device memory: it
-    cannot start, as --fit says of such a file. Parts under an hour are in minutes, the total in their unit."""
+    cannot start, as --fit says of such a file. Every part is in minutes when the total is under an hour, else in hours."""
     d, par, f = r.device, r.parallel, r.flops_per_token
     if not r.fits:
         return [_no_time(r)]
@@ -79,7 +79,7 @@ def eta_lines(r, cpu_note: str = "") -> list[str]:
                 f"kernels, --mfu, + traffic)"]
     traffic = r.eta_traffic_hours or 0.0
     compute = r.eta_hours - traffic
-    flops = r.total_tokens * f.hardware  # f.hardware is f.model without recompute
+    flops = r.total_tokens * f.hardware  # f.hardware is f.model plus the recomputed forward
     bubble = f" / (1 - bubble {par.pipeline_bubble:.3f})" if par.pp > 1 else ""
     even = flops / (r.gpus * d.peak_tflops * 1e12 * r.mfu) / (1 - par.pipeline_bubble) / 3600
     uneven = compute / even if even else 1.0  # the slowest stage over an average one (`speed.pipeline_seconds`)

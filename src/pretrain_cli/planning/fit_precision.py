@@ -6,7 +6,7 @@ O1 (autocast) keeps fp32 weights and fp32 gradients, and each matmul's half cast
 (docs/TRAINING.md, Precision; `paddle.amp.decorate(level="O2", master_weight=True)`; the routers stay fp32), the
 precision PaddleNLP's own Llama and DeepSeek-V3 pretraining files set. What O2 changes in the numerics: the
 gradients of a step are accumulated over its micro-batches in the half dtype (`amp_master_grad: true` keeps them
-fp32, 2 bytes a parameter more); the update is fp32. DeepSeek-V3 at 4,096 tokens on H100: O1 fits from 208 devices,
+fp32, 2 bytes a parameter more); the update is fp32. DeepSeek-V3 at 4,096 tokens on H100: O1 fits from 224 devices,
 O2 from 192; Qwen3-30B-A3B on 8: O2 fits without a pipeline (71,925 tokens/s predicted, O1's best 66,788).
 
 A file that names its level (the key in the file or on the command line) keeps it, and O2 is not searched (a

@@ -16,8 +16,8 @@ measured, and twice the warm-up keeps a longer warm-up's own spread. A router th
 its directory does not hold (DeepSeek-V3's MTP module: transformers saves none) starts from init and gets the grace
 (`routers_from_init`, kept in the trainer state so a resume keeps it). A run that ends before a collapse could be
 warned of after its grace is told so once (`note`): a silent log would read as balanced routing.
-Why a span of steps, not of log lines: two lines were 10 steps at logging_steps 5 and 40 at 20, so whether a run was
-warned of depended on how often it logged; `SUSTAIN_STEPS` of 20 is a collapse that stayed, whatever the interval
+Why a span of steps, not of log lines: two lines are 10 steps at logging_steps 5 and 40 at 20, so a rule counting lines
+would warn a run or not by how often it logs; `SUSTAIN_STEPS` of 20 is a collapse that stayed, whatever the interval
 (a swing the balance loss or the routing bias pulls back lasts a line or two), and `INTERVALS` keeps one long
 interval's single share from being a verdict.
 Why 0.9 of 1/top_k: a share under it is an imbalanced layer still spreading its tokens (0.19 in docs/MOE.md's runs);

@@ -1,12 +1,12 @@
 """What launch.sh's console quotes from a rank's workerlog.N: only what this launch wrote there, read from its end.
 
 Why this launch only: Paddle's launcher appends to workerlog.N (launch.sh passes no `--log_overwrite`), so after a
-restart, or a second launch into the same output_dir, the log holds the earlier launches' ends too, and the console
-said their `error:` lines again beside this one's. The launcher's `Container.start` notes the log's size as the rank
+restart, or a second launch into the same output_dir, the log holds the earlier launches' ends too, and reading it whole
+would say their `error:` lines again beside this one's. The launcher's `Container.start` notes the log's size as the rank
 starts (its `_log_start_offset`); `failure_report` leaves that in launch.sh's verdict directory (`mark`, `start.<log>`,
 removed by launch.sh before each launch), and `read` starts there. Why from its end, at most `WINDOW` bytes: a
 failure's account is at the end, and the host may have just run out of memory (a 100 MB log read whole and split
-took 0.5 s and 251 MB).
+takes ~0.5 s and ~250 MB: a review's measurement on the 2-core machine, by hand).
 
 What is quoted (`job.cause`): the `error:` lines the rank said (`errors`: check reports every problem at once, its
 record holds the first), and for a rank that crashed the end of its Python traceback or of Python's fatal-error stack
