@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""launch.sh's helper: `job.py ports -- CMD...` runs CMD holding a block of rendezvous ports;
-`job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next (`distributed/launcher/job.py`);
+"""launch.sh's helper: `job.py ports -- CMD...` runs CMD holding a block of rendezvous ports
+(`distributed/launcher/ports.py`); `job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next
+(`distributed/launcher/job.py`); `job.py cause DIR [LOG_DIR]` prints the console's account of the job's end, once
+(`distributed/launcher/account.py`);
 `job.py verdicts PID` makes the verdict directory of launch.sh (process PID) and prints it, removing those of launches
 killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 `job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
@@ -9,10 +11,43 @@ argument file's output_dir (empty when it has none or cannot be read: the ranks 
 as the run reads it (`config/parser.py`: JSON or YAML by its name)."""
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from pretrain_cli.distributed.launcher.job import main  # noqa: E402
+from pretrain_cli.distributed.launcher import account, job, ports  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`) |
+    `cause DIR [LOG_DIR]` (prints the account of the job's end) | `verdicts PID` (prints a new verdict directory for
+    launch.sh, process PID: `tempdirs`)."""
+    if argv[:2] == ["ports", "--"] and len(argv) > 2:
+        ports.exec_with_ports(argv[2:])
+    if len(argv) == 2 and argv[0] == "verdicts" and argv[1].isdigit():
+        from pretrain_cli.distributed.launcher import tempdirs
+
+        try:
+            print(tempdirs.create(tempdirs.VERDICTS, int(argv[1])))
+        except OSError as e:
+            print(f"launch.sh: cannot make the job's verdict directory in TMPDIR ({tempfile.gettempdir()}): "
+                  f"{e.strerror or e}; set TMPDIR to a writable directory", file=sys.stderr)
+            return 1
+        return 0
+    if len(argv) == 3 and argv[0] == "decide":
+        job.wait_for_watchers(argv[1])
+        code, action = job.decide(argv[1], int(argv[2]))
+        print(code, action)
+        return 0
+    if len(argv) in (2, 3) and argv[0] == "cause":
+        line = account.cause(argv[1], argv[2] if len(argv) == 3 else None)
+        if line:
+            print(line)
+        return 0
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR] | verdicts PID | held OUTPUT_DIR "
+          "| output_dir FILE", file=sys.stderr)
+    return 2
+
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "output_dir":

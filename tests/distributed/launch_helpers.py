@@ -59,8 +59,8 @@ _HELD = []  # port blocks this test process holds until it exits
 
 def free_port() -> int:
     """A port for `--master` that no other launch on this host takes: the first port of a block held for the
-    rest of this test process (`distributed.launcher.job.reserve`; the launcher's own ports come from other blocks)."""
-    from pretrain_cli.distributed.launcher.job import reserve
+    rest of this test process (`distributed.launcher.ports.reserve`; the launcher's own ports come from other blocks)."""
+    from pretrain_cli.distributed.launcher.ports import reserve
 
     _HELD.append(reserve())
     return _HELD[-1].base
@@ -167,7 +167,7 @@ def _launched(cfg: Path, log_dir: Path, nproc: int, extra, launcher, timeout: fl
     two more (rank_shim.py: ~4 CPU-s a rank), or started afresh (`fresh`)."""
     import forkserver
 
-    from pretrain_cli.distributed.launcher.job import BLOCK_ENV, reserve
+    from pretrain_cli.distributed.launcher.ports import BLOCK_ENV, reserve
 
     held = reserve()
     try:

@@ -46,7 +46,7 @@ def test_ranks_whose_launcher_dies_stop_save_and_end(corpus, tmp_path, kill):
 def test_the_other_nodes_rank_agrees_the_stop_when_one_nodes_launcher_dies(corpus, tmp_path):
     """Two nodes on loopback (`PCLI_HOSTNAME`: two hosts to the watchers), one rank each; node 0's launcher
     SIGKILLed."""
-    from pretrain_cli.distributed.launcher.job import reserve
+    from pretrain_cli.distributed.launcher.ports import reserve
 
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
     faults = REPO / "tests" / "robustness" / "fault_inject"

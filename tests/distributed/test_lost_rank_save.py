@@ -18,7 +18,7 @@ import signal
 from launch_helpers import REPO, child_env, write_config
 from launched_jobs import launch_sh
 
-from pretrain_cli.distributed.launcher.job import reserve
+from pretrain_cli.distributed.launcher.ports import reserve
 
 FAULTS = REPO / "tests" / "robustness" / "fault_inject"
 

@@ -274,7 +274,7 @@ def test_a_usage_error_under_launch_sh_exits_2_and_is_not_restarted(corpus, tmp_
     assert "C++ Traceback" not in log1 and "FatalError" not in log1, log1[-3000:]
     # said once on the console, on stderr by launch.sh; not in rank 0's copy on stdout. As one process says it when
     # rank 1 recorded no end of its own (the launcher's SIGTERM came first), naming rank 0 when rank 1's watcher
-    # recorded it as stopped by rank 0's error first (a race of the two: job.cause)
+    # recorded it as stopped by rank 0's error first (a race of the two: account.cause)
     said = f"resume_from_checkpoint: {shard} is missing"
     assert (proc.stderr.startswith(f"error: {said}")
             or proc.stderr.startswith(f"launch.sh: rank 0 ended the job (exit 2): {said}")), proc.stderr[-3000:]

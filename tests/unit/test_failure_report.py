@@ -11,7 +11,7 @@ import types
 from paddle.distributed.launch.controllers.controller import ControllerBase
 from paddle.distributed.launch.job.container import Container
 
-from pretrain_cli.distributed.launcher import failure_report, job
+from pretrain_cli.distributed.launcher import account, failure_report, job
 from pretrain_cli.distributed.launcher.verdict import hung_cause
 from pretrain_cli.distributed.launcher.watcher import Watcher
 
@@ -29,7 +29,7 @@ def _installed(tmp_path, monkeypatch, said: str | None):
     monkeypatch.setattr(ControllerBase, "finalize", lambda self, exit=True: FINALIZED.append(exit))
     monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
     monkeypatch.setattr(job, "wait_for_watchers", lambda directory: None)
-    monkeypatch.setattr(job, "cause", lambda directory, log_dir=None: said)
+    monkeypatch.setattr(account, "cause", lambda directory, log_dir=None: said)
     monkeypatch.setattr(logging.getLogger("LAUNCH"), "filters", [])
     failure_report.install()
 
@@ -147,7 +147,7 @@ def test_blank_lines_at_the_end_are_kept_when_no_ending_line_follows(capsys):
 
 def test_each_ranks_log_start_is_left_for_launch_sh(tmp_path, monkeypatch):
     """`Container.start` notes how long the (appended) log was before this launch's rank wrote to it
-    (`_log_start_offset`): `job.cause` quotes from there (`rank_log.since`)."""
+    (`_log_start_offset`): `account.cause` quotes from there (`rank_log.since`)."""
     import os
     import sys
 

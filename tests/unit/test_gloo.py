@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pretrain_cli import runtime
 from pretrain_cli.distributed.comms import gloo
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import ports
 
 paddle = runtime.import_paddle()
 
@@ -46,21 +46,21 @@ ENDPOINTS = [f"127.0.0.1:{p}" for p in (20101, 20102, 20103, 20104)]
 
 
 def test_the_server_takes_the_blocks_group_port_and_the_members_read_it(monkeypatch):
-    base = job.LOW + 3 * job.BLOCK
-    monkeypatch.setenv(job.BLOCK_ENV, str(base))
+    base = ports.LOW + 3 * ports.BLOCK
+    monkeypatch.setenv(ports.BLOCK_ENV, str(base))
     shared = _Shared()
     server, member = _Core(shared), _Core(shared)
     gloo._group_store(server, 2, [1, 3], 1, ENDPOINTS)  # rank 1 is the lowest of [1, 3]: it serves
     gloo._group_store(member, 2, [1, 3], 3, ENDPOINTS)
-    port = job.group_store_port(2)
-    assert base + job.LAUNCHER_PORTS < port < base + job.BLOCK
+    port = ports.group_store_port(2)
+    assert base + ports.LAUNCHER_PORTS < port < base + ports.BLOCK
     # no store waits for the members to connect (world 0): gloo's rendezvous waits for each member's key
     assert server.stores == [("127.0.0.1", port, True, 0)] and member.stores == [("127.0.0.1", port, False, 0)]
     assert shared.values[gloo.PORT_KEY.format(2)] == str(port).encode()
 
 
 def test_without_a_block_the_server_takes_a_free_port(monkeypatch):
-    monkeypatch.delenv(job.BLOCK_ENV, raising=False)
+    monkeypatch.delenv(ports.BLOCK_ENV, raising=False)
     core = _Core(_Shared())
     gloo._group_store(core, 1, [0, 1], 0, ENDPOINTS)
     (host, port, is_master, world), = core.stores
@@ -140,4 +140,4 @@ def test_every_layout_of_up_to_8_ranks_has_a_store_port_for_each_group(monkeypat
                 gloo.neighbour_sends(hcg)
         counts[name] = gloo._made[0]
     assert counts["pp4"] == 7 and max(counts.values()) == 20, counts  # docs/DISTRIBUTED.md states these
-    assert max(counts.values()) <= job.GROUP_STORES
+    assert max(counts.values()) <= ports.GROUP_STORES

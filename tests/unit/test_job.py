@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import account, job, ports
 
 JOB = Path(__file__).resolve().parents[2] / "scripts" / "job.py"
 
@@ -49,7 +49,7 @@ def test_ranks_that_stopped_on_a_signal_and_saved_end_the_job_with_0(tmp_path):
                   {"rank": 1, "exit": 0, "kind": "stopped", "time": 1.1, "line": "x"})
     assert job.decide(d, 2) == (0, "stop") and job.decide(d, 15) == (0, "stop")
     # no rank ended the job; the console says where it stopped (the line was only in workerlog.0)
-    assert job.cause(d) == ("launch.sh: stopped at step 96 and saved; re-run the same command to resume "
+    assert account.cause(d) == ("launch.sh: stopped at step 96 and saved; re-run the same command to resume "
                             "from checkpoint-96")
     (d / "rank-1.json").write_text(json.dumps({"rank": 1, "exit": 137, "kind": "died", "time": 1.2, "line": "x"}))
     assert job.decide(d, 15) == (137, "retry")
@@ -64,12 +64,12 @@ def test_a_node_whose_ranks_were_stopped_by_another_nodes_failure_says_which_and
             "rank's workerlog for its cause; re-run to resume from the newest complete checkpoint-N.")
     d = _verdicts(tmp_path / "peer", {"rank": 0, "exit": 1, "kind": "peer", "time": 1.0, "line": line})
     assert job.decide(d, 247) == (1, "retry")
-    assert job.cause(d) == "launch.sh: " + line.removeprefix("[pretrain-cli] ")
+    assert account.cause(d) == "launch.sh: " + line.removeprefix("[pretrain-cli] ")
     lost = ("[pretrain-cli] rank 0 (pid 8 on node1) was aborted by the collective library (killed by SIGABRT): it "
             "lost a rank on another host (rank 1 on node0), which died, failed or stopped answering; …")
     d = _verdicts(tmp_path / "lost", {"rank": 0, "exit": 1, "kind": "lost", "time": 1.0, "line": lost})
     assert job.decide(d, 250) == (1, "retry")
-    assert job.cause(d) == "launch.sh: " + lost.removeprefix("[pretrain-cli] ")
+    assert account.cause(d) == "launch.sh: " + lost.removeprefix("[pretrain-cli] ")
 
 
 def test_a_failed_rendezvous_is_its_own_action(tmp_path):
@@ -100,17 +100,17 @@ def test_record_writes_only_under_launch_sh_and_never_raises(tmp_path, monkeypat
 
 
 def test_two_reservations_never_share_a_block_and_every_port_is_free(tmp_path, monkeypatch):
-    monkeypatch.setattr(job.tempfile, "gettempdir", lambda: str(tmp_path))
-    a, b = job.reserve(), job.reserve()
+    monkeypatch.setattr(ports.tempfile, "gettempdir", lambda: str(tmp_path))
+    a, b = ports.reserve(), ports.reserve()
     try:
-        assert a.base != b.base and job.LOW <= a.base < job.HIGH and (a.base - job.LOW) % job.BLOCK == 0
+        assert a.base != b.base and ports.LOW <= a.base < ports.HIGH and (a.base - ports.LOW) % ports.BLOCK == 0
         lo, hi = map(int, a.port_range.split(":"))
-        assert (lo, hi) == (a.base + 1, a.base + job.LAUNCHER_PORTS)
+        assert (lo, hi) == (a.base + 1, a.base + ports.LAUNCHER_PORTS)
         with socket.socket() as s:
             s.bind(("", lo))  # free when reserved
         # the lock is held: another process cannot take the same block
         # (every unit of it: a launch locking blocks of another size sees it taken)
-        for unit in (a.base, a.base + job.BLOCK - job.LOCK_UNIT):
+        for unit in (a.base, a.base + ports.BLOCK - ports.LOCK_UNIT):
             fd = os.open(tmp_path / "pretrain-cli-ports" / f"{unit}.lock", os.O_RDWR)
             probe = subprocess.run([sys.executable, "-c", "import fcntl, sys; fcntl.flock(int(sys.argv[1]), "
                                     "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(fd)], pass_fds=(fd,), capture_output=True)
@@ -119,7 +119,7 @@ def test_two_reservations_never_share_a_block_and_every_port_is_free(tmp_path, m
     finally:
         a.release()
         b.release()
-    c = job.reserve()  # released blocks are taken again
+    c = ports.reserve()  # released blocks are taken again
     c.release()
 
 
@@ -131,45 +131,45 @@ def test_ports_runs_the_command_with_port_range_set_and_the_block_held(tmp_path)
     assert out.returncode == 0, out.stderr
     port_range, base = out.stdout.split()
     lo, hi = map(int, port_range.split(":"))
-    assert hi - lo == job.LAUNCHER_PORTS - 1 and job.LOW < lo < job.HIGH and lo == int(base) + 1
+    assert hi - lo == ports.LAUNCHER_PORTS - 1 and ports.LOW < lo < ports.HIGH and lo == int(base) + 1
 
 
 def test_a_block_with_a_unit_held_by_another_launch_is_passed_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(job.tempfile, "gettempdir", lambda: str(tmp_path))
-    monkeypatch.setattr(job.random, "randrange", lambda n: 0)  # the first block first
-    other = job._lock(job._lock_dir() / f"{job.LOW + job.LOCK_UNIT}.lock")  # a 32-port launch inside block 0
-    held = job.reserve()
+    monkeypatch.setattr(ports.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(ports.random, "randrange", lambda n: 0)  # the first block first
+    other = ports._lock(ports._lock_dir() / f"{ports.LOW + ports.LOCK_UNIT}.lock")  # a 32-port launch inside block 0
+    held = ports.reserve()
     try:
-        assert other is not None and held.base != job.LOW
+        assert other is not None and held.base != ports.LOW
     finally:
         held.release()
         os.close(other)
 
 
 def test_group_store_ports_are_the_blocks_own_and_never_the_launchers(monkeypatch):
-    monkeypatch.delenv(job.BLOCK_ENV, raising=False)
-    assert job.group_store_port(1) is None  # a bare launcher: no block held
-    base = job.LOW + 5 * job.BLOCK
-    monkeypatch.setenv(job.BLOCK_ENV, str(base))
-    launcher = set(range(base + 1, base + job.LAUNCHER_PORTS + 1))  # PORT_RANGE's ports
-    ports = [job.group_store_port(n) for n in range(1, job.GROUP_STORES + 1)]
-    assert ports[0] == base + job.LAUNCHER_PORTS + 1 and ports[-1] == base + job.BLOCK - 1
-    assert len(set(ports)) == job.GROUP_STORES and not launcher & set(ports) and base not in ports
-    assert all(base <= p < base + job.BLOCK for p in ports)
-    assert job.GROUP_STORES >= 20  # PP4 on 4 ranks makes 7 groups with more than one rank, 8-rank pipelines up to 20
+    monkeypatch.delenv(ports.BLOCK_ENV, raising=False)
+    assert ports.group_store_port(1) is None  # a bare launcher: no block held
+    base = ports.LOW + 5 * ports.BLOCK
+    monkeypatch.setenv(ports.BLOCK_ENV, str(base))
+    launcher = set(range(base + 1, base + ports.LAUNCHER_PORTS + 1))  # PORT_RANGE's ports
+    stores = [ports.group_store_port(n) for n in range(1, ports.GROUP_STORES + 1)]
+    assert stores[0] == base + ports.LAUNCHER_PORTS + 1 and stores[-1] == base + ports.BLOCK - 1
+    assert len(set(stores)) == ports.GROUP_STORES and not launcher & set(stores) and base not in stores
+    assert all(base <= p < base + ports.BLOCK for p in stores)
+    assert ports.GROUP_STORES >= 20  # PP4 on 4 ranks makes 7 groups with more than one rank, 8-rank pipelines up to 20
 
 
 def test_a_group_beyond_the_block_fails_with_one_line_naming_it(monkeypatch):
     from pretrain_cli.errors import UserError
 
-    base = job.LOW + 5 * job.BLOCK
-    monkeypatch.setenv(job.BLOCK_ENV, str(base))
-    for n in (0, job.GROUP_STORES + 1):
+    base = ports.LOW + 5 * ports.BLOCK
+    monkeypatch.setenv(ports.BLOCK_ENV, str(base))
+    for n in (0, ports.GROUP_STORES + 1):
         try:
-            job.group_store_port(n)
+            ports.group_store_port(n)
         except UserError as e:
             line = str(e)
         else:
             raise AssertionError(f"group {n} got a port")
-        assert "\n" not in line and f"port block {base}-{base + job.BLOCK - 1}" in line, line
-        assert f"gloo process group {n} " in line and f"holds {job.GROUP_STORES}" in line, line
+        assert "\n" not in line and f"port block {base}-{base + ports.BLOCK - 1}" in line, line
+        assert f"gloo process group {n} " in line and f"holds {ports.GROUP_STORES}" in line, line

@@ -1,10 +1,10 @@
-"""launch.sh's account of why the job ended (`job.cause`, printed on stderr): which rank ended it and how, its line,
+"""launch.sh's account of why the job ended (`account.cause`, printed on stderr): which rank ended it and how, its line,
 where its full log is; a usage error every rank of the node found, as one process says it (its `error:` lines); what
 it quotes from the rank's log is this launch's part only (`rank_log`). Paddle's launcher no longer says it (its report
 held back, the lines left out of its copy of rank 0), so this is the one place the console says it."""
 import json
 
-from pretrain_cli.distributed.launcher import job, rank_log
+from pretrain_cli.distributed.launcher import account, job, rank_log
 
 TYPO = "cfg.json: unknown key `learnig_rate`; did you mean `learning_rate`?"
 
@@ -19,26 +19,26 @@ def _verdicts(tmp_path, *records):
 def test_a_usage_error_every_rank_found_is_said_as_one_process_says_it(tmp_path):
     d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.1, "local": "0"})
-    assert job.cause(d) == f"error: {TYPO}"
+    assert account.cause(d) == f"error: {TYPO}"
     assert job.decide(d, 2) == (2, "stop")
     # every problem the rank's check found (the record holds the first), from its log, once each
     logs = tmp_path / "log"
     logs.mkdir()
     (logs / "workerlog.1").write_text(f"[INFO] arguments\nerror: {TYPO}\nerror: cfg.json: `max_steps` -3: not > 0\n")
-    assert job.cause(d, logs) == f"error: {TYPO}\nerror: cfg.json: `max_steps` -3: not > 0"
+    assert account.cause(d, logs) == f"error: {TYPO}\nerror: cfg.json: `max_steps` -3: not > 0"
 
 
 def test_a_usage_error_of_one_rank_names_the_rank_its_code_and_its_log(tmp_path):
     left = f"[pretrain-cli] rank 0: rank 1 (pid 7 on h) left with an error: {TYPO}; this rank stops too."
     d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 1, "kind": "peer", "line": left, "time": 1.1, "local": "0"})
-    assert job.cause(d, "out/log") == (f"launch.sh: rank 1 ended the job (exit 2): {TYPO} Its full log: "
+    assert account.cause(d, "out/log") == (f"launch.sh: rank 1 ended the job (exit 2): {TYPO} Its full log: "
                                        f"out/log/workerlog.1")  # (its question mark ends it: no full stop added)
-    assert job.cause(tmp_path / "none") is None  # no record: nothing to say
+    assert account.cause(tmp_path / "none") is None  # no record: nothing to say
     # two ranks with different usage errors: not one error every rank found; the first to end is named, with its line
     two = _verdicts(tmp_path / "two", {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                     {"rank": 0, "exit": 2, "kind": "usage", "line": "out: not writable", "time": 1.1, "local": "0"})
-    assert job.cause(two) == f"launch.sh: rank 1 ended the job (exit 2): {TYPO}"
+    assert account.cause(two) == f"launch.sh: rank 1 ended the job (exit 2): {TYPO}"
 
 
 def test_a_rank_killed_by_sigkill_is_said_with_the_oom_killer_and_its_log(tmp_path):
@@ -47,14 +47,14 @@ def test_a_rank_killed_by_sigkill_is_said_with_the_oom_killer_and_its_log(tmp_pa
     d = _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": died, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 1, "kind": "peer", "line": "rank 0: rank 1 (pid 7 on h) died", "time": 1.1,
                    "local": "0"})
-    assert job.cause(d, "out/log") == (
+    assert account.cause(d, "out/log") == (
         "launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (often the kernel's OOM killer: "
         "see dmesg); the other ranks stop too. Re-run the same command (or launch with MAX_RESTART) to resume from the "
         "newest complete checkpoint-N. Its full log: out/log/workerlog.1")
     # killed by a stop's limit: the line says whose, not the OOM killer
     stop = "rank 1 (pid 7 on h) died: killed by SIGKILL, 900 s into its stop after a signal, while saving checkpoint-4"
     _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": stop, "time": 1.0, "local": "1"})
-    assert "OOM" not in job.cause(d)
+    assert "OOM" not in account.cause(d)
 
 
 def test_a_disk_full_on_rank_0_is_its_error_line_with_the_code(tmp_path):
@@ -63,7 +63,7 @@ def test_a_disk_full_on_rank_0_is_its_error_line_with_the_code(tmp_path):
             "checkpoint")
     d = _verdicts(tmp_path, {"rank": 0, "exit": 1, "kind": "system", "line": full, "time": 1.0, "local": "0"},
                   {"rank": 1, "exit": 1, "kind": "peer", "line": "rank 1: rank 0 died", "time": 1.1, "local": "1"})
-    assert job.cause(d, "out/log") == (f"launch.sh: rank 0 ended the job (exit 1): {full}. Its full log: "
+    assert account.cause(d, "out/log") == (f"launch.sh: rank 0 ended the job (exit 1): {full}. Its full log: "
                                        f"out/log/workerlog.0")
 
 
@@ -83,7 +83,7 @@ def test_only_this_launchs_part_of_the_log_is_quoted(tmp_path):
     first = f"[INFO] arguments\nerror: {TYPO}\n"
     (logs / "workerlog.0").write_text(first + f"[INFO] arguments\nerror: {other}\n")
     rank_log.mark(d, logs / "workerlog.0", len(first.encode()))
-    assert job.cause(d, logs) == f"error: {other}"
+    assert account.cause(d, logs) == f"error: {other}"
 
 
 def test_a_usage_error_of_one_rank_says_its_other_problems_below_its_line(tmp_path):
@@ -91,7 +91,7 @@ def test_a_usage_error_of_one_rank_says_its_other_problems_below_its_line(tmp_pa
     d = _verdicts(tmp_path, {"rank": 1, "exit": 2, "kind": "usage", "line": TYPO, "time": 1.0, "local": "1"},
                   {"rank": 0, "exit": 1, "kind": "peer", "line": "x", "time": 1.1, "local": "0"})
     (tmp_path / "workerlog.1").write_text(f"[INFO] arguments\nerror: {TYPO}\nerror: {second}\n")
-    assert job.cause(d, tmp_path).splitlines() == [
+    assert account.cause(d, tmp_path).splitlines() == [
         f"launch.sh: rank 1 ended the job (exit 2): {TYPO} Its full log: {tmp_path}/workerlog.1", f"error: {second}"]
 
 
@@ -114,7 +114,7 @@ def test_a_crashed_rank_is_followed_by_the_end_of_its_traceback_or_stack(tmp_pat
     rank_log.mark(tmp_path, log, len(("\n".join(["old launch:", *FATAL]) + "\n").encode()))
     d = _verdicts(tmp_path, {"rank": 1, "exit": 1, "kind": "crashed", "line": "RuntimeError: injected bug",
                              "time": 1.0, "local": "1"})
-    said = job.cause(d, tmp_path).splitlines()
+    said = account.cause(d, tmp_path).splitlines()
     assert said[0] == f"launch.sh: rank 1 ended the job (exit 1): RuntimeError: injected bug. Its full log: {log}"
     assert said[1:4] == ["Traceback (most recent call last):", "  … (8 lines more in its full log)",
                          '  File "/src/m4.py", line 4, in f4'], said
@@ -123,21 +123,21 @@ def test_a_crashed_rank_is_followed_by_the_end_of_its_traceback_or_stack(tmp_pat
     log.write_text("\n".join(["new launch:", *FATAL]) + "\n")
     rank_log.mark(tmp_path, log, 0)
     _verdicts(tmp_path, {"rank": 1, "exit": 139, "kind": "died", "line": FATAL[-1], "time": 1.0, "local": "1"})
-    said = job.cause(d, tmp_path).splitlines()
+    said = account.cause(d, tmp_path).splitlines()
     assert said[1:4] == ["Fatal Python error: Segmentation fault", "Current thread 0x00007f2 (most recent call first):",
                          '  File "/src/m0.py", line 0 in f0'], said
     assert said[-1] == "  … (8 frames more in its full log)" and len(said) == 21, said
     killed = "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
     _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": killed, "time": 1.0, "local": "1"})
-    assert len(job.cause(d, tmp_path).splitlines()) == 1  # a SIGKILL leaves no stack of its own: nothing quoted
+    assert len(account.cause(d, tmp_path).splitlines()) == 1  # a SIGKILL leaves no stack of its own: nothing quoted
 
 
 def test_a_sigkill_of_our_own_is_said_as_ours_not_the_oom_killers(tmp_path, monkeypatch):
-    """`job.killed_here`, left by a rank's own kill once its launcher is gone (and the launcher's after STOP_TIMEOUT:
+    """`account.killed_here`, left by a rank's own kill once its launcher is gone (and the launcher's after STOP_TIMEOUT:
     test_job_kills): the rank's handler never ran (stuck in a native call), so its line has no `into its stop`."""
     died = "[pretrain-cli] rank 1 (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
     d = _verdicts(tmp_path, {"rank": 1, "exit": 137, "kind": "died", "line": died, "time": 1.0, "local": "1"})
     monkeypatch.setenv(job.VERDICTS_ENV, str(d))
-    job.killed_here(1, "by itself, 900 s after its launcher died", 7)
-    assert job.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by "
+    account.killed_here(1, "by itself, 900 s after its launcher died", 7)
+    assert account.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by "
                             "itself, 900 s after its launcher died); the other ranks stop too.")

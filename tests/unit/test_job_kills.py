@@ -1,4 +1,4 @@
-"""The job's own SIGKILLs of a rank leave a mark (`job.killed_here`) that launch.sh's line reads, so that such a kill is
+"""The job's own SIGKILLs of a rank leave a mark (`account.killed_here`) that launch.sh's line reads, so that such a kill is
 not said as `often the kernel's OOM killer`: the launcher's once a stop's STOP_TIMEOUT has passed
 (`stopping.stop_ranks`) and a rank's own once its launcher is gone (`launch._end_now`). A rank stuck in a native call
 never runs its stop handler, so its watcher's line has no `into its stop` to tell such a kill from the OOM killer's."""
@@ -10,7 +10,7 @@ import sys
 import types
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job, stopping
+from pretrain_cli.distributed.launcher import account, job, stopping
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 DIED = "[pretrain-cli] rank {} (pid 7 on h) died: killed by SIGKILL; the other ranks stop too."
@@ -34,7 +34,7 @@ def _cause(directory: Path, rank: int, pid: int = 7) -> str:
     (directory / f"rank-{rank}.json").write_text(json.dumps(
         {"rank": rank, "exit": 137, "kind": "died", "line": DIED.format(rank).replace("pid 7", f"pid {pid}"),
          "time": 1.0, "local": str(rank)}))
-    return job.cause(directory)
+    return account.cause(directory)
 
 
 def test_the_launchers_kill_after_stop_timeout_is_said_as_its_own(tmp_path, monkeypatch, capsys):
@@ -47,9 +47,9 @@ def test_the_launchers_kill_after_stop_timeout_is_said_as_its_own(tmp_path, monk
     # said once: the launcher's line has said the stop and what to do (no `ended the job`, no MAX_RESTART advice)
     assert _cause(tmp_path, 1) == ("launch.sh: rank 1 (pid 7 on h) died: killed by SIGKILL (by the launcher, 3 s into "
                                    "the stop (STOP_TIMEOUT)).")
-    assert job.OOM in _cause(tmp_path, 1, pid=8)  # a mark for another process of rank 1 (an earlier launch's): not it
+    assert account.OOM in _cause(tmp_path, 1, pid=8)  # a mark for another process of rank 1 (an earlier launch's): not it
     (tmp_path / "rank-1.json").unlink()
-    assert job.OOM in _cause(tmp_path, 0)  # no mark: the OOM killer, most likely
+    assert account.OOM in _cause(tmp_path, 0)  # no mark: the OOM killer, most likely
 
 
 def test_a_ranks_own_kill_after_its_launchers_death_is_said_as_its_own(tmp_path):
@@ -62,7 +62,7 @@ def test_a_ranks_own_kill_after_its_launchers_death_is_said_as_its_own(tmp_path)
     assert "ended the job: rank 1" in said and "(by itself, 900 s after its launcher died)" in said, said
     assert "OOM" not in said
     # the mark names the rank's process: the next launch's rank 1 (another pid) killed by the OOM killer is said so
-    assert job.OOM in _cause(tmp_path, 1, pid=p.pid + 1)
+    assert account.OOM in _cause(tmp_path, 1, pid=p.pid + 1)
 
 
 def test_a_death_reaped_before_its_watcher_read_it_is_the_jobs_own_kill_when_marked(tmp_path, monkeypatch):
@@ -78,11 +78,11 @@ def test_a_death_reaped_before_its_watcher_read_it_is_the_jobs_own_kill_when_mar
     seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
     seen.observe({0})
     assert seen.statuses[0] is None  # unmarked: unknown, as before
-    job.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid + 1, stop=True)
+    account.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid + 1, stop=True)
     seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
     seen.observe({0})
     assert seen.statuses[0] is None  # another process's mark
-    job.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid, stop=True)
+    account.killed_here(0, "by the launcher, 2 s into the stop (STOP_TIMEOUT)", gone.pid, stop=True)
     seen = Evidence(0, {0: gone.pid, 1: os.getpid()}, shared)
     seen.observe({0})
     assert seen.statuses[0] == signal.SIGKILL and (shared / "status.0").read_text() == "9"

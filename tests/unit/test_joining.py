@@ -27,7 +27,7 @@ import pytest
 from test_rendezvous import LAUNCH, nodes_on
 
 from pretrain_cli.distributed.launcher import job, joining, leaving
-from pretrain_cli.distributed.launcher.job import reserve
+from pretrain_cli.distributed.launcher.ports import reserve
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS = [json.dumps({"candidate": "10.0.0.1:1", "replicas": 1, joining.NODE_KEY: "0", joining.HOST_KEY: "a",

@@ -146,7 +146,7 @@ def test_a_node_stopped_by_a_signal_before_its_ranks_joined_leaves_no_join_direc
     join directory stayed in TMPDIR); node 0 ends the same way. `_two_nodes` finds no join directory left."""
     from test_joining import JOINS, SLEEPS, _line, _node, _two_nodes
 
-    from pretrain_cli.distributed.launcher.job import reserve
+    from pretrain_cli.distributed.launcher.ports import reserve
 
     held, job_id = reserve(), uuid.uuid4().hex
     master = f"127.0.0.1:{held.base}"

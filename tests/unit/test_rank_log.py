@@ -1,10 +1,10 @@
-"""What launch.sh quotes from a rank's workerlog.N (`rank_log`, through `job.cause`): this launch's part only, read from
+"""What launch.sh quotes from a rank's workerlog.N (`rank_log`, through `account.cause`): this launch's part only, read from
 its end (at most `WINDOW` bytes, as Paddle reads it: universal newlines, undecodable bytes replaced); an exception's
 traceback for a rank that crashed or died with an exit code, a fatal signal's stack only for a signal that leaves one,
 each ending where its own account ends, a chained exception's cause named."""
 import json
 
-from pretrain_cli.distributed.launcher import job, rank_log
+from pretrain_cli.distributed.launcher import account, rank_log
 
 BUG = ["Traceback (most recent call last):", '  File "/src/run.py", line 3, in <module>', "    main()",
        "RuntimeError: bug"]
@@ -17,7 +17,7 @@ def _cause(tmp_path, log_lines, kind: str, code: int, line: str = "RuntimeError:
     (tmp_path / "workerlog.1").write_text("\n".join(log_lines) + "\n")
     (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "exit": code, "kind": kind, "local": "1",
                                                       "line": line, "time": 1.0}))
-    return job.cause(tmp_path, tmp_path).splitlines()[1:]
+    return account.cause(tmp_path, tmp_path).splitlines()[1:]
 
 
 def test_an_exception_whose_shutdown_then_crashed_is_its_traceback_not_the_stack(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pretrain_cli.distributed.launcher import rendezvous
-from pretrain_cli.distributed.launcher.job import reserve
+from pretrain_cli.distributed.launcher.ports import reserve
 
 LAUNCH = Path(__file__).resolve().parents[2] / "scripts" / "paddle_launch.py"
 
@@ -135,16 +135,16 @@ def test_nodes_started_with_different_nnodes_both_end_at_once_naming_it(tmp_path
 def test_a_block_stays_reserved_while_a_node_started_on_it_lives():
     """The lock of a test's port block is held by the nodes the test starts too: a test that gives its hold up (it
     timed out waiting for them) leaves the block taken until they are gone, so no other test is handed that port."""
-    from pretrain_cli.distributed.launcher import job
+    from pretrain_cli.distributed.launcher import ports
 
     held = reserve()
-    unit = job._lock_dir() / f"{held.base}.lock"
+    unit = ports._lock_dir() / f"{held.base}.lock"
     with nodes_on(held, [[sys.executable, "-c", "import time; time.sleep(120)"]]) as (node,):
         held.release()  # the test's own hold, given up
-        assert job._lock(unit) is None  # the node still holds the block
+        assert ports._lock(unit) is None  # the node still holds the block
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
-    fd = job._lock(unit)
+    fd = ports._lock(unit)
     assert fd is not None  # the last holder gone: the block is free again
     os.close(fd)
 

@@ -12,7 +12,7 @@ data-parallel groups, join and run on CPU.
    succeeds is a race, lost more often the more groups there are (4 ranks, 3+ stages or disjoint dp groups) and
    the more loaded the machine. Here each group gets a TCP store of its own (served by its lowest rank, its port
    published in the global store under a key of this module once it listens), so no key is ever read stale. The
-   n-th group's port is `job.group_store_port(n)`: inside the block of ports the job holds (launch.sh and the
+   n-th group's port is `ports.group_store_port(n)`: inside the block of ports the job holds (launch.sh and the
    tests), apart from the launcher's own; under a bare launcher, which holds none, a free port the kernel hands out.
 
 2. **Send/recv tags counted per group** (`neighbour_sends`). A gloo process group numbers every operation it
@@ -29,7 +29,7 @@ import contextlib
 import socket
 
 from pretrain_cli.distributed.comms import store
-from pretrain_cli.distributed.launcher import job
+from pretrain_cli.distributed.launcher import ports
 
 PORT_KEY = "pretrain_cli/gloo_group_store/{}"  # in the global store: the port of the n-th group's own store
 _made = [0]  # groups with a store made so far in this process, over every `separate_stores` (every rank counts alike)
@@ -76,7 +76,7 @@ def _group_store(core, n: int, members: list, me: int, endpoints: list):
     shared, key = core.create_or_get_global_tcp_store(), PORT_KEY.format(n)
     host = endpoints[members[0]].split(":")[0]
     if me == members[0]:
-        port = job.group_store_port(n)
+        port = ports.group_store_port(n)
         if port is None:  # no block held: any free port, as the bare launcher picks its own
             with socket.socket() as s:
                 s.bind((host, 0))

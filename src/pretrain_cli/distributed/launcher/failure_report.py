@@ -6,15 +6,15 @@ because another died), then copies again the last 3000 bytes of that rank's log 
 end would reach the console up to three times (its `error:` line in rank 0's copy, the tail, launch.sh's line), on
 stdout, under the launcher's noise, and a death (SIGKILL) would follow a `Container rank 0 status failed` naming the
 wrong rank. The ranks record how each ended (`job.record`: its own `error:` line, or its watcher's verdict), and
-launch.sh says the first of them once, on stderr, after the launcher (`job.cause`: which rank ended the job and how, its
-line, where its full log is; a usage error that every rank of the node found is its `error:` lines, as one process
+launch.sh says the first of them once, on stderr, after the launcher (`account.cause`: which rank ended the job and
+how, its line, where its full log is; a usage error that every rank of the node found is its `error:` lines, as one process
 says them). So, under launch.sh (`install`), the launcher's copy of rank 0 onto stdout leaves out the lines that say
 how the job ended (`ENDING`: the CLI's `error:` lines, the rank watchers' verdicts), and its failure report and tail
 are held back; once the ranks and their watchers are done (`finalize`), the rest of rank 0's log is copied (the
 launcher stops copying when it stops the ranks: `Pod.stop`, whose `Container.terminate` closes the log; `install`
 keeps the position), and the held report is given only when no rank recorded its end, so that something says it (its
 tail of rank 0 then only the lines the copy left out: the rest is on stdout already). `install` also notes where each
-rank's log begins this launch (`rank_log.mark`: Paddle appends to it), so that `job.cause` quotes this launch's lines
+rank's log begins this launch (`rank_log.mark`: Paddle appends to it), so that `account.cause` quotes this launch's lines
 only. Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import re
 import sys
 
-from pretrain_cli.distributed.launcher import job, rank_log
+from pretrain_cli.distributed.launcher import account, job, rank_log
 
 FAILED = "Container failed"  # the start of the launcher's ERROR record of a failed rank (controllers/controller.py)
 # the lines that say how the job ended, which launch.sh says once on stderr: the CLI's one-line errors, and the rank
@@ -119,7 +119,7 @@ def install() -> None:
             job.wait_for_watchers(job.verdict_dir())
             if self.pod.containers:
                 _copy_rest(self.pod.containers[0], console)
-            if job.cause(job.verdict_dir()) is None:  # no rank recorded its end: Paddle's report is all there is
+            if account.cause(job.verdict_dir()) is None:  # no rank recorded its end: Paddle's report is all there is
                 console.flush()
                 held.released = True
                 for record in held.held:

@@ -64,7 +64,7 @@ def end_with_launcher() -> None:
     collective, a peer gone) SIGKILLs itself (`_end_after`, a thread: Paddle's collectives and store waits release
     the GIL; a rank stopped by `kill -STOP` runs no thread, and its watchers end it as hung). A launcher that ends
     on its own has ended or killed its ranks first, so this changes nothing there. A launcher that died before this
-    call (`LAUNCHER` names it) ends the rank here, at once (a kill of the job's own: `job.killed_here`)."""
+    call (`LAUNCHER` names it) ends the rank here, at once (a kill of the job's own: `account.killed_here`)."""
     if not os.environ.get("PADDLE_TRAINER_ID", "").strip() or not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -77,9 +77,9 @@ def end_with_launcher() -> None:
         return
     pid, _, started = os.environ.get(LAUNCHER, "").partition(":")
     if pid.isdigit() and not processes.alive(int(pid), started or None):
-        from pretrain_cli.distributed.launcher import job
+        from pretrain_cli.distributed.launcher import account
 
-        job.killed_here(rank(), "by itself: its launcher had died before it started", os.getpid())
+        account.killed_here(rank(), "by itself: its launcher had died before it started", os.getpid())
         os.kill(os.getpid(), signal.SIGKILL)
     _TIED[:] = [os.getppid(), deadline_seconds()]
     # the thread lives as long as the rank and only waits, so it takes no process-directed stop signal (it inherits
@@ -147,16 +147,16 @@ def _end_after(launcher: int, seconds: float, end=None, poll: float = 1.0) -> No
 def _end_now(seconds: float) -> None:
     """SIGKILL this rank, one line first in its log: its watcher names the SIGKILL, but as the launcher's limit or a
     scheduler's (`stopping.killed`), while here the launcher is gone and the rank ended itself. Marked so for
-    launch.sh's line too (`job.killed_here`, with this pid), which would otherwise suggest the OOM killer; launch.sh
+    launch.sh's line too (`account.killed_here`, with this pid), which would otherwise suggest the OOM killer; launch.sh
     reads it only while it still waits for this launch's records (a limit under `job.wait_for_watchers`' 15 s): by
     then it has usually said its line and ended or started the next launch, and the line in the log is what says it."""
     import contextlib
     import signal
 
-    from pretrain_cli.distributed.launcher import job
+    from pretrain_cli.distributed.launcher import account
 
     rank = os.environ.get("PADDLE_TRAINER_ID", "?").strip()
-    job.killed_here(rank, f"by itself, {seconds:.0f} s after its launcher died", os.getpid())  # (not OOM)
+    account.killed_here(rank, f"by itself, {seconds:.0f} s after its launcher died", os.getpid())  # (not OOM)
     with contextlib.suppress(OSError):  # (its watcher's pipe may be gone)
         os.write(2, (f"\n[pretrain-cli] rank {rank}: its launcher died {seconds:.0f} s ago and this rank has not ended "
                      f"since (stuck in a collective, a peer gone, or a save longer than that): it ends itself now "

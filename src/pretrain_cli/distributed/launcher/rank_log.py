@@ -8,7 +8,7 @@ removed by launch.sh before each launch), and `read` starts there. Why from its 
 failure's account is at the end, and the host may have just run out of memory (a 100 MB log read whole and split
 takes ~0.5 s and ~250 MB: a review's measurement on the 2-core machine, by hand).
 
-What is quoted (`job.cause`): the `error:` lines the rank said (`errors`: check reports every problem at once, its
+What is quoted (`account.cause`): the `error:` lines the rank said (`errors`: check reports every problem at once, its
 record holds the first), and for a rank that crashed the end of its Python traceback or of Python's fatal-error stack
 (`crash`), at most `LIMIT` lines: the console says what broke and where, the full log the rest.
 """

@@ -86,7 +86,7 @@ def stop_ranks(containers, limit: int, clock=time.monotonic) -> bool:
     """SIGTERM to every rank (`Container.terminate`: to its process group, up to 3 times 0.2 s apart, as Paddle's
     `pod.stop` sends it), then wait for all of them `limit` seconds in all (0: for ever; Paddle's `pod.join` gave each
     rank its whole timeout in turn); the ranks still running then are said, marked as killed by the launcher (for
-    launch.sh's line: `job.killed_here`; a rank stuck in a native call never noted its stop) and SIGKILLed. True: all
+    launch.sh's line: `account.killed_here`; a rank stuck in a native call never noted its stop) and SIGKILLed. True: all
     ended in time."""
     for c in containers:
         c.terminate()
@@ -96,11 +96,11 @@ def stop_ranks(containers, limit: int, clock=time.monotonic) -> bool:
     print(f"launch.sh: the ranks had not finished their stop {limit} s after the signal ({ENV}); killing them: the "
           f"checkpoint they were saving is lost (a re-run resumes from the newest complete one). Give a stop more "
           f"time with {ENV} (and the scheduler's grace period before its SIGKILL)", file=sys.stderr, flush=True)
-    from pretrain_cli.distributed.launcher import job
+    from pretrain_cli.distributed.launcher import account
 
     for c in [c for c in containers if not c.wait(0)]:  # every kill below is ours, not the OOM killer's: marked first
         popen = getattr(getattr(c, "_proc", None), "_proc", None)  # (Paddle's ProcessContext's Popen: the rank)
-        job.killed_here(c.env.get("PADDLE_TRAINER_ID", "?"), f"by the launcher, {limit} s into the stop ({ENV})",
+        account.killed_here(c.env.get("PADDLE_TRAINER_ID", "?"), f"by the launcher, {limit} s into the stop ({ENV})",
                         getattr(popen, "pid", 0), stop=True)
     for c in containers:
         c.terminate(force=True)

@@ -58,9 +58,9 @@ class Evidence:
             # reaped before it was read: the job's own kill says how, if it was one (only after the wait: a first
             # look, `wait` False, leaves a rank still exiting unread, so the second look waits for it)
             if wait and self.statuses.get(r) is None:
-                from pretrain_cli.distributed.launcher import job
+                from pretrain_cli.distributed.launcher import account
 
-                if (killed := job.killed_status(r, self.ranks[r])) is not None:
+                if (killed := account.killed_status(r, self.ranks[r])) is not None:
                     self.statuses[r] = killed
             if self.statuses.get(r) is not None:
                 self.share(f"status.{r}", str(self.statuses[r]))
