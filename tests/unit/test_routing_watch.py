@@ -167,13 +167,17 @@ def test_a_run_ending_before_its_routing_is_judged_is_told_once(monkeypatch):
     """A from-init run whose max_steps ends before the grace + 20 steps was never judged, silently: one note says
     from which step routing is judged; none when the run gets there, or has no grace."""
     w = CollapseWatch(experts=16, top_k=4, layers=[0, 1], warmup_steps=20)
-    assert w.note(60) == ("routing is judged for a collapse from step 100 (the grace of a router from random init: "
-                          "every MoE layer's here) and warned of 20 steps after: this run ends at step 60, so its "
-                          "routing is not judged; docs/MOE.md, \"The routing-collapse warning\"")
+    assert w.note(60) == ("routing is judged for a collapse from step 100, where the grace of a router from random "
+                          "init ends, and warned of 20 steps after: this run ends at step 60, so its routing is not "
+                          "judged; docs/MOE.md, \"The routing-collapse warning\"")
     assert w.note(119).endswith("ends at step 119, so its routing is not judged; " + w.note(60).split("; ")[-1])
     assert w.note(120) is None and _trained().note(10) is None
     mtp = CollapseWatch(experts=16, top_k=4, layers=[1, 2], decoder_layers=2, from_init=[2])
-    assert "init: model.layers.2.mlp (the MTP module's) here) " in mtp.note(50) and "so that layer is" in mtp.note(50)
+    # one sentence: the MTP module's layer named without a parenthesis inside another (it read "(... (...))")
+    assert mtp.note(50) == ("routing is judged for a collapse from step 100 in the MTP module's model.layers.2.mlp, "
+                            "where the grace of a router from random init ends, and warned of 20 steps after: this "
+                            "run ends at step 50, so that layer is not judged; " + w.note(60).split("; ")[-1])
+    assert "(" not in mtp.note(50).split("; ")[0]
     monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {"moe_expert_share_per_layer": [0.1, 0.1]})
     monkeypatch.setattr(moe_loss, "sparse_blocks", lambda model: [object()])
     # the lines as the product's logger emits them (a handler of its own: what reaches the root through

@@ -13,9 +13,13 @@ at 80) and at 70 with 0.001; a warning every run of the shipped example gives is
 router from init is judged only after step max(`WARMUPS` x warmup_steps, `GRACE_STEPS`): 100 is past the 85
 measured, and twice the warm-up keeps a longer warm-up's own spread. A router that starts trained
 (continue_training from a MoE model) has no such phase: judged from the first line; but a continued model's router
-its directory does not hold (DeepSeek-V3's MTP module: transformers saves none) starts from init and gets the grace
-(`routers_from_init`, kept in the trainer state so a resume keeps it). A run that ends before a collapse could be
-warned of after its grace is told so once (`note`): a silent log would read as balanced routing.
+its directory does not hold (DeepSeek-V3's MTP module: transformers saves none) starts from init and gets the grace,
+and so does one a run of ours left still in its grace (a run from init stopped at step 40, continued from its
+checkpoint or final directory: its record says so, `routers_before`), less the steps it trained there: the grace
+counts a router's steps since init, whichever run took them, at this run's warm-up (its learning rate warms up
+again). Both are kept in the trainer state (`routers_from_init`, `routers_steps_before`) so a resume keeps them. A
+run that ends before a collapse could be warned of after its grace is told so once (`note`): a silent log would read
+as balanced routing.
 Why a span of steps, not of log lines: two lines are 10 steps at logging_steps 5 and 40 at 20, so a rule counting lines
 would warn a run or not by how often it logs; `SUSTAIN_STEPS` of 20 is a collapse that stayed, whatever the interval
 (a swing the balance loss or the routing bias pulls back lasts a line or two), and `INTERVALS` keeps one long
@@ -50,20 +54,42 @@ def routers_from_init(initialised, layers: list[int]) -> list[int]:
     return [i for i in layers if f"model.layers.{i}.{ROUTER}" in initialised]
 
 
+def routers_before(state: dict | None, continued: bool, layers: list[int]) -> dict[int, int]:
+    """Of the model's MoE `layers`, those whose router the run that wrote a directory started from init, with the
+    steps each has trained since (`state`: that run's trainer state, None for a directory no run of ours wrote: its
+    routers are trained ones; `continued`: whether that run was a continue_training, whose state names its routers
+    from init, where a run from init had them all). Past its grace or not: `CollapseWatch` decides."""
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return {}
+    fresh = state.get("routers_from_init") if continued else layers
+    before = state.get("routers_steps_before") if continued else None
+    before = before if isinstance(before, dict) else {}
+    return {i: state["global_step"] + _steps(before.get(str(i))) for i in layers
+            if isinstance(fresh, list) and i in fresh}
+
+
+def _steps(n) -> int:
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
 class CollapseWatch:
     """Follows each sparse layer's run of log lines near 1/top_k; `see` returns the layers to warn of now."""
 
     def __init__(self, experts: int, top_k: int, layers: list[int] | None = None, warmup_steps: float = 0,
-                 decoder_layers: int | None = None, from_init: bool | list[int] = True):
+                 decoder_layers: int | None = None, from_init: bool | list[int] = True,
+                 before: dict[int, int] | None = None):
         """`layers`: the model's layer index of each sparse layer, in the order the shares come (none: their
         order among the sparse layers, said as such); `decoder_layers`: num_hidden_layers (the layers from it on are
         the MTP modules'); `from_init`: every router started from random init in this run's lineage (`grace`), or
-        none did, or the model's layers whose router did (a continued model's that its directory lacked)."""
+        none did, or the model's layers whose router did (a continued model's that its directory lacked, or that a
+        run of ours continued from had from init); `before`: the steps such a router trained before this run's
+        lineage (layer: steps; none: 0), which its grace counts."""
         # with as many experts as choices every expert takes 1/top_k: that is balance, not collapse
         self.bar = NEAR / top_k if 0 < top_k < experts else None
         self.experts, self.top_k, self.layers, self.decoder_layers = experts, top_k, layers, decoder_layers
         self.fresh = None if from_init is True else set(from_init or ())  # None: every layer's router
-        self.from_step = grace(warmup_steps, self.fresh is None or bool(self.fresh))
+        self.from_step = grace(warmup_steps, self.fresh is None or bool(self.fresh))  # a router from init here
+        self.before = dict(before or {})
         self.named = True  # the shares' count matched `layers`
         self.last_step: int | None = None  # the previous line's step: where the interval a line ends began
         self.near: dict[int, tuple[int, int]] = {}  # layer: (the step its run near 1/top_k began, its lines)
@@ -82,8 +108,9 @@ class CollapseWatch:
         out = []
         for i, share in enumerate(per_layer):
             layer = self.layers[i] if self.named else i
-            graced = self.fresh is None or layer in self.fresh or not self.named  # (unnamed: each may be fresh)
-            if (began < self.from_step and graced) or share < self.bar:
+            # unnamed, a share may be any layer's: the latest start of those with a grace
+            start = self.start(layer) if self.named else max(map(self.start, self.fresh or [None]))
+            if began < start or share < self.bar:
                 self.near.pop(layer, None)
                 continue
             since, lines = self.near.get(layer, (began, 0))
@@ -93,17 +120,36 @@ class CollapseWatch:
                 out.append((layer, share))
         return out
 
+    def start(self, layer: int | None) -> float:
+        """The step from which `layer`'s router is judged (None: a router from init in this lineage): a trained one
+        at once, one from init after its grace less the steps it trained before this lineage (`before`)."""
+        if self.fresh is not None and layer not in self.fresh:
+            return 0
+        return max(0, self.from_step - self.before.get(layer, 0))
+
     def note(self, max_steps: int) -> str | None:
         """The one line for a run that ends before a router in its grace could be warned of (`SUSTAIN_STEPS` past
-        `from_step`), or None."""
-        if self.bar is None or not self.from_step or max_steps >= self.from_step + SUSTAIN_STEPS:
+        its `start`), or None."""
+        late = {i: at for i in (self.fresh if self.fresh is not None else [None])
+                if (at := self.start(i)) and max_steps < at + SUSTAIN_STEPS}
+        if self.bar is None or not late:
             return None
-        which = "every MoE layer's" if self.fresh is None else ", ".join(self.name(i) for i in sorted(self.fresh))
-        judged = ("its routing is" if self.fresh is None else
-                  "that layer is" if len(self.fresh) == 1 else "those layers are")
-        return (f"routing is judged for a collapse from step {self.from_step:g} (the grace of a router from random "
-                f"init: {which} here) and warned of {SUSTAIN_STEPS} steps after: this run ends at step {max_steps}, "
-                f"so {judged} not judged; {SECTION}")
+        if self.fresh is None:
+            where, judged = f"from step {self.from_step:g}", "its routing is"
+        else:
+            at_each = {at: [self.plain(i) for i in sorted(late) if late[i] == at] for at in sorted({*late.values()})}
+            where = " and ".join(f"from step {at:g} in {', '.join(names)}" for at, names in at_each.items())
+            judged = "that layer is" if len(late) == 1 else "those layers are"
+        counted = " counting the steps it trained in the run this one continues" if any(
+            self.before.get(i, 0) for i in late) else ""
+        return (f"routing is judged for a collapse {where}, where the grace of a router from random init ends"
+                f"{counted}, and warned of {SUSTAIN_STEPS} steps after: this run ends at step {max_steps}, so "
+                f"{judged} not judged; {SECTION}")
+
+    def plain(self, layer: int) -> str:
+        """The layer's module name inside a sentence of its own (the MTP module's said first, not in parentheses)."""
+        mtp = self.decoder_layers is not None and layer >= self.decoder_layers
+        return f"the MTP module's model.layers.{layer}.mlp" if mtp else f"model.layers.{layer}.mlp"
 
     def name(self, layer: int) -> str:
         """The layer as a user finds it: transformers' module name (the MTP module's layer said so)."""

@@ -195,7 +195,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
     from pretrain_cli.distributed.layout.materialize import after_o2, pending
     from pretrain_cli.ops.kernels import select_step
 
-    read, initialised = None, frozenset()
+    read, initialised, routers_before = None, frozenset(), {}
     weights = resume if resume is not None else pretrained
     if weights is not None and not any(pending(p) for p in model.parameters()):
         raise RuntimeError("lay_out reads weights into a lazily built model only (training.run.build_model)")
@@ -223,9 +223,10 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
             verify_everywhere(comm, resume, source.files + opt["files"])
     finally:
         if isinstance(source, WeightSource):
-            initialised = source.initialised
+            initialised, routers_before = source.initialised, source.routers_before
             source.close()
-    return Layout(model, optimizer, amp, strategy, raw_model, resume_bytes_read=read, initialised=initialised)
+    return Layout(model, optimizer, amp, strategy, raw_model, resume_bytes_read=read, initialised=initialised,
+                  routers_before=routers_before)
 
 
 def open_weights(run: RunConfig, model, resume=None, pretrained=None):

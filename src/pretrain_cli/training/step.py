@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -44,6 +44,7 @@ class Layout:
     raw_model: object
     resume_bytes_read: int | None = None
     initialised: frozenset = frozenset()  # parameters from init though weights were read (`WeightSource.initialised`)
+    routers_before: dict = field(default_factory=dict)  # routers read still in their grace (`WeightSource`'s)
 
 
 class StepResult(NamedTuple):

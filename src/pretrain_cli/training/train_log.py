@@ -61,7 +61,7 @@ class TrainLog:
             watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers,
                                                          self.schedule.warmup_steps, cfg.num_hidden_layers,
                                                          from_init=self.state.routers_from_init if self.continued
-                                                         else True)
+                                                         else True, before=self._routers_steps_before())
             if (note := watch.note(self.loop.max_steps)) is not None:
                 log.info(f"note: {note}")
         for layer, share in watch.see(per_layer, self.state.global_step):
@@ -71,6 +71,11 @@ class TrainLog:
                                                    "top_k": watch.top_k, "experts": watch.experts,
                                                    "moe_router_bias_update_rate": rate,
                                                    "router_aux_loss_coef": coef})
+
+    def _routers_steps_before(self) -> dict[int, int]:
+        """The trainer state's steps each router from init trained before this lineage, by layer (JSON keys: str)."""
+        kept = getattr(self.state, "routers_steps_before", None) or {}
+        return {int(k): n for k, n in kept.items() if str(k).isdigit() and isinstance(n, int)}
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""

@@ -57,7 +57,10 @@ class Trainer(TrainLog):
         if self.continued and layers:  # (a resume's state then says what the run's first process found)
             from pretrain_cli.training.routing_watch import routers_from_init
 
-            self.state.routers_from_init = routers_from_init(layout.initialised, layers)
+            here = routers_from_init(layout.initialised, layers)  # from init in this run; those read counted on
+            before = {i: n for i, n in layout.routers_before.items() if i not in here}
+            self.state.routers_from_init = sorted({*here, *before})
+            self.state.routers_steps_before = {str(i): n for i, n in before.items() if n}
         self.last_eval: dict = {}
         self._marked: tuple | None = None  # (step, the writer's mark taken as that step began logging)
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)

@@ -28,9 +28,11 @@ class TrainerState:
     interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
     interval_steps: int = 0
     log_history: list = field(default_factory=list)
-    # continue_training: the MoE layers whose router started from init (`routing_watch.routers_from_init`), kept
-    # so a resumed process gives them the grace too
+    # continue_training: the MoE layers whose router started from init (`routing_watch.routers_from_init`, or a run
+    # of ours left it so: `routers_before`), and the steps those trained before this lineage (str(layer): steps),
+    # kept so a resumed process gives them the rest of the grace too
     routers_from_init: list = field(default_factory=list)
+    routers_steps_before: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -116,6 +116,24 @@ class WeightSource:
                      f"{'s' * (len(absent) > 1)} of layer {', '.join(absent)} start{'' if len(absent) > 1 else 's'} "
                      f"from init, and the training loss includes their mtp_loss from there")
         self.block = quantization_block(meta.path)
+        self.routers_before = self._routers_before(meta, model.config) if use == "continue_training" else {}
+
+    def _routers_before(self, meta, cfg) -> dict[int, int]:
+        """The MoE layers whose router this directory holds as a run of ours left it still from init, with the steps
+        it trained there (`routing_watch.routers_before`: its record and trainer state say so; a directory no run of
+        ours wrote holds trained routers): a run continued from it gives them the rest of their grace."""
+        from pretrain_cli.run_dir import STATE_FILE
+        from pretrain_cli.training.routing_watch import ROUTER, routers_before
+
+        layers = getattr(cfg, "expert_layers", None) or []
+        if not layers or meta.record is None or not (meta.path / STATE_FILE).is_file():
+            return {}
+        try:
+            state = meta.state
+        except UserError:  # (an unreadable state: no step to count from, so the routers count as trained)
+            return {}
+        found = routers_before(state, bool(meta.run("model", "continue_training")), layers)
+        return {i: n for i, n in found.items() if self.holds(f"model.layers.{i}.{ROUTER}")}
 
     def _all_zero(self, name: str) -> bool:
         return not np.asarray(self.reader.read(name)).any()

@@ -1,0 +1,131 @@
+"""A continue_training run from one of our own directories whose routers were still in their grace: a run from init
+stopped at step 40 left them fresh, and its record (args.json, trainer_state.json) says so; the continued run gives
+them the rest of the grace (max(2 x warm-up, 100) less the 40 steps they trained) instead of judging them at once as
+trained weights. A directory no run of ours wrote (an HF snapshot) holds trained routers."""
+import dataclasses
+import json
+import logging
+
+from run_helpers import resolve_run
+
+from pretrain_cli import runtime
+from pretrain_cli.training.routing_watch import CollapseWatch, routers_before
+
+paddle = runtime.import_paddle()
+
+from pretrain_cli.distributed.comms.comm import NoComm  # noqa: E402
+from pretrain_cli.models import build_model, convert  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.run_config import MoeConfig  # noqa: E402
+from pretrain_cli.training.run import lay_out  # noqa: E402
+from pretrain_cli.training.trainer import Trainer  # noqa: E402
+from pretrain_cli.training.trainer_state import TrainerState  # noqa: E402
+
+
+def test_the_routers_a_directorys_run_had_from_init_with_their_steps():
+    """A run from init had every router from init; a continued run the ones its state names, each with the steps
+    it trained before that run too; a directory without a trainer state of ours has none."""
+    assert routers_before({"global_step": 40}, False, [0, 1]) == {0: 40, 1: 40}
+    chained = {"global_step": 30, "routers_from_init": [1, 3], "routers_steps_before": {"1": 40}}
+    assert routers_before(chained, True, [1, 2, 3]) == {1: 70, 3: 30}
+    assert routers_before({"global_step": 30}, True, [1, 2]) == {}  # a state from before the key: none named
+    assert routers_before(None, False, [0, 1]) == {}
+
+
+def test_a_router_that_trained_part_of_its_grace_gets_the_rest():
+    """Warm-up 20: a router from init is judged from step 100; one that trained 40 steps in the run continued from,
+    from step 60; one past its grace there, at once. The note names where each starts, in one sentence."""
+    w = CollapseWatch(experts=8, top_k=2, layers=[0, 1], warmup_steps=20, from_init=[0, 1], before={0: 40, 1: 150})
+    assert (w.start(0), w.start(1)) == (60, 0)
+    assert [w.see([0.5, 0.1], s) for s in (40, 60, 70, 80)] == [[], [], [], [(0, 0.5)]]  # judged from 60 to 80
+    note = CollapseWatch(experts=8, top_k=2, layers=[0, 1], warmup_steps=20, from_init=[0, 1],
+                         before={0: 40}).note(70)
+    assert note == ("routing is judged for a collapse from step 60 in model.layers.0.mlp and from step 100 in "
+                    "model.layers.1.mlp, where the grace of a router from random init ends counting the steps it "
+                    "trained in the run this one continues, and warned of 20 steps after: this run ends at step 70, "
+                    "so those layers are not judged; docs/MOE.md, \"The routing-collapse warning\"")
+
+
+def _save(tmp_path, name: str, record: bool, step: int = 40):
+    """A model directory (safetensors, config.json) as `name`; with `record`, as a run of ours from init left it at
+    `step`: its args.json (the run's resolved config) and trainer state, as the final export writes them."""
+    out = tmp_path / name
+    cfg = ModelConfig.from_file(str(_preset()))
+    paddle.seed(0)
+    convert.save_hf(build_model(cfg, None, MoeConfig()), cfg, str(out))
+    if record:
+        run = resolve_run("--max_steps", str(step), model="micro-qwen3-moe")  # from init: continue_training false
+        (out / "args.json").write_text(json.dumps({"arguments": {}, "run": run.to_dict()}))
+        state = {**dataclasses.asdict(TrainerState(global_step=step, consumed_samples=step * 8)), "max_steps": step}
+        (out / "trainer_state.json").write_text(json.dumps(state))
+    return out, cfg
+
+
+def _preset():
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    return resolve_model_dir("micro-qwen3-moe")
+
+
+def _continue(directory, cfg, max_steps: int) -> Trainer:
+    """The continued run's own path: its layout reads the directory (`lay_out`), the trainer keeps what it found."""
+    run = resolve_run("--max_steps", str(max_steps), "--warmup_steps", "20", "--continue_training", "true",
+                      model=str(directory))
+    with paddle.LazyGuard():
+        lazy = build_model(cfg, None, MoeConfig())
+    return Trainer(lay_out(run, lazy, NoComm(), pretrained=directory), None, run, NoComm())
+
+
+def _warnings_and_notes(trainer: Trainer, steps) -> list[str]:
+    """The lines the trainer's routing watch logs for both layers at 1/top_k (a collapse) at each of `steps`."""
+    logger, lines = logging.getLogger("pretrain_cli"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        for step in steps:
+            trainer.state.global_step = step
+            trainer._watch_routing([0.5, 0.5])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return [line for line in lines if "routing" in line or "routes" in line]
+
+
+def test_continuing_our_run_stopped_inside_the_grace_gives_its_routers_the_rest(tmp_path):
+    """The brief's case: a run from init stopped at step 40, continued (warm-up 20): judged from step 60, warned at
+    80, where it was judged at once (warned at 60) as if its routers were trained; the same weights as an HF
+    snapshot (no record of ours) are trained ones; a continued run that ends at 70 is told its routing is not
+    judged."""
+    ours, cfg = _save(tmp_path, "stopped-at-40", record=True)
+    hf, _ = _save(tmp_path, "snapshot", record=False)
+    continued = _continue(ours, cfg, max_steps=200)
+    assert continued.state.routers_from_init == [0, 1]
+    assert continued.state.routers_steps_before == {"0": 40, "1": 40}  # kept in its checkpoints' trainer state
+    assert continued.state_dict()["routers_steps_before"] == {"0": 40, "1": 40}
+    lines = _warnings_and_notes(continued, (40, 60, 70, 80))
+    assert len(lines) == 2 and all(line.startswith("step 80: model.layers.") for line in lines), lines
+    trained = _continue(hf, cfg, max_steps=200)
+    assert trained.state.routers_from_init == [] and trained.state.routers_steps_before == {}
+    lines = _warnings_and_notes(trained, (40, 60, 70, 80))
+    assert len(lines) == 2 and all(line.startswith("step 60: model.layers.") for line in lines), lines
+    short = _warnings_and_notes(_continue(ours, cfg, max_steps=70), (10,))
+    assert short == ["note: routing is judged for a collapse from step 60 in model.layers.0.mlp, model.layers.1.mlp, "
+                     "where the grace of a router from random init ends counting the steps it trained in the run "
+                     "this one continues, and warned of 20 steps after: this run ends at step 70, so those layers "
+                     "are not judged; docs/MOE.md, \"The routing-collapse warning\""], short
+
+
+def test_a_resume_of_the_continued_run_keeps_the_rest_of_the_grace(tmp_path):
+    """The continued run's checkpoint state brings its routers' steps back: the resumed process judges from 60."""
+    ours, cfg = _save(tmp_path, "stopped-at-40", record=True)
+    first = _continue(ours, cfg, max_steps=200)
+    first.state.global_step = 50
+    snapshot, _ = _save(tmp_path, "snapshot", record=False)  # what the resume reads has no say: its state does
+    resumed = _continue(snapshot, cfg, max_steps=200)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert resumed.state.routers_steps_before == {"0": 40, "1": 40}
+    lines = _warnings_and_notes(resumed, (50, 60, 70, 80))
+    assert len(lines) == 2 and all(line.startswith("step 80: model.layers.") for line in lines), lines
