@@ -79,12 +79,49 @@ def test_an_input_repeated_inside_another_is_said(tmp_path, capsys):
         f"merge-data: warning: {d / 'code'}: its 4 sequences are sequences 8 to 11 of 12 of {d / 'all'}{tail}",
         f"merge-data: warning: {d / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}{tail}",
         f"merge-data: warning: {tmp_path / 'e' / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}"
-        f"{tail}"]
+        f" and those of {d / 'man'}; joined, they are trained on 3 times: drop the repeats unless you mean to repeat "
+        "them"]  # every input it is in (only `all` was named)
     assert cli.main(["merge-data", str(tmp_path / "k"), str(tmp_path / "e" / "code"), str(d / "code")]) == 0
     assert capsys.readouterr().err == f"merge-data: warning: {d / 'code'}: its 4 sequences are those of " \
                                       f"{tmp_path / 'e' / 'code'}{tail}\n"  # the later input named
     assert cli.main(["merge-data", str(tmp_path / "m"), str(d / "code"), str(d / "man"), str(tmp_path / "f")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_repeat_is_named_in_every_input_it_is_in_three_then_how_many_more(tmp_path):
+    """A repeat was named in the first input it was found in alone; now in each (at most 3 named, then a count)."""
+    docs = [[i, i + 1, i % 3] for i in range(1, 6)]
+    write_mmidx_reference(str(tmp_path / "b"), docs)
+    holders = []
+    for k in range(5):  # k leading sequences of its own, then b's
+        write_mmidx_reference(str(tmp_path / f"x{k}"), [[90 + k, j] for j in range(k + 1)] + docs)
+        holders.append(open_token_file(tmp_path / f"x{k}"))
+    lines = merge_module.repeated_inputs([open_token_file(tmp_path / "b"), *holders])
+    x = [tmp_path / f"x{k}" for k in range(5)]
+    assert lines == [f"{tmp_path / 'b'}: its 5 sequences are sequences 1 to 5 of 6 of {x[0]}, sequences 2 to 6 of 7 "
+                     f"of {x[1]}, sequences 3 to 7 of 8 of {x[2]} and those of 2 more inputs; joined, they are "
+                     "trained on 6 times: drop the repeats unless you mean to repeat them"], lines
+
+
+def test_a_source_preprocessed_with_others_in_one_directory_is_found(tmp_path, tok_dir, capsys):
+    """The case thought missed: `ab` preprocessed from a directory holding a.jsonl and b.jsonl, merged with `a` and
+    `b` preprocessed alone. Our writer does not interleave the files: a's documents, then b's, in file order (with a
+    pool of workers too), so each is in a row inside `ab`, and found there."""
+    (tmp_path / "src").mkdir()
+    write_jsonl(tmp_path / "src" / "a.jsonl", make_texts(30, seed=1))
+    write_jsonl(tmp_path / "src" / "b.jsonl", make_texts(20, seed=2))
+    for name, src, workers in (("ab", tmp_path / "src", "2"), ("a", tmp_path / "src" / "a.jsonl", "1"),
+                               ("b", tmp_path / "src" / "b.jsonl", "1")):
+        run_preprocess("--input_path", src, "--tokenizer", tok_dir, "--output_prefix", tmp_path / "t" / name,
+                       "--append_eos", "--workers", workers)
+    ab, a, b = (open_token_file(tmp_path / "t" / n) for n in ("ab", "a", "b"))
+    assert np.array_equal(np.asarray(ab.sizes), np.concatenate([a.sizes, b.sizes]))  # in a row, a then b
+    capsys.readouterr()
+    assert cli.main(["merge-data", str(tmp_path / "m"), str(tmp_path / "t")]) == 0
+    t, tail = tmp_path / "t", "; joined, they are trained on twice: drop one input unless you mean to repeat them"
+    assert capsys.readouterr().err.splitlines() == [
+        f"merge-data: warning: {t / 'a'}: its 30 sequences are sequences 0 to 29 of 50 of {t / 'ab'}{tail}",
+        f"merge-data: warning: {t / 'b'}: its 20 sequences are sequences 30 to 49 of 50 of {t / 'ab'}{tail}"]
 
 
 def _pair(tmp_path, a_docs, b_docs):

@@ -110,26 +110,38 @@ def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
 _WHOLE = 1_000_000  # tokens: a smaller repeated window is compared whole
 
 
+_NAMED = 3  # inputs a repeat is named in; past them "and N more"
+
+
 def repeated_inputs(datasets) -> list[str]:
-    """One line per input whose sequences all appear, in a row, inside another input (an identical file, or a file
-    preprocessed from a superset of its corpus, e.g. `all` made from man + code merged with `man`): joined, those
-    documents would be trained on twice. Sidecars record only one sha256 of all of a file's inputs and settings,
-    which cannot tell that one corpus holds another, so the tokens are compared (`_repeat_at`)."""
+    """One line per input whose sequences all appear, in a row, inside other inputs (an identical file, or a file
+    preprocessed from a superset of its corpus, e.g. `all` made from man + code merged with `man`), naming every
+    input it was found in (the first `_NAMED`, then how many more): joined, those documents would be trained on once
+    more for each. Sidecars record only one sha256 of all of a file's inputs and settings, which cannot tell that
+    one corpus holds another, so the tokens are compared (`_repeat_at`). Each input is compared with every larger
+    one whether or not it was found already, which is what a merge without a repeat costs."""
     lines = []
     for j, b in enumerate(datasets):
         nb = len(b)
         if nb == 0:
             continue
+        found = []
         for i, a in enumerate(datasets):
             na = len(a)
             if i == j or na < nb or (na == nb and i > j):  # an identical pair is said once
                 continue
             hit = _repeat_at(a, b)
             if hit is not None:
-                where = "those" if na == nb else f"sequences {hit:,} to {hit + nb - 1:,} of {na:,}"
-                lines.append(f"{b.prefix}: its {count(nb, 'sequence', grouped=True)} are {where} of {a.prefix}; "
-                             "joined, they are trained on twice: drop one input unless you mean to repeat them")
-                break
+                found.append(f"those of {a.prefix}" if na == nb else
+                             f"sequences {hit:,} to {hit + nb - 1:,} of {na:,} of {a.prefix}")
+        if found:
+            named = found[:_NAMED] + ([f"those of {count(len(found) - _NAMED, 'more input')}"]
+                                      if len(found) > _NAMED else [])
+            where = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+            times = "twice" if len(found) == 1 else f"{len(found) + 1} times"
+            lines.append(f"{b.prefix}: its {count(nb, 'sequence', grouped=True)} are {where}; joined, they are "
+                         f"trained on {times}: drop {'one input' if len(found) == 1 else 'the repeats'} unless you "
+                         f"mean to repeat them")
     return lines
 
 
