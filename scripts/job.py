@@ -21,9 +21,30 @@ from pretrain_cli.distributed.launcher import account, job, ports  # noqa: E402
 def main(argv: list[str]) -> int:
     """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`) |
     `cause DIR [LOG_DIR]` (prints the account of the job's end) | `verdicts PID` (prints a new verdict directory for
-    launch.sh, process PID: `tempdirs`)."""
+    launch.sh, process PID: `tempdirs`) | `held OUTPUT_DIR` (exit 2 with the run lock's refusal) | `output_dir FILE`."""
     if argv[:2] == ["ports", "--"] and len(argv) > 2:
-        ports.exec_with_ports(argv[2:])
+        try:
+            ports.exec_with_ports(argv[2:])
+        except OSError as e:  # no free block on this host, or the command cannot be run
+            print(f"launch.sh: cannot start {argv[2]} holding a block of rendezvous ports: {e.strerror or e}; "
+                  f"free ports in {ports.LOW}-{ports.HIGH} or their locks in {ports.lock_dir()}", file=sys.stderr)
+            return 1
+    if len(argv) == 2 and argv[0] == "output_dir":  # (empty when the file has none or cannot be read)
+        from pretrain_cli.config.parser import read_argument_file
+        from pretrain_cli.errors import UserError
+
+        try:
+            print(read_argument_file(argv[1]).get("output_dir") or "")
+        except UserError:
+            pass
+        return 0
+    if len(argv) == 2 and argv[0] == "held":
+        from pretrain_cli.training.run_lock import refusal
+
+        line = refusal(argv[1])
+        if line:
+            print(f"error: {line}", file=sys.stderr)
+        return 2 if line else 0
     if len(argv) == 2 and argv[0] == "verdicts" and argv[1].isdigit():
         from pretrain_cli.distributed.launcher import tempdirs
 
@@ -50,20 +71,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "output_dir":
-        from pretrain_cli.config.parser import read_argument_file
-        from pretrain_cli.errors import UserError
-
-        try:
-            print(read_argument_file(sys.argv[2]).get("output_dir") or "")
-        except UserError:
-            pass
-        raise SystemExit(0)
-    if len(sys.argv) == 3 and sys.argv[1] == "held":
-        from pretrain_cli.training.run_lock import refusal
-
-        line = refusal(sys.argv[2])
-        if line:
-            print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(2 if line else 0)
     raise SystemExit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """The gloo groups' own TCP stores (`distributed.comms.gloo.separate_stores`): the n-th group of more than one rank is
-served by its lowest rank on the n-th group port of the job's reserved block (`distributed.launcher.job`), published in the
+served by its lowest rank on the n-th group port of the job's reserved block (`distributed.launcher.ports`), published in the
 global store for the other members once it listens; a group's store is installed only while that group is created."""
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""launch.sh's side of a job (`distributed.launcher.job`): the job's exit code from the ranks' own verdicts, and blocks of
-rendezvous ports two launches on one host never share."""
+"""launch.sh's side of a job: the job's exit code from the ranks' own verdicts (`distributed.launcher.job`), the account
+of a stop by signal or another node (`account`), and blocks of rendezvous ports two launches on one host never share
+(`ports`)."""
 import json
 import os
 import socket
@@ -137,7 +138,7 @@ def test_ports_runs_the_command_with_port_range_set_and_the_block_held(tmp_path)
 def test_a_block_with_a_unit_held_by_another_launch_is_passed_over(tmp_path, monkeypatch):
     monkeypatch.setattr(ports.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(ports.random, "randrange", lambda n: 0)  # the first block first
-    other = ports._lock(ports._lock_dir() / f"{ports.LOW + ports.LOCK_UNIT}.lock")  # a 32-port launch inside block 0
+    other = ports._lock(ports.lock_dir() / f"{ports.LOW + ports.LOCK_UNIT}.lock")  # a 32-port launch inside block 0
     held = ports.reserve()
     try:
         assert other is not None and held.base != ports.LOW
@@ -173,3 +174,14 @@ def test_a_group_beyond_the_block_fails_with_one_line_naming_it(monkeypatch):
             raise AssertionError(f"group {n} got a port")
         assert "\n" not in line and f"port block {base}-{base + ports.BLOCK - 1}" in line, line
         assert f"gloo process group {n} " in line and f"holds {ports.GROUP_STORES}" in line, line
+
+
+def test_a_launch_that_cannot_start_says_one_line_and_exits_1(tmp_path):
+    """`job.py ports -- CMD` whose CMD cannot be run (or with no free block on the host): one launch.sh line naming the
+    command and what to free, exit 1, no traceback."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, str(JOB), "ports", "--", str(tmp_path / "no-such-launcher")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("launch.sh: cannot start "), out.stderr
+    assert "no-such-launcher" in out.stderr and "pretrain-cli-ports" in out.stderr, out.stderr

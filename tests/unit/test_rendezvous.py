@@ -138,7 +138,7 @@ def test_a_block_stays_reserved_while_a_node_started_on_it_lives():
     from pretrain_cli.distributed.launcher import ports
 
     held = reserve()
-    unit = ports._lock_dir() / f"{held.base}.lock"
+    unit = ports.lock_dir() / f"{held.base}.lock"
     with nodes_on(held, [[sys.executable, "-c", "import time; time.sleep(120)"]]) as (node,):
         held.release()  # the test's own hold, given up
         assert ports._lock(unit) is None  # the node still holds the block

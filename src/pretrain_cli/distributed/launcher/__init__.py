@@ -1,6 +1,7 @@
 """The launcher side of a multi-process run, no Paddle at import: what `paddle.distributed.launch` told this process,
-and a launched rank's tie to its launcher (`launch`); a job's ports, verdicts and restart decision for
-scripts/launch.sh (`job`); what scripts/paddle_launch.py adds to Paddle's launcher: the nodes' limited meeting at
+and a launched rank's tie to its launcher (`launch`); for scripts/launch.sh, the ranks' verdicts and the job's exit code
+and restart decision (`job`), the block of ports a launch holds (`ports`) and the console's one account of the job's
+end (`account`, quoting `rank_log`); what scripts/paddle_launch.py adds to Paddle's launcher: the nodes' limited meeting at
 MASTER (`rendezvous`), the watch of their join after it, which names a node lost or late (`joining`), how a node that
 leaves before the join ends and the others after it (`leaving`), a rank's own limit on the join where no launcher
 watches it (`join_deadline`), and the time its ranks get to stop after a signal (`stopping`); the launch's

@@ -1,7 +1,9 @@
 """The console's account of why a job launched by scripts/launch.sh ended: said once, on stderr, from the ranks' own
 records (`job.record`), where Paddle's launcher names the lowest rank it saw stop, usually one stopped because another
 died (`failure_report`). Below the first rank's line, what its log says of it since this launch began (`rank_log`).
-A SIGKILL is the kernel's OOM killer's unless a mark of the job's own kill names the process (`killed_here`).
+A SIGKILL is said as often the kernel's OOM killer's, unless a stop's limit explains it or a mark of the job's own kill
+names the process: `killed_here` leaves that mark before the launcher's kill after STOP_TIMEOUT or a rank's own kill
+once its launcher is gone, and `killed_status` gives the watchers the status of such a death the launcher reaped first.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rank) by binding a port, closing it and handing the number on, starting at a ran
 host can be handed the same port, or a port the kernel then gives some outgoing connection; a rank then
 joins the other job's store (`gloo/transport/tcp/address.cc:30 ... 136 vs 45`, `uv__finish_close:
 Assertion`). `reserve()` takes a block of `BLOCK` ports below the ephemeral range for the job: an exclusive
-`flock` on a file per block in a directory every user of this host shares (held by the launcher for its
+`flock` on a file per `LOCK_UNIT` ports of the block, in a directory every user of this host shares (held by the launcher for its
 whole life: the lock's descriptor is inherited through `exec`), every port of the block checked free, and
 `PORT_RANGE` set to the block's launcher part, so two launches through launch.sh or the tests never share a
 port. The block, from its first port `base`: `base` (left free: the tests' `--master`), `base + 1` ...
@@ -48,7 +48,7 @@ class Reservation:
         self.fds = []
 
 
-def _lock_dir() -> Path:
+def lock_dir() -> Path:
     path = Path(tempfile.gettempdir()) / "pretrain-cli-ports"
     with contextlib.suppress(OSError):
         path.mkdir(exist_ok=True)
@@ -85,7 +85,7 @@ def reserve(tries: int = 200) -> Reservation:
     """A block of BLOCK free ports no other launch on this host holds (OSError when none is found). A block is
     locked as its units of LOCK_UNIT ports (a file each), so a launch holding blocks of another size (an older
     checkout on the same host) and this one exclude each other."""
-    where, blocks = _lock_dir(), (HIGH - LOW) // BLOCK
+    where, blocks = lock_dir(), (HIGH - LOW) // BLOCK
     first = random.randrange(blocks)
     for i in range(min(tries, blocks)):
         base = LOW + ((first + i) % blocks) * BLOCK

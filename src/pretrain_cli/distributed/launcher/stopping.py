@@ -101,7 +101,7 @@ def stop_ranks(containers, limit: int, clock=time.monotonic) -> bool:
     for c in [c for c in containers if not c.wait(0)]:  # every kill below is ours, not the OOM killer's: marked first
         popen = getattr(getattr(c, "_proc", None), "_proc", None)  # (Paddle's ProcessContext's Popen: the rank)
         account.killed_here(c.env.get("PADDLE_TRAINER_ID", "?"), f"by the launcher, {limit} s into the stop ({ENV})",
-                        getattr(popen, "pid", 0), stop=True)
+                            getattr(popen, "pid", 0), stop=True)
     for c in containers:
         c.terminate(force=True)
     return False
