@@ -77,10 +77,9 @@ def test_an_input_repeated_inside_another_is_said(tmp_path, capsys):
                      str(tmp_path / "f" / "other")]) == 0
     assert capsys.readouterr().err.splitlines() == [
         f"merge-data: warning: {d / 'code'}: its 4 sequences are sequences 8 to 11 of 12 of {d / 'all'}{tail}",
-        f"merge-data: warning: {d / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}{tail}",
         f"merge-data: warning: {tmp_path / 'e' / 'man'}: its 8 sequences are sequences 0 to 7 of 12 of {d / 'all'}"
         f" and those of {d / 'man'}; joined, they are trained on 3 times: drop the repeats unless you mean to repeat "
-        "them"]  # every input it is in (only `all` was named)
+        "them"]  # man and its copy e/man: one line, every input they are in (d/man's own said "twice", missing e/man)
     assert cli.main(["merge-data", str(tmp_path / "k"), str(tmp_path / "e" / "code"), str(d / "code")]) == 0
     assert capsys.readouterr().err == f"merge-data: warning: {d / 'code'}: its 4 sequences are those of " \
                                       f"{tmp_path / 'e' / 'code'}{tail}\n"  # the later input named
@@ -101,6 +100,29 @@ def test_a_repeat_is_named_in_every_input_it_is_in_three_then_how_many_more(tmp_
     assert lines == [f"{tmp_path / 'b'}: its 5 sequences are sequences 1 to 5 of 6 of {x[0]}, sequences 2 to 6 of 7 "
                      f"of {x[1]}, sequences 3 to 7 of 8 of {x[2]} and those of 2 more inputs; joined, they are "
                      "trained on 6 times: drop the repeats unless you mean to repeat them"], lines
+
+
+def test_identical_inputs_are_one_line_with_their_true_count_each_compared_once(tmp_path, monkeypatch):
+    """x, y, z identical: x got no line, y "those of x ... twice", z "x and y ... 3 times"; now one line, 3 times, and
+    with a larger input holding them all, 4. A copy is compared with the first of its kind only: 4 copies and one
+    larger input are 4 comparisons (3 to group them, 1 with the larger), where each copy with every other was 10."""
+    docs = [[i, i % 4, 7] for i in range(1, 9)]
+    for name in "xyzw":
+        write_mmidx_reference(str(tmp_path / name), docs)
+    write_mmidx_reference(str(tmp_path / "big"), [[5, 5], *docs, [6, 6]])
+    x, y, z, w, big = (open_token_file(tmp_path / n) for n in ("x", "y", "z", "w", "big"))
+    assert merge_module.repeated_inputs([x, y, z]) == [
+        f"{tmp_path / 'z'}: its 8 sequences are those of {tmp_path / 'x'} and those of {tmp_path / 'y'}; joined, they "
+        "are trained on 3 times: drop the repeats unless you mean to repeat them"]
+    assert merge_module.repeated_inputs([big, x, y, z]) == [
+        f"{tmp_path / 'z'}: its 8 sequences are sequences 1 to 8 of 10 of {tmp_path / 'big'}, those of "
+        f"{tmp_path / 'x'} and those of {tmp_path / 'y'}; joined, they are trained on 4 times: drop the repeats unless "
+        "you mean to repeat them"]
+    calls = []
+    repeat_at = merge_module._repeat_at
+    monkeypatch.setattr(merge_module, "_repeat_at", lambda a, b: calls.append((a.prefix, b.prefix)) or repeat_at(a, b))
+    assert len(merge_module.repeated_inputs([x, y, z, w, big])) == 1
+    assert len(calls) == 4, calls
 
 
 def test_a_source_preprocessed_with_others_in_one_directory_is_found(tmp_path, tok_dir, capsys):

@@ -114,35 +114,58 @@ _NAMED = 3  # inputs a repeat is named in; past them "and N more"
 
 
 def repeated_inputs(datasets) -> list[str]:
-    """One line per input whose sequences all appear, in a row, inside other inputs (an identical file, or a file
-    preprocessed from a superset of its corpus, e.g. `all` made from man + code merged with `man`), naming every
-    input it was found in (the first `_NAMED`, then how many more): joined, those documents would be trained on once
-    more for each. Sidecars record only one sha256 of all of a file's inputs and settings, which cannot tell that
-    one corpus holds another, so the tokens are compared (`_repeat_at`). Each input is compared with every larger
-    one whether or not it was found already, which is what a merge without a repeat costs."""
+    """One line per input, or group of identical inputs, whose sequences all appear, in a row, inside other inputs
+    (an identical file, or a file preprocessed from a superset of its corpus, e.g. `all` made from man + code merged
+    with `man`), naming every input they are in, the group's own copies too (the first `_NAMED`, then how many
+    more): joined, those documents would be trained on once more for each. Sidecars record only one sha256 of all of
+    a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are compared
+    (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through its first
+    input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct inputs has
+    its lengths compared (the .idx, in memory), and its tokens where a start's first sequence and lengths agree; a
+    pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a merge
+    with repeats reads more than one without: a repeated input's window twice for each distinct input holding it."""
+    groups = _identical(datasets)
     lines = []
-    for j, b in enumerate(datasets):
+    for group in groups:
+        b = datasets[group[0]]
         nb = len(b)
-        if nb == 0:
-            continue
-        found = []
-        for i, a in enumerate(datasets):
-            na = len(a)
-            if i == j or na < nb or (na == nb and i > j):  # an identical pair is said once
+        found = [(i, f"those of {datasets[i].prefix}") for i in group[:-1]]  # its own copies
+        for holders in groups:
+            na = len(datasets[holders[0]])
+            if na <= nb:  # (equal lengths: the same only, and those are grouped)
                 continue
-            hit = _repeat_at(a, b)
-            if hit is not None:
-                found.append(f"those of {a.prefix}" if na == nb else
-                             f"sequences {hit:,} to {hit + nb - 1:,} of {na:,} of {a.prefix}")
+            hit = _repeat_at(datasets[holders[0]], b)
+            if hit is not None:  # in each of that group's copies alike
+                found += [(i, f"sequences {hit:,} to {hit + nb - 1:,} of {na:,} of {datasets[i].prefix}")
+                          for i in holders]
         if found:
-            named = found[:_NAMED] + ([f"those of {count(len(found) - _NAMED, 'more input')}"]
-                                      if len(found) > _NAMED else [])
+            said = [text for _, text in sorted(found)]
+            named = said[:_NAMED] + ([f"those of {count(len(said) - _NAMED, 'more input')}"]
+                                     if len(said) > _NAMED else [])
             where = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
-            times = "twice" if len(found) == 1 else f"{len(found) + 1} times"
-            lines.append(f"{b.prefix}: its {count(nb, 'sequence', grouped=True)} are {where}; joined, they are "
-                         f"trained on {times}: drop {'one input' if len(found) == 1 else 'the repeats'} unless you "
-                         f"mean to repeat them")
-    return lines
+            times = "twice" if len(said) == 1 else f"{len(said) + 1} times"
+            lines.append((group[-1], f"{datasets[group[-1]].prefix}: its {count(nb, 'sequence', grouped=True)} are "
+                                     f"{where}; joined, they are trained on {times}: drop "
+                                     f"{'one input' if len(said) == 1 else 'the repeats'} unless you mean to repeat "
+                                     f"them"))
+    return [line for _, line in sorted(lines)]
+
+
+def _identical(datasets) -> list[list[int]]:
+    """The non-empty inputs' indices in groups of identical ones (each in input order, a group's line said for its
+    last), groups in the order their first comes: each input is compared with the first of each group of its
+    length only, never again with the copies already found."""
+    groups: list[list[int]] = []
+    for j, b in enumerate(datasets):
+        if len(b) == 0:
+            continue
+        same = next((g for g in groups if len(datasets[g[0]]) == len(b) and _repeat_at(datasets[g[0]], b) == 0),
+                    None)
+        if same is None:
+            groups.append([j])
+        else:
+            same.append(j)
+    return groups
 
 
 def _repeat_at(a, b) -> int | None:
