@@ -155,7 +155,7 @@ def test_a_continued_runs_routers_from_init_are_the_ones_its_directory_lacks(tmp
         "model.layers.3.mlp.gate.weight"})
     continued = dataclasses.replace(run, model=dataclasses.replace(run.model, continue_training=True))
     assert Trainer(layout, None, continued, NoComm()).state.routers_from_init == [3]
-    assert Trainer(layout, None, run, NoComm()).state.routers_from_init == []  # from init: every router's grace
+    assert Trainer(layout, None, run, NoComm()).state.routers_from_init == [1, 2, 3]  # from init: every router
     resumed = Trainer(dataclasses.replace(layout, initialised=frozenset()), None, continued, NoComm(),
                       resumed={"global_step": 2, "routers_from_init": [3]})
     assert resumed.state.routers_from_init == [3] and resumed.state_dict()["routers_from_init"] == [3]

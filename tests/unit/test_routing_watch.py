@@ -5,7 +5,7 @@ import logging
 from types import SimpleNamespace
 
 from pretrain_cli.models import moe_loss
-from pretrain_cli.training.routing_watch import CollapseWatch
+from pretrain_cli.training.routing_watch import CollapseWatch, steps_before
 from pretrain_cli.training.train_log import TrainLog
 
 # configs/qwen3-moe-tiny_cpu.json (warm-up 20), logged every 5 steps, no routing bias: what F3 measured (steps 5-90)
@@ -107,14 +107,14 @@ def test_message_quotes_this_runs_numbers_alone():
 class _Log(TrainLog):
     """A trainer as far as `_log` reads it: a tiny Qwen3-MoE's config, one process, no writer of files."""
 
-    def __init__(self, events, continued: bool = False, fresh: list | None = None):
+    def __init__(self, events, continued: bool = False, fresh: list | None = None, before: dict | None = None):
         cfg = SimpleNamespace(sparse_layers=[0, 1], num_nextn_predict_layers=0, num_experts=16, num_hidden_layers=2,
                               num_experts_per_tok=4, expert_layers=[0, 1], router_aux_loss_coef=0.001)
         model = SimpleNamespace(config=cfg, moe=SimpleNamespace(bias_update_rate=0.0, aux_loss_coef=None,
                                                                  z_loss_coef=0.0))
         self.layout, self.state = SimpleNamespace(raw_model=model, strategy=None), SimpleNamespace(
             interval_loss=8.0, interval_steps=2, loss_sum=0.0, global_step=0, tokens_seen=0, consumed_samples=0,
-            last_batch_hash="", log_history=[], routers_from_init=fresh or [])
+            last_batch_hash="", log_history=[], routers_from_init=fresh or [], routers_steps_before=before or {})
         self.comm = SimpleNamespace(mean=lambda x: x)
         self.schedule = SimpleNamespace(lr_at=lambda step: 1e-3, phase=lambda step: None, warmup_steps=10)
         self.throughput = SimpleNamespace(time_remaining=lambda n: 0.0, interval=dict)
@@ -161,6 +161,22 @@ def test_a_continued_models_router_from_init_alone_gets_the_grace(monkeypatch, c
         t.state.global_step = step
         t._log(grad_norm=1.0)
     assert [(kind, step, v["layer"]) for kind, step, v in events] == [("routing_collapse", 40, 0)], events
+
+
+def test_a_resumed_states_steps_before_are_read_as_a_continued_directorys_are(monkeypatch):
+    """The train log read routers_steps_before with checks of its own: a negative count (-50) pushed layer 0's grace
+    to step 150 and a bool counted as a step, where the directory a run continues from has them count as none.
+    One reader now (`steps_before`): both layers judged from 100, warned at 120."""
+    kept = {"0": -50, "1": True, "2": 2.5, "3": 40, "x": 5, "²": 5}
+    assert steps_before(kept) == {3: 40} and steps_before(None) == {} and steps_before([40]) == {}
+    monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {"moe_expert_share_per_layer": [0.25, 0.25]})
+    monkeypatch.setattr(moe_loss, "sparse_blocks", lambda model: [object()])
+    events = []
+    t = _Log(events, continued=True, fresh=[0, 1], before={"0": -50, "1": True})
+    for step in range(100, 190, 10):
+        t.state.global_step = step
+        t._log(grad_norm=1.0)
+    assert [(step, v["layer"]) for _, step, v in events] == [(120, 0), (120, 1)], events
 
 
 def test_a_run_ending_before_its_routing_is_judged_is_told_once(monkeypatch):

@@ -1,8 +1,9 @@
 """A continue_training run from one of our own directories whose routers were still in their grace: a run from init
 stopped at step 40 left them fresh, and its record (args.json, trainer_state.json) says so; the continued run gives
 them the rest of the grace (max(2 x warm-up, 100) less the 40 steps they trained) instead of judging them at once as
-trained weights. A directory no run of ours wrote (an HF snapshot) holds trained routers."""
-import dataclasses
+trained weights. A directory no run of ours wrote (an HF snapshot, or one our `export` wrote: no trainer state) holds
+trained routers. The trainer state says which routers it had from init itself: args.json beside it can be a later
+run's."""
 import json
 import logging
 
@@ -19,16 +20,24 @@ from pretrain_cli.models.config import ModelConfig  # noqa: E402
 from pretrain_cli.run_config import MoeConfig  # noqa: E402
 from pretrain_cli.training.run import lay_out  # noqa: E402
 from pretrain_cli.training.trainer import Trainer  # noqa: E402
-from pretrain_cli.training.trainer_state import TrainerState  # noqa: E402
 
 
 def test_the_routers_a_directorys_run_had_from_init_with_their_steps():
-    """A run from init had every router from init; a continued run the ones its state names, each with the steps
-    it trained before that run too; a directory without a trainer state of ours has none."""
-    assert routers_before({"global_step": 40}, False, [0, 1]) == {0: 40, 1: 40}
+    """The routers a state names (`routers_named`: a run from init names all), each with the steps it trained before
+    that run too, whatever args.json beside it says (a later run's, rewritten at its start: here a run from init's
+    beside a continued run's state that had none from init, which read as all 40 steps from init); an older state
+    by args.json as before: a run from init had every router from init, a continued one those its state names, and
+    without an args.json none; a directory without a trainer state of ours has none."""
+    for args_continued in (True, False, None):
+        assert routers_before({"global_step": 40, "routers_from_init": [0, 1], "routers_named": True},
+                              args_continued, [0, 1]) == {0: 40, 1: 40}
+        assert routers_before({"global_step": 40, "routers_from_init": [], "routers_named": True},
+                              args_continued, [0, 1]) == {}
+    assert routers_before({"global_step": 40, "routers_from_init": []}, False, [0, 1]) == {0: 40, 1: 40}
     chained = {"global_step": 30, "routers_from_init": [1, 3], "routers_steps_before": {"1": 40}}
     assert routers_before(chained, True, [1, 2, 3]) == {1: 70, 3: 30}
     assert routers_before({"global_step": 30}, True, [1, 2]) == {}  # a state from before the key: none named
+    assert routers_before({"global_step": 40, "routers_from_init": []}, None, [0, 1]) == {}
     assert routers_before(None, False, [0, 1]) == {}
 
 
@@ -41,23 +50,36 @@ def test_a_router_that_trained_part_of_its_grace_gets_the_rest():
     note = CollapseWatch(experts=8, top_k=2, layers=[0, 1], warmup_steps=20, from_init=[0, 1],
                          before={0: 40}).note(70)
     assert note == ("routing is judged for a collapse from step 60 in model.layers.0.mlp and from step 100 in "
-                    "model.layers.1.mlp, where the grace of a router from random init ends counting the steps it "
-                    "trained in the run this one continues, and warned of 20 steps after: this run ends at step 70, "
-                    "so those layers are not judged; docs/MOE.md, \"The routing-collapse warning\"")
+                    "model.layers.1.mlp, where the grace of a router from random init ends, less the steps "
+                    "model.layers.0.mlp trained before this run, and warned of 20 steps after: this run ends at step "
+                    "70, so those layers are not judged; docs/MOE.md, \"The routing-collapse warning\"")
+    three = CollapseWatch(experts=8, top_k=2, layers=[0, 1, 2], warmup_steps=20, from_init=[0, 1, 2],
+                          before={0: 40, 1: 40}).note(70)  # names joined with "and", and the steps' groups apart
+    assert three.startswith("routing is judged for a collapse from step 60 in model.layers.0.mlp and model.layers.1.mlp"
+                            ", and from step 100 in model.layers.2.mlp, where the grace of a router from random init "
+                            "ends, less the steps model.layers.0.mlp and model.layers.1.mlp trained before this run, "
+                            "and warned of 20 steps after: "), three
 
 
-def _save(tmp_path, name: str, record: bool, step: int = 40):
+def _save(tmp_path, name: str, record: bool, step: int = 40, later_run: bool = False):
     """A model directory (safetensors, config.json) as `name`; with `record`, as a run of ours from init left it at
-    `step`: its args.json (the run's resolved config) and trainer state, as the final export writes them."""
+    `step`: its args.json (the run's resolved config) and the trainer state its Trainer keeps, as the final export
+    writes them; with `later_run`, the args.json a continue_training run from it rewrote at its start (it stopped
+    before its first checkpoint)."""
     out = tmp_path / name
     cfg = ModelConfig.from_file(str(_preset()))
     paddle.seed(0)
     convert.save_hf(build_model(cfg, None, MoeConfig()), cfg, str(out))
     if record:
         run = resolve_run("--max_steps", str(step), model="micro-qwen3-moe")  # from init: continue_training false
+        with paddle.LazyGuard():
+            lazy = build_model(cfg, None, MoeConfig())
+        trainer = Trainer(lay_out(run, lazy, NoComm()), None, run, NoComm())
+        trainer.state.global_step, trainer.state.consumed_samples = step, step * 8
+        (out / "trainer_state.json").write_text(json.dumps(trainer.state_dict()))
+        if later_run:
+            run = resolve_run("--continue_training", "true", model=str(out))
         (out / "args.json").write_text(json.dumps({"arguments": {}, "run": run.to_dict()}))
-        state = {**dataclasses.asdict(TrainerState(global_step=step, consumed_samples=step * 8)), "max_steps": step}
-        (out / "trainer_state.json").write_text(json.dumps(state))
     return out, cfg
 
 
@@ -112,10 +134,23 @@ def test_continuing_our_run_stopped_inside_the_grace_gives_its_routers_the_rest(
     lines = _warnings_and_notes(trained, (40, 60, 70, 80))
     assert len(lines) == 2 and all(line.startswith("step 60: model.layers.") for line in lines), lines
     short = _warnings_and_notes(_continue(ours, cfg, max_steps=70), (10,))
-    assert short == ["note: routing is judged for a collapse from step 60 in model.layers.0.mlp, model.layers.1.mlp, "
-                     "where the grace of a router from random init ends counting the steps it trained in the run "
-                     "this one continues, and warned of 20 steps after: this run ends at step 70, so those layers "
-                     "are not judged; docs/MOE.md, \"The routing-collapse warning\""], short
+    assert short == ["note: routing is judged for a collapse from step 60 in model.layers.0.mlp and model.layers.1.mlp"
+                     ", where the grace of a router from random init ends, less the steps they trained before this "
+                     "run, and warned of 20 steps after: this run ends at step 70, so those layers are not judged; "
+                     "docs/MOE.md, \"The routing-collapse warning\""], short
+
+
+def test_the_state_says_which_routers_were_from_init_whatever_args_json_says(tmp_path):
+    """A run continuing from its own output_dir rewrites args.json there at its start; stopped before its first
+    checkpoint and run again, it read its own record (continue_training) beside the state of the run from init that
+    wrote the directory, and took those routers, 40 steps into their grace, for trained ones (warned at 60). The
+    state names them itself now: the rest of the grace, warned at 80."""
+    ours, cfg = _save(tmp_path, "stopped-at-40", record=True, later_run=True)
+    assert json.loads((ours / "args.json").read_text())["run"]["model"]["continue_training"] is True
+    continued = _continue(ours, cfg, max_steps=200)
+    assert continued.state.routers_from_init == [0, 1] and continued.state.routers_steps_before == {"0": 40, "1": 40}
+    lines = _warnings_and_notes(continued, (40, 60, 70, 80))
+    assert len(lines) == 2 and all(line.startswith("step 80: model.layers.") for line in lines), lines
 
 
 def test_a_resume_of_the_continued_run_keeps_the_rest_of_the_grace(tmp_path):

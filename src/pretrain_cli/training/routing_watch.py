@@ -15,7 +15,7 @@ measured, and twice the warm-up keeps a longer warm-up's own spread. A router th
 (continue_training from a MoE model) has no such phase: judged from the first line; but a continued model's router
 its directory does not hold (DeepSeek-V3's MTP module: transformers saves none) starts from init and gets the grace,
 and so does one a run of ours left still in its grace (a run from init stopped at step 40, continued from its
-checkpoint or final directory: its record says so, `routers_before`), less the steps it trained there: the grace
+checkpoint or final directory: its trainer state says so, `routers_before`), less the steps it trained there: the grace
 counts a router's steps since init, whichever run took them, at this run's warm-up (its learning rate warms up
 again). Both are kept in the trainer state (`routers_from_init`, `routers_steps_before`) so a resume keeps them. A
 run that ends before a collapse could be warned of after its grace is told so once (`note`): a silent log would read
@@ -54,22 +54,43 @@ def routers_from_init(initialised, layers: list[int]) -> list[int]:
     return [i for i in layers if f"model.layers.{i}.{ROUTER}" in initialised]
 
 
-def routers_before(state: dict | None, continued: bool, layers: list[int]) -> dict[int, int]:
-    """Of the model's MoE `layers`, those whose router the run that wrote a directory started from init, with the
-    steps each has trained since (`state`: that run's trainer state, None for a directory no run of ours wrote: its
-    routers are trained ones; `continued`: whether that run was a continue_training, whose state names its routers
-    from init, where a run from init had them all). Past its grace or not: `CollapseWatch` decides."""
-    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+def routers_before(state: dict | None, continued: bool | None, layers: list[int]) -> dict[int, int]:
+    """Of the model's MoE `layers`, those whose router the run that wrote a directory had from init, with the steps
+    each has trained since init (`state`: the directory's trainer state, None for a directory no run of ours wrote:
+    its routers are trained ones). A state with `routers_named` says so itself (a run from init names every MoE
+    layer): the directory's args.json can be a later run's, rewritten at its start, beside this state. An older
+    state named a continued run's routers only, so `continued` (its args.json: whether its run was a
+    continue_training; None without one) says whether it had them all. Past its grace or not: `CollapseWatch`."""
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return {}
-    fresh = state.get("routers_from_init") if continued else layers
-    before = state.get("routers_steps_before") if continued else None
-    before = before if isinstance(before, dict) else {}
-    return {i: state["global_step"] + _steps(before.get(str(i))) for i in layers
-            if isinstance(fresh, list) and i in fresh}
+    if state.get("routers_named") is True:
+        fresh = state.get("routers_from_init")
+    elif continued is None:
+        return {}
+    else:
+        fresh = state.get("routers_from_init") if continued else layers
+    before = steps_before(state.get("routers_steps_before"))
+    return {i: step + before.get(i, 0) for i in layers if isinstance(fresh, list) and i in fresh}
+
+
+def steps_before(kept) -> dict[int, int]:
+    """A trainer state's `routers_steps_before` (str(layer): steps) by layer, read the one way for the directory a
+    run continues from and for the state it resumes: only whole positive step counts (a bool, a negative or a
+    fraction would move a grace's end; such an entry counts as none)."""
+    if not isinstance(kept, dict):
+        return {}
+    return {int(k): n for k, n in kept.items() if str(k).isdecimal() and _steps(n)}
 
 
 def _steps(n) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
+def _and(items, last: str = " and ") -> str:
+    """"a", "a and b", "a, b and c" (`last` before the last of several)."""
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])}{last}{items[-1]}"
 
 
 class CollapseWatch:
@@ -138,12 +159,15 @@ class CollapseWatch:
             where, judged = f"from step {self.from_step:g}", "its routing is"
         else:
             at_each = {at: [self.plain(i) for i in sorted(late) if late[i] == at] for at in sorted({*late.values()})}
-            where = " and ".join(f"from step {at:g} in {', '.join(names)}" for at, names in at_each.items())
+            where = _and([f"from step {at:g} in {_and(names)}" for at, names in at_each.items()],
+                         ", and " if any(len(names) > 1 for names in at_each.values()) else " and ")
             judged = "that layer is" if len(late) == 1 else "those layers are"
-        counted = " counting the steps it trained in the run this one continues" if any(
-            self.before.get(i, 0) for i in late) else ""
+        counted, less = [i for i in sorted(late) if i is not None and self.before.get(i, 0)], ""
+        if counted:  # those layers' grace ends earlier: by the steps they trained in the runs this one continues
+            who = ("it" if len(late) == 1 else "they") if len(counted) == len(late) else _and(map(self.plain, counted))
+            less = f", less the steps {who} trained before this run"
         return (f"routing is judged for a collapse {where}, where the grace of a router from random init ends"
-                f"{counted}, and warned of {SUSTAIN_STEPS} steps after: this run ends at step {max_steps}, so "
+                f"{less}, and warned of {SUSTAIN_STEPS} steps after: this run ends at step {max_steps}, so "
                 f"{judged} not judged; {SECTION}")
 
     def plain(self, layer: int) -> str:

@@ -52,7 +52,7 @@ class TrainLog:
         """A MoE layer collapsed onto one expert (`routing_watch`): a warning and a `routing_collapse` record,
         once per layer. Every rank sees the same shares (gathered over the ranks), so every rank's log agrees."""
         from pretrain_cli.models.moe_loss import router_terms
-        from pretrain_cli.training.routing_watch import CollapseWatch
+        from pretrain_cli.training.routing_watch import CollapseWatch, steps_before
 
         model = self.layout.raw_model
         watch = getattr(self, "_collapse_watch", None)
@@ -61,7 +61,8 @@ class TrainLog:
             watch = self._collapse_watch = CollapseWatch(cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_layers,
                                                          self.schedule.warmup_steps, cfg.num_hidden_layers,
                                                          from_init=self.state.routers_from_init if self.continued
-                                                         else True, before=self._routers_steps_before())
+                                                         else True,
+                                                         before=steps_before(self.state.routers_steps_before))
             if (note := watch.note(self.loop.max_steps)) is not None:
                 log.info(f"note: {note}")
         for layer, share in watch.see(per_layer, self.state.global_step):
@@ -71,11 +72,6 @@ class TrainLog:
                                                    "top_k": watch.top_k, "experts": watch.experts,
                                                    "moe_router_bias_update_rate": rate,
                                                    "router_aux_loss_coef": coef})
-
-    def _routers_steps_before(self) -> dict[int, int]:
-        """The trainer state's steps each router from init trained before this lineage, by layer (JSON keys: str)."""
-        kept = getattr(self.state, "routers_steps_before", None) or {}
-        return {int(k): n for k, n in kept.items() if str(k).isdigit() and isinstance(n, int)}
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""

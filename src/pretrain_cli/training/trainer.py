@@ -54,13 +54,15 @@ class Trainer(TrainLog):
         self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
         layers = getattr(getattr(layout.raw_model, "config", None), "expert_layers", None)
-        if self.continued and layers:  # (a resume's state then says what the run's first process found)
+        if layers:  # (a resume's state then says what the run's first process found)
             from pretrain_cli.training.routing_watch import routers_from_init
 
-            here = routers_from_init(layout.initialised, layers)  # from init in this run; those read counted on
+            # from init in this run (a run from init: all); those read still in their grace counted on
+            here = routers_from_init(layout.initialised, layers) if self.continued else list(layers)
             before = {i: n for i, n in layout.routers_before.items() if i not in here}
             self.state.routers_from_init = sorted({*here, *before})
             self.state.routers_steps_before = {str(i): n for i, n in before.items() if n}
+            self.state.routers_named = True
         self.last_eval: dict = {}
         self._marked: tuple | None = None  # (step, the writer's mark taken as that step began logging)
         self.process_seconds = 0.0  # training wall time of this process (not summed over restarts)

@@ -28,11 +28,15 @@ class TrainerState:
     interval_loss: float = 0.0  # losses since the last log line: a resume logs the same averages
     interval_steps: int = 0
     log_history: list = field(default_factory=list)
-    # continue_training: the MoE layers whose router started from init (`routing_watch.routers_from_init`, or a run
-    # of ours left it so: `routers_before`), and the steps those trained before this lineage (str(layer): steps),
-    # kept so a resumed process gives them the rest of the grace too
+    # the MoE layers whose router started from init in this lineage (a run from init: all; a continued one those
+    # the load took from init, `routing_watch.routers_from_init`, or a run of ours left so, `routers_before`), and
+    # the steps those trained before it (str(layer): steps), kept so a resumed process gives them the rest of the
+    # grace too, and a run continued from this state's directory learns it from the state alone
     routers_from_init: list = field(default_factory=list)
     routers_steps_before: dict = field(default_factory=dict)
+    # whether routers_from_init is that for a run from init too (False: a state from before, where such a run left
+    # it empty, and its directory's args.json says how the run began)
+    routers_named: bool = False
 
 
 @dataclass

@@ -120,19 +120,21 @@ class WeightSource:
 
     def _routers_before(self, meta, cfg) -> dict[int, int]:
         """The MoE layers whose router this directory holds as a run of ours left it still from init, with the steps
-        it trained there (`routing_watch.routers_before`: its record and trainer state say so; a directory no run of
-        ours wrote holds trained routers): a run continued from it gives them the rest of their grace."""
+        it trained since (`routing_watch.routers_before`: its trainer state says so, an older state with its
+        args.json; a directory no run of ours wrote holds trained routers): a run continued from it gives them the
+        rest of their grace."""
         from pretrain_cli.run_dir import STATE_FILE
         from pretrain_cli.training.routing_watch import ROUTER, routers_before
 
         layers = getattr(cfg, "expert_layers", None) or []
-        if not layers or meta.record is None or not (meta.path / STATE_FILE).is_file():
+        if not layers or not (meta.path / STATE_FILE).is_file():
             return {}
         try:
             state = meta.state
         except UserError:  # (an unreadable state: no step to count from, so the routers count as trained)
             return {}
-        found = routers_before(state, bool(meta.run("model", "continue_training")), layers)
+        continued = None if meta.record is None else bool(meta.run("model", "continue_training"))
+        found = routers_before(state, continued, layers)
         return {i: n for i, n in found.items() if self.holds(f"model.layers.{i}.{ROUTER}")}
 
     def _all_zero(self, name: str) -> bool:
