@@ -94,3 +94,15 @@ def test_epoch_strategies_evaluate_and_save_once_after_the_last_step_as_paddlenl
     with pytest.raises(UserError, match="save_strategy: epoch saves only the last step, so spike_policy: rollback has "
                                         "no checkpoint to roll back to; set save_strategy: steps"):
         resolve_run("--max_steps", "10", "--save_strategy", "epoch", "--spike_policy", "rollback")
+
+
+def test_paddlenlps_fused_linear_key_is_its_own_not_the_fused_loss(tmp_path):
+    """`use_fused_linear` (PaddleNLP's fused linear layer, its benchmark scripts set it) was answered "did you mean
+    use_fused_linear_cross_entropy": another feature. It parses with its note, like use_fused_dropout_add, and
+    leaves the fused head + loss as it was."""
+    args = parse_config(write(tmp_path, {**BASE, "use_fused_linear": True}))
+    assert args.extra["use_fused_linear"] is True and "use_fused_linear" not in args.to_dict()
+    r = resolve(args, model_config("micro-qwen2"), Target("cpu", 1, 0, 0, None))
+    note = next(n for n in r.notes if n.startswith("use_fused_linear:"))
+    assert "accepted but has no effect here" in note and "fused linear layer" in note
+    assert r.kernels.fused_loss == resolve_run().kernels.fused_loss
