@@ -30,14 +30,18 @@ def inference_target() -> Target:
 
 def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
     """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
-    as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an
-    argument file with no kernel keys resolves to here."""
+    as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an argument
+    file setting `use_flash_attention: true` resolves to here: what that path costs `train` (on CPU, fp32
+    probabilities kept for the backward) a forward alone never pays, and its CPU block kernel computes the losses
+    of the scores' path, faster; a GPU in fp32 keeps the math path by `train`'s own rule."""
     if run is not None:
         return run.kernels, run.device
     from pretrain_cli.config.compute import kernels_for
 
     target = inference_target()
-    return kernels_for(arguments if arguments is not None else parse_config(None, []), target), target.device
+    if arguments is None:
+        arguments = parse_config(None, ["--use_flash_attention", "true"])
+    return kernels_for(arguments, target), target.device
 
 
 def simulated_target(world_size: int) -> Target:
