@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,12 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
         merged = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
         atomic.write_json(previous, {**merged, **results})
         return
-    dtype = run.output.export_dtype
-    logging.getLogger("pretrain_cli").info(f"final export: {dtype} weights (export_dtype; its default auto: the "
-                                           f"half dtype of a bf16/fp16 run, float32 otherwise)")
-    _, note = write_weights(model, model_cfg, out, state["global_step"], dtype)
+    dtype, log, started = run.output.export_dtype, logging.getLogger("pretrain_cli"), time.perf_counter()
+    log.info(f"final export: writing {dtype} weights (export_dtype; its default auto: the half dtype of a bf16/fp16 "
+             f"run, float32 otherwise) to {out}")
+    files, note = write_weights(model, model_cfg, out, state["global_step"], dtype)
     if note:
-        logging.getLogger("pretrain_cli").info(note)
+        log.info(note)
     export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, state)
     atomic.write_json(out / "train_results.json",
@@ -49,6 +50,9 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     atomic.write_json(out / "all_results.json", results)
     atomic.write_json(out / run_dir.ARGS_FILE, record)
     write_loss_curve(out)
+    size = sum((out / f).stat().st_size for f in files) / 2**20
+    weights = files[0] if len(files) == 1 else f"{len(files)} transformers shards"
+    log.info(f"final export: written to {out} in {time.perf_counter() - started:.1f} s ({weights}, {size:,.1f} MiB)")
 
 
 FINAL_FILES = (run_dir.STATE_FILE, "train_results.json", "all_results.json", "loss_curve.png", "config.json",

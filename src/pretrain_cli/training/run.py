@@ -15,7 +15,7 @@ from pretrain_cli.distributed.launcher import watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
 from pretrain_cli.errors import UserError, is_out_of_memory
-from pretrain_cli.training import checkpoint, metrics, rank_exit, run_lock, same_run, startup
+from pretrain_cli.training import checkpoint, closing, metrics, rank_exit, run_lock, same_run, startup
 from pretrain_cli.training.run_end import FINAL_KINDS, exported, finish, nothing_to_train
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
@@ -97,6 +97,9 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
+        if r.parallel.is_rank0:  # the run's closing metrics as its export recorded them, and where its model is
+            closing.log_block(closing.recorded(r.output.output_dir))
+            log.info(closing.already_complete(r.output.output_dir, done))
         rank_exit.leave(comm, rank_exit.End.AGREED)  # (`comm.any`: every rank is here)
         return 0
     pretrained = spec.model_dir if r.model.continue_training else None
@@ -146,6 +149,9 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     with rank0_round(comm):
         export.write_final(r, model_cfg, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
                            results)
+    if r.loop.do_train:  # the log's last lines, now that the model is on disk
+        closing.log_block(closing.closing_metrics(results))
+        log.info(closing.finished(r.output.output_dir, trainer.state.global_step, r.output.export_dtype))
     comm.wait_until_seen()
     return 0
 

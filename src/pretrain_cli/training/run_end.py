@@ -9,7 +9,7 @@ from pathlib import Path
 from pretrain_cli import run_dir
 from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
-from pretrain_cli.training import checkpoint, rank_exit
+from pretrain_cli.training import checkpoint, closing, rank_exit
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError
@@ -17,7 +17,8 @@ from pretrain_cli.run_config import RunConfig
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
 
-FINAL_KINDS = ("eval", "test")  # what a run evaluates at its last step after the checkpoint (the final results)
+# what a run records at its last step after the checkpoint (its final results): its evaluations, its closing metrics
+FINAL_KINDS = ("eval", "test", closing.RECORD_KIND)
 
 
 def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | None:
@@ -37,10 +38,15 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
 
             message = stop_message(r.output, trainer.state.global_step)
             job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
+            if r.parallel.is_rank0:  # the metrics so far, then how to go on: the log's last lines
+                closing.log_block(closing.closing_metrics(train_results(trainer)))
+                message = closing.stopped(message, r.output.output_dir, trainer.state.global_step)
             log.warning(message)
             end = rank_exit.End.AGREED
         else:
             results = _final_results(r, trainer)
+            if r.loop.do_train:  # recorded once, at the end (not at a stop); said after the export (`training.run`)
+                trainer.record_closing(closing.closing_metrics(results))
     except (NonFiniteError, SpikeError) as e:  # decided on every rank at the same step: not a death
         # (a non-finite step: by the verdict `step.Step` agrees on over the ranks; a spike: by their mean loss)
         progress.mark("save", trainer.state.global_step)  # a background write in flight is given a save's time
@@ -129,6 +135,8 @@ def train_results(trainer) -> dict:
     loss = (s.loss_sum + s.interval_loss) / max(s.global_step, 1)  # (the steps after the last log line: a stop)
     return {"train_runtime": round(runtime_s, 4), "train_loss": loss,
             "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
+            "train_steps_per_second": round(s.global_step / runtime_s, 4),
+            "progress_or_epoch": round(s.global_step / trainer.loop.max_steps, 4),  # as the log line's
             # goodput: all tokens over all restarts' training time; and this launch's alone (all its ranks)
             "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,
             "effective_tokens_per_second_this_launch": round(here / max(trainer.process_seconds, 1e-9), 4),

@@ -78,6 +78,13 @@ class TrainLog:
         if self.writer is not None:
             self.writer.write(kind, self.state.global_step if step is None else step, values)
 
+    def record_closing(self, values: dict) -> None:
+        """The run's closing metrics (`training.closing`), once, at its end: in the kept history, which PaddleNLP's
+        log_history ends with too, and in metrics.jsonl and the trackers."""
+        from pretrain_cli.training.closing import RECORD_KIND
+
+        self._record(RECORD_KIND, values)
+
     def _record(self, kind: str, values: dict) -> None:
         self.state.log_history.append({"kind": kind, "step": self.state.global_step, **values})
         del self.state.log_history[:-200]

@@ -1,0 +1,84 @@
+"""What `train` says last, on rank 0 and once: the run's closing metrics as PaddleNLP's Trainer prints them
+(`***** train metrics *****`, its names, its number and time formats, keys sorted: `log_metrics`), then one line
+saying where the model is and what to run on it next. A user coming from PaddleNLP looks for that block to know the
+run is over and how it went; without it the last line was the final export's, logged before the export was written.
+
+Three ends say it, each what is true of it: a finished run (after its export is on disk: the model's directory and
+the commands for it), a run stopped by a signal (its metrics so far; no final model, the checkpoint to resume from),
+and a run found already complete (the metrics its export recorded, read back from train_results.json). The closing
+metrics are recorded once, by the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and
+the trackers: a `train` record there is a log line's, which every reader of the loss curve takes for one.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from pathlib import Path
+
+from pretrain_cli.training.metrics import log
+
+CLOSING_KEYS = ("progress_or_epoch", "train_loss", "train_runtime", "train_samples_per_second",
+                "train_steps_per_second")  # PaddleNLP's closing metrics (its `speed_metrics("train")` + loss, epoch)
+RECORD_KIND = "train_metrics"  # metrics.jsonl's kind for them (trackers: `train_metrics/train_loss`, ...)
+
+
+def closing_metrics(results: dict) -> dict:
+    """The closing keys of `results` (train_results.json's keys, `run_end.train_results`), those it holds."""
+    return {k: results[k] for k in CLOSING_KEYS if k in results}
+
+
+def _runtime(secs: float) -> str:
+    """PaddleNLP's `_secs2timedelta`: h:mm:ss and hundredths, truncated (12.345 s -> 0:00:12.34)."""
+    return f"{datetime.timedelta(seconds=int(secs))}.{int(abs(secs - int(secs)) * 100):02d}"
+
+
+def block(metrics: dict) -> list[str]:
+    """The lines of PaddleNLP's `log_metrics("train", metrics)`: its `metrics_format` (a runtime as h:mm:ss.hh, a
+    float to 4 decimals), keys sorted, both columns aligned."""
+    shown = {k: _runtime(v) if "_runtime" in k else round(v, 4) if isinstance(v, float) else v
+             for k, v in metrics.items()}
+    k_width = max(len(str(k)) for k in shown)
+    v_width = max(len(str(v)) for v in shown.values())
+    return ["***** train metrics *****", *(f"  {k: <{k_width}} = {shown[k]:>{v_width}}" for k in sorted(shown))]
+
+
+def log_block(metrics: dict) -> None:
+    for line in block(metrics) if metrics else ():
+        log.info(line)
+
+
+def next_commands(model: str) -> str:
+    """The commands that read the model directory (or run directory) `model`, as they are typed."""
+    q = shlex.quote(model)
+    return (f"pretrain-cli eval --model {q}; pretrain-cli generate --model {q} --prompt 'Hello'; in Python, "
+            f"transformers.AutoModelForCausalLM.from_pretrained({json.dumps(model)})")
+
+
+def finished(output_dir, step: int, dtype: str) -> str:
+    """The last line of a run that wrote its final model (after it is on disk)."""
+    return (f"train: done at step {step}; the final model, Hugging Face format ({dtype} weights), is in {output_dir}: "
+            f"{next_commands(str(output_dir))}")
+
+
+def already_complete(output_dir, step: int) -> str:
+    """The last line of a run that found its final model already written (nothing trained now)."""
+    return (f"train: nothing trained now; the final model of step {step}, Hugging Face format, an earlier launch "
+            f"wrote, is in {output_dir}: {next_commands(str(output_dir))}")
+
+
+def stopped(message: str, output_dir, step: int) -> str:
+    """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends: `eval` and `generate`
+    take a run directory without a final model for its newest checkpoint."""
+    q = shlex.quote(str(output_dir))
+    return (f"{message}; no final model yet: pretrain-cli eval --model {q} and pretrain-cli generate --model {q} "
+            f"read checkpoint-{step} meanwhile")
+
+
+def recorded(output_dir) -> dict:
+    """The closing metrics a complete run's export wrote (train_results.json; {} if unreadable)."""
+    try:
+        results = json.loads((Path(output_dir) / "train_results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return closing_metrics(results) if isinstance(results, dict) else {}
