@@ -53,17 +53,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with document masking: RoPE positions restart at each document (default: true for "
                              "--data; with --config the run's own setting, which this overrides)")
     parser.add_argument("--seed", type=int, default=42,
-                        help="init seed when --model has no weights (default: %(default)s)")
+                        help="init seed when --model has no weights (a config.json alone, a preset), as `train` "
+                             "seeds a new model: the run's seed default (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary line")
 
 
-def _model_config(name: str):
-    """(model_dir, cfg) without Paddle, so a bad --model fails in well under a second."""
+def _model_config(name: str, length: int):
+    """(model_dir, cfg) without Paddle, so a bad --model fails in well under a second; weights in files not read
+    (pytorch_model.bin) are refused here, never evaluated at random init, and a config.json beside weights is
+    judged as pretrained (windows of `length` tokens)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models.config import ModelConfig
+    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.foreign_weights import refuse_unread
 
     model_dir = str(resolve_model_dir(name, key="--model"))
-    return model_dir, ModelConfig.from_file(model_dir)
+    refuse_unread(model_dir, "--model")
+    return model_dir, ModelConfig.from_file(model_dir, pretrained=has_weights(model_dir), length=length)
 
 
 def _past_positions(cfg, model_dir: str, length: int, source: str) -> None:
@@ -75,6 +81,15 @@ def _past_positions(cfg, model_dir: str, length: int, source: str) -> None:
 
     if past := past_positions(cfg, length, source, trained=CheckpointDir(model_dir).trained_length):
         print(f"note: {past}", file=sys.stderr)
+
+
+def _random_init(name: str, model_dir: str, source: str, seed: int) -> None:
+    """Said on stderr before any number when the model has no weights (a config.json alone, a preset)."""
+    if source != "trained weights":
+        from pretrain_cli.config.presets import is_preset
+        from pretrain_cli.models.foreign_weights import random_init_note
+
+        print(random_init_note(name, is_preset(model_dir), seed), file=sys.stderr)
 
 
 def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
@@ -156,7 +171,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
-    model_dir, cfg = _model_config(model_name)
+    model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length)
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
         print(note, file=sys.stderr)
@@ -166,6 +181,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
+    _random_init(model_name, model_dir, source, ns.seed)
     t0 = time.perf_counter()
     # what the run's own evaluation read: its iterations' global batches, on each of its data ranks a slice
     per_rank, ranks = lp.eval_iters if ns.split == "valid" else lp.test_iters, data_ranks(ns.config)
@@ -241,7 +257,7 @@ def main(ns: argparse.Namespace) -> int:
     if (len(tokens) - 1) // ns.max_seq_length < 1:
         raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
-    model_dir, cfg = _model_config(ns.model)
+    model_dir, cfg = _model_config(ns.model, ns.max_seq_length)
     _past_positions(cfg, model_dir, ns.max_seq_length, source)
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)
@@ -255,6 +271,7 @@ def main(ns: argparse.Namespace) -> int:
                             else ns.reset_position_ids == "true"):
         print(note, file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
+    _random_init(ns.model, model_dir, source, ns.seed)
     t0 = time.perf_counter()
     ns.batch_size = 4 if ns.batch_size is None else ns.batch_size
     n_windows, n_batches = window_count(len(tokens), ns.max_seq_length, ns.batch_size, ns.max_batches)

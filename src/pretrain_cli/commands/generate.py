@@ -46,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top_p", type=float, default=1.0,
                         help="nucleus sampling: the smallest set of tokens with this probability mass "
                              "(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="sampling seed, and init seed for a preset; in [0, 2^32) (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="sampling seed, and init seed for a model without weights (a config.json alone, a "
+                             "preset), as `train` and `eval` seed one: the run's seed default; in [0, 2^32) "
+                             "(default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
 
@@ -150,6 +152,9 @@ def main(ns: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     model_dir = resolve_model_dir(name, key="--model")
+    from pretrain_cli.models.foreign_weights import random_init_note, refuse_unread
+
+    refuse_unread(model_dir, "--model")  # weights in files not read: refused, never generated from at random init
     args = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
     no_effect(list(getattr(ns, "overrides", None) or []), "generate")  # only the kernels: said, not ignored
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
@@ -166,11 +171,19 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.generation import context_window, generate
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
-    cfg = ModelConfig.from_file(str(model_dir))
+    from pretrain_cli.models.convert import has_weights
+
+    # pretrained weights are judged at the longest context generation reaches (a prompt and its new tokens)
+    cfg = ModelConfig.from_file(str(model_dir), pretrained=has_weights(model_dir),
+                                length=max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens)
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
+    if source != "trained weights":  # said once, before any text
+        from pretrain_cli.config.presets import is_preset
+
+        print(random_init_note(name, is_preset(model_dir), ns.seed), file=sys.stderr)
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")

@@ -123,8 +123,11 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ HF dict I/O
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "config.json") -> "ModelConfig":
-        """Accept both transformers 4 (`rope_theta`/`rope_scaling`) and 5 (`rope_parameters`)."""
+    def from_dict(cls, d: dict[str, Any], source: str = "config.json", pretrained: bool = False,
+                  length: int | None = None) -> "ModelConfig":
+        """Accept both transformers 4 (`rope_theta`/`rope_scaling`) and 5 (`rope_parameters`). `pretrained`: the
+        directory's weights are read (continue_training, eval, generate), run at sequences of up to `length`
+        tokens (None: unknown), so a refusal never advises changing the architecture they were trained with."""
         d = dict(d)
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -146,8 +149,9 @@ class ModelConfig:
         d["rope_scaling"] = scaling
         if "dtype" in d and "torch_dtype" not in d:
             d["torch_dtype"] = d["dtype"]
-        if d.get("use_sliding_window"):
-            raise UserError(f"{source}: use_sliding_window=true is not supported; set it to false")
+        config_checks.sliding_window(d, source, pretrained, length)
+        if pretrained:
+            config_checks.quantized(d.get("quantization_config"), source)
         layer_types = d.get("layer_types")
         if layer_types is not None:  # transformers 5 (Qwen2/Qwen3): one attention kind per layer
             if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
@@ -184,12 +188,12 @@ class ModelConfig:
             cfg = cls(**known, extra=extra, defaulted=defaulted)
         except TypeError as e:  # pragma: no cover - defensive
             raise UserError(f"{source}: {e}") from None
-        cfg.validate(source)
+        cfg.validate(source, pretrained)
         return cfg
 
     @classmethod
-    def from_file(cls, path: str) -> "ModelConfig":
-        """`path` is a `config.json` or a directory holding one."""
+    def from_file(cls, path: str, pretrained: bool = False, length: int | None = None) -> "ModelConfig":
+        """`path` is a `config.json` or a directory holding one (`pretrained`, `length`: as `from_dict`'s)."""
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
@@ -199,7 +203,7 @@ class ModelConfig:
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: invalid JSON ({e})") from None
-        cfg = cls.from_dict(d, source=path)
+        cfg = cls.from_dict(d, source=path, pretrained=pretrained, length=length)
         cfg.generation = read_generation(os.path.dirname(path))
         return cfg
 
@@ -245,9 +249,9 @@ class ModelConfig:
         return out
 
     # ------------------------------------------------------------------ checks
-    def validate(self, source: str = "config.json") -> None:
+    def validate(self, source: str = "config.json", pretrained: bool = False) -> None:
         """One-line UserErrors for architectures the model code cannot build (`models.config_checks`)."""
-        config_checks.validate(self, source)
+        config_checks.validate(self, source, pretrained)
 
     def is_sparse_layer(self, idx: int) -> bool:
         """Whether decoder layer `idx` (0-based) holds the MoE block (transformers' rules: Qwen2-/Qwen3-MoE by

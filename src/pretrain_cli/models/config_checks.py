@@ -60,8 +60,72 @@ def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "confi
                             f"has no {near[0]}, so {fallback} would be used): rename {key} to {near[0]}")
 
 
-def validate(cfg: "ModelConfig", source: str = "config.json") -> None:
-    """One-line UserErrors for architectures the model code cannot build."""
+def _window_layers(d: dict) -> tuple[int | None, list[int]]:
+    """(window, the layers that have it) of a config.json with `use_sliding_window: true`, as transformers 5's
+    configuration classes read it: Qwen2/Qwen3 from layer `max_window_layers` on (or the layers `layer_types` names
+    sliding_attention), Qwen2-MoE the even layers below it, Qwen3-MoE every layer; its other families (Llama,
+    DeepSeek) have none. A layer with the window masks a key `window` or more positions before its query
+    (masking_utils.sliding_window_overlay: kv_idx > q_idx - window), so sequences of up to `window` tokens are
+    never masked by it."""
+    window, model_type = d.get("sliding_window", 4096), d.get("model_type")
+    n, types, first = d.get("num_hidden_layers"), d.get("layer_types"), d.get("max_window_layers", 28)
+    if not isinstance(window, int) or not isinstance(n, int) or not isinstance(first, int):
+        return None, []
+    if model_type in ("qwen2", "qwen3", "qwen2_moe") and isinstance(types, list):
+        return window, [i for i, t in enumerate(types) if t == "sliding_attention"]
+    layers = {"qwen2": [i for i in range(n) if i >= first], "qwen3": [i for i in range(n) if i >= first],
+              "qwen2_moe": [i for i in range(n) if (i + 1) % 2 and i < first], "qwen3_moe": list(range(n))}
+    return window, layers.get(model_type, [])
+
+
+def sliding_window(d: dict, source: str, pretrained: bool, length: int | None) -> None:
+    """`use_sliding_window: true` is refused (attention here reaches every earlier token). A new model is built
+    without it; pretrained weights keep the architecture they were trained with, so for them the line says
+    whether the run's sequences (`length` tokens) ever reach the window, where full attention is another model."""
+    if not d.get("use_sliding_window"):
+        return
+    if not pretrained:
+        raise UserError(f"{source}: use_sliding_window=true is not supported; set it to false")
+    said = (f"{source}: use_sliding_window: true is not supported for this pretrained model (attention here reaches "
+            f"every earlier token)")
+    window, layers = _window_layers(d)
+    if window is None or not layers:
+        raise UserError(f"{said}; as transformers reads this config.json no layer has a window, so the model is the "
+                        f"same with use_sliding_window: false: set that in a copy of the directory")
+    span = f"{layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1 \
+        else ", ".join(map(str, layers))
+    where = f"layer{'s' * (len(layers) > 1)} {span} of {d.get('num_hidden_layers')} attend to the last {window} tokens"
+    if length is not None and length <= window:
+        raise UserError(f"{said}: {where}, and sequences of {length} tokens never reach that window (transformers "
+                        f"masks only keys {window} or more positions back), so at this length the model is the same "
+                        f"with use_sliding_window: false: set that in a copy of the directory to run it here (past "
+                        f"{window} tokens the copy is another model)")
+    reach = f"sequences of {length} tokens reach" if length is not None else "sequences reach"
+    raise UserError(f"{said}: {where}, and {reach} past that window, where attending to every earlier token is "
+                    f"another model than the one its weights were trained as; use sequences of at most {window} "
+                    f"tokens, or a model without a sliding window")
+
+
+# quantization_config's methods whose weights are read: DeepSeek-V3's block FP8 (`storage.fp8`, dequantized on load)
+READ_QUANTIZATION = ("fp8",)
+
+
+def quantized(quantization_config, source: str) -> None:
+    """Pretrained weights quantized by GPTQ, AWQ, bitsandbytes ... are packed integers with scales (`qweight`,
+    `qzeros`), not the fp tensors a model here is built from: refused in one line, before any tensor is read."""
+    if not isinstance(quantization_config, dict):
+        return
+    method = quantization_config.get("quant_method")
+    if method in READ_QUANTIZATION:
+        return
+    raise UserError(f"{source}: quantization_config (quant_method {method!r}) says the weights are quantized "
+                    f"(packed integers with scales, not plain fp tensors), which is not read here; use the "
+                    f"unquantized model (the one it was quantized from, in bf16 or fp32 safetensors)")
+
+
+def validate(cfg: "ModelConfig", source: str = "config.json", pretrained: bool = False) -> None:
+    """One-line UserErrors for architectures the model code cannot build (`pretrained`: weights are read, so no
+    line advises another architecture for them)."""
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(
             f"{source}: model_type {cfg.model_type!r} is not supported; "
@@ -94,6 +158,10 @@ def validate(cfg: "ModelConfig", source: str = "config.json") -> None:
         _validate_moe(cfg, source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
         if cfg.mla:
             _validate_deepseek_moe(cfg, source)
+    if cfg.hidden_act != "silu" and pretrained:
+        raise UserError(f"{source}: hidden_act {cfg.hidden_act!r} is not supported for this pretrained model: its MLP "
+                        f"was trained with {cfg.hidden_act}, and the MLP here is SwiGLU (silu) only; use a model "
+                        f"whose hidden_act is \"silu\"")
     if cfg.hidden_act != "silu":
         raise UserError(f"{source}: hidden_act {cfg.hidden_act!r} is not supported; use \"silu\"")
     if cfg.rope_scaling is not None:

@@ -221,10 +221,9 @@ def find_weights(src_dir) -> list[str]:
     found = sorted(glob.glob(os.path.join(src_dir, "*.safetensors")))
     if found:
         return found
-    if glob.glob(os.path.join(src_dir, "*.pdparams")):  # PaddleNLP without unified_checkpoint: pickle, never read
-        raise UserError(f"{src_dir}: holds PaddleNLP .pdparams (pickle), which is not read; save it as safetensors "
-                        f"(PaddleNLP `unified_checkpoint: true`, or "
-                        f"`model.save_pretrained(dir, safe_serialization=True)`)")
+    from pretrain_cli.models.foreign_weights import refuse_unread
+
+    refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
 
 

@@ -22,6 +22,10 @@ def build_model_config(args: Arguments):
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     model_dir = resolve_model_dir(args.model.model_name_or_path)
+    if args.model.continue_training:  # weights in files not read (pytorch_model.bin): named, with the conversion
+        from pretrain_cli.models.foreign_weights import refuse_unread
+
+        refuse_unread(model_dir, "model_name_or_path")
     path = model_dir / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -53,9 +57,11 @@ def build_model_config(args: Arguments):
         whose = " (transformers' default: config.json leaves it out)" if left_out else ""
         args.rewritten += (f"max_position_embeddings: raised from {limit}{whose} to max_seq_length {seq} for the "
                            f"new model, whose positions are the ones it trains on (as in PaddleNLP)",)
-    cfg = ModelConfig.from_dict(raw, source=str(path))
+    pretrained = bool(args.model.continue_training)  # (its refusals never advise another architecture)
+    cfg = ModelConfig.from_dict(raw, source=str(path), pretrained=pretrained,
+                                length=seq if isinstance(seq, int) else None)
     cfg.generation = read_generation(model_dir)  # (a preset has none)
-    cfg.validate()
+    cfg.validate(pretrained=pretrained)
     if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
         # under llama3/yarn scaling it is part of the frequencies (transformers reads it as
@@ -108,9 +114,15 @@ def open_tokenizer(args: Arguments, model_cfg):
 
     tok = load_tokenizer(tok_dir)
     if model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
-        raise UserError(f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the "
-                        f"model's vocab_size is {model_cfg.vocab_size}; build the model to the tokenizer's size "
-                        f"with --vocab_size {tok.vocab_size} (the key vocab_size), or use a smaller tokenizer")
+        said = (f"tokenizer_name_or_path: the tokenizer in {tok_dir} has {tok.vocab_size} tokens but the model's "
+                f"vocab_size is {model_cfg.vocab_size}")
+        if args.model.continue_training:  # vocab_size resizes a new model only (`build_model_config` refuses it)
+            raise UserError(f"{said}, the size of its pretrained weights; resize them with transformers "
+                            f"(`model.resize_token_embeddings({tok.vocab_size})`, then `save_pretrained`) and "
+                            f"continue from that directory, or use a tokenizer of at most {model_cfg.vocab_size} "
+                            f"tokens (the model's own, without tokens added to it)")
+        raise UserError(f"{said}; build the model to the tokenizer's size with --vocab_size {tok.vocab_size} (the key "
+                        f"vocab_size), or use a smaller tokenizer")
     return tok_dir, tok
 
 

@@ -1,0 +1,111 @@
+"""A model directory whose weights are in files not read here (pytorch_model.bin, its shards, GGUF, .pdparams):
+every command that would use them refuses in one line naming the files and the conversion, never runs the model
+at random init; a directory without weights at all (a config.json alone) runs at random init on purpose, said once
+on stderr, with the run's seed default (42) in `eval` and `generate` alike."""
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli import runtime
+
+paddle = runtime.import_paddle()
+
+from pretrain_cli.commands import eval as evaluate  # noqa: E402
+from pretrain_cli.errors import UserError  # noqa: E402
+from pretrain_cli.models.config import ModelConfig  # noqa: E402
+from pretrain_cli.models.foreign_weights import refuse_unread, unread_weights  # noqa: E402
+from pretrain_cli.orchestration.prepare import prepare  # noqa: E402
+from pretrain_cli.run_config import Target  # noqa: E402
+from data_helpers import make_tokenizer, write_tokens  # noqa: E402
+
+CFG = dict(model_type="qwen2", vocab_size=320, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+CONVERSION = "M.from_pretrained(d).save_pretrained(d, safe_serialization=True)"
+
+
+def _snapshot(d: Path, *files: str) -> str:
+    """An HF snapshot: config.json, a tokenizer, and `files` (empty: only their names are judged)."""
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(ModelConfig(**CFG).to_hf_dict()))
+    make_tokenizer(d)
+    for name in files:
+        (d / name).write_bytes(b"")
+    return str(d)
+
+
+def _eval_ns(**kw):
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    return parser.parse_args([a for k, v in kw.items() for a in (f"--{k}", str(v))])
+
+
+def _generate(capsys, *argv):
+    from pretrain_cli.cli import main as cli_main
+
+    code = cli_main(["generate", *argv])
+    return code, capsys.readouterr()
+
+
+def test_which_files_are_unread_weights(tmp_path):
+    shards = _snapshot(tmp_path / "shards", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
+                       "pytorch_model.bin.index.json", "training_args.bin")
+    assert unread_weights(shards) == ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
+    beside = _snapshot(tmp_path / "both", "pytorch_model.bin", "model.safetensors")  # the safetensors are read
+    assert unread_weights(beside) == []
+    trainer = _snapshot(tmp_path / "trainer", "training_args.bin", "optimizer.pt", "rng_state_0.pth")
+    assert unread_weights(trainer) == []  # a trainer's states are no weights
+
+
+def test_eval_refuses_pytorch_weights_instead_of_a_random_init(tmp_path):
+    """The old code evaluated hub/Qwen2-bin at random init (loss = ln(vocab)) and exited 0."""
+    prefix = write_tokens(tmp_path / "c", vocab_size=CFG["vocab_size"])
+    d = _snapshot(tmp_path / "Qwen2-bin", "pytorch_model.bin")
+    with pytest.raises(UserError) as e:
+        evaluate.main(_eval_ns(model=d, data=prefix, max_seq_length=16))
+    said = str(e.value)
+    assert said.startswith(f"--model: {d} holds weights in pytorch_model.bin, which pretrain-cli does not read")
+    assert CONVERSION in said and f"d = '{d}'" in said and "\n" not in said
+
+
+def test_generate_refuses_them_in_text_and_json_alike(tmp_path, capsys):
+    d = _snapshot(tmp_path / "Qwen2-bin", "pytorch_model.bin")
+    for json_flag in ((), ("--json",)):
+        code, out = _generate(capsys, "--model", d, "--prompt", "hello", "--max_new_tokens", "2", *json_flag)
+        assert code == 2 and out.out == "" and "pytorch_model.bin" in out.err and CONVERSION in out.err
+        assert "random init" not in out.err and "Traceback" not in out.err
+
+
+def test_continue_training_names_the_key_and_the_conversion(tmp_path):
+    """`check`/`train` stopped at "no model.safetensors ...; point to a directory with HF safetensors"."""
+    d = _snapshot(tmp_path / "Qwen2-bin", "pytorch_model.bin")
+    write_tokens(tmp_path / "data", vocab_size=CFG["vocab_size"])
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"model_name_or_path": d, "continue_training": 1, "output_dir": str(tmp_path / "o"),
+                                "input_dir": str(tmp_path / "data"), "max_steps": 1, "max_seq_length": 16}))
+    with pytest.raises(UserError) as e:
+        prepare(str(args), [], Target())
+    assert str(e.value).startswith(f"model_name_or_path: {d} holds weights in pytorch_model.bin")
+    assert CONVERSION in str(e.value)
+
+
+def test_gguf_is_converted_through_its_file(tmp_path):
+    d = _snapshot(tmp_path / "gguf", "model-Q8_0.gguf")
+    with pytest.raises(UserError, match=r"M\.from_pretrained\(d, gguf_file='model-Q8_0\.gguf'\)\.save_pretrained"):
+        refuse_unread(d, "--model")
+
+
+def test_a_config_json_alone_is_a_random_init_said_once_with_one_seed(tmp_path, capsys):
+    """The old code said "random init (seed 42)" only inside eval's result line, nothing in generate's text and
+    "random init (seed 0)" in its JSON: a different model from eval's."""
+    prefix = write_tokens(tmp_path / "c", vocab_size=CFG["vocab_size"])
+    d = _snapshot(tmp_path / "noweights")
+    note = f"note: --model {d} holds no weights (a config.json alone): it runs at random init (seed 42)"
+    assert evaluate.main(_eval_ns(model=d, data=prefix, max_seq_length=16, max_batches=1)) == 0
+    err = capsys.readouterr().err
+    assert err.count(note) == 1
+    code, out = _generate(capsys, "--model", d, "--prompt", "hello", "--max_new_tokens", "2")
+    assert code == 0 and out.err.count(note) == 1 and "note" not in out.out
+    code, out = _generate(capsys, "--model", d, "--prompt", "hello", "--max_new_tokens", "2", "--json")
+    assert code == 0 and json.loads(out.out)["model_weights"] == "random init (seed 42)"
