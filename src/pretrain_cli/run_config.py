@@ -101,18 +101,19 @@ class Schedule:
     def describe(self) -> str:
         """What `lr_at` does, in one phrase (the resolved `schedule:` line, the resume note), its steps counted as the
         run counts them (a restarted schedule's from its start step): a constant schedule and a warmup that fills
-        the run (one clipped to max_steps) decay to nothing, so their phrase names no decay."""
+        the run (one clipped to max_steps) decay to nothing, so their phrase names no decay. Every phrase names the
+        peak rate: two schedules that differ only in learning_rate (a resume with another) read the same without."""
         start = f" from step {self.start_step}" if self.start_step else ""
-        w, end = self.warmup_steps, self.start_step + self.decay_steps
+        w, end, peak = self.warmup_steps, self.start_step + self.decay_steps, f"peak {self.max_lr:g}"
         if self.kind == "warmup_stable_decay":
-            return (f"warmup_stable_decay{start}, warmup {w}, stable to step "
+            return (f"warmup_stable_decay{start}, warmup {w}, {peak}, stable to step "
                     f"{self.start_step + self.decay_start}, {self.decay_shape} decay to {self.min_lr:g} by step {end}")
         if self.kind in ("constant", "constant_with_warmup"):
             return f"{self.kind}{start}, warmup {w}, then {self.max_lr:g}" if w > 0 else \
                 f"{self.kind}{start} at {self.max_lr:g}"
         if w >= self.decay_steps:  # lr_at: warmup to max_lr at step w; no step of decay before the run ends
             return f"{self.kind}{start}, warmup {w}: rises to {self.max_lr:g} by step {self.start_step + w}, no decay"
-        return f"{self.kind}{start}, warmup {w}, decay to {self.min_lr:g} by step {end}"
+        return f"{self.kind}{start}, warmup {w}, {peak}, decay to {self.min_lr:g} by step {end}"
 
 
 @dataclass(frozen=True)

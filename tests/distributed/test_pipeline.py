@@ -114,6 +114,14 @@ def test_each_stage_writes_its_own_tensors_and_ties_stay_one_tensor(runs, ref):
     per_rank = [r for r in held if r["kind"] == "layout"][0]["per_rank"]
     whole = sum(v.size for v in read_weights(rout).values()) * 4
     assert len(per_rank) == 4 and all(r["parameters"] < 0.8 * whole for r in per_rank)  # each stage holds its part
+    # each stage's tensors whole: the checkpoint is what transformers loads as it is (model.safetensors.index.json)
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    weights = read_checkpoint(ckpt, "weights")
+    for name, param in hf.named_parameters():
+        np.testing.assert_array_equal(param.detach().numpy(), weights[name])
 
 
 # saved under -> resumed under; the 8-layer model's checkpoints against its own reference ("ref8"), pp2_doc's resumed

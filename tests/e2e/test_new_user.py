@@ -43,8 +43,8 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
     # continuing it with a longer schedule says how the schedule changes, before training
     assert cli_main(["check", cfg, "--max_steps", "8"]) == 0
     note = [ln for ln in capsys.readouterr().out.splitlines() if "note: schedule:" in ln]
-    assert len(note) == 1 and "checkpoint-6 was trained on cosine, warmup 2, decay to 0.0004 by step 6" in note[0]
-    assert "stretched to this run's: cosine, warmup 2, decay to 0.0004 by step 8" in note[0]
+    assert len(note) == 1 and "checkpoint-6 was trained on cosine, warmup 2, peak 0.004, decay to 0.0004 by step 6" in note[0]
+    assert "stretched to this run's: cosine, warmup 2, peak 0.004, decay to 0.0004 by step 8" in note[0]
 
     # a second run while another holds the directory: refused with one line naming it, nothing written
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -61,7 +61,7 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
 
     # the holder is gone: its lock is stale; keep the saved schedule, so the extra steps run at min_learning_rate
     assert cli_main(["train", cfg, "--max_steps", "8", "--lr_schedule_on_resume", "keep"]) == 0
-    assert "; kept: cosine, warmup 2, decay to 0.0004 by step 6" in capsys.readouterr().out
+    assert "; kept: cosine, warmup 2, peak 0.004, decay to 0.0004 by step 6" in capsys.readouterr().out
     lrs = {r["step"]: r["learning_rate"] for r in _rows(out) if r["kind"] == "train"}
     assert lrs[7] == lrs[8] == 0.0004 and lrs[6] == 0.0004
     assert not (out / run_lock.LOCK_FILE).exists()
@@ -71,8 +71,8 @@ def test_finished_run_rerun_continue_second_run_and_check(corpus, tmp_path, caps
     assert cli_main(["check", cfg, "--max_steps", "12", "--warmup_steps", "1", "--lr_schedule_on_resume",
                      "restart"]) == 0
     printed = capsys.readouterr().out
-    assert "restarted: cosine from step 8, warmup 1, decay to 0.0004 by step 12" in printed
-    assert "  schedule: cosine from step 8, warmup 1, decay to 0.0004 by step 12; " in printed
+    assert "restarted: cosine from step 8, warmup 1, peak 0.004, decay to 0.0004 by step 12" in printed
+    assert "  schedule: cosine from step 8, warmup 1, peak 0.004, decay to 0.0004 by step 12; " in printed
 
 
 def test_a_resume_with_another_batch_counts_the_tokens_the_run_reads(corpus, tmp_path, capsys):

@@ -84,6 +84,9 @@ def test_every_readme_command_runs_after_the_quickstart(demo, monkeypatch, capsy
         elif argv[0] == "pretrain-cli":
             assert cli_main(argv[1:]) == 0, argv
             kinds.append(argv[1])
+            if argv[1] == "check" and "--world_size" in argv:  # a new run's arithmetic, not the quickstart's resumed
+                said = capsys.readouterr().out
+                assert "; random init" in said and "batch: 2 x acc 1 x 4 data ranks = 8 sequences" in said, said
         elif argv[0] == "visualdl":
             logdir = demo / argv[argv.index("--logdir") + 1]
             assert any(p.name.startswith("vdlrecords.") for p in logdir.iterdir()) and "--language" in argv

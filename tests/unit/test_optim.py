@@ -35,7 +35,8 @@ def test_the_schedule_s_phrase_says_what_lr_at_does():
     """The resolved `schedule:` line and the resume note: a constant schedule, and a warmup that fills the run (the
     demo's warmup 20 clipped to --max_steps 10), decay to nothing, where the phrase said 'decay to 0.0003 by step
     10'; a restarted schedule counts its steps as the run does."""
-    assert Schedule("cosine", 3e-3, 3e-4, 20, 400).describe() == "cosine, warmup 20, decay to 0.0003 by step 400"
+    assert Schedule("cosine", 3e-3, 3e-4, 20, 400).describe() == \
+        "cosine, warmup 20, peak 0.003, decay to 0.0003 by step 400"
     whole = Schedule("cosine", 3e-3, 3e-4, 10, 10)
     assert whole.describe() == "cosine, warmup 10: rises to 0.003 by step 10, no decay"
     assert [whole.lr_at(t) for t in (5, 10)] == pytest.approx([1.5e-3, 3e-3])  # what the phrase says
@@ -43,7 +44,7 @@ def test_the_schedule_s_phrase_says_what_lr_at_does():
     assert Schedule("constant_with_warmup", 3e-3, 3e-4, 20, 400).describe() == \
         "constant_with_warmup, warmup 20, then 0.003"
     restarted = Schedule("cosine", 3e-3, 3e-4, 5, 25, start_step=15)
-    assert restarted.describe() == "cosine from step 15, warmup 5, decay to 0.0003 by step 40"
+    assert restarted.describe() == "cosine from step 15, warmup 5, peak 0.003, decay to 0.0003 by step 40"
     assert restarted.lr_at(40) == pytest.approx(3e-4) and restarted.lr_at(39) > 3e-4
 
 

@@ -85,8 +85,8 @@ def test_a_resumed_schedule_stretches_keeps_or_restarts_and_says_which(tmp_path)
     stretched = resume_schedule(new, ckpt, "stretch")
     assert stretched.schedule == new.schedule and stretched.schedule.lr_at(101) > 3 * old.schedule.lr_at(100)
     [note] = [n for n in stretched.notes if n.startswith("schedule:")]
-    assert "trained on cosine, warmup 10, decay to 3e-05 by step 100; stretched to this run's: cosine, warmup 10, " \
-           "decay to 3e-05 by step 150" in note and "lr_schedule_on_resume: keep or restart" in note
+    assert "trained on cosine, warmup 10, peak 0.0003, decay to 3e-05 by step 100; stretched to this run's: cosine, " \
+           "warmup 10, peak 0.0003, decay to 3e-05 by step 150" in note and "lr_schedule_on_resume: keep or restart" in note
     kept = resume_schedule(new, ckpt, "keep").schedule
     assert kept == old.schedule and kept.lr_at(120) == pytest.approx(3e-5)
     restarted = resume_schedule(new, ckpt, "restart").schedule

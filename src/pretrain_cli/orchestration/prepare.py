@@ -59,14 +59,19 @@ class RunSpec:
         choice once joined (`training.same_run.resume`), and `train`'s fallback when the files of the checkpoint
         chosen here were found altered while reading them. The resume's decisions (compatibility, batch, schedule,
         router bias) are made again for the checkpoint it now resumes from, as `prepare` made them for the first."""
-        from pretrain_cli.training.checkpoint import check_compatible
+        from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
 
         saved = CheckpointDir(path) if path is not None else None
         if saved is not None:
             check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, bool(self.run.output.resume_from))
+            check_tokenizer(saved, self.tokenizer, self.prefixes())
         args, run = _resumed(self, saved)
         return replace(self, resume=Path(path) if path is not None else None, args=args, run=run,
                        resumed_at=_progress(saved))
+
+    def prefixes(self) -> list[str]:
+        """The token files the run reads (none before they are opened)."""
+        return [s["prefix"] for s in self.splits.sources] if self.splits is not None else []
 
     def train_samples(self) -> int:
         """The sequences the whole run reads by max_steps: a resumed run's checkpoint's own (at the global batch it
@@ -294,10 +299,18 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         from pretrain_cli.orchestration.resumed import later_checkpoints
 
         problems.run(later_checkpoints, run, saved)
+    trained = any(model_dir.glob("*.safetensors"))  # (a preset's directory holds none)
+    if saved is None and run.loop.do_train and not run.model.continue_training and trained:
+        # PaddleNLP's meaning, kept: model_name_or_path alone gives the architecture; said, as a trained directory's
+        # weights read as the run's start
+        note = (f"model_name_or_path: {args.model.model_name_or_path} holds weights, which this run does not load (it "
+                f"takes the directory's config.json alone, from a random init); continue_training: 1 loads them")
+        spec.run = run = replace(run, notes=(*run.notes, note))
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
-        from pretrain_cli.training.checkpoint import check_compatible
+        from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
+        problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes())
     _elsewhere(problems, args)
     problems.raise_if_any()
     spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)
@@ -340,10 +353,12 @@ def _resumed(spec: RunSpec, saved: CheckpointDir | None) -> tuple[Arguments, Run
     args, run, target = spec.unresumed
     args = copy.deepcopy(args)
     if saved is not None and run.loop.do_train:
-        from pretrain_cli.orchestration.resumed import keep_global_batch, keep_router_bias, resume_schedule
+        from pretrain_cli.orchestration.resumed import (keep_global_batch, keep_router_bias, optimizer_changes,
+                                                        resume_schedule)
 
-        run = keep_global_batch(args, run, spec.model_cfg, target, saved)
+        run = keep_global_batch(args, run, spec.model_cfg, target, saved, spec.splits)
         run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
+        run = optimizer_changes(run, saved)
         run = keep_router_bias(run, spec.model_cfg, saved)
     if spec.splits is not None:
         run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))

@@ -49,13 +49,15 @@ def _data_ranks(n: int) -> str:
     return count(n, "data rank")
 
 
-def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume) -> RunConfig:
+def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume, splits=None) -> RunConfig:
     """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
     from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
     another number of data ranks gradient accumulation (eval_iters) takes up the difference where it divides, with a
     note; where it does not, one line names the keys to set. Set to set, not to what a resume derived: re-run on the
     processes of a resume that derived the accumulation (a restart), the file's own value is no new choice, and the
-    global batch stays. A run that changed the batch keys itself gets what it asked for, with a note."""
+    global batch stays. A run that changed the batch keys itself gets what it asked for, with a note. The eval
+    windows kept are at most what the valid split of `splits` holds: past it the checkpoint's run read samples more
+    than once, and doubling eval_iters to match would only read them more often."""
     resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     if saved is None:
@@ -96,8 +98,19 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
                      f"{was // (lp.micro_batch * ranks)} keeps {count(was, 'sequence')} a step")
     eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
+    valid = splits.get("valid") if splits is not None else None
+    held = len(valid) if valid is not None else None
     if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
-        if eval_was % (lp.eval_batch * ranks) == 0:
+        per = lp.eval_batch * ranks  # the windows one eval_iter reads
+        if held is not None and eval_was > held:  # the most a pass reads without repeating: the split
+            iters = max(1, held // per)
+            if iters != lp.eval_iters:
+                args.set("eval_iters", iters)
+            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}, more than the valid "
+                         f"split's {count(held, 'sample')} (some read more than once); eval_iters "
+                         f"{lp.eval_iters}{f' -> {iters}' if iters != lp.eval_iters else ''} reads "
+                         f"{iters * per} of them here")
+        elif eval_was % per == 0:
             args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
             notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
                          f"{count(eval_was, 'eval window')} of {resume.name}'s run")
@@ -205,9 +218,37 @@ def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
     elif choice == "restart":
         new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1),
                       decay_start=max(new.decay_start - step, new.warmup_steps))
-    what = {"stretch": "stretched to this run's", "keep": "kept", "restart": "restarted"}[choice]
+    # stretch: a lower max_steps ends the decay sooner, a higher one later, the same one changes only the rates
+    how = ("stretched" if new.decay_steps > saved.decay_steps else "shortened" if new.decay_steps < saved.decay_steps
+           else "changed")
+    what = {"stretch": f"{how} to this run's", "keep": "kept", "restart": "restarted"}[choice]
     others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
+    # keep: this run's own rates are not applied, which its arguments alone do not tell
+    dropped = [f"{key} {a:g}" for key, a, b in (("learning_rate", run.schedule.max_lr, saved.max_lr),
+                                                ("min_learning_rate", run.schedule.min_lr, saved.min_lr)) if a != b]
+    dropped = (f"; this run's {' and '.join(dropped)} not applied (the saved schedule's rates go on)"
+               if choice == "keep" and dropped else "")
     note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "
-            f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}); "
+            f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}){dropped}; "
             f"lr_schedule_on_resume: {others} to change that")
     return replace(run, schedule=new, notes=(*run.notes, note))
+
+
+# the optimizer's settings a resume may change, as the run resolves them and as the user names them
+_OPTIMIZER_KEYS = (("weight_decay", "weight_decay"), ("max_grad_norm", "max_grad_norm"), ("beta1", "adam_beta1"),
+                   ("beta2", "adam_beta2"), ("epsilon", "adam_epsilon"))
+
+
+def optimizer_changes(run: RunConfig, resume) -> RunConfig:
+    """A resume whose optimizer settings differ from the checkpoint's run (its args.json): allowed, but named in one
+    note, since they act from the first step resumed (the moments restored were accumulated under the old ones)."""
+    resume = CheckpointDir.of(resume)
+    changed = []
+    for field, key in _OPTIMIZER_KEYS:
+        was, now = resume.run("optimizer", field), getattr(run.optimizer, field)
+        if isinstance(was, (int, float)) and float(was) != float(now):
+            changed.append(f"{key} {was:g} -> {now:g}")
+    if not changed:
+        return run
+    return replace(run, notes=(*run.notes, f"optimizer: {', '.join(changed)} from {resume.name}'s run, in effect from "
+                                           f"the first step resumed"))

@@ -5,8 +5,8 @@ trainer_state.json; each rank's pieces of the weights and optimizer state in its
 (`model-0000k-of-0000n.safetensors`, `optimizer-0000k-of-0000n.safetensors`; one process:
 `model.safetensors`, `optimizer.safetensors`), keyed by HF tensor name (optimizer state
 `<hf name>/moment1` etc.), HF layout; and `checkpoint.index.json`, where every piece lives. Where the
-layout leaves the weights whole (one process, DP, ZeRO-1/2) the directory is also what transformers
-loads (with `model.safetensors.index.json` above one file); under TP / ZeRO-3 the weights are pieces and
+layout leaves the weights whole (one process, DP, ZeRO-1/2, a pipeline's stages) the directory is also what
+transformers loads (with `model.safetensors.index.json` above one file); under TP / ZeRO-3 the weights are pieces and
 only the final export is an HF directory.
 
 A save goes to `checkpoint-N.tmp/`; `shard_writer` publishes it with one rename once every rank has
@@ -173,6 +173,32 @@ def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) 
     fix = ("resume_from_checkpoint another checkpoint of this model, or drop resume_from_checkpoint to start over"
            if named else "set overwrite_output_dir: true to start over")
     raise UserError(f"{ckpt}: {reason}; resume with the same {same}, or {fix}")
+
+
+def check_tokenizer(ckpt, tokenizer, prefixes=()) -> None:
+    """Refuse a resume with another tokenizer than the checkpoint's (the copy of its tokenizer files the run wrote
+    into it), compared by fingerprint as train-tokenizer and inspect-data print it: the embedding rows trained are
+    that tokenizer's ids, which another's mean other tokens (a same-sized one passes every shape check). A run
+    without a tokenizer has the sidecars of its token files (`prefixes`) compared with it instead. A checkpoint
+    without tokenizer files is not judged. A new lineage on purpose starts from an export (continue_training)."""
+    from pretrain_cli.data import check_tokenizer as check_files
+    from pretrain_cli.data.tokenizer import load_tokenizer
+
+    ckpt = CheckpointDir.of(ckpt)
+    if not (ckpt.path / "tokenizer.json").is_file() or (tokenizer is None and not prefixes):
+        return
+    saved = load_tokenizer(ckpt.path)
+    was = ((ckpt.args or {}).get("arguments") or {}).get("tokenizer_name_or_path")
+    with_it = f"{was}, fingerprint {saved.fingerprint[:12]}" if was else f"fingerprint {saved.fingerprint[:12]}"
+    lineage = (f"or, to start a new lineage on purpose, model_name_or_path: an export of it (`pretrain-cli export "
+               f"{ckpt} DIR`, or the run's final directory) with continue_training: 1 in another output_dir")
+    if tokenizer is None:
+        check_files(list(prefixes), saved, where="input_dir: ", instead=f"resume with data made with {ckpt.name}'s "
+                                                                         f"tokenizer ({with_it}), {lineage}")
+    elif saved.fingerprint not in tokenizer.fingerprints and tokenizer.fingerprint not in saved.fingerprints:
+        raise UserError(f"tokenizer_name_or_path: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not "
+                        f"the tokenizer {ckpt} was trained with ({with_it}): its token ids would mean other tokens; "
+                        f"resume with that tokenizer, {lineage}")
 
 
 def data_changes(ckpt, run) -> list[str]:
