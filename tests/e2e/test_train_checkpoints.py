@@ -155,6 +155,8 @@ def test_check_and_a_lower_max_steps_say_what_train_will_do(corpus, tmp_path, ca
     said = capsys.readouterr().out
     assert "already at step 4, past max_steps=3: nothing to train; raise max_steps above 4 to continue; evaluating " \
            "and writing the final model of step 4" in said
+    # the line that says which checkpoint it resumed comes first (it came after the verdict on it)
+    assert said.index(f"resumed from {out / 'checkpoint-4'} at step 4") < said.index("already at step 4")
 
 
 def test_every_tracker_keeps_the_whole_run_across_resumes(corpus, tmp_path, monkeypatch, capsys):

@@ -119,8 +119,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     started = startup.measure(r.parallel.rank, r.device)  # layout in place, no step taken
     finishing = state is not None and r.loop.do_train and state["global_step"] >= r.loop.max_steps
     if finishing:  # stopped earlier, never exported: this run only finishes it (the checkpoint it did resume)
-        done = state["global_step"]
-        log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
+        done = state["global_step"]  # (said below, after the line that says it resumed)
         # its evaluations at the last step are recomputed below: not recorded a second time
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
@@ -141,6 +140,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
                  f"{count(trainer.state.consumed_samples, 'sample')} consumed")
         for line in checkpoint.data_changes(resume, r):
             log.warning(line)
+    if finishing:
+        log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
     results = finish(r, trainer, comm, collaborators)
     if results is None:  # stopped by a signal, or not rank 0: nothing more to write here
         return 0
