@@ -2,6 +2,7 @@
 `check` and `train` in one line naming both by fingerprint (a same-sized tokenizer passed every shape check and
 trained the checkpoint's embedding rows on ids that mean other tokens)."""
 import json
+import shutil
 
 from e2e_helpers import write_config
 
@@ -46,8 +47,13 @@ def test_a_resume_with_another_tokenizer_or_its_data_is_refused(corpus, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"made by another tokenizer than {ckpt} (fingerprint {now}; " in err, err
     assert f"resume with data made with checkpoint-2's tokenizer ({corpus / 'tokenizer'}, fingerprint {was})" in err
-    # the same tokenizer, and no tokenizer with the checkpoint's own data: the resume goes on
+    # the same tokenizer (also a copy of it formatted otherwise: another sha256, the same fingerprint), and no
+    # tokenizer with the checkpoint's own data: the resume goes on
     assert cli_main(["check", cfg, "--max_steps", "3"]) == 0
+    shutil.copytree(corpus / "tokenizer", tmp_path / "copy")
+    spec = json.loads((tmp_path / "copy" / "tokenizer.json").read_text(encoding="utf-8"))
+    (tmp_path / "copy" / "tokenizer.json").write_text(json.dumps(spec, indent=3), encoding="utf-8")
+    assert cli_main(["check", cfg, "--max_steps", "3", "--tokenizer_name_or_path", str(tmp_path / "copy")]) == 0
     (tmp_path / "plain.json").write_text(json.dumps({**plain, "max_steps": 3}))
     assert cli_main(["check", str(tmp_path / "plain.json")]) == 0
     assert "resumes from" in capsys.readouterr().out
