@@ -238,3 +238,13 @@ def test_a_run_dir_without_a_model_or_checkpoint_is_one_line(corpus, tmp_path, c
         assert capsys.readouterr().err.splitlines() == [
             f"error: --model: {tmp_path / 'run'} is a run's output_dir with neither a final model nor a checkpoint-N "
             f"yet; wait for its first checkpoint (save_steps) or point --model at a model directory"]
+
+
+def test_a_model_that_is_no_runs_directory_asks_for_data_naming_why():
+    """`eval --model DIR` of an export or a download (no args.json: no split of its own) names why --data is needed,
+    not the generic usage line that reads as if --model were missing."""
+    with pytest.raises(UserError) as e:
+        evaluate.main(_ns(model="micro-qwen2"))
+    line = str(e.value)
+    assert "\n" not in line and "--model micro-qwen2 is not a run's directory (no args.json)" in line, line
+    assert "pass --data PREFIX" in line, line
