@@ -92,7 +92,7 @@ def test_kept_eval_windows_stop_at_what_the_valid_split_holds(tmp_path):
     said = [n for n in (*run.notes, *eval_repeats(run, _Splits(12)))
             if n.startswith("eval:") and not n.startswith("eval: eval_steps")]
     assert said == ["eval: checkpoint-5's run evaluated 24 windows, more than the valid split's 12 samples (some read "
-                    "more than once); eval_iters 3 reads 12 of them here"]
+                    "more than once); eval_iters 3 reads 12 windows here"]
     args = parse_config(None, [*BASE, *common])  # a split that holds them all: doubled, as before
     run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt, _Splits(100))
     assert run.loop.eval_iters == 6 and any("eval_iters 3 -> 6 keeps the 24 eval windows" in n for n in run.notes)

@@ -99,21 +99,21 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
                      f"{was // (lp.micro_batch * ranks)} keeps {count(was, 'sequence')} a step")
     eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
     valid = splits.get("valid") if splits is not None else None
-    held = len(valid) if valid is not None else None
     if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
         per = lp.eval_batch * ranks  # the windows one eval_iter reads
-        if held is not None and eval_was > held:  # the most a pass reads without repeating: the split
-            iters = max(1, held // per)
-            if iters != lp.eval_iters:
-                args.set("eval_iters", iters)
-            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}, more than the valid "
-                         f"split's {count(held, 'sample')} (some read more than once); eval_iters "
-                         f"{lp.eval_iters}{f' -> {iters}' if iters != lp.eval_iters else ''} reads "
-                         f"{iters * per} of them here")
-        elif eval_was % per == 0:
-            args.set("eval_iters", eval_was // (lp.eval_batch * ranks))
-            notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // (lp.eval_batch * ranks)} keeps the "
+        # the eval_iters that read the valid split at most once (at least 1), where it is known
+        most = max(1, len(valid) // per) if valid is not None else None
+        if eval_was % per == 0 and (most is None or eval_was // per <= most):
+            args.set("eval_iters", eval_was // per)
+            notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // per} keeps the "
                          f"{count(eval_was, 'eval window')} of {resume.name}'s run")
+        elif most is not None and eval_was > len(valid):  # past the split: its run read samples more than once
+            if most != lp.eval_iters:
+                args.set("eval_iters", most)
+            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}, more than the valid "
+                         f"split's {count(len(valid), 'sample')} (some read more than once); eval_iters "
+                         f"{lp.eval_iters}{f' -> {most}' if most != lp.eval_iters else ''} reads "
+                         f"{count(most * per, 'window')} here")
         else:
             notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}; this one evaluates "
                          f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
