@@ -2,10 +2,12 @@
 
 Names keep PaddleNLP's meaning where it is the same (`interval_tokens_per_second_per_device`)
 and get new names where we change it: TFLOPs are 1e12 FLOP/s (PaddleNLP divides by 2^40 and
-under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is printed with its peak and
-the peak's source, or as "unknown" rather than a wrong number (never above 1). On CPU the peak is
-the cores' theoretical one, stated as the assumption it is (`planning.hardware.resolve_peak`, which
-`plan --device cpu`'s ETA uses too).
+under-reports by 9 %), FLOPs per token are GQA-aware, and `mfu` is "unknown" rather than a wrong
+number (never above 1). Each interval record carries the per-device peak its `mfu` is over
+(`peak_tflops_per_device`): the peak depends on the layout (a CPU's cores are shared by its processes),
+so a resumed run's `mfu` records are comparable only beside it; the start-up `flops:` line says where
+it came from. On CPU the peak is the cores' theoretical one, stated as the assumption it is
+(`planning.hardware.resolve_peak`, which `plan --device cpu`'s ETA uses too).
 """
 from __future__ import annotations
 
@@ -328,6 +330,8 @@ class Throughput:
             "tokens_per_sec_per_replica": round(tokens_s / self.dp, 2),
             "model_tflops_per_device": round(per_device * self.flops / 1e12, 6),
             "mfu": self._mfu(per_device),
+            # what mfu is over (kept when mfu is unknown for passing it: it names the peak that is wrong)
+            "peak_tflops_per_device": float(f"{self.peak:.6g}") if self.peak else "unknown",
         }
         self.last, self.steps_since = now, 0
         return out

@@ -1,5 +1,9 @@
 """What every tracker is given of a metrics.jsonl record: its numbers as `<kind>/<key>` scalars. One place, so the
 file trackers (`trackers`) and wandb (`trackers_wandb`) name and split the values alike.
+
+`train/peak_tflops_per_device` is one of them though it is flat within a launch: a resume on another layout steps
+it exactly where `train/mfu` changes what it is a share of (a CPU's peak per process halves with two processes),
+and the trackers hold that peak nowhere else (their `config` text is args.json: a `peak_tflops` given, or null).
 """
 from __future__ import annotations
 
