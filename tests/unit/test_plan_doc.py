@@ -58,9 +58,9 @@ def test_plan_md_has_its_worked_examples():
     assert any("DeepSeek-V2-Lite" in cmd and "--gpus 8 --fit" in cmd for cmd, _, _ in found)
     assert any("DeepSeek-V3" in cmd and any("multi-token prediction" in line for line in out)
                for cmd, out, _ in found)
-    # how many H100s PaddleNLP's DeepSeek-V3 file needs: the fewest whole nodes, from plan and from --fit
+    # how many H100s PaddleNLP's DeepSeek-V3 file needs: the fewest whole nodes, the same from plan and from --fit
     assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" not in cmd
-               and any("  1. --gpus 168 with" in line and "(21 nodes of 8)" in line for line in out)
+               and any("  1. --gpus 192 with" in line and "(24 nodes of 8)" in line for line in out)
                for cmd, out, _ in found)
     assert any(cmd.startswith("pretrain-cli plan deepseek_v3_pretrain_argument.json") and "--fit" in cmd
                and any("or more devices: --gpus 192 (24 nodes of 8)" in line for line in out) for cmd, out, _ in found)

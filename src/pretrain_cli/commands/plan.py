@@ -109,6 +109,26 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     return said
 
 
+def given_keys(args, change: dict, tokens: str | None = None) -> list[tuple[str, object, object, str]]:
+    """(key, the file's value or the key's default, the value written, where it came from) for each key
+    `write_fitted` writes from the command line (or PaddleFormers' defaults) at a value the file does not hold, but
+    the fitted ones (`change`, in the fit's own diff): `-o`'s changes list names every key it writes (max_steps of
+    `--tokens`, a `--max_seq_length`), not only the layout's."""
+    from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.paddlenlp_keys import ALIASES
+    from pretrain_cli.config.parser import read_argument_file
+
+    raw = read_argument_file(args.config_path) if args.config_path is not None else {}
+    out = []
+    for key, where in args.explicit.items():
+        if where == "file" or key in change:
+            continue
+        old = next((v for k, v in raw.items() if key in (k, ALIASES.get(k))), KEYS[key].default)
+        if args.get(key) != old:
+            out.append((key, old, args.get(key), f"--tokens {tokens}" if key == "max_steps" and tokens else where))
+    return out
+
+
 def _another_run(args, ckpt) -> str | None:
     """The line naming checkpoint `ckpt` and what makes it one `train` would refuse to resume the fitted run from,
     or None: PaddleNLP's Trainer wrote it (`storage.intact.paddlenlp_checkpoint`'s own line, the one `train` refuses
@@ -212,6 +232,8 @@ def main(ns: argparse.Namespace) -> int:
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node)
     said = write_fitted(args, f["change"], ns.output, ns.device) if ns.output and f["after"] is not None else ""
+    if said:  # every key written is in the printed changes: the command line's too
+        f = {**f, "given": given_keys(args, f["change"], ns.tokens)}
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
     print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))

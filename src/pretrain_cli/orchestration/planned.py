@@ -29,7 +29,7 @@ from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
-from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, more_devices, suggest
+from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, suggest, within_budget
 from pretrain_cli.planning.report import CheckpointPlan, Plan
 
 if TYPE_CHECKING:
@@ -218,19 +218,18 @@ def _current(args: Arguments) -> dict:
 def _layout_or_more_devices(args: Arguments, base: Plan, singles: list[dict], replan) -> list[dict]:
     """The suggestion to put first when no single key fits: the fewest keys of `--fit`'s search that fit the
     devices asked for together (tensor, pipeline, expert degrees with the rest), else the fewest devices
-    (`more_devices`), which also tries the search's smallest layout there, as the single keys leave those degrees
-    as they are (a Mixture-of-Experts model whose experts are split over a fixed group needs them to change)."""
-    found = fit_search.search(_current(args), base, replan, base.device.memory_gib, by_speed=False)
+    (`fit.fewest_devices`, which also tries the search's smallest layout there, as the single keys leave those
+    degrees as they are: a Mixture-of-Experts model whose experts are split over a fixed group needs them to change),
+    both within `--fit`'s budget (its default margin), so `plan` and `plan --fit` give one answer."""
+    budget = base.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)
+    found = fit_search.search(_current(args), base, replan, budget, by_speed=False)
     if found["best"] is not None:
-        change, r = minimal(found["best"]["change"], base.gpus, replan)
+        change, r = minimal(found["best"]["change"], base.gpus, within_budget(base, replan, budget))
         return [{"change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
-                 "why": f"no one key fits {base.gpus} x {base.device.name}, these together do (the fewest of "
-                        f"`--fit`'s layouts; --fit ranks them by speed)"}]
-    small, current = found["smallest"], _current(args)
-    scale = more_devices(base, singles, replan, [small["change"]] if small and small["change"] else [],
-                         lean=lambda world: fit_search.lean_layouts(current, world, base.max_seq_length,
-                                                                    base.model.experts,
-                                                                    base.device.links.gpus_per_node))
+                 "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with `plan --fit`'s "
+                        f"{fit_search.DEFAULT_MARGIN:.0%} margin (the fewest of its layouts; --fit ranks them by "
+                        f"speed)"}]
+    scale = fit_search.fewest_devices(_current(args), base, replan, budget, found["smallest"])
     return [scale] if scale else []
 
 

@@ -25,7 +25,7 @@ from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 import dataclasses
 
 from pretrain_cli.planning.layout import tp_inside_node
-from pretrain_cli.planning.suggestions import FIT_MARGIN, more_devices
+from pretrain_cli.planning.suggestions import FIT_MARGIN, machine_too_small, more_devices
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed, traffic_bound
 
@@ -183,7 +183,8 @@ def grows_with_micro_batch(r: Plan) -> bool:
 def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
         carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
     """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
-    and when nothing fits the smallest layout and the fewest devices (`suggestions.more_devices`) within the budget.
+    and when nothing fits the smallest layout and the fewest devices within the budget (`fewest_devices`), or on
+    cpu the line saying the model's state alone exceeds the machine (`suggestions.machine_too_small`).
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
@@ -199,8 +200,9 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "budget_gib": budget_gib, "mfu": base.mfu, "global_batch": base.global_batch,
            "total_tokens": base.total_tokens, "tried": found["tried"], "valid": found["valid"], "skipped": found["skipped"],
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
-                      "speed": speed(as_written)},
-           "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None, "notes": notes,
+                      "least_gib": as_written.least_gib, "speed": speed(as_written)},
+           "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None,
+           "machine": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:
         evaluation = fit_eval(current, best, replan, budget_gib, as_written.parallel.data_ranks)
@@ -213,17 +215,21 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
                            "memory_gib": small["report"].least_gib}
-
-    def within_budget(change: dict, world: int, **kw):
-        r = replan(change, world, **kw)
-        return None if r is None else dataclasses.replace(r, fits=r.least_gib <= budget_gib)
-
-    out["more_devices"] = more_devices(base, [{"change": small["change"]}] if small else [], within_budget,
-                                       [small["change"]] if small else [], budget_gib=budget_gib,
-                                       lean=lambda world: lean_layouts(current, world, base.max_seq_length,
-                                                                       base.model.experts,
-                                                                       base.device.links.gpus_per_node))
+    out["machine"] = machine_too_small(base)
+    out["more_devices"] = fewest_devices(current, base, replan, budget_gib, small)
     return out
+
+
+def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: dict | None) -> dict | None:
+    """The fewest devices that fit within `budget_gib` (`suggestions.more_devices`, from the search's smallest
+    layout `small` at `--gpus` and `lean_layouts` at each count): `plan --fit`'s answer and `plan`'s first
+    suggestion when nothing fits (one search, one answer). None on cpu where the model's state alone exceeds the
+    machines planned (`suggestions.machine_too_small`), which `plan` then says in one line instead."""
+    if machine_too_small(base):
+        return None
+    return more_devices(base, [small] if small else [], replan, [small["change"]] if small else [],
+                        budget_gib=budget_gib, lean=lambda world: lean_layouts(
+                            current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
 
 
 def fit_eval(current: dict, best: dict, replan, budget_gib: float, file_ranks: int = 1) -> dict:
@@ -288,7 +294,9 @@ def _run_time(f: dict, *speeds: dict) -> str:
 
 
 def format_fit(f: dict) -> str:
-    """The `plan --fit` section: budget, the key diff, memory and tokens/s before and after."""
+    """The `plan --fit` section: budget, the key diff (and with `-o` the command line's keys it writes, "given"),
+    memory and tokens/s before and after: no speed before where the file as written does not fit the device (it
+    cannot start), and where it fits the device but not the budget, a line saying so (why a slower layout)."""
     dev = f["device"]
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
@@ -302,7 +310,10 @@ def format_fit(f: dict) -> str:
     if f["gpus"] > 1:  # one device sends nothing
         lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
                      f"{ln['cross_node_gbps']:g} GB/s; {count(ln['gpus_per_node'], 'GPU')} per node")
-    before = f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])}), {_tok(f['before']['speed'])}"
+    ran = max(f["before"]["memory_gib"], f["before"]["startup_gib"]) <= dev["memory_gib"]  # a speed to compare
+    before = (f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])})"
+              + (f", {_tok(f['before']['speed'])}" if ran else ""))
+    given = [f"    {k}: {json_value(old)} -> {json_value(new)} ({where})" for k, old, new, where in f.get("given", [])]
     if f["after"] is None:
         need = f["smallest"]
         lines.append(f"  nothing fits: the current layout needs {before}")
@@ -310,6 +321,8 @@ def format_fit(f: dict) -> str:
             change = ", ".join(f"{k} {json_value(v)}" for k, _, v in need["diff"]) or "no change"
             lines.append(f"  the smallest layout ({change}) needs {_gib(need['memory_gib'])} per device: a device "
                          f"with at least {_gib(need['memory_gib'] / (1 - f['margin']))} (with the margin)")
+        if f.get("machine"):
+            lines.append(f"  {f['machine']}")
         if f.get("more_devices"):
             m = f["more_devices"]
             change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items()) or "no key changed"
@@ -321,17 +334,24 @@ def format_fit(f: dict) -> str:
     if not f["diff"]:
         lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
                      + _run_time(f, f["before"]["speed"]))
-        return "\n".join(lines)
-    ran = max(f["before"]["memory_gib"], f["before"]["startup_gib"]) <= dev["memory_gib"]  # a time to compare
+        return "\n".join(lines + (["  changes (old -> new), from the command line:", *given] if given else []))
     lines.append("  changes (old -> new):")
-    lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]]
+    lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]] + given
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
+    if ran and f["before"].get("least_gib", 0.0) > f["budget_gib"]:  # why it changes, even for a slower layout
+        tps = f["before"]["speed"]["tokens_per_sec"], f["after"]["speed"]["tokens_per_sec"]
+        lines.append(f"  as written the file fits the device but needs {_gib(f['before']['least_gib'])} per device "
+                     f"(step, start-up or an evaluation of 1), over the {_gib(f['budget_gib'])} budget"
+                     + (": the fastest layout within it is slower than the file's" if None not in tps
+                        and tps[1] < tps[0] else ""))
     lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
                  f"(what a rank builds + the block being created; within the budget too)")
     if f.get("eval"):
         lines.append(_eval_line(f["eval"], f["budget_gib"]))
-    lines.append(f"  predicted speed: {_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (FLOPs with "
+    speeds = f"{_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (" if ran else \
+        f"{_tok(f['after']['speed'])} (as written the file does not fit: no speed before; "
+    lines.append(f"  predicted speed: {speeds}FLOPs with "
                  f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
                  f"{'/EP' if f.get('experts') else ''} traffic over "
                  f"the link each group uses)" + _run_time(f, *([f["before"]["speed"]] if ran else []),

@@ -324,12 +324,17 @@ def format_report(r: Plan) -> str:
         lines.append("suggestions (each re-estimated; when no one key fits, first the fewest keys or devices that "
                      "do; then ranked by memory saved):")
         for i, sg in enumerate(r.suggestions, 1):
+            if sg.get("machine"):  # (`suggestions.machine_too_small`: no change fits, the line says what does)
+                lines.append(f"  {i}. {sg['why']}")
+                continue
             change = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sg["change"].items())
             if "gpus" in sg:
                 change = f"--gpus {sg['gpus']} with {change}" if change else f"--gpus {sg['gpus']}, no key changed"
             lines.append(f"  {i}. {change}  -> {sg['memory_gib']:.2f} GiB (saves {sg['saves_gib']:.2f})"
                          f"{'  fits' if sg['fits'] else ''}; {sg['why']}")
-        lines.append("  --fit searches these together for the fastest layout that fits (same global batch); -o writes it")
+        if not any(sg.get("machine") for sg in r.suggestions):
+            lines.append("  --fit searches these together for the fastest layout that fits (same global batch); "
+                         "-o writes it")
     elif not r.fits:
         lines.append("suggestions: none of recompute, flash attention, sharding, smaller micro-batch or shorter "
                      "sequence reduces the estimate; use more or larger devices")

@@ -27,7 +27,11 @@ def _first_fitting(changes: list[dict], replan):
 
 
 def suggest(run: RunConfig, base: Plan, replan) -> list[dict]:
-    """Ranked key changes that lower memory; `replan(change) -> report | None` re-resolves the file with them."""
+    """Ranked key changes that lower memory; `replan(change) -> report | None` re-resolves the file with them. On cpu
+    where the model's state alone exceeds the machine (`machine_too_small`), that one line instead: no change fits."""
+    if machine := machine_too_small(base):
+        return [{"change": {}, "machine": True, "memory_gib": base.peak_gib, "saves_gib": 0.0, "fits": False,
+                 "why": machine}]
     lp, s = run.loop, run.data.max_seq_length
     b, acc = lp.micro_batch, lp.grad_accum
     groups: list[tuple[list[dict], str]] = []
@@ -134,13 +138,55 @@ def _in_node(replan, per_node: int):
     return in_node
 
 
+def machine_too_small(base: Plan) -> str | None:
+    """On cpu, the line saying so when the weights, gradients and AdamW state alone (a checkpoint and the weights
+    again: `Plan.checkpoint`) exceed the memory of the machines planned (each process's part x the processes): no
+    layout or process count on them holds the run, so `plan` says what `check` refuses with
+    (`hardware.host_memory_problem`) instead of a change that still does not fit. None on a GPU or where it fits."""
+    if base.device.name != "cpu":
+        return None
+    need = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]
+    have, nodes = base.device.memory_gib * base.gpus, -(-base.gpus // base.device.links.gpus_per_node)
+    if not need > have:
+        return None
+    where = "this machine has" if nodes == 1 else f"the {nodes} machines planned have"
+    return (f"memory: the weights, gradients and AdamW state alone need {need:.2f} GiB and {where} {have:.1f} GiB, "
+            f"so no layout or number of processes fits there; choose a smaller model, or plan a GPU run "
+            f"(`plan --device <GPU>`)")
+
+
+def _share(base: Plan, world: int) -> float:
+    """A device's memory on `world` devices over `base`'s: 1 on a GPU; on cpu the processes of a node share its
+    memory (`plan.target_device`), so more of them on a node each get less."""
+    if base.device.name != "cpu":
+        return 1.0
+    per_node = base.device.links.gpus_per_node
+    return min(base.gpus, per_node) / min(world, per_node)
+
+
+def within_budget(base: Plan, replan, budget_gib: float):
+    """`replan(change, world)` whose plans fit where the layout's least (`Plan.least_gib`: step, start-up and an
+    evaluation of 1) is within `budget_gib`, the budget of `base`'s device, scaled to each plan's device (`_share`:
+    8 cpu processes of a node get an eighth of the machine's each): what `plan --fit` fits to, and so `plan`'s
+    layouts and device counts when nothing else fits (one search, one answer)."""
+    def within(change: dict, world: int = base.gpus, **kw):
+        r = replan(change, world, **kw)
+        if r is None:
+            return None
+        return dataclasses.replace(r, fits=r.least_gib <= budget_gib * r.device.memory_gib / base.device.memory_gib)
+
+    return within
+
+
 def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = (), lean=None,
                  budget_gib: float | None = None) -> dict | None:
     """When no setting fits on the devices asked for: the fewest devices at which the run fits within `budget_gib`
-    (device memory), re-planned with `replan(change, gpus)`, and the fewest keys it needs there (`minimal`).
+    (`within_budget`; None: the device's memory, `Plan.fits`), re-planned with `replan(change, gpus)`, and the
+    fewest keys it needs there (`minimal`).
 
     None fits on fewer devices than the model's state needs, every parameter's weights, gradients and AdamW state
-    held once over them all (a checkpoint and the weights again: `Plan.checkpoint`), so the search starts there. At
+    held once over them all (a checkpoint and the weights again: `Plan.checkpoint`), each device with its budget
+    there (on cpu a node's processes share one memory: `_share`), so the search starts there. At
     each of `device_counts` the file as it is, each sharding stage, the single-device savings (recompute, smaller
     micro-batch, …) alone and with stage3, each of `layouts` (the `--fit` search's smallest layout at `--gpus`),
     and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding stage at its
@@ -148,7 +194,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer devices also
     fits on more (its state split over more ranks), not the other way round. A layout whose tensor-parallel groups
     would span nodes counts as not fitting (`layout.tp_inside_node`): more nodes with tp inside one are suggested
-    instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 200 H100, not tp 16 on 192)."""
+    instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 232 H100, not tp 16 across two nodes)."""
     # (the axes `config.refusals` refuses with ZeRO-3 are left out of the savings: pipeline, sequence and context
     # parallelism; a layout of `layouts` keeps them, as it was resolved with them)
     extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
@@ -158,8 +204,8 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     tries += [extra, {"sharding": "stage3", **extra}] if extra else []
     tries += [dict(x) for x in layouts if x]
     per_node, budget = base.device.links.gpus_per_node, base.device.memory_gib if budget_gib is None else budget_gib
-    least = (base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]) / budget  # (+ the gradients)
-    replan = _in_node(replan, per_node)
+    state = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]  # (+ the gradients)
+    replan = _in_node(replan if budget_gib is None else within_budget(base, replan, budget_gib), per_node)
 
     def fitting(changes: list[dict], world: int) -> list[dict]:
         seen, out = set(), []
@@ -170,27 +216,28 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
                 out.append(change)
         return out
 
+    def holds(world: int) -> bool:  # whether `world` devices' budgets together hold the state
+        return world * budget * _share(base, world) >= state
+
     below, found = base.gpus, []
     for world in device_counts(base.gpus, per_node):
-        found = fitting(tries + (lean(world) if lean else []), world) if world >= least else []
+        found = fitting(tries + (lean(world) if lean else []), world) if holds(world) else []
         if found:
             break
         below = world
     if not found:
         return None
     for fewer in range(below + 1, world):  # what fits at `world`, on whole nodes fewer
-        if fewer >= least and (fewer < per_node or fewer % per_node == 0) and (here := fitting(found, fewer)):
+        if holds(fewer) and (fewer < per_node or fewer % per_node == 0) and (here := fitting(found, fewer)):
             world, found = fewer, here
             break
     change, r = minimal(min(found, key=len), world, replan)
     nodes = f" ({world // per_node} nodes of {per_node})" if world > per_node else ""
-    why = f"fewest devices that fit{nodes}: no setting fits {base.gpus} x {base.device.name}"
+    margin = f" with `plan --fit`'s {1 - budget / base.device.memory_gib:.0%} margin" if budget_gib is not None else ""
+    why = f"fewest devices that fit{nodes}{margin}: no setting fits {base.gpus} x {base.device.name}"
     if "sharding" in change and r.parallel.sharding_stage:
         why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
     why += "; without any one of these keys it does not fit there" if change else "; the file as written fits there"
-    if budget_gib is None and r.peak_gib > base.device.memory_gib * (1 - FIT_MARGIN):  # plan's count, not --fit's
-        why += (f"; {r.peak_gib:.2f} of {base.device.memory_gib:g} GiB leaves less than `plan --fit`'s "
-                f"{FIT_MARGIN:.0%} margin, so --fit asks for more devices")
     return {"gpus": world, "change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
             "fits": True, "why": why}
 
