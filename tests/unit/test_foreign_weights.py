@@ -4,6 +4,7 @@ at random init; a directory without weights at all (a config.json alone) runs at
 on stderr, with the run's seed default (42) in `eval` and `generate` alike."""
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from data_helpers import make_tokenizer, write_tokens  # noqa: E402
 
 CFG = dict(model_type="qwen2", vocab_size=320, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
-CONVERSION = "M.from_pretrained(d).save_pretrained(d, safe_serialization=True)"
+CONVERSION = "M.from_pretrained(d).save_pretrained(o); T.from_pretrained(d).save_pretrained(o)"
 
 
 def _snapshot(d: Path, *files: str) -> str:
@@ -56,6 +57,35 @@ def test_which_files_are_unread_weights(tmp_path):
     assert unread_weights(beside) == []
     trainer = _snapshot(tmp_path / "trainer", "training_args.bin", "optimizer.pt", "rng_state_0.pth")
     assert unread_weights(trainer) == []  # a trainer's states are no weights
+    states = _snapshot(tmp_path / "states", "scheduler.bin", "sampler.bin", "optimizer.bin", "scaler.pdparams",
+                       "random_states_0.pkl", "adapter_model.bin")
+    assert unread_weights(states) == []  # accelerate's and PaddleNLP's states, a LoRA adapter: no model's weights
+
+
+def test_token_files_beside_a_config_json_are_no_weights(tmp_path):
+    """The old code refused it: "holds weights in corpus_text_document.bin"."""
+    d = _snapshot(tmp_path / "with_data", "corpus_text_document.bin", "corpus_text_document.idx")
+    assert unread_weights(d) == []
+    refuse_unread(d, "--model")  # nothing to refuse
+    (Path(d) / "model_text_document.bin").write_bytes(b"")  # a weight's name, but a token file all the same
+    (Path(d) / "model_text_document.idx").write_bytes(b"")
+    assert unread_weights(d) == []
+
+
+def test_the_conversion_is_the_one_that_works_for_the_files(tmp_path):
+    """Printed only where transformers 5.25 loads the files (checked there: pytorch_model.fp16.bin loads only with
+    variant='fp16'), into a new directory (an HF cache snapshot's config.json is a link into its blob store)."""
+    d = _snapshot(tmp_path / "fp16", "pytorch_model.fp16.bin")
+    with pytest.raises(UserError) as e:
+        refuse_unread(d, "--model")
+    said = str(e.value)
+    assert f"d, o = {d!r}, {d + '-safetensors'!r}; M.from_pretrained(d, variant='fp16').save_pretrained(o)" in said
+    assert said.endswith(f"and point --model at {d}-safetensors")
+    for name in ("tf_model.h5", "flax_model.msgpack", "consolidated.00.pth", "model.ckpt"):
+        d = _snapshot(tmp_path / name.replace(".", "_"), name)
+        with pytest.raises(UserError) as e:
+            refuse_unread(d, "--model")
+        assert "transformers 5 has no loader" in str(e.value) and "python -c" not in str(e.value), name
 
 
 def test_eval_refuses_pytorch_weights_instead_of_a_random_init(tmp_path):
@@ -66,7 +96,7 @@ def test_eval_refuses_pytorch_weights_instead_of_a_random_init(tmp_path):
         evaluate.main(_eval_ns(model=d, data=prefix, max_seq_length=16))
     said = str(e.value)
     assert said.startswith(f"--model: {d} holds weights in pytorch_model.bin, which pretrain-cli does not read")
-    assert CONVERSION in said and f"d = '{d}'" in said and "\n" not in said
+    assert CONVERSION in said and f"d, o = {d!r}, {d + '-safetensors'!r}" in said and "\n" not in said
 
 
 def test_generate_refuses_them_in_text_and_json_alike(tmp_path, capsys):
@@ -90,10 +120,18 @@ def test_continue_training_names_the_key_and_the_conversion(tmp_path):
     assert CONVERSION in str(e.value)
 
 
-def test_gguf_is_converted_through_its_file(tmp_path):
-    d = _snapshot(tmp_path / "gguf", "model-Q8_0.gguf")
-    with pytest.raises(UserError, match=r"M\.from_pretrained\(d, gguf_file='model-Q8_0\.gguf'\)\.save_pretrained"):
-        refuse_unread(d, "--model")
+def test_a_gguf_repository_without_config_json_is_told_to_choose_a_file(tmp_path, capsys):
+    """A GGUF repository has no config.json: the old code stopped at "has no config.json", and named the first
+    file by name (a Q2_K) as the one to convert."""
+    d = tmp_path / "gguf"
+    d.mkdir()
+    for q in ("Q2_K", "Q4_K_M", "Q8_0"):
+        (d / f"model-{q}.gguf").write_bytes(b"")
+    code, out = _generate(capsys, "--model", str(d), "--prompt", "hello")
+    assert code == 2 and "config.json" not in out.err and "Traceback" not in out.err
+    assert f"--model: {d} holds weights in model-Q2_K.gguf, model-Q4_K_M.gguf, model-Q8_0.gguf" in out.err
+    assert "pip install gguf" in out.err and "'CHOSEN.gguf'" in out.err and "'model-Q2_K.gguf'" not in out.err
+    assert "M.from_pretrained(d, gguf_file=f).save_pretrained(o)" in out.err
 
 
 def test_a_config_json_alone_is_a_random_init_said_once_with_one_seed(tmp_path, capsys):
@@ -109,3 +147,23 @@ def test_a_config_json_alone_is_a_random_init_said_once_with_one_seed(tmp_path, 
     assert code == 0 and out.err.count(note) == 1 and "note" not in out.out
     code, out = _generate(capsys, "--model", d, "--prompt", "hello", "--max_new_tokens", "2", "--json")
     assert code == 0 and json.loads(out.out)["model_weights"] == "random init (seed 42)"
+
+
+def test_pytorch_weights_count_as_weights_wherever_weights_are_judged(tmp_path):
+    """One judge of which files are weights: a directory of pytorch_model.bin without continue_training is said not
+    to be loaded (the old note looked for *.safetensors alone), and an output_dir holding one is not overwritten
+    (the old check named model.safetensors, its index and model_state.pdparams only)."""
+    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.orchestration.opened import foreign_model
+    from pretrain_cli.run_config import Target as T
+
+    d = _snapshot(tmp_path / "Qwen2-bin", "pytorch_model.bin")
+    assert not has_weights(d)  # not read
+    common = ["--input_dir", write_tokens(tmp_path / "docs", vocab_size=CFG["vocab_size"]), "--do_train",
+              "--max_steps", "2", "--device", "cpu", "--max_seq_length", "16"]
+    spec = prepare(None, ["--model_name_or_path", d, "--output_dir", str(tmp_path / "out"), *common,
+                          "--continue_training", "0"], T("cpu", 1))
+    assert any(n.startswith(f"model_name_or_path: {d} holds weights, which this run does not load")
+               for n in spec.run.notes), spec.run.notes
+    with pytest.raises(UserError, match=r"output_dir: .* holds a model no run wrote there \(pytorch_model\.bin, "):
+        foreign_model(replace(spec.run, output=replace(spec.run.output, output_dir=d)))

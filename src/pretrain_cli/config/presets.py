@@ -117,6 +117,9 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
     local = Path(name)  # used as given: never `~`/`$VAR` expanded (a config must not depend on the shell)
     if local.is_dir():
         if not (local / "config.json").is_file():
+            from pretrain_cli.models.foreign_weights import refuse_unread
+
+            refuse_unread(local, key)  # weights not read come first: a GGUF repository has no config.json
             raise UserError(f"{key}: {name} has no config.json; point it at an HF-format model directory or a preset "
                             f"({LIST_HINT})")
         return local

@@ -23,6 +23,7 @@ from pretrain_cli import atomic
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.models.families import FAMILIES
+from pretrain_cli.models.foreign_weights import refuse_unread, weight_files
 from pretrain_cli.storage import fp8
 
 SINGLE_FILE = "model.safetensors"
@@ -221,8 +222,6 @@ def find_weights(src_dir) -> list[str]:
     found = sorted(glob.glob(os.path.join(src_dir, "*.safetensors")))
     if found:
         return found
-    from pretrain_cli.models.foreign_weights import refuse_unread
-
     refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
 
@@ -238,9 +237,8 @@ def quantization_block(src_dir) -> tuple[int, int]:
 
 
 def has_weights(model_dir) -> bool:
-    """Whether a directory holds weights at all (a preset or a bare config.json does not)."""
-    model_dir = str(model_dir)
-    return os.path.isfile(os.path.join(model_dir, INDEX_FILE)) or bool(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    """Whether a directory holds weights that are read (a preset or a bare config.json does not)."""
+    return bool(weight_files(model_dir)[0])
 
 
 # ---------------------------------------------------------------- saving

@@ -1,35 +1,88 @@
-"""Weight files a model directory may hold that are not read here (safetensors only): PyTorch's pickles
-(`pytorch_model.bin` and its shards, `*.pt`, `*.pth`, `*.ckpt`), GGUF, TensorFlow's and Flax's, PaddleNLP's
-`.pdparams`. A directory holding those and no safetensors has trained weights all the same: a command that would
-use them refuses, naming the files and the conversion, where it would otherwise run the model at random init as it
-runs a config.json alone (`eval`, `generate`) or stop at "no model.safetensors" with no way on (`train`, `check`)."""
+"""Weights in formats not read here (safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's,
+PaddleNLP's `.pdparams` (which files those are: `weight_files`, the one judge of it). A directory holding them and no
+safetensors has trained weights all the same: a command that would use them refuses, naming the files and the one
+conversion that works for them (transformers 5 loads only some of these formats), where it would otherwise run
+the model at random init as it runs a config.json alone (`eval`, `generate`) or stop at "no model.safetensors"
+with no way on (`train`, `check`)."""
 from __future__ import annotations
 
 import fnmatch
+import os
+import re
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.storage.intact import PADDLENLP_MARKS
 
-UNREAD = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack", "*.pdparams")
-# what a trainer's directory holds beside its weights, never weights (transformers' Trainer: its arguments,
-# optimizer, scheduler, loss scaler and RNG states; PaddleNLP's scheduler state)
-NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth",
-               "scheduler.pdparams")
+# weight files of other formats (PyTorch's pickles, GGUF, TensorFlow's, Flax's, PaddleNLP's): never read here
+UNREAD_WEIGHTS = ("pytorch_model*.bin", "model*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack",
+                  "*.pdparams")
+# what a trainer writes beside its weights, never weights: PaddleNLP's marks, transformers' Trainer's and
+# accelerate's optimizer, scheduler, sampler, loss-scaler and RNG states
+NOT_WEIGHTS = PADDLENLP_MARKS + ("optimizer*", "scheduler*", "sampler*", "scaler*", "rng_state*", "random_states*")
+
+
+def weight_files(model_dir) -> tuple[list[str], list[str]]:
+    """(read, unread): the names of `model_dir`'s safetensors weights (and their index), and of its weights in
+    formats not read (`UNREAD_WEIGHTS`). A `.bin` beside a same-named `.idx` is a token file, not weights."""
+    d = str(model_dir)
+    if not os.path.isdir(d):
+        return [], []
+    names = sorted(n for n in os.listdir(d) if os.path.isfile(os.path.join(d, n)))
+    index = "model.safetensors.index.json"  # (convert.INDEX_FILE: convert imports this module)
+    read = [n for n in names if n.endswith(".safetensors") or n == index]
+    unread = [n for n in names if any(fnmatch.fnmatch(n, p) for p in UNREAD_WEIGHTS)
+              and not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS)
+              and not (n.endswith(".bin") and n[:-4] + ".idx" in names)]
+    return read, unread
+
+
+# transformers' names of PyTorch weights with a variant (save_pretrained(variant=...): pytorch_model.fp16.bin, its
+# shards pytorch_model.fp16-00001-of-00002.bin), which from_pretrained loads only when given the same variant
+_VARIANT = re.compile(r"pytorch_model\.([A-Za-z0-9_]+)(-\d+-of-\d+)?\.bin")
+# formats transformers 5 has no loader for (it removed TensorFlow and Flax loading; *.pt/*.pth/*.ckpt are a
+# script's own pickles: Meta's consolidated.00.pth, Lightning's checkpoints), by their ending
+_NO_LOADER = {".h5": "TensorFlow (.h5)", ".msgpack": "Flax (.msgpack)", ".pt": "a PyTorch pickle (.pt)",
+              ".pth": "a PyTorch pickle (.pth)", ".ckpt": "a checkpoint pickle (.ckpt)",
+              ".bin": "a PyTorch pickle under a name transformers does not load (.bin)"}
 
 
 def unread_weights(model_dir) -> list[str]:
     """The names of the weight files of `model_dir` that are not read, when it holds no safetensors weights
     (beside safetensors they are copies: transformers' hub repositories often carry both); else []."""
-    d = Path(model_dir)
-    if not d.is_dir() or any(d.glob("*.safetensors")) or (d / "model.safetensors.index.json").is_file():
-        return []
-    return sorted(p.name for p in d.iterdir() if p.is_file() and any(fnmatch.fnmatch(p.name, u) for u in UNREAD)
-                  and not any(fnmatch.fnmatch(p.name, n) for n in NOT_WEIGHTS))
+    read, unread = weight_files(model_dir)
+    return [] if read else unread
+
+
+def _convert(d: str, files: list[str], point: str) -> str:
+    """The rest of the refusal: the one-liner that works for `files` (written to a new directory: an HF cache
+    snapshot's files are links into its shared blob store), or which format has no loader."""
+    out = d.rstrip("/") + "-safetensors"
+    gguf = [f for f in files if f.endswith(".gguf")]
+    if gguf:
+        return (f"; each .gguf file is one quantization of the model: choose one ({len(gguf)} here) and convert "
+                f"it with transformers, which dequantizes it (`pip install gguf` first): python -c \"from "
+                f"transformers import AutoModelForCausalLM as M, AutoTokenizer as T; d, f, o = {d!r}, 'CHOSEN.gguf', "
+                f"{out!r}; M.from_pretrained(d, gguf_file=f).save_pretrained(o); T.from_pretrained(d, gguf_file=f)."
+                f"save_pretrained(o)\" with f the file's name, and point {point} at {out}")
+    loadable = [f for f in files if f.startswith("pytorch_model") and f.endswith(".bin")]
+    if not loadable:
+        kind = _NO_LOADER.get(Path(files[0]).suffix, "a format")
+        return (f"; {files[0]} is {kind}, which transformers 5 has no loader for: convert it with the tool that "
+                f"wrote it to safetensors in an HF model directory, and point {point} there")
+    variants = sorted({m.group(1) for f in loadable if (m := _VARIANT.fullmatch(f))})
+    if len(variants) > 1 and all(_VARIANT.fullmatch(f) for f in loadable):
+        return (f"; they are {len(variants)} variants ({', '.join(variants)}): convert one with transformers' "
+                f"from_pretrained(d, variant=...).save_pretrained(a new directory), and point {point} there")
+    variant = f", variant={variants[0]!r}" if variants and all(_VARIANT.fullmatch(f) for f in loadable) else ""
+    return (f"; convert them once with transformers into a new directory: python -c \"from transformers import "
+            f"AutoModelForCausalLM as M, AutoTokenizer as T; d, o = {d!r}, {out!r}; M.from_pretrained(d{variant})."
+            f"save_pretrained(o); T.from_pretrained(d).save_pretrained(o)\", and point {point} at {out}")
 
 
 def refuse_unread(model_dir, key: str | None = None) -> None:
-    """One line naming the unread weight files of `model_dir` (`key`: the argument that named it, if any) and the
-    one conversion that makes them readable; nothing when it holds none."""
+    """One line naming the unread weight files of `model_dir` (`key`: the argument that named it, if any) and how
+    to make them readable; nothing when it holds none."""
     files = unread_weights(model_dir)
     if not files:
         return
@@ -39,11 +92,9 @@ def refuse_unread(model_dir, key: str | None = None) -> None:
         raise UserError(f"{where}{d} holds {named}, PaddleNLP .pdparams (pickle), which is not read; save it as "
                         f"safetensors (PaddleNLP `unified_checkpoint: true`, or "
                         f"`model.save_pretrained(dir, safe_serialization=True)`)")
-    gguf = next((f for f in files if f.endswith(".gguf")), None)
-    load = f"from_pretrained(d, gguf_file='{gguf}')" if gguf else "from_pretrained(d)"  # (GGUF: dequantized)
+    point = key or "the model argument"
     raise UserError(f"{where}{d} holds weights in {named}, which pretrain-cli does not read (safetensors only), and "
-                    f"no *.safetensors; convert them once with transformers: python -c \"from transformers import "
-                    f"AutoModelForCausalLM as M; d = '{d}'; M.{load}.save_pretrained(d, safe_serialization=True)\"")
+                    f"no *.safetensors{_convert(d, files, point)}")
 
 
 def random_init_note(name: str, preset: bool, seed: int) -> str:

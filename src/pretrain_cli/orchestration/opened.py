@@ -219,13 +219,14 @@ def foreign_model(run) -> None:
     exported model, often the one `model_name_or_path` reads with continue_training): the run's final model
     replaces them at its end, so it is refused unless `overwrite_output_dir` says to (as transformers' example
     scripts refuse a non-empty output_dir). A run's own directory, which has its args.json, resumes as before."""
+    from pretrain_cli.models.foreign_weights import weight_files
     from pretrain_cli.run_dir import ARGS_FILE
 
     out = Path(run.output.output_dir)
     if not run.loop.do_train or run.output.overwrite or not out.is_dir() or (out / ARGS_FILE).exists():
         return
-    weights = [n for n in ("model.safetensors", "model.safetensors.index.json", "model_state.pdparams")
-               if (out / n).is_file()]
+    read, unread = weight_files(out)
+    weights = read + unread
     if weights:
         raise UserError(f"output_dir: {out} holds a model no run wrote there ({weights[0]}, no {ARGS_FILE}), which "
                         f"this run's final model would replace; choose another output_dir, or set "

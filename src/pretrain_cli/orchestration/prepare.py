@@ -299,7 +299,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         from pretrain_cli.orchestration.resumed import later_checkpoints
 
         problems.run(later_checkpoints, run, saved)
-    trained = any(model_dir.glob("*.safetensors"))  # (a preset's directory holds none)
+    from pretrain_cli.models.foreign_weights import weight_files
+
+    trained = any(weight_files(model_dir))  # read or not (a preset's directory holds none)
     if saved is None and run.loop.do_train and not run.model.continue_training and trained:
         # PaddleNLP's meaning, kept: model_name_or_path alone gives the architecture; said, as a trained directory's
         # weights read as the run's start
