@@ -66,16 +66,19 @@ def test_optimizer_settings_changed_on_resume_are_named_old_to_new(tmp_path):
 
 
 class _Splits:
-    def __init__(self, valid: int):
-        self.valid = list(range(valid))
+    def __init__(self, valid):
+        self.valid = valid
 
     def get(self, name):
         return self.valid if name == "valid" else None
 
 
-def test_kept_eval_windows_stop_at_what_the_valid_split_holds(tmp_path):
-    """2 ranks x 4 x eval_iters 3 = 24 windows resumed on 1 rank doubled eval_iters to 6 (24 windows) over a valid
-    split of 12 samples, then a second note said the split is too small: the windows the split holds, said once."""
+class _Padded(list):
+    mode = "padded"
+
+
+def _resumed_on_one_rank(tmp_path, splits, eval_iters="3", valid_rows=()):
+    """2 ranks x 4 x eval_iters 3 = 24 eval windows, resumed on 1 rank over `splits`: (run, its eval notes)."""
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.orchestration.prepare import eval_repeats
@@ -84,18 +87,80 @@ def test_kept_eval_windows_stop_at_what_the_valid_split_holds(tmp_path):
 
     cfg = model_config()
     common = ["--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--do_eval", "true",
-              "--eval_iters", "3"]
-    ckpt = _checkpoint(tmp_path, resolve_run(*common, world=2), 5)
+              "--eval_iters", eval_iters]
+    if not (tmp_path / "checkpoint-5").exists():
+        _checkpoint(tmp_path, resolve_run(*common, world=2), 5)
     args = parse_config(None, [*BASE, *common])
-    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt, _Splits(12))
-    assert run.loop.eval_iters == 3  # 12 windows: the split, each sample once
-    said = [n for n in (*run.notes, *eval_repeats(run, _Splits(12)))
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1),
+                            tmp_path / "checkpoint-5", _Splits(splits))
+    said = [n for n in (*run.notes, *eval_repeats(run, _Splits(splits)))
             if n.startswith("eval:") and not n.startswith("eval: eval_steps")]
-    assert said == ["eval: checkpoint-5's run evaluated 24 windows, more than the valid split's 12 samples (some read "
-                    "more than once); eval_iters 3 reads 12 windows here"]
-    args = parse_config(None, [*BASE, *common])  # a split that holds them all: doubled, as before
-    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 1)), cfg, Target("cpu", 1), ckpt, _Splits(100))
-    assert run.loop.eval_iters == 6 and any("eval_iters 3 -> 6 keeps the 24 eval windows" in n for n in run.notes)
+    return run, said
+
+
+def test_eval_windows_past_the_valid_split_are_kept_unless_fewer_keep_the_same_average(tmp_path):
+    """24 windows over a 12-window packed split were cut to 12: a packed split read past its length is packed anew
+    (other windows of its documents), so the 12 averaged other samples than the checkpoint's run's 24. Kept, with
+    the one repeat note; only whole passes of a padded split (the same documents again) are read once."""
+    from pretrain_cli.data.samples import PaddedDataset, PackedDataset
+
+    assert PaddedDataset.mode == "padded" and PackedDataset.mode == "packed"  # what `_whole_passes` reads
+    run, said = _resumed_on_one_rank(tmp_path, list(range(12)))
+    assert run.loop.eval_iters == 6, said
+    assert said == ["eval: eval_iters 3 -> 6 keeps the 24 eval windows of checkpoint-5's run",
+                    "eval: the valid split holds 12 samples, fewer than eval_iters 6 x per_device_eval_batch_size 4 x "
+                    "1 data rank = 24, so evaluation repeats samples; as the checkpoint's run did (its eval windows "
+                    "are kept, above, so the curve goes on comparable)"]
+    run, said = _resumed_on_one_rank(tmp_path, list(range(20)))  # 24 over 20: kept too (16 were 2 of 3 iterations)
+    assert run.loop.eval_iters == 6 and said[0].endswith("keeps the 24 eval windows of checkpoint-5's run"), said
+    run, said = _resumed_on_one_rank(tmp_path, _Padded(range(12)))  # twice the padded split: once is the same mean
+    assert run.loop.eval_iters == 3, said
+    assert said == ["eval: checkpoint-5's run evaluated 24 windows: the valid split's 12, 2 times over (padded "
+                    "windows repeat whole); eval_iters 3 reads each once: the same average, so the eval curve goes on "
+                    "comparable"]
+    run, said = _resumed_on_one_rank(tmp_path, _Padded(range(20)))  # not whole passes: kept
+    assert run.loop.eval_iters == 6 and "keeps the 24 eval windows" in said[0], said
+    run, said = _resumed_on_one_rank(tmp_path, list(range(100)))  # a split that holds them all: doubled, as before
+    assert run.loop.eval_iters == 6 and said == ["eval: eval_iters 3 -> 6 keeps the 24 eval windows of "
+                                                 "checkpoint-5's run"]
+
+
+def test_a_padded_split_read_past_its_length_reads_its_documents_again(tmp_path):
+    """What `_whole_passes` rests on: a padded split's second pass holds each document once more (another order),
+    a packed split's second pass other windows."""
+    from data_helpers import write_tokens
+
+    from pretrain_cli.data.indexed import open_token_file
+    from pretrain_cli.data.samples import PackedDataset, PaddedDataset
+
+    src = open_token_file(write_tokens(tmp_path / "docs", n_docs=6, doc_len=20))
+    padded = PaddedDataset(src, 0, 6, 32, 1, "valid", bos=0, eos=1, pad=2)
+
+    def rows(ds, lo, hi):
+        return sorted(tuple(ds[i]["input_ids"].tolist()) for i in range(lo, hi))
+
+    assert len(padded) == 6 and rows(padded, 0, 6) == rows(padded, 6, 12)
+    packed = PackedDataset(src, 0, 6, 16, 1, "valid")
+    assert rows(packed, 0, len(packed)) != rows(packed, len(packed), 2 * len(packed))
+
+
+def test_no_eval_iters_that_keeps_the_windows_says_the_curve_is_not_comparable(tmp_path):
+    """24 windows (2 ranks x 4 x eval_iters 3) resumed on 4 ranks: eval_iters reads 16 or 32, never 24."""
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.config.resolve import resolve
+    from pretrain_cli.orchestration.resumed import keep_global_batch
+    from pretrain_cli.run_config import Target
+
+    common = ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
+              "--per_device_eval_batch_size", "4", "--do_eval", "true", "--eval_iters", "3"]
+    ckpt = _checkpoint(tmp_path, resolve_run(*common, world=2), 5)
+    cfg, args = model_config(), parse_config(None, [*BASE, *common])
+    run = keep_global_batch(args, resolve(args, cfg, Target("cpu", 4)), cfg, Target("cpu", 4), ckpt,
+                            _Splits(list(range(100))))
+    [note] = [n for n in run.notes if n.startswith("eval: checkpoint-5")]
+    assert note == ("eval: checkpoint-5's run evaluated 24 windows; this one evaluates 48 (eval_iters x "
+                    "per_device_eval_batch_size x 4 data ranks), which no eval_iters makes 24: the eval curve is not "
+                    "comparable across the resume (its losses average other windows)"), note
 
 
 def test_a_trained_directory_without_continue_training_says_its_weights_are_not_loaded(tmp_path):

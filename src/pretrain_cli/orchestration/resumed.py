@@ -49,6 +49,15 @@ def _data_ranks(n: int) -> str:
     return count(n, "data rank")
 
 
+def _whole_passes(valid, windows: int, per: int) -> bool:
+    """Whether `windows` eval windows average what one pass over `valid` does, read in eval_iters of `per`: whole
+    passes of a padded split (each pass one sample per document, in another order: `data.samples.PaddedDataset`),
+    which `per` divides. A packed split's later passes pack its documents anew (other windows), and a blend's
+    interleave does not end its sources' passes together: never."""
+    n = len(valid) if valid is not None else 0
+    return getattr(valid, "mode", None) == "padded" and windows > n > 0 and windows % n == 0 and n % per == 0
+
+
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume, splits=None) -> RunConfig:
     """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
     from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
@@ -56,8 +65,10 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     note; where it does not, one line names the keys to set. Set to set, not to what a resume derived: re-run on the
     processes of a resume that derived the accumulation (a restart), the file's own value is no new choice, and the
     global batch stays. A run that changed the batch keys itself gets what it asked for, with a note. The eval
-    windows kept are at most what the valid split of `splits` holds: past it the checkpoint's run read samples more
-    than once, and doubling eval_iters to match would only read them more often."""
+    windows are kept also past what the valid split of `splits` holds (the repeat said once, `prepare.eval_repeats`):
+    a packed split's later passes are other windows of its documents, so fewer windows average other samples. Only
+    where fewer keep the same average (`_whole_passes`) eval_iters reads the split once; where no eval_iters keeps
+    the windows, the note says the eval curve is not comparable across the resume."""
     resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     if saved is None:
@@ -101,23 +112,23 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     valid = splits.get("valid") if splits is not None else None
     if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
         per = lp.eval_batch * ranks  # the windows one eval_iter reads
-        # the eval_iters that read the valid split at most once (at least 1), where it is known
-        most = max(1, len(valid) // per) if valid is not None else None
-        if eval_was % per == 0 and (most is None or eval_was // per <= most):
+        if _whole_passes(valid, eval_was, per):  # fewer windows, the same average
+            iters = len(valid) // per
+            if iters != lp.eval_iters:
+                args.set("eval_iters", iters)
+            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}: the valid split's "
+                         f"{len(valid)}, {eval_was // len(valid)} times over (padded windows repeat whole); eval_iters "
+                         f"{lp.eval_iters}{f' -> {iters}' if iters != lp.eval_iters else ''} reads each once: the same "
+                         f"average, so the eval curve goes on comparable")
+        elif eval_was % per == 0:  # also past the split: the same windows as its run read (`eval_repeats` says so)
             args.set("eval_iters", eval_was // per)
             notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // per} keeps the "
                          f"{count(eval_was, 'eval window')} of {resume.name}'s run")
-        elif most is not None and eval_was > len(valid):  # past the split: its run read samples more than once
-            if most != lp.eval_iters:
-                args.set("eval_iters", most)
-            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}, more than the valid "
-                         f"split's {count(len(valid), 'sample')} (some read more than once); eval_iters "
-                         f"{lp.eval_iters}{f' -> {most}' if most != lp.eval_iters else ''} reads "
-                         f"{count(most * per, 'window')} here")
         else:
             notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}; this one evaluates "
                          f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
-                         f"{_data_ranks(ranks)}), so eval losses before and after differ in what they average")
+                         f"{_data_ranks(ranks)}), which no eval_iters makes {eval_was}: the eval curve is not "
+                         f"comparable across the resume (its losses average other windows)")
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
         args.get("eval_iters") != lp.eval_iters else run
     return replace(new, notes=(*run.notes, *notes))
