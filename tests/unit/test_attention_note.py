@@ -34,3 +34,15 @@ def test_the_note_is_printed_once_in_checks_start_up(tmp_path):
                    Target("cpu", 1))
     lines = spec.describe()
     assert sum(NOTE in line for line in lines) == 1, lines
+
+
+def test_no_note_where_context_parallelism_runs_the_same_blocks_either_way():
+    """context_parallel_degree 2 on 2 CPU processes: ring attention over the reference blocks whatever
+    use_flash_attention says, so 'true selects the block-causal CPU kernel' was false there."""
+    from pretrain_cli.config.compute import attention_words
+
+    run = resolve_run("--context_parallel_degree", "2", world=2)
+    assert run.parallel.cp_degree == 2 and not _said(run)
+    flash = resolve_run("--context_parallel_degree", "2", "--use_flash_attention", "true", world=2)
+    assert attention_words(run.kernels, "cpu", "causal", 2) == attention_words(flash.kernels, "cpu", "causal", 2)
+    assert _said(resolve_run("--context_parallel_degree", "2"))  # one process: no cp, the kernel is one key away

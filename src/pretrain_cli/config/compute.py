@@ -57,7 +57,10 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
         notes.append(f"use_flash_attention: {target.gpu_name or 'this GPU'} predates Ampere (no flash-attn-2); "
                      f"the math path runs")
         attention = "math"
-    if not gpu and attention == "math" and t.cpu_fused_ops and "use_flash_attention" not in args.explicit:
+    # no note where the key is set either way (the user's choice), nor under context parallelism (on more than one
+    # process), which runs the reference blocks whatever it says (`attention_words`)
+    moot = "use_flash_attention" in args.explicit or (target.world_size > 1 and t.context_parallel_degree > 1)
+    if not gpu and attention == "math" and t.cpu_fused_ops and not moot:
         # measured: configs/demo_cpu.json (tiny-qwen2, 8 x 256 tokens) on this 2-core Xeon, `pretrain-cli train` with
         # --max_steps 12 --do_eval false and --use_flash_attention true / false, median interval_runtime of steps 3-12,
         # two alternated rounds on a machine shared with other jobs (load 5-7): 0.47 / 1.83 s, then 0.93 / 1.99 s
