@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -58,18 +59,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary line")
 
 
-def _model_config(name: str, length: int):
-    """(model_dir, cfg) without Paddle, so a bad --model fails in well under a second; weights in files not read
+def _model_config(name: str, length: int, length_key: str, key: str = "--model"):
+    """(model_dir, cfg) without Paddle, so a bad model fails in well under a second; weights in files not read
     (pytorch_model.bin) are refused here, never evaluated at random init, and a config.json beside weights is
-    judged as pretrained (windows of `length` tokens)."""
+    judged as pretrained at windows of `length` tokens (a sliding window they reach: refused, naming
+    `length_key`). `key`: where the model was named (--model, or the --config file's output_dir)."""
     from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models import config_checks
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.convert import has_weights
     from pretrain_cli.models.foreign_weights import refuse_unread
 
-    model_dir = str(resolve_model_dir(name, key="--model"))
-    refuse_unread(model_dir, "--model")
-    return model_dir, ModelConfig.from_file(model_dir, pretrained=has_weights(model_dir), length=length)
+    model_dir = str(resolve_model_dir(name, key=key))
+    refuse_unread(model_dir, key)
+    pretrained = has_weights(model_dir)
+    cfg = ModelConfig.from_file(model_dir, pretrained=pretrained, length=None)  # (the window: judged below)
+    if pretrained and (window := config_checks.window_note(cfg, os.path.join(model_dir, "config.json"), length,
+                                                           length_key)):
+        print(f"note: {window}", file=sys.stderr)
+    return model_dir, cfg
 
 
 def _past_positions(cfg, model_dir: str, length: int, source: str) -> None:
@@ -171,12 +179,13 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
-    model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length)
+    length_key = "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length"
+    model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length, length_key,
+                                   "--model" if ns.model else f"{ns.config}: output_dir")
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
         print(note, file=sys.stderr)
-    _past_positions(cfg, model_dir, d.max_seq_length,
-                    "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length")
+    _past_positions(cfg, model_dir, d.max_seq_length, length_key)
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
@@ -229,16 +238,17 @@ def main(ns: argparse.Namespace) -> int:
             ns.config = str(record)
     if ns.config is not None and ns.data is None:
         return _main_config(ns, overrides)
-    reads = WINDOW_KEYS  # --data's windows: their length and mask, and the kernels
+    reads, model_key = WINDOW_KEYS, "--model"  # --data's windows: their length and mask, and the kernels
     if ns.config is not None and ns.model is None:
         ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval").training.output_dir)
+        model_key = f"{ns.config}: output_dir"
         reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is not None and ns.data is None:  # not a run's directory (an export, a download): no split of its own
         raise UserError(f"eval: --model {ns.model} is not a run's directory (no args.json), so it names no data: pass "
                         f"--data PREFIX (a .bin/.idx token file made with this model's tokenizer), or --config CFG.json")
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
-    args = run_arguments(ns.config, resolve_model_dir(ns.model, key="--model"), overrides, "eval")
+    args = run_arguments(ns.config, resolve_model_dir(ns.model, key=model_key), overrides, "eval")
     no_effect(overrides, "eval", reads)
     source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
     if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
@@ -260,7 +270,7 @@ def main(ns: argparse.Namespace) -> int:
     if (len(tokens) - 1) // ns.max_seq_length < 1:
         raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
-    model_dir, cfg = _model_config(ns.model, ns.max_seq_length)
+    model_dir, cfg = _model_config(ns.model, ns.max_seq_length, "--max_seq_length", model_key)
     _past_positions(cfg, model_dir, ns.max_seq_length, source)
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)

@@ -171,14 +171,22 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.generation import context_window, generate
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
+    from pathlib import Path
+
+    from pretrain_cli.models import config_checks
     from pretrain_cli.models.convert import has_weights
 
-    # pretrained weights are judged at the longest context generation reaches (a prompt and its new tokens)
-    cfg = ModelConfig.from_file(str(model_dir), pretrained=has_weights(model_dir),
-                                length=max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens)
+    pretrained = has_weights(model_dir)
+    cfg = ModelConfig.from_file(str(model_dir), pretrained=pretrained, length=None)  # (the window: judged below)
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
+    # pretrained weights trained with a sliding window are judged at the longest context a forward reads: a prompt
+    # and its new tokens, up to where the context slides
+    length = min(max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens, limit)
+    if pretrained and (window := config_checks.window_note(cfg, str(Path(model_dir) / "config.json"), length,
+                                                           "the prompt's tokens + --max_new_tokens")):
+        print(f"note: {window}", file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     if source != "trained weights":  # said once, before any text
         from pretrain_cli.config.presets import is_preset

@@ -153,7 +153,8 @@ class ModelConfig:
         if pretrained:
             config_checks.quantized(d.get("quantization_config"), source)
         layer_types = d.get("layer_types")
-        if layer_types is not None:  # transformers 5 (Qwen2/Qwen3): one attention kind per layer
+        if layer_types is not None and not (pretrained and d.get("use_sliding_window")):  # (else kept: judged above)
+            # transformers 5 (Qwen2/Qwen3): one attention kind per layer
             if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
                 raise UserError(f"{source}: layer_types {layer_types!r}: only full_attention layers are supported "
                                 f"(no sliding window); remove layer_types or set every entry to \"full_attention\"")

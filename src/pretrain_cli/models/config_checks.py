@@ -78,32 +78,42 @@ def _window_layers(d: dict) -> tuple[int | None, list[int]]:
     return window, layers.get(model_type, [])
 
 
-def sliding_window(d: dict, source: str, pretrained: bool, length: int | None) -> None:
-    """`use_sliding_window: true` is refused (attention here reaches every earlier token). A new model is built
-    without it; pretrained weights keep the architecture they were trained with, so for them the line says
-    whether the run's sequences (`length` tokens) ever reach the window, where full attention is another model."""
+def sliding_window(d: dict, source: str, pretrained: bool, length: int | None,
+                   key: str = "max_seq_length") -> str | None:
+    """`use_sliding_window: true`: attention here reaches every earlier token. A new model is refused (it is built
+    without the window). Pretrained weights keep the architecture they were trained with, so they run where that
+    is provably the same model, with the note returned: no layer has a window as transformers reads the file, or
+    the run's sequences (`length` tokens; None: judged later, by `window_note`) never reach it. Past the window
+    it is another model: refused, naming `key`, what sets the length, to lower. The window's keys stay in
+    config.json (`ModelConfig.extra`), so a model saved from these weights keeps them."""
     if not d.get("use_sliding_window"):
-        return
+        return None
     if not pretrained:
         raise UserError(f"{source}: use_sliding_window=true is not supported; set it to false")
-    said = (f"{source}: use_sliding_window: true is not supported for this pretrained model (attention here reaches "
-            f"every earlier token)")
+    said = f"{source}: use_sliding_window: true"
     window, layers = _window_layers(d)
     if window is None or not layers:
-        raise UserError(f"{said}; as transformers reads this config.json no layer has a window, so the model is the "
-                        f"same with use_sliding_window: false: set that in a copy of the directory")
+        return (f"{said}, but as transformers reads this config.json no layer has a window: the model is the "
+                f"same with full attention, which runs here")
     span = f"{layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1 \
         else ", ".join(map(str, layers))
     where = f"layer{'s' * (len(layers) > 1)} {span} of {d.get('num_hidden_layers')} attend to the last {window} tokens"
-    if length is not None and length <= window:
-        raise UserError(f"{said}: {where}, and sequences of {length} tokens never reach that window (transformers "
-                        f"masks only keys {window} or more positions back), so at this length the model is the same "
-                        f"with use_sliding_window: false: set that in a copy of the directory to run it here (past "
-                        f"{window} tokens the copy is another model)")
-    reach = f"sequences of {length} tokens reach" if length is not None else "sequences reach"
-    raise UserError(f"{said}: {where}, and {reach} past that window, where attending to every earlier token is "
-                    f"another model than the one its weights were trained as; use sequences of at most {window} "
-                    f"tokens, or a model without a sliding window")
+    if length is None:
+        return None
+    if length <= window:
+        return (f"{said}: {where}, and sequences of {length} tokens never reach that window (transformers "
+                f"masks only keys {window} or more positions back), so full attention, which runs here, is the "
+                f"same model (config.json keeps the window)")
+    raise UserError(f"{said}: {where}, and sequences of {length} tokens reach past that window, where attention "
+                    f"here (every earlier token) is another model than the one its weights were trained as; lower "
+                    f"{key} to at most {window}")
+
+
+def window_note(cfg: "ModelConfig", source: str, length: int, key: str) -> str | None:
+    """`sliding_window`'s verdict on pretrained weights already read into `cfg` (the window's keys are in its
+    `extra`), at `length`: for a command that knows its length only once the model's config is read."""
+    return sliding_window({**cfg.extra, "model_type": cfg.model_type, "num_hidden_layers": cfg.num_hidden_layers},
+                          source, True, length, key)
 
 
 # quantization_config's methods whose weights are read: DeepSeek-V3's block FP8 (`storage.fp8`, dequantized on load)

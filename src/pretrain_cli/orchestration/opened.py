@@ -17,6 +17,7 @@ from pretrain_cli.run_config import RunConfig
 def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
+    from pretrain_cli.models import config_checks
     from pretrain_cli.models.config import ModelConfig, past_positions, read_generation
     from pretrain_cli.models.families import FAMILIES
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
@@ -62,6 +63,9 @@ def build_model_config(args: Arguments):
                                 length=seq if isinstance(seq, int) else None)
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate(pretrained=pretrained)
+    if pretrained and isinstance(seq, int) and (window := config_checks.window_note(cfg, str(path), seq,
+                                                                                    "max_seq_length")):
+        args.rewritten += (window,)  # weights trained with a sliding window, at a length where it changes nothing
     if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
         # under llama3/yarn scaling it is part of the frequencies (transformers reads it as

@@ -1,0 +1,155 @@
+"""Pretrained weights trained with a sliding window (`use_sliding_window: true`) run where full attention, the only
+attention here, is provably the same model: no layer has the window as transformers reads the config.json, or no
+sequence reaches it (transformers' mask keeps a key while kv_idx > q_idx - window). Then one note, and the window's
+keys stay in the config.json a model saved from them gets; past the window, one refusal naming what sets the length.
+Which layers have the window, and where it starts masking, is read off transformers' own models."""
+import json
+
+import numpy as np
+import pytest
+
+from pretrain_cli.config.parser import parse_config
+from pretrain_cli.errors import UserError
+from pretrain_cli.models import config_checks
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.orchestration import opened
+
+QWEN2 = dict(model_type="qwen2", vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+SWA = {**QWEN2, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1,
+       "layer_types": ["full_attention"] + ["sliding_attention"] * 3}
+WINDOW_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+
+
+def test_a_new_model_is_still_told_to_turn_the_window_off():
+    with pytest.raises(UserError, match="use_sliding_window=true is not supported; set it to false"):
+        ModelConfig.from_dict(SWA)
+
+
+def test_within_the_window_pretrained_weights_run_and_keep_their_window_keys():
+    """The old code refused at 16 tokens though it said the model was the same there."""
+    cfg = ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True, length=16)
+    assert {k: cfg.to_hf_dict()[k] for k in WINDOW_KEYS} == {k: SWA[k] for k in WINDOW_KEYS}  # saved as read
+    note = config_checks.window_note(cfg, "hub/swa/config.json", 16, "max_seq_length")
+    assert note.startswith("hub/swa/config.json: use_sliding_window: true: layers 1-3 of 4 attend to the last 16 "
+                           "tokens, and sequences of 16 tokens never reach that window")
+    with pytest.raises(UserError) as e:
+        ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True, length=64)
+    assert "sequences of 64 tokens reach past that window" in str(e.value)
+    assert str(e.value).endswith("lower max_seq_length to at most 16") and "set it to false" not in str(e.value)
+    none = {**SWA, "max_window_layers": 4, "layer_types": ["full_attention"] * 4}  # no layer has it: any length
+    cfg = ModelConfig.from_dict(none, "n/config.json", pretrained=True, length=64)
+    assert "no layer has a window" in config_checks.window_note(cfg, "n/config.json", 64, "max_seq_length")
+    assert cfg.to_hf_dict()["layer_types"] == ["full_attention"] * 4
+
+
+def test_check_says_so_in_its_notes_and_names_max_seq_length_past_it(tmp_path):
+    """`build_model_config` (check, train, plan) passes continue_training and max_seq_length on."""
+    d = tmp_path / "swa"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SWA))
+    args = parse_config(None, ["--model_name_or_path", str(d), "--continue_training", "1", "--max_seq_length", "8"])
+    opened.build_model_config(args)
+    assert any("sequences of 8 tokens never reach that window" in n for n in args.rewritten), args.rewritten
+    for flag, said in (("1", "lower max_seq_length to at most 16"), ("0", "set it to false")):
+        args = parse_config(None, ["--model_name_or_path", str(d), "--continue_training", flag,
+                                   "--max_seq_length", "32" if flag == "1" else "8"])
+        with pytest.raises(UserError, match=said):
+            opened.build_model_config(args)
+
+
+def _masked_layers(model_type: str, first: int, n: int = 4, window: int = 4) -> list[int]:
+    """The layers of transformers' own model whose attention mask drops the key `window` positions back (and keeps
+    the one `window - 1` back), as its forward passes the mask to each layer."""
+    import torch
+    import transformers
+
+    cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM,
+           "qwen2_moe": transformers.Qwen2MoeForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM}[model_type]
+    kw = dict(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=n, num_attention_heads=2,
+              num_key_value_heads=1, use_sliding_window=True, sliding_window=window, max_window_layers=first)
+    if "moe" in model_type:
+        kw.update(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8)
+    if model_type == "qwen2_moe":
+        kw.update(shared_expert_intermediate_size=8)
+    config = cls.config_class(**kw)
+    config._attn_implementation = "eager"  # an additive mask to read
+    model, masks = cls(config).eval(), {}
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(lambda m, a, k, i=i: masks.__setitem__(i, k.get("attention_mask")),
+                                        with_kwargs=True)
+    with torch.no_grad():
+        model(torch.arange(8)[None])
+    assert all(masks[i] is not None and masks[i][0, 0, 7, 7 - window + 1] == 0 for i in range(n))
+    return [i for i in range(n) if masks[i][0, 0, 7, 7 - window] < -1]
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "qwen2_moe", "qwen3_moe"])
+def test_the_windowed_layers_are_those_transformers_masks(model_type):
+    """The old test built Qwen3-MoE's expectation from the code's own assumption (every layer); here each family's
+    model says which layers drop a key `window` back (Qwen3-MoE: one mask for all layers when the window is on)."""
+    for first in (0, 1, 3):
+        d = {"model_type": model_type, "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 4,
+             "max_window_layers": first}
+        assert config_checks._window_layers(d) == (4, _masked_layers(model_type, first)), first
+
+
+def test_transformers_qwen2_is_the_same_model_until_a_sequence_passes_the_window():
+    """What the note claims, checked on transformers' own Qwen2: with the window on every layer, logits over
+    16 tokens equal those of full attention; from 17 tokens on they differ."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    kw = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)
+    full = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
+    swa = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw, use_sliding_window=True, sliding_window=16,
+                                                                 max_window_layers=0)).eval()
+    swa.load_state_dict(full.state_dict())
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, 96, (1, 24)))
+    with torch.no_grad():
+        a, b = full(ids).logits, swa(ids).logits
+    assert torch.allclose(a[:, :16], b[:, :16], atol=1e-6)
+    assert not torch.allclose(a[:, 16:], b[:, 16:], atol=1e-3)
+
+
+def _export(tmp_path, positions: int):
+    """transformers' own Qwen2 with the window on every layer (16 tokens), saved with a tokenizer."""
+    import torch
+    import transformers
+
+    from data_helpers import make_tokenizer
+
+    torch.manual_seed(0)
+    d = tmp_path / f"swa{positions}"
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=320, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=positions, use_sliding_window=True, sliding_window=16,
+        max_window_layers=0)).save_pretrained(d)
+    make_tokenizer(d)
+    return str(d)
+
+
+def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
+    """eval names --max_seq_length; generate judges min(prompt + --max_new_tokens, where its context slides): at
+    max_position_embeddings 16 it never reads past the window, however many tokens it writes (the old code refused
+    at prompt + new tokens)."""
+    from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.commands import eval as evaluate
+
+    wide = _export(tmp_path, 64)
+    with pytest.raises(UserError, match=r"sequences of 32 tokens reach past that window.*lower --max_seq_length to "
+                                        r"at most 16$"):
+        evaluate._model_config(wide, 32, "--max_seq_length")
+    evaluate._model_config(wide, 16, "--max_seq_length")
+    assert "note: " in capsys.readouterr().err
+    code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", "30"])
+    err = capsys.readouterr().err
+    assert code == 2 and "lower the prompt's tokens + --max_new_tokens to at most 16" in err
+    narrow = _export(tmp_path, 16)
+    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "sequences of 16 tokens never reach that window" in out.err
+    assert json.loads(out.out)["model_weights"] == "trained weights" and len(json.loads(out.out)["tokens"]) > 0
