@@ -47,6 +47,15 @@ def test_a_resume_with_another_tokenizer_or_its_data_is_refused(corpus, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"made by another tokenizer than {ckpt} (fingerprint {now}; " in err, err
     assert f"resume with data made with checkpoint-2's tokenizer ({corpus / 'tokenizer'}, fingerprint {was})" in err
+    # the refusal's new lineage, from the run's export with the other tokenizer: allowed, said in one note
+    assert cli_main(["check", cfg, "--model_name_or_path", str(tmp_path / "out"), "--continue_training", "1",
+                     "--output_dir", str(tmp_path / "new"), "--tokenizer_name_or_path", str(tok2), "--input_dir",
+                     str(data2)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "whose weights continue_training loads" in line]
+    assert said == [f"  note: tokenizer_name_or_path: {tok2} (fingerprint {now}) is not the tokenizer of "
+                    f"{tmp_path / 'out'} (fingerprint {was}), whose weights continue_training loads: their embedding "
+                    f"rows were trained on its ids, which mean other tokens here; leave tokenizer_name_or_path out "
+                    f"(or set it to {tmp_path / 'out'}) unless a new tokenizer is meant"], said
     # the same tokenizer (also a copy of it formatted otherwise: another sha256, the same fingerprint), and no
     # tokenizer with the checkpoint's own data: the resume goes on
     assert cli_main(["check", cfg, "--max_steps", "3"]) == 0
@@ -67,8 +76,8 @@ def test_a_trained_directory_given_as_model_name_or_path_alone_is_said_not_loade
     capsys.readouterr()
     assert cli_main(["check", cfg, "--model_name_or_path", str(out), "--output_dir", str(tmp_path / "new")]) == 0
     said = capsys.readouterr().out
-    assert (f"note: model_name_or_path: {out} holds weights, which this run does not load (it takes the directory's "
-            f"config.json alone, from a random init); continue_training: 1 loads them") in said
+    assert (f"note: model_name_or_path: {out} holds weights, which this run does not load: it builds the model from "
+            f"config.json alone, at a random init; continue_training: 1 loads them") in said
     assert cli_main(["check", cfg, "--model_name_or_path", str(out), "--output_dir", str(tmp_path / "new"),
                      "--continue_training", "1"]) == 0
     assert "does not load" not in capsys.readouterr().out

@@ -180,6 +180,6 @@ def test_a_trained_directory_without_continue_training_says_its_weights_are_not_
     spec = prepare(None, ["--model_name_or_path", str(trained), "--input_dir", write_tokens(tmp_path / "docs"),
                           "--output_dir", str(tmp_path / "out"), "--do_train", "--max_steps", "2", "--device", "cpu",
                           "--continue_training", "0"], Target("cpu", 1))
-    assert any(n == f"model_name_or_path: {trained} holds weights, which this run does not load (it takes the "
-                    f"directory's config.json alone, from a random init); continue_training: 1 loads them"
+    assert any(n == f"model_name_or_path: {trained} holds weights, which this run does not load: it builds the "
+                    f"model from config.json alone, at a random init; continue_training: 1 loads them"
                for n in spec.run.notes), spec.run.notes

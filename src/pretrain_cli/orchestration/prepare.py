@@ -26,6 +26,7 @@ from pretrain_cli.orchestration.opened import (beside_the_file, build_model_conf
                                                open_splits, open_token_files, open_tokenizer, placeholder_config,
                                                tokenizer_ids, unused_vocab)
 from pretrain_cli.training import trackers
+from pretrain_cli.training.tokenizer_lineage import continued_tokenizer
 
 
 # keys a node may set otherwise: paths (each node's mounts; what they hold is compared instead), what rank 0 alone
@@ -57,14 +58,15 @@ class RunSpec:
     def resuming(self, path) -> RunSpec:
         """This run resuming from `path` (None: starting afresh) instead: a rank other than 0 taking rank 0's
         choice once joined (`training.same_run.resume`), and `train`'s fallback when the files of the checkpoint
-        chosen here were found altered while reading them. The resume's decisions (compatibility, batch, schedule,
-        router bias) are made again for the checkpoint it now resumes from, as `prepare` made them for the first."""
+        chosen here were found altered while reading them. The resume's checks (the model's shape and sequence length,
+        the tokenizer) and decisions (batch, eval windows, schedule, optimizer settings, router bias) are made again
+        for the checkpoint it now resumes from, as `prepare` made them for the first."""
         from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
 
         saved = CheckpointDir(path) if path is not None else None
         if saved is not None:
             check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, bool(self.run.output.resume_from))
-            check_tokenizer(saved, self.tokenizer, self.prefixes())
+            check_tokenizer(saved, self.tokenizer, self.prefixes(), self.args)
         args, run = _resumed(self, saved)
         return replace(self, resume=Path(path) if path is not None else None, args=args, run=run,
                        resumed_at=_progress(saved))
@@ -282,8 +284,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
-        if spec.tokenizer is not None:
+        if spec.tokenizer is not None:  # (continue_training: a note when its weights' tokenizer is another)
             spec.model_cfg, id_notes = tokenizer_ids(model_cfg, spec.tokenizer)
+            id_notes += continued_tokenizer(model_dir, spec.tokenizer) if run.model.continue_training else []
             spec.run = run = replace(run, notes=(*run.notes, *id_notes, *unused_vocab(args, model_cfg, spec.tokenizer)))
     if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(open_splits, run, model_cfg, spec.tokenizer)
@@ -305,14 +308,14 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if saved is None and run.loop.do_train and not run.model.continue_training and trained:
         # PaddleNLP's meaning, kept: model_name_or_path alone gives the architecture; said, as a trained directory's
         # weights read as the run's start
-        note = (f"model_name_or_path: {args.model.model_name_or_path} holds weights, which this run does not load (it "
-                f"takes the directory's config.json alone, from a random init); continue_training: 1 loads them")
+        note = (f"model_name_or_path: {args.model.model_name_or_path} holds weights, which this run does not load: it "
+                f"builds the model from config.json alone, at a random init; continue_training: 1 loads them")
         spec.run = run = replace(run, notes=(*run.notes, note))
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
         from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
-        problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes())
+        problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes(), args)
     _elsewhere(problems, args)
     problems.raise_if_any()
     spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)

@@ -5,9 +5,9 @@ trainer_state.json; each rank's pieces of the weights and optimizer state in its
 (`model-0000k-of-0000n.safetensors`, `optimizer-0000k-of-0000n.safetensors`; one process:
 `model.safetensors`, `optimizer.safetensors`), keyed by HF tensor name (optimizer state
 `<hf name>/moment1` etc.), HF layout; and `checkpoint.index.json`, where every piece lives. Where the
-layout leaves the weights whole (one process, DP, ZeRO-1/2, a pipeline's stages) the directory is also what
-transformers loads (with `model.safetensors.index.json` above one file); under TP / ZeRO-3 the weights are pieces and
-only the final export is an HF directory.
+layout leaves the weights whole (one process, DP, ZeRO-1/2, pipeline parallelism with DP or ZeRO-1/2 in its
+stages) the directory is also what transformers loads (with `model.safetensors.index.json` above one file); under
+TP / ZeRO-3 the weights are pieces and only the final export is an HF directory.
 
 A save goes to `checkpoint-N.tmp/`; `shard_writer` publishes it with one rename once every rank has
 reported, so a crash at any point leaves either the complete new checkpoint or none. A directory named
@@ -176,14 +176,17 @@ def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) 
     raise UserError(f"{ckpt}: {reason}; resume with the same {same}, or {fix}")
 
 
-def check_tokenizer(ckpt, tokenizer, prefixes=()) -> None:
+def check_tokenizer(ckpt, tokenizer, prefixes=(), args=None) -> None:
     """Refuse a resume with another tokenizer than the checkpoint's (the copy of its tokenizer files the run wrote
-    into it), compared by fingerprint as train-tokenizer and inspect-data print it: the embedding rows trained are
-    that tokenizer's ids, which another's mean other tokens (a same-sized one passes every shape check). A run
-    without a tokenizer has the sidecars of its token files (`prefixes`) compared with it instead. A checkpoint
-    without tokenizer files is not judged. A new lineage on purpose starts from an export (continue_training)."""
+    into it), compared by fingerprint as train-tokenizer and inspect-data print it, and where those differ by the
+    ids the two give (`tokenizer_lineage.same_ids`): the embedding rows trained are that tokenizer's ids, which
+    another's mean other tokens (a same-sized one passes every shape check). A run without a tokenizer has the
+    sidecars of its token files (`prefixes`) compared with it instead. A checkpoint without tokenizer files is not
+    judged. A new lineage on purpose starts from an export (continue_training). `args`: the run's arguments, whose
+    key that supplied the tokenizer the refusal names (tokenizer_name_or_path, else model_name_or_path)."""
     from pretrain_cli.data import check_tokenizer as check_files
     from pretrain_cli.data.tokenizer import load_tokenizer
+    from pretrain_cli.training.tokenizer_lineage import same_tokenizer
 
     ckpt = CheckpointDir.of(ckpt)
     if not (ckpt.path / "tokenizer.json").is_file() or (tokenizer is None and not prefixes):
@@ -192,17 +195,20 @@ def check_tokenizer(ckpt, tokenizer, prefixes=()) -> None:
             tokenizer.sha256:  # the run's own file copied (a save copies it byte for byte): not parsed again
         return
     saved = load_tokenizer(ckpt.path)
-    was = ((ckpt.args or {}).get("arguments") or {}).get("tokenizer_name_or_path")
+    recorded = (ckpt.args or {}).get("arguments") or {}  # (a checkpoint's own run took it from either key too)
+    was = recorded.get("tokenizer_name_or_path") or recorded.get("model_name_or_path")
     with_it = f"{was}, fingerprint {saved.fingerprint[:12]}" if was else f"fingerprint {saved.fingerprint[:12]}"
     lineage = (f"or, to start a new lineage on purpose, model_name_or_path: an export of it (`pretrain-cli export "
                f"{ckpt} DIR`, or the run's final directory) with continue_training: 1 in another output_dir")
     if tokenizer is None:
         check_files(list(prefixes), saved, where="input_dir: ", instead=f"resume with data made with {ckpt.name}'s "
                                                                          f"tokenizer ({with_it}), {lineage}")
-    elif saved.fingerprint not in tokenizer.fingerprints and tokenizer.fingerprint not in saved.fingerprints:
-        raise UserError(f"tokenizer_name_or_path: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not "
-                        f"the tokenizer {ckpt} was trained with ({with_it}): its token ids would mean other tokens; "
-                        f"resume with that tokenizer, {lineage}")
+    elif not same_tokenizer(saved, tokenizer):
+        key = ("model_name_or_path" if args is not None and args.model.tokenizer_name_or_path is None
+               else "tokenizer_name_or_path")
+        raise UserError(f"{key}: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not the tokenizer "
+                        f"{ckpt} was trained with ({with_it}): its token ids would mean other tokens; resume with "
+                        f"that tokenizer, {lineage}")
 
 
 def data_changes(ckpt, run) -> list[str]:
