@@ -200,3 +200,26 @@ def test_special_tokens_in_text_is_recorded_only_where_every_input_agrees(tmp_pa
     meta = merge(str(tmp_path / "olds"), [d / "old", tmp_path / "agree"])  # the merged `special` file: still known
     assert "special_tokens_in_text" not in meta
     assert merge(str(tmp_path / "both"), [d / "s1", tmp_path / "agree"])["special_tokens_in_text"] == "special"
+
+
+def test_a_file_given_twice_is_joined_once_and_said_once(tmp_path, capsys, monkeypatch):
+    """A directory and one of its files (or a file twice): the file was joined twice and called a repeat of itself
+    ("d/man: its 8 sequences are those of d/man"). It is joined once, where it first comes, with one line saying it
+    was given twice."""
+    docs = [[i % 7 + 1] * (i % 5 + 1) + [i] for i in range(12)]
+    d = tmp_path / "d"
+    d.mkdir()
+    write_mmidx_reference(str(d / "code"), docs[8:])
+    write_mmidx_reference(str(d / "man"), docs[:8])
+    assert cli.main(["merge-data", str(tmp_path / "j"), str(d), str(d / "man")]) == 0
+    assert capsys.readouterr().err == (f"merge-data: note: {d / 'man'} is given twice (in {d} and as {d / 'man'}): "
+                                       f"joined once, where it first comes; to join it twice, give a copy under "
+                                       f"another name\n")
+    assert read_sidecar(str(tmp_path / "j"))["merged_from"] == [str(d / "code"), str(d / "man")]
+    assert len(open_token_file(tmp_path / "j")) == 12
+    lines = []
+    monkeypatch.chdir(tmp_path)  # (a relative spelling of the same file is the same file)
+    assert merge_module.expand_prefixes(["d/man", str(d / "man"), d, "d/man.idx"], lines.append) == ["d/man",
+                                                                                                  str(d / "code")]
+    assert lines == [f"note: d/man is given 4 times (as d/man, as {d / 'man'}, in {d} and as d/man): joined once, "
+                     f"where it first comes; to join it 4 times, give a copy under another name"]

@@ -27,17 +27,31 @@ TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")
 _CHUNK = 1 << 24
 
 
-def expand_prefixes(inputs) -> list[str]:
-    """Prefixes as given, a directory standing for all its token files in sorted order."""
-    out = []
+def expand_prefixes(inputs, note=None) -> list[str]:
+    """Prefixes as given, a directory standing for all its token files in sorted order. A file given more than once
+    (by its prefix and in its directory, or twice over) is joined once, where it first comes, and `note` gets one
+    line saying so: compared with itself it read as a repeat of its own ("its 8 sequences are those of d/man"). A
+    source repeated on purpose is a copy under another name, which `repeated_inputs` names."""
+    out, given = [], {}  # absolute path -> (the prefix joined, how each mention gave it)
     for x in map(str, inputs):
         if os.path.isdir(x):
             found = token_prefixes(x)
             if not found:
                 raise UserError(f"{x}: directory holds no .idx or _idx.npz token files; pass token file prefixes")
-            out.extend(found)
+            how = f"in {x}"
         else:
-            out.append(strip_prefix(x))
+            found = [strip_prefix(x)]
+            how = f"as {found[0]}"
+        for p in found:
+            first = given.setdefault(os.path.abspath(p), (p, []))
+            first[1].append(how)
+            if len(first[1]) == 1:
+                out.append(p)
+    for p, hows in given.values():
+        if len(hows) > 1 and note is not None:
+            times = "twice" if len(hows) == 2 else f"{len(hows)} times"
+            note(f"note: {p} is given {times} ({', '.join(hows[:-1])} and {hows[-1]}): joined once, where it first "
+                 f"comes; to join it {times}, give a copy under another name")
     return out
 
 
@@ -121,9 +135,11 @@ def repeated_inputs(datasets) -> list[str]:
     a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are compared
     (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through its first
     input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct inputs has
-    its lengths compared (the .idx, in memory), and its tokens where a start's first sequence and lengths agree; a
-    pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a merge
-    with repeats reads more than one without: a repeated input's window twice for each distinct input holding it."""
+    its lengths compared (the .idx, in memory), reads the smaller's first sequence, and one token of the larger at
+    each start where the first and last lengths agree; its tokens where a start's first sequence and lengths agree
+    too; a pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a
+    merge with repeats reads more than one without: a repeated input's window twice for each distinct input
+    holding it."""
     groups = _identical(datasets)
     lines = []
     for group in groups:
@@ -199,10 +215,11 @@ def _repeat_at(a, b) -> int | None:
 
 def merge(output: str, inputs, note=None) -> dict:
     """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar. `note`
-    receives, before anything is written, a `warning: ` line for each input repeated inside another
-    (`repeated_inputs`) and a `note: ` line when the inputs' `--special_tokens_in_text` differ."""
+    receives, before anything is written, a `note: ` line for each input given more than once (`expand_prefixes`),
+    a `warning: ` line for each input repeated inside another (`repeated_inputs`) and a `note: ` line when the
+    inputs' `--special_tokens_in_text` differ."""
     out = check_output_prefix(str(output), "output")
-    prefixes = expand_prefixes(inputs)
+    prefixes = expand_prefixes(inputs, note)
     if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
     warn = None if note is None else lambda line: note(f"warning: {line}")
