@@ -1,7 +1,6 @@
 """`eval` and `generate` of a model no run wrote (an HF snapshot: no args.json) take the memory-light attention a
 run with `use_flash_attention: true` takes (on CPU the block kernel), which a forward computes exactly as the
 materialised scores do; a run's own directory keeps the run's choice."""
-import argparse
 import json
 
 import numpy as np
@@ -10,7 +9,6 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli.commands import eval as evaluate  # noqa: E402
 from pretrain_cli.config.parser import parse_config  # noqa: E402
 from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
@@ -29,23 +27,46 @@ def test_a_model_no_run_wrote_asks_for_the_memory_light_attention():
     assert targets.inference_kernels(arguments=ran_math)[0].attention == "math"
 
 
-def test_eval_of_a_snapshot_runs_the_block_kernel_with_the_scores_paths_loss(tmp_path, capsys, monkeypatch):
-    prefix = write_tokens(tmp_path / "c", n_docs=8, doc_len=64, vocab_size=CFG["vocab_size"])
-    cfg = ModelConfig(**CFG, initializer_range=0.2)
+def _snapshot(tmp_path):
+    """An export no run wrote (no args.json), with a tokenizer for `generate`."""
+    from data_helpers import make_tokenizer
+
+    cfg = ModelConfig(**{**CFG, "vocab_size": 320}, initializer_range=0.2)
     paddle.seed(0)
     convert.save_hf(build_model(cfg), cfg, str(tmp_path / "m"))
-    parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
-    argv = ["--model", str(tmp_path / "m"), "--data", prefix, "--max_seq_length", "96", "--json"]
-    ns = lambda: parser.parse_args(argv)  # noqa: E731
-    assert evaluate.main(ns()) == 0
-    block = json.loads(capsys.readouterr().out)
-    assert block["kernels"].startswith("attention=cpu " if cpu_ops.load() is not None else "attention=sdpa_mask ")
-    old = targets.inference_kernels
-    monkeypatch.setattr(targets, "inference_kernels",  # the old request: no kernel keys at all
-                        lambda run=None, arguments=None: old(run, arguments or parse_config(None, [])))
-    assert evaluate.main(ns()) == 0
-    scores = json.loads(capsys.readouterr().out)
+    make_tokenizer(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
+def _run(capsys, *argv):
+    from pretrain_cli.cli import main as cli_main
+
+    code = cli_main(list(argv))
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out.strip().splitlines()[-1])
+
+
+def test_eval_of_a_snapshot_runs_the_block_kernel_with_the_scores_paths_loss(tmp_path, capsys):
+    """`--use_flash_attention false` selects the scores' path on a snapshot (it was refused: "pass --config
+    FILE"), and computes the block kernel's loss."""
+    assert cpu_ops.load() is not None  # else both runs are sdpa_mask and the comparison says nothing
+    prefix = write_tokens(tmp_path / "c", n_docs=8, doc_len=64, vocab_size=320)
+    model = _snapshot(tmp_path)
+    argv = ["eval", "--model", model, "--data", prefix, "--max_seq_length", "96", "--json"]
+    block = _run(capsys, *argv)
+    assert block["kernels"].startswith("attention=cpu ")
+    scores = _run(capsys, *argv, "--use_flash_attention", "false")
     assert scores["kernels"].startswith("attention=sdpa_mask ")
     np.testing.assert_allclose(block["loss"], scores["loss"], rtol=1e-6)
     assert block["tokens"] == scores["tokens"] == 5 * 96  # (512 - 1) // 96 windows
+
+
+def test_generate_of_a_snapshot_runs_the_block_kernel_with_the_scores_paths_tokens(tmp_path, capsys):
+    assert cpu_ops.load() is not None
+    model = _snapshot(tmp_path)
+    argv = ["generate", "--model", model, "--prompt", "hello world", "--max_new_tokens", "8", "--json"]
+    block = _run(capsys, *argv)
+    scores = _run(capsys, *argv, "--use_flash_attention", "false")
+    assert block["kernels"].startswith("attention=cpu ") and scores["kernels"].startswith("attention=sdpa_mask ")
+    assert block["tokens"] == scores["tokens"] and len(block["tokens"]) == 8  # greedy: the same logits' argmax

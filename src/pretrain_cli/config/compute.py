@@ -109,7 +109,8 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
 
 def kernels_for(args: Arguments, target: Target) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
-    build the model with (the default arguments' when they have no argument file)."""
+    build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
+    override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`)."""
     notes: list = []
     return resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, Problems()), notes)
 

@@ -75,14 +75,25 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
 
 def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> Arguments | None:
     """The arguments `command` runs with: `--config`'s file, else the record of the run that wrote
-    `model_dir`, each with `overrides`; None when there is neither (then no override may be given)."""
+    `model_dir`, each with `overrides`; for a model no run wrote, None, or with kernel overrides
+    (`--use_flash_attention false`) the file `targets.inference_kernels` takes for it with them (no other
+    override may be given there: there is no run's setting for it to change)."""
+    from pretrain_cli.config.compute import KERNEL_KEYS
+    from pretrain_cli.config.parser import override_keys
+    from pretrain_cli.orchestration.targets import SNAPSHOT_ARGUMENTS
+
     record = record_path(model_dir) if config is None and model_dir is not None else None
     source = config or (str(record) if record is not None else None)
     if source is None:
-        if overrides:
-            raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings; "
-                            f"pass --config FILE, or a --model directory a run wrote (it holds args.json)")
-        return None
+        if not overrides:
+            return None
+        keys = [ours for _, ours in override_keys(overrides)]
+        if any(k not in KERNEL_KEYS for k in keys):
+            raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings, and "
+                            f"of a model no run wrote only the kernels ({', '.join(KERNEL_KEYS)}); pass --config "
+                            f"FILE, or a --model directory a run wrote (it holds args.json)")
+        kept = [] if SNAPSHOT_ARGUMENTS[0][2:] in keys else list(SNAPSHOT_ARGUMENTS)  # (one key and its value)
+        return parse_config(None, [*kept, *overrides])
     return parse_config(source, overrides)
 
 

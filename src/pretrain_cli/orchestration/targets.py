@@ -28,6 +28,10 @@ def inference_target() -> Target:
                   gpu_capability=runtime.gpu_capability() if gpu else None)
 
 
+# the argument file of a model no run wrote (`inference_kernels`), which kernel overrides change
+SNAPSHOT_ARGUMENTS = ("--use_flash_attention", "true")
+
+
 def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
     """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
     as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an argument
@@ -40,7 +44,7 @@ def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None 
 
     target = inference_target()
     if arguments is None:
-        arguments = parse_config(None, ["--use_flash_attention", "true"])
+        arguments = parse_config(None, list(SNAPSHOT_ARGUMENTS))
     return kernels_for(arguments, target), target.device
 
 
