@@ -3,7 +3,10 @@
 a re-run of a complete run end the same way with what is true of them (`training/closing.py`). The closing metrics
 are recorded once (metrics.jsonl's `train_metrics` record, the end of trainer_state.json's log_history)."""
 import json
+import os
 import re
+import shlex
+import signal
 
 import pytest
 
@@ -42,6 +45,22 @@ def _records(out, kind):
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+def _signal_after(monkeypatch, n):
+    """SIGTERM to this process once its `n`-th step of this launch is taken."""
+    from pretrain_cli.training import trainer as trainer_mod
+
+    real, steps = trainer_mod.Trainer.train_step, []
+
+    def step_then_signal(self, batches):
+        result = real(self, batches)
+        steps.append(1)
+        if len(steps) == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_then_signal)
+
+
 def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tmp_path, capsys):
     cfg = write_config(tmp_path, corpus, max_steps=3, save_steps=10)
     out = tmp_path / "out"
@@ -71,8 +90,8 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
     said = _said(capsys.readouterr().out)
     assert said[-8] == "already at max_steps=3: nothing to train; raise max_steps to continue"
     _block(said[-7:-1], results)
-    assert said[-1].startswith(f"train: nothing trained now; the final model of step 3, Hugging Face format, an "
-                               f"earlier launch wrote, is in {out}: pretrain-cli eval --model {out}; ")
+    assert said[-1].startswith(f"train: nothing trained now; the final model of step 3 (Hugging Face format, written "
+                               f"by an earlier launch) is in {out}: pretrain-cli eval --model {out}; ")
     assert (out / "metrics.jsonl").read_text() == before
 
     # continued past its end (a larger max_steps): that end's record stays where it was, this end adds its own
@@ -86,21 +105,7 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
 def test_a_stopped_run_ends_with_its_metrics_so_far_and_how_to_go_on(corpus, tmp_path, monkeypatch, capsys):
     """SIGTERM at step 2 of 4: the block of the two steps trained, then the stop's line; nothing recorded until the
     resumed run ends, which records its closing metrics once."""
-    import os
-    import signal
-
-    from pretrain_cli.training import trainer as trainer_mod
-
-    real, steps = trainer_mod.Trainer.train_step, []
-
-    def step_then_signal(self, batches):
-        result = real(self, batches)
-        steps.append(1)
-        if len(steps) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_then_signal)
+    _signal_after(monkeypatch, 2)
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=10)
     out = tmp_path / "out"
     assert cli_main(["train", cfg]) == 0
@@ -124,3 +129,64 @@ def test_a_stopped_run_ends_with_its_metrics_so_far_and_how_to_go_on(corpus, tmp
     _block(said[-7:-1], results)
     assert said[-1].startswith("train: done at step 4; ")
     assert [r["step"] for r in _records(out, "train_metrics")] == [4]
+
+
+def test_a_run_continued_past_its_end_and_stopped_names_its_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+    """Final model at step 2, continued to max_steps 4, SIGTERM at step 3: `eval --model out` reads the final model
+    of step 2 there, so the stop's line names checkpoint-3 (quoted as typed) and says whose the final model is."""
+    out = tmp_path / "run out"  # (a space: the commands quote it)
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=10, output_dir=str(out))
+    assert cli_main(["train", cfg]) == 0
+    capsys.readouterr()
+    _signal_after(monkeypatch, 1)
+    assert cli_main(["train", cfg, "--max_steps", "4"]) == 0
+    said = _said(capsys.readouterr().out)
+    ckpt = shlex.quote(str(out / "checkpoint-3"))
+    assert said[-1] == (f"stopped at step 3 and saved; re-run the same command to resume from checkpoint-3; {out} "
+                        f"holds the final model of step 2, an earlier end's: pretrain-cli eval --model {ckpt} and "
+                        f"pretrain-cli generate --model {ckpt} read step 3's weights meanwhile"), said[-1]
+    assert float(_block(said[-7:-1])["progress_or_epoch"]) == 0.75
+    assert cli_main(["eval", "--model", str(out / "checkpoint-3")]) == 0  # the command named reads step 3
+    assert f"; {out / 'checkpoint-3'}, trained weights;" in capsys.readouterr().out
+
+
+def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_line(corpus, tmp_path, capsys):
+    """PaddleNLP's run_pretrain ends do_predict with `log_metrics("test", ...)` after the train block: so does train,
+    before the line saying where the model is, rank 0, once. It prints no eval block (it evaluates only inside
+    training): an evaluation-only run (do_train false) ends with its eval line."""
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=10, do_eval=True, eval_steps=10, do_predict=True,
+                       eval_iters=1)
+    assert cli_main(["train", cfg]) == 0
+    said = _said(capsys.readouterr().out)
+    results = json.loads((out / "all_results.json").read_text())
+    test_keys = sorted(k for k in results if k.startswith("test_"))
+    assert said[-len(test_keys) - 2] == "***** test metrics *****", said[-12:]
+    rows = [re.fullmatch(r"  (\S+) +=( +)(\S+)", ln) for ln in said[-len(test_keys) - 1:-1]]
+    assert [m.group(1) for m in rows] == test_keys
+    assert float(rows[test_keys.index("test_loss")].group(3)) == round(results["test_loss"], 4)
+    _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)  # the train block just before it
+    assert said[-1].startswith("train: done at step 2; ")
+    assert sum(ln == "***** test metrics *****" for ln in said) == 1
+
+    assert cli_main(["train", cfg, "--do_train", "false", "--do_predict", "false"]) == 0
+    said = _said(capsys.readouterr().out)
+    assert said[-1].startswith("eval_loss: "), said[-3:]
+    assert not any("metrics *****" in ln for ln in said)
+
+
+def test_samples_per_second_counts_every_launchs_samples_whatever_ignore_data_skip_resets():
+    """train_runtime is every launch's; the samples were consumed_samples, which a resume with ignore_data_skip sets
+    back to 0 (the data position): 6 steps of 4 sequences in 2 s read as 4 samples/s after such a resume at step 5
+    (the 2 steps since alone). They are every launch's steps' samples now, from tokens_seen: 12/s."""
+    from types import SimpleNamespace as NS
+
+    from pretrain_cli.training import run_end
+    from pretrain_cli.training.trainer_state import TrainerState
+
+    state = TrainerState(global_step=6, consumed_samples=8, tokens_seen=6 * 4 * 32, train_seconds=2.0, loss_sum=6.0)
+    trainer = NS(state=state, seq_len=32, loop=NS(max_steps=6), throughput=NS(tokens_this_launch=2 * 4 * 32),
+                 process_seconds=1.0)
+    results = run_end.train_results(trainer)
+    assert results["train_samples_per_second"] == 12.0 and results["train_steps_per_second"] == 3.0
+    assert results["train_tokens_per_second"] == 12.0 * 32

@@ -164,3 +164,28 @@ def test_a_resume_of_the_continued_run_keeps_the_rest_of_the_grace(tmp_path):
     assert resumed.state.routers_steps_before == {"0": 40, "1": 40}
     lines = _warnings_and_notes(resumed, (50, 60, 70, 80))
     assert len(lines) == 2 and all(line.startswith("step 80: model.layers.") for line in lines), lines
+
+
+def test_a_resume_keeps_its_routers_named_and_an_older_state_of_a_run_from_init_is_named_on_resume(tmp_path):
+    """A run from init names every router (`routers_named`), and a resume keeps it (state_dict -> load_state_dict).
+    A state from before the key (a run from init left routers_from_init [], routers_named absent) stayed so through
+    every resume, its lineage read by args.json; resumed by a run from init, its routers are all named now, which a
+    directory without an args.json reads too. A continued run's older state is kept as it is (its own list)."""
+    run = resolve_run("--max_steps", "40", model="micro-qwen3-moe")
+    cfg = ModelConfig.from_file(str(_preset()))
+    with paddle.LazyGuard():
+        lazy = build_model(cfg, None, MoeConfig())
+    layout = lay_out(run, lazy, NoComm())
+    first = Trainer(layout, None, run, NoComm())
+    first.state.global_step = 40
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = Trainer(layout, None, run, NoComm(), resumed=state)
+    assert (resumed.state.routers_named, resumed.state.routers_from_init) == (True, [0, 1])
+    older = {**{k: v for k, v in state.items() if k != "routers_named"}, "routers_from_init": []}
+    upgraded = Trainer(layout, None, run, NoComm(), resumed=older)
+    assert (upgraded.state.routers_named, upgraded.state.routers_from_init) == (True, [0, 1])
+    assert routers_before(upgraded.state_dict(), None, [0, 1]) == {0: 40, 1: 40}  # (the older one: {} without args)
+    snapshot, _ = _save(tmp_path, "snapshot", record=False)
+    continued = _continue(snapshot, cfg, max_steps=200)
+    continued.load_state_dict({**older, "routers_from_init": [1]})
+    assert (continued.state.routers_named, continued.state.routers_from_init) == (False, [1])

@@ -203,23 +203,29 @@ def test_a_resume_without_an_intact_mark_writes_that_trackers_history_again(tmp_
 
 def test_finishing_a_run_writes_its_last_evaluations_again_once(tmp_path):
     """A run killed in its final export, re-run to finish it: its last step's eval and test records are the ones the
-    new process writes (`redo`); of the records after the mark the train and checkpoint ones stay. metrics.jsonl
-    then keeps lines that do not all come first: it is published whole, its first part copied as it is."""
+    new process writes (`redo`: `run_end.FINAL_KINDS`, as `train` passes them), the closing metrics' too; of the
+    records after the mark the train and checkpoint ones stay. metrics.jsonl then keeps lines that do not all come
+    first: it is published whole, its first part copied as it is."""
     from pretrain_cli.training.metrics import MetricsWriter
+    from pretrain_cli.training.run_end import FINAL_KINDS
 
     names = ["visualdl", "tensorboard"]
     writer = MetricsWriter(str(tmp_path), None, names, None, {})
     marks = log_steps(writer, 1, 10)
     writer.write("test", 10, {"test_loss": 8.0})
+    writer.write("train_metrics", 10, {"train_loss": 9.0})
     writer.close()
-    writer = MetricsWriter(str(tmp_path), None, names, 10, {}, ("eval", "test"), marks[10])
+    writer = MetricsWriter(str(tmp_path), None, names, 10, {}, FINAL_KINDS, marks[10])
     writer.write("eval", 10, {"eval_loss": 7.75})  # (the same weights: the same loss, here another to tell them apart)
     writer.write("test", 10, {"test_loss": 7.5})
+    writer.write("train_metrics", 10, {"train_loss": 8.5})
     writer.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert [(r["kind"], r["step"]) for r in records if r["step"] == 10] == [
-        ("train", 10), ("checkpoint", 10), ("eval", 10), ("test", 10)]
-    for tracker, curves in _curves(tmp_path / "runs").items():
+        ("train", 10), ("checkpoint", 10), ("eval", 10), ("test", 10), ("train_metrics", 10)]
+    trackers_curves = _curves(tmp_path / "runs")
+    assert trackers_curves["tensorboard"]["train_metrics/train_loss"] == [(10, 8.5)]  # (_curves' VisualDL: 3 tags)
+    for tracker, curves in trackers_curves.items():
         assert curves["eval/eval_loss"] == [(5, pytest.approx(8.5)), (10, 7.75)], tracker
         assert [s for s, _ in curves["train/loss"]] == list(range(1, 11)), tracker
 

@@ -1,13 +1,15 @@
 """What `train` says last, on rank 0 and once: the run's closing metrics as PaddleNLP's Trainer prints them
-(`***** train metrics *****`, its names, its number and time formats, keys sorted: `log_metrics`), then one line
-saying where the model is and what to run on it next. A user coming from PaddleNLP looks for that block to know the
-run is over and how it went; without it the last line was the final export's, logged before the export was written.
+(`***** train metrics *****`, its names, its number and time formats, keys sorted: `log_metrics`; with do_predict
+its `***** test metrics *****` too), then one line saying where the model is and what to run on it next. A user
+coming from PaddleNLP looks for that block to know the run is over and how it went, and the line says what reads the
+result without a look into the docs.
 
 Three ends say it, each what is true of it: a finished run (after its export is on disk: the model's directory and
-the commands for it), a run stopped by a signal (its metrics so far; no final model, the checkpoint to resume from),
-and a run found already complete (the metrics its export recorded, read back from train_results.json). The closing
-metrics are recorded once, by the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and
-the trackers: a `train` record there is a log line's, which every reader of the loss curve takes for one.
+the commands for it), a run stopped by a signal (its metrics so far; what reads its newest checkpoint, and the step
+of an earlier end's final model where output_dir holds one), and a run found already complete (the metrics its
+export recorded, read back from train_results.json). The closing metrics are recorded once per final export, by
+the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and the trackers: a `train` record
+there is a log line's, which every reader of the loss curve takes for one.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import shlex
 from pathlib import Path
 
+from pretrain_cli import run_dir
 from pretrain_cli.training.metrics import log
 
 CLOSING_KEYS = ("progress_or_epoch", "train_loss", "train_runtime", "train_samples_per_second",
@@ -33,26 +36,40 @@ def _runtime(secs: float) -> str:
     return f"{datetime.timedelta(seconds=int(secs))}.{int(abs(secs - int(secs)) * 100):02d}"
 
 
-def block(metrics: dict) -> list[str]:
-    """The lines of PaddleNLP's `log_metrics("train", metrics)`: its `metrics_format` (a runtime as h:mm:ss.hh, a
+def block(metrics: dict, split: str = "train") -> list[str]:
+    """The lines of PaddleNLP's `log_metrics(split, metrics)`: its `metrics_format` (a runtime as h:mm:ss.hh, a
     float to 4 decimals), keys sorted, both columns aligned."""
     shown = {k: _runtime(v) if "_runtime" in k else round(v, 4) if isinstance(v, float) else v
              for k, v in metrics.items()}
     k_width = max(len(str(k)) for k in shown)
     v_width = max(len(str(v)) for v in shown.values())
-    return ["***** train metrics *****", *(f"  {k: <{k_width}} = {shown[k]:>{v_width}}" for k in sorted(shown))]
+    return [f"***** {split} metrics *****", *(f"  {k: <{k_width}} = {shown[k]:>{v_width}}" for k in sorted(shown))]
 
 
-def log_block(metrics: dict) -> None:
-    for line in block(metrics) if metrics else ():
+def log_block(metrics: dict, split: str = "train") -> None:
+    for line in block(metrics, split) if metrics else ():
         log.info(line)
+
+
+def log_blocks(results: dict) -> None:
+    """The blocks PaddleNLP's run_pretrain ends with, of the final `results` (`run_end.finish`'s): the train block
+    (`closing_metrics`; none in a run that does not train), then do_predict's `log_metrics("test", ...)` (its
+    `test_*` keys). It prints no eval block: it evaluates only inside training, where each eval line says it."""
+    log_block(closing_metrics(results))
+    log_block({k: v for k, v in results.items() if k.startswith("test_")}, "test")
+
+
+def _commands(model: str) -> tuple[str, str]:
+    """`eval` and `generate` on the directory `model`, quoted as they are typed."""
+    q = shlex.quote(model)
+    return f"pretrain-cli eval --model {q}", f"pretrain-cli generate --model {q}"
 
 
 def next_commands(model: str) -> str:
     """The commands that read the model directory (or run directory) `model`, as they are typed."""
-    q = shlex.quote(model)
-    return (f"pretrain-cli eval --model {q}; pretrain-cli generate --model {q} --prompt 'Hello'; in Python, "
-            f"transformers.AutoModelForCausalLM.from_pretrained({json.dumps(model)})")
+    evaluate, generate = _commands(model)
+    return (f"{evaluate}; {generate} --prompt 'Hello'; in Python, "
+            f"transformers.AutoModelForCausalLM.from_pretrained({json.dumps(model, ensure_ascii=False)})")
 
 
 def finished(output_dir, step: int, dtype: str) -> str:
@@ -63,16 +80,33 @@ def finished(output_dir, step: int, dtype: str) -> str:
 
 def already_complete(output_dir, step: int) -> str:
     """The last line of a run that found its final model already written (nothing trained now)."""
-    return (f"train: nothing trained now; the final model of step {step}, Hugging Face format, an earlier launch "
-            f"wrote, is in {output_dir}: {next_commands(str(output_dir))}")
+    return (f"train: nothing trained now; the final model of step {step} (Hugging Face format, written by an earlier "
+            f"launch) is in {output_dir}: {next_commands(str(output_dir))}")
 
 
 def stopped(message: str, output_dir, step: int) -> str:
-    """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends: `eval` and `generate`
-    take a run directory without a final model for its newest checkpoint."""
-    q = shlex.quote(str(output_dir))
-    return (f"{message}; no final model yet: pretrain-cli eval --model {q} and pretrain-cli generate --model {q} "
-            f"read checkpoint-{step} meanwhile")
+    """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends. `eval` and `generate`
+    take a run directory without a final model for its newest checkpoint; one that holds an earlier end's final model
+    (a run continued past its end, then stopped) stands for that model, so the checkpoint is named instead."""
+    final = _final_step(output_dir)
+    if final is None:
+        evaluate, generate = _commands(str(output_dir))
+        return f"{message}; no final model yet: {evaluate} and {generate} read checkpoint-{step} meanwhile"
+    evaluate, generate = _commands(str(run_dir.checkpoint_dir(output_dir, step)))
+    return (f"{message}; {output_dir} holds the final model of step {final}, an earlier end's: {evaluate} and "
+            f"{generate} read step {step}'s weights meanwhile")
+
+
+def _final_step(output_dir) -> int | None:
+    """The step of the final model `output_dir` holds (its weights and the trainer state its export wrote), or None
+    without one."""
+    from pretrain_cli.models.convert import has_weights
+
+    try:
+        state = json.loads((Path(output_dir) / run_dir.STATE_FILE).read_text(encoding="utf-8"))
+        return int(state["global_step"]) if has_weights(output_dir) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def recorded(output_dir) -> dict:

@@ -150,8 +150,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     with rank0_round(comm):
         export.write_final(r, model_cfg, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
                            results)
-    if r.loop.do_train:  # the log's last lines, now that the model is on disk
-        closing.log_block(closing.closing_metrics(results))
+    closing.log_blocks(results)  # the log's last lines (rank 0's: others returned above), the model on disk
+    if r.loop.do_train:
         log.info(closing.finished(r.output.output_dir, trainer.state.global_step, r.output.export_dtype))
     comm.wait_until_seen()
     return 0

@@ -12,7 +12,7 @@ from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_
 from pretrain_cli.training import checkpoint, closing, rank_exit
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.spike import SpikeError
-from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError
+from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError, progress_or_epoch
 from pretrain_cli.run_config import RunConfig
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
@@ -133,10 +133,13 @@ def train_results(trainer) -> dict:
     runtime_s = max(s.train_seconds, 1e-9)
     here = trainer.throughput.tokens_this_launch
     loss = (s.loss_sum + s.interval_loss) / max(s.global_step, 1)  # (the steps after the last log line: a stop)
+    # every launch's samples, as train_runtime is every launch's: from tokens_seen, which ignore_data_skip does not
+    # reset (consumed_samples, the data position, it does)
+    samples = s.tokens_seen / trainer.seq_len
     return {"train_runtime": round(runtime_s, 4), "train_loss": loss,
-            "global_step": s.global_step, "train_samples_per_second": round(s.consumed_samples / runtime_s, 4),
+            "global_step": s.global_step, "train_samples_per_second": round(samples / runtime_s, 4),
             "train_steps_per_second": round(s.global_step / runtime_s, 4),
-            "progress_or_epoch": round(s.global_step / trainer.loop.max_steps, 4),  # as the log line's
+            "progress_or_epoch": progress_or_epoch(s.global_step, trainer.loop.max_steps),  # as the log line's
             # goodput: all tokens over all restarts' training time; and this launch's alone (all its ranks)
             "train_tokens_per_second": round(s.tokens_seen / runtime_s, 4), "tokens_seen": s.tokens_seen,
             "effective_tokens_per_second_this_launch": round(here / max(trainer.process_seconds, 1e-9), 4),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
+from pretrain_cli.training.trainer_state import progress_or_epoch
 
 
 class TrainLog:
@@ -36,7 +37,7 @@ class TrainLog:
                            "max_memory_reserved": round(paddle.device.cuda.max_memory_reserved() / 2**30, 4)})
         values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": s.tokens_seen,
                        "consumed_samples": s.consumed_samples, "batch_hash": s.last_batch_hash,
-                       "progress_or_epoch": round(s.global_step / self.loop.max_steps, 4)})
+                       "progress_or_epoch": progress_or_epoch(s.global_step, self.loop.max_steps)})
         cfg = getattr(self.layout.raw_model, "config", None)  # MoE: router losses, load; MTP (dense too): its loss
         if getattr(cfg, "sparse_layers", None) or getattr(cfg, "num_nextn_predict_layers", 0):
             from pretrain_cli.models.moe_loss import log_values

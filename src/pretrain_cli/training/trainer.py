@@ -53,7 +53,7 @@ class Trainer(TrainLog):
                       if run.spike.enabled else None)
         self.step = Step(run, comm, self.spike.guard if self.spike is not None else None)
         self.state = TrainerState()
-        layers = getattr(getattr(layout.raw_model, "config", None), "expert_layers", None)
+        layers = self._expert_layers = getattr(getattr(layout.raw_model, "config", None), "expert_layers", None)
         if layers:  # (a resume's state then says what the run's first process found)
             from pretrain_cli.training.routing_watch import routers_from_init
 
@@ -85,8 +85,12 @@ class Trainer(TrainLog):
     def load_state_dict(self, d: dict) -> None:
         known = {k: d[k] for k in asdict(self.state) if k in d}
         self.state = TrainerState(**known)
-        if self.loop.ignore_data_skip:
+        if self.loop.ignore_data_skip:  # the data position only: the closing metrics count samples by tokens_seen
             self.state.consumed_samples = 0
+        if self._expert_layers and "routers_named" not in d and not self.continued:
+            # a state from before routers_named, of a run from init: its routers are all from init, named so that
+            # this lineage's later states say it themselves (`routing_watch.routers_before`)
+            self.state.routers_from_init, self.state.routers_named = list(self._expert_layers), True
 
     def release(self) -> None:
         """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
