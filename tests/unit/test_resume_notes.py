@@ -43,13 +43,34 @@ def test_a_new_learning_rate_on_resume_is_named_whichever_the_choice(tmp_path):
     assert kept.schedule.max_lr == 0.003  # keep: the saved schedule, this run's learning_rate dropped, and said
     [note] = [n for n in kept.notes if n.startswith("schedule:")]
     assert "; kept: cosine, warmup 20, peak 0.003," in note
-    assert "this run's learning_rate 0.001 not applied (the saved schedule's rates go on)" in note
+    assert "this run's learning_rate 0.001 not applied (the saved schedule goes on)" in note
     shorter = resolve_run(*SCHED, "--max_steps", "150")
     [note] = [n for n in resume_schedule(shorter, ckpt, "stretch").notes if n.startswith("schedule:")]
     assert "shortened to this run's: cosine, warmup 20, peak 0.003, decay to 0.0003 by step 150" in note
     longer = resolve_run(*SCHED, "--max_steps", "300")
     [note] = [n for n in resume_schedule(longer, ckpt, "stretch").notes if n.startswith("schedule:")]
     assert "stretched to this run's" in note and "not applied" not in note
+
+
+def test_keep_names_every_setting_it_does_not_apply_and_wsd_says_its_stable_phase(tmp_path):
+    """Under keep, another lr_scheduler_type, warmup_steps or decay end went unsaid (only the rates were named); a
+    warmup_stable_decay resumed at a higher max_steps lengthens its stable phase, which 'stretched' did not say."""
+    from pretrain_cli.orchestration.resumed import resume_schedule
+
+    ckpt = _checkpoint(tmp_path, resolve_run(*SCHED, "--max_steps", "200"), 124)
+    other = resolve_run("--lr_scheduler_type", "linear", "--warmup_steps", "10", "--learning_rate", "0.003",
+                        "--min_learning_rate", "0.0003", "--max_steps", "300")
+    [note] = [n for n in resume_schedule(other, ckpt, "keep").notes if n.startswith("schedule:")]
+    assert ("this run's lr_scheduler_type linear, warmup_steps 10, decay end step 300 not applied (the saved "
+            "schedule goes on)") in note, note
+    wsd = ["--lr_scheduler_type", "warmup_stable_decay", "--warmup_steps", "10", "--learning_rate", "0.002",
+           "--min_learning_rate", "0.0002", "--num_decay_steps", "20"]
+    (tmp_path / "w").mkdir()
+    ckpt = _checkpoint(tmp_path / "w", resolve_run(*wsd, "--max_steps", "100"), 50)
+    [note] = [n for n in resume_schedule(resolve_run(*wsd, "--max_steps", "200"), ckpt, "stretch").notes
+              if n.startswith("schedule:")]
+    assert ("; stable phase lengthened to this run's: warmup_stable_decay, warmup 10, peak 0.002, stable to step "
+            "180, cosine decay to 0.0002 by step 200 (") in note, note
 
 
 def test_optimizer_settings_changed_on_resume_are_named_old_to_new(tmp_path):

@@ -229,15 +229,24 @@ def resume_schedule(run: RunConfig, resume, choice: str) -> RunConfig:
     elif choice == "restart":
         new = replace(new, start_step=step, decay_steps=max(new.decay_steps - step, new.warmup_steps, 1),
                       decay_start=max(new.decay_start - step, new.warmup_steps))
-    # stretch: a lower max_steps ends the decay sooner, a higher one later, the same one changes only the rates
-    how = ("stretched" if new.decay_steps > saved.decay_steps else "shortened" if new.decay_steps < saved.decay_steps
+    # stretch: a lower max_steps ends the decay sooner, a higher one later (warmup_stable_decay: a higher one ends its
+    # stable phase later, the decay as long as num_decay_steps or its default share of max_steps), the same one
+    # changes only the rates
+    wsd = new.kind == saved.kind == "warmup_stable_decay" and new.decay_start != saved.decay_start
+    how = (f"stable phase {'lengthened' if new.decay_start > saved.decay_start else 'shortened'}" if wsd else
+           "stretched" if new.decay_steps > saved.decay_steps else "shortened" if new.decay_steps < saved.decay_steps
            else "changed")
     what = {"stretch": f"{how} to this run's", "keep": "kept", "restart": "restarted"}[choice]
     others = " or ".join(c for c in ("stretch", "keep", "restart") if c != choice)
-    # keep: this run's own rates are not applied, which its arguments alone do not tell
-    dropped = [f"{key} {a:g}" for key, a, b in (("learning_rate", run.schedule.max_lr, saved.max_lr),
-                                                ("min_learning_rate", run.schedule.min_lr, saved.min_lr)) if a != b]
-    dropped = (f"; this run's {' and '.join(dropped)} not applied (the saved schedule's rates go on)"
+    # keep: this run's own schedule settings are not applied, which its arguments alone do not tell
+    mine = run.schedule
+    decays = not mine.kind.startswith("constant")  # (a constant schedule has no decay to end)
+    dropped = [f"{key} {a:g}" if isinstance(a, float) else f"{key} {a}" for key, a, b in (
+        ("lr_scheduler_type", mine.kind, saved.kind), ("learning_rate", mine.max_lr, saved.max_lr),
+        ("min_learning_rate", mine.min_lr, saved.min_lr), ("warmup_steps", mine.warmup_steps, saved.warmup_steps),
+        ("decay end step", mine.decay_steps if decays else None, saved.decay_steps if decays else None),
+        ("stable phase end step", mine.decay_start, saved.decay_start)) if a != b]
+    dropped = (f"; this run's {', '.join(dropped)} not applied (the saved schedule goes on)"
                if choice == "keep" and dropped else "")
     note = (f"schedule: {resume.name} was trained on {saved.describe()}; {what}: {new.describe()} (LR at step "
             f"{step + 1}: {saved.lr_at(step + 1):.3g} saved -> {new.lr_at(step + 1):.3g}){dropped}; "
