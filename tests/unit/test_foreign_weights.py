@@ -167,3 +167,18 @@ def test_pytorch_weights_count_as_weights_wherever_weights_are_judged(tmp_path):
                for n in spec.run.notes), spec.run.notes
     with pytest.raises(UserError, match=r"output_dir: .* holds a model no run wrote there \(pytorch_model\.bin, "):
         foreign_model(replace(spec.run, output=replace(spec.run.output, output_dir=d)))
+
+
+def test_eval_config_names_the_files_output_dir_not_model(tmp_path, capsys):
+    """`eval --config FILE --data D` without --model evaluates the file's output_dir: its refusals said "--model:",
+    an option the user never gave."""
+    from pretrain_cli.cli import main as cli_main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"")  # weights without their config.json
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"model_name_or_path": "micro-qwen2", "output_dir": str(out)}))
+    prefix = write_tokens(tmp_path / "c", vocab_size=CFG["vocab_size"])
+    assert cli_main(["eval", "--config", str(cfg), "--data", prefix, "--max_seq_length", "16"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {cfg}: output_dir: {out} has no config.json")

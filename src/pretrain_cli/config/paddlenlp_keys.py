@@ -77,7 +77,7 @@ PADDLENLP_IGNORED = {
     "pipeline_schedule_mode": ("1F1B", "fleet's 1F1B schedule runs (interleaved with virtual_pp_degree > 1)"),
     "use_fused_dropout_add": (False, "Llama and Qwen have no dropout"),
     "use_fused_linear": (False, "PaddleNLP's fused linear layer of its GPT-3 model (matmul + bias add as one GPU "
-                                "op); the projections here run as the `kernels:` line names them (cpu_fused_ops)"),
+                                "op); the projections here run as the `kernels:` line names them"),
     "log_level": ("passive", "rank 0 logs at INFO"),
     "log_level_replica": ("warning", "only global rank 0 logs"),
     "save_safetensors": (True, "checkpoints are safetensors always"),

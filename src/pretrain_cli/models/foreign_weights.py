@@ -1,9 +1,9 @@
-"""Weights in formats not read here (safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's,
-PaddleNLP's `.pdparams` (which files those are: `weight_files`, the one judge of it). A directory holding them and no
-safetensors has trained weights all the same: a command that would use them refuses, naming the files and the one
-conversion that works for them (transformers 5 loads only some of these formats), where it would otherwise run
-the model at random init as it runs a config.json alone (`eval`, `generate`) or stop at "no model.safetensors"
-with no way on (`train`, `check`)."""
+"""Which files of a model directory are weights (`weight_files`, the one judge: `convert.has_weights`, the refusal
+below, prepare's "weights not loaded" note, the guard of an output_dir no run wrote), and those in formats not read
+here (safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's, PaddleNLP's `.pdparams`. A directory
+holding those and no safetensors is a trained model all the same, which run as a config.json alone would be a
+random init: a command that would use it refuses, naming the files and the conversion that works for them
+(transformers 5 loads only some of these formats)."""
 from __future__ import annotations
 
 import fnmatch
