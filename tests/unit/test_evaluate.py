@@ -246,5 +246,5 @@ def test_a_model_that_is_no_runs_directory_asks_for_data_naming_why():
     with pytest.raises(UserError) as e:
         evaluate.main(_ns(model="micro-qwen2"))
     line = str(e.value)
-    assert "\n" not in line and "--model micro-qwen2 is not a run's directory (no args.json)" in line, line
+    assert "\n" not in line and "--model micro-qwen2 is not a run's directory (no args.json of a run)" in line, line
     assert "pass --data PREFIX" in line, line

@@ -244,7 +244,7 @@ def main(ns: argparse.Namespace) -> int:
         model_key = f"{ns.config}: output_dir"
         reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is not None and ns.data is None:  # not a run's directory (an export, a download): no split of its own
-        raise UserError(f"eval: --model {ns.model} is not a run's directory (no args.json), so it names no data: pass "
+        raise UserError(f"eval: --model {ns.model} is not a run's directory (no args.json of a run), so it names no data: pass "
                         f"--data PREFIX (a .bin/.idx token file made with this model's tokenizer), or --config CFG.json")
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
