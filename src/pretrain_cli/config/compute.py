@@ -61,12 +61,11 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
     # process), which runs the reference blocks whatever it says (`attention_words`)
     moot = "use_flash_attention" in args.explicit or (target.world_size > 1 and t.context_parallel_degree > 1)
     if not gpu and attention == "math" and t.cpu_fused_ops and not moot:
-        # measured: configs/demo_cpu.json (tiny-qwen2, 8 x 256 tokens) on this 2-core Xeon, `pretrain-cli train` with
-        # --max_steps 12 --do_eval false and --use_flash_attention true / false, median interval_runtime of steps 3-12,
-        # two alternated rounds on a machine shared with other jobs (load 5-7): 0.47 / 1.83 s, then 0.93 / 1.99 s
+        # the figure: benchmarks/train_throughput.py at bench's shape, both settings alternated (PERFORMANCE.md §10);
+        # said as that shape's, since `plan --device cpu` prints the note for any model
         notes.append("use_flash_attention: not set, so attention on CPU materialises the [b, heads, s, s] scores "
-                     "(sdpa_mask); true selects the block-causal CPU kernel, memory-light and 2-4x as fast (a step "
-                     "of tiny-qwen2 at 8 x 256 tokens: 0.47-0.93 s against 1.8-2.0 s)")
+                     "(sdpa_mask); true selects the block-causal CPU kernel, memory-light and faster (2.3x a step "
+                     "at benchmarks/configs/bench.json's shape, 8 x 256 tokens: docs/PERFORMANCE.md §10)")
     assert attention in ATTENTION_PATHS
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
                         rope="fused" if t.use_fused_rope else "reference", swiglu="fused" if gpu else "reference",
