@@ -203,9 +203,8 @@ def test_special_tokens_in_text_is_recorded_only_where_every_input_agrees(tmp_pa
 
 
 def test_a_file_given_twice_is_joined_once_and_said_once(tmp_path, capsys, monkeypatch):
-    """A directory and one of its files (or a file twice): the file was joined twice and called a repeat of itself
-    ("d/man: its 8 sequences are those of d/man"). It is joined once, where it first comes, with one line saying it
-    was given twice."""
+    """A directory and one of its files (or a file twice, under any spelling) is joined once, where it first comes,
+    with one line naming each mention as typed."""
     docs = [[i % 7 + 1] * (i % 5 + 1) + [i] for i in range(12)]
     d = tmp_path / "d"
     d.mkdir()
@@ -221,5 +220,50 @@ def test_a_file_given_twice_is_joined_once_and_said_once(tmp_path, capsys, monke
     monkeypatch.chdir(tmp_path)  # (a relative spelling of the same file is the same file)
     assert merge_module.expand_prefixes(["d/man", str(d / "man"), d, "d/man.idx"], lines.append) == ["d/man",
                                                                                                   str(d / "code")]
-    assert lines == [f"note: d/man is given 4 times (as d/man, as {d / 'man'}, in {d} and as d/man): joined once, "
-                     f"where it first comes; to join it 4 times, give a copy under another name"]
+    assert lines == [f"note: d/man is given 4 times (as d/man, as {d / 'man'}, in {d} and as d/man.idx): joined "
+                     f"once, where it first comes; to join it 4 times, give a copy under another name"]
+    lines.clear()
+    assert merge_module.expand_prefixes(["d/man.bin", "d/man.idx"], lines.append) == ["d/man"]
+    assert lines == ["note: d/man is given twice (as d/man.bin and as d/man.idx): joined once, where it first comes; "
+                     "to join it twice, give a copy under another name"]
+
+
+def test_a_directory_given_twice_is_one_line_and_a_symlinked_one_the_same_files(tmp_path, capsys):
+    """A directory twice is one line for its files, not one per file; through a symlinked directory (e -> d) its
+    files are the same files, joined once, and an output there is one of the inputs (its writes would replace them)."""
+    d, e = tmp_path / "d", tmp_path / "e"
+    d.mkdir()
+    for k in range(3):
+        write_mmidx_reference(str(d / f"part{k}"), [[k + 1, 2], [3, k + 4]])
+    e.symlink_to(d, target_is_directory=True)
+    lines = []
+    assert merge_module.expand_prefixes([d, d], lines.append) == [str(d / f"part{k}") for k in range(3)]
+    assert lines == [f"note: 3 token files in {d} are given twice (in {d} and in {d}): each joined once, where it "
+                     f"first comes; to join them twice, give copies under other names"]
+    assert cli.main(["merge-data", str(tmp_path / "j"), str(d), str(e)]) == 0
+    assert capsys.readouterr().err == (f"merge-data: note: 3 token files in {d} are given twice (in {d} and in {e}): "
+                                       f"each joined once, where it first comes; to join them twice, give copies "
+                                       f"under other names\n")
+    assert read_sidecar(str(tmp_path / "j"))["merged_from"] == [str(d / f"part{k}") for k in range(3)]
+    assert len(open_token_file(tmp_path / "j")) == 6
+    before = (d / "part0.bin").read_bytes()
+    with pytest.raises(UserError, match=rf"^{e / 'part0'}: the output is also an input; choose another output prefix$"):
+        merge(str(e / "part0"), [d / "part0", d / "part1"])
+    assert (d / "part0.bin").read_bytes() == before
+    # a symlinked pair of files is a copy under another name: joined again, and said to be a repeat
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"alias{ext}").symlink_to(d / f"part1{ext}")
+    meta = merge(str(tmp_path / "r"), [d / "part1", tmp_path / "alias"], lines.append)
+    assert meta["merged_from"] == [str(d / "part1"), str(tmp_path / "alias")] and meta["documents"] == 4
+    assert lines[-1].startswith(f"warning: {tmp_path / 'alias'}: its 2 sequences are those of {d / 'part1'}; ")
+
+
+def test_the_summary_counts_the_inputs_without_a_sidecar(tmp_path):
+    for k in range(2):
+        write_mmidx_reference(str(tmp_path / f"a{k}"), [[1, 2], [3]])
+    meta = merge(str(tmp_path / "one"), [tmp_path / "a0"])
+    assert merge_module.merge_summary(str(tmp_path / "one"), meta).endswith(
+        "; 1 input had no .json sidecar, so its tokenizer is unchecked")
+    meta = merge(str(tmp_path / "two"), [tmp_path / "a0", tmp_path / "a1"])
+    assert merge_module.merge_summary(str(tmp_path / "two"), meta).endswith(
+        "; 2 inputs had no .json sidecar, so their tokenizer is unchecked")

@@ -8,7 +8,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="output prefix: writes OUT.bin, OUT.idx, OUT.json")
     parser.add_argument("inputs", nargs="+",
                         help="token file prefixes, joined in the order given; a directory stands for all of its "
-                             "token files in sorted order (the outputs of `preprocess --num_tasks N`)")
+                             "token files in sorted order (the outputs of `preprocess --num_tasks N`); a file given "
+                             "twice (through a directory, or a symlink to one) is joined once")
 
 
 def main(ns: argparse.Namespace) -> int:

@@ -29,10 +29,11 @@ _CHUNK = 1 << 24
 
 def expand_prefixes(inputs, note=None) -> list[str]:
     """Prefixes as given, a directory standing for all its token files in sorted order. A file given more than once
-    (by its prefix and in its directory, or twice over) is joined once, where it first comes, and `note` gets one
-    line saying so: compared with itself it read as a repeat of its own ("its 8 sequences are those of d/man"). A
-    source repeated on purpose is a copy under another name, which `repeated_inputs` names."""
-    out, given = [], {}  # absolute path -> (the prefix joined, how each mention gave it)
+    (by its prefix and in its directory, twice over, or through a symlinked directory: `same_file`) is joined once,
+    where it first comes, and `note` gets one line saying so, each mention as typed; a directory's files given again
+    together (the directory twice) get one line for them all. A source repeated on purpose is a copy under another
+    name, which `repeated_inputs` names."""
+    out, given = [], {}  # same_file key -> (the prefix joined, how each mention gave it)
     for x in map(str, inputs):
         if os.path.isdir(x):
             found = token_prefixes(x)
@@ -40,19 +41,35 @@ def expand_prefixes(inputs, note=None) -> list[str]:
                 raise UserError(f"{x}: directory holds no .idx or _idx.npz token files; pass token file prefixes")
             how = f"in {x}"
         else:
-            found = [strip_prefix(x)]
-            how = f"as {found[0]}"
+            found, how = [strip_prefix(x)], f"as {x}"
         for p in found:
-            first = given.setdefault(os.path.abspath(p), (p, []))
+            first = given.setdefault(same_file(p), (p, []))
             first[1].append(how)
             if len(first[1]) == 1:
                 out.append(p)
+    said: dict = {}  # the mentions of files given more than once -> those files
     for p, hows in given.values():
-        if len(hows) > 1 and note is not None:
-            times = "twice" if len(hows) == 2 else f"{len(hows)} times"
-            note(f"note: {p} is given {times} ({', '.join(hows[:-1])} and {hows[-1]}): joined once, where it first "
-                 f"comes; to join it {times}, give a copy under another name")
+        if len(hows) > 1:
+            said.setdefault(tuple(hows), []).append(p)
+    for hows, files in said.items() if note is not None else ():
+        times = "twice" if len(hows) == 2 else f"{len(hows)} times"
+        mentions = f"{', '.join(hows[:-1])} and {hows[-1]}"
+        if len(files) == 1:
+            note(f"note: {files[0]} is given {times} ({mentions}): joined once, where it first comes; to join it "
+                 f"{times}, give a copy under another name")
+        else:  # only directories' mentions name more than one file: the first names where they are
+            note(f"note: {count(len(files), 'token file')} {hows[0]} are given {times} ({mentions}): each joined "
+                 f"once, where it first comes; to join them {times}, give copies under other names")
     return out
+
+
+def same_file(prefix: str) -> str:
+    """What tells two prefixes of one token file apart from two files: the prefix's real path, its directories'
+    symlinks followed (`e/man` with e -> d is `d/man`), so that no file is joined twice and no output overwrites an
+    input. A prefix whose own .bin/.idx are symlinks stays its own name: a symlinked `alias.bin` is how a source is
+    repeated on purpose without a copy of its bytes, and the output is published by renames, which replace such a
+    link and leave its target alone."""
+    return os.path.realpath(prefix)
 
 
 def tokenizer_problems(items) -> list[str]:
@@ -135,9 +152,10 @@ def repeated_inputs(datasets) -> list[str]:
     a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are compared
     (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through its first
     input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct inputs has
-    its lengths compared (the .idx, in memory), reads the smaller's first sequence, and one token of the larger at
-    each start where the first and last lengths agree; its tokens where a start's first sequence and lengths agree
-    too; a pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a
+    its lengths compared (the .idx, in memory); where some start's first and last lengths agree, it reads the
+    smaller's first sequence, the larger's first token at each such start, and its sequence at each start where that
+    token agrees too; the window's tokens where a start's first sequence and the lengths agree;
+    a pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a
     merge with repeats reads more than one without: a repeated input's window twice for each distinct input
     holding it."""
     groups = _identical(datasets)
@@ -193,8 +211,10 @@ def _repeat_at(a, b) -> int | None:
     na, nb = len(a), len(b)
     sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)
     starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
+    if not len(starts):
+        return None
     first = np.asarray(b.get(0))
-    if len(first) and len(starts):
+    if len(first):
         offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize
         starts = starts[np.asarray(a.data[offsets]) == first[0]]
     b0 = b.element_offset(0)
@@ -220,7 +240,7 @@ def merge(output: str, inputs, note=None) -> dict:
     inputs' `--special_tokens_in_text` differ."""
     out = check_output_prefix(str(output), "output")
     prefixes = expand_prefixes(inputs, note)
-    if os.path.abspath(out) in {os.path.abspath(p) for p in prefixes}:
+    if same_file(out) in {same_file(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
     warn = None if note is None else lambda line: note(f"warning: {line}")
     lock = PrefixLock(out, "output prefix", "merge-data", warn)  # before anything under the prefix is written
@@ -314,8 +334,9 @@ def _check_eos(prefixes, metas) -> None:
 
 
 def merge_summary(output: str, meta: dict) -> str:
-    note = (f"; {meta['inputs_without_sidecar']} inputs had no .json sidecar, so their tokenizer is unchecked"
-            if meta["inputs_without_sidecar"] else "")
+    n = meta["inputs_without_sidecar"]
+    note = (f"; {count(n, 'input')} had no .json sidecar, so {'its' if n == 1 else 'their'} tokenizer is unchecked"
+            if n else "")
     return (f"merge-data: wrote {strip_prefix(output)}.bin/.idx from {count(len(meta['merged_from']), 'file')}: "
             f"{count(meta['documents'], 'document')}, {count(meta['tokens'], 'token')} ({meta['dtype']}){note}")
 
