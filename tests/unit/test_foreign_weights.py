@@ -58,8 +58,41 @@ def test_which_files_are_unread_weights(tmp_path):
     trainer = _snapshot(tmp_path / "trainer", "training_args.bin", "optimizer.pt", "rng_state_0.pth")
     assert unread_weights(trainer) == []  # a trainer's states are no weights
     states = _snapshot(tmp_path / "states", "scheduler.bin", "sampler.bin", "optimizer.bin", "scaler.pdparams",
-                       "random_states_0.pkl", "adapter_model.bin")
+                       "scaler.pt", "random_states_0.pth", "adapter_model.bin")  # (each matches UNREAD_WEIGHTS)
     assert unread_weights(states) == []  # accelerate's and PaddleNLP's states, a LoRA adapter: no model's weights
+
+
+def test_an_optimizers_safetensors_are_no_weights(tmp_path):
+    """The old judge counted every *.safetensors: optimizer.safetensors and master_weights alone were a model (an
+    output_dir holding them refused), and beside them a pytorch_model.bin escaped the refusal."""
+    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.foreign_weights import weight_files
+
+    states = _snapshot(tmp_path / "states", "optimizer.safetensors", "master_weights-00001-of-00002.safetensors",
+                       "optimizer-00001-of-00002.safetensors")
+    assert weight_files(states) == ([], []) and not has_weights(states)
+    d = _snapshot(tmp_path / "bin", "pytorch_model.bin", "optimizer.safetensors")
+    assert unread_weights(d) == ["pytorch_model.bin"]
+    with pytest.raises(UserError, match="holds weights in pytorch_model.bin"):
+        refuse_unread(d, "--model")
+    assert weight_files(_snapshot(tmp_path / "ours", "model.safetensors", "optimizer.safetensors")) == (
+        ["model.safetensors"], [])
+
+
+def test_pytorch_weights_without_config_json_are_not_offered_from_pretrained(tmp_path):
+    """from_pretrained fails on a directory without config.json: the old refusal offered it there."""
+    from pretrain_cli.config.presets import resolve_model_dir
+
+    d = tmp_path / "bare"
+    d.mkdir()
+    (d / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(UserError) as e:
+        resolve_model_dir(str(d), "--model")
+    said = str(e.value)
+    assert said == (f"--model: {d} holds weights in pytorch_model.bin, which pretrain-cli does not read "
+                    f"(safetensors only), and no *.safetensors; transformers loads them only beside their model's "
+                    f"config.json, which {d} lacks: put that config.json there, then run this again for the "
+                    f"conversion")
 
 
 def test_token_files_beside_a_config_json_are_no_weights(tmp_path):
@@ -163,8 +196,10 @@ def test_pytorch_weights_count_as_weights_wherever_weights_are_judged(tmp_path):
               "--max_steps", "2", "--device", "cpu", "--max_seq_length", "16"]
     spec = prepare(None, ["--model_name_or_path", d, "--output_dir", str(tmp_path / "out"), *common,
                           "--continue_training", "0"], T("cpu", 1))
-    assert any(n.startswith(f"model_name_or_path: {d} holds weights, which this run does not load")
-               for n in spec.run.notes), spec.run.notes
+    note = (f"model_name_or_path: {d} holds weights, which this run does not load: it builds the model from "
+            f"config.json alone, at a random init; convert them to safetensors first (check with "
+            f"continue_training: 1 names the conversion)")  # (continue_training: 1 refuses them as they are)
+    assert note in spec.run.notes, spec.run.notes
     with pytest.raises(UserError, match=r"output_dir: .* holds a model no run wrote there \(pytorch_model\.bin, "):
         foreign_model(replace(spec.run, output=replace(spec.run.output, output_dir=d)))
 

@@ -1,6 +1,7 @@
-"""Which files of a model directory are weights (`weight_files`, the one judge: `convert.has_weights`, the refusal
-below, prepare's "weights not loaded" note, the guard of an output_dir no run wrote), and those in formats not read
-here (safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's, PaddleNLP's `.pdparams`. A directory
+"""Which files of a model directory are weights (`weight_files`: `convert.has_weights`, the refusal below, prepare's
+"weights not loaded" note, the guard of an output_dir no run wrote; `train-tokenizer`'s output_dir guard keeps its own
+list, model.safetensors and its index, as data/ may not import models/), and those in formats not read here
+(safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's, PaddleNLP's `.pdparams`. A directory
 holding those and no safetensors is a trained model all the same, which run as a config.json alone would be a
 random init: a command that would use it refuses, naming the files and the conversion that works for them
 (transformers 5 loads only some of these formats)."""
@@ -18,21 +19,24 @@ from pretrain_cli.storage.intact import PADDLENLP_MARKS
 UNREAD_WEIGHTS = ("pytorch_model*.bin", "model*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack",
                   "*.pdparams")
 # what a trainer writes beside its weights, never weights: PaddleNLP's marks, transformers' Trainer's and
-# accelerate's optimizer, scheduler, sampler, loss-scaler and RNG states
-NOT_WEIGHTS = PADDLENLP_MARKS + ("optimizer*", "scheduler*", "sampler*", "scaler*", "rng_state*", "random_states*")
+# accelerate's optimizer, scheduler, sampler, loss-scaler and RNG states, our optimizer.safetensors and PaddleNLP's
+# unified checkpoint's optimizer and master_weights safetensors
+NOT_WEIGHTS = PADDLENLP_MARKS + ("optimizer*", "scheduler*", "sampler*", "scaler*", "rng_state*", "random_states*",
+                                 "master_weights*")
 
 
 def weight_files(model_dir) -> tuple[list[str], list[str]]:
     """(read, unread): the names of `model_dir`'s safetensors weights (and their index), and of its weights in
-    formats not read (`UNREAD_WEIGHTS`). A `.bin` beside a same-named `.idx` is a token file, not weights."""
+    formats not read (`UNREAD_WEIGHTS`); neither holds a trainer's states (`NOT_WEIGHTS`: an optimizer.safetensors
+    is no model). A `.bin` beside a same-named `.idx` is a token file, not weights."""
     d = str(model_dir)
     if not os.path.isdir(d):
         return [], []
     names = sorted(n for n in os.listdir(d) if os.path.isfile(os.path.join(d, n)))
     index = "model.safetensors.index.json"  # (convert.INDEX_FILE: convert imports this module)
+    names = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS)]
     read = [n for n in names if n.endswith(".safetensors") or n == index]
     unread = [n for n in names if any(fnmatch.fnmatch(n, p) for p in UNREAD_WEIGHTS)
-              and not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS)
               and not (n.endswith(".bin") and n[:-4] + ".idx" in names)]
     return read, unread
 
@@ -56,7 +60,8 @@ def unread_weights(model_dir) -> list[str]:
 
 def _convert(d: str, files: list[str], point: str) -> str:
     """The rest of the refusal: the one-liner that works for `files` (written to a new directory: an HF cache
-    snapshot's files are links into its shared blob store), or which format has no loader."""
+    snapshot's files are links into its shared blob store), or which format has no loader. PyTorch's files load
+    only beside a config.json (a GGUF file carries its own config), so without one that is what is asked for."""
     out = d.rstrip("/") + "-safetensors"
     gguf = [f for f in files if f.endswith(".gguf")]
     if gguf:
@@ -66,6 +71,9 @@ def _convert(d: str, files: list[str], point: str) -> str:
                 f"{out!r}; M.from_pretrained(d, gguf_file=f).save_pretrained(o); T.from_pretrained(d, gguf_file=f)."
                 f"save_pretrained(o)\" with f the file's name, and point {point} at {out}")
     loadable = [f for f in files if f.startswith("pytorch_model") and f.endswith(".bin")]
+    if loadable and not os.path.isfile(os.path.join(d, "config.json")):  # from_pretrained needs one
+        return (f"; transformers loads them only beside their model's config.json, which {d} lacks: put that "
+                f"config.json there, then run this again for the conversion")
     if not loadable:
         kind = _NO_LOADER.get(Path(files[0]).suffix, "a format")
         return (f"; {files[0]} is {kind}, which transformers 5 has no loader for: convert it with the tool that "

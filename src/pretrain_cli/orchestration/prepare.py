@@ -304,12 +304,14 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(later_checkpoints, run, saved)
     from pretrain_cli.models.foreign_weights import weight_files
 
-    trained = any(weight_files(model_dir))  # read or not (a preset's directory holds none)
-    if saved is None and run.loop.do_train and not run.model.continue_training and trained:
+    read, unread = weight_files(model_dir)  # read or not (a preset's directory holds none)
+    if saved is None and run.loop.do_train and not run.model.continue_training and (read or unread):
         # PaddleNLP's meaning, kept: model_name_or_path alone gives the architecture; said, as a trained directory's
-        # weights read as the run's start
+        # weights read as the run's start (continue_training refuses weights in files not read)
+        load = ("continue_training: 1 loads them" if read else
+                "convert them to safetensors first (check with continue_training: 1 names the conversion)")
         note = (f"model_name_or_path: {args.model.model_name_or_path} holds weights, which this run does not load: it "
-                f"builds the model from config.json alone, at a random init; continue_training: 1 loads them")
+                f"builds the model from config.json alone, at a random init; {load}")
         spec.run = run = replace(run, notes=(*run.notes, note))
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
         from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
