@@ -143,11 +143,21 @@ def test_a_run_continued_past_its_end_and_stopped_names_its_checkpoint(corpus, t
     said = _said(capsys.readouterr().out)
     ckpt = shlex.quote(str(out / "checkpoint-3"))
     assert said[-1] == (f"stopped at step 3 and saved; re-run the same command to resume from checkpoint-3; {out} "
-                        f"holds the final model of step 2, an earlier end's: pretrain-cli eval --model {ckpt} and "
-                        f"pretrain-cli generate --model {ckpt} read step 3's weights meanwhile"), said[-1]
+                        f"holds the final model of step 2 (exported when the run ended there): pretrain-cli eval "
+                        f"--model {ckpt} and pretrain-cli generate --model {ckpt} read step 3's weights meanwhile"), \
+        said[-1]
     assert float(_block(said[-7:-1])["progress_or_epoch"]) == 0.75
     assert cli_main(["eval", "--model", str(out / "checkpoint-3")]) == 0  # the command named reads step 3
     assert f"; {out / 'checkpoint-3'}, trained weights;" in capsys.readouterr().out
+
+
+def _test_block(said, results):
+    """The `***** test metrics *****` block just before the last line: all_results.json's test keys, sorted."""
+    test_keys = sorted(k for k in results if k.startswith("test_"))
+    assert said[-len(test_keys) - 2] == "***** test metrics *****", said[-12:]
+    rows = [re.fullmatch(r"  (\S+) +=( +)(\S+)", ln) for ln in said[-len(test_keys) - 1:-1]]
+    assert [m.group(1) for m in rows] == test_keys
+    assert float(rows[test_keys.index("test_loss")].group(3)) == round(results["test_loss"], 4)
 
 
 def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_line(corpus, tmp_path, capsys):
@@ -161,32 +171,23 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
     said = _said(capsys.readouterr().out)
     results = json.loads((out / "all_results.json").read_text())
     test_keys = sorted(k for k in results if k.startswith("test_"))
-    assert said[-len(test_keys) - 2] == "***** test metrics *****", said[-12:]
-    rows = [re.fullmatch(r"  (\S+) +=( +)(\S+)", ln) for ln in said[-len(test_keys) - 1:-1]]
-    assert [m.group(1) for m in rows] == test_keys
-    assert float(rows[test_keys.index("test_loss")].group(3)) == round(results["test_loss"], 4)
+    # PaddleNLP's predict block: test_loss, test_runtime, test_samples_per_second, test_steps_per_second; ours has
+    # perplexity and the tokens scored, and no steps/s (docs/TRAINING.md, "How `train` ends")
+    assert test_keys == ["test_loss", "test_ppl", "test_runtime", "test_samples_per_second", "test_tokens"]
+    _test_block(said, results)
     _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)  # the train block just before it
     assert said[-1].startswith("train: done at step 2; ")
     assert sum(ln == "***** test metrics *****" for ln in said) == 1
+
+    # the same command again: the blocks it printed, read back from all_results.json, then where its model is
+    assert cli_main(["train", cfg]) == 0
+    said = _said(capsys.readouterr().out)
+    _test_block(said, results)
+    _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)
+    assert said[-1].startswith("train: nothing trained now; the final model of step 2 ")
 
     assert cli_main(["train", cfg, "--do_train", "false", "--do_predict", "false"]) == 0
     said = _said(capsys.readouterr().out)
     assert said[-1].startswith("eval_loss: "), said[-3:]
     assert not any("metrics *****" in ln for ln in said)
 
-
-def test_samples_per_second_counts_every_launchs_samples_whatever_ignore_data_skip_resets():
-    """train_runtime is every launch's; the samples were consumed_samples, which a resume with ignore_data_skip sets
-    back to 0 (the data position): 6 steps of 4 sequences in 2 s read as 4 samples/s after such a resume at step 5
-    (the 2 steps since alone). They are every launch's steps' samples now, from tokens_seen: 12/s."""
-    from types import SimpleNamespace as NS
-
-    from pretrain_cli.training import run_end
-    from pretrain_cli.training.trainer_state import TrainerState
-
-    state = TrainerState(global_step=6, consumed_samples=8, tokens_seen=6 * 4 * 32, train_seconds=2.0, loss_sum=6.0)
-    trainer = NS(state=state, seq_len=32, loop=NS(max_steps=6), throughput=NS(tokens_this_launch=2 * 4 * 32),
-                 process_seconds=1.0)
-    results = run_end.train_results(trainer)
-    assert results["train_samples_per_second"] == 12.0 and results["train_steps_per_second"] == 3.0
-    assert results["train_tokens_per_second"] == 12.0 * 32

@@ -6,10 +6,10 @@ result without a look into the docs.
 
 Three ends say it, each what is true of it: a finished run (after its export is on disk: the model's directory and
 the commands for it), a run stopped by a signal (its metrics so far; what reads its newest checkpoint, and the step
-of an earlier end's final model where output_dir holds one), and a run found already complete (the metrics its
-export recorded, read back from train_results.json). The closing metrics are recorded once per final export, by
-the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and the trackers: a `train` record
-there is a log line's, which every reader of the loss curve takes for one.
+of an earlier end's final model where output_dir holds one), and a run found already complete (the blocks of the
+results its export recorded, read back from all_results.json). The train block's metrics are recorded once per final
+export, by the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and the trackers: a `train`
+record there is a log line's, which every reader of the loss curve takes for one.
 """
 from __future__ import annotations
 
@@ -87,32 +87,26 @@ def already_complete(output_dir, step: int) -> str:
 def stopped(message: str, output_dir, step: int) -> str:
     """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends. `eval` and `generate`
     take a run directory without a final model for its newest checkpoint; one that holds an earlier end's final model
-    (a run continued past its end, then stopped) stands for that model, so the checkpoint is named instead."""
-    final = _final_step(output_dir)
-    if final is None:
+    (a run continued past its end, then stopped) stands for that model, so the checkpoint is named instead: whether
+    there is one is decided as `eval` decides it, by the weights alone (`export.final_step`), its step named where
+    its trainer state says it."""
+    from pretrain_cli.training.export import final_step
+
+    has, final = final_step(output_dir)
+    if not has:
         evaluate, generate = _commands(str(output_dir))
         return f"{message}; no final model yet: {evaluate} and {generate} read checkpoint-{step} meanwhile"
     evaluate, generate = _commands(str(run_dir.checkpoint_dir(output_dir, step)))
-    return (f"{message}; {output_dir} holds the final model of step {final}, an earlier end's: {evaluate} and "
-            f"{generate} read step {step}'s weights meanwhile")
-
-
-def _final_step(output_dir) -> int | None:
-    """The step of the final model `output_dir` holds (its weights and the trainer state its export wrote), or None
-    without one."""
-    from pretrain_cli.models.convert import has_weights
-
-    try:
-        state = json.loads((Path(output_dir) / run_dir.STATE_FILE).read_text(encoding="utf-8"))
-        return int(state["global_step"]) if has_weights(output_dir) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    which = ("a final model exported when the run ended earlier (its step unknown: no readable trainer_state.json)"
+             if final is None else f"the final model of step {final} (exported when the run ended there)")
+    return f"{message}; {output_dir} holds {which}: {evaluate} and {generate} read step {step}'s weights meanwhile"
 
 
 def recorded(output_dir) -> dict:
-    """The closing metrics a complete run's export wrote (train_results.json; {} if unreadable)."""
+    """The results a complete run's export wrote (all_results.json, whose training keys train_results.json copies, and
+    with do_predict its `test_*` keys; {} if unreadable), for `log_blocks` to print as the run printed them."""
     try:
-        results = json.loads((Path(output_dir) / "train_results.json").read_text(encoding="utf-8"))
+        results = json.loads((Path(output_dir) / "all_results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return closing_metrics(results) if isinstance(results, dict) else {}
+    return results if isinstance(results, dict) else {}

@@ -71,21 +71,33 @@ def final_files(out) -> list[Path]:
     return [*shards, *(out / n for n in (SINGLE_FILE, INDEX_FILE, *FINAL_FILES) if (out / n).is_file())]
 
 
+def final_step(out) -> tuple[bool, int | None]:
+    """(whether run directory `out` holds a final model, the step it was exported at): a final model is weights
+    that `eval --model out` reads (`convert.has_weights`), whether or not the rest of its export is there; its step
+    is the trainer state the export wrote, None where that is unreadable (an export killed between its weights and
+    trainer_state.json). `closing.stopped` and `remove_final` both ask here, so they agree on what is there."""
+    from pretrain_cli.models.convert import has_weights
+
+    if not has_weights(out):
+        return False, None
+    try:
+        return True, int(json.loads((Path(out) / run_dir.STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True, None
+
+
 def remove_final(out) -> str | None:
     """An earlier run's final export in `out`, removed by a run that starts over there (`overwrite_output_dir`):
     left in place, until this run writes its own, `eval` and `generate` on `out` (and transformers) took it for
     this run's model, beside this run's checkpoints. Returns the line saying what went, or None."""
-    files = final_files(out)
-    if not any(f.suffix == ".safetensors" for f in files):  # no final model: a stopped run's loss curve at most
+    has, step = final_step(out)
+    if not has:  # no final model: a stopped run's loss curve at most
         return None
-    try:
-        step = f" of step {json.loads((Path(out) / run_dir.STATE_FILE).read_text(encoding='utf-8'))['global_step']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        step = ""  # (an export killed before its trainer_state.json)
+    files = final_files(out)
     for f in files:
         f.unlink(missing_ok=True)
-    return (f"overwrite_output_dir: removed the final model{step} an earlier run exported to {out} "
-            f"({', '.join(f.name for f in files)}): this run writes its own at its end")
+    return (f"overwrite_output_dir: removed the final model{'' if step is None else f' of step {step}'} an earlier "
+            f"run exported to {out} ({', '.join(f.name for f in files)}): this run writes its own at its end")
 
 
 def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | None = None,

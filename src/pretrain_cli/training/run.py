@@ -97,8 +97,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if comm.any(finished):  # nothing to train, evaluate or write again (an interrupted export is redone below)
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
-        if r.parallel.is_rank0:  # the run's closing metrics as its export recorded them, and where its model is
-            closing.log_block(closing.recorded(r.output.output_dir))
+        if r.parallel.is_rank0:  # the run's closing blocks as its export recorded them, and where its model is
+            closing.log_blocks(closing.recorded(r.output.output_dir))
             log.info(closing.already_complete(r.output.output_dir, done))
         rank_exit.leave(comm, rank_exit.End.AGREED)  # (`comm.any`: every rank is here)
         return 0
