@@ -166,11 +166,11 @@ def test_a_resume_of_the_continued_run_keeps_the_rest_of_the_grace(tmp_path):
     assert len(lines) == 2 and all(line.startswith("step 80: model.layers.") for line in lines), lines
 
 
-def test_a_resume_keeps_its_routers_named_and_an_older_state_of_a_run_from_init_is_named_on_resume(tmp_path):
+def test_a_resume_keeps_its_routers_named_and_an_older_state_is_named_on_resume(tmp_path):
     """A run from init names every router (`routers_named`), and a resume keeps it (state_dict -> load_state_dict).
-    A state from before the key (a run from init left routers_from_init [], routers_named absent) stayed so through
-    every resume, its lineage read by args.json; resumed by a run from init, its routers are all named now, which a
-    directory without an args.json reads too. A continued run's older state is kept as it is (its own list)."""
+    A state written before the key (routers_named absent) is named when resumed, so that a directory without an
+    args.json reads it too: a run from init's, whose routers_from_init is [], with all its routers; a continued
+    run's with its own list, which was exact."""
     run = resolve_run("--max_steps", "40", model="micro-qwen3-moe")
     cfg = ModelConfig.from_file(str(_preset()))
     with paddle.LazyGuard():
@@ -188,4 +188,5 @@ def test_a_resume_keeps_its_routers_named_and_an_older_state_of_a_run_from_init_
     snapshot, _ = _save(tmp_path, "snapshot", record=False)
     continued = _continue(snapshot, cfg, max_steps=200)
     continued.load_state_dict({**older, "routers_from_init": [1]})
-    assert (continued.state.routers_named, continued.state.routers_from_init) == (False, [1])
+    assert (continued.state.routers_named, continued.state.routers_from_init) == (True, [1])
+    assert routers_before(continued.state_dict(), None, [0, 1]) == {1: 40}  # (without args.json: {} before)

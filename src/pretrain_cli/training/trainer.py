@@ -87,10 +87,13 @@ class Trainer(TrainLog):
         self.state = TrainerState(**known)
         if self.loop.ignore_data_skip:  # the data position only: the closing metrics count samples by tokens_seen
             self.state.consumed_samples = 0
-        if self._expert_layers and "routers_named" not in d and not self.continued:
-            # a state from before routers_named, of a run from init: its routers are all from init, named so that
-            # this lineage's later states say it themselves (`routing_watch.routers_before`)
-            self.state.routers_from_init, self.state.routers_named = list(self._expert_layers), True
+        if self._expert_layers and "routers_named" not in d:
+            # a state from before routers_named: a run from init's routers are all from init (it left the list
+            # empty), a continued run's list was exact (none before per-layer graces, when it judged all at once);
+            # named so that this lineage's later states say it themselves (`routing_watch.routers_before`)
+            if not self.continued:
+                self.state.routers_from_init = list(self._expert_layers)
+            self.state.routers_named = True
 
     def release(self) -> None:
         """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
