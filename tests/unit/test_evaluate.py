@@ -248,3 +248,33 @@ def test_a_model_that_is_no_runs_directory_asks_for_data_naming_why():
     line = str(e.value)
     assert "\n" not in line and "--model micro-qwen2 is not a run's directory (no args.json of a run)" in line, line
     assert "pass --data PREFIX" in line, line
+
+
+def test_a_kernel_override_on_a_model_no_run_wrote_brings_no_windows(corpus, model_dir):
+    """The kernel overrides' made-up arguments were read as a run's: `--use_flash_attention false` without
+    --max_seq_length evaluated 1024-token windows ("the run's max_seq_length"), where without it eval asked."""
+    prefix, _ = corpus
+    for overrides in ([], ["--use_flash_attention", "false"]):
+        ns = _ns(model=model_dir[0], data=prefix)
+        ns.overrides = overrides
+        with pytest.raises(UserError, match=r"^eval: pass --max_seq_length \(--model is no directory a run wrote"):
+            evaluate.main(ns)
+
+
+def test_the_vocab_refusal_names_the_files_output_dir(corpus, model_dir, tmp_path, capsys):
+    """`eval --config FILE` of the file's output_dir: its vocab_size refusal began "--model:", never given."""
+    from data_helpers import write_tokens
+
+    from pretrain_cli.cli import main
+
+    out = tmp_path / "out"
+    cfg = ModelConfig(**{**CFG, "vocab_size": 96})
+    convert.save_hf(build_model(cfg), cfg, str(out))
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"model_name_or_path": model_dir[0], "output_dir": str(out), "max_seq_length": 8,
+                                  "input_dir": write_tokens(tmp_path / "t", n_docs=4, doc_len=64, vocab_size=64),
+                                  "split": "50,50,0", "per_device_eval_batch_size": 1, "eval_iters": 1}))
+    assert main(["eval", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: {config}: output_dir: vocab_size 96 differs from the config's model (64); evaluate the model this "
+        f"config trains")

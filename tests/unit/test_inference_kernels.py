@@ -4,6 +4,7 @@ materialised scores do; a run's own directory keeps the run's choice."""
 import json
 
 import numpy as np
+import pytest
 
 from pretrain_cli import runtime
 
@@ -70,3 +71,23 @@ def test_generate_of_a_snapshot_runs_the_block_kernel_with_the_scores_paths_toke
     scores = _run(capsys, *argv, "--use_flash_attention", "false")
     assert block["kernels"].startswith("attention=cpu ") and scores["kernels"].startswith("attention=sdpa_mask ")
     assert block["tokens"] == scores["tokens"] and len(block["tokens"]) == 8  # greedy: the same logits' argmax
+
+
+def test_a_kernel_key_that_changes_no_kernel_here_is_refused_naming_why(tmp_path, capsys):
+    """`generate --model SNAPSHOT --fp16 true` on CPU was accepted and changed nothing, silently (kernels_for's
+    notes went to a throwaway list); a key restating the setting in effect is still taken."""
+    from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.orchestration.recorded import run_arguments
+
+    model = _snapshot(tmp_path)
+    code = cli_main(["generate", "--model", model, "--prompt", "hello", "--fp16", "true"])
+    assert code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "error: --fp16 true: changes no kernel generate runs on cpu (precision: fp16 is not applicable on cpu (no "
+        "half-precision matmul kernels); the run stays fp32); drop it")
+    with pytest.raises(UserError) as e:  # a training memory lever alone: nothing to say but that
+        run_arguments(None, model, ["--recompute", "true"], "eval")
+    assert str(e.value) == "--recompute true: changes no kernel eval runs on cpu; drop it"
+    pair = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"], "eval")
+    assert targets.inference_kernels(arguments=pair)[0].fuse_o_proj is False  # together they change a kernel
+    assert run_arguments(None, model, ["--use_flash_attention", "true"], "eval").get("use_flash_attention") is True

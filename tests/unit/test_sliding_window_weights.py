@@ -27,20 +27,25 @@ def test_a_new_model_is_still_told_to_turn_the_window_off():
 
 
 def test_within_the_window_pretrained_weights_run_and_keep_their_window_keys():
-    """The old code refused at 16 tokens though it said the model was the same there."""
-    cfg = ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True, length=16)
+    """The old code refused at 16 tokens though it said the model was the same there. The length is judged once,
+    by window_note (from_dict judged it too, its note thrown away)."""
+    cfg = ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True)
     assert {k: cfg.to_hf_dict()[k] for k in WINDOW_KEYS} == {k: SWA[k] for k in WINDOW_KEYS}  # saved as read
     note = config_checks.window_note(cfg, "hub/swa/config.json", 16, "max_seq_length")
     assert note.startswith("hub/swa/config.json: use_sliding_window: true: layers 1-3 of 4 attend to the last 16 "
                            "tokens, and sequences of 16 tokens never reach that window")
     with pytest.raises(UserError) as e:
-        ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True, length=64)
+        config_checks.window_note(cfg, "hub/swa/config.json", 64, "max_seq_length")
     assert "sequences of 64 tokens reach past that window" in str(e.value)
     assert str(e.value).endswith("lower max_seq_length to at most 16") and "set it to false" not in str(e.value)
     none = {**SWA, "max_window_layers": 4, "layer_types": ["full_attention"] * 4}  # no layer has it: any length
-    cfg = ModelConfig.from_dict(none, "n/config.json", pretrained=True, length=64)
+    cfg = ModelConfig.from_dict(none, "n/config.json", pretrained=True)
     assert "no layer has a window" in config_checks.window_note(cfg, "n/config.json", 64, "max_seq_length")
     assert cfg.to_hf_dict()["layer_types"] == ["full_attention"] * 4
+    odd = {**SWA, "layer_types": ["full_attention", "sliding_attention", "linear_attention", "sliding_attention"]}
+    with pytest.raises(UserError, match=r"^s/config.json: layer_types .*: only full_attention and sliding_attention "
+                                        r"layers are built here"):
+        ModelConfig.from_dict(odd, "s/config.json", pretrained=True)  # (the old code kept it unchecked)
 
 
 def test_check_says_so_in_its_notes_and_names_max_seq_length_past_it(tmp_path):
@@ -51,11 +56,15 @@ def test_check_says_so_in_its_notes_and_names_max_seq_length_past_it(tmp_path):
     args = parse_config(None, ["--model_name_or_path", str(d), "--continue_training", "1", "--max_seq_length", "8"])
     opened.build_model_config(args)
     assert any("sequences of 8 tokens never reach that window" in n for n in args.rewritten), args.rewritten
-    for flag, said in (("1", "lower max_seq_length to at most 16"), ("0", "set it to false")):
+    for flag, said in (("1", "lower --max_seq_length to at most 16$"), ("0", "set it to false")):
         args = parse_config(None, ["--model_name_or_path", str(d), "--continue_training", flag,
                                    "--max_seq_length", "32" if flag == "1" else "8"])
-        with pytest.raises(UserError, match=said):
+        with pytest.raises(UserError, match=said):  # (the command line set it)
             opened.build_model_config(args)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"model_name_or_path": str(d), "continue_training": 1, "max_seq_length": 32}))
+    with pytest.raises(UserError, match=" lower max_seq_length to at most 16$"):  # the file's key
+        opened.build_model_config(parse_config(str(run), []))
 
 
 def _masked_layers(model_type: str, first: int, n: int = 4, window: int = 4) -> list[int]:
@@ -114,7 +123,7 @@ def test_transformers_qwen2_is_the_same_model_until_a_sequence_passes_the_window
     assert not torch.allclose(a[:, 16:], b[:, 16:], atol=1e-3)
 
 
-def _export(tmp_path, positions: int):
+def _export(tmp_path, positions: int, layers: int = 1):
     """transformers' own Qwen2 with the window on every layer (16 tokens), saved with a tokenizer."""
     import torch
     import transformers
@@ -122,9 +131,9 @@ def _export(tmp_path, positions: int):
     from data_helpers import make_tokenizer
 
     torch.manual_seed(0)
-    d = tmp_path / f"swa{positions}"
+    d = tmp_path / f"swa{positions}x{layers}"
     transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        vocab_size=320, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=320, hidden_size=16, intermediate_size=24, num_hidden_layers=layers, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=positions, use_sliding_window=True, sliding_window=16,
         max_window_layers=0)).save_pretrained(d)
     make_tokenizer(d)
@@ -132,24 +141,70 @@ def _export(tmp_path, positions: int):
 
 
 def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
-    """eval names --max_seq_length; generate judges min(prompt + --max_new_tokens, where its context slides): at
-    max_position_embeddings 16 it never reads past the window, however many tokens it writes (the old code refused
-    at prompt + new tokens)."""
+    """eval names --max_seq_length; generate judges the prompt + --max_new_tokens whole, where its context slides
+    too (the old code judged min(that, max_position_embeddings): a 16-position model wrote 30 tokens)."""
     from pretrain_cli.cli import main as cli_main
     from pretrain_cli.commands import eval as evaluate
+    from pretrain_cli.data.tokenizer import load_tokenizer
 
     wide = _export(tmp_path, 64)
     with pytest.raises(UserError, match=r"sequences of 32 tokens reach past that window.*lower --max_seq_length to "
                                         r"at most 16$"):
         evaluate._model_config(wide, 32, "--max_seq_length")
     evaluate._model_config(wide, 16, "--max_seq_length")
-    assert "note: " in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == (  # (above it: transformers' save bar)
+        f"note: {wide}/config.json: use_sliding_window: true: layer 0 of 1 attend to the last 16 tokens, and "
+        f"sequences of 16 tokens never reach that window (transformers masks only keys 16 or more positions back), "
+        f"so full attention, which runs here, is the same model (config.json keeps the window)")
     code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", "30"])
     err = capsys.readouterr().err
     assert code == 2 and "lower the prompt's tokens + --max_new_tokens to at most 16" in err
-    narrow = _export(tmp_path, 16)
-    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30", "--json"])
+    narrow = _export(tmp_path, 16, layers=2)
+    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30"])
+    assert code == 2 and "sequences of " in capsys.readouterr().err  # (its context would slide at 16)
+    new = 16 - len(load_tokenizer(narrow).encode("hello"))
+    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", str(new), "--json",
+                     "--seed", "0"])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "sequences of 16 tokens never reach that window" in out.err
-    assert json.loads(out.out)["model_weights"] == "trained weights" and len(json.loads(out.out)["tokens"]) > 0
+    assert json.loads(out.out)["model_weights"] == "trained weights" and len(json.loads(out.out)["tokens"]) == new
+
+
+def test_a_slid_context_is_another_model_from_two_layers_on():
+    """Why generate judges past where its context slides: re-encoding the last 16 of 24 tokens gives transformers'
+    windowed last logits with one layer, but not with two (each layer's window reaches back through the one below,
+    so the second sees tokens 16 + 15 back)."""
+    import torch
+    import transformers
+
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, 96, (1, 24)))
+    gaps = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        swa = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, use_sliding_window=True, sliding_window=16,
+            max_window_layers=0)).eval()
+        with torch.no_grad():
+            whole, slid = swa(ids).logits[0, -1], swa(ids[:, -16:]).logits[0, -1]
+        gaps.append(float((whole - slid).abs().max()))
+    assert gaps[0] < 1e-5 < 1e-3 < gaps[1], gaps
+
+
+def test_eval_config_names_the_option_that_set_the_length(tmp_path, capsys):
+    """`eval --config run.json --max_seq_length 32` of a continue_training run on windowed weights was told to
+    "lower max_seq_length", the file's key, not the option it gave."""
+    from data_helpers import write_tokens
+
+    from pretrain_cli.cli import main as cli_main
+
+    wide = _export(tmp_path, 64)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"model_name_or_path": wide, "continue_training": 1, "max_seq_length": 16,
+                                  "input_dir": write_tokens(tmp_path / "t", n_docs=4, doc_len=64, vocab_size=320),
+                                  "output_dir": str(tmp_path / "out"), "split": "50,50,0", "max_steps": 1,
+                                  "per_device_eval_batch_size": 1, "eval_iters": 1}))
+    assert cli_main(["eval", "--config", str(config), "--model", wide, "--max_seq_length", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("lower --max_seq_length to at most 16") and "lower max_seq_length" not in err, err

@@ -12,7 +12,8 @@ from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 # `--key value` after the options: the training keys, applied to --config's file or to the record of the run that
-# wrote --model (its args.json), as `train` applies them (cli.py hands them over as `ns.overrides`).
+# wrote --model (its args.json), as `train` applies them, or, for a model no run wrote, the kernel keys alone (cli.py
+# hands them over as `ns.overrides`).
 TAKES_RUN_OVERRIDES = True
 
 
@@ -73,7 +74,7 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     model_dir = str(resolve_model_dir(name, key=key))
     refuse_unread(model_dir, key)
     pretrained = has_weights(model_dir)
-    cfg = ModelConfig.from_file(model_dir, pretrained=pretrained, length=None)  # (the window: judged below)
+    cfg = ModelConfig.from_file(model_dir, pretrained=pretrained)  # (the window: judged below)
     if pretrained and (window := config_checks.window_note(cfg, os.path.join(model_dir, "config.json"), length,
                                                            length_key)):
         print(f"note: {window}", file=sys.stderr)
@@ -180,14 +181,14 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     length_key = "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length"
-    model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length, length_key,
-                                   "--model" if ns.model else f"{ns.config}: output_dir")
+    model_key = "--model" if ns.model else f"{ns.config}: output_dir"
+    model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length, length_key, model_key)
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):
         print(note, file=sys.stderr)
     _past_positions(cfg, model_dir, d.max_seq_length, length_key)
     if cfg.vocab_size != spec.model_cfg.vocab_size:
-        raise UserError(f"--model: vocab_size {cfg.vocab_size} differs from the config's model "
+        raise UserError(f"{model_key}: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     _random_init(model_name, model_dir, source, ns.seed)
@@ -248,10 +249,13 @@ def main(ns: argparse.Namespace) -> int:
                         f"--data PREFIX (a .bin/.idx token file made with this model's tokenizer), or --config CFG.json")
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
-    args = run_arguments(ns.config, resolve_model_dir(ns.model, key=model_key), overrides, "eval")
+    model_path = resolve_model_dir(ns.model, key=model_key)
+    args = run_arguments(ns.config, model_path, overrides, "eval")
     no_effect(overrides, "eval", reads)
     source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
-    if args is not None:  # the run's windows, mask and kernels unless the options say otherwise
+    # the run's windows, mask and kernels unless the options say otherwise; of a model no run wrote, `args` holds the
+    # kernel overrides alone (no run's windows to take)
+    if ns.config is not None or record_path(model_path) is not None:
         d = args.data
         ns.max_seq_length = d.max_seq_length if ns.max_seq_length is None else ns.max_seq_length
         ns.attention_mask_type = ns.attention_mask_type or d.attention_mask_type

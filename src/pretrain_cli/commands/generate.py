@@ -3,7 +3,7 @@
 Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
 comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files); the
 kernels from the run that wrote the directory (its args.json, with `--key value` overrides), as `train`
-resolved them. It stops where transformers' `generate` stops on the same directory (`_stop_ids`). A
+resolved them, or, for a model no run wrote, the kernel keys alone. It stops where transformers' `generate` stops on the same directory (`_stop_ids`). A
 `--prompt_file` is many `--prompt` calls with the model loaded once: each prompt alone, with the same seed, so
 a prompt's text does not depend on the others (no batch, no padding).
 """
@@ -13,17 +13,21 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from pretrain_cli.errors import UserError
 
-TAKES_RUN_OVERRIDES = True  # `--key value`: the training keys, applied to the record of the run that wrote --model
+# `--key value`: the training keys, applied to the record of the run that wrote --model, or, for a model no run
+# wrote, the kernel keys alone
+TAKES_RUN_OVERRIDES = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "pretrain-cli generate --model DIR (--prompt TEXT | --prompt_file FILE) [options] [--key value ...]"
     parser.epilog = ("--key value after the options: training keys (docs/COMPATIBILITY.md) applied to the settings of "
-                     "the run that wrote --model (its args.json), as `train` applies them: e.g. --use_flash_attention "
-                     "false or --cpu_fused_ops false to generate with other kernels")
+                     "the run that wrote --model (its args.json), as `train` applies them, or, for a model no run "
+                     "wrote, the kernel keys alone: e.g. --use_flash_attention false or --cpu_fused_ops false to "
+                     "generate with other kernels")
     parser.add_argument("--model", required=True,
                         help="checkpoint / HF model directory, or a preset (random init); a run's output_dir "
                              "without its final model stands for its newest checkpoint")
@@ -72,8 +76,6 @@ def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
     """[(where, text)]: `--prompt`, or each prompt of `--prompt_file` with its line (what an error names)."""
     if ns.prompt_file is None:
         return [("--prompt", ns.prompt)]
-    from pathlib import Path
-
     path = Path(ns.prompt_file)
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
@@ -126,8 +128,6 @@ def _stop_ids(model_dir, cfg, tok) -> set[int]:
     generation_config.json's `eos_token_id`, one id or a list, else config.json's; `ModelConfig.from_file` read
     that file, an unreadable one already one line), and the tokenizer's EOS (the id `preprocess --append_eos` ended
     every document with)."""
-    from pathlib import Path
-
     from pretrain_cli.models.generation import stop_ids
 
     eos = cfg.generation.get("eos_token_id", cfg.eos_token_id)
@@ -167,23 +167,21 @@ def main(ns: argparse.Namespace) -> int:
         if not ids:
             raise UserError(f"{where}: the prompt encodes to no tokens; give some text")
         prompts.append((where if where == "--prompt" else f"the prompt at {where}", text, ids))
-    from pretrain_cli.training.weight_source import load_for_inference
-    from pretrain_cli.models.generation import context_window, generate
-    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
-
-    from pathlib import Path
-
     from pretrain_cli.models import config_checks
     from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.generation import context_window, generate
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+    from pretrain_cli.training.weight_source import load_for_inference
 
     pretrained = has_weights(model_dir)
-    cfg = ModelConfig.from_file(str(model_dir), pretrained=pretrained, length=None)  # (the window: judged below)
+    cfg = ModelConfig.from_file(str(model_dir), pretrained=pretrained)  # (the window: judged below)
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
-    # pretrained weights trained with a sliding window are judged at the longest context a forward reads: a prompt
-    # and its new tokens, up to where the context slides
-    length = min(max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens, limit)
+    # pretrained weights trained with a sliding window are judged at a prompt and all its new tokens, past where the
+    # context slides too: the last `limit` tokens read afresh are not what the windowed model computes once it has
+    # more than one layer (each layer's window reaches back through the one below it)
+    length = max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens
     if pretrained and (window := config_checks.window_note(cfg, str(Path(model_dir) / "config.json"), length,
                                                            "the prompt's tokens + --max_new_tokens")):
         print(f"note: {window}", file=sys.stderr)

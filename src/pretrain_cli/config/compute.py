@@ -106,12 +106,17 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
     return f"{name} ({what})"
 
 
-def kernels_for(args: Arguments, target: Target) -> KernelConfig:
+def kernels_for(args: Arguments, target: Target, notes: list | None = None) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
-    override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`)."""
-    notes: list = []
-    return resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, Problems()), notes)
+    override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`). `notes` receives what the rules said on
+    the way (`precision: fp16 is not applicable on cpu`, what `train` would refuse), for the caller that judges
+    an override by them (`orchestration.recorded`)."""
+    notes = [] if notes is None else notes
+    problems = Problems()
+    kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, problems), notes)
+    notes.extend(problems.items)
+    return kernels
 
 
 def fused_loss_default(args: Arguments, model_cfg, run: RunConfig) -> RunConfig:

@@ -123,11 +123,11 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ HF dict I/O
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "config.json", pretrained: bool = False,
-                  length: int | None = None) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any], source: str = "config.json", pretrained: bool = False) -> "ModelConfig":
         """Accept both transformers 4 (`rope_theta`/`rope_scaling`) and 5 (`rope_parameters`). `pretrained`: the
-        directory's weights are read (continue_training, eval, generate), run at sequences of up to `length`
-        tokens (None: unknown), so a refusal never advises changing the architecture they were trained with."""
+        directory's weights are read (continue_training, eval, generate), so a refusal never advises changing the
+        architecture they were trained with; a sliding window they were trained with is judged by the command that
+        knows its length and the key setting it (`config_checks.window_note`)."""
         d = dict(d)
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -149,11 +149,16 @@ class ModelConfig:
         d["rope_scaling"] = scaling
         if "dtype" in d and "torch_dtype" not in d:
             d["torch_dtype"] = d["dtype"]
-        config_checks.sliding_window(d, source, pretrained, length)
+        config_checks.sliding_window(d, source, pretrained, None)  # (a new model's refusal; the length: window_note)
         if pretrained:
             config_checks.quantized(d.get("quantization_config"), source)
         layer_types = d.get("layer_types")
-        if layer_types is not None and not (pretrained and d.get("use_sliding_window")):  # (else kept: judged above)
+        windowed = pretrained and d.get("use_sliding_window")  # its layer_types kept, for window_note to judge
+        if windowed and layer_types is not None and (not isinstance(layer_types, list) or any(
+                t not in ("full_attention", "sliding_attention") for t in layer_types)):
+            raise UserError(f"{source}: layer_types {layer_types!r}: only full_attention and sliding_attention layers "
+                            f"are built here; these weights were trained with another kind of attention")
+        if layer_types is not None and not windowed:
             # transformers 5 (Qwen2/Qwen3): one attention kind per layer
             if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
                 raise UserError(f"{source}: layer_types {layer_types!r}: only full_attention layers are supported "
@@ -193,8 +198,8 @@ class ModelConfig:
         return cfg
 
     @classmethod
-    def from_file(cls, path: str, pretrained: bool = False, length: int | None = None) -> "ModelConfig":
-        """`path` is a `config.json` or a directory holding one (`pretrained`, `length`: as `from_dict`'s)."""
+    def from_file(cls, path: str, pretrained: bool = False) -> "ModelConfig":
+        """`path` is a `config.json` or a directory holding one (`pretrained`: as `from_dict`'s)."""
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
@@ -204,7 +209,7 @@ class ModelConfig:
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: invalid JSON ({e})") from None
-        cfg = cls.from_dict(d, source=path, pretrained=pretrained, length=length)
+        cfg = cls.from_dict(d, source=path, pretrained=pretrained)
         cfg.generation = read_generation(os.path.dirname(path))
         return cfg
 

@@ -59,12 +59,11 @@ def build_model_config(args: Arguments):
         args.rewritten += (f"max_position_embeddings: raised from {limit}{whose} to max_seq_length {seq} for the "
                            f"new model, whose positions are the ones it trains on (as in PaddleNLP)",)
     pretrained = bool(args.model.continue_training)  # (its refusals never advise another architecture)
-    cfg = ModelConfig.from_dict(raw, source=str(path), pretrained=pretrained,
-                                length=seq if isinstance(seq, int) else None)
+    cfg = ModelConfig.from_dict(raw, source=str(path), pretrained=pretrained)
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate(pretrained=pretrained)
-    if pretrained and isinstance(seq, int) and (window := config_checks.window_note(cfg, str(path), seq,
-                                                                                    "max_seq_length")):
+    key = "--max_seq_length" if args.explicit.get("max_seq_length") == "command line" else "max_seq_length"
+    if pretrained and isinstance(seq, int) and (window := config_checks.window_note(cfg, str(path), seq, key)):
         args.rewritten += (window,)  # weights trained with a sliding window, at a length where it changes nothing
     if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:

@@ -77,7 +77,8 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     """The arguments `command` runs with: `--config`'s file, else the record of the run that wrote
     `model_dir`, each with `overrides`; for a model no run wrote, None, or with kernel overrides
     (`--use_flash_attention false`) the file `targets.inference_kernels` takes for it with them (no other
-    override may be given there: there is no run's setting for it to change)."""
+    override may be given there: there is no run's setting for it to change). A kernel override that changes no
+    kernel here is refused either way (`idle_kernel_keys`)."""
     from pretrain_cli.config.compute import KERNEL_KEYS
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import SNAPSHOT_ARGUMENTS
@@ -87,14 +88,50 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     if source is None:
         if not overrides:
             return None
-        keys = [ours for _, ours in override_keys(overrides)]
-        if any(k not in KERNEL_KEYS for k in keys):
+        if any(k not in KERNEL_KEYS for _, k in override_keys(overrides)):
             raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings, and "
                             f"of a model no run wrote only the kernels ({', '.join(KERNEL_KEYS)}); pass --config "
                             f"FILE, or a --model directory a run wrote (it holds args.json)")
-        kept = [] if SNAPSHOT_ARGUMENTS[0][2:] in keys else list(SNAPSHOT_ARGUMENTS)  # (one key and its value)
-        return parse_config(None, [*kept, *overrides])
-    return parse_config(source, overrides)
+
+        def parse(tokens: list[str]) -> Arguments:
+            keys = [ours for _, ours in override_keys(tokens)]
+            kept = [] if SNAPSHOT_ARGUMENTS[0][2:] in keys else list(SNAPSHOT_ARGUMENTS)  # (one key and its value)
+            return parse_config(None, [*kept, *tokens])
+    else:
+        def parse(tokens: list[str]) -> Arguments:
+            return parse_config(source, tokens)
+    idle_kernel_keys(parse, overrides, command)
+    return parse(overrides)
+
+
+def idle_kernel_keys(parse, overrides: list[str], command: str) -> None:
+    """Refuse a kernel override that changes the key's value but no kernel on this device (`--fp16 true` on CPU:
+    the precision stays fp32; `--recompute true` alone), naming what the rules said of it: accepted, it would change
+    nothing, silently. One that restates the setting in effect is no change and is taken. `parse(tokens)`: the
+    arguments with those overrides."""
+    from pretrain_cli.config.compute import KERNEL_KEYS, kernels_for
+    from pretrain_cli.config.parser import override_keys
+    from pretrain_cli.orchestration.targets import inference_target
+
+    chunks: list[list[str]] = []  # each --key with its values, as typed
+    for token in overrides:
+        if token.startswith("--") or not chunks:
+            chunks.append([])
+        chunks[-1].append(token)
+    keys = [override_keys(c)[0][1] if c[0].startswith("--") else None for c in chunks]
+    if not any(k in KERNEL_KEYS for k in keys):
+        return
+    target, said = inference_target(), []
+    given = parse(overrides)
+    kernels = kernels_for(given, target, said)
+    for i, (key, chunk) in enumerate(zip(keys, chunks)):
+        if key not in KERNEL_KEYS:
+            continue
+        without = parse([t for j, c in enumerate(chunks) if j != i for t in c])
+        if without.get(key) != given.get(key) and kernels_for(without, target) == kernels:
+            why = [n for n in said if key in n]
+            raise UserError(f"{' '.join(chunk)}: changes no kernel {command} runs on {target.device}"
+                            f"{' (' + '; '.join(why) + ')' if why else ''}; drop it")
 
 
 # what else `eval` reads of a run's settings: its windows of --data; of a run's split (`--config`, a run's --model)
