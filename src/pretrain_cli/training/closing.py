@@ -9,7 +9,8 @@ the commands for it), a run stopped by a signal (its metrics so far; what reads 
 of an earlier end's final model where output_dir holds one), and a run found already complete (the blocks of the
 results its export recorded, read back from all_results.json). The train block's metrics are recorded once per final
 export, by the finished run, as a `train_metrics` record (`RECORD_KIND`) in metrics.jsonl and the trackers: a `train`
-record there is a log line's, which every reader of the loss curve takes for one.
+record there is a log line's, which every reader of the loss curve takes for one. `progress_or_epoch`, a closing
+metric the log line gives too, is computed here for both, so the two never differ.
 """
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ from pretrain_cli.training.metrics import log
 CLOSING_KEYS = ("progress_or_epoch", "train_loss", "train_runtime", "train_samples_per_second",
                 "train_steps_per_second")  # PaddleNLP's closing metrics (its `speed_metrics("train")` + loss, epoch)
 RECORD_KIND = "train_metrics"  # metrics.jsonl's kind for them (trackers: `train_metrics/train_loss`, ...)
+
+
+def progress_or_epoch(global_step: int, max_steps: int) -> float:
+    """PaddleNLP's `progress_or_epoch`, as the log line and the closing metrics both give it: the share of max_steps
+    done (PaddleNLP's share of the built dataset, which it sizes to max_steps), 4 decimals."""
+    return round(global_step / max_steps, 4)
 
 
 def closing_metrics(results: dict) -> dict:

@@ -12,7 +12,8 @@ from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_
 from pretrain_cli.training import checkpoint, closing, rank_exit
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.spike import SpikeError
-from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError, progress_or_epoch
+from pretrain_cli.training.closing import progress_or_epoch
+from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError
 from pretrain_cli.run_config import RunConfig
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 

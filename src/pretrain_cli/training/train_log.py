@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
-from pretrain_cli.training.trainer_state import progress_or_epoch
+from pretrain_cli.training.closing import progress_or_epoch
 
 
 class TrainLog:

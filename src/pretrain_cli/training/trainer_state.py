@@ -1,16 +1,10 @@
 """What the training loop is given and what it carries across a restart: `TrainerState` (the data position, the
 skipped batches and rollbacks, the loss bookkeeping, the history: small JSON that `Trainer.state_dict` writes
-into every checkpoint), `Collaborators` (what it reports to and saves through), `NonFiniteError` (how
-`nan_policy: stop` ends it) and `progress_or_epoch`, which the log line and the closing metrics share."""
+into every checkpoint), `Collaborators` (what it reports to and saves through) and `NonFiniteError` (how
+`nan_policy: stop` ends it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-
-def progress_or_epoch(global_step: int, max_steps: int) -> float:
-    """PaddleNLP's `progress_or_epoch`, as the log line and the closing metrics both give it: the share of max_steps
-    done (PaddleNLP's share of the built dataset, which it sizes to max_steps), 4 decimals."""
-    return round(global_step / max_steps, 4)
 
 
 class NonFiniteError(Exception):
