@@ -286,8 +286,9 @@ def test_without_a_speed_estimate_the_fewest_changes_win_and_it_says_so(monkeypa
         stages = tuple({**st, "tflops_per_step": st["tflops_per_step"] / 2} for st in base.stages)  # (speed's)
         return dataclasses.replace(base, recompute=str(change), flops_per_token=flops, stages=stages)
 
-    assert fit_search.search(current, base, faster, 1e9)["best"]["change"] != {}
-    assert fit_search.search(current, base, faster, 1e9, by_speed=False)["best"]["change"] == {}
+    peaked = dataclasses.replace(base, device=dataclasses.replace(base.device, peak_tflops=1.0))
+    assert fit_search.search(current, peaked, faster, 1e9)["best"]["change"] != {}  # a peak: ranked by speed
+    assert fit_search.search(current, base, faster, 1e9)["best"]["change"] == {}  # none: the fewest changes
 
 
 def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_arguments(monkeypatch):

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from plan_helpers import fit
 from pretrain_cli.cli import main as cli_main
 from pretrain_cli.planning import plan as planning
-from pretrain_cli.planning.fit import _eval_line, fit_eval, format_fit
+from pretrain_cli.planning.fit import fit_eval
+from pretrain_cli.planning.fit_report import _eval_line, format_fit
 from pretrain_cli.planning.memory import GIB
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import dataclasses
 from pathlib import Path
 
 from plan_helpers import fit, plan
-from pretrain_cli.planning.fit import format_fit
+from pretrain_cli.planning.fit_report import format_fit
 from pretrain_cli.orchestration.planned import from_file
 from pretrain_cli.planning.eval_memory import eval_parts, forward_bytes
 from pretrain_cli.planning.memory import GIB, estimate

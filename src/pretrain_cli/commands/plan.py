@@ -16,7 +16,7 @@ from pathlib import Path
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration.planned import DEFAULT_DEVICE
 from pretrain_cli.planning import fit as fit_search
-from pretrain_cli.planning import hardware
+from pretrain_cli.planning import fit_report, hardware
 from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, MFU_MOE_CPU
 from pretrain_cli.planning.report import format_report
 
@@ -65,10 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fitted file there is replaced, any other file refused; default: none, only print)")
 
 
-def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) -> str:
-    """The user's file (key order kept) with the command-line overrides and the fitted keys, published atomically:
-    JSON, or YAML where `path` ends in .yaml/.yml (whichever the source was); returns what the printed line says
-    about its output directory.
+def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
+                 tokens: str | None = None) -> tuple[str, list[tuple[str, object, object, str]]]:
+    """The user's file (key order kept; a run's `args.json`, its `user_arguments`, as `train` reads it) with the
+    command-line overrides and the fitted keys, published atomically: JSON, or YAML where `path` ends in .yaml/.yml
+    (whichever the source was). Returns (what the printed line says about its output directory, (key, the file's
+    value or the key's default, the value written, where it came from) for each key written from the command line
+    (or PaddleFormers' defaults) at a value the file does not hold, but the fitted ones (`change`, in the fit's own
+    diff): `-o`'s changes list names every key it writes (max_steps of `--tokens`, a `--max_seq_length`)).
 
     A file that says `device: cpu` fitted for a GPU (`device`, plan's --device) gets `device: gpu`: the layout is
     the GPU's, and kept at cpu the GPU machine would run it on its host, the layout the fit chose included.
@@ -81,9 +85,19 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     nor when PaddleNLP's Trainer wrote it (a PaddleNLP run's output_dir): `train` would refuse that checkpoint, so
     the fitted run starts over and the printed line says why."""
     from pretrain_cli import atomic, run_dir
-    from pretrain_cli.config.parser import YAML_SUFFIXES, read_argument_file
+    from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.paddlenlp_keys import ALIASES
+    from pretrain_cli.config.parser import YAML_SUFFIXES, arguments_of, read_argument_file
 
-    raw = read_argument_file(args.config_path) if args.config_path is not None else {}  # its keys, in the user's order
+    path_in = args.config_path  # its keys, in the user's order, as `load_arguments` reads them:
+    raw = arguments_of(read_argument_file(path_in), "user_arguments", path_in)[0] if path_in is not None else {}
+    given = []
+    for key, where in args.explicit.items():
+        if where == "file" or key in change:
+            continue
+        old = next((v for k, v in raw.items() if key in (k, ALIASES.get(k))), KEYS[key].default)
+        if args.get(key) != old:
+            given.append((key, old, args.get(key), f"--tokens {tokens}" if key == "max_steps" and tokens else where))
     for key, value in [*((k, args.get(k)) for k, where in args.explicit.items() if where != "file"), *change.items()]:
         raw = _put(raw, key, value)
     source = str(args.get("output_dir")).rstrip("/") or "."
@@ -106,27 +120,7 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE) ->
     else:
         text = json.dumps(raw, indent=4) + "\n"
     atomic.write_text(path, text)  # an OSError is one `error:` line, exit 1 (cli.py)
-    return said
-
-
-def given_keys(args, change: dict, tokens: str | None = None) -> list[tuple[str, object, object, str]]:
-    """(key, the file's value or the key's default, the value written, where it came from) for each key
-    `write_fitted` writes from the command line (or PaddleFormers' defaults) at a value the file does not hold, but
-    the fitted ones (`change`, in the fit's own diff): `-o`'s changes list names every key it writes (max_steps of
-    `--tokens`, a `--max_seq_length`), not only the layout's."""
-    from pretrain_cli.config.keys import KEYS
-    from pretrain_cli.config.paddlenlp_keys import ALIASES
-    from pretrain_cli.config.parser import read_argument_file
-
-    raw = read_argument_file(args.config_path) if args.config_path is not None else {}
-    out = []
-    for key, where in args.explicit.items():
-        if where == "file" or key in change:
-            continue
-        old = next((v for k, v in raw.items() if key in (k, ALIASES.get(k))), KEYS[key].default)
-        if args.get(key) != old:
-            out.append((key, old, args.get(key), f"--tokens {tokens}" if key == "max_steps" and tokens else where))
-    return out
+    return said, given
 
 
 def _another_run(args, ckpt) -> str | None:
@@ -231,12 +225,12 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node)
-    said = write_fitted(args, f["change"], ns.output, ns.device) if ns.output and f["after"] is not None else ""
-    if said:  # every key written is in the printed changes: the command line's too
-        f = {**f, "given": given_keys(args, f["change"], ns.tokens)}
+    if ns.output and f["after"] is not None:  # every key written is in the printed changes: the command line's too
+        said, given = write_fitted(args, f["change"], ns.output, ns.device, ns.tokens)
+        f = {**f, "given": given}
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
-    print(json.dumps(f, indent=2) if ns.json else fit_search.format_fit(f))
+    print(json.dumps(f, indent=2) if ns.json else fit_report.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
         print(f"wrote {ns.output}: {said}; {next_steps(ns.output, ns.device, f['gpus'], ns.gpus_per_node)}")
     elif ns.output and f["after"] is None:  # (under --json on stderr: stdout is the one JSON object)

@@ -25,11 +25,12 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.fit_precision import pick_precision
+from pretrain_cli.planning.fit_report import json_value
 from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
-from pretrain_cli.planning.suggestions import checkpoint_disk_note, minimal, suggest, within_budget
+from pretrain_cli.planning.suggestions import checkpoint_disk_note, suggest, within_budget
 from pretrain_cli.planning.report import CheckpointPlan, Plan
 
 if TYPE_CHECKING:
@@ -140,9 +141,13 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *advice), attention_words=words)
     if suggest_changes and not out.fits:
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
-        found = suggest(run, out, replan)
-        if not any(s["fits"] for s in found):  # no one key fits: several together, else more devices, first
-            found[:0] = _layout_or_more_devices(args, out, found, replan)
+        budget = out.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)  # `--fit`'s: one budget, one answer
+        found = suggest(run, out, within_budget(out, replan, budget))
+        if found and found[0].get("machine"):  # no layout on these machines: only more of them (`fewest_devices`)
+            scale = fit_search.fewest_devices(_current(args), out, replan, budget, None)
+            found[:0] = [scale] if scale else []
+        elif not any(s["fits"] for s in found):  # no one key fits: several together, else more devices, first
+            found[:0] = _layout_or_more_devices(args, out, replan, budget)
         out = dataclasses.replace(out, suggestions=tuple(found))
     return out
 
@@ -215,21 +220,23 @@ def _current(args: Arguments) -> dict:
     return current
 
 
-def _layout_or_more_devices(args: Arguments, base: Plan, singles: list[dict], replan) -> list[dict]:
-    """The suggestion to put first when no single key fits: the fewest keys of `--fit`'s search that fit the
-    devices asked for together (tensor, pipeline, expert degrees with the rest), else the fewest devices
-    (`fit.fewest_devices`, which also tries the search's smallest layout there, as the single keys leave those
-    degrees as they are: a Mixture-of-Experts model whose experts are split over a fixed group needs them to change),
-    both within `--fit`'s budget (its default margin), so `plan` and `plan --fit` give one answer."""
-    budget = base.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)
-    found = fit_search.search(_current(args), base, replan, budget, by_speed=False)
-    if found["best"] is not None:
-        change, r = minimal(found["best"]["change"], base.gpus, within_budget(base, replan, budget))
-        return [{"change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
-                 "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with `plan --fit`'s "
-                        f"{fit_search.DEFAULT_MARGIN:.0%} margin (the fewest of its layouts; --fit ranks them by "
-                        f"speed)"}]
-    scale = fit_search.fewest_devices(_current(args), base, replan, budget, found["smallest"])
+def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float) -> list[dict]:
+    """The suggestion to put first when no single key fits: `--fit`'s search ranked by the fewest changed keys,
+    then by speed (`fit.rank`), so its keys are the fastest layout of the fewest keys that fit the devices asked
+    for together (tensor, pipeline, expert degrees with the rest), else the fewest devices (`fit.fewest_devices`,
+    which also tries the search's smallest layout there, as the single keys leave those degrees as they are: a
+    Mixture-of-Experts model whose experts are split over a fixed group needs them to change), both within `--fit`'s
+    `budget` (its default margin), so `plan` and `plan --fit` give one answer."""
+    current = _current(args)
+    found = fit_search.search(current, base, replan, budget, fewest_first=True)
+    if (best := found["best"]) is not None:
+        r = best["report"]
+        fastest = "; --fit ranks all of them by speed" if base.device.peak_tflops is not None else ""
+        return [{"change": {k: v for k, _, v in fit_search.diff(current, best["change"])}, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
+                 "fits": True, "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with "
+                                      f"`plan --fit`'s {fit_search.DEFAULT_MARGIN:.0%} margin (the fewest keys of "
+                                      f"its layouts{', the fastest of those' if fastest else ''}{fastest})"}]
+    scale = fit_search.fewest_devices(current, base, replan, budget, found["smallest"])
     return [scale] if scale else []
 
 
@@ -262,7 +269,7 @@ def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None,
         return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
                 f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
                 f"checkpoints are untouched")
-    change = ", ".join(f"{k} {fit_search.json_value(old)} -> {fit_search.json_value(new)}" for k, old, new in f["diff"])
+    change = ", ".join(f"{k} {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"])
     return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
             f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
             f"checkpoints are untouched, re-run to resume from the last one")

@@ -14,15 +14,15 @@ traffic from its own layers, each over the in-node or the cross-node link its gr
 slowest stage with the pipeline's fill and drain, plus the DP/ZeRO gradients (context-parallel candidates from
 CONTEXT_MIN_SEQ tokens on). Flash and math
 attention count the same FLOPs; among equally fast candidates the one running flash wins (it is the faster
-kernel where it runs), then the one with fewer changes, then the larger micro-batch (fewer, larger kernels per step: the per-micro-step overhead the FLOPs model leaves out), then the one with less memory.
+kernel where it runs), then the one with fewer changes, then the larger micro-batch, then the one with less memory
+(`rank`). `plan`'s suggestion, when no one key fits, is the same search's fastest of the fewest changed keys.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
-from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
-import dataclasses
 
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.suggestions import FIT_MARGIN, machine_too_small, more_devices
@@ -121,9 +121,9 @@ def _layout(r: dict) -> tuple:
             p.sharding_degree, p.pp, p.cp, p.sequence_parallel, p.ep)  # (sequence parallelism: a layout of its own)
 
 
-def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool = True) -> dict:
-    """The fastest candidate whose predicted memory is within `budget_gib`, and the smallest candidate.
-    `by_speed=False` (no speed estimate: the device has no known peak) ranks by fewest changes instead.
+def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: bool = False) -> dict:
+    """The best candidate whose predicted memory is within `budget_gib` (`rank`: the fastest, or with
+    `fewest_first` the fastest of those with the fewest changed keys, `plan`'s suggestion), and the smallest.
 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
     {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, a larger
@@ -156,12 +156,20 @@ def search(current: dict, base: Plan, replan, budget_gib: float, by_speed: bool 
         seen[key] = {"change": change, "report": r, "speed": speed(r) if fits else None}  # (ranks only what fits)
     entries = list(seen.values())
     fitting = [e for e in entries if e["speed"] is not None]
-    best = min(fitting, key=lambda e: (round(e["speed"]["rank_seconds"], 9) if by_speed else 0,
-                                       e["report"].attention != "flash" if by_speed else 0,
-                                       len(e["change"]), -e["report"].micro_batch, e["report"].peak_gib),
-               default=None)
+    best = min(fitting, key=lambda e: rank(e, base.device.peak_tflops is not None, fewest_first), default=None)
     smallest = min(entries, key=lambda e: (e["report"].least_gib, len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries), "skipped": skipped}
+
+
+def rank(entry: dict, by_speed: bool, fewest_first: bool = False) -> tuple:
+    """A fitting candidate's place, lowest best: by speed (the step's seconds; then flash attention, the faster
+    kernel where it runs), then fewer changed keys, then the larger micro-batch (fewer, larger kernels per step: the
+    per-micro-step overhead the FLOPs model leaves out), then less memory. `fewest_first`: fewer changed keys before
+    speed (`plan`'s suggestion: the fewest keys, of those the fastest, so on the keys it names it agrees with
+    `--fit`). Without a peak (`by_speed` False: no speed estimate) the speed terms are left out: fewest changes."""
+    r, n = entry["report"], len(entry["change"])
+    fast = (round(entry["speed"]["rank_seconds"], 9), r.attention != "flash") if by_speed else ()
+    return (*((n, *fast) if fewest_first else (*fast, n)), -r.micro_batch, r.peak_gib)
 
 
 def grows_with_micro_batch(r: Plan) -> bool:
@@ -183,8 +191,8 @@ def grows_with_micro_batch(r: Plan) -> bool:
 def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
         carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
     """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
-    and when nothing fits the smallest layout and the fewest devices within the budget (`fewest_devices`), or on
-    cpu the line saying the model's state alone exceeds the machine (`suggestions.machine_too_small`).
+    and when nothing fits the smallest layout and the fewest devices within the budget (`fewest_devices`), on cpu
+    with the line saying where the model's state alone exceeds the machines planned (`suggestions.machine_too_small`).
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
@@ -193,7 +201,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     if not by_speed:
         notes.append(f"speed: no estimate ({base.device.peak_source}; --peak_tflops gives one), so of the "
                      f"layouts that fit the one with the fewest changes is chosen, not the fastest")
-    found = search(current, base, replan, budget_gib, by_speed=by_speed)
+    found = search(current, base, replan, budget_gib)
     best, small = found["best"], found["smallest"]
     out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
            "experts": base.model.experts,
@@ -223,10 +231,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: dict | None) -> dict | None:
     """The fewest devices that fit within `budget_gib` (`suggestions.more_devices`, from the search's smallest
     layout `small` at `--gpus` and `lean_layouts` at each count): `plan --fit`'s answer and `plan`'s first
-    suggestion when nothing fits (one search, one answer). None on cpu where the model's state alone exceeds the
-    machines planned (`suggestions.machine_too_small`), which `plan` then says in one line instead."""
-    if machine_too_small(base):
-        return None
+    suggestion when nothing fits (one search, one answer). On cpu too where the model's state alone exceeds the
+    machines planned (`suggestions.machine_too_small`): more machines add memory (each node its own)."""
     return more_devices(base, [small] if small else [], replan, [small["change"]] if small else [],
                         budget_gib=budget_gib, lean=lambda world: lean_layouts(
                             current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
@@ -270,128 +276,3 @@ def diff(current: dict, change: dict) -> list[tuple[str, object, object]]:
              "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention",
              "per_device_eval_batch_size", "eval_iters")
     return [(k, current.get(k), change[k]) for k in order if k in change and change[k] != current.get(k)]
-
-
-def _gib(x: float) -> str:
-    return f"{x:.2f} GiB"
-
-
-def _tok(sp: dict) -> str:
-    return f"{sp['tokens_per_sec']:,.0f} tokens/s" if sp["tokens_per_sec"] is not None else "tokens/s unknown (no peak)"
-
-
-def _run_time(f: dict, *speeds: dict) -> str:
-    """The "how long" of a fit: the run's tokens (max_steps, or --tokens) at each predicted speed, in hours and days;
-    "" without a speed (no peak). A file that does not fit as written has no time before: its speed is of a run
-    that cannot start (DeepSeek-V3 as written on 208 H100: 7.7 days, beside the fitted layout's 63.2)."""
-    if not f.get("total_tokens") or any(sp["tokens_per_sec"] is None for sp in speeds):
-        return ""
-    hours = [f["total_tokens"] / sp["tokens_per_sec"] / 3600 for sp in speeds]
-    days = f" ({' -> '.join(f'{h / 24:,.1f}' for h in hours)} days)" if max(hours) >= 48 else ""
-    alone = "; as written the file does not fit: no time before" if f["diff"] and len(speeds) == 1 else ""
-    return (f"\n  time for {f['total_tokens']:,} tokens at that speed: {' -> '.join(f'{h:,.1f} h' for h in hours)}"
-            f"{days}{alone}")
-
-
-def format_fit(f: dict) -> str:
-    """The `plan --fit` section: budget, the key diff (and with `-o` the command line's keys it writes, "given"),
-    memory and tokens/s before and after: no speed before where the file as written does not fit the device (it
-    cannot start), and where it fits the device but not the budget, a line saying so (why a slower layout)."""
-    dev = f["device"]
-    lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
-             f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
-             f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
-             f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline"
-             + (", context-parallel or expert-parallel degree)" if f.get("experts")
-                else " or context-parallel degree)")
-             + (f"; {f['skipped']} more skipped: larger micro-batches of layouts already over the budget"
-                if f.get("skipped") else "")]
-    ln = dev["links"]
-    if f["gpus"] > 1:  # one device sends nothing
-        lines.append(f"  links per GPU: in-node {ln['in_node_gbps']:g} GB/s ({ln['source']}), cross-node "
-                     f"{ln['cross_node_gbps']:g} GB/s; {count(ln['gpus_per_node'], 'GPU')} per node")
-    ran = max(f["before"]["memory_gib"], f["before"]["startup_gib"]) <= dev["memory_gib"]  # a speed to compare
-    before = (f"{_gib(f['before']['memory_gib'])} (start-up {_gib(f['before']['startup_gib'])})"
-              + (f", {_tok(f['before']['speed'])}" if ran else ""))
-    given = [f"    {k}: {json_value(old)} -> {json_value(new)} ({where})" for k, old, new, where in f.get("given", [])]
-    if f["after"] is None:
-        need = f["smallest"]
-        lines.append(f"  nothing fits: the current layout needs {before}")
-        if need is not None:
-            change = ", ".join(f"{k} {json_value(v)}" for k, _, v in need["diff"]) or "no change"
-            lines.append(f"  the smallest layout ({change}) needs {_gib(need['memory_gib'])} per device: a device "
-                         f"with at least {_gib(need['memory_gib'] / (1 - f['margin']))} (with the margin)")
-        if f.get("machine"):
-            lines.append(f"  {f['machine']}")
-        if f.get("more_devices"):
-            m = f["more_devices"]
-            change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items()) or "no key changed"
-            per = dev["links"]["gpus_per_node"]
-            nodes = f" ({m['gpus'] // per} nodes of {per})" if m["gpus"] > per else ""
-            lines.append(f"  or more devices: --gpus {m['gpus']}{nodes} with {change} -> {_gib(m['memory_gib'])} per device "
-                         f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
-        return "\n".join(lines)
-    if not f["diff"]:
-        lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
-                     + _run_time(f, f["before"]["speed"]))
-        return "\n".join(lines + (["  changes (old -> new), from the command line:", *given] if given else []))
-    lines.append("  changes (old -> new):")
-    lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]] + given
-    lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
-                 f"(budget {_gib(f['budget_gib'])})")
-    if ran and f["before"].get("least_gib", 0.0) > f["budget_gib"]:  # why it changes, even for a slower layout
-        tps = f["before"]["speed"]["tokens_per_sec"], f["after"]["speed"]["tokens_per_sec"]
-        lines.append(f"  as written the file fits the device but needs {_gib(f['before']['least_gib'])} per device "
-                     f"(step, start-up or an evaluation of 1), over the {_gib(f['budget_gib'])} budget"
-                     + (": the fastest layout within it is slower than the file's" if None not in tps
-                        and tps[1] < tps[0] else ""))
-    lines.append(f"  start-up per device: {_gib(f['before']['startup_gib'])} -> {_gib(f['after']['startup_gib'])} "
-                 f"(what a rank builds + the block being created; within the budget too)")
-    if f.get("eval"):
-        lines.append(_eval_line(f["eval"], f["budget_gib"]))
-    speeds = f"{_tok(f['before']['speed'])} -> {_tok(f['after']['speed'])} (" if ran else \
-        f"{_tok(f['after']['speed'])} (as written the file does not fit: no speed before; "
-    lines.append(f"  predicted speed: {speeds}FLOPs with "
-                 f"recompute / (peak x MFU {f['mfu']:.2f}), pipeline bubble, + TP/PP/DP/ZeRO-3/CP"
-                 f"{'/EP' if f.get('experts') else ''} traffic over "
-                 f"the link each group uses)" + _run_time(f, *([f["before"]["speed"]] if ran else []),
-                                                          f["after"]["speed"]))
-    if f["after"].get("bound"):
-        lines.append(_bound_line(f["after"]["bound"]))
-    return "\n".join(lines)
-
-
-def _bound_line(b: dict) -> str:
-    """Why the chosen layout is slow when its traffic outweighs its compute (`speed.traffic_bound`): its largest
-    term; docs/PLAN.md says what each term is and which overlap is assumed."""
-    top, rest = b["terms"][0], sum(t["seconds"] for t in b["terms"][1:])
-    terms = f"{top['name']} {top['seconds']:.3g} s over {top['link']}"
-    terms += f", other traffic {rest:.3g} s" if rest else ""
-    return (f"  speed bound: traffic, {b['traffic_share']:.0%} of a {b['step_seconds']:.3g} s step ({terms}; compute "
-            f"{b['compute_seconds']:.3g} s): mfu as train logs it {b['logged_mfu']:.3f}; faster links "
-            f"(--cross_node_gbps) or more devices help")
-
-
-def _eval_line(e: dict, budget: float) -> str:
-    """The fit's evaluation: its peak at the eval batch kept, or lowered (over the budget, or not dividing a data
-    rank's share of the samples), and eval_iters where the samples an evaluation reads (the file's, `fit_eval`)
-    need it."""
-    at = f"{_gib(e['memory_gib'])} at per_device_eval_batch_size {e['batch']}"
-    w = e.get("was")
-    if w and w["batch"] != e["batch"]:
-        at = (f"{_gib(w['memory_gib'])} at the file's per_device_eval_batch_size {w['batch']}, over the budget -> {at}"
-              if w["memory_gib"] > budget else f"{at}, as the file's {w['batch']} does not divide a data rank's "
-                                               f"{e['batch'] * e['change']['eval_iters']} samples")
-    if w and "eval_iters" in e["change"]:
-        keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
-                 f"the file's {w['samples']:,} samples an evaluation, {w['batch']} x {w['iters']} x its "
-                 f"{count(w['ranks'], 'data rank')}")
-        at += f" (eval_iters {w['iters']} -> {e['change']['eval_iters']}: {keeps})"
-    tail = "" if e["fits"] else f"; still over the budget at 1: set {e['key']} false or evaluate on larger devices"
-    return f"  eval per device (a forward without gradients beside the step's state): {at}{tail}"
-
-
-def json_value(v) -> str:
-    import json
-
-    return json.dumps(v)

@@ -97,14 +97,17 @@ def _key_groups(change: dict) -> list[tuple]:
 def minimal(change: dict, world: int, replan) -> tuple[dict, Plan]:
     """`change` (which fits on `world` devices) without each group of keys it still fits without, then with the
     lowest sharding stage that still fits: a suggestion names no key the fit does not need, so none whose effect is
-    nil (a sharding stage over one data rank re-plans to the same memory, and is dropped)."""
+    nil (a sharding stage over one data rank re-plans to the same memory, and is dropped). A group goes only where
+    the global batch stays `change`'s: the accumulation steps without the micro-batch, or a degree that moves the
+    data ranks, would change it silently (DeepSeek-V3's 4,096 samples a step on 256 H100 became 512)."""
+    samples = replan(change, world).global_batch
     dropped = True
     while dropped:  # until no group can go: then none of the keys left can go alone
         dropped = False
         for group in _key_groups(change):
             fewer = {k: v for k, v in change.items() if k not in group}
             r = replan(fewer, world)
-            if r is not None and r.fits:
+            if r is not None and r.fits and r.global_batch == samples:
                 change, dropped = fewer, True
                 break
     stage = str(change.get("sharding", ""))
@@ -141,8 +144,10 @@ def _in_node(replan, per_node: int):
 def machine_too_small(base: Plan) -> str | None:
     """On cpu, the line saying so when the weights, gradients and AdamW state alone (a checkpoint and the weights
     again: `Plan.checkpoint`) exceed the memory of the machines planned (each process's part x the processes): no
-    layout or process count on them holds the run, so `plan` says what `check` refuses with
-    (`hardware.host_memory_problem`) instead of a change that still does not fit. None on a GPU or where it fits."""
+    layout or process count on them holds the run, so `plan` says so (with how many machines of this one's memory
+    hold the state alone) instead of a change that still does not fit, and searches more machines
+    (`fit.fewest_devices`). On one machine `check` refuses such a run too (`hardware.host_memory_problem`: the
+    parameters against this machine's memory). None on a GPU or where it fits."""
     if base.device.name != "cpu":
         return None
     need = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]
@@ -151,17 +156,19 @@ def machine_too_small(base: Plan) -> str | None:
         return None
     where = "this machine has" if nodes == 1 else f"the {nodes} machines planned have"
     return (f"memory: the weights, gradients and AdamW state alone need {need:.2f} GiB and {where} {have:.1f} GiB, "
-            f"so no layout or number of processes fits there; choose a smaller model, or plan a GPU run "
-            f"(`plan --device <GPU>`)")
+            f"so no layout or number of processes fits there (the state alone needs {-(-need // (have / nodes)):.0f} "
+            f"machines of this one's memory); plan more machines (--gpus with --gpus_per_node), choose a smaller "
+            f"model, or plan a GPU run (`plan --device <GPU>`)")
 
 
 def _share(base: Plan, world: int) -> float:
-    """A device's memory on `world` devices over `base`'s: 1 on a GPU; on cpu the processes of a node share its
-    memory (`plan.target_device`), so more of them on a node each get less."""
-    if base.device.name != "cpu":
-        return 1.0
-    per_node = base.device.links.gpus_per_node
-    return min(base.gpus, per_node) / min(world, per_node)
+    """A device's memory on `world` devices over `base`'s, as `plan.target_device` gives it (1 on a GPU; on cpu the
+    processes of a node share its memory, so more of them on a node each get less)."""
+    from pretrain_cli.planning import hardware
+    from pretrain_cli.planning.plan import target_device
+
+    node = hardware.Node(base.device.links.gpus_per_node)
+    return target_device(base.device.name, node, world).memory_gib / base.device.memory_gib
 
 
 def within_budget(base: Plan, replan, budget_gib: float):
