@@ -50,3 +50,50 @@ def test_the_log_line_and_the_trackers_show_it():
     assert line.endswith(f"mfu: {round(out['mfu'], 4)}, peak_tflops_per_device: 0.3328")  # (4 places, as PaddleNLP)
     tags = scalars({"kind": "train", "step": 4, "time": 0.0, **out})
     assert tags["train/peak_tflops_per_device"] == 0.3328 and tags["train/mfu"] == out["mfu"]
+
+
+def _line_keys(device: str, monkeypatch) -> list[str]:
+    """The keys of the line `TrainLog._log` prints, in order, for a dense model's step 60 on `device` (GPU memory
+    faked: the suite has no GPU)."""
+    import sys
+    from types import SimpleNamespace as NS
+
+    from pretrain_cli.training import train_log
+
+    lines = []
+    monkeypatch.setattr(train_log, "log", NS(info=lines.append))
+    cuda = NS(max_memory_allocated=lambda: 2**31, max_memory_reserved=lambda: 2**32)
+    monkeypatch.setitem(sys.modules, "paddle", NS(device=NS(cuda=cuda)))
+
+    class Trainer(train_log.TrainLog):
+        def _record(self, kind, values):
+            pass
+
+    t = Trainer()
+    t.state = NS(interval_loss=6.4, interval_steps=1, loss_sum=0.0, global_step=60, tokens_seen=122880,
+                 consumed_samples=480, last_batch_hash="858f61f5dfd5")
+    t.comm, t.schedule = NS(mean=lambda x: x), NS(lr_at=lambda step: 2.9e-3, phase=lambda step: None)
+    t.throughput = metrics.Throughput(256, 8, 1, 1, 1e8, 1.3e8, 0.3323)
+    t.throughput.step()
+    t.loop, t.device = NS(max_steps=400, memory_metrics=True), device
+    t.layout = NS(raw_model=NS(config=NS(sparse_layers=None, num_nextn_predict_layers=0)))
+    t._log(0.46)
+    (line,) = lines
+    return [item.split(": ", 1)[0] for item in line.split(", ")]
+
+
+def test_the_whole_line_has_the_documented_order(monkeypatch):
+    """docs/TRAINING.md's example line (a CPU run) has the keys `_log` prints, in its order; on a GPU the memory
+    keys PaddleNLP logs before `interval_runtime` come after the host memory ones, where TRAINING.md says."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "TRAINING.md").read_text(encoding="utf-8")
+    example = doc.split("## Log line", 1)[1].split("```", 2)[1]
+    shown = [k.split(": ", 1)[0] for k in re.sub(r"\s*\n", " ", example.split("] - ", 1)[1]).strip().split(", ")]
+    cpu = _line_keys("cpu", monkeypatch)
+    assert cpu == shown and cpu[:4] == ["loss", "learning_rate", "global_step", "eta"]
+    gpu = _line_keys("gpu", monkeypatch)
+    at = gpu.index("host_memory_peak_gib") + 1
+    assert gpu[at:at + 2] == ["max_memory_allocated", "max_memory_reserved"] and gpu[:at] + gpu[at + 2:] == cpu
+    assert "`max_memory_allocated`, `max_memory_reserved` after `host_memory_peak_gib`" in doc
