@@ -94,20 +94,21 @@ def _key_groups(change: dict) -> list[tuple]:
     return [g for g in groups if g]
 
 
-def minimal(change: dict, world: int, replan) -> tuple[dict, Plan]:
+def minimal(change: dict, world: int, replan, same_batch: bool = True) -> tuple[dict, Plan]:
     """`change` (which fits on `world` devices) without each group of keys it still fits without, then with the
     lowest sharding stage that still fits: a suggestion names no key the fit does not need, so none whose effect is
-    nil (a sharding stage over one data rank re-plans to the same memory, and is dropped). A group goes only where
-    the global batch stays `change`'s: the accumulation steps without the micro-batch, or a degree that moves the
-    data ranks, would change it silently (DeepSeek-V3's 4,096 samples a step on 256 H100 became 512)."""
-    samples = replan(change, world).global_batch
+    nil (a sharding stage over one data rank re-plans to the same memory, and is dropped). With `same_batch` (the
+    devices asked for) a group goes only where the global batch stays `change`'s: the accumulation steps without
+    the micro-batch, or a degree that moves the data ranks, would change it silently (DeepSeek-V3's 4,096 samples a
+    step on 256 H100 became 512); on more devices (`more_devices`) it grows with the data ranks, as its line says."""
+    samples = replan(change, world).global_batch if same_batch else None
     dropped = True
     while dropped:  # until no group can go: then none of the keys left can go alone
         dropped = False
         for group in _key_groups(change):
             fewer = {k: v for k, v in change.items() if k not in group}
             r = replan(fewer, world)
-            if r is not None and r.fits and r.global_batch == samples:
+            if r is not None and r.fits and samples in (None, r.global_batch):
                 change, dropped = fewer, True
                 break
     stage = str(change.get("sharding", ""))
@@ -238,7 +239,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
         if holds(fewer) and (fewer < per_node or fewer % per_node == 0) and (here := fitting(found, fewer)):
             world, found = fewer, here
             break
-    change, r = minimal(min(found, key=len), world, replan)
+    change, r = minimal(min(found, key=len), world, replan, same_batch=False)
     nodes = f" ({world // per_node} nodes of {per_node})" if world > per_node else ""
     margin = f" with `plan --fit`'s {1 - budget / base.device.memory_gib:.0%} margin" if budget_gib is not None else ""
     why = f"fewest devices that fit{nodes}{margin}: no setting fits {base.gpus} x {base.device.name}"
