@@ -356,7 +356,7 @@ def test_plan_and_fit_print_both_links(capsys):
 def test_the_fit_flags_help_names_every_axis_the_search_varies():
     """`plan --help` said "... tensor-parallel and pipeline degree": the search also varies sequence parallelism,
     the context-parallel degree and, for a Mixture-of-Experts model, the expert-parallel degree (its report line
-    names them, `fit_search.format_fit`)."""
+    names them, `fit_report.format_fit`)."""
     import argparse
 
     from pretrain_cli.commands import plan as plan_command

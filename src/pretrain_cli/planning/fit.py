@@ -123,7 +123,8 @@ def _layout(r: dict) -> tuple:
 
 def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: bool = False) -> dict:
     """The best candidate whose predicted memory is within `budget_gib` (`rank`: the fastest, or with
-    `fewest_first` the fastest of those with the fewest changed keys, `plan`'s suggestion), and the smallest.
+    `fewest_first` the fastest of those with the fewest changed keys, `plan`'s suggestion; where `base`'s device has
+    no known peak, the fewest changes), and the smallest.
 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
     {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, a larger
