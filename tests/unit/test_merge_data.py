@@ -256,6 +256,11 @@ def test_a_directory_given_twice_is_one_line_and_a_symlinked_one_the_same_files(
     meta = merge(str(tmp_path / "r"), [d / "part1", tmp_path / "alias"], lines.append)
     assert meta["merged_from"] == [str(d / "part1"), str(tmp_path / "alias")] and meta["documents"] == 4
     assert lines[-1].startswith(f"warning: {tmp_path / 'alias'}: its 2 sequences are those of {d / 'part1'}; ")
+    # an output whose files an input's links point at: its renames would replace the input's bytes
+    before = (d / "part1.bin").read_bytes()
+    with pytest.raises(UserError, match=rf"^{d / 'part1'}: the output's files are those {tmp_path / 'alias'}\.bin/"):
+        merge(str(d / "part1"), [tmp_path / "alias", d / "part2"])
+    assert (d / "part1.bin").read_bytes() == before
 
 
 def test_the_summary_counts_the_inputs_without_a_sidecar(tmp_path):

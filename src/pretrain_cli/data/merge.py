@@ -68,8 +68,14 @@ def same_file(prefix: str) -> str:
     symlinks followed (`e/man` with e -> d is `d/man`), so that no file is joined twice and no output overwrites an
     input. A prefix whose own .bin/.idx are symlinks stays its own name: a symlinked `alias.bin` is how a source is
     repeated on purpose without a copy of its bytes, and the output is published by renames, which replace such a
-    link and leave its target alone."""
+    link and leave its target alone. An output whose files are an input's link targets (`d/man.bin -> d/other.bin`,
+    output `d/other`) is judged by `_files_of`: those renames would replace the input's bytes."""
     return os.path.realpath(prefix)
+
+
+def _files_of(prefix: str) -> set[str]:
+    """The real files a prefix's .bin and .idx are, their own symlinks followed: what the output must not be."""
+    return {os.path.realpath(prefix + ext) for ext in (".bin", ".idx")}
 
 
 def tokenizer_problems(items) -> list[str]:
@@ -242,6 +248,10 @@ def merge(output: str, inputs, note=None) -> dict:
     prefixes = expand_prefixes(inputs, note)
     if same_file(out) in {same_file(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
+    linked = next((p for p in prefixes if _files_of(out) & _files_of(p)), None)
+    if linked is not None:
+        raise UserError(f"{out}: the output's files are those {linked}.bin/.idx link to, an input; choose another "
+                        "output prefix")
     warn = None if note is None else lambda line: note(f"warning: {line}")
     lock = PrefixLock(out, "output prefix", "merge-data", warn)  # before anything under the prefix is written
     try:
