@@ -91,3 +91,21 @@ def test_a_kernel_key_that_changes_no_kernel_here_is_refused_naming_why(tmp_path
     pair = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"], "eval")
     assert targets.inference_kernels(arguments=pair)[0].fuse_o_proj is False  # together they change a kernel
     assert run_arguments(None, model, ["--use_flash_attention", "true"], "eval").get("use_flash_attention") is True
+
+
+def test_a_kernel_key_that_changes_no_kernel_is_refused_on_a_runs_split_too(tmp_path, capsys):
+    """`eval --config run.json --fp16 true` and `eval --model RUN_DIR --fp16 true` evaluate the run's split: the
+    check ran on the --data path alone, so these ran fp32 and said nothing."""
+    from pretrain_cli.cli import main as cli_main
+
+    model = _snapshot(tmp_path)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"model_name_or_path": model, "input_dir": str(tmp_path / "none"),
+                                  "output_dir": str(tmp_path / "out")}))
+    want = "error: --fp16 true: changes no kernel eval runs on cpu (precision: fp16 is not applicable on cpu"
+    assert cli_main(["eval", "--config", str(config), "--fp16", "true"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(want)
+    run_dir = tmp_path / "m"  # a run's directory: its args.json record stands for --config
+    (run_dir / "args.json").write_text(json.dumps({"version": 1, "arguments": json.loads(config.read_text()), "run": {}}))
+    assert cli_main(["eval", "--model", str(run_dir), "--fp16", "true"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(want)

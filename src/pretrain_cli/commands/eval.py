@@ -162,11 +162,12 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
-    from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, no_effect
+    from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, no_effect, run_arguments
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     no_effect(overrides, "eval", SPLIT_KEYS)  # (--learning_rate 3 changes nothing here: said, not ignored)
+    run_arguments(ns.config, None, overrides, "eval")  # (--fp16 true on CPU changes no kernel: refused as for --data)
     ns.split = ns.split or "valid"
     changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
     if ns.attention_mask_type is not None:
