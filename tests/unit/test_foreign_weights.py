@@ -217,3 +217,24 @@ def test_eval_config_names_the_files_output_dir_not_model(tmp_path, capsys):
     prefix = write_tokens(tmp_path / "c", vocab_size=CFG["vocab_size"])
     assert cli_main(["eval", "--config", str(cfg), "--data", prefix, "--max_seq_length", "16"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {cfg}: output_dir: {out} has no config.json")
+
+
+def test_a_peft_adapter_is_refused_as_no_model(tmp_path, capsys):
+    """A LoRA adapter (adapter_model.safetensors + adapter_config.json) counted as a model: "has no config.json", or
+    beside one a missing lm_head.weight; it is named as an adapter, with the merge that makes it a model."""
+    from pretrain_cli.models.convert import has_weights
+
+    bare = tmp_path / "lora"
+    bare.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (bare / name).write_bytes(b"{}")
+    code, out = _generate(capsys, "--model", str(bare), "--prompt", "hello")
+    merge = f"`PeftModel.from_pretrained(base, {str(bare)!r}).merge_and_unload().save_pretrained(out)`"
+    assert code == 2 and out.err.splitlines() == [
+        f"error: --model: {bare} holds adapter_config.json, adapter_model.safetensors: a PEFT adapter, not a model; "
+        f"merge it into its base first ({merge}) and point --model at out"]
+    beside = _snapshot(tmp_path / "with_config", "adapter_model.safetensors")
+    assert not has_weights(beside)
+    with pytest.raises(UserError, match=r"holds adapter_model.safetensors: a PEFT adapter, not a model; merge"):
+        refuse_unread(beside, "--model")
+    refuse_unread(_snapshot(tmp_path / "merged", "model.safetensors", "adapter_model.safetensors"))  # a model beside

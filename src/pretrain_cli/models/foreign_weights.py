@@ -23,18 +23,21 @@ UNREAD_WEIGHTS = ("pytorch_model*.bin", "model*.bin", "*.pt", "*.pth", "*.ckpt",
 # unified checkpoint's optimizer and master_weights safetensors
 NOT_WEIGHTS = PADDLENLP_MARKS + ("optimizer*", "scheduler*", "sampler*", "scaler*", "rng_state*", "random_states*",
                                  "master_weights*")
+# a PEFT (LoRA) adapter's files: deltas for a base model, no model of their own (`refuse_unread` says so)
+PEFT_ADAPTER = ("adapter_model*", "adapter_config.json")
 
 
 def weight_files(model_dir) -> tuple[list[str], list[str]]:
     """(read, unread): the names of `model_dir`'s safetensors weights (and their index), and of its weights in
     formats not read (`UNREAD_WEIGHTS`); neither holds a trainer's states (`NOT_WEIGHTS`: an optimizer.safetensors
-    is no model). A `.bin` beside a same-named `.idx` is a token file, not weights."""
+    is no model), nor a PEFT adapter's (`PEFT_ADAPTER`). A `.bin` beside a same-named `.idx` is a token file, not
+    weights."""
     d = str(model_dir)
     if not os.path.isdir(d):
         return [], []
     names = sorted(n for n in os.listdir(d) if os.path.isfile(os.path.join(d, n)))
     index = "model.safetensors.index.json"  # (convert.INDEX_FILE: convert imports this module)
-    names = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS)]
+    names = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS + PEFT_ADAPTER)]
     read = [n for n in names if n.endswith(".safetensors") or n == index]
     unread = [n for n in names if any(fnmatch.fnmatch(n, p) for p in UNREAD_WEIGHTS)
               and not (n.endswith(".bin") and n[:-4] + ".idx" in names)]
@@ -90,12 +93,19 @@ def _convert(d: str, files: list[str], point: str) -> str:
 
 def refuse_unread(model_dir, key: str | None = None) -> None:
     """One line naming the unread weight files of `model_dir` (`key`: the argument that named it, if any) and how
-    to make them readable; nothing when it holds none."""
+    to make them readable, or a PEFT adapter's files where it holds no weights (a LoRA adapter is no model: read as
+    one it was "no config.json" or a missing lm_head.weight); nothing when it holds neither."""
     files = unread_weights(model_dir)
+    d, where = str(model_dir), f"{key}: " if key else ""
     if not files:
+        adapter = [] if weight_files(model_dir)[0] else sorted(
+            n for n in os.listdir(d) if any(fnmatch.fnmatch(n, p) for p in PEFT_ADAPTER)) if os.path.isdir(d) else []
+        if adapter:
+            raise UserError(f"{where}{d} holds {', '.join(adapter)}: a PEFT adapter, not a model; merge it into its "
+                            f"base first (`PeftModel.from_pretrained(base, {d!r}).merge_and_unload()."
+                            f"save_pretrained(out)`) and point {key or 'the model argument'} at out")
         return
     named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    d, where = str(model_dir), f"{key}: " if key else ""
     if all(f.endswith(".pdparams") for f in files):
         raise UserError(f"{where}{d} holds {named}, PaddleNLP .pdparams (pickle), which is not read; save it as "
                         f"safetensors (PaddleNLP `unified_checkpoint: true`, or "
