@@ -157,6 +157,13 @@ def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
 def test_no_weights_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no model.safetensors"):
         convert.find_weights(str(tmp_path))
+    # a trainer's states are no weights: the fallback read every *.safetensors, these as a model's
+    for name in ("optimizer.safetensors", "master_weights-00001-of-00001.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UserError, match="no model.safetensors"):
+        convert.find_weights(str(tmp_path))
+    (tmp_path / "consolidated.safetensors").write_bytes(b"")
+    assert convert.find_weights(str(tmp_path)) == [str(tmp_path / "consolidated.safetensors")]
 
 
 def test_hf_params_marks_linear_weights():

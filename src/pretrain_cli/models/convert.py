@@ -200,7 +200,8 @@ def detect_layout(shapes: dict, model=None) -> str:
 
 # ---------------------------------------------------------------- files
 def find_weights(src_dir) -> list[str]:
-    """The safetensors files of a model directory; UserError naming the directory if there are none."""
+    """The safetensors weight files of a model directory (`weight_files` judges which, as `has_weights` does: no
+    optimizer's states, no adapter's); UserError naming the directory if there are none."""
     src_dir = str(src_dir)
     index = os.path.join(src_dir, INDEX_FILE)
     if os.path.isfile(index):
@@ -219,7 +220,7 @@ def find_weights(src_dir) -> list[str]:
     single = os.path.join(src_dir, SINGLE_FILE)
     if os.path.isfile(single):
         return [single]
-    found = sorted(glob.glob(os.path.join(src_dir, "*.safetensors")))
+    found = [os.path.join(src_dir, n) for n in weight_files(src_dir)[0]]  # (no optimizer's, no adapter's)
     if found:
         return found
     refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
