@@ -89,11 +89,12 @@ def final_step(out) -> tuple[bool, int | None]:
 def remove_final(out) -> str | None:
     """An earlier run's final export in `out`, removed by a run that starts over there (`overwrite_output_dir`):
     left in place, until this run writes its own, `eval` and `generate` on `out` (and transformers) took it for
-    this run's model, beside this run's checkpoints. Returns the line saying what went, or None."""
+    this run's model, beside this run's checkpoints. Only our export's weights make one: weights under other names
+    (a consolidated.safetensors) are no export of ours, and are left. Returns the line saying what went, or None."""
     has, step = final_step(out)
-    if not has:  # no final model: a stopped run's loss curve at most
-        return None
     files = final_files(out)
+    if not has or all(f.name in FINAL_FILES for f in files):  # no weights an export of ours wrote
+        return None
     for f in files:
         f.unlink(missing_ok=True)
     return (f"overwrite_output_dir: removed the final model{'' if step is None else f' of step {step}'} an earlier "
