@@ -3,6 +3,7 @@ take the settings of the run that wrote it (its `args.json`), with the same `--k
 `train` takes, and say where what they do differs from that run."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments, parse_config
@@ -90,7 +91,7 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
             return None
         if any(k not in KERNEL_KEYS for _, k in override_keys(overrides)):
             raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings, and "
-                            f"of a model no run wrote only the kernels ({', '.join(KERNEL_KEYS)}); pass --config "
+                            f"of a model no run wrote only the kernels ({kernel_keys()}); pass --config "
                             f"FILE, or a --model directory a run wrote (it holds args.json)")
 
         def parse(tokens: list[str]) -> Arguments:
@@ -129,7 +130,9 @@ def idle_kernel_keys(parse, overrides: list[str], command: str) -> None:
             continue
         without = parse([t for j, c in enumerate(chunks) if j != i for t in c])
         if without.get(key) != given.get(key) and kernels_for(without, target) == kernels:
-            why = [n for n in said if key in n]
+            # the notes that name this key as a word (`fp16: ...`, `precision: fp16 is ...`, `O0 ... (fp16 has no
+            # effect)`), never as part of another key's name (fp16 in `fp16_opt_level: ...`)
+            why = [n for n in said if re.search(rf"(?<![\w.-]){re.escape(key)}(?![\w-])", n)]
             raise UserError(f"{' '.join(chunk)}: changes no kernel {command} runs on {target.device}"
                             f"{' (' + '; '.join(why) + ')' if why else ''}; drop it")
 
@@ -144,7 +147,7 @@ SPLIT_KEYS = (*WINDOW_KEYS, "input_dir", "split", "data_impl", "skip_warmup", "s
 
 def no_effect(overrides: list[str], command: str, reads: tuple = ()) -> None:
     """Refuse `--key value` overrides that change nothing `command` computes (`--learning_rate 3` on `eval`: the
-    user thinks it matters), in one line naming them and the keys that do: the kernels (`compute.KERNEL_KEYS`) and
+    user thinks it matters), in one line naming them and the keys that do: the kernel keys (`kernel_keys`) and
     what `reads` names. `export` and `inspect-data` take no training key on their command line at all."""
     from pretrain_cli.config.compute import KERNEL_KEYS
     from pretrain_cli.config.parser import override_keys
@@ -156,8 +159,18 @@ def no_effect(overrides: list[str], command: str, reads: tuple = ()) -> None:
     names = ", ".join(f"--{k}" for k in dict.fromkeys(idle))
     what = "a training key that changes" if len(set(idle)) == 1 else "training keys that change"
     raise UserError(f"{names}: {what} nothing {command} computes; drop {'it' if len(set(idle)) == 1 else 'them'} "
-                    f"({command}'s --key value overrides take the kernels: {', '.join(KERNEL_KEYS)}"
+                    f"({command}'s --key value overrides take {kernel_keys()}"
                     f"{'; and ' + ', '.join(reads) if reads else ''})")
+
+
+def kernel_keys() -> str:
+    """The kernel keys as the refusals name them: taken only where they change a kernel on this device
+    (`idle_kernel_keys`), recompute and recompute_granularity only as the pair that does."""
+    from pretrain_cli.config.compute import KERNEL_KEYS
+
+    keys = [k for k in KERNEL_KEYS if not k.startswith("recompute")]
+    return (f"the kernel keys that change a kernel on this device: {', '.join(keys)}, and recompute true with "
+            f"recompute_granularity full_attn")
 
 
 def data_ranks(config: str) -> int:
