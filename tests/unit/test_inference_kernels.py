@@ -88,15 +88,17 @@ def test_a_kernel_key_that_changes_no_kernel_here_is_refused_naming_why(tmp_path
     with pytest.raises(UserError) as e:  # a training memory lever alone: nothing to say but that
         run_arguments(None, model, ["--recompute", "true"], "eval")
     assert str(e.value) == "--recompute true: changes no kernel eval runs on cpu; drop it"
-    pair = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"], "eval")
+    pair, recorded = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"], "eval")
     assert targets.inference_kernels(arguments=pair)[0].fuse_o_proj is False  # together they change a kernel
-    assert run_arguments(None, model, ["--use_flash_attention", "true"], "eval").get("use_flash_attention") is True
+    assert recorded is False  # a snapshot: the kernel overrides alone, no run's settings
+    assert run_arguments(None, model, ["--use_flash_attention", "true"], "eval")[0].get("use_flash_attention") is True
 
 
 def test_a_kernel_key_that_changes_no_kernel_is_refused_on_a_runs_split_too(tmp_path, capsys):
     """`eval --config run.json --fp16 true` and `eval --model RUN_DIR --fp16 true` evaluate the run's split: the
     check ran on the --data path alone, so these ran fp32 and said nothing."""
     from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.orchestration.recorded import run_arguments
 
     model = _snapshot(tmp_path)
     config = tmp_path / "run.json"
@@ -106,6 +108,8 @@ def test_a_kernel_key_that_changes_no_kernel_is_refused_on_a_runs_split_too(tmp_
     assert cli_main(["eval", "--config", str(config), "--fp16", "true"]) == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(want)
     run_dir = tmp_path / "m"  # a run's directory: its args.json record stands for --config
-    (run_dir / "args.json").write_text(json.dumps({"version": 1, "arguments": json.loads(config.read_text()), "run": {}}))
+    record = {"version": 1, "arguments": json.loads(config.read_text()), "run": {}}
+    (run_dir / "args.json").write_text(json.dumps(record))
+    assert run_arguments(None, run_dir, [], "eval")[1] is True  # its settings are a run's
     assert cli_main(["eval", "--model", str(run_dir), "--fp16", "true"]) == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(want)

@@ -242,7 +242,7 @@ def main(ns: argparse.Namespace) -> int:
         return _main_config(ns, overrides)
     reads, model_key = WINDOW_KEYS, "--model"  # --data's windows: their length and mask, and the kernels
     if ns.config is not None and ns.model is None:
-        ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval").training.output_dir)
+        ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval")[0].training.output_dir)
         model_key = f"{ns.config}: output_dir"
         reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is not None and ns.data is None:  # not a run's directory (an export, a download): no split of its own
@@ -251,12 +251,12 @@ def main(ns: argparse.Namespace) -> int:
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     model_path = resolve_model_dir(ns.model, key=model_key)
-    args = run_arguments(ns.config, model_path, overrides, "eval")
+    args, recorded = run_arguments(ns.config, model_path, overrides, "eval")
     no_effect(overrides, "eval", reads)
     source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
     # the run's windows, mask and kernels unless the options say otherwise; of a model no run wrote, `args` holds the
     # kernel overrides alone (no run's windows to take)
-    if ns.config is not None or record_path(model_path) is not None:
+    if recorded:
         d = args.data
         ns.max_seq_length = d.max_seq_length if ns.max_seq_length is None else ns.max_seq_length
         ns.attention_mask_type = ns.attention_mask_type or d.attention_mask_type

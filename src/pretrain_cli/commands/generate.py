@@ -3,9 +3,10 @@
 Greedy when `--temperature 0`; otherwise seeded sampling (same seed, same text). The tokenizer
 comes from `--tokenizer` or from the model directory (our checkpoints carry tokenizer files); the
 kernels from the run that wrote the directory (its args.json, with `--key value` overrides), as `train`
-resolved them, or, for a model no run wrote, the kernel keys alone. It stops where transformers' `generate` stops on the same directory (`_stop_ids`). A
-`--prompt_file` is many `--prompt` calls with the model loaded once: each prompt alone, with the same seed, so
-a prompt's text does not depend on the others (no batch, no padding).
+resolved them, or, for a model no run wrote, the kernel keys alone. It stops where transformers' `generate`
+stops on the same directory (`_stop_ids`). A `--prompt_file` is many `--prompt` calls with the model loaded
+once: each prompt alone, with the same seed, so a prompt's text does not depend on the others (no batch, no
+padding).
 """
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.foreign_weights import random_init_note, refuse_unread
 
     refuse_unread(model_dir, "--model")  # weights in files not read: refused, never generated from at random init
-    args = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
+    args, _ = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
     no_effect(list(getattr(ns, "overrides", None) or []), "generate")  # only the kernels: said, not ignored
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:

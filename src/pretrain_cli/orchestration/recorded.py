@@ -74,12 +74,13 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
                     f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
 
 
-def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> Arguments | None:
-    """The arguments `command` runs with: `--config`'s file, else the record of the run that wrote
-    `model_dir`, each with `overrides`; for a model no run wrote, None, or with kernel overrides
-    (`--use_flash_attention false`) the file `targets.inference_kernels` takes for it with them (no other
-    override may be given there: there is no run's setting for it to change). A kernel override that changes no
-    kernel here is refused either way (`idle_kernel_keys`)."""
+def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> tuple[Arguments | None, bool]:
+    """(the arguments `command` runs with, whether they are a run's): `--config`'s file, else the record of the run
+    that wrote `model_dir`, each with `overrides` (True: their windows and settings are a run's to take); for a model
+    no run wrote (False), None, or with kernel overrides (`--use_flash_attention false`) the file
+    `targets.inference_kernels` takes for it with them (no other override may be given there: there is no run's
+    setting for it to change). A kernel override that changes no kernel here is refused either way
+    (`idle_kernel_keys`)."""
     from pretrain_cli.config.compute import KERNEL_KEYS
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import SNAPSHOT_ARGUMENTS
@@ -88,7 +89,7 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     source = config or (str(record) if record is not None else None)
     if source is None:
         if not overrides:
-            return None
+            return None, False
         if any(k not in KERNEL_KEYS for _, k in override_keys(overrides)):
             raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings, and "
                             f"of a model no run wrote only the kernels ({kernel_keys()}); pass --config "
@@ -102,7 +103,7 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
         def parse(tokens: list[str]) -> Arguments:
             return parse_config(source, tokens)
     idle_kernel_keys(parse, overrides, command)
-    return parse(overrides)
+    return parse(overrides), source is not None
 
 
 def idle_kernel_keys(parse, overrides: list[str], command: str) -> None:
