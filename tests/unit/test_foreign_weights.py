@@ -197,7 +197,7 @@ def test_pytorch_weights_count_as_weights_wherever_weights_are_judged(tmp_path):
     spec = prepare(None, ["--model_name_or_path", d, "--output_dir", str(tmp_path / "out"), *common,
                           "--continue_training", "0"], T("cpu", 1))
     note = (f"model_name_or_path: {d} holds weights, which this run does not load: it builds the model from "
-            f"config.json alone, at a random init; convert them to safetensors first (check with "
+            f"config.json alone, at a random init; convert them to safetensors first (`pretrain-cli check` with "
             f"continue_training: 1 names the conversion)")  # (continue_training: 1 refuses them as they are)
     assert note in spec.run.notes, spec.run.notes
     with pytest.raises(UserError, match=r"output_dir: .* holds a model no run wrote there \(pytorch_model\.bin, "):

@@ -308,8 +308,8 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if saved is None and run.loop.do_train and not run.model.continue_training and (read or unread):
         # PaddleNLP's meaning, kept: model_name_or_path alone gives the architecture; said, as a trained directory's
         # weights read as the run's start (continue_training refuses weights in files not read)
-        load = ("continue_training: 1 loads them" if read else
-                "convert them to safetensors first (check with continue_training: 1 names the conversion)")
+        load = ("continue_training: 1 loads them" if read else "convert them to safetensors first "
+                "(`pretrain-cli check` with continue_training: 1 names the conversion)")
         note = (f"model_name_or_path: {args.model.model_name_or_path} holds weights, which this run does not load: it "
                 f"builds the model from config.json alone, at a random init; {load}")
         spec.run = run = replace(run, notes=(*run.notes, note))
