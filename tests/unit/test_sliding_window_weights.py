@@ -141,8 +141,10 @@ def _export(tmp_path, positions: int, layers: int = 1):
 
 
 def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
-    """eval names --max_seq_length; generate judges the prompt + --max_new_tokens whole, where its context slides
-    too (the old code judged min(that, max_position_embeddings): a 16-position model wrote 30 tokens)."""
+    """eval names --max_seq_length; generate judges the prompt + --max_new_tokens whole where the window is shorter
+    than its context limit (the context slides there too), and at most that limit where the window holds a whole
+    context (each forward reads at most the limit: refused before, though no forward reached the window); with
+    --prompt_file it names the prompt."""
     from pretrain_cli.cli import main as cli_main
     from pretrain_cli.commands import eval as evaluate
     from pretrain_cli.data.tokenizer import load_tokenizer
@@ -159,9 +161,17 @@ def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
     code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", "30"])
     err = capsys.readouterr().err
     assert code == 2 and "lower the prompt's tokens + --max_new_tokens to at most 16" in err
-    narrow = _export(tmp_path, 16, layers=2)
-    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30"])
-    assert code == 2 and "sequences of " in capsys.readouterr().err  # (its context would slide at 16)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hi\n" + "hello there " * 3 + "\n")
+    code = cli_main(["generate", "--model", wide, "--prompt_file", str(prompts), "--max_new_tokens", "30"])
+    assert code == 2 and f"lower the tokens of the prompt at {prompts}:2 + --max_new_tokens to at most 16" in \
+        capsys.readouterr().err
+    narrow = _export(tmp_path, 16, layers=2)  # the window (16) holds the whole context (16 positions)
+    code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "sequences of 16 tokens never reach that window" in out.err and "from there the model saw only the " \
+        "last 16 tokens" in out.err and len(json.loads(out.out)["tokens"]) == 30
     new = 16 - len(load_tokenizer(narrow).encode("hello"))
     code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", str(new), "--json",
                      "--seed", "0"])
@@ -172,9 +182,9 @@ def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
 
 
 def test_a_slid_context_is_another_model_from_two_layers_on():
-    """Why generate judges past where its context slides: re-encoding the last 16 of 24 tokens gives transformers'
-    windowed last logits with one layer, but not with two (each layer's window reaches back through the one below,
-    so the second sees tokens 16 + 15 back)."""
+    """Why generate judges past where its context slides, for a window shorter than the context: re-encoding the
+    last 16 of 24 tokens gives transformers' windowed last logits with one layer, but not with two (each layer's
+    window reaches back through the one below, so the second sees tokens 16 + 15 back)."""
     import torch
     import transformers
 

@@ -179,12 +179,21 @@ def main(ns: argparse.Namespace) -> int:
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
-    # pretrained weights trained with a sliding window are judged at a prompt and all its new tokens, past where the
-    # context slides too: the last `limit` tokens read afresh are not what the windowed model computes once it has
-    # more than one layer (each layer's window reaches back through the one below it)
-    length = max(len(ids) for _, _, ids in prompts) + ns.max_new_tokens
-    if pretrained and (window := config_checks.window_note(cfg, str(Path(model_dir) / "config.json"), length,
-                                                           "the prompt's tokens + --max_new_tokens")):
+    # pretrained weights trained with a sliding window shorter than `limit` are judged at the longest prompt and all
+    # its new tokens, past where the context slides too: the last `limit` tokens read afresh are not what the
+    # windowed model computes once it has more than one layer (each layer's window reaches back through the one
+    # below it). A window of `limit` or more is never reached: each forward reads at most `limit` tokens.
+    where, _, ids = max(prompts, key=lambda p: len(p[2]))
+    length, source = len(ids) + ns.max_new_tokens, str(Path(model_dir) / "config.json")
+    key = "the prompt's tokens" if where == "--prompt" else f"the tokens of {where}"
+    judged = length
+    if pretrained and length > limit:
+        try:
+            config_checks.window_note(cfg, source, limit, f"{key} + --max_new_tokens")
+            judged = limit  # (the window holds a whole context: no forward reaches it)
+        except UserError:
+            pass  # (a shorter window: judged whole, below)
+    if pretrained and (window := config_checks.window_note(cfg, source, judged, f"{key} + --max_new_tokens")):
         print(f"note: {window}", file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     if source != "trained weights":  # said once, before any text
