@@ -190,3 +190,20 @@ def test_a_resume_keeps_its_routers_named_and_an_older_state_is_named_on_resume(
     continued.load_state_dict({**older, "routers_from_init": [1]})
     assert (continued.state.routers_named, continued.state.routers_from_init) == (True, [1])
     assert routers_before(continued.state_dict(), None, [0, 1]) == {1: 40}  # (without args.json: {} before)
+
+
+def test_an_older_states_routers_are_named_by_the_run_that_wrote_it(tmp_path):
+    """A state from before routers_named was named by this run's continue_training: a continued run resuming a
+    from-init run's checkpoint kept its empty list (no router from init). The checkpoint's args.json says whose it is."""
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    cfg = ModelConfig.from_file(str(_preset()))
+    snapshot, _ = _save(tmp_path, "snapshot", record=False)
+    continued = _continue(snapshot, cfg, max_steps=200)
+    older = {**{k: v for k, v in continued.state_dict().items() if k != "routers_named"}, "global_step": 40,
+             "routers_from_init": []}
+    ckpt = tmp_path / "checkpoint-40"
+    ckpt.mkdir()
+    (ckpt / "args.json").write_text(json.dumps({"version": 1, "arguments": {"continue_training": False}, "run": {}}))
+    continued.load_state_dict(older, CheckpointDir(ckpt))
+    assert (continued.state.routers_named, continued.state.routers_from_init) == (True, [0, 1])

@@ -134,7 +134,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
                                r.parallel.rank, r.parallel.world_size, layout.strategy.name),
         rebuild=(lambda path: rebuild(r, model_cfg, comm, path)) if r.spike.rollback_rebuilds else None)
-    trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state, signals=signals)
+    trainer = Trainer(layout, spec.splits, r, comm, collaborators, resumed=state, signals=signals, resumed_from=resume)
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{count(trainer.state.consumed_samples, 'sample')} consumed")

@@ -41,7 +41,8 @@ class Trainer(TrainLog):
     raw_model = property(lambda self: self.layout.raw_model)
 
     def __init__(self, layout: Layout, splits, run: RunConfig, comm, collaborators: Collaborators | None = None,
-                 resumed: dict | None = None, signals: StopSignals | None = None):
+                 resumed: dict | None = None, signals: StopSignals | None = None,
+                 resumed_from: CheckpointDir | None = None):
         self.adopt(layout)
         self.splits, self.comm = splits, comm
         self.loop, self.schedule = run.loop, run.schedule
@@ -70,7 +71,7 @@ class Trainer(TrainLog):
         self._own_signals = signals is None  # (`run` restores its own after the lock: stop_signals.py)
         self.signals = signals or StopSignals()
         if resumed is not None:
-            self.load_state_dict(resumed)
+            self.load_state_dict(resumed, resumed_from)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -82,7 +83,8 @@ class Trainer(TrainLog):
             d["train_seconds"] += time.perf_counter() - self._started
         return d
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict, ckpt: CheckpointDir | None = None) -> None:
+        """`d`: the trainer state of checkpoint `ckpt` (None: one of unknown origin, judged by this run's settings)."""
         known = {k: d[k] for k in asdict(self.state) if k in d}
         self.state = TrainerState(**known)
         if self.loop.ignore_data_skip:  # the data position only: the closing metrics count samples by tokens_seen
@@ -90,8 +92,11 @@ class Trainer(TrainLog):
         if self._expert_layers and "routers_named" not in d:
             # a state from before routers_named: a run from init's routers are all from init (it left the list
             # empty), a continued run's list was exact (none before per-layer graces, when it judged all at once);
-            # named so that this lineage's later states say it themselves (`routing_watch.routers_before`)
-            if not self.continued:
+            # named so that this lineage's later states say it themselves (`routing_watch.routers_before`). Which
+            # run wrote it is the checkpoint's record's to say (its args.json), not this run's continue_training
+            took = ((ckpt.args or {}).get("arguments") if ckpt is not None else None) or {}
+            wrote = took.get("continue_training") if isinstance(took, dict) else None
+            if not (self.continued if wrote is None else wrote):
                 self.state.routers_from_init = list(self._expert_layers)
             self.state.routers_named = True
 
@@ -130,7 +135,7 @@ class Trainer(TrainLog):
                             f"one (resume_from_checkpoint), or set spike_policy: skip") from None
         seconds = self.state.train_seconds
         history = [e for e in self.state.log_history if e.get("step", 0) <= state["global_step"]]
-        self.load_state_dict(state)
+        self.load_state_dict(state, ckpt)
         s = self.state
         s.consumed_samples, s.train_seconds, s.log_history = state["consumed_samples"], seconds, history
         return state
