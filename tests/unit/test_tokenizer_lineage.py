@@ -17,13 +17,13 @@ from pretrain_cli.training.tokenizer_lineage import continued_tokenizer, same_id
 TEXT = ["hello world this is a test of the tokenizer number %d" % i for i in range(200)]
 
 
-def _gpt2_style(tmp_path, prefix_space: bool = False, extra: str | None = None):
+def _gpt2_style(tmp_path, extra: str | None = None):
     """(the tokenizer.json directory, the vocab.json + merges.txt directory) of one byte-level BPE, as GPT-2 ships
     both: its tokenizer.json flags <|endoftext|> normalized, the two files carry no such flag."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
@@ -31,13 +31,28 @@ def _gpt2_style(tmp_path, prefix_space: bool = False, extra: str | None = None):
     tok.add_special_tokens([AddedToken("<|endoftext|>", normalized=True, special=True)])
     if extra:
         tok.add_special_tokens([AddedToken(extra, special=True)])
-    name = f"json{'_space' * prefix_space}{'_' + extra.strip('<>') if extra else ''}"
+    name = f"json{'_' + extra.strip('<>') if extra else ''}"
     whole, files = tmp_path / name, tmp_path / f"{name}_vm"
     whole.mkdir()
     files.mkdir()
     tok.save(str(whole / "tokenizer.json"))
     tok.model.save(str(files))
     return whole, files
+
+
+def _edited(tmp_path, whole, name: str, edit):
+    """A copy of `whole`'s tokenizer.json with one part changed by `edit` (the serialisation, edited in place):
+    everything else, vocabulary and merges too, is the same."""
+    spec = json.loads((whole / "tokenizer.json").read_text())
+    edit(spec)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "tokenizer.json").write_text(json.dumps(spec))
+    return tmp_path / name
+
+
+def _spaced(tmp_path, whole):
+    """`whole` with ByteLevel's add_prefix_space on: the pre-tokenizer alone differs."""
+    return _edited(tmp_path, whole, "spaced", lambda spec: spec["pre_tokenizer"].update(add_prefix_space=True))
 
 
 def _checkpoint(tmp_path, tokenizer_dir, arguments=None):
@@ -60,7 +75,8 @@ def test_one_tokenizer_in_its_two_forms_resumes_either_way(tmp_path):
 
 def test_a_tokenizer_giving_other_ids_is_still_refused(tmp_path):
     whole, _ = _gpt2_style(tmp_path)
-    spaced, _ = _gpt2_style(tmp_path, prefix_space=True)  # the same vocabulary and merges, another pre-tokenizer
+    spaced = _spaced(tmp_path, whole)  # the same vocabulary and merges, another pre-tokenizer
+    assert load_tokenizer(spaced).encode("hello world") != load_tokenizer(whole).encode("hello world")
     added, _ = _gpt2_style(tmp_path, extra="<|pad|>")  # one added token more
     for other in (spaced, added):
         assert not same_ids(load_tokenizer(whole), load_tokenizer(other))
@@ -68,11 +84,99 @@ def test_a_tokenizer_giving_other_ids_is_still_refused(tmp_path):
             check_tokenizer(_checkpoint(tmp_path, whole), load_tokenizer(other))
 
 
+def _with_added(tmp_path, whole, name: str, flags: dict):
+    """`whole` with the added tokens `flags` names (content -> `normalized`) after its own, in that order."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(whole / "tokenizer.json"))
+    tok.add_tokens([AddedToken(text, normalized=flag) for text, flag in flags.items()])
+    (tmp_path / name).mkdir()
+    tok.save(str(tmp_path / name / "tokenizer.json"))
+    return load_tokenizer(tmp_path / name)
+
+
+def test_added_tokens_normalized_flag_counts_where_two_of_them_overlap(tmp_path):
+    """With no normalizer `normalized` only orders two passes of matching (the tokens flagged false first): it
+    changes no split unless one added token's match can share a character with another's. `ab` and `bc` can: "xabc"
+    is x+`ab`+c with `ab` matched first and xa+`bc` with `bc` first."""
+    whole, _ = _gpt2_style(tmp_path)
+    a = _with_added(tmp_path, whole, "ab_first", {"ab": False, "bc": True})
+    b = _with_added(tmp_path, whole, "bc_first", {"ab": True, "bc": False})
+    assert a.encode("xabc abc") != b.encode("xabc abc")
+    assert not same_ids(a, b)
+    with pytest.raises(UserError, match="its token ids would mean other tokens"):
+        check_tokenizer(_checkpoint(tmp_path, tmp_path / "ab_first"), b)
+    # tokens that cannot overlap: the flags change no split, one tokenizer
+    c = _with_added(tmp_path, whole, "apart", {"ab": False, "cd": True})
+    d = _with_added(tmp_path, whole, "apart_flipped", {"ab": True, "cd": False})
+    assert c.fingerprint != d.fingerprint and c.encode("xabcd abcd") == d.encode("xabcd abcd") and same_ids(c, d)
+
+
+def test_a_vocabulary_token_named_trim_offsets_is_a_token(tmp_path):
+    """Only ByteLevel's `trim_offsets` option moves offsets and not ids; a vocabulary entry of that name is one
+    token more (a 301-token tokenizer is not its 300-token base)."""
+    whole, _ = _gpt2_style(tmp_path)
+    more = _edited(tmp_path, whole, "more", lambda spec: spec["model"]["vocab"].update(trim_offsets=300))
+    base, other = load_tokenizer(whole), load_tokenizer(more)
+    assert (base.vocab_size, other.vocab_size) == (300, 301) and not same_ids(base, other)
+    trims = _edited(tmp_path, whole, "trims", lambda spec: spec["pre_tokenizer"].update(trim_offsets=False))
+    assert same_ids(base, load_tokenizer(trims))  # the option itself: offsets only
+
+
+def test_token_files_made_with_either_form_are_the_run_s(tmp_path):
+    """A resume whose tokenizer is the other form of its checkpoint's passes `check_tokenizer`, so the token files
+    made with either form pass the sidecar check by the same rule: the sidecar records the ids' fingerprint too.
+    One written before it records the tokenizer's fingerprint only, which cannot tell: judged by that alone."""
+    from data_helpers import make_texts, run_preprocess, write_jsonl
+
+    from pretrain_cli.data import check_tokenizer as check_files
+
+    whole, files = _gpt2_style(tmp_path)
+    write_jsonl(tmp_path / "c.jsonl", make_texts(20))
+    prefix = tmp_path / "d" / "c"
+    assert run_preprocess("--input_path", tmp_path / "c.jsonl", "--output_prefix", prefix, "--tokenizer", whole) == 0
+    check_tokenizer(_checkpoint(tmp_path, whole), load_tokenizer(files))
+    check_files([str(prefix)], load_tokenizer(files))  # (refused before: the fingerprints differ)
+    with pytest.raises(UserError, match="made by another tokenizer than"):
+        check_files([str(prefix)], load_tokenizer(_spaced(tmp_path, whole)))
+    sidecar = json.loads((tmp_path / "d" / "c.json").read_text())
+    del sidecar["tokenizer_ids_fingerprint"]
+    (tmp_path / "d" / "c.json").write_text(json.dumps(sidecar))
+    check_files([str(prefix)], load_tokenizer(whole))
+    with pytest.raises(UserError, match="made by another tokenizer than"):
+        check_files([str(prefix)], load_tokenizer(files))
+
+
+def test_token_files_of_the_two_forms_merge_and_blend(tmp_path):
+    """Files made with the two forms of one tokenizer are one tokenizer's to merge-data and to a run without a
+    tokenizer too; the merged sidecar records a fingerprint (the first input's) and the ids', so a run of either
+    form reads it and one of another tokenizer is still refused."""
+    from data_helpers import make_texts, run_preprocess, write_jsonl
+
+    from pretrain_cli.data import check_tokenizer as check_files
+    from pretrain_cli.data.merge import merge, tokenizer_problems
+
+    whole, files = _gpt2_style(tmp_path)
+    for name, tok in (("a", whole), ("b", files)):
+        write_jsonl(tmp_path / f"{name}.jsonl", make_texts(20, seed=len(name) + ord(name)))
+        assert run_preprocess("--input_path", tmp_path / f"{name}.jsonl", "--output_prefix", tmp_path / "d" / name,
+                              "--tokenizer", tok, "--append_eos") == 0
+    metas = [json.loads((tmp_path / "d" / f"{n}.json").read_text()) for n in "ab"]
+    assert metas[0]["tokenizer_fingerprint"] != metas[1]["tokenizer_fingerprint"]
+    assert tokenizer_problems([(str(tmp_path / "d" / n), m) for n, m in zip("ab", metas)]) == []
+    meta = merge(str(tmp_path / "m"), [str(tmp_path / "d" / n) for n in "ab"])
+    assert meta["tokenizer_fingerprint"] == metas[0]["tokenizer_fingerprint"]
+    for tok in (whole, files):
+        check_files([str(tmp_path / "m")], load_tokenizer(tok))
+    with pytest.raises(UserError, match="made by another tokenizer than"):
+        check_files([str(tmp_path / "m")], load_tokenizer(_spaced(tmp_path, whole)))
+
+
 def test_the_refusal_names_the_key_that_supplied_each_tokenizer(tmp_path):
     """The run's from model_name_or_path (no tokenizer_name_or_path): named so, not tokenizer_name_or_path; the
     checkpoint's from its args.json's model_name_or_path where its run named no tokenizer."""
     whole, _ = _gpt2_style(tmp_path)
-    spaced, _ = _gpt2_style(tmp_path, prefix_space=True)
+    spaced = _spaced(tmp_path, whole)
     ckpt = _checkpoint(tmp_path, whole, {"model_name_or_path": "models/gpt2-small"})
     args = parse_config(None, [*BASE, "--model_name_or_path", str(spaced)])
     with pytest.raises(UserError) as refused:
@@ -106,7 +210,7 @@ def test_a_byte_for_byte_copy_is_not_parsed(tmp_path, monkeypatch):
 
 def test_a_continued_model_directory_with_another_tokenizer_is_said_once(tmp_path):
     whole, files = _gpt2_style(tmp_path)
-    spaced, _ = _gpt2_style(tmp_path, prefix_space=True)
+    spaced = _spaced(tmp_path, whole)
     model_dir = _checkpoint(tmp_path, whole)  # (an export's tokenizer files, as a checkpoint's)
     a, other = load_tokenizer(whole), load_tokenizer(spaced)
     assert continued_tokenizer(model_dir, a) == [] and continued_tokenizer(model_dir, load_tokenizer(files)) == []

@@ -103,12 +103,15 @@ def tokenizer_problems(items) -> list[str]:
 
 def _other_tokenizer(items):
     """The first two sidecars found naming different tokenizers, by the id both record (named as inspect-data's rows
-    name it), or None. Every sidecar with a fingerprint is compared with the first such; one from before the
-    fingerprint with every other by sha256 (a few old files among many new ones: linear in the new)."""
-    printed = [(p, m["tokenizer_fingerprint"]) for p, m in items if m.get("tokenizer_fingerprint") is not None]
-    other = next(((p, v) for p, v in printed if v != printed[0][1]), None)
+    name it), or None. Every sidecar with a fingerprint is compared with the first such, by its ids fingerprint
+    where the fingerprints differ and both record one (two forms of one tokenizer, as `tokenizer_mismatches`
+    judges); one from before the fingerprint with every other by sha256 (a few old files among many new ones:
+    linear in the new)."""
+    printed = [(p, m) for p, m in items if m.get("tokenizer_fingerprint") is not None]
+    other = next(((p, m) for p, m in printed if not _one_tokenizer(m, printed[0][1])), None)
     if other is not None:
-        return (printed[0][0], str(printed[0][1])), (other[0], str(other[1])), "tokenizer fingerprint"
+        return ((printed[0][0], str(printed[0][1]["tokenizer_fingerprint"])),
+                (other[0], str(other[1]["tokenizer_fingerprint"])), "tokenizer fingerprint")
     hashed, old = [], []  # the sidecars seen with a sha256; of those, the ones without a fingerprint
     for p, m in items:
         if m.get("tokenizer_sha256") is None:
@@ -123,17 +126,30 @@ def _other_tokenizer(items):
     return None
 
 
+def _one_tokenizer(m, m0) -> bool:
+    """Whether two sidecars with fingerprints name one tokenizer: one fingerprint, or one ids fingerprint."""
+    ids = m.get("tokenizer_ids_fingerprint")
+    return (m["tokenizer_fingerprint"] == m0["tokenizer_fingerprint"]
+            or (ids is not None and ids == m0.get("tokenizer_ids_fingerprint")))
+
+
 def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
     """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size, eos
-    id, or the tokenizer's `fingerprint`; files without a sidecar are not judged). Same-sized vocabularies can
-    still split text differently (a tokenizer retrained on other text), which only the fingerprint tells. A sidecar
-    from before the fingerprint has only the sha256 of tokenizer.json's bytes, which a reformatted copy of the
-    same tokenizer changes: there only the size and eos id are judged."""
+    id, or the tokenizer; files without a sidecar are not judged). Same-sized vocabularies can still split text
+    differently (a tokenizer retrained on other text), which only the tokenizer tells: its `fingerprint`, else, as
+    a resume judges its checkpoint's (`training.tokenizer_lineage.same_ids`), what decides its ids
+    (`Tokenizer.ids_fingerprint`), so the other form of one tokenizer (GPT-2's vocab.json + merges.txt for its
+    tokenizer.json) passes. A sidecar without `tokenizer_ids_fingerprint` (written before it) is judged by
+    fingerprint alone: the tokenizer is not in it. A sidecar from before the fingerprint has only the sha256 of
+    tokenizer.json's bytes, which a reformatted copy of the same tokenizer changes: there only the size and eos id
+    are judged."""
     want = {"vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id, "tokenizer_fingerprint": tok.fingerprint}
     accepted = {**{f: (v,) for f, v in want.items()}, "tokenizer_fingerprint": tok.fingerprints}
     problems = []
     for p, m in items:
-        field = next((f for f in want if m and m.get(f) is not None and m[f] not in accepted[f]), None)
+        field = next((f for f in want if m and m.get(f) is not None and m[f] not in accepted[f]
+                      and not (f == "tokenizer_fingerprint" and m.get("tokenizer_ids_fingerprint") is not None
+                               and m["tokenizer_ids_fingerprint"] == tok.ids_fingerprint)), None)
         if field is not None:
             # `tok`'s value named by its path, not "the run's": inspect-data and eval have no run
             # a fingerprint by its first 12 characters, as train-tokenizer and inspect-data show it
@@ -306,9 +322,11 @@ def _merge(out: str, prefixes: list[str], note) -> dict:
             "inputs_without_sidecar": len(prefixes) - len(known)}
     if first.dtype.kind != "u":  # what `check` needs of a signed file (no id below 0), so it need not scan it
         meta["min_token_id"] = min(d.min_token_id() for d in datasets)
-    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer", "eos_appended", "json_key"):
+    for field in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "tokenizer_ids_fingerprint", "tokenizer",
+                  "eos_appended", "json_key"):
         vals = {str(m.get(field)) for m in known if field in m}
-        if len(vals) == 1:
+        # several fingerprints: forms of one tokenizer (`tokenizer_problems` passed), the first's is recorded
+        if len(vals) == 1 or (vals and field == "tokenizer_fingerprint"):
             meta[field] = next(m[field] for m in known if field in m)
     if specials is not None:
         meta["special_tokens_in_text"] = specials

@@ -323,6 +323,7 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
         **({"min_token_id": stats["min_id"]} if stats["min_id"] >= 0 else {}),
         "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": str(job.tokenizer),
         "tokenizer_sha256": tok.sha256, "tokenizer_fingerprint": tok.fingerprint,
+        "tokenizer_ids_fingerprint": tok.ids_fingerprint,
         "eos_appended": bool(job.append_eos), "eos_token_id": tok.eos_token_id,
         "json_key": job.json_key, "special_tokens_in_text": job.special_tokens_in_text,
         "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,

@@ -89,6 +89,17 @@ class Tokenizer:
         return self._fingerprint
 
     @property
+    def ids_fingerprint(self) -> str:
+        """sha256 of what decides the ids `encode` gives (`ids_form`): one for the forms of one tokenizer whose
+        fingerprints differ (GPT-2's vocab.json + merges.txt and its tokenizer.json flag its added token's
+        `normalized` differently), so a resume (`training.tokenizer_lineage`) and token files' sidecars
+        (`data.merge.tokenizer_mismatches`) judge "the same tokenizer" alike. Parses the whole serialisation."""
+        if getattr(self, "_ids_fingerprint", None) is None:
+            form = json.dumps(ids_form(json.loads(self._tok.to_str())), sort_keys=True, ensure_ascii=False)
+            self._ids_fingerprint = hashlib.sha256(form.encode("utf-8")).hexdigest()
+        return self._ids_fingerprint
+
+    @property
     def fingerprints(self) -> tuple[str, ...]:
         """The fingerprints a token file's sidecar may name for this tokenizer: `fingerprint`, and the one of the
         whole serialisation that sidecars written before the post-processor was left out hold."""
@@ -293,8 +304,7 @@ def transformers_mismatch(tokenizer: Tokenizer, model_type: str) -> str | None:
                                      end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
     _qwen2_pipeline(rebuilt)
     theirs = json.loads(rebuilt.to_str())
-    differs = [part for part in ("normalizer", "pre_tokenizer")
-               if _ids_part(ours.get(part)) != _ids_part(theirs.get(part))]
+    differs = [part for part in ("normalizer", "pre_tokenizer") if ids_form(ours)[part] != ids_form(theirs)[part]]
     model = ours.get("model") or {}
     if model.get("type") != "BPE":
         differs.append("model")
@@ -310,13 +320,51 @@ def transformers_mismatch(tokenizer: Tokenizer, model_type: str) -> str | None:
             f"`pretrain-cli train-tokenizer` (Qwen2's pipeline)")
 
 
-def _ids_part(obj):
-    """A pipeline part without the options that change offsets only (`trim_offsets`), not ids."""
-    if isinstance(obj, dict):
-        return {k: _ids_part(v) for k, v in obj.items() if k != "trim_offsets"}
-    if isinstance(obj, list):
-        return [_ids_part(v) for v in obj]
-    return obj
+def ids_form(spec: dict) -> dict:
+    """The parts of a serialised tokenizer that decide the ids `encode` gives, as two forms of one tokenizer agree
+    on them: the decoder and post-processor, which `encode` never asks for, left out; ByteLevel's `trim_offsets`,
+    which moves offsets only, left out of the pre-tokenizer; each added token's `normalized` kept only where it
+    can change a split (`_passes_matter`)."""
+    added = spec.get("added_tokens") or []
+    keep = spec.get("normalizer") is not None or _passes_matter(added)
+    return {"normalizer": spec.get("normalizer"), "pre_tokenizer": _pre_tokenizer_ids(spec.get("pre_tokenizer")),
+            "model": spec.get("model"), "truncation": spec.get("truncation"), "padding": spec.get("padding"),
+            "added_tokens": sorted([t["id"], t["content"], bool(t.get("special")), bool(t.get("single_word")),
+                                    bool(t.get("lstrip")), bool(t.get("rstrip")), keep and bool(t.get("normalized"))]
+                                   for t in added)}
+
+
+def _pre_tokenizer_ids(part):
+    """A pre-tokenizer without ByteLevel's `trim_offsets` (in a Sequence too); nothing else is touched, so a key
+    of that name elsewhere (a token's text in a vocabulary) stays."""
+    if isinstance(part, dict) and part.get("type") == "Sequence":
+        return {**part, "pretokenizers": [_pre_tokenizer_ids(p) for p in part.get("pretokenizers") or ()]}
+    if isinstance(part, dict) and part.get("type") == "ByteLevel":
+        return {k: v for k, v in part.items() if k != "trim_offsets"}
+    return part
+
+
+def _passes_matter(added: list) -> bool:
+    """Whether, with no normalizer, the added tokens' `normalized` flags can change a split. `tokenizers` matches
+    the tokens flagged false on the text first, then those flagged true on what is left: with no normalizer the
+    two passes see the same text, so each token's matches are its own unless a match of another token can share
+    a character with it (one text inside the other, or one's end the other's start: with `ab` and `bc`, "abc" is
+    `ab`+c in one pass and a+`bc` when `bc` goes first) or a flag looks past the match (single_word, lstrip,
+    rstrip: a piece's edge reads as a word's). Either way the flags are kept."""
+    if any(t.get("single_word") or t.get("lstrip") or t.get("rstrip") for t in added):
+        return True
+    texts = sorted({t["content"] for t in added})
+    return any(a != b and (a in b or _joins(a, b)) for a in texts for b in texts)
+
+
+def _joins(a: str, b: str) -> bool:
+    """Whether a proper end of `a` is a start of `b`."""
+    i = a.find(b[:1], 1)
+    while i != -1:
+        if b.startswith(a[i:]):
+            return True
+        i = a.find(b[:1], i + 1)
+    return False
 
 
 def export_files(tokenizer_dir, dest) -> None:

@@ -179,9 +179,10 @@ def check_compatible(ckpt, model_cfg, max_seq_length: int, named: bool = False) 
 def check_tokenizer(ckpt, tokenizer, prefixes=(), args=None) -> None:
     """Refuse a resume with another tokenizer than the checkpoint's (the copy of its tokenizer files the run wrote
     into it), compared by fingerprint as train-tokenizer and inspect-data print it, and where those differ by the
-    ids the two give (`tokenizer_lineage.same_ids`): the embedding rows trained are that tokenizer's ids, which
-    another's mean other tokens (a same-sized one passes every shape check). A run without a tokenizer has the
-    sidecars of its token files (`prefixes`) compared with it instead. A checkpoint without tokenizer files is not
+    ids the two give (`tokenizer_lineage.same_ids`, the rule token files' sidecars are judged by too, so the data a
+    resume in the other form reads passes where its sidecar records its ids' fingerprint): the embedding rows
+    trained are that tokenizer's ids, which another's mean other tokens (a same-sized one passes every shape check).
+    A run without a tokenizer has the sidecars of its token files (`prefixes`) compared with it instead. A checkpoint without tokenizer files is not
     judged. A new lineage on purpose starts from an export (continue_training). `args`: the run's arguments, whose
     key that supplied the tokenizer the refusal names (tokenizer_name_or_path, else model_name_or_path)."""
     from pretrain_cli.data import check_tokenizer as check_files

@@ -4,45 +4,21 @@ the note of a continue_training run whose model directory carries another tokeni
 Tokenizers are told apart by fingerprint, as train-tokenizer and inspect-data print it and as token files' sidecars
 record it, so the fingerprint stays what it is. But one tokenizer can have two fingerprints: GPT-2's vocab.json +
 merges.txt and its own tokenizer.json give the same ids, yet the files loaded from vocab.json + merges.txt flag the
-special tokens `normalized: false` where its tokenizer.json says true. `same_ids` compares what decides the ids
-instead, and only where the fingerprints differ (a Qwen-size tokenizer is ~15 MB of JSON to parse).
+special tokens `normalized: false` where its tokenizer.json says true. Where the fingerprints differ, `same_ids`
+compares what decides the ids (`data.tokenizer.ids_form`), the rule token files' sidecars are judged by too
+(`data.merge.tokenizer_mismatches`); it parses both (a Qwen-size tokenizer is ~15 MB of JSON), so only then.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-# the parts of a serialised tokenizer that decide the ids `encode` gives (the decoder and the post-processor,
-# which `encode` never asks for, do not)
-_ID_PARTS = ("normalizer", "pre_tokenizer", "model", "truncation", "padding")
-
-
-def _offsets_only(obj):
-    """A part without `trim_offsets`, which moves offsets, never ids."""
-    if isinstance(obj, dict):
-        return {k: _offsets_only(v) for k, v in obj.items() if k != "trim_offsets"}
-    if isinstance(obj, list):
-        return [_offsets_only(v) for v in obj]
-    return obj
-
-
-def _added(spec: dict) -> list:
-    """Each added token as it splits text: its id, content and matching flags; `normalized` only where a normalizer
-    makes the normalised text another than the input."""
-    normalizes = spec.get("normalizer") is not None
-    return sorted((t["id"], t["content"], t.get("special"), t.get("single_word"), t.get("lstrip"), t.get("rstrip"),
-                   normalizes and t.get("normalized")) for t in spec.get("added_tokens") or ())
 
 
 def same_ids(a, b) -> bool:
     """Whether tokenizers `a` and `b` (`data.tokenizer.Tokenizer`) give every text the same ids: the same
-    vocabulary, merges, normalizer, pre-tokenizer and added tokens (read from the serialisation `Tokenizer` wraps, as
-    `data.tokenizer.transformers_mismatch` reads it). Which token a config file names eos or bos is no id of the
-    text's (token files made with another eos are their sidecars' to tell)."""
-    if a.fingerprint == b.fingerprint:
-        return True
-    x, y = json.loads(a._tok.to_str()), json.loads(b._tok.to_str())
-    return _added(x) == _added(y) and all(_offsets_only(x.get(k)) == _offsets_only(y.get(k)) for k in _ID_PARTS)
+    vocabulary, merges, normalizer, pre-tokenizer and added tokens (`Tokenizer.ids_fingerprint`). Which token a
+    config file names eos or bos is no id of the text's (token files made with another eos are their sidecars' to
+    tell)."""
+    return a.fingerprint == b.fingerprint or a.ids_fingerprint == b.ids_fingerprint
 
 
 def same_tokenizer(saved, tokenizer) -> bool:
