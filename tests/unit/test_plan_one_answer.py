@@ -18,7 +18,8 @@ V3_EP64 = ["--model_name_or_path", "deepseek-ai/DeepSeek-V3", "--tensor_parallel
            "--expert_parallel_degree", "64", "--recompute", "true"]
 LAYOUT = {"tensor_parallel_degree", "sequence_parallel", "pipeline_parallel_degree", "context_parallel_degree",
           "expert_parallel_degree", "sharding", "sharding_parallel_degree", "per_device_train_batch_size",
-          "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention"}
+          "gradient_accumulation_steps", "recompute", "recompute_granularity", "use_flash_attention",
+          "per_device_eval_batch_size", "eval_iters"}  # (--fit's eval change is part of the answer)
 
 
 def _tokens(change: dict) -> list[str]:
@@ -26,18 +27,21 @@ def _tokens(change: dict) -> list[str]:
 
 
 def _least(r: dict) -> float:
-    return max(r["memory_gib"], r["startup_gib"], r["eval_least_gib"] or 0.0)
+    """What a plan re-planned as given needs: step, start-up and the evaluation at its own eval batch."""
+    return max(r["memory_gib"], r["startup_gib"], r["eval_memory_gib"] or 0.0)
 
 
 def test_deepseek_v3_on_256_h100_plan_suggests_fits_layout():
     """No one key fits; plan's search took tp 8 + ZeRO-3 (12,347 tokens/s by --fit's model: of the layouts with
     as few keys, the larger micro-batch, then the least memory), --fit pp 32 x ep 8 x ZeRO-1 (129,995). Ranked by
-    keys, then speed, both name pp 32 x ep 8 x ZeRO-1, and it keeps the file's 4,096 samples a step."""
+    keys, then speed, both name pp 32 x ep 8 x ZeRO-1, and it keeps the file's 4,096 samples a step, and the
+    evaluation's 5,120 (eval_iters 10 -> 320 over 8 data ranks, as --fit sets it; plan left it out: 160)."""
     first = plan(PADDLENLP_LLAMA, V3_EP64, device="H100", gpus=256)["suggestions"][0]
     f = fit(PADDLENLP_LLAMA, V3_EP64, device="H100", gpus=256)
     assert first["fits"] and "gpus" not in first
     assert first["change"] == {k: new for k, _, new in f["diff"] if k in LAYOUT}
     assert first["change"]["pipeline_parallel_degree"] == 32 and first["change"]["sharding"] == "stage1"
+    assert first["change"]["eval_iters"] == 320
     there = plan(PADDLENLP_LLAMA, V3_EP64 + _tokens(first["change"]), device="H100", gpus=256, suggest_changes=False)
     assert there["tokens_per_step"] == 4096 * 4096 and _least(there) <= 72.0
 
@@ -121,3 +125,48 @@ def test_fit_o_of_a_runs_args_json_reads_and_writes_its_user_arguments(write_arg
     written = json.loads(open(out).read())
     assert not {"version", "arguments", "user_arguments", "run"} & set(written) and written["max_steps"] == 456
     assert written["model_name_or_path"] == user["model_name_or_path"]
+
+
+def test_plans_first_suggestion_carries_fits_eval_change():
+    """Llama-3-8B at tp 1 + ZeRO-1 with per_device_eval_batch_size 16 on 2 A100-80GB: plan said 'tp 2 +
+    gradient_accumulation_steps 32 fits', yet so followed its first evaluation needs 84.65 GiB; --fit lowers the
+    eval batch to 5 with eval_iters 10 -> 64 (320 samples an evaluation kept). Each suggestion said to fit fits as
+    given, the evaluation at its own batch too."""
+    over = ["--tensor_parallel_degree", "1", "--sharding", "stage1", "--recompute", "false",
+            "--per_device_train_batch_size", "1", "--max_seq_length", "2048", "--per_device_eval_batch_size", "16"]
+    sugg = plan(LLAMA3_8B, over, device="A100-80GB", gpus=2)["suggestions"]
+    f = fit(LLAMA3_8B, over, device="A100-80GB", gpus=2)
+    assert sugg[0]["change"] == {k: new for k, _, new in f["diff"] if k in LAYOUT}
+    assert (sugg[0]["change"]["per_device_eval_batch_size"], sugg[0]["change"]["eval_iters"]) == (5, 64)
+    for s in sugg:
+        r = plan(LLAMA3_8B, over + _tokens(s["change"]), device="A100-80GB", gpus=2, suggest_changes=False)
+        assert s["fits"] == (_least(r) <= 72.0), s
+    layout_only = {k: v for k, v in sugg[0]["change"].items() if k not in ("per_device_eval_batch_size", "eval_iters")}
+    r = plan(LLAMA3_8B, over + _tokens(layout_only), device="A100-80GB", gpus=2, suggest_changes=False)
+    assert r["eval_memory_gib"] > 80.0  # (what the suggestion without the eval keys ran into)
+
+
+def test_more_devices_suggestion_says_the_global_batch_it_grows_to():
+    """The Llama-3-70B on 2 A100-80GB: plan suggests --gpus 24 with tp 8, where 1 data rank becomes 3 and the
+    global batch 16 samples 48; the line says so, as the re-planned file shows."""
+    args = ["--model_name_or_path", "meta-llama/Meta-Llama-3-70B"]
+    first = plan(LLAMA3_8B, args, device="A100-80GB", gpus=2)["suggestions"][0]
+    assert first["gpus"] == 24 and first["fits"]
+    assert "; global batch 16 -> 48 samples (3 data ranks)" in first["why"]
+    r = plan(LLAMA3_8B, args + _tokens(first["change"]), device="A100-80GB", gpus=24, suggest_changes=False)
+    assert r["tokens_per_step"] == 48 * 4096
+
+
+def test_cpu_machines_no_count_fits_offers_no_more_machines(monkeypatch):
+    """Llama-3-70B on cpu machines of 64 GiB (8 processes each): no count up to 4,096 fits, yet the machine line
+    said 'plan more machines'. It says no count fits and what the leanest layout on 4,096 still needs a process
+    (the CPU's gathered logits, its largest part) over its budget; --fit's line is the same."""
+    monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 64.0)
+    monkeypatch.setattr(hardware, "host_available_gib", lambda: 64.0)
+    args = ["--model_name_or_path", "meta-llama/Meta-Llama-3-70B"]
+    (line,) = plan(LLAMA3_8B, args, device="cpu")["suggestions"]
+    assert line["machine"] and "plan more machines" not in line["why"]
+    assert ("no number of processes up to 4096 fits on machines of this one's memory either (on 4096 the leanest "
+            "layout still needs 18.56 GiB a process, logits_loss 7.98 of it, over its 7.20 GiB budget)") in line["why"]
+    f = fit(LLAMA3_8B, args, device="cpu")
+    assert f["more_devices"] is None and f["machine"] == line["why"]

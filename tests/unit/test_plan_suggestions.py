@@ -156,10 +156,12 @@ def test_a_device_count_that_needs_no_key_says_so(capsys):
 
 
 def test_when_only_keys_together_fit_they_are_the_first_suggestion():
-    """Qwen3-30B-A3B at 8K on 8 H100 with the Llama file's tp 2 + ZeRO-1: no one key fits, recompute with ZeRO-3
-    does; the report's heading says that answer comes first, where it had been listed last, after a 512-token
-    sequence."""
+    """Qwen3-30B-A3B at 8K on 8 H100 with the Llama file's tp 2 + ZeRO-1: no one key fits, and recompute with
+    ZeRO-3 does not either as followed (its first evaluation, at the file's eval batch of 2, needs 73.38 GiB of the
+    72 budget); the search's recompute with ep 4 does (68.01 GiB at that eval batch). The report's heading says
+    that answer comes first, where it had been listed last, after a 512-token sequence."""
     over = ["--model_name_or_path", "Qwen/Qwen3-30B-A3B", "--max_seq_length", "8192"]
     sugg = plan(LLAMA3_8B, over, device="H100", gpus=8)["suggestions"]
     assert [s["fits"] for s in sugg] == [True] + [False] * (len(sugg) - 1)
-    assert sugg[0]["change"] == {"recompute": True, "sharding": "stage3"} and len(sugg) >= 3
+    assert sugg[0]["change"] == {"recompute": True, "expert_parallel_degree": 4} and len(sugg) >= 3
+    assert {"recompute": True, "sharding": "stage3"} in [s["change"] for s in sugg[1:]]

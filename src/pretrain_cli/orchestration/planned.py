@@ -30,7 +30,7 @@ from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
-from pretrain_cli.planning.suggestions import checkpoint_disk_note, suggest, within_budget
+from pretrain_cli.planning.suggestions import checkpoint_disk_note, machine_too_small, suggest, within_budget
 from pretrain_cli.planning.report import CheckpointPlan, Plan
 
 if TYPE_CHECKING:
@@ -143,11 +143,12 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
         replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
         budget = out.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)  # `--fit`'s: one budget, one answer
         found = suggest(run, out, within_budget(out, replan, budget))
-        if found and found[0].get("machine"):  # no layout on these machines: only more of them (`fewest_devices`)
-            scale = fit_search.fewest_devices(_current(args), out, replan, budget, None)
-            found[:0] = [scale] if scale else []
-        elif not any(s["fits"] for s in found):  # no one key fits: several together, else more devices, first
-            found[:0] = _layout_or_more_devices(args, out, replan, budget)
+        if not any(s["fits"] for s in found):  # no one key fits (or the machine line): several together, else
+            first = _layout_or_more_devices(args, out, replan, budget)  # more devices, first
+            if not first and found and found[0].get("machine"):  # no count of machines fits either: not offered
+                lean = fit_search.leanest(_current(args), out, replan)
+                found[0] = {**found[0], "why": machine_too_small(out, (lean, budget))}
+            found[:0] = first
         out = dataclasses.replace(out, suggestions=tuple(found))
     return out
 
@@ -226,16 +227,20 @@ def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float) 
     for together (tensor, pipeline, expert degrees with the rest), else the fewest devices (`fit.fewest_devices`,
     which also tries the search's smallest layout there, as the single keys leave those degrees as they are: a
     Mixture-of-Experts model whose experts are split over a fixed group needs them to change), both within `--fit`'s
-    `budget` (its default margin), so `plan` and `plan --fit` give one answer."""
+    `budget` (its default margin), so `plan` and `plan --fit` give one answer: the layout with `--fit`'s eval change
+    (`fit.fit_eval`), as the search fits an evaluation of 1 and the file's eval batch may be over the budget there."""
     current = _current(args)
     found = fit_search.search(current, base, replan, budget, fewest_first=True)
     if (best := found["best"]) is not None:
         r = best["report"]
         fastest = "; --fit ranks all of them by speed" if base.device.peak_tflops is not None else ""
-        return [{"change": {k: v for k, _, v in fit_search.diff(current, best["change"])}, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
-                 "fits": True, "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with "
-                                      f"`plan --fit`'s {fit_search.DEFAULT_MARGIN:.0%} margin (the fewest keys of "
-                                      f"its layouts{', the fastest of those' if fastest else ''}{fastest})"}]
+        change = fit_search.with_eval(current, best["change"], r, replan, budget, base.parallel.data_ranks)
+        lowered = fit_search.EVAL_WHY if change != best["change"] else ""
+        return [{"change": {k: v for k, _, v in fit_search.diff(current, change)}, "memory_gib": r.peak_gib,
+                 "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
+                 "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with "
+                        f"`plan --fit`'s {fit_search.DEFAULT_MARGIN:.0%} margin (the fewest keys of "
+                        f"its layouts{', the fastest of those' if fastest else ''}{fastest}){lowered}"}]
     scale = fit_search.fewest_devices(current, base, replan, budget, found["smallest"])
     return [scale] if scale else []
 

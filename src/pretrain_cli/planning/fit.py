@@ -25,7 +25,7 @@ import itertools
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 
 from pretrain_cli.planning.layout import tp_inside_node
-from pretrain_cli.planning.suggestions import FIT_MARGIN, machine_too_small, more_devices
+from pretrain_cli.planning.suggestions import FIT_MARGIN, MAX_DEVICES, machine_too_small, more_devices
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed, traffic_bound
 
@@ -224,8 +224,10 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),
                            "memory_gib": small["report"].least_gib}
-    out["machine"] = machine_too_small(base)
     out["more_devices"] = fewest_devices(current, base, replan, budget_gib, small)
+    lean = None if out["more_devices"] or not machine_too_small(base) else (leanest(current, base, replan),
+                                                                             budget_gib)
+    out["machine"] = machine_too_small(base, lean)
     return out
 
 
@@ -233,10 +235,42 @@ def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: 
     """The fewest devices that fit within `budget_gib` (`suggestions.more_devices`, from the search's smallest
     layout `small` at `--gpus` and `lean_layouts` at each count): `plan --fit`'s answer and `plan`'s first
     suggestion when nothing fits (one search, one answer). On cpu too where the model's state alone exceeds the
-    machines planned (`suggestions.machine_too_small`): more machines add memory (each node its own)."""
-    return more_devices(base, [small] if small else [], replan, [small["change"]] if small else [],
-                        budget_gib=budget_gib, lean=lambda world: lean_layouts(
-                            current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
+    machines planned (`suggestions.machine_too_small`): more machines add memory (each node its own). The layouts
+    are judged at an evaluation of 1, so the answer carries `fit_eval`'s eval keys there (`with_eval`), the samples
+    an evaluation reads being what the file as written reads on that many devices (what `--fit` re-run there keeps)."""
+    scale = more_devices(base, [small] if small else [], replan, [small["change"]] if small else [],
+                         budget_gib=budget_gib, lean=lambda world: lean_layouts(
+                             current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
+    if scale is None:
+        return None
+    world = scale["gpus"]
+    r = replan(scale["change"], world)
+    there = budget_gib * r.device.memory_gib / base.device.memory_gib  # (on cpu a process's share: `within_budget`)
+    as_written = replan({}, world, layout=False)  # (`--fit` re-run there keeps the samples the file reads there)
+    ranks = as_written.parallel.data_ranks if as_written is not None else r.parallel.data_ranks
+    change = with_eval(current, scale["change"], r, lambda c: replan(c, world), there, ranks)
+    return scale if change == scale["change"] else {**scale, "change": change, "why": scale["why"] + EVAL_WHY}
+
+
+# what `plan`'s first suggestion and the fewest devices add where their change carries `fit_eval`'s eval keys
+EVAL_WHY = ("; the eval keys are --fit's there (the file's per_device_eval_batch_size is over the budget or does not "
+            "divide a data rank's share of the samples an evaluation reads, which eval_iters keeps)")
+
+
+def with_eval(current: dict, change: dict, report: Plan, replan, budget_gib: float, file_ranks: int) -> dict:
+    """`change` with `fit_eval`'s eval keys for the layout it plans to (`report`): the layouts are searched at an
+    evaluation of 1 (`Plan.least_gib`), so the file's eval batch may be over the budget there, and `plan`'s
+    suggestions name what `--fit` sets (one answer)."""
+    best = {"change": change, "report": report}
+    return {**change, **fit_eval(current, best, replan, budget_gib, file_ranks).get("change", {})}
+
+
+def leanest(current: dict, base: Plan, replan, world: int = MAX_DEVICES) -> Plan | None:
+    """The layout of `lean_layouts` on `world` devices that needs the least (`Plan.least_gib`), or None: what `plan`
+    and `--fit` name when the count search found no number of devices up to `world` that fits."""
+    plans = (replan(change, world, layout=False) for change in lean_layouts(
+        current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
+    return min((r for r in plans if r is not None), key=lambda r: r.least_gib, default=None)
 
 
 def fit_eval(current: dict, best: dict, replan, budget_gib: float, file_ranks: int = 1) -> dict:

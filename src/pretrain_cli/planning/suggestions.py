@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pretrain_cli.counts import count
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.run_config import RunConfig
@@ -142,13 +143,16 @@ def _in_node(replan, per_node: int):
     return in_node
 
 
-def machine_too_small(base: Plan) -> str | None:
+def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = None) -> str | None:
     """On cpu, the line saying so when the weights, gradients and AdamW state alone (a checkpoint and the weights
     again: `Plan.checkpoint`) exceed the memory of the machines planned (each process's part x the processes): no
     layout or process count on them holds the run, so `plan` says so (with how many machines of this one's memory
     hold the state alone) instead of a change that still does not fit, and searches more machines
     (`fit.fewest_devices`). On one machine `check` refuses such a run too (`hardware.host_memory_problem`: the
-    parameters against this machine's memory). None on a GPU or where it fits."""
+    parameters against this machine's memory). None on a GPU or where it fits. `beyond`: (the leanest layout on
+    MAX_DEVICES processes, `fit.leanest`, the budget on `base`'s device) when the count search found no number of
+    processes up to MAX_DEVICES that fits: more machines are not offered, and the line says what a process of the
+    leanest layout still needs there beside its budget (more machines split the state, not the rest)."""
     if base.device.name != "cpu":
         return None
     need = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]
@@ -156,10 +160,19 @@ def machine_too_small(base: Plan) -> str | None:
     if not need > have:
         return None
     where = "this machine has" if nodes == 1 else f"the {nodes} machines planned have"
+    how = "plan more machines (--gpus with --gpus_per_node), choose"
+    if beyond is not None:
+        how = f"no number of processes up to {MAX_DEVICES} fits on machines of this one's memory either"
+        if (lean := beyond[0]) is not None:
+            parts = lean.memory_breakdown_gib if lean.memory_gib >= lean.startup_gib else lean.startup_breakdown_gib
+            part, gib = max(parts.items(), key=lambda kv: kv[1])
+            share = beyond[1] * lean.device.memory_gib / base.device.memory_gib
+            how += (f" (on {MAX_DEVICES} the leanest layout still needs {lean.least_gib:.2f} GiB a process, {part} "
+                    f"{gib:.2f} of it, over its {share:.2f} GiB budget)")
+        how += "; choose"
     return (f"memory: the weights, gradients and AdamW state alone need {need:.2f} GiB and {where} {have:.1f} GiB, "
             f"so no layout or number of processes fits there (the state alone needs {-(-need // (have / nodes)):.0f} "
-            f"machines of this one's memory); plan more machines (--gpus with --gpus_per_node), choose a smaller "
-            f"model, or plan a GPU run (`plan --device <GPU>`)")
+            f"machines of this one's memory); {how} a smaller model, or plan a GPU run (`plan --device <GPU>`)")
 
 
 def _share(base: Plan, world: int) -> float:
@@ -172,16 +185,20 @@ def _share(base: Plan, world: int) -> float:
     return target_device(base.device.name, node, world).memory_gib / base.device.memory_gib
 
 
-def within_budget(base: Plan, replan, budget_gib: float):
-    """`replan(change, world)` whose plans fit where the layout's least (`Plan.least_gib`: step, start-up and an
-    evaluation of 1) is within `budget_gib`, the budget of `base`'s device, scaled to each plan's device (`_share`:
-    8 cpu processes of a node get an eighth of the machine's each): what `plan --fit` fits to, and so `plan`'s
-    layouts and device counts when nothing else fits (one search, one answer)."""
+def within_budget(base: Plan, replan, budget_gib: float, as_given: bool = True):
+    """`replan(change, world)` whose plans fit where the change as given (step, start-up and an evaluation at the
+    eval batch it leaves: the file's unless it sets one) is within `budget_gib`, the budget of `base`'s device, scaled
+    to each plan's device (`_share`: 8 cpu processes of a node get an eighth of the machine's each): what `plan
+    --fit` fits to, and so `plan`'s suggestions and device counts (one budget, one answer). A single key's
+    suggestion names no eval batch, so one that fits only at a lower one does not fit as it is followed. `as_given`
+    False: an evaluation of 1 (`Plan.least_gib`), as `--fit`'s search judges a layout whose eval batch `fit.fit_eval`
+    then lowers (the fewest devices: `fit.fewest_devices` names the eval keys it needs there)."""
     def within(change: dict, world: int = base.gpus, **kw):
         r = replan(change, world, **kw)
         if r is None:
             return None
-        return dataclasses.replace(r, fits=r.least_gib <= budget_gib * r.device.memory_gib / base.device.memory_gib)
+        need = max(r.peak_gib, r.eval_memory_gib or 0.0) if as_given else r.least_gib
+        return dataclasses.replace(r, fits=need <= budget_gib * r.device.memory_gib / base.device.memory_gib)
 
     return within
 
@@ -190,7 +207,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
                  budget_gib: float | None = None) -> dict | None:
     """When no setting fits on the devices asked for: the fewest devices at which the run fits within `budget_gib`
     (`within_budget`; None: the device's memory, `Plan.fits`), re-planned with `replan(change, gpus)`, and the
-    fewest keys it needs there (`minimal`).
+    fewest keys it needs there (`minimal`); its line says the global batch where the data ranks grow it.
 
     None fits on fewer devices than the model's state needs, every parameter's weights, gradients and AdamW state
     held once over them all (a checkpoint and the weights again: `Plan.checkpoint`), each device with its budget
@@ -213,7 +230,7 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     tries += [dict(x) for x in layouts if x]
     per_node, budget = base.device.links.gpus_per_node, base.device.memory_gib if budget_gib is None else budget_gib
     state = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]  # (+ the gradients)
-    replan = _in_node(replan if budget_gib is None else within_budget(base, replan, budget_gib), per_node)
+    replan = _in_node(replan if budget_gib is None else within_budget(base, replan, budget_gib, False), per_node)
 
     def fitting(changes: list[dict], world: int) -> list[dict]:
         seen, out = set(), []
@@ -246,6 +263,9 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     if "sharding" in change and r.parallel.sharding_stage:
         why += f"; {change['sharding']} shards over the {r.parallel.sharding_degree} data ranks of {world}"
     why += "; without any one of these keys it does not fit there" if change else "; the file as written fits there"
+    if r.global_batch != base.global_batch:  # (each data rank keeps the file's samples a step: said, never silent)
+        why += (f"; global batch {base.global_batch:,} -> {r.global_batch:,} samples "
+                f"({count(r.parallel.data_ranks, 'data rank')})")
     return {"gpus": world, "change": change, "memory_gib": r.peak_gib, "saves_gib": base.peak_gib - r.peak_gib,
             "fits": True, "why": why}
 
