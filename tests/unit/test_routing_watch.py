@@ -4,6 +4,8 @@ a router trained from random init (before max(2 x warm-up, 100 steps)), is not; 
 import logging
 from types import SimpleNamespace
 
+from log_lines import product_log_lines
+
 from pretrain_cli.models import moe_loss
 from pretrain_cli.training.routing_watch import CollapseWatch, steps_before
 from pretrain_cli.training.train_log import TrainLog
@@ -196,15 +198,7 @@ def test_a_run_ending_before_its_routing_is_judged_is_told_once(monkeypatch):
     assert "(" not in mtp.note(50).split("; ")[0]
     monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {"moe_expert_share_per_layer": [0.1, 0.1]})
     monkeypatch.setattr(moe_loss, "sparse_blocks", lambda model: [object()])
-    # the lines as the product's logger emits them (a handler of its own: what reaches the root through
-    # propagation is counted twice where an earlier test of the worker left the chain holding a capture handler)
-    logger, lines = logging.getLogger("pretrain_cli"), []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
+    with product_log_lines() as lines:  # (not caplog: `log_lines`)
         for continued, said in ((False, 1), (True, 0)):  # max_steps 100, grace 100: from init told; trained: judged
             t = _Log([], continued)
             del lines[:]
@@ -213,6 +207,3 @@ def test_a_run_ending_before_its_routing_is_judged_is_told_once(monkeypatch):
                 t._log(grad_norm=1.0)
             notes = [line for line in lines if line.startswith("note: routing is judged")]
             assert len(notes) == said and all("ends at step 100" in n for n in notes), notes
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)

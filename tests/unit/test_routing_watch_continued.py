@@ -5,8 +5,8 @@ trained weights. A directory no run of ours wrote (an HF snapshot, or one our `e
 trained routers. The trainer state says which routers it had from init itself: args.json beside it can be a later
 run's."""
 import json
-import logging
 
+from log_lines import product_log_lines
 from run_helpers import resolve_run
 
 from pretrain_cli import runtime
@@ -100,19 +100,10 @@ def _continue(directory, cfg, max_steps: int) -> Trainer:
 
 def _warnings_and_notes(trainer: Trainer, steps) -> list[str]:
     """The lines the trainer's routing watch logs for both layers at 1/top_k (a collapse) at each of `steps`."""
-    logger, lines = logging.getLogger("pretrain_cli"), []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
+    with product_log_lines() as lines:
         for step in steps:
             trainer.state.global_step = step
             trainer._watch_routing([0.5, 0.5])
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return [line for line in lines if "routing" in line or "routes" in line]
 
 
