@@ -153,6 +153,23 @@ def test_a_device_count_that_needs_no_key_says_so(capsys):
                      "--sharding", "stage3", "--recompute", "true"]) == 0
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  1. "))
     assert first.startswith("  1. --gpus 2, no key changed  -> "), first
+    assert "; the file as written fits there" in first, first
+
+
+def test_the_lowest_sharding_stage_that_fits_is_kept():
+    """`minimal` keeps a suggestion's sharding at the lowest stage that still fits (a fake plan where stage2 and up
+    fit, recompute is needed and the micro-batch alone moves nothing): stage3 becomes stage2, not stage1, and the
+    keys the fit needs stay."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.planning.suggestions import minimal
+
+    def replan(change, world):
+        stage = int(str(change.get("sharding", "stage0"))[-1])
+        return SimpleNamespace(fits=stage >= 2 and bool(change.get("recompute")), global_batch=16)
+
+    kept, _ = minimal({"sharding": "stage3", "recompute": True, "per_device_train_batch_size": 1}, 8, replan)
+    assert kept["sharding"] == "stage2" and kept["recompute"] is True, kept
 
 
 def test_when_only_keys_together_fit_they_are_the_first_suggestion():
