@@ -26,6 +26,9 @@ def cause(directory, log_dir=None) -> str | None:
     """The console's account of why the job ended, from the ranks' records in `directory` (`log_dir`: the launcher's
     workerlog.N directory, named so the user finds the full log), or None when no rank recorded one: the first rank's
     own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node.
+    A usage error every rank recorded, or one found before the ranks joined (`job.record`'s `before_join`: the other
+    ranks, stopped by the launcher or their watchers first, would have said it too), is said as one process says it;
+    one found later by some ranks names the first.
     Below the first rank's line, what its log says of it since this launch began (`rank_log`): its other `error:`
     lines, or the end of its traceback (an uncaught exception, or a death with an exit code: one before the CLI's
     handler ran) or of its stack (a fatal signal that leaves one). A rank the launcher killed once a stop by signal
@@ -48,9 +51,11 @@ def cause(directory, log_dir=None) -> str | None:
         return f"launch.sh: {line}"
     log = Path(log_dir) / f"workerlog.{first.get('local') or first.get('rank')}" if log_dir else None
     where = f" Its full log: {log}" if log is not None else ""
-    if all(r.get("kind") == "usage" and r.get("line") == first["line"] for r in records):
+    alike = first.get("kind") == "usage" and all(r.get("kind") == "usage" and r.get("line") == first["line"]
+                                                 for r in (own if first.get("before_join") else records))
+    if alike:  # every rank found it (a typo'd key), or it was found before the ranks joined: as one process says it
         said = rank_log.read(log, rank_log.start(directory, log)) if log is not None else ()
-        return "\n".join(rank_log.errors(said, line))  # every rank found it (a typo'd key): as one process says it
+        return "\n".join(rank_log.errors(said, line))
     how, more, code = "", [], int(first.get("exit") or 0)
     if first.get("kind") in ("died", "hung"):  # the line says how: `died: killed by SIGKILL`, `made no progress`
         if code == 137:

@@ -32,12 +32,18 @@ def verdict_dir() -> Path | None:
     return Path(value) if value else None
 
 
+_joining = [False]  # whether this process has begun joining the process group (`joined`)
+
+
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
            overwrite: bool = True) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
-    process group, cleared once joined), when launched by launch.sh; best effort, never raises."""
+    process group, cleared once joined), when launched by launch.sh; best effort, never raises. A usage error found
+    before this rank began joining is marked `before_join`: it came from what every rank of the node resolves alike
+    (the argument file, the data, the checkpoint to resume), so the other ranks would say it too, had the launcher
+    not stopped them first (`account.cause` says it as one process does)."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -47,7 +53,8 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
             from pretrain_cli import atomic
 
             atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time(),
-                                     "local": os.environ.get("PADDLE_LOCAL_RANK", "")})
+                                     "local": os.environ.get("PADDLE_LOCAL_RANK", ""),
+                                     **({"before_join": True} if kind == "usage" and not _joining[0] else {})})
 
 
 def clear(rank: int) -> None:
@@ -69,6 +76,7 @@ def joined(rank: int, done: bool, allowance: float | None = None) -> None:
     run lets the other nodes' ranks take to come there, `none` for no limit) or through it (`joined.R`) in the
     directory its launcher's join watch reads (`JOIN_ENV`, set by scripts/paddle_launch.py on several nodes:
     `launcher.joining`). Without one, the rank limits its own wait to `allowance` (`join_deadline`). Best effort."""
+    _joining[0] = True
     value = os.environ.get(JOIN_ENV)
     if not value:
         from pretrain_cli.distributed.launcher import join_deadline
