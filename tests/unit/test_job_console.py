@@ -42,20 +42,19 @@ def test_a_usage_error_of_one_rank_names_the_rank_its_code_and_its_log(tmp_path)
 
 
 def test_a_usage_error_found_before_the_ranks_joined_is_said_as_one_process_says_it(tmp_path, monkeypatch):
-    """A usage error found before the rank began joining (`job.record`'s `before_join`: the argument file, the data,
-    the checkpoint to resume, which every rank of the node resolves alike) is one account whichever way the race of
-    the other ranks went: no record of theirs (the launcher's SIGTERM came first) or their watchers' "stopped by
-    rank 0's error". Found after the join by one rank, it still names that rank."""
-    stopped = f"[pretrain-cli] rank 1: rank 0 (pid 7 on h) left with an error: {TYPO}; this rank stops too."
+    """A usage error found before the rank began joining (`job.record`'s `before_join`: a run-wide check, made before
+    any watcher runs) is one account whichever way the race of the other ranks went: no record of theirs (the
+    launcher's SIGTERM came first), or the "joining" record a rank leaves as it enters the join when the launcher
+    kills it there. Found after the join by one rank, it still names that rank."""
     monkeypatch.setenv(job.VERDICTS_ENV, str(tmp_path / "v"))
     (tmp_path / "v").mkdir()
     monkeypatch.setattr(job, "_joining", [False])
     job.record(0, 2, "usage", TYPO)
     assert json.loads((tmp_path / "v" / "rank-0.json").read_text())["before_join"] is True
     assert account.cause(tmp_path / "v") == f"error: {TYPO}"  # rank 1 recorded nothing
-    job.record(1, 1, "peer", stopped)
-    assert account.cause(tmp_path / "v") == f"error: {TYPO}"  # rank 1's watcher recorded it stopped first
-    job.joined(0, False)  # (the rank's join begins: a usage error from here on is the rank's own)
+    job.record(1, 75, "joining", "rank 1 (pid 8 on h) was still joining the process group")
+    assert account.cause(tmp_path / "v") == f"error: {TYPO}"  # rank 1 was killed inside the join
+    monkeypatch.setattr(job, "_joining", [True])  # (this rank's join began: a usage error from here on is its own)
     job.record(0, 2, "usage", TYPO)
     assert "before_join" not in json.loads((tmp_path / "v" / "rank-0.json").read_text())
     assert account.cause(tmp_path / "v") == f"launch.sh: rank 0 ended the job (exit 2): {TYPO}"

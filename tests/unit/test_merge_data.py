@@ -272,3 +272,29 @@ def test_the_summary_counts_the_inputs_without_a_sidecar(tmp_path):
     meta = merge(str(tmp_path / "two"), [tmp_path / "a0", tmp_path / "a1"])
     assert merge_module.merge_summary(str(tmp_path / "two"), meta).endswith(
         "; 2 inputs had no .json sidecar, so their tokenizer is unchecked")
+
+
+def test_an_output_that_is_itself_a_link_is_replaced_not_written_through(tmp_path):
+    """The output's own symlinks are not followed (the merge's renames replace a link, never its target): an output
+    `link` whose files point at an input's is merged, and the input's bytes stay."""
+    for k in range(2):
+        write_mmidx_reference(str(tmp_path / f"p{k}"), [[1, 2], [3]])
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"link{ext}").symlink_to(tmp_path / f"p0{ext}")
+    before = (tmp_path / "p0.bin").read_bytes()
+    meta = merge(str(tmp_path / "link"), [tmp_path / "p0", tmp_path / "p1"])
+    assert meta["documents"] == 4 and not (tmp_path / "link.bin").is_symlink()
+    assert (tmp_path / "p0.bin").read_bytes() == before
+
+
+def test_two_forms_of_one_tokenizer_merge_in_any_order():
+    """Sidecars of one tokenizer in two forms (fingerprints f1 and f2, one ids fingerprint X) and one from before the
+    ids fingerprint (f1): each is judged against every sidecar accepted before it, so no order of the three is
+    refused (B, A, C was: C against B alone), and another tokenizer still is."""
+    a = {"tokenizer_fingerprint": "f1", "tokenizer_ids_fingerprint": "X"}
+    b = {"tokenizer_fingerprint": "f2", "tokenizer_ids_fingerprint": "X"}
+    c = {"tokenizer_fingerprint": "f1"}
+    for order in ((a, b, c), (b, a, c), (c, a, b), (c, b, a)):
+        assert merge_module.tokenizer_problems([(f"p{i}", m) for i, m in enumerate(order)]) == [], order
+    other = {"tokenizer_fingerprint": "f3"}
+    assert len(merge_module.tokenizer_problems([("p0", b), ("p1", a), ("p2", other)])) == 1

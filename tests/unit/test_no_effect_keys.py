@@ -35,8 +35,8 @@ def _error(capsys, *argv) -> str:
 def test_eval_and_generate_refuse_a_training_key_that_changes_nothing_they_compute(run_dir, tmp_path, capsys):
     split = _error(capsys, "eval", "--model", run_dir, "--learning_rate", "3", "--weight_decay", "0.1")
     assert split.startswith("error: --learning_rate, --weight_decay: training keys that change nothing eval "
-                            "computes; drop them (eval's --key value overrides take the kernel keys that change a "
-                            "kernel on this device: use_flash_attention"), split
+                            "computes; drop them (eval's --key value overrides take the kernel keys, each only "
+                            "where it changes a kernel on this device: use_flash_attention"), split
     # recompute alone is refused (idle_kernel_keys): the pair that changes a kernel is named, not recompute alone
     assert ", fp16_opt_level, and recompute true with recompute_granularity full_attn; and max_seq_length" in split
     assert "eval_iters" in split and "split" in split  # a run's split: its data and eval batches count

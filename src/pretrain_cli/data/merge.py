@@ -73,9 +73,13 @@ def same_file(prefix: str) -> str:
     return os.path.realpath(prefix)
 
 
-def _files_of(prefix: str) -> set[str]:
-    """The real files a prefix's .bin and .idx are, their own symlinks followed: what the output must not be."""
-    return {os.path.realpath(prefix + ext) for ext in (".bin", ".idx")}
+def _files_of(prefix: str, follow: bool = True) -> set[str]:
+    """The real files a prefix's .bin and .idx are, their own symlinks followed (an input's: what the output must not
+    be); `follow=False` for the output, whose own links the merge's renames replace without touching their targets."""
+    if follow:
+        return {os.path.realpath(prefix + ext) for ext in (".bin", ".idx")}
+    where, name = os.path.split(prefix)
+    return {os.path.join(os.path.realpath(where or "."), name + ext) for ext in (".bin", ".idx")}
 
 
 def tokenizer_problems(items) -> list[str]:
@@ -103,12 +107,27 @@ def tokenizer_problems(items) -> list[str]:
 
 def _other_tokenizer(items):
     """The first two sidecars found naming different tokenizers, by the id both record (named as inspect-data's rows
-    name it), or None. Every sidecar with a fingerprint is compared with the first such, by its ids fingerprint
-    where the fingerprints differ and both record one (two forms of one tokenizer, as `tokenizer_mismatches`
-    judges); one from before the fingerprint with every other by sha256 (a few old files among many new ones:
+    name it), or None. Every sidecar with a fingerprint is compared with those accepted before it, by its ids
+    fingerprint where the fingerprints differ and both record one (two forms of one tokenizer, as
+    `tokenizer_mismatches` judges); one from before the fingerprint with every other by sha256 (a few old files among many new ones:
     linear in the new)."""
     printed = [(p, m) for p, m in items if m.get("tokenizer_fingerprint") is not None]
-    other = next(((p, m) for p, m in printed if not _one_tokenizer(m, printed[0][1])), None)
+    # one tokenizer: the sidecars reached from the first through shared fingerprints or ids fingerprints, passed over
+    # until none is added (a sidecar accepted late can vouch for one passed earlier: no verdict hangs on the order)
+    seen, ids_seen, left = set(), set(), list(printed)
+    while left:
+        kept = []  # the sidecars this pass could not yet join
+        for p, m in left:
+            ids = m.get("tokenizer_ids_fingerprint")
+            if not seen or m["tokenizer_fingerprint"] in seen or (ids is not None and ids in ids_seen):
+                seen.add(m["tokenizer_fingerprint"])
+                ids_seen.update([ids] if ids is not None else [])
+            else:
+                kept.append((p, m))
+        if len(kept) == len(left):
+            break
+        left = kept
+    other = left[0] if left else None
     if other is not None:
         return ((printed[0][0], str(printed[0][1]["tokenizer_fingerprint"])),
                 (other[0], str(other[1]["tokenizer_fingerprint"])), "tokenizer fingerprint")
@@ -124,13 +143,6 @@ def _other_tokenizer(items):
         if not new:
             old.append((p, m))
     return None
-
-
-def _one_tokenizer(m, m0) -> bool:
-    """Whether two sidecars with fingerprints name one tokenizer: one fingerprint, or one ids fingerprint."""
-    ids = m.get("tokenizer_ids_fingerprint")
-    return (m["tokenizer_fingerprint"] == m0["tokenizer_fingerprint"]
-            or (ids is not None and ids == m0.get("tokenizer_ids_fingerprint")))
 
 
 def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
@@ -264,7 +276,7 @@ def merge(output: str, inputs, note=None) -> dict:
     prefixes = expand_prefixes(inputs, note)
     if same_file(out) in {same_file(p) for p in prefixes}:
         raise UserError(f"{out}: the output is also an input; choose another output prefix")
-    linked = next((p for p in prefixes if _files_of(out) & _files_of(p)), None)
+    linked = next((p for p in prefixes if _files_of(out, follow=False) & _files_of(p)), None)
     if linked is not None:
         raise UserError(f"{out}: the output's files are those {linked}.bin/.idx link to, an input; choose another "
                         "output prefix")

@@ -170,8 +170,8 @@ def kernel_keys() -> str:
     from pretrain_cli.config.compute import KERNEL_KEYS
 
     keys = [k for k in KERNEL_KEYS if not k.startswith("recompute")]
-    return (f"the kernel keys that change a kernel on this device: {', '.join(keys)}, and recompute true with "
-            f"recompute_granularity full_attn")
+    return (f"the kernel keys, each only where it changes a kernel on this device: {', '.join(keys)}, and recompute "
+            f"true with recompute_granularity full_attn")
 
 
 def data_ranks(config: str) -> int:

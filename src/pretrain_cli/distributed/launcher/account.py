@@ -26,9 +26,9 @@ def cause(directory, log_dir=None) -> str | None:
     """The console's account of why the job ended, from the ranks' records in `directory` (`log_dir`: the launcher's
     workerlog.N directory, named so the user finds the full log), or None when no rank recorded one: the first rank's
     own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node.
-    A usage error every rank recorded, or one found before the ranks joined (`job.record`'s `before_join`: the other
-    ranks, stopped by the launcher or their watchers first, would have said it too), is said as one process says it;
-    one found later by some ranks names the first.
+    A usage error every rank recorded, or one found before the ranks joined (`job.record`'s `before_join`: a run-wide
+    check, whatever records the other ranks left: none, or a "joining" one where the launcher killed them inside the
+    join), is said as one process says it; one found later by some ranks names the first.
     Below the first rank's line, what its log says of it since this launch began (`rank_log`): its other `error:`
     lines, or the end of its traceback (an uncaught exception, or a death with an exit code: one before the CLI's
     handler ran) or of its stack (a fatal signal that leaves one). A rank the launcher killed once a stop by signal

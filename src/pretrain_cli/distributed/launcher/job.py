@@ -41,9 +41,10 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
     process group, cleared once joined), when launched by launch.sh; best effort, never raises. A usage error found
-    before this rank began joining is marked `before_join`: it came from what every rank of the node resolves alike
-    (the argument file, the data, the checkpoint to resume), so the other ranks would say it too, had the launcher
-    not stopped them first (`account.cause` says it as one process does)."""
+    before this rank began joining is marked `before_join`: a run-wide check (the argument file, the data, the
+    checkpoint to resume; some made by rank 0 alone), found before any watcher runs, whose line needs no rank to be
+    acted on, so `account.cause` says it as one process does whether or not the launcher stopped the other ranks
+    first."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
