@@ -11,6 +11,7 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl, write_mmidx_reference
 from pretrain_cli import cli
 from pretrain_cli.data import merge as merge_module
+from pretrain_cli.data import repeats, token_file_tokenizers
 from pretrain_cli.data.indexed import open_token_file, read_sidecar
 from pretrain_cli.data.merge import merge
 from pretrain_cli.errors import UserError
@@ -95,7 +96,7 @@ def test_a_repeat_is_named_in_every_input_it_is_in_three_then_how_many_more(tmp_
     for k in range(5):  # k leading sequences of its own, then b's
         write_mmidx_reference(str(tmp_path / f"x{k}"), [[90 + k, j] for j in range(k + 1)] + docs)
         holders.append(open_token_file(tmp_path / f"x{k}"))
-    lines = merge_module.repeated_inputs([open_token_file(tmp_path / "b"), *holders])
+    lines = repeats.repeated_inputs([open_token_file(tmp_path / "b"), *holders])
     x = [tmp_path / f"x{k}" for k in range(5)]
     assert lines == [f"{tmp_path / 'b'}: its 5 sequences are sequences 1 to 5 of 6 of {x[0]}, sequences 2 to 6 of 7 "
                      f"of {x[1]}, sequences 3 to 7 of 8 of {x[2]} and those of 2 more inputs; joined, they are "
@@ -111,17 +112,17 @@ def test_identical_inputs_are_one_line_with_their_true_count_each_compared_once(
         write_mmidx_reference(str(tmp_path / name), docs)
     write_mmidx_reference(str(tmp_path / "big"), [[5, 5], *docs, [6, 6]])
     x, y, z, w, big = (open_token_file(tmp_path / n) for n in ("x", "y", "z", "w", "big"))
-    assert merge_module.repeated_inputs([x, y, z]) == [
+    assert repeats.repeated_inputs([x, y, z]) == [
         f"{tmp_path / 'z'}: its 8 sequences are those of {tmp_path / 'x'} and those of {tmp_path / 'y'}; joined, they "
         "are trained on 3 times: drop the repeats unless you mean to repeat them"]
-    assert merge_module.repeated_inputs([big, x, y, z]) == [
+    assert repeats.repeated_inputs([big, x, y, z]) == [
         f"{tmp_path / 'z'}: its 8 sequences are sequences 1 to 8 of 10 of {tmp_path / 'big'}, those of "
         f"{tmp_path / 'x'} and those of {tmp_path / 'y'}; joined, they are trained on 4 times: drop the repeats unless "
         "you mean to repeat them"]
     calls = []
-    repeat_at = merge_module._repeat_at
-    monkeypatch.setattr(merge_module, "_repeat_at", lambda a, b: calls.append((a.prefix, b.prefix)) or repeat_at(a, b))
-    assert len(merge_module.repeated_inputs([x, y, z, w, big])) == 1
+    repeat_at = repeats._repeat_at
+    monkeypatch.setattr(repeats, "_repeat_at", lambda a, b: calls.append((a.prefix, b.prefix)) or repeat_at(a, b))
+    assert len(repeats.repeated_inputs([x, y, z, w, big])) == 1
     assert len(calls) == 4, calls
 
 
@@ -156,7 +157,7 @@ def test_a_copy_far_into_a_file_of_equal_lengths_is_found(tmp_path):
     """With every sequence 4 tokens long every start is a candidate by length; only the first 1000 were tried, so
     a copy of sequences 5000-5999 went unsaid. Every start is tried now, the first sequence's tokens first."""
     docs = np.random.default_rng(0).integers(0, 60000, (7000, 4)).tolist()
-    lines = merge_module.repeated_inputs(_pair(tmp_path, docs, docs[5000:6000]))
+    lines = repeats.repeated_inputs(_pair(tmp_path, docs, docs[5000:6000]))
     assert lines == [f"{tmp_path / 'b'}: its 1,000 sequences are sequences 5,000 to 5,999 of 7,000 of {tmp_path / 'a'}"
                      "; joined, they are trained on twice: drop one input unless you mean to repeat them"]
 
@@ -166,12 +167,12 @@ def test_an_input_that_differs_inside_is_not_called_a_repeat(tmp_path, monkeypat
     """[1,2] [3,4] [5,6] against [1,2] [9,9] [5,6]: the lengths and the first and last sequences agree, and only those
     were compared. The window is compared whole (under _WHOLE tokens) or at 8 interior sequences besides."""
     if not whole:
-        monkeypatch.setattr(merge_module, "_WHOLE", 0)
-    assert merge_module.repeated_inputs(_pair(tmp_path, [[1, 2], [3, 4], [5, 6]], [[1, 2], [9, 9], [5, 6]])) == []
+        monkeypatch.setattr(repeats, "_WHOLE", 0)
+    assert repeats.repeated_inputs(_pair(tmp_path, [[1, 2], [3, 4], [5, 6]], [[1, 2], [9, 9], [5, 6]])) == []
     docs = [[i, i + 1] for i in range(1, 40)]
     changed = [*docs[:21], [0, 0], *docs[22:]]  # sequence 21 of 0..38: one of the 10 compared
-    assert merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == []
-    assert len(merge_module.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], docs))) == 1  # the true repeat: said
+    assert repeats.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == []
+    assert len(repeats.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], docs))) == 1  # the true repeat: said
 
 
 def test_special_tokens_in_text_is_recorded_only_where_every_input_agrees(tmp_path, tok_dir, capsys):
@@ -295,6 +296,6 @@ def test_two_forms_of_one_tokenizer_merge_in_any_order():
     b = {"tokenizer_fingerprint": "f2", "tokenizer_ids_fingerprint": "X"}
     c = {"tokenizer_fingerprint": "f1"}
     for order in ((a, b, c), (b, a, c), (c, a, b), (c, b, a)):
-        assert merge_module.tokenizer_problems([(f"p{i}", m) for i, m in enumerate(order)]) == [], order
+        assert token_file_tokenizers.tokenizer_problems([(f"p{i}", m) for i, m in enumerate(order)]) == [], order
     other = {"tokenizer_fingerprint": "f3"}
-    assert len(merge_module.tokenizer_problems([("p0", b), ("p1", a), ("p2", other)])) == 1
+    assert len(token_file_tokenizers.tokenizer_problems([("p0", b), ("p1", a), ("p2", other)])) == 1

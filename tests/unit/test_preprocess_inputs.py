@@ -89,9 +89,9 @@ def test_a_file_reached_twice_through_a_symlink_is_read_once(tmp_path, tok_dir):
 def test_an_output_name_that_is_a_directory_is_refused_before_any_work(tmp_path, tok_dir, monkeypatch, taken):
     write_jsonl(tmp_path / "a.jsonl", make_texts(10))
     (tmp_path / "od" / taken).mkdir(parents=True)
-    import pretrain_cli.data.preprocess as pp
+    import pretrain_cli.data.encode_pool as pool
 
-    monkeypatch.setattr(pp, "load_tokenizer", lambda d: pytest.fail("tokenizer loaded before the check"))
+    monkeypatch.setattr(pool, "load_tokenizer", lambda d: pytest.fail("tokenizer loaded before the check"))
     with pytest.raises(UserError) as e:
         run_preprocess("--input_path", tmp_path / "a.jsonl", "--output_prefix", tmp_path / "od" / "x",
                        "--tokenizer", tok_dir)

@@ -14,7 +14,8 @@ from pretrain_cli.data import long_documents
 from pretrain_cli.data.indexed import open_token_file
 from pretrain_cli.data.long_documents import GPT2_SPLIT, LLAMA3_SPLIT, cut, cuttable
 from pretrain_cli.data.preprocess import Job, preprocess
-from pretrain_cli.data.tokenizer import QWEN2_SPLIT, Tokenizer, load_tokenizer
+from pretrain_cli.data.tokenizer import Tokenizer, load_tokenizer
+from pretrain_cli.data.tokenizer_ids import QWEN2_SPLIT
 
 # letters, digits, punctuation, every kind of whitespace run, NFC-composable accents, CJK, a non-breaking and an
 # ideographic space, a record separator (Python's whitespace, not Unicode's) and a special token's text

@@ -10,7 +10,7 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, write_jsonl
 from pretrain_cli.commands import train_tokenizer as cmd
 from pretrain_cli.data import tokenizer as tk
-from pretrain_cli.data import tokenizer_training
+from pretrain_cli.data import tokenizer_ids, tokenizer_training
 from pretrain_cli.errors import UserError
 
 
@@ -177,7 +177,7 @@ def test_autotokenizer_on_an_exported_directory_gives_the_training_ids(tmp_path,
         hf = transformers.AutoTokenizer.from_pretrained(str(out))
         got = [hf.encode(t, add_special_tokens=False) for t in HARD_TEXTS]
         want = [ours.encode(t) for t in HARD_TEXTS]
-        mismatch = tk.transformers_mismatch(ours, family)
+        mismatch = tokenizer_ids.transformers_mismatch(ours, family)
         assert (got == want) == (mismatch is None), (kind, family, type(hf).__name__, mismatch)
         if kind in ("ours", "hf-qwen2") or family != "qwen2":
             assert got == want, (kind, family, type(hf).__name__)
@@ -211,7 +211,8 @@ def test_export_of_a_vocab_merges_directory_writes_the_tokenizer_it_encoded_with
 def test_the_shipped_tiny_tokenizer_has_qwen2s_pipeline():
     """data/tiny/tokenizer is train-tokenizer's (Qwen2's pre-tokenizer): AutoTokenizer on a tiny run's export gives
     the training data's ids, so no run on it carries the mismatch note."""
-    from pretrain_cli.data.tokenizer import load_tokenizer, transformers_mismatch
+    from pretrain_cli.data.tokenizer import load_tokenizer
+    from pretrain_cli.data.tokenizer_ids import transformers_mismatch
 
     repo = Path(__file__).resolve().parents[2]
     assert transformers_mismatch(load_tokenizer(repo / "data" / "tiny" / "tokenizer"), "qwen2") is None
@@ -246,7 +247,7 @@ def test_a_tokenizer_saved_by_transformers_reads_the_token_files_of_its_original
     out of the fingerprint names the whole serialisation's: still accepted."""
     import transformers
 
-    from pretrain_cli.data.merge import tokenizer_mismatches
+    from pretrain_cli.data.token_file_tokenizers import tokenizer_mismatches
 
     src = make_tokenizer(tmp_path / "ours")
     transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(tmp_path / "saved"))

@@ -154,7 +154,8 @@ def test_token_files_of_the_two_forms_merge_and_blend(tmp_path):
     from data_helpers import make_texts, run_preprocess, write_jsonl
 
     from pretrain_cli.data import check_tokenizer as check_files
-    from pretrain_cli.data.merge import merge, tokenizer_problems
+    from pretrain_cli.data.merge import merge
+    from pretrain_cli.data.token_file_tokenizers import tokenizer_problems
 
     whole, files = _gpt2_style(tmp_path)
     for name, tok in (("a", whole), ("b", files)):

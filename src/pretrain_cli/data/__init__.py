@@ -70,7 +70,7 @@ def check_tokenizer(prefixes: list[str], tokenizer, where: str = "", instead: st
     (`eval --data` names its option), `instead` ends it (the other way out, where it is not a run's key:
     `inspect-data --tokenizer`)."""
     from pretrain_cli.data.indexed import read_sidecar
-    from pretrain_cli.data.merge import tokenizer_mismatches, tokenizer_problems
+    from pretrain_cli.data.token_file_tokenizers import tokenizer_mismatches, tokenizer_problems
 
     items = [(p, read_sidecar(p)) for p in prefixes]
     problems = (tokenizer_mismatches(items, tokenizer, instead) if hasattr(tokenizer, "sha256")

@@ -48,7 +48,7 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
     sidecar, as `check_ids`): documents, tokens, dtype and the tokenizer its sidecar records; `problems` lists
     disagreements (dtype, vocab size, EOS id, tokenizer hash)."""
     from pretrain_cli.data.indexed import open_token_file, read_sidecar, token_prefixes
-    from pretrain_cli.data.merge import TOKENIZER_FIELDS, tokenizer_problems
+    from pretrain_cli.data.token_file_tokenizers import TOKENIZER_FIELDS, tokenizer_problems
 
     prefixes = token_prefixes(directory)
     if not prefixes:

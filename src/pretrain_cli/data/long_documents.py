@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from pretrain_cli.data.tokenizer import QWEN2_SPLIT
+from pretrain_cli.data.tokenizer_ids import QWEN2_SPLIT
 
 PIECE_CHARS = 1 << 18  # 256 K characters: ~25 MB of the tokenizer's working memory per piece in flight
 GROUP_CHARS = 1 << 20  # pieces encoded together (one `encode_batch`: its threads share them)

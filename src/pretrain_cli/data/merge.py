@@ -1,6 +1,6 @@
-"""Joining token files into one pair (the work behind `pretrain-cli merge-data`), and the checks that
-several token files were made with the same tokenizer (shared with `inspect-data` on a directory), and with
-the run's (`data.build_datasets`: `train`, `check`, `inspect-data --tokenizer`).
+"""Joining token files into one pair (the work behind `pretrain-cli merge-data`), after the checks that the inputs
+were made with one tokenizer (`data.token_file_tokenizers`) and the warning for an input repeated inside another
+(`data.repeats`).
 
 The join is Megatron-LM's `merge_datasets.py` / PaddleNLP's `merge_file_`: tokens back to back,
 sizes appended, pointers recomputed, each input's doc_idx shifted by the sequences before it, and
@@ -21,9 +21,10 @@ from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, open_token_file, read_sidecar, strip_prefix, token_prefixes
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix
 from pretrain_cli.data.prefix_lock import PrefixLock
+from pretrain_cli.data.repeats import repeated_inputs
+from pretrain_cli.data.token_file_tokenizers import TOKENIZER_FIELDS, tokenizer_problems
 from pretrain_cli.errors import UserError
 
-TOKENIZER_FIELDS = ("vocab_size", "eos_token_id", "tokenizer_sha256")
 _CHUNK = 1 << 24
 
 
@@ -80,191 +81,6 @@ def _files_of(prefix: str, follow: bool = True) -> set[str]:
         return {os.path.realpath(prefix + ext) for ext in (".bin", ".idx")}
     where, name = os.path.split(prefix)
     return {os.path.join(os.path.realpath(where or "."), name + ext) for ext in (".bin", ".idx")}
-
-
-def tokenizer_problems(items) -> list[str]:
-    """One line per tokenizer field on which the files' sidecars disagree (files without one are not judged). The
-    tokenizer itself is compared by its fingerprint where both sidecars have one: a reformatted copy of a tokenizer
-    (re-saved with another indent, or exported) has the same fingerprint and another sha256 of tokenizer.json's
-    bytes, and is the same tokenizer. Only a sidecar from before the fingerprint is compared by that sha256."""
-    problems = []
-    for field in ("vocab_size", "eos_token_id"):
-        vals = [(p, m[field]) for p, m in items if m and m.get(field) is not None]
-        if not vals:
-            continue
-        p0, v0 = vals[0]
-        other = next(((p, v) for p, v in vals if v != v0), None)
-        if other is not None:
-            problems.append(f"{other[0]}.json: {field} {other[1]!s:.16} differs from {v0!s:.16} in {p0}.json; "
-                            "the files were made with different tokenizers: re-run preprocess with one tokenizer")
-    pair = _other_tokenizer([(p, m) for p, m in items if m])
-    if pair is not None:
-        (p0, v0), (p, v), name = pair
-        problems.append(f"{p}.json: {name} {v:.12} differs from {v0:.12} in {p0}.json; "
-                        "the files were made with different tokenizers: re-run preprocess with one tokenizer")
-    return problems
-
-
-def _other_tokenizer(items):
-    """The first two sidecars found naming different tokenizers, by the id both record (named as inspect-data's rows
-    name it), or None. Every sidecar with a fingerprint is compared with those accepted before it, by its ids
-    fingerprint where the fingerprints differ and both record one (two forms of one tokenizer, as
-    `tokenizer_mismatches` judges); one from before the fingerprint with every other by sha256 (a few old files among many new ones:
-    linear in the new)."""
-    printed = [(p, m) for p, m in items if m.get("tokenizer_fingerprint") is not None]
-    # one tokenizer: the sidecars reached from the first through shared fingerprints or ids fingerprints, passed over
-    # until none is added (a sidecar accepted late can vouch for one passed earlier: no verdict hangs on the order)
-    seen, ids_seen, left = set(), set(), list(printed)
-    while left:
-        kept = []  # the sidecars this pass could not yet join
-        for p, m in left:
-            ids = m.get("tokenizer_ids_fingerprint")
-            if not seen or m["tokenizer_fingerprint"] in seen or (ids is not None and ids in ids_seen):
-                seen.add(m["tokenizer_fingerprint"])
-                ids_seen.update([ids] if ids is not None else [])
-            else:
-                kept.append((p, m))
-        if len(kept) == len(left):
-            break
-        left = kept
-    other = left[0] if left else None
-    if other is not None:
-        return ((printed[0][0], str(printed[0][1]["tokenizer_fingerprint"])),
-                (other[0], str(other[1]["tokenizer_fingerprint"])), "tokenizer fingerprint")
-    hashed, old = [], []  # the sidecars seen with a sha256; of those, the ones without a fingerprint
-    for p, m in items:
-        if m.get("tokenizer_sha256") is None:
-            continue
-        new = m.get("tokenizer_fingerprint") is not None
-        for p0, m0 in old if new else hashed:  # two with fingerprints are compared above
-            if m0["tokenizer_sha256"] != m["tokenizer_sha256"]:
-                return (p0, str(m0["tokenizer_sha256"])), (p, str(m["tokenizer_sha256"])), "tokenizer.json sha256"
-        hashed.append((p, m))
-        if not new:
-            old.append((p, m))
-    return None
-
-
-def tokenizer_mismatches(items, tok, instead: str | None = None) -> list[str]:
-    """One line per token file whose sidecar names another tokenizer than `tok` (the run's: vocabulary size, eos
-    id, or the tokenizer; files without a sidecar are not judged). Same-sized vocabularies can still split text
-    differently (a tokenizer retrained on other text), which only the tokenizer tells: its `fingerprint`, else, as
-    a resume judges its checkpoint's (`training.tokenizer_lineage.same_ids`), what decides its ids
-    (`Tokenizer.ids_fingerprint`), so the other form of one tokenizer (GPT-2's vocab.json + merges.txt for its
-    tokenizer.json) passes. A sidecar without `tokenizer_ids_fingerprint` (written before it) is judged by
-    fingerprint alone: the tokenizer is not in it. A sidecar from before the fingerprint has only the sha256 of
-    tokenizer.json's bytes, which a reformatted copy of the same tokenizer changes: there only the size and eos id
-    are judged."""
-    want = {"vocab_size": tok.vocab_size, "eos_token_id": tok.eos_token_id, "tokenizer_fingerprint": tok.fingerprint}
-    accepted = {**{f: (v,) for f, v in want.items()}, "tokenizer_fingerprint": tok.fingerprints}
-    problems = []
-    for p, m in items:
-        field = next((f for f in want if m and m.get(f) is not None and m[f] not in accepted[f]
-                      and not (f == "tokenizer_fingerprint" and m.get("tokenizer_ids_fingerprint") is not None
-                               and m["tokenizer_ids_fingerprint"] == tok.ids_fingerprint)), None)
-        if field is not None:
-            # `tok`'s value named by its path, not "the run's": inspect-data and eval have no run
-            # a fingerprint by its first 12 characters, as train-tokenizer and inspect-data show it
-            name, width = ("fingerprint", 12) if field == "tokenizer_fingerprint" else (field, 16)
-            problems.append(f"{p}.json: made by another tokenizer than {tok.path} ({name} {m[field]!s:.{width}}; "
-                            f"{tok.path} has {want[field]!s:.{width}}); re-run preprocess with {tok.path}, or "
-                            f"{instead or 'set tokenizer_name_or_path to the tokenizer that made it'}")
-    return problems
-
-
-_WHOLE = 1_000_000  # tokens: a smaller repeated window is compared whole
-
-
-_NAMED = 3  # inputs a repeat is named in; past them "and N more"
-
-
-def repeated_inputs(datasets) -> list[str]:
-    """One line per input, or group of identical inputs, whose sequences all appear, in a row, inside other inputs
-    (an identical file, or a file preprocessed from a superset of its corpus, e.g. `all` made from man + code merged
-    with `man`), naming every input they are in, the group's own copies too (the first `_NAMED`, then how many
-    more): joined, those documents would be trained on once more for each. Sidecars record only one sha256 of all of
-    a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are compared
-    (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through its first
-    input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct inputs has
-    its lengths compared (the .idx, in memory); where some start's first and last lengths agree, it reads the
-    smaller's first sequence, the larger's first token at each such start, and its sequence at each start where that
-    token agrees too; the window's tokens where a start's first sequence and the lengths agree;
-    a pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a
-    merge with repeats reads more than one without: a repeated input's window twice for each distinct input
-    holding it."""
-    groups = _identical(datasets)
-    lines = []
-    for group in groups:
-        b = datasets[group[0]]
-        nb = len(b)
-        found = [(i, f"those of {datasets[i].prefix}") for i in group[:-1]]  # its own copies
-        for holders in groups:
-            na = len(datasets[holders[0]])
-            if na <= nb:  # (equal lengths: the same only, and those are grouped)
-                continue
-            hit = _repeat_at(datasets[holders[0]], b)
-            if hit is not None:  # in each of that group's copies alike
-                found += [(i, f"sequences {hit:,} to {hit + nb - 1:,} of {na:,} of {datasets[i].prefix}")
-                          for i in holders]
-        if found:
-            said = [text for _, text in sorted(found)]
-            named = said[:_NAMED] + ([f"those of {count(len(said) - _NAMED, 'more input')}"]
-                                     if len(said) > _NAMED else [])
-            where = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
-            times = "twice" if len(said) == 1 else f"{len(said) + 1} times"
-            lines.append((group[-1], f"{datasets[group[-1]].prefix}: its {count(nb, 'sequence', grouped=True)} are "
-                                     f"{where}; joined, they are trained on {times}: drop "
-                                     f"{'one input' if len(said) == 1 else 'the repeats'} unless you mean to repeat "
-                                     f"them"))
-    return [line for _, line in sorted(lines)]
-
-
-def _identical(datasets) -> list[list[int]]:
-    """The non-empty inputs' indices in groups of identical ones (each in input order, a group's line said for its
-    last), groups in the order their first comes: each input is compared with the first of each group of its
-    length only, never again with the copies already found."""
-    groups: list[list[int]] = []
-    for j, b in enumerate(datasets):
-        if len(b) == 0:
-            continue
-        same = next((g for g in groups if len(datasets[g[0]]) == len(b) and _repeat_at(datasets[g[0]], b) == 0),
-                    None)
-        if same is None:
-            groups.append([j])
-        else:
-            same.append(j)
-    return groups
-
-
-def _repeat_at(a, b) -> int | None:
-    """The first sequence of `a` from which all of `b`'s follow, or None. Every start is tried (sequences of
-    equal lengths make every start a candidate by length), filtered cheaply first: the first and last lengths,
-    the first token (one gather), the first sequence's tokens, then the window of lengths; a start past those
-    is checked on the tokens: the whole window under `_WHOLE` tokens, else the first, last and 8 evenly spaced
-    interior sequences (a chance match of every length and ten documents' tokens is no risk worth a full scan)."""
-    na, nb = len(a), len(b)
-    sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)
-    starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
-    if not len(starts):
-        return None
-    first = np.asarray(b.get(0))
-    if len(first):
-        offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize
-        starts = starts[np.asarray(a.data[offsets]) == first[0]]
-    b0 = b.element_offset(0)
-    width = b.element_offset(nb - 1) + int(sb[-1]) - b0  # b's tokens, stored back to back
-    picks = np.unique(np.linspace(0, nb - 1, 10).round().astype(np.int64))  # first, last, 8 between
-    for k in map(int, starts):
-        if not (np.array_equal(a.get(k), first) and np.array_equal(sa[k : k + nb], sb)):
-            continue
-        if width < _WHOLE:
-            a0 = a.element_offset(k)
-            same = np.array_equal(a.tokens(a0, a0 + width), b.tokens(b0, b0 + width))
-        else:
-            same = all(np.array_equal(a.get(k + int(p)), b.get(int(p))) for p in picks)
-        if same:
-            return k
-    return None
 
 
 def merge(output: str, inputs, note=None) -> dict:

@@ -1,9 +1,7 @@
 """Documents -> `<prefix>.bin/.idx` + `<prefix>.json` (the work behind `pretrain-cli preprocess`).
 
-Reading stays in the parent process (so a bad line names its file and line number);
-tokenization runs in a worker pool fed through a bounded window of batches, because
-`Pool.imap` drains its input eagerly and would hold the whole corpus in memory. A batch never
-spans two input files, so when a file's last batch is written the task can record it as
+The documents are encoded in input order by `data.encode_pool` (reading in the parent, tokenizing in a worker
+pool). A batch never spans two input files, so when a file's last batch is written the task records it as
 finished (`data/tasks.py`) and a re-run after a kill continues with the next file. A task holds its prefix's
 lock (`data/prefix_lock.py`) from before it looks at the prefix's files until it ends: two runs sharing the
 in-progress files would publish a corrupt pair.
@@ -13,11 +11,7 @@ this module prints nothing itself.
 """
 from __future__ import annotations
 
-import collections
-import itertools
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,16 +20,13 @@ import numpy as np
 
 from pretrain_cli import atomic
 from pretrain_cli.counts import count
-from pretrain_cli.data import long_documents, tasks
-from pretrain_cli.data.documents import DocumentReader, batches, list_input_files
+from pretrain_cli.data import encode_pool, tasks
+from pretrain_cli.data.documents import DocumentReader, list_input_files
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix, sidecar_mismatch
 from pretrain_cli.data.prefix_lock import PrefixLock
-from pretrain_cli.data.tokenizer import load_tokenizer
 from pretrain_cli.errors import UserError
 
-
-_WORKER: dict = {}
 
 
 @dataclass(frozen=True)
@@ -78,127 +69,6 @@ class _Task:
     cuttable: object  # long_documents.cuttable's answer: where a long document may be cut, or None
 
 
-def _load(tokenizer_dir: str, special_tokens: str, keep_original: bool = True):
-    """The tokenizer as preprocess encodes with it: what special tokens' text in documents becomes (by default plain
-    text: only --append_eos adds an EOS), and whether a long document may be encoded in pieces
-    (`data.long_documents`). A worker keeps only what encodes (`Tokenizer.for_documents`)."""
-    tok = load_tokenizer(tokenizer_dir).for_documents(special_tokens, keep_original)
-    return tok, long_documents.cuttable(tok.pipeline())
-
-
-def _init_worker(tokenizer_dir: str, special_tokens: str, dtype: str, eos: int | None) -> None:
-    tok, cuttable = _load(tokenizer_dir, special_tokens, keep_original=False)
-    _trim_heap()
-    _WORKER.update(tok=tok, cuttable=cuttable, dtype=np.dtype(dtype), eos=eos)
-
-
-def _trim_heap() -> None:
-    """Give the heap that loading freed back to the system (glibc's `malloc_trim`; elsewhere nothing): a worker's
-    dropped tokenizer and parse garbage are otherwise kept for its life. With both, a worker's added memory after
-    its start for a Qwen-size tokenizer (151k vocabulary) is 52 MiB with `text` (141 without), 72 MiB with
-    `special` or `extra` (211 without)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _encode(texts: list[str]):
-    """-> (flat tokens, lengths int64 [docs], max id, documents that tokenize to nothing, which are dropped)."""
-    eos = _WORKER["eos"]
-    if _WORKER["cuttable"] and any(len(t) > long_documents.PIECE_CHARS for t in texts):
-        # memory bounded by a piece, not the document
-        docs = long_documents.encode(_WORKER["tok"], texts, np.int64, _WORKER["cuttable"])
-        lengths = np.fromiter((len(x) + (eos is not None and len(x) > 0) for x in docs), np.int64, len(docs))
-        parts = [part for x in docs if len(x) for part in ((x, [eos]) if eos is not None else (x,))]
-        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)  # (int64: `parts` are)
-    else:
-        ids = _WORKER["tok"].encode_batch(texts)
-        if eos is not None:
-            ids = [x + [eos] if x else x for x in ids]
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-    max_id = int(flat.max()) if flat.size else -1
-    return flat.astype(_WORKER["dtype"]), lengths[lengths > 0], max_id, int((lengths == 0).sum())
-
-
-class _FileDone:
-    """Marks the end of input file k in the result stream, with the reader's counters at that point."""
-
-    def __init__(self, k: int, counters: dict):
-        self.k, self.counters = k, counters
-
-    def get(self):
-        return self
-
-
-def _work(reader: DocumentReader, files: list, start: int):
-    for k in range(start, len(files)):
-        if reader.exhausted:
-            return
-        yield from batches(reader.read(files[k]))
-        yield _FileDone(k, reader.counters())
-
-
-def _prefetched(items, depth: int = 4):
-    """`items` produced by a thread: reading and JSON parsing overlap `encode_batch`, which releases the GIL."""
-    q: queue.Queue = queue.Queue(depth)
-    stop, end = threading.Event(), object()
-
-    def produce():
-        try:
-            for x in items:
-                while not stop.is_set():
-                    try:
-                        q.put(x, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-            q.put(_Raised(e))
-            return
-        q.put(end)
-
-    threading.Thread(target=produce, daemon=True, name="preprocess-reader").start()
-    try:
-        while (x := q.get()) is not end:
-            if isinstance(x, _Raised):
-                raise x.error
-            yield x
-    finally:
-        stop.set()
-
-
-class _Raised:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-def _results(job: Job, work, dtype, eos, tok, cuttable):
-    """Yield encoded batches (and file markers) in input order, keeping at most a few batches in flight."""
-    if job.workers <= 1:
-        _WORKER.update(tok=tok, cuttable=cuttable, dtype=dtype, eos=eos)
-        for item in _prefetched(work):
-            yield item if isinstance(item, _FileDone) else _encode(item)
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("fork").Pool(job.workers, _init_worker,
-                                       (job.tokenizer, job.special_tokens_in_text, dtype.str, eos)) as pool:
-        window = collections.deque()
-        for item in work:
-            window.append(item if isinstance(item, _FileDone) else pool.apply_async(_encode, (item,)))
-            if len(window) >= 2 * job.workers + 2:
-                yield window.popleft().get()
-        while window:
-            yield window.popleft().get()
-
-
 def _inputs(job: Job, base: str, note: Callable[[str], None]):
     """(this task's files, files skipped by name, files in the whole job)."""
     all_files, skipped = list_input_files(job.input_path, lambda p: tasks.is_own_output(p, base), note)
@@ -214,7 +84,7 @@ def preprocess(job: Job, say: Callable[[str], None] = _quiet, note: Callable[[st
     tasks.check_task(job.num_tasks, job.task_index)
     base = check_output_prefix(job.output_prefix, "--output_prefix",
                                tasks.task_prefix(strip_prefix(job.output_prefix), job.num_tasks, job.task_index))
-    tok, cuttable = _load(job.tokenizer, job.special_tokens_in_text)
+    tok, cuttable = encode_pool.load(job.tokenizer, job.special_tokens_in_text)
     if job.special_tokens_in_text == "extra":
         _say_extra(job.tokenizer, tok, note)
     eos = None
@@ -351,8 +221,8 @@ def _run(t: _Task, start: int, stats: dict, note: Callable[[str], None]) -> tupl
     t0 = time.perf_counter()
     bytes0, docs0, tokens0 = reader.bytes, stats["written"], stats["tokens"]
     next_log = docs0 + job.log_interval
-    for item in _results(job, _work(reader, files, start), t.dtype, t.eos, tok, t.cuttable):
-        if isinstance(item, _FileDone):
+    for item in encode_pool.results(job, encode_pool.work(reader, files, start), t.dtype, t.eos, tok, t.cuttable):
+        if isinstance(item, encode_pool.FileDone):
             tasks.save_progress(prefix, files, item.k + 1, settings, writer.checkpoint(), {**item.counters, **stats})
             continue
         flat, lengths, batch_max, n_empty = item

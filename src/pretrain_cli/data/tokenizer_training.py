@@ -1,5 +1,5 @@
 """Byte-level BPE training: the work behind `pretrain-cli train-tokenizer` (`data.tokenizer` loads and exports
-what it writes). It trains with Qwen2's pipeline (`tokenizer._qwen2_pipeline`), so transformers' `Qwen2Tokenizer`,
+what it writes). It trains with Qwen2's pipeline (`tokenizer_ids.qwen2_pipeline`), so transformers' `Qwen2Tokenizer`,
 which rebuilds that pipeline from its own recipe, gives the ids the data holds
 (docs/DATA.md, "Tokenizers and transformers")."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pretrain_cli import atomic
 from pretrain_cli.counts import count
-from pretrain_cli.data.tokenizer import _FALLBACK, DEFAULT_SPECIALS, Tokenizer, _qwen2_pipeline, load_tokenizer
+from pretrain_cli.data.tokenizer import _FALLBACK, DEFAULT_SPECIALS, Tokenizer, load_tokenizer
+from pretrain_cli.data.tokenizer_ids import qwen2_pipeline
 from pretrain_cli.errors import UserError
 
 
@@ -22,7 +23,7 @@ def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: 
     from tokenizers import models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
-    _qwen2_pipeline(tok)
+    qwen2_pipeline(tok)
     # its own bars cannot follow ours: show_progress is fixed for the whole call (setting it from the iterator
     # raises "Already mutably borrowed"), and its reading bar would draw over the byte bar on the same line
     trainer = trainers.BpeTrainer(

@@ -9,7 +9,6 @@ reported at once.
 """
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import RunConfig, Target
 from pretrain_cli.errors import Problems
+from pretrain_cli.orchestration.resumed import apply_resume, resume_progress
 from pretrain_cli.orchestration.opened import (beside_the_file, build_model_config, check_output_dir, foreign_model,
                                                open_splits, open_token_files, open_tokenizer, placeholder_config,
                                                tokenizer_ids, unused_vocab)
@@ -67,9 +67,9 @@ class RunSpec:
         if saved is not None:
             check_compatible(saved, self.model_cfg, self.run.data.max_seq_length, bool(self.run.output.resume_from))
             check_tokenizer(saved, self.tokenizer, self.prefixes(), self.args)
-        args, run = _resumed(self, saved)
+        args, run = apply_resume(self, saved)
         return replace(self, resume=Path(path) if path is not None else None, args=args, run=run,
-                       resumed_at=_progress(saved))
+                       resumed_at=resume_progress(saved))
 
     def prefixes(self) -> list[str]:
         """The token files the run reads (none before they are opened)."""
@@ -280,7 +280,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     tok = problems.run(open_tokenizer, args, model_cfg)
     if tok is not None:
         spec.tokenizer_dir, spec.tokenizer = tok
-        from pretrain_cli.data.tokenizer import transformers_mismatch
+        from pretrain_cli.data.tokenizer_ids import transformers_mismatch
 
         if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
@@ -320,9 +320,9 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes(), args)
     _elsewhere(problems, args)
     problems.raise_if_any()
-    spec.unresumed = (args, run, target)  # (`_resumed` works on a copy: keep_global_batch sets keys)
-    spec.args, spec.run = _resumed(spec, saved)
-    spec.resumed_at = _progress(saved)
+    spec.unresumed = (args, run, target)  # (`apply_resume` works on a copy: keep_global_batch sets keys)
+    spec.args, spec.run = apply_resume(spec, saved)
+    spec.resumed_at = resume_progress(saved)
     if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
         spec.data_lines = spec.splits.describe(spec.train_samples() if spec.run.loop.do_train else None)
     return spec
@@ -346,54 +346,3 @@ def _elsewhere(problems: Problems, args: Arguments) -> None:
             if item.startswith(f"{key}: "):
                 problems.items[i] = (f"{item}; ./demo/ is made by scripts/quickstart.sh (the README's first command): "
                                      f"run it first, or set {key} to your own")
-
-
-def _progress(saved: CheckpointDir | None) -> tuple | None:
-    """(global_step, consumed_samples) of the checkpoint a run resumes, None for a run that starts afresh."""
-    return None if saved is None else (int(saved.state["global_step"]), int(saved.state.get("consumed_samples", 0)))
-
-
-def _resumed(spec: RunSpec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfig]:
-    """(arguments, run) as the run resumes from `saved` (None: as it starts): what it keeps from the checkpoint
-    (the keys it sets recorded in the arguments), then the notes on its evaluation windows, which those decisions
-    can change."""
-    args, run, target = spec.unresumed
-    args = copy.deepcopy(args)
-    if saved is not None and run.loop.do_train:
-        from pretrain_cli.orchestration.resumed import (keep_global_batch, keep_router_bias, optimizer_changes,
-                                                        resume_schedule)
-
-        run = keep_global_batch(args, run, spec.model_cfg, target, saved, spec.splits)
-        run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
-        run = optimizer_changes(run, saved)
-        run = keep_router_bias(run, spec.model_cfg, saved)
-    if spec.splits is not None:
-        run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
-    return args, run
-
-
-def eval_repeats(run: RunConfig, splits) -> list[str]:
-    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat). The test pass
-    reads `test_iters` batches, 10 x eval_iters as PaddleNLP's run_pretrain.py (`config.resolve`), and the note says
-    where that 10 comes from: "10 x eval_iters 3" alone read as an unexplained factor."""
-    lp, world, notes = run.loop, run.parallel.data_world_size, []
-    ranks = f"{world} data rank{'s' if world != 1 else ''}"
-    for split, on, iters in (("valid", lp.do_eval, lp.eval_iters), ("test", lp.do_predict, lp.test_iters)):
-        ds = splits.get(split)
-        need = iters * lp.eval_batch * world
-        if on and ds is not None and len(ds) < need:
-            per = iters // max(1, lp.eval_iters)  # test: 10 batches per eval_iter
-            read = (f"eval_iters {lp.eval_iters}" if split == "valid" else
-                    f"test_iters {iters} (10 x eval_iters {lp.eval_iters}: the test pass reads ten times as many "
-                    f"batches, as PaddleNLP's run_pretrain.py)")
-            once = len(ds) // (per * lp.eval_batch * world)  # the eval_iters that read each sample at most once
-            kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
-            fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
-                   if kept else f"eval_iters {once} reads each once" if once else
-                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here ({'test_iters 10 x ' * (per > 1)}"
-                   f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
-                   f"`split`, or lower per_device_eval_batch_size")
-            notes.append(f"eval: the {split} split holds {count(len(ds), 'sample')}, fewer than {read} x "
-                         f"per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}, so evaluation repeats "
-                         f"samples; {fix}")
-    return notes

@@ -1,9 +1,11 @@
 """Which checkpoint a run resumes (`find_resume`) and what it keeps from it: the schedule (`resume_schedule`), the
 global batch (and the eval windows) when the number of processes changed, which decide what a step means and what
 an eval loss averages; a MoE router's bias at rate 0; and the refusal of an older checkpoint beside another
-branch's later ones."""
+branch's later ones. `apply_resume` applies them to a prepared run, with the notes on evaluation windows that repeat
+samples (`eval_repeats`), which those decisions can change."""
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -272,3 +274,52 @@ def optimizer_changes(run: RunConfig, resume) -> RunConfig:
         return run
     return replace(run, notes=(*run.notes, f"optimizer: {', '.join(changed)} from {resume.name}'s run, in effect from "
                                            f"the first step resumed"))
+
+
+def resume_progress(saved: CheckpointDir | None) -> tuple | None:
+    """(global_step, consumed_samples) of the checkpoint a run resumes, None for a run that starts afresh."""
+    return None if saved is None else (int(saved.state["global_step"]), int(saved.state.get("consumed_samples", 0)))
+
+
+def apply_resume(spec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfig]:
+    """(arguments, run) of `spec` (`prepare.RunSpec`) as it resumes from `saved` (None: as it starts): what it keeps
+    from the checkpoint
+    (the keys it sets recorded in the arguments), then the notes on its evaluation windows, which those decisions
+    can change."""
+    args, run, target = spec.unresumed
+    args = copy.deepcopy(args)
+    if saved is not None and run.loop.do_train:
+        run = keep_global_batch(args, run, spec.model_cfg, target, saved, spec.splits)
+        run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
+        run = optimizer_changes(run, saved)
+        run = keep_router_bias(run, spec.model_cfg, saved)
+    if spec.splits is not None:
+        run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
+    return args, run
+
+
+def eval_repeats(run: RunConfig, splits) -> list[str]:
+    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat). The test pass
+    reads `test_iters` batches, 10 x eval_iters as PaddleNLP's run_pretrain.py (`config.resolve`), and the note says
+    where that 10 comes from: "10 x eval_iters 3" alone read as an unexplained factor."""
+    lp, world, notes = run.loop, run.parallel.data_world_size, []
+    ranks = f"{world} data rank{'s' if world != 1 else ''}"
+    for split, on, iters in (("valid", lp.do_eval, lp.eval_iters), ("test", lp.do_predict, lp.test_iters)):
+        ds = splits.get(split)
+        need = iters * lp.eval_batch * world
+        if on and ds is not None and len(ds) < need:
+            per = iters // max(1, lp.eval_iters)  # test: 10 batches per eval_iter
+            read = (f"eval_iters {lp.eval_iters}" if split == "valid" else
+                    f"test_iters {iters} (10 x eval_iters {lp.eval_iters}: the test pass reads ten times as many "
+                    f"batches, as PaddleNLP's run_pretrain.py)")
+            once = len(ds) // (per * lp.eval_batch * world)  # the eval_iters that read each sample at most once
+            kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
+            fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
+                   if kept else f"eval_iters {once} reads each once" if once else
+                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here ({'test_iters 10 x ' * (per > 1)}"
+                   f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
+                   f"`split`, or lower per_device_eval_batch_size")
+            notes.append(f"eval: the {split} split holds {count(len(ds), 'sample')}, fewer than {read} x "
+                         f"per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}, so evaluation repeats "
+                         f"samples; {fix}")
+    return notes

@@ -5,8 +5,8 @@ Tokenizers are told apart by fingerprint, as train-tokenizer and inspect-data pr
 record it, so the fingerprint stays what it is. But one tokenizer can have two fingerprints: GPT-2's vocab.json +
 merges.txt and its own tokenizer.json give the same ids, yet the files loaded from vocab.json + merges.txt flag the
 special tokens `normalized: false` where its tokenizer.json says true. Where the fingerprints differ, `same_ids`
-compares what decides the ids (`data.tokenizer.ids_form`), the rule token files' sidecars are judged by too
-(`data.merge.tokenizer_mismatches`); it parses both (a Qwen-size tokenizer is ~15 MB of JSON), so only then.
+compares what decides the ids (`data.tokenizer_ids.ids_form`), the rule token files' sidecars are judged by too
+(`data.token_file_tokenizers.tokenizer_mismatches`); it parses both (a Qwen-size tokenizer is ~15 MB of JSON), so only then.
 """
 from __future__ import annotations
 
