@@ -16,7 +16,7 @@ def test_a_cpu_run_without_the_key_is_told_of_the_block_causal_kernel_once():
     [note] = _said(run)
     assert note.startswith(NOTE) and "true selects the block-causal CPU kernel" in note
     # the figure is the shape's it was measured at, and cites where (no seconds: they are one machine's moment)
-    assert note.endswith("faster (2.3x a step at benchmarks/configs/bench.json's shape, 8 x 256 tokens: "
+    assert note.endswith("faster (2.2x a step at benchmarks/configs/bench.json's shape, 8 x 256 tokens: "
                          "docs/PERFORMANCE.md §10)")
     assert " s " not in note and " s)" not in note
     # the key set either way is the user's choice; without the CPU kernels there is nothing to select

@@ -64,7 +64,7 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
         # the figure: benchmarks/train_throughput.py at bench's shape, both settings alternated (PERFORMANCE.md §10);
         # said as that shape's, since `plan --device cpu` prints the note for any model
         notes.append("use_flash_attention: not set, so attention on CPU materialises the [b, heads, s, s] scores "
-                     "(sdpa_mask); true selects the block-causal CPU kernel, memory-light and faster (2.3x a step "
+                     "(sdpa_mask); true selects the block-causal CPU kernel, memory-light and faster (2.2x a step "
                      "at benchmarks/configs/bench.json's shape, 8 x 256 tokens: docs/PERFORMANCE.md §10)")
     assert attention in ATTENTION_PATHS
     return KernelConfig(attention=attention, rms_norm="fused" if t.use_fused_rms_norm else "reference",
