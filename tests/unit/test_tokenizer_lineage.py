@@ -221,3 +221,20 @@ def test_a_continued_model_directory_with_another_tokenizer_is_said_once(tmp_pat
                     f"{model_dir} (fingerprint {a.fingerprint[:12]}), whose weights continue_training loads: their "
                     f"embedding rows were trained on its ids, which mean other tokens here; leave "
                     f"tokenizer_name_or_path out (or set it to {model_dir}) unless a new tokenizer is meant")
+
+
+def test_preprocess_replacing_files_of_the_other_form_names_no_other_tokenizer(tmp_path, capsys):
+    """A re-run of preprocess with the other form of the tokenizer that made the files (vocab.json + merges.txt for
+    its tokenizer.json) replaces them, saying other inputs or settings (its fingerprint differs, its ids do not: a
+    run reads the files it replaces); a tokenizer giving other ids is named as another tokenizer."""
+    from data_helpers import make_texts, run_preprocess, write_jsonl
+
+    whole, files = _gpt2_style(tmp_path)
+    write_jsonl(tmp_path / "c.jsonl", make_texts(20))
+    out = tmp_path / "d" / "c"
+    for tok, said in ((whole, None), (files, "other inputs or settings"), (whole, "other inputs or settings"),
+                      (_spaced(tmp_path, whole), "another tokenizer")):
+        capsys.readouterr()
+        assert run_preprocess("--input_path", tmp_path / "c.jsonl", "--output_prefix", out, "--tokenizer", tok) == 0
+        err = capsys.readouterr().err
+        assert (f"replacing {out}.bin/.idx, made from {said};" in err) if said else "replacing" not in err, (tok, err)

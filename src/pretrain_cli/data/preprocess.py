@@ -25,6 +25,7 @@ from pretrain_cli.data.documents import DocumentReader, list_input_files
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix, sidecar_mismatch
 from pretrain_cli.data.prefix_lock import PrefixLock
+from pretrain_cli.data.token_file_tokenizers import tokenizer_mismatches
 from pretrain_cli.errors import UserError
 
 
@@ -144,8 +145,8 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
     if broken:
         note(f"preprocess: {prefix}.bin/.idx are not what their sidecar describes ({broken}); re-creating them")
     elif meta and os.path.exists(prefix + ".bin"):  # other inputs or settings: the token files are replaced
-        other = ("another tokenizer" if meta.get("tokenizer_fingerprint") not in (None, *tok.fingerprints)
-                 else "other inputs or settings")
+        # "another tokenizer" as a run's check of the sidecar judges it: the other form of this one is not
+        other = "another tokenizer" if tokenizer_mismatches([(prefix, meta)], tok) else "other inputs or settings"
         note(f"preprocess: replacing {prefix}.bin/.idx, made from {other}; the new files are published when "
              f"complete")
     rec = tasks.load_progress(prefix, files, settings, note)
