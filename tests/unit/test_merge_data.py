@@ -299,3 +299,48 @@ def test_two_forms_of_one_tokenizer_merge_in_any_order():
         assert token_file_tokenizers.tokenizer_problems([(f"p{i}", m) for i, m in enumerate(order)]) == [], order
     other = {"tokenizer_fingerprint": "f3"}
     assert len(token_file_tokenizers.tokenizer_problems([("p0", b), ("p1", a), ("p2", other)])) == 1
+
+
+def _docs(n, seed, lengths=(1, 30)):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, 1000, rng.integers(*lengths)).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("lengths", [(1, 30), (4, 5)])  # lengths that vary, and every sequence 4 tokens long
+def test_a_source_in_two_inputs_each_holding_others_is_said_naming_both(tmp_path, lengths):
+    """`ab` (a + b) and `bc` (b + c): neither is inside the other, so b, held in both, went unsaid. Found now from
+    the lengths (where those do not vary, lengths and first tokens), named with where it is in each; with `bd` too
+    it is one line, 3 times; b itself merged as well is its own line, which says `ab` and `bc` both."""
+    a, b, c, d = (_docs(n, seed, lengths) for seed, n in enumerate((20, 30, 25, 3)))
+    for name, docs in (("ab", a + b), ("bc", b + c), ("bd", d + b), ("b", b), ("other", a + c)):
+        write_mmidx_reference(str(tmp_path / name), docs)
+    ab, bc, bd, b_alone, other = (open_token_file(tmp_path / n) for n in ("ab", "bc", "bd", "b", "other"))
+    assert repeats.repeated_inputs([ab, bc]) == [
+        f"{tmp_path / 'ab'}: its sequences 20 to 49 of 50 (30 sequences) are sequences 0 to 29 of 55 of "
+        f"{tmp_path / 'bc'}; joined, they are trained on twice: preprocess one of them again without that source "
+        "unless you mean to repeat them"]
+    assert repeats.repeated_inputs([ab, bc, bd]) == [
+        f"{tmp_path / 'ab'}: its sequences 20 to 49 of 50 (30 sequences) are sequences 0 to 29 of 55 of "
+        f"{tmp_path / 'bc'} and sequences 3 to 32 of 33 of {tmp_path / 'bd'}; joined, they are trained on 3 times: "
+        "preprocess all but one again without that source unless you mean to repeat them"]
+    assert repeats.repeated_inputs([ab, bc, b_alone]) == [
+        f"{tmp_path / 'b'}: its 30 sequences are sequences 20 to 49 of 50 of {tmp_path / 'ab'} and sequences 0 to 29 "
+        f"of 55 of {tmp_path / 'bc'}; joined, they are trained on 3 times: drop the repeats unless you mean to repeat "
+        "them"]
+    assert repeats.repeated_inputs([ab, other]) == [  # `other` is a + c: a is said ...
+        f"{tmp_path / 'ab'}: its sequences 0 to 19 of 50 (20 sequences) are sequences 0 to 19 of 45 of "
+        f"{tmp_path / 'other'}; joined, they are trained on twice: preprocess one of them again without that source "
+        "unless you mean to repeat them"]
+    write_mmidx_reference(str(tmp_path / "same_lengths"), [[x + 1 for x in s] for s in b])
+    assert repeats.repeated_inputs([ab, open_token_file(tmp_path / "same_lengths")]) == []  # ... not b's lengths alone
+
+
+def test_a_shared_source_is_found_when_only_some_windows_are_kept(tmp_path, monkeypatch):
+    """Past `_ANCHORS` windows only 1 in ceil(windows / _ANCHORS) is kept, the same in each input: a run of 300
+    shared sequences still has anchors, and is grown to its whole extent from the lengths."""
+    a, b, c = _docs(40, 1), _docs(300, 2), _docs(50, 3)
+    monkeypatch.setattr(repeats, "_ANCHORS", 60)  # 7 times fewer windows than the 2 inputs hold
+    lines = repeats.repeated_inputs(_pair(tmp_path, a + b, b + c))
+    assert lines == [f"{tmp_path / 'a'}: its sequences 40 to 339 of 340 (300 sequences) are sequences 0 to 299 of 350 "
+                     f"of {tmp_path / 'b'}; joined, they are trained on twice: preprocess one of them again without "
+                     "that source unless you mean to repeat them"], lines

@@ -1,6 +1,6 @@
 """Joining token files into one pair (the work behind `pretrain-cli merge-data`), after the checks that the inputs
-were made with one tokenizer (`data.token_file_tokenizers`) and the warning for an input repeated inside another
-(`data.repeats`).
+were made with one tokenizer (`data.token_file_tokenizers`) and the warnings for an input repeated inside another
+or a source two inputs share (`data.repeats`).
 
 The join is Megatron-LM's `merge_datasets.py` / PaddleNLP's `merge_file_`: tokens back to back,
 sizes appended, pointers recomputed, each input's doc_idx shifted by the sequences before it, and
@@ -86,8 +86,8 @@ def _files_of(prefix: str, follow: bool = True) -> set[str]:
 def merge(output: str, inputs, note=None) -> dict:
     """Write `output`.bin/.idx (+ .lsm if every input has one) + .json from `inputs`; returns the sidecar. `note`
     receives, before anything is written, a `note: ` line for each input given more than once (`expand_prefixes`),
-    a `warning: ` line for each input repeated inside another (`repeated_inputs`) and a `note: ` line when the
-    inputs' `--special_tokens_in_text` differ."""
+    a `warning: ` line for each input repeated inside another and each source inputs share (`repeated_inputs`), and
+    a `note: ` line when the inputs' `--special_tokens_in_text` differ."""
     out = check_output_prefix(str(output), "output")
     prefixes = expand_prefixes(inputs, note)
     if same_file(out) in {same_file(p) for p in prefixes}:
