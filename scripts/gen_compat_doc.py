@@ -22,7 +22,7 @@ no` is "no"), and an integer YAML 1.1 reads as octal or base 60 (`save_steps: 01
 number as meant; `3e-5` without a dot is the string "3e-5", which a float key reads). `check`, `plan` (`-o fitted.yaml`
 writes YAML), `inspect-data --config`, `eval --config` and resuming a run take either. Both of PaddleNLP's shipped files
 (`llm/config/qwen/pretrain_argument_0p5b.json`, `llm/config/llama/pretrain_argument.json`) pass
-`pretrain-cli check` with only local paths changed (tests/e2e/test_cli.py); what each of PaddleNLP's and
+`pretrain-cli check` with only local paths changed (tests/e2e/test_paddlenlp_pretrain_files.py); what each of PaddleNLP's and
 PaddleFormers' other pretraining files meets is the last section. PaddleFormers' names for our keys
 (`tensor_model_parallel_size`, `max_seq_len`, `min_lr`, `attn_impl`, ...) are read as ours, its flags promoted to
 keys (`use_dualpipev`, `overlap_p2p_comm`, `split_param`) and its `stage` are accepted with a note, and the values that

@@ -1,23 +1,22 @@
-"""The command line as users meet it: help, check, PaddleNLP's own files, the script entry, SIGTERM."""
+"""The command line as users meet it: help, check, the script entry, SIGTERM, out of memory, a YAML argument file
+(PaddleNLP's own files: tests/e2e/test_paddlenlp_pretrain_files.py; `check --world_size`:
+tests/e2e/test_check_world_size.py)."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pretrain_cli.cli import main as cli_main
 
-from e2e_helpers import header_only_shards, write_config
+from e2e_helpers import write_config
 
 REPO = Path(__file__).resolve().parents[2]
-PADDLENLP = Path(__file__).with_name("paddlenlp_configs")
 
 
 def run(*argv, cwd=None, timeout=300):
@@ -91,62 +90,6 @@ def test_check_lists_every_problem_in_one_run(tmp_path):
     assert lines[2].startswith("error: input_dir: ./data: no token files") and "pretrain-cli preprocess" in lines[2]
 
 
-def _big_corpus(root: Path) -> None:
-    """1,000 documents of 4,200 tokens: every split of '949,50,1' holds a 4,097-token sample."""
-    from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
-
-    rng = np.random.default_rng(0)
-    (root / "data").mkdir(parents=True)
-    with IndexedDatasetWriter(str(root / "data" / "corpus"), dtype=np.uint16) as w:
-        for _ in range(1000):
-            w.add_item(rng.integers(4, 500, size=4200))
-            w.end_document()
-        w.finalize()
-
-
-@pytest.mark.parametrize("name", ["qwen_pretrain_argument_0p5b.json", "llama_pretrain_argument.json"])
-def test_paddlenlp_shipped_files_pass_check(corpus, tmp_path, monkeypatch, capsys, name):
-    _big_corpus(tmp_path)
-    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
-    cfg = json.loads((PADDLENLP / name).read_text())
-    cfg["tokenizer_name_or_path"] = "./tokenizer"  # the only change: local paths (model names are presets)
-    (tmp_path / name).write_text(json.dumps(cfg))
-    monkeypatch.chdir(tmp_path)
-    from pretrain_cli.planning import hardware
-
-    # checked on this CPU, the files' 8 B Llama is refused for this machine's memory (`host_fit`): a host with room
-    monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 2000.0)
-    monkeypatch.setattr(hardware, "host_available_gib", lambda *a, **k: (2000.0, "MemAvailable"))
-    assert cli_main(["check", name]) == 0
-    out = capsys.readouterr().out
-    assert "check: OK" in out and "warmup_steps=30 wins over warmup_ratio=0.01" in out
-    assert "sharding='stage2' has no effect" in out
-    assert ("distributed_dataloader: accepted but has no effect" in out)
-    assert cli_main(["check", name, "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["run"]["schedule"]["warmup_steps"] == 30 and summary["run"]["schedule"]["decay_steps"] == 10000
-    assert summary["tokens_per_step"] == cfg["per_device_train_batch_size"] * cfg["gradient_accumulation_steps"] \
-        * cfg["max_seq_length"]
-
-
-def test_paddlenlp_file_with_a_hub_tokenizer_not_on_disk_is_one_line(corpus, tmp_path, monkeypatch, capsys):
-    """PaddleNLP's 0.5B file names `tokenizer_name_or_path: Qwen/Qwen2.5-0.5B`: with local data and a small
-    preset, `check` fails with one line saying how to fetch it, as for a hub model that is not on disk."""
-    _big_corpus(tmp_path)
-    shutil.copy(PADDLENLP / "qwen_pretrain_argument_0p5b.json", tmp_path / "qwen.json")
-    monkeypatch.chdir(tmp_path)
-    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: tokenizer_name_or_path: 'Qwen/Qwen2.5-0.5B' is not on disk"), err
-    assert "`huggingface-cli download Qwen/Qwen2.5-0.5B --include" in err[0]
-    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64", "--tokenizer_name_or_path",
-                     "micro-qwen2"]) == 2
-    assert "'micro-qwen2' is a shipped preset, which holds no tokenizer files" in capsys.readouterr().err
-    shutil.copytree(corpus / "tokenizer", tmp_path / "Qwen" / "Qwen2.5-0.5B")  # a local directory wins
-    assert cli_main(["check", "qwen.json", "--model_name_or_path", "micro-qwen2", "--max_seq_length", "64"]) == 0
-    assert "tokenizer: Qwen/Qwen2.5-0.5B" in capsys.readouterr().out
-
-
 def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_then_trains(corpus, tmp_path,
                                                                                         capsys):
     """train-tokenizer --vocab_size 600 and a 512-token preset: `check` names --vocab_size 600; with it the model
@@ -177,58 +120,6 @@ def test_a_larger_tokenizer_than_the_preset_is_one_line_naming_vocab_size_and_th
     assert (f"num_hidden_layers: {layers + 1} changes the model, but continue_training loads pretrained weights of "
             f"{layers} layers; drop one of them") in capsys.readouterr().err
     assert cli_main(warm + ["--num_hidden_layers", str(layers)]) == 0
-
-
-def test_paddlenlp_pretrain_files_as_shipped_check_at_8_ranks_and_plan_fits(corpus, tmp_path, monkeypatch, capsys):
-    """PaddleNLP's llm/config/{qwen,llama}/pretrain_argument.json, tokenizer path aside: `check --world_size 8` and
-    `plan --device A100-80GB --gpus 8`. The qwen file's `continue_training: 1` needs Qwen2-7B's weights: without
-    them one line says how to fetch them; with a local directory of that hub name (as `huggingface-cli download
-    Qwen/Qwen2-7B --local-dir Qwen/Qwen2-7B` leaves it) the same file checks."""
-    from pretrain_cli.config.presets import PRESET_DIR
-
-    _big_corpus(tmp_path)
-    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
-    monkeypatch.chdir(tmp_path)
-    for name in ("qwen_pretrain_argument.json", "llama_pretrain_argument.json"):
-        cfg = json.loads((PADDLENLP / name).read_text())
-        cfg["tokenizer_name_or_path"] = "./tokenizer"
-        (tmp_path / name).write_text(json.dumps(cfg))
-    assert cli_main(["check", "qwen_pretrain_argument.json", "--world_size", "8"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "continue_training" in err[0] and "'Qwen/Qwen2-7B' is a preset" in err[0]
-    assert "`huggingface-cli download Qwen/Qwen2-7B --local-dir Qwen/Qwen2-7B`" in err[0]
-    local = tmp_path / "Qwen" / "Qwen2-7B"  # the download's layout: config.json and shards (check reads the headers)
-    local.mkdir(parents=True)
-    shutil.copy(PRESET_DIR / "qwen2-7b" / "config.json", local / "config.json")
-    shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
-    (local / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"t{i}": f for i, f in
-                                                                                  enumerate(shards)}}))
-    header_only_shards(local, shards)
-    for name, layout in (("qwen_pretrain_argument.json", "sharding stage2 x8"),
-                         ("llama_pretrain_argument.json", "sharding stage2 x4")):
-        assert cli_main(["check", name, "--world_size", "8"]) == 0, name
-        out = capsys.readouterr().out
-        assert "check: OK — training would start on 8 processes (simulated)" in out and layout in out, out
-        assert "note: --world_size 8 checks the run as a launch on 8 GPUs (device gpu" in out
-        assert ("pretrained weights" in out) == name.startswith("qwen")
-        assert "precision bfloat16 O2" in out and "recompute " + ("full" if name.startswith("qwen") else "off") in out
-        assert cli_main(["plan", name, "--device", "A100-80GB", "--gpus", "8"]) == 0
-        out = capsys.readouterr().out
-        assert "on 8 x A100-80GB" in out and "-> fits" in out, out
-
-
-def test_llama_70b_file_checks_at_64_ranks_as_tp8_pp4_zero1(corpus, tmp_path, monkeypatch, capsys):
-    """configs/llama-3.1-70b_pretrain.json (PaddleNLP's 65-70B recipe: tp 8 x pp 4 x sharding stage1), local
-    paths aside: `check --world_size 64` passes it, 2 data ranks of 8 x 4 ranks each."""
-    _big_corpus(tmp_path)
-    shutil.copytree(corpus / "tokenizer", tmp_path / "tokenizer")
-    shutil.copy(REPO / "configs" / "llama-3.1-70b_pretrain.json", tmp_path / "70b.json")
-    monkeypatch.chdir(tmp_path)
-    assert cli_main(["check", "70b.json", "--world_size", "64"]) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
-    assert "check: OK — training would start on 64 processes (simulated)" in out, out
-    assert "world 64, dp 1, sharding stage1 x2, tp 8, pp 4" in out, out
-    assert "embedding and LM head stay whole on every tensor-parallel rank" in out, out
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -291,45 +182,6 @@ def test_debug_shows_the_traceback_that_is_hidden_otherwise(tmp_path):
     assert plain.returncode == debug.returncode == 2
     assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
-
-
-def test_check_world_size_simulates_a_launch_on_any_machine(corpus, tmp_path, capsys):
-    """A 4-process file checked here, by the resolve a launch runs: tp 2 x 2 data ranks passes; the same file with
-    degrees the model and world cannot take lists every problem, one line each, exit 2."""
-    cfg = write_config(tmp_path, corpus, tensor_parallel_degree=2, sharding="stage1", gradient_accumulation_steps=2)
-    assert cli_main(["check", cfg, "--world_size", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "check: OK — training would start on 4 processes (simulated)" in out
-    assert "world 4, dp 1, sharding stage1 x2, tp 2" in out
-    assert "ranks: 4 processes = 2 data ranks x tp 2; each data rank reads 8 sequences (4 per micro-step)" in out
-    assert "batch: 4 x acc 2 x 2 data ranks = 16 sequences" in out
-    assert cli_main(["check", cfg]) == 0 and "check: OK — training would start\n" in capsys.readouterr().out
-    bad = ["--tensor_parallel_degree", "4", "--sharding_parallel_degree", "3"]
-    assert cli_main(["check", cfg, "--world_size", "8", *bad]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: tensor_parallel_degree: 4 does not divide the model's num_key_value_heads (2); use a "
-                   "divisor of it",
-                   "error: sharding_parallel_degree: 3 does not divide the 2 data-parallel processes (world 8 / (tp 4)); "
-                   "use a divisor or -1"]
-    assert cli_main(["check", cfg, "--world_size", "6", "--tensor_parallel_degree", "4"]) == 2
-    assert "tensor_parallel_degree: 4 does not divide the world size 6" in capsys.readouterr().err
-    assert cli_main(["check", cfg, "--world_size", "0"]) == 2
-    assert "--world_size: must be >= 1" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("world", [1, 2, 8])
-def test_check_world_size_says_its_count_in_english(corpus, tmp_path, monkeypatch, capsys, world):
-    """A GPU file checked on this CPU machine as a launch of `world` GPUs: "on 1 process", "a launch on 1 GPU" (it
-    said "an 1-GPU launch" and "on 1 processes"; "an 2-GPU launch" too)."""
-    from pretrain_cli import runtime
-
-    monkeypatch.setattr(runtime, "gpu_build_installed", lambda: False)  # (as on a GPU machine's CPU-only checkout)
-    cfg = write_config(tmp_path, corpus, device="gpu")
-    assert cli_main(["check", cfg, "--world_size", str(world)]) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
-    gpus, processes = ("1 GPU", "1 process") if world == 1 else (f"{world} GPUs", f"{world} processes")
-    assert f"note: --world_size {world} checks the run as a launch on {gpus} (device gpu" in out, out
-    assert out.strip().splitlines()[-1] == f"check: OK — training would start on {processes} (simulated)"
 
 
 OOM_CHILD = """
