@@ -7,52 +7,13 @@ import shutil
 
 import pytest
 from run_helpers import BASE
+from tokenizer_forms import edited as _edited, gpt2_style as _gpt2_style, spaced as _spaced
 
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.data.tokenizer import export_files, load_tokenizer
 from pretrain_cli.errors import UserError
 from pretrain_cli.training.checkpoint import check_tokenizer
 from pretrain_cli.training.tokenizer_lineage import continued_tokenizer, same_ids
-
-TEXT = ["hello world this is a test of the tokenizer number %d" % i for i in range(200)]
-
-
-def _gpt2_style(tmp_path, extra: str | None = None):
-    """(the tokenizer.json directory, the vocab.json + merges.txt directory) of one byte-level BPE, as GPT-2 ships
-    both: its tokenizer.json flags <|endoftext|> normalized, the two files carry no such flag."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.add_special_tokens([AddedToken("<|endoftext|>", normalized=True, special=True)])
-    if extra:
-        tok.add_special_tokens([AddedToken(extra, special=True)])
-    name = f"json{'_' + extra.strip('<>') if extra else ''}"
-    whole, files = tmp_path / name, tmp_path / f"{name}_vm"
-    whole.mkdir()
-    files.mkdir()
-    tok.save(str(whole / "tokenizer.json"))
-    tok.model.save(str(files))
-    return whole, files
-
-
-def _edited(tmp_path, whole, name: str, edit):
-    """A copy of `whole`'s tokenizer.json with one part changed by `edit` (the serialisation, edited in place):
-    everything else, vocabulary and merges too, is the same."""
-    spec = json.loads((whole / "tokenizer.json").read_text())
-    edit(spec)
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "tokenizer.json").write_text(json.dumps(spec))
-    return tmp_path / name
-
-
-def _spaced(tmp_path, whole):
-    """`whole` with ByteLevel's add_prefix_space on: the pre-tokenizer alone differs."""
-    return _edited(tmp_path, whole, "spaced", lambda spec: spec["pre_tokenizer"].update(add_prefix_space=True))
 
 
 def _checkpoint(tmp_path, tokenizer_dir, arguments=None):

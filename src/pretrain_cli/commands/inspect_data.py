@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-from pretrain_cli.data.inspect import check_ids, describe_step, step_record, summarize, summarize_directory
+from pretrain_cli.data.inspect import (TOKENIZER_IDS, check_ids, describe_step, step_record, summarize,
+                                      summarize_directory)
 from pretrain_cli.commands import check_counts
 from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
@@ -186,6 +187,9 @@ def main(ns: argparse.Namespace) -> int:
     info, meta = summarize(ds, tok), read_sidecar(ds.prefix)
     if meta and meta.get("special_tokens_in_text") is not None:  # (sidecars from before the option have none)
         info["special_tokens_in_text"] = meta["special_tokens_in_text"]
+    made = meta is not None and any(meta.get(f) for f in TOKENIZER_IDS)  # (a sidecar may record no tokenizer)
+    if made:
+        info.update({f: meta[f] for f in ("tokenizer", *TOKENIZER_IDS) if meta.get(f) is not None})
     if ns.json:
         print(json.dumps(info, sort_keys=True))
         return 0
@@ -199,6 +203,8 @@ def main(ns: argparse.Namespace) -> int:
     if "special_tokens_in_text" in info:
         print(f"special tokens' text in documents became: {info['special_tokens_in_text']} "
               "(preprocess --special_tokens_in_text)")
+    if made:
+        print(f"made with {_tokenizer_id(meta)}")
     width = max(info["length_histogram"].values(), default=1)
     for bucket, n in info["length_histogram"].items():
         print(f"  {bucket:>15} {n:>9} {'#' * max(1, round(40 * n / width))}")
@@ -230,13 +236,47 @@ def _tokenizer_notes(without_sidecar: int, files: int, tok, tokenizer_dir: str |
     return lines
 
 
-def _tokenizer_id(row: dict) -> str:
-    """The tokenizer a sidecar names, as train-tokenizer and check's errors name it: its fingerprint; a sidecar from
-    before the fingerprint has only its tokenizer.json's sha256, said as such."""
-    fp = row.get("tokenizer_fingerprint")
+def _tokenizer_id(meta: dict) -> str:
+    """The tokenizer a sidecar records: its path as preprocess was given it (none where a merge joined files made
+    with tokenizers at several paths), its ids fingerprint (`Tokenizer.ids_fingerprint`: what decides whether two
+    files, or a file and a run's tokenizer, match) and its fingerprint (what train-tokenizer prints and check's
+    error names), each by its first 12 characters. A sidecar from before the ids fingerprint has the fingerprint
+    alone; one from before that, tokenizer.json's sha256, said as such."""
+    ids, fp = meta.get("tokenizer_ids_fingerprint"), meta.get("tokenizer_fingerprint")
     if fp:
-        return f"tokenizer fingerprint {fp[:12]}"
-    return f"tokenizer.json sha256 {str(row.get('tokenizer_sha256'))[:12]}"
+        said = f"ids fingerprint {str(ids)[:12]}, fingerprint {str(fp)[:12]}" if ids else f"fingerprint {str(fp)[:12]}"
+    else:
+        said = f"tokenizer.json sha256 {str(meta.get('tokenizer_sha256'))[:12]}"
+    return f"tokenizer {meta['tokenizer']} ({said})" if meta.get("tokenizer") else f"tokenizer ({said})"
+
+
+def _agreed(known: list, dtype: str) -> str:
+    """The line of a directory whose files with a sidecar agree: the tokenizer as the first records it, and where
+    they record several fingerprints (`tokenizer_problems` joined them by their ids fingerprints), that they are
+    forms of one tokenizer."""
+    k = known[0]
+    which = "the file with a sidecar says" if len(known) == 1 else f"the {count(len(known), 'file')} with a sidecar agree"
+    fps = {r["tokenizer_fingerprint"] for r in known if r.get("tokenizer_fingerprint")}
+    forms = f"; {len(fps)} fingerprints: forms of one tokenizer, which give the same ids" if len(fps) > 1 else ""
+    return (f"tokenizer: {which}: vocab {k.get('vocab_size')}, eos {k.get('eos_token_id')}, {_tokenizer_id(k)}"
+            f"{forms}; dtype {dtype}")
+
+
+_ID_NAMES = {"tokenizer_ids_fingerprint": "ids fingerprint", "tokenizer_fingerprint": "fingerprint",
+             "tokenizer_sha256": "tokenizer.json sha256"}
+
+
+def _groups_line(groups: list) -> str:
+    """The tokenizers a directory's files were made with, each with the files it made (three named, then a count),
+    by the id the rows show first (`data.inspect.tokenizer_groups`)."""
+    said = []
+    for g in groups:
+        field = next(f for f in TOKENIZER_IDS if f in g)
+        files = [os.path.basename(p) for p in g["files"]]
+        named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        said.append(f"{', '.join(g['tokenizers']) or 'a tokenizer not named'} ({_ID_NAMES[field]} "
+                    f"{str(g[field])[:12]}): {named}")
+    return f"tokenizers: the files were made with {len(groups)}: " + "; ".join(said)
 
 
 def _directory(ns, tok) -> int:
@@ -261,14 +301,11 @@ def _directory(ns, tok) -> int:
         if not info["problems"]:
             known = [r for r in rows if r["sidecar"]]
             if known:
-                k = known[0]
-                which = "the file with a sidecar says" if len(known) == 1 else \
-                    f"the {count(len(known), 'file')} with a sidecar agree"
-                print(f"tokenizer: {which} (vocab {k.get('vocab_size')}, "
-                      f"eos {k.get('eos_token_id')}, {_tokenizer_id(k)}); dtype {rows[0]['dtype']}")
-        if not info["problems"]:
+                print(_agreed(known, rows[0]["dtype"]))
             for line in _tokenizer_notes(info["without_sidecar"], len(rows), tok, ns.tokenizer):
                 print(line)
+        elif len(info["tokenizers"]) > 1:
+            print(_groups_line(info["tokenizers"]))
     if info["problems"]:
         raise UserError("\n".join(info["problems"]))
     return 0

@@ -45,8 +45,8 @@ def summarize(ds, tokenizer=None) -> dict:
 
 def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "") -> dict:
     """Every token file in a directory (each opened, so each is checked, and its ids, with `tokenizer` also its
-    sidecar, as `check_ids`): documents, tokens, dtype and the tokenizer its sidecar records; `problems` lists
-    disagreements (dtype, vocab size, EOS id, tokenizer hash)."""
+    sidecar, as `check_ids`): documents, tokens, dtype and the tokenizer its sidecar records; `tokenizers` groups
+    the files by it (`tokenizer_groups`); `problems` lists disagreements (dtype, vocab size, EOS id, tokenizer)."""
     from pretrain_cli.data.indexed import open_token_file, read_sidecar, token_prefixes
     from pretrain_cli.data.token_file_tokenizers import TOKENIZER_FIELDS, tokenizer_problems
 
@@ -61,8 +61,8 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
         items.append((p, meta))
         row = {"prefix": p, "format": ds.format, "dtype": ds.dtype.name, "documents": ds.num_documents,
                "tokens": ds.num_tokens, "sidecar": meta is not None}
-        row.update({f: meta.get(f) for f in (*TOKENIZER_FIELDS, "tokenizer_fingerprint", "special_tokens_in_text")}
-                   if meta else {})
+        row.update({f: meta.get(f) for f in (*TOKENIZER_FIELDS, "tokenizer", "tokenizer_fingerprint",
+                                             "tokenizer_ids_fingerprint", "special_tokens_in_text")} if meta else {})
         rows.append(row)
     check_ids(datasets, tokenizer, tokenizer_dir)
     problems = tokenizer_problems(items)
@@ -73,7 +73,29 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
                            f"{rows[0]['prefix']}; the files were made with different tokenizers")
     return {"directory": str(directory), "files": rows, "documents": sum(r["documents"] for r in rows),
             "tokens": sum(r["tokens"] for r in rows), "without_sidecar": sum(not r["sidecar"] for r in rows),
-            "problems": problems}
+            "tokenizers": tokenizer_groups(rows), "problems": problems}
+
+
+TOKENIZER_IDS = ("tokenizer_ids_fingerprint", "tokenizer_fingerprint", "tokenizer_sha256")
+
+
+def tokenizer_groups(rows) -> list[dict]:
+    """The files with a sidecar grouped by the tokenizer it records, by the first of `TOKENIZER_IDS` it has (the ids
+    fingerprint, which decides whether two files or a file and a run's tokenizer match; a sidecar from before it,
+    the fingerprint; one from before that, tokenizer.json's sha256), each group with the tokenizer paths its
+    sidecars record and its files. What the rows show, not a verdict: whether the files agree is
+    `token_file_tokenizers.tokenizer_problems`'s to say (which also joins a sidecar without the ids fingerprint to
+    one with it that shares its fingerprint)."""
+    groups: dict = {}
+    for r in rows:
+        key = next(((f, r[f]) for f in TOKENIZER_IDS if r.get(f)), None)
+        if key is None:  # (no sidecar, or one that records no tokenizer)
+            continue
+        g = groups.setdefault(key, {key[0]: key[1], "tokenizers": [], "files": []})
+        if r.get("tokenizer") and r["tokenizer"] not in g["tokenizers"]:
+            g["tokenizers"].append(r["tokenizer"])
+        g["files"].append(r["prefix"])
+    return list(groups.values())
 
 
 def check_ids(datasets, tokenizer=None, tokenizer_dir: str = "") -> None:
