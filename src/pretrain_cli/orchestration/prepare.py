@@ -93,12 +93,17 @@ class RunSpec:
         """What args.json holds: the arguments as the run takes them (`arguments`, with the keys a resume set: the
         accumulation that kept the global batch on another number of processes), as the user set them
         (`user_arguments`: what the next resume compares its own with, so that it tells a batch key the user
-        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved; and the
-        longest length its weights have trained at (`trained_length`)."""
+        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved; the
+        longest length its weights have trained at (`trained_length`); and the tokenizer they train with
+        (`tokenizer`: `tokenizer_lineage.trained_with`, what a resume from a checkpoint without tokenizer files is
+        checked by)."""
         from pretrain_cli import __version__
+        from pretrain_cli.training.tokenizer_lineage import trained_with
 
+        tokenizer = trained_with(self.tokenizer, self.prefixes(), CheckpointDir(self.resume) if self.resume else None)
         return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
-                "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length()}
+                "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length(),
+                "tokenizer": tokenizer}
 
     def trained_length(self) -> int:
         """This run's max_seq_length, or the longer one the weights it starts from were trained at (the checkpoint it

@@ -182,15 +182,20 @@ def check_tokenizer(ckpt, tokenizer, prefixes=(), args=None) -> None:
     ids the two give (`tokenizer_lineage.same_ids`, the rule token files' sidecars are judged by too, so the data a
     resume in the other form reads passes where its sidecar records its ids' fingerprint): the embedding rows
     trained are that tokenizer's ids, which another's mean other tokens (a same-sized one passes every shape check).
-    A run without a tokenizer has the sidecars of its token files (`prefixes`) compared with it instead. A checkpoint without tokenizer files is not
-    judged. A new lineage on purpose starts from an export (continue_training). `args`: the run's arguments, whose
-    key that supplied the tokenizer the refusal names (tokenizer_name_or_path, else model_name_or_path)."""
+    A run without a tokenizer has the sidecars of its token files (`prefixes`) compared with it instead. A
+    checkpoint without tokenizer files (its run had no tokenizer) is judged by the tokenizer its args.json records
+    (`tokenizer_lineage.check_recorded`); one that records none cannot be, which `data_changes` says. A new
+    lineage on purpose starts from an export (continue_training). `args`: the run's arguments, whose key that
+    supplied the tokenizer the refusal names (tokenizer_name_or_path, else model_name_or_path)."""
     from pretrain_cli.data import check_tokenizer as check_files
     from pretrain_cli.data.tokenizer import load_tokenizer
-    from pretrain_cli.training.tokenizer_lineage import same_tokenizer
+    from pretrain_cli.training.tokenizer_lineage import check_recorded, new_lineage, refusal_key, same_tokenizer
 
     ckpt = CheckpointDir.of(ckpt)
-    if not (ckpt.path / "tokenizer.json").is_file() or (tokenizer is None and not prefixes):
+    if tokenizer is None and not prefixes:
+        return
+    if not (ckpt.path / "tokenizer.json").is_file():
+        check_recorded(ckpt, tokenizer, prefixes, args)
         return
     if tokenizer is not None and hashlib.sha256((ckpt.path / "tokenizer.json").read_bytes()).hexdigest() == \
             tokenizer.sha256:  # the run's own file copied (a save copies it byte for byte): not parsed again
@@ -199,24 +204,29 @@ def check_tokenizer(ckpt, tokenizer, prefixes=(), args=None) -> None:
     recorded = (ckpt.args or {}).get("arguments") or {}  # (a checkpoint's own run took it from either key too)
     was = recorded.get("tokenizer_name_or_path") or recorded.get("model_name_or_path")
     with_it = f"{was}, fingerprint {saved.fingerprint[:12]}" if was else f"fingerprint {saved.fingerprint[:12]}"
-    lineage = (f"or, to start a new lineage on purpose, model_name_or_path: an export of it (`pretrain-cli export "
-               f"{ckpt} DIR`, or the run's final directory) with continue_training: 1 in another output_dir")
     if tokenizer is None:
         check_files(list(prefixes), saved, where="input_dir: ", instead=f"resume with data made with {ckpt.name}'s "
-                                                                         f"tokenizer ({with_it}), {lineage}")
+                                                                         f"tokenizer ({with_it}), {new_lineage(ckpt)}")
     elif not same_tokenizer(saved, tokenizer):
-        key = ("model_name_or_path" if args is not None and args.model.tokenizer_name_or_path is None
-               else "tokenizer_name_or_path")
-        raise UserError(f"{key}: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not the tokenizer "
-                        f"{ckpt} was trained with ({with_it}): its token ids would mean other tokens; resume with "
-                        f"that tokenizer, {lineage}")
+        raise UserError(f"{refusal_key(args)}: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not the "
+                        f"tokenizer {ckpt} was trained with ({with_it}): its token ids would mean other tokens; "
+                        f"resume with that tokenizer, {new_lineage(ckpt)}")
 
 
 def data_changes(ckpt, run) -> list[str]:
     """What a resume's data differs in from the checkpoint's run (its args.json): allowed (a new mix halfway is a
-    choice), but said, since the data position (`consumed_samples`) then counts into other samples."""
+    choice), but said, since the data position (`consumed_samples`) then counts into other samples. And, first,
+    that the tokenizer could not be checked (`check_tokenizer`), where the checkpoint holds no tokenizer files and its
+    args.json records no tokenizer (`tokenizer_lineage.recorded`): train and check say these lines as it resumes."""
+    from pretrain_cli.training.tokenizer_lineage import recorded
+
     ckpt = CheckpointDir.of(ckpt)
     lines = []
+    if not (ckpt.path / "tokenizer.json").is_file() and recorded(ckpt) is None:
+        lines.append(f"resuming from {ckpt.path.name}, which holds no tokenizer files and whose {ARGS_FILE} records "
+                     f"no tokenizer (its run had none and its token files' sidecars named none, or it was written "
+                     f"before the record): whether this run's tokenizer (or its token files') is the one its weights "
+                     f"were trained with could not be checked")
     for keys, now in ((("data", "input_dir"), run.data.input_dir), (("data", "split"), list(run.data.split)),
                       (("loop", "seed"), run.loop.seed)):
         was = ckpt.run(*keys)
