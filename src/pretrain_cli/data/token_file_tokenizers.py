@@ -1,6 +1,7 @@
 """Whether token files were made with one tokenizer, and with the run's, from their .json sidecars: shared by
-`merge-data` (its inputs), `inspect-data` on a directory, and the run (`data.build_datasets`: `train`, `check`,
-`inspect-data --tokenizer`). Two forms of one tokenizer (vocab.json + merges.txt against its tokenizer.json) are one
+`merge-data` (its inputs), `inspect-data` on a directory, the run (`data.build_datasets`: `train`, `check`,
+`inspect-data --tokenizer`), `preprocess`'s note on the files it replaces, and a resume from a checkpoint without
+tokenizer files, whose args.json records its tokenizer in a sidecar's fields (`training.tokenizer_lineage`). Two forms of one tokenizer (vocab.json + merges.txt against its tokenizer.json) are one
 where both sidecars record the ids fingerprint (`data.tokenizer_ids.ids_form`); older sidecars are judged by the
 fingerprint, and those from before it by tokenizer.json's sha256.
 """
