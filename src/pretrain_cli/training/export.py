@@ -28,7 +28,8 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     """Rank 0: the final directory of `run` (`model_cfg` and `model` the unwrapped model, `record` what args.json
     holds, `state` the trainer's state). Its weights are streamed out of the last checkpoint (every run that
     trains saves one at its last step), one tensor at a time, whatever layout wrote it: no process holds
-    the whole model and nothing is gathered."""
+    the whole model and nothing is gathered. An earlier model's weights beside them go or are named
+    (`leftover_weights`)."""
     from pretrain_cli.training.plot import write_loss_curve
 
     out = Path(run.output.output_dir)
@@ -41,8 +42,8 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     log.info(f"final export: writing {dtype} weights (export_dtype; its default auto: the half dtype of a bf16/fp16 "
              f"run, float32 otherwise) to {out}")
     files, note = write_weights(model, model_cfg, out, state["global_step"], dtype)
-    if note:
-        log.info(note)
+    for line in ([note] if note else []) + leftover_weights(out, files):
+        log.info(line)
     export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, state)
     atomic.write_json(out / "train_results.json",
@@ -69,6 +70,40 @@ def final_files(out) -> list[Path]:
     shards = sorted(p for p in out.glob("model-*-of-*.safetensors") if re.fullmatch(r"model-\d+-of-\d+\.safetensors",
                                                                                      p.name))
     return [*shards, *(out / n for n in (SINGLE_FILE, INDEX_FILE, *FINAL_FILES) if (out / n).is_file())]
+
+
+# transformers' names for a model's weights in PyTorch's format (save_pretrained(safe_serialization=False), a variant,
+# shards, their index): an HF directory's weights as much as model.safetensors, which `convert.write_hf_dir` replaces
+_TORCH_WEIGHTS = re.compile(r"pytorch_model(\.[A-Za-z0-9_]+)?((-\d+-of-\d+)?\.bin|\.bin\.index\.json)")
+
+
+def leftover_weights(out, written) -> list[str]:
+    """Lines for the weights the final export into `out` finds beside its own (`written`, and their index): those
+    under transformers' names for an HF directory's weights are an earlier model's, which this export replaces. Under
+    safetensors names `convert.write_hf_dir` has removed them; under PyTorch's (`_TORCH_WEIGHTS`: pytorch_model.bin,
+    its shards and index) they are removed here, said in one line: from_pretrained(use_safetensors=False), or a tool
+    that prefers PyTorch's files, read them in place of this run's model. Weights under other names
+    (consolidated.safetensors, a .gguf, a .pdparams: `foreign_weights.weight_files`) are no HF directory's names and
+    not ours to remove; one line names them, as neither from_pretrained nor `eval --model` reads them there."""
+    from pretrain_cli.models.convert import INDEX_FILE
+    from pretrain_cli.models.foreign_weights import weight_files
+
+    out, lines = Path(out), []
+    stale = sorted(p.name for p in out.iterdir() if p.is_file() and _TORCH_WEIGHTS.fullmatch(p.name)
+                   and not p.with_suffix(".idx").is_file())  # (a .bin beside its .idx is a token file)
+    for name in stale:
+        (out / name).unlink()
+    if stale:
+        lines.append(f"final export: removed {', '.join(stale)} from {out}: an earlier model's weights under "
+                     f"transformers' names, which from_pretrained(use_safetensors=False) would read in place of this "
+                     f"run's")
+    read, unread = weight_files(out)
+    left = [n for n in read + unread if n not in written and n != INDEX_FILE]
+    if left:
+        lines.append(f"final export: {out} also holds {', '.join(left)}: weights under names no export of ours "
+                     f"writes, left as they are (from_pretrained and eval --model read this run's, not them); "
+                     f"remove them if nothing needs them")
+    return lines
 
 
 def final_step(out) -> tuple[bool, int | None]:
