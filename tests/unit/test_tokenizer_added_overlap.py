@@ -36,7 +36,8 @@ def test_the_verdicts_are_the_pairwise_rule_s():
     rng = random.Random(7)
     for _ in range(400):  # larger sets, an alphabet of 3 to 6 letters: some overlap, some not
         letters = "abcdef"[:rng.randint(3, 6)]
-        cases.append(["".join(rng.choice(letters) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(2, 12))])
+        size = rng.randint(2, 12)
+        cases.append(["".join(rng.choice(letters) for _ in range(rng.randint(1, 6))) for _ in range(size)])
     cases += [("ab", "bc"), ("ab", "cd"), ("abc", "b"), ("<|im_start|>", "<|im_end|>", "<|endoftext|>"),
               ("<|a|>", "|><|b"), ("aba", "ab"), ("aa", "aaa"), ("xyx", "yxz"), ("a", "a"), ("", "a"), ("",)]
     verdicts = {True: 0, False: 0}

@@ -255,7 +255,8 @@ def _agreed(known: list, dtype: str) -> str:
     they record several fingerprints (`tokenizer_problems` joined them by their ids fingerprints), that they are
     forms of one tokenizer."""
     k = known[0]
-    which = "the file with a sidecar says" if len(known) == 1 else f"the {count(len(known), 'file')} with a sidecar agree"
+    which = ("the file with a sidecar says" if len(known) == 1 else
+             f"the {count(len(known), 'file')} with a sidecar agree")
     fps = {r["tokenizer_fingerprint"] for r in known if r.get("tokenizer_fingerprint")}
     forms = f"; {len(fps)} fingerprints: forms of one tokenizer, which give the same ids" if len(fps) > 1 else ""
     return (f"tokenizer: {which}: vocab {k.get('vocab_size')}, eos {k.get('eos_token_id')}, {_tokenizer_id(k)}"

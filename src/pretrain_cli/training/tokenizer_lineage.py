@@ -1,7 +1,7 @@
 """Whether weights trained with one tokenizer meet another: the resume's refusal (`checkpoint.check_tokenizer`) and
 the note of a continue_training run whose model directory carries another tokenizer than the run's; and what a run's
 args.json records of its tokenizer (`trained_with`), which a resume from a checkpoint without tokenizer files is
-judged by.
+judged by (`check_recorded`).
 
 Tokenizers are told apart by fingerprint, as train-tokenizer and inspect-data print it and as token files' sidecars
 record it, so the fingerprint stays what it is. But one tokenizer can have two fingerprints: GPT-2's vocab.json +
@@ -95,7 +95,7 @@ def _sha256(path: Path) -> str:
 
 
 def check_recorded(ckpt, tokenizer, prefixes, args) -> None:
-    """A checkpoint without tokenizer files: the tokenizer its args.json records (`tokenizer_lineage.recorded`, in a
+    """A checkpoint without tokenizer files: the tokenizer its args.json records (`recorded`, in a
     sidecar's fields), judged as a token file's sidecar is, by the same judges: against the run's tokenizer
     (`tokenizer_mismatches`: vocabulary size, EOS id, fingerprint, else the ids fingerprint) or, for a run without
     one, against each of its token files' sidecars (`tokenizer_problems`)."""
@@ -110,9 +110,9 @@ def check_recorded(ckpt, tokenizer, prefixes, args) -> None:
     said = f"{ckpt} was trained with ({with_it}, as its {ARGS_FILE} records it)"
     if tokenizer is not None:
         if tokenizer_mismatches([item], tokenizer):
-            raise UserError(f"{refusal_key(args)}: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is not the "
-                            f"tokenizer {said}: its token ids would mean other tokens; resume with that tokenizer, "
-                            f"{new_lineage(ckpt)}")
+            raise UserError(f"{refusal_key(args)}: {tokenizer.path} (fingerprint {tokenizer.fingerprint[:12]}) is "
+                            f"not the tokenizer {said}: its token ids would mean other tokens; resume with that "
+                            f"tokenizer, {new_lineage(ckpt)}")
         return
     for p in prefixes:
         meta = read_sidecar(p)
