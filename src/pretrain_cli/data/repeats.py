@@ -133,9 +133,9 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
         keys.append(hashes[kept])
         where.append(at[kept])
         owner.append(np.full(int(kept.sum()), g, np.int64))
-    if not keys:
+    keys, owner, where = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (keys, owner, where))
+    if not len(keys):  # (no input of `_RUN` sequences, or no window kept)
         return []
-    keys, owner, where = np.concatenate(keys), np.concatenate(owner), np.concatenate(where)
     order = np.argsort(keys, kind="stable")  # within one hash, inputs in order: the first is the lowest
     keys, owner, where = keys[order], owner[order], where[order]
     new = np.r_[True, keys[1:] != keys[:-1]]
