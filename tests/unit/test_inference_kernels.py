@@ -73,43 +73,83 @@ def test_generate_of_a_snapshot_runs_the_block_kernel_with_the_scores_paths_toke
     assert block["tokens"] == scores["tokens"] and len(block["tokens"]) == 8  # greedy: the same logits' argmax
 
 
-def test_a_kernel_key_that_changes_no_kernel_here_is_refused_naming_why(tmp_path, capsys):
-    """`generate --model SNAPSHOT --fp16 true` on CPU was accepted and changed nothing, silently (kernels_for's
-    notes went to a throwaway list); a key restating the setting in effect is still taken."""
+FP16_WHY = ("(precision: fp16 is not applicable on cpu (no half-precision matmul kernels); the run stays fp32): it "
+            "runs as it would without it")
+
+
+def test_a_kernel_key_that_changes_no_kernel_here_is_taken_with_a_note(tmp_path, capsys):
+    """`generate --model SNAPSHOT --fp16 true` on CPU was refused ("drop it") though it changes nothing here: one
+    note says so and the command runs as without it; a key restating the setting in effect says nothing, and a key
+    that is no kernel key is still refused for a model no run wrote."""
     from pretrain_cli.cli import main as cli_main
     from pretrain_cli.errors import UserError
     from pretrain_cli.orchestration.recorded import run_arguments
 
     model = _snapshot(tmp_path)
-    code = cli_main(["generate", "--model", model, "--prompt", "hello", "--fp16", "true"])
-    assert code == 2 and capsys.readouterr().err.splitlines()[-1] == (
-        "error: --fp16 true: changes no kernel generate runs on cpu (precision: fp16 is not applicable on cpu (no "
-        "half-precision matmul kernels); the run stays fp32); drop it")
-    with pytest.raises(UserError) as e:  # a training memory lever alone: nothing to say but that
-        run_arguments(None, model, ["--recompute", "true"], "eval")
-    assert str(e.value) == "--recompute true: changes no kernel eval runs on cpu; drop it"
-    pair, recorded = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"], "eval")
+    argv = ["generate", "--model", model, "--prompt", "hello", "--max_new_tokens", "4", "--json"]
+    assert cli_main([*argv, "--fp16", "true"]) == 0
+    out = capsys.readouterr()
+    assert [n for n in out.err.splitlines() if "--fp16" in n] == [
+        f"note: --fp16 true: changes no kernel generate runs on cpu {FP16_WHY}"]
+    assert json.loads(out.out)["tokens"] == _run(capsys, *argv)["tokens"]
+    assert run_arguments(None, model, ["--recompute", "true"], "eval")[2] == [
+        "note: --recompute true: changes no kernel eval runs on cpu: it runs as it would without it"]
+    pair, recorded, notes = run_arguments(None, model, ["--recompute", "true", "--recompute_granularity", "full_attn"],
+                                          "eval")
     assert targets.inference_kernels(arguments=pair)[0].fuse_o_proj is False  # together they change a kernel
-    assert recorded is False  # a snapshot: the kernel overrides alone, no run's settings
-    assert run_arguments(None, model, ["--use_flash_attention", "true"], "eval")[0].get("use_flash_attention") is True
+    assert notes == [] and recorded is False  # a snapshot: the kernel overrides alone, no run's settings
+    restated, _, notes = run_arguments(None, model, ["--use_flash_attention", "true"], "eval")
+    assert restated.get("use_flash_attention") is True and notes == []
+    with pytest.raises(UserError, match="of a model no run wrote only the kernels"):
+        run_arguments(None, model, ["--learning_rate", "3"], "eval")
 
 
-def test_a_kernel_key_that_changes_no_kernel_is_refused_on_a_runs_split_too(tmp_path, capsys):
-    """`eval --config run.json --fp16 true` and `eval --model RUN_DIR --fp16 true` evaluate the run's split: the
-    check ran on the --data path alone, so these ran fp32 and said nothing."""
+def _counted_parses(monkeypatch) -> list:
+    """The paths `parse_config` is called with, wherever a module of ours imported it."""
+    import sys
+
+    from pretrain_cli.config import parser
+
+    calls, original = [], parser.parse_config
+
+    def counting(path, *args, **kwargs):
+        calls.append(path)
+        return original(path, *args, **kwargs)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("pretrain_cli")]:
+        if getattr(module, "parse_config", None) is original:
+            monkeypatch.setattr(module, "parse_config", counting)
+    return calls
+
+
+def test_restating_a_runs_setting_on_a_device_where_it_changes_nothing_runs_with_a_note(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """`--fp16 false` on a run recorded with fp16 (its GPU setting) was refused on CPU: it evaluates, with one note,
+    its split through a run's --model and --config, and --data's windows; and --config's file is parsed once (it
+    was parsed twice, four times with a kernel key; on the --data path six), again only without the kernel key."""
     from pretrain_cli.cli import main as cli_main
-    from pretrain_cli.orchestration.recorded import run_arguments
 
     model = _snapshot(tmp_path)
+    arguments = {"model_name_or_path": model, "input_dir": write_tokens(tmp_path / "t", n_docs=8, doc_len=64,
+                                                                        vocab_size=320),
+                 "output_dir": model, "fp16": True, "split": "50,50,0", "max_seq_length": 32,
+                 "per_device_eval_batch_size": 1, "eval_iters": 1, "max_steps": 1}
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"model_name_or_path": model, "input_dir": str(tmp_path / "none"),
-                                  "output_dir": str(tmp_path / "out")}))
-    want = "error: --fp16 true: changes no kernel eval runs on cpu (precision: fp16 is not applicable on cpu"
-    assert cli_main(["eval", "--config", str(config), "--fp16", "true"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(want)
-    run_dir = tmp_path / "m"  # a run's directory: its args.json record stands for --config
-    record = {"version": 1, "arguments": json.loads(config.read_text()), "run": {}}
-    (run_dir / "args.json").write_text(json.dumps(record))
-    assert run_arguments(None, run_dir, [], "eval")[1] is True  # its settings are a run's
-    assert cli_main(["eval", "--model", str(run_dir), "--fp16", "true"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(want)
+    config.write_text(json.dumps(arguments))
+    (tmp_path / "m" / "args.json").write_text(json.dumps({"version": 1, "arguments": arguments, "run": {}}))
+    calls = _counted_parses(monkeypatch)
+    note = f"note: --fp16 false: changes no kernel eval runs on cpu {FP16_WHY}"
+    for argv, parses in ((["--model", model], None), (["--config", str(config), "--model", model], 2),
+                         (["--config", str(config), "--data", arguments["input_dir"]], 2)):
+        calls.clear()
+        code, out = cli_main(["eval", *argv, "--fp16", "false", "--json"]), capsys.readouterr()
+        assert code == 0, out.err
+        assert [n for n in out.err.splitlines() if "--fp16" in n] == [note], out.err
+        if parses is not None:
+            assert calls.count(str(config)) == parses, calls
+        calls.clear()
+        as_run = _run(capsys, "eval", *argv, "--json")  # (the same loss with the same kernels: it ran as without it)
+        assert {k: v for k, v in json.loads(out.out).items() if k != "seconds"} == \
+            {k: v for k, v in as_run.items() if k != "seconds"}
+        if parses is not None:
+            assert calls.count(str(config)) == 1, calls

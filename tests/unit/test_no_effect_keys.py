@@ -35,10 +35,9 @@ def _error(capsys, *argv) -> str:
 def test_eval_and_generate_refuse_a_training_key_that_changes_nothing_they_compute(run_dir, tmp_path, capsys):
     split = _error(capsys, "eval", "--model", run_dir, "--learning_rate", "3", "--weight_decay", "0.1")
     assert split.startswith("error: --learning_rate, --weight_decay: training keys that change nothing eval "
-                            "computes; drop them (eval's --key value overrides take the kernel keys, each only "
-                            "where it changes a kernel on this device: use_flash_attention"), split
-    # recompute alone is refused (idle_kernel_keys): the pair that changes a kernel is named, not recompute alone
-    assert ", fp16_opt_level, and recompute true with recompute_granularity full_attn; and max_seq_length" in split
+                            "computes; drop them (eval's --key value overrides take the kernel keys: "
+                            "use_flash_attention"), split
+    assert "recompute, recompute_granularity, fp16, bf16, fp16_opt_level; and max_seq_length" in split
     assert "eval_iters" in split and "split" in split  # a run's split: its data and eval batches count
     windows = _error(capsys, "eval", "--model", run_dir, "--data", str(tmp_path / "none"), "--eval_iters", "3")
     assert windows.startswith("error: --eval_iters: a training key that changes nothing eval computes; drop it"), windows
@@ -68,9 +67,8 @@ def test_export_and_inspect_data_name_a_training_key_as_one(tmp_path, capsys):
 
 def test_an_idle_kernel_keys_reasons_are_the_notes_naming_it_as_a_word(monkeypatch):
     """`--fp16 true` took fp16_opt_level's notes too (a substring match): a note counts where it names the key as
-    a word."""
+    a word, said of either value (the one given, the one in effect without it)."""
     from pretrain_cli.config import compute
-    from pretrain_cli.errors import UserError
     from pretrain_cli.orchestration.recorded import idle_kernel_keys
 
     def kernels_for(args, target, notes=None):
@@ -79,7 +77,6 @@ def test_an_idle_kernel_keys_reasons_are_the_notes_naming_it_as_a_word(monkeypat
         return "fp32"
 
     monkeypatch.setattr(compute, "kernels_for", kernels_for)
-    with pytest.raises(UserError) as e:
-        idle_kernel_keys(lambda tokens: {"fp16": bool(tokens)}, ["--fp16", "true"], "eval")
-    assert str(e.value) == ("--fp16 true: changes no kernel eval runs on cpu (precision: fp16 is not applicable on "
-                            "cpu; fp16: said); drop it")
+    notes = idle_kernel_keys({"fp16": True}, lambda tokens: {"fp16": bool(tokens)}, ["--fp16", "true"], "eval")
+    assert notes == ["note: --fp16 true: changes no kernel eval runs on cpu (precision: fp16 is not applicable on "
+                     "cpu; fp16: said): it runs as it would without it"]

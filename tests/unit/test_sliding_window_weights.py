@@ -140,11 +140,11 @@ def _export(tmp_path, positions: int, layers: int = 1):
     return str(d)
 
 
-def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
-    """eval names --max_seq_length; generate judges the prompt + --max_new_tokens whole where the window is shorter
-    than its context limit (the context slides there too), and at most that limit where the window holds a whole
-    context (each forward reads at most the limit: refused before, though no forward reached the window); with
-    --prompt_file it names the prompt."""
+def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys, monkeypatch):
+    """eval names --max_seq_length; generate judges, once, the longest sequence a forward reads: the prompt and its
+    new tokens but the last (never read back), at most the context limit, where its context slides (a window that
+    holds a whole context is never reached); at the boundary prompt + --max_new_tokens - 1 = the window it runs
+    (refused before: the last token was counted). With --prompt_file it names the prompt."""
     from pretrain_cli.cli import main as cli_main
     from pretrain_cli.commands import eval as evaluate
     from pretrain_cli.data.tokenizer import load_tokenizer
@@ -158,33 +158,47 @@ def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys):
         f"note: {wide}/config.json: use_sliding_window: true: layer 0 of 1 attend to the last 16 tokens, and "
         f"sequences of 16 tokens never reach that window (transformers masks only keys 16 or more positions back), "
         f"so full attention, which runs here, is the same model (config.json keeps the window)")
-    code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", "30"])
+    prompt = len(load_tokenizer(wide).encode("hello"))
+    code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", str(18 - prompt)])
     err = capsys.readouterr().err
-    assert code == 2 and "lower the prompt's tokens + --max_new_tokens to at most 16" in err
+    assert code == 2 and "sequences of 17 tokens reach past that window" in err
+    assert err.rstrip().endswith("lower the prompt's tokens + --max_new_tokens - 1 to at most 16"), err
+    code = cli_main(["generate", "--model", wide, "--prompt", "hello", "--max_new_tokens", str(17 - prompt), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "sequences of 16 tokens never reach that window" in out.err and len(json.loads(out.out)["tokens"]) == \
+        17 - prompt
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hi\n" + "hello there " * 3 + "\n")
     code = cli_main(["generate", "--model", wide, "--prompt_file", str(prompts), "--max_new_tokens", "30"])
-    assert code == 2 and f"lower the tokens of the prompt at {prompts}:2 + --max_new_tokens to at most 16" in \
+    assert code == 2 and f"lower the tokens of the prompt at {prompts}:2 + --max_new_tokens - 1 to at most 16" in \
         capsys.readouterr().err
     narrow = _export(tmp_path, 16, layers=2)  # the window (16) holds the whole context (16 positions)
+    judged, window_note = [], config_checks.window_note
+    monkeypatch.setattr(config_checks, "window_note", lambda cfg, source, length, key: judged.append(length) or
+                        window_note(cfg, source, length, key))
     code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "sequences of 16 tokens never reach that window" in out.err and "from there the model saw only the " \
-        "last 16 tokens" in out.err and len(json.loads(out.out)["tokens"]) == 30
-    new = 16 - len(load_tokenizer(narrow).encode("hello"))
+    assert judged == [16]  # once, at the limit (it was judged twice past it)
+    assert [n for n in out.err.splitlines() if "that window" in n] == [  # (one note)
+        f"note: {narrow}/config.json: use_sliding_window: true: layers 0-1 of 2 attend to the last 16 tokens, and "
+        f"sequences of 16 tokens never reach that window (transformers masks only keys 16 or more positions back), "
+        f"so full attention, which runs here, is the same model (config.json keeps the window)"]
+    assert "from there the model saw only the last 16 tokens" in out.err and len(json.loads(out.out)["tokens"]) == 30
+    new = 17 - len(load_tokenizer(narrow).encode("hello"))  # the last context read is the whole limit: no slide
     code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", str(new), "--json",
                      "--seed", "0"])
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "sequences of 16 tokens never reach that window" in out.err
+    assert "sequences of 16 tokens never reach that window" in out.err and "model saw only" not in out.err
     assert json.loads(out.out)["model_weights"] == "trained weights" and len(json.loads(out.out)["tokens"]) == new
 
 
 def test_a_slid_context_is_another_model_from_two_layers_on():
-    """Why generate judges past where its context slides, for a window shorter than the context: re-encoding the
-    last 16 of 24 tokens gives transformers' windowed last logits with one layer, but not with two (each layer's
-    window reaches back through the one below, so the second sees tokens 16 + 15 back)."""
+    """Why generate refuses a window shorter than its context limit rather than sliding its context at the window:
+    re-encoding the last 16 of 24 tokens gives transformers' windowed last logits with one layer, but not with two
+    (each layer's window reaches back through the one below, so the second sees tokens 16 + 15 back)."""
     import torch
     import transformers
 

@@ -162,12 +162,12 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
-    from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, no_effect, run_arguments
+    from pretrain_cli.config.parser import parse_config
+    from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, idle_kernel_keys, no_effect
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
     no_effect(overrides, "eval", SPLIT_KEYS)  # (--learning_rate 3 changes nothing here: said, not ignored)
-    run_arguments(ns.config, None, overrides, "eval")  # (--fp16 true on CPU changes no kernel: refused as for --data)
     ns.split = ns.split or "valid"
     changes = {"do_train": False, "do_eval": ns.split == "valid", "do_predict": ns.split == "test"}
     if ns.attention_mask_type is not None:
@@ -179,6 +179,10 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     if ns.batch_size is not None:
         changes["per_device_eval_batch_size"] = ns.batch_size
     spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
+    # (--fp16 true on CPU changes no kernel: said, as for --data; `changes` set no kernel key, so the file parsed
+    # once, by `prepare`, is the one to judge, and again only without each kernel key given)
+    for note in idle_kernel_keys(spec.args, lambda tokens: parse_config(ns.config, tokens), overrides, "eval"):
+        print(note, file=sys.stderr)
     lp = spec.run.loop
     model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
     length_key = "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length"
@@ -241,8 +245,10 @@ def main(ns: argparse.Namespace) -> int:
     if ns.config is not None and ns.data is None:
         return _main_config(ns, overrides)
     reads, model_key = WINDOW_KEYS, "--model"  # --data's windows: their length and mask, and the kernels
+    # --config's file with the overrides, parsed once: its output_dir names the model when --model does not
+    args, recorded, notes = run_arguments(ns.config, None, overrides, "eval") if ns.config else (None, False, [])
     if ns.config is not None and ns.model is None:
-        ns.model = _trained_model(ns.config, run_arguments(ns.config, None, overrides, "eval")[0].training.output_dir)
+        ns.model = _trained_model(ns.config, args.training.output_dir)
         model_key = f"{ns.config}: output_dir"
         reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is not None and ns.data is None:  # not a run's directory (an export, a download): no split of its own
@@ -251,8 +257,11 @@ def main(ns: argparse.Namespace) -> int:
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     model_path = resolve_model_dir(ns.model, key=model_key)
-    args, recorded = run_arguments(ns.config, model_path, overrides, "eval")
+    if ns.config is None:  # the record of the run that wrote --model, if one did
+        args, recorded, notes = run_arguments(None, model_path, overrides, "eval")
     no_effect(overrides, "eval", reads)
+    for note in notes:
+        print(note, file=sys.stderr)
     source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
     # the run's windows, mask and kernels unless the options say otherwise; of a model no run wrote, `args` holds the
     # kernel overrides alone (no run's windows to take)

@@ -156,8 +156,11 @@ def main(ns: argparse.Namespace) -> int:
     from pretrain_cli.models.foreign_weights import random_init_note, refuse_unread
 
     refuse_unread(model_dir, "--model")  # weights in files not read: refused, never generated from at random init
-    args, _ = run_arguments(None, model_dir, list(getattr(ns, "overrides", None) or []), "generate")
-    no_effect(list(getattr(ns, "overrides", None) or []), "generate")  # only the kernels: said, not ignored
+    overrides = list(getattr(ns, "overrides", None) or [])
+    args, _, notes = run_arguments(None, model_dir, overrides, "generate")
+    no_effect(overrides, "generate")  # only the kernels: said, not ignored
+    for note in notes:  # (a kernel key that changes no kernel here)
+        print(note, file=sys.stderr)
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:
         raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")
@@ -179,21 +182,14 @@ def main(ns: argparse.Namespace) -> int:
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
-    # pretrained weights trained with a sliding window shorter than `limit` are judged at the longest prompt and all
-    # its new tokens, past where the context slides too: the last `limit` tokens read afresh are not what the
-    # windowed model computes once it has more than one layer (each layer's window reaches back through the one
-    # below it). A window of `limit` or more is never reached: each forward reads at most `limit` tokens.
+    # pretrained weights trained with a sliding window are judged, once, at the longest sequence a forward reads:
+    # the longest prompt and its new tokens but the last (new token j is predicted from the prompt and the j - 1
+    # before it; the last is never read back), at most `limit`, where `generate` slides its context (it reads the
+    # last `limit` tokens afresh). A window of `limit` or more is never reached.
     where, _, ids = max(prompts, key=lambda p: len(p[2]))
-    length, source = len(ids) + ns.max_new_tokens, str(Path(model_dir) / "config.json")
+    longest, source = min(len(ids) + ns.max_new_tokens - 1, limit), str(Path(model_dir) / "config.json")
     key = "the prompt's tokens" if where == "--prompt" else f"the tokens of {where}"
-    judged = length
-    if pretrained and length > limit:
-        try:
-            config_checks.window_note(cfg, source, limit, f"{key} + --max_new_tokens")
-            judged = limit  # (the window holds a whole context: no forward reaches it)
-        except UserError:
-            pass  # (a shorter window: judged whole, below)
-    if pretrained and (window := config_checks.window_note(cfg, source, judged, f"{key} + --max_new_tokens")):
+    if pretrained and (window := config_checks.window_note(cfg, source, longest, f"{key} + --max_new_tokens - 1")):
         print(f"note: {window}", file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     if source != "trained weights":  # said once, before any text

@@ -74,13 +74,14 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
                     f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
 
 
-def run_arguments(config: str | None, model_dir, overrides: list[str], command: str) -> tuple[Arguments | None, bool]:
-    """(the arguments `command` runs with, whether they are a run's): `--config`'s file, else the record of the run
-    that wrote `model_dir`, each with `overrides` (True: their windows and settings are a run's to take); for a model
-    no run wrote (False), None, or with kernel overrides (`--use_flash_attention false`) the file
+def run_arguments(config: str | None, model_dir, overrides: list[str],
+                  command: str) -> tuple[Arguments | None, bool, list[str]]:
+    """(the arguments `command` runs with, whether they are a run's, notes): `--config`'s file, else the record of
+    the run that wrote `model_dir`, each with `overrides` (True: their windows and settings are a run's to take);
+    for a model no run wrote (False), None, or with kernel overrides (`--use_flash_attention false`) the file
     `targets.inference_kernels` takes for it with them (no other override may be given there: there is no run's
-    setting for it to change). A kernel override that changes no kernel here is refused either way
-    (`idle_kernel_keys`)."""
+    setting for it to change). The notes name a kernel override that changes no kernel here (`idle_kernel_keys`).
+    Parsed once with `overrides`, and once without each kernel key among them."""
     from pretrain_cli.config.compute import KERNEL_KEYS
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import SNAPSHOT_ARGUMENTS
@@ -89,7 +90,7 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     source = config or (str(record) if record is not None else None)
     if source is None:
         if not overrides:
-            return None, False
+            return None, False, []
         if any(k not in KERNEL_KEYS for _, k in override_keys(overrides)):
             raise UserError(f"{command}: {' '.join(overrides)}: --key value overrides change a run's settings, and "
                             f"of a model no run wrote only the kernels ({kernel_keys()}); pass --config "
@@ -102,15 +103,16 @@ def run_arguments(config: str | None, model_dir, overrides: list[str], command: 
     else:
         def parse(tokens: list[str]) -> Arguments:
             return parse_config(source, tokens)
-    idle_kernel_keys(parse, overrides, command)
-    return parse(overrides), source is not None
+    given = parse(overrides)
+    return given, source is not None, idle_kernel_keys(given, parse, overrides, command)
 
 
-def idle_kernel_keys(parse, overrides: list[str], command: str) -> None:
-    """Refuse a kernel override that changes the key's value but no kernel on this device (`--fp16 true` on CPU:
-    the precision stays fp32; `--recompute true` alone), naming what the rules said of it: accepted, it would change
-    nothing, silently. One that restates the setting in effect is no change and is taken. `parse(tokens)`: the
-    arguments with those overrides."""
+def idle_kernel_keys(given, parse, overrides: list[str], command: str) -> list[str]:
+    """A `note:` for each kernel override that changes the key's value but no kernel on this device (`--fp16 true`
+    on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16; `--recompute true` alone), naming
+    what the rules said of it: the command runs as it would without it, and the user who typed it learns so. One
+    that restates the setting in effect is no change and is taken silently. `given`: the arguments with
+    `overrides`; `parse(tokens)`: the arguments with those tokens instead (each kernel key left out in turn)."""
     from pretrain_cli.config.compute import KERNEL_KEYS, kernels_for
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import inference_target
@@ -122,20 +124,21 @@ def idle_kernel_keys(parse, overrides: list[str], command: str) -> None:
         chunks[-1].append(token)
     keys = [override_keys(c)[0][1] if c[0].startswith("--") else None for c in chunks]
     if not any(k in KERNEL_KEYS for k in keys):
-        return
-    target, said = inference_target(), []
-    given = parse(overrides)
+        return []
+    target, said, notes = inference_target(), [], []
     kernels = kernels_for(given, target, said)
     for i, (key, chunk) in enumerate(zip(keys, chunks)):
         if key not in KERNEL_KEYS:
             continue
-        without = parse([t for j, c in enumerate(chunks) if j != i for t in c])
-        if without.get(key) != given.get(key) and kernels_for(without, target) == kernels:
-            # the notes that name this key as a word (`fp16: ...`, `precision: fp16 is ...`, `O0 ... (fp16 has no
-            # effect)`), never as part of another key's name (fp16 in `fp16_opt_level: ...`)
-            why = [n for n in said if re.search(rf"(?<![\w.-]){re.escape(key)}(?![\w-])", n)]
-            raise UserError(f"{' '.join(chunk)}: changes no kernel {command} runs on {target.device}"
-                            f"{' (' + '; '.join(why) + ')' if why else ''}; drop it")
+        without, either = parse([t for j, c in enumerate(chunks) if j != i for t in c]), list(said)
+        if without.get(key) != given.get(key) and kernels_for(without, target, either) == kernels:
+            # what the rules said of either value (`--fp16 false` on a run recorded with fp16: of its fp16) that
+            # names this key as a word (`fp16: ...`, `precision: fp16 is ...`, `O0 ... (fp16 has no effect)`), never
+            # as part of another key's name (fp16 in `fp16_opt_level: ...`)
+            why = [n for n in dict.fromkeys(either) if re.search(rf"(?<![\w.-]){re.escape(key)}(?![\w-])", n)]
+            notes.append(f"note: {' '.join(chunk)}: changes no kernel {command} runs on {target.device}"
+                         f"{' (' + '; '.join(why) + ')' if why else ''}: it runs as it would without it")
+    return notes
 
 
 # what else `eval` reads of a run's settings: its windows of --data; of a run's split (`--config`, a run's --model)
@@ -165,13 +168,11 @@ def no_effect(overrides: list[str], command: str, reads: tuple = ()) -> None:
 
 
 def kernel_keys() -> str:
-    """The kernel keys as the refusals name them: taken only where they change a kernel on this device
-    (`idle_kernel_keys`), recompute and recompute_granularity only as the pair that does."""
+    """The kernel keys as the refusals name them (each taken; one that changes no kernel on this device with a
+    note: `idle_kernel_keys`)."""
     from pretrain_cli.config.compute import KERNEL_KEYS
 
-    keys = [k for k in KERNEL_KEYS if not k.startswith("recompute")]
-    return (f"the kernel keys, each only where it changes a kernel on this device: {', '.join(keys)}, and recompute "
-            f"true with recompute_granularity full_attn")
+    return f"the kernel keys: {', '.join(KERNEL_KEYS)}"
 
 
 def data_ranks(config: str) -> int:
