@@ -47,12 +47,15 @@ def test_starting_over_removes_the_earlier_runs_final_model(corpus, tmp_path, mo
     assert f"{out / 'checkpoint-2'}, trained weights" in captured.out, captured.out
 
 
-def test_starting_over_keeps_a_model_no_run_exported(corpus, tmp_path, monkeypatch, capsys):
+def test_starting_over_keeps_a_model_no_run_exported_until_its_export(corpus, tmp_path, monkeypatch, capsys):
     """A directory without args.json (a downloaded model the run may replace at its end) is nobody's final export:
-    nothing of it goes when the run starts."""
+    nothing of it goes when the run starts. The run's export replaces it: its weights under transformers' names go
+    (pytorch_model.bin was left, and read by from_pretrained(use_safetensors=False)), others are named."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"someone's weights")
+    (out / "pytorch_model.bin").write_bytes(b"someone's weights")
+    (out / "consolidated.safetensors").write_bytes(b"someone's weights")
     (out / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
     _interrupted_at(monkeypatch, 1)
@@ -60,6 +63,13 @@ def test_starting_over_keeps_a_model_no_run_exported(corpus, tmp_path, monkeypat
     assert (out / "model.safetensors").read_bytes() == b"someone's weights"
     assert json.loads((out / "config.json").read_text()) == {"model_type": "qwen2"}
     assert "removed the final model" not in capsys.readouterr().out
+    monkeypatch.undo()
+    assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 0
+    logged = capsys.readouterr().out
+    assert (out / "model.safetensors").read_bytes() != b"someone's weights"
+    assert not (out / "pytorch_model.bin").exists() and (out / "consolidated.safetensors").is_file()
+    assert f"final export: removed pytorch_model.bin from {out}:" in logged, logged
+    assert f"final export: {out} also holds consolidated.safetensors: weights under names no export" in logged, logged
 
 
 def test_a_final_model_older_than_the_runs_newest_checkpoint_is_named_so(corpus, tmp_path, monkeypatch, capsys):

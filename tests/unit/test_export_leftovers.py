@@ -73,5 +73,5 @@ def test_the_final_export_leaves_only_its_own_weights_under_transformers_names(t
         f"final export: removed pytorch_model.bin from {out}: an earlier model's weights under transformers' names, "
         "which from_pretrained(use_safetensors=False) would read in place of this run's",
         f"final export: {out} also holds consolidated.safetensors: weights under names no export of ours writes, left "
-        "as they are (from_pretrained and eval --model read this run's, not them); remove them if nothing needs them"], \
-        said
+        "as they are (from_pretrained and eval --model read this run's, not them); remove them if nothing needs "
+        "them"], said
