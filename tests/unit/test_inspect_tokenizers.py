@@ -66,3 +66,76 @@ def test_a_directory_names_the_forms_of_one_tokenizer_and_different_tokenizers(t
     groups = json.loads(capsys.readouterr().out)["tokenizers"]
     assert [(g["tokenizers"], [f.rsplit("/", 1)[-1] for f in g["files"]]) for g in groups] == \
         [([str(whole), str(files)], ["a", "b"]), ([str(other)], ["c"])]
+
+
+def test_groups_are_the_judge_s_own(tmp_path, capsys):
+    """A sidecar from before the ids fingerprint (fingerprint alone) of the tokenizer another file's sidecar names
+    in full is one tokenizer with it: the judge (`tokenizer_problems`) said so and the groups, keyed by whichever id
+    a sidecar had first, made two of it (--json: 2 tokenizers with no problem; 'made with 3' where there are 2)."""
+    whole, _ = gpt2_style(tmp_path)
+    _made(tmp_path, "a", whole)
+    _made(tmp_path, "b", whole)
+    sidecar = json.loads((tmp_path / "d" / "b.json").read_text())
+    del sidecar["tokenizer_ids_fingerprint"]
+    (tmp_path / "d" / "b.json").write_text(json.dumps(sidecar))
+    capsys.readouterr()
+    assert cli.main(["inspect-data", str(tmp_path / "d"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["problems"] == [] and [[f.rsplit("/", 1)[-1] for f in g["files"]] for g in info["tokenizers"]] == \
+        [["a", "b"]], info["tokenizers"]
+    assert info["tokenizers"][0]["tokenizer_ids_fingerprint"] == load_tokenizer(whole).ids_fingerprint
+    other = spaced(tmp_path, whole)
+    _made(tmp_path, "c", other)
+    assert cli.main(["inspect-data", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().out.splitlines()[-1].startswith("tokenizers: the files were made with 2: ")
+
+
+def test_groups_and_the_judge_agree_on_any_sidecars():
+    """On random sidecars drawn from a few fingerprints, ids fingerprints and sha256s (some from before either
+    field), in any order: the groups are the connected sets of the pairwise rule (one fingerprint; one ids
+    fingerprint between two with fingerprints; one sha256 where either has no fingerprint) whatever the order, and
+    the judge refuses exactly where there is more than one. An old sidecar (sha256 alone) joins one with its sha256
+    and, through its fingerprint, a reformatted copy (another sha256), which the judge, comparing pairs, refused."""
+    import random
+
+    from pretrain_cli.data.token_file_tokenizers import tokenizer_groups, tokenizer_problems
+
+    old, new, copy = {"tokenizer_sha256": "s1"}, {"tokenizer_fingerprint": "f1", "tokenizer_sha256": "s1"}, \
+        {"tokenizer_fingerprint": "f1", "tokenizer_sha256": "s2"}
+    assert tokenizer_problems([("o", old), ("n", new), ("c", copy)]) == []
+    assert len(tokenizer_problems([("o", old), ("c", copy)])) == 1  # not joined without `new`
+    rng = random.Random(0)
+    for _ in range(400):
+        metas = []
+        for _ in range(rng.randint(1, 6)):
+            m = {"tokenizer_sha256": rng.choice(["s1", "s2", "s3", None])}
+            if rng.random() < 0.7:
+                m["tokenizer_fingerprint"] = rng.choice(["f1", "f2", "f3"])
+                m["tokenizer_ids_fingerprint"] = rng.choice(["X", "Y", None])
+            metas.append({k: v for k, v in m.items() if v is not None})
+        items = [(f"p{i}", m) for i, m in enumerate(metas)]
+        groups = tokenizer_groups(items)
+        assert _partition(groups) == _connected([(p, m) for p, m in items if m]), items
+        assert bool(tokenizer_problems(items)) == (len(groups) > 1), items
+        shuffled = rng.sample(items, len(items))
+        assert _partition(tokenizer_groups(shuffled)) == _partition(groups), items
+
+
+def _partition(groups) -> list:
+    return sorted(sorted(p for p, _ in g) for g in groups)
+
+
+def _connected(items) -> list:
+    """The sidecars naming a tokenizer, joined pairwise by the rule and closed over shared members (quadratic)."""
+    def same(a, b):
+        fa, fb = a.get("tokenizer_fingerprint"), b.get("tokenizer_fingerprint")
+        ia, ib = a.get("tokenizer_ids_fingerprint"), b.get("tokenizer_ids_fingerprint")
+        sa, sb = a.get("tokenizer_sha256"), b.get("tokenizer_sha256")
+        return bool((fa and fa == fb) or (fa and fb and ia and ia == ib) or ((not fa or not fb) and sa and sa == sb))
+
+    named = [(p, m) for p, m in items if m.get("tokenizer_fingerprint") or m.get("tokenizer_sha256")]
+    groups = []
+    for p, m in named:
+        joined = [g for g in groups if any(same(m, m2) for _, m2 in g)]
+        groups = [g for g in groups if g not in joined] + [[(p, m)] + [x for g in joined for x in g]]
+    return _partition(groups)

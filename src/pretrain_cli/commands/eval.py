@@ -133,16 +133,20 @@ def _loss_sum(model, batches, total: int):
 
 def _check_tokenizer(data: str, model_dir: str) -> None:
     """`--data` made by another tokenizer than the one beside the model (a run's output or an HF directory with a
-    tokenizer.json) is refused, as `train` refuses it (`data.check_tokenizer`); a model directory without one, or
-    a token file without its sidecar, is not judged."""
+    tokenizer.json) is refused, as `train` refuses it (`data.check_tokenizer`); beside a model without one (a run
+    without a tokenizer), than the one its args.json records (`tokenizer_lineage.recorded_problem`, as a resume is
+    judged). A model directory with neither, or a token file without its sidecar, is not judged."""
     from pathlib import Path
 
     from pretrain_cli.data import check_tokenizer
     from pretrain_cli.data.indexed import strip_prefix
     from pretrain_cli.data.tokenizer import load_tokenizer
+    from pretrain_cli.training.tokenizer_lineage import recorded_problem
 
     if (Path(model_dir) / "tokenizer.json").is_file():
         check_tokenizer([strip_prefix(data)], load_tokenizer(model_dir), where="--data: ")
+    elif (found := recorded_problem(model_dir, None, [strip_prefix(data)], "", "--data")) is not None:
+        raise UserError(f"{found[0]}; pass --data made with that tokenizer")
 
 
 def _trained_model(config: str, out: str) -> str:

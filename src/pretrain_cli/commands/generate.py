@@ -163,7 +163,13 @@ def main(ns: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     tok_dir = ns.tokenizer or (model_dir if has_tokenizer(model_dir) else None)
     if tok_dir is None:
-        raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR")
+        from pretrain_cli.data.token_file_tokenizers import tokenizer_named
+        from pretrain_cli.training.tokenizer_lineage import recorded
+
+        rec = recorded(model_dir)  # (a run without a tokenizer: its args.json names the one its data was made with)
+        raise UserError(f"--model: {model_dir} has no tokenizer files; pass --tokenizer DIR"
+                        + (f" ({model_dir} was trained with {tokenizer_named(rec)}, as its args.json records it)"
+                           if rec else ""))
     tok = load_tokenizer(tok_dir)
     prompts = []
     for where, text in _prompts(ns):

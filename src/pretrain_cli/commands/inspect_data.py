@@ -11,6 +11,7 @@ import numpy as np
 
 from pretrain_cli.data.inspect import (TOKENIZER_IDS, check_ids, describe_step, step_record, summarize,
                                       summarize_directory)
+from pretrain_cli.data.token_file_tokenizers import tokenizer_named
 from pretrain_cli.commands import check_counts
 from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
@@ -204,7 +205,7 @@ def main(ns: argparse.Namespace) -> int:
         print(f"special tokens' text in documents became: {info['special_tokens_in_text']} "
               "(preprocess --special_tokens_in_text)")
     if made:
-        print(f"made with {_tokenizer_id(meta)}")
+        print(f"made with {tokenizer_named(meta)}")
     width = max(info["length_histogram"].values(), default=1)
     for bucket, n in info["length_histogram"].items():
         print(f"  {bucket:>15} {n:>9} {'#' * max(1, round(40 * n / width))}")
@@ -236,20 +237,6 @@ def _tokenizer_notes(without_sidecar: int, files: int, tok, tokenizer_dir: str |
     return lines
 
 
-def _tokenizer_id(meta: dict) -> str:
-    """The tokenizer a sidecar records: its path as preprocess was given it (none where a merge joined files made
-    with tokenizers at several paths), its ids fingerprint (`Tokenizer.ids_fingerprint`: what decides whether two
-    files, or a file and a run's tokenizer, match) and its fingerprint (what train-tokenizer prints and check's
-    error names), each by its first 12 characters. A sidecar from before the ids fingerprint has the fingerprint
-    alone; one from before that, tokenizer.json's sha256, said as such."""
-    ids, fp = meta.get("tokenizer_ids_fingerprint"), meta.get("tokenizer_fingerprint")
-    if fp:
-        said = f"ids fingerprint {str(ids)[:12]}, fingerprint {str(fp)[:12]}" if ids else f"fingerprint {str(fp)[:12]}"
-    else:
-        said = f"tokenizer.json sha256 {str(meta.get('tokenizer_sha256'))[:12]}"
-    return f"tokenizer {meta['tokenizer']} ({said})" if meta.get("tokenizer") else f"tokenizer ({said})"
-
-
 def _agreed(known: list, dtype: str) -> str:
     """The line of a directory whose files with a sidecar agree: the tokenizer as the first records it, and where
     they record several fingerprints (`tokenizer_problems` joined them by their ids fingerprints), that they are
@@ -259,7 +246,7 @@ def _agreed(known: list, dtype: str) -> str:
              f"the {count(len(known), 'file')} with a sidecar agree")
     fps = {r["tokenizer_fingerprint"] for r in known if r.get("tokenizer_fingerprint")}
     forms = f"; {len(fps)} fingerprints: forms of one tokenizer, which give the same ids" if len(fps) > 1 else ""
-    return (f"tokenizer: {which}: vocab {k.get('vocab_size')}, eos {k.get('eos_token_id')}, {_tokenizer_id(k)}"
+    return (f"tokenizer: {which}: vocab {k.get('vocab_size')}, eos {k.get('eos_token_id')}, {tokenizer_named(k)}"
             f"{forms}; dtype {dtype}")
 
 
@@ -269,7 +256,7 @@ _ID_NAMES = {"tokenizer_ids_fingerprint": "ids fingerprint", "tokenizer_fingerpr
 
 def _groups_line(groups: list) -> str:
     """The tokenizers a directory's files were made with, each with the files it made (three named, then a count),
-    by the id the rows show first (`data.inspect.tokenizer_groups`)."""
+    as `data.inspect.tokenizer_groups` groups and names them."""
     said = []
     for g in groups:
         field = next(f for f in TOKENIZER_IDS if f in g)
@@ -293,7 +280,7 @@ def _directory(ns, tok) -> int:
               f"{count(info['tokens'], 'token')}")
         width = max(len(os.path.basename(r["prefix"])) for r in rows)
         for r in rows:
-            made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  {_tokenizer_id(r)}"
+            made = (f"vocab {r.get('vocab_size')}  eos {r.get('eos_token_id')}  {tokenizer_named(r)}"
                     if r["sidecar"] else "no sidecar")
             if r.get("special_tokens_in_text") is not None:
                 made += f"  special tokens' text: {r['special_tokens_in_text']}"

@@ -73,29 +73,28 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
                            f"{rows[0]['prefix']}; the files were made with different tokenizers")
     return {"directory": str(directory), "files": rows, "documents": sum(r["documents"] for r in rows),
             "tokens": sum(r["tokens"] for r in rows), "without_sidecar": sum(not r["sidecar"] for r in rows),
-            "tokenizers": tokenizer_groups(rows), "problems": problems}
+            "tokenizers": tokenizer_groups(items), "problems": problems}
 
 
 TOKENIZER_IDS = ("tokenizer_ids_fingerprint", "tokenizer_fingerprint", "tokenizer_sha256")
 
 
-def tokenizer_groups(rows) -> list[dict]:
-    """The files with a sidecar grouped by the tokenizer it records, by the first of `TOKENIZER_IDS` it has (the ids
-    fingerprint, which decides whether two files or a file and a run's tokenizer match; a sidecar from before it,
-    the fingerprint; one from before that, tokenizer.json's sha256), each group with the tokenizer paths its
-    sidecars record and its files. What the rows show, not a verdict: whether the files agree is
-    `token_file_tokenizers.tokenizer_problems`'s to say (which also joins a sidecar without the ids fingerprint to
-    one with it that shares its fingerprint)."""
-    groups: dict = {}
-    for r in rows:
-        key = next(((f, r[f]) for f in TOKENIZER_IDS if r.get(f)), None)
-        if key is None:  # (no sidecar, or one that records no tokenizer)
-            continue
-        g = groups.setdefault(key, {key[0]: key[1], "tokenizers": [], "files": []})
-        if r.get("tokenizer") and r["tokenizer"] not in g["tokenizers"]:
-            g["tokenizers"].append(r["tokenizer"])
-        g["files"].append(r["prefix"])
-    return list(groups.values())
+def tokenizer_groups(items) -> list[dict]:
+    """The files whose sidecar names a tokenizer ((prefix, sidecar) `items`), in the groups of one tokenizer that
+    `token_file_tokenizers.tokenizer_groups` makes, the one rule of "the same tokenizer" (more than one group is
+    what `tokenizer_problems` refuses, so the two never disagree): each named by the first of `TOKENIZER_IDS` one
+    of its sidecars records (the ids fingerprint, which decides whether files or a file and a run's tokenizer
+    match; in sidecars from before it, the fingerprint; before that, tokenizer.json's sha256), with the tokenizer
+    paths its sidecars record and its files."""
+    from pretrain_cli.data.token_file_tokenizers import tokenizer_groups as one_tokenizer_each
+
+    out = []
+    for group in one_tokenizer_each(items):
+        field = next(f for f in TOKENIZER_IDS if any(m.get(f) for _, m in group))
+        out.append({field: next(m[field] for _, m in group if m.get(field)),
+                    "tokenizers": list(dict.fromkeys(m["tokenizer"] for _, m in group if m.get("tokenizer"))),
+                    "files": [p for p, _ in group]})
+    return out
 
 
 def check_ids(datasets, tokenizer=None, tokenizer_dir: str = "") -> None:

@@ -100,7 +100,8 @@ class RunSpec:
         from pretrain_cli import __version__
         from pretrain_cli.training.tokenizer_lineage import trained_with
 
-        tokenizer = trained_with(self.tokenizer, self.prefixes(), CheckpointDir(self.resume) if self.resume else None)
+        tokenizer = trained_with(self.tokenizer, self.prefixes(),
+                                 (self.resume, self.model_dir if self.run.model.continue_training else None))
         return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
                 "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length(),
                 "tokenizer": tokenizer}
@@ -289,14 +290,16 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         if spec.tokenizer is not None and (mismatch := transformers_mismatch(spec.tokenizer, model_cfg.model_type)):
             spec.run = run = replace(run, notes=(*run.notes, mismatch))
-        if spec.tokenizer is not None:  # (continue_training: a note when its weights' tokenizer is another)
+        if spec.tokenizer is not None:
             spec.model_cfg, id_notes = tokenizer_ids(model_cfg, spec.tokenizer)
-            id_notes += continued_tokenizer(model_dir, spec.tokenizer) if run.model.continue_training else []
             spec.run = run = replace(run, notes=(*run.notes, *id_notes, *unused_vocab(args, model_cfg, spec.tokenizer)))
     if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(open_splits, run, model_cfg, spec.tokenizer)
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
         problems.run(open_token_files, run.data.input_dir)
+    if run.model.continue_training:  # a note when its weights' tokenizer is another (its files, else its record)
+        spec.run = run = replace(run, notes=(*run.notes, *continued_tokenizer(model_dir, spec.tokenizer,
+                                                                              spec.prefixes())))
     if problems.run(check_output_dir, run.output.output_dir) is not None:
         from pretrain_cli.orchestration.resumed import find_resume
 
