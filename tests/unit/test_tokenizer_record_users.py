@@ -1,8 +1,8 @@
 """The tokenizer a run without one records in its args.json (`tokenizer_lineage.trained_with`: its token files'
 sidecars) judges more than a resume: eval of its final directory on token files of another tokenizer is refused (it
-ran silently, where a model directory with tokenizer files refuses them); continue_training from it on such files
-is said (a new lineage can be meant) and carries the record forward into the new run's args.json (as
-`trained_length` is); generate, which needs a tokenizer, names the recorded one."""
+ran silently, where a model directory with tokenizer files refuses them); continue_training from it with such files
+or another tokenizer is said (a new lineage can be meant) and carries the record forward into the new run's
+args.json (as `trained_length` is); generate, which needs a tokenizer, names the recorded one."""
 import json
 import shutil
 
@@ -42,6 +42,15 @@ def test_eval_continue_and_generate_judge_the_record_of_a_run_without_tokenizer_
                      f"{said}: its tokenizer fingerprint is {other_fp}, the record's {fp}; its token ids would mean "
                      f"other tokens: continue_training loads its weights, whose embedding rows were trained on that "
                      f"tokenizer's ids; use data made with it unless a new tokenizer is meant"], notes
+    # ... or with another tokenizer (and its files, which pass the data's check): said of the tokenizer
+    (tmp_path / "cont.json").write_text(json.dumps({**cont, "input_dir": str(tmp_path / "d2"),
+                                                    "tokenizer_name_or_path": str(other)}))
+    assert cli.main(["check", str(tmp_path / "cont.json")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "continue_training loads its weights" in line]
+    assert notes == [f"  note: tokenizer_name_or_path: {other} is not the tokenizer {said}: its fingerprint is "
+                     f"{other_fp}, the record's {fp}; its token ids would mean other tokens: continue_training loads "
+                     f"its weights, whose embedding rows were trained on that tokenizer's ids; set "
+                     f"tokenizer_name_or_path to that tokenizer unless a new tokenizer is meant"], notes
     # ... and on files whose sidecar names no tokenizer: the record is carried forward into the new run's
     (tmp_path / "bare").mkdir()
     for ext in (".bin", ".idx"):
