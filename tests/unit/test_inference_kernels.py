@@ -2,6 +2,7 @@
 run with `use_flash_attention: true` takes (on CPU the block kernel), which a forward computes exactly as the
 materialised scores do; a run's own directory keeps the run's choice."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -122,13 +123,8 @@ def _counted_parses(monkeypatch) -> list:
     return calls
 
 
-def test_restating_a_runs_setting_on_a_device_where_it_changes_nothing_runs_with_a_note(tmp_path, capsys,
-                                                                                       monkeypatch):
-    """`--fp16 false` on a run recorded with fp16 (its GPU setting) was refused on CPU: it evaluates, with one note,
-    its split through a run's --model and --config, and --data's windows; and --config's file is parsed once (it
-    was parsed twice, four times with a kernel key; on the --data path six), again only without the kernel key."""
-    from pretrain_cli.cli import main as cli_main
-
+def _fp16_run(tmp_path) -> tuple[str, str, dict]:
+    """(model, run.json, its arguments): a snapshot a run recorded with fp16 (its GPU setting) wrote, args.json."""
     model = _snapshot(tmp_path)
     arguments = {"model_name_or_path": model, "input_dir": write_tokens(tmp_path / "t", n_docs=8, doc_len=64,
                                                                         vocab_size=320),
@@ -137,6 +133,16 @@ def test_restating_a_runs_setting_on_a_device_where_it_changes_nothing_runs_with
     config = tmp_path / "run.json"
     config.write_text(json.dumps(arguments))
     (tmp_path / "m" / "args.json").write_text(json.dumps({"version": 1, "arguments": arguments, "run": {}}))
+    return model, str(config), arguments
+
+
+def test_a_change_of_a_runs_setting_that_changes_no_kernel_here_runs_with_a_note(tmp_path, capsys, monkeypatch):
+    """`--fp16 false` on a run recorded with fp16 (its GPU setting) was refused on CPU: it evaluates, with one note,
+    its split through a run's --model and --config, and --data's windows; and --config's file is parsed once (it
+    was parsed twice, four times with a kernel key; on the --data path six), again only without the kernel key."""
+    from pretrain_cli.cli import main as cli_main
+
+    model, config, arguments = _fp16_run(tmp_path)
     calls = _counted_parses(monkeypatch)
     note = f"note: --fp16 false: changes no kernel eval runs on cpu {FP16_WHY}"
     for argv, parses in ((["--model", model], None), (["--config", str(config), "--model", model], 2),
@@ -153,3 +159,42 @@ def test_restating_a_runs_setting_on_a_device_where_it_changes_nothing_runs_with
             {k: v for k, v in as_run.items() if k != "seconds"}
         if parses is not None:
             assert calls.count(str(config)) == 1, calls
+
+
+def test_what_train_refuses_of_the_kernel_keys_is_refused_on_every_path_with_where_each_came_from(tmp_path, capsys):
+    """`--bf16 true` on a run recorded with fp16 was refused through `prepare` (a run's split) but ran with a note
+    quoting the refusal on --data's windows and in `generate`; fp16 and bf16 both typed ran on a snapshot. Every path
+    refuses them, in `train`'s line naming where each came from and the fix."""
+    from pretrain_cli.cli import main as cli_main
+
+    model, config, arguments = _fp16_run(tmp_path)
+    record = str(tmp_path / "m" / "args.json")
+    switch = "on the command line); choose one precision: pass --fp16 false --bf16 true"
+    for argv, source in ((["eval", "--config", config], config), (["eval", "--model", model], record),
+                         (["eval", "--config", config, "--data", arguments["input_dir"]], config),
+                         (["generate", "--model", model, "--prompt", "hello"], record)):
+        code, err = cli_main([*argv, "--bf16", "true"]), capsys.readouterr().err
+        assert code == 2 and err.strip().splitlines()[-1] == \
+            f"error: fp16, bf16: both are true (fp16 in {source}, --bf16 {switch}", (argv, err)
+    snapshot = str(tmp_path / "plain")
+    shutil.copytree(model, snapshot, ignore=lambda d, names: ["args.json"])
+    for argv in (["generate", "--model", snapshot, "--prompt", "hello"],
+                 ["eval", "--model", snapshot, "--data", arguments["input_dir"], "--max_seq_length", "32"]):
+        code, err = cli_main([*argv, "--fp16", "true", "--bf16", "true"]), capsys.readouterr().err
+        assert code == 2 and err.strip().splitlines()[-1] == ("error: fp16, bf16: both are true (both on the command "
+                                                              "line); choose one precision: drop --fp16 or --bf16"), err
+
+
+def test_a_notes_reasons_are_the_rules_notes_never_a_refusal_and_a_key_given_twice_is_left_out_whole(tmp_path):
+    """The switch `--fp16 false --bf16 true` on a run recorded with fp16 noted `--fp16 false` quoting "fp16, bf16:
+    both are true" (the conflict of the arguments without it, not of what was typed): `--fp16 false` is what makes
+    the switch valid, taken silently, and `--bf16 true` is noted with its own reason. `--fp16 false --fp16 false`
+    had no note (leaving out one copy left the other)."""
+    from pretrain_cli.orchestration.recorded import run_arguments
+
+    model, _, _ = _fp16_run(tmp_path)
+    switched, _, notes = run_arguments(None, model, ["--fp16", "false", "--bf16", "true"], "generate")
+    assert (switched.get("fp16"), switched.get("bf16")) == (False, True)
+    assert notes == [f"note: --bf16 true: changes no kernel generate runs on cpu {FP16_WHY.replace('fp16', 'bf16')}"]
+    assert run_arguments(None, model, ["--fp16", "false", "--fp16", "false"], "eval")[2] == [
+        f"note: --fp16 false --fp16 false: changes no kernel eval runs on cpu {FP16_WHY}"]

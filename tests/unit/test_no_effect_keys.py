@@ -71,7 +71,7 @@ def test_an_idle_kernel_keys_reasons_are_the_notes_naming_it_as_a_word(monkeypat
     from pretrain_cli.config import compute
     from pretrain_cli.orchestration.recorded import idle_kernel_keys
 
-    def kernels_for(args, target, notes=None):
+    def kernels_for(args, target, notes=None, problems=None):
         if notes is not None:
             notes += ["fp16_opt_level: O2 noted", "precision: fp16 is not applicable on cpu", "fp16: said"]
         return "fp32"

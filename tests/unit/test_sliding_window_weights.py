@@ -169,10 +169,17 @@ def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys, mo
     assert "sequences of 16 tokens never reach that window" in out.err and len(json.loads(out.out)["tokens"]) == \
         17 - prompt
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("hi\n" + "hello there " * 3 + "\n")
+    prompts.write_text("hi\nhello\n")
     code = cli_main(["generate", "--model", wide, "--prompt_file", str(prompts), "--max_new_tokens", "30"])
     assert code == 2 and f"lower the tokens of the prompt at {prompts}:2 + --max_new_tokens - 1 to at most 16" in \
         capsys.readouterr().err
+    long = "hello there " * 10  # the prompt alone reads past the window: only a shorter one helps, with its count
+    code, tokens = cli_main(["generate", "--model", wide, "--prompt", long, "--max_new_tokens", "1"]), \
+        len(load_tokenizer(wide).encode(long))
+    err = capsys.readouterr().err
+    assert code == 2 and tokens > 16 and err.rstrip().endswith(
+        f"lower the {tokens} tokens of the prompt (only a shorter prompt helps: a forward reads the whole prompt at "
+        f"any --max_new_tokens) to at most 16"), err
     narrow = _export(tmp_path, 16, layers=2)  # the window (16) holds the whole context (16 positions)
     judged, window_note = [], config_checks.window_note
     monkeypatch.setattr(config_checks, "window_note", lambda cfg, source, length, key: judged.append(length) or

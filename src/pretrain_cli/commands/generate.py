@@ -191,11 +191,19 @@ def main(ns: argparse.Namespace) -> int:
     # pretrained weights trained with a sliding window are judged, once, at the longest sequence a forward reads:
     # the longest prompt and its new tokens but the last (new token j is predicted from the prompt and the j - 1
     # before it; the last is never read back), at most `limit`, where `generate` slides its context (it reads the
-    # last `limit` tokens afresh). A window of `limit` or more is never reached.
+    # last `limit` tokens afresh). A window of `limit` or more is never reached. Refused, a prompt that alone reads
+    # past the window is named with its count (judged again only then): no --max_new_tokens helps it.
     where, _, ids = max(prompts, key=lambda p: len(p[2]))
     longest, source = min(len(ids) + ns.max_new_tokens - 1, limit), str(Path(model_dir) / "config.json")
     key = "the prompt's tokens" if where == "--prompt" else f"the tokens of {where}"
-    if pretrained and (window := config_checks.window_note(cfg, source, longest, f"{key} + --max_new_tokens - 1")):
+    try:
+        window = pretrained and config_checks.window_note(cfg, source, longest, f"{key} + --max_new_tokens - 1")
+    except UserError:
+        alone = f"the {len(ids)} tokens of {'the prompt' if where == '--prompt' else where}"
+        config_checks.window_note(cfg, source, min(len(ids), limit), f"{alone} (only a shorter prompt helps: a "
+                                  f"forward reads the whole prompt at any --max_new_tokens)")
+        raise
+    if window:
         print(f"note: {window}", file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     if source != "trained weights":  # said once, before any text

@@ -20,7 +20,7 @@ def resolve_precision(args: Arguments, device: str, target: Target, notes: list,
 
     t = args.training
     if t.fp16 and t.bf16:
-        problems.add("fp16, bf16: both are true; choose one precision")
+        problems.add(f"fp16, bf16: both are true{_both_precisions(args)}")
     want = "bfloat16" if t.bf16 else "float16" if t.fp16 else None
     if want and t.fp16_opt_level == "O0":  # Paddle's AMP level O0 casts nothing: fp32 computation
         notes.append(f"fp16_opt_level: O0 runs no op in half precision (Paddle's AMP level O0); the run is fp32 "
@@ -41,6 +41,22 @@ def resolve_precision(args: Arguments, device: str, target: Target, notes: list,
         notes.append("amp_master_grad: ignored without fp16/bf16 mixed precision")
     return Precision(want, t.fp16_opt_level if want else "O1", bool(t.amp_master_grad and want), t.scale_loss,
                      tuple(t.amp_custom_black_list or ()), tuple(t.amp_custom_white_list or ()))
+
+
+def _both_precisions(args: Arguments) -> str:
+    """Where fp16 and bf16 were each set true, with the fix for that place: a file's fp16 (a run's args.json) and
+    `--bf16 true` typed is a switch of precision that needs `--fp16 false` too."""
+    where = {k: args.explicit.get(k, "default") for k in ("fp16", "bf16")}
+    typed = [k for k, w in where.items() if w == "command line"]
+    if len(typed) == 1:
+        other = "bf16" if typed[0] == "fp16" else "fp16"
+        return (f" ({other} in {args.config_path or where[other]}, --{typed[0]} on the command line); choose one "
+                f"precision: pass --{other} false --{typed[0]} true")
+    if len(typed) == 2:
+        return " (both on the command line); choose one precision: drop --fp16 or --bf16"
+    if set(where.values()) == {"file"}:
+        return f" (both in {args.config_path}); choose one precision: set one of them false there"
+    return f" (fp16 from {where['fp16']}, bf16 from {where['bf16']}); choose one precision"
 
 
 def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes: list) -> KernelConfig:
@@ -106,16 +122,19 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
     return f"{name} ({what})"
 
 
-def kernels_for(args: Arguments, target: Target, notes: list | None = None) -> KernelConfig:
+def kernels_for(args: Arguments, target: Target, notes: list | None = None,
+                problems: list | None = None) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
     override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`). `notes` receives what the rules said on
-    the way (`precision: fp16 is not applicable on cpu`, what `train` would refuse), for the caller that judges
-    an override by them (`orchestration.recorded`)."""
+    the way (`precision: fp16 is not applicable on cpu`) and `problems`, apart, what `train` would refuse (`fp16,
+    bf16: both are true`): the caller refuses the problems and judges an override by the notes alone
+    (`orchestration.recorded`)."""
     notes = [] if notes is None else notes
-    problems = Problems()
-    kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, problems), notes)
-    notes.extend(problems.items)
+    found = Problems()
+    kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, found), notes)
+    if problems is not None:
+        problems.extend(found.items)
     return kernels
 
 

@@ -80,8 +80,9 @@ def run_arguments(config: str | None, model_dir, overrides: list[str],
     the run that wrote `model_dir`, each with `overrides` (True: their windows and settings are a run's to take);
     for a model no run wrote (False), None, or with kernel overrides (`--use_flash_attention false`) the file
     `targets.inference_kernels` takes for it with them (no other override may be given there: there is no run's
-    setting for it to change). The notes name a kernel override that changes no kernel here (`idle_kernel_keys`).
-    Parsed once with `overrides`, and once without each kernel key among them."""
+    setting for it to change). What `train` would refuse of their kernels is refused, and the notes name a kernel
+    override that changes no kernel here (`idle_kernel_keys`). Parsed once with `overrides`, and once without each
+    kernel key among them."""
     from pretrain_cli.config.compute import KERNEL_KEYS
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import SNAPSHOT_ARGUMENTS
@@ -108,35 +109,41 @@ def run_arguments(config: str | None, model_dir, overrides: list[str],
 
 
 def idle_kernel_keys(given, parse, overrides: list[str], command: str) -> list[str]:
-    """A `note:` for each kernel override that changes the key's value but no kernel on this device (`--fp16 true`
-    on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16; `--recompute true` alone), naming
-    what the rules said of it: the command runs as it would without it, and the user who typed it learns so. One
-    that restates the setting in effect is no change and is taken silently. `given`: the arguments with
-    `overrides`; `parse(tokens)`: the arguments with those tokens instead (each kernel key left out in turn)."""
+    """The kernel rules' verdict on `given`, the arguments with `overrides`: what `train` would refuse of them
+    (`fp16, bf16: both are true`) is refused, as `prepare` refuses it (`eval --config`'s path has been judged there
+    already). Then a `note:` for each kernel key the overrides change that changes no kernel on this device
+    (`--fp16 true` on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16; `--recompute true`
+    alone), naming what the rules noted of either value, never what they would refuse (a conflict of the arguments
+    without it is none of the user's value): the command runs as it would without it, and the user learns so. A
+    key given twice is left out with every copy. One that restates the setting in effect is no change, and one
+    without which the arguments would be refused is a change that counts (`--fp16 false` beside `--bf16 true` on a
+    run recorded with fp16): both are taken silently. `parse(tokens)`: the arguments with those tokens instead."""
     from pretrain_cli.config.compute import KERNEL_KEYS, kernels_for
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import inference_target
 
+    target, said, refused = inference_target(), [], []
+    kernels = kernels_for(given, target, said, refused)
+    if refused:
+        raise UserError("\n".join(dict.fromkeys(refused)))
     chunks: list[list[str]] = []  # each --key with its values, as typed
     for token in overrides:
         if token.startswith("--") or not chunks:
             chunks.append([])
         chunks[-1].append(token)
     keys = [override_keys(c)[0][1] if c[0].startswith("--") else None for c in chunks]
-    if not any(k in KERNEL_KEYS for k in keys):
-        return []
-    target, said, notes = inference_target(), [], []
-    kernels = kernels_for(given, target, said)
-    for i, (key, chunk) in enumerate(zip(keys, chunks)):
-        if key not in KERNEL_KEYS:
-            continue
-        without, either = parse([t for j, c in enumerate(chunks) if j != i for t in c]), list(said)
-        if without.get(key) != given.get(key) and kernels_for(without, target, either) == kernels:
+    notes = []
+    for key in dict.fromkeys(k for k in keys if k in KERNEL_KEYS):
+        typed = [t for k, c in zip(keys, chunks) if k == key for t in c]
+        without = parse([t for k, c in zip(keys, chunks) if k != key for t in c])
+        either, conflict = list(said), []
+        if without.get(key) != given.get(key) and kernels_for(without, target, either, conflict) == kernels \
+                and not conflict:
             # what the rules said of either value (`--fp16 false` on a run recorded with fp16: of its fp16) that
             # names this key as a word (`fp16: ...`, `precision: fp16 is ...`, `O0 ... (fp16 has no effect)`), never
             # as part of another key's name (fp16 in `fp16_opt_level: ...`)
             why = [n for n in dict.fromkeys(either) if re.search(rf"(?<![\w.-]){re.escape(key)}(?![\w-])", n)]
-            notes.append(f"note: {' '.join(chunk)}: changes no kernel {command} runs on {target.device}"
+            notes.append(f"note: {' '.join(typed)}: changes no kernel {command} runs on {target.device}"
                          f"{' (' + '; '.join(why) + ')' if why else ''}: it runs as it would without it")
     return notes
 
