@@ -49,27 +49,41 @@ def test_starting_over_removes_the_earlier_runs_final_model(corpus, tmp_path, mo
 
 def test_starting_over_keeps_a_model_no_run_exported_until_its_export(corpus, tmp_path, monkeypatch, capsys):
     """A directory without args.json (a downloaded model the run may replace at its end) is nobody's final export:
-    nothing of it goes when the run starts. The run's export replaces it: its weights under transformers' names go
-    (pytorch_model.bin was left, and read by from_pretrained(use_safetensors=False)), others are named."""
+    args.json records its weights as there before the run, so until the run's export eval takes the run's newest
+    checkpoint (it took the download for the run's trained weights), and nothing of it goes when a run starts over
+    (a second start removed it as 'the final model an earlier run exported'). The run's export replaces it: its
+    weights under transformers' names go (pytorch_model.bin was left, and read by
+    from_pretrained(use_safetensors=False)), others are named."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "model.safetensors").write_bytes(b"someone's weights")
-    (out / "pytorch_model.bin").write_bytes(b"someone's weights")
-    (out / "consolidated.safetensors").write_bytes(b"someone's weights")
-    (out / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    download = {n: b"someone's weights" for n in ("model.safetensors", "pytorch_model.bin", "consolidated.safetensors")}
+    download["config.json"] = json.dumps({"model_type": "qwen2"}).encode()
+    for name, data in download.items():
+        (out / name).write_bytes(data)
     cfg = write_config(tmp_path, corpus, max_steps=4, save_steps=2)
-    _interrupted_at(monkeypatch, 1)
-    assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
-    assert (out / "model.safetensors").read_bytes() == b"someone's weights"
-    assert json.loads((out / "config.json").read_text()) == {"model_type": "qwen2"}
-    assert "removed the final model" not in capsys.readouterr().out
-    monkeypatch.undo()
+    for start in range(2):  # each stopped in step 3, after checkpoint-2
+        _interrupted_at(monkeypatch, 3)
+        assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 130
+        monkeypatch.undo()
+        assert {n: (out / n).read_bytes() for n in download} == download
+        assert "removed the final model" not in capsys.readouterr().out
+    recorded = json.loads((out / "args.json").read_text())["weights_before_the_run"]
+    assert sorted(e["name"] for e in recorded) == ["consolidated.safetensors", "model.safetensors",
+                                                   "pytorch_model.bin"]
+    assert cli_main(["eval", "--model", str(out), "--max_batches", "1"]) == 0
+    captured = capsys.readouterr()
+    assert f"using its newest checkpoint, {out / 'checkpoint-2'} (consolidated.safetensors, model.safetensors, " \
+           f"pytorch_model.bin there are the model {out} held before the run, not trained by it" in captured.err, \
+        captured.err
+    assert f"{out / 'checkpoint-2'}, trained weights" in captured.out, captured.out
     assert cli_main(["train", cfg, "--overwrite_output_dir", "true"]) == 0
     logged = capsys.readouterr().out
     assert (out / "model.safetensors").read_bytes() != b"someone's weights"
     assert not (out / "pytorch_model.bin").exists() and (out / "consolidated.safetensors").is_file()
     assert f"final export: removed pytorch_model.bin from {out}:" in logged, logged
     assert f"final export: {out} also holds consolidated.safetensors: weights under names no export" in logged, logged
+    assert cli_main(["eval", "--model", str(out), "--max_batches", "1"]) == 0
+    assert f"{out}, trained weights" in capsys.readouterr().out
 
 
 def test_a_final_model_older_than_the_runs_newest_checkpoint_is_named_so(corpus, tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
-"""What the final export does with weights an earlier model left in output_dir (`export.leftover_weights`): a run
-started over there (overwrite_output_dir) on an older run's sharded model, or a downloaded one carrying a
-pytorch_model.bin, left those beside its own, unsaid, and from_pretrained could read them."""
+"""What the final export does with weights an earlier model left in output_dir (`convert.write_hf_dir` removes those
+under transformers' names, `export.leftover_weights` says so and names the others): a run started over there
+(overwrite_output_dir) on an older run's sharded model, or a downloaded one carrying a pytorch_model.bin, left those
+beside its own, unsaid, and from_pretrained could read them; files under other names are the user's."""
 import logging
 import shutil
 from types import SimpleNamespace as NS
@@ -70,8 +71,40 @@ def test_the_final_export_leaves_only_its_own_weights_under_transformers_names(t
     assert weights == ["consolidated.safetensors", "model.safetensors"]
     said = [r.getMessage() for r in caplog.records if "final export:" in r.getMessage()]
     assert said[1:3] == [
-        f"final export: removed pytorch_model.bin from {out}: an earlier model's weights under transformers' names, "
-        "which from_pretrained(use_safetensors=False) would read in place of this run's",
+        f"final export: removed model-00001-of-00002.safetensors, model-00002-of-00002.safetensors, "
+        f"model.safetensors.index.json, pytorch_model.bin from {out}: an earlier model's weights under transformers' "
+        "names, which loaders would read in place of this run's",
         f"final export: {out} also holds consolidated.safetensors: weights under names no export of ours writes, left "
         "as they are (from_pretrained and eval --model read this run's, not them); remove them if nothing needs "
         "them"], said
+
+
+def test_only_transformers_names_are_replaced_and_the_rest_is_named(tmp_path, caplog):
+    """transformers' names, variants included (`_add_variant` puts `.fp16` before the last dot: the indexes'
+    before `.json`), are the earlier model's; a user's files under names like them are not (all of these went,
+    unsaid, when every `model*.safetensors*` went)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = ["model.safetensors", "model.fp16.safetensors", "model.fp16-00001-of-00002.safetensors",
+              "model.safetensors.index.fp16.json", "pytorch_model.fp16-00002-of-00002.bin",
+              "pytorch_model.bin.index.fp16.json", "pytorch_model-00001-of-00003.bin"]
+    users = ["model.safetensors.bak", "model_ema.safetensors", "model-base.safetensors", "models.safetensors.txt",
+             "model-1-of-2.safetensors", "notes.md", "pytorch_model.idx", "pytorch_model.bin"]  # (.bin + .idx: tokens)
+    for name in theirs + users:
+        (out / name).write_bytes(b"earlier bytes")
+    run = NS(loop=NS(do_train=True), output=NS(output_dir=str(out), export_dtype="float32"))
+    with caplog.at_level(logging.INFO, logger="pretrain_cli"):
+        export.write_final(run, CFG, _model(2), None, {}, {"global_step": 3}, {"train_loss": 1.0})
+    assert [n for n in users if not (out / n).is_file()] == []
+    assert all((out / n).read_bytes() == b"earlier bytes" for n in users)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*users, "model.safetensors", "config.json", "args.json",
+                                                            "generation_config.json", *export.FINAL_FILES[:4]])
+    said = [r.getMessage() for r in caplog.records if "final export:" in r.getMessage()]
+    assert said[1:3] == [
+        f"final export: removed {', '.join(sorted(set(theirs) - {'model.safetensors'}))} from {out}: an earlier "
+        "model's weights under transformers' names, which loaders would read in place of this run's",
+        f"final export: {out} also holds model-1-of-2.safetensors, model-base.safetensors, model_ema.safetensors: "
+        "weights under names no export of ours writes, left as they are (from_pretrained and eval --model read this "
+        "run's, not them); remove them if nothing needs them"], said
+    got = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
+    assert all(np.array_equal(got[n].detach().numpy(), t.numpy()) for n, t in hf_state_dict(_model(2)).items())

@@ -137,10 +137,16 @@ class DataArguments:
 @dataclass
 class TrainingArguments:
     # --- run and output
-    output_dir: Optional[str] = _f(None, "Where checkpoints, the final model, metrics and runs/ go. Required.")
-    overwrite_output_dir: bool = _f(False, "True: no auto-resume from output_dir/checkpoint-N; the checkpoints there "
-                                           "past the step the run starts from (0, or resume_from_checkpoint's) are "
-                                           "removed when it starts.")
+    output_dir: Optional[str] = _f(None, "Where checkpoints, the final model, metrics and runs/ go. Required. The "
+                                         "final export replaces the model there under transformers' names "
+                                         "(model*.safetensors, pytorch_model*.bin, their indexes) and names other "
+                                         "weights it leaves; one holding a model no run wrote (a download) needs "
+                                         "overwrite_output_dir.")
+    overwrite_output_dir: bool = _f(False, "True: no auto-resume from output_dir/checkpoint-N; when the run starts, "
+                                           "the checkpoints there past the step it starts from (0, or "
+                                           "resume_from_checkpoint's) are removed, and so is an earlier run's final "
+                                           "model (unless the run reads its model or tokenizer there); a model no run "
+                                           "wrote there (a download) stays until the final export replaces it.")
     resume_from_checkpoint: Optional[str] = _f(None, "Resume from this checkpoint directory (wins over auto-resume).")
     do_train: bool = _f(False, "Train.")
     do_eval: bool = _f(False, "Evaluate on the valid split every eval_steps.")

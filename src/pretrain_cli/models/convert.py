@@ -11,7 +11,6 @@ names, shapes and dtypes are checked; `training.weight_source` reads every sourc
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -35,6 +34,24 @@ _QKV_BIASES = tuple(f"self_attn.{p}_proj.bias" for p in "qkv")
 # a MoE router's auxiliary-loss-free balancing bias (fp32, `models.moe`): in our checkpoints always; in an HF
 # export only for families whose HF model has it (`Family.hf_router_bias`); a source without it starts it at 0
 ROUTER_BIAS = "mlp.gate.e_score_correction_bias"
+# transformers' names for a model's weights, as its save_pretrained writes them and from_pretrained reads them: the
+# safetensors and PyTorch files, single or sharded (`-0000k-of-0000n` before the ending), with a variant (`.fp16`:
+# `_add_variant` puts it before the last dot, so the indexes' comes before `.json`), and their indexes. An HF
+# directory's model is these files; any other name (model_ema.safetensors, model.safetensors.bak) is not
+_V, _SHARD = r"(\.[A-Za-z0-9_]+)?", r"(-\d{5}-of-\d{5})?"
+HF_WEIGHTS = re.compile(rf"model{_V}{_SHARD}\.safetensors|model\.safetensors\.index{_V}\.json"
+                        rf"|pytorch_model{_V}{_SHARD}\.bin|pytorch_model\.bin\.index{_V}\.json")
+
+
+def hf_weight_names(out_dir) -> list[str]:
+    """The files of `out_dir` under transformers' names for weights (`HF_WEIGHTS`; a `.bin` beside a same-named
+    `.idx` is a token file), in the order a save removes them: PyTorch's first (each index before its weights), then
+    the safetensors index, then its weights. While PyTorch's go, transformers reads the earlier safetensors model
+    whole; once its index (or single file) has gone it finds no model (an error), never part of one."""
+    d = str(out_dir)
+    names = [n for n in os.listdir(d) if HF_WEIGHTS.fullmatch(n) and os.path.isfile(os.path.join(d, n))
+             and not (n.endswith(".bin") and os.path.isfile(os.path.join(d, n[:-4] + ".idx")))]
+    return sorted(names, key=lambda n: (not n.startswith("pytorch_model"), ".index" not in n, n))
 
 
 def linear_weight_names(model) -> set[str]:
@@ -275,7 +292,8 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     """An HF directory from `entries` [(HF name, dtype code, HF shape, produce)]: safetensors sharded the way
     transformers shards (`model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` above
     `max_shard_bytes`), written by streaming (`shard_files.write`: one tensor in memory at a time), then
-    config.json and generation_config.json."""
+    config.json and generation_config.json. The weights an earlier model left there under transformers' names
+    (`hf_weight_names`) are removed: loaders would read them in place of these, or beside them."""
     from pretrain_cli.storage import shard_files
 
     os.makedirs(out_dir, exist_ok=True)
@@ -294,16 +312,21 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     shards.append(cur)
     n = len(shards)
     files = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    # the earlier model's config.json and its weights under transformers' names go first (`hf_weight_names`' order),
+    # then the shards are written, then the index (where there is one) and config.json, last: a kill at any point
+    # leaves the earlier model, no model (loaders fail loudly: weights without config.json, shards without their
+    # index), or this one; never files of both, read by different loaders, nor new weights under the old config.
+    # A single model.safetensors replaces the earlier one in one rename (`shard_files.write`): that one stays till then.
+    earlier = hf_weight_names(out_dir)
+    config = ["config.json"] if earlier and os.path.isfile(os.path.join(out_dir, "config.json")) else []
+    for old in config + [f for f in earlier if not (n == 1 and f == SINGLE_FILE)]:
+        os.remove(os.path.join(out_dir, old))
     for fname, shard in zip(files, shards):
         shard_files.write(os.path.join(out_dir, fname), shard, {"format": "pt"})
-    index_path = os.path.join(out_dir, INDEX_FILE)
     if n > 1:
         weight_map = {e[0]: fname for fname, shard in zip(files, shards) for e in shard}
-        atomic.write_json(index_path, {"metadata": {"total_size": total}, "weight_map": weight_map})
-    # stale weights from an earlier save with different sharding would be picked up by loaders
-    for old in glob.glob(os.path.join(out_dir, "model*.safetensors*")):
-        if os.path.basename(old) not in files and not (n > 1 and old == index_path):
-            os.remove(old)
+        atomic.write_json(os.path.join(out_dir, INDEX_FILE), {"metadata": {"total_size": total},
+                                                              "weight_map": weight_map})
     write_model_config(cfg, out_dir, dtype)
     return files
 

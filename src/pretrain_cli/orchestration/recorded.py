@@ -20,12 +20,13 @@ def record_path(model_dir) -> Path | None:
 def trained_model(output_dir) -> tuple[Path | None, str | None]:
     """(model, note) a run's output_dir holds: its final export, else its newest checkpoint-N with a `note:`
     saying so (a run stopped before its export still has a model to evaluate or sample; the user must know it is
-    not the final one); (None, None) when it holds neither yet."""
+    not the final one, nor the model the directory held before the run: `export.final_step` judges); (None, None)
+    when it holds neither yet."""
     from pretrain_cli import run_dir
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.training.export import before_the_run, final_step
 
     out = Path(output_dir)
-    if has_weights(out):
+    if final_step(out)[0]:
         return out, older_final(out)
     ckpt = run_dir.latest_checkpoint(out)
     if ckpt is None:
@@ -35,7 +36,10 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     who = whose(out)
     why = ("its run stopped before the export" if who is None else f"its run is still training: {who}"
            if who.startswith("pid") else f"its run on {who} holds its lock: still training, or stopped there")
-    return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}"
+    before = before_the_run(out)
+    there = (f" ({', '.join(before)} there {'is' if len(before) == 1 else 'are'} the model {out} held before the run, "
+             f"not trained by it)") if before else ""
+    return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}{there}"
 
 
 def older_final(out: Path) -> str | None:
@@ -58,19 +62,21 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     """(model, note) for `--model NAME`: a run's output_dir without its final export (args.json and checkpoint-N/
     but no weights of its own) stands for its newest checkpoint, as `eval --config` takes it; any other name is
     returned as given, for `resolve_model_dir` to judge."""
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.training.export import before_the_run, final_step
 
     path = Path(name)
     if not path.is_dir() or record_path(path) is None:
         return name, None
-    if has_weights(path):
+    if final_step(path)[0]:
         return name, older_final(path)
     model, note = trained_model(path)
     if model is not None:
         return str(model), note
-    if (path / "config.json").is_file():  # a model directory of ours without weights: judged where it loads
+    before = before_the_run(path)
+    if (path / "config.json").is_file() and not before:  # a model directory of ours without weights: judged there
         return name, None
-    raise UserError(f"{key}: {name} is a run's output_dir with neither a final model nor a checkpoint-N yet; "
+    held = f" (only {', '.join(before)}: the model it held before the run, not trained by it)" if before else ""
+    raise UserError(f"{key}: {name} is a run's output_dir with neither a final model nor a checkpoint-N yet{held}; "
                     f"wait for its first checkpoint (save_steps) or point {key} at a model directory")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from pretrain_cli import atomic, run_dir
 from pretrain_cli.data.tokenizer import TOKENIZER_FILES, export_files
-from pretrain_cli.models.convert import ROUTER_BIAS
+from pretrain_cli.models.convert import ROUTER_BIAS, hf_weight_names
 from pretrain_cli.run_config import RunConfig
 
 
@@ -41,8 +41,9 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     dtype, log, started = run.output.export_dtype, logging.getLogger("pretrain_cli"), time.perf_counter()
     log.info(f"final export: writing {dtype} weights (export_dtype; its default auto: the half dtype of a bf16/fp16 "
              f"run, float32 otherwise) to {out}")
+    earlier = hf_weight_names(out) if out.is_dir() else []
     files, note = write_weights(model, model_cfg, out, state["global_step"], dtype)
-    for line in ([note] if note else []) + leftover_weights(out, files):
+    for line in ([note] if note else []) + leftover_weights(out, files, earlier):
         log.info(line)
     export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
     atomic.write_json(out / run_dir.STATE_FILE, state)
@@ -72,31 +73,22 @@ def final_files(out) -> list[Path]:
     return [*shards, *(out / n for n in (SINGLE_FILE, INDEX_FILE, *FINAL_FILES) if (out / n).is_file())]
 
 
-# transformers' names for a model's weights in PyTorch's format (save_pretrained(safe_serialization=False), a variant,
-# shards, their index): an HF directory's weights as much as model.safetensors, which `convert.write_hf_dir` replaces
-_TORCH_WEIGHTS = re.compile(r"pytorch_model(\.[A-Za-z0-9_]+)?((-\d+-of-\d+)?\.bin|\.bin\.index\.json)")
-
-
-def leftover_weights(out, written) -> list[str]:
-    """Lines for the weights the final export into `out` finds beside its own (`written`, and their index): those
-    under transformers' names for an HF directory's weights are an earlier model's, which this export replaces. Under
-    safetensors names `convert.write_hf_dir` has removed them; under PyTorch's (`_TORCH_WEIGHTS`: pytorch_model.bin,
-    its shards and index) they are removed here, said in one line: from_pretrained(use_safetensors=False), or a tool
-    that prefers PyTorch's files, read them in place of this run's model. Weights under other names
-    (consolidated.safetensors, a .gguf, a .pdparams: `foreign_weights.weight_files`) are no HF directory's names and
-    not ours to remove; one line names them, as neither from_pretrained nor `eval --model` reads them there."""
+def leftover_weights(out, written, earlier) -> list[str]:
+    """Lines for the weights the final export into `out` found beside its own (`written`, and their index; `earlier`:
+    the files under transformers' names, `convert.HF_WEIGHTS`, that `out` held before it): those under
+    transformers' names are an earlier model's, which `convert.write_hf_dir` removed (loaders read them in place of
+    this run's model, or beside it: use_safetensors=False the PyTorch files, our loader an old index's shards);
+    one line names those that went. Weights under other names (consolidated.safetensors, model_ema.safetensors, a
+    .gguf, a .pdparams: `foreign_weights.weight_files`) are no HF directory's model and not ours to remove; one
+    line names them, as neither from_pretrained nor `eval --model` reads them there."""
     from pretrain_cli.models.convert import INDEX_FILE
     from pretrain_cli.models.foreign_weights import weight_files
 
     out, lines = Path(out), []
-    stale = sorted(p.name for p in out.iterdir() if p.is_file() and _TORCH_WEIGHTS.fullmatch(p.name)
-                   and not p.with_suffix(".idx").is_file())  # (a .bin beside its .idx is a token file)
-    for name in stale:
-        (out / name).unlink()
-    if stale:
-        lines.append(f"final export: removed {', '.join(stale)} from {out}: an earlier model's weights under "
-                     f"transformers' names, which from_pretrained(use_safetensors=False) would read in place of this "
-                     f"run's")
+    removed = sorted(n for n in earlier if not (out / n).exists())  # (one still there was written anew)
+    if removed:
+        lines.append(f"final export: removed {', '.join(removed)} from {out}: an earlier model's weights under "
+                     f"transformers' names, which loaders would read in place of this run's")
     read, unread = weight_files(out)
     left = [n for n in read + unread if n not in written and n != INDEX_FILE]
     if left:
@@ -106,14 +98,70 @@ def leftover_weights(out, written) -> list[str]:
     return lines
 
 
+# args.json's record of the weights output_dir held before a run of ours first wrote there (`weights_before_the_run`)
+BEFORE_RUN = "weights_before_the_run"
+
+
+def weights_before_the_run(out) -> list[dict]:
+    """What args.json records under `BEFORE_RUN` as a training run starts in `out` (name, size, mtime_ns of each
+    file): the weight files there when no run of ours has recorded itself there (no args.json of ours: a downloaded
+    model under overwrite_output_dir), else the earlier record's files that are unchanged. They are no model of
+    the run's (`final_step`), whatever else the directory holds: an HF Trainer's snapshot ships its own
+    trainer_state.json and all_results.json, so those could not tell."""
+    from pretrain_cli.models.foreign_weights import weight_files
+
+    out = Path(out)
+    kept = _recorded(out)
+    if kept is None:
+        read, unread = weight_files(out)
+        return [_stat(out / n) for n in read + unread]
+    return [e for e in kept if _unchanged(out, e)]
+
+
+def before_the_run(out) -> list[str]:
+    """The names of the weight files in `out` that args.json records as there before its run (`BEFORE_RUN`), and
+    that are unchanged: a model the run did not train."""
+    return [e["name"] for e in _recorded(out) or [] if _unchanged(out, e)]
+
+
+def _recorded(out: Path) -> list | None:
+    """args.json's `BEFORE_RUN` entries ([] without the key), or None when `out` holds no args.json of ours."""
+    try:
+        args = json.loads((out / run_dir.ARGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not run_dir.is_record(args):
+        return None
+    entries = args.get(BEFORE_RUN)
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _stat(path: Path) -> dict:
+    st = path.stat()
+    return {"name": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _unchanged(out: Path, entry: dict) -> bool:
+    """Whether the file `entry` records is in `out` as recorded (the same size and modification time)."""
+    name = entry.get("name")
+    if not isinstance(name, str) or Path(name).name != name:  # (a file of this directory, by its name alone)
+        return False
+    try:
+        return _stat(out / name) == {"name": name, "size": entry.get("size"), "mtime_ns": entry.get("mtime_ns")}
+    except OSError:
+        return False
+
+
 def final_step(out) -> tuple[bool, int | None]:
     """(whether run directory `out` holds a final model, the step it was exported at): a final model is weights
-    that `eval --model out` reads (`convert.has_weights`), whether or not the rest of its export is there; its step
-    is the trainer state the export wrote, None where that is unreadable (an export killed between its weights and
-    trainer_state.json). `closing.stopped` and `remove_final` both ask here, so they agree on what is there."""
-    from pretrain_cli.models.convert import has_weights
+    that `eval --model out` reads (`foreign_weights.weight_files`), whether or not the rest of its export is there,
+    but for those args.json records as there before the run (`before_the_run`: a download the run has not replaced
+    yet); its step is the trainer state the export wrote, None where that is unreadable (an export killed between
+    its weights and trainer_state.json). `eval`, `generate` (`orchestration.recorded`), `closing.stopped` and
+    `remove_final` all ask here, so they agree on what is there."""
+    from pretrain_cli.models.foreign_weights import weight_files
 
-    if not has_weights(out):
+    if not set(weight_files(out)[0]) - set(before_the_run(Path(out))):
         return False, None
     try:
         return True, int(json.loads((Path(out) / run_dir.STATE_FILE).read_text(encoding="utf-8"))["global_step"])
@@ -125,7 +173,9 @@ def remove_final(out) -> str | None:
     """An earlier run's final export in `out`, removed by a run that starts over there (`overwrite_output_dir`):
     left in place, until this run writes its own, `eval` and `generate` on `out` (and transformers) took it for
     this run's model, beside this run's checkpoints. Only our export's weights make one: weights under other names
-    (a consolidated.safetensors) are no export of ours, and are left. Returns the line saying what went, or None."""
+    (a consolidated.safetensors) are no export of ours, and are left, as is a model args.json records as there
+    before the run (`final_step`: a download; the final export replaces it). Returns the line saying what went, or
+    None."""
     has, step = final_step(out)
     files = final_files(out)
     if not has or all(f.name in FINAL_FILES for f in files):  # no weights an export of ours wrote

@@ -325,6 +325,10 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: 
                 if line := remove_final(out):
                     log.info(line)
         if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
+            from pretrain_cli.training.export import BEFORE_RUN, weights_before_the_run
+
+            if before := weights_before_the_run(out):  # a download's weights: no model of this run's (`final_step`)
+                record[BEFORE_RUN] = before
             atomic.write_json(out / run_dir.ARGS_FILE, record)
             # the final export's mark (`exported`) is this run's to write: an earlier run's at the same step would
             # make a re-run after a kill during this one's export find "nothing to train" and keep the old model

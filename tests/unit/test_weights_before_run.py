@@ -1,0 +1,49 @@
+"""The weights a directory held before a run of ours first wrote there (a download, under overwrite_output_dir):
+args.json records them (`export.weights_before_the_run`), and `export.final_step`, which eval, generate, the stop's
+line and `remove_final` ask, takes them for no model of the run's until they change (the export replaces them). Before,
+a run killed before its export left them taken for its trained weights, and the next start removed them as 'the final
+model an earlier run exported'. An HF Trainer's snapshot ships a trainer_state.json and an all_results.json of its
+own: neither tells a download from an export."""
+import json
+
+import pytest
+
+from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration.recorded import model_argument
+from pretrain_cli.training import closing, export
+
+
+def _download(out):
+    out.mkdir()
+    for name, text in (("model.safetensors", "weights"), ("config.json", "{}"), ("tokenizer.json", "{}"),
+                       ("trainer_state.json", json.dumps({"global_step": 9})), ("all_results.json", "{}")):
+        (out / name).write_text(text)
+
+
+def _start(out):
+    """What a training run's start writes: args.json, with the record of the weights there before it."""
+    record = {"arguments": {}, "run": {}}
+    if before := export.weights_before_the_run(out):
+        record[export.BEFORE_RUN] = before
+    (out / "args.json").write_text(json.dumps(record))
+    return before
+
+
+def test_a_download_recorded_before_the_run_is_no_final_model_until_replaced(tmp_path):
+    out = tmp_path / "out"
+    _download(out)
+    assert export.final_step(out) == (True, 9)  # (no args.json: a model directory of its own)
+    before = _start(out)
+    assert [e["name"] for e in before] == ["model.safetensors"]
+    assert export.final_step(out) == (False, None)
+    assert export.remove_final(out) is None
+    assert sorted(p.name for p in out.iterdir()) == ["all_results.json", "args.json", "config.json",
+                                                     "model.safetensors", "tokenizer.json", "trainer_state.json"]
+    assert "no final model yet" in closing.stopped("stopped", out, 2)
+    with pytest.raises(UserError, match=r"neither a final model nor a checkpoint-N yet \(only model.safetensors: "
+                                        r"the model it held before the run, not trained by it\)"):
+        model_argument(str(out))
+    assert _start(out) == before  # a second start carries the record on, the files unchanged
+    (out / "model.safetensors").write_text("the run's weights")  # what its export writes in their place
+    assert export.final_step(out) == (True, 9)
+    assert export.before_the_run(out) == [] and _start(out) == []
