@@ -165,13 +165,19 @@ def test_a_copy_far_into_a_file_of_equal_lengths_is_found(tmp_path):
 @pytest.mark.parametrize("whole", [True, False])
 def test_an_input_that_differs_inside_is_not_called_a_repeat(tmp_path, monkeypatch, whole):
     """[1,2] [3,4] [5,6] against [1,2] [9,9] [5,6]: the lengths and the first and last sequences agree, and only those
-    were compared. The window is compared whole (under _WHOLE tokens) or at 8 interior sequences besides."""
+    were compared. The window is compared whole (under _WHOLE tokens) or at 8 interior sequences besides. The runs
+    on either side of the one that differs are shared runs, each said (one unlike sequence hid both)."""
     if not whole:
         monkeypatch.setattr(repeats, "_WHOLE", 0)
     assert repeats.repeated_inputs(_pair(tmp_path, [[1, 2], [3, 4], [5, 6]], [[1, 2], [9, 9], [5, 6]])) == []
     docs = [[i, i + 1] for i in range(1, 40)]
     changed = [*docs[:21], [0, 0], *docs[22:]]  # sequence 21 of 0..38: one of the 10 compared
-    assert repeats.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == []
+    tail = ("; joined, they are trained on twice: preprocess one of them again without that source unless you mean "
+            "to repeat them")
+    assert repeats.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], changed)) == [
+        f"{tmp_path / 'a'}: its sequences 1 to 21 of 40 (21 sequences) are sequences 0 to 20 of 39 of {tmp_path / 'b'}"
+        f"{tail}", f"{tmp_path / 'a'}: its sequences 23 to 39 of 40 (17 sequences) are sequences 22 to 38 of 39 of "
+                   f"{tmp_path / 'b'}{tail}"]
     assert len(repeats.repeated_inputs(_pair(tmp_path, [[7, 7], *docs], docs))) == 1  # the true repeat: said
 
 

@@ -14,52 +14,52 @@ from pretrain_cli.counts import count
 _WHOLE = 1_000_000  # tokens: a smaller repeated window is compared whole
 
 
-_NAMED = 3  # inputs a repeat is named in; past them "and N more"
+_NAMED = 3  # inputs (or places in one) a repeat is named in; past them "and N more"
 
 
 _RUN = 8  # sequences: the shortest run two inputs share that is looked for (its window of keys is the anchor)
-_ANCHORS = 1 << 22  # windows kept over all inputs (16 bytes each); past it 1 in ceil(windows / _ANCHORS) is kept
+_ANCHORS = 1 << 22  # windows kept over all inputs; past it 1 in ceil(windows / _ANCHORS) is kept
+_CHUNK = 1 << 18  # windows hashed at a time: an input's own windows are never all in memory
 _CHECKED = 4  # runs compared on tokens for each pair of inputs, those with the most anchors first
-_WEIGHTS = np.random.default_rng(1234).integers(1, 2**63, _RUN, dtype=np.uint64) | np.uint64(1)  # a window's hash
-_SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a window keyed with first tokens apart from one keyed by lengths
+_PROBES = 32  # anchors of a run whose windows are compared on tokens to find one inside it, the middle one first
+_WEIGHTS = np.random.default_rng(1234).integers(1, 2**63, _RUN + 2, dtype=np.uint64) | np.uint64(1)
+_SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a window keyed with tokens apart from one keyed by lengths alone
 
 
 def repeated_inputs(datasets) -> list[str]:
     """One line per input, or group of identical inputs, whose sequences all appear, in a row, inside other inputs
     (an identical file, or a file preprocessed from a superset of its corpus, e.g. `all` made from man + code merged
-    with `man`), naming every input they are in, the group's own copies too (the first `_NAMED`, then how many
-    more): joined, those documents would be trained on once more for each. Then one line per run of sequences that
-    inputs share among others of their own (`_shared_runs`). Sidecars record only one sha256 of all of
-    a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are compared
-    (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through its first
-    input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct inputs has
-    its lengths compared (the .idx, in memory); where some start's first and last lengths agree, it reads the
-    smaller's first sequence, the larger's first token at each such start, and its sequence at each start where that
-    token agrees too; the window's tokens where a start's first sequence and the lengths agree;
-    a pair found repeated reads its window in both files (whole under `_WHOLE` tokens, else 10 sequences), so a
-    merge with repeats reads more than one without: a repeated input's window twice for each distinct input
-    holding it; `_shared_runs` says what it costs besides."""
+    with `man`), naming every input they are in and every place there (the first `_NAMED`, then how many more), the
+    group's own copies too: joined, those documents would be trained on once more for each place. Then one line per
+    run of sequences that inputs share among others of their own (`_shared_runs`). Sidecars record only one sha256
+    of all of a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are
+    compared (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through
+    its first input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct
+    inputs has its lengths compared (the .idx, in memory); where some start's first and last lengths agree, it
+    reads the smaller's first sequence, the larger's first and middle tokens at each such start, and its sequence
+    at each start where those agree too; the window's tokens where a start's first sequence and the lengths agree;
+    a pair found repeated reads its window in both files at each place (whole under `_WHOLE` tokens, else 10
+    sequences), so a merge with repeats reads more than one without; `_shared_runs` says what it costs besides."""
     groups = _identical(datasets)
-    lines, inside = [], {}  # inside: (group of the held input, group holding it) -> where it starts there
+    lines, inside = [], {}  # inside: (group of the held input, group holding it) -> each place it starts there
     for g, group in enumerate(groups):
         b = datasets[group[0]]
         nb = len(b)
-        found = [(i, f"those of {datasets[i].prefix}") for i in group[:-1]]  # its own copies
+        found = [(i, f"those of {datasets[i].prefix}", 1) for i in group[:-1]]  # its own copies
         for h, holders in enumerate(groups):
             na = len(datasets[holders[0]])
             if na <= nb:  # (equal lengths: the same only, and those are grouped)
                 continue
-            hit = _repeat_at(datasets[holders[0]], b)
-            if hit is not None:  # in each of that group's copies alike
-                inside[g, h] = hit
-                found += [(i, f"sequences {hit:,} to {hit + nb - 1:,} of {na:,} of {datasets[i].prefix}")
-                          for i in holders]
+            hits = _repeat_at(datasets[holders[0]], b)
+            if hits:  # in each of that group's copies alike
+                inside[g, h] = hits
+                found += [(i, f"{_spans(hits, nb)} of {na:,} of {datasets[i].prefix}", len(hits)) for i in holders]
         if found:
-            said = [text for _, text in sorted(found)]
+            times = sum(k for _, _, k in found)
             lines.append((group[-1], f"{datasets[group[-1]].prefix}: its {count(nb, 'sequence', grouped=True)} are "
-                                     f"{_listed(said)}; joined, they are trained on {_times(len(said))}: drop "
-                                     f"{'one input' if len(said) == 1 else 'the repeats'} unless you mean to repeat "
-                                     f"them"))
+                                     f"{_listed([text for _, text, _ in sorted(found)])}; joined, they are trained "
+                                     f"on {_times(times)}: drop {'one input' if times == 1 else 'the repeats'} "
+                                     f"unless you mean to repeat them"))
     return [line for _, line in sorted(lines)] + _shared_runs(datasets, groups, inside)
 
 
@@ -71,7 +71,7 @@ def _identical(datasets) -> list[list[int]]:
     for j, b in enumerate(datasets):
         if len(b) == 0:
             continue
-        same = next((g for g in groups if len(datasets[g[0]]) == len(b) and _repeat_at(datasets[g[0]], b) == 0),
+        same = next((g for g in groups if len(datasets[g[0]]) == len(b) and _repeat_at(datasets[g[0]], b) == [0]),
                     None)
         if same is None:
             groups.append([j])
@@ -80,24 +80,32 @@ def _identical(datasets) -> list[list[int]]:
     return groups
 
 
-def _repeat_at(a, b) -> int | None:
-    """The first sequence of `a` from which all of `b`'s follow, or None. Every start is tried (sequences of
-    equal lengths make every start a candidate by length), filtered cheaply first: the first and last lengths,
-    the first token (one gather), the first sequence's tokens, then the window of lengths; a start past those
-    is checked on the tokens (`_same`)."""
-    na, nb = len(a), len(b)
-    sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)
-    starts = np.flatnonzero((sa[: na - nb + 1] == sb[0]) & (sa[nb - 1 :] == sb[-1]))
-    if not len(starts):
-        return None
-    first = np.asarray(b.get(0))
-    if len(first):
-        offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize
-        starts = starts[np.asarray(a.data[offsets]) == first[0]]
-    for k in map(int, starts):
-        if np.array_equal(a.get(k), first) and np.array_equal(sa[k : k + nb], sb) and _same(a, k, b, 0, nb):
-            return k
-    return None
+def _repeat_at(a, b, j: int = 0, n: int | None = None) -> list[int]:
+    """Every sequence of `a` from which b's sequences j to j + n - 1 (all of b's by default) follow, each past
+    the last found, so that a repeat is counted as often as it is there. Every start is tried (sequences of equal
+    lengths make every start a candidate by length), a chunk of starts at a time, filtered cheaply first: the first
+    and last lengths, the first and middle tokens (a gather each), the first sequence's tokens, then the window of
+    lengths; a start past those is checked on the tokens (`_same`)."""
+    na, n = len(a), len(b) - j if n is None else n
+    sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)[j : j + n]
+    first, hits = np.asarray(b.get(j)), []
+    for c0 in range(0, na - n + 1, _CHUNK):  # (memory: a chunk's, not a's size)
+        c1 = min(na - n + 1, c0 + _CHUNK)
+        starts = np.flatnonzero((sa[c0:c1] == sb[0]) & (sa[c0 + n - 1 : c1 + n - 1] == sb[-1])) + c0
+        for at in {0, len(first) // 2} if len(first) else ():  # (the middle too: documents may all begin with BOS)
+            offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize + at
+            starts = starts[np.asarray(a.data[offsets]) == first[at]]
+        for k in map(int, starts):  # (places apart only: a run of like documents is not counted at each shift)
+            if (not hits or k >= hits[-1] + n) and np.array_equal(a.get(k), first) and \
+                    np.array_equal(sa[k : k + n], sb) and _same(a, k, b, j, n):
+                hits.append(k)
+    return hits
+
+
+def _spans(starts: list[int], n: int) -> str:
+    said = [f"{s:,} to {s + n - 1:,}" for s in starts[:_NAMED]]
+    said += [count(len(starts) - _NAMED, "more place")] if len(starts) > _NAMED else []
+    return "sequences " + (said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}")
 
 
 def _listed(said: list[str]) -> str:
@@ -111,42 +119,46 @@ def _times(others: int) -> str:
 
 def _shared_runs(datasets, groups, inside) -> list[str]:
     """One line per run of at least `_RUN` sequences that an input holds among others of its own and other inputs
-    hold too, neither inside the other (`ab` = a + b and `bc` = b + c: b), naming every input holding it with where,
-    found for each group of identical inputs through its first. Runs an input found inside both holders accounts
-    for are not said again. How, and what it costs: each input's lengths (the .idx, in memory) are hashed in windows
-    of `_RUN` (`_RUN` multiply-adds a sequence); a window whose lengths recur inside its input (lengths that do not
-    vary: fixed-size windows) is keyed again with its sequences' first tokens, one token read a sequence there.
-    Windows unique in their input are kept (1 in ceil(windows / `_ANCHORS`) by hash past `_ANCHORS`: the same
-    windows in every input, so memory stays under 64 MiB and a run shorter than a few times that stride may go
-    unsaid), sorted all together once, and those found in two inputs are anchors; a pair of inputs' anchors at one
-    offset are one run, grown while the lengths agree. Per pair, the `_CHECKED` runs with most anchors have their
-    tokens compared as `_repeat_at` compares a window (whole under `_WHOLE` tokens, else 10 sequences; the run
-    between its first and last anchor where the grown one differs). A run shorter than `_RUN`, or of windows
-    recurring in their input by lengths and first tokens alike, is not found."""
+    hold too, neither inside the other (`ab` = a + b and `bc` = b + c: b), naming every place holding it (its own
+    input's other places too), found for each group of identical inputs through its first. Runs an input found
+    inside both holders accounts for are not said again. How: each input's windows of `_RUN` sequences get a key
+    (`_anchors`); 1 in ceil(windows / `_ANCHORS`) is kept by key (the same windows in every input: a run shorter
+    than a few times that stride may go unsaid), each key at its first window in its input; the keys of all inputs
+    are sorted together once, and those found in two inputs are anchors; a pair of inputs' anchors at one offset
+    are measured by `_grown`, for the `_CHECKED` offsets with most anchors per pair. Memory is bounded by
+    `_ANCHORS` (chunks of `_CHUNK` windows hashed at a time), not by the inputs' size. A run shorter than `_RUN`
+    is not found."""
     reps = [g[0] for g in groups]
     windows = sum(max(len(datasets[i]) - _RUN + 1, 0) for i in reps)
-    stride = np.uint64(max(-(-windows // _ANCHORS), 1))
-    keys, owner, where = [], [], []
-    for g, i in enumerate(reps):
-        hashes, at = _anchors(datasets[i])
-        kept = hashes % stride == 0
-        keys.append(hashes[kept])
-        where.append(at[kept])
-        owner.append(np.full(int(kept.sum()), g, np.int64))
-    keys, owner, where = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (keys, owner, where))
-    if not len(keys):  # (no input of `_RUN` sequences, or no window kept)
+    if not windows:  # (no input of `_RUN` sequences)
         return []
-    order = np.argsort(keys, kind="stable")  # within one hash, inputs in order: the first is the lowest
-    keys, owner, where = keys[order], owner[order], where[order]
+    stride = np.uint64(max(-(-windows // _ANCHORS), 1))
+    parts = [_anchors(datasets[i], stride) for i in reps]
+    owner = np.concatenate([np.full(len(k), g, np.int32) for g, (k, _) in enumerate(parts)])
+    if not len(owner):  # (no window kept)
+        return []
+    keys = np.concatenate([k for k, _ in parts])
+    parts = [w for _, w in parts]  # (one array at a time: the peak is one copy more, not two)
+    where = np.concatenate(parts)
+    del parts
+    order = np.argsort(keys, kind="stable")  # within one key, inputs in order: the first is the lowest
+    keys.sort()  # (in place: that order, without a copy)
     new = np.r_[True, keys[1:] != keys[:-1]]
-    first = np.maximum.accumulate(np.where(new, np.arange(len(keys)), 0))
-    pair = ~new & (owner != owner[first])
-    pid, at = owner[first][pair] * len(reps) + owner[pair], where[first][pair]  # pid: (a's group, b's group)
-    shift = where[pair] - at  # where in b the run is, less where in a
+    del keys
+    dup = np.flatnonzero(~new)
+    first = dup - 1  # each repeated key's first entry (its lowest input): a key is once in each input at most
+    while len(first) and not new[first].all():
+        first = np.where(new[first], first, first - 1)
+    dup, first = order[dup], order[first]  # (into owner and where)
+    del order, new
+    other = owner[dup] != owner[first]  # (each key is once in an input: always, but cheap to be sure)
+    dup, first = dup[other], first[other]
+    pid, at = owner[first].astype(np.int64) * len(reps) + owner[dup], where[first]  # pid: (a's group, b's group)
+    shift = where[dup] - at  # where in b the run is, less where in a
     order = np.lexsort((shift, pid))
     pid, at, shift = pid[order], at[order], shift[order]
     pids, begin = np.unique(pid, return_index=True)
-    runs: dict = {}  # (a, start, length) -> [(b, its start)]
+    runs: dict = {}  # (a, start, length) -> [b]
     for p, lo, hi in zip(pids.tolist(), begin.tolist(), [*begin[1:].tolist(), len(pid)]):
         ga, gb = divmod(p, len(reps))
         if (ga, gb) in inside or (gb, ga) in inside:
@@ -155,43 +167,95 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
         for k in np.argsort(-n, kind="stable")[:_CHECKED].tolist():
             starts = at[lo + first_at[k] : lo + first_at[k] + n[k]]  # (sorted by shift: this offset's together)
             d = int(offsets[k])
-            run = _grown(datasets[reps[ga]], datasets[reps[gb]], int(starts.min()), int(starts.max()) + _RUN, d)
-            if run is not None and not _accounted(ga, gb, run, inside, datasets, groups):
-                runs.setdefault((ga, *run), []).append((gb, run[0] + d))
-    lines = []
-    for (ga, start, n), holders in sorted(runs.items()):
-        said = [f"sequences {j:,} to {j + n - 1:,} of {len(datasets[reps[gb]]):,} of {datasets[reps[gb]].prefix}"
-                for gb, j in holders]
-        times = len(groups[ga]) - 1 + sum(len(groups[gb]) for gb, _ in holders)
-        a = datasets[reps[ga]]
-        lines.append(f"{a.prefix}: its sequences {start:,} to {start + n - 1:,} of {len(a):,} "
-                     f"({count(n, 'sequence', grouped=True)}) are {_listed(said)}; joined, they are trained on "
-                     f"{_times(times)}: preprocess {'one of them' if times == 1 else 'all but one'} again without "
-                     f"that source unless you mean to repeat them")
-    return lines
+            for run in _grown(datasets[reps[ga]], datasets[reps[gb]], np.sort(starts), d):
+                if not _accounted(ga, gb, run, inside, datasets, groups):
+                    runs.setdefault((ga, *run), []).append(gb)
+    return [_said(datasets, groups, reps, ga, start, n, holders) for (ga, start, n), holders in sorted(runs.items())]
 
 
-def _anchors(ds) -> tuple[np.ndarray, np.ndarray]:
-    """(hashes, starts) of `ds`'s windows of `_RUN` sequences unique in it: keyed by lengths, and where those recur,
-    by lengths and first tokens."""
-    sizes = np.asarray(ds.sizes).astype(np.uint64)
-    if len(sizes) < _RUN:
+def _said(datasets, groups, reps, ga, start, n, holders) -> str:
+    """The line of a shared run, counting every place that holds it (`_repeat_at`): a source an input holds twice
+    is trained on once more for each."""
+    a = datasets[reps[ga]]
+    own = [s for s in _repeat_at(a, a, start, n) if abs(s - start) >= n]
+    said = [f"its {_spans(own, n)}"] if own else []
+    times = len(groups[ga]) * (1 + len(own)) - 1
+    for gb in holders:
+        b = datasets[reps[gb]]
+        places = _repeat_at(b, a, start, n)
+        said.append(f"{_spans(places, n)} of {len(b):,} of {b.prefix}")
+        times += len(groups[gb]) * len(places)
+    return (f"{a.prefix}: its sequences {start:,} to {start + n - 1:,} of {len(a):,} "
+            f"({count(n, 'sequence', grouped=True)}) are {_listed(said)}; joined, they are trained on "
+            f"{_times(times)}: preprocess {'one of them' if times == 1 else 'all but one'} again without "
+            f"that source unless you mean to repeat them")
+
+
+def _anchors(ds, stride) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, starts) of `ds`'s windows of `_RUN` sequences whose key is a multiple of `stride`, each key once, at
+    its first window (a source an input holds twice is still found where it first is). A window is keyed by its
+    lengths (`_RUN` multiply-adds); one whose lengths are all one (fixed-size windows) by its sequences' lengths
+    and first and middle tokens instead (two tokens read a sequence there: the middle one tells apart documents
+    that all begin with one BOS token). A window whose lengths recur in its input is keyed so too, besides by its
+    lengths (the same window in another input, unique there, has its lengths' key alone). Whether a window is kept
+    is decided by its key, never by the input around it, so each input keeps the same ones; an input's windows
+    are hashed `_CHUNK` at a time."""
+    sizes = np.asarray(ds.sizes)
+    n = len(sizes) - _RUN + 1
+    parts = []
+    for c0 in range(0, max(n, 0), _CHUNK):
+        lengths = sizes[c0 : min(n, c0 + _CHUNK) + _RUN - 1].astype(np.uint64)
+        hashes = _window_hashes(lengths)
+        changes = np.r_[0, np.cumsum(lengths[1:] != lengths[:-1])]
+        flat = changes[_RUN - 1 :] == changes[: len(hashes)]  # windows of one length
+        kept = np.flatnonzero(~flat & (hashes % stride == 0))
+        parts.append((hashes[kept], kept + c0, False))
+        if flat.any():
+            read = np.convolve(flat.astype(np.int8), np.ones(_RUN, np.int8))[: len(lengths)] > 0  # their sequences
+            keyed = np.zeros(len(lengths), np.uint64)
+            keyed[read] = _sequence_keys(ds, np.flatnonzero(read) + c0, lengths[read])
+            keyed = _window_hashes(keyed)[flat] ^ _SALT
+            kept = keyed % stride == 0
+            parts.append((keyed[kept], np.flatnonzero(flat)[kept] + c0, True))
+    if not parts:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    hashes = _window_hashes(sizes)
-    once, recur = _unique(hashes)
-    if not len(recur):
-        return hashes[once], once
-    read = np.zeros(len(sizes) + 1, np.int64)  # the sequences of the recurring windows: one token each is read
-    np.add.at(read, recur, 1)
-    np.add.at(read, recur + _RUN, -1)
-    need = np.flatnonzero(np.cumsum(read[:-1]) > 0)
-    firsts = np.zeros(len(sizes), np.uint64)
-    offsets = np.asarray(ds.pointers)[need] // ds.dtype.itemsize
-    filled = sizes[need] > 0
-    firsts[need[filled]] = np.asarray(ds.data[offsets[filled]]).astype(np.uint64) + np.uint64(1)
-    again = _window_hashes((sizes << np.uint64(32)) ^ firsts)[recur] ^ _SALT
-    twice, _ = _unique(again)
-    return np.concatenate([hashes[once], again[twice]]), np.concatenate([once, recur[twice]])
+    plain, flat_keys = [p[:2] for p in parts if not p[2]], [p[:2] for p in parts if p[2]]
+    del parts
+    keys, at = (np.concatenate([p[x] for p in plain] or [np.zeros(0, t)]) for x, t in ((0, np.uint64), (1, np.int64)))
+    del plain
+    first, recur = _first_of_each(keys)  # (windows in order, chunk after chunk)
+    keys, at, recur = keys[first], at[first], at[recur]
+    rows = recur[:, None] + np.arange(_RUN)  # [windows, _RUN]: the sequences of the recurring windows
+    again = (_sequence_keys(ds, rows.ravel(), sizes[rows.ravel()].astype(np.uint64)).reshape(rows.shape)
+             * _WEIGHTS[:_RUN]).sum(axis=1, dtype=np.uint64) ^ _SALT  # as `_window_hashes` sums them
+    keyed, keyed_at = np.concatenate([again, *(k for k, _ in flat_keys)]), np.concatenate([recur, *(s for _, s in
+                                                                                                   flat_keys)])
+    del flat_keys, again
+    order = np.argsort(keyed_at, kind="stable")  # windows in order, so that a key's first is its first window
+    keyed, keyed_at = keyed[order], keyed_at[order]
+    first, _ = _first_of_each(keyed)
+    return np.concatenate([keys, keyed[first]]), np.concatenate([at, keyed_at[first]])
+
+
+def _first_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(where each key first is, where the keys found more than once are): indices into `keys`."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]][: len(keys)]
+    del ordered
+    alone = new & np.r_[new[1:], True]
+    return order[new], order[~alone]
+
+
+def _sequence_keys(ds, idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """One uint64 for each sequence `idx` of `lengths`: its length, first and middle tokens (an empty one: 0)."""
+    keys = lengths.copy()
+    filled = lengths > 0
+    offsets = np.asarray(ds.pointers)[idx[filled]] // ds.dtype.itemsize
+    for token_at, weight in ((offsets, _WEIGHTS[_RUN]), (offsets + (lengths[filled] // 2).astype(np.int64),
+                                                         _WEIGHTS[_RUN + 1])):
+        keys[filled] += (np.asarray(ds.data[token_at]).astype(np.uint64) + np.uint64(1)) * weight
+    return keys
 
 
 def _window_hashes(keys: np.ndarray) -> np.ndarray:
@@ -203,32 +267,69 @@ def _window_hashes(keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def _unique(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the positions of the hashes found once, those of the hashes found more than once)."""
-    _, inverse, n = np.unique(hashes, return_inverse=True, return_counts=True)
-    once = n[inverse] == 1
-    return np.flatnonzero(once), np.flatnonzero(~once)
-
-
-def _grown(a, b, lo: int, hi: int, d: int) -> tuple[int, int] | None:
-    """(start, length) in `a` of the run a's sequences lo to hi - 1 begin, which are b's from lo + d: grown both
-    ways while the lengths agree; if the grown run's tokens differ, the anchors' own; None if those differ too."""
+def _grown(a, b, starts: np.ndarray, d: int) -> list[tuple[int, int]]:
+    """(start, length) in `a` of each run of sequences that a and b (from a's plus `d`) hold alike, where the
+    windows at `starts` (sorted) matched: two sources can be at one offset in both inputs with unlike sequences
+    between, so the anchors outside a run found are tried again, for up to `_CHECKED` runs. An anchor whose window
+    holds the same tokens is found first (`_PROBES` tried, the middle first: windows reaching past the run, into
+    neighbours that only have the same lengths, do not); the run is grown from it both ways within the lengths
+    alike around it (`_lengths_alike`) to the last sequence before one that differs (`_edge`), then checked on the
+    tokens whole (`_same`). Memory: a chunk of lengths at a time, never the inputs' overlap."""
     sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)
     x0, x1 = max(0, -d), min(len(sa), len(sb) - d)  # where a and b overlap at this offset, in a's numbering
-    differ = np.flatnonzero(sa[x0:x1] != sb[x0 + d : x1 + d]) + x0
-    start = int(differ[differ < lo].max(initial=x0 - 1)) + 1
-    stop = int(differ[differ >= hi].min(initial=x1))
-    for s, e in ((start, stop), (lo, hi)):
-        if np.array_equal(sa[s:e], sb[s + d : e + d]) and _same(a, s, b, s + d, e - s):
-            return s, e - s
-    return None
+    runs: list[tuple[int, int]] = []
+    while len(starts) and len(runs) < _CHECKED:
+        probes = np.unique(np.linspace(0, len(starts) - 1, min(len(starts), _PROBES)).round().astype(np.int64))
+        seed = next((s for s in starts[probes[np.argsort(abs(probes - (len(starts) - 1) / 2), kind="stable")]].tolist()
+                     if np.array_equal(sa[s : s + _RUN], sb[s + d : s + d + _RUN]) and _same(a, s, b, s + d, _RUN)),
+                    None)
+        if seed is None:
+            break
+        lo, hi = _lengths_alike(sa, sb, d, seed, x0, -1), _lengths_alike(sa, sb, d, seed + _RUN - 1, x1 - 1, 1)
+        start, stop = _edge(a, b, d, seed, lo, -1), _edge(a, b, d, seed + _RUN - 1, hi, 1) + 1
+        if _same(a, start, b, start + d, stop - start):
+            runs.append((start, stop - start))
+        starts = starts[(starts + _RUN <= start) | (starts >= stop)]  # (the seed's among them: it is not tried again)
+    return runs
+
+
+def _lengths_alike(sa, sb, d: int, known: int, limit: int, way: int) -> int:
+    """The farthest sequence from `known` towards `limit` with every length between alike in a and b."""
+    at = known
+    while at != limit:
+        nxt = limit if abs(limit - at) <= _CHUNK else at + way * _CHUNK
+        lo, hi = (at + 1, nxt + 1) if way > 0 else (nxt, at)
+        differ = np.flatnonzero(sa[lo:hi] != sb[lo + d : hi + d])
+        if len(differ):
+            return int(lo + differ[0] - 1) if way > 0 else int(lo + differ[-1] + 1)
+        at = nxt
+    return at
+
+
+def _edge(a, b, d: int, known: int, limit: int, way: int) -> int:
+    """The farthest sequence from `known` (alike in a and b) towards `limit` with every one between alike too,
+    judged by `_same` over the stretch (whole under `_WHOLE` tokens): true up to the run's end and false past it,
+    so galloping, then halving, finds that end in a few comparisons, not one a sequence; a single sequence alike
+    past a gap (another run at the same offset) does not mislead it."""
+    def alike(step: int) -> bool:
+        lo, hi = sorted((known, known + way * step))
+        return _same(a, lo, b, lo + d, hi - lo + 1)
+
+    good, bad, far = 0, None, (limit - known) * way
+    while bad is None and good < far:
+        step = min(max(2 * good, 1), far)
+        good, bad = (step, None) if alike(step) else (good, step)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if alike(mid) else (good, mid)
+    return known + way * good
 
 
 def _accounted(ga, gb, run, inside, datasets, groups) -> bool:
     """Whether an input found inside both `ga` and `gb` lies where `run` is in ga: its line says both already."""
     start, n = run
     return any(h == ga and (c, gb) in inside and at < start + n and start < at + len(datasets[groups[c][0]])
-               for (c, h), at in inside.items())
+               for (c, h), places in inside.items() for at in places)
 
 
 def _same(a, i: int, b, j: int, n: int) -> bool:
