@@ -84,7 +84,8 @@ def _bos_docs(n, seed, size=6):
 def test_fixed_length_documents_that_all_begin_with_one_token_are_found_whole(tmp_path, monkeypatch):
     """Every window of such documents has one key by lengths and first tokens, so all recurred in their input and
     none was kept: [] for a shared 300. Keyed by the middle token too, they are found; and where only some windows
-    are kept (past `_ANCHORS`) the run is grown from them to its whole extent, where it came out a little short."""
+    are kept (past `_ANCHORS`) the run is grown from them to its whole extent, where fixed lengths with other
+    documents on both sides came out short (the anchors' own span)."""
     a, b, c = _bos_docs(40, 1), _bos_docs(300, 2), _bos_docs(50, 3)
     ab, bc = _open(tmp_path, ab=a + b, bc=b + c)
     want = [f"{tmp_path / 'ab'}: its sequences 40 to 339 of 340 (300 sequences) are sequences 0 to 299 of 350 of "
@@ -92,6 +93,13 @@ def test_fixed_length_documents_that_all_begin_with_one_token_are_found_whole(tm
     assert repeats.repeated_inputs([ab, bc]) == want
     monkeypatch.setattr(repeats, "_ANCHORS", 60)  # 1 window in 12 kept
     assert repeats.repeated_inputs([ab, bc]) == want
+    rng = np.random.default_rng(0)  # fixed lengths, other first tokens, with others on both sides in both inputs:
+    a, b, c, d, e = (rng.integers(2, 1000, (n, 6)).tolist() for n in (40, 300, 50, 30, 60))
+    abc, dbe = _open(tmp_path, abc=a + b + c, dbe=d + b + e)  # (the anchors' own span was said: 64 to 328)
+    monkeypatch.setattr(repeats, "_ANCHORS", 70)
+    assert repeats.repeated_inputs([abc, dbe]) == [
+        f"{tmp_path / 'abc'}: its sequences 40 to 339 of 390 (300 sequences) are sequences 30 to 329 of 390 of "
+        f"{tmp_path / 'dbe'}{_TAIL}"]
 
 
 def test_memory_is_bounded_by_the_windows_kept_not_the_inputs(tmp_path, monkeypatch):
