@@ -163,11 +163,17 @@ def _trained_model(config: str, out: str) -> str:
 
 
 def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
-    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint."""
+    """`--config`: the run's own split, model from --model or the run's output_dir / newest checkpoint. Of a run's
+    record (its args.json), the model it evaluates, when that run wrote it, is also the architecture the split is
+    prepared with (`recorded_paths.evaluated_model`): the path the run named its model by, relative to where it
+    started, is never read."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, idle_kernel_keys, no_effect
+    from pretrain_cli.orchestration.recorded_paths import (check_input_dir, evaluated_model, record_of, run_output,
+                                                           same_run)
+    from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.training.weight_source import load_for_inference
     from pretrain_cli.training.evaluation import perplexity, split_batches
 
@@ -182,15 +188,20 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         changes["max_seq_length"] = ns.max_seq_length
     if ns.batch_size is not None:
         changes["per_device_eval_batch_size"] = ns.batch_size
+    model_name, model_key = ns.model, "--model" if ns.model else f"{ns.config}: output_dir"
+    if (record := record_of(ns.config)) is not None:  # a run's args.json: its model is the directory evaluated
+        model_name = model_name or _trained_model(ns.config, str(run_output(ns.config)))  # (wherever it started)
+        if same_run(ns.config, model_dir := resolve_model_dir(model_name, key=model_key)):
+            changes.update(evaluated_model(model_dir))  # never the path the run named it by
+        check_input_dir(ns.config, record, overrides)  # (its token files are needed: a relative one, named)
     spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
     # (--fp16 true on CPU changes no kernel: said, as for --data; `changes` set no kernel key, so the file parsed
     # once, by `prepare`, is the one to judge, and again only without each kernel key given)
     for note in idle_kernel_keys(spec.args, lambda tokens: parse_config(ns.config, tokens), overrides, "eval"):
         print(note, file=sys.stderr)
     lp = spec.run.loop
-    model_name = ns.model or _trained_model(ns.config, spec.run.output.output_dir)
+    model_name = model_name or _trained_model(ns.config, spec.run.output.output_dir)
     length_key = "--max_seq_length" if ns.max_seq_length is not None else f"{ns.config}: max_seq_length"
-    model_key = "--model" if ns.model else f"{ns.config}: output_dir"
     model_dir, cfg = _model_config(model_name, spec.run.data.max_seq_length, length_key, model_key)
     d = spec.run.data
     for note in differences(model_dir, d.max_seq_length, d.attention_mask_type, d.reset_position_ids):

@@ -81,6 +81,12 @@ def _literal_hint(name: str) -> str:
     return ""
 
 
+def _plainly_a_path(name: str) -> bool:
+    """A name no hub repository has (`org/name`, one separator): `./x`, `../x`, an absolute path, a backslash, or
+    more than one separator (as in a/b/c)."""
+    return name.startswith(("./", "../", "/", "~")) or "\\" in name or name.count("/") > 1 or name in (".", "..")
+
+
 def _nearest_dir(path: Path) -> str:
     """"; did you mean <sibling>?" for the existing directory whose name is closest to a mistyped one."""
     import difflib
@@ -130,6 +136,11 @@ def resolve_model_dir(name: str, key: str = "model_name_or_path") -> Path:
         raise UserError(f"{key}: {name} is a file; it must be a model directory with a config.json")
     if "/" in name and local.parent.is_dir():  # a local path with a typo (a hub name's org is no directory here)
         raise UserError(f"{key}: the directory {name} does not exist{_nearest_dir(local)}")
+    if _plainly_a_path(name):  # no hub repository is named so: never "huggingface-cli download ./configs/x"
+        where = "" if local.is_absolute() else f" (a relative path, read from the current directory, {Path.cwd()})"
+        fix = "" if local.is_absolute() else ", or give the model directory's absolute path"
+        raise UserError(f"{key}: the directory {name} does not exist{where}{_literal_hint(name)}; check the "
+                        f"path{fix}")
     unbuilt = next((fam for prefix, fam in UNBUILT.items() if name.lower().startswith(prefix)), None)
     if unbuilt is not None:
         raise UserError(f"{key}: {name!r} is a {unbuilt} model, a family pretrain-cli does not build, downloaded "

@@ -223,11 +223,26 @@ def _validate_deepseek_moe(cfg: "ModelConfig", source: str) -> None:
     groups, kept = cfg.n_group, cfg.topk_group
     if not isinstance(groups, int) or not isinstance(kept, int) or groups <= 0 or not 0 < kept <= groups \
             or cfg.num_experts % groups:
-        raise UserError(f"{source}: n_group ({groups!r}) must divide the {cfg.num_experts} routed experts and "
-                        f"topk_group ({kept!r}) lie in 1..n_group; fix them or use topk_method greedy")
+        raise UserError(f"{source}: n_group ({groups!r}{_unset(cfg, 'n_group')}) must divide the "
+                        f"{cfg.num_experts} routed experts and topk_group ({kept!r}{_unset(cfg, 'topk_group')}) "
+                        f"lie in 1..n_group; {_set_them(cfg)} (n_group 1, topk_group 1: no group limit)"
+                        + (" or use topk_method greedy" if "greedy" in methods else ""))
     if cfg.num_experts_per_tok > kept * (cfg.num_experts // groups):
         raise UserError(f"{source}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds the experts of the "
                         f"{kept} kept groups; raise topk_group")
+
+def _unset(cfg: "ModelConfig", key: str) -> str:
+    """Why a routing number the user never wrote is in the refusal: transformers' default for a key config.json
+    leaves out (`ModelConfig.defaulted`), which a small model's experts rarely fit."""
+    return f": transformers' {cfg.model_type} default, as config.json does not set {key}" if key in cfg.defaulted \
+        else ""
+
+
+def _set_them(cfg: "ModelConfig") -> str:
+    """The fix names the keys to write, the defaulted ones first (setting them is what the file lacks)."""
+    left = [k for k in ("n_group", "topk_group") if k in cfg.defaulted]
+    return f"set {' and '.join(left)} in config.json" if left else "fix them"
+
 
 def _validate_moe(cfg: "ModelConfig", source: str) -> None:
     for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):

@@ -96,7 +96,8 @@ class RunSpec:
         changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved; the
         longest length its weights have trained at (`trained_length`); and the tokenizer they train with
         (`tokenizer`: `tokenizer_lineage.trained_with`, what a resume from a checkpoint without tokenizer files is
-        checked by)."""
+        checked by); and the directory it was started in (`working_directory`: what its relative paths were read
+        from, which `eval` from elsewhere names)."""
         from pretrain_cli import __version__
         from pretrain_cli.training.tokenizer_lineage import trained_with
 
@@ -104,7 +105,7 @@ class RunSpec:
                                  (self.resume, self.model_dir if self.run.model.continue_training else None))
         return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
                 "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length(),
-                "tokenizer": tokenizer}
+                "tokenizer": tokenizer, "working_directory": str(Path.cwd())}  # (what its relative paths meant)
 
     def trained_length(self) -> int:
         """This run's max_seq_length, or the longer one the weights it starts from were trained at (the checkpoint it

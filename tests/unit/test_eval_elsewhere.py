@@ -1,0 +1,142 @@
+"""`eval` of a run's directory from another directory than the one the run was started in: the run named its model
+by a relative path (`--model_name_or_path ./models/tiny`, as docs/MOE.md does with ./configs/deepseek-v3-tiny),
+which eval no longer needs (the directory evaluated holds the model, as `generate` reads it); a relative input_dir,
+which the run's split does need, is one line naming args.json, the run's directory and the fix."""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from data_helpers import write_tokens
+
+from pretrain_cli import cli
+from pretrain_cli.config.presets import resolve_model_dir
+from pretrain_cli.errors import UserError
+from pretrain_cli.models.config import ModelConfig
+
+TRAIN = ["--model_name_or_path", "./models/tiny", "--input_dir", "./data/c", "--device", "cpu", "--max_steps", "2",
+         "--save_steps", "2", "--max_seq_length", "32", "--per_device_train_batch_size", "2",
+         "--per_device_eval_batch_size", "2", "--do_train", "--do_eval", "--eval_iters", "1", "--split", "90,5,5",
+         "--logging_steps", "2", "--disable_tqdm", "true"]
+
+
+class _In:
+    """The current directory set to `path` for the block (each command reads relative paths from it)."""
+
+    def __init__(self, path):
+        self.path, self.before = path, None
+
+    def __enter__(self):
+        self.before = os.getcwd()
+        os.chdir(self.path)
+
+    def __exit__(self, *exc):
+        os.chdir(self.before)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(started, other, output_dir): a 2-step run started in `started` naming its model and data relatively, its
+    output_dir outside `started` (as the user's was)."""
+    root = tmp_path_factory.mktemp("elsewhere")
+    started, other, out = root / "repo", root / "other", root / "runs" / "tiny"
+    (started / "data").mkdir(parents=True)
+    other.mkdir()
+    shutil.copytree(resolve_model_dir("micro-qwen2"), started / "models" / "tiny")
+    write_tokens(started / "data" / "c", n_docs=40, doc_len=64, vocab_size=64)
+    with _In(started):
+        assert cli.main(["train", *TRAIN, "--output_dir", str(out)]) == 0
+    return started, other, out
+
+
+def _eval(capsys, *argv):
+    code, out = cli.main(["eval", *argv]), capsys.readouterr()
+    return code, out.out, out.err.strip().splitlines()
+
+
+def test_a_runs_checkpoint_evaluates_from_another_directory_without_its_model_path(trained, capsys):
+    """The run's split, from the run's directory and from another: the same loss (the model is the directory
+    evaluated). Before, from elsewhere: `model_name_or_path: './models/tiny' is neither a local directory nor a
+    preset ... huggingface-cli download ./models/tiny`."""
+    started, other, out = trained
+    data = str(started / "data" / "c")
+    losses = []
+    for where in (started, other):
+        for model in (out / "checkpoint-2", out):
+            with _In(where):
+                code, stdout, err = _eval(capsys, "--model", str(model), "--input_dir", data, "--json")
+            assert code == 0, err
+            losses.append(json.loads(stdout)["loss"])
+    assert losses[0] == losses[2] and losses[1] == losses[3], losses
+    with _In(other):  # --config the run's record: its output_dir is where the record lies, not the path recorded
+        code, stdout, err = _eval(capsys, "--config", str(out / "args.json"), "--input_dir", data, "--json")
+    assert code == 0 and json.loads(stdout)["loss"] == losses[1], err
+
+
+def test_a_relative_input_dir_not_found_here_names_args_json_the_runs_directory_and_the_fix(trained, capsys):
+    started, other, out = trained
+    record = json.loads((out / "checkpoint-2" / "args.json").read_text())
+    assert record["working_directory"] == str(started)
+    with _In(other):
+        code, _, err = _eval(capsys, "--model", str(out / "checkpoint-2"))
+    assert code == 2 and err == [
+        f"error: {out / 'checkpoint-2' / 'args.json'}: input_dir ./data/c is relative to the directory its run was "
+        f"started in ({started}) and is not found from here ({other}); it is there: run eval from there, or pass "
+        f"--input_dir {started / 'data' / 'c'}"], err
+    with _In(started):  # from where the run started, its split as recorded
+        code, _, err = _eval(capsys, "--model", str(out / "checkpoint-2"), "--json")
+    assert code == 0, err
+
+
+def test_a_record_without_its_working_directory_says_so_and_where_the_path_is_found(trained, capsys, tmp_path):
+    """A record written before `working_directory`: the directories about it are tried (a run's output_dir inside
+    the directory it was started in); found nowhere, the fix is an absolute --input_dir or --data."""
+    started, other, out = trained
+    for inside in (True, False):
+        run = (started / "out" if inside else tmp_path / "run") / "tiny"
+        shutil.copytree(out / "checkpoint-2", run)
+        record = json.loads((run / "args.json").read_text())
+        del record["working_directory"]
+        (run / "args.json").write_text(json.dumps(record))
+        with _In(other):
+            code, _, err = _eval(capsys, "--model", str(run))
+        fix = (f"it is found from {started}: run eval from there, or pass --input_dir {started / 'data' / 'c'}"
+               if inside else "pass --input_dir with the token files' path (an absolute one), or --data PREFIX")
+        assert code == 2 and err == [
+            f"error: {run / 'args.json'}: input_dir ./data/c is relative to the directory its run was started in "
+            f"(which this record does not name) and is not found from here ({other}); {fix}"], err
+
+
+@pytest.mark.parametrize("name", ["./configs/deepseek-v3-tiny", "../models/x", "models/org/x", "models\\x"])
+def test_a_plain_path_not_found_is_never_sent_to_the_hub(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as e:
+        resolve_model_dir(name)
+    assert str(e.value) == (f"model_name_or_path: the directory {name} does not exist (a relative path, read from the "
+                            f"current directory, {tmp_path}); check the path, or give the model directory's absolute "
+                            f"path")
+
+
+def test_a_hub_name_keeps_its_download_hint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="huggingface-cli download someorg/some-model --local-dir"):
+        resolve_model_dir("someorg/some-model")
+
+
+def test_n_group_left_out_is_named_as_transformers_default_with_the_key_to_set():
+    """A DeepSeek-V3 config.json without n_group took transformers' 8, which 6 experts do not divide: said so (it
+    read as if the file set 8), and the fix sets it (V3 routes by noaux_tc only: no "use topk_method greedy")."""
+    path = Path(__file__).resolve().parents[2] / "configs" / "deepseek-v3-tiny" / "config.json"
+    raw = {**json.loads(path.read_text()), "n_routed_experts": 6, "num_experts_per_tok": 2, "topk_group": 1}
+    del raw["n_group"]
+    with pytest.raises(UserError) as e:
+        ModelConfig.from_dict(raw, source="m/config.json")
+    assert str(e.value) == ("m/config.json: n_group (8: transformers' deepseek_v3 default, as config.json does not "
+                            "set n_group) must divide the 6 routed experts and topk_group (1) lie in 1..n_group; set "
+                            "n_group in config.json (n_group 1, topk_group 1: no group limit)")
+    assert ModelConfig.from_dict({**raw, "n_group": 1}, source="m/config.json").n_group == 1  # (the fix named works)
+    raw["n_group"] = 4  # set by the file, wrong: no default named
+    with pytest.raises(UserError, match=r"^m/config.json: n_group \(4\) must divide .*; fix them \(n_group 1"):
+        ModelConfig.from_dict(raw, source="m/config.json")
