@@ -24,7 +24,7 @@ from launched_jobs import launch_sh, read_log, wait_until
 
 FAULTS = REPO / "tests" / "robustness" / "fault_inject"
 KILLED = ("killed by SIGKILL (often the kernel's OOM killer: see dmesg); the other ranks stop too. Re-run the same "
-          "command (or launch with MAX_RESTART) to resume from the newest complete checkpoint-N.")
+          "command (or launch with MAX_RESTART) to resume from {out}/checkpoint-3, the newest complete checkpoint.")
 
 
 @pytest.mark.parametrize("fault, rank", [("forward:6", 1), ("forward:6", 0), ("enospc:1", 0)])
@@ -40,8 +40,9 @@ def test_a_ranks_failure_is_said_once_on_stderr_with_how_its_line_and_its_log(co
     said = [x for x in err.splitlines() if x.startswith("launch.sh:")]
     if fault.startswith("forward"):
         assert job.proc.returncode == 137, everything  # the signal's code, as documented
+        killed = re.escape(KILLED.format(out=out) + where)
         assert len(said) == 1 and re.fullmatch(rf"launch\.sh: rank {rank} ended the job: rank {rank} \(pid \d+ on "
-                                               rf"\S+\) died: {re.escape(KILLED + where)}", said[0]), everything
+                                               rf"\S+\) died: {killed}", said[0]), everything
         assert (console + err).count("killed by SIGKILL") == 1, everything
     else:
         assert job.proc.returncode == 1, everything

@@ -104,7 +104,7 @@ def test_a_usage_error_is_not_answered_with_resume(tmp_path):
     assert "resume" not in line
     killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})
     killed = killed._line(killed.evidence.death_cause())
-    assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint-N" in killed
+    assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint of output_dir" in killed
 
 
 HANG = r"""

@@ -71,7 +71,8 @@ def test_gloos_abort_of_a_rank_alone_on_its_host_names_the_loss_of_a_rank_elsewh
                      f"by SIGABRT): it lost a rank on another host (rank 1 on node0), which died, failed or stopped "
                      f"answering; "
                      f"that node's workerlog (scripts/launch.sh: output_dir/log/node-N) names it. Re-run the same "
-                     f"command (or launch with MAX_RESTART) to resume from the newest complete checkpoint-N.") == 1, out
+                     f"command (or launch with MAX_RESTART) to resume from the newest complete checkpoint of output_dir, if any."
+                     ) == 1, out
     assert "gloo::IoException" in out  # its own last words stay
     assert record["exit"] == watcher.LOST == 1 and record["kind"] == "lost"
 

@@ -72,10 +72,12 @@ _LOCK = threading.Lock()  # who ends the watcher's part of `_WATCHER`: `stop`, o
 _OWNERS = None  # this rank's descriptor holding its shared lock on the watch directory (`tempdirs.watch_dir`)
 
 
-def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None) -> None:
+def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None,
+          output_dir: str | None = None) -> None:
     """Start this rank's watcher (a job of one process needs none; a rank alone on its host gets one too: it names
     its own rank's death or hang, and a gloo abort as the loss of a rank on another host); `hang_timeout`: the run's
-    key (`distributed.launcher.progress.allowance`)."""
+    key (`distributed.launcher.progress.allowance`); `output_dir`: the run's, whose newest checkpoint its line's
+    re-run advice names (`rerun`)."""
     if parallel.world_size <= 1:
         return
     import socket
@@ -103,7 +105,7 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
     global _OWNERS
     shared, _OWNERS = tempdirs.watch_dir(bytes(store.get(f"{_KEY}/job")).decode())
     progress.open_record(shared / f"progress.{me}")
-    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote))
+    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote, output_dir))
 
 
 def _spawn(watcher: Watcher) -> None:

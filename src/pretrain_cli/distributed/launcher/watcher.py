@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import departure, progress, rank_log
+from pretrain_cli.distributed.launcher import departure, progress, rank_log, rerun
 from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 
 POLL = 0.05
@@ -93,11 +93,12 @@ def exit_fds(ranks: dict) -> dict:
 class Watcher:
     """The watcher of rank `me` (`ranks`: this host's ranks -> pids; `shared`: the host's watch directory;
     `verdicts`: launch.sh's directory or None; `grace`: how long its rank gets to die; `hang_timeout`: the run's
-    key)."""
+    key; `output_dir`: the run's, whose newest checkpoint the re-run advice names)."""
 
     def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float,
-                 hang_timeout: float | None = None, remote: dict | None = None):
+                 hang_timeout: float | None = None, remote: dict | None = None, output_dir: str | None = None):
         self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
+        self.output_dir = output_dir  # the run's: a re-run's starting point is named from it (`rerun`)
         self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
         self.remote = dict(remote or {})  # the job's ranks on other hosts -> their host (not watched from here)
         self.evidence = Evidence(me, ranks, shared)
@@ -350,16 +351,17 @@ class Watcher:
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
+        resumes = rerun.resumes(self.output_dir)  # (as output_dir holds it now)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
             return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
-                    f"resume from the newest complete checkpoint-N.\n")
+                    f"{resumes}.\n")
         usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
         if self.me in causes or own:
             todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
-                    "MAX_RESTART) to resume from the newest complete checkpoint-N")
+                    f"MAX_RESTART) to {resumes}")
             return f"\n{rank_log.PREFIX}{named}; the other ranks stop too. {todo}.\n"
-        todo = "for its error" if usage else "for its cause; re-run to resume from the newest complete checkpoint-N"
+        todo = "for its error" if usage else f"for its cause; re-run to {resumes}"
         return f"\n{rank_log.PREFIX}rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
     read_held = staticmethod(read_held)  # (for `departure.follow`, which cannot import this module: a circle)
