@@ -1,0 +1,49 @@
+"""The launcher's copy of rank 0 onto stdout under launch.sh leaves out a fatal crash: with the default
+`hang_timeout` a rank stopped mid-run is named after gloo's own 30 s timeout aborts the rank waiting for it, and that
+rank's ~60 lines (gloo's `terminate called ... gloo::TimeoutException`, Python's `Fatal Python error: Aborted` with
+every thread's stack, Paddle's C++ traceback and FatalError) reached the console before launch.sh's one line. They
+stay in the workerlog (the watcher passes them there: no death was seen when rank 0 wrote them)."""
+from pretrain_cli.distributed.launcher import failure_report
+
+ABORT = """terminate called after throwing an instance of 'gloo::TimeoutException'
+  what():  [/paddle/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv
+Fatal Python error: Aborted
+
+Thread 0x00007f5d7effd640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+
+Current thread 0x00007f5e0a3c4740 (most recent call first):
+  File "/work/src/pretrain_cli/training/step.py", line 88 in run
+
+
+--------------------------------------
+C++ Traceback (most recent call last):
+--------------------------------------
+0   paddle::distributed::ProcessGroupGloo::AllReduce(...)
+
+----------------------
+Error Message Summary:
+----------------------
+FatalError: `Process abort signal` is detected by the operating system.
+  [TimeInfo: *** Aborted at 1765100000 (unix time) try "date -d @1765100000" if you are using GNU date ***]
+"""
+VERDICT = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) made no progress for 31 s while in forward/backward at step 20;"
+           " this rank stops too. See that rank's workerlog for its cause.\n")
+
+
+def test_a_crash_after_the_ranks_own_lines_stays_off_the_console(capsys):
+    console = failure_report._Console()
+    for part in ("step 19: loss 2.5\nstep 20: ", "loss 2.4\n", ABORT[:100], ABORT[100:], VERDICT):
+        console.write(part)
+    console.flush()
+    assert capsys.readouterr().out == "step 19: loss 2.5\nstep 20: loss 2.4\n"
+    assert console.dropped[-1].startswith("[pretrain-cli] rank 0: rank 1") and "FatalError" in "".join(console.dropped)
+
+
+def test_a_python_traceback_the_rank_survives_and_a_mention_of_gloo_are_kept(capsys):
+    console = failure_report._Console()
+    kept = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: retried\n"
+            "step 3: reading /data/gloo_corpus/part-1\n[    INFO] - loss: 6.25, global_step: 4\n")
+    console.write(kept)
+    console.flush()
+    assert capsys.readouterr().out == kept
