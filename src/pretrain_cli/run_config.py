@@ -220,6 +220,13 @@ class MoeConfig:
     # `λ/D · Σ_k L_k` added to the training loss (0.3 in DeepSeek-V3's first 10T tokens, then 0.1)
     mtp_loss_weight: float = 0.3
 
+    def expert_capacity(self, tokens: int, top_k: int, num_experts: int) -> int | None:
+        """Assignments one expert keeps of a forward's `tokens` under `capacity_factor` (Switch/GShard: factor x the
+        balanced share), None when dropless: here, not in `models.moe`, so the start-up line says it without Paddle."""
+        if self.capacity_factor <= 0:
+            return None
+        return max(1, math.ceil(self.capacity_factor * tokens * top_k / num_experts))
+
 
 @dataclass(frozen=True)
 class Recompute:

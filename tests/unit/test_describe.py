@@ -75,8 +75,21 @@ def test_a_moe_model_says_its_routing_and_balancing(tmp_path):
     text = _describe(tmp_path, model_name_or_path="micro-qwen3-moe", max_steps=2, router_aux_loss_coef=0.01)
     assert ("  experts: 8 routed + 0 shared, 32 wide each, in 2 of 2 layers, top-2, norm_topk_prob true; balance loss "
             "weight 0.01 "
-            "(load-balancing, micro_batch scope), moe_router_bias_update_rate 0 (off); expert parallel degree 1\n"
-            in text), text
+            "(load-balancing, micro_batch scope), moe_router_bias_update_rate 0 (off); capacity_factor 0 (dropless: "
+            "every assignment computed); expert parallel degree 1\n" in text), text
     ds = _describe(tmp_path, model_name_or_path="micro-deepseek-v3", max_steps=2)  # the bias a DeepSeek-V3 run gets
-    assert "moe_router_bias_update_rate 0.001; expert parallel degree 1" in ds and "(sequence-wise)" in ds, ds
+    assert "moe_router_bias_update_rate 0.001; capacity_factor 0 (dropless" in ds and "(sequence-wise)" in ds, ds
     assert "experts:" not in _describe(tmp_path, max_steps=2)
+
+
+
+def test_a_capacity_is_said_as_what_an_expert_keeps_of_a_micro_batch(tmp_path):
+    """W1's capacity_factor 1.0 dropped two thirds of the assignments with the experts line silent about it: the
+    line now says what the factor keeps at this run's micro-batch (2 x 16 tokens x top-2 = 64 assignments, 8 at
+    balance over 8 experts: ceil(1.25 x 8) = 10 kept per expert)."""
+    text = _describe(tmp_path, model_name_or_path="micro-qwen3-moe", max_steps=2, per_device_train_batch_size=2,
+                     gradient_accumulation_steps=3, capacity_factor=1.25)
+    assert ("moe_router_bias_update_rate 0 (off); capacity_factor 1.25: an expert computes at most 10 of a "
+            "micro-batch's 64 assignments (32 tokens x top-2; 8 each at balance), the rest dropped; expert parallel "
+            "degree 1\n") in text, text
+

@@ -52,7 +52,7 @@ def test_the_final_export_leaves_only_its_own_weights_under_transformers_names(t
                                                          "model-00002-of-00002.safetensors",
                                                          "model.safetensors.index.json"]
     new = _model(2)
-    run = NS(loop=NS(do_train=True), output=NS(output_dir=str(out), export_dtype="float32"))
+    run = NS(loop=NS(do_train=True), output=NS(output_dir=str(out), export_dtype="float32"), moe=NS(capacity_factor=0))
     with caplog.at_level(logging.INFO, logger="pretrain_cli"):
         export.write_final(run, CFG, new, None, {}, {"global_step": 3}, {"train_loss": 1.0})
     want = {n: t.numpy() for n, t in hf_state_dict(new).items()}
@@ -92,7 +92,7 @@ def test_only_transformers_names_are_replaced_and_the_rest_is_named(tmp_path, ca
              "model-1-of-2.safetensors", "notes.md", "pytorch_model.idx", "pytorch_model.bin"]  # (.bin + .idx: tokens)
     for name in theirs + users:
         (out / name).write_bytes(b"earlier bytes")
-    run = NS(loop=NS(do_train=True), output=NS(output_dir=str(out), export_dtype="float32"))
+    run = NS(loop=NS(do_train=True), output=NS(output_dir=str(out), export_dtype="float32"), moe=NS(capacity_factor=0))
     with caplog.at_level(logging.INFO, logger="pretrain_cli"):
         export.write_final(run, CFG, _model(2), None, {}, {"global_step": 3}, {"train_loss": 1.0})
     assert [n for n in users if not (out / n).is_file()] == []

@@ -103,7 +103,7 @@ def _warnings_and_notes(trainer: Trainer, steps) -> list[str]:
     with product_log_lines() as lines:
         for step in steps:
             trainer.state.global_step = step
-            trainer._watch_routing([0.5, 0.5])
+            trainer._watch_routing({"moe_expert_share_per_layer": [0.5, 0.5]})
     return [line for line in lines if "routing" in line or "routes" in line]
 
 

@@ -37,7 +37,6 @@ most ceil(factor · tokens · top_k / experts) assignments, the earliest tokens 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import NamedTuple
 
 import paddle
@@ -166,8 +165,8 @@ class Experts(nn.Layer):
 
 
 def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
-    """Assignments one expert keeps under `capacity_factor` (Switch/GShard: factor × the balanced share)."""
-    return max(1, math.ceil(factor * tokens * top_k / num_experts))
+    """Assignments one expert keeps under `capacity_factor` (`MoeConfig.expert_capacity`: the one formula)."""
+    return MoeConfig(capacity_factor=factor).expert_capacity(tokens, top_k, num_experts)
 
 
 def expert_counts(flat, num_experts: int):

@@ -195,7 +195,8 @@ class RunSpec:
         that hold them, the MTP layer counted apart as the model line counts it; each size config.json leaves to
         transformers' default says so), top-k and `norm_topk_prob`, and the balancing decided in `config.moe` (the
         weight in effect where the file leaves it to config.json or the paper, the bias rate a DeepSeek-V3 run gets
-        unasked), so a run's size and balancing are read before its first step."""
+        unasked), and the capacity (`_capacity`), so a run's size, balancing and dropped tokens are read before its
+        first step."""
         cfg, moe, p = self.model_cfg, self.run.moe, self.run.parallel
 
         def said(*keys) -> str:  # the keys of this figure config.json left out: transformers' default built it
@@ -216,8 +217,21 @@ class RunSpec:
         return (f"experts: {experts}, in {len(cfg.sparse_layers)} of {cfg.num_hidden_layers} layers{mtp}"
                 f"{said('first_k_dense_replace', 'decoder_sparse_step')}, top-{cfg.num_experts_per_tok}"
                 f"{said('num_experts_per_tok')}, norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; balance loss "
-                f"weight {moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; expert parallel "
-                f"degree {p.ep_degree}")
+                f"weight {moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; {self._capacity()}; "
+                f"expert parallel degree {p.ep_degree}")
+
+    def _capacity(self) -> str:
+        """`capacity_factor` as what it keeps at this run's micro-batch: a factor alone does not say that 1.0 keeps
+        only the balanced share, so any imbalance drops assignments (docs/MOE.md, "Token dropping")."""
+        cfg, moe = self.model_cfg, self.run.moe
+        tokens = self.run.loop.micro_batch * self.run.data.max_seq_length  # one forward's tokens on one data rank
+        cap = moe.expert_capacity(tokens, cfg.num_experts_per_tok, cfg.num_experts)
+        if cap is None:
+            return "capacity_factor 0 (dropless: every assignment computed)"
+        assigned = tokens * cfg.num_experts_per_tok
+        return (f"capacity_factor {moe.capacity_factor:g}: an expert computes at most {cap:,} of a micro-batch's "
+                f"{assigned:,} assignments ({tokens:,} tokens x top-{cfg.num_experts_per_tok}; "
+                f"{assigned / cfg.num_experts:,.4g} each at balance), the rest dropped")
 
     def _evaluations(self) -> str:
         """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final

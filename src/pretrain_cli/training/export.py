@@ -16,8 +16,6 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
-
 from pretrain_cli import atomic, run_dir
 from pretrain_cli.data.tokenizer import TOKENIZER_FILES, export_files
 from pretrain_cli.models.convert import ROUTER_BIAS, hf_weight_names
@@ -42,7 +40,8 @@ def write_final(run: RunConfig, model_cfg, model, tokenizer_dir, record: dict, s
     log.info(f"final export: writing {dtype} weights (export_dtype; its default auto: the half dtype of a bf16/fp16 "
              f"run, float32 otherwise) to {out}")
     earlier = hf_weight_names(out) if out.is_dir() else []
-    files, note = write_weights(model, model_cfg, out, state["global_step"], dtype)
+    files, note = write_weights(model, model_cfg, out, state["global_step"], dtype,
+                                capacity_factor=run.moe.capacity_factor)
     for line in ([note] if note else []) + leftover_weights(out, files, earlier):
         log.info(line)
     export_files(tokenizer_dir, out)  # AutoTokenizer gives the training data's ids (data/tokenizer.py)
@@ -187,10 +186,12 @@ def remove_final(out) -> str | None:
 
 
 def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | None = None,
-                  max_shard_bytes: int | None = None) -> tuple[list[str], str | None]:
+                  max_shard_bytes: int | None = None, capacity_factor=None) -> tuple[list[str], str | None]:
     """HF safetensors in `dtype` (sharded above 5 GiB as transformers shards) + config from the pieces of `ckpt`
     (default: `out`'s checkpoint-`step`); from `model` itself when that checkpoint does not exist (its weights
-    are then whole on this rank). Returns (the weight files, `routing_bias_note`'s note or None)."""
+    are then whole on this rank). Returns (the weight files, `export_notes.note` of the run's routing bias and
+    `capacity_factor`, or None)."""
+    from pretrain_cli.training.export_notes import note as export_note
     from pretrain_cli.distributed.layout.pieces import split_name
     from pretrain_cli.models.convert import DEFAULT_MAX_SHARD_BYTES, export_dtype, save_hf, write_hf_dir
     from pretrain_cli.storage.shard_files import CODES, cast
@@ -200,7 +201,8 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
     ckpt = ckpt or run_dir.checkpoint_dir(out, step)
     if not Path(ckpt).is_dir():
         biases = [p.numpy() for n, p in model.named_parameters() if n.endswith(ROUTER_BIAS)]
-        return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit), routing_bias_note(cfg, biases)
+        return save_hf(model, cfg, str(out), dtype=dtype, max_shard_bytes=limit), export_note(cfg, biases,
+                                                                                             capacity_factor)
     reader, _ = open_reader(ckpt, "weights", "export")  # pieces, or whole tensors (a checkpoint from before the index)
     try:
         tensors = reader.index["tensors"]
@@ -209,26 +211,10 @@ def write_weights(model, cfg, out: Path, step: int, dtype: str, ckpt: Path | Non
             code = CODES[export_dtype(n, cfg, dtype)]  # (the router DeepSeek keeps fp32 stays so)
             entries.append((n, code, tuple(tensors[n]["shape"]),
                             lambda n=n, code=code: cast(reader.read(n), tensors[n]["dtype"], code)))
-        note = routing_bias_note(cfg, [reader.read(n) for n in tensors if n.endswith(ROUTER_BIAS)])
+        note = export_note(cfg, [reader.read(n) for n in tensors if n.endswith(ROUTER_BIAS)], capacity_factor)
         return write_hf_dir(entries, cfg, str(out), dtype, limit), note
     finally:
         reader.close()
-
-
-def routing_bias_note(cfg, biases) -> str | None:
-    """transformers' Qwen2-/Qwen3-MoE have no routing bias (`Family.hf_router_bias`), so an export leaves out
-    `mlp.gate.e_score_correction_bias`. Zero (balancing off) that changes nothing; a bias the run trained
-    (`moe_router_bias_update_rate`) chose other experts for some tokens, so the exported model's outputs differ
-    from the checkpoint's: a note says so rather than nothing (`biases`: the checkpoint's, as arrays)."""
-    from pretrain_cli.models.families import FAMILIES
-
-    largest = max((float(np.abs(b).max()) for b in biases if np.size(b)), default=0.0)
-    if FAMILIES[cfg.model_type].hf_router_bias or largest == 0.0:
-        return None
-    return (f"note: the routing bias the run trained (moe_router_bias_update_rate; largest |bias| {largest:.3g}) is "
-            f"not exported: transformers' {FAMILIES[cfg.model_type].architecture} has none, so the exported model "
-            f"routes without it and its outputs differ from the checkpoint's (eval and generate on a checkpoint-N "
-            f"route with it)")
 
 
 def export_checkpoint(src: Path, out: Path, dtype: str,
@@ -236,7 +222,7 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
     """`pretrain-cli export`: checkpoint or final directory `src` → HF directory `out` in `dtype`, published whole
     with one rename (`atomic.publish_dir`: a kill leaves `out.tmp`, never a half `out`). A damaged `src` is refused
     in one line (`storage.intact` decides). Returns (weight files, the step `src` was saved at when it says,
-    `routing_bias_note`'s note or None)."""
+    `export_notes.note`'s note or None)."""
     from pretrain_cli import runtime
     from pretrain_cli.errors import UserError
     from pretrain_cli.models.config import ModelConfig
@@ -270,7 +256,8 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
     if tmp.exists():
         atomic.remove_tree(tmp)  # a killed export's leftovers
     tmp.mkdir(parents=True)
-    files, note = write_weights(model, cfg, tmp, 0, dtype, ckpt=meta, max_shard_bytes=max_shard_bytes)
+    files, note = write_weights(model, cfg, tmp, 0, dtype, ckpt=meta, max_shard_bytes=max_shard_bytes,
+                                capacity_factor=meta.run("moe", "capacity_factor"))
     if (src / "tokenizer.json").is_file() or (src / "vocab.json").is_file():  # a run without a tokenizer has none
         export_files(src, tmp)
     atomic.publish_dir(tmp, out)

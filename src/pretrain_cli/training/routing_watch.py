@@ -1,4 +1,5 @@
-"""The routing-collapse warning: a MoE layer whose busiest expert takes nearly every token's choice.
+"""The routing-collapse warning: a MoE layer whose busiest expert takes nearly every token's choice; and the
+token-dropping warning: under `capacity_factor`, a log interval that dropped many of the routed assignments.
 
 Each log line carries each sparse layer's busiest-expert share of its assignments (`models.moe_loss.log_values`):
 1/experts at balance, 1/top_k when every token's top-k includes the same expert. A layer at `NEAR` x 1/top_k or
@@ -30,6 +31,16 @@ The count restarts in a resumed process, which warns again of a layer still coll
 may be the only one read, and the layer is still to be mended. Under several ranks each rank warns once, at the same
 step (the shares are gathered over the ranks), in its own log: its workerlog.N, and the launcher's console shows
 only local rank 0's; the `routing_collapse` record is rank 0's alone (the one metrics.jsonl writer).
+Token dropping is judged by the same watch, at the same log lines (`dropping`): the line's `moe_dropped_share` (the
+sparse layers' mean share of their assignments dropped over the interval) at `DROPPED` or more is one warning and
+one `tokens_dropped` record, again only when an interval drops `WORSE` x the share last warned of or more. No grace
+and no span: a dropped assignment is a token's expert computation the run skips, which the exported model (dropless,
+as transformers runs it) does not skip, whatever the router's phase; and one interval's share is already the mean
+over its steps. Why `DROPPED` 0.1: at capacity_factor 1 a router from init, near balance, drops 0.076 at step 1 of
+configs/qwen3-moe-tiny_cpu.json (a micro-batch never splits exactly evenly: what a factor of 1 costs, which the
+start-up `experts:` line says), 0.015 at 1.25; past a tenth, the imbalance, not the factor's rounding, drops tokens
+(a Qwen2-MoE run at factor 1: 0.67 at step 10). Why again at `WORSE` x: at most four warnings (0.1, 0.2, 0.4, 0.8),
+not one a line as the share moves; a share that falls again is not said.
 """
 from __future__ import annotations
 
@@ -39,6 +50,9 @@ INTERVALS = 2  # and at least this many log lines
 WARMUPS = 2  # a router from init: lines before WARMUPS x warmup_steps (or GRACE_STEPS) are not judged
 GRACE_STEPS = 100
 SECTION = 'docs/MOE.md, "The routing-collapse warning"'
+DROPPED = 0.1  # an interval's moe_dropped_share warned of
+WORSE = 2  # after a warning, again only at WORSE x its share
+DROP_SECTION = 'docs/MOE.md, "Token dropping"'
 ROUTER = "mlp.gate.weight"  # a MoE layer's router weight, under model.layers.N
 
 
@@ -115,13 +129,15 @@ class CollapseWatch:
         self.last_step: int | None = None  # the previous line's step: where the interval a line ends began
         self.near: dict[int, tuple[int, int]] = {}  # layer: (the step its run near 1/top_k began, its lines)
         self.warned: set[int] = set()
+        self.began: int | None = None  # where the interval of the last line `see` took began
+        self.dropped_warned: float | None = None  # the dropped share last warned of
 
     def see(self, per_layer: list[float], step: int) -> list[tuple[int, float]]:
         """(layer, share) of each layer that has now stayed near 1/top_k for `SUSTAIN_STEPS` steps and `INTERVALS`
         lines ending at `step`; the layer is the model's index, or with `layers` unknown or not matching, the sparse
         layers' count (`name` says which). The first line a process sees began at its own step (its interval's
         start is not known)."""
-        began = step if self.last_step is None else self.last_step
+        began = self.began = step if self.last_step is None else self.last_step
         self.last_step = step
         if self.bar is None:
             return []
@@ -191,3 +207,27 @@ class CollapseWatch:
                 f"share {share:.4f}, at {NEAR:g} x 1/top_k or more since step {since} ({lines} log lines; 1/top_k = "
                 f"{1 / self.top_k:.4g}, balanced {1 / self.experts:.4g}); {bias}, or a larger router_aux_loss_coef "
                 f"(now {aux_coef:g}); {SECTION}")
+
+    def dropping(self, share: float) -> bool:
+        """Whether the interval `see` took last dropped enough of its assignments to be warned of (`share`: the
+        line's moe_dropped_share): `DROPPED` or more, and after a warning `WORSE` x the share warned of or more."""
+        if share < (DROPPED if self.dropped_warned is None else WORSE * self.dropped_warned):
+            return False
+        self.dropped_warned = share
+        return True
+
+    def drop_message(self, step: int, share: float, per_layer: list[float], factor: float,
+                     capacity: int | None) -> str:
+        """The token-dropping warning's one line: how much was dropped, where most, what the capacity keeps, what
+        the export computes instead and what to change (`per_layer`: moe_dropped_share_per_layer)."""
+        span = f"steps {self.began}-{step}" if self.began is not None and self.began < step else f"step {step}"
+        worst = ""
+        if len(per_layer) > 1:
+            i = max(range(len(per_layer)), key=per_layer.__getitem__)
+            worst = f"; the most in {self.name(self.layers[i] if self.named else i)}, {per_layer[i]:.4f}"
+        keeps = f" keeps at most {capacity:,} of a micro-batch's assignments per expert" if capacity else ""
+        again = f"; said again at {WORSE * share:.4f} or more" if WORSE * share < 1 else ""
+        return (f"step {step}: {share:.1%} of the routed expert assignments were dropped over {span} "
+                f"(moe_dropped_share {share:.4f}{worst}): capacity_factor {factor:g}{keeps}, and the tokens past it "
+                f"skip that expert in training, where the exported model (dropless, as transformers runs it) computes "
+                f"every one; raise capacity_factor, set it to 0 (dropless) or balance the routing{again}; {DROP_SECTION}")

@@ -47,11 +47,13 @@ class TrainLog:
         log.info(format_line(values))
         self._record("train", values)
         if "moe_expert_share_per_layer" in values:
-            self._watch_routing(values["moe_expert_share_per_layer"])
+            self._watch_routing(values)
 
-    def _watch_routing(self, per_layer: list) -> None:
+    def _watch_routing(self, values: dict) -> None:
         """A MoE layer collapsed onto one expert (`routing_watch`): a warning and a `routing_collapse` record,
-        once per layer. Every rank sees the same shares (gathered over the ranks), so every rank's log agrees."""
+        once per layer; an interval that dropped many assignments under capacity_factor: a warning and a
+        `tokens_dropped` record, again only when worse. Every rank sees the same shares (gathered over the ranks), so
+        every rank's log agrees."""
         from pretrain_cli.models.moe_loss import router_terms
         from pretrain_cli.training.routing_watch import CollapseWatch, steps_before
 
@@ -66,13 +68,21 @@ class TrainLog:
                                                          before=steps_before(self.state.routers_steps_before))
             if (note := watch.note(self.loop.max_steps)) is not None:
                 log.info(f"note: {note}")
-        for layer, share in watch.see(per_layer, self.state.global_step):
+        for layer, share in watch.see(values["moe_expert_share_per_layer"], self.state.global_step):
             rate, coef = float(model.moe.bias_update_rate or 0.0), router_terms(model).aux_coef
             log.warning(watch.message(self.state.global_step, layer, share, rate, coef))
             self.record_event("routing_collapse", {"layer": layer, "max_expert_share": share,
                                                    "top_k": watch.top_k, "experts": watch.experts,
                                                    "moe_router_bias_update_rate": rate,
                                                    "router_aux_loss_coef": coef})
+        share = values.get("moe_dropped_share", 0.0)
+        if share and watch.dropping(share):
+            per_layer, moe = values.get("moe_dropped_share_per_layer", []), model.moe
+            cap = moe.expert_capacity(self.loop.micro_batch * self.seq_len, watch.top_k, watch.experts)
+            log.warning(watch.drop_message(self.state.global_step, share, per_layer, moe.capacity_factor, cap))
+            self.record_event("tokens_dropped", {"dropped_share": share, "dropped_share_per_layer": per_layer,
+                                                 "since_step": watch.began, "capacity_factor": moe.capacity_factor,
+                                                 "expert_capacity": cap})
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""

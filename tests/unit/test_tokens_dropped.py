@@ -1,0 +1,104 @@
+"""Token dropping under `capacity_factor` said: the routing watch warns of a log interval that dropped a tenth of the
+assignments or more, once, and again only at twice the share warned of (`routing_watch.CollapseWatch.dropping`),
+with a `tokens_dropped` record; the exports' one note says the exported model runs every token (dropless), beside
+the routing bias's (`training.export_notes`). A user's Qwen2-MoE run (capacity_factor 1.0) dropped 0.6717 at step
+10 and 0.4357 at step 30 without a word."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from data_helpers import write_tokens
+
+from pretrain_cli import cli
+from pretrain_cli.models.config import ModelConfig
+from pretrain_cli.config.presets import resolve_model_dir
+from pretrain_cli.training.export_notes import note
+from pretrain_cli.training.routing_watch import CollapseWatch
+
+TRAIN = ["--model_name_or_path", "micro-qwen3-moe", "--device", "cpu", "--max_steps", "4", "--save_steps", "4",
+         "--max_seq_length", "32", "--per_device_train_batch_size", "2", "--logging_steps", "1", "--do_train",
+         "--split", "90,5,5", "--disable_tqdm", "true"]
+
+
+def test_a_high_dropped_share_is_warned_once_and_again_only_at_twice_it():
+    w = CollapseWatch(experts=16, top_k=4, layers=[0, 1, 2, 3], from_init=False)
+    said = []
+    for step, share in ((1, 0.0757), (10, 0.6717), (30, 0.4357), (40, 0.9)):  # the user's 10 and 30; 0.9 < 2 x 0.6717
+        w.see([0.1] * 4, step)
+        said.append(w.dropping(share))
+    assert said == [False, True, False, False]  # 0.0757: capacity_factor 1's rounding at init, under 0.1
+    w = CollapseWatch(experts=16, top_k=4, from_init=False)
+    assert [w.dropping(x) for x in (0.12, 0.2, 0.1, 0.24, 0.47, 0.48)] == [True, False, False, True, False, True]
+
+
+def test_the_warning_names_the_interval_the_worst_layer_the_capacity_and_the_export():
+    w = CollapseWatch(experts=16, top_k=4, layers=[0, 1, 2, 3], from_init=True, warmup_steps=20)
+    w.see([0.1] * 4, 20)
+    w.see([0.2] * 4, 30)  # (in the collapse's grace: drops are judged all the same)
+    assert w.dropping(0.4357)
+    line = w.drop_message(30, 0.4357, [0.3, 0.5, 0.6, 0.3428], 1.0, 512)
+    assert line == ("step 30: 43.6% of the routed expert assignments were dropped over steps 20-30 (moe_dropped_share "
+                    "0.4357; the most in model.layers.2.mlp, 0.6000): capacity_factor 1 keeps at most 512 of a "
+                    "micro-batch's assignments per expert, and the tokens past it skip that expert in training, where "
+                    "the exported model (dropless, as transformers runs it) computes every one; raise capacity_factor, "
+                    "set it to 0 (dropless) or balance the routing; said again at 0.8714 or more; docs/MOE.md, \"Token "
+                    "dropping\""), line
+    assert "said again" not in w.drop_message(30, 0.6, [0.6], 1.0, 512)  # 2 x 0.6 > 1: never again
+
+
+def test_the_export_note_says_dropless_beside_the_routing_bias():
+    cfg = ModelConfig.from_file(str(resolve_model_dir("micro-qwen3-moe")))
+    assert note(cfg, [], 0.0) is None and note(cfg, [], None) is None and note(cfg, [[0.0, 0.0]], 0) is None
+    both = note(cfg, [[0.03, -0.03]], 1.25)
+    assert both.startswith("note: the routing bias the run trained (moe_router_bias_update_rate; largest |bias| "
+                           "0.03) is not exported"), both
+    assert ("; and the run trained with capacity_factor 1.25, which drops the assignments past an expert's capacity "
+            "(the log's moe_dropped_share says how many); the exported model runs every token (dropless), as "
+            "transformers' Qwen3MoeForCausalLM does") in both, both
+    assert both.endswith('; docs/MOE.md, "Evaluate, generate, export"') and both.count("note:") == 1
+    dense = ModelConfig.from_file(str(resolve_model_dir("micro-llama")))  # the key has no effect on a dense model
+    assert note(dense, [], 1.25) is None
+
+
+@pytest.fixture(scope="module")
+def dropped(tmp_path_factory):
+    """(output_dir, the run's log lines): micro-qwen3-moe, 4 steps logged each, capacity_factor 0.5 (< 1: drops
+    at balance too)."""
+    root = tmp_path_factory.mktemp("dropped")
+    out = root / "run"
+    stdout = io.StringIO()  # (train's log handler writes to the sys.stdout of the moment: `metrics._Stdout`)
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(["train", *TRAIN, "--input_dir", write_tokens(root / "c", vocab_size=512),
+                         "--capacity_factor", "0.5", "--output_dir", str(out)]) == 0
+    return out, [line.split("] - ", 1)[-1] for line in stdout.getvalue().splitlines()]
+
+
+def test_a_run_dropping_tokens_says_so_at_start_in_its_log_and_at_its_export(dropped):
+    out, lines = dropped
+    experts = next(x for x in lines if "experts: 8 routed" in x)  # 2 x 32 tokens x top-2 = 128; 16 at balance
+    assert ("capacity_factor 0.5: an expert computes at most 8 of a micro-batch's 128 assignments (64 tokens x "
+            "top-2; 16 each at balance), the rest dropped") in experts, experts
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["moe_dropped_share"] for r in records if r["kind"] == "train"]
+    events = [r for r in records if r["kind"] == "tokens_dropped"]
+    warned = [x for x in lines if "of the routed expert assignments were dropped" in x]
+    # what the watch decides of the shares the run logged: one warning each, at its step, with its record
+    replay, steps = CollapseWatch(experts=8, top_k=2, from_init=False), []
+    for r in (r for r in records if r["kind"] == "train"):
+        replay.see(r["moe_expert_share_per_layer"], r["step"])
+        steps += [r["step"]] if replay.dropping(r["moe_dropped_share"]) else []
+    assert shares[0] >= 0.5 and steps[0] == 1 and len(warned) == len(events) == len(steps), (shares, warned)
+    assert [e["step"] for e in events] == steps and all(w.startswith(f"step {s}: ") for w, s in zip(warned, steps))
+    assert events[0]["capacity_factor"] == 0.5 and events[0]["expert_capacity"] == 8
+    assert events[0]["dropped_share"] == shares[0] and len(events[0]["dropped_share_per_layer"]) == 2
+    final = [x for x in lines if x.startswith("note: the run trained with capacity_factor 0.5")]
+    assert len(final) == 1 and "the exported model runs every token (dropless)" in final[0], final
+
+
+def test_export_of_a_checkpoint_says_dropless_from_its_args_json(dropped, tmp_path, capsys):
+    out, _ = dropped
+    assert cli.main(["export", str(out / "checkpoint-4"), str(tmp_path / "hf")]) == 0
+    err = capsys.readouterr().err
+    assert "note: the run trained with capacity_factor 0.5, which drops the assignments past" in err, err
