@@ -36,7 +36,7 @@ _joining = [False]  # whether this process has begun joining the process group (
 
 
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
-           overwrite: bool = True) -> None:
+           overwrite: bool = True, local: str | None = None) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
@@ -44,7 +44,8 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
     before this rank began joining is marked `before_join`: a run-wide check (the argument file, the data, the
     checkpoint to resume; some made by rank 0 alone), found before any watcher runs, whose line needs no rank to be
     acted on, so `account.cause` says it as one process does whether or not the launcher stopped the other ranks
-    first."""
+    first. `local`: the rank's local rank (its workerlog's number) when another process records for it (a waiting
+    rank's join limit naming a rank that never came: `join_deadline`), else this process's."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -54,7 +55,7 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
             from pretrain_cli import atomic
 
             atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time(),
-                                     "local": os.environ.get("PADDLE_LOCAL_RANK", ""),
+                                     "local": os.environ.get("PADDLE_LOCAL_RANK", "") if local is None else local,
                                      **({"before_join": True} if kind == "usage" and not _joining[0] else {})})
 
 
@@ -82,7 +83,7 @@ def joined(rank: int, done: bool, allowance: float | None = None) -> None:
     if not value:
         from pretrain_cli.distributed.launcher import join_deadline
 
-        join_deadline.disarm() if done else join_deadline.arm(rank, allowance, _world_size(), record)
+        join_deadline.disarm() if done else join_deadline.arm(rank, allowance, _world_size(), record, verdict_dir())
     if value:
         from pretrain_cli import atomic
 
