@@ -140,7 +140,8 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
     advice = () if candidate else _advice(args, run, out, dev, mfu, peak_tflops)  # (a candidate's are never shown)
     out = dataclasses.replace(out, notes=(*device_note(device, dev), *out.notes, *advice), attention_words=words)
     if suggest_changes and not out.fits:
-        replan = _replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
+        replan = fit_search.remembered(_replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops,
+                                                  node))
         budget = out.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)  # `--fit`'s: one budget, one answer
         found = suggest(run, out, within_budget(out, replan, budget))
         if not any(s["fits"] for s in found):  # no one key fits (or the machine line): several together, else
@@ -234,8 +235,7 @@ def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float) 
     if (best := found["best"]) is not None:
         r = best["report"]
         fastest = "; --fit ranks all of them by speed" if base.device.peak_tflops is not None else ""
-        change = fit_search.with_eval(current, best["change"], r, replan, budget, base.parallel.data_ranks)
-        lowered = fit_search.EVAL_WHY if change != best["change"] else ""
+        change, lowered = fit_search.with_eval(current, best["change"], r, replan, budget, base.parallel.data_ranks)
         return [{"change": {k: v for k, _, v in fit_search.diff(current, change)}, "memory_gib": r.peak_gib,
                  "saves_gib": base.peak_gib - r.peak_gib, "fits": True,
                  "why": f"no one key fits {base.gpus} x {base.device.name}, these together do with "

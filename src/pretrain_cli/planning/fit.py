@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 
 from pretrain_cli.planning.layout import tp_inside_node
@@ -197,7 +198,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
     (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
-    notes = list(notes or [])
+    notes, replan = list(notes or []), remembered(replan)
     by_speed = base.device.peak_tflops is not None
     if not by_speed:
         notes.append(f"speed: no estimate ({base.device.peak_source}; --peak_tflops gives one), so of the "
@@ -248,29 +249,72 @@ def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: 
     there = budget_gib * r.device.memory_gib / base.device.memory_gib  # (on cpu a process's share: `within_budget`)
     as_written = replan({}, world, layout=False)  # (`--fit` re-run there keeps the samples the file reads there)
     ranks = as_written.parallel.data_ranks if as_written is not None else r.parallel.data_ranks
-    change = with_eval(current, scale["change"], r, lambda c: replan(c, world), there, ranks)
-    return scale if change == scale["change"] else {**scale, "change": change, "why": scale["why"] + EVAL_WHY}
+    change, why = with_eval(current, scale["change"], r, lambda c: replan(c, world), there, ranks)
+    return scale if change == scale["change"] else {**scale, "change": change, "why": scale["why"] + why}
 
 
-# what `plan`'s first suggestion and the fewest devices add where their change carries `fit_eval`'s eval keys
-EVAL_WHY = ("; the eval keys are --fit's there (the file's per_device_eval_batch_size is over the budget or does not "
-            "divide a data rank's share of the samples an evaluation reads, which eval_iters keeps)")
+def with_eval(current: dict, change: dict, report: Plan, replan, budget_gib: float,
+              file_ranks: int) -> tuple[dict, str]:
+    """`change` with `fit_eval`'s eval keys for the layout it plans to (`report`), and what its line adds for them
+    (`eval_why`; "" where the file's eval keys stay): the layouts are searched at an evaluation of 1
+    (`Plan.least_gib`), so the file's eval batch may be over the budget there, and `plan`'s suggestions name what
+    `--fit` sets (one answer)."""
+    e = fit_eval(current, {"change": change, "report": report}, replan, budget_gib, file_ranks)
+    if "change" not in e:
+        return change, ""
+    return {**change, **e["change"]}, eval_why(e, budget_gib, report)
 
 
-def with_eval(current: dict, change: dict, report: Plan, replan, budget_gib: float, file_ranks: int) -> dict:
-    """`change` with `fit_eval`'s eval keys for the layout it plans to (`report`): the layouts are searched at an
-    evaluation of 1 (`Plan.least_gib`), so the file's eval batch may be over the budget there, and `plan`'s
-    suggestions name what `--fit` sets (one answer)."""
-    best = {"change": change, "report": report}
-    return {**change, **fit_eval(current, best, replan, budget_gib, file_ranks).get("change", {})}
+def eval_why(e: dict, budget_gib: float, r: Plan) -> str:
+    """Why `fit_eval`'s result `e` for the layout `r` changes the eval keys, as `plan`'s first suggestion and the
+    fewest devices say it: the eval batch lowered because the file's is over the budget there, or (within it)
+    because it does not divide a data rank's samples; eval_iters moved to keep the samples an evaluation reads (more
+    iterations where the data ranks are fewer than the file's there: the eval loss stays comparable with the file's)."""
+    w, c = e["was"], e["change"]
+    said = []
+    if "per_device_eval_batch_size" in c:
+        said.append(f"per_device_eval_batch_size {w['batch']} -> {e['batch']} (the file's {w['batch']} "
+                    + (f"needs {w['memory_gib']:.2f} GiB, over the {budget_gib:.2f} GiB budget)"
+                       if w["memory_gib"] > budget_gib else
+                       f"does not divide a data rank's {e['batch'] * c.get('eval_iters', w['iters'])} samples)"))
+    if "eval_iters" in c:
+        keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
+                 f"the {w['samples']:,} samples an evaluation reads as written on {count(r.gpus, 'device')}, "
+                 f"{w['batch']} x {w['iters']} x {count(w['ranks'], 'data rank')}, over {r.parallel.data_ranks}")
+        said.append(f"eval_iters {w['iters']} -> {c['eval_iters']} (to keep {keeps})")
+    return "; --fit's eval keys there: " + " and ".join(said)
+
+
+def remembered(replan):
+    """`replan(change, world, layout=True)` that plans each memory-only question (`layout=False`) once: the count
+    search (`suggestions.more_devices`) asks whether a count fits, stopping at the first layout that does, then for
+    every layout at the count it found, and where no count fits `leanest` asks for the very layouts it planned on
+    MAX_DEVICES (a `Plan` is frozen, so one serves each); the rest is passed on, as `search` plans each of its
+    layouts once anyway."""
+    kept: dict[tuple, Plan | None] = {}
+
+    def again(change: dict, *world: int, layout: bool = True):
+        if layout:
+            return replan(change, *world)
+        key = (tuple(sorted((k, repr(v)) for k, v in change.items())), world)
+        if key not in kept:
+            kept[key] = replan(change, *world, layout=False)
+        return kept[key]
+
+    return again
 
 
 def leanest(current: dict, base: Plan, replan, world: int = MAX_DEVICES) -> Plan | None:
     """The layout of `lean_layouts` on `world` devices that needs the least (`Plan.least_gib`), or None: what `plan`
-    and `--fit` name when the count search found no number of devices up to `world` that fits."""
-    plans = (replan(change, world, layout=False) for change in lean_layouts(
+    and `--fit` name when the count search found no number of devices up to `world` that fits. Where its evaluation
+    of 1 sample is what needs the most, planned at that eval batch, so that its parts are the ones named
+    (`suggestions.machine_too_small`)."""
+    plans = ((change, replan(change, world, layout=False)) for change in lean_layouts(
         current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
-    return min((r for r in plans if r is not None), key=lambda r: r.least_gib, default=None)
+    change, r = min(((c, r) for c, r in plans if r is not None), key=lambda cr: cr[1].least_gib, default=(None, None))
+    if r is not None and r.eval_batch > 1 and (r.eval_least_gib or 0.0) > r.peak_gib:
+        return replan({**change, "per_device_eval_batch_size": 1}, world, layout=False) or r
+    return r
 
 
 def fit_eval(current: dict, best: dict, replan, budget_gib: float, file_ranks: int = 1) -> dict:

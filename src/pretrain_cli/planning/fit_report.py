@@ -122,7 +122,7 @@ def _eval_line(e: dict, budget: float) -> str:
     if w and w["batch"] != e["batch"]:
         at = (f"{_gib(w['memory_gib'])} at the file's per_device_eval_batch_size {w['batch']}, over the budget -> {at}"
               if w["memory_gib"] > budget else f"{at}, as the file's {w['batch']} does not divide a data rank's "
-                                               f"{e['batch'] * e['change']['eval_iters']} samples")
+                                               f"{e['batch'] * e['change'].get('eval_iters', w['iters'])} samples")
     if w and "eval_iters" in e["change"]:
         keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
                  f"the file's {w['samples']:,} samples an evaluation, {w['batch']} x {w['iters']} x its "

@@ -130,6 +130,35 @@ def device_counts(gpus: int, per_node: int) -> list[int]:
     return [w for w in sorted(set(within + nodes)) if gpus < w <= MAX_DEVICES]
 
 
+def first_count(counts: list[int], fits, per_node: int) -> int | None:
+    """The index of the fewest of `counts` (`device_counts`, from the first whose budgets hold the state) at which
+    `fits(count)`, or None. The counts within a node one by one, fewest first (on cpu a node's processes share its
+    memory, so each of more gets less: what fits on 2 need not fit on 4); then of the whole nodes the most, where if
+    none fits none does; then the first two one by one (where most answers are: a layout at its least memory fits
+    soon after the state does), then bisection between. Each whole number of nodes gives a device the same budget,
+    and each count's layouts are the one before's (a power of two of nodes: every degree that divided it divides the
+    next) with twice the data ranks, the state split over more of them: what fits on n nodes fits on 2n. A model no
+    count up to MAX_DEVICES holds is planned at one count, not each (`plan` of configs/llama-3-8b_pretrain.json on a
+    23.5 GiB cpu machine: 1,828 plans -> 327); where some count fits, `fits` stops at the first layout that does
+    (`more_devices`), so the most costs a few plans (tests/unit/test_plan_count_search.py: the answers are the
+    one-by-one search's)."""
+    inside = [i for i, world in enumerate(counts) if world < per_node]
+    for i in inside:
+        if fits(counts[i]):
+            return i
+    lo, hi = len(inside), len(counts) - 1
+    if lo > hi or not fits(counts[hi]):  # (the most first: where it does not fit, none does)
+        return None
+    for i in range(lo, min(lo + 2, hi)):
+        if fits(counts[i]):
+            return i
+    lo = min(lo + 2, hi)  # none below lo fits
+    while lo < hi:  # counts[hi] fits
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(counts[mid]) else (mid + 1, hi)
+    return hi
+
+
 def _key(change: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in change.items()))
 
@@ -164,15 +193,34 @@ def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = Non
     if beyond is not None:
         how = f"no number of processes up to {MAX_DEVICES} fits on machines of this one's memory either"
         if (lean := beyond[0]) is not None:
-            parts = lean.memory_breakdown_gib if lean.memory_gib >= lean.startup_gib else lean.startup_breakdown_gib
-            part, gib = max(parts.items(), key=lambda kv: kv[1])
             share = beyond[1] * lean.device.memory_gib / base.device.memory_gib
-            how += (f" (on {MAX_DEVICES} the leanest layout still needs {lean.least_gib:.2f} GiB a process, {part} "
-                    f"{gib:.2f} of it, over its {share:.2f} GiB budget)")
+            how += (f" (on {MAX_DEVICES} the leanest layout still needs {lean.least_gib:.2f} GiB a process"
+                    f"{_largest_part(lean)} of it, over its {share:.2f} GiB budget)")
         how += "; choose"
     return (f"memory: the weights, gradients and AdamW state alone need {need:.2f} GiB and {where} {have:.1f} GiB, "
             f"so no layout or number of processes fits there (the state alone needs {-(-need // (have / nodes)):.0f} "
             f"machines of this one's memory); {how} a smaller model, or plan a GPU run (`plan --device <GPU>`)")
+
+
+# the evaluation's parts (`eval_memory.eval_parts`) as `plan`'s eval line names them
+_EVAL_PARTS = {"held": "held between steps", "forward": "the forward"}
+
+
+def _largest_part(r: Plan) -> str:
+    """Where `r.least_gib` is reached and its largest part there: the step (its parts as `plan` lists them), start-up,
+    or the evaluation of 1 sample a process (`Plan.eval_least_gib`), whichever needs the most; the evaluation's parts
+    only where `r` was planned at that batch (`fit.leanest` is), else none."""
+    if (r.eval_least_gib or 0.0) > r.peak_gib:
+        if r.eval_batch != 1:
+            return " in an evaluation of 1 sample"
+        where, parts = " in an evaluation of 1 sample,", {_EVAL_PARTS.get(k, k): v for k, v in
+                                                          r.eval_breakdown_gib.items()}
+    elif r.startup_gib > r.memory_gib:
+        where, parts = " at start-up,", r.startup_breakdown_gib
+    else:
+        where, parts = ",", r.memory_breakdown_gib
+    part, gib = max(parts.items(), key=lambda kv: kv[1])
+    return f"{where} {part} {gib:.2f}"
 
 
 def _share(base: Plan, world: int) -> float:
@@ -211,15 +259,16 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
 
     None fits on fewer devices than the model's state needs, every parameter's weights, gradients and AdamW state
     held once over them all (a checkpoint and the weights again: `Plan.checkpoint`), each device with its budget
-    there (on cpu a node's processes share one memory: `_share`), so the search starts there. At
-    each of `device_counts` the file as it is, each sharding stage, the single-device savings (recompute, smaller
-    micro-batch, …) alone and with stage3, each of `layouts` (the `--fit` search's smallest layout at `--gpus`),
-    and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding stage at its
-    least memory). Then each whole number of nodes (within a node, each count) between the last count that did not
-    fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer devices also
-    fits on more (its state split over more ranks), not the other way round. A layout whose tensor-parallel groups
-    would span nodes counts as not fitting (`layout.tp_inside_node`): more nodes with tp inside one are suggested
-    instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 232 H100, not tp 16 across two nodes)."""
+    there (on cpu a node's processes share one memory: `_share`), so the search starts there. At the counts of
+    `device_counts` `first_count` asks (not each), the file as it is, each sharding stage, the single-device savings
+    (recompute, smaller micro-batch, …) alone and with stage3, each of `layouts` (the `--fit` search's smallest layout
+    at `--gpus`), and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding
+    stage at its least memory). Then each whole number of nodes (within a node, each count) between the last count
+    that did not fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer
+    devices also fits on more (its state split over more ranks), not the other way round. A layout whose
+    tensor-parallel groups would span nodes counts as not fitting (`layout.tp_inside_node`): more nodes with tp
+    inside one are suggested instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 232 H100, not tp 16
+    across two nodes)."""
     # (the axes `config.refusals` refuses with ZeRO-3 are left out of the savings: pipeline, sequence and context
     # parallelism; a layout of `layouts` keeps them, as it was resolved with them)
     extra = {k: v for s in singles for k, v in s["change"].items() if k not in (
@@ -232,26 +281,30 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     state = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]  # (+ the gradients)
     replan = _in_node(replan if budget_gib is None else within_budget(base, replan, budget_gib, False), per_node)
 
-    def fitting(changes: list[dict], world: int) -> list[dict]:
+    def fitting(changes: list[dict], world: int, every: bool = True) -> list[dict]:  # (not `every`: the first)
         seen, out = set(), []
         for change in list({_key(c): c for c in changes}.values()):  # each once, in order
             r = replan(change, world, layout=False)  # (memory only: no groups of ranks)
             if r is not None and r.fits and (r.parallel, r.micro_batch, r.recompute, r.attention) not in seen:
                 seen.add((r.parallel, r.micro_batch, r.recompute, r.attention))
                 out.append(change)
+                if not every:
+                    break
         return out
 
     def holds(world: int) -> bool:  # whether `world` devices' budgets together hold the state
         return world * budget * _share(base, world) >= state
 
-    below, found = base.gpus, []
-    for world in device_counts(base.gpus, per_node):
-        found = fitting(tries + (lean(world) if lean else []), world) if holds(world) else []
-        if found:
-            break
-        below = world
-    if not found:
+    def at(world: int, every: bool = True) -> list[dict]:  # the changes that fit on `world` devices
+        leanest = lean(world) if lean else []  # (not `every`: whether any does, the most split layouts first)
+        return fitting(tries + (leanest if every else leanest[::-1]), world, every)
+
+    counts = device_counts(base.gpus, per_node)  # from the first whose budgets hold the state (more hold it too)
+    skip = next((i for i, world in enumerate(counts) if holds(world)), len(counts))
+    if (i := first_count(counts[skip:], lambda world: bool(at(world, every=False)), per_node)) is None:
         return None
+    below, world = counts[skip + i - 1] if skip + i else base.gpus, counts[skip + i]
+    found = at(world)  # (every change that fits there: `replan` keeps the plans the search made, `fit.remembered`)
     for fewer in range(below + 1, world):  # what fits at `world`, on whole nodes fewer
         if holds(fewer) and (fewer < per_node or fewer % per_node == 0) and (here := fitting(found, fewer)):
             world, found = fewer, here
