@@ -3,8 +3,9 @@
 Every file goes to a temporary name next to its destination, is flushed and fsynced, and is
 renamed into place, so a reader (or a resumed run after kill -9 or a full disk) sees the old
 file or the complete new one, never half of one; on any error the temporary is removed and the
-error propagates. Directories (checkpoints) are built under a temporary name, fsynced file by
-file, and published with one rename. A published file gets the mode `open()` would give it (0666 less
+error propagates, naming the file (a write's `No space left on device` names none of its own).
+Directories (checkpoints) are built under a temporary name, fsynced file by file, and published with
+one rename. A published file gets the mode `open()` would give it (0666 less
 the umask; 0777 less it when executable): libraries that write through a private temporary (safetensors
 creates 0600 files) would otherwise leave checkpoints that only their writer can read. A writer that
 ends with nothing published removes the directories it made (`first_missing`, `remove_made_dirs`).
@@ -91,9 +92,11 @@ def publishing(path, mode: str = "wb", encoding: str | None = None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a write's ENOSPC names no file: the one line names it
+            e.filename = str(path)
         raise
 
 

@@ -10,12 +10,11 @@ the traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import sys
 import traceback
 
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import UserError, os_error_line
 from pretrain_cli.runtime import collective_failure
 
 # name -> (module, one-line help, takes an argument file + --key value overrides)
@@ -228,25 +227,6 @@ def _verdict(code: int, kind: str, line: str) -> int:
 
 
 OS_ERROR_EXIT_CODE = 1
-_OS_HINTS = {
-    errno.ENOSPC: "free disk space (or point output_dir elsewhere) and re-run the same command; "
-                  "training resumes from the last complete checkpoint",
-    errno.EDQUOT: "free space within your quota and re-run the same command",
-    errno.EACCES: "check the permissions, or choose another path",
-    errno.EPERM: "check the permissions, or choose another path",
-    errno.EROFS: "the file system is read-only; choose another path",
-    errno.EMFILE: "too many open files; raise `ulimit -n` and re-run",
-}
-
-
-def os_error_line(e: OSError) -> str:
-    """`<file>: <strerror>; <what to do>` on one line."""
-    where = e.filename if e.filename is not None else "system"
-    if e.filename2 is not None:
-        where = f"{e.filename} -> {e.filename2}"
-    what = e.strerror or str(e) or type(e).__name__
-    hint = _OS_HINTS.get(e.errno, "fix the cause and re-run the same command (--debug shows the traceback)")
-    return " ".join(f"{where}: {what}; {hint}".split())
 
 
 if __name__ == "__main__":

@@ -86,3 +86,25 @@ def is_out_of_memory(e: BaseException) -> bool:
             or (isinstance(e, OSError) and (named or e.errno == errno.ENOMEM)))
 
 OUT_OF_MEMORY = (MemoryError, RuntimeError, OSError)  # the types `is_out_of_memory` may accept
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "free disk space (or point output_dir elsewhere) and re-run the same command; "
+                  "training resumes from the last complete checkpoint",
+    errno.EDQUOT: "free space within your quota and re-run the same command",
+    errno.EACCES: "check the permissions, or choose another path",
+    errno.EPERM: "check the permissions, or choose another path",
+    errno.EROFS: "the file system is read-only; choose another path",
+    errno.EMFILE: "too many open files; raise `ulimit -n` and re-run",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """`<file>: <strerror>; <what to do>` on one line: the CLI's, and what a rank leaving with it tells the other ranks
+    (`training.run_end`)."""
+    where = e.filename if e.filename is not None else "system"
+    if e.filename2 is not None:
+        where = f"{e.filename} -> {e.filename2}"
+    what = e.strerror or str(e) or type(e).__name__
+    hint = _OS_HINTS.get(e.errno, "fix the cause and re-run the same command (--debug shows the traceback)")
+    return " ".join(f"{where}: {what}; {hint}".split())

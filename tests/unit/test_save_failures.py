@@ -14,15 +14,19 @@ from pretrain_cli.training import checkpoint, shard_writer
 
 
 class Waits(NoComm):
-    """Rank 1's comm: rank 0 failed the save (`wait_for_rank0` raises as the real one does once rank 0 has ended)."""
+    """Rank 1's comm: rank 0 failed the save (`wait_for_rank0` raises as the real one does once rank 0 has ended);
+    `seen`: what checkpoint-6.tmp/ held then."""
 
     rank, world = 1, 2
 
-    def __init__(self):
-        self.waited = []
+    def __init__(self, out=None):
+        self.waited, self.out, self.seen = [], out, {}
 
     def wait_for_rank0(self, what, timeout=None):
         self.waited.append(what)
+        tmp = self.out / "checkpoint-6.tmp" if self.out is not None else None
+        if tmp is not None and tmp.is_dir():
+            self.seen = {p.name: p.read_text() for p in tmp.iterdir()}
         raise PeerFailed(f"rank 1: rank 0 failed while {what}; see workerlog.0")
 
 
@@ -49,12 +53,38 @@ def test_a_rank_whose_own_part_fails_tells_rank_0_and_waits_for_it(tmp_path, mon
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "optimizer-00002-of-00002.safetensors"))
 
     monkeypatch.setattr(shard_writer, "write_rank", full)
-    comm = Waits()
+    comm = Waits(tmp_path)
     with pytest.raises(PeerFailed):
         _saver(tmp_path, comm)._write_sync(6, [], None)
-    record = (tmp_path / "checkpoint-6.tmp" / "rank-00001.done.json").read_text()
+    record = comm.seen["rank-00001.done.json"]
     assert "No space left on device" in record  # rank 0 fails the save with this rank's error, naming it
     assert comm.waited == ["publishing checkpoint-6"]
+    assert not (tmp_path / "checkpoint-6.tmp").exists()  # removed once rank 0 had failed the save
+
+
+def test_a_failed_save_leaves_no_tmp_made_again_by_a_rank_still_writing(tmp_path, monkeypatch):
+    """Disk full under launch.sh, 2 processes: rank 0 failed its part and removed checkpoint-6.tmp; rank 1, later to
+    its part, made the directory again, wrote a file and, out of space, its error record, and the failed save left
+    `checkpoint-6.tmp/` holding them (the docs say a failed save removes it at once). Rank 1 removes it once rank 0
+    has ended the save."""
+    def late(tmp, rank, world, pieces):  # (rank 0 has already removed the directory)
+        tmp.mkdir(parents=True)
+        (tmp / "model-00002-of-00002.safetensors").write_bytes(b"x" * 64)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "optimizer-00002-of-00002.safetensors"))
+
+    monkeypatch.setattr(shard_writer, "write_rank", late)
+    comm = Waits(tmp_path)
+    with pytest.raises(PeerFailed):
+        _saver(tmp_path, comm)._write_sync(6, [], None)
+    assert set(comm.seen) == {"model-00002-of-00002.safetensors", "rank-00001.done.json"}
+    assert not (tmp_path / "checkpoint-6.tmp").exists() and not list(tmp_path.iterdir())
+
+
+def test_a_rank_failing_after_rank_0_removed_the_tmp_does_not_make_it_again(tmp_path):
+    """`report_failure` writes into checkpoint-N.tmp only as it is: gone, rank 0 removed it (it failed the save)."""
+    tmp = tmp_path / "checkpoint-6.tmp"
+    shard_writer.report_failure(tmp, 1, OSError(errno.ENOSPC, "No space left on device"))
+    assert not tmp.exists()
 
 
 def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path):
@@ -84,6 +114,7 @@ def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path
 def test_rank_0_fails_the_save_with_another_ranks_error_as_a_system_error(tmp_path):
     """Exit 1, as that rank's own disk-full error would be: it was 2 (a usage error), which launch.sh never restarts."""
     tmp = tmp_path / "checkpoint-4.tmp"
+    tmp.mkdir()
     shard_writer.report_failure(tmp, 1, OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(shard_writer.PartFailed, match="rank 1 could not write its part of checkpoint-4: OSError") as e:
         shard_writer.collect(tmp, 2, 4)

@@ -28,7 +28,7 @@ import numpy as np
 from pretrain_cli import atomic
 from pretrain_cli.data.tokenizer import export_files
 from pretrain_cli.distributed.launcher import progress
-from pretrain_cli.errors import UserError
+from pretrain_cli.errors import PeerFailed, UserError
 from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir, read_state
 from pretrain_cli.training import shard_writer
@@ -307,7 +307,11 @@ class Saver:
             # rank 0 decides the save (it reads this rank's error record): ending only after rank 0 has ended, this
             # rank is never the first death its host's watchers name (its error then raced rank 0's own, and its
             # `No such file or directory` in a directory rank 0 had just removed was named as the cause)
-            self.comm.wait_for_rank0(f"publishing checkpoint-{step}")
+            try:
+                self.comm.wait_for_rank0(f"publishing checkpoint-{step}")
+            except PeerFailed:  # rank 0 failed the save and is done with it: what this rank wrote since goes too
+                shard_writer.drop(shard_writer.tmp_dir(checkpoint_dir(self.out, step)))
+                raise
             if failed is not None:
                 raise failed
             return

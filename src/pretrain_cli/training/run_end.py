@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pretrain_cli import run_dir
 from pretrain_cli.distributed.launcher import progress
-from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory
+from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory, os_error_line
 from pretrain_cli.training import checkpoint, closing, rank_exit
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.spike import SpikeError
@@ -56,13 +56,16 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     except UserError as e:  # its own exit code and kind (a PeerFailed, rank 0 failed: 1, retried); often one rank's
         end, error = rank_exit.End.ALONE, e
     except OUT_OF_MEMORY as e:  # the step being run; no checkpoint is half-written (atomic.py)
-        if not is_out_of_memory(e):
+        if isinstance(e, OSError) and e.errno is not None and not is_out_of_memory(e):
+            end, error = rank_exit.End.ALONE, e  # the system refused (disk full): its line, not a death, is the news
+        elif not is_out_of_memory(e):  # (Paddle's `(External)` OSError carries no errno: gloo's, maybe)
             raise
-        end, error = rank_exit.End.ALONE, DeviceOutOfMemory(trainer.state.global_step + 1)
-        error.__cause__ = e
+        else:
+            end, error = rank_exit.End.ALONE, DeviceOutOfMemory(trainer.state.global_step + 1)
+            error.__cause__ = e
     finally:  # any other error may be gloo reporting a dead peer: the watcher stays to name it
         collaborators.close()
-    rank_exit.leave(comm, end, error)
+    rank_exit.leave(comm, end, UserError(os_error_line(error)) if isinstance(error, OSError) else error)
     if end == rank_exit.End.ALONE:  # a background write is published or given up (it may wait for a rank now gone)
         _wait_for_saves(collaborators.saver, quiet=True)
     if error is not None:

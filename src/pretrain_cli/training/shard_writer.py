@@ -68,9 +68,10 @@ def _write_rank(tmp: Path, rank: int, world: int, pieces) -> dict:
 
 
 def report_failure(tmp: Path, rank: int, error: BaseException) -> None:
-    """Best effort: tell rank 0 this rank's part failed (it then fails the save instead of waiting)."""
+    """Best effort: tell rank 0 this rank's part failed (it then fails the save instead of waiting). Only into `tmp` as
+    it is: this rank made it before its first file, so a `tmp` gone is one rank 0 removed, having failed the save;
+    made again, it would stay behind holding only this record."""
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
         atomic.write_json(tmp / RECORD.format(rank), {"rank": rank, "error": f"{type(error).__name__}: {error}"})
     except OSError:
         pass
@@ -123,7 +124,9 @@ def publish(tmp: Path, final: Path, records: list[dict], layout: str, state: dic
 
 
 def drop(tmp: Path) -> None:
-    """A failed save's partial directory, removed (frees the space it took)."""
+    """A failed save's partial directory, removed (frees the space it took): by rank 0 as it fails the save, and by
+    every other rank of a synchronous save once rank 0 has ended it (`checkpoint.Saver._write_sync`), since a rank
+    still writing then made the directory again (its mkdir, its files, its record) after rank 0 removed it."""
     shutil.rmtree(tmp, ignore_errors=True)
 
 
