@@ -143,7 +143,7 @@ def main(ns: argparse.Namespace) -> int:
         print("\n".join(list_models()))
         return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
-    spec = prepare(ns.config, ns.overrides, target)
+    spec = prepare(ns.config, ns.overrides, target, lock=True)
     pretrained_weights(spec)
     fallback = verified(spec, sys.stderr if ns.json else None) if ns.verify else None
     if fallback is not None:

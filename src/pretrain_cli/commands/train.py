@@ -43,7 +43,7 @@ def _train(ns: argparse.Namespace) -> int:
 
     launch.end_with_launcher()  # a launched rank stops at its launcher's death, and ends by a deadline
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
-    spec = prepare(ns.config, ns.overrides, launcher_target())
+    spec = prepare(ns.config, ns.overrides, launcher_target(), lock=True)
     from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, is_out_of_memory
     from pretrain_cli.training.run import in_context, run
 

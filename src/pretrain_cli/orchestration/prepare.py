@@ -253,10 +253,12 @@ def load_arguments(config: str | None, overrides: list[str] | None, record: str 
 
 
 def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None,
-            record: str = "user_arguments") -> RunSpec:
+            record: str = "user_arguments", lock: bool = False) -> RunSpec:
     """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes` ({key:
     value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
-    overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`)."""
+    overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`).
+    `lock` (`train`, `check`): a training run's rank 0 judges output_dir's run lock before it reads a checkpoint there:
+    a live run's are not this run's to resume (its batch was blamed for the live run's checkpoint)."""
     from pretrain_cli.config.keys import KEYS, coerce
 
     args = load_arguments(config, overrides, record)
@@ -315,7 +317,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if run.model.continue_training:  # a note when its weights' tokenizer is another (its files, else its record)
         spec.run = run = replace(run, notes=(*run.notes, *continued_tokenizer(model_dir, spec.tokenizer,
                                                                               spec.prefixes())))
-    if problems.run(check_output_dir, run.output.output_dir) is not None:
+    held = in_use(run) if lock else None
+    if held:  # (the only line of output_dir: the resume's are the live run's checkpoints')
+        problems.add(held)
+    elif problems.run(check_output_dir, run.output.output_dir) is not None:
         from pretrain_cli.orchestration.resumed import find_resume
 
         problems.run(foreign_model, run)
@@ -349,6 +354,16 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if spec.splits is not None:  # with the epochs the run's steps read of each source's train split
         spec.data_lines = spec.splits.describe(spec.train_samples() if spec.run.loop.do_train else None)
     return spec
+
+
+def in_use(run) -> str | None:
+    """The run lock's refusal (`training.run_lock.refusal`) when a live run holds the output_dir of this training run's
+    rank 0 (which alone resumes here: the other ranks take its choice once joined), else None."""
+    if not (run.loop.do_train and run.parallel.is_rank0):
+        return None
+    from pretrain_cli.training.run_lock import refusal
+
+    return refusal(run.output.output_dir)
 
 
 def _elsewhere(problems: Problems, args: Arguments) -> None:
