@@ -18,15 +18,18 @@ costs up to `STALE_SECONDS` at start, and only when another host's lock is there
 
 The lock is also how the next start learns that a run did not finish: every end of the run that runs Python's
 `finally` (its last step, an error, Ctrl-C, a SIGTERM stop) releases it, so a lock whose holder is gone was left by a
-process that ended without that (SIGKILL, the kernel's out-of-memory killer, a crash in native code, its host down).
-The next `train` (and `check`) says so in one line, with the last step `metrics.jsonl` logged and the last checkpoint
-(`unfinished`); under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just
-before, it says only where the previous attempt ended.
+process that ended without that (SIGKILL, the kernel's out-of-memory killer, a crash in native code, its host down,
+its watcher's kill of a hung rank) or whose removal failed (a read-only output_dir). The next `train` (and `check`)
+says so in one line, with the last step `metrics.jsonl` logged, the last checkpoint and what the run wrote down of its
+end in the workerlogs launch.sh keeps in output_dir (`recorded_end`), else which ends say nothing (`unfinished`);
+under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just before, it says
+only where the previous attempt ended.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -223,8 +226,8 @@ def previous_end(output_dir) -> str | None:
 
 def unfinished(out: Path, holder: dict, here: str) -> str:
     """The one line for a lock its run left behind (`holder`, gone): when it started, the last step it logged and
-    its last checkpoint, and what ends a run without releasing its lock. Under launch.sh's restart the failure was
-    named by launch.sh's line before: only where the previous attempt ended."""
+    its last checkpoint, and how it ended as its logs say (`recorded_end`), else what ends a run without a word. Under
+    launch.sh's restart the failure was named by launch.sh's line before: only where the previous attempt ended."""
     step = last_logged_step(out)
     ckpt = run_dir.latest_checkpoint(out)
     where = (f"last step logged {step if step is not None else 'none'} ({run_dir.METRICS_FILE}), last checkpoint "
@@ -236,12 +239,51 @@ def unfinished(out: Path, holder: dict, here: str) -> str:
     who = f"pid {holder.get('pid')}" + ("" if holder.get("host") == here else f" on host {holder.get('host')}")
     how = ("it was killed (SIGKILL; the kernel's out-of-memory killer: see `dmesg`; a scheduler's limit: see its log) "
            "or crashed without a word of its own")
-    if holder.get("host") != here:
+    if (said := recorded_end(out, holder)) is not None:
+        how = f"{said[0]} says: {said[1]}"
+    elif holder.get("host") != here:
         how = "its lock stopped beating: it was killed, or its host went down"
     elif int(holder.get("ranks") or 1) > 1:
         how += f"; with its {holder.get('ranks')} ranks: the workerlogs name the rank that ended first"
     return (f"note: the previous run in {out} ({who}, started {holder.get('started', '?')}) did not finish: {where}; "
             f"{how}")
+
+
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")  # a logged line's time (`training.metrics`' format)
+
+
+def recorded_end(out: Path, holder: dict) -> tuple[Path, str] | None:
+    """(log, line): how the run that left `holder` ended, as its launch wrote it down in the workerlogs launch.sh
+    keeps in output_dir (log/workerlog.N; log/node-N/ under MASTER), among their lines since that run started (a log is
+    appended to by every launch): its watchers' verdict (a rank that died, a hang they named, a rank that left with its
+    error: `rank_log.VERDICT`), else a rank's own `error:` line (rank 0's first). None where none says (no launcher,
+    another LOG_DIR, an end nothing wrote down): then the line names the ends that say nothing."""
+    from pretrain_cli.distributed.launcher import rank_log
+
+    started = str(holder.get("started", ""))
+    verdicts, errors = [], []
+    logs = sorted([*out.glob("log/workerlog.*"), *out.glob("log/*/workerlog.*")],
+                  key=lambda p: (p.parent.name, int(p.suffix[1:]) if p.suffix[1:].isdigit() else 1 << 30))
+    for log in logs:
+        mine, said = False, None  # past a line logged since `started` (the same clock and format: this host's)
+        for line in rank_log.read(log, length=1 << 16):
+            line = line.strip()
+            stamp = _STAMP.match(line)
+            if stamp:
+                mine = stamp.group(1) >= started
+            elif mine and rank_log.VERDICT.match(line):
+                said = (log, line.removeprefix(rank_log.PREFIX))  # (the last a log holds)
+            elif mine and line.startswith("error: ") and "is in use by another run" not in line:
+                errors.append((log, line.removeprefix("error: ")))  # (not a second job's refusal: `_refusal`)
+        verdicts += [said] if said else []
+    found = verdicts[:1] or errors[:1]  # (a verdict is the host's one account: every rank's log holds it)
+    if not found:
+        return None
+    log, line = found[0]
+    line = re.sub(r"^rank \d+: (?=rank \d+ \(pid)", "", line)  # (another rank's log: the rank named is the news)
+    for cut in ("; the other ranks stop too", "; this rank stops too"):  # (its re-run advice is the next start's now)
+        line = line.split(cut, 1)[0]
+    return log, line if len(line) <= 400 else line[:399] + "…"
 
 
 def last_logged_step(out: Path) -> int | None:

@@ -1,0 +1,72 @@
+"""The next start after a run that left its lock says what that run recorded of its end (`run_lock.unfinished`): it
+always said `it was killed (SIGKILL; the kernel's out-of-memory killer: see dmesg; ...) or crashed without a word of
+its own`, also where the run had said its cause (W2, 2 processes under launch.sh: a hang its watchers named, a
+read-only output_dir's error, a kill -9 mid-save its watchers named). The workerlogs launch.sh keeps in output_dir
+hold those lines; the OOM hint stays for a run whose logs say nothing since it started."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from pretrain_cli.training import run_lock
+
+HANG = ("[pretrain-cli] rank 1 (pid 4242 on vm) made no progress for 10 s while in collective at step 5; the other "
+        "ranks stop too. Re-run the same command (or launch with MAX_RESTART) to resume from out/checkpoint-3, the "
+        "newest complete checkpoint.")
+READ_ONLY = ("error: out/checkpoint-6.tmp/model.safetensors: Permission denied; check the permissions, or choose "
+             "another path")
+OOM = "it was killed (SIGKILL; the kernel's out-of-memory killer"
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    monkeypatch.delenv("PRETRAIN_CLI_RESTART", raising=False)
+    (tmp_path / "out" / "log").mkdir(parents=True)
+    return tmp_path / "out"
+
+
+def _stamp(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - seconds_ago))
+
+
+def _holder(started_ago: float = 60) -> dict:
+    return {"host": socket.gethostname(), "pid": 999999, "started": _stamp(started_ago), "ranks": 2}
+
+
+def _log(path, *lines) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _info(seconds_ago: float, text: str = "global_step: 5") -> str:
+    return f"[{_stamp(seconds_ago)},123] [    INFO] - {text}"
+
+
+def test_a_hang_its_watchers_named_is_said_not_the_oom_killer(out):
+    _log(out / "log" / "workerlog.0", _info(30), "", "[pretrain-cli] rank 0: " + HANG.split("[pretrain-cli] ")[1]
+         .replace("; the other ranks stop too", "; this rank stops too"))
+    _log(out / "log" / "workerlog.1", _info(30), "", HANG)
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert line.endswith(f"; {out}/log/workerlog.0 says: rank 1 (pid 4242 on vm) made no progress for 10 s while "
+                         f"in collective at step 5"), line
+    assert OOM not in line
+
+
+def test_a_runs_own_error_line_is_said_under_master_too(out):
+    """A read-only output_dir: its error kept rank 0 from removing its lock; two nodes' logs in log/node-N."""
+    refused = f"error: output_dir: {out} is in use by another run (pid 999999 on this host, started ...); wait ..."
+    _log(out / "log" / "node-0" / "workerlog.0", _info(40), refused, _info(20), READ_ONLY)  # (a second job's first)
+    _log(out / "log" / "node-1" / "workerlog.0", _info(20), "error: rank 1: rank 0 failed while publishing")
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert line.endswith(f"; {out}/log/node-0/workerlog.0 says: {READ_ONLY.removeprefix('error: ')}"), line
+
+
+def test_an_earlier_launchs_lines_in_the_same_log_are_not_this_runs(out):
+    """Paddle's launcher appends to workerlog.N: a verdict written before the run started is another run's."""
+    _log(out / "log" / "workerlog.0", _info(3600), HANG, _info(30, "resumed from out/checkpoint-3 at step 3"))
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert OOM in line and "made no progress" not in line, line
+    assert "with its 2 ranks: the workerlogs name the rank that ended first" in line
