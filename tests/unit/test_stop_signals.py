@@ -1,10 +1,11 @@
 """training/stop_signals.StopSignals: a signal while the loop runs is one stop request, and nothing after it is
 handled until `restore`: Paddle's launcher sends its SIGTERM up to 3 times 0.2 s apart, and a second one handled by
 Python interrupted the save's store wait (EINTR: rank 0 crashed after a Ctrl-C under launch.sh)."""
+import logging
 import signal
 import threading
 
-from pretrain_cli.training.stop_signals import SIGNALS, StopSignals
+from pretrain_cli.training.stop_signals import LAUNCHED, SIGNALS, StopSignals
 
 
 def test_the_first_signal_is_the_stop_and_further_ones_are_ignored_until_restore():
@@ -22,3 +23,19 @@ def test_the_first_signal_is_the_stop_and_further_ones_are_ignored_until_restore
     finally:
         stops.restore()
     assert {s: signal.getsignal(s) for s in SIGNALS} == before
+
+
+def test_a_launched_ranks_sigterm_is_said_as_the_launchers_stop(monkeypatch, caplog):
+    """A Ctrl-C under launch.sh: the launcher turns it into a SIGTERM to each rank, whose log said a bare `received
+    SIGTERM` where the user had pressed Ctrl-C."""
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    stops = StopSignals()
+    stops.listen()
+    try:
+        with caplog.at_level(logging.WARNING, logger="pretrain_cli"):
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    finally:
+        stops.restore()
+    said = [r.getMessage() for r in caplog.records if "received SIGTERM" in r.getMessage()]
+    assert said == [f"received SIGTERM{LAUNCHED}: finishing the current step, then saving"], said
+    assert "Ctrl-C" in LAUNCHED

@@ -41,6 +41,8 @@ from pretrain_cli.distributed.launcher import launch, progress, stopping, watchd
 from pretrain_cli.training.metrics import log
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# a launched rank's SIGTERM: how Paddle's launcher stops its ranks, whatever stop it got (Ctrl-C, SIGTERM, a hang-up)
+LAUNCHED = " (the launcher's stop: a Ctrl-C or SIGTERM to the job reaches each rank as this SIGTERM)"
 
 
 class StopSignals:
@@ -63,6 +65,8 @@ class StopSignals:
             self._detach_on_hangup()
             watchdog.stop_began()  # the launcher's limit counts from its signal
             why = " (the terminal hung up: its output goes to /dev/null)" if signum == signal.SIGHUP else ""
+            if signum == signal.SIGTERM and os.environ.get("PADDLE_TRAINER_ID", "").strip():
+                why = LAUNCHED  # (under launch.sh a Ctrl-C too arrives as this SIGTERM)
             gone = launch.launcher_gone() if signum == signal.SIGTERM else None
             if gone is not None:  # the kernel's signal at the launcher's death (`launch.end_with_launcher`)
                 why = f" (its launcher died: this rank ends itself {gone} s after that, saved or not)"
