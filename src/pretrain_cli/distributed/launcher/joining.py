@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job, leaving, progress
+from pretrain_cli.distributed.launcher import after_join, job, leaving, progress
 
 BEAT = 1.0  # s between beats (and reads)
 SILENCE = 30.0  # s without a beat, or without an answer from MASTER: the node is lost
@@ -132,6 +132,7 @@ class Watch:
         self.left_at = None  # when this node said `left`
         self.inside = False  # every rank of this node has marked its join
         self.allowance = progress.allowance("start-up", None, 0.0)  # (its ranks' own, once they mark it)
+        self.beats = after_join.Beats(self.quiet)  # the others' beats after the join (`after_join`)
 
     def key(self, node: int) -> str:
         return f"{self.prefix}/{ALIVE}/{node}"
@@ -140,13 +141,17 @@ class Watch:
         with self.lock:
             self.count += 1
             if not self.gone:
-                value = "joined" if self.done else f"{self.count} {IN}" if self.inside else str(self.count)
+                value = (f"joined {self.count}" if self.done else f"{self.count} {IN}" if self.inside
+                         else str(self.count))
                 self.store.put(self.key(self.me), value)
 
     def leave(self, end: tuple[int, str] | None = None) -> None:
         """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `leaving.own_end()`):
         the others stop waiting now, and end the same way (`leaving.follow`). A node serving MASTER's store keeps it up
         `LINGER` s more: the store ends with this launcher, and the others poll it."""
+        if self.done and not self.gone and end is None:  # after the join: said, and a node lost meanwhile named
+            code, signalled = leaving.ended_with()
+            return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe, LINGER)
         with self.lock:
             if not self.done and not self.gone:
                 code, action = end or leaving.own_end()
@@ -170,7 +175,8 @@ class Watch:
         self.unanswered, lost = 0.0, []
         for j in list(self.quiet):
             value = seen.get(self.key(j))
-            if value == "joined":  # its ranks joined: all of this node's are in the join too, or about to be
+            if str(value).split()[:1] in (["joined"], [after_join.ENDED]):  # its ranks joined: all of this node's
+                # are in the join too, or about to be
                 del self.quiet[j]
                 self.arrived.add(j)
             elif leaving.left(value) is not None or j in self.ends:
@@ -267,11 +273,10 @@ class Watch:
         while True:
             self.beat()
             if self.done:
-                return
+                return after_join.beat_on(self, BEAT)
             pids = self.waiting()
-            if self.done:
-                self.beat()  # `joined`: the others stop counting this node's silence
-                return
+            if self.done:  # `joined`: the others stop counting this node's silence; beats on while the ranks run
+                return after_join.beat_on(self, BEAT)
             lost = self.observe(time.monotonic(), self.store.get_prefix(f"{self.prefix}/{ALIVE}/"), bool(pids))
             cause = (lost or self.overdue()) if pids else []
             if cause:

@@ -19,6 +19,7 @@ SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle
 VANISHED = (job.TRANSIENT, "rendezvous")  # how the others end after a node that vanished before the join (EX_TEMPFAIL)
 _ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
 _WATCHES: list = []  # the watches this launcher runs (`joining.start`, through `watch_ends`): each leaves at `note_end`
+_FORCED: list = []  # the code this launcher ends with instead of its ranks' (`force`: a node lost after the join)
 
 
 def note_end(code: int, signalled: bool = False) -> None:
@@ -30,6 +31,21 @@ def note_end(code: int, signalled: bool = False) -> None:
         watch.leave()
 
 
+def ended_with() -> tuple[int, bool]:
+    """(code, by a signal) this launcher ends with (`note_end`), (`LOST`, False) when not known."""
+    return _ENDED[-1] if _ENDED else (LOST, False)
+
+
+def force(code: int) -> None:
+    """End this launcher with `code`, not its ranks' (`after_join`: a node lost while they ran, theirs a success)."""
+    _FORCED.append(code)
+
+
+def forced() -> int | None:
+    """The code `force` set, if any (`rendezvous._note_ends`)."""
+    return _FORCED[-1] if _FORCED else None
+
+
 def watch_ends(watch) -> None:
     """Have `watch` (a `joining.Watch`) leave once Paddle's launcher has decided this launcher's code (`note_end`)."""
     _WATCHES.append(watch)
@@ -39,7 +55,7 @@ def own_end() -> tuple[int, str]:
     """(code, action) launch.sh will end this node's launch with: stopped by SIGINT / SIGTERM, not restarted (its ranks
     are stopped in the join, whose records would read as a failed join); else `job.decide` on its ranks' records and
     the launcher's own code (`LOST` when not known)."""
-    code, signalled = _ENDED[-1] if _ENDED else (LOST, False)
+    code, signalled = ended_with()
     if signalled and code in SIGNALLED:
         return code, "stop"
     return job.decide(job.verdict_dir(), code)

@@ -156,7 +156,11 @@ def _note_ends() -> None:
     def finalize_noted(self, exit=True):
         self.pod.join()  # (finalize's own first step: the code is its ranks' once they are all done)
         leaving.note_end(self.pod.exit_code)
-        return finalize(self, exit)
+        if leaving.forced() is None:
+            return finalize(self, exit)
+        finalize(self, False)  # a node lost while the ranks ran (`after_join`): not their success
+        if exit:
+            sys.exit(leaving.forced())
 
     def stopped_noted(self, sigint, frame):
         leaving.note_end(128 + sigint, signalled=True)
